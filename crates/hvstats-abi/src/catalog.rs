@@ -1,0 +1,620 @@
+//! The counter catalog: every counter of seed 001 in one declarative table.
+//!
+//! Each row gives the object kind, group, index (as numbered in the seed; index 0 is the group
+//! header), the seed's name, unit, presentation, who maintains it on KVM, and the seed's
+//! description. Everything else — the `CounterId` constants in [`hypervisor`], [`lp`],
+//! [`partition`] and [`vp`], page offsets, group lengths, JSON keys and help texts — is derived from
+//! this table; no counter is written down anywhere else.
+
+use crate::group::{GroupType, GroupVersion, VALUE_SIZE};
+use crate::object::ObjectKind;
+
+/// The group a counter lives in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum GroupKind {
+    /// The architectural group (`*A_ID` = 2): never changes format.
+    Architectural,
+    /// The release-specific group (`*V_ID` = 3).
+    Release,
+}
+
+impl GroupKind {
+    /// Both groups, in page order.
+    pub const ALL: [GroupKind; 2] = [GroupKind::Architectural, GroupKind::Release];
+
+    /// The group type written in the header.
+    pub const fn group_type(self) -> GroupType {
+        match self {
+            GroupKind::Architectural => GroupType::ARCHITECTURAL,
+            GroupKind::Release => GroupType::RELEASE,
+        }
+    }
+
+    /// The version hvstats writes and, as a reader, is compiled for.
+    pub const fn version(self) -> GroupVersion {
+        GroupVersion::V1_0
+    }
+
+    /// The known group kind of a group type.
+    pub const fn from_group_type(t: GroupType) -> Option<Self> {
+        match t {
+            GroupType::ARCHITECTURAL => Some(GroupKind::Architectural),
+            GroupType::RELEASE => Some(GroupKind::Release),
+            _ => None,
+        }
+    }
+
+    /// Short name: `architectural` or `release`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            GroupKind::Architectural => "architectural",
+            GroupKind::Release => "release",
+        }
+    }
+}
+
+/// What one raw 64-bit value measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Unit {
+    /// A number of events or objects.
+    Count,
+    /// Time in 100 ns units.
+    Time100ns,
+    /// Time in nanoseconds.
+    Nanoseconds,
+    /// Processor cycles.
+    Cycles,
+    /// 4 KiB pages.
+    Pages,
+}
+
+impl Unit {
+    /// Short name for tables and JSON.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Unit::Count => "count",
+            Unit::Time100ns => "100ns",
+            Unit::Nanoseconds => "ns",
+            Unit::Cycles => "cycles",
+            Unit::Pages => "pages",
+        }
+    }
+}
+
+/// How a reader presents a raw value (the perfmon counter type).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Presentation {
+    /// A cumulative count shown as a rate per second (perfmon's bulk count, "/sec").
+    Rate,
+    /// A cumulative time, shown as a total.
+    CumulativeTime,
+    /// A cumulative time averaged over its paired count, the counter just before it in the same
+    /// group ("cost", shown in nanoseconds).
+    Cost,
+    /// A cumulative time shown as a percentage of elapsed time (perfmon's 100 ns timer, "%").
+    PercentTime,
+    /// An instantaneous value.
+    Instant,
+}
+
+impl Presentation {
+    /// Short name for tables and JSON.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Presentation::Rate => "rate",
+            Presentation::CumulativeTime => "cumulative-time",
+            Presentation::Cost => "cost",
+            Presentation::PercentTime => "percent-time",
+            Presentation::Instant => "instant",
+        }
+    }
+}
+
+/// Where the KVM backend gets a counter's value from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// The statistics authority itself (object counts, GPA map bookkeeping).
+    Authority,
+    /// The VP run loop: userspace exits, counted with their time.
+    RunLoop,
+    /// The userspace hypercall handler.
+    Hypercall,
+    /// KVM's binary stats fd (per vCPU or per VM).
+    KvmStats,
+    /// perf tracepoint counters on the VP thread (`kvm:*`).
+    Tracepoint,
+    /// perf software events on the VP thread.
+    PerfSoftware,
+    /// The VP thread's CPU and guest time (`/proc/<pid>/task/<tid>/stat`, schedstat).
+    ThreadTime,
+    /// Host-wide procfs and sysfs (`/proc/stat`, `/proc/interrupts`, cpuidle).
+    Procfs,
+}
+
+impl Source {
+    /// Short name for tables and JSON.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Source::Authority => "authority",
+            Source::RunLoop => "run-loop",
+            Source::Hypercall => "hypercall",
+            Source::KvmStats => "kvm-stats",
+            Source::Tracepoint => "tracepoint",
+            Source::PerfSoftware => "perf-software",
+            Source::ThreadTime => "thread-time",
+            Source::Procfs => "procfs",
+        }
+    }
+}
+
+/// Whether the KVM backend maintains a counter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Maintained {
+    /// Maintained from this source; the note says how.
+    By(Source, &'static str),
+    /// Not maintained on KVM: the counter stays at its place and reads 0. The note says why.
+    No(&'static str),
+}
+
+impl Maintained {
+    /// True when the counter has a source.
+    pub const fn is_maintained(self) -> bool {
+        matches!(self, Maintained::By(..))
+    }
+
+    /// The note: how it is maintained, or why it is not.
+    pub const fn note(self) -> &'static str {
+        match self {
+            Maintained::By(_, note) | Maintained::No(note) => note,
+        }
+    }
+}
+
+/// Identifies one counter: object kind, group, and index within the group (1-based; index 0 is the
+/// group header).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CounterId {
+    /// The object kind whose page holds the counter.
+    pub kind: ObjectKind,
+    /// The group within the page.
+    pub group: GroupKind,
+    /// The index within the group, as numbered in seed 001.
+    pub index: u16,
+}
+
+/// One row of the catalog.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Counter {
+    /// Where the counter lives.
+    pub id: CounterId,
+    /// The seed's name, e.g. `CPUID instructions/sec`. Also the JSON key.
+    pub name: &'static str,
+    /// What the raw value measures.
+    pub unit: Unit,
+    /// How a reader presents it.
+    pub presentation: Presentation,
+    /// Who maintains it on KVM, or why nobody does.
+    pub maintained: Maintained,
+    /// The seed's description (the help text).
+    pub description: &'static str,
+}
+
+macro_rules! catalog {
+    ($(
+        $(#[$mdoc:meta])*
+        mod $module:ident = $kind:ident {
+            $( $group:ident $index:literal $ident:ident $name:literal,
+               $unit:ident, $pres:ident, $maint:expr, $desc:literal; )*
+        }
+    )*) => {
+        $(
+            $(#[$mdoc])*
+            pub mod $module {
+                use super::*;
+                $(
+                    #[doc = $name]
+                    pub const $ident: CounterId = CounterId {
+                        kind: ObjectKind::$kind,
+                        group: GroupKind::$group,
+                        index: $index,
+                    };
+                )*
+            }
+        )*
+
+        /// Every counter, in page order within each object kind.
+        pub const CATALOG: &[Counter] = &[
+            $($(
+                Counter {
+                    id: $module::$ident,
+                    name: $name,
+                    unit: Unit::$unit,
+                    presentation: Presentation::$pres,
+                    maintained: $maint,
+                    description: $desc,
+                },
+            )*)*
+        ];
+    };
+}
+
+use Maintained::{By, No};
+use Source::*;
+
+const NO_VTLB: &str = "KVM has no virtual TLB: it uses nested or shadow paging in the kernel";
+const NO_TIME: &str = "handled inside KVM, which records no per-event time";
+
+catalog! {
+    /// Counters of the hypervisor object (root only).
+    mod hypervisor = Hypervisor {
+        Architectural 1 LOGICAL_PROCESSORS "Logical processors", Count, Instant,
+            By(Procfs, "online host CPUs"),
+            "The number of logical processors that are present in the computer.";
+        Architectural 2 PARTITIONS "Partitions", Count, Instant,
+            By(Authority, "live partitions of this instance"),
+            "The number of partitions (that is, virtual machines) that are present in the computer.";
+        Architectural 3 TOTAL_PAGES "Total pages", Pages, Instant,
+            By(Authority, "guest RAM pages plus stats pages held by this instance"),
+            "The number of bootstrap and deposited pages in the hypervisor.";
+        Architectural 4 VIRTUAL_PROCESSORS "Virtual processors", Count, Instant,
+            By(Authority, "VPs of all live partitions of this instance"),
+            "The number of virtual processors that are present in the computer.";
+        Architectural 5 MONITORED_NOTIFICATIONS "Monitored notifications", Count, Instant,
+            No("hvstats implements no monitored-notification facility"),
+            "The number of monitored notifications that are registered with the hypervisor.";
+    }
+
+    /// Counters of a logical (host) processor object (root only).
+    mod lp = LogicalProcessor {
+        Architectural 1 GLOBAL_TIME "Global time", Time100ns, Instant,
+            By(Procfs, "CLOCK_BOOTTIME in 100 ns"),
+            "The global time on this logical processor.";
+        Architectural 2 TOTAL_RUN_TIME "Total run time", Time100ns, PercentTime,
+            By(Procfs, "/proc/stat: all non-idle time of the CPU"),
+            "The total time (in 100ns) spent by the processor in guest and hypervisor code.";
+        Architectural 3 HYPERVISOR_RUN_TIME "Hypervisor run time", Time100ns, PercentTime,
+            By(Procfs, "/proc/stat: non-idle time less guest time"),
+            "The total time (in 100ns) spent by the processor in hypervisor code.";
+        Architectural 4 HARDWARE_INTERRUPTS "Hardware interrupts/sec", Count, Rate,
+            By(Procfs, "/proc/interrupts: device interrupts of the CPU"),
+            "The rate of hardware interrupts on the processor (excluding hypervisor interrupts).";
+        Architectural 5 CONTEXT_SWITCHES "Context switches/sec", Count, Rate,
+            No("Linux keeps no per-CPU context switch count readable without a system-wide perf event"),
+            "The rate of virtual processor context switches on the processor.";
+        Architectural 6 INTER_PROCESSOR_INTERRUPTS "Inter-processor interrupts/sec", Count, Rate,
+            By(Procfs, "/proc/interrupts: CAL (function call) interrupts"),
+            "The rate of hypervisor interprocessor interrupts delivered to the processor.";
+        Architectural 7 SCHEDULER_INTERRUPTS "Scheduler interrupts/sec", Count, Rate,
+            By(Procfs, "/proc/interrupts: RES (rescheduling) interrupts"),
+            "The rate of hypervisor scheduler interrupts on the processor.";
+        Architectural 8 TIMER_INTERRUPTS "Timer interrupts/sec", Count, Rate,
+            By(Procfs, "/proc/interrupts: LOC (local timer) interrupts"),
+            "The rate of hypervisor timer interrupts on the processor.";
+        Architectural 9 IPIS_SENT "Interprocessor interrupts sent/sec", Count, Rate,
+            No("Linux counts IPIs where they are received, not where they are sent"),
+            "The rate of hypervisor interprocessor interrupts sent by the processor.";
+        Architectural 10 PROCESSOR_HALTS "Processor halts/sec", Count, Rate,
+            By(Procfs, "cpuidle: entries into every idle state of the CPU"),
+            "The rate of entries into a halt state by the processor.";
+        Architectural 11 MONITOR_TRANSITION_COST "Monitor transition cost", Cycles, Instant,
+            No("needs a hardware cycle counter around VM entry and exit"),
+            "The hardware cost of transitions into the hypervisor.";
+        Architectural 12 CONTEXT_SWITCH_TIME "Context switch time", Nanoseconds, CumulativeTime,
+            No("Linux does not account the time spent switching between tasks"),
+            "The total time (in nanoseconds) spent switching between virtual processors.";
+        Architectural 13 C1_TRANSITIONS "C1 transitions/sec", Count, Rate,
+            By(Procfs, "cpuidle state named C1, when the CPU has one"),
+            "The rate at which that CPU enters the C1 low-power idle state.";
+        Architectural 14 C1_TIME "% C1 time", Time100ns, PercentTime,
+            By(Procfs, "cpuidle state named C1, when the CPU has one"),
+            "The percentage of time the processor spends in the C1 low-power idle state. % C1 time is a subset of the total processor idle time.";
+        Architectural 15 C2_TRANSITIONS "C2 transitions/sec", Count, Rate,
+            By(Procfs, "cpuidle state named C2, when the CPU has one"),
+            "The rate at which that CPU enters the C2 low-power idle state.";
+        Architectural 16 C2_TIME "% C2 time", Time100ns, PercentTime,
+            By(Procfs, "cpuidle state named C2, when the CPU has one"),
+            "The percentage of time the processor spends in the C2 low-power idle state. % C2 time is a subset of the total processor idle time.";
+        Architectural 17 C3_TRANSITIONS "C3 transitions/sec", Count, Rate,
+            By(Procfs, "cpuidle state named C3, when the CPU has one"),
+            "The rate at which that CPU enters the C3 low-power idle state.";
+        Architectural 18 C3_TIME "% C3 time", Time100ns, PercentTime,
+            By(Procfs, "cpuidle state named C3, when the CPU has one"),
+            "The percentage of time the processor spends in the C3 low-power idle state. % C3 time is a subset of the total processor idle time.";
+    }
+
+    /// Counters of a partition object.
+    mod partition = Partition {
+        Architectural 1 VIRTUAL_PROCESSORS "Virtual processors", Count, Instant,
+            By(Authority, "VPs of the partition"),
+            "The number of virtual processors that are present in the partition.";
+        Release 1 VIRTUAL_TLB_PAGES "Virtual TLB Pages", Pages, Instant,
+            No(NO_VTLB),
+            "The number of pages used by the virtual TLB of the partition.";
+        Release 2 ADDRESS_SPACES "Address spaces", Count, Instant,
+            No(NO_VTLB),
+            "The number of address spaces in the virtual TLB of the partition.";
+        Release 3 DEPOSITED_PAGES "Deposited pages", Pages, Instant,
+            No("KVM takes no page deposits from the parent"),
+            "The number of pages that are deposited into the partition.";
+        Release 4 GPA_PAGES "GPA pages", Pages, Instant,
+            By(Authority, "pages of guest RAM plus mapped stats overlays"),
+            "The number of pages that are present in the GPA space of the partition (zero for root partition).";
+        Release 5 GPA_SPACE_MODIFICATIONS "GPA space modifications/sec", Count, Rate,
+            By(Authority, "memory slot changes: RAM set-up, stats page maps and unmaps"),
+            "The rate of modifications to the GPA space of the partition.";
+        Release 6 VIRTUAL_TLB_FLUSH_ENTRIES "Virtual TLB flush entries/sec", Count, Rate,
+            By(KvmStats, "VM stat remote_tlb_flush"),
+            "The rate of flushes of the entire virtual TLB.";
+        Release 7 RECOMMENDED_VIRTUAL_TLB_SIZE "Recommended virtual TLB size", Pages, Instant,
+            No(NO_VTLB),
+            "The recommended number of pages to be deposited for the virtual TLB.";
+    }
+
+    /// Counters of a virtual processor object.
+    mod vp = Vp {
+        Architectural 1 TOTAL_RUN_TIME "Total run time", Time100ns, PercentTime,
+            By(ThreadTime, "CPU time of the VP thread while running the guest"),
+            "The total time (in 100ns) spent by the processor in guest and hypervisor code.";
+        Architectural 2 HYPERVISOR_RUN_TIME "Hypervisor run time", Time100ns, PercentTime,
+            By(ThreadTime, "CPU time of the VP thread less its guest time"),
+            "The total time (in 100ns) spent by the virtual processor in hypervisor code.";
+        Release 1 HYPERCALLS "Hypercalls/sec", Count, Rate,
+            By(Hypercall, "hypercalls through the hypercall page"),
+            "The rate of the hypercalls made by guest code on the virtual processor.";
+        Release 2 HYPERCALLS_COST "Hypercalls cost", Time100ns, Cost,
+            By(Hypercall, "time from the trap to the return into the guest"),
+            "The average time (in nanoseconds) spent processing a hypercall.";
+        Release 3 PAGE_INVALIDATIONS "Page invalidations/sec", Count, Rate,
+            By(KvmStats, "vCPU stat invlpg"),
+            "The rate of INVLPG instructions executed by guest code on the virtual processor.";
+        Release 4 PAGE_INVALIDATIONS_COST "Page invalidations cost", Time100ns, Cost,
+            No(NO_TIME),
+            "The average time (in nanoseconds) spent processing an INVLPG instruction.";
+        Release 5 CONTROL_REGISTER_ACCESSES "Control register accesses/sec", Count, Rate,
+            By(Tracepoint, "kvm:kvm_cr"),
+            "The rate of control register accesses by guest code on the virtual processor.";
+        Release 6 CONTROL_REGISTER_ACCESSES_COST "Control register accesses cost", Time100ns, Cost,
+            No(NO_TIME),
+            "The average time (in nanoseconds) spent processing a control register access.";
+        Release 7 IO_INSTRUCTIONS "IO instructions/sec", Count, Rate,
+            By(Tracepoint, "kvm:kvm_pio (every port access, in the kernel or in userspace)"),
+            "The rate of IO instructions executed by guest code on a virtual processor.";
+        Release 8 IO_INSTRUCTIONS_COST "IO instructions cost", Time100ns, Cost,
+            By(RunLoop, "time of the port accesses handled in userspace"),
+            "The average time (in nanoseconds) spent processing an IO instruction.";
+        Release 9 HLT_INSTRUCTIONS "HLT instructions/sec", Count, Rate,
+            By(KvmStats, "vCPU stat halt_exits"),
+            "The rate of HLT instructions executed by guest code on a virtual processor.";
+        Release 10 HLT_INSTRUCTIONS_COST "HLT instructions cost", Time100ns, Cost,
+            By(KvmStats, "vCPU stat halt_wait_ns: time halted until woken"),
+            "The average time (in nanoseconds) spent processing an HLT instruction.";
+        Release 11 MWAIT_INSTRUCTIONS "MWAIT instructions/sec", Count, Rate,
+            No("KVM counts no MWAIT exits"),
+            "The rate of MWAIT instructions executed by guest code on a virtual processor.";
+        Release 12 MWAIT_INSTRUCTIONS_COST "MWAIT instructions cost", Time100ns, Cost,
+            No(NO_TIME),
+            "The average time (in nanoseconds) spent processing an MWAIT instruction.";
+        Release 13 CPUID_INSTRUCTIONS "CPUID instructions/sec", Count, Rate,
+            By(Tracepoint, "kvm:kvm_cpuid"),
+            "The rate of CPUID instructions executed by guest code on a virtual processor.";
+        Release 14 CPUID_INSTRUCTIONS_COST "CPUID instructions cost", Time100ns, Cost,
+            No(NO_TIME),
+            "The average time (in nanoseconds) spent processing a CPUID instruction.";
+        Release 15 MSR_ACCESSES "MSR accesses/sec", Count, Rate,
+            By(Tracepoint, "kvm:kvm_msr plus MSR exits handled in userspace"),
+            "The rate of MSR instructions executed by guest code on a virtual processor.";
+        Release 16 MSR_ACCESSES_COST "MSR accesses cost", Time100ns, Cost,
+            By(RunLoop, "time of the MSR accesses handled in userspace"),
+            "The average time (in nanoseconds) spent processing an MSR instruction.";
+        Release 17 OTHER_INTERCEPTS "Other intercepts/sec", Count, Rate,
+            By(RunLoop, "userspace exits of any other reason"),
+            "The rate of other intercepts triggered by guest code on a virtual processor.";
+        Release 18 OTHER_INTERCEPTS_COST "Other intercepts cost", Time100ns, Cost,
+            By(RunLoop, "time of those exits"),
+            "The average time (in nanoseconds) spent processing other intercepts.";
+        Release 19 EXTERNAL_INTERRUPTS "External interrupts/sec", Count, Rate,
+            By(KvmStats, "vCPU stat irq_exits"),
+            "The rate of external interrupts received by the hypervisor while executing guest code on the virtual processor.";
+        Release 20 EXTERNAL_INTERRUPTS_COST "External interrupts cost", Time100ns, Cost,
+            No(NO_TIME),
+            "The average time (in nanoseconds) spent processing an external interrupt.";
+        Release 21 PENDING_INTERRUPTS "Pending interrupts/sec", Count, Rate,
+            By(KvmStats, "vCPU stat irq_window_exits"),
+            "The rate of intercepts due to a task priority (TPR) reduction by guest code on the virtual processor.";
+        Release 22 PENDING_INTERRUPTS_COST "Pending interrupts cost", Time100ns, Cost,
+            No(NO_TIME),
+            "The average time (in nanoseconds) spent processing a pending interrupt intercept.";
+        Release 23 EMULATED_INSTRUCTIONS "Emulated instructions/sec", Count, Rate,
+            By(KvmStats, "vCPU stat insn_emulation"),
+            "The rate of emulated instructions while executing guest code on the virtual processor.";
+        Release 24 EMULATED_INSTRUCTIONS_COST "Emulated instructions cost", Time100ns, Cost,
+            No(NO_TIME),
+            "The average time (in nanoseconds) spent emulating an instruction.";
+        Release 25 DEBUG_REGISTER_ACCESSES "Debug register accesses/sec", Count, Rate,
+            No("KVM counts no debug register exits and has no tracepoint for them"),
+            "The rate of debug register accesses by guest code on the virtual processor.";
+        Release 26 DEBUG_REGISTER_ACCESSES_COST "Debug register accesses cost", Time100ns, Cost,
+            No(NO_TIME),
+            "The average time (in nanoseconds) spent handling a debug register access.";
+        Release 27 PAGE_FAULT_INTERCEPTS "Page fault intercepts/sec", Count, Rate,
+            By(KvmStats, "vCPU stat pf_taken"),
+            "The rate of page fault exceptions intercepted by the hypervisor while executing guest code on the virtual processor.";
+        Release 28 PAGE_FAULT_INTERCEPTS_COST "Page fault intercepts cost", Time100ns, Cost,
+            No(NO_TIME),
+            "The average time (in nanoseconds) spent processing a page fault intercept.";
+        Release 29 GUEST_PAGE_TABLE_MAPS "Guest page table maps/sec", Count, Rate,
+            No(NO_VTLB),
+            "The rate of map operations for guest page table pages.";
+        Release 30 LARGE_PAGE_TLB_FILLS "Large page TLB fills/sec", Count, Rate,
+            No(NO_VTLB),
+            "The rate of virtual TLB misses on large pages.";
+        Release 31 SMALL_PAGE_TLB_FILLS "Small page TLB fills/sec", Count, Rate,
+            No(NO_VTLB),
+            "The rate of virtual TLB misses on 4K pages.";
+        Release 32 REFLECTED_GUEST_PAGE_FAULTS "Reflected guest page faults/sec", Count, Rate,
+            By(KvmStats, "vCPU stat pf_guest"),
+            "The rate of page fault exceptions delivered to the guest.";
+        Release 33 APIC_MMIO_ACCESSES "APIC MMIO accesses/sec", Count, Rate,
+            By(Tracepoint, "kvm:kvm_apic"),
+            "The rate of APIC MMIO register accesses by guest code on the virtual processor.";
+        Release 34 IO_INTERCEPT_MESSAGES "IO intercept messages/sec", Count, Rate,
+            By(RunLoop, "port-I/O exits to userspace"),
+            "The rate of IO intercept messages sent to the parent partition.";
+        Release 35 MEMORY_INTERCEPT_MESSAGES "Memory intercept messages/sec", Count, Rate,
+            By(RunLoop, "MMIO exits to userspace"),
+            "The rate of memory intercept messages sent to the parent partition.";
+        Release 36 APIC_EOI_ACCESSES "APIC EOI accesses/sec", Count, Rate,
+            By(Tracepoint, "kvm:kvm_eoi"),
+            "The rate of APIC EOI register writes by guest code on the virtual processor.";
+        Release 37 OTHER_MESSAGES "Other messages/sec", Count, Rate,
+            By(RunLoop, "userspace exits other than port I/O and MMIO"),
+            "The rate of other intercept messages sent to the parent partition.";
+        Release 38 PAGE_TABLE_ALLOCATIONS "Page table allocations/sec", Count, Rate,
+            No(NO_VTLB),
+            "The rate of page table allocations in the virtual TLB.";
+        Release 39 LOGICAL_PROCESSOR_MIGRATIONS "Logical processor migrations/sec", Count, Rate,
+            By(PerfSoftware, "cpu-migrations of the VP thread"),
+            "The rate of migrations by the virtual processor to a different logical processor.";
+        Release 40 ADDRESS_SPACE_EVICTIONS "Address space evictions/sec", Count, Rate,
+            No(NO_VTLB),
+            "The rate of address space evictions in the virtual TLB.";
+        Release 41 ADDRESS_SPACE_SWITCHES "Address space switches/sec", Count, Rate,
+            No(NO_VTLB),
+            "The rate of address space switches by guest code on the virtual processor.";
+        Release 42 ADDRESS_DOMAIN_FLUSHES "Address domain flushes/sec", Count, Rate,
+            No("hvstats implements no virtual TLB flush hypercalls"),
+            "The rate of explicit flushes of the virtual TLB by guest code on the virtual processor.";
+        Release 43 ADDRESS_SPACE_FLUSHES "Address space flushes/sec", Count, Rate,
+            No("hvstats implements no virtual TLB flush hypercalls"),
+            "The rate of explicit flushes of one address space by guest code on the virtual processor.";
+        Release 44 GLOBAL_GVA_RANGE_FLUSHES "Global GVA range flushes/sec", Count, Rate,
+            No("hvstats implements no virtual TLB flush hypercalls"),
+            "The rate of explicit flushes of a virtual address range in all address spaces by guest code on the virtual processor.";
+        Release 45 LOCAL_FLUSHED_GVA_RANGES "Local flushed GVA ranges/sec", Count, Rate,
+            No("hvstats implements no virtual TLB flush hypercalls"),
+            "The rate of explicit flushes of a virtual address range in one address space by guest code on the virtual processor.";
+        Release 46 PAGE_TABLE_EVICTIONS "Page table evictions/sec", Count, Rate,
+            No(NO_VTLB),
+            "The rate of page table evictions in the virtual TLB.";
+        Release 47 PAGE_TABLE_RECLAMATIONS "Page table reclamations/sec", Count, Rate,
+            No(NO_VTLB),
+            "The rate of reclamations of unreferenced page tables in the virtual TLB.";
+        Release 48 PAGE_TABLE_RESETS "Page table resets/sec", Count, Rate,
+            No(NO_VTLB),
+            "The rate of page table resets In the virtual TLB.";
+        Release 49 PAGE_TABLE_VALIDATIONS "Page table validations/sec", Count, Rate,
+            No(NO_VTLB),
+            "The rate of page table validations to remove state entries in the virtual TLB.";
+        Release 50 APIC_TPR_ACCESSES "APIC TPR accesses/sec", Count, Rate,
+            By(Tracepoint, "kvm:kvm_apic filtered on the TPR register"),
+            "The rate of APIC TPR accesses by guest code on the virtual processor.";
+        Release 51 PAGE_TABLE_WRITE_INTERCEPTS "Page table write intercepts/sec", Count, Rate,
+            No("KVM counts shadow page table writes per VM (mmu_pte_write), not per VP"),
+            "The rate of write intercepts on guest page tables by guest code on the virtual processor.";
+        Release 52 SYNTHETIC_INTERRUPTS "Synthetic interrupts/sec", Count, Rate,
+            No("hvstats implements no synthetic interrupt controller"),
+            "The rate of synthetic interrupts delivered to the virtual processor.";
+        Release 53 VIRTUAL_INTERRUPTS "Virtual interrupts/sec", Count, Rate,
+            By(Tracepoint, "kvm:kvm_inj_virq"),
+            "The rate of interrupts (including synthetic interrupts) delivered to the virtual processor.";
+        Release 54 APIC_IPIS_SENT "APIC IPIs sent/sec", Count, Rate,
+            By(Tracepoint, "kvm:kvm_apic_ipi"),
+            "The rate of APIC inter-processor interrupts (including to self) sent to the virtual processor.";
+        Release 55 APIC_SELF_IPIS_SENT "APIC self IPIs sent/sec", Count, Rate,
+            By(Tracepoint, "kvm:kvm_apic_ipi filtered on the self shorthand"),
+            "The rate of APIC interrupts sent by the virtual processor to itself.";
+        Release 56 GPA_SPACE_HYPERCALLS "GPA space hypercalls/sec", Count, Rate,
+            By(Hypercall, "hypercalls of the GPA space class (map and unmap stats page)"),
+            "The rate of guest physical address space hypercalls made by guest code on the virtual processor.";
+        Release 57 LOGICAL_PROCESSOR_HYPERCALLS "Logical processor hypercalls/sec", Count, Rate,
+            By(Hypercall, "hypercalls of the logical processor class"),
+            "The rate of logical processor hypercalls made by guest code on the virtual processor.";
+        Release 58 LONG_SPIN_WAIT_HYPERCALLS "Long spin wait hypercalls/sec", Count, Rate,
+            By(Hypercall, "HvCallNotifyLongSpinWait"),
+            "The rate of long spin wait hypercalls made by guest code on the virtual processor.";
+        Release 59 OTHER_HYPERCALLS "Other hypercalls/sec", Count, Rate,
+            By(Hypercall, "hypercalls of no other class, unknown codes included"),
+            "The rate of other hypercalls made by guest code on the virtual processor.";
+        Release 60 SYNTHETIC_INTERRUPT_HYPERCALLS "Synthetic interrupt hypercalls/sec", Count, Rate,
+            By(Hypercall, "hypercalls of the synthetic interrupt class"),
+            "The rate of Synthetic Interrupt hypercalls made by guest code on the virtual processor.";
+        Release 61 VIRTUAL_INTERRUPT_HYPERCALLS "Virtual interrupt hypercalls/sec", Count, Rate,
+            By(Hypercall, "hypercalls of the virtual interrupt class"),
+            "The rate of Virtual Interrupt hypercalls made by guest code on the virtual processor.";
+        Release 62 VIRTUAL_MMU_HYPERCALLS "Virtual MMU hypercalls/sec", Count, Rate,
+            By(Hypercall, "hypercalls of the virtual MMU class"),
+            "The rate of Virtual MMU hypercalls made by guest code on the virtual processor.";
+        Release 63 VIRTUAL_PROCESSOR_HYPERCALLS "Virtual processor hypercalls/sec", Count, Rate,
+            By(Hypercall, "hypercalls of the virtual processor class"),
+            "The rate of Virtual Processor hypercalls made by guest code on the virtual processor.";
+    }
+}
+
+impl CounterId {
+    /// The catalog row of this counter, if it is in the catalog.
+    pub const fn counter(self) -> Option<&'static Counter> {
+        let mut i = 0;
+        while i < CATALOG.len() {
+            let c = &CATALOG[i];
+            if c.id.kind as u8 == self.kind as u8
+                && c.id.group as u8 == self.group as u8
+                && c.id.index == self.index
+            {
+                return Some(c);
+            }
+            i += 1;
+        }
+        None
+    }
+
+    /// The byte offset of this counter's value in its object's page.
+    ///
+    /// Computed from the catalog: each group present in the page is its header followed by its
+    /// values, groups in [`GroupKind::ALL`] order.
+    pub const fn offset(self) -> usize {
+        let base = match crate::page::PageLayout::of(self.kind).group_offset(self.group) {
+            Some(base) => base,
+            None => panic!("counter in a group its page does not have"),
+        };
+        base + self.index as usize * VALUE_SIZE
+    }
+
+    /// The index of this counter's value in the page seen as `[u64; 512]`.
+    pub const fn slot(self) -> usize {
+        self.offset() / VALUE_SIZE
+    }
+}
+
+impl Counter {
+    /// For a cost counter, the count it is averaged over (the previous index of its group).
+    pub fn paired_count(&self) -> Option<&'static Counter> {
+        if self.presentation != Presentation::Cost {
+            return None;
+        }
+        CounterId { index: self.id.index.checked_sub(1)?, ..self.id }.counter()
+    }
+}
+
+/// The counters of one object kind, in page order.
+pub fn counters_of(kind: ObjectKind) -> impl Iterator<Item = &'static Counter> {
+    CATALOG.iter().filter(move |c| c.id.kind == kind)
+}
+
+/// Looks a counter up by object kind and its catalog name.
+pub fn counter_by_name(kind: ObjectKind, name: &str) -> Option<&'static Counter> {
+    counters_of(kind).find(|c| c.name == name)
+}
+
+/// The number of counters in `group` of `kind` (the highest index, since indices are dense).
+pub const fn group_counters(kind: ObjectKind, group: GroupKind) -> usize {
+    let mut max = 0;
+    let mut i = 0;
+    while i < CATALOG.len() {
+        let id = CATALOG[i].id;
+        if id.kind as u8 == kind as u8 && id.group as u8 == group as u8 && id.index as usize > max {
+            max = id.index as usize;
+        }
+        i += 1;
+    }
+    max
+}

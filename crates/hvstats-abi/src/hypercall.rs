@@ -1,0 +1,237 @@
+//! The hypercall ABI of the stats calls: codes, the input and result values, the input blocks.
+
+use core::fmt;
+
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+use crate::object::{StatsObjectIdentity, StatsObjectType};
+use crate::status::HvStatus;
+
+/// A hypercall code (open enum).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, IntoBytes, FromBytes, Immutable, KnownLayout)]
+#[repr(transparent)]
+pub struct HypercallCode(pub u16);
+
+/// The seed 001 class a hypercall is counted under.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HypercallClass {
+    /// GPA space hypercalls (mapping pages into a partition's GPA space).
+    GpaSpace,
+    /// Logical processor hypercalls.
+    LogicalProcessor,
+    /// Long spin wait notifications.
+    LongSpinWait,
+    /// Synthetic interrupt controller hypercalls.
+    SyntheticInterrupt,
+    /// Virtual interrupt hypercalls.
+    VirtualInterrupt,
+    /// Virtual MMU hypercalls (address space switches and flushes).
+    VirtualMmu,
+    /// Virtual processor hypercalls.
+    VirtualProcessor,
+    /// Everything else, unknown codes included.
+    Other,
+}
+
+macro_rules! hypercall_codes {
+    ($($name:ident = $value:literal, $tlfs:literal, $class:ident;)*) => {
+        impl HypercallCode {
+            $(
+                #[doc = $tlfs]
+                pub const $name: Self = Self($value);
+            )*
+
+            /// The TLFS name of a known code.
+            pub const fn name(self) -> Option<&'static str> {
+                match self.0 {
+                    $($value => Some($tlfs),)*
+                    _ => None,
+                }
+            }
+
+            /// The class this code is counted under.
+            pub const fn class(self) -> HypercallClass {
+                match self.0 {
+                    $($value => HypercallClass::$class,)*
+                    _ => HypercallClass::Other,
+                }
+            }
+        }
+    };
+}
+
+hypercall_codes! {
+    SWITCH_VIRTUAL_ADDRESS_SPACE = 0x0001, "HvCallSwitchVirtualAddressSpace", VirtualMmu;
+    FLUSH_VIRTUAL_ADDRESS_SPACE = 0x0002, "HvCallFlushVirtualAddressSpace", VirtualMmu;
+    FLUSH_VIRTUAL_ADDRESS_LIST = 0x0003, "HvCallFlushVirtualAddressList", VirtualMmu;
+    NOTIFY_LONG_SPIN_WAIT = 0x0008, "HvCallNotifyLongSpinWait", LongSpinWait;
+    SEND_SYNTHETIC_CLUSTER_IPI = 0x000B, "HvCallSendSyntheticClusterIpi", VirtualInterrupt;
+    GET_PARTITION_ID = 0x0046, "HvCallGetPartitionId", Other;
+    MAP_GPA_PAGES = 0x004B, "HvCallMapGpaPages", GpaSpace;
+    UNMAP_GPA_PAGES = 0x004C, "HvCallUnmapGpaPages", GpaSpace;
+    GET_VP_REGISTERS = 0x0050, "HvCallGetVpRegisters", VirtualProcessor;
+    SET_VP_REGISTERS = 0x0051, "HvCallSetVpRegisters", VirtualProcessor;
+    POST_MESSAGE = 0x005C, "HvCallPostMessage", SyntheticInterrupt;
+    SIGNAL_EVENT = 0x005D, "HvCallSignalEvent", SyntheticInterrupt;
+    MAP_STATS_PAGE = 0x006C, "HvCallMapStatsPage", GpaSpace;
+    UNMAP_STATS_PAGE = 0x006D, "HvCallUnmapStatsPage", GpaSpace;
+    GET_LOGICAL_PROCESSOR_RUN_TIME = 0x0004, "HvCallGetLogicalProcessorRunTime", LogicalProcessor;
+    MAP_STATS_PAGE2 = 0x0131, "HvCallMapStatsPage2", GpaSpace;
+}
+
+impl fmt::Debug for HypercallCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.name() {
+            Some(n) => write!(f, "{n}({:#06x})", self.0),
+            None => write!(f, "HypercallCode({:#06x})", self.0),
+        }
+    }
+}
+
+/// `HV_PARTITION_ID_SELF`: the caller's own partition.
+pub const HV_PARTITION_ID_SELF: u64 = u64::MAX;
+/// `HV_VP_INDEX_SELF`: the calling VP.
+pub const HV_VP_INDEX_SELF: u32 = 0xFFFF_FFFE;
+
+/// The hypercall input value (RCX on x64).
+///
+/// Bits: 15:0 call code; 16 fast; 26:17 variable header size; 43:32 rep count; 59:48 rep start
+/// index; 31:27, 47:44 and 63:60 reserved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct HypercallInput(pub u64);
+
+impl HypercallInput {
+    /// The reserved bits: 31:27, 47:44, 63:60.
+    pub const RESERVED_MASK: u64 = (0x1F << 27) | (0xF << 44) | (0xF << 60);
+
+    /// A simple (non-rep, memory-based) call of `code`.
+    pub const fn simple(code: HypercallCode) -> Self {
+        Self(code.0 as u64)
+    }
+
+    /// The call code.
+    pub const fn code(self) -> HypercallCode {
+        HypercallCode(self.0 as u16)
+    }
+
+    /// The fast bit (register-based input).
+    pub const fn fast(self) -> bool {
+        self.0 & (1 << 16) != 0
+    }
+
+    /// The variable header size, in 8-byte units.
+    pub const fn variable_header_size(self) -> u16 {
+        ((self.0 >> 17) & 0x3FF) as u16
+    }
+
+    /// The rep count.
+    pub const fn rep_count(self) -> u16 {
+        ((self.0 >> 32) & 0xFFF) as u16
+    }
+
+    /// The rep start index.
+    pub const fn rep_start(self) -> u16 {
+        ((self.0 >> 48) & 0xFFF) as u16
+    }
+
+    /// The reserved bits that are set (zero when the value is well formed).
+    pub const fn reserved(self) -> u64 {
+        self.0 & Self::RESERVED_MASK
+    }
+
+    /// Sets the fast bit.
+    pub const fn with_fast(self, fast: bool) -> Self {
+        Self((self.0 & !(1 << 16)) | ((fast as u64) << 16))
+    }
+
+    /// Sets the rep count.
+    pub const fn with_rep_count(self, count: u16) -> Self {
+        Self((self.0 & !(0xFFF << 32)) | (((count & 0xFFF) as u64) << 32))
+    }
+
+    /// Sets the rep start index.
+    pub const fn with_rep_start(self, start: u16) -> Self {
+        Self((self.0 & !(0xFFF << 48)) | (((start & 0xFFF) as u64) << 48))
+    }
+
+    /// Sets the variable header size.
+    pub const fn with_variable_header_size(self, size: u16) -> Self {
+        Self((self.0 & !(0x3FF << 17)) | (((size & 0x3FF) as u64) << 17))
+    }
+}
+
+/// The hypercall result value (RAX on x64): status 15:0, reps completed 43:32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct HypercallOutput(pub u64);
+
+impl HypercallOutput {
+    /// A result with `status` and `reps_completed`.
+    pub const fn new(status: HvStatus, reps_completed: u16) -> Self {
+        Self(status.0 as u64 | (((reps_completed & 0xFFF) as u64) << 32))
+    }
+
+    /// The status.
+    pub const fn status(self) -> HvStatus {
+        HvStatus(self.0 as u16)
+    }
+
+    /// Reps completed.
+    pub const fn reps_completed(self) -> u16 {
+        ((self.0 >> 32) & 0xFFF) as u16
+    }
+}
+
+/// Input block of HvCallMapStatsPage / HvCallMapStatsPage2 (seed 003): 32 bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, IntoBytes, FromBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct MapStatsPageInput {
+    /// `StatsType` @0.
+    pub stats_type: StatsObjectType,
+    /// Padding @4; must be zero.
+    pub padding: u32,
+    /// `ObjectIdentity` @8.
+    pub identity: StatsObjectIdentity,
+    /// `TargetGpaPage` @24: the GPA page number where the page should appear.
+    pub target_gpa_page: u64,
+}
+
+/// Input block of HvCallUnmapStatsPage: 24 bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, IntoBytes, FromBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct UnmapStatsPageInput {
+    /// `StatsType` @0.
+    pub stats_type: StatsObjectType,
+    /// Padding @4; must be zero.
+    pub padding: u32,
+    /// `ObjectIdentity` @8.
+    pub identity: StatsObjectIdentity,
+}
+
+/// Output block of HvCallGetPartitionId: 8 bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, IntoBytes, FromBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct GetPartitionIdOutput {
+    /// The caller's partition id.
+    pub partition_id: u64,
+}
+
+const _: () = assert!(size_of::<StatsObjectType>() == 4);
+const _: () = assert!(size_of::<MapStatsPageInput>() == 32);
+const _: () = assert!(size_of::<UnmapStatsPageInput>() == 24);
+const _: () = assert!(size_of::<GetPartitionIdOutput>() == 8);
+
+/// The partition privilege mask (CPUID 0x40000003 EAX = bits 31:0, EBX = bits 63:32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct PartitionPrivileges(pub u64);
+
+impl PartitionPrivileges {
+    /// `AccessStatsReg` (bit 8): the stats page MSRs.
+    pub const ACCESS_STATS_REG: u64 = 1 << 8;
+    /// `AccessStats` (bit 40, EBX bit 8): HvMapStatsPage and HvUnmapStatsPage.
+    pub const ACCESS_STATS: u64 = 1 << 40;
+
+    /// True when the AccessStats privilege is held.
+    pub const fn access_stats(self) -> bool {
+        self.0 & Self::ACCESS_STATS != 0
+    }
+}

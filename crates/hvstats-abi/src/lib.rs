@@ -1,0 +1,30 @@
+//! The Hyper-V statistics ABI, as hvstats speaks it.
+//!
+//! This crate owns the wire and memory formats only: stats object types and identities
+//! ([`object`]), group headers and versions ([`group`]), the counter catalog from which every
+//! counter's id, name, offset and help text is derived ([`catalog`]), the page writer and reader
+//! ([`page`]), the hypercall ABI of the stats calls ([`hypercall`], [`status`]), the typed counter
+//! sets of `WHvGetVirtualProcessorCounters` ([`whv`]) and the structures of
+//! `HalAllocateHardwareCounters` ([`hal`]).
+//!
+//! It is `no_std` and free of `unsafe`: every memory structure derives zerocopy's traits and has
+//! its size asserted beside it.
+
+#![no_std]
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod catalog;
+pub mod group;
+pub mod hal;
+pub mod hypercall;
+pub mod object;
+pub mod page;
+pub mod status;
+pub mod whv;
+
+pub use catalog::{CATALOG, Counter, CounterId, GroupKind, Maintained, Presentation, Source, Unit};
+pub use group::{GroupHeader, GroupType, GroupVersion, MAX_COUNTERS_PER_GROUP, PAGE_SIZE};
+pub use object::{ObjectKind, StatsAreaType, StatsObjectIdentity, StatsObjectType};
+pub use page::{PageError, PageLayout, PageView, StatsPage};
+pub use status::HvStatus;

@@ -1,0 +1,549 @@
+//! Stats pages: the writer that lays out an object's page and the reader that walks any page.
+//!
+//! A page is a packed list of groups (seed 004): header, values, next header, …, END_OF_LIST. The
+//! reader never trusts the page: a short page, a Length running past the page or not a multiple of
+//! 8, a missing END_OF_LIST, or a version it cannot read gives a [`PageError`], never a panic.
+
+use core::fmt;
+
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+use crate::catalog::{CounterId, GroupKind, group_counters};
+use crate::group::{GroupHeader, GroupType, GroupVersion, PAGE_SIZE, VALUE_SIZE};
+use crate::object::ObjectKind;
+
+/// Number of 64-bit slots in a page.
+pub const PAGE_SLOTS: usize = PAGE_SIZE / VALUE_SIZE;
+
+/// `HV_STATS_PAGE`: one 4 KiB page of 64-bit slots.
+#[derive(Clone, IntoBytes, FromBytes, Immutable, KnownLayout)]
+#[repr(C, align(8))]
+pub struct StatsPage {
+    /// The page as 512 slots; slot `n` is bytes `8n..8n+8`.
+    pub data: [u64; PAGE_SLOTS],
+}
+
+const _: () = assert!(size_of::<StatsPage>() == PAGE_SIZE);
+
+impl Default for StatsPage {
+    fn default() -> Self {
+        Self { data: [0; PAGE_SLOTS] }
+    }
+}
+
+impl StatsPage {
+    /// A page laid out for `kind` with every counter at zero.
+    pub fn new(kind: ObjectKind) -> Self {
+        let mut page = Self::default();
+        PageLayout::of(kind).write_headers(&mut page.data);
+        page
+    }
+
+    /// The value of `counter`.
+    pub fn get(&self, counter: CounterId) -> u64 {
+        self.data[counter.slot()]
+    }
+
+    /// Sets the value of `counter`.
+    pub fn set(&mut self, counter: CounterId, value: u64) {
+        self.data[counter.slot()] = value;
+    }
+}
+
+/// Where one group sits in a page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupSlot {
+    /// The group.
+    pub group: GroupKind,
+    /// Byte offset of its header.
+    pub header_offset: usize,
+    /// Number of counters (data bytes / 8).
+    pub counters: usize,
+}
+
+impl GroupSlot {
+    /// The header written for this group.
+    pub const fn header(&self) -> GroupHeader {
+        GroupHeader::new(self.group.group_type(), self.group.version(), (self.counters * VALUE_SIZE) as u16)
+    }
+}
+
+/// The layout of one object kind's page, computed from the catalog.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PageLayout {
+    /// The object kind.
+    pub kind: ObjectKind,
+    /// The groups, in page order (`None` where the kind has no counters in that group).
+    pub groups: [Option<GroupSlot>; 2],
+    /// Byte offset of the END_OF_LIST header.
+    pub end_offset: usize,
+}
+
+impl PageLayout {
+    /// The layout of `kind`'s page.
+    pub const fn of(kind: ObjectKind) -> Self {
+        let mut groups = [None; 2];
+        let mut offset = 0;
+        let mut i = 0;
+        while i < GroupKind::ALL.len() {
+            let group = GroupKind::ALL[i];
+            let counters = group_counters(kind, group);
+            if counters > 0 {
+                groups[i] = Some(GroupSlot { group, header_offset: offset, counters });
+                offset += (1 + counters) * VALUE_SIZE;
+            }
+            i += 1;
+        }
+        Self { kind, groups, end_offset: offset }
+    }
+
+    /// The byte offset of `group`'s header, which is also where its index 0 lies.
+    pub const fn group_offset(&self, group: GroupKind) -> Option<usize> {
+        match self.groups[group as usize] {
+            Some(slot) => Some(slot.header_offset),
+            None => None,
+        }
+    }
+
+    /// The groups present, in page order.
+    pub fn slots(&self) -> impl Iterator<Item = GroupSlot> + '_ {
+        self.groups.iter().flatten().copied()
+    }
+
+    /// Writes every group header and the END_OF_LIST header into `data`; values are untouched.
+    pub fn write_headers(&self, data: &mut [u64; PAGE_SLOTS]) {
+        for slot in self.slots() {
+            data[slot.header_offset / VALUE_SIZE] = header_word(slot.header());
+        }
+        data[self.end_offset / VALUE_SIZE] = header_word(GroupHeader::END_OF_LIST);
+    }
+}
+
+/// A header as the 64-bit word it occupies in a page.
+pub fn header_word(header: GroupHeader) -> u64 {
+    u64::from_le_bytes(header.as_bytes().try_into().unwrap_or([0; 8]))
+}
+
+/// Builds a page from arbitrary groups: for tests, fuzzing, and pages of other versions.
+pub struct PageBuilder {
+    page: StatsPage,
+    cursor: usize,
+}
+
+impl Default for PageBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PageBuilder {
+    /// An empty page.
+    pub fn new() -> Self {
+        Self { page: StatsPage::default(), cursor: 0 }
+    }
+
+    /// Appends a group with `values`; fails when the group and the END_OF_LIST after it would not
+    /// fit in the page.
+    pub fn group(
+        &mut self,
+        group_type: GroupType,
+        version: GroupVersion,
+        values: &[u64],
+    ) -> Result<&mut Self, PageError> {
+        let needed = (1 + values.len()) * VALUE_SIZE;
+        if self.cursor + needed + VALUE_SIZE > PAGE_SIZE {
+            return Err(PageError::PageFull { offset: self.cursor, needed });
+        }
+        let slot = self.cursor / VALUE_SIZE;
+        let length = (values.len() * VALUE_SIZE) as u16;
+        self.page.data[slot] = header_word(GroupHeader::new(group_type, version, length));
+        self.page.data[slot + 1..slot + 1 + values.len()].copy_from_slice(values);
+        self.cursor += needed;
+        Ok(self)
+    }
+
+    /// Ends the list with END_OF_LIST and returns the page.
+    pub fn finish(mut self) -> StatsPage {
+        self.page.data[self.cursor / VALUE_SIZE] = header_word(GroupHeader::END_OF_LIST);
+        self.page
+    }
+}
+
+/// Why a page could not be read (or written).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PageError {
+    /// The page is shorter than 4096 bytes.
+    Truncated {
+        /// Bytes available.
+        len: usize,
+    },
+    /// The page is longer than 4096 bytes.
+    Oversized {
+        /// Bytes given.
+        len: usize,
+    },
+    /// A group's Length runs past the end of the page.
+    LengthPastPage {
+        /// Byte offset of the group header.
+        offset: usize,
+        /// The Length field.
+        length: u16,
+    },
+    /// A group's Length is not a multiple of 8.
+    LengthMisaligned {
+        /// Byte offset of the group header.
+        offset: usize,
+        /// The Length field.
+        length: u16,
+    },
+    /// The groups run to the end of the page with no END_OF_LIST or END_OF_PAGE.
+    NoEndOfList,
+    /// An END_OF_LIST or END_OF_PAGE header with a nonzero version or length.
+    BadTerminator {
+        /// Byte offset of the header.
+        offset: usize,
+    },
+    /// A known group whose major version differs from the reader's.
+    MajorMismatch {
+        /// Byte offset of the group header.
+        offset: usize,
+        /// The group.
+        group: GroupType,
+        /// The version on the page.
+        found: GroupVersion,
+        /// The version the reader is compiled for.
+        expected: GroupVersion,
+    },
+    /// A known group whose minor version is older than the reader's.
+    MinorTooOld {
+        /// Byte offset of the group header.
+        offset: usize,
+        /// The group.
+        group: GroupType,
+        /// The version on the page.
+        found: GroupVersion,
+        /// The version the reader is compiled for.
+        expected: GroupVersion,
+    },
+    /// A known group too short to hold the counters its version promises.
+    GroupTooShort {
+        /// Byte offset of the group header.
+        offset: usize,
+        /// The group.
+        group: GroupType,
+        /// The Length field.
+        length: u16,
+        /// The bytes the reader's version needs.
+        needed: usize,
+    },
+    /// A known group appears twice.
+    DuplicateGroup {
+        /// Byte offset of the second header.
+        offset: usize,
+        /// The group.
+        group: GroupType,
+    },
+    /// The page lacks a group the object kind needs.
+    MissingGroup {
+        /// The group.
+        group: GroupType,
+    },
+    /// Writing: the group does not fit in what remains of the page.
+    PageFull {
+        /// Where the group would start.
+        offset: usize,
+        /// Bytes it needs (header and values).
+        needed: usize,
+    },
+}
+
+impl PageError {
+    /// The byte offset of the fault in the page, where there is one.
+    pub fn offset(&self) -> Option<usize> {
+        match *self {
+            PageError::Truncated { len } => Some(len),
+            PageError::Oversized { .. } => Some(PAGE_SIZE),
+            PageError::LengthPastPage { offset, .. }
+            | PageError::LengthMisaligned { offset, .. }
+            | PageError::BadTerminator { offset }
+            | PageError::MajorMismatch { offset, .. }
+            | PageError::MinorTooOld { offset, .. }
+            | PageError::GroupTooShort { offset, .. }
+            | PageError::DuplicateGroup { offset, .. }
+            | PageError::PageFull { offset, .. } => Some(offset),
+            PageError::NoEndOfList => Some(PAGE_SIZE),
+            PageError::MissingGroup { .. } => None,
+        }
+    }
+}
+
+impl fmt::Display for PageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            PageError::Truncated { len } => write!(f, "page truncated: {len} of {PAGE_SIZE} bytes"),
+            PageError::Oversized { len } => write!(f, "not a stats page: {len} bytes, expected {PAGE_SIZE}"),
+            PageError::LengthPastPage { offset, length } => {
+                write!(f, "group at byte {offset}: length {length} runs past the end of the page")
+            }
+            PageError::LengthMisaligned { offset, length } => {
+                write!(f, "group at byte {offset}: length {length} is not a multiple of 8")
+            }
+            PageError::NoEndOfList => write!(f, "no END_OF_LIST header before the end of the page"),
+            PageError::BadTerminator { offset } => {
+                write!(f, "end header at byte {offset} has a nonzero version or length")
+            }
+            PageError::MajorMismatch { offset, group, found, expected } => write!(
+                f,
+                "group {group:?} at byte {offset}: major version {} is not the reader's {}",
+                found.major, expected.major
+            ),
+            PageError::MinorTooOld { offset, group, found, expected } => write!(
+                f,
+                "group {group:?} at byte {offset}: version {found} is older than the reader's {expected}"
+            ),
+            PageError::GroupTooShort { offset, group, length, needed } => write!(
+                f,
+                "group {group:?} at byte {offset}: length {length} is less than the {needed} bytes its version defines"
+            ),
+            PageError::DuplicateGroup { offset, group } => {
+                write!(f, "group {group:?} at byte {offset} appears a second time")
+            }
+            PageError::MissingGroup { group } => write!(f, "the page has no {group:?} group"),
+            PageError::PageFull { offset, needed } => {
+                write!(f, "a group of {needed} bytes at byte {offset} does not fit in the page")
+            }
+        }
+    }
+}
+
+impl core::error::Error for PageError {}
+
+/// One group as found on a page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawGroup<'a> {
+    /// Byte offset of the header.
+    pub offset: usize,
+    /// The header.
+    pub header: GroupHeader,
+    /// The data bytes (`header.length` of them).
+    pub data: &'a [u8],
+}
+
+impl RawGroup<'_> {
+    /// Value `index` of the group (1-based, as counters are numbered), if the group holds it.
+    pub fn value(&self, index: u16) -> Option<u64> {
+        let start = (index as usize).checked_sub(1)? * VALUE_SIZE;
+        let bytes = self.data.get(start..start + VALUE_SIZE)?;
+        Some(u64::from_le_bytes(bytes.try_into().ok()?))
+    }
+
+    /// Number of values in the group.
+    pub fn len(&self) -> usize {
+        self.data.len() / VALUE_SIZE
+    }
+
+    /// True for a group with no values.
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+}
+
+/// How a page's list of groups ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ListEnd {
+    /// END_OF_LIST at this byte offset.
+    EndOfList(usize),
+    /// END_OF_PAGE at this byte offset: the list goes on in another page.
+    EndOfPage(usize),
+}
+
+/// Walks the groups of a page, validating each header's framing.
+///
+/// Yields each group up to the terminator, then stops; a framing fault is yielded once as an error
+/// and ends the walk. After a clean walk, [`GroupWalk::end`] says how the list ended.
+pub struct GroupWalk<'a> {
+    page: &'a [u8],
+    cursor: usize,
+    end: Option<ListEnd>,
+    failed: bool,
+}
+
+impl<'a> GroupWalk<'a> {
+    /// Starts a walk over `page`, which must be exactly one 4 KiB page.
+    pub fn new(page: &'a [u8]) -> Result<Self, PageError> {
+        if page.len() < PAGE_SIZE {
+            return Err(PageError::Truncated { len: page.len() });
+        }
+        if page.len() > PAGE_SIZE {
+            return Err(PageError::Oversized { len: page.len() });
+        }
+        Ok(Self { page, cursor: 0, end: None, failed: false })
+    }
+
+    /// How the list ended, once the walk has finished without a fault.
+    pub fn end(&self) -> Option<ListEnd> {
+        self.end
+    }
+
+    fn step(&mut self) -> Result<Option<RawGroup<'a>>, PageError> {
+        let offset = self.cursor;
+        let Some(bytes) = self.page.get(offset..offset + VALUE_SIZE) else {
+            return Err(PageError::NoEndOfList);
+        };
+        let header = GroupHeader::read_from_bytes(bytes).map_err(|_| PageError::NoEndOfList)?;
+        if header.group_type == GroupType::END_OF_LIST || header.group_type == GroupType::END_OF_PAGE {
+            if header.version() != GroupVersion::ZERO || header.length != 0 {
+                return Err(PageError::BadTerminator { offset });
+            }
+            self.end = Some(if header.group_type == GroupType::END_OF_LIST {
+                ListEnd::EndOfList(offset)
+            } else {
+                ListEnd::EndOfPage(offset)
+            });
+            return Ok(None);
+        }
+        let length = header.length;
+        if length as usize % VALUE_SIZE != 0 {
+            return Err(PageError::LengthMisaligned { offset, length });
+        }
+        let data_start = offset + VALUE_SIZE;
+        let data_end = data_start + length as usize;
+        let Some(data) = self.page.get(data_start..data_end) else {
+            return Err(PageError::LengthPastPage { offset, length });
+        };
+        self.cursor = data_end;
+        Ok(Some(RawGroup { offset, header, data }))
+    }
+}
+
+impl<'a> Iterator for GroupWalk<'a> {
+    type Item = Result<RawGroup<'a>, PageError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed || self.end.is_some() {
+            return None;
+        }
+        match self.step() {
+            Ok(Some(group)) => Some(Ok(group)),
+            Ok(None) => None,
+            Err(e) => {
+                self.failed = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+/// A page read as one object kind's page: the groups the reader knows, checked by seed 004's rule.
+#[derive(Clone, Copy, Debug)]
+pub struct PageView<'a> {
+    /// The object kind the page was read as.
+    pub kind: ObjectKind,
+    page: &'a [u8],
+    known: [Option<RawGroup<'a>>; 2],
+    /// How the list ended.
+    pub end: ListEnd,
+}
+
+impl<'a> PageView<'a> {
+    /// Reads `page` as `kind`'s page.
+    ///
+    /// Unknown group types are skipped by their Length. A known group must have the reader's major
+    /// version and at least its minor version, and be long enough for the reader's counters. Every
+    /// group `kind` has must be present.
+    pub fn read(page: &'a [u8], kind: ObjectKind) -> Result<Self, PageError> {
+        let layout = PageLayout::of(kind);
+        let mut known: [Option<RawGroup<'a>>; 2] = [None; 2];
+        let mut walk = GroupWalk::new(page)?;
+        for group in &mut walk {
+            let group = group?;
+            let Some(gk) = GroupKind::from_group_type(group.header.group_type) else {
+                continue;
+            };
+            let Some(slot) = layout.groups[gk as usize] else {
+                continue;
+            };
+            let expected = gk.version();
+            let found = group.header.version();
+            let (offset, group_type) = (group.offset, group.header.group_type);
+            if found.major != expected.major {
+                return Err(PageError::MajorMismatch { offset, group: group_type, found, expected });
+            }
+            if !expected.accepts(found) {
+                return Err(PageError::MinorTooOld { offset, group: group_type, found, expected });
+            }
+            let needed = slot.counters * VALUE_SIZE;
+            if (group.header.length as usize) < needed {
+                return Err(PageError::GroupTooShort {
+                    offset,
+                    group: group_type,
+                    length: group.header.length,
+                    needed,
+                });
+            }
+            if known[gk as usize].is_some() {
+                return Err(PageError::DuplicateGroup { offset, group: group_type });
+            }
+            known[gk as usize] = Some(group);
+        }
+        let end = walk.end().ok_or(PageError::NoEndOfList)?;
+        for slot in layout.slots() {
+            if known[slot.group as usize].is_none() {
+                return Err(PageError::MissingGroup { group: slot.group.group_type() });
+            }
+        }
+        Ok(Self { kind, page, known, end })
+    }
+
+    /// The value of `counter` (0 for a counter of another object kind).
+    pub fn get(&self, counter: CounterId) -> u64 {
+        if counter.kind != self.kind {
+            return 0;
+        }
+        self.known[counter.group as usize].and_then(|g| g.value(counter.index)).unwrap_or(0)
+    }
+
+    /// The version of `group` on the page.
+    pub fn version(&self, group: GroupKind) -> Option<GroupVersion> {
+        self.known[group as usize].map(|g| g.header.version())
+    }
+
+    /// Counters on the page beyond those the reader knows (from a newer minor), per group.
+    pub fn extra_counters(&self, group: GroupKind) -> usize {
+        let known = group_counters(self.kind, group);
+        self.known[group as usize].map_or(0, |g| g.len().saturating_sub(known))
+    }
+
+    /// The groups the reader skipped: unknown types, and known types the kind does not use.
+    pub fn unknown_groups(&self) -> impl Iterator<Item = RawGroup<'a>> + 'a {
+        let layout = PageLayout::of(self.kind);
+        GroupWalk::new(self.page).into_iter().flatten().map_while(Result::ok).filter(move |g| {
+            GroupKind::from_group_type(g.header.group_type)
+                .is_none_or(|gk| layout.groups[gk as usize].is_none())
+        })
+    }
+}
+
+/// Infers which object kind a page describes from its groups' lengths.
+///
+/// All four pages use the same group ids, so the kind is told by which groups are present and how
+/// long they are: an exact match with a kind's layout wins, otherwise the most specific kind whose
+/// groups fit (a page from a newer minor has longer groups). `None` when no kind reads the page.
+pub fn infer_kind(page: &[u8]) -> Option<ObjectKind> {
+    const ORDER: [ObjectKind; 4] =
+        [ObjectKind::Vp, ObjectKind::Partition, ObjectKind::LogicalProcessor, ObjectKind::Hypervisor];
+    let exact = |kind: ObjectKind| {
+        let layout = PageLayout::of(kind);
+        let mut lens = [None; 2];
+        for g in GroupWalk::new(page).into_iter().flatten().map_while(Result::ok) {
+            if let Some(gk) = GroupKind::from_group_type(g.header.group_type) {
+                lens[gk as usize] = Some(g.len());
+            }
+        }
+        layout.groups.iter().zip(lens).all(|(slot, len)| slot.map(|s| s.counters) == len)
+    };
+    ORDER
+        .into_iter()
+        .find(|&k| exact(k) && PageView::read(page, k).is_ok())
+        .or_else(|| ORDER.into_iter().find(|&k| PageView::read(page, k).is_ok()))
+}

@@ -1,0 +1,7 @@
+//! One module per subcommand: its flags and what it does.
+
+pub mod catalog;
+pub mod dump;
+pub mod hwc;
+pub mod run;
+pub mod snapshot;

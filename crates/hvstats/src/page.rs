@@ -1,0 +1,219 @@
+//! A stats page in shared memory: the storage of an object's counters.
+//!
+//! The counters live in the page at the offsets the catalog gives; there is no second copy. The
+//! page is a 4 KiB `MAP_SHARED` mapping of a file (a memfd, or a file under the runtime
+//! directory), so the same bytes can be mapped read-only into a guest (a KVM memory slot) and into
+//! root tools on the host. Values are accessed as relaxed atomics: a VP thread, the only writer of
+//! its VP page, does a plain load and store per update; counters with several writers use
+//! [`SharedPage::fetch_add`].
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::path::Path;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use hvstats_abi::page::{PAGE_SLOTS, PageLayout, StatsPage};
+use hvstats_abi::{CounterId, ObjectKind, PAGE_SIZE};
+
+/// One object's stats page, mapped shared and writable by its owner.
+pub struct SharedPage {
+    kind: ObjectKind,
+    file: File,
+    ptr: NonNull<AtomicU64>,
+}
+
+// SAFETY: the mapping is only accessed through atomics, and it lives as long as the value.
+unsafe impl Send for SharedPage {}
+// SAFETY: as above; concurrent access goes through `AtomicU64`.
+unsafe impl Sync for SharedPage {}
+
+impl SharedPage {
+    /// A page for `kind` in an anonymous memfd, laid out with every counter at zero.
+    ///
+    /// # Errors
+    /// When the memfd cannot be created, sized or mapped.
+    pub fn anonymous(kind: ObjectKind) -> io::Result<Self> {
+        // SAFETY: the name is a NUL-terminated literal; we check the result.
+        let fd = unsafe { libc::memfd_create(c"hvstats-page".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by memfd_create and is owned by nobody else.
+        let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        Self::from_file(kind, file)
+    }
+
+    /// A page for `kind` in a new file at `path` (which must not exist), mode 0644 or 0600.
+    ///
+    /// # Errors
+    /// When the file exists or cannot be created, sized or mapped.
+    pub fn create_file(kind: ObjectKind, path: &Path, world_readable: bool) -> io::Result<Self> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(if world_readable { 0o644 } else { 0o600 })
+            .open(path)?;
+        Self::from_file(kind, file)
+    }
+
+    fn from_file(kind: ObjectKind, file: File) -> io::Result<Self> {
+        file.set_len(PAGE_SIZE as u64)?;
+        let ptr = map(file.as_fd(), libc::PROT_READ | libc::PROT_WRITE)?;
+        let page = Self { kind, file, ptr: ptr.cast() };
+        let mut headers = [0u64; PAGE_SLOTS];
+        PageLayout::of(kind).write_headers(&mut headers);
+        for (i, word) in headers.iter().enumerate() {
+            page.slots()[i].store(*word, Ordering::Relaxed);
+        }
+        Ok(page)
+    }
+
+    /// The object kind the page is laid out for.
+    pub fn kind(&self) -> ObjectKind {
+        self.kind
+    }
+
+    fn slots(&self) -> &[AtomicU64; PAGE_SLOTS] {
+        // SAFETY: `ptr` maps PAGE_SIZE bytes, page-aligned, for the life of `self`; AtomicU64 has
+        // the size and alignment of u64.
+        unsafe { &*(self.ptr.as_ptr() as *const [AtomicU64; PAGE_SLOTS]) }
+    }
+
+    /// The value of `counter`.
+    pub fn get(&self, counter: CounterId) -> u64 {
+        debug_assert_eq!(counter.kind, self.kind);
+        self.slots()[counter.slot()].load(Ordering::Relaxed)
+    }
+
+    /// Sets `counter` (single writer).
+    pub fn set(&self, counter: CounterId, value: u64) {
+        debug_assert_eq!(counter.kind, self.kind);
+        self.slots()[counter.slot()].store(value, Ordering::Relaxed);
+    }
+
+    /// Adds to `counter` with a plain load and store: only for the page's single writer.
+    pub fn add(&self, counter: CounterId, delta: u64) {
+        let slot = &self.slots()[counter.slot()];
+        slot.store(slot.load(Ordering::Relaxed).wrapping_add(delta), Ordering::Relaxed);
+    }
+
+    /// Adds to `counter` atomically: for counters with several writers.
+    pub fn fetch_add(&self, counter: CounterId, delta: u64) -> u64 {
+        self.slots()[counter.slot()].fetch_add(delta, Ordering::Relaxed)
+    }
+
+    /// A copy of the whole page.
+    pub fn snapshot(&self) -> StatsPage {
+        let mut page = StatsPage::default();
+        for (dst, src) in page.data.iter_mut().zip(self.slots()) {
+            *dst = src.load(Ordering::Relaxed);
+        }
+        page
+    }
+
+    /// The file behind the page, to map it elsewhere (read-only into a guest or a reader).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+
+    /// The host address of the writable mapping.
+    pub fn host_address(&self) -> *mut u8 {
+        self.ptr.as_ptr().cast()
+    }
+}
+
+impl Drop for SharedPage {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` is our mapping of PAGE_SIZE bytes and nothing borrows it past `self`.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), PAGE_SIZE) };
+    }
+}
+
+impl std::fmt::Debug for SharedPage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedPage").field("kind", &self.kind).finish_non_exhaustive()
+    }
+}
+
+/// A read-only view of a stats page file, mapped without copying.
+pub struct MappedPage {
+    ptr: NonNull<u8>,
+}
+
+// SAFETY: the mapping is read-only and lives as long as the value.
+unsafe impl Send for MappedPage {}
+// SAFETY: as above.
+unsafe impl Sync for MappedPage {}
+
+impl MappedPage {
+    /// Maps `fd` (a page file) read-only.
+    ///
+    /// # Errors
+    /// When the file is not at least one page long or cannot be mapped.
+    pub fn map(fd: BorrowedFd<'_>) -> io::Result<Self> {
+        let len = std::fs::File::from(fd.try_clone_to_owned()?).metadata()?.len();
+        if len < PAGE_SIZE as u64 {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "stats page file is shorter than a page"));
+        }
+        Ok(Self { ptr: map(fd, libc::PROT_READ)? })
+    }
+
+    /// The value in slot `slot` at the moment of the call.
+    pub fn slot(&self, slot: usize) -> u64 {
+        // SAFETY: the mapping is PAGE_SIZE bytes, 8-aligned; the writer uses atomics, so we do too.
+        let slots = unsafe { &*(self.ptr.as_ptr() as *const [AtomicU64; PAGE_SLOTS]) };
+        slots[slot].load(Ordering::Relaxed)
+    }
+
+    /// A copy of the page at the moment of the call.
+    pub fn snapshot(&self) -> StatsPage {
+        let mut page = StatsPage::default();
+        for (i, v) in page.data.iter_mut().enumerate() {
+            *v = self.slot(i);
+        }
+        page
+    }
+}
+
+impl Drop for MappedPage {
+    fn drop(&mut self) {
+        // SAFETY: our mapping of PAGE_SIZE bytes.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), PAGE_SIZE) };
+    }
+}
+
+fn map(fd: BorrowedFd<'_>, prot: libc::c_int) -> io::Result<NonNull<u8>> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: we map PAGE_SIZE bytes of a file we hold open, at an address the kernel picks.
+    let ptr =
+        unsafe { libc::mmap(std::ptr::null_mut(), PAGE_SIZE, prot, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
+    if ptr == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    NonNull::new(ptr.cast()).ok_or_else(|| io::Error::other("mmap returned null"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hvstats_abi::catalog::vp;
+    use hvstats_abi::page::PageView;
+    use zerocopy::IntoBytes;
+
+    #[test]
+    fn counters_written_are_read_back_through_a_second_mapping() {
+        let page = SharedPage::anonymous(ObjectKind::Vp).unwrap();
+        page.set(vp::CPUID_INSTRUCTIONS, 41);
+        page.add(vp::CPUID_INSTRUCTIONS, 1);
+        page.fetch_add(vp::HYPERCALLS, 7);
+        let reader = MappedPage::map(page.fd()).unwrap();
+        let copy = reader.snapshot();
+        let view = PageView::read(copy.as_bytes(), ObjectKind::Vp).unwrap();
+        assert_eq!(view.get(vp::CPUID_INSTRUCTIONS), 42);
+        assert_eq!(view.get(vp::HYPERCALLS), 7);
+    }
+}
