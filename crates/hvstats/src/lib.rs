@@ -8,6 +8,7 @@
 
 pub mod instance;
 pub mod page;
+pub mod runtime_dir;
 
 pub use instance::{Hypervisor, PartitionStats};
 pub use page::{MappedPage, SharedPage};
