@@ -9,6 +9,7 @@
 pub mod instance;
 pub mod page;
 pub mod runtime_dir;
+pub mod whv;
 
 pub use instance::{Hypervisor, PartitionStats};
 pub use page::{MappedPage, SharedPage};
