@@ -4,8 +4,8 @@
 //! hvstats guest needs. Loops count in EBP so that CPUID, RDMSR and port I/O (which clobber EAX, EBX,
 //! ECX and EDX) can sit in a loop body, and EDI/ESI keep the VP index and count from entry.
 
-use iced_x86::IcedError;
 use iced_x86::code_asm::*;
+use iced_x86::{BlockEncoderOptions, IcedError};
 
 use crate::layout;
 
@@ -223,19 +223,17 @@ impl Program {
         Ok(())
     }
 
-    /// Points IDT vector `vector` at `handler` (an interrupt gate in the VMM's IDT). Clobbers EAX
-    /// and EDX.
-    pub fn install_interrupt_gate(&mut self, vector: u8, handler: CodeLabel) -> Result<(), BuildError> {
+    /// Points IDT vector `vector` at the handler at guest address `handler` (an interrupt gate in
+    /// the VMM's IDT). Clobbers EAX, EBX and EDX. The address of a handler in the same program is
+    /// known after a first assembly: see [`Program::finish_with_label`].
+    pub fn install_interrupt_gate(&mut self, vector: u8, handler: u32) -> Result<(), BuildError> {
         let (entry_size, gate) = match self.mode {
             Mode::Real => return Err(self.unsupported("an interrupt gate")),
             Mode::Protected => (8u64, 0x8E00u32),
             Mode::Long => (16u64, 0x8E00u32),
         };
         let entry = layout::IDT_BASE + vector as u64 * entry_size;
-        match self.mode {
-            Mode::Long => self.asm.lea(rax, ptr(handler))?,
-            _ => self.asm.lea(eax, ptr(handler))?,
-        }
+        self.asm.mov(eax, handler)?;
         self.asm.mov(edx, eax)?;
         self.asm.and(eax, 0xFFFF)?;
         self.asm.or(eax, (layout::CODE_SELECTOR as i32) << 16)?;
@@ -267,7 +265,11 @@ impl Program {
                 self.asm.mov(ebx, layout::APIC_EOI as u32)?;
                 self.asm.mov(dword_ptr(ebx), 0u32)?;
                 self.asm.pop(ebx)?;
-                self.asm.iretd()?;
+                // KVM's instruction emulator cannot do a protected-mode IRET; a far return that
+                // drops EFLAGS does the same here, since the workloads only take interrupts with
+                // IF=1 (STI's shadow covers the return).
+                self.asm.sti()?;
+                self.asm.retf_1(4)?;
             }
             Mode::Long => {
                 self.asm.push(rbx)?;
@@ -284,12 +286,27 @@ impl Program {
     ///
     /// # Errors
     /// When a label is unresolved or an instruction cannot be encoded at the address.
-    pub fn finish(mut self) -> Result<GuestImage, BuildError> {
-        let ip = match self.mode {
-            Mode::Real => self.load_gpa - Mode::real_mode_segment_base(self.load_gpa),
-            _ => self.load_gpa,
+    pub fn finish(self) -> Result<GuestImage, BuildError> {
+        self.finish_with_label(None).map(|(image, _)| image)
+    }
+
+    /// Assembles the program and also returns the guest address of `label` (0 without one).
+    ///
+    /// # Errors
+    /// As [`Program::finish`].
+    pub fn finish_with_label(mut self, label: Option<CodeLabel>) -> Result<(GuestImage, u64), BuildError> {
+        let base = match self.mode {
+            Mode::Real => Mode::real_mode_segment_base(self.load_gpa),
+            _ => 0,
         };
-        let bytes = self.asm.assemble(ip)?;
-        Ok(GuestImage { mode: self.mode, load_gpa: self.load_gpa, entry: self.load_gpa, bytes })
+        let result = self
+            .asm
+            .assemble_options(self.load_gpa - base, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)?;
+        let address = match label {
+            Some(l) => result.label_ip(&l)? + base,
+            None => 0,
+        };
+        let bytes = result.inner.code_buffer;
+        Ok((GuestImage { mode: self.mode, load_gpa: self.load_gpa, entry: self.load_gpa, bytes }, address))
     }
 }

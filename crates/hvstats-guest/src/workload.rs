@@ -39,8 +39,11 @@ pub struct Workload {
     pub hlt: LoopCount,
     /// Writes to the APIC EOI register.
     pub eoi: LoopCount,
-    /// Self-IPIs through the APIC ICR, each taken by a handler that writes EOI.
+    /// Self-IPIs through the APIC ICR, each followed by a sink-port write and taken by a handler
+    /// that writes EOI.
     pub self_ipi: LoopCount,
+    /// Writes to the APIC TPR register.
+    pub tpr: LoopCount,
     /// Reads and writes of CR0 (`mov eax, cr0; mov cr0, eax`: two accesses each).
     pub cr0: LoopCount,
     /// Text written to the serial port before exiting.
@@ -76,6 +79,8 @@ pub struct Expected {
     pub interrupts: u64,
     /// Control register accesses.
     pub cr: u64,
+    /// APIC TPR accesses.
+    pub tpr: u64,
 }
 
 impl Workload {
@@ -84,13 +89,13 @@ impl Workload {
     }
 
     fn uses_apic(&self) -> bool {
-        self.uses_interrupts() || !self.eoi.is_zero()
+        self.uses_interrupts() || !self.eoi.is_zero() || !self.tpr.is_zero()
     }
 
     /// The counts VP `vp` must report.
     pub fn expected(&self, vp: u32) -> Expected {
         let n = |c: LoopCount| c.of(vp);
-        let io = n(self.out) + n(self.in_) + self.serial.len() as u64 + 1;
+        let io = n(self.out) + n(self.in_) + n(self.self_ipi) + self.serial.len() as u64 + 1;
         let setup_mmio = if self.uses_apic() { 1 } else { 0 } + if self.hlt.is_zero() { 0 } else { 2 };
         Expected {
             cpuid: n(self.cpuid),
@@ -99,24 +104,39 @@ impl Workload {
             msr: n(self.rdmsr) + n(self.wrmsr) + n(self.user_msr),
             user_msr: n(self.user_msr),
             hlt: n(self.hlt),
-            apic_mmio: setup_mmio + 2 * n(self.hlt) + n(self.eoi) + 2 * n(self.self_ipi),
+            apic_mmio: setup_mmio + 2 * n(self.hlt) + n(self.eoi) + 2 * n(self.self_ipi) + n(self.tpr),
             eoi: n(self.hlt) + n(self.eoi) + n(self.self_ipi),
             ipis: n(self.self_ipi),
             self_ipis: n(self.self_ipi),
             interrupts: n(self.hlt) + n(self.self_ipi),
             cr: 2 * n(self.cr0),
+            tpr: n(self.tpr),
         }
     }
 
     /// Assembles the workload for `mode`, loaded at `load_gpa`.
     ///
     /// # Errors
-    /// APIC work (HLT with timer, EOI, self-IPIs) needs protected or long mode.
+    /// APIC work (HLT with timer, EOI, TPR, self-IPIs) needs protected or long mode.
     pub fn build(&self, mode: Mode, load_gpa: u64) -> Result<GuestImage, BuildError> {
+        // The first assembly finds the handler's address; the second uses it (same layout: the
+        // address is a 32-bit immediate either way).
+        let (_, handler) = self.assemble(mode, load_gpa, 0)?;
+        let (image, again) = self.assemble(mode, load_gpa, handler as u32)?;
+        debug_assert_eq!(handler, again);
+        Ok(image)
+    }
+
+    fn assemble(
+        &self,
+        mode: Mode,
+        load_gpa: u64,
+        handler_address: u32,
+    ) -> Result<(GuestImage, u64), BuildError> {
         let mut p = Program::new(mode, load_gpa)?;
         let mut handler = p.asm().create_label();
         if self.uses_interrupts() {
-            p.install_interrupt_gate(VECTOR, handler)?;
+            p.install_interrupt_gate(VECTOR, handler_address)?;
         }
         if self.uses_apic() {
             p.store32(layout::APIC_SVR, 0x1FF)?;
@@ -183,14 +203,24 @@ impl Workload {
         if !self.self_ipi.is_zero() {
             p.asm().sti()?;
         }
-        p.counted_loop(self.self_ipi, |p| p.store32(layout::APIC_ICR_LOW, layout::ICR_SELF | VECTOR as u32))?;
+        p.counted_loop(self.tpr, |p| p.store32(layout::APIC_TPR, 0))?;
+        p.counted_loop(self.self_ipi, |p| {
+            p.store32(layout::APIC_ICR_LOW, layout::ICR_SELF | VECTOR as u32)?;
+            // KVM's instruction emulator injects a pending interrupt only when it enters the guest
+            // again; an exit to userspace (a sink-port write) makes that happen at once.
+            p.asm().mov(edx, layout::SINK_PORT as u32)?;
+            p.asm().out(dx, al)?;
+            Ok(())
+        })?;
         p.asm().cli()?;
         p.serial_print(&self.serial)?;
         p.exit(self.exit_status)?;
         if self.uses_interrupts() {
             p.eoi_handler(&mut handler)?;
+            p.finish_with_label(Some(handler))
+        } else {
+            p.finish_with_label(None)
         }
-        p.finish()
     }
 }
 
