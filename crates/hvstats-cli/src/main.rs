@@ -26,6 +26,8 @@ enum Command {
     Snapshot(cmd::snapshot::Args),
     /// Hardware performance counters: list the PMU and its holders, allocate, free.
     Hwc(cmd::hwc::Args),
+    /// Measure what exact accounting costs on the userspace exit path.
+    Bench(cmd::bench::Args),
 }
 
 fn main() -> ExitCode {
@@ -36,6 +38,7 @@ fn main() -> ExitCode {
         Command::Run(args) => cmd::run::run(args),
         Command::Snapshot(args) => cmd::snapshot::run(args),
         Command::Hwc(args) => cmd::hwc::run(args),
+        Command::Bench(args) => cmd::bench::run(args),
     };
     match result {
         Ok(code) => code,

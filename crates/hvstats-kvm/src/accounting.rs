@@ -9,13 +9,13 @@
 //!   merge writes values that were exact at that moment.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use hvstats::SharedPage;
 use hvstats::whv::VpExtras;
-use hvstats_abi::CounterId;
 use hvstats_abi::catalog::vp;
+use hvstats_abi::page::PAGE_SLOTS;
 
+use crate::cycles;
 use crate::sources::kvm_stats::KvmStats;
 use crate::sources::perf_sw::Migrations;
 use crate::sources::thread_time::{self, ThreadTimes};
@@ -51,20 +51,54 @@ impl UserExitCounts {
     }
 }
 
+/// Page slots of the counters the exit path writes, computed at compile time (looking a counter
+/// up by id walks the catalog, too slow for every exit).
+mod slot {
+    use super::vp;
+    use hvstats_abi::CounterId;
+
+    const fn of(c: CounterId) -> usize {
+        c.slot()
+    }
+    pub const IO_MESSAGES: usize = of(vp::IO_INTERCEPT_MESSAGES);
+    pub const IO_COST: usize = of(vp::IO_INSTRUCTIONS_COST);
+    pub const HYPERCALLS: usize = of(vp::HYPERCALLS);
+    pub const HYPERCALLS_COST: usize = of(vp::HYPERCALLS_COST);
+    pub const OTHER_MESSAGES: usize = of(vp::OTHER_MESSAGES);
+    pub const MSR_COST: usize = of(vp::MSR_ACCESSES_COST);
+    pub const MEMORY_MESSAGES: usize = of(vp::MEMORY_INTERCEPT_MESSAGES);
+    pub const OTHER: usize = of(vp::OTHER_INTERCEPTS);
+    pub const OTHER_COST: usize = of(vp::OTHER_INTERCEPTS_COST);
+}
+
+fn slots(page: &SharedPage) -> &[AtomicU64; PAGE_SLOTS] {
+    // SAFETY: a SharedPage maps PAGE_SIZE bytes, page-aligned, for as long as it lives, and its
+    // values are only ever accessed as relaxed atomics (as SharedPage itself does).
+    unsafe { &*(page.host_address() as *const [AtomicU64; PAGE_SLOTS]) }
+}
+
+fn add(slots: &[AtomicU64; PAGE_SLOTS], slot: usize, delta: u64) {
+    let v = &slots[slot];
+    v.store(v.load(Ordering::Relaxed).wrapping_add(delta), Ordering::Relaxed);
+}
+
 /// The run loop's accounting of userspace exits into the VP page.
 #[derive(Debug)]
 pub struct ExitAccounting {
     enabled: bool,
-    io_ns: u64,
-    msr_ns: u64,
-    other_ns: u64,
-    hypercall_ns: u64,
+    io_ticks: u64,
+    msr_ticks: u64,
+    other_ticks: u64,
+    hypercall_ticks: u64,
 }
 
 impl ExitAccounting {
     /// Accounting that writes (`enabled`) or does nothing (for measuring its cost).
     pub fn new(enabled: bool) -> Self {
-        Self { enabled, io_ns: 0, msr_ns: 0, other_ns: 0, hypercall_ns: 0 }
+        if enabled {
+            cycles::calibrate();
+        }
+        Self { enabled, io_ticks: 0, msr_ticks: 0, other_ticks: 0, hypercall_ticks: 0 }
     }
 
     /// True when exits are accounted.
@@ -72,41 +106,42 @@ impl ExitAccounting {
         self.enabled
     }
 
-    /// Records one userspace exit of `class` that took `time` to handle.
-    pub fn record(&mut self, page: &SharedPage, user: &UserExitCounts, class: ExitClass, time: Duration) {
+    /// Records one userspace exit of `class` that took `ticks` ([`cycles`]) to handle. Only the VP thread
+    /// calls this for its page (single writer: plain loads and stores).
+    pub fn record(&mut self, page: &SharedPage, user: &UserExitCounts, class: ExitClass, ticks: u64) {
         if !self.enabled {
             return;
         }
-        let ns = time.as_nanos() as u64;
-        let (count, cost, total): (Option<CounterId>, CounterId, &mut u64) = match class {
+        let s = slots(page);
+        let (count, cost, total) = match class {
             ExitClass::Io => {
-                page.add(vp::IO_INTERCEPT_MESSAGES, 1);
-                (None, vp::IO_INSTRUCTIONS_COST, &mut self.io_ns)
+                add(s, slot::IO_MESSAGES, 1);
+                (None, slot::IO_COST, &mut self.io_ticks)
             }
             ExitClass::Hypercall => {
                 UserExitCounts::bump(&user.hypercalls);
-                page.add(vp::IO_INTERCEPT_MESSAGES, 1);
-                (Some(vp::HYPERCALLS), vp::HYPERCALLS_COST, &mut self.hypercall_ns)
+                add(s, slot::IO_MESSAGES, 1);
+                (Some(slot::HYPERCALLS), slot::HYPERCALLS_COST, &mut self.hypercall_ticks)
             }
             ExitClass::Msr => {
                 UserExitCounts::bump(&user.msr);
-                page.add(vp::OTHER_MESSAGES, 1);
-                (None, vp::MSR_ACCESSES_COST, &mut self.msr_ns)
+                add(s, slot::OTHER_MESSAGES, 1);
+                (None, slot::MSR_COST, &mut self.msr_ticks)
             }
             ExitClass::Mmio => {
-                page.add(vp::MEMORY_INTERCEPT_MESSAGES, 1);
-                (Some(vp::OTHER_INTERCEPTS), vp::OTHER_INTERCEPTS_COST, &mut self.other_ns)
+                add(s, slot::MEMORY_MESSAGES, 1);
+                (Some(slot::OTHER), slot::OTHER_COST, &mut self.other_ticks)
             }
             ExitClass::Other => {
-                page.add(vp::OTHER_MESSAGES, 1);
-                (Some(vp::OTHER_INTERCEPTS), vp::OTHER_INTERCEPTS_COST, &mut self.other_ns)
+                add(s, slot::OTHER_MESSAGES, 1);
+                (Some(slot::OTHER), slot::OTHER_COST, &mut self.other_ticks)
             }
         };
         if let Some(count) = count {
-            page.add(count, 1);
+            add(s, count, 1);
         }
-        *total += ns;
-        page.set(cost, *total / 100);
+        *total += ticks;
+        s[cost].store(cycles::to_100ns(*total), Ordering::Relaxed);
     }
 }
 

@@ -10,7 +10,9 @@
 #![deny(missing_docs)]
 
 pub mod accounting;
+pub mod cycles;
 pub mod error;
+pub mod exit_cost;
 pub mod gpa_map;
 pub mod handlers;
 pub mod memory;

@@ -389,6 +389,7 @@ impl Partition {
                         exit_status: None,
                         serial: Vec::new(),
                         fault: Some(vp::VpFault { reason: "VP thread panicked".into(), rip: 0 }),
+                        run_time: Duration::ZERO,
                     })
                 })
                 .collect::<Vec<_>>()

@@ -15,6 +15,7 @@ use std::time::Instant;
 use kvm_ioctls::{VcpuExit, VcpuFd};
 
 use crate::accounting::{ExitAccounting, ExitClass, UserExitCounts, VpSources};
+use crate::cycles;
 use crate::handlers::{PortAction, VpContext};
 use crate::partition::Partition;
 use crate::sources::thread_time::gettid;
@@ -39,6 +40,8 @@ pub struct VpOutcome {
     pub serial: Vec<u8>,
     /// The fault that stopped the VP, if one did.
     pub fault: Option<VpFault>,
+    /// Time from the VP's first entry into the guest until it stopped.
+    pub run_time: std::time::Duration,
 }
 
 /// Where to kick a running VP thread.
@@ -140,7 +143,9 @@ pub(crate) fn run(partition: &Partition, shared: &VpShared, mut vcpu: VcpuFd, ac
     let page = partition.stats().vp_page(index);
     let mut acct = ExitAccounting::new(accounting && page.is_some());
     let mut serial = Vec::new();
-    let mut outcome = VpOutcome { index, exit_status: None, serial: Vec::new(), fault: None };
+    let mut outcome =
+        VpOutcome { index, exit_status: None, serial: Vec::new(), fault: None, run_time: Default::default() };
+    let started = Instant::now();
     loop {
         if shared.stopping() {
             outcome.fault =
@@ -149,7 +154,7 @@ pub(crate) fn run(partition: &Partition, shared: &VpShared, mut vcpu: VcpuFd, ac
         }
         let (class, step) = step(partition, shared, &mut vcpu, &mut serial, &mut acct);
         if let (Some((class, t0)), Some(page)) = (class, page) {
-            acct.record(page, &shared.user, class, t0.elapsed());
+            acct.record(page, &shared.user, class, cycles::now().wrapping_sub(t0));
         }
         match step {
             Step::Continue => {}
@@ -163,6 +168,7 @@ pub(crate) fn run(partition: &Partition, shared: &VpShared, mut vcpu: VcpuFd, ac
             }
         }
     }
+    outcome.run_time = started.elapsed();
     partition.refresh(index);
     if let Some(s) = lock(&shared.sources).as_mut() {
         s.thread_exited();
@@ -185,11 +191,11 @@ fn step(
     vcpu: &mut VcpuFd,
     serial: &mut Vec<u8>,
     acct: &mut ExitAccounting,
-) -> (Option<(ExitClass, Instant)>, Step) {
+) -> (Option<(ExitClass, u64)>, Step) {
     let index = shared.index;
     let handlers = partition.handlers();
     let exit = vcpu.run();
-    let t0 = if acct.enabled() { Some(Instant::now()) } else { None };
+    let t0 = if acct.enabled() { Some(cycles::now()) } else { None };
     let with = |class: ExitClass| t0.map(|t| (class, t));
     match exit {
         Ok(VcpuExit::IoOut(port, data)) => {

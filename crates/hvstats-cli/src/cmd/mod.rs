@@ -1,5 +1,6 @@
 //! One module per subcommand: its flags and what it does.
 
+pub mod bench;
 pub mod catalog;
 pub mod dump;
 pub mod hwc;
