@@ -225,7 +225,7 @@ impl Program {
 
     /// Points IDT vector `vector` at the handler at guest address `handler` (an interrupt gate in
     /// the VMM's IDT). Clobbers EAX, EBX and EDX. The address of a handler in the same program is
-    /// known after a first assembly: see [`Program::finish_with_label`].
+    /// known after a first assembly: see [`Program::finish_with_labels`].
     pub fn install_interrupt_gate(&mut self, vector: u8, handler: u32) -> Result<(), BuildError> {
         let (entry_size, gate) = match self.mode {
             Mode::Real => return Err(self.unsupported("an interrupt gate")),
@@ -287,14 +287,34 @@ impl Program {
     /// # Errors
     /// When a label is unresolved or an instruction cannot be encoded at the address.
     pub fn finish(self) -> Result<GuestImage, BuildError> {
-        self.finish_with_label(None).map(|(image, _)| image)
+        self.finish_with_labels(&[]).map(|(image, _)| image)
     }
 
-    /// Assembles the program and also returns the guest address of `label` (0 without one).
+    /// Emits, at `label`, an exception handler that skips the 2-byte instruction that faulted
+    /// (e.g. `ud2`) and returns. It expects to be entered through an interrupt gate with IF=0 before
+    /// the exception.
+    pub fn skip_instruction_handler(&mut self, label: &mut CodeLabel) -> Result<(), BuildError> {
+        self.asm.set_label(label)?;
+        match self.mode {
+            Mode::Real => return Err(self.unsupported("an exception handler")),
+            Mode::Protected => {
+                self.asm.add(dword_ptr(esp), 2)?;
+                // As in `eoi_handler`: a far return instead of the IRET KVM cannot emulate here.
+                self.asm.retf_1(4)?;
+            }
+            Mode::Long => {
+                self.asm.add(qword_ptr(rsp), 2)?;
+                self.asm.iretq()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Assembles the program and also returns the guest address of each of `labels`.
     ///
     /// # Errors
     /// As [`Program::finish`].
-    pub fn finish_with_label(mut self, label: Option<CodeLabel>) -> Result<(GuestImage, u64), BuildError> {
+    pub fn finish_with_labels(mut self, labels: &[CodeLabel]) -> Result<(GuestImage, Vec<u64>), BuildError> {
         let base = match self.mode {
             Mode::Real => Mode::real_mode_segment_base(self.load_gpa),
             _ => 0,
@@ -302,11 +322,9 @@ impl Program {
         let result = self
             .asm
             .assemble_options(self.load_gpa - base, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)?;
-        let address = match label {
-            Some(l) => result.label_ip(&l)? + base,
-            None => 0,
-        };
+        let addresses =
+            labels.iter().map(|l| result.label_ip(l).map(|ip| ip + base)).collect::<Result<Vec<_>, _>>()?;
         let bytes = result.inner.code_buffer;
-        Ok((GuestImage { mode: self.mode, load_gpa: self.load_gpa, entry: self.load_gpa, bytes }, address))
+        Ok((GuestImage { mode: self.mode, load_gpa: self.load_gpa, entry: self.load_gpa, bytes }, addresses))
     }
 }

@@ -11,6 +11,8 @@ use crate::program::{BuildError, GuestImage, LoopCount, Mode, Program};
 
 /// The interrupt vector the workloads' APIC timer and self-IPIs use.
 pub const VECTOR: u8 = 0x40;
+/// The #UD vector.
+pub const UD_VECTOR: u8 = 6;
 /// The MSR the workloads read and KVM answers in the kernel (IA32_TIME_STAMP_COUNTER).
 pub const KERNEL_READ_MSR: u32 = 0x10;
 /// The MSR the workloads write and KVM handles in the kernel (IA32_SYSENTER_CS).
@@ -46,6 +48,10 @@ pub struct Workload {
     pub tpr: LoopCount,
     /// Reads and writes of CR0 (`mov eax, cr0; mov cr0, eax`: two accesses each).
     pub cr0: LoopCount,
+    /// `ud2` instructions, each raising #UD that a handler skips (an exception injected).
+    pub ud2: LoopCount,
+    /// `invlpg` instructions (paging is on only in long mode).
+    pub invlpg: LoopCount,
     /// Text written to the serial port before exiting.
     pub serial: Vec<u8>,
     /// The exit status (every VP exits with it).
@@ -81,6 +87,10 @@ pub struct Expected {
     pub cr: u64,
     /// APIC TPR accesses.
     pub tpr: u64,
+    /// Exceptions injected.
+    pub exceptions: u64,
+    /// INVLPG instructions.
+    pub invlpg: u64,
 }
 
 impl Workload {
@@ -111,19 +121,22 @@ impl Workload {
             interrupts: n(self.hlt) + n(self.self_ipi),
             cr: 2 * n(self.cr0),
             tpr: n(self.tpr),
+            exceptions: n(self.ud2),
+            invlpg: n(self.invlpg),
         }
     }
 
     /// Assembles the workload for `mode`, loaded at `load_gpa`.
     ///
     /// # Errors
-    /// APIC work (HLT with timer, EOI, TPR, self-IPIs) needs protected or long mode.
+    /// APIC work (HLT with timer, EOI, TPR, self-IPIs) and exceptions need protected or long
+    /// mode.
     pub fn build(&self, mode: Mode, load_gpa: u64) -> Result<GuestImage, BuildError> {
         // The first assembly finds the handler's address; the second uses it (same layout: the
         // address is a 32-bit immediate either way).
-        let (_, handler) = self.assemble(mode, load_gpa, 0)?;
-        let (image, again) = self.assemble(mode, load_gpa, handler as u32)?;
-        debug_assert_eq!(handler, again);
+        let (_, handlers) = self.assemble(mode, load_gpa, [0, 0])?;
+        let (image, again) = self.assemble(mode, load_gpa, [handlers[0] as u32, handlers[1] as u32])?;
+        debug_assert_eq!(handlers, again);
         Ok(image)
     }
 
@@ -131,12 +144,16 @@ impl Workload {
         &self,
         mode: Mode,
         load_gpa: u64,
-        handler_address: u32,
-    ) -> Result<(GuestImage, u64), BuildError> {
+        handler_addresses: [u32; 2],
+    ) -> Result<(GuestImage, [u64; 2]), BuildError> {
         let mut p = Program::new(mode, load_gpa)?;
         let mut handler = p.asm().create_label();
+        let mut ud_handler = p.asm().create_label();
         if self.uses_interrupts() {
-            p.install_interrupt_gate(VECTOR, handler_address)?;
+            p.install_interrupt_gate(VECTOR, handler_addresses[0])?;
+        }
+        if !self.ud2.is_zero() {
+            p.install_interrupt_gate(UD_VECTOR, handler_addresses[1])?;
         }
         if self.uses_apic() {
             p.store32(layout::APIC_SVR, 0x1FF)?;
@@ -191,6 +208,17 @@ impl Workload {
             }
             Ok(())
         })?;
+        p.counted_loop(self.ud2, |p| {
+            p.asm().ud2()?;
+            Ok(())
+        })?;
+        p.counted_loop(self.invlpg, |p| {
+            match p.mode() {
+                Mode::Long => p.asm().invlpg(byte_ptr(rbx))?,
+                _ => p.asm().invlpg(byte_ptr(ebx))?,
+            }
+            Ok(())
+        })?;
         p.counted_loop(self.hlt, |p| {
             p.asm().cli()?;
             p.store32(layout::APIC_TIMER_INITIAL, TIMER_COUNT)?;
@@ -215,12 +243,22 @@ impl Workload {
         p.asm().cli()?;
         p.serial_print(&self.serial)?;
         p.exit(self.exit_status)?;
+        let mut used = Vec::new();
         if self.uses_interrupts() {
             p.eoi_handler(&mut handler)?;
-            p.finish_with_label(Some(handler))
-        } else {
-            p.finish_with_label(None)
+            used.push((0, handler));
         }
+        if !self.ud2.is_zero() {
+            p.skip_instruction_handler(&mut ud_handler)?;
+            used.push((1, ud_handler));
+        }
+        let labels: Vec<_> = used.iter().map(|(_, l)| *l).collect();
+        let (image, found) = p.finish_with_labels(&labels)?;
+        let mut addresses = [0u64; 2];
+        for ((i, _), address) in used.iter().zip(found) {
+            addresses[*i] = address;
+        }
+        Ok((image, addresses))
     }
 }
 

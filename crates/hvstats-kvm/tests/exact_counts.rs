@@ -97,3 +97,29 @@ fn several_vps_run_different_counts_at_once() {
         assert_exact(&r, vp, &w.expected(vp));
     }
 }
+
+#[test]
+fn exceptions_and_page_invalidations_are_counted_in_long_mode() {
+    if !kvm_available("exceptions_and_page_invalidations_are_counted_in_long_mode") {
+        return;
+    }
+    let w =
+        Workload { ud2: counts(40, 0), invlpg: counts(30, 0), cpuid: counts(10, 0), ..Workload::default() };
+    let r = run(&w, Mode::Long, 1);
+    let e = w.expected(0);
+    assert_exact(&r, 0, &e);
+    let v = common::views(&r, 0);
+    assert_eq!(v.events.exception_count, e.exceptions, "exceptions (whv)");
+    assert_eq!(v.intercepts.page_invalidations.count, e.invlpg, "invlpg (whv)");
+    assert_eq!(r.partition.kvm_stat(0, "invlpg"), Some(e.invlpg), "KVM invlpg");
+}
+
+#[test]
+fn exceptions_are_counted_in_protected_mode() {
+    if !kvm_available("exceptions_are_counted_in_protected_mode") {
+        return;
+    }
+    let w = Workload { ud2: counts(25, 0), ..Workload::default() };
+    let r = run(&w, Mode::Protected, 1);
+    assert_eq!(common::views(&r, 0).events.exception_count, 25);
+}

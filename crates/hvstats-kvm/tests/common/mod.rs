@@ -107,10 +107,10 @@ pub fn assert_exact(run: &Run, vp: u32, expected: &Expected) {
     let stat = |name| run.partition.kvm_stat(vp, name).unwrap_or_else(|| panic!("{ctx}: no KVM stat {name}"));
     assert_eq!(stat("halt_exits"), expected.hlt, "{ctx} KVM halt_exits");
     assert_eq!(stat("irq_injections"), v.events.interrupt_count, "{ctx} KVM irq_injections");
-    // KVM's `exits` counts userspace exits and halts (and a few exits of its own, e.g. at the
-    // first entry), so it bounds ours from above.
+    // KVM's `exits` counts userspace exits, halts and guest exceptions (and a few exits of its
+    // own, e.g. at the first entry), so it bounds ours from above.
     let exits = stat("exits");
-    let ours = expected.io_exits + expected.user_msr + expected.hlt;
+    let ours = expected.io_exits + expected.user_msr + expected.hlt + expected.exceptions;
     assert!(exits >= ours && exits <= ours + 16, "{ctx} KVM exits {exits} vs {ours}");
     let rt = whv::runtime_counters(&run.partition, vp).expect("runtime");
     assert!(rt.total_runtime_100ns > 0, "{ctx} total run time");
