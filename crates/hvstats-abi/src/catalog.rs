@@ -337,10 +337,10 @@ catalog! {
             No("KVM takes no page deposits from the parent"),
             "The number of pages that are deposited into the partition.";
         Release 4 GPA_PAGES "GPA pages", Pages, Instant,
-            By(Authority, "pages of guest RAM plus mapped stats overlays"),
+            By(Authority, "guest RAM pages not hidden by an overlay, plus overlay pages"),
             "The number of pages that are present in the GPA space of the partition (zero for root partition).";
         Release 5 GPA_SPACE_MODIFICATIONS "GPA space modifications/sec", Count, Rate,
-            By(Authority, "memory slot changes: RAM set-up, stats page maps and unmaps"),
+            By(Authority, "KVM memory slots created or deleted: RAM set-up, overlay maps and unmaps"),
             "The rate of modifications to the GPA space of the partition.";
         Release 6 VIRTUAL_TLB_FLUSH_ENTRIES "Virtual TLB flush entries/sec", Count, Rate,
             By(KvmStats, "VM stat remote_tlb_flush"),
@@ -353,16 +353,16 @@ catalog! {
     /// Counters of a virtual processor object.
     mod vp = Vp {
         Architectural 1 TOTAL_RUN_TIME "Total run time", Time100ns, PercentTime,
-            By(ThreadTime, "CPU time of the VP thread while running the guest"),
+            By(ThreadTime, "CPU clock of the VP thread (guest, KVM and run-loop time)"),
             "The total time (in 100ns) spent by the processor in guest and hypervisor code.";
         Architectural 2 HYPERVISOR_RUN_TIME "Hypervisor run time", Time100ns, PercentTime,
-            By(ThreadTime, "CPU time of the VP thread less its guest time"),
+            By(ThreadTime, "VP thread CPU time less its guest time (stat field 43; 0 under KVM's instruction emulator, so all of it)"),
             "The total time (in 100ns) spent by the virtual processor in hypervisor code.";
         Release 1 HYPERCALLS "Hypercalls/sec", Count, Rate,
-            By(Hypercall, "hypercalls through the hypercall page"),
+            By(RunLoop, "writes to a registered hypercall port (the hypercall page traps through one)"),
             "The rate of the hypercalls made by guest code on the virtual processor.";
         Release 2 HYPERCALLS_COST "Hypercalls cost", Time100ns, Cost,
-            By(Hypercall, "time from the trap to the return into the guest"),
+            By(RunLoop, "time from the hypercall exit to the next entry into the guest"),
             "The average time (in nanoseconds) spent processing a hypercall.";
         Release 3 PAGE_INVALIDATIONS "Page invalidations/sec", Count, Rate,
             By(KvmStats, "vCPU stat invlpg"),
@@ -371,13 +371,13 @@ catalog! {
             No(NO_TIME),
             "The average time (in nanoseconds) spent processing an INVLPG instruction.";
         Release 5 CONTROL_REGISTER_ACCESSES "Control register accesses/sec", Count, Rate,
-            By(Tracepoint, "kvm:kvm_cr"),
+            By(Tracepoint, "kvm:kvm_cr; fires on VMX/SVM hosts, stays 0 under KVM's instruction emulator"),
             "The rate of control register accesses by guest code on the virtual processor.";
         Release 6 CONTROL_REGISTER_ACCESSES_COST "Control register accesses cost", Time100ns, Cost,
             No(NO_TIME),
             "The average time (in nanoseconds) spent processing a control register access.";
         Release 7 IO_INSTRUCTIONS "IO instructions/sec", Count, Rate,
-            By(Tracepoint, "kvm:kvm_pio (every port access, in the kernel or in userspace)"),
+            By(Tracepoint, "kvm:kvm_pio (every port access, in the kernel or in userspace) less hypercall port writes"),
             "The rate of IO instructions executed by guest code on a virtual processor.";
         Release 8 IO_INSTRUCTIONS_COST "IO instructions cost", Time100ns, Cost,
             By(RunLoop, "time of the port accesses handled in userspace"),
@@ -407,7 +407,7 @@ catalog! {
             By(RunLoop, "time of the MSR accesses handled in userspace"),
             "The average time (in nanoseconds) spent processing an MSR instruction.";
         Release 17 OTHER_INTERCEPTS "Other intercepts/sec", Count, Rate,
-            By(RunLoop, "userspace exits of any other reason"),
+            By(RunLoop, "userspace exits other than port I/O, MSR and hypercalls (MMIO included)"),
             "The rate of other intercepts triggered by guest code on a virtual processor.";
         Release 18 OTHER_INTERCEPTS_COST "Other intercepts cost", Time100ns, Cost,
             By(RunLoop, "time of those exits"),
@@ -455,7 +455,7 @@ catalog! {
             By(KvmStats, "vCPU stat pf_guest"),
             "The rate of page fault exceptions delivered to the guest.";
         Release 33 APIC_MMIO_ACCESSES "APIC MMIO accesses/sec", Count, Rate,
-            By(Tracepoint, "kvm:kvm_apic"),
+            By(Tracepoint, "kvm:kvm_mmio on the local APIC page at 0xFEE00000 (guest accesses only)"),
             "The rate of APIC MMIO register accesses by guest code on the virtual processor.";
         Release 34 IO_INTERCEPT_MESSAGES "IO intercept messages/sec", Count, Rate,
             By(RunLoop, "port-I/O exits to userspace"),
@@ -464,7 +464,7 @@ catalog! {
             By(RunLoop, "MMIO exits to userspace"),
             "The rate of memory intercept messages sent to the parent partition.";
         Release 36 APIC_EOI_ACCESSES "APIC EOI accesses/sec", Count, Rate,
-            By(Tracepoint, "kvm:kvm_eoi"),
+            By(Tracepoint, "kvm:kvm_mmio writes of the APIC EOI register"),
             "The rate of APIC EOI register writes by guest code on the virtual processor.";
         Release 37 OTHER_MESSAGES "Other messages/sec", Count, Rate,
             By(RunLoop, "userspace exits other than port I/O and MMIO"),
@@ -506,7 +506,7 @@ catalog! {
             No(NO_VTLB),
             "The rate of page table validations to remove state entries in the virtual TLB.";
         Release 50 APIC_TPR_ACCESSES "APIC TPR accesses/sec", Count, Rate,
-            By(Tracepoint, "kvm:kvm_apic filtered on the TPR register"),
+            By(Tracepoint, "kvm:kvm_mmio accesses of the APIC TPR register"),
             "The rate of APIC TPR accesses by guest code on the virtual processor.";
         Release 51 PAGE_TABLE_WRITE_INTERCEPTS "Page table write intercepts/sec", Count, Rate,
             No("KVM counts shadow page table writes per VM (mmu_pte_write), not per VP"),
@@ -515,13 +515,13 @@ catalog! {
             No("hvstats implements no synthetic interrupt controller"),
             "The rate of synthetic interrupts delivered to the virtual processor.";
         Release 53 VIRTUAL_INTERRUPTS "Virtual interrupts/sec", Count, Rate,
-            By(Tracepoint, "kvm:kvm_inj_virq"),
+            By(KvmStats, "vCPU stat irq_injections (an injection cancelled before VM entry counts again)"),
             "The rate of interrupts (including synthetic interrupts) delivered to the virtual processor.";
         Release 54 APIC_IPIS_SENT "APIC IPIs sent/sec", Count, Rate,
             By(Tracepoint, "kvm:kvm_apic_ipi"),
             "The rate of APIC inter-processor interrupts (including to self) sent to the virtual processor.";
         Release 55 APIC_SELF_IPIS_SENT "APIC self IPIs sent/sec", Count, Rate,
-            By(Tracepoint, "kvm:kvm_apic_ipi filtered on the self shorthand"),
+            By(Tracepoint, "kvm:kvm_apic_ipi filtered on the self destination shorthand"),
             "The rate of APIC interrupts sent by the virtual processor to itself.";
         Release 56 GPA_SPACE_HYPERCALLS "GPA space hypercalls/sec", Count, Rate,
             By(Hypercall, "hypercalls of the GPA space class (map and unmap stats page)"),
