@@ -413,7 +413,7 @@ catalog! {
             By(RunLoop, "time of those exits"),
             "The average time (in nanoseconds) spent processing other intercepts.";
         Release 19 EXTERNAL_INTERRUPTS "External interrupts/sec", Count, Rate,
-            By(KvmStats, "vCPU stat irq_exits"),
+            By(KvmStats, "vCPU stat irq_exits; host interrupts exit VMX/SVM guests, the instruction emulator has none"),
             "The rate of external interrupts received by the hypervisor while executing guest code on the virtual processor.";
         Release 20 EXTERNAL_INTERRUPTS_COST "External interrupts cost", Time100ns, Cost,
             No(NO_TIME),
@@ -437,7 +437,7 @@ catalog! {
             No(NO_TIME),
             "The average time (in nanoseconds) spent handling a debug register access.";
         Release 27 PAGE_FAULT_INTERCEPTS "Page fault intercepts/sec", Count, Rate,
-            By(KvmStats, "vCPU stat pf_taken"),
+            By(KvmStats, "vCPU stat pf_taken; stays 0 under KVM's instruction emulator, which takes no MMU faults"),
             "The rate of page fault exceptions intercepted by the hypervisor while executing guest code on the virtual processor.";
         Release 28 PAGE_FAULT_INTERCEPTS_COST "Page fault intercepts cost", Time100ns, Cost,
             No(NO_TIME),
