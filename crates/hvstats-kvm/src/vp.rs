@@ -199,9 +199,16 @@ fn step(
     let with = |class: ExitClass| t0.map(|t| (class, t));
     match exit {
         Ok(VcpuExit::IoOut(port, data)) => {
-            let mut buf = [0u8; 8];
-            let n = data.len().min(8);
-            buf[..n].copy_from_slice(&data[..n]);
+            // Usually one access of at most 4 bytes; `rep outs` gives size * count bytes.
+            let mut small = [0u8; 8];
+            let large;
+            let bytes: &[u8] = if data.len() <= small.len() {
+                small[..data.len()].copy_from_slice(data);
+                &small[..data.len()]
+            } else {
+                large = data.to_vec();
+                &large
+            };
             let mut ctx = VpContext { index, vcpu, partition, serial };
             if let Some(h) = handlers.hypercall_ports.get(&port) {
                 partition.refresh(index);
@@ -211,7 +218,7 @@ fn step(
                 };
                 return (with(ExitClass::Hypercall), step);
             }
-            let step = match handlers.ports.get(&port).map(|h| h.write(&mut ctx, port, &buf[..n])) {
+            let step = match handlers.ports.get(&port).map(|h| h.write(&mut ctx, port, bytes)) {
                 None | Some(Ok(PortAction::Continue)) => Step::Continue,
                 Some(Ok(PortAction::Stop(status))) => Step::Stop(status),
                 Some(Err(e)) => Step::Fault(format!("port {port:#x} write: {e}")),
@@ -219,11 +226,19 @@ fn step(
             (with(ExitClass::Io), step)
         }
         Ok(VcpuExit::IoIn(port, data)) => {
-            let (ptr, len) = (data.as_mut_ptr(), data.len().min(8));
-            let mut buf = [0xFFu8; 8];
+            let (ptr, len) = (data.as_mut_ptr(), data.len());
+            // `rep ins` asks for size * count bytes at once.
+            let mut small = [0xFFu8; 8];
+            let mut large = Vec::new();
+            let buf: &mut [u8] = if len <= small.len() {
+                &mut small[..len]
+            } else {
+                large.resize(len, 0xFF);
+                &mut large
+            };
             let mut ctx = VpContext { index, vcpu, partition, serial };
             let result = match handlers.ports.get(&port) {
-                Some(h) => h.read(&mut ctx, port, &mut buf[..len]),
+                Some(h) => h.read(&mut ctx, port, buf),
                 None => Ok(()),
             };
             // SAFETY: `ptr` points into this vCPU's kvm_run mapping (the I/O data area of `len`

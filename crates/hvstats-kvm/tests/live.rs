@@ -120,3 +120,27 @@ fn hypercall_ports_and_msr_handlers_are_routed_and_counted() {
         assert_eq!(whv::intercept_counters(&partition, out.index).unwrap().msr_accesses.count, 1);
     }
 }
+
+#[test]
+fn rep_outsb_to_the_serial_port_keeps_every_byte() {
+    if !kvm_available("rep_outsb_to_the_serial_port_keeps_every_byte") {
+        return;
+    }
+    let text = b"a string longer than eight bytes\n";
+    let mut p = Program::new(Mode::Long, layout::DEFAULT_LOAD_GPA).unwrap();
+    let mut data = p.asm().create_label();
+    p.asm().lea(rsi, ptr(data)).unwrap();
+    p.asm().mov(ecx, text.len() as u32).unwrap();
+    p.asm().mov(edx, layout::SERIAL_PORT as u32).unwrap();
+    p.asm().rep().outsb().unwrap();
+    p.exit(0).unwrap();
+    p.asm().set_label(&mut data).unwrap();
+    p.asm().db(text).unwrap();
+    let image = p.finish().unwrap();
+    let hv = Hypervisor::new().unwrap();
+    let partition = Partition::new(&hv, PartitionConfig::default(), Handlers::builtin()).unwrap();
+    partition.load(image.load_gpa, &image.bytes).unwrap();
+    let report = partition.run(image.entry).unwrap();
+    assert!(report.vps[0].fault.is_none(), "{:?}", report.vps[0].fault);
+    assert_eq!(report.vps[0].serial, text);
+}

@@ -135,6 +135,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         print_tables(&partition, &report, args.all, args.image.is_none())?;
     }
+    let missing = partition.unavailable_sources(0);
+    if let Some(first) = missing.first() {
+        eprintln!("hvstats: {} tracepoint counters are unavailable and read 0: {first}", missing.len());
+    }
     for vp in &report.vps {
         if let Some(f) = &vp.fault {
             eprintln!("hvstats: VP {} faulted at RIP {:#x}: {}", vp.index, f.rip, f.reason);
