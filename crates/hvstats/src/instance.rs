@@ -289,6 +289,19 @@ impl Hypervisor {
         &self.lps
     }
 
+    /// Refreshes every LP page from the host's `/proc/stat`, `/proc/interrupts` and cpuidle
+    /// (see [`crate::lp`]); called on the collector's cadence, the only writer of LP pages.
+    ///
+    /// # Errors
+    /// When procfs cannot be read.
+    pub fn refresh_lps(&self) -> io::Result<()> {
+        let cpus: Vec<u32> = self.lps.iter().map(|lp| lp.cpu).collect();
+        for (lp, sample) in self.lps.iter().zip(crate::lp::sample_host(&cpus)?) {
+            crate::lp::apply(&lp.page, &sample);
+        }
+        Ok(())
+    }
+
     /// The instance directory, when published.
     pub fn published_dir(&self) -> Option<&Path> {
         self.publication.as_ref().map(|p| p.dir())
@@ -447,6 +460,16 @@ mod tests {
         assert_eq!(hv.page().get(hypervisor::VIRTUAL_PROCESSORS), 1);
         assert_eq!(hv.page().get(hypervisor::TOTAL_PAGES), 3 + 2);
         assert_eq!(hv.partition(b.id()).unwrap().vp_count(), 1);
+    }
+
+    #[test]
+    fn refresh_lps_fills_each_lp_page_from_the_host() {
+        let hv = Hypervisor::new().unwrap();
+        assert_eq!(hv.logical_processors().len(), crate::lp::online_cpus().len());
+        hv.refresh_lps().unwrap();
+        let lp0 = hv.logical_processors()[0].page();
+        assert!(lp0.get(hvstats_abi::catalog::lp::GLOBAL_TIME) > 0);
+        assert!(lp0.get(hvstats_abi::catalog::lp::TOTAL_RUN_TIME) > 0);
     }
 
     #[test]
