@@ -217,7 +217,7 @@ pub struct Hypervisor {
     next_id: AtomicU64,
     root_gpa: Mutex<GpaSpace>,
     quota: u32,
-    // Last: its directory is removed before the pages are unmapped.
+    // Dropped last: the pages are unmapped, then the directory holding their files is removed.
     publication: Option<Publication>,
 }
 
