@@ -5,6 +5,8 @@
 //! read-only overlay), so it can answer "is GPA X an overlay?" when a guest writes there, and the
 //! partition's "GPA pages" counter can count overlays that add a page outside RAM.
 
+use std::ops::Range;
+
 use hvstats_abi::PAGE_SIZE;
 
 use crate::rules::{MappingTable, ObjectKey};
@@ -65,11 +67,51 @@ impl GpaSpace {
         self.ram_pages + outside
     }
 
+    /// The GPA pages showing a stats page, in ascending order.
+    pub fn visible_overlay_pages(&self) -> Vec<u64> {
+        let mut pages: Vec<u64> =
+            self.mappings.iter().filter(|(_, m)| m.accessible).map(|(_, m)| m.gpa_page).collect();
+        pages.sort_unstable();
+        pages
+    }
+
     pub(crate) fn detached(&self) -> bool {
         self.detached
     }
 
     pub(crate) fn detach(&mut self) {
         self.detached = true;
+    }
+}
+
+/// The pieces of a RAM region (GPA page numbers) left visible around overlay pages: what a
+/// backend whose memory slots cannot overlap (KVM) maps as RAM, each overlay page getting a
+/// read-only slot of its own. `overlays` must be sorted; pages outside `ram` are ignored.
+pub fn ram_pieces(ram: Range<u64>, overlays: &[u64]) -> Vec<Range<u64>> {
+    let mut pieces = Vec::new();
+    let mut start = ram.start;
+    for &page in overlays.iter().filter(|p| ram.contains(p)) {
+        if page > start {
+            pieces.push(start..page);
+        }
+        start = start.max(page + 1);
+    }
+    if start < ram.end {
+        pieces.push(start..ram.end);
+    }
+    pieces
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ram_is_split_around_overlays() {
+        assert_eq!(ram_pieces(0..16, &[]), vec![0..16]);
+        assert_eq!(ram_pieces(0..16, &[5]), vec![0..5, 6..16]);
+        assert_eq!(ram_pieces(0..16, &[0, 1, 15, 40]), vec![2..15]);
+        assert_eq!(ram_pieces(0..16, &[5, 6, 9]), vec![0..5, 7..9, 10..16]);
+        assert_eq!(ram_pieces(4..5, &[4]), Vec::<Range<u64>>::new());
     }
 }

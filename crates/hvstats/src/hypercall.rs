@@ -80,6 +80,10 @@ pub struct OverlayError {
 }
 
 /// The backend's hook for stats overlays in the caller's GPA space.
+///
+/// [`dispatch`] calls it with the caller's GPA-space bookkeeping locked, so the calls for one
+/// partition never overlap. [`crate::gpa_space::ram_pieces`] gives the RAM left visible around
+/// the overlays, for a backend whose memory slots cannot overlap.
 pub trait StatsOverlays {
     /// Makes `page` appear read-only at GPA page `gpa_page` (over RAM or outside it), hiding what
     /// lies beneath until [`unmap_overlay`](Self::unmap_overlay).
