@@ -137,9 +137,13 @@ impl InstanceName {
         parts.next().is_none().then_some(name)
     }
 
-    /// True while the process that published it runs.
+    /// True while the process that published it runs: its pid exists, is not a zombie (killed,
+    /// not yet reaped), and started when the instance says.
     pub fn is_alive(&self) -> bool {
-        process_start_time(self.pid).is_ok_and(|t| t == self.start_time)
+        std::fs::read_to_string(format!("/proc/{}/stat", self.pid))
+            .ok()
+            .and_then(|stat| parse_state_and_start_time(&stat))
+            .is_some_and(|(state, start)| !matches!(state, 'Z' | 'X' | 'x') && start == self.start_time)
     }
 }
 
@@ -155,15 +159,18 @@ impl std::fmt::Display for InstanceName {
 /// When the process does not exist or its stat line cannot be parsed.
 pub fn process_start_time(pid: u32) -> io::Result<u64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    parse_start_time(&stat).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed stat line"))
+    parse_state_and_start_time(&stat)
+        .map(|(_, start)| start)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed stat line"))
 }
 
-/// Field 22 of a `/proc/<pid>/stat` line. The command name (field 2) may hold spaces and
-/// parentheses, so fields are counted after its last `)`.
-fn parse_start_time(stat: &str) -> Option<u64> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    // After ')' come fields 3, 4, …: field 22 is the 20th.
-    rest.split_ascii_whitespace().nth(19)?.parse().ok()
+/// Fields 3 (state) and 22 (start time) of a `/proc/<pid>/stat` line. The command name
+/// (field 2) may hold spaces and parentheses, so fields are counted after its last `)`.
+fn parse_state_and_start_time(stat: &str) -> Option<(char, u64)> {
+    let mut fields = stat[stat.rfind(')')? + 1..].split_ascii_whitespace();
+    let state = fields.next()?.chars().next()?;
+    // Field 3 was the first after ')': field 22 is 18 further on.
+    Some((state, fields.nth(18)?.parse().ok()?))
 }
 
 /// `<runtime dir>/instances`.
@@ -396,8 +403,8 @@ mod tests {
     #[test]
     fn start_time_is_field_22_even_when_the_name_has_spaces_and_parens() {
         let line = "1234 (a b) c) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 98765 1000 10";
-        assert_eq!(parse_start_time(line), Some(98765));
-        assert_eq!(parse_start_time("garbage"), None);
+        assert_eq!(parse_state_and_start_time(line), Some(('S', 98765)));
+        assert_eq!(parse_state_and_start_time("garbage"), None);
     }
 
     #[test]

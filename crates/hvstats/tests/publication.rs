@@ -211,15 +211,25 @@ fn a_killed_publisher_is_found_dead_and_removed() {
     assert_eq!(live.instances.len(), 1);
     assert_eq!(live.instances[0].pid(), child.0.id());
 
-    // SIGKILL: the child cannot clean up.
+    // SIGKILL: the child cannot clean up. Not reaped yet, it lingers as a zombie: dead all the same.
     child.0.kill().unwrap();
-    child.0.wait().unwrap();
+    let stat = format!("/proc/{}/stat", child.0.id());
+    let zombie = (0..500).any(|_| {
+        let state = std::fs::read_to_string(&stat).unwrap_or_default();
+        let zombie = state.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
+        if !zombie {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        zombie
+    });
+    assert!(zombie, "the killed child becomes a zombie until reaped");
     assert!(dir.exists(), "a killed owner leaves its directory behind");
 
     let found = attach::discover(&tmp.0).unwrap();
     assert!(found.instances.is_empty(), "a dead instance is never shown as live");
     assert_eq!(found.removed_dead, vec![dir.clone()]);
     assert!(!dir.exists());
+    child.0.wait().unwrap();
 }
 
 #[test]
