@@ -151,7 +151,9 @@ impl PartitionStats {
         }
     }
 
-    /// The stats pages mapped into the partition's GPA space (locked while held).
+    /// The stats pages mapped into the partition's GPA space, locked while the guard is held:
+    /// read what you need and drop it before calling anything else on the instance (the instance
+    /// takes its partition list before a GPA space, never the other way round).
     pub fn gpa_space(&self) -> MutexGuard<'_, GpaSpace> {
         self.gpa.lock().unwrap_or_else(|e| e.into_inner())
     }
