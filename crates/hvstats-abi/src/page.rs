@@ -543,6 +543,11 @@ impl<'a> PageView<'a> {
         self.known[counter.group as usize].and_then(|g| g.value(counter.index)).unwrap_or(0)
     }
 
+    /// `group` as found on the page (offset, header and data), if the kind has it.
+    pub fn group(&self, group: GroupKind) -> Option<RawGroup<'a>> {
+        self.known[group as usize]
+    }
+
     /// The version of `group` on the page.
     pub fn version(&self, group: GroupKind) -> Option<GroupVersion> {
         self.known[group as usize].map(|g| g.header.version())
