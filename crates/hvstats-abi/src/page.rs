@@ -16,7 +16,7 @@ use crate::object::ObjectKind;
 pub const PAGE_SLOTS: usize = PAGE_SIZE / VALUE_SIZE;
 
 /// `HV_STATS_PAGE`: one 4 KiB page of 64-bit slots.
-#[derive(Clone, IntoBytes, FromBytes, Immutable, KnownLayout)]
+#[derive(Clone, PartialEq, Eq, IntoBytes, FromBytes, Immutable, KnownLayout)]
 #[repr(C, align(8))]
 pub struct StatsPage {
     /// The page as 512 slots; slot `n` is bytes `8n..8n+8`.
