@@ -182,6 +182,14 @@ fn hypercall_codes_of_seed_003_and_the_reference() {
     assert_eq!(HypercallCode::NOTIFY_LONG_SPIN_WAIT.0, 0x0008);
     assert_eq!(HypercallCode::MAP_STATS_PAGE.name(), Some("HvCallMapStatsPage"));
     assert_eq!(HypercallCode(0x7FFF).name(), None);
+    // The seed 001 class each is counted under; unknown codes are "other".
+    use hvstats_abi::hypercall::HypercallClass;
+    assert_eq!(HypercallCode::MAP_STATS_PAGE.class(), HypercallClass::GpaSpace);
+    assert_eq!(HypercallCode::UNMAP_STATS_PAGE.class(), HypercallClass::GpaSpace);
+    assert_eq!(HypercallCode::MAP_STATS_PAGE2.class(), HypercallClass::GpaSpace);
+    assert_eq!(HypercallCode::NOTIFY_LONG_SPIN_WAIT.class(), HypercallClass::LongSpinWait);
+    assert_eq!(HypercallCode::GET_PARTITION_ID.class(), HypercallClass::Other);
+    assert_eq!(HypercallCode(0x7FFF).class(), HypercallClass::Other);
 }
 
 #[test]

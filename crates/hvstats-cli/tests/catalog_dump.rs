@@ -158,7 +158,8 @@ fn dump_prints_every_counter_of_each_kind_and_infers_its_type() {
         assert!(text.starts_with(&format!("type: {} (inferred", kind.short_name())), "{text}");
         for (i, c) in counters_of(kind).enumerate() {
             let line = text.lines().find(|l| l.starts_with(c.name)).unwrap_or_else(|| panic!("{}", c.name));
-            assert!(line.trim_end().ends_with(&value_of(i).to_string()), "{line}");
+            let cells: Vec<&str> = line[c.name.len()..].split_whitespace().collect();
+            assert_eq!(cells, [value_of(i).to_string().as_str(), c.unit.name()], "{line}");
         }
     }
 }

@@ -197,12 +197,13 @@ fn page_text(view: &PageView<'_>, inferred: bool) -> String {
         };
         let _ = writeln!(
             s,
-            "group {} (type {}) version {} at byte {}: {} counters{extra}",
+            "group {} (type {}) version {} at byte {}: {} counter{}{extra}",
             gk.name(),
             g.header.group_type.0,
             g.header.version(),
             g.offset,
             g.len(),
+            if g.len() == 1 { "" } else { "s" },
         );
     }
     let _ = match view.end {
@@ -212,7 +213,7 @@ fn page_text(view: &PageView<'_>, inferred: bool) -> String {
     let width = counters_of(view.kind).map(|c| c.name.chars().count()).max().unwrap_or(0);
     let _ = writeln!(s);
     for c in counters_of(view.kind) {
-        let _ = writeln!(s, "{:<width$}  {:>20}", c.name, view.get(c.id));
+        let _ = writeln!(s, "{:<width$}  {:>20}  {}", c.name, view.get(c.id), c.unit.name());
     }
     let unknown: Vec<RawGroup<'_>> = view.unknown_groups().collect();
     if !unknown.is_empty() {
