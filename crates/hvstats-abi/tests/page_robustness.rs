@@ -69,10 +69,12 @@ fn header_bytes(t: u16, major: u16, minor: u16, length: u16) -> [u8; 8] {
 /// A random page: half plain random bytes, half a random chain of plausible headers (so the walk
 /// gets past the first group), with random lengths and terminators.
 fn random_page(rng: &mut Rng) -> [u8; PAGE_SIZE] {
-    let mut page = [0u8; PAGE_SIZE];
-    for chunk in page.chunks_mut(8) {
-        chunk.copy_from_slice(&rng.next().to_le_bytes());
+    let mut words = [0u64; PAGE_SIZE / 8];
+    for w in &mut words {
+        *w = rng.next();
     }
+    let mut page = [0u8; PAGE_SIZE];
+    page.copy_from_slice(words.as_bytes());
     if rng.chance(2) {
         return page;
     }
@@ -154,8 +156,8 @@ fn mutated_page(rng: &mut Rng) -> [u8; PAGE_SIZE] {
             5 => bytes[layout.end_offset..layout.end_offset + 8].copy_from_slice(&header_bytes(9, 1, 0, 8)),
             // Fill the rest of the page with garbage after the terminator (must be ignored).
             6 => {
-                for b in &mut bytes[layout.end_offset + 8..] {
-                    *b = rng.next() as u8;
+                for chunk in bytes[layout.end_offset + 8..].chunks_mut(8) {
+                    chunk.copy_from_slice(&rng.next().to_le_bytes());
                 }
             }
             // Swap a group header with END_OF_PAGE.
