@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use hvstats::whv::{VpCounterSource, VpExtras};
 use hvstats::{Hypervisor, PartitionStats, SharedPage};
-use hvstats_abi::catalog::{hypervisor, partition as pt};
+use hvstats_abi::catalog::partition as pt;
 use hvstats_guest::{Mode, layout};
 use kvm_bindings::{KVM_MAX_CPUID_ENTRIES, kvm_cpuid_entry2, kvm_enable_cap};
 use kvm_ioctls::{Cap, Kvm, VcpuFd, VmFd};
@@ -108,7 +108,6 @@ pub struct Partition {
     config: PartitionConfig,
     stats: Arc<PartitionStats>,
     hv: Arc<Hypervisor>,
-    accounted_pages: u64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -178,11 +177,10 @@ impl Partition {
         let stats = hv
             .create_partition(config.vp_count)
             .map_err(|source| Error::Host { op: "stats pages", source })?;
-        let accounted_pages = ram.size() / 4096 + 1 + config.vp_count as u64;
-        hv.page().fetch_add(hypervisor::TOTAL_PAGES, accounted_pages);
-        // SAFETY: sysconf has no memory effects.
-        let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(0) as u64;
-        hv.page().set(hypervisor::LOGICAL_PROCESSORS, cpus);
+        // The authority keeps "GPA pages" and the hypervisor's "Total pages" from the RAM size, and
+        // counts overlay maps and unmaps as GPA space modifications; setting up RAM is the first.
+        stats.set_ram_pages(ram.size() / 4096);
+        stats.page().fetch_add(pt::GPA_SPACE_MODIFICATIONS, gpa_map.modifications());
         let vps = (0..config.vp_count).map(VpShared::new).collect();
         let p = Self {
             vcpus: Mutex::new(vcpus),
@@ -197,7 +195,6 @@ impl Partition {
             config,
             stats,
             hv: hv.clone(),
-            accounted_pages,
         };
         p.refresh_partition();
         Ok(p)
@@ -245,8 +242,6 @@ impl Partition {
         let mut overlays = lock(&self.overlays);
         lock(&self.gpa_map).add_overlay(&self.vm, gpa_page, page.host_address())?;
         overlays.insert(gpa_page, page);
-        drop(overlays);
-        self.refresh_partition();
         Ok(())
     }
 
@@ -258,14 +253,22 @@ impl Partition {
         let mut overlays = lock(&self.overlays);
         lock(&self.gpa_map).remove_overlay(&self.vm, gpa_page)?;
         overlays.remove(&gpa_page);
-        drop(overlays);
-        self.refresh_partition();
         Ok(())
     }
 
     /// KVM memory slots in use (RAM pieces and overlays).
     pub fn memory_slots(&self) -> usize {
         lock(&self.gpa_map).slot_count()
+    }
+
+    /// KVM memory slots created or deleted so far.
+    pub fn memory_slot_changes(&self) -> u64 {
+        lock(&self.gpa_map).modifications()
+    }
+
+    /// Pages KVM maps for the guest: RAM not hidden by an overlay, plus overlays.
+    pub fn mapped_pages(&self) -> u64 {
+        lock(&self.gpa_map).gpa_pages()
     }
 
     /// Merges VP `index`'s kernel sources into its page now.
@@ -279,14 +282,9 @@ impl Partition {
         VpExtras { exception_count: shared.exceptions.load(Ordering::Relaxed) }
     }
 
-    /// Brings the partition page (GPA map, VM stats) up to date.
+    /// Brings the partition page's KVM-sourced counters (VM stats) up to date.
     pub fn refresh_partition(&self) {
         let page = self.stats.page();
-        {
-            let map = lock(&self.gpa_map);
-            page.set(pt::GPA_PAGES, map.gpa_pages());
-            page.set(pt::GPA_SPACE_MODIFICATIONS, map.modifications());
-        }
         if let Some(snap) = self.vm_stats.as_ref().and_then(|s| s.snapshot().ok()) {
             page.set(pt::VIRTUAL_TLB_FLUSH_ENTRIES, snap.raw("remote_tlb_flush"));
         }
@@ -377,6 +375,8 @@ impl Partition {
                         self.refresh(i);
                     }
                     self.refresh_partition();
+                    // The LP pages' writer is whoever collects; a host without procfs keeps them.
+                    let _ = self.hv.refresh_lps();
                     next_collect = Instant::now() + self.config.collect_interval;
                 }
             }
@@ -415,7 +415,6 @@ impl VpCounterSource for Partition {
 impl Drop for Partition {
     fn drop(&mut self) {
         self.hv.remove_partition(self.stats.id());
-        self.hv.page().fetch_add(hypervisor::TOTAL_PAGES, self.accounted_pages.wrapping_neg());
     }
 }
 
