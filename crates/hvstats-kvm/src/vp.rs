@@ -254,7 +254,12 @@ fn step(
             data.fill(0xFF);
             (with(ExitClass::Mmio), Step::Continue)
         }
-        Ok(VcpuExit::MmioWrite(..)) => (with(ExitClass::Mmio), Step::Continue),
+        Ok(VcpuExit::MmioWrite(gpa, _)) => {
+            // A write to a read-only stats overlay lands here and changes nothing; the authority
+            // keeps its own record of those.
+            partition.stats().record_overlay_write(gpa);
+            (with(ExitClass::Mmio), Step::Continue)
+        }
         Ok(VcpuExit::X86Rdmsr(e)) => {
             let (msr, data, error) = (e.index, e.data as *mut u64, e.error as *mut u8);
             let mut ctx = VpContext { index, vcpu, partition, serial };
