@@ -26,7 +26,7 @@ use crate::handlers::Handlers;
 use crate::memory::GuestRam;
 use crate::modes;
 use crate::sources::kvm_stats::KvmStats;
-use crate::vp::{self, VpOutcome, VpShared};
+use crate::vp::{self, GuestGate, VpOutcome, VpShared};
 
 /// `KVM_CAP_X86_USER_SPACE_MSR` reasons: UNKNOWN | INVAL | FILTER.
 const USER_SPACE_MSR_REASONS: u64 = 7;
@@ -104,6 +104,7 @@ pub struct Partition {
     overlays: Mutex<HashMap<u64, Arc<dyn OverlayBacking>>>,
     ram: GuestRam,
     vps: Vec<VpShared>,
+    gate: GuestGate,
     handlers: Handlers,
     config: PartitionConfig,
     stats: Arc<PartitionStats>,
@@ -191,6 +192,7 @@ impl Partition {
             overlays: Mutex::new(HashMap::new()),
             ram,
             vps,
+            gate: GuestGate::default(),
             handlers,
             config,
             stats,
@@ -208,6 +210,10 @@ impl Partition {
     /// The configuration it was built with.
     pub fn config(&self) -> &PartitionConfig {
         &self.config
+    }
+
+    pub(crate) fn gate(&self) -> &GuestGate {
+        &self.gate
     }
 
     /// The handlers exits are routed to.
@@ -234,13 +240,16 @@ impl Partition {
     }
 
     /// Shows `page` read-only at GPA page `gpa_page` (over RAM, or outside it). A guest write to it
-    /// exits to userspace as an MMIO write and leaves the page unchanged.
+    /// exits to userspace as an MMIO write and leaves the page unchanged. Running VPs are held out
+    /// of the guest while the slots change, so none sees RAM missing; a handler may call this.
     ///
     /// # Errors
     /// When an overlay is already there or KVM refuses the slot change.
     pub fn add_overlay(&self, gpa_page: u64, page: Arc<dyn OverlayBacking>) -> Result<(), Error> {
         let mut overlays = lock(&self.overlays);
-        lock(&self.gpa_map).add_overlay(&self.vm, gpa_page, page.host_address())?;
+        self.gate.exclusive(&self.vps, || {
+            lock(&self.gpa_map).add_overlay(&self.vm, gpa_page, page.host_address())
+        })?;
         overlays.insert(gpa_page, page);
         Ok(())
     }
@@ -251,7 +260,7 @@ impl Partition {
     /// When there is no overlay there or KVM refuses the slot change.
     pub fn remove_overlay(&self, gpa_page: u64) -> Result<(), Error> {
         let mut overlays = lock(&self.overlays);
-        lock(&self.gpa_map).remove_overlay(&self.vm, gpa_page)?;
+        self.gate.exclusive(&self.vps, || lock(&self.gpa_map).remove_overlay(&self.vm, gpa_page))?;
         overlays.remove(&gpa_page);
         Ok(())
     }

@@ -20,6 +20,59 @@ use crate::handlers::{PortAction, VpContext};
 use crate::partition::Partition;
 use crate::sources::thread_time::gettid;
 
+/// Keeps VPs out of the guest while the partition changes its memory slots.
+///
+/// A changer closes the gate, kicks every VP that is in KVM_RUN and waits until none is; a VP
+/// sets its `in_guest` flag before looking at the gate (both sequentially consistent), so either
+/// the changer sees the flag and waits for it, or the VP sees the gate closed and waits.
+#[derive(Debug, Default)]
+pub(crate) struct GuestGate {
+    closed: AtomicBool,
+    changer: Mutex<()>,
+    opened: std::sync::Condvar,
+    waiters: Mutex<()>,
+}
+
+impl GuestGate {
+    fn closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    fn wait_open(&self, stop: impl Fn() -> bool) {
+        let mut g = lock(&self.waiters);
+        while self.closed() && !stop() {
+            g = self
+                .opened
+                .wait_timeout(g, std::time::Duration::from_millis(10))
+                .map(|r| r.0)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+    }
+
+    /// Runs `change` with no VP in the guest. The VP calling this (from a handler) is not in the
+    /// guest, so it may.
+    pub(crate) fn exclusive<T>(&self, vps: &[VpShared], change: impl FnOnce() -> T) -> T {
+        let _changer = lock(&self.changer);
+        self.closed.store(true, Ordering::SeqCst);
+        // Kicked VPs leave KVM_RUN within microseconds; the bound only keeps a broken kick from
+        // hanging the host.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while vps.iter().any(VpShared::in_guest) && std::time::Instant::now() < deadline {
+            for vp in vps.iter().filter(|vp| vp.in_guest()) {
+                vp.kick();
+            }
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+        let result = change();
+        {
+            let _w = lock(&self.waiters);
+            self.closed.store(false, Ordering::SeqCst);
+        }
+        self.opened.notify_all();
+        result
+    }
+}
+
 /// Why a VP stopped other than by writing the exit port.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VpFault {
@@ -60,6 +113,8 @@ pub(crate) struct VpShared {
     pub(crate) sources: Mutex<Option<VpSources>>,
     pub(crate) exceptions: AtomicU64,
     stop: AtomicBool,
+    /// True while the thread is in (or about to enter) KVM_RUN; see [`GuestGate`].
+    in_guest: AtomicBool,
     kick: Mutex<KickTarget>,
 }
 
@@ -97,6 +152,7 @@ impl VpShared {
             sources: Mutex::new(None),
             exceptions: AtomicU64::new(0),
             stop: AtomicBool::new(false),
+            in_guest: AtomicBool::new(false),
             kick: Mutex::new(KickTarget::default()),
         }
     }
@@ -104,6 +160,11 @@ impl VpShared {
     /// Asks the VP to stop and kicks it out of KVM_RUN. Safe to repeat.
     pub(crate) fn request_stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
+        self.kick();
+    }
+
+    /// Makes KVM_RUN return (now, or at once when it is next entered) without stopping the VP.
+    pub(crate) fn kick(&self) {
         let k = lock(&self.kick);
         if k.live {
             // SAFETY: `run` is the vCPU's kvm_run mapping, alive while `live` is set (the VP thread
@@ -116,6 +177,11 @@ impl VpShared {
             // SAFETY: `thread` is the VP thread's pthread_t; it is not joined while `live` is set.
             unsafe { libc::pthread_kill(k.thread as libc::pthread_t, kick_signal()) };
         }
+    }
+
+    /// True while the VP thread is inside KVM_RUN (or about to enter it).
+    pub(crate) fn in_guest(&self) -> bool {
+        self.in_guest.load(Ordering::SeqCst)
     }
 
     fn stopping(&self) -> bool {
@@ -194,7 +260,20 @@ fn step(
 ) -> (Option<(ExitClass, u64)>, Step) {
     let index = shared.index;
     let handlers = partition.handlers();
+    // Memory slot changes wait until no VP is in the guest (a guest must never see a slot gap).
+    loop {
+        shared.in_guest.store(true, Ordering::SeqCst);
+        if !partition.gate().closed() {
+            break;
+        }
+        shared.in_guest.store(false, Ordering::SeqCst);
+        partition.gate().wait_open(|| shared.stopping());
+        if shared.stopping() {
+            return (None, Step::Continue);
+        }
+    }
     let exit = vcpu.run();
+    shared.in_guest.store(false, Ordering::SeqCst);
     let t0 = if acct.enabled() { Some(cycles::now()) } else { None };
     let with = |class: ExitClass| t0.map(|t| (class, t));
     match exit {

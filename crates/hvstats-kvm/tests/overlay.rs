@@ -88,3 +88,41 @@ fn a_guest_reads_an_overlay_and_cannot_write_it() {
     assert_eq!(partition.mapped_pages(), ram_pages);
     assert_eq!(partition.memory_slot_changes(), 6 + 4 + 1);
 }
+
+#[test]
+fn overlays_change_while_vps_run_without_faults() {
+    if !kvm_available("overlays_change_while_vps_run_without_faults") {
+        return;
+    }
+    use hvstats_guest::Workload;
+    use hvstats_guest::program::LoopCount;
+    let w = Workload { cpuid: LoopCount::per_vp(3000, 1000), ..Workload::default() };
+    let image = w.build(Mode::Long, layout::DEFAULT_LOAD_GPA).unwrap();
+    let hv = Hypervisor::new().unwrap();
+    let config = PartitionConfig { vp_count: 2, timeout: Duration::from_secs(60), ..Default::default() };
+    let partition = Partition::new(&hv, config, Handlers::builtin()).unwrap();
+    partition.load(image.load_gpa, &image.bytes).unwrap();
+    let page = Arc::new(SharedPage::anonymous(ObjectKind::Vp).unwrap());
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (report, changes) = std::thread::scope(|s| {
+        let changer = s.spawn(|| {
+            let mut changes = 0;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) && changes < 400 {
+                partition.add_overlay(OVERLAY_GPA / 4096, page.clone()).unwrap();
+                partition.remove_overlay(OVERLAY_GPA / 4096).unwrap();
+                changes += 2;
+            }
+            changes
+        });
+        let report = partition.run(image.entry).unwrap();
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        (report, changer.join().unwrap())
+    });
+    assert!(changes > 0);
+    for vp in &report.vps {
+        assert!(vp.fault.is_none(), "VP {}: {:?} after {changes} overlay changes", vp.index, vp.fault);
+        let page = partition.stats().vp_page(vp.index).unwrap();
+        assert_eq!(page.get(vp::CPUID_INSTRUCTIONS), w.expected(vp.index).cpuid);
+    }
+    assert_eq!(partition.memory_slots(), 1);
+}
