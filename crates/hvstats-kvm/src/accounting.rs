@@ -191,16 +191,27 @@ impl VpSources {
         let tp = |t| self.tracepoints.read(t);
         let user_msr = user.msr.load(Ordering::Relaxed);
         let hypercalls = user.hypercalls.load(Ordering::Relaxed);
-        page.set(vp::CPUID_INSTRUCTIONS, tp(Tracepoint::Cpuid));
-        page.set(vp::MSR_ACCESSES, tp(Tracepoint::Msr) + user_msr);
-        page.set(vp::IO_INSTRUCTIONS, tp(Tracepoint::Pio).saturating_sub(hypercalls));
-        page.set(vp::CONTROL_REGISTER_ACCESSES, tp(Tracepoint::Cr));
-        page.set(vp::APIC_MMIO_ACCESSES, tp(Tracepoint::ApicMmio));
-        page.set(vp::APIC_TPR_ACCESSES, tp(Tracepoint::ApicTpr));
-        page.set(vp::APIC_EOI_ACCESSES, tp(Tracepoint::ApicEoi));
-        page.set(vp::APIC_IPIS_SENT, tp(Tracepoint::ApicIpi));
-        page.set(vp::APIC_SELF_IPIS_SENT, tp(Tracepoint::ApicSelfIpi));
-        self.exceptions = tp(Tracepoint::InjException);
+        // A tracepoint that is unavailable (or unreadable right now) leaves its counter as it is:
+        // never a guessed value.
+        let from_tracepoints = [
+            (vp::CPUID_INSTRUCTIONS, tp(Tracepoint::Cpuid)),
+            (vp::MSR_ACCESSES, tp(Tracepoint::Msr).map(|n| n + user_msr)),
+            (vp::IO_INSTRUCTIONS, tp(Tracepoint::Pio).map(|n| n.saturating_sub(hypercalls))),
+            (vp::CONTROL_REGISTER_ACCESSES, tp(Tracepoint::Cr)),
+            (vp::APIC_MMIO_ACCESSES, tp(Tracepoint::ApicMmio)),
+            (vp::APIC_TPR_ACCESSES, tp(Tracepoint::ApicTpr)),
+            (vp::APIC_EOI_ACCESSES, tp(Tracepoint::ApicEoi)),
+            (vp::APIC_IPIS_SENT, tp(Tracepoint::ApicIpi)),
+            (vp::APIC_SELF_IPIS_SENT, tp(Tracepoint::ApicSelfIpi)),
+        ];
+        for (counter, value) in from_tracepoints {
+            if let Some(v) = value {
+                page.set(counter, v);
+            }
+        }
+        if let Some(n) = tp(Tracepoint::InjException) {
+            self.exceptions = n;
+        }
         if let Some(snap) = self.stats.as_ref().and_then(|s| s.snapshot().ok()) {
             page.set(vp::PAGE_INVALIDATIONS, snap.raw("invlpg"));
             page.set(vp::HLT_INSTRUCTIONS, snap.raw("halt_exits"));

@@ -123,3 +123,26 @@ fn exceptions_are_counted_in_protected_mode() {
     let r = run(&w, Mode::Protected, 1);
     assert_eq!(common::views(&r, 0).events.exception_count, 25);
 }
+
+#[test]
+fn several_vps_in_real_and_protected_mode_keep_their_own_counts() {
+    if !kvm_available("several_vps_in_real_and_protected_mode_keep_their_own_counts") {
+        return;
+    }
+    let w = Workload {
+        cpuid: counts(50, 25),
+        out: counts(10, 5),
+        in_: counts(5, 5),
+        rdmsr: counts(10, 3),
+        wrmsr: counts(4, 4),
+        user_msr: counts(2, 1),
+        exit_status: 1,
+        ..Workload::default()
+    };
+    for mode in [Mode::Real, Mode::Protected] {
+        let r = run(&w, mode, 3);
+        for vp in 0..3 {
+            assert_exact(&r, vp, &w.expected(vp));
+        }
+    }
+}

@@ -96,16 +96,21 @@ impl PerfCounter {
     /// # Errors
     /// When the read fails or is short.
     pub fn read(&self) -> io::Result<u64> {
-        let mut value = 0u64;
-        // SAFETY: we read at most 8 bytes into a u64 we own; the fd is a perf event.
-        let n = unsafe { libc::read(self.fd.as_raw_fd(), (&mut value as *mut u64).cast(), 8) };
-        if n != 8 {
-            return Err(if n < 0 {
+        loop {
+            let mut value = 0u64;
+            // SAFETY: we read at most 8 bytes into a u64 we own; the fd is a perf event.
+            let n = unsafe { libc::read(self.fd.as_raw_fd(), (&mut value as *mut u64).cast(), 8) };
+            if n == 8 {
+                return Ok(value);
+            }
+            let e = if n < 0 {
                 io::Error::last_os_error()
             } else {
                 io::Error::from(io::ErrorKind::UnexpectedEof)
-            });
+            };
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
         }
-        Ok(value)
     }
 }

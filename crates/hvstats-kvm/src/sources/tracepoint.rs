@@ -150,12 +150,9 @@ impl VpTracepoints {
         Self { counters }
     }
 
-    /// The count of `tp`, or 0 when it is unavailable.
-    pub fn read(&self, tp: Tracepoint) -> u64 {
-        match &self.counters[tp.index()] {
-            Ok(c) => c.read().unwrap_or(0),
-            Err(_) => 0,
-        }
+    /// The count of `tp`, or `None` when it is unavailable or cannot be read now.
+    pub fn read(&self, tp: Tracepoint) -> Option<u64> {
+        self.counters[tp.index()].as_ref().ok()?.read().ok()
     }
 
     /// Why `tp` is unavailable, if it is.
