@@ -27,6 +27,21 @@ impl NtStatus {
             _ => None,
         }
     }
+
+    /// Whether this is `STATUS_SUCCESS`.
+    pub const fn is_success(self) -> bool {
+        self.0 == Self::SUCCESS.0
+    }
+}
+
+impl core::fmt::Display for NtStatus {
+    /// `NAME (0xXXXXXXXX)`, or just the hex value for an unknown status.
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self.name() {
+            Some(name) => write!(f, "{name} ({:#010X})", self.0),
+            None => write!(f, "{:#010X}", self.0),
+        }
+    }
 }
 
 /// `GROUP_AFFINITY` (16 bytes): processors `Mask` of processor group `Group`.
@@ -39,6 +54,13 @@ pub struct GroupAffinity {
     pub group: u16,
     /// `WORD Reserved[3]`.
     pub reserved: [u16; 3],
+}
+
+impl GroupAffinity {
+    /// Processors `mask` of processor group `group`, reserved words zero.
+    pub const fn new(group: u16, mask: u64) -> Self {
+        Self { mask, group, reserved: [0; 3] }
+    }
 }
 
 /// `PHYSICAL_COUNTER_RESOURCE_DESCRIPTOR_TYPE`.
@@ -59,6 +81,21 @@ impl ResourceType {
     pub const EVENT_BUFFER: Self = Self(4);
     /// `ResourceTypeIdenitificationTag`: an identification tag.
     pub const IDENTIFICATION_TAG: Self = Self(5);
+    /// `ResourceTypeMax`: one past the last defined type (not a type itself).
+    pub const MAX: Self = Self(6);
+
+    /// The SDK name of a defined type (keeping the SDK's spelling of the tag type).
+    pub const fn name(self) -> Option<&'static str> {
+        match self {
+            Self::SINGLE => Some("ResourceTypeSingle"),
+            Self::RANGE => Some("ResourceTypeRange"),
+            Self::EXTENDED_COUNTER_CONFIGURATION => Some("ResourceTypeExtendedCounterConfiguration"),
+            Self::OVERFLOW => Some("ResourceTypeOverflow"),
+            Self::EVENT_BUFFER => Some("ResourceTypeEventBuffer"),
+            Self::IDENTIFICATION_TAG => Some("ResourceTypeIdenitificationTag"),
+            _ => None,
+        }
+    }
 }
 
 /// `PHYSICAL_COUNTER_RESOURCE_DESCRIPTOR` (24 bytes on x64): Type @0, Flags @4, union `u` @8.

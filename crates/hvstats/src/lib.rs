@@ -6,6 +6,7 @@
 
 #![deny(missing_docs)]
 
+pub mod hwc;
 pub mod instance;
 pub mod page;
 pub mod runtime_dir;
