@@ -33,7 +33,9 @@ use super::pmu::PmuShape;
 pub struct ResourceSet {
     /// The whole PMU (a request without a resource list).
     pub exclusive: bool,
-    /// Counter indices, bit n = counter n (general-purpose first, then fixed).
+    /// Counter indices, bit n = counter n (general-purpose first, then fixed); stored and shown
+    /// as a list of indices.
+    #[serde(with = "counter_list")]
     pub counters: u64,
     /// The counter overflow interrupt.
     pub overflow: bool,
@@ -92,6 +94,25 @@ impl std::fmt::Display for ResourceSet {
             parts.push(format!("tags {}", tags.join(",")));
         }
         f.write_str(&parts.join(" "))
+    }
+}
+
+/// A counter mask as the list of its indices, so the table reads as people write counters.
+mod counter_list {
+    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+
+    pub fn serialize<S: Serializer>(mask: &u64, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq((0..64u32).filter(|i| mask & (1 << i) != 0))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        Vec::<u32>::deserialize(d)?.into_iter().try_fold(0u64, |m, i| {
+            if i < 64 {
+                Ok(m | 1 << i)
+            } else {
+                Err(D::Error::custom(format!("counter index {i} is above 63")))
+            }
+        })
     }
 }
 

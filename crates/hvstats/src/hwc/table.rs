@@ -227,12 +227,16 @@ mod tests {
             (&b"\x00\xff garbage"[..], "expected value"),
             (&br#"{"version":2,"next_handle":1,"generation":0,"records":[]}"#[..], "version 2"),
             (
-                &br#"{"version":1,"next_handle":1,"generation":0,"records":[{"handle":5,"holder":{"pid":1,"start_time":1,"name":"x","persistent":true},"cpus":"0","resources":{"exclusive":true,"counters":0,"overflow":false,"event_buffer":false,"tags":[]}}]}"#[..],
+                &br#"{"version":1,"next_handle":1,"generation":0,"records":[{"handle":5,"holder":{"pid":1,"start_time":1,"name":"x","persistent":true},"cpus":"0","resources":{"exclusive":true,"counters":[],"overflow":false,"event_buffer":false,"tags":[]}}]}"#[..],
                 "outside",
             ),
             (
-                &br#"{"version":1,"next_handle":9,"generation":0,"records":[{"handle":5,"holder":{"pid":1,"start_time":1,"name":"x","persistent":true},"cpus":"3-1","resources":{"exclusive":true,"counters":0,"overflow":false,"event_buffer":false,"tags":[]}}]}"#[..],
+                &br#"{"version":1,"next_handle":9,"generation":0,"records":[{"handle":5,"holder":{"pid":1,"start_time":1,"name":"x","persistent":true},"cpus":"3-1","resources":{"exclusive":true,"counters":[],"overflow":false,"event_buffer":false,"tags":[]}}]}"#[..],
                 "inverted",
+            ),
+            (
+                &br#"{"version":1,"next_handle":9,"generation":0,"records":[{"handle":5,"holder":{"pid":1,"start_time":1,"name":"x","persistent":true},"cpus":"1","resources":{"exclusive":false,"counters":[64],"overflow":false,"event_buffer":false,"tags":[]}}]}"#[..],
+                "above 63",
             ),
         ] {
             let reason = decode(bytes).unwrap_err();
