@@ -211,3 +211,33 @@ impl<'a> PhysicalCounterResourceList<'a> {
 const _: () = assert!(size_of::<GroupAffinity>() == 16);
 const _: () = assert!(size_of::<PhysicalCounterResourceDescriptor>() == 24);
 const _: () = assert!(size_of::<PhysicalCounterResourceListHeader>() == RESOURCE_LIST_DESCRIPTORS_OFFSET);
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use std::string::ToString;
+
+    use super::*;
+
+    #[test]
+    fn statuses_print_by_name_and_value() {
+        assert_eq!(
+            NtStatus::INSUFFICIENT_RESOURCES.to_string(),
+            "STATUS_INSUFFICIENT_RESOURCES (0xC000009A)"
+        );
+        assert_eq!(NtStatus::SUCCESS.to_string(), "STATUS_SUCCESS (0x00000000)");
+        assert_eq!(NtStatus(0xC000_0001).to_string(), "0xC0000001");
+        assert!(NtStatus::SUCCESS.is_success() && !NtStatus::NOT_SUPPORTED.is_success());
+    }
+
+    #[test]
+    fn resource_types_have_their_sdk_names() {
+        assert_eq!(
+            ResourceType::EXTENDED_COUNTER_CONFIGURATION.name(),
+            Some("ResourceTypeExtendedCounterConfiguration")
+        );
+        assert_eq!(ResourceType::IDENTIFICATION_TAG.name(), Some("ResourceTypeIdenitificationTag"));
+        assert_eq!(ResourceType::MAX.name(), None);
+        assert_eq!(GroupAffinity::new(3, 0x10), GroupAffinity { mask: 0x10, group: 3, reserved: [0; 3] });
+    }
+}

@@ -222,3 +222,49 @@ fn concurrent_processes_never_hold_the_same_resource_twice() {
     // The workload must actually contend, or the check proves nothing.
     assert!(grants > 100 && grants < u64::from(ROUNDS_EACH) * WORKERS as u64, "{grants} grants");
 }
+
+#[test]
+fn concurrent_threads_never_hold_the_same_resource_twice() {
+    const THREADS: u64 = 6;
+    const ROUNDS_EACH: u64 = 100;
+    let rt = TempRuntime::new("hwc-threads");
+    let audit = rt.path().join("audit.jsonl");
+    let a = Allocator::open(rt.path(), small_pmu()).unwrap().with_audit_log(&audit);
+    let granted: u64 = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let a = a.clone();
+                s.spawn(move || {
+                    let mut grants = 0;
+                    for i in 0..ROUNDS_EACH {
+                        let cpu = (t + i) % 4;
+                        let d = [D::single(((t * 7 + i) % 3) as u32), D::identification_tag((i % 2) as u32)];
+                        let list = PhysicalCounterResourceList::new(&d);
+                        let affinity = [GroupAffinity::new(0, 1 << cpu | 1 << ((cpu + 1) % 4))];
+                        if let Ok(h) = a.allocate(Some(&affinity), Some(&list)) {
+                            grants += 1;
+                            std::thread::yield_now();
+                            assert_eq!(a.free(h), NtStatus::SUCCESS);
+                        }
+                    }
+                    grants
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).sum()
+    });
+    let mut model = Model::default();
+    let mut grants = 0;
+    for line in std::fs::read_to_string(&audit).unwrap().lines() {
+        match serde_json::from_str::<Audit>(line).unwrap() {
+            Audit::Grant { handle, cpus, resources, .. } => {
+                grants += 1;
+                model.grant(handle, &cpus.iter().collect::<Vec<_>>(), &keys(&resources)).unwrap();
+            }
+            Audit::Release { handle, .. } => assert!(model.release(handle)),
+        }
+    }
+    assert_eq!(grants, granted);
+    assert!(model.handles().is_empty());
+    assert!(granted > 0);
+}

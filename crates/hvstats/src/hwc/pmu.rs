@@ -3,8 +3,8 @@
 //! The allocator needs to know which counter indices exist on which processor, and whether there is
 //! a PMU at all. Discovery asks the kernel first (`/sys/bus/event_source/devices/cpu`, or
 //! `cpu_core`/`cpu_atom` on hybrid parts: perf registers these only when it drives a hardware PMU)
-//! and CPUID second for the counts and widths (leaf 0xA on Intel; 0x80000022 or the core counter
-//! extension on AMD). A machine whose kernel has no hardware PMU, as in most virtual machines, has
+//! and CPUID second for the counts and widths, on each processor in turn (leaf 0xA on Intel;
+//! 0x80000022 or the core counter extension on AMD). A machine whose kernel has no hardware PMU, as in most virtual machines, has
 //! none, and says why. A shape can also be given in configuration (`HVSTATS_PMU`), so the rules
 //! can be exercised on such machines.
 //!
@@ -272,19 +272,50 @@ pub(crate) fn discover_in(devices: &Path, processors: u32) -> PmuShape {
             return absent(reason);
         }
     }
-    match cpuid::counters() {
-        Ok(c) => PmuShape {
-            processors,
-            counters: vec![c; processors as usize],
-            absent_reason: None,
-            source: ShapeSource::Discovered,
-        },
+    match per_cpu_counters(processors) {
+        Ok(counters) => {
+            PmuShape { processors, counters, absent_reason: None, source: ShapeSource::Discovered }
+        }
         Err(reason) => absent(reason),
     }
 }
 
-/// Counts and widths from CPUID, on the processor the caller runs on (discovery assumes every
-/// processor reports the same; on hybrid parts the smaller core type bounds what is offered).
+/// CPUID on each processor in turn, from a thread pinned to it, so hybrid parts (whose core types
+/// differ in counters) are described per processor. A processor the thread cannot run on (offline)
+/// has no counters.
+fn per_cpu_counters(processors: u32) -> Result<Vec<CpuCounters>, String> {
+    let none = CpuCounters { gp: 0, gp_width: 0, fixed: 0, fixed_width: 0 };
+    let results = std::thread::scope(|s| {
+        s.spawn(|| {
+            (0..processors)
+                .map(|cpu| if pin_to(cpu) { cpuid::counters().map(Some) } else { Ok(None) })
+                .collect::<Result<Vec<Option<CpuCounters>>, String>>()
+        })
+        .join()
+    })
+    .map_err(|_| "PMU discovery thread failed".to_owned())??;
+    if results.iter().all(Option::is_none) {
+        return Err("no processor could be examined with CPUID".into());
+    }
+    Ok(results.into_iter().map(|c| c.unwrap_or(none)).collect())
+}
+
+/// Pins the calling thread to `cpu`; false when it cannot run there.
+fn pin_to(cpu: u32) -> bool {
+    let cpu = cpu as usize;
+    if cpu >= 8 * size_of::<libc::cpu_set_t>() {
+        return false;
+    }
+    // SAFETY: cpu_set_t is plain data (zeroed = empty); CPU_SET writes a bit below its size, checked
+    // above; sched_setaffinity reads the set we own and changes only this thread's affinity.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) == 0
+    }
+}
+
+/// Counts and widths from CPUID, on the processor the caller runs on.
 mod cpuid {
     use super::{CpuCounters, MAX_COUNTERS_PER_CPU};
 
@@ -406,8 +437,14 @@ mod tests {
         assert!(s.absent_reason().unwrap().contains("no hardware PMU"), "{:?}", s.absent_reason());
         std::fs::create_dir_all(dir.join("cpu")).unwrap();
         let s = discover_in(&dir, 2);
-        // With a registered PMU the counts come from CPUID, which either gives counters or a reason.
-        assert_eq!(s.is_present(), s.counters(0).is_some_and(|c| c.total() > 0));
+        // With a registered PMU the counts come from CPUID on each processor, which either gives
+        // counters for every processor that runs or a reason.
+        if s.is_present() {
+            assert_eq!(s.runs().iter().map(|r| r.1 - r.0 + 1).sum::<u32>(), 2);
+            assert!(s.counters(0).is_some_and(|c| c.total() > 0), "{s:?}");
+        } else {
+            assert!(!s.absent_reason().unwrap().is_empty());
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
