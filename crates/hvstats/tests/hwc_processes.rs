@@ -168,7 +168,7 @@ fn an_allocation_until_freed_outlives_its_process() {
 #[derive(serde::Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 enum Audit {
-    Grant { seq: u64, handle: u64, cpus: CpuSet, resources: ResourceSet },
+    Grant { seq: u64, handle: u64, pid: u32, cpus: CpuSet, resources: ResourceSet },
     Release { seq: u64, handle: u64 },
 }
 
@@ -192,19 +192,26 @@ fn concurrent_processes_never_hold_the_same_resource_twice() {
     let mut model = Model::default();
     let (mut grants, mut releases, mut last_seq) = (0u64, 0u64, 0u64);
     let mut handles = std::collections::HashSet::new();
+    // Which process holds each live handle, and the most processes holding at one moment.
+    let mut holders = std::collections::HashMap::new();
+    let mut most_processes_at_once = 0;
     for line in text.lines() {
         let entry: Audit = serde_json::from_str(line).unwrap();
         let seq = match entry {
-            Audit::Grant { seq, handle, cpus, resources } => {
+            Audit::Grant { seq, handle, pid, cpus, resources } => {
                 grants += 1;
                 assert!(handles.insert(handle), "handle {handle} granted twice");
                 let cpus: Vec<u32> = cpus.iter().collect();
                 model.grant(handle, &cpus, &keys(&resources)).unwrap();
+                holders.insert(handle, pid);
+                let pids: std::collections::HashSet<u32> = holders.values().copied().collect();
+                most_processes_at_once = most_processes_at_once.max(pids.len());
                 seq
             }
             Audit::Release { seq, handle } => {
                 releases += 1;
                 assert!(model.release(handle), "handle {handle} released but not held");
+                holders.remove(&handle);
                 seq
             }
         };
@@ -216,10 +223,11 @@ fn concurrent_processes_never_hold_the_same_resource_twice() {
     assert!(model.handles().is_empty());
     assert!(allocator(&rt).allocations().unwrap().is_empty());
     eprintln!(
-        "{WORKERS} processes x {ROUNDS_EACH} requests: {grants} grants, {} refusals",
+        "{WORKERS} processes x {ROUNDS_EACH} requests: {grants} grants, {} refusals, up to {most_processes_at_once} processes holding at once",
         WORKERS as u64 * u64::from(ROUNDS_EACH) - grants
     );
-    // The workload must actually contend, or the check proves nothing.
+    // The workload must actually contend, across processes, or the check proves nothing.
+    assert!(most_processes_at_once >= 2, "the workers never held allocations at the same time");
     assert!(grants > 100 && grants < u64::from(ROUNDS_EACH) * WORKERS as u64, "{grants} grants");
 }
 

@@ -286,3 +286,26 @@ fn a_missing_table_is_an_empty_one_and_handles_restart_only_then() {
     assert_eq!(b.free(h1), NtStatus::SUCCESS);
     assert_eq!(alloc(&b, None, Some(&[D::single(0)])).unwrap().raw(), 3);
 }
+
+#[test]
+fn a_lock_held_too_long_is_an_error_not_a_hang() {
+    use std::os::fd::AsRawFd;
+    let rt = TempRuntime::new("hwc-lock");
+    let a = allocator(&rt).with_lock_timeout(std::time::Duration::from_millis(200));
+    let h = alloc(&a, None, Some(&[D::single(0)])).unwrap();
+    // Another holder of the lock (a separate open file description, as another process has).
+    let other = std::fs::File::open(rt.path().join("hwc/lock")).unwrap();
+    // SAFETY: flock on a descriptor this test owns.
+    assert_eq!(unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let start = std::time::Instant::now();
+    match a.try_allocate(None, None, hvstats::hwc::Lifetime::Process) {
+        Err(HwcError::Table(e @ TableError::Io { .. })) => {
+            assert!(e.to_string().contains("more than 0.2 s"), "{e}")
+        }
+        other => panic!("expected a lock timeout, got {other:?}"),
+    }
+    assert!(start.elapsed() >= std::time::Duration::from_millis(200));
+    assert_eq!(a.free(h), BUSY);
+    drop(other);
+    assert_eq!(a.free(h), NtStatus::SUCCESS);
+}

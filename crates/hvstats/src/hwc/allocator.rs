@@ -119,9 +119,18 @@ impl Allocator {
     }
 
     /// Also appends one JSON line per grant and release to `path`, written under the table lock,
-    /// so the order of the lines is the order in which the table changed.
+    /// so the order of the lines is the order in which the table changed. (A line is written just
+    /// before the table; should writing the table then fail, the operation fails and the line
+    /// describes a change that did not happen.)
     pub fn with_audit_log(mut self, path: impl Into<PathBuf>) -> Self {
         self.audit_log = Some(path.into());
+        self
+    }
+
+    /// Waits at most `timeout` for another process to release the table lock (default 10 s)
+    /// before an operation fails with [`TableError::Io`].
+    pub fn with_lock_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.table.set_lock_timeout(timeout);
         self
     }
 

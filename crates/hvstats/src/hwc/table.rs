@@ -13,6 +13,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -92,7 +93,11 @@ pub enum TableError {
 #[derive(Clone, Debug)]
 pub struct TableFile {
     dir: PathBuf,
+    lock_timeout: Duration,
 }
+
+/// How long an operation waits for the table lock unless told otherwise.
+pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The table, locked against every other user until dropped.
 pub struct LockedTable<'a> {
@@ -112,7 +117,7 @@ impl TableFile {
             path: dir.clone(),
             source,
         })?;
-        Ok(Self { dir })
+        Ok(Self { dir, lock_timeout: DEFAULT_LOCK_TIMEOUT })
     }
 
     /// The table's directory.
@@ -125,10 +130,16 @@ impl TableFile {
         self.dir.join("table.json")
     }
 
-    /// Takes the exclusive lock (blocking until other users release it).
+    /// How long [`TableFile::lock`] waits for another user to release the lock.
+    pub fn set_lock_timeout(&mut self, timeout: Duration) {
+        self.lock_timeout = timeout;
+    }
+
+    /// Takes the exclusive lock, waiting up to the lock timeout (10 s unless set) for other users
+    /// to release it: a holder that is stopped or stuck must not hang everyone else.
     ///
     /// # Errors
-    /// When the lock file cannot be opened or locked.
+    /// When the lock file cannot be opened or locked, or the wait times out.
     pub fn lock(&self) -> Result<LockedTable<'_>, TableError> {
         let path = self.dir.join("lock");
         let io_err = |action| move |source| TableError::Io { action, path: self.dir.join("lock"), source };
@@ -138,15 +149,30 @@ impl TableFile {
             .write(true)
             .open(&path)
             .map_err(io_err("open"))?;
+        let deadline = Instant::now() + self.lock_timeout;
+        let mut pause = Duration::from_micros(20);
         loop {
             // SAFETY: flock on a file descriptor we own; it has no memory effects.
-            let rc = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
+            let rc = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
             if rc == 0 {
                 break;
             }
             let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(io_err("lock")(e));
+            match e.kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock if Instant::now() < deadline => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(2));
+                }
+                io::ErrorKind::WouldBlock => {
+                    let waited = self.lock_timeout.as_secs_f64();
+                    let e = io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("another process has held the lock for more than {waited} s"),
+                    );
+                    return Err(io_err("lock")(e));
+                }
+                _ => return Err(io_err("lock")(e)),
             }
         }
         Ok(LockedTable { file: self, _lock: lock })
