@@ -309,3 +309,28 @@ fn a_lock_held_too_long_is_an_error_not_a_hang() {
     drop(other);
     assert_eq!(a.free(h), NtStatus::SUCCESS);
 }
+
+#[test]
+fn processes_that_disagree_about_the_pmu_do_not_share_a_table() {
+    let rt = TempRuntime::new("hwc-shape");
+    let a = allocator(&rt);
+    let h = alloc(&a, Some(&on(1, 1)), Some(&[D::single(0)])).unwrap();
+    let b = Allocator::open(rt.path(), PmuShape::absent(2, "another view").unwrap()).unwrap();
+    match b.try_allocate(None, None, hvstats::hwc::Lifetime::Process) {
+        Err(HwcError::Table(e @ TableError::ShapeMismatch { .. })) => {
+            let msg = e.to_string();
+            assert!(msg.contains("128 processors") && msg.contains("no PMU on 2 processors"), "{msg}");
+        }
+        other => panic!("expected a shape mismatch, got {other:?}"),
+    }
+    assert_eq!(alloc(&b, None, None), Err(BUSY));
+    // Listing and freeing do not depend on the shape; once the table is empty, it may change.
+    assert_eq!(b.allocations().unwrap().len(), 1);
+    assert_eq!(b.free(h), NtStatus::SUCCESS);
+    let h = alloc(&b, None, None).unwrap();
+    assert!(matches!(
+        a.try_allocate(None, None, hvstats::hwc::Lifetime::Process),
+        Err(HwcError::Table(TableError::ShapeMismatch { .. }))
+    ));
+    assert_eq!(a.free(h), NtStatus::SUCCESS);
+}

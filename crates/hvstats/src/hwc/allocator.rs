@@ -177,6 +177,14 @@ impl Allocator {
         let mut data = locked.read()?;
         let mut audit = Vec::new();
         reap(&mut data, &mut audit);
+        let ours = self.pmu.fingerprint();
+        if let Some(table) = data.pmu.as_ref().filter(|t| **t != ours && !data.records.is_empty()) {
+            let e = TableError::ShapeMismatch { table: table.clone(), ours };
+            if !audit.is_empty() {
+                self.commit(&locked, &data, &audit)?;
+            }
+            return Err(e.into());
+        }
         let conflict = data
             .records
             .iter()
@@ -196,6 +204,7 @@ impl Allocator {
             };
             audit.push(serde_json::to_string(&entry).unwrap_or_default());
             data.records.push(Record { handle, holder, cpus: request.cpus, resources: request.resources });
+            data.pmu = Some(ours);
             Ok(CounterSetHandle(handle))
         };
         if !audit.is_empty() {

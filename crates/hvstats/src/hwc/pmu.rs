@@ -220,6 +220,21 @@ impl PmuShape {
         self.counters.get(cpu as usize)
     }
 
+    /// A canonical description of what the allocator decides by (processors and their counters,
+    /// not the wording of a reason), recorded in the table so that processes that disagree about
+    /// the PMU do not share one.
+    pub fn fingerprint(&self) -> String {
+        if !self.is_present() {
+            return format!("no PMU on {} processors", self.processors);
+        }
+        let runs: Vec<String> = self
+            .runs()
+            .iter()
+            .map(|(a, b, c)| format!("{a}-{b}: {}x{} + {}x{}", c.gp, c.gp_width, c.fixed, c.fixed_width))
+            .collect();
+        format!("{} processors; {}", self.processors, runs.join("; "))
+    }
+
     /// Runs of consecutive processors with the same counters, as (first, last, counters).
     pub fn runs(&self) -> Vec<(u32, u32, CpuCounters)> {
         let mut runs: Vec<(u32, u32, CpuCounters)> = Vec::new();

@@ -49,13 +49,15 @@ pub struct TableData {
     pub next_handle: u64,
     /// Counts every grant and release, so an audit log can be ordered.
     pub generation: u64,
+    /// The PMU shape ([`super::pmu::PmuShape::fingerprint`]) the records were granted under.
+    pub pmu: Option<String>,
     /// The allocations held.
     pub records: Vec<Record>,
 }
 
 impl Default for TableData {
     fn default() -> Self {
-        Self { version: TABLE_VERSION, next_handle: 1, generation: 0, records: Vec::new() }
+        Self { version: TABLE_VERSION, next_handle: 1, generation: 0, pmu: None, records: Vec::new() }
     }
 }
 
@@ -83,6 +85,17 @@ pub enum TableError {
         path: PathBuf,
         /// What is wrong with it.
         reason: String,
+    },
+    /// The table holds allocations granted under another PMU shape.
+    #[error(
+        "hardware counter table: its allocations were granted for a PMU of {table}, but this process \
+         sees {ours} (set HVSTATS_PMU alike in every process sharing the runtime directory)"
+    )]
+    ShapeMismatch {
+        /// The table's shape.
+        table: String,
+        /// This process's shape.
+        ours: String,
     },
     /// The calling process cannot be identified (its `/proc` entry).
     #[error("cannot identify this process as a holder: {0}")]
@@ -251,17 +264,17 @@ mod tests {
             (&b""[..], "EOF"),
             (&good[..good.len() - 3], "EOF"),
             (&b"\x00\xff garbage"[..], "expected value"),
-            (&br#"{"version":2,"next_handle":1,"generation":0,"records":[]}"#[..], "version 2"),
+            (&br#"{"version":2,"next_handle":1,"generation":0,"pmu":null,"records":[]}"#[..], "version 2"),
             (
-                &br#"{"version":1,"next_handle":1,"generation":0,"records":[{"handle":5,"holder":{"pid":1,"start_time":1,"name":"x","persistent":true},"cpus":"0","resources":{"exclusive":true,"counters":[],"overflow":false,"event_buffer":false,"tags":[]}}]}"#[..],
+                &br#"{"version":1,"next_handle":1,"generation":0,"pmu":null,"records":[{"handle":5,"holder":{"pid":1,"start_time":1,"name":"x","persistent":true},"cpus":"0","resources":{"exclusive":true,"counters":[],"overflow":false,"event_buffer":false,"tags":[]}}]}"#[..],
                 "outside",
             ),
             (
-                &br#"{"version":1,"next_handle":9,"generation":0,"records":[{"handle":5,"holder":{"pid":1,"start_time":1,"name":"x","persistent":true},"cpus":"3-1","resources":{"exclusive":true,"counters":[],"overflow":false,"event_buffer":false,"tags":[]}}]}"#[..],
+                &br#"{"version":1,"next_handle":9,"generation":0,"pmu":null,"records":[{"handle":5,"holder":{"pid":1,"start_time":1,"name":"x","persistent":true},"cpus":"3-1","resources":{"exclusive":true,"counters":[],"overflow":false,"event_buffer":false,"tags":[]}}]}"#[..],
                 "inverted",
             ),
             (
-                &br#"{"version":1,"next_handle":9,"generation":0,"records":[{"handle":5,"holder":{"pid":1,"start_time":1,"name":"x","persistent":true},"cpus":"1","resources":{"exclusive":false,"counters":[64],"overflow":false,"event_buffer":false,"tags":[]}}]}"#[..],
+                &br#"{"version":1,"next_handle":9,"generation":0,"pmu":null,"records":[{"handle":5,"holder":{"pid":1,"start_time":1,"name":"x","persistent":true},"cpus":"1","resources":{"exclusive":false,"counters":[64],"overflow":false,"event_buffer":false,"tags":[]}}]}"#[..],
                 "above 63",
             ),
         ] {
