@@ -27,6 +27,21 @@ impl NtStatus {
             _ => None,
         }
     }
+
+    /// Whether this is `STATUS_SUCCESS`.
+    pub const fn is_success(self) -> bool {
+        self.0 == Self::SUCCESS.0
+    }
+}
+
+impl core::fmt::Display for NtStatus {
+    /// `NAME (0xXXXXXXXX)`, or just the hex value for an unknown status.
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self.name() {
+            Some(name) => write!(f, "{name} ({:#010X})", self.0),
+            None => write!(f, "{:#010X}", self.0),
+        }
+    }
 }
 
 /// `GROUP_AFFINITY` (16 bytes): processors `Mask` of processor group `Group`.
@@ -39,6 +54,13 @@ pub struct GroupAffinity {
     pub group: u16,
     /// `WORD Reserved[3]`.
     pub reserved: [u16; 3],
+}
+
+impl GroupAffinity {
+    /// Processors `mask` of processor group `group`, reserved words zero.
+    pub const fn new(group: u16, mask: u64) -> Self {
+        Self { mask, group, reserved: [0; 3] }
+    }
 }
 
 /// `PHYSICAL_COUNTER_RESOURCE_DESCRIPTOR_TYPE`.
@@ -59,6 +81,21 @@ impl ResourceType {
     pub const EVENT_BUFFER: Self = Self(4);
     /// `ResourceTypeIdenitificationTag`: an identification tag.
     pub const IDENTIFICATION_TAG: Self = Self(5);
+    /// `ResourceTypeMax`: one past the last defined type (not a type itself).
+    pub const MAX: Self = Self(6);
+
+    /// The SDK name of a defined type (keeping the SDK's spelling of the tag type).
+    pub const fn name(self) -> Option<&'static str> {
+        match self {
+            Self::SINGLE => Some("ResourceTypeSingle"),
+            Self::RANGE => Some("ResourceTypeRange"),
+            Self::EXTENDED_COUNTER_CONFIGURATION => Some("ResourceTypeExtendedCounterConfiguration"),
+            Self::OVERFLOW => Some("ResourceTypeOverflow"),
+            Self::EVENT_BUFFER => Some("ResourceTypeEventBuffer"),
+            Self::IDENTIFICATION_TAG => Some("ResourceTypeIdenitificationTag"),
+            _ => None,
+        }
+    }
 }
 
 /// `PHYSICAL_COUNTER_RESOURCE_DESCRIPTOR` (24 bytes on x64): Type @0, Flags @4, union `u` @8.
@@ -174,3 +211,33 @@ impl<'a> PhysicalCounterResourceList<'a> {
 const _: () = assert!(size_of::<GroupAffinity>() == 16);
 const _: () = assert!(size_of::<PhysicalCounterResourceDescriptor>() == 24);
 const _: () = assert!(size_of::<PhysicalCounterResourceListHeader>() == RESOURCE_LIST_DESCRIPTORS_OFFSET);
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use std::string::ToString;
+
+    use super::*;
+
+    #[test]
+    fn statuses_print_by_name_and_value() {
+        assert_eq!(
+            NtStatus::INSUFFICIENT_RESOURCES.to_string(),
+            "STATUS_INSUFFICIENT_RESOURCES (0xC000009A)"
+        );
+        assert_eq!(NtStatus::SUCCESS.to_string(), "STATUS_SUCCESS (0x00000000)");
+        assert_eq!(NtStatus(0xC000_0001).to_string(), "0xC0000001");
+        assert!(NtStatus::SUCCESS.is_success() && !NtStatus::NOT_SUPPORTED.is_success());
+    }
+
+    #[test]
+    fn resource_types_have_their_sdk_names() {
+        assert_eq!(
+            ResourceType::EXTENDED_COUNTER_CONFIGURATION.name(),
+            Some("ResourceTypeExtendedCounterConfiguration")
+        );
+        assert_eq!(ResourceType::IDENTIFICATION_TAG.name(), Some("ResourceTypeIdenitificationTag"));
+        assert_eq!(ResourceType::MAX.name(), None);
+        assert_eq!(GroupAffinity::new(3, 0x10), GroupAffinity { mask: 0x10, group: 3, reserved: [0; 3] });
+    }
+}

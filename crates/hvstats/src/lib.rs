@@ -11,6 +11,7 @@
 
 pub mod attach;
 pub mod gpa_space;
+pub mod hwc;
 pub mod hypercall;
 pub mod instance;
 pub mod lp;

@@ -1,12 +1,406 @@
-//! `hvstats hwc`.
+//! `hvstats hwc`: the host's hardware counter table for operators — the PMU, who holds what,
+//! allocate and free.
+//!
+//! The decisions are `hvstats::hwc`'s; this module reads flags into seed 002's arguments and
+//! prints the answers. Statuses are printed by name and value, and any status other than
+//! `STATUS_SUCCESS` exits with status 1.
 
+use std::io::{self, Write};
+use std::path::PathBuf;
 use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use hvstats::hwc::pmu::MAX_PROCESSORS;
+use hvstats::hwc::{Allocation, Allocator, CounterSetHandle, CpuSet, HwcError, Lifetime, PMU_ENV, PmuShape};
+use hvstats_abi::hal::{
+    GroupAffinity, NtStatus, PhysicalCounterResourceDescriptor as Descriptor, PhysicalCounterResourceList,
+};
+use serde_json::{Value, json};
 
 /// Flags of `hvstats hwc`.
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Subcommand)]
+enum Command {
+    /// The PMU's shape per CPU (or why there is none) and the current holders.
+    List(ListArgs),
+    /// Allocate hardware counters (HalAllocateHardwareCounters); prints the handle.
+    Alloc(AllocArgs),
+    /// Free an allocation by handle (HalFreeHardwareCounters).
+    Free(FreeArgs),
+}
+
+/// Flags every `hwc` subcommand has.
+#[derive(clap::Args)]
+struct Common {
+    /// The runtime directory holding the table (default: $HVSTATS_RUNTIME_DIR, or /run/hvstats).
+    /// The PMU shape is discovered, or taken from $HVSTATS_PMU (e.g. "gp=6,fixed=3,cpus=128", "none").
+    #[arg(long)]
+    runtime_dir: Option<PathBuf>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct ListArgs {
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(clap::Args)]
+struct AllocArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Processors as a CPU list ("0-3,8"); repeatable. With no --cpus or --group: every processor.
+    #[arg(long, value_name = "LIST")]
+    cpus: Vec<String>,
+    /// A processor group (64 processors each: group G bit B is CPU 64*G+B); pairs with --mask.
+    #[arg(long, value_name = "G")]
+    group: Vec<u16>,
+    /// The processor mask of the matching --group, in hex ("0xff").
+    #[arg(long, value_name = "HEX")]
+    mask: Vec<String>,
+    /// A counter index (general-purpose counters first, then fixed); repeatable.
+    #[arg(long, value_name = "N")]
+    counter: Vec<u32>,
+    /// A range of counter indices "A-B", inclusive; repeatable.
+    #[arg(long, value_name = "A-B")]
+    range: Vec<String>,
+    /// The counter overflow interrupt.
+    #[arg(long)]
+    overflow: bool,
+    /// The event buffer configuration.
+    #[arg(long)]
+    event_buffer: bool,
+    /// An identification tag; repeatable.
+    #[arg(long, value_name = "N")]
+    tag: Vec<u32>,
+    /// The whole PMU of the processors (no resource list).
+    #[arg(long, conflicts_with_all = ["counter", "range", "overflow", "event_buffer", "tag"])]
+    exclusive: bool,
+    /// Hold the allocation while this command runs, and free it on SIGINT or SIGTERM (or when the
+    /// process dies). Without --hold the allocation persists until `hvstats hwc free HANDLE`.
+    #[arg(long)]
+    hold: bool,
+}
+
+#[derive(clap::Args)]
+struct FreeArgs {
+    #[command(flatten)]
+    common: Common,
+    /// The handle printed by `hvstats hwc alloc`.
+    handle: u64,
+}
 
 /// Runs `hvstats hwc`.
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("hvstats hwc is not available in this build")
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    match args.command {
+        Command::List(a) => list(a),
+        Command::Alloc(a) => alloc(a),
+        Command::Free(a) => free(a),
+    }
+}
+
+fn open(common: &Common) -> anyhow::Result<Allocator> {
+    let dir = common.runtime_dir.clone().unwrap_or_else(hvstats::runtime_dir::runtime_dir);
+    let pmu = PmuShape::from_env_or_discover()?;
+    Ok(Allocator::open(&dir, pmu)?)
+}
+
+fn print(text: &str) -> anyhow::Result<()> {
+    let mut out = io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
+fn status_json(s: NtStatus) -> Value {
+    json!({ "status": s.name().unwrap_or("unknown"), "code": format!("{:#010X}", s.0) })
+}
+
+fn exit_for(s: NtStatus) -> ExitCode {
+    if s.is_success() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+fn pmu_json(pmu: &PmuShape) -> Value {
+    let runs: Vec<Value> = pmu
+        .runs()
+        .into_iter()
+        .map(|(first, last, c)| {
+            json!({
+                "cpus": CpuSet::from_iter(first..=last).to_string(),
+                "gp": c.gp, "gp_width": c.gp_width, "fixed": c.fixed, "fixed_width": c.fixed_width,
+            })
+        })
+        .collect();
+    json!({
+        "present": pmu.is_present(),
+        "source": pmu.source(),
+        "processors": pmu.processors(),
+        "absent_reason": pmu.absent_reason(),
+        "cpus": runs,
+    })
+}
+
+fn allocation_json(a: &Allocation) -> Value {
+    json!({
+        "handle": a.handle.raw(),
+        "pid": a.holder.pid,
+        "process": a.holder.name,
+        "start_time": a.holder.start_time,
+        "lifetime": if a.holder.persistent { "until_freed" } else { "process" },
+        "process_running": a.holder.process_runs(),
+        "cpus": a.cpus.to_string(),
+        "resources": a.resources,
+        "resources_text": a.resources.to_string(),
+    })
+}
+
+fn lifetime_text(a: &Allocation) -> &'static str {
+    match (a.holder.persistent, a.holder.process_runs()) {
+        (false, _) => "while it runs",
+        (true, true) => "until freed",
+        (true, false) => "until freed (process ended)",
+    }
+}
+
+fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
+    let allocator = open(&args.common)?;
+    let pmu = allocator.pmu();
+    let holders = allocator.allocations()?;
+    if args.common.json {
+        let v = json!({
+            "pmu": pmu_json(pmu),
+            "table": allocator.table_path(),
+            "holders": holders.iter().map(allocation_json).collect::<Vec<_>>(),
+        });
+        print(&format!("{}\n", serde_json::to_string_pretty(&v)?))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut s = String::new();
+    let source = match pmu.source() {
+        hvstats::hwc::pmu::ShapeSource::Discovered => "discovered".to_owned(),
+        hvstats::hwc::pmu::ShapeSource::Configured => format!("configured by {PMU_ENV}"),
+    };
+    let groups = pmu.processors().div_ceil(64);
+    s +=
+        &format!("processors: {} (groups 0-{}; group G bit B is CPU 64*G+B)\n", pmu.processors(), groups - 1);
+    match pmu.absent_reason() {
+        Some(reason) => s += &format!("PMU ({source}): no PMU: {reason}\n"),
+        None => {
+            s += &format!("PMU ({source}):\n");
+            for (first, last, c) in pmu.runs() {
+                let cpus = CpuSet::from_iter(first..=last);
+                let fixed = if c.fixed > 0 {
+                    format!(", fixed {}-{}", c.gp, c.gp + c.fixed - 1)
+                } else {
+                    String::new()
+                };
+                let gp = if c.gp > 0 { format!("general-purpose 0-{}", c.gp - 1) } else { "none".into() };
+                s += &format!("  CPUs {cpus}: {c} (counter indices: {gp}{fixed})\n");
+            }
+        }
+    }
+    s += &format!("table: {}\n", allocator.table_path().display());
+    if holders.is_empty() {
+        s += "holders: none\n";
+    } else {
+        s += "holders:\n";
+        s += &format!(
+            "  {:<8} {:<8} {:<16} {:<28} {:<12} RESOURCES\n",
+            "HANDLE", "PID", "PROCESS", "HELD", "CPUS"
+        );
+        for a in &holders {
+            s += &format!(
+                "  {:<8} {:<8} {:<16} {:<28} {:<12} {}\n",
+                a.handle.raw(),
+                a.holder.pid,
+                a.holder.name,
+                lifetime_text(a),
+                a.cpus.to_string(),
+                a.resources
+            );
+        }
+    }
+    print(&s)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn parse_u32_range(text: &str) -> anyhow::Result<(u32, u32)> {
+    let (a, b) = text.split_once('-').with_context(|| format!("--range {text:?} is not A-B"))?;
+    let n =
+        |s: &str| s.trim().parse::<u32>().with_context(|| format!("--range {text:?}: {s:?} is not a number"));
+    Ok((n(a)?, n(b)?))
+}
+
+fn parse_mask(text: &str) -> anyhow::Result<u64> {
+    let digits = text.trim().trim_start_matches("0x").trim_start_matches("0X");
+    u64::from_str_radix(digits, 16).with_context(|| format!("--mask {text:?} is not a 64-bit hex mask"))
+}
+
+/// The affinity the flags name: `None` (every processor) when they name none.
+fn affinity(args: &AllocArgs) -> anyhow::Result<Option<Vec<GroupAffinity>>> {
+    if args.group.len() != args.mask.len() {
+        bail!("each --group needs one --mask ({} groups, {} masks)", args.group.len(), args.mask.len());
+    }
+    if args.cpus.is_empty() && args.group.is_empty() {
+        return Ok(None);
+    }
+    let mut groups = Vec::new();
+    for list in &args.cpus {
+        groups.extend(CpuSet::parse(list, MAX_PROCESSORS - 1)?.to_group_affinities());
+    }
+    for (&g, m) in args.group.iter().zip(&args.mask) {
+        groups.push(GroupAffinity::new(g, parse_mask(m)?));
+    }
+    Ok(Some(groups))
+}
+
+/// The resource list the flags name: `None` for --exclusive.
+fn descriptors(args: &AllocArgs) -> anyhow::Result<Option<Vec<Descriptor>>> {
+    let mut d: Vec<Descriptor> = args.counter.iter().map(|&i| Descriptor::single(i)).collect();
+    for r in &args.range {
+        let (a, b) = parse_u32_range(r)?;
+        d.push(Descriptor::range(a, b));
+    }
+    if args.overflow {
+        d.push(Descriptor::overflow(0));
+    }
+    if args.event_buffer {
+        d.push(Descriptor::event_buffer(0, 0, 0));
+    }
+    d.extend(args.tag.iter().map(|&t| Descriptor::identification_tag(t)));
+    match (args.exclusive, d.is_empty()) {
+        (true, _) => Ok(None),
+        (false, false) => Ok(Some(d)),
+        (false, true) => {
+            bail!(
+                "name what to allocate (--counter, --range, --overflow, --event-buffer, --tag) or --exclusive"
+            )
+        }
+    }
+}
+
+fn alloc(args: AllocArgs) -> anyhow::Result<ExitCode> {
+    let affinity = affinity(&args)?;
+    let descriptors = descriptors(&args)?;
+    let list = descriptors.as_deref().map(PhysicalCounterResourceList::new);
+    let allocator = open(&args.common)?;
+    let lifetime = if args.hold { Lifetime::Process } else { Lifetime::UntilFreed };
+    if args.hold {
+        termination::block()?;
+    }
+    let handle = match allocator.try_allocate(affinity.as_deref(), list.as_ref(), lifetime) {
+        Ok(h) => h,
+        Err(HwcError::Status(s)) => {
+            if args.common.json {
+                let mut v = status_json(s);
+                v["handle"] = Value::Null;
+                print(&format!("{v}\n"))?;
+            } else {
+                print(&format!("allocation refused: {s}\n"))?;
+            }
+            return Ok(exit_for(s));
+        }
+        Err(HwcError::Table(e)) => return Err(e.into()),
+    };
+    let held = allocator.allocation(handle)?.context("the allocation just made is not in the table")?;
+    if args.common.json {
+        let mut v = status_json(NtStatus::SUCCESS);
+        v["handle"] = json!(handle.raw());
+        v["allocation"] = allocation_json(&held);
+        print(&format!("{v}\n"))?;
+    } else {
+        let until = if args.hold {
+            "held until this command ends (SIGINT/SIGTERM)".to_owned()
+        } else {
+            format!("held until `hvstats hwc free {handle}`")
+        };
+        print(&format!(
+            "handle {handle}: {}; CPUs {}: {}; {until}\n",
+            NtStatus::SUCCESS,
+            held.cpus,
+            held.resources
+        ))?;
+    }
+    if !args.hold {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let signal = termination::wait()?;
+    let s = allocator.free(handle);
+    if args.common.json {
+        let mut v = status_json(s);
+        v["freed"] = json!(handle.raw());
+        v["signal"] = json!(signal);
+        print(&format!("{v}\n"))?;
+    } else {
+        print(&format!("signal {signal}: freed handle {handle}: {s}\n"))?;
+    }
+    Ok(exit_for(s))
+}
+
+fn free(args: FreeArgs) -> anyhow::Result<ExitCode> {
+    let allocator = open(&args.common)?;
+    let handle = CounterSetHandle::from_raw(args.handle);
+    let s = match allocator.try_free(handle) {
+        Ok(()) => NtStatus::SUCCESS,
+        Err(HwcError::Status(s)) => s,
+        Err(HwcError::Table(e)) => return Err(e.into()),
+    };
+    if args.common.json {
+        let mut v = status_json(s);
+        v["handle"] = json!(handle.raw());
+        print(&format!("{v}\n"))?;
+    } else if s.is_success() {
+        print(&format!("handle {handle} freed: {s}\n"))?;
+    } else {
+        print(&format!("handle {handle} is not held: {s}\n"))?;
+    }
+    Ok(exit_for(s))
+}
+
+/// Waiting for SIGINT or SIGTERM while `--hold` keeps an allocation.
+mod termination {
+    use std::io;
+
+    fn set() -> libc::sigset_t {
+        // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise and fill the set we own.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGINT);
+            libc::sigaddset(&mut set, libc::SIGTERM);
+            set
+        }
+    }
+
+    /// Blocks SIGINT and SIGTERM in this thread, so they queue for [`wait`] instead of ending the
+    /// process before it frees what it holds.
+    pub fn block() -> io::Result<()> {
+        let set = set();
+        // SAFETY: set is a valid signal set; the old mask is not wanted (null).
+        let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        Ok(())
+    }
+
+    /// Waits for SIGINT or SIGTERM (blocked by [`block`]) and returns its name.
+    pub fn wait() -> io::Result<&'static str> {
+        let set = set();
+        let mut signal: libc::c_int = 0;
+        // SAFETY: set is a valid signal set and signal a c_int we own for the kernel to write.
+        let rc = unsafe { libc::sigwait(&set, &mut signal) };
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        Ok(if signal == libc::SIGINT { "SIGINT" } else { "SIGTERM" })
+    }
 }

@@ -1,0 +1,238 @@
+//! `hvstats hwc list/alloc/free` as an operator runs them: statuses by name and value, exit codes,
+//! allocations that persist until freed, and `--hold` allocations that die with their process.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+use serde_json::Value;
+
+const PMU: &str = "gp=6,fixed=3,cpus=128";
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("hvstats-cli-hwc-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `hvstats hwc <args> --runtime-dir dir`, with `HVSTATS_PMU=pmu` (or unset).
+fn hwc(dir: &Path, pmu: Option<&str>, args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hvstats"));
+    cmd.arg("hwc").args(args).arg("--runtime-dir").arg(dir).env_remove("HVSTATS_RUNTIME_DIR");
+    match pmu {
+        Some(p) => cmd.env("HVSTATS_PMU", p),
+        None => cmd.env_remove("HVSTATS_PMU"),
+    };
+    cmd
+}
+
+fn run(dir: &Path, pmu: Option<&str>, args: &[&str]) -> Output {
+    hwc(dir, pmu, args).output().unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn json(o: &Output) -> Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", stdout(o)))
+}
+
+fn kernel_has_a_pmu() -> bool {
+    ["cpu", "cpu_core", "cpu_atom"]
+        .iter()
+        .any(|n| Path::new("/sys/bus/event_source/devices").join(n).is_dir())
+}
+
+#[test]
+fn list_tells_the_truth_about_this_machines_pmu() {
+    let dir = TempDir::new("list");
+    let o = run(&dir.0, None, &["list"]);
+    assert!(o.status.success());
+    let text = stdout(&o);
+    let v = json(&run(&dir.0, None, &["list", "--json"]));
+    assert_eq!(v["pmu"]["source"], "discovered");
+    assert_eq!(v["holders"], Value::Array(vec![]));
+    if kernel_has_a_pmu() {
+        assert_eq!(v["pmu"]["present"], true);
+    } else {
+        assert!(text.contains("no PMU: the kernel drives no hardware PMU"), "{text}");
+        assert_eq!(v["pmu"]["present"], false);
+        assert!(v["pmu"]["absent_reason"].as_str().unwrap().contains("no hardware PMU"));
+    }
+
+    let v = json(&run(&dir.0, Some(PMU), &["list", "--json"]));
+    assert_eq!(v["pmu"]["processors"], 128);
+    assert_eq!(v["pmu"]["cpus"][0]["cpus"], "0-127");
+    assert_eq!(v["pmu"]["cpus"][0]["gp"], 6);
+    assert_eq!(v["pmu"]["cpus"][0]["fixed"], 3);
+    let text = stdout(&run(&dir.0, Some(PMU), &["list"]));
+    assert!(text.contains("CPUs 0-127: 6 general-purpose x 48 bits, 3 fixed x 48 bits"), "{text}");
+
+    let o = run(&dir.0, Some("gp=lots"), &["list"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("bad PMU configuration"));
+}
+
+#[test]
+fn alloc_persists_until_freed_and_statuses_are_printed_by_name_and_value() {
+    let dir = TempDir::new("alloc");
+    let d = &dir.0;
+    let o = run(
+        d,
+        Some(PMU),
+        &["alloc", "--cpus", "0-3", "--counter", "0", "--range", "1-2", "--tag", "7", "--json"],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v = json(&o);
+    assert_eq!(v["status"], "STATUS_SUCCESS");
+    assert_eq!(v["code"], "0x00000000");
+    let handle = v["handle"].as_u64().unwrap();
+    assert_eq!(v["allocation"]["cpus"], "0-3");
+    assert_eq!(v["allocation"]["resources"]["counters"], serde_json::json!([0, 1, 2]));
+    assert_eq!(v["allocation"]["lifetime"], "until_freed");
+
+    // The allocating process has exited; the allocation has not.
+    let v = json(&run(d, Some(PMU), &["list", "--json"]));
+    assert_eq!(v["holders"][0]["handle"], handle);
+    assert_eq!(v["holders"][0]["process"], "hvstats");
+    let o = run(d, Some(PMU), &["alloc", "--group", "0", "--mask", "0x4", "--counter", "1"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(stdout(&o).trim(), "allocation refused: STATUS_INSUFFICIENT_RESOURCES (0xC000009A)");
+    // The same counter on processors the first does not hold.
+    let o = run(d, Some(PMU), &["alloc", "--group", "1", "--mask", "ff", "--counter", "1"]);
+    assert!(o.status.success(), "{}", stdout(&o));
+    assert!(stdout(&o).contains("CPUs 64-71: counters 1"), "{}", stdout(&o));
+
+    let o = run(d, Some(PMU), &["free", &handle.to_string()]);
+    assert!(o.status.success());
+    assert_eq!(stdout(&o).trim(), format!("handle {handle} freed: STATUS_SUCCESS (0x00000000)"));
+    let o = run(d, Some(PMU), &["free", &handle.to_string(), "--json"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(json(&o)["status"], "STATUS_INVALID_PARAMETER");
+    assert_eq!(json(&o)["code"], "0xC000000D");
+}
+
+#[test]
+fn bad_requests_and_unsupported_ones_fail() {
+    let dir = TempDir::new("bad");
+    let d = &dir.0;
+    for args in [
+        &["alloc", "--range", "3-2"][..],
+        &["alloc", "--counter", "9"],
+        &["alloc", "--cpus", "128", "--exclusive"],
+        &["alloc", "--group", "2", "--mask", "1", "--exclusive"],
+        &["alloc", "--group", "0", "--mask", "0", "--exclusive"],
+    ] {
+        let o = run(d, Some(PMU), args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+        assert!(stdout(&o).contains("STATUS_INVALID_PARAMETER (0xC000000D)"), "{args:?}: {}", stdout(&o));
+    }
+    // Flags that cannot make a request at all.
+    for args in [
+        &["alloc"][..],
+        &["alloc", "--group", "0", "--exclusive"],
+        &["alloc", "--mask", "zz", "--group", "0", "--exclusive"],
+        &["alloc", "--range", "1", "--exclusive"],
+    ] {
+        let o = run(d, Some(PMU), args);
+        assert!(!o.status.success(), "{args:?}");
+        assert!(o.stdout.is_empty(), "{args:?}");
+    }
+}
+
+#[test]
+fn without_a_pmu_counters_are_refused_and_exclusive_use_is_granted() {
+    let dir = TempDir::new("nopmu");
+    let d = &dir.0;
+    let o = run(d, Some("none,cpus=8"), &["alloc", "--counter", "0"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stdout(&o).contains("STATUS_INSUFFICIENT_RESOURCES"));
+    let o = run(d, Some("none,cpus=8"), &["alloc", "--exclusive", "--cpus", "7", "--json"]);
+    assert!(o.status.success());
+    assert_eq!(json(&o)["allocation"]["resources"]["exclusive"], true);
+}
+
+/// A `--hold` process, killed if a test fails before it ends it.
+struct Holder(Option<Child>);
+
+impl Holder {
+    fn child(&mut self) -> &mut Child {
+        self.0.as_mut().unwrap()
+    }
+
+    fn take(&mut self) -> Child {
+        self.0.take().unwrap()
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn spawn_hold(dir: &Path) -> (Holder, u64) {
+    let mut child = hwc(dir, Some(PMU), &["alloc", "--exclusive", "--cpus", "0-1", "--hold"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    let handle =
+        line.strip_prefix("handle ").and_then(|r| r.split(':').next()).unwrap_or_else(|| panic!("{line:?}"));
+    (Holder(Some(child)), handle.parse().unwrap())
+}
+
+#[test]
+fn a_held_allocation_dies_with_its_process_even_by_sigkill() {
+    let dir = TempDir::new("sigkill");
+    let d = &dir.0;
+    let (mut holder, handle) = spawn_hold(d);
+    let v = json(&run(d, Some(PMU), &["list", "--json"]));
+    assert_eq!(v["holders"][0]["handle"], handle);
+    assert_eq!(v["holders"][0]["pid"], holder.child().id());
+    assert_eq!(v["holders"][0]["lifetime"], "process");
+    assert_eq!(run(d, Some(PMU), &["alloc", "--cpus", "1", "--counter", "0"]).status.code(), Some(1));
+
+    let mut child = holder.take();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let v = json(&run(d, Some(PMU), &["list", "--json"]));
+    assert_eq!(v["holders"], Value::Array(vec![]), "the killed holder is shown as free");
+    let o = run(d, Some(PMU), &["alloc", "--cpus", "1", "--counter", "0"]);
+    assert!(o.status.success(), "{}", stdout(&o));
+}
+
+#[test]
+fn a_held_allocation_is_freed_on_sigterm() {
+    let dir = TempDir::new("sigterm");
+    let d = &dir.0;
+    let (mut holder, handle) = spawn_hold(d);
+    let killed = Command::new("kill").args(["-TERM", &holder.child().id().to_string()]).status().unwrap();
+    assert!(killed.success());
+    let child = holder.take();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "a clean exit after freeing");
+    assert!(
+        stdout(&out).contains(&format!("signal SIGTERM: freed handle {handle}: STATUS_SUCCESS")),
+        "{}",
+        stdout(&out)
+    );
+    let v = json(&run(d, Some(PMU), &["list", "--json"]));
+    assert_eq!(v["holders"], Value::Array(vec![]));
+}

@@ -1,0 +1,200 @@
+//! Guest cycles and instructions retired of one VP thread, through perf, under an allocation.
+//!
+//! A VP may count with the PMU only through an allocation that covers every processor its thread
+//! may run on and holds at least two counters there (or the whole PMU), so hvstats never
+//! oversubscribes the PMU and never turns exact counts into multiplexed estimates. The events are
+//! `PERF_TYPE_HARDWARE` cycles and instructions with `exclude_host`, so only guest execution counts.
+//! Where that is impossible the answer is [`Unavailable`] with the reason, never zeros.
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::{FromRawFd, OwnedFd};
+
+use super::allocator::{Allocator, CounterSetHandle};
+use super::cpuset::CpuSet;
+use super::table::TableError;
+
+/// Why a VP cannot have hardware counters.
+#[derive(Debug, thiserror::Error)]
+pub enum Unavailable {
+    /// There is no PMU.
+    #[error("no PMU: {0}")]
+    NoPmu(String),
+    /// The handle is not held.
+    #[error("hardware counter allocation {0} is not held")]
+    NotAllocated(CounterSetHandle),
+    /// The allocation does not cover every processor the thread may run on.
+    #[error("allocation {handle} holds CPUs {held} but the thread may run on CPUs {allowed}")]
+    NotCovered {
+        /// The allocation.
+        handle: CounterSetHandle,
+        /// Its processors.
+        held: CpuSet,
+        /// The thread's affinity.
+        allowed: CpuSet,
+    },
+    /// The allocation holds fewer than two counters and not the whole PMU.
+    #[error("allocation {0} holds fewer than the two counters needed (cycles, instructions)")]
+    TooFewCounters(CounterSetHandle),
+    /// The table cannot be used.
+    #[error(transparent)]
+    Table(#[from] TableError),
+    /// The thread's affinity cannot be read.
+    #[error("cannot read the affinity of thread {tid}: {source}")]
+    Affinity {
+        /// The thread.
+        tid: i32,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The kernel refused the event.
+    #[error("perf_event_open({event}, exclude_host) failed: {source}")]
+    Perf {
+        /// The event.
+        event: &'static str,
+        /// The cause (ENOENT where there is no hardware PMU).
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Guest-only counts of one thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GuestCounts {
+    /// CPU cycles spent in the guest.
+    pub cycles: u64,
+    /// Instructions retired in the guest.
+    pub instructions: u64,
+}
+
+/// Guest cycles and instructions retired of one VP thread.
+#[derive(Debug)]
+pub struct VpHardwareCounters {
+    handle: CounterSetHandle,
+    cycles: File,
+    instructions: File,
+}
+
+/// `struct perf_event_attr` up to `PERF_ATTR_SIZE_VER5` (112 bytes).
+#[repr(C)]
+#[derive(Default)]
+struct PerfEventAttr {
+    kind: u32,
+    size: u32,
+    config: u64,
+    sample_period: u64,
+    sample_type: u64,
+    read_format: u64,
+    flags: u64,
+    wakeup_events: u32,
+    bp_type: u32,
+    config1: u64,
+    config2: u64,
+    branch_sample_type: u64,
+    sample_regs_user: u64,
+    sample_stack_user: u32,
+    clockid: i32,
+    sample_regs_intr: u64,
+    aux_watermark: u32,
+    sample_max_stack: u16,
+    reserved: u16,
+}
+
+const _: () = assert!(size_of::<PerfEventAttr>() == 112);
+
+const PERF_TYPE_HARDWARE: u32 = 0;
+const PERF_COUNT_HW_CPU_CYCLES: u64 = 0;
+const PERF_COUNT_HW_INSTRUCTIONS: u64 = 1;
+const ATTR_EXCLUDE_HOST: u64 = 1 << 19;
+const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 8;
+
+fn open_event(tid: i32, config: u64, event: &'static str) -> Result<File, Unavailable> {
+    let attr = PerfEventAttr {
+        kind: PERF_TYPE_HARDWARE,
+        size: size_of::<PerfEventAttr>() as u32,
+        config,
+        flags: ATTR_EXCLUDE_HOST,
+        ..PerfEventAttr::default()
+    };
+    // SAFETY: attr is a valid perf_event_attr of the size it declares and outlives the call; the
+    // kernel only reads it. The return value is checked before it is used as a descriptor.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            &attr as *const PerfEventAttr,
+            tid,
+            -1,
+            -1,
+            PERF_FLAG_FD_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(Unavailable::Perf { event, source: io::Error::last_os_error() });
+    }
+    // SAFETY: fd is a descriptor the kernel just gave us and nothing else owns.
+    Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd as i32) }))
+}
+
+/// The processors thread `tid` may run on (0 = the calling thread).
+fn thread_affinity(tid: i32) -> io::Result<CpuSet> {
+    // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: the kernel writes at most size_of::<cpu_set_t>() bytes into set, which we own.
+    let rc = unsafe { libc::sched_getaffinity(tid, size_of::<libc::cpu_set_t>(), &mut set) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let cpus = 8 * size_of::<libc::cpu_set_t>();
+    // SAFETY: CPU_ISSET reads a bit of our set below its size.
+    Ok((0..cpus).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).map(|c| c as u32).collect())
+}
+
+impl VpHardwareCounters {
+    /// Opens guest cycles and instructions of thread `tid` (0 = the calling thread) under the
+    /// allocation `handle`.
+    ///
+    /// # Errors
+    /// [`Unavailable`] with the reason: no PMU, the handle not held, not covering the thread's
+    /// processors or holding too few counters, or perf refusing the events.
+    pub fn open(allocator: &Allocator, handle: CounterSetHandle, tid: i32) -> Result<Self, Unavailable> {
+        if let Some(reason) = allocator.pmu().absent_reason() {
+            return Err(Unavailable::NoPmu(reason.to_owned()));
+        }
+        let allocation = allocator.allocation(handle)?.ok_or(Unavailable::NotAllocated(handle))?;
+        let processors = CpuSet::first(allocator.pmu().processors());
+        let allowed: CpuSet = thread_affinity(tid)
+            .map_err(|source| Unavailable::Affinity { tid, source })?
+            .iter()
+            .filter(|&c| processors.contains(c))
+            .collect();
+        if !allocation.cpus.is_superset(&allowed) {
+            return Err(Unavailable::NotCovered { handle, held: allocation.cpus, allowed });
+        }
+        let r = &allocation.resources;
+        if !r.exclusive && r.counters.count_ones() < 2 {
+            return Err(Unavailable::TooFewCounters(handle));
+        }
+        let cycles = open_event(tid, PERF_COUNT_HW_CPU_CYCLES, "cycles")?;
+        let instructions = open_event(tid, PERF_COUNT_HW_INSTRUCTIONS, "instructions")?;
+        Ok(Self { handle, cycles, instructions })
+    }
+
+    /// The allocation the counters run under.
+    pub fn handle(&self) -> CounterSetHandle {
+        self.handle
+    }
+
+    /// Reads both counts.
+    ///
+    /// # Errors
+    /// When a counter cannot be read.
+    pub fn read(&mut self) -> io::Result<GuestCounts> {
+        let read = |f: &mut File| -> io::Result<u64> {
+            let mut buf = [0u8; 8];
+            f.read_exact(&mut buf)?;
+            Ok(u64::from_ne_bytes(buf))
+        };
+        Ok(GuestCounts { cycles: read(&mut self.cycles)?, instructions: read(&mut self.instructions)? })
+    }
+}
