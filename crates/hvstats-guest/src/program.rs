@@ -310,6 +310,22 @@ impl Program {
         Ok(())
     }
 
+    /// Emits, at `label`, a long-mode handler for an exception that pushes an error code (#PF):
+    /// it drops the code and skips the 2-byte instruction that faulted.
+    pub fn skip_instruction_handler_with_error_code(
+        &mut self,
+        label: &mut CodeLabel,
+    ) -> Result<(), BuildError> {
+        if self.mode != Mode::Long {
+            return Err(self.unsupported("an error-code exception handler"));
+        }
+        self.asm.set_label(label)?;
+        self.asm.add(rsp, 8)?;
+        self.asm.add(qword_ptr(rsp), 2)?;
+        self.asm.iretq()?;
+        Ok(())
+    }
+
     /// Assembles the program and also returns the guest address of each of `labels`.
     ///
     /// # Errors

@@ -13,6 +13,10 @@ use crate::program::{BuildError, GuestImage, LoopCount, Mode, Program};
 pub const VECTOR: u8 = 0x40;
 /// The #UD vector.
 pub const UD_VECTOR: u8 = 6;
+/// The #PF vector.
+pub const PF_VECTOR: u8 = 14;
+/// An address the long-mode identity map leaves unmapped (it covers the low 4 GiB).
+pub const UNMAPPED_ADDRESS: u64 = 0x1_0000_0000;
 /// The MSR the workloads read and KVM answers in the kernel (IA32_TIME_STAMP_COUNTER).
 pub const KERNEL_READ_MSR: u32 = 0x10;
 /// The MSR the workloads write and KVM handles in the kernel (IA32_SYSENTER_CS).
@@ -52,6 +56,9 @@ pub struct Workload {
     pub ud2: LoopCount,
     /// `invlpg` instructions (paging is on only in long mode).
     pub invlpg: LoopCount,
+    /// Reads of an unmapped address, each a #PF delivered to the guest and skipped by its handler
+    /// (long mode only).
+    pub page_faults: LoopCount,
     /// Text written to the serial port before exiting.
     pub serial: Vec<u8>,
     /// The exit status (every VP exits with it).
@@ -91,6 +98,8 @@ pub struct Expected {
     pub exceptions: u64,
     /// INVLPG instructions.
     pub invlpg: u64,
+    /// Page faults delivered to the guest.
+    pub page_faults: u64,
 }
 
 impl Workload {
@@ -121,8 +130,9 @@ impl Workload {
             interrupts: n(self.hlt) + n(self.self_ipi),
             cr: 2 * n(self.cr0),
             tpr: n(self.tpr),
-            exceptions: n(self.ud2),
+            exceptions: n(self.ud2) + n(self.page_faults),
             invlpg: n(self.invlpg),
+            page_faults: n(self.page_faults),
         }
     }
 
@@ -134,8 +144,8 @@ impl Workload {
     pub fn build(&self, mode: Mode, load_gpa: u64) -> Result<GuestImage, BuildError> {
         // The first assembly finds the handler's address; the second uses it (same layout: the
         // address is a 32-bit immediate either way).
-        let (_, handlers) = self.assemble(mode, load_gpa, [0, 0])?;
-        let (image, again) = self.assemble(mode, load_gpa, [handlers[0] as u32, handlers[1] as u32])?;
+        let (_, handlers) = self.assemble(mode, load_gpa, [0; 3])?;
+        let (image, again) = self.assemble(mode, load_gpa, handlers.map(|a| a as u32))?;
         debug_assert_eq!(handlers, again);
         Ok(image)
     }
@@ -144,16 +154,23 @@ impl Workload {
         &self,
         mode: Mode,
         load_gpa: u64,
-        handler_addresses: [u32; 2],
-    ) -> Result<(GuestImage, [u64; 2]), BuildError> {
+        handler_addresses: [u32; 3],
+    ) -> Result<(GuestImage, [u64; 3]), BuildError> {
         let mut p = Program::new(mode, load_gpa)?;
         let mut handler = p.asm().create_label();
         let mut ud_handler = p.asm().create_label();
+        let mut pf_handler = p.asm().create_label();
         if self.uses_interrupts() {
             p.install_interrupt_gate(VECTOR, handler_addresses[0])?;
         }
         if !self.ud2.is_zero() {
             p.install_interrupt_gate(UD_VECTOR, handler_addresses[1])?;
+        }
+        if !self.page_faults.is_zero() {
+            if mode != Mode::Long {
+                return Err(BuildError::Unsupported { what: "page faults (paging)", mode: mode.name() });
+            }
+            p.install_interrupt_gate(PF_VECTOR, handler_addresses[2])?;
         }
         if self.uses_apic() {
             p.store32(layout::APIC_SVR, 0x1FF)?;
@@ -219,6 +236,12 @@ impl Workload {
             }
             Ok(())
         })?;
+        p.counted_loop(self.page_faults, |p| {
+            // `mov eax, [rbx]` (2 bytes) on an unmapped address: #PF, skipped by the handler.
+            p.asm().mov(rbx, UNMAPPED_ADDRESS)?;
+            p.asm().mov(eax, dword_ptr(rbx))?;
+            Ok(())
+        })?;
         p.counted_loop(self.hlt, |p| {
             p.asm().cli()?;
             p.store32(layout::APIC_TIMER_INITIAL, TIMER_COUNT)?;
@@ -252,9 +275,13 @@ impl Workload {
             p.skip_instruction_handler(&mut ud_handler)?;
             used.push((1, ud_handler));
         }
+        if !self.page_faults.is_zero() {
+            p.skip_instruction_handler_with_error_code(&mut pf_handler)?;
+            used.push((2, pf_handler));
+        }
         let labels: Vec<_> = used.iter().map(|(_, l)| *l).collect();
         let (image, found) = p.finish_with_labels(&labels)?;
-        let mut addresses = [0u64; 2];
+        let mut addresses = [0u64; 3];
         for ((i, _), address) in used.iter().zip(found) {
             addresses[*i] = address;
         }

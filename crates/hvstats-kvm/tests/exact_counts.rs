@@ -99,8 +99,8 @@ fn several_vps_run_different_counts_at_once() {
 }
 
 #[test]
-fn exceptions_and_page_invalidations_are_counted_in_long_mode() {
-    if !kvm_available("exceptions_and_page_invalidations_are_counted_in_long_mode") {
+fn exceptions_page_faults_and_page_invalidations_are_counted_in_long_mode() {
+    if !kvm_available("exceptions_page_faults_and_page_invalidations_are_counted_in_long_mode") {
         return;
     }
     let w =
@@ -112,6 +112,8 @@ fn exceptions_and_page_invalidations_are_counted_in_long_mode() {
     assert_eq!(v.events.exception_count, e.exceptions, "exceptions (whv)");
     assert_eq!(v.intercepts.page_invalidations.count, e.invlpg, "invlpg (whv)");
     assert_eq!(r.partition.kvm_stat(0, "invlpg"), Some(e.invlpg), "KVM invlpg");
+    assert_eq!(v.events.page_fault_count, e.page_faults, "page faults (whv)");
+    assert_eq!(r.partition.kvm_stat(0, "pf_guest"), Some(e.page_faults), "KVM pf_guest");
 }
 
 #[test]

@@ -78,23 +78,32 @@ fn parse_size(s: &str) -> Result<u64, String> {
     n.checked_mul(1u64 << shift).ok_or_else(|| format!("size too large: {t:?}"))
 }
 
-/// The demo: every VP does a mix of intercepts, VP `i` a little more than VP `i - 1`.
-fn demo_workload() -> Workload {
-    Workload {
+/// The demo: every VP does a mix of intercepts, VP `i` a little more than VP `i - 1`. Real mode
+/// cannot reach the APIC or take exceptions through the VMM's IDT, and only long mode pages.
+fn demo_workload(mode: Mode) -> Workload {
+    let mut w = Workload {
         cpuid: LoopCount::per_vp(2000, 500),
         out: LoopCount::per_vp(500, 100),
         in_: LoopCount::per_vp(300, 100),
         rdmsr: LoopCount::per_vp(400, 100),
         wrmsr: LoopCount::per_vp(200, 50),
         user_msr: LoopCount::per_vp(100, 25),
-        hlt: LoopCount::per_vp(50, 10),
-        eoi: LoopCount::per_vp(200, 50),
-        self_ipi: LoopCount::per_vp(100, 20),
-        tpr: LoopCount::per_vp(50, 10),
         serial: b"hvstats demo VP done\n".to_vec(),
         exit_status: 0,
         ..Workload::default()
+    };
+    if mode != Mode::Real {
+        w.hlt = LoopCount::per_vp(50, 10);
+        w.eoi = LoopCount::per_vp(200, 50);
+        w.self_ipi = LoopCount::per_vp(100, 20);
+        w.tpr = LoopCount::per_vp(50, 10);
+        w.ud2 = LoopCount::per_vp(20, 5);
     }
+    if mode == Mode::Long {
+        w.invlpg = LoopCount::per_vp(30, 10);
+        w.page_faults = LoopCount::per_vp(10, 5);
+    }
+    w
 }
 
 /// Runs `hvstats run`.
@@ -112,7 +121,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             (GuestImage { mode: args.mode, load_gpa: args.load_gpa, entry, bytes }, args.vps.unwrap_or(1))
         }
         None => {
-            let image = demo_workload()
+            let image = demo_workload(args.mode)
                 .build(args.mode, layout::DEFAULT_LOAD_GPA)
                 .context("building the demo guest")?;
             (image, args.vps.unwrap_or(4))
@@ -284,6 +293,13 @@ fn cost_of(count: &Counter) -> Option<&'static Counter> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_demo_builds_in_every_mode() {
+        for mode in [Mode::Real, Mode::Protected, Mode::Long] {
+            demo_workload(mode).build(mode, layout::DEFAULT_LOAD_GPA).unwrap();
+        }
+    }
 
     #[test]
     fn sizes_and_numbers_parse() {
