@@ -77,6 +77,40 @@ impl OverlayBacking for SharedPage {
     }
 }
 
+/// A partition's or VP's stats page as an overlay: holding the partition's stats objects keeps
+/// the page mapped for as long as the overlay exists.
+#[derive(Debug, Clone)]
+pub struct StatsPageOverlay {
+    stats: Arc<PartitionStats>,
+    vp: Option<u32>,
+}
+
+impl StatsPageOverlay {
+    /// The partition page of `stats`.
+    pub fn partition(stats: Arc<PartitionStats>) -> Self {
+        Self { stats, vp: None }
+    }
+
+    /// The page of VP `index` of `stats`, if it has that VP.
+    pub fn vp(stats: Arc<PartitionStats>, index: u32) -> Option<Self> {
+        stats.vp_page(index)?;
+        Some(Self { stats, vp: Some(index) })
+    }
+
+    fn page(&self) -> &SharedPage {
+        match self.vp.and_then(|i| self.stats.vp_page(i)) {
+            Some(page) => page,
+            None => self.stats.page(),
+        }
+    }
+}
+
+impl OverlayBacking for StatsPageOverlay {
+    fn host_address(&self) -> u64 {
+        self.page().host_address() as u64
+    }
+}
+
 /// What a run produced.
 #[derive(Clone, Debug)]
 pub struct RunReport {
