@@ -116,7 +116,11 @@ pub fn assert_exact(run: &Run, vp: u32, expected: &Expected) {
     if expected.hlt > 0 {
         assert!(v.intercepts.halt_instructions.time_100ns > 0, "{ctx} hlt time");
     }
-    assert_eq!(v.intercepts.emulated_instructions.count, stat("insn_emulation"), "{ctx} emulated instructions");
+    assert_eq!(
+        v.intercepts.emulated_instructions.count,
+        stat("insn_emulation"),
+        "{ctx} emulated instructions"
+    );
     let rt = whv::runtime_counters(&run.partition, vp).expect("runtime");
     assert!(rt.total_runtime_100ns > 0, "{ctx} total run time");
     assert!(rt.hypervisor_runtime_100ns <= rt.total_runtime_100ns, "{ctx} hypervisor run time");
