@@ -1,1 +1,5 @@
-//! placeholder
+//! The KVM backend of hvstats.
+
+#![deny(missing_docs)]
+
+pub mod hyperv;
