@@ -1,1 +1,5 @@
-//! placeholder
+//! Guest programs for hvstats partitions.
+
+#![deny(missing_docs)]
+
+pub mod hyperv;
