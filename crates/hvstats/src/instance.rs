@@ -1,21 +1,104 @@
 //! A hypervisor instance: the hypervisor object, its LPs, and its partitions with their VPs,
 //! each with a stats page.
+//!
+//! The process that owns a [`Hypervisor`] is the root partition. The instance keeps the
+//! hypervisor-wide counters (partitions, VPs, total pages, LPs) up to date, holds each guest
+//! partition's GPA-space bookkeeping of mapped stats pages ([`GpaSpace`]) and the state the map
+//! rules check, and, when published ([`Hypervisor::new_published`]), keeps its directory under
+//! the runtime directory in step ([`crate::publish`]).
 
 use std::collections::BTreeMap;
 use std::io;
-use std::sync::{Arc, Mutex};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use hvstats_abi::ObjectKind;
 use hvstats_abi::catalog::{hypervisor, partition};
 
+use crate::gpa_space::GpaSpace;
 use crate::page::SharedPage;
+use crate::publish::{LpEntry, PartitionEntry, Publication, PublishError};
+use crate::rules::{DEFAULT_STATS_PAGE_QUOTA, ObjectDirectory, ObjectKey, PartitionFacts, StatsObject};
 
-/// The stats objects of one partition: its page and one page per VP.
+/// An error creating an instance or its objects.
+#[derive(Debug, thiserror::Error)]
+pub enum InstanceError {
+    /// An unpublished page could not be created.
+    #[error("cannot create a stats page")]
+    Page(#[source] io::Error),
+    /// Publication failed.
+    #[error(transparent)]
+    Publish(#[from] PublishError),
+}
+
+impl From<InstanceError> for io::Error {
+    fn from(e: InstanceError) -> Self {
+        let kind = match &e {
+            InstanceError::Page(io) => io.kind(),
+            InstanceError::Publish(
+                PublishError::Create { source, .. }
+                | PublishError::Manifest { source, .. }
+                | PublishError::StartTime { source, .. }
+                | PublishError::Scan { source, .. },
+            ) => source.kind(),
+        };
+        io::Error::new(kind, e)
+    }
+}
+
+/// How to build a [`Hypervisor`].
+#[derive(Clone, Debug)]
+pub struct InstanceConfig {
+    /// Publish under this runtime directory (`None`: pages in anonymous memory only).
+    pub runtime_dir: Option<PathBuf>,
+    /// The host CPUs to create LP objects for (`None`: every online CPU).
+    pub logical_processors: Option<Vec<u32>>,
+    /// The number of stats pages each caller (each guest partition, and the root) may map at once.
+    pub stats_page_quota: u32,
+}
+
+impl Default for InstanceConfig {
+    fn default() -> Self {
+        Self { runtime_dir: None, logical_processors: None, stats_page_quota: DEFAULT_STATS_PAGE_QUOTA }
+    }
+}
+
+/// One logical processor object.
+#[derive(Debug)]
+pub struct LogicalProcessorStats {
+    index: u32,
+    cpu: u32,
+    page: SharedPage,
+}
+
+impl LogicalProcessorStats {
+    /// The LP index.
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// The host CPU it stands for.
+    pub fn cpu(&self) -> u32 {
+        self.cpu
+    }
+
+    /// Its page.
+    pub fn page(&self) -> &SharedPage {
+        &self.page
+    }
+}
+
+/// The stats objects of one partition: its page and one page per VP, its state, and the stats
+/// pages mapped into its GPA space.
 #[derive(Debug)]
 pub struct PartitionStats {
     id: u64,
     page: SharedPage,
     vps: Vec<SharedPage>,
+    active: AtomicBool,
+    gpa: Mutex<GpaSpace>,
+    overlay_writes: AtomicU64,
+    hypervisor: Weak<Hypervisor>,
 }
 
 impl PartitionStats {
@@ -38,24 +121,164 @@ impl PartitionStats {
     pub fn vp_count(&self) -> u32 {
         self.vps.len() as u32
     }
+
+    /// True while the partition is active. A new partition is active; one being torn down is not,
+    /// and map requests naming it get `INVALID_PARTITION_STATE`.
+    pub fn is_active(&self) -> bool {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    /// Marks the partition active or not (published in the manifest).
+    pub fn set_active(&self, active: bool) {
+        if self.active.swap(active, Ordering::Relaxed) != active {
+            if let Some(hv) = self.hypervisor.upgrade() {
+                hv.republish();
+            }
+        }
+    }
+
+    /// Tells the authority the size of the partition's RAM: it sets "GPA pages" (RAM plus
+    /// overlays outside RAM) and the hypervisor's "Total pages".
+    pub fn set_ram_pages(&self, pages: u64) {
+        let mut gpa = self.gpa_space();
+        let old = gpa.set_ram_pages(pages);
+        self.page.set(partition::GPA_PAGES, gpa.gpa_pages());
+        if gpa.detached() {
+            return;
+        }
+        if let Some(hv) = self.hypervisor.upgrade() {
+            hv.page.fetch_add(hypervisor::TOTAL_PAGES, pages.wrapping_sub(old));
+        }
+    }
+
+    /// The stats pages mapped into the partition's GPA space, locked while the guard is held:
+    /// read what you need and drop it before calling anything else on the instance (the instance
+    /// takes its partition list before a GPA space, never the other way round).
+    pub fn gpa_space(&self) -> MutexGuard<'_, GpaSpace> {
+        self.gpa.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The object whose stats page is visible at `gpa` in this partition, if any.
+    pub fn overlay_at(&self, gpa: u64) -> Option<ObjectKey> {
+        self.gpa_space().overlay_at(gpa)
+    }
+
+    /// Called by the backend when a guest wrote to `gpa`: true (and counted) when `gpa` is a
+    /// stats overlay, whose contents the write did not change. The backend counts the exit itself
+    /// (a memory intercept message); this count is the authority's own record.
+    pub fn record_overlay_write(&self, gpa: u64) -> bool {
+        let hit = self.overlay_at(gpa).is_some();
+        if hit {
+            self.overlay_writes.fetch_add(1, Ordering::Relaxed);
+        }
+        hit
+    }
+
+    /// Guest writes to stats overlays seen by [`record_overlay_write`](Self::record_overlay_write).
+    pub fn overlay_writes(&self) -> u64 {
+        self.overlay_writes.load(Ordering::Relaxed)
+    }
+
+    /// Limits the number of stats pages the partition may map at once (default 64).
+    pub fn set_stats_page_quota(&self, quota: u32) {
+        self.gpa_space().mappings_mut().set_quota(quota);
+    }
+
+    fn stats_pages(&self) -> u64 {
+        1 + self.vps.len() as u64
+    }
+}
+
+/// The page of one object, holding its partition alive while borrowed.
+#[derive(Debug)]
+pub enum ObjectPage<'a> {
+    /// The hypervisor page or an LP page.
+    Global(&'a SharedPage),
+    /// A partition's page (`None`) or the page of one of its VPs.
+    Partition(Arc<PartitionStats>, Option<u32>),
+}
+
+impl ObjectPage<'_> {
+    /// The page.
+    pub fn page(&self) -> &SharedPage {
+        match self {
+            ObjectPage::Global(page) => page,
+            ObjectPage::Partition(p, None) => &p.page,
+            ObjectPage::Partition(p, Some(n)) => &p.vps[*n as usize],
+        }
+    }
 }
 
 /// One hypervisor instance: the root partition's view of every object.
 #[derive(Debug)]
 pub struct Hypervisor {
+    me: Weak<Hypervisor>,
     page: SharedPage,
+    lps: Vec<LogicalProcessorStats>,
     partitions: Mutex<BTreeMap<u64, Arc<PartitionStats>>>,
-    next_id: Mutex<u64>,
+    next_id: AtomicU64,
+    root_gpa: Mutex<GpaSpace>,
+    quota: u32,
+    // Dropped last: the pages are unmapped, then the directory holding their files is removed.
+    publication: Option<Publication>,
 }
 
 impl Hypervisor {
-    /// A new instance with no partitions.
+    /// A new unpublished instance with no partitions and an LP object per online CPU.
     ///
     /// # Errors
     /// When a page cannot be created.
     pub fn new() -> io::Result<Arc<Self>> {
-        let page = SharedPage::anonymous(ObjectKind::Hypervisor)?;
-        Ok(Arc::new(Self { page, partitions: Mutex::new(BTreeMap::new()), next_id: Mutex::new(1) }))
+        Ok(Self::with_config(InstanceConfig::default())?)
+    }
+
+    /// A new instance published under `runtime_dir` (see [`crate::publish`]).
+    ///
+    /// # Errors
+    /// When the instance directory, a page file or the manifest cannot be created.
+    pub fn new_published(runtime_dir: &Path) -> Result<Arc<Self>, InstanceError> {
+        Self::with_config(InstanceConfig { runtime_dir: Some(runtime_dir.to_owned()), ..Default::default() })
+    }
+
+    /// A new instance as `config` says.
+    ///
+    /// # Errors
+    /// When a page, or the publication, cannot be created.
+    pub fn with_config(config: InstanceConfig) -> Result<Arc<Self>, InstanceError> {
+        let mut publication = config.runtime_dir.as_deref().map(Publication::begin).transpose()?;
+        let create = |object: StatsObject| -> Result<SharedPage, InstanceError> {
+            match &publication {
+                Some(p) => Ok(p.create_page(object)?),
+                None => SharedPage::anonymous(object.kind()).map_err(InstanceError::Page),
+            }
+        };
+        let page = create(StatsObject::Hypervisor)?;
+        let cpus = config.logical_processors.unwrap_or_else(crate::lp::online_cpus);
+        let mut lps = Vec::with_capacity(cpus.len());
+        for (index, cpu) in cpus.into_iter().enumerate() {
+            let index = index as u32;
+            lps.push(LogicalProcessorStats {
+                index,
+                cpu,
+                page: create(StatsObject::LogicalProcessor(index))?,
+            });
+        }
+        page.set(hypervisor::LOGICAL_PROCESSORS, lps.len() as u64);
+        page.set(hypervisor::TOTAL_PAGES, 1 + lps.len() as u64);
+        if let Some(p) = &mut publication {
+            p.write_manifest(&p.manifest(lp_entries(&lps), Vec::new()))?;
+            p.commit()?;
+        }
+        Ok(Arc::new_cyclic(|me| Self {
+            me: me.clone(),
+            page,
+            lps,
+            partitions: Mutex::new(BTreeMap::new()),
+            next_id: AtomicU64::new(1),
+            root_gpa: Mutex::new(GpaSpace::new(config.stats_page_quota)),
+            quota: config.stats_page_quota,
+            publication,
+        }))
     }
 
     /// The hypervisor page.
@@ -63,39 +286,204 @@ impl Hypervisor {
         &self.page
     }
 
-    /// Creates the stats objects of a new partition with `vp_count` VPs.
+    /// The logical processor objects, by index.
+    pub fn logical_processors(&self) -> &[LogicalProcessorStats] {
+        &self.lps
+    }
+
+    /// Refreshes every LP page from the host's `/proc/stat`, `/proc/interrupts` and cpuidle
+    /// (see [`crate::lp`]); called on the collector's cadence, the only writer of LP pages.
     ///
     /// # Errors
-    /// When a page cannot be created.
+    /// When procfs cannot be read.
+    pub fn refresh_lps(&self) -> io::Result<()> {
+        let cpus: Vec<u32> = self.lps.iter().map(|lp| lp.cpu).collect();
+        for (lp, sample) in self.lps.iter().zip(crate::lp::sample_host(&cpus)?) {
+            crate::lp::apply(&lp.page, &sample);
+        }
+        Ok(())
+    }
+
+    /// The instance directory, when published.
+    pub fn published_dir(&self) -> Option<&Path> {
+        self.publication.as_ref().map(|p| p.dir())
+    }
+
+    /// Creates the stats objects of a new, active partition with `vp_count` VPs.
+    ///
+    /// # Errors
+    /// When a page cannot be created, or the manifest cannot be updated.
     pub fn create_partition(&self, vp_count: u32) -> io::Result<Arc<PartitionStats>> {
-        let id = {
-            let mut next = self.next_id.lock().unwrap_or_else(|e| e.into_inner());
-            let id = *next;
-            *next += 1;
-            id
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let create = |object: StatsObject| -> Result<SharedPage, InstanceError> {
+            match &self.publication {
+                Some(p) => Ok(p.create_page(object)?),
+                None => SharedPage::anonymous(object.kind()).map_err(InstanceError::Page),
+            }
         };
-        let page = SharedPage::anonymous(ObjectKind::Partition)?;
-        let vps =
-            (0..vp_count).map(|_| SharedPage::anonymous(ObjectKind::Vp)).collect::<io::Result<Vec<_>>>()?;
+        let page = create(StatsObject::Partition(id))?;
+        let vps = (0..vp_count).map(|n| create(StatsObject::Vp(id, n))).collect::<Result<Vec<_>, _>>()?;
         page.set(partition::VIRTUAL_PROCESSORS, vp_count as u64);
-        let stats = Arc::new(PartitionStats { id, page, vps });
-        let mut partitions = self.partitions.lock().unwrap_or_else(|e| e.into_inner());
+        let stats = Arc::new(PartitionStats {
+            id,
+            page,
+            vps,
+            active: AtomicBool::new(true),
+            gpa: Mutex::new(GpaSpace::new(self.quota)),
+            overlay_writes: AtomicU64::new(0),
+            hypervisor: self.me.clone(),
+        });
+        let mut partitions = self.lock_partitions();
         partitions.insert(id, stats.clone());
         self.page.set(hypervisor::PARTITIONS, partitions.len() as u64);
-        self.page.set(hypervisor::VIRTUAL_PROCESSORS, partitions.values().map(|p| p.vp_count() as u64).sum());
+        self.page.fetch_add(hypervisor::VIRTUAL_PROCESSORS, vp_count as u64);
+        self.page.fetch_add(hypervisor::TOTAL_PAGES, stats.stats_pages());
+        if let Err(e) = self.write_manifest(&partitions) {
+            drop(partitions);
+            self.remove_partition(id);
+            return Err(InstanceError::from(e).into());
+        }
         Ok(stats)
     }
 
-    /// Removes partition `id`'s objects.
+    /// Removes partition `id`'s objects: it stops being active, its pages leave the counts and
+    /// the published directory (mappings already made stay valid).
     pub fn remove_partition(&self, id: u64) {
-        let mut partitions = self.partitions.lock().unwrap_or_else(|e| e.into_inner());
-        partitions.remove(&id);
+        let mut partitions = self.lock_partitions();
+        let Some(stats) = partitions.remove(&id) else { return };
+        stats.active.store(false, Ordering::Relaxed);
+        let ram = {
+            let mut gpa = stats.gpa_space();
+            gpa.detach();
+            gpa.ram_pages()
+        };
         self.page.set(hypervisor::PARTITIONS, partitions.len() as u64);
-        self.page.set(hypervisor::VIRTUAL_PROCESSORS, partitions.values().map(|p| p.vp_count() as u64).sum());
+        self.page.fetch_add(hypervisor::VIRTUAL_PROCESSORS, (stats.vp_count() as u64).wrapping_neg());
+        self.page.fetch_add(hypervisor::TOTAL_PAGES, (stats.stats_pages() + ram).wrapping_neg());
+        // A manifest that cannot be rewritten leaves the partition listed; its files are gone, so
+        // a reader gets "not found" for it rather than stale pages.
+        let _ = self.write_manifest(&partitions);
+        if let Some(p) = &self.publication {
+            p.remove_partition(id);
+        }
     }
 
     /// The partition with `id`.
     pub fn partition(&self, id: u64) -> Option<Arc<PartitionStats>> {
-        self.partitions.lock().unwrap_or_else(|e| e.into_inner()).get(&id).cloned()
+        self.lock_partitions().get(&id).cloned()
+    }
+
+    /// Every partition, by id.
+    pub fn partitions(&self) -> Vec<Arc<PartitionStats>> {
+        self.lock_partitions().values().cloned().collect()
+    }
+
+    /// The stats pages the root (this process) has mapped through [`crate::hypercall::dispatch`].
+    pub fn root_gpa_space(&self) -> MutexGuard<'_, GpaSpace> {
+        self.root_gpa.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The page of `object`, if it exists.
+    pub fn object_page(&self, object: StatsObject) -> Option<ObjectPage<'_>> {
+        match object {
+            StatsObject::Hypervisor => Some(ObjectPage::Global(&self.page)),
+            StatsObject::LogicalProcessor(n) => {
+                self.lps.get(n as usize).map(|lp| ObjectPage::Global(&lp.page))
+            }
+            StatsObject::Partition(id) => self.partition(id).map(|p| ObjectPage::Partition(p, None)),
+            StatsObject::Vp(id, n) => {
+                self.partition(id).filter(|p| n < p.vp_count()).map(|p| ObjectPage::Partition(p, Some(n)))
+            }
+        }
+    }
+
+    fn lock_partitions(&self) -> MutexGuard<'_, BTreeMap<u64, Arc<PartitionStats>>> {
+        self.partitions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn republish(&self) {
+        let partitions = self.lock_partitions();
+        // Best effort: the state in memory is authoritative; a reader sees the last manifest.
+        let _ = self.write_manifest(&partitions);
+    }
+
+    fn write_manifest(&self, partitions: &BTreeMap<u64, Arc<PartitionStats>>) -> Result<(), PublishError> {
+        let Some(p) = &self.publication else { return Ok(()) };
+        let entries = partitions
+            .values()
+            .map(|s| PartitionEntry { id: s.id, vp_count: s.vp_count(), active: s.is_active() })
+            .collect();
+        p.write_manifest(&p.manifest(lp_entries(&self.lps), entries))
+    }
+}
+
+fn lp_entries(lps: &[LogicalProcessorStats]) -> Vec<LpEntry> {
+    lps.iter().map(|lp| LpEntry { index: lp.index, cpu: lp.cpu }).collect()
+}
+
+impl ObjectDirectory for Hypervisor {
+    fn logical_processors(&self) -> u32 {
+        self.lps.len() as u32
+    }
+
+    fn partition_facts(&self, id: u64) -> Option<PartitionFacts> {
+        self.partition(id).map(|p| PartitionFacts { vp_count: p.vp_count(), active: p.is_active() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hvstats_abi::ObjectKind;
+
+    fn small() -> Arc<Hypervisor> {
+        Hypervisor::with_config(InstanceConfig { logical_processors: Some(vec![0, 1]), ..Default::default() })
+            .unwrap()
+    }
+
+    #[test]
+    fn hypervisor_counters_follow_partitions_and_ram() {
+        let hv = small();
+        assert_eq!(hv.page().get(hypervisor::LOGICAL_PROCESSORS), 2);
+        assert_eq!(hv.page().get(hypervisor::TOTAL_PAGES), 3);
+        let a = hv.create_partition(2).unwrap();
+        let b = hv.create_partition(1).unwrap();
+        a.set_ram_pages(256);
+        assert_eq!(a.page().get(partition::GPA_PAGES), 256);
+        assert_eq!(hv.page().get(hypervisor::PARTITIONS), 2);
+        assert_eq!(hv.page().get(hypervisor::VIRTUAL_PROCESSORS), 3);
+        assert_eq!(hv.page().get(hypervisor::TOTAL_PAGES), 3 + 3 + 2 + 256);
+        a.set_ram_pages(16);
+        assert_eq!(hv.page().get(hypervisor::TOTAL_PAGES), 3 + 3 + 2 + 16);
+        hv.remove_partition(a.id());
+        assert!(!a.is_active());
+        a.set_ram_pages(999);
+        assert_eq!(hv.page().get(hypervisor::PARTITIONS), 1);
+        assert_eq!(hv.page().get(hypervisor::VIRTUAL_PROCESSORS), 1);
+        assert_eq!(hv.page().get(hypervisor::TOTAL_PAGES), 3 + 2);
+        assert_eq!(hv.partition(b.id()).unwrap().vp_count(), 1);
+    }
+
+    #[test]
+    fn refresh_lps_fills_each_lp_page_from_the_host() {
+        let hv = Hypervisor::new().unwrap();
+        assert_eq!(hv.logical_processors().len(), crate::lp::online_cpus().len());
+        hv.refresh_lps().unwrap();
+        let lp0 = hv.logical_processors()[0].page();
+        assert!(lp0.get(hvstats_abi::catalog::lp::GLOBAL_TIME) > 0);
+        assert!(lp0.get(hvstats_abi::catalog::lp::TOTAL_RUN_TIME) > 0);
+    }
+
+    #[test]
+    fn object_pages_are_found_by_object() {
+        let hv = small();
+        let p = hv.create_partition(2).unwrap();
+        let kind = |o| hv.object_page(o).map(|page| page.page().kind());
+        assert_eq!(kind(StatsObject::Hypervisor), Some(ObjectKind::Hypervisor));
+        assert_eq!(kind(StatsObject::LogicalProcessor(1)), Some(ObjectKind::LogicalProcessor));
+        assert_eq!(kind(StatsObject::LogicalProcessor(2)), None);
+        assert_eq!(kind(StatsObject::Vp(p.id(), 1)), Some(ObjectKind::Vp));
+        assert_eq!(kind(StatsObject::Vp(p.id(), 2)), None);
+        assert_eq!(kind(StatsObject::Partition(p.id() + 1)), None);
     }
 }

@@ -1,14 +1,24 @@
 //! The statistics authority of hvstats, independent of any backend.
 //!
 //! It owns the stats objects and their pages ([`page`]), the instance that holds them
-//! ([`instance`]), and — built on those — publication to the runtime directory, attach for root
-//! readers, the map/unmap rules, the typed VP counter API and the hardware counter allocator.
+//! ([`instance`]), the map/unmap rules ([`rules`]) and the stats hypercalls built on them
+//! ([`hypercall`], [`gpa_space`]), publication of live instances to the runtime directory
+//! ([`publish`]) and attach for root readers in other processes ([`attach`]), the LP objects
+//! ([`lp`]), snapshots of attached instances ([`snapshot`]), and — built on those — the typed VP
+//! counter API and the hardware counter allocator.
 
 #![deny(missing_docs)]
 
+pub mod attach;
+pub mod gpa_space;
+pub mod hypercall;
 pub mod instance;
+pub mod lp;
 pub mod page;
+pub mod publish;
+pub mod rules;
 pub mod runtime_dir;
+pub mod snapshot;
 
-pub use instance::{Hypervisor, PartitionStats};
+pub use instance::{Hypervisor, InstanceConfig, PartitionStats};
 pub use page::{MappedPage, SharedPage};

@@ -1,0 +1,373 @@
+//! Logical processors: which host CPUs an instance has LP objects for, and the collector that
+//! fills their pages from procfs and sysfs.
+//!
+//! Each online host CPU is one logical processor object (seed 001: "the number of logical
+//! processor objects matches the number of logical processors in the computer"). LP index `n` is
+//! the `n`-th online CPU.
+//!
+//! Sources (the catalog's "maintained" notes say the same): `/proc/stat` per-CPU times (total run
+//! time = user + nice + system + irq + softirq; hypervisor run time = that less guest and
+//! guest_nice time), `/proc/interrupts` (device IRQ lines → hardware interrupts, LOC → timer,
+//! RES → scheduler, CAL → inter-processor interrupts), cpuidle (entries into every state →
+//! processor halts; the states named C1, C2 and C3 → their transitions and time), and
+//! CLOCK_BOOTTIME for global time. The parsers are pure functions over the files' text.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::Path;
+
+use hvstats_abi::catalog::lp;
+
+use crate::page::SharedPage;
+
+/// The online host CPUs, from `/sys/devices/system/cpu/online`, or `0..available_parallelism`
+/// when that file cannot be read.
+pub fn online_cpus() -> Vec<u32> {
+    std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|s| parse_cpu_list(&s).ok())
+        .filter(|cpus| !cpus.is_empty())
+        .unwrap_or_else(|| {
+            let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+            (0..n as u32).collect()
+        })
+}
+
+/// Parses a kernel CPU list such as `0-3,5,8-9`.
+///
+/// # Errors
+/// `InvalidData` on anything else.
+pub fn parse_cpu_list(text: &str) -> io::Result<Vec<u32>> {
+    let bad = || io::Error::new(io::ErrorKind::InvalidData, format!("not a CPU list: {text:?}"));
+    let mut cpus = Vec::new();
+    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (u32, u32) = (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
+                if b < a || b - a > 1 << 16 {
+                    return Err(bad());
+                }
+                cpus.extend(a..=b);
+            }
+            None => cpus.push(part.parse().map_err(|_| bad())?),
+        }
+    }
+    Ok(cpus)
+}
+
+/// One `cpuN` line of `/proc/stat`, in clock ticks (USER_HZ).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuTimes {
+    /// The CPU number.
+    pub cpu: u32,
+    /// user (guest time included).
+    pub user: u64,
+    /// nice (guest_nice time included).
+    pub nice: u64,
+    /// system.
+    pub system: u64,
+    /// idle.
+    pub idle: u64,
+    /// iowait.
+    pub iowait: u64,
+    /// irq.
+    pub irq: u64,
+    /// softirq.
+    pub softirq: u64,
+    /// steal.
+    pub steal: u64,
+    /// guest.
+    pub guest: u64,
+    /// guest_nice.
+    pub guest_nice: u64,
+}
+
+impl CpuTimes {
+    /// Ticks the CPU was not idle (neither idle, nor waiting for I/O, nor stolen).
+    pub fn busy(&self) -> u64 {
+        self.user + self.nice + self.system + self.irq + self.softirq
+    }
+
+    /// Busy ticks spent outside guests.
+    pub fn busy_outside_guests(&self) -> u64 {
+        self.busy().saturating_sub(self.guest + self.guest_nice)
+    }
+}
+
+/// The per-CPU lines of `/proc/stat` (the aggregate `cpu` line is skipped; missing trailing
+/// fields of older kernels read 0; malformed lines are skipped).
+pub fn parse_proc_stat(text: &str) -> Vec<CpuTimes> {
+    text.lines()
+        .filter_map(|line| {
+            let mut fields = line.split_ascii_whitespace();
+            let cpu = fields.next()?.strip_prefix("cpu")?.parse().ok()?;
+            let mut v = [0u64; 10];
+            for (slot, field) in v.iter_mut().zip(fields) {
+                *slot = field.parse().ok()?;
+            }
+            let [user, nice, system, idle, iowait, irq, softirq, steal, guest, guest_nice] = v;
+            Some(CpuTimes { cpu, user, nice, system, idle, iowait, irq, softirq, steal, guest, guest_nice })
+        })
+        .collect()
+}
+
+/// The interrupts one CPU received, from `/proc/interrupts`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuInterrupts {
+    /// Numbered (device) IRQ lines.
+    pub device: u64,
+    /// LOC: local timer interrupts.
+    pub local_timer: u64,
+    /// RES: rescheduling interrupts.
+    pub rescheduling: u64,
+    /// CAL: function call interrupts (IPIs).
+    pub function_call: u64,
+}
+
+/// Per-CPU interrupt counts from `/proc/interrupts`, by CPU number (from the `CPUn` header).
+pub fn parse_proc_interrupts(text: &str) -> BTreeMap<u32, CpuInterrupts> {
+    let mut lines = text.lines();
+    let Some(header) = lines.next() else { return BTreeMap::new() };
+    let cpus: Vec<u32> =
+        header.split_ascii_whitespace().filter_map(|c| c.strip_prefix("CPU")?.parse().ok()).collect();
+    let mut counts: BTreeMap<u32, CpuInterrupts> =
+        cpus.iter().map(|&c| (c, CpuInterrupts::default())).collect();
+    for line in lines {
+        let Some((label, rest)) = line.split_once(':') else { continue };
+        let label = label.trim();
+        let slot: fn(&mut CpuInterrupts) -> &mut u64 = match label {
+            "LOC" => |c| &mut c.local_timer,
+            "RES" => |c| &mut c.rescheduling,
+            "CAL" => |c| &mut c.function_call,
+            l if !l.is_empty() && l.bytes().all(|b| b.is_ascii_digit()) => |c| &mut c.device,
+            _ => continue,
+        };
+        // Columns follow the header's CPU order; a row may stop early (ERR, MIS have one value).
+        for (cpu, field) in cpus.iter().zip(rest.split_ascii_whitespace()) {
+            let Ok(n) = field.parse::<u64>() else { break };
+            if let Some(c) = counts.get_mut(cpu) {
+                *slot(c) += n;
+            }
+        }
+    }
+    counts
+}
+
+/// One cpuidle state of a CPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IdleState {
+    /// The state's name (`POLL`, `C1`, …).
+    pub name: String,
+    /// Entries into the state.
+    pub usage: u64,
+    /// Time spent in it, in microseconds.
+    pub time_us: u64,
+}
+
+/// The cpuidle states of `cpu` under `sysfs_cpu` (`/sys/devices/system/cpu`); none when the
+/// CPU has no cpuidle driver.
+pub fn read_idle_states(sysfs_cpu: &Path, cpu: u32) -> Vec<IdleState> {
+    let dir = sysfs_cpu.join(format!("cpu{cpu}")).join("cpuidle");
+    let Ok(entries) = std::fs::read_dir(&dir) else { return Vec::new() };
+    let read = |p: &Path, f: &str| std::fs::read_to_string(p.join(f)).ok().map(|s| s.trim().to_owned());
+    let mut states: Vec<(String, IdleState)> = entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("state"))
+        .filter_map(|e| {
+            let p = e.path();
+            let state = IdleState {
+                name: read(&p, "name")?,
+                usage: read(&p, "usage")?.parse().ok()?,
+                time_us: read(&p, "time")?.parse().ok()?,
+            };
+            Some((e.file_name().to_string_lossy().into_owned(), state))
+        })
+        .collect();
+    states.sort_by(|a, b| a.0.cmp(&b.0));
+    states.into_iter().map(|(_, s)| s).collect()
+}
+
+/// What the collector knows of one CPU at one moment.
+#[derive(Clone, Debug, Default)]
+pub struct LpSample {
+    /// CLOCK_BOOTTIME in 100 ns.
+    pub global_time_100ns: u64,
+    /// `/proc/stat` times, if the CPU has a line.
+    pub times: Option<CpuTimes>,
+    /// Clock ticks per second of those times.
+    pub ticks_per_second: u64,
+    /// `/proc/interrupts` counts, if the CPU has a column.
+    pub interrupts: Option<CpuInterrupts>,
+    /// cpuidle states.
+    pub idle: Vec<IdleState>,
+}
+
+/// Writes `sample` into an LP page (the collector is the page's only writer).
+pub fn apply(page: &SharedPage, sample: &LpSample) {
+    page.set(lp::GLOBAL_TIME, sample.global_time_100ns);
+    if let Some(t) = &sample.times {
+        let to_100ns = |ticks: u64| match sample.ticks_per_second {
+            0 => 0,
+            hz => ticks.saturating_mul(10_000_000 / hz),
+        };
+        page.set(lp::TOTAL_RUN_TIME, to_100ns(t.busy()));
+        page.set(lp::HYPERVISOR_RUN_TIME, to_100ns(t.busy_outside_guests()));
+    }
+    if let Some(i) = &sample.interrupts {
+        page.set(lp::HARDWARE_INTERRUPTS, i.device);
+        page.set(lp::TIMER_INTERRUPTS, i.local_timer);
+        page.set(lp::SCHEDULER_INTERRUPTS, i.rescheduling);
+        page.set(lp::INTER_PROCESSOR_INTERRUPTS, i.function_call);
+    }
+    page.set(lp::PROCESSOR_HALTS, sample.idle.iter().map(|s| s.usage).sum());
+    for (name, transitions, time) in [
+        ("C1", lp::C1_TRANSITIONS, lp::C1_TIME),
+        ("C2", lp::C2_TRANSITIONS, lp::C2_TIME),
+        ("C3", lp::C3_TRANSITIONS, lp::C3_TIME),
+    ] {
+        let state = sample.idle.iter().find(|s| s.name == name);
+        page.set(transitions, state.map_or(0, |s| s.usage));
+        page.set(time, state.map_or(0, |s| s.time_us.saturating_mul(10)));
+    }
+}
+
+/// CLOCK_BOOTTIME in 100 ns units.
+pub fn boot_time_100ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid timespec for the kernel to fill; we check the result.
+    if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) } != 0 {
+        return 0;
+    }
+    (ts.tv_sec as u64).saturating_mul(10_000_000) + ts.tv_nsec as u64 / 100
+}
+
+/// Clock ticks per second of `/proc/stat` (USER_HZ).
+pub fn ticks_per_second() -> u64 {
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if hz > 0 { hz as u64 } else { 100 }
+}
+
+/// Samples every CPU in `cpus` from the host's procfs and sysfs.
+///
+/// # Errors
+/// When `/proc/stat` or `/proc/interrupts` cannot be read.
+pub fn sample_host(cpus: &[u32]) -> io::Result<Vec<LpSample>> {
+    let stat = parse_proc_stat(&std::fs::read_to_string("/proc/stat")?);
+    let interrupts = parse_proc_interrupts(&std::fs::read_to_string("/proc/interrupts")?);
+    let now = boot_time_100ns();
+    let hz = ticks_per_second();
+    let sysfs = Path::new("/sys/devices/system/cpu");
+    Ok(cpus
+        .iter()
+        .map(|&cpu| LpSample {
+            global_time_100ns: now,
+            times: stat.iter().find(|t| t.cpu == cpu).copied(),
+            ticks_per_second: hz,
+            interrupts: interrupts.get(&cpu).copied(),
+            idle: read_idle_states(sysfs, cpu),
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hvstats_abi::ObjectKind;
+
+    const PROC_STAT: &str = "cpu  60190 25785 16491 112911 2345 0 116 940 0 0
+cpu0 29787 9848 7728 61208 307 0 13 446 1000 200
+cpu1 30402 15936 8763 51702 2037 5 102 494 0 0
+intr 1234 0 0
+ctxt 99
+cpu7 1 2 3
+";
+
+    const PROC_INTERRUPTS: &str = "           CPU0       CPU1       
+  0:         10          0   IO-APIC   2-edge      timer
+ 24:          1          0  IO-APIC   5-edge      ACPI:Ged
+ 26:          0         15  IO-APIC   4-edge      ttyS0
+NMI:          0          0   Non-maskable interrupts
+LOC:     151840     165343   Local timer interrupts
+RES:      21262      19129   Rescheduling interrupts
+CAL:      91028      81402   Function call interrupts
+TLB:      56707      51905   TLB shootdowns
+ERR:          0
+MIS:          0
+";
+
+    #[test]
+    fn proc_stat_per_cpu_lines() {
+        let cpus = parse_proc_stat(PROC_STAT);
+        assert_eq!(cpus.len(), 3);
+        assert_eq!(cpus[0].cpu, 0);
+        assert_eq!(cpus[0].guest, 1000);
+        assert_eq!(cpus[0].busy(), 29787 + 9848 + 7728 + 13);
+        assert_eq!(cpus[0].busy_outside_guests(), 29787 + 9848 + 7728 + 13 - 1200);
+        assert_eq!(cpus[1].irq, 5);
+        // An older kernel's short line: missing fields read 0.
+        assert_eq!(cpus[2], CpuTimes { cpu: 7, user: 1, nice: 2, system: 3, ..Default::default() });
+    }
+
+    #[test]
+    fn proc_interrupts_by_cpu_column() {
+        let irqs = parse_proc_interrupts(PROC_INTERRUPTS);
+        assert_eq!(
+            irqs[&0],
+            CpuInterrupts { device: 11, local_timer: 151840, rescheduling: 21262, function_call: 91028 }
+        );
+        assert_eq!(
+            irqs[&1],
+            CpuInterrupts { device: 15, local_timer: 165343, rescheduling: 19129, function_call: 81402 }
+        );
+    }
+
+    #[test]
+    fn a_sample_lands_in_the_catalog_counters() {
+        let page = SharedPage::anonymous(ObjectKind::LogicalProcessor).unwrap();
+        let sample = LpSample {
+            global_time_100ns: 5,
+            times: Some(parse_proc_stat(PROC_STAT)[0]),
+            ticks_per_second: 100,
+            interrupts: Some(parse_proc_interrupts(PROC_INTERRUPTS)[&0]),
+            idle: vec![
+                IdleState { name: "POLL".into(), usage: 3, time_us: 1 },
+                IdleState { name: "C1".into(), usage: 40, time_us: 7 },
+            ],
+        };
+        apply(&page, &sample);
+        assert_eq!(page.get(lp::GLOBAL_TIME), 5);
+        assert_eq!(page.get(lp::TOTAL_RUN_TIME), (29787 + 9848 + 7728 + 13) * 100_000);
+        assert_eq!(page.get(lp::HYPERVISOR_RUN_TIME), (29787 + 9848 + 7728 + 13 - 1200) * 100_000);
+        assert_eq!(page.get(lp::HARDWARE_INTERRUPTS), 11);
+        assert_eq!(page.get(lp::TIMER_INTERRUPTS), 151840);
+        assert_eq!(page.get(lp::SCHEDULER_INTERRUPTS), 21262);
+        assert_eq!(page.get(lp::INTER_PROCESSOR_INTERRUPTS), 91028);
+        assert_eq!(page.get(lp::PROCESSOR_HALTS), 43);
+        assert_eq!(page.get(lp::C1_TRANSITIONS), 40);
+        assert_eq!(page.get(lp::C1_TIME), 70);
+        assert_eq!(page.get(lp::C2_TRANSITIONS), 0);
+    }
+
+    #[test]
+    fn this_hosts_cpus_can_be_sampled() {
+        let cpus = online_cpus();
+        let samples = sample_host(&cpus).unwrap();
+        assert_eq!(samples.len(), cpus.len());
+        assert!(samples[0].times.is_some_and(|t| t.busy() + t.idle > 0));
+        assert!(samples[0].global_time_100ns > 0);
+    }
+
+    #[test]
+    fn cpu_lists_with_ranges_and_singles() {
+        assert_eq!(parse_cpu_list("0-3,5,8-9\n").unwrap(), vec![0, 1, 2, 3, 5, 8, 9]);
+        assert_eq!(parse_cpu_list("0\n").unwrap(), vec![0]);
+        assert!(parse_cpu_list("3-1").is_err());
+        assert!(parse_cpu_list("a").is_err());
+    }
+
+    #[test]
+    fn this_host_has_an_online_cpu() {
+        assert!(!online_cpus().is_empty());
+    }
+}
