@@ -1,5 +1,27 @@
-//! The KVM backend of hvstats.
+//! The KVM backend of hvstats: partitions on `/dev/kvm`, the VP run loop, and the counter sources
+//! that make every VP page exact.
+//!
+//! - [`partition`]: a VM with RAM, an in-kernel irqchip, a GPA map with overlays, and N VPs;
+//! - [`hyperv`]: the Hyper-V interface a guest sees (CPUID leaves, synthetic MSRs, hypercalls);
+//! - [`vp`]: the VP thread and its KVM_RUN loop; [`handlers`]: who handles which exit;
+//! - [`modes`]: real, protected and long mode set-up;
+//! - [`accounting`] and [`sources`]: userspace exits counted with their time, and what the kernel
+//!   counts (tracepoints, KVM stats, perf, procfs) merged into the pages.
 
 #![deny(missing_docs)]
 
+pub mod accounting;
+pub mod error;
+pub mod gpa_map;
+pub mod handlers;
 pub mod hyperv;
+pub mod memory;
+pub mod modes;
+pub mod partition;
+pub mod sources;
+pub mod vp;
+
+pub use error::Error;
+pub use handlers::{Handlers, HypercallHandler, MsrHandler, PortAction, PortHandler, VpContext};
+pub use partition::{OverlayBacking, Partition, PartitionConfig, RunReport};
+pub use vp::{VpFault, VpOutcome};

@@ -19,6 +19,7 @@ pub mod publish;
 pub mod rules;
 pub mod runtime_dir;
 pub mod snapshot;
+pub mod whv;
 
 pub use instance::{Hypervisor, InstanceConfig, PartitionStats};
 pub use page::{MappedPage, SharedPage};

@@ -1,0 +1,255 @@
+//! The built-in workloads: guests whose intercept counts are known exactly in advance.
+//!
+//! A [`Workload`] lists how many of each operation a VP performs (per VP, so VPs of one image run
+//! different counts); [`Workload::build`] assembles it for a mode and [`Workload::expected`] says
+//! what every counter source must then report for VP `i`.
+
+use iced_x86::code_asm::*;
+
+use crate::layout;
+use crate::program::{BuildError, GuestImage, LoopCount, Mode, Program};
+
+/// The interrupt vector the workloads' APIC timer and self-IPIs use.
+pub const VECTOR: u8 = 0x40;
+/// The MSR the workloads read and KVM answers in the kernel (IA32_TIME_STAMP_COUNTER).
+pub const KERNEL_READ_MSR: u32 = 0x10;
+/// The MSR the workloads write and KVM handles in the kernel (IA32_SYSENTER_CS).
+pub const KERNEL_WRITE_MSR: u32 = 0x174;
+/// An MSR no one implements: KVM sends its reads to userspace, where the VMM answers 0.
+pub const SINK_MSR: u32 = 0x4000_1000;
+/// The APIC timer's initial count in the HLT loop.
+pub const TIMER_COUNT: u32 = 20_000;
+
+/// Operation counts of a workload, each `base + vp_index * per_vp`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Workload {
+    /// CPUID instructions (handled in the kernel).
+    pub cpuid: LoopCount,
+    /// OUTs to the sink port (handled in userspace).
+    pub out: LoopCount,
+    /// INs from the sink port (handled in userspace).
+    pub in_: LoopCount,
+    /// RDMSRs of [`KERNEL_READ_MSR`] (handled in the kernel).
+    pub rdmsr: LoopCount,
+    /// WRMSRs of [`KERNEL_WRITE_MSR`] (handled in the kernel).
+    pub wrmsr: LoopCount,
+    /// RDMSRs of [`SINK_MSR`] (handled in userspace).
+    pub user_msr: LoopCount,
+    /// HLTs, each woken by a one-shot APIC timer interrupt.
+    pub hlt: LoopCount,
+    /// Writes to the APIC EOI register.
+    pub eoi: LoopCount,
+    /// Self-IPIs through the APIC ICR, each followed by a sink-port write and taken by a handler
+    /// that writes EOI.
+    pub self_ipi: LoopCount,
+    /// Writes to the APIC TPR register.
+    pub tpr: LoopCount,
+    /// Reads and writes of CR0 (`mov eax, cr0; mov cr0, eax`: two accesses each).
+    pub cr0: LoopCount,
+    /// Text written to the serial port before exiting.
+    pub serial: Vec<u8>,
+    /// The exit status (every VP exits with it).
+    pub exit_status: u32,
+}
+
+/// What a VP running a workload must be counted as doing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Expected {
+    /// CPUID instructions.
+    pub cpuid: u64,
+    /// Port I/O instructions (sink, serial and exit ports).
+    pub io: u64,
+    /// Port I/O exits to userspace (all of them here).
+    pub io_exits: u64,
+    /// MSR accesses, kernel and userspace.
+    pub msr: u64,
+    /// MSR accesses handled in userspace.
+    pub user_msr: u64,
+    /// HLT instructions.
+    pub hlt: u64,
+    /// APIC MMIO accesses.
+    pub apic_mmio: u64,
+    /// APIC EOI writes.
+    pub eoi: u64,
+    /// IPIs sent.
+    pub ipis: u64,
+    /// Self IPIs sent.
+    pub self_ipis: u64,
+    /// Interrupts injected.
+    pub interrupts: u64,
+    /// Control register accesses.
+    pub cr: u64,
+    /// APIC TPR accesses.
+    pub tpr: u64,
+}
+
+impl Workload {
+    fn uses_interrupts(&self) -> bool {
+        !self.hlt.is_zero() || !self.self_ipi.is_zero()
+    }
+
+    fn uses_apic(&self) -> bool {
+        self.uses_interrupts() || !self.eoi.is_zero() || !self.tpr.is_zero()
+    }
+
+    /// The counts VP `vp` must report.
+    pub fn expected(&self, vp: u32) -> Expected {
+        let n = |c: LoopCount| c.of(vp);
+        let io = n(self.out) + n(self.in_) + n(self.self_ipi) + self.serial.len() as u64 + 1;
+        let setup_mmio = if self.uses_apic() { 1 } else { 0 } + if self.hlt.is_zero() { 0 } else { 2 };
+        Expected {
+            cpuid: n(self.cpuid),
+            io,
+            io_exits: io,
+            msr: n(self.rdmsr) + n(self.wrmsr) + n(self.user_msr),
+            user_msr: n(self.user_msr),
+            hlt: n(self.hlt),
+            apic_mmio: setup_mmio + 2 * n(self.hlt) + n(self.eoi) + 2 * n(self.self_ipi) + n(self.tpr),
+            eoi: n(self.hlt) + n(self.eoi) + n(self.self_ipi),
+            ipis: n(self.self_ipi),
+            self_ipis: n(self.self_ipi),
+            interrupts: n(self.hlt) + n(self.self_ipi),
+            cr: 2 * n(self.cr0),
+            tpr: n(self.tpr),
+        }
+    }
+
+    /// Assembles the workload for `mode`, loaded at `load_gpa`.
+    ///
+    /// # Errors
+    /// APIC work (HLT with timer, EOI, TPR, self-IPIs) needs protected or long mode.
+    pub fn build(&self, mode: Mode, load_gpa: u64) -> Result<GuestImage, BuildError> {
+        // The first assembly finds the handler's address; the second uses it (same layout: the
+        // address is a 32-bit immediate either way).
+        let (_, handler) = self.assemble(mode, load_gpa, 0)?;
+        let (image, again) = self.assemble(mode, load_gpa, handler as u32)?;
+        debug_assert_eq!(handler, again);
+        Ok(image)
+    }
+
+    fn assemble(
+        &self,
+        mode: Mode,
+        load_gpa: u64,
+        handler_address: u32,
+    ) -> Result<(GuestImage, u64), BuildError> {
+        let mut p = Program::new(mode, load_gpa)?;
+        let mut handler = p.asm().create_label();
+        if self.uses_interrupts() {
+            p.install_interrupt_gate(VECTOR, handler_address)?;
+        }
+        if self.uses_apic() {
+            p.store32(layout::APIC_SVR, 0x1FF)?;
+        }
+        if !self.hlt.is_zero() {
+            p.store32(layout::APIC_TIMER_DIVIDE, 0xB)?;
+            p.store32(layout::APIC_LVT_TIMER, VECTOR as u32)?;
+        }
+        p.counted_loop(self.cpuid, |p| {
+            p.asm().xor(eax, eax)?;
+            p.asm().xor(ecx, ecx)?;
+            p.asm().cpuid()?;
+            Ok(())
+        })?;
+        p.counted_loop(self.out, |p| {
+            p.asm().mov(edx, layout::SINK_PORT as u32)?;
+            p.asm().out(dx, al)?;
+            Ok(())
+        })?;
+        p.counted_loop(self.in_, |p| {
+            p.asm().mov(edx, layout::SINK_PORT as u32)?;
+            p.asm().in_(al, dx)?;
+            Ok(())
+        })?;
+        p.counted_loop(self.rdmsr, |p| {
+            p.asm().mov(ecx, KERNEL_READ_MSR)?;
+            p.asm().rdmsr()?;
+            Ok(())
+        })?;
+        p.counted_loop(self.wrmsr, |p| {
+            p.asm().mov(ecx, KERNEL_WRITE_MSR)?;
+            p.asm().mov(eax, edi)?;
+            p.asm().xor(edx, edx)?;
+            p.asm().wrmsr()?;
+            Ok(())
+        })?;
+        p.counted_loop(self.user_msr, |p| {
+            p.asm().mov(ecx, SINK_MSR)?;
+            p.asm().rdmsr()?;
+            Ok(())
+        })?;
+        p.counted_loop(self.cr0, |p| {
+            match p.mode() {
+                Mode::Long => {
+                    p.asm().mov(rax, cr0)?;
+                    p.asm().mov(cr0, rax)?;
+                }
+                _ => {
+                    p.asm().mov(eax, cr0)?;
+                    p.asm().mov(cr0, eax)?;
+                }
+            }
+            Ok(())
+        })?;
+        p.counted_loop(self.hlt, |p| {
+            p.asm().cli()?;
+            p.store32(layout::APIC_TIMER_INITIAL, TIMER_COUNT)?;
+            // STI's one-instruction shadow keeps the interrupt off until HLT has executed.
+            p.asm().sti()?;
+            p.asm().hlt()?;
+            Ok(())
+        })?;
+        p.counted_loop(self.eoi, |p| p.store32(layout::APIC_EOI, 0))?;
+        if !self.self_ipi.is_zero() {
+            p.asm().sti()?;
+        }
+        p.counted_loop(self.tpr, |p| p.store32(layout::APIC_TPR, 0))?;
+        p.counted_loop(self.self_ipi, |p| {
+            p.store32(layout::APIC_ICR_LOW, layout::ICR_SELF | VECTOR as u32)?;
+            // KVM's instruction emulator injects a pending interrupt only when it enters the guest
+            // again; an exit to userspace (a sink-port write) makes that happen at once.
+            p.asm().mov(edx, layout::SINK_PORT as u32)?;
+            p.asm().out(dx, al)?;
+            Ok(())
+        })?;
+        p.asm().cli()?;
+        p.serial_print(&self.serial)?;
+        p.exit(self.exit_status)?;
+        if self.uses_interrupts() {
+            p.eoi_handler(&mut handler)?;
+            p.finish_with_label(Some(handler))
+        } else {
+            p.finish_with_label(None)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workloads_assemble_in_every_mode_they_support() {
+        let w = Workload {
+            cpuid: LoopCount::per_vp(10, 5),
+            out: LoopCount::fixed(3),
+            in_: LoopCount::fixed(3),
+            serial: b"hi".to_vec(),
+            ..Workload::default()
+        };
+        for mode in [Mode::Real, Mode::Protected, Mode::Long] {
+            let image = w.build(mode, layout::DEFAULT_LOAD_GPA).unwrap();
+            assert!(!image.bytes.is_empty());
+            assert_eq!(image.entry, layout::DEFAULT_LOAD_GPA);
+        }
+        assert_eq!(w.expected(2).cpuid, 20);
+        assert_eq!(w.expected(0).io, 3 + 3 + 2 + 1);
+    }
+
+    #[test]
+    fn apic_work_is_refused_in_real_mode() {
+        let w = Workload { eoi: LoopCount::fixed(1), ..Workload::default() };
+        assert!(matches!(w.build(Mode::Real, 0x1_0000), Err(BuildError::Unsupported { .. })));
+        assert!(w.build(Mode::Protected, 0x1_0000).is_ok());
+    }
+}

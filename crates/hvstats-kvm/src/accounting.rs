@@ -1,0 +1,192 @@
+//! Exact accounting of a VP into its stats page.
+//!
+//! Two kinds of writes reach a VP page:
+//! - the run loop's own counts of userspace exits, by class, with the time spent handling each
+//!   ([`ExitAccounting`]); only the VP thread writes these, with a plain add;
+//! - values the kernel keeps (tracepoint counts, KVM's stats, migrations, thread time), merged into
+//!   the page by [`VpSources::merge`]; the VP thread does this at hypercalls and at its end, the
+//!   partition's collector on a cadence and the WHv API on demand, serialized by a lock, so every
+//!   merge writes values that were exact at that moment.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use hvstats::SharedPage;
+use hvstats::whv::VpExtras;
+use hvstats_abi::CounterId;
+use hvstats_abi::catalog::vp;
+
+use crate::sources::kvm_stats::KvmStats;
+use crate::sources::perf_sw::Migrations;
+use crate::sources::thread_time::{self, ThreadTimes};
+use crate::sources::tracepoint::{Tracepoint, VpTracepoints};
+
+/// What kind of userspace exit the run loop handled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExitClass {
+    /// Port I/O handled by a port handler.
+    Io,
+    /// A hypercall trapped through a port.
+    Hypercall,
+    /// An MSR access passed to userspace.
+    Msr,
+    /// An MMIO access passed to userspace.
+    Mmio,
+    /// Anything else.
+    Other,
+}
+
+/// Counts the run loop keeps that a merge needs too (written by the VP thread only).
+#[derive(Debug, Default)]
+pub struct UserExitCounts {
+    /// MSR accesses handled in userspace (KVM's `kvm_msr` does not fire for them).
+    pub msr: AtomicU64,
+    /// Hypercall port writes (KVM's `kvm_pio` counts them, they are not I/O instructions).
+    pub hypercalls: AtomicU64,
+}
+
+impl UserExitCounts {
+    fn bump(counter: &AtomicU64) {
+        counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    }
+}
+
+/// The run loop's accounting of userspace exits into the VP page.
+#[derive(Debug)]
+pub struct ExitAccounting {
+    enabled: bool,
+    io_ns: u64,
+    msr_ns: u64,
+    other_ns: u64,
+    hypercall_ns: u64,
+}
+
+impl ExitAccounting {
+    /// Accounting that writes (`enabled`) or does nothing (for measuring its cost).
+    pub fn new(enabled: bool) -> Self {
+        Self { enabled, io_ns: 0, msr_ns: 0, other_ns: 0, hypercall_ns: 0 }
+    }
+
+    /// True when exits are accounted.
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// Records one userspace exit of `class` that took `time` to handle.
+    pub fn record(&mut self, page: &SharedPage, user: &UserExitCounts, class: ExitClass, time: Duration) {
+        if !self.enabled {
+            return;
+        }
+        let ns = time.as_nanos() as u64;
+        let (count, cost, total): (Option<CounterId>, CounterId, &mut u64) = match class {
+            ExitClass::Io => {
+                page.add(vp::IO_INTERCEPT_MESSAGES, 1);
+                (None, vp::IO_INSTRUCTIONS_COST, &mut self.io_ns)
+            }
+            ExitClass::Hypercall => {
+                UserExitCounts::bump(&user.hypercalls);
+                page.add(vp::IO_INTERCEPT_MESSAGES, 1);
+                (Some(vp::HYPERCALLS), vp::HYPERCALLS_COST, &mut self.hypercall_ns)
+            }
+            ExitClass::Msr => {
+                UserExitCounts::bump(&user.msr);
+                page.add(vp::OTHER_MESSAGES, 1);
+                (None, vp::MSR_ACCESSES_COST, &mut self.msr_ns)
+            }
+            ExitClass::Mmio => {
+                page.add(vp::MEMORY_INTERCEPT_MESSAGES, 1);
+                (Some(vp::OTHER_INTERCEPTS), vp::OTHER_INTERCEPTS_COST, &mut self.other_ns)
+            }
+            ExitClass::Other => {
+                page.add(vp::OTHER_MESSAGES, 1);
+                (Some(vp::OTHER_INTERCEPTS), vp::OTHER_INTERCEPTS_COST, &mut self.other_ns)
+            }
+        };
+        if let Some(count) = count {
+            page.add(count, 1);
+        }
+        *total += ns;
+        page.set(cost, *total / 100);
+    }
+}
+
+/// The kernel sources of one VP, opened on (or for) its thread.
+#[derive(Debug)]
+pub struct VpSources {
+    tid: libc::pid_t,
+    tracepoints: VpTracepoints,
+    stats: Option<KvmStats>,
+    migrations: Option<Migrations>,
+    times: ThreadTimes,
+    thread_gone: bool,
+    exceptions: u64,
+}
+
+impl VpSources {
+    /// Opens the sources of thread `tid` running the vCPU whose fd is `vcpu_fd`.
+    pub fn open(tid: libc::pid_t, vcpu_fd: std::os::fd::RawFd) -> Self {
+        Self {
+            tid,
+            tracepoints: VpTracepoints::open(tid),
+            stats: KvmStats::open(vcpu_fd).ok(),
+            migrations: Migrations::open(tid).ok(),
+            times: ThreadTimes::default(),
+            thread_gone: false,
+            exceptions: 0,
+        }
+    }
+
+    /// The tracepoint counters (to tell which are unavailable).
+    pub fn tracepoints(&self) -> &VpTracepoints {
+        &self.tracepoints
+    }
+
+    /// The vCPU's KVM stats, when the kernel has them.
+    pub fn kvm_stats(&self) -> Option<&KvmStats> {
+        self.stats.as_ref()
+    }
+
+    /// Marks the thread as exited: its times stay at the last reading (its tid may be reused).
+    pub fn thread_exited(&mut self) {
+        self.thread_gone = true;
+    }
+
+    /// Reads every source and writes its values into `page`.
+    pub fn merge(&mut self, page: &SharedPage, user: &UserExitCounts) -> VpExtras {
+        let tp = |t| self.tracepoints.read(t);
+        let user_msr = user.msr.load(Ordering::Relaxed);
+        let hypercalls = user.hypercalls.load(Ordering::Relaxed);
+        page.set(vp::CPUID_INSTRUCTIONS, tp(Tracepoint::Cpuid));
+        page.set(vp::MSR_ACCESSES, tp(Tracepoint::Msr) + user_msr);
+        page.set(vp::IO_INSTRUCTIONS, tp(Tracepoint::Pio).saturating_sub(hypercalls));
+        page.set(vp::CONTROL_REGISTER_ACCESSES, tp(Tracepoint::Cr));
+        page.set(vp::APIC_MMIO_ACCESSES, tp(Tracepoint::ApicMmio));
+        page.set(vp::APIC_TPR_ACCESSES, tp(Tracepoint::ApicTpr));
+        page.set(vp::APIC_EOI_ACCESSES, tp(Tracepoint::ApicEoi));
+        page.set(vp::APIC_IPIS_SENT, tp(Tracepoint::ApicIpi));
+        page.set(vp::APIC_SELF_IPIS_SENT, tp(Tracepoint::ApicSelfIpi));
+        self.exceptions = tp(Tracepoint::InjException);
+        if let Some(snap) = self.stats.as_ref().and_then(|s| s.snapshot().ok()) {
+            page.set(vp::PAGE_INVALIDATIONS, snap.raw("invlpg"));
+            page.set(vp::HLT_INSTRUCTIONS, snap.raw("halt_exits"));
+            page.set(vp::HLT_INSTRUCTIONS_COST, snap.nanoseconds("halt_wait_ns") / 100);
+            page.set(vp::EXTERNAL_INTERRUPTS, snap.raw("irq_exits"));
+            page.set(vp::PENDING_INTERRUPTS, snap.raw("irq_window_exits"));
+            page.set(vp::EMULATED_INSTRUCTIONS, snap.raw("insn_emulation"));
+            page.set(vp::PAGE_FAULT_INTERCEPTS, snap.raw("pf_taken"));
+            page.set(vp::REFLECTED_GUEST_PAGE_FAULTS, snap.raw("pf_guest"));
+            page.set(vp::VIRTUAL_INTERRUPTS, snap.raw("irq_injections"));
+        }
+        if let Some(m) = self.migrations.as_ref().and_then(|m| m.read().ok()) {
+            page.set(vp::LOGICAL_PROCESSOR_MIGRATIONS, m);
+        }
+        if !self.thread_gone {
+            if let Ok(t) = thread_time::read(self.tid) {
+                self.times = t;
+            }
+        }
+        page.set(vp::TOTAL_RUN_TIME, self.times.total_100ns);
+        page.set(vp::HYPERVISOR_RUN_TIME, self.times.hypervisor_100ns());
+        VpExtras { exception_count: self.exceptions }
+    }
+}

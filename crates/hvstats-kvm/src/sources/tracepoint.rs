@@ -1,0 +1,165 @@
+//! Per-thread perf tracepoint counters of KVM's events (`kvm:kvm_cpuid`, `kvm:kvm_msr`, …).
+//!
+//! KVM has no per-reason exit counters, but its tracepoints fire once per intercept it handles in
+//! the kernel, on the vCPU's thread. A counting perf event per tracepoint, opened for the VP thread,
+//! gives exact counts without tracing anything to a buffer. The event ids live in tracefs, which is
+//! mounted at `/sys/kernel/tracing` when it is absent (that needs root); when that is impossible the
+//! counters are unavailable and the reason is kept, never guessed.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use super::perf::{PerfCounter, TYPE_TRACEPOINT};
+
+/// The KVM tracepoints hvstats counts (some twice, with a filter).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Tracepoint {
+    /// `kvm_cpuid`: CPUID handled in the kernel.
+    Cpuid,
+    /// `kvm_msr`: RDMSR/WRMSR handled in the kernel.
+    Msr,
+    /// `kvm_pio`: every port access (in the kernel or passed to userspace).
+    Pio,
+    /// `kvm_cr`: control register accesses.
+    Cr,
+    /// `kvm_mmio` filtered on the local APIC page: guest accesses to APIC registers. (`kvm_apic`
+    /// would also count EOIs some KVM backends perform themselves when injecting an interrupt.)
+    ApicMmio,
+    /// `kvm_mmio` filtered on the APIC TPR register.
+    ApicTpr,
+    /// `kvm_mmio` filtered on writes of the APIC EOI register.
+    ApicEoi,
+    /// `kvm_apic_ipi`: IPIs sent.
+    ApicIpi,
+    /// `kvm_apic_ipi` filtered on the "self" destination shorthand.
+    ApicSelfIpi,
+    /// `kvm_inj_exception`: exceptions injected.
+    InjException,
+    /// `kvm_page_fault`: page faults KVM intercepted.
+    PageFault,
+}
+
+impl Tracepoint {
+    /// Every tracepoint, in index order.
+    pub const ALL: [Tracepoint; 11] = [
+        Tracepoint::Cpuid,
+        Tracepoint::Msr,
+        Tracepoint::Pio,
+        Tracepoint::Cr,
+        Tracepoint::ApicMmio,
+        Tracepoint::ApicTpr,
+        Tracepoint::ApicEoi,
+        Tracepoint::ApicIpi,
+        Tracepoint::ApicSelfIpi,
+        Tracepoint::InjException,
+        Tracepoint::PageFault,
+    ];
+
+    /// The event name under `events/kvm/`.
+    pub const fn event(self) -> &'static str {
+        match self {
+            Tracepoint::Cpuid => "kvm_cpuid",
+            Tracepoint::Msr => "kvm_msr",
+            Tracepoint::Pio => "kvm_pio",
+            Tracepoint::Cr => "kvm_cr",
+            Tracepoint::ApicMmio | Tracepoint::ApicTpr | Tracepoint::ApicEoi => "kvm_mmio",
+            Tracepoint::ApicIpi | Tracepoint::ApicSelfIpi => "kvm_apic_ipi",
+            Tracepoint::InjException => "kvm_inj_exception",
+            Tracepoint::PageFault => "kvm_page_fault",
+        }
+    }
+
+    /// The ftrace filter that narrows the event, if any.
+    pub const fn filter(self) -> Option<&'static str> {
+        match self {
+            // kvm_mmio type: 0 unsatisfied read (the read is then traced again), 1 read, 2 write.
+            // The local APIC at its default base 0xFEE00000.
+            Tracepoint::ApicMmio => Some("gpa >= 0xfee00000 && gpa < 0xfee01000 && type != 0"),
+            Tracepoint::ApicTpr => Some("gpa == 0xfee00080 && type != 0"),
+            Tracepoint::ApicEoi => Some("gpa == 0xfee000b0 && type == 2"),
+            // Destination shorthand (ICR bits 19:18) = 01, "self".
+            Tracepoint::ApicSelfIpi => Some("(icr_low & 262144) && !(icr_low & 524288)"),
+            _ => None,
+        }
+    }
+
+    /// The index of the tracepoint in [`Tracepoint::ALL`].
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Where tracefs is, mounting it when needed; the error says why it is unavailable.
+pub fn tracefs() -> Result<&'static Path, String> {
+    static ROOT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    ROOT.get_or_init(find_or_mount).as_ref().map(|p| p.as_path()).map_err(Clone::clone)
+}
+
+fn find_or_mount() -> Result<PathBuf, String> {
+    for root in ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"] {
+        if Path::new(root).join("events/kvm").is_dir() {
+            return Ok(PathBuf::from(root));
+        }
+    }
+    let target = c"/sys/kernel/tracing";
+    // SAFETY: all arguments are NUL-terminated literals; a null data pointer is allowed.
+    let r = unsafe {
+        libc::mount(c"tracefs".as_ptr(), target.as_ptr(), c"tracefs".as_ptr(), 0, std::ptr::null())
+    };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(format!("tracefs is not mounted and mounting it at /sys/kernel/tracing failed: {e}"));
+    }
+    let root = PathBuf::from("/sys/kernel/tracing");
+    if root.join("events/kvm").is_dir() {
+        Ok(root)
+    } else {
+        Err("tracefs has no kvm events (is the kvm module loaded?)".into())
+    }
+}
+
+fn event_id(tp: Tracepoint) -> Result<u64, String> {
+    let root = tracefs()?;
+    let path = root.join("events/kvm").join(tp.event()).join("id");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    text.trim().parse().map_err(|_| format!("{}: not a number", path.display()))
+}
+
+/// The tracepoint counters of one VP thread.
+#[derive(Debug)]
+pub struct VpTracepoints {
+    counters: Vec<Result<PerfCounter, String>>,
+}
+
+impl VpTracepoints {
+    /// Opens every tracepoint counter for thread `tid`; a counter that cannot be opened keeps the
+    /// reason.
+    pub fn open(tid: libc::pid_t) -> Self {
+        let counters = Tracepoint::ALL
+            .iter()
+            .map(|&tp| {
+                let id = event_id(tp)?;
+                let c = PerfCounter::open(TYPE_TRACEPOINT, id, tid)
+                    .map_err(|e| format!("perf_event_open of kvm:{}: {e}", tp.event()))?;
+                if let Some(f) = tp.filter() {
+                    c.set_filter(f).map_err(|e| format!("filter {f:?} on kvm:{}: {e}", tp.event()))?;
+                }
+                Ok(c)
+            })
+            .collect();
+        Self { counters }
+    }
+
+    /// The count of `tp`, or 0 when it is unavailable.
+    pub fn read(&self, tp: Tracepoint) -> u64 {
+        match &self.counters[tp.index()] {
+            Ok(c) => c.read().unwrap_or(0),
+            Err(_) => 0,
+        }
+    }
+
+    /// Why `tp` is unavailable, if it is.
+    pub fn unavailable(&self, tp: Tracepoint) -> Option<&str> {
+        self.counters[tp.index()].as_ref().err().map(String::as_str)
+    }
+}

@@ -1,0 +1,290 @@
+//! A virtual processor: its thread, the KVM_RUN loop, and exit classification.
+//!
+//! Each VP runs on its own thread. The loop enters the guest, classifies the exit, hands it to the
+//! handler registered for it ([`crate::handlers`]), and accounts it by class with the time spent in
+//! userspace ([`crate::accounting`]). A guest can stop its VP (exit port), fault (triple fault,
+//! emulation failure, failed entry, an exit nobody handles), or be stopped from outside: the
+//! partition sets `stop`, sets `immediate_exit` in the vCPU's `kvm_run` and signals the thread, which
+//! makes KVM_RUN return EINTR wherever the thread is.
+
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, Once};
+use std::time::Instant;
+
+use kvm_ioctls::{VcpuExit, VcpuFd};
+
+use crate::accounting::{ExitAccounting, ExitClass, UserExitCounts, VpSources};
+use crate::handlers::{PortAction, VpContext};
+use crate::partition::Partition;
+use crate::sources::thread_time::gettid;
+
+/// Why a VP stopped other than by writing the exit port.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VpFault {
+    /// What happened, e.g. "triple fault (KVM_EXIT_SHUTDOWN)".
+    pub reason: String,
+    /// The guest RIP (IP in real mode) when it happened.
+    pub rip: u64,
+}
+
+/// How one VP ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VpOutcome {
+    /// The VP index.
+    pub index: u32,
+    /// The status the guest wrote to the exit port, if it did.
+    pub exit_status: Option<u32>,
+    /// Bytes the guest wrote to the serial port.
+    pub serial: Vec<u8>,
+    /// The fault that stopped the VP, if one did.
+    pub fault: Option<VpFault>,
+}
+
+/// Where to kick a running VP thread.
+#[derive(Debug, Default)]
+struct KickTarget {
+    live: bool,
+    thread: u64,
+    run: usize,
+}
+
+/// The state of a VP shared between its thread and the partition.
+#[derive(Debug)]
+pub(crate) struct VpShared {
+    pub(crate) index: u32,
+    pub(crate) user: UserExitCounts,
+    pub(crate) sources: Mutex<Option<VpSources>>,
+    pub(crate) exceptions: AtomicU64,
+    stop: AtomicBool,
+    kick: Mutex<KickTarget>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The signal that interrupts KVM_RUN; its handler does nothing.
+fn kick_signal() -> libc::c_int {
+    libc::SIGRTMIN() + 3
+}
+
+extern "C" fn on_kick(_: libc::c_int) {}
+
+fn install_kick_handler() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: a zeroed sigaction with a handler that does nothing (async-signal-safe) and no
+        // SA_RESTART, so KVM_RUN returns EINTR.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_kick as *const () as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(kick_signal(), &sa, std::ptr::null_mut());
+        }
+    });
+}
+
+impl VpShared {
+    pub(crate) fn new(index: u32) -> Self {
+        install_kick_handler();
+        Self {
+            index,
+            user: UserExitCounts::default(),
+            sources: Mutex::new(None),
+            exceptions: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            kick: Mutex::new(KickTarget::default()),
+        }
+    }
+
+    /// Asks the VP to stop and kicks it out of KVM_RUN. Safe to repeat.
+    pub(crate) fn request_stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let k = lock(&self.kick);
+        if k.live {
+            // SAFETY: `run` is the vCPU's kvm_run mapping, alive while `live` is set (the VP thread
+            // clears it under this lock before dropping the vCPU). A volatile byte store is what
+            // KVM expects of immediate_exit.
+            unsafe {
+                let run = k.run as *mut kvm_bindings::kvm_run;
+                std::ptr::write_volatile(std::ptr::addr_of_mut!((*run).immediate_exit), 1);
+            }
+            // SAFETY: `thread` is the VP thread's pthread_t; it is not joined while `live` is set.
+            unsafe { libc::pthread_kill(k.thread as libc::pthread_t, kick_signal()) };
+        }
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+}
+
+enum Step {
+    Continue,
+    Stop(u32),
+    Fault(String),
+}
+
+/// Runs VP `shared.index` on the calling thread until it stops, faults or is stopped.
+pub(crate) fn run(partition: &Partition, shared: &VpShared, mut vcpu: VcpuFd, accounting: bool) -> VpOutcome {
+    let index = shared.index;
+    *lock(&shared.sources) = Some(VpSources::open(gettid(), vcpu.as_raw_fd()));
+    {
+        let mut k = lock(&shared.kick);
+        // SAFETY: pthread_self has no preconditions.
+        k.thread = unsafe { libc::pthread_self() } as u64;
+        k.run = vcpu.get_kvm_run() as *mut kvm_bindings::kvm_run as usize;
+        k.live = true;
+    }
+    let page = partition.stats().vp_page(index);
+    let mut acct = ExitAccounting::new(accounting && page.is_some());
+    let mut serial = Vec::new();
+    let mut outcome = VpOutcome { index, exit_status: None, serial: Vec::new(), fault: None };
+    loop {
+        if shared.stopping() {
+            outcome.fault =
+                Some(VpFault { reason: "stopped before it exited (timeout)".into(), rip: rip(&vcpu) });
+            break;
+        }
+        let (class, step) = step(partition, shared, &mut vcpu, &mut serial, &mut acct);
+        if let (Some((class, t0)), Some(page)) = (class, page) {
+            acct.record(page, &shared.user, class, t0.elapsed());
+        }
+        match step {
+            Step::Continue => {}
+            Step::Stop(status) => {
+                outcome.exit_status = Some(status);
+                break;
+            }
+            Step::Fault(reason) => {
+                outcome.fault = Some(VpFault { reason, rip: rip(&vcpu) });
+                break;
+            }
+        }
+    }
+    partition.refresh(index);
+    if let Some(s) = lock(&shared.sources).as_mut() {
+        s.thread_exited();
+    }
+    lock(&shared.kick).live = false;
+    drop(vcpu);
+    outcome.serial = serial;
+    outcome
+}
+
+fn rip(vcpu: &VcpuFd) -> u64 {
+    vcpu.get_regs().map(|r| r.rip).unwrap_or(0)
+}
+
+/// One KVM_RUN and the handling of its exit; returns the exit's class and the time its handling
+/// started (for accounting), and what to do next.
+fn step(
+    partition: &Partition,
+    shared: &VpShared,
+    vcpu: &mut VcpuFd,
+    serial: &mut Vec<u8>,
+    acct: &mut ExitAccounting,
+) -> (Option<(ExitClass, Instant)>, Step) {
+    let index = shared.index;
+    let handlers = partition.handlers();
+    let exit = vcpu.run();
+    let t0 = if acct.enabled() { Some(Instant::now()) } else { None };
+    let with = |class: ExitClass| t0.map(|t| (class, t));
+    match exit {
+        Ok(VcpuExit::IoOut(port, data)) => {
+            let mut buf = [0u8; 8];
+            let n = data.len().min(8);
+            buf[..n].copy_from_slice(&data[..n]);
+            let mut ctx = VpContext { index, vcpu, partition, serial };
+            if let Some(h) = handlers.hypercall_ports.get(&port) {
+                partition.refresh(index);
+                let step = match h.hypercall(&mut ctx) {
+                    Ok(()) => Step::Continue,
+                    Err(e) => Step::Fault(format!("hypercall failed: {e}")),
+                };
+                return (with(ExitClass::Hypercall), step);
+            }
+            let step = match handlers.ports.get(&port).map(|h| h.write(&mut ctx, port, &buf[..n])) {
+                None | Some(Ok(PortAction::Continue)) => Step::Continue,
+                Some(Ok(PortAction::Stop(status))) => Step::Stop(status),
+                Some(Err(e)) => Step::Fault(format!("port {port:#x} write: {e}")),
+            };
+            (with(ExitClass::Io), step)
+        }
+        Ok(VcpuExit::IoIn(port, data)) => {
+            let (ptr, len) = (data.as_mut_ptr(), data.len().min(8));
+            let mut buf = [0xFFu8; 8];
+            let mut ctx = VpContext { index, vcpu, partition, serial };
+            let result = match handlers.ports.get(&port) {
+                Some(h) => h.read(&mut ctx, port, &mut buf[..len]),
+                None => Ok(()),
+            };
+            // SAFETY: `ptr` points into this vCPU's kvm_run mapping (the I/O data area of `len`
+            // bytes KVM gave us); the mapping lives as long as `vcpu` and the vCPU is not running.
+            unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), ptr, len) };
+            let step = match result {
+                Ok(()) => Step::Continue,
+                Err(e) => Step::Fault(format!("port {port:#x} read: {e}")),
+            };
+            (with(ExitClass::Io), step)
+        }
+        Ok(VcpuExit::MmioRead(_, data)) => {
+            data.fill(0xFF);
+            (with(ExitClass::Mmio), Step::Continue)
+        }
+        Ok(VcpuExit::MmioWrite(..)) => (with(ExitClass::Mmio), Step::Continue),
+        Ok(VcpuExit::X86Rdmsr(e)) => {
+            let (msr, data, error) = (e.index, e.data as *mut u64, e.error as *mut u8);
+            let mut ctx = VpContext { index, vcpu, partition, serial };
+            let value = handlers.msrs.get(&msr).and_then(|h| h.read(&mut ctx, msr));
+            // SAFETY: both point into this vCPU's kvm_run mapping, alive with `vcpu`; not running.
+            unsafe {
+                *data = value.unwrap_or(0);
+                *error = u8::from(value.is_none());
+            }
+            (with(ExitClass::Msr), Step::Continue)
+        }
+        Ok(VcpuExit::X86Wrmsr(e)) => {
+            let (msr, value, error) = (e.index, e.data, e.error as *mut u8);
+            let mut ctx = VpContext { index, vcpu, partition, serial };
+            let ok = handlers.msrs.get(&msr).is_some_and(|h| h.write(&mut ctx, msr, value));
+            // SAFETY: as for RDMSR.
+            unsafe { *error = u8::from(!ok) };
+            (with(ExitClass::Msr), Step::Continue)
+        }
+        Ok(VcpuExit::Shutdown) => (None, Step::Fault("triple fault (KVM_EXIT_SHUTDOWN)".into())),
+        Ok(VcpuExit::InternalError) => {
+            // SAFETY: the exit reason is KVM_EXIT_INTERNAL_ERROR, so `internal` is the active member.
+            let sub = unsafe { vcpu.get_kvm_run().__bindgen_anon_1.internal.suberror };
+            let what = match sub {
+                1 => "instruction emulation failed",
+                2 => "simultaneous exceptions",
+                3 => "delivery event failed",
+                _ => "internal error",
+            };
+            (None, Step::Fault(format!("{what} (KVM_EXIT_INTERNAL_ERROR, suberror {sub})")))
+        }
+        Ok(VcpuExit::FailEntry(reason, cpu)) => (
+            None,
+            Step::Fault(format!("VM entry failed (KVM_EXIT_FAIL_ENTRY, reason {reason:#x}, cpu {cpu})")),
+        ),
+        Ok(VcpuExit::SystemEvent(kind, _)) => {
+            (None, Step::Fault(format!("system event {kind} (KVM_EXIT_SYSTEM_EVENT)")))
+        }
+        Ok(VcpuExit::Intr) => (None, Step::Continue),
+        Ok(VcpuExit::IrqWindowOpen) | Ok(VcpuExit::Hlt) => (with(ExitClass::Other), Step::Continue),
+        Ok(other) => {
+            let what = format!("{other:?}");
+            (with(ExitClass::Other), Step::Fault(format!("unhandled exit {what}")))
+        }
+        Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+            let run = vcpu.get_kvm_run();
+            if !shared.stopping() {
+                run.immediate_exit = 0;
+            }
+            (None, Step::Continue)
+        }
+        Err(e) => (None, Step::Fault(format!("KVM_RUN failed: {e}"))),
+    }
+}

@@ -1,0 +1,122 @@
+//! Shared set-up of the KVM tests: run a workload and read back every view of its counters.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hvstats::Hypervisor;
+use hvstats::whv;
+use hvstats_abi::whv::{ApicCounters, EventCounters, InterceptCounters};
+use hvstats_guest::program::LoopCount;
+use hvstats_guest::workload::{Expected, Workload};
+use hvstats_guest::{Mode, layout};
+use hvstats_kvm::{Handlers, Partition, PartitionConfig, RunReport};
+
+/// True when /dev/kvm can be used. Without it, the test says so and passes, except under CI where
+/// it fails.
+pub fn kvm_available(test: &str) -> bool {
+    if std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm").is_ok() {
+        return true;
+    }
+    let msg = format!("{test}: /dev/kvm is not available; this test needs KVM");
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{msg} (failing because CI=true)");
+    }
+    eprintln!("{msg}: skipped");
+    false
+}
+
+/// A workload run: the partition (for its pages and the WHv API) and the report.
+pub struct Run {
+    pub hv: Arc<Hypervisor>,
+    pub partition: Partition,
+    pub report: RunReport,
+}
+
+pub fn run(workload: &Workload, mode: Mode, vps: u32) -> Run {
+    let image = workload.build(mode, layout::DEFAULT_LOAD_GPA).expect("build");
+    let hv = Hypervisor::new().expect("hypervisor");
+    let config =
+        PartitionConfig { vp_count: vps, mode, timeout: Duration::from_secs(60), ..Default::default() };
+    let partition = Partition::new(&hv, config, Handlers::builtin()).expect("partition");
+    partition.load(image.load_gpa, &image.bytes).expect("load");
+    let report = partition.run(image.entry).expect("run");
+    for vp in &report.vps {
+        assert!(vp.fault.is_none(), "VP {} faulted: {:?}", vp.index, vp.fault);
+        assert_eq!(vp.exit_status, Some(workload.exit_status), "VP {}", vp.index);
+    }
+    for i in 0..vps {
+        let missing = partition.unavailable_sources(i);
+        assert!(missing.is_empty(), "tracepoint counters unavailable: {missing:?}");
+    }
+    Run { hv, partition, report }
+}
+
+pub struct Views {
+    pub intercepts: InterceptCounters,
+    pub events: EventCounters,
+    pub apic: ApicCounters,
+}
+
+pub fn views(run: &Run, vp: u32) -> Views {
+    Views {
+        intercepts: whv::intercept_counters(&run.partition, vp).expect("intercepts"),
+        events: whv::event_counters(&run.partition, vp).expect("events"),
+        apic: whv::apic_counters(&run.partition, vp).expect("apic"),
+    }
+}
+
+/// Asserts every count `expected` gives, in the WHv structs and in the page, and KVM's own stats
+/// where they overlap.
+pub fn assert_exact(run: &Run, vp: u32, expected: &Expected) {
+    use hvstats_abi::catalog::vp as c;
+    let v = views(run, vp);
+    let page = run.partition.stats().vp_page(vp).expect("page");
+    let ctx = format!("VP {vp}");
+    assert_eq!(v.intercepts.cpuid_instructions.count, expected.cpuid, "{ctx} cpuid (whv)");
+    assert_eq!(page.get(c::CPUID_INSTRUCTIONS), expected.cpuid, "{ctx} cpuid (page)");
+    assert_eq!(v.intercepts.io_instructions.count, expected.io, "{ctx} io (whv)");
+    assert_eq!(page.get(c::IO_INSTRUCTIONS), expected.io, "{ctx} io (page)");
+    assert_eq!(page.get(c::IO_INTERCEPT_MESSAGES), expected.io_exits, "{ctx} io exits (page)");
+    assert_eq!(v.intercepts.msr_accesses.count, expected.msr, "{ctx} msr (whv)");
+    assert_eq!(page.get(c::MSR_ACCESSES), expected.msr, "{ctx} msr (page)");
+    assert_eq!(page.get(c::OTHER_MESSAGES), expected.user_msr, "{ctx} userspace msr exits (page)");
+    assert_eq!(v.intercepts.halt_instructions.count, expected.hlt, "{ctx} hlt (whv)");
+    assert_eq!(page.get(c::HLT_INSTRUCTIONS), expected.hlt, "{ctx} hlt (page)");
+    assert_eq!(v.apic.mmio_access_count, expected.apic_mmio, "{ctx} apic mmio (whv)");
+    assert_eq!(page.get(c::APIC_MMIO_ACCESSES), expected.apic_mmio, "{ctx} apic mmio (page)");
+    assert_eq!(v.apic.eoi_access_count, expected.eoi, "{ctx} eoi (whv)");
+    assert_eq!(page.get(c::APIC_EOI_ACCESSES), expected.eoi, "{ctx} eoi (page)");
+    assert_eq!(v.apic.sent_ipi_count, expected.ipis, "{ctx} ipis (whv)");
+    assert_eq!(page.get(c::APIC_IPIS_SENT), expected.ipis, "{ctx} ipis (page)");
+    assert_eq!(v.apic.self_ipi_count, expected.self_ipis, "{ctx} self ipis (whv)");
+    assert_eq!(page.get(c::APIC_SELF_IPIS_SENT), expected.self_ipis, "{ctx} self ipis (page)");
+    assert_eq!(v.apic.tpr_access_count, expected.tpr, "{ctx} tpr (whv)");
+    assert_eq!(page.get(c::APIC_TPR_ACCESSES), expected.tpr, "{ctx} tpr (page)");
+    // Interrupts are KVM's injections: an injection cancelled before VM entry (host preemption,
+    // a signal) is injected, and counted, again. The guest's handler EOIs above are the exact
+    // number delivered; the injections are at least that and equal KVM's own stat.
+    assert!(v.events.interrupt_count >= expected.interrupts, "{ctx} interrupts (whv)");
+    assert!(
+        v.events.interrupt_count <= expected.interrupts + expected.interrupts / 10 + 5,
+        "{ctx} interrupts (whv)"
+    );
+    assert_eq!(page.get(c::VIRTUAL_INTERRUPTS), v.events.interrupt_count, "{ctx} interrupts (page)");
+    // KVM's own per-vCPU stats agree where they overlap.
+    let stat = |name| run.partition.kvm_stat(vp, name).unwrap_or_else(|| panic!("{ctx}: no KVM stat {name}"));
+    assert_eq!(stat("halt_exits"), expected.hlt, "{ctx} KVM halt_exits");
+    assert_eq!(stat("irq_injections"), v.events.interrupt_count, "{ctx} KVM irq_injections");
+    // KVM's `exits` counts userspace exits and halts (and a few exits of its own, e.g. at the
+    // first entry), so it bounds ours from above.
+    let exits = stat("exits");
+    let ours = expected.io_exits + expected.user_msr + expected.hlt;
+    assert!(exits >= ours && exits <= ours + 16, "{ctx} KVM exits {exits} vs {ours}");
+    let rt = whv::runtime_counters(&run.partition, vp).expect("runtime");
+    assert!(rt.total_runtime_100ns > 0, "{ctx} total run time");
+    assert!(rt.hypervisor_runtime_100ns <= rt.total_runtime_100ns, "{ctx} hypervisor run time");
+}
+
+pub fn counts(base: u32, per_vp: u32) -> LoopCount {
+    LoopCount::per_vp(base, per_vp)
+}
