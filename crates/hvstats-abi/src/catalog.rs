@@ -571,12 +571,19 @@ impl CounterId {
     ///
     /// Computed from the catalog: each group present in the page is its header followed by its
     /// values, groups in [`GroupKind::ALL`] order.
+    ///
+    /// # Panics
+    ///
+    /// When the id names a group its kind's page does not have, or an index past the page: only
+    /// ids made by hand can, never the catalog's constants (a test checks every one).
     pub const fn offset(self) -> usize {
         let base = match crate::page::PageLayout::of(self.kind).group_offset(self.group) {
             Some(base) => base,
             None => panic!("counter in a group its page does not have"),
         };
-        base + self.index as usize * VALUE_SIZE
+        let offset = base + self.index as usize * VALUE_SIZE;
+        assert!(offset + VALUE_SIZE <= crate::group::PAGE_SIZE, "counter index past the end of the page");
+        offset
     }
 
     /// The index of this counter's value in the page seen as `[u64; 512]`.
@@ -607,6 +614,11 @@ pub fn counter_by_name(kind: ObjectKind, name: &str) -> Option<&'static Counter>
 
 /// The number of counters in `group` of `kind` (the highest index, since indices are dense).
 pub const fn group_counters(kind: ObjectKind, group: GroupKind) -> usize {
+    crate::page::PageLayout::of(kind).counters(group)
+}
+
+/// [`group_counters`] computed by scanning the catalog (for the compile-time page layouts).
+pub(crate) const fn count_group(kind: ObjectKind, group: GroupKind) -> usize {
     let mut max = 0;
     let mut i = 0;
     while i < CATALOG.len() {

@@ -64,6 +64,7 @@ hypercall_codes! {
     SWITCH_VIRTUAL_ADDRESS_SPACE = 0x0001, "HvCallSwitchVirtualAddressSpace", VirtualMmu;
     FLUSH_VIRTUAL_ADDRESS_SPACE = 0x0002, "HvCallFlushVirtualAddressSpace", VirtualMmu;
     FLUSH_VIRTUAL_ADDRESS_LIST = 0x0003, "HvCallFlushVirtualAddressList", VirtualMmu;
+    GET_LOGICAL_PROCESSOR_RUN_TIME = 0x0004, "HvCallGetLogicalProcessorRunTime", LogicalProcessor;
     NOTIFY_LONG_SPIN_WAIT = 0x0008, "HvCallNotifyLongSpinWait", LongSpinWait;
     SEND_SYNTHETIC_CLUSTER_IPI = 0x000B, "HvCallSendSyntheticClusterIpi", VirtualInterrupt;
     GET_PARTITION_ID = 0x0046, "HvCallGetPartitionId", Other;
@@ -75,7 +76,6 @@ hypercall_codes! {
     SIGNAL_EVENT = 0x005D, "HvCallSignalEvent", SyntheticInterrupt;
     MAP_STATS_PAGE = 0x006C, "HvCallMapStatsPage", GpaSpace;
     UNMAP_STATS_PAGE = 0x006D, "HvCallUnmapStatsPage", GpaSpace;
-    GET_LOGICAL_PROCESSOR_RUN_TIME = 0x0004, "HvCallGetLogicalProcessorRunTime", LogicalProcessor;
     MAP_STATS_PAGE2 = 0x0131, "HvCallMapStatsPage2", GpaSpace;
 }
 

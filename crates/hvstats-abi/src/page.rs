@@ -8,7 +8,7 @@ use core::fmt;
 
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
-use crate::catalog::{CounterId, GroupKind, group_counters};
+use crate::catalog::{CounterId, GroupKind, count_group, group_counters};
 use crate::group::{GroupHeader, GroupType, GroupVersion, PAGE_SIZE, VALUE_SIZE};
 use crate::object::ObjectKind;
 
@@ -16,7 +16,7 @@ use crate::object::ObjectKind;
 pub const PAGE_SLOTS: usize = PAGE_SIZE / VALUE_SIZE;
 
 /// `HV_STATS_PAGE`: one 4 KiB page of 64-bit slots.
-#[derive(Clone, IntoBytes, FromBytes, Immutable, KnownLayout)]
+#[derive(Clone, PartialEq, Eq, IntoBytes, FromBytes, Immutable, KnownLayout)]
 #[repr(C, align(8))]
 pub struct StatsPage {
     /// The page as 512 slots; slot `n` is bytes `8n..8n+8`.
@@ -40,11 +40,19 @@ impl StatsPage {
     }
 
     /// The value of `counter`.
+    ///
+    /// # Panics
+    ///
+    /// When `counter` is not on `kind`'s page (not a catalog counter): see [`CounterId::offset`].
     pub fn get(&self, counter: CounterId) -> u64 {
         self.data[counter.slot()]
     }
 
     /// Sets the value of `counter`.
+    ///
+    /// # Panics
+    ///
+    /// When `counter` is not on `kind`'s page (not a catalog counter): see [`CounterId::offset`].
     pub fn set(&mut self, counter: CounterId, value: u64) {
         self.data[counter.slot()] = value;
     }
@@ -79,15 +87,36 @@ pub struct PageLayout {
     pub end_offset: usize,
 }
 
+/// The layout of every kind's page, indexed by [`ObjectKind`], computed once at compile time.
+const LAYOUTS: [PageLayout; 4] = [
+    PageLayout::compute(ObjectKind::Hypervisor),
+    PageLayout::compute(ObjectKind::LogicalProcessor),
+    PageLayout::compute(ObjectKind::Partition),
+    PageLayout::compute(ObjectKind::Vp),
+];
+
 impl PageLayout {
-    /// The layout of `kind`'s page.
+    /// The layout of `kind`'s page (a table lookup: layouts are computed at compile time).
     pub const fn of(kind: ObjectKind) -> Self {
+        LAYOUTS[kind as usize]
+    }
+
+    /// The number of counters of `group` in `kind`'s page (0 when the page has no such group).
+    pub const fn counters(&self, group: GroupKind) -> usize {
+        match self.groups[group as usize] {
+            Some(slot) => slot.counters,
+            None => 0,
+        }
+    }
+
+    /// Lays out `kind`'s page from the catalog.
+    const fn compute(kind: ObjectKind) -> Self {
         let mut groups = [None; 2];
         let mut offset = 0;
         let mut i = 0;
         while i < GroupKind::ALL.len() {
             let group = GroupKind::ALL[i];
-            let counters = group_counters(kind, group);
+            let counters = count_group(kind, group);
             if counters > 0 {
                 groups[i] = Some(GroupSlot { group, header_offset: offset, counters });
                 offset += (1 + counters) * VALUE_SIZE;
@@ -452,6 +481,17 @@ impl<'a> PageView<'a> {
     /// version and at least its minor version, and be long enough for the reader's counters. Every
     /// group `kind` has must be present.
     pub fn read(page: &'a [u8], kind: ObjectKind) -> Result<Self, PageError> {
+        Self::read_compiled_for(page, kind, GroupKind::ALL.map(GroupKind::version))
+    }
+
+    /// Reads `page` as a reader compiled for the group versions `compiled` (indexed by
+    /// [`GroupKind`]) would: [`read`](Self::read) with the versions of this build. A reader of a
+    /// later minor refuses a page of an earlier one ([`PageError::MinorTooOld`]).
+    pub fn read_compiled_for(
+        page: &'a [u8],
+        kind: ObjectKind,
+        compiled: [GroupVersion; 2],
+    ) -> Result<Self, PageError> {
         let layout = PageLayout::of(kind);
         let mut known: [Option<RawGroup<'a>>; 2] = [None; 2];
         let mut walk = GroupWalk::new(page)?;
@@ -463,7 +503,7 @@ impl<'a> PageView<'a> {
             let Some(slot) = layout.groups[gk as usize] else {
                 continue;
             };
-            let expected = gk.version();
+            let expected = compiled[gk as usize];
             let found = group.header.version();
             let (offset, group_type) = (group.offset, group.header.group_type);
             if found.major != expected.major {
@@ -501,6 +541,11 @@ impl<'a> PageView<'a> {
             return 0;
         }
         self.known[counter.group as usize].and_then(|g| g.value(counter.index)).unwrap_or(0)
+    }
+
+    /// `group` as found on the page (offset, header and data), if the kind has it.
+    pub fn group(&self, group: GroupKind) -> Option<RawGroup<'a>> {
+        self.known[group as usize]
     }
 
     /// The version of `group` on the page.

@@ -31,7 +31,8 @@ fn vp_page_layout_matches_the_counter_ids_of_the_tlfs() {
     assert_eq!(layout.group_offset(GroupKind::Architectural), Some(0));
     assert_eq!(layout.group_offset(GroupKind::Release), Some(24));
     assert_eq!(layout.end_offset, 24 + 8 + 63 * 8);
-    // Linux mshv ids: HypercallsCount 7? (modern) — WDK: VPV starts at slot 4.
+    // Seed 001 gives the architectural VP group 2 counters, so the release-specific header is
+    // slot 3 and its first counter slot 4.
     assert_eq!(vp::TOTAL_RUN_TIME.slot(), 1);
     assert_eq!(vp::HYPERVISOR_RUN_TIME.slot(), 2);
     assert_eq!(vp::HYPERCALLS.slot(), 4);
@@ -46,4 +47,55 @@ fn every_cost_counter_follows_its_count() {
         assert!(c.name.ends_with(" cost") && pair.name.ends_with("/sec"), "{}", c.name);
         assert_eq!(c.name.trim_end_matches(" cost"), pair.name.trim_end_matches("/sec"));
     }
+}
+
+#[test]
+fn names_are_unique_per_kind_and_find_their_row() {
+    for kind in ObjectKind::ALL {
+        let mut names: Vec<&str> = counters_of(kind).map(|c| c.name).collect();
+        let n = names.len();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), n, "{kind:?} names are JSON keys and must be unique");
+    }
+    for c in CATALOG {
+        assert_eq!(catalog::counter_by_name(c.id.kind, c.name), Some(c));
+        assert_eq!(c.id.counter(), Some(c));
+        assert!(!c.description.is_empty() && !c.maintained.note().is_empty(), "{}", c.name);
+    }
+    assert_eq!(catalog::counter_by_name(ObjectKind::Vp, "Logical processors"), None);
+    let foreign = catalog::CounterId { kind: ObjectKind::Hypervisor, group: GroupKind::Release, index: 1 };
+    assert_eq!(foreign.counter(), None);
+}
+
+#[test]
+fn presentation_agrees_with_the_seed_name() {
+    for c in CATALOG {
+        if c.name.ends_with("/sec") {
+            assert_eq!(c.presentation, Presentation::Rate, "{}", c.name);
+            assert_eq!(c.unit, catalog::Unit::Count, "{}", c.name);
+        }
+        if c.name.starts_with("% ") {
+            assert_eq!(c.presentation, Presentation::PercentTime, "{}", c.name);
+        }
+        // "Monitor transition cost" is a hardware cost in cycles, not averaged over a count.
+        if c.name.ends_with(" cost") && c.name != "Monitor transition cost" {
+            assert_eq!(c.presentation, Presentation::Cost, "{}", c.name);
+        }
+    }
+}
+
+#[test]
+fn well_known_constants_name_their_seed_rows() {
+    use catalog::{hypervisor, lp, partition};
+    assert_eq!(hypervisor::LOGICAL_PROCESSORS.counter().unwrap().name, "Logical processors");
+    assert_eq!(lp::C3_TIME.counter().unwrap().name, "% C3 time");
+    assert_eq!(lp::C3_TIME.index, 18);
+    assert_eq!(
+        partition::RECOMMENDED_VIRTUAL_TLB_SIZE.counter().unwrap().name,
+        "Recommended virtual TLB size"
+    );
+    assert_eq!(vp::CPUID_INSTRUCTIONS.counter().unwrap().name, "CPUID instructions/sec");
+    assert_eq!(vp::CPUID_INSTRUCTIONS.index, 13);
+    assert_eq!(vp::VIRTUAL_PROCESSOR_HYPERCALLS.index, 63);
 }

@@ -1,12 +1,108 @@
-//! `hvstats catalog`.
+//! `hvstats catalog`: the counter catalog as a table or as JSON.
+//!
+//! Every row comes from `hvstats_abi::CATALOG`; this module only chooses how to show it.
 
+use std::io::{self, Write};
 use std::process::ExitCode;
+
+use hvstats_abi::{CATALOG, Counter, Maintained};
+use serde_json::{Value, json};
 
 /// Flags of `hvstats catalog`.
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Print a JSON array with one object per counter instead of a table.
+    #[arg(long)]
+    json: bool,
+}
 
 /// Runs `hvstats catalog`.
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("hvstats catalog is not available in this build")
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let mut out = io::stdout().lock();
+    let result = if args.json {
+        let rows: Vec<Value> = CATALOG.iter().map(counter_json).collect();
+        serde_json::to_writer_pretty(&mut out, &rows).map_err(io::Error::from).and_then(|()| writeln!(out))
+    } else {
+        write_table(&mut out)
+    };
+    printed(result.and_then(|()| out.flush()))
+}
+
+/// The exit status of a command that printed to stdout: a reader that stopped early (`| head`)
+/// is not an error.
+pub(super) fn printed(result: io::Result<()>) -> anyhow::Result<ExitCode> {
+    match result {
+        Err(e) if e.kind() != io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(ExitCode::SUCCESS),
+    }
+}
+
+/// The source that maintains a counter, or `no`.
+fn maintained_by(m: Maintained) -> &'static str {
+    match m {
+        Maintained::By(source, _) => source.name(),
+        Maintained::No(_) => "no",
+    }
+}
+
+/// One counter as a JSON object.
+pub fn counter_json(c: &Counter) -> Value {
+    json!({
+        "object": c.id.kind.short_name(),
+        "object_type": c.id.kind.object_type().0,
+        "group": c.id.group.name(),
+        "group_type": c.id.group.group_type().0,
+        "index": c.id.index,
+        "offset": c.id.offset(),
+        "name": c.name,
+        "unit": c.unit.name(),
+        "presentation": c.presentation.name(),
+        "maintained": maintained_by(c.maintained),
+        "maintained_note": c.maintained.note(),
+        "description": c.description,
+    })
+}
+
+/// The catalog as aligned columns, the description last.
+fn write_table(out: &mut impl Write) -> io::Result<()> {
+    const HEADINGS: [&str; 9] =
+        ["OBJECT", "GROUP", "INDEX", "NAME", "UNIT", "PRESENTATION", "MAINTAINED", "NOTE", "DESCRIPTION"];
+    let rows: Vec<[String; 9]> = CATALOG
+        .iter()
+        .map(|c| {
+            [
+                c.id.kind.short_name().to_owned(),
+                c.id.group.name().to_owned(),
+                c.id.index.to_string(),
+                c.name.to_owned(),
+                c.unit.name().to_owned(),
+                c.presentation.name().to_owned(),
+                maintained_by(c.maintained).to_owned(),
+                c.maintained.note().to_owned(),
+                c.description.to_owned(),
+            ]
+        })
+        .collect();
+    let mut widths = HEADINGS.map(str::len);
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let headings = HEADINGS.map(str::to_owned);
+    for row in std::iter::once(&headings).chain(&rows) {
+        let last = row.len() - 1;
+        let mut line = String::new();
+        for (i, (cell, w)) in row.iter().zip(widths).enumerate() {
+            if i == last {
+                line.push_str(cell);
+            } else if i == 2 {
+                line.push_str(&format!("{cell:>w$}  "));
+            } else {
+                line.push_str(&format!("{cell:<w$}  "));
+            }
+        }
+        writeln!(out, "{}", line.trim_end())?;
+    }
+    Ok(())
 }

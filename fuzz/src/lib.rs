@@ -1,0 +1,4 @@
+//! Fuzz targets for hvstats. Each target's body is a plain function here, so the workspace tests
+//! run the very same checks on random inputs without nightly or libFuzzer.
+
+pub mod page_reader;
