@@ -216,7 +216,16 @@ pub fn stats_self_check(p: SelfCheck, load_gpa: u64) -> Result<Vec<u8>, IcedErro
     check_pattern(&mut a, &mut fail)?;
 
     a.xor(eax, eax)?;
+    a.out(EXIT_PORT, al)?;
+    a.hlt()?;
+    // Failure: "fail status=<last hypercall result>" on the serial port, then the step's code.
     a.set_label(&mut fail)?;
+    a.push(rax)?;
+    serial_str(&mut a, "fail status=")?;
+    a.mov(rax, qword_ptr(r15 + 0x118))?;
+    a.call(print_hex)?;
+    serial_str(&mut a, "\n")?;
+    a.pop(rax)?;
     a.out(EXIT_PORT, al)?;
     a.hlt()?;
 
@@ -238,6 +247,16 @@ pub struct ProbeCall {
     pub output_offset: u32,
     /// The status the call must return.
     pub expect: u16,
+    /// Repeat the call up to this many more times while it returns another status (for a status
+    /// that appears only once something else has happened, e.g. another VP faulting).
+    pub retries: u32,
+}
+
+impl ProbeCall {
+    /// A call of `control` with `input` at the start of the input page, expecting `expect`.
+    pub fn new(control: u64, input: &[u8], expect: u16) -> Self {
+        Self { control, input: input.to_vec(), input_offset: 0, output_offset: 0, expect, retries: 0 }
+    }
 }
 
 /// A 64-bit program that enables the hypercall page and makes `calls` in order on every VP.
@@ -250,12 +269,43 @@ pub fn hypercall_probe(
     calls: &[ProbeCall],
     load_gpa: u64,
 ) -> Result<Vec<u8>, IcedError> {
+    probe(layout, calls, None, load_gpa)
+}
+
+/// [`hypercall_probe`] where VP `faulting_vp` does not probe but faults at once (`ud2` with no IDT:
+/// a triple fault), so the other VPs can observe a partition that is no longer active.
+pub fn hypercall_probe_with_faulting_vp(
+    layout: HypercallLayout,
+    calls: &[ProbeCall],
+    faulting_vp: u32,
+    load_gpa: u64,
+) -> Result<Vec<u8>, IcedError> {
+    probe(layout, calls, Some(faulting_vp), load_gpa)
+}
+
+fn probe(
+    layout: HypercallLayout,
+    calls: &[ProbeCall],
+    faulting_vp: Option<u32>,
+    load_gpa: u64,
+) -> Result<Vec<u8>, IcedError> {
     let mut a = CodeAssembler::new(64)?;
     let mut fail = a.create_label();
     let mut print_hex = a.create_label();
     prologue(&mut a, layout)?;
+    if let Some(vp) = faulting_vp {
+        let mut other = a.create_label();
+        a.cmp(r12, vp as i32)?;
+        a.jne(other)?;
+        a.ud2()?;
+        a.set_label(&mut other)?;
+    }
     enable_hypercalls(&mut a, layout, &mut fail)?;
     for (i, call) in calls.iter().enumerate() {
+        let mut attempt = a.create_label();
+        let mut checked = a.create_label();
+        a.mov(ebp, call.retries)?;
+        a.set_label(&mut attempt)?;
         for (j, chunk) in call.input.chunks(8).enumerate() {
             let mut word = [0u8; 8];
             word[..chunk.len()].copy_from_slice(chunk);
@@ -275,8 +325,12 @@ pub fn hypercall_probe(
         serial_str(&mut a, "\n")?;
         a.pop(rax)?;
         a.cmp(ax, call.expect as i32)?;
+        a.je(checked)?;
+        a.sub(ebp, 1)?;
+        a.jae(attempt)?;
         a.mov(eax, 100 + i as u32)?;
-        a.jne(fail)?;
+        a.jmp(fail)?;
+        a.set_label(&mut checked)?;
     }
     a.xor(eax, eax)?;
     a.set_label(&mut fail)?;
@@ -347,6 +401,7 @@ fn fail_if_status(
     code: SelfCheckFailure,
     fail: &mut CodeLabel,
 ) -> Result<(), IcedError> {
+    a.mov(qword_ptr(r15 + 0x118), rax)?;
     a.test(ax, ax)?;
     a.mov(eax, code as u32)?;
     a.jnz(*fail)?;
@@ -493,12 +548,7 @@ mod tests {
         )
         .unwrap();
         assert!(code.len() > 200);
-        let probe = hypercall_probe(
-            layout,
-            &[ProbeCall { control: 0x46, input: vec![], input_offset: 0, output_offset: 0, expect: 0 }],
-            0x8000,
-        )
-        .unwrap();
+        let probe = hypercall_probe(layout, &[ProbeCall::new(0x46, &[], 0)], 0x8000).unwrap();
         assert!(!probe.is_empty());
     }
 }

@@ -72,6 +72,16 @@ impl ExitAccounting {
         self.enabled
     }
 
+    /// Counts a hypercall as it starts, before the page is refreshed for it (its time is
+    /// recorded when it ends, by [`record`](Self::record)).
+    pub fn begin_hypercall(&mut self, page: &SharedPage, user: &UserExitCounts) {
+        if !self.enabled {
+            return;
+        }
+        UserExitCounts::bump(&user.hypercalls);
+        page.add(vp::HYPERCALLS, 1);
+    }
+
     /// Records one userspace exit of `class` that took `time` to handle.
     pub fn record(&mut self, page: &SharedPage, user: &UserExitCounts, class: ExitClass, time: Duration) {
         if !self.enabled {
@@ -83,11 +93,7 @@ impl ExitAccounting {
                 page.add(vp::IO_INTERCEPT_MESSAGES, 1);
                 (None, vp::IO_INSTRUCTIONS_COST, &mut self.io_ns)
             }
-            ExitClass::Hypercall => {
-                UserExitCounts::bump(&user.hypercalls);
-                page.add(vp::IO_INTERCEPT_MESSAGES, 1);
-                (Some(vp::HYPERCALLS), vp::HYPERCALLS_COST, &mut self.hypercall_ns)
-            }
+            ExitClass::Hypercall => (None, vp::HYPERCALLS_COST, &mut self.hypercall_ns),
             ExitClass::Msr => {
                 UserExitCounts::bump(&user.msr);
                 page.add(vp::OTHER_MESSAGES, 1);

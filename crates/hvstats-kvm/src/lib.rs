@@ -2,7 +2,7 @@
 //! that make every VP page exact.
 //!
 //! - [`partition`]: a VM with RAM, an in-kernel irqchip, a GPA map with overlays, and N VPs;
-//! - [`hyperv`]: the Hyper-V interface a guest sees (CPUID leaves, synthetic MSRs, hypercalls);
+//! - [`hyperv`] and [`enlightenment`]: the Hyper-V interface a guest sees (CPUID leaves, synthetic MSRs, hypercalls);
 //! - [`vp`]: the VP thread and its KVM_RUN loop; [`handlers`]: who handles which exit;
 //! - [`modes`]: real, protected and long mode set-up;
 //! - [`accounting`] and [`sources`]: userspace exits counted with their time, and what the kernel
@@ -11,6 +11,7 @@
 #![deny(missing_docs)]
 
 pub mod accounting;
+pub mod enlightenment;
 pub mod error;
 pub mod gpa_map;
 pub mod handlers;

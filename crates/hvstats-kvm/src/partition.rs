@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard, mpsc};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, mpsc};
 use std::time::{Duration, Instant};
 
 use hvstats::whv::{VpCounterSource, VpExtras};
@@ -102,6 +102,8 @@ pub struct Partition {
     vm: VmFd,
     _kvm: Kvm,
     overlays: Mutex<HashMap<u64, Arc<dyn OverlayBacking>>>,
+    /// Held shared by each VP while it is in KVM_RUN, exclusively while the GPA map changes.
+    run_gate: RwLock<()>,
     ram: GuestRam,
     vps: Vec<VpShared>,
     handlers: Handlers,
@@ -191,6 +193,7 @@ impl Partition {
             vm,
             _kvm: kvm_sys,
             overlays: Mutex::new(HashMap::new()),
+            run_gate: RwLock::new(()),
             ram,
             vps,
             handlers,
@@ -243,7 +246,9 @@ impl Partition {
     /// When an overlay is already there or KVM refuses the slot change.
     pub fn add_overlay(&self, gpa_page: u64, page: Arc<dyn OverlayBacking>) -> Result<(), Error> {
         let mut overlays = lock(&self.overlays);
+        let quiet = self.quiesce();
         lock(&self.gpa_map).add_overlay(&self.vm, gpa_page, page.host_address())?;
+        drop(quiet);
         overlays.insert(gpa_page, page);
         drop(overlays);
         self.refresh_partition();
@@ -256,11 +261,36 @@ impl Partition {
     /// When there is no overlay there or KVM refuses the slot change.
     pub fn remove_overlay(&self, gpa_page: u64) -> Result<(), Error> {
         let mut overlays = lock(&self.overlays);
+        let quiet = self.quiesce();
         lock(&self.gpa_map).remove_overlay(&self.vm, gpa_page)?;
+        drop(quiet);
         overlays.remove(&gpa_page);
         drop(overlays);
         self.refresh_partition();
         Ok(())
+    }
+
+    /// Entered by a VP thread around each KVM_RUN: while a guard is out, the GPA map stays as it is.
+    pub(crate) fn guest_entry(&self) -> RwLockReadGuard<'_, ()> {
+        self.run_gate.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Brings every VP out of the guest and keeps it out while the guard lives.
+    ///
+    /// KVM changes memory slots one at a time: splitting the RAM slot around an overlay leaves a
+    /// moment with no RAM there, and a VP running then would fault on its own code or stack. So the
+    /// other VPs are kicked out of KVM_RUN (repeatedly, until none is inside) and held at the gate.
+    fn quiesce(&self) -> std::sync::RwLockWriteGuard<'_, ()> {
+        loop {
+            for vp in &self.vps {
+                vp.kick();
+            }
+            match self.run_gate.try_write() {
+                Ok(guard) => return guard,
+                Err(std::sync::TryLockError::Poisoned(e)) => return e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => std::thread::sleep(Duration::from_micros(50)),
+            }
+        }
     }
 
     /// KVM memory slots in use (RAM pieces and overlays).

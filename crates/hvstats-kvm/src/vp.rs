@@ -101,7 +101,17 @@ impl VpShared {
     /// Asks the VP to stop and kicks it out of KVM_RUN. Safe to repeat.
     pub(crate) fn request_stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
+        self.kick();
+    }
+
+    /// Makes the VP leave KVM_RUN now (or return from its next one at once), wherever it is; it
+    /// goes on running unless asked to stop. Does nothing when called from the VP's own thread.
+    pub(crate) fn kick(&self) {
         let k = lock(&self.kick);
+        // SAFETY: pthread_self has no preconditions.
+        if k.live && k.thread == unsafe { libc::pthread_self() } as u64 {
+            return;
+        }
         if k.live {
             // SAFETY: `run` is the vCPU's kvm_run mapping, alive while `live` is set (the VP thread
             // clears it under this lock before dropping the vCPU). A volatile byte store is what
@@ -163,6 +173,10 @@ pub(crate) fn run(partition: &Partition, shared: &VpShared, mut vcpu: VcpuFd, ac
             }
         }
     }
+    if outcome.fault.is_some() {
+        // A partition with a faulted VP is being torn down: no longer active.
+        partition.stats().set_active(false);
+    }
     partition.refresh(index);
     if let Some(s) = lock(&shared.sources).as_mut() {
         s.thread_exited();
@@ -188,7 +202,9 @@ fn step(
 ) -> (Option<(ExitClass, Instant)>, Step) {
     let index = shared.index;
     let handlers = partition.handlers();
+    let gate = partition.guest_entry();
     let exit = vcpu.run();
+    drop(gate);
     let t0 = if acct.enabled() { Some(Instant::now()) } else { None };
     let with = |class: ExitClass| t0.map(|t| (class, t));
     match exit {
@@ -198,6 +214,10 @@ fn step(
             buf[..n].copy_from_slice(&data[..n]);
             let mut ctx = VpContext { index, vcpu, partition, serial };
             if let Some(h) = handlers.hypercall_ports.get(&port) {
+                // Counted before the page is refreshed, so the caller sees this call in it.
+                if let Some(page) = partition.stats().vp_page(index) {
+                    acct.begin_hypercall(page, &shared.user);
+                }
                 partition.refresh(index);
                 let step = match h.hypercall(&mut ctx) {
                     Ok(()) => Step::Continue,
@@ -233,7 +253,11 @@ fn step(
             data.fill(0xFF);
             (with(ExitClass::Mmio), Step::Continue)
         }
-        Ok(VcpuExit::MmioWrite(..)) => (with(ExitClass::Mmio), Step::Continue),
+        Ok(VcpuExit::MmioWrite(gpa, _)) => {
+            // A write to a read-only stats overlay changes nothing; the authority counts it.
+            partition.stats().record_overlay_write(gpa);
+            (with(ExitClass::Mmio), Step::Continue)
+        }
         Ok(VcpuExit::X86Rdmsr(e)) => {
             let (msr, data, error) = (e.index, e.data as *mut u64, e.error as *mut u8);
             let mut ctx = VpContext { index, vcpu, partition, serial };
