@@ -9,6 +9,7 @@
 
 #![deny(missing_docs)]
 
+pub mod hyperv;
 pub mod layout;
 pub mod program;
 pub mod workload;

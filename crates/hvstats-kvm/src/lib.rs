@@ -2,6 +2,7 @@
 //! that make every VP page exact.
 //!
 //! - [`partition`]: a VM with RAM, an in-kernel irqchip, a GPA map with overlays, and N VPs;
+//! - [`hyperv`] and [`enlightenment`]: the Hyper-V interface a guest sees (CPUID leaves, synthetic MSRs, hypercalls);
 //! - [`vp`]: the VP thread and its KVM_RUN loop; [`handlers`]: who handles which exit;
 //! - [`modes`]: real, protected and long mode set-up;
 //! - [`accounting`] and [`sources`]: userspace exits counted with their time, and what the kernel
@@ -11,10 +12,12 @@
 
 pub mod accounting;
 pub mod cycles;
+pub mod enlightenment;
 pub mod error;
 pub mod exit_cost;
 pub mod gpa_map;
 pub mod handlers;
+pub mod hyperv;
 pub mod memory;
 pub mod modes;
 pub mod partition;

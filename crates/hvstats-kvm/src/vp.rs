@@ -235,6 +235,10 @@ pub(crate) fn run(partition: &Partition, shared: &VpShared, mut vcpu: VcpuFd, ac
         }
     }
     outcome.run_time = started.elapsed();
+    if outcome.fault.is_some() {
+        // A partition with a faulted VP is being torn down: no longer active.
+        partition.stats().set_active(false);
+    }
     partition.refresh(index);
     if let Some(s) = lock(&shared.sources).as_mut() {
         s.thread_exited();
@@ -290,6 +294,9 @@ fn step(
             };
             let mut ctx = VpContext { index, vcpu, partition, serial };
             if let Some(h) = handlers.hypercall_ports.get(&port) {
+                if let Some(page) = partition.stats().vp_page(index) {
+                    acct.begin_hypercall(page, &shared.user);
+                }
                 partition.refresh(index);
                 let step = match h.hypercall(&mut ctx) {
                     Ok(()) => Step::Continue,

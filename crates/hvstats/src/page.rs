@@ -150,6 +150,11 @@ unsafe impl Send for MappedPage {}
 unsafe impl Sync for MappedPage {}
 
 impl MappedPage {
+    /// The host address of the read-only mapping (to show it to a guest).
+    pub fn host_address(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+
     /// Maps `fd` (a page file) read-only.
     ///
     /// # Errors
