@@ -19,13 +19,13 @@ pub const EXIT_PORT: u32 = 0xF4;
 pub const SERIAL_PORT: u32 = 0x3F8;
 
 /// `HV_X64_MSR_GUEST_OS_ID`.
-const MSR_GUEST_OS_ID: u32 = 0x4000_0000;
+pub const MSR_GUEST_OS_ID: u32 = 0x4000_0000;
 /// `HV_X64_MSR_HYPERCALL`.
-const MSR_HYPERCALL: u32 = 0x4000_0001;
+pub const MSR_HYPERCALL: u32 = 0x4000_0001;
 /// `HV_X64_MSR_VP_INDEX`.
-const MSR_VP_INDEX: u32 = 0x4000_0002;
+pub const MSR_VP_INDEX: u32 = 0x4000_0002;
 /// The guest OS id the programs announce (an open-source OS, vendor 0x8100 per the TLFS).
-const GUEST_OS_ID: u64 = 0x8100_0000_0000_0001;
+pub const GUEST_OS_ID: u64 = 0x8100_0000_0000_0001;
 
 /// Where a program keeps its hypercall page and its per-VP input/output pages (all GPAs, which
 /// equal the virtual addresses under the identity map).

@@ -28,6 +28,11 @@ pub const STACKS_BOTTOM: u64 = STACKS_TOP - MAX_VPS as u64 * STACK_SIZE;
 /// The largest image that fits between the load address and the stacks.
 pub const MAX_IMAGE_SIZE: u64 = STACKS_BOTTOM - DEFAULT_LOAD_GPA;
 
+/// Where workloads that make hypercalls enable the hypercall page (just above VP 0's stack).
+pub const HYPERCALL_PAGE: u64 = STACKS_TOP;
+/// The input page of those hypercalls (8-byte aligned blocks, within one page).
+pub const HYPERCALL_INPUT: u64 = STACKS_TOP + 0x1000;
+
 /// Port whose write stops the VP; the value written is its exit status.
 pub const EXIT_PORT: u16 = 0xF4;
 /// Port whose bytes are the guest's serial output.

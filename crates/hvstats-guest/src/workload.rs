@@ -6,6 +6,9 @@
 
 use iced_x86::code_asm::*;
 
+use hvstats_abi::hypercall::HypercallCode;
+
+use crate::hyperv::{GUEST_OS_ID, MSR_GUEST_OS_ID, MSR_HYPERCALL};
 use crate::layout;
 use crate::program::{BuildError, GuestImage, LoopCount, Mode, Program};
 
@@ -59,6 +62,10 @@ pub struct Workload {
     /// Reads of an unmapped address, each a #PF delivered to the guest and skipped by its handler
     /// (long mode only).
     pub page_faults: LoopCount,
+    /// HvCallNotifyLongSpinWait hypercalls through the hypercall page, which the workload enables
+    /// first (two synthetic MSR writes). Needs the partition's Hyper-V enlightenment; long and
+    /// protected mode.
+    pub hypercalls: LoopCount,
     /// Text written to the serial port before exiting.
     pub serial: Vec<u8>,
     /// The exit status (every VP exits with it).
@@ -100,6 +107,8 @@ pub struct Expected {
     pub invlpg: u64,
     /// Page faults delivered to the guest.
     pub page_faults: u64,
+    /// Hypercalls (all of the long spin wait class).
+    pub hypercalls: u64,
 }
 
 impl Workload {
@@ -116,12 +125,15 @@ impl Workload {
         let n = |c: LoopCount| c.of(vp);
         let io = n(self.out) + n(self.in_) + n(self.self_ipi) + self.serial.len() as u64 + 1;
         let setup_mmio = if self.uses_apic() { 1 } else { 0 } + if self.hlt.is_zero() { 0 } else { 2 };
+        // Enabling the hypercall page: GUEST_OS_ID and HYPERCALL, both handled in userspace.
+        let hypercall_msrs = if self.hypercalls.is_zero() { 0 } else { 2 };
         Expected {
             cpuid: n(self.cpuid),
             io,
             io_exits: io,
-            msr: n(self.rdmsr) + n(self.wrmsr) + n(self.user_msr),
-            user_msr: n(self.user_msr),
+            msr: n(self.rdmsr) + n(self.wrmsr) + n(self.user_msr) + hypercall_msrs,
+            user_msr: n(self.user_msr) + hypercall_msrs,
+            hypercalls: n(self.hypercalls),
             hlt: n(self.hlt),
             apic_mmio: setup_mmio + 2 * n(self.hlt) + n(self.eoi) + 2 * n(self.self_ipi) + n(self.tpr),
             eoi: n(self.hlt) + n(self.eoi) + n(self.self_ipi),
@@ -240,6 +252,43 @@ impl Workload {
             // `mov eax, [rbx]` (2 bytes) on an unmapped address: #PF, skipped by the handler.
             p.asm().mov(rbx, UNMAPPED_ADDRESS)?;
             p.asm().mov(eax, dword_ptr(rbx))?;
+            Ok(())
+        })?;
+        if !self.hypercalls.is_zero() {
+            if mode == Mode::Real {
+                return Err(BuildError::Unsupported { what: "hypercalls", mode: mode.name() });
+            }
+            p.asm().mov(ecx, MSR_GUEST_OS_ID)?;
+            p.asm().mov(eax, GUEST_OS_ID as u32)?;
+            p.asm().mov(edx, (GUEST_OS_ID >> 32) as u32)?;
+            p.asm().wrmsr()?;
+            p.asm().mov(ecx, MSR_HYPERCALL)?;
+            p.asm().mov(eax, layout::HYPERCALL_PAGE as u32 | 1)?;
+            p.asm().xor(edx, edx)?;
+            p.asm().wrmsr()?;
+        }
+        p.counted_loop(self.hypercalls, |p| {
+            let code = HypercallCode::NOTIFY_LONG_SPIN_WAIT.0 as u32;
+            if p.mode() == Mode::Long {
+                // RCX = input value, RDX = input GPA, R8 = output GPA.
+                p.asm().mov(ecx, code)?;
+                p.asm().mov(edx, layout::HYPERCALL_INPUT as u32)?;
+                p.asm().xor(r8d, r8d)?;
+                p.asm().call(layout::HYPERCALL_PAGE)?;
+            } else {
+                // EDX:EAX = input value, EBX:ECX = input GPA, EDI:ESI = output GPA.
+                p.asm().push(edi)?;
+                p.asm().push(esi)?;
+                p.asm().mov(eax, code)?;
+                p.asm().xor(edx, edx)?;
+                p.asm().mov(ecx, layout::HYPERCALL_INPUT as u32)?;
+                p.asm().xor(ebx, ebx)?;
+                p.asm().xor(edi, edi)?;
+                p.asm().xor(esi, esi)?;
+                p.asm().call(layout::HYPERCALL_PAGE)?;
+                p.asm().pop(esi)?;
+                p.asm().pop(edi)?;
+            }
             Ok(())
         })?;
         p.counted_loop(self.hlt, |p| {

@@ -148,3 +148,23 @@ fn several_vps_in_real_and_protected_mode_keep_their_own_counts() {
         }
     }
 }
+
+#[test]
+fn hypercall_counts_are_exact_in_long_and_protected_mode() {
+    if !kvm_available("hypercall_counts_are_exact_in_long_and_protected_mode") {
+        return;
+    }
+    let w = Workload {
+        hypercalls: counts(150, 50),
+        cpuid: counts(100, 0),
+        out: counts(20, 0),
+        exit_status: 5,
+        ..Workload::default()
+    };
+    for mode in [Mode::Long, Mode::Protected] {
+        let r = run(&w, mode, 2);
+        for vp in 0..2 {
+            assert_exact(&r, vp, &w.expected(vp));
+        }
+    }
+}

@@ -11,6 +11,7 @@ use hvstats_abi::whv::{ApicCounters, EventCounters, InterceptCounters};
 use hvstats_guest::program::LoopCount;
 use hvstats_guest::workload::{Expected, Workload};
 use hvstats_guest::{Mode, layout};
+use hvstats_kvm::enlightenment::HyperV;
 use hvstats_kvm::{Handlers, Partition, PartitionConfig, RunReport};
 
 /// True when /dev/kvm can be used. Without it, the test says so and passes, except under CI where
@@ -37,9 +38,13 @@ pub struct Run {
 pub fn run(workload: &Workload, mode: Mode, vps: u32) -> Run {
     let image = workload.build(mode, layout::DEFAULT_LOAD_GPA).expect("build");
     let hv = Hypervisor::new().expect("hypervisor");
-    let config =
+    let mut config =
         PartitionConfig { vp_count: vps, mode, timeout: Duration::from_secs(60), ..Default::default() };
-    let partition = Partition::new(&hv, config, Handlers::builtin()).expect("partition");
+    // Every partition is enlightened: workloads that make hypercalls need it, the others do not
+    // notice it.
+    let mut handlers = Handlers::builtin();
+    HyperV::new(hv.clone(), true).install(&mut config, &mut handlers);
+    let partition = Partition::new(&hv, config, handlers).expect("partition");
     partition.load(image.load_gpa, &image.bytes).expect("load");
     let report = partition.run(image.entry).expect("run");
     for vp in &report.vps {
@@ -82,6 +87,8 @@ pub fn assert_exact(run: &Run, vp: u32, expected: &Expected) {
     assert_eq!(v.intercepts.msr_accesses.count, expected.msr, "{ctx} msr (whv)");
     assert_eq!(page.get(c::MSR_ACCESSES), expected.msr, "{ctx} msr (page)");
     assert_eq!(page.get(c::OTHER_MESSAGES), expected.user_msr, "{ctx} userspace msr exits (page)");
+    assert_eq!(page.get(c::HYPERCALLS), expected.hypercalls, "{ctx} hypercalls (page)");
+    assert_eq!(page.get(c::LONG_SPIN_WAIT_HYPERCALLS), expected.hypercalls, "{ctx} long spin waits (page)");
     assert_eq!(v.intercepts.halt_instructions.count, expected.hlt, "{ctx} hlt (whv)");
     assert_eq!(page.get(c::HLT_INSTRUCTIONS), expected.hlt, "{ctx} hlt (page)");
     assert_eq!(v.apic.mmio_access_count, expected.apic_mmio, "{ctx} apic mmio (whv)");
@@ -107,10 +114,11 @@ pub fn assert_exact(run: &Run, vp: u32, expected: &Expected) {
     let stat = |name| run.partition.kvm_stat(vp, name).unwrap_or_else(|| panic!("{ctx}: no KVM stat {name}"));
     assert_eq!(stat("halt_exits"), expected.hlt, "{ctx} KVM halt_exits");
     assert_eq!(stat("irq_injections"), v.events.interrupt_count, "{ctx} KVM irq_injections");
-    // KVM's `exits` counts userspace exits, halts and guest exceptions (and a few exits of its
+    // KVM's `exits` counts userspace exits (hypercalls among them), halts and guest exceptions (and a few exits of its
     // own, e.g. at the first entry), so it bounds ours from above.
     let exits = stat("exits");
-    let ours = expected.io_exits + expected.user_msr + expected.hlt + expected.exceptions;
+    let ours =
+        expected.io_exits + expected.user_msr + expected.hlt + expected.exceptions + expected.hypercalls;
     assert!(exits >= ours && exits <= ours + 16, "{ctx} KVM exits {exits} vs {ours}");
     // Time halted (KVM's halt_wait_ns) and instructions KVM emulated are there too.
     if expected.hlt > 0 {
