@@ -26,5 +26,7 @@ pub mod vp;
 
 pub use error::Error;
 pub use handlers::{Handlers, HypercallHandler, MsrHandler, PortAction, PortHandler, VpContext};
-pub use partition::{OverlayBacking, Partition, PartitionConfig, RunReport, StatsPageOverlay};
+pub use partition::{
+    HardwareCounters, OverlayBacking, Partition, PartitionConfig, RunReport, StatsPageOverlay,
+};
 pub use vp::{VpFault, VpOutcome};

@@ -48,6 +48,18 @@ pub struct PartitionConfig {
     pub collect_interval: Duration,
     /// CPUID entries replacing (same function and index) or extending KVM's supported set.
     pub cpuid: Vec<kvm_cpuid_entry2>,
+    /// Guest cycles and instructions retired per VP, counted with the PMU under this allocation
+    /// (none: not counted).
+    pub hardware_counters: Option<HardwareCounters>,
+}
+
+/// A hardware counter allocation the VPs count guest cycles and instructions under.
+#[derive(Clone, Debug)]
+pub struct HardwareCounters {
+    /// The host's shared allocation table.
+    pub allocator: Arc<hvstats::hwc::Allocator>,
+    /// The allocation (it must cover every processor the VP threads may run on).
+    pub handle: hvstats::hwc::CounterSetHandle,
 }
 
 impl Default for PartitionConfig {
@@ -60,6 +72,7 @@ impl Default for PartitionConfig {
             accounting: true,
             collect_interval: Duration::from_millis(100),
             cpuid: Vec::new(),
+            hardware_counters: None,
         }
     }
 }
@@ -432,6 +445,7 @@ impl Partition {
                         exit_status: None,
                         serial: Vec::new(),
                         fault: Some(vp::VpFault { reason: "VP thread panicked".into(), rip: 0 }),
+                        hardware: None,
                         run_time: Duration::ZERO,
                     })
                 })

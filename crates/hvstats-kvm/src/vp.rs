@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, Once};
 use std::time::Instant;
 
+use hvstats::hwc::{GuestCounts, VpHardwareCounters};
 use kvm_ioctls::{VcpuExit, VcpuFd};
 
 use crate::accounting::{ExitAccounting, ExitClass, UserExitCounts, VpSources};
@@ -95,6 +96,9 @@ pub struct VpOutcome {
     pub fault: Option<VpFault>,
     /// Time from the VP's first entry into the guest until it stopped.
     pub run_time: std::time::Duration,
+    /// Guest cycles and instructions retired, when the partition was given hardware counters:
+    /// the counts, or why the PMU could not count them (never zeros in their place).
+    pub hardware: Option<Result<GuestCounts, String>>,
 }
 
 /// Where to kick a running VP thread.
@@ -206,11 +210,22 @@ pub(crate) fn run(partition: &Partition, shared: &VpShared, mut vcpu: VcpuFd, ac
         k.run = vcpu.get_kvm_run() as *mut kvm_bindings::kvm_run as usize;
         k.live = true;
     }
+    let mut hardware = partition
+        .config()
+        .hardware_counters
+        .as_ref()
+        .map(|h| VpHardwareCounters::open(&h.allocator, h.handle, 0).map_err(|e| e.to_string()));
     let page = partition.stats().vp_page(index);
     let mut acct = ExitAccounting::new(accounting && page.is_some());
     let mut serial = Vec::new();
-    let mut outcome =
-        VpOutcome { index, exit_status: None, serial: Vec::new(), fault: None, run_time: Default::default() };
+    let mut outcome = VpOutcome {
+        index,
+        exit_status: None,
+        serial: Vec::new(),
+        fault: None,
+        run_time: Default::default(),
+        hardware: None,
+    };
     let started = Instant::now();
     loop {
         if shared.stopping() {
@@ -235,6 +250,10 @@ pub(crate) fn run(partition: &Partition, shared: &VpShared, mut vcpu: VcpuFd, ac
         }
     }
     outcome.run_time = started.elapsed();
+    outcome.hardware = hardware.as_mut().map(|h| match h {
+        Ok(counters) => counters.read().map_err(|e| format!("reading the hardware counters: {e}")),
+        Err(why) => Err(why.clone()),
+    });
     if outcome.fault.is_some() {
         // A partition with a faulted VP is being torn down: no longer active.
         partition.stats().set_active(false);

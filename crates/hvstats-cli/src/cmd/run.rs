@@ -2,24 +2,31 @@
 //!
 //! With `--image`, a raw guest image runs under the conventions of `hvstats_guest::layout`
 //! (RDI = VP index, RSI = VP count, port 0xF4 = exit status, port 0x3F8 = serial). Without it, a
-//! built-in demo runs several VPs with port I/O, CPUID, MSR, APIC and HLT-with-interrupt traffic.
+//! built-in demo runs several VPs with port I/O, CPUID, MSR, APIC, HLT-with-interrupt and hypercall
+//! traffic. Every partition is enlightened (Hyper-V CPUID leaves, synthetic MSRs, the hypercall page
+//! and the stats hypercalls) and published under the runtime directory while it runs, so
+//! `hvstats snapshot` in another process sees its counters.
 //! The output is a perfmon-style table per VP, or with `--json` one object holding the partition's
 //! counters and, per VP, the WHv counter sets and every page counter. A VP that faulted or did not
 //! stop in time is reported with its RIP and reason, and the command exits with status 2.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use hvstats::Hypervisor;
+use hvstats::hwc::{Allocator, PmuShape};
 use hvstats::whv;
 use hvstats_abi::catalog::{self, Counter, Presentation};
+use hvstats_abi::hal::{PhysicalCounterResourceDescriptor, PhysicalCounterResourceList};
 use hvstats_abi::whv::InterceptCounter;
 use hvstats_abi::{ObjectKind, catalog::counters_of};
 use hvstats_guest::program::LoopCount;
 use hvstats_guest::{GuestImage, Mode, Workload, layout};
-use hvstats_kvm::{Handlers, Partition, PartitionConfig, RunReport};
+use hvstats_kvm::enlightenment::HyperV;
+use hvstats_kvm::{Handlers, HardwareCounters, Partition, PartitionConfig, RunReport, VpOutcome};
 use serde_json::{Map, Value, json};
 
 /// Flags of `hvstats run`.
@@ -52,6 +59,17 @@ pub struct Args {
     /// In tables, also list the counters KVM cannot maintain (they read 0).
     #[arg(long)]
     all: bool,
+    /// Withhold the AccessStats privilege: the guest's HvMapStatsPage gets ACCESS_DENIED.
+    #[arg(long)]
+    no_access_stats: bool,
+    /// How many stats pages the partition may have mapped at once (its quota); a map beyond it
+    /// gets INSUFFICIENT_MEMORY.
+    #[arg(long, default_value_t = hvstats::rules::DEFAULT_STATS_PAGE_QUOTA)]
+    max_stats_pages: u32,
+    /// Where the running instance is published for `hvstats snapshot` and the hardware counter
+    /// table lives (default: $HVSTATS_RUNTIME_DIR, else /run/hvstats).
+    #[arg(long)]
+    runtime_dir: Option<PathBuf>,
 }
 
 fn parse_mode(s: &str) -> Result<Mode, String> {
@@ -93,6 +111,7 @@ fn demo_workload(mode: Mode) -> Workload {
         ..Workload::default()
     };
     if mode != Mode::Real {
+        w.hypercalls = LoopCount::per_vp(100, 25);
         w.hlt = LoopCount::per_vp(50, 10);
         w.eoi = LoopCount::per_vp(200, 50);
         w.self_ipi = LoopCount::per_vp(100, 20);
@@ -127,22 +146,42 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             (image, args.vps.unwrap_or(4))
         }
     };
-    let hv = Hypervisor::new().context("creating the hypervisor instance")?;
-    let config = PartitionConfig {
+    let runtime_dir = args.runtime_dir.clone().unwrap_or_else(hvstats::runtime_dir::runtime_dir);
+    let hv = match Hypervisor::new_published(&runtime_dir) {
+        Ok(hv) => hv,
+        Err(e) => {
+            eprintln!("hvstats: not publishing this instance for `hvstats snapshot`: {e}");
+            Hypervisor::new().context("creating the hypervisor instance")?
+        }
+    };
+    let hardware = hardware_counters(&runtime_dir);
+    let mut config = PartitionConfig {
         vp_count: vps,
         memory_bytes: args.memory,
         mode: image.mode,
         timeout: Duration::from_secs_f64(args.timeout),
+        hardware_counters: hardware.as_ref().ok().cloned(),
         ..PartitionConfig::default()
     };
-    let partition = Partition::new(&hv, config, Handlers::builtin()).context("creating the partition")?;
+    let mut handlers = Handlers::builtin();
+    HyperV::new(hv.clone(), !args.no_access_stats).install(&mut config, &mut handlers);
+    let partition = Partition::new(&hv, config, handlers).context("creating the partition")?;
+    partition.stats().set_stats_page_quota(args.max_stats_pages);
     partition.load(image.load_gpa, &image.bytes).context("loading the image")?;
-    let report = partition.run(image.entry).context("running the partition")?;
+    let report = partition.run(image.entry);
+    if let Ok(h) = &hardware {
+        let status = h.allocator.free(h.handle);
+        if !status.is_success() {
+            eprintln!("hvstats: freeing hardware counter allocation {}: {status}", h.handle);
+        }
+    }
+    let report = report.context("running the partition")?;
+    let unavailable = hardware.as_ref().err().map(String::as_str);
     if args.json {
-        let value = json_report(&partition, &report)?;
+        let value = json_report(&partition, &report, unavailable)?;
         println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
-        print_tables(&partition, &report, args.all, args.image.is_none())?;
+        print_tables(&partition, &report, args.all, unavailable)?;
     }
     let missing = partition.unavailable_sources(0);
     if let Some(first) = missing.first() {
@@ -154,6 +193,31 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(if report.faulted() { ExitCode::from(2) } else { ExitCode::SUCCESS })
+}
+
+/// Two general-purpose counters on every processor, from the host's shared allocation table, for
+/// guest cycles and instructions retired; or why the PMU cannot be used.
+fn hardware_counters(runtime_dir: &Path) -> Result<HardwareCounters, String> {
+    let pmu = PmuShape::from_env_or_discover().map_err(|e| e.to_string())?;
+    if let Some(reason) = pmu.absent_reason() {
+        return Err(format!("no PMU: {reason}"));
+    }
+    let allocator = Allocator::open(runtime_dir, pmu).map_err(|e| e.to_string())?;
+    let counters = [PhysicalCounterResourceDescriptor::range(0, 1)];
+    let handle = allocator
+        .allocate(None, Some(&PhysicalCounterResourceList::new(&counters)))
+        .map_err(|status| format!("the PMU's counters are held by others: {status}"))?;
+    Ok(HardwareCounters { allocator: Arc::new(allocator), handle })
+}
+
+/// A VP's guest cycles and instructions, or why they are unavailable (never zeros in their place).
+fn hardware_json(vp: &VpOutcome, unavailable: Option<&str>) -> Value {
+    match (&vp.hardware, unavailable) {
+        (Some(Ok(c)), _) => json!({"cycles": c.cycles, "instructions": c.instructions}),
+        (Some(Err(why)), _) => json!({"unavailable": why}),
+        (None, Some(why)) => json!({"unavailable": why}),
+        (None, None) => json!({"unavailable": "not requested"}),
+    }
 }
 
 fn counters_json(kind: ObjectKind, page: &hvstats::SharedPage) -> Value {
@@ -169,7 +233,11 @@ fn pair(c: InterceptCounter) -> Value {
 }
 
 /// The `--json` object (shape given in the issue).
-fn json_report(partition: &Partition, report: &RunReport) -> anyhow::Result<Value> {
+fn json_report(
+    partition: &Partition,
+    report: &RunReport,
+    unavailable: Option<&str>,
+) -> anyhow::Result<Value> {
     let stats = partition.stats();
     let mut vps = Vec::new();
     for vp in &report.vps {
@@ -213,6 +281,7 @@ fn json_report(partition: &Partition, report: &RunReport) -> anyhow::Result<Valu
                 "SelfIpiCount": ap.self_ipi_count,
             },
             "counters": counters_json(ObjectKind::Vp, page),
+            "hardware": hardware_json(vp, unavailable),
         });
         if let Some(f) = &vp.fault {
             obj["fault"] = json!({"reason": f.reason, "rip": f.rip});
@@ -225,7 +294,12 @@ fn json_report(partition: &Partition, report: &RunReport) -> anyhow::Result<Valu
     }))
 }
 
-fn print_tables(partition: &Partition, report: &RunReport, all: bool, demo: bool) -> anyhow::Result<()> {
+fn print_tables(
+    partition: &Partition,
+    report: &RunReport,
+    all: bool,
+    unavailable: Option<&str>,
+) -> anyhow::Result<()> {
     let secs = report.elapsed.as_secs_f64().max(1e-9);
     println!(
         "partition {}: {} VPs, {} mode, ran {:.3} s",
@@ -253,6 +327,15 @@ fn print_tables(partition: &Partition, report: &RunReport, all: bool, demo: bool
         if !vp.serial.is_empty() {
             println!("  serial: {:?}", String::from_utf8_lossy(&vp.serial));
         }
+        match hardware_json(vp, unavailable) {
+            Value::Object(m) if m.contains_key("cycles") => {
+                println!("  guest cycles {}, instructions retired {}", m["cycles"], m["instructions"])
+            }
+            v => println!(
+                "  guest cycles and instructions retired: unavailable: {}",
+                v["unavailable"].as_str().unwrap_or("")
+            ),
+        }
         println!("  {:<40} {:>14} {:>14} {:>14}", "counter", "total", "per second", "avg cost (ns)");
         for c in counters_of(ObjectKind::Vp) {
             let maintained = c.maintained.is_maintained();
@@ -277,9 +360,6 @@ fn print_tables(partition: &Partition, report: &RunReport, all: bool, demo: bool
         println!(
             "{hidden} VP counters KVM cannot maintain are not shown (--all lists them; `hvstats catalog` says why)."
         );
-    }
-    if demo {
-        println!("Hypercall traffic joins the demo with the Hyper-V enlightenment (hypercall page).");
     }
     Ok(())
 }
