@@ -15,10 +15,10 @@ use hvstats_guest::program::LoopCount;
 use hvstats_guest::{Mode, Workload, layout};
 use hvstats_kvm::accounting::{UserExitCounts, VpSources};
 use hvstats_kvm::enlightenment::HyperV;
-use hvstats_kvm::sources::kvm_stats::KvmStats;
+use hvstats_kvm::sources::kvm_stats::{KvmStats, Stat};
 use hvstats_kvm::sources::perf_sw::Migrations;
-use hvstats_kvm::sources::thread_time::{self, gettid};
-use hvstats_kvm::sources::tracepoint::{Tracepoint, VpTracepoints};
+use hvstats_kvm::sources::thread_time::{ThreadClock, gettid};
+use hvstats_kvm::sources::tracepoint::VpTracepoints;
 use hvstats_kvm::{Handlers, Partition, PartitionConfig, exit_cost};
 
 /// Run time per hypercall of a one-VP guest making `n` HvCallNotifyLongSpinWait hypercalls.
@@ -49,7 +49,10 @@ fn refresh(c: &mut Criterion) {
     let page = SharedPage::anonymous(ObjectKind::Vp).expect("page");
     let user = UserExitCounts::default();
     let mut group = c.benchmark_group("vp_refresh");
+    // Everything (what the collector and the WHv API do), and what the VP thread does at a
+    // hypercall (on its own thread: the intercept counters only).
     group.bench_function("merge_all_sources", |b| b.iter(|| sources.merge(&page, &user)));
+    group.bench_function("refresh_on_vp_thread", |b| b.iter(|| sources.refresh(&page, &user)));
     group.finish();
 
     // Where the time goes: each source read on its own.
@@ -58,17 +61,19 @@ fn refresh(c: &mut Criterion) {
     let stats = KvmStats::open(vcpu.as_raw_fd()).expect("KVM stats fd");
     let migrations = Migrations::open(tid).expect("cpu-migrations");
     let mut group = c.benchmark_group("vp_refresh_parts");
-    group.bench_function("tracepoints_all", |b| {
-        b.iter(|| Tracepoint::ALL.map(|tp| tracepoints.read(tp)))
-    });
-    group.bench_function("kvm_stats_snapshot_and_lookups", |b| {
+    group.bench_function("tracepoints_all", |b| b.iter(|| tracepoints.read_all()));
+    let (halt, irq, wait) = (stats.stat("halt_exits"), stats.stat("irq_exits"), stats.stat("halt_wait_ns"));
+    let mut data = vec![0u64; stats.data_words()];
+    group.bench_function("kvm_stats_read_and_lookups", |b| {
         b.iter(|| {
-            let s = stats.snapshot().expect("snapshot");
-            (s.raw("halt_exits"), s.raw("irq_exits"), s.nanoseconds("halt_wait_ns"))
+            stats.read_into(&mut data).expect("pread");
+            let v = |s: Option<Stat>| s.map(|s| s.raw(&data));
+            (v(halt), v(irq), wait.map(|s| s.nanoseconds(&data)))
         })
     });
     group.bench_function("migrations", |b| b.iter(|| migrations.read()));
-    group.bench_function("thread_times", |b| b.iter(|| thread_time::read(tid)));
+    let clock = ThreadClock::open(tid).expect("thread clock");
+    group.bench_function("thread_times", |b| b.iter(|| clock.read()));
     group.finish();
 
     let hv = Hypervisor::new().expect("hypervisor");

@@ -4,21 +4,25 @@
 //! - the run loop's own counts of userspace exits, by class, with the time spent handling each
 //!   ([`ExitAccounting`]); only the VP thread writes these, with a plain add;
 //! - values the kernel keeps (tracepoint counts, KVM's stats, migrations, thread time), merged into
-//!   the page by [`VpSources::merge`]; the VP thread does this at hypercalls and at its end, the
-//!   partition's collector on a cadence and the WHv API on demand, serialized by a lock, so every
-//!   merge writes values that were exact at that moment.
+//!   the page by [`VpSources`]; the VP thread does this at hypercalls (the intercept counters a
+//!   guest can check, [`VpSources::merge_exits`]) and at its end, the partition's collector on a
+//!   cadence and the WHv API on demand (everything, [`VpSources::merge`]), serialized by a lock,
+//!   so every merge writes values that were exact at that moment.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use hvstats::SharedPage;
 use hvstats::whv::VpExtras;
+use hvstats_abi::CounterId;
 use hvstats_abi::catalog::vp;
 use hvstats_abi::page::PAGE_SLOTS;
 
 use crate::cycles;
-use crate::sources::kvm_stats::KvmStats;
+use crate::error::Error;
+use crate::sources::kvm_stats::{KvmStats, Stat};
 use crate::sources::perf_sw::Migrations;
-use crate::sources::thread_time::{self, ThreadTimes};
+use crate::sources::thread_time::{self, ThreadClock, ThreadTimes};
 use crate::sources::tracepoint::{Tracepoint, VpTracepoints};
 
 /// What kind of userspace exit the run loop handled.
@@ -152,13 +156,79 @@ impl ExitAccounting {
     }
 }
 
+/// How a KVM statistic becomes a counter value.
+#[derive(Clone, Copy, Debug)]
+enum StatUnit {
+    /// The raw count.
+    Count,
+    /// A time in nanoseconds, written in 100 ns.
+    Time100ns,
+}
+
+/// The VP counters kept from the vCPU's KVM statistics, and the statistic behind each.
+const FROM_KVM_STATS: [(CounterId, &str, StatUnit); 9] = [
+    (vp::PAGE_INVALIDATIONS, "invlpg", StatUnit::Count),
+    (vp::HLT_INSTRUCTIONS, "halt_exits", StatUnit::Count),
+    (vp::HLT_INSTRUCTIONS_COST, "halt_wait_ns", StatUnit::Time100ns),
+    (vp::EXTERNAL_INTERRUPTS, "irq_exits", StatUnit::Count),
+    (vp::PENDING_INTERRUPTS, "irq_window_exits", StatUnit::Count),
+    (vp::EMULATED_INSTRUCTIONS, "insn_emulation", StatUnit::Count),
+    (vp::PAGE_FAULT_INTERCEPTS, "pf_taken", StatUnit::Count),
+    (vp::REFLECTED_GUEST_PAGE_FAULTS, "pf_guest", StatUnit::Count),
+    (vp::VIRTUAL_INTERRUPTS, "irq_injections", StatUnit::Count),
+];
+
+/// A vCPU's KVM statistics with the ones hvstats keeps looked up once, and a buffer for the data
+/// block, so a refresh is one `pread` and a few indexed loads.
+#[derive(Debug)]
+struct VcpuStats {
+    stats: KvmStats,
+    /// By [`FROM_KVM_STATS`] row; `None` when the kernel lacks that statistic (the counter reads 0).
+    lookups: [Option<Stat>; FROM_KVM_STATS.len()],
+    data: Vec<u64>,
+}
+
+impl VcpuStats {
+    fn new(stats: KvmStats) -> Self {
+        let lookups = FROM_KVM_STATS.map(|(_, name, _)| stats.stat(name));
+        let data = vec![0; stats.data_words()];
+        Self { stats, lookups, data }
+    }
+
+    /// Reads the statistics and writes their counters; leaves them as they are when the read fails.
+    fn merge(&mut self, page: &SharedPage) {
+        if self.stats.read_into(&mut self.data).is_err() {
+            return;
+        }
+        for ((counter, _, unit), stat) in FROM_KVM_STATS.iter().zip(&self.lookups) {
+            let value = stat.map_or(0, |s| match unit {
+                StatUnit::Count => s.raw(&self.data),
+                StatUnit::Time100ns => s.nanoseconds(&self.data) / 100,
+            });
+            page.set(*counter, value);
+        }
+    }
+}
+
 /// The kernel sources of one VP, opened on (or for) its thread.
+///
+/// A merge has two parts. The *exit* part ([`merge_exits`](Self::merge_exits)) reads what a guest
+/// can see change from one instruction to the next: the intercepts KVM handles in the kernel
+/// (tracepoints, one group read) and KVM's statistics (one `pread`). The *time* part reads the
+/// thread's CPU and guest time and its migrations, which change whenever the thread runs. The VP
+/// thread refreshes its own page at every hypercall with the exit part only
+/// ([`refresh`](Self::refresh)); every other caller (the collector, the WHv API) and the end of
+/// the VP merge both. Either way every value written is exact at the moment it is written: the
+/// times are written together (Hypervisor run time = total less guest time of the same reading),
+/// never one updated without the other.
 #[derive(Debug)]
 pub struct VpSources {
     tid: libc::pid_t,
     tracepoints: VpTracepoints,
-    stats: Option<KvmStats>,
+    stats: Option<VcpuStats>,
     migrations: Option<Migrations>,
+    migrated: Option<u64>,
+    clock: Option<ThreadClock>,
     times: ThreadTimes,
     thread_gone: bool,
     exceptions: u64,
@@ -170,8 +240,10 @@ impl VpSources {
         Self {
             tid,
             tracepoints: VpTracepoints::open(tid),
-            stats: KvmStats::open(vcpu_fd).ok(),
+            stats: KvmStats::open(vcpu_fd).ok().map(VcpuStats::new),
             migrations: Migrations::open(tid).ok(),
+            migrated: None,
+            clock: ThreadClock::open(tid).ok(),
             times: ThreadTimes::default(),
             thread_gone: false,
             exceptions: 0,
@@ -185,17 +257,60 @@ impl VpSources {
 
     /// The vCPU's KVM stats, when the kernel has them.
     pub fn kvm_stats(&self) -> Option<&KvmStats> {
-        self.stats.as_ref()
+        self.stats.as_ref().map(|s| &s.stats)
     }
 
     /// Marks the thread as exited: its times stay at the last reading (its tid may be reused).
+    /// Called on the VP's own thread as it ends, this takes that last reading first, so the next
+    /// merge writes the thread's final times.
     pub fn thread_exited(&mut self) {
+        if !self.thread_gone && thread_time::current_tid() == self.tid {
+            self.read_times();
+        }
         self.thread_gone = true;
+    }
+
+    /// True on the VP's own thread while it runs the VP.
+    fn on_own_thread(&self) -> bool {
+        !self.thread_gone && thread_time::current_tid() == self.tid
+    }
+
+    /// What the VP thread does before a hypercall and any other caller whenever it wants exact
+    /// values: on the VP's own thread the exit part ([`merge_exits`](Self::merge_exits)), elsewhere
+    /// everything ([`merge`](Self::merge)).
+    pub fn refresh(&mut self, page: &SharedPage, user: &UserExitCounts) -> VpExtras {
+        if self.on_own_thread() { self.merge_exits(page, user) } else { self.merge(page, user) }
     }
 
     /// Reads every source and writes its values into `page`.
     pub fn merge(&mut self, page: &SharedPage, user: &UserExitCounts) -> VpExtras {
-        let tp = |t| self.tracepoints.read(t);
+        let extras = self.merge_exits(page, user);
+        if !self.thread_gone {
+            self.read_times();
+        }
+        if let Some(m) = self.migrated {
+            page.set(vp::LOGICAL_PROCESSOR_MIGRATIONS, m);
+        }
+        page.set(vp::TOTAL_RUN_TIME, self.times.total_100ns);
+        page.set(vp::HYPERVISOR_RUN_TIME, self.times.hypervisor_100ns());
+        extras
+    }
+
+    /// The thread's CPU and guest time and its migrations, kept for the next write.
+    fn read_times(&mut self) {
+        if let Some(t) = self.clock.as_ref().and_then(|c| c.read().ok()) {
+            self.times = t;
+        }
+        if let Some(m) = self.migrations.as_ref().and_then(|m| m.read().ok()) {
+            self.migrated = Some(m);
+        }
+    }
+
+    /// Reads the intercept sources (tracepoints and KVM statistics) and writes their counters
+    /// into `page`: every counter a guest can see change because of what it executed.
+    pub fn merge_exits(&mut self, page: &SharedPage, user: &UserExitCounts) -> VpExtras {
+        let counts = self.tracepoints.read_all();
+        let tp = |t: Tracepoint| counts[t.index()];
         let user_msr = user.msr.load(Ordering::Relaxed);
         let hypercalls = user.hypercalls.load(Ordering::Relaxed);
         // A tracepoint that is unavailable (or unreadable right now) leaves its counter as it is:
@@ -219,27 +334,115 @@ impl VpSources {
         if let Some(n) = tp(Tracepoint::InjException) {
             self.exceptions = n;
         }
-        if let Some(snap) = self.stats.as_ref().and_then(|s| s.snapshot().ok()) {
-            page.set(vp::PAGE_INVALIDATIONS, snap.raw("invlpg"));
-            page.set(vp::HLT_INSTRUCTIONS, snap.raw("halt_exits"));
-            page.set(vp::HLT_INSTRUCTIONS_COST, snap.nanoseconds("halt_wait_ns") / 100);
-            page.set(vp::EXTERNAL_INTERRUPTS, snap.raw("irq_exits"));
-            page.set(vp::PENDING_INTERRUPTS, snap.raw("irq_window_exits"));
-            page.set(vp::EMULATED_INSTRUCTIONS, snap.raw("insn_emulation"));
-            page.set(vp::PAGE_FAULT_INTERCEPTS, snap.raw("pf_taken"));
-            page.set(vp::REFLECTED_GUEST_PAGE_FAULTS, snap.raw("pf_guest"));
-            page.set(vp::VIRTUAL_INTERRUPTS, snap.raw("irq_injections"));
+        if let Some(stats) = self.stats.as_mut() {
+            stats.merge(page);
         }
-        if let Some(m) = self.migrations.as_ref().and_then(|m| m.read().ok()) {
-            page.set(vp::LOGICAL_PROCESSOR_MIGRATIONS, m);
-        }
-        if !self.thread_gone {
-            if let Ok(t) = thread_time::read(self.tid) {
-                self.times = t;
-            }
-        }
-        page.set(vp::TOTAL_RUN_TIME, self.times.total_100ns);
-        page.set(vp::HYPERVISOR_RUN_TIME, self.times.hypervisor_100ns());
         VpExtras { exception_count: self.exceptions }
+    }
+}
+
+/// What refreshing a VP page costs on the VP's own thread (averages).
+#[derive(Clone, Copy, Debug)]
+pub struct RefreshCost {
+    /// The exit part, what the VP thread does before every hypercall.
+    pub exit_path: Duration,
+    /// Every source, what the collector and the WHv API do.
+    pub everything: Duration,
+}
+
+/// Measures [`RefreshCost`] over `n` refreshes of each kind, with the sources of a vCPU (never
+/// run) opened for the calling thread, as the VP thread opens its own. A measurement for
+/// `hvstats bench` and the benches, never a test.
+///
+/// # Errors
+/// When the VM, its vCPU or the page cannot be created.
+pub fn refresh_cost(n: u32) -> Result<RefreshCost, Error> {
+    use std::os::fd::AsRawFd;
+    let kvm = kvm_ioctls::Kvm::new().map_err(Error::OpenKvm)?;
+    let vm = kvm.create_vm().map_err(crate::error::kvm("KVM_CREATE_VM"))?;
+    let vcpu = vm.create_vcpu(0).map_err(crate::error::kvm("KVM_CREATE_VCPU"))?;
+    let page = SharedPage::anonymous(hvstats_abi::ObjectKind::Vp)
+        .map_err(|source| Error::Host { op: "stats page", source })?;
+    let user = UserExitCounts::default();
+    let mut sources = VpSources::open(thread_time::gettid(), vcpu.as_raw_fd());
+    let n = n.max(1);
+    let mut time = |everything: bool| {
+        let start = Instant::now();
+        for _ in 0..n {
+            std::hint::black_box(if everything {
+                sources.merge(&page, &user)
+            } else {
+                sources.refresh(&page, &user)
+            });
+        }
+        start.elapsed() / n
+    };
+    Ok(RefreshCost { exit_path: time(false), everything: time(true) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hvstats_abi::ObjectKind;
+
+    /// A vCPU (never run) whose sources are opened for the calling thread, as the VP thread does.
+    fn vcpu() -> Option<(kvm_ioctls::VmFd, kvm_ioctls::VcpuFd)> {
+        let Ok(kvm) = kvm_ioctls::Kvm::new() else {
+            assert!(std::env::var("CI").as_deref() != Ok("true"), "/dev/kvm is required under CI");
+            eprintln!("skipping: /dev/kvm is not available");
+            return None;
+        };
+        let vm = kvm.create_vm().unwrap();
+        let vcpu = vm.create_vcpu(0).unwrap();
+        Some((vm, vcpu))
+    }
+
+    #[test]
+    fn the_vp_thread_refreshes_intercepts_and_leaves_times_to_full_merges() {
+        use std::os::fd::AsRawFd;
+        let Some((_vm, vcpu)) = vcpu() else { return };
+        let mut sources = VpSources::open(thread_time::gettid(), vcpu.as_raw_fd());
+        let page = SharedPage::anonymous(ObjectKind::Vp).unwrap();
+        let user = UserExitCounts::default();
+        user.msr.store(3, Ordering::Relaxed);
+        sources.refresh(&page, &user);
+        if sources.tracepoints().unavailable(Tracepoint::Msr).is_none() {
+            // The vCPU never ran: KVM handled no MSR access, the run loop three.
+            assert_eq!(page.get(vp::MSR_ACCESSES), 3);
+        }
+        assert_eq!(page.get(vp::TOTAL_RUN_TIME), 0, "times are not read on the VP thread's exit path");
+        sources.merge(&page, &user);
+        let total = page.get(vp::TOTAL_RUN_TIME);
+        assert!(total > 0);
+        assert!(page.get(vp::HYPERVISOR_RUN_TIME) <= total);
+        // Ending on its own thread takes the final reading; later merges keep it.
+        let mut x = 0u64;
+        let start = std::time::Instant::now();
+        while start.elapsed() < std::time::Duration::from_millis(3) {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+        sources.thread_exited();
+        sources.refresh(&page, &user);
+        let last = page.get(vp::TOTAL_RUN_TIME);
+        assert!(last > total, "a refresh after the thread ended writes everything, final times included");
+        sources.merge(&page, &user);
+        assert_eq!(page.get(vp::TOTAL_RUN_TIME), last);
+    }
+
+    #[test]
+    fn the_whole_tracepoint_group_reads_as_each_counter_does() {
+        let tps = VpTracepoints::open(thread_time::gettid());
+        if let Some(why) = tps.unavailable(Tracepoint::Cpuid) {
+            eprintln!("skipping: {why}");
+            return;
+        }
+        let all = tps.read_all();
+        for tp in Tracepoint::ALL {
+            match tps.unavailable(tp) {
+                None => assert_eq!(all[tp.index()], Some(0), "{tp:?}: this thread runs no guest"),
+                Some(_) => assert_eq!(all[tp.index()], None),
+            }
+            assert_eq!(tps.read(tp), all[tp.index()]);
+        }
     }
 }

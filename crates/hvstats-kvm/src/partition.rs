@@ -327,12 +327,24 @@ impl Partition {
         lock(&self.gpa_map).gpa_pages()
     }
 
-    /// Merges VP `index`'s kernel sources into its page now.
+    /// Merges VP `index`'s kernel sources into its page now. On the VP's own thread (at an exit)
+    /// that is the intercept counters a guest can check; from anywhere else, every source (see
+    /// [`VpSources`](crate::accounting::VpSources)).
     pub fn refresh(&self, index: u32) -> VpExtras {
+        self.refresh_sources(index, false)
+    }
+
+    /// Merges VP `index`'s sources into its page: all of them when `everything`, else as
+    /// [`refresh`](Self::refresh) decides.
+    fn refresh_sources(&self, index: u32, everything: bool) -> VpExtras {
         let Some(shared) = self.vps.get(index as usize) else { return VpExtras::default() };
         let Some(page) = self.stats.vp_page(index) else { return VpExtras::default() };
         if let Some(sources) = lock(&shared.sources).as_mut() {
-            let extras = sources.merge(page, &shared.user);
+            let extras = if everything {
+                sources.merge(page, &shared.user)
+            } else {
+                sources.refresh(page, &shared.user)
+            };
             shared.exceptions.store(extras.exception_count, Ordering::Relaxed);
         }
         VpExtras { exception_count: shared.exceptions.load(Ordering::Relaxed) }
@@ -451,6 +463,10 @@ impl Partition {
                 })
                 .collect::<Vec<_>>()
         });
+        // The VPs' final readings (their threads took the last thread times as they ended).
+        for i in 0..self.config.vp_count {
+            self.refresh_sources(i, true);
+        }
         self.refresh_partition();
         Ok(RunReport { vps: outcomes, elapsed: start.elapsed() })
     }
@@ -465,7 +481,8 @@ impl VpCounterSource for Partition {
         if vp_index >= self.config.vp_count {
             return Err(format!("no VP {vp_index}"));
         }
-        Ok(self.refresh(vp_index))
+        // Synchronously, everything, whichever thread asks.
+        Ok(self.refresh_sources(vp_index, true))
     }
 }
 

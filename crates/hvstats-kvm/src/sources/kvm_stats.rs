@@ -2,13 +2,17 @@
 //!
 //! The fd holds a header, an id string, one descriptor per statistic and a data block of u64s.
 //! kvm-ioctls has no wrapper, so the ioctl is issued here; descriptors are parsed once and the
-//! data block is read with one `pread` per refresh.
+//! data block is read with one `pread` per refresh. The exit path looks its statistics up once
+//! ([`KvmStats::stat`]) and reads the block into a buffer it keeps ([`KvmStats::read_into`]), so
+//! a refresh neither hashes names nor allocates.
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::fs::FileExt;
+
+use zerocopy::IntoBytes;
 
 /// `KVM_GET_STATS_FD` = `_IO(0xAE, 0xce)`.
 const KVM_GET_STATS_FD: libc::c_ulong = 0xAECE;
@@ -101,6 +105,46 @@ impl KvmStats {
         self.descs.contains_key(name)
     }
 
+    /// Where statistic `name` is and how to scale it, looked up once for
+    /// [`read_into`](Self::read_into); `None` when the kernel has no such statistic.
+    pub fn stat(&self, name: &str) -> Option<Stat> {
+        let d = self.descs.get(name)?;
+        let time =
+            d.flags & UNIT_MASK == UNIT_SECONDS && d.flags & BASE_POW2 == 0 && d.flags & TYPE_MASK <= 2;
+        let exp = d.exponent as i32 + 9;
+        // As `nanoseconds`: beyond 10^19 a nonzero value saturates, below 10^-19 it is 0.
+        let scale = if !time || exp < -19 {
+            Scale::NotTime
+        } else if exp > 19 {
+            Scale::Mul(u64::MAX)
+        } else if exp >= 0 {
+            Scale::Mul(10u64.pow(exp as u32))
+        } else {
+            Scale::Div(10u64.pow((-exp) as u32))
+        };
+        Some(Stat { slot: d.slot, scale })
+    }
+
+    /// Words of the data block ([`read_into`](Self::read_into) needs a buffer this long).
+    pub fn data_words(&self) -> usize {
+        self.data_len.div_ceil(8)
+    }
+
+    /// Reads the data block into `data` (at least [`data_words`](Self::data_words) long) with
+    /// one `pread`.
+    ///
+    /// # Errors
+    /// When the pread fails or `data` is too short.
+    pub fn read_into(&self, data: &mut [u64]) -> io::Result<()> {
+        let data = data.get_mut(..self.data_words()).ok_or(io::ErrorKind::InvalidInput)?;
+        let bytes = data.as_mut_bytes();
+        self.file.read_exact_at(&mut bytes[..self.data_len], self.data_offset)?;
+        for v in data.iter_mut() {
+            *v = u64::from_le(*v);
+        }
+        Ok(())
+    }
+
     /// Reads the data block once.
     ///
     /// # Errors
@@ -111,6 +155,40 @@ impl KvmStats {
         let data =
             bytes.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect();
         Ok(StatsSnapshot { stats: self, data })
+    }
+}
+
+/// How a statistic's value becomes nanoseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Scale {
+    /// Not a time in seconds with a decimal exponent.
+    NotTime,
+    /// Multiply by this.
+    Mul(u64),
+    /// Divide by this.
+    Div(u64),
+}
+
+/// A statistic looked up once ([`KvmStats::stat`]): its place in the data block and its scale.
+#[derive(Clone, Copy, Debug)]
+pub struct Stat {
+    slot: usize,
+    scale: Scale,
+}
+
+impl Stat {
+    /// Its raw (first) value in a data block read by [`KvmStats::read_into`].
+    pub fn raw(self, data: &[u64]) -> u64 {
+        data.get(self.slot).copied().unwrap_or(0)
+    }
+
+    /// Its value in nanoseconds, or 0 when it is not a time.
+    pub fn nanoseconds(self, data: &[u64]) -> u64 {
+        match self.scale {
+            Scale::NotTime => 0,
+            Scale::Mul(m) => self.raw(data).saturating_mul(m),
+            Scale::Div(d) => self.raw(data) / d,
+        }
     }
 }
 
@@ -146,4 +224,31 @@ impl StatsSnapshot<'_> {
 /// As [`KvmStats::open`].
 pub fn open_for(fd: &impl AsRawFd) -> io::Result<KvmStats> {
     KvmStats::open(fd.as_raw_fd())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn looked_up_statistics_agree_with_a_snapshot() {
+        let Ok(kvm) = kvm_ioctls::Kvm::new() else {
+            assert!(std::env::var("CI").as_deref() != Ok("true"), "/dev/kvm is required under CI");
+            eprintln!("skipping: /dev/kvm is not available");
+            return;
+        };
+        let vm = kvm.create_vm().unwrap();
+        let vcpu = vm.create_vcpu(0).unwrap();
+        let stats = open_for(&vcpu).unwrap();
+        let mut data = vec![0u64; stats.data_words()];
+        stats.read_into(&mut data).unwrap();
+        let snap = stats.snapshot().unwrap();
+        for name in ["halt_exits", "halt_wait_ns", "irq_exits", "insn_emulation", "pf_taken"] {
+            let stat = stats.stat(name).unwrap();
+            assert_eq!(stat.raw(&data), snap.raw(name), "{name}");
+            assert_eq!(stat.nanoseconds(&data), snap.nanoseconds(name), "{name}");
+        }
+        assert!(stats.stat("no_such_statistic").is_none());
+        assert!(stats.read_into(&mut data[..stats.data_words() - 1]).is_err());
+    }
 }

@@ -1,7 +1,9 @@
-//! A minimal `perf_event_open(2)` wrapper: one counting event on one thread.
+//! A minimal `perf_event_open(2)` wrapper: counting events on one thread, alone or in a group.
 //!
 //! Only counting is needed (no sampling, no ring buffer), so this is a file descriptor whose
-//! `read` gives the count.
+//! `read` gives the count. Events opened into a group ([`PerfCounter::open_in_group`]) are read
+//! together with one `read` of any of them ([`PerfCounter::read_group`]): one system call (and,
+//! from another thread, one cross-CPU call) for the whole group instead of one per event.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -14,6 +16,10 @@ pub const TYPE_TRACEPOINT: u32 = 2;
 const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 8;
 /// `PERF_EVENT_IOC_SET_FILTER` = `_IOW('$', 6, char *)`.
 const PERF_EVENT_IOC_SET_FILTER: libc::c_ulong = 0x4008_2406;
+/// `PERF_EVENT_IOC_ID` = `_IOR('$', 7, u64 *)`.
+const PERF_EVENT_IOC_ID: libc::c_ulong = 0x8008_2407;
+/// `PERF_FORMAT_ID | PERF_FORMAT_GROUP`: a read gives `{ nr, { value, id }[nr] }`.
+const GROUP_READ_FORMAT: u64 = (1 << 2) | (1 << 3);
 
 /// `struct perf_event_attr` up to `config3` (PERF_ATTR_SIZE_VER8, 136 bytes).
 #[repr(C)]
@@ -59,8 +65,41 @@ impl PerfCounter {
     /// What `perf_event_open` returns (ENOENT for an event the machine lacks, EACCES without
     /// privilege).
     pub fn open(type_: u32, config: u64, tid: libc::pid_t) -> io::Result<Self> {
-        let attr =
-            PerfEventAttr { type_, size: size_of::<PerfEventAttr>() as u32, config, ..Default::default() };
+        Self::open_with(type_, config, tid, 0, -1)
+    }
+
+    /// Opens event (`type_`, `config`) counting on thread `tid` (any CPU), enabled at once, as a
+    /// member of `leader`'s group, or as the leader of a new group when `leader` is `None`. Group
+    /// events are read with [`read_group`](Self::read_group). A group is scheduled as a unit,
+    /// which is harmless for software and tracepoint events (they are always schedulable).
+    ///
+    /// # Errors
+    /// What `perf_event_open` returns (as [`open`](Self::open); EINVAL when `leader` cannot take
+    /// this event).
+    pub fn open_in_group(
+        type_: u32,
+        config: u64,
+        tid: libc::pid_t,
+        leader: Option<&PerfCounter>,
+    ) -> io::Result<Self> {
+        let group_fd = leader.map_or(-1, |l| l.fd.as_raw_fd());
+        Self::open_with(type_, config, tid, GROUP_READ_FORMAT, group_fd)
+    }
+
+    fn open_with(
+        type_: u32,
+        config: u64,
+        tid: libc::pid_t,
+        read_format: u64,
+        group_fd: libc::c_int,
+    ) -> io::Result<Self> {
+        let attr = PerfEventAttr {
+            type_,
+            size: size_of::<PerfEventAttr>() as u32,
+            config,
+            read_format,
+            ..Default::default()
+        };
         // SAFETY: `attr` is a valid perf_event_attr of the size it declares, alive for the call;
         // the kernel only reads it. We check the result before using it as an fd.
         let fd = unsafe {
@@ -69,7 +108,7 @@ impl PerfCounter {
                 &attr as *const PerfEventAttr,
                 tid,
                 -1 as libc::c_int,
-                -1 as libc::c_int,
+                group_fd,
                 PERF_FLAG_FD_CLOEXEC,
             )
         };
@@ -91,7 +130,45 @@ impl PerfCounter {
         if r < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
     }
 
-    /// The count so far.
+    /// The kernel's id of this event (it tags the event's value in a group read).
+    ///
+    /// # Errors
+    /// When the ioctl fails.
+    pub fn id(&self) -> io::Result<u64> {
+        let mut id = 0u64;
+        // SAFETY: our fd is a perf event; the kernel writes one u64 into `id`, which we own.
+        let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), PERF_EVENT_IOC_ID, &mut id as *mut u64) };
+        if r < 0 { Err(io::Error::last_os_error()) } else { Ok(id) }
+    }
+
+    /// Reads every event of this event's group at once into `buf` as `{ nr, { value, id }[nr] }`
+    /// and returns the words written (`1 + 2 * nr`). Only for events opened with
+    /// [`open_in_group`](Self::open_in_group).
+    ///
+    /// # Errors
+    /// When the read fails (ENOSPC: `buf` is too small for the group).
+    pub fn read_group(&self, buf: &mut [u64]) -> io::Result<usize> {
+        loop {
+            // SAFETY: the kernel writes at most `size_of_val(buf)` bytes into `buf`, which we own
+            // for the call; the fd is a perf event.
+            let n = unsafe {
+                libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), std::mem::size_of_val(buf))
+            };
+            if n >= 8 && n % 8 == 0 {
+                return Ok(n as usize / 8);
+            }
+            let e = if n < 0 {
+                io::Error::last_os_error()
+            } else {
+                io::Error::from(io::ErrorKind::UnexpectedEof)
+            };
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+
+    /// The count so far (of an event opened alone, with [`open`](Self::open)).
     ///
     /// # Errors
     /// When the read fails or is short.

@@ -4,8 +4,13 @@
 //! includes the slice it is running right now, unlike `schedstat`). Guest time is field 43 of
 //! `stat` (clock ticks): on VMX/SVM hosts it grows while the guest runs; under KVM's instruction
 //! emulator it stays 0 and all of the VP's time is hypervisor time.
+//!
+//! [`ThreadClock`] keeps the `stat` file open and re-reads it with `pread` into a stack buffer, so
+//! a reading costs two system calls and no allocation.
 
+use std::fs::File;
 use std::io;
+use std::os::unix::fs::FileExt;
 
 /// 100 ns units per second.
 const UNITS_PER_SEC: u64 = 10_000_000;
@@ -35,6 +40,46 @@ pub fn read(tid: libc::pid_t) -> io::Result<ThreadTimes> {
     let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat"))?;
     let guest_ticks = parse_guest_ticks(&stat)?;
     Ok(ThreadTimes { total_100ns: run_ns / 100, guest_100ns: guest_ticks * (UNITS_PER_SEC / clock_ticks()) })
+}
+
+/// A thread's times, read repeatedly.
+#[derive(Debug)]
+pub struct ThreadClock {
+    tid: libc::pid_t,
+    stat: File,
+    ticks_to_100ns: u64,
+}
+
+/// Longer than any `stat` line (the command name is at most 64 bytes, the 52 numbers at most
+/// 20 digits each).
+const STAT_MAX: usize = 2048;
+
+impl ThreadClock {
+    /// Opens the times of thread `tid` of this process.
+    ///
+    /// # Errors
+    /// When its `stat` file cannot be opened (the thread is gone, or there is no procfs).
+    pub fn open(tid: libc::pid_t) -> io::Result<Self> {
+        let stat = File::open(format!("/proc/self/task/{tid}/stat"))?;
+        Ok(Self { tid, stat, ticks_to_100ns: UNITS_PER_SEC / clock_ticks() })
+    }
+
+    /// The thread's times now.
+    ///
+    /// # Errors
+    /// When the thread is gone or its `stat` cannot be parsed.
+    pub fn read(&self) -> io::Result<ThreadTimes> {
+        let run_ns = thread_cpu_ns(self.tid)?;
+        let mut buf = [0u8; STAT_MAX];
+        let n = self.stat.read_at(&mut buf, 0)?;
+        if n == 0 || n == buf.len() {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "empty or oversized stat"));
+        }
+        let stat =
+            std::str::from_utf8(&buf[..n]).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let guest_ticks = parse_guest_ticks(stat)?;
+        Ok(ThreadTimes { total_100ns: run_ns / 100, guest_100ns: guest_ticks * self.ticks_to_100ns })
+    }
 }
 
 /// CPU time of thread `tid` of this process, from its per-thread CPU clock
@@ -70,6 +115,14 @@ pub fn gettid() -> libc::pid_t {
     unsafe { libc::gettid() }
 }
 
+/// The calling thread's id, asked of the kernel once per thread (for checks on hot paths).
+pub fn current_tid() -> libc::pid_t {
+    thread_local! {
+        static TID: libc::pid_t = gettid();
+    }
+    TID.with(|t| *t)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -88,5 +141,20 @@ mod tests {
         let t = read(gettid()).unwrap();
         assert!(t.total_100ns > 0);
         assert!(t.hypervisor_100ns() <= t.total_100ns);
+    }
+
+    #[test]
+    fn an_open_clock_rereads_the_same_thread() {
+        let clock = ThreadClock::open(gettid()).unwrap();
+        let first = clock.read().unwrap();
+        // Burn some CPU so the thread's time moves.
+        let mut x = 0u64;
+        let start = std::time::Instant::now();
+        while start.elapsed() < std::time::Duration::from_millis(5) {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+        let second = clock.read().unwrap();
+        assert!(second.total_100ns > first.total_100ns, "{first:?} then {second:?}");
+        assert_eq!(second.guest_100ns, read(gettid()).unwrap().guest_100ns);
     }
 }

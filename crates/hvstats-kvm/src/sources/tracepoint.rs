@@ -125,34 +125,100 @@ fn event_id(tp: Tracepoint) -> Result<u64, String> {
     text.trim().parse().map_err(|_| format!("{}: not a number", path.display()))
 }
 
-/// The tracepoint counters of one VP thread.
+/// Words of a group read of every tracepoint: `nr`, then a value and an id per event.
+const GROUP_WORDS: usize = 1 + 2 * Tracepoint::ALL.len();
+
+/// One reading of every tracepoint counter of a VP, by [`Tracepoint::index`]; `None` where the
+/// counter is unavailable or could not be read.
+pub type TracepointCounts = [Option<u64>; Tracepoint::ALL.len()];
+
+/// An open tracepoint counter: a member of the VP's group (read with the group, found in it by
+/// its id), or on its own when the group could not take it.
+#[derive(Debug)]
+enum Counter {
+    Grouped { counter: PerfCounter, id: u64 },
+    Alone(PerfCounter),
+}
+
+/// The tracepoint counters of one VP thread, in one perf event group (the first counter that
+/// opens is the leader), so that a single `read` gives all of them.
 #[derive(Debug)]
 pub struct VpTracepoints {
-    counters: Vec<Result<PerfCounter, String>>,
+    counters: Vec<Result<Counter, String>>,
+    /// Index in `counters` of the group leader, if any counter opened.
+    leader: Option<usize>,
 }
 
 impl VpTracepoints {
     /// Opens every tracepoint counter for thread `tid`; a counter that cannot be opened keeps the
     /// reason.
     pub fn open(tid: libc::pid_t) -> Self {
-        let counters = Tracepoint::ALL
-            .iter()
-            .map(|&tp| {
-                let id = event_id(tp)?;
-                let c = PerfCounter::open(TYPE_TRACEPOINT, id, tid)
-                    .map_err(|e| format!("perf_event_open of kvm:{}: {e}", tp.event()))?;
-                if let Some(f) = tp.filter() {
-                    c.set_filter(f).map_err(|e| format!("filter {f:?} on kvm:{}: {e}", tp.event()))?;
-                }
-                Ok(c)
-            })
-            .collect();
-        Self { counters }
+        let mut counters: Vec<Result<Counter, String>> = Vec::with_capacity(Tracepoint::ALL.len());
+        let mut leader: Option<usize> = None;
+        for tp in Tracepoint::ALL {
+            let group = leader.and_then(|i| match &counters[i] {
+                Ok(Counter::Grouped { counter, .. }) => Some(counter),
+                _ => None,
+            });
+            let opened = Self::open_one(tp, tid, group);
+            if leader.is_none() && matches!(opened, Ok(Counter::Grouped { .. })) {
+                leader = Some(counters.len());
+            }
+            counters.push(opened);
+        }
+        Self { counters, leader }
+    }
+
+    fn open_one(tp: Tracepoint, tid: libc::pid_t, leader: Option<&PerfCounter>) -> Result<Counter, String> {
+        let id = event_id(tp)?;
+        let open_err = |e| format!("perf_event_open of kvm:{}: {e}", tp.event());
+        let counter = match PerfCounter::open_in_group(TYPE_TRACEPOINT, id, tid, leader) {
+            Ok(c) => match c.id() {
+                Ok(event) => Counter::Grouped { counter: c, id: event },
+                // Without its id its value cannot be found in a group read: count it alone.
+                Err(_) => Counter::Alone(PerfCounter::open(TYPE_TRACEPOINT, id, tid).map_err(open_err)?),
+            },
+            // A group that cannot take it (never expected for tracepoints): count it alone.
+            Err(_) if leader.is_some() => {
+                Counter::Alone(PerfCounter::open(TYPE_TRACEPOINT, id, tid).map_err(open_err)?)
+            }
+            Err(e) => return Err(open_err(e)),
+        };
+        if let Some(f) = tp.filter() {
+            let c = match &counter {
+                Counter::Grouped { counter, .. } | Counter::Alone(counter) => counter,
+            };
+            c.set_filter(f).map_err(|e| format!("filter {f:?} on kvm:{}: {e}", tp.event()))?;
+        }
+        Ok(counter)
+    }
+
+    /// Every count at one moment: the group with one `read`, plus any counter outside it.
+    pub fn read_all(&self) -> TracepointCounts {
+        let mut counts: TracepointCounts = [None; Tracepoint::ALL.len()];
+        let mut buf = [0u64; GROUP_WORDS];
+        let group = match self.leader.map(|i| &self.counters[i]) {
+            Some(Ok(Counter::Grouped { counter, .. })) => counter.read_group(&mut buf).ok(),
+            _ => None,
+        };
+        // `{ nr, { value, id }[nr] }`: the pairs actually returned.
+        let pairs = group.map_or(&[][..], |words| {
+            let nr = (buf[0] as usize).min((words.saturating_sub(1)) / 2);
+            &buf[1..1 + 2 * nr]
+        });
+        for (count, counter) in counts.iter_mut().zip(&self.counters) {
+            *count = match counter {
+                Ok(Counter::Grouped { id, .. }) => pairs.chunks_exact(2).find(|p| p[1] == *id).map(|p| p[0]),
+                Ok(Counter::Alone(c)) => c.read().ok(),
+                Err(_) => None,
+            };
+        }
+        counts
     }
 
     /// The count of `tp`, or `None` when it is unavailable or cannot be read now.
     pub fn read(&self, tp: Tracepoint) -> Option<u64> {
-        self.counters[tp.index()].as_ref().ok()?.read().ok()
+        self.read_all()[tp.index()]
     }
 
     /// Why `tp` is unavailable, if it is.
