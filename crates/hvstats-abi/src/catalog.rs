@@ -458,7 +458,7 @@ catalog! {
             By(Tracepoint, "kvm:kvm_mmio on the local APIC page at 0xFEE00000 (guest accesses only)"),
             "The rate of APIC MMIO register accesses by guest code on the virtual processor.";
         Release 34 IO_INTERCEPT_MESSAGES "IO intercept messages/sec", Count, Rate,
-            By(RunLoop, "port-I/O exits to userspace"),
+            By(RunLoop, "port-I/O exits to userspace (a write to the hypercall port is a hypercall, not I/O)"),
             "The rate of IO intercept messages sent to the parent partition.";
         Release 35 MEMORY_INTERCEPT_MESSAGES "Memory intercept messages/sec", Count, Rate,
             By(RunLoop, "MMIO exits to userspace"),
@@ -467,7 +467,7 @@ catalog! {
             By(Tracepoint, "kvm:kvm_mmio writes of the APIC EOI register"),
             "The rate of APIC EOI register writes by guest code on the virtual processor.";
         Release 37 OTHER_MESSAGES "Other messages/sec", Count, Rate,
-            By(RunLoop, "userspace exits other than port I/O and MMIO"),
+            By(RunLoop, "userspace exits other than port I/O, MMIO and hypercalls (MSR exits among them)"),
             "The rate of other intercept messages sent to the parent partition.";
         Release 38 PAGE_TABLE_ALLOCATIONS "Page table allocations/sec", Count, Rate,
             No(NO_VTLB),

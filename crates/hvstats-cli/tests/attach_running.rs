@@ -1,6 +1,10 @@
 //! A root tool in another process attaches to a running partition and sees its counters grow:
 //! `hvstats snapshot` maps the published pages, with no request to the process running the guest.
 
+mod common;
+
+use common::kvm_available;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -28,16 +32,6 @@ impl PortHandler for StopPort {
         data[0] = u8::from(self.0.load(Ordering::SeqCst));
         Ok(())
     }
-}
-
-fn kvm_available() -> bool {
-    if std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm").is_ok() {
-        return true;
-    }
-    let msg = "attach_running: /dev/kvm is not available; this test needs KVM";
-    assert!(std::env::var("CI").as_deref() != Ok("true"), "{msg} (failing because CI=true)");
-    eprintln!("{msg}: skipped");
-    false
 }
 
 /// CPUIDs in batches of 1000 until the stop port reads nonzero, then exit 0.
@@ -83,7 +77,7 @@ fn cpuids_seen(snap: &Value, partition_id: u64) -> Option<u64> {
 
 #[test]
 fn a_second_process_sees_a_running_guests_counters_grow() {
-    if !kvm_available() {
+    if !kvm_available("a_second_process_sees_a_running_guests_counters_grow") {
         return;
     }
     let dir = std::env::temp_dir().join(format!("hvstats-attach-running-{}", std::process::id()));

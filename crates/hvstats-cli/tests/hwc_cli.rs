@@ -1,30 +1,17 @@
 //! `hvstats hwc list/alloc/free` as an operator runs them: statuses by name and value, exit codes,
 //! allocations that persist until freed, and `--hold` allocations that die with their process.
 
+mod common;
+
+use common::TempDir;
+
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 
 use serde_json::Value;
 
 const PMU: &str = "gp=6,fixed=3,cpus=128";
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("hvstats-cli-hwc-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// `hvstats hwc <args> --runtime-dir dir`, with `HVSTATS_PMU=pmu` (or unset).
 fn hwc(dir: &Path, pmu: Option<&str>, args: &[&str]) -> Command {
@@ -57,11 +44,11 @@ fn kernel_has_a_pmu() -> bool {
 
 #[test]
 fn list_tells_the_truth_about_this_machines_pmu() {
-    let dir = TempDir::new("list");
-    let o = run(&dir.0, None, &["list"]);
+    let dir = TempDir::new("hwc-list");
+    let o = run(dir.path(), None, &["list"]);
     assert!(o.status.success());
     let text = stdout(&o);
-    let v = json(&run(&dir.0, None, &["list", "--json"]));
+    let v = json(&run(dir.path(), None, &["list", "--json"]));
     assert_eq!(v["pmu"]["source"], "discovered");
     assert_eq!(v["holders"], Value::Array(vec![]));
     if kernel_has_a_pmu() {
@@ -72,23 +59,23 @@ fn list_tells_the_truth_about_this_machines_pmu() {
         assert!(v["pmu"]["absent_reason"].as_str().unwrap().contains("no hardware PMU"));
     }
 
-    let v = json(&run(&dir.0, Some(PMU), &["list", "--json"]));
+    let v = json(&run(dir.path(), Some(PMU), &["list", "--json"]));
     assert_eq!(v["pmu"]["processors"], 128);
     assert_eq!(v["pmu"]["cpus"][0]["cpus"], "0-127");
     assert_eq!(v["pmu"]["cpus"][0]["gp"], 6);
     assert_eq!(v["pmu"]["cpus"][0]["fixed"], 3);
-    let text = stdout(&run(&dir.0, Some(PMU), &["list"]));
+    let text = stdout(&run(dir.path(), Some(PMU), &["list"]));
     assert!(text.contains("CPUs 0-127: 6 general-purpose x 48 bits, 3 fixed x 48 bits"), "{text}");
 
-    let o = run(&dir.0, Some("gp=lots"), &["list"]);
+    let o = run(dir.path(), Some("gp=lots"), &["list"]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("bad PMU configuration"));
 }
 
 #[test]
 fn alloc_persists_until_freed_and_statuses_are_printed_by_name_and_value() {
-    let dir = TempDir::new("alloc");
-    let d = &dir.0;
+    let dir = TempDir::new("hwc-alloc");
+    let d = dir.path();
     let o = run(
         d,
         Some(PMU),
@@ -126,8 +113,8 @@ fn alloc_persists_until_freed_and_statuses_are_printed_by_name_and_value() {
 
 #[test]
 fn bad_requests_and_unsupported_ones_fail() {
-    let dir = TempDir::new("bad");
-    let d = &dir.0;
+    let dir = TempDir::new("hwc-bad");
+    let d = dir.path();
     for args in [
         &["alloc", "--range", "3-2"][..],
         &["alloc", "--counter", "9"],
@@ -154,8 +141,8 @@ fn bad_requests_and_unsupported_ones_fail() {
 
 #[test]
 fn without_a_pmu_counters_are_refused_and_exclusive_use_is_granted() {
-    let dir = TempDir::new("nopmu");
-    let d = &dir.0;
+    let dir = TempDir::new("hwc-nopmu");
+    let d = dir.path();
     let o = run(d, Some("none,cpus=8"), &["alloc", "--counter", "0"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(stdout(&o).contains("STATUS_INSUFFICIENT_RESOURCES"));
@@ -200,8 +187,8 @@ fn spawn_hold(dir: &Path) -> (Holder, u64) {
 
 #[test]
 fn a_held_allocation_dies_with_its_process_even_by_sigkill() {
-    let dir = TempDir::new("sigkill");
-    let d = &dir.0;
+    let dir = TempDir::new("hwc-sigkill");
+    let d = dir.path();
     let (mut holder, handle) = spawn_hold(d);
     let v = json(&run(d, Some(PMU), &["list", "--json"]));
     assert_eq!(v["holders"][0]["handle"], handle);
@@ -220,8 +207,8 @@ fn a_held_allocation_dies_with_its_process_even_by_sigkill() {
 
 #[test]
 fn a_held_allocation_is_freed_on_sigterm() {
-    let dir = TempDir::new("sigterm");
-    let d = &dir.0;
+    let dir = TempDir::new("hwc-sigterm");
+    let d = dir.path();
     let (mut holder, handle) = spawn_hold(d);
     let killed = Command::new("kill").args(["-TERM", &holder.child().id().to_string()]).status().unwrap();
     assert!(killed.success());

@@ -1,22 +1,14 @@
 //! `hvstats run --image … --json` on guests with exactly known counts, and on a faulting guest.
 
+mod common;
+
+use common::kvm_available;
+
 use std::process::Command;
 
 use hvstats_guest::program::LoopCount;
 use hvstats_guest::{Mode, Program, Workload, layout};
 use serde_json::Value;
-
-fn kvm_available(test: &str) -> bool {
-    if std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm").is_ok() {
-        return true;
-    }
-    let msg = format!("{test}: /dev/kvm is not available; this test needs KVM");
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{msg} (failing because CI=true)");
-    }
-    eprintln!("{msg}: skipped");
-    false
-}
 
 fn run_image(bytes: &[u8], name: &str, extra: &[&str]) -> (Option<i32>, Value, String) {
     let path = std::env::temp_dir().join(format!("hvstats-run-{}-{name}.bin", std::process::id()));

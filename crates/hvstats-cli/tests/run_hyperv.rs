@@ -1,6 +1,10 @@
 //! `hvstats run` with enlightened guests: `--no-access-stats` and `--max-stats-pages` change what
 //! a guest's HvMapStatsPage gets, and the hardware counters are reported, or why not.
 
+mod common;
+
+use common::kvm_available;
+
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -12,16 +16,6 @@ use serde_json::Value;
 use zerocopy::IntoBytes;
 
 const LAYOUT: HypercallLayout = HypercallLayout { hypercall_page: 0x10_0000, io_pages: 0x10_2000 };
-
-fn kvm_available(test: &str) -> bool {
-    if std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm").is_ok() {
-        return true;
-    }
-    let msg = format!("{test}: /dev/kvm is not available; this test needs KVM");
-    assert!(std::env::var("CI").as_deref() != Ok("true"), "{msg} (failing because CI=true)");
-    eprintln!("{msg}: skipped");
-    false
-}
 
 fn map(kind: StatsObjectType, identity: StatsObjectIdentity, page: u64, expect: HvStatus) -> ProbeCall {
     let input = MapStatsPageInput { stats_type: kind, padding: 0, identity, target_gpa_page: page };

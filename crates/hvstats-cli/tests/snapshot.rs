@@ -1,29 +1,16 @@
 //! `hvstats snapshot` run as a separate process reads the counters of an instance this test
 //! publishes, through the published pages.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::TempDir;
+
+use std::path::Path;
 use std::process::Command;
 
 use hvstats::{Hypervisor, InstanceConfig};
 use hvstats_abi::catalog::{hypervisor, partition, vp};
 use serde_json::Value;
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("hvstats-cli-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn snapshot(dir: &Path, json: bool) -> (bool, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_hvstats"));
@@ -43,7 +30,7 @@ fn name(c: hvstats_abi::CounterId) -> &'static str {
 fn snapshot_json_shows_the_counters_of_a_published_instance() {
     let tmp = TempDir::new("json");
     let hv = Hypervisor::with_config(InstanceConfig {
-        runtime_dir: Some(tmp.0.clone()),
+        runtime_dir: Some(tmp.path().to_path_buf()),
         logical_processors: Some(vec![0]),
         ..Default::default()
     })
@@ -53,7 +40,7 @@ fn snapshot_json_shows_the_counters_of_a_published_instance() {
     part.vp_page(1).unwrap().set(vp::CPUID_INSTRUCTIONS, 4242);
     part.page().set(partition::GPA_SPACE_MODIFICATIONS, 3);
 
-    let (ok, stdout) = snapshot(&tmp.0, true);
+    let (ok, stdout) = snapshot(tmp.path(), true);
     assert!(ok);
     let v: Value = serde_json::from_str(&stdout).unwrap();
     let instances = v["instances"].as_array().unwrap();
@@ -78,11 +65,11 @@ fn snapshot_json_shows_the_counters_of_a_published_instance() {
 
     // A second snapshot sees the writer's new value.
     part.vp_page(1).unwrap().add(vp::CPUID_INSTRUCTIONS, 8);
-    let (_, stdout) = snapshot(&tmp.0, true);
+    let (_, stdout) = snapshot(tmp.path(), true);
     let v: Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(v["instances"][0]["partitions"][0]["vps"][1]["counters"][name(vp::CPUID_INSTRUCTIONS)], 4250);
 
-    let (ok, table) = snapshot(&tmp.0, false);
+    let (ok, table) = snapshot(tmp.path(), false);
     assert!(ok);
     assert!(table.contains("Hyper-V Hypervisor Virtual Processor"), "{table}");
     let row = table.lines().find(|l| l.trim_start().starts_with(name(vp::CPUID_INSTRUCTIONS))).unwrap();
@@ -92,11 +79,11 @@ fn snapshot_json_shows_the_counters_of_a_published_instance() {
 #[test]
 fn snapshot_with_no_live_instance_says_so_and_succeeds() {
     let tmp = TempDir::new("none");
-    let (ok, stdout) = snapshot(&tmp.0, true);
+    let (ok, stdout) = snapshot(tmp.path(), true);
     assert!(ok);
     let v: Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(v["instances"].as_array().unwrap().len(), 0);
-    let (ok, stdout) = snapshot(&tmp.0, false);
+    let (ok, stdout) = snapshot(tmp.path(), false);
     assert!(ok);
     assert!(stdout.starts_with("no live hvstats instance"), "{stdout}");
 }
@@ -111,7 +98,7 @@ fn euid() -> u32 {
 fn snapshot_by_a_non_root_user_reports_global_pages_unreadable_not_zero() {
     let tmp = TempDir::new("nonroot");
     let hv = Hypervisor::with_config(InstanceConfig {
-        runtime_dir: Some(tmp.0.clone()),
+        runtime_dir: Some(tmp.path().to_path_buf()),
         logical_processors: Some(vec![0]),
         ..Default::default()
     })
@@ -130,7 +117,7 @@ fn snapshot_by_a_non_root_user_reports_global_pages_unreadable_not_zero() {
     } else {
         Command::new(env!("CARGO_BIN_EXE_hvstats"))
     };
-    let out = cmd.args(["snapshot", "--json", "--runtime-dir"]).arg(&tmp.0).output().unwrap();
+    let out = cmd.args(["snapshot", "--json", "--runtime-dir"]).arg(tmp.path()).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     let i = &v["instances"][0];

@@ -8,7 +8,7 @@ use hvstats_abi::catalog::{Counter, counters_of};
 use hvstats_abi::{ObjectKind, PageView, StatsPage};
 use zerocopy::IntoBytes;
 
-use crate::attach::{AttachError, RootReader};
+use crate::attach::RootReader;
 use crate::rules::StatsObject;
 
 /// The counters of one object, or why they could not be read.
@@ -97,13 +97,13 @@ fn read(reader: &mut RootReader, object: StatsObject) -> ObjectReading {
     match reader.read(object) {
         Ok(page) => decode(object.kind(), &page),
         Err(e) => {
-            ObjectReading::Unreadable { permission_denied: e.is_permission_denied(), reason: reason(&e) }
+            ObjectReading::Unreadable { permission_denied: e.is_permission_denied(), reason: error_chain(&e) }
         }
     }
 }
 
-fn reason(e: &AttachError) -> String {
-    use std::error::Error;
+/// An error and all its sources on one line (`outer: cause: root cause`), as reports show it.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {

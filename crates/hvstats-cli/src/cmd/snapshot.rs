@@ -30,7 +30,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         eprintln!("hvstats: removed the instance of a dead process: {}", removed.display());
     }
     for problem in &found.problems {
-        eprintln!("hvstats: {}", chain(problem));
+        eprintln!("hvstats: {}", hvstats::snapshot::error_chain(problem));
     }
     let snapshots: Vec<InstanceSnapshot> =
         found.instances.into_iter().map(|i| snapshot::take(&mut RootReader::new(i))).collect();
@@ -45,17 +45,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 /// `{"counters": {name: value}}`, or `{"unreadable": reason, "permission_denied": bool}`.
