@@ -16,6 +16,7 @@ pub mod hypercall;
 pub mod instance;
 pub mod lp;
 pub mod page;
+pub mod perf_event;
 pub mod publish;
 pub mod rules;
 pub mod runtime_dir;

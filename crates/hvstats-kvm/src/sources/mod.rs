@@ -5,7 +5,6 @@
 //! readings into the VP's page.
 
 pub mod kvm_stats;
-pub mod perf;
 pub mod perf_sw;
 pub mod thread_time;
 pub mod tracepoint;

@@ -2,7 +2,7 @@
 
 use std::io;
 
-use super::perf::{PerfCounter, TYPE_SOFTWARE};
+use hvstats::perf_event::{PerfCounter, TYPE_SOFTWARE};
 
 /// `PERF_COUNT_SW_CPU_MIGRATIONS`.
 const SW_CPU_MIGRATIONS: u64 = 4;

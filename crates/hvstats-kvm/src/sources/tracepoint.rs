@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use super::perf::{PerfCounter, TYPE_TRACEPOINT};
+use hvstats::perf_event::{PerfCounter, TYPE_TRACEPOINT};
 
 /// The KVM tracepoints hvstats counts (some twice, with a filter).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -6,9 +6,9 @@
 //! `PERF_TYPE_HARDWARE` cycles and instructions with `exclude_host`, so only guest execution counts.
 //! Where that is impossible the answer is [`Unavailable`] with the reason, never zeros.
 
-use std::fs::File;
-use std::io::{self, Read};
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::io;
+
+use crate::perf_event::{HW_CPU_CYCLES, HW_INSTRUCTIONS, PerfCounter, TYPE_HARDWARE};
 
 use super::allocator::{Allocator, CounterSetHandle};
 use super::cpuset::CpuSet;
@@ -72,68 +72,8 @@ pub struct GuestCounts {
 #[derive(Debug)]
 pub struct VpHardwareCounters {
     handle: CounterSetHandle,
-    cycles: File,
-    instructions: File,
-}
-
-/// `struct perf_event_attr` up to `PERF_ATTR_SIZE_VER5` (112 bytes).
-#[repr(C)]
-#[derive(Default)]
-struct PerfEventAttr {
-    kind: u32,
-    size: u32,
-    config: u64,
-    sample_period: u64,
-    sample_type: u64,
-    read_format: u64,
-    flags: u64,
-    wakeup_events: u32,
-    bp_type: u32,
-    config1: u64,
-    config2: u64,
-    branch_sample_type: u64,
-    sample_regs_user: u64,
-    sample_stack_user: u32,
-    clockid: i32,
-    sample_regs_intr: u64,
-    aux_watermark: u32,
-    sample_max_stack: u16,
-    reserved: u16,
-}
-
-const _: () = assert!(size_of::<PerfEventAttr>() == 112);
-
-const PERF_TYPE_HARDWARE: u32 = 0;
-const PERF_COUNT_HW_CPU_CYCLES: u64 = 0;
-const PERF_COUNT_HW_INSTRUCTIONS: u64 = 1;
-const ATTR_EXCLUDE_HOST: u64 = 1 << 19;
-const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 8;
-
-fn open_event(tid: i32, config: u64, event: &'static str) -> Result<File, Unavailable> {
-    let attr = PerfEventAttr {
-        kind: PERF_TYPE_HARDWARE,
-        size: size_of::<PerfEventAttr>() as u32,
-        config,
-        flags: ATTR_EXCLUDE_HOST,
-        ..PerfEventAttr::default()
-    };
-    // SAFETY: attr is a valid perf_event_attr of the size it declares and outlives the call; the
-    // kernel only reads it. The return value is checked before it is used as a descriptor.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_perf_event_open,
-            &attr as *const PerfEventAttr,
-            tid,
-            -1,
-            -1,
-            PERF_FLAG_FD_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(Unavailable::Perf { event, source: io::Error::last_os_error() });
-    }
-    // SAFETY: fd is a descriptor the kernel just gave us and nothing else owns.
-    Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd as i32) }))
+    cycles: PerfCounter,
+    instructions: PerfCounter,
 }
 
 /// The processors thread `tid` may run on (0 = the calling thread).
@@ -175,8 +115,12 @@ impl VpHardwareCounters {
         if !r.exclusive && r.counters.count_ones() < 2 {
             return Err(Unavailable::TooFewCounters(handle));
         }
-        let cycles = open_event(tid, PERF_COUNT_HW_CPU_CYCLES, "cycles")?;
-        let instructions = open_event(tid, PERF_COUNT_HW_INSTRUCTIONS, "instructions")?;
+        let open = |config, event| {
+            PerfCounter::open_guest_only(TYPE_HARDWARE, config, tid)
+                .map_err(|source| Unavailable::Perf { event, source })
+        };
+        let cycles = open(HW_CPU_CYCLES, "cycles")?;
+        let instructions = open(HW_INSTRUCTIONS, "instructions")?;
         Ok(Self { handle, cycles, instructions })
     }
 
@@ -190,11 +134,6 @@ impl VpHardwareCounters {
     /// # Errors
     /// When a counter cannot be read.
     pub fn read(&mut self) -> io::Result<GuestCounts> {
-        let read = |f: &mut File| -> io::Result<u64> {
-            let mut buf = [0u8; 8];
-            f.read_exact(&mut buf)?;
-            Ok(u64::from_ne_bytes(buf))
-        };
-        Ok(GuestCounts { cycles: read(&mut self.cycles)?, instructions: read(&mut self.instructions)? })
+        Ok(GuestCounts { cycles: self.cycles.read()?, instructions: self.instructions.read()? })
     }
 }

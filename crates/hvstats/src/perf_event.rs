@@ -1,5 +1,8 @@
 //! A minimal `perf_event_open(2)` wrapper: counting events on one thread, alone or in a group.
 //!
+//! Shared by the KVM backend's counter sources (tracepoints, software events) and the hardware
+//! counter allocator's guest-only PMU counters.
+//!
 //! Only counting is needed (no sampling, no ring buffer), so this is a file descriptor whose
 //! `read` gives the count. Events opened into a group ([`PerfCounter::open_in_group`]) are read
 //! together with one `read` of any of them ([`PerfCounter::read_group`]): one system call (and,
@@ -8,11 +11,19 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
+/// `PERF_TYPE_HARDWARE`.
+pub const TYPE_HARDWARE: u32 = 0;
 /// `PERF_TYPE_SOFTWARE`.
 pub const TYPE_SOFTWARE: u32 = 1;
 /// `PERF_TYPE_TRACEPOINT`.
 pub const TYPE_TRACEPOINT: u32 = 2;
 
+/// `PERF_COUNT_HW_CPU_CYCLES`.
+pub const HW_CPU_CYCLES: u64 = 0;
+/// `PERF_COUNT_HW_INSTRUCTIONS`.
+pub const HW_INSTRUCTIONS: u64 = 1;
+/// `perf_event_attr` flag bit `exclude_host`: count only while a guest runs.
+pub const EXCLUDE_HOST: u64 = 1 << 19;
 const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 8;
 /// `PERF_EVENT_IOC_SET_FILTER` = `_IOW('$', 6, char *)`.
 const PERF_EVENT_IOC_SET_FILTER: libc::c_ulong = 0x4008_2406;
@@ -86,6 +97,15 @@ impl PerfCounter {
         Self::open_with(type_, config, tid, GROUP_READ_FORMAT, group_fd)
     }
 
+    /// Opens event (`type_`, `config`) counting on thread `tid` only while it runs a guest
+    /// (`exclude_host`).
+    ///
+    /// # Errors
+    /// What `perf_event_open` returns (ENOENT for a hardware event on a machine without a PMU).
+    pub fn open_guest_only(type_: u32, config: u64, tid: libc::pid_t) -> io::Result<Self> {
+        Self::open_attr(type_, config, tid, 0, EXCLUDE_HOST, -1)
+    }
+
     fn open_with(
         type_: u32,
         config: u64,
@@ -93,11 +113,23 @@ impl PerfCounter {
         read_format: u64,
         group_fd: libc::c_int,
     ) -> io::Result<Self> {
+        Self::open_attr(type_, config, tid, read_format, 0, group_fd)
+    }
+
+    fn open_attr(
+        type_: u32,
+        config: u64,
+        tid: libc::pid_t,
+        read_format: u64,
+        flags: u64,
+        group_fd: libc::c_int,
+    ) -> io::Result<Self> {
         let attr = PerfEventAttr {
             type_,
             size: size_of::<PerfEventAttr>() as u32,
             config,
             read_format,
+            flags,
             ..Default::default()
         };
         // SAFETY: `attr` is a valid perf_event_attr of the size it declares, alive for the call;
