@@ -386,7 +386,7 @@ catalog! {
             By(KvmStats, "vCPU stat halt_exits"),
             "The rate of HLT instructions executed by guest code on a virtual processor.";
         Release 10 HLT_INSTRUCTIONS_COST "HLT instructions cost", Time100ns, Cost,
-            By(KvmStats, "vCPU stat halt_wait_ns: time halted until woken"),
+            By(KvmStats, "vCPU stats halt_wait_ns + halt_poll_success_ns + halt_poll_fail_ns: all time halted"),
             "The average time (in nanoseconds) spent processing an HLT instruction.";
         Release 11 MWAIT_INSTRUCTIONS "MWAIT instructions/sec", Count, Rate,
             No("KVM counts no MWAIT exits"),

@@ -165,17 +165,25 @@ enum StatUnit {
     Time100ns,
 }
 
-/// The VP counters kept from the vCPU's KVM statistics, and the statistic behind each.
-const FROM_KVM_STATS: [(CounterId, &str, StatUnit); 9] = [
-    (vp::PAGE_INVALIDATIONS, "invlpg", StatUnit::Count),
-    (vp::HLT_INSTRUCTIONS, "halt_exits", StatUnit::Count),
-    (vp::HLT_INSTRUCTIONS_COST, "halt_wait_ns", StatUnit::Time100ns),
-    (vp::EXTERNAL_INTERRUPTS, "irq_exits", StatUnit::Count),
-    (vp::PENDING_INTERRUPTS, "irq_window_exits", StatUnit::Count),
-    (vp::EMULATED_INSTRUCTIONS, "insn_emulation", StatUnit::Count),
-    (vp::PAGE_FAULT_INTERCEPTS, "pf_taken", StatUnit::Count),
-    (vp::REFLECTED_GUEST_PAGE_FAULTS, "pf_guest", StatUnit::Count),
-    (vp::VIRTUAL_INTERRUPTS, "irq_injections", StatUnit::Count),
+/// The VP counters kept from the vCPU's KVM statistics, and the statistics summed into each.
+///
+/// HLT time is the whole time halted: KVM first polls for a wake-up (`halt_poll_success_ns` when
+/// one came, `halt_poll_fail_ns` when it gave up), then blocks (`halt_wait_ns`); a halt ended by
+/// polling never shows in `halt_wait_ns` alone.
+const FROM_KVM_STATS: [(CounterId, &[&str], StatUnit); 9] = [
+    (vp::PAGE_INVALIDATIONS, &["invlpg"], StatUnit::Count),
+    (vp::HLT_INSTRUCTIONS, &["halt_exits"], StatUnit::Count),
+    (
+        vp::HLT_INSTRUCTIONS_COST,
+        &["halt_wait_ns", "halt_poll_success_ns", "halt_poll_fail_ns"],
+        StatUnit::Time100ns,
+    ),
+    (vp::EXTERNAL_INTERRUPTS, &["irq_exits"], StatUnit::Count),
+    (vp::PENDING_INTERRUPTS, &["irq_window_exits"], StatUnit::Count),
+    (vp::EMULATED_INSTRUCTIONS, &["insn_emulation"], StatUnit::Count),
+    (vp::PAGE_FAULT_INTERCEPTS, &["pf_taken"], StatUnit::Count),
+    (vp::REFLECTED_GUEST_PAGE_FAULTS, &["pf_guest"], StatUnit::Count),
+    (vp::VIRTUAL_INTERRUPTS, &["irq_injections"], StatUnit::Count),
 ];
 
 /// A vCPU's KVM statistics with the ones hvstats keeps looked up once, and a buffer for the data
@@ -183,14 +191,15 @@ const FROM_KVM_STATS: [(CounterId, &str, StatUnit); 9] = [
 #[derive(Debug)]
 struct VcpuStats {
     stats: KvmStats,
-    /// By [`FROM_KVM_STATS`] row; `None` when the kernel lacks that statistic (the counter reads 0).
-    lookups: [Option<Stat>; FROM_KVM_STATS.len()],
+    /// By [`FROM_KVM_STATS`] row, the statistics the kernel has (one it lacks adds nothing).
+    lookups: [Vec<Stat>; FROM_KVM_STATS.len()],
     data: Vec<u64>,
 }
 
 impl VcpuStats {
     fn new(stats: KvmStats) -> Self {
-        let lookups = FROM_KVM_STATS.map(|(_, name, _)| stats.stat(name));
+        let lookups =
+            FROM_KVM_STATS.map(|(_, names, _)| names.iter().filter_map(|n| stats.stat(n)).collect());
         let data = vec![0; stats.data_words()];
         Self { stats, lookups, data }
     }
@@ -200,11 +209,11 @@ impl VcpuStats {
         if self.stats.read_into(&mut self.data).is_err() {
             return;
         }
-        for ((counter, _, unit), stat) in FROM_KVM_STATS.iter().zip(&self.lookups) {
-            let value = stat.map_or(0, |s| match unit {
-                StatUnit::Count => s.raw(&self.data),
-                StatUnit::Time100ns => s.nanoseconds(&self.data) / 100,
-            });
+        for ((counter, _, unit), stats) in FROM_KVM_STATS.iter().zip(&self.lookups) {
+            let value = match unit {
+                StatUnit::Count => stats.iter().map(|s| s.raw(&self.data)).sum(),
+                StatUnit::Time100ns => stats.iter().map(|s| s.nanoseconds(&self.data)).sum::<u64>() / 100,
+            };
             page.set(*counter, value);
         }
     }
