@@ -116,6 +116,22 @@ fn a_second_process_sees_a_running_guests_counters_grow() {
             assert!(Instant::now() < deadline, "the attached reader's count stayed at {first}");
             std::thread::sleep(Duration::from_millis(50));
         };
+        // Over an interval, the same reader shows perfmon's presentation: a rate for the
+        // running guest's CPUIDs, the VP count as it is, and no average for a cost nobody keeps.
+        let out = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+            .args(["snapshot", "--json", "--interval", "0.3", "--runtime-dir"])
+            .arg(&dir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let snap: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(snap["interval_seconds"].as_f64().unwrap() >= 0.3);
+        let instance = &snap["instances"].as_array().unwrap()[0];
+        let part = instance["partitions"].as_array().unwrap().iter().find(|p| p["id"] == id).unwrap();
+        let vp0 = &part["vps"][0]["interval"];
+        assert!(vp0["CPUID instructions/sec"].as_f64().unwrap() > 0.0, "{vp0}");
+        assert!(vp0["CPUID instructions cost"].is_null(), "{vp0}");
+        assert_eq!(part["interval"]["Virtual processors"].as_f64(), Some(1.0));
         stop.store(true, Ordering::SeqCst);
         let report = runner.join().unwrap().unwrap();
         assert!(second > first);

@@ -17,6 +17,7 @@ pub mod instance;
 pub mod lp;
 pub mod page;
 pub mod perf_event;
+pub mod present;
 pub mod publish;
 pub mod rules;
 pub mod runtime_dir;

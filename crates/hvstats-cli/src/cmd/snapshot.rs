@@ -3,11 +3,13 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 use hvstats::attach::{self, RootReader};
-use hvstats::snapshot::{self, InstanceSnapshot, ObjectReading};
-use hvstats_abi::ObjectKind;
+use hvstats::present;
+use hvstats::snapshot::{self, InstanceSnapshot, ObjectReading, PartitionSnapshot};
 use hvstats_abi::catalog::counters_of;
+use hvstats_abi::{Counter, ObjectKind, Presentation};
 use serde_json::{Map, Value, json};
 
 /// Flags of `hvstats snapshot`.
@@ -20,6 +22,50 @@ pub struct Args {
     /// or /run/hvstats).
     #[arg(long, value_name = "DIR")]
     runtime_dir: Option<PathBuf>,
+    /// Read every page twice, SECS apart, and show each counter as perfmon does over that
+    /// interval: rates per second, % of the time, average cost in ns, instantaneous values.
+    #[arg(long, value_name = "SECS", value_parser = parse_interval)]
+    interval: Option<f64>,
+}
+
+fn parse_interval(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 3600.0 => Ok(v),
+        _ => Err(format!("{s:?}: the interval is a number of seconds, above 0 and at most 3600")),
+    }
+}
+
+/// The earlier reading of an interval and its length, when there is one.
+#[derive(Clone, Copy)]
+struct Earlier<'a> {
+    snapshot: &'a InstanceSnapshot,
+    seconds: f64,
+}
+
+/// One object's counters now, and its reading at the start of the interval.
+fn cells<'a>(
+    now: &'a ObjectReading,
+    then: Option<&'a ObjectReading>,
+    seconds: f64,
+) -> impl Iterator<Item = (&'static Counter, Option<Value>)> + 'a {
+    let kind_counters: Vec<&'static Counter> = match now {
+        ObjectReading::Counters(values) => values.iter().map(|(c, _)| *c).collect(),
+        ObjectReading::Unreadable { .. } => Vec::new(),
+    };
+    kind_counters.into_iter().map(move |c| {
+        let after = now.get(c.name);
+        let value = match (then, after) {
+            (_, None) => None,
+            (None, Some(v)) => Some(json!(v)),
+            // A counter no source maintains reads 0 on the page; it has no rate or average.
+            (Some(_), Some(_)) if !c.maintained.is_maintained() => None,
+            (Some(then), Some(after)) => then.get(c.name).and_then(|before| {
+                let paired = c.paired_count().and_then(|p| Some((then.get(p.name)?, now.get(p.name)?)));
+                present::over_interval(c, before, after, seconds, paired).map(|p| json!(p.value))
+            }),
+        };
+        (c, value)
+    })
 }
 
 /// Runs `hvstats snapshot`.
@@ -32,28 +78,56 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     for problem in &found.problems {
         eprintln!("hvstats: {}", hvstats::snapshot::error_chain(problem));
     }
-    let snapshots: Vec<InstanceSnapshot> =
-        found.instances.into_iter().map(|i| snapshot::take(&mut RootReader::new(i))).collect();
+    let mut readers: Vec<RootReader> = found.instances.into_iter().map(RootReader::new).collect();
+    let started = Instant::now();
+    let first: Vec<InstanceSnapshot> = readers.iter_mut().map(snapshot::take).collect();
+    let (snapshots, earlier) = match args.interval {
+        None => (first, None),
+        Some(seconds) => {
+            std::thread::sleep(Duration::from_secs_f64(seconds));
+            let elapsed = started.elapsed().as_secs_f64();
+            (readers.iter_mut().map(snapshot::take).collect(), Some((first, elapsed)))
+        }
+    };
+    let earlier_of = |s: &InstanceSnapshot| {
+        earlier.as_ref().and_then(|(first, seconds)| {
+            first.iter().find(|f| f.name == s.name).map(|snapshot| Earlier { snapshot, seconds: *seconds })
+        })
+    };
     if args.json {
-        let instances: Vec<Value> = snapshots.iter().map(instance_json).collect();
-        println!("{}", serde_json::to_string_pretty(&json!({ "instances": instances }))?);
+        let instances: Vec<Value> = snapshots.iter().map(|s| instance_json(s, earlier_of(s))).collect();
+        let mut out = json!({ "instances": instances });
+        if let Some((_, seconds)) = &earlier {
+            out["interval_seconds"] = json!(seconds);
+        }
+        println!("{}", serde_json::to_string_pretty(&out)?);
     } else if snapshots.is_empty() {
         println!("no live hvstats instance under {}", dir.display());
     } else {
         for s in &snapshots {
-            print!("{}", instance_table(s));
+            print!("{}", instance_table(s, earlier_of(s)));
         }
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// `{"counters": {name: value}}`, or `{"unreadable": reason, "permission_denied": bool}`.
-fn reading_json(reading: &ObjectReading) -> Map<String, Value> {
+/// `{"counters": {name: value}}` (with `"interval": {name: rate, % or ns}` over an interval), or
+/// `{"unreadable": reason, "permission_denied": bool}`.
+fn reading_json(reading: &ObjectReading, then: Option<(Option<&ObjectReading>, f64)>) -> Map<String, Value> {
     let mut object = Map::new();
     match reading {
         ObjectReading::Counters(values) => {
             let counters = values.iter().map(|(c, v)| (c.name.to_owned(), json!(v))).collect::<Map<_, _>>();
             object.insert("counters".into(), Value::Object(counters));
+            if let Some((then, seconds)) = then {
+                let presented = match then {
+                    Some(then) => cells(reading, Some(then), seconds)
+                        .map(|(c, v)| (c.name.to_owned(), v.unwrap_or(Value::Null)))
+                        .collect::<Map<_, _>>(),
+                    None => Map::new(),
+                };
+                object.insert("interval".into(), Value::Object(presented));
+            }
         }
         ObjectReading::Unreadable { permission_denied, reason } => {
             object.insert("unreadable".into(), json!(reason));
@@ -72,32 +146,71 @@ fn with(mut object: Map<String, Value>, fields: Value) -> Value {
     Value::Object(object)
 }
 
-fn instance_json(s: &InstanceSnapshot) -> Value {
+fn instance_json(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>) -> Value {
+    let then = |find: &dyn Fn(&InstanceSnapshot) -> Option<&ObjectReading>| {
+        earlier.map(|e| (find(e.snapshot), e.seconds))
+    };
     let lps: Vec<Value> = s
         .lps
         .iter()
-        .map(|lp| with(reading_json(&lp.reading), json!({"index": lp.index, "cpu": lp.cpu})))
+        .map(|lp| {
+            let t = then(&|e| e.lps.iter().find(|l| l.index == lp.index).map(|l| &l.reading));
+            with(reading_json(&lp.reading, t), json!({"index": lp.index, "cpu": lp.cpu}))
+        })
         .collect();
     let partitions: Vec<Value> = s
         .partitions
         .iter()
         .map(|p| {
-            let vps: Vec<Value> =
-                p.vps.iter().map(|vp| with(reading_json(&vp.reading), json!({"index": vp.index}))).collect();
-            with(reading_json(&p.reading), json!({"id": p.id, "active": p.active, "vps": vps}))
+            let vps: Vec<Value> = p
+                .vps
+                .iter()
+                .map(|vp| {
+                    let t = then(&|e| earlier_vp(e, p.id, vp.index));
+                    with(reading_json(&vp.reading, t), json!({"index": vp.index}))
+                })
+                .collect();
+            let t = then(&|e| earlier_partition(e, p.id).map(|e| &e.reading));
+            with(reading_json(&p.reading, t), json!({"id": p.id, "active": p.active, "vps": vps}))
         })
         .collect();
     json!({
         "name": s.name,
         "pid": s.pid,
-        "hypervisor": Value::Object(reading_json(&s.hypervisor)),
+        "hypervisor": Value::Object(reading_json(&s.hypervisor, then(&|e| Some(&e.hypervisor)))),
         "lps": lps,
         "partitions": partitions,
     })
 }
 
-/// One table per object kind: a row per counter, a column per object.
-fn kind_table(kind: ObjectKind, columns: &[(String, &ObjectReading)]) -> String {
+fn earlier_partition(e: &InstanceSnapshot, id: u64) -> Option<&PartitionSnapshot> {
+    e.partitions.iter().find(|p| p.id == id)
+}
+
+fn earlier_vp(e: &InstanceSnapshot, id: u64, index: u32) -> Option<&ObjectReading> {
+    earlier_partition(e, id)?.vps.iter().find(|v| v.index == index).map(|v| &v.reading)
+}
+
+/// A table cell: the raw value, or the presented value over the interval.
+fn cell_text(counter: &Counter, value: Option<Value>, interval: bool) -> String {
+    let Some(v) = value.and_then(|v| v.as_f64()) else { return "-".into() };
+    if !interval || counter.presentation == Presentation::Instant {
+        return format!("{v:.0}");
+    }
+    match counter.presentation {
+        Presentation::PercentTime => format!("{v:.1}%"),
+        Presentation::Cost => format!("{v:.0} ns"),
+        _ => format!("{v:.1}"),
+    }
+}
+
+/// One table per object kind: a row per counter, a column per object (with its earlier reading
+/// over an interval).
+fn kind_table(
+    kind: ObjectKind,
+    columns: &[(String, &ObjectReading, Option<&ObjectReading>)],
+    seconds: Option<f64>,
+) -> String {
     use std::fmt::Write;
     let mut out = String::new();
     if columns.is_empty() {
@@ -105,55 +218,84 @@ fn kind_table(kind: ObjectKind, columns: &[(String, &ObjectReading)]) -> String 
     }
     let _ = writeln!(out, "  {}", kind.title());
     let name_width = counters_of(kind).map(|c| c.name.len()).max().unwrap_or(0);
-    let widths: Vec<usize> = columns.iter().map(|(label, _)| label.len().max(12)).collect();
+    let widths: Vec<usize> = columns.iter().map(|(label, _, _)| label.len().max(12)).collect();
     let _ = write!(out, "    {:name_width$}", "");
-    for ((label, _), w) in columns.iter().zip(&widths) {
+    for ((label, _, _), w) in columns.iter().zip(&widths) {
         let _ = write!(out, "  {label:>w$}");
     }
     out.push('\n');
-    for (label, reading) in columns {
+    for (label, reading, _) in columns {
         if let ObjectReading::Unreadable { reason, .. } = reading {
             let _ = writeln!(out, "    {label}: unreadable ({reason})");
         }
     }
-    if columns.iter().all(|(_, r)| matches!(r, ObjectReading::Unreadable { .. })) {
+    if columns.iter().all(|(_, r, _)| matches!(r, ObjectReading::Unreadable { .. })) {
         return out;
     }
+    let column_cells: Vec<Vec<(&'static Counter, Option<Value>)>> = columns
+        .iter()
+        .map(|(_, now, then)| match seconds {
+            // An object that appeared during the interval has no earlier reading: nothing to show.
+            Some(secs) => match then {
+                Some(then) => cells(now, Some(then), secs).collect(),
+                None => cells(now, None, secs).map(|(c, _)| (c, None)).collect(),
+            },
+            None => cells(now, None, 0.0).collect(),
+        })
+        .collect();
     for counter in counters_of(kind) {
         let _ = write!(out, "    {:name_width$}", counter.name);
-        for ((_, reading), w) in columns.iter().zip(&widths) {
-            match reading.get(counter.name) {
-                Some(v) => {
-                    let _ = write!(out, "  {v:>w$}");
-                }
-                None => {
-                    let _ = write!(out, "  {:>w$}", "-");
-                }
-            }
+        for (cells, w) in column_cells.iter().zip(&widths) {
+            let value = cells.iter().find(|(c, _)| c.id == counter.id).and_then(|(_, v)| v.clone());
+            let _ = write!(out, "  {:>w$}", cell_text(counter, value, seconds.is_some()));
         }
         out.push('\n');
     }
     out
 }
 
-fn instance_table(s: &InstanceSnapshot) -> String {
-    let mut out = format!("instance {} (pid {})\n", s.name, s.pid);
-    out += &kind_table(ObjectKind::Hypervisor, &[("hypervisor".into(), &s.hypervisor)]);
-    let lps: Vec<_> =
-        s.lps.iter().map(|lp| (format!("LP {} (cpu {})", lp.index, lp.cpu), &lp.reading)).collect();
-    out += &kind_table(ObjectKind::LogicalProcessor, &lps);
+fn instance_table(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>) -> String {
+    let seconds = earlier.map(|e| e.seconds);
+    let mut out = format!("instance {} (pid {})", s.name, s.pid);
+    if let Some(secs) = seconds {
+        out += &format!(" over {secs:.2} s: rates per second, % of the time, average cost");
+    }
+    out.push('\n');
+    let e = earlier.map(|e| e.snapshot);
+    out += &kind_table(
+        ObjectKind::Hypervisor,
+        &[("hypervisor".into(), &s.hypervisor, e.map(|e| &e.hypervisor))],
+        seconds,
+    );
+    let lps: Vec<_> = s
+        .lps
+        .iter()
+        .map(|lp| {
+            let then = e.and_then(|e| e.lps.iter().find(|l| l.index == lp.index)).map(|l| &l.reading);
+            (format!("LP {} (cpu {})", lp.index, lp.cpu), &lp.reading, then)
+        })
+        .collect();
+    out += &kind_table(ObjectKind::LogicalProcessor, &lps, seconds);
     let parts: Vec<_> = s
         .partitions
         .iter()
-        .map(|p| (format!("partition {}{}", p.id, if p.active { "" } else { " (inactive)" }), &p.reading))
+        .map(|p| {
+            let then = e.and_then(|e| earlier_partition(e, p.id)).map(|p| &p.reading);
+            (format!("partition {}{}", p.id, if p.active { "" } else { " (inactive)" }), &p.reading, then)
+        })
         .collect();
-    out += &kind_table(ObjectKind::Partition, &parts);
+    out += &kind_table(ObjectKind::Partition, &parts, seconds);
     let vps: Vec<_> = s
         .partitions
         .iter()
-        .flat_map(|p| p.vps.iter().map(move |vp| (format!("p{} VP {}", p.id, vp.index), &vp.reading)))
+        .flat_map(|p| {
+            p.vps.iter().map(move |vp| {
+                let then = e.and_then(|e| earlier_vp(e, p.id, vp.index));
+                (format!("p{} VP {}", p.id, vp.index), &vp.reading, then)
+            })
+        })
         .collect();
-    out += &kind_table(ObjectKind::Vp, &vps);
+    out += &kind_table(ObjectKind::Vp, &vps, seconds);
     out.push('\n');
     out
 }
