@@ -602,6 +602,14 @@ impl Counter {
     }
 }
 
+impl Counter {
+    /// For a count, the cost counter averaged over it (the next index of its group), if any.
+    pub fn cost(&self) -> Option<&'static Counter> {
+        let next = CounterId { index: self.id.index.checked_add(1)?, ..self.id }.counter()?;
+        (next.presentation == Presentation::Cost).then_some(next)
+    }
+}
+
 /// The counters of one object kind, in page order.
 pub fn counters_of(kind: ObjectKind) -> impl Iterator<Item = &'static Counter> {
     CATALOG.iter().filter(move |c| c.id.kind == kind)

@@ -18,8 +18,9 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use hvstats::Hypervisor;
 use hvstats::hwc::{Allocator, PmuShape};
+use hvstats::present;
 use hvstats::whv;
-use hvstats_abi::catalog::{self, Counter, Presentation};
+use hvstats_abi::catalog::Presentation;
 use hvstats_abi::hal::{PhysicalCounterResourceDescriptor, PhysicalCounterResourceList};
 use hvstats_abi::whv::InterceptCounter;
 use hvstats_abi::{ObjectKind, catalog::counters_of};
@@ -342,14 +343,16 @@ fn print_tables(
             if !(maintained || all) || c.presentation == Presentation::Cost {
                 continue;
             }
+            // Over the whole run: the counters started at 0.
             let total = page.get(c.id);
-            let rate = match c.presentation {
-                Presentation::Rate => format!("{:.0}", total as f64 / secs),
+            let rate = match present::over_interval(c, 0, total, secs, None) {
+                Some(p) if c.presentation == Presentation::Rate => format!("{:.0}", p.value),
+                Some(p) if c.presentation == Presentation::PercentTime => format!("{:.1}%", p.value),
                 _ => String::new(),
             };
-            let cost = cost_of(c).filter(|cost| cost.maintained.is_maintained()).map(|cost| {
-                let t = page.get(cost.id);
-                if total == 0 { "-".to_string() } else { format!("{:.0}", t as f64 * 100.0 / total as f64) }
+            let cost = c.cost().filter(|cost| cost.maintained.is_maintained()).map(|cost| {
+                present::over_interval(cost, 0, page.get(cost.id), secs, Some((0, total)))
+                    .map_or_else(|| "-".to_string(), |p| format!("{:.0}", p.value))
             });
             let marker = if maintained { "" } else { " (not maintained)" };
             println!("  {:<40} {:>14} {:>14} {:>14}{marker}", c.name, total, rate, cost.unwrap_or_default());
@@ -362,12 +365,6 @@ fn print_tables(
         );
     }
     Ok(())
-}
-
-/// The cost counter paired with a count (the next index of its group), if it has one.
-fn cost_of(count: &Counter) -> Option<&'static Counter> {
-    let next = catalog::CounterId { index: count.id.index + 1, ..count.id }.counter()?;
-    (next.presentation == Presentation::Cost).then_some(next)
 }
 
 #[cfg(test)]
