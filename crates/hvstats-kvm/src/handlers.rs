@@ -83,8 +83,8 @@ impl VpContext<'_> {
     /// KVM_SET_REGS failed.
     pub fn set_regs(&mut self, regs: &kvm_regs) -> Result<(), String> {
         if self.synced(KVM_SYNC_X86_REGS) {
-            // KVM loads them at the next KVM_RUN, before it completes the exit's instruction, as
-            // it would after KVM_SET_REGS.
+            // KVM loads them at the next KVM_RUN, before it completes the exit's instruction (as
+            // after KVM_SET_REGS), also when that KVM_RUN returns at once for immediate_exit.
             self.vcpu.sync_regs_mut().regs = *regs;
             self.vcpu.set_sync_dirty_reg(SyncReg::Register);
             return Ok(());
