@@ -106,9 +106,8 @@ fn class_counter(class: HypercallClass) -> CounterId {
 
 impl HypercallHandler for HyperV {
     fn hypercall(&self, vp: &mut VpContext<'_>) -> Result<(), String> {
-        let mut regs = vp.vcpu.get_regs().map_err(|e| format!("KVM_GET_REGS: {e}"))?;
-        let sregs = vp.vcpu.get_sregs().map_err(|e| format!("KVM_GET_SREGS: {e}"))?;
-        let long_mode = sregs.efer & (1 << 10) != 0 && sregs.cs.l != 0;
+        let mut regs = vp.regs()?;
+        let long_mode = vp.long_mode()?;
         let join = |hi: u64, lo: u64| (hi << 32) | (lo & 0xFFFF_FFFF);
         let (input, input_gpa, output_gpa) = if long_mode {
             (regs.rcx, regs.rdx, regs.r8)
@@ -141,7 +140,7 @@ impl HypercallHandler for HyperV {
             regs.rax = output.0 & 0xFFFF_FFFF;
             regs.rdx = output.0 >> 32;
         }
-        vp.vcpu.set_regs(&regs).map_err(|e| format!("KVM_SET_REGS: {e}"))
+        vp.set_regs(&regs)
     }
 }
 

@@ -12,7 +12,8 @@ use std::sync::Arc;
 
 use hvstats_guest::layout;
 use hvstats_guest::workload::SINK_MSR;
-use kvm_ioctls::VcpuFd;
+use kvm_bindings::{KVM_SYNC_X86_REGS, KVM_SYNC_X86_SREGS, kvm_regs};
+use kvm_ioctls::{SyncReg, VcpuFd};
 
 use crate::partition::Partition;
 
@@ -29,8 +30,10 @@ pub enum PortAction {
 pub struct VpContext<'a> {
     /// The VP's index.
     pub index: u32,
-    /// The vCPU (registers can be read and written: the VP is not running).
-    pub vcpu: &'a VcpuFd,
+    /// The vCPU (registers can be read and written: the VP is not running). [`Self::regs`],
+    /// [`Self::long_mode`] and [`Self::set_regs`] use the registers KVM synced into `kvm_run`
+    /// when the partition syncs them, and the register ioctls otherwise.
+    pub vcpu: &'a mut VcpuFd,
     /// The partition.
     pub partition: &'a Partition,
     /// The VP's serial output so far.
@@ -41,6 +44,52 @@ impl VpContext<'_> {
     /// Merges the VP's kernel sources into its page now, so the guest reads exact values.
     pub fn refresh_counters(&self) {
         self.partition.refresh(self.index);
+    }
+
+    fn synced(&mut self, set: u32) -> bool {
+        self.vcpu.get_kvm_run().kvm_valid_regs & u64::from(set) != 0
+    }
+
+    /// The general registers at this exit.
+    ///
+    /// # Errors
+    /// KVM_GET_REGS failed.
+    pub fn regs(&mut self) -> Result<kvm_regs, String> {
+        if self.synced(KVM_SYNC_X86_REGS) {
+            return Ok(self.vcpu.sync_regs_mut().regs);
+        }
+        self.vcpu.get_regs().map_err(|e| format!("KVM_GET_REGS: {e}"))
+    }
+
+    /// Whether the VP is in long mode (EFER.LMA and CS.L) at this exit, rather than in a 32-bit
+    /// (or 16-bit) mode. Read at every call: a guest can switch modes without an exit.
+    ///
+    /// # Errors
+    /// KVM_GET_SREGS failed.
+    pub fn long_mode(&mut self) -> Result<bool, String> {
+        let (efer, cs_l) = if self.synced(KVM_SYNC_X86_SREGS) {
+            let sregs = &self.vcpu.sync_regs_mut().sregs;
+            (sregs.efer, sregs.cs.l)
+        } else {
+            let sregs = self.vcpu.get_sregs().map_err(|e| format!("KVM_GET_SREGS: {e}"))?;
+            (sregs.efer, sregs.cs.l)
+        };
+        Ok(efer & (1 << 10) != 0 && cs_l != 0)
+    }
+
+    /// Sets the general registers the VP resumes with.
+    ///
+    /// # Errors
+    /// KVM_SET_REGS failed.
+    pub fn set_regs(&mut self, regs: &kvm_regs) -> Result<(), String> {
+        if self.synced(KVM_SYNC_X86_REGS) {
+            // KVM loads them at the next KVM_RUN, before it completes the exit's instruction (as
+            // after KVM_SET_REGS), also when that KVM_RUN returns at once for immediate_exit.
+            self.vcpu.sync_regs_mut().regs = *regs;
+            self.vcpu.set_sync_dirty_reg(SyncReg::Register);
+            return Ok(());
+        }
+        self.vcpu.set_regs(regs).map_err(|e| format!("KVM_SET_REGS: {e}"))
     }
 }
 
@@ -68,7 +117,8 @@ pub trait MsrHandler: Send + Sync {
 }
 
 /// Handles a hypercall trapped through a port write (e.g. a hypercall page holding
-/// `out imm8, al; ret`). The handler reads the hypercall registers from `vp.vcpu` and writes RAX.
+/// `out imm8, al; ret`). The handler reads the hypercall registers with [`VpContext::regs`] and
+/// writes RAX with [`VpContext::set_regs`].
 /// The run loop has already merged the VP's kernel sources into its page.
 pub trait HypercallHandler: Send + Sync {
     /// Performs the hypercall.

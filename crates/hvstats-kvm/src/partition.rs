@@ -44,6 +44,10 @@ pub struct PartitionConfig {
     pub timeout: Duration,
     /// Whether the run loop accounts userspace exits (off only to measure what accounting costs).
     pub accounting: bool,
+    /// Whether a partition with hypercall ports has KVM sync the VPs' general and system registers
+    /// into `kvm_run` at every exit, so a hypercall needs no register ioctl (off only to measure or
+    /// test the ioctl path; without KVM_CAP_SYNC_REGS the ioctls are used anyway).
+    pub sync_registers: bool,
     /// How often the collector merges kernel sources into the pages during a run.
     pub collect_interval: Duration,
     /// CPUID entries replacing (same function and index) or extending KVM's supported set.
@@ -70,6 +74,7 @@ impl Default for PartitionConfig {
             mode: Mode::Long,
             timeout: Duration::from_secs(30),
             accounting: true,
+            sync_registers: true,
             collect_interval: Duration::from_millis(100),
             cpuid: Vec::new(),
             hardware_counters: None,
@@ -153,9 +158,23 @@ pub struct Partition {
     vps: Vec<VpShared>,
     gate: GuestGate,
     handlers: Handlers,
+    sync_regs: u64,
     config: PartitionConfig,
     stats: Arc<PartitionStats>,
     hv: Arc<Hypervisor>,
+}
+
+/// The register sets to sync through `kvm_run`: the general and system registers when the
+/// partition has hypercall ports (a hypercall then reads its registers and the CPU mode, and writes
+/// its result, without an ioctl) and KVM supports both; none otherwise, since KVM copies the synced
+/// sets at every exit.
+fn sync_regs(kvm_sys: &Kvm, config: &PartitionConfig, handlers: &Handlers) -> u64 {
+    let wanted = u64::from(kvm_bindings::KVM_SYNC_X86_REGS | kvm_bindings::KVM_SYNC_X86_SREGS);
+    if !config.sync_registers || handlers.hypercall_ports.is_empty() {
+        return 0;
+    }
+    let supported = u64::try_from(kvm_sys.check_extension_int(Cap::SyncRegs)).unwrap_or(0);
+    if supported & wanted == wanted { wanted } else { 0 }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -230,6 +249,7 @@ impl Partition {
         stats.set_ram_pages(ram.size() / 4096);
         stats.page().fetch_add(pt::GPA_SPACE_MODIFICATIONS, gpa_map.modifications());
         let vps = (0..config.vp_count).map(VpShared::new).collect();
+        let sync_regs = sync_regs(&kvm_sys, &config, &handlers);
         let p = Self {
             vcpus: Mutex::new(vcpus),
             vm_stats,
@@ -241,6 +261,7 @@ impl Partition {
             vps,
             gate: GuestGate::default(),
             handlers,
+            sync_regs,
             config,
             stats,
             hv: hv.clone(),
@@ -266,6 +287,11 @@ impl Partition {
     /// The handlers exits are routed to.
     pub fn handlers(&self) -> &Handlers {
         &self.handlers
+    }
+
+    /// The register sets (`KVM_SYNC_X86_*` bits) KVM copies into each VP's `kvm_run` at every exit.
+    pub(crate) fn sync_regs(&self) -> u64 {
+        self.sync_regs
     }
 
     /// Guest RAM.

@@ -13,7 +13,8 @@ use std::sync::{Mutex, MutexGuard, Once};
 use std::time::Instant;
 
 use hvstats::hwc::{GuestCounts, VpHardwareCounters};
-use kvm_ioctls::{VcpuExit, VcpuFd};
+use kvm_bindings::{KVM_SYNC_X86_REGS, KVM_SYNC_X86_SREGS};
+use kvm_ioctls::{SyncReg, VcpuExit, VcpuFd};
 
 use crate::accounting::{ExitAccounting, ExitClass, UserExitCounts, VpSources};
 use crate::cycles;
@@ -209,6 +210,13 @@ pub(crate) fn run(partition: &Partition, shared: &VpShared, mut vcpu: VcpuFd, ac
         k.thread = unsafe { libc::pthread_self() } as u64;
         k.run = vcpu.get_kvm_run() as *mut kvm_bindings::kvm_run as usize;
         k.live = true;
+    }
+    let sync = partition.sync_regs();
+    for (set, reg) in [(KVM_SYNC_X86_REGS, SyncReg::Register), (KVM_SYNC_X86_SREGS, SyncReg::SystemRegister)]
+    {
+        if sync & u64::from(set) != 0 {
+            vcpu.set_sync_valid_reg(reg);
+        }
     }
     let mut hardware = partition
         .config()

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{assert_exact, counts, kvm_available, run};
+use common::{assert_exact, counts, kvm_available, run, run_with};
 use hvstats_guest::Mode;
 use hvstats_guest::workload::Workload;
 
@@ -163,6 +163,22 @@ fn hypercall_counts_are_exact_in_long_and_protected_mode() {
     };
     for mode in [Mode::Long, Mode::Protected] {
         let r = run(&w, mode, 2);
+        for vp in 0..2 {
+            assert_exact(&r, vp, &w.expected(vp));
+        }
+    }
+}
+
+#[test]
+fn hypercall_counts_are_exact_through_the_register_ioctls() {
+    if !kvm_available("hypercall_counts_are_exact_through_the_register_ioctls") {
+        return;
+    }
+    // The path a host without KVM_CAP_SYNC_REGS takes: KVM_GET_REGS/SREGS and KVM_SET_REGS.
+    let w =
+        Workload { hypercalls: counts(60, 20), cpuid: counts(40, 0), exit_status: 6, ..Workload::default() };
+    for mode in [Mode::Long, Mode::Protected] {
+        let r = run_with(&w, mode, 2, |c| c.sync_registers = false);
         for vp in 0..2 {
             assert_exact(&r, vp, &w.expected(vp));
         }

@@ -36,10 +36,16 @@ pub struct Run {
 }
 
 pub fn run(workload: &Workload, mode: Mode, vps: u32) -> Run {
+    run_with(workload, mode, vps, |_| {})
+}
+
+/// As [`run`], with `adjust` applied to the configuration.
+pub fn run_with(workload: &Workload, mode: Mode, vps: u32, adjust: impl FnOnce(&mut PartitionConfig)) -> Run {
     let image = workload.build(mode, layout::DEFAULT_LOAD_GPA).expect("build");
     let hv = Hypervisor::new().expect("hypervisor");
     let mut config =
         PartitionConfig { vp_count: vps, mode, timeout: Duration::from_secs(60), ..Default::default() };
+    adjust(&mut config);
     // Every partition is enlightened: workloads that make hypercalls need it, the others do not
     // notice it.
     let mut handlers = Handlers::builtin();
