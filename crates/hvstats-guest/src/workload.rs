@@ -28,6 +28,8 @@ pub const KERNEL_WRITE_MSR: u32 = 0x174;
 pub const SINK_MSR: u32 = 0x4000_1000;
 /// The APIC timer's initial count in the HLT loop.
 pub const TIMER_COUNT: u32 = 20_000;
+/// The exit status of a workload whose hypercall did not return `HV_STATUS_SUCCESS`.
+pub const HYPERCALL_FAILED: u32 = 0xE1;
 
 /// Operation counts of a workload, each `base + vp_index * per_vp`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -289,6 +291,13 @@ impl Workload {
                 p.asm().pop(esi)?;
                 p.asm().pop(edi)?;
             }
+            // The status is in AX in both conventions: anything but success stops the VP.
+            let mut ok = p.asm().create_label();
+            p.asm().test(ax, ax)?;
+            p.asm().jz(ok)?;
+            p.exit(HYPERCALL_FAILED)?;
+            p.asm().set_label(&mut ok)?;
+            p.asm().nop()?;
             Ok(())
         })?;
         p.counted_loop(self.hlt, |p| {
