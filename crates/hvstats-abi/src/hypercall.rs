@@ -227,11 +227,18 @@ pub struct PartitionPrivileges(pub u64);
 impl PartitionPrivileges {
     /// `AccessStatsReg` (bit 8): the stats page MSRs.
     pub const ACCESS_STATS_REG: u64 = 1 << 8;
+    /// `AccessPartitionId` (bit 33): HvCallGetPartitionId.
+    pub const ACCESS_PARTITION_ID: u64 = 1 << 33;
     /// `AccessStats` (bit 40, EBX bit 8): HvMapStatsPage and HvUnmapStatsPage.
     pub const ACCESS_STATS: u64 = 1 << 40;
 
     /// True when the AccessStats privilege is held.
     pub const fn access_stats(self) -> bool {
         self.0 & Self::ACCESS_STATS != 0
+    }
+
+    /// True when the AccessPartitionId privilege is held.
+    pub const fn access_partition_id(self) -> bool {
+        self.0 & Self::ACCESS_PARTITION_ID != 0
     }
 }

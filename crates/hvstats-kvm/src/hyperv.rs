@@ -37,7 +37,7 @@ pub mod privilege {
     /// AccessVpIndex: the VP_INDEX MSR.
     pub const ACCESS_VP_INDEX: u64 = 1 << 6;
     /// AccessPartitionId: HvCallGetPartitionId.
-    pub const ACCESS_PARTITION_ID: u64 = 1 << 33;
+    pub const ACCESS_PARTITION_ID: u64 = super::PartitionPrivileges::ACCESS_PARTITION_ID;
     /// AccessStats: HvCallMapStatsPage and HvCallUnmapStatsPage.
     pub const ACCESS_STATS: u64 = super::PartitionPrivileges::ACCESS_STATS;
 }

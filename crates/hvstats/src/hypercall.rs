@@ -9,7 +9,7 @@
 //!
 //! Calls: HvCallMapStatsPage (0x006C) and HvCallMapStatsPage2 (0x0131) with the 32-byte input of
 //! seed 003 (TargetGpaPage at offset 24); HvCallUnmapStatsPage (0x006D, 24 bytes);
-//! HvCallGetPartitionId (0x0046, a u64 written at the output GPA); HvCallNotifyLongSpinWait
+//! HvCallGetPartitionId (0x0046, a u64 written at the output GPA; needs AccessPartitionId); HvCallNotifyLongSpinWait
 //! (0x0008, success and nothing else; memory or fast form).
 //!
 //! Choices where the TLFS is silent:
@@ -130,7 +130,9 @@ impl<'a> CallerContext<'a> {
         Self {
             hypervisor,
             caller: Requester::Root,
-            privileges: PartitionPrivileges(PartitionPrivileges::ACCESS_STATS),
+            privileges: PartitionPrivileges(
+                PartitionPrivileges::ACCESS_STATS | PartitionPrivileges::ACCESS_PARTITION_ID,
+            ),
             gpa_space_pages: u64::MAX,
         }
     }
@@ -230,6 +232,9 @@ fn run(
     match call {
         Call::NotifyLongSpinWait => Ok(()),
         Call::GetPartitionId => {
+            if !ctx.privileges.access_partition_id() {
+                return Err(HvStatus::ACCESS_DENIED);
+            }
             let partition_id = match ctx.caller {
                 Requester::Root => ROOT_PARTITION_ID,
                 Requester::Guest { partition_id, .. } => partition_id,

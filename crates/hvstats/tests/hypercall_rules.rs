@@ -103,7 +103,9 @@ impl World {
             other,
             ram: Ram(vec![0; (RAM_PAGES * PAGE) as usize]),
             overlays: Overlays::default(),
-            privileges: PartitionPrivileges(PartitionPrivileges::ACCESS_STATS),
+            privileges: PartitionPrivileges(
+                PartitionPrivileges::ACCESS_STATS | PartitionPrivileges::ACCESS_PARTITION_ID,
+            ),
             vp_index: 1,
         }
     }
@@ -401,13 +403,27 @@ fn rule4_malformed_requests_are_invalid_parameter() {
 #[test]
 fn rule5_no_access_stats_is_access_denied() {
     let mut w = World::new();
-    w.privileges = PartitionPrivileges(PartitionPrivileges::ACCESS_STATS_REG);
+    w.privileges =
+        PartitionPrivileges(PartitionPrivileges::ACCESS_STATS_REG | PartitionPrivileges::ACCESS_PARTITION_ID);
     assert_eq!(w.map(w.own_vp(0, 5)), HvStatus::ACCESS_DENIED);
     let id = StatsObjectIdentity::vp(w.guest.id(), 0, StatsAreaType::SELF);
     assert_eq!(w.unmap(StatsObjectType::VP, id), HvStatus::ACCESS_DENIED);
-    // Calls that need no privilege still work.
+    // Calls that need another privilege still work.
     let input = HypercallInput::simple(HypercallCode::GET_PARTITION_ID);
     assert_eq!(w.call(input, 0, OUTPUT_GPA), HvStatus::SUCCESS);
+}
+
+#[test]
+fn get_partition_id_without_access_partition_id_is_access_denied() {
+    let mut w = World::new();
+    w.privileges = PartitionPrivileges(PartitionPrivileges::ACCESS_STATS);
+    let input = HypercallInput::simple(HypercallCode::GET_PARTITION_ID);
+    assert_eq!(w.call(input, 0, OUTPUT_GPA), HvStatus::ACCESS_DENIED);
+    let mut out = [0u8; 8];
+    w.ram.read(OUTPUT_GPA, &mut out).unwrap();
+    assert_eq!(out, [0; 8], "nothing written");
+    // Stats calls do not need it.
+    assert_eq!(w.map(w.own_vp(0, 5)), HvStatus::SUCCESS);
 }
 
 #[test]
