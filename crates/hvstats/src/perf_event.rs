@@ -180,6 +180,11 @@ impl PerfCounter {
     /// # Errors
     /// When the read fails (ENOSPC: `buf` is too small for the group).
     pub fn read_group(&self, buf: &mut [u64]) -> io::Result<usize> {
+        self.read_words(buf)
+    }
+
+    /// One `read` of the event into `buf`, retried when interrupted; the words written.
+    fn read_words(&self, buf: &mut [u64]) -> io::Result<usize> {
         loop {
             // SAFETY: the kernel writes at most `size_of_val(buf)` bytes into `buf`, which we own
             // for the call; the fd is a perf event.
@@ -205,21 +210,8 @@ impl PerfCounter {
     /// # Errors
     /// When the read fails or is short.
     pub fn read(&self) -> io::Result<u64> {
-        loop {
-            let mut value = 0u64;
-            // SAFETY: we read at most 8 bytes into a u64 we own; the fd is a perf event.
-            let n = unsafe { libc::read(self.fd.as_raw_fd(), (&mut value as *mut u64).cast(), 8) };
-            if n == 8 {
-                return Ok(value);
-            }
-            let e = if n < 0 {
-                io::Error::last_os_error()
-            } else {
-                io::Error::from(io::ErrorKind::UnexpectedEof)
-            };
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
+        let mut value = [0u64; 1];
+        self.read_words(&mut value)?;
+        Ok(value[0])
     }
 }
