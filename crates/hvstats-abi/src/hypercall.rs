@@ -220,6 +220,15 @@ const _: () = assert!(size_of::<MapStatsPageInput>() == 32);
 const _: () = assert!(size_of::<UnmapStatsPageInput>() == 24);
 const _: () = assert!(size_of::<GetPartitionIdOutput>() == 8);
 
+/// `HV_X64_MSR_GUEST_OS_ID`: the guest announces itself; the hypercall page needs it nonzero.
+pub const MSR_GUEST_OS_ID: u32 = 0x4000_0000;
+/// `HV_X64_MSR_HYPERCALL`: bit 0 enables the hypercall page, bits 63:12 are its GPA page.
+pub const MSR_HYPERCALL: u32 = 0x4000_0001;
+/// `HV_X64_MSR_VP_INDEX`: the calling VP's index (read-only).
+pub const MSR_VP_INDEX: u32 = 0x4000_0002;
+/// "Hv#1": the hypervisor interface signature in CPUID 0x40000001.EAX.
+pub const INTERFACE_SIGNATURE: u32 = u32::from_le_bytes(*b"Hv#1");
+
 /// The partition privilege mask (CPUID 0x40000003 EAX = bits 31:0, EBX = bits 63:32).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct PartitionPrivileges(pub u64);

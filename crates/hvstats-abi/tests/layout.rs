@@ -278,6 +278,17 @@ fn partition_privilege_bits() {
     assert_eq!(PartitionPrivileges::ACCESS_STATS, 1 << 40);
     assert!(PartitionPrivileges(1 << 40).access_stats());
     assert!(!PartitionPrivileges(1 << 8).access_stats());
+    assert_eq!(PartitionPrivileges::ACCESS_PARTITION_ID, 1 << 33);
+    assert!(PartitionPrivileges(1 << 33).access_partition_id());
+}
+
+#[test]
+fn synthetic_msrs_and_the_interface_signature() {
+    use hvstats_abi::hypercall::{INTERFACE_SIGNATURE, MSR_GUEST_OS_ID, MSR_HYPERCALL, MSR_VP_INDEX};
+    assert_eq!(MSR_GUEST_OS_ID, 0x4000_0000);
+    assert_eq!(MSR_HYPERCALL, 0x4000_0001);
+    assert_eq!(MSR_VP_INDEX, 0x4000_0002);
+    assert_eq!(INTERFACE_SIGNATURE, 0x3123_7648);
 }
 
 #[test]

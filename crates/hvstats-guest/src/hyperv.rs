@@ -10,20 +10,14 @@ use iced_x86::IcedError;
 use iced_x86::code_asm::*;
 
 use hvstats_abi::catalog::{CounterId, partition, vp};
-use hvstats_abi::hypercall::{HV_PARTITION_ID_SELF, HV_VP_INDEX_SELF, HypercallCode};
+use hvstats_abi::hypercall::{
+    HV_PARTITION_ID_SELF, HV_VP_INDEX_SELF, HypercallCode, INTERFACE_SIGNATURE, MSR_GUEST_OS_ID,
+    MSR_HYPERCALL, MSR_VP_INDEX,
+};
+
+use crate::layout;
 use hvstats_abi::object::StatsObjectType;
 
-/// Port whose write stops the VP (the value is its exit status).
-pub const EXIT_PORT: u32 = 0xF4;
-/// The serial port.
-pub const SERIAL_PORT: u32 = 0x3F8;
-
-/// `HV_X64_MSR_GUEST_OS_ID`.
-pub const MSR_GUEST_OS_ID: u32 = 0x4000_0000;
-/// `HV_X64_MSR_HYPERCALL`.
-pub const MSR_HYPERCALL: u32 = 0x4000_0001;
-/// `HV_X64_MSR_VP_INDEX`.
-pub const MSR_VP_INDEX: u32 = 0x4000_0002;
 /// The guest OS id the programs announce (an open-source OS, vendor 0x8100 per the TLFS).
 pub const GUEST_OS_ID: u64 = 0x8100_0000_0000_0001;
 
@@ -216,7 +210,7 @@ pub fn stats_self_check(p: SelfCheck, load_gpa: u64) -> Result<Vec<u8>, IcedErro
     check_pattern(&mut a, &mut fail)?;
 
     a.xor(eax, eax)?;
-    a.out(EXIT_PORT, al)?;
+    a.out(layout::EXIT_PORT as u32, al)?;
     a.hlt()?;
     // Failure: "fail status=<last hypercall result>" on the serial port, then the step's code.
     a.set_label(&mut fail)?;
@@ -226,7 +220,7 @@ pub fn stats_self_check(p: SelfCheck, load_gpa: u64) -> Result<Vec<u8>, IcedErro
     a.call(print_hex)?;
     serial_str(&mut a, "\n")?;
     a.pop(rax)?;
-    a.out(EXIT_PORT, al)?;
+    a.out(layout::EXIT_PORT as u32, al)?;
     a.hlt()?;
 
     emit_print_hex(&mut a, &mut print_hex)?;
@@ -334,7 +328,7 @@ fn probe(
     }
     a.xor(eax, eax)?;
     a.set_label(&mut fail)?;
-    a.out(EXIT_PORT, al)?;
+    a.out(layout::EXIT_PORT as u32, al)?;
     a.hlt()?;
     emit_print_hex(&mut a, &mut print_hex)?;
     a.assemble(load_gpa)
@@ -368,7 +362,7 @@ fn enable_hypercalls(
     a.jne(*fail)?;
     a.mov(eax, 0x4000_0001u32)?;
     a.cpuid()?;
-    a.cmp(eax, u32::from_le_bytes(*b"Hv#1") as i32)?;
+    a.cmp(eax, INTERFACE_SIGNATURE as i32)?;
     a.mov(eax, SelfCheckFailure::NoInterface as u32)?;
     a.jne(*fail)?;
     a.mov(ecx, MSR_GUEST_OS_ID)?;
@@ -500,7 +494,7 @@ fn emit_walk(a: &mut CodeAssembler, walk: &mut CodeLabel) -> Result<(), IcedErro
 }
 
 fn serial_str(a: &mut CodeAssembler, s: &str) -> Result<(), IcedError> {
-    a.mov(dx, SERIAL_PORT)?;
+    a.mov(dx, layout::SERIAL_PORT as u32)?;
     for b in s.bytes() {
         a.mov(al, b as u32)?;
         a.out(dx, al)?;
@@ -517,7 +511,7 @@ fn emit_print_hex(a: &mut CodeAssembler, label: &mut CodeLabel) -> Result<(), Ic
     a.push(rbx)?;
     a.mov(rbx, rax)?;
     a.mov(ecx, 16u32)?;
-    a.mov(dx, SERIAL_PORT)?;
+    a.mov(dx, layout::SERIAL_PORT as u32)?;
     a.set_label(&mut lp)?;
     a.rol(rbx, 4)?;
     a.mov(eax, ebx)?;

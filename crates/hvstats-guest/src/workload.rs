@@ -6,9 +6,9 @@
 
 use iced_x86::code_asm::*;
 
-use hvstats_abi::hypercall::HypercallCode;
+use hvstats_abi::hypercall::{HypercallCode, MSR_GUEST_OS_ID, MSR_HYPERCALL};
 
-use crate::hyperv::{GUEST_OS_ID, MSR_GUEST_OS_ID, MSR_HYPERCALL};
+use crate::hyperv::GUEST_OS_ID;
 use crate::layout;
 use crate::program::{BuildError, GuestImage, LoopCount, Mode, Program};
 

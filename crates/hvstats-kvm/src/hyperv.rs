@@ -6,7 +6,9 @@
 //! through user-space MSR exits, and writes a hypercall page whose code traps to the VMM with a
 //! port write (`vmcall` does not reach userspace on every host) and returns with `ret`.
 
-use hvstats_abi::hypercall::PartitionPrivileges;
+use hvstats_abi::hypercall::{
+    INTERFACE_SIGNATURE, MSR_GUEST_OS_ID, MSR_HYPERCALL, MSR_VP_INDEX, PartitionPrivileges,
+};
 
 /// The port the hypercall page writes to; a write there is the hypercall instruction.
 pub const HYPERCALL_PORT: u8 = 0xF5;
@@ -14,21 +16,11 @@ pub const HYPERCALL_PORT: u8 = 0xF5;
 /// The hypercall page code: `out HYPERCALL_PORT, al; ret`.
 pub const HYPERCALL_CODE: [u8; 3] = [0xE6, HYPERCALL_PORT, 0xC3];
 
-/// `HV_X64_MSR_GUEST_OS_ID`.
-pub const MSR_GUEST_OS_ID: u32 = 0x4000_0000;
-/// `HV_X64_MSR_HYPERCALL`.
-pub const MSR_HYPERCALL: u32 = 0x4000_0001;
-/// `HV_X64_MSR_VP_INDEX`.
-pub const MSR_VP_INDEX: u32 = 0x4000_0002;
-
 /// The synthetic MSRs hvstats handles.
 pub const SYNTHETIC_MSRS: [u32; 3] = [MSR_GUEST_OS_ID, MSR_HYPERCALL, MSR_VP_INDEX];
 
 /// CPUID 0x40000000: the highest hypervisor leaf hvstats answers.
 pub const CPUID_MAX_LEAF: u32 = 0x4000_0005;
-
-/// "Hv#1": the interface signature in CPUID 0x40000001.EAX.
-pub const INTERFACE_SIGNATURE: u32 = u32::from_le_bytes(*b"Hv#1");
 
 /// Privilege bits of `HV_PARTITION_PRIVILEGE_MASK` that hvstats grants or withholds.
 pub mod privilege {
