@@ -397,7 +397,10 @@ mod tests {
     /// A vCPU (never run) whose sources are opened for the calling thread, as the VP thread does.
     fn vcpu() -> Option<(kvm_ioctls::VmFd, kvm_ioctls::VcpuFd)> {
         let Ok(kvm) = kvm_ioctls::Kvm::new() else {
-            assert!(std::env::var("CI").as_deref() != Ok("true"), "/dev/kvm is required under CI");
+            assert!(
+                std::env::var("HVSTATS_REQUIRE_KVM").as_deref() != Ok("1"),
+                "/dev/kvm is required (HVSTATS_REQUIRE_KVM=1)"
+            );
             eprintln!("skipping: /dev/kvm is not available");
             return None;
         };

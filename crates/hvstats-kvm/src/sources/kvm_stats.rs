@@ -233,7 +233,10 @@ mod tests {
     #[test]
     fn looked_up_statistics_agree_with_a_snapshot() {
         let Ok(kvm) = kvm_ioctls::Kvm::new() else {
-            assert!(std::env::var("CI").as_deref() != Ok("true"), "/dev/kvm is required under CI");
+            assert!(
+                std::env::var("HVSTATS_REQUIRE_KVM").as_deref() != Ok("1"),
+                "/dev/kvm is required (HVSTATS_REQUIRE_KVM=1)"
+            );
             eprintln!("skipping: /dev/kvm is not available");
             return;
         };
