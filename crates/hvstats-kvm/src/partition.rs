@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 use std::time::{Duration, Instant};
 
@@ -162,6 +162,7 @@ pub struct Partition {
     config: PartitionConfig,
     stats: Arc<PartitionStats>,
     hv: Arc<Hypervisor>,
+    stop_requested: AtomicBool,
 }
 
 /// The register sets to sync through `kvm_run`: the general and system registers when the
@@ -265,6 +266,7 @@ impl Partition {
             config,
             stats,
             hv: hv.clone(),
+            stop_requested: AtomicBool::new(false),
         };
         p.refresh_partition();
         Ok(p)
@@ -403,7 +405,23 @@ impl Partition {
         stats.has(name).then(|| stats.snapshot().ok().map(|s| s.raw(name))).flatten()
     }
 
-    /// Starts every VP at `entry` and waits until all have stopped or the timeout has passed.
+    /// Asks a running (or about to run) [`Partition::run`] to stop every VP now, as when its
+    /// timeout passes; safe from any thread, e.g. one that received SIGINT. The VPs that had not
+    /// stopped are reported as stopped on request, with their RIP.
+    pub fn stop(&self) {
+        self.stop_requested.store(true, Ordering::SeqCst);
+        for shared in &self.vps {
+            shared.request_stop();
+        }
+    }
+
+    /// Whether [`Partition::stop`] was called.
+    pub fn stop_requested(&self) -> bool {
+        self.stop_requested.load(Ordering::SeqCst)
+    }
+
+    /// Starts every VP at `entry` and waits until all have stopped, the timeout has passed or
+    /// [`Partition::stop`] was called.
     ///
     /// # Errors
     /// When the partition already ran or a vCPU cannot be set up.
@@ -449,7 +467,7 @@ impl Partition {
             let mut stopping = false;
             while remaining > 0 {
                 let now = Instant::now();
-                if !stopping && now >= deadline {
+                if !stopping && (now >= deadline || self.stop_requested()) {
                     stopping = true;
                 }
                 if stopping {

@@ -237,8 +237,9 @@ pub(crate) fn run(partition: &Partition, shared: &VpShared, mut vcpu: VcpuFd, ac
     let started = Instant::now();
     loop {
         if shared.stopping() {
+            let why = if partition.stop_requested() { "stop requested" } else { "timeout" };
             outcome.fault =
-                Some(VpFault { reason: "stopped before it exited (timeout)".into(), rip: rip(&vcpu) });
+                Some(VpFault { reason: format!("stopped before it exited ({why})"), rip: rip(&vcpu) });
             break;
         }
         let (class, step) = step(partition, shared, &mut vcpu, &mut serial, &mut acct);
