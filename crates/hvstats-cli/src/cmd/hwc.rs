@@ -296,17 +296,24 @@ fn alloc(args: AllocArgs) -> anyhow::Result<ExitCode> {
     }
     let handle = match allocator.try_allocate(affinity.as_deref(), list.as_ref(), lifetime) {
         Ok(h) => h,
-        Err(HwcError::Status(s)) => {
+        Err(HwcError::Table(e)) => return Err(e.into()),
+        Err(e) => {
+            let s = e.status();
+            let why = match &e {
+                HwcError::Refused(why) => Some(why.to_string()),
+                _ => None,
+            };
             if args.common.json {
                 let mut v = status_json(s);
                 v["handle"] = Value::Null;
+                v["reason"] = json!(why);
                 print(&format!("{v}\n"))?;
             } else {
-                print(&format!("allocation refused: {s}\n"))?;
+                let why = why.map(|w| format!(": {w}")).unwrap_or_default();
+                print(&format!("allocation refused: {s}{why}\n"))?;
             }
             return Ok(exit_for(s));
         }
-        Err(HwcError::Table(e)) => return Err(e.into()),
     };
     let held = allocator.allocation(handle)?.context("the allocation just made is not in the table")?;
     if args.common.json {
@@ -348,8 +355,8 @@ fn free(args: FreeArgs) -> anyhow::Result<ExitCode> {
     let handle = CounterSetHandle::from_raw(args.handle);
     let s = match allocator.try_free(handle) {
         Ok(()) => NtStatus::SUCCESS,
-        Err(HwcError::Status(s)) => s,
         Err(HwcError::Table(e)) => return Err(e.into()),
+        Err(e) => e.status(),
     };
     if args.common.json {
         let mut v = status_json(s);

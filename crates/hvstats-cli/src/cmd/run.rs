@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use hvstats::Hypervisor;
-use hvstats::hwc::{Allocator, PmuShape};
+use hvstats::hwc::{Allocator, Lifetime, PmuShape};
 use hvstats::present;
 use hvstats::whv;
 use hvstats_abi::catalog::Presentation;
@@ -256,8 +256,8 @@ fn hardware_counters(runtime_dir: &Path) -> Result<HardwareCounters, String> {
     let allocator = Allocator::open(runtime_dir, pmu).map_err(|e| e.to_string())?;
     let counters = [PhysicalCounterResourceDescriptor::range(0, 1)];
     let handle = allocator
-        .allocate(None, Some(&PhysicalCounterResourceList::new(&counters)))
-        .map_err(|status| format!("the PMU's counters are held by others: {status}"))?;
+        .try_allocate(None, Some(&PhysicalCounterResourceList::new(&counters)), Lifetime::Process)
+        .map_err(|e| format!("hardware counters 0-1 on every processor: {e}"))?;
     Ok(HardwareCounters { allocator: Arc::new(allocator), handle })
 }
 
