@@ -321,7 +321,7 @@ fn step(
                 &large
             };
             let mut ctx = VpContext { index, vcpu, partition, serial };
-            if let Some(h) = handlers.hypercall_ports.get(&port) {
+            if let Some(h) = handlers.hypercall_ports.get(&port).filter(|h| h.accepts_hypercalls()) {
                 if let Some(page) = partition.stats().vp_page(index) {
                     acct.begin_hypercall(page, &shared.user);
                 }
