@@ -1,0 +1,21 @@
+//! Fuzzes the instance manifest parser and instance names.
+
+#![no_main]
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use libfuzzer_sys::fuzz_target;
+
+fn dir() -> &'static PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("hvstats-fuzz-manifest-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("an instance directory");
+        dir
+    })
+}
+
+fuzz_target!(|data: &[u8]| {
+    hvstats_fuzz::manifest::check(data, dir());
+});
