@@ -20,7 +20,7 @@ use serde::Serialize;
 ///
 /// Syntax: `none[,cpus=N]` (no PMU on N processors), or
 /// `gp=G,fixed=F,cpus=N[,gp_width=W][,fixed_width=W]` (G general-purpose and F fixed counters on
-/// each of N processors; widths default to 48 bits).
+/// each of N processors; widths 1 to 64 bits, 48 by default).
 pub const PMU_ENV: &str = "HVSTATS_PMU";
 
 /// The most counters one processor may have (the allocator keeps them in a 64-bit mask).
