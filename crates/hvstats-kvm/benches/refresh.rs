@@ -19,7 +19,9 @@ use hvstats_kvm::sources::kvm_stats::{KvmStats, Stat};
 use hvstats_kvm::sources::perf_sw::Migrations;
 use hvstats_kvm::sources::thread_time::{ThreadClock, gettid};
 use hvstats_kvm::sources::tracepoint::VpTracepoints;
-use hvstats_kvm::{Handlers, Partition, PartitionConfig, exit_cost};
+use hvstats_kvm::{Handlers, Partition, PartitionConfig};
+
+mod support;
 
 /// Run time per hypercall of a one-VP guest making `n` HvCallNotifyLongSpinWait hypercalls.
 fn hypercall_round_trip(hv: &Arc<Hypervisor>, n: u32) -> Duration {
@@ -88,7 +90,7 @@ fn refresh(c: &mut Criterion) {
     group.bench_function("userspace_out", |b| {
         b.iter_custom(|iters| {
             let n = iters.clamp(2000, 200_000) as u32;
-            exit_cost::round_trip(&hv, n, true).expect("guest run") * iters as u32
+            support::round_trip(&hv, n, true) * iters as u32
         })
     });
     group.finish();

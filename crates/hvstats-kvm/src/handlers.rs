@@ -10,8 +10,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use hvstats_guest::layout;
-use hvstats_guest::workload::SINK_MSR;
+use hvstats_abi::boot::{self as layout, SINK_MSR};
 use kvm_bindings::{KVM_SYNC_X86_REGS, KVM_SYNC_X86_SREGS, kvm_regs};
 use kvm_ioctls::{SyncReg, VcpuFd};
 

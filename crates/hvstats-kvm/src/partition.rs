@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use hvstats::whv::{VpCounterSource, VpExtras};
 use hvstats::{Hypervisor, PartitionStats, SharedPage};
+use hvstats_abi::boot::{self as layout, Mode};
 use hvstats_abi::catalog::partition as pt;
-use hvstats_guest::{Mode, layout};
 use kvm_bindings::{KVM_MAX_CPUID_ENTRIES, kvm_cpuid_entry2, kvm_enable_cap};
 use kvm_ioctls::{Cap, Kvm, VcpuFd, VmFd};
 
