@@ -33,6 +33,20 @@ pub enum HypercallClass {
     Other,
 }
 
+impl HypercallClass {
+    /// Every class.
+    pub const ALL: [HypercallClass; 8] = [
+        HypercallClass::GpaSpace,
+        HypercallClass::LogicalProcessor,
+        HypercallClass::LongSpinWait,
+        HypercallClass::SyntheticInterrupt,
+        HypercallClass::VirtualInterrupt,
+        HypercallClass::VirtualMmu,
+        HypercallClass::VirtualProcessor,
+        HypercallClass::Other,
+    ];
+}
+
 macro_rules! hypercall_codes {
     ($($name:ident = $value:literal, $tlfs:literal, $class:ident;)*) => {
         impl HypercallCode {

@@ -23,6 +23,7 @@ pub mod hal;
 pub mod hypercall;
 pub mod object;
 pub mod page;
+pub mod source;
 pub mod status;
 pub mod whv;
 

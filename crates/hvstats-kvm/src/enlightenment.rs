@@ -13,9 +13,8 @@ use std::sync::{Arc, Mutex};
 
 use hvstats::hypercall::{self, CallerContext, GuestMemory, NotRam, OverlayError, StatsOverlays};
 use hvstats::{Hypervisor, MappedPage, SharedPage};
-use hvstats_abi::CounterId;
-use hvstats_abi::catalog::vp;
 use hvstats_abi::hypercall::{HypercallClass, HypercallInput, PartitionPrivileges};
+use hvstats_abi::source::hypercall_class_counter;
 use kvm_bindings::kvm_cpuid_entry2;
 
 use crate::handlers::{Handlers, HypercallHandler, MsrHandler, VpContext};
@@ -90,17 +89,11 @@ impl MsrHandler for HyperV {
     }
 }
 
-/// The VP counter of each hypercall class (seed 001).
-fn class_counter(class: HypercallClass) -> CounterId {
-    match class {
-        HypercallClass::GpaSpace => vp::GPA_SPACE_HYPERCALLS,
-        HypercallClass::LogicalProcessor => vp::LOGICAL_PROCESSOR_HYPERCALLS,
-        HypercallClass::LongSpinWait => vp::LONG_SPIN_WAIT_HYPERCALLS,
-        HypercallClass::SyntheticInterrupt => vp::SYNTHETIC_INTERRUPT_HYPERCALLS,
-        HypercallClass::VirtualInterrupt => vp::VIRTUAL_INTERRUPT_HYPERCALLS,
-        HypercallClass::VirtualMmu => vp::VIRTUAL_MMU_HYPERCALLS,
-        HypercallClass::VirtualProcessor => vp::VIRTUAL_PROCESSOR_HYPERCALLS,
-        HypercallClass::Other => vp::OTHER_HYPERCALLS,
+/// Counts a hypercall of `class` in the caller's VP page, under the counter the catalog gives the
+/// class (seed 001).
+pub(crate) fn count_hypercall_class(page: &SharedPage, class: HypercallClass) {
+    if let Some(counter) = hypercall_class_counter(class) {
+        page.add(counter, 1);
     }
 }
 
@@ -116,7 +109,7 @@ impl HypercallHandler for HyperV {
         };
         let input = HypercallInput(input);
         if let Some(page) = vp.partition.stats().vp_page(vp.index) {
-            page.add(class_counter(input.code().class()), 1);
+            count_hypercall_class(page, input.code().class());
         }
         let partition = vp.partition;
         let ctx = CallerContext::guest(

@@ -40,11 +40,6 @@ pub struct VpContext<'a> {
 }
 
 impl VpContext<'_> {
-    /// Merges the VP's kernel sources into its page now, so the guest reads exact values.
-    pub fn refresh_counters(&self) {
-        self.partition.refresh(self.index);
-    }
-
     fn synced(&mut self, set: u32) -> bool {
         self.vcpu.get_kvm_run().kvm_valid_regs & u64::from(set) != 0
     }

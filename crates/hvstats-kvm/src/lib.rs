@@ -21,6 +21,8 @@ pub mod hyperv;
 pub mod memory;
 pub mod modes;
 pub mod partition;
+#[cfg(test)]
+mod source_tables;
 pub mod sources;
 pub mod vp;
 

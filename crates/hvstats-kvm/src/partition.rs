@@ -17,9 +17,12 @@ use hvstats::whv::{VpCounterSource, VpExtras};
 use hvstats::{Hypervisor, PartitionStats, SharedPage};
 use hvstats_abi::boot::{self as layout, Mode};
 use hvstats_abi::catalog::partition as pt;
+use hvstats_abi::source::{SourceKind, maintained_by, maintained_count};
+use hvstats_abi::{Counter, ObjectKind};
 use kvm_bindings::{KVM_MAX_CPUID_ENTRIES, kvm_cpuid_entry2, kvm_enable_cap};
 use kvm_ioctls::{Cap, Kvm, VcpuFd, VmFd};
 
+use crate::accounting::kvm_stat_names;
 use crate::error::{Error, kvm};
 use crate::gpa_map::GpaMap;
 use crate::handlers::Handlers;
@@ -27,6 +30,10 @@ use crate::memory::GuestRam;
 use crate::modes;
 use crate::sources::kvm_stats::KvmStats;
 use crate::vp::{self, GuestGate, VpOutcome, VpShared};
+
+/// The partition counters kept from the VM's KVM statistics: the catalog's `KvmStats(Vm(..))` rows.
+const FROM_VM_STATS: [&Counter; maintained_count(ObjectKind::Partition, SourceKind::KvmStats)] =
+    maintained_by(ObjectKind::Partition, SourceKind::KvmStats);
 
 /// `KVM_CAP_X86_USER_SPACE_MSR` reasons: UNKNOWN | INVAL | FILTER.
 const USER_SPACE_MSR_REASONS: u64 = 7;
@@ -380,7 +387,10 @@ impl Partition {
     pub fn refresh_partition(&self) {
         let page = self.stats.page();
         if let Some(snap) = self.vm_stats.as_ref().and_then(|s| s.snapshot().ok()) {
-            page.set(pt::VIRTUAL_TLB_FLUSH_ENTRIES, snap.raw("remote_tlb_flush"));
+            for counter in FROM_VM_STATS {
+                let value = kvm_stat_names(counter).iter().map(|name| snap.raw(name)).sum();
+                page.set(counter.id, value);
+            }
         }
     }
 
