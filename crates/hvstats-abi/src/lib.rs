@@ -18,6 +18,7 @@
 pub mod apic;
 pub mod boot;
 pub mod catalog;
+pub mod cpuid;
 pub mod group;
 pub mod hal;
 pub mod hypercall;

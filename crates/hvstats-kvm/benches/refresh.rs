@@ -54,7 +54,7 @@ fn refresh(c: &mut Criterion) {
     // Everything (what the collector and the WHv API do), and what the VP thread does at a
     // hypercall (on its own thread: the intercept counters only).
     group.bench_function("merge_all_sources", |b| b.iter(|| sources.merge(&page, &user)));
-    group.bench_function("refresh_on_vp_thread", |b| b.iter(|| sources.refresh(&page, &user)));
+    group.bench_function("refresh_on_vp_thread", |b| b.iter(|| sources.merge_exits(&page, &user)));
     group.finish();
 
     // Where the time goes: each source read on its own.

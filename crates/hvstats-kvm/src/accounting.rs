@@ -276,14 +276,13 @@ impl VcpuStats {
 /// can see change from one instruction to the next: the intercepts KVM handles in the kernel
 /// (tracepoints, one group read) and KVM's statistics (one `pread`). The *time* part reads the
 /// thread's CPU and guest time and its migrations, which change whenever the thread runs. The VP
-/// thread refreshes its own page at every hypercall with the exit part only
-/// ([`refresh`](Self::refresh)); every other caller (the collector, the WHv API) and the end of
-/// the VP merge both. Either way every value written is exact at the moment it is written: the
+/// thread refreshes its own page at every hypercall with the exit part only; every other caller
+/// (the collector, the WHv API) and the end of the VP merge both ([`merge`](Self::merge)). Which
+/// one runs is the caller's choice, made where it calls (see `vp::Refresh`). Either way every value written is exact at the moment it is written: the
 /// times are written together (Hypervisor run time = total less guest time of the same reading),
 /// never one updated without the other.
 #[derive(Debug)]
 pub struct VpSources {
-    tid: libc::pid_t,
     tracepoints: VpTracepoints,
     stats: Option<VcpuStats>,
     migrations: Option<Migrations>,
@@ -298,7 +297,6 @@ impl VpSources {
     /// Opens the sources of thread `tid` running the vCPU whose fd is `vcpu_fd`.
     pub fn open(tid: libc::pid_t, vcpu_fd: std::os::fd::RawFd) -> Self {
         Self {
-            tid,
             tracepoints: VpTracepoints::open(tid),
             stats: KvmStats::open(vcpu_fd).ok().map(VcpuStats::new),
             migrations: Migrations::open(tid).ok(),
@@ -320,26 +318,13 @@ impl VpSources {
         self.stats.as_ref().map(|s| &s.stats)
     }
 
-    /// Marks the thread as exited: its times stay at the last reading (its tid may be reused).
-    /// Called on the VP's own thread as it ends, this takes that last reading first, so the next
-    /// merge writes the thread's final times.
-    pub fn thread_exited(&mut self) {
-        if !self.thread_gone && thread_time::current_tid() == self.tid {
+    /// Called on the VP's own thread as it ends: takes the thread's last times, so the next
+    /// merge writes its final times, and keeps them from then on (its tid may be reused).
+    pub fn thread_exiting(&mut self) {
+        if !self.thread_gone {
             self.read_times();
         }
         self.thread_gone = true;
-    }
-
-    /// True on the VP's own thread while it runs the VP.
-    fn on_own_thread(&self) -> bool {
-        !self.thread_gone && thread_time::current_tid() == self.tid
-    }
-
-    /// What the VP thread does before a hypercall and any other caller whenever it wants exact
-    /// values: on the VP's own thread the exit part ([`merge_exits`](Self::merge_exits)), elsewhere
-    /// everything ([`merge`](Self::merge)).
-    pub fn refresh(&mut self, page: &SharedPage, user: &UserExitCounts) -> VpExtras {
-        if self.on_own_thread() { self.merge_exits(page, user) } else { self.merge(page, user) }
     }
 
     /// Reads every source and writes its values into `page`.
@@ -408,7 +393,7 @@ pub fn refresh_cost(n: u32) -> Result<RefreshCost, Error> {
             std::hint::black_box(if everything {
                 sources.merge(&page, &user)
             } else {
-                sources.refresh(&page, &user)
+                sources.merge_exits(&page, &user)
             });
         }
         start.elapsed() / n
@@ -445,7 +430,7 @@ mod tests {
         let page = SharedPage::anonymous(ObjectKind::Vp).unwrap();
         let user = UserExitCounts::default();
         user.msr.store(3, Ordering::Relaxed);
-        sources.refresh(&page, &user);
+        sources.merge_exits(&page, &user);
         if sources.tracepoints().unavailable(Tracepoint::Msr).is_none() {
             // The vCPU never ran: KVM handled no MSR access, the run loop three.
             assert_eq!(page.get(vp::MSR_ACCESSES), 3);
@@ -461,12 +446,16 @@ mod tests {
         while start.elapsed() < std::time::Duration::from_millis(3) {
             x = std::hint::black_box(x.wrapping_add(1));
         }
-        sources.thread_exited();
-        sources.refresh(&page, &user);
-        let last = page.get(vp::TOTAL_RUN_TIME);
-        assert!(last > total, "a refresh after the thread ended writes everything, final times included");
+        sources.thread_exiting();
         sources.merge(&page, &user);
-        assert_eq!(page.get(vp::TOTAL_RUN_TIME), last);
+        let last = page.get(vp::TOTAL_RUN_TIME);
+        assert!(last > total, "a merge after the thread ended writes its final times");
+        let start = std::time::Instant::now();
+        while start.elapsed() < std::time::Duration::from_millis(3) {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+        sources.merge(&page, &user);
+        assert_eq!(page.get(vp::TOTAL_RUN_TIME), last, "the final times are kept");
     }
 
     #[test]

@@ -14,7 +14,9 @@ use hvstats_abi::boot::{self as layout, SINK_MSR};
 use kvm_bindings::{KVM_SYNC_X86_REGS, KVM_SYNC_X86_SREGS, kvm_regs};
 use kvm_ioctls::{SyncReg, VcpuFd};
 
-use crate::partition::Partition;
+use hvstats::PartitionStats;
+
+use crate::guest_space::GuestSpace;
 
 /// What the run loop does after a port write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,8 +35,10 @@ pub struct VpContext<'a> {
     /// [`Self::long_mode`] and [`Self::set_regs`] use the registers KVM synced into `kvm_run`
     /// when the partition syncs them, and the register ioctls otherwise.
     pub vcpu: &'a mut VcpuFd,
-    /// The partition.
-    pub partition: &'a Partition,
+    /// The partition's guest physical address space: RAM and stats overlays.
+    pub space: &'a GuestSpace,
+    /// The partition's stats objects.
+    pub stats: &'a PartitionStats,
     /// The VP's serial output so far.
     pub serial: &'a mut Vec<u8>,
 }
