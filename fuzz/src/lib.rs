@@ -3,6 +3,6 @@
 
 pub mod hal_request;
 pub mod hypercall_dispatch;
-pub mod manifest;
+pub mod index;
 pub mod page_reader;
 pub mod runtime_tree;
