@@ -165,7 +165,7 @@ struct KvmOverlays<'a>(&'a GuestSpace);
 impl StatsOverlays for KvmOverlays<'_> {
     fn map_overlay(&mut self, gpa_page: u64, page: &SharedPage) -> Result<(), OverlayError> {
         let io = |e: std::io::Error| OverlayError { gpa_page, source: e };
-        let mapped = MappedPage::map(page.fd()).map_err(io)?;
+        let mapped = page.map_read_only().map_err(io)?;
         self.0.add_overlay(gpa_page, Arc::new(ReadOnlyPage(mapped))).map_err(|e| io(std::io::Error::other(e)))
     }
 
