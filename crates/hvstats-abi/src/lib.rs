@@ -15,10 +15,12 @@
 #![deny(missing_docs)]
 
 pub mod catalog;
+pub mod exit_reason;
 pub mod group;
 pub mod hal;
 pub mod hypercall;
 pub mod object;
+pub mod observed;
 pub mod page;
 pub mod status;
 pub mod whv;
