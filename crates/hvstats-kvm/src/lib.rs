@@ -20,6 +20,7 @@ pub mod handlers;
 pub mod hyperv;
 pub mod memory;
 pub mod modes;
+pub mod observe;
 pub mod partition;
 pub mod sources;
 pub mod vp;
