@@ -86,15 +86,24 @@ const MAINTAINED: &[(CounterId, Observed)] = &[
     (partition::VIRTUAL_PROCESSORS, By(Authority, "vCPU file descriptors of the VMM process")),
     (partition::VIRTUAL_TLB_FLUSH_ENTRIES, By(QmpStats, "VM stat remote_tlb_flush through QMP (--qmp)")),
     (vp::TOTAL_RUN_TIME, By(PerfSoftware, "task-clock of the vCPU thread since attach")),
-    (vp::HYPERVISOR_RUN_TIME, By(ThreadTime, "task-clock less the thread's guest time (stat field 43) since attach")),
-    (vp::HYPERCALLS, By(KvmExit, "VMCALL/VMMCALL exits on VMX/SVM hosts, else vCPU stat hypercalls through QMP")),
+    (
+        vp::HYPERVISOR_RUN_TIME,
+        By(ThreadTime, "task-clock less the thread's guest time (stat field 43) since attach"),
+    ),
+    (
+        vp::HYPERCALLS,
+        By(KvmExit, "VMCALL/VMMCALL exits on VMX/SVM hosts, else vCPU stat hypercalls through QMP"),
+    ),
     (vp::PAGE_INVALIDATIONS, By(KvmExit, QMP_OR_EXIT)),
     (vp::CONTROL_REGISTER_ACCESSES, By(Tracepoint, "kvm:kvm_cr")),
     (vp::IO_INSTRUCTIONS, By(Tracepoint, "kvm:kvm_pio")),
     (vp::HLT_INSTRUCTIONS, By(KvmExit, QMP_OR_EXIT)),
     (vp::MWAIT_INSTRUCTIONS, By(KvmExit, "MWAIT/MONITOR exits on VMX/SVM hosts only")),
     (vp::CPUID_INSTRUCTIONS, By(Tracepoint, "kvm:kvm_cpuid")),
-    (vp::MSR_ACCESSES, By(Tracepoint, "kvm:kvm_msr plus MSR exits to the VMM (kvm_userspace_exit reasons 29, 30)")),
+    (
+        vp::MSR_ACCESSES,
+        By(Tracepoint, "kvm:kvm_msr plus MSR exits to the VMM (kvm_userspace_exit reasons 29, 30)"),
+    ),
     (vp::OTHER_INTERCEPTS, By(KvmExit, "kvm_exit less every classified reason, on VMX/SVM hosts only")),
     (vp::EXTERNAL_INTERRUPTS, By(KvmExit, QMP_OR_EXIT)),
     (vp::PENDING_INTERRUPTS, By(KvmExit, QMP_OR_EXIT)),
@@ -147,10 +156,7 @@ pub fn observed(id: CounterId) -> Option<Observed> {
 
 /// The partition and VP counters an observed VM never has (to publish as not available).
 pub fn never_observed() -> impl Iterator<Item = CounterId> {
-    crate::catalog::CATALOG
-        .iter()
-        .map(|c| c.id)
-        .filter(|id| matches!(observed(*id), Some(No(_))))
+    crate::catalog::CATALOG.iter().map(|c| c.id).filter(|id| matches!(observed(*id), Some(No(_))))
 }
 
 #[cfg(test)]

@@ -69,7 +69,9 @@ fn qemu_without_debug_threads_needs_debugfs_which_knows_a_vcpu_only_after_it_ran
 #[test]
 fn firecracker_cloud_hypervisor_crosvm_and_kvmtool_threads_are_matched() {
     let tmp = TempDir::new("disc-vmms");
-    let cases: [(i32, &[&str], &str, &[&str], Vmm, &str); 4] = [
+    /// pid, command line, comm, thread names, VMM, VM name.
+    type Case<'a> = (i32, &'a [&'a str], &'a str, &'a [&'a str], Vmm, &'a str);
+    let cases: [Case; 4] = [
         (
             100,
             &["firecracker", "--api-sock", "/run/fc.sock", "--id", "fc-vm-1"],
@@ -115,7 +117,8 @@ fn firecracker_cloud_hypervisor_crosvm_and_kvmtool_threads_are_matched() {
         let first = threads.len() as i32 - 2; // the two vCPU threads come last
         assert_eq!(vcpus, BTreeMap::from([(0, pid + first), (1, pid + first + 1)]), "{cmdline:?}");
     }
-    let all: Vec<i32> = Procfs::at(tmp.path(), None).kvm_processes().unwrap().into_iter().map(|(p, _)| p).collect();
+    let all: Vec<i32> =
+        Procfs::at(tmp.path(), None).kvm_processes().unwrap().into_iter().map(|(p, _)| p).collect();
     assert_eq!(all, vec![100, 200, 300, 400]);
 }
 

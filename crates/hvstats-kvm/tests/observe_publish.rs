@@ -69,7 +69,10 @@ fn an_observed_vm_becomes_a_partition_counted_from_attach_and_goes_when_its_proc
         &["/usr/bin/qemu-system-x86_64", "-name", "guest=fixture-vm,debug-threads=on"],
         "qemu-system-x86",
     );
-    fake.fd(3, "/dev/kvm").fd(4, "anon_inode:kvm-vm").fd(5, "anon_inode:kvm-vcpu:0").fd(6, "anon_inode:kvm-vcpu:1");
+    fake.fd(3, "/dev/kvm")
+        .fd(4, "anon_inode:kvm-vm")
+        .fd(5, "anon_inode:kvm-vcpu:0")
+        .fd(6, "anon_inode:kvm-vcpu:1");
     fake.thread(gettid(), "qemu-system-x86", 0).thread(tid0, "CPU 0/KVM", 5).thread(tid1, "CPU 1/KVM", 0);
 
     let hv = Hypervisor::new_published(&runtime).unwrap();
@@ -80,7 +83,9 @@ fn an_observed_vm_becomes_a_partition_counted_from_attach_and_goes_when_its_proc
         [ObserverEvent::Attached { pid: p, name, vmm, vcpus, partition, .. }, rest @ ..] => {
             assert_eq!((*p, name.as_str(), *vmm, *vcpus), (pid, "fixture-vm", "qemu", 2));
             assert!(
-                rest.iter().any(|e| matches!(e, ObserverEvent::VcpusKnown { threads, .. } if *threads == vec![tid0, tid1])),
+                rest.iter().any(
+                    |e| matches!(e, ObserverEvent::VcpusKnown { threads, .. } if *threads == vec![tid0, tid1])
+                ),
                 "{rest:?}"
             );
             *partition
@@ -119,18 +124,29 @@ fn an_observed_vm_becomes_a_partition_counted_from_attach_and_goes_when_its_proc
     assert_eq!(facts["kvm_exit_fires"], false);
     assert_eq!(facts["qmp_stats"], false);
     assert!(facts["attached_unix_ns"].as_u64().unwrap() > 0);
-    let unavailable: Vec<&str> = facts["unavailable"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
-    for name in ["HLT instructions/sec", "CPUID instructions cost", "Emulated instructions/sec", "Other intercepts/sec"] {
+    let unavailable: Vec<&str> =
+        facts["unavailable"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    for name in [
+        "HLT instructions/sec",
+        "CPUID instructions cost",
+        "Emulated instructions/sec",
+        "Other intercepts/sec",
+    ] {
         assert!(unavailable.contains(&name), "{name} is unavailable without QMP or kvm_exit");
     }
-    for name in ["CPUID instructions/sec", "IO instructions/sec", "Total run time", "IO intercept messages/sec"] {
+    for name in
+        ["CPUID instructions/sec", "IO instructions/sec", "Total run time", "IO intercept messages/sec"]
+    {
         assert!(!unavailable.contains(&name), "{name} is counted");
     }
 
     // The process exits: the VM is detached and its partition is gone.
     fake.set_state('Z');
     let events = observer.tick();
-    assert!(matches!(&events[..], [ObserverEvent::Detached { pid: p, name }] if *p == pid && name == "fixture-vm"), "{events:?}");
+    assert!(
+        matches!(&events[..], [ObserverEvent::Detached { pid: p, name }] if *p == pid && name == "fixture-vm"),
+        "{events:?}"
+    );
     assert!(hv.partition(partition).is_none());
     assert!(!facts_path.exists());
     assert!(observer.finished());
@@ -144,8 +160,12 @@ fn a_pid_without_a_vm_fails_clearly_and_ends_the_observer() {
     let fake = FakeProcess::new(tmp.path(), 77, &["bash"], "bash");
     fake.fd(0, "/dev/null");
     let hv = Hypervisor::new().unwrap();
-    let mut observer =
-        Observer::new(hv.clone(), Procfs::at(tmp.path(), None), Targets::Pids(vec![77, 78]), ObserveOptions::default());
+    let mut observer = Observer::new(
+        hv.clone(),
+        Procfs::at(tmp.path(), None),
+        Targets::Pids(vec![77, 78]),
+        ObserveOptions::default(),
+    );
     let events = observer.tick();
     let errors: Vec<String> = events
         .iter()

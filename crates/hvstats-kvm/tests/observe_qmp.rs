@@ -68,7 +68,8 @@ impl Drop for Qemu {
 #[test]
 fn qmp_speaks_to_a_real_qemu_and_tcg_has_no_kvm_stats() {
     let tmp = TempDir::new("qmp-tcg");
-    let Some(qemu) = Qemu::start(tmp.path(), &["-name", "guest=qmp-peer,debug-threads=on", "-smp", "2"]) else {
+    let Some(qemu) = Qemu::start(tmp.path(), &["-name", "guest=qmp-peer,debug-threads=on", "-smp", "2"])
+    else {
         return;
     };
     let mut qmp = qemu.connect();
@@ -144,5 +145,8 @@ fn a_socket_that_is_not_qmp_is_refused() {
         other => panic!("{other:?}"),
     }
     server.join().unwrap();
-    assert!(matches!(Qmp::connect(&tmp.path().join("missing"), Duration::from_secs(1)), Err(QmpError::Connect { .. })));
+    assert!(matches!(
+        Qmp::connect(&tmp.path().join("missing"), Duration::from_secs(1)),
+        Err(QmpError::Connect { .. })
+    ));
 }

@@ -48,7 +48,11 @@ impl EventSpec {
 
     /// A tracepoint with a filter.
     pub fn filtered(system: &str, name: &str, filter: &str) -> Self {
-        EventSpec::Tracepoint { system: system.to_owned(), name: name.to_owned(), filter: Some(filter.to_owned()) }
+        EventSpec::Tracepoint {
+            system: system.to_owned(),
+            name: name.to_owned(),
+            filter: Some(filter.to_owned()),
+        }
     }
 }
 

@@ -326,8 +326,10 @@ fn qemu_guest_name(value: &str) -> Option<String> {
 
 /// The numeric entries of a directory, ascending.
 fn numeric_entries(dir: &Path) -> io::Result<Vec<i32>> {
-    let mut out: Vec<i32> =
-        fs::read_dir(dir)?.flatten().filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok())).collect();
+    let mut out: Vec<i32> = fs::read_dir(dir)?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
+        .collect();
     out.sort_unstable();
     Ok(out)
 }

@@ -88,7 +88,15 @@ pub struct Observer {
 impl Observer {
     /// An observer publishing into `hv`.
     pub fn new(hv: Arc<Hypervisor>, procfs: Procfs, targets: Targets, options: ObserveOptions) -> Self {
-        Self { hv, procfs, targets, options, vms: BTreeMap::new(), done: BTreeSet::new(), reported: BTreeMap::new() }
+        Self {
+            hv,
+            procfs,
+            targets,
+            options,
+            vms: BTreeMap::new(),
+            done: BTreeSet::new(),
+            reported: BTreeMap::new(),
+        }
     }
 
     /// The VMs observed now, by pid.

@@ -57,7 +57,8 @@ pub fn publish(
     let Some(parent) = path.parent() else { return Ok(()) };
     let tmp = parent.join(format!(".{OBSERVED_FILE}.tmp"));
     let text = serde_json::to_vec_pretty(facts).map_err(std::io::Error::other)?;
-    let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o644).open(&tmp)?;
+    let mut file =
+        std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o644).open(&tmp)?;
     file.write_all(&text)?;
     std::fs::rename(&tmp, &path)
 }

@@ -85,8 +85,8 @@ impl Qmp {
     /// When the socket cannot be connected, QEMU does not greet within `timeout`, or refuses
     /// `qmp_capabilities`.
     pub fn connect(path: &Path, timeout: Duration) -> Result<Self, QmpError> {
-        let stream =
-            UnixStream::connect(path).map_err(|source| QmpError::Connect { path: path.to_owned(), source })?;
+        let stream = UnixStream::connect(path)
+            .map_err(|source| QmpError::Connect { path: path.to_owned(), source })?;
         stream.set_read_timeout(Some(timeout)).map_err(QmpError::Io)?;
         stream.set_write_timeout(Some(timeout)).map_err(QmpError::Io)?;
         let writer = stream.try_clone().map_err(QmpError::Io)?;
@@ -109,9 +109,14 @@ impl Qmp {
         let mut line = Vec::new();
         loop {
             line.clear();
-            let n = Read::take(&mut self.reader, MAX_LINE as u64).read_until(b'\n', &mut line).map_err(QmpError::Io)?;
+            let n = Read::take(&mut self.reader, MAX_LINE as u64)
+                .read_until(b'\n', &mut line)
+                .map_err(QmpError::Io)?;
             if n == 0 {
-                return Err(QmpError::Io(io::Error::new(io::ErrorKind::UnexpectedEof, "QEMU closed the socket")));
+                return Err(QmpError::Io(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "QEMU closed the socket",
+                )));
             }
             if !line.ends_with(b"\n") {
                 return Err(QmpError::Protocol(format!("a message longer than {MAX_LINE} bytes")));
@@ -142,7 +147,11 @@ impl Qmp {
             }
             if let Some(e) = reply.get("error") {
                 let field = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
-                return Err(QmpError::Command { command: command.to_owned(), class: field("class"), desc: field("desc") });
+                return Err(QmpError::Command {
+                    command: command.to_owned(),
+                    class: field("class"),
+                    desc: field("desc"),
+                });
             }
             if reply.get("event").is_none() {
                 return Err(QmpError::Protocol(format!("unexpected message {reply}")));
@@ -173,8 +182,10 @@ impl Qmp {
             let qom = cpu.get("qom-path").and_then(Value::as_str);
             match (index, thread, qom) {
                 (Some(i), Some(t), Some(q)) => cpus.push(QmpCpu {
-                    index: u32::try_from(i).map_err(|_| QmpError::Protocol("cpu-index out of range".into()))?,
-                    thread_id: i32::try_from(t).map_err(|_| QmpError::Protocol("thread-id out of range".into()))?,
+                    index: u32::try_from(i)
+                        .map_err(|_| QmpError::Protocol("cpu-index out of range".into()))?,
+                    thread_id: i32::try_from(t)
+                        .map_err(|_| QmpError::Protocol("thread-id out of range".into()))?,
                     qom_path: q.to_owned(),
                 }),
                 _ => return Err(QmpError::Protocol(format!("query-cpus-fast: bad entry {cpu}"))),
@@ -233,7 +244,9 @@ impl Qmp {
 fn scalar_stats(stats: Option<&Value>) -> StatValues {
     let mut out = StatValues::new();
     for s in stats.and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default() {
-        if let (Some(name), Some(value)) = (s.get("name").and_then(Value::as_str), s.get("value").and_then(Value::as_u64)) {
+        if let (Some(name), Some(value)) =
+            (s.get("name").and_then(Value::as_str), s.get("value").and_then(Value::as_u64))
+        {
             out.insert(name.to_owned(), value);
         }
     }

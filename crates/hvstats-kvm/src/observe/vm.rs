@@ -255,10 +255,10 @@ impl ObservedVm {
             .keys()
             .map(|&vcpu_id| ObservedVp { vcpu_id, tid: None, guest_ticks_at_attach: None, qom_path: None })
             .collect();
-        let partition = hv
-            .create_partition(vps.len() as u32)
-            .map_err(|source| AttachError::Publish { pid, source })?;
-        let kvm_exit = if isa.is_some() { KvmExitState::Undecided } else { KvmExitState::NoHardwareVirtualization };
+        let partition =
+            hv.create_partition(vps.len() as u32).map_err(|source| AttachError::Publish { pid, source })?;
+        let kvm_exit =
+            if isa.is_some() { KvmExitState::Undecided } else { KvmExitState::NoHardwareVirtualization };
         let mut me = Self {
             pid,
             vmm,
@@ -358,7 +358,8 @@ impl ObservedVm {
             if let Some(m) = c(ev::MIGRATIONS) {
                 page.set(vp::LOGICAL_PROCESSOR_MIGRATIONS, m);
             }
-            exits_seen |= c(ev::USER_IO).unwrap_or(0) + c(ev::USER_MMIO).unwrap_or(0) + c(ev::CPUID).unwrap_or(0) > 0;
+            exits_seen |=
+                c(ev::USER_IO).unwrap_or(0) + c(ev::USER_MMIO).unwrap_or(0) + c(ev::CPUID).unwrap_or(0) > 0;
             kvm_exits += c(ev::KVM_EXIT).unwrap_or(0);
             if self.kvm_exit == KvmExitState::Fires {
                 write_exit_classes(page, &counts);
@@ -467,7 +468,11 @@ impl ObservedVm {
                         tracepoint_event_of(id).is_some_and(event_missing)
                     }
                     Some(Observed::By(ObservedSource::PerfSoftware | ObservedSource::ThreadTime, _)) => {
-                        let i = if id == vp::LOGICAL_PROCESSOR_MIGRATIONS { ev::MIGRATIONS } else { ev::TASK_CLOCK };
+                        let i = if id == vp::LOGICAL_PROCESSOR_MIGRATIONS {
+                            ev::MIGRATIONS
+                        } else {
+                            ev::TASK_CLOCK
+                        };
                         event_missing(i)
                     }
                     Some(Observed::By(ObservedSource::Authority, _)) => false,
@@ -612,7 +617,10 @@ mod tests {
     fn class_filters_name_every_reason_of_the_class() {
         let vmx = exit_reason::VMX;
         assert_eq!(class_filter(vmx, InterceptClass::Cpuid).as_deref(), Some("exit_reason == 10"));
-        assert_eq!(class_filter(vmx, InterceptClass::Msr).as_deref(), Some("exit_reason == 31 || exit_reason == 32 || exit_reason == 84 || exit_reason == 85"));
+        assert_eq!(
+            class_filter(vmx, InterceptClass::Msr).as_deref(),
+            Some("exit_reason == 31 || exit_reason == 32 || exit_reason == 84 || exit_reason == 85")
+        );
         assert_eq!(
             class_filter(vmx, InterceptClass::PageFault).as_deref(),
             Some("(exit_reason == 0 && intr_info == 0x80000b0e)")
@@ -632,7 +640,9 @@ mod tests {
         assert_eq!(vmx.len(), ev::CLASSES + InterceptClass::ALL.len() - 1);
         assert_eq!(vm_events(Some(exit_reason::ISA_SVM)).len(), vmx.len());
         assert_eq!(vm_events(None)[ev::TASK_CLOCK], EventSpec::Software(SW_TASK_CLOCK));
-        assert!(matches!(&vm_events(None)[ev::KVM_EXIT], EventSpec::Tracepoint { name, filter: None, .. } if name == "kvm_exit"));
+        assert!(
+            matches!(&vm_events(None)[ev::KVM_EXIT], EventSpec::Tracepoint { name, filter: None, .. } if name == "kvm_exit")
+        );
     }
 
     #[test]
