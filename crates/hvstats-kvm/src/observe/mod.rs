@@ -12,9 +12,11 @@
 //! process; once known, one group per vCPU thread — [`vm::vm_events`] counters each (16 on a
 //! host without VMX/SVM, 31 with), plus one QMP socket when given.
 
+pub mod bios;
 pub mod counting;
 pub mod discovery;
 pub mod observer;
+pub mod overhead;
 pub mod publication;
 pub mod qmp;
 pub mod vm;
