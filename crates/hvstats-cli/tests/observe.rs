@@ -213,3 +213,31 @@ fn bad_flags_and_processes_without_a_vm_are_clear_errors() {
     assert!(!ok, "{err}");
     assert!(err.contains(&format!("cannot observe pid {pid}: process {pid} holds no KVM VM")), "{err}");
 }
+
+#[test]
+fn a_killed_observer_leaves_no_instance_readers_show() {
+    let tmp = TempDir::new("observe-kill");
+    let runtime = tmp.path().join("run");
+    std::fs::create_dir_all(&runtime).unwrap();
+    let proc_root = tmp.path().join("proc");
+    fake_qemu(&proc_root, gettid());
+    let pid = std::process::id().to_string();
+    let (mut child, lines) = observe(&[
+        "--pid",
+        &pid,
+        "--interval",
+        "0.05",
+        "--runtime-dir",
+        runtime.to_str().unwrap(),
+        "--proc-root",
+        proc_root.to_str().unwrap(),
+    ]);
+    wait_line(&lines, "attach pid");
+    assert_eq!(snapshot(&runtime)["instances"].as_array().unwrap().len(), 1);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        snapshot(&runtime)["instances"].as_array().unwrap().is_empty(),
+        "a dead observer's instance is not shown"
+    );
+}

@@ -3,72 +3,17 @@
 
 mod observe_support;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use hvstats_kvm::observe::Procfs;
 use hvstats_kvm::observe::qmp::{Qmp, QmpError};
-use observe_support::TempDir;
-
-/// A QEMU child killed on drop.
-struct Qemu {
-    child: Child,
-    qmp: PathBuf,
-}
-
-impl Qemu {
-    /// Starts a paused TCG QEMU with a QMP socket, or `None` (printing why) when QEMU is missing.
-    fn start(dir: &Path, extra: &[&str]) -> Option<Self> {
-        let qmp = dir.join("qmp.sock");
-        let child = Command::new("qemu-system-x86_64")
-            .args(["-accel", "tcg", "-S", "-display", "none", "-nodefaults", "-m", "16"])
-            .arg("-qmp")
-            .arg(format!("unix:{},server=on,wait=off", qmp.display()))
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
-        let child = match child {
-            Ok(c) => c,
-            Err(e) => {
-                if std::env::var("CI").is_ok() {
-                    panic!("qemu-system-x86_64 cannot be started ({e}); .ci/run installs it");
-                }
-                eprintln!("qemu-system-x86_64 cannot be started ({e}): skipped");
-                return None;
-            }
-        };
-        let me = Self { child, qmp };
-        let t = Instant::now();
-        while !me.qmp.exists() {
-            assert!(t.elapsed() < Duration::from_secs(20), "QEMU did not create its QMP socket");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Some(me)
-    }
-
-    fn pid(&self) -> i32 {
-        self.child.id() as i32
-    }
-
-    fn connect(&self) -> Qmp {
-        Qmp::connect(&self.qmp, Duration::from_secs(5)).expect("QMP connects")
-    }
-}
-
-impl Drop for Qemu {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use observe_support::{Qemu, TempDir};
 
 #[test]
 fn qmp_speaks_to_a_real_qemu_and_tcg_has_no_kvm_stats() {
     let tmp = TempDir::new("qmp-tcg");
-    let Some(qemu) = Qemu::start(tmp.path(), &["-name", "guest=qmp-peer,debug-threads=on", "-smp", "2"])
+    let Some(qemu) =
+        Qemu::start(tmp.path(), "qmp", "tcg", &["-name", "guest=qmp-peer,debug-threads=on", "-smp", "2"])
     else {
         return;
     };
@@ -107,7 +52,7 @@ fn qmp_speaks_to_a_real_qemu_and_tcg_has_no_kvm_stats() {
 #[test]
 fn without_debug_threads_qemu_threads_share_one_name() {
     let tmp = TempDir::new("qmp-plain");
-    let Some(qemu) = Qemu::start(tmp.path(), &[]) else { return };
+    let Some(qemu) = Qemu::start(tmp.path(), "qmp", "tcg", &[]) else { return };
     let mut qmp = qemu.connect();
     assert_eq!(qmp.query_name().unwrap(), None);
     let cpus = qmp.query_cpus().unwrap();
@@ -121,7 +66,7 @@ fn without_debug_threads_qemu_threads_share_one_name() {
 #[test]
 fn a_qemu_that_exits_gives_an_error_not_a_hang() {
     let tmp = TempDir::new("qmp-exit");
-    let Some(mut qemu) = Qemu::start(tmp.path(), &[]) else { return };
+    let Some(mut qemu) = Qemu::start(tmp.path(), "qmp", "tcg", &[]) else { return };
     let mut qmp = qemu.connect();
     let _ = qemu.child.kill();
     let _ = qemu.child.wait();
@@ -149,4 +94,42 @@ fn a_socket_that_is_not_qmp_is_refused() {
         Qmp::connect(&tmp.path().join("missing"), Duration::from_secs(1)),
         Err(QmpError::Connect { .. })
     ));
+}
+
+#[test]
+fn the_bios_image_runs_its_loops_to_the_final_hlt_on_a_real_qemu() {
+    use hvstats_kvm::observe::bios::{BiosEnd, BiosProgram};
+    let tmp = TempDir::new("qmp-bios");
+    let image = BiosProgram { cpuid: 777, out: 333, in_: 55, end: BiosEnd::Halt }.image().unwrap();
+    let bios = tmp.path().join("bios.bin");
+    std::fs::write(&bios, &image).unwrap();
+    let Some(qemu) = Qemu::start(tmp.path(), "qmp", "tcg", &["-bios", bios.to_str().unwrap()]) else {
+        return;
+    };
+    let mut qmp = qemu.connect();
+    let registers = |qmp: &mut Qmp| {
+        let r =
+            qmp.execute("human-monitor-command", Some(serde_json::json!({"command-line": "info registers"})));
+        r.unwrap().as_str().unwrap().to_owned()
+    };
+    assert!(registers(&mut qmp).contains("EIP=0000fff0"), "paused at the reset vector");
+    qmp.cont().unwrap();
+    // The program is a few dozen bytes at F000:0000; it ends halted with BP counted down to 0.
+    let hlt = image.iter().position(|b| *b == 0xF4).unwrap();
+    let t = Instant::now();
+    loop {
+        let regs = registers(&mut qmp);
+        if regs.contains("HLT=1") {
+            assert!(regs.contains("EBP=00000000"), "{regs}");
+            let eip = format!("EIP={:08x}", hlt + 1);
+            assert!(
+                regs.contains(&eip) || regs.contains(&format!("EIP={hlt:08x}")),
+                "halted at {hlt:#x}: {regs}"
+            );
+            assert!(regs.contains("CS =f000"), "{regs}");
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "the guest never halted: {regs}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

@@ -99,8 +99,10 @@ mod tests {
         let jmp = reset.decode();
         assert_eq!(jmp.mnemonic(), Mnemonic::Jmp);
         assert_eq!((jmp.far_branch_selector(), jmp.far_branch16()), (0xF000, 0));
-        let mnemonics: Vec<Mnemonic> =
-            Decoder::with_ip(16, &image[..64], 0, DecoderOptions::NONE).into_iter().map(|i| i.mnemonic()).collect();
+        let mnemonics: Vec<Mnemonic> = Decoder::with_ip(16, &image[..64], 0, DecoderOptions::NONE)
+            .into_iter()
+            .map(|i| i.mnemonic())
+            .collect();
         for m in [Mnemonic::Cli, Mnemonic::Cpuid, Mnemonic::Out, Mnemonic::In, Mnemonic::Hlt] {
             assert!(mnemonics.contains(&m), "{m:?} in {mnemonics:?}");
         }

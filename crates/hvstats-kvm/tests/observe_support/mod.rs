@@ -86,3 +86,79 @@ pub fn debugfs_vcpu(debugfs: &Path, pid: i32, vm_fd: u32, vcpu: u32, tid: i32) {
     fs::create_dir_all(&d).unwrap();
     fs::write(d.join("pid"), format!("{tid}\n")).unwrap();
 }
+
+/// A QEMU child (paused, with a QMP socket), killed on drop.
+pub struct Qemu {
+    pub child: std::process::Child,
+    pub qmp: PathBuf,
+}
+
+impl Qemu {
+    /// Starts `qemu-system-x86_64 -accel <accel> -S` with a QMP socket `<dir>/<tag>.sock` and
+    /// `extra` arguments; `None` (printing why) when QEMU is not installed outside CI.
+    pub fn start(dir: &Path, tag: &str, accel: &str, extra: &[&str]) -> Option<Self> {
+        use std::process::{Command, Stdio};
+        use std::time::{Duration, Instant};
+        let qmp = dir.join(format!("{tag}.sock"));
+        let child = Command::new("qemu-system-x86_64")
+            .args(["-accel", accel, "-S", "-display", "none", "-nodefaults", "-m", "16"])
+            .arg("-qmp")
+            .arg(format!("unix:{},server=on,wait=off", qmp.display()))
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let child = match child {
+            Ok(c) => c,
+            Err(e) => {
+                assert!(
+                    std::env::var("CI").is_err(),
+                    "qemu-system-x86_64 cannot be started ({e}); .ci/run installs it"
+                );
+                eprintln!("qemu-system-x86_64 cannot be started ({e}): skipped");
+                return None;
+            }
+        };
+        let mut me = Self { child, qmp };
+        let t = Instant::now();
+        while !me.qmp.exists() {
+            if let Ok(Some(status)) = me.child.try_wait() {
+                panic!("QEMU exited at start: {status}");
+            }
+            assert!(t.elapsed() < Duration::from_secs(30), "QEMU did not create its QMP socket");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(me)
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn connect(&self) -> hvstats_kvm::observe::qmp::Qmp {
+        hvstats_kvm::observe::qmp::Qmp::connect(&self.qmp, std::time::Duration::from_secs(5))
+            .expect("QMP connects")
+    }
+}
+
+impl Drop for Qemu {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// True when /dev/kvm can be used; otherwise says "skipped" (failing under HVSTATS_REQUIRE_KVM=1).
+pub fn kvm_available(test: &str) -> bool {
+    if std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm").is_ok() {
+        return true;
+    }
+    let msg = format!("{test}: /dev/kvm is not available; this test needs KVM");
+    assert!(
+        std::env::var("HVSTATS_REQUIRE_KVM").as_deref() != Ok("1"),
+        "{msg} (failing because HVSTATS_REQUIRE_KVM=1)"
+    );
+    eprintln!("{msg}: skipped");
+    false
+}
