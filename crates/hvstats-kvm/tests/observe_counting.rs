@@ -159,3 +159,33 @@ fn a_gone_process_is_an_error() {
     let Some(events) = getppid_events() else { return };
     assert!(ThreadCounters::attach(&Procfs::host(), i32::MAX, events).is_err());
 }
+
+#[test]
+fn the_kernel_accepts_every_vm_event_and_filter_including_the_vmx_and_svm_exit_classes() {
+    use hvstats_abi::exit_reason::{ISA_SVM, ISA_VMX};
+    use hvstats_kvm::observe::vm::vm_events;
+    if !std::path::Path::new("/sys/kernel/tracing/events/kvm/kvm_exit").is_dir() {
+        eprintln!("no kvm tracepoints on this host: skipped");
+        return;
+    }
+    let worker = Worker::start();
+    for isa in [None, Some(ISA_VMX), Some(ISA_SVM)] {
+        let specs = vm_events(isa);
+        let events = EventList::new(specs.clone());
+        for i in 0..specs.len() {
+            assert_eq!(events.unavailable(i), None, "{:?}", specs[i]);
+        }
+        let mut counters = ThreadCounters::attach(&Procfs::host(), me(), events).unwrap();
+        counters.retain(&[worker.tid]);
+        // A counter whose filter the kernel rejected would have been dropped.
+        assert_eq!(counters.fds(), specs.len(), "isa {isa:?}: every event opened with its filter");
+        let counts = counters.read(worker.tid).unwrap();
+        assert!(counts.iter().all(Option::is_some), "{counts:?}");
+    }
+    // And a filter the kernel rejects leaves its event unavailable rather than counting everything.
+    let bad = EventList::new(vec![EventSpec::filtered("kvm", "kvm_exit", "no_such_field == 1")]);
+    let mut counters = ThreadCounters::attach(&Procfs::host(), me(), bad).unwrap();
+    counters.retain(&[worker.tid]);
+    assert_eq!(counters.fds(), 0);
+    assert_eq!(counters.read(worker.tid).unwrap(), vec![None]);
+}

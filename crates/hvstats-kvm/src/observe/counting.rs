@@ -101,14 +101,32 @@ impl EventList {
     }
 }
 
-/// The tracefs root, mounting it when it is absent (see [`crate::sources::tracepoint::tracefs`]).
+/// The tracefs root, mounting tracefs at `/sys/kernel/tracing` when it is absent (as root).
 fn tracefs_root() -> Result<PathBuf, String> {
-    for root in ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"] {
-        if Path::new(root).join("events").is_dir() {
-            return Ok(PathBuf::from(root));
-        }
+    let found = || {
+        ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+            .into_iter()
+            .map(PathBuf::from)
+            .find(|root| root.join("events").is_dir())
+    };
+    if let Some(root) = found() {
+        return Ok(root);
     }
-    crate::sources::tracepoint::tracefs().map(Path::to_owned)
+    // SAFETY: all arguments are NUL-terminated literals; a null data pointer is allowed.
+    let r = unsafe {
+        libc::mount(
+            c"tracefs".as_ptr(),
+            c"/sys/kernel/tracing".as_ptr(),
+            c"tracefs".as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if r != 0 {
+        let e = io::Error::last_os_error();
+        return Err(format!("tracefs is not mounted and mounting it at /sys/kernel/tracing failed: {e}"));
+    }
+    found().ok_or_else(|| "tracefs has no events".to_owned())
 }
 
 fn tracepoint_id(root: &Path, system: &str, name: &str) -> Result<u64, String> {

@@ -83,27 +83,28 @@ pub fn class_filter(rows: &[ExitReasonRow], class: InterceptClass) -> Option<Str
 /// `kvm_exit` (whether it fires at all), task clock and migrations, and on VMX/SVM hosts
 /// (`isa`) `kvm_exit` per intercept class.
 pub fn vm_events(isa: Option<u32>) -> Vec<EventSpec> {
-    use crate::sources::tracepoint::Tracepoint as T;
-    let kvm = |tp: T| match tp.filter() {
-        Some(f) => EventSpec::filtered("kvm", tp.event(), f),
-        None => EventSpec::tracepoint("kvm", tp.event()),
-    };
+    let kvm = |name: &str| EventSpec::tracepoint("kvm", name);
+    let kvm_if = |name: &str, filter: &str| EventSpec::filtered("kvm", name, filter);
     let mut specs = vec![
-        kvm(T::Cpuid),
-        kvm(T::Msr),
-        kvm(T::Pio),
-        kvm(T::Cr),
-        kvm(T::ApicMmio),
-        kvm(T::ApicTpr),
-        kvm(T::ApicEoi),
-        kvm(T::ApicIpi),
-        kvm(T::ApicSelfIpi),
-        EventSpec::filtered("kvm", "kvm_userspace_exit", "reason == 2"),
-        EventSpec::filtered("kvm", "kvm_userspace_exit", "reason == 6"),
+        kvm("kvm_cpuid"),
+        kvm("kvm_msr"),
+        kvm("kvm_pio"),
+        kvm("kvm_cr"),
+        // kvm_mmio type: 0 unsatisfied read (traced again when satisfied), 1 read, 2 write; the
+        // local APIC at its default base 0xFEE00000 (TPR at 0x80, EOI at 0xB0).
+        kvm_if("kvm_mmio", "gpa >= 0xfee00000 && gpa < 0xfee01000 && type != 0"),
+        kvm_if("kvm_mmio", "gpa == 0xfee00080 && type != 0"),
+        kvm_if("kvm_mmio", "gpa == 0xfee000b0 && type == 2"),
+        kvm("kvm_apic_ipi"),
+        // Destination shorthand (ICR bits 19:18) = 01, "self".
+        kvm_if("kvm_apic_ipi", "(icr_low & 262144) && !(icr_low & 524288)"),
+        // KVM_EXIT_IO 2, KVM_EXIT_MMIO 6, KVM_EXIT_INTR 10, KVM_EXIT_X86_RDMSR/WRMSR 29/30.
+        kvm_if("kvm_userspace_exit", "reason == 2"),
+        kvm_if("kvm_userspace_exit", "reason == 6"),
         // Other messages to the VMM: not I/O, not MMIO, not a signal interrupting KVM_RUN.
-        EventSpec::filtered("kvm", "kvm_userspace_exit", "reason != 2 && reason != 6 && reason != 10"),
-        EventSpec::filtered("kvm", "kvm_userspace_exit", "reason == 29 || reason == 30"),
-        EventSpec::tracepoint("kvm", "kvm_exit"),
+        kvm_if("kvm_userspace_exit", "reason != 2 && reason != 6 && reason != 10"),
+        kvm_if("kvm_userspace_exit", "reason == 29 || reason == 30"),
+        kvm("kvm_exit"),
         EventSpec::Software(SW_TASK_CLOCK),
         EventSpec::Software(SW_CPU_MIGRATIONS),
     ];
