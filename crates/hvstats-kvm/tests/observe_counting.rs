@@ -172,8 +172,8 @@ fn the_kernel_accepts_every_vm_event_and_filter_including_the_vmx_and_svm_exit_c
     for isa in [None, Some(ISA_VMX), Some(ISA_SVM)] {
         let specs = vm_events(isa);
         let events = EventList::new(specs.clone());
-        for i in 0..specs.len() {
-            assert_eq!(events.unavailable(i), None, "{:?}", specs[i]);
+        for (i, spec) in specs.iter().enumerate() {
+            assert_eq!(events.unavailable(i), None, "{spec:?}");
         }
         let mut counters = ThreadCounters::attach(&Procfs::host(), me(), events).unwrap();
         counters.retain(&[worker.tid]);

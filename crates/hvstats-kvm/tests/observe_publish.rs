@@ -9,7 +9,7 @@ mod observe_support;
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hvstats::Hypervisor;
 use hvstats_abi::catalog::vp;
@@ -29,7 +29,8 @@ fn thread_cpu_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// A thread that spins for the duration it is sent and answers with the CPU time it used (ns).
+/// A thread that spins until it has used the CPU time it is sent, and answers with the CPU time
+/// it used (ns).
 fn spinner() -> (i32, mpsc::Sender<Duration>, mpsc::Receiver<u64>) {
     let (tx, rx) = mpsc::channel::<Duration>();
     let (done_tx, done) = mpsc::channel();
@@ -38,8 +39,7 @@ fn spinner() -> (i32, mpsc::Sender<Duration>, mpsc::Receiver<u64>) {
         tid_tx.send(gettid()).unwrap();
         for d in rx {
             let start = thread_cpu_ns();
-            let t = Instant::now();
-            while t.elapsed() < d {
+            while thread_cpu_ns() - start < d.as_nanos() as u64 {
                 std::hint::spin_loop();
             }
             done_tx.send(thread_cpu_ns() - start).unwrap();
@@ -101,16 +101,17 @@ fn an_observed_vm_becomes_a_partition_counted_from_attach_and_goes_when_its_proc
     let events_per_thread = vm_events(None).len();
     assert_eq!(vm.fds(), 2 * events_per_thread, "the fd budget: {events_per_thread} per vCPU thread");
 
-    // vCPU 0 runs for a while; the tree says 7 more ticks of it were guest time.
-    spin0.send(Duration::from_millis(150)).unwrap();
+    // vCPU 0 runs for 100 ms of CPU; the tree says 3 more ticks of it were guest time.
+    spin0.send(Duration::from_millis(100)).unwrap();
     let used_ns = done0.recv().unwrap();
-    fake.set_guest_ticks(tid0, "CPU 0/KVM", 12);
+    fake.set_guest_ticks(tid0, "CPU 0/KVM", 8);
     assert!(observer.tick().is_empty());
     let page = stats.vp_page(0).unwrap();
     let total = page.get(vp::TOTAL_RUN_TIME);
     assert!(total >= used_ns / 100, "total {total} covers the {used_ns} ns the thread measured");
     assert!(total < used_ns / 100 + 2_000_000, "total {total} is from attach, not the thread's life");
-    let guest = 7 * 10_000_000 / ticks_per_sec();
+    let guest = 3 * 10_000_000 / ticks_per_sec();
+    assert!(total > guest);
     assert_eq!(page.get(vp::HYPERVISOR_RUN_TIME), total - guest, "guest time counts from attach");
     assert_eq!(page.get(vp::CPUID_INSTRUCTIONS), 0, "no guest ran");
     assert_eq!(stats.vp_page(1).unwrap().get(vp::TOTAL_RUN_TIME) / 10_000, 0, "vCPU 1 stayed idle");
@@ -179,4 +180,34 @@ fn a_pid_without_a_vm_fails_clearly_and_ends_the_observer() {
     assert!(errors[1].contains("cannot read process 78"), "{}", errors[1]);
     assert!(observer.finished());
     assert!(hv.partitions().is_empty());
+}
+
+#[test]
+fn with_all_a_failing_process_is_reported_once_and_retried_when_it_comes_back() {
+    let tmp = TempDir::new("observe-all-retry");
+    let fake = FakeProcess::new(tmp.path(), 91, &["firecracker", "--id", "fc"], "firecracker");
+    fake.fd(4, "anon_inode:kvm-vm").fd(5, "anon_inode:kvm-vcpu:0");
+    // No readable threads: attach fails.
+    std::fs::remove_dir_all(tmp.path().join("91/task")).unwrap();
+    let hv = Hypervisor::new().unwrap();
+    let mut observer =
+        Observer::new(hv.clone(), Procfs::at(tmp.path(), None), Targets::All, ObserveOptions::default());
+    let events = observer.tick();
+    assert!(
+        matches!(&events[..], [ObserverEvent::Failed { pid: 91, error }] if error.contains("cannot read process 91")),
+        "{events:?}"
+    );
+    assert!(observer.tick().is_empty(), "not retried while it is the same process");
+    assert!(!observer.finished(), "--all never finishes by itself");
+    // It goes away, and a process with that pid comes back, now readable.
+    std::fs::remove_dir_all(tmp.path().join("91")).unwrap();
+    assert!(observer.tick().is_empty());
+    let fake = FakeProcess::new(tmp.path(), 91, &["firecracker", "--id", "fc"], "firecracker");
+    fake.fd(4, "anon_inode:kvm-vm").fd(5, "anon_inode:kvm-vcpu:0");
+    fake.thread(91, "firecracker", 0);
+    let events = observer.tick();
+    assert!(
+        matches!(&events[0], ObserverEvent::Attached { pid: 91, name, vmm: "firecracker", vcpus: 1, .. } if name == "fc"),
+        "{events:?}"
+    );
 }

@@ -67,10 +67,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         None => Procfs::host(),
     };
     let targets = if args.all { Targets::All } else { Targets::Pids(args.pids) };
-    let mut observer = Observer::new(hv, procfs, targets, ObserveOptions { qmp: args.qmp });
+    let mut observer = Observer::new(hv.clone(), procfs, targets, ObserveOptions { qmp: args.qmp });
     let interval = Duration::from_secs_f64(args.interval);
     let mut failed = false;
     loop {
+        // The instance's LP pages, as every instance keeps them; a host without procfs leaves them.
+        let _ = hv.refresh_lps();
         for event in observer.tick() {
             failed |= matches!(event, ObserverEvent::Failed { .. });
             log(&describe(&event));

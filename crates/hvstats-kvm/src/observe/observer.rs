@@ -181,8 +181,10 @@ impl Observer {
         events.push(ObserverEvent::Failed { pid, error });
     }
 
-    /// Processes to attach to now, with their KVM descriptors.
-    fn candidates(&self) -> Vec<(i32, io::Result<super::discovery::KvmFds>)> {
+    /// Processes to attach to now, with their KVM descriptors. With `--all`, a process that
+    /// failed or exited is not retried while it is listed, and is forgotten once it is not (so
+    /// a reused pid is observed again).
+    fn candidates(&mut self) -> Vec<(i32, io::Result<super::discovery::KvmFds>)> {
         match &self.targets {
             Targets::Pids(pids) => pids
                 .iter()
@@ -191,11 +193,11 @@ impl Observer {
                 .collect(),
             Targets::All => {
                 let me = std::process::id() as i32;
-                self.procfs
-                    .kvm_processes()
-                    .unwrap_or_default()
+                let listed = self.procfs.kvm_processes().unwrap_or_default();
+                self.done.retain(|p| listed.iter().any(|(q, _)| q == p));
+                listed
                     .into_iter()
-                    .filter(|(p, _)| *p != me && !self.vms.contains_key(p))
+                    .filter(|(p, _)| *p != me && !self.vms.contains_key(p) && !self.done.contains(p))
                     .map(|(p, fds)| (p, Ok(fds)))
                     .collect()
             }
