@@ -8,7 +8,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use hvstats::Hypervisor;
+use hvstats::{Hypervisor, InstanceConfig};
+use hvstats_kvm::observe::publication;
 use hvstats_kvm::observe::{ObserveOptions, Observer, ObserverEvent, Procfs, Targets, raise_fd_limit};
 
 /// Flags of `hvstats observe`.
@@ -57,10 +58,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Err(e) => log(&format!("cannot raise the open file limit: {e}")),
     }
     let dir = args.runtime_dir.unwrap_or_else(hvstats::runtime_dir::runtime_dir);
-    let hv = Hypervisor::new_published(&dir)
+    let config = InstanceConfig {
+        runtime_dir: Some(dir.clone()),
+        description: publication::description(),
+        ..Default::default()
+    };
+    let hv = Hypervisor::with_config(config)
         .with_context(|| format!("cannot publish an instance under {}", dir.display()))?;
-    if let Some(d) = hv.published_dir() {
-        log(&format!("publishing observed VMs in {}", d.display()));
+    if let Some(name) = hv.published_name() {
+        log(&format!("publishing observed VMs as instance {name} in {}", dir.display()));
     }
     let procfs = match args.proc_root {
         Some(root) => Procfs::at(root, None),

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use hvstats::{Hypervisor, PartitionStats, SharedPage};
 use hvstats_abi::catalog::{CounterId, partition, vp};
@@ -21,7 +21,7 @@ use hvstats_abi::observed::{self, Observed, ObservedSource};
 
 use super::counting::{EventList, EventSpec, SW_CPU_MIGRATIONS, SW_TASK_CLOCK, ThreadCounters};
 use super::discovery::{KvmFds, Procfs, Vmm};
-use super::publication::{self, ObservedFacts};
+use super::publication;
 use super::qmp::{KvmStatsReply, Qmp};
 
 /// Index of each event in [`vm_events`].
@@ -212,7 +212,8 @@ pub struct ObservedVm {
     /// KVM statistics at attach (through QMP).
     stats_at_attach: Option<KvmStatsReply>,
     kvm_exit: KvmExitState,
-    published_facts: Option<String>,
+    /// The counters last declared unavailable.
+    declared: Option<Vec<CounterId>>,
 }
 
 impl ObservedVm {
@@ -256,8 +257,9 @@ impl ObservedVm {
             .keys()
             .map(|&vcpu_id| ObservedVp { vcpu_id, tid: None, guest_ticks_at_attach: None, qom_path: None })
             .collect();
-        let partition =
-            hv.create_partition(vps.len() as u32).map_err(|source| AttachError::Publish { pid, source })?;
+        let partition = hv
+            .create_partition_named(vps.len() as u32, &name)
+            .map_err(|source| AttachError::Publish { pid, source })?;
         let kvm_exit =
             if isa.is_some() { KvmExitState::Undecided } else { KvmExitState::NoHardwareVirtualization };
         let mut me = Self {
@@ -274,7 +276,7 @@ impl ObservedVm {
             qmp_error,
             stats_at_attach,
             kvm_exit,
-            published_facts: None,
+            declared: None,
         };
         me.refresh(procfs);
         Ok(me)
@@ -483,29 +485,12 @@ impl ObservedVm {
             .collect()
     }
 
+    /// Declares the counters no source gives this VM now, when that changed.
     fn publish_facts(&mut self) {
-        let unavailable: Vec<&'static str> =
-            self.unavailable().iter().filter_map(|id| id.counter()).map(|c| c.name).collect();
-        let facts = ObservedFacts {
-            name: self.name.clone(),
-            vmm: self.vmm.name(),
-            pid: self.pid,
-            attached_unix_ns: self.attached.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos()),
-            vcpu_threads: self.vcpu_threads(),
-            kvm_exit_fires: match self.kvm_exit {
-                KvmExitState::Fires => Some(true),
-                KvmExitState::Silent | KvmExitState::NoHardwareVirtualization => Some(false),
-                KvmExitState::Undecided => None,
-            },
-            qmp_stats: self.stats_at_attach.is_some(),
-            unavailable,
-        };
-        let text = format!("{facts:?}");
-        if self.published_facts.as_deref() == Some(text.as_str()) {
-            return;
-        }
-        if publication::publish(self.hv.published_dir(), &self.partition, &facts).is_ok() {
-            self.published_facts = Some(text);
+        let unavailable = self.unavailable();
+        if self.declared.as_ref() != Some(&unavailable) {
+            publication::declare_unavailable(&self.partition, &unavailable);
+            self.declared = Some(unavailable);
         }
     }
 }
