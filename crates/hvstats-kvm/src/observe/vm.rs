@@ -364,11 +364,17 @@ impl ObservedVm {
             exits_seen |=
                 c(ev::USER_IO).unwrap_or(0) + c(ev::USER_MMIO).unwrap_or(0) + c(ev::CPUID).unwrap_or(0) > 0;
             kvm_exits += c(ev::KVM_EXIT).unwrap_or(0);
-            if self.kvm_exit == KvmExitState::Fires {
+            let exits = self.kvm_exit == KvmExitState::Fires;
+            if exits {
                 write_exit_classes(page, &counts);
-            } else if let (Some(now), Some(then), Some(q)) = (&stats, &self.stats_at_attach, &vp.qom_path) {
+            }
+            if let (Some(now), Some(then), Some(q)) = (&stats, &self.stats_at_attach, &vp.qom_path) {
                 if let (Some(now), Some(then)) = (now.vcpus.get(q), then.vcpus.get(q)) {
                     for (counter, stat) in FROM_QMP_VCPU {
+                        // Where kvm_exit gives the counter by reason, that count is kept.
+                        if exits && InterceptClass::ALL.iter().any(|c| c.counter() == counter) {
+                            continue;
+                        }
                         if let Some(v) = now.get(stat) {
                             page.set(counter, v.saturating_sub(then.get(stat).copied().unwrap_or(0)));
                         }
@@ -452,7 +458,12 @@ impl ObservedVm {
     /// The partition and VP counters no source gives this VM now.
     pub fn unavailable(&self) -> Vec<CounterId> {
         let exits = self.kvm_exit == KvmExitState::Fires;
-        let qmp = self.stats_at_attach.is_some();
+        // A statistic QEMU did not report at attach has no baseline: its counter is unavailable.
+        let vcpu_stat = |stat: &str| {
+            self.stats_at_attach.as_ref().is_some_and(|s| s.vcpus.values().any(|v| v.contains_key(stat)))
+        };
+        let vm_stat = |stat: &str| self.stats_at_attach.as_ref().is_some_and(|s| s.vm.contains_key(stat));
+        let from_qmp = |id: CounterId| FROM_QMP_VCPU.iter().any(|(c, stat)| *c == id && vcpu_stat(stat));
         let events = self.counters.events();
         let event_missing = |i: usize| events.unavailable(i).is_some();
         hvstats_abi::CATALOG
@@ -462,11 +473,13 @@ impl ObservedVm {
                 match observed::observed(id) {
                     None => false,
                     Some(Observed::No(_)) => true,
-                    Some(Observed::By(ObservedSource::KvmExit, _)) => {
-                        let from_qmp = FROM_QMP_VCPU.iter().any(|(c, _)| *c == id);
-                        !(exits || (qmp && from_qmp))
+                    Some(Observed::By(ObservedSource::KvmExit, _)) => !(exits || from_qmp(id)),
+                    Some(Observed::By(ObservedSource::QmpStats, _))
+                        if id == partition::VIRTUAL_TLB_FLUSH_ENTRIES =>
+                    {
+                        !vm_stat("remote_tlb_flush")
                     }
-                    Some(Observed::By(ObservedSource::QmpStats, _)) => !qmp,
+                    Some(Observed::By(ObservedSource::QmpStats, _)) => !from_qmp(id),
                     Some(Observed::By(ObservedSource::Tracepoint | ObservedSource::UserspaceExit, _)) => {
                         tracepoint_event_of(id).is_some_and(event_missing)
                     }
