@@ -208,3 +208,28 @@ fn with_all_a_failing_process_is_reported_once_and_retried_when_it_comes_back() 
         "{events:?}"
     );
 }
+
+#[test]
+fn counters_that_cannot_be_opened_on_a_vcpu_thread_are_unavailable_not_zero() {
+    let tmp = TempDir::new("observe-unopenable");
+    let pid = std::process::id() as i32;
+    let fake = FakeProcess::new(tmp.path(), pid, &["crosvm", "run", "--name", "x"], "crosvm");
+    fake.fd(4, "anon_inode:kvm-vm").fd(5, "anon_inode:kvm-vcpu:0");
+    // The vCPU thread the tree names does not exist: nothing can be opened on it.
+    fake.thread(i32::MAX - 1, "crosvm_vcpu0", 0);
+    let hv = Hypervisor::new().unwrap();
+    let mut observer = Observer::new(
+        hv.clone(),
+        Procfs::at(tmp.path(), None),
+        Targets::Pids(vec![pid]),
+        ObserveOptions::default(),
+    );
+    let events = observer.tick();
+    assert!(matches!(&events[0], ObserverEvent::Attached { fds: 0, .. }), "{events:?}");
+    let vm = observer.vms().next().unwrap();
+    assert_eq!(vm.vcpu_threads(), vec![Some(i32::MAX - 1)]);
+    let unavailable = vm.unavailable();
+    for c in [vp::CPUID_INSTRUCTIONS, vp::IO_INSTRUCTIONS, vp::TOTAL_RUN_TIME, vp::IO_INTERCEPT_MESSAGES] {
+        assert!(unavailable.contains(&c), "{c:?}");
+    }
+}

@@ -23,6 +23,7 @@ fn gettid() -> i32 {
 }
 
 /// Serves QMP on `listener` for one client: vCPU 0 is thread `tid`; `halts` is its halt_exits.
+/// Once `halts` reaches `u64::MAX` the server hangs up, as a QEMU whose monitor died would.
 fn serve(listener: UnixListener, tid: i32, halts: Arc<AtomicU64>) -> thread::JoinHandle<Vec<String>> {
     thread::spawn(move || {
         let (stream, _) = listener.accept().unwrap();
@@ -32,6 +33,9 @@ fn serve(listener: UnixListener, tid: i32, halts: Arc<AtomicU64>) -> thread::Joi
         for line in BufReader::new(stream).lines().map_while(Result::ok) {
             let req: Value = serde_json::from_str(&line).unwrap();
             let cmd = req["execute"].as_str().unwrap().to_owned();
+            if halts.load(Ordering::SeqCst) == u64::MAX {
+                break;
+            }
             let ret = match cmd.as_str() {
                 "qmp_capabilities" => json!({}),
                 "query-name" => json!({"name": "from-qmp"}),
@@ -104,6 +108,17 @@ fn kvm_statistics_through_qmp_count_from_attach_and_name_the_vcpu_thread() {
         "a statistic QEMU does not report is unavailable"
     );
     assert!(!unavailable.contains(&partition::VIRTUAL_TLB_FLUSH_ENTRIES));
+
+    // QMP goes away: its counters become unavailable instead of going stale; the rest stays.
+    halts.store(u64::MAX, Ordering::SeqCst);
+    observer.tick();
+    let vm = observer.vms().next().unwrap();
+    assert!(!vm.has_qmp_stats());
+    assert!(vm.qmp_error().is_some());
+    let unavailable = vm.unavailable();
+    assert!(unavailable.contains(&vp::HLT_INSTRUCTIONS));
+    assert!(!unavailable.contains(&vp::CPUID_INSTRUCTIONS));
+    assert_eq!(page.get(vp::HLT_INSTRUCTIONS), 7);
 
     drop(observer);
     let commands = server.join().unwrap();

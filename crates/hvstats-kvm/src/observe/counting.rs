@@ -278,6 +278,12 @@ impl ThreadCounters {
         self.threads.get_mut(&tid).map(|t| t.read().to_vec())
     }
 
+    /// True when event `i` is open on thread `tid` (it may fail to open on one thread and not
+    /// another: a thread gone meanwhile, or not ours to count).
+    pub fn is_open(&self, tid: i32, i: usize) -> bool {
+        self.threads.get(&tid).and_then(|t| t.counters.get(i)).is_some_and(Option::is_some)
+    }
+
     /// Perf file descriptors held.
     pub fn fds(&self) -> usize {
         self.threads.values().map(Thread::fds).sum()

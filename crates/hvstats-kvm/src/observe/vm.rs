@@ -448,8 +448,10 @@ impl ObservedVm {
         match q.query_kvm_stats() {
             Ok(s) => s,
             Err(e) => {
+                // QMP is gone: its counters stop being available rather than going stale.
                 self.qmp_error = Some(hvstats::snapshot::error_chain(&e));
                 self.qmp = None;
+                self.stats_at_attach = None;
                 None
             }
         }
@@ -465,7 +467,11 @@ impl ObservedVm {
         let vm_stat = |stat: &str| self.stats_at_attach.as_ref().is_some_and(|s| s.vm.contains_key(stat));
         let from_qmp = |id: CounterId| FROM_QMP_VCPU.iter().any(|(c, stat)| *c == id && vcpu_stat(stat));
         let events = self.counters.events();
-        let event_missing = |i: usize| events.unavailable(i).is_some();
+        // An event is missing when it cannot be counted at all, or is not open on a vCPU thread.
+        let event_missing = |i: usize| {
+            events.unavailable(i).is_some()
+                || self.vps.iter().filter_map(|v| v.tid).any(|tid| !self.counters.is_open(tid, i))
+        };
         hvstats_abi::CATALOG
             .iter()
             .filter(|c| {
