@@ -17,7 +17,7 @@
 //! for problem in &changes.problems {
 //!     eprintln!("{}", hvstats::snapshot::error_chain(problem));
 //! }
-//! for instance in attach.instances() {
+//! for instance in attach.instances_mut() {
 //!     println!("{} ({}: {})", instance.name(), instance.description().kind, instance.description().name);
 //!     for partition in instance.partitions() {
 //!         for &vp in partition.vp_indices() {
