@@ -334,24 +334,30 @@ fn numeric_entries(dir: &Path) -> io::Result<Vec<i32>> {
     Ok(out)
 }
 
-/// KVM's debugfs directory, mounting debugfs when it is not mounted (as root); `None` when there
-/// is none.
+/// KVM's debugfs directory, mounting debugfs at `/sys/kernel/debug` when nothing is mounted
+/// there (as root; once per process); `None` when there is none.
 fn host_debugfs() -> Option<PathBuf> {
+    static MOUNTED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
     let root = Path::new("/sys/kernel/debug");
-    if root.join("kvm").is_dir() {
-        return Some(root.to_owned());
+    if !root.join("kvm").is_dir() {
+        MOUNTED.get_or_init(|| {
+            let mounts = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+            if mounts.lines().any(|l| l.split_whitespace().nth(1) == Some("/sys/kernel/debug")) {
+                return;
+            }
+            // SAFETY: all arguments are NUL-terminated literals; a null data pointer is allowed.
+            unsafe {
+                libc::mount(
+                    c"debugfs".as_ptr(),
+                    c"/sys/kernel/debug".as_ptr(),
+                    c"debugfs".as_ptr(),
+                    0,
+                    std::ptr::null(),
+                )
+            };
+        });
     }
-    // SAFETY: all arguments are NUL-terminated literals; a null data pointer is allowed.
-    let r = unsafe {
-        libc::mount(
-            c"debugfs".as_ptr(),
-            c"/sys/kernel/debug".as_ptr(),
-            c"debugfs".as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    };
-    (r == 0 && root.join("kvm").is_dir()).then(|| root.to_owned())
+    root.join("kvm").is_dir().then(|| root.to_owned())
 }
 
 #[cfg(test)]
