@@ -175,7 +175,7 @@ fn usage_errors_exit_2_and_state_the_real_range() {
 fn a_runtime_dir_that_does_not_exist_is_an_error_not_a_new_directory() {
     let dir = TempDir::new("no-runtime-dir");
     let missing = dir.path().join("typo");
-    for args in [vec!["hwc", "list"], vec!["run"], vec!["snapshot"]] {
+    for args in [vec!["hwc", "list"], vec!["run"], vec!["snapshot"], vec!["observe", "--pid", "1"]] {
         let o = hvstats().args(&args).arg("--runtime-dir").arg(&missing).output().unwrap();
         assert_eq!(o.status.code(), Some(1), "{args:?}");
         assert!(stderr(&o).contains("does not exist"), "{args:?}: {}", stderr(&o));

@@ -57,7 +57,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Ok(n) => log(&format!("open file limit {n}")),
         Err(e) => log(&format!("cannot raise the open file limit: {e}")),
     }
-    let dir = args.runtime_dir.unwrap_or_else(hvstats::runtime_dir::runtime_dir);
+    let dir = super::runtime_dir(args.runtime_dir)?;
     let config = InstanceConfig {
         runtime_dir: Some(dir.clone()),
         description: publication::description(),
