@@ -69,6 +69,40 @@ pub fn check(data: &[u8], dir: &Path) -> Outcome {
     outcome
 }
 
+/// Like [`check`], but `data` edits a real arena ([`sample`]) unless its first byte is 0: the
+/// second byte picks the partitions or the global arena and how to cut or extend it, and every
+/// following 4 bytes change one byte (a 24-bit offset, mostly in the header and the index, and a
+/// value). So the fuzzer starts from a valid arena instead of having to find the magic.
+pub fn check_edited(data: &[u8], dir: &Path) -> Outcome {
+    match data.split_first() {
+        None => check(data, dir),
+        Some((0, raw)) => check(raw, dir),
+        Some((_, rest)) => {
+            let (arena, global) = sample();
+            let how = rest.first().copied().unwrap_or(0);
+            let mut bytes = if how & 1 == 0 { arena.clone() } else { global.clone() };
+            let edits = rest.get(1..).unwrap_or(&[]);
+            match how >> 1 & 3 {
+                1 => {
+                    let cut = edits.first().map_or(0, |&b| usize::from(b) * bytes.len() / 256);
+                    bytes.truncate(cut);
+                }
+                2 => bytes.resize(bytes.len() + edits.first().map_or(0, |&b| usize::from(b)) * 4096, 0),
+                _ => {}
+            }
+            for e in edits.chunks_exact(4) {
+                if bytes.is_empty() {
+                    break;
+                }
+                let offset = usize::from(e[0]) | usize::from(e[1]) << 8 | usize::from(e[2]) << 16;
+                let at = offset % bytes.len();
+                bytes[at] = e[3];
+            }
+            check(&bytes, dir)
+        }
+    }
+}
+
 /// The files of a real published instance with one partition of two VPs (the partitions arena
 /// and the global arena), made once per process, for seeds and mutation.
 pub fn sample() -> &'static (Vec<u8>, Vec<u8>) {

@@ -111,6 +111,12 @@ fn the_index_parser_and_arena_reader_keep_their_contract_on_random_and_mutated_a
         opened > 100 && entries > 100,
         "mutations rarely stay readable ({opened} opened, {entries} entries)"
     );
+    // The fuzz target's input form: edits of the real arenas.
+    let mut edited_entries = 0;
+    for _ in 0..300 {
+        edited_entries += index::check_edited(&rng.bytes(200), &dir.0).entries;
+    }
+    assert!(edited_entries > 100, "edits rarely leave entries readable ({edited_entries})");
 }
 
 #[test]
