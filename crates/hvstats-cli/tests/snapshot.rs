@@ -216,7 +216,7 @@ fn snapshot_json_of_65536_vps_streams_in_bounded_memory() {
         ..Default::default()
     })
     .unwrap();
-    let parts: Vec<_> = (0..4096).map(|_| hv.create_partition(16).unwrap()).collect();
+    let _partitions: Vec<_> = (0..4096).map(|_| hv.create_partition(16).unwrap()).collect();
     let mut child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
         .args(["snapshot", "--json", "--runtime-dir"])
         .arg(tmp.path())
