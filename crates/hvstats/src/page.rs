@@ -122,6 +122,7 @@ impl SharedPage {
     }
 
     /// Adds to `counter` atomically: for counters with several writers.
+    #[inline]
     pub fn fetch_add(&self, counter: CounterId, delta: u64) -> u64 {
         self.slots()[counter.slot()].fetch_add(delta, Ordering::Relaxed)
     }
@@ -161,6 +162,7 @@ impl SharedPage {
     }
 
     /// The host address of the writable mapping.
+    #[inline]
     pub fn host_address(&self) -> *mut u8 {
         self.ptr.as_ptr().cast()
     }
