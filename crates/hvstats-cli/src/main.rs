@@ -28,6 +28,10 @@ enum Command {
     Hwc(cmd::hwc::Args),
     /// Measure what exact accounting costs on the userspace exit path.
     Bench(cmd::bench::Args),
+    /// A live full-screen view of every VP, kvm_stat style.
+    Top(cmd::top::Args),
+    /// Export every live instance to Prometheus over HTTP (/metrics, /api/v1/snapshot, /healthz).
+    Serve(cmd::serve::Args),
 }
 
 fn main() -> ExitCode {
@@ -39,6 +43,8 @@ fn main() -> ExitCode {
         Command::Snapshot(args) => cmd::snapshot::run(args),
         Command::Hwc(args) => cmd::hwc::run(args),
         Command::Bench(args) => cmd::bench::run(args),
+        Command::Top(args) => cmd::top::run(args),
+        Command::Serve(args) => cmd::serve::run(args),
     };
     match result {
         Ok(code) => code,

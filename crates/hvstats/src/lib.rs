@@ -15,6 +15,7 @@ pub mod hwc;
 pub mod hypercall;
 pub mod instance;
 pub mod lp;
+pub mod metrics;
 pub mod page;
 pub mod perf_event;
 pub mod present;

@@ -4,5 +4,8 @@ pub mod bench;
 pub mod catalog;
 pub mod dump;
 pub mod hwc;
+pub mod live;
 pub mod run;
+pub mod serve;
 pub mod snapshot;
+pub mod top;

@@ -183,6 +183,11 @@ fn instance_json(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>) -> Value {
     })
 }
 
+/// The JSON of one instance as `snapshot --json` prints it, for other commands.
+pub(crate) fn snapshot_json(s: &InstanceSnapshot) -> Value {
+    instance_json(s, None)
+}
+
 fn earlier_partition(e: &InstanceSnapshot, id: u64) -> Option<&PartitionSnapshot> {
     e.partitions.iter().find(|p| p.id == id)
 }
