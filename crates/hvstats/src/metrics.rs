@@ -20,7 +20,10 @@ use hvstats_abi::{Counter, CounterId, ObjectKind, Presentation, Unit};
 pub const PREFIX: &str = "hvstats";
 
 /// Bytes in one page of the `Pages` unit.
-const PAGE_BYTES: f64 = 4096.0;
+const PAGE_BYTES: u64 = 4096;
+
+/// 100 ns units in a second.
+const TICKS_PER_SECOND: u64 = 10_000_000;
 
 /// Whether a family accumulates or is a value at a moment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,14 +107,26 @@ pub struct Member {
     pub counter: &'static Counter,
     /// The `intercept` label value, for members of the intercept families.
     pub intercept: Option<&'static str>,
-    /// Multiplies the raw page value into the family's base unit.
-    pub scale: f64,
+    /// The raw page value times this, divided by [`divisor`](Self::divisor), is in the family's
+    /// base unit (4096 for pages in bytes).
+    pub multiplier: u64,
+    /// See [`multiplier`](Self::multiplier) (10,000,000 for 100 ns in seconds).
+    pub divisor: u64,
 }
 
 impl Member {
-    /// The raw page value in the family's base unit.
+    /// The raw page value in the family's base unit, correctly rounded (`12340` × 100 ns is
+    /// `0.001234`, not `0.0012339999999999999`).
     pub fn value(&self, raw: u64) -> f64 {
-        raw as f64 * self.scale
+        match raw.checked_mul(self.multiplier) {
+            Some(product) => product as f64 / self.divisor as f64,
+            None => raw as f64 * self.multiplier as f64 / self.divisor as f64,
+        }
+    }
+
+    /// The value as an integer, when it is one and fits: counts and bytes stay exact beyond 2^53.
+    pub fn exact(&self, raw: u64) -> Option<u64> {
+        (self.divisor == 1).then(|| raw.checked_mul(self.multiplier)).flatten()
     }
 }
 
@@ -179,12 +194,12 @@ pub fn snake_name(name: &str) -> String {
     }
 }
 
-/// A time or page unit's scale to its base unit.
-fn base_unit(unit: Unit) -> Option<(BaseUnit, f64)> {
+/// A time or page unit's base unit, multiplier and divisor.
+fn base_unit(unit: Unit) -> Option<(BaseUnit, u64, u64)> {
     match unit {
-        Unit::Time100ns => Some((BaseUnit::Seconds, 1e-7)),
-        Unit::Nanoseconds => Some((BaseUnit::Seconds, 1e-9)),
-        Unit::Pages => Some((BaseUnit::Bytes, PAGE_BYTES)),
+        Unit::Time100ns => Some((BaseUnit::Seconds, 1, TICKS_PER_SECOND)),
+        Unit::Nanoseconds => Some((BaseUnit::Seconds, 1, 1_000_000_000)),
+        Unit::Pages => Some((BaseUnit::Bytes, PAGE_BYTES, 1)),
         Unit::Count | Unit::Cycles => None,
     }
 }
@@ -194,9 +209,9 @@ fn is_intercept_member(id: CounterId) -> bool {
 }
 
 fn family_of(counter: &'static Counter) -> Family {
-    let (unit, scale) = match base_unit(counter.unit) {
-        Some((unit, scale)) => (Some(unit), scale),
-        None => (None, 1.0),
+    let (unit, multiplier, divisor) = match base_unit(counter.unit) {
+        Some((unit, multiplier, divisor)) => (Some(unit), multiplier, divisor),
+        None => (None, 1, 1),
     };
     let kind = match counter.presentation {
         Presentation::Instant => MetricKind::Gauge,
@@ -221,14 +236,15 @@ fn family_of(counter: &'static Counter) -> Family {
         kind,
         unit,
         object: counter.id.kind,
-        members: vec![Member { counter, intercept: None, scale }],
+        members: vec![Member { counter, intercept: None, multiplier, divisor }],
     }
 }
 
 fn intercept_families() -> [Family; 2] {
-    let member = |id: CounterId, label, scale| {
+    let member = |id: CounterId, label, divisor| {
         let counter = id.counter().expect("intercept classes name catalog counters");
-        counter.maintained.is_maintained().then_some(Member { counter, intercept: Some(label), scale })
+        let member = Member { counter, intercept: Some(label), multiplier: 1, divisor };
+        counter.maintained.is_maintained().then_some(member)
     };
     [
         Family {
@@ -238,7 +254,7 @@ fn intercept_families() -> [Family; 2] {
             kind: MetricKind::Counter,
             unit: None,
             object: ObjectKind::Vp,
-            members: INTERCEPT_CLASSES.iter().filter_map(|c| member(c.count, c.label, 1.0)).collect(),
+            members: INTERCEPT_CLASSES.iter().filter_map(|c| member(c.count, c.label, 1)).collect(),
         },
         Family {
             name: "vp_intercept".into(),
@@ -248,7 +264,7 @@ fn intercept_families() -> [Family; 2] {
             kind: MetricKind::Counter,
             unit: Some(BaseUnit::Seconds),
             object: ObjectKind::Vp,
-            members: INTERCEPT_CLASSES.iter().filter_map(|c| member(c.time, c.label, 1e-7)).collect(),
+            members: INTERCEPT_CLASSES.iter().filter_map(|c| member(c.time, c.label, TICKS_PER_SECOND)).collect(),
         },
     ]
 }
@@ -296,7 +312,7 @@ mod tests {
         assert_eq!(name(vp::HYPERCALLS_COST), "hvstats_vp_hypercalls_seconds_total");
         assert_eq!(name(vp::TOTAL_RUN_TIME), "hvstats_vp_total_run_seconds_total");
         assert_eq!(name(vp::CPUID_INSTRUCTIONS), "hvstats_vp_intercepts_total");
-        assert_eq!(name(vp::CPUID_INSTRUCTIONS_COST), "hvstats_vp_intercept_seconds_total");
+        assert_eq!(name(vp::IO_INSTRUCTIONS_COST), "hvstats_vp_intercept_seconds_total");
         assert_eq!(name(partition::GPA_PAGES), "hvstats_partition_gpa_bytes");
         assert_eq!(name(partition::VIRTUAL_PROCESSORS), "hvstats_partition_virtual_processors");
         assert_eq!(name(lp::C1_TIME), "hvstats_lp_c1_seconds_total");
@@ -307,10 +323,12 @@ mod tests {
     fn scales_turn_raw_units_into_base_units() {
         let (_, m) = family_of_counter(vp::HYPERCALLS_COST).unwrap();
         assert_eq!(m.value(30_000_000), 3.0);
+        assert_eq!(m.value(12_340), 0.001234);
+        assert_eq!(m.exact(12_340), None);
         let (_, m) = family_of_counter(partition::GPA_PAGES).unwrap();
-        assert_eq!(m.value(3), 12_288.0);
+        assert_eq!(m.exact(3), Some(12_288));
         let (_, m) = family_of_counter(vp::HYPERCALLS).unwrap();
-        assert_eq!(m.value(7), 7.0);
+        assert_eq!(m.exact(u64::MAX), Some(u64::MAX));
     }
 
     #[test]

@@ -21,8 +21,44 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::cmd::live::{Live, Reading};
 
-/// The media type of the reply.
+/// The media type of the OpenMetrics reply (for clients that accept it, as Prometheus does).
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The media type of the classic Prometheus text format (curl, `promtool check metrics`).
+pub const CLASSIC_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// True when an `Accept` header value asks for OpenMetrics.
+pub fn accepts_openmetrics(accept: &str) -> bool {
+    accept.split(',').any(|t| t.trim().starts_with("application/openmetrics-text"))
+}
+
+/// The OpenMetrics text in the classic Prometheus text format (0.0.4): a counter's HELP and TYPE
+/// name its samples (`…_total`), and there is no `# UNIT` or `# EOF`. Samples are unchanged.
+pub fn to_classic(openmetrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> = openmetrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line.starts_with("# UNIT ") || line == "# EOF" {
+            continue;
+        }
+        let meta = ["# HELP ", "# TYPE "].into_iter().find_map(|p| Some((p, line.strip_prefix(p)?)));
+        match meta {
+            Some((prefix, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                let suffix = if counters.contains(name) { "_total" } else { "" };
+                let _ = writeln!(out, "{prefix}{name}{suffix} {tail}");
+            }
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
 
 /// The `vp` label of a partition's summed VPs, past the cap.
 pub const ALL_VPS: &str = "all";
@@ -155,12 +191,11 @@ pub fn summed(partition: &PartitionSnapshot) -> Option<ObjectReading> {
 
 fn encode_value(family: &Family, member: &Member, raw: u64, metric: &mut MetricEncoder) -> std::fmt::Result {
     // Whole counts stay integers: an f64 would round counts above 2^53.
-    let exact = member.scale == 1.0;
-    match (family.kind, exact) {
-        (MetricKind::Counter, true) => metric.encode_counter::<NoLabelSet, _, u64>(&raw, None),
-        (MetricKind::Counter, false) => metric.encode_counter::<NoLabelSet, _, u64>(&member.value(raw), None),
-        (MetricKind::Gauge, true) => metric.encode_gauge(&raw),
-        (MetricKind::Gauge, false) => metric.encode_gauge(&member.value(raw)),
+    match (family.kind, member.exact(raw)) {
+        (MetricKind::Counter, Some(v)) => metric.encode_counter::<NoLabelSet, _, u64>(&v, None),
+        (MetricKind::Counter, None) => metric.encode_counter::<NoLabelSet, _, u64>(&member.value(raw), None),
+        (MetricKind::Gauge, Some(v)) => metric.encode_gauge(&v),
+        (MetricKind::Gauge, None) => metric.encode_gauge(&member.value(raw)),
     }
 }
 

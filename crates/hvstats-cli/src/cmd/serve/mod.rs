@@ -1,7 +1,8 @@
 //! `hvstats serve`: an HTTP exporter of every live instance for Prometheus.
 //!
 //! `GET /metrics` reads every instance once and answers in the OpenMetrics text format
-//! ([`exposition`]); `GET /api/v1/snapshot` answers the JSON of `hvstats snapshot --json`;
+//! ([`exposition`]) to clients that accept it (Prometheus does), in the classic Prometheus text
+//! format to the others (curl, `promtool check metrics`); `GET /api/v1/snapshot` answers the JSON of `hvstats snapshot --json`;
 //! `GET /healthz` says the exporter is up and what it could not read. Where one host is not
 //! enough, each host runs `serve` and Prometheus aggregates: the exporter keeps no state between
 //! scrapes.
@@ -52,8 +53,9 @@ impl Reply {
     }
 }
 
-/// Answers `method path` from a fresh reading of `live`.
-fn answer(live: &Live, max_vps: usize, method: &Method, url: &str) -> Reply {
+/// Answers `method path` from a fresh reading of `live`; `/metrics` in OpenMetrics when `accept`
+/// asks for it, else in the classic text format.
+fn answer(live: &Live, max_vps: usize, method: &Method, url: &str, accept: &str) -> Reply {
     if !matches!(method, Method::Get | Method::Head) {
         return Reply::text(405, "only GET and HEAD\n");
     }
@@ -63,7 +65,14 @@ fn answer(live: &Live, max_vps: usize, method: &Method, url: &str) -> Reply {
         "/metrics" => read().and_then(|reading| {
             exposition::Exposition::new(reading, max_vps)
                 .encode()
-                .map(|body| Reply { status: 200, content_type: exposition::CONTENT_TYPE, body })
+                .map(|body| match exposition::accepts_openmetrics(accept) {
+                    true => Reply { status: 200, content_type: exposition::CONTENT_TYPE, body },
+                    false => Reply {
+                        status: 200,
+                        content_type: exposition::CLASSIC_CONTENT_TYPE,
+                        body: exposition::to_classic(&body),
+                    },
+                })
                 .map_err(|_| Reply::text(500, "encoding failed\n"))
         }),
         "/api/v1/snapshot" => read().map(|reading| Reply {
@@ -86,7 +95,14 @@ fn snapshot_body(reading: &Reading) -> String {
 }
 
 fn respond(live: &Live, max_vps: usize, request: Request) {
-    let reply = answer(live, max_vps, request.method(), request.url());
+    let accept = request
+        .headers()
+        .iter()
+        .filter(|h| h.field.equiv("Accept"))
+        .map(|h| h.value.as_str())
+        .collect::<Vec<_>>()
+        .join(",");
+    let reply = answer(live, max_vps, request.method(), request.url(), &accept);
     let header = Header::from_bytes("Content-Type", reply.content_type).expect("a valid static header");
     let response = Response::from_string(reply.body).with_status_code(reply.status).with_header(header);
     // A client that went away is its own business; the exporter serves the next one.
