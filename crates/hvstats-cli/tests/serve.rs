@@ -117,7 +117,9 @@ fn metrics_export_exact_counts_in_base_units_with_labels() {
     assert_eq!(sample(&text, &vp0).as_deref(), Some("0"));
     let gpa = format!("hvstats_partition_gpa_bytes{{instance=\"{i}\",vm=\"{i}:{p}\",partition=\"{p}\"}}");
     assert_eq!(sample(&text, &gpa).as_deref(), Some(&*(100 * 4096).to_string()));
-    assert!(text.contains("# TYPE hvstats_vp_intercept_seconds counter\n# UNIT hvstats_vp_intercept_seconds seconds"));
+    assert!(text.contains(
+        "# TYPE hvstats_vp_intercept_seconds counter\n# UNIT hvstats_vp_intercept_seconds seconds"
+    ));
     assert!(text.contains(&format!(
         "# HELP hvstats_vp_hypercalls {}",
         vp::HYPERCALLS.counter().unwrap().description
@@ -125,7 +127,11 @@ fn metrics_export_exact_counts_in_base_units_with_labels() {
     // Counted but not timed: a count series, no seconds series. Not maintained: no series at all.
     let emulated = format!("hvstats_vp_intercepts_total{{{},intercept=\"emulated\"}}", vp_labels(1));
     assert_eq!(sample(&text, &emulated).as_deref(), Some("3"));
-    assert!(!text.lines().any(|l| l.starts_with("hvstats_vp_intercept_seconds_total") && l.contains("\"emulated\"")));
+    assert!(
+        !text
+            .lines()
+            .any(|l| l.starts_with("hvstats_vp_intercept_seconds_total") && l.contains("\"emulated\""))
+    );
     assert!(!text.contains("debug_register"), "not maintained, yet exported");
     assert!(!text.contains("synthetic_interrupts"));
 
@@ -161,7 +167,9 @@ fn past_the_vp_cap_a_partition_exports_the_sum_of_its_vps() {
     let text = get(addr, "/metrics").2;
     let i = instance_name(&hv);
     let series = |p: u64, vp: &str| {
-        format!("hvstats_vp_hypercalls_total{{instance=\"{i}\",vm=\"{i}:{p}\",partition=\"{p}\",vp=\"{vp}\"}}")
+        format!(
+            "hvstats_vp_hypercalls_total{{instance=\"{i}\",vm=\"{i}:{p}\",partition=\"{p}\",vp=\"{vp}\"}}"
+        )
     };
     assert_eq!(sample(&text, &series(small.id(), "0")).as_deref(), Some("1"));
     assert_eq!(sample(&text, &series(big.id(), "all")).as_deref(), Some("60"), "{text}");

@@ -215,9 +215,10 @@ fn family_of(counter: &'static Counter) -> Family {
     };
     let kind = match counter.presentation {
         Presentation::Instant => MetricKind::Gauge,
-        Presentation::Rate | Presentation::CumulativeTime | Presentation::Cost | Presentation::PercentTime => {
-            MetricKind::Counter
-        }
+        Presentation::Rate
+        | Presentation::CumulativeTime
+        | Presentation::Cost
+        | Presentation::PercentTime => MetricKind::Counter,
     };
     let mut word = snake_name(counter.name);
     // The unit goes at the end of the name, once: `GPA pages` in bytes is `gpa_bytes`.
@@ -264,7 +265,10 @@ fn intercept_families() -> [Family; 2] {
             kind: MetricKind::Counter,
             unit: Some(BaseUnit::Seconds),
             object: ObjectKind::Vp,
-            members: INTERCEPT_CLASSES.iter().filter_map(|c| member(c.time, c.label, TICKS_PER_SECOND)).collect(),
+            members: INTERCEPT_CLASSES
+                .iter()
+                .filter_map(|c| member(c.time, c.label, TICKS_PER_SECOND))
+                .collect(),
         },
     ]
 }
@@ -284,7 +288,9 @@ pub fn families() -> &'static [Family] {
             out.extend(
                 CATALOG
                     .iter()
-                    .filter(|c| c.id.kind == kind && c.maintained.is_maintained() && !is_intercept_member(c.id))
+                    .filter(|c| {
+                        c.id.kind == kind && c.maintained.is_maintained() && !is_intercept_member(c.id)
+                    })
                     .map(family_of),
             );
         }

@@ -139,7 +139,8 @@ impl Column {
             Some(p) => Some((before.get(p.name)?, after.get(p.name)?)),
             None => None,
         };
-        let shown = over_interval(counter, before.get(counter.name)?, after.get(counter.name)?, seconds, paired)?;
+        let shown =
+            over_interval(counter, before.get(counter.name)?, after.get(counter.name)?, seconds, paired)?;
         Some(if counter.presentation == Presentation::Cost { shown.value / 1000.0 } else { shown.value })
     }
 }

@@ -18,7 +18,9 @@ use crate::cmd::live::Reading;
 /// A reading of one instance with `partitions` partitions of `vps_each` VPs, every counter set.
 pub fn synthetic_reading(partitions: u32, vps_each: u32) -> Reading {
     let counters = |seed: u64, kind| {
-        ObjectReading::Counters(counters_of(kind).enumerate().map(|(i, c)| (c, seed * 1000 + i as u64)).collect())
+        ObjectReading::Counters(
+            counters_of(kind).enumerate().map(|(i, c)| (c, seed * 1000 + i as u64)).collect(),
+        )
     };
     let partitions = (0..partitions)
         .map(|p| PartitionSnapshot {
@@ -26,7 +28,10 @@ pub fn synthetic_reading(partitions: u32, vps_each: u32) -> Reading {
             active: true,
             reading: counters(u64::from(p), ObjectKind::Partition),
             vps: (0..vps_each)
-                .map(|index| VpSnapshot { index, reading: counters(u64::from(p * vps_each + index), ObjectKind::Vp) })
+                .map(|index| VpSnapshot {
+                    index,
+                    reading: counters(u64::from(p * vps_each + index), ObjectKind::Vp),
+                })
                 .collect(),
         })
         .collect();
@@ -61,7 +66,8 @@ pub fn scrape_rows(partitions: u32, vps_each: u32, runs: usize) -> anyhow::Resul
     let reading = synthetic_reading(partitions, vps_each);
     let vps = reading.vp_count();
     let (baseline, _) = median_of(runs, || {
-        let instances: Vec<Value> = reading.instances.iter().map(crate::cmd::snapshot::snapshot_json).collect();
+        let instances: Vec<Value> =
+            reading.instances.iter().map(crate::cmd::snapshot::snapshot_json).collect();
         json!({ "instances": instances }).to_string().len()
     });
     let mut rows = Vec::new();

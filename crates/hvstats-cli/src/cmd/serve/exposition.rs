@@ -35,10 +35,8 @@ pub fn accepts_openmetrics(accept: &str) -> bool {
 /// The OpenMetrics text in the classic Prometheus text format (0.0.4): a counter's HELP and TYPE
 /// name its samples (`…_total`), and there is no `# UNIT` or `# EOF`. Samples are unchanged.
 pub fn to_classic(openmetrics: &str) -> String {
-    let counters: std::collections::HashSet<&str> = openmetrics
-        .lines()
-        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
-        .collect();
+    let counters: std::collections::HashSet<&str> =
+        openmetrics.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter")).collect();
     let mut out = String::with_capacity(openmetrics.len());
     for line in openmetrics.lines() {
         if line.starts_with("# UNIT ") || line == "# EOF" {
@@ -118,7 +116,12 @@ impl Exposition {
         }
     }
 
-    fn encode_family(&self, family: &Family, metric: &mut MetricEncoder, per_vp: &[bool]) -> std::fmt::Result {
+    fn encode_family(
+        &self,
+        family: &Family,
+        metric: &mut MetricEncoder,
+        per_vp: &[bool],
+    ) -> std::fmt::Result {
         let mut sample = |labels: &Labels, reading: &ObjectReading| -> std::fmt::Result {
             for member in &family.members {
                 let Some(raw) = reading.get(member.counter.name) else { continue };
@@ -214,7 +217,8 @@ impl Collector for Exposition {
                 MetricKind::Counter => MetricType::Counter,
                 MetricKind::Gauge => MetricType::Gauge,
             };
-            let mut metric = encoder.encode_descriptor(&family.name, &family.help, unit.as_ref(), metric_type)?;
+            let mut metric =
+                encoder.encode_descriptor(&family.name, &family.help, unit.as_ref(), metric_type)?;
             self.encode_family(family, &mut metric, &per_vp)?;
         }
         Ok(())

@@ -60,7 +60,9 @@ fn answer(live: &Live, max_vps: usize, method: &Method, url: &str, accept: &str)
         return Reply::text(405, "only GET and HEAD\n");
     }
     let path = url.split(['?', '#']).next().unwrap_or(url);
-    let read = || live.read().map_err(|e| Reply::text(503, format!("cannot read {}: {e:#}\n", live.dir().display())));
+    let read = || {
+        live.read().map_err(|e| Reply::text(503, format!("cannot read {}: {e:#}\n", live.dir().display())))
+    };
     let result = match path {
         "/metrics" => read().and_then(|reading| {
             exposition::Exposition::new(reading, max_vps)
@@ -115,7 +117,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if !live.dir().exists() {
         anyhow::bail!("runtime directory {} does not exist", live.dir().display());
     }
-    let server = Server::http(args.listen).map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
+    let server =
+        Server::http(args.listen).map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
     let addr = server.server_addr().to_ip().context("the server has no IP address")?;
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "serving http://{addr}/metrics")?;

@@ -91,7 +91,11 @@ fn event_loop(terminal: &mut ratatui::DefaultTerminal, live: &Live, app: &mut Ap
             next_sample = Instant::now() + app.interval;
         }
         terminal.draw(|frame| frame.render_widget(&*app, frame.area()))?;
-        let wait = if app.paused { Duration::from_millis(250) } else { next_sample.saturating_duration_since(Instant::now()) };
+        let wait = if app.paused {
+            Duration::from_millis(250)
+        } else {
+            next_sample.saturating_duration_since(Instant::now())
+        };
         if !event::poll(wait)? {
             continue;
         }

@@ -75,7 +75,12 @@ pub fn groups(before: &Reading, after: &Reading) -> Vec<Group> {
             let vm = Live::vm_name(&instance.name, partition);
             let total = match (summed(earlier), summed(partition)) {
                 (Some(then), Some(now)) => row(vm.clone(), None, &then, &now, seconds),
-                _ => Row { label: vm.clone(), vp: None, values: vec![None; VP_COLUMNS.len()], deltas: Vec::new() },
+                _ => Row {
+                    label: vm.clone(),
+                    vp: None,
+                    values: vec![None; VP_COLUMNS.len()],
+                    deltas: Vec::new(),
+                },
             };
             out.push(Group {
                 vm,

@@ -48,10 +48,14 @@ impl App {
 
     fn status(&self) -> Line<'_> {
         match (&self.prompt, &self.message) {
-            (Some(Prompt::Filter(t)), _) => Line::from(format!("filter regex: {t}▏ (Enter: apply, Esc: cancel)")),
+            (Some(Prompt::Filter(t)), _) => {
+                Line::from(format!("filter regex: {t}▏ (Enter: apply, Esc: cancel)"))
+            }
             (Some(Prompt::Interval(t)), _) => Line::from(format!("interval in seconds: {t}▏ (Enter, Esc)")),
             (None, Some(m)) => Line::from(m.as_str()).style(Style::new().add_modifier(Modifier::REVERSED)),
-            (None, None) => Line::from("o/O sort  i invert  f filter  p pause  s interval  r reset  h help  q quit"),
+            (None, None) => {
+                Line::from("o/O sort  i invert  f filter  p pause  s interval  r reset  h help  q quit")
+            }
         }
     }
 
@@ -68,13 +72,19 @@ impl App {
             return;
         }
         let shown = columns_that_fit(area.width);
-        let header = Row::new(
-            std::iter::once("VM / VP".to_owned()).chain(VP_COLUMNS[..shown].iter().map(|c| c.header())),
-        )
-        .style(Style::new().add_modifier(Modifier::REVERSED));
+        let header =
+            Row::new(std::iter::once("VM / VP".to_owned()).chain(
+                VP_COLUMNS[..shown].iter().map(|c| format!("{:>w$}", c.header(), w = column_width(c))),
+            ))
+            .style(Style::new().add_modifier(Modifier::REVERSED));
         let line = |r: &table::Row, indent: &str| {
             std::iter::once(format!("{indent}{}", r.label))
-                .chain(r.values[..shown].iter().map(|v| format!("{:>8}", table::cell(*v))))
+                .chain(
+                    VP_COLUMNS[..shown]
+                        .iter()
+                        .zip(&r.values)
+                        .map(|(c, v)| format!("{:>w$}", table::cell(*v), w = column_width(c))),
+                )
                 .collect::<Vec<_>>()
         };
         let mut rows = Vec::new();
@@ -95,7 +105,12 @@ impl App {
         let lines = App::help_lines();
         let height = (lines.len() as u16 + 2).min(area.height);
         let width = (lines.iter().map(|l| l.chars().count()).max().unwrap_or(0) as u16 + 4).min(area.width);
-        let popup = Rect { x: area.x + (area.width - width) / 2, y: area.y + (area.height - height) / 2, width, height };
+        let popup = Rect {
+            x: area.x + (area.width - width) / 2,
+            y: area.y + (area.height - height) / 2,
+            width,
+            height,
+        };
         Clear.render(popup, buf);
         Paragraph::new(lines.into_iter().map(Line::from).collect::<Vec<_>>())
             .block(Block::new().borders(Borders::ALL).title(" keys "))
