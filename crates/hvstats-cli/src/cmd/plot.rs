@@ -74,6 +74,9 @@ fn unit_of(c: &Counter) -> &'static str {
     }
 }
 
+/// A VP's line while it is built: its label, points and the sum of its values.
+type Line = (String, Vec<(f64, f64)>, f64);
+
 /// The chart of `counter` from `recording`.
 pub fn chart(recording: &Recording, counter: &'static Counter) -> Chart {
     let counters = recording.vp_counters();
@@ -81,7 +84,8 @@ pub fn chart(recording: &Recording, counter: &'static Counter) -> Chart {
     let (Some(i), paired) = (index(counter.name), counter.paired_count().and_then(|p| index(p.name))) else {
         return Chart { counter, unit: unit_of(counter), series: Vec::new(), left_out: 0 };
     };
-    let mut series: Vec<(String, Vec<(f64, f64)>, f64)> = Vec::new();
+    // (label, points, sum of the values: the busiest VPs are drawn)
+    let mut series: Vec<Line> = Vec::new();
     for pair in recording.samples.windows(2) {
         let (a, b) = (&pair[0], &pair[1]);
         for p in &b.partitions {
@@ -141,7 +145,7 @@ pub fn busiest(recording: &Recording, n: usize) -> Vec<&'static Counter> {
         })
         .filter(|(_, moved)| *moved > 0)
         .collect();
-    moved.sort_by(|a, b| b.1.cmp(&a.1));
+    moved.sort_by_key(|m| std::cmp::Reverse(m.1));
     moved.into_iter().take(n).map(|(c, _)| c).collect()
 }
 

@@ -5,7 +5,7 @@
 //! measures what `serve` adds to a scrape — walking the objects, labels and the text encoding —
 //! independently of how pages are mapped.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use hvstats::snapshot::{InstanceSnapshot, ObjectReading, PartitionSnapshot, VpSnapshot};
 use hvstats_abi::ObjectKind;
@@ -45,52 +45,112 @@ pub fn synthetic_reading(partitions: u32, vps_each: u32) -> Reading {
     Reading { at: Instant::now(), instances: vec![instance], problems: Vec::new() }
 }
 
-fn median_of(runs: usize, mut f: impl FnMut() -> usize) -> (Duration, usize) {
-    let mut times = Vec::with_capacity(runs);
-    let mut size = 0;
-    for _ in 0..runs {
-        let start = Instant::now();
-        size = std::hint::black_box(f());
-        times.push(start.elapsed());
-    }
-    times.sort();
-    (times[runs / 2], size)
+/// One side-by-side measurement, in the shape of `bench --json` rows.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScrapeRow {
+    /// The row's name.
+    pub name: &'static str,
+    /// Milliseconds to encode `/metrics`.
+    pub ours: f64,
+    /// Milliseconds to encode `snapshot --json` of the same reading.
+    pub baseline: f64,
+    /// `ms`.
+    pub unit: &'static str,
+    /// Bytes of the exposition.
+    pub bytes: usize,
 }
 
-/// The rows: `/metrics` for `partitions × vps_each` VPs exported one by one, and with the default
-/// cap (partition sums past 4,096 VPs), each against `snapshot --json` of the same reading.
+impl ScrapeRow {
+    /// The row as `bench --json` prints it.
+    pub fn json(&self) -> Value {
+        json!({
+            "name": self.name,
+            "ours": self.ours,
+            "baseline": self.baseline,
+            "unit": self.unit,
+            "ratio": self.ours / self.baseline,
+        })
+    }
+}
+
+/// The rows for 65,536 VPs (4,096 partitions of 16): `/metrics` with every VP exported one by
+/// one, and with the default cap (partition sums past 4,096 VPs), each against `snapshot --json`
+/// of the same reading; medians of `rounds`, interleaved.
 ///
 /// # Errors
 /// When encoding fails.
-pub fn scrape_rows(partitions: u32, vps_each: u32, runs: usize) -> anyhow::Result<Vec<Value>> {
+pub fn scrape_rows(rounds: u32) -> anyhow::Result<Vec<ScrapeRow>> {
+    rows_for(4096, 16, rounds)
+}
+
+/// [`scrape_rows`] for `partitions × vps_each` VPs.
+///
+/// # Errors
+/// When encoding fails.
+pub fn rows_for(partitions: u32, vps_each: u32, rounds: u32) -> anyhow::Result<Vec<ScrapeRow>> {
     let reading = synthetic_reading(partitions, vps_each);
-    let vps = reading.vp_count();
-    let (baseline, _) = median_of(runs, || {
+    let snapshot_json = || {
         let instances: Vec<Value> =
             reading.instances.iter().map(crate::cmd::snapshot::snapshot_json).collect();
         json!({ "instances": instances }).to_string().len()
-    });
+    };
     let mut rows = Vec::new();
-    for (name, cap) in [("one by one", usize::MAX), ("capped at 4096", 4096)] {
-        let mut failed = None;
-        let (ours, bytes) = median_of(runs, || match Exposition::new(reading.clone(), cap).encode() {
-            Ok(text) => text.len(),
-            Err(e) => {
-                failed = Some(e);
-                0
+    for (name, cap) in [
+        ("serve-scrape-65536-vps-one-by-one-vs-snapshot-json", usize::MAX),
+        ("serve-scrape-65536-vps-capped-vs-snapshot-json", serve_default_cap()),
+    ] {
+        let (mut ours, mut baseline, mut bytes) = (Vec::new(), Vec::new(), 0);
+        for round in 0..rounds.max(1) {
+            let mut exposition = || -> anyhow::Result<f64> {
+                let start = Instant::now();
+                let text = Exposition::new(reading.clone(), cap).encode()?;
+                let ms = start.elapsed().as_secs_f64() * 1e3;
+                bytes = text.len();
+                Ok(ms)
+            };
+            let json_ms = || {
+                let start = Instant::now();
+                std::hint::black_box(snapshot_json());
+                start.elapsed().as_secs_f64() * 1e3
+            };
+            if round % 2 == 0 {
+                ours.push(exposition()?);
+                baseline.push(json_ms());
+            } else {
+                baseline.push(json_ms());
+                ours.push(exposition()?);
             }
-        });
-        if let Some(e) = failed {
-            anyhow::bail!("encoding the exposition failed: {e}");
         }
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        rows.push(json!({
-            "name": format!("serve /metrics scrape of {vps} VPs, {name} ({bytes} bytes) vs snapshot --json"),
-            "ours": ms(ours),
-            "baseline": ms(baseline),
-            "unit": "ms",
-            "ratio": ms(ours) / ms(baseline),
-        }));
+        rows.push(ScrapeRow { name, ours: median(ours), baseline: median(baseline), unit: "ms", bytes });
     }
     Ok(rows)
+}
+
+fn serve_default_cap() -> usize {
+    super::DEFAULT_MAX_VPS
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_measure_both_sides_of_the_same_reading() {
+        let rows = rows_for(4, 3, 1).unwrap();
+        assert_eq!(rows.len(), 2);
+        for row in &rows {
+            assert!(row.ours > 0.0 && row.baseline > 0.0, "{row:?}");
+            let json = row.json();
+            assert_eq!(json["unit"], "ms");
+            assert_eq!(json["ratio"].as_f64().unwrap(), row.ours / row.baseline);
+        }
+        // 12 VPs are under the default cap: both encodings are the same text.
+        assert_eq!(rows[0].bytes, rows[1].bytes);
+        assert_eq!(synthetic_reading(4, 3).vp_count(), 12);
+    }
 }

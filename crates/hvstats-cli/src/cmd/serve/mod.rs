@@ -24,6 +24,9 @@ use crate::cmd::live::{Live, Reading};
 /// The address served when `--listen` is not given: loopback only.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9966";
 
+/// VPs exported one by one per scrape when `--max-vps` is not given.
+pub const DEFAULT_MAX_VPS: usize = 4096;
+
 /// Flags of `hvstats serve`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -36,7 +39,7 @@ pub struct Args {
     runtime_dir: Option<PathBuf>,
     /// VPs exported one by one per scrape; the VPs of partitions beyond it are exported as one
     /// sum per partition (`vp="all"`).
-    #[arg(long, value_name = "N", default_value_t = 4096)]
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_VPS)]
     max_vps: usize,
 }
 

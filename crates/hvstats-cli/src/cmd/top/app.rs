@@ -206,7 +206,7 @@ impl App {
                         Err(e) => self.message = Some(format!("invalid regex: {e}")),
                     },
                     Some(Prompt::Interval(t)) => match t.trim().parse::<f64>() {
-                        Ok(s) if s >= 0.1 && s <= 3600.0 => self.interval = Duration::from_secs_f64(s),
+                        Ok(s) if (0.1..=3600.0).contains(&s) => self.interval = Duration::from_secs_f64(s),
                         _ => self.message = Some(format!("{t:?}: the interval is 0.1 to 3600 seconds")),
                     },
                     None => {}
