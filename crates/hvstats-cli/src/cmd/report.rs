@@ -127,9 +127,10 @@ fn text(recording: &Recording, reports: &[VpReport]) -> String {
             "  {:<40} {:>20} {:>16} {:>16}",
             "counter", "cumulative", "delta", "over recording"
         );
-        let Some(cumulative) = r.json["cumulative"].as_object() else { continue };
-        for (name, value) in cumulative {
-            let Some(v) = value.as_u64() else { continue };
+        // Page order, as the header lists the counters.
+        for info in &recording.header.catalog.vp {
+            let name = &info.name;
+            let Some(v) = r.json["cumulative"][name].as_u64() else { continue };
             if v == 0 {
                 continue;
             }
