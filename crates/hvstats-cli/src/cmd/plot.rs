@@ -6,7 +6,7 @@
 //! every host and no system font is needed.
 
 use std::fs::File;
-use std::io::BufReader;
+use std::io::{BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Once;
@@ -256,6 +256,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     );
     let charts: Vec<Chart> = counters.into_iter().map(|c| chart(&recording, c)).collect();
     write(&args.output, &charts, args.size)?;
-    eprintln!("hvstats: wrote {}", args.output.display());
+    let _ = writeln!(std::io::stderr(), "hvstats: wrote {}", args.output.display());
     Ok(ExitCode::SUCCESS)
 }

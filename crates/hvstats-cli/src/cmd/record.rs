@@ -3,7 +3,7 @@
 //! sample. A progress bar shows on a terminal only.
 
 use std::fs::File;
-use std::io::BufWriter;
+use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -100,6 +100,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     bar.finish_and_clear();
-    eprintln!("hvstats: recorded {taken} samples to {}", args.output.display());
+    let _ = writeln!(std::io::stderr(), "hvstats: recorded {taken} samples to {}", args.output.display());
     Ok(ExitCode::SUCCESS)
 }

@@ -233,3 +233,45 @@ pub fn health(reading: &Reading) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmd::serve::bench::synthetic_reading;
+
+    fn lines_of<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
+        text.lines().filter(|l| l.starts_with(prefix)).collect()
+    }
+
+    #[test]
+    fn every_vp_is_a_series_under_the_cap_and_partition_sums_beyond_it() {
+        // 3 partitions of 2 VPs; VP `i` of partition `p` holds 1000 × (2p + i) + its page index.
+        let text = Exposition::new(synthetic_reading(3, 2), 4).encode().unwrap();
+        let hypercalls = lines_of(&text, "hvstats_vp_hypercalls_total{");
+        // Partitions 1 and 2 fit in 4 VPs; partition 3 is summed.
+        assert_eq!(hypercalls.len(), 5, "{text}");
+        let index = hvstats_abi::catalog::counters_of(ObjectKind::Vp)
+            .position(|c| c.id == hvstats_abi::catalog::vp::HYPERCALLS)
+            .unwrap() as u64;
+        let all = hypercalls.iter().find(|l| l.contains("vp=\"all\"")).unwrap();
+        assert!(all.contains("partition=\"3\""), "{all}");
+        assert!(all.ends_with(&format!(" {}", 4000 + index + 5000 + index)), "{all}");
+        assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn the_classic_format_names_counter_samples_and_drops_openmetrics_lines() {
+        let om = "# HELP hvstats_vp_hypercalls Hypercalls.\n# TYPE hvstats_vp_hypercalls counter\n\
+                  hvstats_vp_hypercalls_total{vp=\"0\"} 3\n# HELP hvstats_partition_gpa_bytes GPA.\n\
+                  # TYPE hvstats_partition_gpa_bytes gauge\n# UNIT hvstats_partition_gpa_bytes bytes\n\
+                  hvstats_partition_gpa_bytes 4096\n# EOF\n";
+        assert_eq!(
+            to_classic(om),
+            "# HELP hvstats_vp_hypercalls_total Hypercalls.\n# TYPE hvstats_vp_hypercalls_total counter\n\
+             hvstats_vp_hypercalls_total{vp=\"0\"} 3\n# HELP hvstats_partition_gpa_bytes GPA.\n\
+             # TYPE hvstats_partition_gpa_bytes gauge\nhvstats_partition_gpa_bytes 4096\n"
+        );
+        assert!(accepts_openmetrics("application/openmetrics-text;version=1.0.0,text/plain;q=0.5"));
+        assert!(!accepts_openmetrics("*/*"));
+    }
+}

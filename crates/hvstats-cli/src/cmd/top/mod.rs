@@ -68,7 +68,8 @@ fn once(live: &Live, interval: f64, json: bool) -> anyhow::Result<ExitCode> {
     let groups = table::groups(&before, &after);
     let mut out = std::io::stdout().lock();
     for problem in &after.problems {
-        eprintln!("hvstats: {problem}");
+        // A closed stderr loses the remark, not the table.
+        let _ = writeln!(std::io::stderr(), "hvstats: {problem}");
     }
     if json {
         serde_json::to_writer_pretty(&mut out, &table::json(&groups, seconds))?;

@@ -130,3 +130,71 @@ impl Widget for &App {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use hvstats::snapshot::ObjectReading;
+    use hvstats_abi::catalog::vp;
+    use ratatui::Terminal;
+    use ratatui::backend::TestBackend;
+
+    use super::*;
+    use crate::cmd::serve::bench::synthetic_reading;
+    use crate::cmd::top::app::Action;
+
+    fn screen(app: &App, width: u16, height: u16) -> Vec<String> {
+        let mut terminal = Terminal::new(TestBackend::new(width, height)).unwrap();
+        terminal.draw(|f| f.render_widget(app, f.area())).unwrap();
+        let buffer = terminal.backend().buffer();
+        (0..height)
+            .map(|y| (0..width).map(|x| buffer[(x, y)].symbol()).collect::<String>().trim_end().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn rows_show_rates_per_vp_under_the_partition_total_sorted_by_a_column() {
+        let before = synthetic_reading(1, 2);
+        let mut after = before.clone();
+        after.at = before.at + Duration::from_secs(2);
+        for (index, add) in [(0, 20), (1, 100)] {
+            let ObjectReading::Counters(values) = &mut after.instances[0].partitions[0].vps[index].reading
+            else {
+                unreachable!()
+            };
+            values.iter_mut().filter(|(c, _)| c.id == vp::HYPERCALLS).for_each(|(_, v)| *v += add);
+        }
+        let mut app = App::new("/run/hvstats".into(), Duration::from_secs(2));
+        app.sample(before);
+        app.sample(after);
+        let lines = screen(&app, 60, 8);
+        assert!(lines[0].starts_with("hvstats top — over 2.0 s"), "{lines:#?}");
+        assert!(lines[1].starts_with("VM / VP") && lines[1].contains("Hcall/s"), "{lines:#?}");
+        // Partition total 60/s, then VP 0 (10/s) and VP 1 (50/s) by name.
+        // The third cell from the right of the label: Run%, then Hcall/s.
+        let hcall = |line: &str| line.get(LABEL_WIDTH..)?.split_whitespace().nth(1).map(str::to_owned);
+        assert!(lines[2].starts_with("4242-1-0:1"), "{lines:#?}");
+        assert_eq!(hcall(&lines[2]).as_deref(), Some("60.0"));
+        assert!(lines[3].starts_with("  VP 0") && hcall(&lines[3]).as_deref() == Some("10.0"), "{lines:#?}");
+        assert!(lines[4].starts_with("  VP 1") && hcall(&lines[4]).as_deref() == Some("50.0"), "{lines:#?}");
+        app.update(Action::SortNext);
+        app.update(Action::SortNext);
+        let lines = screen(&app, 60, 8);
+        assert!(lines[3].starts_with("  VP 1"), "{lines:#?}");
+        assert!(lines[7].starts_with("o/O sort"), "{lines:#?}");
+        // 60 columns hold the label and the first few columns only.
+        assert_eq!(columns_that_fit(60), 4);
+        assert!(lines[1].ends_with("IO/s") && !lines[1].contains("CPUID"), "{lines:#?}");
+    }
+
+    #[test]
+    fn an_empty_runtime_directory_says_so() {
+        let mut app = App::new("/run/hvstats".into(), Duration::from_secs(1));
+        let mut empty = synthetic_reading(0, 0);
+        empty.instances.clear();
+        app.sample(empty);
+        let lines = screen(&app, 80, 5);
+        assert_eq!(lines[1], "no live hvstats instance under /run/hvstats");
+    }
+}
