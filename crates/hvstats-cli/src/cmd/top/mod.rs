@@ -12,11 +12,13 @@ pub mod ui;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
 
-use crate::cmd::live::Live;
+use crate::cmd::live::{Live, Reading};
 use app::App;
 
 /// Flags of `hvstats top`.
@@ -81,23 +83,55 @@ fn once(live: &Live, interval: f64, json: bool) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Reads every interval on its own thread, so a slow read never holds up keys or drawing.
+struct Sampler {
+    readings: mpsc::Receiver<anyhow::Result<Reading>>,
+    interval_ms: Arc<AtomicU64>,
+    paused: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Sampler {
+    fn start(live: Live, interval: Duration) -> Self {
+        let (tx, readings) = mpsc::channel();
+        let interval_ms = Arc::new(AtomicU64::new(interval.as_millis() as u64));
+        let (paused, stop) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+        let (ms, p, s) = (interval_ms.clone(), paused.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut last: Option<Instant> = None;
+            while !s.load(Ordering::Relaxed) {
+                let due =
+                    last.is_none_or(|t| t.elapsed() >= Duration::from_millis(ms.load(Ordering::Relaxed)));
+                if due && !p.load(Ordering::Relaxed) {
+                    last = Some(Instant::now());
+                    if tx.send(live.read()).is_err() {
+                        return;
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        Self { readings, interval_ms, paused, stop }
+    }
+}
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
 fn event_loop(terminal: &mut ratatui::DefaultTerminal, live: &Live, app: &mut App) -> anyhow::Result<()> {
-    let mut next_sample = Instant::now();
+    let sampler = Sampler::start(live.clone(), app.interval);
     loop {
-        if !app.paused && Instant::now() >= next_sample {
-            match live.read() {
+        while let Ok(reading) = sampler.readings.try_recv() {
+            match reading {
                 Ok(reading) => app.sample(reading),
                 Err(e) => app.message = Some(format!("{e:#}")),
             }
-            next_sample = Instant::now() + app.interval;
         }
         terminal.draw(|frame| frame.render_widget(&*app, frame.area()))?;
-        let wait = if app.paused {
-            Duration::from_millis(250)
-        } else {
-            next_sample.saturating_duration_since(Instant::now())
-        };
-        if !event::poll(wait)? {
+        if !event::poll(Duration::from_millis(100))? {
             continue;
         }
         match event::read()? {
@@ -113,10 +147,6 @@ fn event_loop(terminal: &mut ratatui::DefaultTerminal, live: &Live, app: &mut Ap
                         KeyCode::Char(c) => app.type_char(c),
                         _ => {}
                     }
-                    if app.prompt.is_none() {
-                        // A new interval takes effect now.
-                        next_sample = next_sample.min(Instant::now() + app.interval);
-                    }
                 } else if key.code == KeyCode::Esc && app.help {
                     app.help = false;
                 } else if let KeyCode::Char(c) = key.code {
@@ -124,6 +154,8 @@ fn event_loop(terminal: &mut ratatui::DefaultTerminal, live: &Live, app: &mut Ap
                         app.update(action);
                     }
                 }
+                sampler.interval_ms.store(app.interval.as_millis() as u64, Ordering::Relaxed);
+                sampler.paused.store(app.paused, Ordering::Relaxed);
                 if app.quit {
                     return Ok(());
                 }
