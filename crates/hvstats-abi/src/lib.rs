@@ -5,7 +5,8 @@
 //! counter's id, name, offset and help text is derived ([`catalog`]), the page writer and reader
 //! ([`page`]), the hypercall ABI of the stats calls ([`hypercall`], [`status`]), the typed counter
 //! sets of `WHvGetVirtualProcessorCounters` ([`whv`]) and the structures of
-//! `HalAllocateHardwareCounters` ([`hal`]).
+//! `HalAllocateHardwareCounters` ([`hal`]), and the boot contract between the VMM and its guest
+//! programs ([`boot`], [`apic`]).
 //!
 //! It is `no_std` and free of `unsafe`: every memory structure derives zerocopy's traits and has
 //! its size asserted beside it.
@@ -14,12 +15,16 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod apic;
+pub mod boot;
 pub mod catalog;
+pub mod cpuid;
 pub mod group;
 pub mod hal;
 pub mod hypercall;
 pub mod object;
 pub mod page;
+pub mod source;
 pub mod status;
 pub mod whv;
 
@@ -27,4 +32,4 @@ pub use catalog::{CATALOG, Counter, CounterId, GroupKind, Maintained, Presentati
 pub use group::{GroupHeader, GroupType, GroupVersion, MAX_COUNTERS_PER_GROUP, PAGE_SIZE};
 pub use object::{ObjectKind, StatsAreaType, StatsObjectIdentity, StatsObjectType};
 pub use page::{PageError, PageLayout, PageView, StatsPage};
-pub use status::HvStatus;
+pub use status::{HvError, HvResult, HvStatus};

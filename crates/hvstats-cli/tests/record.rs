@@ -56,7 +56,7 @@ fn record_known_guest(tmp: &TempDir) -> (std::path::PathBuf, String) {
     }
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let vm = format!("{}:{}", hv.published_dir().unwrap().file_name().unwrap().to_str().unwrap(), part.id());
+    let vm = format!("{}:{}", hv.published_name().unwrap(), part.id());
     (file, vm)
 }
 

@@ -76,7 +76,7 @@ fn published(dir: &Path, vps: u32) -> (Arc<Hypervisor>, Arc<PartitionStats>) {
 }
 
 fn instance_name(hv: &Hypervisor) -> String {
-    hv.published_dir().unwrap().file_name().unwrap().to_str().unwrap().to_owned()
+    hv.published_name().unwrap().to_string()
 }
 
 /// The value of the one sample line starting with `series` (name and labels, exactly).

@@ -87,7 +87,7 @@ fn once_text_lists_partitions_and_vps_or_says_there_is_nothing() {
     let (hv, part) = publish(tmp.path(), 3);
     let out = top(tmp.path(), &["--once", "--interval", "0.1"]);
     let text = String::from_utf8(out.stdout).unwrap();
-    let vm = format!("{}:{}", hv.published_dir().unwrap().file_name().unwrap().to_str().unwrap(), part.id());
+    let vm = format!("{}:{}", hv.published_name().unwrap(), part.id());
     assert!(text.lines().nth(1).unwrap().contains("CPUID/s"), "{text}");
     assert!(text.lines().any(|l| l.starts_with(&vm)), "{text}");
     for i in 0..3 {
@@ -166,7 +166,7 @@ fn top_in_tmux_shows_the_vps_of_a_live_partition_and_quits_on_q() {
     // Keep the pane after the command exits, to tell "quit" from "crashed".
     tmux.run(&["set-option", "-t", "top", "remain-on-exit", "on"]);
 
-    let vm = format!("{}:{}", hv.published_dir().unwrap().file_name().unwrap().to_str().unwrap(), part.id());
+    let vm = format!("{}:{}", hv.published_name().unwrap(), part.id());
     let screen = tmux.wait_for("VP 1");
     assert!(screen.contains("hvstats top"), "{screen}");
     assert!(screen.contains(&vm), "{screen}");

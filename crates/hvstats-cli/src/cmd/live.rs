@@ -1,14 +1,15 @@
 //! Readings of every live instance, for the operator surfaces (`top`, `serve`, `record`).
 //!
 //! Each surface asks this one module for "every instance now" and gets snapshots; how they are
-//! read — discovering the runtime directory again and mapping each page through the root's map
-//! rules — stays here, so a longer-lived reader replaces it without touching the surfaces.
+//! read stays here: one long-lived [`Attach`] that follows instances appearing and exiting and
+//! keeps each instance's arena mapped between readings.
 
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::Instant;
 
-use hvstats::attach::{self, RootReader};
-use hvstats::snapshot::{self, InstanceSnapshot, PartitionSnapshot, error_chain};
+use hvstats::attach::{Attach, Instance};
+use hvstats::snapshot::{InstanceSnapshot, PartitionSnapshot, error_chain};
 
 /// Every live instance at one moment.
 #[derive(Clone, Debug)]
@@ -33,16 +34,19 @@ impl Reading {
     }
 }
 
-/// The runtime directory the surfaces read.
-#[derive(Clone, Debug)]
+/// The reader of the runtime directory the surfaces show.
+#[derive(Debug)]
 pub struct Live {
     dir: PathBuf,
+    attach: Mutex<Attach>,
 }
 
 impl Live {
     /// A reader of the instances under `dir` (or the default runtime directory).
     pub fn new(dir: Option<PathBuf>) -> Self {
-        Self { dir: dir.unwrap_or_else(hvstats::runtime_dir::runtime_dir) }
+        let dir = dir.unwrap_or_else(hvstats::runtime_dir::runtime_dir);
+        let attach = Mutex::new(Attach::new(&dir));
+        Self { dir, attach }
     }
 
     /// The runtime directory.
@@ -54,20 +58,19 @@ impl Live {
     /// included, those that exited are not.
     ///
     /// # Errors
-    /// When the runtime directory exists but cannot be listed.
+    /// When the runtime directory fails its checks or cannot be listed.
     pub fn read(&self) -> anyhow::Result<Reading> {
-        let found = attach::discover(&self.dir)?;
-        let problems = found.problems.iter().map(|p| error_chain(p)).collect();
-        let instances = found
-            .instances
-            .into_iter()
-            .map(|instance| snapshot::take(&mut RootReader::new(instance)))
-            .collect();
+        // A reader that panicked mid-read left nothing half-done that matters: keep reading.
+        let mut attach = self.attach.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let changes = attach.refresh()?;
+        let problems = changes.problems.iter().map(|p| error_chain(p)).collect();
+        let instances = attach.instances_mut().map(Instance::snapshot).collect();
         Ok(Reading { at: Instant::now(), instances, problems })
     }
 
-    /// A partition's name for people and labels: `<instance>:<id>` until partitions carry names.
+    /// A partition's name for people and labels: its own name, or `<instance>:<id>` when it has
+    /// none.
     pub fn vm_name(instance: &str, partition: &PartitionSnapshot) -> String {
-        format!("{instance}:{}", partition.id)
+        if partition.name.is_empty() { format!("{instance}:{}", partition.id) } else { partition.name.clone() }
     }
 }

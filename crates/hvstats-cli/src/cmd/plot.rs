@@ -96,8 +96,15 @@ pub fn chart(recording: &Recording, counter: &'static Counter) -> Chart {
                     continue;
                 };
                 let Some(now) = &vp.values else { continue };
-                let paired = paired.map(|j| (then[j], now[j]));
-                let Some(shown) = present::over_interval(counter, then[i], now[i], b.t - a.t, paired) else {
+                let paired = match paired {
+                    Some(j) => match (then[j], now[j]) {
+                        (Some(x), Some(y)) => Some((x, y)),
+                        _ => continue,
+                    },
+                    None => None,
+                };
+                let (Some(before), Some(after)) = (then[i], now[i]) else { continue };
+                let Some(shown) = present::over_interval(counter, before, after, b.t - a.t, paired) else {
                     continue;
                 };
                 let value = if counter.presentation == Presentation::Cost {
@@ -133,7 +140,7 @@ pub fn busiest(recording: &Recording, n: usize) -> Vec<&'static Counter> {
         return Vec::new();
     };
     let total = |s: &crate::cmd::recording::Sample, i: usize| -> u64 {
-        s.partitions.iter().flat_map(|p| &p.vps).filter_map(|v| v.values.as_ref()?.get(i)).sum()
+        s.partitions.iter().flat_map(|p| &p.vps).filter_map(|v| *v.values.as_ref()?.get(i)?).sum()
     };
     let mut moved: Vec<(&'static Counter, u64)> = recording
         .vp_counters()

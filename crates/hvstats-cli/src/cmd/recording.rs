@@ -105,9 +105,10 @@ impl Header {
 pub struct VpSample {
     /// The VP index.
     pub vp: u32,
-    /// Values in the header's VP order; absent when the page could not be read.
+    /// Values in the header's VP order (`null` for a counter the publisher declares unavailable);
+    /// absent when the page could not be read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub values: Option<Vec<u64>>,
+    pub values: Option<Vec<Option<u64>>>,
     /// Why the page could not be read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unreadable: Option<String>,
@@ -124,9 +125,9 @@ pub struct PartitionSample {
     pub partition: u64,
     /// True while active.
     pub active: bool,
-    /// Values in the header's partition order; absent when unreadable.
+    /// Values in the header's partition order (`null` when unavailable); absent when unreadable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub values: Option<Vec<u64>>,
+    pub values: Option<Vec<Option<u64>>>,
     /// The VPs.
     pub vps: Vec<VpSample>,
 }
@@ -140,9 +141,10 @@ pub struct Sample {
     pub partitions: Vec<PartitionSample>,
 }
 
-fn values(reading: &ObjectReading) -> (Option<Vec<u64>>, Option<String>) {
+/// The values of `reading` in the catalog order of `kind`, as the header lists the counters.
+fn values(kind: ObjectKind, reading: &ObjectReading) -> (Option<Vec<Option<u64>>>, Option<String>) {
     match reading {
-        ObjectReading::Counters(values) => (Some(values.iter().map(|(_, v)| *v).collect()), None),
+        ObjectReading::Counters(_) => (Some(counters_of(kind).map(|c| reading.get(c.name)).collect()), None),
         ObjectReading::Unreadable { reason, .. } => (None, Some(reason.clone())),
     }
 }
@@ -159,12 +161,12 @@ impl Sample {
                 instance: i.name.clone(),
                 partition: p.id,
                 active: p.active,
-                values: values(&p.reading).0,
+                values: values(ObjectKind::Partition, &p.reading).0,
                 vps: p
                     .vps
                     .iter()
                     .map(|vp| {
-                        let (values, unreadable) = values(&vp.reading);
+                        let (values, unreadable) = values(ObjectKind::Vp, &vp.reading);
                         VpSample { vp: vp.index, values, unreadable }
                     })
                     .collect(),

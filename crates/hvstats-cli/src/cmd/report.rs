@@ -42,7 +42,7 @@ pub struct VpReport {
     pub json: Value,
 }
 
-fn vp_values<'a>(sample: &'a Sample, vm: &str, vp: u32) -> Option<&'a Vec<u64>> {
+fn vp_values<'a>(sample: &'a Sample, vm: &str, vp: u32) -> Option<&'a Vec<Option<u64>>> {
     sample.partitions.iter().find(|p| p.vm == vm)?.vps.iter().find(|v| v.vp == vp)?.values.as_ref()
 }
 
@@ -61,7 +61,7 @@ pub fn reports(recording: &Recording) -> Vec<VpReport> {
     let counters = recording.vp_counters();
     keys.into_iter()
         .filter_map(|(vm, instance, partition, vp)| {
-            let with: Vec<(&Sample, &Vec<u64>)> =
+            let with: Vec<(&Sample, &Vec<Option<u64>>)> =
                 recording.samples.iter().filter_map(|s| Some((s, vp_values(s, &vm, vp)?))).collect();
             let ((first_sample, first), (last_sample, last)) = (*with.first()?, *with.last()?);
             let seconds = last_sample.t - first_sample.t;
@@ -72,19 +72,23 @@ pub fn reports(recording: &Recording) -> Vec<VpReport> {
             let mut costs = Map::new();
             for (i, (info, counter)) in counters.iter().enumerate() {
                 let name = info.name.clone();
+                // Not maintained on KVM, or declared unavailable by the publisher: unknown.
+                let (Some(before), Some(after)) = (first[i], last[i]) else {
+                    cumulative.insert(name, Value::Null);
+                    continue;
+                };
                 if !info.maintained {
                     cumulative.insert(name, Value::Null);
                     continue;
                 }
-                cumulative.insert(name.clone(), json!(last[i]));
-                deltas.insert(name.clone(), json!(last[i].checked_sub(first[i])));
+                cumulative.insert(name.clone(), json!(after));
+                deltas.insert(name.clone(), json!(after.checked_sub(before)));
                 let Some(counter) = counter else { continue };
                 let paired = counter.paired_count().and_then(|p| {
                     let j = counters.iter().position(|(c, _)| c.name == p.name)?;
-                    Some((first[j], last[j]))
+                    Some((first[j]?, last[j]?))
                 });
-                let shown =
-                    present::over_interval(counter, first[i], last[i], seconds, paired).map(|p| p.value);
+                let shown = present::over_interval(counter, before, after, seconds, paired).map(|p| p.value);
                 match counter.presentation {
                     Presentation::Rate => rates.insert(name, json!(shown)),
                     Presentation::PercentTime => percent.insert(name, json!(shown)),

@@ -6,96 +6,99 @@
 //! mounted at `/sys/kernel/tracing` when it is absent (that needs root); when that is impossible the
 //! counters are unavailable and the reason is kept, never guessed.
 
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use hvstats::perf_event::{PerfCounter, TYPE_TRACEPOINT};
+use hvstats_abi::apic;
 
-/// The KVM tracepoints hvstats counts (some twice, with a filter).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Tracepoint {
-    /// `kvm_cpuid`: CPUID handled in the kernel.
-    Cpuid,
-    /// `kvm_msr`: RDMSR/WRMSR handled in the kernel.
-    Msr,
-    /// `kvm_pio`: every port access (in the kernel or passed to userspace).
-    Pio,
-    /// `kvm_cr`: control register accesses.
-    Cr,
-    /// `kvm_mmio` filtered on the local APIC page: guest accesses to APIC registers. (`kvm_apic`
-    /// would also count EOIs some KVM backends perform themselves when injecting an interrupt.)
-    ApicMmio,
-    /// `kvm_mmio` filtered on the APIC TPR register.
-    ApicTpr,
-    /// `kvm_mmio` filtered on writes of the APIC EOI register.
-    ApicEoi,
-    /// `kvm_apic_ipi`: IPIs sent.
-    ApicIpi,
-    /// `kvm_apic_ipi` filtered on the "self" destination shorthand.
-    ApicSelfIpi,
-    /// `kvm_inj_exception`: exceptions injected.
-    InjException,
-    /// `kvm_page_fault`: page faults KVM intercepted.
-    PageFault,
-}
+use crate::sys;
 
-impl Tracepoint {
-    /// Every tracepoint, in index order.
-    pub const ALL: [Tracepoint; 11] = [
-        Tracepoint::Cpuid,
-        Tracepoint::Msr,
-        Tracepoint::Pio,
-        Tracepoint::Cr,
-        Tracepoint::ApicMmio,
-        Tracepoint::ApicTpr,
-        Tracepoint::ApicEoi,
-        Tracepoint::ApicIpi,
-        Tracepoint::ApicSelfIpi,
-        Tracepoint::InjException,
-        Tracepoint::PageFault,
-    ];
+pub use hvstats_abi::source::Tracepoint;
 
-    /// The event name under `events/kvm/`.
-    pub const fn event(self) -> &'static str {
-        match self {
-            Tracepoint::Cpuid => "kvm_cpuid",
-            Tracepoint::Msr => "kvm_msr",
-            Tracepoint::Pio => "kvm_pio",
-            Tracepoint::Cr => "kvm_cr",
-            Tracepoint::ApicMmio | Tracepoint::ApicTpr | Tracepoint::ApicEoi => "kvm_mmio",
-            Tracepoint::ApicIpi | Tracepoint::ApicSelfIpi => "kvm_apic_ipi",
-            Tracepoint::InjException => "kvm_inj_exception",
-            Tracepoint::PageFault => "kvm_page_fault",
-        }
-    }
-
-    /// The ftrace filter that narrows the event, if any.
-    pub const fn filter(self) -> Option<&'static str> {
-        match self {
-            // kvm_mmio type: 0 unsatisfied read (the read is then traced again), 1 read, 2 write.
-            // The local APIC at its default base 0xFEE00000.
-            Tracepoint::ApicMmio => Some("gpa >= 0xfee00000 && gpa < 0xfee01000 && type != 0"),
-            Tracepoint::ApicTpr => Some("gpa == 0xfee00080 && type != 0"),
-            Tracepoint::ApicEoi => Some("gpa == 0xfee000b0 && type == 2"),
-            // Destination shorthand (ICR bits 19:18) = 01, "self".
-            Tracepoint::ApicSelfIpi => Some("(icr_low & 262144) && !(icr_low & 524288)"),
-            _ => None,
-        }
-    }
-
-    /// The index of the tracepoint in [`Tracepoint::ALL`].
-    pub const fn index(self) -> usize {
-        self as usize
+/// The ftrace filter that narrows `tp`'s event, if any, written from the ABI's APIC facts.
+pub fn filter(tp: Tracepoint) -> Option<String> {
+    // kvm_mmio type: 0 unsatisfied read (the read is then traced again), 1 read, 2 write.
+    let (page, end) = (apic::APIC_BASE, apic::APIC_BASE + apic::APIC_PAGE_SIZE);
+    match tp {
+        Tracepoint::ApicMmio => Some(format!("gpa >= {page:#x} && gpa < {end:#x} && type != 0")),
+        Tracepoint::ApicTpr => Some(format!("gpa == {:#x} && type != 0", apic::APIC_TPR)),
+        Tracepoint::ApicEoi => Some(format!("gpa == {:#x} && type == 2", apic::APIC_EOI)),
+        // Destination shorthand (ICR bits 19:18) = 01, "self".
+        Tracepoint::ApicSelfIpi => Some(format!(
+            "(icr_low & {}) && !(icr_low & {})",
+            apic::ICR_SELF,
+            apic::ICR_SHORTHAND_MASK & !apic::ICR_SELF
+        )),
+        _ => None,
     }
 }
 
-/// Where tracefs is, mounting it when needed; the error says why it is unavailable.
-pub fn tracefs() -> Result<&'static Path, String> {
-    static ROOT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    ROOT.get_or_init(find_or_mount).as_ref().map(|p| p.as_path()).map_err(Clone::clone)
+/// Why tracefs, and with it every tracepoint counter, is unavailable.
+#[derive(Debug, thiserror::Error)]
+pub enum TracefsError {
+    /// It is not mounted, and mounting it failed (mounting needs root).
+    #[error("tracefs is not mounted and mounting it at /sys/kernel/tracing failed: {0}")]
+    Mount(#[source] io::Error),
+    /// It is mounted but has no KVM events.
+    #[error("tracefs has no kvm events (is the kvm module loaded?)")]
+    NoKvmEvents,
 }
 
-fn find_or_mount() -> Result<PathBuf, String> {
+/// Why one tracepoint counter is unavailable.
+#[derive(Debug, thiserror::Error)]
+pub enum TracepointError {
+    /// tracefs is unavailable.
+    #[error(transparent)]
+    Tracefs(&'static TracefsError),
+    /// The event's id cannot be read.
+    #[error("{}: {source}", path.display())]
+    EventId {
+        /// The id file.
+        path: PathBuf,
+        /// The read error.
+        #[source]
+        source: io::Error,
+    },
+    /// The event's id file does not hold a number.
+    #[error("{}: not a number", path.display())]
+    EventIdFormat {
+        /// The id file.
+        path: PathBuf,
+    },
+    /// perf_event_open refused the counter.
+    #[error("perf_event_open of kvm:{event}: {source}")]
+    Open {
+        /// The event.
+        event: &'static str,
+        /// The kernel's error.
+        #[source]
+        source: io::Error,
+    },
+    /// The kernel refused the event's filter.
+    #[error("filter {filter:?} on kvm:{event}: {source}")]
+    Filter {
+        /// The filter.
+        filter: String,
+        /// The event.
+        event: &'static str,
+        /// The kernel's error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Where tracefs is, mounting it when needed.
+///
+/// # Errors
+/// Why it is unavailable (found once per process).
+pub fn tracefs() -> Result<&'static Path, &'static TracefsError> {
+    static ROOT: OnceLock<Result<PathBuf, TracefsError>> = OnceLock::new();
+    ROOT.get_or_init(find_or_mount).as_ref().map(|p| p.as_path())
+}
+
+fn find_or_mount() -> Result<PathBuf, TracefsError> {
     for root in ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"] {
         if Path::new(root).join("events/kvm").is_dir() {
             return Ok(PathBuf::from(root));
@@ -106,23 +109,19 @@ fn find_or_mount() -> Result<PathBuf, String> {
     let r = unsafe {
         libc::mount(c"tracefs".as_ptr(), target.as_ptr(), c"tracefs".as_ptr(), 0, std::ptr::null())
     };
-    if r != 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(format!("tracefs is not mounted and mounting it at /sys/kernel/tracing failed: {e}"));
-    }
+    sys::check(r).map_err(TracefsError::Mount)?;
     let root = PathBuf::from("/sys/kernel/tracing");
-    if root.join("events/kvm").is_dir() {
-        Ok(root)
-    } else {
-        Err("tracefs has no kvm events (is the kvm module loaded?)".into())
-    }
+    if root.join("events/kvm").is_dir() { Ok(root) } else { Err(TracefsError::NoKvmEvents) }
 }
 
-fn event_id(tp: Tracepoint) -> Result<u64, String> {
-    let root = tracefs()?;
+fn event_id(tp: Tracepoint) -> Result<u64, TracepointError> {
+    let root = tracefs().map_err(TracepointError::Tracefs)?;
     let path = root.join("events/kvm").join(tp.event()).join("id");
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    text.trim().parse().map_err(|_| format!("{}: not a number", path.display()))
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(source) => return Err(TracepointError::EventId { path, source }),
+    };
+    text.trim().parse().map_err(|_| TracepointError::EventIdFormat { path })
 }
 
 /// Words of a group read of every tracepoint: `nr`, then a value and an id per event.
@@ -144,7 +143,7 @@ enum Counter {
 /// opens is the leader), so that a single `read` gives all of them.
 #[derive(Debug)]
 pub struct VpTracepoints {
-    counters: Vec<Result<Counter, String>>,
+    counters: Vec<Result<Counter, TracepointError>>,
     /// Index in `counters` of the group leader, if any counter opened.
     leader: Option<usize>,
 }
@@ -153,7 +152,7 @@ impl VpTracepoints {
     /// Opens every tracepoint counter for thread `tid`; a counter that cannot be opened keeps the
     /// reason.
     pub fn open(tid: libc::pid_t) -> Self {
-        let mut counters: Vec<Result<Counter, String>> = Vec::with_capacity(Tracepoint::ALL.len());
+        let mut counters: Vec<Result<Counter, TracepointError>> = Vec::with_capacity(Tracepoint::ALL.len());
         let mut leader: Option<usize> = None;
         for tp in Tracepoint::ALL {
             let group = leader.and_then(|i| match &counters[i] {
@@ -169,9 +168,13 @@ impl VpTracepoints {
         Self { counters, leader }
     }
 
-    fn open_one(tp: Tracepoint, tid: libc::pid_t, leader: Option<&PerfCounter>) -> Result<Counter, String> {
+    fn open_one(
+        tp: Tracepoint,
+        tid: libc::pid_t,
+        leader: Option<&PerfCounter>,
+    ) -> Result<Counter, TracepointError> {
         let id = event_id(tp)?;
-        let open_err = |e| format!("perf_event_open of kvm:{}: {e}", tp.event());
+        let open_err = |source| TracepointError::Open { event: tp.event(), source };
         let counter = match PerfCounter::open_in_group(TYPE_TRACEPOINT, id, tid, leader) {
             Ok(c) => match c.id() {
                 Ok(event) => Counter::Grouped { counter: c, id: event },
@@ -184,11 +187,13 @@ impl VpTracepoints {
             }
             Err(e) => return Err(open_err(e)),
         };
-        if let Some(f) = tp.filter() {
+        if let Some(f) = filter(tp) {
             let c = match &counter {
                 Counter::Grouped { counter, .. } | Counter::Alone(counter) => counter,
             };
-            c.set_filter(f).map_err(|e| format!("filter {f:?} on kvm:{}: {e}", tp.event()))?;
+            if let Err(source) = c.set_filter(&f) {
+                return Err(TracepointError::Filter { filter: f, event: tp.event(), source });
+            }
         }
         Ok(counter)
     }
@@ -222,7 +227,22 @@ impl VpTracepoints {
     }
 
     /// Why `tp` is unavailable, if it is.
-    pub fn unavailable(&self, tp: Tracepoint) -> Option<&str> {
-        self.counters[tp.index()].as_ref().err().map(String::as_str)
+    pub fn unavailable(&self, tp: Tracepoint) -> Option<&TracepointError> {
+        self.counters[tp.index()].as_ref().err()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filters_written_from_the_apic_facts_are_the_ones_kvm_was_given_before() {
+        let f = |tp| filter(tp).unwrap_or_default();
+        assert_eq!(f(Tracepoint::ApicMmio), "gpa >= 0xfee00000 && gpa < 0xfee01000 && type != 0");
+        assert_eq!(f(Tracepoint::ApicTpr), "gpa == 0xfee00080 && type != 0");
+        assert_eq!(f(Tracepoint::ApicEoi), "gpa == 0xfee000b0 && type == 2");
+        assert_eq!(f(Tracepoint::ApicSelfIpi), "(icr_low & 262144) && !(icr_low & 524288)");
+        assert_eq!(filter(Tracepoint::Cpuid), None);
     }
 }

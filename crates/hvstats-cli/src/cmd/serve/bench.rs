@@ -26,6 +26,8 @@ pub fn synthetic_reading(partitions: u32, vps_each: u32) -> Reading {
         .map(|p| PartitionSnapshot {
             id: u64::from(p) + 1,
             active: true,
+            name: String::new(),
+            stopped: None,
             reading: counters(u64::from(p), ObjectKind::Partition),
             vps: (0..vps_each)
                 .map(|index| VpSnapshot {
@@ -38,6 +40,7 @@ pub fn synthetic_reading(partitions: u32, vps_each: u32) -> Reading {
     let instance = InstanceSnapshot {
         name: "4242-1-0".into(),
         pid: 4242,
+        description: Default::default(),
         hypervisor: counters(0, ObjectKind::Hypervisor),
         lps: Vec::new(),
         partitions,

@@ -175,18 +175,21 @@ impl Exposition {
     }
 }
 
-/// The readable VPs of `partition` summed counter by counter (`None` when none was readable).
+/// The readable VPs of `partition` summed counter by counter (`None` when none was readable). A
+/// counter some VP does not have is left out of the sum.
 pub fn summed(partition: &PartitionSnapshot) -> Option<ObjectReading> {
     let mut sum: Option<Vec<(&'static hvstats_abi::Counter, u64)>> = None;
     for vp in &partition.vps {
         let ObjectReading::Counters(values) = &vp.reading else { continue };
         match &mut sum {
             None => sum = Some(values.clone()),
-            Some(sum) => {
-                for ((_, total), (_, v)) in sum.iter_mut().zip(values) {
-                    *total = total.wrapping_add(*v);
+            Some(sum) => sum.retain_mut(|(c, total)| match vp.reading.get(c.name) {
+                Some(v) => {
+                    *total = total.wrapping_add(v);
+                    true
                 }
-            }
+                None => false,
+            }),
         }
     }
     sum.map(ObjectReading::Counters)

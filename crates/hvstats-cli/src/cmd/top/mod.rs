@@ -57,7 +57,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let mut app = App::new(live.dir().display().to_string(), Duration::from_secs_f64(args.interval));
     let mut terminal = ratatui::init();
-    let result = event_loop(&mut terminal, &live, &mut app);
+    let result = event_loop(&mut terminal, live, &mut app);
     ratatui::restore();
     result.map(|()| ExitCode::SUCCESS)
 }
@@ -121,8 +121,8 @@ impl Drop for Sampler {
     }
 }
 
-fn event_loop(terminal: &mut ratatui::DefaultTerminal, live: &Live, app: &mut App) -> anyhow::Result<()> {
-    let sampler = Sampler::start(live.clone(), app.interval);
+fn event_loop(terminal: &mut ratatui::DefaultTerminal, live: Live, app: &mut App) -> anyhow::Result<()> {
+    let sampler = Sampler::start(live, app.interval);
     loop {
         while let Ok(reading) = sampler.readings.try_recv() {
             match reading {
