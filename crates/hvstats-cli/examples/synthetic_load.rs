@@ -22,7 +22,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let seconds: f64 = args.next().map_or(Ok(30.0), |s| s.parse())?;
     std::fs::create_dir_all(&dir)?;
     let hv = Hypervisor::new_published(&dir)?;
-    let partitions = [hv.create_partition(2)?, hv.create_partition(4)?];
+    let partitions = [hv.create_partition_named(2, "web-1")?, hv.create_partition_named(4, "db-1")?];
     let tick = Duration::from_millis(100);
     let start = Instant::now();
     let mut ticks = 0u64;

@@ -177,6 +177,22 @@ fn past_the_vp_cap_a_partition_exports_the_sum_of_its_vps() {
 }
 
 #[test]
+fn a_named_partition_is_its_vm_label() {
+    let tmp = TempDir::new("serve-named");
+    let (hv, _) = published(tmp.path(), 1);
+    let web = hv.create_partition_named(2, "web-1").unwrap();
+    web.vp_page(1).unwrap().set(vp::HYPERCALLS, 31);
+    let (_serve, addr) = serve(tmp.path(), &[]);
+    let text = get(addr, "/metrics").2;
+    let i = instance_name(&hv);
+    let series = format!(
+        "hvstats_vp_hypercalls_total{{instance=\"{i}\",vm=\"web-1\",partition=\"{}\",vp=\"1\"}}",
+        web.id()
+    );
+    assert_eq!(sample(&text, &series).as_deref(), Some("31"), "{text}");
+}
+
+#[test]
 fn an_empty_runtime_directory_serves_an_empty_exposition_and_a_missing_one_is_an_error() {
     let tmp = TempDir::new("serve-empty");
     let (_serve, addr) = serve(tmp.path(), &[]);

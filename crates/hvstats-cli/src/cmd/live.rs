@@ -71,6 +71,10 @@ impl Live {
     /// A partition's name for people and labels: its own name, or `<instance>:<id>` when it has
     /// none.
     pub fn vm_name(instance: &str, partition: &PartitionSnapshot) -> String {
-        if partition.name.is_empty() { format!("{instance}:{}", partition.id) } else { partition.name.clone() }
+        if partition.name.is_empty() {
+            format!("{instance}:{}", partition.id)
+        } else {
+            partition.name.clone()
+        }
     }
 }
