@@ -24,6 +24,7 @@ pub mod handlers;
 pub mod hyperv;
 pub mod memory;
 pub mod modes;
+pub mod observe;
 pub mod partition;
 #[cfg(test)]
 mod source_tables;

@@ -5,6 +5,7 @@ pub mod catalog;
 pub mod dump;
 pub mod hwc;
 pub mod live;
+pub mod observe;
 pub mod plot;
 pub mod record;
 pub mod recording;
