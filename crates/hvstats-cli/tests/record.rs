@@ -26,7 +26,7 @@ fn path(p: &Path) -> &str {
 }
 
 /// Records 1.5 s of a 2-VP partition that makes 600 I/O exits (4.2 µs each) and 9 hypercalls on
-/// VP 1 while recorded; returns the recording's path and the VM name.
+/// VP 1 between the first and last sample; returns the recording's path and the VM name.
 fn record_known_guest(tmp: &TempDir) -> (std::path::PathBuf, String) {
     let hv = Hypervisor::with_config(InstanceConfig {
         runtime_dir: Some(tmp.path().join("run")),
@@ -47,7 +47,12 @@ fn record_known_guest(tmp: &TempDir) -> (std::path::PathBuf, String) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // Spread over the recording, between its first and last sample.
+    // Once the first sample is on file, spread the traffic over the recording, before its last.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::fs::read_to_string(&file).map_or(0, |t| t.lines().count()) < 2 {
+        assert!(std::time::Instant::now() < deadline, "no first sample");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     for _ in 0..3 {
         std::thread::sleep(Duration::from_millis(300));
         page.add(vp::IO_INSTRUCTIONS, 200);
