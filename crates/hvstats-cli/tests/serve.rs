@@ -177,6 +177,29 @@ fn past_the_vp_cap_a_partition_exports_the_sum_of_its_vps() {
 }
 
 #[test]
+fn observe_all_embeds_an_observer_instance_beside_the_others() {
+    let tmp = TempDir::new("serve-observe");
+    let (_hv, _) = published(tmp.path(), 1);
+    let (_serve, addr) = serve(tmp.path(), &["--observe-all", "--observe-interval", "0.2"]);
+    // The observer publishes its own instance (with a partition per KVM VM of other processes;
+    // this host runs none), which the exporter reads like any other.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, _, body) = get(addr, "/healthz");
+        if (status, body.as_str()) == (200, "ok: 2 instances, 1 VPs\n") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{status} {body}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (_, _, body) = get(addr, "/api/v1/snapshot");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let kinds: Vec<&str> =
+        v["instances"].as_array().unwrap().iter().filter_map(|i| i["kind"].as_str()).collect();
+    assert!(kinds.contains(&"observer"), "{body}");
+}
+
+#[test]
 fn a_named_partition_is_its_vm_label() {
     let tmp = TempDir::new("serve-named");
     let (hv, _) = published(tmp.path(), 1);

@@ -11,6 +11,7 @@
 #[allow(dead_code)]
 pub mod bench;
 pub mod exposition;
+pub mod observe;
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -43,6 +44,21 @@ pub struct Args {
     /// sum per partition (`vp="all"`).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_VPS)]
     max_vps: usize,
+    /// Also observe every KVM VM other processes run on this host (as `hvstats observe --all`),
+    /// so this one exporter shows them all.
+    #[arg(long)]
+    observe_all: bool,
+    /// With --observe-all: seconds between refreshes of the observed VMs' pages.
+    #[arg(long, value_name = "SECS", default_value_t = 1.0, requires = "observe_all",
+          value_parser = parse_observe_interval)]
+    observe_interval: f64,
+}
+
+fn parse_observe_interval(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.01..=3600.0).contains(&v) => Ok(v),
+        _ => Err(format!("{s:?}: the interval is a number of seconds from 0.01 to 3600")),
+    }
 }
 
 /// What one request gets.
@@ -121,6 +137,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let live = Live::new(args.runtime_dir);
     if !live.dir().exists() {
         anyhow::bail!("runtime directory {} does not exist", live.dir().display());
+    }
+    if args.observe_all {
+        observe::start(live.dir(), std::time::Duration::from_secs_f64(args.observe_interval))?;
     }
     let server =
         Server::http(args.listen).map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
