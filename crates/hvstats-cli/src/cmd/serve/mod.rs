@@ -7,8 +7,6 @@
 //! enough, each host runs `serve` and Prometheus aggregates: the exporter keeps no state between
 //! scrapes.
 
-// Its rows join `bench --json` once that command collects rows from other modules.
-#[allow(dead_code)]
 pub mod bench;
 pub mod exposition;
 pub mod observe;
