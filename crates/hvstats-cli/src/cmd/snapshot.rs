@@ -333,6 +333,11 @@ fn instance_json(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>) -> Value {
     })
 }
 
+/// The JSON of one instance as `snapshot --json` prints it, for other commands.
+pub(crate) fn snapshot_json(s: &InstanceSnapshot) -> Value {
+    instance_json(s, None)
+}
+
 fn partition_json(p: &PartitionSnapshot, earlier: Option<Earlier<'_>>) -> Value {
     let then = |find: &dyn Fn(&InstanceSnapshot) -> Option<&ObjectReading>| {
         earlier.map(|e| (find(e.snapshot), e.seconds))
