@@ -36,10 +36,7 @@ pub struct Args {
 }
 
 fn parse_interval(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v > 0.0 && v <= 3600.0 => Ok(v),
-        _ => Err(format!("{s:?}: the interval is a number of seconds, above 0 and at most 3600")),
-    }
+    super::parse_interval(s)
 }
 
 /// The earlier reading of an interval and its length, when there is one.
@@ -86,7 +83,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 }
 
 fn run_inner(args: Args) -> anyhow::Result<ExitCode> {
-    let dir = args.runtime_dir.unwrap_or_else(hvstats::runtime_dir::runtime_dir);
+    let dir = super::runtime_dir(args.runtime_dir)?;
     let mut attach = Attach::new(&dir);
     let changes = attach.refresh()?;
     for removed in &changes.removed_dead {
@@ -331,6 +328,11 @@ fn instance_json(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>) -> Value {
         "lps": lps,
         "partitions": partitions,
     })
+}
+
+/// The JSON of one instance as `snapshot --json` prints it, for other commands.
+pub(crate) fn snapshot_json(s: &InstanceSnapshot) -> Value {
+    instance_json(s, None)
 }
 
 fn partition_json(p: &PartitionSnapshot, earlier: Option<Earlier<'_>>) -> Value {
