@@ -34,6 +34,8 @@ use hvstats_kvm::enlightenment::HyperV;
 use hvstats_kvm::{Handlers, Partition, PartitionConfig};
 use serde_json::{Value, json};
 
+use crate::output::{self, note};
+
 /// Run time per exit of a one-VP long-mode guest doing `exits` OUTs to the sink port (each one a
 /// userspace exit), the exit port write included.
 fn exit_round_trip(hv: &Arc<Hypervisor>, exits: u32, accounting: bool) -> anyhow::Result<Duration> {
@@ -354,7 +356,7 @@ fn snapshot_row(rounds: u32, partitions: u32) -> anyhow::Result<Row> {
             if std::env::var_os("HVSTATS_BENCH_TRACE").is_some() {
                 let t = CpuClock::now();
                 drop(snapshot);
-                eprintln!("snapshot {elapsed:.1} ms, dropping it {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
+                note!("snapshot {elapsed:.1} ms, dropping it {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
             }
             elapsed
         },
@@ -498,9 +500,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    let written = (|| -> std::io::Result<()> {
+    output::with_stdout(|out| {
         if args.json {
             for row in &rows {
                 writeln!(out, "{}", row.json())?;
@@ -523,10 +523,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        out.flush()
-    })();
-    match written {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
-        other => other.map(|()| ExitCode::SUCCESS).context("writing the report"),
-    }
+        Ok(())
+    })?;
+    Ok(ExitCode::SUCCESS)
 }
