@@ -50,6 +50,10 @@ pub struct Args {
     /// Hypercalls per guest run (as many runs as --rounds).
     #[arg(long, default_value_t = 5_000)]
     hypercalls: u32,
+    /// Only what `hvstats observe` costs, as JSON rows (one per line): the observed guest's exit
+    /// rate with and without the observer, and a counted thread's event rate.
+    #[arg(long)]
+    observe: bool,
 }
 
 /// Run time per hypercall of a one-VP enlightened guest making `n` HvCallNotifyLongSpinWait.
@@ -76,6 +80,12 @@ fn median(mut v: Vec<Duration>) -> Duration {
 
 /// Runs `hvstats bench`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if args.observe {
+        for row in super::observe::bench_rows() {
+            println!("{row}");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     anyhow::ensure!(
         args.exits > 0 && args.rounds > 0 && args.hypercalls > 0,
         "--exits, --rounds and --hypercalls must be positive"
