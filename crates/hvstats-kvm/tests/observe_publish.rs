@@ -233,3 +233,42 @@ fn counters_that_cannot_be_opened_on_a_vcpu_thread_are_unavailable_not_zero() {
         assert!(unavailable.contains(&c), "{c:?}");
     }
 }
+
+#[test]
+fn a_hundred_vms_with_all_hold_a_bounded_number_of_descriptors_and_come_and_go() {
+    let tmp = TempDir::new("observe-hundred");
+    hvstats_kvm::observe::raise_fd_limit().unwrap();
+    let (tid, _spin, _done) = spinner();
+    // A hundred Firecracker processes, each with one vCPU whose thread is a real thread here.
+    let fakes: Vec<FakeProcess> = (0..100)
+        .map(|i| {
+            let pid = 200_000 + i;
+            let id = format!("fc-{i}");
+            let f = FakeProcess::new(tmp.path(), pid, &["firecracker", "--id", &id], "firecracker");
+            f.fd(4, "anon_inode:kvm-vm").fd(5, "anon_inode:kvm-vcpu:0");
+            f.thread(tid, "fc_vcpu 0", 0);
+            f
+        })
+        .collect();
+    let hv = Hypervisor::new().unwrap();
+    let mut observer =
+        Observer::new(hv.clone(), Procfs::at(tmp.path(), None), Targets::All, ObserveOptions::default());
+    let events = observer.tick();
+    let attached = events.iter().filter(|e| matches!(e, ObserverEvent::Attached { .. })).count();
+    assert_eq!(attached, 100);
+    assert_eq!(hv.partitions().len(), 100);
+    let per_vcpu = vm_events(None).len();
+    assert_eq!(observer.fds(), 100 * per_vcpu, "{per_vcpu} per one-vCPU VM");
+    let mut names: Vec<String> = observer.vms().map(|v| v.name().to_owned()).collect();
+    names.sort();
+    assert_eq!(names.first().map(String::as_str), Some("fc-0"));
+    assert!(observer.tick().is_empty(), "a second pass changes nothing");
+    // Half of them exit: all detached within one interval.
+    for f in &fakes[..50] {
+        f.set_state('Z');
+    }
+    let events = observer.tick();
+    assert_eq!(events.iter().filter(|e| matches!(e, ObserverEvent::Detached { .. })).count(), 50);
+    assert_eq!(hv.partitions().len(), 50);
+    assert_eq!(observer.fds(), 50 * per_vcpu);
+}
