@@ -196,8 +196,8 @@ fn the_counting_cost_row_counts_every_call_it_times() {
     if getppid_events().is_none() {
         return;
     }
-    // The row refuses to give a rate unless the counted thread's count is exact.
-    let row = overhead::counting_row(1, 5_000).unwrap();
-    assert_eq!(row["name"], overhead::COUNTING_ROW);
-    assert!(row["ours"].as_f64().unwrap() > 0.0 && row["baseline"].as_f64().unwrap() > 0.0, "{row}");
+    // The measurement refuses to give a rate unless the counted thread's count is exact.
+    let rates = overhead::counted_event_rate_on_vs_off(1, 5_000).unwrap();
+    assert_eq!((rates.observed.len(), rates.unobserved.len()), (1, 1));
+    assert!(rates.ratio() > 0.0, "{rates:?}");
 }

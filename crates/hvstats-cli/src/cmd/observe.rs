@@ -177,16 +177,3 @@ mod termination {
         }
     }
 }
-
-/// The `bench --json` rows of what observing costs: the guest exit rate of a QEMU with KVM
-/// observed and not, and (runnable without KVM) the event rate of a thread counted and not. A
-/// row that cannot be measured here says why instead of giving numbers.
-pub fn bench_rows() -> Vec<serde_json::Value> {
-    use hvstats_kvm::observe::overhead;
-    let guest = overhead::bench_row(5, Duration::from_secs(2)).unwrap_or_else(
-        |e| serde_json::json!({ "name": overhead::BENCH_ROW, "skipped": hvstats::snapshot::error_chain(&e) }),
-    );
-    let counting = overhead::counting_row(10, 200_000)
-        .unwrap_or_else(|e| serde_json::json!({ "name": overhead::COUNTING_ROW, "skipped": e }));
-    vec![guest, counting]
-}

@@ -158,30 +158,10 @@ pub fn guest_exit_rate_on_vs_off(
     Ok(rates)
 }
 
-/// The `bench --json` row name.
-pub const BENCH_ROW: &str = "observe-guest-exit-rate-on-vs-off";
+/// The `bench --json` row name of [`guest_exit_rate_on_vs_off`].
+pub const GUEST_ROW: &str = "observe-guest-exit-rate-on-vs-off";
 
-/// The `bench --json` row: the observed guest's exit rate with the observer (`ours`) and without
-/// (`baseline`), and their ratio (goal ≥ 0.98).
-///
-/// # Errors
-/// As [`guest_exit_rate_on_vs_off`].
-pub fn bench_row(rounds: u32, window: Duration) -> Result<serde_json::Value, OverheadError> {
-    let rates = guest_exit_rate_on_vs_off(rounds, window, Duration::from_secs(1))?;
-    let (on, off) = rates.medians();
-    Ok(serde_json::json!({
-        "name": BENCH_ROW,
-        "ours": on,
-        "baseline": off,
-        "unit": "exits/s",
-        "ratio": rates.ratio(),
-        "goal": ">= 0.98",
-        "rounds": rounds,
-        "window_s": window.as_secs_f64(),
-    }))
-}
-
-/// The `bench --json` row name of the counting proxy.
+/// The `bench --json` row name of [`counted_event_rate_on_vs_off`].
 pub const COUNTING_ROW: &str = "observe-counted-event-rate-on-vs-off";
 
 /// What counting costs the counted thread where no guest can run: a thread makes `calls`
@@ -246,25 +226,4 @@ pub fn counted_event_rate_on_vs_off(rounds: u32, calls: u32) -> Result<ExitRates
     drop(tx);
     worker.join().map_err(|_| "the worker panicked".to_owned())?;
     Ok(rates)
-}
-
-/// The `bench --json` row of [`counted_event_rate_on_vs_off`].
-///
-/// # Errors
-/// As [`counted_event_rate_on_vs_off`].
-pub fn counting_row(rounds: u32, calls: u32) -> Result<serde_json::Value, String> {
-    let rates = counted_event_rate_on_vs_off(rounds, calls)?;
-    let (on, off) = rates.medians();
-    Ok(serde_json::json!({
-        "name": COUNTING_ROW,
-        "ours": on,
-        "baseline": off,
-        "unit": "calls/s",
-        "ratio": rates.ratio(),
-        // What counting adds to each counted event (the syscall's own slow path included: an
-        // enabled syscall tracepoint sends every system call through it).
-        "extra_ns_per_event": if on > 0.0 && off > 0.0 { (1.0 / on - 1.0 / off) * 1e9 } else { 0.0 },
-        "rounds": rounds,
-        "calls": calls,
-    }))
 }
