@@ -149,6 +149,7 @@ fn two_vms_with_all_and_one_exits_while_observed() {
     let Some((b, _)) = qemu_with_bios(&b_dir, program, &["-name", "guest=vm-b"]) else { return };
     let hv = Hypervisor::new_published(&tmp.path().join("run")).unwrap();
     let mut observer = Observer::new(hv.clone(), Procfs::host(), Targets::All, ObserveOptions::default());
+    observer.tick(); // --all attaches once a VM's vCPU count held still for one interval
     let events = observer.tick();
     let attached =
         |pid: i32| events.iter().any(|e| matches!(e, ObserverEvent::Attached { pid: p, .. } if *p == pid));

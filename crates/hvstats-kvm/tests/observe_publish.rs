@@ -189,6 +189,7 @@ fn with_all_a_failing_process_is_reported_once_and_retried_when_it_comes_back() 
     let hv = Hypervisor::new().unwrap();
     let mut observer =
         Observer::new(hv.clone(), Procfs::at(tmp.path(), None), Targets::All, ObserveOptions::default());
+    assert!(observer.tick().is_empty(), "with --all, a VM is attached once its vCPU count held still");
     let events = observer.tick();
     assert!(
         matches!(&events[..], [ObserverEvent::Failed { pid: 91, error }] if error.contains("cannot read process 91")),
@@ -202,6 +203,7 @@ fn with_all_a_failing_process_is_reported_once_and_retried_when_it_comes_back() 
     let fake = FakeProcess::new(tmp.path(), 91, &["firecracker", "--id", "fc"], "firecracker");
     fake.fd(4, "anon_inode:kvm-vm").fd(5, "anon_inode:kvm-vcpu:0");
     fake.thread(91, "firecracker", 0);
+    assert!(observer.tick().is_empty());
     let events = observer.tick();
     assert!(
         matches!(&events[0], ObserverEvent::Attached { pid: 91, name, vmm: "firecracker", vcpus: 1, .. } if name == "fc"),
@@ -253,6 +255,7 @@ fn a_hundred_vms_with_all_hold_a_bounded_number_of_descriptors_and_come_and_go()
     let hv = Hypervisor::new().unwrap();
     let mut observer =
         Observer::new(hv.clone(), Procfs::at(tmp.path(), None), Targets::All, ObserveOptions::default());
+    assert!(observer.tick().is_empty(), "with --all, a VM is attached once its vCPU count held still");
     let events = observer.tick();
     let attached = events.iter().filter(|e| matches!(e, ObserverEvent::Attached { .. })).count();
     assert_eq!(attached, 100);
@@ -271,4 +274,23 @@ fn a_hundred_vms_with_all_hold_a_bounded_number_of_descriptors_and_come_and_go()
     assert_eq!(events.iter().filter(|e| matches!(e, ObserverEvent::Detached { .. })).count(), 50);
     assert_eq!(hv.partitions().len(), 50);
     assert_eq!(observer.fds(), 50 * per_vcpu);
+}
+
+#[test]
+fn with_all_a_vm_is_attached_once_its_vcpus_stop_appearing() {
+    let tmp = TempDir::new("observe-settle");
+    let fake = FakeProcess::new(tmp.path(), 93, &["cloud-hypervisor"], "cloud-hyperviso");
+    fake.thread(93, "cloud-hyperviso", 0);
+    fake.fd(4, "anon_inode:kvm-vm");
+    let hv = Hypervisor::new().unwrap();
+    let mut observer =
+        Observer::new(hv.clone(), Procfs::at(tmp.path(), None), Targets::All, ObserveOptions::default());
+    assert!(observer.tick().is_empty(), "a VM without vCPUs waits");
+    assert!(observer.tick().is_empty());
+    fake.fd(5, "anon_inode:kvm-vcpu:0");
+    assert!(observer.tick().is_empty(), "one vCPU so far");
+    fake.fd(6, "anon_inode:kvm-vcpu:1");
+    assert!(observer.tick().is_empty(), "a second one appeared");
+    let events = observer.tick();
+    assert!(matches!(&events[0], ObserverEvent::Attached { pid: 93, vcpus: 2, .. }), "{events:?}");
 }
