@@ -211,9 +211,14 @@ impl Observer {
                 let listed = self.procfs.kvm_processes().unwrap_or_default();
                 self.done.retain(|p| listed.iter().any(|(q, _)| q == p));
                 self.pending.retain(|p, _| listed.iter().any(|(q, _)| q == p));
+                // hvstats' own partitions are published by the process that runs them: an
+                // observer would only show them twice.
+                let own = |p: &i32| self.procfs.comm(*p).is_ok_and(|c| c == "hvstats");
                 listed
                     .into_iter()
-                    .filter(|(p, _)| *p != me && !self.vms.contains_key(p) && !self.done.contains(p))
+                    .filter(|(p, _)| {
+                        *p != me && !self.vms.contains_key(p) && !self.done.contains(p) && !own(p)
+                    })
                     .map(|(p, fds)| (p, Ok(fds)))
                     .collect()
             }
