@@ -108,9 +108,9 @@ fn an_observed_vm_becomes_a_partition_counted_from_attach_and_goes_when_its_proc
     assert!(observer.tick().is_empty());
     let page = stats.vp_page(0).unwrap();
     let total = page.get(vp::TOTAL_RUN_TIME);
-    // perf's task clock and the thread's CPU clock agree to well within 1% (the task clock
-    // leaves out the context switch path).
-    assert!(total >= used_ns / 100 * 99 / 100, "total {total} covers the {used_ns} ns the thread measured");
+    // perf's task clock and the thread's CPU clock agree within a few percent on a busy host
+    // (the task clock leaves out part of the context switch path).
+    assert!(total >= used_ns / 100 * 95 / 100, "total {total} covers the {used_ns} ns the thread measured");
     assert!(total < used_ns / 100 + 2_000_000, "total {total} is from attach, not the thread's life");
     let guest = 3 * 10_000_000 / ticks_per_sec();
     assert!(total > guest);
