@@ -35,6 +35,16 @@ enum Command {
     Observe(cmd::observe::Args),
     /// Measure what exact accounting costs on the userspace exit path.
     Bench(cmd::bench::Args),
+    /// A live full-screen view of every VP, kvm_stat style.
+    Top(cmd::top::Args),
+    /// Export every live instance to Prometheus over HTTP (/metrics, /api/v1/snapshot, /healthz).
+    Serve(cmd::serve::Args),
+    /// Sample every live instance to a recording file (newline-delimited JSON).
+    Record(cmd::record::Args),
+    /// Per-VP totals, deltas, rates and average costs of a recording.
+    Report(cmd::report::Args),
+    /// Chart a recording's VP counters over time (PNG or SVG).
+    Plot(cmd::plot::Args),
 }
 
 fn main() -> ExitCode {
@@ -55,6 +65,11 @@ fn main() -> ExitCode {
         Command::Hwc(args) => cmd::hwc::run(args),
         Command::Observe(args) => cmd::observe::run(args),
         Command::Bench(args) => cmd::bench::run(args),
+        Command::Top(args) => cmd::top::run(args),
+        Command::Serve(args) => cmd::serve::run(args),
+        Command::Record(args) => cmd::record::run(args),
+        Command::Report(args) => cmd::report::run(args),
+        Command::Plot(args) => cmd::plot::run(args),
     };
     match result {
         Ok(code) => code,

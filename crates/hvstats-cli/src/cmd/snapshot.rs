@@ -4,20 +4,22 @@
 //!
 //! `--json` without `--interval` streams: one partition at a time is read, written and dropped,
 //! so memory stays bounded whatever the number of VPs. Exit status 1 when something could not be
-//! read (the rest is still printed); a closed pipe ends the output quietly.
+//! read (the rest is still printed); output goes through [`crate::output`] (a closed pipe ends it
+//! quietly, a full device is an error).
 
 use std::io::{self, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use hvstats::attach::{Attach, Instance};
 use hvstats::present;
 use hvstats::snapshot::{self, InstanceSnapshot, ObjectReading, PartitionSnapshot};
 use hvstats_abi::catalog::counters_of;
 use hvstats_abi::{Counter, ObjectKind, Presentation};
 use serde_json::{Map, Value, json};
+
+use crate::output::{self, ExitStatus, note};
 
 /// Flags of `hvstats snapshot`.
 #[derive(clap::Args)]
@@ -74,31 +76,23 @@ fn cells<'a>(
 
 /// Runs `hvstats snapshot`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    match run_inner(args) {
-        Err(e) if e.downcast_ref::<io::Error>().is_some_and(|e| e.kind() == io::ErrorKind::BrokenPipe) => {
-            Ok(ExitCode::SUCCESS)
-        }
-        other => other,
-    }
-}
-
-fn run_inner(args: Args) -> anyhow::Result<ExitCode> {
     let dir = super::runtime_dir(args.runtime_dir)?;
     let mut attach = Attach::new(&dir);
     let changes = attach.refresh()?;
     for removed in &changes.removed_dead {
-        eprintln!("hvstats: removed a file of a dead instance: {}", removed.display());
+        note!("removed a file of a dead instance: {}", removed.display());
     }
     let mut failed = !changes.problems.is_empty();
     for problem in &changes.problems {
-        eprintln!("hvstats: {}", hvstats::snapshot::error_chain(problem));
+        note!("{}", hvstats::snapshot::error_chain(problem));
     }
-    let stdout = io::stdout();
-    let mut out = io::BufWriter::new(stdout.lock());
     if args.json && args.interval.is_none() {
-        failed |= stream_json(&mut attach, &mut out)?;
-        out.flush().context("writing the snapshot")?;
-        return Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS });
+        output::with_stdout(|out| {
+            let mut out = io::BufWriter::new(out);
+            failed |= stream_json(&mut attach, &mut out)?;
+            out.flush()
+        })?;
+        return Ok(if failed { ExitStatus::RuntimeError.into() } else { ExitStatus::Success.into() });
     }
     let started = Instant::now();
     let first: Vec<InstanceSnapshot> = attach.instances_mut().map(Instance::snapshot).collect();
@@ -123,17 +117,18 @@ fn run_inner(args: Args) -> anyhow::Result<ExitCode> {
         if let Some((_, seconds)) = &earlier {
             doc["interval_seconds"] = json!(seconds);
         }
-        serde_json::to_writer_pretty(&mut out, &doc).map_err(io::Error::from)?;
-        writeln!(out)?;
+        output::print_json(&doc, true)?;
     } else if snapshots.is_empty() {
-        writeln!(out, "no live hvstats instance under {}", dir.display())?;
+        output::print(&format!("no live hvstats instance under {}\n", dir.display()))?;
     } else {
-        for s in &snapshots {
-            write!(out, "{}", instance_table(s, earlier_of(s)))?;
-        }
+        output::with_stdout(|out| {
+            for s in &snapshots {
+                write!(out, "{}", instance_table(s, earlier_of(s)))?;
+            }
+            Ok(())
+        })?;
     }
-    out.flush()?;
-    Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+    Ok(if failed { ExitStatus::RuntimeError.into() } else { ExitStatus::Success.into() })
 }
 
 /// True when a reading failed for a reason other than permissions (which the user chose).
@@ -177,12 +172,88 @@ fn stream_json(attach: &mut Attach, out: &mut impl Write) -> io::Result<bool> {
             if i > 0 {
                 out.write_all(b",")?;
             }
-            serde_json::to_writer(&mut *out, &partition_json(&snap, None)).map_err(io::Error::from)?;
+            write_partition(out, &snap)?;
         }
         out.write_all(b"]}")?;
     }
     out.write_all(b"]}\n")?;
     Ok(failed)
+}
+
+/// Each kind's counters with their names as JSON strings, computed once.
+fn json_names(kind: ObjectKind) -> &'static [(&'static Counter, String)] {
+    static NAMES: std::sync::OnceLock<Vec<Vec<(&'static Counter, String)>>> = std::sync::OnceLock::new();
+    let all = NAMES.get_or_init(|| {
+        ObjectKind::ALL
+            .iter()
+            .map(|&k| counters_of(k).map(|c| (c, Value::String(c.name.to_owned()).to_string())).collect())
+            .collect()
+    });
+    &all[kind as usize]
+}
+
+/// What [`reading_json`] gives without an interval, written straight out (no tree per object:
+/// streaming 65,536 VPs stays cheap): the reading's fields, then `extra` (already JSON), in one
+/// object.
+fn write_reading(
+    out: &mut impl Write,
+    reading: &ObjectReading,
+    kind: ObjectKind,
+    extra: &str,
+) -> io::Result<()> {
+    out.write_all(b"{")?;
+    match reading {
+        ObjectReading::Counters(values) => {
+            out.write_all(b"\"counters\":{")?;
+            let mut values = values.iter().peekable();
+            for (i, (c, name)) in json_names(kind).iter().enumerate() {
+                if i > 0 {
+                    out.write_all(b",")?;
+                }
+                out.write_all(name.as_bytes())?;
+                match values.next_if(|(v, _)| v.id == c.id) {
+                    Some((_, v)) => write!(out, ":{v}")?,
+                    None => out.write_all(b":null")?,
+                }
+            }
+            out.write_all(b"}")?;
+        }
+        ObjectReading::Unreadable { permission_denied, reason } => {
+            write!(
+                out,
+                "\"permission_denied\":{permission_denied},\"unreadable\":{}",
+                Value::String(reason.clone())
+            )?;
+        }
+    }
+    if !extra.is_empty() {
+        write!(out, ",{extra}")?;
+    }
+    out.write_all(b"}")
+}
+
+/// [`partition_json`] without an interval, written straight out.
+fn write_partition(out: &mut impl Write, p: &PartitionSnapshot) -> io::Result<()> {
+    let state = if p.active { "active" } else { "stopped" };
+    let head = format!(
+        "\"active\":{},\"id\":{},\"name\":{},\"state\":\"{state}\",\"stopped_reason\":{},\"vps\":[",
+        p.active,
+        p.id,
+        Value::String(p.name.clone()),
+        p.stopped.as_ref().map_or(Value::Null, |r| Value::String(r.clone())),
+    );
+    // The partition's reading and fields, its VPs streamed into the open array.
+    let mut text = Vec::new();
+    write_reading(&mut text, &p.reading, ObjectKind::Partition, &head)?;
+    text.pop();
+    out.write_all(&text)?;
+    for (i, vp) in p.vps.iter().enumerate() {
+        if i > 0 {
+            out.write_all(b",")?;
+        }
+        write_reading(out, &vp.reading, ObjectKind::Vp, &format!("\"index\":{}", vp.index))?;
+    }
+    out.write_all(b"]}")
 }
 
 /// `{"counters": {name: value}}` (with `"interval": {name: rate, % or ns}` over an interval), or
@@ -252,6 +323,11 @@ fn instance_json(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>) -> Value {
         "lps": lps,
         "partitions": partitions,
     })
+}
+
+/// The JSON of one instance as `snapshot --json` prints it, for other commands.
+pub(crate) fn snapshot_json(s: &InstanceSnapshot) -> Value {
+    instance_json(s, None)
 }
 
 fn partition_json(p: &PartitionSnapshot, earlier: Option<Earlier<'_>>) -> Value {
