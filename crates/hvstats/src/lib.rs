@@ -4,8 +4,8 @@
 //! ([`instance`]), the map/unmap rules ([`rules`]) and the stats hypercalls built on them
 //! ([`hypercall`], [`gpa_space`]), publication of live instances to the runtime directory
 //! ([`publish`]) and attach for root readers in other processes ([`attach`]), the LP objects
-//! ([`lp`]), snapshots of attached instances ([`snapshot`]), and — built on those — the typed VP
-//! counter API and the hardware counter allocator.
+//! ([`lp`]), snapshots of attached instances ([`snapshot`]), threads' CPU wait ([`sched`]), and —
+//! built on those — the typed VP counter API and the hardware counter allocator.
 
 #![deny(missing_docs)]
 
@@ -21,6 +21,7 @@ pub mod present;
 pub mod publish;
 pub mod rules;
 pub mod runtime_dir;
+pub mod sched;
 pub mod snapshot;
 pub mod whv;
 
