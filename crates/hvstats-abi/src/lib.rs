@@ -3,7 +3,8 @@
 //! This crate owns the wire and memory formats only: stats object types and identities
 //! ([`object`]), group headers and versions ([`group`]), the counter catalog from which every
 //! counter's id, name, offset and help text is derived ([`catalog`]), the page writer and reader
-//! ([`page`]), the hypercall ABI of the stats calls ([`hypercall`], [`status`]), the typed counter
+//! ([`page`]), log2 histograms of times and the sequence counter of consistent reads
+//! ([`histogram`], [`seqcount`]), the hypercall ABI of the stats calls ([`hypercall`], [`status`]), the typed counter
 //! sets of `WHvGetVirtualProcessorCounters` ([`whv`]) and the structures of
 //! `HalAllocateHardwareCounters` ([`hal`]).
 //!
@@ -17,9 +18,11 @@
 pub mod catalog;
 pub mod group;
 pub mod hal;
+pub mod histogram;
 pub mod hypercall;
 pub mod object;
 pub mod page;
+pub mod seqcount;
 pub mod status;
 pub mod whv;
 
