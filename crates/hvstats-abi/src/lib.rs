@@ -4,9 +4,9 @@
 //! ([`object`]), group headers and versions ([`group`]), the counter catalog from which every
 //! counter's id, name, offset and help text is derived ([`catalog`]), the page writer and reader
 //! ([`page`]), log2 histograms of times and the sequence counter of consistent reads
-//! ([`histogram`], [`seqcount`]), the hypercall ABI of the stats calls ([`hypercall`], [`status`]), the typed counter
-//! sets of `WHvGetVirtualProcessorCounters` ([`whv`]) and the structures of
-//! `HalAllocateHardwareCounters` ([`hal`]).
+//! ([`histogram`], [`seqcount`]), the hypercall ABI of the stats calls ([`hypercall`],
+//! [`status`]), the typed counter sets of `WHvGetVirtualProcessorCounters` ([`whv`]) and the
+//! structures of `HalAllocateHardwareCounters` ([`hal`]).
 //!
 //! It is `no_std` and free of `unsafe`: every memory structure derives zerocopy's traits and has
 //! its size asserted beside it.
