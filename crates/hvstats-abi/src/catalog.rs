@@ -7,6 +7,7 @@
 //! this table; no counter is written down anywhere else.
 
 use crate::group::{GroupType, GroupVersion, VALUE_SIZE};
+use crate::hypercall::HypercallClass;
 use crate::object::ObjectKind;
 
 /// The group a counter lives in.
@@ -110,42 +111,7 @@ impl Presentation {
     }
 }
 
-/// Where the KVM backend gets a counter's value from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Source {
-    /// The statistics authority itself (object counts, GPA map bookkeeping).
-    Authority,
-    /// The VP run loop: userspace exits, counted with their time.
-    RunLoop,
-    /// The userspace hypercall handler.
-    Hypercall,
-    /// KVM's binary stats fd (per vCPU or per VM).
-    KvmStats,
-    /// perf tracepoint counters on the VP thread (`kvm:*`).
-    Tracepoint,
-    /// perf software events on the VP thread.
-    PerfSoftware,
-    /// The VP thread's CPU and guest time (`/proc/<pid>/task/<tid>/stat`, schedstat).
-    ThreadTime,
-    /// Host-wide procfs and sysfs (`/proc/stat`, `/proc/interrupts`, cpuidle).
-    Procfs,
-}
-
-impl Source {
-    /// Short name for tables and JSON.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Source::Authority => "authority",
-            Source::RunLoop => "run-loop",
-            Source::Hypercall => "hypercall",
-            Source::KvmStats => "kvm-stats",
-            Source::Tracepoint => "tracepoint",
-            Source::PerfSoftware => "perf-software",
-            Source::ThreadTime => "thread-time",
-            Source::Procfs => "procfs",
-        }
-    }
-}
+pub use crate::source::Source;
 
 /// Whether the KVM backend maintains a counter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -160,6 +126,14 @@ impl Maintained {
     /// True when the counter has a source.
     pub const fn is_maintained(self) -> bool {
         matches!(self, Maintained::By(..))
+    }
+
+    /// The source, when the counter has one.
+    pub const fn source(self) -> Option<Source> {
+        match self {
+            Maintained::By(source, _) => Some(source),
+            Maintained::No(_) => None,
+        }
     }
 
     /// The note: how it is maintained, or why it is not.
@@ -238,6 +212,8 @@ macro_rules! catalog {
     };
 }
 
+use crate::source::{KvmStat, PerfSoftwareEvent, RunLoopCount as Loop, ThreadTime, Tracepoint as Tp};
+use HypercallClass as Hc;
 use Maintained::{By, No};
 use Source::*;
 
@@ -343,7 +319,7 @@ catalog! {
             By(Authority, "memory slot changes: RAM set-up, stats page maps and unmaps"),
             "The rate of modifications to the GPA space of the partition.";
         Release 6 VIRTUAL_TLB_FLUSH_ENTRIES "Virtual TLB flush entries/sec", Count, Rate,
-            By(KvmStats, "VM stat remote_tlb_flush"),
+            By(KvmStats(KvmStat::Vm(&["remote_tlb_flush"])), "VM stat remote_tlb_flush"),
             "The rate of flushes of the entire virtual TLB.";
         Release 7 RECOMMENDED_VIRTUAL_TLB_SIZE "Recommended virtual TLB size", Pages, Instant,
             No(NO_VTLB),
@@ -353,40 +329,40 @@ catalog! {
     /// Counters of a virtual processor object.
     mod vp = Vp {
         Architectural 1 TOTAL_RUN_TIME "Total run time", Time100ns, PercentTime,
-            By(ThreadTime, "CPU clock of the VP thread (guest, KVM and run-loop time)"),
+            By(ThreadTime(ThreadTime::Total), "CPU clock of the VP thread (guest, KVM and run-loop time)"),
             "The total time (in 100ns) spent by the processor in guest and hypervisor code.";
         Architectural 2 HYPERVISOR_RUN_TIME "Hypervisor run time", Time100ns, PercentTime,
-            By(ThreadTime, "VP thread CPU time less its guest time (stat field 43; 0 under KVM's instruction emulator, so all of it)"),
+            By(ThreadTime(ThreadTime::Hypervisor), "VP thread CPU time less its guest time (stat field 43; 0 under KVM's instruction emulator, so all of it)"),
             "The total time (in 100ns) spent by the virtual processor in hypervisor code.";
         Release 1 HYPERCALLS "Hypercalls/sec", Count, Rate,
-            By(RunLoop, "writes to a registered hypercall port (the hypercall page traps through one)"),
+            By(RunLoop(Loop::Hypercalls), "writes to a registered hypercall port (the hypercall page traps through one)"),
             "The rate of the hypercalls made by guest code on the virtual processor.";
         Release 2 HYPERCALLS_COST "Hypercalls cost", Time100ns, Cost,
-            By(RunLoop, "time from the hypercall exit to the next entry into the guest"),
+            By(RunLoop(Loop::HypercallsTime), "time from the hypercall exit to the next entry into the guest"),
             "The average time (in nanoseconds) spent processing a hypercall.";
         Release 3 PAGE_INVALIDATIONS "Page invalidations/sec", Count, Rate,
-            By(KvmStats, "vCPU stat invlpg"),
+            By(KvmStats(KvmStat::Vcpu(&["invlpg"])), "vCPU stat invlpg"),
             "The rate of INVLPG instructions executed by guest code on the virtual processor.";
         Release 4 PAGE_INVALIDATIONS_COST "Page invalidations cost", Time100ns, Cost,
             No(NO_TIME),
             "The average time (in nanoseconds) spent processing an INVLPG instruction.";
         Release 5 CONTROL_REGISTER_ACCESSES "Control register accesses/sec", Count, Rate,
-            By(Tracepoint, "kvm:kvm_cr; fires on VMX/SVM hosts, stays 0 under KVM's instruction emulator"),
+            By(Tracepoint(Tp::Cr), "kvm:kvm_cr; fires on VMX/SVM hosts, stays 0 under KVM's instruction emulator"),
             "The rate of control register accesses by guest code on the virtual processor.";
         Release 6 CONTROL_REGISTER_ACCESSES_COST "Control register accesses cost", Time100ns, Cost,
             No(NO_TIME),
             "The average time (in nanoseconds) spent processing a control register access.";
         Release 7 IO_INSTRUCTIONS "IO instructions/sec", Count, Rate,
-            By(Tracepoint, "kvm:kvm_pio (every port access, in the kernel or in userspace) less hypercall port writes"),
+            By(Tracepoint(Tp::Pio), "kvm:kvm_pio (every port access, in the kernel or in userspace) less hypercall port writes"),
             "The rate of IO instructions executed by guest code on a virtual processor.";
         Release 8 IO_INSTRUCTIONS_COST "IO instructions cost", Time100ns, Cost,
-            By(RunLoop, "time of the port accesses handled in userspace"),
+            By(RunLoop(Loop::IoTime), "time of the port accesses handled in userspace"),
             "The average time (in nanoseconds) spent processing an IO instruction.";
         Release 9 HLT_INSTRUCTIONS "HLT instructions/sec", Count, Rate,
-            By(KvmStats, "vCPU stat halt_exits"),
+            By(KvmStats(KvmStat::Vcpu(&["halt_exits"])), "vCPU stat halt_exits"),
             "The rate of HLT instructions executed by guest code on a virtual processor.";
         Release 10 HLT_INSTRUCTIONS_COST "HLT instructions cost", Time100ns, Cost,
-            By(KvmStats, "vCPU stats halt_wait_ns + halt_poll_success_ns + halt_poll_fail_ns: all time halted"),
+            By(KvmStats(KvmStat::Vcpu(&["halt_wait_ns", "halt_poll_success_ns", "halt_poll_fail_ns"])), "vCPU stats halt_wait_ns + halt_poll_success_ns + halt_poll_fail_ns: all time halted"),
             "The average time (in nanoseconds) spent processing an HLT instruction.";
         Release 11 MWAIT_INSTRUCTIONS "MWAIT instructions/sec", Count, Rate,
             No("KVM counts no MWAIT exits"),
@@ -395,37 +371,37 @@ catalog! {
             No(NO_TIME),
             "The average time (in nanoseconds) spent processing an MWAIT instruction.";
         Release 13 CPUID_INSTRUCTIONS "CPUID instructions/sec", Count, Rate,
-            By(Tracepoint, "kvm:kvm_cpuid"),
+            By(Tracepoint(Tp::Cpuid), "kvm:kvm_cpuid"),
             "The rate of CPUID instructions executed by guest code on a virtual processor.";
         Release 14 CPUID_INSTRUCTIONS_COST "CPUID instructions cost", Time100ns, Cost,
             No(NO_TIME),
             "The average time (in nanoseconds) spent processing a CPUID instruction.";
         Release 15 MSR_ACCESSES "MSR accesses/sec", Count, Rate,
-            By(Tracepoint, "kvm:kvm_msr plus MSR exits handled in userspace"),
+            By(Tracepoint(Tp::Msr), "kvm:kvm_msr plus MSR exits handled in userspace"),
             "The rate of MSR instructions executed by guest code on a virtual processor.";
         Release 16 MSR_ACCESSES_COST "MSR accesses cost", Time100ns, Cost,
-            By(RunLoop, "time of the MSR accesses handled in userspace"),
+            By(RunLoop(Loop::MsrTime), "time of the MSR accesses handled in userspace"),
             "The average time (in nanoseconds) spent processing an MSR instruction.";
         Release 17 OTHER_INTERCEPTS "Other intercepts/sec", Count, Rate,
-            By(RunLoop, "userspace exits other than port I/O, MSR and hypercalls (MMIO included)"),
+            By(RunLoop(Loop::OtherIntercepts), "userspace exits other than port I/O, MSR and hypercalls (MMIO included)"),
             "The rate of other intercepts triggered by guest code on a virtual processor.";
         Release 18 OTHER_INTERCEPTS_COST "Other intercepts cost", Time100ns, Cost,
-            By(RunLoop, "time of those exits"),
+            By(RunLoop(Loop::OtherInterceptsTime), "time of those exits"),
             "The average time (in nanoseconds) spent processing other intercepts.";
         Release 19 EXTERNAL_INTERRUPTS "External interrupts/sec", Count, Rate,
-            By(KvmStats, "vCPU stat irq_exits; host interrupts exit VMX/SVM guests, the instruction emulator has none"),
+            By(KvmStats(KvmStat::Vcpu(&["irq_exits"])), "vCPU stat irq_exits; host interrupts exit VMX/SVM guests, the instruction emulator has none"),
             "The rate of external interrupts received by the hypervisor while executing guest code on the virtual processor.";
         Release 20 EXTERNAL_INTERRUPTS_COST "External interrupts cost", Time100ns, Cost,
             No(NO_TIME),
             "The average time (in nanoseconds) spent processing an external interrupt.";
         Release 21 PENDING_INTERRUPTS "Pending interrupts/sec", Count, Rate,
-            By(KvmStats, "vCPU stat irq_window_exits"),
+            By(KvmStats(KvmStat::Vcpu(&["irq_window_exits"])), "vCPU stat irq_window_exits"),
             "The rate of intercepts due to a task priority (TPR) reduction by guest code on the virtual processor.";
         Release 22 PENDING_INTERRUPTS_COST "Pending interrupts cost", Time100ns, Cost,
             No(NO_TIME),
             "The average time (in nanoseconds) spent processing a pending interrupt intercept.";
         Release 23 EMULATED_INSTRUCTIONS "Emulated instructions/sec", Count, Rate,
-            By(KvmStats, "vCPU stat insn_emulation"),
+            By(KvmStats(KvmStat::Vcpu(&["insn_emulation"])), "vCPU stat insn_emulation"),
             "The rate of emulated instructions while executing guest code on the virtual processor.";
         Release 24 EMULATED_INSTRUCTIONS_COST "Emulated instructions cost", Time100ns, Cost,
             No(NO_TIME),
@@ -437,7 +413,7 @@ catalog! {
             No(NO_TIME),
             "The average time (in nanoseconds) spent handling a debug register access.";
         Release 27 PAGE_FAULT_INTERCEPTS "Page fault intercepts/sec", Count, Rate,
-            By(KvmStats, "vCPU stat pf_taken; stays 0 under KVM's instruction emulator, which takes no MMU faults"),
+            By(KvmStats(KvmStat::Vcpu(&["pf_taken"])), "vCPU stat pf_taken; stays 0 under KVM's instruction emulator, which takes no MMU faults"),
             "The rate of page fault exceptions intercepted by the hypervisor while executing guest code on the virtual processor.";
         Release 28 PAGE_FAULT_INTERCEPTS_COST "Page fault intercepts cost", Time100ns, Cost,
             No(NO_TIME),
@@ -452,28 +428,28 @@ catalog! {
             No(NO_VTLB),
             "The rate of virtual TLB misses on 4K pages.";
         Release 32 REFLECTED_GUEST_PAGE_FAULTS "Reflected guest page faults/sec", Count, Rate,
-            By(KvmStats, "vCPU stat pf_guest"),
+            By(KvmStats(KvmStat::Vcpu(&["pf_guest"])), "vCPU stat pf_guest"),
             "The rate of page fault exceptions delivered to the guest.";
         Release 33 APIC_MMIO_ACCESSES "APIC MMIO accesses/sec", Count, Rate,
-            By(Tracepoint, "kvm:kvm_mmio on the local APIC page at 0xFEE00000 (guest accesses only)"),
+            By(Tracepoint(Tp::ApicMmio), "kvm:kvm_mmio on the local APIC page at 0xFEE00000 (guest accesses only)"),
             "The rate of APIC MMIO register accesses by guest code on the virtual processor.";
         Release 34 IO_INTERCEPT_MESSAGES "IO intercept messages/sec", Count, Rate,
-            By(RunLoop, "port-I/O exits to userspace (a write to the hypercall port is a hypercall, not I/O)"),
+            By(RunLoop(Loop::IoExits), "port-I/O exits to userspace (a write to the hypercall port is a hypercall, not I/O)"),
             "The rate of IO intercept messages sent to the parent partition.";
         Release 35 MEMORY_INTERCEPT_MESSAGES "Memory intercept messages/sec", Count, Rate,
-            By(RunLoop, "MMIO exits to userspace"),
+            By(RunLoop(Loop::MmioExits), "MMIO exits to userspace"),
             "The rate of memory intercept messages sent to the parent partition.";
         Release 36 APIC_EOI_ACCESSES "APIC EOI accesses/sec", Count, Rate,
-            By(Tracepoint, "kvm:kvm_mmio writes of the APIC EOI register"),
+            By(Tracepoint(Tp::ApicEoi), "kvm:kvm_mmio writes of the APIC EOI register"),
             "The rate of APIC EOI register writes by guest code on the virtual processor.";
         Release 37 OTHER_MESSAGES "Other messages/sec", Count, Rate,
-            By(RunLoop, "userspace exits other than port I/O, MMIO and hypercalls (MSR exits among them)"),
+            By(RunLoop(Loop::OtherExits), "userspace exits other than port I/O, MMIO and hypercalls (MSR exits among them)"),
             "The rate of other intercept messages sent to the parent partition.";
         Release 38 PAGE_TABLE_ALLOCATIONS "Page table allocations/sec", Count, Rate,
             No(NO_VTLB),
             "The rate of page table allocations in the virtual TLB.";
         Release 39 LOGICAL_PROCESSOR_MIGRATIONS "Logical processor migrations/sec", Count, Rate,
-            By(PerfSoftware, "cpu-migrations of the VP thread"),
+            By(PerfSoftware(PerfSoftwareEvent::CpuMigrations), "cpu-migrations of the VP thread"),
             "The rate of migrations by the virtual processor to a different logical processor.";
         Release 40 ADDRESS_SPACE_EVICTIONS "Address space evictions/sec", Count, Rate,
             No(NO_VTLB),
@@ -506,7 +482,7 @@ catalog! {
             No(NO_VTLB),
             "The rate of page table validations to remove state entries in the virtual TLB.";
         Release 50 APIC_TPR_ACCESSES "APIC TPR accesses/sec", Count, Rate,
-            By(Tracepoint, "kvm:kvm_mmio accesses of the APIC TPR register"),
+            By(Tracepoint(Tp::ApicTpr), "kvm:kvm_mmio accesses of the APIC TPR register"),
             "The rate of APIC TPR accesses by guest code on the virtual processor.";
         Release 51 PAGE_TABLE_WRITE_INTERCEPTS "Page table write intercepts/sec", Count, Rate,
             No("KVM counts shadow page table writes per VM (mmu_pte_write), not per VP"),
@@ -515,37 +491,37 @@ catalog! {
             No("hvstats implements no synthetic interrupt controller"),
             "The rate of synthetic interrupts delivered to the virtual processor.";
         Release 53 VIRTUAL_INTERRUPTS "Virtual interrupts/sec", Count, Rate,
-            By(KvmStats, "vCPU stat irq_injections (an injection cancelled before VM entry counts again)"),
+            By(KvmStats(KvmStat::Vcpu(&["irq_injections"])), "vCPU stat irq_injections (an injection cancelled before VM entry counts again)"),
             "The rate of interrupts (including synthetic interrupts) delivered to the virtual processor.";
         Release 54 APIC_IPIS_SENT "APIC IPIs sent/sec", Count, Rate,
-            By(Tracepoint, "kvm:kvm_apic_ipi"),
+            By(Tracepoint(Tp::ApicIpi), "kvm:kvm_apic_ipi"),
             "The rate of APIC inter-processor interrupts (including to self) sent to the virtual processor.";
         Release 55 APIC_SELF_IPIS_SENT "APIC self IPIs sent/sec", Count, Rate,
-            By(Tracepoint, "kvm:kvm_apic_ipi filtered on the self destination shorthand"),
+            By(Tracepoint(Tp::ApicSelfIpi), "kvm:kvm_apic_ipi filtered on the self destination shorthand"),
             "The rate of APIC interrupts sent by the virtual processor to itself.";
         Release 56 GPA_SPACE_HYPERCALLS "GPA space hypercalls/sec", Count, Rate,
-            By(Hypercall, "hypercalls of the GPA space class (map and unmap stats page)"),
+            By(Hypercall(Hc::GpaSpace), "hypercalls of the GPA space class (map and unmap stats page)"),
             "The rate of guest physical address space hypercalls made by guest code on the virtual processor.";
         Release 57 LOGICAL_PROCESSOR_HYPERCALLS "Logical processor hypercalls/sec", Count, Rate,
-            By(Hypercall, "hypercalls of the logical processor class"),
+            By(Hypercall(Hc::LogicalProcessor), "hypercalls of the logical processor class"),
             "The rate of logical processor hypercalls made by guest code on the virtual processor.";
         Release 58 LONG_SPIN_WAIT_HYPERCALLS "Long spin wait hypercalls/sec", Count, Rate,
-            By(Hypercall, "HvCallNotifyLongSpinWait"),
+            By(Hypercall(Hc::LongSpinWait), "HvCallNotifyLongSpinWait"),
             "The rate of long spin wait hypercalls made by guest code on the virtual processor.";
         Release 59 OTHER_HYPERCALLS "Other hypercalls/sec", Count, Rate,
-            By(Hypercall, "hypercalls of no other class, unknown codes included"),
+            By(Hypercall(Hc::Other), "hypercalls of no other class, unknown codes included"),
             "The rate of other hypercalls made by guest code on the virtual processor.";
         Release 60 SYNTHETIC_INTERRUPT_HYPERCALLS "Synthetic interrupt hypercalls/sec", Count, Rate,
-            By(Hypercall, "hypercalls of the synthetic interrupt class"),
+            By(Hypercall(Hc::SyntheticInterrupt), "hypercalls of the synthetic interrupt class"),
             "The rate of Synthetic Interrupt hypercalls made by guest code on the virtual processor.";
         Release 61 VIRTUAL_INTERRUPT_HYPERCALLS "Virtual interrupt hypercalls/sec", Count, Rate,
-            By(Hypercall, "hypercalls of the virtual interrupt class"),
+            By(Hypercall(Hc::VirtualInterrupt), "hypercalls of the virtual interrupt class"),
             "The rate of Virtual Interrupt hypercalls made by guest code on the virtual processor.";
         Release 62 VIRTUAL_MMU_HYPERCALLS "Virtual MMU hypercalls/sec", Count, Rate,
-            By(Hypercall, "hypercalls of the virtual MMU class"),
+            By(Hypercall(Hc::VirtualMmu), "hypercalls of the virtual MMU class"),
             "The rate of Virtual MMU hypercalls made by guest code on the virtual processor.";
         Release 63 VIRTUAL_PROCESSOR_HYPERCALLS "Virtual processor hypercalls/sec", Count, Rate,
-            By(Hypercall, "hypercalls of the virtual processor class"),
+            By(Hypercall(Hc::VirtualProcessor), "hypercalls of the virtual processor class"),
             "The rate of Virtual Processor hypercalls made by guest code on the virtual processor.";
     }
 }

@@ -33,6 +33,20 @@ pub enum HypercallClass {
     Other,
 }
 
+impl HypercallClass {
+    /// Every class.
+    pub const ALL: [HypercallClass; 8] = [
+        HypercallClass::GpaSpace,
+        HypercallClass::LogicalProcessor,
+        HypercallClass::LongSpinWait,
+        HypercallClass::SyntheticInterrupt,
+        HypercallClass::VirtualInterrupt,
+        HypercallClass::VirtualMmu,
+        HypercallClass::VirtualProcessor,
+        HypercallClass::Other,
+    ];
+}
+
 macro_rules! hypercall_codes {
     ($($name:ident = $value:literal, $tlfs:literal, $class:ident;)*) => {
         impl HypercallCode {
@@ -227,7 +241,7 @@ pub const MSR_HYPERCALL: u32 = 0x4000_0001;
 /// `HV_X64_MSR_VP_INDEX`: the calling VP's index (read-only).
 pub const MSR_VP_INDEX: u32 = 0x4000_0002;
 /// "Hv#1": the hypervisor interface signature in CPUID 0x40000001.EAX.
-pub const INTERFACE_SIGNATURE: u32 = u32::from_le_bytes(*b"Hv#1");
+pub const INTERFACE_SIGNATURE: u32 = crate::cpuid::HV_INTERFACE_SIGNATURE;
 
 /// The partition privilege mask (CPUID 0x40000003 EAX = bits 31:0, EBX = bits 63:32).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]

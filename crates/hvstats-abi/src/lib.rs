@@ -6,7 +6,8 @@
 //! ([`page`]), log2 histograms of times and the sequence counter of consistent reads
 //! ([`histogram`], [`seqcount`]), the hypercall ABI of the stats calls ([`hypercall`],
 //! [`status`]), the typed counter sets of `WHvGetVirtualProcessorCounters` ([`whv`]) and the
-//! structures of `HalAllocateHardwareCounters` ([`hal`]).
+//! structures of `HalAllocateHardwareCounters` ([`hal`]), and the boot contract between the VMM
+//! and its guest programs ([`boot`], [`apic`]).
 //!
 //! It is `no_std` and free of `unsafe`: every memory structure derives zerocopy's traits and has
 //! its size asserted beside it.
@@ -15,7 +16,10 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod apic;
+pub mod boot;
 pub mod catalog;
+pub mod cpuid;
 pub mod group;
 pub mod hal;
 pub mod histogram;
@@ -23,6 +27,7 @@ pub mod hypercall;
 pub mod object;
 pub mod page;
 pub mod seqcount;
+pub mod source;
 pub mod status;
 pub mod whv;
 

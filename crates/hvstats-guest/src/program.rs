@@ -9,51 +9,7 @@ use iced_x86::{BlockEncoderOptions, IcedError};
 
 use crate::layout;
 
-/// The CPU mode a program runs in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Mode {
-    /// 16-bit real mode; CS = DS = SS-independent segment of the load address.
-    Real,
-    /// 32-bit protected mode with flat segments, no paging.
-    Protected,
-    /// 64-bit long mode with the VMM's identity map of the low 4 GiB.
-    Long,
-}
-
-impl Mode {
-    /// The assembler bitness of the mode.
-    pub const fn bitness(self) -> u32 {
-        match self {
-            Mode::Real => 16,
-            Mode::Protected => 32,
-            Mode::Long => 64,
-        }
-    }
-
-    /// Parses `real`, `protected` or `long`.
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "real" => Some(Mode::Real),
-            "protected" => Some(Mode::Protected),
-            "long" => Some(Mode::Long),
-            _ => None,
-        }
-    }
-
-    /// The mode's name as [`Mode::parse`] accepts it.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Mode::Real => "real",
-            Mode::Protected => "protected",
-            Mode::Long => "long",
-        }
-    }
-
-    /// For real mode, the code segment base an address runs under (its 64 KiB-aligned part).
-    pub const fn real_mode_segment_base(gpa: u64) -> u64 {
-        gpa & 0xF_0000
-    }
-}
+pub use hvstats_abi::boot::Mode;
 
 /// Why a program could not be built.
 #[derive(Debug, thiserror::Error)]

@@ -25,7 +25,7 @@ pub const KERNEL_READ_MSR: u32 = 0x10;
 /// The MSR the workloads write and KVM handles in the kernel (IA32_SYSENTER_CS).
 pub const KERNEL_WRITE_MSR: u32 = 0x174;
 /// An MSR no one implements: KVM sends its reads to userspace, where the VMM answers 0.
-pub const SINK_MSR: u32 = 0x4000_1000;
+pub use hvstats_abi::boot::SINK_MSR;
 /// The APIC timer's initial count in the HLT loop.
 pub const TIMER_COUNT: u32 = 20_000;
 /// The exit status of a workload whose hypercall did not return `HV_STATUS_SUCCESS`.

@@ -9,6 +9,8 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use hvstats::Hypervisor;
 use hvstats_kvm::exit_cost;
 
+mod support;
+
 fn round_trip(c: &mut Criterion) {
     if std::fs::metadata("/dev/kvm").is_err() {
         eprintln!("exit_accounting: /dev/kvm is not available; nothing to measure");
@@ -22,7 +24,7 @@ fn round_trip(c: &mut Criterion) {
             b.iter_custom(|iters| {
                 // One guest run of `iters` exits (at least enough to hide the thread start).
                 let exits = iters.clamp(2000, 200_000) as u32;
-                let per_exit = exit_cost::round_trip(&hv, exits, accounting).expect("guest run");
+                let per_exit = support::round_trip(&hv, exits, accounting);
                 per_exit * iters as u32
             })
         });

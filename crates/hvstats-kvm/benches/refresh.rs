@@ -19,7 +19,9 @@ use hvstats_kvm::sources::kvm_stats::{KvmStats, Stat};
 use hvstats_kvm::sources::perf_sw::Migrations;
 use hvstats_kvm::sources::thread_time::{ThreadClock, gettid};
 use hvstats_kvm::sources::tracepoint::VpTracepoints;
-use hvstats_kvm::{Handlers, Partition, PartitionConfig, exit_cost};
+use hvstats_kvm::{Handlers, Partition, PartitionConfig};
+
+mod support;
 
 /// Run time per hypercall of a one-VP guest making `n` HvCallNotifyLongSpinWait hypercalls.
 fn hypercall_round_trip(hv: &Arc<Hypervisor>, n: u32) -> Duration {
@@ -52,7 +54,7 @@ fn refresh(c: &mut Criterion) {
     // Everything (what the collector and the WHv API do), and what the VP thread does at a
     // hypercall (on its own thread: the intercept counters only).
     group.bench_function("merge_all_sources", |b| b.iter(|| sources.merge(&page, &user)));
-    group.bench_function("refresh_on_vp_thread", |b| b.iter(|| sources.refresh(&page, &user)));
+    group.bench_function("refresh_on_vp_thread", |b| b.iter(|| sources.merge_exits(&page, &user)));
     group.finish();
 
     // Where the time goes: each source read on its own.
@@ -88,7 +90,7 @@ fn refresh(c: &mut Criterion) {
     group.bench_function("userspace_out", |b| {
         b.iter_custom(|iters| {
             let n = iters.clamp(2000, 200_000) as u32;
-            exit_cost::round_trip(&hv, n, true).expect("guest run") * iters as u32
+            support::round_trip(&hv, n, true) * iters as u32
         })
     });
     group.finish();

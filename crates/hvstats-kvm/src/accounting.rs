@@ -14,16 +14,18 @@ use std::time::{Duration, Instant};
 
 use hvstats::SharedPage;
 use hvstats::whv::VpExtras;
-use hvstats_abi::CounterId;
-use hvstats_abi::catalog::vp;
 use hvstats_abi::page::PAGE_SLOTS;
+use hvstats_abi::source::{
+    PerfSoftwareEvent, Source, SourceKind, ThreadTime, maintained_by, maintained_count,
+};
+use hvstats_abi::{Counter, ObjectKind, Unit};
 
 use crate::cycles;
 use crate::error::Error;
 use crate::sources::kvm_stats::{KvmStats, Stat};
 use crate::sources::perf_sw::Migrations;
 use crate::sources::thread_time::{self, ThreadClock, ThreadTimes};
-use crate::sources::tracepoint::{Tracepoint, VpTracepoints};
+use crate::sources::tracepoint::{Tracepoint, TracepointCounts, VpTracepoints};
 
 /// What kind of userspace exit the run loop handled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,24 +57,24 @@ impl UserExitCounts {
     }
 }
 
-/// Page slots of the counters the exit path writes, computed at compile time (looking a counter
-/// up by id walks the catalog, too slow for every exit).
+/// Page slots of the counters the exit path writes, computed at compile time from the catalog's
+/// run-loop keys (looking a counter up by id walks the catalog, too slow for every exit). A
+/// run-loop count the catalog no longer names fails the build.
 mod slot {
-    use super::vp;
-    use hvstats_abi::CounterId;
+    use hvstats_abi::source::RunLoopCount as Count;
 
-    const fn of(c: CounterId) -> usize {
-        c.slot()
+    const fn of(count: Count) -> usize {
+        count.counter().slot()
     }
-    pub const IO_MESSAGES: usize = of(vp::IO_INTERCEPT_MESSAGES);
-    pub const IO_COST: usize = of(vp::IO_INSTRUCTIONS_COST);
-    pub const HYPERCALLS: usize = of(vp::HYPERCALLS);
-    pub const HYPERCALLS_COST: usize = of(vp::HYPERCALLS_COST);
-    pub const OTHER_MESSAGES: usize = of(vp::OTHER_MESSAGES);
-    pub const MSR_COST: usize = of(vp::MSR_ACCESSES_COST);
-    pub const MEMORY_MESSAGES: usize = of(vp::MEMORY_INTERCEPT_MESSAGES);
-    pub const OTHER: usize = of(vp::OTHER_INTERCEPTS);
-    pub const OTHER_COST: usize = of(vp::OTHER_INTERCEPTS_COST);
+    pub const IO_MESSAGES: usize = of(Count::IoExits);
+    pub const IO_COST: usize = of(Count::IoTime);
+    pub const HYPERCALLS: usize = of(Count::Hypercalls);
+    pub const HYPERCALLS_COST: usize = of(Count::HypercallsTime);
+    pub const OTHER_MESSAGES: usize = of(Count::OtherExits);
+    pub const MSR_COST: usize = of(Count::MsrTime);
+    pub const MEMORY_MESSAGES: usize = of(Count::MmioExits);
+    pub const OTHER: usize = of(Count::OtherIntercepts);
+    pub const OTHER_COST: usize = of(Count::OtherInterceptsTime);
 }
 
 fn slots(page: &SharedPage) -> &[AtomicU64; PAGE_SLOTS] {
@@ -156,40 +158,93 @@ impl ExitAccounting {
     }
 }
 
-/// How a KVM statistic becomes a counter value.
-#[derive(Clone, Copy, Debug)]
-enum StatUnit {
-    /// The raw count.
-    Count,
-    /// A time in nanoseconds, written in 100 ns.
-    Time100ns,
-}
-
-/// The VP counters kept from the vCPU's KVM statistics, and the statistics summed into each.
+/// The VP counters kept from the vCPU's KVM statistics: the catalog's `KvmStats(Vcpu(..))` rows,
+/// each the sum of the statistics its key names.
 ///
 /// HLT time is the whole time halted: KVM first polls for a wake-up (`halt_poll_success_ns` when
 /// one came, `halt_poll_fail_ns` when it gave up), then blocks (`halt_wait_ns`); a halt ended by
 /// polling never shows in `halt_wait_ns` alone.
-const FROM_KVM_STATS: [(CounterId, &[&str], StatUnit); 9] = [
-    (vp::PAGE_INVALIDATIONS, &["invlpg"], StatUnit::Count),
-    (vp::HLT_INSTRUCTIONS, &["halt_exits"], StatUnit::Count),
-    (
-        vp::HLT_INSTRUCTIONS_COST,
-        &["halt_wait_ns", "halt_poll_success_ns", "halt_poll_fail_ns"],
-        StatUnit::Time100ns,
-    ),
-    (vp::EXTERNAL_INTERRUPTS, &["irq_exits"], StatUnit::Count),
-    (vp::PENDING_INTERRUPTS, &["irq_window_exits"], StatUnit::Count),
-    (vp::EMULATED_INSTRUCTIONS, &["insn_emulation"], StatUnit::Count),
-    (vp::PAGE_FAULT_INTERCEPTS, &["pf_taken"], StatUnit::Count),
-    (vp::REFLECTED_GUEST_PAGE_FAULTS, &["pf_guest"], StatUnit::Count),
-    (vp::VIRTUAL_INTERRUPTS, &["irq_injections"], StatUnit::Count),
-];
+const FROM_KVM_STATS: [&Counter; maintained_count(ObjectKind::Vp, SourceKind::KvmStats)] =
+    maintained_by(ObjectKind::Vp, SourceKind::KvmStats);
+
+/// The VP counters kept from tracepoint counts: the catalog's `Tracepoint(..)` rows.
+const FROM_TRACEPOINTS: [&Counter; maintained_count(ObjectKind::Vp, SourceKind::Tracepoint)] =
+    maintained_by(ObjectKind::Vp, SourceKind::Tracepoint);
+
+/// The VP counters kept from the thread's clocks and perf software events.
+const FROM_THREAD: [&Counter;
+    maintained_count(ObjectKind::Vp, SourceKind::ThreadTime)
+        + maintained_count(ObjectKind::Vp, SourceKind::PerfSoftware)] = {
+    const T: usize = maintained_count(ObjectKind::Vp, SourceKind::ThreadTime);
+    const P: usize = maintained_count(ObjectKind::Vp, SourceKind::PerfSoftware);
+    let times: [&Counter; T] = maintained_by(ObjectKind::Vp, SourceKind::ThreadTime);
+    let perf: [&Counter; P] = maintained_by(ObjectKind::Vp, SourceKind::PerfSoftware);
+    let mut out = [&hvstats_abi::CATALOG[0]; T + P];
+    let mut i = 0;
+    while i < T + P {
+        out[i] = if i < T { times[i] } else { perf[i - T] };
+        i += 1;
+    }
+    out
+};
+
+/// The statistics a KVM-stats counter sums (none for a counter of another source).
+pub(crate) fn kvm_stat_names(counter: &Counter) -> &'static [&'static str] {
+    match counter.maintained.source() {
+        Some(Source::KvmStats(key)) => key.names(),
+        _ => &[],
+    }
+}
+
+/// A counter's value from the sum of its statistics: nanoseconds converted to its time unit,
+/// raw counts otherwise.
+fn stat_value(counter: &Counter, stats: &[Stat], data: &[u64]) -> u64 {
+    match counter.unit {
+        Unit::Time100ns => stats.iter().map(|s| s.nanoseconds(data)).sum::<u64>() / 100,
+        Unit::Nanoseconds => stats.iter().map(|s| s.nanoseconds(data)).sum(),
+        _ => stats.iter().map(|s| s.raw(data)).sum(),
+    }
+}
+
+/// Writes a tracepoint reading into `page`: each tracepoint counter gets its count, with the
+/// userspace part KVM's tracepoint does not see (MSR exits) added and the part it counts as
+/// something else (hypercall port writes, which `kvm_pio` sees) taken off. A tracepoint that is
+/// unavailable (or unreadable right now) leaves its counter as it is: never a guessed value.
+pub(crate) fn write_tracepoint_counts(page: &SharedPage, counts: &TracepointCounts, user: &UserExitCounts) {
+    let user_msr = user.msr.load(Ordering::Relaxed);
+    let hypercalls = user.hypercalls.load(Ordering::Relaxed);
+    for counter in FROM_TRACEPOINTS {
+        let Some(Source::Tracepoint(tp)) = counter.maintained.source() else { continue };
+        let Some(n) = counts[tp.index()] else { continue };
+        let value = match tp {
+            Tracepoint::Msr => n + user_msr,
+            Tracepoint::Pio => n.saturating_sub(hypercalls),
+            _ => n,
+        };
+        page.set(counter.id, value);
+    }
+}
+
+/// Writes the thread's times (written together: Hypervisor run time = total less guest time of
+/// the same reading) and its migrations, when read, into `page`.
+pub(crate) fn write_thread_counts(page: &SharedPage, times: ThreadTimes, migrated: Option<u64>) {
+    for counter in FROM_THREAD {
+        let value = match counter.maintained.source() {
+            Some(Source::ThreadTime(ThreadTime::Total)) => Some(times.total_100ns),
+            Some(Source::ThreadTime(ThreadTime::Hypervisor)) => Some(times.hypervisor_100ns()),
+            Some(Source::PerfSoftware(PerfSoftwareEvent::CpuMigrations)) => migrated,
+            _ => None,
+        };
+        if let Some(v) = value {
+            page.set(counter.id, v);
+        }
+    }
+}
 
 /// A vCPU's KVM statistics with the ones hvstats keeps looked up once, and a buffer for the data
 /// block, so a refresh is one `pread` and a few indexed loads.
 #[derive(Debug)]
-struct VcpuStats {
+pub(crate) struct VcpuStats {
     stats: KvmStats,
     /// By [`FROM_KVM_STATS`] row, the statistics the kernel has (one it lacks adds nothing).
     lookups: [Vec<Stat>; FROM_KVM_STATS.len()],
@@ -197,24 +252,20 @@ struct VcpuStats {
 }
 
 impl VcpuStats {
-    fn new(stats: KvmStats) -> Self {
+    pub(crate) fn new(stats: KvmStats) -> Self {
         let lookups =
-            FROM_KVM_STATS.map(|(_, names, _)| names.iter().filter_map(|n| stats.stat(n)).collect());
+            FROM_KVM_STATS.map(|c| kvm_stat_names(c).iter().filter_map(|n| stats.stat(n)).collect());
         let data = vec![0; stats.data_words()];
         Self { stats, lookups, data }
     }
 
     /// Reads the statistics and writes their counters; leaves them as they are when the read fails.
-    fn merge(&mut self, page: &SharedPage) {
+    pub(crate) fn merge(&mut self, page: &SharedPage) {
         if self.stats.read_into(&mut self.data).is_err() {
             return;
         }
-        for ((counter, _, unit), stats) in FROM_KVM_STATS.iter().zip(&self.lookups) {
-            let value = match unit {
-                StatUnit::Count => stats.iter().map(|s| s.raw(&self.data)).sum(),
-                StatUnit::Time100ns => stats.iter().map(|s| s.nanoseconds(&self.data)).sum::<u64>() / 100,
-            };
-            page.set(*counter, value);
+        for (counter, stats) in FROM_KVM_STATS.iter().zip(&self.lookups) {
+            page.set(counter.id, stat_value(counter, stats, &self.data));
         }
     }
 }
@@ -225,14 +276,13 @@ impl VcpuStats {
 /// can see change from one instruction to the next: the intercepts KVM handles in the kernel
 /// (tracepoints, one group read) and KVM's statistics (one `pread`). The *time* part reads the
 /// thread's CPU and guest time and its migrations, which change whenever the thread runs. The VP
-/// thread refreshes its own page at every hypercall with the exit part only
-/// ([`refresh`](Self::refresh)); every other caller (the collector, the WHv API) and the end of
-/// the VP merge both. Either way every value written is exact at the moment it is written: the
+/// thread refreshes its own page at every hypercall with the exit part only; every other caller
+/// (the collector, the WHv API) and the end of the VP merge both ([`merge`](Self::merge)). Which
+/// one runs is the caller's choice, made where it calls (see `vp::Refresh`). Either way every value written is exact at the moment it is written: the
 /// times are written together (Hypervisor run time = total less guest time of the same reading),
 /// never one updated without the other.
 #[derive(Debug)]
 pub struct VpSources {
-    tid: libc::pid_t,
     tracepoints: VpTracepoints,
     stats: Option<VcpuStats>,
     migrations: Option<Migrations>,
@@ -247,7 +297,6 @@ impl VpSources {
     /// Opens the sources of thread `tid` running the vCPU whose fd is `vcpu_fd`.
     pub fn open(tid: libc::pid_t, vcpu_fd: std::os::fd::RawFd) -> Self {
         Self {
-            tid,
             tracepoints: VpTracepoints::open(tid),
             stats: KvmStats::open(vcpu_fd).ok().map(VcpuStats::new),
             migrations: Migrations::open(tid).ok(),
@@ -269,26 +318,13 @@ impl VpSources {
         self.stats.as_ref().map(|s| &s.stats)
     }
 
-    /// Marks the thread as exited: its times stay at the last reading (its tid may be reused).
-    /// Called on the VP's own thread as it ends, this takes that last reading first, so the next
-    /// merge writes the thread's final times.
-    pub fn thread_exited(&mut self) {
-        if !self.thread_gone && thread_time::current_tid() == self.tid {
+    /// Called on the VP's own thread as it ends: takes the thread's last times, so the next
+    /// merge writes its final times, and keeps them from then on (its tid may be reused).
+    pub fn thread_exiting(&mut self) {
+        if !self.thread_gone {
             self.read_times();
         }
         self.thread_gone = true;
-    }
-
-    /// True on the VP's own thread while it runs the VP.
-    fn on_own_thread(&self) -> bool {
-        !self.thread_gone && thread_time::current_tid() == self.tid
-    }
-
-    /// What the VP thread does before a hypercall and any other caller whenever it wants exact
-    /// values: on the VP's own thread the exit part ([`merge_exits`](Self::merge_exits)), elsewhere
-    /// everything ([`merge`](Self::merge)).
-    pub fn refresh(&mut self, page: &SharedPage, user: &UserExitCounts) -> VpExtras {
-        if self.on_own_thread() { self.merge_exits(page, user) } else { self.merge(page, user) }
     }
 
     /// Reads every source and writes its values into `page`.
@@ -297,11 +333,7 @@ impl VpSources {
         if !self.thread_gone {
             self.read_times();
         }
-        if let Some(m) = self.migrated {
-            page.set(vp::LOGICAL_PROCESSOR_MIGRATIONS, m);
-        }
-        page.set(vp::TOTAL_RUN_TIME, self.times.total_100ns);
-        page.set(vp::HYPERVISOR_RUN_TIME, self.times.hypervisor_100ns());
+        write_thread_counts(page, self.times, self.migrated);
         extras
     }
 
@@ -319,28 +351,8 @@ impl VpSources {
     /// into `page`: every counter a guest can see change because of what it executed.
     pub fn merge_exits(&mut self, page: &SharedPage, user: &UserExitCounts) -> VpExtras {
         let counts = self.tracepoints.read_all();
-        let tp = |t: Tracepoint| counts[t.index()];
-        let user_msr = user.msr.load(Ordering::Relaxed);
-        let hypercalls = user.hypercalls.load(Ordering::Relaxed);
-        // A tracepoint that is unavailable (or unreadable right now) leaves its counter as it is:
-        // never a guessed value.
-        let from_tracepoints = [
-            (vp::CPUID_INSTRUCTIONS, tp(Tracepoint::Cpuid)),
-            (vp::MSR_ACCESSES, tp(Tracepoint::Msr).map(|n| n + user_msr)),
-            (vp::IO_INSTRUCTIONS, tp(Tracepoint::Pio).map(|n| n.saturating_sub(hypercalls))),
-            (vp::CONTROL_REGISTER_ACCESSES, tp(Tracepoint::Cr)),
-            (vp::APIC_MMIO_ACCESSES, tp(Tracepoint::ApicMmio)),
-            (vp::APIC_TPR_ACCESSES, tp(Tracepoint::ApicTpr)),
-            (vp::APIC_EOI_ACCESSES, tp(Tracepoint::ApicEoi)),
-            (vp::APIC_IPIS_SENT, tp(Tracepoint::ApicIpi)),
-            (vp::APIC_SELF_IPIS_SENT, tp(Tracepoint::ApicSelfIpi)),
-        ];
-        for (counter, value) in from_tracepoints {
-            if let Some(v) = value {
-                page.set(counter, v);
-            }
-        }
-        if let Some(n) = tp(Tracepoint::InjException) {
+        write_tracepoint_counts(page, &counts, user);
+        if let Some(n) = counts[Tracepoint::InjException.index()] {
             self.exceptions = n;
         }
         if let Some(stats) = self.stats.as_mut() {
@@ -381,7 +393,7 @@ pub fn refresh_cost(n: u32) -> Result<RefreshCost, Error> {
             std::hint::black_box(if everything {
                 sources.merge(&page, &user)
             } else {
-                sources.refresh(&page, &user)
+                sources.merge_exits(&page, &user)
             });
         }
         start.elapsed() / n
@@ -393,6 +405,7 @@ pub fn refresh_cost(n: u32) -> Result<RefreshCost, Error> {
 mod tests {
     use super::*;
     use hvstats_abi::ObjectKind;
+    use hvstats_abi::catalog::vp;
 
     /// A vCPU (never run) whose sources are opened for the calling thread, as the VP thread does.
     fn vcpu() -> Option<(kvm_ioctls::VmFd, kvm_ioctls::VcpuFd)> {
@@ -417,7 +430,7 @@ mod tests {
         let page = SharedPage::anonymous(ObjectKind::Vp).unwrap();
         let user = UserExitCounts::default();
         user.msr.store(3, Ordering::Relaxed);
-        sources.refresh(&page, &user);
+        sources.merge_exits(&page, &user);
         if sources.tracepoints().unavailable(Tracepoint::Msr).is_none() {
             // The vCPU never ran: KVM handled no MSR access, the run loop three.
             assert_eq!(page.get(vp::MSR_ACCESSES), 3);
@@ -433,12 +446,16 @@ mod tests {
         while start.elapsed() < std::time::Duration::from_millis(3) {
             x = std::hint::black_box(x.wrapping_add(1));
         }
-        sources.thread_exited();
-        sources.refresh(&page, &user);
-        let last = page.get(vp::TOTAL_RUN_TIME);
-        assert!(last > total, "a refresh after the thread ended writes everything, final times included");
+        sources.thread_exiting();
         sources.merge(&page, &user);
-        assert_eq!(page.get(vp::TOTAL_RUN_TIME), last);
+        let last = page.get(vp::TOTAL_RUN_TIME);
+        assert!(last > total, "a merge after the thread ended writes its final times");
+        let start = std::time::Instant::now();
+        while start.elapsed() < std::time::Duration::from_millis(3) {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+        sources.merge(&page, &user);
+        assert_eq!(page.get(vp::TOTAL_RUN_TIME), last, "the final times are kept");
     }
 
     #[test]

@@ -13,17 +13,17 @@ use std::sync::{Arc, Mutex};
 
 use hvstats::hypercall::{self, CallerContext, GuestMemory, NotRam, OverlayError, StatsOverlays};
 use hvstats::{Hypervisor, MappedPage, SharedPage};
-use hvstats_abi::CounterId;
-use hvstats_abi::catalog::vp;
 use hvstats_abi::hypercall::{HypercallClass, HypercallInput, PartitionPrivileges};
+use hvstats_abi::source::hypercall_class_counter;
 use kvm_bindings::kvm_cpuid_entry2;
 
+use crate::guest_space::{GuestSpace, OverlayBacking};
 use crate::handlers::{Handlers, HypercallHandler, MsrHandler, VpContext};
 use crate::hyperv::{
     Enlightenment, HYPERCALL_CODE, HYPERCALL_PORT, MsrEffect, SYNTHETIC_MSRS, SyntheticMsrs,
 };
 use crate::memory::GuestRam;
-use crate::partition::{OverlayBacking, Partition, PartitionConfig};
+use crate::partition::PartitionConfig;
 
 /// Pages of a partition's GPA space: the 4 GiB the VMM's identity map covers. A stats page mapped
 /// at or beyond it is recorded but not accessible (seed 003).
@@ -78,7 +78,7 @@ impl MsrHandler for HyperV {
     }
 
     fn write(&self, vp: &mut VpContext<'_>, msr: u32, value: u64) -> bool {
-        let ram = vp.partition.ram();
+        let ram = vp.space.ram();
         let mut msrs = self.msrs();
         match msrs.write(msr, value, ram.size()) {
             Ok(MsrEffect::InstallHypercallPage(gpa)) => {
@@ -90,17 +90,11 @@ impl MsrHandler for HyperV {
     }
 }
 
-/// The VP counter of each hypercall class (seed 001).
-fn class_counter(class: HypercallClass) -> CounterId {
-    match class {
-        HypercallClass::GpaSpace => vp::GPA_SPACE_HYPERCALLS,
-        HypercallClass::LogicalProcessor => vp::LOGICAL_PROCESSOR_HYPERCALLS,
-        HypercallClass::LongSpinWait => vp::LONG_SPIN_WAIT_HYPERCALLS,
-        HypercallClass::SyntheticInterrupt => vp::SYNTHETIC_INTERRUPT_HYPERCALLS,
-        HypercallClass::VirtualInterrupt => vp::VIRTUAL_INTERRUPT_HYPERCALLS,
-        HypercallClass::VirtualMmu => vp::VIRTUAL_MMU_HYPERCALLS,
-        HypercallClass::VirtualProcessor => vp::VIRTUAL_PROCESSOR_HYPERCALLS,
-        HypercallClass::Other => vp::OTHER_HYPERCALLS,
+/// Counts a hypercall of `class` in the caller's VP page, under the counter the catalog gives the
+/// class (seed 001).
+pub(crate) fn count_hypercall_class(page: &SharedPage, class: HypercallClass) {
+    if let Some(counter) = hypercall_class_counter(class) {
+        page.add(counter, 1);
     }
 }
 
@@ -115,24 +109,18 @@ impl HypercallHandler for HyperV {
             (join(regs.rdx, regs.rax), join(regs.rbx, regs.rcx), join(regs.rdi, regs.rsi))
         };
         let input = HypercallInput(input);
-        if let Some(page) = vp.partition.stats().vp_page(vp.index) {
-            page.add(class_counter(input.code().class()), 1);
+        if let Some(page) = vp.stats.vp_page(vp.index) {
+            count_hypercall_class(page, input.code().class());
         }
-        let partition = vp.partition;
-        let ctx = CallerContext::guest(
-            &self.hypervisor,
-            partition.stats().id(),
-            vp.index,
-            self.privileges,
-            GPA_SPACE_PAGES,
-        );
+        let ctx =
+            CallerContext::guest(&self.hypervisor, vp.stats.id(), vp.index, self.privileges, GPA_SPACE_PAGES);
         let output = hypercall::dispatch(
             &ctx,
             input,
             input_gpa,
             output_gpa,
-            &mut RamAccess(partition.ram()),
-            &mut KvmOverlays(partition),
+            &mut RamAccess(vp.space.ram()),
+            &mut KvmOverlays(vp.space),
         );
         if long_mode {
             regs.rax = output.0;
@@ -172,7 +160,7 @@ impl OverlayBacking for ReadOnlyPage {
 }
 
 /// Stats overlays as read-only KVM memory slots of the partition.
-struct KvmOverlays<'a>(&'a Partition);
+struct KvmOverlays<'a>(&'a GuestSpace);
 
 impl StatsOverlays for KvmOverlays<'_> {
     fn map_overlay(&mut self, gpa_page: u64, page: &SharedPage) -> Result<(), OverlayError> {

@@ -26,9 +26,38 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
-    /// The partition configuration cannot work.
-    #[error("invalid partition configuration: {0}")]
-    Config(String),
+    /// The partition asks for a number of VPs the guest layout has no stacks for.
+    #[error("{count} VPs: between 1 and {max} are supported")]
+    VpCount {
+        /// VPs asked for.
+        count: u32,
+        /// The most the layout holds.
+        max: u32,
+    },
+    /// Guest RAM of a size hvstats does not build.
+    #[error("memory of {bytes:#x} bytes: a multiple of 4 KiB between 1 MiB and 3 GiB is supported")]
+    MemorySize {
+        /// The size asked for.
+        bytes: u64,
+    },
+    /// KVM lacks a capability every partition needs.
+    #[error("KVM lacks {name}")]
+    MissingCapability {
+        /// The capability.
+        name: &'static str,
+    },
+    /// A VP's CPUID table is larger than KVM takes.
+    #[error("{count} CPUID entries: KVM takes at most {max}", max = kvm_bindings::KVM_MAX_CPUID_ENTRIES)]
+    TooManyCpuidEntries {
+        /// Entries in the table.
+        count: usize,
+    },
+    /// A real-mode entry point above what real mode can address.
+    #[error("real-mode entry {entry:#x} is not below 1 MiB")]
+    RealModeEntry {
+        /// The entry point.
+        entry: u64,
+    },
     /// An image or a write does not fit guest memory.
     #[error("{what} at {gpa:#x} (+{len:#x}) is outside guest memory ({size:#x} bytes)")]
     OutOfRam {

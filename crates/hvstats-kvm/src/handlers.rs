@@ -10,12 +10,13 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use hvstats_guest::layout;
-use hvstats_guest::workload::SINK_MSR;
+use hvstats_abi::boot::{self as layout, SINK_MSR};
 use kvm_bindings::{KVM_SYNC_X86_REGS, KVM_SYNC_X86_SREGS, kvm_regs};
 use kvm_ioctls::{SyncReg, VcpuFd};
 
-use crate::partition::Partition;
+use hvstats::PartitionStats;
+
+use crate::guest_space::GuestSpace;
 
 /// What the run loop does after a port write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,18 +35,15 @@ pub struct VpContext<'a> {
     /// [`Self::long_mode`] and [`Self::set_regs`] use the registers KVM synced into `kvm_run`
     /// when the partition syncs them, and the register ioctls otherwise.
     pub vcpu: &'a mut VcpuFd,
-    /// The partition.
-    pub partition: &'a Partition,
+    /// The partition's guest physical address space: RAM and stats overlays.
+    pub space: &'a GuestSpace,
+    /// The partition's stats objects.
+    pub stats: &'a PartitionStats,
     /// The VP's serial output so far.
     pub serial: &'a mut Vec<u8>,
 }
 
 impl VpContext<'_> {
-    /// Merges the VP's kernel sources into its page now, so the guest reads exact values.
-    pub fn refresh_counters(&self) {
-        self.partition.refresh(self.index);
-    }
-
     fn synced(&mut self, set: u32) -> bool {
         self.vcpu.get_kvm_run().kvm_valid_regs & u64::from(set) != 0
     }

@@ -10,11 +10,7 @@ use hvstats_abi::hypercall::{
     INTERFACE_SIGNATURE, MSR_GUEST_OS_ID, MSR_HYPERCALL, MSR_VP_INDEX, PartitionPrivileges,
 };
 
-/// The port the hypercall page writes to; a write there is the hypercall instruction.
-pub const HYPERCALL_PORT: u8 = 0xF5;
-
-/// The hypercall page code: `out HYPERCALL_PORT, al; ret`.
-pub const HYPERCALL_CODE: [u8; 3] = [0xE6, HYPERCALL_PORT, 0xC3];
+pub use hvstats_abi::boot::{HYPERCALL_CODE, HYPERCALL_PORT};
 
 /// The synthetic MSRs hvstats handles.
 pub const SYNTHETIC_MSRS: [u32; 3] = [MSR_GUEST_OS_ID, MSR_HYPERCALL, MSR_VP_INDEX];

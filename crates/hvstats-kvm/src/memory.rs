@@ -24,7 +24,7 @@ impl GuestRam {
     /// When the size is not page-aligned or mmap fails.
     pub fn new(size: u64) -> Result<Self, Error> {
         if size == 0 || size % 4096 != 0 {
-            return Err(Error::Config(format!("memory size {size:#x} is not a positive multiple of 4 KiB")));
+            return Err(Error::MemorySize { bytes: size });
         }
         // SAFETY: anonymous private mapping at an address the kernel picks; checked below.
         let ptr = unsafe {
@@ -40,7 +40,10 @@ impl GuestRam {
         if ptr == libc::MAP_FAILED {
             return Err(Error::Host { op: "mmap of guest RAM", source: std::io::Error::last_os_error() });
         }
-        let ptr = NonNull::new(ptr.cast()).ok_or(Error::Config("mmap returned null".into()))?;
+        let ptr = NonNull::new(ptr.cast()).ok_or_else(|| Error::Host {
+            op: "mmap of guest RAM",
+            source: std::io::Error::other("mmap returned a null mapping"),
+        })?;
         Ok(Self { ptr, size })
     }
 

@@ -1,8 +1,7 @@
 //! CPU mode set-up: the tables the VMM writes into guest RAM and the register state a VP starts
 //! with, for real, protected (32-bit flat) and long (64-bit, identity-mapped) mode.
 
-use hvstats_guest::Mode;
-use hvstats_guest::layout;
+use hvstats_abi::boot::{self as layout, Mode};
 use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
 
 use crate::error::Error;
@@ -96,7 +95,7 @@ fn real_segment(base: u64) -> kvm_segment {
 
 /// The stack top of VP `index`.
 pub fn stack_top(index: u32) -> u64 {
-    layout::STACKS_TOP - index as u64 * layout::STACK_SIZE
+    layout::stack_top(index)
 }
 
 /// Sets `sregs` and builds the registers VP `index` of `count` starts with at `entry`.

@@ -8,72 +8,20 @@
 //! makes KVM_RUN return EINTR wherever the thread is.
 
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, Once};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use hvstats::hwc::{GuestCounts, VpHardwareCounters};
+use hvstats::whv::VpExtras;
+use hvstats::{PartitionStats, SharedPage};
 use kvm_bindings::{KVM_SYNC_X86_REGS, KVM_SYNC_X86_SREGS};
 use kvm_ioctls::{SyncReg, VcpuExit, VcpuFd};
 
 use crate::accounting::{ExitAccounting, ExitClass, UserExitCounts, VpSources};
 use crate::cycles;
-use crate::handlers::{PortAction, VpContext};
-use crate::partition::Partition;
+use crate::guest_space::{GuestSpace, VpPresence};
+use crate::handlers::{Handlers, PortAction, VpContext};
 use crate::sources::thread_time::gettid;
-
-/// Keeps VPs out of the guest while the partition changes its memory slots.
-///
-/// A changer closes the gate, kicks every VP that is in KVM_RUN and waits until none is; a VP
-/// sets its `in_guest` flag before looking at the gate (both sequentially consistent), so either
-/// the changer sees the flag and waits for it, or the VP sees the gate closed and waits.
-#[derive(Debug, Default)]
-pub(crate) struct GuestGate {
-    closed: AtomicBool,
-    changer: Mutex<()>,
-    opened: std::sync::Condvar,
-    waiters: Mutex<()>,
-}
-
-impl GuestGate {
-    fn closed(&self) -> bool {
-        self.closed.load(Ordering::SeqCst)
-    }
-
-    fn wait_open(&self, stop: impl Fn() -> bool) {
-        let mut g = lock(&self.waiters);
-        while self.closed() && !stop() {
-            g = self
-                .opened
-                .wait_timeout(g, std::time::Duration::from_millis(10))
-                .map(|r| r.0)
-                .unwrap_or_else(|e| e.into_inner().0);
-        }
-    }
-
-    /// Runs `change` with no VP in the guest. The VP calling this (from a handler) is not in the
-    /// guest, so it may.
-    pub(crate) fn exclusive<T>(&self, vps: &[VpShared], change: impl FnOnce() -> T) -> T {
-        let _changer = lock(&self.changer);
-        self.closed.store(true, Ordering::SeqCst);
-        // Kicked VPs leave KVM_RUN within microseconds; the bound only keeps a broken kick from
-        // hanging the host.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-        while vps.iter().any(VpShared::in_guest) && std::time::Instant::now() < deadline {
-            for vp in vps.iter().filter(|vp| vp.in_guest()) {
-                vp.kick();
-            }
-            std::thread::sleep(std::time::Duration::from_micros(200));
-        }
-        let result = change();
-        {
-            let _w = lock(&self.waiters);
-            self.closed.store(false, Ordering::SeqCst);
-        }
-        self.opened.notify_all();
-        result
-    }
-}
 
 /// Why a VP stopped other than by writing the exit port.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -102,96 +50,79 @@ pub struct VpOutcome {
     pub hardware: Option<Result<GuestCounts, String>>,
 }
 
-/// Where to kick a running VP thread.
-#[derive(Debug, Default)]
-struct KickTarget {
-    live: bool,
-    thread: u64,
-    run: usize,
+/// A hardware counter allocation the VPs count guest cycles and instructions under.
+#[derive(Clone, Debug)]
+pub struct HardwareCounters {
+    /// The host's shared allocation table.
+    pub allocator: Arc<hvstats::hwc::Allocator>,
+    /// The allocation (it must cover every processor the VP threads may run on).
+    pub handle: hvstats::hwc::CounterSetHandle,
 }
 
-/// The state of a VP shared between its thread and the partition.
+/// The state of a VP its thread and the partition share: the run loop's own counts and the
+/// VP's kernel sources (opened by its thread when it starts).
 #[derive(Debug)]
 pub(crate) struct VpShared {
     pub(crate) index: u32,
     pub(crate) user: UserExitCounts,
-    pub(crate) sources: Mutex<Option<VpSources>>,
-    pub(crate) exceptions: AtomicU64,
-    stop: AtomicBool,
-    /// True while the thread is in (or about to enter) KVM_RUN; see [`GuestGate`].
-    in_guest: AtomicBool,
-    kick: Mutex<KickTarget>,
+    sources: Mutex<Option<VpSources>>,
+}
+
+/// Who merges a VP's sources into its page, which decides what is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refresh {
+    /// The VP's own thread, before a hypercall and as it ends: the intercept counters a guest can
+    /// check ([`VpSources::merge_exits`]).
+    OwnThread,
+    /// Any other thread (the collector, the WHv API, the end of a run): every source
+    /// ([`VpSources::merge`]).
+    Everything,
+}
+
+impl VpShared {
+    pub(crate) fn new(index: u32) -> Self {
+        Self { index, user: UserExitCounts::default(), sources: Mutex::new(None) }
+    }
+
+    /// Merges the VP's sources into `page` as `mode` says; the exception count of the reading
+    /// (0 before the VP started).
+    pub(crate) fn refresh(&self, page: &SharedPage, mode: Refresh) -> VpExtras {
+        match lock(&self.sources).as_mut() {
+            Some(sources) => match mode {
+                Refresh::OwnThread => sources.merge_exits(page, &self.user),
+                Refresh::Everything => sources.merge(page, &self.user),
+            },
+            None => VpExtras::default(),
+        }
+    }
+
+    /// Runs `f` on the VP's sources, once its thread opened them.
+    pub(crate) fn with_sources<T>(&self, f: impl FnOnce(&VpSources) -> T) -> Option<T> {
+        lock(&self.sources).as_ref().map(f)
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The signal that interrupts KVM_RUN; its handler does nothing.
-fn kick_signal() -> libc::c_int {
-    libc::SIGRTMIN() + 3
-}
-
-extern "C" fn on_kick(_: libc::c_int) {}
-
-fn install_kick_handler() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        // SAFETY: a zeroed sigaction with a handler that does nothing (async-signal-safe) and no
-        // SA_RESTART, so KVM_RUN returns EINTR.
-        unsafe {
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_kick as *const () as usize;
-            libc::sigemptyset(&mut sa.sa_mask);
-            libc::sigaction(kick_signal(), &sa, std::ptr::null_mut());
-        }
-    });
-}
-
-impl VpShared {
-    pub(crate) fn new(index: u32) -> Self {
-        install_kick_handler();
-        Self {
-            index,
-            user: UserExitCounts::default(),
-            sources: Mutex::new(None),
-            exceptions: AtomicU64::new(0),
-            stop: AtomicBool::new(false),
-            in_guest: AtomicBool::new(false),
-            kick: Mutex::new(KickTarget::default()),
-        }
-    }
-
-    /// Asks the VP to stop and kicks it out of KVM_RUN. Safe to repeat.
-    pub(crate) fn request_stop(&self) {
-        self.stop.store(true, Ordering::SeqCst);
-        self.kick();
-    }
-
-    /// Makes KVM_RUN return (now, or at once when it is next entered) without stopping the VP.
-    pub(crate) fn kick(&self) {
-        let k = lock(&self.kick);
-        if k.live {
-            // SAFETY: `run` is the vCPU's kvm_run mapping, alive while `live` is set (the VP thread
-            // clears it under this lock before dropping the vCPU). A volatile byte store is what
-            // KVM expects of immediate_exit.
-            unsafe {
-                let run = k.run as *mut kvm_bindings::kvm_run;
-                std::ptr::write_volatile(std::ptr::addr_of_mut!((*run).immediate_exit), 1);
-            }
-            // SAFETY: `thread` is the VP thread's pthread_t; it is not joined while `live` is set.
-            unsafe { libc::pthread_kill(k.thread as libc::pthread_t, kick_signal()) };
-        }
-    }
-
-    /// True while the VP thread is inside KVM_RUN (or about to enter it).
-    pub(crate) fn in_guest(&self) -> bool {
-        self.in_guest.load(Ordering::SeqCst)
-    }
-
-    fn stopping(&self) -> bool {
-        self.stop.load(Ordering::Relaxed)
-    }
+/// What a VP thread needs of its partition: its page, the handlers, the guest space (RAM, the
+/// gate, its presence), the partition's stats object, and how to run.
+pub(crate) struct VpEnv<'a> {
+    /// The VP's stats page, when the instance has one for it.
+    pub(crate) page: Option<&'a SharedPage>,
+    /// The partition's stats objects (overlay writes, the active flag).
+    pub(crate) stats: &'a PartitionStats,
+    /// The handlers exits are routed to.
+    pub(crate) handlers: &'a Handlers,
+    /// Guest memory and the gate.
+    pub(crate) space: &'a GuestSpace,
+    /// The register sets (`KVM_SYNC_X86_*` bits) KVM copies into `kvm_run` at every exit.
+    pub(crate) sync_regs: u64,
+    /// Whether userspace exits are accounted.
+    pub(crate) accounting: bool,
+    /// The hardware counter allocation to count guest cycles and instructions under.
+    pub(crate) hardware: Option<&'a HardwareCounters>,
 }
 
 enum Step {
@@ -201,31 +132,8 @@ enum Step {
 }
 
 /// Runs VP `shared.index` on the calling thread until it stops, faults or is stopped.
-pub(crate) fn run(partition: &Partition, shared: &VpShared, mut vcpu: VcpuFd, accounting: bool) -> VpOutcome {
+pub(crate) fn run(env: &VpEnv<'_>, shared: &VpShared, mut vcpu: VcpuFd) -> VpOutcome {
     let index = shared.index;
-    *lock(&shared.sources) = Some(VpSources::open(gettid(), vcpu.as_raw_fd()));
-    {
-        let mut k = lock(&shared.kick);
-        // SAFETY: pthread_self has no preconditions.
-        k.thread = unsafe { libc::pthread_self() } as u64;
-        k.run = vcpu.get_kvm_run() as *mut kvm_bindings::kvm_run as usize;
-        k.live = true;
-    }
-    let sync = partition.sync_regs();
-    for (set, reg) in [(KVM_SYNC_X86_REGS, SyncReg::Register), (KVM_SYNC_X86_SREGS, SyncReg::SystemRegister)]
-    {
-        if sync & u64::from(set) != 0 {
-            vcpu.set_sync_valid_reg(reg);
-        }
-    }
-    let mut hardware = partition
-        .config()
-        .hardware_counters
-        .as_ref()
-        .map(|h| VpHardwareCounters::open(&h.allocator, h.handle, 0).map_err(|e| e.to_string()));
-    let page = partition.stats().vp_page(index);
-    let mut acct = ExitAccounting::new(accounting && page.is_some());
-    let mut serial = Vec::new();
     let mut outcome = VpOutcome {
         index,
         exit_status: None,
@@ -234,15 +142,31 @@ pub(crate) fn run(partition: &Partition, shared: &VpShared, mut vcpu: VcpuFd, ac
         run_time: Default::default(),
         hardware: None,
     };
+    let Some(presence) = env.space.vp(index) else {
+        outcome.fault = Some(VpFault { reason: format!("no VP {index} in the guest space"), rip: 0 });
+        return outcome;
+    };
+    *lock(&shared.sources) = Some(VpSources::open(gettid(), vcpu.as_raw_fd()));
+    presence.enter(vcpu.get_kvm_run());
+    for (set, reg) in [(KVM_SYNC_X86_REGS, SyncReg::Register), (KVM_SYNC_X86_SREGS, SyncReg::SystemRegister)]
+    {
+        if env.sync_regs & u64::from(set) != 0 {
+            vcpu.set_sync_valid_reg(reg);
+        }
+    }
+    let mut hardware =
+        env.hardware.map(|h| VpHardwareCounters::open(&h.allocator, h.handle, 0).map_err(|e| e.to_string()));
+    let mut acct = ExitAccounting::new(env.accounting && env.page.is_some());
+    let mut serial = Vec::new();
     let started = Instant::now();
     loop {
-        if shared.stopping() {
+        if presence.stopping() {
             outcome.fault =
                 Some(VpFault { reason: "stopped before it exited (timeout)".into(), rip: rip(&vcpu) });
             break;
         }
-        let (class, step) = step(partition, shared, &mut vcpu, &mut serial, &mut acct);
-        if let (Some((class, t0)), Some(page)) = (class, page) {
+        let (class, step) = step(env, shared, presence, &mut vcpu, &mut serial, &mut acct);
+        if let (Some((class, t0)), Some(page)) = (class, env.page) {
             acct.record(page, &shared.user, class, cycles::now().wrapping_sub(t0));
         }
         match step {
@@ -264,13 +188,15 @@ pub(crate) fn run(partition: &Partition, shared: &VpShared, mut vcpu: VcpuFd, ac
     });
     if outcome.fault.is_some() {
         // A partition with a faulted VP is being torn down: no longer active.
-        partition.stats().set_active(false);
+        env.stats.set_active(false);
     }
-    partition.refresh(index);
+    if let Some(page) = env.page {
+        shared.refresh(page, Refresh::OwnThread);
+    }
     if let Some(s) = lock(&shared.sources).as_mut() {
-        s.thread_exited();
+        s.thread_exiting();
     }
-    lock(&shared.kick).live = false;
+    presence.leave();
     drop(vcpu);
     outcome.serial = serial;
     outcome
@@ -283,28 +209,21 @@ fn rip(vcpu: &VcpuFd) -> u64 {
 /// One KVM_RUN and the handling of its exit; returns the exit's class and the time its handling
 /// started (for accounting), and what to do next.
 fn step(
-    partition: &Partition,
+    env: &VpEnv<'_>,
     shared: &VpShared,
+    presence: &VpPresence,
     vcpu: &mut VcpuFd,
     serial: &mut Vec<u8>,
     acct: &mut ExitAccounting,
 ) -> (Option<(ExitClass, u64)>, Step) {
     let index = shared.index;
-    let handlers = partition.handlers();
+    let handlers = env.handlers;
     // Memory slot changes wait until no VP is in the guest (a guest must never see a slot gap).
-    loop {
-        shared.in_guest.store(true, Ordering::SeqCst);
-        if !partition.gate().closed() {
-            break;
-        }
-        shared.in_guest.store(false, Ordering::SeqCst);
-        partition.gate().wait_open(|| shared.stopping());
-        if shared.stopping() {
-            return (None, Step::Continue);
-        }
+    if !presence.enter_guest(env.space.gate()) {
+        return (None, Step::Continue);
     }
     let exit = vcpu.run();
-    shared.in_guest.store(false, Ordering::SeqCst);
+    presence.left_guest();
     let t0 = if acct.enabled() { Some(cycles::now()) } else { None };
     let with = |class: ExitClass| t0.map(|t| (class, t));
     match exit {
@@ -319,12 +238,12 @@ fn step(
                 large = data.to_vec();
                 &large
             };
-            let mut ctx = VpContext { index, vcpu, partition, serial };
+            let mut ctx = VpContext { index, vcpu, space: env.space, stats: env.stats, serial };
             if let Some(h) = handlers.hypercall_ports.get(&port) {
-                if let Some(page) = partition.stats().vp_page(index) {
+                if let Some(page) = env.page {
                     acct.begin_hypercall(page, &shared.user);
+                    shared.refresh(page, Refresh::OwnThread);
                 }
-                partition.refresh(index);
                 let step = match h.hypercall(&mut ctx) {
                     Ok(()) => Step::Continue,
                     Err(e) => Step::Fault(format!("hypercall failed: {e}")),
@@ -349,7 +268,7 @@ fn step(
                 large.resize(len, 0xFF);
                 &mut large
             };
-            let mut ctx = VpContext { index, vcpu, partition, serial };
+            let mut ctx = VpContext { index, vcpu, space: env.space, stats: env.stats, serial };
             let result = match handlers.ports.get(&port) {
                 Some(h) => h.read(&mut ctx, port, buf),
                 None => Ok(()),
@@ -370,12 +289,12 @@ fn step(
         Ok(VcpuExit::MmioWrite(gpa, _)) => {
             // A write to a read-only stats overlay lands here and changes nothing; the authority
             // keeps its own record of those.
-            partition.stats().record_overlay_write(gpa);
+            env.stats.record_overlay_write(gpa);
             (with(ExitClass::Mmio), Step::Continue)
         }
         Ok(VcpuExit::X86Rdmsr(e)) => {
             let (msr, data, error) = (e.index, e.data as *mut u64, e.error as *mut u8);
-            let mut ctx = VpContext { index, vcpu, partition, serial };
+            let mut ctx = VpContext { index, vcpu, space: env.space, stats: env.stats, serial };
             let value = handlers.msrs.get(&msr).and_then(|h| h.read(&mut ctx, msr));
             // SAFETY: both point into this vCPU's kvm_run mapping, alive with `vcpu`; not running.
             unsafe {
@@ -386,7 +305,7 @@ fn step(
         }
         Ok(VcpuExit::X86Wrmsr(e)) => {
             let (msr, value, error) = (e.index, e.data, e.error as *mut u8);
-            let mut ctx = VpContext { index, vcpu, partition, serial };
+            let mut ctx = VpContext { index, vcpu, space: env.space, stats: env.stats, serial };
             let ok = handlers.msrs.get(&msr).is_some_and(|h| h.write(&mut ctx, msr, value));
             // SAFETY: as for RDMSR.
             unsafe { *error = u8::from(!ok) };
@@ -419,7 +338,7 @@ fn step(
         }
         Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
             let run = vcpu.get_kvm_run();
-            if !shared.stopping() {
+            if !presence.stopping() {
                 run.immediate_exit = 0;
             }
             (None, Step::Continue)

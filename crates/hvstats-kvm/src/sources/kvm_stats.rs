@@ -60,7 +60,7 @@ impl KvmStats {
         Self::parse(file)
     }
 
-    fn parse(file: File) -> io::Result<Self> {
+    pub(crate) fn parse(file: File) -> io::Result<Self> {
         let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, format!("KVM stats: {what}"));
         let mut header = [0u8; HEADER_SIZE];
         file.read_exact_at(&mut header, 0)?;

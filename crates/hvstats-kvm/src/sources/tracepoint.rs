@@ -10,82 +10,25 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use hvstats::perf_event::{PerfCounter, TYPE_TRACEPOINT};
+use hvstats_abi::apic;
 
-/// The KVM tracepoints hvstats counts (some twice, with a filter).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Tracepoint {
-    /// `kvm_cpuid`: CPUID handled in the kernel.
-    Cpuid,
-    /// `kvm_msr`: RDMSR/WRMSR handled in the kernel.
-    Msr,
-    /// `kvm_pio`: every port access (in the kernel or passed to userspace).
-    Pio,
-    /// `kvm_cr`: control register accesses.
-    Cr,
-    /// `kvm_mmio` filtered on the local APIC page: guest accesses to APIC registers. (`kvm_apic`
-    /// would also count EOIs some KVM backends perform themselves when injecting an interrupt.)
-    ApicMmio,
-    /// `kvm_mmio` filtered on the APIC TPR register.
-    ApicTpr,
-    /// `kvm_mmio` filtered on writes of the APIC EOI register.
-    ApicEoi,
-    /// `kvm_apic_ipi`: IPIs sent.
-    ApicIpi,
-    /// `kvm_apic_ipi` filtered on the "self" destination shorthand.
-    ApicSelfIpi,
-    /// `kvm_inj_exception`: exceptions injected.
-    InjException,
-    /// `kvm_page_fault`: page faults KVM intercepted.
-    PageFault,
-}
+pub use hvstats_abi::source::Tracepoint;
 
-impl Tracepoint {
-    /// Every tracepoint, in index order.
-    pub const ALL: [Tracepoint; 11] = [
-        Tracepoint::Cpuid,
-        Tracepoint::Msr,
-        Tracepoint::Pio,
-        Tracepoint::Cr,
-        Tracepoint::ApicMmio,
-        Tracepoint::ApicTpr,
-        Tracepoint::ApicEoi,
-        Tracepoint::ApicIpi,
-        Tracepoint::ApicSelfIpi,
-        Tracepoint::InjException,
-        Tracepoint::PageFault,
-    ];
-
-    /// The event name under `events/kvm/`.
-    pub const fn event(self) -> &'static str {
-        match self {
-            Tracepoint::Cpuid => "kvm_cpuid",
-            Tracepoint::Msr => "kvm_msr",
-            Tracepoint::Pio => "kvm_pio",
-            Tracepoint::Cr => "kvm_cr",
-            Tracepoint::ApicMmio | Tracepoint::ApicTpr | Tracepoint::ApicEoi => "kvm_mmio",
-            Tracepoint::ApicIpi | Tracepoint::ApicSelfIpi => "kvm_apic_ipi",
-            Tracepoint::InjException => "kvm_inj_exception",
-            Tracepoint::PageFault => "kvm_page_fault",
-        }
-    }
-
-    /// The ftrace filter that narrows the event, if any.
-    pub const fn filter(self) -> Option<&'static str> {
-        match self {
-            // kvm_mmio type: 0 unsatisfied read (the read is then traced again), 1 read, 2 write.
-            // The local APIC at its default base 0xFEE00000.
-            Tracepoint::ApicMmio => Some("gpa >= 0xfee00000 && gpa < 0xfee01000 && type != 0"),
-            Tracepoint::ApicTpr => Some("gpa == 0xfee00080 && type != 0"),
-            Tracepoint::ApicEoi => Some("gpa == 0xfee000b0 && type == 2"),
-            // Destination shorthand (ICR bits 19:18) = 01, "self".
-            Tracepoint::ApicSelfIpi => Some("(icr_low & 262144) && !(icr_low & 524288)"),
-            _ => None,
-        }
-    }
-
-    /// The index of the tracepoint in [`Tracepoint::ALL`].
-    pub const fn index(self) -> usize {
-        self as usize
+/// The ftrace filter that narrows `tp`'s event, if any, written from the ABI's APIC facts.
+pub fn filter(tp: Tracepoint) -> Option<String> {
+    // kvm_mmio type: 0 unsatisfied read (the read is then traced again), 1 read, 2 write.
+    let (page, end) = (apic::APIC_BASE, apic::APIC_BASE + apic::APIC_PAGE_SIZE);
+    match tp {
+        Tracepoint::ApicMmio => Some(format!("gpa >= {page:#x} && gpa < {end:#x} && type != 0")),
+        Tracepoint::ApicTpr => Some(format!("gpa == {:#x} && type != 0", apic::APIC_TPR)),
+        Tracepoint::ApicEoi => Some(format!("gpa == {:#x} && type == 2", apic::APIC_EOI)),
+        // Destination shorthand (ICR bits 19:18) = 01, "self".
+        Tracepoint::ApicSelfIpi => Some(format!(
+            "(icr_low & {}) && !(icr_low & {})",
+            apic::ICR_SELF,
+            apic::ICR_SHORTHAND_MASK & !apic::ICR_SELF
+        )),
+        _ => None,
     }
 }
 
@@ -184,11 +127,11 @@ impl VpTracepoints {
             }
             Err(e) => return Err(open_err(e)),
         };
-        if let Some(f) = tp.filter() {
+        if let Some(f) = filter(tp) {
             let c = match &counter {
                 Counter::Grouped { counter, .. } | Counter::Alone(counter) => counter,
             };
-            c.set_filter(f).map_err(|e| format!("filter {f:?} on kvm:{}: {e}", tp.event()))?;
+            c.set_filter(&f).map_err(|e| format!("filter {f:?} on kvm:{}: {e}", tp.event()))?;
         }
         Ok(counter)
     }
@@ -224,5 +167,20 @@ impl VpTracepoints {
     /// Why `tp` is unavailable, if it is.
     pub fn unavailable(&self, tp: Tracepoint) -> Option<&str> {
         self.counters[tp.index()].as_ref().err().map(String::as_str)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filters_written_from_the_apic_facts_are_the_ones_kvm_was_given_before() {
+        let f = |tp| filter(tp).unwrap_or_default();
+        assert_eq!(f(Tracepoint::ApicMmio), "gpa >= 0xfee00000 && gpa < 0xfee01000 && type != 0");
+        assert_eq!(f(Tracepoint::ApicTpr), "gpa == 0xfee00080 && type != 0");
+        assert_eq!(f(Tracepoint::ApicEoi), "gpa == 0xfee000b0 && type == 2");
+        assert_eq!(f(Tracepoint::ApicSelfIpi), "(icr_low & 262144) && !(icr_low & 524288)");
+        assert_eq!(filter(Tracepoint::Cpuid), None);
     }
 }

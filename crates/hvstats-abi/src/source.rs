@@ -1,0 +1,308 @@
+//! Where a counter's value comes from on KVM, as typed keys.
+//!
+//! The catalog marks each maintained counter with a [`Source`] that names exactly what feeds it: a
+//! KVM statistic, a KVM tracepoint, a run-loop count, a hypercall class, a thread clock. The KVM
+//! backend builds its tables (the statistics it reads per vCPU, the tracepoints it opens, the page
+//! slot of each run-loop count, the counter of each hypercall class) from these keys with the
+//! functions below, so the catalog is the only place a counter's source is written down, and a
+//! test can check the backend against it.
+
+use crate::catalog::{CATALOG, Counter, CounterId};
+use crate::hypercall::HypercallClass;
+use crate::object::ObjectKind;
+
+/// Where the KVM backend gets a counter's value from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// The statistics authority itself (object counts, GPA map bookkeeping).
+    Authority,
+    /// The VP run loop: userspace exits, counted with their time.
+    RunLoop(RunLoopCount),
+    /// The userspace hypercall handler: hypercalls of one class.
+    Hypercall(HypercallClass),
+    /// KVM's binary stats fd (per vCPU or per VM).
+    KvmStats(KvmStat),
+    /// A perf tracepoint counter on the VP thread (`kvm:*`).
+    Tracepoint(Tracepoint),
+    /// A perf software event on the VP thread.
+    PerfSoftware(PerfSoftwareEvent),
+    /// The VP thread's CPU and guest time (`/proc/<pid>/task/<tid>/stat`, schedstat).
+    ThreadTime(ThreadTime),
+    /// Host-wide procfs and sysfs (`/proc/stat`, `/proc/interrupts`, cpuidle).
+    Procfs,
+}
+
+/// The kind of a [`Source`], without its key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SourceKind {
+    /// [`Source::Authority`].
+    Authority,
+    /// [`Source::RunLoop`].
+    RunLoop,
+    /// [`Source::Hypercall`].
+    Hypercall,
+    /// [`Source::KvmStats`].
+    KvmStats,
+    /// [`Source::Tracepoint`].
+    Tracepoint,
+    /// [`Source::PerfSoftware`].
+    PerfSoftware,
+    /// [`Source::ThreadTime`].
+    ThreadTime,
+    /// [`Source::Procfs`].
+    Procfs,
+}
+
+impl Source {
+    /// Short name for tables and JSON.
+    pub const fn name(self) -> &'static str {
+        match self.kind() {
+            SourceKind::Authority => "authority",
+            SourceKind::RunLoop => "run-loop",
+            SourceKind::Hypercall => "hypercall",
+            SourceKind::KvmStats => "kvm-stats",
+            SourceKind::Tracepoint => "tracepoint",
+            SourceKind::PerfSoftware => "perf-software",
+            SourceKind::ThreadTime => "thread-time",
+            SourceKind::Procfs => "procfs",
+        }
+    }
+
+    /// The kind of source, without its key.
+    pub const fn kind(self) -> SourceKind {
+        match self {
+            Source::Authority => SourceKind::Authority,
+            Source::RunLoop(_) => SourceKind::RunLoop,
+            Source::Hypercall(_) => SourceKind::Hypercall,
+            Source::KvmStats(_) => SourceKind::KvmStats,
+            Source::Tracepoint(_) => SourceKind::Tracepoint,
+            Source::PerfSoftware(_) => SourceKind::PerfSoftware,
+            Source::ThreadTime(_) => SourceKind::ThreadTime,
+            Source::Procfs => SourceKind::Procfs,
+        }
+    }
+}
+
+/// A count the VP run loop keeps in the page itself (single writer: the VP thread).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RunLoopCount {
+    /// Writes to a hypercall port.
+    Hypercalls,
+    /// Time handling them.
+    HypercallsTime,
+    /// Port I/O exits handled in userspace.
+    IoExits,
+    /// Time handling them.
+    IoTime,
+    /// MMIO exits handled in userspace.
+    MmioExits,
+    /// Userspace exits other than port I/O, MMIO and hypercalls.
+    OtherExits,
+    /// Time handling MSR exits.
+    MsrTime,
+    /// Userspace exits other than port I/O, MSR and hypercalls.
+    OtherIntercepts,
+    /// Time handling them.
+    OtherInterceptsTime,
+}
+
+impl RunLoopCount {
+    /// Every run-loop count.
+    pub const ALL: [RunLoopCount; 9] = [
+        RunLoopCount::Hypercalls,
+        RunLoopCount::HypercallsTime,
+        RunLoopCount::IoExits,
+        RunLoopCount::IoTime,
+        RunLoopCount::MmioExits,
+        RunLoopCount::OtherExits,
+        RunLoopCount::MsrTime,
+        RunLoopCount::OtherIntercepts,
+        RunLoopCount::OtherInterceptsTime,
+    ];
+
+    /// The counter the catalog gives this count.
+    ///
+    /// # Panics
+    /// When no catalog row is maintained by it; in a constant (as the run loop uses it) that is a
+    /// compile error, so a run-loop count cannot lose its counter unnoticed.
+    pub const fn counter(self) -> CounterId {
+        let mut i = 0;
+        while i < CATALOG.len() {
+            if let Some(Source::RunLoop(k)) = CATALOG[i].maintained.source() {
+                if k as u8 == self as u8 {
+                    return CATALOG[i].id;
+                }
+            }
+            i += 1;
+        }
+        panic!("a run-loop count without a catalog row")
+    }
+}
+
+/// KVM binary statistics (`KVM_GET_STATS_FD`) by the kernel's names, summed into one counter (a
+/// time counter converts their nanoseconds to its unit).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KvmStat {
+    /// Statistics of the VP's vCPU.
+    Vcpu(&'static [&'static str]),
+    /// Statistics of the partition's VM.
+    Vm(&'static [&'static str]),
+}
+
+impl KvmStat {
+    /// The statistics summed into the counter.
+    pub const fn names(self) -> &'static [&'static str] {
+        match self {
+            KvmStat::Vcpu(names) | KvmStat::Vm(names) => names,
+        }
+    }
+}
+
+/// KVM tracepoints counted per VP thread (the event names under `events/kvm/` of tracefs; some
+/// are counted twice, with a filter).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Tracepoint {
+    /// `kvm_cpuid`: CPUID handled in the kernel.
+    Cpuid,
+    /// `kvm_msr`: RDMSR/WRMSR handled in the kernel.
+    Msr,
+    /// `kvm_pio`: every port access (in the kernel or passed to userspace).
+    Pio,
+    /// `kvm_cr`: control register accesses.
+    Cr,
+    /// `kvm_mmio` filtered on the local APIC page: guest accesses to APIC registers. (`kvm_apic`
+    /// would also count EOIs some KVM backends perform themselves when injecting an interrupt.)
+    ApicMmio,
+    /// `kvm_mmio` filtered on the APIC TPR register.
+    ApicTpr,
+    /// `kvm_mmio` filtered on writes of the APIC EOI register.
+    ApicEoi,
+    /// `kvm_apic_ipi`: IPIs sent.
+    ApicIpi,
+    /// `kvm_apic_ipi` filtered on the "self" destination shorthand.
+    ApicSelfIpi,
+    /// `kvm_inj_exception`: exceptions injected (the WHv exception count; no page counter).
+    InjException,
+}
+
+impl Tracepoint {
+    /// Every tracepoint, in index order.
+    pub const ALL: [Tracepoint; 10] = [
+        Tracepoint::Cpuid,
+        Tracepoint::Msr,
+        Tracepoint::Pio,
+        Tracepoint::Cr,
+        Tracepoint::ApicMmio,
+        Tracepoint::ApicTpr,
+        Tracepoint::ApicEoi,
+        Tracepoint::ApicIpi,
+        Tracepoint::ApicSelfIpi,
+        Tracepoint::InjException,
+    ];
+
+    /// The event name under `events/kvm/`.
+    pub const fn event(self) -> &'static str {
+        match self {
+            Tracepoint::Cpuid => "kvm_cpuid",
+            Tracepoint::Msr => "kvm_msr",
+            Tracepoint::Pio => "kvm_pio",
+            Tracepoint::Cr => "kvm_cr",
+            Tracepoint::ApicMmio | Tracepoint::ApicTpr | Tracepoint::ApicEoi => "kvm_mmio",
+            Tracepoint::ApicIpi | Tracepoint::ApicSelfIpi => "kvm_apic_ipi",
+            Tracepoint::InjException => "kvm_inj_exception",
+        }
+    }
+
+    /// The index of the tracepoint in [`Tracepoint::ALL`].
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// A perf software event of the VP thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PerfSoftwareEvent {
+    /// `cpu-migrations`.
+    CpuMigrations,
+}
+
+/// A time of the VP thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ThreadTime {
+    /// Its CPU clock: guest, KVM and run-loop time.
+    Total,
+    /// Its CPU time less its guest time.
+    Hypervisor,
+}
+
+/// The number of counters of `object` maintained by a source of `kind`.
+pub const fn maintained_count(object: ObjectKind, kind: SourceKind) -> usize {
+    let mut n = 0;
+    let mut i = 0;
+    while i < CATALOG.len() {
+        if is_of(&CATALOG[i], object, kind) {
+            n += 1;
+        }
+        i += 1;
+    }
+    n
+}
+
+/// The counters of `object` maintained by a source of `kind`, in catalog order; `N` is
+/// [`maintained_count`] of the same arguments.
+///
+/// ```
+/// use hvstats_abi::ObjectKind;
+/// use hvstats_abi::source::{Source, SourceKind, Tracepoint, maintained_by, maintained_count};
+///
+/// const N: usize = maintained_count(ObjectKind::Vp, SourceKind::Tracepoint);
+/// const FROM_TRACEPOINTS: [&hvstats_abi::Counter; N] = maintained_by(ObjectKind::Vp, SourceKind::Tracepoint);
+/// let cpuid = FROM_TRACEPOINTS.iter().find(|c| c.maintained.source() == Some(Source::Tracepoint(Tracepoint::Cpuid)));
+/// assert_eq!(cpuid.unwrap().name, "CPUID instructions/sec");
+/// ```
+///
+/// # Panics
+/// When `N` is not that count (in a constant: a compile error).
+pub const fn maintained_by<const N: usize>(object: ObjectKind, kind: SourceKind) -> [&'static Counter; N] {
+    let mut out = [&CATALOG[0]; N];
+    let mut n = 0;
+    let mut i = 0;
+    while i < CATALOG.len() {
+        if is_of(&CATALOG[i], object, kind) {
+            assert!(n < N, "more counters of this source than N");
+            out[n] = &CATALOG[i];
+            n += 1;
+        }
+        i += 1;
+    }
+    assert!(n == N, "fewer counters of this source than N");
+    out
+}
+
+const fn is_of(c: &Counter, object: ObjectKind, kind: SourceKind) -> bool {
+    match c.maintained.source() {
+        Some(s) => c.id.kind as u8 == object as u8 && s.kind() as u8 == kind as u8,
+        None => false,
+    }
+}
+
+/// The VP counter the catalog gives hypercalls of `class`.
+///
+/// ```
+/// use hvstats_abi::catalog::vp;
+/// use hvstats_abi::hypercall::HypercallClass;
+/// use hvstats_abi::source::hypercall_class_counter;
+/// assert_eq!(hypercall_class_counter(HypercallClass::GpaSpace), Some(vp::GPA_SPACE_HYPERCALLS));
+/// ```
+pub const fn hypercall_class_counter(class: HypercallClass) -> Option<CounterId> {
+    let mut i = 0;
+    while i < CATALOG.len() {
+        if let Some(Source::Hypercall(c)) = CATALOG[i].maintained.source() {
+            if c as u8 == class as u8 {
+                return Some(CATALOG[i].id);
+            }
+        }
+        i += 1;
+    }
+    None
+}
