@@ -35,4 +35,4 @@ pub use catalog::{CATALOG, Counter, CounterId, GroupKind, Maintained, Presentati
 pub use group::{GroupHeader, GroupType, GroupVersion, MAX_COUNTERS_PER_GROUP, PAGE_SIZE};
 pub use object::{ObjectKind, StatsAreaType, StatsObjectIdentity, StatsObjectType};
 pub use page::{PageError, PageLayout, PageView, StatsPage};
-pub use status::HvStatus;
+pub use status::{HvError, HvResult, HvStatus};

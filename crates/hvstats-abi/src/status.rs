@@ -4,6 +4,7 @@
 //! not an error; an unknown value still round-trips.
 
 use core::fmt;
+use core::num::NonZeroU16;
 
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
@@ -13,19 +14,25 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 pub struct HvStatus(pub u16);
 
 macro_rules! hv_statuses {
-    ($($name:ident = $value:literal, $message:literal;)*) => {
+    (
+        SUCCESS = $success:literal, $success_message:literal;
+        $($name:ident = $value:literal, $message:literal;)*
+    ) => {
         impl HvStatus {
+            #[doc = $success_message]
+            pub const SUCCESS: Self = Self($success);
             $(
                 #[doc = $message]
                 pub const $name: Self = Self($value);
             )*
 
             /// Every status value hvstats knows, in numeric order.
-            pub const KNOWN: &'static [HvStatus] = &[$(Self::$name),*];
+            pub const KNOWN: &'static [HvStatus] = &[Self::SUCCESS, $(Self::$name),*];
 
             /// The TLFS name of this status (`HV_STATUS_…`), if known.
             pub const fn name(self) -> Option<&'static str> {
                 match self.0 {
+                    $success => Some("HV_STATUS_SUCCESS"),
                     $($value => Some(concat!("HV_STATUS_", stringify!($name))),)*
                     _ => None,
                 }
@@ -34,10 +41,18 @@ macro_rules! hv_statuses {
             /// A one-line description of this status, if known.
             pub const fn message(self) -> Option<&'static str> {
                 match self.0 {
+                    $success => Some($success_message),
                     $($value => Some($message),)*
                     _ => None,
                 }
             }
+        }
+
+        impl HvError {
+            $(
+                #[doc = $message]
+                pub const $name: Self = Self::known($value);
+            )*
         }
     };
 }
@@ -70,7 +85,85 @@ impl HvStatus {
     pub const fn is_success(self) -> bool {
         self.0 == 0
     }
+
+    /// `Ok(())` for success, the error otherwise.
+    ///
+    /// # Errors
+    /// Every status but `HV_STATUS_SUCCESS`.
+    pub const fn result(self) -> HvResult<()> {
+        match HvError::new(self) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
 }
+
+/// A failed hypercall's status: any `HV_STATUS` but success, so a result of type [`HvResult`]
+/// cannot hold `Err(SUCCESS)`.
+///
+/// ```
+/// use hvstats_abi::status::{HvError, HvStatus};
+/// assert_eq!(HvError::new(HvStatus::SUCCESS), None);
+/// assert_eq!(HvError::ACCESS_DENIED.status(), HvStatus::ACCESS_DENIED);
+/// assert_eq!(HvStatus::ACCESS_DENIED.result(), Err(HvError::ACCESS_DENIED));
+/// assert_eq!(HvStatus::from(HvStatus::SUCCESS.result()), HvStatus::SUCCESS);
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct HvError(NonZeroU16);
+
+/// The result of a hypercall (or a step of one).
+pub type HvResult<T> = Result<T, HvError>;
+
+impl HvError {
+    /// The error of a failure status; `None` for success.
+    pub const fn new(status: HvStatus) -> Option<Self> {
+        match NonZeroU16::new(status.0) {
+            Some(v) => Some(Self(v)),
+            None => None,
+        }
+    }
+
+    const fn known(value: u16) -> Self {
+        match NonZeroU16::new(value) {
+            Some(v) => Self(v),
+            None => panic!("HV_STATUS_SUCCESS is not an error"),
+        }
+    }
+
+    /// The status a guest sees.
+    pub const fn status(self) -> HvStatus {
+        HvStatus(self.0.get())
+    }
+}
+
+impl From<HvError> for HvStatus {
+    fn from(e: HvError) -> Self {
+        e.status()
+    }
+}
+
+impl From<HvResult<()>> for HvStatus {
+    fn from(r: HvResult<()>) -> Self {
+        match r {
+            Ok(()) => HvStatus::SUCCESS,
+            Err(e) => e.status(),
+        }
+    }
+}
+
+impl fmt::Debug for HvError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.status(), f)
+    }
+}
+
+impl fmt::Display for HvError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.status(), f)
+    }
+}
+
+impl core::error::Error for HvError {}
 
 impl fmt::Debug for HvStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -40,6 +40,10 @@ impl HResult {
     pub const WHV_E_INSUFFICIENT_BUFFER: Self = Self(0x8037_0301);
     /// `WHV_E_UNKNOWN_PROPERTY`: the counter set is not recognized.
     pub const WHV_E_UNKNOWN_PROPERTY: Self = Self(0x8037_0302);
+    /// `E_INVALIDARG`: an argument (e.g. the VP index) is not valid.
+    pub const E_INVALIDARG: Self = Self(0x8007_0057);
+    /// `E_FAIL`: an unspecified failure (e.g. a backend source could not be read).
+    pub const E_FAIL: Self = Self(0x8000_4005);
 }
 
 /// `WHV_PROCESSOR_RUNTIME_COUNTERS` (16 bytes).

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use hvstats::{Hypervisor, InstanceConfig};
 use hvstats_abi::catalog::vp;
 use hvstats_guest::{Mode, Program, layout};
-use hvstats_kvm::{Handlers, Partition, PartitionConfig, PortAction, PortHandler, VpContext};
+use hvstats_kvm::{HandlerError, Handlers, Partition, PartitionConfig, PortAction, PortHandler, VpContext};
 use iced_x86::code_asm::*;
 use serde_json::Value;
 
@@ -24,10 +24,10 @@ const STOP_PORT: u16 = 0xE2;
 struct StopPort(Arc<AtomicBool>);
 
 impl PortHandler for StopPort {
-    fn write(&self, _: &mut VpContext<'_>, _: u16, _: &[u8]) -> Result<PortAction, String> {
+    fn write(&self, _: &mut VpContext<'_>, _: u16, _: &[u8]) -> Result<PortAction, HandlerError> {
         Ok(PortAction::Continue)
     }
-    fn read(&self, _: &mut VpContext<'_>, _: u16, data: &mut [u8]) -> Result<(), String> {
+    fn read(&self, _: &mut VpContext<'_>, _: u16, data: &mut [u8]) -> Result<(), HandlerError> {
         data.fill(0);
         data[0] = u8::from(self.0.load(Ordering::SeqCst));
         Ok(())

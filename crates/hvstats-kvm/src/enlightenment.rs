@@ -18,7 +18,7 @@ use hvstats_abi::source::hypercall_class_counter;
 use kvm_bindings::kvm_cpuid_entry2;
 
 use crate::guest_space::{GuestSpace, OverlayBacking};
-use crate::handlers::{Handlers, HypercallHandler, MsrHandler, VpContext};
+use crate::handlers::{HandlerError, Handlers, HypercallHandler, MsrHandler, VpContext};
 use crate::hyperv::{
     Enlightenment, HYPERCALL_CODE, HYPERCALL_PORT, MsrEffect, SYNTHETIC_MSRS, SyntheticMsrs,
 };
@@ -99,7 +99,7 @@ pub(crate) fn count_hypercall_class(page: &SharedPage, class: HypercallClass) {
 }
 
 impl HypercallHandler for HyperV {
-    fn hypercall(&self, vp: &mut VpContext<'_>) -> Result<(), String> {
+    fn hypercall(&self, vp: &mut VpContext<'_>) -> Result<(), HandlerError> {
         let mut regs = vp.regs()?;
         let long_mode = vp.long_mode()?;
         let join = |hi: u64, lo: u64| (hi << 32) | (lo & 0xFFFF_FFFF);
@@ -165,15 +165,13 @@ struct KvmOverlays<'a>(&'a GuestSpace);
 impl StatsOverlays for KvmOverlays<'_> {
     fn map_overlay(&mut self, gpa_page: u64, page: &SharedPage) -> Result<(), OverlayError> {
         let io = |e: std::io::Error| OverlayError { gpa_page, source: e };
-        let mapped = MappedPage::map(page.fd()).map_err(io)?;
-        self.0
-            .add_overlay(gpa_page, Arc::new(ReadOnlyPage(mapped)))
-            .map_err(|e| io(std::io::Error::other(e.to_string())))
+        let mapped = page.map_read_only().map_err(io)?;
+        self.0.add_overlay(gpa_page, Arc::new(ReadOnlyPage(mapped))).map_err(|e| io(std::io::Error::other(e)))
     }
 
     fn unmap_overlay(&mut self, gpa_page: u64) -> Result<(), OverlayError> {
         self.0
             .remove_overlay(gpa_page)
-            .map_err(|e| OverlayError { gpa_page, source: std::io::Error::other(e.to_string()) })
+            .map_err(|e| OverlayError { gpa_page, source: std::io::Error::other(e) })
     }
 }

@@ -17,6 +17,34 @@ use kvm_ioctls::{SyncReg, VcpuFd};
 use hvstats::PartitionStats;
 
 use crate::guest_space::GuestSpace;
+use crate::modes::EFER_LMA;
+
+/// Why a handler stops its VP as a guest fault.
+#[derive(Debug, thiserror::Error)]
+pub enum HandlerError {
+    /// Reading or writing the VP's registers failed.
+    #[error("{op}: {source}")]
+    Registers {
+        /// The ioctl.
+        op: &'static str,
+        /// The kernel's error.
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    /// Guest memory the handler needed is not there.
+    #[error("guest memory: {0}")]
+    Memory(#[source] crate::Error),
+    /// An error of a handler outside this crate.
+    #[error(transparent)]
+    Other(Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl HandlerError {
+    /// An error of the register ioctl `op`, for `map_err`.
+    pub fn registers(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> Self {
+        move |source| Self::Registers { op, source }
+    }
+}
 
 /// What the run loop does after a port write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,11 +80,11 @@ impl VpContext<'_> {
     ///
     /// # Errors
     /// KVM_GET_REGS failed.
-    pub fn regs(&mut self) -> Result<kvm_regs, String> {
+    pub fn regs(&mut self) -> Result<kvm_regs, HandlerError> {
         if self.synced(KVM_SYNC_X86_REGS) {
             return Ok(self.vcpu.sync_regs_mut().regs);
         }
-        self.vcpu.get_regs().map_err(|e| format!("KVM_GET_REGS: {e}"))
+        self.vcpu.get_regs().map_err(HandlerError::registers("KVM_GET_REGS"))
     }
 
     /// Whether the VP is in long mode (EFER.LMA and CS.L) at this exit, rather than in a 32-bit
@@ -64,22 +92,22 @@ impl VpContext<'_> {
     ///
     /// # Errors
     /// KVM_GET_SREGS failed.
-    pub fn long_mode(&mut self) -> Result<bool, String> {
+    pub fn long_mode(&mut self) -> Result<bool, HandlerError> {
         let (efer, cs_l) = if self.synced(KVM_SYNC_X86_SREGS) {
             let sregs = &self.vcpu.sync_regs_mut().sregs;
             (sregs.efer, sregs.cs.l)
         } else {
-            let sregs = self.vcpu.get_sregs().map_err(|e| format!("KVM_GET_SREGS: {e}"))?;
+            let sregs = self.vcpu.get_sregs().map_err(HandlerError::registers("KVM_GET_SREGS"))?;
             (sregs.efer, sregs.cs.l)
         };
-        Ok(efer & (1 << 10) != 0 && cs_l != 0)
+        Ok(efer & EFER_LMA != 0 && cs_l != 0)
     }
 
     /// Sets the general registers the VP resumes with.
     ///
     /// # Errors
     /// KVM_SET_REGS failed.
-    pub fn set_regs(&mut self, regs: &kvm_regs) -> Result<(), String> {
+    pub fn set_regs(&mut self, regs: &kvm_regs) -> Result<(), HandlerError> {
         if self.synced(KVM_SYNC_X86_REGS) {
             // KVM loads them at the next KVM_RUN, before it completes the exit's instruction (as
             // after KVM_SET_REGS), also when that KVM_RUN returns at once for immediate_exit.
@@ -87,7 +115,7 @@ impl VpContext<'_> {
             self.vcpu.set_sync_dirty_reg(SyncReg::Register);
             return Ok(());
         }
-        self.vcpu.set_regs(regs).map_err(|e| format!("KVM_SET_REGS: {e}"))
+        self.vcpu.set_regs(regs).map_err(HandlerError::registers("KVM_SET_REGS"))
     }
 }
 
@@ -96,14 +124,14 @@ pub trait PortHandler: Send + Sync {
     /// A guest `out` of `data` to `port`.
     ///
     /// # Errors
-    /// A message that stops the VP as a guest fault.
-    fn write(&self, vp: &mut VpContext<'_>, port: u16, data: &[u8]) -> Result<PortAction, String>;
+    /// An error that stops the VP as a guest fault.
+    fn write(&self, vp: &mut VpContext<'_>, port: u16, data: &[u8]) -> Result<PortAction, HandlerError>;
 
     /// A guest `in` from `port`: fill `data`.
     ///
     /// # Errors
-    /// A message that stops the VP as a guest fault.
-    fn read(&self, vp: &mut VpContext<'_>, port: u16, data: &mut [u8]) -> Result<(), String>;
+    /// An error that stops the VP as a guest fault.
+    fn read(&self, vp: &mut VpContext<'_>, port: u16, data: &mut [u8]) -> Result<(), HandlerError>;
 }
 
 /// Handles MSR accesses that KVM passes to userspace (unknown or filtered MSRs).
@@ -122,8 +150,8 @@ pub trait HypercallHandler: Send + Sync {
     /// Performs the hypercall.
     ///
     /// # Errors
-    /// A message that stops the VP as a guest fault.
-    fn hypercall(&self, vp: &mut VpContext<'_>) -> Result<(), String>;
+    /// An error that stops the VP as a guest fault.
+    fn hypercall(&self, vp: &mut VpContext<'_>) -> Result<(), HandlerError>;
 }
 
 /// The handlers of one partition.
@@ -169,13 +197,13 @@ impl Handlers {
 struct ExitPort;
 
 impl PortHandler for ExitPort {
-    fn write(&self, _: &mut VpContext<'_>, _: u16, data: &[u8]) -> Result<PortAction, String> {
+    fn write(&self, _: &mut VpContext<'_>, _: u16, data: &[u8]) -> Result<PortAction, HandlerError> {
         let mut v = [0u8; 4];
         let n = data.len().min(4);
         v[..n].copy_from_slice(&data[..n]);
         Ok(PortAction::Stop(u32::from_le_bytes(v)))
     }
-    fn read(&self, _: &mut VpContext<'_>, _: u16, data: &mut [u8]) -> Result<(), String> {
+    fn read(&self, _: &mut VpContext<'_>, _: u16, data: &mut [u8]) -> Result<(), HandlerError> {
         data.fill(0);
         Ok(())
     }
@@ -186,13 +214,13 @@ impl PortHandler for ExitPort {
 struct SerialPort;
 
 impl PortHandler for SerialPort {
-    fn write(&self, vp: &mut VpContext<'_>, port: u16, data: &[u8]) -> Result<PortAction, String> {
+    fn write(&self, vp: &mut VpContext<'_>, port: u16, data: &[u8]) -> Result<PortAction, HandlerError> {
         if port == layout::SERIAL_PORT && vp.serial.len() < 1 << 20 {
             vp.serial.extend_from_slice(data);
         }
         Ok(PortAction::Continue)
     }
-    fn read(&self, _: &mut VpContext<'_>, port: u16, data: &mut [u8]) -> Result<(), String> {
+    fn read(&self, _: &mut VpContext<'_>, port: u16, data: &mut [u8]) -> Result<(), HandlerError> {
         data.fill(0);
         if port == layout::SERIAL_PORT + 5 {
             data[0] = 0x60;
@@ -205,10 +233,10 @@ impl PortHandler for SerialPort {
 struct SinkPort;
 
 impl PortHandler for SinkPort {
-    fn write(&self, _: &mut VpContext<'_>, _: u16, _: &[u8]) -> Result<PortAction, String> {
+    fn write(&self, _: &mut VpContext<'_>, _: u16, _: &[u8]) -> Result<PortAction, HandlerError> {
         Ok(PortAction::Continue)
     }
-    fn read(&self, _: &mut VpContext<'_>, _: u16, data: &mut [u8]) -> Result<(), String> {
+    fn read(&self, _: &mut VpContext<'_>, _: u16, data: &mut [u8]) -> Result<(), HandlerError> {
         data.fill(0);
         Ok(())
     }

@@ -35,7 +35,9 @@ pub mod vp;
 
 pub use error::Error;
 pub use guest_space::GuestSpace;
-pub use handlers::{Handlers, HypercallHandler, MsrHandler, PortAction, PortHandler, VpContext};
+pub use handlers::{
+    HandlerError, Handlers, HypercallHandler, MsrHandler, PortAction, PortHandler, VpContext,
+};
 pub use partition::{
     HardwareCounters, OverlayBacking, Partition, PartitionConfig, RunReport, StatsPageOverlay,
 };

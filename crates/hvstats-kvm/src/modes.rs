@@ -12,7 +12,8 @@ const CR0_ET: u64 = 1 << 4;
 const CR0_PG: u64 = 1 << 31;
 const CR4_PAE: u64 = 1 << 5;
 const EFER_LME: u64 = 1 << 8;
-const EFER_LMA: u64 = 1 << 10;
+/// EFER.LMA: long mode active.
+pub(crate) const EFER_LMA: u64 = 1 << 10;
 /// Present, writable.
 const PTE_PW: u64 = 0x3;
 /// Present, writable, 2 MiB page.

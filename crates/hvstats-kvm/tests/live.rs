@@ -11,7 +11,9 @@ use common::kvm_available;
 use hvstats::{Hypervisor, whv};
 use hvstats_abi::catalog::vp;
 use hvstats_guest::{Mode, Program, layout};
-use hvstats_kvm::{Handlers, HypercallHandler, MsrHandler, Partition, PartitionConfig, VpContext};
+use hvstats_kvm::{
+    HandlerError, Handlers, HypercallHandler, MsrHandler, Partition, PartitionConfig, VpContext,
+};
 use iced_x86::code_asm::*;
 
 #[test]
@@ -59,10 +61,10 @@ fn the_whv_api_reads_exact_counts_from_a_running_vp() {
 struct AddOne;
 
 impl HypercallHandler for AddOne {
-    fn hypercall(&self, vp: &mut VpContext<'_>) -> Result<(), String> {
-        let mut regs = vp.vcpu.get_regs().map_err(|e| e.to_string())?;
+    fn hypercall(&self, vp: &mut VpContext<'_>) -> Result<(), HandlerError> {
+        let mut regs = vp.vcpu.get_regs().map_err(HandlerError::registers("KVM_GET_REGS"))?;
         regs.rax = regs.rcx + 1;
-        vp.vcpu.set_regs(&regs).map_err(|e| e.to_string())
+        vp.vcpu.set_regs(&regs).map_err(HandlerError::registers("KVM_SET_REGS"))
     }
 }
 

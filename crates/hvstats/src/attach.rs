@@ -1,107 +1,229 @@
-//! Attach: a root tool in another process finds the live instances under the runtime directory
-//! and maps their pages read-only — the very pages the owning process writes, with no copy and no
-//! request to it.
+//! Attach: root tools in other processes find the live instances under the runtime directory and
+//! read their pages — the very pages the owning processes write — with no request to them.
 //!
-//! An attached reader is the root partition, so it goes through the same rules as a hypercall
-//! ([`crate::rules`]): it may map any object, the global ones and the PARENT area included, once
-//! per object and view, within its quota. File permissions add the host's own rule: global pages
-//! are mode 0600, so only the root user can read them.
+//! [`Attach`] is the long-lived reader `snapshot`, `top`, `serve` and the exporters build on: it
+//! opens and maps each instance once, and each [`refresh`](Attach::refresh) notices new, removed
+//! and dead instances (one directory listing and one lock test each) and layout changes (one load
+//! of each arena's layout sequence; the index is scanned again only when it moved). Reading a VP
+//! is a copy from memory checked against its index entry, so a reader never gets the page of a
+//! removed object or of the next object in its slot.
+//!
+//! ```no_run
+//! use hvstats::attach::Attach;
+//! use hvstats::rules::StatsObject;
+//!
+//! let mut attach = Attach::new(&hvstats::runtime_dir::runtime_dir());
+//! let changes = attach.refresh()?;
+//! for problem in &changes.problems {
+//!     eprintln!("{}", hvstats::snapshot::error_chain(problem));
+//! }
+//! for instance in attach.instances_mut() {
+//!     println!("{} ({}: {})", instance.name(), instance.description().kind, instance.description().name);
+//!     for partition in instance.partitions() {
+//!         for &vp in partition.vp_indices() {
+//!             let page = instance.read(StatsObject::Vp(partition.id, vp))?;
+//!             let _ = hvstats::snapshot::decode(hvstats_abi::ObjectKind::Vp, &page);
+//!         }
+//!     }
+//!     let _whole = instance.snapshot();
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! An attached root is the root partition: [`RootReader`] applies the same map rules as a
+//! hypercall ([`crate::rules`]) to the pages it maps. File permissions add the host's own rule:
+//! global pages (hypervisor, LPs) are in a file only their owner (and root) may read.
 
-use std::fs::File;
+use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
-use hvstats_abi::{HvStatus, StatsAreaType, StatsObjectIdentity, StatsObjectType, StatsPage};
+use hvstats_abi::page::PAGE_SLOTS;
+use hvstats_abi::{HvStatus, ObjectKind, StatsAreaType, StatsObjectIdentity, StatsObjectType, StatsPage};
 
+use crate::index::{self, Entry, InstanceDescription, ObjectState};
 use crate::page::MappedPage;
-use crate::publish::{self, InstanceName, Manifest, PublishError};
+use crate::publish::{self, ARENA_SUFFIX, GLOBAL_SUFFIX, INSTANCES_DIR, InstanceName};
+use crate::reader::{ArenaError, ArenaReader};
 use crate::rules::{
     self, DEFAULT_STATS_PAGE_QUOTA, MappingTable, ObjectDirectory, ObjectKey, PartitionFacts, Requester,
     StatsObject,
 };
+use crate::runtime_dir::{Dir, RuntimeDirError, Use};
 
-/// An error attaching to an instance or mapping one of its pages.
+/// An error attaching to an instance or reading one of its pages.
 #[derive(Debug, thiserror::Error)]
 pub enum AttachError {
-    /// The runtime directory could not be surveyed.
+    /// The runtime directory (or a file in it) failed its checks or could not be read.
     #[error(transparent)]
-    Survey(#[from] PublishError),
-    /// An instance's manifest could not be read.
-    #[error("cannot read the manifest of {}", path.display())]
-    Manifest {
-        /// The instance directory.
+    Dir(#[from] RuntimeDirError),
+    /// An arena file could not be read, or is not one.
+    #[error("cannot read {}", path.display())]
+    Arena {
+        /// The arena file.
         path: PathBuf,
         /// Why.
         #[source]
-        source: io::Error,
+        source: ArenaError,
     },
-    /// A page file could not be opened or mapped (for global pages: not the root user).
-    #[error("cannot map {}", path.display())]
+    /// A page could not be mapped.
+    #[error("cannot map a page of {}", path.display())]
     Page {
-        /// The page file.
+        /// The arena file.
         path: PathBuf,
         /// Why.
         #[source]
         source: io::Error,
     },
+    /// The object is not (or no longer) in the instance.
+    #[error("no such object: {0:?}")]
+    NotFound(StatsObject),
+    /// The object was removed (or its slot reused) while being read, or its entry stayed busy.
+    #[error("{0:?} changed while being read (removed?)")]
+    Changed(StatsObject),
     /// The map rules refused the request.
     #[error("stats page request refused: {0}")]
     Refused(HvStatus),
 }
 
 impl AttachError {
-    /// True when the page exists but this user may not read it.
+    /// True when the object exists but this user may not read it.
     pub fn is_permission_denied(&self) -> bool {
-        matches!(self, AttachError::Page { source, .. } if source.kind() == io::ErrorKind::PermissionDenied)
-    }
-}
-
-/// One live instance, as its manifest describes it.
-#[derive(Clone, Debug)]
-pub struct AttachedInstance {
-    name: InstanceName,
-    dir: PathBuf,
-    manifest: Manifest,
-}
-
-/// What [`discover`] found.
-#[derive(Debug, Default)]
-pub struct Discovery {
-    /// The live instances, in name order.
-    pub instances: Vec<AttachedInstance>,
-    /// Directories of dead instances that were removed.
-    pub removed_dead: Vec<PathBuf>,
-    /// Dead instances that could not be removed, and live ones whose manifest could not be read.
-    pub problems: Vec<AttachError>,
-}
-
-/// Finds the live instances under `runtime_dir`, removing those of dead processes.
-///
-/// # Errors
-/// When the runtime directory exists but cannot be listed.
-pub fn discover(runtime_dir: &Path) -> Result<Discovery, AttachError> {
-    let survey = publish::survey(runtime_dir)?;
-    let mut found = Discovery { removed_dead: survey.removed, ..Default::default() };
-    for (path, source) in survey.not_removed {
-        found.problems.push(AttachError::Manifest { path, source });
-    }
-    for (name, dir) in survey.live {
-        match AttachedInstance::open(name, dir) {
-            Ok(instance) => found.instances.push(instance),
-            // It exited between the listing and now.
-            Err(AttachError::Manifest { source, .. }) if source.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => found.problems.push(e),
+        match self {
+            AttachError::Dir(RuntimeDirError::Io { source, .. }) | AttachError::Page { source, .. } => {
+                source.kind() == io::ErrorKind::PermissionDenied
+            }
+            _ => false,
         }
     }
-    Ok(found)
 }
 
-impl AttachedInstance {
-    fn open(name: InstanceName, dir: PathBuf) -> Result<Self, AttachError> {
-        let manifest = publish::read_manifest(&dir)
-            .map_err(|source| AttachError::Manifest { path: dir.clone(), source })?;
-        Ok(Self { name, dir, manifest })
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct SlotRef {
+    slot: usize,
+    generation: u64,
+}
+
+/// One partition as the index describes it.
+#[derive(Clone, Debug)]
+pub struct PartitionInfo {
+    /// The partition id.
+    pub id: u64,
+    /// Its name (may be empty).
+    pub name: String,
+    /// Active, or stopped with a reason.
+    pub state: ObjectState,
+    unavailable_partition: [u64; 4],
+    unavailable_vp: [u64; 4],
+    slot: SlotRef,
+    vp_indices: Vec<u32>,
+    vps: Vec<SlotRef>,
+}
+
+impl PartitionInfo {
+    /// True while active.
+    pub fn is_active(&self) -> bool {
+        self.state == ObjectState::Active
+    }
+
+    /// The indices of its VPs found in the index, in order.
+    pub fn vp_indices(&self) -> &[u32] {
+        &self.vp_indices
+    }
+
+    /// True when counter slot `slot` of `kind` (partition or VP) is one no source gives for it.
+    pub fn is_unavailable(&self, kind: ObjectKind, slot: usize) -> bool {
+        match kind {
+            ObjectKind::Partition => index::is_unavailable(&self.unavailable_partition, slot),
+            ObjectKind::Vp => index::is_unavailable(&self.unavailable_vp, slot),
+            _ => false,
+        }
+    }
+
+    fn vp(&self, index: u32) -> Option<SlotRef> {
+        self.vp_indices.binary_search(&index).ok().map(|i| self.vps[i])
+    }
+}
+
+/// One logical processor as the index describes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LpInfo {
+    /// The LP index.
+    pub index: u32,
+    /// The host CPU.
+    pub cpu: u32,
+    slot: SlotRef,
+}
+
+#[derive(Debug, Default)]
+struct GlobalLayout {
+    seq: Option<u64>,
+    hypervisor: Option<SlotRef>,
+    lps: Vec<LpInfo>,
+}
+
+#[derive(Debug, Default)]
+struct PartitionLayout {
+    seq: Option<u64>,
+    partitions: Vec<PartitionInfo>,
+    by_id: HashMap<u64, usize>,
+}
+
+/// One live instance, mapped once.
+#[derive(Debug)]
+pub struct Instance {
+    name: InstanceName,
+    path: PathBuf,
+    arena: ArenaReader,
+    global: Result<ArenaReader, String>,
+    global_denied: bool,
+    global_layout: GlobalLayout,
+    layout: PartitionLayout,
+}
+
+/// Scans an arena's entries: each live one, decoded, with its slot. Junk entries are skipped.
+fn scan(arena: &ArenaReader) -> Vec<(SlotRef, Entry)> {
+    let mut found = Vec::new();
+    for slot in 0..arena.slots() {
+        let Ok(words) = arena.entry_words(slot) else { continue };
+        if let Ok(Some(entry)) = Entry::decode(&words) {
+            found.push((SlotRef { slot, generation: entry.generation }, entry));
+        }
+    }
+    found
+}
+
+impl Instance {
+    /// Opens the instance `name` in the instances directory `dir`.
+    ///
+    /// # Errors
+    /// When its partitions arena cannot be opened or read. (A global arena this user may not read
+    /// is no error: its objects read as permission denied.)
+    pub fn open(dir: &Dir, name: InstanceName) -> Result<Self, AttachError> {
+        let path = dir.path().join(name.arena_file());
+        let file = dir.open_file(&name.arena_file(), false)?;
+        let arena =
+            ArenaReader::open(file).map_err(|source| AttachError::Arena { path: path.clone(), source })?;
+        let mut global_denied = false;
+        let global = match dir.open_file(&name.global_file(), false) {
+            Ok(file) => ArenaReader::open(file).map_err(|e| crate::snapshot::error_chain(&e)),
+            Err(e) => {
+                global_denied = AttachError::from(e.clone_kind()).is_permission_denied();
+                Err(crate::snapshot::error_chain(&e))
+            }
+        };
+        let mut instance = Self {
+            name,
+            path,
+            arena,
+            global,
+            global_denied,
+            global_layout: GlobalLayout::default(),
+            layout: PartitionLayout::default(),
+        };
+        instance.refresh();
+        Ok(instance)
     }
 
     /// The instance's name.
@@ -109,83 +231,393 @@ impl AttachedInstance {
         self.name
     }
 
-    /// The owning process.
-    pub fn pid(&self) -> u32 {
-        self.manifest.pid
+    /// The path of its partitions arena.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
-    /// The instance directory.
-    pub fn dir(&self) -> &Path {
-        &self.dir
+    /// The owning process, as its own PID namespace numbers it.
+    pub fn pid(&self) -> u64 {
+        self.arena.header().pid
     }
 
-    /// The manifest as last read.
-    pub fn manifest(&self) -> &Manifest {
-        &self.manifest
+    /// When it was created, in milliseconds since the Unix epoch.
+    pub fn created_unix_ms(&self) -> u64 {
+        self.arena.header().created_unix_ms
     }
 
-    /// True while the owning process runs.
+    /// What its publisher says it is.
+    pub fn description(&self) -> &InstanceDescription {
+        &self.arena.header().description
+    }
+
+    /// True while its publisher holds its lock (works whatever PID namespace it runs in).
     pub fn is_live(&self) -> bool {
-        self.name.is_alive()
+        publish::is_locked(self.arena.file().as_fd())
     }
 
-    /// Reads the manifest again (partitions come and go).
+    /// True when its arena is mapped (not read with pread).
+    pub fn is_mapped(&self) -> bool {
+        self.arena.is_mapped()
+    }
+
+    /// Follows the publisher's changes: new chunks, and the index when its layout sequence moved
+    /// (one load per arena when nothing did). Returns true when the layout changed.
+    pub fn refresh(&mut self) -> bool {
+        let mut changed = false;
+        if let Ok(global) = &mut self.global {
+            let _ = global.grow();
+            let seq = global.layout_seq();
+            if self.global_layout.seq != Some(seq) {
+                self.global_layout = scan_global(global, seq);
+                changed = true;
+            }
+        }
+        let _ = self.arena.grow();
+        let seq = self.arena.layout_seq();
+        if self.layout.seq != Some(seq) {
+            self.layout = scan_partitions(&self.arena, seq);
+            changed = true;
+        }
+        changed
+    }
+
+    /// The partitions, by id, as of the last [`refresh`](Self::refresh).
+    pub fn partitions(&self) -> &[PartitionInfo] {
+        &self.layout.partitions
+    }
+
+    /// The partition `id`, as of the last refresh.
+    pub fn partition(&self, id: u64) -> Option<&PartitionInfo> {
+        self.layout.by_id.get(&id).map(|&i| &self.layout.partitions[i])
+    }
+
+    /// The LPs, by index (empty when the global pages cannot be read).
+    pub fn logical_processors(&self) -> &[LpInfo] {
+        &self.global_layout.lps
+    }
+
+    /// Why the global pages cannot be read, if they cannot: (reason, permission denied).
+    pub fn global_unreadable(&self) -> Option<(&str, bool)> {
+        self.global.as_ref().err().map(|e| (e.as_str(), self.global_denied))
+    }
+
+    fn locate(&self, object: StatsObject) -> Result<(&ArenaReader, SlotRef), AttachError> {
+        let global = || {
+            self.global.as_ref().map_err(|_| AttachError::Page {
+                path: self.path.with_extension(&GLOBAL_SUFFIX[1..]),
+                source: io::Error::from(if self.global_denied {
+                    io::ErrorKind::PermissionDenied
+                } else {
+                    io::ErrorKind::InvalidData
+                }),
+            })
+        };
+        let missing = AttachError::NotFound(object);
+        match object {
+            StatsObject::Hypervisor => Ok((global()?, self.global_layout.hypervisor.ok_or(missing)?)),
+            StatsObject::LogicalProcessor(n) => {
+                let arena = global()?;
+                let lp = self.global_layout.lps.iter().find(|lp| lp.index == n).ok_or(missing)?;
+                Ok((arena, lp.slot))
+            }
+            StatsObject::Partition(id) => Ok((&self.arena, self.partition(id).ok_or(missing)?.slot)),
+            StatsObject::Vp(id, n) => {
+                Ok((&self.arena, self.partition(id).and_then(|p| p.vp(n)).ok_or(missing)?))
+            }
+        }
+    }
+
+    /// Copies `object`'s page into `out` (a copy from memory, checked against its index entry).
     ///
     /// # Errors
-    /// When it cannot be read (the instance may be gone).
-    pub fn refresh(&mut self) -> Result<(), AttachError> {
-        self.manifest = publish::read_manifest(&self.dir)
-            .map_err(|source| AttachError::Manifest { path: self.dir.clone(), source })?;
-        Ok(())
+    /// [`AttachError::NotFound`] when the last refresh did not list it, [`AttachError::Changed`]
+    /// when it was removed since, or its global file cannot be read.
+    pub fn read_into(&self, object: StatsObject, out: &mut [u64; PAGE_SLOTS]) -> Result<(), AttachError> {
+        let (arena, at) = self.locate(object)?;
+        arena.read_page(at.slot, at.generation, out).map_err(|_| AttachError::Changed(object))
     }
 
-    fn map_file(&self, object: StatsObject) -> Result<MappedPage, AttachError> {
-        let path = publish::page_path(&self.dir, object);
-        let file = match File::open(&path) {
-            Ok(file) => file,
-            // Listed a moment ago, removed since: the partition no longer exists.
-            Err(e) if e.kind() == io::ErrorKind::NotFound && !object.kind().is_global() => {
-                return Err(AttachError::Refused(HvStatus::INVALID_PARTITION_ID));
-            }
-            Err(source) => return Err(AttachError::Page { path, source }),
-        };
-        MappedPage::map(file.as_fd()).map_err(|source| AttachError::Page { path, source })
+    /// A copy of `object`'s page.
+    ///
+    /// # Errors
+    /// As [`read_into`](Self::read_into).
+    pub fn read(&self, object: StatsObject) -> Result<StatsPage, AttachError> {
+        let mut page = StatsPage::default();
+        self.read_into(object, &mut page.data)?;
+        Ok(page)
+    }
+
+    /// Every counter of the instance now (after a [`refresh`](Self::refresh)).
+    pub fn snapshot(&mut self) -> crate::snapshot::InstanceSnapshot {
+        self.refresh();
+        crate::snapshot::take_instance(self)
+    }
+
+    fn map_page(&self, object: StatsObject) -> Result<MappedPage, AttachError> {
+        let (arena, at) = self.locate(object)?;
+        if !arena.is_mapped() {
+            return Err(AttachError::Page {
+                path: self.path.clone(),
+                source: io::Error::new(io::ErrorKind::PermissionDenied, "the arena belongs to another user"),
+            });
+        }
+        let offset = index::page_offset(at.slot) as u64;
+        MappedPage::map_at(arena.file().as_fd(), offset)
+            .map_err(|source| AttachError::Page { path: self.path.clone(), source })
     }
 }
 
-impl ObjectDirectory for AttachedInstance {
+fn scan_global(arena: &ArenaReader, seq: u64) -> GlobalLayout {
+    let mut layout = GlobalLayout { seq: Some(seq), ..Default::default() };
+    for (at, entry) in scan(arena) {
+        match entry.kind {
+            ObjectKind::Hypervisor => layout.hypervisor = Some(at),
+            ObjectKind::LogicalProcessor => {
+                let index = u32::try_from(entry.id).unwrap_or(u32::MAX);
+                layout.lps.push(LpInfo { index, cpu: entry.index, slot: at });
+            }
+            _ => {}
+        }
+    }
+    layout.lps.sort_by_key(|lp| lp.index);
+    layout.lps.dedup_by_key(|lp| lp.index);
+    layout
+}
+
+fn scan_partitions(arena: &ArenaReader, seq: u64) -> PartitionLayout {
+    // A consistent scan is one the layout sequence did not move across (even before and after);
+    // under constant churn, after a few tries, each entry is still consistent on its own.
+    let mut entries = Vec::new();
+    for _ in 0..8 {
+        let before = arena.layout_seq();
+        entries = scan(arena);
+        if before % 2 == 0 && arena.layout_seq() == before {
+            break;
+        }
+    }
+    let mut vps: HashMap<u64, BTreeMap<u32, SlotRef>> = HashMap::new();
+    let mut partitions = BTreeMap::new();
+    for (at, entry) in entries {
+        match entry.kind {
+            ObjectKind::Vp => {
+                vps.entry(entry.id).or_default().insert(entry.index, at);
+            }
+            ObjectKind::Partition => {
+                partitions.insert(entry.id, (at, entry));
+            }
+            _ => {}
+        }
+    }
+    let mut layout = PartitionLayout { seq: Some(seq), ..Default::default() };
+    for (id, (at, entry)) in partitions {
+        let found = vps.remove(&id).unwrap_or_default();
+        layout.by_id.insert(id, layout.partitions.len());
+        layout.partitions.push(PartitionInfo {
+            id,
+            name: entry.name,
+            state: entry.state,
+            unavailable_partition: entry.unavailable_partition,
+            unavailable_vp: entry.unavailable_vp,
+            slot: at,
+            vp_indices: found.keys().copied().collect(),
+            vps: found.values().copied().collect(),
+        });
+    }
+    layout
+}
+
+impl ObjectDirectory for Instance {
     fn logical_processors(&self) -> u32 {
-        self.manifest.logical_processors.len() as u32
+        self.global_layout.lps.len() as u32
     }
 
     fn partition_facts(&self, id: u64) -> Option<PartitionFacts> {
-        self.manifest
-            .partitions
-            .iter()
-            .find(|p| p.id == id)
-            .map(|p| PartitionFacts { vp_count: p.vp_count, active: p.active })
+        self.partition(id).map(|p| PartitionFacts { vp_count: p.vps.len() as u32, active: p.is_active() })
     }
+}
+
+impl RuntimeDirError {
+    fn clone_kind(&self) -> RuntimeDirError {
+        match self {
+            RuntimeDirError::Io { path, what, source } => {
+                RuntimeDirError::Io { path: path.clone(), what, source: io::Error::from(source.kind()) }
+            }
+            RuntimeDirError::Owner { path, owner, euid, root_ok } => {
+                RuntimeDirError::Owner { path: path.clone(), owner: *owner, euid: *euid, root_ok: *root_ok }
+            }
+            RuntimeDirError::Writable { path, mode } => {
+                RuntimeDirError::Writable { path: path.clone(), mode: *mode }
+            }
+            RuntimeDirError::NotRegular { path, expected } => {
+                RuntimeDirError::NotRegular { path: path.clone(), expected }
+            }
+        }
+    }
+}
+
+/// What a [`refresh`](Attach::refresh) noticed.
+#[derive(Debug, Default)]
+pub struct Changes {
+    /// Instances seen for the first time.
+    pub added: Vec<InstanceName>,
+    /// Instances gone (exited, or died: their publisher no longer holds the lock).
+    pub removed: Vec<InstanceName>,
+    /// Files of dead publishers removed from the runtime directory.
+    pub removed_dead: Vec<PathBuf>,
+    /// Instances whose layout changed (partitions added, removed, stopped, renamed).
+    pub layout_changed: Vec<InstanceName>,
+    /// What could not be read (the rest was).
+    pub problems: Vec<AttachError>,
+}
+
+/// The long-lived reader of every instance under a runtime directory.
+#[derive(Debug)]
+pub struct Attach {
+    runtime_dir: PathBuf,
+    instances: BTreeMap<InstanceName, Instance>,
+}
+
+impl Attach {
+    /// A reader of the instances under `runtime_dir` (nothing is read until
+    /// [`refresh`](Self::refresh)).
+    pub fn new(runtime_dir: &Path) -> Self {
+        Self { runtime_dir: runtime_dir.to_owned(), instances: BTreeMap::new() }
+    }
+
+    /// Looks again: opens new instances, drops removed and dead ones (removing a dead publisher's
+    /// files when this user may), and follows each kept instance's layout.
+    ///
+    /// # Errors
+    /// When the runtime directory exists but fails its checks or cannot be listed (a missing
+    /// directory holds no instance).
+    pub fn refresh(&mut self) -> Result<Changes, AttachError> {
+        let mut changes = Changes::default();
+        let dir =
+            match Dir::open(&self.runtime_dir, Use::Read).and_then(|d| d.subdir(INSTANCES_DIR, Use::Read)) {
+                Ok(dir) => dir,
+                Err(RuntimeDirError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+                    changes.removed = std::mem::take(&mut self.instances).into_keys().collect();
+                    return Ok(changes);
+                }
+                Err(e) => return Err(e.into()),
+            };
+        let names = dir.names()?;
+        let mut listed = std::collections::HashSet::new();
+        for name in &names {
+            let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(ARENA_SUFFIX)) else { continue };
+            if let Some(name) = InstanceName::parse(stem) {
+                listed.insert(name);
+            }
+        }
+        let gone: Vec<InstanceName> = self
+            .instances
+            .iter()
+            .filter(|(name, instance)| !listed.contains(name) || !instance.is_live())
+            .map(|(name, _)| *name)
+            .collect();
+        for name in gone {
+            self.instances.remove(&name);
+            changes.removed.push(name);
+        }
+        let sweep = publish::sweep(&dir);
+        changes.removed_dead = sweep.removed;
+        for (path, source) in sweep.not_removed {
+            changes.problems.push(AttachError::Dir(RuntimeDirError::Io {
+                path,
+                what: "remove a dead instance",
+                source,
+            }));
+        }
+        for name in listed {
+            if self.instances.contains_key(&name) {
+                continue;
+            }
+            match Instance::open(&dir, name) {
+                Ok(instance) if instance.is_live() => {
+                    changes.added.push(name);
+                    self.instances.insert(name, instance);
+                }
+                // Died between the sweep and now.
+                Ok(_) => {}
+                Err(AttachError::Dir(RuntimeDirError::Io { source, .. }))
+                    if source.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => changes.problems.push(e),
+            }
+        }
+        for (name, instance) in &mut self.instances {
+            if instance.refresh() && !changes.added.contains(name) {
+                changes.layout_changed.push(*name);
+            }
+        }
+        Ok(changes)
+    }
+
+    /// The live instances (as of the last refresh), in name order.
+    pub fn instances(&self) -> impl Iterator<Item = &Instance> {
+        self.instances.values()
+    }
+
+    /// The live instances, to refresh or snapshot them one by one.
+    pub fn instances_mut(&mut self) -> impl Iterator<Item = &mut Instance> {
+        self.instances.values_mut()
+    }
+
+    /// The instance `name`.
+    pub fn instance(&self, name: InstanceName) -> Option<&Instance> {
+        self.instances.get(&name)
+    }
+
+    /// Takes the instances out (to hand them to [`RootReader`]s).
+    pub fn into_instances(self) -> Vec<Instance> {
+        self.instances.into_values().collect()
+    }
+}
+
+/// What [`discover`] found.
+#[derive(Debug, Default)]
+pub struct Discovery {
+    /// The live instances, in name order.
+    pub instances: Vec<Instance>,
+    /// Files of dead instances that were removed.
+    pub removed_dead: Vec<PathBuf>,
+    /// What could not be read or removed.
+    pub problems: Vec<AttachError>,
+}
+
+/// Finds the live instances under `runtime_dir` once, removing those of dead processes.
+///
+/// # Errors
+/// As [`Attach::refresh`].
+pub fn discover(runtime_dir: &Path) -> Result<Discovery, AttachError> {
+    let mut attach = Attach::new(runtime_dir);
+    let changes = attach.refresh()?;
+    Ok(Discovery {
+        instances: attach.into_instances(),
+        removed_dead: changes.removed_dead,
+        problems: changes.problems,
+    })
 }
 
 /// A root reader attached to one instance: the pages it has mapped, under the map rules.
 pub struct RootReader {
-    instance: AttachedInstance,
+    instance: Instance,
     mappings: MappingTable<MappedPage>,
 }
 
 impl RootReader {
     /// A reader of `instance` with the default quota of mapped pages.
-    pub fn new(instance: AttachedInstance) -> Self {
+    pub fn new(instance: Instance) -> Self {
         Self { instance, mappings: MappingTable::new(DEFAULT_STATS_PAGE_QUOTA) }
     }
 
     /// The instance.
-    pub fn instance(&self) -> &AttachedInstance {
+    pub fn instance(&self) -> &Instance {
         &self.instance
     }
 
-    /// The instance, to refresh its manifest.
-    pub fn instance_mut(&mut self) -> &mut AttachedInstance {
+    /// The instance, to refresh it.
+    pub fn instance_mut(&mut self) -> &mut Instance {
         &mut self.instance
     }
 
@@ -197,7 +629,7 @@ impl RootReader {
     /// HvMapStatsPage for the root: maps the page of the object `identity` names, read-only.
     ///
     /// # Errors
-    /// [`AttachError::Refused`] with the rule's status, or [`AttachError::Page`] when the file
+    /// [`AttachError::Refused`] with the rule's status, or [`AttachError::Page`] when the page
     /// cannot be mapped.
     pub fn map_stats_page(
         &mut self,
@@ -206,7 +638,7 @@ impl RootReader {
     ) -> Result<&MappedPage, AttachError> {
         let key = self.authorize(stats_type, identity)?;
         self.mappings.check_map(&key).map_err(AttachError::Refused)?;
-        let page = self.instance.map_file(key.object)?;
+        let page = self.instance.map_page(key.object)?;
         self.mappings.insert(key, page);
         self.mappings.get(&key).ok_or(AttachError::Refused(HvStatus::INVALID_PARAMETER))
     }
@@ -224,15 +656,13 @@ impl RootReader {
         self.mappings.remove(&key).map(drop).map_err(AttachError::Refused)
     }
 
-    /// A copy of `object`'s page at this moment: map (own view), copy, unmap.
+    /// A copy of `object`'s page at this moment. Unlike a mapping request, a read is not refused
+    /// for a stopped partition: the root keeps reading its final values.
     ///
     /// # Errors
-    /// As [`map_stats_page`](Self::map_stats_page).
+    /// As [`Instance::read`].
     pub fn read(&mut self, object: StatsObject) -> Result<StatsPage, AttachError> {
-        let (stats_type, identity) = wire(object, StatsAreaType::SELF);
-        let copy = self.map_stats_page(stats_type, identity)?.snapshot();
-        self.unmap_stats_page(stats_type, identity)?;
-        Ok(copy)
+        self.instance.read(object)
     }
 
     fn authorize(

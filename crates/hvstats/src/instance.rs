@@ -4,28 +4,38 @@
 //! The process that owns a [`Hypervisor`] is the root partition. The instance keeps the
 //! hypervisor-wide counters (partitions, VPs, total pages, LPs) up to date, holds each guest
 //! partition's GPA-space bookkeeping of mapped stats pages ([`GpaSpace`]) and the state the map
-//! rules check, and, when published ([`Hypervisor::new_published`]), keeps its directory under
-//! the runtime directory in step ([`crate::publish`]).
+//! rules check. Its pages live in two arenas ([`crate::arena`]): one for the hypervisor and LP
+//! objects, one for partitions and VPs, each in a memfd, or, when published
+//! ([`Hypervisor::new_published`]), in files under the runtime directory ([`crate::publish`]) that
+//! readers map; what the index says about each object (its ids, name, state, the counters no
+//! source gives) is written there as it changes.
 
 use std::collections::BTreeMap;
+use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use hvstats_abi::catalog::{hypervisor, partition};
+use hvstats_abi::{CounterId, ObjectKind};
 
+use crate::arena::{self, Arena, ObjectRecord};
 use crate::gpa_space::GpaSpace;
+use crate::index::{self, InstanceDescription, Role, ew};
 use crate::page::SharedPage;
-use crate::publish::{LpEntry, PartitionEntry, Publication, PublishError};
+use crate::publish::{NewFiles, PageAccess, Publication, PublishError};
 use crate::rules::{DEFAULT_STATS_PAGE_QUOTA, ObjectDirectory, ObjectKey, PartitionFacts, StatsObject};
 
 /// An error creating an instance or its objects.
 #[derive(Debug, thiserror::Error)]
 pub enum InstanceError {
-    /// An unpublished page could not be created.
+    /// A page could not be created (the arena is full, or its storage cannot grow: `ENOSPC`).
     #[error("cannot create a stats page")]
     Page(#[source] io::Error),
+    /// An arena could not be laid out (a full filesystem is `ENOSPC` here).
+    #[error("cannot create the instance's arena")]
+    Arena(#[source] io::Error),
     /// Publication failed.
     #[error(transparent)]
     Publish(#[from] PublishError),
@@ -34,13 +44,8 @@ pub enum InstanceError {
 impl From<InstanceError> for io::Error {
     fn from(e: InstanceError) -> Self {
         let kind = match &e {
-            InstanceError::Page(io) => io.kind(),
-            InstanceError::Publish(
-                PublishError::Create { source, .. }
-                | PublishError::Manifest { source, .. }
-                | PublishError::StartTime { source, .. }
-                | PublishError::Scan { source, .. },
-            ) => source.kind(),
+            InstanceError::Page(io) | InstanceError::Arena(io) => io.kind(),
+            InstanceError::Publish(p) => p.io_kind().unwrap_or(io::ErrorKind::Other),
         };
         io::Error::new(kind, e)
     }
@@ -55,11 +60,24 @@ pub struct InstanceConfig {
     pub logical_processors: Option<Vec<u32>>,
     /// The number of stats pages each caller (each guest partition, and the root) may map at once.
     pub stats_page_quota: u32,
+    /// What readers are told about the instance: what publishes it and a free name.
+    pub description: InstanceDescription,
+    /// Who besides the owner may read partition and VP pages (default: nobody).
+    pub page_access: PageAccess,
+    /// The most partition and VP objects the instance can hold (address space reserved up front).
+    pub max_objects: usize,
 }
 
 impl Default for InstanceConfig {
     fn default() -> Self {
-        Self { runtime_dir: None, logical_processors: None, stats_page_quota: DEFAULT_STATS_PAGE_QUOTA }
+        Self {
+            runtime_dir: None,
+            logical_processors: None,
+            stats_page_quota: DEFAULT_STATS_PAGE_QUOTA,
+            description: InstanceDescription::default(),
+            page_access: PageAccess::default(),
+            max_objects: arena::MAX_SLOTS,
+        }
     }
 }
 
@@ -96,6 +114,7 @@ pub struct PartitionStats {
     page: SharedPage,
     vps: Vec<SharedPage>,
     active: AtomicBool,
+    removed: AtomicBool,
     gpa: Mutex<GpaSpace>,
     overlay_writes: AtomicU64,
     hypervisor: Weak<Hypervisor>,
@@ -128,12 +147,70 @@ impl PartitionStats {
         self.active.load(Ordering::Relaxed)
     }
 
-    /// Marks the partition active or not (published in the manifest).
+    /// Marks the partition active or not (readers see it in the index; a partition made inactive
+    /// this way is "stopped" with no reason given).
     pub fn set_active(&self, active: bool) {
         if self.active.swap(active, Ordering::Relaxed) != active {
-            if let Some(hv) = self.hypervisor.upgrade() {
-                hv.republish();
+            self.write_entry(|w| {
+                w[ew::STATE] = if active { index::state::ACTIVE } else { index::state::STOPPED };
+                if active {
+                    w[ew::REASON..ew::REASON + 8].fill(0);
+                }
+            });
+        }
+    }
+
+    /// Stops the partition, saying why (e.g. "VP 1 faulted: triple fault"): guests get
+    /// `INVALID_PARTITION_STATE` from now on, while root readers keep reading every page of it
+    /// (its final values) and see the reason.
+    pub fn stop(&self, reason: &str) {
+        self.active.store(false, Ordering::Relaxed);
+        let text = index::encode_text(reason, index::TEXT_BYTES / 8);
+        self.write_entry(|w| {
+            w[ew::STATE] = index::state::STOPPED;
+            w[ew::REASON..ew::REASON + 8].copy_from_slice(&text);
+        });
+    }
+
+    /// Names the partition (readers show it; at most 64 bytes are kept).
+    pub fn set_name(&self, name: &str) {
+        let text = index::encode_text(name, index::TEXT_BYTES / 8);
+        self.write_entry(|w| w[ew::NAME..ew::NAME + 8].copy_from_slice(&text));
+    }
+
+    /// Declares counters of this partition and of its VPs that no source gives (an observed VM's
+    /// hypercall counts, say): readers report them as unknown (`None`, JSON null), never as 0.
+    /// Replaces any earlier declaration; ids of other object kinds are ignored.
+    pub fn set_unavailable(&self, counters: &[CounterId]) {
+        let (mut part, mut vp) = ([0u64; 4], [0u64; 4]);
+        for c in counters {
+            let slot = c.slot();
+            let bitmap = match c.kind {
+                ObjectKind::Partition => &mut part,
+                ObjectKind::Vp => &mut vp,
+                _ => continue,
+            };
+            if slot < index::UNAVAILABLE_SLOTS {
+                bitmap[slot / 64] |= 1 << (slot % 64);
             }
+        }
+        self.write_entry(|w| {
+            w[ew::UNAVAILABLE_PARTITION..ew::UNAVAILABLE_PARTITION + 4].copy_from_slice(&part);
+            w[ew::UNAVAILABLE_VP..ew::UNAVAILABLE_VP + 4].copy_from_slice(&vp);
+        });
+    }
+
+    fn write_entry(&self, f: impl FnOnce(&mut [u64; index::ENTRY_WORDS])) {
+        // A removed partition's entry is already free: leave it so.
+        if self.removed.load(Ordering::Relaxed) {
+            return;
+        }
+        if let (Some(hv), Some(slot)) = (self.hypervisor.upgrade(), self.page.arena_slot()) {
+            let _partitions = hv.lock_partitions();
+            if self.removed.load(Ordering::Relaxed) {
+                return;
+            }
+            hv.arena.change().write_entry(slot, f);
         }
     }
 
@@ -219,7 +296,8 @@ pub struct Hypervisor {
     next_id: AtomicU64,
     root_gpa: Mutex<GpaSpace>,
     quota: u32,
-    // Dropped last: the pages are unmapped, then the directory holding their files is removed.
+    arena: Arc<Arena>,
+    // Dropped after the pages: their files are removed from the runtime directory.
     publication: Option<Publication>,
 }
 
@@ -245,28 +323,48 @@ impl Hypervisor {
     /// # Errors
     /// When a page, or the publication, cannot be created.
     pub fn with_config(config: InstanceConfig) -> Result<Arc<Self>, InstanceError> {
-        let mut publication = config.runtime_dir.as_deref().map(Publication::begin).transpose()?;
-        let create = |object: StatsObject| -> Result<SharedPage, InstanceError> {
-            match &publication {
-                Some(p) => Ok(p.create_page(object)?),
-                None => SharedPage::anonymous(object.kind()).map_err(InstanceError::Page),
+        let (mut publication, files) = match config.runtime_dir.as_deref() {
+            Some(dir) => {
+                let (p, files) = Publication::begin(dir, config.page_access)?;
+                (Some(p), files)
+            }
+            None => {
+                let memfd = || arena::anonymous_file().map_err(InstanceError::Arena);
+                (None, NewFiles { partitions: memfd()?, global: memfd()? })
             }
         };
-        let page = create(StatsObject::Hypervisor)?;
         let cpus = config.logical_processors.unwrap_or_else(crate::lp::online_cpus);
-        let mut lps = Vec::with_capacity(cpus.len());
-        for (index, cpu) in cpus.into_iter().enumerate() {
-            let index = index as u32;
-            lps.push(LogicalProcessorStats {
-                index,
-                cpu,
-                page: create(StatsObject::LogicalProcessor(index))?,
-            });
-        }
+        let layout = |file: File, role, max| {
+            Arena::create(file, role, &config.description, max).map(Arc::new).map_err(|source| {
+                match &publication {
+                    Some(p) => InstanceError::Publish(PublishError::Arena { path: p.arena_path(), source }),
+                    None => InstanceError::Arena(source),
+                }
+            })
+        };
+        let global = layout(files.global, Role::Global, 1 + cpus.len())?;
+        let arena = layout(files.partitions, Role::Partitions, config.max_objects)?;
+        let (page, lps) = {
+            let mut change = global.change();
+            let mut create = |kind, id: u64, index: u32| {
+                let record = ObjectRecord { kind, id, index, vp_count: 0 };
+                SharedPage::in_arena(&global, &mut change, record).map_err(InstanceError::Page)
+            };
+            let page = create(ObjectKind::Hypervisor, 0, 0)?;
+            let mut lps = Vec::with_capacity(cpus.len());
+            for (index, cpu) in cpus.into_iter().enumerate() {
+                let index = index as u32;
+                lps.push(LogicalProcessorStats {
+                    index,
+                    cpu,
+                    page: create(ObjectKind::LogicalProcessor, u64::from(index), cpu)?,
+                });
+            }
+            (page, lps)
+        };
         page.set(hypervisor::LOGICAL_PROCESSORS, lps.len() as u64);
         page.set(hypervisor::TOTAL_PAGES, 1 + lps.len() as u64);
         if let Some(p) = &mut publication {
-            p.write_manifest(&p.manifest(lp_entries(&lps), Vec::new()))?;
             p.commit()?;
         }
         Ok(Arc::new_cyclic(|me| Self {
@@ -277,6 +375,7 @@ impl Hypervisor {
             next_id: AtomicU64::new(1),
             root_gpa: Mutex::new(GpaSpace::new(config.stats_page_quota)),
             quota: config.stats_page_quota,
+            arena,
             publication,
         }))
     }
@@ -304,54 +403,100 @@ impl Hypervisor {
         Ok(())
     }
 
-    /// The instance directory, when published.
-    pub fn published_dir(&self) -> Option<&Path> {
-        self.publication.as_ref().map(|p| p.dir())
+    /// The path of the published partitions arena, when published.
+    pub fn published_path(&self) -> Option<PathBuf> {
+        self.publication.as_ref().map(Publication::arena_path)
+    }
+
+    /// The published instance's name, when published.
+    pub fn published_name(&self) -> Option<crate::publish::InstanceName> {
+        self.publication.as_ref().map(Publication::name)
     }
 
     /// Creates the stats objects of a new, active partition with `vp_count` VPs.
     ///
     /// # Errors
-    /// When a page cannot be created, or the manifest cannot be updated.
+    /// When a page cannot be created (the arena is full, or its storage cannot grow).
     pub fn create_partition(&self, vp_count: u32) -> io::Result<Arc<PartitionStats>> {
+        self.create_partition_named(vp_count, "")
+    }
+
+    /// Creates the stats objects of a new, active partition with `vp_count` VPs, named `name`
+    /// for readers.
+    ///
+    /// # Errors
+    /// When a page cannot be created (the arena is full, or its storage cannot grow).
+    pub fn create_partition_named(&self, vp_count: u32, name: &str) -> io::Result<Arc<PartitionStats>> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let create = |object: StatsObject| -> Result<SharedPage, InstanceError> {
-            match &self.publication {
-                Some(p) => Ok(p.create_page(object)?),
-                None => SharedPage::anonymous(object.kind()).map_err(InstanceError::Page),
+        let mut partitions = self.lock_partitions();
+        let mut vps = Vec::with_capacity(vp_count as usize);
+        let page = {
+            let mut change = self.arena.change();
+            // VPs first, their partition last, in one index change: a reader never finds a
+            // partition whose VPs are not there yet.
+            let made = (|| {
+                for n in 0..vp_count {
+                    let record = ObjectRecord { kind: ObjectKind::Vp, id, index: n, vp_count: 0 };
+                    vps.push(SharedPage::in_arena(&self.arena, &mut change, record)?);
+                }
+                let record =
+                    ObjectRecord { kind: ObjectKind::Partition, id, index: 0, vp_count: u64::from(vp_count) };
+                let page = SharedPage::in_arena(&self.arena, &mut change, record)?;
+                if !name.is_empty() {
+                    let text = index::encode_text(name, index::TEXT_BYTES / 8);
+                    if let Some(slot) = page.arena_slot() {
+                        change.write_entry(slot, |w| w[ew::NAME..ew::NAME + 8].copy_from_slice(&text));
+                    }
+                }
+                Ok::<_, io::Error>(page)
+            })();
+            drop(change);
+            match made {
+                Ok(page) => page,
+                Err(e) => {
+                    // The pages made so far release their slots as they drop (the change is over).
+                    drop(vps);
+                    return Err(e);
+                }
             }
         };
-        let page = create(StatsObject::Partition(id))?;
-        let vps = (0..vp_count).map(|n| create(StatsObject::Vp(id, n))).collect::<Result<Vec<_>, _>>()?;
         page.set(partition::VIRTUAL_PROCESSORS, vp_count as u64);
         let stats = Arc::new(PartitionStats {
             id,
             page,
             vps,
             active: AtomicBool::new(true),
+            removed: AtomicBool::new(false),
             gpa: Mutex::new(GpaSpace::new(self.quota)),
             overlay_writes: AtomicU64::new(0),
             hypervisor: self.me.clone(),
         });
-        let mut partitions = self.lock_partitions();
         partitions.insert(id, stats.clone());
         self.page.set(hypervisor::PARTITIONS, partitions.len() as u64);
         self.page.fetch_add(hypervisor::VIRTUAL_PROCESSORS, vp_count as u64);
         self.page.fetch_add(hypervisor::TOTAL_PAGES, stats.stats_pages());
-        if let Err(e) = self.write_manifest(&partitions) {
-            drop(partitions);
-            self.remove_partition(id);
-            return Err(InstanceError::from(e).into());
-        }
         Ok(stats)
     }
 
     /// Removes partition `id`'s objects: it stops being active, its pages leave the counts and
-    /// the published directory (mappings already made stay valid).
+    /// the index (mappings already made stay valid; a slot is reused only once every handle to
+    /// its page is dropped, and then with a new generation).
     pub fn remove_partition(&self, id: u64) {
         let mut partitions = self.lock_partitions();
         let Some(stats) = partitions.remove(&id) else { return };
         stats.active.store(false, Ordering::Relaxed);
+        stats.removed.store(true, Ordering::Relaxed);
+        {
+            let mut change = self.arena.change();
+            // The partition first, then its VPs: a reader never finds VPs of a listed partition gone.
+            let slots = std::iter::once(&stats.page).chain(&stats.vps).filter_map(SharedPage::arena_slot);
+            for slot in slots {
+                change.write_entry(slot, |w| {
+                    w[ew::STATE] = index::state::FREE;
+                    w[ew::KIND] = 0;
+                });
+            }
+        }
         let ram = {
             let mut gpa = stats.gpa_space();
             gpa.detach();
@@ -360,12 +505,7 @@ impl Hypervisor {
         self.page.set(hypervisor::PARTITIONS, partitions.len() as u64);
         self.page.fetch_add(hypervisor::VIRTUAL_PROCESSORS, (stats.vp_count() as u64).wrapping_neg());
         self.page.fetch_add(hypervisor::TOTAL_PAGES, (stats.stats_pages() + ram).wrapping_neg());
-        // A manifest that cannot be rewritten leaves the partition listed; its files are gone, so
-        // a reader gets "not found" for it rather than stale pages.
-        let _ = self.write_manifest(&partitions);
-        if let Some(p) = &self.publication {
-            p.remove_partition(id);
-        }
+        drop(partitions);
     }
 
     /// The partition with `id`.
@@ -400,25 +540,6 @@ impl Hypervisor {
     fn lock_partitions(&self) -> MutexGuard<'_, BTreeMap<u64, Arc<PartitionStats>>> {
         self.partitions.lock().unwrap_or_else(|e| e.into_inner())
     }
-
-    fn republish(&self) {
-        let partitions = self.lock_partitions();
-        // Best effort: the state in memory is authoritative; a reader sees the last manifest.
-        let _ = self.write_manifest(&partitions);
-    }
-
-    fn write_manifest(&self, partitions: &BTreeMap<u64, Arc<PartitionStats>>) -> Result<(), PublishError> {
-        let Some(p) = &self.publication else { return Ok(()) };
-        let entries = partitions
-            .values()
-            .map(|s| PartitionEntry { id: s.id, vp_count: s.vp_count(), active: s.is_active() })
-            .collect();
-        p.write_manifest(&p.manifest(lp_entries(&self.lps), entries))
-    }
-}
-
-fn lp_entries(lps: &[LogicalProcessorStats]) -> Vec<LpEntry> {
-    lps.iter().map(|lp| LpEntry { index: lp.index, cpu: lp.cpu }).collect()
 }
 
 impl ObjectDirectory for Hypervisor {

@@ -1,17 +1,17 @@
 //! A stats page in shared memory: the storage of an object's counters.
 //!
 //! The counters live in the page at the offsets the catalog gives; there is no second copy. The
-//! page is a 4 KiB `MAP_SHARED` mapping of a file (a memfd, or a file under the runtime
-//! directory), so the same bytes can be mapped read-only into a guest (a KVM memory slot) and into
-//! root tools on the host. Values are accessed as relaxed atomics: a VP thread, the only writer of
+//! page is 4 KiB of a `MAP_SHARED` file: a slot of its instance's arena ([`crate::arena`]), or a
+//! memfd of its own for a page outside any instance. So the same bytes can be mapped read-only
+//! into a guest (a KVM memory slot) and into root tools on the host. Values are accessed as relaxed atomics: a VP thread, the only writer of
 //! its VP page, does a plain load and store per update; counters with several writers use
 //! [`SharedPage::fetch_add`].
 
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::path::Path;
 use std::ptr::NonNull;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use hvstats_abi::catalog::vp;
@@ -20,11 +20,20 @@ use hvstats_abi::page::{PAGE_SLOTS, PageLayout, StatsPage};
 use hvstats_abi::seqcount::{self, SeqRead, SeqWrite};
 use hvstats_abi::{CounterId, GroupKind, ObjectKind, PAGE_SIZE};
 
+use crate::arena::Arena;
+
 /// One object's stats page, mapped shared and writable by its owner.
 pub struct SharedPage {
     kind: ObjectKind,
-    file: File,
+    backing: Backing,
     ptr: NonNull<AtomicU64>,
+}
+
+enum Backing {
+    /// A memfd of its own, mapped by this value.
+    Own(File),
+    /// Slot `.1` of an arena, released when this value is dropped.
+    Arena(Arc<Arena>, usize),
 }
 
 // SAFETY: the mapping is only accessed through atomics, and it lives as long as the value.
@@ -48,31 +57,38 @@ impl SharedPage {
         Self::from_file(kind, file)
     }
 
-    /// A page for `kind` in a new file at `path` (which must not exist), mode 0644 or 0600.
-    ///
-    /// # Errors
-    /// When the file exists or cannot be created, sized or mapped.
-    pub fn create_file(kind: ObjectKind, path: &Path, world_readable: bool) -> io::Result<Self> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(if world_readable { 0o644 } else { 0o600 })
-            .open(path)?;
-        Self::from_file(kind, file)
-    }
-
     fn from_file(kind: ObjectKind, file: File) -> io::Result<Self> {
         file.set_len(PAGE_SIZE as u64)?;
-        let ptr = map(file.as_fd(), libc::PROT_READ | libc::PROT_WRITE)?;
-        let page = Self { kind, file, ptr: ptr.cast() };
+        let ptr = map(file.as_fd(), libc::PROT_READ | libc::PROT_WRITE, 0)?;
+        let page = Self { kind, backing: Backing::Own(file), ptr: ptr.cast() };
         let mut headers = [0u64; PAGE_SLOTS];
         PageLayout::of(kind).write_headers(&mut headers);
         for (i, word) in headers.iter().enumerate() {
             page.slots()[i].store(*word, Ordering::Relaxed);
         }
         Ok(page)
+    }
+
+    /// Takes a slot of `arena` for `record` (its page reset to `record.kind`'s empty layout),
+    /// inside an index change.
+    ///
+    /// # Errors
+    /// When the arena is full or its storage cannot grow.
+    pub(crate) fn in_arena(
+        arena: &Arc<Arena>,
+        change: &mut crate::arena::IndexChange<'_>,
+        record: crate::arena::ObjectRecord,
+    ) -> io::Result<Self> {
+        let slot = change.allocate(record)?;
+        Ok(Self { kind: record.kind, ptr: arena.page(slot), backing: Backing::Arena(arena.clone(), slot) })
+    }
+
+    /// The arena slot of the page, when it lives in an arena.
+    pub(crate) fn arena_slot(&self) -> Option<usize> {
+        match &self.backing {
+            Backing::Arena(_, slot) => Some(*slot),
+            Backing::Own(_) => None,
+        }
     }
 
     /// The object kind the page is laid out for.
@@ -151,9 +167,29 @@ impl SharedPage {
         page
     }
 
-    /// The file behind the page, to map it elsewhere (read-only into a guest or a reader).
+    /// The file behind the page (the whole arena, for a page in one: the page lies at
+    /// [`file_offset`](Self::file_offset)).
     pub fn fd(&self) -> BorrowedFd<'_> {
-        self.file.as_fd()
+        match &self.backing {
+            Backing::Own(file) => file.as_fd(),
+            Backing::Arena(arena, _) => arena.fd(),
+        }
+    }
+
+    /// Where the page lies in [`fd`](Self::fd)'s file.
+    pub fn file_offset(&self) -> u64 {
+        match &self.backing {
+            Backing::Own(_) => 0,
+            Backing::Arena(_, slot) => crate::arena::page_file_offset(*slot),
+        }
+    }
+
+    /// A read-only mapping of this very page (to show it to a guest through a KVM memory slot).
+    ///
+    /// # Errors
+    /// When the mapping fails.
+    pub fn map_read_only(&self) -> io::Result<MappedPage> {
+        MappedPage::map_at(self.fd(), self.file_offset())
     }
 
     /// The host address of the writable mapping.
@@ -164,8 +200,13 @@ impl SharedPage {
 
 impl Drop for SharedPage {
     fn drop(&mut self) {
-        // SAFETY: `ptr` is our mapping of PAGE_SIZE bytes and nothing borrows it past `self`.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), PAGE_SIZE) };
+        match &self.backing {
+            // SAFETY: `ptr` is our mapping of PAGE_SIZE bytes and nothing borrows it past `self`.
+            Backing::Own(_) => unsafe {
+                libc::munmap(self.ptr.as_ptr().cast(), PAGE_SIZE);
+            },
+            Backing::Arena(arena, slot) => arena.release(*slot),
+        }
     }
 }
 
@@ -191,16 +232,24 @@ impl MappedPage {
         self.ptr.as_ptr()
     }
 
-    /// Maps `fd` (a page file) read-only.
+    /// Maps the first page of `fd` read-only.
     ///
     /// # Errors
     /// When the file is not at least one page long or cannot be mapped.
     pub fn map(fd: BorrowedFd<'_>) -> io::Result<Self> {
+        Self::map_at(fd, 0)
+    }
+
+    /// Maps the page at `offset` (page-aligned) of `fd` read-only.
+    ///
+    /// # Errors
+    /// When the file does not hold a whole page there, or it cannot be mapped.
+    pub fn map_at(fd: BorrowedFd<'_>, offset: u64) -> io::Result<Self> {
         let len = std::fs::File::from(fd.try_clone_to_owned()?).metadata()?.len();
-        if len < PAGE_SIZE as u64 {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "stats page file is shorter than a page"));
+        if offset % PAGE_SIZE as u64 != 0 || len < offset.saturating_add(PAGE_SIZE as u64) {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "the file holds no whole page there"));
         }
-        Ok(Self { ptr: map(fd, libc::PROT_READ)? })
+        Ok(Self { ptr: map(fd, libc::PROT_READ, offset)? })
     }
 
     /// The value in slot `slot` at the moment of the call.
@@ -255,11 +304,13 @@ impl Drop for MappedPage {
     }
 }
 
-fn map(fd: BorrowedFd<'_>, prot: libc::c_int) -> io::Result<NonNull<u8>> {
+fn map(fd: BorrowedFd<'_>, prot: libc::c_int, offset: u64) -> io::Result<NonNull<u8>> {
     use std::os::fd::AsRawFd;
+    let offset = libc::off_t::try_from(offset).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     // SAFETY: we map PAGE_SIZE bytes of a file we hold open, at an address the kernel picks.
-    let ptr =
-        unsafe { libc::mmap(std::ptr::null_mut(), PAGE_SIZE, prot, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
+    let ptr = unsafe {
+        libc::mmap(std::ptr::null_mut(), PAGE_SIZE, prot, libc::MAP_SHARED, fd.as_raw_fd(), offset)
+    };
     if ptr == libc::MAP_FAILED {
         return Err(io::Error::last_os_error());
     }

@@ -4,54 +4,46 @@
 //! Layout, under `<runtime dir>/instances/`:
 //!
 //! ```text
-//! <pid>-<start time>-<n>/          one live instance (n tells apart instances of one process)
-//!     manifest.json                pid, start time, LPs, partitions with VP counts and state
-//!     hypervisor.page              mode 0600: global pages are for the root only
-//!     lp/<index>.page              mode 0600
-//!     partition/<id>/partition.page        mode 0644
-//!     partition/<id>/vp/<index>.page       mode 0644
-//! .<pid>-<start time>-<n>.staging/ an instance being set up, renamed into place when complete
+//! <pid>-<start time>-<n>.arena    partitions and VPs: one arena (see crate::index); mode 0600,
+//!                                 or 0640 with the group named by InstanceConfig::page_group
+//! <pid>-<start time>-<n>.global   the hypervisor and LPs: an arena of their own, always 0600
+//! .<…>.tmp                        an arena being set up, renamed into place when complete
 //! ```
 //!
-//! Each page file IS the object's page (the writer maps it `MAP_SHARED`), so a reader that maps it
-//! sees every update as it happens. The manifest is replaced atomically (temporary file, then
-//! rename). The start time is the process's start in clock ticks after boot
-//! (`/proc/<pid>/stat` field 22): an instance whose pid is gone, or now names another process, is
-//! dead, and whoever next publishes or reads removes it.
+//! Each arena IS the pages (the writer maps it `MAP_SHARED`), so a reader that maps it sees every
+//! update as it happens, and its index tells what is where. The publisher holds an exclusive
+//! `flock` on each of its files for as long as it lives; a reader or a new publisher tests it
+//! without blocking. The lock belongs to the open file, not to a pid, so a publisher in another
+//! PID namespace (whose pid means nothing here) is alive exactly as long as it runs, and a file
+//! whose lock is free is dead and removed by whoever next publishes or reads.
 
-use std::fs;
-use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use serde::{Deserialize, Serialize};
+use crate::runtime_dir::{Dir, RuntimeDirError, Use};
 
-use crate::page::SharedPage;
-use crate::rules::StatsObject;
-
-/// The version of the manifest format this build writes and reads.
-pub const MANIFEST_FORMAT: u32 = 1;
-
-/// The manifest's file name in an instance directory.
-pub const MANIFEST_FILE: &str = "manifest.json";
+/// The subdirectory of the runtime directory that holds instances.
+pub const INSTANCES_DIR: &str = "instances";
+/// The file suffix of a partitions arena.
+pub const ARENA_SUFFIX: &str = ".arena";
+/// The file suffix of a global-objects arena.
+pub const GLOBAL_SUFFIX: &str = ".global";
+/// The file suffix of an arena being set up.
+pub const TMP_SUFFIX: &str = ".tmp";
 
 /// An error publishing an instance.
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
-    /// A directory or file could not be created.
-    #[error("cannot create {}", path.display())]
-    Create {
-        /// What could not be created.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
-    /// The manifest could not be written.
-    #[error("cannot write the manifest {}", path.display())]
-    Manifest {
-        /// The manifest path.
+    /// The runtime directory or a file in it could not be used.
+    #[error(transparent)]
+    Dir(#[from] RuntimeDirError),
+    /// An arena could not be laid out (a full filesystem is `ENOSPC` here).
+    #[error("cannot allocate the arena {}", path.display())]
+    Arena {
+        /// The arena file.
         path: PathBuf,
         /// Why.
         #[source]
@@ -66,10 +58,10 @@ pub enum PublishError {
         #[source]
         source: io::Error,
     },
-    /// The runtime directory could not be listed.
-    #[error("cannot list {}", path.display())]
-    Scan {
-        /// The directory.
+    /// The publisher's lock could not be taken.
+    #[error("cannot lock {}", path.display())]
+    Lock {
+        /// The file.
         path: PathBuf,
         /// Why.
         #[source]
@@ -77,47 +69,23 @@ pub enum PublishError {
     },
 }
 
-/// One logical processor in the manifest.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LpEntry {
-    /// The LP index (the identity's LP index and the page file name).
-    pub index: u32,
-    /// The host CPU number it stands for.
-    pub cpu: u32,
+impl PublishError {
+    /// The underlying I/O error kind, when there is one.
+    pub fn io_kind(&self) -> Option<io::ErrorKind> {
+        match self {
+            PublishError::Dir(e) => e.io_kind(),
+            PublishError::Arena { source, .. }
+            | PublishError::StartTime { source, .. }
+            | PublishError::Lock { source, .. } => Some(source.kind()),
+        }
+    }
 }
 
-/// One partition in the manifest.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PartitionEntry {
-    /// The partition id.
-    pub id: u64,
-    /// Number of VPs (pages `vp/0.page` …).
-    pub vp_count: u32,
-    /// True while the partition is active.
-    pub active: bool,
-}
-
-/// What an instance directory holds, as JSON.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Manifest {
-    /// [`MANIFEST_FORMAT`].
-    pub format: u32,
-    /// The owning process.
-    pub pid: u32,
-    /// Its start time in clock ticks after boot.
-    pub start_time: u64,
-    /// When the instance was created, in milliseconds since the Unix epoch.
-    pub created_unix_ms: u64,
-    /// The logical processors.
-    pub logical_processors: Vec<LpEntry>,
-    /// The partitions, by id.
-    pub partitions: Vec<PartitionEntry>,
-}
-
-/// The name of an instance directory: `<pid>-<start time>-<n>`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+/// The name of an instance: `<pid>-<start time>-<n>`, unique among the files of the directory.
+/// Only a name: liveness is the publisher's lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct InstanceName {
-    /// The owning process.
+    /// The owning process, as its own PID namespace numbers it.
     pub pid: u32,
     /// Its start time in clock ticks after boot.
     pub start_time: u64,
@@ -134,16 +102,17 @@ impl InstanceName {
             start_time: parts.next()?.parse().ok()?,
             seq: parts.next()?.parse().ok()?,
         };
-        parts.next().is_none().then_some(name)
+        (parts.next().is_none() && name.to_string() == s).then_some(name)
     }
 
-    /// True while the process that published it runs: its pid exists, is not a zombie (killed,
-    /// not yet reaped), and started when the instance says.
-    pub fn is_alive(&self) -> bool {
-        std::fs::read_to_string(format!("/proc/{}/stat", self.pid))
-            .ok()
-            .and_then(|stat| parse_state_and_start_time(&stat))
-            .is_some_and(|(state, start)| !matches!(state, 'Z' | 'X' | 'x') && start == self.start_time)
+    /// The name of its partitions arena.
+    pub fn arena_file(&self) -> String {
+        format!("{self}{ARENA_SUFFIX}")
+    }
+
+    /// The name of its global arena.
+    pub fn global_file(&self) -> String {
+        format!("{self}{GLOBAL_SUFFIX}")
     }
 }
 
@@ -158,7 +127,7 @@ impl std::fmt::Display for InstanceName {
 /// # Errors
 /// When the process does not exist or its stat line cannot be parsed.
 pub fn process_start_time(pid: u32) -> io::Result<u64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     parse_state_and_start_time(&stat)
         .map(|(_, start)| start)
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed stat line"))
@@ -175,120 +144,138 @@ fn parse_state_and_start_time(stat: &str) -> Option<(char, u64)> {
 
 /// `<runtime dir>/instances`.
 pub fn instances_dir(runtime_dir: &Path) -> PathBuf {
-    runtime_dir.join("instances")
+    runtime_dir.join(INSTANCES_DIR)
 }
 
-/// The page file of `object` in an instance directory.
-pub fn page_path(instance_dir: &Path, object: StatsObject) -> PathBuf {
-    match object {
-        StatsObject::Hypervisor => instance_dir.join("hypervisor.page"),
-        StatsObject::LogicalProcessor(n) => instance_dir.join("lp").join(format!("{n}.page")),
-        StatsObject::Partition(id) => partition_dir(instance_dir, id).join("partition.page"),
-        StatsObject::Vp(id, n) => partition_dir(instance_dir, id).join("vp").join(format!("{n}.page")),
-    }
-}
-
-fn partition_dir(instance_dir: &Path, id: u64) -> PathBuf {
-    instance_dir.join("partition").join(id.to_string())
-}
-
-/// Reads the manifest of an instance directory.
+/// Takes the publisher's lock on `file` (exclusive, without waiting).
 ///
 /// # Errors
-/// When it cannot be read or is not a manifest of [`MANIFEST_FORMAT`].
-pub fn read_manifest(instance_dir: &Path) -> io::Result<Manifest> {
-    let text = fs::read(instance_dir.join(MANIFEST_FILE))?;
-    let manifest: Manifest =
-        serde_json::from_slice(&text).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-    if manifest.format != MANIFEST_FORMAT {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("manifest format {} (this build reads {MANIFEST_FORMAT})", manifest.format),
-        ));
+/// When it is held by someone else, or flock fails.
+pub fn lock(file: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: plain flock on an fd we hold.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
-    Ok(manifest)
 }
 
-/// What a look at the runtime directory found.
+/// True while some process holds the publisher's lock of the file `file` is open on (tested
+/// without waiting, through this separate open file; works across PID namespaces).
+pub fn is_locked(file: BorrowedFd<'_>) -> bool {
+    // SAFETY: plain flock on an fd we hold.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0 {
+        // SAFETY: as above: drop the shared lock we just took.
+        unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
+        false
+    } else {
+        io::Error::last_os_error().raw_os_error() == Some(libc::EWOULDBLOCK)
+    }
+}
+
+/// What a sweep of the instances directory did.
 #[derive(Debug, Default)]
-pub struct Survey {
-    /// Live instances, by name.
-    pub live: Vec<(InstanceName, PathBuf)>,
-    /// Directories of dead instances that were removed.
+pub struct Sweep {
+    /// Files of dead publishers that were removed.
     pub removed: Vec<PathBuf>,
-    /// Directories of dead instances that could not be removed, with why.
+    /// Files of dead publishers that could not be removed, with why.
     pub not_removed: Vec<(PathBuf, io::Error)>,
 }
 
-/// Lists the live instances under `runtime_dir`, removing those of dead processes. A missing
-/// directory holds no instance.
-///
-/// # Errors
-/// When the directory exists but cannot be listed.
-pub fn survey(runtime_dir: &Path) -> Result<Survey, PublishError> {
-    let dir = instances_dir(runtime_dir);
-    let mut survey = Survey::default();
-    let entries = match fs::read_dir(&dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(survey),
-        Err(source) => return Err(PublishError::Scan { path: dir, source }),
-    };
-    for entry in entries.flatten() {
-        let file_name = entry.file_name();
-        let Some(name) = file_name.to_str() else { continue };
-        let (parsed, staging) = match name.strip_prefix('.').and_then(|n| n.strip_suffix(".staging")) {
-            Some(inner) => (InstanceName::parse(inner), true),
-            None => (InstanceName::parse(name), false),
-        };
-        let Some(parsed) = parsed else { continue };
-        let path = entry.path();
-        if parsed.is_alive() {
-            if !staging {
-                survey.live.push((parsed, path));
-            }
+/// True for a name hvstats publishes (`<name>.arena`, `<name>.global`, `.<…>.tmp`).
+fn is_ours(name: &str) -> bool {
+    let stem = name.strip_suffix(ARENA_SUFFIX).or_else(|| name.strip_suffix(GLOBAL_SUFFIX)).or_else(|| {
+        name.strip_prefix('.')
+            .and_then(|n| n.strip_suffix(TMP_SUFFIX))
+            .and_then(|n| n.strip_suffix(ARENA_SUFFIX).or_else(|| n.strip_suffix(GLOBAL_SUFFIX)))
+    });
+    stem.and_then(InstanceName::parse).is_some()
+}
+
+/// Removes the files of dead publishers (no lock held) from `instances`. Files this user cannot
+/// open are left alone.
+pub fn sweep(instances: &Dir) -> Sweep {
+    let mut sweep = Sweep::default();
+    let Ok(names) = instances.names() else { return sweep };
+    for name in names {
+        let Some(name) = name.to_str() else { continue };
+        if !is_ours(name) {
             continue;
         }
-        match fs::remove_dir_all(&path) {
-            Ok(()) => survey.removed.push(path),
+        let Ok(file) = instances.open_file(name, false) else { continue };
+        if is_locked(file.as_fd()) {
+            continue;
+        }
+        let path = instances.path().join(name);
+        match instances.remove_file(name) {
+            Ok(()) => sweep.removed.push(path),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => survey.not_removed.push((path, e)),
+            Err(e) => sweep.not_removed.push((path, e)),
         }
     }
-    survey.live.sort_by_key(|(name, _)| *name);
-    Ok(survey)
+    sweep
 }
 
 static NEXT_SEQ: AtomicU32 = AtomicU32::new(0);
 
-/// The directory of an instance this process publishes; removed when dropped.
+/// Who may read an instance's partition and VP pages.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PageAccess {
+    /// A group that may read partition and VP pages (mode 0640); `None`: the owner only (0600).
+    /// Global pages (hypervisor, LPs) are always the owner's only.
+    pub group: Option<u32>,
+}
+
+/// The files of an instance this process publishes; removed when dropped.
 #[derive(Debug)]
 pub struct Publication {
+    instances: Dir,
     name: InstanceName,
-    dir: PathBuf,
     committed: bool,
-    created_unix_ms: u64,
+}
+
+/// The two arena files of a new publication, locked, empty, not yet visible.
+#[derive(Debug)]
+pub struct NewFiles {
+    /// Partitions and VPs.
+    pub partitions: File,
+    /// The hypervisor and LPs.
+    pub global: File,
 }
 
 impl Publication {
-    /// Starts publishing a new instance under `runtime_dir`: removes dead instances and creates
-    /// the staging directory. Pages are created in it, then [`commit`](Self::commit) puts it in
-    /// place.
+    /// Starts publishing a new instance under `runtime_dir`: checks the directory, removes dead
+    /// instances, and creates the instance's two arena files (locked) under temporary names;
+    /// [`commit`](Self::commit) puts them in place.
     ///
     /// # Errors
-    /// When the directories cannot be created or this process's start time cannot be read.
-    pub fn begin(runtime_dir: &Path) -> Result<Self, PublishError> {
+    /// When the directory fails its checks, or the files cannot be created or locked.
+    pub fn begin(runtime_dir: &Path, access: PageAccess) -> Result<(Self, NewFiles), PublishError> {
         let pid = std::process::id();
         let start_time = process_start_time(pid).map_err(|source| PublishError::StartTime { pid, source })?;
-        let instances = instances_dir(runtime_dir);
-        create_dir_all(&instances)?;
-        survey(runtime_dir)?;
-        let name = InstanceName { pid, start_time, seq: NEXT_SEQ.fetch_add(1, Ordering::Relaxed) };
-        let dir = instances.join(format!(".{name}.staging"));
-        create_dir(&dir)?;
-        let created_unix_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        Ok(Self { name, dir, committed: false, created_unix_ms })
+        let root = Dir::open(runtime_dir, Use::Publish)?;
+        let instances = root.subdir(INSTANCES_DIR, Use::Publish)?;
+        sweep(&instances);
+        loop {
+            let name = InstanceName { pid, start_time, seq: NEXT_SEQ.fetch_add(1, Ordering::Relaxed) };
+            let taken = |n: &str| instances.open_file(n, false).is_ok();
+            if taken(&name.arena_file()) || taken(&name.global_file()) {
+                continue;
+            }
+            let mode = if access.group.is_some() { 0o640 } else { 0o600 };
+            let publication = Self { instances, name, committed: false };
+            let global = publication.create(&name.global_file(), 0o600, None)?;
+            let partitions = publication.create(&name.arena_file(), mode, access.group)?;
+            return Ok((publication, NewFiles { partitions, global }));
+        }
+    }
+
+    fn create(&self, file: &str, mode: u32, group: Option<u32>) -> Result<File, PublishError> {
+        let tmp = format!(".{file}{TMP_SUFFIX}");
+        let f = self.instances.create_file(&tmp, mode, group)?;
+        lock(f.as_fd())
+            .map_err(|source| PublishError::Lock { path: self.instances.path().join(&tmp), source })?;
+        Ok(f)
     }
 
     /// The instance's name.
@@ -296,74 +283,20 @@ impl Publication {
         self.name
     }
 
-    /// The instance directory (the staging directory until committed).
-    pub fn dir(&self) -> &Path {
-        &self.dir
+    /// The path of the partitions arena (under its temporary name until committed).
+    pub fn arena_path(&self) -> PathBuf {
+        let file = self.name.arena_file();
+        self.instances.path().join(if self.committed { file } else { format!(".{file}{TMP_SUFFIX}") })
     }
 
-    /// Creates the page file of `object`: 0600 for global objects, 0644 for the others.
+    /// Puts the arenas in place: from now on readers see the instance.
     ///
     /// # Errors
-    /// When its directory or the file cannot be created.
-    pub fn create_page(&self, object: StatsObject) -> Result<SharedPage, PublishError> {
-        let path = page_path(&self.dir, object);
-        if let Some(parent) = path.parent() {
-            create_dir_all(parent)?;
-        }
-        let kind = object.kind();
-        SharedPage::create_file(kind, &path, !kind.is_global())
-            .map_err(|source| PublishError::Create { path, source })
-    }
-
-    /// Removes partition `id`'s page files (readers that mapped them keep their mappings).
-    pub fn remove_partition(&self, id: u64) {
-        // Nothing a reader relies on depends on this succeeding: the manifest no longer lists it.
-        let _ = fs::remove_dir_all(partition_dir(&self.dir, id));
-    }
-
-    /// A manifest for this instance with the given objects.
-    pub fn manifest(&self, logical_processors: Vec<LpEntry>, partitions: Vec<PartitionEntry>) -> Manifest {
-        Manifest {
-            format: MANIFEST_FORMAT,
-            pid: self.name.pid,
-            start_time: self.name.start_time,
-            created_unix_ms: self.created_unix_ms,
-            logical_processors,
-            partitions,
-        }
-    }
-
-    /// Replaces the manifest atomically.
-    ///
-    /// # Errors
-    /// When the temporary file cannot be written or renamed.
-    pub fn write_manifest(&self, manifest: &Manifest) -> Result<(), PublishError> {
-        let path = self.dir.join(MANIFEST_FILE);
-        let tmp = self.dir.join(format!(".{MANIFEST_FILE}.tmp"));
-        let write = || -> io::Result<()> {
-            let mut file =
-                fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o644).open(&tmp)?;
-            file.write_all(&serde_json::to_vec_pretty(manifest).map_err(io::Error::other)?)?;
-            fs::rename(&tmp, &path)
-        };
-        write().map_err(|source| PublishError::Manifest { path, source })
-    }
-
-    /// Puts the staging directory in place: from now on readers see the instance.
-    ///
-    /// # Errors
-    /// When the rename fails.
+    /// When a rename fails.
     pub fn commit(&mut self) -> Result<(), PublishError> {
-        let Some(parent) = self.dir.parent() else {
-            return Err(PublishError::Create {
-                path: self.dir.clone(),
-                source: io::Error::other("no parent"),
-            });
-        };
-        let target = parent.join(self.name.to_string());
-        fs::rename(&self.dir, &target)
-            .map_err(|source| PublishError::Create { path: target.clone(), source })?;
-        self.dir = target;
+        for file in [self.name.global_file(), self.name.arena_file()] {
+            self.instances.rename_new(&format!(".{file}{TMP_SUFFIX}"), &file)?;
+        }
         self.committed = true;
         Ok(())
     }
@@ -376,24 +309,12 @@ impl Publication {
 
 impl Drop for Publication {
     fn drop(&mut self) {
-        // A directory left behind is found dead and removed by the next publisher or reader.
-        let _ = fs::remove_dir_all(&self.dir);
+        // Files left behind are found dead (unlocked) and removed by the next publisher or reader.
+        for file in [self.name.arena_file(), self.name.global_file()] {
+            let _ = self.instances.remove_file(&file);
+            let _ = self.instances.remove_file(&format!(".{file}{TMP_SUFFIX}"));
+        }
     }
-}
-
-fn create_dir(path: &Path) -> Result<(), PublishError> {
-    fs::DirBuilder::new()
-        .mode(0o755)
-        .create(path)
-        .map_err(|source| PublishError::Create { path: path.to_owned(), source })
-}
-
-fn create_dir_all(path: &Path) -> Result<(), PublishError> {
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o755)
-        .create(path)
-        .map_err(|source| PublishError::Create { path: path.to_owned(), source })
 }
 
 #[cfg(test)]
@@ -408,19 +329,14 @@ mod tests {
     }
 
     #[test]
-    fn our_own_process_is_alive_and_a_wrong_start_time_is_dead() {
-        let pid = std::process::id();
-        let start_time = process_start_time(pid).unwrap();
-        assert!(InstanceName { pid, start_time, seq: 0 }.is_alive());
-        assert!(!InstanceName { pid, start_time: start_time + 1, seq: 0 }.is_alive());
-    }
-
-    #[test]
     fn instance_names_round_trip_and_reject_junk() {
         let name = InstanceName { pid: 42, start_time: 7, seq: 3 };
         assert_eq!(InstanceName::parse(&name.to_string()), Some(name));
         assert_eq!(InstanceName::parse("42-7"), None);
         assert_eq!(InstanceName::parse("42-7-3-1"), None);
         assert_eq!(InstanceName::parse("x-7-3"), None);
+        assert_eq!(InstanceName::parse("+42-7-3"), None);
+        assert!(is_ours("1-2-3.arena") && is_ours(".1-2-3.global.tmp"));
+        assert!(!is_ours("notes") && !is_ours("1-2-3.page"));
     }
 }

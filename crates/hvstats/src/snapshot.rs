@@ -1,24 +1,33 @@
 //! A snapshot of every counter of one attached instance, as a root reader sees it at a moment.
 //!
-//! Each page is mapped through the root's map rules, copied, decoded by the catalog and
-//! unmapped. A page the reader may not map (a global page when not the root user) or cannot
-//! decode is reported as such, never as zeros.
+//! Each page is copied from the reader's mapping (checked against its index entry) and decoded by
+//! the catalog. A page the reader may not read (a global page when not its owner or root), cannot
+//! decode, or that vanished while being read is reported as such, never as zeros; a counter the
+//! publisher declared unavailable for a partition is left out (readers show it as unknown).
+//!
+//! [`take_partition`] reads one partition and its VPs, so a caller can stream a large instance
+//! partition by partition; [`take_instance`] reads everything.
+
+use std::sync::OnceLock;
 
 use hvstats_abi::catalog::{Counter, counters_of};
+use hvstats_abi::page::{PAGE_SLOTS, PageLayout};
 use hvstats_abi::{ObjectKind, PageView, StatsPage};
 use zerocopy::IntoBytes;
 
-use crate::attach::RootReader;
+use crate::attach::{AttachError, Instance, PartitionInfo};
+use crate::index::{InstanceDescription, ObjectState};
 use crate::rules::StatsObject;
 
 /// The counters of one object, or why they could not be read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ObjectReading {
-    /// Every catalog counter of the object's kind with its value, in page order.
+    /// Every catalog counter of the object's kind that it maintains, with its value, in page order
+    /// (counters declared unavailable for it are left out: [`get`](Self::get) gives `None`).
     Counters(Vec<(&'static Counter, u64)>),
-    /// The page could not be mapped or decoded.
+    /// The page could not be read or decoded.
     Unreadable {
-        /// True when the reason is file permissions (a global page read by a non-root user).
+        /// True when the reason is file permissions (a global page read by another user).
         permission_denied: bool,
         /// Why, for people.
         reason: String,
@@ -26,12 +35,16 @@ pub enum ObjectReading {
 }
 
 impl ObjectReading {
-    /// The value of the counter named `name`, if read.
+    /// The value of the counter named `name`, if read (and available).
     pub fn get(&self, name: &str) -> Option<u64> {
         match self {
             ObjectReading::Counters(values) => values.iter().find(|(c, _)| c.name == name).map(|(_, v)| *v),
             ObjectReading::Unreadable { .. } => None,
         }
+    }
+
+    fn unreadable(e: &AttachError) -> Self {
+        ObjectReading::Unreadable { permission_denied: e.is_permission_denied(), reason: error_chain(e) }
     }
 }
 
@@ -51,6 +64,10 @@ pub struct PartitionSnapshot {
     pub id: u64,
     /// True while active.
     pub active: bool,
+    /// Its name (may be empty).
+    pub name: String,
+    /// Why it stopped, when it is not active.
+    pub stopped: Option<String>,
     /// Its counters.
     pub reading: ObjectReading,
     /// Its VPs.
@@ -71,10 +88,12 @@ pub struct LpSnapshot {
 /// Every counter of one instance.
 #[derive(Clone, Debug)]
 pub struct InstanceSnapshot {
-    /// The instance directory's name.
+    /// The instance's name.
     pub name: String,
-    /// The owning process.
+    /// The owning process (as its PID namespace numbers it).
     pub pid: u32,
+    /// What its publisher says it is.
+    pub description: InstanceDescription,
     /// The hypervisor object.
     pub hypervisor: ObjectReading,
     /// The LPs.
@@ -85,20 +104,74 @@ pub struct InstanceSnapshot {
 
 /// Decodes `page` as `kind` into every catalog counter of that kind.
 pub fn decode(kind: ObjectKind, page: &StatsPage) -> ObjectReading {
-    match PageView::read(page.as_bytes(), kind) {
-        Ok(view) => ObjectReading::Counters(counters_of(kind).map(|c| (c, view.get(c.id))).collect()),
+    decode_with(kind, &page.data, &|_| false)
+}
+
+/// Per kind: the page's expected header words (slot, word) and each counter with its slot.
+struct KindTable {
+    headers: Vec<(usize, u64)>,
+    counters: Vec<(&'static Counter, usize)>,
+}
+
+fn table(kind: ObjectKind) -> &'static KindTable {
+    static TABLES: OnceLock<Vec<KindTable>> = OnceLock::new();
+    let tables = TABLES.get_or_init(|| {
+        ObjectKind::ALL
+            .iter()
+            .map(|&kind| {
+                let mut words = [0u64; PAGE_SLOTS];
+                PageLayout::of(kind).write_headers(&mut words);
+                let layout = PageLayout::of(kind);
+                let mut headers: Vec<(usize, u64)> =
+                    layout.slots().map(|g| g.header_offset / 8).map(|s| (s, words[s])).collect();
+                headers.push((layout.end_offset / 8, words[layout.end_offset / 8]));
+                KindTable { headers, counters: counters_of(kind).map(|c| (c, c.id.slot())).collect() }
+            })
+            .collect()
+    });
+    &tables[kind as usize]
+}
+
+/// Decodes a page's words: when its headers are this build's layout (the usual case), each
+/// counter is read at its slot; otherwise the page is parsed as seed 004 allows (other versions).
+fn decode_with(
+    kind: ObjectKind,
+    data: &[u64; PAGE_SLOTS],
+    unavailable: &dyn Fn(usize) -> bool,
+) -> ObjectReading {
+    let t = table(kind);
+    if t.headers.iter().all(|&(slot, word)| data[slot] == word) {
+        return ObjectReading::Counters(
+            t.counters
+                .iter()
+                .filter(|(_, slot)| !unavailable(*slot))
+                .map(|&(c, slot)| (c, data[slot]))
+                .collect(),
+        );
+    }
+    match PageView::read(data.as_bytes(), kind) {
+        Ok(view) => ObjectReading::Counters(
+            t.counters
+                .iter()
+                .filter(|(_, slot)| !unavailable(*slot))
+                .map(|&(c, _)| (c, view.get(c.id)))
+                .collect(),
+        ),
         Err(e) => {
             ObjectReading::Unreadable { permission_denied: false, reason: format!("malformed page: {e}") }
         }
     }
 }
 
-fn read(reader: &mut RootReader, object: StatsObject) -> ObjectReading {
-    match reader.read(object) {
-        Ok(page) => decode(object.kind(), &page),
-        Err(e) => {
-            ObjectReading::Unreadable { permission_denied: e.is_permission_denied(), reason: error_chain(&e) }
-        }
+fn read(
+    instance: &Instance,
+    object: StatsObject,
+    buf: &mut StatsPage,
+    unavailable: &dyn Fn(usize) -> bool,
+) -> ObjectReading {
+    match instance.read_into(object, &mut buf.data) {
+        Ok(()) => decode_with(object.kind(), &buf.data, unavailable),
+        Err(e) => ObjectReading::unreadable(&e),
     }
 }
 
@@ -114,36 +187,63 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
     text
 }
 
-/// Reads every object of the reader's instance, as listed in its manifest.
-pub fn take(reader: &mut RootReader) -> InstanceSnapshot {
-    let manifest = reader.instance().manifest().clone();
-    let hypervisor = read(reader, StatsObject::Hypervisor);
-    let lps = manifest
-        .logical_processors
-        .iter()
-        .map(|lp| LpSnapshot {
-            index: lp.index,
-            cpu: lp.cpu,
-            reading: read(reader, StatsObject::LogicalProcessor(lp.index)),
-        })
-        .collect();
-    let partitions = manifest
-        .partitions
-        .iter()
-        .map(|p| PartitionSnapshot {
-            id: p.id,
-            active: p.active,
-            reading: read(reader, StatsObject::Partition(p.id)),
-            vps: (0..p.vp_count)
-                .map(|index| VpSnapshot { index, reading: read(reader, StatsObject::Vp(p.id, index)) })
-                .collect(),
-        })
-        .collect();
+/// Reads one partition of `instance` and its VPs, as its last refresh listed them.
+pub fn take_partition(instance: &Instance, p: &PartitionInfo) -> PartitionSnapshot {
+    let mut buf = StatsPage::default();
+    let part_unavailable = |slot| p.is_unavailable(ObjectKind::Partition, slot);
+    let vp_unavailable = |slot| p.is_unavailable(ObjectKind::Vp, slot);
+    PartitionSnapshot {
+        id: p.id,
+        active: p.is_active(),
+        name: p.name.clone(),
+        stopped: match &p.state {
+            ObjectState::Active => None,
+            ObjectState::Stopped { reason } => Some(reason.clone()),
+        },
+        reading: read(instance, StatsObject::Partition(p.id), &mut buf, &part_unavailable),
+        vps: p
+            .vp_indices()
+            .iter()
+            .map(|&index| VpSnapshot {
+                index,
+                reading: read(instance, StatsObject::Vp(p.id, index), &mut buf, &vp_unavailable),
+            })
+            .collect(),
+    }
+}
+
+/// Reads every object of `instance`, as its last refresh listed them.
+pub fn take_instance(instance: &Instance) -> InstanceSnapshot {
+    let mut snapshot = take_instance_globals(instance);
+    snapshot.partitions = instance.partitions().iter().map(|p| take_partition(instance, p)).collect();
+    snapshot
+}
+
+/// Reads the instance's description, hypervisor and LPs, leaving its partitions out (to stream
+/// them one by one with [`take_partition`]).
+pub fn take_instance_globals(instance: &Instance) -> InstanceSnapshot {
+    let mut buf = StatsPage::default();
+    let none = |_| false;
+    let global_error = instance.global_unreadable().map(|(reason, denied)| ObjectReading::Unreadable {
+        permission_denied: denied,
+        reason: reason.to_owned(),
+    });
     InstanceSnapshot {
-        name: reader.instance().name().to_string(),
-        pid: manifest.pid,
-        hypervisor,
-        lps,
-        partitions,
+        name: instance.name().to_string(),
+        pid: u32::try_from(instance.pid()).unwrap_or(u32::MAX),
+        description: instance.description().clone(),
+        hypervisor: global_error
+            .clone()
+            .unwrap_or_else(|| read(instance, StatsObject::Hypervisor, &mut buf, &none)),
+        lps: instance
+            .logical_processors()
+            .iter()
+            .map(|lp| LpSnapshot {
+                index: lp.index,
+                cpu: lp.cpu,
+                reading: read(instance, StatsObject::LogicalProcessor(lp.index), &mut buf, &none),
+            })
+            .collect(),
+        partitions: Vec::new(),
     }
 }

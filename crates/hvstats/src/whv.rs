@@ -44,8 +44,25 @@ pub trait VpCounterSource {
     /// place in the page.
     ///
     /// # Errors
-    /// When a source cannot be read; the message says which.
-    fn refresh_vp(&self, vp_index: u32) -> Result<VpExtras, String>;
+    /// When the backend has no such VP or cannot read its sources.
+    fn refresh_vp(&self, vp_index: u32) -> Result<VpExtras, RefreshError>;
+}
+
+/// Why a backend could not bring a VP's page up to date.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RefreshError {
+    /// The backend has no VP with this index.
+    #[error("the backend has no virtual processor {index}")]
+    NoVp {
+        /// The index asked for.
+        index: u32,
+    },
+    /// A source the backend must read is unreadable.
+    #[error("{source_name} cannot be read")]
+    Unreadable {
+        /// The source.
+        source_name: &'static str,
+    },
 }
 
 /// Why a VP counter query failed.
@@ -72,7 +89,7 @@ pub enum WhvError {
     },
     /// A backend source could not be read (`E_FAIL`).
     #[error("refreshing the VP counters failed: {0}")]
-    Refresh(String),
+    Refresh(#[source] RefreshError),
 }
 
 impl WhvError {
@@ -81,8 +98,8 @@ impl WhvError {
         match self {
             WhvError::UnknownProperty(_) => HResult::WHV_E_UNKNOWN_PROPERTY,
             WhvError::InsufficientBuffer { .. } => HResult::WHV_E_INSUFFICIENT_BUFFER,
-            WhvError::InvalidVpIndex { .. } => HResult(0x8007_0057),
-            WhvError::Refresh(_) => HResult(0x8000_4005),
+            WhvError::InvalidVpIndex { .. } => HResult::E_INVALIDARG,
+            WhvError::Refresh(_) => HResult::E_FAIL,
         }
     }
 }
@@ -241,10 +258,13 @@ mod tests {
         fn stats(&self) -> &PartitionStats {
             &self.stats
         }
-        fn refresh_vp(&self, vp_index: u32) -> Result<VpExtras, String> {
+        fn refresh_vp(&self, vp_index: u32) -> Result<VpExtras, RefreshError> {
             self.refreshes.set(self.refreshes.get() + 1);
             // A refresh brings the page up to date: here it adds one CPUID per call.
-            self.stats.vp_page(vp_index).ok_or("no vp")?.add(vp::CPUID_INSTRUCTIONS, 1);
+            self.stats
+                .vp_page(vp_index)
+                .ok_or(RefreshError::NoVp { index: vp_index })?
+                .add(vp::CPUID_INSTRUCTIONS, 1);
             Ok(VpExtras { exception_count: 3 })
         }
     }

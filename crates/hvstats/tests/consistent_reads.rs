@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use hvstats::{MappedPage, SharedPage};
+use hvstats::SharedPage;
 use hvstats_abi::catalog::{Presentation, counters_of, vp};
 use hvstats_abi::histogram::bucket_of;
 use hvstats_abi::page::PageView;
@@ -23,7 +23,7 @@ fn merged() -> Vec<CounterId> {
 #[test]
 fn a_reader_racing_merges_gets_every_counter_from_one_merge() {
     let page = Arc::new(SharedPage::anonymous(ObjectKind::Vp).unwrap());
-    let reader = MappedPage::map(page.fd()).unwrap();
+    let reader = page.map_read_only().unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let writer = {
         let (page, stop) = (Arc::clone(&page), Arc::clone(&stop));
@@ -85,7 +85,7 @@ fn recorded_times_land_in_their_buckets_and_read_back_through_a_second_mapping()
         }
     }
     page.record_time(vp::MSR_TIME_HISTOGRAM, 5);
-    let reader = MappedPage::map(page.fd()).unwrap();
+    let reader = page.map_read_only().unwrap();
     let copy = reader.consistent_snapshot(ObjectKind::Vp).into_value();
     let view = PageView::read(copy.as_bytes(), ObjectKind::Vp).unwrap();
     let h = view.histogram(vp::IO_TIME_HISTOGRAM).unwrap();

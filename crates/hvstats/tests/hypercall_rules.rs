@@ -63,7 +63,7 @@ impl StatsOverlays for Overlays {
         if self.fail {
             return Err(OverlayError { gpa_page, source: std::io::Error::other("no slot") });
         }
-        let mapped = MappedPage::map(page.fd()).map_err(|source| OverlayError { gpa_page, source })?;
+        let mapped = page.map_read_only().map_err(|source| OverlayError { gpa_page, source })?;
         self.mapped.push((gpa_page, page.host_address() as usize, mapped));
         Ok(())
     }

@@ -1,15 +1,17 @@
 //! Publication and attach: an instance published under a runtime directory is found and read by a
-//! root reader through the very pages the writer updates; dead instances are removed.
+//! long-lived reader through the very pages the writer updates; dead instances are removed;
+//! stopped partitions stay readable; counters no source gives read as unknown.
 
 use std::io::{BufRead, BufReader};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use hvstats::attach::{self, AttachError, RootReader};
-use hvstats::publish::{self, MANIFEST_FILE};
+use hvstats::attach::{self, Attach, AttachError, RootReader};
+use hvstats::index::ObjectState;
+use hvstats::publish::{self, InstanceName};
 use hvstats::rules::StatsObject;
-use hvstats::{Hypervisor, InstanceConfig};
+use hvstats::{Hypervisor, InstanceConfig, InstanceDescription, PageAccess};
 use hvstats_abi::catalog::{hypervisor, partition, vp};
 use hvstats_abi::page::PageView;
 use hvstats_abi::{HvStatus, ObjectKind, StatsAreaType, StatsObjectIdentity, StatsObjectType};
@@ -23,6 +25,7 @@ impl TempDir {
         let dir = std::env::temp_dir().join(format!("hvstats-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
         Self(dir)
     }
 }
@@ -37,6 +40,7 @@ fn published(dir: &Path) -> std::sync::Arc<Hypervisor> {
     Hypervisor::with_config(InstanceConfig {
         runtime_dir: Some(dir.to_owned()),
         logical_processors: Some(vec![0, 1]),
+        description: InstanceDescription { kind: "test".into(), name: "publication".into() },
         ..Default::default()
     })
     .unwrap()
@@ -46,6 +50,12 @@ fn mode(path: &Path) -> u32 {
     std::fs::metadata(path).unwrap().permissions().mode() & 0o777
 }
 
+fn files(hv: &Hypervisor, dir: &Path) -> (PathBuf, PathBuf) {
+    let name = hv.published_name().unwrap();
+    let instances = publish::instances_dir(dir);
+    (instances.join(name.arena_file()), instances.join(name.global_file()))
+}
+
 #[test]
 fn a_reader_sees_the_writers_counters_change_through_the_same_pages() {
     let tmp = TempDir::new("round-trip");
@@ -53,14 +63,18 @@ fn a_reader_sees_the_writers_counters_change_through_the_same_pages() {
     let part = hv.create_partition(2).unwrap();
     part.set_ram_pages(64);
 
-    let found = attach::discover(&tmp.0).unwrap();
+    let mut found = attach::discover(&tmp.0).unwrap();
+    assert!(found.problems.is_empty(), "{:?}", found.problems);
     assert_eq!(found.instances.len(), 1);
-    let instance = found.instances[0].clone();
-    assert_eq!(instance.pid(), std::process::id());
-    assert_eq!(instance.manifest().partitions.len(), 1);
-    assert_eq!(instance.manifest().partitions[0].id, part.id());
-    assert_eq!(instance.manifest().partitions[0].vp_count, 2);
-    assert_eq!(instance.manifest().logical_processors.len(), 2);
+    let instance = found.instances.remove(0);
+    assert_eq!(instance.pid(), u64::from(std::process::id()));
+    assert!(instance.is_mapped() && instance.is_live());
+    assert_eq!(instance.description().kind, "test");
+    assert_eq!(instance.description().name, "publication");
+    assert_eq!(instance.partitions().len(), 1);
+    assert_eq!(instance.partitions()[0].id, part.id());
+    assert_eq!(instance.partitions()[0].vp_indices(), &[0, 1]);
+    assert_eq!(instance.logical_processors().len(), 2);
 
     let mut reader = RootReader::new(instance);
     let vp1 = StatsObjectIdentity::vp(part.id(), 1, StatsAreaType::PARENT);
@@ -85,50 +99,106 @@ fn a_reader_sees_the_writers_counters_change_through_the_same_pages() {
     assert_eq!(PageView::read(p.as_bytes(), ObjectKind::Partition).unwrap().get(partition::GPA_PAGES), 64);
     let lp = reader.read(StatsObject::LogicalProcessor(1)).unwrap();
     assert!(PageView::read(lp.as_bytes(), ObjectKind::LogicalProcessor).is_ok());
+    // The long-lived read path copies the same bytes.
+    let v = reader.instance().read(StatsObject::Vp(part.id(), 1)).unwrap();
+    assert_eq!(v.data[vp::CPUID_INSTRUCTIONS.slot()], 1_000_000);
 }
 
 #[test]
-fn global_pages_are_root_only_and_partition_pages_world_readable() {
+fn pages_are_owner_only_by_default_and_a_named_group_may_read_partition_pages() {
     let tmp = TempDir::new("modes");
+    // SAFETY: umask only changes this process's file creation mask; modes must not depend on it.
+    let old = unsafe { libc::umask(0) };
     let hv = published(&tmp.0);
-    let part = hv.create_partition(1).unwrap();
-    let dir = hv.published_dir().unwrap().to_owned();
-    assert_eq!(mode(&publish::page_path(&dir, StatsObject::Hypervisor)), 0o600);
-    assert_eq!(mode(&publish::page_path(&dir, StatsObject::LogicalProcessor(0))), 0o600);
-    assert_eq!(mode(&publish::page_path(&dir, StatsObject::Partition(part.id()))), 0o644);
-    assert_eq!(mode(&publish::page_path(&dir, StatsObject::Vp(part.id(), 0))), 0o644);
+    let grouped = Hypervisor::with_config(InstanceConfig {
+        runtime_dir: Some(tmp.0.clone()),
+        logical_processors: Some(vec![0]),
+        page_access: PageAccess { group: Some(65534) },
+        ..Default::default()
+    })
+    .unwrap();
+    // SAFETY: restores the mask.
+    unsafe { libc::umask(old) };
+    let (arena, global) = files(&hv, &tmp.0);
+    assert_eq!(mode(&arena), 0o600);
+    assert_eq!(mode(&global), 0o600);
+    assert_eq!(mode(&publish::instances_dir(&tmp.0)), 0o755);
+    let (arena, global) = files(&grouped, &tmp.0);
+    assert_eq!(mode(&arena), 0o640);
+    assert_eq!(std::fs::metadata(&arena).unwrap().gid(), 65534);
+    assert_eq!(mode(&global), 0o600, "global pages stay the owner's");
 }
 
 #[test]
-fn the_manifest_follows_partitions_and_their_state_and_the_owner_removes_its_directory() {
-    let tmp = TempDir::new("manifest");
+fn the_index_follows_partitions_their_names_and_states_and_the_owner_removes_its_files() {
+    let tmp = TempDir::new("index");
     let hv = published(&tmp.0);
-    let dir = hv.published_dir().unwrap().to_owned();
-    let a = hv.create_partition(1).unwrap();
+    let (arena, global) = files(&hv, &tmp.0);
+    let a = hv.create_partition_named(1, "web-1").unwrap();
     let b = hv.create_partition(3).unwrap();
-    let ids =
-        |dir: &Path| publish::read_manifest(dir).unwrap().partitions.iter().map(|p| p.id).collect::<Vec<_>>();
-    assert_eq!(ids(&dir), vec![a.id(), b.id()]);
-    b.set_active(false);
-    assert!(!publish::read_manifest(&dir).unwrap().partitions[1].active);
+    let mut attach = Attach::new(&tmp.0);
+    let changes = attach.refresh().unwrap();
+    assert_eq!(changes.added, vec![hv.published_name().unwrap()]);
+    let ids = |attach: &Attach| {
+        attach.instances().next().unwrap().partitions().iter().map(|p| p.id).collect::<Vec<_>>()
+    };
+    assert_eq!(ids(&attach), vec![a.id(), b.id()]);
+    assert_eq!(attach.instances().next().unwrap().partitions()[0].name, "web-1");
 
+    // Nothing changed: the refresh notices it with a load, and reports no layout change.
+    assert!(attach.refresh().unwrap().layout_changed.is_empty());
+    b.stop("VP 2 faulted: triple fault");
+    let changes = attach.refresh().unwrap();
+    assert_eq!(changes.layout_changed.len(), 1);
+    let instance = attach.instances().next().unwrap();
+    let pb = instance.partition(b.id()).unwrap();
+    assert_eq!(pb.state, ObjectState::Stopped { reason: "VP 2 faulted: triple fault".into() });
+
+    // A stopped partition: guests and map requests are refused, but the root keeps reading it.
+    b.vp_page(2).unwrap().set(vp::HYPERCALLS, 31);
     let mut reader = RootReader::new(attach::discover(&tmp.0).unwrap().instances.remove(0));
-    let b_vp = StatsObjectIdentity::vp(b.id(), 0, StatsAreaType::PARENT);
+    let b_vp = StatsObjectIdentity::vp(b.id(), 2, StatsAreaType::PARENT);
     let refused = reader.map_stats_page(StatsObjectType::VP, b_vp).map(|_| ()).unwrap_err();
     assert!(matches!(refused, AttachError::Refused(HvStatus::INVALID_PARTITION_STATE)), "{refused:?}");
+    assert_eq!(reader.read(StatsObject::Vp(b.id(), 2)).unwrap().data[vp::HYPERCALLS.slot()], 31);
+    let snap = reader.instance_mut().snapshot();
+    let sb = snap.partitions.iter().find(|p| p.id == b.id()).unwrap();
+    assert_eq!(sb.stopped.as_deref(), Some("VP 2 faulted: triple fault"));
+    assert_eq!(sb.vps[2].reading.get("Hypercalls/sec"), Some(31));
 
     hv.remove_partition(a.id());
-    assert_eq!(ids(&dir), vec![b.id()]);
-    assert!(!publish::page_path(&dir, StatsObject::Partition(a.id())).exists());
-    reader.instance_mut().refresh().unwrap();
-    let a_page = StatsObjectIdentity::partition(a.id(), StatsAreaType::SELF);
-    let refused = reader.map_stats_page(StatsObjectType::PARTITION, a_page).map(|_| ()).unwrap_err();
-    assert!(matches!(refused, AttachError::Refused(HvStatus::INVALID_PARTITION_ID)), "{refused:?}");
+    attach.refresh().unwrap();
+    assert_eq!(ids(&attach), vec![b.id()]);
+    let instance = attach.instances().next().unwrap();
+    assert!(matches!(
+        instance.read(StatsObject::Partition(a.id())),
+        Err(AttachError::NotFound(StatsObject::Partition(_)))
+    ));
 
     drop((a, b));
     drop(hv);
-    assert!(!dir.exists());
-    assert!(attach::discover(&tmp.0).unwrap().instances.is_empty());
+    assert!(!arena.exists() && !global.exists());
+    let changes = attach.refresh().unwrap();
+    assert_eq!(changes.removed.len(), 1);
+    assert_eq!(attach.instances().count(), 0);
+}
+
+#[test]
+fn counters_declared_unavailable_read_as_unknown_never_zero() {
+    let tmp = TempDir::new("unavailable");
+    let hv = published(&tmp.0);
+    let p = hv.create_partition(1).unwrap();
+    p.set_unavailable(&[vp::HYPERCALLS, partition::GPA_PAGES]);
+    let mut attach = Attach::new(&tmp.0);
+    attach.refresh().unwrap();
+    let snap = attach.instances_mut().next().unwrap().snapshot();
+    let part = &snap.partitions[0];
+    assert_eq!(part.reading.get("GPA pages"), None);
+    assert_eq!(part.vps[0].reading.get("Hypercalls/sec"), None);
+    assert_eq!(part.vps[0].reading.get("CPUID instructions/sec"), Some(0));
+    let info = attach.instances().next().unwrap().partitions()[0].clone();
+    assert!(info.is_unavailable(ObjectKind::Vp, vp::HYPERCALLS.slot()));
+    assert!(!info.is_unavailable(ObjectKind::Vp, vp::CPUID_INSTRUCTIONS.slot()));
 }
 
 #[test]
@@ -167,15 +237,16 @@ fn an_attached_root_follows_the_map_rules() {
     );
 }
 
-/// Run as a child process by the test below: publishes an instance, says where, and waits.
+/// Run as a child process by the tests below: publishes an instance, says where, and waits.
 #[test]
-#[ignore = "a child process of a_killed_publisher_is_found_dead_and_removed"]
+#[ignore = "a child process of the liveness tests"]
 fn child_publisher() {
     let Some(dir) = std::env::var_os("HVSTATS_TEST_PUBLISH_DIR") else { return };
     let hv = published(Path::new(&dir));
     let part = hv.create_partition(1).unwrap();
-    part.vp_page(0).unwrap().set(vp::HYPERCALLS, 5);
-    println!("\npublished-at={}", hv.published_dir().unwrap().display());
+    let value = std::env::var("HVSTATS_TEST_VALUE").ok().and_then(|v| v.parse().ok()).unwrap_or(5);
+    part.vp_page(0).unwrap().set(vp::HYPERCALLS, value);
+    println!("\npublished-at={}", hv.published_path().unwrap().display());
     std::thread::sleep(std::time::Duration::from_secs(60));
 }
 
@@ -189,66 +260,122 @@ impl Drop for KillOnDrop {
     }
 }
 
-#[test]
-fn a_killed_publisher_is_found_dead_and_removed() {
-    let tmp = TempDir::new("killed");
-    let mut child = Command::new(std::env::current_exe().unwrap())
+fn spawn_publisher(dir: &Path, value: u64, wrapper: &[&str]) -> (KillOnDrop, PathBuf) {
+    let exe = std::env::current_exe().unwrap();
+    let mut cmd = match wrapper.split_first() {
+        Some((program, args)) => {
+            let mut c = Command::new(program);
+            c.args(args).arg(&exe);
+            c
+        }
+        None => Command::new(&exe),
+    };
+    let mut child = cmd
         .args(["--exact", "child_publisher", "--ignored", "--nocapture", "--test-threads=1"])
-        .env("HVSTATS_TEST_PUBLISH_DIR", &tmp.0)
+        .env("HVSTATS_TEST_PUBLISH_DIR", dir)
+        .env("HVSTATS_TEST_VALUE", value.to_string())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let stdout = child.stdout.take().unwrap();
-    let mut child = KillOnDrop(child);
-    let dir = BufReader::new(stdout)
+    let child = KillOnDrop(child);
+    let path = BufReader::new(stdout)
         .lines()
         .map_while(Result::ok)
-        .find_map(|line| line.split_once("published-at=").map(|(_, dir)| PathBuf::from(dir)))
+        .find_map(|line| line.split_once("published-at=").map(|(_, p)| PathBuf::from(p)))
         .expect("the child publishes");
-    assert!(dir.join(MANIFEST_FILE).exists());
-    let live = attach::discover(&tmp.0).unwrap();
-    assert_eq!(live.instances.len(), 1);
-    assert_eq!(live.instances[0].pid(), child.0.id());
+    (child, path)
+}
 
-    // SIGKILL: the child cannot clean up. Not reaped yet, it lingers as a zombie: dead all the same.
-    child.0.kill().unwrap();
-    let stat = format!("/proc/{}/stat", child.0.id());
-    let zombie = (0..500).any(|_| {
-        let state = std::fs::read_to_string(&stat).unwrap_or_default();
-        let zombie = state.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
-        if !zombie {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        zombie
-    });
-    assert!(zombie, "the killed child becomes a zombie until reaped");
-    assert!(dir.exists(), "a killed owner leaves its directory behind");
-
-    let found = attach::discover(&tmp.0).unwrap();
-    assert!(found.instances.is_empty(), "a dead instance is never shown as live");
-    assert_eq!(found.removed_dead, vec![dir.clone()]);
-    assert!(!dir.exists());
-    child.0.wait().unwrap();
+fn vp0_hypercalls(attach: &Attach) -> Vec<u64> {
+    attach
+        .instances()
+        .map(|i| {
+            let p = &i.partitions()[0];
+            i.read(StatsObject::Vp(p.id, 0)).unwrap().data[vp::HYPERCALLS.slot()]
+        })
+        .collect()
 }
 
 #[test]
-fn a_new_publisher_removes_dead_instances_and_stale_staging_directories() {
+fn a_killed_publisher_is_found_dead_and_a_reader_follows_its_restart() {
+    let tmp = TempDir::new("killed");
+    let (mut child, path) = spawn_publisher(&tmp.0, 5, &[]);
+    assert!(path.exists());
+    let mut attach = Attach::new(&tmp.0);
+    attach.refresh().unwrap();
+    assert_eq!(vp0_hypercalls(&attach), vec![5]);
+
+    // SIGKILL: the child cannot clean up; its lock goes with it, even before it is reaped.
+    child.0.kill().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let changes = loop {
+        let changes = attach.refresh().unwrap();
+        if !changes.removed.is_empty() || std::time::Instant::now() > deadline {
+            break changes;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    assert_eq!(changes.removed.len(), 1, "a dead instance is never shown as live");
+    assert!(changes.removed_dead.contains(&path), "{:?}", changes.removed_dead);
+    assert!(!path.exists());
+    assert_eq!(attach.instances().count(), 0);
+    child.0.wait().unwrap();
+
+    // The same reader, kept, finds the publisher's next life.
+    let (_child, path) = spawn_publisher(&tmp.0, 6, &[]);
+    let changes = attach.refresh().unwrap();
+    assert_eq!(changes.added.len(), 1);
+    assert_eq!(vp0_hypercalls(&attach), vec![6]);
+    assert!(path.exists());
+}
+
+#[test]
+fn a_publisher_in_another_pid_namespace_is_not_taken_for_dead() {
+    let unshare = Path::new("/usr/bin/unshare");
+    // Creating a PID namespace needs CAP_SYS_ADMIN.
+    let can = unshare.exists()
+        && Command::new(unshare).args(["--pid", "--fork", "true"]).status().is_ok_and(|s| s.success());
+    if !can {
+        eprintln!("skipped: `unshare --pid --fork` is not available here");
+        return;
+    }
+    let tmp = TempDir::new("pidns");
+    let (_child, path) = spawn_publisher(&tmp.0, 9, &["/usr/bin/unshare", "--pid", "--fork"]);
+    let name = InstanceName::parse(
+        path.file_name().unwrap().to_str().unwrap().strip_suffix(publish::ARENA_SUFFIX).unwrap(),
+    )
+    .unwrap();
+    // Its pid is its namespace's (1, or close): meaningless here. The lock says it lives.
+    assert!(name.pid < 10, "{name}");
+    for _ in 0..3 {
+        let mut attach = Attach::new(&tmp.0);
+        let changes = attach.refresh().unwrap();
+        assert!(changes.removed_dead.is_empty(), "{:?}", changes.removed_dead);
+        assert_eq!(vp0_hypercalls(&attach), vec![9]);
+    }
+    assert!(path.exists());
+}
+
+#[test]
+fn a_new_publisher_removes_dead_files_and_leaves_others_alone() {
     let tmp = TempDir::new("stale");
     let instances = publish::instances_dir(&tmp.0);
-    // A process that cannot be alive: pid 0 is never a user process.
-    let dead = instances.join("0-1-0");
-    let staging = instances.join(".0-1-1.staging");
-    for d in [&dead, &staging] {
-        std::fs::create_dir_all(d.join("lp")).unwrap();
-        std::fs::write(d.join(MANIFEST_FILE), b"{}").unwrap();
+    std::fs::create_dir_all(&instances).unwrap();
+    std::fs::set_permissions(&instances, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // Files nobody holds a lock on: dead.
+    let dead = instances.join("1-1-0.arena");
+    let staging = instances.join(".1-1-1.global.tmp");
+    for f in [&dead, &staging] {
+        std::fs::write(f, b"junk").unwrap();
     }
     let unrelated = instances.join("notes");
-    std::fs::create_dir_all(&unrelated).unwrap();
+    std::fs::write(&unrelated, b"keep").unwrap();
     let hv = published(&tmp.0);
     assert!(!dead.exists());
     assert!(!staging.exists());
-    assert!(unrelated.exists(), "only instance directories are touched");
+    assert!(unrelated.exists(), "only instance files are touched");
     assert_eq!(attach::discover(&tmp.0).unwrap().instances.len(), 1);
     drop(hv);
 }

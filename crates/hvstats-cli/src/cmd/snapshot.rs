@@ -1,11 +1,18 @@
 //! `hvstats snapshot`: the counters of every live instance on this host, read from another
-//! process by mapping the published pages (no request to the instances).
+//! process through the long-lived reader ([`hvstats::attach::Attach`]): each instance's arena is
+//! mapped once and each page copied from it (no request to the instances).
+//!
+//! `--json` without `--interval` streams: one partition at a time is read, written and dropped,
+//! so memory stays bounded whatever the number of VPs. Exit status 1 when something could not be
+//! read (the rest is still printed); a closed pipe ends the output quietly.
 
+use std::io::{self, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use hvstats::attach::{self, RootReader};
+use anyhow::Context;
+use hvstats::attach::{Attach, Instance};
 use hvstats::present;
 use hvstats::snapshot::{self, InstanceSnapshot, ObjectReading, PartitionSnapshot};
 use hvstats_abi::catalog::counters_of;
@@ -70,25 +77,44 @@ fn cells<'a>(
 
 /// Runs `hvstats snapshot`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let dir = args.runtime_dir.unwrap_or_else(hvstats::runtime_dir::runtime_dir);
-    let found = attach::discover(&dir)?;
-    for removed in &found.removed_dead {
-        eprintln!("hvstats: removed the instance of a dead process: {}", removed.display());
+    match run_inner(args) {
+        Err(e) if e.downcast_ref::<io::Error>().is_some_and(|e| e.kind() == io::ErrorKind::BrokenPipe) => {
+            Ok(ExitCode::SUCCESS)
+        }
+        other => other,
     }
-    for problem in &found.problems {
+}
+
+fn run_inner(args: Args) -> anyhow::Result<ExitCode> {
+    let dir = args.runtime_dir.unwrap_or_else(hvstats::runtime_dir::runtime_dir);
+    let mut attach = Attach::new(&dir);
+    let changes = attach.refresh()?;
+    for removed in &changes.removed_dead {
+        eprintln!("hvstats: removed a file of a dead instance: {}", removed.display());
+    }
+    let mut failed = !changes.problems.is_empty();
+    for problem in &changes.problems {
         eprintln!("hvstats: {}", hvstats::snapshot::error_chain(problem));
     }
-    let mut readers: Vec<RootReader> = found.instances.into_iter().map(RootReader::new).collect();
+    let stdout = io::stdout();
+    let mut out = io::BufWriter::new(stdout.lock());
+    if args.json && args.interval.is_none() {
+        failed |= stream_json(&mut attach, &mut out)?;
+        out.flush().context("writing the snapshot")?;
+        return Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS });
+    }
     let started = Instant::now();
-    let first: Vec<InstanceSnapshot> = readers.iter_mut().map(snapshot::take).collect();
+    let first: Vec<InstanceSnapshot> = attach.instances_mut().map(Instance::snapshot).collect();
     let (snapshots, earlier) = match args.interval {
         None => (first, None),
         Some(seconds) => {
             std::thread::sleep(Duration::from_secs_f64(seconds));
+            attach.refresh()?;
             let elapsed = started.elapsed().as_secs_f64();
-            (readers.iter_mut().map(snapshot::take).collect(), Some((first, elapsed)))
+            (attach.instances_mut().map(Instance::snapshot).collect(), Some((first, elapsed)))
         }
     };
+    failed |= snapshots.iter().any(has_unreadable);
     let earlier_of = |s: &InstanceSnapshot| {
         earlier.as_ref().and_then(|(first, seconds)| {
             first.iter().find(|f| f.name == s.name).map(|snapshot| Earlier { snapshot, seconds: *seconds })
@@ -96,19 +122,70 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     if args.json {
         let instances: Vec<Value> = snapshots.iter().map(|s| instance_json(s, earlier_of(s))).collect();
-        let mut out = json!({ "instances": instances });
+        let mut doc = json!({ "instances": instances });
         if let Some((_, seconds)) = &earlier {
-            out["interval_seconds"] = json!(seconds);
+            doc["interval_seconds"] = json!(seconds);
         }
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        serde_json::to_writer_pretty(&mut out, &doc).map_err(io::Error::from)?;
+        writeln!(out)?;
     } else if snapshots.is_empty() {
-        println!("no live hvstats instance under {}", dir.display());
+        writeln!(out, "no live hvstats instance under {}", dir.display())?;
     } else {
         for s in &snapshots {
-            print!("{}", instance_table(s, earlier_of(s)));
+            write!(out, "{}", instance_table(s, earlier_of(s)))?;
         }
     }
-    Ok(ExitCode::SUCCESS)
+    out.flush()?;
+    Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+}
+
+/// True when a reading failed for a reason other than permissions (which the user chose).
+fn unreadable(r: &ObjectReading) -> bool {
+    matches!(r, ObjectReading::Unreadable { permission_denied: false, .. })
+}
+
+fn has_unreadable(s: &InstanceSnapshot) -> bool {
+    unreadable(&s.hypervisor)
+        || s.lps.iter().any(|lp| unreadable(&lp.reading))
+        || s.partitions.iter().any(partition_unreadable)
+}
+
+fn partition_unreadable(p: &PartitionSnapshot) -> bool {
+    unreadable(&p.reading) || p.vps.iter().any(|vp| unreadable(&vp.reading))
+}
+
+/// Writes `{"instances": [...]}` one partition at a time; true when something was unreadable.
+fn stream_json(attach: &mut Attach, out: &mut impl Write) -> io::Result<bool> {
+    let mut failed = false;
+    out.write_all(b"{\"instances\":[")?;
+    for (n, instance) in attach.instances_mut().enumerate() {
+        instance.refresh();
+        if n > 0 {
+            out.write_all(b",")?;
+        }
+        let head = snapshot::take_instance_globals(instance);
+        failed |= has_unreadable(&head);
+        let mut fields = match instance_json(&head, None) {
+            Value::Object(map) => map,
+            _ => Map::new(),
+        };
+        fields.remove("partitions");
+        let text = serde_json::to_string(&Value::Object(fields)).map_err(io::Error::from)?;
+        // The object without its closing brace, then the partitions streamed into it.
+        out.write_all(&text.as_bytes()[..text.len() - 1])?;
+        out.write_all(b",\"partitions\":[")?;
+        for (i, p) in instance.partitions().iter().enumerate() {
+            let snap = snapshot::take_partition(instance, p);
+            failed |= partition_unreadable(&snap);
+            if i > 0 {
+                out.write_all(b",")?;
+            }
+            serde_json::to_writer(&mut *out, &partition_json(&snap, None)).map_err(io::Error::from)?;
+        }
+        out.write_all(b"]}")?;
+    }
+    out.write_all(b"]}\n")?;
+    Ok(failed)
 }
 
 /// `{"counters": {name: value}}` (with `"interval": {name: rate, % or ns}` over an interval), or
@@ -117,7 +194,17 @@ fn reading_json(reading: &ObjectReading, then: Option<(Option<&ObjectReading>, f
     let mut object = Map::new();
     match reading {
         ObjectReading::Counters(values) => {
-            let counters = values.iter().map(|(c, v)| (c.name.to_owned(), json!(v))).collect::<Map<_, _>>();
+            // Every catalog counter of the kind: one the publisher declared unavailable is null.
+            let kind = values.first().map(|(c, _)| c.id.kind);
+            let mut counters = Map::new();
+            if let Some(kind) = kind {
+                for c in counters_of(kind) {
+                    counters.insert(c.name.to_owned(), Value::Null);
+                }
+            }
+            for (c, v) in values {
+                counters.insert(c.name.to_owned(), json!(v));
+            }
             object.insert("counters".into(), Value::Object(counters));
             if let Some((then, seconds)) = then {
                 let presented = match then {
@@ -158,29 +245,40 @@ fn instance_json(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>) -> Value {
             with(reading_json(&lp.reading, t), json!({"index": lp.index, "cpu": lp.cpu}))
         })
         .collect();
-    let partitions: Vec<Value> = s
-        .partitions
-        .iter()
-        .map(|p| {
-            let vps: Vec<Value> = p
-                .vps
-                .iter()
-                .map(|vp| {
-                    let t = then(&|e| earlier_vp(e, p.id, vp.index));
-                    with(reading_json(&vp.reading, t), json!({"index": vp.index}))
-                })
-                .collect();
-            let t = then(&|e| earlier_partition(e, p.id).map(|e| &e.reading));
-            with(reading_json(&p.reading, t), json!({"id": p.id, "active": p.active, "vps": vps}))
-        })
-        .collect();
+    let partitions: Vec<Value> = s.partitions.iter().map(|p| partition_json(p, earlier)).collect();
     json!({
         "name": s.name,
         "pid": s.pid,
+        "kind": s.description.kind,
+        "description": s.description.name,
         "hypervisor": Value::Object(reading_json(&s.hypervisor, then(&|e| Some(&e.hypervisor)))),
         "lps": lps,
         "partitions": partitions,
     })
+}
+
+fn partition_json(p: &PartitionSnapshot, earlier: Option<Earlier<'_>>) -> Value {
+    let then = |find: &dyn Fn(&InstanceSnapshot) -> Option<&ObjectReading>| {
+        earlier.map(|e| (find(e.snapshot), e.seconds))
+    };
+    let vps: Vec<Value> = p
+        .vps
+        .iter()
+        .map(|vp| {
+            let t = then(&|e| earlier_vp(e, p.id, vp.index));
+            with(reading_json(&vp.reading, t), json!({"index": vp.index}))
+        })
+        .collect();
+    let t = then(&|e| earlier_partition(e, p.id).map(|e| &e.reading));
+    let state = match &p.stopped {
+        None if p.active => json!("active"),
+        None => json!("stopped"),
+        Some(_) => json!("stopped"),
+    };
+    with(
+        reading_json(&p.reading, t),
+        json!({"id": p.id, "name": p.name, "active": p.active, "state": state, "stopped_reason": p.stopped, "vps": vps}),
+    )
 }
 
 fn earlier_partition(e: &InstanceSnapshot, id: u64) -> Option<&PartitionSnapshot> {
@@ -256,7 +354,11 @@ fn kind_table(
 
 fn instance_table(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>) -> String {
     let seconds = earlier.map(|e| e.seconds);
-    let mut out = format!("instance {} (pid {})", s.name, s.pid);
+    let mut out = format!("instance {} (pid {}", s.name, s.pid);
+    if !s.description.kind.is_empty() || !s.description.name.is_empty() {
+        out += &format!(", {}: {}", s.description.kind, s.description.name);
+    }
+    out.push(')');
     if let Some(secs) = seconds {
         out += &format!(" over {secs:.2} s: rates per second, % of the time, average cost");
     }
@@ -281,7 +383,13 @@ fn instance_table(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>) -> String 
         .iter()
         .map(|p| {
             let then = e.and_then(|e| earlier_partition(e, p.id)).map(|p| &p.reading);
-            (format!("partition {}{}", p.id, if p.active { "" } else { " (inactive)" }), &p.reading, then)
+            let name = if p.name.is_empty() { String::new() } else { format!(" {:?}", p.name) };
+            let state = match &p.stopped {
+                Some(reason) if !reason.is_empty() => format!(" (stopped: {reason})"),
+                _ if !p.active => " (stopped)".to_owned(),
+                _ => String::new(),
+            };
+            (format!("partition {}{name}{state}", p.id), &p.reading, then)
         })
         .collect();
     out += &kind_table(ObjectKind::Partition, &parts, seconds);

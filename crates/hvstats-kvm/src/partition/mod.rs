@@ -15,7 +15,7 @@ use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use hvstats::whv::{VpCounterSource, VpExtras};
+use hvstats::whv::{RefreshError, VpCounterSource, VpExtras};
 use hvstats::{Hypervisor, PartitionStats, SharedPage};
 use hvstats_abi::boot::{self as layout, Mode};
 use hvstats_abi::catalog::partition as pt;
@@ -342,7 +342,7 @@ impl Partition {
             .with_sources(|s| {
                 Tracepoint::ALL
                     .iter()
-                    .filter_map(|&tp| s.tracepoints().unavailable(tp).map(str::to_string))
+                    .filter_map(|&tp| s.tracepoints().unavailable(tp).map(|e| e.to_string()))
                     .collect()
             })
             .unwrap_or_default()
@@ -365,9 +365,9 @@ impl VpCounterSource for Partition {
         &self.stats
     }
 
-    fn refresh_vp(&self, vp_index: u32) -> Result<VpExtras, String> {
+    fn refresh_vp(&self, vp_index: u32) -> Result<VpExtras, RefreshError> {
         if vp_index >= self.config.vp_count {
-            return Err(format!("no VP {vp_index}"));
+            return Err(RefreshError::NoVp { index: vp_index });
         }
         // Synchronously, everything, whichever thread asks.
         Ok(self.refresh_as(vp_index, Refresh::Everything))

@@ -6,11 +6,14 @@
 //! mounted at `/sys/kernel/tracing` when it is absent (that needs root); when that is impossible the
 //! counters are unavailable and the reason is kept, never guessed.
 
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use hvstats::perf_event::{PerfCounter, TYPE_TRACEPOINT};
 use hvstats_abi::apic;
+
+use crate::sys;
 
 pub use hvstats_abi::source::Tracepoint;
 
@@ -32,13 +35,70 @@ pub fn filter(tp: Tracepoint) -> Option<String> {
     }
 }
 
-/// Where tracefs is, mounting it when needed; the error says why it is unavailable.
-pub fn tracefs() -> Result<&'static Path, String> {
-    static ROOT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    ROOT.get_or_init(find_or_mount).as_ref().map(|p| p.as_path()).map_err(Clone::clone)
+/// Why tracefs, and with it every tracepoint counter, is unavailable.
+#[derive(Debug, thiserror::Error)]
+pub enum TracefsError {
+    /// It is not mounted, and mounting it failed (mounting needs root).
+    #[error("tracefs is not mounted and mounting it at /sys/kernel/tracing failed: {0}")]
+    Mount(#[source] io::Error),
+    /// It is mounted but has no KVM events.
+    #[error("tracefs has no kvm events (is the kvm module loaded?)")]
+    NoKvmEvents,
 }
 
-fn find_or_mount() -> Result<PathBuf, String> {
+/// Why one tracepoint counter is unavailable.
+#[derive(Debug, thiserror::Error)]
+pub enum TracepointError {
+    /// tracefs is unavailable.
+    #[error(transparent)]
+    Tracefs(&'static TracefsError),
+    /// The event's id cannot be read.
+    #[error("{}: {source}", path.display())]
+    EventId {
+        /// The id file.
+        path: PathBuf,
+        /// The read error.
+        #[source]
+        source: io::Error,
+    },
+    /// The event's id file does not hold a number.
+    #[error("{}: not a number", path.display())]
+    EventIdFormat {
+        /// The id file.
+        path: PathBuf,
+    },
+    /// perf_event_open refused the counter.
+    #[error("perf_event_open of kvm:{event}: {source}")]
+    Open {
+        /// The event.
+        event: &'static str,
+        /// The kernel's error.
+        #[source]
+        source: io::Error,
+    },
+    /// The kernel refused the event's filter.
+    #[error("filter {filter:?} on kvm:{event}: {source}")]
+    Filter {
+        /// The filter.
+        filter: String,
+        /// The event.
+        event: &'static str,
+        /// The kernel's error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Where tracefs is, mounting it when needed.
+///
+/// # Errors
+/// Why it is unavailable (found once per process).
+pub fn tracefs() -> Result<&'static Path, &'static TracefsError> {
+    static ROOT: OnceLock<Result<PathBuf, TracefsError>> = OnceLock::new();
+    ROOT.get_or_init(find_or_mount).as_ref().map(|p| p.as_path())
+}
+
+fn find_or_mount() -> Result<PathBuf, TracefsError> {
     for root in ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"] {
         if Path::new(root).join("events/kvm").is_dir() {
             return Ok(PathBuf::from(root));
@@ -49,23 +109,19 @@ fn find_or_mount() -> Result<PathBuf, String> {
     let r = unsafe {
         libc::mount(c"tracefs".as_ptr(), target.as_ptr(), c"tracefs".as_ptr(), 0, std::ptr::null())
     };
-    if r != 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(format!("tracefs is not mounted and mounting it at /sys/kernel/tracing failed: {e}"));
-    }
+    sys::check(r).map_err(TracefsError::Mount)?;
     let root = PathBuf::from("/sys/kernel/tracing");
-    if root.join("events/kvm").is_dir() {
-        Ok(root)
-    } else {
-        Err("tracefs has no kvm events (is the kvm module loaded?)".into())
-    }
+    if root.join("events/kvm").is_dir() { Ok(root) } else { Err(TracefsError::NoKvmEvents) }
 }
 
-fn event_id(tp: Tracepoint) -> Result<u64, String> {
-    let root = tracefs()?;
+fn event_id(tp: Tracepoint) -> Result<u64, TracepointError> {
+    let root = tracefs().map_err(TracepointError::Tracefs)?;
     let path = root.join("events/kvm").join(tp.event()).join("id");
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    text.trim().parse().map_err(|_| format!("{}: not a number", path.display()))
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(source) => return Err(TracepointError::EventId { path, source }),
+    };
+    text.trim().parse().map_err(|_| TracepointError::EventIdFormat { path })
 }
 
 /// Words of a group read of every tracepoint: `nr`, then a value and an id per event.
@@ -87,7 +143,7 @@ enum Counter {
 /// opens is the leader), so that a single `read` gives all of them.
 #[derive(Debug)]
 pub struct VpTracepoints {
-    counters: Vec<Result<Counter, String>>,
+    counters: Vec<Result<Counter, TracepointError>>,
     /// Index in `counters` of the group leader, if any counter opened.
     leader: Option<usize>,
 }
@@ -96,7 +152,7 @@ impl VpTracepoints {
     /// Opens every tracepoint counter for thread `tid`; a counter that cannot be opened keeps the
     /// reason.
     pub fn open(tid: libc::pid_t) -> Self {
-        let mut counters: Vec<Result<Counter, String>> = Vec::with_capacity(Tracepoint::ALL.len());
+        let mut counters: Vec<Result<Counter, TracepointError>> = Vec::with_capacity(Tracepoint::ALL.len());
         let mut leader: Option<usize> = None;
         for tp in Tracepoint::ALL {
             let group = leader.and_then(|i| match &counters[i] {
@@ -112,9 +168,13 @@ impl VpTracepoints {
         Self { counters, leader }
     }
 
-    fn open_one(tp: Tracepoint, tid: libc::pid_t, leader: Option<&PerfCounter>) -> Result<Counter, String> {
+    fn open_one(
+        tp: Tracepoint,
+        tid: libc::pid_t,
+        leader: Option<&PerfCounter>,
+    ) -> Result<Counter, TracepointError> {
         let id = event_id(tp)?;
-        let open_err = |e| format!("perf_event_open of kvm:{}: {e}", tp.event());
+        let open_err = |source| TracepointError::Open { event: tp.event(), source };
         let counter = match PerfCounter::open_in_group(TYPE_TRACEPOINT, id, tid, leader) {
             Ok(c) => match c.id() {
                 Ok(event) => Counter::Grouped { counter: c, id: event },
@@ -131,7 +191,9 @@ impl VpTracepoints {
             let c = match &counter {
                 Counter::Grouped { counter, .. } | Counter::Alone(counter) => counter,
             };
-            c.set_filter(&f).map_err(|e| format!("filter {f:?} on kvm:{}: {e}", tp.event()))?;
+            if let Err(source) = c.set_filter(&f) {
+                return Err(TracepointError::Filter { filter: f, event: tp.event(), source });
+            }
         }
         Ok(counter)
     }
@@ -165,8 +227,8 @@ impl VpTracepoints {
     }
 
     /// Why `tp` is unavailable, if it is.
-    pub fn unavailable(&self, tp: Tracepoint) -> Option<&str> {
-        self.counters[tp.index()].as_ref().err().map(String::as_str)
+    pub fn unavailable(&self, tp: Tracepoint) -> Option<&TracepointError> {
+        self.counters[tp.index()].as_ref().err()
     }
 }
 

@@ -1,0 +1,306 @@
+//! A reader's view of one arena file: mapped once (read-only) when the file cannot shrink under
+//! us, read with `pread` otherwise, and never trusted.
+//!
+//! The file is mapped only when it belongs to the effective user or root: nobody else can then
+//! truncate it under the mapping, which would turn a read into SIGBUS. Any other file is read with
+//! `pread`, which reports a short read instead. How much is read comes from the file itself
+//! (`fstat`) bounded by what its header says, never from the header alone; every entry and page
+//! copy is checked against the entry's sequence word ([`crate::index`]).
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::fs::FileExt;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering, fence};
+
+use hvstats_abi::PAGE_SIZE;
+use hvstats_abi::page::PAGE_SLOTS;
+
+use crate::index::{
+    self, CHUNK_BYTES, CHUNK_SLOTS, ENTRY_BYTES, ENTRY_WORDS, FormatError, HEADER_BYTES, Header, ew, hw,
+};
+use crate::runtime_dir;
+
+/// Why an arena could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ArenaError {
+    /// The file could not be read, stat'ed or mapped.
+    #[error("cannot read the arena")]
+    Io(#[source] io::Error),
+    /// The header is not one this build reads.
+    #[error("not an arena this build reads")]
+    Format(#[source] FormatError),
+}
+
+enum Access {
+    Mapped { ptr: NonNull<u8>, len: usize },
+    Pread,
+}
+
+/// One arena file as a reader sees it.
+pub struct ArenaReader {
+    file: File,
+    access: Access,
+    chunks: usize,
+    header: Header,
+}
+
+// SAFETY: the mapping is read-only and accessed through atomics; it lives as long as the value.
+unsafe impl Send for ArenaReader {}
+// SAFETY: as above.
+unsafe impl Sync for ArenaReader {}
+
+impl std::fmt::Debug for ArenaReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ArenaReader")
+            .field("mapped", &matches!(self.access, Access::Mapped { .. }))
+            .field("chunks", &self.chunks)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An entry or page that changed, vanished or stayed busy while being read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Changed;
+
+impl ArenaReader {
+    /// Reads the header of `file` and maps it when that is safe.
+    ///
+    /// # Errors
+    /// When it cannot be read or is not an arena.
+    pub fn open(file: File) -> Result<Self, ArenaError> {
+        let st = runtime_dir::fstat(file.as_fd()).map_err(ArenaError::Io)?;
+        let trusted = st.st_uid == runtime_dir::euid() || st.st_uid == 0;
+        let mut bytes = vec![0u8; HEADER_BYTES];
+        let got = read_at(&file, &mut bytes, 0).map_err(ArenaError::Io)?;
+        let header = Header::decode(&bytes[..got]).map_err(ArenaError::Format)?;
+        let access =
+            if trusted { Access::Mapped { ptr: NonNull::dangling(), len: 0 } } else { Access::Pread };
+        let mut reader = Self { file, access, chunks: 0, header };
+        reader.grow().map_err(ArenaError::Io)?;
+        Ok(reader)
+    }
+
+    /// The header as read when opened (chunks and layout sequence as of then).
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// The file.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// True when the arena is mapped (not read with pread).
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.access, Access::Mapped { .. })
+    }
+
+    /// Slots the reader can see now.
+    pub fn slots(&self) -> usize {
+        self.chunks * CHUNK_SLOTS
+    }
+
+    fn header_word(&self, word: usize) -> u64 {
+        match self.access {
+            Access::Mapped { ptr, len } if len >= HEADER_BYTES => {
+                // SAFETY: the header lies in the mapping, 8-aligned; the writer uses atomics.
+                unsafe { &*(ptr.as_ptr().add(word * 8) as *const AtomicU64) }.load(Ordering::Acquire)
+            }
+            _ => {
+                let mut b = [0u8; 8];
+                match read_at(&self.file, &mut b, (word * 8) as u64) {
+                    Ok(8) => u64::from_le_bytes(b),
+                    _ => 0,
+                }
+            }
+        }
+    }
+
+    /// The layout sequence now (one load): it changes with every index change.
+    pub fn layout_seq(&self) -> u64 {
+        self.header_word(hw::LAYOUT_SEQ)
+    }
+
+    /// Follows the file's growth: maps (or accepts) the chunks the writer has made that the file
+    /// really holds. Returns true when more slots became visible.
+    ///
+    /// # Errors
+    /// When the file cannot be stat'ed or mapped.
+    pub fn grow(&mut self) -> io::Result<bool> {
+        let announced = usize::try_from(self.header_word(hw::CHUNKS)).unwrap_or(usize::MAX);
+        let unmapped = matches!(self.access, Access::Mapped { len: 0, .. });
+        if announced <= self.chunks && !unmapped {
+            return Ok(false);
+        }
+        let size = usize::try_from(runtime_dir::fstat(self.file.as_fd())?.st_size).unwrap_or(0);
+        let held = size.saturating_sub(HEADER_BYTES) / CHUNK_BYTES;
+        let chunks = announced.min(held);
+        if chunks <= self.chunks && !unmapped {
+            return Ok(false);
+        }
+        if let Access::Mapped { ptr, len } = self.access {
+            let new_len = index::file_bytes(chunks);
+            // SAFETY: a read-only shared mapping of bytes the file holds (checked by fstat just
+            // now; the file belongs to us or root, so no one else can shrink it).
+            let new = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    new_len,
+                    libc::PROT_READ,
+                    libc::MAP_SHARED,
+                    self.file.as_raw_fd(),
+                    0,
+                )
+            };
+            if new == libc::MAP_FAILED {
+                return Err(io::Error::last_os_error());
+            }
+            if len > 0 {
+                // SAFETY: our previous mapping; nothing borrows it past this call (borrows of
+                // the reader's memory end with each read).
+                unsafe { libc::munmap(ptr.as_ptr().cast(), len) };
+            }
+            let ptr = NonNull::new(new.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
+            self.access = Access::Mapped { ptr, len: new_len };
+        }
+        let grew = chunks > self.chunks;
+        self.chunks = chunks;
+        Ok(grew)
+    }
+
+    fn atomics(&self, offset: usize, count: usize) -> Option<&[AtomicU64]> {
+        match self.access {
+            Access::Mapped { ptr, len } if offset + count * 8 <= len => {
+                // SAFETY: inside the mapping, 8-aligned; the writer uses atomics, so do we.
+                Some(unsafe {
+                    std::slice::from_raw_parts(ptr.as_ptr().add(offset).cast::<AtomicU64>(), count)
+                })
+            }
+            _ => None,
+        }
+    }
+
+    fn pread_words(&self, offset: usize, out: &mut [u64]) -> Result<(), Changed> {
+        let mut bytes = vec![0u8; out.len() * 8];
+        match read_at(&self.file, &mut bytes, offset as u64) {
+            Ok(n) if n == bytes.len() => {
+                for (w, b) in out.iter_mut().zip(bytes.chunks_exact(8)) {
+                    *w = u64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
+                }
+                Ok(())
+            }
+            _ => Err(Changed),
+        }
+    }
+
+    /// A consistent copy of slot `slot`'s entry words.
+    ///
+    /// # Errors
+    /// When the slot is out of sight or the writer kept changing it.
+    pub fn entry_words(&self, slot: usize) -> Result<[u64; ENTRY_WORDS], Changed> {
+        if slot >= self.slots() {
+            return Err(Changed);
+        }
+        let offset = index::entry_offset(slot);
+        match self.atomics(offset, ENTRY_WORDS) {
+            Some(a) => index::read_entry(a.try_into().map_err(|_| Changed)?).ok_or(Changed),
+            None => {
+                for _ in 0..1000 {
+                    let mut words = [0u64; ENTRY_WORDS];
+                    self.pread_words(offset, &mut words)?;
+                    let mut seq = [0u64; 1];
+                    self.pread_words(offset, &mut seq)?;
+                    if words[ew::SEQ] % 2 == 0 && seq[0] == words[ew::SEQ] {
+                        return Ok(words);
+                    }
+                    std::thread::yield_now();
+                }
+                Err(Changed)
+            }
+        }
+    }
+
+    /// Copies slot `slot`'s page into `out`, provided the slot still holds the object of
+    /// generation `generation` (live) before and after the copy.
+    ///
+    /// # Errors
+    /// [`Changed`] when the slot was freed or reused, or kept changing.
+    pub fn read_page(
+        &self,
+        slot: usize,
+        generation: u64,
+        out: &mut [u64; PAGE_SLOTS],
+    ) -> Result<(), Changed> {
+        if slot >= self.slots() {
+            return Err(Changed);
+        }
+        let entry_offset = index::entry_offset(slot);
+        let page_offset = index::page_offset(slot);
+        let live = |seq: u64, gen_: u64, state: u64| {
+            seq % 2 == 0 && gen_ == generation && state != index::state::FREE
+        };
+        match (self.atomics(entry_offset, ENTRY_WORDS), self.atomics(page_offset, PAGE_SLOTS)) {
+            (Some(entry), Some(page)) => {
+                for _ in 0..1000 {
+                    let before = entry[ew::SEQ].load(Ordering::Acquire);
+                    let gen_ = entry[ew::GENERATION].load(Ordering::Relaxed);
+                    let state = entry[ew::STATE].load(Ordering::Relaxed);
+                    if before % 2 == 0 && !live(before, gen_, state) {
+                        return Err(Changed);
+                    }
+                    if before % 2 == 0 {
+                        for (o, a) in out.iter_mut().zip(page) {
+                            *o = a.load(Ordering::Relaxed);
+                        }
+                        fence(Ordering::Acquire);
+                        if entry[ew::SEQ].load(Ordering::Relaxed) == before {
+                            return Ok(());
+                        }
+                    }
+                    std::hint::spin_loop();
+                }
+                Err(Changed)
+            }
+            _ => {
+                let mut head = [0u64; 4];
+                self.pread_words(entry_offset, &mut head)?;
+                if !live(head[ew::SEQ], head[ew::GENERATION], head[ew::STATE]) {
+                    return Err(Changed);
+                }
+                self.pread_words(page_offset, out)?;
+                let mut after = [0u64; 1];
+                self.pread_words(entry_offset, &mut after)?;
+                if after[0] == head[ew::SEQ] { Ok(()) } else { Err(Changed) }
+            }
+        }
+    }
+}
+
+impl Drop for ArenaReader {
+    fn drop(&mut self) {
+        if let Access::Mapped { ptr, len } = self.access {
+            if len > 0 {
+                // SAFETY: our mapping; nothing borrows it past `self`.
+                unsafe { libc::munmap(ptr.as_ptr().cast(), len) };
+            }
+        }
+    }
+}
+
+/// `pread` until `buf` is full or the file ends; the bytes read.
+fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+const _: () = assert!(ENTRY_BYTES % 8 == 0 && PAGE_SIZE % 8 == 0);
