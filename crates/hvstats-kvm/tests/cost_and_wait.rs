@@ -44,7 +44,8 @@ impl PortHandler for SlowWrites {
 fn run_partition(w: &Workload, vps: u32, handlers: Handlers) -> (Partition, RunReport) {
     let image = w.build(Mode::Long, layout::DEFAULT_LOAD_GPA).expect("build");
     let hv = Hypervisor::new().expect("hypervisor");
-    let mut config = PartitionConfig { vp_count: vps, timeout: Duration::from_secs(60), ..Default::default() };
+    let mut config =
+        PartitionConfig { vp_count: vps, timeout: Duration::from_secs(60), ..Default::default() };
     let mut handlers = handlers;
     HyperV::new(hv.clone(), true).install(&mut config, &mut handlers);
     let partition = Partition::new(&hv, config, handlers).expect("partition");
@@ -135,6 +136,9 @@ fn vps_competing_for_one_cpu_with_a_busy_host_thread_show_cpu_wait() {
         assert!(dispatches >= 2, "VP {index}: {dispatches} dispatches");
         // Running and waiting are disjoint parts of the thread's life, which the run contains.
         let run_ns = page.get(vp::TOTAL_RUN_TIME) * 100;
-        assert!(run_ns + wait_ns <= elapsed_ns, "VP {index}: run {run_ns} + wait {wait_ns} > {elapsed_ns} ns");
+        assert!(
+            run_ns + wait_ns <= elapsed_ns,
+            "VP {index}: run {run_ns} + wait {wait_ns} > {elapsed_ns} ns"
+        );
     }
 }
