@@ -613,6 +613,7 @@ impl CounterId {
     ///
     /// When the id names a group its kind's page does not have, or an index past the page: only
     /// ids made by hand can, never the catalog's constants (a test checks every one).
+    #[inline]
     pub const fn offset(self) -> usize {
         let base = match crate::page::PageLayout::of(self.kind).group_offset(self.group) {
             Some(base) => base,
@@ -624,6 +625,7 @@ impl CounterId {
     }
 
     /// The index of this counter's value in the page seen as `[u64; 512]`.
+    #[inline]
     pub const fn slot(self) -> usize {
         self.offset() / VALUE_SIZE
     }

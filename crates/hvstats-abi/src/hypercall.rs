@@ -195,6 +195,43 @@ impl HypercallOutput {
     }
 }
 
+/// The layout of the HYPERCALL MSR (TLFS "Hypercall Page"): enable bit, locked bit, reserved
+/// bits, and the GPA page of the hypercall page in bits 63:12.
+pub mod hypercall_msr {
+    /// Bit 0: the hypercall page is enabled.
+    pub const ENABLE: u64 = 1 << 0;
+    /// Bit 1: the MSR is locked (accepted and kept).
+    pub const LOCKED: u64 = 1 << 1;
+    /// Bits 11:2: reserved, must be zero.
+    pub const RESERVED: u64 = 0xFFC;
+    /// Bits 63:12: the hypercall page's GPA (page aligned).
+    pub const GPA_MASK: u64 = !0xFFF;
+}
+
+/// Byte offsets in the input blocks of HvCallMapStatsPage(2) and HvCallUnmapStatsPage, for
+/// guests that build them field by field.
+pub mod map_input {
+    use super::{MapStatsPageInput, UnmapStatsPageInput};
+
+    /// `StatsType` (u32).
+    pub const STATS_TYPE: usize = core::mem::offset_of!(MapStatsPageInput, stats_type);
+    /// Padding (u32), must be zero.
+    pub const PADDING: usize = core::mem::offset_of!(MapStatsPageInput, padding);
+    /// `ObjectIdentity` (16 bytes).
+    pub const IDENTITY: usize = core::mem::offset_of!(MapStatsPageInput, identity);
+    /// The partition id of a partition or VP identity (u64).
+    pub const PARTITION_ID: usize = IDENTITY;
+    /// The VP index of a VP identity (u32).
+    pub const VP_INDEX: usize = IDENTITY + 8;
+    /// The stats area type of any identity (u8).
+    pub const AREA: usize = IDENTITY + crate::object::IDENTITY_AREA_OFFSET;
+    /// `TargetGpaPage` (u64), map only.
+    pub const TARGET_GPA_PAGE: usize = core::mem::offset_of!(MapStatsPageInput, target_gpa_page);
+
+    const _: () = assert!(IDENTITY == core::mem::offset_of!(UnmapStatsPageInput, identity));
+    const _: () = assert!(STATS_TYPE == 0 && PADDING == 4 && IDENTITY == 8 && TARGET_GPA_PAGE == 24);
+}
+
 /// Input block of HvCallMapStatsPage / HvCallMapStatsPage2 (seed 003): 32 bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, IntoBytes, FromBytes, Immutable, KnownLayout)]
 #[repr(C)]
@@ -248,6 +285,10 @@ pub const INTERFACE_SIGNATURE: u32 = crate::cpuid::HV_INTERFACE_SIGNATURE;
 pub struct PartitionPrivileges(pub u64);
 
 impl PartitionPrivileges {
+    /// AccessHypercallMsrs: the GUEST_OS_ID and HYPERCALL MSRs.
+    pub const ACCESS_HYPERCALL_MSRS: u64 = 1 << 5;
+    /// AccessVpIndex: the VP_INDEX MSR.
+    pub const ACCESS_VP_INDEX: u64 = 1 << 6;
     /// `AccessStatsReg` (bit 8): the stats page MSRs.
     pub const ACCESS_STATS_REG: u64 = 1 << 8;
     /// `AccessPartitionId` (bit 33): HvCallGetPartitionId.

@@ -103,6 +103,7 @@ const LAYOUTS: [PageLayout; 4] = [
 
 impl PageLayout {
     /// The layout of `kind`'s page (a table lookup: layouts are computed at compile time).
+    #[inline]
     pub const fn of(kind: ObjectKind) -> Self {
         LAYOUTS[kind as usize]
     }
@@ -134,6 +135,7 @@ impl PageLayout {
     }
 
     /// The byte offset of `group`'s header, which is also where its index 0 lies.
+    #[inline]
     pub const fn group_offset(&self, group: GroupKind) -> Option<usize> {
         match self.groups[group as usize] {
             Some(slot) => Some(slot.header_offset),

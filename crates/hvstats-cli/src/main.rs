@@ -26,6 +26,8 @@ enum Command {
     Snapshot(cmd::snapshot::Args),
     /// Hardware performance counters: list the PMU and its holders, allocate, free.
     Hwc(cmd::hwc::Args),
+    /// Observe the KVM VMs of other processes and publish their Hyper-V counters.
+    Observe(cmd::observe::Args),
     /// Measure what exact accounting costs on the userspace exit path.
     Bench(cmd::bench::Args),
 }
@@ -38,6 +40,7 @@ fn main() -> ExitCode {
         Command::Run(args) => cmd::run::run(args),
         Command::Snapshot(args) => cmd::snapshot::run(args),
         Command::Hwc(args) => cmd::hwc::run(args),
+        Command::Observe(args) => cmd::observe::run(args),
         Command::Bench(args) => cmd::bench::run(args),
     };
     match result {

@@ -10,9 +10,10 @@ use iced_x86::IcedError;
 use iced_x86::code_asm::*;
 
 use hvstats_abi::catalog::{CounterId, partition, vp};
+use hvstats_abi::cpuid;
 use hvstats_abi::hypercall::{
     HV_PARTITION_ID_SELF, HV_VP_INDEX_SELF, HypercallCode, INTERFACE_SIGNATURE, MSR_GUEST_OS_ID,
-    MSR_HYPERCALL, MSR_VP_INDEX,
+    MSR_HYPERCALL, MSR_VP_INDEX, hypercall_msr, map_input,
 };
 
 use crate::layout;
@@ -112,12 +113,13 @@ pub fn stats_self_check(p: SelfCheck, load_gpa: u64) -> Result<Vec<u8>, IcedErro
 
     // Map the VP page: type VP, identity (partition id, vp index, SELF).
     map_input(&mut a, StatsObjectType::VP.0)?;
-    a.mov(qword_ptr(r14 + 8), rbp)?;
-    a.mov(dword_ptr(r14 + 16), r12d)?;
-    a.mov(dword_ptr(r14 + 20), 0u32)?;
+    a.mov(qword_ptr(r14 + map_input::PARTITION_ID as i32), rbp)?;
+    a.mov(dword_ptr(r14 + map_input::VP_INDEX as i32), r12d)?;
+    // The rest of the identity: reserved bytes and the area, SELF.
+    a.mov(dword_ptr(r14 + map_input::VP_INDEX as i32 + 4), 0u32)?;
     a.mov(rax, rbx)?;
     a.shr(rax, 12)?;
-    a.mov(qword_ptr(r14 + 24), rax)?;
+    a.mov(qword_ptr(r14 + map_input::TARGET_GPA_PAGE as i32), rax)?;
     a.mov(rcx, HypercallCode::MAP_STATS_PAGE.0 as u64)?;
     call_hypercall(&mut a, p.layout)?;
     fail_if_status(&mut a, SelfCheckFailure::MapVpPage, &mut fail)?;
@@ -183,10 +185,10 @@ pub fn stats_self_check(p: SelfCheck, load_gpa: u64) -> Result<Vec<u8>, IcedErro
     a.jnz(not_vp0)?;
     map_input(&mut a, StatsObjectType::PARTITION.0)?;
     a.mov(rax, HV_PARTITION_ID_SELF)?;
-    a.mov(qword_ptr(r14 + 8), rax)?;
-    a.mov(qword_ptr(r14 + 16), 0i32)?;
+    a.mov(qword_ptr(r14 + map_input::PARTITION_ID as i32), rax)?;
+    a.mov(qword_ptr(r14 + map_input::VP_INDEX as i32), 0i32)?;
     a.mov(rax, p.partition_page)?;
-    a.mov(qword_ptr(r14 + 24), rax)?;
+    a.mov(qword_ptr(r14 + map_input::TARGET_GPA_PAGE as i32), rax)?;
     a.mov(rcx, HypercallCode::MAP_STATS_PAGE2.0 as u64)?;
     call_hypercall(&mut a, p.layout)?;
     fail_if_status(&mut a, SelfCheckFailure::MapPartitionPage, &mut fail)?;
@@ -201,9 +203,10 @@ pub fn stats_self_check(p: SelfCheck, load_gpa: u64) -> Result<Vec<u8>, IcedErro
 
     // Unmap the VP page (SELF VP index this time) and check the RAM beneath.
     map_input(&mut a, StatsObjectType::VP.0)?;
-    a.mov(qword_ptr(r14 + 8), rbp)?;
-    a.mov(dword_ptr(r14 + 16), HV_VP_INDEX_SELF)?;
-    a.mov(dword_ptr(r14 + 20), 0u32)?;
+    a.mov(qword_ptr(r14 + map_input::PARTITION_ID as i32), rbp)?;
+    a.mov(dword_ptr(r14 + map_input::VP_INDEX as i32), HV_VP_INDEX_SELF)?;
+    // The rest of the identity: reserved bytes and the area, SELF.
+    a.mov(dword_ptr(r14 + map_input::VP_INDEX as i32 + 4), 0u32)?;
     a.mov(rcx, HypercallCode::UNMAP_STATS_PAGE.0 as u64)?;
     call_hypercall(&mut a, p.layout)?;
     fail_if_status(&mut a, SelfCheckFailure::Unmap, &mut fail)?;
@@ -353,14 +356,14 @@ fn enable_hypercalls(
     layout: HypercallLayout,
     fail: &mut CodeLabel,
 ) -> Result<(), IcedError> {
-    a.mov(eax, 0x4000_0000u32)?;
+    a.mov(eax, cpuid::HV_VENDOR_AND_MAX)?;
     a.cpuid()?;
-    a.cmp(ebx, u32::from_le_bytes(*b"Micr") as i32)?;
+    a.cmp(ebx, cpuid::HV_VENDOR_SIGNATURE[0] as i32)?;
     a.mov(eax, SelfCheckFailure::NotHyperV as u32)?;
     a.jne(*fail)?;
-    a.cmp(edx, u32::from_le_bytes(*b"t Hv") as i32)?;
+    a.cmp(edx, cpuid::HV_VENDOR_SIGNATURE[2] as i32)?;
     a.jne(*fail)?;
-    a.mov(eax, 0x4000_0001u32)?;
+    a.mov(eax, cpuid::HV_INTERFACE)?;
     a.cpuid()?;
     a.cmp(eax, INTERFACE_SIGNATURE as i32)?;
     a.mov(eax, SelfCheckFailure::NoInterface as u32)?;
@@ -370,7 +373,7 @@ fn enable_hypercalls(
     a.mov(edx, (GUEST_OS_ID >> 32) as u32)?;
     a.wrmsr()?;
     a.mov(ecx, MSR_HYPERCALL)?;
-    a.mov(eax, (layout.hypercall_page as u32) | 1)?;
+    a.mov(eax, (layout.hypercall_page as u32) | hypercall_msr::ENABLE as u32)?;
     a.mov(edx, (layout.hypercall_page >> 32) as u32)?;
     a.wrmsr()?;
     a.mov(ecx, MSR_VP_INDEX)?;
@@ -404,8 +407,8 @@ fn fail_if_status(
 
 /// Starts a map/unmap input block of `stats_type` at r14 (padding zero).
 fn map_input(a: &mut CodeAssembler, stats_type: u32) -> Result<(), IcedError> {
-    a.mov(dword_ptr(r14), stats_type)?;
-    a.mov(dword_ptr(r14 + 4), 0u32)?;
+    a.mov(dword_ptr(r14 + map_input::STATS_TYPE as i32), stats_type)?;
+    a.mov(dword_ptr(r14 + map_input::PADDING as i32), 0u32)?;
     Ok(())
 }
 

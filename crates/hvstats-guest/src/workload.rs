@@ -6,7 +6,7 @@
 
 use iced_x86::code_asm::*;
 
-use hvstats_abi::hypercall::{HypercallCode, MSR_GUEST_OS_ID, MSR_HYPERCALL};
+use hvstats_abi::hypercall::{HypercallCode, MSR_GUEST_OS_ID, MSR_HYPERCALL, hypercall_msr};
 
 use crate::hyperv::GUEST_OS_ID;
 use crate::layout;
@@ -265,7 +265,7 @@ impl Workload {
             p.asm().mov(edx, (GUEST_OS_ID >> 32) as u32)?;
             p.asm().wrmsr()?;
             p.asm().mov(ecx, MSR_HYPERCALL)?;
-            p.asm().mov(eax, layout::HYPERCALL_PAGE as u32 | 1)?;
+            p.asm().mov(eax, layout::HYPERCALL_PAGE as u32 | hypercall_msr::ENABLE as u32)?;
             p.asm().xor(edx, edx)?;
             p.asm().wrmsr()?;
         }

@@ -15,8 +15,7 @@ use std::time::{Duration, Instant};
 use hvstats::SharedPage;
 use hvstats::sched::{SchedStat, SchedStatFile};
 use hvstats::whv::VpExtras;
-use hvstats_abi::histogram::{BUCKETS, HISTOGRAM_SLOTS, bucket_of};
-use hvstats_abi::page::PAGE_SLOTS;
+use hvstats_abi::histogram::{BUCKETS, HISTOGRAM_SLOTS};
 use hvstats_abi::source::{
     PerfSoftwareEvent, Source, SourceKind, ThreadTime, maintained_by, maintained_count,
 };
@@ -59,40 +58,26 @@ impl UserExitCounts {
     }
 }
 
-/// Page slots of the counters the exit path writes, computed at compile time from the catalog's
-/// run-loop keys (looking a counter up by id walks the catalog, too slow for every exit). A
-/// run-loop count the catalog no longer names fails the build.
-mod slot {
+/// The counters the exit path writes, named by the catalog's run-loop keys at compile time (a
+/// run-loop count the catalog no longer names fails the build).
+mod counter {
+    use hvstats_abi::CounterId;
     use hvstats_abi::source::RunLoopCount as Count;
 
-    const fn of(count: Count) -> usize {
-        count.counter().slot()
-    }
-    pub const IO_MESSAGES: usize = of(Count::IoExits);
-    pub const IO_COST: usize = of(Count::IoTime);
-    pub const HYPERCALLS: usize = of(Count::Hypercalls);
-    pub const HYPERCALLS_COST: usize = of(Count::HypercallsTime);
-    pub const OTHER_MESSAGES: usize = of(Count::OtherExits);
-    pub const MSR_COST: usize = of(Count::MsrTime);
-    pub const MEMORY_MESSAGES: usize = of(Count::MmioExits);
-    pub const OTHER: usize = of(Count::OtherIntercepts);
-    pub const OTHER_COST: usize = of(Count::OtherInterceptsTime);
-    pub const IO_HISTOGRAM: usize = of(Count::IoHistogram);
-    pub const HYPERCALLS_HISTOGRAM: usize = of(Count::HypercallsHistogram);
-    pub const MSR_HISTOGRAM: usize = of(Count::MsrHistogram);
-    pub const MMIO_HISTOGRAM: usize = of(Count::MmioHistogram);
-    pub const OTHER_HISTOGRAM: usize = of(Count::OtherHistogram);
-}
-
-fn slots(page: &SharedPage) -> &[AtomicU64; PAGE_SLOTS] {
-    // SAFETY: a SharedPage maps PAGE_SIZE bytes, page-aligned, for as long as it lives, and its
-    // values are only ever accessed as relaxed atomics (as SharedPage itself does).
-    unsafe { &*(page.host_address() as *const [AtomicU64; PAGE_SLOTS]) }
-}
-
-fn add(slots: &[AtomicU64; PAGE_SLOTS], slot: usize, delta: u64) {
-    let v = &slots[slot];
-    v.store(v.load(Ordering::Relaxed).wrapping_add(delta), Ordering::Relaxed);
+    pub const IO_MESSAGES: CounterId = Count::IoExits.counter();
+    pub const IO_COST: CounterId = Count::IoTime.counter();
+    pub const HYPERCALLS: CounterId = Count::Hypercalls.counter();
+    pub const HYPERCALLS_COST: CounterId = Count::HypercallsTime.counter();
+    pub const OTHER_MESSAGES: CounterId = Count::OtherExits.counter();
+    pub const MSR_COST: CounterId = Count::MsrTime.counter();
+    pub const MEMORY_MESSAGES: CounterId = Count::MmioExits.counter();
+    pub const OTHER: CounterId = Count::OtherIntercepts.counter();
+    pub const OTHER_COST: CounterId = Count::OtherInterceptsTime.counter();
+    pub const IO_HISTOGRAM: CounterId = Count::IoHistogram.counter();
+    pub const HYPERCALLS_HISTOGRAM: CounterId = Count::HypercallsHistogram.counter();
+    pub const MSR_HISTOGRAM: CounterId = Count::MsrHistogram.counter();
+    pub const MMIO_HISTOGRAM: CounterId = Count::MmioHistogram.counter();
+    pub const OTHER_HISTOGRAM: CounterId = Count::OtherHistogram.counter();
 }
 
 /// The run loop's accounting of userspace exits into the VP page.
@@ -126,7 +111,7 @@ impl ExitAccounting {
             return;
         }
         UserExitCounts::bump(&user.hypercalls);
-        add(slots(page), slot::HYPERCALLS, 1);
+        page.add(counter::HYPERCALLS, 1);
     }
 
     /// Records one userspace exit of `class` that took `ticks` ([`cycles`]) to handle: its count,
@@ -136,39 +121,39 @@ impl ExitAccounting {
         if !self.enabled {
             return;
         }
-        let s = slots(page);
         let (count, cost, total, histogram) = match class {
             ExitClass::Io => {
-                add(s, slot::IO_MESSAGES, 1);
-                (None, slot::IO_COST, &mut self.io_ticks, slot::IO_HISTOGRAM)
+                (Some(counter::IO_MESSAGES), counter::IO_COST, &mut self.io_ticks, counter::IO_HISTOGRAM)
             }
             // Counted when it began (`begin_hypercall`); a hypercall is no I/O intercept message.
             ExitClass::Hypercall => {
-                (None, slot::HYPERCALLS_COST, &mut self.hypercall_ticks, slot::HYPERCALLS_HISTOGRAM)
+                (None, counter::HYPERCALLS_COST, &mut self.hypercall_ticks, counter::HYPERCALLS_HISTOGRAM)
             }
             ExitClass::Msr => {
                 UserExitCounts::bump(&user.msr);
-                add(s, slot::OTHER_MESSAGES, 1);
-                (None, slot::MSR_COST, &mut self.msr_ticks, slot::MSR_HISTOGRAM)
+                (
+                    Some(counter::OTHER_MESSAGES),
+                    counter::MSR_COST,
+                    &mut self.msr_ticks,
+                    counter::MSR_HISTOGRAM,
+                )
             }
             ExitClass::Mmio => {
-                add(s, slot::MEMORY_MESSAGES, 1);
-                (Some(slot::OTHER), slot::OTHER_COST, &mut self.other_ticks, slot::MMIO_HISTOGRAM)
+                page.add(counter::MEMORY_MESSAGES, 1);
+                (Some(counter::OTHER), counter::OTHER_COST, &mut self.other_ticks, counter::MMIO_HISTOGRAM)
             }
             ExitClass::Other => {
-                add(s, slot::OTHER_MESSAGES, 1);
-                (Some(slot::OTHER), slot::OTHER_COST, &mut self.other_ticks, slot::OTHER_HISTOGRAM)
+                page.add(counter::OTHER_MESSAGES, 1);
+                (Some(counter::OTHER), counter::OTHER_COST, &mut self.other_ticks, counter::OTHER_HISTOGRAM)
             }
         };
-        // The histogram: its sum and one bucket, two more plain stores.
-        let ns = cycles::to_ns(ticks);
-        add(s, histogram, ns);
-        add(s, histogram + 1 + bucket_of(ns), 1);
+        // The histogram: its sum and one bucket, two more plain loads and stores.
+        page.record_time(histogram, cycles::to_ns(ticks));
         if let Some(count) = count {
-            add(s, count, 1);
+            page.add(count, 1);
         }
         *total += ticks;
-        s[cost].store(cycles::to_100ns(*total), Ordering::Relaxed);
+        page.set(cost, cycles::to_100ns(*total));
     }
 }
 

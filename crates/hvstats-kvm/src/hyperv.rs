@@ -6,8 +6,9 @@
 //! through user-space MSR exits, and writes a hypercall page whose code traps to the VMM with a
 //! port write (`vmcall` does not reach userspace on every host) and returns with `ret`.
 
+use hvstats_abi::cpuid;
 use hvstats_abi::hypercall::{
-    INTERFACE_SIGNATURE, MSR_GUEST_OS_ID, MSR_HYPERCALL, MSR_VP_INDEX, PartitionPrivileges,
+    INTERFACE_SIGNATURE, MSR_GUEST_OS_ID, MSR_HYPERCALL, MSR_VP_INDEX, PartitionPrivileges, hypercall_msr,
 };
 
 pub use hvstats_abi::boot::{HYPERCALL_CODE, HYPERCALL_PORT};
@@ -16,14 +17,14 @@ pub use hvstats_abi::boot::{HYPERCALL_CODE, HYPERCALL_PORT};
 pub const SYNTHETIC_MSRS: [u32; 3] = [MSR_GUEST_OS_ID, MSR_HYPERCALL, MSR_VP_INDEX];
 
 /// CPUID 0x40000000: the highest hypervisor leaf hvstats answers.
-pub const CPUID_MAX_LEAF: u32 = 0x4000_0005;
+pub const CPUID_MAX_LEAF: u32 = cpuid::HV_LIMITS;
 
 /// Privilege bits of `HV_PARTITION_PRIVILEGE_MASK` that hvstats grants or withholds.
 pub mod privilege {
     /// AccessHypercallMsrs: GUEST_OS_ID and HYPERCALL.
-    pub const ACCESS_HYPERCALL_MSRS: u64 = 1 << 5;
+    pub const ACCESS_HYPERCALL_MSRS: u64 = super::PartitionPrivileges::ACCESS_HYPERCALL_MSRS;
     /// AccessVpIndex: the VP_INDEX MSR.
-    pub const ACCESS_VP_INDEX: u64 = 1 << 6;
+    pub const ACCESS_VP_INDEX: u64 = super::PartitionPrivileges::ACCESS_VP_INDEX;
     /// AccessPartitionId: HvCallGetPartitionId.
     pub const ACCESS_PARTITION_ID: u64 = super::PartitionPrivileges::ACCESS_PARTITION_ID;
     /// AccessStats: HvCallMapStatsPage and HvCallUnmapStatsPage.
@@ -72,21 +73,21 @@ impl Enlightenment {
 
     /// The hypervisor CPUID leaves 0x40000000..=0x40000005.
     pub fn cpuid_leaves(&self) -> [CpuidLeaf; 6] {
-        let sig = |s: &[u8; 4]| u32::from_le_bytes(*s);
         let leaf = |function, eax, ebx, ecx, edx| CpuidLeaf { function, index: 0, eax, ebx, ecx, edx };
         let mask = self.privileges.0;
+        let [vendor_b, vendor_c, vendor_d] = cpuid::HV_VENDOR_SIGNATURE;
         [
             // Vendor: "Microsoft Hv".
-            leaf(0x4000_0000, CPUID_MAX_LEAF, sig(b"Micr"), sig(b"osof"), sig(b"t Hv")),
-            leaf(0x4000_0001, INTERFACE_SIGNATURE, 0, 0, 0),
+            leaf(cpuid::HV_VENDOR_AND_MAX, CPUID_MAX_LEAF, vendor_b, vendor_c, vendor_d),
+            leaf(cpuid::HV_INTERFACE, INTERFACE_SIGNATURE, 0, 0, 0),
             // Version: build 1, version 1.0, no service pack.
-            leaf(0x4000_0002, 1, 0x0001_0000, 0, 0),
+            leaf(cpuid::HV_VERSION, 1, 0x0001_0000, 0, 0),
             // Privileges (EAX bits 31:0, EBX bits 63:32); no further features.
-            leaf(0x4000_0003, mask as u32, (mask >> 32) as u32, 0, 0),
+            leaf(cpuid::HV_FEATURES, mask as u32, (mask >> 32) as u32, 0, 0),
             // Recommendations: none; long spin wait notifications never recommended (all ones).
-            leaf(0x4000_0004, 0, u32::MAX, 0, 0),
+            leaf(cpuid::HV_RECOMMENDATIONS, 0, u32::MAX, 0, 0),
             // Limits: VPs and LPs.
-            leaf(0x4000_0005, self.vp_count, self.lp_count, 0, 0),
+            leaf(cpuid::HV_LIMITS, self.vp_count, self.lp_count, 0, 0),
         ]
     }
 }
@@ -114,9 +115,9 @@ pub struct SyntheticMsrs {
 }
 
 /// HYPERCALL MSR: bit 0 enable.
-const HYPERCALL_ENABLE: u64 = 1;
+const HYPERCALL_ENABLE: u64 = hypercall_msr::ENABLE;
 /// HYPERCALL MSR: bits 11:2 reserved (bit 1, Locked, is accepted and kept).
-const HYPERCALL_RESERVED: u64 = 0xFFC;
+const HYPERCALL_RESERVED: u64 = hypercall_msr::RESERVED;
 
 impl SyntheticMsrs {
     /// True when `msr` is one of the synthetic MSRs hvstats handles.
@@ -126,7 +127,7 @@ impl SyntheticMsrs {
 
     /// The GPA of the enabled hypercall page.
     pub fn hypercall_page(&self) -> Option<u64> {
-        (self.hypercall & HYPERCALL_ENABLE != 0).then_some(self.hypercall & !0xFFF)
+        (self.hypercall & HYPERCALL_ENABLE != 0).then_some(self.hypercall & hypercall_msr::GPA_MASK)
     }
 
     /// A guest RDMSR of `msr` on VP `vp_index`.
@@ -164,7 +165,7 @@ impl SyntheticMsrs {
                     return Err(MsrFault);
                 }
                 let enable = value & HYPERCALL_ENABLE != 0 && self.guest_os_id != 0;
-                if enable && (value & !0xFFF).saturating_add(0x1000) > gpa_limit {
+                if enable && (value & hypercall_msr::GPA_MASK).saturating_add(0x1000) > gpa_limit {
                     return Err(MsrFault);
                 }
                 self.hypercall = (value & !HYPERCALL_ENABLE & !HYPERCALL_RESERVED) | enable as u64;

@@ -26,6 +26,7 @@ mod histogram_sources;
 pub mod hyperv;
 pub mod memory;
 pub mod modes;
+pub mod observe;
 pub mod partition;
 #[cfg(test)]
 mod source_tables;

@@ -338,6 +338,30 @@ impl Instance {
         arena.read_page(at.slot, at.generation, out).map_err(|_| AttachError::Changed(object))
     }
 
+    /// Copies the first `out.len()` words of `object`'s page into `out` (the headers and
+    /// counters of a known layout, without the unused rest of the page).
+    ///
+    /// # Errors
+    /// As [`read_into`](Self::read_into).
+    pub fn read_prefix(&self, object: StatsObject, out: &mut [u64]) -> Result<(), AttachError> {
+        let (arena, at) = self.locate(object)?;
+        arena.read_page_prefix(at.slot, at.generation, out).map_err(|_| AttachError::Changed(object))
+    }
+
+    /// [`read_prefix`](Self::read_prefix) of the `i`th VP of `p` (as [`PartitionInfo::vp_indices`]
+    /// lists them), without looking the partition up again.
+    pub(crate) fn read_vp_prefix(
+        &self,
+        p: &PartitionInfo,
+        i: usize,
+        out: &mut [u64],
+    ) -> Result<(), AttachError> {
+        let at = p.vps.get(i).ok_or(AttachError::NotFound(StatsObject::Partition(p.id)))?;
+        self.arena.read_page_prefix(at.slot, at.generation, out).map_err(|_| {
+            AttachError::Changed(StatsObject::Vp(p.id, p.vp_indices.get(i).copied().unwrap_or(u32::MAX)))
+        })
+    }
+
     /// A copy of `object`'s page.
     ///
     /// # Errors

@@ -96,6 +96,7 @@ impl SharedPage {
         self.kind
     }
 
+    #[inline]
     fn slots(&self) -> &[AtomicU64; PAGE_SLOTS] {
         // SAFETY: `ptr` maps PAGE_SIZE bytes, page-aligned, for the life of `self`; AtomicU64 has
         // the size and alignment of u64.
@@ -103,24 +104,28 @@ impl SharedPage {
     }
 
     /// The value of `counter`.
+    #[inline]
     pub fn get(&self, counter: CounterId) -> u64 {
         debug_assert_eq!(counter.kind, self.kind);
         self.slots()[counter.slot()].load(Ordering::Relaxed)
     }
 
     /// Sets `counter` (single writer).
+    #[inline]
     pub fn set(&self, counter: CounterId, value: u64) {
         debug_assert_eq!(counter.kind, self.kind);
         self.slots()[counter.slot()].store(value, Ordering::Relaxed);
     }
 
     /// Adds to `counter` with a plain load and store: only for the page's single writer.
+    #[inline]
     pub fn add(&self, counter: CounterId, delta: u64) {
         let slot = &self.slots()[counter.slot()];
         slot.store(slot.load(Ordering::Relaxed).wrapping_add(delta), Ordering::Relaxed);
     }
 
     /// Adds to `counter` atomically: for counters with several writers.
+    #[inline]
     pub fn fetch_add(&self, counter: CounterId, delta: u64) -> u64 {
         self.slots()[counter.slot()].fetch_add(delta, Ordering::Relaxed)
     }
@@ -193,6 +198,7 @@ impl SharedPage {
     }
 
     /// The host address of the writable mapping.
+    #[inline]
     pub fn host_address(&self) -> *mut u8 {
         self.ptr.as_ptr().cast()
     }

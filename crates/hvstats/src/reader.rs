@@ -233,6 +233,19 @@ impl ArenaReader {
         generation: u64,
         out: &mut [u64; PAGE_SLOTS],
     ) -> Result<(), Changed> {
+        self.read_page_prefix(slot, generation, out)
+    }
+
+    /// As [`read_page`](Self::read_page), copying only the first `out.len()` words of the page
+    /// (a reader that knows the layout copies the counters, not 4 KiB).
+    ///
+    /// # Errors
+    /// [`Changed`] when the slot was freed or reused, or kept changing.
+    pub fn read_page_prefix(&self, slot: usize, generation: u64, out: &mut [u64]) -> Result<(), Changed> {
+        let out = match out.len() {
+            0..=PAGE_SLOTS => out,
+            _ => &mut out[..PAGE_SLOTS],
+        };
         if slot >= self.slots() {
             return Err(Changed);
         }
@@ -241,7 +254,7 @@ impl ArenaReader {
         let live = |seq: u64, gen_: u64, state: u64| {
             seq % 2 == 0 && gen_ == generation && state != index::state::FREE
         };
-        match (self.atomics(entry_offset, ENTRY_WORDS), self.atomics(page_offset, PAGE_SLOTS)) {
+        match (self.atomics(entry_offset, ENTRY_WORDS), self.atomics(page_offset, out.len())) {
             (Some(entry), Some(page)) => {
                 for _ in 0..1000 {
                     let before = entry[ew::SEQ].load(Ordering::Acquire);

@@ -109,6 +109,8 @@ pub fn decode(kind: ObjectKind, page: &StatsPage) -> ObjectReading {
 
 /// Per kind: the page's expected header words (slot, word) and each counter with its slot.
 struct KindTable {
+    /// Words up to and including END_OF_LIST: all a page of this build's layout uses.
+    used: usize,
     headers: Vec<(usize, u64)>,
     counters: Vec<(&'static Counter, usize)>,
 }
@@ -125,7 +127,11 @@ fn table(kind: ObjectKind) -> &'static KindTable {
                 let mut headers: Vec<(usize, u64)> =
                     layout.slots().map(|g| g.header_offset / 8).map(|s| (s, words[s])).collect();
                 headers.push((layout.end_offset / 8, words[layout.end_offset / 8]));
-                KindTable { headers, counters: counters_of(kind).map(|c| (c, c.id.slot())).collect() }
+                KindTable {
+                    used: layout.end_offset / 8 + 1,
+                    headers,
+                    counters: counters_of(kind).map(|c| (c, c.id.slot())).collect(),
+                }
             })
             .collect()
     });
@@ -141,13 +147,11 @@ fn decode_with(
 ) -> ObjectReading {
     let t = table(kind);
     if t.headers.iter().all(|&(slot, word)| data[slot] == word) {
-        return ObjectReading::Counters(
-            t.counters
-                .iter()
-                .filter(|(_, slot)| !unavailable(*slot))
-                .map(|&(c, slot)| (c, data[slot]))
-                .collect(),
+        let mut values = Vec::with_capacity(t.counters.len());
+        values.extend(
+            t.counters.iter().filter(|(_, slot)| !unavailable(*slot)).map(|&(c, slot)| (c, data[slot])),
         );
+        return ObjectReading::Counters(values);
     }
     match PageView::read(data.as_bytes(), kind) {
         Ok(view) => ObjectReading::Counters(
@@ -169,7 +173,24 @@ fn read(
     buf: &mut StatsPage,
     unavailable: &dyn Fn(usize) -> bool,
 ) -> ObjectReading {
-    match instance.read_into(object, &mut buf.data) {
+    read_with(object, buf, unavailable, &|out| instance.read_prefix(object, out))
+}
+
+/// Copies the used part of the page first (`copy_prefix`): when its headers are this build's,
+/// that is all there is; otherwise the whole page, parsed as seed 004 allows.
+fn read_with(
+    object: StatsObject,
+    buf: &mut StatsPage,
+    unavailable: &dyn Fn(usize) -> bool,
+    copy_prefix: &dyn Fn(&mut [u64]) -> Result<(), AttachError>,
+) -> ObjectReading {
+    let t = table(object.kind());
+    let copied = match copy_prefix(&mut buf.data[..t.used]) {
+        Ok(()) if t.headers.iter().all(|&(slot, word)| buf.data[slot] == word) => Ok(()),
+        Ok(()) => copy_prefix(&mut buf.data[..]),
+        Err(e) => Err(e),
+    };
+    match copied {
         Ok(()) => decode_with(object.kind(), &buf.data, unavailable),
         Err(e) => ObjectReading::unreadable(&e),
     }
@@ -204,9 +225,12 @@ pub fn take_partition(instance: &Instance, p: &PartitionInfo) -> PartitionSnapsh
         vps: p
             .vp_indices()
             .iter()
-            .map(|&index| VpSnapshot {
+            .enumerate()
+            .map(|(i, &index)| VpSnapshot {
                 index,
-                reading: read(instance, StatsObject::Vp(p.id, index), &mut buf, &vp_unavailable),
+                reading: read_with(StatsObject::Vp(p.id, index), &mut buf, &vp_unavailable, &|out| {
+                    instance.read_vp_prefix(p, i, out)
+                }),
             })
             .collect(),
     }

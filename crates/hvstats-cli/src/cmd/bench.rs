@@ -1,24 +1,38 @@
-//! `hvstats bench`: what exact accounting costs on the userspace exit path.
+//! `hvstats bench`: what hvstats costs, each figure measured side by side with its baseline in
+//! the same run.
 //!
-//! Runs the same guest (N port writes handled in userspace) with accounting on and off, rounds
-//! interleaved so both see the same machine, and reports the median time per exit of each, the
-//! difference, and the accounting work measured alone. The goal is at most 2% of the round trip.
+//! These machines are noisy, so every row is a ratio of medians over several rounds, ours and the
+//! baseline interleaved (alternating which goes first), each timed in the CPU time of the thread
+//! doing it (time spent preempted counts for neither side; faults and syscalls count). With `--json`, one object per line:
+//! `{"name", "ours", "baseline", "unit", "ratio", "goal"}` with `ratio = ours / baseline` (lower
+//! is better); a row that needs what this host lacks (KVM) is `{"name", "skipped": why}`.
 //!
-//! Then the hypercall path: the round trip of an HvCallNotifyLongSpinWait (which does nothing)
-//! next to the plain exit's, and what refreshing the VP page costs, both the part the VP thread
-//! does before every hypercall and a full merge of every source.
+//! Rows: the VP thread's page update against an uncontended and a shared `fetch_add`; a
+//! kept-mapping read of one VP against a `pread` of a vCPU's KVM stats fd (and, without KVM,
+//! against a `pread` of the same page); the full snapshot of 65,536 VPs against a memcpy of the
+//! same counter bytes; adding a partition to an instance of 4,096 against one of 64; the
+//! userspace exit with accounting on against off; a hypercall against a plain exit.
 
+use std::hint::black_box;
+use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
-use std::sync::Arc;
-
-use hvstats::Hypervisor;
+use hvstats::attach::Attach;
+use hvstats::rules::StatsObject;
+use hvstats::{Hypervisor, InstanceConfig, PartitionStats};
+use hvstats_abi::ObjectKind;
+use hvstats_abi::catalog::vp;
+use hvstats_abi::page::PageLayout;
 use hvstats_guest::program::LoopCount;
 use hvstats_guest::{Mode, Workload, layout};
 use hvstats_kvm::enlightenment::HyperV;
-use hvstats_kvm::{Handlers, Partition, PartitionConfig, accounting, exit_cost};
+use hvstats_kvm::{Handlers, Partition, PartitionConfig};
+use serde_json::{Value, json};
 
 /// Run time per exit of a one-VP long-mode guest doing `exits` OUTs to the sink port (each one a
 /// userspace exit), the exit port write included.
@@ -41,15 +55,351 @@ fn exit_round_trip(hv: &Arc<Hypervisor>, exits: u32, accounting: bool) -> anyhow
 /// Flags of `hvstats bench`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Userspace exits per guest run.
-    #[arg(long, default_value_t = 20_000)]
-    exits: u32,
-    /// Runs with accounting on, and as many off (interleaved).
-    #[arg(long, default_value_t = 10)]
+    /// One JSON object per row instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Rounds per comparison (medians are reported).
+    #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u32).range(1..=1000))]
     rounds: u32,
-    /// Hypercalls per guest run (as many runs as --rounds).
-    #[arg(long, default_value_t = 5_000)]
+    /// Userspace exits per guest run (KVM rows).
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    exits: u32,
+    /// Hypercalls per guest run (KVM rows).
+    #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
     hypercalls: u32,
+    /// Run only the rows whose name contains this.
+    #[arg(long, value_name = "TEXT")]
+    only: Option<String>,
+    /// Partitions × VPs of the snapshot row (the scale: 4096 × 16).
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    partitions: u32,
+}
+
+/// One row of the report.
+enum Row {
+    Measured { name: &'static str, ours: f64, baseline: f64, unit: &'static str, goal: Option<f64> },
+    Skipped { name: &'static str, why: String },
+}
+
+impl Row {
+    fn json(&self) -> Value {
+        match self {
+            Row::Measured { name, ours, baseline, unit, goal } => json!({
+                "name": name, "ours": ours, "baseline": baseline, "unit": unit,
+                "ratio": ours / baseline, "goal": goal,
+            }),
+            Row::Skipped { name, why } => json!({ "name": name, "skipped": why }),
+        }
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Medians of `ours` and `baseline` over `rounds`, interleaved, alternating which goes first.
+fn side_by_side(rounds: u32, mut ours: impl FnMut() -> f64, mut baseline: impl FnMut() -> f64) -> (f64, f64) {
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        if round % 2 == 0 {
+            a.push(ours());
+            b.push(baseline());
+        } else {
+            b.push(baseline());
+            a.push(ours());
+        }
+    }
+    (median(a), median(b))
+}
+
+/// The calling thread's CPU time: what single-threaded rows measure, so that time the thread
+/// spends preempted on a busy host counts for neither side.
+#[derive(Clone, Copy)]
+struct CpuClock(Duration);
+
+impl CpuClock {
+    fn now() -> Self {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: `ts` is a valid out-pointer; CLOCK_THREAD_CPUTIME_ID always exists on Linux.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        Self(Duration::new(ts.tv_sec.max(0) as u64, ts.tv_nsec.clamp(0, 999_999_999) as u32))
+    }
+
+    fn elapsed(self) -> Duration {
+        Self::now().0.saturating_sub(self.0)
+    }
+}
+
+fn ns_per(start: CpuClock, n: u64) -> f64 {
+    start.elapsed().as_nanos() as f64 / n as f64
+}
+
+const OPS: u64 = 2_000_000;
+
+/// The VP thread's update of its own page as its exit path does it: a plain load and store at
+/// a slot known at compile time.
+fn page_updates(page: &hvstats::SharedPage) -> f64 {
+    const SLOT: usize = vp::CPUID_INSTRUCTIONS.slot();
+    // SAFETY: a SharedPage maps PAGE_SLOTS words, page-aligned, for as long as it lives, and its
+    // values are only accessed as relaxed atomics.
+    let slots = unsafe { &*(page.host_address() as *const [AtomicU64; hvstats_abi::page::PAGE_SLOTS]) };
+    let start = CpuClock::now();
+    for _ in 0..OPS {
+        let v = &slots[SLOT];
+        v.store(v.load(Ordering::Relaxed).wrapping_add(black_box(1)), Ordering::Relaxed);
+    }
+    ns_per(start, OPS)
+}
+
+fn fetch_adds(counter: &AtomicU64) -> f64 {
+    let start = CpuClock::now();
+    for _ in 0..OPS {
+        black_box(counter).fetch_add(black_box(1), Ordering::Relaxed);
+    }
+    ns_per(start, OPS)
+}
+
+/// `threads` threads at once, each running `f(thread)`; the median of their ns/op.
+fn in_threads(threads: usize, f: &(dyn Fn(usize) -> f64 + Sync)) -> f64 {
+    let barrier = std::sync::Barrier::new(threads);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    barrier.wait();
+                    f(t)
+                })
+            })
+            .collect();
+        median(handles.into_iter().map(|h| h.join().unwrap_or(f64::NAN)).collect())
+    })
+}
+
+fn update_rows(rounds: u32, hv: &Arc<Hypervisor>) -> anyhow::Result<Vec<Row>> {
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(2, 8);
+    let part = hv.create_partition(threads as u32).context("creating the bench partition")?;
+    let page0 = part.vp_page(0).context("VP 0")?;
+    let own = AtomicU64::new(0);
+    let (ours, baseline) = side_by_side(rounds, || page_updates(page0), || fetch_adds(&own));
+    let mut rows = vec![Row::Measured {
+        name: "update-vs-fetch-add",
+        ours,
+        baseline,
+        unit: "ns/update",
+        goal: Some(0.33),
+    }];
+    let shared = AtomicU64::new(0);
+    let part_ref: &PartitionStats = &part;
+    let vp_pages = |t: usize| part_ref.vp_page(t as u32).map_or(f64::NAN, page_updates);
+    let (ours, baseline) = side_by_side(
+        rounds,
+        || in_threads(threads, &vp_pages),
+        || in_threads(threads, &|_| fetch_adds(&shared)),
+    );
+    rows.push(Row::Measured {
+        name: "update-vs-shared-fetch-add",
+        ours,
+        baseline,
+        unit: "ns/update",
+        goal: Some(0.1),
+    });
+    hv.remove_partition(part.id());
+    Ok(rows)
+}
+
+/// A temporary runtime directory for the instances the bench publishes, removed on drop.
+struct TempRuntime(std::path::PathBuf);
+
+impl TempRuntime {
+    fn new(what: &str) -> anyhow::Result<Self> {
+        // tmpfs, as the runtime directory (/run) is, when there is one: a disk-backed file would
+        // add writeback of the pages to what is measured.
+        let base = match std::path::Path::new("/dev/shm") {
+            shm if shm.is_dir() => shm.to_owned(),
+            _ => std::env::temp_dir(),
+        };
+        let dir = base.join(format!("hvstats-bench-{what}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(Self(dir))
+    }
+}
+
+impl Drop for TempRuntime {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn published(dir: &std::path::Path) -> anyhow::Result<Arc<Hypervisor>> {
+    Hypervisor::with_config(InstanceConfig {
+        runtime_dir: Some(dir.to_owned()),
+        logical_processors: Some(vec![0]),
+        ..Default::default()
+    })
+    .context("publishing a bench instance")
+}
+
+/// Words of a VP page this build's layout uses (headers and counters).
+fn vp_words() -> usize {
+    PageLayout::of(ObjectKind::Vp).end_offset / 8 + 1
+}
+
+fn read_rows(rounds: u32, kvm: &Result<(), String>) -> anyhow::Result<Vec<Row>> {
+    let rt = TempRuntime::new("read")?;
+    let hv = published(&rt.0)?;
+    let part = hv.create_partition(1)?;
+    part.vp_page(0).context("VP 0")?.set(vp::HYPERCALLS, 1);
+    let mut attach = Attach::new(&rt.0);
+    attach.refresh()?;
+    let instance = attach.instances().next().context("the bench instance is not found")?;
+    let object = StatsObject::Vp(part.id(), 0);
+    let mut words = vec![0u64; vp_words()];
+    let n = 200_000u64;
+    let mut kept = || {
+        let start = CpuClock::now();
+        for _ in 0..n {
+            let _ = instance.read_prefix(black_box(object), &mut words);
+        }
+        black_box(&words);
+        ns_per(start, n)
+    };
+    let mut rows = Vec::new();
+    match kvm {
+        Ok(()) => {
+            let (stats, _fds) = vcpu_stats_fd().context("opening a vCPU's KVM stats fd")?;
+            let mut buf = vec![0u64; stats.data_words()];
+            let (ours, baseline) = side_by_side(rounds, &mut kept, || {
+                let start = CpuClock::now();
+                for _ in 0..n / 10 {
+                    let _ = stats.read_into(&mut buf);
+                }
+                ns_per(start, n / 10)
+            });
+            rows.push(Row::Measured {
+                name: "read-vp-vs-stats-fd",
+                ours,
+                baseline,
+                unit: "ns/read",
+                goal: Some(0.2),
+            });
+        }
+        Err(why) => rows.push(Row::Skipped { name: "read-vp-vs-stats-fd", why: why.clone() }),
+    }
+    // Without KVM, the nearest baseline: one pread of the same page from the arena file.
+    let file = std::fs::File::open(hv.published_path().context("published path")?)?;
+    let offset = part.vp_page(0).context("VP 0")?.file_offset();
+    let mut page = vec![0u8; vp_words() * 8];
+    let (ours, baseline) = side_by_side(rounds, &mut kept, || {
+        let start = CpuClock::now();
+        for _ in 0..n / 10 {
+            let _ = file.read_at(&mut page, offset);
+        }
+        ns_per(start, n / 10)
+    });
+    rows.push(Row::Measured { name: "read-vp-vs-pread-page", ours, baseline, unit: "ns/read", goal: None });
+    Ok(rows)
+}
+
+/// A vCPU's KVM binary stats fd (one `pread` reads every counter), with the VM and vCPU fds
+/// that must outlive it.
+fn vcpu_stats_fd() -> anyhow::Result<(hvstats_kvm::sources::kvm_stats::KvmStats, [std::os::fd::OwnedFd; 2])> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let kvm = std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm")?;
+    // SAFETY: KVM_CREATE_VM on the /dev/kvm fd: returns a new fd or -1.
+    let vm = unsafe { libc::ioctl(kvm.as_raw_fd(), 0xAE01, 0) };
+    anyhow::ensure!(vm >= 0, "KVM_CREATE_VM: {}", std::io::Error::last_os_error());
+    // SAFETY: just returned; owned by nobody else.
+    let vm = unsafe { OwnedFd::from_raw_fd(vm) };
+    // SAFETY: KVM_CREATE_VCPU on our VM fd: returns a new fd or -1.
+    let vcpu = unsafe { libc::ioctl(vm.as_raw_fd(), 0xAE41, 0) };
+    anyhow::ensure!(vcpu >= 0, "KVM_CREATE_VCPU: {}", std::io::Error::last_os_error());
+    // SAFETY: just returned; owned by nobody else.
+    let vcpu = unsafe { OwnedFd::from_raw_fd(vcpu) };
+    let stats = hvstats_kvm::sources::kvm_stats::KvmStats::open(vcpu.as_raw_fd())?;
+    Ok((stats, [vcpu, vm]))
+}
+
+fn snapshot_row(rounds: u32, partitions: u32) -> anyhow::Result<Row> {
+    let rt = TempRuntime::new("snapshot")?;
+    let hv = published(&rt.0)?;
+    let parts = (0..partitions)
+        .map(|_| hv.create_partition(16))
+        .collect::<Result<Vec<_>, _>>()
+        .context("publishing the bench partitions")?;
+    for (i, p) in parts.iter().enumerate() {
+        for n in 0..16 {
+            if let Some(page) = p.vp_page(n) {
+                page.set(vp::HYPERCALLS, i as u64);
+            }
+        }
+    }
+    let mut attach = Attach::new(&rt.0);
+    attach.refresh()?;
+    let instance = attach.instances_mut().next().context("the bench instance is not found")?;
+    let words = vp_words();
+    let sources: Vec<*const u8> = parts
+        .iter()
+        .flat_map(|p| (0..16).filter_map(|n| p.vp_page(n).map(|pg| pg.host_address() as *const u8)))
+        .collect();
+    let mut copy = vec![0u8; sources.len() * words * 8];
+    let (ours, baseline) = side_by_side(
+        rounds,
+        || {
+            let start = CpuClock::now();
+            let snapshot = black_box(instance.snapshot());
+            let elapsed = start.elapsed().as_secs_f64() * 1e3;
+            if std::env::var_os("HVSTATS_BENCH_TRACE").is_some() {
+                let t = CpuClock::now();
+                drop(snapshot);
+                eprintln!("snapshot {elapsed:.1} ms, dropping it {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
+            }
+            elapsed
+        },
+        || {
+            let start = CpuClock::now();
+            for (i, src) in sources.iter().enumerate() {
+                // SAFETY: each source is a live VP page of PAGE_SIZE bytes (the partitions are
+                // held above) and `copy` has room for `words` words per page.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(*src, copy.as_mut_ptr().add(i * words * 8), words * 8);
+                }
+            }
+            black_box(&copy);
+            start.elapsed().as_secs_f64() * 1e3
+        },
+    );
+    Ok(Row::Measured {
+        name: "snapshot-65536-vps-vs-memcpy",
+        ours,
+        baseline,
+        unit: "ms/snapshot",
+        goal: Some(10.0),
+    })
+}
+
+fn partition_add_row(rounds: u32) -> anyhow::Result<Row> {
+    let (small_rt, large_rt) = (TempRuntime::new("add-64")?, TempRuntime::new("add-4096")?);
+    let (small, large) = (published(&small_rt.0)?, published(&large_rt.0)?);
+    let _keep_small: Vec<_> = (0..64).map(|_| small.create_partition(16)).collect::<Result<_, _>>()?;
+    let _keep_large: Vec<_> = (0..4096).map(|_| large.create_partition(16)).collect::<Result<_, _>>()?;
+    let adds = 200u32;
+    let time_adds = |hv: &Arc<Hypervisor>| {
+        let mut total = Duration::ZERO;
+        for _ in 0..adds {
+            let start = CpuClock::now();
+            let p = hv.create_partition(16);
+            total += start.elapsed();
+            if let Ok(p) = p {
+                hv.remove_partition(p.id());
+            }
+        }
+        total.as_nanos() as f64 / f64::from(adds) / 1e3
+    };
+    let (ours, baseline) = side_by_side(rounds, || time_adds(&large), || time_adds(&small));
+    Ok(Row::Measured { name: "partition-add-4096-vs-64", ours, baseline, unit: "us/add", goal: Some(2.0) })
 }
 
 /// Run time per hypercall of a one-VP enlightened guest making `n` HvCallNotifyLongSpinWait.
@@ -69,65 +419,104 @@ fn hypercall_round_trip(hv: &Arc<Hypervisor>, n: u32) -> anyhow::Result<Duration
     Ok(vp.run_time / n)
 }
 
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v.get(v.len() / 2).copied().unwrap_or_default()
+fn kvm_rows(args: &Args, hv: &Arc<Hypervisor>) -> anyhow::Result<Vec<Row>> {
+    // One run to warm up page tables, caches and the tracefs mount.
+    exit_round_trip(hv, 1000, true)?;
+    let ns = |d: Duration| d.as_nanos() as f64;
+    let run = |accounting| exit_round_trip(hv, args.exits, accounting).map(ns).unwrap_or(f64::NAN);
+    let (on, off) = side_by_side(args.rounds, || run(true), || run(false));
+    hypercall_round_trip(hv, 100)?;
+    let (call, plain) = side_by_side(
+        args.rounds,
+        || hypercall_round_trip(hv, args.hypercalls).map(ns).unwrap_or(f64::NAN),
+        || run(true),
+    );
+    Ok(vec![
+        Row::Measured {
+            name: "exit-accounting-on-vs-off",
+            ours: on,
+            baseline: off,
+            unit: "ns/exit",
+            goal: Some(1.02),
+        },
+        Row::Measured {
+            name: "hypercall-vs-plain-exit",
+            ours: call,
+            baseline: plain,
+            unit: "ns/exit",
+            goal: None,
+        },
+    ])
+}
+
+/// Whether this host can run the KVM rows, and if not, why.
+fn kvm_usable() -> Result<(), String> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+        .map(drop)
+        .map_err(|e| format!("needs KVM: /dev/kvm cannot be opened ({e})"))
 }
 
 /// Runs `hvstats bench`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::ensure!(
-        args.exits > 0 && args.rounds > 0 && args.hypercalls > 0,
-        "--exits, --rounds and --hypercalls must be positive"
-    );
     let hv = Hypervisor::new().context("creating the hypervisor instance")?;
-    // One run to warm up page tables, caches and the tracefs mount.
-    exit_round_trip(&hv, 1000, true)?;
-    let (mut on, mut off) = (Vec::new(), Vec::new());
-    for round in 0..args.rounds {
-        // Alternate which goes first, so neither always runs on a warmer or quieter machine.
-        for accounting in if round % 2 == 0 { [true, false] } else { [false, true] } {
-            let per_exit = exit_round_trip(&hv, args.exits, accounting)?;
-            if accounting { on.push(per_exit) } else { off.push(per_exit) }
+    let kvm = kvm_usable();
+    let wanted = |name: &str| args.only.as_deref().is_none_or(|only| name.contains(only));
+    let mut rows = Vec::new();
+    if wanted("update-vs") {
+        rows.extend(update_rows(args.rounds, &hv)?);
+    }
+    if wanted("read-vp") {
+        rows.extend(read_rows(args.rounds, &kvm)?);
+    }
+    if wanted("snapshot-65536-vps-vs-memcpy") {
+        rows.push(snapshot_row(args.rounds, args.partitions)?);
+    }
+    if wanted("partition-add-4096-vs-64") {
+        rows.push(partition_add_row(args.rounds)?);
+    }
+    match &kvm {
+        Ok(()) if wanted("exit-accounting") || wanted("hypercall-vs") => rows.extend(kvm_rows(&args, &hv)?),
+        Ok(()) => {}
+        Err(why) => {
+            for name in ["exit-accounting-on-vs-off", "hypercall-vs-plain-exit"] {
+                if wanted(name) {
+                    rows.push(Row::Skipped { name, why: why.clone() });
+                }
+            }
         }
     }
-    let (on_min, off_min) =
-        (on.iter().min().copied().unwrap_or_default(), off.iter().min().copied().unwrap_or_default());
-    let (on, off) = (median(on), median(off));
-    let alone = exit_cost::accounting_alone(1_000_000);
-    let ns = |d: Duration| d.as_nanos() as f64;
-    println!("userspace exit round trip ({} exits per run, {} runs each, medians):", args.exits, args.rounds);
-    println!("  accounting on   {:>10.0} ns/exit", ns(on));
-    println!("  accounting off  {:>10.0} ns/exit", ns(off));
-    println!(
-        "  difference      {:>+10.0} ns/exit ({:+.2}% of the round trip)",
-        ns(on) - ns(off),
-        (ns(on) - ns(off)) / ns(off) * 100.0
-    );
-    println!(
-        "  fastest runs: on {:.0} ns/exit, off {:.0} ns/exit ({:+.2}%)",
-        ns(on_min),
-        ns(off_min),
-        (ns(on_min) - ns(off_min)) / ns(off_min) * 100.0
-    );
-    println!(
-        "  accounting work alone {:>6.1} ns/exit ({:.3}% of the round trip; goal <= 2%)",
-        ns(alone),
-        ns(alone) / ns(off) * 100.0
-    );
-    hypercall_round_trip(&hv, 100)?;
-    let calls = (0..args.rounds)
-        .map(|_| hypercall_round_trip(&hv, args.hypercalls))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let call = median(calls);
-    let refresh = accounting::refresh_cost(10_000).context("measuring the VP page refresh")?;
-    println!("hypercall path ({} hypercalls per run, {} runs, median):", args.hypercalls, args.rounds);
-    println!(
-        "  HvCallNotifyLongSpinWait round trip {:>8.0} ns/call ({:+.0} ns over a userspace exit)",
-        ns(call),
-        ns(call) - ns(on)
-    );
-    println!("  VP page refresh before a hypercall  {:>8.0} ns", ns(refresh.exit_path));
-    println!("  VP page refresh of every source     {:>8.0} ns (collector, WHv API)", ns(refresh.everything));
-    Ok(ExitCode::SUCCESS)
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let written = (|| -> std::io::Result<()> {
+        if args.json {
+            for row in &rows {
+                writeln!(out, "{}", row.json())?;
+            }
+        } else {
+            writeln!(
+                out,
+                "{:<30} {:>14} {:>14} {:>12} {:>8} {:>6}",
+                "row", "ours", "baseline", "unit", "ratio", "goal"
+            )?;
+            for row in &rows {
+                match row {
+                    Row::Measured { name, ours, baseline, unit, goal } => writeln!(
+                        out,
+                        "{name:<30} {ours:>14.3} {baseline:>14.3} {unit:>12} {:>8.3} {:>6}",
+                        ours / baseline,
+                        goal.map_or("-".to_owned(), |g| format!("<={g}"))
+                    )?,
+                    Row::Skipped { name, why } => writeln!(out, "{name:<30} skipped: {why}")?,
+                }
+            }
+        }
+        out.flush()
+    })();
+    match written {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
+        other => other.map(|()| ExitCode::SUCCESS).context("writing the report"),
+    }
 }

@@ -5,6 +5,7 @@
 use std::io::{self, Write};
 use std::process::ExitCode;
 
+use hvstats_abi::observed::{Observed, observed};
 use hvstats_abi::{CATALOG, Counter, Maintained};
 use serde_json::{Value, json};
 
@@ -45,6 +46,16 @@ fn maintained_by(m: Maintained) -> &'static str {
     }
 }
 
+/// Whether the observer of other processes' VMs maintains a counter: its source, `no`, or `-` for
+/// the hypervisor and LP objects (which an observer's instance keeps as any instance does).
+fn observed_by(c: &Counter) -> &'static str {
+    match observed(c.id) {
+        Some(Observed::By(source, _)) => source.name(),
+        Some(Observed::No(_)) => "no",
+        None => "-",
+    }
+}
+
 /// One counter as a JSON object.
 pub fn counter_json(c: &Counter) -> Value {
     json!({
@@ -59,15 +70,27 @@ pub fn counter_json(c: &Counter) -> Value {
         "presentation": c.presentation.name(),
         "maintained": maintained_by(c.maintained),
         "maintained_note": c.maintained.note(),
+        "observed": observed(c.id).map(|_| observed_by(c)),
+        "observed_note": observed(c.id).map(Observed::note),
         "description": c.description,
     })
 }
 
 /// The catalog as aligned columns, the description last.
 fn write_table(out: &mut impl Write) -> io::Result<()> {
-    const HEADINGS: [&str; 9] =
-        ["OBJECT", "GROUP", "INDEX", "NAME", "UNIT", "PRESENTATION", "MAINTAINED", "NOTE", "DESCRIPTION"];
-    let rows: Vec<[String; 9]> = CATALOG
+    const HEADINGS: [&str; 10] = [
+        "OBJECT",
+        "GROUP",
+        "INDEX",
+        "NAME",
+        "UNIT",
+        "PRESENTATION",
+        "MAINTAINED",
+        "NOTE",
+        "OBSERVED",
+        "DESCRIPTION",
+    ];
+    let rows: Vec<[String; 10]> = CATALOG
         .iter()
         .map(|c| {
             [
@@ -79,6 +102,7 @@ fn write_table(out: &mut impl Write) -> io::Result<()> {
                 c.presentation.name().to_owned(),
                 maintained_by(c.maintained).to_owned(),
                 c.maintained.note().to_owned(),
+                observed_by(c).to_owned(),
                 c.description.to_owned(),
             ]
         })

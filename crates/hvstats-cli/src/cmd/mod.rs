@@ -4,5 +4,6 @@ pub mod bench;
 pub mod catalog;
 pub mod dump;
 pub mod hwc;
+pub mod observe;
 pub mod run;
 pub mod snapshot;

@@ -172,7 +172,7 @@ fn stream_json(attach: &mut Attach, out: &mut impl Write) -> io::Result<bool> {
         fields.remove("partitions");
         let text = serde_json::to_string(&Value::Object(fields)).map_err(io::Error::from)?;
         // The object without its closing brace, then the partitions streamed into it.
-        out.write_all(&text.as_bytes()[..text.len() - 1])?;
+        out.write_all(&text.as_bytes()[..text.len().saturating_sub(1)])?;
         out.write_all(b",\"partitions\":[")?;
         for (i, p) in instance.partitions().iter().enumerate() {
             let snap = snapshot::take_partition(instance, p);

@@ -1,0 +1,248 @@
+//! `hvstats observe` as a command: attach and detach lines, publication that `snapshot` reads,
+//! exit when the observed process is gone, SIGTERM, and flag errors. Without KVM the observed
+//! "VM" is this test process described by a fake procfs tree (`--proc-root`), whose vCPU thread
+//! is a real thread of this process: the observer's counters on it are real.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::symlink;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::TempDir;
+use serde_json::Value;
+
+fn gettid() -> i32 {
+    // SAFETY: gettid has no arguments and no memory effects.
+    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
+}
+
+/// `proc/<pid>` describing this process as QEMU with one vCPU run by thread `vcpu_tid`.
+fn fake_qemu(root: &Path, vcpu_tid: i32) -> std::path::PathBuf {
+    let pid = std::process::id();
+    let dir = root.join(pid.to_string());
+    std::fs::create_dir_all(dir.join("fd")).unwrap();
+    symlink("anon_inode:kvm-vm", dir.join("fd/4")).unwrap();
+    symlink("anon_inode:kvm-vcpu:0", dir.join("fd/5")).unwrap();
+    std::fs::write(dir.join("cmdline"), b"qemu-system-x86_64\0-name\0guest=cli-vm\0").unwrap();
+    std::fs::write(dir.join("comm"), "qemu-system-x86\n").unwrap();
+    std::fs::write(dir.join("status"), "State:\tS (sleeping)\n").unwrap();
+    let task = dir.join("task").join(vcpu_tid.to_string());
+    std::fs::create_dir_all(&task).unwrap();
+    std::fs::write(task.join("comm"), "CPU 0/KVM\n").unwrap();
+    dir
+}
+
+/// Starts `hvstats observe` and a thread forwarding its stderr lines.
+fn observe(args: &[&str]) -> (Child, mpsc::Receiver<String>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .arg("observe")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    (child, rx)
+}
+
+fn wait_line(rx: &mpsc::Receiver<String>, needle: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) if line.contains(needle) => return line,
+            Ok(_) => {}
+            Err(e) => panic!("no line containing {needle:?}: {e}"),
+        }
+    }
+}
+
+fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
+    let t = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "hvstats observe did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn snapshot(runtime: &Path) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["snapshot", "--json", "--runtime-dir"])
+        .arg(runtime)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid timespec the kernel writes into.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[test]
+fn observe_publishes_what_snapshot_shows_and_leaves_when_the_process_exits() {
+    let tmp = TempDir::new("observe-cli");
+    let runtime = tmp.path().join("run");
+    std::fs::create_dir_all(&runtime).unwrap();
+    // The "vCPU": a thread that spins when told to and reports the CPU time it used.
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let (tid_tx, tid_rx) = mpsc::channel();
+    let (used_tx, used_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        tid_tx.send(gettid()).unwrap();
+        for () in go_rx {
+            let start = thread_cpu_ns();
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_millis(200) {
+                std::hint::spin_loop();
+            }
+            used_tx.send(thread_cpu_ns() - start).unwrap();
+        }
+    });
+    let tid = tid_rx.recv().unwrap();
+    let proc_root = tmp.path().join("proc");
+    let fake = fake_qemu(&proc_root, tid);
+    let pid = std::process::id().to_string();
+    let (mut child, lines) = observe(&[
+        "--pid",
+        &pid,
+        "--interval",
+        "0.05",
+        "--runtime-dir",
+        runtime.to_str().unwrap(),
+        "--proc-root",
+        proc_root.to_str().unwrap(),
+    ]);
+    let attach = wait_line(&lines, "attach pid");
+    assert!(attach.contains("\"cli-vm\": 1 vCPUs as partition 1"), "{attach}");
+    let known = wait_line(&lines, "vCPU threads");
+    assert!(known.contains(&format!("[{tid}]")), "{known}");
+
+    go_tx.send(()).unwrap();
+    let used_ns = used_rx.recv().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let v = snapshot(&runtime);
+    let observer = v["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["pid"] == child.id())
+        .expect("the observer's instance is listed");
+    assert_eq!(observer["kind"], "observer");
+    let partitions = observer["partitions"].as_array().unwrap();
+    assert_eq!(partitions.len(), 1);
+    assert_eq!(partitions[0]["name"], "cli-vm");
+    let vps = partitions[0]["vps"].as_array().unwrap();
+    assert_eq!(vps.len(), 1);
+    let total = vps[0]["counters"]["Total run time"].as_u64().unwrap();
+    assert!(total >= used_ns / 100 * 99 / 100, "total run time {total} covers the {used_ns} ns spun");
+    assert_eq!(vps[0]["counters"]["CPUID instructions/sec"], 0);
+    // No QMP and no kvm_exit on this host: HLT is not available (null), not 0.
+    assert!(vps[0]["counters"]["HLT instructions/sec"].is_null(), "{}", vps[0]);
+    assert!(vps[0]["counters"]["Hypercalls cost"].is_null());
+
+    // The process "exits": the observer detaches and, with only --pid, ends.
+    std::fs::write(fake.join("status"), "State:\tZ (zombie)\n").unwrap();
+    let detach = wait_line(&lines, "detach pid");
+    assert!(detach.contains("cli-vm"), "{detach}");
+    assert!(wait_exit(&mut child).success());
+    let v = snapshot(&runtime);
+    assert!(v["instances"].as_array().unwrap().iter().all(|i| i["pid"] != child.id()), "instance gone: {v}");
+}
+
+#[test]
+fn sigterm_ends_the_observer_and_removes_its_instance() {
+    let tmp = TempDir::new("observe-term");
+    let runtime = tmp.path().join("run");
+    std::fs::create_dir_all(&runtime).unwrap();
+    let proc_root = tmp.path().join("proc");
+    fake_qemu(&proc_root, gettid());
+    let (mut child, lines) = observe(&[
+        "--all",
+        "--interval",
+        "0.05",
+        "--runtime-dir",
+        runtime.to_str().unwrap(),
+        "--proc-root",
+        proc_root.to_str().unwrap(),
+    ]);
+    wait_line(&lines, "attach pid");
+    assert_eq!(snapshot(&runtime)["instances"].as_array().unwrap().len(), 1);
+    // SAFETY: kill has no memory effects; the pid is our child's.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    wait_line(&lines, "SIGTERM");
+    assert!(wait_exit(&mut child).success());
+    assert!(snapshot(&runtime)["instances"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn bad_flags_and_processes_without_a_vm_are_clear_errors() {
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_hvstats")).arg("observe").args(args).output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (ok, err) = run(&[]);
+    assert!(!ok && err.contains("--pid"), "{err}");
+    let (ok, err) = run(&["--pid", "0"]);
+    assert!(!ok && err.contains("--pid 0: not a process id"), "{err}");
+    let (ok, err) = run(&["--pid", "1", "--pid", "2", "--qmp", "/tmp/x"]);
+    assert!(!ok && err.contains("exactly one --pid"), "{err}");
+    let (ok, err) = run(&["--pid", "1", "--interval", "0"]);
+    assert!(!ok && err.contains("interval"), "{err}");
+    let (ok, err) = run(&["--pid", "1", "--all"]);
+    assert!(!ok && err.contains("cannot be used with"), "{err}");
+    // This test process holds no VM: a clear error, and the observer ends with failure.
+    let tmp = TempDir::new("observe-novm");
+    let pid = std::process::id().to_string();
+    let (ok, err) =
+        run(&["--pid", &pid, "--runtime-dir", tmp.path().to_str().unwrap(), "--interval", "0.05"]);
+    assert!(!ok, "{err}");
+    assert!(err.contains(&format!("cannot observe pid {pid}: process {pid} holds no KVM VM")), "{err}");
+}
+
+#[test]
+fn a_killed_observer_leaves_no_instance_readers_show() {
+    let tmp = TempDir::new("observe-kill");
+    let runtime = tmp.path().join("run");
+    std::fs::create_dir_all(&runtime).unwrap();
+    let proc_root = tmp.path().join("proc");
+    fake_qemu(&proc_root, gettid());
+    let pid = std::process::id().to_string();
+    let (mut child, lines) = observe(&[
+        "--pid",
+        &pid,
+        "--interval",
+        "0.05",
+        "--runtime-dir",
+        runtime.to_str().unwrap(),
+        "--proc-root",
+        proc_root.to_str().unwrap(),
+    ]);
+    wait_line(&lines, "attach pid");
+    assert_eq!(snapshot(&runtime)["instances"].as_array().unwrap().len(), 1);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        snapshot(&runtime)["instances"].as_array().unwrap().is_empty(),
+        "a dead observer's instance is not shown"
+    );
+}

@@ -1,0 +1,296 @@
+//! Per-thread counting of a list of events on every thread of another process.
+//!
+//! A VM attached while paused must be counted exactly from its first instruction, before anyone
+//! knows which thread runs which vCPU. So the observer opens its counters on every thread of the
+//! process at attach, opens them on threads that appear later as soon as it sees them, and lets
+//! the caller attribute a thread's counts to a vCPU once that is known — the counts are then the
+//! thread's whole history since attach. Threads that turn out not to run a vCPU are closed
+//! ([`ThreadCounters::retain`]) to keep the descriptors per VM bounded.
+//!
+//! The layer is generic over the event list ([`EventSpec`]), so it is tested on this machine with
+//! tracepoints that fire without KVM (`syscalls:sys_enter_getppid`), and used with `kvm:*` events
+//! for VMs. Each thread's events form one perf group: one `read` gives them all.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use hvstats::perf_event::{PerfCounter, TYPE_SOFTWARE, TYPE_TRACEPOINT};
+
+use super::discovery::Procfs;
+
+/// `PERF_COUNT_SW_TASK_CLOCK`: CPU time of the thread, in nanoseconds.
+pub const SW_TASK_CLOCK: u64 = 1;
+/// `PERF_COUNT_SW_CPU_MIGRATIONS`.
+pub const SW_CPU_MIGRATIONS: u64 = 4;
+
+/// One event to count on each thread.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EventSpec {
+    /// A tracepoint `system:name`, narrowed by an ftrace filter when given.
+    Tracepoint {
+        /// The tracepoint's system (`kvm`, `syscalls`).
+        system: String,
+        /// The event name (`kvm_cpuid`).
+        name: String,
+        /// An ftrace filter expression (`reason == 2`).
+        filter: Option<String>,
+    },
+    /// A perf software event (`PERF_COUNT_SW_*`).
+    Software(u64),
+}
+
+impl EventSpec {
+    /// A tracepoint without a filter.
+    pub fn tracepoint(system: &str, name: &str) -> Self {
+        EventSpec::Tracepoint { system: system.to_owned(), name: name.to_owned(), filter: None }
+    }
+
+    /// A tracepoint with a filter.
+    pub fn filtered(system: &str, name: &str, filter: &str) -> Self {
+        EventSpec::Tracepoint {
+            system: system.to_owned(),
+            name: name.to_owned(),
+            filter: Some(filter.to_owned()),
+        }
+    }
+}
+
+/// Event specs resolved to perf (type, config) once, with the reason for any that cannot be.
+#[derive(Clone, Debug)]
+pub struct EventList {
+    specs: Vec<EventSpec>,
+    resolved: Vec<Result<(u32, u64), String>>,
+}
+
+impl EventList {
+    /// Resolves `specs` against tracefs (mounted when needed, as root).
+    pub fn new(specs: Vec<EventSpec>) -> Self {
+        let root = tracefs_root();
+        let resolved = specs
+            .iter()
+            .map(|spec| match spec {
+                EventSpec::Software(config) => Ok((TYPE_SOFTWARE, *config)),
+                EventSpec::Tracepoint { system, name, .. } => {
+                    let root = root.as_ref().map_err(Clone::clone)?;
+                    tracepoint_id(root, system, name).map(|id| (TYPE_TRACEPOINT, id))
+                }
+            })
+            .collect();
+        Self { specs, resolved }
+    }
+
+    /// Number of events.
+    pub fn len(&self) -> usize {
+        self.specs.len()
+    }
+
+    /// True when there are no events.
+    pub fn is_empty(&self) -> bool {
+        self.specs.is_empty()
+    }
+
+    /// Why event `i` cannot be counted at all (unknown tracepoint, no tracefs), if so.
+    pub fn unavailable(&self, i: usize) -> Option<&str> {
+        self.resolved.get(i).and_then(|r| r.as_ref().err()).map(String::as_str)
+    }
+
+    /// The specs.
+    pub fn specs(&self) -> &[EventSpec] {
+        &self.specs
+    }
+}
+
+/// The tracefs root, mounting tracefs at `/sys/kernel/tracing` when it is absent (as root).
+fn tracefs_root() -> Result<PathBuf, String> {
+    let found = || {
+        ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+            .into_iter()
+            .map(PathBuf::from)
+            .find(|root| root.join("events").is_dir())
+    };
+    if let Some(root) = found() {
+        return Ok(root);
+    }
+    // SAFETY: all arguments are NUL-terminated literals; a null data pointer is allowed.
+    let r = unsafe {
+        libc::mount(
+            c"tracefs".as_ptr(),
+            c"/sys/kernel/tracing".as_ptr(),
+            c"tracefs".as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if r != 0 {
+        let e = io::Error::last_os_error();
+        return Err(format!("tracefs is not mounted and mounting it at /sys/kernel/tracing failed: {e}"));
+    }
+    found().ok_or_else(|| "tracefs has no events".to_owned())
+}
+
+fn tracepoint_id(root: &Path, system: &str, name: &str) -> Result<u64, String> {
+    if [system, name].iter().any(|s| s.is_empty() || s.contains('/') || s.contains("..")) {
+        return Err(format!("bad tracepoint name {system}:{name}"));
+    }
+    let path = root.join("events").join(system).join(name).join("id");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("tracepoint {system}:{name}: {e}"))?;
+    text.trim().parse().map_err(|_| format!("{}: not a number", path.display()))
+}
+
+/// The counters of one thread, as one perf group where possible.
+#[derive(Debug)]
+struct Thread {
+    /// By event index: the counter and its id in group reads (`None`: counted alone).
+    counters: Vec<Option<(PerfCounter, Option<u64>)>>,
+    leader: Option<usize>,
+    /// The thread's counts at its last successful read (kept once it is gone).
+    last: Vec<Option<u64>>,
+}
+
+impl Thread {
+    fn open(tid: i32, events: &EventList) -> Self {
+        let mut counters: Vec<Option<(PerfCounter, Option<u64>)>> = Vec::with_capacity(events.len());
+        let mut leader: Option<usize> = None;
+        for (i, spec) in events.specs.iter().enumerate() {
+            let Ok((type_, config)) = events.resolved[i] else {
+                counters.push(None);
+                continue;
+            };
+            let group = leader.and_then(|l| counters[l].as_ref().map(|(c, _)| c));
+            let opened = match PerfCounter::open_in_group(type_, config, tid, group) {
+                Ok(c) => match c.id() {
+                    Ok(id) => Some((c, Some(id))),
+                    Err(_) => PerfCounter::open(type_, config, tid).ok().map(|c| (c, None)),
+                },
+                Err(_) if group.is_some() => PerfCounter::open(type_, config, tid).ok().map(|c| (c, None)),
+                Err(_) => None,
+            };
+            let opened = match (opened, spec) {
+                (Some((c, id)), EventSpec::Tracepoint { filter: Some(f), .. }) => {
+                    // A counter whose filter the kernel rejects would count every event: drop it.
+                    c.set_filter(f).ok().map(|()| (c, id))
+                }
+                (o, _) => o,
+            };
+            if leader.is_none() && matches!(opened, Some((_, Some(_)))) {
+                leader = Some(i);
+            }
+            counters.push(opened);
+        }
+        let last = vec![None; counters.len()];
+        Self { counters, leader, last }
+    }
+
+    fn fds(&self) -> usize {
+        self.counters.iter().flatten().count()
+    }
+
+    /// Reads every counter; keeps the reading in `last`.
+    fn read(&mut self) -> &[Option<u64>] {
+        let mut buf = vec![0u64; 1 + 2 * self.counters.len()];
+        let pairs: &[u64] = match self.leader.and_then(|l| self.counters[l].as_ref()) {
+            Some((leader, _)) => match leader.read_group(&mut buf) {
+                Ok(words) => {
+                    let nr = (buf[0] as usize).min(words.saturating_sub(1) / 2);
+                    &buf[1..1 + 2 * nr]
+                }
+                Err(_) => &[],
+            },
+            None => &[],
+        };
+        for (slot, counter) in self.last.iter_mut().zip(&self.counters) {
+            let value = match counter {
+                Some((_, Some(id))) => pairs.chunks_exact(2).find(|p| p[1] == *id).map(|p| p[0]),
+                Some((c, None)) => c.read().ok(),
+                None => None,
+            };
+            if value.is_some() {
+                *slot = value;
+            }
+        }
+        &self.last
+    }
+}
+
+/// The event counters on every thread of one process, from attach on.
+#[derive(Debug)]
+pub struct ThreadCounters {
+    pid: i32,
+    events: EventList,
+    threads: BTreeMap<i32, Thread>,
+    /// Once set, only these threads are counted (new threads are ignored).
+    only: Option<Vec<i32>>,
+}
+
+impl ThreadCounters {
+    /// Opens the counters of `events` on every thread of `pid` now.
+    ///
+    /// # Errors
+    /// When the process's threads cannot be listed.
+    pub fn attach(procfs: &Procfs, pid: i32, events: EventList) -> io::Result<Self> {
+        let mut me = Self { pid, events, threads: BTreeMap::new(), only: None };
+        me.rescan(procfs)?;
+        Ok(me)
+    }
+
+    /// Opens counters on threads that appeared since the last scan (unless [`retain`] has
+    /// narrowed the set); returns how many were added.
+    ///
+    /// # Errors
+    /// When the process's threads cannot be listed (it is gone).
+    ///
+    /// [`retain`]: Self::retain
+    pub fn rescan(&mut self, procfs: &Procfs) -> io::Result<usize> {
+        if self.only.is_some() {
+            return Ok(0);
+        }
+        let mut added = 0;
+        for t in procfs.threads(self.pid)? {
+            if let std::collections::btree_map::Entry::Vacant(v) = self.threads.entry(t.tid) {
+                v.insert(Thread::open(t.tid, &self.events));
+                added += 1;
+            }
+        }
+        Ok(added)
+    }
+
+    /// Keeps counting only `tids` and closes every other thread's counters; threads that appear
+    /// later are not counted.
+    pub fn retain(&mut self, tids: &[i32]) {
+        self.threads.retain(|tid, _| tids.contains(tid));
+        self.only = Some(tids.to_vec());
+    }
+
+    /// True once [`retain`](Self::retain) has narrowed the set.
+    pub fn is_narrowed(&self) -> bool {
+        self.only.is_some()
+    }
+
+    /// The threads counted, ascending.
+    pub fn tids(&self) -> Vec<i32> {
+        self.threads.keys().copied().collect()
+    }
+
+    /// The counts of thread `tid` since attach (or since it was first seen), by event index;
+    /// `None` for an event that is unavailable. `None` when the thread is not counted.
+    pub fn read(&mut self, tid: i32) -> Option<Vec<Option<u64>>> {
+        self.threads.get_mut(&tid).map(|t| t.read().to_vec())
+    }
+
+    /// True when event `i` is open on thread `tid` (it may fail to open on one thread and not
+    /// another: a thread gone meanwhile, or not ours to count).
+    pub fn is_open(&self, tid: i32, i: usize) -> bool {
+        self.threads.get(&tid).and_then(|t| t.counters.get(i)).is_some_and(Option::is_some)
+    }
+
+    /// Perf file descriptors held.
+    pub fn fds(&self) -> usize {
+        self.threads.values().map(Thread::fds).sum()
+    }
+
+    /// The events.
+    pub fn events(&self) -> &EventList {
+        &self.events
+    }
+}

@@ -1,0 +1,413 @@
+//! Finding KVM VMs in other processes, their vCPUs, and the threads that run them.
+//!
+//! A process holding a KVM VM has file descriptors whose links read `anon_inode:kvm-vm` and
+//! `anon_inode:kvm-vcpu:N`. Which of its threads runs vCPU N is told by KVM's debugfs
+//! (`kvm/<pid>-<vmfd>/vcpuN/pid`, valid from the vCPU's first `KVM_RUN`, 0 before) or by the
+//! names VMMs give their vCPU threads (QEMU with `debug-threads=on`: `CPU N/KVM`; Firecracker
+//! `fc_vcpu N`; cloud-hypervisor `vcpuN`; crosvm `crosvm_vcpuN`; kvmtool `kvm-vcpu-N`).
+//!
+//! Every path is taken relative to a procfs root and a debugfs root, so the logic is tested on
+//! fixture trees as well as on the host's `/proc`.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// The VMM a process runs, told from its command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Vmm {
+    /// QEMU (`qemu-system-*`, `qemu-kvm`).
+    Qemu,
+    /// Firecracker.
+    Firecracker,
+    /// Cloud Hypervisor.
+    CloudHypervisor,
+    /// crosvm.
+    Crosvm,
+    /// kvmtool (`lkvm`).
+    Kvmtool,
+    /// Anything else that holds a KVM VM.
+    Other,
+}
+
+impl Vmm {
+    /// Tells the VMM from the program name (`argv[0]`, any directory stripped).
+    pub fn from_program(program: &str) -> Self {
+        let base = program.rsplit('/').next().unwrap_or(program);
+        if base.starts_with("qemu-system") || base == "qemu-kvm" {
+            Vmm::Qemu
+        } else if base.starts_with("firecracker") {
+            Vmm::Firecracker
+        } else if base.starts_with("cloud-hyperviso") {
+            Vmm::CloudHypervisor
+        } else if base.starts_with("crosvm") {
+            Vmm::Crosvm
+        } else if base == "lkvm" || base == "vm" {
+            Vmm::Kvmtool
+        } else {
+            Vmm::Other
+        }
+    }
+
+    /// Short name for logs.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Vmm::Qemu => "qemu",
+            Vmm::Firecracker => "firecracker",
+            Vmm::CloudHypervisor => "cloud-hypervisor",
+            Vmm::Crosvm => "crosvm",
+            Vmm::Kvmtool => "kvmtool",
+            Vmm::Other => "other",
+        }
+    }
+}
+
+/// The vCPU index a thread name stands for, for every VMM's naming (exact parse: `CPU 1/KVM` is
+/// vCPU 1, never 10). QEMU names vCPU threads `CPU N/<accelerator>` (`KVM`, `TCG`, …).
+pub fn vcpu_index_from_thread_name(comm: &str) -> Option<u32> {
+    let comm = comm.trim_end_matches('\n');
+    let number = |s: &str| -> Option<u32> {
+        if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) || (s.len() > 1 && s.starts_with('0')) {
+            return None;
+        }
+        s.parse().ok()
+    };
+    if let Some(rest) = comm.strip_prefix("CPU ") {
+        let (n, accel) = rest.split_once('/')?;
+        return if accel.is_empty() { None } else { number(n) };
+    }
+    for prefix in ["fc_vcpu ", "crosvm_vcpu", "kvm-vcpu-", "vcpu"] {
+        if let Some(n) = comm.strip_prefix(prefix) {
+            return number(n);
+        }
+    }
+    None
+}
+
+/// The KVM file descriptors of one process.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KvmFds {
+    /// Descriptor numbers of `anon_inode:kvm-vm`, ascending.
+    pub vms: Vec<u32>,
+    /// vCPU id → descriptor number of `anon_inode:kvm-vcpu:N`.
+    pub vcpus: BTreeMap<u32, u32>,
+}
+
+impl KvmFds {
+    /// True when the process holds a VM.
+    pub fn has_vm(&self) -> bool {
+        !self.vms.is_empty()
+    }
+}
+
+/// A thread of a process and its name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ThreadInfo {
+    /// Its thread id.
+    pub tid: i32,
+    /// Its name (`comm`), without the newline.
+    pub comm: String,
+}
+
+/// A procfs tree (the host's `/proc`, or a fixture) and a debugfs tree.
+#[derive(Clone, Debug)]
+pub struct Procfs {
+    root: PathBuf,
+    debugfs: Option<PathBuf>,
+}
+
+impl Procfs {
+    /// The host's `/proc`, with debugfs at `/sys/kernel/debug` (mounted there when it is not and
+    /// this process may mount it).
+    pub fn host() -> Self {
+        Self { root: PathBuf::from("/proc"), debugfs: host_debugfs() }
+    }
+
+    /// A procfs tree at `root` and a debugfs tree at `debugfs` (fixtures).
+    pub fn at(root: impl Into<PathBuf>, debugfs: Option<PathBuf>) -> Self {
+        Self { root: root.into(), debugfs }
+    }
+
+    /// The procfs root.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Every process id in the tree, ascending.
+    ///
+    /// # Errors
+    /// When the root cannot be listed.
+    pub fn pids(&self) -> io::Result<Vec<i32>> {
+        numeric_entries(&self.root)
+    }
+
+    /// The KVM file descriptors of `pid`.
+    ///
+    /// # Errors
+    /// When its `fd` directory cannot be listed (the process is gone, or not ours to see).
+    pub fn kvm_fds(&self, pid: i32) -> io::Result<KvmFds> {
+        let dir = self.root.join(pid.to_string()).join("fd");
+        let mut fds = KvmFds::default();
+        for fd in numeric_entries(&dir)? {
+            // A descriptor closed between the listing and the readlink is simply not there.
+            let Ok(target) = fs::read_link(dir.join(fd.to_string())) else { continue };
+            let Some(target) = target.to_str() else { continue };
+            let fd = fd as u32;
+            if target == "anon_inode:kvm-vm" {
+                fds.vms.push(fd);
+            } else if let Some(id) = target.strip_prefix("anon_inode:kvm-vcpu:") {
+                if let Ok(id) = id.parse() {
+                    fds.vcpus.insert(id, fd);
+                }
+            }
+        }
+        fds.vms.sort_unstable();
+        Ok(fds)
+    }
+
+    /// Every process in the tree that holds a KVM VM, with its descriptors.
+    ///
+    /// # Errors
+    /// When the root cannot be listed.
+    pub fn kvm_processes(&self) -> io::Result<Vec<(i32, KvmFds)>> {
+        let mut found = Vec::new();
+        for pid in self.pids()? {
+            // Processes come and go, and some are not ours to see: skip those.
+            if let Ok(fds) = self.kvm_fds(pid) {
+                if fds.has_vm() {
+                    found.push((pid, fds));
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// The threads of `pid` with their names, by thread id.
+    ///
+    /// # Errors
+    /// When its `task` directory cannot be listed.
+    pub fn threads(&self, pid: i32) -> io::Result<Vec<ThreadInfo>> {
+        let dir = self.root.join(pid.to_string()).join("task");
+        let mut threads = Vec::new();
+        for tid in numeric_entries(&dir)? {
+            let comm = fs::read_to_string(dir.join(tid.to_string()).join("comm")).unwrap_or_default();
+            threads.push(ThreadInfo { tid, comm: comm.trim_end_matches('\n').to_owned() });
+        }
+        Ok(threads)
+    }
+
+    /// The command line of `pid`, split at NULs.
+    ///
+    /// # Errors
+    /// When it cannot be read.
+    pub fn cmdline(&self, pid: i32) -> io::Result<Vec<String>> {
+        let raw = fs::read(self.root.join(pid.to_string()).join("cmdline"))?;
+        Ok(raw
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect())
+    }
+
+    /// The name (`comm`) of `pid`.
+    ///
+    /// # Errors
+    /// When it cannot be read.
+    pub fn comm(&self, pid: i32) -> io::Result<String> {
+        let comm = fs::read_to_string(self.root.join(pid.to_string()).join("comm"))?;
+        Ok(comm.trim_end_matches('\n').to_owned())
+    }
+
+    /// True while `pid` exists and is not a zombie.
+    pub fn is_alive(&self, pid: i32) -> bool {
+        let Ok(status) = fs::read_to_string(self.root.join(pid.to_string()).join("status")) else {
+            return false;
+        };
+        !status.lines().any(|l| l.starts_with("State:") && (l.contains('Z') || l.contains('X')))
+    }
+
+    /// vCPU id → thread id from KVM's debugfs for the VM with descriptor `vm_fd` of `pid`; a vCPU
+    /// that has not run yet (pid 0) is left out. Empty without debugfs.
+    pub fn debugfs_vcpu_threads(&self, pid: i32, vm_fd: u32) -> BTreeMap<u32, i32> {
+        let mut found = BTreeMap::new();
+        let Some(debugfs) = &self.debugfs else { return found };
+        let dir = debugfs.join("kvm").join(format!("{pid}-{vm_fd}"));
+        let Ok(entries) = fs::read_dir(&dir) else { return found };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(id) = name.to_str().and_then(|n| n.strip_prefix("vcpu")).and_then(|n| n.parse().ok())
+            else {
+                continue;
+            };
+            let Ok(text) = fs::read_to_string(entry.path().join("pid")) else { continue };
+            if let Ok(tid) = text.trim().parse::<i32>() {
+                if tid > 0 {
+                    found.insert(id, tid);
+                }
+            }
+        }
+        found
+    }
+
+    /// vCPU index → thread id from thread names (see [`vcpu_index_from_thread_name`]).
+    ///
+    /// # Errors
+    /// When the threads cannot be listed.
+    pub fn named_vcpu_threads(&self, pid: i32) -> io::Result<BTreeMap<u32, i32>> {
+        let mut found = BTreeMap::new();
+        for t in self.threads(pid)? {
+            if let Some(n) = vcpu_index_from_thread_name(&t.comm) {
+                found.entry(n).or_insert(t.tid);
+            }
+        }
+        Ok(found)
+    }
+
+    /// The VMM of `pid` and the VM's name: the VMM's own name for it (QEMU `-name guest=N`,
+    /// Firecracker `--id`, crosvm and kvmtool `--name`), else the command and the pid.
+    pub fn identify(&self, pid: i32) -> (Vmm, String) {
+        let args = self.cmdline(pid).unwrap_or_default();
+        let comm = self.comm(pid).unwrap_or_else(|_| "unknown".to_owned());
+        let vmm = args.first().map_or(Vmm::Other, |a| Vmm::from_program(a));
+        let named = match vmm {
+            Vmm::Qemu => option_value(&args, "-name").and_then(|v| qemu_guest_name(&v)),
+            Vmm::Firecracker => option_value(&args, "--id"),
+            Vmm::Crosvm | Vmm::Kvmtool => option_value(&args, "--name"),
+            Vmm::CloudHypervisor | Vmm::Other => None,
+        };
+        (vmm, named.filter(|n| !n.is_empty()).unwrap_or_else(|| format!("{comm}:{pid}")))
+    }
+}
+
+/// The value of `option` in `args` (`-o V`, `-o=V`, `--o V`, `--o=V`).
+fn option_value(args: &[String], option: &str) -> Option<String> {
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == option {
+            return it.next().cloned();
+        }
+        if let Some(v) = a.strip_prefix(option).and_then(|r| r.strip_prefix('=')) {
+            return Some(v.to_owned());
+        }
+    }
+    None
+}
+
+/// The guest name of QEMU's `-name` value: `guest=N,…`, or a leading bare `N,…`. QEMU escapes a
+/// comma in a value as `,,`.
+fn qemu_guest_name(value: &str) -> Option<String> {
+    let mut parts = Vec::new();
+    let mut current = String::new();
+    let mut chars = value.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == ',' {
+            if chars.peek() == Some(&',') {
+                chars.next();
+                current.push(',');
+            } else {
+                parts.push(std::mem::take(&mut current));
+            }
+        } else {
+            current.push(c);
+        }
+    }
+    parts.push(current);
+    for (i, part) in parts.iter().enumerate() {
+        if let Some(n) = part.strip_prefix("guest=") {
+            return Some(n.to_owned());
+        }
+        if i == 0 && !part.contains('=') {
+            return Some(part.clone());
+        }
+    }
+    None
+}
+
+/// The numeric entries of a directory, ascending.
+fn numeric_entries(dir: &Path) -> io::Result<Vec<i32>> {
+    let mut out: Vec<i32> = fs::read_dir(dir)?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
+        .collect();
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// KVM's debugfs directory, mounting debugfs at `/sys/kernel/debug` when nothing is mounted
+/// there (as root; once per process); `None` when there is none.
+fn host_debugfs() -> Option<PathBuf> {
+    static MOUNTED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    let root = Path::new("/sys/kernel/debug");
+    if !root.join("kvm").is_dir() {
+        MOUNTED.get_or_init(|| {
+            let mounts = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+            if mounts.lines().any(|l| l.split_whitespace().nth(1) == Some("/sys/kernel/debug")) {
+                return;
+            }
+            // SAFETY: all arguments are NUL-terminated literals; a null data pointer is allowed.
+            unsafe {
+                libc::mount(
+                    c"debugfs".as_ptr(),
+                    c"/sys/kernel/debug".as_ptr(),
+                    c"debugfs".as_ptr(),
+                    0,
+                    std::ptr::null(),
+                )
+            };
+        });
+    }
+    root.join("kvm").is_dir().then(|| root.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thread_names_of_every_vmm_give_the_vcpu_index() {
+        let cases = [
+            ("CPU 0/KVM", Some(0)),
+            ("CPU 1/KVM", Some(1)),
+            ("CPU 10/KVM", Some(10)),
+            ("CPU 3/TCG", Some(3)),
+            ("fc_vcpu 0", Some(0)),
+            ("fc_vcpu 12", Some(12)),
+            ("vcpu0", Some(0)),
+            ("vcpu7", Some(7)),
+            ("crosvm_vcpu2", Some(2)),
+            ("kvm-vcpu-5", Some(5)),
+            ("qemu-system-x86", None),
+            ("fc_api", None),
+            ("call_rcu", None),
+            ("kvm-nx-lpage-re", None),
+            ("CPU 1", None),
+            ("CPU x/KVM", None),
+            ("vcpu", None),
+            ("vcpu01", None),
+            ("vcpu-1", None),
+        ];
+        for (name, want) in cases {
+            assert_eq!(vcpu_index_from_thread_name(name), want, "{name:?}");
+        }
+    }
+
+    #[test]
+    fn qemu_names_are_parsed_like_qemu_does() {
+        assert_eq!(qemu_guest_name("guest=web1,debug-threads=on").as_deref(), Some("web1"));
+        assert_eq!(qemu_guest_name("debug-threads=on,guest=db").as_deref(), Some("db"));
+        assert_eq!(qemu_guest_name("plain").as_deref(), Some("plain"));
+        assert_eq!(qemu_guest_name("a,,b,process=x").as_deref(), Some("a,b"));
+        assert_eq!(qemu_guest_name("debug-threads=on"), None);
+    }
+
+    #[test]
+    fn programs_tell_the_vmm() {
+        assert_eq!(Vmm::from_program("/usr/bin/qemu-system-x86_64"), Vmm::Qemu);
+        assert_eq!(Vmm::from_program("firecracker"), Vmm::Firecracker);
+        assert_eq!(Vmm::from_program("/opt/cloud-hypervisor"), Vmm::CloudHypervisor);
+        assert_eq!(Vmm::from_program("crosvm"), Vmm::Crosvm);
+        assert_eq!(Vmm::from_program("lkvm"), Vmm::Kvmtool);
+        assert_eq!(Vmm::from_program("bash"), Vmm::Other);
+    }
+}

@@ -1,0 +1,26 @@
+//! Observing the KVM VMs of other processes (QEMU, Firecracker, cloud-hypervisor, crosvm,
+//! kvmtool) and publishing each as a partition of the observer's own instance.
+//!
+//! - [`discovery`]: VM and vCPU descriptors in `/proc/PID/fd`, vCPU threads from debugfs and
+//!   thread names, the VM's name;
+//! - [`counting`]: per-thread event counters on every thread of a process from attach on;
+//! - [`qmp`]: QEMU's QMP for KVM's statistics and vCPU threads;
+//! - [`vm`]: one observed VM and its partition; [`observer`]: attach, refresh, detach;
+//! - [`publication`]: what an observed partition publishes beside its pages.
+//!
+//! Descriptors per VM: while its vCPU threads are unknown, one counter group per thread of the
+//! process; once known, one group per vCPU thread — [`vm::vm_events`] counters each (16 on a
+//! host without VMX/SVM, 31 with), plus one QMP socket when given.
+
+pub mod bios;
+pub mod counting;
+pub mod discovery;
+pub mod observer;
+pub mod overhead;
+pub mod publication;
+pub mod qmp;
+pub mod vm;
+
+pub use discovery::{Procfs, Vmm};
+pub use observer::{Observer, ObserverEvent, Targets, raise_fd_limit};
+pub use vm::{KvmExitState, ObserveOptions, ObservedVm};

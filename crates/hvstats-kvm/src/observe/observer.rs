@@ -1,0 +1,226 @@
+//! The observer: which processes to watch, attaching to their VMs as they appear and detaching
+//! as they go, one refresh of every observed VM per interval.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::sync::Arc;
+
+use hvstats::Hypervisor;
+
+use super::discovery::Procfs;
+use super::vm::{KvmExitState, ObserveOptions, ObservedVm};
+
+/// Which processes are observed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Targets {
+    /// These processes (each must hold a KVM VM).
+    Pids(Vec<i32>),
+    /// Every process on the host holding a KVM VM, including ones that appear later.
+    All,
+}
+
+/// Something that happened in one [`Observer::tick`], for the attach/detach log.
+#[derive(Debug)]
+pub enum ObserverEvent {
+    /// A VM is now observed.
+    Attached {
+        /// The VMM process.
+        pid: i32,
+        /// The VM's name.
+        name: String,
+        /// The VMM.
+        vmm: &'static str,
+        /// Its vCPUs.
+        vcpus: u32,
+        /// The partition id it is published as.
+        partition: u64,
+        /// Perf descriptors held at attach (every thread; fewer once the vCPUs are known).
+        fds: usize,
+        /// Why KVM's statistics through QMP are unavailable, when a socket was given and failed.
+        qmp_error: Option<String>,
+    },
+    /// The vCPU threads of a VM are all known; counters on other threads are closed.
+    VcpusKnown {
+        /// The VMM process.
+        pid: i32,
+        /// Thread of each VP.
+        threads: Vec<i32>,
+        /// Perf descriptors held now.
+        fds: usize,
+    },
+    /// Whether `kvm_exit` fires was decided for a VM.
+    KvmExit {
+        /// The VMM process.
+        pid: i32,
+        /// What was decided.
+        state: KvmExitState,
+    },
+    /// A VM is no longer observed (its process exited).
+    Detached {
+        /// The VMM process.
+        pid: i32,
+        /// The VM's name.
+        name: String,
+    },
+    /// A process could not be observed.
+    Failed {
+        /// The process.
+        pid: i32,
+        /// Why.
+        error: String,
+    },
+}
+
+/// Observes VMs and publishes each as a partition of one instance.
+#[derive(Debug)]
+pub struct Observer {
+    hv: Arc<Hypervisor>,
+    procfs: Procfs,
+    targets: Targets,
+    options: ObserveOptions,
+    vms: BTreeMap<i32, ObservedVm>,
+    /// Processes that failed or exited (never retried with `--pid`; retried with `--all` only
+    /// when they appear again with a new VM).
+    done: BTreeSet<i32>,
+    reported: BTreeMap<i32, (bool, KvmExitState)>,
+}
+
+impl Observer {
+    /// An observer publishing into `hv`.
+    pub fn new(hv: Arc<Hypervisor>, procfs: Procfs, targets: Targets, options: ObserveOptions) -> Self {
+        Self {
+            hv,
+            procfs,
+            targets,
+            options,
+            vms: BTreeMap::new(),
+            done: BTreeSet::new(),
+            reported: BTreeMap::new(),
+        }
+    }
+
+    /// The VMs observed now, by pid.
+    pub fn vms(&self) -> impl Iterator<Item = &ObservedVm> {
+        self.vms.values()
+    }
+
+    /// True when observing `--pid` processes and every one has exited or failed.
+    pub fn finished(&self) -> bool {
+        match &self.targets {
+            Targets::Pids(pids) => pids.iter().all(|p| self.done.contains(p)),
+            Targets::All => false,
+        }
+    }
+
+    /// Perf descriptors held for every VM.
+    pub fn fds(&self) -> usize {
+        self.vms.values().map(ObservedVm::fds).sum()
+    }
+
+    /// Attaches to new VMs, refreshes every observed one, detaches from gone ones.
+    pub fn tick(&mut self) -> Vec<ObserverEvent> {
+        let mut events = Vec::new();
+        // Refresh first: a VM attached now was refreshed by its attach.
+        let pids: Vec<i32> = self.vms.keys().copied().collect();
+        for pid in pids {
+            let alive = self.vms.get_mut(&pid).is_some_and(|vm| vm.refresh(&self.procfs));
+            if !alive {
+                if let Some(vm) = self.vms.remove(&pid) {
+                    events.push(ObserverEvent::Detached { pid, name: vm.name().to_owned() });
+                }
+                self.done.insert(pid);
+                self.reported.remove(&pid);
+            }
+        }
+        for (pid, result) in self.candidates() {
+            let fds = match result {
+                Ok(fds) if fds.has_vm() => fds,
+                Ok(_) => {
+                    self.fail(&mut events, pid, format!("process {pid} holds no KVM VM"));
+                    continue;
+                }
+                Err(e) => {
+                    self.fail(&mut events, pid, format!("cannot read process {pid}: {e}"));
+                    continue;
+                }
+            };
+            match ObservedVm::attach(&self.hv, &self.procfs, pid, &fds, &self.options) {
+                Ok(vm) => {
+                    events.push(ObserverEvent::Attached {
+                        pid,
+                        name: vm.name().to_owned(),
+                        vmm: vm.vmm().name(),
+                        vcpus: vm.partition().vp_count(),
+                        partition: vm.partition().id(),
+                        fds: vm.fds(),
+                        qmp_error: vm.qmp_error().map(str::to_owned),
+                    });
+                    self.vms.insert(pid, vm);
+                }
+                Err(e) => self.fail(&mut events, pid, hvstats::snapshot::error_chain(&e)),
+            }
+        }
+        for (pid, vm) in &self.vms {
+            let known = vm.vcpu_threads().iter().all(Option::is_some);
+            let (was_known, was_state) =
+                self.reported.get(pid).copied().unwrap_or((false, KvmExitState::Undecided));
+            if known && !was_known {
+                let threads = vm.vcpu_threads().into_iter().flatten().collect();
+                events.push(ObserverEvent::VcpusKnown { pid: *pid, threads, fds: vm.fds() });
+            }
+            if vm.kvm_exit() != was_state && vm.kvm_exit() != KvmExitState::Undecided {
+                events.push(ObserverEvent::KvmExit { pid: *pid, state: vm.kvm_exit() });
+            }
+            self.reported.insert(*pid, (known, vm.kvm_exit()));
+        }
+        events
+    }
+
+    fn fail(&mut self, events: &mut Vec<ObserverEvent>, pid: i32, error: String) {
+        self.done.insert(pid);
+        events.push(ObserverEvent::Failed { pid, error });
+    }
+
+    /// Processes to attach to now, with their KVM descriptors. With `--all`, a process that
+    /// failed or exited is not retried while it is listed, and is forgotten once it is not (so
+    /// a reused pid is observed again).
+    fn candidates(&mut self) -> Vec<(i32, io::Result<super::discovery::KvmFds>)> {
+        match &self.targets {
+            Targets::Pids(pids) => pids
+                .iter()
+                .filter(|p| !self.vms.contains_key(p) && !self.done.contains(p))
+                .map(|&p| (p, self.procfs.kvm_fds(p)))
+                .collect(),
+            Targets::All => {
+                let me = std::process::id() as i32;
+                let listed = self.procfs.kvm_processes().unwrap_or_default();
+                self.done.retain(|p| listed.iter().any(|(q, _)| q == p));
+                listed
+                    .into_iter()
+                    .filter(|(p, _)| *p != me && !self.vms.contains_key(p) && !self.done.contains(p))
+                    .map(|(p, fds)| (p, Ok(fds)))
+                    .collect()
+            }
+        }
+    }
+}
+
+/// Raises the soft limit on open files to the hard limit; returns the new soft limit.
+///
+/// # Errors
+/// When the limit cannot be read or set.
+pub fn raise_fd_limit() -> io::Result<u64> {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `lim` is a valid rlimit the kernel writes into.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        lim.rlim_cur = lim.rlim_max;
+        // SAFETY: `lim` is a valid rlimit the kernel reads.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(lim.rlim_cur)
+}

@@ -1,0 +1,669 @@
+//! One observed VM: its counters on the VMM's threads, the vCPU threads once known, and the
+//! partition (partition page + a VP page per vCPU) it is published as.
+//!
+//! At attach every thread of the process gets the counters of [`vm_events`]; each refresh finds
+//! which thread runs which vCPU (QMP `query-cpus-fast`, KVM's debugfs, thread names), writes each
+//! known vCPU thread's counts since attach into its VP page, and, once every vCPU is known, closes
+//! the counters on the other threads. Kernel-cumulative values (KVM's statistics through QMP,
+//! the thread's guest time) have their value at attach subtracted, so every counter counts from
+//! attach.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use hvstats::{Hypervisor, PartitionStats, SharedPage};
+use hvstats_abi::catalog::{CounterId, partition, vp};
+use hvstats_abi::exit_reason::{self, ExitReasonRow, InterceptClass};
+use hvstats_abi::observed::{self, Observed, ObservedSource};
+
+use super::counting::{EventList, EventSpec, SW_CPU_MIGRATIONS, SW_TASK_CLOCK, ThreadCounters};
+use super::discovery::{KvmFds, Procfs, Vmm};
+use super::publication;
+use super::qmp::{KvmStatsReply, Qmp};
+
+/// Index of each event in [`vm_events`].
+mod ev {
+    pub const CPUID: usize = 0;
+    pub const MSR: usize = 1;
+    pub const PIO: usize = 2;
+    pub const CR: usize = 3;
+    pub const APIC_MMIO: usize = 4;
+    pub const APIC_TPR: usize = 5;
+    pub const APIC_EOI: usize = 6;
+    pub const APIC_IPI: usize = 7;
+    pub const APIC_SELF_IPI: usize = 8;
+    pub const USER_IO: usize = 9;
+    pub const USER_MMIO: usize = 10;
+    pub const USER_OTHER: usize = 11;
+    pub const USER_MSR: usize = 12;
+    pub const KVM_EXIT: usize = 13;
+    pub const TASK_CLOCK: usize = 14;
+    pub const MIGRATIONS: usize = 15;
+    /// The first per-class `kvm_exit` counter (VMX/SVM hosts), in [`InterceptClass::ALL`] order
+    /// without `Other`.
+    pub const CLASSES: usize = 16;
+}
+
+/// The hardware virtualization of this host's KVM: `Some(ISA_VMX)`, `Some(ISA_SVM)`, or `None`
+/// (a software backend, where `kvm_exit` does not fire).
+pub fn host_isa() -> Option<u32> {
+    if std::path::Path::new("/sys/module/kvm_intel").is_dir() {
+        Some(exit_reason::ISA_VMX)
+    } else if std::path::Path::new("/sys/module/kvm_amd").is_dir() {
+        Some(exit_reason::ISA_SVM)
+    } else {
+        None
+    }
+}
+
+/// The ftrace filter on `kvm_exit` that matches the reasons of `class` in `rows`.
+pub fn class_filter(rows: &[ExitReasonRow], class: InterceptClass) -> Option<String> {
+    let terms: Vec<String> = rows
+        .iter()
+        .filter(|r| r.class == class)
+        .map(|r| {
+            let reason = if r.first == r.last {
+                format!("exit_reason == {}", r.first)
+            } else {
+                format!("(exit_reason >= {} && exit_reason <= {})", r.first, r.last)
+            };
+            match r.condition {
+                Some(c) => format!("({reason} && {c})"),
+                None => reason,
+            }
+        })
+        .collect();
+    (!terms.is_empty()).then(|| terms.join(" || "))
+}
+
+/// The events counted on a VMM's threads: KVM's tracepoints, `kvm_userspace_exit` by reason,
+/// `kvm_exit` (whether it fires at all), task clock and migrations, and on VMX/SVM hosts
+/// (`isa`) `kvm_exit` per intercept class.
+pub fn vm_events(isa: Option<u32>) -> Vec<EventSpec> {
+    let kvm = |name: &str| EventSpec::tracepoint("kvm", name);
+    let kvm_if = |name: &str, filter: &str| EventSpec::filtered("kvm", name, filter);
+    let mut specs = vec![
+        kvm("kvm_cpuid"),
+        kvm("kvm_msr"),
+        kvm("kvm_pio"),
+        kvm("kvm_cr"),
+        // kvm_mmio type: 0 unsatisfied read (traced again when satisfied), 1 read, 2 write; the
+        // local APIC at its default base 0xFEE00000 (TPR at 0x80, EOI at 0xB0).
+        kvm_if("kvm_mmio", "gpa >= 0xfee00000 && gpa < 0xfee01000 && type != 0"),
+        kvm_if("kvm_mmio", "gpa == 0xfee00080 && type != 0"),
+        kvm_if("kvm_mmio", "gpa == 0xfee000b0 && type == 2"),
+        kvm("kvm_apic_ipi"),
+        // Destination shorthand (ICR bits 19:18) = 01, "self".
+        kvm_if("kvm_apic_ipi", "(icr_low & 262144) && !(icr_low & 524288)"),
+        // KVM_EXIT_IO 2, KVM_EXIT_MMIO 6, KVM_EXIT_INTR 10, KVM_EXIT_X86_RDMSR/WRMSR 29/30.
+        kvm_if("kvm_userspace_exit", "reason == 2"),
+        kvm_if("kvm_userspace_exit", "reason == 6"),
+        // Other messages to the VMM: not I/O, not MMIO, not a signal interrupting KVM_RUN.
+        kvm_if("kvm_userspace_exit", "reason != 2 && reason != 6 && reason != 10"),
+        kvm_if("kvm_userspace_exit", "reason == 29 || reason == 30"),
+        kvm("kvm_exit"),
+        EventSpec::Software(SW_TASK_CLOCK),
+        EventSpec::Software(SW_CPU_MIGRATIONS),
+    ];
+    debug_assert_eq!(specs.len(), ev::CLASSES);
+    if let Some(rows) = isa.and_then(exit_reason::table) {
+        for class in classified() {
+            // Every class but Other has rows on VMX; on SVM two have none: a filter that matches
+            // nothing keeps the indices fixed.
+            let filter = class_filter(rows, class).unwrap_or_else(|| "exit_reason == 4294967295".into());
+            specs.push(EventSpec::filtered("kvm", "kvm_exit", &filter));
+        }
+    }
+    specs
+}
+
+/// The classes counted by their own `kvm_exit` filter (all but Other, which is the rest).
+fn classified() -> impl Iterator<Item = InterceptClass> {
+    InterceptClass::ALL.into_iter().filter(|c| *c != InterceptClass::Other)
+}
+
+/// What is known about `kvm:kvm_exit` on this host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvmExitState {
+    /// Not a VMX/SVM host: it is not counted by reason.
+    NoHardwareVirtualization,
+    /// No exit seen yet.
+    Undecided,
+    /// It fires: intercepts are counted by reason.
+    Fires,
+    /// The guest made exits (userspace exits or CPUID) but `kvm_exit` stayed 0.
+    Silent,
+}
+
+/// The KVM statistics (through QMP) each VP counter is kept from, when `kvm_exit` does not give it.
+const FROM_QMP_VCPU: [(CounterId, &str); 9] = [
+    (vp::PAGE_INVALIDATIONS, "invlpg"),
+    (vp::HLT_INSTRUCTIONS, "halt_exits"),
+    (vp::EXTERNAL_INTERRUPTS, "irq_exits"),
+    (vp::PENDING_INTERRUPTS, "irq_window_exits"),
+    (vp::EMULATED_INSTRUCTIONS, "insn_emulation"),
+    (vp::PAGE_FAULT_INTERCEPTS, "pf_taken"),
+    (vp::REFLECTED_GUEST_PAGE_FAULTS, "pf_guest"),
+    (vp::VIRTUAL_INTERRUPTS, "irq_injections"),
+    (vp::HYPERCALLS, "hypercalls"),
+];
+
+/// One VP of an observed VM.
+#[derive(Debug)]
+struct ObservedVp {
+    /// KVM's vCPU id (from the fd link).
+    vcpu_id: u32,
+    tid: Option<i32>,
+    /// The thread's guest time (clock ticks) when it was first seen.
+    guest_ticks_at_attach: Option<u64>,
+    qom_path: Option<String>,
+}
+
+/// How to observe a VM.
+#[derive(Clone, Debug, Default)]
+pub struct ObserveOptions {
+    /// A QMP socket of the VMM (QEMU) for KVM's statistics and vCPU threads.
+    pub qmp: Option<PathBuf>,
+}
+
+/// An error attaching to a VM.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    /// The process holds no KVM VM.
+    #[error("process {0} holds no KVM VM")]
+    NoVm(i32),
+    /// Its threads or descriptors could not be read.
+    #[error("cannot read process {pid}")]
+    Proc {
+        /// The process.
+        pid: i32,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The partition could not be created.
+    #[error("cannot publish a partition for process {pid}")]
+    Publish {
+        /// The process.
+        pid: i32,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// One observed VM published as a partition.
+#[derive(Debug)]
+pub struct ObservedVm {
+    pid: i32,
+    vmm: Vmm,
+    name: String,
+    vm_fd: u32,
+    attached: SystemTime,
+    counters: ThreadCounters,
+    vps: Vec<ObservedVp>,
+    partition: Arc<PartitionStats>,
+    hv: Arc<Hypervisor>,
+    qmp: Option<Qmp>,
+    qmp_error: Option<String>,
+    /// KVM statistics at attach (through QMP).
+    stats_at_attach: Option<KvmStatsReply>,
+    kvm_exit: KvmExitState,
+    /// The counters last declared unavailable.
+    declared: Option<Vec<CounterId>>,
+}
+
+impl ObservedVm {
+    /// Attaches to the VM of `pid` (whose KVM descriptors are `fds`): opens counters on every
+    /// thread, connects QMP when given, and creates the partition in `hv`.
+    ///
+    /// # Errors
+    /// When the process has no VM, cannot be read, or the partition cannot be created.
+    pub fn attach(
+        hv: &Arc<Hypervisor>,
+        procfs: &Procfs,
+        pid: i32,
+        fds: &KvmFds,
+        options: &ObserveOptions,
+    ) -> Result<Self, AttachError> {
+        let Some(&vm_fd) = fds.vms.first() else { return Err(AttachError::NoVm(pid)) };
+        let isa = host_isa();
+        let attached = SystemTime::now();
+        let counters = ThreadCounters::attach(procfs, pid, EventList::new(vm_events(isa)))
+            .map_err(|source| AttachError::Proc { pid, source })?;
+        let (vmm, mut name) = procfs.identify(pid);
+        let (mut qmp, mut qmp_error) = (None, None);
+        if let Some(path) = &options.qmp {
+            match Qmp::connect(path, Duration::from_secs(2)) {
+                Ok(q) => qmp = Some(q),
+                Err(e) => qmp_error = Some(hvstats::snapshot::error_chain(&e)),
+            }
+        }
+        let mut stats_at_attach = None;
+        if let Some(q) = qmp.as_mut() {
+            if let Ok(Some(n)) = q.query_name() {
+                name = n;
+            }
+            match q.query_kvm_stats() {
+                Ok(s) => stats_at_attach = s,
+                Err(e) => qmp_error = Some(hvstats::snapshot::error_chain(&e)),
+            }
+        }
+        let vps: Vec<ObservedVp> = fds
+            .vcpus
+            .keys()
+            .map(|&vcpu_id| ObservedVp { vcpu_id, tid: None, guest_ticks_at_attach: None, qom_path: None })
+            .collect();
+        let partition = hv
+            .create_partition_named(vps.len() as u32, &name)
+            .map_err(|source| AttachError::Publish { pid, source })?;
+        let kvm_exit =
+            if isa.is_some() { KvmExitState::Undecided } else { KvmExitState::NoHardwareVirtualization };
+        let mut me = Self {
+            pid,
+            vmm,
+            name,
+            vm_fd,
+            attached,
+            counters,
+            vps,
+            partition,
+            hv: hv.clone(),
+            qmp,
+            qmp_error,
+            stats_at_attach,
+            kvm_exit,
+            declared: None,
+        };
+        me.refresh(procfs);
+        Ok(me)
+    }
+
+    /// The VMM process.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// The VM's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The VMM.
+    pub fn vmm(&self) -> Vmm {
+        self.vmm
+    }
+
+    /// The partition it is published as.
+    pub fn partition(&self) -> &Arc<PartitionStats> {
+        &self.partition
+    }
+
+    /// When counting began.
+    pub fn attached(&self) -> SystemTime {
+        self.attached
+    }
+
+    /// The thread of each VP, by VP index (`None` while unknown).
+    pub fn vcpu_threads(&self) -> Vec<Option<i32>> {
+        self.vps.iter().map(|v| v.tid).collect()
+    }
+
+    /// Perf descriptors held for this VM.
+    pub fn fds(&self) -> usize {
+        self.counters.fds()
+    }
+
+    /// What is known about `kvm_exit`.
+    pub fn kvm_exit(&self) -> KvmExitState {
+        self.kvm_exit
+    }
+
+    /// Why KVM's statistics through QMP are unavailable, when a socket was given and failed.
+    pub fn qmp_error(&self) -> Option<&str> {
+        self.qmp_error.as_deref()
+    }
+
+    /// True when KVM's statistics come through QMP.
+    pub fn has_qmp_stats(&self) -> bool {
+        self.stats_at_attach.is_some()
+    }
+
+    /// Finds vCPU threads, reads every counter and writes the pages. Returns `false` once the
+    /// process is gone.
+    pub fn refresh(&mut self, procfs: &Procfs) -> bool {
+        if !procfs.is_alive(self.pid) {
+            return false;
+        }
+        let _ = self.counters.rescan(procfs);
+        self.find_threads(procfs);
+        let stats = self.read_qmp_stats();
+        let mut exits_seen = false;
+        let mut kvm_exits = 0;
+        for (index, vp) in self.vps.iter_mut().enumerate() {
+            let Some(tid) = vp.tid else { continue };
+            let Some(counts) = self.counters.read(tid) else { continue };
+            let Some(page) = self.partition.vp_page(index as u32) else { continue };
+            let c = |i: usize| counts.get(i).copied().flatten();
+            write_tracepoint_counts(page, &counts);
+            // Thread times: task clock since attach; guest time is kernel-cumulative.
+            if let Some(ns) = c(ev::TASK_CLOCK) {
+                let total = ns / 100;
+                let guest = guest_ticks(procfs, self.pid, tid)
+                    .zip(vp.guest_ticks_at_attach)
+                    .map_or(0, |(now, then)| ticks_to_100ns(now.saturating_sub(then)));
+                page.set(vp::TOTAL_RUN_TIME, total);
+                page.set(vp::HYPERVISOR_RUN_TIME, total.saturating_sub(guest));
+            }
+            if let Some(m) = c(ev::MIGRATIONS) {
+                page.set(vp::LOGICAL_PROCESSOR_MIGRATIONS, m);
+            }
+            exits_seen |=
+                c(ev::USER_IO).unwrap_or(0) + c(ev::USER_MMIO).unwrap_or(0) + c(ev::CPUID).unwrap_or(0) > 0;
+            kvm_exits += c(ev::KVM_EXIT).unwrap_or(0);
+            let exits = self.kvm_exit == KvmExitState::Fires;
+            if exits {
+                write_exit_classes(page, &counts);
+            }
+            if let (Some(now), Some(then), Some(q)) = (&stats, &self.stats_at_attach, &vp.qom_path) {
+                if let (Some(now), Some(then)) = (now.vcpus.get(q), then.vcpus.get(q)) {
+                    for (counter, stat) in FROM_QMP_VCPU {
+                        // Where kvm_exit gives the counter by reason, that count is kept.
+                        if exits && InterceptClass::ALL.iter().any(|c| c.counter() == counter) {
+                            continue;
+                        }
+                        if let Some(v) = now.get(stat) {
+                            page.set(counter, v.saturating_sub(then.get(stat).copied().unwrap_or(0)));
+                        }
+                    }
+                }
+            }
+        }
+        if let (Some(now), Some(then)) = (&stats, &self.stats_at_attach) {
+            if let Some(v) = now.vm.get("remote_tlb_flush") {
+                let base = then.vm.get("remote_tlb_flush").copied().unwrap_or(0);
+                self.partition.page().set(partition::VIRTUAL_TLB_FLUSH_ENTRIES, v.saturating_sub(base));
+            }
+        }
+        if self.kvm_exit == KvmExitState::Undecided {
+            if kvm_exits > 0 {
+                self.kvm_exit = KvmExitState::Fires;
+            } else if exits_seen {
+                self.kvm_exit = KvmExitState::Silent;
+            }
+        }
+        self.narrow();
+        self.publish_facts();
+        true
+    }
+
+    /// Which thread runs each vCPU: QMP, then debugfs, then thread names.
+    fn find_threads(&mut self, procfs: &Procfs) {
+        if self.vps.iter().all(|v| v.tid.is_some()) {
+            return;
+        }
+        let mut by_index: BTreeMap<u32, (i32, Option<String>)> = BTreeMap::new();
+        if let Some(q) = self.qmp.as_mut() {
+            if let Ok(cpus) = q.query_cpus() {
+                for c in cpus {
+                    by_index.insert(c.index, (c.thread_id, Some(c.qom_path)));
+                }
+            }
+        }
+        let by_id = procfs.debugfs_vcpu_threads(self.pid, self.vm_fd);
+        let by_name = procfs.named_vcpu_threads(self.pid).unwrap_or_default();
+        for (index, vp) in self.vps.iter_mut().enumerate() {
+            if vp.tid.is_some() {
+                continue;
+            }
+            let index = index as u32;
+            let found = by_index
+                .get(&index)
+                .cloned()
+                .or_else(|| by_id.get(&vp.vcpu_id).map(|t| (*t, None)))
+                .or_else(|| by_name.get(&index).map(|t| (*t, None)));
+            if let Some((tid, qom)) = found {
+                vp.tid = Some(tid);
+                vp.qom_path = qom;
+                vp.guest_ticks_at_attach = Some(guest_ticks(procfs, self.pid, tid).unwrap_or(0));
+            }
+        }
+    }
+
+    /// Once every vCPU's thread is known, counts only on those threads.
+    fn narrow(&mut self) {
+        if self.counters.is_narrowed() || self.vps.iter().any(|v| v.tid.is_none()) {
+            return;
+        }
+        let tids: Vec<i32> = self.vps.iter().filter_map(|v| v.tid).collect();
+        self.counters.retain(&tids);
+    }
+
+    fn read_qmp_stats(&mut self) -> Option<KvmStatsReply> {
+        self.stats_at_attach.as_ref()?;
+        let q = self.qmp.as_mut()?;
+        match q.query_kvm_stats() {
+            Ok(s) => s,
+            Err(e) => {
+                // QMP is gone: its counters stop being available rather than going stale.
+                self.qmp_error = Some(hvstats::snapshot::error_chain(&e));
+                self.qmp = None;
+                self.stats_at_attach = None;
+                None
+            }
+        }
+    }
+
+    /// The partition and VP counters no source gives this VM now.
+    pub fn unavailable(&self) -> Vec<CounterId> {
+        let exits = self.kvm_exit == KvmExitState::Fires;
+        // A statistic QEMU did not report at attach has no baseline: its counter is unavailable.
+        let vcpu_stat = |stat: &str| {
+            self.stats_at_attach.as_ref().is_some_and(|s| s.vcpus.values().any(|v| v.contains_key(stat)))
+        };
+        let vm_stat = |stat: &str| self.stats_at_attach.as_ref().is_some_and(|s| s.vm.contains_key(stat));
+        let from_qmp = |id: CounterId| FROM_QMP_VCPU.iter().any(|(c, stat)| *c == id && vcpu_stat(stat));
+        let events = self.counters.events();
+        // An event is missing when it cannot be counted at all, or is not open on a vCPU thread.
+        let event_missing = |i: usize| {
+            events.unavailable(i).is_some()
+                || self.vps.iter().filter_map(|v| v.tid).any(|tid| !self.counters.is_open(tid, i))
+        };
+        hvstats_abi::CATALOG
+            .iter()
+            .filter(|c| {
+                let id = c.id;
+                match observed::observed(id) {
+                    None => false,
+                    Some(Observed::No(_)) => true,
+                    Some(Observed::By(ObservedSource::KvmExit, _)) => !(exits || from_qmp(id)),
+                    Some(Observed::By(ObservedSource::QmpStats, _))
+                        if id == partition::VIRTUAL_TLB_FLUSH_ENTRIES =>
+                    {
+                        !vm_stat("remote_tlb_flush")
+                    }
+                    Some(Observed::By(ObservedSource::QmpStats, _)) => !from_qmp(id),
+                    Some(Observed::By(ObservedSource::Tracepoint | ObservedSource::UserspaceExit, _)) => {
+                        tracepoint_event_of(id).is_some_and(event_missing)
+                    }
+                    Some(Observed::By(ObservedSource::PerfSoftware | ObservedSource::ThreadTime, _)) => {
+                        let i = if id == vp::LOGICAL_PROCESSOR_MIGRATIONS {
+                            ev::MIGRATIONS
+                        } else {
+                            ev::TASK_CLOCK
+                        };
+                        event_missing(i)
+                    }
+                    Some(Observed::By(ObservedSource::Authority, _)) => false,
+                }
+            })
+            .map(|c| c.id)
+            .collect()
+    }
+
+    /// Declares the counters no source gives this VM now, when that changed.
+    fn publish_facts(&mut self) {
+        let unavailable = self.unavailable();
+        if self.declared.as_ref() != Some(&unavailable) {
+            publication::declare_unavailable(&self.partition, &unavailable);
+            self.declared = Some(unavailable);
+        }
+    }
+}
+
+impl Drop for ObservedVm {
+    fn drop(&mut self) {
+        self.hv.remove_partition(self.partition.id());
+    }
+}
+
+/// The tracepoint event a counter comes from (for its availability).
+fn tracepoint_event_of(id: CounterId) -> Option<usize> {
+    Some(match id {
+        vp::CPUID_INSTRUCTIONS => ev::CPUID,
+        vp::MSR_ACCESSES => ev::MSR,
+        vp::IO_INSTRUCTIONS => ev::PIO,
+        vp::CONTROL_REGISTER_ACCESSES => ev::CR,
+        vp::APIC_MMIO_ACCESSES => ev::APIC_MMIO,
+        vp::APIC_TPR_ACCESSES => ev::APIC_TPR,
+        vp::APIC_EOI_ACCESSES => ev::APIC_EOI,
+        vp::APIC_IPIS_SENT => ev::APIC_IPI,
+        vp::APIC_SELF_IPIS_SENT => ev::APIC_SELF_IPI,
+        vp::IO_INTERCEPT_MESSAGES => ev::USER_IO,
+        vp::MEMORY_INTERCEPT_MESSAGES => ev::USER_MMIO,
+        vp::OTHER_MESSAGES => ev::USER_OTHER,
+        _ => return None,
+    })
+}
+
+/// Writes the counters that come from tracepoints and `kvm_userspace_exit`; an unavailable event
+/// leaves its counter as it is.
+fn write_tracepoint_counts(page: &SharedPage, counts: &[Option<u64>]) {
+    let c = |i: usize| counts.get(i).copied().flatten();
+    let msr = c(ev::MSR).map(|n| n + c(ev::USER_MSR).unwrap_or(0));
+    let values = [
+        (vp::CPUID_INSTRUCTIONS, c(ev::CPUID)),
+        (vp::MSR_ACCESSES, msr),
+        (vp::IO_INSTRUCTIONS, c(ev::PIO)),
+        (vp::CONTROL_REGISTER_ACCESSES, c(ev::CR)),
+        (vp::APIC_MMIO_ACCESSES, c(ev::APIC_MMIO)),
+        (vp::APIC_TPR_ACCESSES, c(ev::APIC_TPR)),
+        (vp::APIC_EOI_ACCESSES, c(ev::APIC_EOI)),
+        (vp::APIC_IPIS_SENT, c(ev::APIC_IPI)),
+        (vp::APIC_SELF_IPIS_SENT, c(ev::APIC_SELF_IPI)),
+        (vp::IO_INTERCEPT_MESSAGES, c(ev::USER_IO)),
+        (vp::MEMORY_INTERCEPT_MESSAGES, c(ev::USER_MMIO)),
+        (vp::OTHER_MESSAGES, c(ev::USER_OTHER)),
+    ];
+    for (counter, value) in values {
+        if let Some(v) = value {
+            page.set(counter, v);
+        }
+    }
+}
+
+/// Writes the classes counted from `kvm_exit` that no tracepoint gives, and Other (every exit
+/// not in a class).
+fn write_exit_classes(page: &SharedPage, counts: &[Option<u64>]) {
+    let Some(total) = counts.get(ev::KVM_EXIT).copied().flatten() else { return };
+    let mut classified = 0u64;
+    for (i, class) in classified_classes().enumerate() {
+        let Some(n) = counts.get(ev::CLASSES + i).copied().flatten() else { continue };
+        classified += n;
+        if !class_has_tracepoint(class) {
+            page.set(class.counter(), n);
+        }
+    }
+    page.set(vp::OTHER_INTERCEPTS, total.saturating_sub(classified));
+}
+
+fn classified_classes() -> impl Iterator<Item = InterceptClass> {
+    classified()
+}
+
+/// Classes whose counter a tracepoint already gives exactly (the tracepoint is kept).
+fn class_has_tracepoint(class: InterceptClass) -> bool {
+    matches!(
+        class,
+        InterceptClass::Cpuid
+            | InterceptClass::Io
+            | InterceptClass::Msr
+            | InterceptClass::ControlRegister
+            | InterceptClass::ApicAccess
+            | InterceptClass::ApicEoi
+            | InterceptClass::ApicTpr
+    )
+}
+
+/// Field 43 (guest time, clock ticks) of `/proc/<pid>/task/<tid>/stat`.
+fn guest_ticks(procfs: &Procfs, pid: i32, tid: i32) -> Option<u64> {
+    let path = procfs.root().join(pid.to_string()).join("task").join(tid.to_string()).join("stat");
+    let stat = std::fs::read_to_string(path).ok()?;
+    // Fields after the command (which may hold spaces and parentheses) start at field 3.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(43 - 3).and_then(|f| f.parse().ok())
+}
+
+fn ticks_to_100ns(ticks: u64) -> u64 {
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let hz = if hz > 0 { hz as u64 } else { 100 };
+    ticks.saturating_mul(10_000_000 / hz)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn class_filters_name_every_reason_of_the_class() {
+        let vmx = exit_reason::VMX;
+        assert_eq!(class_filter(vmx, InterceptClass::Cpuid).as_deref(), Some("exit_reason == 10"));
+        assert_eq!(
+            class_filter(vmx, InterceptClass::Msr).as_deref(),
+            Some("exit_reason == 31 || exit_reason == 32 || exit_reason == 84 || exit_reason == 85")
+        );
+        assert_eq!(
+            class_filter(vmx, InterceptClass::PageFault).as_deref(),
+            Some("(exit_reason == 0 && intr_info == 0x80000b0e)")
+        );
+        let svm = exit_reason::SVM;
+        assert_eq!(
+            class_filter(svm, InterceptClass::DebugRegister).as_deref(),
+            Some("(exit_reason >= 32 && exit_reason <= 63)")
+        );
+        assert_eq!(class_filter(svm, InterceptClass::ApicEoi), None);
+    }
+
+    #[test]
+    fn event_indices_match_the_list() {
+        assert_eq!(vm_events(None).len(), ev::CLASSES);
+        let vmx = vm_events(Some(exit_reason::ISA_VMX));
+        assert_eq!(vmx.len(), ev::CLASSES + InterceptClass::ALL.len() - 1);
+        assert_eq!(vm_events(Some(exit_reason::ISA_SVM)).len(), vmx.len());
+        assert_eq!(vm_events(None)[ev::TASK_CLOCK], EventSpec::Software(SW_TASK_CLOCK));
+        assert!(
+            matches!(&vm_events(None)[ev::KVM_EXIT], EventSpec::Tracepoint { name, filter: None, .. } if name == "kvm_exit")
+        );
+    }
+
+    #[test]
+    fn exit_classes_fill_other_with_the_rest() {
+        let page = SharedPage::anonymous(hvstats_abi::ObjectKind::Vp).unwrap();
+        let mut counts = vec![Some(0); ev::CLASSES + InterceptClass::ALL.len() - 1];
+        counts[ev::KVM_EXIT] = Some(100);
+        let at = |c: InterceptClass| ev::CLASSES + classified().position(|x| x == c).unwrap();
+        counts[at(InterceptClass::Halt)] = Some(7);
+        counts[at(InterceptClass::Cpuid)] = Some(50);
+        counts[at(InterceptClass::ExternalInterrupt)] = Some(3);
+        write_exit_classes(&page, &counts);
+        assert_eq!(page.get(vp::HLT_INSTRUCTIONS), 7);
+        assert_eq!(page.get(vp::EXTERNAL_INTERRUPTS), 3);
+        assert_eq!(page.get(vp::OTHER_INTERCEPTS), 40);
+        // CPUID comes from kvm_cpuid, not from kvm_exit.
+        assert_eq!(page.get(vp::CPUID_INSTRUCTIONS), 0);
+    }
+}

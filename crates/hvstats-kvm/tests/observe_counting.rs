@@ -1,0 +1,191 @@
+//! The per-thread counting layer of the observer, tested for real with a tracepoint that fires
+//! on this machine: `syscalls:sys_enter_getppid`, on threads of this test process that make a
+//! known number of `getppid` calls.
+
+use std::sync::mpsc;
+use std::thread;
+
+use hvstats_kvm::observe::Procfs;
+use hvstats_kvm::observe::counting::{EventList, EventSpec, SW_TASK_CLOCK, ThreadCounters};
+
+fn getppid_events() -> Option<EventList> {
+    let events = EventList::new(vec![
+        EventSpec::tracepoint("syscalls", "sys_enter_getppid"),
+        EventSpec::Software(SW_TASK_CLOCK),
+        EventSpec::tracepoint("syscalls", "no_such_event"),
+    ]);
+    if let Some(why) = events.unavailable(0) {
+        eprintln!("syscalls:sys_enter_getppid is unavailable ({why}): skipped");
+        return None;
+    }
+    Some(events)
+}
+
+fn getppid(n: usize) {
+    for _ in 0..n {
+        // SAFETY: getppid has no arguments and no memory effects.
+        unsafe { libc::syscall(libc::SYS_getppid) };
+    }
+}
+
+fn gettid() -> i32 {
+    // SAFETY: gettid has no arguments and no memory effects.
+    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
+}
+
+/// A thread that runs each closure it is sent, answering with its tid and waiting for the next.
+struct Worker {
+    tid: i32,
+    jobs: mpsc::Sender<Box<dyn FnOnce() + Send>>,
+    done: mpsc::Receiver<()>,
+    handle: Option<thread::JoinHandle<()>>,
+}
+
+impl Worker {
+    fn start() -> Self {
+        let (jobs, rx) = mpsc::channel::<Box<dyn FnOnce() + Send>>();
+        let (done_tx, done) = mpsc::channel();
+        let (tid_tx, tid_rx) = mpsc::channel();
+        let handle = thread::spawn(move || {
+            tid_tx.send(gettid()).unwrap();
+            for job in rx {
+                job();
+                done_tx.send(()).unwrap();
+            }
+        });
+        Self { tid: tid_rx.recv().unwrap(), jobs, done, handle: Some(handle) }
+    }
+
+    fn run(&self, job: impl FnOnce() + Send + 'static) {
+        self.jobs.send(Box::new(job)).unwrap();
+        self.done.recv().unwrap();
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let (tx, _) = mpsc::channel();
+        drop(std::mem::replace(&mut self.jobs, tx));
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn me() -> i32 {
+    std::process::id() as i32
+}
+
+#[test]
+fn counts_are_exact_and_start_at_attach() {
+    let Some(events) = getppid_events() else { return };
+    let worker = Worker::start();
+    worker.run(|| getppid(100)); // before attach: not counted
+    let mut counters = ThreadCounters::attach(&Procfs::host(), me(), events).unwrap();
+    worker.run(|| getppid(777));
+    let counts = counters.read(worker.tid).expect("the worker is counted");
+    assert_eq!(counts[0], Some(777));
+    assert!(counts[1].is_some_and(|ns| ns > 0), "task clock {:?}", counts[1]);
+    assert_eq!(counts[2], None, "an unknown tracepoint is unavailable, not 0");
+    assert!(counters.events().unavailable(2).is_some());
+    worker.run(|| getppid(3));
+    assert_eq!(counters.read(worker.tid).unwrap()[0], Some(780));
+}
+
+#[test]
+fn threads_are_told_apart() {
+    let Some(events) = getppid_events() else { return };
+    let a = Worker::start();
+    let b = Worker::start();
+    let mut counters = ThreadCounters::attach(&Procfs::host(), me(), events).unwrap();
+    a.run(|| getppid(11));
+    b.run(|| getppid(222));
+    assert_eq!(counters.read(a.tid).unwrap()[0], Some(11));
+    assert_eq!(counters.read(b.tid).unwrap()[0], Some(222));
+}
+
+#[test]
+fn threads_that_appear_after_attach_are_counted_from_the_scan_that_finds_them() {
+    let Some(events) = getppid_events() else { return };
+    let procfs = Procfs::host();
+    let mut counters = ThreadCounters::attach(&procfs, me(), events).unwrap();
+    let late = Worker::start();
+    assert!(counters.read(late.tid).is_none(), "not seen yet");
+    late.run(|| getppid(5));
+    assert!(counters.rescan(&procfs).unwrap() >= 1);
+    late.run(|| getppid(321));
+    assert_eq!(counters.read(late.tid).unwrap()[0], Some(321));
+}
+
+#[test]
+fn a_thread_attributed_late_has_every_count_since_attach_and_others_are_closed() {
+    let Some(events) = getppid_events() else { return };
+    let procfs = Procfs::host();
+    let vcpu = Worker::start();
+    let other = Worker::start();
+    let mut counters = ThreadCounters::attach(&procfs, me(), events).unwrap();
+    // The "vCPU" runs before anyone knows it is one.
+    vcpu.run(|| getppid(64));
+    other.run(|| getppid(9));
+    let before = counters.fds();
+    // Now its thread is known: keep only it.
+    counters.retain(&[vcpu.tid]);
+    assert!(counters.fds() < before, "{} < {before}", counters.fds());
+    assert_eq!(counters.fds(), 2, "two events open on the one thread left");
+    assert_eq!(counters.tids(), vec![vcpu.tid]);
+    assert!(counters.read(other.tid).is_none());
+    vcpu.run(|| getppid(36));
+    assert_eq!(counters.read(vcpu.tid).unwrap()[0], Some(100));
+    // Threads appearing once narrowed are not counted.
+    let late = Worker::start();
+    assert_eq!(counters.rescan(&procfs).unwrap(), 0);
+    assert!(counters.read(late.tid).is_none());
+}
+
+#[test]
+fn a_thread_that_exits_keeps_its_last_reading() {
+    let Some(events) = getppid_events() else { return };
+    let worker = Worker::start();
+    let tid = worker.tid;
+    let mut counters = ThreadCounters::attach(&Procfs::host(), me(), events).unwrap();
+    worker.run(|| getppid(42));
+    assert_eq!(counters.read(tid).unwrap()[0], Some(42));
+    drop(worker);
+    assert_eq!(counters.read(tid).unwrap()[0], Some(42));
+}
+
+#[test]
+fn a_gone_process_is_an_error() {
+    let Some(events) = getppid_events() else { return };
+    assert!(ThreadCounters::attach(&Procfs::host(), i32::MAX, events).is_err());
+}
+
+#[test]
+fn the_kernel_accepts_every_vm_event_and_filter_including_the_vmx_and_svm_exit_classes() {
+    use hvstats_abi::exit_reason::{ISA_SVM, ISA_VMX};
+    use hvstats_kvm::observe::vm::vm_events;
+    if !std::path::Path::new("/sys/kernel/tracing/events/kvm/kvm_exit").is_dir() {
+        eprintln!("no kvm tracepoints on this host: skipped");
+        return;
+    }
+    let worker = Worker::start();
+    for isa in [None, Some(ISA_VMX), Some(ISA_SVM)] {
+        let specs = vm_events(isa);
+        let events = EventList::new(specs.clone());
+        for (i, spec) in specs.iter().enumerate() {
+            assert_eq!(events.unavailable(i), None, "{spec:?}");
+        }
+        let mut counters = ThreadCounters::attach(&Procfs::host(), me(), events).unwrap();
+        counters.retain(&[worker.tid]);
+        // A counter whose filter the kernel rejected would have been dropped.
+        assert_eq!(counters.fds(), specs.len(), "isa {isa:?}: every event opened with its filter");
+        let counts = counters.read(worker.tid).unwrap();
+        assert!(counts.iter().all(Option::is_some), "{counts:?}");
+    }
+    // And a filter the kernel rejects leaves its event unavailable rather than counting everything.
+    let bad = EventList::new(vec![EventSpec::filtered("kvm", "kvm_exit", "no_such_field == 1")]);
+    let mut counters = ThreadCounters::attach(&Procfs::host(), me(), bad).unwrap();
+    counters.retain(&[worker.tid]);
+    assert_eq!(counters.fds(), 0);
+    assert_eq!(counters.read(worker.tid).unwrap(), vec![None]);
+}

@@ -1,0 +1,140 @@
+//! Discovery of KVM VMs, vCPUs and vCPU threads on fake `/proc` and debugfs trees shaped like
+//! those of QEMU (with and without debug-threads), Firecracker, cloud-hypervisor, crosvm and
+//! kvmtool.
+
+mod observe_support;
+
+use std::collections::BTreeMap;
+
+use hvstats_kvm::observe::{Procfs, Vmm};
+use observe_support::{FakeProcess, TempDir, debugfs_vcpu};
+
+fn kvm_fds(p: &FakeProcess, vcpus: u32) {
+    p.fd(0, "/dev/null").fd(3, "/dev/kvm").fd(4, "anon_inode:kvm-vm");
+    for n in 0..vcpus {
+        p.fd(10 + n, &format!("anon_inode:kvm-vcpu:{n}"));
+    }
+    p.fd(30, "anon_inode:[eventfd]").fd(31, "socket:[1234]");
+}
+
+#[test]
+fn qemu_with_debug_threads_is_found_named_and_its_vcpus_matched_by_thread_name() {
+    let tmp = TempDir::new("disc-qemu");
+    let p = FakeProcess::new(
+        tmp.path(),
+        4242,
+        &["/usr/bin/qemu-system-x86_64", "-name", "guest=web1,debug-threads=on", "-smp", "2"],
+        "qemu-system-x86",
+    );
+    kvm_fds(&p, 2);
+    p.thread(4242, "qemu-system-x86", 0)
+        .thread(4243, "call_rcu", 0)
+        .thread(4244, "CPU 0/KVM", 0)
+        .thread(4245, "CPU 1/KVM", 0)
+        .thread(4246, "kvm-nx-lpage-re", 0);
+    let procfs = Procfs::at(tmp.path(), None);
+    let found = procfs.kvm_processes().unwrap();
+    assert_eq!(found.len(), 1);
+    let (pid, fds) = &found[0];
+    assert_eq!(*pid, 4242);
+    assert_eq!(fds.vms, vec![4]);
+    assert_eq!(fds.vcpus, BTreeMap::from([(0, 10), (1, 11)]));
+    assert_eq!(procfs.identify(4242), (Vmm::Qemu, "web1".to_owned()));
+    assert_eq!(procfs.named_vcpu_threads(4242).unwrap(), BTreeMap::from([(0, 4244), (1, 4245)]));
+}
+
+#[test]
+fn qemu_without_debug_threads_needs_debugfs_which_knows_a_vcpu_only_after_it_ran() {
+    let tmp = TempDir::new("disc-qemu-plain");
+    let proc_root = tmp.path().join("proc");
+    let debugfs = tmp.path().join("debug");
+    let p = FakeProcess::new(&proc_root, 500, &["qemu-system-x86_64", "-smp", "2"], "qemu-system-x86");
+    kvm_fds(&p, 2);
+    for tid in [500, 501, 502, 503] {
+        p.thread(tid, "qemu-system-x86", 0);
+    }
+    debugfs_vcpu(&debugfs, 500, 4, 0, 502);
+    debugfs_vcpu(&debugfs, 500, 4, 1, 0); // not run yet
+    let procfs = Procfs::at(&proc_root, Some(debugfs.clone()));
+    assert!(procfs.named_vcpu_threads(500).unwrap().is_empty(), "every thread has the same name");
+    assert_eq!(procfs.debugfs_vcpu_threads(500, 4), BTreeMap::from([(0, 502)]));
+    debugfs_vcpu(&debugfs, 500, 4, 1, 503);
+    assert_eq!(procfs.debugfs_vcpu_threads(500, 4), BTreeMap::from([(0, 502), (1, 503)]));
+    // Another VM fd of the same pid is another directory.
+    assert!(procfs.debugfs_vcpu_threads(500, 5).is_empty());
+    // No name given: the command and the pid.
+    assert_eq!(procfs.identify(500), (Vmm::Qemu, "qemu-system-x86:500".to_owned()));
+}
+
+#[test]
+fn firecracker_cloud_hypervisor_crosvm_and_kvmtool_threads_are_matched() {
+    let tmp = TempDir::new("disc-vmms");
+    /// pid, command line, comm, thread names, VMM, VM name.
+    type Case<'a> = (i32, &'a [&'a str], &'a str, &'a [&'a str], Vmm, &'a str);
+    let cases: [Case; 4] = [
+        (
+            100,
+            &["firecracker", "--api-sock", "/run/fc.sock", "--id", "fc-vm-1"],
+            "firecracker",
+            &["firecracker", "fc_api", "fc_vcpu 0", "fc_vcpu 1"],
+            Vmm::Firecracker,
+            "fc-vm-1",
+        ),
+        (
+            200,
+            &["/usr/local/bin/cloud-hypervisor", "--api-socket", "path=/tmp/ch.sock"],
+            "cloud-hyperviso",
+            &["cloud-hyperviso", "vmm", "http-server", "vcpu0", "vcpu1"],
+            Vmm::CloudHypervisor,
+            "cloud-hyperviso:200",
+        ),
+        (
+            300,
+            &["crosvm", "run", "--name", "cros1", "vmlinux"],
+            "cros1",
+            &["cros1", "v_console", "crosvm_vcpu0", "crosvm_vcpu1"],
+            Vmm::Crosvm,
+            "cros1",
+        ),
+        (
+            400,
+            &["lkvm", "run", "--name=guest-a"],
+            "lkvm",
+            &["lkvm", "term-poll", "kvm-vcpu-0", "kvm-vcpu-1"],
+            Vmm::Kvmtool,
+            "guest-a",
+        ),
+    ];
+    for (pid, cmdline, comm, threads, vmm, name) in cases {
+        let p = FakeProcess::new(tmp.path(), pid, cmdline, comm);
+        kvm_fds(&p, 2);
+        for (i, t) in threads.iter().enumerate() {
+            p.thread(pid + i as i32, t, 0);
+        }
+        let procfs = Procfs::at(tmp.path(), None);
+        assert_eq!(procfs.identify(pid), (vmm, name.to_owned()), "{cmdline:?}");
+        let vcpus = procfs.named_vcpu_threads(pid).unwrap();
+        let first = threads.len() as i32 - 2; // the two vCPU threads come last
+        assert_eq!(vcpus, BTreeMap::from([(0, pid + first), (1, pid + first + 1)]), "{cmdline:?}");
+    }
+    let all: Vec<i32> =
+        Procfs::at(tmp.path(), None).kvm_processes().unwrap().into_iter().map(|(p, _)| p).collect();
+    assert_eq!(all, vec![100, 200, 300, 400]);
+}
+
+#[test]
+fn processes_without_a_vm_or_unreadable_ones_are_skipped() {
+    let tmp = TempDir::new("disc-skip");
+    let shell = FakeProcess::new(tmp.path(), 7, &["bash"], "bash");
+    shell.fd(0, "/dev/pts/0").fd(3, "/dev/kvm"); // /dev/kvm alone is no VM
+    std::fs::create_dir_all(tmp.path().join("8")).unwrap(); // no fd dir
+    std::fs::create_dir_all(tmp.path().join("self")).unwrap(); // not a pid
+    let procfs = Procfs::at(tmp.path(), None);
+    assert!(procfs.kvm_processes().unwrap().is_empty());
+    assert!(!procfs.kvm_fds(7).unwrap().has_vm());
+    assert!(procfs.kvm_fds(8).is_err());
+    assert!(procfs.is_alive(7));
+    shell.set_state('Z');
+    assert!(!procfs.is_alive(7), "a zombie is gone");
+    assert!(!procfs.is_alive(9));
+}

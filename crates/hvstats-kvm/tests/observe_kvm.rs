@@ -1,0 +1,209 @@
+//! The observer on real QEMU VMs with KVM: exact counts for a guest that knows what it did, an
+//! unmodified SeaBIOS on two vCPUs, QEMU without debug-threads, two VMs with `--all`, a VM that
+//! exits while observed, fifty paused QEMUs, and the overhead row. They need /dev/kvm (a host
+//! without it prints "skipped"; `HVSTATS_REQUIRE_KVM=1` makes that a failure).
+
+mod observe_support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hvstats::{Hypervisor, PartitionStats};
+use hvstats_abi::catalog::vp;
+use hvstats_kvm::observe::bios::{BiosEnd, BiosProgram};
+use hvstats_kvm::observe::overhead;
+use hvstats_kvm::observe::vm::vm_events;
+use hvstats_kvm::observe::{ObserveOptions, Observer, ObserverEvent, Procfs, Targets};
+use observe_support::{Qemu, TempDir, kvm_available};
+
+/// Ticks `observer` every 50 ms until `done` holds, for at most `limit`.
+fn tick_until(
+    observer: &mut Observer,
+    limit: Duration,
+    mut done: impl FnMut(&mut Observer) -> bool,
+) -> Vec<ObserverEvent> {
+    let t = Instant::now();
+    let mut events = Vec::new();
+    loop {
+        events.extend(observer.tick());
+        if done(observer) {
+            return events;
+        }
+        assert!(t.elapsed() < limit, "condition not reached in {limit:?}; events {events:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn only_partition(hv: &Arc<Hypervisor>) -> Arc<PartitionStats> {
+    let parts = hv.partitions();
+    assert_eq!(parts.len(), 1);
+    parts[0].clone()
+}
+
+/// A paused QEMU with a control QMP socket (`ctl`) and one for the observer (`obs`).
+fn qemu_with_bios(tmp: &TempDir, program: BiosProgram, extra: &[&str]) -> Option<(Qemu, std::path::PathBuf)> {
+    let bios = tmp.path().join("bios.bin");
+    std::fs::write(&bios, program.image().unwrap()).unwrap();
+    let obs = tmp.path().join("obs.sock");
+    let obs_arg = format!("unix:{},server=on,wait=off", obs.display());
+    let mut args = vec!["-bios", bios.to_str().unwrap(), "-qmp", obs_arg.as_str()];
+    args.extend_from_slice(extra);
+    let qemu = Qemu::start(tmp.path(), "ctl", "kvm", &args)?;
+    let t = Instant::now();
+    while !obs.exists() {
+        assert!(t.elapsed() < Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Some((qemu, obs))
+}
+
+#[test]
+fn a_paused_qemu_guest_is_counted_exactly_from_its_first_instruction() {
+    if !kvm_available("a_paused_qemu_guest_is_counted_exactly_from_its_first_instruction") {
+        return;
+    }
+    let tmp = TempDir::new("kvm-exact");
+    let program = BiosProgram { cpuid: 777, out: 333, in_: 55, end: BiosEnd::Halt };
+    let Some((qemu, obs)) = qemu_with_bios(&tmp, program, &["-name", "guest=exact,debug-threads=on"]) else {
+        return;
+    };
+    let hv = Hypervisor::new_published(&tmp.path().join("run")).unwrap();
+    let mut observer = Observer::new(
+        hv.clone(),
+        Procfs::host(),
+        Targets::Pids(vec![qemu.pid()]),
+        ObserveOptions { qmp: Some(obs) },
+    );
+    let events = observer.tick();
+    assert!(
+        matches!(&events[0], ObserverEvent::Attached { name, vcpus: 1, .. } if name == "exact"),
+        "{events:?}"
+    );
+    let part = only_partition(&hv);
+    let page = part.vp_page(0).unwrap();
+    assert_eq!(page.get(vp::CPUID_INSTRUCTIONS), 0, "paused: nothing ran yet");
+    qemu.connect().cont().unwrap();
+    tick_until(&mut observer, Duration::from_secs(60), |_| {
+        page.get(vp::CPUID_INSTRUCTIONS) == 777 && page.get(vp::IO_INSTRUCTIONS) == 388
+    });
+    // Let the final HLT land, then check everything once more: nothing moves any more.
+    std::thread::sleep(Duration::from_millis(300));
+    observer.tick();
+    assert_eq!(page.get(vp::CPUID_INSTRUCTIONS), 777);
+    assert_eq!(page.get(vp::IO_INSTRUCTIONS), 333 + 55);
+    assert_eq!(page.get(vp::IO_INTERCEPT_MESSAGES), 333 + 55, "every port access went to QEMU");
+    assert_eq!(page.get(vp::MEMORY_INTERCEPT_MESSAGES), 0);
+    assert_eq!(page.get(vp::MSR_ACCESSES), 0);
+    let vm = observer.vms().next().unwrap();
+    if vm.has_qmp_stats() {
+        assert_eq!(page.get(vp::HLT_INSTRUCTIONS), 1, "one HLT, from KVM's halt_exits through QMP");
+    }
+    assert!(page.get(vp::TOTAL_RUN_TIME) > 0);
+}
+
+#[test]
+fn seabios_on_two_vcpus_shows_both_with_the_right_indices() {
+    if !kvm_available("seabios_on_two_vcpus_shows_both_with_the_right_indices") {
+        return;
+    }
+    let tmp = TempDir::new("kvm-seabios");
+    // No debug-threads, no observer QMP: the vCPU threads come from KVM's debugfs.
+    let Some(qemu) = Qemu::start(tmp.path(), "ctl", "kvm", &["-smp", "2", "-m", "64"]) else { return };
+    let hv = Hypervisor::new().unwrap();
+    let mut observer =
+        Observer::new(hv.clone(), Procfs::host(), Targets::Pids(vec![qemu.pid()]), ObserveOptions::default());
+    observer.tick();
+    let part = only_partition(&hv);
+    assert_eq!(part.vp_count(), 2);
+    let mut control = qemu.connect();
+    control.cont().unwrap();
+    // SeaBIOS probes with CPUID on the BSP and starts the AP, which executes CPUID at least once.
+    tick_until(&mut observer, Duration::from_secs(60), |o| {
+        o.vms().next().unwrap().vcpu_threads().iter().all(Option::is_some)
+            && part.vp_page(0).unwrap().get(vp::CPUID_INSTRUCTIONS) > 10
+            && part.vp_page(1).unwrap().get(vp::CPUID_INSTRUCTIONS) >= 1
+    });
+    let threads = observer.vms().next().unwrap().vcpu_threads();
+    for cpu in control.query_cpus().unwrap() {
+        assert_eq!(
+            threads[cpu.index as usize],
+            Some(cpu.thread_id),
+            "VP {} is QEMU's CPU {}",
+            cpu.index,
+            cpu.index
+        );
+    }
+    assert!(part.vp_page(0).unwrap().get(vp::IO_INSTRUCTIONS) > 100, "the BSP does SeaBIOS's port I/O");
+}
+
+#[test]
+fn two_vms_with_all_and_one_exits_while_observed() {
+    if !kvm_available("two_vms_with_all_and_one_exits_while_observed") {
+        return;
+    }
+    let tmp = TempDir::new("kvm-all");
+    let program = BiosProgram { cpuid: 10, out: 0, in_: 0, end: BiosEnd::Halt };
+    let a_dir = TempDir::new("kvm-all-a");
+    let b_dir = TempDir::new("kvm-all-b");
+    let Some((a, _)) = qemu_with_bios(&a_dir, program, &["-name", "guest=vm-a"]) else { return };
+    let Some((b, _)) = qemu_with_bios(&b_dir, program, &["-name", "guest=vm-b"]) else { return };
+    let hv = Hypervisor::new_published(&tmp.path().join("run")).unwrap();
+    let mut observer = Observer::new(hv.clone(), Procfs::host(), Targets::All, ObserveOptions::default());
+    let events = observer.tick();
+    let attached =
+        |pid: i32| events.iter().any(|e| matches!(e, ObserverEvent::Attached { pid: p, .. } if *p == pid));
+    assert!(attached(a.pid()) && attached(b.pid()), "{events:?}");
+    let names: Vec<String> = observer.vms().map(|v| v.name().to_owned()).collect();
+    assert!(names.contains(&"vm-a".to_owned()) && names.contains(&"vm-b".to_owned()), "{names:?}");
+    // vm-a quits: it is detached within one interval, its partition goes, vm-b stays.
+    a.connect().execute("quit", None).ok();
+    let a_pid = a.pid();
+    let events = tick_until(&mut observer, Duration::from_secs(20), |o| o.vms().all(|v| v.pid() != a_pid));
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, ObserverEvent::Detached { pid, name } if *pid == a_pid && name == "vm-a"))
+    );
+    assert!(observer.vms().any(|v| v.pid() == b.pid()));
+    drop(b);
+}
+
+#[test]
+fn fifty_paused_qemus_are_observed_with_a_bounded_number_of_descriptors() {
+    if !kvm_available("fifty_paused_qemus_are_observed_with_a_bounded_number_of_descriptors") {
+        return;
+    }
+    let dirs: Vec<TempDir> = (0..50).map(|i| TempDir::new(&format!("kvm-scale-{i}"))).collect();
+    let mut qemus = Vec::new();
+    for (i, d) in dirs.iter().enumerate() {
+        let name = format!("guest=scale-{i},debug-threads=on");
+        let Some(q) = Qemu::start(d.path(), "ctl", "kvm", &["-name", &name]) else { return };
+        qemus.push(q);
+    }
+    hvstats_kvm::observe::raise_fd_limit().unwrap();
+    let hv = Hypervisor::new().unwrap();
+    let pids: Vec<i32> = qemus.iter().map(Qemu::pid).collect();
+    let mut observer =
+        Observer::new(hv.clone(), Procfs::host(), Targets::Pids(pids), ObserveOptions::default());
+    let events = observer.tick();
+    let attached = events.iter().filter(|e| matches!(e, ObserverEvent::Attached { .. })).count();
+    assert_eq!(attached, 50, "{events:?}");
+    assert_eq!(hv.partitions().len(), 50);
+    // debug-threads names give every vCPU thread at once: one counter group per VM remains.
+    let per_vm = vm_events(hvstats_kvm::observe::vm::host_isa()).len();
+    assert_eq!(observer.fds(), 50 * per_vm, "{per_vm} descriptors per one-vCPU VM");
+    // One reader pass over every observed VM.
+    observer.tick();
+    assert_eq!(observer.vms().count(), 50);
+}
+
+#[test]
+fn the_overhead_row_compares_the_guest_exit_rate_observed_and_not() {
+    if !kvm_available("the_overhead_row_compares_the_guest_exit_rate_observed_and_not") {
+        return;
+    }
+    let row = overhead::bench_row(2, Duration::from_secs(1)).unwrap();
+    assert_eq!(row["name"], overhead::BENCH_ROW);
+    assert!(row["ours"].as_f64().unwrap() > 0.0 && row["baseline"].as_f64().unwrap() > 0.0, "{row}");
+    assert!(row["ratio"].as_f64().unwrap() > 0.0, "{row}");
+}
