@@ -182,6 +182,9 @@ impl PageBuilder {
 
     /// Appends a group with `values`; fails when the group and the END_OF_LIST after it would not
     /// fit in the page.
+    ///
+    /// # Errors
+    /// [`PageError::PageFull`] when the group and the END_OF_LIST after it would not fit.
     pub fn group(
         &mut self,
         group_type: GroupType,
@@ -408,6 +411,9 @@ pub struct GroupWalk<'a> {
 
 impl<'a> GroupWalk<'a> {
     /// Starts a walk over `page`, which must be exactly one 4 KiB page.
+    ///
+    /// # Errors
+    /// [`PageError`] when `page` is not 4 KiB long.
     pub fn new(page: &'a [u8]) -> Result<Self, PageError> {
         if page.len() < PAGE_SIZE {
             return Err(PageError::Truncated { len: page.len() });
@@ -491,6 +497,23 @@ impl<'a> PageView<'a> {
     /// Unknown group types are skipped by their Length. A known group must have the reader's major
     /// version and at least its minor version, and be long enough for the reader's counters. Every
     /// TLFS group `kind` has must be present; hvstats' own group may be absent.
+    ///
+    /// ```
+    /// use hvstats_abi::catalog::vp;
+    /// use hvstats_abi::{ObjectKind, PageView, StatsPage};
+    /// use zerocopy::IntoBytes;
+    ///
+    /// let mut page = StatsPage::new(ObjectKind::Vp);
+    /// page.set(vp::CPUID_INSTRUCTIONS, 300);
+    /// let view = PageView::read(page.as_bytes(), ObjectKind::Vp)?;
+    /// assert_eq!(view.get(vp::CPUID_INSTRUCTIONS), 300);
+    /// assert!(PageView::read(&[0u8; 16], ObjectKind::Vp).is_err(), "a short page is refused");
+    /// # Ok::<(), hvstats_abi::PageError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// A [`PageError`] when the page is short, a header is malformed, a known group has another
+    /// major version or an older minor, or a TLFS group of `kind` is missing.
     pub fn read(page: &'a [u8], kind: ObjectKind) -> Result<Self, PageError> {
         let compiled = GroupKind::ALL.map(|g| (g, g.version(kind)));
         Self::read_compiled_for(page, kind, &compiled)
@@ -501,6 +524,9 @@ impl<'a> PageView<'a> {
     /// is unknown to that reader and skipped by its Length, like any unknown type; a known group
     /// must hold the counters of the reader's minor ([`counters_at`]). A reader of a later minor
     /// refuses a page of an earlier one ([`PageError::MinorTooOld`]).
+    ///
+    /// # Errors
+    /// As [`read`](Self::read).
     pub fn read_compiled_for(
         page: &'a [u8],
         kind: ObjectKind,

@@ -5,6 +5,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod cmd;
+mod input;
+mod output;
+mod signals;
+
+use output::{ExitStatus, note};
 
 /// Hyper-V hypervisor statistics on KVM: run partitions, count what they do, read TLFS stats pages.
 #[derive(Parser)]
@@ -30,10 +35,28 @@ enum Command {
     Observe(cmd::observe::Args),
     /// Measure what exact accounting costs on the userspace exit path.
     Bench(cmd::bench::Args),
+    /// A live full-screen view of every VP, kvm_stat style.
+    Top(cmd::top::Args),
+    /// Export every live instance to Prometheus over HTTP (/metrics, /api/v1/snapshot, /healthz).
+    Serve(cmd::serve::Args),
+    /// Sample every live instance to a recording file (newline-delimited JSON).
+    Record(cmd::record::Args),
+    /// Per-VP totals, deltas, rates and average costs of a recording.
+    Report(cmd::report::Args),
+    /// Chart a recording's VP counters over time (PNG or SVG).
+    Plot(cmd::plot::Args),
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // Help and version go to standard output; a usage error to standard error, with its
+            // own exit status. Neither printing can panic (clap reports write errors as values).
+            let _ = e.print();
+            return if e.use_stderr() { ExitStatus::Usage.into() } else { ExitStatus::Success.into() };
+        }
+    };
     let result = match cli.command {
         Command::Catalog(args) => cmd::catalog::run(args),
         Command::Dump(args) => cmd::dump::run(args),
@@ -42,12 +65,17 @@ fn main() -> ExitCode {
         Command::Hwc(args) => cmd::hwc::run(args),
         Command::Observe(args) => cmd::observe::run(args),
         Command::Bench(args) => cmd::bench::run(args),
+        Command::Top(args) => cmd::top::run(args),
+        Command::Serve(args) => cmd::serve::run(args),
+        Command::Record(args) => cmd::record::run(args),
+        Command::Report(args) => cmd::report::run(args),
+        Command::Plot(args) => cmd::plot::run(args),
     };
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("hvstats: {e:#}");
-            ExitCode::FAILURE
+            note!("{e:#}");
+            ExitStatus::RuntimeError.into()
         }
     }
 }

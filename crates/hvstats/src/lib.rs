@@ -18,6 +18,7 @@ pub mod hypercall;
 pub mod index;
 pub mod instance;
 pub mod lp;
+pub mod metrics;
 pub mod page;
 pub mod perf_event;
 pub mod present;

@@ -477,6 +477,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if wanted("partition-add-4096-vs-64") {
         rows.push(partition_add_row(args.rounds)?);
     }
+    if wanted("serve-scrape-65536-vps") {
+        let scrape = crate::cmd::serve::bench::scrape_rows(args.rounds)?;
+        rows.extend(scrape.into_iter().map(|r| Row::Measured {
+            name: r.name,
+            ours: r.ours,
+            baseline: r.baseline,
+            unit: r.unit,
+            goal: None,
+        }));
+    }
     match &kvm {
         Ok(()) if wanted("exit-accounting") || wanted("hypercall-vs") => rows.extend(kvm_rows(&args, &hv)?),
         Ok(()) => {}

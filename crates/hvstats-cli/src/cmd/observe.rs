@@ -94,7 +94,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn describe(event: &ObserverEvent) -> String {
+pub(crate) fn describe(event: &ObserverEvent) -> String {
     match event {
         ObserverEvent::Attached { pid, name, vmm, vcpus, partition, fds, qmp_error } => {
             let mut s = format!(

@@ -36,10 +36,7 @@ pub struct Args {
 }
 
 fn parse_interval(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v > 0.0 && v <= 3600.0 => Ok(v),
-        _ => Err(format!("{s:?}: the interval is a number of seconds, above 0 and at most 3600")),
-    }
+    super::parse_interval(s)
 }
 
 /// The earlier reading of an interval and its length, when there is one.
@@ -86,7 +83,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 }
 
 fn run_inner(args: Args) -> anyhow::Result<ExitCode> {
-    let dir = args.runtime_dir.unwrap_or_else(hvstats::runtime_dir::runtime_dir);
+    let dir = super::runtime_dir(args.runtime_dir)?;
     let mut attach = Attach::new(&dir);
     let changes = attach.refresh()?;
     for removed in &changes.removed_dead {
@@ -180,12 +177,88 @@ fn stream_json(attach: &mut Attach, out: &mut impl Write) -> io::Result<bool> {
             if i > 0 {
                 out.write_all(b",")?;
             }
-            serde_json::to_writer(&mut *out, &partition_json(&snap, None)).map_err(io::Error::from)?;
+            write_partition(out, &snap)?;
         }
         out.write_all(b"]}")?;
     }
     out.write_all(b"]}\n")?;
     Ok(failed)
+}
+
+/// Each kind's counters with their names as JSON strings, computed once.
+fn json_names(kind: ObjectKind) -> &'static [(&'static Counter, String)] {
+    static NAMES: std::sync::OnceLock<Vec<Vec<(&'static Counter, String)>>> = std::sync::OnceLock::new();
+    let all = NAMES.get_or_init(|| {
+        ObjectKind::ALL
+            .iter()
+            .map(|&k| counters_of(k).map(|c| (c, Value::String(c.name.to_owned()).to_string())).collect())
+            .collect()
+    });
+    &all[kind as usize]
+}
+
+/// What [`reading_json`] gives without an interval, written straight out (no tree per object:
+/// streaming 65,536 VPs stays cheap): the reading's fields, then `extra` (already JSON), in one
+/// object.
+fn write_reading(
+    out: &mut impl Write,
+    reading: &ObjectReading,
+    kind: ObjectKind,
+    extra: &str,
+) -> io::Result<()> {
+    out.write_all(b"{")?;
+    match reading {
+        ObjectReading::Counters(values) => {
+            out.write_all(b"\"counters\":{")?;
+            let mut values = values.iter().peekable();
+            for (i, (c, name)) in json_names(kind).iter().enumerate() {
+                if i > 0 {
+                    out.write_all(b",")?;
+                }
+                out.write_all(name.as_bytes())?;
+                match values.next_if(|(v, _)| v.id == c.id) {
+                    Some((_, v)) => write!(out, ":{v}")?,
+                    None => out.write_all(b":null")?,
+                }
+            }
+            out.write_all(b"}")?;
+        }
+        ObjectReading::Unreadable { permission_denied, reason } => {
+            write!(
+                out,
+                "\"permission_denied\":{permission_denied},\"unreadable\":{}",
+                Value::String(reason.clone())
+            )?;
+        }
+    }
+    if !extra.is_empty() {
+        write!(out, ",{extra}")?;
+    }
+    out.write_all(b"}")
+}
+
+/// [`partition_json`] without an interval, written straight out.
+fn write_partition(out: &mut impl Write, p: &PartitionSnapshot) -> io::Result<()> {
+    let state = if p.active { "active" } else { "stopped" };
+    let head = format!(
+        "\"active\":{},\"id\":{},\"name\":{},\"state\":\"{state}\",\"stopped_reason\":{},\"vps\":[",
+        p.active,
+        p.id,
+        Value::String(p.name.clone()),
+        p.stopped.as_ref().map_or(Value::Null, |r| Value::String(r.clone())),
+    );
+    // The partition's reading and fields, its VPs streamed into the open array.
+    let mut text = Vec::new();
+    write_reading(&mut text, &p.reading, ObjectKind::Partition, &head)?;
+    text.pop();
+    out.write_all(&text)?;
+    for (i, vp) in p.vps.iter().enumerate() {
+        if i > 0 {
+            out.write_all(b",")?;
+        }
+        write_reading(out, &vp.reading, ObjectKind::Vp, &format!("\"index\":{}", vp.index))?;
+    }
+    out.write_all(b"]}")
 }
 
 /// `{"counters": {name: value}}` (with `"interval": {name: rate, % or ns}` over an interval), or
@@ -255,6 +328,11 @@ fn instance_json(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>) -> Value {
         "lps": lps,
         "partitions": partitions,
     })
+}
+
+/// The JSON of one instance as `snapshot --json` prints it, for other commands.
+pub(crate) fn snapshot_json(s: &InstanceSnapshot) -> Value {
+    instance_json(s, None)
 }
 
 fn partition_json(p: &PartitionSnapshot, earlier: Option<Earlier<'_>>) -> Value {

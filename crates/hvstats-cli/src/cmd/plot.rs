@@ -1,0 +1,269 @@
+//! `hvstats plot`: charts of a recording — for each chosen VP counter, its value per VP between
+//! consecutive samples (rates per second, % of the time, average cost in µs, as the catalog
+//! presents it), over time, with axes, units and a legend. PNG or SVG by the file's extension.
+//!
+//! The font is bundled (DejaVu Sans Mono, under its licence beside it), so charts look the same on
+//! every host and no system font is needed.
+
+use std::fs::File;
+use std::io::{BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Once;
+
+use anyhow::Context;
+use hvstats::present;
+use hvstats_abi::{Counter, Presentation};
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+use crate::cmd::recording::Recording;
+
+/// The bundled font.
+const FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSansMono.ttf");
+
+/// Lines drawn per chart at most (the busiest VPs).
+pub const MAX_SERIES: usize = 12;
+
+/// Flags of `hvstats plot`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// A recording made by `hvstats record`.
+    #[arg(value_name = "FILE")]
+    file: PathBuf,
+    /// The chart to write: `.png` or `.svg`.
+    #[arg(short = 'o', long, value_name = "CHART")]
+    output: PathBuf,
+    /// A VP counter to chart, by catalog name (repeat for several; default: the three busiest
+    /// rates).
+    #[arg(long = "counter", value_name = "NAME")]
+    counters: Vec<String>,
+    /// Chart size in pixels, WIDTHxHEIGHT of each counter's chart.
+    #[arg(long, value_name = "WxH", default_value = "1000x360", value_parser = parse_size)]
+    size: (u32, u32),
+}
+
+fn parse_size(s: &str) -> Result<(u32, u32), String> {
+    let parsed = s.split_once('x').and_then(|(w, h)| Some((w.parse::<u32>().ok()?, h.parse::<u32>().ok()?)));
+    match parsed {
+        Some((w, h)) if (200..=8000).contains(&w) && (150..=8000).contains(&h) => Ok((w, h)),
+        _ => Err(format!("{s:?}: WIDTHxHEIGHT, 200 to 8000 by 150 to 8000 pixels")),
+    }
+}
+
+/// One chart: a counter and a line per VP.
+#[derive(Clone, Debug)]
+pub struct Chart {
+    /// The counter.
+    pub counter: &'static Counter,
+    /// The y axis text.
+    pub unit: &'static str,
+    /// `(vm VP n, points (t, value))`, busiest first.
+    pub series: Vec<(String, Vec<(f64, f64)>)>,
+    /// VPs not drawn (beyond [`MAX_SERIES`]).
+    pub left_out: usize,
+}
+
+fn unit_of(c: &Counter) -> &'static str {
+    match c.presentation {
+        Presentation::Rate => "per second",
+        Presentation::PercentTime => "% of the time",
+        Presentation::Cost => "µs per event",
+        Presentation::CumulativeTime => "ns per second",
+        Presentation::Instant => "value",
+        Presentation::Histogram => "ns in all (histogram sum)",
+    }
+}
+
+/// A VP's line while it is built: its label, points and the sum of its values.
+type Line = (String, Vec<(f64, f64)>, f64);
+
+/// The chart of `counter` from `recording`.
+pub fn chart(recording: &Recording, counter: &'static Counter) -> Chart {
+    let counters = recording.vp_counters();
+    let index = |name: &str| counters.iter().position(|(c, _)| c.name == name);
+    let (Some(i), paired) = (index(counter.name), counter.paired_count().and_then(|p| index(p.name))) else {
+        return Chart { counter, unit: unit_of(counter), series: Vec::new(), left_out: 0 };
+    };
+    // (label, points, sum of the values: the busiest VPs are drawn)
+    let mut series: Vec<Line> = Vec::new();
+    for pair in recording.samples.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        for p in &b.partitions {
+            let Some(before) = a.partitions.iter().find(|q| q.vm == p.vm) else { continue };
+            for vp in &p.vps {
+                let Some(then) = before.vps.iter().find(|v| v.vp == vp.vp).and_then(|v| v.values.as_ref())
+                else {
+                    continue;
+                };
+                let Some(now) = &vp.values else { continue };
+                let paired = match paired {
+                    Some(j) => match (then[j], now[j]) {
+                        (Some(x), Some(y)) => Some((x, y)),
+                        _ => continue,
+                    },
+                    None => None,
+                };
+                let (Some(before), Some(after)) = (then[i], now[i]) else { continue };
+                let Some(shown) = present::over_interval(counter, before, after, b.t - a.t, paired) else {
+                    continue;
+                };
+                let value = if counter.presentation == Presentation::Cost {
+                    shown.value / 1000.0
+                } else {
+                    shown.value
+                };
+                let label = format!("{} VP {}", p.vm, vp.vp);
+                match series.iter_mut().find(|(l, _, _)| *l == label) {
+                    Some((_, points, total)) => {
+                        points.push((b.t, value));
+                        *total += value;
+                    }
+                    None => series.push((label, vec![(b.t, value)], value)),
+                }
+            }
+        }
+    }
+    series.sort_by(|a, b| b.2.total_cmp(&a.2));
+    let left_out = series.len().saturating_sub(MAX_SERIES);
+    series.truncate(MAX_SERIES);
+    Chart {
+        counter,
+        unit: unit_of(counter),
+        series: series.into_iter().map(|(l, p, _)| (l, p)).collect(),
+        left_out,
+    }
+}
+
+/// The counters charted by default: the maintained VP rates that moved most over the recording.
+pub fn busiest(recording: &Recording, n: usize) -> Vec<&'static Counter> {
+    let (Some(first), Some(last)) = (recording.samples.first(), recording.samples.last()) else {
+        return Vec::new();
+    };
+    let total = |s: &crate::cmd::recording::Sample, i: usize| -> u64 {
+        s.partitions.iter().flat_map(|p| &p.vps).filter_map(|v| *v.values.as_ref()?.get(i)?).sum()
+    };
+    let mut moved: Vec<(&'static Counter, u64)> = recording
+        .vp_counters()
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, (info, counter))| {
+            let counter = counter.filter(|c| info.maintained && c.presentation == Presentation::Rate)?;
+            Some((counter, total(last, i).saturating_sub(total(first, i))))
+        })
+        .filter(|(_, moved)| *moved > 0)
+        .collect();
+    moved.sort_by_key(|m| std::cmp::Reverse(m.1));
+    moved.into_iter().take(n).map(|(c, _)| c).collect()
+}
+
+fn register_font() -> anyhow::Result<()> {
+    static ONCE: Once = Once::new();
+    let mut result = Ok(());
+    ONCE.call_once(|| {
+        result = plotters::style::register_font("sans-serif", FontStyle::Normal, FONT)
+            .map_err(|_| anyhow::anyhow!("the bundled font cannot be read"));
+    });
+    result
+}
+
+/// Draws `charts` one under the other on `root`.
+///
+/// # Errors
+/// When the backend fails to draw.
+pub fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, charts: &[Chart]) -> anyhow::Result<()> {
+    let fail = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow::anyhow!("drawing failed: {e:?}");
+    root.fill(&WHITE).map_err(fail)?;
+    for (area, c) in root.split_evenly((charts.len().max(1), 1)).iter().zip(charts) {
+        let x_max = c.series.iter().flat_map(|(_, p)| p.iter().map(|(t, _)| *t)).fold(1.0f64, f64::max);
+        let y_max = c.series.iter().flat_map(|(_, p)| p.iter().map(|(_, v)| *v)).fold(0.0f64, f64::max);
+        let y_max = if y_max > 0.0 { y_max * 1.1 } else { 1.0 };
+        let mut title = c.counter.name.to_owned();
+        if c.left_out > 0 {
+            title += &format!(" (busiest {MAX_SERIES} VPs; {} more not drawn)", c.left_out);
+        }
+        if c.series.is_empty() {
+            title += " (nothing to show)";
+        }
+        let mut chart = ChartBuilder::on(area)
+            .caption(title, ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(80)
+            .build_cartesian_2d(0.0..x_max, 0.0..y_max)
+            .map_err(fail)?;
+        chart
+            .configure_mesh()
+            .x_desc("time since the start of the recording (s)")
+            .y_desc(c.unit)
+            .label_style(("sans-serif", 14))
+            .draw()
+            .map_err(fail)?;
+        for (i, (label, points)) in c.series.iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            chart
+                .draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))
+                .map_err(fail)?
+                .label(label.as_str())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+        }
+        if !c.series.is_empty() {
+            chart
+                .configure_series_labels()
+                .label_font(("sans-serif", 13))
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK)
+                .position(SeriesLabelPosition::UpperRight)
+                .draw()
+                .map_err(fail)?;
+        }
+    }
+    root.present().map_err(fail)?;
+    Ok(())
+}
+
+/// Writes `charts` to `path`, PNG or SVG by its extension.
+///
+/// # Errors
+/// An unknown extension, or a failure to draw or write.
+pub fn write(path: &Path, charts: &[Chart], (width, height): (u32, u32)) -> anyhow::Result<()> {
+    register_font()?;
+    let size = (width, height * charts.len().max(1) as u32);
+    match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
+        Some("png") => draw(&BitMapBackend::new(path, size).into_drawing_area(), charts),
+        Some("svg") => {
+            let mut svg = String::new();
+            draw(&SVGBackend::with_string(&mut svg, size).into_drawing_area(), charts)?;
+            std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))
+        }
+        _ => anyhow::bail!("{}: the chart is written as .png or .svg", path.display()),
+    }
+}
+
+/// Runs `hvstats plot`.
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let file = File::open(&args.file).with_context(|| format!("cannot open {}", args.file.display()))?;
+    anyhow::ensure!(file.metadata()?.is_file(), "{} is not a regular file", args.file.display());
+    let recording =
+        Recording::read(BufReader::new(file)).with_context(|| format!("reading {}", args.file.display()))?;
+    let counters: Vec<&'static Counter> = if args.counters.is_empty() {
+        busiest(&recording, 3)
+    } else {
+        args.counters
+            .iter()
+            .map(|name| {
+                hvstats_abi::catalog::counter_by_name(hvstats_abi::ObjectKind::Vp, name).with_context(|| {
+                    format!("{name:?} is not a VP counter of the catalog (hvstats catalog lists them)")
+                })
+            })
+            .collect::<anyhow::Result<_>>()?
+    };
+    anyhow::ensure!(
+        !counters.is_empty(),
+        "no VP counter moved during the recording: nothing to chart (name one with --counter)"
+    );
+    let charts: Vec<Chart> = counters.into_iter().map(|c| chart(&recording, c)).collect();
+    write(&args.output, &charts, args.size)?;
+    let _ = writeln!(std::io::stderr(), "hvstats: wrote {}", args.output.display());
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,105 @@
+//! `hvstats record`: samples every live instance to a recording file ([`recording`]) every
+//! interval, for a duration or until Ctrl-C (or SIGTERM), which ends the file after its last whole
+//! sample. A progress bar shows on a terminal only.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::cmd::live::Live;
+use crate::cmd::recording::{self, Header, Sample};
+
+/// Flags of `hvstats record`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The recording to write (replaced if it exists).
+    #[arg(short = 'o', long, value_name = "FILE")]
+    output: PathBuf,
+    /// Seconds between samples.
+    #[arg(long, value_name = "SECS", default_value_t = 1.0, value_parser = parse_seconds)]
+    interval: f64,
+    /// Stop after this many seconds (default: at Ctrl-C).
+    #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
+    duration: Option<f64>,
+    /// The runtime directory the instances are published under (default: $HVSTATS_RUNTIME_DIR,
+    /// or /run/hvstats).
+    #[arg(long, value_name = "DIR")]
+    runtime_dir: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long, short = 'q')]
+    quiet: bool,
+}
+
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.01..=86_400.0 * 365.0).contains(&v) => Ok(v),
+        _ => Err(format!("{s:?}: a number of seconds from 0.01 up to a year")),
+    }
+}
+
+/// Runs `hvstats record`.
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let live = Live::new(args.runtime_dir);
+    if !live.dir().exists() {
+        anyhow::bail!("runtime directory {} does not exist", live.dir().display());
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = stop.clone();
+        ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst))
+            .context("installing the Ctrl-C handler")?;
+    }
+    let file =
+        File::create(&args.output).with_context(|| format!("cannot create {}", args.output.display()))?;
+    let mut out = BufWriter::new(file);
+    let started_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let write_error = |e: anyhow::Error| e.context(format!("writing {}", args.output.display()));
+    recording::write_line(&mut out, &Header::new(args.interval, started_ms)).map_err(write_error)?;
+
+    let interval = Duration::from_secs_f64(args.interval);
+    let samples = args.duration.map(|d| (d / args.interval).floor() as u64 + 1);
+    let target = if args.quiet { ProgressDrawTarget::hidden() } else { ProgressDrawTarget::stderr() };
+    let bar = ProgressBar::with_draw_target(samples, target);
+    let template = match samples {
+        Some(_) => "{spinner} recording {elapsed} {wide_bar} {pos}/{len} samples  {msg}",
+        None => "{spinner} recording {elapsed}, {pos} samples  {msg} (Ctrl-C ends)",
+    };
+    bar.set_style(ProgressStyle::with_template(template).context("the progress bar template")?);
+
+    let start = Instant::now();
+    let mut taken = 0u64;
+    while !stop.load(Ordering::SeqCst) && samples.is_none_or(|n| taken < n) {
+        let reading = live.read()?;
+        let t = reading.at.saturating_duration_since(start).as_secs_f64();
+        recording::write_line(&mut out, &Sample::of(&reading, t)).map_err(write_error)?;
+        taken += 1;
+        bar.set_position(taken);
+        bar.set_message(format!(
+            "{} VMs, {} VPs",
+            reading.instances.iter().map(|i| i.partitions.len()).sum::<usize>(),
+            reading.vp_count()
+        ));
+        if samples.is_some_and(|n| taken >= n) {
+            break;
+        }
+        // Sleep to the next tick in small steps, so Ctrl-C ends the recording at once.
+        let next = start + interval.mul_f64(taken as f64);
+        while !stop.load(Ordering::SeqCst) {
+            let left = next.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            std::thread::sleep(left.min(Duration::from_millis(50)));
+        }
+    }
+    bar.finish_and_clear();
+    let _ = writeln!(std::io::stderr(), "hvstats: recorded {taken} samples to {}", args.output.display());
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,280 @@
+//! The `/metrics` text: one reading of every live instance, encoded as Prometheus/OpenMetrics
+//! metric families by `prometheus-client`.
+//!
+//! The families and their units, scales and help texts come from [`hvstats::metrics`]; this module
+//! only walks the objects of a reading and attaches labels: `instance` (the publishing instance),
+//! `vm` and `partition` (the partition), `vp` (the VP index), `lp`/`cpu` for logical processors,
+//! and `intercept` inside the intercept families. Objects whose page could not be read have no
+//! series in that scrape. Beyond a cap on the number of VPs exported one by one, the remaining
+//! partitions export the sum of their VPs under `vp="all"`, so a huge host cannot flood
+//! Prometheus with series.
+
+use std::fmt::Write;
+
+use hvstats::metrics::{BaseUnit, Family, Member, MetricKind, families};
+use hvstats::snapshot::{InstanceSnapshot, ObjectReading, PartitionSnapshot};
+use hvstats_abi::ObjectKind;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::cmd::live::{Live, Reading};
+
+/// The media type of the OpenMetrics reply (for clients that accept it, as Prometheus does).
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The media type of the classic Prometheus text format (curl, `promtool check metrics`).
+pub const CLASSIC_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// True when an `Accept` header value asks for OpenMetrics.
+pub fn accepts_openmetrics(accept: &str) -> bool {
+    accept.split(',').any(|t| t.trim().starts_with("application/openmetrics-text"))
+}
+
+/// The OpenMetrics text in the classic Prometheus text format (0.0.4): a counter's HELP and TYPE
+/// name its samples (`…_total`), and there is no `# UNIT` or `# EOF`. Samples are unchanged.
+pub fn to_classic(openmetrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> =
+        openmetrics.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter")).collect();
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line.starts_with("# UNIT ") || line == "# EOF" {
+            continue;
+        }
+        let meta = ["# HELP ", "# TYPE "].into_iter().find_map(|p| Some((p, line.strip_prefix(p)?)));
+        match meta {
+            Some((prefix, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                let suffix = if counters.contains(name) { "_total" } else { "" };
+                let _ = writeln!(out, "{prefix}{name}{suffix} {tail}");
+            }
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+/// The `vp` label of a partition's summed VPs, past the cap.
+pub const ALL_VPS: &str = "all";
+
+/// One scrape: a reading and the cap on VPs exported one by one.
+#[derive(Debug)]
+pub struct Exposition {
+    reading: Reading,
+    max_vps: usize,
+}
+
+type Labels = Vec<(&'static str, String)>;
+
+impl Exposition {
+    /// The exposition of `reading`, exporting at most `max_vps` VPs one by one.
+    pub fn new(reading: Reading, max_vps: usize) -> Self {
+        Self { reading, max_vps }
+    }
+
+    /// The text, in the OpenMetrics format, `# EOF` included.
+    ///
+    /// # Errors
+    /// Only when formatting fails (it writes to a `String`).
+    pub fn encode(self) -> Result<String, std::fmt::Error> {
+        let mut registry = Registry::with_prefix(hvstats::metrics::PREFIX);
+        registry.register_collector(Box::new(self));
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry)?;
+        Ok(out)
+    }
+
+    /// For each partition in walk order, whether its VPs are exported one by one.
+    fn per_vp(&self) -> Vec<bool> {
+        let mut budget = self.max_vps;
+        self.partitions()
+            .map(|(_, p)| {
+                let fits = p.vps.len() <= budget;
+                if fits {
+                    budget -= p.vps.len();
+                }
+                fits
+            })
+            .collect()
+    }
+
+    fn partitions(&self) -> impl Iterator<Item = (&InstanceSnapshot, &PartitionSnapshot)> {
+        self.reading.instances.iter().flat_map(|i| i.partitions.iter().map(move |p| (i, p)))
+    }
+
+    fn has_objects(&self, kind: ObjectKind) -> bool {
+        let instances = &self.reading.instances;
+        match kind {
+            ObjectKind::Hypervisor => !instances.is_empty(),
+            ObjectKind::LogicalProcessor => instances.iter().any(|i| !i.lps.is_empty()),
+            ObjectKind::Partition => instances.iter().any(|i| !i.partitions.is_empty()),
+            ObjectKind::Vp => instances.iter().flat_map(|i| &i.partitions).any(|p| !p.vps.is_empty()),
+        }
+    }
+
+    fn encode_family(
+        &self,
+        family: &Family,
+        metric: &mut MetricEncoder,
+        per_vp: &[bool],
+    ) -> std::fmt::Result {
+        let mut sample = |labels: &Labels, reading: &ObjectReading| -> std::fmt::Result {
+            for member in &family.members {
+                let Some(raw) = reading.get(member.counter.name) else { continue };
+                let mut labels = labels.clone();
+                if let Some(class) = member.intercept {
+                    labels.push(("intercept", class.to_owned()));
+                }
+                encode_value(family, member, raw, &mut metric.encode_family(&labels)?)?;
+            }
+            Ok(())
+        };
+        for instance in &self.reading.instances {
+            let base: Labels = vec![("instance", instance.name.clone())];
+            match family.object {
+                ObjectKind::Hypervisor => sample(&base, &instance.hypervisor)?,
+                ObjectKind::LogicalProcessor => {
+                    for lp in &instance.lps {
+                        let mut labels = base.clone();
+                        labels.push(("lp", lp.index.to_string()));
+                        labels.push(("cpu", lp.cpu.to_string()));
+                        sample(&labels, &lp.reading)?;
+                    }
+                }
+                ObjectKind::Partition | ObjectKind::Vp => {}
+            }
+        }
+        if !matches!(family.object, ObjectKind::Partition | ObjectKind::Vp) {
+            return Ok(());
+        }
+        for ((instance, partition), one_by_one) in self.partitions().zip(per_vp) {
+            let labels: Labels = vec![
+                ("instance", instance.name.clone()),
+                ("vm", Live::vm_name(&instance.name, partition)),
+                ("partition", partition.id.to_string()),
+            ];
+            if family.object == ObjectKind::Partition {
+                sample(&labels, &partition.reading)?;
+            } else if *one_by_one {
+                for vp in &partition.vps {
+                    let mut labels = labels.clone();
+                    labels.push(("vp", vp.index.to_string()));
+                    sample(&labels, &vp.reading)?;
+                }
+            } else if let Some(sum) = summed(partition) {
+                let mut labels = labels.clone();
+                labels.push(("vp", ALL_VPS.to_owned()));
+                sample(&labels, &sum)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The readable VPs of `partition` summed counter by counter (`None` when none was readable). A
+/// counter some VP does not have is left out of the sum.
+pub fn summed(partition: &PartitionSnapshot) -> Option<ObjectReading> {
+    let mut sum: Option<Vec<(&'static hvstats_abi::Counter, u64)>> = None;
+    for vp in &partition.vps {
+        let ObjectReading::Counters(values) = &vp.reading else { continue };
+        match &mut sum {
+            None => sum = Some(values.clone()),
+            Some(sum) => sum.retain_mut(|(c, total)| match vp.reading.get(c.name) {
+                Some(v) => {
+                    *total = total.wrapping_add(v);
+                    true
+                }
+                None => false,
+            }),
+        }
+    }
+    sum.map(ObjectReading::Counters)
+}
+
+fn encode_value(family: &Family, member: &Member, raw: u64, metric: &mut MetricEncoder) -> std::fmt::Result {
+    // Whole counts stay integers: an f64 would round counts above 2^53.
+    match (family.kind, member.exact(raw)) {
+        (MetricKind::Counter, Some(v)) => metric.encode_counter::<NoLabelSet, _, u64>(&v, None),
+        (MetricKind::Counter, None) => metric.encode_counter::<NoLabelSet, _, u64>(&member.value(raw), None),
+        (MetricKind::Gauge, Some(v)) => metric.encode_gauge(&v),
+        (MetricKind::Gauge, None) => metric.encode_gauge(&member.value(raw)),
+    }
+}
+
+impl Collector for Exposition {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let per_vp = self.per_vp();
+        for family in families() {
+            if !self.has_objects(family.object) {
+                continue;
+            }
+            let unit = family.unit.map(|u| match u {
+                BaseUnit::Seconds => Unit::Seconds,
+                BaseUnit::Bytes => Unit::Bytes,
+            });
+            let metric_type = match family.kind {
+                MetricKind::Counter => MetricType::Counter,
+                MetricKind::Gauge => MetricType::Gauge,
+            };
+            let mut metric =
+                encoder.encode_descriptor(&family.name, &family.help, unit.as_ref(), metric_type)?;
+            self.encode_family(family, &mut metric, &per_vp)?;
+        }
+        Ok(())
+    }
+}
+
+/// A text summary for `/healthz`: `ok`, the instance count and what could not be read.
+pub fn health(reading: &Reading) -> String {
+    let mut out = format!("ok: {} instances, {} VPs\n", reading.instances.len(), reading.vp_count());
+    for problem in &reading.problems {
+        let _ = writeln!(out, "problem: {problem}");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmd::serve::bench::synthetic_reading;
+
+    fn lines_of<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
+        text.lines().filter(|l| l.starts_with(prefix)).collect()
+    }
+
+    #[test]
+    fn every_vp_is_a_series_under_the_cap_and_partition_sums_beyond_it() {
+        // 3 partitions of 2 VPs; VP `i` of partition `p` holds 1000 × (2p + i) + its page index.
+        let text = Exposition::new(synthetic_reading(3, 2), 4).encode().unwrap();
+        let hypercalls = lines_of(&text, "hvstats_vp_hypercalls_total{");
+        // Partitions 1 and 2 fit in 4 VPs; partition 3 is summed.
+        assert_eq!(hypercalls.len(), 5, "{text}");
+        let index = hvstats_abi::catalog::counters_of(ObjectKind::Vp)
+            .position(|c| c.id == hvstats_abi::catalog::vp::HYPERCALLS)
+            .unwrap() as u64;
+        let all = hypercalls.iter().find(|l| l.contains("vp=\"all\"")).unwrap();
+        assert!(all.contains("partition=\"3\""), "{all}");
+        assert!(all.ends_with(&format!(" {}", 4000 + index + 5000 + index)), "{all}");
+        assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn the_classic_format_names_counter_samples_and_drops_openmetrics_lines() {
+        let om = "# HELP hvstats_vp_hypercalls Hypercalls.\n# TYPE hvstats_vp_hypercalls counter\n\
+                  hvstats_vp_hypercalls_total{vp=\"0\"} 3\n# HELP hvstats_partition_gpa_bytes GPA.\n\
+                  # TYPE hvstats_partition_gpa_bytes gauge\n# UNIT hvstats_partition_gpa_bytes bytes\n\
+                  hvstats_partition_gpa_bytes 4096\n# EOF\n";
+        assert_eq!(
+            to_classic(om),
+            "# HELP hvstats_vp_hypercalls_total Hypercalls.\n# TYPE hvstats_vp_hypercalls_total counter\n\
+             hvstats_vp_hypercalls_total{vp=\"0\"} 3\n# HELP hvstats_partition_gpa_bytes GPA.\n\
+             # TYPE hvstats_partition_gpa_bytes gauge\nhvstats_partition_gpa_bytes 4096\n"
+        );
+        assert!(accepts_openmetrics("application/openmetrics-text;version=1.0.0,text/plain;q=0.5"));
+        assert!(!accepts_openmetrics("*/*"));
+    }
+}

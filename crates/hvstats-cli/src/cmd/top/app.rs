@@ -1,0 +1,268 @@
+//! The state of the live view and what each key does to it.
+//!
+//! A key becomes an [`Action`] through the one table [`KEYS`], which also makes the help text, so
+//! help and dispatch cannot drift apart; [`App::update`] applies an action; drawing is elsewhere
+//! and only reads the state.
+
+use std::time::Duration;
+
+use hvstats::present::VP_COLUMNS;
+use regex::Regex;
+
+use super::table::{self, Group};
+use crate::cmd::live::Reading;
+
+/// What a key asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Sort by the next column (after the last: by name again).
+    SortNext,
+    /// Sort by the previous column.
+    SortPrevious,
+    /// Flip the sort order.
+    SortReverse,
+    /// Start typing a regex the VM names must match.
+    Filter,
+    /// Stop or resume sampling.
+    Pause,
+    /// Start typing a new interval in seconds.
+    Interval,
+    /// Show values since now instead of over the last interval (again: restart).
+    Reset,
+    /// Show or hide the help.
+    Help,
+    /// Leave.
+    Quit,
+}
+
+/// One key: its character, the action and its help text.
+pub struct Key {
+    /// The key.
+    pub key: char,
+    /// What it does.
+    pub action: Action,
+    /// For the help.
+    pub help: &'static str,
+}
+
+/// Every key, in the order the help lists them (kvm_stat's letters where it has one).
+pub const KEYS: [Key; 9] = [
+    Key { key: 'o', action: Action::SortNext, help: "sort by the next column" },
+    Key { key: 'O', action: Action::SortPrevious, help: "sort by the previous column" },
+    Key { key: 'i', action: Action::SortReverse, help: "invert the sort order" },
+    Key { key: 'f', action: Action::Filter, help: "filter VMs by regex (empty: all)" },
+    Key { key: 'p', action: Action::Pause, help: "pause / resume sampling" },
+    Key { key: 's', action: Action::Interval, help: "set the sampling interval in seconds" },
+    Key { key: 'r', action: Action::Reset, help: "reset: show averages since now" },
+    Key { key: 'h', action: Action::Help, help: "show / hide this help" },
+    Key { key: 'q', action: Action::Quit, help: "quit" },
+];
+
+/// The action of key `c`, if any.
+pub fn action_of(c: char) -> Option<Action> {
+    KEYS.iter().find(|k| k.key == c).map(|k| k.action)
+}
+
+/// A line being typed at the bottom of the screen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Prompt {
+    /// A regex for [`Action::Filter`].
+    Filter(String),
+    /// Seconds for [`Action::Interval`].
+    Interval(String),
+}
+
+/// The whole state of the view.
+pub struct App {
+    /// The runtime directory, for the empty-screen message.
+    pub dir: String,
+    /// Time between readings.
+    pub interval: Duration,
+    /// Sampling stopped.
+    pub paused: bool,
+    /// Help shown.
+    pub help: bool,
+    /// The column sorted by (`None`: by name).
+    pub sort: Option<usize>,
+    /// Largest first.
+    pub descending: bool,
+    /// The VM filter.
+    pub filter: Option<Regex>,
+    /// A line being typed.
+    pub prompt: Option<Prompt>,
+    /// The last message (an invalid regex, a read error).
+    pub message: Option<String>,
+    /// The reading values are shown since (the previous one, or the one at a reset).
+    pub base: Option<Reading>,
+    /// True after a reset: `base` stays until the next reset.
+    pub since_reset: bool,
+    /// The latest reading.
+    pub latest: Option<Reading>,
+    /// Set by [`Action::Quit`].
+    pub quit: bool,
+}
+
+impl App {
+    /// A view of `dir` sampling every `interval`.
+    pub fn new(dir: String, interval: Duration) -> Self {
+        Self {
+            dir,
+            interval,
+            paused: false,
+            help: false,
+            sort: None,
+            descending: true,
+            filter: None,
+            prompt: None,
+            message: None,
+            base: None,
+            since_reset: false,
+            latest: None,
+            quit: false,
+        }
+    }
+
+    /// Takes a new reading: the latest becomes the base unless a reset pinned it.
+    pub fn sample(&mut self, reading: Reading) {
+        if let Some(previous) = self.latest.take() {
+            if !self.since_reset || self.base.is_none() {
+                self.base = Some(previous);
+            }
+        }
+        self.latest = Some(reading);
+    }
+
+    /// Seconds between the base and the latest reading.
+    pub fn seconds(&self) -> Option<f64> {
+        Some(self.latest.as_ref()?.at.saturating_duration_since(self.base.as_ref()?.at).as_secs_f64())
+    }
+
+    /// The groups to show: filtered and sorted.
+    pub fn groups(&self) -> Vec<Group> {
+        let (Some(base), Some(latest)) = (&self.base, &self.latest) else { return Vec::new() };
+        let mut groups = table::groups(base, latest);
+        if let Some(filter) = &self.filter {
+            groups.retain(|g| filter.is_match(&g.vm));
+        }
+        for g in &mut groups {
+            g.vps.sort_by(|a, b| table::compare(a, b, self.sort, self.descending));
+        }
+        groups.sort_by(|a, b| table::compare(&a.total, &b.total, self.sort, self.descending));
+        groups
+    }
+
+    /// Applies `action`.
+    pub fn update(&mut self, action: Action) {
+        let columns = VP_COLUMNS.len();
+        match action {
+            Action::SortNext => {
+                self.sort = match self.sort {
+                    None => Some(0),
+                    Some(c) if c + 1 < columns => Some(c + 1),
+                    Some(_) => None,
+                }
+            }
+            Action::SortPrevious => {
+                self.sort = match self.sort {
+                    None => Some(columns - 1),
+                    Some(0) => None,
+                    Some(c) => Some(c - 1),
+                }
+            }
+            Action::SortReverse => self.descending = !self.descending,
+            Action::Filter => {
+                let current = self.filter.as_ref().map(|r| r.as_str().to_owned()).unwrap_or_default();
+                self.prompt = Some(Prompt::Filter(current));
+            }
+            Action::Pause => self.paused = !self.paused,
+            Action::Interval => self.prompt = Some(Prompt::Interval(String::new())),
+            Action::Reset => {
+                self.base = self.latest.clone();
+                self.since_reset = true;
+            }
+            Action::Help => self.help = !self.help,
+            Action::Quit => self.quit = true,
+        }
+    }
+
+    /// A character typed while a prompt is open (`\n` ends it, `\x1b` cancels it, `\x08` erases).
+    pub fn type_char(&mut self, c: char) {
+        let Some(prompt) = &mut self.prompt else { return };
+        let text = match prompt {
+            Prompt::Filter(t) | Prompt::Interval(t) => t,
+        };
+        match c {
+            '\x1b' => self.prompt = None,
+            '\x08' => {
+                text.pop();
+            }
+            '\n' => {
+                let prompt = self.prompt.take();
+                self.message = None;
+                match prompt {
+                    Some(Prompt::Filter(t)) if t.is_empty() => self.filter = None,
+                    Some(Prompt::Filter(t)) => match Regex::new(&t) {
+                        Ok(r) => self.filter = Some(r),
+                        Err(e) => self.message = Some(format!("invalid regex: {e}")),
+                    },
+                    Some(Prompt::Interval(t)) => match t.trim().parse::<f64>() {
+                        Ok(s) if (0.1..=3600.0).contains(&s) => self.interval = Duration::from_secs_f64(s),
+                        _ => self.message = Some(format!("{t:?}: the interval is 0.1 to 3600 seconds")),
+                    },
+                    None => {}
+                }
+            }
+            c if !c.is_control() && text.len() < 200 => text.push(c),
+            _ => {}
+        }
+    }
+
+    /// The key help, one line per key.
+    pub fn help_lines() -> Vec<String> {
+        KEYS.iter().map(|k| format!("{}  {}", k.key, k.help)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_key_has_one_action_and_every_action_a_key() {
+        for (i, k) in KEYS.iter().enumerate() {
+            assert!(KEYS[..i].iter().all(|o| o.key != k.key && o.action != k.action), "{}", k.key);
+            assert_eq!(action_of(k.key), Some(k.action));
+        }
+        assert_eq!(action_of('z'), None);
+    }
+
+    #[test]
+    fn sorting_cycles_through_every_column_and_back_to_names() {
+        let mut app = App::new(String::new(), Duration::from_secs(1));
+        for expected in (0..VP_COLUMNS.len()).map(Some).chain([None]) {
+            app.update(Action::SortNext);
+            assert_eq!(app.sort, expected);
+        }
+        app.update(Action::SortPrevious);
+        assert_eq!(app.sort, Some(VP_COLUMNS.len() - 1));
+    }
+
+    #[test]
+    fn prompts_set_the_filter_and_interval_or_say_what_is_wrong() {
+        let mut app = App::new(String::new(), Duration::from_secs(1));
+        app.update(Action::Filter);
+        "vm[".chars().chain(['\n']).for_each(|c| app.type_char(c));
+        assert!(app.filter.is_none());
+        assert!(app.message.as_deref().unwrap().starts_with("invalid regex"));
+        app.update(Action::Filter);
+        ":7$\n".chars().for_each(|c| app.type_char(c));
+        assert_eq!(app.filter.as_ref().map(Regex::as_str), Some(":7$"));
+        app.update(Action::Interval);
+        "2.5\n".chars().for_each(|c| app.type_char(c));
+        assert_eq!(app.interval, Duration::from_millis(2500));
+        app.update(Action::Interval);
+        "0\n".chars().for_each(|c| app.type_char(c));
+        assert_eq!(app.interval, Duration::from_millis(2500));
+        assert!(app.message.is_some());
+    }
+}

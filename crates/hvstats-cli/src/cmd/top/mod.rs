@@ -1,0 +1,167 @@
+//! `hvstats top`: a live full-screen view of every VP of every live instance, in kvm_stat's
+//! spirit — one row per VP under its partition's total, columns of the main intercept classes
+//! presented as the catalog says (run time %, rates per second, average cost in µs).
+//!
+//! `--once` prints one text table (or `--json`) from two readings one interval apart, for scripts
+//! and terminals that are not one.
+
+pub mod app;
+pub mod table;
+pub mod ui;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
+
+use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
+
+use crate::cmd::live::{Live, Reading};
+use app::App;
+
+/// Flags of `hvstats top`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The runtime directory the instances are published under (default: $HVSTATS_RUNTIME_DIR,
+    /// or /run/hvstats).
+    #[arg(long, value_name = "DIR")]
+    runtime_dir: Option<PathBuf>,
+    /// Seconds between readings.
+    #[arg(long, short = 'd', value_name = "SECS", default_value_t = 1.0, value_parser = parse_interval)]
+    interval: f64,
+    /// Print one table from two readings one interval apart, and exit.
+    #[arg(long)]
+    once: bool,
+    /// With --once: print JSON instead of a table.
+    #[arg(long, requires = "once")]
+    json: bool,
+}
+
+fn parse_interval(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.1..=3600.0).contains(&v) => Ok(v),
+        _ => Err(format!("{s:?}: the interval is a number of seconds from 0.1 to 3600")),
+    }
+}
+
+/// Runs `hvstats top`.
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let live = Live::new(args.runtime_dir);
+    if !live.dir().exists() {
+        anyhow::bail!("runtime directory {} does not exist", live.dir().display());
+    }
+    if args.once {
+        return once(&live, args.interval, args.json);
+    }
+    let mut app = App::new(live.dir().display().to_string(), Duration::from_secs_f64(args.interval));
+    let mut terminal = ratatui::init();
+    let result = event_loop(&mut terminal, live, &mut app);
+    ratatui::restore();
+    result.map(|()| ExitCode::SUCCESS)
+}
+
+fn once(live: &Live, interval: f64, json: bool) -> anyhow::Result<ExitCode> {
+    let before = live.read()?;
+    std::thread::sleep(Duration::from_secs_f64(interval));
+    let after = live.read()?;
+    let seconds = after.at.saturating_duration_since(before.at).as_secs_f64();
+    let groups = table::groups(&before, &after);
+    let mut out = std::io::stdout().lock();
+    for problem in &after.problems {
+        // A closed stderr loses the remark, not the table.
+        let _ = writeln!(std::io::stderr(), "hvstats: {problem}");
+    }
+    if json {
+        serde_json::to_writer_pretty(&mut out, &table::json(&groups, seconds))?;
+        writeln!(out)?;
+    } else {
+        out.write_all(table::text(&groups, seconds, &live.dir().display().to_string()).as_bytes())?;
+    }
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Reads every interval on its own thread, so a slow read never holds up keys or drawing.
+struct Sampler {
+    readings: mpsc::Receiver<anyhow::Result<Reading>>,
+    interval_ms: Arc<AtomicU64>,
+    paused: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Sampler {
+    fn start(live: Live, interval: Duration) -> Self {
+        let (tx, readings) = mpsc::channel();
+        let interval_ms = Arc::new(AtomicU64::new(interval.as_millis() as u64));
+        let (paused, stop) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+        let (ms, p, s) = (interval_ms.clone(), paused.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut last: Option<Instant> = None;
+            while !s.load(Ordering::Relaxed) {
+                let due =
+                    last.is_none_or(|t| t.elapsed() >= Duration::from_millis(ms.load(Ordering::Relaxed)));
+                if due && !p.load(Ordering::Relaxed) {
+                    last = Some(Instant::now());
+                    if tx.send(live.read()).is_err() {
+                        return;
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        Self { readings, interval_ms, paused, stop }
+    }
+}
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn event_loop(terminal: &mut ratatui::DefaultTerminal, live: Live, app: &mut App) -> anyhow::Result<()> {
+    let sampler = Sampler::start(live, app.interval);
+    loop {
+        while let Ok(reading) = sampler.readings.try_recv() {
+            match reading {
+                Ok(reading) => app.sample(reading),
+                Err(e) => app.message = Some(format!("{e:#}")),
+            }
+        }
+        terminal.draw(|frame| frame.render_widget(&*app, frame.area()))?;
+        if !event::poll(Duration::from_millis(100))? {
+            continue;
+        }
+        match event::read()? {
+            Event::Key(key) if key.kind == KeyEventKind::Press => {
+                if key.modifiers.contains(KeyModifiers::CONTROL) && key.code == KeyCode::Char('c') {
+                    return Ok(());
+                }
+                if app.prompt.is_some() {
+                    match key.code {
+                        KeyCode::Enter => app.type_char('\n'),
+                        KeyCode::Esc => app.type_char('\x1b'),
+                        KeyCode::Backspace => app.type_char('\x08'),
+                        KeyCode::Char(c) => app.type_char(c),
+                        _ => {}
+                    }
+                } else if key.code == KeyCode::Esc && app.help {
+                    app.help = false;
+                } else if let KeyCode::Char(c) = key.code {
+                    if let Some(action) = app::action_of(c) {
+                        app.update(action);
+                    }
+                }
+                sampler.interval_ms.store(app.interval.as_millis() as u64, Ordering::Relaxed);
+                sampler.paused.store(app.paused, Ordering::Relaxed);
+                if app.quit {
+                    return Ok(());
+                }
+            }
+            // A resize redraws at the new size on the next turn.
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! `hvstats record` of instances this test publishes, then `report` (exact totals) and `plot`
+//! (PNG and SVG) of the recording; Ctrl-C ends a recording with a valid file.
+
+mod common;
+
+use common::TempDir;
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use hvstats::{Hypervisor, InstanceConfig};
+use hvstats_abi::catalog::vp;
+use serde_json::Value;
+
+fn hvstats(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hvstats")).args(args).output().unwrap()
+}
+
+fn name(id: hvstats_abi::CounterId) -> &'static str {
+    id.counter().unwrap().name
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Records 1.5 s of a 2-VP partition that makes 600 I/O exits (4.2 µs each) and 9 hypercalls on
+/// VP 1 between the first and last sample; returns the recording's path and the VM name.
+fn record_known_guest(tmp: &TempDir) -> (std::path::PathBuf, String) {
+    let hv = Hypervisor::with_config(InstanceConfig {
+        runtime_dir: Some(tmp.path().join("run")),
+        logical_processors: Some(vec![0]),
+        ..Default::default()
+    })
+    .unwrap();
+    let part = hv.create_partition(2).unwrap();
+    let page = part.vp_page(1).unwrap();
+    page.set(vp::IO_INSTRUCTIONS, 1000);
+    page.set(vp::IO_INSTRUCTIONS_COST, 5000);
+    let file = tmp.path().join("rec.ndjson");
+    let child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["record", "--interval", "0.25", "--duration", "1.5", "--runtime-dir"])
+        .arg(tmp.path().join("run"))
+        .arg("-o")
+        .arg(&file)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once the first sample is on file, spread the traffic over the recording, before its last.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::fs::read_to_string(&file).map_or(0, |t| t.lines().count()) < 2 {
+        assert!(std::time::Instant::now() < deadline, "no first sample");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_millis(300));
+        page.add(vp::IO_INSTRUCTIONS, 200);
+        page.add(vp::IO_INSTRUCTIONS_COST, 200 * 42);
+        page.add(vp::HYPERCALLS, 3);
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let vm = format!("{}:{}", hv.published_name().unwrap(), part.id());
+    (file, vm)
+}
+
+#[test]
+fn record_then_report_gives_exact_totals_deltas_rates_and_costs() {
+    let tmp = TempDir::new("record-report");
+    let (file, vm) = record_known_guest(&tmp);
+
+    let text = std::fs::read_to_string(&file).unwrap();
+    let header: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    assert_eq!(header["format"], "hvstats-recording");
+    assert_eq!(header["catalog"]["groups"], "1.0");
+    assert_eq!(header["catalog"]["vp"].as_array().unwrap().len(), 65);
+    assert_eq!(header["catalog"]["vp"][2]["name"], name(vp::HYPERCALLS));
+    assert_eq!(text.lines().count(), 1 + 7, "1.5 s every 0.25 s: 7 samples\n{text}");
+
+    let out = hvstats(&["report", "--json", path(&file)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["samples"], 7);
+    let vps = v["vps"].as_array().unwrap();
+    assert_eq!(vps.len(), 2);
+    let vp1 = vps.iter().find(|r| r["vp"] == 1).unwrap();
+    assert_eq!(vp1["vm"], vm.as_str());
+    assert_eq!(vp1["cumulative"][name(vp::IO_INSTRUCTIONS)], 1600);
+    assert_eq!(vp1["cumulative"][name(vp::IO_INSTRUCTIONS_COST)], 5000 + 600 * 42);
+    assert_eq!(vp1["cumulative"][name(vp::HYPERCALLS)], 9);
+    assert_eq!(vp1["deltas"][name(vp::IO_INSTRUCTIONS)], 600);
+    assert_eq!(vp1["deltas"][name(vp::HYPERCALLS)], 9);
+    let seconds = vp1["seconds"].as_f64().unwrap();
+    assert!((1.4..2.5).contains(&seconds), "{seconds}");
+    let rate = vp1["rates_per_second"][name(vp::IO_INSTRUCTIONS)].as_f64().unwrap();
+    assert!((rate * seconds - 600.0).abs() < 1e-6, "{rate}");
+    // 600 exits over 600 × 42 × 100 ns: 4,200 ns each.
+    let cost = vp1["average_cost_ns"][name(vp::IO_INSTRUCTIONS_COST)].as_f64().unwrap();
+    assert!((cost - 4200.0).abs() < 1e-9, "{cost}");
+    // Not maintained: null, not 0.
+    assert_eq!(vp1["cumulative"][name(vp::DEBUG_REGISTER_ACCESSES)], Value::Null);
+    assert!(vp1["deltas"].get(name(vp::DEBUG_REGISTER_ACCESSES)).is_none());
+    let vp0 = vps.iter().find(|r| r["vp"] == 0).unwrap();
+    assert_eq!(vp0["deltas"][name(vp::IO_INSTRUCTIONS)], 0);
+
+    let out = hvstats(&["report", path(&file)]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    let row = text.lines().find(|l| l.trim_start().starts_with(name(vp::IO_INSTRUCTIONS))).unwrap();
+    assert!(row.contains(" 1600 ") && row.contains(" 600 "), "{row}");
+}
+
+#[test]
+fn plot_draws_png_and_svg_with_axes_units_and_a_legend() {
+    let tmp = TempDir::new("record-plot");
+    let (file, vm) = record_known_guest(&tmp);
+    let png = tmp.path().join("chart.png");
+    let out = hvstats(&["plot", path(&file), "-o", path(&png)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let bytes = std::fs::read(&png).unwrap();
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+    // The default counters are the busiest rates: I/O exits, then hypercalls; 1000 × 360 each.
+    let (w, h) = (
+        u32::from_be_bytes(bytes[16..20].try_into().unwrap()),
+        u32::from_be_bytes(bytes[20..24].try_into().unwrap()),
+    );
+    assert_eq!((w, h), (1000, 720));
+    if let Ok(dir) = std::env::var("HVSTATS_KEEP_CHART") {
+        std::fs::copy(&png, Path::new(&dir).join("chart.png")).unwrap();
+    }
+
+    let svg = tmp.path().join("chart.svg");
+    let out = hvstats(&["plot", path(&file), "-o", path(&svg), "--counter", name(vp::IO_INSTRUCTIONS_COST)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.starts_with("<svg"), "{}", &text[..100]);
+    assert!(text.contains(name(vp::IO_INSTRUCTIONS_COST)));
+    assert!(text.contains("µs per event"));
+    assert!(text.contains("time since the start of the recording (s)"));
+    assert!(text.contains(&format!("{vm} VP 1")), "the legend names the VP");
+    // VP 0 made no I/O exits: no average cost to draw, no line.
+    assert!(!text.contains(&format!("{vm} VP 0")));
+
+    let bad = hvstats(&["plot", path(&file), "-o", path(&tmp.path().join("chart.gif"))]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains(".png or .svg"));
+    let bad = hvstats(&["plot", path(&file), "-o", path(&svg), "--counter", "No such counter/sec"]);
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("is not a VP counter"));
+}
+
+#[test]
+fn ctrl_c_ends_a_recording_with_a_valid_file() {
+    let tmp = TempDir::new("record-ctrlc");
+    let hv = Hypervisor::new_published(tmp.path()).unwrap();
+    let part = hv.create_partition(1).unwrap();
+    part.vp_page(0).unwrap().set(vp::HYPERCALLS, 77);
+    let file = tmp.path().join("rec.ndjson");
+    let child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["record", "--interval", "0.1", "--runtime-dir", path(tmp.path()), "-o", path(&file)])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report = hvstats(&["report", "--json", path(&file)]);
+    assert!(report.status.success(), "{}", String::from_utf8_lossy(&report.stderr));
+    let v: Value = serde_json::from_slice(&report.stdout).unwrap();
+    assert!(v["samples"].as_u64().unwrap() >= 2, "{v}");
+    assert_eq!(v["vps"][0]["cumulative"][name(vp::HYPERCALLS)], 77);
+}
+
+#[test]
+fn report_refuses_what_is_not_a_recording_and_tolerates_a_cut_last_line() {
+    let tmp = TempDir::new("record-bad");
+    let not = tmp.path().join("not.ndjson");
+    std::fs::write(&not, "{\"hello\": 1}\n").unwrap();
+    let out = hvstats(&["report", path(&not)]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("line 1 is not a recording header"));
+    let empty = tmp.path().join("empty.ndjson");
+    std::fs::write(&empty, "").unwrap();
+    assert!(String::from_utf8_lossy(&hvstats(&["report", path(&empty)]).stderr).contains("empty"));
+    let out = hvstats(&["report", path(tmp.path())]);
+    assert!(!out.status.success());
+
+    let (file, _) = {
+        let hv = Hypervisor::new_published(&tmp.path().join("run")).unwrap();
+        let part = hv.create_partition(1).unwrap();
+        part.vp_page(0).unwrap().set(vp::HYPERCALLS, 5);
+        let file = tmp.path().join("rec.ndjson");
+        let out = hvstats(
+            &["record", "-q", "--interval", "0.1", "--duration", "0.2", "--runtime-dir"]
+                .iter()
+                .copied()
+                .chain([path(&tmp.path().join("run")), "-o", path(&file)])
+                .collect::<Vec<_>>(),
+        );
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        (file, hv)
+    };
+    // A recorder killed mid-line leaves half a sample: the whole ones still count.
+    let mut text = std::fs::read_to_string(&file).unwrap();
+    let samples = text.lines().count() - 1;
+    text.push_str("{\"t\": 9.0, \"partitions\": [");
+    std::fs::write(&file, &text).unwrap();
+    let out = hvstats(&["report", "--json", path(&file)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["samples"], samples);
+    // The same damage in the middle is an error naming the line.
+    text.push_str("\n{}\n");
+    std::fs::write(&file, &text).unwrap();
+    let out = hvstats(&["report", path(&file)]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("line {} is not a sample", samples + 2)));
+}

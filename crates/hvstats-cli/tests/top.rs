@@ -1,0 +1,247 @@
+//! `hvstats top` over instances this test publishes: `--once` (JSON and text) with exact deltas,
+//! and the full-screen view in a real terminal (tmux: `send-keys`, `capture-pane`).
+
+mod common;
+
+use common::TempDir;
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use hvstats::{Hypervisor, InstanceConfig};
+use hvstats_abi::catalog::vp;
+use serde_json::Value;
+
+fn publish(dir: &Path, vps: u32) -> (std::sync::Arc<Hypervisor>, std::sync::Arc<hvstats::PartitionStats>) {
+    let hv = Hypervisor::with_config(InstanceConfig {
+        runtime_dir: Some(dir.to_path_buf()),
+        logical_processors: Some(vec![0]),
+        ..Default::default()
+    })
+    .unwrap();
+    let part = hv.create_partition(vps).unwrap();
+    (hv, part)
+}
+
+fn name(id: hvstats_abi::CounterId) -> &'static str {
+    id.counter().unwrap().name
+}
+
+fn top(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .arg("top")
+        .arg("--runtime-dir")
+        .arg(dir)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn once_json_gives_exact_deltas_rates_and_costs_over_its_interval() {
+    let tmp = TempDir::new("top-once");
+    let (_hv, part) = publish(tmp.path(), 2);
+    let page = part.vp_page(1).unwrap();
+    page.set(vp::IO_INSTRUCTIONS, 500);
+    page.set(vp::IO_INSTRUCTIONS_COST, 1_000);
+    // The first reading is taken at once, the second 3 s later: write in between.
+    let child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["top", "--once", "--json", "--interval", "3", "--runtime-dir"])
+        .arg(tmp.path())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    page.add(vp::IO_INSTRUCTIONS, 1200);
+    page.add(vp::IO_INSTRUCTIONS_COST, 1200 * 42); // 4.2 µs each
+    part.vp_page(0).unwrap().add(vp::HYPERCALLS, 3);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let seconds = v["interval_seconds"].as_f64().unwrap();
+    assert!((3.0..4.0).contains(&seconds), "{seconds}");
+    let p = &v["partitions"][0];
+    assert_eq!(p["partition"], part.id());
+    let vp1 = p["vps"].as_array().unwrap().iter().find(|r| r["vp"] == 1).unwrap();
+    assert_eq!(vp1["deltas"][name(vp::IO_INSTRUCTIONS)], 1200);
+    assert_eq!(vp1["deltas"][name(vp::IO_INSTRUCTIONS_COST)], 1200 * 42);
+    let rate = vp1["presented"][name(vp::IO_INSTRUCTIONS)].as_f64().unwrap();
+    assert!((rate * seconds - 1200.0).abs() < 1e-6, "{rate} × {seconds}");
+    assert_eq!(vp1["presented"][name(vp::IO_INSTRUCTIONS_COST)].as_f64().unwrap(), 4.2);
+    // No CPUID exits: no average cost, shown as null rather than 0.
+    assert_eq!(vp1["presented"][name(vp::CPUID_INSTRUCTIONS_COST)], Value::Null);
+    assert_eq!(v["units"][name(vp::IO_INSTRUCTIONS_COST)], "µs");
+    assert_eq!(v["units"][name(vp::IO_INSTRUCTIONS)], "/s");
+    // The partition total sums its VPs.
+    assert_eq!(p["total"]["deltas"][name(vp::IO_INSTRUCTIONS)], 1200);
+    assert_eq!(p["total"]["deltas"][name(vp::HYPERCALLS)], 3);
+}
+
+#[test]
+fn once_text_lists_partitions_and_vps_or_says_there_is_nothing() {
+    let tmp = TempDir::new("top-text");
+    let out = top(tmp.path(), &["--once", "--interval", "0.1"]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("no live partition under"));
+    let (hv, part) = publish(tmp.path(), 3);
+    let out = top(tmp.path(), &["--once", "--interval", "0.1"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    let vm = format!("{}:{}", hv.published_name().unwrap(), part.id());
+    assert!(text.lines().nth(1).unwrap().contains("CPUID/s"), "{text}");
+    assert!(text.lines().any(|l| l.starts_with(&vm)), "{text}");
+    for i in 0..3 {
+        assert!(text.lines().any(|l| l.starts_with(&format!("  VP {i} "))), "{text}");
+    }
+    let missing = top(&tmp.path().join("missing"), &["--once"]);
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("does not exist"));
+    let bad = top(tmp.path(), &["--once", "--interval", "0"]);
+    assert!(!bad.status.success());
+    let json_alone = top(tmp.path(), &["--json"]);
+    assert!(!json_alone.status.success(), "--json needs --once");
+}
+
+/// tmux on a private socket, killed on drop.
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new("tmux").arg("-L").arg(&self.socket).args(args).output().unwrap()
+    }
+
+    fn screen(&self) -> String {
+        String::from_utf8(self.run(&["capture-pane", "-p", "-t", "top"]).stdout).unwrap()
+    }
+
+    /// Waits until the screen shows `text` (10 s at most); returns the screen.
+    fn wait_for(&self, text: &str) -> String {
+        self.wait_until(text, |screen| screen.contains(text))
+    }
+
+    /// Waits until `ok` holds for the screen (10 s at most); returns the screen.
+    fn wait_until(&self, what: &str, ok: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let screen = self.screen();
+            if ok(&screen) {
+                return screen;
+            }
+            assert!(Instant::now() < deadline, "the screen never showed {what}:\n{screen}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn alive(&self) -> bool {
+        self.run(&["has-session", "-t", "top"]).status.success()
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.run(&["kill-server"]);
+    }
+}
+
+#[test]
+fn top_in_tmux_shows_the_vps_of_a_live_partition_and_quits_on_q() {
+    if Command::new("tmux").arg("-V").output().is_err() {
+        assert!(std::env::var("HVSTATS_REQUIRE_TMUX").as_deref() != Ok("1"), "tmux is missing");
+        eprintln!("top_in_tmux: tmux is missing (Debian package tmux): skipped");
+        return;
+    }
+    let tmp = TempDir::new("top-tmux");
+    let (hv, part) = publish(tmp.path(), 2);
+    part.vp_page(1).unwrap().set(vp::HYPERCALLS, 1);
+    let tmux = Tmux { socket: format!("hvstats-top-{}", std::process::id()) };
+    let command = format!(
+        "{} top --interval 0.3 --runtime-dir {}",
+        env!("CARGO_BIN_EXE_hvstats"),
+        tmp.path().display()
+    );
+    let started = tmux.run(&["new-session", "-d", "-s", "top", "-x", "200", "-y", "30", &command]);
+    assert!(started.status.success(), "{}", String::from_utf8_lossy(&started.stderr));
+    // Keep the pane after the command exits, to tell "quit" from "crashed".
+    tmux.run(&["set-option", "-t", "top", "remain-on-exit", "on"]);
+
+    let vm = format!("{}:{}", hv.published_name().unwrap(), part.id());
+    let screen = tmux.wait_for("VP 1");
+    assert!(screen.contains("hvstats top"), "{screen}");
+    assert!(screen.contains(&vm), "{screen}");
+    assert!(screen.contains("VP 0"), "{screen}");
+    assert!(screen.contains("Hcall/s") && screen.contains("CPUID µs"), "{screen}");
+
+    // Hypercalls at a steady rate show up in the VP's row and sort it first.
+    let writer_stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (part, stop) = (part.clone(), writer_stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                part.vp_page(1).unwrap().add(vp::HYPERCALLS, 100);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+    };
+    tmux.run(&["send-keys", "-t", "top", "o", "o"]);
+    tmux.wait_for("sort Hcall/s↓");
+    // Columns: label, Run%, Hcall/s. VP 1 makes hypercalls, VP 0 none: VP 1 comes first.
+    let hcall_rate = |line: &str| line.split_whitespace().nth(3).and_then(|v| v.parse::<f64>().ok());
+    let screen = tmux.wait_until("VP 1 first with hypercalls", |screen| {
+        let vps: Vec<&str> = screen.lines().filter(|l| l.trim_start().starts_with("VP ")).collect();
+        vps.len() == 2
+            && vps[0].trim_start().starts_with("VP 1")
+            && hcall_rate(vps[0]).is_some_and(|r| r > 0.0)
+    });
+    let vp0 = screen.lines().find(|l| l.trim_start().starts_with("VP 0")).unwrap();
+    assert_eq!(hcall_rate(vp0), Some(0.0), "{screen}");
+
+    tmux.run(&["send-keys", "-t", "top", "h"]);
+    let screen = tmux.wait_for(" keys ");
+    assert!(screen.contains("filter VMs by regex"), "{screen}");
+    tmux.run(&["send-keys", "-t", "top", "h"]);
+
+    // A filter nothing matches empties the view; an empty filter shows everything again.
+    tmux.run(&["send-keys", "-t", "top", "f", "nomatch", "Enter"]);
+    tmux.wait_for("no VM matches the filter");
+    tmux.run(&[
+        "send-keys",
+        "-t",
+        "top",
+        "f",
+        "BSpace",
+        "BSpace",
+        "BSpace",
+        "BSpace",
+        "BSpace",
+        "BSpace",
+        "BSpace",
+    ]);
+    tmux.run(&["send-keys", "-t", "top", "Enter"]);
+    tmux.wait_for("VP 1");
+
+    // The terminal shrinks: fewer columns, still running.
+    tmux.run(&["resize-window", "-t", "top", "-x", "60", "-y", "20"]);
+    let screen = tmux.wait_for("Run%");
+    assert!(!screen.contains("Migr/s"), "{screen}");
+
+    // The instance goes away: the view says so and keeps running.
+    writer_stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    drop((part, hv));
+    tmux.wait_for("no live hvstats instance");
+
+    tmux.run(&["send-keys", "-t", "top", "q"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let dead = tmux.run(&["display-message", "-p", "-t", "top", "#{pane_dead} #{pane_dead_status}"]);
+        let status = String::from_utf8_lossy(&dead.stdout).trim().to_owned();
+        if status == "1 0" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "top did not exit 0 on q: {status:?}\n{}", tmux.screen());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(tmux.alive());
+}
