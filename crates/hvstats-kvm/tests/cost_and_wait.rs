@@ -2,6 +2,8 @@
 //! of known duration lands in the right buckets, and VPs made to compete for one CPU with a busy
 //! host thread show CPU wait in their pages.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::sync::Arc;
