@@ -356,7 +356,11 @@ mod tests {
 
     #[test]
     fn every_maintained_counter_is_exported_once_under_a_unique_name() {
-        let maintained: Vec<_> = CATALOG.iter().filter(|c| c.maintained.is_maintained()).collect();
+        // Histograms span many slots and are not one-value members.
+        let maintained: Vec<_> = CATALOG
+            .iter()
+            .filter(|c| c.maintained.is_maintained() && c.presentation != Presentation::Histogram)
+            .collect();
         let members: usize = families().iter().map(|f| f.members.len()).sum();
         assert_eq!(members, maintained.len());
         let names: HashSet<String> = families().iter().map(Family::exposed_name).collect();
