@@ -5,8 +5,15 @@
 //! description. Everything else — the `CounterId` constants in [`hypervisor`], [`lp`],
 //! [`partition`] and [`vp`], page offsets, group lengths, JSON keys and help texts — is derived from
 //! this table; no counter is written down anywhere else.
+//!
+//! The table grows as seed 004 says: counters appended to a group after its 1.0 are listed in
+//! [`APPENDED`], which raises the group's minor version on that kind's page; data of hvstats' own
+//! (the sequence counter of consistent reads, log2 histograms of times) sits in a group of its own
+//! type, [`GroupKind::Hvstats`], which TLFS readers skip by its Length. A histogram is one row
+//! whose value spans [`HISTOGRAM_SLOTS`] slots.
 
 use crate::group::{GroupType, GroupVersion, VALUE_SIZE};
+use crate::histogram::HISTOGRAM_SLOTS;
 use crate::hypercall::HypercallClass;
 use crate::object::ObjectKind;
 
@@ -17,23 +24,36 @@ pub enum GroupKind {
     Architectural,
     /// The release-specific group (`*V_ID` = 3).
     Release,
+    /// hvstats' own group ([`GroupType::HVSTATS`]): the sequence counter and histograms.
+    Hvstats,
 }
 
 impl GroupKind {
-    /// Both groups, in page order.
-    pub const ALL: [GroupKind; 2] = [GroupKind::Architectural, GroupKind::Release];
+    /// Every group, in page order.
+    pub const ALL: [GroupKind; 3] = [GroupKind::Architectural, GroupKind::Release, GroupKind::Hvstats];
 
     /// The group type written in the header.
     pub const fn group_type(self) -> GroupType {
         match self {
             GroupKind::Architectural => GroupType::ARCHITECTURAL,
             GroupKind::Release => GroupType::RELEASE,
+            GroupKind::Hvstats => GroupType::HVSTATS,
         }
     }
 
-    /// The version hvstats writes and, as a reader, is compiled for.
-    pub const fn version(self) -> GroupVersion {
-        GroupVersion::V1_0
+    /// The version of this group on `kind`'s page that hvstats writes and, as a reader, is
+    /// compiled for: 1.0, with the minor raised once for each [`APPENDED`] entry of the group.
+    pub const fn version(self, kind: ObjectKind) -> GroupVersion {
+        let mut minor = 0;
+        let mut i = 0;
+        while i < APPENDED.len() {
+            let a = &APPENDED[i];
+            if a.kind as u8 == kind as u8 && a.group as u8 == self as u8 && a.minor > minor {
+                minor = a.minor;
+            }
+            i += 1;
+        }
+        GroupVersion { major: 1, minor }
     }
 
     /// The known group kind of a group type.
@@ -41,15 +61,17 @@ impl GroupKind {
         match t {
             GroupType::ARCHITECTURAL => Some(GroupKind::Architectural),
             GroupType::RELEASE => Some(GroupKind::Release),
+            GroupType::HVSTATS => Some(GroupKind::Hvstats),
             _ => None,
         }
     }
 
-    /// Short name: `architectural` or `release`.
+    /// Short name: `architectural`, `release` or `hvstats`.
     pub const fn name(self) -> &'static str {
         match self {
             GroupKind::Architectural => "architectural",
             GroupKind::Release => "release",
+            GroupKind::Hvstats => "hvstats",
         }
     }
 }
@@ -96,6 +118,9 @@ pub enum Presentation {
     PercentTime,
     /// An instantaneous value.
     Instant,
+    /// A log2 histogram of times ([`crate::histogram`]): the row's value is the sum of the times,
+    /// followed by the bucket counts, [`HISTOGRAM_SLOTS`] slots in all.
+    Histogram,
 }
 
 impl Presentation {
@@ -107,6 +132,7 @@ impl Presentation {
             Presentation::Cost => "cost",
             Presentation::PercentTime => "percent-time",
             Presentation::Instant => "instant",
+            Presentation::Histogram => "histogram",
         }
     }
 }
@@ -523,6 +549,41 @@ catalog! {
         Release 63 VIRTUAL_PROCESSOR_HYPERCALLS "Virtual processor hypercalls/sec", Count, Rate,
             By(Hypercall(Hc::VirtualProcessor), "hypercalls of the virtual processor class"),
             "The rate of Virtual Processor hypercalls made by guest code on the virtual processor.";
+        // Release 1.1 (see APPENDED): the VP thread's wait for a CPU, from its schedstat.
+        Release 64 DISPATCHES "Dispatches/sec", Count, Rate,
+            By(ThreadTime(ThreadTime::Dispatches), "schedstat of the VP thread: the times it was put on a CPU"),
+            "The rate at which the virtual processor is dispatched to run on a logical processor.";
+        Release 65 CPU_WAIT_TIME_PER_DISPATCH "CPU wait time per dispatch", Nanoseconds, Cost,
+            By(ThreadTime(ThreadTime::CpuWait), "schedstat of the VP thread: time runnable on a run queue, waiting for a CPU"),
+            "The average time (in nanoseconds) the virtual processor waited for a logical processor to run on, per dispatch; as a share of elapsed time, the time it was ready but not running.";
+        // hvstats' own group: skipped by TLFS readers.
+        Hvstats 1 SEQUENCE "Sequence", Count, Instant,
+            By(Authority, "made odd before and even after every merge of kernel counters into the page"),
+            "Odd while counters are merged into the page: a reader that finds it even and unchanged around its copy has every counter from one moment.";
+        Hvstats 2 HYPERCALLS_TIME_HISTOGRAM "Hypercall time histogram", Nanoseconds, Histogram,
+            By(RunLoop(Loop::HypercallsHistogram), "each hypercall's time, from its exit to the next entry into the guest"),
+            "The distribution of the time (in nanoseconds) spent processing a hypercall.";
+        Hvstats 35 IO_TIME_HISTOGRAM "IO intercept time histogram", Nanoseconds, Histogram,
+            By(RunLoop(Loop::IoHistogram), "each port access handled in userspace"),
+            "The distribution of the time (in nanoseconds) spent processing an IO intercept in the parent.";
+        Hvstats 68 MSR_TIME_HISTOGRAM "MSR intercept time histogram", Nanoseconds, Histogram,
+            By(RunLoop(Loop::MsrHistogram), "each MSR access handled in userspace"),
+            "The distribution of the time (in nanoseconds) spent processing an MSR intercept in the parent.";
+        Hvstats 101 MEMORY_TIME_HISTOGRAM "Memory intercept time histogram", Nanoseconds, Histogram,
+            By(RunLoop(Loop::MmioHistogram), "each MMIO access handled in userspace"),
+            "The distribution of the time (in nanoseconds) spent processing a memory intercept in the parent.";
+        Hvstats 134 OTHER_TIME_HISTOGRAM "Other intercept time histogram", Nanoseconds, Histogram,
+            By(RunLoop(Loop::OtherHistogram), "each userspace exit other than port I/O, MMIO, MSR and hypercalls"),
+            "The distribution of the time (in nanoseconds) spent processing other intercepts in the parent.";
+        Hvstats 167 HALT_WAIT_HISTOGRAM "Halt wait histogram", Nanoseconds, Histogram,
+            By(KvmStats(KvmStat::Vcpu(&["halt_wait_ns", "halt_wait_hist"])), "vCPU stats halt_wait_ns (the sum) and halt_wait_hist (the buckets)"),
+            "The distribution of the time (in nanoseconds) a halted virtual processor waited, blocked, for a wake-up.";
+        Hvstats 200 HALT_POLL_SUCCESS_HISTOGRAM "Halt poll success histogram", Nanoseconds, Histogram,
+            By(KvmStats(KvmStat::Vcpu(&["halt_poll_success_ns", "halt_poll_success_hist"])), "vCPU stats halt_poll_success_ns and halt_poll_success_hist"),
+            "The distribution of the time (in nanoseconds) a halted virtual processor polled before a wake-up came.";
+        Hvstats 233 HALT_POLL_FAIL_HISTOGRAM "Halt poll fail histogram", Nanoseconds, Histogram,
+            By(KvmStats(KvmStat::Vcpu(&["halt_poll_fail_ns", "halt_poll_fail_hist"])), "vCPU stats halt_poll_fail_ns and halt_poll_fail_hist"),
+            "The distribution of the time (in nanoseconds) a halted virtual processor polled in vain before blocking.";
     }
 }
 
@@ -581,6 +642,14 @@ impl Counter {
 }
 
 impl Counter {
+    /// The page slots the counter's value spans: [`HISTOGRAM_SLOTS`] for a histogram, else 1.
+    pub const fn slots(&self) -> usize {
+        match self.presentation {
+            Presentation::Histogram => HISTOGRAM_SLOTS,
+            _ => 1,
+        }
+    }
+
     /// For a count, the cost counter averaged over it (the next index of its group), if any.
     pub fn cost(&self) -> Option<&'static Counter> {
         let next = CounterId { index: self.id.index.checked_add(1)?, ..self.id }.counter()?;
@@ -615,14 +684,55 @@ pub const fn group_counters(kind: ObjectKind, group: GroupKind) -> usize {
     crate::page::PageLayout::of(kind).counters(group)
 }
 
+/// A counter appended to a group after 1.0 (seed 004): from `first_index` on, the group's counters
+/// on `kind`'s page arrived in version 1.`minor`, and a reader compiled for an earlier minor does
+/// not know them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Appended {
+    /// The object kind whose page has the group.
+    pub kind: ObjectKind,
+    /// The group.
+    pub group: GroupKind,
+    /// The minor version that appended the counters.
+    pub minor: u16,
+    /// The index of the first counter it appended.
+    pub first_index: u16,
+}
+
+/// Every minor version of a group past 1.0, oldest first per group.
+pub const APPENDED: &[Appended] = &[
+    // Release 1.1 of the VP page: dispatches and CPU wait time.
+    Appended { kind: ObjectKind::Vp, group: GroupKind::Release, minor: 1, first_index: 64 },
+];
+
+/// The number of counters (64-bit values) of `group` on `kind`'s page that a reader compiled for
+/// minor version `minor` knows: the whole group for the current minor, fewer for an older one.
+pub const fn counters_at(kind: ObjectKind, group: GroupKind, minor: u16) -> usize {
+    let mut known = count_group(kind, group);
+    let mut i = 0;
+    while i < APPENDED.len() {
+        let a = &APPENDED[i];
+        if a.kind as u8 == kind as u8
+            && a.group as u8 == group as u8
+            && a.minor > minor
+            && (a.first_index as usize) <= known
+        {
+            known = a.first_index as usize - 1;
+        }
+        i += 1;
+    }
+    known
+}
+
 /// [`group_counters`] computed by scanning the catalog (for the compile-time page layouts).
 pub(crate) const fn count_group(kind: ObjectKind, group: GroupKind) -> usize {
     let mut max = 0;
     let mut i = 0;
     while i < CATALOG.len() {
         let id = CATALOG[i].id;
-        if id.kind as u8 == kind as u8 && id.group as u8 == group as u8 && id.index as usize > max {
-            max = id.index as usize;
+        let last = id.index as usize + CATALOG[i].slots() - 1;
+        if id.kind as u8 == kind as u8 && id.group as u8 == group as u8 && last > max {
+            max = last;
         }
         i += 1;
     }

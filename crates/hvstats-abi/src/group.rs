@@ -67,6 +67,9 @@ impl GroupType {
     pub const INTERNAL: Self = Self(14);
     /// `HV_STATISTICS_GROUP_HYPERCALL_BASED`: a manifest pseudo-group, never on a page.
     pub const HYPERCALL_BASED: Self = Self(15);
+    /// hvstats' own group (sequence counter, histograms): far from the TLFS ids, so a TLFS reader
+    /// takes it for an unknown type and skips it by its Length.
+    pub const HVSTATS: Self = Self(0x4856);
 
     /// The short name of a known group type.
     pub const fn name(self) -> Option<&'static str> {
@@ -77,6 +80,7 @@ impl GroupType {
             3 => Some("release-specific"),
             14 => Some("internal"),
             15 => Some("HYPERCALL_BASED"),
+            0x4856 => Some("hvstats"),
             _ => None,
         }
     }
@@ -103,7 +107,7 @@ pub struct GroupVersion {
 impl GroupVersion {
     /// Version 0.0, used by END_OF_LIST and END_OF_PAGE.
     pub const ZERO: Self = Self { major: 0, minor: 0 };
-    /// `0x00010000`: the version of every group hvstats writes (major 1, minor 0).
+    /// `0x00010000`: major 1, minor 0, the first version of every group hvstats writes.
     pub const V1_0: Self = Self::from_u32(0x0001_0000);
 
     /// Decodes the 32-bit form (major in the high half).

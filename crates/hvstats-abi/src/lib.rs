@@ -3,10 +3,11 @@
 //! This crate owns the wire and memory formats only: stats object types and identities
 //! ([`object`]), group headers and versions ([`group`]), the counter catalog from which every
 //! counter's id, name, offset and help text is derived ([`catalog`]), the page writer and reader
-//! ([`page`]), the hypercall ABI of the stats calls ([`hypercall`], [`status`]), the typed counter
-//! sets of `WHvGetVirtualProcessorCounters` ([`whv`]) and the structures of
-//! `HalAllocateHardwareCounters` ([`hal`]), and the boot contract between the VMM and its guest
-//! programs ([`boot`], [`apic`]).
+//! ([`page`]), log2 histograms of times and the sequence counter of consistent reads
+//! ([`histogram`], [`seqcount`]), the hypercall ABI of the stats calls ([`hypercall`],
+//! [`status`]), the typed counter sets of `WHvGetVirtualProcessorCounters` ([`whv`]) and the
+//! structures of `HalAllocateHardwareCounters` ([`hal`]), and the boot contract between the VMM
+//! and its guest programs ([`boot`], [`apic`]).
 //!
 //! It is `no_std` and free of `unsafe`: every memory structure derives zerocopy's traits and has
 //! its size asserted beside it.
@@ -22,10 +23,12 @@ pub mod cpuid;
 pub mod exit_reason;
 pub mod group;
 pub mod hal;
+pub mod histogram;
 pub mod hypercall;
 pub mod object;
 pub mod observed;
 pub mod page;
+pub mod seqcount;
 pub mod source;
 pub mod status;
 pub mod whv;

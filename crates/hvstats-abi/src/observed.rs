@@ -124,6 +124,11 @@ const MAINTAINED: &[(CounterId, Observed)] = &[
     (vp::VIRTUAL_INTERRUPTS, By(QmpStats, "vCPU stat irq_injections through QMP (--qmp)")),
     (vp::APIC_IPIS_SENT, By(Tracepoint, "kvm:kvm_apic_ipi")),
     (vp::APIC_SELF_IPIS_SENT, By(Tracepoint, "kvm:kvm_apic_ipi filtered on the self shorthand")),
+    (vp::DISPATCHES, By(ThreadTime, "schedstat of the vCPU thread since attach: times put on a CPU")),
+    (
+        vp::CPU_WAIT_TIME_PER_DISPATCH,
+        By(ThreadTime, "schedstat of the vCPU thread since attach: time runnable, waiting for a CPU"),
+    ),
 ];
 
 /// Whether and from what the observer maintains counter `id` of an observed VM; `None` for the

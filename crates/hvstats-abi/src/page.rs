@@ -8,8 +8,9 @@ use core::fmt;
 
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
-use crate::catalog::{CounterId, GroupKind, count_group, group_counters};
+use crate::catalog::{CounterId, GroupKind, count_group, counters_at};
 use crate::group::{GroupHeader, GroupType, GroupVersion, PAGE_SIZE, VALUE_SIZE};
+use crate::histogram::{HISTOGRAM_SLOTS, Log2Histogram};
 use crate::object::ObjectKind;
 
 /// Number of 64-bit slots in a page.
@@ -67,12 +68,14 @@ pub struct GroupSlot {
     pub header_offset: usize,
     /// Number of counters (data bytes / 8).
     pub counters: usize,
+    /// The version written in its header.
+    pub version: GroupVersion,
 }
 
 impl GroupSlot {
     /// The header written for this group.
     pub const fn header(&self) -> GroupHeader {
-        GroupHeader::new(self.group.group_type(), self.group.version(), (self.counters * VALUE_SIZE) as u16)
+        GroupHeader::new(self.group.group_type(), self.version, (self.counters * VALUE_SIZE) as u16)
     }
 }
 
@@ -82,10 +85,13 @@ pub struct PageLayout {
     /// The object kind.
     pub kind: ObjectKind,
     /// The groups, in page order (`None` where the kind has no counters in that group).
-    pub groups: [Option<GroupSlot>; 2],
+    pub groups: [Option<GroupSlot>; GROUPS],
     /// Byte offset of the END_OF_LIST header.
     pub end_offset: usize,
 }
+
+/// Number of group kinds a page can hold ([`GroupKind::ALL`]).
+pub const GROUPS: usize = GroupKind::ALL.len();
 
 /// The layout of every kind's page, indexed by [`ObjectKind`], computed once at compile time.
 const LAYOUTS: [PageLayout; 4] = [
@@ -112,14 +118,15 @@ impl PageLayout {
 
     /// Lays out `kind`'s page from the catalog.
     const fn compute(kind: ObjectKind) -> Self {
-        let mut groups = [None; 2];
+        let mut groups = [None; GROUPS];
         let mut offset = 0;
         let mut i = 0;
         while i < GroupKind::ALL.len() {
             let group = GroupKind::ALL[i];
             let counters = count_group(kind, group);
             if counters > 0 {
-                groups[i] = Some(GroupSlot { group, header_offset: offset, counters });
+                groups[i] =
+                    Some(GroupSlot { group, header_offset: offset, counters, version: group.version(kind) });
                 offset += (1 + counters) * VALUE_SIZE;
             }
             i += 1;
@@ -477,7 +484,9 @@ pub struct PageView<'a> {
     /// The object kind the page was read as.
     pub kind: ObjectKind,
     page: &'a [u8],
-    known: [Option<RawGroup<'a>>; 2],
+    known: [Option<RawGroup<'a>>; GROUPS],
+    /// Counters per group the reader knows (by its compiled versions).
+    known_counters: [usize; GROUPS],
     /// How the list ended.
     pub end: ListEnd,
 }
@@ -487,7 +496,7 @@ impl<'a> PageView<'a> {
     ///
     /// Unknown group types are skipped by their Length. A known group must have the reader's major
     /// version and at least its minor version, and be long enough for the reader's counters. Every
-    /// group `kind` has must be present.
+    /// TLFS group `kind` has must be present; hvstats' own group may be absent.
     ///
     /// ```
     /// use hvstats_abi::catalog::vp;
@@ -504,34 +513,41 @@ impl<'a> PageView<'a> {
     ///
     /// # Errors
     /// A [`PageError`] when the page is short, a header is malformed, a known group has another
-    /// major version or an older minor, or a group of `kind` is missing.
+    /// major version or an older minor, or a TLFS group of `kind` is missing.
     pub fn read(page: &'a [u8], kind: ObjectKind) -> Result<Self, PageError> {
-        Self::read_compiled_for(page, kind, GroupKind::ALL.map(GroupKind::version))
+        let compiled = GroupKind::ALL.map(|g| (g, g.version(kind)));
+        Self::read_compiled_for(page, kind, &compiled)
     }
 
-    /// Reads `page` as a reader compiled for the group versions `compiled` (indexed by
-    /// [`GroupKind`]) would: [`read`](Self::read) with the versions of this build. A reader of a
-    /// later minor refuses a page of an earlier one ([`PageError::MinorTooOld`]).
+    /// Reads `page` as a reader compiled for the groups and versions `compiled` would:
+    /// [`read`](Self::read) with the groups and versions of this build. A group not in `compiled`
+    /// is unknown to that reader and skipped by its Length, like any unknown type; a known group
+    /// must hold the counters of the reader's minor ([`counters_at`]). A reader of a later minor
+    /// refuses a page of an earlier one ([`PageError::MinorTooOld`]).
     ///
     /// # Errors
     /// As [`read`](Self::read).
     pub fn read_compiled_for(
         page: &'a [u8],
         kind: ObjectKind,
-        compiled: [GroupVersion; 2],
+        compiled: &[(GroupKind, GroupVersion)],
     ) -> Result<Self, PageError> {
         let layout = PageLayout::of(kind);
-        let mut known: [Option<RawGroup<'a>>; 2] = [None; 2];
+        let compiled_for = |gk: GroupKind| compiled.iter().find(|(g, _)| *g == gk).map(|&(_, v)| v);
+        let mut known: [Option<RawGroup<'a>>; GROUPS] = [None; GROUPS];
+        let mut known_counters = [0; GROUPS];
         let mut walk = GroupWalk::new(page)?;
         for group in &mut walk {
             let group = group?;
             let Some(gk) = GroupKind::from_group_type(group.header.group_type) else {
                 continue;
             };
-            let Some(slot) = layout.groups[gk as usize] else {
+            if layout.groups[gk as usize].is_none() {
+                continue;
+            }
+            let Some(expected) = compiled_for(gk) else {
                 continue;
             };
-            let expected = compiled[gk as usize];
             let found = group.header.version();
             let (offset, group_type) = (group.offset, group.header.group_type);
             if found.major != expected.major {
@@ -540,7 +556,8 @@ impl<'a> PageView<'a> {
             if !expected.accepts(found) {
                 return Err(PageError::MinorTooOld { offset, group: group_type, found, expected });
             }
-            let needed = slot.counters * VALUE_SIZE;
+            let counters = counters_at(kind, gk, expected.minor);
+            let needed = counters * VALUE_SIZE;
             if (group.header.length as usize) < needed {
                 return Err(PageError::GroupTooShort {
                     offset,
@@ -553,22 +570,47 @@ impl<'a> PageView<'a> {
                 return Err(PageError::DuplicateGroup { offset, group: group_type });
             }
             known[gk as usize] = Some(group);
+            known_counters[gk as usize] = counters;
         }
         let end = walk.end().ok_or(PageError::NoEndOfList)?;
-        for slot in layout.slots() {
+        // hvstats' own group is optional: a page written by another hypervisor has none, and its
+        // counters then read as absent.
+        let required = |s: &GroupSlot| s.group != GroupKind::Hvstats && compiled_for(s.group).is_some();
+        for slot in layout.slots().filter(required) {
             if known[slot.group as usize].is_none() {
                 return Err(PageError::MissingGroup { group: slot.group.group_type() });
             }
         }
-        Ok(Self { kind, page, known, end })
+        Ok(Self { kind, page, known, known_counters, end })
     }
 
-    /// The value of `counter` (0 for a counter of another object kind).
+    /// The value of `counter` (0 for a counter of another object kind, or one the reader does not
+    /// know: of a group it skips or from a later minor).
     pub fn get(&self, counter: CounterId) -> u64 {
-        if counter.kind != self.kind {
+        if counter.kind != self.kind || counter.index as usize > self.known_counters[counter.group as usize] {
             return 0;
         }
         self.known[counter.group as usize].and_then(|g| g.value(counter.index)).unwrap_or(0)
+    }
+
+    /// The histogram whose first slot is `counter` (a catalog row presented as a histogram):
+    /// `None` when the reader does not know its group or the group is too short for it.
+    pub fn histogram(&self, counter: CounterId) -> Option<Log2Histogram> {
+        if counter.kind != self.kind {
+            return None;
+        }
+        let last = (counter.index as usize).checked_add(HISTOGRAM_SLOTS - 1)?;
+        if counter.index == 0 || last > self.known_counters[counter.group as usize] {
+            return None;
+        }
+        let group = self.known[counter.group as usize]?;
+        let start = (counter.index as usize - 1) * VALUE_SIZE;
+        let bytes = group.data.get(start..start + HISTOGRAM_SLOTS * VALUE_SIZE)?;
+        let mut slots = [0u64; HISTOGRAM_SLOTS];
+        for (v, b) in slots.iter_mut().zip(bytes.chunks_exact(VALUE_SIZE)) {
+            *v = u64::from_le_bytes(b.try_into().ok()?);
+        }
+        Log2Histogram::from_slots(&slots)
     }
 
     /// `group` as found on the page (offset, header and data), if the kind has it.
@@ -583,17 +625,19 @@ impl<'a> PageView<'a> {
 
     /// Counters on the page beyond those the reader knows (from a newer minor), per group.
     pub fn extra_counters(&self, group: GroupKind) -> usize {
-        let known = group_counters(self.kind, group);
+        let known = self.known_counters[group as usize];
         self.known[group as usize].map_or(0, |g| g.len().saturating_sub(known))
     }
 
-    /// The groups the reader skipped: unknown types, and known types the kind does not use.
+    /// The groups the reader skipped: unknown types, types the reader was not compiled for, and
+    /// known types the kind does not use.
     pub fn unknown_groups(&self) -> impl Iterator<Item = RawGroup<'a>> + 'a {
-        let layout = PageLayout::of(self.kind);
-        GroupWalk::new(self.page).into_iter().flatten().map_while(Result::ok).filter(move |g| {
-            GroupKind::from_group_type(g.header.group_type)
-                .is_none_or(|gk| layout.groups[gk as usize].is_none())
-        })
+        let kept = self.known.map(|g| g.map(|g| g.offset));
+        GroupWalk::new(self.page)
+            .into_iter()
+            .flatten()
+            .map_while(Result::ok)
+            .filter(move |g| !kept.contains(&Some(g.offset)))
     }
 }
 
@@ -607,7 +651,7 @@ pub fn infer_kind(page: &[u8]) -> Option<ObjectKind> {
         [ObjectKind::Vp, ObjectKind::Partition, ObjectKind::LogicalProcessor, ObjectKind::Hypervisor];
     let exact = |kind: ObjectKind| {
         let layout = PageLayout::of(kind);
-        let mut lens = [None; 2];
+        let mut lens = [None; GROUPS];
         for g in GroupWalk::new(page).into_iter().flatten().map_while(Result::ok) {
             if let Some(gk) = GroupKind::from_group_type(g.header.group_type) {
                 lens[gk as usize] = Some(g.len());

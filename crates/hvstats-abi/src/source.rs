@@ -104,11 +104,21 @@ pub enum RunLoopCount {
     OtherIntercepts,
     /// Time handling them.
     OtherInterceptsTime,
+    /// Log2 histogram of the time handling hypercalls.
+    HypercallsHistogram,
+    /// Log2 histogram of the time handling port I/O exits.
+    IoHistogram,
+    /// Log2 histogram of the time handling MSR exits.
+    MsrHistogram,
+    /// Log2 histogram of the time handling MMIO exits.
+    MmioHistogram,
+    /// Log2 histogram of the time handling other userspace exits.
+    OtherHistogram,
 }
 
 impl RunLoopCount {
     /// Every run-loop count.
-    pub const ALL: [RunLoopCount; 9] = [
+    pub const ALL: [RunLoopCount; 14] = [
         RunLoopCount::Hypercalls,
         RunLoopCount::HypercallsTime,
         RunLoopCount::IoExits,
@@ -118,6 +128,11 @@ impl RunLoopCount {
         RunLoopCount::MsrTime,
         RunLoopCount::OtherIntercepts,
         RunLoopCount::OtherInterceptsTime,
+        RunLoopCount::HypercallsHistogram,
+        RunLoopCount::IoHistogram,
+        RunLoopCount::MsrHistogram,
+        RunLoopCount::MmioHistogram,
+        RunLoopCount::OtherHistogram,
     ];
 
     /// The counter the catalog gives this count.
@@ -233,6 +248,10 @@ pub enum ThreadTime {
     Total,
     /// Its CPU time less its guest time.
     Hypervisor,
+    /// Its time runnable but waiting for a CPU (schedstat, nanoseconds).
+    CpuWait,
+    /// The times it was put on a CPU (schedstat).
+    Dispatches,
 }
 
 /// The number of counters of `object` maintained by a source of `kind`.

@@ -33,19 +33,22 @@ fn layouts_put_groups_back_to_back_and_end_the_list() {
         (ObjectKind::Hypervisor, Some(0), None, 48),
         (ObjectKind::LogicalProcessor, Some(0), None, 152),
         (ObjectKind::Partition, Some(0), Some(16), 80),
-        (ObjectKind::Vp, Some(0), Some(24), 536),
+        // VP: release 1.1 (65 counters), then hvstats' own group (sequence and 8 histograms).
+        (ObjectKind::Vp, Some(0), Some(24), 552 + 8 + 265 * 8),
     ];
     for (kind, arch, release, end) in expect {
         let layout = PageLayout::of(kind);
         assert_eq!(layout.group_offset(GroupKind::Architectural), arch, "{kind:?}");
         assert_eq!(layout.group_offset(GroupKind::Release), release, "{kind:?}");
+        let own = (kind == ObjectKind::Vp).then_some(552);
+        assert_eq!(layout.group_offset(GroupKind::Hvstats), own, "{kind:?}");
         assert_eq!(layout.end_offset, end, "{kind:?}");
         let page = StatsPage::new(kind);
         let view = PageView::read(page.as_bytes(), kind).unwrap();
         assert_eq!(view.end, ListEnd::EndOfList(end));
         for group in GroupKind::ALL {
             let present = layout.group_offset(group).is_some();
-            assert_eq!(view.version(group), present.then_some(V1_0), "{kind:?} {group:?}");
+            assert_eq!(view.version(group), present.then_some(group.version(kind)), "{kind:?} {group:?}");
         }
         // Exactly the headers and END_OF_LIST are written; every value is zero.
         let headers: Vec<usize> = layout.slots().map(|s| s.header_offset / 8).chain([end / 8]).collect();
@@ -172,9 +175,10 @@ proptest! {
             builder.group(GroupType(7), GroupVersion { major: 9, minor: 9 }, &[1, 2, 3]).unwrap();
         }
         let layout = PageLayout::of(kind);
-        let mut extras = [0; 2];
+        let mut extras = [0; GroupKind::ALL.len()];
         for slot in layout.slots() {
             let (e, m) = if slot.group == GroupKind::Architectural { (extra.0, minor.0) } else { (extra.1, minor.1) };
+            let m = slot.version.minor + m;
             extras[slot.group as usize] = e;
             let values: Vec<u64> = (1..=(slot.counters + e) as u16).map(|i| value(slot.group, i)).collect();
             builder.group(slot.group.group_type(), GroupVersion { major: 1, minor: m }, &values).unwrap();
@@ -200,6 +204,7 @@ fn a_newer_minor_with_extra_counters_is_read_by_the_current_reader() {
     let arch: Vec<u64> = group_values(kind, GroupKind::Architectural, |i| 100 + u64::from(i));
     let mut release: Vec<u64> = group_values(kind, GroupKind::Release, |i| 1000 + u64::from(i));
     release.extend([0xAAAA, 0xBBBB, 0xCCCC]);
+    // A page without hvstats' own group, as another writer makes it, reads as well.
     let mut b = PageBuilder::new();
     b.group(GroupType::ARCHITECTURAL, V1_0, &arch).unwrap();
     b.group(GroupType::RELEASE, GroupVersion { major: 1, minor: 3 }, &release).unwrap();
@@ -208,10 +213,13 @@ fn a_newer_minor_with_extra_counters_is_read_by_the_current_reader() {
     assert_eq!(view.get(catalog::vp::TOTAL_RUN_TIME), 101);
     assert_eq!(view.get(catalog::vp::HYPERCALLS), 1001);
     assert_eq!(view.get(catalog::vp::VIRTUAL_PROCESSOR_HYPERCALLS), 1063);
+    assert_eq!(view.get(catalog::vp::CPU_WAIT_TIME_PER_DISPATCH), 1065);
+    assert_eq!(view.histogram(catalog::vp::IO_TIME_HISTOGRAM), None);
+    assert_eq!(view.get(catalog::vp::SEQUENCE), 0);
     assert_eq!(view.version(GroupKind::Release), Some(GroupVersion { major: 1, minor: 3 }));
     assert_eq!(view.extra_counters(GroupKind::Release), 3);
     assert_eq!(view.extra_counters(GroupKind::Architectural), 0);
-    assert_eq!(view.end, ListEnd::EndOfList(8 + 16 + 8 + 66 * 8));
+    assert_eq!(view.end, ListEnd::EndOfList(8 + 16 + 8 + 68 * 8));
     // The newer page is still recognised as a VP page.
     assert_eq!(infer_kind(page.as_bytes()), Some(ObjectKind::Vp));
 }
@@ -235,17 +243,18 @@ fn a_newer_major_is_refused() {
 
 #[test]
 fn an_older_minor_is_refused() {
-    // This build's reader is compiled for 1.0, the oldest minor; a reader compiled for 1.1 of the
-    // release group refuses the 1.0 pages this build writes, and still reads 1.1 and later.
-    let compiled = [V1_0, V1_1];
+    // This build writes release 1.1 on VP pages; a reader compiled for 1.2 of the release group
+    // refuses them, and still reads 1.2 and later.
+    const V1_2: GroupVersion = GroupVersion { major: 1, minor: 2 };
+    let compiled = &[(GroupKind::Architectural, V1_0), (GroupKind::Release, V1_2)];
     let page = StatsPage::new(ObjectKind::Vp);
     assert_eq!(
         PageView::read_compiled_for(page.as_bytes(), ObjectKind::Vp, compiled).unwrap_err(),
-        PageError::MinorTooOld { offset: 24, group: GroupType::RELEASE, found: V1_0, expected: V1_1 }
+        PageError::MinorTooOld { offset: 24, group: GroupType::RELEASE, found: V1_1, expected: V1_2 }
     );
     let mut b = PageBuilder::new();
     b.group(GroupType::ARCHITECTURAL, V1_0, &[1, 2]).unwrap();
-    b.group(GroupType::RELEASE, GroupVersion { major: 1, minor: 2 }, &[3; 64]).unwrap();
+    b.group(GroupType::RELEASE, V1_2, &[3; 65]).unwrap();
     let page = b.finish();
     let view = PageView::read_compiled_for(page.as_bytes(), ObjectKind::Vp, compiled).unwrap();
     assert_eq!(view.get(catalog::vp::HYPERCALLS), 3);
@@ -381,13 +390,13 @@ fn every_page_error_comes_from_a_crafted_page() {
         PageError::MajorMismatch { offset: 24, group: GroupType::RELEASE, .. }
     ));
 
-    // GroupTooShort: the release group of a VP page with 62 of its 63 counters.
+    // GroupTooShort: the release group (1.1) of a VP page with 64 of its 65 counters.
     let mut bytes = valid.as_bytes().to_vec();
-    put_header(&mut bytes, release_at, GroupHeader::new(GroupType::RELEASE, V1_0, 62 * 8));
-    bytes[release_at + 8 + 62 * 8..][..8].copy_from_slice(GroupHeader::END_OF_LIST.as_bytes());
+    put_header(&mut bytes, release_at, GroupHeader::new(GroupType::RELEASE, V1_1, 64 * 8));
+    bytes[release_at + 8 + 64 * 8..][..8].copy_from_slice(GroupHeader::END_OF_LIST.as_bytes());
     assert_eq!(
         PageView::read(&bytes, vp).unwrap_err(),
-        PageError::GroupTooShort { offset: 24, group: GroupType::RELEASE, length: 496, needed: 504 }
+        PageError::GroupTooShort { offset: 24, group: GroupType::RELEASE, length: 512, needed: 520 }
     );
 
     // DuplicateGroup.
@@ -417,7 +426,8 @@ fn every_page_error_comes_from_a_crafted_page() {
     );
 
     // MinorTooOld: a page of minor 0 read by a reader compiled for minor 1.
-    let e = PageView::read_compiled_for(valid.as_bytes(), vp, [V1_1, V1_0]).unwrap_err();
+    let compiled = &[(GroupKind::Architectural, V1_1), (GroupKind::Release, V1_1)];
+    let e = PageView::read_compiled_for(valid.as_bytes(), vp, compiled).unwrap_err();
     assert_eq!(
         e,
         PageError::MinorTooOld { offset: 0, group: GroupType::ARCHITECTURAL, found: V1_0, expected: V1_1 }

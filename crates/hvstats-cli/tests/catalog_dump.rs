@@ -65,11 +65,13 @@ fn dump_json(path: &std::path::Path, extra: &[&str]) -> Value {
 }
 
 #[test]
-fn catalog_json_lists_all_96_counters_from_the_catalog() {
+fn catalog_json_lists_every_counter_of_the_catalog() {
     let o = hvstats(&["catalog", "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let rows: Vec<Value> = serde_json::from_slice(&o.stdout).expect("JSON array");
-    assert_eq!(rows.len(), 96);
+    // The 96 of seed 001, 2 appended in VP release 1.1, 9 in hvstats' own group.
+    assert_eq!(rows.len(), 96 + 2 + 9);
+    assert_eq!(rows.len(), CATALOG.len());
     for (row, c) in rows.iter().zip(CATALOG) {
         assert_eq!(row["object"], c.id.kind.short_name());
         assert_eq!(row["object_type"], c.id.kind.object_type().0);
@@ -103,6 +105,9 @@ fn catalog_json_lists_all_96_counters_from_the_catalog() {
     assert_eq!(find("vp", "architectural", 2).as_deref(), Some("Hypervisor run time"));
     assert_eq!(find("vp", "release", 1).as_deref(), Some("Hypercalls/sec"));
     assert_eq!(find("vp", "release", 63).as_deref(), Some("Virtual processor hypercalls/sec"));
+    assert_eq!(find("vp", "release", 65).as_deref(), Some("CPU wait time per dispatch"));
+    assert_eq!(find("vp", "hvstats", 1).as_deref(), Some("Sequence"));
+    assert_eq!(find("vp", "hvstats", 35).as_deref(), Some("IO intercept time histogram"));
 }
 
 #[test]
@@ -111,7 +116,7 @@ fn catalog_table_has_a_row_per_counter_in_aligned_columns() {
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 1 + 96);
+    assert_eq!(lines.len(), 1 + CATALOG.len());
     assert!(lines[0].starts_with("OBJECT"));
     let name_col = lines[0].find("NAME").unwrap();
     let desc_col = lines[0].find("DESCRIPTION").unwrap();
@@ -143,7 +148,7 @@ fn dump_prints_every_counter_of_each_kind_and_infers_its_type() {
         for (g, slot) in groups.iter().zip(layout.slots()) {
             assert_eq!(g["offset"], slot.header_offset);
             assert_eq!(g["counters"], slot.counters);
-            assert_eq!(g["version"], "1.0");
+            assert_eq!(g["version"], slot.version.to_string());
             assert_eq!(g["extra_counters"], 0);
         }
         assert_eq!(v["unknown_groups"], serde_json::json!([]));
@@ -169,7 +174,7 @@ fn dump_reads_a_newer_minor_and_lists_unknown_groups() {
     let mut b = PageBuilder::new();
     b.group(GroupType(7), GroupVersion { major: 3, minor: 4 }, &[1, 2]).unwrap();
     b.group(GroupType::ARCHITECTURAL, GroupVersion::V1_0, &[11, 12]).unwrap();
-    let release: Vec<u64> = (1..=66).map(|i| 100 + i).collect();
+    let release: Vec<u64> = (1..=68).map(|i| 100 + i).collect();
     b.group(GroupType::RELEASE, GroupVersion { major: 1, minor: 2 }, &release).unwrap();
     b.group(GroupType::INTERNAL, GroupVersion::V1_0, &[0; 4]).unwrap();
     let path = page_file("newer", &page_bytes(&b.finish()));
@@ -179,6 +184,7 @@ fn dump_reads_a_newer_minor_and_lists_unknown_groups() {
     assert_eq!(v["counters"]["Total run time"], 11);
     assert_eq!(v["counters"]["Hypercalls/sec"], 101);
     assert_eq!(v["counters"]["Virtual processor hypercalls/sec"], 163);
+    assert_eq!(v["counters"]["CPU wait time per dispatch"], 165);
     let release = &v["groups"][1];
     assert_eq!(release["version"], "1.2");
     assert_eq!(release["extra_counters"], 3);
@@ -192,12 +198,12 @@ fn dump_reads_a_newer_minor_and_lists_unknown_groups() {
     assert_eq!((&unknown[1]["type"], &unknown[1]["name"]), (&14.into(), &"internal".into()));
 
     let text = stdout(&hvstats(&["dump", path.to_str().unwrap()]));
-    assert!(text.contains("version 1.2 at byte 48: 66 counters, 3 more from a newer minor"), "{text}");
+    assert!(text.contains("version 1.2 at byte 48: 68 counters, 3 more from a newer minor"), "{text}");
     assert!(
         text.contains("unknown groups (skipped):\n  byte 0: type 7 (unknown) version 3.4, length 16"),
         "{text}"
     );
-    assert!(text.contains("byte 584: type 14 (internal) version 1.0, length 32"), "{text}");
+    assert!(text.contains("byte 600: type 14 (internal) version 1.0, length 32"), "{text}");
 }
 
 #[test]
@@ -325,4 +331,42 @@ fn dump_writes_a_sample_page_that_reads_back() {
     let o = hvstats(&["dump", path.to_str().unwrap(), "--write-sample"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("cannot create"), "{}", stderr(&o));
+}
+
+#[test]
+fn dump_names_the_release_1_1_counters_and_shows_histograms() {
+    use hvstats_abi::catalog::vp;
+    use hvstats_abi::histogram::Log2Histogram;
+    let mut page = StatsPage::new(ObjectKind::Vp);
+    page.set(vp::DISPATCHES, 40);
+    page.set(vp::CPU_WAIT_TIME_PER_DISPATCH, 1_234_567);
+    let mut h = Log2Histogram::default();
+    for ns in [900, 900, 900, 70_000] {
+        h.record(ns);
+    }
+    let at = vp::IO_TIME_HISTOGRAM.slot();
+    page.data[at..at + h.to_slots().len()].copy_from_slice(&h.to_slots());
+    let path = page_file("histograms", &page_bytes(&page));
+
+    let v = dump_json(&path, &[]);
+    assert_eq!(v["counters"]["Dispatches/sec"], 40);
+    assert_eq!(v["counters"]["CPU wait time per dispatch"], 1_234_567);
+    let io = &v["histograms"]["IO intercept time histogram"];
+    assert_eq!(io["count"], 4);
+    assert_eq!(io["sum_ns"], 3 * 900 + 70_000);
+    assert_eq!(io["buckets"][10], 3);
+    assert_eq!(io["buckets"][17], 1);
+    assert_eq!(io["p50_ns_at_most"], 1023);
+    assert_eq!(io["p99_ns_at_most"], 131_071);
+    assert_eq!(v["histograms"]["Halt wait histogram"]["count"], 0);
+    assert_eq!(v["groups"][2]["group"], "hvstats");
+    assert_eq!(v["groups"][1]["version"], "1.1");
+
+    let text = stdout(&hvstats(&["dump", path.to_str().unwrap()]));
+    assert!(text.contains("group release (type 3) version 1.1 at byte 24: 65 counters\n"), "{text}");
+    assert!(text.contains("group hvstats (type 18518) version 1.0 at byte 552"), "{text}");
+    let line = text.lines().find(|l| l.starts_with("CPU wait time per dispatch")).unwrap();
+    assert!(line.ends_with("1234567  ns"), "{line}");
+    let at = text.find("IO intercept time histogram").unwrap();
+    assert!(text[at..].lines().nth(1) == Some("  4 times, p50 <= 1023 ns, p99 <= 131071 ns"), "{text}");
 }

@@ -13,11 +13,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use hvstats::SharedPage;
+use hvstats::sched::{SchedStat, SchedStatFile};
 use hvstats::whv::VpExtras;
+use hvstats_abi::histogram::{BUCKETS, HISTOGRAM_SLOTS};
 use hvstats_abi::source::{
     PerfSoftwareEvent, Source, SourceKind, ThreadTime, maintained_by, maintained_count,
 };
-use hvstats_abi::{Counter, ObjectKind, Unit};
+use hvstats_abi::{Counter, ObjectKind, Presentation, Unit};
 
 use crate::cycles;
 use crate::error::Error;
@@ -71,6 +73,11 @@ mod counter {
     pub const MEMORY_MESSAGES: CounterId = Count::MmioExits.counter();
     pub const OTHER: CounterId = Count::OtherIntercepts.counter();
     pub const OTHER_COST: CounterId = Count::OtherInterceptsTime.counter();
+    pub const IO_HISTOGRAM: CounterId = Count::IoHistogram.counter();
+    pub const HYPERCALLS_HISTOGRAM: CounterId = Count::HypercallsHistogram.counter();
+    pub const MSR_HISTOGRAM: CounterId = Count::MsrHistogram.counter();
+    pub const MMIO_HISTOGRAM: CounterId = Count::MmioHistogram.counter();
+    pub const OTHER_HISTOGRAM: CounterId = Count::OtherHistogram.counter();
 }
 
 /// The run loop's accounting of userspace exits into the VP page.
@@ -107,29 +114,41 @@ impl ExitAccounting {
         page.add(counter::HYPERCALLS, 1);
     }
 
-    /// Records one userspace exit of `class` that took `ticks` ([`cycles`]) to handle. Only the VP thread
-    /// calls this for its page (single writer: plain loads and stores).
+    /// Records one userspace exit of `class` that took `ticks` ([`cycles`]) to handle: its count,
+    /// its class's cumulative time and a bucket of its class's histogram. Only the VP thread calls
+    /// this for its page (single writer: plain loads and stores).
     pub fn record(&mut self, page: &SharedPage, user: &UserExitCounts, class: ExitClass, ticks: u64) {
         if !self.enabled {
             return;
         }
-        let (count, cost, total) = match class {
-            ExitClass::Io => (Some(counter::IO_MESSAGES), counter::IO_COST, &mut self.io_ticks),
+        let (count, cost, total, histogram) = match class {
+            ExitClass::Io => {
+                (Some(counter::IO_MESSAGES), counter::IO_COST, &mut self.io_ticks, counter::IO_HISTOGRAM)
+            }
             // Counted when it began (`begin_hypercall`); a hypercall is no I/O intercept message.
-            ExitClass::Hypercall => (None, counter::HYPERCALLS_COST, &mut self.hypercall_ticks),
+            ExitClass::Hypercall => {
+                (None, counter::HYPERCALLS_COST, &mut self.hypercall_ticks, counter::HYPERCALLS_HISTOGRAM)
+            }
             ExitClass::Msr => {
                 UserExitCounts::bump(&user.msr);
-                (Some(counter::OTHER_MESSAGES), counter::MSR_COST, &mut self.msr_ticks)
+                (
+                    Some(counter::OTHER_MESSAGES),
+                    counter::MSR_COST,
+                    &mut self.msr_ticks,
+                    counter::MSR_HISTOGRAM,
+                )
             }
             ExitClass::Mmio => {
                 page.add(counter::MEMORY_MESSAGES, 1);
-                (Some(counter::OTHER), counter::OTHER_COST, &mut self.other_ticks)
+                (Some(counter::OTHER), counter::OTHER_COST, &mut self.other_ticks, counter::MMIO_HISTOGRAM)
             }
             ExitClass::Other => {
                 page.add(counter::OTHER_MESSAGES, 1);
-                (Some(counter::OTHER), counter::OTHER_COST, &mut self.other_ticks)
+                (Some(counter::OTHER), counter::OTHER_COST, &mut self.other_ticks, counter::OTHER_HISTOGRAM)
             }
         };
+        // The histogram: its sum and one bucket, two more plain loads and stores.
+        page.record_time(histogram, cycles::to_ns(ticks));
         if let Some(count) = count {
             page.add(count, 1);
         }
@@ -186,6 +205,25 @@ fn stat_value(counter: &Counter, stats: &[Stat], data: &[u64]) -> u64 {
     }
 }
 
+/// Copies one of KVM's log2 histograms into `page`: the sum from its `_ns` statistic, the buckets
+/// from its `_hist` statistic, whose bucketing (`fls64` of the nanoseconds, capped at the last
+/// bucket) is the page's own. `stats` are the two, in that order; nothing is written without both.
+fn write_kvm_histogram(page: &SharedPage, counter: &Counter, stats: &[Stat], data: &[u64]) {
+    let [sum, buckets] = stats else { return };
+    let slots = page.histogram_slots(counter.id);
+    slots[0].store(sum.nanoseconds(data), Ordering::Relaxed);
+    let values = buckets.values(data);
+    for (slot, &v) in slots[1..].iter().zip(values.iter().take(BUCKETS)) {
+        slot.store(v, Ordering::Relaxed);
+    }
+    // A kernel with more buckets than the page: the excess belongs in the last, open bucket.
+    if values.len() > BUCKETS {
+        let rest: u64 = values[BUCKETS..].iter().fold(0, |a, &v| a.wrapping_add(v));
+        let last = &slots[HISTOGRAM_SLOTS - 1];
+        last.store(values[BUCKETS - 1].wrapping_add(rest), Ordering::Relaxed);
+    }
+}
+
 /// Writes a tracepoint reading into `page`: each tracepoint counter gets its count, with the
 /// userspace part KVM's tracepoint does not see (MSR exits) added and the part it counts as
 /// something else (hypercall port writes, which `kvm_pio` sees) taken off. A tracepoint that is
@@ -206,12 +244,20 @@ pub(crate) fn write_tracepoint_counts(page: &SharedPage, counts: &TracepointCoun
 }
 
 /// Writes the thread's times (written together: Hypervisor run time = total less guest time of
-/// the same reading) and its migrations, when read, into `page`.
-pub(crate) fn write_thread_counts(page: &SharedPage, times: ThreadTimes, migrated: Option<u64>) {
+/// the same reading), its CPU wait and dispatches (one schedstat reading) and its migrations,
+/// when read, into `page`.
+pub(crate) fn write_thread_counts(
+    page: &SharedPage,
+    times: ThreadTimes,
+    sched: Option<SchedStat>,
+    migrated: Option<u64>,
+) {
     for counter in FROM_THREAD {
         let value = match counter.maintained.source() {
             Some(Source::ThreadTime(ThreadTime::Total)) => Some(times.total_100ns),
             Some(Source::ThreadTime(ThreadTime::Hypervisor)) => Some(times.hypervisor_100ns()),
+            Some(Source::ThreadTime(ThreadTime::CpuWait)) => sched.map(|s| s.wait_ns),
+            Some(Source::ThreadTime(ThreadTime::Dispatches)) => sched.map(|s| s.dispatches),
             Some(Source::PerfSoftware(PerfSoftwareEvent::CpuMigrations)) => migrated,
             _ => None,
         };
@@ -233,8 +279,12 @@ pub(crate) struct VcpuStats {
 
 impl VcpuStats {
     pub(crate) fn new(stats: KvmStats) -> Self {
-        let lookups =
-            FROM_KVM_STATS.map(|c| kvm_stat_names(c).iter().filter_map(|n| stats.stat(n)).collect());
+        let lookups = FROM_KVM_STATS.map(|c| {
+            let found: Vec<Stat> = kvm_stat_names(c).iter().filter_map(|n| stats.stat(n)).collect();
+            // A histogram needs both of its statistics, the sum and the buckets, in that order.
+            let whole = c.presentation != Presentation::Histogram || found.len() == 2;
+            if whole { found } else { Vec::new() }
+        });
         let data = vec![0; stats.data_words()];
         Self { stats, lookups, data }
     }
@@ -245,7 +295,11 @@ impl VcpuStats {
             return;
         }
         for (counter, stats) in FROM_KVM_STATS.iter().zip(&self.lookups) {
-            page.set(counter.id, stat_value(counter, stats, &self.data));
+            if counter.presentation == Presentation::Histogram {
+                write_kvm_histogram(page, counter, stats, &self.data);
+            } else {
+                page.set(counter.id, stat_value(counter, stats, &self.data));
+            }
         }
     }
 }
@@ -269,6 +323,8 @@ pub struct VpSources {
     migrated: Option<u64>,
     clock: Option<ThreadClock>,
     times: ThreadTimes,
+    sched: Option<SchedStatFile>,
+    sched_stat: Option<SchedStat>,
     thread_gone: bool,
     exceptions: u64,
 }
@@ -283,6 +339,8 @@ impl VpSources {
             migrated: None,
             clock: ThreadClock::open(tid).ok(),
             times: ThreadTimes::default(),
+            sched: SchedStatFile::open(std::process::id() as libc::pid_t, tid).ok(),
+            sched_stat: None,
             thread_gone: false,
             exceptions: 0,
         }
@@ -307,13 +365,15 @@ impl VpSources {
         self.thread_gone = true;
     }
 
-    /// Reads every source and writes its values into `page`.
+    /// Reads every source and writes its values into `page`, inside one sequence-counter window
+    /// (readers get all of it or none of it).
     pub fn merge(&mut self, page: &SharedPage, user: &UserExitCounts) -> VpExtras {
-        let extras = self.merge_exits(page, user);
+        let _merge = page.begin_merge();
+        let extras = self.write_exits(page, user);
         if !self.thread_gone {
             self.read_times();
         }
-        write_thread_counts(page, self.times, self.migrated);
+        write_thread_counts(page, self.times, self.sched_stat, self.migrated);
         extras
     }
 
@@ -325,11 +385,20 @@ impl VpSources {
         if let Some(m) = self.migrations.as_ref().and_then(|m| m.read().ok()) {
             self.migrated = Some(m);
         }
+        if let Some(s) = self.sched.as_ref().and_then(|s| s.read().ok()) {
+            self.sched_stat = Some(s);
+        }
     }
 
     /// Reads the intercept sources (tracepoints and KVM statistics) and writes their counters
     /// into `page`: every counter a guest can see change because of what it executed.
     pub fn merge_exits(&mut self, page: &SharedPage, user: &UserExitCounts) -> VpExtras {
+        let _merge = page.begin_merge();
+        self.write_exits(page, user)
+    }
+
+    /// The exit part of a merge, inside the caller's sequence-counter window.
+    fn write_exits(&mut self, page: &SharedPage, user: &UserExitCounts) -> VpExtras {
         let counts = self.tracepoints.read_all();
         write_tracepoint_counts(page, &counts, user);
         if let Some(n) = counts[Tracepoint::InjException.index()] {

@@ -55,6 +55,12 @@ pub fn to_100ns(ticks: u64) -> u64 {
     ((ticks as u128 * factor() as u128) >> 32) as u64
 }
 
+/// Converts a tick count to nanoseconds (for histograms of times).
+#[inline]
+pub fn to_ns(ticks: u64) -> u64 {
+    ((ticks as u128 * factor() as u128 * 100) >> 32).min(u64::MAX as u128) as u64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -67,5 +73,7 @@ mod tests {
         let measured = to_100ns(now() - c0);
         let real = (t0.elapsed().as_nanos() / 100) as u64;
         assert!(measured > real / 2 && measured < real * 2, "{measured} vs {real}");
+        let ns = to_ns(now() - c0);
+        assert!(ns / 100 >= measured, "{ns} ns vs {measured} x 100 ns");
     }
 }

@@ -21,6 +21,8 @@ pub mod exit_cost;
 pub mod gpa_map;
 pub mod guest_space;
 pub mod handlers;
+#[cfg(test)]
+mod histogram_sources;
 pub mod hyperv;
 pub mod memory;
 pub mod modes;

@@ -26,6 +26,7 @@ use crate::enlightenment::count_hypercall_class;
 use crate::sources::kvm_stats::KvmStats;
 use crate::sources::thread_time::ThreadTimes;
 use crate::sources::tracepoint::TracepointCounts;
+use hvstats::sched::SchedStat;
 
 /// The VP counters `write` leaves nonzero on a fresh page.
 fn written_by(write: impl FnOnce(&SharedPage)) -> BTreeSet<&'static str> {
@@ -128,7 +129,8 @@ fn kvm_statistics_write_exactly_their_catalog_counters() {
 #[test]
 fn thread_times_and_migrations_write_exactly_their_catalog_counters() {
     let times = ThreadTimes { total_100ns: 30, guest_100ns: 10 };
-    let written = written_by(|page| write_thread_counts(page, times, Some(2)));
+    let sched = SchedStat { run_ns: 3000, wait_ns: 700, dispatches: 4 };
+    let written = written_by(|page| write_thread_counts(page, times, Some(sched), Some(2)));
     let mut expected = catalog_says(SourceKind::ThreadTime);
     expected.extend(catalog_says(SourceKind::PerfSoftware));
     assert_eq!(written, expected);
@@ -147,6 +149,8 @@ fn every_hypercall_class_is_counted_where_the_catalog_says() {
 #[test]
 fn the_backend_sources_cover_every_maintained_vp_counter() {
     let covered: BTreeSet<&str> = [
+        // The sequence counter: every merge of the sources below writes it.
+        SourceKind::Authority,
         SourceKind::RunLoop,
         SourceKind::Tracepoint,
         SourceKind::KvmStats,

@@ -1,12 +1,12 @@
 //! The statistics authority of hvstats, independent of any backend.
 //!
 //! It owns the stats objects and their pages ([`page`]) in one arena per instance ([`arena`],
-//! format in [`index`]), the instance that holds them ([`instance`]), the map/unmap rules ([`rules`]) and the stats hypercalls built on them
-//! ([`hypercall`], [`gpa_space`]), publication of live instances to the runtime directory
-//! ([`publish`], [`runtime_dir`]) and attach for root readers in other processes ([`attach`],
-//! [`reader`]), the LP objects
-//! ([`lp`]), snapshots of attached instances ([`snapshot`]), and — built on those — the typed VP
-//! counter API and the hardware counter allocator.
+//! format in [`index`]), the instance that holds them ([`instance`]), the map/unmap rules
+//! ([`rules`]) and the stats hypercalls built on them ([`hypercall`], [`gpa_space`]), publication
+//! of live instances to the runtime directory ([`publish`], [`runtime_dir`]) and attach for root
+//! readers in other processes ([`attach`], [`reader`]), the LP objects ([`lp`]), snapshots of
+//! attached instances ([`snapshot`]), threads' CPU wait ([`sched`]), and — built on those — the
+//! typed VP counter API and the hardware counter allocator.
 
 #![deny(missing_docs)]
 
@@ -26,6 +26,7 @@ pub mod publish;
 pub mod reader;
 pub mod rules;
 pub mod runtime_dir;
+pub mod sched;
 pub mod snapshot;
 pub mod whv;
 

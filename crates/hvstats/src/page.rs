@@ -14,8 +14,11 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use hvstats_abi::catalog::vp;
+use hvstats_abi::histogram::{self, HISTOGRAM_SLOTS};
 use hvstats_abi::page::{PAGE_SLOTS, PageLayout, StatsPage};
-use hvstats_abi::{CounterId, ObjectKind, PAGE_SIZE};
+use hvstats_abi::seqcount::{self, SeqRead, SeqWrite};
+use hvstats_abi::{CounterId, GroupKind, ObjectKind, PAGE_SIZE};
 
 use crate::arena::Arena;
 
@@ -127,6 +130,39 @@ impl SharedPage {
         self.slots()[counter.slot()].fetch_add(delta, Ordering::Relaxed)
     }
 
+    /// The page slots of histogram `counter` (a catalog row presented as a histogram).
+    ///
+    /// # Panics
+    /// When `counter` does not leave room for a histogram before the end of the page: only ids
+    /// made by hand can.
+    pub fn histogram_slots(&self, counter: CounterId) -> &[AtomicU64; HISTOGRAM_SLOTS] {
+        debug_assert_eq!(counter.kind, self.kind);
+        let start = counter.slot();
+        let slots: &[AtomicU64] = &self.slots()[start..start + HISTOGRAM_SLOTS];
+        slots.try_into().unwrap_or_else(|_| unreachable!("the range is HISTOGRAM_SLOTS long"))
+    }
+
+    /// Records a time of `ns` nanoseconds into histogram `counter`: a plain load and store of two
+    /// slots, only for the page's single writer (the VP thread, on its exit path).
+    pub fn record_time(&self, counter: CounterId, ns: u64) {
+        histogram::record(self.histogram_slots(counter), ns);
+    }
+
+    /// Opens a merge of many counters: the page's sequence counter stays odd until the returned
+    /// guard drops, so readers using [`consistent_snapshot`](Self::consistent_snapshot) retry
+    /// instead of seeing half of it. `None` for a page without hvstats' own group (only VP pages
+    /// have one). Merges into one page must be serialized by the caller.
+    pub fn begin_merge(&self) -> Option<SeqWrite<'_>> {
+        sequence_slot(self.kind).map(|slot| SeqWrite::begin(&self.slots()[slot]))
+    }
+
+    /// A copy of the whole page from one moment: taken outside any merge
+    /// ([`begin_merge`](Self::begin_merge)), retried up to [`seqcount::DEFAULT_TRIES`] times. A
+    /// page without a sequence counter gives a plain copy, reported as consistent.
+    pub fn consistent_snapshot(&self) -> SeqRead<StatsPage> {
+        consistent_copy(self.kind, self.slots())
+    }
+
     /// A copy of the whole page.
     pub fn snapshot(&self) -> StatsPage {
         let mut page = StatsPage::default();
@@ -236,6 +272,34 @@ impl MappedPage {
             *v = self.slot(i);
         }
         page
+    }
+
+    /// A copy of the page from one moment, as [`SharedPage::consistent_snapshot`], for a page of
+    /// `kind`.
+    pub fn consistent_snapshot(&self, kind: ObjectKind) -> SeqRead<StatsPage> {
+        // SAFETY: the mapping is PAGE_SIZE bytes, 8-aligned; the writer uses atomics, so we do too.
+        let slots = unsafe { &*(self.ptr.as_ptr() as *const [AtomicU64; PAGE_SLOTS]) };
+        consistent_copy(kind, slots)
+    }
+}
+
+/// The slot of the sequence counter on `kind`'s page, if the page has hvstats' own group.
+fn sequence_slot(kind: ObjectKind) -> Option<usize> {
+    (kind == ObjectKind::Vp && PageLayout::of(kind).group_offset(GroupKind::Hvstats).is_some())
+        .then(|| vp::SEQUENCE.slot())
+}
+
+fn consistent_copy(kind: ObjectKind, slots: &[AtomicU64; PAGE_SLOTS]) -> SeqRead<StatsPage> {
+    let copy = || {
+        let mut page = StatsPage::default();
+        for (dst, src) in page.data.iter_mut().zip(slots) {
+            *dst = src.load(Ordering::Relaxed);
+        }
+        page
+    };
+    match sequence_slot(kind) {
+        Some(slot) => seqcount::read(&slots[slot], seqcount::DEFAULT_TRIES, copy),
+        None => SeqRead::Consistent { value: copy(), sequence: 0 },
     }
 }
 

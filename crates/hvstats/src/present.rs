@@ -33,7 +33,8 @@ fn nanoseconds_per(unit: Unit) -> Option<f64> {
 /// a cost is averaged over.
 ///
 /// `None` when there is nothing to show: a cost whose count did not move, a counter that went
-/// backwards (its object was replaced), or an interval that is not positive.
+/// backwards (its object was replaced), an interval that is not positive, or a histogram (a
+/// distribution, read whole with `PageView::histogram`).
 pub fn over_interval(
     counter: &Counter,
     before: u64,
@@ -69,6 +70,8 @@ pub fn over_interval(
             let ns = nanoseconds_per(counter.unit).unwrap_or(1.0);
             Some(Presented { value: delta * ns / events as f64, unit: "ns" })
         }
+        // A distribution, not one number: read it whole with `PageView::histogram`.
+        Presentation::Histogram => None,
         Presentation::Instant => unreachable!("handled above"),
     }
 }
@@ -124,7 +127,7 @@ impl Column {
             Presentation::Rate => format!("{}/s", self.label),
             Presentation::Cost => format!("{} µs", self.label),
             Presentation::CumulativeTime => format!("{} ns/s", self.label),
-            Presentation::Instant => self.label.to_owned(),
+            Presentation::Instant | Presentation::Histogram => self.label.to_owned(),
         }
     }
 

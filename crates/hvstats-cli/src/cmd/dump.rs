@@ -14,8 +14,9 @@ use anyhow::{Context, bail};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use hvstats_abi::catalog::counters_of;
 use hvstats_abi::group::PAGE_SIZE;
+use hvstats_abi::histogram::Log2Histogram;
 use hvstats_abi::page::{GroupWalk, ListEnd, PageError, PageView, RawGroup, StatsPage, infer_kind};
-use hvstats_abi::{GroupKind, ObjectKind};
+use hvstats_abi::{GroupKind, ObjectKind, Presentation};
 use serde_json::{Map, Value, json};
 
 use crate::input;
@@ -154,6 +155,10 @@ fn page_json(view: &PageView<'_>, inferred: bool) -> Value {
         .collect();
     let counters: Map<String, Value> =
         counters_of(view.kind).map(|c| (c.name.to_owned(), json!(view.get(c.id)))).collect();
+    let histograms: Map<String, Value> = counters_of(view.kind)
+        .filter(|c| c.presentation == Presentation::Histogram)
+        .filter_map(|c| Some((c.name.to_owned(), histogram_json(&view.histogram(c.id)?))))
+        .collect();
     let unknown: Vec<Value> = view
         .unknown_groups()
         .map(|g| {
@@ -177,9 +182,30 @@ fn page_json(view: &PageView<'_>, inferred: bool) -> Value {
         "inferred": inferred,
         "groups": groups,
         "counters": counters,
+        "histograms": histograms,
         "unknown_groups": unknown,
         "end": { "header": end, "offset": end_offset },
     })
+}
+
+/// A histogram as JSON: its sum, count, quantile bounds and buckets (bucket `i` counts times in
+/// `[2^(i-1), 2^i)` ns, bucket 0 zero times, the last bucket everything longer).
+fn histogram_json(h: &Log2Histogram) -> Value {
+    json!({
+        "sum_ns": h.sum_ns,
+        "count": h.count(),
+        "p50_ns_at_most": h.quantile_upper_ns(0.5),
+        "p99_ns_at_most": h.quantile_upper_ns(0.99),
+        "buckets": h.buckets.to_vec(),
+    })
+}
+
+/// A histogram in one line: how many times, and the bounds of its median and 99th percentile.
+fn histogram_text(h: &Log2Histogram) -> String {
+    match (h.quantile_upper_ns(0.5), h.quantile_upper_ns(0.99)) {
+        (Some(p50), Some(p99)) => format!("{} times, p50 <= {p50} ns, p99 <= {p99} ns", h.count()),
+        _ => "no times recorded".to_owned(),
+    }
 }
 
 /// The page as text: what it is, its groups, every counter by name, and the groups skipped.
@@ -212,6 +238,9 @@ fn page_text(view: &PageView<'_>, inferred: bool) -> String {
     let _ = writeln!(s);
     for c in counters_of(view.kind) {
         let _ = writeln!(s, "{:<width$}  {:>20}  {}", c.name, view.get(c.id), c.unit.name());
+        if let Some(h) = view.histogram(c.id).filter(|_| c.presentation == Presentation::Histogram) {
+            let _ = writeln!(s, "  {}", histogram_text(&h));
+        }
     }
     let unknown: Vec<RawGroup<'_>> = view.unknown_groups().collect();
     if !unknown.is_empty() {

@@ -71,6 +71,7 @@ fn unit_of(c: &Counter) -> &'static str {
         Presentation::Cost => "µs per event",
         Presentation::CumulativeTime => "ns per second",
         Presentation::Instant => "value",
+        Presentation::Histogram => "ns in all (histogram sum)",
     }
 }
 

@@ -84,7 +84,7 @@ pub struct Header {
 impl Header {
     /// The header of a recording this build makes.
     pub fn new(interval_seconds: f64, started_unix_ms: u64) -> Self {
-        let group = GroupKind::Architectural.version();
+        let group = GroupKind::Architectural.version(ObjectKind::Vp);
         Self {
             format: FORMAT.into(),
             version: VERSION,

@@ -93,7 +93,7 @@ pub fn reports(recording: &Recording) -> Vec<VpReport> {
                     Presentation::Rate => rates.insert(name, json!(shown)),
                     Presentation::PercentTime => percent.insert(name, json!(shown)),
                     Presentation::Cost => costs.insert(name, json!(shown)),
-                    Presentation::CumulativeTime | Presentation::Instant => None,
+                    Presentation::CumulativeTime | Presentation::Instant | Presentation::Histogram => None,
                 };
             }
             let json = json!({

@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use hvstats::sched::{SchedStat, SchedStatFile};
 use hvstats::{Hypervisor, PartitionStats, SharedPage};
 use hvstats_abi::catalog::{CounterId, partition, vp};
 use hvstats_abi::exit_reason::{self, ExitReasonRow, InterceptClass};
@@ -157,6 +158,8 @@ struct ObservedVp {
     /// KVM's vCPU id (from the fd link).
     vcpu_id: u32,
     tid: Option<i32>,
+    /// The thread's schedstat (CPU wait, dispatches) when it was first seen.
+    sched_at_attach: Option<SchedStat>,
     qom_path: Option<String>,
 }
 
@@ -252,8 +255,11 @@ impl ObservedVm {
                 Err(e) => qmp_error = Some(hvstats::snapshot::error_chain(&e)),
             }
         }
-        let vps: Vec<ObservedVp> =
-            fds.vcpus.keys().map(|&vcpu_id| ObservedVp { vcpu_id, tid: None, qom_path: None }).collect();
+        let vps: Vec<ObservedVp> = fds
+            .vcpus
+            .keys()
+            .map(|&vcpu_id| ObservedVp { vcpu_id, tid: None, sched_at_attach: None, qom_path: None })
+            .collect();
         let partition = hv
             .create_partition_named(vps.len() as u32, &name)
             .map_err(|source| AttachError::Publish { pid, source })?;
@@ -362,6 +368,13 @@ impl ObservedVm {
             if let Some(m) = c(ev::MIGRATIONS) {
                 page.set(vp::LOGICAL_PROCESSOR_MIGRATIONS, m);
             }
+            // CPU wait and dispatches since attach, from the thread's schedstat.
+            let since =
+                schedstat(procfs, self.pid, tid).zip(vp.sched_at_attach).and_then(|(n, t)| n.since(&t));
+            if let Some(d) = since {
+                page.set(vp::CPU_WAIT_TIME_PER_DISPATCH, d.wait_ns);
+                page.set(vp::DISPATCHES, d.dispatches);
+            }
             exits_seen |=
                 c(ev::USER_IO).unwrap_or(0) + c(ev::USER_MMIO).unwrap_or(0) + c(ev::CPUID).unwrap_or(0) > 0;
             kvm_exits += c(ev::KVM_EXIT).unwrap_or(0);
@@ -439,6 +452,7 @@ impl ObservedVm {
             if let Some((tid, qom)) = found {
                 vp.tid = Some(tid);
                 vp.qom_path = qom;
+                vp.sched_at_attach = schedstat(procfs, self.pid, tid);
             }
         }
     }
@@ -499,6 +513,12 @@ impl ObservedVm {
                     Some(Observed::By(ObservedSource::QmpStats, _)) => !from_qmp(id),
                     Some(Observed::By(ObservedSource::Tracepoint | ObservedSource::UserspaceExit, _)) => {
                         tracepoint_event_of(id).is_some_and(event_missing)
+                    }
+                    // schedstat needs no perf event: available once every vCPU thread's is read.
+                    Some(Observed::By(ObservedSource::ThreadTime, _))
+                        if matches!(id, vp::DISPATCHES | vp::CPU_WAIT_TIME_PER_DISPATCH) =>
+                    {
+                        self.vps.iter().any(|v| v.sched_at_attach.is_none())
                     }
                     Some(Observed::By(ObservedSource::PerfSoftware | ObservedSource::ThreadTime, _)) => {
                         let i = if id == vp::LOGICAL_PROCESSOR_MIGRATIONS {
@@ -616,6 +636,12 @@ fn guest_ticks(procfs: &Procfs, pid: i32, tid: i32) -> Option<u64> {
     // Fields after the command (which may hold spaces and parentheses) start at field 3.
     let rest = &stat[stat.rfind(')')? + 1..];
     rest.split_whitespace().nth(43 - 3).and_then(|f| f.parse().ok())
+}
+
+/// The scheduler accounting of thread `tid` of `pid` (`None` when it cannot be read).
+fn schedstat(procfs: &Procfs, pid: i32, tid: i32) -> Option<SchedStat> {
+    let path = procfs.root().join(pid.to_string()).join("task").join(tid.to_string()).join("schedstat");
+    SchedStatFile::open_path(&path).and_then(|f| f.read()).ok()
 }
 
 fn ticks_to_100ns(ticks: u64) -> u64 {

@@ -30,6 +30,8 @@ const BASE_POW2: u32 = 0x100;
 struct Desc {
     /// Index of its first u64 in the data block.
     slot: usize,
+    /// Number of u64 values (a histogram has one per bucket).
+    size: usize,
     flags: u32,
     exponent: i16,
 }
@@ -89,7 +91,7 @@ impl KvmStats {
             }
             let name = String::from_utf8_lossy(&d[DESC_FIXED..]).trim_end_matches('\0').to_string();
             data_len = data_len.max(offset + size * 8);
-            descs.insert(name, Desc { slot: offset / 8, flags, exponent });
+            descs.insert(name, Desc { slot: offset / 8, size, flags, exponent });
         }
         Ok(Self { file, data_offset, data_len, descs, id })
     }
@@ -121,7 +123,7 @@ impl KvmStats {
         } else {
             Scale::Div(10u64.pow((-exp) as u32))
         };
-        Some(Stat { slot: d.slot, scale })
+        Some(Stat { slot: d.slot, size: d.size, scale })
     }
 
     /// Words of the data block ([`read_into`](Self::read_into) needs a buffer this long).
@@ -172,10 +174,18 @@ enum Scale {
 #[derive(Clone, Copy, Debug)]
 pub struct Stat {
     slot: usize,
+    size: usize,
     scale: Scale,
 }
 
 impl Stat {
+    /// All its values (the buckets of a histogram) in a data block read by
+    /// [`KvmStats::read_into`]; as many as the block holds.
+    pub fn values(self, data: &[u64]) -> &[u64] {
+        let start = self.slot.min(data.len());
+        &data[start..self.slot.saturating_add(self.size).min(data.len())]
+    }
+
     /// Its raw (first) value in a data block read by [`KvmStats::read_into`].
     pub fn raw(self, data: &[u64]) -> u64 {
         data.get(self.slot).copied().unwrap_or(0)
