@@ -9,7 +9,9 @@ pub mod app;
 pub mod table;
 pub mod ui;
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
+
+use anyhow::Context;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -56,7 +58,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         return once(&live, args.interval, args.json);
     }
     let mut app = App::new(live.dir().display().to_string(), Duration::from_secs_f64(args.interval));
-    let mut terminal = ratatui::init();
+    if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
+        anyhow::bail!("the live view needs a terminal; for a table or JSON, use --once [--json]");
+    }
+    let mut terminal = ratatui::try_init().context("setting up the terminal")?;
     let result = event_loop(&mut terminal, live, &mut app);
     ratatui::restore();
     result.map(|()| ExitCode::SUCCESS)
