@@ -165,8 +165,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             "catalog": { "hvstats": recording.header.catalog.hvstats, "groups": recording.header.catalog.groups },
             "vps": vps,
         });
-        serde_json::to_writer_pretty(&mut out, &doc)?;
-        writeln!(out)?;
+        // An io::Error, not a serde_json one, so a closed pipe is recognised as such.
+        let text = serde_json::to_string_pretty(&doc)?;
+        writeln!(out, "{text}")?;
     } else {
         out.write_all(text(&recording, &reports).as_bytes())?;
     }

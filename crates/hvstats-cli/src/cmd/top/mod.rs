@@ -79,8 +79,9 @@ fn once(live: &Live, interval: f64, json: bool) -> anyhow::Result<ExitCode> {
         let _ = writeln!(std::io::stderr(), "hvstats: {problem}");
     }
     if json {
-        serde_json::to_writer_pretty(&mut out, &table::json(&groups, seconds))?;
-        writeln!(out)?;
+        // An io::Error, not a serde_json one, so a closed pipe is recognised as such.
+        let text = serde_json::to_string_pretty(&table::json(&groups, seconds))?;
+        writeln!(out, "{text}")?;
     } else {
         out.write_all(table::text(&groups, seconds, &live.dir().display().to_string()).as_bytes())?;
     }
