@@ -594,6 +594,18 @@ pub fn counters_of(kind: ObjectKind) -> impl Iterator<Item = &'static Counter> {
 }
 
 /// Looks a counter up by object kind and its catalog name.
+///
+/// ```
+/// use hvstats_abi::catalog::{counter_by_name, vp};
+/// use hvstats_abi::{ObjectKind, Unit};
+///
+/// let c = counter_by_name(ObjectKind::Vp, "CPUID instructions/sec").unwrap();
+/// assert_eq!(c.id, vp::CPUID_INSTRUCTIONS);
+/// assert_eq!(c.unit, Unit::Count);
+/// assert_eq!(c.maintained.source().map(|s| s.name()), Some("tracepoint"));
+/// assert_eq!(vp::CPUID_INSTRUCTIONS.counter(), Some(c));
+/// assert!(counter_by_name(ObjectKind::Partition, "CPUID instructions/sec").is_none());
+/// ```
 pub fn counter_by_name(kind: ObjectKind, name: &str) -> Option<&'static Counter> {
     counters_of(kind).find(|c| c.name == name)
 }

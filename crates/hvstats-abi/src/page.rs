@@ -175,6 +175,9 @@ impl PageBuilder {
 
     /// Appends a group with `values`; fails when the group and the END_OF_LIST after it would not
     /// fit in the page.
+    ///
+    /// # Errors
+    /// [`PageError::PageFull`] when the group and the END_OF_LIST after it would not fit.
     pub fn group(
         &mut self,
         group_type: GroupType,
@@ -401,6 +404,9 @@ pub struct GroupWalk<'a> {
 
 impl<'a> GroupWalk<'a> {
     /// Starts a walk over `page`, which must be exactly one 4 KiB page.
+    ///
+    /// # Errors
+    /// [`PageError`] when `page` is not 4 KiB long.
     pub fn new(page: &'a [u8]) -> Result<Self, PageError> {
         if page.len() < PAGE_SIZE {
             return Err(PageError::Truncated { len: page.len() });
@@ -482,6 +488,23 @@ impl<'a> PageView<'a> {
     /// Unknown group types are skipped by their Length. A known group must have the reader's major
     /// version and at least its minor version, and be long enough for the reader's counters. Every
     /// group `kind` has must be present.
+    ///
+    /// ```
+    /// use hvstats_abi::catalog::vp;
+    /// use hvstats_abi::{ObjectKind, PageView, StatsPage};
+    /// use zerocopy::IntoBytes;
+    ///
+    /// let mut page = StatsPage::new(ObjectKind::Vp);
+    /// page.set(vp::CPUID_INSTRUCTIONS, 300);
+    /// let view = PageView::read(page.as_bytes(), ObjectKind::Vp)?;
+    /// assert_eq!(view.get(vp::CPUID_INSTRUCTIONS), 300);
+    /// assert!(PageView::read(&[0u8; 16], ObjectKind::Vp).is_err(), "a short page is refused");
+    /// # Ok::<(), hvstats_abi::PageError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// A [`PageError`] when the page is short, a header is malformed, a known group has another
+    /// major version or an older minor, or a group of `kind` is missing.
     pub fn read(page: &'a [u8], kind: ObjectKind) -> Result<Self, PageError> {
         Self::read_compiled_for(page, kind, GroupKind::ALL.map(GroupKind::version))
     }
@@ -489,6 +512,9 @@ impl<'a> PageView<'a> {
     /// Reads `page` as a reader compiled for the group versions `compiled` (indexed by
     /// [`GroupKind`]) would: [`read`](Self::read) with the versions of this build. A reader of a
     /// later minor refuses a page of an earlier one ([`PageError::MinorTooOld`]).
+    ///
+    /// # Errors
+    /// As [`read`](Self::read).
     pub fn read_compiled_for(
         page: &'a [u8],
         kind: ObjectKind,

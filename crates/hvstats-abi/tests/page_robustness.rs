@@ -4,7 +4,11 @@
 //!
 //! A small deterministic generator (splitmix64) keeps the run reproducible and dependency-free.
 
+// Test and bench set-up: a failed step is the run's failure, reported by the panic.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "../../../fuzz/src/page_reader.rs"]
+#[allow(missing_docs)]
 mod page_reader;
 
 use hvstats_abi::catalog::counters_of;

@@ -129,3 +129,123 @@ fn snapshot_by_a_non_root_user_reports_global_pages_unreadable_not_zero() {
     assert_eq!(i["lps"].as_array().map(Vec::len), Some(0), "{i}");
     assert_eq!(i["partitions"][0]["vps"][0]["counters"][name(vp::HYPERCALLS)], 9);
 }
+
+#[test]
+fn snapshot_shows_descriptions_names_stopped_partitions_and_unknown_counters() {
+    let tmp = TempDir::new("states");
+    let hv = Hypervisor::with_config(InstanceConfig {
+        runtime_dir: Some(tmp.path().to_path_buf()),
+        logical_processors: Some(vec![0]),
+        description: hvstats::InstanceDescription { kind: "observer".into(), name: "qemu 4242".into() },
+        ..Default::default()
+    })
+    .unwrap();
+    let part = hv.create_partition_named(1, "web-1").unwrap();
+    part.vp_page(0).unwrap().set(vp::CPUID_INSTRUCTIONS, 77);
+    part.set_unavailable(&[vp::HYPERCALLS]);
+    part.stop("VP 0 faulted: triple fault");
+
+    let (ok, stdout) = snapshot(tmp.path(), true);
+    assert!(ok);
+    let v: Value = serde_json::from_str(&stdout).unwrap();
+    let i = &v["instances"][0];
+    assert_eq!(i["kind"], "observer");
+    assert_eq!(i["description"], "qemu 4242");
+    let p = &i["partitions"][0];
+    assert_eq!(p["name"], "web-1");
+    assert_eq!(p["state"], "stopped");
+    assert_eq!(p["stopped_reason"], "VP 0 faulted: triple fault");
+    // The root keeps reading a stopped partition's final values.
+    assert_eq!(p["vps"][0]["counters"][name(vp::CPUID_INSTRUCTIONS)], 77);
+    // A counter no source gives is unknown, not 0, and still listed.
+    assert!(p["vps"][0]["counters"][name(vp::HYPERCALLS)].is_null(), "{}", p["vps"][0]);
+    assert_eq!(p["vps"][0]["counters"].as_object().unwrap().len(), 65);
+
+    let (ok, table) = snapshot(tmp.path(), false);
+    assert!(ok);
+    assert!(table.contains("observer: qemu 4242"), "{table}");
+    assert!(table.contains("partition 1 \"web-1\" (stopped: VP 0 faulted: triple fault)"), "{table}");
+    let row = table.lines().find(|l| l.trim_start().starts_with(name(vp::HYPERCALLS))).unwrap();
+    assert!(row.trim_end().ends_with('-'), "{row}");
+}
+
+#[test]
+fn snapshot_json_into_a_closed_pipe_ends_quietly() {
+    let tmp = TempDir::new("pipe");
+    let hv = Hypervisor::with_config(InstanceConfig {
+        runtime_dir: Some(tmp.path().to_path_buf()),
+        logical_processors: Some(vec![0]),
+        ..Default::default()
+    })
+    .unwrap();
+    let _parts: Vec<_> = (0..200).map(|_| hv.create_partition(4).unwrap()).collect();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["snapshot", "--json", "--runtime-dir"])
+        .arg(tmp.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Read a little, then close the pipe, as `| head -c 100` does.
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 100];
+    std::io::Read::read_exact(&mut stdout, &mut first).unwrap();
+    drop(stdout);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{:?}", out.status);
+    assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A process's private resident memory (its heap: not the arena pages it maps), in KiB.
+fn rss_anon_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("RssAnon:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+#[test]
+fn snapshot_json_of_65536_vps_streams_in_bounded_memory() {
+    if std::env::var_os("HVSTATS_SKIP_SCALE").is_some_and(|v| v == "1") {
+        eprintln!("skipped: HVSTATS_SKIP_SCALE=1");
+        return;
+    }
+    let tmp = TempDir::new("scale");
+    let hv = Hypervisor::with_config(InstanceConfig {
+        runtime_dir: Some(tmp.path().to_path_buf()),
+        logical_processors: Some(vec![0]),
+        ..Default::default()
+    })
+    .unwrap();
+    let _partitions: Vec<_> = (0..4096).map(|_| hv.create_partition(16).unwrap()).collect();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["snapshot", "--json", "--runtime-dir"])
+        .arg(tmp.path())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    // Count without keeping the document: VP objects, and the last VP's value.
+    let (mut bytes, mut vps, mut peak) = (0usize, 0usize, 0u64);
+    let mut tail = Vec::new();
+    let pid = child.id();
+    loop {
+        peak = peak.max(rss_anon_kib(pid).unwrap_or(0));
+        let buf = std::io::BufRead::fill_buf(&mut stdout).unwrap();
+        if buf.is_empty() {
+            break;
+        }
+        let text = [tail.as_slice(), buf].concat();
+        vps += text.windows(b"\"index\":".len()).filter(|w| w == b"\"index\":").count();
+        let n = buf.len();
+        bytes += n;
+        // Shorter than the pattern: a match is never counted twice.
+        tail = text[text.len().saturating_sub(7)..].to_vec();
+        std::io::BufRead::consume(&mut stdout, n);
+    }
+    assert!(child.wait().unwrap().success());
+    // One `"index":` per VP, and one for the instance's LP.
+    assert_eq!(vps, 65_536 + 1);
+    assert!(bytes > 65_536 * 1000, "{bytes} bytes");
+    assert!(peak > 0);
+    assert!(peak < 64 * 1024, "snapshot --json of 65,536 VPs held {peak} KiB of heap");
+}

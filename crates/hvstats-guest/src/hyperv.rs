@@ -89,6 +89,9 @@ pub struct SelfCheck {
 /// checks its VP count. Then it unmaps and checks the RAM pattern reappeared. The serial output
 /// carries `vp=<index> cpuid=<before> <after> hc=<count>` per VP; the exit status is 0 or a
 /// [`SelfCheckFailure`].
+///
+/// # Errors
+/// When the assembler rejects the program (a label or an immediate out of range).
 pub fn stats_self_check(p: SelfCheck, load_gpa: u64) -> Result<Vec<u8>, IcedError> {
     let mut a = CodeAssembler::new(64)?;
     let mut fail = a.create_label();
@@ -261,6 +264,9 @@ impl ProbeCall {
 /// Each status is printed to the serial port as `s=<hex>`; the program stops with exit status 0
 /// when every call returned its expected status, or `100 + i` for the first call `i` that did not
 /// (and 10..=13 when the enlightenment itself is missing).
+///
+/// # Errors
+/// When the assembler rejects the program (a label or an immediate out of range).
 pub fn hypercall_probe(
     layout: HypercallLayout,
     calls: &[ProbeCall],
@@ -271,6 +277,9 @@ pub fn hypercall_probe(
 
 /// [`hypercall_probe`] where VP `faulting_vp` does not probe but faults at once (`ud2` with no IDT:
 /// a triple fault), so the other VPs can observe a partition that is no longer active.
+///
+/// # Errors
+/// As [`hypercall_probe`].
 pub fn hypercall_probe_with_faulting_vp(
     layout: HypercallLayout,
     calls: &[ProbeCall],

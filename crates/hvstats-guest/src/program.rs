@@ -109,6 +109,9 @@ impl Program {
     }
 
     /// Writes `status` to the exit port: the VP stops with that exit status.
+    ///
+    /// # Errors
+    /// [`BuildError`] when the assembler rejects an instruction.
     pub fn exit(&mut self, status: u32) -> Result<(), BuildError> {
         self.asm.mov(edx, layout::EXIT_PORT as u32)?;
         self.asm.mov(eax, status)?;
@@ -121,6 +124,9 @@ impl Program {
     }
 
     /// Writes `text` to the serial port, one `out` per byte.
+    ///
+    /// # Errors
+    /// [`BuildError`] when the assembler rejects an instruction.
     pub fn serial_print(&mut self, text: &[u8]) -> Result<(), BuildError> {
         if text.is_empty() {
             return Ok(());
@@ -135,6 +141,9 @@ impl Program {
 
     /// Runs `body` `count` times (per VP), counting in EBP. The body must preserve EBP, EDI and
     /// ESI.
+    ///
+    /// # Errors
+    /// [`BuildError`] when the assembler rejects an instruction, or the body fails.
     pub fn counted_loop(
         &mut self,
         count: LoopCount,
@@ -162,6 +171,9 @@ impl Program {
 
     /// Stores the 32-bit `value` at guest physical address `gpa` (clobbers EBX). Not in real mode,
     /// which cannot reach addresses above 1 MiB.
+    ///
+    /// # Errors
+    /// [`BuildError`] when the assembler rejects an instruction, or in real mode or above 4 GiB.
     pub fn store32(&mut self, gpa: u64, value: u32) -> Result<(), BuildError> {
         let addr = u32::try_from(gpa).map_err(|_| self.unsupported("an address above 4 GiB"))?;
         match self.mode {
@@ -182,6 +194,9 @@ impl Program {
     /// Points IDT vector `vector` at the handler at guest address `handler` (an interrupt gate in
     /// the VMM's IDT). Clobbers EAX, EBX and EDX. The address of a handler in the same program is
     /// known after a first assembly: see [`Program::finish_with_labels`].
+    ///
+    /// # Errors
+    /// [`BuildError`] when the assembler rejects an instruction, or in real mode.
     pub fn install_interrupt_gate(&mut self, vector: u8, handler: u32) -> Result<(), BuildError> {
         let (entry_size, gate) = match self.mode {
             Mode::Real => return Err(self.unsupported("an interrupt gate")),
@@ -212,6 +227,9 @@ impl Program {
     }
 
     /// Emits, at `label`, an interrupt handler that writes the APIC EOI register and returns.
+    ///
+    /// # Errors
+    /// [`BuildError`] when the assembler rejects an instruction, or in real mode.
     pub fn eoi_handler(&mut self, label: &mut CodeLabel) -> Result<(), BuildError> {
         self.asm.set_label(label)?;
         match self.mode {
@@ -249,6 +267,9 @@ impl Program {
     /// Emits, at `label`, an exception handler that skips the 2-byte instruction that faulted
     /// (e.g. `ud2`) and returns. It expects to be entered through an interrupt gate with IF=0 before
     /// the exception.
+    ///
+    /// # Errors
+    /// [`BuildError`] when the assembler rejects an instruction, or in real mode.
     pub fn skip_instruction_handler(&mut self, label: &mut CodeLabel) -> Result<(), BuildError> {
         self.asm.set_label(label)?;
         match self.mode {
@@ -268,6 +289,9 @@ impl Program {
 
     /// Emits, at `label`, a long-mode handler for an exception that pushes an error code (#PF):
     /// it drops the code and skips the 2-byte instruction that faulted.
+    ///
+    /// # Errors
+    /// [`BuildError`] when the assembler rejects an instruction, or outside long mode.
     pub fn skip_instruction_handler_with_error_code(
         &mut self,
         label: &mut CodeLabel,

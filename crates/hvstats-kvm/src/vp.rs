@@ -186,9 +186,10 @@ pub(crate) fn run(env: &VpEnv<'_>, shared: &VpShared, mut vcpu: VcpuFd) -> VpOut
         Ok(counters) => counters.read().map_err(|e| format!("reading the hardware counters: {e}")),
         Err(why) => Err(why.clone()),
     });
-    if outcome.fault.is_some() {
-        // A partition with a faulted VP is being torn down: no longer active.
-        env.stats.set_active(false);
+    if let Some(fault) = &outcome.fault {
+        // A partition with a faulted VP is being torn down: no longer active for guests, while
+        // root readers keep its final values and see why it stopped.
+        env.stats.stop(&format!("VP {} faulted: {}", outcome.index, fault.reason));
     }
     if let Some(page) = env.page {
         shared.refresh(page, Refresh::OwnThread);

@@ -1,6 +1,9 @@
 //! Guests that fault or never stop: each is reported for its VP with RIP and reason, and the host
 //! never hangs.
 
+// Test and bench set-up: a failed step is the run's failure, reported by the panic.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::sync::Arc;

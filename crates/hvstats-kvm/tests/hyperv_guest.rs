@@ -2,6 +2,9 @@
 //! with HvMapStatsPage and check from the inside that the counters are exact; and every status of
 //! the map rules, produced by a real guest.
 
+// Test and bench set-up: a failed step is the run's failure, reported by the panic.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::sync::Arc;

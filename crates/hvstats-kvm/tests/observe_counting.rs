@@ -2,6 +2,9 @@
 //! on this machine: `syscalls:sys_enter_getppid`, on threads of this test process that make a
 //! known number of `getppid` calls.
 
+// Test set-up: a failed step is the test's failure, reported by the panic.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::sync::mpsc;
 use std::thread;
 

@@ -3,6 +3,9 @@
 //! exits while observed, fifty paused QEMUs, and the overhead row. They need /dev/kvm (a host
 //! without it prints "skipped"; `HVSTATS_REQUIRE_KVM=1` makes that a failure).
 
+// Test set-up: a failed step is the test's failure, reported by the panic.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod observe_support;
 
 use std::sync::Arc;

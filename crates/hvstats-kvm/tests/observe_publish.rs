@@ -4,6 +4,9 @@
 //! threads (task clock, and KVM tracepoints that stay 0 here), subtracts the guest time the tree
 //! says they had at attach, and publishes everything under a temporary runtime directory.
 
+// Test set-up: a failed step is the test's failure, reported by the panic.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod observe_support;
 
 use std::sync::Arc;

@@ -3,6 +3,9 @@
 //! provider, `query-cpus-fast` with thread ids); the VM is this test process described by a fake
 //! procfs whose vCPU thread has no telling name, so only QMP can say which thread it is.
 
+// Test set-up: a failed step is the test's failure, reported by the panic.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod observe_support;
 
 use std::io::{BufRead, BufReader, Write};

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! <pid>-<start time>-<n>.arena    partitions and VPs: one arena (see crate::index); mode 0600,
-//!                                 or 0640 with the group named by InstanceConfig::page_group
+//!                                 or 0640 with the group named by InstanceConfig::page_access
 //! <pid>-<start time>-<n>.global   the hypervisor and LPs: an arena of their own, always 0600
 //! .<…>.tmp                        an arena being set up, renamed into place when complete
 //! ```

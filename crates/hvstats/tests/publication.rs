@@ -306,6 +306,9 @@ fn a_killed_publisher_is_found_dead_and_a_reader_follows_its_restart() {
     let mut attach = Attach::new(&tmp.0);
     attach.refresh().unwrap();
     assert_eq!(vp0_hypercalls(&attach), vec![5]);
+    // A reader may also keep an instance on its own, past its owner's death.
+    let kept = attach::discover(&tmp.0).unwrap().instances.remove(0);
+    let kept_vp = StatsObject::Vp(kept.partitions()[0].id, 0);
 
     // SIGKILL: the child cannot clean up; its lock goes with it, even before it is reaped.
     child.0.kill().unwrap();
@@ -322,6 +325,9 @@ fn a_killed_publisher_is_found_dead_and_a_reader_follows_its_restart() {
     assert!(!path.exists());
     assert_eq!(attach.instances().count(), 0);
     child.0.wait().unwrap();
+    // The kept mapping still reads the final values, and says its owner is gone.
+    assert!(!kept.is_live());
+    assert_eq!(kept.read(kept_vp).unwrap().data[vp::HYPERCALLS.slot()], 5);
 
     // The same reader, kept, finds the publisher's next life.
     let (_child, path) = spawn_publisher(&tmp.0, 6, &[]);

@@ -180,12 +180,88 @@ fn stream_json(attach: &mut Attach, out: &mut impl Write) -> io::Result<bool> {
             if i > 0 {
                 out.write_all(b",")?;
             }
-            serde_json::to_writer(&mut *out, &partition_json(&snap, None)).map_err(io::Error::from)?;
+            write_partition(out, &snap)?;
         }
         out.write_all(b"]}")?;
     }
     out.write_all(b"]}\n")?;
     Ok(failed)
+}
+
+/// Each kind's counters with their names as JSON strings, computed once.
+fn json_names(kind: ObjectKind) -> &'static [(&'static Counter, String)] {
+    static NAMES: std::sync::OnceLock<Vec<Vec<(&'static Counter, String)>>> = std::sync::OnceLock::new();
+    let all = NAMES.get_or_init(|| {
+        ObjectKind::ALL
+            .iter()
+            .map(|&k| counters_of(k).map(|c| (c, Value::String(c.name.to_owned()).to_string())).collect())
+            .collect()
+    });
+    &all[kind as usize]
+}
+
+/// What [`reading_json`] gives without an interval, written straight out (no tree per object:
+/// streaming 65,536 VPs stays cheap): the reading's fields, then `extra` (already JSON), in one
+/// object.
+fn write_reading(
+    out: &mut impl Write,
+    reading: &ObjectReading,
+    kind: ObjectKind,
+    extra: &str,
+) -> io::Result<()> {
+    out.write_all(b"{")?;
+    match reading {
+        ObjectReading::Counters(values) => {
+            out.write_all(b"\"counters\":{")?;
+            let mut values = values.iter().peekable();
+            for (i, (c, name)) in json_names(kind).iter().enumerate() {
+                if i > 0 {
+                    out.write_all(b",")?;
+                }
+                out.write_all(name.as_bytes())?;
+                match values.next_if(|(v, _)| v.id == c.id) {
+                    Some((_, v)) => write!(out, ":{v}")?,
+                    None => out.write_all(b":null")?,
+                }
+            }
+            out.write_all(b"}")?;
+        }
+        ObjectReading::Unreadable { permission_denied, reason } => {
+            write!(
+                out,
+                "\"permission_denied\":{permission_denied},\"unreadable\":{}",
+                Value::String(reason.clone())
+            )?;
+        }
+    }
+    if !extra.is_empty() {
+        write!(out, ",{extra}")?;
+    }
+    out.write_all(b"}")
+}
+
+/// [`partition_json`] without an interval, written straight out.
+fn write_partition(out: &mut impl Write, p: &PartitionSnapshot) -> io::Result<()> {
+    let state = if p.active { "active" } else { "stopped" };
+    let head = format!(
+        "\"active\":{},\"id\":{},\"name\":{},\"state\":\"{state}\",\"stopped_reason\":{},\"vps\":[",
+        p.active,
+        p.id,
+        Value::String(p.name.clone()),
+        p.stopped.as_ref().map_or(Value::Null, |r| Value::String(r.clone())),
+    );
+    // The partition's reading and fields, its VPs streamed into the open array.
+    let mut text = Vec::new();
+    write_reading(&mut text, &p.reading, ObjectKind::Partition, &head)?;
+    text.pop();
+    out.write_all(&text)?;
+    for (i, vp) in p.vps.iter().enumerate() {
+        if i > 0 {
+            out.write_all(b",")?;
+        }
+        write_reading(out, &vp.reading, ObjectKind::Vp, &format!("\"index\":{}", vp.index))?;
+    }
+    out.write_all(b"]}")
 }
 
 /// `{"counters": {name: value}}` (with `"interval": {name: rate, % or ns}` over an interval), or

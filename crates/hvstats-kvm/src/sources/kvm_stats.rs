@@ -14,6 +14,8 @@ use std::os::unix::fs::FileExt;
 
 use zerocopy::IntoBytes;
 
+use crate::sys;
+
 /// `KVM_GET_STATS_FD` = `_IO(0xAE, 0xce)`.
 const KVM_GET_STATS_FD: libc::c_ulong = 0xAECE;
 const HEADER_SIZE: usize = 24;
@@ -51,10 +53,7 @@ impl KvmStats {
     pub fn open(fd: RawFd) -> io::Result<Self> {
         // SAFETY: `fd` is a VM or vCPU fd the caller holds; the ioctl takes no argument and returns
         // a new fd or -1.
-        let r = unsafe { libc::ioctl(fd, KVM_GET_STATS_FD, 0) };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let r = sys::check(unsafe { libc::ioctl(fd, KVM_GET_STATS_FD, 0) })?;
         // SAFETY: the kernel just gave us this fd; nothing else owns it.
         let file = unsafe { File::from_raw_fd(r) };
         Self::parse(file)

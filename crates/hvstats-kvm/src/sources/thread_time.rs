@@ -12,6 +12,8 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 
+use crate::sys;
+
 /// 100 ns units per second.
 const UNITS_PER_SEC: u64 = 10_000_000;
 
@@ -88,9 +90,7 @@ fn thread_cpu_ns(tid: libc::pid_t) -> io::Result<u64> {
     let clock = ((!tid) << 3) | 6;
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes one timespec we own; an invalid clock id gives EINVAL.
-    if unsafe { libc::clock_gettime(clock as libc::clockid_t, &mut ts) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    sys::check(unsafe { libc::clock_gettime(clock as libc::clockid_t, &mut ts) })?;
     Ok(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
 }
 

@@ -1,6 +1,8 @@
 //! Shared set-up of the KVM tests: run a workload and read back every view of its counters.
 
 #![allow(dead_code)]
+// Test set-up: a failed step is the test's failure, reported by the panic.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
 use std::time::Duration;

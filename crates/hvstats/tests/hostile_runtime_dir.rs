@@ -1,0 +1,230 @@
+//! A runtime directory nobody can turn against root, and readers no file can crash: each test
+//! plants what a careless user or an attacker could, and checks hvstats refuses it clearly,
+//! without following, hanging, over-allocating or dying.
+
+use std::ffi::CString;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use hvstats::attach::{Attach, AttachError};
+use hvstats::index;
+use hvstats::publish;
+use hvstats::rules::StatsObject;
+use hvstats::runtime_dir::RuntimeDirError;
+use hvstats::snapshot::error_chain;
+use hvstats::{Hypervisor, InstanceConfig};
+use hvstats_abi::catalog::vp;
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("hvstats-hostile-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Self(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn publish(dir: &Path) -> Result<std::sync::Arc<Hypervisor>, String> {
+    Hypervisor::with_config(InstanceConfig {
+        runtime_dir: Some(dir.to_owned()),
+        logical_processors: Some(vec![0]),
+        ..Default::default()
+    })
+    .map_err(|e| error_chain(&e))
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+#[test]
+fn a_world_writable_runtime_directory_is_refused_by_publishers_and_readers() {
+    let tmp = TempDir::new("world-writable");
+    std::fs::set_permissions(&tmp.0, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let e = publish(&tmp.0).unwrap_err();
+    assert!(e.contains(&tmp.0.display().to_string()) && e.contains("chmod go-w"), "{e}");
+    let e = Attach::new(&tmp.0).refresh().unwrap_err();
+    assert!(matches!(e, AttachError::Dir(RuntimeDirError::Writable { .. })), "{e}");
+    // A writable instances directory inside a good one is refused the same way.
+    std::fs::set_permissions(&tmp.0, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let instances = publish::instances_dir(&tmp.0);
+    std::fs::create_dir(&instances).unwrap();
+    std::fs::set_permissions(&instances, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let e = publish(&tmp.0).unwrap_err();
+    assert!(e.contains("instances") && e.contains("writable"), "{e}");
+}
+
+#[test]
+fn a_runtime_directory_of_another_user_is_refused() {
+    if !is_root() {
+        eprintln!("skipped: needs root to give the directory to another user");
+        return;
+    }
+    let tmp = TempDir::new("owner");
+    let c = CString::new(tmp.0.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path; chown to nobody.
+    assert_eq!(unsafe { libc::chown(c.as_ptr(), 65534, 65534) }, 0);
+    let e = publish(&tmp.0).unwrap_err();
+    assert!(e.contains("belongs to uid 65534") && e.contains("chown"), "{e}");
+    let e = Attach::new(&tmp.0).refresh().unwrap_err();
+    assert!(matches!(e, AttachError::Dir(RuntimeDirError::Owner { owner: 65534, .. })), "{e}");
+}
+
+#[test]
+fn a_swapped_instances_directory_is_never_followed() {
+    let tmp = TempDir::new("swapped");
+    let elsewhere = TempDir::new("swapped-target");
+    std::fs::write(elsewhere.0.join("keep"), b"x").unwrap();
+    std::os::unix::fs::symlink(&elsewhere.0, publish::instances_dir(&tmp.0)).unwrap();
+    let e = publish(&tmp.0).unwrap_err();
+    assert!(e.contains("not a directory"), "{e}");
+    assert!(Attach::new(&tmp.0).refresh().is_err());
+    assert!(elsewhere.0.join("keep").exists());
+}
+
+#[test]
+fn planted_links_and_fifos_are_refused_without_following_or_hanging() {
+    let tmp = TempDir::new("planted");
+    let hv = publish(&tmp.0).unwrap();
+    let instances = publish::instances_dir(&tmp.0);
+    // A link to a root-only file, and a FIFO, under instance names.
+    std::os::unix::fs::symlink("/etc/shadow", instances.join("7-7-7.arena")).unwrap();
+    let fifo = CString::new(instances.join("8-8-8.arena").as_os_str().as_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    let started = Instant::now();
+    let mut attach = Attach::new(&tmp.0);
+    let changes = attach.refresh().unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5), "a FIFO made the reader wait");
+    assert_eq!(attach.instances().count(), 1, "the real instance is still read");
+    let problems: Vec<String> = changes.problems.iter().map(|p| error_chain(p)).collect();
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert!(problems.iter().all(|p| p.contains("is not a regular file")), "{problems:?}");
+    // A new publisher neither follows nor removes what it cannot vouch for.
+    drop(publish(&tmp.0).unwrap());
+    assert!(Path::new("/etc/shadow").exists());
+    drop(hv);
+}
+
+#[test]
+fn numbers_in_the_index_are_not_trusted_for_sizes() {
+    let tmp = TempDir::new("huge-counts");
+    let hv = publish(&tmp.0).unwrap();
+    let p = hv.create_partition(2).unwrap();
+    p.vp_page(1).unwrap().set(vp::HYPERCALLS, 3);
+    let path = hv.published_path().unwrap();
+    // Claim 4 billion VPs and 2^64-1 chunks, as a hostile or broken writer could.
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+    let reader = hvstats::reader::ArenaReader::open(std::fs::File::open(&path).unwrap()).unwrap();
+    let slot = (0..reader.slots())
+        .find(|&s| {
+            let words = reader.entry_words(s).unwrap();
+            matches!(index::Entry::decode(&words), Ok(Some(e)) if e.kind == hvstats_abi::ObjectKind::Partition)
+        })
+        .unwrap();
+    use std::os::unix::fs::FileExt;
+    file.write_all_at(&u64::MAX.to_le_bytes(), 4 * 8).unwrap(); // header: chunks
+    file.write_all_at(&4_294_967_295u64.to_le_bytes(), (index::entry_offset(slot) + 6 * 8) as u64).unwrap();
+    let mut attach = Attach::new(&tmp.0);
+    attach.refresh().unwrap();
+    let instance = attach.instances_mut().next().unwrap();
+    assert_eq!(instance.partitions()[0].vp_indices(), &[0, 1], "VPs are counted, not believed");
+    let snap = instance.snapshot();
+    assert_eq!(snap.partitions[0].vps.len(), 2);
+    assert_eq!(snap.partitions[0].vps[1].reading.get("Hypercalls/sec"), Some(3));
+    drop(file);
+}
+
+#[test]
+fn an_arena_another_user_can_truncate_is_read_with_pread_and_truncation_cannot_kill_the_reader() {
+    if !is_root() {
+        eprintln!("skipped: needs root to give a file to another user");
+        return;
+    }
+    let tmp = TempDir::new("truncated");
+    let hv = publish(&tmp.0).unwrap();
+    let p = hv.create_partition(1).unwrap();
+    p.vp_page(0).unwrap().set(vp::HYPERCALLS, 11);
+    let instances = publish::instances_dir(&tmp.0);
+    // A copy of the arena under another live name, owned by nobody (who could truncate it at
+    // any moment), its lock held so readers take it for live.
+    let copy = instances.join("99-99-99.arena");
+    std::fs::copy(hv.published_path().unwrap(), &copy).unwrap();
+    let held = std::fs::File::open(&copy).unwrap();
+    publish::lock(std::os::fd::AsFd::as_fd(&held)).unwrap();
+    let c = CString::new(copy.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::chown(c.as_ptr(), 65534, 65534) }, 0);
+
+    let mut attach = Attach::new(&tmp.0);
+    let changes = attach.refresh().unwrap();
+    assert!(changes.problems.is_empty(), "{:?}", changes.problems);
+    let name = publish::InstanceName { pid: 99, start_time: 99, seq: 99 };
+    let instance = attach.instance(name).expect("the copy is read");
+    assert!(!instance.is_mapped(), "never mapped: its owner could truncate it under us");
+    let id = instance.partitions()[0].id;
+    assert_eq!(instance.read(StatsObject::Vp(id, 0)).unwrap().data[vp::HYPERCALLS.slot()], 11);
+    // Truncated under the reader: reads fail, the reader lives.
+    std::fs::OpenOptions::new().write(true).open(&copy).unwrap().set_len(4096).unwrap();
+    assert!(matches!(instance.read(StatsObject::Vp(id, 0)), Err(AttachError::Changed(_))));
+    let _ = held.as_raw_fd();
+}
+
+#[test]
+fn a_full_filesystem_is_a_clear_error_at_creation_never_a_sigbus() {
+    if !is_root() {
+        eprintln!("skipped: needs root to mount a small tmpfs");
+        return;
+    }
+    let tmp = TempDir::new("full");
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs"])
+        .arg(&tmp.0)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("skipped: cannot mount a tmpfs here");
+        return;
+    }
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(self.0).status();
+        }
+    }
+    let _unmount = Unmount(&tmp.0);
+    let e = publish(&tmp.0).unwrap_err();
+    assert!(e.contains("cannot allocate the arena") && e.contains("No space left on device"), "{e}");
+
+    // With room for the instance but not for many partitions: creation fails cleanly, and the
+    // pages already made keep counting.
+    let _ = Command::new("mount").args(["-o", "remount,size=1m"]).arg(&tmp.0).status();
+    let hv = publish(&tmp.0).unwrap();
+    let mut made = Vec::new();
+    let err = loop {
+        match hv.create_partition(16) {
+            Ok(p) => made.push(p),
+            Err(e) => break e,
+        }
+        assert!(made.len() < 100, "a 1 MiB tmpfs holds fewer than 100 × 17 pages");
+    };
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    for p in &made {
+        p.vp_page(15).unwrap().set(vp::HYPERCALLS, 1);
+    }
+    assert!(!made.is_empty());
+}
