@@ -5,6 +5,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod cmd;
+mod input;
+mod output;
+mod signals;
+
+use output::{ExitStatus, note};
 
 /// Hyper-V hypervisor statistics on KVM: run partitions, count what they do, read TLFS stats pages.
 #[derive(Parser)]
@@ -43,7 +48,15 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // Help and version go to standard output; a usage error to standard error, with its
+            // own exit status. Neither printing can panic (clap reports write errors as values).
+            let _ = e.print();
+            return if e.use_stderr() { ExitStatus::Usage.into() } else { ExitStatus::Success.into() };
+        }
+    };
     let result = match cli.command {
         Command::Catalog(args) => cmd::catalog::run(args),
         Command::Dump(args) => cmd::dump::run(args),
@@ -61,8 +74,8 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("hvstats: {e:#}");
-            ExitCode::FAILURE
+            note!("{e:#}");
+            ExitStatus::RuntimeError.into()
         }
     }
 }

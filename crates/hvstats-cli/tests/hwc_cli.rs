@@ -96,7 +96,14 @@ fn alloc_persists_until_freed_and_statuses_are_printed_by_name_and_value() {
     assert_eq!(v["holders"][0]["process"], "hvstats");
     let o = run(d, Some(PMU), &["alloc", "--group", "0", "--mask", "0x4", "--counter", "1"]);
     assert_eq!(o.status.code(), Some(1));
-    assert_eq!(stdout(&o).trim(), "allocation refused: STATUS_INSUFFICIENT_RESOURCES (0xC000009A)");
+    assert_eq!(
+        stdout(&o).trim(),
+        format!(
+            "allocation refused: STATUS_INSUFFICIENT_RESOURCES (0xC000009A): counters 1 on CPUs 2 held by \
+             handle {handle} (process hvstats pid {}, until freed)",
+            v["holders"][0]["pid"]
+        )
+    );
     // The same counter on processors the first does not hold.
     let o = run(d, Some(PMU), &["alloc", "--group", "1", "--mask", "ff", "--counter", "1"]);
     assert!(o.status.success(), "{}", stdout(&o));
@@ -145,7 +152,11 @@ fn without_a_pmu_counters_are_refused_and_exclusive_use_is_granted() {
     let d = dir.path();
     let o = run(d, Some("none,cpus=8"), &["alloc", "--counter", "0"]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(stdout(&o).contains("STATUS_INSUFFICIENT_RESOURCES"));
+    assert!(
+        stdout(&o).contains("STATUS_INSUFFICIENT_RESOURCES (0xC000009A): no PMU: configured by HVSTATS_PMU"),
+        "{}",
+        stdout(&o)
+    );
     let o = run(d, Some("none,cpus=8"), &["alloc", "--exclusive", "--cpus", "7", "--json"]);
     assert!(o.status.success());
     assert_eq!(json(&o)["allocation"]["resources"]["exclusive"], true);

@@ -154,7 +154,7 @@ fn observe_publishes_what_snapshot_shows_and_leaves_when_the_process_exits() {
     let vps = partitions[0]["vps"].as_array().unwrap();
     assert_eq!(vps.len(), 1);
     let total = vps[0]["counters"]["Total run time"].as_u64().unwrap();
-    assert!(total >= used_ns / 100 * 99 / 100, "total run time {total} covers the {used_ns} ns spun");
+    assert!(total >= used_ns / 100 * 95 / 100, "total run time {total} covers the {used_ns} ns spun");
     assert_eq!(vps[0]["counters"]["CPUID instructions/sec"], 0);
     // No QMP and no kvm_exit on this host: HLT is not available (null), not 0.
     assert!(vps[0]["counters"]["HLT instructions/sec"].is_null(), "{}", vps[0]);

@@ -94,15 +94,15 @@ fn json_reports_exact_counts_per_vp_in_the_issue_shape() {
 }
 
 #[test]
-fn a_faulting_guest_is_reported_with_rip_and_exit_status_2() {
-    if !kvm_available("a_faulting_guest_is_reported_with_rip_and_exit_status_2") {
+fn a_faulting_guest_is_reported_with_rip_and_exit_status_3() {
+    if !kvm_available("a_faulting_guest_is_reported_with_rip_and_exit_status_3") {
         return;
     }
     let mut p = Program::new(Mode::Protected, layout::DEFAULT_LOAD_GPA).unwrap();
     p.asm().ud2().unwrap();
     let image = p.finish().unwrap();
     let (code, json, stderr) = run_image(&image.bytes, "fault", &["--mode", "protected", "--timeout", "20"]);
-    assert_eq!(code, Some(2), "{stderr}");
+    assert_eq!(code, Some(3), "{stderr}");
     let fault = &json["vps"][0]["fault"];
     assert!(fault["reason"].as_str().unwrap().contains("KVM_EXIT"), "{fault}");
     assert!(fault["rip"].is_u64());

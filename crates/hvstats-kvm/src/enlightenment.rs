@@ -99,6 +99,12 @@ pub(crate) fn count_hypercall_class(page: &SharedPage, class: HypercallClass) {
 }
 
 impl HypercallHandler for HyperV {
+    /// The port is the hypercall page's: a write there is a hypercall only once the guest has
+    /// enabled the page (after setting GUEST_OS_ID), as `vmcall` would be on Hyper-V.
+    fn accepts_hypercalls(&self) -> bool {
+        self.msrs().hypercall_page().is_some()
+    }
+
     fn hypercall(&self, vp: &mut VpContext<'_>) -> Result<(), HandlerError> {
         let mut regs = vp.regs()?;
         let long_mode = vp.long_mode()?;
@@ -173,5 +179,24 @@ impl StatsOverlays for KvmOverlays<'_> {
         self.0
             .remove_overlay(gpa_page)
             .map_err(|e| OverlayError { gpa_page, source: std::io::Error::other(e) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hvstats_abi::hypercall::{MSR_GUEST_OS_ID, MSR_HYPERCALL};
+
+    #[test]
+    fn the_hypercall_port_is_a_hypercall_only_once_the_page_is_enabled() {
+        let hv = HyperV::new(Hypervisor::new().unwrap(), true);
+        assert!(!hv.accepts_hypercalls(), "before GUEST_OS_ID and the HYPERCALL MSR");
+        hv.msrs().write(MSR_HYPERCALL, 0x5000 | 1, 1 << 20).unwrap();
+        assert!(!hv.accepts_hypercalls(), "enabling is ignored while GUEST_OS_ID is 0");
+        hv.msrs().write(MSR_GUEST_OS_ID, 0x8100_0000_0000_0000, 1 << 20).unwrap();
+        hv.msrs().write(MSR_HYPERCALL, 0x5000 | 1, 1 << 20).unwrap();
+        assert!(hv.accepts_hypercalls());
+        hv.msrs().write(MSR_HYPERCALL, 0x5000, 1 << 20).unwrap();
+        assert!(!hv.accepts_hypercalls(), "disabled again");
     }
 }

@@ -147,6 +147,12 @@ pub trait MsrHandler: Send + Sync {
 /// writes RAX with [`VpContext::set_regs`].
 /// The run loop has already merged the VP's kernel sources into its page.
 pub trait HypercallHandler: Send + Sync {
+    /// Whether a write to the handler's port is a hypercall now (e.g. only once the guest has
+    /// enabled its hypercall page); when not, the write is an ordinary port write.
+    fn accepts_hypercalls(&self) -> bool {
+        true
+    }
+
     /// Performs the hypercall.
     ///
     /// # Errors

@@ -8,6 +8,7 @@
 //! makes KVM_RUN return EINTR wherever the thread is.
 
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -123,6 +124,9 @@ pub(crate) struct VpEnv<'a> {
     pub(crate) accounting: bool,
     /// The hardware counter allocation to count guest cycles and instructions under.
     pub(crate) hardware: Option<&'a HardwareCounters>,
+    /// Set by [`crate::Partition::stop`]: a VP stopped now was stopped on request, not by the
+    /// timeout.
+    pub(crate) stop_requested: &'a AtomicBool,
 }
 
 enum Step {
@@ -161,8 +165,9 @@ pub(crate) fn run(env: &VpEnv<'_>, shared: &VpShared, mut vcpu: VcpuFd) -> VpOut
     let started = Instant::now();
     loop {
         if presence.stopping() {
+            let why = if env.stop_requested.load(Ordering::SeqCst) { "stop requested" } else { "timeout" };
             outcome.fault =
-                Some(VpFault { reason: "stopped before it exited (timeout)".into(), rip: rip(&vcpu) });
+                Some(VpFault { reason: format!("stopped before it exited ({why})"), rip: rip(&vcpu) });
             break;
         }
         let (class, step) = step(env, shared, presence, &mut vcpu, &mut serial, &mut acct);
@@ -240,7 +245,7 @@ fn step(
                 &large
             };
             let mut ctx = VpContext { index, vcpu, space: env.space, stats: env.stats, serial };
-            if let Some(h) = handlers.hypercall_ports.get(&port) {
+            if let Some(h) = handlers.hypercall_ports.get(&port).filter(|h| h.accepts_hypercalls()) {
                 if let Some(page) = env.page {
                     acct.begin_hypercall(page, &shared.user);
                     shared.refresh(page, Refresh::OwnThread);

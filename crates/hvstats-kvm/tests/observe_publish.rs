@@ -111,9 +111,9 @@ fn an_observed_vm_becomes_a_partition_counted_from_attach_and_goes_when_its_proc
     assert!(observer.tick().is_empty());
     let page = stats.vp_page(0).unwrap();
     let total = page.get(vp::TOTAL_RUN_TIME);
-    // perf's task clock and the thread's CPU clock agree to well within 1% (the task clock
-    // leaves out the context switch path).
-    assert!(total >= used_ns / 100 * 99 / 100, "total {total} covers the {used_ns} ns the thread measured");
+    // perf's task clock and the thread's CPU clock agree within a few percent on a busy host
+    // (the task clock leaves out part of the context switch path).
+    assert!(total >= used_ns / 100 * 95 / 100, "total {total} covers the {used_ns} ns the thread measured");
     assert!(total < used_ns / 100 + 2_000_000, "total {total} is from attach, not the thread's life");
     let guest = 3 * 10_000_000 / ticks_per_sec();
     assert!(total > guest);
@@ -192,6 +192,7 @@ fn with_all_a_failing_process_is_reported_once_and_retried_when_it_comes_back() 
     let hv = Hypervisor::new().unwrap();
     let mut observer =
         Observer::new(hv.clone(), Procfs::at(tmp.path(), None), Targets::All, ObserveOptions::default());
+    assert!(observer.tick().is_empty(), "with --all, a VM is attached once its vCPU count held still");
     let events = observer.tick();
     assert!(
         matches!(&events[..], [ObserverEvent::Failed { pid: 91, error }] if error.contains("cannot read process 91")),
@@ -205,6 +206,7 @@ fn with_all_a_failing_process_is_reported_once_and_retried_when_it_comes_back() 
     let fake = FakeProcess::new(tmp.path(), 91, &["firecracker", "--id", "fc"], "firecracker");
     fake.fd(4, "anon_inode:kvm-vm").fd(5, "anon_inode:kvm-vcpu:0");
     fake.thread(91, "firecracker", 0);
+    assert!(observer.tick().is_empty());
     let events = observer.tick();
     assert!(
         matches!(&events[0], ObserverEvent::Attached { pid: 91, name, vmm: "firecracker", vcpus: 1, .. } if name == "fc"),
@@ -235,4 +237,69 @@ fn counters_that_cannot_be_opened_on_a_vcpu_thread_are_unavailable_not_zero() {
     for c in [vp::CPUID_INSTRUCTIONS, vp::IO_INSTRUCTIONS, vp::TOTAL_RUN_TIME, vp::IO_INTERCEPT_MESSAGES] {
         assert!(unavailable.contains(&c), "{c:?}");
     }
+}
+
+#[test]
+fn a_hundred_vms_with_all_hold_a_bounded_number_of_descriptors_and_come_and_go() {
+    let tmp = TempDir::new("observe-hundred");
+    hvstats_kvm::observe::raise_fd_limit().unwrap();
+    let (tid, _spin, _done) = spinner();
+    // A hundred Firecracker processes, each with one vCPU whose thread is a real thread here.
+    let fakes: Vec<FakeProcess> = (0..100)
+        .map(|i| {
+            let pid = 200_000 + i;
+            let id = format!("fc-{i}");
+            let f = FakeProcess::new(tmp.path(), pid, &["firecracker", "--id", &id], "firecracker");
+            f.fd(4, "anon_inode:kvm-vm").fd(5, "anon_inode:kvm-vcpu:0");
+            f.thread(tid, "fc_vcpu 0", 0);
+            f
+        })
+        .collect();
+    let hv = Hypervisor::new().unwrap();
+    let mut observer =
+        Observer::new(hv.clone(), Procfs::at(tmp.path(), None), Targets::All, ObserveOptions::default());
+    assert!(observer.tick().is_empty(), "with --all, a VM is attached once its vCPU count held still");
+    let events = observer.tick();
+    let attached = events.iter().filter(|e| matches!(e, ObserverEvent::Attached { .. })).count();
+    assert_eq!(attached, 100);
+    assert_eq!(hv.partitions().len(), 100);
+    let per_vcpu = vm_events(None).len();
+    assert_eq!(observer.fds(), 100 * per_vcpu, "{per_vcpu} per one-vCPU VM");
+    let mut names: Vec<String> = observer.vms().map(|v| v.name().to_owned()).collect();
+    names.sort();
+    assert_eq!(names.first().map(String::as_str), Some("fc-0"));
+    assert!(observer.tick().is_empty(), "a second pass changes nothing");
+    // Half of them exit: all detached within one interval.
+    for f in &fakes[..50] {
+        f.set_state('Z');
+    }
+    let events = observer.tick();
+    assert_eq!(events.iter().filter(|e| matches!(e, ObserverEvent::Detached { .. })).count(), 50);
+    assert_eq!(hv.partitions().len(), 50);
+    assert_eq!(observer.fds(), 50 * per_vcpu);
+}
+
+#[test]
+fn with_all_a_vm_is_attached_once_its_vcpus_stop_appearing() {
+    let tmp = TempDir::new("observe-settle");
+    let fake = FakeProcess::new(tmp.path(), 93, &["cloud-hypervisor"], "cloud-hyperviso");
+    fake.thread(93, "cloud-hyperviso", 0);
+    fake.fd(4, "anon_inode:kvm-vm");
+    // `hvstats run` holds a VM too, but publishes its partitions itself: not observed.
+    let own = FakeProcess::new(tmp.path(), 94, &["hvstats", "run"], "hvstats");
+    own.fd(4, "anon_inode:kvm-vm").fd(5, "anon_inode:kvm-vcpu:0");
+    own.thread(94, "hvstats", 0);
+    let hv = Hypervisor::new().unwrap();
+    let mut observer =
+        Observer::new(hv.clone(), Procfs::at(tmp.path(), None), Targets::All, ObserveOptions::default());
+    assert!(observer.tick().is_empty(), "a VM without vCPUs waits");
+    assert!(observer.tick().is_empty());
+    fake.fd(5, "anon_inode:kvm-vcpu:0");
+    assert!(observer.tick().is_empty(), "one vCPU so far");
+    fake.fd(6, "anon_inode:kvm-vcpu:1");
+    assert!(observer.tick().is_empty(), "a second one appeared");
+    let events = observer.tick();
+    assert!(matches!(&events[..], [ObserverEvent::Attached { pid: 93, vcpus: 2, .. }, ..]), "{events:?}");
+    let attached = events.iter().filter(|e| matches!(e, ObserverEvent::Attached { .. })).count();
+    assert_eq!(attached, 1, "hvstats itself is not observed: {events:?}");
 }

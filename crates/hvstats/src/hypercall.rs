@@ -16,6 +16,9 @@
 //! - Rule 1 (alignment) applies to the memory form only; with the fast bit the GPAs are data. For
 //!   an unknown call code only the input GPA's 8-byte alignment is checked.
 //! - An input block (or the GetPartitionId output) not in guest RAM → `INVALID_PARAMETER`.
+//! - An output block on a GPA page where the caller has a stats page mapped → `ACCESS_DENIED`,
+//!   nothing written: the overlay is read-only to the guest, and writing the RAM it hides would
+//!   put the output where the guest cannot see it.
 //! - A target GPA page beyond the caller's GPA space: `SUCCESS`, the mapping is recorded (so it
 //!   counts against the quota and can be unmapped) and the overlay hook is not called.
 //! - A target GPA page already showing another stats page → `INVALID_PARAMETER`.
@@ -240,6 +243,7 @@ fn run(
                 Requester::Guest { partition_id, .. } => partition_id,
             };
             let out = GetPartitionIdOutput { partition_id };
+            check_output_not_overlaid(ctx, output_gpa)?;
             mem.write(output_gpa, out.as_bytes()).map_err(|_| HvStatus::INVALID_PARAMETER)
         }
         Call::MapStatsPage => {
@@ -255,6 +259,17 @@ fn run(
             unmap(ctx, &block, overlays)
         }
     }
+}
+
+/// An output block must not lie on a page the caller sees a stats page at (module documentation).
+fn check_output_not_overlaid(ctx: &CallerContext<'_>, output_gpa: u64) -> Result<(), HvStatus> {
+    let gpa_page = output_gpa / PAGE_SIZE as u64;
+    with_gpa_space(ctx, |gpa, _| {
+        if gpa.mappings().iter().any(|(_, m)| m.accessible && m.gpa_page == gpa_page) {
+            return Err(HvStatus::ACCESS_DENIED);
+        }
+        Ok(())
+    })
 }
 
 /// Rule 1 for one block: 8-byte aligned and within one page.

@@ -202,16 +202,38 @@ pub struct LpSample {
     pub idle: Vec<IdleState>,
 }
 
+/// The next value of a time counter of one processor: the source's reading `raw`, but never
+/// behind the value it had (`previous`) and never ahead of it by more than the `elapsed` time since
+/// it was written; nor ahead of `now` on a first write (one processor cannot be busy for longer
+/// than the clock ran). So a reader never sees a processor busy for more than 100 % of an
+/// interval, whatever the tick rounding of `/proc/stat` or sysfs; time held back is caught up
+/// when the processor is less busy.
+pub fn bounded_time(raw: u64, previous: u64, elapsed: u64, first: bool, now: u64) -> u64 {
+    let ceiling = if first { now } else { previous.saturating_add(elapsed) };
+    raw.min(ceiling).max(if first { 0 } else { previous })
+}
+
 /// Writes `sample` into an LP page (the collector is the page's only writer).
+///
+/// Time counters advance by at most the global time that passed since the previous write
+/// ([`bounded_time`]).
 pub fn apply(page: &SharedPage, sample: &LpSample) {
-    page.set(lp::GLOBAL_TIME, sample.global_time_100ns);
+    let previous_time = page.get(lp::GLOBAL_TIME);
+    let now = sample.global_time_100ns.max(previous_time);
+    let first = previous_time == 0;
+    let elapsed = now - previous_time;
+    let set_time = |id, raw: u64| page.set(id, bounded_time(raw, page.get(id), elapsed, first, now));
+    page.set(lp::GLOBAL_TIME, now);
     if let Some(t) = &sample.times {
         let to_100ns = |ticks: u64| match sample.ticks_per_second {
             0 => 0,
-            hz => ticks.saturating_mul(10_000_000 / hz),
+            hz => u64::try_from(u128::from(ticks) * 10_000_000 / u128::from(hz)).unwrap_or(u64::MAX),
         };
-        page.set(lp::TOTAL_RUN_TIME, to_100ns(t.busy()));
-        page.set(lp::HYPERVISOR_RUN_TIME, to_100ns(t.busy_outside_guests()));
+        set_time(lp::TOTAL_RUN_TIME, to_100ns(t.busy()));
+        set_time(
+            lp::HYPERVISOR_RUN_TIME,
+            to_100ns(t.busy_outside_guests()).min(page.get(lp::TOTAL_RUN_TIME)),
+        );
     }
     if let Some(i) = &sample.interrupts {
         page.set(lp::HARDWARE_INTERRUPTS, i.device);
@@ -227,7 +249,7 @@ pub fn apply(page: &SharedPage, sample: &LpSample) {
     ] {
         let state = sample.idle.iter().find(|s| s.name == name);
         page.set(transitions, state.map_or(0, |s| s.usage));
-        page.set(time, state.map_or(0, |s| s.time_us.saturating_mul(10)));
+        set_time(time, state.map_or(0, |s| s.time_us.saturating_mul(10)));
     }
 }
 
@@ -326,7 +348,7 @@ MIS:          0
     fn a_sample_lands_in_the_catalog_counters() {
         let page = SharedPage::anonymous(ObjectKind::LogicalProcessor).unwrap();
         let sample = LpSample {
-            global_time_100ns: 5,
+            global_time_100ns: 10_000_000_000_000,
             times: Some(parse_proc_stat(PROC_STAT)[0]),
             ticks_per_second: 100,
             interrupts: Some(parse_proc_interrupts(PROC_INTERRUPTS)[&0]),
@@ -336,7 +358,7 @@ MIS:          0
             ],
         };
         apply(&page, &sample);
-        assert_eq!(page.get(lp::GLOBAL_TIME), 5);
+        assert_eq!(page.get(lp::GLOBAL_TIME), 10_000_000_000_000);
         assert_eq!(page.get(lp::TOTAL_RUN_TIME), (29787 + 9848 + 7728 + 13) * 100_000);
         assert_eq!(page.get(lp::HYPERVISOR_RUN_TIME), (29787 + 9848 + 7728 + 13 - 1200) * 100_000);
         assert_eq!(page.get(lp::HARDWARE_INTERRUPTS), 11);
@@ -347,6 +369,77 @@ MIS:          0
         assert_eq!(page.get(lp::C1_TRANSITIONS), 40);
         assert_eq!(page.get(lp::C1_TIME), 70);
         assert_eq!(page.get(lp::C2_TRANSITIONS), 0);
+    }
+
+    #[test]
+    fn lp_busy_never_exceeds_100_percent_of_the_global_time_between_writes() {
+        // USER_HZ ticks round: a fully busy CPU sampled every 15 ms shows 1 or 2 ticks (10 or
+        // 20 ms) per sample, so the raw busy time runs ahead of the clock on every other sample.
+        let page = SharedPage::anonymous(ObjectKind::LogicalProcessor).unwrap();
+        let start = 1_000_000_000u64;
+        let mut times = CpuTimes { cpu: 0, user: 0, ..Default::default() };
+        let (mut last_time, mut last_busy) = (0u64, 0u64);
+        let mut over = 0;
+        for i in 0..200u64 {
+            let now = start + i * 150_000; // 15 ms in 100 ns
+            times.user = (now - start).div_ceil(100_000) + 1; // ahead of the clock, rounded up
+            let raw = times.user * 100_000;
+            apply(
+                &page,
+                &LpSample {
+                    global_time_100ns: now,
+                    times: Some(times),
+                    ticks_per_second: 100,
+                    ..Default::default()
+                },
+            );
+            let (t, busy) = (page.get(lp::GLOBAL_TIME), page.get(lp::TOTAL_RUN_TIME));
+            assert!(busy >= last_busy, "run time went backwards");
+            if i > 0 {
+                assert!(
+                    busy - last_busy <= t - last_time,
+                    "sample {i}: {} busy in {}",
+                    busy - last_busy,
+                    t - last_time
+                );
+                over += u32::from(raw - last_busy > t - last_time);
+            }
+            assert!(page.get(lp::HYPERVISOR_RUN_TIME) <= busy);
+            (last_time, last_busy) = (t, busy);
+        }
+        assert!(over > 0, "the raw times did run ahead of the clock");
+        // Once the processor idles, the time held back is caught up.
+        let now = start + 300 * 150_000;
+        apply(
+            &page,
+            &LpSample {
+                global_time_100ns: now,
+                times: Some(times),
+                ticks_per_second: 100,
+                ..Default::default()
+            },
+        );
+        assert_eq!(page.get(lp::TOTAL_RUN_TIME), times.user * 100_000);
+    }
+
+    #[test]
+    fn a_reader_out_of_phase_with_the_collector_still_sees_at_most_100_percent() {
+        // A reader's 1 s interval that spans 1.1 s of collector writes.
+        let shown =
+            crate::present::over_interval(lp::TOTAL_RUN_TIME.counter().unwrap(), 0, 11_000_000, 1.0, None);
+        assert_eq!(shown.map(|p| p.value), Some(100.0));
+        let shown =
+            crate::present::over_interval(lp::TOTAL_RUN_TIME.counter().unwrap(), 0, 2_500_000, 1.0, None);
+        assert_eq!(shown.map(|p| p.value), Some(25.0));
+    }
+
+    #[test]
+    fn bounded_time_holds_back_and_never_goes_backwards() {
+        assert_eq!(bounded_time(500, 0, 0, true, 100), 100, "not more than the clock on a first write");
+        assert_eq!(bounded_time(500, 100, 50, false, 0), 150);
+        assert_eq!(bounded_time(120, 100, 50, false, 0), 120);
+        assert_eq!(bounded_time(90, 100, 50, false, 0), 100, "never backwards");
+        assert_eq!(bounded_time(u64::MAX, u64::MAX - 1, u64::MAX, false, 0), u64::MAX);
     }
 
     #[test]

@@ -56,7 +56,9 @@ pub fn over_interval(
         }
         Presentation::PercentTime => {
             let ns = nanoseconds_per(counter.unit)?;
-            Some(Presented { value: 100.0 * delta * ns / (seconds * 1e9), unit: "%" })
+            // One processor's time: capped at 100 % as perfmon caps it (PDH_FMT_NOCAP100 aside),
+            // since a reader's interval and the collector's writes are not in phase.
+            Some(Presented { value: (100.0 * delta * ns / (seconds * 1e9)).min(100.0), unit: "%" })
         }
         Presentation::Cost => {
             let (count_before, count_after) = paired?;

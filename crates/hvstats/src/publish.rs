@@ -203,7 +203,7 @@ pub fn sweep(instances: &Dir) -> Sweep {
             continue;
         }
         let Ok(file) = instances.open_file(name, false) else { continue };
-        if is_locked(file.as_fd()) {
+        if is_locked(file.as_fd()) || is_being_made(name, &file) {
             continue;
         }
         let path = instances.path().join(name);
@@ -214,6 +214,16 @@ pub fn sweep(instances: &Dir) -> Sweep {
         }
     }
     sweep
+}
+
+/// A temporary file is created, then locked: in between it looks dead. One younger than a minute
+/// is left to its maker.
+fn is_being_made(name: &str, file: &File) -> bool {
+    name.ends_with(TMP_SUFFIX)
+        && file
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().map_or(true, |age| age < std::time::Duration::from_secs(60)))
 }
 
 static NEXT_SEQ: AtomicU32 = AtomicU32::new(0);

@@ -274,6 +274,29 @@ fn get_partition_id_writes_the_callers_id_at_the_output_gpa() {
 }
 
 #[test]
+fn an_output_block_under_a_stats_overlay_is_access_denied_and_nothing_is_written() {
+    let mut w = World::new();
+    // VP 1's page over RAM page 2, where the output block would go.
+    assert_eq!(w.map(w.own_vp(1, OUTPUT_GPA / PAGE)), HvStatus::SUCCESS);
+    w.put(OUTPUT_GPA + 16, &[0xAA; 8]);
+    let input = HypercallInput::simple(HypercallCode::GET_PARTITION_ID);
+    assert_eq!(w.call(input, 0, OUTPUT_GPA + 16), HvStatus::ACCESS_DENIED);
+    let mut hidden = [0u8; 8];
+    w.ram.read(OUTPUT_GPA + 16, &mut hidden).unwrap();
+    assert_eq!(hidden, [0xAA; 8], "the RAM beneath the overlay is untouched");
+    // The page next to it is RAM the guest sees: the output lands there.
+    assert_eq!(w.call(input, 0, OUTPUT_GPA + PAGE), HvStatus::SUCCESS);
+    // Once unmapped, the page is writable RAM again.
+    assert_eq!(
+        w.unmap(StatsObjectType::VP, StatsObjectIdentity::vp(w.guest.id(), 1, StatsAreaType::SELF)),
+        HvStatus::SUCCESS
+    );
+    assert_eq!(w.call(input, 0, OUTPUT_GPA + 16), HvStatus::SUCCESS);
+    w.ram.read(OUTPUT_GPA + 16, &mut hidden).unwrap();
+    assert_eq!(u64::from_le_bytes(hidden), w.guest.id());
+}
+
+#[test]
 fn notify_long_spin_wait_succeeds_in_memory_and_fast_form() {
     let mut w = World::new();
     let input = HypercallInput::simple(HypercallCode::NOTIFY_LONG_SPIN_WAIT);

@@ -376,12 +376,18 @@ fn a_new_publisher_removes_dead_files_and_leaves_others_alone() {
     for f in [&dead, &staging] {
         std::fs::write(f, b"junk").unwrap();
     }
+    // A temporary file is its maker's for a minute (created, then locked); this one is older.
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(120);
+    std::fs::File::options().write(true).open(&staging).unwrap().set_modified(old).unwrap();
+    let fresh = instances.join(".1-1-2.arena.tmp");
+    std::fs::write(&fresh, b"being made").unwrap();
     let unrelated = instances.join("notes");
     std::fs::write(&unrelated, b"keep").unwrap();
     let hv = published(&tmp.0);
     assert!(!dead.exists());
     assert!(!staging.exists());
     assert!(unrelated.exists(), "only instance files are touched");
+    assert!(fresh.exists(), "a file being made is left to its maker");
     assert_eq!(attach::discover(&tmp.0).unwrap().instances.len(), 1);
     drop(hv);
 }

@@ -34,6 +34,8 @@ use hvstats_kvm::enlightenment::HyperV;
 use hvstats_kvm::{Handlers, Partition, PartitionConfig};
 use serde_json::{Value, json};
 
+use crate::output::{self, note};
+
 /// Run time per exit of a one-VP long-mode guest doing `exits` OUTs to the sink port (each one a
 /// userspace exit), the exit port write included.
 fn exit_round_trip(hv: &Arc<Hypervisor>, exits: u32, accounting: bool) -> anyhow::Result<Duration> {
@@ -354,7 +356,7 @@ fn snapshot_row(rounds: u32, partitions: u32) -> anyhow::Result<Row> {
             if std::env::var_os("HVSTATS_BENCH_TRACE").is_some() {
                 let t = CpuClock::now();
                 drop(snapshot);
-                eprintln!("snapshot {elapsed:.1} ms, dropping it {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
+                note!("snapshot {elapsed:.1} ms, dropping it {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
             }
             elapsed
         },
@@ -449,6 +451,46 @@ fn kvm_rows(args: &Args, hv: &Arc<Hypervisor>) -> anyhow::Result<Vec<Row>> {
     ])
 }
 
+/// What `hvstats observe` costs: the observed guest's time per exit with the observer over
+/// without it (a QEMU with KVM; goal ≤ 1.02, i.e. an exit rate ≥ 0.98 of the unobserved one),
+/// and, runnable anywhere, a thread's time per counted `getppid` with the observer's counters on
+/// it over without (an enabled syscall tracepoint also sends every system call through the slow
+/// path, so this overstates the cost).
+fn observe_rows(rounds: u32, kvm: &Result<(), String>, wanted: &dyn Fn(&str) -> bool) -> Vec<Row> {
+    use hvstats_kvm::observe::overhead;
+    let mut rows = Vec::new();
+    let per = |rates: &overhead::ExitRates| {
+        let (on, off) = rates.medians();
+        (1e9 / on, 1e9 / off)
+    };
+    if wanted(overhead::GUEST_ROW) {
+        let measured = match kvm {
+            Ok(()) => {
+                overhead::guest_exit_rate_on_vs_off(rounds, Duration::from_secs(2), Duration::from_secs(1))
+                    .map_err(|e| hvstats::snapshot::error_chain(&e))
+            }
+            Err(why) => Err(why.clone()),
+        };
+        rows.push(match measured {
+            Ok(rates) => {
+                let (ours, baseline) = per(&rates);
+                Row::Measured { name: overhead::GUEST_ROW, ours, baseline, unit: "ns/exit", goal: Some(1.02) }
+            }
+            Err(why) => Row::Skipped { name: overhead::GUEST_ROW, why },
+        });
+    }
+    if wanted(overhead::COUNTING_ROW) {
+        rows.push(match overhead::counted_event_rate_on_vs_off(rounds, 200_000) {
+            Ok(rates) => {
+                let (ours, baseline) = per(&rates);
+                Row::Measured { name: overhead::COUNTING_ROW, ours, baseline, unit: "ns/event", goal: None }
+            }
+            Err(why) => Row::Skipped { name: overhead::COUNTING_ROW, why },
+        });
+    }
+    rows
+}
+
 /// Whether this host can run the KVM rows, and if not, why.
 fn kvm_usable() -> Result<(), String> {
     std::fs::OpenOptions::new()
@@ -487,6 +529,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             goal: None,
         }));
     }
+    rows.extend(observe_rows(args.rounds, &kvm, &wanted));
     match &kvm {
         Ok(()) if wanted("exit-accounting") || wanted("hypercall-vs") => rows.extend(kvm_rows(&args, &hv)?),
         Ok(()) => {}
@@ -498,9 +541,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    let written = (|| -> std::io::Result<()> {
+    output::with_stdout(|out| {
         if args.json {
             for row in &rows {
                 writeln!(out, "{}", row.json())?;
@@ -523,10 +564,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        out.flush()
-    })();
-    match written {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
-        other => other.map(|()| ExitCode::SUCCESS).context("writing the report"),
-    }
+        Ok(())
+    })?;
+    Ok(ExitCode::SUCCESS)
 }

@@ -9,6 +9,8 @@ use hvstats_abi::observed::{Observed, observed};
 use hvstats_abi::{CATALOG, Counter, Maintained};
 use serde_json::{Value, json};
 
+use crate::output;
+
 /// Flags of `hvstats catalog`.
 #[derive(clap::Args)]
 pub struct Args {
@@ -19,23 +21,13 @@ pub struct Args {
 
 /// Runs `hvstats catalog`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let mut out = io::stdout().lock();
-    let result = if args.json {
+    if args.json {
         let rows: Vec<Value> = CATALOG.iter().map(counter_json).collect();
-        serde_json::to_writer_pretty(&mut out, &rows).map_err(io::Error::from).and_then(|()| writeln!(out))
+        output::print_json(&rows, true)?;
     } else {
-        write_table(&mut out)
-    };
-    printed(result.and_then(|()| out.flush()))
-}
-
-/// The exit status of a command that printed to stdout: a reader that stopped early (`| head`)
-/// is not an error.
-pub(super) fn printed(result: io::Result<()>) -> anyhow::Result<ExitCode> {
-    match result {
-        Err(e) if e.kind() != io::ErrorKind::BrokenPipe => Err(e.into()),
-        _ => Ok(ExitCode::SUCCESS),
+        output::with_stdout(write_table)?;
     }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The source that maintains a counter, or `no`.

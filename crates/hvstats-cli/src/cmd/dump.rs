@@ -6,7 +6,7 @@
 
 use std::fmt::Write as _;
 use std::fs;
-use std::io::{self, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -18,7 +18,8 @@ use hvstats_abi::page::{GroupWalk, ListEnd, PageError, PageView, RawGroup, Stats
 use hvstats_abi::{GroupKind, ObjectKind};
 use serde_json::{Map, Value, json};
 
-use super::catalog::printed;
+use crate::input;
+use crate::output::{self, note};
 
 /// Flags of `hvstats dump`.
 #[derive(clap::Args)]
@@ -49,15 +50,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.write_sample {
         let kind = args.kind.unwrap_or(ObjectKind::Vp);
         write_sample(&args.file, kind)?;
-        eprintln!("wrote a sample {} page to {}", kind.short_name(), args.file.display());
+        note!("wrote a sample {} page to {}", kind.short_name(), args.file.display());
         return Ok(ExitCode::SUCCESS);
     }
-    let bytes = fs::read(&args.file).with_context(|| format!("cannot read {}", args.file.display()))?;
+    let bytes = input::read_prefix(&args.file, PAGE_SIZE as u64)?;
     if bytes.len() != PAGE_SIZE {
+        let size = fs::metadata(&args.file).map_or(bytes.len() as u64, |m| m.len());
         bail!(
-            "{} is not a stats page: it has {} bytes, a page has exactly {PAGE_SIZE}",
+            "{} is not a stats page: it has {size} bytes, a page has exactly {PAGE_SIZE}",
             args.file.display(),
-            bytes.len()
         );
     }
     let file = args.file.display();
@@ -72,15 +73,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             None => return Err(not_inferred(&file, &bytes)),
         },
     };
-    let mut out = io::stdout().lock();
-    let result = if args.json {
-        serde_json::to_writer_pretty(&mut out, &page_json(&view, inferred))
-            .map_err(io::Error::from)
-            .and_then(|()| writeln!(out))
+    if args.json {
+        output::print_json(&page_json(&view, inferred), true)?;
     } else {
-        out.write_all(page_text(&view, inferred).as_bytes())
-    };
-    printed(result.and_then(|()| out.flush()))
+        output::print(&page_text(&view, inferred))?;
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Creates `path` holding a `kind` page in which every counter holds its own byte offset.

@@ -5,7 +5,6 @@
 //! prints the answers. Statuses are printed by name and value, and any status other than
 //! `STATUS_SUCCESS` exits with status 1.
 
-use std::io::{self, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -16,6 +15,9 @@ use hvstats_abi::hal::{
     GroupAffinity, NtStatus, PhysicalCounterResourceDescriptor as Descriptor, PhysicalCounterResourceList,
 };
 use serde_json::{Value, json};
+
+use crate::output;
+use crate::signals;
 
 /// Flags of `hvstats hwc`.
 #[derive(clap::Args)]
@@ -107,17 +109,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 }
 
 fn open(common: &Common) -> anyhow::Result<Allocator> {
-    let dir = common.runtime_dir.clone().unwrap_or_else(hvstats::runtime_dir::runtime_dir);
+    let dir = super::runtime_dir(common.runtime_dir.clone())?;
     let pmu = PmuShape::from_env_or_discover()?;
     Ok(Allocator::open(&dir, pmu)?)
 }
 
 fn print(text: &str) -> anyhow::Result<()> {
-    let mut out = io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Err(e) if e.kind() != io::ErrorKind::BrokenPipe => Err(e.into()),
-        _ => Ok(()),
-    }
+    Ok(output::print(text)?)
 }
 
 fn status_json(s: NtStatus) -> Value {
@@ -294,21 +292,28 @@ fn alloc(args: AllocArgs) -> anyhow::Result<ExitCode> {
     let allocator = open(&args.common)?;
     let lifetime = if args.hold { Lifetime::Process } else { Lifetime::UntilFreed };
     if args.hold {
-        termination::block()?;
+        signals::block()?;
     }
     let handle = match allocator.try_allocate(affinity.as_deref(), list.as_ref(), lifetime) {
         Ok(h) => h,
-        Err(HwcError::Status(s)) => {
+        Err(HwcError::Table(e)) => return Err(e.into()),
+        Err(e) => {
+            let s = e.status();
+            let why = match &e {
+                HwcError::Refused(why) => Some(why.to_string()),
+                _ => None,
+            };
             if args.common.json {
                 let mut v = status_json(s);
                 v["handle"] = Value::Null;
+                v["reason"] = json!(why);
                 print(&format!("{v}\n"))?;
             } else {
-                print(&format!("allocation refused: {s}\n"))?;
+                let why = why.map(|w| format!(": {w}")).unwrap_or_default();
+                print(&format!("allocation refused: {s}{why}\n"))?;
             }
             return Ok(exit_for(s));
         }
-        Err(HwcError::Table(e)) => return Err(e.into()),
     };
     let held = allocator.allocation(handle)?.context("the allocation just made is not in the table")?;
     if args.common.json {
@@ -332,7 +337,7 @@ fn alloc(args: AllocArgs) -> anyhow::Result<ExitCode> {
     if !args.hold {
         return Ok(ExitCode::SUCCESS);
     }
-    let signal = termination::wait()?;
+    let signal = signals::wait()?.name();
     let s = allocator.free(handle);
     if args.common.json {
         let mut v = status_json(s);
@@ -350,8 +355,8 @@ fn free(args: FreeArgs) -> anyhow::Result<ExitCode> {
     let handle = CounterSetHandle::from_raw(args.handle);
     let s = match allocator.try_free(handle) {
         Ok(()) => NtStatus::SUCCESS,
-        Err(HwcError::Status(s)) => s,
         Err(HwcError::Table(e)) => return Err(e.into()),
+        Err(e) => e.status(),
     };
     if args.common.json {
         let mut v = status_json(s);
@@ -363,44 +368,4 @@ fn free(args: FreeArgs) -> anyhow::Result<ExitCode> {
         print(&format!("handle {handle} is not held: {s}\n"))?;
     }
     Ok(exit_for(s))
-}
-
-/// Waiting for SIGINT or SIGTERM while `--hold` keeps an allocation.
-mod termination {
-    use std::io;
-
-    fn set() -> libc::sigset_t {
-        // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise and fill the set we own.
-        unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            libc::sigaddset(&mut set, libc::SIGINT);
-            libc::sigaddset(&mut set, libc::SIGTERM);
-            set
-        }
-    }
-
-    /// Blocks SIGINT and SIGTERM in this thread, so they queue for [`wait`] instead of ending the
-    /// process before it frees what it holds.
-    pub fn block() -> io::Result<()> {
-        let set = set();
-        // SAFETY: set is a valid signal set; the old mask is not wanted (null).
-        let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
-        if rc != 0 {
-            return Err(io::Error::from_raw_os_error(rc));
-        }
-        Ok(())
-    }
-
-    /// Waits for SIGINT or SIGTERM (blocked by [`block`]) and returns its name.
-    pub fn wait() -> io::Result<&'static str> {
-        let set = set();
-        let mut signal: libc::c_int = 0;
-        // SAFETY: set is a valid signal set and signal a c_int we own for the kernel to write.
-        let rc = unsafe { libc::sigwait(&set, &mut signal) };
-        if rc != 0 {
-            return Err(io::Error::from_raw_os_error(rc));
-        }
-        Ok(if signal == libc::SIGINT { "SIGINT" } else { "SIGTERM" })
-    }
 }

@@ -14,3 +14,76 @@ pub mod run;
 pub mod serve;
 pub mod snapshot;
 pub mod top;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::bail;
+
+/// The runtime directory a command uses: `--runtime-dir` when given, which must then exist (a
+/// mistyped path is an error, not a new directory), otherwise `$HVSTATS_RUNTIME_DIR` or
+/// `/run/hvstats` (created on first use).
+///
+/// # Errors
+/// When `--runtime-dir` names something that is not an existing directory.
+pub fn runtime_dir(flag: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    match flag {
+        Some(dir) if dir.is_dir() => Ok(dir),
+        Some(dir) if dir.exists() => bail!("--runtime-dir {} is not a directory", dir.display()),
+        Some(dir) => {
+            bail!("--runtime-dir {} does not exist (create it, or leave the flag out)", dir.display())
+        }
+        None => Ok(hvstats::runtime_dir::runtime_dir()),
+    }
+}
+
+/// How often a publisher merges its sources into the pages (`run`'s collector): counters move no
+/// more often than this, so a shorter interval would show rates of 0 between refreshes.
+pub fn publisher_cadence() -> Duration {
+    hvstats_kvm::PartitionConfig::default().collect_interval
+}
+
+/// Parses an interval in seconds for commands that read every page twice: at least the
+/// publishers' refresh cadence ([`publisher_cadence`]), at most an hour.
+///
+/// # Errors
+/// A message stating the real range when `s` is not a number in it.
+pub fn parse_interval(s: &str) -> Result<f64, String> {
+    let min = publisher_cadence().as_secs_f64();
+    match s.trim().parse::<f64>() {
+        Ok(v) if (min..=3600.0).contains(&v) => Ok(v),
+        Ok(v) if v > 0.0 && v < min => Err(format!(
+            "{s}: the interval must be at least {min} s, the publishers' refresh cadence (counters \
+             move only that often), and at most 3600 s"
+        )),
+        _ => Err(format!("{s:?}: the interval is a number of seconds, at least {min} and at most 3600")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_interval_below_the_refresh_cadence_is_refused_with_the_real_range() {
+        assert_eq!(parse_interval("1"), Ok(1.0));
+        assert_eq!(parse_interval("0.1"), Ok(0.1));
+        let e = parse_interval("0.01").unwrap_err();
+        assert!(e.contains("at least 0.1 s, the publishers' refresh cadence"), "{e}");
+        for bad in ["0", "-1", "3601", "NaN", "soon"] {
+            let e = parse_interval(bad).unwrap_err();
+            assert!(e.contains("at least 0.1 and at most 3600"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_runtime_dir_flag_must_name_an_existing_directory() {
+        let missing = std::env::temp_dir().join(format!("hvstats-no-such-dir-{}", std::process::id()));
+        let e = runtime_dir(Some(missing.clone())).unwrap_err();
+        assert!(e.to_string().contains("does not exist"), "{e}");
+        assert!(!missing.exists());
+        let e = runtime_dir(Some(PathBuf::from("/etc/hostname"))).unwrap_err();
+        assert!(e.to_string().contains("is not a directory"), "{e}");
+        assert_eq!(runtime_dir(Some(std::env::temp_dir())).unwrap(), std::env::temp_dir());
+    }
+}

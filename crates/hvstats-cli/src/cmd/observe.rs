@@ -18,8 +18,8 @@ pub struct Args {
     /// Observe the KVM VM of this process (repeatable).
     #[arg(long = "pid", value_name = "PID", required_unless_present = "all", conflicts_with = "all")]
     pids: Vec<i32>,
-    /// Observe every process on the host holding a KVM VM, picking up new ones and dropping gone
-    /// ones within one interval.
+    /// Observe every process on the host holding a KVM VM, dropping gone ones within one interval
+    /// and picking up new ones within two (a VM is attached once its vCPU count held still).
     #[arg(long)]
     all: bool,
     /// A QMP socket of the observed QEMU: KVM's statistics and the vCPU threads come from it

@@ -8,7 +8,9 @@
 //! `hvstats snapshot` in another process sees its counters.
 //! The output is a perfmon-style table per VP, or with `--json` one object holding the partition's
 //! counters and, per VP, the WHv counter sets and every page counter. A VP that faulted or did not
-//! stop in time is reported with its RIP and reason, and the command exits with status 2.
+//! stop in time is reported with its RIP and reason, and the command exits with status 3.
+//! SIGINT (Ctrl-C) or SIGTERM stops the VPs; what they counted is printed as usual, the instance
+//! is removed, and the command exits with status 130 or 143.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -17,7 +19,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use hvstats::Hypervisor;
-use hvstats::hwc::{Allocator, PmuShape};
+use hvstats::hwc::{Allocator, Lifetime, PmuShape};
 use hvstats::present;
 use hvstats::whv;
 use hvstats_abi::catalog::Presentation;
@@ -29,6 +31,10 @@ use hvstats_guest::{GuestImage, Mode, Workload, layout};
 use hvstats_kvm::enlightenment::HyperV;
 use hvstats_kvm::{Handlers, HardwareCounters, Partition, PartitionConfig, RunReport, VpOutcome};
 use serde_json::{Map, Value, json};
+
+use crate::input;
+use crate::output::{self, ExitStatus, note, out};
+use crate::signals::{self, Signal};
 
 /// Flags of `hvstats run`.
 #[derive(clap::Args, Debug)]
@@ -45,14 +51,14 @@ pub struct Args {
     /// Guest physical address execution starts at (default: the load address).
     #[arg(long, value_parser = parse_number)]
     entry: Option<u64>,
-    /// Guest RAM, e.g. 2M, 64MiB, 0x400000.
-    #[arg(long, default_value = "2M", value_parser = parse_size)]
+    /// Guest RAM, e.g. 2M, 64MiB, 0x400000 (1 MiB to 3 GiB).
+    #[arg(long, default_value = "2M", value_parser = parse_memory)]
     memory: u64,
-    /// Number of virtual processors (default: 1 for an image, 4 for the demo).
-    #[arg(long)]
+    /// Number of virtual processors, 1 to 64 (default: 1 for an image, 4 for the demo).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=i64::from(layout::MAX_VPS)))]
     vps: Option<u32>,
-    /// Seconds to wait for every VP to stop.
-    #[arg(long, default_value_t = 10.0)]
+    /// Seconds to wait for every VP to stop (more than 0, at most 86400).
+    #[arg(long, default_value_t = 10.0, value_parser = parse_timeout)]
     timeout: f64,
     /// Print one JSON object instead of tables.
     #[arg(long)]
@@ -84,6 +90,28 @@ fn parse_number(s: &str) -> Result<u64, String> {
         None => s.parse(),
     };
     r.map_err(|_| format!("not a number: {s:?}"))
+}
+
+/// The most seconds `--timeout` accepts (a day).
+const MAX_TIMEOUT_SECONDS: f64 = 86_400.0;
+
+fn parse_timeout(s: &str) -> Result<f64, String> {
+    let t: f64 = s.trim().parse().map_err(|_| format!("not a number of seconds: {s:?}"))?;
+    if t > 0.0 && t <= MAX_TIMEOUT_SECONDS {
+        Ok(t)
+    } else {
+        Err(format!("{s} is not in the range: more than 0 and at most {MAX_TIMEOUT_SECONDS} seconds"))
+    }
+}
+
+/// Guest RAM between 1 MiB and 3 GiB, as the partition accepts it.
+fn parse_memory(s: &str) -> Result<u64, String> {
+    let n = parse_size(s)?;
+    if (1 << 20..=3 << 30).contains(&n) {
+        Ok(n)
+    } else {
+        Err(format!("{n} bytes is not in the range 1 MiB (1048576) to 3 GiB (3221225472)"))
+    }
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -128,12 +156,12 @@ fn demo_workload(mode: Mode) -> Workload {
 
 /// Runs `hvstats run`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    if !(args.timeout > 0.0 && args.timeout < 86_400.0) {
-        bail!("--timeout must be between 0 and 86400 seconds");
-    }
+    // Before any thread exists, so that none of them dies of these signals (see `signals`).
+    signals::block().context("blocking SIGINT and SIGTERM")?;
+    let runtime_dir = super::runtime_dir(args.runtime_dir.clone())?;
     let (image, vps) = match &args.image {
         Some(path) => {
-            let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+            let bytes = input::read_regular(path, args.memory, "an image for this guest RAM")?;
             if bytes.is_empty() {
                 bail!("{} is empty", path.display());
             }
@@ -147,11 +175,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             (image, args.vps.unwrap_or(4))
         }
     };
-    let runtime_dir = args.runtime_dir.clone().unwrap_or_else(hvstats::runtime_dir::runtime_dir);
     let hv = match Hypervisor::new_published(&runtime_dir) {
         Ok(hv) => hv,
         Err(e) => {
-            eprintln!("hvstats: not publishing this instance for `hvstats snapshot`: {e}");
+            note!("not publishing this instance for `hvstats snapshot`: {e}");
             Hypervisor::new().context("creating the hypervisor instance")?
         }
     };
@@ -169,31 +196,54 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let partition = Partition::new(&hv, config, handlers).context("creating the partition")?;
     partition.stats().set_stats_page_quota(args.max_stats_pages);
     partition.load(image.load_gpa, &image.bytes).context("loading the image")?;
-    let report = partition.run(image.entry);
+    let (report, signal) = signals::during(|_| partition.run(image.entry), |_| partition.stop())
+        .context("watching for SIGINT and SIGTERM")?;
     if let Ok(h) = &hardware {
         let status = h.allocator.free(h.handle);
         if !status.is_success() {
-            eprintln!("hvstats: freeing hardware counter allocation {}: {status}", h.handle);
+            note!("freeing hardware counter allocation {}: {status}", h.handle);
         }
     }
     let report = report.context("running the partition")?;
+    if let Some(signal) = signal {
+        note!(
+            "{}: stopped the VPs after {:.3} s; printing what they counted",
+            signal.name(),
+            report.elapsed.as_secs_f64()
+        );
+    }
     let unavailable = hardware.as_ref().err().map(String::as_str);
     if args.json {
         let value = json_report(&partition, &report, unavailable)?;
-        println!("{}", serde_json::to_string_pretty(&value)?);
+        output::print_json(&value, true)?;
     } else {
         print_tables(&partition, &report, args.all, unavailable)?;
     }
     let missing = partition.unavailable_sources(0);
     if let Some(first) = missing.first() {
-        eprintln!("hvstats: {} tracepoint counters are unavailable and read 0: {first}", missing.len());
+        note!("{} tracepoint counters are unavailable and read 0: {first}", missing.len());
     }
     for vp in &report.vps {
         if let Some(f) = &vp.fault {
-            eprintln!("hvstats: VP {} faulted at RIP {:#x}: {}", vp.index, f.rip, f.reason);
+            note!("VP {} faulted at RIP {:#x}: {}", vp.index, f.rip, f.reason);
         }
     }
-    Ok(if report.faulted() { ExitCode::from(2) } else { ExitCode::SUCCESS })
+    // A signal that came while printing still ends the command as that signal asks.
+    let signal = match signal {
+        Some(s) => Some(s),
+        None => signals::take_pending().unwrap_or(None),
+    };
+    Ok(exit_status(report.faulted(), signal).into())
+}
+
+/// The exit status of a run: a signal first (the VPs it stopped are not guest faults), then a
+/// fault.
+fn exit_status(faulted: bool, signal: Option<Signal>) -> ExitStatus {
+    match (signal, faulted) {
+        (Some(s), _) => s.exit_status(),
+        (None, true) => ExitStatus::GuestFault,
+        (None, false) => ExitStatus::Success,
+    }
 }
 
 /// Two general-purpose counters on every processor, from the host's shared allocation table, for
@@ -206,8 +256,8 @@ fn hardware_counters(runtime_dir: &Path) -> Result<HardwareCounters, String> {
     let allocator = Allocator::open(runtime_dir, pmu).map_err(|e| e.to_string())?;
     let counters = [PhysicalCounterResourceDescriptor::range(0, 1)];
     let handle = allocator
-        .allocate(None, Some(&PhysicalCounterResourceList::new(&counters)))
-        .map_err(|status| format!("the PMU's counters are held by others: {status}"))?;
+        .try_allocate(None, Some(&PhysicalCounterResourceList::new(&counters)), Lifetime::Process)
+        .map_err(|e| format!("hardware counters 0-1 on every processor: {e}"))?;
     Ok(HardwareCounters { allocator: Arc::new(allocator), handle })
 }
 
@@ -302,16 +352,16 @@ fn print_tables(
     unavailable: Option<&str>,
 ) -> anyhow::Result<()> {
     let secs = report.elapsed.as_secs_f64().max(1e-9);
-    println!(
+    out!(
         "partition {}: {} VPs, {} mode, ran {:.3} s",
         partition.stats().id(),
         report.vps.len(),
         partition.config().mode.name(),
         secs
-    );
+    )?;
     let ppage = partition.stats().page();
     for c in counters_of(ObjectKind::Partition).filter(|c| all || c.maintained.is_maintained()) {
-        println!("  {:<40} {:>14}", c.name, ppage.get(c.id));
+        out!("  {:<40} {:>14}", c.name, ppage.get(c.id))?;
     }
     let hidden = counters_of(ObjectKind::Vp).filter(|c| !c.maintained.is_maintained()).count();
     for vp in &report.vps {
@@ -323,21 +373,21 @@ fn print_tables(
             (None, Some(s)) => format!("exit status {s}"),
             (None, None) => "no exit status".into(),
         };
-        println!();
-        println!("VP {} — {status}", vp.index);
+        out!()?;
+        out!("VP {} — {status}", vp.index)?;
         if !vp.serial.is_empty() {
-            println!("  serial: {:?}", String::from_utf8_lossy(&vp.serial));
+            out!("  serial: {:?}", String::from_utf8_lossy(&vp.serial))?;
         }
         match hardware_json(vp, unavailable) {
             Value::Object(m) if m.contains_key("cycles") => {
-                println!("  guest cycles {}, instructions retired {}", m["cycles"], m["instructions"])
+                out!("  guest cycles {}, instructions retired {}", m["cycles"], m["instructions"])?
             }
-            v => println!(
+            v => out!(
                 "  guest cycles and instructions retired: unavailable: {}",
                 v["unavailable"].as_str().unwrap_or("")
-            ),
+            )?,
         }
-        println!("  {:<40} {:>14} {:>14} {:>14}", "counter", "total", "per second", "avg cost (ns)");
+        out!("  {:<40} {:>14} {:>14} {:>14}", "counter", "total", "per second", "avg cost (ns)")?;
         for c in counters_of(ObjectKind::Vp) {
             let maintained = c.maintained.is_maintained();
             if !(maintained || all) || c.presentation == Presentation::Cost {
@@ -355,14 +405,14 @@ fn print_tables(
                     .map_or_else(|| "-".to_string(), |p| format!("{:.0}", p.value))
             });
             let marker = if maintained { "" } else { " (not maintained)" };
-            println!("  {:<40} {:>14} {:>14} {:>14}{marker}", c.name, total, rate, cost.unwrap_or_default());
+            out!("  {:<40} {:>14} {:>14} {:>14}{marker}", c.name, total, rate, cost.unwrap_or_default())?;
         }
     }
-    println!();
+    out!()?;
     if !all {
-        println!(
+        out!(
             "{hidden} VP counters KVM cannot maintain are not shown (--all lists them; `hvstats catalog` says why)."
-        );
+        )?;
     }
     Ok(())
 }

@@ -4,20 +4,22 @@
 //!
 //! `--json` without `--interval` streams: one partition at a time is read, written and dropped,
 //! so memory stays bounded whatever the number of VPs. Exit status 1 when something could not be
-//! read (the rest is still printed); a closed pipe ends the output quietly.
+//! read (the rest is still printed); output goes through [`crate::output`] (a closed pipe ends it
+//! quietly, a full device is an error).
 
 use std::io::{self, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use hvstats::attach::{Attach, Instance};
 use hvstats::present;
 use hvstats::snapshot::{self, InstanceSnapshot, ObjectReading, PartitionSnapshot};
 use hvstats_abi::catalog::counters_of;
 use hvstats_abi::{Counter, ObjectKind, Presentation};
 use serde_json::{Map, Value, json};
+
+use crate::output::{self, ExitStatus, note};
 
 /// Flags of `hvstats snapshot`.
 #[derive(clap::Args)]
@@ -36,10 +38,7 @@ pub struct Args {
 }
 
 fn parse_interval(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v > 0.0 && v <= 3600.0 => Ok(v),
-        _ => Err(format!("{s:?}: the interval is a number of seconds, above 0 and at most 3600")),
-    }
+    super::parse_interval(s)
 }
 
 /// The earlier reading of an interval and its length, when there is one.
@@ -77,31 +76,23 @@ fn cells<'a>(
 
 /// Runs `hvstats snapshot`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    match run_inner(args) {
-        Err(e) if e.downcast_ref::<io::Error>().is_some_and(|e| e.kind() == io::ErrorKind::BrokenPipe) => {
-            Ok(ExitCode::SUCCESS)
-        }
-        other => other,
-    }
-}
-
-fn run_inner(args: Args) -> anyhow::Result<ExitCode> {
-    let dir = args.runtime_dir.unwrap_or_else(hvstats::runtime_dir::runtime_dir);
+    let dir = super::runtime_dir(args.runtime_dir)?;
     let mut attach = Attach::new(&dir);
     let changes = attach.refresh()?;
     for removed in &changes.removed_dead {
-        eprintln!("hvstats: removed a file of a dead instance: {}", removed.display());
+        note!("removed a file of a dead instance: {}", removed.display());
     }
     let mut failed = !changes.problems.is_empty();
     for problem in &changes.problems {
-        eprintln!("hvstats: {}", hvstats::snapshot::error_chain(problem));
+        note!("{}", hvstats::snapshot::error_chain(problem));
     }
-    let stdout = io::stdout();
-    let mut out = io::BufWriter::new(stdout.lock());
     if args.json && args.interval.is_none() {
-        failed |= stream_json(&mut attach, &mut out)?;
-        out.flush().context("writing the snapshot")?;
-        return Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS });
+        output::with_stdout(|out| {
+            let mut out = io::BufWriter::new(out);
+            failed |= stream_json(&mut attach, &mut out)?;
+            out.flush()
+        })?;
+        return Ok(if failed { ExitStatus::RuntimeError.into() } else { ExitStatus::Success.into() });
     }
     let started = Instant::now();
     let first: Vec<InstanceSnapshot> = attach.instances_mut().map(Instance::snapshot).collect();
@@ -126,17 +117,18 @@ fn run_inner(args: Args) -> anyhow::Result<ExitCode> {
         if let Some((_, seconds)) = &earlier {
             doc["interval_seconds"] = json!(seconds);
         }
-        serde_json::to_writer_pretty(&mut out, &doc).map_err(io::Error::from)?;
-        writeln!(out)?;
+        output::print_json(&doc, true)?;
     } else if snapshots.is_empty() {
-        writeln!(out, "no live hvstats instance under {}", dir.display())?;
+        output::print(&format!("no live hvstats instance under {}\n", dir.display()))?;
     } else {
-        for s in &snapshots {
-            write!(out, "{}", instance_table(s, earlier_of(s)))?;
-        }
+        output::with_stdout(|out| {
+            for s in &snapshots {
+                write!(out, "{}", instance_table(s, earlier_of(s)))?;
+            }
+            Ok(())
+        })?;
     }
-    out.flush()?;
-    Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+    Ok(if failed { ExitStatus::RuntimeError.into() } else { ExitStatus::Success.into() })
 }
 
 /// True when a reading failed for a reason other than permissions (which the user chose).

@@ -83,6 +83,10 @@ pub struct Observer {
     /// when they appear again with a new VM).
     done: BTreeSet<i32>,
     reported: BTreeMap<i32, (bool, KvmExitState)>,
+    /// With `--all`: processes seen with a VM but not attached yet, and their vCPU count then.
+    /// A VMM creates its vCPUs one by one after the VM; attaching waits until the count holds
+    /// still for one interval, so a partition gets every vCPU.
+    pending: BTreeMap<i32, usize>,
 }
 
 impl Observer {
@@ -96,6 +100,7 @@ impl Observer {
             vms: BTreeMap::new(),
             done: BTreeSet::new(),
             reported: BTreeMap::new(),
+            pending: BTreeMap::new(),
         }
     }
 
@@ -134,6 +139,16 @@ impl Observer {
         }
         for (pid, result) in self.candidates() {
             let fds = match result {
+                // A VM without vCPUs yet: wait for them (a partition's VPs are fixed at attach).
+                Ok(fds) if fds.has_vm() && fds.vcpus.is_empty() => continue,
+                Ok(fds) if fds.has_vm() && self.targets == Targets::All => {
+                    let seen = self.pending.insert(pid, fds.vcpus.len());
+                    if seen != Some(fds.vcpus.len()) {
+                        continue;
+                    }
+                    self.pending.remove(&pid);
+                    fds
+                }
                 Ok(fds) if fds.has_vm() => fds,
                 Ok(_) => {
                     self.fail(&mut events, pid, format!("process {pid} holds no KVM VM"));
@@ -195,9 +210,15 @@ impl Observer {
                 let me = std::process::id() as i32;
                 let listed = self.procfs.kvm_processes().unwrap_or_default();
                 self.done.retain(|p| listed.iter().any(|(q, _)| q == p));
+                self.pending.retain(|p, _| listed.iter().any(|(q, _)| q == p));
+                // hvstats' own partitions are published by the process that runs them: an
+                // observer would only show them twice.
+                let own = |p: &i32| self.procfs.comm(*p).is_ok_and(|c| c == "hvstats");
                 listed
                     .into_iter()
-                    .filter(|(p, _)| *p != me && !self.vms.contains_key(p) && !self.done.contains(p))
+                    .filter(|(p, _)| {
+                        *p != me && !self.vms.contains_key(p) && !self.done.contains(p) && !own(p)
+                    })
                     .map(|(p, fds)| (p, Ok(fds)))
                     .collect()
             }

@@ -157,8 +157,6 @@ struct ObservedVp {
     /// KVM's vCPU id (from the fd link).
     vcpu_id: u32,
     tid: Option<i32>,
-    /// The thread's guest time (clock ticks) when it was first seen.
-    guest_ticks_at_attach: Option<u64>,
     qom_path: Option<String>,
 }
 
@@ -212,6 +210,8 @@ pub struct ObservedVm {
     /// KVM statistics at attach (through QMP).
     stats_at_attach: Option<KvmStatsReply>,
     kvm_exit: KvmExitState,
+    /// Each counted thread's guest time (clock ticks) when its counters were opened.
+    guest_ticks_at_open: BTreeMap<i32, u64>,
     /// The counters last declared unavailable.
     declared: Option<Vec<CounterId>>,
 }
@@ -252,11 +252,8 @@ impl ObservedVm {
                 Err(e) => qmp_error = Some(hvstats::snapshot::error_chain(&e)),
             }
         }
-        let vps: Vec<ObservedVp> = fds
-            .vcpus
-            .keys()
-            .map(|&vcpu_id| ObservedVp { vcpu_id, tid: None, guest_ticks_at_attach: None, qom_path: None })
-            .collect();
+        let vps: Vec<ObservedVp> =
+            fds.vcpus.keys().map(|&vcpu_id| ObservedVp { vcpu_id, tid: None, qom_path: None }).collect();
         let partition = hv
             .create_partition_named(vps.len() as u32, &name)
             .map_err(|source| AttachError::Publish { pid, source })?;
@@ -277,7 +274,9 @@ impl ObservedVm {
             stats_at_attach,
             kvm_exit,
             declared: None,
+            guest_ticks_at_open: BTreeMap::new(),
         };
+        me.note_guest_ticks(procfs);
         me.refresh(procfs);
         Ok(me)
     }
@@ -338,7 +337,9 @@ impl ObservedVm {
         if !procfs.is_alive(self.pid) {
             return false;
         }
-        let _ = self.counters.rescan(procfs);
+        if self.counters.rescan(procfs).is_ok_and(|added| added > 0) {
+            self.note_guest_ticks(procfs);
+        }
         self.find_threads(procfs);
         let stats = self.read_qmp_stats();
         let mut exits_seen = false;
@@ -353,7 +354,7 @@ impl ObservedVm {
             if let Some(ns) = c(ev::TASK_CLOCK) {
                 let total = ns / 100;
                 let guest = guest_ticks(procfs, self.pid, tid)
-                    .zip(vp.guest_ticks_at_attach)
+                    .zip(self.guest_ticks_at_open.get(&tid).copied())
                     .map_or(0, |(now, then)| ticks_to_100ns(now.saturating_sub(then)));
                 page.set(vp::TOTAL_RUN_TIME, total);
                 page.set(vp::HYPERVISOR_RUN_TIME, total.saturating_sub(guest));
@@ -400,6 +401,16 @@ impl ObservedVm {
         true
     }
 
+    /// Records the guest time of threads whose counters were just opened: guest time counts from
+    /// the same moment as the thread's counters.
+    fn note_guest_ticks(&mut self, procfs: &Procfs) {
+        for tid in self.counters.tids() {
+            if let std::collections::btree_map::Entry::Vacant(v) = self.guest_ticks_at_open.entry(tid) {
+                v.insert(guest_ticks(procfs, self.pid, tid).unwrap_or(0));
+            }
+        }
+    }
+
     /// Which thread runs each vCPU: QMP, then debugfs, then thread names.
     fn find_threads(&mut self, procfs: &Procfs) {
         if self.vps.iter().all(|v| v.tid.is_some()) {
@@ -428,7 +439,6 @@ impl ObservedVm {
             if let Some((tid, qom)) = found {
                 vp.tid = Some(tid);
                 vp.qom_path = qom;
-                vp.guest_ticks_at_attach = Some(guest_ticks(procfs, self.pid, tid).unwrap_or(0));
             }
         }
     }
@@ -440,6 +450,7 @@ impl ObservedVm {
         }
         let tids: Vec<i32> = self.vps.iter().filter_map(|v| v.tid).collect();
         self.counters.retain(&tids);
+        self.guest_ticks_at_open.retain(|tid, _| tids.contains(tid));
     }
 
     fn read_qmp_stats(&mut self) -> Option<KvmStatsReply> {

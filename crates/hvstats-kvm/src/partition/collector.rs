@@ -1,6 +1,7 @@
 //! A partition's run: one thread per VP, and on the calling thread the collector that merges the
 //! kernel sources into the pages on a cadence until every VP has stopped or the timeout passed.
 
+use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -12,7 +13,23 @@ use crate::modes;
 use crate::vp::{self, Refresh, VpEnv, VpFault, VpOutcome};
 
 impl Partition {
-    /// Starts every VP at `entry` and waits until all have stopped or the timeout has passed.
+    /// Asks a running (or about to run) [`Partition::run`] to stop every VP now, as when its
+    /// timeout passes; safe from any thread, e.g. one that received SIGINT. The VPs that had not
+    /// stopped are reported as stopped on request, with their RIP.
+    pub fn stop(&self) {
+        self.stop_requested.store(true, Ordering::SeqCst);
+        for presence in self.space.vps() {
+            presence.request_stop();
+        }
+    }
+
+    /// Whether [`Partition::stop`] was called.
+    pub fn stop_requested(&self) -> bool {
+        self.stop_requested.load(Ordering::SeqCst)
+    }
+
+    /// Starts every VP at `entry` and waits until all have stopped, the timeout has passed or
+    /// [`Partition::stop`] was called.
     ///
     /// # Errors
     /// When the partition already ran, the entry point does not suit the mode, or a vCPU cannot be
@@ -53,6 +70,7 @@ impl Partition {
                         sync_regs: self.sync_regs,
                         accounting: self.config.accounting,
                         hardware: self.config.hardware_counters.as_ref(),
+                        stop_requested: &self.stop_requested,
                     };
                     s.spawn(move || {
                         let outcome = vp::run(&env, shared, vcpu);
@@ -94,7 +112,7 @@ impl Partition {
         let mut stopping = false;
         while remaining > 0 {
             let now = Instant::now();
-            if !stopping && now >= deadline {
+            if !stopping && (now >= deadline || self.stop_requested()) {
                 stopping = true;
             }
             if stopping {

@@ -12,6 +12,7 @@ mod collector;
 mod cpuid;
 
 use std::os::fd::AsRawFd;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -159,6 +160,7 @@ pub struct Partition {
     config: PartitionConfig,
     stats: Arc<PartitionStats>,
     hv: Arc<Hypervisor>,
+    stop_requested: AtomicBool,
 }
 
 /// The register sets to sync through `kvm_run`: the general and system registers when the
@@ -237,6 +239,7 @@ impl Partition {
             config,
             stats,
             hv: hv.clone(),
+            stop_requested: AtomicBool::new(false),
         };
         p.refresh_partition();
         Ok(p)

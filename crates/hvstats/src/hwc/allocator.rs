@@ -54,9 +54,13 @@ pub enum Lifetime {
 /// Why an allocation or free did not succeed.
 #[derive(Debug, thiserror::Error)]
 pub enum HwcError {
-    /// Seed 002's answer.
+    /// Seed 002's answer to a request it refuses as malformed or unsupported.
     #[error("{0}")]
     Status(NtStatus),
+    /// `STATUS_INSUFFICIENT_RESOURCES`, and why: which resource is held by which process, or that
+    /// there is no PMU.
+    #[error("{status}: {0}", status = NtStatus::INSUFFICIENT_RESOURCES)]
+    Refused(Refusal),
     /// The shared table cannot be used.
     #[error(transparent)]
     Table(#[from] TableError),
@@ -64,11 +68,50 @@ pub enum HwcError {
 
 impl HwcError {
     /// The `NTSTATUS` a HAL caller sees: the status itself, or `STATUS_INSUFFICIENT_RESOURCES` when
-    /// the table cannot be used (nothing can be granted or released until it can).
+    /// the request conflicts, needs a PMU there is not, or the table cannot be used (nothing can
+    /// be granted or released until it can).
     pub fn status(&self) -> NtStatus {
         match self {
             Self::Status(s) => *s,
-            Self::Table(_) => NtStatus::INSUFFICIENT_RESOURCES,
+            Self::Refused(_) | Self::Table(_) => NtStatus::INSUFFICIENT_RESOURCES,
+        }
+    }
+}
+
+/// Why a well-formed request could not be granted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The request names counters, the overflow interrupt or the event buffer, and the machine has
+    /// no PMU.
+    NoPmu {
+        /// Why there is none (the PMU shape's reason).
+        reason: String,
+    },
+    /// An allocation already holds some of what was asked, on some of the processors asked for.
+    Held {
+        /// What the two have in common.
+        resources: ResourceSet,
+        /// On which processors.
+        cpus: CpuSet,
+        /// The holder's allocation.
+        handle: CounterSetHandle,
+        /// Who holds it.
+        holder: Holder,
+    },
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NoPmu { reason } => write!(f, "no PMU: {reason}"),
+            Self::Held { resources, cpus, handle, holder } => {
+                let lifetime = if holder.persistent { ", until freed" } else { "" };
+                write!(
+                    f,
+                    "{resources} on CPUs {cpus} held by handle {handle} (process {} pid {}{lifetime})",
+                    holder.name, holder.pid
+                )
+            }
         }
     }
 }
@@ -171,7 +214,14 @@ impl Allocator {
         resources: Option<&PhysicalCounterResourceList<'_>>,
         lifetime: Lifetime,
     ) -> Result<CounterSetHandle, HwcError> {
-        let request = Request::validate(affinity, resources, &self.pmu).map_err(HwcError::Status)?;
+        let request = Request::validate(affinity, resources, &self.pmu).map_err(|s| {
+            match self.pmu.absent_reason() {
+                Some(reason) if s == NtStatus::INSUFFICIENT_RESOURCES => {
+                    HwcError::Refused(Refusal::NoPmu { reason: reason.to_owned() })
+                }
+                _ => HwcError::Status(s),
+            }
+        })?;
         let holder = Holder::current(lifetime == Lifetime::UntilFreed).map_err(TableError::Identity)?;
         let locked = self.table.lock()?;
         let mut data = locked.read()?;
@@ -188,13 +238,22 @@ impl Allocator {
         let conflict = data
             .records
             .iter()
-            .any(|r| r.cpus.intersects(&request.cpus) && r.resources.conflicts_with(&request.resources));
-        let result = if conflict {
-            Err(HwcError::Status(NtStatus::INSUFFICIENT_RESOURCES))
+            .find(|r| r.cpus.intersects(&request.cpus) && r.resources.conflicts_with(&request.resources));
+        let result = if let Some(r) = conflict {
+            Err(HwcError::Refused(Refusal::Held {
+                resources: request.resources.shared_with(&r.resources),
+                cpus: r.cpus.iter().filter(|&c| request.cpus.contains(c)).collect(),
+                handle: CounterSetHandle(r.handle),
+                holder: r.holder.clone(),
+            }))
+        } else if data.next_handle == u64::MAX {
+            // Handles are never reused while the table exists; the last one is never given out, so
+            // `next_handle` stays above every handle granted.
+            Err(HwcError::Table(TableError::HandlesExhausted { path: self.table.path() }))
         } else {
             let handle = data.next_handle;
             data.next_handle += 1;
-            data.generation += 1;
+            data.generation = data.generation.wrapping_add(1);
             let entry = AuditEntry::Grant {
                 seq: data.generation,
                 handle,
@@ -236,7 +295,7 @@ impl Allocator {
             None => Err(HwcError::Status(NtStatus::INVALID_PARAMETER)),
             Some(i) => {
                 data.records.remove(i);
-                data.generation += 1;
+                data.generation = data.generation.wrapping_add(1);
                 let entry = AuditEntry::Release {
                     seq: data.generation,
                     handle: handle.0,
@@ -296,7 +355,7 @@ fn reap(data: &mut TableData, audit: &mut Vec<String>) {
         std::mem::take(&mut data.records).into_iter().partition(|r| r.holder.is_alive());
     data.records = live;
     for r in dead {
-        data.generation += 1;
+        data.generation = data.generation.wrapping_add(1);
         let entry = AuditEntry::Release {
             seq: data.generation,
             handle: r.handle,

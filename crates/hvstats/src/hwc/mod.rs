@@ -22,7 +22,7 @@ pub mod pmu;
 pub mod request;
 pub mod table;
 
-pub use allocator::{Allocation, Allocator, CounterSetHandle, HwcError, Lifetime};
+pub use allocator::{Allocation, Allocator, CounterSetHandle, HwcError, Lifetime, Refusal};
 pub use cpuset::CpuSet;
 pub use holder::Holder;
 pub use perf::{GuestCounts, Unavailable, VpHardwareCounters};

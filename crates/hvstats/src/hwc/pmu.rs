@@ -20,11 +20,14 @@ use serde::Serialize;
 ///
 /// Syntax: `none[,cpus=N]` (no PMU on N processors), or
 /// `gp=G,fixed=F,cpus=N[,gp_width=W][,fixed_width=W]` (G general-purpose and F fixed counters on
-/// each of N processors; widths default to 48 bits).
+/// each of N processors; widths 1 to 64 bits, 48 by default).
 pub const PMU_ENV: &str = "HVSTATS_PMU";
 
 /// The most counters one processor may have (the allocator keeps them in a 64-bit mask).
 pub const MAX_COUNTERS_PER_CPU: u32 = 64;
+
+/// The widest counter, in bits (a counter is read into 64 bits; real PMUs have 48).
+pub const MAX_COUNTER_WIDTH: u32 = 64;
 
 /// The most processors a shape may describe (1024 processor groups of 64 would be far more than
 /// any host; this keeps a bad configuration from allocating without bound).
@@ -103,12 +106,22 @@ impl PmuShape {
     /// `counters` on each of `processors`.
     ///
     /// # Errors
-    /// As [`PmuShape::uniform`].
+    /// As [`PmuShape::uniform`], and when a kind of counter that exists has a width outside
+    /// `1..=`[`MAX_COUNTER_WIDTH`] bits.
     pub fn uniform_with(processors: u32, counters: CpuCounters) -> Result<Self, ShapeError> {
         let text = format!("{counters} on each of {processors} processors");
         check_processors(processors, &text)?;
         if counters.gp.checked_add(counters.fixed).is_none_or(|n| n > MAX_COUNTERS_PER_CPU) {
             return Err(ShapeError { text, reason: format!("more than {MAX_COUNTERS_PER_CPU} counters") });
+        }
+        for (key, count, width) in [
+            ("gp_width", counters.gp, counters.gp_width),
+            ("fixed_width", counters.fixed, counters.fixed_width),
+        ] {
+            if count > 0 && !(1..=MAX_COUNTER_WIDTH).contains(&width) {
+                let reason = format!("{key}={width} is not in 1..={MAX_COUNTER_WIDTH} bits");
+                return Err(ShapeError { text, reason });
+            }
         }
         Ok(Self {
             processors,
@@ -368,7 +381,8 @@ mod cpuid {
         Ok(CpuCounters {
             gp: c.gp.min(MAX_COUNTERS_PER_CPU),
             fixed: c.fixed.min(MAX_COUNTERS_PER_CPU - c.gp.min(MAX_COUNTERS_PER_CPU)),
-            ..c
+            gp_width: c.gp_width.min(super::MAX_COUNTER_WIDTH),
+            fixed_width: c.fixed_width.min(super::MAX_COUNTER_WIDTH),
         })
     }
 
@@ -441,6 +455,21 @@ mod tests {
         {
             assert!(PmuShape::parse(text, 2).is_err(), "{text} should be rejected");
         }
+    }
+
+    #[test]
+    fn counter_widths_are_bounded_and_the_refusal_names_the_bound() {
+        for (text, key) in [
+            ("gp=4,gp_width=200", "gp_width=200"),
+            ("gp=4,gp_width=0", "gp_width=0"),
+            ("gp=4,fixed=3,fixed_width=65", "fixed_width=65"),
+        ] {
+            let e = PmuShape::parse(text, 2).unwrap_err();
+            assert_eq!(e.reason, format!("{key} is not in 1..=64 bits"), "{text}");
+        }
+        // A width of a kind of counter that does not exist is not checked; 64 bits is allowed.
+        assert!(PmuShape::parse("gp=4,fixed_width=0", 2).is_ok());
+        assert_eq!(PmuShape::parse("gp=4,gp_width=64", 2).unwrap().counters(1).unwrap().gp_width, 64);
     }
 
     #[test]

@@ -61,6 +61,24 @@ impl ResourceSet {
             || !self.tags.is_disjoint(&other.tags)
     }
 
+    /// What `self` and `other` cannot both hold on one processor: all of `other` when `self` is
+    /// exclusive, the whole PMU when `other` is, otherwise what they have in common.
+    pub fn shared_with(&self, other: &Self) -> Self {
+        if other.exclusive {
+            return Self::exclusive();
+        }
+        if self.exclusive {
+            return other.clone();
+        }
+        Self {
+            exclusive: false,
+            counters: self.counters & other.counters,
+            overflow: self.overflow && other.overflow,
+            event_buffer: self.event_buffer && other.event_buffer,
+            tags: self.tags.intersection(&other.tags).copied().collect(),
+        }
+    }
+
     /// Whether the set needs PMU hardware (counters, overflow or event buffer).
     pub fn needs_hardware(&self) -> bool {
         self.counters != 0 || self.overflow || self.event_buffer

@@ -8,10 +8,18 @@
 //! [`TableError::Corrupt`] by every operation and is never reset automatically: resetting would
 //! forget allocations that live processes still hold, and hand their counters out twice. The
 //! operator removes the file once no consumer holds counters.
+//!
+//! Nobody else may steer these writes: `hwc/` is created mode 0700 and its files 0600 whatever the
+//! umask; a `hwc/` that is a link, belongs to another user, or is writable by group or others is
+//! refused ([`TableError::Unsafe`]); every file is opened with `O_NOFOLLOW` and `O_NONBLOCK` and
+//! must be a regular file (a planted link or FIFO is refused, never followed or waited on); the
+//! temporary file is created afresh with `O_EXCL`; and a table larger than [`MAX_TABLE_BYTES`] is
+//! corrupt, not read to the end.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -26,6 +34,15 @@ pub const TABLE_VERSION: u32 = 1;
 
 /// The directory under the runtime directory that holds the table.
 pub const TABLE_DIR: &str = "hwc";
+
+/// The largest table file read (far above what the records of any host's consumers need).
+pub const MAX_TABLE_BYTES: u64 = 16 << 20;
+
+/// The mode of `hwc/`.
+pub const DIR_MODE: u32 = 0o700;
+
+/// The mode of the table's files.
+pub const FILE_MODE: u32 = 0o600;
 
 /// One allocation in the table.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -100,6 +117,76 @@ pub enum TableError {
     /// The calling process cannot be identified (its `/proc` entry).
     #[error("cannot identify this process as a holder: {0}")]
     Identity(#[source] io::Error),
+    /// A path of the table could be steered by another user, or is not what it must be.
+    #[error("hardware counter table: refusing {}: {reason}", path.display())]
+    Unsafe {
+        /// The path.
+        path: PathBuf,
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
+    /// Every handle has been given out (handles are never reused while the table exists).
+    #[error(
+        "hardware counter table {}: no handle is left to give out; remove the table once no process \
+         holds hardware counters",
+        path.display()
+    )]
+    HandlesExhausted {
+        /// The table file.
+        path: PathBuf,
+    },
+}
+
+/// Checks that `dir` is a real directory of ours that nobody else can write to.
+fn check_dir(dir: &Path) -> Result<(), TableError> {
+    let unsafe_dir = |reason: String| TableError::Unsafe { path: dir.to_owned(), reason };
+    let meta = fs::symlink_metadata(dir).map_err(|source| TableError::Io {
+        action: "examine",
+        path: dir.to_owned(),
+        source,
+    })?;
+    if !meta.file_type().is_dir() {
+        return Err(unsafe_dir("it is not a directory (a link or file in its place); remove it".into()));
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    if meta.uid() != euid {
+        return Err(unsafe_dir(format!(
+            "it belongs to uid {}, not to this user (uid {euid}); remove it or use another runtime directory",
+            meta.uid()
+        )));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(unsafe_dir(format!(
+            "it is writable by group or others (mode {:o}); chmod 700 it",
+            meta.mode() & 0o7777
+        )));
+    }
+    Ok(())
+}
+
+const NOT_REGULAR: &str = "it is not a regular file (a FIFO, device or directory in its place); remove it";
+
+/// Opens the existing or new file `path` (by `options`) without following a link or waiting on a
+/// FIFO, and checks it is a regular file.
+fn open_regular(path: &Path, options: &mut OpenOptions, action: &'static str) -> Result<File, TableError> {
+    let file = options
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|source| match source.raw_os_error() {
+            Some(libc::ELOOP) => TableError::Unsafe {
+                path: path.to_owned(),
+                reason: "it is a symbolic link; remove it".into(),
+            },
+            // A FIFO opened for writing without a reader, or a device without its driver.
+            Some(libc::ENXIO) => TableError::Unsafe { path: path.to_owned(), reason: NOT_REGULAR.into() },
+            _ => TableError::Io { action, path: path.to_owned(), source },
+        })?;
+    let meta = file.metadata().map_err(|source| TableError::Io { action, path: path.to_owned(), source })?;
+    if !meta.file_type().is_file() {
+        return Err(TableError::Unsafe { path: path.to_owned(), reason: NOT_REGULAR.into() });
+    }
+    Ok(file)
 }
 
 /// The table's files.
@@ -125,11 +212,20 @@ impl TableFile {
     /// When the directory cannot be created.
     pub fn open(runtime_dir: &Path) -> Result<Self, TableError> {
         let dir = runtime_dir.join(TABLE_DIR);
-        fs::create_dir_all(&dir).map_err(|source| TableError::Io {
-            action: "create",
-            path: dir.clone(),
-            source,
-        })?;
+        let io_create = |path: &Path| {
+            let path = path.to_owned();
+            move |source| TableError::Io { action: "create", path, source }
+        };
+        fs::create_dir_all(runtime_dir).map_err(io_create(runtime_dir))?;
+        match fs::DirBuilder::new().mode(DIR_MODE).create(&dir) {
+            Ok(()) => {
+                // The umask may have taken bits away; set exactly the mode meant.
+                fs::set_permissions(&dir, fs::Permissions::from_mode(DIR_MODE)).map_err(io_create(&dir))?;
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io_create(&dir)(e)),
+        }
+        check_dir(&dir)?;
         Ok(Self { dir, lock_timeout: DEFAULT_LOCK_TIMEOUT })
     }
 
@@ -156,12 +252,12 @@ impl TableFile {
     pub fn lock(&self) -> Result<LockedTable<'_>, TableError> {
         let path = self.dir.join("lock");
         let io_err = |action| move |source| TableError::Io { action, path: self.dir.join("lock"), source };
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(io_err("open"))?;
+        check_dir(&self.dir)?;
+        let lock = open_regular(
+            &path,
+            OpenOptions::new().create(true).truncate(false).write(true).mode(FILE_MODE),
+            "open",
+        )?;
         let deadline = Instant::now() + self.lock_timeout;
         let mut pause = Duration::from_micros(20);
         loop {
@@ -199,11 +295,23 @@ impl LockedTable<'_> {
     /// [`TableError::Io`] when it cannot be read, [`TableError::Corrupt`] when it cannot be decoded.
     pub fn read(&self) -> Result<TableData, TableError> {
         let path = self.file.path();
-        let bytes = match fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(TableData::default()),
-            Err(source) => return Err(TableError::Io { action: "read", path, source }),
+        let file = match open_regular(&path, OpenOptions::new().read(true), "read") {
+            Ok(f) => f,
+            Err(TableError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+                return Ok(TableData::default());
+            }
+            Err(e) => return Err(e),
         };
+        let mut bytes = Vec::new();
+        file.take(MAX_TABLE_BYTES + 1).read_to_end(&mut bytes).map_err(|source| TableError::Io {
+            action: "read",
+            path: path.clone(),
+            source,
+        })?;
+        if bytes.len() as u64 > MAX_TABLE_BYTES {
+            let reason = format!("larger than {MAX_TABLE_BYTES} bytes");
+            return Err(TableError::Corrupt { path, reason });
+        }
         decode(&bytes).map_err(|reason| TableError::Corrupt { path, reason })
     }
 
@@ -224,7 +332,15 @@ impl LockedTable<'_> {
             source: e.into(),
         })?;
         bytes.push(b'\n');
-        let mut f = File::create(&tmp).map_err(io_err("create", &tmp))?;
+        // A stale temporary file (a writer killed mid-write) or anything planted there is removed,
+        // never followed (unlink acts on the link itself), and the file is made afresh.
+        match fs::remove_file(&tmp) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err("remove", &tmp)(e)),
+        }
+        let mut f =
+            open_regular(&tmp, OpenOptions::new().write(true).create_new(true).mode(FILE_MODE), "create")?;
         f.write_all(&bytes).map_err(io_err("write", &tmp))?;
         drop(f);
         fs::rename(&tmp, &path).map_err(io_err("replace", &path))

@@ -1,0 +1,225 @@
+//! SIGINT and SIGTERM as requests to finish, not as sudden death.
+//!
+//! A command that holds something (running VPs, a published instance, a hardware counter
+//! allocation) blocks both signals in its main thread before it starts any other thread, so no
+//! thread takes their default action; they wait, pending, until a watcher takes them with
+//! `sigtimedwait` and asks the work to stop. The work then ends the ordinary way: it prints what
+//! it has, drops what it holds (removing the instance), and the command exits 130 or 143.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crate::output::ExitStatus;
+
+/// A signal that asks the command to finish.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Signal {
+    /// SIGINT (Ctrl-C).
+    Interrupt,
+    /// SIGTERM.
+    Terminate,
+}
+
+impl Signal {
+    /// The signal's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Interrupt => "SIGINT",
+            Self::Terminate => "SIGTERM",
+        }
+    }
+
+    /// The exit status of a command it ended (128 + the signal's number).
+    pub fn exit_status(self) -> ExitStatus {
+        match self {
+            Self::Interrupt => ExitStatus::Interrupted,
+            Self::Terminate => ExitStatus::Terminated,
+        }
+    }
+
+    fn from_raw(signal: libc::c_int) -> Option<Self> {
+        match signal {
+            libc::SIGINT => Some(Self::Interrupt),
+            libc::SIGTERM => Some(Self::Terminate),
+            _ => None,
+        }
+    }
+}
+
+fn set() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise and fill the set we own.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        set
+    }
+}
+
+/// Blocks SIGINT and SIGTERM in the calling thread and every thread it starts afterwards, so they
+/// stay pending for [`wait`], [`take_pending`] or [`during`] instead of ending the process.
+///
+/// # Errors
+/// When the signal mask cannot be changed.
+pub fn block() -> io::Result<()> {
+    let set = set();
+    // SAFETY: set is a valid signal set; the old mask is not wanted (null).
+    let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    Ok(())
+}
+
+/// Takes a pending SIGINT or SIGTERM, waiting at most `timeout`; `None` when none came.
+fn take(timeout: Duration) -> io::Result<Option<Signal>> {
+    let set = set();
+    let ts = libc::timespec {
+        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos().min(999_999_999) as i32),
+    };
+    loop {
+        // SAFETY: set and ts are valid values we own; the siginfo is not wanted (null).
+        let rc = unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &ts) };
+        if rc >= 0 {
+            return Ok(Signal::from_raw(rc));
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EAGAIN) => return Ok(None),
+            Some(libc::EINTR) => continue,
+            _ => return Err(e),
+        }
+    }
+}
+
+/// A SIGINT or SIGTERM that is pending now (blocked by [`block`]), taken without waiting.
+///
+/// # Errors
+/// When the pending signals cannot be examined.
+pub fn take_pending() -> io::Result<Option<Signal>> {
+    take(Duration::ZERO)
+}
+
+/// Waits for SIGINT or SIGTERM (blocked by [`block`]).
+///
+/// # Errors
+/// When the wait fails.
+pub fn wait() -> io::Result<Signal> {
+    loop {
+        if let Some(s) = take(Duration::from_secs(3600))? {
+            return Ok(s);
+        }
+    }
+}
+
+/// What the work of [`during`] can ask of its watcher.
+pub struct Watching {
+    #[cfg_attr(not(test), allow(dead_code, reason = "only tests raise signals at the watcher"))]
+    thread: libc::pthread_t,
+}
+
+impl Watching {
+    /// Sends `signal` to the watcher thread alone, as the terminal or `kill` would send it to the
+    /// process (a test's way in: a process-wide signal would reach the test harness's threads).
+    #[cfg(test)]
+    pub fn raise(&self, signal: Signal) -> io::Result<()> {
+        let raw = match signal {
+            Signal::Interrupt => libc::SIGINT,
+            Signal::Terminate => libc::SIGTERM,
+        };
+        // SAFETY: the watcher thread runs until `during` has joined it, after the work returned,
+        // so the pthread_t names a live thread while the work can call this.
+        let rc = unsafe { libc::pthread_kill(self.thread, raw) };
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        Ok(())
+    }
+}
+
+/// How often the watcher looks whether the work has finished.
+const POLL: Duration = Duration::from_millis(50);
+
+/// Runs `work` on the calling thread while a watcher thread takes SIGINT and SIGTERM; the first one
+/// that comes calls `on_signal` (which should make `work` finish soon). Returns what `work`
+/// returned and the signal, if one came. Call [`block`] first, before any other thread exists, so
+/// that only the watcher takes these signals.
+///
+/// # Errors
+/// When the watcher cannot wait for signals (the work's result is then lost; nothing has been
+/// asked of it).
+pub fn during<R>(
+    work: impl FnOnce(&Watching) -> R,
+    on_signal: impl FnOnce(Signal) + Send,
+) -> io::Result<(R, Option<Signal>)> {
+    let done = AtomicBool::new(false);
+    let done = &done;
+    std::thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let watcher = s.spawn(move || {
+            // The watcher blocks the signals itself too, so `raise` never reaches a default action.
+            block()?;
+            // SAFETY: pthread_self has no preconditions.
+            let _ = tx.send(unsafe { libc::pthread_self() });
+            while !done.load(Ordering::SeqCst) {
+                if let Some(signal) = take(POLL)? {
+                    on_signal(signal);
+                    return Ok(Some(signal));
+                }
+            }
+            Ok(None)
+        });
+        let thread = match rx.recv() {
+            Ok(t) => t,
+            Err(_) => {
+                return Err(watcher
+                    .join()
+                    .unwrap_or_else(|_| Err(io::Error::other("the signal watcher failed")))
+                    .err()
+                    .unwrap_or_else(|| io::Error::other("the signal watcher failed")));
+            }
+        };
+        let result = work(&Watching { thread });
+        done.store(true, Ordering::SeqCst);
+        let signal = watcher.join().map_err(|_| io::Error::other("the signal watcher panicked"))??;
+        Ok((result, signal))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use super::*;
+
+    #[test]
+    fn a_signal_during_the_work_stops_it_and_is_reported() {
+        for signal in [Signal::Interrupt, Signal::Terminate] {
+            let (stop_tx, stop_rx) = mpsc::channel();
+            let (result, got) = during(
+                |w| {
+                    w.raise(signal).unwrap();
+                    // The work runs until asked to stop, as `Partition::run` does.
+                    stop_rx.recv_timeout(Duration::from_secs(10)).map(|()| "stopped")
+                },
+                |s| {
+                    assert_eq!(s, signal);
+                    stop_tx.send(()).unwrap();
+                },
+            )
+            .unwrap();
+            assert_eq!(result, Ok("stopped"));
+            assert_eq!(got, Some(signal));
+            assert_eq!(got.unwrap().exit_status() as u8, if signal == Signal::Interrupt { 130 } else { 143 });
+        }
+    }
+
+    #[test]
+    fn work_that_ends_by_itself_reports_no_signal() {
+        let (result, got) = during(|_| 7, |_| panic!("no signal was sent")).unwrap();
+        assert_eq!((result, got), (7, None));
+    }
+}

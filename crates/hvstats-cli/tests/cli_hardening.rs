@@ -1,0 +1,269 @@
+//! What every command does with closed and full outputs, hostile input files, bad ranges and
+//! signals: clear errors and the documented exit statuses, never a panic or a hang.
+
+mod common;
+
+use common::{TempDir, kvm_available};
+
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn hvstats() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_hvstats"));
+    c.env("HVSTATS_PMU", "gp=6,fixed=3,cpus=4").env_remove("HVSTATS_RUNTIME_DIR");
+    c
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Waits at most `limit` for `child`; kills it and fails the test when it hangs.
+fn wait_bounded(mut child: Child, limit: Duration, what: &str) -> Output {
+    let start = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} still ran after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A sample page (every counter holding its offset) at `dir/page`.
+fn sample_page(dir: &Path) -> String {
+    let page = dir.join("page");
+    let o = hvstats().args(["dump", "--write-sample"]).arg(&page).output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    page.to_str().unwrap().to_owned()
+}
+
+/// The commands that print something without KVM, each with the args it needs.
+fn printing_commands(dir: &Path) -> Vec<Vec<String>> {
+    let page = sample_page(dir);
+    let rt = dir.to_str().unwrap().to_owned();
+    let s = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    vec![
+        s(&["catalog"]),
+        s(&["catalog", "--json"]),
+        s(&["dump", &page]),
+        s(&["dump", &page, "--json"]),
+        s(&["hwc", "list", "--runtime-dir", &rt]),
+        s(&["hwc", "list", "--json", "--runtime-dir", &rt]),
+        s(&["snapshot", "--runtime-dir", &rt]),
+        s(&["snapshot", "--json", "--runtime-dir", &rt]),
+    ]
+}
+
+fn status_and_stderr(o: &Output) -> (Option<i32>, String) {
+    (o.status.code(), stderr(o))
+}
+
+#[test]
+fn a_closed_pipe_ends_every_command_quietly_with_its_usual_status() {
+    let dir = TempDir::new("closed-pipe");
+    for args in printing_commands(dir.path()) {
+        // The reader is gone before the command writes anything: every write gets EPIPE.
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let child = hvstats().args(&args).stdout(writer).stderr(Stdio::piped()).spawn().unwrap();
+        let o = wait_bounded(child, Duration::from_secs(30), &format!("{args:?}"));
+        assert_eq!(status_and_stderr(&o), (Some(0), String::new()), "{args:?}");
+    }
+}
+
+#[test]
+fn a_full_device_is_an_error_message_and_status_1_for_every_command() {
+    let dir = TempDir::new("dev-full");
+    for args in printing_commands(dir.path()) {
+        let full = File::options().write(true).open("/dev/full").unwrap();
+        let o = hvstats().args(&args).stdout(full).output().unwrap();
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains("No space left on device"), "{args:?}: {}", stderr(&o));
+        if args[0] != "snapshot" {
+            assert!(stderr(&o).contains("cannot write to standard output: "), "{args:?}: {}", stderr(&o));
+        }
+    }
+}
+
+#[test]
+fn a_closed_standard_error_does_not_turn_an_error_into_a_panic() {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let o = hvstats().args(["dump", "/nonexistent/page"]).stderr(writer).output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "a panic exits 101");
+}
+
+#[test]
+fn dump_and_run_refuse_devices_fifos_and_directories_without_reading_them() {
+    let dir = TempDir::new("inputs");
+    let fifo = dir.path().join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: c is a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let fifo = fifo.to_str().unwrap();
+    for (file, what) in [("/dev/zero", "a character device"), (fifo, "a FIFO"), ("/", "a directory")] {
+        for args in [vec!["dump", file], vec!["run", "--image", file]] {
+            let child = hvstats().args(&args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+            let o = wait_bounded(child, Duration::from_secs(20), &format!("{args:?}"));
+            assert_eq!(o.status.code(), Some(1), "{args:?}");
+            assert!(
+                stderr(&o).contains(&format!("{file} is {what}, not a regular file")),
+                "{args:?}: {}",
+                stderr(&o)
+            );
+        }
+    }
+}
+
+#[test]
+fn an_image_larger_than_guest_ram_is_refused_after_a_bounded_read() {
+    let dir = TempDir::new("big-image");
+    let image = dir.path().join("image");
+    // Sparse: 64 GiB of apparent size, none of it stored.
+    File::create(&image).unwrap().set_len(64 << 30).unwrap();
+    let child = hvstats()
+        .args(["run", "--memory", "1M", "--image"])
+        .arg(&image)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let o = wait_bounded(child, Duration::from_secs(20), "run --image <64 GiB>");
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("is larger than an image for this guest RAM can be (1048576 bytes at most)"),
+        "{}",
+        stderr(&o)
+    );
+    // dump reads one page and one byte of it, and names the real size.
+    let o = hvstats().arg("dump").arg(&image).output().unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("it has 68719476736 bytes, a page has exactly 4096"), "{}", stderr(&o));
+}
+
+#[test]
+fn usage_errors_exit_2_and_state_the_real_range() {
+    for (args, says) in [
+        (&["run", "--vps", "0"][..], "0 is not in 1..=64"),
+        (&["run", "--vps", "65"][..], "65 is not in 1..=64"),
+        (&["run", "--timeout", "0"][..], "more than 0 and at most 86400 seconds"),
+        (&["run", "--timeout=-1"][..], "more than 0 and at most 86400 seconds"),
+        (&["run", "--memory", "512K"][..], "not in the range 1 MiB (1048576) to 3 GiB (3221225472)"),
+        (&["snapshot", "--interval", "0.01"][..], "at least 0.1 s, the publishers' refresh cadence"),
+        (&["snapshot", "--interval", "0"][..], "at least 0.1 and at most 3600"),
+        (&["no-such-command"][..], "unrecognized subcommand"),
+        (&["catalog", "--bogus"][..], "unexpected argument"),
+    ] {
+        let o = hvstats().args(args).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(says), "{args:?}: {}", stderr(&o));
+    }
+    // Help is not an error.
+    let o = hvstats().arg("--help").output().unwrap();
+    assert_eq!(o.status.code(), Some(0));
+}
+
+#[test]
+fn a_runtime_dir_that_does_not_exist_is_an_error_not_a_new_directory() {
+    let dir = TempDir::new("no-runtime-dir");
+    let missing = dir.path().join("typo");
+    for args in [vec!["hwc", "list"], vec!["run"], vec!["snapshot"]] {
+        let o = hvstats().args(&args).arg("--runtime-dir").arg(&missing).output().unwrap();
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+        assert!(stderr(&o).contains("does not exist"), "{args:?}: {}", stderr(&o));
+        assert!(!missing.exists(), "{args:?} created {}", missing.display());
+    }
+}
+
+/// An image that spins forever (`jmp $`), in real mode.
+fn spinning_image(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("spin.bin");
+    std::fs::write(&path, [0xEB, 0xFE]).unwrap();
+    path
+}
+
+fn run_until_signalled(signal: libc::c_int, json: bool) -> (ExitStatus, String, String, TempDir) {
+    let dir = TempDir::new(&format!("signal-{signal}-{json}"));
+    let rt = dir.path().join("rt");
+    std::fs::create_dir(&rt).unwrap();
+    let mut cmd = hvstats();
+    cmd.args(["run", "--mode", "real", "--timeout", "120", "--vps", "2", "--image"])
+        .arg(spinning_image(dir.path()))
+        .arg("--runtime-dir")
+        .arg(&rt)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if json {
+        cmd.arg("--json");
+    }
+    let mut child = cmd.spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    // SAFETY: kill on our own child's pid.
+    assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, signal) }, 0);
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(start.elapsed() < Duration::from_secs(30), "run did not stop on signal {signal}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut out = String::new();
+    let mut err = String::new();
+    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    (child.wait().unwrap(), out, err, dir)
+}
+
+#[test]
+fn sigint_and_sigterm_stop_run_print_the_counts_and_remove_the_instance() {
+    if !kvm_available("sigint_and_sigterm_stop_run_print_the_counts_and_remove_the_instance") {
+        return;
+    }
+    for (signal, code) in [(libc::SIGINT, 130), (libc::SIGTERM, 143)] {
+        let (status, out, err, dir) = run_until_signalled(signal, true);
+        assert_eq!(status.code(), Some(code), "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+        for vp in v["vps"].as_array().unwrap() {
+            assert!(vp["fault"]["reason"].as_str().unwrap().contains("stop requested"), "{vp}");
+            assert!(vp["runtime"]["TotalRuntime100ns"].as_u64().unwrap() > 0, "{vp}");
+        }
+        let rt = dir.path().join("rt");
+        let left: Vec<_> = walk(&rt).into_iter().filter(|p| !p.starts_with(rt.join("hwc"))).collect();
+        assert!(left.is_empty(), "the instance was left behind: {left:?}");
+    }
+    let (status, out, _, _) = run_until_signalled(libc::SIGINT, false);
+    assert_eq!(status.code(), Some(130));
+    assert!(out.contains("VP 1 — FAULT at RIP"), "{out}");
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            files.extend(walk(&p));
+        } else {
+            files.push(p);
+        }
+    }
+    files
+}
+
+#[test]
+fn run_into_a_closed_pipe_ends_quietly() {
+    if !kvm_available("run_into_a_closed_pipe_ends_quietly") {
+        return;
+    }
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let o = hvstats().args(["run", "--vps", "1"]).stdout(writer).output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+}
