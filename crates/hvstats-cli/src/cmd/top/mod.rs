@@ -73,19 +73,16 @@ fn once(live: &Live, interval: f64, json: bool) -> anyhow::Result<ExitCode> {
     let after = live.read()?;
     let seconds = after.at.saturating_duration_since(before.at).as_secs_f64();
     let groups = table::groups(&before, &after);
-    let mut out = std::io::stdout().lock();
     for problem in &after.problems {
         // A closed stderr loses the remark, not the table.
         let _ = writeln!(std::io::stderr(), "hvstats: {problem}");
     }
+    // Through the shared output path: a closed pipe ends quietly, a full device is an error.
     if json {
-        // An io::Error, not a serde_json one, so a closed pipe is recognised as such.
-        let text = serde_json::to_string_pretty(&table::json(&groups, seconds))?;
-        writeln!(out, "{text}")?;
+        crate::output::print_json(&table::json(&groups, seconds), true)?;
     } else {
-        out.write_all(table::text(&groups, seconds, &live.dir().display().to_string()).as_bytes())?;
+        crate::output::print(&table::text(&groups, seconds, &live.dir().display().to_string()))?;
     }
-    out.flush()?;
     Ok(ExitCode::SUCCESS)
 }
 
