@@ -100,6 +100,10 @@ fn once_text_lists_partitions_and_vps_or_says_there_is_nothing() {
     assert!(!bad.status.success());
     let json_alone = top(tmp.path(), &["--json"]);
     assert!(!json_alone.status.success(), "--json needs --once");
+    // Not a terminal (the output is a pipe): a clear error, not a broken screen.
+    let piped = top(tmp.path(), &[]);
+    assert!(!piped.status.success());
+    assert!(String::from_utf8_lossy(&piped.stderr).contains("needs a terminal"));
 }
 
 /// tmux on a private socket, killed on drop.

@@ -5,7 +5,7 @@
 //! Counters KVM does not maintain are `null`, never 0.
 
 use std::fs::File;
-use std::io::{BufReader, Write};
+use std::io::BufReader;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -156,7 +156,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let recording =
         Recording::read(BufReader::new(file)).with_context(|| format!("reading {}", args.file.display()))?;
     let reports = reports(&recording);
-    let mut out = std::io::stdout().lock();
+    // Through the shared output path: a closed pipe ends quietly, a full device is an error.
     if args.json {
         let vps: Vec<&Value> = reports.iter().map(|r| &r.json).collect();
         let doc = json!({
@@ -165,11 +165,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             "catalog": { "hvstats": recording.header.catalog.hvstats, "groups": recording.header.catalog.groups },
             "vps": vps,
         });
-        serde_json::to_writer_pretty(&mut out, &doc)?;
-        writeln!(out)?;
+        crate::output::print_json(&doc, true)?;
     } else {
-        out.write_all(text(&recording, &reports).as_bytes())?;
+        crate::output::print(&text(&recording, &reports))?;
     }
-    out.flush()?;
     Ok(ExitCode::SUCCESS)
 }

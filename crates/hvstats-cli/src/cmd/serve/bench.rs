@@ -76,7 +76,7 @@ pub fn scrape_rows(rounds: u32) -> anyhow::Result<Vec<ScrapeRow>> {
 /// # Errors
 /// When encoding fails.
 pub fn rows_for(partitions: u32, vps_each: u32, rounds: u32) -> anyhow::Result<Vec<ScrapeRow>> {
-    let reading = synthetic_reading(partitions, vps_each);
+    let reading = std::sync::Arc::new(synthetic_reading(partitions, vps_each));
     let snapshot_json = || {
         let instances: Vec<Value> =
             reading.instances.iter().map(crate::cmd::snapshot::snapshot_json).collect();

@@ -10,10 +10,12 @@
 //! Prometheus with series.
 
 use std::fmt::Write;
+use std::sync::Arc;
 
 use hvstats::metrics::{BaseUnit, Family, Member, MetricKind, families};
 use hvstats::snapshot::{InstanceSnapshot, ObjectReading, PartitionSnapshot};
-use hvstats_abi::ObjectKind;
+use hvstats_abi::catalog::counters_of;
+use hvstats_abi::{Counter, ObjectKind};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
@@ -64,7 +66,7 @@ pub const ALL_VPS: &str = "all";
 /// One scrape: a reading and the cap on VPs exported one by one.
 #[derive(Debug)]
 pub struct Exposition {
-    reading: Reading,
+    reading: Arc<Reading>,
     max_vps: usize,
 }
 
@@ -72,8 +74,8 @@ type Labels = Vec<(&'static str, String)>;
 
 impl Exposition {
     /// The exposition of `reading`, exporting at most `max_vps` VPs one by one.
-    pub fn new(reading: Reading, max_vps: usize) -> Self {
-        Self { reading, max_vps }
+    pub fn new(reading: impl Into<Arc<Reading>>, max_vps: usize) -> Self {
+        Self { reading: reading.into(), max_vps }
     }
 
     /// The text, in the OpenMetrics format, `# EOF` included.
@@ -124,7 +126,7 @@ impl Exposition {
     ) -> std::fmt::Result {
         let mut sample = |labels: &Labels, reading: &ObjectReading| -> std::fmt::Result {
             for member in &family.members {
-                let Some(raw) = reading.get(member.counter.name) else { continue };
+                let Some(raw) = value_of(reading, member.counter) else { continue };
                 let mut labels = labels.clone();
                 if let Some(class) = member.intercept {
                     labels.push(("intercept", class.to_owned()));
@@ -175,15 +177,44 @@ impl Exposition {
     }
 }
 
+/// The value of `counter` in `reading`. Readings list their counters in catalog order, so it is
+/// found at its catalog position unless the publisher left an earlier counter out; then by a scan.
+pub fn value_of(reading: &ObjectReading, counter: &Counter) -> Option<u64> {
+    let ObjectReading::Counters(values) = reading else { return None };
+    let position = catalog_position(counter);
+    match values.get(position) {
+        Some((c, v)) if c.id == counter.id => Some(*v),
+        _ => values.iter().find(|(c, _)| c.id == counter.id).map(|(_, v)| *v),
+    }
+}
+
+/// The position of `counter` among the counters of its kind (page order).
+fn catalog_position(counter: &Counter) -> usize {
+    use std::sync::OnceLock;
+    static POSITIONS: OnceLock<std::collections::HashMap<hvstats_abi::CounterId, usize>> = OnceLock::new();
+    let positions = POSITIONS.get_or_init(|| {
+        ObjectKind::ALL.iter().flat_map(|k| counters_of(*k).enumerate().map(|(i, c)| (c.id, i))).collect()
+    });
+    positions.get(&counter.id).copied().unwrap_or(usize::MAX)
+}
+
 /// The readable VPs of `partition` summed counter by counter (`None` when none was readable). A
 /// counter some VP does not have is left out of the sum.
 pub fn summed(partition: &PartitionSnapshot) -> Option<ObjectReading> {
-    let mut sum: Option<Vec<(&'static hvstats_abi::Counter, u64)>> = None;
+    let mut sum: Option<Vec<(&'static Counter, u64)>> = None;
     for vp in &partition.vps {
         let ObjectReading::Counters(values) = &vp.reading else { continue };
         match &mut sum {
             None => sum = Some(values.clone()),
-            Some(sum) => sum.retain_mut(|(c, total)| match vp.reading.get(c.name) {
+            // The usual case: the same counters in the same order.
+            Some(sum)
+                if sum.len() == values.len() && sum.iter().zip(values).all(|(a, b)| a.0.id == b.0.id) =>
+            {
+                for ((_, total), (_, v)) in sum.iter_mut().zip(values) {
+                    *total = total.wrapping_add(*v);
+                }
+            }
+            Some(sum) => sum.retain_mut(|(c, total)| match value_of(&vp.reading, c) {
                 Some(v) => {
                     *total = total.wrapping_add(v);
                     true

@@ -124,6 +124,12 @@ impl App {
 
     /// Takes a new reading: the latest becomes the base unless a reset pinned it.
     pub fn sample(&mut self, reading: Reading) {
+        // What could not be read shows in the status line; the rest is shown as usual.
+        if let Some(problem) = reading.problems.first() {
+            let more = reading.problems.len() - 1;
+            self.message =
+                Some(if more > 0 { format!("{problem} (and {more} more)") } else { problem.clone() });
+        }
         if let Some(previous) = self.latest.take() {
             if !self.since_reset || self.base.is_none() {
                 self.base = Some(previous);

@@ -9,7 +9,9 @@ pub mod app;
 pub mod table;
 pub mod ui;
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
+
+use anyhow::Context;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -56,7 +58,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         return once(&live, args.interval, args.json);
     }
     let mut app = App::new(live.dir().display().to_string(), Duration::from_secs_f64(args.interval));
-    let mut terminal = ratatui::init();
+    if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
+        anyhow::bail!("the live view needs a terminal; for a table or JSON, use --once [--json]");
+    }
+    let mut terminal = ratatui::try_init().context("setting up the terminal")?;
     let result = event_loop(&mut terminal, live, &mut app);
     ratatui::restore();
     result.map(|()| ExitCode::SUCCESS)
@@ -68,18 +73,16 @@ fn once(live: &Live, interval: f64, json: bool) -> anyhow::Result<ExitCode> {
     let after = live.read()?;
     let seconds = after.at.saturating_duration_since(before.at).as_secs_f64();
     let groups = table::groups(&before, &after);
-    let mut out = std::io::stdout().lock();
     for problem in &after.problems {
         // A closed stderr loses the remark, not the table.
         let _ = writeln!(std::io::stderr(), "hvstats: {problem}");
     }
+    // Through the shared output path: a closed pipe ends quietly, a full device is an error.
     if json {
-        serde_json::to_writer_pretty(&mut out, &table::json(&groups, seconds))?;
-        writeln!(out)?;
+        crate::output::print_json(&table::json(&groups, seconds), true)?;
     } else {
-        out.write_all(table::text(&groups, seconds, &live.dir().display().to_string()).as_bytes())?;
+        crate::output::print(&table::text(&groups, seconds, &live.dir().display().to_string()))?;
     }
-    out.flush()?;
     Ok(ExitCode::SUCCESS)
 }
 
