@@ -45,7 +45,7 @@ use hvstats_abi::{HvStatus, ObjectKind, StatsAreaType, StatsObjectIdentity, Stat
 use crate::index::{self, Entry, InstanceDescription, ObjectState};
 use crate::page::MappedPage;
 use crate::publish::{self, ARENA_SUFFIX, GLOBAL_SUFFIX, INSTANCES_DIR, InstanceName};
-use crate::reader::{ArenaError, ArenaReader};
+use crate::reader::{ArenaError, ArenaReader, PageCopyError};
 use crate::rules::{
     self, DEFAULT_STATS_PAGE_QUOTA, MappingTable, ObjectDirectory, ObjectKey, PartitionFacts, Requester,
     StatsObject,
@@ -82,6 +82,10 @@ pub enum AttachError {
     /// The object was removed (or its slot reused) while being read, or its entry stayed busy.
     #[error("{0:?} changed while being read (removed?)")]
     Changed(StatsObject),
+    /// Every copy of the object's page overlapped a merge into it (or its writer stopped
+    /// half-way through one): no copy from one moment could be taken.
+    #[error("{0:?} was mid-update through every read (its writer stopped during a merge?)")]
+    Torn(StatsObject),
     /// The map rules refused the request.
     #[error("stats page request refused: {0}")]
     Refused(HvStatus),
@@ -332,10 +336,11 @@ impl Instance {
     ///
     /// # Errors
     /// [`AttachError::NotFound`] when the last refresh did not list it, [`AttachError::Changed`]
-    /// when it was removed since, or its global file cannot be read.
+    /// when it was removed since, or its global file cannot be read; [`AttachError::Torn`] when
+    /// every copy of a VP page overlapped a merge into it (a VP page is copied from one moment,
+    /// inside its sequence counter, so all its counters come from the same merge).
     pub fn read_into(&self, object: StatsObject, out: &mut [u64; PAGE_SLOTS]) -> Result<(), AttachError> {
-        let (arena, at) = self.locate(object)?;
-        arena.read_page(at.slot, at.generation, out).map_err(|_| AttachError::Changed(object))
+        self.read_prefix(object, out)
     }
 
     /// Copies the first `out.len()` words of `object`'s page into `out` (the headers and
@@ -345,7 +350,7 @@ impl Instance {
     /// As [`read_into`](Self::read_into).
     pub fn read_prefix(&self, object: StatsObject, out: &mut [u64]) -> Result<(), AttachError> {
         let (arena, at) = self.locate(object)?;
-        arena.read_page_prefix(at.slot, at.generation, out).map_err(|_| AttachError::Changed(object))
+        copy_page(arena, at, object, out)
     }
 
     /// [`read_prefix`](Self::read_prefix) of the `i`th VP of `p` (as [`PartitionInfo::vp_indices`]
@@ -357,9 +362,8 @@ impl Instance {
         out: &mut [u64],
     ) -> Result<(), AttachError> {
         let at = p.vps.get(i).ok_or(AttachError::NotFound(StatsObject::Partition(p.id)))?;
-        self.arena.read_page_prefix(at.slot, at.generation, out).map_err(|_| {
-            AttachError::Changed(StatsObject::Vp(p.id, p.vp_indices.get(i).copied().unwrap_or(u32::MAX)))
-        })
+        let object = StatsObject::Vp(p.id, p.vp_indices.get(i).copied().unwrap_or(u32::MAX));
+        copy_page(&self.arena, *at, object, out)
     }
 
     /// A copy of `object`'s page.
@@ -389,6 +393,25 @@ impl Instance {
         let offset = index::page_offset(at.slot) as u64;
         MappedPage::map_at(arena.file().as_fd(), offset)
             .map_err(|source| AttachError::Page { path: self.path.clone(), source })
+    }
+}
+
+/// Copies `object`'s page at `at` into `out`; a page with its own sequence counter (a VP's) from
+/// one moment of it, so every counter of the copy comes from the same merge.
+fn copy_page(
+    arena: &ArenaReader,
+    at: SlotRef,
+    object: StatsObject,
+    out: &mut [u64],
+) -> Result<(), AttachError> {
+    match crate::page::sequence_slot(object.kind()) {
+        Some(sequence) => {
+            arena.read_page_prefix_consistent(at.slot, at.generation, out, sequence).map_err(|e| match e {
+                PageCopyError::Changed => AttachError::Changed(object),
+                PageCopyError::Torn => AttachError::Torn(object),
+            })
+        }
+        None => arena.read_page_prefix(at.slot, at.generation, out).map_err(|_| AttachError::Changed(object)),
     }
 }
 

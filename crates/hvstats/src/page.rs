@@ -284,7 +284,7 @@ impl MappedPage {
 }
 
 /// The slot of the sequence counter on `kind`'s page, if the page has hvstats' own group.
-fn sequence_slot(kind: ObjectKind) -> Option<usize> {
+pub(crate) fn sequence_slot(kind: ObjectKind) -> Option<usize> {
     (kind == ObjectKind::Vp && PageLayout::of(kind).group_offset(GroupKind::Hvstats).is_some())
         .then(|| vp::SEQUENCE.slot())
 }

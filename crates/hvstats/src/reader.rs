@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering, fence};
 
 use hvstats_abi::PAGE_SIZE;
 use hvstats_abi::page::PAGE_SLOTS;
+use hvstats_abi::seqcount::{self, SeqRead};
 
 use crate::index::{
     self, CHUNK_BYTES, CHUNK_SLOTS, ENTRY_BYTES, ENTRY_WORDS, FormatError, HEADER_BYTES, Header, ew, hw,
@@ -63,6 +64,22 @@ impl std::fmt::Debug for ArenaReader {
 /// An entry or page that changed, vanished or stayed busy while being read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Changed;
+
+/// Why a copy of a page guarded by its own sequence counter failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PageCopyError {
+    /// The slot was freed or reused, or its entry kept changing.
+    Changed,
+    /// The page's sequence counter showed a merge under way through every try (a writer that
+    /// stopped half-way leaves it so): the copy would mix values from before and after it.
+    Torn,
+}
+
+impl From<Changed> for PageCopyError {
+    fn from(_: Changed) -> Self {
+        PageCopyError::Changed
+    }
+}
 
 impl ArenaReader {
     /// Reads the header of `file` and maps it when that is safe.
@@ -286,6 +303,90 @@ impl ArenaReader {
                 let mut after = [0u64; 1];
                 self.pread_words(entry_offset, &mut after)?;
                 if after[0] == head[ew::SEQ] { Ok(()) } else { Err(Changed) }
+            }
+        }
+    }
+}
+
+impl ArenaReader {
+    /// As [`read_page_prefix`](Self::read_page_prefix), and from one moment of the page itself:
+    /// the copy is taken between two loads of the page's sequence counter in slot `sequence`
+    /// ([`hvstats_abi::seqcount`]) and retried while a merge is under way, up to
+    /// [`seqcount::DEFAULT_TRIES`] times.
+    ///
+    /// # Errors
+    /// [`PageCopyError::Changed`] as `read_page_prefix`; [`PageCopyError::Torn`] when every try
+    /// overlapped a merge.
+    pub fn read_page_prefix_consistent(
+        &self,
+        slot: usize,
+        generation: u64,
+        out: &mut [u64],
+        sequence: usize,
+    ) -> Result<(), PageCopyError> {
+        let out = match out.len() {
+            0..=PAGE_SLOTS => out,
+            _ => &mut out[..PAGE_SLOTS],
+        };
+        if slot >= self.slots() || sequence >= PAGE_SLOTS {
+            return Err(PageCopyError::Changed);
+        }
+        let entry_offset = index::entry_offset(slot);
+        let page_offset = index::page_offset(slot);
+        let live = |seq: u64, gen_: u64, state: u64| {
+            seq % 2 == 0 && gen_ == generation && state != index::state::FREE
+        };
+        let words = out.len().max(sequence + 1);
+        match (self.atomics(entry_offset, ENTRY_WORDS), self.atomics(page_offset, words)) {
+            (Some(entry), Some(page)) => {
+                for _ in 0..1000 {
+                    let before = entry[ew::SEQ].load(Ordering::Acquire);
+                    let gen_ = entry[ew::GENERATION].load(Ordering::Relaxed);
+                    let state = entry[ew::STATE].load(Ordering::Relaxed);
+                    if before % 2 == 0 && !live(before, gen_, state) {
+                        return Err(PageCopyError::Changed);
+                    }
+                    if before % 2 == 0 {
+                        let copy = seqcount::read(&page[sequence], seqcount::DEFAULT_TRIES, || {
+                            for (o, a) in out.iter_mut().zip(page) {
+                                *o = a.load(Ordering::Relaxed);
+                            }
+                        });
+                        fence(Ordering::Acquire);
+                        if entry[ew::SEQ].load(Ordering::Relaxed) == before {
+                            return match copy {
+                                SeqRead::Consistent { .. } => Ok(()),
+                                SeqRead::Torn { .. } => Err(PageCopyError::Torn),
+                            };
+                        }
+                    }
+                    std::hint::spin_loop();
+                }
+                Err(PageCopyError::Changed)
+            }
+            _ => {
+                let seq_offset = page_offset + sequence * 8;
+                for _ in 0..seqcount::DEFAULT_TRIES {
+                    let mut head = [0u64; 4];
+                    self.pread_words(entry_offset, &mut head)?;
+                    if !live(head[ew::SEQ], head[ew::GENERATION], head[ew::STATE]) {
+                        return Err(PageCopyError::Changed);
+                    }
+                    let (mut seq_before, mut seq_after) = ([0u64; 1], [0u64; 1]);
+                    self.pread_words(seq_offset, &mut seq_before)?;
+                    self.pread_words(page_offset, out)?;
+                    self.pread_words(seq_offset, &mut seq_after)?;
+                    let mut after = [0u64; 1];
+                    self.pread_words(entry_offset, &mut after)?;
+                    if after[0] != head[ew::SEQ] {
+                        return Err(PageCopyError::Changed);
+                    }
+                    if seq_before == seq_after && seq_before[0] % 2 == 0 {
+                        return Ok(());
+                    }
+                    std::hint::spin_loop();
+                }
+                Err(PageCopyError::Torn)
             }
         }
     }

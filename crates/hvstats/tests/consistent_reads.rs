@@ -1,10 +1,17 @@
-//! Consistent reads of a VP page through a second mapping (as a root tool maps it) while merges
-//! write it, and histograms recorded by the page's writer read back bucket by bucket.
+//! Consistent reads of a VP page through a second mapping (as a root tool maps it) and through
+//! the long-lived reader of a published instance while merges write it, and histograms recorded
+//! by the page's writer read back bucket by bucket.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use hvstats::SharedPage;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+
+use hvstats::attach::{self, AttachError};
+use hvstats::rules::StatsObject;
+use hvstats::snapshot::{ObjectReading, take_instance};
+use hvstats::{Hypervisor, SharedPage};
 use hvstats_abi::catalog::{Presentation, counters_of, vp};
 use hvstats_abi::histogram::bucket_of;
 use hvstats_abi::page::PageView;
@@ -102,4 +109,132 @@ fn recorded_times_land_in_their_buckets_and_read_back_through_a_second_mapping()
     assert_eq!(view.histogram(vp::MSR_TIME_HISTOGRAM).unwrap().count(), 1);
     assert_eq!(view.histogram(vp::HYPERCALLS_TIME_HISTOGRAM).unwrap().count(), 0);
     assert_eq!(view.histogram(vp::HALT_POLL_FAIL_HISTOGRAM).unwrap().count(), 0);
+}
+
+/// A fresh directory under the target's temporary area, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("hvstats-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Self(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn the_long_lived_reader_gets_every_counter_of_a_vp_from_one_merge() {
+    let tmp = TempDir::new("consistent-attach");
+    let hv = Hypervisor::new_published(&tmp.0).unwrap();
+    let part = hv.create_partition(1).unwrap();
+    let mut found = attach::discover(&tmp.0).unwrap();
+    assert!(found.problems.is_empty(), "{:?}", found.problems);
+    let instance = found.instances.remove(0);
+    let object = StatsObject::Vp(part.id(), 0);
+    let ids = merged();
+    let stop = AtomicBool::new(false);
+    let (reads, torn, merges) = std::thread::scope(|s| {
+        let writer = s.spawn(|| {
+            let page = part.vp_page(0).unwrap();
+            let mut generation = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                generation += 1;
+                {
+                    let _merge = page.begin_merge().expect("a VP page has a sequence counter");
+                    for &id in &ids {
+                        page.set(id, generation);
+                    }
+                }
+                // Merges come at a cadence (a source's refresh), not back to back.
+                for _ in 0..256 {
+                    std::hint::spin_loop();
+                }
+            }
+            generation
+        });
+        // Stops the writer however the reader ends, so a failed assertion cannot hang the scope.
+        struct Stop<'a>(&'a AtomicBool);
+        impl Drop for Stop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
+        let stopper = Stop(&stop);
+        let (mut reads, mut torn, mut last, mut seen) = (0u32, 0u32, 0u64, 0u32);
+        // Enough reads, and enough of them from different merges, that they raced the writer.
+        while reads < 1000 || seen < 50 {
+            assert!(reads + torn < 1_000_000, "{reads} reads saw only {seen} merges");
+            let copy = match instance.read(object) {
+                Ok(copy) => copy,
+                // Reported as torn, never handed out; counted, not checked.
+                Err(AttachError::Torn(o)) if o == object => {
+                    torn += 1;
+                    continue;
+                }
+                Err(e) => panic!("the VP stays readable: {e}"),
+            };
+            let view = PageView::read(copy.as_bytes(), ObjectKind::Vp).unwrap();
+            let first = view.get(ids[0]);
+            for &id in &ids {
+                assert_eq!(view.get(id), first, "{:?} is from another merge", id.counter().unwrap().name);
+            }
+            assert_eq!(view.get(vp::SEQUENCE), first * 2);
+            assert!(first >= last, "merges go forward");
+            seen += u32::from(first != last);
+            last = first;
+            reads += 1;
+            // What snapshot, top and serve decode goes through the same copy.
+            if reads % 100 == 0 {
+                let snap = take_instance(&instance);
+                if let ObjectReading::Counters(values) = &snap.partitions[0].vps[0].reading {
+                    let merged: Vec<u64> =
+                        values.iter().filter(|(c, _)| ids.contains(&c.id)).map(|&(_, v)| v).collect();
+                    assert_eq!(merged.len(), ids.len());
+                    assert!(merged.iter().all(|&v| v == merged[0]), "a snapshot mixes merges: {merged:?}");
+                }
+            }
+        }
+        drop(stopper);
+        eprintln!("{seen} different merges read");
+        (reads, torn, writer.join().unwrap())
+    });
+    assert!(merges > 0);
+    eprintln!("{reads} consistent reads, {torn} torn, during {merges} merges");
+    let copy = instance.read(object).unwrap();
+    assert_eq!(PageView::read(copy.as_bytes(), ObjectKind::Vp).unwrap().get(ids[0]), merges);
+}
+
+#[test]
+fn a_page_left_mid_merge_is_reported_torn_not_used() {
+    let tmp = TempDir::new("torn-attach");
+    let hv = Hypervisor::new_published(&tmp.0).unwrap();
+    let part = hv.create_partition(1).unwrap();
+    let mut found = attach::discover(&tmp.0).unwrap();
+    let instance = found.instances.remove(0);
+    let object = StatsObject::Vp(part.id(), 0);
+    let page = part.vp_page(0).unwrap();
+    // A writer that stopped half-way through a merge: the sequence counter stays odd.
+    let merge = page.begin_merge().unwrap();
+    page.set(vp::HYPERCALLS, 5);
+    assert!(matches!(instance.read(object), Err(AttachError::Torn(o)) if o == object));
+    let snap = take_instance(&instance);
+    match &snap.partitions[0].vps[0].reading {
+        ObjectReading::Unreadable { permission_denied: false, reason } => {
+            assert!(reason.contains("mid-update"), "{reason}")
+        }
+        other => panic!("a torn page is not decoded: {other:?}"),
+    }
+    // Pages without a sequence counter read as before.
+    assert!(instance.read(StatsObject::Partition(part.id())).is_ok());
+    drop(merge);
+    let copy = instance.read(object).unwrap();
+    assert_eq!(PageView::read(copy.as_bytes(), ObjectKind::Vp).unwrap().get(vp::HYPERCALLS), 5);
 }
