@@ -11,7 +11,7 @@ set -eu
 cd "$(dirname "$0")"
 seconds=${1:-60}
 [ $# -gt 0 ] && shift
-targets=${*:-page_reader hypercall_dispatch hal_request manifest runtime_tree}
+targets=${*:-page_reader hypercall_dispatch hal_request index runtime_tree}
 triple=$(rustc -vV | sed -n 's/^host: //p')
 export CARGO_TARGET_DIR="$PWD/target"
 RUSTFLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \

@@ -1,5 +1,10 @@
 //! A root tool in another process attaches to a running partition and sees its counters grow:
 //! `hvstats snapshot` maps the published pages, with no request to the process running the guest.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test set-up: a failure there is the test failing"
+)]
 
 mod common;
 

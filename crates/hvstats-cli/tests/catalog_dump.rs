@@ -1,4 +1,9 @@
 //! `hvstats catalog` and `hvstats dump`, run as the built binary.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test set-up: a failure there is the test failing"
+)]
 
 use std::path::PathBuf;
 use std::process::{Command, Output};

@@ -1,5 +1,10 @@
 //! What every command does with closed and full outputs, hostile input files, bad ranges and
 //! signals: clear errors and the documented exit statuses, never a panic or a hang.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test set-up: a failure there is the test failing"
+)]
 
 mod common;
 

@@ -1,5 +1,10 @@
 //! `hvstats hwc list/alloc/free` as an operator runs them: statuses by name and value, exit codes,
 //! allocations that persist until freed, and `--hold` allocations that die with their process.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test set-up: a failure there is the test failing"
+)]
 
 mod common;
 

@@ -2,6 +2,11 @@
 //! exit when the observed process is gone, SIGTERM, and flag errors. Without KVM the observed
 //! "VM" is this test process described by a fake procfs tree (`--proc-root`), whose vCPU thread
 //! is a real thread of this process: the observer's counters on it are real.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test set-up: a failure there is the test failing"
+)]
 
 mod common;
 

@@ -1,5 +1,10 @@
 //! `hvstats record` of instances this test publishes, then `report` (exact totals) and `plot`
 //! (PNG and SVG) of the recording; Ctrl-C ends a recording with a valid file.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test set-up: a failure there is the test failing"
+)]
 
 mod common;
 

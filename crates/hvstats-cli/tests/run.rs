@@ -1,4 +1,9 @@
 //! `hvstats run --image … --json` on guests with exactly known counts, and on a faulting guest.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test set-up: a failure there is the test failing"
+)]
 
 mod common;
 

@@ -1,5 +1,10 @@
 //! `hvstats run` with enlightened guests: `--no-access-stats` and `--max-stats-pages` change what
 //! a guest's HvMapStatsPage gets, and the hardware counters are reported, or why not.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test set-up: a failure there is the test failing"
+)]
 
 mod common;
 

@@ -1,6 +1,11 @@
 //! `hvstats serve` run as a separate process exports the counters of instances this test
 //! publishes; Debian's `promtool` checks the exposition and a real Prometheus on loopback scrapes
 //! two exporters (two hosts) and answers exact totals.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test set-up: a failure there is the test failing"
+)]
 
 mod common;
 

@@ -1,5 +1,10 @@
 //! `hvstats snapshot` run as a separate process reads the counters of an instance this test
 //! publishes, through the published pages.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test set-up: a failure there is the test failing"
+)]
 
 mod common;
 

@@ -1,5 +1,10 @@
 //! `hvstats top` over instances this test publishes: `--once` (JSON and text) with exact deltas,
 //! and the full-screen view in a real terminal (tmux: `send-keys`, `capture-pane`).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test set-up: a failure there is the test failing"
+)]
 
 mod common;
 

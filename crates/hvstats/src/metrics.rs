@@ -245,7 +245,7 @@ fn family_of(counter: &'static Counter) -> Family {
 
 fn intercept_families() -> [Family; 2] {
     let member = |id: CounterId, label, divisor| {
-        let counter = id.counter().expect("intercept classes name catalog counters");
+        let counter = id.counter()?;
         let member = Member { counter, intercept: Some(label), multiplier: 1, divisor };
         counter.maintained.is_maintained().then_some(member)
     };

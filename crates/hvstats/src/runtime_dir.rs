@@ -103,6 +103,9 @@ fn check(rc: libc::c_int) -> io::Result<libc::c_int> {
 }
 
 /// `fstat` of an open fd.
+///
+/// # Errors
+/// What `fstat(2)` reports (e.g. `EBADF`).
 pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<libc::stat> {
     // SAFETY: an all-zero stat is a valid value for the kernel to overwrite.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -262,11 +265,12 @@ impl Dir {
         let path = self.path.join(name);
         let c = cstr(OsStr::new(name)).map_err(|source| io_error(&path, "create", source))?;
         let fd = self.open_raw(&c, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL, &path, "regular file")?;
-        // SAFETY: plain fchown/fchmod on an fd we own; results checked.
         let set = || -> io::Result<()> {
             if let Some(gid) = gid {
+                // SAFETY: fchown on an fd we own (uid -1 leaves the owner); the result is checked.
                 check(unsafe { libc::fchown(fd.as_raw_fd(), u32::MAX, gid) })?;
             }
+            // SAFETY: fchmod on an fd we own; the result is checked.
             check(unsafe { libc::fchmod(fd.as_raw_fd(), mode) })?;
             Ok(())
         };

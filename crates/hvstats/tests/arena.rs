@@ -1,6 +1,11 @@
 //! The arena under load: partitions added and removed by the thousand while readers read (no
 //! reader ever gets a page of the wrong object, no torn index entry), and an instance of 65,536
 //! VPs published and read with bounded memory.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test set-up: a failure there is the test failing"
+)]
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::PathBuf;

@@ -1,6 +1,11 @@
 //! Consistent reads of a VP page through a second mapping (as a root tool maps it) and through
 //! the long-lived reader of a published instance while merges write it, and histograms recorded
 //! by the page's writer read back bucket by bucket.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test set-up: a failure there is the test failing"
+)]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -5,6 +5,11 @@
 //! that never reaches the interesting outcomes fails.
 //!
 //! A small deterministic generator (splitmix64) keeps the run reproducible and dependency-free.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test set-up: a failure there is the test failing"
+)]
 
 #[path = "../../../fuzz/src/hal_request.rs"]
 mod hal_request;

@@ -1,6 +1,11 @@
 //! A runtime directory nobody can turn against root, and readers no file can crash: each test
 //! plants what a careless user or an attacker could, and checks hvstats refuses it clearly,
 //! without following, hanging, over-allocating or dying.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test set-up: a failure there is the test failing"
+)]
 
 use std::ffi::CString;
 use std::os::fd::AsRawFd;

@@ -1,6 +1,11 @@
 //! The hardware counter table against a careless or hostile neighbour: handles that would wrap,
 //! links and FIFOs planted in `hwc/`, a directory others can write, a shape configured out of
 //! bounds; and refusals that say what is held by whom.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test set-up: a failure there is the test failing"
+)]
 
 mod hwc_support;
 

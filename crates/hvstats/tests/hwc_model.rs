@@ -1,4 +1,9 @@
 //! Random allocate/free sequences against a reference model of who holds what.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test set-up: a failure there is the test failing"
+)]
 
 mod hwc_support;
 

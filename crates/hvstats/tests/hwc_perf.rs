@@ -1,5 +1,10 @@
 //! A VP gets hardware counters only under an allocation that covers it, and where that is
 //! impossible the answer says why; it is never a pair of zeros.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test set-up: a failure there is the test failing"
+)]
 
 mod hwc_support;
 

@@ -4,6 +4,11 @@
 //!
 //! The other processes are this test binary, started on its ignored `worker` test with
 //! `HWC_WORKER` naming the role.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test set-up: a failure there is the test failing"
+)]
 
 mod hwc_support;
 

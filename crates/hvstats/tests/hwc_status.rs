@@ -1,5 +1,10 @@
 //! Every status of seed 002's allocate and free, on a configured PMU (6 GP + 3 fixed on each of
 //! 128 processors) and on a machine without a PMU.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test set-up: a failure there is the test failing"
+)]
 
 mod hwc_support;
 

@@ -1,5 +1,10 @@
 //! The stats hypercalls through `dispatch`, with guest RAM and the overlay hook faked: one test
 //! per status of the rule list, the order of the rules, and what a map and an unmap change.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test set-up: a failure there is the test failing"
+)]
 
 use std::sync::Arc;
 

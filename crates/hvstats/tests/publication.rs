@@ -1,6 +1,11 @@
 //! Publication and attach: an instance published under a runtime directory is found and read by a
 //! long-lived reader through the very pages the writer updates; dead instances are removed;
 //! stopped partitions stay readable; counters no source gives read as unknown.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test set-up: a failure there is the test failing"
+)]
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};

@@ -1,5 +1,10 @@
 //! CPU wait of threads made to compete for one CPU, read through `hvstats::sched`, against the
 //! kernel's own accounting of the same threads.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test set-up: a failure there is the test failing"
+)]
 
 use std::os::unix::thread::JoinHandleExt;
 use std::sync::mpsc;
