@@ -304,6 +304,26 @@ pub fn families() -> &'static [Family] {
     })
 }
 
+/// One family per maintained histogram row of the catalog (a Prometheus histogram in seconds),
+/// in catalog order: `Hypercall time histogram` is `vp_hypercall_duration` (unit seconds).
+pub fn histogram_families() -> &'static [Family] {
+    static FAMILIES: OnceLock<Vec<Family>> = OnceLock::new();
+    FAMILIES.get_or_init(|| {
+        CATALOG
+            .iter()
+            .filter(|c| c.maintained.is_maintained() && c.presentation == Presentation::Histogram)
+            .map(|c| {
+                let mut family = family_of(c);
+                let word = snake_name(c.name);
+                let word = word.strip_suffix("_histogram").unwrap_or(&word);
+                let word = word.strip_suffix("_time").unwrap_or(word);
+                family.name = format!("{}_{word}_duration", object_prefix(c.id.kind));
+                family
+            })
+            .collect()
+    })
+}
+
 /// The family (and member) exporting `id`, if it is exported.
 pub fn family_of_counter(id: CounterId) -> Option<(&'static Family, &'static Member)> {
     families().iter().find_map(|f| f.members.iter().find(|m| m.counter.id == id).map(|m| (f, m)))

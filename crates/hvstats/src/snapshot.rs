@@ -10,7 +10,8 @@
 
 use std::sync::OnceLock;
 
-use hvstats_abi::catalog::{Counter, counters_of};
+use hvstats_abi::catalog::{Counter, Presentation, counters_of};
+use hvstats_abi::histogram::Log2Histogram;
 use hvstats_abi::page::{PAGE_SLOTS, PageLayout};
 use hvstats_abi::{ObjectKind, PageView, StatsPage};
 use zerocopy::IntoBytes;
@@ -55,6 +56,9 @@ pub struct VpSnapshot {
     pub index: u32,
     /// Its counters.
     pub reading: ObjectReading,
+    /// Its histograms (catalog rows presented as histograms), from the same copy of the page as
+    /// `reading`; empty when the page could not be read.
+    pub histograms: Vec<(&'static Counter, Log2Histogram)>,
 }
 
 /// One partition and its VPs.
@@ -226,14 +230,31 @@ pub fn take_partition(instance: &Instance, p: &PartitionInfo) -> PartitionSnapsh
             .vp_indices()
             .iter()
             .enumerate()
-            .map(|(i, &index)| VpSnapshot {
-                index,
-                reading: read_with(StatsObject::Vp(p.id, index), &mut buf, &vp_unavailable, &|out| {
+            .map(|(i, &index)| {
+                let reading = read_with(StatsObject::Vp(p.id, index), &mut buf, &vp_unavailable, &|out| {
                     instance.read_vp_prefix(p, i, out)
-                }),
+                });
+                let histograms = match reading {
+                    ObjectReading::Counters(_) => histograms_of(&buf, &vp_unavailable),
+                    ObjectReading::Unreadable { .. } => Vec::new(),
+                };
+                VpSnapshot { index, reading, histograms }
             })
             .collect(),
     }
+}
+
+/// The histograms of the VP page in `page`, each catalog row presented as one, unless declared
+/// unavailable.
+pub fn histograms_of(
+    page: &StatsPage,
+    unavailable: &dyn Fn(usize) -> bool,
+) -> Vec<(&'static Counter, Log2Histogram)> {
+    let Ok(view) = PageView::read(page.as_bytes(), ObjectKind::Vp) else { return Vec::new() };
+    counters_of(ObjectKind::Vp)
+        .filter(|c| c.presentation == Presentation::Histogram && !unavailable(c.id.slot()))
+        .filter_map(|c| Some((c, view.histogram(c.id)?)))
+        .collect()
 }
 
 /// Reads every object of `instance`, as its last refresh listed them.

@@ -33,6 +33,7 @@ pub fn synthetic_reading(partitions: u32, vps_each: u32) -> Reading {
                 .map(|index| VpSnapshot {
                     index,
                     reading: counters(u64::from(p * vps_each + index), ObjectKind::Vp),
+                    histograms: Vec::new(),
                 })
                 .collect(),
         })

@@ -12,9 +12,10 @@
 use std::fmt::Write;
 use std::sync::Arc;
 
-use hvstats::metrics::{BaseUnit, Family, Member, MetricKind, families};
-use hvstats::snapshot::{InstanceSnapshot, ObjectReading, PartitionSnapshot};
+use hvstats::metrics::{BaseUnit, Family, Member, MetricKind, families, histogram_families};
+use hvstats::snapshot::{InstanceSnapshot, ObjectReading, PartitionSnapshot, VpSnapshot};
 use hvstats_abi::catalog::counters_of;
+use hvstats_abi::histogram::{BUCKETS, Log2Histogram, bucket_upper_ns};
 use hvstats_abi::{Counter, ObjectKind};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, MetricEncoder, NoLabelSet};
@@ -177,6 +178,59 @@ impl Exposition {
     }
 }
 
+impl Exposition {
+    /// Each VP's histogram of `family` (a partition's VPs summed bucket by bucket past the cap).
+    fn encode_histograms(
+        &self,
+        family: &Family,
+        metric: &mut MetricEncoder,
+        per_vp: &[bool],
+    ) -> std::fmt::Result {
+        let Some(member) = family.members.first() else { return Ok(()) };
+        let id = member.counter.id;
+        let of = |vp: &VpSnapshot| vp.histograms.iter().find(|(c, _)| c.id == id).map(|(_, h)| *h);
+        for ((instance, partition), one_by_one) in self.partitions().zip(per_vp) {
+            let labels: Labels = vec![
+                ("instance", instance.name.clone()),
+                ("vm", Live::vm_name(&instance.name, partition)),
+                ("partition", partition.id.to_string()),
+            ];
+            if *one_by_one {
+                for vp in &partition.vps {
+                    let Some(h) = of(vp) else { continue };
+                    let mut labels = labels.clone();
+                    labels.push(("vp", vp.index.to_string()));
+                    encode_histogram(&h, &mut metric.encode_family(&labels)?)?;
+                }
+            } else {
+                let mut sum: Option<Log2Histogram> = None;
+                for h in partition.vps.iter().filter_map(of) {
+                    let total = sum.get_or_insert_with(Log2Histogram::default);
+                    total.sum_ns = total.sum_ns.wrapping_add(h.sum_ns);
+                    for (t, b) in total.buckets.iter_mut().zip(h.buckets) {
+                        *t = t.wrapping_add(b);
+                    }
+                }
+                if let Some(h) = sum {
+                    let mut labels = labels.clone();
+                    labels.push(("vp", ALL_VPS.to_owned()));
+                    encode_histogram(&h, &mut metric.encode_family(&labels)?)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A log2 histogram in seconds: bucket `i` holds times below `bucket_upper_ns(i)`, the last one
+/// is `+Inf`; `_sum` in seconds, `_count` the number of times.
+fn encode_histogram(h: &Log2Histogram, metric: &mut MetricEncoder) -> std::fmt::Result {
+    let buckets: Vec<(f64, u64)> = (0..BUCKETS)
+        .map(|i| (bucket_upper_ns(i).map_or(f64::INFINITY, |ns| ns as f64 / 1e9), h.buckets[i]))
+        .collect();
+    metric.encode_histogram::<NoLabelSet>(h.sum_ns as f64 / 1e9, h.count(), &buckets, None)
+}
+
 /// The value of `counter` in `reading`. Readings list their counters in catalog order, so it is
 /// found at its catalog position unless the publisher left an earlier counter out; then by a scan.
 pub fn value_of(reading: &ObjectReading, counter: &Counter) -> Option<u64> {
@@ -254,6 +308,17 @@ impl Collector for Exposition {
             let mut metric =
                 encoder.encode_descriptor(&family.name, &family.help, unit.as_ref(), metric_type)?;
             self.encode_family(family, &mut metric, &per_vp)?;
+        }
+        if self.has_objects(ObjectKind::Vp) {
+            for family in histogram_families() {
+                let mut metric = encoder.encode_descriptor(
+                    &family.name,
+                    &family.help,
+                    Some(&Unit::Seconds),
+                    MetricType::Histogram,
+                )?;
+                self.encode_histograms(family, &mut metric, &per_vp)?;
+            }
         }
         Ok(())
     }
