@@ -160,6 +160,65 @@ fn metrics_export_exact_counts_in_base_units_with_labels() {
 }
 
 #[test]
+fn histograms_are_prometheus_histograms_in_seconds_and_cpu_wait_is_a_counter() {
+    let tmp = TempDir::new("serve-histograms");
+    let (hv, part) = published(tmp.path(), 2);
+    let vp1 = part.vp_page(1).unwrap();
+    // A known distribution: 3 exits in [512, 1024) ns, 1 in [16384, 32768) ns, 1 past 2^30 ns.
+    let times = [700u64, 800, 1000, 20_000, 5_000_000_000];
+    for ns in times {
+        vp1.record_time(vp::IO_TIME_HISTOGRAM, ns);
+    }
+    vp1.set(vp::DISPATCHES, 40);
+    vp1.set(vp::CPU_WAIT_TIME_PER_DISPATCH, 1_500_000_000); // 1.5 s of waiting, in ns
+    let (_serve, addr) = serve(tmp.path(), &[]);
+    let (status, _, text) = get_openmetrics(addr, "/metrics");
+    assert_eq!(status, 200, "{text}");
+    let i = instance_name(&hv);
+    let p = part.id();
+    let labels = |vp: u32| format!("instance=\"{i}\",vm=\"{i}:{p}\",partition=\"{p}\",vp=\"{vp}\"");
+    let name = "hvstats_vp_io_intercept_duration_seconds";
+    assert!(text.contains(&format!("# TYPE {name} histogram\n")), "{text}");
+    assert!(text.contains(&format!("# UNIT {name} seconds\n")), "{text}");
+    let sum: f64 = sample(&text, &format!("{name}_sum{{{}}}", labels(1))).unwrap().parse().unwrap();
+    assert!((sum - times.iter().sum::<u64>() as f64 / 1e9).abs() < 1e-9, "{sum}");
+    assert_eq!(sample(&text, &format!("{name}_count{{{}}}", labels(1))).as_deref(), Some("5"));
+    assert_eq!(sample(&text, &format!("{name}_count{{{}}}", labels(0))).as_deref(), Some("0"));
+    // Buckets: cumulative, `le` the bucket's upper bound 2^i ns in seconds, the last one +Inf.
+    let prefix = format!("{name}_bucket{{le=\"");
+    let suffix = format!("\",{}}}", labels(1));
+    let buckets: Vec<(f64, u64)> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .filter_map(|l| {
+            let (le, rest) = l.split_once(&suffix)?;
+            let le = if le == "+Inf" { f64::INFINITY } else { le.parse().unwrap() };
+            Some((le, rest.trim().parse().unwrap()))
+        })
+        .collect();
+    assert_eq!(buckets.len(), hvstats_abi::histogram::BUCKETS, "{text}");
+    for (n, &(le, cumulative)) in buckets.iter().enumerate() {
+        let expected = times.iter().filter(|&&ns| (ns as f64) / 1e9 <= le).count() as u64;
+        assert_eq!(cumulative, expected, "le={le}");
+        if n + 1 < buckets.len() {
+            assert!((le - (1u64 << n) as f64 / 1e9).abs() < 1e-15, "bucket {n}: le={le}");
+        }
+    }
+    assert_eq!(buckets[10], (1024e-9, 3));
+    assert_eq!(buckets.last().unwrap(), &(f64::INFINITY, 5));
+    // CPU wait is a counter in seconds, dispatches a counter.
+    let lines: Vec<&str> =
+        text.lines().filter(|l| l.contains("dispatch") && l.contains(&labels(1))).collect();
+    assert!(
+        lines
+            .contains(&&*format!("hvstats_vp_cpu_wait_time_per_dispatch_seconds_total{{{}}} 1.5", labels(1))),
+        "{lines:?}"
+    );
+    assert!(lines.contains(&&*format!("hvstats_vp_dispatches_total{{{}}} 40", labels(1))), "{lines:?}");
+    assert!(text.contains("# TYPE hvstats_vp_cpu_wait_time_per_dispatch_seconds counter\n"), "{text}");
+}
+
+#[test]
 fn past_the_vp_cap_a_partition_exports_the_sum_of_its_vps() {
     let tmp = TempDir::new("serve-cap");
     let (hv, small) = published(tmp.path(), 1);
@@ -258,8 +317,12 @@ fn promtool_accepts_the_exposition() {
     let tmp = TempDir::new("serve-promtool");
     let (_hv, part) = published(tmp.path(), 2);
     part.vp_page(0).unwrap().set(vp::IO_INSTRUCTIONS, 11);
+    for ns in [700, 900, 20_000, 5_000_000_000] {
+        part.vp_page(1).unwrap().record_time(vp::IO_TIME_HISTOGRAM, ns);
+    }
     let (_serve, addr) = serve(tmp.path(), &[]);
     let text = get(addr, "/metrics").2;
+    assert!(text.contains("hvstats_vp_io_intercept_duration_seconds_bucket{"), "{text}");
     let mut check = Command::new(promtool)
         .args(["check", "metrics"])
         .stdin(Stdio::piped())
