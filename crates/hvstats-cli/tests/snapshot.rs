@@ -87,6 +87,63 @@ fn snapshot_json_shows_the_counters_of_a_published_instance() {
 }
 
 #[test]
+fn snapshot_json_carries_each_vps_full_histograms_and_wait() {
+    let tmp = TempDir::new("json-histograms");
+    let hv = Hypervisor::with_config(InstanceConfig {
+        runtime_dir: Some(tmp.path().to_path_buf()),
+        logical_processors: Some(vec![0]),
+        ..Default::default()
+    })
+    .unwrap();
+    let part = hv.create_partition(2).unwrap();
+    let vp1 = part.vp_page(1).unwrap();
+    // 98 exits in [512, 1024) ns, one in [65536, 131072), one past the last bound.
+    for _ in 0..98 {
+        vp1.record_time(vp::MSR_TIME_HISTOGRAM, 600);
+    }
+    vp1.record_time(vp::MSR_TIME_HISTOGRAM, 100_000);
+    vp1.record_time(vp::MSR_TIME_HISTOGRAM, 1 << 40);
+    vp1.set(vp::DISPATCHES, 12);
+    vp1.set(vp::CPU_WAIT_TIME_PER_DISPATCH, 3_000);
+
+    // The streamed document and the one taken over an interval carry the same histograms.
+    let mut docs = vec![snapshot(tmp.path(), true).1];
+    let out = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["snapshot", "--json", "--interval", "0.1", "--runtime-dir"])
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    docs.push(String::from_utf8(out.stdout).unwrap());
+    for doc in docs {
+        let v: Value = serde_json::from_str(&doc).unwrap();
+        let vps = &v["instances"][0]["partitions"][0]["vps"];
+        let h = &vps[1]["histograms"][name(vp::MSR_TIME_HISTOGRAM)];
+        assert_eq!(h["count"], 100, "{h}");
+        assert_eq!(h["sum_ns"], 98 * 600 + 100_000 + (1u64 << 40));
+        let buckets: Vec<u64> =
+            h["buckets"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap()).collect();
+        let mut expected = vec![0u64; hvstats_abi::histogram::BUCKETS];
+        expected[10] = 98;
+        expected[17] = 1;
+        expected[31] = 1;
+        assert_eq!(buckets, expected);
+        assert_eq!(h["p50_ns"], 1023);
+        assert_eq!(h["p99_ns"], 131_071);
+        // Every histogram row of the catalog, recorded or not.
+        let all = vps[0]["histograms"].as_object().unwrap();
+        let rows = counters_of(ObjectKind::Vp)
+            .filter(|c| c.presentation == hvstats_abi::catalog::Presentation::Histogram)
+            .count();
+        assert_eq!(all.len(), rows);
+        assert_eq!(all[name(vp::MSR_TIME_HISTOGRAM)]["count"], 0);
+        assert_eq!(all[name(vp::MSR_TIME_HISTOGRAM)]["p50_ns"], Value::Null);
+        assert_eq!(vps[1]["counters"][name(vp::DISPATCHES)], 12);
+        assert_eq!(vps[1]["counters"][name(vp::CPU_WAIT_TIME_PER_DISPATCH)], 3_000);
+    }
+}
+
+#[test]
 fn snapshot_with_no_live_instance_says_so_and_succeeds() {
     let tmp = TempDir::new("none");
     let (ok, stdout) = snapshot(tmp.path(), true);

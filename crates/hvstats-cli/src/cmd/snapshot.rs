@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use hvstats::attach::{Attach, Instance};
 use hvstats::present;
-use hvstats::snapshot::{self, InstanceSnapshot, ObjectReading, PartitionSnapshot};
+use hvstats::snapshot::{self, InstanceSnapshot, ObjectReading, PartitionSnapshot, VpSnapshot};
 use hvstats_abi::catalog::counters_of;
 use hvstats_abi::{Counter, ObjectKind, Presentation};
 use serde_json::{Map, Value, json};
@@ -251,9 +251,31 @@ fn write_partition(out: &mut impl Write, p: &PartitionSnapshot) -> io::Result<()
         if i > 0 {
             out.write_all(b",")?;
         }
-        write_reading(out, &vp.reading, ObjectKind::Vp, &format!("\"index\":{}", vp.index))?;
+        let extra = format!("\"histograms\":{},\"index\":{}", histograms_json(vp), vp.index);
+        write_reading(out, &vp.reading, ObjectKind::Vp, &extra)?;
     }
     out.write_all(b"]}")
+}
+
+/// A VP's histograms: `{name: {"sum_ns", "count", "buckets": [32 counts], "p50_ns", "p99_ns"}}`,
+/// bucket `i` counting times in `[2^(i-1), 2^i)` ns (bucket 0: zero, the last: everything
+/// longer); the quantiles are upper bounds of their buckets (`null` when nothing was recorded).
+pub(crate) fn histograms_json(vp: &VpSnapshot) -> Value {
+    let map: Map<String, Value> = vp
+        .histograms
+        .iter()
+        .map(|(c, h)| {
+            let value = json!({
+                "sum_ns": h.sum_ns,
+                "count": h.count(),
+                "buckets": h.buckets.to_vec(),
+                "p50_ns": h.quantile_upper_ns(0.5),
+                "p99_ns": h.quantile_upper_ns(0.99),
+            });
+            (c.name.to_owned(), value)
+        })
+        .collect();
+    Value::Object(map)
 }
 
 /// `{"counters": {name: value}}` (with `"interval": {name: rate, % or ns}` over an interval), or
@@ -339,7 +361,7 @@ fn partition_json(p: &PartitionSnapshot, earlier: Option<Earlier<'_>>) -> Value 
         .iter()
         .map(|vp| {
             let t = then(&|e| earlier_vp(e, p.id, vp.index));
-            with(reading_json(&vp.reading, t), json!({"index": vp.index}))
+            with(reading_json(&vp.reading, t), json!({"index": vp.index, "histograms": histograms_json(vp)}))
         })
         .collect();
     let t = then(&|e| earlier_partition(e, p.id).map(|e| &e.reading));
