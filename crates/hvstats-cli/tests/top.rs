@@ -50,6 +50,10 @@ fn once_json_gives_exact_deltas_rates_and_costs_over_its_interval() {
     let page = part.vp_page(1).unwrap();
     page.set(vp::IO_INSTRUCTIONS, 500);
     page.set(vp::IO_INSTRUCTIONS_COST, 1_000);
+    // Recorded before the first reading: not part of the interval's distribution.
+    for _ in 0..50 {
+        page.record_time(vp::IO_TIME_HISTOGRAM, 5_000_000);
+    }
     // The first reading is taken at once, the second 3 s later: write in between.
     let child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
         .args(["top", "--once", "--json", "--interval", "3", "--runtime-dir"])
@@ -61,6 +65,13 @@ fn once_json_gives_exact_deltas_rates_and_costs_over_its_interval() {
     page.add(vp::IO_INSTRUCTIONS, 1200);
     page.add(vp::IO_INSTRUCTIONS_COST, 1200 * 42); // 4.2 µs each
     part.vp_page(0).unwrap().add(vp::HYPERCALLS, 3);
+    // In the interval: 98 port accesses in [512, 1024) ns, 2 in [16384, 32768) ns; 30 dispatches
+    // that waited 1.5 ms in all.
+    for ns in std::iter::repeat_n(700, 98).chain([20_000, 30_000]) {
+        page.record_time(vp::IO_TIME_HISTOGRAM, ns);
+    }
+    page.add(vp::DISPATCHES, 30);
+    page.add(vp::CPU_WAIT_TIME_PER_DISPATCH, 1_500_000);
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success());
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -78,6 +89,17 @@ fn once_json_gives_exact_deltas_rates_and_costs_over_its_interval() {
     assert_eq!(vp1["presented"][name(vp::CPUID_INSTRUCTIONS_COST)], Value::Null);
     assert_eq!(v["units"][name(vp::IO_INSTRUCTIONS_COST)], "µs");
     assert_eq!(v["units"][name(vp::IO_INSTRUCTIONS)], "/s");
+    // The interval's cost distribution and CPU wait.
+    let io = &vp1["histograms"][name(vp::IO_TIME_HISTOGRAM)];
+    assert_eq!(io["count"], 100, "{vp1}");
+    assert_eq!(io["p50_ns"], 1023);
+    assert_eq!(io["p99_ns"], 32_767);
+    let vp0 = p["vps"].as_array().unwrap().iter().find(|r| r["vp"] == 0).unwrap();
+    assert_eq!(vp0["histograms"][name(vp::IO_TIME_HISTOGRAM)]["p50_ns"], Value::Null);
+    assert_eq!(vp1["cpu_wait"]["per_dispatch_ns"].as_f64().unwrap(), 50_000.0);
+    let percent = vp1["cpu_wait"]["percent"].as_f64().unwrap();
+    assert!((percent * seconds - 0.15).abs() < 1e-9, "{percent} % over {seconds} s");
+    assert_eq!(vp0["cpu_wait"]["per_dispatch_ns"], Value::Null);
     // The partition total sums its VPs.
     assert_eq!(p["total"]["deltas"][name(vp::IO_INSTRUCTIONS)], 1200);
     assert_eq!(p["total"]["deltas"][name(vp::HYPERCALLS)], 3);

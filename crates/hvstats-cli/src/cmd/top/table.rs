@@ -7,7 +7,8 @@ use std::cmp::Ordering;
 use std::fmt::Write;
 
 use hvstats::present::{Column, VP_COLUMNS};
-use hvstats::snapshot::ObjectReading;
+use hvstats::snapshot::{ObjectReading, VpSnapshot};
+use hvstats_abi::catalog::vp;
 use serde_json::{Map, Value, json};
 
 use crate::cmd::live::{Live, Reading};
@@ -24,6 +25,39 @@ pub struct Row {
     pub values: Vec<Option<f64>>,
     /// The raw counter deltas between the readings, by catalog name (maintained counters only).
     pub deltas: Vec<(&'static str, u64)>,
+    /// Per histogram of the VP (by catalog name), what was recorded between the readings: its
+    /// count and the upper bounds of its p50 and p99 in ns (empty for a total row).
+    pub quantiles: Vec<(&'static str, u64, Option<u64>, Option<u64>)>,
+}
+
+impl Row {
+    /// CPU wait between the readings: per dispatch in ns, and as a percentage of the interval.
+    pub fn wait(&self, seconds: f64) -> (Option<f64>, Option<f64>) {
+        let delta = |id: hvstats_abi::CounterId| {
+            let name = id.counter()?.name;
+            self.deltas.iter().find(|(n, _)| *n == name).map(|(_, d)| *d)
+        };
+        let wait = delta(vp::CPU_WAIT_TIME_PER_DISPATCH);
+        let per_dispatch = match (wait, delta(vp::DISPATCHES)) {
+            (Some(w), Some(d)) if d > 0 => Some(w as f64 / d as f64),
+            _ => None,
+        };
+        let percent = wait.filter(|_| seconds > 0.0).map(|w| w as f64 / (seconds * 1e9) * 100.0);
+        (per_dispatch, percent)
+    }
+}
+
+/// What each histogram of `after` recorded since `before`.
+fn quantiles(before: &VpSnapshot, after: &VpSnapshot) -> Vec<(&'static str, u64, Option<u64>, Option<u64>)> {
+    after
+        .histograms
+        .iter()
+        .filter_map(|(c, now)| {
+            let (_, then) = before.histograms.iter().find(|(b, _)| b.id == c.id)?;
+            let d = now.since(then)?;
+            Some((c.name, d.count(), d.quantile_upper_ns(0.5), d.quantile_upper_ns(0.99)))
+        })
+        .collect()
 }
 
 /// One partition: its total row and its VPs.
@@ -53,7 +87,7 @@ fn row(label: String, vp: Option<u32>, before: &ObjectReading, after: &ObjectRea
             .collect(),
         ObjectReading::Unreadable { .. } => Vec::new(),
     };
-    Row { label, vp, values, deltas }
+    Row { label, vp, values, deltas, quantiles: Vec::new() }
 }
 
 /// The groups of every partition present in both readings (a partition or VP that appeared in
@@ -69,7 +103,10 @@ pub fn groups(before: &Reading, after: &Reading) -> Vec<Group> {
                 .iter()
                 .filter_map(|vp| {
                     let then = earlier.vps.iter().find(|v| v.index == vp.index)?;
-                    Some(row(format!("VP {}", vp.index), Some(vp.index), &then.reading, &vp.reading, seconds))
+                    let mut r =
+                        row(format!("VP {}", vp.index), Some(vp.index), &then.reading, &vp.reading, seconds);
+                    r.quantiles = quantiles(then, vp);
+                    Some(r)
                 })
                 .collect();
             let vm = Live::vm_name(&instance.name, partition);
@@ -80,6 +117,7 @@ pub fn groups(before: &Reading, after: &Reading) -> Vec<Group> {
                     vp: None,
                     values: vec![None; VP_COLUMNS.len()],
                     deltas: Vec::new(),
+                    quantiles: Vec::new(),
                 },
             };
             out.push(Group {
@@ -159,11 +197,22 @@ pub fn text(groups: &[Group], seconds: f64, dir: &str) -> String {
     out
 }
 
-fn row_json(r: &Row) -> Value {
+fn row_json(r: &Row, seconds: f64) -> Value {
     let presented: Map<String, Value> =
         VP_COLUMNS.iter().zip(&r.values).map(|(c, v)| (c.counter().name.to_owned(), json!(v))).collect();
     let deltas: Map<String, Value> = r.deltas.iter().map(|(n, d)| ((*n).to_owned(), json!(d))).collect();
-    json!({ "presented": presented, "deltas": deltas })
+    let quantiles: Map<String, Value> = r
+        .quantiles
+        .iter()
+        .map(|&(n, count, p50, p99)| (n.to_owned(), json!({"count": count, "p50_ns": p50, "p99_ns": p99})))
+        .collect();
+    let (per_dispatch, percent) = r.wait(seconds);
+    json!({
+        "presented": presented,
+        "deltas": deltas,
+        "histograms": quantiles,
+        "cpu_wait": {"per_dispatch_ns": per_dispatch, "percent": percent},
+    })
 }
 
 /// The JSON of `--once --json`: the interval, the units of the presented values, and per partition
@@ -184,7 +233,7 @@ pub fn json(groups: &[Group], seconds: f64) -> Value {
                 .vps
                 .iter()
                 .map(|r| {
-                    let mut v = row_json(r);
+                    let mut v = row_json(r, seconds);
                     v["vp"] = json!(r.vp);
                     v
                 })
@@ -194,7 +243,7 @@ pub fn json(groups: &[Group], seconds: f64) -> Value {
                 "instance": g.instance,
                 "partition": g.partition,
                 "active": g.active,
-                "total": row_json(&g.total),
+                "total": row_json(&g.total, seconds),
                 "vps": vps,
             })
         })
