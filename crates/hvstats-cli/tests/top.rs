@@ -97,6 +97,9 @@ fn once_json_gives_exact_deltas_rates_and_costs_over_its_interval() {
     let vp0 = p["vps"].as_array().unwrap().iter().find(|r| r["vp"] == 0).unwrap();
     assert_eq!(vp0["histograms"][name(vp::IO_TIME_HISTOGRAM)]["p50_ns"], Value::Null);
     assert_eq!(vp1["cpu_wait"]["per_dispatch_ns"].as_f64().unwrap(), 50_000.0);
+    // The catalog's own presentation of CPU wait (a cost per dispatch) is a column, in µs.
+    assert_eq!(vp1["presented"][name(vp::CPU_WAIT_TIME_PER_DISPATCH)].as_f64().unwrap(), 50.0);
+    assert_eq!(v["units"][name(vp::CPU_WAIT_TIME_PER_DISPATCH)], "µs");
     let percent = vp1["cpu_wait"]["percent"].as_f64().unwrap();
     assert!((percent * seconds - 0.15).abs() < 1e-9, "{percent} % over {seconds} s");
     assert_eq!(vp0["cpu_wait"]["per_dispatch_ns"], Value::Null);

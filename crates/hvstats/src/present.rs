@@ -87,7 +87,7 @@ pub struct Column {
 }
 
 /// The VP columns, most important first: a narrow view shows a prefix of them.
-pub const VP_COLUMNS: [Column; 20] = [
+pub const VP_COLUMNS: [Column; 21] = [
     Column { label: "Run", counter: vp::TOTAL_RUN_TIME },
     Column { label: "Hcall", counter: vp::HYPERCALLS },
     Column { label: "Hcall", counter: vp::HYPERCALLS_COST },
@@ -108,6 +108,7 @@ pub const VP_COLUMNS: [Column; 20] = [
     Column { label: "Intr", counter: vp::VIRTUAL_INTERRUPTS },
     Column { label: "ExtIntr", counter: vp::EXTERNAL_INTERRUPTS },
     Column { label: "Migr", counter: vp::LOGICAL_PROCESSOR_MIGRATIONS },
+    Column { label: "Wait", counter: vp::CPU_WAIT_TIME_PER_DISPATCH },
 ];
 
 impl Column {
