@@ -31,8 +31,9 @@ fn path(p: &Path) -> &str {
 }
 
 /// Records 1.5 s of a 2-VP partition that makes 600 I/O exits (4.2 µs each) and 9 hypercalls on
-/// VP 1 between the first and last sample; returns the recording's path and the VM name.
-fn record_known_guest(tmp: &TempDir) -> (std::path::PathBuf, String) {
+/// VP 1 between the first and last sample (and, with `waits`, 30 dispatches that waited 60 µs in
+/// all); returns the recording's path and the VM name.
+fn record_known_guest(tmp: &TempDir, waits: bool) -> (std::path::PathBuf, String) {
     let hv = Hypervisor::with_config(InstanceConfig {
         runtime_dir: Some(tmp.path().join("run")),
         logical_processors: Some(vec![0]),
@@ -63,6 +64,10 @@ fn record_known_guest(tmp: &TempDir) -> (std::path::PathBuf, String) {
         page.add(vp::IO_INSTRUCTIONS, 200);
         page.add(vp::IO_INSTRUCTIONS_COST, 200 * 42);
         page.add(vp::HYPERCALLS, 3);
+        if waits {
+            page.add(vp::DISPATCHES, 10);
+            page.add(vp::CPU_WAIT_TIME_PER_DISPATCH, 10 * 2_000);
+        }
     }
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -73,7 +78,7 @@ fn record_known_guest(tmp: &TempDir) -> (std::path::PathBuf, String) {
 #[test]
 fn record_then_report_gives_exact_totals_deltas_rates_and_costs() {
     let tmp = TempDir::new("record-report");
-    let (file, vm) = record_known_guest(&tmp);
+    let (file, vm) = record_known_guest(&tmp, true);
 
     let text = std::fs::read_to_string(&file).unwrap();
     let header: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
@@ -106,6 +111,10 @@ fn record_then_report_gives_exact_totals_deltas_rates_and_costs() {
     // 600 exits over 600 × 42 × 100 ns: 4,200 ns each.
     let cost = vp1["average_cost_ns"][name(vp::IO_INSTRUCTIONS_COST)].as_f64().unwrap();
     assert!((cost - 4200.0).abs() < 1e-9, "{cost}");
+    // 30 dispatches that waited 60 µs in all: 2,000 ns each.
+    assert_eq!(vp1["cpu_wait"]["per_dispatch_ns"].as_f64().unwrap(), 2000.0);
+    let waiting = vp1["cpu_wait"]["percent_of_time"].as_f64().unwrap();
+    assert!((waiting * seconds - 60_000.0 / 1e9 * 100.0).abs() < 1e-12, "{waiting}");
     // Not maintained: null, not 0.
     assert_eq!(vp1["cumulative"][name(vp::DEBUG_REGISTER_ACCESSES)], Value::Null);
     assert!(vp1["deltas"].get(name(vp::DEBUG_REGISTER_ACCESSES)).is_none());
@@ -121,7 +130,7 @@ fn record_then_report_gives_exact_totals_deltas_rates_and_costs() {
 #[test]
 fn plot_draws_png_and_svg_with_axes_units_and_a_legend() {
     let tmp = TempDir::new("record-plot");
-    let (file, vm) = record_known_guest(&tmp);
+    let (file, vm) = record_known_guest(&tmp, false);
     let png = tmp.path().join("chart.png");
     let out = hvstats(&["plot", path(&file), "-o", path(&png)]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

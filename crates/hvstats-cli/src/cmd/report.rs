@@ -96,6 +96,15 @@ pub fn reports(recording: &Recording) -> Vec<VpReport> {
                     Presentation::CumulativeTime | Presentation::Instant | Presentation::Histogram => None,
                 };
             }
+            // CPU wait: per dispatch (the catalog's cost) and as a share of the recording's time.
+            let wait = hvstats_abi::catalog::vp::CPU_WAIT_TIME_PER_DISPATCH.counter().map(|c| c.name);
+            let wait_delta = wait.and_then(|n| deltas.get(n)).and_then(Value::as_u64);
+            let cpu_wait = json!({
+                "per_dispatch_ns": wait.and_then(|n| costs.get(n)).cloned().unwrap_or(Value::Null),
+                "percent_of_time": wait_delta
+                    .filter(|_| seconds > 0.0)
+                    .map(|w| w as f64 / (seconds * 1e9) * 100.0),
+            });
             let json = json!({
                 "vm": vm,
                 "instance": instance,
@@ -110,6 +119,7 @@ pub fn reports(recording: &Recording) -> Vec<VpReport> {
                 "rates_per_second": rates,
                 "percent_of_time": percent,
                 "average_cost_ns": costs,
+                "cpu_wait": cpu_wait,
             });
             Some(VpReport { vm, vp, seconds, samples: with.len(), json })
         })
