@@ -269,12 +269,18 @@ fn top_in_tmux_shows_the_vps_of_a_live_partition_and_quits_on_q() {
     tmux.run(&["send-keys", "-t", "top", "q"]);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let dead = tmux.run(&["display-message", "-p", "-t", "top", "#{pane_dead} #{pane_dead_status}"]);
+        // dead, exit status, and the signal that ended it (empty unless killed by one)
+        let format = "#{pane_dead} #{pane_dead_status} #{pane_dead_signal}";
+        let dead = tmux.run(&["display-message", "-p", "-t", "top", format]);
         let status = String::from_utf8_lossy(&dead.stdout).trim().to_owned();
         if status == "1 0" {
             break;
         }
-        assert!(Instant::now() < deadline, "top did not exit 0 on q: {status:?}\n{}", tmux.screen());
+        assert!(
+            Instant::now() < deadline,
+            "top did not exit 0 on q (dead, status, signal: {status:?})\n{}",
+            tmux.screen()
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(tmux.alive());
