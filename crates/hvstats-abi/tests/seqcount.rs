@@ -19,11 +19,16 @@ fn readers_racing_a_writer_only_ever_see_whole_writes() {
             let mut generation = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 generation += 1;
-                let _w = SeqWrite::begin(&shared.0);
+                let w = SeqWrite::begin(&shared.0);
                 // Each value of a write is the generation, stored one at a time.
-                for v in &shared.1 {
-                    v.store(generation, Ordering::Relaxed);
+                {
+                    let _w = w;
+                    for v in &shared.1 {
+                        v.store(generation, Ordering::Relaxed);
+                    }
                 }
+                // Writes come at a cadence, not back to back (a reader needs a quiet moment).
+                std::thread::sleep(std::time::Duration::from_micros(20));
             }
             generation
         })

@@ -44,17 +44,27 @@ fn a_reader_racing_merges_gets_every_counter_from_one_merge() {
             let mut generation = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 generation += 1;
-                let _merge = page.begin_merge().expect("a VP page has a sequence counter");
-                for &id in &ids {
-                    page.set(id, generation);
+                {
+                    let _merge = page.begin_merge().expect("a VP page has a sequence counter");
+                    for &id in &ids {
+                        page.set(id, generation);
+                    }
                 }
+                // Merges come at a cadence (a source's refresh), not back to back: a writer that
+                // reopens its window at once would leave a 4 KiB copy no moment to succeed.
+                std::thread::sleep(std::time::Duration::from_micros(20));
             }
             generation
         })
     };
     let ids = merged();
     let (mut consistent, mut torn) = (0u32, 0u32);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while consistent < 500 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {consistent} consistent copies ({torn} torn) in 60 s"
+        );
         match reader.consistent_snapshot(ObjectKind::Vp) {
             SeqRead::Consistent { value, sequence } => {
                 let view = PageView::read(value.as_bytes(), ObjectKind::Vp).unwrap();
