@@ -73,8 +73,12 @@ pub fn block() -> io::Result<()> {
     Ok(())
 }
 
-/// Takes a pending SIGINT or SIGTERM, waiting at most `timeout`; `None` when none came.
-fn take(timeout: Duration) -> io::Result<Option<Signal>> {
+/// Takes a pending SIGINT or SIGTERM (blocked by [`block`]), waiting at most `timeout`; `None`
+/// when none came.
+///
+/// # Errors
+/// When the wait fails.
+pub fn take(timeout: Duration) -> io::Result<Option<Signal>> {
     let set = set();
     let ts = libc::timespec {
         tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),

@@ -12,6 +12,8 @@ use hvstats::{Hypervisor, InstanceConfig};
 use hvstats_kvm::observe::publication;
 use hvstats_kvm::observe::{ObserveOptions, Observer, ObserverEvent, Procfs, Targets, raise_fd_limit};
 
+use crate::signals;
+
 /// Flags of `hvstats observe`.
 #[derive(clap::Args)]
 pub struct Args {
@@ -52,7 +54,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(p) = args.pids.iter().find(|p| **p <= 0) {
         bail!("--pid {p}: not a process id");
     }
-    termination::block().context("cannot block SIGINT/SIGTERM")?;
+    signals::block().context("cannot block SIGINT/SIGTERM")?;
     match raise_fd_limit() {
         Ok(n) => log(&format!("open file limit {n}")),
         Err(e) => log(&format!("cannot raise the open file limit: {e}")),
@@ -87,7 +89,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             log("no observed process is left");
             return Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS });
         }
-        if let Some(signal) = termination::wait_for(interval).context("cannot wait for signals")? {
+        if let Some(signal) = signals::take(interval).context("cannot wait for signals")?.map(|s| s.name()) {
             log(&format!("{signal}: detaching from {} VMs", observer.vms().count()));
             return Ok(ExitCode::SUCCESS);
         }
@@ -128,52 +130,4 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
 /// A line on stderr; a closed stderr is ignored.
 fn log(line: &str) {
     let _ = writeln!(std::io::stderr(), "hvstats observe: {line}");
-}
-
-/// SIGINT and SIGTERM, blocked so that they are taken between refreshes.
-mod termination {
-    use std::io;
-    use std::time::Duration;
-
-    fn set() -> libc::sigset_t {
-        // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise and fill the set we own.
-        unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            libc::sigaddset(&mut set, libc::SIGINT);
-            libc::sigaddset(&mut set, libc::SIGTERM);
-            set
-        }
-    }
-
-    /// Blocks SIGINT and SIGTERM in this thread so they queue for [`wait_for`].
-    pub fn block() -> io::Result<()> {
-        let set = set();
-        // SAFETY: set is a valid signal set; the old mask is not wanted (null).
-        let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
-        if rc != 0 {
-            return Err(io::Error::from_raw_os_error(rc));
-        }
-        Ok(())
-    }
-
-    /// Waits up to `timeout` for SIGINT or SIGTERM; its name, or `None` when the time is up.
-    pub fn wait_for(timeout: Duration) -> io::Result<Option<&'static str>> {
-        let set = set();
-        let ts = libc::timespec {
-            tv_sec: timeout.as_secs() as libc::time_t,
-            tv_nsec: timeout.subsec_nanos() as _,
-        };
-        // SAFETY: set and ts are valid for the call; no siginfo is wanted (null).
-        let signal = unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &ts) };
-        if signal >= 0 {
-            return Ok(Some(if signal == libc::SIGINT { "SIGINT" } else { "SIGTERM" }));
-        }
-        let e = io::Error::last_os_error();
-        match e.raw_os_error() {
-            // The time is up, or another signal cut the interval short (harmless).
-            Some(libc::EAGAIN | libc::EINTR) => Ok(None),
-            _ => Err(e),
-        }
-    }
 }
