@@ -29,7 +29,7 @@ use hvstats_abi::{ObjectKind, catalog::counters_of};
 use hvstats_guest::program::LoopCount;
 use hvstats_guest::{GuestImage, Mode, Workload, layout};
 use hvstats_kvm::enlightenment::HyperV;
-use hvstats_kvm::{Handlers, HardwareCounters, Partition, PartitionConfig, RunReport, VpOutcome};
+use hvstats_kvm::{Handlers, HardwareCounters, Partition, PartitionConfig, RipSeen, RunReport, VpOutcome};
 use serde_json::{Map, Value, json};
 
 use crate::input;
@@ -225,7 +225,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     for vp in &report.vps {
         if let Some(f) = &vp.fault {
-            note!("VP {} faulted at RIP {:#x}: {}", vp.index, f.rip, f.reason);
+            note!("VP {} faulted at {}: {}", vp.index, f.location(), f.reason);
         }
     }
     // A signal that came while printing still ends the command as that signal asks.
@@ -335,7 +335,8 @@ fn json_report(
             "hardware": hardware_json(vp, unavailable),
         });
         if let Some(f) = &vp.fault {
-            obj["fault"] = json!({"reason": f.reason, "rip": f.rip});
+            let rip = (f.rip_seen != RipSeen::Unknown).then_some(f.rip);
+            obj["fault"] = json!({"reason": f.reason, "rip": rip, "rip_seen": f.rip_seen.as_str()});
         }
         vps.push(obj);
     }
@@ -369,7 +370,7 @@ fn print_tables(
         whv::runtime_counters(partition, vp.index)?;
         let page = partition.stats().vp_page(vp.index).context("VP page")?;
         let status = match (&vp.fault, vp.exit_status) {
-            (Some(f), _) => format!("FAULT at RIP {:#x}: {}", f.rip, f.reason),
+            (Some(f), _) => format!("FAULT at {}: {}", f.location(), f.reason),
             (None, Some(s)) => format!("exit status {s}"),
             (None, None) => "no exit status".into(),
         };
