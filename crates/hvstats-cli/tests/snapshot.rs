@@ -316,3 +316,58 @@ fn snapshot_json_of_65536_vps_streams_in_bounded_memory() {
     assert!(peak > 0);
     assert!(peak < 64 * 1024, "snapshot --json of 65,536 VPs held {peak} KiB of heap");
 }
+
+/// True when this test may make a PID namespace with its own /proc (root, util-linux unshare).
+fn can_unshare_pid_and_proc() -> bool {
+    Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc", "true"])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+#[test]
+fn a_reader_in_a_child_pid_namespace_believes_files_of_the_directory_owner_only() {
+    if !can_unshare_pid_and_proc() {
+        eprintln!("skipped: `unshare --pid --fork --mount-proc` is not available here");
+        return;
+    }
+    let tmp = TempDir::new("pidns-reader");
+    let hv = Hypervisor::with_config(InstanceConfig {
+        runtime_dir: Some(tmp.path().to_path_buf()),
+        logical_processors: Some(vec![0]),
+        ..Default::default()
+    })
+    .unwrap();
+    let part = hv.create_partition(1).unwrap();
+    part.vp_page(0).unwrap().set(vp::CPUID_INSTRUCTIONS, 77);
+    // A copy owned by nobody, kept alive by this process: a reader that cannot see this process
+    // (its /proc lists no lock of it) believes only files of the runtime directory's owner.
+    let copy = hvstats::publish::instances_dir(tmp.path()).join("99-99-99.arena");
+    std::fs::copy(hv.published_path().unwrap(), &copy).unwrap();
+    let held = std::fs::File::open(&copy).unwrap();
+    hvstats::publish::lock(std::os::fd::AsFd::as_fd(&held)).unwrap();
+    std::os::unix::fs::chown(&copy, Some(65534), Some(65534)).unwrap();
+
+    let out = Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc"])
+        .arg(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["snapshot", "--json", "--runtime-dir"])
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("99-99-99.arena")
+            && stderr.contains("uid 65534")
+            && stderr.contains("directory's owner"),
+        "{stderr}"
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let instances = v["instances"].as_array().unwrap();
+    assert_eq!(instances.len(), 1, "the host's own instance is still read");
+    assert_eq!(instances[0]["pid"], std::process::id());
+    let vp0 = &instances[0]["partitions"][0]["vps"][0];
+    assert_eq!(vp0["counters"][name(vp::CPUID_INSTRUCTIONS)], 77, "{vp0}");
+    drop(held);
+}
