@@ -7,6 +7,8 @@
     reason = "test set-up: a failure there is the test failing"
 )]
 
+mod support;
+
 use std::ffi::CString;
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
@@ -25,23 +27,7 @@ use hvstats::trust::Distrust;
 use hvstats::{Hypervisor, InstanceConfig};
 use hvstats_abi::catalog::vp;
 
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("hvstats-hostile-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        Self(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use support::TempDir;
 
 fn publish(dir: &Path) -> Result<std::sync::Arc<Hypervisor>, String> {
     Hypervisor::with_config(InstanceConfig {
