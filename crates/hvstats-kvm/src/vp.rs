@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use hvstats::hwc::{GuestCounts, VpHardwareCounters};
+use hvstats::snapshot::error_chain;
 use hvstats::whv::VpExtras;
 use hvstats::{PartitionStats, SharedPage};
 use kvm_bindings::{KVM_SYNC_X86_REGS, KVM_SYNC_X86_SREGS};
@@ -245,8 +246,9 @@ pub(crate) fn run(env: &VpEnv<'_>, shared: &VpShared, mut vcpu: VcpuFd) -> VpOut
             vcpu.set_sync_valid_reg(reg);
         }
     }
-    let mut hardware =
-        env.hardware.map(|h| VpHardwareCounters::open(&h.allocator, h.handle, 0).map_err(|e| e.to_string()));
+    let mut hardware = env
+        .hardware
+        .map(|h| VpHardwareCounters::open(&h.allocator, h.handle, 0).map_err(|e| error_chain(&e)));
     let mut acct = ExitAccounting::new(env.accounting && env.page.is_some());
     let mut serial = Vec::new();
     let started = Instant::now();
@@ -289,7 +291,9 @@ pub(crate) fn run(env: &VpEnv<'_>, shared: &VpShared, mut vcpu: VcpuFd) -> VpOut
     }
     outcome.run_time = started.elapsed();
     outcome.hardware = hardware.as_mut().map(|h| match h {
-        Ok(counters) => counters.read().map_err(|e| format!("reading the hardware counters: {e}")),
+        Ok(counters) => {
+            counters.read().map_err(|e| format!("reading the hardware counters: {}", error_chain(&e)))
+        }
         Err(why) => Err(why.clone()),
     });
     if let Some(fault) = &outcome.fault {
@@ -354,14 +358,14 @@ fn step(
                 }
                 let step = match h.hypercall(&mut ctx) {
                     Ok(()) => Step::Continue,
-                    Err(e) => Step::Fault(format!("hypercall failed: {e}")),
+                    Err(e) => Step::Fault(format!("hypercall failed: {}", error_chain(&e))),
                 };
                 return (with(ExitClass::Hypercall), step);
             }
             let step = match handlers.ports.get(&port).map(|h| h.write(&mut ctx, port, bytes)) {
                 None | Some(Ok(PortAction::Continue)) => Step::Continue,
                 Some(Ok(PortAction::Stop(status))) => Step::Stop(status),
-                Some(Err(e)) => Step::Fault(format!("port {port:#x} write: {e}")),
+                Some(Err(e)) => Step::Fault(format!("port {port:#x} write: {}", error_chain(&e))),
             };
             (with(ExitClass::Io), step)
         }
@@ -386,7 +390,7 @@ fn step(
             unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), ptr, len) };
             let step = match result {
                 Ok(()) => Step::Continue,
-                Err(e) => Step::Fault(format!("port {port:#x} read: {e}")),
+                Err(e) => Step::Fault(format!("port {port:#x} read: {}", error_chain(&e))),
             };
             (with(ExitClass::Io), step)
         }

@@ -21,6 +21,7 @@ use anyhow::{Context, bail};
 use hvstats::Hypervisor;
 use hvstats::hwc::{Allocator, Lifetime, PmuShape};
 use hvstats::present;
+use hvstats::snapshot::error_chain;
 use hvstats::whv;
 use hvstats_abi::catalog::Presentation;
 use hvstats_abi::hal::{PhysicalCounterResourceDescriptor, PhysicalCounterResourceList};
@@ -178,7 +179,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let hv = match Hypervisor::new_published(&runtime_dir) {
         Ok(hv) => hv,
         Err(e) => {
-            note!("not publishing this instance for `hvstats snapshot`: {e}");
+            note!("not publishing this instance for `hvstats snapshot`: {}", error_chain(&e));
             Hypervisor::new().context("creating the hypervisor instance")?
         }
     };
@@ -249,15 +250,15 @@ fn exit_status(faulted: bool, signal: Option<Signal>) -> ExitStatus {
 /// Two general-purpose counters on every processor, from the host's shared allocation table, for
 /// guest cycles and instructions retired; or why the PMU cannot be used.
 fn hardware_counters(runtime_dir: &Path) -> Result<HardwareCounters, String> {
-    let pmu = PmuShape::from_env_or_discover().map_err(|e| e.to_string())?;
+    let pmu = PmuShape::from_env_or_discover().map_err(|e| error_chain(&e))?;
     if let Some(reason) = pmu.absent_reason() {
         return Err(format!("no PMU: {reason}"));
     }
-    let allocator = Allocator::open(runtime_dir, pmu).map_err(|e| e.to_string())?;
+    let allocator = Allocator::open(runtime_dir, pmu).map_err(|e| error_chain(&e))?;
     let counters = [PhysicalCounterResourceDescriptor::range(0, 1)];
     let handle = allocator
         .try_allocate(None, Some(&PhysicalCounterResourceList::new(&counters)), Lifetime::Process)
-        .map_err(|e| format!("hardware counters 0-1 on every processor: {e}"))?;
+        .map_err(|e| format!("hardware counters 0-1 on every processor: {}", error_chain(&e)))?;
     Ok(HardwareCounters { allocator: Arc::new(allocator), handle })
 }
 
