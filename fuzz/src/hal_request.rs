@@ -19,32 +19,7 @@ use hvstats_abi::hal::{
     ResourceType,
 };
 
-/// Bytes taken one field at a time; zeros once they run out.
-struct Bytes<'a>(&'a [u8]);
-
-impl Bytes<'_> {
-    fn u8(&mut self) -> u8 {
-        match self.0.split_first() {
-            Some((&b, rest)) => {
-                self.0 = rest;
-                b
-            }
-            None => 0,
-        }
-    }
-
-    fn u32(&mut self) -> u32 {
-        (0..4).fold(0, |v, i| v | u32::from(self.u8()) << (8 * i))
-    }
-
-    fn u64(&mut self) -> u64 {
-        u64::from(self.u32()) | u64::from(self.u32()) << 32
-    }
-
-    fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
+use crate::bytes::Bytes;
 
 fn shape(b: &mut Bytes<'_>) -> PmuShape {
     let processors = u32::from(b.u8() % 140) + 1;

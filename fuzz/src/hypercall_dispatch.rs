@@ -26,32 +26,11 @@ use hvstats_abi::hypercall::{
 use hvstats_abi::{HvStatus, StatsAreaType, StatsObjectIdentity, StatsObjectType};
 use zerocopy::IntoBytes;
 
+use crate::bytes::Bytes;
+
 const PAGE: u64 = 4096;
 const RAM_PAGES: u64 = 8;
 const GPA_SPACE_PAGES: u64 = 16;
-
-/// Bytes taken one field at a time; zeros once they run out.
-struct Bytes<'a>(&'a [u8]);
-
-impl Bytes<'_> {
-    fn u8(&mut self) -> u8 {
-        match self.0.split_first() {
-            Some((&b, rest)) => {
-                self.0 = rest;
-                b
-            }
-            None => 0,
-        }
-    }
-
-    fn u64(&mut self) -> u64 {
-        (0..8).fold(0, |v, i| v | u64::from(self.u8()) << (8 * i))
-    }
-
-    fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
 
 struct Ram(Vec<u8>);
 

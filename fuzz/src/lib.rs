@@ -1,6 +1,7 @@
 //! Fuzz targets for hvstats. Each target's body is a plain function here, so the workspace tests
 //! run the very same checks on random inputs without nightly or libFuzzer.
 
+pub mod bytes;
 pub mod hal_request;
 pub mod hypercall_dispatch;
 pub mod index;

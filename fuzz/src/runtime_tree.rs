@@ -22,6 +22,8 @@ use hvstats::snapshot::ObjectReading;
 
 use crate::index::sample;
 
+use crate::bytes::Bytes;
+
 /// What the generated trees may contain.
 #[derive(Clone, Copy, Debug)]
 pub struct Hostility {
@@ -34,36 +36,6 @@ impl Hostility {
     pub const FULL: Self = Self { fifos: true };
     /// No FIFOs.
     pub const TAME: Self = Self { fifos: false };
-}
-
-/// Bytes taken one field at a time; zeros once they run out.
-struct Bytes<'a>(&'a [u8]);
-
-impl Bytes<'_> {
-    fn u8(&mut self) -> u8 {
-        match self.0.split_first() {
-            Some((&b, rest)) => {
-                self.0 = rest;
-                b
-            }
-            None => 0,
-        }
-    }
-
-    fn u16(&mut self) -> usize {
-        usize::from(self.u8()) | usize::from(self.u8()) << 8
-    }
-
-    fn take(&mut self, n: usize) -> &[u8] {
-        let n = n.min(self.0.len());
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        head
-    }
-
-    fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
 }
 
 fn mkfifo(path: &Path) {

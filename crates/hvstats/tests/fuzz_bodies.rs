@@ -11,6 +11,8 @@
     reason = "test set-up: a failure there is the test failing"
 )]
 
+#[path = "../../../fuzz/src/bytes.rs"]
+mod bytes;
 #[path = "../../../fuzz/src/hal_request.rs"]
 mod hal_request;
 #[path = "../../../fuzz/src/hypercall_dispatch.rs"]
