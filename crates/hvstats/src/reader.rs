@@ -81,6 +81,15 @@ impl From<Changed> for PageCopyError {
     }
 }
 
+/// The chunks a reader takes from an arena whose header announces `announced` chunks in a file of
+/// `file_size` bytes: no more than the file holds, and no more than a publisher ever makes
+/// ([`crate::arena::MAX_SLOTS`]), so a sparse file of a terabyte cannot make a reader scan for
+/// minutes.
+fn visible_chunks(announced: usize, file_size: u64) -> usize {
+    let held = usize::try_from(file_size).unwrap_or(usize::MAX).saturating_sub(HEADER_BYTES) / CHUNK_BYTES;
+    announced.min(held).min(crate::arena::MAX_SLOTS / CHUNK_SLOTS)
+}
+
 impl ArenaReader {
     /// Reads the header of `file` and maps it when that is safe.
     ///
@@ -151,9 +160,8 @@ impl ArenaReader {
         if announced <= self.chunks && !unmapped {
             return Ok(false);
         }
-        let size = usize::try_from(runtime_dir::fstat(self.file.as_fd())?.st_size).unwrap_or(0);
-        let held = size.saturating_sub(HEADER_BYTES) / CHUNK_BYTES;
-        let chunks = announced.min(held);
+        let size = runtime_dir::fstat(self.file.as_fd())?.st_size;
+        let chunks = visible_chunks(announced, u64::try_from(size).unwrap_or(0));
         if chunks <= self.chunks && !unmapped {
             return Ok(false);
         }
@@ -418,3 +426,22 @@ fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
 }
 
 const _: () = assert!(ENTRY_BYTES % 8 == 0 && PAGE_SIZE % 8 == 0);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reader_takes_no_more_chunks_than_the_file_holds_or_a_publisher_makes() {
+        let bytes = |chunks: usize| (HEADER_BYTES + chunks * CHUNK_BYTES) as u64;
+        assert_eq!(visible_chunks(3, bytes(3)), 3);
+        assert_eq!(visible_chunks(3, bytes(2) + 100), 2, "a chunk the file does not hold whole");
+        assert_eq!(visible_chunks(usize::MAX, bytes(5)), 5, "the header's count is not believed");
+        assert_eq!(visible_chunks(1, bytes(5)), 1);
+        assert_eq!(visible_chunks(0, 0), 0);
+        // A sparse terabyte announcing everything: capped at what a publisher ever makes.
+        let most = crate::arena::MAX_SLOTS / CHUNK_SLOTS;
+        assert_eq!(visible_chunks(usize::MAX, 1 << 40), most);
+        assert_eq!(visible_chunks(usize::MAX, u64::MAX), most);
+    }
+}
