@@ -40,7 +40,7 @@ use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 use hvstats_abi::page::PAGE_SLOTS;
-use hvstats_abi::{HvStatus, ObjectKind, StatsAreaType, StatsObjectIdentity, StatsObjectType, StatsPage};
+use hvstats_abi::{HvError, ObjectKind, StatsAreaType, StatsObjectIdentity, StatsObjectType, StatsPage};
 
 use crate::index::{self, Entry, InstanceDescription, ObjectState};
 use crate::page::MappedPage;
@@ -89,7 +89,7 @@ pub enum AttachError {
     Torn(StatsObject),
     /// The map rules refused the request.
     #[error("stats page request refused: {0}")]
-    Refused(HvStatus),
+    Refused(HvError),
     /// The instance's files are not believed: they do not belong to the user whose process holds
     /// them (see [`crate::trust`]).
     #[error("not believing {}: {why}", path.display())]
@@ -709,7 +709,7 @@ impl RootReader {
         self.mappings.check_map(&key).map_err(AttachError::Refused)?;
         let page = self.instance.map_page(key.object)?;
         self.mappings.insert(key, page);
-        self.mappings.get(&key).ok_or(AttachError::Refused(HvStatus::INVALID_PARAMETER))
+        self.mappings.get(&key).ok_or(AttachError::Refused(HvError::INVALID_PARAMETER))
     }
 
     /// HvUnmapStatsPage for the root.

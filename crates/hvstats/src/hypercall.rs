@@ -35,7 +35,7 @@ use hvstats_abi::hypercall::{
     GetPartitionIdOutput, HypercallCode, HypercallInput, HypercallOutput, MapStatsPageInput,
     PartitionPrivileges, UnmapStatsPageInput,
 };
-use hvstats_abi::{HvStatus, PAGE_SIZE};
+use hvstats_abi::{HvError, HvResult, HvStatus, PAGE_SIZE};
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::gpa_space::{GpaSpace, OverlayMapping};
@@ -197,7 +197,7 @@ pub fn dispatch(
 ) -> HypercallOutput {
     let status = match run(ctx, input, input_gpa, output_gpa, mem, overlays) {
         Ok(()) => HvStatus::SUCCESS,
-        Err(status) => status,
+        Err(e) => e.status(),
     };
     HypercallOutput::new(status, 0)
 }
@@ -209,7 +209,7 @@ fn run(
     output_gpa: u64,
     mem: &mut dyn GuestMemory,
     overlays: &mut dyn StatsOverlays,
-) -> Result<(), HvStatus> {
+) -> HvResult<()> {
     let call = Call::of(input.code());
     // Rule 1.
     if !input.fast() {
@@ -228,15 +228,15 @@ fn run(
         || input.variable_header_size() != 0
         || (input.fast() && !call.is_some_and(Call::allows_fast))
     {
-        return Err(HvStatus::INVALID_HYPERCALL_INPUT);
+        return Err(HvError::INVALID_HYPERCALL_INPUT);
     }
     // Rule 3.
-    let call = call.ok_or(HvStatus::INVALID_HYPERCALL_CODE)?;
+    let call = call.ok_or(HvError::INVALID_HYPERCALL_CODE)?;
     match call {
         Call::NotifyLongSpinWait => Ok(()),
         Call::GetPartitionId => {
             if !ctx.privileges.access_partition_id() {
-                return Err(HvStatus::ACCESS_DENIED);
+                return Err(HvError::ACCESS_DENIED);
             }
             let partition_id = match ctx.caller {
                 Requester::Root => ROOT_PARTITION_ID,
@@ -244,42 +244,41 @@ fn run(
             };
             let out = GetPartitionIdOutput { partition_id };
             check_output_not_overlaid(ctx, output_gpa)?;
-            mem.write(output_gpa, out.as_bytes()).map_err(|_| HvStatus::INVALID_PARAMETER)
+            mem.write(output_gpa, out.as_bytes()).map_err(|_| HvError::INVALID_PARAMETER)
         }
         Call::MapStatsPage => {
             let mut block = MapStatsPageInput::default();
-            mem.read(input_gpa, block.as_mut_bytes()).map_err(|_| HvStatus::INVALID_PARAMETER)?;
+            mem.read(input_gpa, block.as_mut_bytes()).map_err(|_| HvError::INVALID_PARAMETER)?;
             map(ctx, &block, mem, overlays)
         }
         Call::UnmapStatsPage => {
             let mut buf = [0u8; size_of::<UnmapStatsPageInput>()];
-            mem.read(input_gpa, &mut buf).map_err(|_| HvStatus::INVALID_PARAMETER)?;
-            let block =
-                UnmapStatsPageInput::read_from_bytes(&buf).map_err(|_| HvStatus::INVALID_PARAMETER)?;
+            mem.read(input_gpa, &mut buf).map_err(|_| HvError::INVALID_PARAMETER)?;
+            let block = UnmapStatsPageInput::read_from_bytes(&buf).map_err(|_| HvError::INVALID_PARAMETER)?;
             unmap(ctx, &block, overlays)
         }
     }
 }
 
 /// An output block must not lie on a page the caller sees a stats page at (module documentation).
-fn check_output_not_overlaid(ctx: &CallerContext<'_>, output_gpa: u64) -> Result<(), HvStatus> {
+fn check_output_not_overlaid(ctx: &CallerContext<'_>, output_gpa: u64) -> HvResult<()> {
     let gpa_page = output_gpa / PAGE_SIZE as u64;
     with_gpa_space(ctx, |gpa, _| {
         if gpa.mappings().iter().any(|(_, m)| m.accessible && m.gpa_page == gpa_page) {
-            return Err(HvStatus::ACCESS_DENIED);
+            return Err(HvError::ACCESS_DENIED);
         }
         Ok(())
     })
 }
 
 /// Rule 1 for one block: 8-byte aligned and within one page.
-fn check_block(gpa: u64, size: u64) -> Result<(), HvStatus> {
+fn check_block(gpa: u64, size: u64) -> HvResult<()> {
     if size == 0 {
         return Ok(());
     }
     let page = PAGE_SIZE as u64;
     if gpa % 8 != 0 || gpa % page + size > page {
-        return Err(HvStatus::INVALID_ALIGNMENT);
+        return Err(HvError::INVALID_ALIGNMENT);
     }
     Ok(())
 }
@@ -290,7 +289,7 @@ fn authorize(
     stats_type: hvstats_abi::StatsObjectType,
     padding: u32,
     identity: hvstats_abi::StatsObjectIdentity,
-) -> Result<ObjectKey, HvStatus> {
+) -> HvResult<ObjectKey> {
     let request = rules::parse_request(stats_type, padding, identity)?;
     rules::authorize(ctx.caller, ctx.privileges.access_stats(), &request, ctx.hypervisor)
 }
@@ -299,12 +298,12 @@ fn authorize(
 /// the root).
 fn with_gpa_space<R>(
     ctx: &CallerContext<'_>,
-    f: impl FnOnce(&mut GpaSpace, Option<&crate::instance::PartitionStats>) -> Result<R, HvStatus>,
-) -> Result<R, HvStatus> {
+    f: impl FnOnce(&mut GpaSpace, Option<&crate::instance::PartitionStats>) -> HvResult<R>,
+) -> HvResult<R> {
     match ctx.caller {
         Requester::Root => f(&mut ctx.hypervisor.root_gpa_space(), None),
         Requester::Guest { partition_id, .. } => {
-            let stats = ctx.hypervisor.partition(partition_id).ok_or(HvStatus::INVALID_PARTITION_ID)?;
+            let stats = ctx.hypervisor.partition(partition_id).ok_or(HvError::INVALID_PARTITION_ID)?;
             let mut gpa = stats.gpa_space();
             f(&mut gpa, Some(&stats))
         }
@@ -316,12 +315,12 @@ fn map(
     block: &MapStatsPageInput,
     mem: &dyn GuestMemory,
     overlays: &mut dyn StatsOverlays,
-) -> Result<(), HvStatus> {
+) -> HvResult<()> {
     let key = authorize(ctx, block.stats_type, block.padding, block.identity)?;
     let gpa_page = block.target_gpa_page;
     // Resolved before the GPA space is locked: the instance locks partitions, then GPA spaces.
     // An object gone since the rules ran belongs to a partition no longer active.
-    let page = ctx.hypervisor.object_page(key.object).ok_or(HvStatus::INVALID_PARTITION_STATE)?;
+    let page = ctx.hypervisor.object_page(key.object).ok_or(HvError::INVALID_PARTITION_STATE)?;
     with_gpa_space(ctx, |gpa, stats| {
         // Rules 10 and 11.
         gpa.mappings().check_map(&key)?;
@@ -329,11 +328,11 @@ fn map(
         let mut outside_ram = false;
         if accessible {
             if gpa.mappings().iter().any(|(_, m)| m.accessible && m.gpa_page == gpa_page) {
-                return Err(HvStatus::INVALID_PARAMETER);
+                return Err(HvError::INVALID_PARAMETER);
             }
             let address = gpa_page.checked_mul(PAGE_SIZE as u64);
             outside_ram = !address.is_some_and(|a| mem.is_ram(a));
-            overlays.map_overlay(gpa_page, page.page()).map_err(|_| HvStatus::INSUFFICIENT_MEMORY)?;
+            overlays.map_overlay(gpa_page, page.page()).map_err(|_| HvError::INSUFFICIENT_MEMORY)?;
         }
         gpa.mappings_mut().insert(key, OverlayMapping { gpa_page, accessible, outside_ram });
         if let Some(stats) = stats {
@@ -348,14 +347,14 @@ fn unmap(
     ctx: &CallerContext<'_>,
     block: &UnmapStatsPageInput,
     overlays: &mut dyn StatsOverlays,
-) -> Result<(), HvStatus> {
+) -> HvResult<()> {
     let key = authorize(ctx, block.stats_type, block.padding, block.identity)?;
     with_gpa_space(ctx, |gpa, stats| {
         let mapping = gpa.mappings_mut().remove(&key)?;
         if mapping.accessible {
             if let Err(_e) = overlays.unmap_overlay(mapping.gpa_page) {
                 gpa.mappings_mut().insert(key, mapping);
-                return Err(HvStatus::OPERATION_DENIED);
+                return Err(HvError::OPERATION_DENIED);
             }
         }
         if let Some(stats) = stats {

@@ -27,7 +27,7 @@
 use std::collections::HashMap;
 
 use hvstats_abi::hypercall::{HV_PARTITION_ID_SELF, HV_VP_INDEX_SELF};
-use hvstats_abi::{HvStatus, ObjectKind, StatsAreaType, StatsObjectIdentity, StatsObjectType};
+use hvstats_abi::{HvError, HvResult, ObjectKind, StatsAreaType, StatsObjectIdentity, StatsObjectType};
 
 /// The default number of stats pages one caller may have mapped at once.
 pub const DEFAULT_STATS_PAGE_QUOTA: u32 = 64;
@@ -108,15 +108,15 @@ pub fn parse_request(
     stats_type: StatsObjectType,
     padding: u32,
     identity: StatsObjectIdentity,
-) -> Result<StatsRequest, HvStatus> {
-    let kind = stats_type.kind().ok_or(HvStatus::INVALID_PARAMETER)?;
+) -> HvResult<StatsRequest> {
+    let kind = stats_type.kind().ok_or(HvError::INVALID_PARAMETER)?;
     if padding != 0 || !identity.reserved_clear(kind) {
-        return Err(HvStatus::INVALID_PARAMETER);
+        return Err(HvError::INVALID_PARAMETER);
     }
     let area = match identity.area() {
         StatsAreaType::SELF => StatsArea::OwnView,
         StatsAreaType::PARENT => StatsArea::Parent,
-        _ => return Err(HvStatus::INVALID_PARAMETER),
+        _ => return Err(HvError::INVALID_PARAMETER),
     };
     Ok(StatsRequest { kind, identity, area })
 }
@@ -163,36 +163,36 @@ pub fn authorize(
     access_stats: bool,
     request: &StatsRequest,
     directory: &dyn ObjectDirectory,
-) -> Result<ObjectKey, HvStatus> {
+) -> HvResult<ObjectKey> {
     // Rule 5.
     if !access_stats {
-        return Err(HvStatus::ACCESS_DENIED);
+        return Err(HvError::ACCESS_DENIED);
     }
     let id = &request.identity;
     let area = request.area;
     if let Requester::Guest { partition_id: own, vp_index: own_vp } = requester {
         // Rule 6.
         if request.kind.is_global() {
-            return Err(HvStatus::ACCESS_DENIED);
+            return Err(HvError::ACCESS_DENIED);
         }
         // Rule 7: before any existence check.
         let target = id.partition_id();
         if (target != HV_PARTITION_ID_SELF && target != own) || area == StatsArea::Parent {
-            return Err(HvStatus::ACCESS_DENIED);
+            return Err(HvError::ACCESS_DENIED);
         }
-        let facts = directory.partition_facts(own).ok_or(HvStatus::INVALID_PARTITION_ID)?;
+        let facts = directory.partition_facts(own).ok_or(HvError::INVALID_PARTITION_ID)?;
         let object = match request.kind {
             ObjectKind::Partition => StatsObject::Partition(own),
             _ => {
                 let vp = if id.vp_index() == HV_VP_INDEX_SELF { own_vp } else { id.vp_index() };
                 if vp >= facts.vp_count {
-                    return Err(HvStatus::INVALID_VP_INDEX);
+                    return Err(HvError::INVALID_VP_INDEX);
                 }
                 StatsObject::Vp(own, vp)
             }
         };
         if !facts.active {
-            return Err(HvStatus::INVALID_PARTITION_STATE);
+            return Err(HvError::INVALID_PARTITION_STATE);
         }
         return Ok(ObjectKey { object, area });
     }
@@ -200,24 +200,24 @@ pub fn authorize(
         ObjectKind::Hypervisor => StatsObject::Hypervisor,
         ObjectKind::LogicalProcessor => {
             if id.lp_index() >= directory.logical_processors() {
-                return Err(HvStatus::INVALID_LP_INDEX);
+                return Err(HvError::INVALID_LP_INDEX);
             }
             StatsObject::LogicalProcessor(id.lp_index())
         }
         kind @ (ObjectKind::Partition | ObjectKind::Vp) => {
             // The root has no partition or VP object of its own: SELF names nothing.
             let pid = id.partition_id();
-            let facts = directory.partition_facts(pid).ok_or(HvStatus::INVALID_PARTITION_ID)?;
+            let facts = directory.partition_facts(pid).ok_or(HvError::INVALID_PARTITION_ID)?;
             let object = if kind == ObjectKind::Partition {
                 StatsObject::Partition(pid)
             } else {
                 if id.vp_index() >= facts.vp_count {
-                    return Err(HvStatus::INVALID_VP_INDEX);
+                    return Err(HvError::INVALID_VP_INDEX);
                 }
                 StatsObject::Vp(pid, id.vp_index())
             };
             if !facts.active {
-                return Err(HvStatus::INVALID_PARTITION_STATE);
+                return Err(HvError::INVALID_PARTITION_STATE);
             }
             object
         }
@@ -254,12 +254,12 @@ impl<T> MappingTable<T> {
     ///
     /// # Errors
     /// `OPERATION_DENIED` when it is already mapped, `INSUFFICIENT_MEMORY` when the quota is used.
-    pub fn check_map(&self, key: &ObjectKey) -> Result<(), HvStatus> {
+    pub fn check_map(&self, key: &ObjectKey) -> HvResult<()> {
         if self.entries.contains_key(key) {
-            return Err(HvStatus::OPERATION_DENIED);
+            return Err(HvError::OPERATION_DENIED);
         }
         if self.entries.len() >= self.quota as usize {
-            return Err(HvStatus::INSUFFICIENT_MEMORY);
+            return Err(HvError::INSUFFICIENT_MEMORY);
         }
         Ok(())
     }
@@ -273,8 +273,8 @@ impl<T> MappingTable<T> {
     ///
     /// # Errors
     /// `INVALID_PARAMETER` when `key` is not mapped.
-    pub fn remove(&mut self, key: &ObjectKey) -> Result<T, HvStatus> {
-        self.entries.remove(key).ok_or(HvStatus::INVALID_PARAMETER)
+    pub fn remove(&mut self, key: &ObjectKey) -> HvResult<T> {
+        self.entries.remove(key).ok_or(HvError::INVALID_PARAMETER)
     }
 
     /// The mapping of `key`.
@@ -336,8 +336,8 @@ mod tests {
         let dir = OnePartition { active: true };
         let guest = Requester::Guest { partition_id: 7, vp_index: 0 };
         let req = request(ObjectKind::Partition, StatsObjectIdentity::partition(99, StatsAreaType::SELF));
-        assert_eq!(authorize(guest, true, &req, &dir), Err(HvStatus::ACCESS_DENIED));
-        assert_eq!(authorize(Requester::Root, true, &req, &dir), Err(HvStatus::INVALID_PARTITION_ID));
+        assert_eq!(authorize(guest, true, &req, &dir), Err(HvError::ACCESS_DENIED));
+        assert_eq!(authorize(Requester::Root, true, &req, &dir), Err(HvError::INVALID_PARTITION_ID));
     }
 
     #[test]
@@ -347,25 +347,25 @@ mod tests {
             ObjectKind::LogicalProcessor,
             StatsObjectIdentity::logical_processor(2, StatsAreaType::SELF),
         );
-        assert_eq!(authorize(Requester::Root, true, &req, &dir), Err(HvStatus::INVALID_LP_INDEX));
+        assert_eq!(authorize(Requester::Root, true, &req, &dir), Err(HvError::INVALID_LP_INDEX));
     }
 
     #[test]
     fn internal_area_is_an_invalid_parameter() {
         let id = StatsObjectIdentity::partition(7, StatsAreaType::INTERNAL);
-        assert_eq!(parse_request(StatsObjectType::PARTITION, 0, id), Err(HvStatus::INVALID_PARAMETER));
+        assert_eq!(parse_request(StatsObjectType::PARTITION, 0, id), Err(HvError::INVALID_PARAMETER));
     }
 
     #[test]
     fn unmapping_what_is_not_mapped_is_an_invalid_parameter() {
         let mut table = MappingTable::<u64>::new(1);
         let key = ObjectKey { object: StatsObject::Hypervisor, area: StatsArea::OwnView };
-        assert_eq!(table.remove(&key), Err(HvStatus::INVALID_PARAMETER));
+        assert_eq!(table.remove(&key), Err(HvError::INVALID_PARAMETER));
         table.check_map(&key).unwrap();
         table.insert(key, 5);
-        assert_eq!(table.check_map(&key), Err(HvStatus::OPERATION_DENIED));
+        assert_eq!(table.check_map(&key), Err(HvError::OPERATION_DENIED));
         let other = ObjectKey { object: StatsObject::LogicalProcessor(0), area: StatsArea::OwnView };
-        assert_eq!(table.check_map(&other), Err(HvStatus::INSUFFICIENT_MEMORY));
+        assert_eq!(table.check_map(&other), Err(HvError::INSUFFICIENT_MEMORY));
         assert_eq!(table.remove(&key), Ok(5));
     }
 }

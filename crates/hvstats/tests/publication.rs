@@ -21,7 +21,7 @@ use hvstats::rules::StatsObject;
 use hvstats::{Hypervisor, InstanceConfig, InstanceDescription, PageAccess};
 use hvstats_abi::catalog::{hypervisor, partition, vp};
 use hvstats_abi::page::PageView;
-use hvstats_abi::{HvStatus, ObjectKind, StatsAreaType, StatsObjectIdentity, StatsObjectType};
+use hvstats_abi::{HvError, HvStatus, ObjectKind, StatsAreaType, StatsObjectIdentity, StatsObjectType};
 use zerocopy::IntoBytes;
 
 use support::TempDir;
@@ -149,7 +149,7 @@ fn the_index_follows_partitions_their_names_and_states_and_the_owner_removes_its
     let mut reader = RootReader::new(attach::discover(&tmp.0).unwrap().instances.remove(0));
     let b_vp = StatsObjectIdentity::vp(b.id(), 2, StatsAreaType::PARENT);
     let refused = reader.map_stats_page(StatsObjectType::VP, b_vp).map(|_| ()).unwrap_err();
-    assert!(matches!(refused, AttachError::Refused(HvStatus::INVALID_PARTITION_STATE)), "{refused:?}");
+    assert!(matches!(refused, AttachError::Refused(HvError::INVALID_PARTITION_STATE)), "{refused:?}");
     assert_eq!(reader.read(StatsObject::Vp(b.id(), 2)).unwrap().data[vp::HYPERCALLS.slot()], 31);
     let snap = reader.instance_mut().snapshot();
     let sb = snap.partitions.iter().find(|p| p.id == b.id()).unwrap();
@@ -199,7 +199,7 @@ fn an_attached_root_follows_the_map_rules() {
     let mut reader = RootReader::new(attach::discover(&tmp.0).unwrap().instances.remove(0));
     let status = |r: Result<(), AttachError>| match r {
         Ok(()) => HvStatus::SUCCESS,
-        Err(AttachError::Refused(s)) => s,
+        Err(AttachError::Refused(e)) => e.status(),
         Err(e) => panic!("{e}"),
     };
     let mut map = |t, id| status(reader.map_stats_page(t, id).map(|_| ()));
