@@ -45,7 +45,7 @@ use hvstats_abi::{HvStatus, ObjectKind, StatsAreaType, StatsObjectIdentity, Stat
 use crate::index::{self, Entry, InstanceDescription, ObjectState};
 use crate::page::MappedPage;
 use crate::publish::{self, ARENA_SUFFIX, GLOBAL_SUFFIX, INSTANCES_DIR, InstanceName};
-use crate::reader::{ArenaError, ArenaReader, PageCopyError};
+use crate::reader::{ArenaError, ArenaReader, PageCopyError, ReadPath};
 use crate::rules::{
     self, DEFAULT_STATS_PAGE_QUOTA, MappingTable, ObjectDirectory, ObjectKey, PartitionFacts, Requester,
     StatsObject,
@@ -205,13 +205,22 @@ impl Instance {
     /// When its partitions arena cannot be opened or read. (A global arena this user may not read
     /// is no error: its objects read as permission denied.)
     pub fn open(dir: &Dir, name: InstanceName) -> Result<Self, AttachError> {
+        Self::open_with(dir, name, ReadPath::MapWhenSafe)
+    }
+
+    /// As [`open`](Self::open), reaching the arenas by `read_path` ([`ReadPath::Pread`]: never
+    /// mapped, as another user's arenas are read).
+    ///
+    /// # Errors
+    /// As [`open`](Self::open).
+    pub fn open_with(dir: &Dir, name: InstanceName, read_path: ReadPath) -> Result<Self, AttachError> {
         let path = dir.path().join(name.arena_file());
         let file = dir.open_file(&name.arena_file(), false)?;
-        let arena =
-            ArenaReader::open(file).map_err(|source| AttachError::Arena { path: path.clone(), source })?;
+        let arena = ArenaReader::open_with(file, read_path)
+            .map_err(|source| AttachError::Arena { path: path.clone(), source })?;
         let mut global_denied = false;
         let global = match dir.open_file(&name.global_file(), false) {
-            Ok(file) => ArenaReader::open(file).map_err(|e| crate::snapshot::error_chain(&e)),
+            Ok(file) => ArenaReader::open_with(file, read_path).map_err(|e| crate::snapshot::error_chain(&e)),
             Err(e) => {
                 global_denied = AttachError::from(e.clone_kind()).is_permission_denied();
                 Err(crate::snapshot::error_chain(&e))
@@ -523,13 +532,19 @@ pub struct Changes {
 pub struct Attach {
     runtime_dir: PathBuf,
     instances: BTreeMap<InstanceName, Instance>,
+    read_path: ReadPath,
 }
 
 impl Attach {
     /// A reader of the instances under `runtime_dir` (nothing is read until
     /// [`refresh`](Self::refresh)).
     pub fn new(runtime_dir: &Path) -> Self {
-        Self { runtime_dir: runtime_dir.to_owned(), instances: BTreeMap::new() }
+        Self::with_read_path(runtime_dir, ReadPath::MapWhenSafe)
+    }
+
+    /// As [`new`](Self::new), opening each instance's arenas by `read_path`.
+    pub fn with_read_path(runtime_dir: &Path, read_path: ReadPath) -> Self {
+        Self { runtime_dir: runtime_dir.to_owned(), instances: BTreeMap::new(), read_path }
     }
 
     /// Looks again: opens new instances, drops removed and dead ones (removing a dead publisher's
@@ -580,7 +595,7 @@ impl Attach {
             if self.instances.contains_key(&name) {
                 continue;
             }
-            match Instance::open(&dir, name) {
+            match Instance::open_with(&dir, name, self.read_path) {
                 Ok(instance) if instance.is_live() => {
                     changes.added.push(name);
                     self.instances.insert(name, instance);
