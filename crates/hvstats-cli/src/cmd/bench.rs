@@ -353,7 +353,7 @@ fn consistency_row(rounds: u32) -> anyhow::Result<Row> {
         ours,
         baseline,
         unit: "ns/read",
-        goal: Some(1.25),
+        goal: Some(1.1),
     })
 }
 
