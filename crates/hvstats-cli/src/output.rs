@@ -45,7 +45,7 @@ impl From<ExitStatus> for ExitCode {
 
 /// A write to standard output failed for a reason other than a closed reader.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot write to standard output: {0}")]
+#[error("cannot write to standard output")]
 pub struct OutputError(#[source] pub io::Error);
 
 /// Set once standard output turned out to be closed; later output is dropped.

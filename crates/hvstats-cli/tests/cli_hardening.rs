@@ -54,6 +54,12 @@ fn sample_page(dir: &Path) -> String {
 fn printing_commands(dir: &Path) -> Vec<Vec<String>> {
     let page = sample_page(dir);
     let rt = dir.to_str().unwrap().to_owned();
+    let recording = dir.join("recording").to_str().unwrap().to_owned();
+    let o = hvstats()
+        .args(["record", "--quiet", "--duration", "0.01", "--output", &recording, "--runtime-dir", &rt])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
     let s = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
     vec![
         s(&["catalog"]),
@@ -64,6 +70,10 @@ fn printing_commands(dir: &Path) -> Vec<Vec<String>> {
         s(&["hwc", "list", "--json", "--runtime-dir", &rt]),
         s(&["snapshot", "--runtime-dir", &rt]),
         s(&["snapshot", "--json", "--runtime-dir", &rt]),
+        s(&["top", "--once", "--interval", "0.1", "--runtime-dir", &rt]),
+        s(&["top", "--once", "--json", "--interval", "0.1", "--runtime-dir", &rt]),
+        s(&["report", &recording]),
+        s(&["report", "--json", &recording]),
     ]
 }
 
@@ -180,10 +190,23 @@ fn usage_errors_exit_2_and_state_the_real_range() {
 fn a_runtime_dir_that_does_not_exist_is_an_error_not_a_new_directory() {
     let dir = TempDir::new("no-runtime-dir");
     let missing = dir.path().join("typo");
-    for args in [vec!["hwc", "list"], vec!["run"], vec!["snapshot"], vec!["observe", "--pid", "1"]] {
+    let every = [
+        vec!["hwc", "list"],
+        vec!["run"],
+        vec!["snapshot"],
+        vec!["observe", "--pid", "1"],
+        vec!["top", "--once"],
+        vec!["serve", "--listen", "127.0.0.1:0"],
+        vec!["record", "--output", "/dev/null", "--duration", "0.1"],
+    ];
+    for args in every {
         let o = hvstats().args(&args).arg("--runtime-dir").arg(&missing).output().unwrap();
         assert_eq!(o.status.code(), Some(1), "{args:?}");
-        assert!(stderr(&o).contains("does not exist"), "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("--runtime-dir") && stderr(&o).contains("does not exist"),
+            "{args:?}: {}",
+            stderr(&o)
+        );
         assert!(!missing.exists(), "{args:?} created {}", missing.display());
     }
 }

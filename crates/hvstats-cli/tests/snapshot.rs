@@ -8,12 +8,12 @@
 
 mod common;
 
-use common::TempDir;
+use common::{TempDir, publish, publish_with};
 
 use std::path::Path;
 use std::process::Command;
 
-use hvstats::{Hypervisor, InstanceConfig};
+use hvstats::InstanceConfig;
 use hvstats_abi::ObjectKind;
 use hvstats_abi::catalog::{counters_of, hypervisor, partition, vp};
 use serde_json::Value;
@@ -35,12 +35,7 @@ fn name(c: hvstats_abi::CounterId) -> &'static str {
 #[test]
 fn snapshot_json_shows_the_counters_of_a_published_instance() {
     let tmp = TempDir::new("json");
-    let hv = Hypervisor::with_config(InstanceConfig {
-        runtime_dir: Some(tmp.path().to_path_buf()),
-        logical_processors: Some(vec![0]),
-        ..Default::default()
-    })
-    .unwrap();
+    let hv = publish(tmp.path());
     let part = hv.create_partition(2).unwrap();
     part.set_ram_pages(100);
     part.vp_page(1).unwrap().set(vp::CPUID_INSTRUCTIONS, 4242);
@@ -89,12 +84,7 @@ fn snapshot_json_shows_the_counters_of_a_published_instance() {
 #[test]
 fn snapshot_json_carries_each_vps_full_histograms_and_wait() {
     let tmp = TempDir::new("json-histograms");
-    let hv = Hypervisor::with_config(InstanceConfig {
-        runtime_dir: Some(tmp.path().to_path_buf()),
-        logical_processors: Some(vec![0]),
-        ..Default::default()
-    })
-    .unwrap();
+    let hv = publish(tmp.path());
     let part = hv.create_partition(2).unwrap();
     let vp1 = part.vp_page(1).unwrap();
     // 98 exits in [512, 1024) ns, one in [65536, 131072), one past the last bound.
@@ -165,13 +155,10 @@ fn euid() -> u32 {
 fn snapshot_by_a_non_root_user_reports_global_pages_unreadable_not_zero() {
     let tmp = TempDir::new("nonroot");
     // Partition and VP pages are the owner's unless a group is named: name nobody's group.
-    let hv = Hypervisor::with_config(InstanceConfig {
-        runtime_dir: Some(tmp.path().to_path_buf()),
-        logical_processors: Some(vec![0]),
-        page_access: hvstats::PageAccess { group: Some(65534) },
-        ..Default::default()
-    })
-    .unwrap();
+    let hv = publish_with(
+        tmp.path(),
+        InstanceConfig { page_access: hvstats::PageAccess { group: Some(65534) }, ..Default::default() },
+    );
     let part = hv.create_partition(1).unwrap();
     part.vp_page(0).unwrap().set(vp::HYPERCALLS, 9);
     let mut cmd = if euid() == 0 {
@@ -200,13 +187,13 @@ fn snapshot_by_a_non_root_user_reports_global_pages_unreadable_not_zero() {
 #[test]
 fn snapshot_shows_descriptions_names_stopped_partitions_and_unknown_counters() {
     let tmp = TempDir::new("states");
-    let hv = Hypervisor::with_config(InstanceConfig {
-        runtime_dir: Some(tmp.path().to_path_buf()),
-        logical_processors: Some(vec![0]),
-        description: hvstats::InstanceDescription { kind: "observer".into(), name: "qemu 4242".into() },
-        ..Default::default()
-    })
-    .unwrap();
+    let hv = publish_with(
+        tmp.path(),
+        InstanceConfig {
+            description: hvstats::InstanceDescription { kind: "observer".into(), name: "qemu 4242".into() },
+            ..Default::default()
+        },
+    );
     let part = hv.create_partition_named(1, "web-1").unwrap();
     part.vp_page(0).unwrap().set(vp::CPUID_INSTRUCTIONS, 77);
     part.set_unavailable(&[vp::HYPERCALLS]);
@@ -239,12 +226,7 @@ fn snapshot_shows_descriptions_names_stopped_partitions_and_unknown_counters() {
 #[test]
 fn snapshot_json_into_a_closed_pipe_ends_quietly() {
     let tmp = TempDir::new("pipe");
-    let hv = Hypervisor::with_config(InstanceConfig {
-        runtime_dir: Some(tmp.path().to_path_buf()),
-        logical_processors: Some(vec![0]),
-        ..Default::default()
-    })
-    .unwrap();
+    let hv = publish(tmp.path());
     let _parts: Vec<_> = (0..200).map(|_| hv.create_partition(4).unwrap()).collect();
     let mut child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
         .args(["snapshot", "--json", "--runtime-dir"])
@@ -277,12 +259,7 @@ fn snapshot_json_of_65536_vps_streams_in_bounded_memory() {
         return;
     }
     let tmp = TempDir::new("scale");
-    let hv = Hypervisor::with_config(InstanceConfig {
-        runtime_dir: Some(tmp.path().to_path_buf()),
-        logical_processors: Some(vec![0]),
-        ..Default::default()
-    })
-    .unwrap();
+    let hv = publish(tmp.path());
     let _partitions: Vec<_> = (0..4096).map(|_| hv.create_partition(16).unwrap()).collect();
     let mut child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
         .args(["snapshot", "--json", "--runtime-dir"])
@@ -315,4 +292,54 @@ fn snapshot_json_of_65536_vps_streams_in_bounded_memory() {
     assert!(bytes > 65_536 * 1000, "{bytes} bytes");
     assert!(peak > 0);
     assert!(peak < 64 * 1024, "snapshot --json of 65,536 VPs held {peak} KiB of heap");
+}
+
+/// True when this test may make a PID namespace with its own /proc (root, util-linux unshare).
+fn can_unshare_pid_and_proc() -> bool {
+    Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc", "true"])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+#[test]
+fn a_reader_in_a_child_pid_namespace_believes_files_of_the_directory_owner_only() {
+    if !can_unshare_pid_and_proc() {
+        eprintln!("skipped: `unshare --pid --fork --mount-proc` is not available here");
+        return;
+    }
+    let tmp = TempDir::new("pidns-reader");
+    let hv = publish(tmp.path());
+    let part = hv.create_partition(1).unwrap();
+    part.vp_page(0).unwrap().set(vp::CPUID_INSTRUCTIONS, 77);
+    // A copy owned by nobody, kept alive by this process: a reader that cannot see this process
+    // (its /proc lists no lock of it) believes only files of the runtime directory's owner.
+    let copy = hvstats::publish::instances_dir(tmp.path()).join("99-99-99.arena");
+    std::fs::copy(hv.published_path().unwrap(), &copy).unwrap();
+    let held = std::fs::File::open(&copy).unwrap();
+    hvstats::publish::lock(std::os::fd::AsFd::as_fd(&held)).unwrap();
+    std::os::unix::fs::chown(&copy, Some(65534), Some(65534)).unwrap();
+
+    let out = Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc"])
+        .arg(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["snapshot", "--json", "--runtime-dir"])
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("99-99-99.arena")
+            && stderr.contains("uid 65534")
+            && stderr.contains("directory's owner"),
+        "{stderr}"
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let instances = v["instances"].as_array().unwrap();
+    assert_eq!(instances.len(), 1, "the host's own instance is still read");
+    assert_eq!(instances[0]["pid"], std::process::id());
+    let vp0 = &instances[0]["partitions"][0]["vps"][0];
+    assert_eq!(vp0["counters"][name(vp::CPUID_INSTRUCTIONS)], 77, "{vp0}");
+    drop(held);
 }

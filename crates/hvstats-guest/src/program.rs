@@ -15,7 +15,7 @@ pub use hvstats_abi::boot::Mode;
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
     /// The assembler rejected an instruction or could not resolve a label.
-    #[error("assembler: {0}")]
+    #[error("assembler")]
     Assembler(#[from] IcedError),
     /// The program needs something its mode cannot do.
     #[error("{what} is not available in {mode} mode")]

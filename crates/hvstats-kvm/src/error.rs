@@ -6,7 +6,7 @@ use std::io;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// `/dev/kvm` cannot be opened.
-    #[error("cannot open /dev/kvm: {0}")]
+    #[error("cannot open /dev/kvm")]
     OpenKvm(#[source] kvm_ioctls::Error),
     /// A KVM ioctl failed.
     #[error("{op}: {source}")]

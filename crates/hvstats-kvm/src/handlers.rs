@@ -32,7 +32,7 @@ pub enum HandlerError {
         source: kvm_ioctls::Error,
     },
     /// Guest memory the handler needed is not there.
-    #[error("guest memory: {0}")]
+    #[error("guest memory")]
     Memory(#[source] crate::Error),
     /// An error of a handler outside this crate.
     #[error(transparent)]

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use hvstats::hwc::{GuestCounts, VpHardwareCounters};
+use hvstats::snapshot::error_chain;
 use hvstats::whv::VpExtras;
 use hvstats::{PartitionStats, SharedPage};
 use kvm_bindings::{KVM_SYNC_X86_REGS, KVM_SYNC_X86_SREGS};
@@ -29,8 +30,88 @@ use crate::sources::thread_time::gettid;
 pub struct VpFault {
     /// What happened, e.g. "triple fault (KVM_EXIT_SHUTDOWN)".
     pub reason: String,
-    /// The guest RIP (IP in real mode) when it happened.
+    /// The last guest RIP (IP in real mode) the VP is known to have had: see [`Self::rip_seen`].
     pub rip: u64,
+    /// Where [`Self::rip`] was read.
+    pub rip_seen: RipSeen,
+}
+
+impl VpFault {
+    /// Where it happened, for reports: "RIP 0x1008", "RIP 0x1004 (at an earlier exit)", "RIP
+    /// 0x1000 (at entry)" or "an unknown RIP".
+    pub fn location(&self) -> String {
+        match self.rip_seen {
+            RipSeen::AtFault => format!("RIP {:#x}", self.rip),
+            RipSeen::AtEarlierExit | RipSeen::AtEntry => {
+                format!("RIP {:#x} (at {})", self.rip, self.rip_seen.as_str())
+            }
+            RipSeen::Unknown => "an unknown RIP".to_owned(),
+        }
+    }
+}
+
+/// Where a fault report's RIP comes from.
+///
+/// Most faults leave the registers as they were at the faulting exit. A triple fault does not:
+/// the processor's state is undefined after a shutdown, and KVM on AMD resets the vCPU (RIP
+/// 0xfff0) before it reports it, so the RIP KVM gives then is none the guest ever had. The report
+/// gives the RIP of the last exit before it instead, or the entry point when there was none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RipSeen {
+    /// At the exit that stopped the VP.
+    AtFault,
+    /// At the last return from KVM_RUN before the one that stopped the VP (the faulting exit's
+    /// registers are undefined), as the exit's handler left them.
+    AtEarlierExit,
+    /// Where the VP entered the guest: it had no earlier exit, or its RIP at exits is not known
+    /// (the partition does not sync registers through `kvm_run`).
+    AtEntry,
+    /// Not known (the VP's thread ended abnormally); [`VpFault::rip`] is 0.
+    Unknown,
+}
+
+impl RipSeen {
+    /// A short name for reports: "fault", "earlier exit" or "entry".
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RipSeen::AtFault => "fault",
+            RipSeen::AtEarlierExit => "earlier exit",
+            RipSeen::AtEntry => "entry",
+            RipSeen::Unknown => "unknown",
+        }
+    }
+}
+
+/// The RIP the VP is known to have had at its last exits, kept without an ioctl: read from the
+/// registers KVM syncs into `kvm_run` when the partition syncs them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct LastRip {
+    rip: u64,
+    seen: RipSeen,
+}
+
+impl LastRip {
+    /// Before the first entry: the entry point.
+    fn entry(rip: u64) -> Self {
+        Self { rip, seen: RipSeen::AtEntry }
+    }
+
+    /// An exit was handled and the VP is about to re-enter: `synced` is the RIP in `kvm_run` (as
+    /// the handlers left it), when KVM syncs the general registers.
+    fn exit_handled(&mut self, synced: Option<u64>) {
+        if let Some(rip) = synced {
+            *self = Self { rip, seen: RipSeen::AtEarlierExit };
+        }
+    }
+
+    /// The RIP to report for a fault at an exit whose registers are `at_fault` (None when they
+    /// could not be read); `defined` is false when the exit leaves them undefined (a shutdown).
+    fn for_fault(self, at_fault: Option<u64>, defined: bool) -> (u64, RipSeen) {
+        match at_fault {
+            Some(rip) if defined => (rip, RipSeen::AtFault),
+            _ => (self.rip, self.seen),
+        }
+    }
 }
 
 /// How one VP ended.
@@ -132,7 +213,10 @@ pub(crate) struct VpEnv<'a> {
 enum Step {
     Continue,
     Stop(u32),
+    /// A fault at an exit whose registers are what the guest had.
     Fault(String),
+    /// A fault at an exit that leaves the registers undefined (a shutdown).
+    FaultUndefined(String),
 }
 
 /// Runs VP `shared.index` on the calling thread until it stops, faults or is stopped.
@@ -147,7 +231,11 @@ pub(crate) fn run(env: &VpEnv<'_>, shared: &VpShared, mut vcpu: VcpuFd) -> VpOut
         hardware: None,
     };
     let Some(presence) = env.space.vp(index) else {
-        outcome.fault = Some(VpFault { reason: format!("no VP {index} in the guest space"), rip: 0 });
+        outcome.fault = Some(VpFault {
+            reason: format!("no VP {index} in the guest space"),
+            rip: rip(&vcpu).unwrap_or(0),
+            rip_seen: RipSeen::AtEntry,
+        });
         return outcome;
     };
     *lock(&shared.sources) = Some(VpSources::open(gettid(), vcpu.as_raw_fd()));
@@ -158,18 +246,27 @@ pub(crate) fn run(env: &VpEnv<'_>, shared: &VpShared, mut vcpu: VcpuFd) -> VpOut
             vcpu.set_sync_valid_reg(reg);
         }
     }
-    let mut hardware =
-        env.hardware.map(|h| VpHardwareCounters::open(&h.allocator, h.handle, 0).map_err(|e| e.to_string()));
+    let mut hardware = env
+        .hardware
+        .map(|h| VpHardwareCounters::open(&h.allocator, h.handle, 0).map_err(|e| error_chain(&e)));
     let mut acct = ExitAccounting::new(env.accounting && env.page.is_some());
     let mut serial = Vec::new();
     let started = Instant::now();
+    let mut last_rip = LastRip::entry(rip(&vcpu).unwrap_or(0));
+    let synced_regs = env.sync_regs & u64::from(KVM_SYNC_X86_REGS) != 0;
+    let mut entered = false;
     loop {
+        if entered && synced_regs {
+            last_rip.exit_handled(Some(vcpu.sync_regs_mut().regs.rip));
+        }
         if presence.stopping() {
             let why = if env.stop_requested.load(Ordering::SeqCst) { "stop requested" } else { "timeout" };
+            let (rip, rip_seen) = last_rip.for_fault(rip(&vcpu), true);
             outcome.fault =
-                Some(VpFault { reason: format!("stopped before it exited ({why})"), rip: rip(&vcpu) });
+                Some(VpFault { reason: format!("stopped before it exited ({why})"), rip, rip_seen });
             break;
         }
+        entered = true;
         let (class, step) = step(env, shared, presence, &mut vcpu, &mut serial, &mut acct);
         if let (Some((class, t0)), Some(page)) = (class, env.page) {
             acct.record(page, &shared.user, class, cycles::now().wrapping_sub(t0));
@@ -181,14 +278,22 @@ pub(crate) fn run(env: &VpEnv<'_>, shared: &VpShared, mut vcpu: VcpuFd) -> VpOut
                 break;
             }
             Step::Fault(reason) => {
-                outcome.fault = Some(VpFault { reason, rip: rip(&vcpu) });
+                let (rip, rip_seen) = last_rip.for_fault(rip(&vcpu), true);
+                outcome.fault = Some(VpFault { reason, rip, rip_seen });
+                break;
+            }
+            Step::FaultUndefined(reason) => {
+                let (rip, rip_seen) = last_rip.for_fault(None, false);
+                outcome.fault = Some(VpFault { reason, rip, rip_seen });
                 break;
             }
         }
     }
     outcome.run_time = started.elapsed();
     outcome.hardware = hardware.as_mut().map(|h| match h {
-        Ok(counters) => counters.read().map_err(|e| format!("reading the hardware counters: {e}")),
+        Ok(counters) => {
+            counters.read().map_err(|e| format!("reading the hardware counters: {}", error_chain(&e)))
+        }
         Err(why) => Err(why.clone()),
     });
     if let Some(fault) = &outcome.fault {
@@ -208,8 +313,9 @@ pub(crate) fn run(env: &VpEnv<'_>, shared: &VpShared, mut vcpu: VcpuFd) -> VpOut
     outcome
 }
 
-fn rip(vcpu: &VcpuFd) -> u64 {
-    vcpu.get_regs().map(|r| r.rip).unwrap_or(0)
+/// The RIP now (KVM_GET_REGS also when registers are synced: it is exact between runs).
+fn rip(vcpu: &VcpuFd) -> Option<u64> {
+    vcpu.get_regs().map(|r| r.rip).ok()
 }
 
 /// One KVM_RUN and the handling of its exit; returns the exit's class and the time its handling
@@ -252,14 +358,14 @@ fn step(
                 }
                 let step = match h.hypercall(&mut ctx) {
                     Ok(()) => Step::Continue,
-                    Err(e) => Step::Fault(format!("hypercall failed: {e}")),
+                    Err(e) => Step::Fault(format!("hypercall failed: {}", error_chain(&e))),
                 };
                 return (with(ExitClass::Hypercall), step);
             }
             let step = match handlers.ports.get(&port).map(|h| h.write(&mut ctx, port, bytes)) {
                 None | Some(Ok(PortAction::Continue)) => Step::Continue,
                 Some(Ok(PortAction::Stop(status))) => Step::Stop(status),
-                Some(Err(e)) => Step::Fault(format!("port {port:#x} write: {e}")),
+                Some(Err(e)) => Step::Fault(format!("port {port:#x} write: {}", error_chain(&e))),
             };
             (with(ExitClass::Io), step)
         }
@@ -284,7 +390,7 @@ fn step(
             unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), ptr, len) };
             let step = match result {
                 Ok(()) => Step::Continue,
-                Err(e) => Step::Fault(format!("port {port:#x} read: {e}")),
+                Err(e) => Step::Fault(format!("port {port:#x} read: {}", error_chain(&e))),
             };
             (with(ExitClass::Io), step)
         }
@@ -317,7 +423,7 @@ fn step(
             unsafe { *error = u8::from(!ok) };
             (with(ExitClass::Msr), Step::Continue)
         }
-        Ok(VcpuExit::Shutdown) => (None, Step::Fault("triple fault (KVM_EXIT_SHUTDOWN)".into())),
+        Ok(VcpuExit::Shutdown) => (None, Step::FaultUndefined("triple fault (KVM_EXIT_SHUTDOWN)".into())),
         Ok(VcpuExit::InternalError) => {
             // SAFETY: the exit reason is KVM_EXIT_INTERNAL_ERROR, so `internal` is the active member.
             let sub = unsafe { vcpu.get_kvm_run().__bindgen_anon_1.internal.suberror };
@@ -350,5 +456,43 @@ fn step(
             (None, Step::Continue)
         }
         Err(e) => (None, Step::Fault(format!("KVM_RUN failed: {e}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shutdown_reports_the_rip_of_the_last_exit_before_it() {
+        let mut last = LastRip::entry(0x1000);
+        // Before any exit the entry point is all that is known.
+        assert_eq!(last.for_fault(None, false), (0x1000, RipSeen::AtEntry));
+        // Without synced registers the exits teach nothing.
+        last.exit_handled(None);
+        assert_eq!(last.for_fault(Some(0xfff0), false), (0x1000, RipSeen::AtEntry));
+        last.exit_handled(Some(0x1004));
+        last.exit_handled(Some(0x1010));
+        // KVM's registers after a shutdown (0xfff0 after AMD's reset, or garbage) are not used.
+        assert_eq!(last.for_fault(Some(0xfff0), false), (0x1010, RipSeen::AtEarlierExit));
+        assert_eq!(last.for_fault(Some(u64::MAX), false), (0x1010, RipSeen::AtEarlierExit));
+    }
+
+    #[test]
+    fn other_faults_report_the_rip_at_the_fault_when_it_can_be_read() {
+        let mut last = LastRip::entry(0x1000);
+        last.exit_handled(Some(0x1004));
+        assert_eq!(last.for_fault(Some(0x1008), true), (0x1008, RipSeen::AtFault));
+        // KVM_GET_REGS failed: the last known RIP, said to be such.
+        assert_eq!(last.for_fault(None, true), (0x1004, RipSeen::AtEarlierExit));
+    }
+
+    #[test]
+    fn a_fault_location_says_where_its_rip_was_seen() {
+        let at = |rip_seen| VpFault { reason: String::new(), rip: 0x1008, rip_seen }.location();
+        assert_eq!(at(RipSeen::AtFault), "RIP 0x1008");
+        assert_eq!(at(RipSeen::AtEarlierExit), "RIP 0x1008 (at earlier exit)");
+        assert_eq!(at(RipSeen::AtEntry), "RIP 0x1008 (at entry)");
+        assert_eq!(at(RipSeen::Unknown), "an unknown RIP");
     }
 }

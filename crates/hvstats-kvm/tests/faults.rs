@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::kvm_available;
 use hvstats::Hypervisor;
 use hvstats_guest::{Mode, Program, layout};
-use hvstats_kvm::{Handlers, Partition, PartitionConfig, RunReport};
+use hvstats_kvm::{Handlers, Partition, PartitionConfig, RipSeen, RunReport};
 use iced_x86::code_asm::*;
 
 fn run(mode: Mode, vps: u32, timeout: Duration, body: impl Fn(&mut Program)) -> (Arc<Hypervisor>, RunReport) {
@@ -46,6 +46,40 @@ fn a_triple_fault_is_reported_with_its_rip() {
             "{mode:?}: {fault:?}"
         );
         assert!(!fault.reason.contains("timeout"), "{mode:?}: {fault:?}");
+        assert_ne!(fault.rip, u64::MAX, "{mode:?}: {fault:?}");
+    }
+}
+
+#[test]
+fn a_triple_fault_reports_the_last_rip_the_vp_had_not_the_reset_state() {
+    if !kvm_available("a_triple_fault_reports_the_last_rip_the_vp_had_not_the_reset_state") {
+        return;
+    }
+    for mode in [Mode::Protected, Mode::Long] {
+        // One exit (a serial byte) just before the fault, so the last RIP the VP had is known:
+        // the `out` itself or, once completed, the `ud2` after it.
+        let mut p = Program::new(mode, layout::DEFAULT_LOAD_GPA).unwrap();
+        let mut before = p.asm().create_label();
+        let mut ud2 = p.asm().create_label();
+        p.asm().mov(dx, u32::from(layout::SERIAL_PORT)).unwrap();
+        p.asm().mov(al, b'x' as u32).unwrap();
+        p.asm().set_label(&mut before).unwrap();
+        p.asm().out(dx, al).unwrap();
+        p.asm().set_label(&mut ud2).unwrap();
+        p.asm().ud2().unwrap();
+        let (image, at) = p.finish_with_labels(&[before, ud2]).unwrap();
+        let hv = Hypervisor::new().unwrap();
+        let config =
+            PartitionConfig { vp_count: 1, mode, timeout: Duration::from_secs(20), ..Default::default() };
+        let partition = Partition::new(&hv, config, Handlers::builtin()).unwrap();
+        partition.load(image.load_gpa, &image.bytes).unwrap();
+        let report = partition.run(image.entry).unwrap();
+        let fault = report.vps[0].fault.clone().expect("fault");
+        assert_eq!(report.vps[0].serial, b"x", "{mode:?}");
+        if fault.reason.contains("SHUTDOWN") {
+            assert_eq!(fault.rip_seen, RipSeen::AtEarlierExit, "{mode:?}: {fault:?}");
+        }
+        assert!(fault.rip == at[0] || fault.rip == at[1], "{mode:?}: {fault:?}, out at {:#x}", at[0]);
     }
 }
 

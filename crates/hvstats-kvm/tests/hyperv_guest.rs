@@ -124,6 +124,8 @@ fn every_map_rule_status_comes_back_to_a_guest() {
     let other_id = other.stats().id();
     let vp_page = map_input(StatsObjectType::VP, self_vp(0), 0x140);
     let s = |st: HvStatus| st.0;
+    let map =
+        |ty, identity, gpa_page, st: HvStatus| ProbeCall::new(MAP, &map_input(ty, identity, gpa_page), st.0);
     let mut misaligned = ProbeCall::new(MAP, &vp_page, s(HvStatus::INVALID_ALIGNMENT));
     misaligned.input_offset = 4;
     let mut crossing = ProbeCall::new(MAP, &vp_page, s(HvStatus::INVALID_ALIGNMENT));
@@ -159,90 +161,57 @@ fn every_map_rule_status_comes_back_to_a_guest() {
         ProbeCall::new(0x0777, &vp_page, s(HvStatus::INVALID_HYPERCALL_CODE)),
         ProbeCall::new(MAP, &padding_bytes, s(HvStatus::INVALID_PARAMETER)),
         ProbeCall::new(MAP, &reserved_identity, s(HvStatus::INVALID_PARAMETER)),
-        ProbeCall::new(
-            MAP,
-            &map_input(StatsObjectType(0x77), self_vp(0), 0x140),
-            s(HvStatus::INVALID_PARAMETER),
+        map(StatsObjectType(0x77), self_vp(0), 0x140, HvStatus::INVALID_PARAMETER),
+        map(
+            StatsObjectType::VP,
+            StatsObjectIdentity::vp(HV_PARTITION_ID_SELF, 0, StatsAreaType::INTERNAL),
+            0x140,
+            HvStatus::INVALID_PARAMETER,
         ),
-        ProbeCall::new(
-            MAP,
-            &map_input(
-                StatsObjectType::VP,
-                StatsObjectIdentity::vp(HV_PARTITION_ID_SELF, 0, StatsAreaType::INTERNAL),
-                0x140,
-            ),
-            s(HvStatus::INVALID_PARAMETER),
+        map(
+            StatsObjectType::HYPERVISOR,
+            StatsObjectIdentity::hypervisor(StatsAreaType::SELF),
+            0x140,
+            HvStatus::ACCESS_DENIED,
         ),
-        ProbeCall::new(
-            MAP,
-            &map_input(
-                StatsObjectType::HYPERVISOR,
-                StatsObjectIdentity::hypervisor(StatsAreaType::SELF),
-                0x140,
-            ),
-            s(HvStatus::ACCESS_DENIED),
+        map(
+            StatsObjectType::LOGICAL_PROCESSOR,
+            StatsObjectIdentity::logical_processor(0, StatsAreaType::SELF),
+            0x140,
+            HvStatus::ACCESS_DENIED,
         ),
-        ProbeCall::new(
-            MAP,
-            &map_input(
-                StatsObjectType::LOGICAL_PROCESSOR,
-                StatsObjectIdentity::logical_processor(0, StatsAreaType::SELF),
-                0x140,
-            ),
-            s(HvStatus::ACCESS_DENIED),
+        map(
+            StatsObjectType::PARTITION,
+            StatsObjectIdentity::partition(other_id, StatsAreaType::SELF),
+            0x140,
+            HvStatus::ACCESS_DENIED,
         ),
-        ProbeCall::new(
-            MAP,
-            &map_input(
-                StatsObjectType::PARTITION,
-                StatsObjectIdentity::partition(other_id, StatsAreaType::SELF),
-                0x140,
-            ),
-            s(HvStatus::ACCESS_DENIED),
+        map(
+            StatsObjectType::PARTITION,
+            StatsObjectIdentity::partition(0xDEAD_0000, StatsAreaType::SELF),
+            0x140,
+            HvStatus::ACCESS_DENIED,
         ),
-        ProbeCall::new(
-            MAP,
-            &map_input(
-                StatsObjectType::PARTITION,
-                StatsObjectIdentity::partition(0xDEAD_0000, StatsAreaType::SELF),
-                0x140,
-            ),
-            s(HvStatus::ACCESS_DENIED),
+        map(
+            StatsObjectType::VP,
+            StatsObjectIdentity::vp(HV_PARTITION_ID_SELF, 0, StatsAreaType::PARENT),
+            0x140,
+            HvStatus::ACCESS_DENIED,
         ),
-        ProbeCall::new(
-            MAP,
-            &map_input(
-                StatsObjectType::VP,
-                StatsObjectIdentity::vp(HV_PARTITION_ID_SELF, 0, StatsAreaType::PARENT),
-                0x140,
-            ),
-            s(HvStatus::ACCESS_DENIED),
-        ),
-        ProbeCall::new(
-            MAP,
-            &map_input(StatsObjectType::VP, self_vp(7), 0x140),
-            s(HvStatus::INVALID_VP_INDEX),
-        ),
+        map(StatsObjectType::VP, self_vp(7), 0x140, HvStatus::INVALID_VP_INDEX),
         ProbeCall::new(
             UNMAP,
             &unmap_input(StatsObjectType::VP, self_vp(HV_VP_INDEX_SELF)),
             s(HvStatus::INVALID_PARAMETER),
         ),
         ProbeCall::new(MAP, &vp_page, s(HvStatus::SUCCESS)),
-        ProbeCall::new(
-            MAP,
-            &map_input(StatsObjectType::VP, self_vp(HV_VP_INDEX_SELF), 0x141),
-            s(HvStatus::OPERATION_DENIED),
-        ),
+        map(StatsObjectType::VP, self_vp(HV_VP_INDEX_SELF), 0x141, HvStatus::OPERATION_DENIED),
         // Beyond the GPA space: success, nothing accessible.
-        ProbeCall::new(
-            MAP,
-            &map_input(
-                StatsObjectType::PARTITION,
-                StatsObjectIdentity::partition(HV_PARTITION_ID_SELF, StatsAreaType::SELF),
-                1 << 24,
-            ),
-            s(HvStatus::SUCCESS),
+        map(
+            StatsObjectType::PARTITION,
+            StatsObjectIdentity::partition(HV_PARTITION_ID_SELF, StatsAreaType::SELF),
+            1 << 24,
+            HvStatus::SUCCESS,
         ),
         ProbeCall::new(UNMAP, &unmap_input(StatsObjectType::VP, self_vp(0)), s(HvStatus::SUCCESS)),
         ProbeCall::new(

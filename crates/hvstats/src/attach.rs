@@ -50,7 +50,8 @@ use crate::rules::{
     self, DEFAULT_STATS_PAGE_QUOTA, MappingTable, ObjectDirectory, ObjectKey, PartitionFacts, Requester,
     StatsObject,
 };
-use crate::runtime_dir::{Dir, RuntimeDirError, Use};
+use crate::runtime_dir::{self, Dir, RuntimeDirError, Use};
+use crate::trust::{self, Distrust};
 
 /// An error attaching to an instance or reading one of its pages.
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +90,16 @@ pub enum AttachError {
     /// The map rules refused the request.
     #[error("stats page request refused: {0}")]
     Refused(HvStatus),
+    /// The instance's files are not believed: they do not belong to the user whose process holds
+    /// them (see [`crate::trust`]).
+    #[error("not believing {}: {why}", path.display())]
+    Untrusted {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        why: Distrust,
+    },
 }
 
 impl AttachError {
@@ -216,11 +227,24 @@ impl Instance {
     pub fn open_with(dir: &Dir, name: InstanceName, read_path: ReadPath) -> Result<Self, AttachError> {
         let path = dir.path().join(name.arena_file());
         let file = dir.open_file(&name.arena_file(), false)?;
+        let dir_owner =
+            runtime_dir::fstat(dir.fd()).map(|st| st.st_uid).unwrap_or_else(|_| runtime_dir::euid());
         let arena = ArenaReader::open_with(file, read_path)
             .map_err(|source| AttachError::Arena { path: path.clone(), source })?;
+        let claimed = arena.header().pid;
+        trust::verify(arena.file(), claimed, dir_owner)
+            .map_err(|why| AttachError::Untrusted { path: path.clone(), why })?;
         let mut global_denied = false;
         let global = match dir.open_file(&name.global_file(), false) {
-            Ok(file) => ArenaReader::open_with(file, read_path).map_err(|e| crate::snapshot::error_chain(&e)),
+            Ok(file) => match trust::verify(&file, claimed, dir_owner) {
+                Ok(()) => {
+                    ArenaReader::open_with(file, read_path).map_err(|e| crate::snapshot::error_chain(&e))
+                }
+                Err(why) => Err(crate::snapshot::error_chain(&AttachError::Untrusted {
+                    path: dir.path().join(name.global_file()),
+                    why,
+                })),
+            },
             Err(e) => {
                 global_denied = AttachError::from(e.clone_kind()).is_permission_denied();
                 Err(crate::snapshot::error_chain(&e))

@@ -4,7 +4,7 @@
 //! format in [`index`]), the instance that holds them ([`instance`]), the map/unmap rules
 //! ([`rules`]) and the stats hypercalls built on them ([`hypercall`], [`gpa_space`]), publication
 //! of live instances to the runtime directory ([`publish`], [`runtime_dir`]) and attach for root
-//! readers in other processes ([`attach`], [`reader`]), the LP objects ([`lp`]), snapshots of
+//! readers in other processes ([`attach`], [`reader`], [`trust`]), the LP objects ([`lp`]), snapshots of
 //! attached instances ([`snapshot`]), threads' CPU wait ([`sched`]), and — built on those — the
 //! typed VP counter API and the hardware counter allocator.
 
@@ -28,6 +28,7 @@ pub mod rules;
 pub mod runtime_dir;
 pub mod sched;
 pub mod snapshot;
+pub mod trust;
 pub mod whv;
 
 pub use index::InstanceDescription;

@@ -88,7 +88,7 @@ pub enum WhvError {
         count: u32,
     },
     /// A backend source could not be read (`E_FAIL`).
-    #[error("refreshing the VP counters failed: {0}")]
+    #[error("refreshing the VP counters failed")]
     Refresh(#[source] RefreshError),
 }
 

@@ -7,8 +7,9 @@
     reason = "test set-up: a failure there is the test failing"
 )]
 
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::PathBuf;
+mod support;
+
+use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -22,23 +23,7 @@ use hvstats::{Hypervisor, InstanceConfig};
 use hvstats_abi::catalog::vp;
 use hvstats_abi::{ObjectKind, PAGE_SIZE};
 
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("hvstats-arena-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        Self(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use support::TempDir;
 
 fn published(dir: &std::path::Path) -> Arc<Hypervisor> {
     Hypervisor::with_config(InstanceConfig {

@@ -7,6 +7,8 @@
     reason = "test set-up: a failure there is the test failing"
 )]
 
+mod support;
+
 use std::ffi::CString;
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
@@ -21,26 +23,11 @@ use hvstats::publish;
 use hvstats::rules::StatsObject;
 use hvstats::runtime_dir::RuntimeDirError;
 use hvstats::snapshot::error_chain;
+use hvstats::trust::Distrust;
 use hvstats::{Hypervisor, InstanceConfig};
 use hvstats_abi::catalog::vp;
 
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("hvstats-hostile-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        Self(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use support::TempDir;
 
 fn publish(dir: &Path) -> Result<std::sync::Arc<Hypervisor>, String> {
     Hypervisor::with_config(InstanceConfig {
@@ -154,6 +141,75 @@ fn numbers_in_the_index_are_not_trusted_for_sizes() {
     drop(file);
 }
 
+/// A process running as `uid` that holds the publisher's lock on `path` through its own open file
+/// until dropped, as a publisher run by that user would.
+struct Holder(std::process::Child);
+
+impl Holder {
+    fn spawn(path: &Path, uid: u32) -> Self {
+        use std::os::unix::process::CommandExt;
+        let file = std::fs::File::open(path).unwrap();
+        let fd = file.as_raw_fd();
+        let mut cmd = Command::new("sleep");
+        cmd.arg("120");
+        // SAFETY: between fork and exec the child makes only async-signal-safe calls (flock,
+        // fcntl, setgroups, setgid, setuid) on an fd it inherited.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) != 0
+                    || libc::fcntl(fd, libc::F_SETFD, 0) != 0
+                    || libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setgid(uid) != 0
+                    || libc::setuid(uid) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        // spawn returns once the child has exec'ed: the lock is held from here on.
+        let child = cmd.spawn().unwrap();
+        drop(file);
+        Self(child)
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A copy of `hv`'s arena under the live name `99-99-99`, owned by `owner`, claiming publisher
+/// `claimed` (None: the pid of the holder), held by a process running as `holder_uid`.
+fn planted_copy(
+    hv: &Hypervisor,
+    instances: &Path,
+    owner: u32,
+    holder_uid: u32,
+    claimed: Option<u64>,
+) -> (PathBuf, Holder) {
+    use std::os::unix::fs::FileExt;
+    let copy = instances.join("99-99-99.arena");
+    std::fs::copy(hv.published_path().unwrap(), &copy).unwrap();
+    let c = CString::new(copy.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::chown(c.as_ptr(), owner, owner) }, 0);
+    let holder = Holder::spawn(&copy, holder_uid);
+    let claimed = claimed.unwrap_or(u64::from(holder.pid()));
+    // The header's publisher pid (word 6).
+    let file = std::fs::OpenOptions::new().write(true).open(&copy).unwrap();
+    file.write_all_at(&claimed.to_le_bytes(), 6 * 8).unwrap();
+    (copy, holder)
+}
+
+const COPY: publish::InstanceName = publish::InstanceName { pid: 99, start_time: 99, seq: 99 };
+
 #[test]
 fn an_arena_another_user_can_truncate_is_read_with_pread_and_truncation_cannot_kill_the_reader() {
     if !is_root() {
@@ -165,28 +221,68 @@ fn an_arena_another_user_can_truncate_is_read_with_pread_and_truncation_cannot_k
     let p = hv.create_partition(1).unwrap();
     p.vp_page(0).unwrap().set(vp::HYPERCALLS, 11);
     let instances = publish::instances_dir(&tmp.0);
-    // A copy of the arena under another live name, owned by nobody (who could truncate it at
-    // any moment), its lock held so readers take it for live.
-    let copy = instances.join("99-99-99.arena");
-    std::fs::copy(hv.published_path().unwrap(), &copy).unwrap();
-    let held = std::fs::File::open(&copy).unwrap();
-    publish::lock(std::os::fd::AsFd::as_fd(&held)).unwrap();
-    let c = CString::new(copy.as_os_str().as_bytes()).unwrap();
-    // SAFETY: a NUL-terminated path.
-    assert_eq!(unsafe { libc::chown(c.as_ptr(), 65534, 65534) }, 0);
+    // A copy of the arena owned by nobody and held by a process running as nobody (who could
+    // truncate it at any moment): believed, but never mapped.
+    let (copy, _holder) = planted_copy(&hv, &instances, 65534, 65534, None);
 
     let mut attach = Attach::new(&tmp.0);
     let changes = attach.refresh().unwrap();
     assert!(changes.problems.is_empty(), "{:?}", changes.problems);
-    let name = publish::InstanceName { pid: 99, start_time: 99, seq: 99 };
-    let instance = attach.instance(name).expect("the copy is read");
+    let instance = attach.instance(COPY).expect("the copy is read");
     assert!(!instance.is_mapped(), "never mapped: its owner could truncate it under us");
     let id = instance.partitions()[0].id;
     assert_eq!(instance.read(StatsObject::Vp(id, 0)).unwrap().data[vp::HYPERCALLS.slot()], 11);
     // Truncated under the reader: reads fail, the reader lives.
     std::fs::OpenOptions::new().write(true).open(&copy).unwrap().set_len(4096).unwrap();
     assert!(matches!(instance.read(StatsObject::Vp(id, 0)), Err(AttachError::Changed(_))));
-    let _ = held.as_raw_fd();
+}
+
+#[test]
+fn an_instance_whose_files_are_not_its_holders_is_not_believed() {
+    if !is_root() {
+        eprintln!("skipped: needs root to give a file to another user");
+        return;
+    }
+    let tmp = TempDir::new("not-the-holders");
+    let hv = publish(&tmp.0).unwrap();
+    hv.create_partition(1).unwrap();
+    let instances = publish::instances_dir(&tmp.0);
+    // Nobody's file, kept alive by a root process: whoever wrote it is not who vouches for it.
+    let (copy, holder) = planted_copy(&hv, &instances, 65534, 0, None);
+    let mut attach = Attach::new(&tmp.0);
+    let changes = attach.refresh().unwrap();
+    assert!(attach.instance(COPY).is_none());
+    assert_eq!(attach.instances().count(), 1, "the real instance is still read");
+    let [AttachError::Untrusted { path, why }] = changes.problems.as_slice() else {
+        panic!("{:?}", changes.problems)
+    };
+    assert_eq!(path, &copy);
+    assert_eq!(why, &Distrust::NotTheHoldersFile { owner: 65534, pid: holder.pid(), holder_uid: 0 });
+    let message = error_chain(&changes.problems[0]);
+    assert!(message.contains("99-99-99.arena") && message.contains("uid 65534"), "{message}");
+}
+
+#[test]
+fn a_copy_claiming_another_publisher_is_not_believed() {
+    if !is_root() {
+        eprintln!("skipped: needs root to run a holder");
+        return;
+    }
+    let tmp = TempDir::new("other-pid");
+    let hv = publish(&tmp.0).unwrap();
+    hv.create_partition(1).unwrap();
+    let instances = publish::instances_dir(&tmp.0);
+    // A root-owned copy of this process's instance (its header names this process), held by
+    // another root process: not the instance it claims to be.
+    let me = u64::from(std::process::id());
+    let (_copy, holder) = planted_copy(&hv, &instances, 0, 0, Some(me));
+    let mut attach = Attach::new(&tmp.0);
+    let changes = attach.refresh().unwrap();
+    assert!(attach.instance(COPY).is_none());
+    let [AttachError::Untrusted { why, .. }] = changes.problems.as_slice() else {
+        panic!("{:?}", changes.problems)
+    };
+    assert_eq!(why, &Distrust::NotTheClaimedPid { claimed: me, pid: holder.pid() });
 }
 
 #[test]

@@ -7,6 +7,8 @@
     reason = "test set-up: a failure there is the test failing"
 )]
 
+mod support;
+
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -22,24 +24,7 @@ use hvstats_abi::page::PageView;
 use hvstats_abi::{HvStatus, ObjectKind, StatsAreaType, StatsObjectIdentity, StatsObjectType};
 use zerocopy::IntoBytes;
 
-/// A fresh directory under the target's temporary area, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("hvstats-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        Self(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use support::TempDir;
 
 fn published(dir: &Path) -> std::sync::Arc<Hypervisor> {
     Hypervisor::with_config(InstanceConfig {

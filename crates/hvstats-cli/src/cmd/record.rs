@@ -46,10 +46,7 @@ fn parse_seconds(s: &str) -> Result<f64, String> {
 
 /// Runs `hvstats record`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let live = Live::new(args.runtime_dir);
-    if !live.dir().exists() {
-        anyhow::bail!("runtime directory {} does not exist", live.dir().display());
-    }
+    let live = Live::new(Some(crate::cmd::runtime_dir(args.runtime_dir)?));
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = stop.clone();

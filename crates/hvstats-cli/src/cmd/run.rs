@@ -21,6 +21,7 @@ use anyhow::{Context, bail};
 use hvstats::Hypervisor;
 use hvstats::hwc::{Allocator, Lifetime, PmuShape};
 use hvstats::present;
+use hvstats::snapshot::error_chain;
 use hvstats::whv;
 use hvstats_abi::catalog::Presentation;
 use hvstats_abi::hal::{PhysicalCounterResourceDescriptor, PhysicalCounterResourceList};
@@ -29,7 +30,7 @@ use hvstats_abi::{ObjectKind, catalog::counters_of};
 use hvstats_guest::program::LoopCount;
 use hvstats_guest::{GuestImage, Mode, Workload, layout};
 use hvstats_kvm::enlightenment::HyperV;
-use hvstats_kvm::{Handlers, HardwareCounters, Partition, PartitionConfig, RunReport, VpOutcome};
+use hvstats_kvm::{Handlers, HardwareCounters, Partition, PartitionConfig, RipSeen, RunReport, VpOutcome};
 use serde_json::{Map, Value, json};
 
 use crate::input;
@@ -178,7 +179,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let hv = match Hypervisor::new_published(&runtime_dir) {
         Ok(hv) => hv,
         Err(e) => {
-            note!("not publishing this instance for `hvstats snapshot`: {e}");
+            note!("not publishing this instance for `hvstats snapshot`: {}", error_chain(&e));
             Hypervisor::new().context("creating the hypervisor instance")?
         }
     };
@@ -225,7 +226,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     for vp in &report.vps {
         if let Some(f) = &vp.fault {
-            note!("VP {} faulted at RIP {:#x}: {}", vp.index, f.rip, f.reason);
+            note!("VP {} faulted at {}: {}", vp.index, f.location(), f.reason);
         }
     }
     // A signal that came while printing still ends the command as that signal asks.
@@ -249,15 +250,15 @@ fn exit_status(faulted: bool, signal: Option<Signal>) -> ExitStatus {
 /// Two general-purpose counters on every processor, from the host's shared allocation table, for
 /// guest cycles and instructions retired; or why the PMU cannot be used.
 fn hardware_counters(runtime_dir: &Path) -> Result<HardwareCounters, String> {
-    let pmu = PmuShape::from_env_or_discover().map_err(|e| e.to_string())?;
+    let pmu = PmuShape::from_env_or_discover().map_err(|e| error_chain(&e))?;
     if let Some(reason) = pmu.absent_reason() {
         return Err(format!("no PMU: {reason}"));
     }
-    let allocator = Allocator::open(runtime_dir, pmu).map_err(|e| e.to_string())?;
+    let allocator = Allocator::open(runtime_dir, pmu).map_err(|e| error_chain(&e))?;
     let counters = [PhysicalCounterResourceDescriptor::range(0, 1)];
     let handle = allocator
         .try_allocate(None, Some(&PhysicalCounterResourceList::new(&counters)), Lifetime::Process)
-        .map_err(|e| format!("hardware counters 0-1 on every processor: {e}"))?;
+        .map_err(|e| format!("hardware counters 0-1 on every processor: {}", error_chain(&e)))?;
     Ok(HardwareCounters { allocator: Arc::new(allocator), handle })
 }
 
@@ -335,7 +336,8 @@ fn json_report(
             "hardware": hardware_json(vp, unavailable),
         });
         if let Some(f) = &vp.fault {
-            obj["fault"] = json!({"reason": f.reason, "rip": f.rip});
+            let rip = (f.rip_seen != RipSeen::Unknown).then_some(f.rip);
+            obj["fault"] = json!({"reason": f.reason, "rip": rip, "rip_seen": f.rip_seen.as_str()});
         }
         vps.push(obj);
     }
@@ -369,7 +371,7 @@ fn print_tables(
         whv::runtime_counters(partition, vp.index)?;
         let page = partition.stats().vp_page(vp.index).context("VP page")?;
         let status = match (&vp.fault, vp.exit_status) {
-            (Some(f), _) => format!("FAULT at RIP {:#x}: {}", f.rip, f.reason),
+            (Some(f), _) => format!("FAULT at {}: {}", f.location(), f.reason),
             (None, Some(s)) => format!("exit status {s}"),
             (None, None) => "no exit status".into(),
         };

@@ -42,3 +42,19 @@ pub fn kvm_available(test: &str) -> bool {
     eprintln!("{msg}: skipped");
     false
 }
+
+/// An instance this test process publishes under `dir` (logical processor 0 only), with the rest
+/// of its configuration from `config`.
+pub fn publish_with(dir: &Path, config: hvstats::InstanceConfig) -> std::sync::Arc<hvstats::Hypervisor> {
+    hvstats::Hypervisor::with_config(hvstats::InstanceConfig {
+        runtime_dir: Some(dir.to_path_buf()),
+        logical_processors: Some(vec![0]),
+        ..config
+    })
+    .unwrap()
+}
+
+/// An instance this test process publishes under `dir` (logical processor 0 only).
+pub fn publish(dir: &Path) -> std::sync::Arc<hvstats::Hypervisor> {
+    publish_with(dir, hvstats::InstanceConfig::default())
+}

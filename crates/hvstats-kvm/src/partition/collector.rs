@@ -10,7 +10,7 @@ use hvstats_abi::boot::Mode;
 use super::{Partition, RunReport, lock};
 use crate::error::{Error, kvm};
 use crate::modes;
-use crate::vp::{self, Refresh, VpEnv, VpFault, VpOutcome};
+use crate::vp::{self, Refresh, RipSeen, VpEnv, VpFault, VpOutcome};
 
 impl Partition {
     /// Asks a running (or about to run) [`Partition::run`] to stop every VP now, as when its
@@ -89,7 +89,11 @@ impl Partition {
                         index: i as u32,
                         exit_status: None,
                         serial: Vec::new(),
-                        fault: Some(VpFault { reason: "VP thread panicked".into(), rip: 0 }),
+                        fault: Some(VpFault {
+                            reason: "VP thread panicked".into(),
+                            rip: 0,
+                            rip_seen: RipSeen::Unknown,
+                        }),
                         hardware: None,
                         run_time: Duration::ZERO,
                     })

@@ -61,9 +61,10 @@ pub struct PartitionConfig {
     pub timeout: Duration,
     /// Whether the run loop accounts userspace exits (off only to measure what accounting costs).
     pub accounting: bool,
-    /// Whether a partition with hypercall ports has KVM sync the VPs' general and system registers
-    /// into `kvm_run` at every exit, so a hypercall needs no register ioctl (off only to measure or
-    /// test the ioctl path; without KVM_CAP_SYNC_REGS the ioctls are used anyway).
+    /// Whether KVM syncs the VPs' general registers (and, with hypercall ports, the system
+    /// registers) into `kvm_run` at every exit, so a hypercall needs no register ioctl and a fault
+    /// report knows the RIP of the last exit (off only to measure or test the ioctl path; without
+    /// KVM_CAP_SYNC_REGS the ioctls are used anyway).
     pub sync_registers: bool,
     /// How often the collector merges kernel sources into the pages during a run.
     pub collect_interval: Duration,
@@ -163,17 +164,21 @@ pub struct Partition {
     stop_requested: AtomicBool,
 }
 
-/// The register sets to sync through `kvm_run`: the general and system registers when the
-/// partition has hypercall ports (a hypercall then reads its registers and the CPU mode, and writes
-/// its result, without an ioctl) and KVM supports both; none otherwise, since KVM copies the synced
-/// sets at every exit.
+/// The register sets to sync through `kvm_run`: the general registers whenever KVM supports it
+/// (the run loop then knows the RIP of every exit without an ioctl, which a fault report needs
+/// when the faulting exit leaves the registers undefined), and the system registers too when the
+/// partition has hypercall ports (a hypercall then reads the CPU mode without an ioctl). KVM copies
+/// the synced sets at every exit, so the system registers, four times larger, are synced only
+/// where they are used.
 fn sync_regs(kvm_sys: &Kvm, config: &PartitionConfig, handlers: &Handlers) -> u64 {
-    let wanted = u64::from(kvm_bindings::KVM_SYNC_X86_REGS | kvm_bindings::KVM_SYNC_X86_SREGS);
-    if !config.sync_registers || handlers.hypercall_ports.is_empty() {
+    if !config.sync_registers {
         return 0;
     }
+    let regs = u64::from(kvm_bindings::KVM_SYNC_X86_REGS);
+    let sregs = u64::from(kvm_bindings::KVM_SYNC_X86_SREGS);
     let supported = u64::try_from(kvm_sys.check_extension_int(Cap::SyncRegs)).unwrap_or(0);
-    if supported & wanted == wanted { wanted } else { 0 }
+    let wanted = if handlers.hypercall_ports.is_empty() { regs } else { regs | sregs };
+    supported & wanted
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

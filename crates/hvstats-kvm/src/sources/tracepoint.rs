@@ -39,7 +39,7 @@ pub fn filter(tp: Tracepoint) -> Option<String> {
 #[derive(Debug, thiserror::Error)]
 pub enum TracefsError {
     /// It is not mounted, and mounting it failed (mounting needs root).
-    #[error("tracefs is not mounted and mounting it at /sys/kernel/tracing failed: {0}")]
+    #[error("tracefs is not mounted and mounting it at /sys/kernel/tracing failed")]
     Mount(#[source] io::Error),
     /// It is mounted but has no KVM events.
     #[error("tracefs has no kvm events (is the kvm module loaded?)")]

@@ -115,7 +115,7 @@ pub enum TableError {
         ours: String,
     },
     /// The calling process cannot be identified (its `/proc` entry).
-    #[error("cannot identify this process as a holder: {0}")]
+    #[error("cannot identify this process as a holder")]
     Identity(#[source] io::Error),
     /// A path of the table could be steered by another user, or is not what it must be.
     #[error("hardware counter table: refusing {}: {reason}", path.display())]

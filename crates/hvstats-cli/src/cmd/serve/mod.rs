@@ -135,10 +135,7 @@ fn respond(live: &Live, max_vps: usize, request: Request) {
 
 /// Runs `hvstats serve` until killed.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let live = Live::new(args.runtime_dir);
-    if !live.dir().exists() {
-        anyhow::bail!("runtime directory {} does not exist", live.dir().display());
-    }
+    let live = Live::new(Some(crate::cmd::runtime_dir(args.runtime_dir)?));
     if args.observe_all {
         observe::start(live.dir(), std::time::Duration::from_secs_f64(args.observe_interval))?;
     }

@@ -50,10 +50,7 @@ fn parse_interval(s: &str) -> Result<f64, String> {
 
 /// Runs `hvstats top`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let live = Live::new(args.runtime_dir);
-    if !live.dir().exists() {
-        anyhow::bail!("runtime directory {} does not exist", live.dir().display());
-    }
+    let live = Live::new(Some(crate::cmd::runtime_dir(args.runtime_dir)?));
     if args.once {
         return once(&live, args.interval, args.json);
     }
