@@ -2,9 +2,10 @@
 //! (`top`, `serve`, `record`, `plot`) can be tried and shown on a host without KVM.
 //!
 //! Every value is made up: VP `n` of the `p`-th partition (from 1) counts about
-//! `(n + 1) × p × 100` I/O exits per second (swelling and ebbing every 10 s) at 4 µs each, half as
-//! many CPUID exits and MSR accesses (1.5 µs), one hypercall per 10 I/O exits (2.5 µs), and 60 %
-//! run time.
+//! `(n + 1) × p × 100` I/O exits per second (swelling and ebbing every 10 s) at 4 µs each but one
+//! in 50 at 300 µs, half as many CPUID exits and MSR accesses (1.5 µs), one hypercall per 10 I/O
+//! exits (2.5 µs), and 60 % run time; each handling time goes into its class's histogram too. Each
+//! VP is dispatched 100 times a second, waiting 20 µs each time.
 //!
 //! ```sh
 //! cargo run --example synthetic_load -- /tmp/hv 30   # runtime dir, seconds
@@ -35,7 +36,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let Some(page) = partition.vp_page(n) else { continue };
                 let io = ((n as f64 + 1.0) * (p as f64 + 1.0) * 10.0 * swell) as u64;
                 page.add(vp::IO_INSTRUCTIONS, io);
-                page.add(vp::IO_INSTRUCTIONS_COST, io * 40);
+                let mut io_ns = 0;
+                for i in 0..io {
+                    // About one in 50, spread over the ticks.
+                    let ns = if (ticks * 7 + i) % 50 == 0 { 300_000 } else { 4_000 };
+                    page.record_time(vp::IO_TIME_HISTOGRAM, ns);
+                    io_ns += ns;
+                }
+                page.add(vp::IO_INSTRUCTIONS_COST, io_ns / 100);
                 page.add(vp::CPUID_INSTRUCTIONS, io / 2);
                 page.add(vp::MSR_ACCESSES, io / 2);
                 page.add(vp::MSR_ACCESSES_COST, io / 2 * 15);
@@ -46,6 +54,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 page.add(vp::APIC_MMIO_ACCESSES, io / 4);
                 page.add(vp::TOTAL_RUN_TIME, 600_000);
                 page.add(vp::HYPERVISOR_RUN_TIME, 100_000);
+                for _ in 0..io / 2 {
+                    page.record_time(vp::MSR_TIME_HISTOGRAM, 1_500);
+                }
+                for _ in 0..io / 10 {
+                    page.record_time(vp::HYPERCALLS_TIME_HISTOGRAM, 2_500);
+                }
+                page.add(vp::DISPATCHES, 10);
+                page.add(vp::CPU_WAIT_TIME_PER_DISPATCH, 10 * 20_000);
             }
         }
         std::thread::sleep((start + tick * ticks as u32).saturating_duration_since(Instant::now()));

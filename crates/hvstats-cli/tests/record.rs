@@ -32,7 +32,8 @@ fn path(p: &Path) -> &str {
 
 /// Records 1.5 s of a 2-VP partition that makes 600 I/O exits (4.2 µs each) and 9 hypercalls on
 /// VP 1 between the first and last sample (and, with `waits`, 30 dispatches that waited 60 µs in
-/// all); returns the recording's path and the VM name.
+/// all); its IO time histogram records 98 times of 700 ns and 2 of 3 ms in that span (and 5 of
+/// 90 ms, and one MSR access, before it); returns the recording's path and the VM name.
 fn record_known_guest(tmp: &TempDir, waits: bool) -> (std::path::PathBuf, String) {
     let hv = Hypervisor::with_config(InstanceConfig {
         runtime_dir: Some(tmp.path().join("run")),
@@ -44,6 +45,10 @@ fn record_known_guest(tmp: &TempDir, waits: bool) -> (std::path::PathBuf, String
     let page = part.vp_page(1).unwrap();
     page.set(vp::IO_INSTRUCTIONS, 1000);
     page.set(vp::IO_INSTRUCTIONS_COST, 5000);
+    for _ in 0..5 {
+        page.record_time(vp::IO_TIME_HISTOGRAM, 90_000_000);
+    }
+    page.record_time(vp::MSR_TIME_HISTOGRAM, 1_000);
     let file = tmp.path().join("rec.ndjson");
     let child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
         .args(["record", "--interval", "0.25", "--duration", "1.5", "--runtime-dir"])
@@ -59,8 +64,11 @@ fn record_known_guest(tmp: &TempDir, waits: bool) -> (std::path::PathBuf, String
         assert!(std::time::Instant::now() < deadline, "no first sample");
         std::thread::sleep(Duration::from_millis(10));
     }
-    for _ in 0..3 {
+    for (fast, slow) in [(33, 0), (33, 0), (32, 2)] {
         std::thread::sleep(Duration::from_millis(300));
+        for ns in std::iter::repeat_n(700, fast).chain(std::iter::repeat_n(3_000_000, slow)) {
+            page.record_time(vp::IO_TIME_HISTOGRAM, ns);
+        }
         page.add(vp::IO_INSTRUCTIONS, 200);
         page.add(vp::IO_INSTRUCTIONS_COST, 200 * 42);
         page.add(vp::HYPERCALLS, 3);
@@ -118,13 +126,69 @@ fn record_then_report_gives_exact_totals_deltas_rates_and_costs() {
     // Not maintained: null, not 0.
     assert_eq!(vp1["cumulative"][name(vp::DEBUG_REGISTER_ACCESSES)], Value::Null);
     assert!(vp1["deltas"].get(name(vp::DEBUG_REGISTER_ACCESSES)).is_none());
+    assert_eq!(vp1["cpu_wait"]["dispatches"], 30);
+    assert_eq!(vp1["cpu_wait"]["wait_ns"], 60_000);
+    // The IO time distribution over the recording: 98 in [512, 1024) ns, 2 in [2, 4) ms; the
+    // 90 ms times and the MSR access came before the first sample.
+    assert_eq!(v["format_version"], 2);
+    assert_eq!(v["note"], Value::Null);
+    let io = &vp1["histograms"][name(vp::IO_TIME_HISTOGRAM)];
+    assert_eq!(io["count"], 100, "{vp1}");
+    assert_eq!(io["sum_ns"], 98 * 700 + 2 * 3_000_000);
+    assert_eq!(io["p50_ns"], 1023);
+    assert_eq!(io["p99_ns"], 4_194_303);
+    let msr = &vp1["histograms"][name(vp::MSR_TIME_HISTOGRAM)];
+    assert_eq!((&msr["count"], &msr["p50_ns"]), (&Value::from(0), &Value::Null));
     let vp0 = vps.iter().find(|r| r["vp"] == 0).unwrap();
     assert_eq!(vp0["deltas"][name(vp::IO_INSTRUCTIONS)], 0);
+    assert_eq!(vp0["histograms"][name(vp::IO_TIME_HISTOGRAM)]["count"], 0);
+    // Bounded: 2 VPs with 8 histograms each stay within a few kilobytes a sample.
+    let per_sample = v["bytes_per_sample"].as_u64().unwrap();
+    assert_eq!(per_sample, std::fs::metadata(&file).unwrap().len() / 7);
+    assert!(per_sample < 4096, "{per_sample} bytes per sample");
 
     let out = hvstats(&["report", path(&file)]);
     let text = String::from_utf8(out.stdout).unwrap();
     let row = text.lines().find(|l| l.trim_start().starts_with(name(vp::IO_INSTRUCTIONS))).unwrap();
     assert!(row.contains(" 1600 ") && row.contains(" 600 "), "{row}");
+    // The histogram section follows the counters (where the row shows its sum).
+    let io = text.lines().rev().find(|l| l.trim_start().starts_with(name(vp::IO_TIME_HISTOGRAM))).unwrap();
+    assert_eq!(io.split_whitespace().rev().take(3).collect::<Vec<_>>(), ["4194303", "1023", "100"], "{io}");
+    assert!(text.contains("CPU wait: 2000 ns per dispatch"), "{text}");
+
+    // The same recording as version 1 wrote it (no histograms) still reads, and says so; a
+    // version this build does not know is refused.
+    let mut lines: Vec<Value> =
+        std::fs::read_to_string(&file).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    lines[0]["version"] = 1.into();
+    lines[0]["catalog"].as_object_mut().unwrap().remove("vp_histograms");
+    for sample in &mut lines[1..] {
+        for p in sample["partitions"].as_array_mut().unwrap() {
+            for vp in p["vps"].as_array_mut().unwrap() {
+                vp.as_object_mut().unwrap().remove("histograms").unwrap();
+            }
+        }
+    }
+    let write = |lines: &[Value]| {
+        let old = file.with_extension("old.ndjson");
+        std::fs::write(&old, lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+        old
+    };
+    let old = write(&lines);
+    let out = hvstats(&["report", "--json", path(&old)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["note"].as_str().unwrap().contains("version 1 has no histograms"), "{v}");
+    let vp1 = v["vps"].as_array().unwrap().iter().find(|r| r["vp"] == 1).unwrap();
+    assert_eq!(vp1["deltas"][name(vp::IO_INSTRUCTIONS)], 600);
+    assert_eq!(vp1["histograms"], Value::Null);
+    let text = String::from_utf8(hvstats(&["report", path(&old)]).stdout).unwrap();
+    assert!(text.lines().nth(1).unwrap().starts_with("note: recording format version 1 has no histograms"));
+    lines[0]["version"] = 3.into();
+    let out = hvstats(&["report", path(&write(&lines))]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("recording format version 3 (written by a newer hvstats"), "{err}");
 }
 
 #[test]

@@ -123,6 +123,37 @@ fn once_text_lists_partitions_and_vps_or_says_there_is_nothing() {
     for i in 0..3 {
         assert!(text.lines().any(|l| l.starts_with(&format!("  VP {i} "))), "{text}");
     }
+    // Cost columns: the dominant class of the interval and its p50/p99, in human units.
+    let page = part.vp_page(2).unwrap();
+    page.record_time(vp::MSR_TIME_HISTOGRAM, 90_000_000); // before the interval: not shown
+    let child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["top", "--once", "--interval", "2", "--runtime-dir"])
+        .arg(tmp.path())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    // VP 2: 97 port accesses in [512, 1024) ns and 3 in [2, 4) ms (IO: 6.07 ms in all), 10 MSR
+    // accesses of 100 µs (1 ms): IO dominates, p50 ≤ 1023 ns, p99 ≤ 4194303 ns.
+    for ns in std::iter::repeat_n(700, 97).chain([3_000_000; 3]) {
+        page.record_time(vp::IO_TIME_HISTOGRAM, ns);
+    }
+    for _ in 0..10 {
+        page.record_time(vp::MSR_TIME_HISTOGRAM, 100_000);
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let cells = |line: &str| {
+        line.get(24..).unwrap().split_whitespace().take(4).map(str::to_owned).collect::<Vec<_>>()
+    };
+    let header = text.lines().nth(1).unwrap();
+    assert_eq!(cells(header), ["Run%", "Class", "p50", "p99"], "{text}");
+    let row = |prefix: &str| text.lines().find(|l| l.starts_with(prefix)).unwrap();
+    assert_eq!(cells(row("  VP 2 "))[1..], ["IO", "1.0µs", "4.2ms"], "{text}");
+    assert_eq!(cells(row("  VP 0 "))[1..], ["-", "-", "-"], "{text}");
+    assert_eq!(cells(row(&vm))[1..], ["IO", "1.0µs", "4.2ms"], "{text}");
+
     let missing = top(&tmp.path().join("missing"), &["--once"]);
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("does not exist"));
@@ -213,23 +244,30 @@ fn top_in_tmux_shows_the_vps_of_a_live_partition_and_quits_on_q() {
         let (part, stop) = (part.clone(), writer_stop.clone());
         std::thread::spawn(move || {
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                part.vp_page(1).unwrap().add(vp::HYPERCALLS, 100);
+                let page = part.vp_page(1).unwrap();
+                page.add(vp::HYPERCALLS, 100);
+                page.record_time(vp::IO_TIME_HISTOGRAM, 700);
                 std::thread::sleep(Duration::from_millis(10));
             }
         })
     };
     tmux.run(&["send-keys", "-t", "top", "o", "o"]);
     tmux.wait_for("sort Hcall/s↓");
-    // Columns: label, Run%, Hcall/s. VP 1 makes hypercalls, VP 0 none: VP 1 comes first.
-    let hcall_rate = |line: &str| line.split_whitespace().nth(3).and_then(|v| v.parse::<f64>().ok());
+    // Columns: label, Run%, Class, p50, p99, Hcall/s. VP 1 makes hypercalls and port accesses of
+    // 700 ns, VP 0 none: VP 1 comes first, its class IO with p50 and p99 ≤ 1023 ns.
+    let cells = |line: &str| line.split_whitespace().skip(2).map(str::to_owned).collect::<Vec<_>>();
+    let hcall_rate = |line: &str| cells(line).get(4).and_then(|v| v.parse::<f64>().ok());
     let screen = tmux.wait_until("VP 1 first with hypercalls", |screen| {
         let vps: Vec<&str> = screen.lines().filter(|l| l.trim_start().starts_with("VP ")).collect();
         vps.len() == 2
             && vps[0].trim_start().starts_with("VP 1")
             && hcall_rate(vps[0]).is_some_and(|r| r > 0.0)
     });
+    let vp1 = screen.lines().find(|l| l.trim_start().starts_with("VP 1")).unwrap();
+    assert_eq!(cells(vp1)[1..4], ["IO", "1.0µs", "1.0µs"], "{screen}");
     let vp0 = screen.lines().find(|l| l.trim_start().starts_with("VP 0")).unwrap();
     assert_eq!(hcall_rate(vp0), Some(0.0), "{screen}");
+    assert_eq!(cells(vp0)[1..4], ["-", "-", "-"], "{screen}");
 
     tmux.run(&["send-keys", "-t", "top", "h"]);
     let screen = tmux.wait_for(" keys ");

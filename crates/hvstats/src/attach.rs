@@ -45,7 +45,7 @@ use hvstats_abi::{HvError, ObjectKind, StatsAreaType, StatsObjectIdentity, Stats
 use crate::index::{self, Entry, InstanceDescription, ObjectState};
 use crate::page::MappedPage;
 use crate::publish::{self, ARENA_SUFFIX, GLOBAL_SUFFIX, INSTANCES_DIR, InstanceName};
-use crate::reader::{ArenaError, ArenaReader, PageCopyError};
+use crate::reader::{ArenaError, ArenaReader, PageCopyError, ReadPath};
 use crate::rules::{
     self, DEFAULT_STATS_PAGE_QUOTA, MappingTable, ObjectDirectory, ObjectKey, PartitionFacts, Requester,
     StatsObject,
@@ -216,19 +216,30 @@ impl Instance {
     /// When its partitions arena cannot be opened or read. (A global arena this user may not read
     /// is no error: its objects read as permission denied.)
     pub fn open(dir: &Dir, name: InstanceName) -> Result<Self, AttachError> {
+        Self::open_with(dir, name, ReadPath::MapWhenSafe)
+    }
+
+    /// As [`open`](Self::open), reaching the arenas by `read_path` ([`ReadPath::Pread`]: never
+    /// mapped, as another user's arenas are read).
+    ///
+    /// # Errors
+    /// As [`open`](Self::open).
+    pub fn open_with(dir: &Dir, name: InstanceName, read_path: ReadPath) -> Result<Self, AttachError> {
         let path = dir.path().join(name.arena_file());
         let file = dir.open_file(&name.arena_file(), false)?;
         let dir_owner =
             runtime_dir::fstat(dir.fd()).map(|st| st.st_uid).unwrap_or_else(|_| runtime_dir::euid());
-        let arena =
-            ArenaReader::open(file).map_err(|source| AttachError::Arena { path: path.clone(), source })?;
+        let arena = ArenaReader::open_with(file, read_path)
+            .map_err(|source| AttachError::Arena { path: path.clone(), source })?;
         let claimed = arena.header().pid;
         trust::verify(arena.file(), claimed, dir_owner)
             .map_err(|why| AttachError::Untrusted { path: path.clone(), why })?;
         let mut global_denied = false;
         let global = match dir.open_file(&name.global_file(), false) {
             Ok(file) => match trust::verify(&file, claimed, dir_owner) {
-                Ok(()) => ArenaReader::open(file).map_err(|e| crate::snapshot::error_chain(&e)),
+                Ok(()) => {
+                    ArenaReader::open_with(file, read_path).map_err(|e| crate::snapshot::error_chain(&e))
+                }
                 Err(why) => Err(crate::snapshot::error_chain(&AttachError::Untrusted {
                     path: dir.path().join(name.global_file()),
                     why,
@@ -545,13 +556,19 @@ pub struct Changes {
 pub struct Attach {
     runtime_dir: PathBuf,
     instances: BTreeMap<InstanceName, Instance>,
+    read_path: ReadPath,
 }
 
 impl Attach {
     /// A reader of the instances under `runtime_dir` (nothing is read until
     /// [`refresh`](Self::refresh)).
     pub fn new(runtime_dir: &Path) -> Self {
-        Self { runtime_dir: runtime_dir.to_owned(), instances: BTreeMap::new() }
+        Self::with_read_path(runtime_dir, ReadPath::MapWhenSafe)
+    }
+
+    /// As [`new`](Self::new), opening each instance's arenas by `read_path`.
+    pub fn with_read_path(runtime_dir: &Path, read_path: ReadPath) -> Self {
+        Self { runtime_dir: runtime_dir.to_owned(), instances: BTreeMap::new(), read_path }
     }
 
     /// Looks again: opens new instances, drops removed and dead ones (removing a dead publisher's
@@ -602,7 +619,7 @@ impl Attach {
             if self.instances.contains_key(&name) {
                 continue;
             }
-            match Instance::open(&dir, name) {
+            match Instance::open_with(&dir, name, self.read_path) {
                 Ok(instance) if instance.is_live() => {
                     changes.added.push(name);
                     self.instances.insert(name, instance);

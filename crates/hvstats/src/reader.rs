@@ -34,6 +34,18 @@ pub enum ArenaError {
     Format(#[source] FormatError),
 }
 
+/// How a reader reaches an arena's words.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReadPath {
+    /// Map the file when that is safe (it belongs to the effective user or root), `pread` it
+    /// otherwise: what every reader does.
+    #[default]
+    MapWhenSafe,
+    /// Always `pread`, as for another user's file: the path an unprivileged reader of a root
+    /// publisher takes, chosen on purpose (to test it, or to compare its cost).
+    Pread,
+}
+
 enum Access {
     Mapped { ptr: NonNull<u8>, len: usize },
     Pread,
@@ -96,8 +108,17 @@ impl ArenaReader {
     /// # Errors
     /// When it cannot be read or is not an arena.
     pub fn open(file: File) -> Result<Self, ArenaError> {
+        Self::open_with(file, ReadPath::MapWhenSafe)
+    }
+
+    /// Reads the header of `file` and reaches its words by `path` (mapped only when `path`
+    /// allows it and it is safe).
+    ///
+    /// # Errors
+    /// When it cannot be read or is not an arena.
+    pub fn open_with(file: File, path: ReadPath) -> Result<Self, ArenaError> {
         let st = runtime_dir::fstat(file.as_fd()).map_err(ArenaError::Io)?;
-        let trusted = st.st_uid == runtime_dir::euid() || st.st_uid == 0;
+        let trusted = path == ReadPath::MapWhenSafe && (st.st_uid == runtime_dir::euid() || st.st_uid == 0);
         let mut bytes = vec![0u8; HEADER_BYTES];
         let got = read_at(&file, &mut bytes, 0).map_err(ArenaError::Io)?;
         let header = Header::decode(&bytes[..got]).map_err(ArenaError::Format)?;

@@ -1,6 +1,7 @@
 //! Consistent reads of a VP page through a second mapping (as a root tool maps it) and through
-//! the long-lived reader of a published instance while merges write it, and histograms recorded
-//! by the page's writer read back bucket by bucket.
+//! the long-lived reader of a published instance while merges write it — by both of its paths,
+//! the mapped arena and `pread` (another user's arena) — and histograms recorded by the page's
+//! writer read back bucket by bucket.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -13,7 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 
-use hvstats::attach::{self, AttachError};
+use hvstats::attach::{Attach, AttachError, Instance};
+use hvstats::reader::ReadPath;
 use hvstats::rules::StatsObject;
 use hvstats::snapshot::{ObjectReading, take_instance};
 use hvstats::{Hypervisor, SharedPage};
@@ -145,14 +147,32 @@ impl Drop for TempDir {
     }
 }
 
+/// The one instance under `dir`, its arenas reached by `path`; asserts the path taken.
+fn attach(dir: &std::path::Path, path: ReadPath) -> Instance {
+    let mut attach = Attach::with_read_path(dir, path);
+    let changes = attach.refresh().unwrap();
+    assert!(changes.problems.is_empty(), "{:?}", changes.problems);
+    let instance = attach.into_instances().remove(0);
+    // The test runs as the publisher's user (or root): left to choose, the reader maps.
+    assert_eq!(instance.is_mapped(), path == ReadPath::MapWhenSafe, "{path:?}");
+    instance
+}
+
 #[test]
 fn the_long_lived_reader_gets_every_counter_of_a_vp_from_one_merge() {
-    let tmp = TempDir::new("consistent-attach");
+    long_lived_reader_reads_one_merge(ReadPath::MapWhenSafe, "consistent-attach");
+}
+
+#[test]
+fn the_long_lived_reader_by_pread_gets_every_counter_of_a_vp_from_one_merge() {
+    long_lived_reader_reads_one_merge(ReadPath::Pread, "consistent-attach-pread");
+}
+
+fn long_lived_reader_reads_one_merge(path: ReadPath, name: &str) {
+    let tmp = TempDir::new(name);
     let hv = Hypervisor::new_published(&tmp.0).unwrap();
     let part = hv.create_partition(1).unwrap();
-    let mut found = attach::discover(&tmp.0).unwrap();
-    assert!(found.problems.is_empty(), "{:?}", found.problems);
-    let instance = found.instances.remove(0);
+    let instance = attach(&tmp.0, path);
     let object = StatsObject::Vp(part.id(), 0);
     let ids = merged();
     let stop = AtomicBool::new(false);
@@ -222,18 +242,26 @@ fn the_long_lived_reader_gets_every_counter_of_a_vp_from_one_merge() {
         (reads, torn, writer.join().unwrap())
     });
     assert!(merges > 0);
-    eprintln!("{reads} consistent reads, {torn} torn, during {merges} merges");
+    eprintln!("{path:?}: {reads} consistent reads, {torn} torn, during {merges} merges");
     let copy = instance.read(object).unwrap();
     assert_eq!(PageView::read(copy.as_bytes(), ObjectKind::Vp).unwrap().get(ids[0]), merges);
 }
 
 #[test]
 fn a_page_left_mid_merge_is_reported_torn_not_used() {
-    let tmp = TempDir::new("torn-attach");
+    page_left_mid_merge_is_torn(ReadPath::MapWhenSafe, "torn-attach");
+}
+
+#[test]
+fn a_page_left_mid_merge_is_reported_torn_not_used_by_pread() {
+    page_left_mid_merge_is_torn(ReadPath::Pread, "torn-attach-pread");
+}
+
+fn page_left_mid_merge_is_torn(path: ReadPath, name: &str) {
+    let tmp = TempDir::new(name);
     let hv = Hypervisor::new_published(&tmp.0).unwrap();
     let part = hv.create_partition(1).unwrap();
-    let mut found = attach::discover(&tmp.0).unwrap();
-    let instance = found.instances.remove(0);
+    let instance = attach(&tmp.0, path);
     let object = StatsObject::Vp(part.id(), 0);
     let page = part.vp_page(0).unwrap();
     // A writer that stopped half-way through a merge: the sequence counter stays odd.

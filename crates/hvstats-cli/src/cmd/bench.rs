@@ -9,7 +9,8 @@
 //!
 //! Rows: the VP thread's page update against an uncontended and a shared `fetch_add`; a
 //! kept-mapping read of one VP against a `pread` of a vCPU's KVM stats fd (and, without KVM,
-//! against a `pread` of the same page); the full snapshot of 65,536 VPs against a memcpy of the
+//! against a `pread` of the same page); a consistent copy of a VP page (inside its sequence
+//! counter) against a plain one; the full snapshot of 65,536 VPs against a memcpy of the
 //! same counter bytes; adding a partition to an instance of 4,096 against one of 64; the
 //! userspace exit with accounting on against off; a hypercall against a plain exit.
 
@@ -23,6 +24,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use hvstats::attach::Attach;
+use hvstats::index::Entry;
+use hvstats::reader::ArenaReader;
 use hvstats::rules::StatsObject;
 use hvstats::{Hypervisor, InstanceConfig, PartitionStats};
 use hvstats_abi::ObjectKind;
@@ -305,6 +308,55 @@ fn read_rows(rounds: u32, kvm: &Result<(), String>) -> anyhow::Result<Vec<Row>> 
     Ok(rows)
 }
 
+/// What consistency costs a reader: copying a VP page from the arena inside its sequence counter
+/// (two more loads and a compare, retried while a merge is under way) over the plain copy checked
+/// only against the slot's entry, both of the words the layout uses, side by side.
+fn consistency_row(rounds: u32) -> anyhow::Result<Row> {
+    let rt = TempRuntime::new("consistent")?;
+    let hv = published(&rt.0)?;
+    let part = hv.create_partition(1)?;
+    part.vp_page(0).context("VP 0")?.set(vp::HYPERCALLS, 1);
+    let file = std::fs::File::open(hv.published_path().context("published path")?)?;
+    let arena = ArenaReader::open(file).context("opening the bench arena")?;
+    anyhow::ensure!(arena.is_mapped(), "the bench arena is ours, so mapped");
+    let (slot, generation) = (0..arena.slots())
+        .find_map(|slot| {
+            let entry = Entry::decode(&arena.entry_words(slot).ok()?).ok()??;
+            (entry.kind == ObjectKind::Vp).then_some((slot, entry.generation))
+        })
+        .context("the bench VP is not in the arena")?;
+    let (mut consistent, mut plain) = (vec![0u64; vp_words()], vec![0u64; vp_words()]);
+    let n = 500_000u64;
+    let sequence = vp::SEQUENCE.slot();
+    let (ours, baseline) = side_by_side(
+        rounds,
+        || {
+            let start = CpuClock::now();
+            for _ in 0..n {
+                let _ =
+                    arena.read_page_prefix_consistent(black_box(slot), generation, &mut consistent, sequence);
+            }
+            black_box(&consistent);
+            ns_per(start, n)
+        },
+        || {
+            let start = CpuClock::now();
+            for _ in 0..n {
+                let _ = arena.read_page_prefix(black_box(slot), generation, &mut plain);
+            }
+            black_box(&plain);
+            ns_per(start, n)
+        },
+    );
+    Ok(Row::Measured {
+        name: "vp-read-consistent-vs-plain",
+        ours,
+        baseline,
+        unit: "ns/read",
+        goal: Some(1.1),
+    })
+}
+
 /// A vCPU's KVM binary stats fd (one `pread` reads every counter), with the VM and vCPU fds
 /// that must outlive it.
 fn vcpu_stats_fd() -> anyhow::Result<(hvstats_kvm::sources::kvm_stats::KvmStats, [std::os::fd::OwnedFd; 2])> {
@@ -512,6 +564,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     if wanted("read-vp") {
         rows.extend(read_rows(args.rounds, &kvm)?);
+    }
+    if wanted("vp-read-consistent-vs-plain") {
+        rows.push(consistency_row(args.rounds)?);
     }
     if wanted("snapshot-65536-vps-vs-memcpy") {
         rows.push(snapshot_row(args.rounds, args.partitions)?);

@@ -7,13 +7,21 @@
 //! partition of every live instance, its values and its VPs' values. A sample is written in one
 //! piece and flushed, so a recording cut short (Ctrl-C, a killed process) is valid up to its last
 //! whole line.
+//!
+//! Version 2 adds each VP's histograms: the header lists them (catalog name and bucketing), and a
+//! VP in a sample carries, per histogram, its sum then its bucket counts with the trailing zero
+//! buckets left out, so an idle histogram costs a few bytes and a busy VP at most
+//! [`HISTOGRAM_SLOTS`] numbers per histogram. A version 1 recording still reads, without
+//! histograms ([`Recording::has_histograms`]); a version this build does not know is an error.
 
 use std::io::{BufRead, Write};
 
 use anyhow::Context;
 use hvstats::snapshot::ObjectReading;
+use hvstats::snapshot::VpSnapshot;
 use hvstats_abi::catalog::counters_of;
-use hvstats_abi::{Counter, GroupKind, ObjectKind};
+use hvstats_abi::histogram::{BUCKETS, HISTOGRAM_SLOTS, Log2Histogram};
+use hvstats_abi::{Counter, GroupKind, ObjectKind, Presentation};
 use serde::{Deserialize, Serialize};
 
 use crate::cmd::live::{Live, Reading};
@@ -21,8 +29,15 @@ use crate::cmd::live::{Live, Reading};
 /// The `format` of the header.
 pub const FORMAT: &str = "hvstats-recording";
 
-/// The version of the format this build writes and reads.
-pub const VERSION: u32 = 1;
+/// The version of the format this build writes (and the newest it reads).
+pub const VERSION: u32 = 2;
+
+/// The oldest version this build reads (version 1: no histograms).
+pub const OLDEST_VERSION: u32 = 1;
+
+/// The `bucketing` of a histogram in the header: [`hvstats_abi::histogram`]'s log2 buckets of
+/// nanoseconds.
+pub const LOG2_NS: &str = "log2-ns";
 
 /// A catalog counter as the header describes it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,6 +68,22 @@ impl CounterInfo {
     }
 }
 
+/// A VP histogram as the header describes it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistogramInfo {
+    /// The catalog name.
+    pub name: String,
+    /// How its buckets divide times: [`LOG2_NS`].
+    pub bucketing: String,
+    /// Its number of buckets ([`BUCKETS`]).
+    pub buckets: usize,
+}
+
+/// The VP histograms this build records, in sample order.
+fn vp_histograms() -> impl Iterator<Item = &'static Counter> {
+    counters_of(ObjectKind::Vp).filter(|c| c.presentation == Presentation::Histogram)
+}
+
 /// The catalog part of the header.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CatalogInfo {
@@ -64,6 +95,9 @@ pub struct CatalogInfo {
     pub partition: Vec<CounterInfo>,
     /// The VP counters, in sample order.
     pub vp: Vec<CounterInfo>,
+    /// The VP histograms, in sample order (none in a version 1 recording).
+    #[serde(default)]
+    pub vp_histograms: Vec<HistogramInfo>,
 }
 
 /// The first line.
@@ -95,6 +129,13 @@ impl Header {
                 groups: format!("{}.{}", group.major, group.minor),
                 partition: counters_of(ObjectKind::Partition).map(CounterInfo::of).collect(),
                 vp: counters_of(ObjectKind::Vp).map(CounterInfo::of).collect(),
+                vp_histograms: vp_histograms()
+                    .map(|c| HistogramInfo {
+                        name: c.name.to_owned(),
+                        bucketing: LOG2_NS.to_owned(),
+                        buckets: BUCKETS,
+                    })
+                    .collect(),
             },
         }
     }
@@ -112,6 +153,39 @@ pub struct VpSample {
     /// Why the page could not be read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unreadable: Option<String>,
+    /// Per histogram of the header, in its order: the sum in ns then the bucket counts, trailing
+    /// zero buckets left out (`null` for a histogram the publisher declares unavailable); absent
+    /// when the page could not be read, and in version 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub histograms: Option<Vec<Option<Vec<u64>>>>,
+}
+
+impl VpSample {
+    /// Histogram `i` of the header, when this sample has it.
+    pub fn histogram(&self, i: usize) -> Option<Log2Histogram> {
+        let slots = self.histograms.as_ref()?.get(i)?.as_ref()?;
+        let mut full = [0u64; HISTOGRAM_SLOTS];
+        full.get_mut(..slots.len())?.copy_from_slice(slots);
+        Log2Histogram::from_slots(&full)
+    }
+}
+
+/// A histogram's recorded slots: the sum, then the buckets up to the last non-zero one.
+fn compact(h: &Log2Histogram) -> Vec<u64> {
+    let used = h.buckets.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    std::iter::once(h.sum_ns).chain(h.buckets[..used].iter().copied()).collect()
+}
+
+/// The histograms of `vp` in the header's order.
+fn histograms(vp: &VpSnapshot) -> Option<Vec<Option<Vec<u64>>>> {
+    match vp.reading {
+        ObjectReading::Counters(_) => Some(
+            vp_histograms()
+                .map(|c| vp.histograms.iter().find(|(h, _)| h.id == c.id).map(|(_, h)| compact(h)))
+                .collect(),
+        ),
+        ObjectReading::Unreadable { .. } => None,
+    }
 }
 
 /// One partition in a sample.
@@ -167,7 +241,7 @@ impl Sample {
                     .iter()
                     .map(|vp| {
                         let (values, unreadable) = values(ObjectKind::Vp, &vp.reading);
-                        VpSample { vp: vp.index, values, unreadable }
+                        VpSample { vp: vp.index, values, unreadable, histograms: histograms(vp) }
                     })
                     .collect(),
             })
@@ -197,7 +271,8 @@ pub struct Recording {
     pub samples: Vec<Sample>,
 }
 
-/// The longest line accepted: a sample of 65,536 VPs with 65 values each fits with room.
+/// The longest line accepted: a sample of 32,768 VPs with every value and histogram slot at its
+/// largest fits (a test checks it); real values are a fraction of that.
 const MAX_LINE: usize = 256 << 20;
 
 impl Recording {
@@ -222,13 +297,32 @@ impl Recording {
             lines.push(line);
         }
         let Some(first) = lines.first() else { anyhow::bail!("the file is empty: not a recording") };
-        let header: Header = serde_json::from_slice(first).context("line 1 is not a recording header")?;
-        anyhow::ensure!(header.format == FORMAT, "line 1: format {:?}, not {FORMAT:?}", header.format);
+        // Format and version first: a newer version may have a header this build cannot parse.
+        #[derive(Deserialize)]
+        struct Version {
+            format: String,
+            version: u32,
+        }
+        let v: Version = serde_json::from_slice(first).context("line 1 is not a recording header")?;
+        anyhow::ensure!(v.format == FORMAT, "line 1: format {:?}, not {FORMAT:?}", v.format);
         anyhow::ensure!(
-            header.version == VERSION,
-            "line 1: recording format version {} (this hvstats reads version {VERSION})",
-            header.version
+            (OLDEST_VERSION..=VERSION).contains(&v.version),
+            "line 1: recording format version {} ({}; this hvstats reads versions {OLDEST_VERSION} to \
+             {VERSION})",
+            v.version,
+            if v.version > VERSION { "written by a newer hvstats" } else { "no such version" }
         );
+        let header: Header = serde_json::from_slice(first).context("line 1 is not a recording header")?;
+        if let Some(h) =
+            header.catalog.vp_histograms.iter().find(|h| h.bucketing != LOG2_NS || h.buckets != BUCKETS)
+        {
+            anyhow::bail!(
+                "line 1: histogram {:?} has {} buckets of {:?}; this hvstats reads {BUCKETS} of {LOG2_NS:?}",
+                h.name,
+                h.buckets,
+                h.bucketing
+            );
+        }
         let last = lines.len() - 1;
         let mut samples = Vec::new();
         for (i, line) in lines.iter().enumerate().skip(1) {
@@ -238,10 +332,18 @@ impl Recording {
             let sample: Sample =
                 serde_json::from_slice(line).with_context(|| format!("line {} is not a sample", i + 1))?;
             for p in &sample.partitions {
+                let histograms = header.catalog.vp_histograms.len();
+                let bad_histograms = |vp: &VpSample| {
+                    vp.histograms.as_ref().is_some_and(|h| {
+                        h.len() != histograms
+                            || h.iter().flatten().any(|s| s.is_empty() || s.len() > HISTOGRAM_SLOTS)
+                    })
+                };
                 let bad = p.values.as_ref().is_some_and(|v| v.len() != header.catalog.partition.len())
-                    || p.vps
-                        .iter()
-                        .any(|vp| vp.values.as_ref().is_some_and(|v| v.len() != header.catalog.vp.len()));
+                    || p.vps.iter().any(|vp| {
+                        vp.values.as_ref().is_some_and(|v| v.len() != header.catalog.vp.len())
+                            || bad_histograms(vp)
+                    });
                 anyhow::ensure!(!bad, "line {}: a sample's values do not match the header's counters", i + 1);
             }
             samples.push(sample);
@@ -249,8 +351,62 @@ impl Recording {
         Ok(Self { header, samples })
     }
 
+    /// True when the recording carries the VPs' histograms (format version 2 and later).
+    pub fn has_histograms(&self) -> bool {
+        self.header.version >= 2
+    }
+
     /// The VP counters with this build's catalog rows (unknown names are `None`).
     pub fn vp_counters(&self) -> Vec<(&CounterInfo, Option<&'static Counter>)> {
         self.header.catalog.vp.iter().map(|c| (c, c.counter(ObjectKind::Vp))).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use hvstats::snapshot::ObjectReading;
+
+    use super::*;
+    use crate::cmd::serve::bench::synthetic_reading;
+
+    /// The bytes one VP adds to a sample line.
+    fn vp_bytes(values: u64, histogram_slots: u64) -> usize {
+        let mut reading = synthetic_reading(1, 1);
+        let vp = &mut reading.instances[0].partitions[0].vps[0];
+        let ObjectReading::Counters(counters) = &mut vp.reading else { unreachable!() };
+        counters.iter_mut().for_each(|(_, v)| *v = values);
+        let full = Log2Histogram { sum_ns: histogram_slots, buckets: [histogram_slots; BUCKETS] };
+        vp.histograms = vp_histograms().map(|c| (c, full)).collect();
+        let with = serde_json::to_vec(&Sample::of(&reading, 1.0)).unwrap().len();
+        reading.instances[0].partitions[0].vps.clear();
+        with - serde_json::to_vec(&Sample::of(&reading, 1.0)).unwrap().len()
+    }
+
+    #[test]
+    fn a_sample_stays_bounded_per_vp_and_an_idle_histogram_costs_a_few_bytes() {
+        let largest = vp_bytes(u64::MAX, u64::MAX);
+        assert!(largest * 32_768 < MAX_LINE, "{largest} bytes per VP");
+        // Each histogram at its largest: its sum and every bucket, 20 digits each.
+        assert!(largest > vp_histograms().count() * HISTOGRAM_SLOTS * 20, "{largest}");
+        // Idle histograms: `[0]` each.
+        let idle = vp_bytes(0, 0);
+        let counters = counters_of(ObjectKind::Vp).count();
+        assert!(idle <= 2 * counters + 4 * vp_histograms().count() + 64, "{idle} bytes for an idle VP");
+    }
+
+    #[test]
+    fn histograms_round_trip_with_trailing_zero_buckets_left_out() {
+        let mut h = Log2Histogram::default();
+        h.record(700);
+        h.record(3_000_000);
+        let slots = compact(&h);
+        assert_eq!(slots.len(), 1 + hvstats_abi::histogram::bucket_of(3_000_000) + 1);
+        let vp =
+            VpSample { vp: 0, values: None, unreadable: None, histograms: Some(vec![None, Some(slots)]) };
+        assert_eq!(vp.histogram(1), Some(h));
+        assert_eq!(vp.histogram(0), None);
+        assert_eq!(vp.histogram(2), None);
+        let too_long = VpSample { histograms: Some(vec![Some(vec![0; HISTOGRAM_SLOTS + 1])]), ..vp };
+        assert_eq!(too_long.histogram(0), None);
     }
 }

@@ -1,8 +1,11 @@
 //! `hvstats report`: what a recording says per VP — each counter's cumulative value at the VP's
 //! last sample (catalog names as keys), its change over the recording, and that change presented
-//! as the catalog says: rates per second, % of the time, average cost in ns.
+//! as the catalog says: rates per second, % of the time, average cost in ns; per histogram, what
+//! it recorded over the recording (count, sum, and p50/p99 as upper bounds of their buckets, from
+//! the bucket deltas between the VP's first and last sample); and its CPU wait.
 //!
-//! Counters KVM does not maintain are `null`, never 0.
+//! Counters KVM does not maintain are `null`, never 0. A recording made before histograms were
+//! recorded (format version 1) says so instead of showing them.
 
 use std::fs::File;
 use std::io::BufReader;
@@ -14,7 +17,7 @@ use hvstats::present;
 use hvstats_abi::Presentation;
 use serde_json::{Map, Value, json};
 
-use crate::cmd::recording::{Recording, Sample};
+use crate::cmd::recording::{Recording, Sample, VpSample};
 
 /// Flags of `hvstats report`.
 #[derive(clap::Args, Debug)]
@@ -42,8 +45,48 @@ pub struct VpReport {
     pub json: Value,
 }
 
-fn vp_values<'a>(sample: &'a Sample, vm: &str, vp: u32) -> Option<&'a Vec<Option<u64>>> {
-    sample.partitions.iter().find(|p| p.vm == vm)?.vps.iter().find(|v| v.vp == vp)?.values.as_ref()
+fn vp_sample<'a>(sample: &'a Sample, vm: &str, vp: u32) -> Option<&'a VpSample> {
+    sample.partitions.iter().find(|p| p.vm == vm)?.vps.iter().find(|v| v.vp == vp)
+}
+
+/// What each histogram recorded between `first` and `last`: count, sum, mean and p50/p99 upper
+/// bounds (`null` when either sample lacks it, or it went backwards: not the same histogram).
+fn histograms(recording: &Recording, first: &VpSample, last: &VpSample) -> Value {
+    if !recording.has_histograms() {
+        return Value::Null;
+    }
+    let classes: Map<String, Value> = recording
+        .header
+        .catalog
+        .vp_histograms
+        .iter()
+        .enumerate()
+        .map(|(i, info)| {
+            let delta = first.histogram(i).zip(last.histogram(i)).and_then(|(a, b)| b.since(&a));
+            let v = delta.map_or(Value::Null, |d| {
+                json!({
+                    "count": d.count(),
+                    "sum_ns": d.sum_ns,
+                    "mean_ns": d.mean_ns(),
+                    "p50_ns": d.quantile_upper_ns(0.5),
+                    "p99_ns": d.quantile_upper_ns(0.99),
+                })
+            });
+            (info.name.clone(), v)
+        })
+        .collect();
+    Value::Object(classes)
+}
+
+/// Why a report has no histograms, when it has none.
+pub fn no_histograms_note(recording: &Recording) -> Option<String> {
+    (!recording.has_histograms()).then(|| {
+        format!(
+            "recording format version {} has no histograms: record again with this hvstats for \
+             their distributions",
+            recording.header.version
+        )
+    })
 }
 
 /// The per-VP reports of `recording`, in order of first appearance.
@@ -61,9 +104,16 @@ pub fn reports(recording: &Recording) -> Vec<VpReport> {
     let counters = recording.vp_counters();
     keys.into_iter()
         .filter_map(|(vm, instance, partition, vp)| {
-            let with: Vec<(&Sample, &Vec<Option<u64>>)> =
-                recording.samples.iter().filter_map(|s| Some((s, vp_values(s, &vm, vp)?))).collect();
-            let ((first_sample, first), (last_sample, last)) = (*with.first()?, *with.last()?);
+            let with: Vec<(&Sample, &VpSample, &Vec<Option<u64>>)> = recording
+                .samples
+                .iter()
+                .filter_map(|s| {
+                    let v = vp_sample(s, &vm, vp)?;
+                    Some((s, v, v.values.as_ref()?))
+                })
+                .collect();
+            let ((first_sample, first_vp, first), (last_sample, last_vp, last)) =
+                (*with.first()?, *with.last()?);
             let seconds = last_sample.t - first_sample.t;
             let mut cumulative = Map::new();
             let mut deltas = Map::new();
@@ -99,7 +149,10 @@ pub fn reports(recording: &Recording) -> Vec<VpReport> {
             // CPU wait: per dispatch (the catalog's cost) and as a share of the recording's time.
             let wait = hvstats_abi::catalog::vp::CPU_WAIT_TIME_PER_DISPATCH.counter().map(|c| c.name);
             let wait_delta = wait.and_then(|n| deltas.get(n)).and_then(Value::as_u64);
+            let dispatches = hvstats_abi::catalog::vp::DISPATCHES.counter().map(|c| c.name);
             let cpu_wait = json!({
+                "wait_ns": wait_delta,
+                "dispatches": dispatches.and_then(|n| deltas.get(n)).and_then(Value::as_u64),
                 "per_dispatch_ns": wait.and_then(|n| costs.get(n)).cloned().unwrap_or(Value::Null),
                 "percent_of_time": wait_delta
                     .filter(|_| seconds > 0.0)
@@ -120,6 +173,7 @@ pub fn reports(recording: &Recording) -> Vec<VpReport> {
                 "percent_of_time": percent,
                 "average_cost_ns": costs,
                 "cpu_wait": cpu_wait,
+                "histograms": histograms(recording, first_vp, last_vp),
             });
             Some(VpReport { vm, vp, seconds, samples: with.len(), json })
         })
@@ -134,6 +188,9 @@ fn text(recording: &Recording, reports: &[VpReport]) -> String {
         _ => 0.0,
     };
     let _ = writeln!(out, "{} samples over {span:.2} s, {} VPs", recording.samples.len(), reports.len());
+    if let Some(note) = no_histograms_note(recording) {
+        let _ = writeln!(out, "note: {note}");
+    }
     for r in reports {
         let _ = writeln!(out, "\n{} VP {} ({} samples over {:.2} s)", r.vm, r.vp, r.samples, r.seconds);
         let _ = writeln!(
@@ -155,6 +212,23 @@ fn text(recording: &Recording, reports: &[VpReport]) -> String {
                 .unwrap_or_default();
             let _ = writeln!(out, "  {name:<40} {v:>20} {delta:>16} {shown:>16}");
         }
+        let wait = &r.json["cpu_wait"];
+        if let (Some(per), Some(percent)) =
+            (wait["per_dispatch_ns"].as_f64(), wait["percent_of_time"].as_f64())
+        {
+            let _ = writeln!(out, "  CPU wait: {per:.0} ns per dispatch, {percent:.3} % of the time");
+        }
+        let Some(histograms) = r.json["histograms"].as_object() else { continue };
+        let busy: Vec<_> =
+            histograms.iter().filter(|(_, h)| h["count"].as_u64().is_some_and(|c| c > 0)).collect();
+        if busy.is_empty() {
+            continue;
+        }
+        let _ = writeln!(out, "  {:<40} {:>20} {:>16} {:>16}", "histogram", "count", "p50 ≤ ns", "p99 ≤ ns");
+        for (name, h) in busy {
+            let q = |k: &str| h[k].as_u64().map_or("-".into(), |v| v.to_string());
+            let _ = writeln!(out, "  {name:<40} {:>20} {:>16} {:>16}", h["count"], q("p50_ns"), q("p99_ns"));
+        }
     }
     out
 }
@@ -162,14 +236,22 @@ fn text(recording: &Recording, reports: &[VpReport]) -> String {
 /// Runs `hvstats report`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let file = File::open(&args.file).with_context(|| format!("cannot open {}", args.file.display()))?;
-    anyhow::ensure!(file.metadata()?.is_file(), "{} is not a regular file", args.file.display());
+    let metadata = file.metadata()?;
+    anyhow::ensure!(metadata.is_file(), "{} is not a regular file", args.file.display());
     let recording =
         Recording::read(BufReader::new(file)).with_context(|| format!("reading {}", args.file.display()))?;
     let reports = reports(&recording);
+    // What a sample costs on disk (the header spread over the samples), so a recording's growth
+    // can be checked.
+    let bytes_per_sample =
+        (!recording.samples.is_empty()).then(|| metadata.len() / recording.samples.len() as u64);
     // Through the shared output path: a closed pipe ends quietly, a full device is an error.
     if args.json {
         let vps: Vec<&Value> = reports.iter().map(|r| &r.json).collect();
         let doc = json!({
+            "format_version": recording.header.version,
+            "note": no_histograms_note(&recording),
+            "bytes_per_sample": bytes_per_sample,
             "samples": recording.samples.len(),
             "interval_seconds": recording.header.interval_seconds,
             "catalog": { "hvstats": recording.header.catalog.hvstats, "groups": recording.header.catalog.groups },

@@ -1,5 +1,7 @@
 //! What `top` shows, computed from two readings: a group per partition (its total row and a row
-//! per VP), each cell a [`Column`] of [`VP_COLUMNS`] presented over the time between the readings.
+//! per VP), each cell a [`Column`] of [`VP_COLUMNS`] presented over the time between the readings,
+//! and the p50/p99 handling time of the row's dominant intercept class: of the catalog's histograms
+//! of handling times kept on the exit path, the one whose recorded time grew most in the interval.
 //!
 //! Shared by the full-screen view and `--once`, so both show the same numbers.
 
@@ -8,7 +10,10 @@ use std::fmt::Write;
 
 use hvstats::present::{Column, VP_COLUMNS};
 use hvstats::snapshot::{ObjectReading, VpSnapshot};
-use hvstats_abi::catalog::vp;
+use hvstats_abi::catalog::{Counter, counters_of, vp};
+use hvstats_abi::histogram::Log2Histogram;
+use hvstats_abi::source::SourceKind;
+use hvstats_abi::{ObjectKind, Presentation};
 use serde_json::{Map, Value, json};
 
 use crate::cmd::live::{Live, Reading};
@@ -28,6 +33,9 @@ pub struct Row {
     /// Per histogram of the VP (by catalog name), what was recorded between the readings: its
     /// count and the upper bounds of its p50 and p99 in ns (empty for a total row).
     pub quantiles: Vec<(&'static str, u64, Option<u64>, Option<u64>)>,
+    /// Per histogram of the VP (for a total row: of its VPs, summed), what was recorded between
+    /// the readings.
+    pub costs: Vec<(&'static Counter, Log2Histogram)>,
 }
 
 impl Row {
@@ -45,19 +53,92 @@ impl Row {
         let percent = wait.filter(|_| seconds > 0.0).map(|w| w as f64 / (seconds * 1e9) * 100.0);
         (per_dispatch, percent)
     }
+
+    /// The dominant intercept class between the readings: of the [`cost_classes`], the one with
+    /// the most handling time recorded (then the most exits); `None` when none recorded any.
+    pub fn dominant(&self) -> Option<(&'static Counter, &Log2Histogram)> {
+        self.costs
+            .iter()
+            .filter(|(c, d)| is_cost_class(c) && d.count() > 0)
+            .max_by_key(|(c, d)| (d.sum_ns, d.count(), std::cmp::Reverse(c.id)))
+            .map(|(c, d)| (*c, d))
+    }
+
+    fn with_costs(mut self, costs: Vec<(&'static Counter, Log2Histogram)>) -> Self {
+        self.quantiles = costs
+            .iter()
+            .map(|(c, d)| (c.name, d.count(), d.quantile_upper_ns(0.5), d.quantile_upper_ns(0.99)))
+            .collect();
+        self.costs = costs;
+        self
+    }
+}
+
+/// True for a catalog histogram of the time hvstats measures handling one class of intercepts on
+/// the exit path (the run loop's own histograms, not the waits KVM reports).
+fn is_cost_class(c: &Counter) -> bool {
+    c.id.kind == ObjectKind::Vp
+        && c.presentation == Presentation::Histogram
+        && c.maintained.source().is_some_and(|s| s.kind() == SourceKind::RunLoop)
+}
+
+/// The intercept classes whose handling time `top` shows, from the catalog's histogram rows.
+pub fn cost_classes() -> impl Iterator<Item = &'static Counter> {
+    counters_of(ObjectKind::Vp).filter(|c| is_cost_class(c))
+}
+
+/// The short label of a cost class: its catalog name less the words every such name shares
+/// (`IO intercept time histogram` → `IO`).
+pub fn class_label(c: &Counter) -> &'static str {
+    let name = c.name;
+    [" intercept time histogram", " time histogram", " histogram"]
+        .iter()
+        .find_map(|suffix| name.strip_suffix(suffix))
+        .unwrap_or(name)
+}
+
+/// A time in nanoseconds with a human unit: `850ns`, `1.0µs`, `33µs`, `5.2ms`, `1.1s`.
+pub fn human_ns(ns: u64) -> String {
+    let ns = ns as f64;
+    let (value, unit) = match ns {
+        n if n < 1e3 => return format!("{n:.0}ns"),
+        n if n < 1e6 => (n / 1e3, "µs"),
+        n if n < 1e9 => (n / 1e6, "ms"),
+        n => (n / 1e9, "s"),
+    };
+    if value < 99.95 { format!("{value:.1}{unit}") } else { format!("{value:.0}{unit}") }
 }
 
 /// What each histogram of `after` recorded since `before`.
-fn quantiles(before: &VpSnapshot, after: &VpSnapshot) -> Vec<(&'static str, u64, Option<u64>, Option<u64>)> {
+fn costs(before: &VpSnapshot, after: &VpSnapshot) -> Vec<(&'static Counter, Log2Histogram)> {
     after
         .histograms
         .iter()
         .filter_map(|(c, now)| {
             let (_, then) = before.histograms.iter().find(|(b, _)| b.id == c.id)?;
-            let d = now.since(then)?;
-            Some((c.name, d.count(), d.quantile_upper_ns(0.5), d.quantile_upper_ns(0.99)))
+            Some((*c, now.since(then)?))
         })
         .collect()
+}
+
+/// The VPs' histogram deltas summed per histogram, for a partition's total row.
+fn summed_costs(vps: &[Row]) -> Vec<(&'static Counter, Log2Histogram)> {
+    let mut sum: Vec<(&'static Counter, Log2Histogram)> = Vec::new();
+    for (c, d) in vps.iter().flat_map(|r| &r.costs) {
+        let at = match sum.iter().position(|(s, _)| s.id == c.id) {
+            Some(at) => at,
+            None => {
+                sum.push((*c, Log2Histogram::default()));
+                sum.len() - 1
+            }
+        };
+        let total = &mut sum[at].1;
+        total.sum_ns = total.sum_ns.wrapping_add(d.sum_ns);
+        for (t, b) in total.buckets.iter_mut().zip(&d.buckets) {
+            *t = t.wrapping_add(*b);
+        }
+    }
+    sum
 }
 
 /// One partition: its total row and its VPs.
@@ -87,7 +168,7 @@ fn row(label: String, vp: Option<u32>, before: &ObjectReading, after: &ObjectRea
             .collect(),
         ObjectReading::Unreadable { .. } => Vec::new(),
     };
-    Row { label, vp, values, deltas, quantiles: Vec::new() }
+    Row { label, vp, values, deltas, quantiles: Vec::new(), costs: Vec::new() }
 }
 
 /// The groups of every partition present in both readings (a partition or VP that appeared in
@@ -103,10 +184,9 @@ pub fn groups(before: &Reading, after: &Reading) -> Vec<Group> {
                 .iter()
                 .filter_map(|vp| {
                     let then = earlier.vps.iter().find(|v| v.index == vp.index)?;
-                    let mut r =
+                    let r =
                         row(format!("VP {}", vp.index), Some(vp.index), &then.reading, &vp.reading, seconds);
-                    r.quantiles = quantiles(then, vp);
-                    Some(r)
+                    Some(r.with_costs(costs(then, vp)))
                 })
                 .collect();
             let vm = Live::vm_name(&instance.name, partition);
@@ -118,8 +198,10 @@ pub fn groups(before: &Reading, after: &Reading) -> Vec<Group> {
                     values: vec![None; VP_COLUMNS.len()],
                     deltas: Vec::new(),
                     quantiles: Vec::new(),
+                    costs: Vec::new(),
                 },
-            };
+            }
+            .with_costs(summed_costs(&vps));
             out.push(Group {
                 vm,
                 instance: instance.name.clone(),
@@ -167,6 +249,60 @@ pub fn column_width(column: &Column) -> usize {
     column.header().chars().count().max(8)
 }
 
+/// A column of the table, most important first: the run time, the dominant intercept class with
+/// the p50 and p99 of its handling time, then the rest of [`VP_COLUMNS`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shown {
+    /// [`VP_COLUMNS`]`[i]`, presented.
+    Presented(usize),
+    /// The label of the row's dominant intercept class ([`Row::dominant`]).
+    Class,
+    /// The upper bound of the p50 of its handling time.
+    P50,
+    /// The upper bound of the p99 of its handling time.
+    P99,
+}
+
+/// Every column in the order shown; a narrow view shows a prefix.
+pub fn shown() -> impl Iterator<Item = Shown> {
+    [Shown::Presented(0), Shown::Class, Shown::P50, Shown::P99]
+        .into_iter()
+        .chain((1..VP_COLUMNS.len()).map(Shown::Presented))
+}
+
+impl Shown {
+    /// The column's header.
+    pub fn header(self) -> String {
+        match self {
+            Shown::Presented(i) => VP_COLUMNS[i].header(),
+            Shown::Class => "Class".into(),
+            Shown::P50 => "p50".into(),
+            Shown::P99 => "p99".into(),
+        }
+    }
+
+    /// The column's width.
+    pub fn width(self) -> usize {
+        match self {
+            Shown::Presented(i) => column_width(&VP_COLUMNS[i]),
+            Shown::Class => cost_classes().map(|c| class_label(c).chars().count()).max().unwrap_or(0).max(8),
+            Shown::P50 | Shown::P99 => 8,
+        }
+    }
+
+    /// The text of `row`'s cell in this column (`-` for nothing to show).
+    pub fn cell(self, row: &Row) -> String {
+        let quantile = |q| row.dominant().and_then(|(_, d)| d.quantile_upper_ns(q)).map(human_ns);
+        let text = match self {
+            Shown::Presented(i) => return cell(row.values.get(i).copied().flatten()),
+            Shown::Class => row.dominant().map(|(c, _)| class_label(c).to_owned()),
+            Shown::P50 => quantile(0.5),
+            Shown::P99 => quantile(0.99),
+        };
+        text.unwrap_or_else(|| "-".into())
+    }
+}
+
 /// The text table of `--once`: every column, a group per partition.
 pub fn text(groups: &[Group], seconds: f64, dir: &str) -> String {
     let mut out = String::new();
@@ -174,18 +310,22 @@ pub fn text(groups: &[Group], seconds: f64, dir: &str) -> String {
         let _ = writeln!(out, "no live partition under {dir}");
         return out;
     }
-    let _ = writeln!(out, "over {seconds:.2} s: % of the time, rates per second, average cost in µs");
+    let _ = writeln!(
+        out,
+        "over {seconds:.2} s: % of the time, rates per second, average cost in µs; p50/p99: upper bounds \
+         of the handling time of the class with the most"
+    );
     let _ = write!(out, "{:<LABEL_WIDTH$}", "VM / VP");
-    for c in &VP_COLUMNS {
-        let _ = write!(out, " {:>w$}", c.header(), w = column_width(c));
+    for c in shown() {
+        let _ = write!(out, " {:>w$}", c.header(), w = c.width());
     }
     out.push('\n');
     for group in groups {
         let mut line = |r: &Row, indent: &str| {
             let label: String = format!("{indent}{}", r.label).chars().take(LABEL_WIDTH).collect();
             let _ = write!(out, "{label:<LABEL_WIDTH$}");
-            for (c, v) in VP_COLUMNS.iter().zip(&r.values) {
-                let _ = write!(out, " {:>w$}", cell(*v), w = column_width(c));
+            for c in shown() {
+                let _ = write!(out, " {:>w$}", c.cell(r), w = c.width());
             }
             out.push('\n');
         };
@@ -207,10 +347,20 @@ fn row_json(r: &Row, seconds: f64) -> Value {
         .map(|&(n, count, p50, p99)| (n.to_owned(), json!({"count": count, "p50_ns": p50, "p99_ns": p99})))
         .collect();
     let (per_dispatch, percent) = r.wait(seconds);
+    let dominant = r.dominant().map(|(c, d)| {
+        json!({
+            "histogram": c.name,
+            "class": class_label(c),
+            "count": d.count(),
+            "p50_ns": d.quantile_upper_ns(0.5),
+            "p99_ns": d.quantile_upper_ns(0.99),
+        })
+    });
     json!({
         "presented": presented,
         "deltas": deltas,
         "histograms": quantiles,
+        "dominant": dominant,
         "cpu_wait": {"per_dispatch_ns": per_dispatch, "percent": percent},
     })
 }
@@ -249,4 +399,34 @@ pub fn json(groups: &[Group], seconds: f64) -> Value {
         })
         .collect();
     json!({ "interval_seconds": seconds, "units": units, "partitions": partitions })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cost_classes_are_the_catalogs_exit_path_histograms_with_short_labels() {
+        let labels: Vec<&str> = cost_classes().map(class_label).collect();
+        assert_eq!(labels, ["Hypercall", "IO", "MSR", "Memory", "Other"]);
+        // KVM's halt histograms are waits, not handling costs.
+        assert!(!is_cost_class(vp::HALT_WAIT_HISTOGRAM.counter().unwrap()));
+    }
+
+    #[test]
+    fn times_read_in_human_units() {
+        let cases = [
+            (0, "0ns"),
+            (999, "999ns"),
+            (1023, "1.0µs"),
+            (32_767, "32.8µs"),
+            (99_949, "99.9µs"),
+            (524_287, "524µs"),
+            (8_388_607, "8.4ms"),
+            (2_147_483_648, "2.1s"),
+        ];
+        for (ns, text) in cases {
+            assert_eq!(human_ns(ns), text, "{ns}");
+        }
+    }
 }

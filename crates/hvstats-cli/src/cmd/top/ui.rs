@@ -10,14 +10,14 @@ use ratatui::text::Line;
 use ratatui::widgets::{Block, Borders, Clear, Paragraph, Row, Table, Widget};
 
 use super::app::{App, Prompt};
-use super::table::{self, LABEL_WIDTH, column_width};
+use super::table::{self, LABEL_WIDTH, Shown};
 
-/// How many columns fit in `width` cells, at least one.
+/// How many columns of [`table::shown`] fit in `width` cells, at least one.
 pub fn columns_that_fit(width: u16) -> usize {
     let mut used = LABEL_WIDTH;
     let mut n = 0;
-    for c in &VP_COLUMNS {
-        used += 1 + column_width(c);
+    for c in table::shown() {
+        used += 1 + c.width();
         if used > width as usize {
             break;
         }
@@ -71,20 +71,15 @@ impl App {
             Paragraph::new(text).render(area, buf);
             return;
         }
-        let shown = columns_that_fit(area.width);
-        let header =
-            Row::new(std::iter::once("VM / VP".to_owned()).chain(
-                VP_COLUMNS[..shown].iter().map(|c| format!("{:>w$}", c.header(), w = column_width(c))),
-            ))
-            .style(Style::new().add_modifier(Modifier::REVERSED));
+        let shown: Vec<Shown> = table::shown().take(columns_that_fit(area.width)).collect();
+        let header = Row::new(
+            std::iter::once("VM / VP".to_owned())
+                .chain(shown.iter().map(|c| format!("{:>w$}", c.header(), w = c.width()))),
+        )
+        .style(Style::new().add_modifier(Modifier::REVERSED));
         let line = |r: &table::Row, indent: &str| {
             std::iter::once(format!("{indent}{}", r.label))
-                .chain(
-                    VP_COLUMNS[..shown]
-                        .iter()
-                        .zip(&r.values)
-                        .map(|(c, v)| format!("{:>w$}", table::cell(*v), w = column_width(c))),
-                )
+                .chain(shown.iter().map(|c| format!("{:>w$}", c.cell(r), w = c.width())))
                 .collect::<Vec<_>>()
         };
         let mut rows = Vec::new();
@@ -97,7 +92,7 @@ impl App {
             rows.extend(g.vps.iter().map(|vp| Row::new(line(vp, "  "))));
         }
         let widths = std::iter::once(Constraint::Length(LABEL_WIDTH as u16))
-            .chain(VP_COLUMNS[..shown].iter().map(|c| Constraint::Length(column_width(c) as u16)));
+            .chain(shown.iter().map(|c| Constraint::Length(c.width() as u16)));
         Table::new(rows, widths).header(header).column_spacing(1).render(area, buf);
     }
 
@@ -137,6 +132,7 @@ mod tests {
 
     use hvstats::snapshot::ObjectReading;
     use hvstats_abi::catalog::vp;
+    use hvstats_abi::histogram::Log2Histogram;
     use ratatui::Terminal;
     use ratatui::backend::TestBackend;
 
@@ -155,37 +151,58 @@ mod tests {
 
     #[test]
     fn rows_show_rates_per_vp_under_the_partition_total_sorted_by_a_column() {
-        let before = synthetic_reading(1, 2);
+        let mut before = synthetic_reading(1, 2);
+        let io = vp::IO_TIME_HISTOGRAM.counter().unwrap();
+        let hcall = vp::HYPERCALLS_TIME_HISTOGRAM.counter().unwrap();
+        for v in &mut before.instances[0].partitions[0].vps {
+            v.histograms = vec![(hcall, Log2Histogram::default()), (io, Log2Histogram::default())];
+        }
         let mut after = before.clone();
         after.at = before.at + Duration::from_secs(2);
         for (index, add) in [(0, 20), (1, 100)] {
-            let ObjectReading::Counters(values) = &mut after.instances[0].partitions[0].vps[index].reading
-            else {
-                unreachable!()
-            };
+            let v = &mut after.instances[0].partitions[0].vps[index];
+            let ObjectReading::Counters(values) = &mut v.reading else { unreachable!() };
             values.iter_mut().filter(|(c, _)| c.id == vp::HYPERCALLS).for_each(|(_, v)| *v += add);
+            // VP 1: 100 hypercalls of 300 ns (30 µs in all) and 10 port accesses of 5 µs (50 µs in
+            // all): IO dominates by time. VP 0: 20 hypercalls of 70 ns.
+            let hist = |ns, n| {
+                let mut h = Log2Histogram::default();
+                (0..n).for_each(|_| h.record(ns));
+                h
+            };
+            v.histograms[0].1 = hist(if index == 1 { 300 } else { 70 }, add);
+            if index == 1 {
+                v.histograms[1].1 = hist(5_000, 10);
+            }
         }
         let mut app = App::new("/run/hvstats".into(), Duration::from_secs(2));
         app.sample(before);
         app.sample(after);
-        let lines = screen(&app, 60, 8);
+        let lines = screen(&app, 70, 8);
         assert!(lines[0].starts_with("hvstats top — over 2.0 s"), "{lines:#?}");
         assert!(lines[1].starts_with("VM / VP") && lines[1].contains("Hcall/s"), "{lines:#?}");
-        // Partition total 60/s, then VP 0 (10/s) and VP 1 (50/s) by name.
-        // The third cell from the right of the label: Run%, then Hcall/s.
-        let hcall = |line: &str| line.get(LABEL_WIDTH..)?.split_whitespace().nth(1).map(str::to_owned);
+        let cells = |line: &str| -> Vec<String> {
+            line.get(LABEL_WIDTH..).unwrap_or_default().split_whitespace().map(str::to_owned).collect()
+        };
+        assert_eq!(cells(&lines[1]), ["Run%", "Class", "p50", "p99", "Hcall/s"]);
+        // Partition total 60/s, then VP 0 (10/s) and VP 1 (50/s) by name; each with the p50 and
+        // p99 of its dominant class (bucket upper bounds: 70 ns → 127 ns, 300 ns → 511 ns, 5 µs
+        // → 8191 ns). The total sums the VPs: IO (50 µs) over hypercalls (31.4 µs).
         assert!(lines[2].starts_with("4242-1-0:1"), "{lines:#?}");
-        assert_eq!(hcall(&lines[2]).as_deref(), Some("60.0"));
-        assert!(lines[3].starts_with("  VP 0") && hcall(&lines[3]).as_deref() == Some("10.0"), "{lines:#?}");
-        assert!(lines[4].starts_with("  VP 1") && hcall(&lines[4]).as_deref() == Some("50.0"), "{lines:#?}");
+        assert_eq!(cells(&lines[2])[1..], ["IO", "8.2µs", "8.2µs", "60.0"]);
+        assert!(lines[3].starts_with("  VP 0"), "{lines:#?}");
+        assert_eq!(cells(&lines[3])[1..], ["Hypercall", "127ns", "127ns", "10.0"]);
+        assert!(lines[4].starts_with("  VP 1"), "{lines:#?}");
+        assert_eq!(cells(&lines[4])[1..], ["IO", "8.2µs", "8.2µs", "50.0"]);
         app.update(Action::SortNext);
         app.update(Action::SortNext);
-        let lines = screen(&app, 60, 8);
+        let lines = screen(&app, 70, 8);
         assert!(lines[3].starts_with("  VP 1"), "{lines:#?}");
         assert!(lines[7].starts_with("o/O sort"), "{lines:#?}");
         // 60 columns hold the label and the first few columns only.
-        assert_eq!(columns_that_fit(60), 4);
-        assert!(lines[1].ends_with("IO/s") && !lines[1].contains("CPUID"), "{lines:#?}");
+        assert_eq!(columns_that_fit(60), 3);
+        let lines = screen(&app, 60, 8);
+        assert!(lines[1].ends_with("p50") && !lines[1].contains("Hcall"), "{lines:#?}");
     }
 
     #[test]
