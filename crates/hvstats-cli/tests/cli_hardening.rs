@@ -95,6 +95,28 @@ fn a_closed_pipe_ends_every_command_quietly_with_its_usual_status() {
 }
 
 #[test]
+fn a_recording_into_a_closed_pipe_ends_quietly_and_into_a_full_device_is_an_error() {
+    let dir = TempDir::new("record-pipe");
+    let rt = dir.path().to_str().unwrap();
+    let record = ["record", "--quiet", "--interval", "0.05", "--duration", "5", "--output", "/dev/stdout"];
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let child = hvstats()
+        .args(record)
+        .args(["--runtime-dir", rt])
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let o = wait_bounded(child, Duration::from_secs(30), "record into a closed pipe");
+    assert_eq!(status_and_stderr(&o), (Some(0), String::new()));
+    let full = File::options().write(true).open("/dev/full").unwrap();
+    let o = hvstats().args(record).args(["--runtime-dir", rt]).stdout(full).output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("writing /dev/stdout: No space left on device"), "{}", stderr(&o));
+}
+
+#[test]
 fn a_full_device_is_an_error_message_and_status_1_for_every_command() {
     let dir = TempDir::new("dev-full");
     for args in printing_commands(dir.path()) {

@@ -58,7 +58,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut out = BufWriter::new(file);
     let started_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
     let write_error = |e: anyhow::Error| e.context(format!("writing {}", args.output.display()));
-    recording::write_line(&mut out, &Header::new(args.interval, started_ms)).map_err(write_error)?;
+    // A recording written into a pipe whose reader went away (`record -o /dev/stdout | head`)
+    // ends there, quietly, as every command's output does.
+    let mut reader_gone = false;
+    match recording::write_line(&mut out, &Header::new(args.interval, started_ms)) {
+        Err(e) if is_closed_pipe(&e) => reader_gone = true,
+        result => result.map_err(write_error)?,
+    }
 
     let interval = Duration::from_secs_f64(args.interval);
     let samples = args.duration.map(|d| (d / args.interval).floor() as u64 + 1);
@@ -72,10 +78,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
     let start = Instant::now();
     let mut taken = 0u64;
-    while !stop.load(Ordering::SeqCst) && samples.is_none_or(|n| taken < n) {
+    while !reader_gone && !stop.load(Ordering::SeqCst) && samples.is_none_or(|n| taken < n) {
         let reading = live.read()?;
         let t = reading.at.saturating_duration_since(start).as_secs_f64();
-        recording::write_line(&mut out, &Sample::of(&reading, t)).map_err(write_error)?;
+        match recording::write_line(&mut out, &Sample::of(&reading, t)) {
+            Err(e) if is_closed_pipe(&e) => {
+                reader_gone = true;
+                break;
+            }
+            result => result.map_err(write_error)?,
+        }
         taken += 1;
         bar.set_position(taken);
         bar.set_message(format!(
@@ -97,6 +109,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     bar.finish_and_clear();
-    let _ = writeln!(std::io::stderr(), "hvstats: recorded {taken} samples to {}", args.output.display());
+    if !reader_gone {
+        let _ = writeln!(std::io::stderr(), "hvstats: recorded {taken} samples to {}", args.output.display());
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// True when `e` is a write into a pipe nobody reads any more.
+fn is_closed_pipe(e: &anyhow::Error) -> bool {
+    e.chain()
+        .filter_map(|c| c.downcast_ref::<std::io::Error>())
+        .any(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
 }
