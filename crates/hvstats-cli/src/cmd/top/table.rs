@@ -64,6 +64,22 @@ impl Row {
             .map(|(c, d)| (*c, d))
     }
 
+    /// A partition total's percent-of-time columns: the sum of its VPs' percents (each VP is one
+    /// processor's time, capped at 100 %), as `top` adds the threads of a process: a partition of
+    /// four VPs at 60 % runs 240 %, not the 100 % one processor's cap would give the summed times.
+    fn with_percents_of(mut self, vps: &[Row]) -> Self {
+        for (i, column) in VP_COLUMNS.iter().enumerate() {
+            if column.counter().presentation != Presentation::PercentTime {
+                continue;
+            }
+            let shown: Vec<f64> = vps.iter().filter_map(|r| r.values.get(i).copied().flatten()).collect();
+            if let Some(value) = self.values.get_mut(i) {
+                *value = if shown.is_empty() { None } else { Some(shown.iter().sum()) };
+            }
+        }
+        self
+    }
+
     fn with_costs(mut self, costs: Vec<(&'static Counter, Log2Histogram)>) -> Self {
         self.quantiles = costs
             .iter()
@@ -201,7 +217,8 @@ pub fn groups(before: &Reading, after: &Reading) -> Vec<Group> {
                     costs: Vec::new(),
                 },
             }
-            .with_costs(summed_costs(&vps));
+            .with_costs(summed_costs(&vps))
+            .with_percents_of(&vps);
             out.push(Group {
                 vm,
                 instance: instance.name.clone(),
@@ -411,6 +428,35 @@ mod tests {
         assert_eq!(labels, ["Hypercall", "IO", "MSR", "Memory", "Other"]);
         // KVM's halt histograms are waits, not handling costs.
         assert!(!is_cost_class(vp::HALT_WAIT_HISTOGRAM.counter().unwrap()));
+    }
+
+    #[test]
+    fn a_partition_total_runs_the_sum_of_its_vps_percents_not_one_processors_cap() {
+        let dir = std::env::temp_dir().join(format!("hvstats-top-total-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let hv = hvstats::Hypervisor::with_config(hvstats::InstanceConfig {
+            runtime_dir: Some(dir.clone()),
+            logical_processors: Some(vec![0]),
+            ..Default::default()
+        })
+        .unwrap();
+        let part = hv.create_partition(4).unwrap();
+        let live = Live::new(Some(dir.clone()));
+        let before = live.read().unwrap();
+        // Three VPs ran the whole interval (and more: their readings are capped at 100 %), one
+        // did not run.
+        for index in 0..3 {
+            part.vp_page(index).unwrap().set(vp::TOTAL_RUN_TIME, 1_000_000_000);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let after = live.read().unwrap();
+        let groups = groups(&before, &after);
+        let run = VP_COLUMNS.iter().position(|c| c.counter == vp::TOTAL_RUN_TIME).unwrap();
+        let shown: Vec<Option<f64>> = groups[0].vps.iter().map(|r| r.values[run]).collect();
+        assert_eq!(shown, [Some(100.0), Some(100.0), Some(100.0), Some(0.0)]);
+        assert_eq!(groups[0].total.values[run], Some(300.0));
+        drop((part, hv));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
