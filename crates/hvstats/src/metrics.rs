@@ -223,6 +223,14 @@ fn family_of(counter: &'static Counter) -> Family {
         Presentation::Histogram => MetricKind::Counter,
     };
     let mut word = snake_name(counter.name);
+    // A cost is exported as its cumulative time: what it is "per" is the paired counter's own
+    // family (`CPU wait time per dispatch` is `vp_cpu_wait_seconds_total`, beside
+    // `vp_dispatches_total`).
+    if counter.presentation == Presentation::Cost
+        && let Some((stem, _)) = word.rsplit_once("_per_")
+    {
+        word = stem.to_owned();
+    }
     // The unit goes at the end of the name, once: `GPA pages` in bytes is `gpa_bytes`.
     if let Some(unit) = unit {
         let redundant = match unit {
@@ -349,6 +357,9 @@ mod tests {
         assert_eq!(name(partition::VIRTUAL_PROCESSORS), "hvstats_partition_virtual_processors");
         assert_eq!(name(lp::C1_TIME), "hvstats_lp_c1_seconds_total");
         assert_eq!(name(lp::GLOBAL_TIME), "hvstats_lp_global_seconds");
+        // A cost "per" something is its cumulative time; the something has its own family.
+        assert_eq!(name(vp::CPU_WAIT_TIME_PER_DISPATCH), "hvstats_vp_cpu_wait_seconds_total");
+        assert_eq!(name(vp::DISPATCHES), "hvstats_vp_dispatches_total");
     }
 
     #[test]
