@@ -9,16 +9,15 @@
 
 mod common;
 
-use common::TempDir;
+use common::{TempDir, publish_partition as published};
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hvstats::{Hypervisor, InstanceConfig, PartitionStats};
+use hvstats::Hypervisor;
 use hvstats_abi::catalog::vp;
 use serde_json::Value;
 
@@ -67,17 +66,6 @@ fn get_accepting(addr: SocketAddr, path: &str, accept: &str) -> (u16, String, St
     let (head, body) = reply.split_once("\r\n\r\n").unwrap();
     let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
     (status, head.to_owned(), body.to_owned())
-}
-
-fn published(dir: &Path, vps: u32) -> (Arc<Hypervisor>, Arc<PartitionStats>) {
-    let hv = Hypervisor::with_config(InstanceConfig {
-        runtime_dir: Some(dir.to_path_buf()),
-        logical_processors: Some(vec![0]),
-        ..Default::default()
-    })
-    .unwrap();
-    let part = hv.create_partition(vps).unwrap();
-    (hv, part)
 }
 
 fn instance_name(hv: &Hypervisor) -> String {

@@ -8,26 +8,14 @@
 
 mod common;
 
-use common::TempDir;
+use common::{TempDir, publish_partition as publish};
 
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use hvstats::{Hypervisor, InstanceConfig};
 use hvstats_abi::catalog::vp;
 use serde_json::Value;
-
-fn publish(dir: &Path, vps: u32) -> (std::sync::Arc<Hypervisor>, std::sync::Arc<hvstats::PartitionStats>) {
-    let hv = Hypervisor::with_config(InstanceConfig {
-        runtime_dir: Some(dir.to_path_buf()),
-        logical_processors: Some(vec![0]),
-        ..Default::default()
-    })
-    .unwrap();
-    let part = hv.create_partition(vps).unwrap();
-    (hv, part)
-}
 
 fn name(id: hvstats_abi::CounterId) -> &'static str {
     id.counter().unwrap().name

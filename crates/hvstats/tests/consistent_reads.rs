@@ -8,11 +8,10 @@
     reason = "test set-up: a failure there is the test failing"
 )]
 
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-
-use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
 
 use hvstats::attach::{Attach, AttachError, Instance};
 use hvstats::reader::ReadPath;
@@ -24,6 +23,7 @@ use hvstats_abi::histogram::bucket_of;
 use hvstats_abi::page::PageView;
 use hvstats_abi::seqcount::SeqRead;
 use hvstats_abi::{CounterId, ObjectKind};
+use support::TempDir;
 use zerocopy::IntoBytes;
 
 /// The VP counters a merge writes in this test: every one-slot counter but the sequence itself.
@@ -126,25 +126,6 @@ fn recorded_times_land_in_their_buckets_and_read_back_through_a_second_mapping()
     assert_eq!(view.histogram(vp::MSR_TIME_HISTOGRAM).unwrap().count(), 1);
     assert_eq!(view.histogram(vp::HYPERCALLS_TIME_HISTOGRAM).unwrap().count(), 0);
     assert_eq!(view.histogram(vp::HALT_POLL_FAIL_HISTOGRAM).unwrap().count(), 0);
-}
-
-/// A fresh directory under the target's temporary area, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("hvstats-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        Self(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// The one instance under `dir`, its arenas reached by `path`; asserts the path taken.

@@ -58,3 +58,13 @@ pub fn publish_with(dir: &Path, config: hvstats::InstanceConfig) -> std::sync::A
 pub fn publish(dir: &Path) -> std::sync::Arc<hvstats::Hypervisor> {
     publish_with(dir, hvstats::InstanceConfig::default())
 }
+
+/// An instance published under `dir` (as [`publish`]) holding one partition of `vps` VPs.
+pub fn publish_partition(
+    dir: &Path,
+    vps: u32,
+) -> (std::sync::Arc<hvstats::Hypervisor>, std::sync::Arc<hvstats::PartitionStats>) {
+    let hv = publish(dir);
+    let part = hv.create_partition(vps).unwrap();
+    (hv, part)
+}
