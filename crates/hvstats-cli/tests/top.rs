@@ -133,14 +133,14 @@ fn once_text_lists_partitions_and_vps_or_says_there_is_nothing() {
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
     let cells = |line: &str| {
-        line.get(24..).unwrap().split_whitespace().take(4).map(str::to_owned).collect::<Vec<_>>()
+        line.get(24..).unwrap().split_whitespace().take(5).map(str::to_owned).collect::<Vec<_>>()
     };
     let header = text.lines().nth(1).unwrap();
-    assert_eq!(cells(header), ["Run%", "Class", "p50", "p99"], "{text}");
+    assert_eq!(cells(header), ["Run%", "Wait%", "Class", "p50", "p99"], "{text}");
     let row = |prefix: &str| text.lines().find(|l| l.starts_with(prefix)).unwrap();
-    assert_eq!(cells(row("  VP 2 "))[1..], ["IO", "1.0µs", "4.2ms"], "{text}");
-    assert_eq!(cells(row("  VP 0 "))[1..], ["-", "-", "-"], "{text}");
-    assert_eq!(cells(row(&vm))[1..], ["IO", "1.0µs", "4.2ms"], "{text}");
+    assert_eq!(cells(row("  VP 2 "))[2..], ["IO", "1.0µs", "4.2ms"], "{text}");
+    assert_eq!(cells(row("  VP 0 "))[2..], ["-", "-", "-"], "{text}");
+    assert_eq!(cells(row(&vm))[2..], ["IO", "1.0µs", "4.2ms"], "{text}");
 
     let missing = top(&tmp.path().join("missing"), &["--once"]);
     assert!(!missing.status.success());
@@ -241,10 +241,10 @@ fn top_in_tmux_shows_the_vps_of_a_live_partition_and_quits_on_q() {
     };
     tmux.run(&["send-keys", "-t", "top", "o", "o"]);
     tmux.wait_for("sort Hcall/s↓");
-    // Columns: label, Run%, Class, p50, p99, Hcall/s. VP 1 makes hypercalls and port accesses of
+    // Columns: label, Run%, Wait%, Class, p50, p99, Hcall/s. VP 1 makes hypercalls and port accesses of
     // 700 ns, VP 0 none: VP 1 comes first, its class IO with p50 and p99 ≤ 1023 ns.
     let cells = |line: &str| line.split_whitespace().skip(2).map(str::to_owned).collect::<Vec<_>>();
-    let hcall_rate = |line: &str| cells(line).get(4).and_then(|v| v.parse::<f64>().ok());
+    let hcall_rate = |line: &str| cells(line).get(5).and_then(|v| v.parse::<f64>().ok());
     let screen = tmux.wait_until("VP 1 first with hypercalls", |screen| {
         let vps: Vec<&str> = screen.lines().filter(|l| l.trim_start().starts_with("VP ")).collect();
         vps.len() == 2
@@ -252,10 +252,10 @@ fn top_in_tmux_shows_the_vps_of_a_live_partition_and_quits_on_q() {
             && hcall_rate(vps[0]).is_some_and(|r| r > 0.0)
     });
     let vp1 = screen.lines().find(|l| l.trim_start().starts_with("VP 1")).unwrap();
-    assert_eq!(cells(vp1)[1..4], ["IO", "1.0µs", "1.0µs"], "{screen}");
+    assert_eq!(cells(vp1)[2..5], ["IO", "1.0µs", "1.0µs"], "{screen}");
     let vp0 = screen.lines().find(|l| l.trim_start().starts_with("VP 0")).unwrap();
     assert_eq!(hcall_rate(vp0), Some(0.0), "{screen}");
-    assert_eq!(cells(vp0)[1..4], ["-", "-", "-"], "{screen}");
+    assert_eq!(cells(vp0)[2..5], ["-", "-", "-"], "{screen}");
 
     tmux.run(&["send-keys", "-t", "top", "h"]);
     let screen = tmux.wait_for(" keys ");

@@ -36,6 +36,9 @@ pub struct Row {
     /// Per histogram of the VP (for a total row: of its VPs, summed), what was recorded between
     /// the readings.
     pub costs: Vec<(&'static Counter, Log2Histogram)>,
+    /// The share of the interval the VP spent waiting for a CPU, in % (a total row: its VPs'
+    /// shares summed); `None` when the source gives no CPU wait.
+    pub wait_percent: Option<f64>,
 }
 
 impl Row {
@@ -184,7 +187,10 @@ fn row(label: String, vp: Option<u32>, before: &ObjectReading, after: &ObjectRea
             .collect(),
         ObjectReading::Unreadable { .. } => Vec::new(),
     };
-    Row { label, vp, values, deltas, quantiles: Vec::new(), costs: Vec::new() }
+    let mut row =
+        Row { label, vp, values, deltas, quantiles: Vec::new(), costs: Vec::new(), wait_percent: None };
+    row.wait_percent = row.wait(seconds).1;
+    row
 }
 
 /// The groups of every partition present in both readings (a partition or VP that appeared in
@@ -215,6 +221,7 @@ pub fn groups(before: &Reading, after: &Reading) -> Vec<Group> {
                     deltas: Vec::new(),
                     quantiles: Vec::new(),
                     costs: Vec::new(),
+                    wait_percent: None,
                 },
             }
             .with_costs(summed_costs(&vps))
@@ -278,11 +285,15 @@ pub enum Shown {
     P50,
     /// The upper bound of the p99 of its handling time.
     P99,
+    /// The share of the interval spent waiting for a CPU ([`Row::wait_percent`]).
+    WaitPercent,
 }
 
-/// Every column in the order shown; a narrow view shows a prefix.
+/// Every column in the order shown (a narrow view shows a prefix): run time and the share of time
+/// spent waiting for a CPU (the two health figures, as `top`'s `%st` beside `%us`), the dominant
+/// class's handling time, then the other [`VP_COLUMNS`] (CPU wait per dispatch among them).
 pub fn shown() -> impl Iterator<Item = Shown> {
-    [Shown::Presented(0), Shown::Class, Shown::P50, Shown::P99]
+    [Shown::Presented(0), Shown::WaitPercent, Shown::Class, Shown::P50, Shown::P99]
         .into_iter()
         .chain((1..VP_COLUMNS.len()).map(Shown::Presented))
 }
@@ -295,6 +306,7 @@ impl Shown {
             Shown::Class => "Class".into(),
             Shown::P50 => "p50".into(),
             Shown::P99 => "p99".into(),
+            Shown::WaitPercent => "Wait%".into(),
         }
     }
 
@@ -303,7 +315,7 @@ impl Shown {
         match self {
             Shown::Presented(i) => column_width(&VP_COLUMNS[i]),
             Shown::Class => cost_classes().map(|c| class_label(c).chars().count()).max().unwrap_or(0).max(8),
-            Shown::P50 | Shown::P99 => 8,
+            Shown::P50 | Shown::P99 | Shown::WaitPercent => 8,
         }
     }
 
@@ -315,6 +327,7 @@ impl Shown {
             Shown::Class => row.dominant().map(|(c, _)| class_label(c).to_owned()),
             Shown::P50 => quantile(0.5),
             Shown::P99 => quantile(0.99),
+            Shown::WaitPercent => return cell(row.wait_percent),
         };
         text.unwrap_or_else(|| "-".into())
     }

@@ -163,6 +163,12 @@ mod tests {
             let v = &mut after.instances[0].partitions[0].vps[index];
             let ObjectReading::Counters(values) = &mut v.reading else { unreachable!() };
             values.iter_mut().filter(|(c, _)| c.id == vp::HYPERCALLS).for_each(|(_, v)| *v += add);
+            // VP 1 waited 0.5 s of the 2 s for a CPU (25 %), VP 0 not at all.
+            let waited = if index == 1 { 500_000_000 } else { 0 };
+            values
+                .iter_mut()
+                .filter(|(c, _)| c.id == vp::CPU_WAIT_TIME_PER_DISPATCH)
+                .for_each(|(_, v)| *v += waited);
             // VP 1: 100 hypercalls of 300 ns (30 µs in all) and 10 port accesses of 5 µs (50 µs in
             // all): IO dominates by time. VP 0: 20 hypercalls of 70 ns.
             let hist = |ns, n| {
@@ -178,31 +184,36 @@ mod tests {
         let mut app = App::new("/run/hvstats".into(), Duration::from_secs(2));
         app.sample(before);
         app.sample(after);
-        let lines = screen(&app, 70, 8);
+        let lines = screen(&app, 80, 8);
         assert!(lines[0].starts_with("hvstats top — over 2.0 s"), "{lines:#?}");
         assert!(lines[1].starts_with("VM / VP") && lines[1].contains("Hcall/s"), "{lines:#?}");
         let cells = |line: &str| -> Vec<String> {
             line.get(LABEL_WIDTH..).unwrap_or_default().split_whitespace().map(str::to_owned).collect()
         };
-        assert_eq!(cells(&lines[1]), ["Run%", "Class", "p50", "p99", "Hcall/s"]);
+        assert_eq!(cells(&lines[1]), ["Run%", "Wait%", "Class", "p50", "p99", "Hcall/s"]);
+        // CPU wait as a share of the interval: VP 0 none, VP 1 25 %, the partition their sum.
+        assert_eq!(
+            [&cells(&lines[2])[1], &cells(&lines[3])[1], &cells(&lines[4])[1]],
+            ["25.0", "0.0", "25.0"]
+        );
         // Partition total 60/s, then VP 0 (10/s) and VP 1 (50/s) by name; each with the p50 and
         // p99 of its dominant class (bucket upper bounds: 70 ns → 127 ns, 300 ns → 511 ns, 5 µs
         // → 8191 ns). The total sums the VPs: IO (50 µs) over hypercalls (31.4 µs).
         assert!(lines[2].starts_with("4242-1-0:1"), "{lines:#?}");
-        assert_eq!(cells(&lines[2])[1..], ["IO", "8.2µs", "8.2µs", "60.0"]);
+        assert_eq!(cells(&lines[2])[2..], ["IO", "8.2µs", "8.2µs", "60.0"]);
         assert!(lines[3].starts_with("  VP 0"), "{lines:#?}");
-        assert_eq!(cells(&lines[3])[1..], ["Hypercall", "127ns", "127ns", "10.0"]);
+        assert_eq!(cells(&lines[3])[2..], ["Hypercall", "127ns", "127ns", "10.0"]);
         assert!(lines[4].starts_with("  VP 1"), "{lines:#?}");
-        assert_eq!(cells(&lines[4])[1..], ["IO", "8.2µs", "8.2µs", "50.0"]);
+        assert_eq!(cells(&lines[4])[2..], ["IO", "8.2µs", "8.2µs", "50.0"]);
         app.update(Action::SortNext);
         app.update(Action::SortNext);
-        let lines = screen(&app, 70, 8);
+        let lines = screen(&app, 80, 8);
         assert!(lines[3].starts_with("  VP 1"), "{lines:#?}");
         assert!(lines[7].starts_with("o/O sort"), "{lines:#?}");
         // 60 columns hold the label and the first few columns only.
         assert_eq!(columns_that_fit(60), 3);
         let lines = screen(&app, 60, 8);
-        assert!(lines[1].ends_with("p50") && !lines[1].contains("Hcall"), "{lines:#?}");
+        assert!(lines[1].ends_with("Class") && !lines[1].contains("Hcall"), "{lines:#?}");
     }
 
     #[test]
