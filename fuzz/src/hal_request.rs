@@ -54,9 +54,9 @@ fn affinity(b: &mut Bytes<'_>) -> Option<Vec<GroupAffinity>> {
             (0..n - 1)
                 .map(|_| {
                     let group = u16::from(b.u8() % 4);
-                    let mask = if b.u8() % 2 == 0 { u64::from(b.u8()) } else { b.u64() };
+                    let mask = if b.u8().is_multiple_of(2) { u64::from(b.u8()) } else { b.u64() };
                     let mut g = GroupAffinity::new(group, mask);
-                    if b.u8() % 32 == 0 {
+                    if b.u8().is_multiple_of(32) {
                         g.reserved[0] = 1;
                     }
                     g

@@ -113,7 +113,7 @@ fn request(b: &mut Bytes<'_>, guest: u64, other: u64) -> MapStatsPageInput {
         3 => (StatsObjectType::LOGICAL_PROCESSOR, StatsObjectIdentity::logical_processor(vp_index, area)),
         _ => (StatsObjectType(b.u8().into()), StatsObjectIdentity::vp(partition_id, vp_index, area)),
     };
-    let padding = if b.u8() % 16 == 0 { 1 } else { 0 };
+    let padding = if b.u8().is_multiple_of(16) { 1 } else { 0 };
     MapStatsPageInput { stats_type, padding, identity, target_gpa_page: u64::from(b.u8() % 24) }
 }
 

@@ -79,7 +79,8 @@ fn arena(b: &mut Bytes<'_>, path: &Path, template: &[u8], hostility: Hostility) 
                     break;
                 }
                 // Mostly the header and the first index pages, where the structure is.
-                let at = if b.u8() % 4 == 0 { b.u16() * 64 + b.u16() } else { b.u16() } % bytes.len();
+                let at =
+                    if b.u8().is_multiple_of(4) { b.u16() * 64 + b.u16() } else { b.u16() } % bytes.len();
                 bytes[at] = b.u8();
             }
             let _ = std::fs::write(path, bytes);
@@ -118,12 +119,12 @@ pub fn check(data: &[u8], runtime_dir: &Path, hostility: Hostility) -> usize {
         // Live: this process holds the publisher's lock, on a regular file only (opening a FIFO
         // would wait for a writer).
         let regular = std::fs::symlink_metadata(&arena_path).is_ok_and(|m| m.file_type().is_file());
-        if regular && b.u8() % 4 != 0 {
-            if let Ok(f) = File::open(&arena_path) {
-                if lock(f.as_fd()).is_ok() {
-                    locks.push(f);
-                }
-            }
+        if regular
+            && b.u8() % 4 != 0
+            && let Ok(f) = File::open(&arena_path)
+            && lock(f.as_fd()).is_ok()
+        {
+            locks.push(f);
         }
     }
     let Ok(found) = discover(runtime_dir) else { return 0 };

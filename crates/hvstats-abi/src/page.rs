@@ -447,7 +447,7 @@ impl<'a> GroupWalk<'a> {
             return Ok(None);
         }
         let length = header.length;
-        if length as usize % VALUE_SIZE != 0 {
+        if !(length as usize).is_multiple_of(VALUE_SIZE) {
             return Err(PageError::LengthMisaligned { offset, length });
         }
         let data_start = offset + VALUE_SIZE;

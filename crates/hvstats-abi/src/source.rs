@@ -143,10 +143,10 @@ impl RunLoopCount {
     pub const fn counter(self) -> CounterId {
         let mut i = 0;
         while i < CATALOG.len() {
-            if let Some(Source::RunLoop(k)) = CATALOG[i].maintained.source() {
-                if k as u8 == self as u8 {
-                    return CATALOG[i].id;
-                }
+            if let Some(Source::RunLoop(k)) = CATALOG[i].maintained.source()
+                && k as u8 == self as u8
+            {
+                return CATALOG[i].id;
             }
             i += 1;
         }
@@ -316,10 +316,10 @@ const fn is_of(c: &Counter, object: ObjectKind, kind: SourceKind) -> bool {
 pub const fn hypercall_class_counter(class: HypercallClass) -> Option<CounterId> {
     let mut i = 0;
     while i < CATALOG.len() {
-        if let Some(Source::Hypercall(c)) = CATALOG[i].maintained.source() {
-            if c as u8 == class as u8 {
-                return Some(CATALOG[i].id);
-            }
+        if let Some(Source::Hypercall(c)) = CATALOG[i].maintained.source()
+            && c as u8 == class as u8
+        {
+            return Some(CATALOG[i].id);
         }
         i += 1;
     }

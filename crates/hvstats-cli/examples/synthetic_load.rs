@@ -39,7 +39,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let mut io_ns = 0;
                 for i in 0..io {
                     // About one in 50, spread over the ticks.
-                    let ns = if (ticks * 7 + i) % 50 == 0 { 300_000 } else { 4_000 };
+                    let ns = if (ticks * 7 + i).is_multiple_of(50) { 300_000 } else { 4_000 };
                     page.record_time(vp::IO_TIME_HISTOGRAM, ns);
                     io_ns += ns;
                 }

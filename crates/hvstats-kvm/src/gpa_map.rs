@@ -66,7 +66,7 @@ impl GpaMap {
     /// # Errors
     /// When the page already has an overlay, the address is unaligned or KVM refuses a slot.
     pub fn add_overlay(&mut self, vm: &VmFd, gpa_page: u64, host: u64) -> Result<(), Error> {
-        if host % PAGE != 0 {
+        if !host.is_multiple_of(PAGE) {
             return Err(Error::Overlay { gpa_page, why: "host page is not 4 KiB aligned" });
         }
         if gpa_page.checked_mul(PAGE).is_none_or(|g| g >= 1 << 52) {

@@ -32,7 +32,7 @@ impl GuestRam {
     /// # Errors
     /// When the size is not page-aligned or mmap fails.
     pub fn new(size: u64) -> Result<Self, Error> {
-        if size == 0 || size % 4096 != 0 {
+        if size == 0 || !size.is_multiple_of(4096) {
             return Err(Error::MemorySize { bytes: size });
         }
         // SAFETY: anonymous private mapping at an address the kernel picks; checked below.

@@ -472,7 +472,7 @@ fn scan_partitions(arena: &ArenaReader, seq: u64) -> PartitionLayout {
     for _ in 0..8 {
         let before = arena.layout_seq();
         entries = scan(arena);
-        if before % 2 == 0 && arena.layout_seq() == before {
+        if before.is_multiple_of(2) && arena.layout_seq() == before {
             break;
         }
     }

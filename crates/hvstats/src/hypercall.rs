@@ -277,7 +277,7 @@ fn check_block(gpa: u64, size: u64) -> HvResult<()> {
         return Ok(());
     }
     let page = PAGE_SIZE as u64;
-    if gpa % 8 != 0 || gpa % page + size > page {
+    if !gpa.is_multiple_of(8) || gpa % page + size > page {
         return Err(HvError::INVALID_ALIGNMENT);
     }
     Ok(())
@@ -351,11 +351,11 @@ fn unmap(
     let key = authorize(ctx, block.stats_type, block.padding, block.identity)?;
     with_gpa_space(ctx, |gpa, stats| {
         let mapping = gpa.mappings_mut().remove(&key)?;
-        if mapping.accessible {
-            if let Err(_e) = overlays.unmap_overlay(mapping.gpa_page) {
-                gpa.mappings_mut().insert(key, mapping);
-                return Err(HvError::OPERATION_DENIED);
-            }
+        if mapping.accessible
+            && let Err(_e) = overlays.unmap_overlay(mapping.gpa_page)
+        {
+            gpa.mappings_mut().insert(key, mapping);
+            return Err(HvError::OPERATION_DENIED);
         }
         if let Some(stats) = stats {
             stats.page().set(partition::GPA_PAGES, gpa.gpa_pages());

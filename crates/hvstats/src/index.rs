@@ -330,7 +330,7 @@ pub(crate) fn encode_text(s: &str, words: usize) -> Vec<u64> {
 pub(crate) fn read_entry(entry: &[AtomicU64; ENTRY_WORDS]) -> Option<[u64; ENTRY_WORDS]> {
     for attempt in 0..10_000u32 {
         let before = entry[ew::SEQ].load(Ordering::Acquire);
-        if before % 2 == 0 {
+        if before.is_multiple_of(2) {
             let mut words = [0u64; ENTRY_WORDS];
             for (w, a) in words.iter_mut().zip(entry.iter()) {
                 *w = a.load(Ordering::Relaxed);

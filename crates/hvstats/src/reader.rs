@@ -298,7 +298,7 @@ impl ArenaReader {
         let entry_offset = index::entry_offset(slot);
         let page_offset = index::page_offset(slot);
         let live = |seq: u64, gen_: u64, state: u64| {
-            seq % 2 == 0 && gen_ == generation && state != index::state::FREE
+            seq.is_multiple_of(2) && gen_ == generation && state != index::state::FREE
         };
         match (self.atomics(entry_offset, ENTRY_WORDS), self.atomics(page_offset, out.len())) {
             (Some(entry), Some(page)) => {
@@ -363,7 +363,7 @@ impl ArenaReader {
         let entry_offset = index::entry_offset(slot);
         let page_offset = index::page_offset(slot);
         let live = |seq: u64, gen_: u64, state: u64| {
-            seq % 2 == 0 && gen_ == generation && state != index::state::FREE
+            seq.is_multiple_of(2) && gen_ == generation && state != index::state::FREE
         };
         let words = out.len().max(sequence + 1);
         match (self.atomics(entry_offset, ENTRY_WORDS), self.atomics(page_offset, words)) {
@@ -423,11 +423,11 @@ impl ArenaReader {
 
 impl Drop for ArenaReader {
     fn drop(&mut self) {
-        if let Access::Mapped { ptr, len } = self.access {
-            if len > 0 {
-                // SAFETY: our mapping; nothing borrows it past `self`.
-                unsafe { libc::munmap(ptr.as_ptr().cast(), len) };
-            }
+        if let Access::Mapped { ptr, len } = self.access
+            && len > 0
+        {
+            // SAFETY: our mapping; nothing borrows it past `self`.
+            unsafe { libc::munmap(ptr.as_ptr().cast(), len) };
         }
     }
 }
@@ -446,7 +446,7 @@ fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     Ok(done)
 }
 
-const _: () = assert!(ENTRY_BYTES % 8 == 0 && PAGE_SIZE % 8 == 0);
+const _: () = assert!(ENTRY_BYTES.is_multiple_of(8) && PAGE_SIZE.is_multiple_of(8));
 
 #[cfg(test)]
 mod tests {

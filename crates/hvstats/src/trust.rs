@@ -78,11 +78,8 @@ pub fn flock_holders(locks: &str, major: u32, minor: u32, ino: u64) -> Vec<u32> 
         let fields: Vec<&str> = line.split_whitespace().collect();
         // "<n>: FLOCK ADVISORY WRITE <pid> <maj>:<min>:<ino> <start> <end>"
         let [_, "FLOCK", _, _, pid, file, ..] = fields.as_slice() else { continue };
-        if *file == want
-            && let Ok(pid) = pid.parse::<u32>()
-            && pid != 0
-            && !pids.contains(&pid)
-        {
+        let pid = pid.parse::<u32>().unwrap_or(0);
+        if *file == want && pid != 0 && !pids.contains(&pid) {
             pids.push(pid);
         }
     }
@@ -129,10 +126,11 @@ pub fn check(owner: u32, claimed: u64, holders: &[Holder], dir_owner: u32) -> Re
         return Err(Distrust::NotTheDirectoryOwners { owner, dir_owner });
     }
     for h in holders {
-        if let Some(holder_uid) = h.euid
-            && holder_uid != owner
-        {
-            return Err(Distrust::NotTheHoldersFile { owner, pid: h.pid, holder_uid });
+        match h.euid {
+            Some(holder_uid) if holder_uid != owner => {
+                return Err(Distrust::NotTheHoldersFile { owner, pid: h.pid, holder_uid });
+            }
+            _ => {}
         }
         if h.same_pid_namespace == Some(true) && u64::from(h.pid) != claimed {
             return Err(Distrust::NotTheClaimedPid { claimed, pid: h.pid });

@@ -156,10 +156,10 @@ impl Procfs {
             let fd = fd as u32;
             if target == "anon_inode:kvm-vm" {
                 fds.vms.push(fd);
-            } else if let Some(id) = target.strip_prefix("anon_inode:kvm-vcpu:") {
-                if let Ok(id) = id.parse() {
-                    fds.vcpus.insert(id, fd);
-                }
+            } else if let Some(id) = target.strip_prefix("anon_inode:kvm-vcpu:")
+                && let Ok(id) = id.parse()
+            {
+                fds.vcpus.insert(id, fd);
             }
         }
         fds.vms.sort_unstable();
@@ -174,10 +174,10 @@ impl Procfs {
         let mut found = Vec::new();
         for pid in self.pids()? {
             // Processes come and go, and some are not ours to see: skip those.
-            if let Ok(fds) = self.kvm_fds(pid) {
-                if fds.has_vm() {
-                    found.push((pid, fds));
-                }
+            if let Ok(fds) = self.kvm_fds(pid)
+                && fds.has_vm()
+            {
+                found.push((pid, fds));
             }
         }
         Ok(found)
@@ -241,10 +241,10 @@ impl Procfs {
                 continue;
             };
             let Ok(text) = fs::read_to_string(entry.path().join("pid")) else { continue };
-            if let Ok(tid) = text.trim().parse::<i32>() {
-                if tid > 0 {
-                    found.insert(id, tid);
-                }
+            if let Ok(tid) = text.trim().parse::<i32>()
+                && tid > 0
+            {
+                found.insert(id, tid);
             }
         }
         found

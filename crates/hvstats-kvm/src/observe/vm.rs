@@ -382,25 +382,25 @@ impl ObservedVm {
             if exits {
                 write_exit_classes(page, &counts);
             }
-            if let (Some(now), Some(then), Some(q)) = (&stats, &self.stats_at_attach, &vp.qom_path) {
-                if let (Some(now), Some(then)) = (now.vcpus.get(q), then.vcpus.get(q)) {
-                    for (counter, stat) in FROM_QMP_VCPU {
-                        // Where kvm_exit gives the counter by reason, that count is kept.
-                        if exits && InterceptClass::ALL.iter().any(|c| c.counter() == counter) {
-                            continue;
-                        }
-                        if let Some(v) = now.get(stat) {
-                            page.set(counter, v.saturating_sub(then.get(stat).copied().unwrap_or(0)));
-                        }
+            if let (Some(now), Some(then), Some(q)) = (&stats, &self.stats_at_attach, &vp.qom_path)
+                && let (Some(now), Some(then)) = (now.vcpus.get(q), then.vcpus.get(q))
+            {
+                for (counter, stat) in FROM_QMP_VCPU {
+                    // Where kvm_exit gives the counter by reason, that count is kept.
+                    if exits && InterceptClass::ALL.iter().any(|c| c.counter() == counter) {
+                        continue;
+                    }
+                    if let Some(v) = now.get(stat) {
+                        page.set(counter, v.saturating_sub(then.get(stat).copied().unwrap_or(0)));
                     }
                 }
             }
         }
-        if let (Some(now), Some(then)) = (&stats, &self.stats_at_attach) {
-            if let Some(v) = now.vm.get("remote_tlb_flush") {
-                let base = then.vm.get("remote_tlb_flush").copied().unwrap_or(0);
-                self.partition.page().set(partition::VIRTUAL_TLB_FLUSH_ENTRIES, v.saturating_sub(base));
-            }
+        if let (Some(now), Some(then)) = (&stats, &self.stats_at_attach)
+            && let Some(v) = now.vm.get("remote_tlb_flush")
+        {
+            let base = then.vm.get("remote_tlb_flush").copied().unwrap_or(0);
+            self.partition.page().set(partition::VIRTUAL_TLB_FLUSH_ENTRIES, v.saturating_sub(base));
         }
         if self.kvm_exit == KvmExitState::Undecided {
             if kvm_exits > 0 {
@@ -430,11 +430,11 @@ impl ObservedVm {
             return;
         }
         let mut by_index: BTreeMap<u32, (i32, Option<String>)> = BTreeMap::new();
-        if let Some(q) = self.qmp.as_mut() {
-            if let Ok(cpus) = q.query_cpus() {
-                for c in cpus {
-                    by_index.insert(c.index, (c.thread_id, Some(c.qom_path)));
-                }
+        if let Some(q) = self.qmp.as_mut()
+            && let Ok(cpus) = q.query_cpus()
+        {
+            for c in cpus {
+                by_index.insert(c.index, (c.thread_id, Some(c.qom_path)));
             }
         }
         let by_id = procfs.debugfs_vcpu_threads(self.pid, self.vm_fd);

@@ -86,7 +86,7 @@ impl KvmStats {
             let exponent = i16::from_le_bytes([d[4], d[5]]);
             let size = u16::from_le_bytes([d[6], d[7]]) as usize;
             let offset = u32::from_le_bytes([d[8], d[9], d[10], d[11]]) as usize;
-            if offset % 8 != 0 {
+            if !offset.is_multiple_of(8) {
                 return Err(bad("unaligned statistic"));
             }
             let name = String::from_utf8_lossy(&d[DESC_FIXED..]).trim_end_matches('\0').to_string();

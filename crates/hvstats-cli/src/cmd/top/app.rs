@@ -130,10 +130,10 @@ impl App {
             self.message =
                 Some(if more > 0 { format!("{problem} (and {more} more)") } else { problem.clone() });
         }
-        if let Some(previous) = self.latest.take() {
-            if !self.since_reset || self.base.is_none() {
-                self.base = Some(previous);
-            }
+        if let Some(previous) = self.latest.take()
+            && (!self.since_reset || self.base.is_none())
+        {
+            self.base = Some(previous);
         }
         self.latest = Some(reading);
     }

@@ -149,10 +149,10 @@ fn event_loop(terminal: &mut ratatui::DefaultTerminal, live: Live, app: &mut App
                     }
                 } else if key.code == KeyCode::Esc && app.help {
                     app.help = false;
-                } else if let KeyCode::Char(c) = key.code {
-                    if let Some(action) = app::action_of(c) {
-                        app.update(action);
-                    }
+                } else if let KeyCode::Char(c) = key.code
+                    && let Some(action) = app::action_of(c)
+                {
+                    app.update(action);
                 }
                 sampler.interval_ms.store(app.interval.as_millis() as u64, Ordering::Relaxed);
                 sampler.paused.store(app.paused, Ordering::Relaxed);
