@@ -239,7 +239,8 @@ fn top_in_tmux_shows_the_vps_of_a_live_partition_and_quits_on_q() {
             }
         })
     };
-    tmux.run(&["send-keys", "-t", "top", "o", "o"]);
+    // Run%, Wait%, p50, p99, then hypercalls.
+    tmux.run(&["send-keys", "-t", "top", "o", "o", "o", "o", "o"]);
     tmux.wait_for("sort Hcall/s↓");
     // Columns: label, Run%, Wait%, Class, p50, p99, Hcall/s. VP 1 makes hypercalls and port accesses of
     // 700 ns, VP 0 none: VP 1 comes first, its class IO with p50 and p99 ≤ 1023 ns.

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use hvstats::present::VP_COLUMNS;
+use crate::cmd::top::table::Shown;
 use regex::Regex;
 
 use super::table::{self, Group};
@@ -83,7 +83,7 @@ pub struct App {
     /// Help shown.
     pub help: bool,
     /// The column sorted by (`None`: by name).
-    pub sort: Option<usize>,
+    pub sort: Option<Shown>,
     /// Largest first.
     pub descending: bool,
     /// The VM filter.
@@ -159,20 +159,24 @@ impl App {
 
     /// Applies `action`.
     pub fn update(&mut self, action: Action) {
-        let columns = VP_COLUMNS.len();
         match action {
+            // Left to right through the columns as shown, then back to names.
             Action::SortNext => {
+                let mut columns = table::sortable();
                 self.sort = match self.sort {
-                    None => Some(0),
-                    Some(c) if c + 1 < columns => Some(c + 1),
-                    Some(_) => None,
+                    None => columns.next(),
+                    Some(current) => columns.skip_while(|c| *c != current).nth(1),
                 }
             }
             Action::SortPrevious => {
+                let columns: Vec<Shown> = table::sortable().collect();
                 self.sort = match self.sort {
-                    None => Some(columns - 1),
-                    Some(0) => None,
-                    Some(c) => Some(c - 1),
+                    None => columns.last().copied(),
+                    Some(current) => columns
+                        .iter()
+                        .position(|c| *c == current)
+                        .and_then(|at| at.checked_sub(1))
+                        .map(|at| columns[at]),
                 }
             }
             Action::SortReverse => self.descending = !self.descending,
@@ -243,14 +247,23 @@ mod tests {
     }
 
     #[test]
-    fn sorting_cycles_through_every_column_and_back_to_names() {
+    fn sorting_cycles_through_every_column_as_shown_and_back_to_names() {
         let mut app = App::new(String::new(), Duration::from_secs(1));
-        for expected in (0..VP_COLUMNS.len()).map(Some).chain([None]) {
+        // Run%, Wait%, p50, p99 (the class is a name, not sorted by), then every other column.
+        let order: Vec<Shown> = table::sortable().collect();
+        assert_eq!(order[..4], [Shown::Presented(0), Shown::WaitPercent, Shown::P50, Shown::P99]);
+        assert_eq!(order.len(), 3 + hvstats::present::VP_COLUMNS.len());
+        for expected in order.iter().copied().map(Some).chain([None]) {
             app.update(Action::SortNext);
             assert_eq!(app.sort, expected);
         }
         app.update(Action::SortPrevious);
-        assert_eq!(app.sort, Some(VP_COLUMNS.len() - 1));
+        assert_eq!(app.sort, order.last().copied());
+        app.update(Action::SortPrevious);
+        assert_eq!(app.sort, order.get(order.len() - 2).copied());
+        app.sort = Some(order[0]);
+        app.update(Action::SortPrevious);
+        assert_eq!(app.sort, None);
     }
 
     #[test]

@@ -240,11 +240,10 @@ pub fn groups(before: &Reading, after: &Reading) -> Vec<Group> {
 }
 
 /// Orders rows by column `column` (largest first, `-` last), or by name when `None`.
-pub fn compare(a: &Row, b: &Row, column: Option<usize>, descending: bool) -> Ordering {
+pub fn compare(a: &Row, b: &Row, column: Option<Shown>, descending: bool) -> Ordering {
     let by_name = a.vp.cmp(&b.vp).then_with(|| a.label.cmp(&b.label));
     let Some(column) = column else { return by_name };
-    let value = |r: &Row| r.values.get(column).copied().flatten();
-    let ordering = match (value(a), value(b)) {
+    let ordering = match (column.sort_value(a), column.sort_value(b)) {
         (Some(x), Some(y)) => {
             let o = x.total_cmp(&y);
             if descending { o.reverse() } else { o }
@@ -254,6 +253,12 @@ pub fn compare(a: &Row, b: &Row, column: Option<usize>, descending: bool) -> Ord
         (None, None) => Ordering::Equal,
     };
     ordering.then(by_name)
+}
+
+/// The columns rows can be sorted by, in the order shown: every column with a number (not
+/// [`Shown::Class`], a name).
+pub fn sortable() -> impl Iterator<Item = Shown> {
+    shown().filter(|c| *c != Shown::Class)
 }
 
 /// A cell's text: `-` for nothing to show, one decimal below 100, none above.
@@ -316,6 +321,18 @@ impl Shown {
             Shown::Presented(i) => column_width(&VP_COLUMNS[i]),
             Shown::Class => cost_classes().map(|c| class_label(c).chars().count()).max().unwrap_or(0).max(8),
             Shown::P50 | Shown::P99 | Shown::WaitPercent => 8,
+        }
+    }
+
+    /// The number `row` is sorted by in this column (`None` sorts last; a class name has none).
+    pub fn sort_value(self, row: &Row) -> Option<f64> {
+        let quantile = |q| row.dominant().and_then(|(_, d)| d.quantile_upper_ns(q)).map(|ns| ns as f64);
+        match self {
+            Shown::Presented(i) => row.values.get(i).copied().flatten(),
+            Shown::Class => None,
+            Shown::P50 => quantile(0.5),
+            Shown::P99 => quantile(0.99),
+            Shown::WaitPercent => row.wait_percent,
         }
     }
 

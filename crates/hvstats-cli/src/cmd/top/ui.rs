@@ -2,7 +2,6 @@
 //! status line with the keys, a prompt or a message; the help over it on request. Drawing only
 //! reads the [`App`].
 
-use hvstats::present::VP_COLUMNS;
 use ratatui::buffer::Buffer;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Modifier, Style};
@@ -34,7 +33,7 @@ impl App {
             (None, _) => "first reading…".into(),
         };
         let sort = match self.sort {
-            Some(c) => format!("sort {}{}", VP_COLUMNS[c].header(), if self.descending { "↓" } else { "↑" }),
+            Some(c) => format!("sort {}{}", c.header(), if self.descending { "↓" } else { "↑" }),
             None => "sort name".into(),
         };
         let filter = self.filter.as_ref().map(|f| format!("  filter /{}/", f.as_str())).unwrap_or_default();
@@ -205,10 +204,18 @@ mod tests {
         assert_eq!(cells(&lines[3])[2..], ["Hypercall", "127ns", "127ns", "10.0"]);
         assert!(lines[4].starts_with("  VP 1"), "{lines:#?}");
         assert_eq!(cells(&lines[4])[2..], ["IO", "8.2µs", "8.2µs", "50.0"]);
+        // By CPU wait (the second column): VP 1 (25 %) before VP 0.
         app.update(Action::SortNext);
         app.update(Action::SortNext);
         let lines = screen(&app, 80, 8);
+        assert!(lines[0].contains("sort Wait%↓"), "{lines:#?}");
         assert!(lines[3].starts_with("  VP 1"), "{lines:#?}");
+        // By p50, ascending: VP 0 (127 ns) before VP 1 (8.2 µs).
+        app.update(Action::SortNext);
+        app.update(Action::SortReverse);
+        let lines = screen(&app, 80, 8);
+        assert!(lines[0].contains("sort p50↑"), "{lines:#?}");
+        assert!(lines[3].starts_with("  VP 0"), "{lines:#?}");
         assert!(lines[7].starts_with("o/O sort"), "{lines:#?}");
         // 60 columns hold the label and the first few columns only.
         assert_eq!(columns_that_fit(60), 3);
