@@ -151,9 +151,13 @@ fn record_then_report_gives_exact_totals_deltas_rates_and_costs() {
     let text = String::from_utf8(out.stdout).unwrap();
     let row = text.lines().find(|l| l.trim_start().starts_with(name(vp::IO_INSTRUCTIONS))).unwrap();
     assert!(row.contains(" 1600 ") && row.contains(" 600 "), "{row}");
-    // The histogram section follows the counters (where the row shows its sum).
-    let io = text.lines().rev().find(|l| l.trim_start().starts_with(name(vp::IO_TIME_HISTOGRAM))).unwrap();
-    assert_eq!(io.split_whitespace().rev().take(3).collect::<Vec<_>>(), ["4194303", "1023", "100"], "{io}");
+    // A histogram is a row of the histogram section only (not its bare sum among the counters),
+    // its numbers right-aligned under their headers.
+    let rows: Vec<&str> =
+        text.lines().filter(|l| l.trim_start().starts_with(name(vp::IO_TIME_HISTOGRAM))).collect();
+    assert_eq!(rows.len(), 1, "{text}");
+    let io = format!("  {:<40} {:>20} {:>16} {:>16}", name(vp::IO_TIME_HISTOGRAM), 100, 1023, 4_194_303);
+    assert_eq!(rows[0], io, "{text}");
     assert!(text.contains("CPU wait: 2000 ns per dispatch"), "{text}");
 
     // The same recording as version 1 wrote it (no histograms) still reads, and says so; a

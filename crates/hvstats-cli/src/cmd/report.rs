@@ -201,6 +201,10 @@ fn text(recording: &Recording, reports: &[VpReport]) -> String {
         // Page order, as the header lists the counters.
         for info in &recording.header.catalog.vp {
             let name = &info.name;
+            // A histogram's one value is its sum; the histogram section below gives all of it.
+            if recording.header.catalog.vp_histograms.iter().any(|h| h.name == *name) {
+                continue;
+            }
             let Some(v) = r.json["cumulative"][name].as_u64() else { continue };
             if v == 0 {
                 continue;
@@ -227,7 +231,7 @@ fn text(recording: &Recording, reports: &[VpReport]) -> String {
         let _ = writeln!(out, "  {:<40} {:>20} {:>16} {:>16}", "histogram", "count", "p50 ≤ ns", "p99 ≤ ns");
         for (name, h) in busy {
             let q = |k: &str| h[k].as_u64().map_or("-".into(), |v| v.to_string());
-            let _ = writeln!(out, "  {name:<40} {:>20} {:>16} {:>16}", h["count"], q("p50_ns"), q("p99_ns"));
+            let _ = writeln!(out, "  {name:<40} {:>20} {:>16} {:>16}", q("count"), q("p50_ns"), q("p99_ns"));
         }
     }
     out
