@@ -19,6 +19,7 @@ use hvstats_abi::catalog::counters_of;
 use hvstats_abi::{Counter, ObjectKind, Presentation};
 use serde_json::{Map, Value, json};
 
+use crate::cmd::top::table::human_ns;
 use crate::output::{self, ExitStatus, note};
 
 /// Flags of `hvstats snapshot`.
@@ -402,6 +403,7 @@ fn cell_text(counter: &Counter, value: Option<Value>, interval: bool) -> String 
 fn kind_table(
     kind: ObjectKind,
     columns: &[(String, &ObjectReading, Option<&ObjectReading>)],
+    histograms: &[Histograms<'_>],
     seconds: Option<f64>,
 ) -> String {
     use std::fmt::Write;
@@ -409,9 +411,14 @@ fn kind_table(
     if columns.is_empty() {
         return out;
     }
-    let _ = writeln!(out, "  {}", kind.title());
+    let _ = match histograms.is_empty() {
+        true => writeln!(out, "  {}", kind.title()),
+        false => writeln!(out, "  {} (histograms: upper bounds of p50/p99)", kind.title()),
+    };
     let name_width = counters_of(kind).map(|c| c.name.len()).max().unwrap_or(0);
-    let widths: Vec<usize> = columns.iter().map(|(label, _, _)| label.len().max(12)).collect();
+    // A histogram's cell (`1023ns/4.2ms`) is wider than a number's.
+    let least = if histograms.is_empty() { 12 } else { 15 };
+    let widths: Vec<usize> = columns.iter().map(|(label, _, _)| label.len().max(least)).collect();
     let _ = write!(out, "    {:name_width$}", "");
     for ((label, _, _), w) in columns.iter().zip(&widths) {
         let _ = write!(out, "  {label:>w$}");
@@ -438,13 +445,46 @@ fn kind_table(
         .collect();
     for counter in counters_of(kind) {
         let _ = write!(out, "    {:name_width$}", counter.name);
-        for (cells, w) in column_cells.iter().zip(&widths) {
-            let value = cells.iter().find(|(c, _)| c.id == counter.id).and_then(|(_, v)| v.clone());
-            let _ = write!(out, "  {:>w$}", cell_text(counter, value, seconds.is_some()));
+        for (i, (cells, w)) in column_cells.iter().zip(&widths).enumerate() {
+            let text = match histograms.get(i) {
+                Some(h) if counter.presentation == Presentation::Histogram => {
+                    h.cell(counter, seconds.is_some())
+                }
+                _ => {
+                    let value = cells.iter().find(|(c, _)| c.id == counter.id).and_then(|(_, v)| v.clone());
+                    cell_text(counter, value, seconds.is_some())
+                }
+            };
+            let _ = write!(out, "  {text:>w$}");
         }
         out.push('\n');
     }
     out
+}
+
+/// A VP's histograms now and at the start of the interval, for its column of the table.
+struct Histograms<'a> {
+    now: &'a VpSnapshot,
+    then: Option<&'a VpSnapshot>,
+}
+
+impl Histograms<'_> {
+    /// `p50/p99` (bucket upper bounds, human units) of what `counter` recorded: since the VP
+    /// started, or over the interval; `-` when it recorded nothing (or the VP has no earlier
+    /// reading for an interval).
+    fn cell(&self, counter: &Counter, interval: bool) -> String {
+        let find = |vp: &VpSnapshot| vp.histograms.iter().find(|(c, _)| c.id == counter.id).map(|(_, h)| *h);
+        let histogram = match (find(self.now), interval) {
+            (Some(now), false) => Some(now),
+            (Some(now), true) => self.then.and_then(find).and_then(|then| now.since(&then)),
+            (None, _) => None,
+        };
+        let quantiles = histogram.and_then(|h| Some((h.quantile_upper_ns(0.5)?, h.quantile_upper_ns(0.99)?)));
+        match quantiles {
+            Some((p50, p99)) => format!("{}/{}", human_ns(p50), human_ns(p99)),
+            None => "-".into(),
+        }
+    }
 }
 
 fn instance_table(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>) -> String {
@@ -462,6 +502,7 @@ fn instance_table(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>) -> String 
     out += &kind_table(
         ObjectKind::Hypervisor,
         &[("hypervisor".into(), &s.hypervisor, e.map(|e| &e.hypervisor))],
+        &[],
         seconds,
     );
     let lps: Vec<_> = s
@@ -472,7 +513,7 @@ fn instance_table(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>) -> String 
             (format!("LP {} (cpu {})", lp.index, lp.cpu), &lp.reading, then)
         })
         .collect();
-    out += &kind_table(ObjectKind::LogicalProcessor, &lps, seconds);
+    out += &kind_table(ObjectKind::LogicalProcessor, &lps, &[], seconds);
     let parts: Vec<_> = s
         .partitions
         .iter()
@@ -487,7 +528,7 @@ fn instance_table(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>) -> String 
             (format!("partition {}{name}{state}", p.id), &p.reading, then)
         })
         .collect();
-    out += &kind_table(ObjectKind::Partition, &parts, seconds);
+    out += &kind_table(ObjectKind::Partition, &parts, &[], seconds);
     let vps: Vec<_> = s
         .partitions
         .iter()
@@ -498,7 +539,19 @@ fn instance_table(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>) -> String 
             })
         })
         .collect();
-    out += &kind_table(ObjectKind::Vp, &vps, seconds);
+    let histograms: Vec<Histograms<'_>> = s
+        .partitions
+        .iter()
+        .flat_map(|p| {
+            p.vps.iter().map(move |vp| Histograms {
+                now: vp,
+                then: e
+                    .and_then(|e| earlier_partition(e, p.id))
+                    .and_then(|ep| ep.vps.iter().find(|v| v.index == vp.index)),
+            })
+        })
+        .collect();
+    out += &kind_table(ObjectKind::Vp, &vps, &histograms, seconds);
     out.push('\n');
     out
 }
