@@ -135,7 +135,10 @@ fn snapshot_json_carries_each_vps_full_histograms_and_wait() {
     // The table shows each histogram as the bounds of its p50/p99 (VP 0 recorded nothing).
     let (ok, table) = snapshot(tmp.path(), false);
     assert!(ok);
-    assert!(table.contains("Hyper-V Hypervisor Virtual Processor (histograms: upper bounds of p50/p99)"), "{table}");
+    assert!(
+        table.contains("Hyper-V Hypervisor Virtual Processor (histograms: upper bounds of p50/p99)"),
+        "{table}"
+    );
     let row = table.lines().find(|l| l.trim_start().starts_with(name(vp::MSR_TIME_HISTOGRAM))).unwrap();
     assert_eq!(row.split_whitespace().rev().take(2).collect::<Vec<_>>(), ["1.0µs/131µs", "-"], "{row}");
     // Over an interval, what was recorded in it: nothing here.
