@@ -71,15 +71,70 @@ fn unit_of(c: &Counter) -> &'static str {
         Presentation::Cost => "µs per event",
         Presentation::CumulativeTime => "ns per second",
         Presentation::Instant => "value",
-        Presentation::Histogram => "ns in all (histogram sum)",
+        Presentation::Histogram => "µs, p99 of each interval (bucket upper bound)",
     }
 }
 
 /// A VP's line while it is built: its label, points and the sum of its values.
 type Line = (String, Vec<(f64, f64)>, f64);
 
+/// Adds `value` at `t` to the line `label` of `series`.
+fn push(series: &mut Vec<Line>, label: String, t: f64, value: f64) {
+    match series.iter_mut().find(|(l, _, _)| *l == label) {
+        Some((_, points, total)) => {
+            points.push((t, value));
+            *total += value;
+        }
+        None => series.push((label, vec![(t, value)], value)),
+    }
+}
+
+/// The busiest [`MAX_SERIES`] lines of `series` as a chart of `counter`.
+fn finish(counter: &'static Counter, mut series: Vec<Line>) -> Chart {
+    series.sort_by(|a, b| b.2.total_cmp(&a.2));
+    let left_out = series.len().saturating_sub(MAX_SERIES);
+    series.truncate(MAX_SERIES);
+    Chart {
+        counter,
+        unit: unit_of(counter),
+        series: series.into_iter().map(|(l, p, _)| (l, p)).collect(),
+        left_out,
+    }
+}
+
+/// The chart of the histogram `counter`: per VP, the p99 (its bucket's upper bound, in µs) of
+/// what each interval between two samples recorded; an interval that recorded nothing has no
+/// point. Empty for a recording without histograms (format 1).
+fn histogram_chart(recording: &Recording, counter: &'static Counter) -> Chart {
+    let Some(i) = recording.header.catalog.vp_histograms.iter().position(|h| h.name == counter.name) else {
+        return finish(counter, Vec::new());
+    };
+    let mut series: Vec<Line> = Vec::new();
+    for pair in recording.samples.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        for p in &b.partitions {
+            let Some(before) = a.partitions.iter().find(|q| q.vm == p.vm) else { continue };
+            for vp in &p.vps {
+                let Some(then) = before.vps.iter().find(|v| v.vp == vp.vp).and_then(|v| v.histogram(i))
+                else {
+                    continue;
+                };
+                let p99 =
+                    vp.histogram(i).and_then(|now| now.since(&then)).and_then(|d| d.quantile_upper_ns(0.99));
+                if let Some(ns) = p99 {
+                    push(&mut series, format!("{} VP {}", p.vm, vp.vp), b.t, ns as f64 / 1000.0);
+                }
+            }
+        }
+    }
+    finish(counter, series)
+}
+
 /// The chart of `counter` from `recording`.
 pub fn chart(recording: &Recording, counter: &'static Counter) -> Chart {
+    if counter.presentation == Presentation::Histogram {
+        return histogram_chart(recording, counter);
+    }
     let counters = recording.vp_counters();
     let index = |name: &str| counters.iter().position(|(c, _)| c.name == name);
     let (Some(i), paired) = (index(counter.name), counter.paired_count().and_then(|p| index(p.name))) else {
@@ -113,26 +168,11 @@ pub fn chart(recording: &Recording, counter: &'static Counter) -> Chart {
                 } else {
                     shown.value
                 };
-                let label = format!("{} VP {}", p.vm, vp.vp);
-                match series.iter_mut().find(|(l, _, _)| *l == label) {
-                    Some((_, points, total)) => {
-                        points.push((b.t, value));
-                        *total += value;
-                    }
-                    None => series.push((label, vec![(b.t, value)], value)),
-                }
+                push(&mut series, format!("{} VP {}", p.vm, vp.vp), b.t, value);
             }
         }
     }
-    series.sort_by(|a, b| b.2.total_cmp(&a.2));
-    let left_out = series.len().saturating_sub(MAX_SERIES);
-    series.truncate(MAX_SERIES);
-    Chart {
-        counter,
-        unit: unit_of(counter),
-        series: series.into_iter().map(|(l, p, _)| (l, p)).collect(),
-        left_out,
-    }
+    finish(counter, series)
 }
 
 /// The counters charted by default: the maintained VP rates that moved most over the recording.
@@ -266,4 +306,39 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     write(&args.output, &charts, args.size)?;
     let _ = writeln!(std::io::stderr(), "hvstats: wrote {}", args.output.display());
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use hvstats_abi::catalog::vp;
+    use hvstats_abi::histogram::Log2Histogram;
+
+    use super::*;
+    use crate::cmd::recording::{Header, Sample};
+    use crate::cmd::serve::bench::synthetic_reading;
+
+    #[test]
+    fn a_histogram_is_charted_as_the_p99_of_each_interval() {
+        let io = vp::IO_TIME_HISTOGRAM.counter().unwrap();
+        // Cumulative IO handling times at t = 0, 1, 2, 3: the intervals record 100 × 700 ns, then
+        // nothing, then 97 × 700 ns and 3 × 3 ms.
+        let mut h = Log2Histogram::default();
+        let mut samples = Vec::new();
+        for (t, fast, slow) in [(0.0, 0, 0), (1.0, 100, 0), (2.0, 0, 0), (3.0, 97, 3)] {
+            std::iter::repeat_n(700, fast)
+                .chain(std::iter::repeat_n(3_000_000, slow))
+                .for_each(|ns| h.record(ns));
+            let mut reading = synthetic_reading(1, 1);
+            reading.instances[0].partitions[0].vps[0].histograms = vec![(io, h)];
+            samples.push(Sample::of(&reading, t));
+        }
+        let recording = Recording { header: Header::new(1.0, 0), samples };
+        let chart = chart(&recording, io);
+        assert_eq!(chart.unit, "µs, p99 of each interval (bucket upper bound)");
+        assert_eq!(chart.series.len(), 1);
+        let (label, points) = &chart.series[0];
+        assert_eq!(label, "4242-1-0:1 VP 0");
+        // [512, 1024) ns, then no point for the empty interval, then [2^21, 2^22) ns.
+        assert_eq!(points, &[(1.0, 1.023), (3.0, 4194.303)]);
+    }
 }
