@@ -301,3 +301,83 @@ fn report_refuses_what_is_not_a_recording_and_tolerates_a_cut_last_line() {
     let out = hvstats(&["report", path(&file)]);
     assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("line {} is not a sample", samples + 2)));
 }
+
+/// A process's private resident memory (its heap), in KiB.
+fn rss_anon_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("RssAnon:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+#[test]
+fn report_reads_a_long_recording_in_the_memory_of_a_sample_not_of_the_file() {
+    let tmp = TempDir::new("record-long");
+    let (file, vm) = record_known_guest(&tmp, true);
+    // The recording's last sample again and again, a second apart, then 200 more I/O exits:
+    // 40,000 samples, a file of tens of MB.
+    let text = std::fs::read_to_string(&file).unwrap();
+    let mut lines = text.lines();
+    let header = lines.next().unwrap();
+    let mut sample: Value = serde_json::from_str(lines.last().unwrap()).unwrap();
+    let mut long = String::from(header);
+    long.push('\n');
+    let samples = 40_000;
+    for i in 0..samples {
+        sample["t"] = serde_json::json!(f64::from(i));
+        if i == samples - 1 {
+            let values = &mut sample["partitions"][0]["vps"][1]["values"];
+            let at = |n: &str| {
+                let header: Value = serde_json::from_str(header).unwrap();
+                header["catalog"]["vp"].as_array().unwrap().iter().position(|c| c["name"] == n).unwrap()
+            };
+            let io = at(name(vp::IO_INSTRUCTIONS));
+            values[io] = serde_json::json!(values[io].as_u64().unwrap() + 200);
+        }
+        long.push_str(&serde_json::to_string(&sample).unwrap());
+        long.push('\n');
+    }
+    let long_file = tmp.path().join("long.ndjson");
+    std::fs::write(&long_file, &long).unwrap();
+    let size_kib = long.len() as u64 / 1024;
+    assert!(size_kib > 20 * 1024, "{size_kib} KiB");
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["report", "--json", path(&long_file)])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || std::io::read_to_string(stdout).unwrap());
+    let mut peak = 0;
+    while child.try_wait().unwrap().is_none() {
+        peak = peak.max(rss_anon_kib(pid).unwrap_or(0));
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let report: Value = serde_json::from_str(&reader.join().unwrap()).unwrap();
+    assert_eq!(report["samples"], samples);
+    let vp1 = report["vps"].as_array().unwrap().iter().find(|v| v["vm"] == vm && v["vp"] == 1).unwrap();
+    assert_eq!(vp1["samples"], samples);
+    assert_eq!(vp1["deltas"][name(vp::IO_INSTRUCTIONS)], 200, "{vp1}");
+    assert!(peak > 0);
+    assert!(peak < size_kib / 8, "report of a {size_kib} KiB recording held {peak} KiB of heap");
+
+    // plot reads it twice, one sample at a time, keeping only the points it draws.
+    let png = tmp.path().join("long.png");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["plot", path(&long_file), "-o", path(&png), "--counter", name(vp::IO_INSTRUCTIONS)])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut peak = 0;
+    while child.try_wait().unwrap().is_none() {
+        peak = peak.max(rss_anon_kib(pid).unwrap_or(0));
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(&std::fs::read(&png).unwrap()[..8], b"\x89PNG\r\n\x1a\n");
+    // The points of the lines drawn (2 VPs × 40,000 samples) and the image, not the file.
+    assert!(peak < size_kib / 3, "plot of a {size_kib} KiB recording held {peak} KiB of heap");
+}

@@ -5,6 +5,7 @@
 //! The font is bundled (DejaVu Sans Mono, under its licence beside it), so charts look the same on
 //! every host and no system font is needed.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -17,7 +18,7 @@ use hvstats_abi::{Counter, Presentation};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use crate::cmd::recording::Recording;
+use crate::cmd::recording::{Header, Sample, SampleReader};
 
 /// The bundled font.
 const FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSansMono.ttf");
@@ -59,7 +60,7 @@ pub struct Chart {
     /// The y axis text.
     pub unit: &'static str,
     /// `(vm VP n, points (t, value))`, busiest first.
-    pub series: Vec<(String, Vec<(f64, f64)>)>,
+    pub series: Vec<Series>,
     /// VPs not drawn (beyond [`MAX_SERIES`]).
     pub left_out: usize,
 }
@@ -75,83 +76,38 @@ fn unit_of(c: &Counter) -> &'static str {
     }
 }
 
-/// A VP's line while it is built: its label, points and the sum of its values.
-type Line = (String, Vec<(f64, f64)>, f64);
+/// One line of a chart: its label (`vm VP n`) and points `(t, value)`.
+type Series = (String, Vec<(f64, f64)>);
 
-/// Adds `value` at `t` to the line `label` of `series`.
-fn push(series: &mut Vec<Line>, label: String, t: f64, value: f64) {
-    match series.iter_mut().find(|(l, _, _)| *l == label) {
-        Some((_, points, total)) => {
-            points.push((t, value));
-            *total += value;
-        }
-        None => series.push((label, vec![(t, value)], value)),
-    }
-}
-
-/// The busiest [`MAX_SERIES`] lines of `series` as a chart of `counter`.
-fn finish(counter: &'static Counter, mut series: Vec<Line>) -> Chart {
-    series.sort_by(|a, b| b.2.total_cmp(&a.2));
-    let left_out = series.len().saturating_sub(MAX_SERIES);
-    series.truncate(MAX_SERIES);
-    Chart {
-        counter,
-        unit: unit_of(counter),
-        series: series.into_iter().map(|(l, p, _)| (l, p)).collect(),
-        left_out,
-    }
-}
-
-/// The chart of the histogram `counter`: per VP, the p99 (its bucket's upper bound, in µs) of
-/// what each interval between two samples recorded; an interval that recorded nothing has no
-/// point. Empty for a recording without histograms (format 1).
-fn histogram_chart(recording: &Recording, counter: &'static Counter) -> Chart {
-    let Some(i) = recording.header.catalog.vp_histograms.iter().position(|h| h.name == counter.name) else {
-        return finish(counter, Vec::new());
-    };
-    let mut series: Vec<Line> = Vec::new();
-    for pair in recording.samples.windows(2) {
-        let (a, b) = (&pair[0], &pair[1]);
-        for p in &b.partitions {
-            let Some(before) = a.partitions.iter().find(|q| q.vm == p.vm) else { continue };
-            for vp in &p.vps {
-                let Some(then) = before.vps.iter().find(|v| v.vp == vp.vp).and_then(|v| v.histogram(i))
-                else {
-                    continue;
-                };
-                let p99 =
-                    vp.histogram(i).and_then(|now| now.since(&then)).and_then(|d| d.quantile_upper_ns(0.99));
-                if let Some(ns) = p99 {
-                    push(&mut series, format!("{} VP {}", p.vm, vp.vp), b.t, ns as f64 / 1000.0);
-                }
-            }
-        }
-    }
-    finish(counter, series)
-}
-
-/// The chart of `counter` from `recording`.
-pub fn chart(recording: &Recording, counter: &'static Counter) -> Chart {
-    if counter.presentation == Presentation::Histogram {
-        return histogram_chart(recording, counter);
-    }
-    let counters = recording.vp_counters();
+/// Calls `f(label, t, value)` with each VP's value of `counter` over the interval from sample `a`
+/// to sample `b` (at `b`'s time): presented as the catalog says (a cost in µs), or for a histogram
+/// the p99 of what the interval recorded, in µs. A VP without a value for the interval is skipped.
+fn each_value(
+    header: &Header,
+    counter: &'static Counter,
+    a: &Sample,
+    b: &Sample,
+    mut f: impl FnMut(String, f64, f64),
+) {
+    let counters = header.vp_counters();
     let index = |name: &str| counters.iter().position(|(c, _)| c.name == name);
-    let (Some(i), paired) = (index(counter.name), counter.paired_count().and_then(|p| index(p.name))) else {
-        return Chart { counter, unit: unit_of(counter), series: Vec::new(), left_out: 0 };
-    };
-    // (label, points, sum of the values: the busiest VPs are drawn)
-    let mut series: Vec<Line> = Vec::new();
-    for pair in recording.samples.windows(2) {
-        let (a, b) = (&pair[0], &pair[1]);
-        for p in &b.partitions {
-            let Some(before) = a.partitions.iter().find(|q| q.vm == p.vm) else { continue };
-            for vp in &p.vps {
-                let Some(then) = before.vps.iter().find(|v| v.vp == vp.vp).and_then(|v| v.values.as_ref())
-                else {
-                    continue;
-                };
-                let Some(now) = &vp.values else { continue };
+    let histogram = header.catalog.vp_histograms.iter().position(|h| h.name == counter.name);
+    let value_index = index(counter.name);
+    let paired = counter.paired_count().and_then(|p| index(p.name));
+    for p in &b.partitions {
+        let Some(before) = a.partitions.iter().find(|q| q.vm == p.vm) else { continue };
+        for vp in &p.vps {
+            let Some(then) = before.vps.iter().find(|v| v.vp == vp.vp) else { continue };
+            let value = if counter.presentation == Presentation::Histogram {
+                let Some(h) = histogram else { return };
+                let delta = then.histogram(h).zip(vp.histogram(h)).and_then(|(x, y)| y.since(&x));
+                match delta.and_then(|d| d.quantile_upper_ns(0.99)) {
+                    Some(ns) => ns as f64 / 1000.0,
+                    None => continue,
+                }
+            } else {
+                let Some(i) = value_index else { return };
+                let (Some(then), Some(now)) = (then.values.as_ref(), vp.values.as_ref()) else { continue };
                 let paired = match paired {
                     Some(j) => match (then[j], now[j]) {
                         (Some(x), Some(y)) => Some((x, y)),
@@ -163,27 +119,82 @@ pub fn chart(recording: &Recording, counter: &'static Counter) -> Chart {
                 let Some(shown) = present::over_interval(counter, before, after, b.t - a.t, paired) else {
                     continue;
                 };
-                let value = if counter.presentation == Presentation::Cost {
-                    shown.value / 1000.0
-                } else {
-                    shown.value
-                };
-                push(&mut series, format!("{} VP {}", p.vm, vp.vp), b.t, value);
-            }
+                if counter.presentation == Presentation::Cost { shown.value / 1000.0 } else { shown.value }
+            };
+            f(format!("{} VP {}", p.vm, vp.vp), b.t, value);
         }
     }
-    finish(counter, series)
 }
 
-/// The counters charted by default: the maintained VP rates that moved most over the recording.
-pub fn busiest(recording: &Recording, n: usize) -> Vec<&'static Counter> {
-    let (Some(first), Some(last)) = (recording.samples.first(), recording.samples.last()) else {
-        return Vec::new();
-    };
-    let total = |s: &crate::cmd::recording::Sample, i: usize| -> u64 {
+/// The charts of `counters`, from samples that `pairs` hands, each with the one before it, to
+/// the function it is given; it is called twice: once to find each chart's busiest VPs (the
+/// largest sum of values), once to collect their points. So a recording of any length is charted
+/// in the memory of two samples, the sums per VP and the points of the lines drawn.
+fn charts_of(
+    header: &Header,
+    counters: &[&'static Counter],
+    mut pairs: impl FnMut(&mut dyn FnMut(&Sample, &Sample)) -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<Chart>> {
+    let mut sums: Vec<HashMap<String, f64>> = vec![HashMap::new(); counters.len()];
+    pairs(&mut |a, b| {
+        for (counter, sums) in counters.iter().zip(&mut sums) {
+            each_value(header, counter, a, b, |label, _, value| *sums.entry(label).or_default() += value);
+        }
+    })?;
+    let drawn: Vec<Vec<String>> = sums
+        .iter()
+        .map(|sums| {
+            let mut by_sum: Vec<(&String, f64)> = sums.iter().map(|(l, s)| (l, *s)).collect();
+            by_sum.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+            by_sum.into_iter().take(MAX_SERIES).map(|(l, _)| l.clone()).collect()
+        })
+        .collect();
+    let mut series: Vec<Vec<Series>> =
+        drawn.iter().map(|labels| labels.iter().map(|l| (l.clone(), Vec::new())).collect()).collect();
+    pairs(&mut |a, b| {
+        for (counter, lines) in counters.iter().zip(&mut series) {
+            each_value(header, counter, a, b, |label, t, value| {
+                if let Some((_, points)) = lines.iter_mut().find(|(l, _)| *l == label) {
+                    points.push((t, value));
+                }
+            });
+        }
+    })?;
+    Ok(counters
+        .iter()
+        .zip(series)
+        .zip(&sums)
+        .map(|((&counter, series), sums)| Chart {
+            counter,
+            unit: unit_of(counter),
+            left_out: sums.len().saturating_sub(series.len()),
+            series,
+        })
+        .collect())
+}
+
+/// Streams the samples of the recording at `path`, each with the one before it, to `f`.
+fn stream_pairs(path: &Path, f: &mut dyn FnMut(&Sample, &Sample)) -> anyhow::Result<()> {
+    let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut reader =
+        SampleReader::new(BufReader::new(file)).with_context(|| format!("reading {}", path.display()))?;
+    let mut previous = None;
+    while let Some(sample) = reader.next().with_context(|| format!("reading {}", path.display()))? {
+        if let Some(before) = &previous {
+            f(before, &sample);
+        }
+        previous = Some(sample);
+    }
+    Ok(())
+}
+
+/// The counters charted by default: the maintained VP rates that moved most between the `first`
+/// and `last` samples.
+pub fn busiest(header: &Header, first: &Sample, last: &Sample, n: usize) -> Vec<&'static Counter> {
+    let total = |s: &Sample, i: usize| -> u64 {
         s.partitions.iter().flat_map(|p| &p.vps).filter_map(|v| *v.values.as_ref()?.get(i)?).sum()
     };
-    let mut moved: Vec<(&'static Counter, u64)> = recording
+    let mut moved: Vec<(&'static Counter, u64)> = header
         .vp_counters()
         .into_iter()
         .enumerate()
@@ -284,10 +295,23 @@ pub fn write(path: &Path, charts: &[Chart], (width, height): (u32, u32)) -> anyh
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let file = File::open(&args.file).with_context(|| format!("cannot open {}", args.file.display()))?;
     anyhow::ensure!(file.metadata()?.is_file(), "{} is not a regular file", args.file.display());
-    let recording =
-        Recording::read(BufReader::new(file)).with_context(|| format!("reading {}", args.file.display()))?;
+    let reading = || format!("reading {}", args.file.display());
+    let mut reader = SampleReader::new(BufReader::new(file)).with_context(reading)?;
+    let header = reader.header().clone();
     let counters: Vec<&'static Counter> = if args.counters.is_empty() {
-        busiest(&recording, 3)
+        // The first and last samples decide which counters moved most.
+        let mut first = None;
+        let mut last = None;
+        while let Some(sample) = reader.next().with_context(reading)? {
+            match first {
+                None => first = Some(sample),
+                Some(_) => last = Some(sample),
+            }
+        }
+        match (&first, last.as_ref().or(first.as_ref())) {
+            (Some(first), Some(last)) => busiest(&header, first, last, 3),
+            _ => Vec::new(),
+        }
     } else {
         args.counters
             .iter()
@@ -302,7 +326,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         !counters.is_empty(),
         "no VP counter moved during the recording: nothing to chart (name one with --counter)"
     );
-    let charts: Vec<Chart> = counters.into_iter().map(|c| chart(&recording, c)).collect();
+    let charts = charts_of(&header, &counters, |f| stream_pairs(&args.file, f))?;
     write(&args.output, &charts, args.size)?;
     let _ = writeln!(std::io::stderr(), "hvstats: wrote {}", args.output.display());
     Ok(ExitCode::SUCCESS)
@@ -332,8 +356,11 @@ mod tests {
             reading.instances[0].partitions[0].vps[0].histograms = vec![(io, h)];
             samples.push(Sample::of(&reading, t));
         }
-        let recording = Recording { header: Header::new(1.0, 0), samples };
-        let chart = chart(&recording, io);
+        let pairs = |f: &mut dyn FnMut(&Sample, &Sample)| {
+            samples.windows(2).for_each(|w| f(&w[0], &w[1]));
+            Ok(())
+        };
+        let chart = charts_of(&Header::new(1.0, 0), &[io], pairs).unwrap().remove(0);
         assert_eq!(chart.unit, "µs, p99 of each interval (bucket upper bound)");
         assert_eq!(chart.series.len(), 1);
         let (label, points) = &chart.series[0];

@@ -12,7 +12,7 @@
 //! VP in a sample carries, per histogram, its sum then its bucket counts with the trailing zero
 //! buckets left out, so an idle histogram costs a few bytes and a busy VP at most
 //! [`HISTOGRAM_SLOTS`] numbers per histogram. A version 1 recording still reads, without
-//! histograms ([`Recording::has_histograms`]); a version this build does not know is an error.
+//! histograms ([`Header::has_histograms`]); a version this build does not know is an error.
 
 use std::io::{BufRead, Write};
 
@@ -262,48 +262,36 @@ pub fn write_line(out: &mut impl Write, value: &impl Serialize) -> anyhow::Resul
     Ok(())
 }
 
-/// A recording read back.
-#[derive(Clone, Debug)]
-pub struct Recording {
-    /// The header.
-    pub header: Header,
-    /// The samples, in time order.
-    pub samples: Vec<Sample>,
-}
-
 /// The longest line accepted: a sample of 32,768 VPs with every value and histogram slot at its
 /// largest fits (a test checks it); real values are a fraction of that.
 const MAX_LINE: usize = 256 << 20;
 
-impl Recording {
-    /// Reads a recording. A last line without its newline (a recorder killed mid-write) is
-    /// ignored; anything else malformed is an error naming the line.
+/// A recording read one sample at a time, so what reads it holds no more than it keeps: the
+/// header is read and checked first, then each [`next`](Self::next) parses and checks one line.
+pub struct SampleReader<R> {
+    input: R,
+    header: Header,
+    /// Lines read so far (the header is line 1).
+    line: usize,
+}
+
+impl<R: BufRead> SampleReader<R> {
+    /// Reads and checks the header.
     ///
     /// # Errors
-    /// When the file cannot be read, is not a recording of this format, or a sample is malformed.
-    pub fn read(mut input: impl BufRead) -> anyhow::Result<Self> {
-        let mut lines = Vec::new();
-        loop {
-            let mut line = Vec::new();
-            let n = std::io::Read::take(&mut input, MAX_LINE as u64 + 1).read_until(b'\n', &mut line)?;
-            if n == 0 {
-                break;
-            }
-            anyhow::ensure!(
-                line.len() <= MAX_LINE,
-                "line {} is longer than {MAX_LINE} bytes",
-                lines.len() + 1
-            );
-            lines.push(line);
-        }
-        let Some(first) = lines.first() else { anyhow::bail!("the file is empty: not a recording") };
+    /// When the input cannot be read, is empty, or does not start with a header of a format and
+    /// version this build reads.
+    pub fn new(mut input: R) -> anyhow::Result<Self> {
+        let Some(first) = read_line(&mut input, 1)? else {
+            anyhow::bail!("the file is empty: not a recording")
+        };
         // Format and version first: a newer version may have a header this build cannot parse.
         #[derive(Deserialize)]
         struct Version {
             format: String,
             version: u32,
         }
-        let v: Version = serde_json::from_slice(first).context("line 1 is not a recording header")?;
+        let v: Version = serde_json::from_slice(&first).context("line 1 is not a recording header")?;
         anyhow::ensure!(v.format == FORMAT, "line 1: format {:?}, not {FORMAT:?}", v.format);
         anyhow::ensure!(
             (OLDEST_VERSION..=VERSION).contains(&v.version),
@@ -312,7 +300,7 @@ impl Recording {
             v.version,
             if v.version > VERSION { "written by a newer hvstats" } else { "no such version" }
         );
-        let header: Header = serde_json::from_slice(first).context("line 1 is not a recording header")?;
+        let header: Header = serde_json::from_slice(&first).context("line 1 is not a recording header")?;
         if let Some(h) =
             header.catalog.vp_histograms.iter().find(|h| h.bucketing != LOG2_NS || h.buckets != BUCKETS)
         {
@@ -323,42 +311,70 @@ impl Recording {
                 h.bucketing
             );
         }
-        let last = lines.len() - 1;
-        let mut samples = Vec::new();
-        for (i, line) in lines.iter().enumerate().skip(1) {
-            if i == last && !line.ends_with(b"\n") {
-                break;
-            }
-            let sample: Sample =
-                serde_json::from_slice(line).with_context(|| format!("line {} is not a sample", i + 1))?;
-            for p in &sample.partitions {
-                let histograms = header.catalog.vp_histograms.len();
-                let bad_histograms = |vp: &VpSample| {
-                    vp.histograms.as_ref().is_some_and(|h| {
-                        h.len() != histograms
-                            || h.iter().flatten().any(|s| s.is_empty() || s.len() > HISTOGRAM_SLOTS)
-                    })
-                };
-                let bad = p.values.as_ref().is_some_and(|v| v.len() != header.catalog.partition.len())
-                    || p.vps.iter().any(|vp| {
-                        vp.values.as_ref().is_some_and(|v| v.len() != header.catalog.vp.len())
-                            || bad_histograms(vp)
-                    });
-                anyhow::ensure!(!bad, "line {}: a sample's values do not match the header's counters", i + 1);
-            }
-            samples.push(sample);
-        }
-        Ok(Self { header, samples })
+        Ok(Self { input, header, line: 1 })
     }
 
+    /// The header.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// The next sample; `None` at the end. A last line without its newline (a recorder killed
+    /// mid-write) is ignored.
+    ///
+    /// # Errors
+    /// When the input cannot be read, or a line is too long, not a sample, or does not match the
+    /// header's counters.
+    pub fn next(&mut self) -> anyhow::Result<Option<Sample>> {
+        self.line += 1;
+        let n = self.line;
+        let Some(line) = read_line(&mut self.input, n)? else { return Ok(None) };
+        if !line.ends_with(b"\n") {
+            return Ok(None);
+        }
+        let sample: Sample =
+            serde_json::from_slice(&line).with_context(|| format!("line {n} is not a sample"))?;
+        let header = &self.header;
+        for p in &sample.partitions {
+            let histograms = header.catalog.vp_histograms.len();
+            let bad_histograms = |vp: &VpSample| {
+                vp.histograms.as_ref().is_some_and(|h| {
+                    h.len() != histograms
+                        || h.iter().flatten().any(|s| s.is_empty() || s.len() > HISTOGRAM_SLOTS)
+                })
+            };
+            let bad = p.values.as_ref().is_some_and(|v| v.len() != header.catalog.partition.len())
+                || p.vps.iter().any(|vp| {
+                    vp.values.as_ref().is_some_and(|v| v.len() != header.catalog.vp.len())
+                        || bad_histograms(vp)
+                });
+            anyhow::ensure!(!bad, "line {n}: a sample's values do not match the header's counters");
+        }
+        Ok(Some(sample))
+    }
+}
+
+/// Line `n` of `input` (with its newline, if it has one), at most [`MAX_LINE`] bytes; `None` at
+/// the end.
+fn read_line(input: &mut impl BufRead, n: usize) -> anyhow::Result<Option<Vec<u8>>> {
+    let mut line = Vec::new();
+    let read = std::io::Read::take(input, MAX_LINE as u64 + 1).read_until(b'\n', &mut line)?;
+    if read == 0 {
+        return Ok(None);
+    }
+    anyhow::ensure!(line.len() <= MAX_LINE, "line {n} is longer than {MAX_LINE} bytes");
+    Ok(Some(line))
+}
+
+impl Header {
     /// True when the recording carries the VPs' histograms (format version 2 and later).
     pub fn has_histograms(&self) -> bool {
-        self.header.version >= 2
+        self.version >= 2
     }
 
     /// The VP counters with this build's catalog rows (unknown names are `None`).
     pub fn vp_counters(&self) -> Vec<(&CounterInfo, Option<&'static Counter>)> {
-        self.header.catalog.vp.iter().map(|c| (c, c.counter(ObjectKind::Vp))).collect()
+        self.catalog.vp.iter().map(|c| (c, c.counter(ObjectKind::Vp))).collect()
     }
 }
 

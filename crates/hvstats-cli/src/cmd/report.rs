@@ -7,8 +7,9 @@
 //! Counters KVM does not maintain are `null`, never 0. A recording made before histograms were
 //! recorded (format version 1) says so instead of showing them.
 
+use std::collections::HashMap;
 use std::fs::File;
-use std::io::BufReader;
+use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -17,7 +18,7 @@ use hvstats::present;
 use hvstats_abi::Presentation;
 use serde_json::{Map, Value, json};
 
-use crate::cmd::recording::{Recording, Sample, VpSample};
+use crate::cmd::recording::{Header, SampleReader, VpSample};
 
 /// Flags of `hvstats report`.
 #[derive(clap::Args, Debug)]
@@ -45,18 +46,83 @@ pub struct VpReport {
     pub json: Value,
 }
 
-fn vp_sample<'a>(sample: &'a Sample, vm: &str, vp: u32) -> Option<&'a VpSample> {
-    sample.partitions.iter().find(|p| p.vm == vm)?.vps.iter().find(|v| v.vp == vp)
+/// What `report` keeps of a recording, gathered one sample at a time so that a recording of any
+/// length is read in the memory of one sample and two per VP: the header, how many samples over
+/// what span, and each VP's first and last readable sample.
+pub struct Digest {
+    /// The recording's header.
+    pub header: Header,
+    /// Samples in the recording.
+    pub samples: usize,
+    /// Seconds between its first and last sample.
+    pub span: f64,
+    vps: Vec<VpDigest>,
+}
+
+/// One VP's first and last readable samples, and how many it has.
+struct VpDigest {
+    vm: String,
+    instance: String,
+    partition: u64,
+    vp: u32,
+    samples: usize,
+    first: (f64, VpSample),
+    last: (f64, VpSample),
+}
+
+impl Digest {
+    /// Reads a recording one sample at a time.
+    ///
+    /// # Errors
+    /// As [`SampleReader`].
+    pub fn read(input: impl BufRead) -> anyhow::Result<Self> {
+        let mut reader = SampleReader::new(input)?;
+        let mut vps: Vec<VpDigest> = Vec::new();
+        let mut at: HashMap<(String, u32), usize> = HashMap::new();
+        let (mut samples, mut first_t, mut last_t) = (0usize, None, 0.0);
+        while let Some(sample) = reader.next()? {
+            samples += 1;
+            first_t.get_or_insert(sample.t);
+            last_t = sample.t;
+            for p in sample.partitions {
+                for vp in p.vps {
+                    // A sample whose page could not be read says nothing of the VP's counters.
+                    if vp.values.is_none() {
+                        continue;
+                    }
+                    match at.get(&(p.vm.clone(), vp.vp)) {
+                        Some(&i) => {
+                            vps[i].samples += 1;
+                            vps[i].last = (sample.t, vp);
+                        }
+                        None => {
+                            at.insert((p.vm.clone(), vp.vp), vps.len());
+                            vps.push(VpDigest {
+                                vm: p.vm.clone(),
+                                instance: p.instance.clone(),
+                                partition: p.partition,
+                                vp: vp.vp,
+                                samples: 1,
+                                first: (sample.t, vp.clone()),
+                                last: (sample.t, vp),
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        let span = first_t.map_or(0.0, |first| last_t - first);
+        Ok(Self { header: reader.header().clone(), samples, span, vps })
+    }
 }
 
 /// What each histogram recorded between `first` and `last`: count, sum, mean and p50/p99 upper
 /// bounds (`null` when either sample lacks it, or it went backwards: not the same histogram).
-fn histograms(recording: &Recording, first: &VpSample, last: &VpSample) -> Value {
-    if !recording.has_histograms() {
+fn histograms(header: &Header, first: &VpSample, last: &VpSample) -> Value {
+    if !header.has_histograms() {
         return Value::Null;
     }
-    let classes: Map<String, Value> = recording
-        .header
+    let classes: Map<String, Value> = header
         .catalog
         .vp_histograms
         .iter()
@@ -79,42 +145,28 @@ fn histograms(recording: &Recording, first: &VpSample, last: &VpSample) -> Value
 }
 
 /// Why a report has no histograms, when it has none.
-pub fn no_histograms_note(recording: &Recording) -> Option<String> {
-    (!recording.has_histograms()).then(|| {
+pub fn no_histograms_note(header: &Header) -> Option<String> {
+    (!header.has_histograms()).then(|| {
         format!(
             "recording format version {} has no histograms: record again with this hvstats for \
              their distributions",
-            recording.header.version
+            header.version
         )
     })
 }
 
-/// The per-VP reports of `recording`, in order of first appearance.
-pub fn reports(recording: &Recording) -> Vec<VpReport> {
-    let mut keys: Vec<(String, String, u64, u32)> = Vec::new();
-    for s in &recording.samples {
-        for p in &s.partitions {
-            for vp in &p.vps {
-                if !keys.iter().any(|(vm, _, _, i)| *vm == p.vm && *i == vp.vp) {
-                    keys.push((p.vm.clone(), p.instance.clone(), p.partition, vp.vp));
-                }
-            }
-        }
-    }
-    let counters = recording.vp_counters();
-    keys.into_iter()
-        .filter_map(|(vm, instance, partition, vp)| {
-            let with: Vec<(&Sample, &VpSample, &Vec<Option<u64>>)> = recording
-                .samples
-                .iter()
-                .filter_map(|s| {
-                    let v = vp_sample(s, &vm, vp)?;
-                    Some((s, v, v.values.as_ref()?))
-                })
-                .collect();
-            let ((first_sample, first_vp, first), (last_sample, last_vp, last)) =
-                (*with.first()?, *with.last()?);
-            let seconds = last_sample.t - first_sample.t;
+/// The per-VP reports of a recording, in order of first appearance.
+pub fn reports(digest: &Digest) -> Vec<VpReport> {
+    let header = &digest.header;
+    let counters = header.vp_counters();
+    digest
+        .vps
+        .iter()
+        .filter_map(|d| {
+            let (vm, instance, partition, vp) = (d.vm.clone(), d.instance.clone(), d.partition, d.vp);
+            let ((first_t, first_vp), (last_t, last_vp)) = (&d.first, &d.last);
+            let (first, last) = (first_vp.values.as_ref()?, last_vp.values.as_ref()?);
+            let seconds = last_t - first_t;
             let mut cumulative = Map::new();
             let mut deltas = Map::new();
             let mut rates = Map::new();
@@ -163,9 +215,9 @@ pub fn reports(recording: &Recording) -> Vec<VpReport> {
                 "instance": instance,
                 "partition": partition,
                 "vp": vp,
-                "samples": with.len(),
-                "first_t": first_sample.t,
-                "last_t": last_sample.t,
+                "samples": d.samples,
+                "first_t": first_t,
+                "last_t": last_t,
                 "seconds": seconds,
                 "cumulative": cumulative,
                 "deltas": deltas,
@@ -173,22 +225,18 @@ pub fn reports(recording: &Recording) -> Vec<VpReport> {
                 "percent_of_time": percent,
                 "average_cost_ns": costs,
                 "cpu_wait": cpu_wait,
-                "histograms": histograms(recording, first_vp, last_vp),
+                "histograms": histograms(header, first_vp, last_vp),
             });
-            Some(VpReport { vm, vp, seconds, samples: with.len(), json })
+            Some(VpReport { vm, vp, seconds, samples: d.samples, json })
         })
         .collect()
 }
 
-fn text(recording: &Recording, reports: &[VpReport]) -> String {
+fn text(digest: &Digest, reports: &[VpReport]) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
-    let span = match (recording.samples.first(), recording.samples.last()) {
-        (Some(a), Some(b)) => b.t - a.t,
-        _ => 0.0,
-    };
-    let _ = writeln!(out, "{} samples over {span:.2} s, {} VPs", recording.samples.len(), reports.len());
-    if let Some(note) = no_histograms_note(recording) {
+    let _ = writeln!(out, "{} samples over {:.2} s, {} VPs", digest.samples, digest.span, reports.len());
+    if let Some(note) = no_histograms_note(&digest.header) {
         let _ = writeln!(out, "note: {note}");
     }
     for r in reports {
@@ -199,10 +247,10 @@ fn text(recording: &Recording, reports: &[VpReport]) -> String {
             "counter", "cumulative", "delta", "over recording"
         );
         // Page order, as the header lists the counters.
-        for info in &recording.header.catalog.vp {
+        for info in &digest.header.catalog.vp {
             let name = &info.name;
             // A histogram's one value is its sum; the histogram section below gives all of it.
-            if recording.header.catalog.vp_histograms.iter().any(|h| h.name == *name) {
+            if digest.header.catalog.vp_histograms.iter().any(|h| h.name == *name) {
                 continue;
             }
             let Some(v) = r.json["cumulative"][name].as_u64() else { continue };
@@ -242,28 +290,27 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let file = File::open(&args.file).with_context(|| format!("cannot open {}", args.file.display()))?;
     let metadata = file.metadata()?;
     anyhow::ensure!(metadata.is_file(), "{} is not a regular file", args.file.display());
-    let recording =
-        Recording::read(BufReader::new(file)).with_context(|| format!("reading {}", args.file.display()))?;
-    let reports = reports(&recording);
+    let digest =
+        Digest::read(BufReader::new(file)).with_context(|| format!("reading {}", args.file.display()))?;
+    let reports = reports(&digest);
     // What a sample costs on disk (the header spread over the samples), so a recording's growth
     // can be checked.
-    let bytes_per_sample =
-        (!recording.samples.is_empty()).then(|| metadata.len() / recording.samples.len() as u64);
+    let bytes_per_sample = (digest.samples > 0).then(|| metadata.len() / digest.samples as u64);
     // Through the shared output path: a closed pipe ends quietly, a full device is an error.
     if args.json {
         let vps: Vec<&Value> = reports.iter().map(|r| &r.json).collect();
         let doc = json!({
-            "format_version": recording.header.version,
-            "note": no_histograms_note(&recording),
+            "format_version": digest.header.version,
+            "note": no_histograms_note(&digest.header),
             "bytes_per_sample": bytes_per_sample,
-            "samples": recording.samples.len(),
-            "interval_seconds": recording.header.interval_seconds,
-            "catalog": { "hvstats": recording.header.catalog.hvstats, "groups": recording.header.catalog.groups },
+            "samples": digest.samples,
+            "interval_seconds": digest.header.interval_seconds,
+            "catalog": { "hvstats": digest.header.catalog.hvstats, "groups": digest.header.catalog.groups },
             "vps": vps,
         });
         crate::output::print_json(&doc, true)?;
     } else {
-        crate::output::print(&text(&recording, &reports))?;
+        crate::output::print(&text(&digest, &reports))?;
     }
     Ok(ExitCode::SUCCESS)
 }
