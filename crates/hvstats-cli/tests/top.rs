@@ -294,7 +294,8 @@ fn top_in_tmux_shows_the_vps_of_a_live_partition_and_quits_on_q() {
     tmux.wait_for("no live hvstats instance");
 
     tmux.run(&["send-keys", "-t", "top", "q"]);
-    // Generous: on a loaded machine tmux may take a while to reap the pane's process.
+    let pid = tmux.run(&["display-message", "-p", "-t", "top", "#{pane_pid}"]);
+    let pid = String::from_utf8_lossy(&pid.stdout).trim().to_owned();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         // dead, exit status, and the signal that ended it (empty unless killed by one)
@@ -304,9 +305,13 @@ fn top_in_tmux_shows_the_vps_of_a_live_partition_and_quits_on_q() {
         if status == "1 0" {
             break;
         }
+        // tmux has been seen to leave its pane's process unreaped: once it has exited, the
+        // kernel keeps its exit status in /proc until someone reaps it.
+        if let Some(exit) = zombie_exit_status(&pid) {
+            assert_eq!(exit, 0, "top exited with wait status {exit:#x} on q");
+            break;
+        }
         if Instant::now() >= deadline {
-            let pid = tmux.run(&["display-message", "-p", "-t", "top", "#{pane_pid}"]);
-            let pid = String::from_utf8_lossy(&pid.stdout).trim().to_owned();
             let state = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
             let state = state.lines().find(|l| l.starts_with("State:")).unwrap_or("gone").to_owned();
             panic!(
@@ -317,4 +322,30 @@ fn top_in_tmux_shows_the_vps_of_a_live_partition_and_quits_on_q() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(tmux.alive());
+}
+
+/// The wait status of process `pid` once it has exited and is not yet reaped (a zombie): field 52
+/// of /proc/<pid>/stat.
+fn zombie_exit_status(pid: &str) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which may itself hold spaces and parentheses: field 3 first.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    (fields.first() == Some(&"Z")).then(|| fields.get(52 - 3)?.parse().ok()).flatten()
+}
+
+#[test]
+fn the_wait_status_of_an_unreaped_process_is_read_from_proc() {
+    let mut child = Command::new("sh").args(["-c", "exit 3"]).spawn().unwrap();
+    let pid = child.id().to_string();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = zombie_exit_status(&pid) {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "sh never exited");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(status, 3 << 8, "exit(3) in the form waitpid reports");
+    child.wait().unwrap();
+    assert_eq!(zombie_exit_status(&pid), None, "reaped: no longer a zombie");
 }
