@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::TempDir;
+use common::{TempDir, rss_anon_kib};
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -300,13 +300,6 @@ fn report_refuses_what_is_not_a_recording_and_tolerates_a_cut_last_line() {
     std::fs::write(&file, &text).unwrap();
     let out = hvstats(&["report", path(&file)]);
     assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("line {} is not a sample", samples + 2)));
-}
-
-/// A process's private resident memory (its heap), in KiB.
-fn rss_anon_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("RssAnon:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 #[test]

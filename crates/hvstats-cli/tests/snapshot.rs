@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{TempDir, publish, publish_with};
+use common::{TempDir, publish, publish_with, rss_anon_kib};
 
 use std::path::Path;
 use std::process::Command;
@@ -262,13 +262,6 @@ fn snapshot_json_into_a_closed_pipe_ends_quietly() {
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{:?}", out.status);
     assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
-}
-
-/// A process's private resident memory (its heap: not the arena pages it maps), in KiB.
-fn rss_anon_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("RssAnon:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 #[test]

@@ -2,30 +2,20 @@
 
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-/// A directory under the system temp dir, unique to this test process, removed on drop.
-pub struct TempDir(PathBuf);
+/// The authority's tests' temporary directory, shared.
+#[path = "../../../hvstats/tests/support/mod.rs"]
+mod support;
 
-impl TempDir {
-    /// A fresh, empty `hvstats-cli-<name>-<pid>` directory.
-    pub fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("hvstats-cli-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
+#[allow(unused_imports, reason = "not every test file uses a temporary directory")]
+pub use support::TempDir;
 
-    /// The directory.
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// A process's private resident memory (its heap: not the pages it maps), in KiB.
+pub fn rss_anon_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("RssAnon:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// True when /dev/kvm can be used. Without it, the test says "skipped" and passes, unless
