@@ -295,43 +295,65 @@ impl ArenaReader {
         if slot >= self.slots() {
             return Err(Changed);
         }
-        let entry_offset = index::entry_offset(slot);
         let page_offset = index::page_offset(slot);
+        match self.atomics(page_offset, out.len()) {
+            Some(page) => self.under_entry(slot, generation, || {
+                for (o, a) in out.iter_mut().zip(page) {
+                    *o = a.load(Ordering::Relaxed);
+                }
+                Ok(())
+            }),
+            None => self.under_entry(slot, generation, || self.pread_words(page_offset, out)),
+        }
+    }
+
+    /// Runs `copy` while slot `slot` holds the object of generation `generation` (live), between
+    /// two readings of its entry's sequence, and returns what `copy` gave when the entry did not
+    /// change meanwhile. Mapped, a busy or changed entry is retried (1000 times at most); read with
+    /// `pread`, the entry is read once before and once after.
+    ///
+    /// # Errors
+    /// [`Changed`] when the slot was freed or reused, its entry kept changing, or `copy` failed.
+    fn under_entry<T>(
+        &self,
+        slot: usize,
+        generation: u64,
+        mut copy: impl FnMut() -> Result<T, Changed>,
+    ) -> Result<T, Changed> {
+        let entry_offset = index::entry_offset(slot);
         let live = |seq: u64, gen_: u64, state: u64| {
             seq.is_multiple_of(2) && gen_ == generation && state != index::state::FREE
         };
-        match (self.atomics(entry_offset, ENTRY_WORDS), self.atomics(page_offset, out.len())) {
-            (Some(entry), Some(page)) => {
+        match self.atomics(entry_offset, ENTRY_WORDS) {
+            Some(entry) => {
                 for _ in 0..1000 {
                     let before = entry[ew::SEQ].load(Ordering::Acquire);
                     let gen_ = entry[ew::GENERATION].load(Ordering::Relaxed);
                     let state = entry[ew::STATE].load(Ordering::Relaxed);
-                    if before % 2 == 0 && !live(before, gen_, state) {
-                        return Err(Changed);
-                    }
-                    if before % 2 == 0 {
-                        for (o, a) in out.iter_mut().zip(page) {
-                            *o = a.load(Ordering::Relaxed);
+                    if before.is_multiple_of(2) {
+                        if !live(before, gen_, state) {
+                            return Err(Changed);
                         }
+                        let value = copy()?;
                         fence(Ordering::Acquire);
                         if entry[ew::SEQ].load(Ordering::Relaxed) == before {
-                            return Ok(());
+                            return Ok(value);
                         }
                     }
                     std::hint::spin_loop();
                 }
                 Err(Changed)
             }
-            _ => {
+            None => {
                 let mut head = [0u64; 4];
                 self.pread_words(entry_offset, &mut head)?;
                 if !live(head[ew::SEQ], head[ew::GENERATION], head[ew::STATE]) {
                     return Err(Changed);
                 }
-                self.pread_words(page_offset, out)?;
+                let value = copy()?;
                 let mut after = [0u64; 1];
                 self.pread_words(entry_offset, &mut after)?;
-                if after[0] == head[ew::SEQ] { Ok(()) } else { Err(Changed) }
+                if after[0] == head[ew::SEQ] { Ok(value) } else { Err(Changed) }
             }
         }
     }
@@ -360,57 +382,33 @@ impl ArenaReader {
         if slot >= self.slots() || sequence >= PAGE_SLOTS {
             return Err(PageCopyError::Changed);
         }
-        let entry_offset = index::entry_offset(slot);
         let page_offset = index::page_offset(slot);
-        let live = |seq: u64, gen_: u64, state: u64| {
-            seq.is_multiple_of(2) && gen_ == generation && state != index::state::FREE
-        };
         let words = out.len().max(sequence + 1);
-        match (self.atomics(entry_offset, ENTRY_WORDS), self.atomics(page_offset, words)) {
-            (Some(entry), Some(page)) => {
-                for _ in 0..1000 {
-                    let before = entry[ew::SEQ].load(Ordering::Acquire);
-                    let gen_ = entry[ew::GENERATION].load(Ordering::Relaxed);
-                    let state = entry[ew::STATE].load(Ordering::Relaxed);
-                    if before % 2 == 0 && !live(before, gen_, state) {
-                        return Err(PageCopyError::Changed);
-                    }
-                    if before % 2 == 0 {
-                        let copy = seqcount::read(&page[sequence], seqcount::DEFAULT_TRIES, || {
-                            for (o, a) in out.iter_mut().zip(page) {
-                                *o = a.load(Ordering::Relaxed);
-                            }
-                        });
-                        fence(Ordering::Acquire);
-                        if entry[ew::SEQ].load(Ordering::Relaxed) == before {
-                            return match copy {
-                                SeqRead::Consistent { .. } => Ok(()),
-                                SeqRead::Torn { .. } => Err(PageCopyError::Torn),
-                            };
+        match self.atomics(page_offset, words) {
+            Some(page) => {
+                let copy = self.under_entry(slot, generation, || {
+                    Ok(seqcount::read(&page[sequence], seqcount::DEFAULT_TRIES, || {
+                        for (o, a) in out.iter_mut().zip(page) {
+                            *o = a.load(Ordering::Relaxed);
                         }
-                    }
-                    std::hint::spin_loop();
+                    }))
+                })?;
+                match copy {
+                    SeqRead::Consistent { .. } => Ok(()),
+                    SeqRead::Torn { .. } => Err(PageCopyError::Torn),
                 }
-                Err(PageCopyError::Changed)
             }
-            _ => {
+            None => {
                 let seq_offset = page_offset + sequence * 8;
                 for _ in 0..seqcount::DEFAULT_TRIES {
-                    let mut head = [0u64; 4];
-                    self.pread_words(entry_offset, &mut head)?;
-                    if !live(head[ew::SEQ], head[ew::GENERATION], head[ew::STATE]) {
-                        return Err(PageCopyError::Changed);
-                    }
-                    let (mut seq_before, mut seq_after) = ([0u64; 1], [0u64; 1]);
-                    self.pread_words(seq_offset, &mut seq_before)?;
-                    self.pread_words(page_offset, out)?;
-                    self.pread_words(seq_offset, &mut seq_after)?;
-                    let mut after = [0u64; 1];
-                    self.pread_words(entry_offset, &mut after)?;
-                    if after[0] != head[ew::SEQ] {
-                        return Err(PageCopyError::Changed);
-                    }
-                    if seq_before == seq_after && seq_before[0] % 2 == 0 {
+                    let stable = self.under_entry(slot, generation, || {
+                        let (mut seq_before, mut seq_after) = ([0u64; 1], [0u64; 1]);
+                        self.pread_words(seq_offset, &mut seq_before)?;
+                        self.pread_words(page_offset, out)?;
+                        self.pread_words(seq_offset, &mut seq_after)?;
+                        Ok(seq_before == seq_after && seq_before[0].is_multiple_of(2))
+                    })?;
+                    if stable {
                         return Ok(());
                     }
                     std::hint::spin_loop();
