@@ -42,6 +42,14 @@ fn fake_qemu(root: &Path, vcpu_tid: i32) -> std::path::PathBuf {
 }
 
 /// Starts `hvstats observe` and a thread forwarding its stderr lines.
+/// `observe` of `target` (`--pid N` or `--all`) every 50 ms over the fake /proc at `proc_root`,
+/// publishing under `runtime`.
+fn observe_fake(target: &[&str], runtime: &Path, proc_root: &Path) -> (Child, mpsc::Receiver<String>) {
+    let (runtime, proc_root) = (runtime.to_str().unwrap(), proc_root.to_str().unwrap());
+    let args = [target, &["--interval", "0.05", "--runtime-dir", runtime, "--proc-root", proc_root]].concat();
+    observe(&args)
+}
+
 fn observe(args: &[&str]) -> (Child, mpsc::Receiver<String>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
         .arg("observe")
@@ -127,16 +135,7 @@ fn observe_publishes_what_snapshot_shows_and_leaves_when_the_process_exits() {
     let proc_root = tmp.path().join("proc");
     let fake = fake_qemu(&proc_root, tid);
     let pid = std::process::id().to_string();
-    let (mut child, lines) = observe(&[
-        "--pid",
-        &pid,
-        "--interval",
-        "0.05",
-        "--runtime-dir",
-        runtime.to_str().unwrap(),
-        "--proc-root",
-        proc_root.to_str().unwrap(),
-    ]);
+    let (mut child, lines) = observe_fake(&["--pid", &pid], &runtime, &proc_root);
     let attach = wait_line(&lines, "attach pid");
     assert!(attach.contains("\"cli-vm\": 1 vCPUs as partition 1"), "{attach}");
     let known = wait_line(&lines, "vCPU threads");
@@ -181,15 +180,7 @@ fn sigterm_ends_the_observer_and_removes_its_instance() {
     std::fs::create_dir_all(&runtime).unwrap();
     let proc_root = tmp.path().join("proc");
     fake_qemu(&proc_root, gettid());
-    let (mut child, lines) = observe(&[
-        "--all",
-        "--interval",
-        "0.05",
-        "--runtime-dir",
-        runtime.to_str().unwrap(),
-        "--proc-root",
-        proc_root.to_str().unwrap(),
-    ]);
+    let (mut child, lines) = observe_fake(&["--all"], &runtime, &proc_root);
     wait_line(&lines, "attach pid");
     assert_eq!(snapshot(&runtime)["instances"].as_array().unwrap().len(), 1);
     // SAFETY: kill has no memory effects; the pid is our child's.
@@ -232,16 +223,7 @@ fn a_killed_observer_leaves_no_instance_readers_show() {
     let proc_root = tmp.path().join("proc");
     fake_qemu(&proc_root, gettid());
     let pid = std::process::id().to_string();
-    let (mut child, lines) = observe(&[
-        "--pid",
-        &pid,
-        "--interval",
-        "0.05",
-        "--runtime-dir",
-        runtime.to_str().unwrap(),
-        "--proc-root",
-        proc_root.to_str().unwrap(),
-    ]);
+    let (mut child, lines) = observe_fake(&["--pid", &pid], &runtime, &proc_root);
     wait_line(&lines, "attach pid");
     assert_eq!(snapshot(&runtime)["instances"].as_array().unwrap().len(), 1);
     child.kill().unwrap();
