@@ -8,29 +8,14 @@ use std::path::Path;
 #[path = "../../../hvstats/tests/support/mod.rs"]
 mod support;
 
-#[allow(unused_imports, reason = "not every test file uses a temporary directory")]
-pub use support::TempDir;
+#[allow(unused_imports, reason = "not every test file uses each of them")]
+pub use support::{TempDir, kvm_available};
 
 /// A process's private resident memory (its heap: not the pages it maps), in KiB.
 pub fn rss_anon_kib(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("RssAnon:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
-}
-
-/// True when /dev/kvm can be used. Without it, the test says "skipped" and passes, unless
-/// `HVSTATS_REQUIRE_KVM=1` (set by `.ci/run` on hosts that have /dev/kvm), where it fails.
-pub fn kvm_available(test: &str) -> bool {
-    if std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm").is_ok() {
-        return true;
-    }
-    let msg = format!("{test}: /dev/kvm is not available; this test needs KVM");
-    assert!(
-        std::env::var("HVSTATS_REQUIRE_KVM").as_deref() != Ok("1"),
-        "{msg} (failing because HVSTATS_REQUIRE_KVM=1)"
-    );
-    eprintln!("{msg}: skipped");
-    false
 }
 
 /// An instance this test process publishes under `dir` (logical processor 0 only), with the rest

@@ -16,19 +16,10 @@ use hvstats_guest::{Mode, layout};
 use hvstats_kvm::enlightenment::HyperV;
 use hvstats_kvm::{Handlers, Partition, PartitionConfig, RunReport};
 
-/// True when /dev/kvm can be used. Without it, the test says "skipped" and passes, unless
-/// `HVSTATS_REQUIRE_KVM=1` (set by `.ci/run` on hosts that have /dev/kvm), where it fails.
-pub fn kvm_available(test: &str) -> bool {
-    if std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm").is_ok() {
-        return true;
-    }
-    let msg = format!("{test}: /dev/kvm is not available; this test needs KVM");
-    if std::env::var("HVSTATS_REQUIRE_KVM").as_deref() == Ok("1") {
-        panic!("{msg} (failing because HVSTATS_REQUIRE_KVM=1)");
-    }
-    eprintln!("{msg}: skipped");
-    false
-}
+#[path = "../../../hvstats/tests/support/mod.rs"]
+mod support;
+
+pub use support::kvm_available;
 
 /// A workload run: the partition (for its pages and the WHv API) and the report.
 pub struct Run {

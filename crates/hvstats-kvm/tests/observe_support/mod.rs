@@ -8,27 +8,11 @@ use std::fs;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
-/// A temporary directory removed on drop.
-pub struct TempDir(PathBuf);
+#[path = "../../../hvstats/tests/support/mod.rs"]
+mod support;
 
-impl TempDir {
-    pub fn new(name: &str) -> Self {
-        let path = std::env::temp_dir().join(format!("hvstats-{name}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&path);
-        fs::create_dir_all(&path).unwrap();
-        Self(path)
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
+#[allow(unused_imports, reason = "not every test file uses each of them")]
+pub use support::{TempDir, kvm_available};
 
 /// One fake process in a fake procfs.
 pub struct FakeProcess {
@@ -149,18 +133,4 @@ impl Drop for Qemu {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// True when /dev/kvm can be used; otherwise says "skipped" (failing under HVSTATS_REQUIRE_KVM=1).
-pub fn kvm_available(test: &str) -> bool {
-    if std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm").is_ok() {
-        return true;
-    }
-    let msg = format!("{test}: /dev/kvm is not available; this test needs KVM");
-    assert!(
-        std::env::var("HVSTATS_REQUIRE_KVM").as_deref() != Ok("1"),
-        "{msg} (failing because HVSTATS_REQUIRE_KVM=1)"
-    );
-    eprintln!("{msg}: skipped");
-    false
 }

@@ -1,4 +1,5 @@
-//! Set-up shared by the authority's integration tests.
+//! Set-up shared by the integration tests of the workspace's crates (the others include this file
+//! by path): a temporary runtime directory, and the KVM check of tests that need a guest.
 
 #![allow(dead_code)]
 
@@ -32,4 +33,19 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// True when /dev/kvm can be used. Without it, the test says "skipped" and passes, unless
+/// `HVSTATS_REQUIRE_KVM=1` (set by `.ci/run` on hosts that have /dev/kvm), where it fails.
+pub fn kvm_available(test: &str) -> bool {
+    if std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm").is_ok() {
+        return true;
+    }
+    let msg = format!("{test}: /dev/kvm is not available; this test needs KVM");
+    assert!(
+        std::env::var("HVSTATS_REQUIRE_KVM").as_deref() != Ok("1"),
+        "{msg} (failing because HVSTATS_REQUIRE_KVM=1)"
+    );
+    eprintln!("{msg}: skipped");
+    false
 }
