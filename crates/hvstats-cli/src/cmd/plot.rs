@@ -79,47 +79,87 @@ fn unit_of(c: &Counter) -> &'static str {
 /// One line of a chart: its label (`vm VP n`) and points `(t, value)`.
 type Series = (String, Vec<(f64, f64)>);
 
-/// Calls `f(label, t, value)` with each VP's value of `counter` over the interval from sample `a`
-/// to sample `b` (at `b`'s time): presented as the catalog says (a cost in µs), or for a histogram
-/// the p99 of what the interval recorded, in µs. A VP without a value for the interval is skipped.
+/// Where a charted counter's values are in a recording's samples: found once per chart, not per
+/// sample.
+#[derive(Clone, Copy)]
+enum Slots {
+    /// A histogram, at this index of the header's histograms.
+    Histogram(usize),
+    /// A value at this index of the header's VP counters, with its paired count's (a cost).
+    Value { index: usize, paired: Option<usize> },
+    /// Not in the recording (or its paired count is not): nothing to chart.
+    Missing,
+}
+
+impl Slots {
+    fn of(header: &Header, counter: &'static Counter) -> Self {
+        let counters = header.vp_counters();
+        let index = |name: &str| counters.iter().position(|(c, _)| c.name == name);
+        if counter.presentation == Presentation::Histogram {
+            return header
+                .catalog
+                .vp_histograms
+                .iter()
+                .position(|h| h.name == counter.name)
+                .map_or(Slots::Missing, Slots::Histogram);
+        }
+        match (index(counter.name), counter.paired_count().map(|p| index(p.name))) {
+            (Some(index), None) => Slots::Value { index, paired: None },
+            (Some(index), Some(Some(paired))) => Slots::Value { index, paired: Some(paired) },
+            _ => Slots::Missing,
+        }
+    }
+}
+
+/// Calls `f(label, t, value)` with each VP's value of `counter` (at `slots`) over the interval
+/// from sample `a` to sample `b` (at `b`'s time): presented as the catalog says (a cost in µs), or
+/// for a histogram the p99 of what the interval recorded, in µs. A VP without a value for the
+/// interval is skipped.
 fn each_value(
-    header: &Header,
     counter: &'static Counter,
+    slots: Slots,
     a: &Sample,
     b: &Sample,
     mut f: impl FnMut(String, f64, f64),
 ) {
-    let counters = header.vp_counters();
-    let index = |name: &str| counters.iter().position(|(c, _)| c.name == name);
-    let histogram = header.catalog.vp_histograms.iter().position(|h| h.name == counter.name);
-    let value_index = index(counter.name);
-    let paired = counter.paired_count().and_then(|p| index(p.name));
+    if matches!(slots, Slots::Missing) {
+        return;
+    }
     for p in &b.partitions {
         let Some(before) = a.partitions.iter().find(|q| q.vm == p.vm) else { continue };
         for vp in &p.vps {
             let Some(then) = before.vps.iter().find(|v| v.vp == vp.vp) else { continue };
-            let value = if counter.presentation == Presentation::Histogram {
-                let Some(h) = histogram else { return };
-                let delta = then.histogram(h).zip(vp.histogram(h)).and_then(|(x, y)| y.since(&x));
-                match delta.and_then(|d| d.quantile_upper_ns(0.99)) {
-                    Some(ns) => ns as f64 / 1000.0,
-                    None => continue,
+            let value = match slots {
+                Slots::Histogram(h) => {
+                    let delta = then.histogram(h).zip(vp.histogram(h)).and_then(|(x, y)| y.since(&x));
+                    match delta.and_then(|d| d.quantile_upper_ns(0.99)) {
+                        Some(ns) => ns as f64 / 1000.0,
+                        None => continue,
+                    }
                 }
-            } else {
-                let Some(i) = value_index else { return };
-                let (Some(then), Some(now)) = (then.values.as_ref(), vp.values.as_ref()) else { continue };
-                let paired = match paired {
-                    Some(j) => match (then[j], now[j]) {
-                        (Some(x), Some(y)) => Some((x, y)),
-                        _ => continue,
-                    },
-                    None => None,
-                };
-                let (Some(before), Some(after)) = (then[i], now[i]) else { continue };
-                let Some(shown) = present::over_interval(counter, before, after, b.t - a.t, paired) else {
-                    continue;
-                };
-                if counter.presentation == Presentation::Cost { shown.value / 1000.0 } else { shown.value }
+                Slots::Value { index, paired } => {
+                    let (Some(then), Some(now)) = (then.values.as_ref(), vp.values.as_ref()) else {
+                        continue;
+                    };
+                    let paired = match paired {
+                        Some(j) => match (then[j], now[j]) {
+                            (Some(x), Some(y)) => Some((x, y)),
+                            _ => continue,
+                        },
+                        None => None,
+                    };
+                    let (Some(before), Some(after)) = (then[index], now[index]) else { continue };
+                    let Some(shown) = present::over_interval(counter, before, after, b.t - a.t, paired)
+                    else {
+                        continue;
+                    };
+                    if counter.presentation == Presentation::Cost {
+                        shown.value / 1000.0
+                    } else {
+                        shown.value
+                    }
+                }
+                Slots::Missing => return,
             };
             f(format!("{} VP {}", p.vm, vp.vp), b.t, value);
         }
@@ -135,10 +175,11 @@ fn charts_of(
     counters: &[&'static Counter],
     mut pairs: impl FnMut(&mut dyn FnMut(&Sample, &Sample)) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<Chart>> {
+    let slots: Vec<Slots> = counters.iter().map(|c| Slots::of(header, c)).collect();
     let mut sums: Vec<HashMap<String, f64>> = vec![HashMap::new(); counters.len()];
     pairs(&mut |a, b| {
-        for (counter, sums) in counters.iter().zip(&mut sums) {
-            each_value(header, counter, a, b, |label, _, value| *sums.entry(label).or_default() += value);
+        for ((counter, slots), sums) in counters.iter().zip(&slots).zip(&mut sums) {
+            each_value(counter, *slots, a, b, |label, _, value| *sums.entry(label).or_default() += value);
         }
     })?;
     let drawn: Vec<Vec<String>> = sums
@@ -152,8 +193,8 @@ fn charts_of(
     let mut series: Vec<Vec<Series>> =
         drawn.iter().map(|labels| labels.iter().map(|l| (l.clone(), Vec::new())).collect()).collect();
     pairs(&mut |a, b| {
-        for (counter, lines) in counters.iter().zip(&mut series) {
-            each_value(header, counter, a, b, |label, t, value| {
+        for ((counter, slots), lines) in counters.iter().zip(&slots).zip(&mut series) {
+            each_value(counter, *slots, a, b, |label, t, value| {
                 if let Some((_, points)) = lines.iter_mut().find(|(l, _)| *l == label) {
                     points.push((t, value));
                 }
