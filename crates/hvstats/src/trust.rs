@@ -97,7 +97,11 @@ pub fn effective_uid(status: &str) -> Option<u32> {
 /// # Errors
 /// When `file` cannot be stat'ed or `/proc/locks` cannot be read.
 pub fn holders(file: &File) -> io::Result<Vec<Holder>> {
-    let st = runtime_dir::fstat(file.as_fd())?;
+    holders_of(&runtime_dir::fstat(file.as_fd())?)
+}
+
+/// The processes holding a flock on the file `st` describes.
+fn holders_of(st: &libc::stat) -> io::Result<Vec<Holder>> {
     let mut locks = String::new();
     File::open("/proc/locks")?.take(MAX_LOCKS_BYTES).read_to_string(&mut locks)?;
     let own_ns = std::fs::read_link("/proc/self/ns/pid").ok();
@@ -146,13 +150,13 @@ pub fn check(owner: u32, claimed: u64, holders: &[Holder], dir_owner: u32) -> Re
 /// Why it is not believed. A file or `/proc/locks` that cannot be read is checked as if no
 /// holder were listed.
 pub fn verify(file: &File, claimed: u64, dir_owner: u32) -> Result<(), Distrust> {
-    let owner = match runtime_dir::fstat(file.as_fd()) {
-        Ok(st) => st.st_uid,
+    let st = match runtime_dir::fstat(file.as_fd()) {
+        Ok(st) => st,
         // Unreadable metadata is the reader's own problem to report when it reads the file.
         Err(_) => return Ok(()),
     };
-    let holders = holders(file).unwrap_or_default();
-    check(owner, claimed, &holders, dir_owner)
+    let holders = holders_of(&st).unwrap_or_default();
+    check(st.st_uid, claimed, &holders, dir_owner)
 }
 
 #[cfg(test)]
