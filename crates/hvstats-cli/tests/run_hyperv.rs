@@ -30,7 +30,8 @@ fn map(kind: StatsObjectType, identity: StatsObjectIdentity, page: u64, expect: 
 /// Writes a probe image, runs it with `flags`, and returns the JSON report.
 fn run_probe(name: &str, calls: &[ProbeCall], flags: &[&str]) -> Value {
     let dir = std::env::temp_dir().join(format!("hvstats-run-hyperv-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    // The runtime directory must exist: `run` never creates one it was pointed at.
+    std::fs::create_dir_all(dir.join("rt")).unwrap();
     let image: PathBuf = dir.join("probe.bin");
     std::fs::write(&image, hypercall_probe(LAYOUT, calls, layout::DEFAULT_LOAD_GPA).unwrap()).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_hvstats"))
