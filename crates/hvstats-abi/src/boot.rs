@@ -105,6 +105,11 @@ pub const SINK_PORT: u16 = 0xE0;
 /// An MSR the VMM handles in userspace doing nothing (reads return 0): traffic for counting.
 pub const SINK_MSR: u32 = 0x4000_1000;
 
+/// A device register no memory slot backs and no in-kernel device claims (the HPET's base, which
+/// KVM does not emulate): each guest access is an MMIO exit handled in userspace, where reads
+/// return all ones and writes are dropped. Traffic for counting memory intercepts.
+pub const SINK_MMIO: u64 = 0xFED0_0000;
+
 /// The port the hypercall page writes to; a write there is the hypercall instruction (`vmcall`
 /// does not reach userspace on every host).
 pub const HYPERCALL_PORT: u8 = 0xF5;

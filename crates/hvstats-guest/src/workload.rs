@@ -55,6 +55,9 @@ pub struct Workload {
     pub self_ipi: LoopCount,
     /// Writes to the APIC TPR register.
     pub tpr: LoopCount,
+    /// Writes to [`SINK_MMIO`](layout::SINK_MMIO), each an MMIO exit handled in userspace (a
+    /// memory intercept). Protected and long mode.
+    pub mmio: LoopCount,
     /// Reads and writes of CR0 (`mov eax, cr0; mov cr0, eax`: two accesses each).
     pub cr0: LoopCount,
     /// `ud2` instructions, each raising #UD that a handler skips (an exception injected).
@@ -91,6 +94,8 @@ pub struct Expected {
     pub hlt: u64,
     /// APIC MMIO accesses.
     pub apic_mmio: u64,
+    /// MMIO exits to userspace (memory intercept messages).
+    pub user_mmio: u64,
     /// APIC EOI writes.
     pub eoi: u64,
     /// IPIs sent.
@@ -137,6 +142,7 @@ impl Workload {
             user_msr: n(self.user_msr) + hypercall_msrs,
             hypercalls: n(self.hypercalls),
             hlt: n(self.hlt),
+            user_mmio: n(self.mmio),
             apic_mmio: setup_mmio + 2 * n(self.hlt) + n(self.eoi) + 2 * n(self.self_ipi) + n(self.tpr),
             eoi: n(self.hlt) + n(self.eoi) + n(self.self_ipi),
             ipis: n(self.self_ipi),
@@ -226,6 +232,7 @@ impl Workload {
             p.asm().rdmsr()?;
             Ok(())
         })?;
+        p.counted_loop(self.mmio, |p| p.store32(layout::SINK_MMIO, 0))?;
         p.counted_loop(self.cr0, |p| {
             match p.mode() {
                 Mode::Long => {

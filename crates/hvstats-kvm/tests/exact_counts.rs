@@ -27,6 +27,7 @@ fn apic() -> Workload {
         eoi: counts(100, 0),
         self_ipi: counts(60, 0),
         tpr: counts(30, 0),
+        mmio: counts(40, 0),
         exit_status: 3,
         ..Workload::default()
     }

@@ -86,6 +86,11 @@ pub fn assert_exact(run: &Run, vp: u32, expected: &Expected) {
     assert_eq!(v.intercepts.msr_accesses.count, expected.msr, "{ctx} msr (whv)");
     assert_eq!(page.get(c::MSR_ACCESSES), expected.msr, "{ctx} msr (page)");
     assert_eq!(page.get(c::OTHER_MESSAGES), expected.user_msr, "{ctx} userspace msr exits (page)");
+    assert_eq!(
+        page.get(c::MEMORY_INTERCEPT_MESSAGES),
+        expected.user_mmio,
+        "{ctx} userspace mmio exits (page)"
+    );
     assert_eq!(page.get(c::HYPERCALLS), expected.hypercalls, "{ctx} hypercalls (page)");
     assert_eq!(page.get(c::LONG_SPIN_WAIT_HYPERCALLS), expected.hypercalls, "{ctx} long spin waits (page)");
     assert_eq!(v.intercepts.halt_instructions.count, expected.hlt, "{ctx} hlt (whv)");
@@ -116,8 +121,12 @@ pub fn assert_exact(run: &Run, vp: u32, expected: &Expected) {
     // KVM's `exits` counts userspace exits (hypercalls among them), halts and guest exceptions (and a few exits of its
     // own, e.g. at the first entry), so it bounds ours from above.
     let exits = stat("exits");
-    let ours =
-        expected.io_exits + expected.user_msr + expected.hlt + expected.exceptions + expected.hypercalls;
+    let ours = expected.io_exits
+        + expected.user_msr
+        + expected.user_mmio
+        + expected.hlt
+        + expected.exceptions
+        + expected.hypercalls;
     assert!(exits >= ours && exits <= ours + 16, "{ctx} KVM exits {exits} vs {ours}");
     // Time halted is all of KVM's halt time (polling and blocking). It may be 0 even with HLTs:
     // when the wake-up is already pending as HLT executes, KVM does not halt at all.
