@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 mod cmd;
 mod input;
@@ -45,6 +45,10 @@ enum Command {
     Report(cmd::report::Args),
     /// Chart a recording's VP counters over time (PNG or SVG).
     Plot(cmd::plot::Args),
+    /// Write a man page for hvstats and each of its commands into a directory.
+    Man(cmd::install::ManArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(cmd::install::CompletionsArgs),
 }
 
 fn main() -> ExitCode {
@@ -70,6 +74,8 @@ fn main() -> ExitCode {
         Command::Record(args) => cmd::record::run(args),
         Command::Report(args) => cmd::report::run(args),
         Command::Plot(args) => cmd::plot::run(args),
+        Command::Man(args) => cmd::install::man(args, Cli::command()),
+        Command::Completions(args) => cmd::install::completions(args, Cli::command()),
     };
     match result {
         Ok(code) => code,

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod catalog;
 pub mod dump;
 pub mod hwc;
+pub mod install;
 pub mod live;
 pub mod observe;
 pub mod plot;
