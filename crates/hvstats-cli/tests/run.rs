@@ -114,3 +114,100 @@ fn a_faulting_guest_is_reported_with_rip_and_exit_status_3() {
     assert!(json["vps"][0]["exit_status"].is_null());
     assert!(stderr.contains("faulted at RIP"), "{stderr}");
 }
+
+/// A guest that spins forever: `run` stops it at `--timeout`, which is no fault.
+#[test]
+fn a_guest_still_running_at_the_timeout_is_reported_as_timed_out_not_as_a_fault() {
+    if !kvm_available("a_guest_still_running_at_the_timeout_is_reported_as_timed_out_not_as_a_fault") {
+        return;
+    }
+    let mut p = Program::new(Mode::Protected, layout::DEFAULT_LOAD_GPA).unwrap();
+    let mut spin = p.asm().create_label();
+    p.asm().set_label(&mut spin).unwrap();
+    p.asm().jmp(spin).unwrap();
+    let image = p.finish().unwrap();
+    let (code, json, stderr) = run_image(&image.bytes, "spin", &["--mode", "protected", "--timeout", "1"]);
+    assert_eq!(code, Some(3), "a VP that did not stop in time is status 3: {stderr}");
+    let vp = &json["vps"][0];
+    assert!(vp["fault"].is_null(), "{vp}");
+    assert_eq!(vp["stopped"]["kind"], "timeout", "{vp}");
+    assert!(!stderr.contains("faulted"), "{stderr}");
+    assert!(stderr.contains("did not stop within --timeout 1 s"), "{stderr}");
+}
+
+fn runtime_dir(name: &str) -> common::TempDir {
+    let dir = common::TempDir::new(name);
+    std::fs::create_dir_all(dir.path()).unwrap();
+    dir
+}
+
+#[test]
+fn the_demo_runs_for_its_duration_repeating_its_traffic_and_exits_0() {
+    if !kvm_available("the_demo_runs_for_its_duration_repeating_its_traffic_and_exits_0") {
+        return;
+    }
+    let dir = runtime_dir("run-duration");
+    let started = std::time::Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["run", "--json", "--duration", "2", "--runtime-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(took >= std::time::Duration::from_secs(2), "stopped after {took:?}");
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let vps = json["vps"].as_array().unwrap();
+    assert_eq!(vps.len(), 4);
+    for (i, vp) in vps.iter().enumerate() {
+        assert!(vp["fault"].is_null(), "{vp}");
+        assert_eq!(vp["stopped"]["kind"], "timeout", "{vp}");
+        // One pass of the demo is 2000 + 500 i CPUIDs: the traffic repeated.
+        let cpuid = vp["counters"]["CPUID instructions/sec"].as_u64().unwrap();
+        assert!(cpuid > 2000 + 500 * i as u64, "VP {i}: {cpuid} CPUIDs, one pass or less");
+    }
+}
+
+#[test]
+fn the_demo_runs_forever_until_ctrl_c_while_another_shell_watches_it() {
+    if !kvm_available("the_demo_runs_forever_until_ctrl_c_while_another_shell_watches_it") {
+        return;
+    }
+    let dir = runtime_dir("run-forever");
+    let child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["run", "--forever", "--vps", "1", "--runtime-dir"])
+        .arg(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let cpuids = || -> Option<u64> {
+        let out = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+            .args(["snapshot", "--json", "--runtime-dir"])
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        let snap: Value = serde_json::from_slice(&out.stdout).ok()?;
+        snap["instances"][0]["partitions"][0]["vps"][0]["counters"]["CPUID instructions/sec"].as_u64()
+    };
+    // Another shell sees the counts grow past several passes of the demo, for as long as it runs.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut seen = 0;
+    while seen <= 3 * 2000 {
+        assert!(std::time::Instant::now() < deadline, "the running demo's CPUIDs stayed at {seen}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        seen = cpuids().unwrap_or(0);
+    }
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "Ctrl-C is how --forever ends: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("VP 0 — stopped before it exited (stop requested)"), "{stdout}");
+    assert!(!stdout.contains("FAULT"), "{stdout}");
+}

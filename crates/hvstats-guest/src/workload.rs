@@ -71,6 +71,9 @@ pub struct Workload {
     /// first (two synthetic MSR writes). Needs the partition's Hyper-V enlightenment; long and
     /// protected mode.
     pub hypercalls: LoopCount,
+    /// Runs the loops again and again, never reaching the serial text and the exit port, until
+    /// the host stops the VP: a workload that lasts as long as the host wants.
+    pub repeat: bool,
     /// Text written to the serial port before exiting.
     pub serial: Vec<u8>,
     /// The exit status (every VP exits with it).
@@ -199,6 +202,8 @@ impl Workload {
             p.store32(layout::APIC_TIMER_DIVIDE, 0xB)?;
             p.store32(layout::APIC_LVT_TIMER, VECTOR as u32)?;
         }
+        let mut again = p.asm().create_label();
+        p.asm().set_label(&mut again)?;
         p.counted_loop(self.cpuid, |p| {
             p.asm().xor(eax, eax)?;
             p.asm().xor(ecx, ecx)?;
@@ -329,6 +334,9 @@ impl Workload {
             Ok(())
         })?;
         p.asm().cli()?;
+        if self.repeat {
+            p.asm().jmp(again)?;
+        }
         p.serial_print(&self.serial)?;
         p.exit(self.exit_status)?;
         let mut used = Vec::new();

@@ -42,4 +42,4 @@ pub use handlers::{
 pub use partition::{
     HardwareCounters, OverlayBacking, Partition, PartitionConfig, RunReport, StatsPageOverlay,
 };
-pub use vp::{RipSeen, VpFault, VpOutcome};
+pub use vp::{FaultCause, HandlerSite, RipSeen, VpFault, VpOutcome};

@@ -22,21 +22,145 @@ use kvm_ioctls::{SyncReg, VcpuExit, VcpuFd};
 use crate::accounting::{ExitAccounting, ExitClass, UserExitCounts, VpSources};
 use crate::cycles;
 use crate::guest_space::{GuestSpace, VpPresence};
-use crate::handlers::{Handlers, PortAction, VpContext};
+use crate::handlers::{HandlerError, Handlers, PortAction, VpContext};
 use crate::sources::thread_time::gettid;
 
-/// Why a VP stopped other than by writing the exit port.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Why a VP stopped other than by writing the exit port, and where.
+#[derive(Clone, Debug)]
 pub struct VpFault {
-    /// What happened, e.g. "triple fault (KVM_EXIT_SHUTDOWN)".
-    pub reason: String,
+    /// What stopped it: a fault of the guest or of its handling, or the host.
+    pub cause: FaultCause,
     /// The last guest RIP (IP in real mode) the VP is known to have had: see [`Self::rip_seen`].
     pub rip: u64,
     /// Where [`Self::rip`] was read.
     pub rip_seen: RipSeen,
 }
 
+/// Where a handler's error came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HandlerSite {
+    /// A hypercall's handler.
+    Hypercall,
+    /// The handler of a write to the port.
+    PortWrite(u16),
+    /// The handler of a read of the port.
+    PortRead(u16),
+}
+
+impl std::fmt::Display for HandlerSite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HandlerSite::Hypercall => write!(f, "hypercall failed"),
+            HandlerSite::PortWrite(port) => write!(f, "port {port:#x} write"),
+            HandlerSite::PortRead(port) => write!(f, "port {port:#x} read"),
+        }
+    }
+}
+
+/// What stopped a VP other than its exit port. Only [`TimedOut`](Self::TimedOut) and
+/// [`StopRequested`](Self::StopRequested) come from the host; every other cause is a fault.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum FaultCause {
+    /// A triple fault (`KVM_EXIT_SHUTDOWN`): the registers are undefined after it.
+    #[error("triple fault (KVM_EXIT_SHUTDOWN)")]
+    TripleFault,
+    /// KVM could not go on (`KVM_EXIT_INTERNAL_ERROR`).
+    #[error("{} (KVM_EXIT_INTERNAL_ERROR, suberror {suberror})", internal_error_name(*suberror))]
+    InternalError {
+        /// KVM's suberror: 1 emulation failed, 2 simultaneous exceptions, 3 delivery event failed.
+        suberror: u32,
+    },
+    /// VM entry failed (`KVM_EXIT_FAIL_ENTRY`).
+    #[error("VM entry failed (KVM_EXIT_FAIL_ENTRY, reason {reason:#x}, cpu {cpu})")]
+    FailedEntry {
+        /// The hardware's entry failure reason.
+        reason: u64,
+        /// The CPU it happened on.
+        cpu: u32,
+    },
+    /// A system event (`KVM_EXIT_SYSTEM_EVENT`: shutdown, reset, crash).
+    #[error("system event {kind} (KVM_EXIT_SYSTEM_EVENT)")]
+    SystemEvent {
+        /// KVM's event type.
+        kind: u32,
+    },
+    /// An exit no handler exists for.
+    #[error("unhandled exit {exit}")]
+    UnhandledExit {
+        /// The exit, as kvm-ioctls names it.
+        exit: String,
+    },
+    /// A handler failed.
+    #[error("{site}")]
+    Handler {
+        /// Which handler.
+        site: HandlerSite,
+        /// Its error.
+        #[source]
+        source: Arc<HandlerError>,
+    },
+    /// KVM_RUN itself failed.
+    #[error("KVM_RUN failed")]
+    KvmRun(#[source] kvm_ioctls::Error),
+    /// The VP was not in the guest space it should run in.
+    #[error("no VP {0} in the guest space")]
+    NoPresence(u32),
+    /// The VP's thread panicked.
+    #[error("VP thread panicked")]
+    ThreadPanicked,
+    /// The run's deadline passed before the VP exited: the host stopped it, not a fault.
+    #[error("stopped before it exited (timeout)")]
+    TimedOut,
+    /// The host asked the run to stop ([`crate::Partition::stop`]): not a fault.
+    #[error("stopped before it exited (stop requested)")]
+    StopRequested,
+}
+
+fn internal_error_name(suberror: u32) -> &'static str {
+    match suberror {
+        1 => "instruction emulation failed",
+        2 => "simultaneous exceptions",
+        3 => "delivery event failed",
+        _ => "internal error",
+    }
+}
+
+impl FaultCause {
+    /// True for a fault of the guest or of its handling; false when the host stopped the VP (its
+    /// deadline, a stop request).
+    pub fn is_fault(&self) -> bool {
+        !matches!(self, FaultCause::TimedOut | FaultCause::StopRequested)
+    }
+
+    /// True when the registers are undefined after it (a triple fault resets the vCPU).
+    fn leaves_registers_undefined(&self) -> bool {
+        matches!(self, FaultCause::TripleFault)
+    }
+
+    /// A short stable name for reports and JSON: "triple-fault", "timeout", ….
+    pub fn kind(&self) -> &'static str {
+        match self {
+            FaultCause::TripleFault => "triple-fault",
+            FaultCause::InternalError { .. } => "internal-error",
+            FaultCause::FailedEntry { .. } => "failed-entry",
+            FaultCause::SystemEvent { .. } => "system-event",
+            FaultCause::UnhandledExit { .. } => "unhandled-exit",
+            FaultCause::Handler { .. } => "handler-error",
+            FaultCause::KvmRun(_) => "kvm-run-failed",
+            FaultCause::NoPresence(_) => "no-presence",
+            FaultCause::ThreadPanicked => "thread-panicked",
+            FaultCause::TimedOut => "timeout",
+            FaultCause::StopRequested => "stop-requested",
+        }
+    }
+}
+
 impl VpFault {
+    /// The cause with its whole chain of sources, for reports.
+    pub fn reason(&self) -> String {
+        error_chain(&self.cause)
+    }
+
     /// Where it happened, for reports: "RIP 0x1008", "RIP 0x1004 (at an earlier exit)", "RIP
     /// 0x1000 (at entry)" or "an unknown RIP".
     pub fn location(&self) -> String {
@@ -115,7 +239,7 @@ impl LastRip {
 }
 
 /// How one VP ended.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct VpOutcome {
     /// The VP index.
     pub index: u32,
@@ -213,10 +337,7 @@ pub(crate) struct VpEnv<'a> {
 enum Step {
     Continue,
     Stop(u32),
-    /// A fault at an exit whose registers are what the guest had.
-    Fault(String),
-    /// A fault at an exit that leaves the registers undefined (a shutdown).
-    FaultUndefined(String),
+    Fault(FaultCause),
 }
 
 /// Runs VP `shared.index` on the calling thread until it stops, faults or is stopped.
@@ -232,7 +353,7 @@ pub(crate) fn run(env: &VpEnv<'_>, shared: &VpShared, mut vcpu: VcpuFd) -> VpOut
     };
     let Some(presence) = env.space.vp(index) else {
         outcome.fault = Some(VpFault {
-            reason: format!("no VP {index} in the guest space"),
+            cause: FaultCause::NoPresence(index),
             rip: rip(&vcpu).unwrap_or(0),
             rip_seen: RipSeen::AtEntry,
         });
@@ -260,10 +381,13 @@ pub(crate) fn run(env: &VpEnv<'_>, shared: &VpShared, mut vcpu: VcpuFd) -> VpOut
             last_rip.exit_handled(Some(vcpu.sync_regs_mut().regs.rip));
         }
         if presence.stopping() {
-            let why = if env.stop_requested.load(Ordering::SeqCst) { "stop requested" } else { "timeout" };
+            let cause = if env.stop_requested.load(Ordering::SeqCst) {
+                FaultCause::StopRequested
+            } else {
+                FaultCause::TimedOut
+            };
             let (rip, rip_seen) = last_rip.for_fault(rip(&vcpu), true);
-            outcome.fault =
-                Some(VpFault { reason: format!("stopped before it exited ({why})"), rip, rip_seen });
+            outcome.fault = Some(VpFault { cause, rip, rip_seen });
             break;
         }
         entered = true;
@@ -277,14 +401,13 @@ pub(crate) fn run(env: &VpEnv<'_>, shared: &VpShared, mut vcpu: VcpuFd) -> VpOut
                 outcome.exit_status = Some(status);
                 break;
             }
-            Step::Fault(reason) => {
-                let (rip, rip_seen) = last_rip.for_fault(rip(&vcpu), true);
-                outcome.fault = Some(VpFault { reason, rip, rip_seen });
-                break;
-            }
-            Step::FaultUndefined(reason) => {
-                let (rip, rip_seen) = last_rip.for_fault(None, false);
-                outcome.fault = Some(VpFault { reason, rip, rip_seen });
+            Step::Fault(cause) => {
+                let (rip, rip_seen) = if cause.leaves_registers_undefined() {
+                    last_rip.for_fault(None, false)
+                } else {
+                    last_rip.for_fault(rip(&vcpu), true)
+                };
+                outcome.fault = Some(VpFault { cause, rip, rip_seen });
                 break;
             }
         }
@@ -299,7 +422,8 @@ pub(crate) fn run(env: &VpEnv<'_>, shared: &VpShared, mut vcpu: VcpuFd) -> VpOut
     if let Some(fault) = &outcome.fault {
         // A partition with a faulted VP is being torn down: no longer active for guests, while
         // root readers keep its final values and see why it stopped.
-        env.stats.stop(&format!("VP {} faulted: {}", outcome.index, fault.reason));
+        let what = if fault.cause.is_fault() { "faulted" } else { "was stopped" };
+        env.stats.stop(&format!("VP {} {what}: {}", outcome.index, fault.reason()));
     }
     if let Some(page) = env.page {
         shared.refresh(page, Refresh::OwnThread);
@@ -358,14 +482,14 @@ fn step(
                 }
                 let step = match h.hypercall(&mut ctx) {
                     Ok(()) => Step::Continue,
-                    Err(e) => Step::Fault(format!("hypercall failed: {}", error_chain(&e))),
+                    Err(e) => Step::Fault(handler_fault(HandlerSite::Hypercall, e)),
                 };
                 return (with(ExitClass::Hypercall), step);
             }
             let step = match handlers.ports.get(&port).map(|h| h.write(&mut ctx, port, bytes)) {
                 None | Some(Ok(PortAction::Continue)) => Step::Continue,
                 Some(Ok(PortAction::Stop(status))) => Step::Stop(status),
-                Some(Err(e)) => Step::Fault(format!("port {port:#x} write: {}", error_chain(&e))),
+                Some(Err(e)) => Step::Fault(handler_fault(HandlerSite::PortWrite(port), e)),
             };
             (with(ExitClass::Io), step)
         }
@@ -390,7 +514,7 @@ fn step(
             unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), ptr, len) };
             let step = match result {
                 Ok(()) => Step::Continue,
-                Err(e) => Step::Fault(format!("port {port:#x} read: {}", error_chain(&e))),
+                Err(e) => Step::Fault(handler_fault(HandlerSite::PortRead(port), e)),
             };
             (with(ExitClass::Io), step)
         }
@@ -423,30 +547,18 @@ fn step(
             unsafe { *error = u8::from(!ok) };
             (with(ExitClass::Msr), Step::Continue)
         }
-        Ok(VcpuExit::Shutdown) => (None, Step::FaultUndefined("triple fault (KVM_EXIT_SHUTDOWN)".into())),
+        Ok(VcpuExit::Shutdown) => (None, Step::Fault(FaultCause::TripleFault)),
         Ok(VcpuExit::InternalError) => {
             // SAFETY: the exit reason is KVM_EXIT_INTERNAL_ERROR, so `internal` is the active member.
-            let sub = unsafe { vcpu.get_kvm_run().__bindgen_anon_1.internal.suberror };
-            let what = match sub {
-                1 => "instruction emulation failed",
-                2 => "simultaneous exceptions",
-                3 => "delivery event failed",
-                _ => "internal error",
-            };
-            (None, Step::Fault(format!("{what} (KVM_EXIT_INTERNAL_ERROR, suberror {sub})")))
+            let suberror = unsafe { vcpu.get_kvm_run().__bindgen_anon_1.internal.suberror };
+            (None, Step::Fault(FaultCause::InternalError { suberror }))
         }
-        Ok(VcpuExit::FailEntry(reason, cpu)) => (
-            None,
-            Step::Fault(format!("VM entry failed (KVM_EXIT_FAIL_ENTRY, reason {reason:#x}, cpu {cpu})")),
-        ),
-        Ok(VcpuExit::SystemEvent(kind, _)) => {
-            (None, Step::Fault(format!("system event {kind} (KVM_EXIT_SYSTEM_EVENT)")))
-        }
+        Ok(VcpuExit::FailEntry(reason, cpu)) => (None, Step::Fault(FaultCause::FailedEntry { reason, cpu })),
+        Ok(VcpuExit::SystemEvent(kind, _)) => (None, Step::Fault(FaultCause::SystemEvent { kind })),
         Ok(VcpuExit::Intr) => (None, Step::Continue),
         Ok(VcpuExit::IrqWindowOpen) | Ok(VcpuExit::Hlt) => (with(ExitClass::Other), Step::Continue),
         Ok(other) => {
-            let what = format!("{other:?}");
-            (with(ExitClass::Other), Step::Fault(format!("unhandled exit {what}")))
+            (with(ExitClass::Other), Step::Fault(FaultCause::UnhandledExit { exit: format!("{other:?}") }))
         }
         Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
             let run = vcpu.get_kvm_run();
@@ -455,8 +567,12 @@ fn step(
             }
             (None, Step::Continue)
         }
-        Err(e) => (None, Step::Fault(format!("KVM_RUN failed: {e}"))),
+        Err(e) => (None, Step::Fault(FaultCause::KvmRun(e))),
     }
+}
+
+fn handler_fault(site: HandlerSite, error: HandlerError) -> FaultCause {
+    FaultCause::Handler { site, source: Arc::new(error) }
 }
 
 #[cfg(test)]
@@ -489,7 +605,7 @@ mod tests {
 
     #[test]
     fn a_fault_location_says_where_its_rip_was_seen() {
-        let at = |rip_seen| VpFault { reason: String::new(), rip: 0x1008, rip_seen }.location();
+        let at = |rip_seen| VpFault { cause: FaultCause::TimedOut, rip: 0x1008, rip_seen }.location();
         assert_eq!(at(RipSeen::AtFault), "RIP 0x1008");
         assert_eq!(at(RipSeen::AtEarlierExit), "RIP 0x1008 (at earlier exit)");
         assert_eq!(at(RipSeen::AtEntry), "RIP 0x1008 (at entry)");

@@ -65,6 +65,7 @@ fn unmaintained_counters_stay_zero_and_maintained_ones_are_written_through_a_ful
         ud2: counts(4, 0),
         page_faults: counts(3, 0),
         hypercalls: counts(9, 0),
+        repeat: false,
         serial: b"catalog\n".to_vec(),
         exit_status: 5,
     };

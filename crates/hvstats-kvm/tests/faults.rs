@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::kvm_available;
 use hvstats::Hypervisor;
 use hvstats_guest::{Mode, Program, layout};
-use hvstats_kvm::{Handlers, Partition, PartitionConfig, RipSeen, RunReport};
+use hvstats_kvm::{FaultCause, Handlers, Partition, PartitionConfig, RipSeen, RunReport};
 use iced_x86::code_asm::*;
 
 fn run(mode: Mode, vps: u32, timeout: Duration, body: impl Fn(&mut Program)) -> (Arc<Hypervisor>, RunReport) {
@@ -42,10 +42,10 @@ fn a_triple_fault_is_reported_with_its_rip() {
         assert!(report.faulted());
         assert_eq!(report.vps[0].exit_status, None);
         assert!(
-            fault.reason.contains("SHUTDOWN") || fault.reason.contains("INTERNAL_ERROR"),
+            matches!(fault.cause, FaultCause::TripleFault | FaultCause::InternalError { .. }),
             "{mode:?}: {fault:?}"
         );
-        assert!(!fault.reason.contains("timeout"), "{mode:?}: {fault:?}");
+        assert!(fault.cause.is_fault(), "{mode:?}: {fault:?}");
         assert_ne!(fault.rip, u64::MAX, "{mode:?}: {fault:?}");
     }
 }
@@ -76,7 +76,7 @@ fn a_triple_fault_reports_the_last_rip_the_vp_had_not_the_reset_state() {
         let report = partition.run(image.entry).unwrap();
         let fault = report.vps[0].fault.clone().expect("fault");
         assert_eq!(report.vps[0].serial, b"x", "{mode:?}");
-        if fault.reason.contains("SHUTDOWN") {
+        if matches!(fault.cause, FaultCause::TripleFault) {
             assert_eq!(fault.rip_seen, RipSeen::AtEarlierExit, "{mode:?}: {fault:?}");
         }
         assert!(fault.rip == at[0] || fault.rip == at[1], "{mode:?}: {fault:?}, out at {:#x}", at[0]);
@@ -108,9 +108,11 @@ fn a_spinning_and_a_halted_vp_are_stopped_at_the_timeout() {
     assert!(started.elapsed() < Duration::from_secs(15), "the run took {:?}", started.elapsed());
     assert_eq!(report.vps[0].exit_status, Some(5));
     assert!(report.vps[0].fault.is_none());
+    assert!(report.timed_out() && !report.faulted(), "stopped by the deadline, not faulted");
     for vp in &report.vps[1..] {
         let fault = vp.fault.as_ref().expect("stopped VP has a fault");
-        assert!(fault.reason.contains("timeout"), "VP {}: {fault:?}", vp.index);
+        assert!(matches!(fault.cause, FaultCause::TimedOut), "VP {}: {fault:?}", vp.index);
+        assert!(!fault.cause.is_fault(), "a VP stopped by the deadline did not fault");
         assert!(fault.rip >= layout::DEFAULT_LOAD_GPA, "VP {}: {fault:?}", vp.index);
     }
 }

@@ -51,7 +51,12 @@ fn the_whv_api_reads_exact_counts_from_a_running_vp() {
         });
         let report = partition.run(image.entry).unwrap();
         running.store(false, Ordering::SeqCst);
-        assert!(report.vps[0].fault.as_ref().is_some_and(|f| f.reason.contains("timeout")));
+        assert!(
+            report.vps[0]
+                .fault
+                .as_ref()
+                .is_some_and(|f| matches!(f.cause, hvstats_kvm::FaultCause::TimedOut))
+        );
         reader.join().unwrap()
     });
     assert!(seen_while_running, "the reader never saw the 500 CPUIDs while the VP ran");

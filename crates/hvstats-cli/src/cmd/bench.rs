@@ -52,7 +52,7 @@ fn exit_round_trip(hv: &Arc<Hypervisor>, exits: u32, accounting: bool) -> anyhow
     let report = partition.run(image.entry)?;
     let vp = report.vps.first().context("the bench partition has no VP")?;
     if let Some(f) = &vp.fault {
-        anyhow::bail!("bench guest faulted: {} at {}", f.reason, f.location());
+        anyhow::bail!("bench guest faulted: {} at {}", f.reason(), f.location());
     }
     Ok(vp.run_time / (exits + 1))
 }
@@ -468,7 +468,7 @@ fn hypercall_round_trip(hv: &Arc<Hypervisor>, n: u32) -> anyhow::Result<Duration
     let report = partition.run(image.entry)?;
     let vp = &report.vps[0];
     if let Some(f) = &vp.fault {
-        anyhow::bail!("hypercall bench guest faulted: {} at {}", f.reason, f.location());
+        anyhow::bail!("hypercall bench guest faulted: {} at {}", f.reason(), f.location());
     }
     Ok(vp.run_time / n)
 }

@@ -30,7 +30,9 @@ use hvstats_abi::{ObjectKind, catalog::counters_of};
 use hvstats_guest::program::LoopCount;
 use hvstats_guest::{GuestImage, Mode, Workload, layout};
 use hvstats_kvm::enlightenment::HyperV;
-use hvstats_kvm::{Handlers, HardwareCounters, Partition, PartitionConfig, RipSeen, RunReport, VpOutcome};
+use hvstats_kvm::{
+    FaultCause, Handlers, HardwareCounters, Partition, PartitionConfig, RipSeen, RunReport, VpOutcome,
+};
 use serde_json::{Map, Value, json};
 
 use crate::input;
@@ -58,9 +60,18 @@ pub struct Args {
     /// Number of virtual processors, 1 to 64 (default: 1 for an image, 4 for the demo).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=i64::from(layout::MAX_VPS)))]
     vps: Option<u32>,
-    /// Seconds to wait for every VP to stop (more than 0, at most 86400).
-    #[arg(long, default_value_t = 10.0, value_parser = parse_timeout)]
+    /// Seconds to wait for every VP to stop (more than 0, at most 86400); a VP still running then
+    /// is reported as timed out and the command exits with status 3.
+    #[arg(long, default_value_t = 10.0, value_parser = parse_timeout, conflicts_with_all = ["duration", "forever"])]
     timeout: f64,
+    /// Run for this many seconds, then stop the VPs and print what they counted (exit status 0):
+    /// the demo repeats its traffic until then, so other commands can watch it live.
+    #[arg(long, value_name = "SECS", value_parser = parse_timeout, conflicts_with = "forever")]
+    duration: Option<f64>,
+    /// Run until SIGINT (Ctrl-C), SIGTERM or SIGHUP, then print what the VPs counted (exit status
+    /// 0): the demo repeats its traffic until then.
+    #[arg(long)]
+    forever: bool,
     /// Print one JSON object instead of tables.
     #[arg(long)]
     json: bool,
@@ -170,9 +181,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             (GuestImage { mode: args.mode, load_gpa: args.load_gpa, entry, bytes }, args.vps.unwrap_or(1))
         }
         None => {
-            let image = demo_workload(args.mode)
-                .build(args.mode, layout::DEFAULT_LOAD_GPA)
-                .context("building the demo guest")?;
+            let mut workload = demo_workload(args.mode);
+            workload.repeat = args.duration.is_some() || args.forever;
+            let image =
+                workload.build(args.mode, layout::DEFAULT_LOAD_GPA).context("building the demo guest")?;
             (image, args.vps.unwrap_or(4))
         }
     };
@@ -188,7 +200,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         vp_count: vps,
         memory_bytes: args.memory,
         mode: image.mode,
-        timeout: Duration::from_secs_f64(args.timeout),
+        timeout: run_length(&args),
         hardware_counters: hardware.as_ref().ok().cloned(),
         ..PartitionConfig::default()
     };
@@ -206,6 +218,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     let report = report.context("running the partition")?;
+    let ending = Ending::of(&args);
     if let Some(signal) = signal {
         note!(
             "{}: stopped the VPs after {:.3} s; printing what they counted",
@@ -218,15 +231,26 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let value = json_report(&partition, &report, unavailable)?;
         output::print_json(&value, true)?;
     } else {
-        print_tables(&partition, &report, args.all, unavailable)?;
+        print_tables(&partition, &report, args.all, unavailable, ending)?;
     }
     let missing = partition.unavailable_sources(0);
     if let Some(first) = missing.first() {
         note!("{} tracepoint counters are unavailable and read 0: {first}", missing.len());
     }
     for vp in &report.vps {
-        if let Some(f) = &vp.fault {
-            note!("VP {} faulted at {}: {}", vp.index, f.location(), f.reason);
+        match &vp.fault {
+            Some(f) if f.cause.is_fault() => {
+                note!("VP {} faulted at {}: {}", vp.index, f.location(), f.reason())
+            }
+            Some(f) if ending == Ending::Guests && matches!(f.cause, FaultCause::TimedOut) => {
+                note!(
+                    "VP {} did not stop within --timeout {} s (at {})",
+                    vp.index,
+                    args.timeout,
+                    f.location()
+                )
+            }
+            _ => {}
         }
     }
     // A signal that came while printing still ends the command as that signal asks.
@@ -234,16 +258,48 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Some(s) => Some(s),
         None => signals::take_pending().unwrap_or(None),
     };
-    Ok(exit_status(report.faulted(), signal).into())
+    Ok(exit_status(&report, signal, ending).into())
 }
 
-/// The exit status of a run: a signal first (the VPs it stopped are not guest faults), then a
-/// fault.
-fn exit_status(faulted: bool, signal: Option<Signal>) -> ExitStatus {
-    match (signal, faulted) {
-        (Some(s), _) => s.exit_status(),
-        (None, true) => ExitStatus::GuestFault,
-        (None, false) => ExitStatus::Success,
+/// How long the VPs may run: `--duration`, practically unbounded with `--forever` (a century,
+/// which a deadline computed from now still holds), else `--timeout`.
+fn run_length(args: &Args) -> Duration {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 86_400);
+    match (args.duration, args.forever) {
+        (Some(d), _) => Duration::from_secs_f64(d),
+        (None, true) => CENTURY,
+        (None, false) => Duration::from_secs_f64(args.timeout),
+    }
+}
+
+/// How a run was meant to end: by its guests (their exit port, within `--timeout`), or by the
+/// host (`--duration` passing, a signal under `--forever`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ending {
+    Guests,
+    Duration,
+    Forever,
+}
+
+impl Ending {
+    fn of(args: &Args) -> Self {
+        match (args.duration, args.forever) {
+            (Some(_), _) => Ending::Duration,
+            (None, true) => Ending::Forever,
+            (None, false) => Ending::Guests,
+        }
+    }
+}
+
+/// The exit status of a run: a signal first (the VPs it stopped are not guest faults; under
+/// `--forever` it is the way to end), then a fault, then a VP still running at `--timeout`.
+fn exit_status(report: &RunReport, signal: Option<Signal>, ending: Ending) -> ExitStatus {
+    match signal {
+        Some(_) if ending == Ending::Forever => ExitStatus::Success,
+        Some(s) => s.exit_status(),
+        None if report.faulted() => ExitStatus::GuestFault,
+        None if report.timed_out() && ending == Ending::Guests => ExitStatus::GuestFault,
+        None => ExitStatus::Success,
     }
 }
 
@@ -337,7 +393,13 @@ fn json_report(
         });
         if let Some(f) = &vp.fault {
             let rip = (f.rip_seen != RipSeen::Unknown).then_some(f.rip);
-            obj["fault"] = json!({"reason": f.reason, "rip": rip, "rip_seen": f.rip_seen.as_str()});
+            let (key, what) = if f.cause.is_fault() { ("fault", "reason") } else { ("stopped", "why") };
+            obj[key] = json!({
+                "kind": f.cause.kind(),
+                what: f.reason(),
+                "rip": rip,
+                "rip_seen": f.rip_seen.as_str(),
+            });
         }
         vps.push(obj);
     }
@@ -352,6 +414,7 @@ fn print_tables(
     report: &RunReport,
     all: bool,
     unavailable: Option<&str>,
+    ending: Ending,
 ) -> anyhow::Result<()> {
     let secs = report.elapsed.as_secs_f64().max(1e-9);
     out!(
@@ -371,7 +434,14 @@ fn print_tables(
         whv::runtime_counters(partition, vp.index)?;
         let page = partition.stats().vp_page(vp.index).context("VP page")?;
         let status = match (&vp.fault, vp.exit_status) {
-            (Some(f), _) => format!("FAULT at {}: {}", f.location(), f.reason),
+            (Some(f), _) if f.cause.is_fault() => format!("FAULT at {}: {}", f.location(), f.reason()),
+            (Some(f), _) if ending == Ending::Duration && matches!(f.cause, FaultCause::TimedOut) => {
+                format!("ran for --duration, stopped at {}", f.location())
+            }
+            (Some(f), _) if matches!(f.cause, FaultCause::TimedOut) => {
+                format!("TIMED OUT at {}: still running after --timeout", f.location())
+            }
+            (Some(f), _) => format!("{} at {}", f.reason(), f.location()),
             (None, Some(s)) => format!("exit status {s}"),
             (None, None) => "no exit status".into(),
         };

@@ -10,7 +10,7 @@ use hvstats_abi::boot::Mode;
 use super::{Partition, RunReport, lock};
 use crate::error::{Error, kvm};
 use crate::modes;
-use crate::vp::{self, Refresh, RipSeen, VpEnv, VpFault, VpOutcome};
+use crate::vp::{self, FaultCause, Refresh, RipSeen, VpEnv, VpFault, VpOutcome};
 
 impl Partition {
     /// Asks a running (or about to run) [`Partition::run`] to stop every VP now, as when its
@@ -90,7 +90,7 @@ impl Partition {
                         exit_status: None,
                         serial: Vec::new(),
                         fault: Some(VpFault {
-                            reason: "VP thread panicked".into(),
+                            cause: FaultCause::ThreadPanicked,
                             rip: 0,
                             rip_seen: RipSeen::Unknown,
                         }),

@@ -141,9 +141,16 @@ pub struct RunReport {
 }
 
 impl RunReport {
-    /// True when any VP faulted or did not stop in time.
+    /// True when any VP faulted (a fault of the guest or of its handling, not a stop by the host).
     pub fn faulted(&self) -> bool {
-        self.vps.iter().any(|v| v.fault.is_some())
+        self.vps.iter().any(|v| v.fault.as_ref().is_some_and(|f| f.cause.is_fault()))
+    }
+
+    /// True when any VP was still running when the run's deadline passed.
+    pub fn timed_out(&self) -> bool {
+        self.vps
+            .iter()
+            .any(|v| v.fault.as_ref().is_some_and(|f| matches!(f.cause, crate::vp::FaultCause::TimedOut)))
     }
 }
 
