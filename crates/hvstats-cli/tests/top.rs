@@ -224,7 +224,7 @@ fn top_in_tmux_shows_the_vps_of_a_live_partition_and_quits_on_q() {
     assert!(screen.contains("hvstats top"), "{screen}");
     assert!(screen.contains(&vm), "{screen}");
     assert!(screen.contains("VP 0"), "{screen}");
-    assert!(screen.contains("Hcall/s") && screen.contains("CPUID µs"), "{screen}");
+    assert!(screen.contains("Hcall/s") && screen.contains("CPUID/s"), "{screen}");
 
     // Hypercalls at a steady rate show up in the VP's row and sort it first.
     let writer_stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -348,4 +348,109 @@ fn the_wait_status_of_an_unreaped_process_is_read_from_proc() {
     assert_eq!(status, 3 << 8, "exit(3) in the form waitpid reports");
     child.wait().unwrap();
     assert_eq!(zombie_exit_status(&pid), None, "reaped: no longer a zombie");
+}
+
+/// Kills and reaps a child on drop.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// An observed QEMU VM (SeaBIOS booting, then idle) in an 80-column terminal: the columns that
+/// have data come first, so its port I/O rate shows instead of columns of dashes.
+#[test]
+fn top_at_80_columns_shows_the_columns_that_have_data_for_an_observed_qemu_vm() {
+    if !common::kvm_available("top_at_80_columns_shows_the_columns_that_have_data_for_an_observed_qemu_vm") {
+        return;
+    }
+    if Command::new("tmux").arg("-V").output().is_err() {
+        assert!(std::env::var("HVSTATS_REQUIRE_TMUX").as_deref() != Ok("1"), "tmux is missing");
+        eprintln!("tmux is missing (Debian package tmux): skipped");
+        return;
+    }
+    let qemu = match Command::new("qemu-system-x86_64")
+        .args(["-accel", "kvm", "-display", "none", "-nodefaults", "-m", "16", "-name", "guest=top-vm"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+    {
+        Ok(child) => Reaped(child),
+        Err(e) => {
+            assert!(
+                std::env::var("CI").is_err(),
+                "qemu-system-x86_64 cannot be started ({e}); .ci/run installs it"
+            );
+            eprintln!("qemu-system-x86_64 cannot be started ({e}): skipped");
+            return;
+        }
+    };
+    // `observe --pid` needs the VM to exist: wait for QEMU's first vCPU descriptor.
+    let fds = format!("/proc/{}/fd", qemu.0.id());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_dir(&fds)
+        .unwrap()
+        .flatten()
+        .any(|e| std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy().contains("kvm-vcpu")))
+    {
+        assert!(Instant::now() < deadline, "QEMU created no vCPU");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let tmp = TempDir::new("top-qemu");
+    let observer = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["observe", "--interval", "0.2", "--pid", &qemu.0.id().to_string(), "--runtime-dir"])
+        .arg(tmp.path())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let _observer = Reaped(observer);
+    let tmux = Tmux { socket: format!("hvstats-top-qemu-{}", std::process::id()) };
+    let command = format!(
+        "{} top --interval 0.5 --runtime-dir {}",
+        env!("CARGO_BIN_EXE_hvstats"),
+        tmp.path().display()
+    );
+    let started = tmux.run(&["new-session", "-d", "-s", "top", "-x", "80", "-y", "24", &command]);
+    assert!(started.status.success(), "{}", String::from_utf8_lossy(&started.stderr));
+    let screen = tmux.wait_until("the VM's rows", |s| s.lines().any(|l| l.starts_with("top-vm")));
+    let header = screen.lines().find(|l| l.starts_with("VM / VP")).unwrap_or_default().to_owned();
+    assert!(header.contains("IO/s"), "the port I/O rate is cut off at 80 columns:\n{screen}");
+    // Columns with data first: in the VM's row no dash comes before a value.
+    let row = screen.lines().find(|l| l.starts_with("top-vm")).unwrap();
+    let cells: Vec<&str> = row["top-vm".len()..].split_whitespace().collect();
+    let first_dash = cells.iter().position(|c| *c == "-").unwrap_or(cells.len());
+    assert!(cells[first_dash..].iter().all(|c| *c == "-"), "a column of data after one without:\n{screen}");
+    assert!(first_dash >= 3, "Run%, Wait% and the port I/O rate have data:\n{screen}");
+}
+
+/// Two VMs with one name are two groups told apart by their instance; `--fields` picks the
+/// columns, and a missing column is a usage error naming the columns there are.
+#[test]
+fn once_tells_two_vms_of_one_name_apart_and_shows_the_chosen_fields() {
+    let tmp = TempDir::new("top-dup");
+    let a = common::publish(tmp.path());
+    let b = common::publish(tmp.path());
+    let pa = a.create_partition_named(1, "dup").unwrap();
+    let pb = b.create_partition_named(1, "dup").unwrap();
+    pa.vp_page(0).unwrap().set(vp::IO_INSTRUCTIONS, 1);
+    pb.vp_page(0).unwrap().set(vp::IO_INSTRUCTIONS, 1);
+    let out = top(tmp.path(), &["--once", "--interval", "0.2", "--fields", "IO/s,run%"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let header = text.lines().find(|l| l.starts_with("VM / VP")).unwrap();
+    assert_eq!(header.split_whitespace().collect::<Vec<_>>(), ["VM", "/", "VP", "IO/s", "Run%"], "{text}");
+    for hv in [&a, &b] {
+        let label = format!("dup [{}]", hv.published_name().unwrap());
+        assert!(text.lines().any(|l| l.starts_with(&label)), "no row {label:?}:\n{text}");
+    }
+    let out = top(tmp.path(), &["--once", "--fields", "IO/s,MSR cost"]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no column \"MSR cost\"") && stderr.contains("MSR µs"), "{stderr}");
 }

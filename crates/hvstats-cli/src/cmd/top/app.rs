@@ -29,6 +29,12 @@ pub enum Action {
     Interval,
     /// Show values since now instead of over the last interval (again: restart).
     Reset,
+    /// Start typing the columns to show (empty: every column, those with data first).
+    Fields,
+    /// Scroll the columns left.
+    ScrollLeft,
+    /// Scroll the columns right.
+    ScrollRight,
     /// Show or hide the help.
     Help,
     /// Leave.
@@ -46,11 +52,14 @@ pub struct Key {
 }
 
 /// Every key, in the order the help lists them (kvm_stat's letters where it has one).
-pub const KEYS: [Key; 9] = [
+pub const KEYS: [Key; 12] = [
     Key { key: 'o', action: Action::SortNext, help: "sort by the next column" },
     Key { key: 'O', action: Action::SortPrevious, help: "sort by the previous column" },
     Key { key: 'i', action: Action::SortReverse, help: "invert the sort order" },
     Key { key: 'f', action: Action::Filter, help: "filter VMs by regex (empty: all)" },
+    Key { key: 'F', action: Action::Fields, help: "choose the columns, e.g. Run%,IO/s (empty: all)" },
+    Key { key: '<', action: Action::ScrollLeft, help: "scroll the columns left (also ←)" },
+    Key { key: '>', action: Action::ScrollRight, help: "scroll the columns right (also →)" },
     Key { key: 'p', action: Action::Pause, help: "pause / resume sampling" },
     Key { key: 's', action: Action::Interval, help: "set the sampling interval in seconds" },
     Key { key: 'r', action: Action::Reset, help: "reset: show averages since now" },
@@ -70,6 +79,8 @@ pub enum Prompt {
     Filter(String),
     /// Seconds for [`Action::Interval`].
     Interval(String),
+    /// Column headers for [`Action::Fields`].
+    Fields(String),
 }
 
 /// The whole state of the view.
@@ -88,6 +99,10 @@ pub struct App {
     pub descending: bool,
     /// The VM filter.
     pub filter: Option<Regex>,
+    /// The columns chosen (`None`: every column, those with data first).
+    pub fields: Option<Vec<Shown>>,
+    /// Columns scrolled past on the left.
+    pub offset: usize,
     /// A line being typed.
     pub prompt: Option<Prompt>,
     /// The last message (an invalid regex, a read error).
@@ -113,6 +128,8 @@ impl App {
             sort: None,
             descending: true,
             filter: None,
+            fields: None,
+            offset: 0,
             prompt: None,
             message: None,
             base: None,
@@ -184,6 +201,19 @@ impl App {
                 let current = self.filter.as_ref().map(|r| r.as_str().to_owned()).unwrap_or_default();
                 self.prompt = Some(Prompt::Filter(current));
             }
+            Action::Fields => {
+                let current = self
+                    .fields
+                    .as_ref()
+                    .map(|f| f.iter().map(|c| c.header()).collect::<Vec<_>>().join(","))
+                    .unwrap_or_default();
+                self.prompt = Some(Prompt::Fields(current));
+            }
+            Action::ScrollLeft => self.offset = self.offset.saturating_sub(1),
+            Action::ScrollRight => {
+                let columns = self.fields.as_ref().map_or_else(|| table::shown().count(), Vec::len);
+                self.offset = (self.offset + 1).min(columns.saturating_sub(1));
+            }
             Action::Pause => self.paused = !self.paused,
             Action::Interval => self.prompt = Some(Prompt::Interval(String::new())),
             Action::Reset => {
@@ -199,7 +229,7 @@ impl App {
     pub fn type_char(&mut self, c: char) {
         let Some(prompt) = &mut self.prompt else { return };
         let text = match prompt {
-            Prompt::Filter(t) | Prompt::Interval(t) => t,
+            Prompt::Filter(t) | Prompt::Interval(t) | Prompt::Fields(t) => t,
         };
         match c {
             '\x1b' => self.prompt = None,
@@ -213,7 +243,15 @@ impl App {
                     Some(Prompt::Filter(t)) if t.is_empty() => self.filter = None,
                     Some(Prompt::Filter(t)) => match Regex::new(&t) {
                         Ok(r) => self.filter = Some(r),
-                        Err(e) => self.message = Some(format!("invalid regex: {e}")),
+                        Err(e) => self.message = Some(invalid_regex(&t, &e)),
+                    },
+                    Some(Prompt::Fields(t)) if t.trim().is_empty() => self.fields = None,
+                    Some(Prompt::Fields(t)) => match table::parse_fields(&t) {
+                        Ok(f) => {
+                            self.fields = Some(f);
+                            self.offset = 0;
+                        }
+                        Err(e) => self.message = Some(e),
                     },
                     Some(Prompt::Interval(t)) => match t.trim().parse::<f64>() {
                         Ok(s) if (0.1..=3600.0).contains(&s) => self.interval = Duration::from_secs_f64(s),
@@ -231,6 +269,15 @@ impl App {
     pub fn help_lines() -> Vec<String> {
         KEYS.iter().map(|k| format!("{}  {}", k.key, k.help)).collect()
     }
+}
+
+/// A regex error on one line: the regex crate's message spans several (the pattern, a caret
+/// under the fault, the reason), which a status line would run together.
+fn invalid_regex(pattern: &str, e: &regex::Error) -> String {
+    let text = e.to_string();
+    let reason = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or(&text);
+    let reason = reason.trim().trim_start_matches("error: ");
+    format!("invalid regex {pattern:?}: {reason}")
 }
 
 #[cfg(test)]
@@ -283,5 +330,38 @@ mod tests {
         "0\n".chars().for_each(|c| app.type_char(c));
         assert_eq!(app.interval, Duration::from_millis(2500));
         assert!(app.message.is_some());
+    }
+
+    #[test]
+    fn columns_are_chosen_by_their_headers_as_typed_or_the_error_lists_them() {
+        let fields = table::parse_fields("run%, IO/s ,hcall us,Hcall µs").unwrap();
+        let headers: Vec<String> = fields.iter().map(|c| c.header()).collect();
+        assert_eq!(headers, ["Run%", "IO/s", "Hcall µs"]);
+        let e = table::parse_fields("Run%,MSR cost").unwrap_err();
+        assert!(e.starts_with("no column \"MSR cost\"") && e.contains("MSR µs"), "{e}");
+        assert!(table::parse_fields(" , ").is_err());
+        let mut app = App::new(String::new(), Duration::from_secs(1));
+        app.update(Action::Fields);
+        "IO/s,CPUID/s\n".chars().for_each(|c| app.type_char(c));
+        assert_eq!(app.fields.as_ref().map(Vec::len), Some(2));
+        app.update(Action::ScrollRight);
+        app.update(Action::ScrollRight);
+        assert_eq!(app.offset, 1, "scrolling stops at the last column");
+        app.update(Action::ScrollLeft);
+        app.update(Action::ScrollLeft);
+        assert_eq!(app.offset, 0);
+        app.update(Action::Fields);
+        "\x08\x08\x08\x08\x08\x08\x08\x08\x08\x08\x08\x08\x08\n".chars().for_each(|c| app.type_char(c));
+        assert_eq!(app.fields, None, "empty: every column again");
+    }
+
+    #[test]
+    fn an_invalid_filter_is_reported_on_one_line() {
+        let mut app = App::new(String::new(), Duration::from_secs(1));
+        app.update(Action::Filter);
+        "(vm\n".chars().for_each(|c| app.type_char(c));
+        let message = app.message.unwrap();
+        assert!(!message.contains('\n'), "{message}");
+        assert_eq!(message, "invalid regex \"(vm\": unclosed group");
     }
 }

@@ -39,6 +39,10 @@ pub struct Args {
     /// With --once: print JSON instead of a table.
     #[arg(long, requires = "once")]
     json: bool,
+    /// The columns to show, by their headers, e.g. `Run%,Wait%,IO/s,CPUID/s,Hcall us` (default:
+    /// every column, those with data first; `F` changes them in the live view).
+    #[arg(long, value_name = "LIST", value_parser = table::parse_fields_flag)]
+    fields: Option<table::Fields>,
 }
 
 fn parse_interval(s: &str) -> Result<f64, String> {
@@ -52,9 +56,10 @@ fn parse_interval(s: &str) -> Result<f64, String> {
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let live = Live::new(Some(crate::cmd::runtime_dir(args.runtime_dir)?));
     if args.once {
-        return once(&live, args.interval, args.json);
+        return once(&live, args.interval, args.json, args.fields.as_ref().map(|f| f.0.as_slice()));
     }
     let mut app = App::new(live.dir().display().to_string(), Duration::from_secs_f64(args.interval));
+    app.fields = args.fields.map(|f| f.0);
     if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
         anyhow::bail!("the live view needs a terminal; for a table or JSON, use --once [--json]");
     }
@@ -64,7 +69,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     result.map(|()| ExitCode::SUCCESS)
 }
 
-fn once(live: &Live, interval: f64, json: bool) -> anyhow::Result<ExitCode> {
+/// One table (or JSON) from two readings; exit status 1 when something could not be read, as
+/// `snapshot` does (what could be read is still printed).
+fn once(live: &Live, interval: f64, json: bool, fields: Option<&[table::Shown]>) -> anyhow::Result<ExitCode> {
     let before = live.read()?;
     std::thread::sleep(Duration::from_secs_f64(interval));
     let after = live.read()?;
@@ -78,9 +85,10 @@ fn once(live: &Live, interval: f64, json: bool) -> anyhow::Result<ExitCode> {
     if json {
         crate::output::print_json(&table::json(&groups, seconds), true)?;
     } else {
-        crate::output::print(&table::text(&groups, seconds, &live.dir().display().to_string()))?;
+        crate::output::print(&table::text(&groups, seconds, &live.dir().display().to_string(), fields))?;
     }
-    Ok(ExitCode::SUCCESS)
+    let failed = !before.problems.is_empty() || !after.problems.is_empty();
+    Ok(if failed { crate::output::ExitStatus::RuntimeError.into() } else { ExitCode::SUCCESS })
 }
 
 /// Reads every interval on its own thread, so a slow read never holds up keys or drawing.
@@ -149,6 +157,10 @@ fn event_loop(terminal: &mut ratatui::DefaultTerminal, live: Live, app: &mut App
                     }
                 } else if key.code == KeyCode::Esc && app.help {
                     app.help = false;
+                } else if key.code == KeyCode::Left {
+                    app.update(app::Action::ScrollLeft);
+                } else if key.code == KeyCode::Right {
+                    app.update(app::Action::ScrollRight);
                 } else if let KeyCode::Char(c) = key.code
                     && let Some(action) = app::action_of(c)
                 {

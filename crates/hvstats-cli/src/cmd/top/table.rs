@@ -236,7 +236,75 @@ pub fn groups(before: &Reading, after: &Reading) -> Vec<Group> {
             });
         }
     }
+    tell_apart(&mut out);
     out
+}
+
+/// Two VMs with one name (two QEMUs started with the same `-name`) are told apart by their
+/// instance, shown after the name.
+fn tell_apart(groups: &mut [Group]) {
+    let names: Vec<String> = groups.iter().map(|g| g.vm.clone()).collect();
+    for g in groups.iter_mut() {
+        if names.iter().filter(|n| **n == g.vm).count() > 1 {
+            g.total.label = format!("{} [{}]", g.vm, g.instance);
+        }
+    }
+}
+
+/// True when some row of `groups` has something to show in `column`.
+fn has_data(column: Shown, groups: &[Group]) -> bool {
+    groups.iter().flat_map(|g| std::iter::once(&g.total).chain(&g.vps)).any(|r| column.cell(r) != "-")
+}
+
+/// The columns to show for `groups`, left to right: `fields` when the user chose them; otherwise
+/// every column of [`shown`], those with something to show in some row first (in their order),
+/// then the rest, so a narrow terminal shows the columns that have data.
+pub fn columns(groups: &[Group], fields: Option<&[Shown]>) -> Vec<Shown> {
+    if let Some(fields) = fields {
+        return fields.to_vec();
+    }
+    let (with, without): (Vec<Shown>, Vec<Shown>) = shown().partition(|c| has_data(*c, groups));
+    with.into_iter().chain(without).collect()
+}
+
+/// The columns `--fields` names, in its order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fields(pub Vec<Shown>);
+
+/// Parses `--fields` (see [`parse_fields`]).
+///
+/// # Errors
+/// As [`parse_fields`].
+pub fn parse_fields_flag(list: &str) -> Result<Fields, String> {
+    parse_fields(list).map(Fields)
+}
+
+/// A header as typed: lower case, no spaces, `us` for `µs`.
+fn typed(header: &str) -> String {
+    header.to_lowercase().replace('µ', "u").chars().filter(|c| !c.is_whitespace()).collect()
+}
+
+/// Parses a list of column headers as `top` shows them (`Run%,IO/s,CPUID/s,Hcall µs`):
+/// comma-separated, case and spaces ignored, `us` for `µs`.
+///
+/// # Errors
+/// A message naming the header that matches no column, and every header there is.
+pub fn parse_fields(list: &str) -> Result<Vec<Shown>, String> {
+    let mut fields = Vec::new();
+    for want in list.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+        match shown().find(|c| typed(&c.header()) == typed(want)) {
+            Some(c) if !fields.contains(&c) => fields.push(c),
+            Some(_) => {}
+            None => {
+                let all: Vec<String> = shown().map(Shown::header).collect();
+                return Err(format!("no column {want:?}; the columns are: {}", all.join(", ")));
+            }
+        }
+    }
+    if fields.is_empty() {
+        return Err("no column named: give headers separated by commas, e.g. Run%,IO/s".into());
+    }
+    Ok(fields)
 }
 
 /// Orders rows by column `column` (largest first, `-` last), or by name when `None`.
@@ -350,8 +418,10 @@ impl Shown {
     }
 }
 
-/// The text table of `--once`: every column, a group per partition.
-pub fn text(groups: &[Group], seconds: f64, dir: &str) -> String {
+/// The text table of `--once`: every column (those with data first) or the chosen `fields`, a
+/// group per partition.
+pub fn text(groups: &[Group], seconds: f64, dir: &str, fields: Option<&[Shown]>) -> String {
+    let columns = columns(groups, fields);
     let mut out = String::new();
     if groups.is_empty() {
         let _ = writeln!(out, "no live partition under {dir}");
@@ -363,7 +433,7 @@ pub fn text(groups: &[Group], seconds: f64, dir: &str) -> String {
          of the handling time of the class with the most"
     );
     let _ = write!(out, "{:<LABEL_WIDTH$}", "VM / VP");
-    for c in shown() {
+    for c in &columns {
         let _ = write!(out, " {:>w$}", c.header(), w = c.width());
     }
     out.push('\n');
@@ -371,7 +441,7 @@ pub fn text(groups: &[Group], seconds: f64, dir: &str) -> String {
         let mut line = |r: &Row, indent: &str| {
             let label: String = format!("{indent}{}", r.label).chars().take(LABEL_WIDTH).collect();
             let _ = write!(out, "{label:<LABEL_WIDTH$}");
-            for c in shown() {
+            for c in &columns {
                 let _ = write!(out, " {:>w$}", c.cell(r), w = c.width());
             }
             out.push('\n');

@@ -11,11 +11,11 @@ use ratatui::widgets::{Block, Borders, Clear, Paragraph, Row, Table, Widget};
 use super::app::{App, Prompt};
 use super::table::{self, LABEL_WIDTH, Shown};
 
-/// How many columns of [`table::shown`] fit in `width` cells, at least one.
-pub fn columns_that_fit(width: u16) -> usize {
+/// How many of `columns` fit in `width` cells, at least one.
+pub fn columns_that_fit(columns: &[Shown], width: u16) -> usize {
     let mut used = LABEL_WIDTH;
     let mut n = 0;
-    for c in table::shown() {
+    for c in columns {
         used += 1 + c.width();
         if used > width as usize {
             break;
@@ -51,10 +51,13 @@ impl App {
                 Line::from(format!("filter regex: {t}▏ (Enter: apply, Esc: cancel)"))
             }
             (Some(Prompt::Interval(t)), _) => Line::from(format!("interval in seconds: {t}▏ (Enter, Esc)")),
-            (None, Some(m)) => Line::from(m.as_str()).style(Style::new().add_modifier(Modifier::REVERSED)),
-            (None, None) => {
-                Line::from("o/O sort  i invert  f filter  p pause  s interval  r reset  h help  q quit")
+            (Some(Prompt::Fields(t)), _) => {
+                Line::from(format!("columns (Run%,IO/s,…; empty: all): {t}▏ (Enter, Esc)"))
             }
+            (None, Some(m)) => Line::from(m.as_str()).style(Style::new().add_modifier(Modifier::REVERSED)),
+            (None, None) => Line::from(
+                "o/O sort  i invert  f filter  F columns  </> scroll  p pause  s interval  h help  q quit",
+            ),
         }
     }
 
@@ -70,7 +73,10 @@ impl App {
             Paragraph::new(text).render(area, buf);
             return;
         }
-        let shown: Vec<Shown> = table::shown().take(columns_that_fit(area.width)).collect();
+        let columns = table::columns(&groups, self.fields.as_deref());
+        let offset = self.offset.min(columns.len().saturating_sub(1));
+        let columns = &columns[offset..];
+        let shown: Vec<Shown> = columns[..columns_that_fit(columns, area.width).min(columns.len())].to_vec();
         let header = Row::new(
             std::iter::once("VM / VP".to_owned())
                 .chain(shown.iter().map(|c| format!("{:>w$}", c.header(), w = c.width()))),
@@ -218,7 +224,7 @@ mod tests {
         assert!(lines[3].starts_with("  VP 0"), "{lines:#?}");
         assert!(lines[7].starts_with("o/O sort"), "{lines:#?}");
         // 60 columns hold the label and the first few columns only.
-        assert_eq!(columns_that_fit(60), 3);
+        assert_eq!(columns_that_fit(&table::shown().collect::<Vec<_>>(), 60), 3);
         let lines = screen(&app, 60, 8);
         assert!(lines[1].ends_with("Class") && !lines[1].contains("Hcall"), "{lines:#?}");
     }
