@@ -157,6 +157,8 @@ fn the_demo_runs_for_its_duration_repeating_its_traffic_and_exits_0() {
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(took >= std::time::Duration::from_secs(2), "stopped after {took:?}");
     let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let elapsed = json["elapsed_seconds"].as_f64().unwrap();
+    assert!((2.0..took.as_secs_f64()).contains(&elapsed), "ran {elapsed} s of {took:?}");
     let vps = json["vps"].as_array().unwrap();
     assert_eq!(vps.len(), 4);
     for (i, vp) in vps.iter().enumerate() {

@@ -77,7 +77,8 @@ fn snapshot_json_shows_the_counters_of_a_published_instance() {
     let (ok, table) = snapshot(tmp.path(), false);
     assert!(ok);
     assert!(table.contains("Hyper-V Hypervisor Virtual Processor"), "{table}");
-    let row = table.lines().find(|l| l.trim_start().starts_with(name(vp::CPUID_INSTRUCTIONS))).unwrap();
+    // Without an interval a "/sec" counter is its total, and says so.
+    let row = table.lines().find(|l| l.trim_start().starts_with("CPUID instructions (total)")).unwrap();
     assert!(row.contains(" 4250"), "{row}");
 }
 
@@ -238,7 +239,7 @@ fn snapshot_shows_descriptions_names_stopped_partitions_and_unknown_counters() {
     assert!(ok);
     assert!(table.contains("observer: qemu 4242"), "{table}");
     assert!(table.contains("partition 1 \"web-1\" (stopped: VP 0 faulted: triple fault)"), "{table}");
-    let row = table.lines().find(|l| l.trim_start().starts_with(name(vp::HYPERCALLS))).unwrap();
+    let row = table.lines().find(|l| l.trim_start().starts_with("Hypercalls (total)")).unwrap();
     assert!(row.trim_end().ends_with('-'), "{row}");
 }
 
@@ -354,4 +355,43 @@ fn a_reader_in_a_child_pid_namespace_believes_files_of_the_directory_owner_only(
     let vp0 = &instances[0]["partitions"][0]["vps"][0];
     assert_eq!(vp0["counters"][name(vp::CPUID_INSTRUCTIONS)], 77, "{vp0}");
     drop(held);
+}
+
+/// A 2-VP VM among others, read for one VM and a few counters: only those rows and columns, the
+/// values scaled, the JSON exact.
+#[test]
+fn snapshot_filters_by_vm_and_counter_and_scales_what_it_shows() {
+    let tmp = TempDir::new("filters");
+    let hv = publish(tmp.path());
+    let web = hv.create_partition_named(2, "web-1").unwrap();
+    let _db = hv.create_partition_named(2, "db-1").unwrap();
+    web.vp_page(1).unwrap().set(vp::CPUID_INSTRUCTIONS, 1_234_567);
+    web.vp_page(1).unwrap().set(vp::TOTAL_RUN_TIME, 25_000_000); // 2.5 s in 100 ns
+    let out = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["snapshot", "--vm", "^web", "--counter", "cpuid", "--counter", "Total run", "--runtime-dir"])
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(table.contains("p1 VP 1") && !table.contains("db-1"), "{table}");
+    assert!(!table.contains("Hyper-V Hypervisor Logical Processor"), "host-wide objects left out: {table}");
+    let rows: Vec<&str> =
+        table.lines().filter(|l| l.starts_with("    ") && !l.trim().starts_with('p')).collect();
+    assert!(rows.iter().all(|r| r.contains("CPUID") || r.contains("Total run time")), "{table}");
+    let cpuid = table.lines().find(|l| l.trim_start().starts_with("CPUID instructions (total)")).unwrap();
+    assert!(cpuid.trim_end().ends_with("1.23M"), "{cpuid}");
+    let run = table.lines().find(|l| l.trim_start().starts_with("Total run time (total time)")).unwrap();
+    assert!(run.trim_end().ends_with("2.5s"), "{run}");
+    let out = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["snapshot", "--json", "--vm", "web", "--counter", "CPUID instructions/sec", "--runtime-dir"])
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let parts = v["instances"][0]["partitions"].as_array().unwrap();
+    assert_eq!(parts.len(), 1, "{v}");
+    let counters = parts[0]["vps"][1]["counters"].as_object().unwrap();
+    assert_eq!(counters.len(), 1, "{counters:?}");
+    assert_eq!(counters["CPUID instructions/sec"], 1_234_567);
 }

@@ -404,6 +404,7 @@ fn json_report(
         vps.push(obj);
     }
     Ok(json!({
+        "elapsed_seconds": report.elapsed.as_secs_f64(),
         "partition": {"counters": counters_json(ObjectKind::Partition, stats.page())},
         "vps": vps,
     }))

@@ -36,6 +36,62 @@ pub struct Args {
     /// interval: rates per second, % of the time, average cost in ns, instantaneous values.
     #[arg(long, value_name = "SECS", value_parser = parse_interval)]
     interval: Option<f64>,
+    /// Only the VMs (partitions) whose name matches this regex, and none of the host-wide
+    /// hypervisor and LP objects.
+    #[arg(long, value_name = "REGEX")]
+    vm: Option<regex::Regex>,
+    /// Only the counters whose name contains this text (case ignored); may be repeated.
+    #[arg(long, value_name = "TEXT")]
+    counter: Vec<String>,
+}
+
+/// What `--vm` and `--counter` keep.
+struct Filter {
+    vm: Option<regex::Regex>,
+    counters: Vec<String>,
+}
+
+impl Filter {
+    fn is_empty(&self) -> bool {
+        self.vm.is_none() && self.counters.is_empty()
+    }
+
+    fn keeps_counter(&self, name: &str) -> bool {
+        let name = name.to_lowercase();
+        self.counters.is_empty() || self.counters.iter().any(|c| name.contains(&c.to_lowercase()))
+    }
+
+    /// Keeps the partitions `--vm` matches (by name, or `instance:id` when unnamed); with
+    /// `--vm`, the host-wide objects go.
+    fn apply(&self, mut s: InstanceSnapshot) -> InstanceSnapshot {
+        if let Some(vm) = &self.vm {
+            let instance = s.name.clone();
+            s.partitions.retain(|p| vm.is_match(&crate::cmd::live::Live::vm_name(&instance, p)));
+            s.lps.clear();
+            s.hypervisor = ObjectReading::Counters(Vec::new());
+        }
+        s
+    }
+
+    /// Drops the counters `--counter` does not name from a JSON document, recursively (every
+    /// `counters`, `interval` and `histograms` object).
+    fn apply_json(&self, value: &mut Value) {
+        match value {
+            Value::Object(map) => {
+                for (key, v) in map.iter_mut() {
+                    if matches!(key.as_str(), "counters" | "interval" | "histograms")
+                        && let Value::Object(counters) = v
+                    {
+                        counters.retain(|name, _| self.keeps_counter(name));
+                    } else {
+                        self.apply_json(v);
+                    }
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(|v| self.apply_json(v)),
+            _ => {}
+        }
+    }
 }
 
 fn parse_interval(s: &str) -> Result<f64, String> {
@@ -77,6 +133,7 @@ fn cells<'a>(
 
 /// Runs `hvstats snapshot`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let filter = Filter { vm: args.vm, counters: args.counter };
     let dir = super::runtime_dir(args.runtime_dir)?;
     let mut attach = Attach::new(&dir);
     let changes = attach.refresh()?;
@@ -87,7 +144,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     for problem in &changes.problems {
         note!("{}", hvstats::snapshot::error_chain(problem));
     }
-    if args.json && args.interval.is_none() {
+    // Streaming keeps memory bounded for any number of VPs; a filtered document is built whole
+    // (it holds only what the filters keep).
+    if args.json && args.interval.is_none() && filter.is_empty() {
         output::with_stdout(|out| {
             let mut out = io::BufWriter::new(out);
             failed |= stream_json(&mut attach, &mut out)?;
@@ -96,14 +155,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         return Ok(if failed { ExitStatus::RuntimeError.into() } else { ExitStatus::Success.into() });
     }
     let started = Instant::now();
-    let first: Vec<InstanceSnapshot> = attach.instances_mut().map(Instance::snapshot).collect();
+    let first: Vec<InstanceSnapshot> =
+        attach.instances_mut().map(|i| filter.apply(Instance::snapshot(i))).collect();
     let (snapshots, earlier) = match args.interval {
         None => (first, None),
         Some(seconds) => {
             std::thread::sleep(Duration::from_secs_f64(seconds));
             attach.refresh()?;
             let elapsed = started.elapsed().as_secs_f64();
-            (attach.instances_mut().map(Instance::snapshot).collect(), Some((first, elapsed)))
+            (
+                attach.instances_mut().map(|i| filter.apply(Instance::snapshot(i))).collect(),
+                Some((first, elapsed)),
+            )
         }
     };
     failed |= snapshots.iter().any(has_unreadable);
@@ -118,13 +181,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         if let Some((_, seconds)) = &earlier {
             doc["interval_seconds"] = json!(seconds);
         }
+        filter.apply_json(&mut doc);
         output::print_json(&doc, true)?;
     } else if snapshots.is_empty() {
         output::print(&format!("no live hvstats instance under {}\n", dir.display()))?;
     } else {
         output::with_stdout(|out| {
             for s in &snapshots {
-                write!(out, "{}", instance_table(s, earlier_of(s)))?;
+                write!(out, "{}", instance_table(s, earlier_of(s), &filter))?;
             }
             Ok(())
         })?;
@@ -385,15 +449,55 @@ fn earlier_vp(e: &InstanceSnapshot, id: u64, index: u32) -> Option<&ObjectReadin
     earlier_partition(e, id)?.vps.iter().find(|v| v.index == index).map(|v| &v.reading)
 }
 
-/// A table cell: the raw value, or the presented value over the interval.
+/// A row's name: the catalog's, except that without an interval a "/sec" counter is its total
+/// and a time counter its total time (the page holds cumulative values; rates need two readings).
+fn row_name(counter: &Counter, interval: bool) -> String {
+    if interval {
+        return counter.name.to_owned();
+    }
+    match counter.presentation {
+        Presentation::Rate => match counter.name.strip_suffix("/sec") {
+            Some(base) => format!("{base} (total)"),
+            None => format!("{} (total)", counter.name),
+        },
+        Presentation::Cost | Presentation::PercentTime | Presentation::CumulativeTime => {
+            format!("{} (total time)", counter.name.trim_start_matches("% "))
+        }
+        _ => counter.name.to_owned(),
+    }
+}
+
+/// A count scaled for reading: `950`, `12.3k`, `4.56M`, `7.89G`.
+fn scaled_count(v: f64) -> String {
+    let (value, unit) = match v.abs() {
+        a if a < 1e4 => return format!("{v:.0}"),
+        a if a < 1e6 => (v / 1e3, "k"),
+        a if a < 1e9 => (v / 1e6, "M"),
+        a if a < 1e12 => (v / 1e9, "G"),
+        _ => (v / 1e12, "T"),
+    };
+    if value.abs() < 99.95 { format!("{value:.2}{unit}") } else { format!("{value:.1}{unit}") }
+}
+
+/// A table cell: the value scaled (a count with k/M/G, a time in ns/µs/ms/s), or the presented
+/// value over the interval. JSON keeps the exact values.
 fn cell_text(counter: &Counter, value: Option<Value>, interval: bool) -> String {
     let Some(v) = value.and_then(|v| v.as_f64()) else { return "-".into() };
+    let time_ns = |v: f64| match counter.unit {
+        hvstats_abi::catalog::Unit::Time100ns => Some(v * 100.0),
+        hvstats_abi::catalog::Unit::Nanoseconds => Some(v),
+        _ => None,
+    };
     if !interval || counter.presentation == Presentation::Instant {
-        return format!("{v:.0}");
+        return match time_ns(v) {
+            Some(ns) if counter.presentation != Presentation::Instant => human_ns(ns as u64),
+            _ => scaled_count(v),
+        };
     }
     match counter.presentation {
         Presentation::PercentTime => format!("{v:.1}%"),
-        Presentation::Cost => format!("{v:.0} ns"),
+        Presentation::Cost => human_ns(v as u64),
+        _ if v.abs() >= 1e4 => scaled_count(v),
         _ => format!("{v:.1}"),
     }
 }
@@ -405,17 +509,24 @@ fn kind_table(
     columns: &[(String, &ObjectReading, Option<&ObjectReading>)],
     histograms: &[Histograms<'_>],
     seconds: Option<f64>,
+    filter: &Filter,
 ) -> String {
     use std::fmt::Write;
     let mut out = String::new();
-    if columns.is_empty() {
+    // The host-wide objects `--vm` left out read as nothing.
+    let columns: Vec<(String, &ObjectReading, Option<&ObjectReading>)> = columns
+        .iter()
+        .filter(|(_, r, _)| !matches!(r, ObjectReading::Counters(v) if v.is_empty()))
+        .cloned()
+        .collect();
+    if columns.is_empty() || !counters_of(kind).any(|c| filter.keeps_counter(c.name)) {
         return out;
     }
     let _ = match histograms.is_empty() {
         true => writeln!(out, "  {}", kind.title()),
         false => writeln!(out, "  {} (histograms: upper bounds of p50/p99)", kind.title()),
     };
-    let name_width = counters_of(kind).map(|c| c.name.len()).max().unwrap_or(0);
+    let name_width = counters_of(kind).map(|c| row_name(c, seconds.is_some()).len()).max().unwrap_or(0);
     // A histogram's cell (`1023ns/4.2ms`) is wider than a number's.
     let least = if histograms.is_empty() { 12 } else { 15 };
     let widths: Vec<usize> = columns.iter().map(|(label, _, _)| label.len().max(least)).collect();
@@ -424,7 +535,7 @@ fn kind_table(
         let _ = write!(out, "  {label:>w$}");
     }
     out.push('\n');
-    for (label, reading, _) in columns {
+    for (label, reading, _) in &columns {
         if let ObjectReading::Unreadable { reason, .. } = reading {
             let _ = writeln!(out, "    {label}: unreadable ({reason})");
         }
@@ -443,8 +554,8 @@ fn kind_table(
             None => cells(now, None, 0.0).collect(),
         })
         .collect();
-    for counter in counters_of(kind) {
-        let _ = write!(out, "    {:name_width$}", counter.name);
+    for counter in counters_of(kind).filter(|c| filter.keeps_counter(c.name)) {
+        let _ = write!(out, "    {:name_width$}", row_name(counter, seconds.is_some()));
         for (i, (cells, w)) in column_cells.iter().zip(&widths).enumerate() {
             let text = match histograms.get(i) {
                 Some(h) if counter.presentation == Presentation::Histogram => {
@@ -487,7 +598,7 @@ impl Histograms<'_> {
     }
 }
 
-fn instance_table(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>) -> String {
+fn instance_table(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>, filter: &Filter) -> String {
     let seconds = earlier.map(|e| e.seconds);
     let mut out = format!("instance {} (pid {}", s.name, s.pid);
     if !s.description.kind.is_empty() || !s.description.name.is_empty() {
@@ -504,6 +615,7 @@ fn instance_table(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>) -> String 
         &[("hypervisor".into(), &s.hypervisor, e.map(|e| &e.hypervisor))],
         &[],
         seconds,
+        filter,
     );
     let lps: Vec<_> = s
         .lps
@@ -513,7 +625,7 @@ fn instance_table(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>) -> String 
             (format!("LP {} (cpu {})", lp.index, lp.cpu), &lp.reading, then)
         })
         .collect();
-    out += &kind_table(ObjectKind::LogicalProcessor, &lps, &[], seconds);
+    out += &kind_table(ObjectKind::LogicalProcessor, &lps, &[], seconds, filter);
     let parts: Vec<_> = s
         .partitions
         .iter()
@@ -528,7 +640,7 @@ fn instance_table(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>) -> String 
             (format!("partition {}{name}{state}", p.id), &p.reading, then)
         })
         .collect();
-    out += &kind_table(ObjectKind::Partition, &parts, &[], seconds);
+    out += &kind_table(ObjectKind::Partition, &parts, &[], seconds, filter);
     let vps: Vec<_> = s
         .partitions
         .iter()
@@ -551,7 +663,7 @@ fn instance_table(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>) -> String 
             })
         })
         .collect();
-    out += &kind_table(ObjectKind::Vp, &vps, &histograms, seconds);
+    out += &kind_table(ObjectKind::Vp, &vps, &histograms, seconds, filter);
     out.push('\n');
     out
 }
