@@ -374,3 +374,36 @@ fn report_reads_a_long_recording_in_the_memory_of_a_sample_not_of_the_file() {
     // The points of the lines drawn (2 VPs × 40,000 samples) and the image, not the file.
     assert!(peak < size_kib / 3, "plot of a {size_kib} KiB recording held {peak} KiB of heap");
 }
+
+/// An instance that cannot be believed (a copy of a live arena owned by another user than its
+/// holder): `record` says so once, records what it can, and exits 1, as `snapshot` does.
+#[test]
+fn a_recording_that_could_not_read_something_says_so_and_exits_1() {
+    let tmp = TempDir::new("record-problems");
+    let hv = common::publish(tmp.path());
+    let _part = hv.create_partition(1).unwrap();
+    let copy = hvstats::publish::instances_dir(tmp.path()).join("99-99-99.arena");
+    std::fs::copy(hv.published_path().unwrap(), &copy).unwrap();
+    let held = std::fs::File::open(&copy).unwrap();
+    hvstats::publish::lock(std::os::fd::AsFd::as_fd(&held)).unwrap();
+    std::os::unix::fs::chown(&copy, Some(65534), Some(65534)).unwrap();
+    let rec = tmp.path().join("rec.ndjson");
+    let out = hvstats(&[
+        "record",
+        "-q",
+        "--interval",
+        "0.2",
+        "--duration",
+        "0.5",
+        "--runtime-dir",
+        path(tmp.path()),
+        "-o",
+        path(&rec),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.matches("99-99-99.arena").count(), 1, "said once: {stderr}");
+    // What could be read is recorded.
+    let text = std::fs::read_to_string(&rec).unwrap();
+    assert!(text.lines().count() >= 3, "{text}");
+}

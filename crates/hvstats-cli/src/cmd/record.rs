@@ -15,6 +15,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::cmd::live::Live;
 use crate::cmd::recording::{self, Header, Sample};
+use crate::output::note;
 
 /// Flags of `hvstats record`.
 #[derive(clap::Args, Debug)]
@@ -78,8 +79,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
     let start = Instant::now();
     let mut taken = 0u64;
+    // What could not be read, each said once; any of it makes the exit status 1, as snapshot's.
+    let mut problems: Vec<String> = Vec::new();
+    let mut most_vps = 0usize;
     while !reader_gone && !stop.load(Ordering::SeqCst) && samples.is_none_or(|n| taken < n) {
         let reading = live.read()?;
+        for problem in &reading.problems {
+            if !problems.contains(problem) && problems.len() < 64 {
+                bar.suspend(|| note!("{problem}"));
+                problems.push(problem.clone());
+            }
+        }
+        most_vps = most_vps.max(reading.vp_count());
         let t = reading.at.saturating_duration_since(start).as_secs_f64();
         match recording::write_line(&mut out, &Sample::of(&reading, t)) {
             Err(e) if is_closed_pipe(&e) => {
@@ -111,6 +122,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     bar.finish_and_clear();
     if !reader_gone {
         let _ = writeln!(std::io::stderr(), "hvstats: recorded {taken} samples to {}", args.output.display());
+        if most_vps == 0 {
+            note!("no VP was live under {} while recording", live.dir().display());
+        }
+    }
+    if !problems.is_empty() {
+        note!("{} thing(s) could not be read while recording (see above)", problems.len());
+        return Ok(crate::output::ExitStatus::RuntimeError.into());
     }
     Ok(ExitCode::SUCCESS)
 }
