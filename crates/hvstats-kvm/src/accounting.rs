@@ -10,7 +10,6 @@
 //!   so every merge writes values that were exact at that moment.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
 
 use hvstats::SharedPage;
 use hvstats::sched::{SchedStat, SchedStatFile};
@@ -22,10 +21,9 @@ use hvstats_abi::source::{
 use hvstats_abi::{Counter, ObjectKind, Presentation, Unit};
 
 use crate::cycles;
-use crate::error::Error;
 use crate::sources::kvm_stats::{KvmStats, Stat};
 use crate::sources::perf_sw::Migrations;
-use crate::sources::thread_time::{self, ThreadClock, ThreadTimes};
+use crate::sources::thread_time::{ThreadClock, ThreadTimes};
 use crate::sources::tracepoint::{Tracepoint, TracepointCounts, VpTracepoints};
 
 /// What kind of userspace exit the run loop handled.
@@ -411,45 +409,6 @@ impl VpSources {
     }
 }
 
-/// What refreshing a VP page costs on the VP's own thread (averages).
-#[derive(Clone, Copy, Debug)]
-pub struct RefreshCost {
-    /// The exit part, what the VP thread does before every hypercall.
-    pub exit_path: Duration,
-    /// Every source, what the collector and the WHv API do.
-    pub everything: Duration,
-}
-
-/// Measures [`RefreshCost`] over `n` refreshes of each kind, with the sources of a vCPU (never
-/// run) opened for the calling thread, as the VP thread opens its own. A measurement for
-/// `hvstats bench` and the benches, never a test.
-///
-/// # Errors
-/// When the VM, its vCPU or the page cannot be created.
-pub fn refresh_cost(n: u32) -> Result<RefreshCost, Error> {
-    use std::os::fd::AsRawFd;
-    let kvm = kvm_ioctls::Kvm::new().map_err(Error::OpenKvm)?;
-    let vm = kvm.create_vm().map_err(crate::error::kvm("KVM_CREATE_VM"))?;
-    let vcpu = vm.create_vcpu(0).map_err(crate::error::kvm("KVM_CREATE_VCPU"))?;
-    let page = SharedPage::anonymous(hvstats_abi::ObjectKind::Vp)
-        .map_err(|source| Error::Host { op: "stats page", source })?;
-    let user = UserExitCounts::default();
-    let mut sources = VpSources::open(thread_time::gettid(), vcpu.as_raw_fd());
-    let n = n.max(1);
-    let mut time = |everything: bool| {
-        let start = Instant::now();
-        for _ in 0..n {
-            std::hint::black_box(if everything {
-                sources.merge(&page, &user)
-            } else {
-                sources.merge_exits(&page, &user)
-            });
-        }
-        start.elapsed() / n
-    };
-    Ok(RefreshCost { exit_path: time(false), everything: time(true) })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -475,7 +434,7 @@ mod tests {
     fn the_vp_thread_refreshes_intercepts_and_leaves_times_to_full_merges() {
         use std::os::fd::AsRawFd;
         let Some((_vm, vcpu)) = vcpu() else { return };
-        let mut sources = VpSources::open(thread_time::gettid(), vcpu.as_raw_fd());
+        let mut sources = VpSources::open(crate::sources::thread_time::gettid(), vcpu.as_raw_fd());
         let page = SharedPage::anonymous(ObjectKind::Vp).unwrap();
         let user = UserExitCounts::default();
         user.msr.store(3, Ordering::Relaxed);
@@ -509,7 +468,7 @@ mod tests {
 
     #[test]
     fn the_whole_tracepoint_group_reads_as_each_counter_does() {
-        let tps = VpTracepoints::open(thread_time::gettid());
+        let tps = VpTracepoints::open(crate::sources::thread_time::gettid());
         if let Some(why) = tps.unavailable(Tracepoint::Cpuid) {
             eprintln!("skipping: {why}");
             return;

@@ -95,11 +95,6 @@ impl GpaMap {
         self.apply(vm)
     }
 
-    /// True when GPA page `gpa_page` has an overlay.
-    pub fn has_overlay(&self, gpa_page: u64) -> bool {
-        self.overlays.contains_key(&gpa_page)
-    }
-
     fn wanted(&self) -> Vec<Region> {
         let mut out = Vec::new();
         let mut cursor = 0u64;

@@ -238,16 +238,16 @@ impl Instance {
         let global = match dir.open_file(&name.global_file(), false) {
             Ok(file) => match trust::verify(&file, claimed, dir_owner) {
                 Ok(()) => {
-                    ArenaReader::open_with(file, read_path).map_err(|e| crate::snapshot::error_chain(&e))
+                    ArenaReader::open_with(file, read_path).map_err(|e| crate::error_chain::error_chain(&e))
                 }
-                Err(why) => Err(crate::snapshot::error_chain(&AttachError::Untrusted {
+                Err(why) => Err(crate::error_chain::error_chain(&AttachError::Untrusted {
                     path: dir.path().join(name.global_file()),
                     why,
                 })),
             },
             Err(e) => {
                 global_denied = AttachError::from(e.clone_kind()).is_permission_denied();
-                Err(crate::snapshot::error_chain(&e))
+                Err(crate::error_chain::error_chain(&e))
             }
         };
         let mut instance = Self {
@@ -407,12 +407,6 @@ impl Instance {
         let mut page = StatsPage::default();
         self.read_into(object, &mut page.data)?;
         Ok(page)
-    }
-
-    /// Every counter of the instance now (after a [`refresh`](Self::refresh)).
-    pub fn snapshot(&mut self) -> crate::snapshot::InstanceSnapshot {
-        self.refresh();
-        crate::snapshot::take_instance(self)
     }
 
     fn map_page(&self, object: StatsObject) -> Result<MappedPage, AttachError> {

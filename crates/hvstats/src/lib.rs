@@ -12,6 +12,7 @@
 
 pub mod arena;
 pub mod attach;
+pub mod error_chain;
 pub mod gpa_space;
 pub mod hwc;
 pub mod hypercall;

@@ -310,11 +310,6 @@ impl Publication {
         self.committed = true;
         Ok(())
     }
-
-    /// True once the instance is in place.
-    pub fn is_committed(&self) -> bool {
-        self.committed
-    }
 }
 
 impl Drop for Publication {

@@ -200,16 +200,14 @@ fn read_with(
     }
 }
 
-/// An error and all its sources on one line (`outer: cause: root cause`), as reports show it.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
+pub use crate::error_chain::error_chain;
+
+impl Instance {
+    /// Every counter of the instance now (after a [`refresh`](Self::refresh)).
+    pub fn snapshot(&mut self) -> InstanceSnapshot {
+        self.refresh();
+        take_instance(self)
     }
-    text
 }
 
 /// Reads one partition of `instance` and its VPs, as its last refresh listed them.
