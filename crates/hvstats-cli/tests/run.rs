@@ -213,3 +213,29 @@ fn the_demo_runs_forever_until_ctrl_c_while_another_shell_watches_it() {
     assert!(stdout.contains("VP 0 — stopped before it exited (stop requested)"), "{stdout}");
     assert!(!stdout.contains("FAULT"), "{stdout}");
 }
+
+/// A user who is not root and not in the `kvm` group is told how to get a runtime directory of
+/// their own and access to /dev/kvm, not to chown root's directory.
+#[test]
+fn a_non_root_run_says_how_to_get_a_runtime_directory_and_kvm_access() {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !std::path::Path::new("/usr/bin/setpriv").exists() || !root {
+        eprintln!("needs root and setpriv to run as nobody: skipped");
+        return;
+    }
+    let dir = runtime_dir("run-nonroot");
+    let out = Command::new("/usr/bin/setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", env!("CARGO_BIN_EXE_hvstats")])
+        .args(["run", "--runtime-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("chown"), "{stderr}");
+    assert!(stderr.contains("use a runtime directory of your own"), "{stderr}");
+    if std::path::Path::new("/dev/kvm").exists() {
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("cannot open /dev/kvm (its group is `kvm`"), "{stderr}");
+    }
+}

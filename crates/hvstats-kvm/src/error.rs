@@ -2,11 +2,25 @@
 
 use std::io;
 
+/// What to do about `/dev/kvm` not opening, by the kernel's reason.
+fn open_kvm_hint(e: &kvm_ioctls::Error) -> &'static str {
+    match e.errno() {
+        libc::EACCES | libc::EPERM => {
+            " (its group is `kvm`: add your user to it with `usermod -aG kvm $USER` and log in again, or run as root)"
+        }
+        libc::ENOENT | libc::ENODEV | libc::ENXIO => {
+            " (no KVM on this host: the kvm module is not loaded, or the processor offers no \
+             virtualization to it; `dmesg | grep -i kvm` says why)"
+        }
+        _ => "",
+    }
+}
+
 /// What went wrong setting up or running a partition.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// `/dev/kvm` cannot be opened.
-    #[error("cannot open /dev/kvm")]
+    #[error("cannot open /dev/kvm{}", open_kvm_hint(.0))]
     OpenKvm(#[source] kvm_ioctls::Error),
     /// A KVM ioctl failed.
     #[error("{op}: {source}")]

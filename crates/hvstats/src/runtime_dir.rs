@@ -52,9 +52,10 @@ pub enum RuntimeDirError {
     },
     /// A directory belongs to another user.
     #[error(
-        "{} belongs to uid {owner}, not to you (uid {euid}){}: refusing to use it; \
-         remove it or `chown {euid} {}`",
-        path.display(), if *root_ok { " or root" } else { "" }, path.display()
+        "{} belongs to uid {owner}, not to you (uid {euid}){}: refusing to use it; use a runtime \
+         directory of your own (`mkdir -m 0700 $XDG_RUNTIME_DIR/hvstats`, then --runtime-dir or \
+         HVSTATS_RUNTIME_DIR), or run as its owner",
+        path.display(), if *root_ok { " or root" } else { "" }
     )]
     Owner {
         /// The directory.

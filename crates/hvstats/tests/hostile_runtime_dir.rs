@@ -71,7 +71,7 @@ fn a_runtime_directory_of_another_user_is_refused() {
     // SAFETY: a NUL-terminated path; chown to nobody.
     assert_eq!(unsafe { libc::chown(c.as_ptr(), 65534, 65534) }, 0);
     let e = publish(&tmp.0).unwrap_err();
-    assert!(e.contains("belongs to uid 65534") && e.contains("chown"), "{e}");
+    assert!(e.contains("belongs to uid 65534") && e.contains("a runtime directory of your own"), "{e}");
     let e = Attach::new(&tmp.0).refresh().unwrap_err();
     assert!(matches!(e, AttachError::Dir(RuntimeDirError::Owner { owner: 65534, .. })), "{e}");
 }
