@@ -233,3 +233,51 @@ fn a_killed_observer_leaves_no_instance_readers_show() {
         "a dead observer's instance is not shown"
     );
 }
+
+#[test]
+fn sigterm_stops_the_observer_within_a_second_while_a_qmp_peer_drips() {
+    use std::io::Write;
+    let tmp = TempDir::new("observe-drip");
+    let runtime = tmp.path().join("run");
+    std::fs::create_dir_all(&runtime).unwrap();
+    let proc_root = tmp.path().join("proc");
+    fake_qemu(&proc_root, gettid());
+    // A QMP peer that sends its greeting one byte every 0.3 s and never finishes it: each read
+    // gets a byte, so only a deadline on the whole exchange, or the signal, ends the wait.
+    let sock = tmp.path().join("drip.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let (accepted_tx, accepted_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        accepted_tx.send(()).unwrap();
+        while s.write_all(b" ").is_ok() {
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    });
+    let pid = std::process::id().to_string();
+    let (runtime_s, proc_s, sock_s) =
+        (runtime.to_str().unwrap(), proc_root.to_str().unwrap(), sock.to_str().unwrap());
+    let (mut child, _lines) = observe(&[
+        "--pid",
+        &pid,
+        "--qmp",
+        sock_s,
+        "--interval",
+        "0.05",
+        "--runtime-dir",
+        runtime_s,
+        "--proc-root",
+        proc_s,
+    ]);
+    accepted_rx.recv_timeout(Duration::from_secs(20)).expect("the observer connects to QMP");
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    // SAFETY: kill has no memory effects; the pid is our child's.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let status = wait_exit(&mut child);
+    assert!(t.elapsed() < Duration::from_secs(1), "stopped after {:?}", t.elapsed());
+    assert!(status.success(), "{status}");
+    let left: Vec<_> =
+        std::fs::read_dir(runtime.join("instances")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "the instance's files are removed: {left:?}");
+}

@@ -75,7 +75,7 @@ fn a_paused_qemu_guest_is_counted_exactly_from_its_first_instruction() {
         hv.clone(),
         Procfs::host(),
         Targets::Pids(vec![qemu.pid()]),
-        ObserveOptions { qmp: Some(obs) },
+        ObserveOptions { qmp: Some(obs), ..Default::default() },
     );
     let events = observer.tick();
     assert!(

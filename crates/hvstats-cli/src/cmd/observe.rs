@@ -5,11 +5,12 @@
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use hvstats::{Hypervisor, InstanceConfig};
 use hvstats_kvm::observe::publication;
+use hvstats_kvm::observe::qmp::{CANCEL_POLL, Cancel};
 use hvstats_kvm::observe::{ObserveOptions, Observer, ObserverEvent, Procfs, Targets, raise_fd_limit};
 
 use crate::signals;
@@ -75,8 +76,31 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         None => Procfs::host(),
     };
     let targets = if args.all { Targets::All } else { Targets::Pids(args.pids) };
-    let mut observer = Observer::new(hv.clone(), procfs, targets, ObserveOptions { qmp: args.qmp });
+    let cancel = Cancel::new();
+    let options = ObserveOptions { qmp: args.qmp, cancel: cancel.clone() };
+    let mut observer = Observer::new(hv.clone(), procfs, targets, options);
     let interval = Duration::from_secs_f64(args.interval);
+    // The observer runs on this thread while a watcher takes SIGINT/SIGTERM: a signal cancels
+    // whatever the observer waits on (a QMP peer that drips, streams or hangs) within 0.1 s.
+    let stop = cancel.clone();
+    let (failed, signal) =
+        signals::during(|_| observe(&mut observer, &hv, interval, &cancel), move |_| stop.cancel())
+            .context("cannot wait for signals")?;
+    match signal {
+        Some(signal) => {
+            log(&format!("{}: detaching from {} VMs", signal.name(), observer.vms().count()));
+            Ok(ExitCode::SUCCESS)
+        }
+        None => {
+            log("no observed process is left");
+            Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+        }
+    }
+}
+
+/// Ticks `observer` every `interval` until every `--pid` process is gone (then returns whether
+/// any failed) or `cancel` is set.
+fn observe(observer: &mut Observer, hv: &Hypervisor, interval: Duration, cancel: &Cancel) -> bool {
     let mut failed = false;
     loop {
         // The instance's LP pages, as every instance keeps them; a host without procfs leaves them.
@@ -85,13 +109,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             failed |= matches!(event, ObserverEvent::Failed { .. });
             log(&describe(&event));
         }
-        if observer.finished() {
-            log("no observed process is left");
-            return Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS });
+        if observer.finished() || cancel.is_cancelled() {
+            return failed;
         }
-        if let Some(signal) = signals::take(interval).context("cannot wait for signals")?.map(|s| s.name()) {
-            log(&format!("{signal}: detaching from {} VMs", observer.vms().count()));
-            return Ok(ExitCode::SUCCESS);
+        let until = Instant::now() + interval;
+        while Instant::now() < until {
+            if cancel.is_cancelled() {
+                return failed;
+            }
+            std::thread::sleep(CANCEL_POLL.min(until.saturating_duration_since(Instant::now())));
         }
     }
 }

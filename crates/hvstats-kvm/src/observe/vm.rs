@@ -23,7 +23,7 @@ use hvstats_abi::observed::{self, Observed, ObservedSource};
 use super::counting::{EventList, EventSpec, SW_CPU_MIGRATIONS, SW_TASK_CLOCK, ThreadCounters};
 use super::discovery::{KvmFds, Procfs, Vmm};
 use super::publication;
-use super::qmp::{KvmStatsReply, Qmp};
+use super::qmp::{Cancel, KvmStatsReply, Qmp, QmpError};
 
 /// Index of each event in [`vm_events`].
 mod ev {
@@ -168,7 +168,12 @@ struct ObservedVp {
 pub struct ObserveOptions {
     /// A QMP socket of the VMM (QEMU) for KVM's statistics and vCPU threads.
     pub qmp: Option<PathBuf>,
+    /// Ends every QMP wait at once when set (the observer is stopping).
+    pub cancel: Cancel,
 }
+
+/// The deadline of one QMP exchange (the connect and greeting, or one command and its reply).
+pub const QMP_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// An error attaching to a VM.
 #[derive(Debug, thiserror::Error)]
@@ -240,19 +245,29 @@ impl ObservedVm {
         let (vmm, mut name) = procfs.identify(pid);
         let (mut qmp, mut qmp_error) = (None, None);
         if let Some(path) = &options.qmp {
-            match Qmp::connect(path, Duration::from_secs(2)) {
+            match Qmp::connect_with(path, QMP_TIMEOUT, options.cancel.clone()) {
                 Ok(q) => qmp = Some(q),
                 Err(e) => qmp_error = Some(hvstats::snapshot::error_chain(&e)),
             }
         }
         let mut stats_at_attach = None;
         if let Some(q) = qmp.as_mut() {
-            if let Ok(Some(n)) = q.query_name() {
-                name = n;
-            }
-            match q.query_kvm_stats() {
+            let asked = match q.query_name() {
+                Ok(n) => {
+                    name = n.unwrap_or(name);
+                    q.query_kvm_stats()
+                }
+                Err(e) => Err(e),
+            };
+            match asked {
                 Ok(s) => stats_at_attach = s,
-                Err(e) => qmp_error = Some(hvstats::snapshot::error_chain(&e)),
+                Err(e) => {
+                    // A peer out of step (late, lying, gone) is not asked again.
+                    if !e.is_command_error() {
+                        qmp = None;
+                    }
+                    qmp_error = Some(hvstats::snapshot::error_chain(&e));
+                }
             }
         }
         let vps: Vec<ObservedVp> = fds
@@ -430,12 +445,14 @@ impl ObservedVm {
             return;
         }
         let mut by_index: BTreeMap<u32, (i32, Option<String>)> = BTreeMap::new();
-        if let Some(q) = self.qmp.as_mut()
-            && let Ok(cpus) = q.query_cpus()
-        {
-            for c in cpus {
-                by_index.insert(c.index, (c.thread_id, Some(c.qom_path)));
+        match self.qmp.as_mut().map(Qmp::query_cpus) {
+            Some(Ok(cpus)) => {
+                for c in cpus {
+                    by_index.insert(c.index, (c.thread_id, Some(c.qom_path)));
+                }
             }
+            Some(Err(e)) => self.qmp_failed(&e),
+            None => {}
         }
         let by_id = procfs.debugfs_vcpu_threads(self.pid, self.vm_fd);
         let by_name = procfs.named_vcpu_threads(self.pid).unwrap_or_default();
@@ -479,6 +496,15 @@ impl ObservedVm {
                 self.stats_at_attach = None;
                 None
             }
+        }
+    }
+
+    /// Notes a failed QMP exchange; a session out of step (late, lying, gone) is dropped.
+    fn qmp_failed(&mut self, e: &QmpError) {
+        self.qmp_error = Some(hvstats::snapshot::error_chain(e));
+        if !e.is_command_error() {
+            self.qmp = None;
+            self.stats_at_attach = None;
         }
     }
 

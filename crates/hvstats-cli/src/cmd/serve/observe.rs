@@ -36,7 +36,7 @@ pub fn start(runtime_dir: &Path, interval: Duration) -> anyhow::Result<()> {
     if let Some(name) = hv.published_name() {
         log(&format!("observing every KVM VM on this host as instance {name}"));
     }
-    let mut observer = Observer::new(hv.clone(), Procfs::host(), Targets::All, ObserveOptions { qmp: None });
+    let mut observer = Observer::new(hv.clone(), Procfs::host(), Targets::All, ObserveOptions::default());
     std::thread::Builder::new()
         .name("observer".into())
         .spawn(move || {
