@@ -281,3 +281,92 @@ fn sigterm_stops_the_observer_within_a_second_while_a_qmp_peer_drips() {
         std::fs::read_dir(runtime.join("instances")).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert!(left.is_empty(), "the instance's files are removed: {left:?}");
 }
+
+/// `count` threads of this process that park until `release` is dropped; their thread ids.
+fn parked_threads(count: usize) -> (Vec<i32>, mpsc::Sender<()>) {
+    let (release, parked) = mpsc::channel::<()>();
+    let parked = std::sync::Arc::new(std::sync::Mutex::new(parked));
+    let (tid_tx, tid_rx) = mpsc::channel();
+    for _ in 0..count {
+        let (parked, tid_tx) = (parked.clone(), tid_tx.clone());
+        std::thread::Builder::new()
+            .stack_size(64 << 10)
+            .spawn(move || {
+                tid_tx.send(gettid()).unwrap();
+                // Every thread waits on the one channel; all wake when the sender is dropped.
+                let _ = parked.lock().map(|r| r.recv());
+            })
+            .unwrap();
+    }
+    let tids = (0..count).map(|_| tid_rx.recv().unwrap()).collect();
+    (tids, release)
+}
+
+#[test]
+fn a_vmm_with_more_threads_than_descriptors_is_observed_within_a_budget_and_never_called_exited() {
+    use std::os::unix::process::CommandExt;
+    let tmp = TempDir::new("observe-fds");
+    let runtime = tmp.path().join("run");
+    std::fs::create_dir_all(&runtime).unwrap();
+    let proc_root = tmp.path().join("proc");
+    // This process as a QEMU whose one vCPU thread has no telling name, with 300 real threads:
+    // 16 counters each would need 4800 descriptors of the observer's 1024.
+    let (tids, release) = parked_threads(300);
+    let dir = fake_qemu(&proc_root, tids[0]);
+    std::fs::write(dir.join("task").join(tids[0].to_string()).join("comm"), "worker\n").unwrap();
+    for tid in &tids[1..] {
+        let task = dir.join("task").join(tid.to_string());
+        std::fs::create_dir_all(&task).unwrap();
+        std::fs::write(task.join("comm"), "worker\n").unwrap();
+    }
+    let pid = std::process::id().to_string();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_hvstats"));
+    command
+        .args(["observe", "--pid", &pid, "--interval", "0.05", "--runtime-dir"])
+        .arg(&runtime)
+        .arg("--proc-root")
+        .arg(&proc_root)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    // SAFETY: the closure only calls setrlimit, which is async-signal-safe, between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            let lim = libc::rlimit { rlim_cur: 1024, rlim_max: 1024 };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = command.spawn().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let attach = wait_line(&lines, "attach pid");
+    assert!(attach.contains("of 300 threads"), "{attach}");
+    assert!(attach.contains("left out"), "{attach}");
+    // A second of refreshes: the process lives, so no line may say it exited, and the observer
+    // keeps running with room to spare under its limit.
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "observe exited: {:?}",
+        lines.try_iter().collect::<Vec<_>>()
+    );
+    let open = std::fs::read_dir(format!("/proc/{}/fd", child.id())).unwrap().count();
+    assert!(open < 1024 - 64, "{open} descriptors open of 1024");
+    let said: Vec<String> = lines.try_iter().collect();
+    assert!(!said.iter().any(|l| l.contains("exited")), "{said:?}");
+    // Readers still get in: the observer's instance and its one partition.
+    let v = snapshot(&runtime);
+    assert_eq!(v["instances"][0]["partitions"].as_array().map(Vec::len), Some(1), "{v}");
+    // SAFETY: kill has no memory effects; the pid is our child's.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    assert!(wait_exit(&mut child).success());
+    drop(release);
+}

@@ -133,8 +133,8 @@ fn processes_without_a_vm_or_unreadable_ones_are_skipped() {
     assert!(procfs.kvm_processes().unwrap().is_empty());
     assert!(!procfs.kvm_fds(7).unwrap().has_vm());
     assert!(procfs.kvm_fds(8).is_err());
-    assert!(procfs.is_alive(7));
+    assert!(procfs.is_alive(7).unwrap());
     shell.set_state('Z');
-    assert!(!procfs.is_alive(7), "a zombie is gone");
-    assert!(!procfs.is_alive(9));
+    assert!(!procfs.is_alive(7).unwrap(), "a zombie is gone");
+    assert!(!procfs.is_alive(9).unwrap());
 }

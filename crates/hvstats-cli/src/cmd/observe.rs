@@ -124,10 +124,17 @@ fn observe(observer: &mut Observer, hv: &Hypervisor, interval: Duration, cancel:
 
 pub(crate) fn describe(event: &ObserverEvent) -> String {
     match event {
-        ObserverEvent::Attached { pid, name, vmm, vcpus, partition, fds, qmp_error } => {
+        ObserverEvent::Attached { pid, name, vmm, vcpus, partition, fds, threads, left_out, qmp_error } => {
             let mut s = format!(
                 "attach pid {pid} ({vmm}) \"{name}\": {vcpus} vCPUs as partition {partition}, {fds} counters open"
             );
+            if *left_out > 0 {
+                s.push_str(&format!(
+                    " on {threads} of {} threads ({left_out} left out: descriptor budget; a vCPU thread \
+                     among them is counted once known)",
+                    threads + left_out
+                ));
+            }
             if let Some(e) = qmp_error {
                 s.push_str(&format!("; KVM statistics through QMP unavailable: {e}"));
             }
@@ -149,6 +156,9 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
             }
         ),
         ObserverEvent::Detached { pid, name } => format!("detach pid {pid} \"{name}\": the process exited"),
+        ObserverEvent::Deferred { pid, reason } => {
+            format!("pid {pid} not observed for now (retried): {reason}")
+        }
         ObserverEvent::Failed { pid, error } => format!("cannot observe pid {pid}: {error}"),
     }
 }

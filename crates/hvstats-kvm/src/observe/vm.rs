@@ -172,6 +172,11 @@ pub struct ObserveOptions {
     pub cancel: Cancel,
 }
 
+/// Threads of a VMM counted beyond one per vCPU while the vCPU threads are unknown: a VMM's
+/// other threads (main loop, I/O, RCU, a worker pool) rarely number more; the rest of a process
+/// with thousands of threads is left out, and said to be.
+pub const EXTRA_THREADS: usize = 256;
+
 /// The deadline of one QMP exchange (the connect and greeting, or one command and its reply).
 pub const QMP_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -189,6 +194,21 @@ pub enum AttachError {
         /// The cause.
         #[source]
         source: io::Error,
+    },
+    /// Not enough descriptors are left to count on the VM's vCPU threads.
+    #[error(
+        "process {pid}: its {vcpus} vCPUs need {needed} perf descriptors and {room} are left \
+         under the open file limit (less a reserve for /proc and the runtime directory)"
+    )]
+    Budget {
+        /// The process.
+        pid: i32,
+        /// Its vCPUs.
+        vcpus: usize,
+        /// Descriptors its vCPU threads need.
+        needed: usize,
+        /// Descriptors left for counters.
+        room: usize,
     },
     /// The partition could not be created.
     #[error("cannot publish a partition for process {pid}")]
@@ -225,22 +245,36 @@ pub struct ObservedVm {
 }
 
 impl ObservedVm {
-    /// Attaches to the VM of `pid` (whose KVM descriptors are `fds`): opens counters on every
-    /// thread, connects QMP when given, and creates the partition in `hv`.
+    /// Attaches to the VM of `pid` (whose KVM descriptors are `fds`): opens counters on its
+    /// threads (at most [`EXTRA_THREADS`] beyond one per vCPU, the threads known to run a vCPU
+    /// first, and no more than `room` descriptors), connects QMP when given, and creates the
+    /// partition in `hv`.
     ///
     /// # Errors
-    /// When the process has no VM, cannot be read, or the partition cannot be created.
+    /// When the process has no VM, cannot be read, `room` cannot hold a counter group per vCPU,
+    /// or the partition cannot be created.
     pub fn attach(
         hv: &Arc<Hypervisor>,
         procfs: &Procfs,
         pid: i32,
         fds: &KvmFds,
         options: &ObserveOptions,
+        room: usize,
     ) -> Result<Self, AttachError> {
         let Some(&vm_fd) = fds.vms.first() else { return Err(AttachError::NoVm(pid)) };
         let isa = host_isa();
         let attached = SystemTime::now();
-        let counters = ThreadCounters::attach(procfs, pid, EventList::new(vm_events(isa)))
+        let events = EventList::new(vm_events(isa));
+        let per_thread = events.len().max(1);
+        let vcpus = fds.vcpus.len();
+        let max_threads = (room / per_thread).min(vcpus + EXTRA_THREADS);
+        if max_threads < vcpus.max(1) {
+            return Err(AttachError::Budget { pid, vcpus, needed: vcpus.max(1) * per_thread, room });
+        }
+        // Threads already known to run a vCPU are counted before any other.
+        let mut first: Vec<i32> = procfs.debugfs_vcpu_threads(pid, vm_fd).into_values().collect();
+        first.extend(procfs.named_vcpu_threads(pid).unwrap_or_default().into_values());
+        let counters = ThreadCounters::attach_at_most(procfs, pid, events, max_threads, &first)
             .map_err(|source| AttachError::Proc { pid, source })?;
         let (vmm, mut name) = procfs.identify(pid);
         let (mut qmp, mut qmp_error) = (None, None);
@@ -298,7 +332,9 @@ impl ObservedVm {
             guest_ticks_at_open: BTreeMap::new(),
         };
         me.note_guest_ticks(procfs);
-        me.refresh(procfs);
+        if let Err(source) = me.refresh(procfs) {
+            return Err(AttachError::Proc { pid, source });
+        }
         Ok(me)
     }
 
@@ -332,6 +368,11 @@ impl ObservedVm {
         self.vps.iter().map(|v| v.tid).collect()
     }
 
+    /// Threads of the process counted now, and threads left out by the limit.
+    pub fn threads_counted(&self) -> (usize, usize) {
+        (self.counters.tids().len(), self.counters.left_out())
+    }
+
     /// Perf descriptors held for this VM.
     pub fn fds(&self) -> usize {
         self.counters.fds()
@@ -354,9 +395,13 @@ impl ObservedVm {
 
     /// Finds vCPU threads, reads every counter and writes the pages. Returns `false` once the
     /// process is gone.
-    pub fn refresh(&mut self, procfs: &Procfs) -> bool {
-        if !procfs.is_alive(self.pid) {
-            return false;
+    ///
+    /// # Errors
+    /// When the process's status cannot be read for another reason than its exit (this process
+    /// is out of descriptors or memory): the VM is not refreshed, and stays observed.
+    pub fn refresh(&mut self, procfs: &Procfs) -> io::Result<bool> {
+        if !procfs.is_alive(self.pid)? {
+            return Ok(false);
         }
         if self.counters.rescan(procfs).is_ok_and(|added| added > 0) {
             self.note_guest_ticks(procfs);
@@ -426,7 +471,7 @@ impl ObservedVm {
         }
         self.narrow();
         self.publish_facts();
-        true
+        Ok(true)
     }
 
     /// Records the guest time of threads whose counters were just opened: guest time counts from
