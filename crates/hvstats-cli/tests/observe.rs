@@ -370,3 +370,40 @@ fn a_vmm_with_more_threads_than_descriptors_is_observed_within_a_budget_and_neve
     assert!(wait_exit(&mut child).success());
     drop(release);
 }
+
+#[test]
+fn a_second_observer_of_the_same_vmm_says_who_observes_it_and_does_not_attach() {
+    let tmp = TempDir::new("observe-twice");
+    let runtime = tmp.path().join("run");
+    std::fs::create_dir_all(&runtime).unwrap();
+    let proc_root = tmp.path().join("proc");
+    fake_qemu(&proc_root, gettid());
+    let pid = std::process::id().to_string();
+    let (mut first, first_lines) = observe_fake(&["--pid", &pid], &runtime, &proc_root);
+    wait_line(&first_lines, "attach pid");
+
+    // A second --pid observer of the same process: refused, naming the first, nothing published.
+    let (mut second, second_lines) = observe_fake(&["--pid", &pid], &runtime, &proc_root);
+    let refused = wait_line(&second_lines, "cannot observe");
+    assert!(refused.contains(&format!("already observed by pid {}", first.id())), "{refused}");
+    assert!(!wait_exit(&mut second).success());
+    let v = snapshot(&runtime);
+    let partitions: usize =
+        v["instances"].as_array().unwrap().iter().map(|i| i["partitions"].as_array().unwrap().len()).sum();
+    assert_eq!(partitions, 1, "one partition for the VM, not two: {v}");
+
+    // An --all observer waits, and takes the VM over once the first observer is gone.
+    let (mut all, all_lines) = observe_fake(&["--all"], &runtime, &proc_root);
+    let waiting = wait_line(&all_lines, "not observed for now");
+    assert!(waiting.contains(&format!("already observed by pid {}", first.id())), "{waiting}");
+    // SAFETY: kill has no memory effects; the pid is our child's.
+    assert_eq!(unsafe { libc::kill(first.id() as i32, libc::SIGTERM) }, 0);
+    assert!(wait_exit(&mut first).success());
+    wait_line(&all_lines, &format!("attach pid {pid}"));
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(all.id() as i32, libc::SIGTERM) }, 0);
+    assert!(wait_exit(&mut all).success());
+    let left: Vec<_> =
+        std::fs::read_dir(runtime.join("observed")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "claims are removed by their holders: {left:?}");
+}

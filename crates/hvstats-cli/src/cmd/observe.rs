@@ -77,7 +77,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let targets = if args.all { Targets::All } else { Targets::Pids(args.pids) };
     let cancel = Cancel::new();
-    let options = ObserveOptions { qmp: args.qmp, cancel: cancel.clone() };
+    let options = ObserveOptions { qmp: args.qmp, cancel: cancel.clone(), claims: Some(dir.clone()) };
     let mut observer = Observer::new(hv.clone(), procfs, targets, options);
     let interval = Duration::from_secs_f64(args.interval);
     // The observer runs on this thread while a watcher takes SIGINT/SIGTERM: a signal cancels

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use hvstats::Hypervisor;
 
+use super::claim::{Claim, ClaimError};
 use super::discovery::{Procfs, is_shortage};
 use super::vm::{AttachError, KvmExitState, ObserveOptions, ObservedVm};
 
@@ -190,9 +191,30 @@ impl Observer {
                     continue;
                 }
             };
+            let claim = match self.claim(pid) {
+                Ok(claim) => claim,
+                // With --all, a VM another observer publishes is read from its instance; it is
+                // taken over should that observer stop.
+                Err(e @ ClaimError::Taken { .. }) if self.targets == Targets::All => {
+                    let reason = format!("process {pid}: {e}");
+                    self.defer(&mut events, &mut deferred, pid, reason);
+                    continue;
+                }
+                Err(e) => {
+                    self.fail(
+                        &mut events,
+                        pid,
+                        format!("process {pid}: {}", hvstats::snapshot::error_chain(&e)),
+                    );
+                    continue;
+                }
+            };
             let room = descriptor_room();
             match ObservedVm::attach(&self.hv, &self.procfs, pid, &fds, &self.options, room) {
-                Ok(vm) => {
+                Ok(mut vm) => {
+                    if let Some(claim) = claim {
+                        vm.hold(claim);
+                    }
                     let (threads, left_out) = vm.threads_counted();
                     events.push(ObserverEvent::Attached {
                         pid,
@@ -232,6 +254,13 @@ impl Observer {
             self.reported.insert(*pid, (known, vm.kvm_exit()));
         }
         events
+    }
+
+    /// Claims the VMM `pid` for this observer when the options name a runtime directory.
+    fn claim(&self, pid: i32) -> Result<Option<Claim>, ClaimError> {
+        let Some(dir) = &self.options.claims else { return Ok(None) };
+        let instance = self.hv.published_name().map(|n| n.to_string()).unwrap_or_default();
+        Claim::take(dir, pid, &instance).map(Some)
     }
 
     /// Notes that `pid` could not be attached or refreshed this tick for a passing reason; says

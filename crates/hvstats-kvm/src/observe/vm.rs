@@ -20,6 +20,7 @@ use hvstats_abi::catalog::{CounterId, partition, vp};
 use hvstats_abi::exit_reason::{self, ExitReasonRow, InterceptClass};
 use hvstats_abi::observed::{self, Observed, ObservedSource};
 
+use super::claim::Claim;
 use super::counting::{EventList, EventSpec, SW_CPU_MIGRATIONS, SW_TASK_CLOCK, ThreadCounters};
 use super::discovery::{KvmFds, Procfs, Vmm};
 use super::publication;
@@ -170,6 +171,9 @@ pub struct ObserveOptions {
     pub qmp: Option<PathBuf>,
     /// Ends every QMP wait at once when set (the observer is stopping).
     pub cancel: Cancel,
+    /// The runtime directory in which each VMM is claimed before it is observed (see
+    /// [`super::claim`]); `None` observes without claiming.
+    pub claims: Option<PathBuf>,
 }
 
 /// Threads of a VMM counted beyond one per vCPU while the vCPU threads are unknown: a VMM's
@@ -242,6 +246,8 @@ pub struct ObservedVm {
     guest_ticks_at_open: BTreeMap<i32, u64>,
     /// The counters last declared unavailable.
     declared: Option<Vec<CounterId>>,
+    /// This observer's claim on the VMM, released after the partition is removed.
+    claim: Option<Claim>,
 }
 
 impl ObservedVm {
@@ -330,12 +336,18 @@ impl ObservedVm {
             kvm_exit,
             declared: None,
             guest_ticks_at_open: BTreeMap::new(),
+            claim: None,
         };
         me.note_guest_ticks(procfs);
         if let Err(source) = me.refresh(procfs) {
             return Err(AttachError::Proc { pid, source });
         }
         Ok(me)
+    }
+
+    /// Holds `claim` on the VMM for as long as this VM is observed.
+    pub fn hold(&mut self, claim: Claim) {
+        self.claim = Some(claim);
     }
 
     /// The VMM process.

@@ -36,7 +36,12 @@ pub fn start(runtime_dir: &Path, interval: Duration) -> anyhow::Result<()> {
     if let Some(name) = hv.published_name() {
         log(&format!("observing every KVM VM on this host as instance {name}"));
     }
-    let mut observer = Observer::new(hv.clone(), Procfs::host(), Targets::All, ObserveOptions::default());
+    let mut observer = Observer::new(
+        hv.clone(),
+        Procfs::host(),
+        Targets::All,
+        ObserveOptions { claims: Some(runtime_dir.to_owned()), ..Default::default() },
+    );
     std::thread::Builder::new()
         .name("observer".into())
         .spawn(move || {
