@@ -122,11 +122,14 @@ fn observe(observer: &mut Observer, hv: &Hypervisor, interval: Duration, cancel:
     }
 }
 
+/// The log line of `event`, one line whatever it carries: a VM's name (which its VMM's command
+/// line or QMP peer chose) is quoted with its control characters escaped, so it cannot forge or
+/// break lines.
 pub(crate) fn describe(event: &ObserverEvent) -> String {
     match event {
         ObserverEvent::Attached { pid, name, vmm, vcpus, partition, fds, threads, left_out, qmp_error } => {
             let mut s = format!(
-                "attach pid {pid} ({vmm}) \"{name}\": {vcpus} vCPUs as partition {partition}, {fds} counters open"
+                "attach pid {pid} ({vmm}) {name:?}: {vcpus} vCPUs as partition {partition}, {fds} counters open"
             );
             if *left_out > 0 {
                 s.push_str(&format!(
@@ -155,7 +158,7 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
                 hvstats_kvm::observe::KvmExitState::Undecided => "undecided",
             }
         ),
-        ObserverEvent::Detached { pid, name } => format!("detach pid {pid} \"{name}\": the process exited"),
+        ObserverEvent::Detached { pid, name } => format!("detach pid {pid} {name:?}: the process exited"),
         ObserverEvent::Deferred { pid, reason } => {
             format!("pid {pid} not observed for now (retried): {reason}")
         }
@@ -166,4 +169,20 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
 /// A line on stderr; a closed stderr is ignored.
 fn log(line: &str) {
     let _ = writeln!(std::io::stderr(), "hvstats observe: {line}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_vm_name_cannot_forge_a_log_line_or_reach_the_terminal_raw() {
+        let name = "web\nhvstats observe: detach pid 1 \"db\"\u{1b}[2J".to_owned();
+        let line = describe(&ObserverEvent::Detached { pid: 7, name });
+        assert!(!line.contains('\n') && !line.contains('\u{1b}'), "{line}");
+        assert_eq!(
+            line,
+            r#"detach pid 7 "web\nhvstats observe: detach pid 1 \"db\"\u{1b}[2J": the process exited"#
+        );
+    }
 }

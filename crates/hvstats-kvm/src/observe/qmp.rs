@@ -293,7 +293,7 @@ impl Qmp {
                 return Ok(r.clone());
             }
             if let Some(e) = reply.get("error") {
-                let field = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+                let field = |k: &str| printable(e.get(k).and_then(Value::as_str).unwrap_or(""));
                 return Err(QmpError::Command {
                     command: command.to_owned(),
                     class: field("class"),
@@ -440,6 +440,24 @@ fn clip(v: &Value) -> String {
     }
 }
 
+/// A peer's text for an error message: at most 200 characters, control characters escaped, so
+/// it cannot break or forge a log line.
+fn printable(s: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i == 200 {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// The scalar entries of a `stats` list (`[{ "name": .., "value": N }, ..]`); histograms skipped.
 fn scalar_stats(stats: Option<&Value>) -> StatValues {
     let mut out = StatValues::new();
@@ -469,6 +487,13 @@ mod tests {
         assert_eq!(s.len(), 1);
         assert_eq!(s["exits"], 12);
         assert!(scalar_stats(None).is_empty());
+    }
+
+    #[test]
+    fn a_peers_error_text_is_one_clipped_line() {
+        assert_eq!(printable("no such\ncommand\u{1b}[2J"), "no such\\ncommand\\u{1b}[2J");
+        assert_eq!(printable(&"d".repeat(500)).chars().count(), 201);
+        assert_eq!(printable("plain — text"), "plain — text");
     }
 
     #[test]
