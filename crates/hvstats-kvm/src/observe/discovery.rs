@@ -11,8 +11,11 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io;
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
+
+/// The most of a command line read (`/proc/PID/cmdline`); the rest is ignored.
+pub const MAX_CMDLINE: u64 = 1 << 20;
 
 /// The VMM a process runs, told from its command line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -202,7 +205,12 @@ impl Procfs {
     /// # Errors
     /// When it cannot be read.
     pub fn cmdline(&self, pid: i32) -> io::Result<Vec<String>> {
-        let raw = fs::read(self.root.join(pid.to_string()).join("cmdline"))?;
+        // The process chooses its command line, up to a quarter of its stack limit: read no more
+        // than a VMM's needs (libvirt's QEMU command lines are tens of KiB).
+        let mut raw = Vec::new();
+        fs::File::open(self.root.join(pid.to_string()).join("cmdline"))?
+            .take(MAX_CMDLINE)
+            .read_to_end(&mut raw)?;
         Ok(raw
             .split(|b| *b == 0)
             .filter(|a| !a.is_empty())
