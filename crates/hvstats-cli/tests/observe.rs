@@ -407,3 +407,35 @@ fn a_second_observer_of_the_same_vmm_says_who_observes_it_and_does_not_attach() 
         std::fs::read_dir(runtime.join("observed")).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert!(left.is_empty(), "claims are removed by their holders: {left:?}");
 }
+
+#[test]
+fn a_real_vmm_with_3000_threads_gets_a_bounded_number_of_counters() {
+    if !common::kvm_available("a_real_vmm_with_3000_threads_gets_a_bounded_number_of_counters") {
+        return;
+    }
+    let tmp = TempDir::new("observe-3000");
+    let runtime = tmp.path().join("run");
+    std::fs::create_dir_all(&runtime).unwrap();
+    // This process holds a KVM VM with one vCPU, and 3000 more threads: a VMM as the host's
+    // /proc shows it.
+    let _vm = common::hold_a_vm();
+    let (_tids, release) = parked_threads(3000);
+    let pid = std::process::id().to_string();
+    let (mut child, lines) =
+        observe(&["--pid", &pid, "--interval", "0.1", "--runtime-dir", runtime.to_str().unwrap()]);
+    let attach = wait_line(&lines, "attach pid");
+    // One vCPU plus 256 other threads, 16 counters each (31 on VMX/SVM hosts), not one group
+    // per thread of the 3000.
+    assert!(attach.contains(" on 257 of "), "{attach}");
+    assert!(attach.contains("left out: descriptor budget"), "{attach}");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(child.try_wait().unwrap().is_none(), "observe exited");
+    let open = std::fs::read_dir(format!("/proc/{}/fd", child.id())).unwrap().count();
+    assert!(open <= 257 * 31 + 64, "{open} descriptors open");
+    // SAFETY: kill has no memory effects; the pid is our child's.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    assert!(wait_exit(&mut child).success());
+    let said: Vec<String> = lines.try_iter().collect();
+    assert!(!said.iter().any(|l| l.contains("exited") || l.contains("cannot")), "{said:?}");
+    drop(release);
+}

@@ -10,13 +10,12 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{TempDir, kvm_available};
+use common::{TempDir, hold_a_vm, kvm_available};
 
 /// A child killed and reaped on drop, with its stderr lines.
 struct Running {
@@ -99,22 +98,6 @@ fn sigterm_ends_serve_observe_all_and_removes_the_observers_instance_files() {
     let status = serve.terminate();
     assert_eq!(status.code(), Some(0), "{status}");
     assert_eq!(instance_files(tmp.path()), Vec::<String>::new());
-}
-
-/// A KVM VM with one vCPU held by this test process (what a VMM holds), closed on drop.
-fn hold_a_vm() -> (OwnedFd, OwnedFd, OwnedFd) {
-    let own = |fd: libc::c_int| {
-        assert!(fd >= 0, "{}", std::io::Error::last_os_error());
-        // SAFETY: a descriptor the kernel just returned and nothing else owns.
-        unsafe { OwnedFd::from_raw_fd(fd) }
-    };
-    // SAFETY: a NUL-terminated path; the result is checked by `own`.
-    let kvm = own(unsafe { libc::open(c"/dev/kvm".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) });
-    // SAFETY: KVM_CREATE_VM (0xAE01) on a /dev/kvm fd with machine type 0; checked by `own`.
-    let vm = own(unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&kvm), 0xAE01, 0) });
-    // SAFETY: KVM_CREATE_VCPU (0xAE41) on a VM fd with vCPU id 0; checked by `own`.
-    let vcpu = own(unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&vm), 0xAE41, 0) });
-    (kvm, vm, vcpu)
 }
 
 #[test]
