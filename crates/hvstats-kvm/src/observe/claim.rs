@@ -19,6 +19,8 @@ use std::path::Path;
 use hvstats::publish;
 use hvstats::runtime_dir::{Dir, RuntimeDirError, Use, fstat};
 
+use super::discovery::is_shortage;
+
 /// The subdirectory of the runtime directory that holds the claims.
 pub const CLAIMS_DIR: &str = "observed";
 
@@ -57,6 +59,18 @@ pub enum ClaimError {
         #[source]
         source: io::Error,
     },
+}
+
+impl ClaimError {
+    /// True when the claim failed for want of descriptors or memory of this process (it may
+    /// succeed later), not because of the VMM or the directory.
+    pub fn is_shortage(&self) -> bool {
+        match self {
+            ClaimError::StartTime { source, .. } | ClaimError::Io { source, .. } => is_shortage(source),
+            ClaimError::Dir(RuntimeDirError::Io { source, .. }) => is_shortage(source),
+            ClaimError::Taken { .. } | ClaimError::Dir(_) => false,
+        }
+    }
 }
 
 /// A held claim on one VMM: released (its file removed) on drop.

@@ -10,8 +10,10 @@
 //! - [`claim`]: one observer per VM per host.
 //!
 //! Descriptors per VM: while its vCPU threads are unknown, one counter group per thread of the
-//! process; once known, one group per vCPU thread — [`vm::vm_events`] counters each (16 on a
-//! host without VMX/SVM, 31 with), plus one QMP socket when given.
+//! process, for at most [`vm::EXTRA_THREADS`] threads beyond one per vCPU and within what the
+//! open file limit leaves above [`observer::FD_RESERVE`]; once known, one group per vCPU thread —
+//! [`vm::vm_events`] counters each (16 on a host without VMX/SVM, 31 with), plus one QMP socket
+//! when given.
 
 pub mod bios;
 pub mod claim;

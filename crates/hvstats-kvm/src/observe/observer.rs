@@ -195,8 +195,11 @@ impl Observer {
                 Ok(claim) => claim,
                 // With --all, a VM another observer publishes is read from its instance; it is
                 // taken over should that observer stop.
-                Err(e @ ClaimError::Taken { .. }) if self.targets == Targets::All => {
-                    let reason = format!("process {pid}: {e}");
+                Err(e)
+                    if e.is_shortage()
+                        || (matches!(e, ClaimError::Taken { .. }) && self.targets == Targets::All) =>
+                {
+                    let reason = format!("process {pid}: {}", hvstats::snapshot::error_chain(&e));
                     self.defer(&mut events, &mut deferred, pid, reason);
                     continue;
                 }
