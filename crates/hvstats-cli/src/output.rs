@@ -31,6 +31,9 @@ pub enum ExitStatus {
     Usage = 2,
     /// `run`: the partition ran, but a VP faulted or did not stop in time.
     GuestFault = 3,
+    /// `run`: stopped by SIGHUP (its terminal went away) after printing what was counted
+    /// (128 + 1).
+    HungUp = 129,
     /// `run`: stopped by SIGINT (Ctrl-C) after printing what was counted (128 + 2).
     Interrupted = 130,
     /// `run`: stopped by SIGTERM after printing what was counted (128 + 15).

@@ -1,10 +1,10 @@
-//! SIGINT and SIGTERM as requests to finish, not as sudden death.
+//! SIGINT, SIGTERM and SIGHUP as requests to finish, not as sudden death.
 //!
 //! A command that holds something (running VPs, a published instance, a hardware counter
-//! allocation) blocks both signals in its main thread before it starts any other thread, so no
+//! allocation) blocks these signals in its main thread before it starts any other thread, so no
 //! thread takes their default action; they wait, pending, until a watcher takes them with
 //! `sigtimedwait` and asks the work to stop. The work then ends the ordinary way: it prints what
-//! it has, drops what it holds (removing the instance), and the command exits 130 or 143.
+//! it has, drops what it holds (removing the instance), and `run` exits 130, 143 or 129.
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,6 +19,8 @@ pub enum Signal {
     Interrupt,
     /// SIGTERM.
     Terminate,
+    /// SIGHUP (the terminal went away).
+    Hangup,
 }
 
 impl Signal {
@@ -27,6 +29,7 @@ impl Signal {
         match self {
             Self::Interrupt => "SIGINT",
             Self::Terminate => "SIGTERM",
+            Self::Hangup => "SIGHUP",
         }
     }
 
@@ -35,6 +38,7 @@ impl Signal {
         match self {
             Self::Interrupt => ExitStatus::Interrupted,
             Self::Terminate => ExitStatus::Terminated,
+            Self::Hangup => ExitStatus::HungUp,
         }
     }
 
@@ -42,6 +46,7 @@ impl Signal {
         match signal {
             libc::SIGINT => Some(Self::Interrupt),
             libc::SIGTERM => Some(Self::Terminate),
+            libc::SIGHUP => Some(Self::Hangup),
             _ => None,
         }
     }
@@ -54,12 +59,14 @@ fn set() -> libc::sigset_t {
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGHUP);
         set
     }
 }
 
-/// Blocks SIGINT and SIGTERM in the calling thread and every thread it starts afterwards, so they
-/// stay pending for [`wait`], [`take_pending`] or [`during`] instead of ending the process.
+/// Blocks SIGINT, SIGTERM and SIGHUP in the calling thread and every thread it starts afterwards,
+/// so they stay pending for [`wait`], [`take_pending`] or [`during`] instead of ending the
+/// process.
 ///
 /// # Errors
 /// When the signal mask cannot be changed.
@@ -133,6 +140,7 @@ impl Watching {
         let raw = match signal {
             Signal::Interrupt => libc::SIGINT,
             Signal::Terminate => libc::SIGTERM,
+            Signal::Hangup => libc::SIGHUP,
         };
         // SAFETY: the watcher thread runs until `during` has joined it, after the work returned,
         // so the pthread_t names a live thread while the work can call this.
@@ -147,8 +155,8 @@ impl Watching {
 /// How often the watcher looks whether the work has finished.
 const POLL: Duration = Duration::from_millis(50);
 
-/// Runs `work` on the calling thread while a watcher thread takes SIGINT and SIGTERM; the first one
-/// that comes calls `on_signal` (which should make `work` finish soon). Returns what `work`
+/// Runs `work` on the calling thread while a watcher thread takes SIGINT, SIGTERM and SIGHUP; the
+/// first one that comes calls `on_signal` (which should make `work` finish soon). Returns what `work`
 /// returned and the signal, if one came. Call [`block`] first, before any other thread exists, so
 /// that only the watcher takes these signals.
 ///
@@ -201,7 +209,7 @@ mod tests {
 
     #[test]
     fn a_signal_during_the_work_stops_it_and_is_reported() {
-        for signal in [Signal::Interrupt, Signal::Terminate] {
+        for signal in [Signal::Interrupt, Signal::Terminate, Signal::Hangup] {
             let (stop_tx, stop_rx) = mpsc::channel();
             let (result, got) = during(
                 |w| {
@@ -217,7 +225,12 @@ mod tests {
             .unwrap();
             assert_eq!(result, Ok("stopped"));
             assert_eq!(got, Some(signal));
-            assert_eq!(got.unwrap().exit_status() as u8, if signal == Signal::Interrupt { 130 } else { 143 });
+            let status = match signal {
+                Signal::Interrupt => 130,
+                Signal::Terminate => 143,
+                Signal::Hangup => 129,
+            };
+            assert_eq!(got.unwrap().exit_status() as u8, status);
         }
     }
 

@@ -275,7 +275,7 @@ fn sigint_and_sigterm_stop_run_print_the_counts_and_remove_the_instance() {
     if !kvm_available("sigint_and_sigterm_stop_run_print_the_counts_and_remove_the_instance") {
         return;
     }
-    for (signal, code) in [(libc::SIGINT, 130), (libc::SIGTERM, 143)] {
+    for (signal, code) in [(libc::SIGINT, 130), (libc::SIGTERM, 143), (libc::SIGHUP, 129)] {
         let (status, out, err, dir) = run_until_signalled(signal, true);
         assert_eq!(status.code(), Some(code), "{err}");
         let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));

@@ -233,3 +233,209 @@ fn a_killed_observer_leaves_no_instance_readers_show() {
         "a dead observer's instance is not shown"
     );
 }
+
+#[test]
+fn sigterm_stops_the_observer_within_a_second_while_a_qmp_peer_drips() {
+    use std::io::Write;
+    let tmp = TempDir::new("observe-drip");
+    let runtime = tmp.path().join("run");
+    std::fs::create_dir_all(&runtime).unwrap();
+    let proc_root = tmp.path().join("proc");
+    fake_qemu(&proc_root, gettid());
+    // A QMP peer that sends its greeting one byte every 0.3 s and never finishes it: each read
+    // gets a byte, so only a deadline on the whole exchange, or the signal, ends the wait.
+    let sock = tmp.path().join("drip.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let (accepted_tx, accepted_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        accepted_tx.send(()).unwrap();
+        while s.write_all(b" ").is_ok() {
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    });
+    let pid = std::process::id().to_string();
+    let (runtime_s, proc_s, sock_s) =
+        (runtime.to_str().unwrap(), proc_root.to_str().unwrap(), sock.to_str().unwrap());
+    let (mut child, _lines) = observe(&[
+        "--pid",
+        &pid,
+        "--qmp",
+        sock_s,
+        "--interval",
+        "0.05",
+        "--runtime-dir",
+        runtime_s,
+        "--proc-root",
+        proc_s,
+    ]);
+    accepted_rx.recv_timeout(Duration::from_secs(20)).expect("the observer connects to QMP");
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    // SAFETY: kill has no memory effects; the pid is our child's.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let status = wait_exit(&mut child);
+    assert!(t.elapsed() < Duration::from_secs(1), "stopped after {:?}", t.elapsed());
+    assert!(status.success(), "{status}");
+    let left: Vec<_> =
+        std::fs::read_dir(runtime.join("instances")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "the instance's files are removed: {left:?}");
+}
+
+/// `count` threads of this process that park until `release` is dropped; their thread ids.
+fn parked_threads(count: usize) -> (Vec<i32>, mpsc::Sender<()>) {
+    let (release, parked) = mpsc::channel::<()>();
+    let parked = std::sync::Arc::new(std::sync::Mutex::new(parked));
+    let (tid_tx, tid_rx) = mpsc::channel();
+    for _ in 0..count {
+        let (parked, tid_tx) = (parked.clone(), tid_tx.clone());
+        std::thread::Builder::new()
+            .stack_size(64 << 10)
+            .spawn(move || {
+                tid_tx.send(gettid()).unwrap();
+                // Every thread waits on the one channel; all wake when the sender is dropped.
+                let _ = parked.lock().map(|r| r.recv());
+            })
+            .unwrap();
+    }
+    let tids = (0..count).map(|_| tid_rx.recv().unwrap()).collect();
+    (tids, release)
+}
+
+#[test]
+fn a_vmm_with_more_threads_than_descriptors_is_observed_within_a_budget_and_never_called_exited() {
+    use std::os::unix::process::CommandExt;
+    let tmp = TempDir::new("observe-fds");
+    let runtime = tmp.path().join("run");
+    std::fs::create_dir_all(&runtime).unwrap();
+    let proc_root = tmp.path().join("proc");
+    // This process as a QEMU whose one vCPU thread has no telling name, with 300 real threads:
+    // 16 counters each would need 4800 descriptors of the observer's 1024.
+    let (tids, release) = parked_threads(300);
+    let dir = fake_qemu(&proc_root, tids[0]);
+    std::fs::write(dir.join("task").join(tids[0].to_string()).join("comm"), "worker\n").unwrap();
+    for tid in &tids[1..] {
+        let task = dir.join("task").join(tid.to_string());
+        std::fs::create_dir_all(&task).unwrap();
+        std::fs::write(task.join("comm"), "worker\n").unwrap();
+    }
+    let pid = std::process::id().to_string();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_hvstats"));
+    command
+        .args(["observe", "--pid", &pid, "--interval", "0.05", "--runtime-dir"])
+        .arg(&runtime)
+        .arg("--proc-root")
+        .arg(&proc_root)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    // SAFETY: the closure only calls setrlimit, which is async-signal-safe, between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            let lim = libc::rlimit { rlim_cur: 1024, rlim_max: 1024 };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = command.spawn().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let attach = wait_line(&lines, "attach pid");
+    assert!(attach.contains("of 300 threads"), "{attach}");
+    assert!(attach.contains("left out"), "{attach}");
+    // A second of refreshes: the process lives, so no line may say it exited, and the observer
+    // keeps running with room to spare under its limit.
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "observe exited: {:?}",
+        lines.try_iter().collect::<Vec<_>>()
+    );
+    let open = std::fs::read_dir(format!("/proc/{}/fd", child.id())).unwrap().count();
+    assert!(open < 1024 - 64, "{open} descriptors open of 1024");
+    let said: Vec<String> = lines.try_iter().collect();
+    assert!(!said.iter().any(|l| l.contains("exited")), "{said:?}");
+    // Readers still get in: the observer's instance and its one partition.
+    let v = snapshot(&runtime);
+    assert_eq!(v["instances"][0]["partitions"].as_array().map(Vec::len), Some(1), "{v}");
+    // SAFETY: kill has no memory effects; the pid is our child's.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    assert!(wait_exit(&mut child).success());
+    drop(release);
+}
+
+#[test]
+fn a_second_observer_of_the_same_vmm_says_who_observes_it_and_does_not_attach() {
+    let tmp = TempDir::new("observe-twice");
+    let runtime = tmp.path().join("run");
+    std::fs::create_dir_all(&runtime).unwrap();
+    let proc_root = tmp.path().join("proc");
+    fake_qemu(&proc_root, gettid());
+    let pid = std::process::id().to_string();
+    let (mut first, first_lines) = observe_fake(&["--pid", &pid], &runtime, &proc_root);
+    wait_line(&first_lines, "attach pid");
+
+    // A second --pid observer of the same process: refused, naming the first, nothing published.
+    let (mut second, second_lines) = observe_fake(&["--pid", &pid], &runtime, &proc_root);
+    let refused = wait_line(&second_lines, "cannot observe");
+    assert!(refused.contains(&format!("already observed by pid {}", first.id())), "{refused}");
+    assert!(!wait_exit(&mut second).success());
+    let v = snapshot(&runtime);
+    let partitions: usize =
+        v["instances"].as_array().unwrap().iter().map(|i| i["partitions"].as_array().unwrap().len()).sum();
+    assert_eq!(partitions, 1, "one partition for the VM, not two: {v}");
+
+    // An --all observer waits, and takes the VM over once the first observer is gone.
+    let (mut all, all_lines) = observe_fake(&["--all"], &runtime, &proc_root);
+    let waiting = wait_line(&all_lines, "not observed for now");
+    assert!(waiting.contains(&format!("already observed by pid {}", first.id())), "{waiting}");
+    // SAFETY: kill has no memory effects; the pid is our child's.
+    assert_eq!(unsafe { libc::kill(first.id() as i32, libc::SIGTERM) }, 0);
+    assert!(wait_exit(&mut first).success());
+    wait_line(&all_lines, &format!("attach pid {pid}"));
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(all.id() as i32, libc::SIGTERM) }, 0);
+    assert!(wait_exit(&mut all).success());
+    let left: Vec<_> =
+        std::fs::read_dir(runtime.join("observed")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "claims are removed by their holders: {left:?}");
+}
+
+#[test]
+fn a_real_vmm_with_3000_threads_gets_a_bounded_number_of_counters() {
+    if !common::kvm_available("a_real_vmm_with_3000_threads_gets_a_bounded_number_of_counters") {
+        return;
+    }
+    let tmp = TempDir::new("observe-3000");
+    let runtime = tmp.path().join("run");
+    std::fs::create_dir_all(&runtime).unwrap();
+    // This process holds a KVM VM with one vCPU, and 3000 more threads: a VMM as the host's
+    // /proc shows it.
+    let _vm = common::hold_a_vm();
+    let (_tids, release) = parked_threads(3000);
+    let pid = std::process::id().to_string();
+    let (mut child, lines) =
+        observe(&["--pid", &pid, "--interval", "0.1", "--runtime-dir", runtime.to_str().unwrap()]);
+    let attach = wait_line(&lines, "attach pid");
+    // One vCPU plus 256 other threads, 16 counters each (31 on VMX/SVM hosts), not one group
+    // per thread of the 3000.
+    assert!(attach.contains(" on 257 of "), "{attach}");
+    assert!(attach.contains("left out: descriptor budget"), "{attach}");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(child.try_wait().unwrap().is_none(), "observe exited");
+    let open = std::fs::read_dir(format!("/proc/{}/fd", child.id())).unwrap().count();
+    assert!(open <= 257 * 31 + 64, "{open} descriptors open");
+    // SAFETY: kill has no memory effects; the pid is our child's.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    assert!(wait_exit(&mut child).success());
+    let said: Vec<String> = lines.try_iter().collect();
+    assert!(!said.iter().any(|l| l.contains("exited") || l.contains("cannot")), "{said:?}");
+    drop(release);
+}

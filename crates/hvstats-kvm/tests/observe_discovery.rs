@@ -133,8 +133,26 @@ fn processes_without_a_vm_or_unreadable_ones_are_skipped() {
     assert!(procfs.kvm_processes().unwrap().is_empty());
     assert!(!procfs.kvm_fds(7).unwrap().has_vm());
     assert!(procfs.kvm_fds(8).is_err());
-    assert!(procfs.is_alive(7));
+    assert!(procfs.is_alive(7).unwrap());
     shell.set_state('Z');
-    assert!(!procfs.is_alive(7), "a zombie is gone");
-    assert!(!procfs.is_alive(9));
+    assert!(!procfs.is_alive(7).unwrap(), "a zombie is gone");
+    assert!(!procfs.is_alive(9).unwrap());
+}
+
+#[test]
+fn a_huge_command_line_is_read_only_up_to_its_cap() {
+    let tmp = TempDir::new("disc-cmdline");
+    FakeProcess::new(tmp.path(), 7, &["qemu-system-x86_64", "-name", "guest=big"], "qemu-system-x86");
+    // 8 MiB of one more argument: what a process with a large stack limit may show.
+    let path = tmp.path().join("7").join("cmdline");
+    let mut raw = std::fs::read(&path).unwrap();
+    raw.extend(std::iter::repeat_n(b'a', 8 << 20));
+    std::fs::write(&path, raw).unwrap();
+    let procfs = Procfs::at(tmp.path(), None);
+    let args = procfs.cmdline(7).unwrap();
+    assert_eq!(&args[..3], ["qemu-system-x86_64", "-name", "guest=big"]);
+    // Arguments and the NULs between them (the last one is cut, with no NUL after it).
+    let read = args.iter().map(String::len).sum::<usize>() + args.len() - 1;
+    assert_eq!(read as u64, hvstats_kvm::observe::discovery::MAX_CMDLINE, "no more than the cap is read");
+    assert_eq!(procfs.identify(7).1, "big");
 }

@@ -60,7 +60,18 @@ fn qemu_with_bios(tmp: &TempDir, program: BiosProgram, extra: &[&str]) -> Option
         assert!(t.elapsed() < Duration::from_secs(10));
         std::thread::sleep(Duration::from_millis(20));
     }
+    wait_for_vcpus(&qemu, 1);
     Some((qemu, obs))
+}
+
+/// Waits until `qemu` holds `n` vCPUs: QEMU opens its QMP sockets before it creates them, so on
+/// a loaded host a first tick could otherwise find a VM without (all of) its vCPUs yet.
+fn wait_for_vcpus(qemu: &Qemu, n: usize) {
+    let t = Instant::now();
+    while Procfs::host().kvm_fds(qemu.pid()).map_or(0, |f| f.vcpus.len()) < n {
+        assert!(t.elapsed() < Duration::from_secs(10), "QEMU did not create {n} vCPUs");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
@@ -78,7 +89,7 @@ fn a_paused_qemu_guest_is_counted_exactly_from_its_first_instruction() {
         hv.clone(),
         Procfs::host(),
         Targets::Pids(vec![qemu.pid()]),
-        ObserveOptions { qmp: Some(obs) },
+        ObserveOptions { qmp: Some(obs), ..Default::default() },
     );
     // QEMU creates its vCPU threads after it answers QMP: wait until this VM is attached.
     let pid = qemu.pid();
@@ -119,6 +130,7 @@ fn seabios_on_two_vcpus_shows_both_with_the_right_indices() {
     let tmp = TempDir::new("kvm-seabios");
     // No debug-threads, no observer QMP: the vCPU threads come from KVM's debugfs.
     let Some(qemu) = Qemu::start(tmp.path(), "ctl", "kvm", &["-smp", "2", "-m", "64"]) else { return };
+    wait_for_vcpus(&qemu, 2);
     let hv = Hypervisor::new().unwrap();
     let mut observer =
         Observer::new(hv.clone(), Procfs::host(), Targets::Pids(vec![qemu.pid()]), ObserveOptions::default());
@@ -195,6 +207,9 @@ fn fifty_paused_qemus_are_observed_with_a_bounded_number_of_descriptors() {
         let name = format!("guest=scale-{i},debug-threads=on");
         let Some(q) = Qemu::start(d.path(), "ctl", "kvm", &["-name", &name]) else { return };
         qemus.push(q);
+    }
+    for q in &qemus {
+        wait_for_vcpus(q, 1);
     }
     hvstats_kvm::observe::raise_fd_limit().unwrap();
     let hv = Hypervisor::new().unwrap();

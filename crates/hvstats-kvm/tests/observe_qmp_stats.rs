@@ -83,7 +83,7 @@ fn kvm_statistics_through_qmp_count_from_attach_and_name_the_vcpu_thread() {
 
     let hv = Hypervisor::new().unwrap();
     let procfs = Procfs::at(&proc_root, None);
-    let options = ObserveOptions { qmp: Some(sock) };
+    let options = ObserveOptions { qmp: Some(sock), ..Default::default() };
     let mut observer = Observer::new(hv.clone(), procfs, Targets::Pids(vec![pid]), options);
     let events = observer.tick();
     assert!(

@@ -21,20 +21,27 @@ use std::time::Duration;
 
 use anyhow::bail;
 
-/// The runtime directory a command uses: `--runtime-dir` when given, which must then exist (a
-/// mistyped path is an error, not a new directory), otherwise `$HVSTATS_RUNTIME_DIR` or
-/// `/run/hvstats` (created on first use).
+/// The runtime directory a command uses: `--runtime-dir` when given, else `$HVSTATS_RUNTIME_DIR`
+/// when set, either of which must exist (a mistyped path is an error, not a new directory);
+/// otherwise `/run/hvstats` (created on first use).
 ///
 /// # Errors
-/// When `--runtime-dir` names something that is not an existing directory.
+/// When `--runtime-dir` or `$HVSTATS_RUNTIME_DIR` names something that is not an existing
+/// directory.
 pub fn runtime_dir(flag: Option<PathBuf>) -> anyhow::Result<PathBuf> {
-    match flag {
-        Some(dir) if dir.is_dir() => Ok(dir),
-        Some(dir) if dir.exists() => bail!("--runtime-dir {} is not a directory", dir.display()),
-        Some(dir) => {
-            bail!("--runtime-dir {} does not exist (create it, or leave the flag out)", dir.display())
-        }
-        None => Ok(hvstats::runtime_dir::runtime_dir()),
+    use hvstats::runtime_dir::RUNTIME_DIR_ENV;
+    let (dir, named_by, fix) = match (flag, std::env::var_os(RUNTIME_DIR_ENV).filter(|v| !v.is_empty())) {
+        (Some(dir), _) => (dir, "--runtime-dir".to_owned(), "leave the flag out"),
+        (None, Some(env)) => (PathBuf::from(env), format!("{RUNTIME_DIR_ENV}="), "unset the variable"),
+        (None, None) => return Ok(hvstats::runtime_dir::runtime_dir()),
+    };
+    let sep = if named_by.ends_with('=') { "" } else { " " };
+    if dir.is_dir() {
+        Ok(dir)
+    } else if dir.exists() {
+        bail!("{named_by}{sep}{} is not a directory", dir.display())
+    } else {
+        bail!("{named_by}{sep}{} does not exist (create it, or {fix})", dir.display())
     }
 }
 

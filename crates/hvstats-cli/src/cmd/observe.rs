@@ -5,11 +5,12 @@
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use hvstats::{Hypervisor, InstanceConfig};
 use hvstats_kvm::observe::publication;
+use hvstats_kvm::observe::qmp::{CANCEL_POLL, Cancel};
 use hvstats_kvm::observe::{ObserveOptions, Observer, ObserverEvent, Procfs, Targets, raise_fd_limit};
 
 use crate::signals;
@@ -75,8 +76,31 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         None => Procfs::host(),
     };
     let targets = if args.all { Targets::All } else { Targets::Pids(args.pids) };
-    let mut observer = Observer::new(hv.clone(), procfs, targets, ObserveOptions { qmp: args.qmp });
+    let cancel = Cancel::new();
+    let options = ObserveOptions { qmp: args.qmp, cancel: cancel.clone(), claims: Some(dir.clone()) };
+    let mut observer = Observer::new(hv.clone(), procfs, targets, options);
     let interval = Duration::from_secs_f64(args.interval);
+    // The observer runs on this thread while a watcher takes SIGINT/SIGTERM: a signal cancels
+    // whatever the observer waits on (a QMP peer that drips, streams or hangs) within 0.1 s.
+    let stop = cancel.clone();
+    let (failed, signal) =
+        signals::during(|_| observe(&mut observer, &hv, interval, &cancel), move |_| stop.cancel())
+            .context("cannot wait for signals")?;
+    match signal {
+        Some(signal) => {
+            log(&format!("{}: detaching from {} VMs", signal.name(), observer.vms().count()));
+            Ok(ExitCode::SUCCESS)
+        }
+        None => {
+            log("no observed process is left");
+            Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+        }
+    }
+}
+
+/// Ticks `observer` every `interval` until every `--pid` process is gone (then returns whether
+/// any failed) or `cancel` is set.
+fn observe(observer: &mut Observer, hv: &Hypervisor, interval: Duration, cancel: &Cancel) -> bool {
     let mut failed = false;
     loop {
         // The instance's LP pages, as every instance keeps them; a host without procfs leaves them.
@@ -85,23 +109,35 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             failed |= matches!(event, ObserverEvent::Failed { .. });
             log(&describe(&event));
         }
-        if observer.finished() {
-            log("no observed process is left");
-            return Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS });
+        if observer.finished() || cancel.is_cancelled() {
+            return failed;
         }
-        if let Some(signal) = signals::take(interval).context("cannot wait for signals")?.map(|s| s.name()) {
-            log(&format!("{signal}: detaching from {} VMs", observer.vms().count()));
-            return Ok(ExitCode::SUCCESS);
+        let until = Instant::now() + interval;
+        while Instant::now() < until {
+            if cancel.is_cancelled() {
+                return failed;
+            }
+            std::thread::sleep(CANCEL_POLL.min(until.saturating_duration_since(Instant::now())));
         }
     }
 }
 
+/// The log line of `event`, one line whatever it carries: a VM's name (which its VMM's command
+/// line or QMP peer chose) is quoted with its control characters escaped, so it cannot forge or
+/// break lines.
 pub(crate) fn describe(event: &ObserverEvent) -> String {
     match event {
-        ObserverEvent::Attached { pid, name, vmm, vcpus, partition, fds, qmp_error } => {
+        ObserverEvent::Attached { pid, name, vmm, vcpus, partition, fds, threads, left_out, qmp_error } => {
             let mut s = format!(
-                "attach pid {pid} ({vmm}) \"{name}\": {vcpus} vCPUs as partition {partition}, {fds} counters open"
+                "attach pid {pid} ({vmm}) {name:?}: {vcpus} vCPUs as partition {partition}, {fds} counters open"
             );
+            if *left_out > 0 {
+                s.push_str(&format!(
+                    " on {threads} of {} threads ({left_out} left out: descriptor budget; a vCPU thread \
+                     among them is counted once known)",
+                    threads + left_out
+                ));
+            }
             if let Some(e) = qmp_error {
                 s.push_str(&format!("; KVM statistics through QMP unavailable: {e}"));
             }
@@ -122,7 +158,10 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
                 hvstats_kvm::observe::KvmExitState::Undecided => "undecided",
             }
         ),
-        ObserverEvent::Detached { pid, name } => format!("detach pid {pid} \"{name}\": the process exited"),
+        ObserverEvent::Detached { pid, name } => format!("detach pid {pid} {name:?}: the process exited"),
+        ObserverEvent::Deferred { pid, reason } => {
+            format!("pid {pid} not observed for now (retried): {reason}")
+        }
         ObserverEvent::Failed { pid, error } => format!("cannot observe pid {pid}: {error}"),
     }
 }
@@ -130,4 +169,20 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
 /// A line on stderr; a closed stderr is ignored.
 fn log(line: &str) {
     let _ = writeln!(std::io::stderr(), "hvstats observe: {line}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_vm_name_cannot_forge_a_log_line_or_reach_the_terminal_raw() {
+        let name = "web\nhvstats observe: detach pid 1 \"db\"\u{1b}[2J".to_owned();
+        let line = describe(&ObserverEvent::Detached { pid: 7, name });
+        assert!(!line.contains('\n') && !line.contains('\u{1b}'), "{line}");
+        assert_eq!(
+            line,
+            r#"detach pid 7 "web\nhvstats observe: detach pid 1 \"db\"\u{1b}[2J": the process exited"#
+        );
+    }
 }

@@ -221,6 +221,12 @@ pub struct ThreadCounters {
     threads: BTreeMap<i32, Thread>,
     /// Once set, only these threads are counted (new threads are ignored).
     only: Option<Vec<i32>>,
+    /// The most threads counted before [`retain`](Self::retain) narrows the set.
+    max_threads: usize,
+    /// Threads counted before others when not all fit (the likely vCPU threads).
+    first: Vec<i32>,
+    /// Threads seen at the last scan and not counted (over `max_threads`).
+    left_out: usize,
 }
 
 impl ThreadCounters {
@@ -229,13 +235,36 @@ impl ThreadCounters {
     /// # Errors
     /// When the process's threads cannot be listed.
     pub fn attach(procfs: &Procfs, pid: i32, events: EventList) -> io::Result<Self> {
-        let mut me = Self { pid, events, threads: BTreeMap::new(), only: None };
+        Self::attach_at_most(procfs, pid, events, usize::MAX, &[])
+    }
+
+    /// Opens the counters of `events` on at most `max_threads` threads of `pid` now and at later
+    /// scans: the threads of `first` before the others, then by ascending thread id.
+    ///
+    /// # Errors
+    /// When the process's threads cannot be listed.
+    pub fn attach_at_most(
+        procfs: &Procfs,
+        pid: i32,
+        events: EventList,
+        max_threads: usize,
+        first: &[i32],
+    ) -> io::Result<Self> {
+        let mut me = Self {
+            pid,
+            events,
+            threads: BTreeMap::new(),
+            only: None,
+            max_threads,
+            first: first.to_vec(),
+            left_out: 0,
+        };
         me.rescan(procfs)?;
         Ok(me)
     }
 
     /// Opens counters on threads that appeared since the last scan (unless [`retain`] has
-    /// narrowed the set); returns how many were added.
+    /// narrowed the set), up to the limit; returns how many were added.
     ///
     /// # Errors
     /// When the process's threads cannot be listed (it is gone).
@@ -245,21 +274,41 @@ impl ThreadCounters {
         if self.only.is_some() {
             return Ok(0);
         }
-        let mut added = 0;
-        for t in procfs.threads(self.pid)? {
-            if let std::collections::btree_map::Entry::Vacant(v) = self.threads.entry(t.tid) {
-                v.insert(Thread::open(t.tid, &self.events));
-                added += 1;
+        let mut listed: Vec<i32> = procfs.threads(self.pid)?.into_iter().map(|t| t.tid).collect();
+        listed.sort_by_key(|tid| (!self.first.contains(tid), *tid));
+        let (mut added, mut left_out) = (0, 0);
+        for tid in listed {
+            if self.threads.contains_key(&tid) {
+                continue;
             }
+            if self.threads.len() >= self.max_threads {
+                left_out += 1;
+                continue;
+            }
+            self.threads.insert(tid, Thread::open(tid, &self.events));
+            added += 1;
         }
+        self.left_out = left_out;
         Ok(added)
     }
 
-    /// Keeps counting only `tids` and closes every other thread's counters; threads that appear
-    /// later are not counted.
+    /// Threads of the process the last scan did not count because of the limit.
+    pub fn left_out(&self) -> usize {
+        self.left_out
+    }
+
+    /// Keeps counting only `tids` and closes every other thread's counters; a thread of `tids`
+    /// not counted yet (left out by the limit) is counted from now on; threads that appear later
+    /// are not counted.
     pub fn retain(&mut self, tids: &[i32]) {
         self.threads.retain(|tid, _| tids.contains(tid));
+        for tid in tids {
+            if !self.threads.contains_key(tid) {
+                self.threads.insert(*tid, Thread::open(*tid, &self.events));
+            }
+        }
         self.only = Some(tids.to_vec());
+        self.left_out = 0;
     }
 
     /// True once [`retain`](Self::retain) has narrowed the set.

@@ -11,8 +11,11 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io;
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
+
+/// The most of a command line read (`/proc/PID/cmdline`); the rest is ignored.
+pub const MAX_CMDLINE: u64 = 1 << 20;
 
 /// The VMM a process runs, told from its command line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -202,7 +205,12 @@ impl Procfs {
     /// # Errors
     /// When it cannot be read.
     pub fn cmdline(&self, pid: i32) -> io::Result<Vec<String>> {
-        let raw = fs::read(self.root.join(pid.to_string()).join("cmdline"))?;
+        // The process chooses its command line, up to a quarter of its stack limit: read no more
+        // than a VMM's needs (libvirt's QEMU command lines are tens of KiB).
+        let mut raw = Vec::new();
+        fs::File::open(self.root.join(pid.to_string()).join("cmdline"))?
+            .take(MAX_CMDLINE)
+            .read_to_end(&mut raw)?;
         Ok(raw
             .split(|b| *b == 0)
             .filter(|a| !a.is_empty())
@@ -219,12 +227,19 @@ impl Procfs {
         Ok(comm.trim_end_matches('\n').to_owned())
     }
 
-    /// True while `pid` exists and is not a zombie.
-    pub fn is_alive(&self, pid: i32) -> bool {
-        let Ok(status) = fs::read_to_string(self.root.join(pid.to_string()).join("status")) else {
-            return false;
-        };
-        !status.lines().any(|l| l.starts_with("State:") && (l.contains('Z') || l.contains('X')))
+    /// True while `pid` exists and is not a zombie; false once it is gone.
+    ///
+    /// # Errors
+    /// When its status cannot be read for another reason than its absence (out of descriptors,
+    /// out of memory): that says nothing of the process, and must not be taken for its exit.
+    pub fn is_alive(&self, pid: i32) -> io::Result<bool> {
+        match fs::read_to_string(self.root.join(pid.to_string()).join("status")) {
+            Ok(status) => {
+                Ok(!status.lines().any(|l| l.starts_with("State:") && (l.contains('Z') || l.contains('X'))))
+            }
+            Err(e) if is_gone(&e) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// vCPU id → thread id from KVM's debugfs for the VM with descriptor `vm_fd` of `pid`; a vCPU
@@ -322,6 +337,18 @@ fn qemu_guest_name(value: &str) -> Option<String> {
         }
     }
     None
+}
+
+/// True when a failed `/proc/PID/…` access means the process is gone (no such file, or the
+/// kernel's "no such process" for one that exited during the access).
+pub fn is_gone(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
+}
+
+/// True when an access failed for want of a resource of this process or host (descriptors,
+/// memory): it says nothing of the process read, and may succeed later.
+pub fn is_shortage(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM | libc::EAGAIN))
 }
 
 /// The numeric entries of a directory, ascending.

@@ -6,13 +6,17 @@
 //! - [`counting`]: per-thread event counters on every thread of a process from attach on;
 //! - [`qmp`]: QEMU's QMP for KVM's statistics and vCPU threads;
 //! - [`vm`]: one observed VM and its partition; [`observer`]: attach, refresh, detach;
-//! - [`publication`]: what an observed partition publishes beside its pages.
+//! - [`publication`]: what an observed partition publishes beside its pages;
+//! - [`claim`]: one observer per VM per host.
 //!
 //! Descriptors per VM: while its vCPU threads are unknown, one counter group per thread of the
-//! process; once known, one group per vCPU thread — [`vm::vm_events`] counters each (16 on a
-//! host without VMX/SVM, 31 with), plus one QMP socket when given.
+//! process, for at most [`vm::EXTRA_THREADS`] threads beyond one per vCPU and within what the
+//! open file limit leaves above [`observer::FD_RESERVE`]; once known, one group per vCPU thread —
+//! [`vm::vm_events`] counters each (16 on a host without VMX/SVM, 31 with), plus one QMP socket
+//! when given.
 
 pub mod bios;
+pub mod claim;
 pub mod counting;
 pub mod discovery;
 pub mod observer;

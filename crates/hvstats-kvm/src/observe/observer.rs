@@ -7,8 +7,9 @@ use std::sync::Arc;
 
 use hvstats::Hypervisor;
 
-use super::discovery::Procfs;
-use super::vm::{KvmExitState, ObserveOptions, ObservedVm};
+use super::claim::{Claim, ClaimError};
+use super::discovery::{Procfs, is_shortage};
+use super::vm::{AttachError, KvmExitState, ObserveOptions, ObservedVm};
 
 /// Which processes are observed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,6 +37,10 @@ pub enum ObserverEvent {
         partition: u64,
         /// Perf descriptors held at attach (every thread; fewer once the vCPUs are known).
         fds: usize,
+        /// Threads of the process counted at attach.
+        threads: usize,
+        /// Threads left out by the descriptor budget (counted should they turn out to run a vCPU).
+        left_out: usize,
         /// Why KVM's statistics through QMP are unavailable, when a socket was given and failed.
         qmp_error: Option<String>,
     },
@@ -62,6 +67,14 @@ pub enum ObserverEvent {
         /// The VM's name.
         name: String,
     },
+    /// A process cannot be attached or refreshed now for want of descriptors or memory of this
+    /// process; it is tried again at the next tick (said once until that changes).
+    Deferred {
+        /// The process.
+        pid: i32,
+        /// Why.
+        reason: String,
+    },
     /// A process could not be observed.
     Failed {
         /// The process.
@@ -87,7 +100,13 @@ pub struct Observer {
     /// A VMM creates its vCPUs one by one after the VM; attaching waits until the count holds
     /// still for one interval, so a partition gets every vCPU.
     pending: BTreeMap<i32, usize>,
+    /// Processes deferred at the last tick (their reason was said once).
+    deferred: BTreeSet<i32>,
 }
+
+/// Descriptors kept out of the counters' reach (for `/proc`, the runtime directory, QMP sockets
+/// and, in `serve`, HTTP connections), or a quarter of the limit when that is smaller.
+pub const FD_RESERVE: usize = 256;
 
 impl Observer {
     /// An observer publishing into `hv`.
@@ -101,6 +120,7 @@ impl Observer {
             done: BTreeSet::new(),
             reported: BTreeMap::new(),
             pending: BTreeMap::new(),
+            deferred: BTreeSet::new(),
         }
     }
 
@@ -127,14 +147,22 @@ impl Observer {
         let mut events = Vec::new();
         // Refresh first: a VM attached now was refreshed by its attach.
         let pids: Vec<i32> = self.vms.keys().copied().collect();
+        let mut deferred = BTreeSet::new();
         for pid in pids {
-            let alive = self.vms.get_mut(&pid).is_some_and(|vm| vm.refresh(&self.procfs));
-            if !alive {
-                if let Some(vm) = self.vms.remove(&pid) {
-                    events.push(ObserverEvent::Detached { pid, name: vm.name().to_owned() });
+            let Some(vm) = self.vms.get_mut(&pid) else { continue };
+            match vm.refresh(&self.procfs) {
+                Ok(true) => {}
+                Ok(false) => {
+                    if let Some(vm) = self.vms.remove(&pid) {
+                        events.push(ObserverEvent::Detached { pid, name: vm.name().to_owned() });
+                    }
+                    self.done.insert(pid);
+                    self.reported.remove(&pid);
                 }
-                self.done.insert(pid);
-                self.reported.remove(&pid);
+                // Not knowing whether it lives is not knowing it died: keep it, say why once.
+                Err(e) => {
+                    self.defer(&mut events, &mut deferred, pid, format!("cannot read process {pid}: {e}"))
+                }
             }
         }
         for (pid, result) in self.candidates() {
@@ -154,13 +182,43 @@ impl Observer {
                     self.fail(&mut events, pid, format!("process {pid} holds no KVM VM"));
                     continue;
                 }
+                Err(e) if is_shortage(&e) => {
+                    self.defer(&mut events, &mut deferred, pid, format!("cannot read process {pid}: {e}"));
+                    continue;
+                }
                 Err(e) => {
                     self.fail(&mut events, pid, format!("cannot read process {pid}: {e}"));
                     continue;
                 }
             };
-            match ObservedVm::attach(&self.hv, &self.procfs, pid, &fds, &self.options) {
-                Ok(vm) => {
+            let claim = match self.claim(pid) {
+                Ok(claim) => claim,
+                // With --all, a VM another observer publishes is read from its instance; it is
+                // taken over should that observer stop.
+                Err(e)
+                    if e.is_shortage()
+                        || (matches!(e, ClaimError::Taken { .. }) && self.targets == Targets::All) =>
+                {
+                    let reason = format!("process {pid}: {}", hvstats::snapshot::error_chain(&e));
+                    self.defer(&mut events, &mut deferred, pid, reason);
+                    continue;
+                }
+                Err(e) => {
+                    self.fail(
+                        &mut events,
+                        pid,
+                        format!("process {pid}: {}", hvstats::snapshot::error_chain(&e)),
+                    );
+                    continue;
+                }
+            };
+            let room = descriptor_room();
+            match ObservedVm::attach(&self.hv, &self.procfs, pid, &fds, &self.options, room) {
+                Ok(mut vm) => {
+                    if let Some(claim) = claim {
+                        vm.hold(claim);
+                    }
+                    let (threads, left_out) = vm.threads_counted();
                     events.push(ObserverEvent::Attached {
                         pid,
                         name: vm.name().to_owned(),
@@ -168,13 +226,23 @@ impl Observer {
                         vcpus: vm.partition().vp_count(),
                         partition: vm.partition().id(),
                         fds: vm.fds(),
+                        threads,
+                        left_out,
                         qmp_error: vm.qmp_error().map(str::to_owned),
                     });
                     self.vms.insert(pid, vm);
                 }
+                Err(e @ AttachError::Budget { .. }) => {
+                    self.defer(&mut events, &mut deferred, pid, hvstats::snapshot::error_chain(&e));
+                }
+                Err(AttachError::Proc { source, .. }) if is_shortage(&source) => {
+                    let reason = format!("cannot read process {pid}: {source}");
+                    self.defer(&mut events, &mut deferred, pid, reason);
+                }
                 Err(e) => self.fail(&mut events, pid, hvstats::snapshot::error_chain(&e)),
             }
         }
+        self.deferred = deferred;
         for (pid, vm) in &self.vms {
             let known = vm.vcpu_threads().iter().all(Option::is_some);
             let (was_known, was_state) =
@@ -189,6 +257,22 @@ impl Observer {
             self.reported.insert(*pid, (known, vm.kvm_exit()));
         }
         events
+    }
+
+    /// Claims the VMM `pid` for this observer when the options name a runtime directory.
+    fn claim(&self, pid: i32) -> Result<Option<Claim>, ClaimError> {
+        let Some(dir) = &self.options.claims else { return Ok(None) };
+        let instance = self.hv.published_name().map(|n| n.to_string()).unwrap_or_default();
+        Claim::take(dir, pid, &instance).map(Some)
+    }
+
+    /// Notes that `pid` could not be attached or refreshed this tick for a passing reason; says
+    /// so unless it was already deferred at the last tick.
+    fn defer(&self, events: &mut Vec<ObserverEvent>, now: &mut BTreeSet<i32>, pid: i32, reason: String) {
+        if !self.deferred.contains(&pid) {
+            events.push(ObserverEvent::Deferred { pid, reason });
+        }
+        now.insert(pid);
     }
 
     fn fail(&mut self, events: &mut Vec<ObserverEvent>, pid: i32, error: String) {
@@ -208,7 +292,8 @@ impl Observer {
                 .collect(),
             Targets::All => {
                 let me = std::process::id() as i32;
-                let listed = self.procfs.kvm_processes().unwrap_or_default();
+                // A listing that failed (out of descriptors) changes nothing: retried next tick.
+                let Ok(listed) = self.procfs.kvm_processes() else { return Vec::new() };
                 self.done.retain(|p| listed.iter().any(|(q, _)| q == p));
                 self.pending.retain(|p, _| listed.iter().any(|(q, _)| q == p));
                 // hvstats' own partitions are published by the process that runs them: an
@@ -224,6 +309,20 @@ impl Observer {
             }
         }
     }
+}
+
+/// Descriptors this process may still open for counters: the open file limit less those open
+/// now and less [`FD_RESERVE`] (or a quarter of the limit); 0 when that cannot be told.
+pub fn descriptor_room() -> usize {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `lim` is a valid rlimit the kernel writes into.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return 0;
+    }
+    let limit = usize::try_from(lim.rlim_cur).unwrap_or(usize::MAX);
+    // Listing the directory takes a descriptor itself: at the limit it fails, and the room is 0.
+    let Ok(open) = std::fs::read_dir("/proc/self/fd").map(Iterator::count) else { return 0 };
+    limit.saturating_sub(open).saturating_sub(FD_RESERVE.min(limit / 4))
 }
 
 /// Raises the soft limit on open files to the hard limit; returns the new soft limit.

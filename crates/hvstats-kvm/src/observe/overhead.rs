@@ -136,7 +136,7 @@ pub fn guest_exit_rate_on_vs_off(
                 Arc::clone(&hv),
                 Procfs::host(),
                 Targets::Pids(vec![pid]),
-                ObserveOptions { qmp: Some(obs.clone()) },
+                ObserveOptions { qmp: Some(obs.clone()), ..Default::default() },
             )
         });
         if let Some(o) = observer.as_mut() {

@@ -20,10 +20,11 @@ use hvstats_abi::catalog::{CounterId, partition, vp};
 use hvstats_abi::exit_reason::{self, ExitReasonRow, InterceptClass};
 use hvstats_abi::observed::{self, Observed, ObservedSource};
 
+use super::claim::Claim;
 use super::counting::{EventList, EventSpec, SW_CPU_MIGRATIONS, SW_TASK_CLOCK, ThreadCounters};
 use super::discovery::{KvmFds, Procfs, Vmm};
 use super::publication;
-use super::qmp::{KvmStatsReply, Qmp};
+use super::qmp::{Cancel, KvmStatsReply, Qmp, QmpError};
 
 /// Index of each event in [`vm_events`].
 mod ev {
@@ -168,7 +169,20 @@ struct ObservedVp {
 pub struct ObserveOptions {
     /// A QMP socket of the VMM (QEMU) for KVM's statistics and vCPU threads.
     pub qmp: Option<PathBuf>,
+    /// Ends every QMP wait at once when set (the observer is stopping).
+    pub cancel: Cancel,
+    /// The runtime directory in which each VMM is claimed before it is observed (see
+    /// [`super::claim`]); `None` observes without claiming.
+    pub claims: Option<PathBuf>,
 }
+
+/// Threads of a VMM counted beyond one per vCPU while the vCPU threads are unknown: a VMM's
+/// other threads (main loop, I/O, RCU, a worker pool) rarely number more; the rest of a process
+/// with thousands of threads is left out, and said to be.
+pub const EXTRA_THREADS: usize = 256;
+
+/// The deadline of one QMP exchange (the connect and greeting, or one command and its reply).
+pub const QMP_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// An error attaching to a VM.
 #[derive(Debug, thiserror::Error)]
@@ -184,6 +198,21 @@ pub enum AttachError {
         /// The cause.
         #[source]
         source: io::Error,
+    },
+    /// Not enough descriptors are left to count on the VM's vCPU threads.
+    #[error(
+        "process {pid}: its {vcpus} vCPUs need {needed} perf descriptors and {room} are left \
+         under the open file limit (less a reserve for /proc and the runtime directory)"
+    )]
+    Budget {
+        /// The process.
+        pid: i32,
+        /// Its vCPUs.
+        vcpus: usize,
+        /// Descriptors its vCPU threads need.
+        needed: usize,
+        /// Descriptors left for counters.
+        room: usize,
     },
     /// The partition could not be created.
     #[error("cannot publish a partition for process {pid}")]
@@ -217,42 +246,68 @@ pub struct ObservedVm {
     guest_ticks_at_open: BTreeMap<i32, u64>,
     /// The counters last declared unavailable.
     declared: Option<Vec<CounterId>>,
+    /// This observer's claim on the VMM, released after the partition is removed.
+    claim: Option<Claim>,
 }
 
 impl ObservedVm {
-    /// Attaches to the VM of `pid` (whose KVM descriptors are `fds`): opens counters on every
-    /// thread, connects QMP when given, and creates the partition in `hv`.
+    /// Attaches to the VM of `pid` (whose KVM descriptors are `fds`): opens counters on its
+    /// threads (at most [`EXTRA_THREADS`] beyond one per vCPU, the threads known to run a vCPU
+    /// first, and no more than `room` descriptors), connects QMP when given, and creates the
+    /// partition in `hv`.
     ///
     /// # Errors
-    /// When the process has no VM, cannot be read, or the partition cannot be created.
+    /// When the process has no VM, cannot be read, `room` cannot hold a counter group per vCPU,
+    /// or the partition cannot be created.
     pub fn attach(
         hv: &Arc<Hypervisor>,
         procfs: &Procfs,
         pid: i32,
         fds: &KvmFds,
         options: &ObserveOptions,
+        room: usize,
     ) -> Result<Self, AttachError> {
         let Some(&vm_fd) = fds.vms.first() else { return Err(AttachError::NoVm(pid)) };
         let isa = host_isa();
         let attached = SystemTime::now();
-        let counters = ThreadCounters::attach(procfs, pid, EventList::new(vm_events(isa)))
+        let events = EventList::new(vm_events(isa));
+        let per_thread = events.len().max(1);
+        let vcpus = fds.vcpus.len();
+        let max_threads = (room / per_thread).min(vcpus + EXTRA_THREADS);
+        if max_threads < vcpus.max(1) {
+            return Err(AttachError::Budget { pid, vcpus, needed: vcpus.max(1) * per_thread, room });
+        }
+        // Threads already known to run a vCPU are counted before any other.
+        let mut first: Vec<i32> = procfs.debugfs_vcpu_threads(pid, vm_fd).into_values().collect();
+        first.extend(procfs.named_vcpu_threads(pid).unwrap_or_default().into_values());
+        let counters = ThreadCounters::attach_at_most(procfs, pid, events, max_threads, &first)
             .map_err(|source| AttachError::Proc { pid, source })?;
         let (vmm, mut name) = procfs.identify(pid);
         let (mut qmp, mut qmp_error) = (None, None);
         if let Some(path) = &options.qmp {
-            match Qmp::connect(path, Duration::from_secs(2)) {
+            match Qmp::connect_with(path, QMP_TIMEOUT, options.cancel.clone()) {
                 Ok(q) => qmp = Some(q),
                 Err(e) => qmp_error = Some(hvstats::snapshot::error_chain(&e)),
             }
         }
         let mut stats_at_attach = None;
         if let Some(q) = qmp.as_mut() {
-            if let Ok(Some(n)) = q.query_name() {
-                name = n;
-            }
-            match q.query_kvm_stats() {
+            let asked = match q.query_name() {
+                Ok(n) => {
+                    name = n.unwrap_or(name);
+                    q.query_kvm_stats()
+                }
+                Err(e) => Err(e),
+            };
+            match asked {
                 Ok(s) => stats_at_attach = s,
-                Err(e) => qmp_error = Some(hvstats::snapshot::error_chain(&e)),
+                Err(e) => {
+                    // A peer out of step (late, lying, gone) is not asked again.
+                    if !e.is_command_error() {
+                        qmp = None;
+                    }
+                    qmp_error = Some(hvstats::snapshot::error_chain(&e));
+                }
             }
         }
         let vps: Vec<ObservedVp> = fds
@@ -281,10 +336,18 @@ impl ObservedVm {
             kvm_exit,
             declared: None,
             guest_ticks_at_open: BTreeMap::new(),
+            claim: None,
         };
         me.note_guest_ticks(procfs);
-        me.refresh(procfs);
+        if let Err(source) = me.refresh(procfs) {
+            return Err(AttachError::Proc { pid, source });
+        }
         Ok(me)
+    }
+
+    /// Holds `claim` on the VMM for as long as this VM is observed.
+    pub fn hold(&mut self, claim: Claim) {
+        self.claim = Some(claim);
     }
 
     /// The VMM process.
@@ -317,6 +380,11 @@ impl ObservedVm {
         self.vps.iter().map(|v| v.tid).collect()
     }
 
+    /// Threads of the process counted now, and threads left out by the limit.
+    pub fn threads_counted(&self) -> (usize, usize) {
+        (self.counters.tids().len(), self.counters.left_out())
+    }
+
     /// Perf descriptors held for this VM.
     pub fn fds(&self) -> usize {
         self.counters.fds()
@@ -339,9 +407,13 @@ impl ObservedVm {
 
     /// Finds vCPU threads, reads every counter and writes the pages. Returns `false` once the
     /// process is gone.
-    pub fn refresh(&mut self, procfs: &Procfs) -> bool {
-        if !procfs.is_alive(self.pid) {
-            return false;
+    ///
+    /// # Errors
+    /// When the process's status cannot be read for another reason than its exit (this process
+    /// is out of descriptors or memory): the VM is not refreshed, and stays observed.
+    pub fn refresh(&mut self, procfs: &Procfs) -> io::Result<bool> {
+        if !procfs.is_alive(self.pid)? {
+            return Ok(false);
         }
         if self.counters.rescan(procfs).is_ok_and(|added| added > 0) {
             self.note_guest_ticks(procfs);
@@ -411,7 +483,7 @@ impl ObservedVm {
         }
         self.narrow();
         self.publish_facts();
-        true
+        Ok(true)
     }
 
     /// Records the guest time of threads whose counters were just opened: guest time counts from
@@ -430,12 +502,14 @@ impl ObservedVm {
             return;
         }
         let mut by_index: BTreeMap<u32, (i32, Option<String>)> = BTreeMap::new();
-        if let Some(q) = self.qmp.as_mut()
-            && let Ok(cpus) = q.query_cpus()
-        {
-            for c in cpus {
-                by_index.insert(c.index, (c.thread_id, Some(c.qom_path)));
+        match self.qmp.as_mut().map(Qmp::query_cpus) {
+            Some(Ok(cpus)) => {
+                for c in cpus {
+                    by_index.insert(c.index, (c.thread_id, Some(c.qom_path)));
+                }
             }
+            Some(Err(e)) => self.qmp_failed(&e),
+            None => {}
         }
         let by_id = procfs.debugfs_vcpu_threads(self.pid, self.vm_fd);
         let by_name = procfs.named_vcpu_threads(self.pid).unwrap_or_default();
@@ -479,6 +553,15 @@ impl ObservedVm {
                 self.stats_at_attach = None;
                 None
             }
+        }
+    }
+
+    /// Notes a failed QMP exchange; a session out of step (late, lying, gone) is dropped.
+    fn qmp_failed(&mut self, e: &QmpError) {
+        self.qmp_error = Some(hvstats::snapshot::error_chain(e));
+        if !e.is_command_error() {
+            self.qmp = None;
+            self.stats_at_attach = None;
         }
     }
 

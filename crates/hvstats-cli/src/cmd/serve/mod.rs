@@ -136,9 +136,16 @@ fn respond(live: &Live, max_vps: usize, request: Request) {
 /// Runs `hvstats serve` until killed.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let live = Live::new(Some(crate::cmd::runtime_dir(args.runtime_dir)?));
-    if args.observe_all {
-        observe::start(live.dir(), std::time::Duration::from_secs_f64(args.observe_interval))?;
-    }
+    // Before any thread starts: SIGINT/SIGTERM wait for the watcher below.
+    crate::signals::block().context("cannot block SIGINT/SIGTERM")?;
+    let observer = match args.observe_all {
+        true => Some(observe::start(live.dir(), std::time::Duration::from_secs_f64(args.observe_interval))?),
+        false => None,
+    };
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || observe::stop_on_signal(observer))
+        .context("starting the signal watcher")?;
     let server =
         Server::http(args.listen).map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
     let addr = server.server_addr().to_ip().context("the server has no IP address")?;

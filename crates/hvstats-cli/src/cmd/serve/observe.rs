@@ -5,10 +5,11 @@
 
 use std::io::Write;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use hvstats::{Hypervisor, InstanceConfig};
+use hvstats_kvm::observe::qmp::{CANCEL_POLL, Cancel};
 use hvstats_kvm::observe::{ObserveOptions, Observer, Procfs, Targets, publication, raise_fd_limit};
 
 use crate::cmd::observe::describe;
@@ -17,12 +18,29 @@ fn log(line: &str) {
     let _ = writeln!(std::io::stderr(), "hvstats serve: {line}");
 }
 
+/// The observer's thread: stopping it removes the observer's instance and releases its claims.
+pub struct ObserverThread {
+    cancel: Cancel,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl ObserverThread {
+    /// Stops the observer (a QMP wait ends within [`CANCEL_POLL`]) and waits until its instance
+    /// files are removed.
+    pub fn stop(self) {
+        self.cancel.cancel();
+        if self.thread.join().is_err() {
+            log("the observer thread panicked");
+        }
+    }
+}
+
 /// Publishes an observer instance under `runtime_dir` and refreshes it every `interval` on its own
-/// thread, for as long as the process runs.
+/// thread, until [`ObserverThread::stop`].
 ///
 /// # Errors
 /// When the instance cannot be published or the thread cannot start.
-pub fn start(runtime_dir: &Path, interval: Duration) -> anyhow::Result<()> {
+pub fn start(runtime_dir: &Path, interval: Duration) -> anyhow::Result<ObserverThread> {
     if let Err(e) = raise_fd_limit() {
         log(&format!("cannot raise the open file limit: {e}"));
     }
@@ -36,19 +54,43 @@ pub fn start(runtime_dir: &Path, interval: Duration) -> anyhow::Result<()> {
     if let Some(name) = hv.published_name() {
         log(&format!("observing every KVM VM on this host as instance {name}"));
     }
-    let mut observer = Observer::new(hv.clone(), Procfs::host(), Targets::All, ObserveOptions { qmp: None });
-    std::thread::Builder::new()
+    let cancel = Cancel::new();
+    let options =
+        ObserveOptions { claims: Some(runtime_dir.to_owned()), cancel: cancel.clone(), ..Default::default() };
+    let mut observer = Observer::new(hv.clone(), Procfs::host(), Targets::All, options);
+    let stop = cancel.clone();
+    let thread = std::thread::Builder::new()
         .name("observer".into())
         .spawn(move || {
-            loop {
+            while !stop.is_cancelled() {
                 // The instance's LP pages, as every instance keeps them; without procfs they stay.
                 let _ = hv.refresh_lps();
                 for event in observer.tick() {
                     log(&describe(&event));
                 }
-                std::thread::sleep(interval);
+                let until = Instant::now() + interval;
+                while !stop.is_cancelled() && Instant::now() < until {
+                    std::thread::sleep(CANCEL_POLL.min(until.saturating_duration_since(Instant::now())));
+                }
             }
+            // The observer and the instance go here: partitions, claims, then the files.
+            drop(observer);
+            drop(hv);
         })
         .context("starting the observer thread")?;
-    Ok(())
+    Ok(ObserverThread { cancel, thread })
+}
+
+/// Waits for SIGINT or SIGTERM (blocked by [`crate::signals::block`]), stops `observer` (its
+/// instance files and claims removed) and ends the process with status 0: a requested stop.
+pub fn stop_on_signal(observer: Option<ObserverThread>) {
+    let Ok(signal) = crate::signals::wait() else {
+        log("cannot wait for signals: SIGINT/SIGTERM will not clean up");
+        return;
+    };
+    log(&format!("{}: stopping", signal.name()));
+    if let Some(o) = observer {
+        o.stop();
+    }
+    std::process::exit(0);
 }

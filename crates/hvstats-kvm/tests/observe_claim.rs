@@ -1,0 +1,62 @@
+//! Claims on VMMs (one observer per VM per host): held while the claimant lives, free again
+//! once it is gone, under the runtime directory's trust checks.
+
+// Test set-up: a failed step is the test's failure, reported by the panic.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod observe_support;
+
+use std::os::unix::fs::PermissionsExt;
+
+use hvstats_kvm::observe::claim::{CLAIMS_DIR, Claim, ClaimError};
+use observe_support::TempDir;
+
+#[test]
+fn a_claim_is_held_once_and_free_again_when_released() {
+    let tmp = TempDir::new("claim");
+    let pid = std::process::id() as i32;
+    let claim = Claim::take(tmp.path(), pid, "1-2-0").unwrap();
+    let file = tmp.path().join(CLAIMS_DIR).join(claim.name());
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), format!("{pid} 1-2-0\n"));
+    // flock is per open file: a second take, even from this process, is refused.
+    match Claim::take(tmp.path(), pid, "3-4-0") {
+        Err(ClaimError::Taken { holder, instance }) => {
+            assert_eq!(holder, std::process::id());
+            assert_eq!(instance.as_deref(), Some("1-2-0"));
+        }
+        other => panic!("{other:?}"),
+    }
+    drop(claim);
+    assert!(!file.exists(), "a released claim leaves no file");
+    let again = Claim::take(tmp.path(), pid, "3-4-0").unwrap();
+    // A claim file left by a holder that died (no lock on it) is taken over.
+    let stale = tmp.path().join(CLAIMS_DIR).join(again.name());
+    drop(again);
+    std::fs::write(&stale, "999999 dead-0-0\n").unwrap();
+    std::fs::set_permissions(&stale, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let taken = Claim::take(tmp.path(), pid, "5-6-0").unwrap();
+    assert_eq!(std::fs::read_to_string(&stale).unwrap(), format!("{pid} 5-6-0\n"));
+    drop(taken);
+}
+
+#[test]
+fn claims_are_refused_in_an_untrusted_directory_or_through_a_planted_link() {
+    let tmp = TempDir::new("claim-trust");
+    let pid = std::process::id() as i32;
+    let claims = tmp.path().join(CLAIMS_DIR);
+    std::fs::create_dir(&claims).unwrap();
+    std::fs::set_permissions(&claims, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let e = Claim::take(tmp.path(), pid, "x").unwrap_err();
+    assert!(format!("{:?}", e).contains("Writable"), "{e:?}");
+    std::fs::set_permissions(&claims, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // A link planted at the claim's name is not followed (nor written through).
+    let name = Claim::take(tmp.path(), pid, "x").unwrap().name().to_owned();
+    let target = tmp.path().join("target");
+    std::fs::write(&target, "keep").unwrap();
+    std::os::unix::fs::symlink(&target, claims.join(&name)).unwrap();
+    let e = Claim::take(tmp.path(), pid, "x").unwrap_err();
+    assert!(format!("{e:?}").contains("NotRegular"), "{e:?}");
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep");
+    // A process that does not exist cannot be claimed.
+    assert!(matches!(Claim::take(tmp.path(), i32::MAX, "x"), Err(ClaimError::StartTime { .. })));
+}
