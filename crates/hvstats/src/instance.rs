@@ -312,6 +312,7 @@ pub struct Hypervisor {
     root_gpa: Mutex<GpaSpace>,
     quota: u32,
     arena: Arc<Arena>,
+    global: Arc<Arena>,
     // Dropped after the pages: their files are removed from the runtime directory.
     publication: Option<Publication>,
 }
@@ -391,6 +392,7 @@ impl Hypervisor {
             root_gpa: Mutex::new(GpaSpace::new(config.stats_page_quota)),
             quota: config.stats_page_quota,
             arena,
+            global,
             publication,
         }))
     }
@@ -416,6 +418,27 @@ impl Hypervisor {
             crate::lp::apply(&lp.page, &sample);
         }
         Ok(())
+    }
+
+    /// Declares counters of the hypervisor object (`lp` `None`) or of LP `lp` that no source
+    /// gives (an L1VH prints no hypervisor or LP file): readers report them as unknown (`None`,
+    /// JSON null), never as 0. Replaces any earlier declaration; ids of other kinds are ignored.
+    pub fn set_global_unavailable(&self, lp: Option<u32>, counters: &[CounterId]) {
+        let (kind, page) = match lp {
+            None => (ObjectKind::Hypervisor, Some(&self.page)),
+            Some(n) => (ObjectKind::LogicalProcessor, self.lps.get(n as usize).map(|lp| &lp.page)),
+        };
+        let Some(slot) = page.and_then(SharedPage::arena_slot) else { return };
+        let mut bitmap = [0u64; 4];
+        for c in counters.iter().filter(|c| c.kind == kind) {
+            let s = c.slot();
+            if s < index::UNAVAILABLE_SLOTS {
+                bitmap[s / 64] |= 1 << (s % 64);
+            }
+        }
+        self.global.change().write_entry(slot, |w| {
+            w[ew::UNAVAILABLE_PARTITION..ew::UNAVAILABLE_PARTITION + 4].copy_from_slice(&bitmap);
+        });
     }
 
     /// Replaces the published instance's side file of counters the catalog has no place for

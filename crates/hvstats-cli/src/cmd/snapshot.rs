@@ -13,6 +13,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use hvstats::attach::{Attach, Instance};
+use hvstats::mshv::unmapped::ObjectRef;
 use hvstats::present;
 use hvstats::snapshot::{self, InstanceSnapshot, ObjectReading, PartitionSnapshot, VpSnapshot};
 use hvstats_abi::catalog::counters_of;
@@ -173,7 +174,7 @@ fn stream_json(attach: &mut Attach, out: &mut impl Write) -> io::Result<bool> {
             if i > 0 {
                 out.write_all(b",")?;
             }
-            write_partition(out, &snap)?;
+            write_partition(out, &snap, &head)?;
         }
         out.write_all(b"]}")?;
     }
@@ -234,14 +235,16 @@ fn write_reading(
 }
 
 /// [`partition_json`] without an interval, written straight out.
-fn write_partition(out: &mut impl Write, p: &PartitionSnapshot) -> io::Result<()> {
+fn write_partition(out: &mut impl Write, p: &PartitionSnapshot, s: &InstanceSnapshot) -> io::Result<()> {
     let state = if p.active { "active" } else { "stopped" };
+    let unmapped = |at| unmapped_json(s, at).map_or(String::new(), |u| format!("\"unmapped\":{u},"));
     let head = format!(
-        "\"active\":{},\"id\":{},\"name\":{},\"state\":\"{state}\",\"stopped_reason\":{},\"vps\":[",
+        "\"active\":{},\"id\":{},\"name\":{},\"state\":\"{state}\",\"stopped_reason\":{},{}\"vps\":[",
         p.active,
         p.id,
         Value::String(p.name.clone()),
         p.stopped.as_ref().map_or(Value::Null, |r| Value::String(r.clone())),
+        unmapped(ObjectRef::Partition(p.id)),
     );
     // The partition's reading and fields, its VPs streamed into the open array.
     let mut text = Vec::new();
@@ -252,7 +255,13 @@ fn write_partition(out: &mut impl Write, p: &PartitionSnapshot) -> io::Result<()
         if i > 0 {
             out.write_all(b",")?;
         }
-        let extra = format!("\"histograms\":{},\"index\":{}", histograms_json(vp), vp.index);
+        let extra = format!(
+            "\"histograms\":{},\"index\":{}{}",
+            histograms_json(vp),
+            vp.index,
+            unmapped_json(s, ObjectRef::Vp(p.id, vp.index))
+                .map_or(String::new(), |u| format!(",\"unmapped\":{u}"))
+        );
         write_reading(out, &vp.reading, ObjectKind::Vp, &extra)?;
     }
     out.write_all(b"]}")
@@ -333,16 +342,21 @@ fn instance_json(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>) -> Value {
         .iter()
         .map(|lp| {
             let t = then(&|e| e.lps.iter().find(|l| l.index == lp.index).map(|l| &l.reading));
-            with(reading_json(&lp.reading, t), json!({"index": lp.index, "cpu": lp.cpu}))
+            let fields = json!({"index": lp.index, "cpu": lp.cpu});
+            with(reading_json(&lp.reading, t), with_unmapped(fields, s, ObjectRef::Lp(lp.index)))
         })
         .collect();
-    let partitions: Vec<Value> = s.partitions.iter().map(|p| partition_json(p, earlier)).collect();
+    let partitions: Vec<Value> = s.partitions.iter().map(|p| partition_json(p, earlier, s)).collect();
+    let mut hypervisor = reading_json(&s.hypervisor, then(&|e| Some(&e.hypervisor)));
+    if let Some(u) = unmapped_json(s, ObjectRef::Hypervisor) {
+        hypervisor.insert("unmapped".into(), u);
+    }
     json!({
         "name": s.name,
         "pid": s.pid,
         "kind": s.description.kind,
         "description": s.description.name,
-        "hypervisor": Value::Object(reading_json(&s.hypervisor, then(&|e| Some(&e.hypervisor)))),
+        "hypervisor": Value::Object(hypervisor),
         "lps": lps,
         "partitions": partitions,
     })
@@ -353,7 +367,24 @@ pub(crate) fn snapshot_json(s: &InstanceSnapshot) -> Value {
     instance_json(s, None)
 }
 
-fn partition_json(p: &PartitionSnapshot, earlier: Option<Earlier<'_>>) -> Value {
+/// With `--mshv` instances: the values the catalog has no counter for, by name, of one object
+/// (`None` for an instance that keeps no such values).
+fn unmapped_json(s: &InstanceSnapshot, at: ObjectRef) -> Option<Value> {
+    let all = s.unmapped.as_ref()?;
+    let map: Map<String, Value> =
+        all.get(&at).into_iter().flatten().map(|(name, v)| (name.clone(), json!(v))).collect();
+    Some(Value::Object(map))
+}
+
+/// `fields` with an `unmapped` object added, when the instance keeps unmapped values.
+fn with_unmapped(mut fields: Value, s: &InstanceSnapshot, at: ObjectRef) -> Value {
+    if let (Some(u), Value::Object(map)) = (unmapped_json(s, at), &mut fields) {
+        map.insert("unmapped".into(), u);
+    }
+    fields
+}
+
+fn partition_json(p: &PartitionSnapshot, earlier: Option<Earlier<'_>>, s: &InstanceSnapshot) -> Value {
     let then = |find: &dyn Fn(&InstanceSnapshot) -> Option<&ObjectReading>| {
         earlier.map(|e| (find(e.snapshot), e.seconds))
     };
@@ -362,7 +393,8 @@ fn partition_json(p: &PartitionSnapshot, earlier: Option<Earlier<'_>>) -> Value 
         .iter()
         .map(|vp| {
             let t = then(&|e| earlier_vp(e, p.id, vp.index));
-            with(reading_json(&vp.reading, t), json!({"index": vp.index, "histograms": histograms_json(vp)}))
+            let fields = json!({"index": vp.index, "histograms": histograms_json(vp)});
+            with(reading_json(&vp.reading, t), with_unmapped(fields, s, ObjectRef::Vp(p.id, vp.index)))
         })
         .collect();
     let t = then(&|e| earlier_partition(e, p.id).map(|e| &e.reading));
@@ -371,10 +403,8 @@ fn partition_json(p: &PartitionSnapshot, earlier: Option<Earlier<'_>>) -> Value 
         None => json!("stopped"),
         Some(_) => json!("stopped"),
     };
-    with(
-        reading_json(&p.reading, t),
-        json!({"id": p.id, "name": p.name, "active": p.active, "state": state, "stopped_reason": p.stopped, "vps": vps}),
-    )
+    let fields = json!({"id": p.id, "name": p.name, "active": p.active, "state": state, "stopped_reason": p.stopped, "vps": vps});
+    with(reading_json(&p.reading, t), with_unmapped(fields, s, ObjectRef::Partition(p.id)))
 }
 
 fn earlier_partition(e: &InstanceSnapshot, id: u64) -> Option<&PartitionSnapshot> {
