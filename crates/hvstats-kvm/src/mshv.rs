@@ -339,3 +339,163 @@ pub fn read_tree(root: &Path) -> Result<Tree, TreeError> {
 
 /// The partition id of an L1VH's own partition (`partition/self`).
 pub const SELF_ID: u64 = SELF_PARTITION_ID;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hvstats::mshv::synthetic::{SyntheticTree, full_file, shifted_vp_file};
+    use hvstats_abi::catalog::{hypervisor as hvc, lp as lpc, partition as ptc, vp as vpc};
+
+    /// A value that tells ids and objects apart: `object * 1000 + id`.
+    fn val(object: u64) -> impl Fn(u16) -> u64 {
+        move |id| object * 1000 + u64::from(id)
+    }
+
+    fn observe(t: &SyntheticTree) -> (MshvObserver, Vec<MshvEvent>) {
+        let tree = read_tree(t.path()).unwrap();
+        let hv = Hypervisor::with_config(instance_config(t.path(), &tree, None)).unwrap();
+        let mut o = MshvObserver::new(hv, t.path().to_owned());
+        let events = o.tick();
+        (o, events)
+    }
+
+    fn full_tree(name: &str) -> SyntheticTree {
+        let t = SyntheticTree::new(name).unwrap();
+        t.hypervisor(&full_file(ObjectKind::Hypervisor, val(1))).unwrap();
+        for n in 0..2 {
+            t.lp(n, &full_file(ObjectKind::LogicalProcessor, val(10 + u64::from(n)))).unwrap();
+        }
+        t.partition("5", &full_file(ObjectKind::Partition, val(20))).unwrap();
+        t.vp("5", 0, &full_file(ObjectKind::Vp, val(30))).unwrap();
+        t.vp("5", 1, &full_file(ObjectKind::Vp, val(31))).unwrap();
+        t
+    }
+
+    #[test]
+    fn every_object_carries_the_files_values_under_the_catalogs_counters() {
+        let t = full_tree("pub-full");
+        let (o, events) = observe(&t);
+        assert!(events.contains(&MshvEvent::Appeared { key: PartitionKey::Id(5), vps: vec![0, 1] }));
+        let hv = &o.hv;
+        assert_eq!(hv.page().get(hvc::PARTITIONS), 1002);
+        assert_eq!(hv.page().get(hvc::MONITORED_NOTIFICATIONS), 1005);
+        let lps = hv.logical_processors();
+        assert_eq!(lps.len(), 2);
+        assert_eq!(lps[1].page().get(lpc::GLOBAL_TIME), 11001);
+        assert_eq!(lps[1].page().get(lpc::C3_TIME), 11018);
+        // LpContextSwitchTime is in 100 ns; the catalog's "Context switch time" in ns.
+        assert_eq!(lps[0].page().get(lpc::CONTEXT_SWITCH_TIME), 10012 * 100);
+        let p = hv.partition(5).unwrap();
+        assert_eq!(p.page().get(ptc::VIRTUAL_PROCESSORS), 20001);
+        assert_eq!(p.page().get(ptc::VIRTUAL_TLB_PAGES), 20003);
+        assert_eq!(p.page().get(ptc::RECOMMENDED_VIRTUAL_TLB_SIZE), 20009);
+        let vp1 = p.vp_page(1).unwrap();
+        assert_eq!(vp1.get(vpc::CPUID_INSTRUCTIONS), 31019);
+        assert_eq!(vp1.get(vpc::CPUID_INSTRUCTIONS_COST), 31020);
+        assert_eq!(vp1.get(vpc::HYPERCALLS), 31007);
+        assert_eq!(vp1.get(vpc::VIRTUAL_PROCESSOR_HYPERCALLS), 31069);
+        assert_eq!(vp1.get(vpc::DISPATCHES), 31074);
+        assert_eq!(vp1.get(vpc::CPU_WAIT_TIME_PER_DISPATCH), 31075 * 100);
+        assert_eq!(p.vp_page(0).unwrap().get(vpc::TOTAL_RUN_TIME), 30001);
+        // The modern VP counters seed 001 never had are reported once each, and kept by name.
+        let unmapped: Vec<_> = events.iter().filter(|e| matches!(e, MshvEvent::Unmapped { .. })).collect();
+        let expected =
+            [ObjectKind::Hypervisor, ObjectKind::LogicalProcessor, ObjectKind::Partition, ObjectKind::Vp]
+                .iter()
+                .map(|&k| {
+                    hvstats::mshv::reference::names(k).len()
+                        - names::MAPPINGS.iter().filter(|m| m.counter.kind == k).count()
+                })
+                .sum::<usize>();
+        assert_eq!(unmapped.len(), expected);
+        assert!(events.contains(&MshvEvent::Unmapped {
+            kind: ObjectKind::Vp,
+            name: "VpWaitingForCpuTimeBucket12".into()
+        }));
+    }
+
+    #[test]
+    fn a_build_with_shifted_ids_gives_the_same_counters_by_name() {
+        let t = SyntheticTree::new("pub-shifted").unwrap();
+        t.partition("5", &full_file(ObjectKind::Partition, val(20))).unwrap();
+        // The same values by name as the x86_64 build's, at other ids.
+        let by_name = |n: &str| {
+            hvstats::mshv::reference::names(ObjectKind::Vp).iter().find(|(_, x)| *x == n).map(|(id, _)| *id)
+        };
+        let mut file: Vec<(&str, u64)> = shifted_vp_file(|_| 0)
+            .into_iter()
+            .map(|(n, _)| (n, 30_000 + u64::from(by_name(n).unwrap())))
+            .collect();
+        assert!(file.iter().all(|(n, _)| *n != "VpLoadAvg"));
+        // CBL-Mariner's table names 201 VpUnused and has ten placeholders.
+        file.push(("VpUnused", 5));
+        file.push(("VpPlaceholder10", 6));
+        t.vp("5", 0, &file).unwrap();
+        let (o, _) = observe(&t);
+        let vp = o.hv.partition(5).unwrap().vp_page(0).unwrap().snapshot();
+        let page = |c: CounterId| vp.data[c.slot()];
+        assert_eq!(page(vpc::CPUID_INSTRUCTIONS), 30019);
+        assert_eq!(page(vpc::CPU_WAIT_TIME_PER_DISPATCH), 30075 * 100);
+        let unknown = unmapped_names(&read_tree(t.path()).unwrap());
+        let vp_names = &unknown[&ObjectKind::Vp];
+        assert_eq!(vp_names.get("VpUnused"), Some(&false));
+        assert_eq!(vp_names.get("VpPlaceholder10"), Some(&false));
+        assert_eq!(vp_names.get("VpRootDispatchThreadBlocked"), Some(&true));
+        assert!(!vp_names.contains_key("VpCpuidInstructionsCount"));
+    }
+
+    #[test]
+    fn an_l1vh_publishes_self_and_declares_the_missing_counters() {
+        let t = SyntheticTree::new("pub-l1vh").unwrap();
+        // No hypervisor or LP files; some counters of the partition and VP files missing.
+        t.partition("self", &[("PtVirtualProcessors", 1), ("PtGpaPages", 0)]).unwrap();
+        t.vp("self", 0, &[("VpTotalRunTime", 77), ("VpHypercallsCount", 3), ("VpVtl2RunTime", 9)]).unwrap();
+        let (o, events) = observe(&t);
+        assert!(events.contains(&MshvEvent::Appeared { key: PartitionKey::Myself, vps: vec![0] }));
+        assert!(o.hv.logical_processors().is_empty());
+        let p = o.hv.partition(SELF_ID).unwrap();
+        assert_eq!(p.vp_page(0).unwrap().get(vpc::TOTAL_RUN_TIME), 77);
+        let declared = &o.partitions[&PartitionKey::Myself].unavailable;
+        assert!(declared.contains(&vpc::HYPERCALLS_COST) && declared.contains(&ptc::DEPOSITED_PAGES));
+        assert!(!declared.contains(&vpc::HYPERCALLS) && !declared.contains(&ptc::GPA_PAGES));
+        let hv_declared = &o.global_unavailable[&None];
+        assert_eq!(hv_declared.len(), 5, "no hypervisor file: every hypervisor counter is absent");
+    }
+
+    #[test]
+    fn partitions_and_vps_follow_their_directories() {
+        let t = full_tree("pub-churn");
+        let (mut o, _) = observe(&t);
+        t.partition("9", &[("PtVirtualProcessors", 0)]).unwrap();
+        t.vp("5", 4, &[("VpCpuidInstructionsCount", 1)]).unwrap();
+        let events = o.tick();
+        assert!(events.contains(&MshvEvent::Appeared { key: PartitionKey::Id(9), vps: vec![] }));
+        assert!(events.contains(&MshvEvent::VpsChanged { key: PartitionKey::Id(5), vps: vec![0, 1, 4] }));
+        assert_eq!(o.hv.partition(5).unwrap().vp_page(4).unwrap().get(vpc::CPUID_INSTRUCTIONS), 1);
+        t.remove_partition("5").unwrap();
+        let events = o.tick();
+        assert_eq!(events, [MshvEvent::Vanished { key: PartitionKey::Id(5) }]);
+        assert!(o.hv.partition(5).is_none());
+        assert_eq!(o.partitions().map(|(k, _)| k).collect::<Vec<_>>(), [PartitionKey::Id(9)]);
+        // A tree gone entirely is reported once, and what was published stays as it was.
+        std::fs::remove_dir_all(t.path()).unwrap();
+        assert!(matches!(o.tick().as_slice(), [MshvEvent::Unreadable(_)]));
+        assert!(o.tick().is_empty());
+        assert!(o.hv.partition(9).is_some());
+    }
+
+    #[test]
+    fn bad_lines_are_reported_once_and_good_ones_kept() {
+        let t = SyntheticTree::new("pub-bad").unwrap();
+        t.partition("2", &[("PtGpaPages", 8)]).unwrap();
+        t.write_raw("partition/2/vp/0", b"VpCpuidInstructionsCount                   : 12\nVpHypercallsCount  : 99999999999999999999\nVpMsrAccessesCount : 4").unwrap();
+        let (mut o, events) = observe(&t);
+        let problems: Vec<_> = events.iter().filter(|e| matches!(e, MshvEvent::Problem(_))).collect();
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(o.tick().iter().all(|e| !matches!(e, MshvEvent::Problem(_))));
+        let vp = o.hv.partition(2).unwrap();
+        assert_eq!(vp.vp_page(0).unwrap().get(vpc::CPUID_INSTRUCTIONS), 12);
+        let declared = &o.partitions[&PartitionKey::Id(2)].unavailable;
+        assert!(declared.contains(&vpc::HYPERCALLS) && declared.contains(&vpc::MSR_ACCESSES));
+    }
+}
