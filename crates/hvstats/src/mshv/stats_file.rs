@@ -205,6 +205,26 @@ mod tests {
         assert!(file.skipped.iter().all(|s| !s.reason.to_string().is_empty()));
     }
 
+    proptest::proptest! {
+        #[test]
+        fn any_bytes_parse_within_the_bounds(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..4096)) {
+            let file = parse(&bytes);
+            proptest::prop_assert!(file.counters.len() + file.skipped.len() <= MAX_LINES + 1);
+            proptest::prop_assert!(file.counters.iter().all(|(n, _)| !n.is_empty() && n.len() <= MAX_NAME_BYTES));
+        }
+
+        #[test]
+        fn kernel_lines_read_back_exactly(
+            entries in proptest::collection::btree_map("[A-Za-z][A-Za-z0-9]{0,41}", proptest::prelude::any::<u64>(), 0..64)
+        ) {
+            let text: String = entries.iter().map(|(n, v)| line(ObjectKind::Vp, n, *v)).collect();
+            let file = parse(text.as_bytes());
+            proptest::prop_assert!(file.skipped.is_empty());
+            let back: std::collections::BTreeMap<String, u64> = file.counters.into_iter().collect();
+            proptest::prop_assert_eq!(back, entries);
+        }
+    }
+
     #[test]
     fn a_huge_file_is_read_only_up_to_its_cap() {
         let one = line(ObjectKind::Vp, "VpX", 1);

@@ -160,6 +160,17 @@ mod tests {
         assert_eq!(decode(b""), None);
     }
 
+    proptest::proptest! {
+        #[test]
+        fn any_bytes_decode_without_panicking(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..2048)) {
+            let mut with_magic = format!("{MAGIC_LINE}\n").into_bytes();
+            with_magic.extend_from_slice(&bytes);
+            let values = decode(&with_magic).unwrap();
+            proptest::prop_assert!(values.values().flatten().all(|(n, _)| !n.is_empty()));
+            let _ = decode(&bytes);
+        }
+    }
+
     #[test]
     fn encoding_stops_at_the_cap_on_a_whole_line() {
         let mut values = Unmapped::new();
