@@ -128,6 +128,34 @@ fn snapshot_shows_the_trees_values_under_the_catalogs_names_and_follows_its_part
 }
 
 #[test]
+fn an_l1vh_tree_without_hypervisor_or_lp_files_shows_their_counters_as_null() {
+    let tmp = TempDir::new("observe-mshv-l1vh");
+    let runtime = tmp.path().join("run");
+    std::fs::create_dir_all(&runtime).unwrap();
+    let tree = SyntheticTree::new("cli-l1vh").unwrap();
+    tree.partition("self", &[("PtVirtualProcessors", 1)]).unwrap();
+    tree.vp("self", 0, &[("VpTotalRunTime", 5)]).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["observe", "--interval", "0.05", "--runtime-dir"])
+        .arg(&runtime)
+        .arg("--mshv")
+        .arg(tree.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _observer = Observer(child);
+    let i = wait_for(&runtime, |i| i["partitions"].as_array().is_some_and(|p| p.len() == 1));
+    let counters = i["hypervisor"]["counters"].as_object().unwrap();
+    assert_eq!(counters.len(), 5);
+    assert!(counters.values().all(Value::is_null), "{counters:?}");
+    assert_eq!(i["lps"].as_array().unwrap().len(), 0);
+    assert_eq!(vp(&i, u64::MAX, 0)["counters"]["Total run time"], 5);
+    assert_eq!(vp(&i, u64::MAX, 0)["counters"]["Hypervisor run time"], Value::Null);
+}
+
+#[test]
 fn list_unknown_names_what_the_catalog_lacks_and_reads_nothing_else() {
     let tree = SyntheticTree::new("cli-list").unwrap();
     tree.partition("1", &[("PtVirtualProcessors", 1), ("PtPagesShattered", 3)]).unwrap();

@@ -290,17 +290,19 @@ pub(crate) fn histograms_json(vp: &VpSnapshot) -> Value {
 
 /// `{"counters": {name: value}}` (with `"interval": {name: rate, % or ns}` over an interval), or
 /// `{"unreadable": reason, "permission_denied": bool}`.
-fn reading_json(reading: &ObjectReading, then: Option<(Option<&ObjectReading>, f64)>) -> Map<String, Value> {
+fn reading_json(
+    reading: &ObjectReading,
+    kind: ObjectKind,
+    then: Option<(Option<&ObjectReading>, f64)>,
+) -> Map<String, Value> {
     let mut object = Map::new();
     match reading {
         ObjectReading::Counters(values) => {
-            // Every catalog counter of the kind: one the publisher declared unavailable is null.
-            let kind = values.first().map(|(c, _)| c.id.kind);
+            // Every catalog counter of the kind (even when the publisher declared them all
+            // unavailable): one declared unavailable is null.
             let mut counters = Map::new();
-            if let Some(kind) = kind {
-                for c in counters_of(kind) {
-                    counters.insert(c.name.to_owned(), Value::Null);
-                }
+            for c in counters_of(kind) {
+                counters.insert(c.name.to_owned(), Value::Null);
             }
             for (c, v) in values {
                 counters.insert(c.name.to_owned(), json!(v));
@@ -343,11 +345,14 @@ fn instance_json(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>) -> Value {
         .map(|lp| {
             let t = then(&|e| e.lps.iter().find(|l| l.index == lp.index).map(|l| &l.reading));
             let fields = json!({"index": lp.index, "cpu": lp.cpu});
-            with(reading_json(&lp.reading, t), with_unmapped(fields, s, ObjectRef::Lp(lp.index)))
+            with(
+                reading_json(&lp.reading, ObjectKind::LogicalProcessor, t),
+                with_unmapped(fields, s, ObjectRef::Lp(lp.index)),
+            )
         })
         .collect();
     let partitions: Vec<Value> = s.partitions.iter().map(|p| partition_json(p, earlier, s)).collect();
-    let mut hypervisor = reading_json(&s.hypervisor, then(&|e| Some(&e.hypervisor)));
+    let mut hypervisor = reading_json(&s.hypervisor, ObjectKind::Hypervisor, then(&|e| Some(&e.hypervisor)));
     if let Some(u) = unmapped_json(s, ObjectRef::Hypervisor) {
         hypervisor.insert("unmapped".into(), u);
     }
@@ -394,7 +399,10 @@ fn partition_json(p: &PartitionSnapshot, earlier: Option<Earlier<'_>>, s: &Insta
         .map(|vp| {
             let t = then(&|e| earlier_vp(e, p.id, vp.index));
             let fields = json!({"index": vp.index, "histograms": histograms_json(vp)});
-            with(reading_json(&vp.reading, t), with_unmapped(fields, s, ObjectRef::Vp(p.id, vp.index)))
+            with(
+                reading_json(&vp.reading, ObjectKind::Vp, t),
+                with_unmapped(fields, s, ObjectRef::Vp(p.id, vp.index)),
+            )
         })
         .collect();
     let t = then(&|e| earlier_partition(e, p.id).map(|e| &e.reading));
@@ -404,7 +412,10 @@ fn partition_json(p: &PartitionSnapshot, earlier: Option<Earlier<'_>>, s: &Insta
         Some(_) => json!("stopped"),
     };
     let fields = json!({"id": p.id, "name": p.name, "active": p.active, "state": state, "stopped_reason": p.stopped, "vps": vps});
-    with(reading_json(&p.reading, t), with_unmapped(fields, s, ObjectRef::Partition(p.id)))
+    with(
+        reading_json(&p.reading, ObjectKind::Partition, t),
+        with_unmapped(fields, s, ObjectRef::Partition(p.id)),
+    )
 }
 
 fn earlier_partition(e: &InstanceSnapshot, id: u64) -> Option<&PartitionSnapshot> {
