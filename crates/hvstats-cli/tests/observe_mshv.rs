@@ -156,6 +156,19 @@ fn an_l1vh_tree_without_hypervisor_or_lp_files_shows_their_counters_as_null() {
 }
 
 #[test]
+fn the_catalog_names_the_mshv_counter_behind_each_of_its_counters() {
+    let out = Command::new(env!("CARGO_BIN_EXE_hvstats")).args(["catalog", "--json"]).output().unwrap();
+    assert!(out.status.success());
+    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let row =
+        |object: &str, name: &str| rows.iter().find(|r| r["object"] == object && r["name"] == name).unwrap();
+    assert_eq!(row("vp", "CPUID instructions/sec")["mshv"], "VpCpuidInstructionsCount");
+    assert_eq!(row("vp", "CPU wait time per dispatch")["mshv"], "VpWaitingForCpuTime");
+    assert_eq!(row("partition", "Virtual TLB flush entries/sec")["mshv"], "PtVirtualTlbFlushEntires");
+    assert_eq!(row("vp", "Sequence")["mshv"], Value::Null);
+}
+
+#[test]
 fn list_unknown_names_what_the_catalog_lacks_and_reads_nothing_else() {
     let tree = SyntheticTree::new("cli-list").unwrap();
     tree.partition("1", &[("PtVirtualProcessors", 1), ("PtPagesShattered", 3)]).unwrap();
