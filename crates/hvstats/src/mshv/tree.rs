@@ -7,7 +7,7 @@
 //! root itself missing or unreadable is. Nothing is ever created or written; every file is opened
 //! read-only, non-blocking and without following a link, and read at most
 //! [`MAX_FILE_BYTES`](super::stats_file::MAX_FILE_BYTES) far. Counts are bounded too
-//! ([`MAX_LPS`], [`MAX_PARTITIONS`], [`MAX_VPS`]).
+//! ([`MAX_LPS`], [`MAX_PARTITIONS`], [`MAX_VPS`], and [`MAX_FILES`] in all).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -26,6 +26,8 @@ pub const MAX_LPS: usize = 8192;
 pub const MAX_PARTITIONS: usize = 4096;
 /// The most VP directories read per partition.
 pub const MAX_VPS: usize = 4096;
+/// The most `stats` files read in one walk (every object of a host of 16,000 VPs).
+pub const MAX_FILES: usize = 16_384;
 /// The partition id of `self`: `HV_PARTITION_ID_SELF`, `(u64)-1`.
 pub const SELF_PARTITION_ID: u64 = u64::MAX;
 
@@ -125,12 +127,13 @@ pub struct Tree {
 pub fn read(root: &Path) -> Result<Tree, TreeError> {
     let entries = list(root).map_err(|source| TreeError::Root { path: root.to_owned(), source })?;
     let mut tree = Tree::default();
+    let mut files = MAX_FILES;
     let has = |name: &str| entries.iter().any(|e| e == name);
     if has("stats") {
-        tree.hypervisor = read_stats(&root.join("stats"), &mut tree.problems);
+        tree.hypervisor = read_stats(&root.join("stats"), &mut files, &mut tree.problems);
     }
     if has("lp") {
-        tree.lps = read_numbered(&root.join("lp"), MAX_LPS, &mut tree.problems);
+        tree.lps = read_numbered(&root.join("lp"), MAX_LPS, &mut files, &mut tree.problems);
     }
     if has("partition") {
         let dir = root.join("partition");
@@ -141,8 +144,10 @@ pub fn read(root: &Path) -> Result<Tree, TreeError> {
             };
             let pdir = dir.join(&name);
             // Gone between the listing and now: the partition was destroyed. Not a problem.
-            let Some(stats) = read_stats(&pdir.join("stats"), &mut tree.problems) else { continue };
-            let vps = read_numbered(&pdir.join("vp"), MAX_VPS, &mut tree.problems);
+            let Some(stats) = read_stats(&pdir.join("stats"), &mut files, &mut tree.problems) else {
+                continue;
+            };
+            let vps = read_numbered(&pdir.join("vp"), MAX_VPS, &mut files, &mut tree.problems);
             tree.partitions.insert(key, PartitionTree { stats, vps });
         }
     }
@@ -150,7 +155,12 @@ pub fn read(root: &Path) -> Result<Tree, TreeError> {
 }
 
 /// `<dir>/<n>/stats` for every decimal `<n>`.
-fn read_numbered(dir: &Path, max: usize, problems: &mut Vec<Problem>) -> BTreeMap<u32, StatsFile> {
+fn read_numbered(
+    dir: &Path,
+    max: usize,
+    files: &mut usize,
+    problems: &mut Vec<Problem>,
+) -> BTreeMap<u32, StatsFile> {
     let mut found = BTreeMap::new();
     for name in sub_list(dir, max, problems) {
         let index = name.parse::<u32>().ok().filter(|n| n.to_string() == name);
@@ -158,7 +168,7 @@ fn read_numbered(dir: &Path, max: usize, problems: &mut Vec<Problem>) -> BTreeMa
             problems.push(Problem { path: dir.join(&name), what: "not an index".into() });
             continue;
         };
-        if let Some(stats) = read_stats(&dir.join(&name).join("stats"), problems) {
+        if let Some(stats) = read_stats(&dir.join(&name).join("stats"), files, problems) {
             found.insert(index, stats);
         }
     }
@@ -205,7 +215,15 @@ fn list(dir: &Path) -> io::Result<Vec<String>> {
 
 /// Reads and parses one `stats` file; `None` when it does not exist (any more), or cannot be read
 /// (reported).
-fn read_stats(path: &Path, problems: &mut Vec<Problem>) -> Option<StatsFile> {
+fn read_stats(path: &Path, files: &mut usize, problems: &mut Vec<Problem>) -> Option<StatsFile> {
+    if *files == 0 {
+        problems.push(Problem {
+            path: path.to_owned(),
+            what: format!("past the first {MAX_FILES} files: not read"),
+        });
+        return None;
+    }
+    *files -= 1;
     let mut bytes = Vec::new();
     let read = open(path).and_then(|f| f.take(MAX_FILE_BYTES as u64 + 1).read_to_end(&mut bytes));
     match read {
