@@ -127,7 +127,7 @@ pub struct Tree {
 pub fn read(root: &Path) -> Result<Tree, TreeError> {
     let entries = list(root).map_err(|source| TreeError::Root { path: root.to_owned(), source })?;
     let mut tree = Tree::default();
-    let mut files = MAX_FILES;
+    let mut files = MAX_FILES + 1;
     let has = |name: &str| entries.iter().any(|e| e == name);
     if has("stats") {
         tree.hypervisor = read_stats(&root.join("stats"), &mut files, &mut tree.problems);
@@ -216,14 +216,17 @@ fn list(dir: &Path) -> io::Result<Vec<String>> {
 /// Reads and parses one `stats` file; `None` when it does not exist (any more), or cannot be read
 /// (reported).
 fn read_stats(path: &Path, files: &mut usize, problems: &mut Vec<Problem>) -> Option<StatsFile> {
-    if *files == 0 {
-        problems.push(Problem {
-            path: path.to_owned(),
-            what: format!("past the first {MAX_FILES} files: not read"),
-        });
-        return None;
+    // One left: the budget is spent; say so once, at the first file not read.
+    match *files {
+        0 => return None,
+        1 => {
+            *files = 0;
+            let what = format!("the first {MAX_FILES} files were read: neither this nor the rest is");
+            problems.push(Problem { path: path.to_owned(), what });
+            return None;
+        }
+        _ => *files -= 1,
     }
-    *files -= 1;
     let mut bytes = Vec::new();
     let read = open(path).and_then(|f| f.take(MAX_FILE_BYTES as u64 + 1).read_to_end(&mut bytes));
     match read {
