@@ -125,9 +125,14 @@ pub struct Tree {
 /// [`TreeError::Root`] when `root` cannot be listed; everything below it that cannot be read is
 /// skipped and reported in [`Tree::problems`].
 pub fn read(root: &Path) -> Result<Tree, TreeError> {
+    read_at_most(root, MAX_FILES)
+}
+
+/// [`read`], reading at most `max_files` files.
+fn read_at_most(root: &Path, max_files: usize) -> Result<Tree, TreeError> {
     let entries = list(root).map_err(|source| TreeError::Root { path: root.to_owned(), source })?;
     let mut tree = Tree::default();
-    let mut files = MAX_FILES + 1;
+    let mut files = max_files + 1;
     let has = |name: &str| entries.iter().any(|e| e == name);
     if has("stats") {
         tree.hypervisor = read_stats(&root.join("stats"), &mut files, &mut tree.problems);
@@ -221,7 +226,7 @@ fn read_stats(path: &Path, files: &mut usize, problems: &mut Vec<Problem>) -> Op
         0 => return None,
         1 => {
             *files = 0;
-            let what = format!("the first {MAX_FILES} files were read: neither this nor the rest is");
+            let what = "the walk's file budget is spent: neither this file nor the rest is read".to_owned();
             problems.push(Problem { path: path.to_owned(), what });
             return None;
         }
@@ -329,6 +334,20 @@ mod tests {
         assert!(text.iter().any(|p| p.contains("lp/0/stats: cannot read")), "{text:?}");
         assert!(text.iter().any(|p| p.contains("lp/1/stats: cannot read")), "{text:?}");
         let _ = ObjectKind::Vp;
+    }
+
+    #[test]
+    fn a_walk_reads_at_most_its_budget_and_says_so_once() {
+        let t = SyntheticTree::new("tree-budget").unwrap();
+        t.hypervisor(&[("HvPartitions", 1)]).unwrap();
+        for n in 0..5 {
+            t.lp(n, &[("LpGlobalTime", 1)]).unwrap();
+        }
+        let tree = read_at_most(t.path(), 3).unwrap();
+        assert!(tree.hypervisor.is_some());
+        assert_eq!(tree.lps.len(), 2);
+        assert_eq!(tree.problems.len(), 1, "{:?}", tree.problems);
+        assert!(tree.problems[0].what.contains("budget is spent"));
     }
 
     #[test]
