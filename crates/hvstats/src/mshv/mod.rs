@@ -4,7 +4,7 @@
 //! - [`stats_file`]: one file's lines, parsed as untrusted text;
 //! - [`tree`]: the tree's objects (hypervisor, LPs, partitions, VPs), read once;
 //! - [`names`]: the one table from printed names to catalog counters;
-//! - [`reference`]: the names Linux prints, by counter id (for trees in the kernel's format and
+//! - [`reference`](mod@reference): the names Linux prints, by counter id (for trees in the kernel's format and
 //!   for telling a known name from an unknown one); [`synthetic`] writes such trees;
 //! - [`unmapped`]: the values of names the catalog has no counter for, kept beside the pages.
 //!

@@ -6,7 +6,7 @@
 //! directory that vanishes between the listing and the open is skipped, not an error. Only the
 //! root itself missing or unreadable is. Nothing is ever created or written; every file is opened
 //! read-only, non-blocking and without following a link, and read at most
-//! [`MAX_FILE_BYTES`](super::stats_file::MAX_FILE_BYTES) far. Counts are bounded too
+//! [`super::stats_file::MAX_FILE_BYTES`] far. Counts are bounded too
 //! ([`MAX_LPS`], [`MAX_PARTITIONS`], [`MAX_VPS`], and [`MAX_FILES`] in all).
 
 use std::collections::BTreeMap;
