@@ -27,7 +27,8 @@ use crate::runtime_dir::{self, Dir, Use};
 
 /// The first line of the file.
 pub const MAGIC_LINE: &str = "hvstats-unmapped 1";
-/// The most bytes written or read: 16 MiB, about 2,500 VPs of ~150 names each.
+/// The most bytes written or read: 16 MiB, about 1,900 VPs of ~145 names each (about 8.5 KiB a
+/// VP); past it the rest are not published, and the observer says so once.
 pub const MAX_BYTES: usize = 16 << 20;
 
 /// The object a value belongs to, with its published ids.
