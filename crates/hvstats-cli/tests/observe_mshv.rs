@@ -44,6 +44,29 @@ fn wait_for(runtime: &Path, done: impl Fn(&Value) -> bool) -> Value {
     }
 }
 
+/// One `GET /metrics` from `hvstats serve` over `runtime`.
+fn scrape(runtime: &Path) -> String {
+    use std::io::{Read, Write};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--runtime-dir"])
+        .arg(runtime)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let served = Observer(child);
+    let addr = line.trim().strip_prefix("serving http://").and_then(|s| s.strip_suffix("/metrics")).unwrap();
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(stream, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    drop(served);
+    reply
+}
+
 struct Observer(Child);
 
 impl Drop for Observer {
@@ -114,6 +137,25 @@ fn snapshot_shows_the_trees_values_under_the_catalogs_names_and_follows_its_part
     let own = vp(&i, u64::MAX, 0);
     assert_eq!(own["counters"]["CPUID instructions/sec"], 77);
     assert_eq!(own["counters"]["Hypercalls/sec"], Value::Null);
+
+    // The other readers, unchanged: /metrics and top.
+    let metrics = scrape(&runtime);
+    let name = i["name"].as_str().unwrap();
+    let cpuid = format!(
+        "hvstats_vp_intercepts_total{{instance=\"{name}\",vm=\"mshv:4\",partition=\"4\",vp=\"1\",intercept=\"cpuid\"}} 31019"
+    );
+    assert!(metrics.lines().any(|l| l == cpuid), "{metrics}");
+    let vtl = format!(
+        "hvstats_mshv_value{{instance=\"{name}\",object=\"vp\",partition=\"4\",vp=\"1\",name=\"VpVtl1DispatchCount\"}} 31182"
+    );
+    assert!(metrics.lines().any(|l| l == vtl), "{metrics}");
+    let top = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["top", "--once", "--interval", "0.1", "--runtime-dir"])
+        .arg(&runtime)
+        .output()
+        .unwrap();
+    assert!(top.status.success(), "{}", String::from_utf8_lossy(&top.stderr));
+    assert!(String::from_utf8_lossy(&top.stdout).lines().any(|l| l.starts_with("mshv:4")));
 
     // A partition destroyed: its directory goes, and so does it from the next snapshot.
     tree.remove_partition("4").unwrap();
