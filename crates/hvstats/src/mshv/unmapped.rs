@@ -9,10 +9,12 @@
 //!
 //! ```text
 //! hvstats-unmapped 1
-//! <object>\t<name>\t<value>
+//! @<object>
+//! <name>\t<value>
+//! …
 //! ```
 //!
-//! where `<object>` is `hypervisor`, `lp/<n>`, `partition/<id>` or `partition/<id>/vp/<n>`, with
+//! each object's values under its `@` line, where `<object>` is `hypervisor`, `lp/<n>`, `partition/<id>` or `partition/<id>/vp/<n>`, with
 //! the ids the pages are published under. A reader believes the file as it believes the arena
 //! (same owner, locked by the publisher), reads at most [`MAX_BYTES`] of it, and skips lines it
 //! cannot parse.
@@ -27,8 +29,8 @@ use crate::runtime_dir::{self, Dir, Use};
 
 /// The first line of the file.
 pub const MAGIC_LINE: &str = "hvstats-unmapped 1";
-/// The most bytes written or read: 16 MiB, about 1,900 VPs of ~145 names each (about 8.5 KiB a
-/// VP); past it the rest are not published, and the observer says so once.
+/// The most bytes written or read: 16 MiB, about 3,000 VPs of ~145 names each (about 5 KiB a VP,
+/// measured); past it the rest are not published, and the observer says so once.
 pub const MAX_BYTES: usize = 16 << 20;
 
 /// The object a value belongs to, with its published ids.
@@ -78,8 +80,13 @@ pub type Unmapped = BTreeMap<ObjectRef, Vec<(String, u64)>>;
 pub fn encode(values: &Unmapped) -> (String, bool) {
     let mut out = format!("{MAGIC_LINE}\n");
     for (object, counters) in values {
+        let head = format!("@{object}\n");
+        if out.len() + head.len() > MAX_BYTES {
+            return (out, false);
+        }
+        out.push_str(&head);
         for (name, value) in counters {
-            let line = format!("{object}\t{name}\t{value}\n");
+            let line = format!("{name}\t{value}\n");
             if out.len() + line.len() > MAX_BYTES {
                 return (out, false);
             }
@@ -99,18 +106,21 @@ pub fn decode(bytes: &[u8]) -> Option<Unmapped> {
         return None;
     }
     let mut values = Unmapped::new();
+    // The object of the lines that follow (`None` after an `@` line that does not parse: its
+    // values are skipped with it).
+    let mut object = None;
     for line in lines {
-        let mut fields = line.split('\t');
-        let (Some(object), Some(name), Some(value), None) =
-            (fields.next(), fields.next(), fields.next(), fields.next())
-        else {
+        if let Some(o) = line.strip_prefix('@') {
+            object = ObjectRef::parse(o);
             continue;
-        };
-        let (Some(object), Ok(value)) = (ObjectRef::parse(object), value.parse::<u64>()) else { continue };
+        }
+        let Some(at) = object else { continue };
+        let Some((name, value)) = line.split_once('\t') else { continue };
+        let Ok(value) = value.parse::<u64>() else { continue };
         if name.is_empty() || name.len() > super::stats_file::MAX_NAME_BYTES {
             continue;
         }
-        values.entry(object).or_default().push((name.to_owned(), value));
+        values.entry(at).or_default().push((name.to_owned(), value));
     }
     Some(values)
 }
@@ -151,11 +161,13 @@ mod tests {
         let (text, complete) = encode(&values);
         assert!(complete);
         assert!(
-            text.contains("partition/18446744073709551615/vp/2\tVpVtl1DispatchCount\t18446744073709551615\n")
+            text.contains(
+                "@partition/18446744073709551615/vp/2\nVpVtl1DispatchCount\t18446744073709551615\n"
+            )
         );
         assert_eq!(decode(text.as_bytes()), Some(values.clone()));
-        let junk =
-            format!("{text}lp/x\tA\t1\nlp/1\tA\t-1\nlp/1\tA\nlp/1\tA\t1\textra\n\u{fffd}partition/1\tB\t2");
+        // An object that does not parse takes its values with it; bad value lines are skipped.
+        let junk = format!("{text}@lp/x\nA\t1\n@lp/7\nB\t-1\nB\nB\t1\textra\n\t2\n@hypervisor\nC 3");
         assert_eq!(decode(junk.as_bytes()), Some(values));
         assert_eq!(decode(b"not it\n"), None);
         assert_eq!(decode(b""), None);
@@ -176,7 +188,7 @@ mod tests {
     fn encoding_stops_at_the_cap_on_a_whole_line() {
         let mut values = Unmapped::new();
         let many: Vec<(String, u64)> =
-            (0..MAX_BYTES / 20).map(|i| (format!("VpName{i}"), i as u64)).collect();
+            (0..MAX_BYTES / 10).map(|i| (format!("VpName{i}"), i as u64)).collect();
         values.insert(ObjectRef::Vp(1, 0), many);
         let (text, complete) = encode(&values);
         assert!(!complete && text.len() <= MAX_BYTES && text.ends_with('\n'));
