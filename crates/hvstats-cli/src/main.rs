@@ -31,7 +31,8 @@ enum Command {
     Snapshot(cmd::snapshot::Args),
     /// Hardware performance counters: list the PMU and its holders, allocate, free.
     Hwc(cmd::hwc::Args),
-    /// Observe the KVM VMs of other processes and publish their Hyper-V counters.
+    /// Observe the KVM VMs of other processes, or the Microsoft Hypervisor (--mshv), and publish
+    /// their Hyper-V counters.
     Observe(cmd::observe::Args),
     /// Measure what exact accounting costs on the userspace exit path.
     Bench(cmd::bench::Args),

@@ -169,12 +169,21 @@ pub struct LpInfo {
     /// The host CPU.
     pub cpu: u32,
     slot: SlotRef,
+    unavailable: [u64; 4],
+}
+
+impl LpInfo {
+    /// True when counter slot `slot` of the LP is one no source gives for it.
+    pub fn is_unavailable(&self, slot: usize) -> bool {
+        index::is_unavailable(&self.unavailable, slot)
+    }
 }
 
 #[derive(Debug, Default)]
 struct GlobalLayout {
     seq: Option<u64>,
     hypervisor: Option<SlotRef>,
+    hypervisor_unavailable: [u64; 4],
     lps: Vec<LpInfo>,
 }
 
@@ -334,6 +343,11 @@ impl Instance {
         &self.global_layout.lps
     }
 
+    /// True when counter slot `slot` of the hypervisor object is one no source gives.
+    pub fn hypervisor_unavailable(&self, slot: usize) -> bool {
+        index::is_unavailable(&self.global_layout.hypervisor_unavailable, slot)
+    }
+
     /// Why the global pages cannot be read, if they cannot: (reason, permission denied).
     pub fn global_unreadable(&self) -> Option<(&str, bool)> {
         self.global.as_ref().err().map(|e| (e.as_str(), self.global_denied))
@@ -446,10 +460,14 @@ fn scan_global(arena: &ArenaReader, seq: u64) -> GlobalLayout {
     let mut layout = GlobalLayout { seq: Some(seq), ..Default::default() };
     for (at, entry) in scan(arena) {
         match entry.kind {
-            ObjectKind::Hypervisor => layout.hypervisor = Some(at),
+            ObjectKind::Hypervisor => {
+                layout.hypervisor = Some(at);
+                layout.hypervisor_unavailable = entry.unavailable_partition;
+            }
             ObjectKind::LogicalProcessor => {
                 let index = u32::try_from(entry.id).unwrap_or(u32::MAX);
-                layout.lps.push(LpInfo { index, cpu: entry.index, slot: at });
+                let unavailable = entry.unavailable_partition;
+                layout.lps.push(LpInfo { index, cpu: entry.index, slot: at, unavailable });
             }
             _ => {}
         }

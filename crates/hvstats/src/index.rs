@@ -246,6 +246,7 @@ pub struct Entry {
     /// counts the VP entries it finds instead).
     pub vp_count: u64,
     /// Partition entries: the slots of partition counters no source maintains, as a bitmap.
+    /// Hypervisor and LP entries: the slots of their own counters no source maintains.
     pub unavailable_partition: [u64; 4],
     /// Partition entries: the slots of VP counters no source maintains, as a bitmap.
     pub unavailable_vp: [u64; 4],

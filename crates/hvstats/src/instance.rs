@@ -113,6 +113,9 @@ pub struct PartitionStats {
     id: u64,
     page: SharedPage,
     vps: Vec<SharedPage>,
+    /// The VPs' indices when they are not `0..vps.len()` (a partition published under another
+    /// hypervisor's numbering), ascending.
+    vp_indices: Option<Vec<u32>>,
     active: AtomicBool,
     removed: AtomicBool,
     gpa: Mutex<GpaSpace>,
@@ -133,7 +136,18 @@ impl PartitionStats {
 
     /// The page of VP `index`.
     pub fn vp_page(&self, index: u32) -> Option<&SharedPage> {
-        self.vps.get(index as usize)
+        match &self.vp_indices {
+            None => self.vps.get(index as usize),
+            Some(indices) => indices.binary_search(&index).ok().map(|i| &self.vps[i]),
+        }
+    }
+
+    /// Each VP's index and page, in index order.
+    pub fn vp_pages(&self) -> impl Iterator<Item = (u32, &SharedPage)> {
+        self.vps.iter().enumerate().map(|(i, page)| match &self.vp_indices {
+            None => (i as u32, page),
+            Some(indices) => (indices[i], page),
+        })
     }
 
     /// Number of VPs.
@@ -281,7 +295,8 @@ impl ObjectPage<'_> {
         match self {
             ObjectPage::Global(page) => page,
             ObjectPage::Partition(p, None) => &p.page,
-            ObjectPage::Partition(p, Some(n)) => &p.vps[*n as usize],
+            // Made by `object_page` only for a VP the partition has.
+            ObjectPage::Partition(p, Some(n)) => p.vp_page(*n).unwrap_or(&p.page),
         }
     }
 }
@@ -297,6 +312,7 @@ pub struct Hypervisor {
     root_gpa: Mutex<GpaSpace>,
     quota: u32,
     arena: Arc<Arena>,
+    global: Arc<Arena>,
     // Dropped after the pages: their files are removed from the runtime directory.
     publication: Option<Publication>,
 }
@@ -376,6 +392,7 @@ impl Hypervisor {
             root_gpa: Mutex::new(GpaSpace::new(config.stats_page_quota)),
             quota: config.stats_page_quota,
             arena,
+            global,
             publication,
         }))
     }
@@ -403,6 +420,39 @@ impl Hypervisor {
         Ok(())
     }
 
+    /// Declares counters of the hypervisor object (`lp` `None`) or of LP `lp` that no source
+    /// gives (an L1VH prints no hypervisor or LP file): readers report them as unknown (`None`,
+    /// JSON null), never as 0. Replaces any earlier declaration; ids of other kinds are ignored.
+    pub fn set_global_unavailable(&self, lp: Option<u32>, counters: &[CounterId]) {
+        let (kind, page) = match lp {
+            None => (ObjectKind::Hypervisor, Some(&self.page)),
+            Some(n) => (ObjectKind::LogicalProcessor, self.lps.get(n as usize).map(|lp| &lp.page)),
+        };
+        let Some(slot) = page.and_then(SharedPage::arena_slot) else { return };
+        let mut bitmap = [0u64; 4];
+        for c in counters.iter().filter(|c| c.kind == kind) {
+            let s = c.slot();
+            if s < index::UNAVAILABLE_SLOTS {
+                bitmap[s / 64] |= 1 << (s % 64);
+            }
+        }
+        self.global.change().write_entry(slot, |w| {
+            w[ew::UNAVAILABLE_PARTITION..ew::UNAVAILABLE_PARTITION + 4].copy_from_slice(&bitmap);
+        });
+    }
+
+    /// Replaces the published instance's side file of counters the catalog has no place for
+    /// (see [`crate::mshv::unmapped`]); nothing when not published.
+    ///
+    /// # Errors
+    /// When the file cannot be written.
+    pub fn publish_unmapped(&self, bytes: &[u8]) -> Result<(), PublishError> {
+        match &self.publication {
+            Some(p) => p.replace_unmapped(bytes),
+            None => Ok(()),
+        }
+    }
+
     /// The path of the published partitions arena, when published.
     pub fn published_path(&self) -> Option<PathBuf> {
         self.publication.as_ref().map(Publication::arena_path)
@@ -428,14 +478,47 @@ impl Hypervisor {
     /// When a page cannot be created (the arena is full, or its storage cannot grow).
     pub fn create_partition_named(&self, vp_count: u32, name: &str) -> io::Result<Arc<PartitionStats>> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let indices: Vec<u32> = (0..vp_count).collect();
+        self.create_partition_as(id, &indices, name)
+    }
+
+    /// Creates the stats objects of a new, active partition under the id `id`, with VPs numbered
+    /// `vp_indices` (ascending), named `name`: how an observer of another hypervisor publishes
+    /// that hypervisor's partitions under their own ids and VP indices.
+    ///
+    /// # Errors
+    /// `AlreadyExists` when a partition has the id, `InvalidInput` when the indices are not
+    /// ascending; otherwise as [`create_partition`](Self::create_partition).
+    pub fn create_partition_with_id(
+        &self,
+        id: u64,
+        vp_indices: &[u32],
+        name: &str,
+    ) -> io::Result<Arc<PartitionStats>> {
+        if !vp_indices.is_sorted_by(|a, b| a < b) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "VP indices not ascending"));
+        }
+        self.create_partition_as(id, vp_indices, name)
+    }
+
+    fn create_partition_as(
+        &self,
+        id: u64,
+        vp_indices: &[u32],
+        name: &str,
+    ) -> io::Result<Arc<PartitionStats>> {
+        let vp_count = vp_indices.len() as u32;
         let mut partitions = self.lock_partitions();
+        if partitions.contains_key(&id) {
+            return Err(io::Error::new(io::ErrorKind::AlreadyExists, format!("partition {id} exists")));
+        }
         let mut vps = Vec::with_capacity(vp_count as usize);
         let page = {
             let mut change = self.arena.change();
             // VPs first, their partition last, in one index change: a reader never finds a
             // partition whose VPs are not there yet.
             let made = (|| {
-                for n in 0..vp_count {
+                for &n in vp_indices {
                     let record = ObjectRecord { kind: ObjectKind::Vp, id, index: n, vp_count: 0 };
                     vps.push(SharedPage::in_arena(&self.arena, &mut change, record)?);
                 }
@@ -465,6 +548,7 @@ impl Hypervisor {
             id,
             page,
             vps,
+            vp_indices: vp_indices.iter().copied().ne(0..vp_count).then(|| vp_indices.to_vec()),
             active: AtomicBool::new(true),
             removed: AtomicBool::new(false),
             gpa: Mutex::new(GpaSpace::new(self.quota)),
@@ -531,9 +615,10 @@ impl Hypervisor {
                 self.lps.get(n as usize).map(|lp| ObjectPage::Global(&lp.page))
             }
             StatsObject::Partition(id) => self.partition(id).map(|p| ObjectPage::Partition(p, None)),
-            StatsObject::Vp(id, n) => {
-                self.partition(id).filter(|p| n < p.vp_count()).map(|p| ObjectPage::Partition(p, Some(n)))
-            }
+            StatsObject::Vp(id, n) => self
+                .partition(id)
+                .filter(|p| p.vp_page(n).is_some())
+                .map(|p| ObjectPage::Partition(p, Some(n))),
         }
     }
 

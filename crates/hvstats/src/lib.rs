@@ -4,7 +4,7 @@
 //! format in [`index`]), the instance that holds them ([`instance`]), the map/unmap rules
 //! ([`rules`]) and the stats hypercalls built on them ([`hypercall`], [`gpa_space`]), publication
 //! of live instances to the runtime directory ([`publish`], [`runtime_dir`]) and attach for root
-//! readers in other processes ([`attach`], [`reader`], [`trust`]), the LP objects ([`lp`]), snapshots of
+//! readers in other processes ([`attach`], [`reader`], [`trust`]), the LP objects ([`lp`]), the Microsoft Hypervisor's own counters read from Linux's debugfs ([`mshv`]), snapshots of
 //! attached instances ([`snapshot`]), threads' CPU wait ([`sched`]), and — built on those — the
 //! typed VP counter API and the hardware counter allocator.
 
@@ -20,6 +20,7 @@ pub mod index;
 pub mod instance;
 pub mod lp;
 pub mod metrics;
+pub mod mshv;
 pub mod page;
 pub mod perf_event;
 pub mod present;

@@ -7,6 +7,8 @@
 //! <pid>-<start time>-<n>.arena    partitions and VPs: one arena (see crate::index); mode 0600,
 //!                                 or 0640 with the group named by InstanceConfig::page_access
 //! <pid>-<start time>-<n>.global   the hypervisor and LPs: an arena of their own, always 0600
+//! <pid>-<start time>-<n>.unmapped (mshv observers only) counters the catalog has no place for,
+//!                                 as text (crate::mshv::unmapped); mode as the .arena's
 //! .<…>.tmp                        an arena being set up, renamed into place when complete
 //! ```
 //!
@@ -31,6 +33,8 @@ pub const INSTANCES_DIR: &str = "instances";
 pub const ARENA_SUFFIX: &str = ".arena";
 /// The file suffix of a global-objects arena.
 pub const GLOBAL_SUFFIX: &str = ".global";
+/// The file suffix of an instance's side file of counters the catalog has no place for.
+pub const UNMAPPED_SUFFIX: &str = ".unmapped";
 /// The file suffix of an arena being set up.
 pub const TMP_SUFFIX: &str = ".tmp";
 
@@ -44,6 +48,15 @@ pub enum PublishError {
     #[error("cannot allocate the arena {}", path.display())]
     Arena {
         /// The arena file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The side file could not be written.
+    #[error("cannot write {}", path.display())]
+    SideFile {
+        /// The file.
         path: PathBuf,
         /// Why.
         #[source]
@@ -75,6 +88,7 @@ impl PublishError {
         match self {
             PublishError::Dir(e) => e.io_kind(),
             PublishError::Arena { source, .. }
+            | PublishError::SideFile { source, .. }
             | PublishError::StartTime { source, .. }
             | PublishError::Lock { source, .. } => Some(source.kind()),
         }
@@ -183,12 +197,12 @@ pub struct Sweep {
 }
 
 /// True for a name hvstats publishes (`<name>.arena`, `<name>.global`, `.<…>.tmp`).
-fn is_ours(name: &str) -> bool {
-    let stem = name.strip_suffix(ARENA_SUFFIX).or_else(|| name.strip_suffix(GLOBAL_SUFFIX)).or_else(|| {
-        name.strip_prefix('.')
-            .and_then(|n| n.strip_suffix(TMP_SUFFIX))
-            .and_then(|n| n.strip_suffix(ARENA_SUFFIX).or_else(|| n.strip_suffix(GLOBAL_SUFFIX)))
-    });
+fn is_ours<'a>(name: &'a str) -> bool {
+    let known = |n: &'a str| -> Option<&'a str> {
+        [ARENA_SUFFIX, GLOBAL_SUFFIX, UNMAPPED_SUFFIX].iter().find_map(|s| n.strip_suffix(s))
+    };
+    let stem = known(name)
+        .or_else(|| name.strip_prefix('.').and_then(|n| n.strip_suffix(TMP_SUFFIX)).and_then(known));
     stem.and_then(InstanceName::parse).is_some()
 }
 
@@ -242,6 +256,9 @@ pub struct Publication {
     instances: Dir,
     name: InstanceName,
     committed: bool,
+    access: PageAccess,
+    /// The side file in place, held locked so readers believe it and sweeps leave it.
+    side: std::sync::Mutex<Option<File>>,
 }
 
 /// The two arena files of a new publication, locked, empty, not yet visible.
@@ -273,7 +290,7 @@ impl Publication {
                 continue;
             }
             let mode = if access.group.is_some() { 0o640 } else { 0o600 };
-            let publication = Self { instances, name, committed: false };
+            let publication = Self { instances, name, committed: false, access, side: Default::default() };
             let global = publication.create(&name.global_file(), 0o600, None)?;
             let partitions = publication.create(&name.arena_file(), mode, access.group)?;
             return Ok((publication, NewFiles { partitions, global }));
@@ -310,12 +327,34 @@ impl Publication {
         self.committed = true;
         Ok(())
     }
+
+    /// Replaces the instance's side file `<name>.unmapped` with `bytes` at once (written under a
+    /// temporary name, locked, renamed over the old one): readers see the old contents or the new.
+    ///
+    /// # Errors
+    /// When the file cannot be created, written, locked or renamed.
+    pub fn replace_unmapped(&self, bytes: &[u8]) -> Result<(), PublishError> {
+        use std::io::Write;
+        let file = format!("{}{UNMAPPED_SUFFIX}", self.name);
+        let tmp = format!(".{file}{TMP_SUFFIX}");
+        // One replacement at a time: the temporary name is the same for all.
+        let mut side = self.side.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = self.instances.remove_file(&tmp);
+        let mode = if self.access.group.is_some() { 0o640 } else { 0o600 };
+        let mut f = self.create(&file, mode, self.access.group)?;
+        let path = self.instances.path().join(&tmp);
+        f.write_all(bytes).map_err(|source| PublishError::SideFile { path, source })?;
+        self.instances.rename_replace(&tmp, &file)?;
+        *side = Some(f);
+        Ok(())
+    }
 }
 
 impl Drop for Publication {
     fn drop(&mut self) {
         // Files left behind are found dead (unlocked) and removed by the next publisher or reader.
-        for file in [self.name.arena_file(), self.name.global_file()] {
+        let unmapped = format!("{}{UNMAPPED_SUFFIX}", self.name);
+        for file in [self.name.arena_file(), self.name.global_file(), unmapped] {
             let _ = self.instances.remove_file(&file);
             let _ = self.instances.remove_file(&format!(".{file}{TMP_SUFFIX}"));
         }
@@ -342,6 +381,7 @@ mod tests {
         assert_eq!(InstanceName::parse("x-7-3"), None);
         assert_eq!(InstanceName::parse("+42-7-3"), None);
         assert!(is_ours("1-2-3.arena") && is_ours(".1-2-3.global.tmp"));
+        assert!(is_ours("1-2-3.unmapped") && is_ours(".1-2-3.unmapped.tmp"));
         assert!(!is_ours("notes") && !is_ours("1-2-3.page"));
     }
 }

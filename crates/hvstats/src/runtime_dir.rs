@@ -299,6 +299,24 @@ impl Dir {
             .map_err(|source| io_error(&path, "rename into place", source))
     }
 
+    /// Renames `from` to `to` in this directory, replacing `to` at once when it exists (a file or
+    /// link there is replaced, never followed): readers see the old file or the new one.
+    ///
+    /// # Errors
+    /// When the rename fails.
+    pub fn rename_replace(&self, from: &str, to: &str) -> Result<(), RuntimeDirError> {
+        let path = self.path.join(to);
+        let (f, t) = (cstr(OsStr::new(from)), cstr(OsStr::new(to)));
+        let (Ok(f), Ok(t)) = (f, t) else {
+            return Err(io_error(&path, "rename", io::ErrorKind::InvalidInput.into()));
+        };
+        let dir = self.fd.as_raw_fd();
+        // SAFETY: NUL-terminated names relative to our directory fd.
+        check(unsafe { libc::renameat(dir, f.as_ptr(), dir, t.as_ptr()) })
+            .map(drop)
+            .map_err(|source| io_error(&path, "rename into place", source))
+    }
+
     /// Removes the file (or link: never what it points to) `name`.
     ///
     /// # Errors

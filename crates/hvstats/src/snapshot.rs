@@ -104,6 +104,10 @@ pub struct InstanceSnapshot {
     pub lps: Vec<LpSnapshot>,
     /// The partitions.
     pub partitions: Vec<PartitionSnapshot>,
+    /// Values the publisher keeps by name beside its pages, for counters the catalog has no
+    /// place for (an mshv observer's, see [`crate::mshv::unmapped`]); `None` when it keeps none,
+    /// or they cannot be read.
+    pub unmapped: Option<crate::mshv::unmapped::Unmapped>,
 }
 
 /// Decodes `page` as `kind` into every catalog counter of that kind.
@@ -266,7 +270,7 @@ pub fn take_instance(instance: &Instance) -> InstanceSnapshot {
 /// them one by one with [`take_partition`]).
 pub fn take_instance_globals(instance: &Instance) -> InstanceSnapshot {
     let mut buf = StatsPage::default();
-    let none = |_| false;
+    let hypervisor_unavailable = |slot| instance.hypervisor_unavailable(slot);
     let global_error = instance.global_unreadable().map(|(reason, denied)| ObjectReading::Unreadable {
         permission_denied: denied,
         reason: reason.to_owned(),
@@ -277,16 +281,19 @@ pub fn take_instance_globals(instance: &Instance) -> InstanceSnapshot {
         description: instance.description().clone(),
         hypervisor: global_error
             .clone()
-            .unwrap_or_else(|| read(instance, StatsObject::Hypervisor, &mut buf, &none)),
+            .unwrap_or_else(|| read(instance, StatsObject::Hypervisor, &mut buf, &hypervisor_unavailable)),
         lps: instance
             .logical_processors()
             .iter()
             .map(|lp| LpSnapshot {
                 index: lp.index,
                 cpu: lp.cpu,
-                reading: read(instance, StatsObject::LogicalProcessor(lp.index), &mut buf, &none),
+                reading: read(instance, StatsObject::LogicalProcessor(lp.index), &mut buf, &|slot| {
+                    lp.is_unavailable(slot)
+                }),
             })
             .collect(),
         partitions: Vec::new(),
+        unmapped: crate::mshv::unmapped::read(instance).ok().flatten(),
     }
 }

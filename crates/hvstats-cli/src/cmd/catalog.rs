@@ -64,6 +64,7 @@ pub fn counter_json(c: &Counter) -> Value {
         "maintained_note": c.maintained.note(),
         "observed": observed(c.id).map(|_| observed_by(c)),
         "observed_note": observed(c.id).map(Observed::note),
+        "mshv": hvstats::mshv::names::MAPPINGS.iter().find(|m| m.counter == c.id).map(|m| m.name),
         "description": c.description,
     })
 }

@@ -1,6 +1,8 @@
 //! `hvstats observe`: Hyper-V VP counters for KVM VMs other processes run (QEMU, Firecracker,
 //! cloud-hypervisor, crosvm, kvmtool), published as partitions of this process's instance so
-//! every reader (`snapshot`, …) shows them beside hvstats' own partitions.
+//! every reader (`snapshot`, …) shows them beside hvstats' own partitions; and, with `--mshv`, the
+//! Microsoft Hypervisor's own counters where Linux is its root partition, as an instance of their
+//! own (see `docs/mshv.md`).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -9,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use hvstats::{Hypervisor, InstanceConfig};
+use hvstats_kvm::mshv::{self, MshvEvent, MshvObserver};
 use hvstats_kvm::observe::publication;
 use hvstats_kvm::observe::qmp::{CANCEL_POLL, Cancel};
 use hvstats_kvm::observe::{ObserveOptions, Observer, ObserverEvent, Procfs, Targets, raise_fd_limit};
@@ -19,7 +22,12 @@ use crate::signals;
 #[derive(clap::Args)]
 pub struct Args {
     /// Observe the KVM VM of this process (repeatable).
-    #[arg(long = "pid", value_name = "PID", required_unless_present = "all", conflicts_with = "all")]
+    #[arg(
+        long = "pid",
+        value_name = "PID",
+        required_unless_present_any = ["all", "mshv"],
+        conflicts_with = "all"
+    )]
     pids: Vec<i32>,
     /// Observe every process on the host holding a KVM VM, dropping gone ones within one interval
     /// and picking up new ones within two (a VM is attached once its vCPU count held still).
@@ -29,6 +37,13 @@ pub struct Args {
     /// (only with a single --pid).
     #[arg(long, value_name = "PATH")]
     qmp: Option<PathBuf>,
+    /// Publish the Microsoft Hypervisor's own counters from Linux's mshv debugfs tree (where Linux
+    /// is its root partition) as an instance of their own: alone, or beside --pid/--all.
+    #[arg(long, value_name = "DIR", num_args = 0..=1, default_missing_value = hvstats::mshv::tree::DEFAULT_ROOT)]
+    mshv: Option<PathBuf>,
+    /// With --mshv: list the names the tree prints that the catalog has no counter for, and exit.
+    #[arg(long, requires = "mshv")]
+    list_unknown: bool,
     /// Seconds between refreshes of the pages.
     #[arg(long, value_name = "SECS", default_value = "1", value_parser = parse_interval)]
     interval: f64,
@@ -55,20 +70,33 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(p) = args.pids.iter().find(|p| **p <= 0) {
         bail!("--pid {p}: not a process id");
     }
+    if let (Some(root), true) = (&args.mshv, args.list_unknown) {
+        return list_unknown(root);
+    }
     signals::block().context("cannot block SIGINT/SIGTERM")?;
     match raise_fd_limit() {
         Ok(n) => log(&format!("open file limit {n}")),
         Err(e) => log(&format!("cannot raise the open file limit: {e}")),
     }
     let dir = super::runtime_dir(args.runtime_dir)?;
+    let mut mshv = match &args.mshv {
+        Some(root) => Some(start_mshv(root, &dir)?),
+        None => None,
+    };
+    let observing = args.all || !args.pids.is_empty();
     let config = InstanceConfig {
         runtime_dir: Some(dir.clone()),
         description: publication::description(),
         ..Default::default()
     };
-    let hv = Hypervisor::with_config(config)
-        .with_context(|| format!("cannot publish an instance under {}", dir.display()))?;
-    if let Some(name) = hv.published_name() {
+    let hv = match observing {
+        true => Some(
+            Hypervisor::with_config(config)
+                .with_context(|| format!("cannot publish an instance under {}", dir.display()))?,
+        ),
+        false => None,
+    };
+    if let Some(name) = hv.as_ref().and_then(|hv| hv.published_name()) {
         log(&format!("publishing observed VMs as instance {name} in {}", dir.display()));
     }
     let procfs = match args.proc_root {
@@ -77,18 +105,24 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let targets = if args.all { Targets::All } else { Targets::Pids(args.pids) };
     let cancel = Cancel::new();
-    let options = ObserveOptions { qmp: args.qmp, cancel: cancel.clone(), claims: Some(dir.clone()) };
-    let mut observer = Observer::new(hv.clone(), procfs, targets, options);
+    let mut observer = hv.clone().map(|hv| {
+        let options =
+            ObserveOptions { qmp: args.qmp.clone(), cancel: cancel.clone(), claims: Some(dir.clone()) };
+        Observer::new(hv, procfs, targets, options)
+    });
     let interval = Duration::from_secs_f64(args.interval);
     // The observer runs on this thread while a watcher takes SIGINT/SIGTERM: a signal cancels
     // whatever the observer waits on (a QMP peer that drips, streams or hangs) within 0.1 s.
     let stop = cancel.clone();
-    let (failed, signal) =
-        signals::during(|_| observe(&mut observer, &hv, interval, &cancel), move |_| stop.cancel())
-            .context("cannot wait for signals")?;
+    let (failed, signal) = signals::during(
+        |_| observe(observer.as_mut(), hv.as_deref(), mshv.as_mut(), interval, &cancel),
+        move |_| stop.cancel(),
+    )
+    .context("cannot wait for signals")?;
     match signal {
         Some(signal) => {
-            log(&format!("{}: detaching from {} VMs", signal.name(), observer.vms().count()));
+            let vms = observer.as_ref().map_or(0, |o| o.vms().count());
+            log(&format!("{}: detaching from {vms} VMs", signal.name()));
             Ok(ExitCode::SUCCESS)
         }
         None => {
@@ -98,18 +132,36 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Ticks `observer` every `interval` until every `--pid` process is gone (then returns whether
-/// any failed) or `cancel` is set.
-fn observe(observer: &mut Observer, hv: &Hypervisor, interval: Duration, cancel: &Cancel) -> bool {
+/// Ticks `observer` and the mshv reader every `interval` until every `--pid` process is gone
+/// (then returns whether any failed; never while an mshv tree is read) or `cancel` is set.
+fn observe(
+    mut observer: Option<&mut Observer>,
+    hv: Option<&Hypervisor>,
+    mut mshv: Option<&mut MshvObserver>,
+    interval: Duration,
+    cancel: &Cancel,
+) -> bool {
     let mut failed = false;
     loop {
-        // The instance's LP pages, as every instance keeps them; a host without procfs leaves them.
-        let _ = hv.refresh_lps();
-        for event in observer.tick() {
-            failed |= matches!(event, ObserverEvent::Failed { .. });
-            log(&describe(&event));
+        if let Some(m) = mshv.as_deref_mut() {
+            for event in m.tick() {
+                log(&describe_mshv(&event));
+            }
         }
-        if observer.finished() || cancel.is_cancelled() {
+        // The instance's LP pages, as every instance keeps them; a host without procfs leaves them.
+        if let Some(hv) = hv {
+            let _ = hv.refresh_lps();
+        }
+        if let Some(observer) = observer.as_deref_mut() {
+            for event in observer.tick() {
+                failed |= matches!(event, ObserverEvent::Failed { .. });
+                log(&describe(&event));
+            }
+            if observer.finished() && mshv.is_none() {
+                return failed;
+            }
+        }
+        if cancel.is_cancelled() {
             return failed;
         }
         let until = Instant::now() + interval;
@@ -119,6 +171,53 @@ fn observe(observer: &mut Observer, hv: &Hypervisor, interval: Duration, cancel:
             }
             std::thread::sleep(CANCEL_POLL.min(until.saturating_duration_since(Instant::now())));
         }
+    }
+}
+
+/// Reads the mshv tree once and publishes it as an instance of its own.
+fn start_mshv(root: &std::path::Path, dir: &std::path::Path) -> anyhow::Result<MshvObserver> {
+    let tree = mshv::read_tree(root).context("--mshv")?;
+    let config = mshv::instance_config(root, &tree, Some(dir.to_owned()));
+    let hv = Hypervisor::with_config(config)
+        .with_context(|| format!("cannot publish an instance under {}", dir.display()))?;
+    if let Some(name) = hv.published_name() {
+        log(&format!(
+            "publishing the Microsoft Hypervisor's counters from {} as instance {name} in {}",
+            root.display(),
+            dir.display()
+        ));
+    }
+    Ok(MshvObserver::new(hv, root.to_owned()))
+}
+
+/// `--mshv DIR --list-unknown`: the names the catalog has no counter for, by object kind.
+fn list_unknown(root: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let tree = mshv::read_tree(root).context("--mshv")?;
+    for p in &tree.problems {
+        log(&format!("skipped {p}"));
+    }
+    let mut text = String::new();
+    for (kind, names) in mshv::unmapped_names(&tree) {
+        for (name, known) in names {
+            let note = if known { "" } else { "\t(not in Linux's x86_64 table: a newer or other build)" };
+            text.push_str(&format!("{}\t{name}{note}\n", kind.short_name()));
+        }
+    }
+    crate::output::print(&text)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn describe_mshv(event: &MshvEvent) -> String {
+    let vps = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    match event {
+        MshvEvent::Appeared { key, vps: v } => format!("mshv partition {key}: VPs [{}]", vps(v)),
+        MshvEvent::VpsChanged { key, vps: v } => format!("mshv partition {key}: VPs now [{}]", vps(v)),
+        MshvEvent::Vanished { key } => format!("mshv partition {key}: gone"),
+        MshvEvent::Unmapped { kind, name } => {
+            format!("mshv: {} counter {name} has no catalog counter: published by name", kind.short_name())
+        }
+        MshvEvent::Problem(p) => format!("mshv: skipped {p}"),
+        MshvEvent::Unreadable(e) | MshvEvent::Failed(e) => format!("mshv: {e}"),
     }
 }
 

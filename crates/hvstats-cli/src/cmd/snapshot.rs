@@ -13,6 +13,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use hvstats::attach::{Attach, Instance};
+use hvstats::mshv::unmapped::ObjectRef;
 use hvstats::present;
 use hvstats::snapshot::{self, InstanceSnapshot, ObjectReading, PartitionSnapshot, VpSnapshot};
 use hvstats_abi::catalog::counters_of;
@@ -237,7 +238,7 @@ fn stream_json(attach: &mut Attach, out: &mut impl Write) -> io::Result<bool> {
             if i > 0 {
                 out.write_all(b",")?;
             }
-            write_partition(out, &snap)?;
+            write_partition(out, &snap, &head)?;
         }
         out.write_all(b"]}")?;
     }
@@ -298,14 +299,16 @@ fn write_reading(
 }
 
 /// [`partition_json`] without an interval, written straight out.
-fn write_partition(out: &mut impl Write, p: &PartitionSnapshot) -> io::Result<()> {
+fn write_partition(out: &mut impl Write, p: &PartitionSnapshot, s: &InstanceSnapshot) -> io::Result<()> {
     let state = if p.active { "active" } else { "stopped" };
+    let unmapped = |at| unmapped_json(s, at).map_or(String::new(), |u| format!("\"unmapped\":{u},"));
     let head = format!(
-        "\"active\":{},\"id\":{},\"name\":{},\"state\":\"{state}\",\"stopped_reason\":{},\"vps\":[",
+        "\"active\":{},\"id\":{},\"name\":{},\"state\":\"{state}\",\"stopped_reason\":{},{}\"vps\":[",
         p.active,
         p.id,
         Value::String(p.name.clone()),
         p.stopped.as_ref().map_or(Value::Null, |r| Value::String(r.clone())),
+        unmapped(ObjectRef::Partition(p.id)),
     );
     // The partition's reading and fields, its VPs streamed into the open array.
     let mut text = Vec::new();
@@ -316,7 +319,13 @@ fn write_partition(out: &mut impl Write, p: &PartitionSnapshot) -> io::Result<()
         if i > 0 {
             out.write_all(b",")?;
         }
-        let extra = format!("\"histograms\":{},\"index\":{}", histograms_json(vp), vp.index);
+        let extra = format!(
+            "\"histograms\":{},\"index\":{}{}",
+            histograms_json(vp),
+            vp.index,
+            unmapped_json(s, ObjectRef::Vp(p.id, vp.index))
+                .map_or(String::new(), |u| format!(",\"unmapped\":{u}"))
+        );
         write_reading(out, &vp.reading, ObjectKind::Vp, &extra)?;
     }
     out.write_all(b"]}")
@@ -345,17 +354,19 @@ pub(crate) fn histograms_json(vp: &VpSnapshot) -> Value {
 
 /// `{"counters": {name: value}}` (with `"interval": {name: rate, % or ns}` over an interval), or
 /// `{"unreadable": reason, "permission_denied": bool}`.
-fn reading_json(reading: &ObjectReading, then: Option<(Option<&ObjectReading>, f64)>) -> Map<String, Value> {
+fn reading_json(
+    reading: &ObjectReading,
+    kind: ObjectKind,
+    then: Option<(Option<&ObjectReading>, f64)>,
+) -> Map<String, Value> {
     let mut object = Map::new();
     match reading {
         ObjectReading::Counters(values) => {
-            // Every catalog counter of the kind: one the publisher declared unavailable is null.
-            let kind = values.first().map(|(c, _)| c.id.kind);
+            // Every catalog counter of the kind (even when the publisher declared them all
+            // unavailable): one declared unavailable is null.
             let mut counters = Map::new();
-            if let Some(kind) = kind {
-                for c in counters_of(kind) {
-                    counters.insert(c.name.to_owned(), Value::Null);
-                }
+            for c in counters_of(kind) {
+                counters.insert(c.name.to_owned(), Value::Null);
             }
             for (c, v) in values {
                 counters.insert(c.name.to_owned(), json!(v));
@@ -397,16 +408,24 @@ fn instance_json(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>) -> Value {
         .iter()
         .map(|lp| {
             let t = then(&|e| e.lps.iter().find(|l| l.index == lp.index).map(|l| &l.reading));
-            with(reading_json(&lp.reading, t), json!({"index": lp.index, "cpu": lp.cpu}))
+            let fields = json!({"index": lp.index, "cpu": lp.cpu});
+            with(
+                reading_json(&lp.reading, ObjectKind::LogicalProcessor, t),
+                with_unmapped(fields, s, ObjectRef::Lp(lp.index)),
+            )
         })
         .collect();
-    let partitions: Vec<Value> = s.partitions.iter().map(|p| partition_json(p, earlier)).collect();
+    let partitions: Vec<Value> = s.partitions.iter().map(|p| partition_json(p, earlier, s)).collect();
+    let mut hypervisor = reading_json(&s.hypervisor, ObjectKind::Hypervisor, then(&|e| Some(&e.hypervisor)));
+    if let Some(u) = unmapped_json(s, ObjectRef::Hypervisor) {
+        hypervisor.insert("unmapped".into(), u);
+    }
     json!({
         "name": s.name,
         "pid": s.pid,
         "kind": s.description.kind,
         "description": s.description.name,
-        "hypervisor": Value::Object(reading_json(&s.hypervisor, then(&|e| Some(&e.hypervisor)))),
+        "hypervisor": Value::Object(hypervisor),
         "lps": lps,
         "partitions": partitions,
     })
@@ -417,7 +436,24 @@ pub(crate) fn snapshot_json(s: &InstanceSnapshot) -> Value {
     instance_json(s, None)
 }
 
-fn partition_json(p: &PartitionSnapshot, earlier: Option<Earlier<'_>>) -> Value {
+/// With `--mshv` instances: the values the catalog has no counter for, by name, of one object
+/// (`None` for an instance that keeps no such values).
+fn unmapped_json(s: &InstanceSnapshot, at: ObjectRef) -> Option<Value> {
+    let all = s.unmapped.as_ref()?;
+    let map: Map<String, Value> =
+        all.get(&at).into_iter().flatten().map(|(name, v)| (name.clone(), json!(v))).collect();
+    Some(Value::Object(map))
+}
+
+/// `fields` with an `unmapped` object added, when the instance keeps unmapped values.
+fn with_unmapped(mut fields: Value, s: &InstanceSnapshot, at: ObjectRef) -> Value {
+    if let (Some(u), Value::Object(map)) = (unmapped_json(s, at), &mut fields) {
+        map.insert("unmapped".into(), u);
+    }
+    fields
+}
+
+fn partition_json(p: &PartitionSnapshot, earlier: Option<Earlier<'_>>, s: &InstanceSnapshot) -> Value {
     let then = |find: &dyn Fn(&InstanceSnapshot) -> Option<&ObjectReading>| {
         earlier.map(|e| (find(e.snapshot), e.seconds))
     };
@@ -426,7 +462,11 @@ fn partition_json(p: &PartitionSnapshot, earlier: Option<Earlier<'_>>) -> Value 
         .iter()
         .map(|vp| {
             let t = then(&|e| earlier_vp(e, p.id, vp.index));
-            with(reading_json(&vp.reading, t), json!({"index": vp.index, "histograms": histograms_json(vp)}))
+            let fields = json!({"index": vp.index, "histograms": histograms_json(vp)});
+            with(
+                reading_json(&vp.reading, ObjectKind::Vp, t),
+                with_unmapped(fields, s, ObjectRef::Vp(p.id, vp.index)),
+            )
         })
         .collect();
     let t = then(&|e| earlier_partition(e, p.id).map(|e| &e.reading));
@@ -435,9 +475,10 @@ fn partition_json(p: &PartitionSnapshot, earlier: Option<Earlier<'_>>) -> Value 
         None => json!("stopped"),
         Some(_) => json!("stopped"),
     };
+    let fields = json!({"id": p.id, "name": p.name, "active": p.active, "state": state, "stopped_reason": p.stopped, "vps": vps});
     with(
-        reading_json(&p.reading, t),
-        json!({"id": p.id, "name": p.name, "active": p.active, "state": state, "stopped_reason": p.stopped, "vps": vps}),
+        reading_json(&p.reading, ObjectKind::Partition, t),
+        with_unmapped(fields, s, ObjectRef::Partition(p.id)),
     )
 }
 

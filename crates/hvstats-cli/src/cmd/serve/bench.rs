@@ -45,6 +45,7 @@ pub fn synthetic_reading(partitions: u32, vps_each: u32) -> Reading {
         hypervisor: counters(0, ObjectKind::Hypervisor),
         lps: Vec::new(),
         partitions,
+        unmapped: None,
     };
     Reading { at: Instant::now(), instances: vec![instance], problems: Vec::new() }
 }

@@ -8,6 +8,12 @@
 //! series in that scrape. Beyond a cap on the number of VPs exported one by one, the remaining
 //! partitions export the sum of their VPs under `vp="all"`, so a huge host cannot flood
 //! Prometheus with series.
+//!
+//! An instance that keeps values by name beside its pages (`hvstats observe --mshv`: the
+//! Microsoft Hypervisor's counters the catalog has no place for) exports them as one generic
+//! family, `hvstats_mshv_value{instance, object, lp|partition|vp, name}` (the raw value as the
+//! hypervisor prints it), and is named by `hvstats_mshv_instance_info{instance, source="mshv"}`,
+//! so its catalog series can be told apart by a join on `instance`.
 
 use std::fmt::Write;
 use std::sync::Arc;
@@ -309,6 +315,9 @@ impl Collector for Exposition {
                 encoder.encode_descriptor(&family.name, &family.help, unit.as_ref(), metric_type)?;
             self.encode_family(family, &mut metric, &per_vp)?;
         }
+        if self.reading.instances.iter().any(|i| i.unmapped.is_some()) {
+            self.encode_mshv(&mut encoder, &per_vp)?;
+        }
         if self.has_objects(ObjectKind::Vp) {
             for family in histogram_families() {
                 let mut metric = encoder.encode_descriptor(
@@ -318,6 +327,73 @@ impl Collector for Exposition {
                     MetricType::Histogram,
                 )?;
                 self.encode_histograms(family, &mut metric, &per_vp)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The help of the generic family of values the catalog has no counter for.
+const MSHV_VALUE_HELP: &str = "A counter of the Microsoft Hypervisor the catalog has no counter for, by the name Linux's \
+     mshv debugfs prints: the raw value (times in 100 ns units)";
+
+impl Exposition {
+    /// `mshv_instance_info` and `mshv_value` for the instances that keep unmapped values; a
+    /// partition's VPs only when they are exported one by one (under the VP cap).
+    fn encode_mshv(&self, encoder: &mut DescriptorEncoder, per_vp: &[bool]) -> std::fmt::Result {
+        use hvstats::mshv::unmapped::ObjectRef;
+        let mshv = || self.reading.instances.iter().filter(|i| i.unmapped.is_some());
+        {
+            let help =
+                "An instance publishing the Microsoft Hypervisor's own counters (hvstats observe --mshv)";
+            let mut metric =
+                encoder.encode_descriptor("mshv_instance_info", help, None, MetricType::Gauge)?;
+            for instance in mshv() {
+                let labels: Labels = vec![
+                    ("instance", instance.name.clone()),
+                    ("source", "mshv".to_owned()),
+                    ("description", instance.description.name.clone()),
+                ];
+                metric.encode_family(&labels)?.encode_gauge(&1u64)?;
+            }
+        }
+        let mut metric = encoder.encode_descriptor("mshv_value", MSHV_VALUE_HELP, None, MetricType::Gauge)?;
+        let mut emit = |base: &Labels, values: Option<&Vec<(String, u64)>>| -> std::fmt::Result {
+            for (name, value) in values.into_iter().flatten() {
+                let mut labels = base.clone();
+                labels.push(("name", name.clone()));
+                metric.encode_family(&labels)?.encode_gauge(value)?;
+            }
+            Ok(())
+        };
+        for instance in mshv() {
+            let Some(unmapped) = &instance.unmapped else { continue };
+            let base = |object: &str| -> Labels {
+                vec![("instance", instance.name.clone()), ("object", object.to_owned())]
+            };
+            emit(&base("hypervisor"), unmapped.get(&ObjectRef::Hypervisor))?;
+            for lp in &instance.lps {
+                let mut labels = base("lp");
+                labels.push(("lp", lp.index.to_string()));
+                emit(&labels, unmapped.get(&ObjectRef::Lp(lp.index)))?;
+            }
+        }
+        for ((instance, partition), one_by_one) in self.partitions().zip(per_vp) {
+            let Some(unmapped) = &instance.unmapped else { continue };
+            let base = |object: &str| -> Labels {
+                vec![
+                    ("instance", instance.name.clone()),
+                    ("object", object.to_owned()),
+                    ("partition", partition.id.to_string()),
+                ]
+            };
+            emit(&base("partition"), unmapped.get(&ObjectRef::Partition(partition.id)))?;
+            if *one_by_one {
+                for vp in &partition.vps {
+                    let mut labels = base("vp");
+                    labels.push(("vp", vp.index.to_string()));
+                    emit(&labels, unmapped.get(&ObjectRef::Vp(partition.id, vp.index)))?;
+                }
             }
         }
         Ok(())
@@ -356,6 +432,45 @@ mod tests {
         assert!(all.contains("partition=\"3\""), "{all}");
         assert!(all.ends_with(&format!(" {}", 4000 + index + 5000 + index)), "{all}");
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn unmapped_values_are_one_generic_family_named_by_object_and_name() {
+        use hvstats::mshv::unmapped::{ObjectRef, Unmapped};
+        let mut reading = synthetic_reading(2, 2);
+        let plain = Exposition::new(reading.clone(), 10).encode().unwrap();
+        assert!(!plain.contains("hvstats_mshv_"), "no mshv instance, no mshv family");
+        let instance = &mut reading.instances[0];
+        let id = instance.partitions[0].id;
+        let mut unmapped = Unmapped::new();
+        unmapped.insert(ObjectRef::Hypervisor, vec![("HvSubsumedPages".into(), 4)]);
+        unmapped.insert(ObjectRef::Vp(id, 1), vec![("VpVtl1DispatchCount".into(), u64::MAX)]);
+        unmapped.insert(ObjectRef::Partition(id), vec![("PtPagesShattered".into(), 9)]);
+        instance.unmapped = Some(unmapped);
+        let name = instance.name.clone();
+        let text = Exposition::new(reading.clone(), 10).encode().unwrap();
+        let counter = lines_of(&text, "hvstats_mshv_value{");
+        assert_eq!(
+            counter,
+            [
+                format!(
+                    "hvstats_mshv_value{{instance=\"{name}\",object=\"hypervisor\",name=\"HvSubsumedPages\"}} 4"
+                ),
+                format!(
+                    "hvstats_mshv_value{{instance=\"{name}\",object=\"partition\",partition=\"{id}\",name=\"PtPagesShattered\"}} 9"
+                ),
+                format!(
+                    "hvstats_mshv_value{{instance=\"{name}\",object=\"vp\",partition=\"{id}\",vp=\"1\",name=\"VpVtl1DispatchCount\"}} {}",
+                    u64::MAX
+                ),
+            ]
+        );
+        let info = lines_of(&text, "hvstats_mshv_instance_info{");
+        assert_eq!(info.len(), 1, "{text}");
+        assert!(info[0].contains("source=\"mshv\"") && info[0].ends_with(" 1"), "{}", info[0]);
+        // Past the VP cap the VPs' values are left out; the partition's stay.
+        let capped = Exposition::new(reading, 1).encode().unwrap();
+        assert_eq!(lines_of(&capped, "hvstats_mshv_value{").len(), 2, "{capped}");
     }
 
     #[test]

@@ -1,0 +1,244 @@
+//! `hvstats observe --mshv DIR`: a tree written in the kernel's exact format is published, and
+//! `snapshot --json` shows exactly its values under the catalog's names, the names the catalog
+//! lacks under `unmapped`, and partitions as their directories come and go; `--list-unknown`
+//! lists those names.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test set-up: a failure there is the test failing"
+)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::TempDir;
+use hvstats::mshv::synthetic::{SyntheticTree, full_file};
+use hvstats_abi::ObjectKind;
+use serde_json::Value;
+
+fn snapshot(runtime: &Path) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["snapshot", "--json", "--runtime-dir"])
+        .arg(runtime)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Polls `snapshot --json` until `done` holds for its mshv instance (or 20 s pass).
+fn wait_for(runtime: &Path, done: impl Fn(&Value) -> bool) -> Value {
+    let start = Instant::now();
+    loop {
+        let doc = snapshot(runtime);
+        let found = doc["instances"].as_array().and_then(|a| a.iter().find(|i| i["kind"] == "mshv"));
+        if let Some(i) = found.filter(|i| done(i)) {
+            return i.clone();
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "never: {doc}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// One `GET /metrics` from `hvstats serve` over `runtime`.
+fn scrape(runtime: &Path) -> String {
+    use std::io::{Read, Write};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--runtime-dir"])
+        .arg(runtime)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let served = Observer(child);
+    let addr = line.trim().strip_prefix("serving http://").and_then(|s| s.strip_suffix("/metrics")).unwrap();
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(stream, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    drop(served);
+    reply
+}
+
+struct Observer(Child);
+
+impl Drop for Observer {
+    fn drop(&mut self) {
+        // SAFETY: plain kill of the child we started.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let _ = self.0.wait();
+    }
+}
+
+fn vp(instance: &Value, partition: u64, index: u64) -> &Value {
+    let p = instance["partitions"].as_array().unwrap().iter().find(|p| p["id"] == partition).unwrap();
+    p["vps"].as_array().unwrap().iter().find(|v| v["index"] == index).unwrap()
+}
+
+#[test]
+fn snapshot_shows_the_trees_values_under_the_catalogs_names_and_follows_its_partitions() {
+    let tmp = TempDir::new("observe-mshv");
+    let runtime = tmp.path().join("run");
+    std::fs::create_dir_all(&runtime).unwrap();
+    let tree = SyntheticTree::new("cli").unwrap();
+    let val = |object: u64| move |id: u16| object * 1000 + u64::from(id);
+    tree.hypervisor(&full_file(ObjectKind::Hypervisor, val(1))).unwrap();
+    tree.lp(0, &full_file(ObjectKind::LogicalProcessor, val(10))).unwrap();
+    tree.partition("4", &full_file(ObjectKind::Partition, val(20))).unwrap();
+    tree.vp("4", 0, &full_file(ObjectKind::Vp, val(30))).unwrap();
+    tree.vp("4", 1, &full_file(ObjectKind::Vp, val(31))).unwrap();
+    tree.partition("self", &[("PtVirtualProcessors", 1)]).unwrap();
+    tree.vp("self", 0, &[("VpCpuidInstructionsCount", 77)]).unwrap();
+
+    let child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["observe", "--interval", "0.05", "--runtime-dir"])
+        .arg(&runtime)
+        .arg("--mshv")
+        .arg(tree.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut observer = Observer(child);
+    let stderr = BufReader::new(observer.0.stderr.take().unwrap());
+    let log = std::thread::spawn(move || stderr.lines().map_while(Result::ok).collect::<Vec<_>>());
+
+    // A refresh writes the partitions first and the hypervisor's file last (its Partitions count
+    // has the final word) and the unmapped side file after it: wait until one has landed whole.
+    let i = wait_for(&runtime, |i| {
+        i["partitions"].as_array().is_some_and(|p| p.len() == 2)
+            && i["hypervisor"]["counters"]["Partitions"] == 1002
+            && i["hypervisor"]["unmapped"].is_object()
+    });
+    assert_eq!(i["hypervisor"]["counters"]["Partitions"], 1002);
+    assert_eq!(i["hypervisor"]["unmapped"]["HvSubsumedPages"], 1012);
+    let lp = &i["lps"][0];
+    assert_eq!(lp["counters"]["Global time"], 10001);
+    assert_eq!(lp["counters"]["Context switch time"], 10012 * 100, "100 ns to the catalog's ns");
+    assert_eq!(lp["unmapped"]["LpPerfmonInterruptCount"], 10051);
+    let p4 = i["partitions"].as_array().unwrap().iter().find(|p| p["id"] == 4).unwrap();
+    assert_eq!(p4["name"], "mshv:4");
+    assert_eq!(p4["counters"]["GPA pages"], 20006);
+    assert_eq!(p4["unmapped"]["PtNumberofActiveChildPartitions"], 20046);
+    let v1 = vp(&i, 4, 1);
+    assert_eq!(v1["counters"]["CPUID instructions/sec"], 31019);
+    assert_eq!(v1["counters"]["CPUID instructions cost"], 31020);
+    assert_eq!(v1["counters"]["Hypercalls/sec"], 31007);
+    assert_eq!(v1["counters"]["Virtual processor hypercalls/sec"], 31069);
+    assert_eq!(v1["counters"]["Dispatches/sec"], 31074);
+    assert_eq!(v1["counters"]["CPU wait time per dispatch"], 31075 * 100);
+    assert_eq!(v1["unmapped"]["VpWaitingForCpuTimeBucket12"], 31209);
+    assert_eq!(v1["unmapped"]["VpVtl1DispatchCount"], 31182);
+    assert_eq!(v1["unmapped"].as_object().unwrap().len(), 212 - 1 - 67, "every VP name the catalog lacks");
+    assert_eq!(vp(&i, 4, 0)["counters"]["Total run time"], 30001);
+    // The L1VH's own partition: what its file lacks is absent, not 0.
+    let own = vp(&i, u64::MAX, 0);
+    assert_eq!(own["counters"]["CPUID instructions/sec"], 77);
+    assert_eq!(own["counters"]["Hypercalls/sec"], Value::Null);
+
+    // The other readers, unchanged: /metrics and top.
+    let metrics = scrape(&runtime);
+    let name = i["name"].as_str().unwrap();
+    let cpuid = format!(
+        "hvstats_vp_intercepts_total{{instance=\"{name}\",vm=\"mshv:4\",partition=\"4\",vp=\"1\",intercept=\"cpuid\"}} 31019"
+    );
+    assert!(metrics.lines().any(|l| l == cpuid), "{metrics}");
+    let vtl = format!(
+        "hvstats_mshv_value{{instance=\"{name}\",object=\"vp\",partition=\"4\",vp=\"1\",name=\"VpVtl1DispatchCount\"}} 31182"
+    );
+    assert!(metrics.lines().any(|l| l == vtl), "{metrics}");
+    let top = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["top", "--once", "--interval", "0.1", "--runtime-dir"])
+        .arg(&runtime)
+        .output()
+        .unwrap();
+    assert!(top.status.success(), "{}", String::from_utf8_lossy(&top.stderr));
+    assert!(String::from_utf8_lossy(&top.stdout).lines().any(|l| l.starts_with("mshv:4")));
+
+    // A partition destroyed: its directory goes, and so does it from the next snapshot.
+    tree.remove_partition("4").unwrap();
+    let i = wait_for(&runtime, |i| i["partitions"].as_array().is_some_and(|p| p.len() == 1));
+    assert_eq!(i["partitions"][0]["name"], "mshv:self");
+
+    drop(observer);
+    let log = log.join().unwrap();
+    assert!(log.iter().any(|l| l.contains("mshv partition 4: VPs [0,1]")), "{log:?}");
+    assert!(log.iter().any(|l| l.contains("mshv partition 4: gone")), "{log:?}");
+    assert!(log.iter().any(|l| l.contains("vp counter VpVtl2RunTime has no catalog counter")), "{log:?}");
+}
+
+#[test]
+fn an_l1vh_tree_without_hypervisor_or_lp_files_shows_their_counters_as_null() {
+    let tmp = TempDir::new("observe-mshv-l1vh");
+    let runtime = tmp.path().join("run");
+    std::fs::create_dir_all(&runtime).unwrap();
+    let tree = SyntheticTree::new("cli-l1vh").unwrap();
+    tree.partition("self", &[("PtVirtualProcessors", 1)]).unwrap();
+    tree.vp("self", 0, &[("VpTotalRunTime", 5)]).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["observe", "--interval", "0.05", "--runtime-dir"])
+        .arg(&runtime)
+        .arg("--mshv")
+        .arg(tree.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _observer = Observer(child);
+    let i = wait_for(&runtime, |i| i["partitions"].as_array().is_some_and(|p| p.len() == 1));
+    let counters = i["hypervisor"]["counters"].as_object().unwrap();
+    assert_eq!(counters.len(), 5);
+    assert!(counters.values().all(Value::is_null), "{counters:?}");
+    assert_eq!(i["lps"].as_array().unwrap().len(), 0);
+    assert_eq!(vp(&i, u64::MAX, 0)["counters"]["Total run time"], 5);
+    assert_eq!(vp(&i, u64::MAX, 0)["counters"]["Hypervisor run time"], Value::Null);
+}
+
+#[test]
+fn the_catalog_names_the_mshv_counter_behind_each_of_its_counters() {
+    let out = Command::new(env!("CARGO_BIN_EXE_hvstats")).args(["catalog", "--json"]).output().unwrap();
+    assert!(out.status.success());
+    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let row =
+        |object: &str, name: &str| rows.iter().find(|r| r["object"] == object && r["name"] == name).unwrap();
+    assert_eq!(row("vp", "CPUID instructions/sec")["mshv"], "VpCpuidInstructionsCount");
+    assert_eq!(row("vp", "CPU wait time per dispatch")["mshv"], "VpWaitingForCpuTime");
+    assert_eq!(row("partition", "Virtual TLB flush entries/sec")["mshv"], "PtVirtualTlbFlushEntires");
+    assert_eq!(row("vp", "Sequence")["mshv"], Value::Null);
+}
+
+#[test]
+fn list_unknown_names_what_the_catalog_lacks_and_reads_nothing_else() {
+    let tree = SyntheticTree::new("cli-list").unwrap();
+    tree.partition("1", &[("PtVirtualProcessors", 1), ("PtPagesShattered", 3)]).unwrap();
+    tree.vp("1", 0, &[("VpCpuidInstructionsCount", 1), ("VpLoadAvg", 2), ("VpFutureThing", 3)]).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["observe", "--list-unknown", "--mshv"])
+        .arg(tree.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        "partition\tPtPagesShattered\n\
+         vp\tVpFutureThing\t(not in Linux's x86_64 table: a newer or other build)\n\
+         vp\tVpLoadAvg\n"
+    );
+    let missing = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["observe", "--list-unknown", "--mshv"])
+        .arg(tree.path().join("absent"))
+        .output()
+        .unwrap();
+    assert!(!missing.status.success());
+    let err = String::from_utf8_lossy(&missing.stderr);
+    assert!(err.contains("cannot read the mshv debugfs tree") && err.contains("absent"), "{err}");
+}
