@@ -405,3 +405,345 @@ fn prometheus_scrapes_two_hosts_and_sums_their_exact_totals() {
     );
     query_until(web, "count(up == 1)", "2");
 }
+
+// Hostile clients. The exporter listens to peers it does not control: each test below is one
+// attack, made with real sockets against the real server, and checks that the server stays
+// alive, answers others in time, and holds no more than its limits let a client make it hold.
+
+/// `hvstats serve` started by a shell that first sets `ulimit -n nofile`; its standard error is
+/// kept in `stderr`.
+fn serve_limited(dir: &Path, extra: &[&str], nofile: u32, stderr: &Path) -> (Running, SocketAddr) {
+    let mut script =
+        format!("ulimit -n {nofile} && exec \"$0\" serve --listen 127.0.0.1:0 --runtime-dir \"$1\"");
+    for (n, _) in extra.iter().enumerate() {
+        script.push_str(&format!(" \"${}\"", n + 2));
+    }
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .arg(env!("CARGO_BIN_EXE_hvstats"))
+        .arg(dir)
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(stderr).unwrap())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr = line.trim().strip_prefix("serving http://").and_then(|s| s.strip_suffix("/metrics"));
+    let addr = addr.unwrap_or_else(|| panic!("unexpected first line {line:?}")).parse().unwrap();
+    (Running(child), addr)
+}
+
+impl Running {
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// Panics when the server has exited.
+    fn assert_alive(&mut self) {
+        assert_eq!(self.0.try_wait().unwrap(), None, "the server exited");
+    }
+
+    /// The sockets the server holds open (the listener included).
+    fn sockets(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter(|target| target.to_string_lossy().starts_with("socket:"))
+            .count()
+    }
+
+    fn descriptors(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid())).unwrap().count()
+    }
+
+    fn threads(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/task", self.pid())).unwrap().count()
+    }
+
+    /// Waits up to `within` for the server to hold at most `sockets` sockets; returns how many
+    /// it holds.
+    fn sockets_settle(&self, sockets: usize, within: Duration) -> usize {
+        let deadline = Instant::now() + within;
+        loop {
+            let now = self.sockets();
+            if now <= sockets || Instant::now() > deadline {
+                return now;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// A scrape of `/metrics` that must succeed within `deadline`; returns the body's length.
+fn scrape_within(addr: SocketAddr, deadline: Duration) -> usize {
+    let started = Instant::now();
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(deadline)).unwrap();
+    write!(stream, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut reply = Vec::new();
+    let read = stream.read_to_end(&mut reply);
+    let took = started.elapsed();
+    assert!(read.is_ok() && took < deadline, "the scrape took {took:?}: {read:?}");
+    let text = String::from_utf8_lossy(&reply);
+    assert!(
+        text.starts_with("HTTP/1.1 200") || text.starts_with("HTTP/1.0 200"),
+        "{}",
+        &text[..text.len().min(300)]
+    );
+    reply.len()
+}
+
+/// Sends `request` on a new connection and reads until the server closes it (within `within`);
+/// returns what it answered.
+fn exchange(addr: SocketAddr, request: &[u8], within: Duration) -> String {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(within)).unwrap();
+    // The server may close before it has read everything: a reset is an answer too.
+    let _ = stream.write_all(request);
+    let mut reply = Vec::new();
+    match stream.read_to_end(&mut reply) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        Err(e) => panic!("the server kept the connection open past {within:?}: {e}"),
+    }
+    String::from_utf8_lossy(&reply).into_owned()
+}
+
+#[test]
+fn a_huge_declared_body_is_never_allocated() {
+    let tmp = TempDir::new("serve-huge-body");
+    let _published = published(tmp.path(), 1);
+    let (mut server, addr) = serve(tmp.path(), &[]);
+    scrape_within(addr, Duration::from_secs(5));
+    let before = common::rss_anon_kib(server.pid()).unwrap();
+    let request = b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000000\r\n\r\n";
+    let reply = exchange(addr, request, Duration::from_secs(5));
+    assert!(reply.starts_with("HTTP/1.1 200 OK"), "{reply}");
+    // A POST with the same claim: refused by method, its body unread.
+    let request = b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000000\r\n\r\nabc";
+    let reply = exchange(addr, request, Duration::from_secs(5));
+    assert!(reply.starts_with("HTTP/1.1 405"), "{reply}");
+    server.assert_alive();
+    scrape_within(addr, Duration::from_secs(5));
+    let after = common::rss_anon_kib(server.pid()).unwrap();
+    assert!(after < before + 16 * 1024, "heap grew from {before} KiB to {after} KiB");
+}
+
+#[test]
+fn a_client_that_never_sends_its_declared_body_delays_no_other_scrape() {
+    let tmp = TempDir::new("serve-slow-body");
+    let _published = published(tmp.path(), 2);
+    let (mut server, addr) = serve(tmp.path(), &[]);
+    // Several of them, each holding its connection with a body it will never send.
+    let mut slow = Vec::new();
+    for _ in 0..4 {
+        let mut stream = TcpStream::connect(addr).unwrap();
+        stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 2000\r\n\r\n0123").unwrap();
+        slow.push(stream);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    for _ in 0..5 {
+        scrape_within(addr, Duration::from_secs(2));
+    }
+    server.assert_alive();
+}
+
+/// Caps what the kernel buffers for `stream` (and stops it growing the window on loopback).
+fn small_receive_buffer(stream: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let size: libc::c_int = 16 * 1024;
+    // SAFETY: the fd is our open socket; the option value is a c_int of the length we pass.
+    let rc = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&size as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+}
+
+#[test]
+fn a_client_that_never_reads_a_large_reply_delays_no_other_scrape_and_is_dropped() {
+    let tmp = TempDir::new("serve-no-reader");
+    // 256 VPs: a /metrics larger than the server's send buffer (at most 4 MiB, net.ipv4.tcp_wmem)
+    // and the stalled clients' receive buffers (16 KiB, set below) can hold.
+    let _published = published(tmp.path(), 256);
+    let (mut server, addr) = serve(tmp.path(), &[]);
+    let size = scrape_within(addr, Duration::from_secs(10));
+    assert!(size > 6 << 20, "/metrics is only {size} bytes: too small to fill the socket buffers");
+    let idle = server.sockets();
+    let mut stalled = Vec::new();
+    for _ in 0..3 {
+        let mut stream = TcpStream::connect(addr).unwrap();
+        small_receive_buffer(&stream);
+        stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        stalled.push(stream);
+    }
+    // Their replies are read and encoded (one scrape's work each), then stall in the write.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(server.sockets(), idle + 3, "the stalled replies are being written");
+    scrape_within(addr, Duration::from_secs(5));
+    // A reply that makes no progress for the write timeout (10 s) closes its connection.
+    let left = server.sockets_settle(idle, Duration::from_secs(14));
+    assert_eq!(left, idle, "connections of clients that never read are still open");
+    server.assert_alive();
+    drop(stalled);
+}
+
+#[test]
+fn http2_and_junk_leak_no_thread_and_no_descriptor() {
+    let tmp = TempDir::new("serve-junk");
+    let _published = published(tmp.path(), 1);
+    let (mut server, addr) = serve(tmp.path(), &[]);
+    scrape_within(addr, Duration::from_secs(5));
+    let (threads, descriptors) = (server.threads(), server.descriptors());
+    let attacks: [&[u8]; 5] = [
+        b"GET /metrics HTTP/2.0\r\nHost: x\r\n\r\n",
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00",
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
+        b"GET /metrics\r\n\r\n",
+        b"\x00\x01\x02\x03\r\n\r\n",
+    ];
+    for round in 0..60 {
+        for attack in attacks {
+            let reply = exchange(addr, attack, Duration::from_secs(5));
+            assert!(
+                reply.is_empty() || reply.starts_with("HTTP/1.1 4") || reply.starts_with("HTTP/1.1 5"),
+                "round {round}: {reply}"
+            );
+        }
+    }
+    // 300 requests later: the connections are gone, and so are their descriptors.
+    server.sockets_settle(1, Duration::from_secs(2));
+    assert!(
+        server.descriptors() <= descriptors,
+        "{} descriptors, {descriptors} before",
+        server.descriptors()
+    );
+    assert!(server.threads() <= threads.max(4), "{} threads, {threads} before", server.threads());
+    server.assert_alive();
+    scrape_within(addr, Duration::from_secs(5));
+}
+
+#[test]
+fn connections_past_the_cap_are_refused_at_once_and_idle_ones_are_closed() {
+    let tmp = TempDir::new("serve-cap-connections");
+    let _published = published(tmp.path(), 1);
+    let (mut server, addr) = serve(tmp.path(), &["--max-connections", "8"]);
+    let idle: Vec<TcpStream> = (0..8).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    let opened = Instant::now();
+    std::thread::sleep(Duration::from_millis(300));
+    // The ninth and later connections: 503 at once, not a wait in a queue.
+    for _ in 0..20 {
+        let reply = exchange(addr, b"GET /metrics HTTP/1.0\r\n\r\n", Duration::from_secs(2));
+        assert!(reply.is_empty() || reply.starts_with("HTTP/1.1 503"), "{reply}");
+    }
+    // The idle ones are closed by the server once they have sent no request for the header
+    // read timeout (10 s); a scrape then succeeds.
+    for mut stream in idle {
+        stream.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+        let mut buf = Vec::new();
+        let _ = stream.read_to_end(&mut buf);
+    }
+    let closed = opened.elapsed();
+    assert!(closed < Duration::from_secs(13), "idle connections were closed after {closed:?}");
+    scrape_within(addr, Duration::from_secs(2));
+    server.assert_alive();
+}
+
+#[test]
+fn a_long_request_line_without_an_end_is_refused_before_it_is_buffered() {
+    let tmp = TempDir::new("serve-long-line");
+    let _published = published(tmp.path(), 1);
+    let (mut server, addr) = serve(tmp.path(), &[]);
+    scrape_within(addr, Duration::from_secs(5));
+    let before = common::rss_anon_kib(server.pid()).unwrap();
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+    stream.write_all(b"GET /").unwrap();
+    let chunk = vec![b'a'; 1 << 20];
+    let mut sent = 0usize;
+    while sent < 400 << 20 {
+        match stream.write(&chunk) {
+            Ok(n) => sent += n,
+            Err(_) => break,
+        }
+    }
+    assert!(sent < 64 << 20, "the server took {sent} bytes of one request line");
+    let after = common::rss_anon_kib(server.pid()).unwrap();
+    assert!(after < before + 16 * 1024, "heap grew from {before} KiB to {after} KiB");
+    server.assert_alive();
+    scrape_within(addr, Duration::from_secs(5));
+}
+
+#[test]
+fn running_out_of_descriptors_is_logged_and_survived() {
+    let tmp = TempDir::new("serve-emfile");
+    let _published = published(tmp.path(), 1);
+    let log = tmp.path().join("serve.log");
+    let (mut server, addr) = serve_limited(tmp.path(), &[], 40, &log);
+    scrape_within(addr, Duration::from_secs(5));
+    // More connections than descriptors: accept fails with EMFILE until some close.
+    let held: Vec<TcpStream> = (0..60).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !std::fs::read_to_string(&log).unwrap().contains("cannot accept a connection") {
+        assert!(
+            Instant::now() < deadline,
+            "no accept failure logged: {}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    server.assert_alive();
+    drop(held);
+    // Within the longest backoff (1 s) and the backlog's drain, scrapes succeed again.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let stream = TcpStream::connect(addr).unwrap();
+        drop(stream);
+        if let Ok(reply) = std::panic::catch_unwind(|| scrape_within(addr, Duration::from_secs(2))) {
+            assert!(reply > 0);
+            break;
+        }
+        assert!(Instant::now() < deadline, "no scrape succeeded after the descriptors were freed");
+    }
+    server.assert_alive();
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(said.contains("Too many open files"), "{said}");
+}
+
+#[test]
+fn sigterm_and_sigint_stop_serve_within_a_second_and_remove_the_observer_instance() {
+    for signal in ["TERM", "INT"] {
+        let tmp = TempDir::new("serve-signal");
+        let (mut server, addr) = serve(tmp.path(), &["--observe-all", "--observe-interval", "0.2"]);
+        // The observer's instance appears; an idle client holds a connection.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::fs::read_dir(tmp.path()).unwrap().count() == 0 {
+            assert!(Instant::now() < deadline, "the observer published nothing");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _idle = TcpStream::connect(addr).unwrap();
+        scrape_within(addr, Duration::from_secs(5));
+        let asked = Instant::now();
+        let status =
+            Command::new("kill").arg(format!("-{signal}")).arg(server.pid().to_string()).status().unwrap();
+        assert!(status.success());
+        let exit = loop {
+            if let Some(exit) = server.0.try_wait().unwrap() {
+                break exit;
+            }
+            assert!(asked.elapsed() < Duration::from_secs(1), "SIG{signal}: still running after 1 s");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(exit.success(), "SIG{signal}: {exit:?}");
+        let instances = tmp.path().join("instances");
+        let left: Vec<_> = std::fs::read_dir(instances).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert!(left.is_empty(), "SIG{signal}: the observer's instance is left behind: {left:?}");
+    }
+}

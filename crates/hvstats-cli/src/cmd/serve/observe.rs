@@ -5,6 +5,7 @@
 
 use std::io::Write;
 use std::path::Path;
+use std::sync::mpsc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -17,12 +18,29 @@ fn log(line: &str) {
     let _ = writeln!(std::io::stderr(), "hvstats serve: {line}");
 }
 
+/// The observer running on its own thread; [`stop`](Self::stop) ends it and removes its instance.
+#[derive(Debug)]
+pub struct Running {
+    stop: mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Running {
+    /// Stops the observer within one refresh's work, and waits for it to remove its instance.
+    pub fn stop(self) {
+        let _ = self.stop.send(());
+        if self.thread.join().is_err() {
+            log("the observer thread panicked");
+        }
+    }
+}
+
 /// Publishes an observer instance under `runtime_dir` and refreshes it every `interval` on its own
-/// thread, for as long as the process runs.
+/// thread, until [`Running::stop`].
 ///
 /// # Errors
 /// When the instance cannot be published or the thread cannot start.
-pub fn start(runtime_dir: &Path, interval: Duration) -> anyhow::Result<()> {
+pub fn start(runtime_dir: &Path, interval: Duration) -> anyhow::Result<Running> {
     if let Err(e) = raise_fd_limit() {
         log(&format!("cannot raise the open file limit: {e}"));
     }
@@ -37,7 +55,8 @@ pub fn start(runtime_dir: &Path, interval: Duration) -> anyhow::Result<()> {
         log(&format!("observing every KVM VM on this host as instance {name}"));
     }
     let mut observer = Observer::new(hv.clone(), Procfs::host(), Targets::All, ObserveOptions { qmp: None });
-    std::thread::Builder::new()
+    let (stop, stopped) = mpsc::channel();
+    let thread = std::thread::Builder::new()
         .name("observer".into())
         .spawn(move || {
             loop {
@@ -46,9 +65,15 @@ pub fn start(runtime_dir: &Path, interval: Duration) -> anyhow::Result<()> {
                 for event in observer.tick() {
                     log(&describe(&event));
                 }
-                std::thread::sleep(interval);
+                match stopped.recv_timeout(interval) {
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    // Asked to stop, or the exporter is gone: the instance goes with the observer.
+                    Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                }
             }
+            drop(observer);
+            drop(hv);
         })
         .context("starting the observer thread")?;
-    Ok(())
+    Ok(Running { stop, thread })
 }
