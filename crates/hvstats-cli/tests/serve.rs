@@ -145,6 +145,19 @@ fn metrics_export_exact_counts_in_base_units_with_labels() {
     let (status, _, body) = get(addr, "/healthz?verbose");
     assert_eq!((status, body.as_str()), (200, "ok: 1 instances, 2 VPs\n"));
     assert_eq!(get(addr, "/nothing").0, 404);
+
+    // The exporter's own series: it is up, and so are the instance and its VM.
+    assert_exporter_series(&text, "0");
+    assert_eq!(sample(&text, &format!("hvstats_instance_up{{instance=\"{i}\"}}")).as_deref(), Some("1"));
+    let vm_up = format!("hvstats_vm_up{{instance=\"{i}\",vm=\"{i}:{p}\",partition=\"{p}\"}}");
+    assert_eq!(sample(&text, &vm_up).as_deref(), Some("1"), "{text}");
+    // HEAD: the headers of GET, no body; other methods: 405.
+    let reply = exchange(addr, b"HEAD /metrics HTTP/1.0\r\n\r\n", Duration::from_secs(5));
+    let (head, body) = reply.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.0 200") && head.contains("content-length: "), "{head}");
+    assert_eq!(body, "");
+    let reply = exchange(addr, b"DELETE /metrics HTTP/1.0\r\n\r\n", Duration::from_secs(5));
+    assert!(reply.starts_with("HTTP/1.0 405"), "{reply}");
 }
 
 #[test]
@@ -266,14 +279,28 @@ fn a_named_partition_is_its_vm_label() {
     assert_eq!(sample(&text, &series).as_deref(), Some("31"), "{text}");
 }
 
+/// The exporter's own series every scrape carries, whatever it could read.
+fn assert_exporter_series(text: &str, read_errors: &str) {
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(
+        sample(text, &format!("hvstats_build_info{{version=\"{version}\"}}")).as_deref(),
+        Some("1"),
+        "{text}"
+    );
+    assert_eq!(sample(text, "hvstats_read_errors").as_deref(), Some(read_errors), "{text}");
+    let took: f64 = sample(text, "hvstats_scrape_duration_seconds").unwrap().parse().unwrap();
+    assert!(took > 0.0 && took < 10.0, "{took}");
+}
+
 #[test]
-fn an_empty_runtime_directory_serves_an_empty_exposition_and_a_missing_one_is_an_error() {
+fn an_empty_runtime_directory_serves_the_exporter_alone_and_a_missing_one_is_an_error() {
     let tmp = TempDir::new("serve-empty");
     let (_serve, addr) = serve(tmp.path(), &[]);
     let (status, _, text) = get_openmetrics(addr, "/metrics");
-    assert_eq!((status, text.as_str()), (200, "# EOF\n"));
-    let (status, _, text) = get(addr, "/metrics");
-    assert_eq!((status, text.as_str()), (200, ""));
+    assert_eq!(status, 200);
+    assert_exporter_series(&text, "0");
+    assert!(!text.contains("_up{"), "{text}");
+    assert_eq!(get(addr, "/healthz").0, 200);
     let out = Command::new(env!("CARGO_BIN_EXE_hvstats"))
         .args(["serve", "--listen", "127.0.0.1:0", "--runtime-dir"])
         .arg(tmp.path().join("missing"))
@@ -281,6 +308,68 @@ fn an_empty_runtime_directory_serves_an_empty_exposition_and_a_missing_one_is_an
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("does not exist"));
+}
+
+#[test]
+fn a_runtime_directory_refused_is_a_metric_and_unhealthy_not_an_empty_reply() {
+    let parent = TempDir::new("serve-dir-gone");
+    let dir = parent.path().join("run");
+    std::fs::create_dir(&dir).unwrap();
+    let (_serve, addr) = serve(&dir, &[]);
+    assert_eq!(get(addr, "/healthz").0, 200);
+    // Made writable by others after the start: its checks refuse it from then on.
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let (status, _, text) = get_openmetrics(addr, "/metrics");
+    assert_eq!(status, 200);
+    assert_exporter_series(&text, "1");
+    let (status, _, body) = get(addr, "/healthz");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.starts_with("unhealthy: nothing could be read"), "{body}");
+    assert!(body.contains(&format!("problem: cannot read {}", dir.display())), "{body}");
+    assert_eq!(get(addr, "/api/v1/snapshot").0, 503);
+}
+
+#[test]
+fn a_user_who_may_read_no_instance_gets_an_unhealthy_exporter_and_down_instances() {
+    let setpriv = "/usr/bin/setpriv";
+    let root = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"));
+    if !root || !Path::new(setpriv).exists() {
+        eprintln!("skipped: needs root and {setpriv} to serve as another user");
+        return;
+    }
+    let tmp = TempDir::new("serve-nobody");
+    std::fs::set_permissions(tmp.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let (hv, _part) = published(tmp.path(), 1);
+    let i = instance_name(&hv);
+    // `serve` as nobody: the instance's files are root's, mode 0600.
+    let mut child = Command::new(setpriv)
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--runtime-dir"])
+        .arg(tmp.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let _server = Running(child);
+    let addr: SocketAddr =
+        line.trim()["serving http://".len()..].trim_end_matches("/metrics").parse().unwrap();
+    let (status, _, text) = get_openmetrics(addr, "/metrics");
+    assert_eq!(status, 200);
+    assert_exporter_series(&text, "1");
+    assert_eq!(
+        sample(&text, &format!("hvstats_instance_up{{instance=\"{i}\"}}")).as_deref(),
+        Some("0"),
+        "{text}"
+    );
+    let (status, _, body) = get(addr, "/healthz");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("Permission denied"), "{body}");
 }
 
 /// The path of a Prometheus tool, or `None` (skipped, unless CI requires it).

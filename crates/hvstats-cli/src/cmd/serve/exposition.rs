@@ -69,6 +69,7 @@ pub const ALL_VPS: &str = "all";
 pub struct Exposition {
     reading: Arc<Reading>,
     max_vps: usize,
+    read_time: Option<std::time::Duration>,
 }
 
 type Labels = Vec<(&'static str, String)>;
@@ -76,7 +77,13 @@ type Labels = Vec<(&'static str, String)>;
 impl Exposition {
     /// The exposition of `reading`, exporting at most `max_vps` VPs one by one.
     pub fn new(reading: impl Into<Arc<Reading>>, max_vps: usize) -> Self {
-        Self { reading: reading.into(), max_vps }
+        Self { reading: reading.into(), max_vps, read_time: None }
+    }
+
+    /// The same, saying that reading took `took` (`hvstats_scrape_duration_seconds`).
+    pub fn read_in(mut self, took: std::time::Duration) -> Self {
+        self.read_time = Some(took);
+        self
     }
 
     /// The text, in the OpenMetrics format, `# EOF` included.
@@ -290,8 +297,112 @@ fn encode_value(family: &Family, member: &Member, raw: u64, metric: &mut MetricE
     }
 }
 
+impl Exposition {
+    /// The exporter's own families: what it is, what it could read and how long that took.
+    fn encode_exporter(&self, encoder: &mut DescriptorEncoder) -> std::fmt::Result {
+        {
+            let mut metric = encoder.encode_descriptor(
+                "build_info",
+                "The hvstats build serving these metrics (always 1).",
+                None,
+                MetricType::Gauge,
+            )?;
+            let labels: Labels = vec![("version", env!("CARGO_PKG_VERSION").to_owned())];
+            metric.encode_family(&labels)?.encode_gauge(&1i64)?;
+        }
+        {
+            let mut metric = encoder.encode_descriptor(
+                "read_errors",
+                "What this scrape could not read: instances that could not be attached (or the runtime \
+                 directory itself) and pages that could not be read.",
+                None,
+                MetricType::Gauge,
+            )?;
+            metric.encode_gauge(&(read_errors(&self.reading) as i64))?;
+        }
+        if let Some(took) = self.read_time {
+            let mut metric = encoder.encode_descriptor(
+                "scrape_duration",
+                "Time this scrape took to read every instance.",
+                Some(&Unit::Seconds),
+                MetricType::Gauge,
+            )?;
+            metric.encode_gauge(&took.as_secs_f64())?;
+        }
+        if self.reading.instances.is_empty() && self.reading.failed.is_empty() {
+            return Ok(());
+        }
+        let mut metric = encoder.encode_descriptor(
+            "instance_up",
+            "1 for each instance this scrape read, 0 for one it found but could not attach.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for instance in &self.reading.instances {
+            let up = i64::from(!matches!(instance.hypervisor, ObjectReading::Unreadable { .. }));
+            metric.encode_family(&vec![("instance", instance.name.clone())])?.encode_gauge(&up)?;
+        }
+        for name in &self.reading.failed {
+            metric.encode_family(&vec![("instance", name.clone())])?.encode_gauge(&0i64)?;
+        }
+        if self.has_objects(ObjectKind::Partition) {
+            let mut metric = encoder.encode_descriptor(
+                "vm_up",
+                "1 for each partition (VM) that is running and whose counters this scrape read, else 0.",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (instance, partition) in self.partitions() {
+                let labels: Labels = vec![
+                    ("instance", instance.name.clone()),
+                    ("vm", Live::vm_name(&instance.name, partition)),
+                    ("partition", partition.id.to_string()),
+                ];
+                let read = matches!(partition.reading, ObjectReading::Counters(_));
+                metric.encode_family(&labels)?.encode_gauge(&i64::from(partition.active && read))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What `reading` could not read: its problems and its unreadable pages.
+pub fn read_errors(reading: &Reading) -> usize {
+    let unreadable = |r: &ObjectReading| usize::from(matches!(r, ObjectReading::Unreadable { .. }));
+    let pages: usize = reading
+        .instances
+        .iter()
+        .map(|i| {
+            unreadable(&i.hypervisor)
+                + i.lps.iter().map(|lp| unreadable(&lp.reading)).sum::<usize>()
+                + i.partitions
+                    .iter()
+                    .map(|p| {
+                        unreadable(&p.reading) + p.vps.iter().map(|vp| unreadable(&vp.reading)).sum::<usize>()
+                    })
+                    .sum::<usize>()
+        })
+        .sum();
+    reading.problems.len() + pages
+}
+
+/// True when something was to be read and nothing could be: every instance failed to attach (or
+/// the runtime directory could not be read), or every page of those attached was unreadable.
+pub fn nothing_read(reading: &Reading) -> bool {
+    let readable = |r: &ObjectReading| matches!(r, ObjectReading::Counters(_));
+    let something = reading.instances.iter().any(|i| {
+        readable(&i.hypervisor)
+            || i.lps.iter().any(|lp| readable(&lp.reading))
+            || i.partitions
+                .iter()
+                .any(|p| readable(&p.reading) || p.vps.iter().any(|vp| readable(&vp.reading)))
+    });
+    !something && read_errors(reading) > 0
+}
+
 impl Collector for Exposition {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        self.encode_exporter(&mut encoder)?;
         let per_vp = self.per_vp();
         for family in families() {
             if !self.has_objects(family.object) {
@@ -324,13 +435,16 @@ impl Collector for Exposition {
     }
 }
 
-/// A text summary for `/healthz`: `ok`, the instance count and what could not be read.
-pub fn health(reading: &Reading) -> String {
-    let mut out = format!("ok: {} instances, {} VPs\n", reading.instances.len(), reading.vp_count());
+/// A text summary for `/healthz` and whether it is healthy: `ok` with the instance count, or
+/// `unhealthy` when nothing could be read ([`nothing_read`]); then what could not be read.
+pub fn health(reading: &Reading) -> (bool, String) {
+    let healthy = !nothing_read(reading);
+    let verdict = if healthy { "ok" } else { "unhealthy: nothing could be read" };
+    let mut out = format!("{verdict}: {} instances, {} VPs\n", reading.instances.len(), reading.vp_count());
     for problem in &reading.problems {
         let _ = writeln!(out, "problem: {problem}");
     }
-    out
+    (healthy, out)
 }
 
 #[cfg(test)]

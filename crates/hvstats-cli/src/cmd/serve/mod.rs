@@ -80,12 +80,18 @@ fn answer(live: &Live, max_vps: usize, asked: &Asked) -> Reply {
     if !matches!(asked.method, Method::GET | Method::HEAD) {
         return Reply::text(405, "only GET and HEAD\n");
     }
+    // A runtime directory that cannot be read is a reading of nothing with one problem: /metrics
+    // still answers (the error is a metric), /healthz says unhealthy.
     let read = || {
-        live.read().map_err(|e| Reply::text(503, format!("cannot read {}: {e:#}\n", live.dir().display())))
+        let started = std::time::Instant::now();
+        let reading = live.read().unwrap_or_else(|e| live.unreadable(&e));
+        (reading, started.elapsed())
     };
     let result = match asked.path.as_str() {
-        "/metrics" => read().and_then(|reading| {
+        "/metrics" => {
+            let (reading, took) = read();
             exposition::Exposition::new(reading, max_vps)
+                .read_in(took)
                 .encode()
                 .map(|body| match exposition::accepts_openmetrics(&asked.accept) {
                     true => Reply { status: 200, content_type: exposition::CONTENT_TYPE, body },
@@ -96,13 +102,20 @@ fn answer(live: &Live, max_vps: usize, asked: &Asked) -> Reply {
                     },
                 })
                 .map_err(|_| Reply::text(500, "encoding failed\n"))
-        }),
-        "/api/v1/snapshot" => read().map(|reading| Reply {
-            status: 200,
-            content_type: "application/json",
-            body: snapshot_body(&reading),
-        }),
-        "/healthz" => read().map(|reading| Reply::text(200, exposition::health(&reading))),
+        }
+        "/api/v1/snapshot" => {
+            let (reading, _) = read();
+            match exposition::nothing_read(&reading) {
+                false => {
+                    Ok(Reply { status: 200, content_type: "application/json", body: snapshot_body(&reading) })
+                }
+                true => Err(Reply::text(503, exposition::health(&reading).1)),
+            }
+        }
+        "/healthz" => {
+            let (healthy, text) = exposition::health(&read().0);
+            Ok(Reply::text(if healthy { 200 } else { 503 }, text))
+        }
         "/" => Ok(Reply::text(200, "hvstats exporter: /metrics /api/v1/snapshot /healthz\n")),
         _ => Err(Reply::text(404, "not found: try /metrics\n")),
     };
