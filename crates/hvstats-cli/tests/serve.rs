@@ -127,6 +127,24 @@ fn metrics_export_exact_counts_in_base_units_with_labels() {
     );
     assert!(!text.contains("debug_register"), "not maintained, yet exported");
     assert!(!text.contains("synthetic_interrupts"));
+    // The reader's bookkeeping is no metric; help texts speak the exported unit.
+    assert!(!text.contains("hvstats_vp_sequence"), "{text}");
+    let help = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("# HELP {name} ")))
+            .unwrap_or_else(|| panic!("{name}"))
+    };
+    for seconds in
+        ["hvstats_vp_hypercalls_seconds", "hvstats_vp_total_run_seconds", "hvstats_vp_intercept_seconds"]
+    {
+        let help = help(seconds);
+        assert!(
+            help.contains("(in seconds)") && !help.contains("100ns") && !help.contains("nanoseconds"),
+            "{help}"
+        );
+    }
+    let gpa_help = help("hvstats_partition_gpa_bytes");
+    assert!(gpa_help.contains("bytes") && !gpa_help.contains("number of pages"), "{gpa_help}");
 
     // A new value shows in the next scrape: nothing is cached. Without OpenMetrics in Accept,
     // the classic format: HELP and TYPE name the `_total` samples, no UNIT, no EOF.
@@ -172,6 +190,8 @@ fn histograms_are_prometheus_histograms_in_seconds_and_cpu_wait_is_a_counter() {
     }
     vp1.set(vp::DISPATCHES, 40);
     vp1.set(vp::CPU_WAIT_TIME_PER_DISPATCH, 1_500_000_000); // 1.5 s of waiting, in ns
+    // As the observer declares them for a VM without KVM's statistics: no series, not zeros.
+    part.set_unavailable(&[vp::HALT_POLL_SUCCESS_HISTOGRAM, vp::HALT_POLL_FAIL_HISTOGRAM]);
     let (_serve, addr) = serve(tmp.path(), &[]);
     let (status, _, text) = get_openmetrics(addr, "/metrics");
     assert_eq!(status, 200, "{text}");
@@ -181,6 +201,9 @@ fn histograms_are_prometheus_histograms_in_seconds_and_cpu_wait_is_a_counter() {
     let name = "hvstats_vp_io_intercept_duration_seconds";
     assert!(text.contains(&format!("# TYPE {name} histogram\n")), "{text}");
     assert!(text.contains(&format!("# UNIT {name} seconds\n")), "{text}");
+    assert!(text.contains("hvstats_vp_halt_wait_duration_seconds_count{"), "{text}");
+    assert!(!text.contains("hvstats_vp_halt_poll_success_duration_seconds_count{"), "{text}");
+    assert!(!text.contains("hvstats_vp_halt_poll_fail_duration_seconds_count{"), "{text}");
     let sum: f64 = sample(&text, &format!("{name}_sum{{{}}}", labels(1))).unwrap().parse().unwrap();
     assert!((sum - times.iter().sum::<u64>() as f64 / 1e9).abs() < 1e-9, "{sum}");
     assert_eq!(sample(&text, &format!("{name}_count{{{}}}", labels(1))).as_deref(), Some("5"));

@@ -150,8 +150,8 @@ impl PartitionInfo {
     /// True when counter slot `slot` of `kind` (partition or VP) is one no source gives for it.
     pub fn is_unavailable(&self, kind: ObjectKind, slot: usize) -> bool {
         match kind {
-            ObjectKind::Partition => index::is_unavailable(&self.unavailable_partition, slot),
-            ObjectKind::Vp => index::is_unavailable(&self.unavailable_vp, slot),
+            ObjectKind::Partition => index::is_unavailable(&self.unavailable_partition, kind, slot),
+            ObjectKind::Vp => index::is_unavailable(&self.unavailable_vp, kind, slot),
             _ => false,
         }
     }

@@ -190,8 +190,8 @@ impl PartitionStats {
                 ObjectKind::Vp => &mut vp,
                 _ => continue,
             };
-            if slot < index::UNAVAILABLE_SLOTS {
-                bitmap[slot / 64] |= 1 << (slot % 64);
+            if let Some(bit) = index::unavailable_bit(c.kind, slot) {
+                bitmap[bit / 64] |= 1 << (bit % 64);
             }
         }
         self.write_entry(|w| {
