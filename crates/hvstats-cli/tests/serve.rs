@@ -96,7 +96,7 @@ fn metrics_export_exact_counts_in_base_units_with_labels() {
     assert!(text.ends_with("# EOF\n"));
     let i = instance_name(&hv);
     let p = part.id();
-    let vp_labels = |vp: u32| format!("instance=\"{i}\",vm=\"{i}:{p}\",partition=\"{p}\",vp=\"{vp}\"");
+    let vp_labels = |vp: u32| format!("vm=\"{i}:{p}\",vp=\"{vp}\"");
     let cpuid = format!("hvstats_vp_intercepts_total{{{},intercept=\"cpuid\"}}", vp_labels(1));
     assert_eq!(sample(&text, &cpuid).as_deref(), Some("4242"), "{text}");
     let io_time = format!("hvstats_vp_intercept_seconds_total{{{},intercept=\"io\"}}", vp_labels(1));
@@ -108,7 +108,7 @@ fn metrics_export_exact_counts_in_base_units_with_labels() {
     assert_eq!(sample(&text, &hypercalls).as_deref(), Some("7"));
     let vp0 = format!("hvstats_vp_hypercalls_total{{{}}}", vp_labels(0));
     assert_eq!(sample(&text, &vp0).as_deref(), Some("0"));
-    let gpa = format!("hvstats_partition_gpa_bytes{{instance=\"{i}\",vm=\"{i}:{p}\",partition=\"{p}\"}}");
+    let gpa = format!("hvstats_partition_gpa_bytes{{vm=\"{i}:{p}\"}}");
     assert_eq!(sample(&text, &gpa).as_deref(), Some(&*(100 * 4096).to_string()));
     assert!(text.contains(
         "# TYPE hvstats_vp_intercept_seconds counter\n# UNIT hvstats_vp_intercept_seconds seconds"
@@ -166,8 +166,8 @@ fn metrics_export_exact_counts_in_base_units_with_labels() {
 
     // The exporter's own series: it is up, and so are the instance and its VM.
     assert_exporter_series(&text, "0");
-    assert_eq!(sample(&text, &format!("hvstats_instance_up{{instance=\"{i}\"}}")).as_deref(), Some("1"));
-    let vm_up = format!("hvstats_vm_up{{instance=\"{i}\",vm=\"{i}:{p}\",partition=\"{p}\"}}");
+    assert_eq!(sample(&text, &format!("hvstats_instance_up{{publisher=\"{i}\"}}")).as_deref(), Some("1"));
+    let vm_up = format!("hvstats_vm_up{{vm=\"{i}:{p}\"}}");
     assert_eq!(sample(&text, &vm_up).as_deref(), Some("1"), "{text}");
     // HEAD: the headers of GET, no body; other methods: 405.
     let reply = exchange(addr, b"HEAD /metrics HTTP/1.0\r\n\r\n", Duration::from_secs(5));
@@ -197,7 +197,7 @@ fn histograms_are_prometheus_histograms_in_seconds_and_cpu_wait_is_a_counter() {
     assert_eq!(status, 200, "{text}");
     let i = instance_name(&hv);
     let p = part.id();
-    let labels = |vp: u32| format!("instance=\"{i}\",vm=\"{i}:{p}\",partition=\"{p}\",vp=\"{vp}\"");
+    let labels = |vp: u32| format!("vm=\"{i}:{p}\",vp=\"{vp}\"");
     let name = "hvstats_vp_io_intercept_duration_seconds";
     assert!(text.contains(&format!("# TYPE {name} histogram\n")), "{text}");
     assert!(text.contains(&format!("# UNIT {name} seconds\n")), "{text}");
@@ -253,11 +253,7 @@ fn past_the_vp_cap_a_partition_exports_the_sum_of_its_vps() {
     let (_serve, addr) = serve(tmp.path(), &["--max-vps", "2"]);
     let text = get(addr, "/metrics").2;
     let i = instance_name(&hv);
-    let series = |p: u64, vp: &str| {
-        format!(
-            "hvstats_vp_hypercalls_total{{instance=\"{i}\",vm=\"{i}:{p}\",partition=\"{p}\",vp=\"{vp}\"}}"
-        )
-    };
+    let series = |p: u64, vp: &str| format!("hvstats_vp_hypercalls_total{{vm=\"{i}:{p}\",vp=\"{vp}\"}}");
     assert_eq!(sample(&text, &series(small.id(), "0")).as_deref(), Some("1"));
     assert_eq!(sample(&text, &series(big.id(), "all")).as_deref(), Some("60"), "{text}");
     assert_eq!(sample(&text, &series(big.id(), "0")), None);
@@ -287,19 +283,44 @@ fn observe_all_embeds_an_observer_instance_beside_the_others() {
 }
 
 #[test]
-fn a_named_partition_is_its_vm_label() {
+fn a_named_vm_keeps_its_series_across_a_restart_of_its_publisher() {
     let tmp = TempDir::new("serve-named");
-    let (hv, _) = published(tmp.path(), 1);
-    let web = hv.create_partition_named(2, "web-1").unwrap();
-    web.vp_page(1).unwrap().set(vp::HYPERCALLS, 31);
     let (_serve, addr) = serve(tmp.path(), &[]);
+    let series = "hvstats_vp_hypercalls_total{vm=\"web-1\",vp=\"1\"}";
+    let mut publishers = Vec::new();
+    for run in 0..2 {
+        // The same VM, its publisher started again: a new instance, maybe a new partition id.
+        let (hv, _) = published(tmp.path(), 1);
+        let web = hv.create_partition_named(2, "web-1").unwrap();
+        web.vp_page(1).unwrap().set(vp::HYPERCALLS, 31 + run);
+        let text = get(addr, "/metrics").2;
+        assert_eq!(sample(&text, series).as_deref(), Some(&*(31 + run).to_string()), "{text}");
+        // What changed is on the VM's info series alone.
+        let i = instance_name(&hv);
+        let info = text.lines().find(|l| l.starts_with("hvstats_vm_info{vm=\"web-1\"")).unwrap();
+        assert!(
+            info.contains(&format!("publisher=\"{i}\""))
+                && info.contains(&format!("partition=\"{}\"", web.id())),
+            "{info}"
+        );
+        assert!(!text.contains("instance=\""), "an instance label would fight Prometheus' own: {text}");
+        publishers.push(i);
+        drop((web, hv));
+    }
+    assert_ne!(publishers[0], publishers[1]);
+    // Two VMs of one name at once: each is told apart by its publisher and partition.
+    let (hv_a, _) = published(tmp.path(), 1);
+    let (hv_b, _) = published(tmp.path(), 1);
+    let a = hv_a.create_partition_named(1, "dup").unwrap();
+    let b = hv_b.create_partition_named(1, "dup").unwrap();
+    a.vp_page(0).unwrap().set(vp::HYPERCALLS, 5);
+    b.vp_page(0).unwrap().set(vp::HYPERCALLS, 6);
     let text = get(addr, "/metrics").2;
-    let i = instance_name(&hv);
-    let series = format!(
-        "hvstats_vp_hypercalls_total{{instance=\"{i}\",vm=\"web-1\",partition=\"{}\",vp=\"1\"}}",
-        web.id()
-    );
-    assert_eq!(sample(&text, &series).as_deref(), Some("31"), "{text}");
+    for (hv, part, n) in [(&hv_a, &a, "5"), (&hv_b, &b, "6")] {
+        let vm = format!("dup ({}:{})", instance_name(hv), part.id());
+        let series = format!("hvstats_vp_hypercalls_total{{vm=\"{vm}\",vp=\"0\"}}");
+        assert_eq!(sample(&text, &series).as_deref(), Some(n), "{text}");
+    }
 }
 
 /// The exporter's own series every scrape carries, whatever it could read.
@@ -386,7 +407,7 @@ fn a_user_who_may_read_no_instance_gets_an_unhealthy_exporter_and_down_instances
     assert_eq!(status, 200);
     assert_exporter_series(&text, "1");
     assert_eq!(
-        sample(&text, &format!("hvstats_instance_up{{instance=\"{i}\"}}")).as_deref(),
+        sample(&text, &format!("hvstats_instance_up{{publisher=\"{i}\"}}")).as_deref(),
         Some("0"),
         "{text}"
     );

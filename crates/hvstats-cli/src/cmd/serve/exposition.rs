@@ -2,9 +2,12 @@
 //! metric families by `prometheus-client`.
 //!
 //! The families and their units, scales and help texts come from [`hvstats::metrics`]; this module
-//! only walks the objects of a reading and attaches labels: `instance` (the publishing instance),
-//! `vm` and `partition` (the partition), `vp` (the VP index), `lp`/`cpu` for logical processors,
-//! and `intercept` inside the intercept families. Objects whose page could not be read have no
+//! only walks the objects of a reading and attaches labels. A VM's series carry what identifies
+//! them across restarts: `vm` (its name) and `vp` (the VP index), and `intercept` inside the
+//! intercept families; what changes when a publisher restarts (the publishing instance, the
+//! partition id, the publisher's pid) is on one `hvstats_vm_info` series per VM, to join on `vm`.
+//! Hypervisor and logical processor series carry `publisher` (every instance has them), and
+//! `lp`/`cpu`. No series has an `instance` label: Prometheus sets that one to the scrape target. Objects whose page could not be read have no
 //! series in that scrape. Beyond a cap on the number of VPs exported one by one, the remaining
 //! partitions export the sum of their VPs under `vp="all"`, so a huge host cannot flood
 //! Prometheus with series.
@@ -61,6 +64,10 @@ pub fn to_classic(openmetrics: &str) -> String {
     out
 }
 
+/// The label naming the hvstats instance that publishes an object (not `instance`, which
+/// Prometheus sets to the scrape target).
+pub const PUBLISHER: &str = "publisher";
+
 /// The `vp` label of a partition's summed VPs, past the cap.
 pub const ALL_VPS: &str = "all";
 
@@ -116,6 +123,24 @@ impl Exposition {
         self.reading.instances.iter().flat_map(|i| i.partitions.iter().map(move |p| (i, p)))
     }
 
+    /// The `vm` label of each partition in walk order: its name ([`Live::vm_name`]), stable
+    /// across restarts of its publisher; a name two partitions share gets its publisher and
+    /// partition id appended, so no two series collide.
+    fn vm_labels(&self) -> Vec<String> {
+        let names: Vec<String> = self.partitions().map(|(i, p)| Live::vm_name(&i.name, p)).collect();
+        let mut seen = std::collections::HashMap::<&str, usize>::new();
+        for name in &names {
+            *seen.entry(name).or_default() += 1;
+        }
+        self.partitions()
+            .zip(&names)
+            .map(|((instance, partition), name)| match seen.get(name.as_str()) {
+                Some(1) => name.clone(),
+                _ => format!("{name} ({}:{})", instance.name, partition.id),
+            })
+            .collect()
+    }
+
     fn has_objects(&self, kind: ObjectKind) -> bool {
         let instances = &self.reading.instances;
         match kind {
@@ -144,7 +169,8 @@ impl Exposition {
             Ok(())
         };
         for instance in &self.reading.instances {
-            let base: Labels = vec![("instance", instance.name.clone())];
+            // Every publisher has hypervisor and LP pages: its name tells them apart.
+            let base: Labels = vec![(PUBLISHER, instance.name.clone())];
             match family.object {
                 ObjectKind::Hypervisor => sample(&base, &instance.hypervisor)?,
                 ObjectKind::LogicalProcessor => {
@@ -161,12 +187,8 @@ impl Exposition {
         if !matches!(family.object, ObjectKind::Partition | ObjectKind::Vp) {
             return Ok(());
         }
-        for ((instance, partition), one_by_one) in self.partitions().zip(per_vp) {
-            let labels: Labels = vec![
-                ("instance", instance.name.clone()),
-                ("vm", Live::vm_name(&instance.name, partition)),
-                ("partition", partition.id.to_string()),
-            ];
+        for (((_, partition), vm), one_by_one) in self.partitions().zip(self.vm_labels()).zip(per_vp) {
+            let labels: Labels = vec![("vm", vm.to_owned())];
             if family.object == ObjectKind::Partition {
                 sample(&labels, &partition.reading)?;
             } else if *one_by_one {
@@ -196,12 +218,8 @@ impl Exposition {
         let Some(member) = family.members.first() else { return Ok(()) };
         let id = member.counter.id;
         let of = |vp: &VpSnapshot| vp.histograms.iter().find(|(c, _)| c.id == id).map(|(_, h)| *h);
-        for ((instance, partition), one_by_one) in self.partitions().zip(per_vp) {
-            let labels: Labels = vec![
-                ("instance", instance.name.clone()),
-                ("vm", Live::vm_name(&instance.name, partition)),
-                ("partition", partition.id.to_string()),
-            ];
+        for (((_, partition), vm), one_by_one) in self.partitions().zip(self.vm_labels()).zip(per_vp) {
+            let labels: Labels = vec![("vm", vm.to_owned())];
             if *one_by_one {
                 for vp in &partition.vps {
                     let Some(h) = of(vp) else { continue };
@@ -340,10 +358,10 @@ impl Exposition {
         )?;
         for instance in &self.reading.instances {
             let up = i64::from(!matches!(instance.hypervisor, ObjectReading::Unreadable { .. }));
-            metric.encode_family(&vec![("instance", instance.name.clone())])?.encode_gauge(&up)?;
+            metric.encode_family(&vec![(PUBLISHER, instance.name.clone())])?.encode_gauge(&up)?;
         }
         for name in &self.reading.failed {
-            metric.encode_family(&vec![("instance", name.clone())])?.encode_gauge(&0i64)?;
+            metric.encode_family(&vec![(PUBLISHER, name.clone())])?.encode_gauge(&0i64)?;
         }
         if self.has_objects(ObjectKind::Partition) {
             let mut metric = encoder.encode_descriptor(
@@ -352,14 +370,28 @@ impl Exposition {
                 None,
                 MetricType::Gauge,
             )?;
-            for (instance, partition) in self.partitions() {
+            for ((_, partition), vm) in self.partitions().zip(self.vm_labels()) {
+                let read = matches!(partition.reading, ObjectReading::Counters(_));
+                let labels: Labels = vec![("vm", vm.clone())];
+                metric.encode_family(&labels)?.encode_gauge(&i64::from(partition.active && read))?;
+            }
+            let mut metric = encoder.encode_descriptor(
+                "vm_info",
+                "Each VM (partition) this scrape read: its publishing instance (hvstats' own, or the \
+                 observer of other processes' VMs), the publisher's pid and kind, and the partition id \
+                 in it (always 1).",
+                None,
+                MetricType::Gauge,
+            )?;
+            for ((instance, partition), vm) in self.partitions().zip(self.vm_labels()) {
                 let labels: Labels = vec![
-                    ("instance", instance.name.clone()),
-                    ("vm", Live::vm_name(&instance.name, partition)),
+                    ("vm", vm.clone()),
+                    (PUBLISHER, instance.name.clone()),
+                    ("publisher_pid", instance.pid.to_string()),
+                    ("publisher_kind", instance.description.kind.clone()),
                     ("partition", partition.id.to_string()),
                 ];
-                let read = matches!(partition.reading, ObjectReading::Counters(_));
-                metric.encode_family(&labels)?.encode_gauge(&i64::from(partition.active && read))?;
+                metric.encode_family(&labels)?.encode_gauge(&1i64)?;
             }
         }
         Ok(())
@@ -467,7 +499,7 @@ mod tests {
             .position(|c| c.id == hvstats_abi::catalog::vp::HYPERCALLS)
             .unwrap() as u64;
         let all = hypercalls.iter().find(|l| l.contains("vp=\"all\"")).unwrap();
-        assert!(all.contains("partition=\"3\""), "{all}");
+        assert!(all.contains("vm=\"4242-1-0:3\""), "{all}");
         assert!(all.ends_with(&format!(" {}", 4000 + index + 5000 + index)), "{all}");
         assert!(text.ends_with("# EOF\n"));
     }
