@@ -537,6 +537,15 @@ fn prometheus_scrapes_two_hosts_and_sums_their_exact_totals() {
         "0.000617",
     );
     query_until(web, "count(up == 1)", "2");
+    // The exporter's own series, and the VM info series joined on the VM's name, as the guide's
+    // query does it.
+    query_until(web, "count(hvstats_build_info == 1)", "2");
+    query_until(web, "sum(hvstats_read_errors)", "0");
+    query_until(
+        web,
+        "sum(hvstats_vp_intercepts_total{intercept=\"cpuid\"} * on (instance, vm) group_left hvstats_vm_info)",
+        "1239",
+    );
 }
 
 // Hostile clients. The exporter listens to peers it does not control: each test below is one
