@@ -3,9 +3,9 @@
 //! `GET /metrics` reads every instance once and answers in the OpenMetrics text format
 //! ([`exposition`]) to clients that accept it (Prometheus does), in the classic Prometheus text
 //! format to the others (curl, `promtool check metrics`); `GET /api/v1/snapshot` answers the JSON of `hvstats snapshot --json`;
-//! `GET /healthz` says the exporter is up and what it could not read. Where one host is not
-//! enough, each host runs `serve` and Prometheus aggregates: the exporter keeps no state between
-//! scrapes.
+//! `GET /healthz` says what it could read and what not, with 503 when nothing could be read. Where
+//! one host is not enough, each host runs `serve` and Prometheus aggregates: the exporter keeps no
+//! state between scrapes. The HTTP server ([`http`]) bounds what any client can make it hold.
 
 pub mod bench;
 pub mod exposition;
