@@ -600,6 +600,27 @@ impl Running {
         std::fs::read_dir(format!("/proc/{}/fd", self.pid())).unwrap().count()
     }
 
+    /// Waits (up to `within`) until the server used no CPU for half a second.
+    fn cpu_settles(&self, within: Duration) {
+        let ticks = || {
+            let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap();
+            // After the command's closing parenthesis, field 3 (the state) comes first: utime and
+            // stime (fields 14 and 15) are the 12th and 13th.
+            let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+            fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+        };
+        let deadline = Instant::now() + within;
+        let mut last = ticks();
+        loop {
+            std::thread::sleep(Duration::from_millis(500));
+            let now = ticks();
+            if now == last || Instant::now() > deadline {
+                return;
+            }
+            last = now;
+        }
+    }
+
     fn threads(&self) -> usize {
         std::fs::read_dir(format!("/proc/{}/task", self.pid())).unwrap().count()
     }
@@ -726,8 +747,9 @@ fn a_client_that_never_reads_a_large_reply_delays_no_other_scrape_and_is_dropped
         stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
         stalled.push(stream);
     }
-    // Their replies are read and encoded (one scrape's work each), then stall in the write.
-    std::thread::sleep(Duration::from_secs(3));
+    // Their replies are read and encoded (one scrape's work each, seconds on a loaded machine),
+    // then stall in the write: wait until the server stops using the CPU.
+    server.cpu_settles(Duration::from_secs(20));
     assert_eq!(server.sockets(), idle + 3, "the stalled replies are being written");
     scrape_within(addr, Duration::from_secs(5));
     // A reply that makes no progress for the write timeout (10 s) closes its connection.
