@@ -3,7 +3,6 @@
 //! Firecracker, …) published as partitions of the observer's own instance, read by the exporter
 //! like any other instance.
 
-use std::io::Write;
 use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;
@@ -14,9 +13,7 @@ use hvstats_kvm::observe::{ObserveOptions, Observer, Procfs, Targets, publicatio
 
 use crate::cmd::observe::describe;
 
-fn log(line: &str) {
-    let _ = writeln!(std::io::stderr(), "hvstats serve: {line}");
-}
+use super::http::log;
 
 /// The observer running on its own thread; [`stop`](Self::stop) ends it and removes its instance.
 #[derive(Debug)]
