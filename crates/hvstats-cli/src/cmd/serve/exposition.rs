@@ -77,6 +77,8 @@ pub struct Exposition {
     reading: Arc<Reading>,
     max_vps: usize,
     read_time: Option<std::time::Duration>,
+    /// The `vm` label of each partition in walk order, made once per scrape.
+    vm_labels: Vec<String>,
 }
 
 type Labels = Vec<(&'static str, String)>;
@@ -84,7 +86,9 @@ type Labels = Vec<(&'static str, String)>;
 impl Exposition {
     /// The exposition of `reading`, exporting at most `max_vps` VPs one by one.
     pub fn new(reading: impl Into<Arc<Reading>>, max_vps: usize) -> Self {
-        Self { reading: reading.into(), max_vps, read_time: None }
+        let reading = reading.into();
+        let vm_labels = vm_labels(&reading);
+        Self { reading, max_vps, read_time: None, vm_labels }
     }
 
     /// The same, saying that reading took `took` (`hvstats_scrape_duration_seconds`).
@@ -121,24 +125,6 @@ impl Exposition {
 
     fn partitions(&self) -> impl Iterator<Item = (&InstanceSnapshot, &PartitionSnapshot)> {
         self.reading.instances.iter().flat_map(|i| i.partitions.iter().map(move |p| (i, p)))
-    }
-
-    /// The `vm` label of each partition in walk order: its name ([`Live::vm_name`]), stable
-    /// across restarts of its publisher; a name two partitions share gets its publisher and
-    /// partition id appended, so no two series collide.
-    fn vm_labels(&self) -> Vec<String> {
-        let names: Vec<String> = self.partitions().map(|(i, p)| Live::vm_name(&i.name, p)).collect();
-        let mut seen = std::collections::HashMap::<&str, usize>::new();
-        for name in &names {
-            *seen.entry(name).or_default() += 1;
-        }
-        self.partitions()
-            .zip(&names)
-            .map(|((instance, partition), name)| match seen.get(name.as_str()) {
-                Some(1) => name.clone(),
-                _ => format!("{name} ({}:{})", instance.name, partition.id),
-            })
-            .collect()
     }
 
     fn has_objects(&self, kind: ObjectKind) -> bool {
@@ -187,7 +173,7 @@ impl Exposition {
         if !matches!(family.object, ObjectKind::Partition | ObjectKind::Vp) {
             return Ok(());
         }
-        for (((_, partition), vm), one_by_one) in self.partitions().zip(self.vm_labels()).zip(per_vp) {
+        for (((_, partition), vm), one_by_one) in self.partitions().zip(&self.vm_labels).zip(per_vp) {
             let labels: Labels = vec![("vm", vm.to_owned())];
             if family.object == ObjectKind::Partition {
                 sample(&labels, &partition.reading)?;
@@ -218,7 +204,7 @@ impl Exposition {
         let Some(member) = family.members.first() else { return Ok(()) };
         let id = member.counter.id;
         let of = |vp: &VpSnapshot| vp.histograms.iter().find(|(c, _)| c.id == id).map(|(_, h)| *h);
-        for (((_, partition), vm), one_by_one) in self.partitions().zip(self.vm_labels()).zip(per_vp) {
+        for (((_, partition), vm), one_by_one) in self.partitions().zip(&self.vm_labels).zip(per_vp) {
             let labels: Labels = vec![("vm", vm.to_owned())];
             if *one_by_one {
                 for vp in &partition.vps {
@@ -370,7 +356,7 @@ impl Exposition {
                 None,
                 MetricType::Gauge,
             )?;
-            for ((_, partition), vm) in self.partitions().zip(self.vm_labels()) {
+            for ((_, partition), vm) in self.partitions().zip(&self.vm_labels) {
                 let read = matches!(partition.reading, ObjectReading::Counters(_));
                 let labels: Labels = vec![("vm", vm.clone())];
                 metric.encode_family(&labels)?.encode_gauge(&i64::from(partition.active && read))?;
@@ -383,7 +369,7 @@ impl Exposition {
                 None,
                 MetricType::Gauge,
             )?;
-            for ((instance, partition), vm) in self.partitions().zip(self.vm_labels()) {
+            for ((instance, partition), vm) in self.partitions().zip(&self.vm_labels) {
                 let labels: Labels = vec![
                     ("vm", vm.clone()),
                     (PUBLISHER, instance.name.clone()),
@@ -396,6 +382,25 @@ impl Exposition {
         }
         Ok(())
     }
+}
+
+/// The `vm` label of each partition of `reading` in walk order: its name ([`Live::vm_name`]),
+/// stable across restarts of its publisher; a name two partitions share gets its publisher and
+/// partition id appended, so no two series collide.
+fn vm_labels(reading: &Reading) -> Vec<String> {
+    let partitions = || reading.instances.iter().flat_map(|i| i.partitions.iter().map(move |p| (i, p)));
+    let names: Vec<String> = partitions().map(|(i, p)| Live::vm_name(&i.name, p)).collect();
+    let mut seen = std::collections::HashMap::<&str, usize>::new();
+    for name in &names {
+        *seen.entry(name).or_default() += 1;
+    }
+    partitions()
+        .zip(&names)
+        .map(|((instance, partition), name)| match seen.get(name.as_str()) {
+            Some(1) => name.clone(),
+            _ => format!("{name} ({}:{})", instance.name, partition.id),
+        })
+        .collect()
 }
 
 /// What `reading` could not read: its problems and its unreadable pages.
