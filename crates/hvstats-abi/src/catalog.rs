@@ -642,6 +642,13 @@ impl Counter {
 }
 
 impl Counter {
+    /// True for the reader's bookkeeping rather than a measurement: the rows of hvstats' own
+    /// group that are not histograms (the sequence counter of consistent reads). Surfaces that
+    /// show measurements leave them out.
+    pub const fn is_bookkeeping(&self) -> bool {
+        matches!(self.id.group, GroupKind::Hvstats) && !matches!(self.presentation, Presentation::Histogram)
+    }
+
     /// The page slots the counter's value spans: [`HISTOGRAM_SLOTS`] for a histogram, else 1.
     pub const fn slots(&self) -> usize {
         match self.presentation {

@@ -96,7 +96,7 @@ fn metrics_export_exact_counts_in_base_units_with_labels() {
     assert!(text.ends_with("# EOF\n"));
     let i = instance_name(&hv);
     let p = part.id();
-    let vp_labels = |vp: u32| format!("instance=\"{i}\",vm=\"{i}:{p}\",partition=\"{p}\",vp=\"{vp}\"");
+    let vp_labels = |vp: u32| format!("vm=\"{i}:{p}\",vp=\"{vp}\"");
     let cpuid = format!("hvstats_vp_intercepts_total{{{},intercept=\"cpuid\"}}", vp_labels(1));
     assert_eq!(sample(&text, &cpuid).as_deref(), Some("4242"), "{text}");
     let io_time = format!("hvstats_vp_intercept_seconds_total{{{},intercept=\"io\"}}", vp_labels(1));
@@ -108,7 +108,7 @@ fn metrics_export_exact_counts_in_base_units_with_labels() {
     assert_eq!(sample(&text, &hypercalls).as_deref(), Some("7"));
     let vp0 = format!("hvstats_vp_hypercalls_total{{{}}}", vp_labels(0));
     assert_eq!(sample(&text, &vp0).as_deref(), Some("0"));
-    let gpa = format!("hvstats_partition_gpa_bytes{{instance=\"{i}\",vm=\"{i}:{p}\",partition=\"{p}\"}}");
+    let gpa = format!("hvstats_partition_gpa_bytes{{vm=\"{i}:{p}\"}}");
     assert_eq!(sample(&text, &gpa).as_deref(), Some(&*(100 * 4096).to_string()));
     assert!(text.contains(
         "# TYPE hvstats_vp_intercept_seconds counter\n# UNIT hvstats_vp_intercept_seconds seconds"
@@ -127,6 +127,24 @@ fn metrics_export_exact_counts_in_base_units_with_labels() {
     );
     assert!(!text.contains("debug_register"), "not maintained, yet exported");
     assert!(!text.contains("synthetic_interrupts"));
+    // The reader's bookkeeping is no metric; help texts speak the exported unit.
+    assert!(!text.contains("hvstats_vp_sequence"), "{text}");
+    let help = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("# HELP {name} ")))
+            .unwrap_or_else(|| panic!("{name}"))
+    };
+    for seconds in
+        ["hvstats_vp_hypercalls_seconds", "hvstats_vp_total_run_seconds", "hvstats_vp_intercept_seconds"]
+    {
+        let help = help(seconds);
+        assert!(
+            help.contains("(in seconds)") && !help.contains("100ns") && !help.contains("nanoseconds"),
+            "{help}"
+        );
+    }
+    let gpa_help = help("hvstats_partition_gpa_bytes");
+    assert!(gpa_help.contains("bytes") && !gpa_help.contains("number of pages"), "{gpa_help}");
 
     // A new value shows in the next scrape: nothing is cached. Without OpenMetrics in Accept,
     // the classic format: HELP and TYPE name the `_total` samples, no UNIT, no EOF.
@@ -145,6 +163,19 @@ fn metrics_export_exact_counts_in_base_units_with_labels() {
     let (status, _, body) = get(addr, "/healthz?verbose");
     assert_eq!((status, body.as_str()), (200, "ok: 1 instances, 2 VPs\n"));
     assert_eq!(get(addr, "/nothing").0, 404);
+
+    // The exporter's own series: it is up, and so are the instance and its VM.
+    assert_exporter_series(&text, "0");
+    assert_eq!(sample(&text, &format!("hvstats_instance_up{{publisher=\"{i}\"}}")).as_deref(), Some("1"));
+    let vm_up = format!("hvstats_vm_up{{vm=\"{i}:{p}\"}}");
+    assert_eq!(sample(&text, &vm_up).as_deref(), Some("1"), "{text}");
+    // HEAD: the headers of GET, no body; other methods: 405.
+    let reply = exchange(addr, b"HEAD /metrics HTTP/1.0\r\n\r\n", Duration::from_secs(5));
+    let (head, body) = reply.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.0 200") && head.contains("content-length: "), "{head}");
+    assert_eq!(body, "");
+    let reply = exchange(addr, b"DELETE /metrics HTTP/1.0\r\n\r\n", Duration::from_secs(5));
+    assert!(reply.starts_with("HTTP/1.0 405"), "{reply}");
 }
 
 #[test]
@@ -159,15 +190,20 @@ fn histograms_are_prometheus_histograms_in_seconds_and_cpu_wait_is_a_counter() {
     }
     vp1.set(vp::DISPATCHES, 40);
     vp1.set(vp::CPU_WAIT_TIME_PER_DISPATCH, 1_500_000_000); // 1.5 s of waiting, in ns
+    // As the observer declares them for a VM without KVM's statistics: no series, not zeros.
+    part.set_unavailable(&[vp::HALT_POLL_SUCCESS_HISTOGRAM, vp::HALT_POLL_FAIL_HISTOGRAM]);
     let (_serve, addr) = serve(tmp.path(), &[]);
     let (status, _, text) = get_openmetrics(addr, "/metrics");
     assert_eq!(status, 200, "{text}");
     let i = instance_name(&hv);
     let p = part.id();
-    let labels = |vp: u32| format!("instance=\"{i}\",vm=\"{i}:{p}\",partition=\"{p}\",vp=\"{vp}\"");
+    let labels = |vp: u32| format!("vm=\"{i}:{p}\",vp=\"{vp}\"");
     let name = "hvstats_vp_io_intercept_duration_seconds";
     assert!(text.contains(&format!("# TYPE {name} histogram\n")), "{text}");
     assert!(text.contains(&format!("# UNIT {name} seconds\n")), "{text}");
+    assert!(text.contains("hvstats_vp_halt_wait_duration_seconds_count{"), "{text}");
+    assert!(!text.contains("hvstats_vp_halt_poll_success_duration_seconds_count{"), "{text}");
+    assert!(!text.contains("hvstats_vp_halt_poll_fail_duration_seconds_count{"), "{text}");
     let sum: f64 = sample(&text, &format!("{name}_sum{{{}}}", labels(1))).unwrap().parse().unwrap();
     assert!((sum - times.iter().sum::<u64>() as f64 / 1e9).abs() < 1e-9, "{sum}");
     assert_eq!(sample(&text, &format!("{name}_count{{{}}}", labels(1))).as_deref(), Some("5"));
@@ -217,11 +253,7 @@ fn past_the_vp_cap_a_partition_exports_the_sum_of_its_vps() {
     let (_serve, addr) = serve(tmp.path(), &["--max-vps", "2"]);
     let text = get(addr, "/metrics").2;
     let i = instance_name(&hv);
-    let series = |p: u64, vp: &str| {
-        format!(
-            "hvstats_vp_hypercalls_total{{instance=\"{i}\",vm=\"{i}:{p}\",partition=\"{p}\",vp=\"{vp}\"}}"
-        )
-    };
+    let series = |p: u64, vp: &str| format!("hvstats_vp_hypercalls_total{{vm=\"{i}:{p}\",vp=\"{vp}\"}}");
     assert_eq!(sample(&text, &series(small.id(), "0")).as_deref(), Some("1"));
     assert_eq!(sample(&text, &series(big.id(), "all")).as_deref(), Some("60"), "{text}");
     assert_eq!(sample(&text, &series(big.id(), "0")), None);
@@ -251,29 +283,68 @@ fn observe_all_embeds_an_observer_instance_beside_the_others() {
 }
 
 #[test]
-fn a_named_partition_is_its_vm_label() {
+fn a_named_vm_keeps_its_series_across_a_restart_of_its_publisher() {
     let tmp = TempDir::new("serve-named");
-    let (hv, _) = published(tmp.path(), 1);
-    let web = hv.create_partition_named(2, "web-1").unwrap();
-    web.vp_page(1).unwrap().set(vp::HYPERCALLS, 31);
     let (_serve, addr) = serve(tmp.path(), &[]);
+    let series = "hvstats_vp_hypercalls_total{vm=\"web-1\",vp=\"1\"}";
+    let mut publishers = Vec::new();
+    for run in 0..2 {
+        // The same VM, its publisher started again: a new instance, maybe a new partition id.
+        let (hv, _) = published(tmp.path(), 1);
+        let web = hv.create_partition_named(2, "web-1").unwrap();
+        web.vp_page(1).unwrap().set(vp::HYPERCALLS, 31 + run);
+        let text = get(addr, "/metrics").2;
+        assert_eq!(sample(&text, series).as_deref(), Some(&*(31 + run).to_string()), "{text}");
+        // What changed is on the VM's info series alone.
+        let i = instance_name(&hv);
+        let info = text.lines().find(|l| l.starts_with("hvstats_vm_info{vm=\"web-1\"")).unwrap();
+        assert!(
+            info.contains(&format!("publisher=\"{i}\""))
+                && info.contains(&format!("partition=\"{}\"", web.id())),
+            "{info}"
+        );
+        assert!(!text.contains("instance=\""), "an instance label would fight Prometheus' own: {text}");
+        publishers.push(i);
+        drop((web, hv));
+    }
+    assert_ne!(publishers[0], publishers[1]);
+    // Two VMs of one name at once: each is told apart by its publisher and partition.
+    let (hv_a, _) = published(tmp.path(), 1);
+    let (hv_b, _) = published(tmp.path(), 1);
+    let a = hv_a.create_partition_named(1, "dup").unwrap();
+    let b = hv_b.create_partition_named(1, "dup").unwrap();
+    a.vp_page(0).unwrap().set(vp::HYPERCALLS, 5);
+    b.vp_page(0).unwrap().set(vp::HYPERCALLS, 6);
     let text = get(addr, "/metrics").2;
-    let i = instance_name(&hv);
-    let series = format!(
-        "hvstats_vp_hypercalls_total{{instance=\"{i}\",vm=\"web-1\",partition=\"{}\",vp=\"1\"}}",
-        web.id()
+    for (hv, part, n) in [(&hv_a, &a, "5"), (&hv_b, &b, "6")] {
+        let vm = format!("dup ({}:{})", instance_name(hv), part.id());
+        let series = format!("hvstats_vp_hypercalls_total{{vm=\"{vm}\",vp=\"0\"}}");
+        assert_eq!(sample(&text, &series).as_deref(), Some(n), "{text}");
+    }
+}
+
+/// The exporter's own series every scrape carries, whatever it could read.
+fn assert_exporter_series(text: &str, read_errors: &str) {
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(
+        sample(text, &format!("hvstats_build_info{{version=\"{version}\"}}")).as_deref(),
+        Some("1"),
+        "{text}"
     );
-    assert_eq!(sample(&text, &series).as_deref(), Some("31"), "{text}");
+    assert_eq!(sample(text, "hvstats_read_errors").as_deref(), Some(read_errors), "{text}");
+    let took: f64 = sample(text, "hvstats_scrape_duration_seconds").unwrap().parse().unwrap();
+    assert!(took > 0.0 && took < 10.0, "{took}");
 }
 
 #[test]
-fn an_empty_runtime_directory_serves_an_empty_exposition_and_a_missing_one_is_an_error() {
+fn an_empty_runtime_directory_serves_the_exporter_alone_and_a_missing_one_is_an_error() {
     let tmp = TempDir::new("serve-empty");
     let (_serve, addr) = serve(tmp.path(), &[]);
     let (status, _, text) = get_openmetrics(addr, "/metrics");
-    assert_eq!((status, text.as_str()), (200, "# EOF\n"));
-    let (status, _, text) = get(addr, "/metrics");
-    assert_eq!((status, text.as_str()), (200, ""));
+    assert_eq!(status, 200);
+    assert_exporter_series(&text, "0");
+    assert!(!text.contains("_up{"), "{text}");
+    assert_eq!(get(addr, "/healthz").0, 200);
     let out = Command::new(env!("CARGO_BIN_EXE_hvstats"))
         .args(["serve", "--listen", "127.0.0.1:0", "--runtime-dir"])
         .arg(tmp.path().join("missing"))
@@ -281,6 +352,68 @@ fn an_empty_runtime_directory_serves_an_empty_exposition_and_a_missing_one_is_an
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("does not exist"));
+}
+
+#[test]
+fn a_runtime_directory_refused_is_a_metric_and_unhealthy_not_an_empty_reply() {
+    let parent = TempDir::new("serve-dir-gone");
+    let dir = parent.path().join("run");
+    std::fs::create_dir(&dir).unwrap();
+    let (_serve, addr) = serve(&dir, &[]);
+    assert_eq!(get(addr, "/healthz").0, 200);
+    // Made writable by others after the start: its checks refuse it from then on.
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let (status, _, text) = get_openmetrics(addr, "/metrics");
+    assert_eq!(status, 200);
+    assert_exporter_series(&text, "1");
+    let (status, _, body) = get(addr, "/healthz");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.starts_with("unhealthy: nothing could be read"), "{body}");
+    assert!(body.contains(&format!("problem: cannot read {}", dir.display())), "{body}");
+    assert_eq!(get(addr, "/api/v1/snapshot").0, 503);
+}
+
+#[test]
+fn a_user_who_may_read_no_instance_gets_an_unhealthy_exporter_and_down_instances() {
+    let setpriv = "/usr/bin/setpriv";
+    let root = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"));
+    if !root || !Path::new(setpriv).exists() {
+        eprintln!("skipped: needs root and {setpriv} to serve as another user");
+        return;
+    }
+    let tmp = TempDir::new("serve-nobody");
+    std::fs::set_permissions(tmp.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let (hv, _part) = published(tmp.path(), 1);
+    let i = instance_name(&hv);
+    // `serve` as nobody: the instance's files are root's, mode 0600.
+    let mut child = Command::new(setpriv)
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--runtime-dir"])
+        .arg(tmp.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let _server = Running(child);
+    let addr: SocketAddr =
+        line.trim()["serving http://".len()..].trim_end_matches("/metrics").parse().unwrap();
+    let (status, _, text) = get_openmetrics(addr, "/metrics");
+    assert_eq!(status, 200);
+    assert_exporter_series(&text, "1");
+    assert_eq!(
+        sample(&text, &format!("hvstats_instance_up{{publisher=\"{i}\"}}")).as_deref(),
+        Some("0"),
+        "{text}"
+    );
+    let (status, _, body) = get(addr, "/healthz");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("Permission denied"), "{body}");
 }
 
 /// The path of a Prometheus tool, or `None` (skipped, unless CI requires it).
@@ -404,4 +537,377 @@ fn prometheus_scrapes_two_hosts_and_sums_their_exact_totals() {
         "0.000617",
     );
     query_until(web, "count(up == 1)", "2");
+    // The exporter's own series, and the VM info series joined on the VM's name, as the guide's
+    // query does it.
+    query_until(web, "count(hvstats_build_info == 1)", "2");
+    query_until(web, "sum(hvstats_read_errors)", "0");
+    query_until(
+        web,
+        "sum(hvstats_vp_intercepts_total{intercept=\"cpuid\"} * on (instance, vm) group_left hvstats_vm_info)",
+        "1239",
+    );
+}
+
+// Hostile clients. The exporter listens to peers it does not control: each test below is one
+// attack, made with real sockets against the real server, and checks that the server stays
+// alive, answers others in time, and holds no more than its limits let a client make it hold.
+
+/// `hvstats serve` started by a shell that first sets `ulimit -n nofile`; its standard error is
+/// kept in `stderr`.
+fn serve_limited(dir: &Path, extra: &[&str], nofile: u32, stderr: &Path) -> (Running, SocketAddr) {
+    let mut script =
+        format!("ulimit -n {nofile} && exec \"$0\" serve --listen 127.0.0.1:0 --runtime-dir \"$1\"");
+    for (n, _) in extra.iter().enumerate() {
+        script.push_str(&format!(" \"${}\"", n + 2));
+    }
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .arg(env!("CARGO_BIN_EXE_hvstats"))
+        .arg(dir)
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(stderr).unwrap())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr = line.trim().strip_prefix("serving http://").and_then(|s| s.strip_suffix("/metrics"));
+    let addr = addr.unwrap_or_else(|| panic!("unexpected first line {line:?}")).parse().unwrap();
+    (Running(child), addr)
+}
+
+impl Running {
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// Panics when the server has exited.
+    fn assert_alive(&mut self) {
+        assert_eq!(self.0.try_wait().unwrap(), None, "the server exited");
+    }
+
+    /// The sockets the server holds open (the listener included).
+    fn sockets(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter(|target| target.to_string_lossy().starts_with("socket:"))
+            .count()
+    }
+
+    fn descriptors(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid())).unwrap().count()
+    }
+
+    /// Waits (up to `within`) until the server used no CPU for half a second.
+    fn cpu_settles(&self, within: Duration) {
+        let ticks = || {
+            let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap();
+            // After the command's closing parenthesis, field 3 (the state) comes first: utime and
+            // stime (fields 14 and 15) are the 12th and 13th.
+            let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+            fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+        };
+        let deadline = Instant::now() + within;
+        let mut last = ticks();
+        loop {
+            std::thread::sleep(Duration::from_millis(500));
+            let now = ticks();
+            if now == last || Instant::now() > deadline {
+                return;
+            }
+            last = now;
+        }
+    }
+
+    fn threads(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/task", self.pid())).unwrap().count()
+    }
+
+    /// Waits up to `within` for the server to hold at most `sockets` sockets; returns how many
+    /// it holds.
+    fn sockets_settle(&self, sockets: usize, within: Duration) -> usize {
+        let deadline = Instant::now() + within;
+        loop {
+            let now = self.sockets();
+            if now <= sockets || Instant::now() > deadline {
+                return now;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// A scrape of `/metrics` that must succeed within `deadline`; returns the body's length.
+fn scrape_within(addr: SocketAddr, deadline: Duration) -> usize {
+    let started = Instant::now();
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(deadline)).unwrap();
+    write!(stream, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut reply = Vec::new();
+    let read = stream.read_to_end(&mut reply);
+    let took = started.elapsed();
+    assert!(read.is_ok() && took < deadline, "the scrape took {took:?}: {read:?}");
+    let text = String::from_utf8_lossy(&reply);
+    assert!(
+        text.starts_with("HTTP/1.1 200") || text.starts_with("HTTP/1.0 200"),
+        "{}",
+        &text[..text.len().min(300)]
+    );
+    reply.len()
+}
+
+/// Sends `request` on a new connection and reads until the server closes it (within `within`);
+/// returns what it answered.
+fn exchange(addr: SocketAddr, request: &[u8], within: Duration) -> String {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(within)).unwrap();
+    // The server may close before it has read everything: a reset is an answer too.
+    let _ = stream.write_all(request);
+    let mut reply = Vec::new();
+    match stream.read_to_end(&mut reply) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        Err(e) => panic!("the server kept the connection open past {within:?}: {e}"),
+    }
+    String::from_utf8_lossy(&reply).into_owned()
+}
+
+#[test]
+fn a_huge_declared_body_is_never_allocated() {
+    let tmp = TempDir::new("serve-huge-body");
+    let _published = published(tmp.path(), 1);
+    let (mut server, addr) = serve(tmp.path(), &[]);
+    scrape_within(addr, Duration::from_secs(5));
+    let before = common::rss_anon_kib(server.pid()).unwrap();
+    let request = b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000000\r\n\r\n";
+    let reply = exchange(addr, request, Duration::from_secs(5));
+    assert!(reply.starts_with("HTTP/1.1 200 OK"), "{reply}");
+    // A POST with the same claim: refused by method, its body unread.
+    let request = b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000000\r\n\r\nabc";
+    let reply = exchange(addr, request, Duration::from_secs(5));
+    assert!(reply.starts_with("HTTP/1.1 405"), "{reply}");
+    server.assert_alive();
+    scrape_within(addr, Duration::from_secs(5));
+    let after = common::rss_anon_kib(server.pid()).unwrap();
+    assert!(after < before + 16 * 1024, "heap grew from {before} KiB to {after} KiB");
+}
+
+#[test]
+fn a_client_that_never_sends_its_declared_body_delays_no_other_scrape() {
+    let tmp = TempDir::new("serve-slow-body");
+    let _published = published(tmp.path(), 2);
+    let (mut server, addr) = serve(tmp.path(), &[]);
+    // Several of them, each holding its connection with a body it will never send.
+    let mut slow = Vec::new();
+    for _ in 0..4 {
+        let mut stream = TcpStream::connect(addr).unwrap();
+        stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 2000\r\n\r\n0123").unwrap();
+        slow.push(stream);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    for _ in 0..5 {
+        scrape_within(addr, Duration::from_secs(2));
+    }
+    server.assert_alive();
+}
+
+/// Caps what the kernel buffers for `stream` (and stops it growing the window on loopback).
+fn small_receive_buffer(stream: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let size: libc::c_int = 16 * 1024;
+    // SAFETY: the fd is our open socket; the option value is a c_int of the length we pass.
+    let rc = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&size as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+}
+
+#[test]
+fn a_client_that_never_reads_a_large_reply_delays_no_other_scrape_and_is_dropped() {
+    let tmp = TempDir::new("serve-no-reader");
+    // 256 VPs: a /metrics larger than the server's send buffer (at most 4 MiB, net.ipv4.tcp_wmem)
+    // and the stalled clients' receive buffers (16 KiB, set below) can hold.
+    let _published = published(tmp.path(), 256);
+    let (mut server, addr) = serve(tmp.path(), &[]);
+    let size = scrape_within(addr, Duration::from_secs(10));
+    assert!(size > 6 << 20, "/metrics is only {size} bytes: too small to fill the socket buffers");
+    let idle = server.sockets();
+    let mut stalled = Vec::new();
+    for _ in 0..3 {
+        let mut stream = TcpStream::connect(addr).unwrap();
+        small_receive_buffer(&stream);
+        stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        stalled.push(stream);
+    }
+    // Their replies are read and encoded (one scrape's work each, seconds on a loaded machine),
+    // then stall in the write: wait until the server stops using the CPU.
+    server.cpu_settles(Duration::from_secs(20));
+    assert_eq!(server.sockets(), idle + 3, "the stalled replies are being written");
+    scrape_within(addr, Duration::from_secs(5));
+    // A reply that makes no progress for the write timeout (10 s) closes its connection.
+    let left = server.sockets_settle(idle, Duration::from_secs(14));
+    assert_eq!(left, idle, "connections of clients that never read are still open");
+    server.assert_alive();
+    drop(stalled);
+}
+
+#[test]
+fn http2_and_junk_leak_no_thread_and_no_descriptor() {
+    let tmp = TempDir::new("serve-junk");
+    let _published = published(tmp.path(), 1);
+    let (mut server, addr) = serve(tmp.path(), &[]);
+    scrape_within(addr, Duration::from_secs(5));
+    let (threads, descriptors) = (server.threads(), server.descriptors());
+    let attacks: [&[u8]; 5] = [
+        b"GET /metrics HTTP/2.0\r\nHost: x\r\n\r\n",
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00",
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
+        b"GET /metrics\r\n\r\n",
+        b"\x00\x01\x02\x03\r\n\r\n",
+    ];
+    for round in 0..60 {
+        for attack in attacks {
+            let reply = exchange(addr, attack, Duration::from_secs(5));
+            assert!(
+                reply.is_empty() || reply.starts_with("HTTP/1.1 4") || reply.starts_with("HTTP/1.1 5"),
+                "round {round}: {reply}"
+            );
+        }
+    }
+    // 300 requests later: the connections are gone, and so are their descriptors.
+    server.sockets_settle(1, Duration::from_secs(2));
+    assert!(
+        server.descriptors() <= descriptors,
+        "{} descriptors, {descriptors} before",
+        server.descriptors()
+    );
+    assert!(server.threads() <= threads.max(4), "{} threads, {threads} before", server.threads());
+    server.assert_alive();
+    scrape_within(addr, Duration::from_secs(5));
+}
+
+#[test]
+fn connections_past_the_cap_are_refused_at_once_and_idle_ones_are_closed() {
+    let tmp = TempDir::new("serve-cap-connections");
+    let _published = published(tmp.path(), 1);
+    let (mut server, addr) = serve(tmp.path(), &["--max-connections", "8"]);
+    let idle: Vec<TcpStream> = (0..8).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    let opened = Instant::now();
+    std::thread::sleep(Duration::from_millis(300));
+    // The ninth and later connections: 503 at once, not a wait in a queue.
+    for _ in 0..20 {
+        let reply = exchange(addr, b"GET /metrics HTTP/1.0\r\n\r\n", Duration::from_secs(2));
+        assert!(reply.is_empty() || reply.starts_with("HTTP/1.1 503"), "{reply}");
+    }
+    // The idle ones are closed by the server once they have sent no request for the header
+    // read timeout (10 s); a scrape then succeeds.
+    for mut stream in idle {
+        stream.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+        let mut buf = Vec::new();
+        let _ = stream.read_to_end(&mut buf);
+    }
+    let closed = opened.elapsed();
+    assert!(closed < Duration::from_secs(13), "idle connections were closed after {closed:?}");
+    scrape_within(addr, Duration::from_secs(2));
+    server.assert_alive();
+}
+
+#[test]
+fn a_long_request_line_without_an_end_is_refused_before_it_is_buffered() {
+    let tmp = TempDir::new("serve-long-line");
+    let _published = published(tmp.path(), 1);
+    let (mut server, addr) = serve(tmp.path(), &[]);
+    scrape_within(addr, Duration::from_secs(5));
+    let before = common::rss_anon_kib(server.pid()).unwrap();
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+    stream.write_all(b"GET /").unwrap();
+    let chunk = vec![b'a'; 1 << 20];
+    let mut sent = 0usize;
+    while sent < 400 << 20 {
+        match stream.write(&chunk) {
+            Ok(n) => sent += n,
+            Err(_) => break,
+        }
+    }
+    assert!(sent < 64 << 20, "the server took {sent} bytes of one request line");
+    let after = common::rss_anon_kib(server.pid()).unwrap();
+    assert!(after < before + 16 * 1024, "heap grew from {before} KiB to {after} KiB");
+    server.assert_alive();
+    scrape_within(addr, Duration::from_secs(5));
+}
+
+#[test]
+fn running_out_of_descriptors_is_logged_and_survived() {
+    let tmp = TempDir::new("serve-emfile");
+    let _published = published(tmp.path(), 1);
+    let log = tmp.path().join("serve.log");
+    let (mut server, addr) = serve_limited(tmp.path(), &[], 40, &log);
+    scrape_within(addr, Duration::from_secs(5));
+    // More connections than descriptors: accept fails with EMFILE until some close.
+    let held: Vec<TcpStream> = (0..60).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !std::fs::read_to_string(&log).unwrap().contains("cannot accept a connection") {
+        assert!(
+            Instant::now() < deadline,
+            "no accept failure logged: {}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    server.assert_alive();
+    drop(held);
+    // Within the longest backoff (1 s) and the backlog's drain, scrapes succeed again.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let stream = TcpStream::connect(addr).unwrap();
+        drop(stream);
+        if let Ok(reply) = std::panic::catch_unwind(|| scrape_within(addr, Duration::from_secs(2))) {
+            assert!(reply > 0);
+            break;
+        }
+        assert!(Instant::now() < deadline, "no scrape succeeded after the descriptors were freed");
+    }
+    server.assert_alive();
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(said.contains("Too many open files"), "{said}");
+}
+
+#[test]
+fn sigterm_and_sigint_stop_serve_within_a_second_and_remove_the_observer_instance() {
+    for signal in ["TERM", "INT"] {
+        let tmp = TempDir::new("serve-signal");
+        let (mut server, addr) = serve(tmp.path(), &["--observe-all", "--observe-interval", "0.2"]);
+        // The observer's instance appears; an idle client holds a connection.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::fs::read_dir(tmp.path()).unwrap().count() == 0 {
+            assert!(Instant::now() < deadline, "the observer published nothing");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _idle = TcpStream::connect(addr).unwrap();
+        scrape_within(addr, Duration::from_secs(5));
+        let asked = Instant::now();
+        let status =
+            Command::new("kill").arg(format!("-{signal}")).arg(server.pid().to_string()).status().unwrap();
+        assert!(status.success());
+        let exit = loop {
+            if let Some(exit) = server.0.try_wait().unwrap() {
+                break exit;
+            }
+            assert!(asked.elapsed() < Duration::from_secs(1), "SIG{signal}: still running after 1 s");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(exit.success(), "SIG{signal}: {exit:?}");
+        let instances = tmp.path().join("instances");
+        let left: Vec<_> = std::fs::read_dir(instances).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert!(left.is_empty(), "SIG{signal}: the observer's instance is left behind: {left:?}");
+    }
 }

@@ -150,8 +150,8 @@ impl PartitionInfo {
     /// True when counter slot `slot` of `kind` (partition or VP) is one no source gives for it.
     pub fn is_unavailable(&self, kind: ObjectKind, slot: usize) -> bool {
         match kind {
-            ObjectKind::Partition => index::is_unavailable(&self.unavailable_partition, slot),
-            ObjectKind::Vp => index::is_unavailable(&self.unavailable_vp, slot),
+            ObjectKind::Partition => index::is_unavailable(&self.unavailable_partition, kind, slot),
+            ObjectKind::Vp => index::is_unavailable(&self.unavailable_vp, kind, slot),
             _ => false,
         }
     }
@@ -175,7 +175,7 @@ pub struct LpInfo {
 impl LpInfo {
     /// True when counter slot `slot` of the LP is one no source gives for it.
     pub fn is_unavailable(&self, slot: usize) -> bool {
-        index::is_unavailable(&self.unavailable, slot)
+        index::is_unavailable(&self.unavailable, ObjectKind::LogicalProcessor, slot)
     }
 }
 
@@ -345,7 +345,7 @@ impl Instance {
 
     /// True when counter slot `slot` of the hypervisor object is one no source gives.
     pub fn hypervisor_unavailable(&self, slot: usize) -> bool {
-        index::is_unavailable(&self.global_layout.hypervisor_unavailable, slot)
+        index::is_unavailable(&self.global_layout.hypervisor_unavailable, ObjectKind::Hypervisor, slot)
     }
 
     /// Why the global pages cannot be read, if they cannot: (reason, permission denied).

@@ -26,8 +26,9 @@ use hvstats_abi::{ObjectKind, PAGE_SIZE};
 
 /// `HVSTARN1`: the first word of every arena file.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"HVSTARN1");
-/// The format this build writes and reads.
-pub const FORMAT: u64 = 1;
+/// The format this build writes and reads. Format 2: an unavailable-counter bitmap has a bit per
+/// counter (its position among its kind's counters), not per page slot.
+pub const FORMAT: u64 = 2;
 /// Objects per chunk.
 pub const CHUNK_SLOTS: usize = 64;
 /// Bytes per index entry.
@@ -46,8 +47,8 @@ pub const KIND_BYTES: usize = 64;
 pub const NAME_BYTES: usize = 192;
 /// Longest partition name or stop reason, in bytes.
 pub const TEXT_BYTES: usize = 64;
-/// Counters that can be declared unavailable: slots below this many.
-pub const UNAVAILABLE_SLOTS: usize = 256;
+/// Counters of one kind that can be declared unavailable: the first this many in catalog order.
+pub const UNAVAILABLE_COUNTERS: usize = 256;
 
 /// Header words.
 pub(crate) mod hw {
@@ -303,9 +304,29 @@ impl Entry {
     }
 }
 
-/// True when `slot` is set in an unavailable-counter bitmap.
-pub fn is_unavailable(bitmap: &[u64; 4], slot: usize) -> bool {
-    slot < UNAVAILABLE_SLOTS && bitmap[slot / 64] & (1 << (slot % 64)) != 0
+/// The bit of an unavailable-counter bitmap that stands for the counter at page slot `slot` of a
+/// `kind` page: the counter's position among the kind's counters in catalog order. (A bit per
+/// slot ran out: a histogram spans 33 slots, and the VP page's last ones start past slot 256.)
+pub fn unavailable_bit(kind: ObjectKind, slot: usize) -> Option<usize> {
+    use std::sync::OnceLock;
+    static BITS: OnceLock<std::collections::HashMap<(u8, usize), usize>> = OnceLock::new();
+    let bits = BITS.get_or_init(|| {
+        ObjectKind::ALL
+            .iter()
+            .flat_map(|&k| {
+                hvstats_abi::catalog::counters_of(k)
+                    .enumerate()
+                    .map(move |(bit, c)| ((k as u8, c.id.slot()), bit))
+            })
+            .collect()
+    });
+    bits.get(&(kind as u8, slot)).copied().filter(|&bit| bit < UNAVAILABLE_COUNTERS)
+}
+
+/// True when the counter at page slot `slot` of a `kind` page is set in an unavailable-counter
+/// bitmap.
+pub fn is_unavailable(bitmap: &[u64; 4], kind: ObjectKind, slot: usize) -> bool {
+    unavailable_bit(kind, slot).is_some_and(|bit| bitmap[bit / 64] & (1 << (bit % 64)) != 0)
 }
 
 /// Text stored NUL-padded: up to the first NUL, invalid UTF-8 replaced.

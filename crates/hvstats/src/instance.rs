@@ -204,8 +204,8 @@ impl PartitionStats {
                 ObjectKind::Vp => &mut vp,
                 _ => continue,
             };
-            if slot < index::UNAVAILABLE_SLOTS {
-                bitmap[slot / 64] |= 1 << (slot % 64);
+            if let Some(bit) = index::unavailable_bit(c.kind, slot) {
+                bitmap[bit / 64] |= 1 << (bit % 64);
             }
         }
         self.write_entry(|w| {
@@ -431,9 +431,8 @@ impl Hypervisor {
         let Some(slot) = page.and_then(SharedPage::arena_slot) else { return };
         let mut bitmap = [0u64; 4];
         for c in counters.iter().filter(|c| c.kind == kind) {
-            let s = c.slot();
-            if s < index::UNAVAILABLE_SLOTS {
-                bitmap[s / 64] |= 1 << (s % 64);
+            if let Some(bit) = index::unavailable_bit(kind, c.slot()) {
+                bitmap[bit / 64] |= 1 << (bit % 64);
             }
         }
         self.global.change().write_entry(slot, |w| {

@@ -9,7 +9,9 @@
 //! so `sum by (intercept)` and `rate(seconds) / rate(count)` work across classes.
 //!
 //! Counters no KVM source maintains have no family at all: an exporter leaves them absent rather
-//! than exporting zeros that look like measurements.
+//! than exporting zeros that look like measurements. Nor has the reader's bookkeeping (the
+//! sequence counter of consistent reads), which measures nothing. Help texts say the exported
+//! unit ([`help_in_unit`]).
 
 use std::sync::OnceLock;
 
@@ -208,6 +210,49 @@ fn is_intercept_member(id: CounterId) -> bool {
     INTERCEPT_CLASSES.iter().any(|c| c.count == id || c.time == id)
 }
 
+/// The catalog's description said in the family's base unit: its values are exported in seconds
+/// or bytes, so a description that speaks of 100 ns units, nanoseconds or a number of pages would
+/// contradict the series, and a cost (an average per event in the catalog) is exported as the
+/// total time it accumulates.
+pub fn help_in_unit(counter: &Counter, unit: Option<BaseUnit>) -> String {
+    let mut help = counter.description.to_owned();
+    match unit {
+        Some(BaseUnit::Seconds) => {
+            for raw in ["(in 100ns)", "(in 100 ns)", "(in nanoseconds)"] {
+                help = help.replace(raw, "(in seconds)");
+            }
+            // A percentage of time is exported as the time it is a percentage of.
+            if counter.presentation == Presentation::PercentTime {
+                help = help.replacen("The percentage of time", "The time (in seconds)", 1);
+            }
+            if counter.presentation == Presentation::Cost {
+                help = help.replacen("The average time", "The total time", 1);
+                // What a cost is averaged over is its paired count's own family.
+                if let Some((head, _)) = help.split_once(", per ") {
+                    help = format!("{head}.");
+                }
+                if let Some(count) = counter.paired_count() {
+                    let per = family_of(count).exposed_name();
+                    help.push_str(&format!(" Its rate over the rate of {per} is the average per event."));
+                }
+            }
+            if !help.contains("(in seconds)") {
+                help.push_str(" In seconds.");
+            }
+        }
+        Some(BaseUnit::Bytes) => {
+            let before = help.clone();
+            help = help.replacen("number of pages", "size in bytes of the pages", 1);
+            help = help.replacen("number of ", "size in bytes of the ", 1);
+            if help == before {
+                help.push_str(" In bytes (4096 per page).");
+            }
+        }
+        None => {}
+    }
+    help
+}
+
 fn family_of(counter: &'static Counter) -> Family {
     let (unit, multiplier, divisor) = match base_unit(counter.unit) {
         Some((unit, multiplier, divisor)) => (Some(unit), multiplier, divisor),
@@ -243,7 +288,7 @@ fn family_of(counter: &'static Counter) -> Family {
     }
     Family {
         name: format!("{}_{word}", object_prefix(counter.id.kind)),
-        help: counter.description.to_owned(),
+        help: help_in_unit(counter, unit),
         kind,
         unit,
         object: counter.id.kind,
@@ -269,9 +314,10 @@ fn intercept_families() -> [Family; 2] {
         },
         Family {
             name: "vp_intercept".into(),
-            help: "Time spent handling intercepts of the virtual processor, by class of the WHv Intercepts \
-                   counter set (classes whose time nobody records are absent)."
-                .into(),
+            help:
+                "Time (in seconds) spent handling intercepts of the virtual processor, by class of the WHv \
+                   Intercepts counter set (classes whose time nobody records are absent)."
+                    .into(),
             kind: MetricKind::Counter,
             unit: Some(BaseUnit::Seconds),
             object: ObjectKind::Vp,
@@ -301,6 +347,7 @@ pub fn families() -> &'static [Family] {
                     .filter(|c| {
                         c.id.kind == kind
                             && c.maintained.is_maintained()
+                            && !c.is_bookkeeping()
                             && !is_intercept_member(c.id)
                             // A histogram spans many slots: a family of its own, not one value.
                             && c.presentation != Presentation::Histogram
@@ -390,7 +437,11 @@ mod tests {
         // Histograms span many slots and are not one-value members.
         let maintained: Vec<_> = CATALOG
             .iter()
-            .filter(|c| c.maintained.is_maintained() && c.presentation != Presentation::Histogram)
+            .filter(|c| {
+                c.maintained.is_maintained()
+                    && c.presentation != Presentation::Histogram
+                    && !c.is_bookkeeping()
+            })
             .collect();
         let members: usize = families().iter().map(|f| f.members.len()).sum();
         assert_eq!(members, maintained.len());
@@ -401,6 +452,36 @@ mod tests {
             assert_eq!(labels.len(), f.members.len(), "{} has two members with one label set", f.name);
             assert!(f.exposed_name().chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
         }
+    }
+
+    #[test]
+    fn help_texts_speak_the_exported_unit_and_bookkeeping_is_no_metric() {
+        let all = families().iter().chain(histogram_families());
+        for f in all {
+            match f.unit {
+                Some(BaseUnit::Seconds) => {
+                    for raw in ["100ns", "100 ns", "nanosecond", "The average time", "percentage"] {
+                        assert!(!f.help.contains(raw), "{}: {}", f.exposed_name(), f.help);
+                    }
+                    assert!(f.help.contains("seconds"), "{}: {}", f.exposed_name(), f.help);
+                }
+                Some(BaseUnit::Bytes) => {
+                    assert!(!f.help.contains("number of"), "{}: {}", f.exposed_name(), f.help);
+                    assert!(f.help.contains("bytes"), "{}: {}", f.exposed_name(), f.help);
+                }
+                None => {}
+            }
+        }
+        let (f, _) = family_of_counter(vp::HYPERCALLS_COST).unwrap();
+        assert_eq!(
+            f.help,
+            "The total time (in seconds) spent processing a hypercall. Its rate over the rate of \
+             hvstats_vp_hypercalls_total is the average per event."
+        );
+        let (f, _) = family_of_counter(partition::GPA_PAGES).unwrap();
+        assert!(f.help.starts_with("The size in bytes of the pages that are present"), "{}", f.help);
+        assert!(family_of_counter(vp::SEQUENCE).is_none());
+        assert!(!families().iter().any(|f| f.name.contains("sequence")));
     }
 
     #[test]

@@ -192,6 +192,26 @@ fn counters_declared_unavailable_read_as_unknown_never_zero() {
 }
 
 #[test]
+fn every_counter_can_be_declared_unavailable_the_last_histograms_of_the_vp_page_too() {
+    // The halt-poll histograms start past page slot 256, where a bitmap of slots ran out: they
+    // were published as available zeros.
+    let tmp = TempDir::new("unavailable-histograms");
+    let hv = published(&tmp.0);
+    let p = hv.create_partition(1).unwrap();
+    let last = [vp::HALT_POLL_SUCCESS_HISTOGRAM, vp::HALT_POLL_FAIL_HISTOGRAM];
+    assert!(last.iter().all(|c| c.slot() > 256));
+    p.set_unavailable(&last);
+    let mut attach = Attach::new(&tmp.0);
+    attach.refresh().unwrap();
+    let snap = attach.instances_mut().next().unwrap().snapshot();
+    let names: Vec<&str> = snap.partitions[0].vps[0].histograms.iter().map(|(c, _)| c.name).collect();
+    assert!(names.contains(&"Halt wait histogram"), "{names:?}");
+    assert!(!names.iter().any(|n| n.starts_with("Halt poll")), "{names:?}");
+    let every: Vec<_> = hvstats_abi::CATALOG.iter().filter(|c| c.id.kind != ObjectKind::Hypervisor).collect();
+    assert!(every.iter().all(|c| hvstats::index::unavailable_bit(c.id.kind, c.id.slot()).is_some()));
+}
+
+#[test]
 fn an_attached_root_follows_the_map_rules() {
     let tmp = TempDir::new("root-rules");
     let hv = published(&tmp.0);

@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use hvstats::attach::{Attach, Instance};
+use hvstats::attach::{Attach, AttachError, Instance};
+use hvstats::publish::InstanceName;
+use hvstats::runtime_dir::RuntimeDirError;
 use hvstats::snapshot::{InstanceSnapshot, PartitionSnapshot, error_chain};
 
 /// Every live instance at one moment.
@@ -20,6 +22,8 @@ pub struct Reading {
     pub instances: Vec<InstanceSnapshot>,
     /// What could not be read, one line each.
     pub problems: Vec<String>,
+    /// The instances found in the runtime directory that could not be attached, by name.
+    pub failed: Vec<String>,
 }
 
 impl Reading {
@@ -32,6 +36,19 @@ impl Reading {
     pub fn vp_count(&self) -> usize {
         self.instances.iter().flat_map(|i| &i.partitions).map(|p| p.vps.len()).sum()
     }
+}
+
+/// The instance an attach problem is about, when it names one of its files.
+fn instance_of(problem: &AttachError) -> Option<String> {
+    let path = match problem {
+        AttachError::Dir(RuntimeDirError::Io { path, .. })
+        | AttachError::Arena { path, .. }
+        | AttachError::Page { path, .. }
+        | AttachError::Untrusted { path, .. } => path,
+        _ => return None,
+    };
+    let stem = path.file_stem()?.to_str()?;
+    InstanceName::parse(stem).map(|name| name.to_string())
 }
 
 /// The reader of the runtime directory the surfaces show.
@@ -64,8 +81,17 @@ impl Live {
         let mut attach = self.attach.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let changes = attach.refresh()?;
         let problems = changes.problems.iter().map(|p| error_chain(p)).collect();
+        let mut failed: Vec<String> = changes.problems.iter().filter_map(instance_of).collect();
+        failed.sort();
+        failed.dedup();
         let instances = attach.instances_mut().map(Instance::snapshot).collect();
-        Ok(Reading { at: Instant::now(), instances, problems })
+        Ok(Reading { at: Instant::now(), instances, problems, failed })
+    }
+
+    /// A reading of nothing, saying why: the runtime directory itself could not be read.
+    pub fn unreadable(&self, error: &anyhow::Error) -> Reading {
+        let problem = format!("cannot read {}: {error:#}", self.dir.display());
+        Reading { at: Instant::now(), instances: Vec::new(), problems: vec![problem], failed: Vec::new() }
     }
 
     /// A partition's name for people and labels: its own name, or `<instance>:<id>` when it has

@@ -47,7 +47,7 @@ pub fn synthetic_reading(partitions: u32, vps_each: u32) -> Reading {
         partitions,
         unmapped: None,
     };
-    Reading { at: Instant::now(), instances: vec![instance], problems: Vec::new() }
+    Reading { at: Instant::now(), instances: vec![instance], problems: Vec::new(), failed: Vec::new() }
 }
 
 /// One side-by-side measurement, in the shape of `bench --json` rows.

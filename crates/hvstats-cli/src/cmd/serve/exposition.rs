@@ -2,9 +2,12 @@
 //! metric families by `prometheus-client`.
 //!
 //! The families and their units, scales and help texts come from [`hvstats::metrics`]; this module
-//! only walks the objects of a reading and attaches labels: `instance` (the publishing instance),
-//! `vm` and `partition` (the partition), `vp` (the VP index), `lp`/`cpu` for logical processors,
-//! and `intercept` inside the intercept families. Objects whose page could not be read have no
+//! only walks the objects of a reading and attaches labels. A VM's series carry what identifies
+//! them across restarts: `vm` (its name) and `vp` (the VP index), and `intercept` inside the
+//! intercept families; what changes when a publisher restarts (the publishing instance, the
+//! partition id, the publisher's pid) is on one `hvstats_vm_info` series per VM, to join on `vm`.
+//! Hypervisor and logical processor series carry `publisher` (every instance has them), and
+//! `lp`/`cpu`. No series has an `instance` label: Prometheus sets that one to the scrape target. Objects whose page could not be read have no
 //! series in that scrape. Beyond a cap on the number of VPs exported one by one, the remaining
 //! partitions export the sum of their VPs under `vp="all"`, so a huge host cannot flood
 //! Prometheus with series.
@@ -67,6 +70,10 @@ pub fn to_classic(openmetrics: &str) -> String {
     out
 }
 
+/// The label naming the hvstats instance that publishes an object (not `instance`, which
+/// Prometheus sets to the scrape target).
+pub const PUBLISHER: &str = "publisher";
+
 /// The `vp` label of a partition's summed VPs, past the cap.
 pub const ALL_VPS: &str = "all";
 
@@ -75,6 +82,9 @@ pub const ALL_VPS: &str = "all";
 pub struct Exposition {
     reading: Arc<Reading>,
     max_vps: usize,
+    read_time: Option<std::time::Duration>,
+    /// The `vm` label of each partition in walk order, made once per scrape.
+    vm_labels: Vec<String>,
 }
 
 type Labels = Vec<(&'static str, String)>;
@@ -82,7 +92,15 @@ type Labels = Vec<(&'static str, String)>;
 impl Exposition {
     /// The exposition of `reading`, exporting at most `max_vps` VPs one by one.
     pub fn new(reading: impl Into<Arc<Reading>>, max_vps: usize) -> Self {
-        Self { reading: reading.into(), max_vps }
+        let reading = reading.into();
+        let vm_labels = vm_labels(&reading);
+        Self { reading, max_vps, read_time: None, vm_labels }
+    }
+
+    /// The same, saying that reading took `took` (`hvstats_scrape_duration_seconds`).
+    pub fn read_in(mut self, took: std::time::Duration) -> Self {
+        self.read_time = Some(took);
+        self
     }
 
     /// The text, in the OpenMetrics format, `# EOF` included.
@@ -143,7 +161,8 @@ impl Exposition {
             Ok(())
         };
         for instance in &self.reading.instances {
-            let base: Labels = vec![("instance", instance.name.clone())];
+            // Every publisher has hypervisor and LP pages: its name tells them apart.
+            let base: Labels = vec![(PUBLISHER, instance.name.clone())];
             match family.object {
                 ObjectKind::Hypervisor => sample(&base, &instance.hypervisor)?,
                 ObjectKind::LogicalProcessor => {
@@ -160,12 +179,8 @@ impl Exposition {
         if !matches!(family.object, ObjectKind::Partition | ObjectKind::Vp) {
             return Ok(());
         }
-        for ((instance, partition), one_by_one) in self.partitions().zip(per_vp) {
-            let labels: Labels = vec![
-                ("instance", instance.name.clone()),
-                ("vm", Live::vm_name(&instance.name, partition)),
-                ("partition", partition.id.to_string()),
-            ];
+        for (((_, partition), vm), one_by_one) in self.partitions().zip(&self.vm_labels).zip(per_vp) {
+            let labels: Labels = vec![("vm", vm.to_owned())];
             if family.object == ObjectKind::Partition {
                 sample(&labels, &partition.reading)?;
             } else if *one_by_one {
@@ -195,12 +210,8 @@ impl Exposition {
         let Some(member) = family.members.first() else { return Ok(()) };
         let id = member.counter.id;
         let of = |vp: &VpSnapshot| vp.histograms.iter().find(|(c, _)| c.id == id).map(|(_, h)| *h);
-        for ((instance, partition), one_by_one) in self.partitions().zip(per_vp) {
-            let labels: Labels = vec![
-                ("instance", instance.name.clone()),
-                ("vm", Live::vm_name(&instance.name, partition)),
-                ("partition", partition.id.to_string()),
-            ];
+        for (((_, partition), vm), one_by_one) in self.partitions().zip(&self.vm_labels).zip(per_vp) {
+            let labels: Labels = vec![("vm", vm.to_owned())];
             if *one_by_one {
                 for vp in &partition.vps {
                     let Some(h) = of(vp) else { continue };
@@ -296,8 +307,145 @@ fn encode_value(family: &Family, member: &Member, raw: u64, metric: &mut MetricE
     }
 }
 
+impl Exposition {
+    /// The exporter's own families: what it is, what it could read and how long that took.
+    fn encode_exporter(&self, encoder: &mut DescriptorEncoder) -> std::fmt::Result {
+        {
+            let mut metric = encoder.encode_descriptor(
+                "build_info",
+                "The hvstats build serving these metrics (always 1).",
+                None,
+                MetricType::Gauge,
+            )?;
+            let labels: Labels = vec![("version", env!("CARGO_PKG_VERSION").to_owned())];
+            metric.encode_family(&labels)?.encode_gauge(&1i64)?;
+        }
+        {
+            let mut metric = encoder.encode_descriptor(
+                "read_errors",
+                "What this scrape could not read: instances that could not be attached (or the runtime \
+                 directory itself) and pages that could not be read.",
+                None,
+                MetricType::Gauge,
+            )?;
+            metric.encode_gauge(&(read_errors(&self.reading) as i64))?;
+        }
+        if let Some(took) = self.read_time {
+            let mut metric = encoder.encode_descriptor(
+                "scrape_duration",
+                "Time this scrape took to read every instance.",
+                Some(&Unit::Seconds),
+                MetricType::Gauge,
+            )?;
+            metric.encode_gauge(&took.as_secs_f64())?;
+        }
+        if self.reading.instances.is_empty() && self.reading.failed.is_empty() {
+            return Ok(());
+        }
+        let mut metric = encoder.encode_descriptor(
+            "instance_up",
+            "1 for each instance this scrape read, 0 for one it found but could not attach.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for instance in &self.reading.instances {
+            let up = i64::from(!matches!(instance.hypervisor, ObjectReading::Unreadable { .. }));
+            metric.encode_family(&vec![(PUBLISHER, instance.name.clone())])?.encode_gauge(&up)?;
+        }
+        for name in &self.reading.failed {
+            metric.encode_family(&vec![(PUBLISHER, name.clone())])?.encode_gauge(&0i64)?;
+        }
+        if self.has_objects(ObjectKind::Partition) {
+            let mut metric = encoder.encode_descriptor(
+                "vm_up",
+                "1 for each partition (VM) that is running and whose counters this scrape read, else 0.",
+                None,
+                MetricType::Gauge,
+            )?;
+            for ((_, partition), vm) in self.partitions().zip(&self.vm_labels) {
+                let read = matches!(partition.reading, ObjectReading::Counters(_));
+                let labels: Labels = vec![("vm", vm.clone())];
+                metric.encode_family(&labels)?.encode_gauge(&i64::from(partition.active && read))?;
+            }
+            let mut metric = encoder.encode_descriptor(
+                "vm_info",
+                "Each VM (partition) this scrape read: its publishing instance (hvstats' own, or the \
+                 observer of other processes' VMs), the publisher's pid and kind, and the partition id \
+                 in it (always 1).",
+                None,
+                MetricType::Gauge,
+            )?;
+            for ((instance, partition), vm) in self.partitions().zip(&self.vm_labels) {
+                let labels: Labels = vec![
+                    ("vm", vm.clone()),
+                    (PUBLISHER, instance.name.clone()),
+                    ("publisher_pid", instance.pid.to_string()),
+                    ("publisher_kind", instance.description.kind.clone()),
+                    ("partition", partition.id.to_string()),
+                ];
+                metric.encode_family(&labels)?.encode_gauge(&1i64)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The `vm` label of each partition of `reading` in walk order: its name ([`Live::vm_name`]),
+/// stable across restarts of its publisher; a name two partitions share gets its publisher and
+/// partition id appended, so no two series collide.
+fn vm_labels(reading: &Reading) -> Vec<String> {
+    let partitions = || reading.instances.iter().flat_map(|i| i.partitions.iter().map(move |p| (i, p)));
+    let names: Vec<String> = partitions().map(|(i, p)| Live::vm_name(&i.name, p)).collect();
+    let mut seen = std::collections::HashMap::<&str, usize>::new();
+    for name in &names {
+        *seen.entry(name).or_default() += 1;
+    }
+    partitions()
+        .zip(&names)
+        .map(|((instance, partition), name)| match seen.get(name.as_str()) {
+            Some(1) => name.clone(),
+            _ => format!("{name} ({}:{})", instance.name, partition.id),
+        })
+        .collect()
+}
+
+/// What `reading` could not read: its problems and its unreadable pages.
+pub fn read_errors(reading: &Reading) -> usize {
+    let unreadable = |r: &ObjectReading| usize::from(matches!(r, ObjectReading::Unreadable { .. }));
+    let pages: usize = reading
+        .instances
+        .iter()
+        .map(|i| {
+            unreadable(&i.hypervisor)
+                + i.lps.iter().map(|lp| unreadable(&lp.reading)).sum::<usize>()
+                + i.partitions
+                    .iter()
+                    .map(|p| {
+                        unreadable(&p.reading) + p.vps.iter().map(|vp| unreadable(&vp.reading)).sum::<usize>()
+                    })
+                    .sum::<usize>()
+        })
+        .sum();
+    reading.problems.len() + pages
+}
+
+/// True when something was to be read and nothing could be: every instance failed to attach (or
+/// the runtime directory could not be read), or every page of those attached was unreadable.
+pub fn nothing_read(reading: &Reading) -> bool {
+    let readable = |r: &ObjectReading| matches!(r, ObjectReading::Counters(_));
+    let something = reading.instances.iter().any(|i| {
+        readable(&i.hypervisor)
+            || i.lps.iter().any(|lp| readable(&lp.reading))
+            || i.partitions
+                .iter()
+                .any(|p| readable(&p.reading) || p.vps.iter().any(|vp| readable(&vp.reading)))
+    });
+    !something && read_errors(reading) > 0
+}
+
 impl Collector for Exposition {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        self.encode_exporter(&mut encoder)?;
         let per_vp = self.per_vp();
         for family in families() {
             if !self.has_objects(family.object) {
@@ -350,7 +498,7 @@ impl Exposition {
                 encoder.encode_descriptor("mshv_instance_info", help, None, MetricType::Gauge)?;
             for instance in mshv() {
                 let labels: Labels = vec![
-                    ("instance", instance.name.clone()),
+                    ("publisher", instance.name.clone()),
                     ("source", "mshv".to_owned()),
                     ("description", instance.description.name.clone()),
                 ];
@@ -369,7 +517,7 @@ impl Exposition {
         for instance in mshv() {
             let Some(unmapped) = &instance.unmapped else { continue };
             let base = |object: &str| -> Labels {
-                vec![("instance", instance.name.clone()), ("object", object.to_owned())]
+                vec![("publisher", instance.name.clone()), ("object", object.to_owned())]
             };
             emit(&base("hypervisor"), unmapped.get(&ObjectRef::Hypervisor))?;
             for lp in &instance.lps {
@@ -382,7 +530,7 @@ impl Exposition {
             let Some(unmapped) = &instance.unmapped else { continue };
             let base = |object: &str| -> Labels {
                 vec![
-                    ("instance", instance.name.clone()),
+                    ("publisher", instance.name.clone()),
                     ("object", object.to_owned()),
                     ("partition", partition.id.to_string()),
                 ]
@@ -400,13 +548,16 @@ impl Exposition {
     }
 }
 
-/// A text summary for `/healthz`: `ok`, the instance count and what could not be read.
-pub fn health(reading: &Reading) -> String {
-    let mut out = format!("ok: {} instances, {} VPs\n", reading.instances.len(), reading.vp_count());
+/// A text summary for `/healthz` and whether it is healthy: `ok` with the instance count, or
+/// `unhealthy` when nothing could be read ([`nothing_read`]); then what could not be read.
+pub fn health(reading: &Reading) -> (bool, String) {
+    let healthy = !nothing_read(reading);
+    let verdict = if healthy { "ok" } else { "unhealthy: nothing could be read" };
+    let mut out = format!("{verdict}: {} instances, {} VPs\n", reading.instances.len(), reading.vp_count());
     for problem in &reading.problems {
         let _ = writeln!(out, "problem: {problem}");
     }
-    out
+    (healthy, out)
 }
 
 #[cfg(test)]
@@ -429,7 +580,7 @@ mod tests {
             .position(|c| c.id == hvstats_abi::catalog::vp::HYPERCALLS)
             .unwrap() as u64;
         let all = hypercalls.iter().find(|l| l.contains("vp=\"all\"")).unwrap();
-        assert!(all.contains("partition=\"3\""), "{all}");
+        assert!(all.contains("vm=\"4242-1-0:3\""), "{all}");
         assert!(all.ends_with(&format!(" {}", 4000 + index + 5000 + index)), "{all}");
         assert!(text.ends_with("# EOF\n"));
     }
@@ -454,13 +605,13 @@ mod tests {
             counter,
             [
                 format!(
-                    "hvstats_mshv_value{{instance=\"{name}\",object=\"hypervisor\",name=\"HvSubsumedPages\"}} 4"
+                    "hvstats_mshv_value{{publisher=\"{name}\",object=\"hypervisor\",name=\"HvSubsumedPages\"}} 4"
                 ),
                 format!(
-                    "hvstats_mshv_value{{instance=\"{name}\",object=\"partition\",partition=\"{id}\",name=\"PtPagesShattered\"}} 9"
+                    "hvstats_mshv_value{{publisher=\"{name}\",object=\"partition\",partition=\"{id}\",name=\"PtPagesShattered\"}} 9"
                 ),
                 format!(
-                    "hvstats_mshv_value{{instance=\"{name}\",object=\"vp\",partition=\"{id}\",vp=\"1\",name=\"VpVtl1DispatchCount\"}} {}",
+                    "hvstats_mshv_value{{publisher=\"{name}\",object=\"vp\",partition=\"{id}\",vp=\"1\",name=\"VpVtl1DispatchCount\"}} {}",
                     u64::MAX
                 ),
             ]

@@ -3,22 +3,26 @@
 //! `GET /metrics` reads every instance once and answers in the OpenMetrics text format
 //! ([`exposition`]) to clients that accept it (Prometheus does), in the classic Prometheus text
 //! format to the others (curl, `promtool check metrics`); `GET /api/v1/snapshot` answers the JSON of `hvstats snapshot --json`;
-//! `GET /healthz` says the exporter is up and what it could not read. Where one host is not
-//! enough, each host runs `serve` and Prometheus aggregates: the exporter keeps no state between
-//! scrapes.
+//! `GET /healthz` says what it could read and what not, with 503 when nothing could be read. Where
+//! one host is not enough, each host runs `serve` and Prometheus aggregates: the exporter keeps no
+//! state between scrapes. The HTTP server ([`http`]) bounds what any client can make it hold.
 
 pub mod bench;
 pub mod exposition;
+pub mod http;
 pub mod observe;
 
 use std::io::Write;
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context;
+use hyper::Method;
 use serde_json::json;
-use tiny_http::{Header, Method, Request, Response, Server};
+
+use self::http::{Asked, Limits, Reply};
 
 use crate::cmd::live::{Live, Reading};
 
@@ -42,6 +46,10 @@ pub struct Args {
     /// sum per partition (`vp="all"`).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_VPS)]
     max_vps: usize,
+    /// Connections served at once; more are answered 503 and closed at once.
+    #[arg(long, value_name = "N", default_value_t = Limits::default().max_connections,
+          value_parser = parse_max_connections)]
+    max_connections: usize,
     /// Also observe every KVM VM other processes run on this host (as `hvstats observe --all`),
     /// so this one exporter shows them all.
     #[arg(long)]
@@ -52,6 +60,13 @@ pub struct Args {
     observe_interval: f64,
 }
 
+fn parse_max_connections(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (1..=65_536).contains(&n) => Ok(n),
+        _ => Err(format!("{s:?}: the cap is a number of connections from 1 to 65536")),
+    }
+}
+
 fn parse_observe_interval(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if (0.01..=3600.0).contains(&v) => Ok(v),
@@ -59,34 +74,26 @@ fn parse_observe_interval(s: &str) -> Result<f64, String> {
     }
 }
 
-/// What one request gets.
-struct Reply {
-    status: u16,
-    content_type: &'static str,
-    body: String,
-}
-
-impl Reply {
-    fn text(status: u16, body: impl Into<String>) -> Self {
-        Self { status, content_type: "text/plain; charset=utf-8", body: body.into() }
-    }
-}
-
-/// Answers `method path` from a fresh reading of `live`; `/metrics` in OpenMetrics when `accept`
+/// Answers `asked` from a fresh reading of `live`; `/metrics` in OpenMetrics when its `Accept`
 /// asks for it, else in the classic text format.
-fn answer(live: &Live, max_vps: usize, method: &Method, url: &str, accept: &str) -> Reply {
-    if !matches!(method, Method::Get | Method::Head) {
+fn answer(live: &Live, max_vps: usize, asked: &Asked) -> Reply {
+    if !matches!(asked.method, Method::GET | Method::HEAD) {
         return Reply::text(405, "only GET and HEAD\n");
     }
-    let path = url.split(['?', '#']).next().unwrap_or(url);
+    // A runtime directory that cannot be read is a reading of nothing with one problem: /metrics
+    // still answers (the error is a metric), /healthz says unhealthy.
     let read = || {
-        live.read().map_err(|e| Reply::text(503, format!("cannot read {}: {e:#}\n", live.dir().display())))
+        let started = std::time::Instant::now();
+        let reading = live.read().unwrap_or_else(|e| live.unreadable(&e));
+        (reading, started.elapsed())
     };
-    let result = match path {
-        "/metrics" => read().and_then(|reading| {
+    let result = match asked.path.as_str() {
+        "/metrics" => {
+            let (reading, took) = read();
             exposition::Exposition::new(reading, max_vps)
+                .read_in(took)
                 .encode()
-                .map(|body| match exposition::accepts_openmetrics(accept) {
+                .map(|body| match exposition::accepts_openmetrics(&asked.accept) {
                     true => Reply { status: 200, content_type: exposition::CONTENT_TYPE, body },
                     false => Reply {
                         status: 200,
@@ -95,13 +102,20 @@ fn answer(live: &Live, max_vps: usize, method: &Method, url: &str, accept: &str)
                     },
                 })
                 .map_err(|_| Reply::text(500, "encoding failed\n"))
-        }),
-        "/api/v1/snapshot" => read().map(|reading| Reply {
-            status: 200,
-            content_type: "application/json",
-            body: snapshot_body(&reading),
-        }),
-        "/healthz" => read().map(|reading| Reply::text(200, exposition::health(&reading))),
+        }
+        "/api/v1/snapshot" => {
+            let (reading, _) = read();
+            match exposition::nothing_read(&reading) {
+                false => {
+                    Ok(Reply { status: 200, content_type: "application/json", body: snapshot_body(&reading) })
+                }
+                true => Err(Reply::text(503, exposition::health(&reading).1)),
+            }
+        }
+        "/healthz" => {
+            let (healthy, text) = exposition::health(&read().0);
+            Ok(Reply::text(if healthy { 200 } else { 503 }, text))
+        }
         "/" => Ok(Reply::text(200, "hvstats exporter: /metrics /api/v1/snapshot /healthz\n")),
         _ => Err(Reply::text(404, "not found: try /metrics\n")),
     };
@@ -115,46 +129,33 @@ fn snapshot_body(reading: &Reading) -> String {
     body
 }
 
-fn respond(live: &Live, max_vps: usize, request: Request) {
-    let accept = request
-        .headers()
-        .iter()
-        .filter(|h| h.field.equiv("Accept"))
-        .map(|h| h.value.as_str())
-        .collect::<Vec<_>>()
-        .join(",");
-    let reply = answer(live, max_vps, request.method(), request.url(), &accept);
-    let mut response = Response::from_string(reply.body).with_status_code(reply.status);
-    // Our content types are static ASCII, which tiny_http always accepts.
-    if let Ok(header) = Header::from_bytes("Content-Type", reply.content_type) {
-        response = response.with_header(header);
-    }
-    // A client that went away is its own business; the exporter serves the next one.
-    let _ = request.respond(response);
-}
-
-/// Runs `hvstats serve` until killed.
+/// Runs `hvstats serve` until SIGINT or SIGTERM.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let live = Live::new(Some(crate::cmd::runtime_dir(args.runtime_dir)?));
-    // Before any thread starts: SIGINT/SIGTERM wait for the watcher below.
-    crate::signals::block().context("cannot block SIGINT/SIGTERM")?;
-    let observer = match args.observe_all {
-        true => Some(observe::start(live.dir(), std::time::Duration::from_secs_f64(args.observe_interval))?),
-        false => None,
+    let live = Arc::new(Live::new(Some(crate::cmd::runtime_dir(args.runtime_dir)?)));
+    let listener =
+        TcpListener::bind(args.listen).with_context(|| format!("cannot listen on {}", args.listen))?;
+    let addr = listener.local_addr().context("the listening socket has no address")?;
+    let limits = Limits { max_connections: args.max_connections, ..Limits::default() };
+    let max_vps = args.max_vps;
+    let (observe_all, interval) = (args.observe_all, args.observe_interval);
+    let dir = live.dir().to_owned();
+    // Once SIGINT and SIGTERM are watched: the observer, then the address (which tells a
+    // supervisor or a test that the exporter is up).
+    let start = move || -> anyhow::Result<Option<observe::Running>> {
+        let observer = match observe_all {
+            true => Some(observe::start(&dir, std::time::Duration::from_secs_f64(interval))?),
+            false => None,
+        };
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "serving http://{addr}/metrics")?;
+        stdout.flush()?;
+        Ok(observer)
     };
-    std::thread::Builder::new()
-        .name("signals".into())
-        .spawn(move || observe::stop_on_signal(observer))
-        .context("starting the signal watcher")?;
-    let server =
-        Server::http(args.listen).map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
-    let addr = server.server_addr().to_ip().context("the server has no IP address")?;
-    let mut stdout = std::io::stdout().lock();
-    writeln!(stdout, "serving http://{addr}/metrics")?;
-    stdout.flush()?;
-    drop(stdout);
-    for request in server.incoming_requests() {
-        respond(&live, args.max_vps, request);
+    let (signal, observer) = http::serve(listener, limits, start, move |asked| answer(&live, max_vps, asked))
+        .context("the HTTP server failed")?;
+    http::log(&format!("{}: stopping", signal.name()));
+    if let Some(observer) = observer {
+        observer.stop();
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -1,9 +1,9 @@
 //! `serve --observe-all`: the observer of `hvstats observe --all` running inside the exporter, so
 //! one process on a host exports every KVM VM on it — the VMs of other processes (QEMU,
 //! Firecracker, …) published as partitions of the observer's own instance, read by the exporter
-//! like any other instance.
+//! like any other instance. A VM another observer already claims is left to it (its publisher is
+//! read like any other instance).
 
-use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -14,17 +14,16 @@ use hvstats_kvm::observe::{ObserveOptions, Observer, Procfs, Targets, publicatio
 
 use crate::cmd::observe::describe;
 
-fn log(line: &str) {
-    let _ = writeln!(std::io::stderr(), "hvstats serve: {line}");
-}
+use super::http::log;
 
-/// The observer's thread: stopping it removes the observer's instance and releases its claims.
-pub struct ObserverThread {
+/// The observer running on its own thread; [`stop`](Self::stop) ends it, removes its instance
+/// and releases its claims.
+pub struct Running {
     cancel: Cancel,
     thread: std::thread::JoinHandle<()>,
 }
 
-impl ObserverThread {
+impl Running {
     /// Stops the observer (a QMP wait ends within [`CANCEL_POLL`]) and waits until its instance
     /// files are removed.
     pub fn stop(self) {
@@ -36,11 +35,11 @@ impl ObserverThread {
 }
 
 /// Publishes an observer instance under `runtime_dir` and refreshes it every `interval` on its own
-/// thread, until [`ObserverThread::stop`].
+/// thread, until [`Running::stop`].
 ///
 /// # Errors
 /// When the instance cannot be published or the thread cannot start.
-pub fn start(runtime_dir: &Path, interval: Duration) -> anyhow::Result<ObserverThread> {
+pub fn start(runtime_dir: &Path, interval: Duration) -> anyhow::Result<Running> {
     if let Err(e) = raise_fd_limit() {
         log(&format!("cannot raise the open file limit: {e}"));
     }
@@ -78,19 +77,5 @@ pub fn start(runtime_dir: &Path, interval: Duration) -> anyhow::Result<ObserverT
             drop(hv);
         })
         .context("starting the observer thread")?;
-    Ok(ObserverThread { cancel, thread })
-}
-
-/// Waits for SIGINT or SIGTERM (blocked by [`crate::signals::block`]), stops `observer` (its
-/// instance files and claims removed) and ends the process with status 0: a requested stop.
-pub fn stop_on_signal(observer: Option<ObserverThread>) {
-    let Ok(signal) = crate::signals::wait() else {
-        log("cannot wait for signals: SIGINT/SIGTERM will not clean up");
-        return;
-    };
-    log(&format!("{}: stopping", signal.name()));
-    if let Some(o) = observer {
-        o.stop();
-    }
-    std::process::exit(0);
+    Ok(Running { cancel, thread })
 }
