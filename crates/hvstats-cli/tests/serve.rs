@@ -911,3 +911,30 @@ fn sigterm_and_sigint_stop_serve_within_a_second_and_remove_the_observer_instanc
         assert!(left.is_empty(), "SIG{signal}: the observer's instance is left behind: {left:?}");
     }
 }
+
+/// Two publishers on one host have the same logical processors: each LP's series comes once,
+/// without a publisher label, so a sum over the host counts each CPU once.
+#[test]
+fn logical_processors_are_exported_once_per_host_not_once_per_publisher() {
+    let tmp = TempDir::new("serve-lps-once");
+    let a = common::publish(tmp.path());
+    let b = common::publish(tmp.path());
+    let (_serve, addr) = serve(tmp.path(), &[]);
+    let (status, _, text) = get(addr, "/metrics");
+    assert_eq!(status, 200);
+    let lp_lines: Vec<&str> =
+        text.lines().filter(|l| l.starts_with("hvstats_lp_") && !l.starts_with('#')).collect();
+    assert!(!lp_lines.is_empty(), "{text}");
+    assert!(lp_lines.iter().all(|l| !l.contains("publisher=")), "{lp_lines:#?}");
+    // Each LP series once: no two lines with the same name and labels.
+    let mut series: Vec<&str> = lp_lines.iter().map(|l| l.rsplit_once(' ').unwrap().0).collect();
+    let all = series.len();
+    series.sort_unstable();
+    series.dedup();
+    assert_eq!(series.len(), all, "{lp_lines:#?}");
+    // The hypervisor objects stay per publisher: each has its own partitions and VPs.
+    for hv in [&a, &b] {
+        let name = instance_name(hv);
+        assert!(text.lines().any(|l| l.starts_with("hvstats_hypervisor_") && l.contains(&name)), "{text}");
+    }
+}

@@ -595,7 +595,8 @@ fn kind_table(
             None => cells(now, None, 0.0).collect(),
         })
         .collect();
-    for counter in counters_of(kind).filter(|c| filter.keeps_counter(c.name)) {
+    // Bookkeeping (the sequence counter of consistent reads) is no measurement: JSON keeps it.
+    for counter in counters_of(kind).filter(|c| !c.is_bookkeeping() && filter.keeps_counter(c.name)) {
         let _ = write!(out, "    {:name_width$}", row_name(counter, seconds.is_some()));
         for (i, (cells, w)) in column_cells.iter().zip(&widths).enumerate() {
             let text = match histograms.get(i) {

@@ -6,8 +6,8 @@
 //! them across restarts: `vm` (its name) and `vp` (the VP index), and `intercept` inside the
 //! intercept families; what changes when a publisher restarts (the publishing instance, the
 //! partition id, the publisher's pid) is on one `hvstats_vm_info` series per VM, to join on `vm`.
-//! Hypervisor and logical processor series carry `publisher` (every instance has them), and
-//! `lp`/`cpu`. No series has an `instance` label: Prometheus sets that one to the scrape target. Objects whose page could not be read have no
+//! Hypervisor series carry `publisher` (every instance has its own); logical processor series
+//! carry `lp`/`cpu` and come once per host, from one publisher. No series has an `instance` label: Prometheus sets that one to the scrape target. Objects whose page could not be read have no
 //! series in that scrape. Beyond a cap on the number of VPs exported one by one, the remaining
 //! partitions export the sum of their VPs under `vp="all"`, so a huge host cannot flood
 //! Prometheus with series.
@@ -129,6 +129,20 @@ impl Exposition {
             .collect()
     }
 
+    /// The instance whose LP pages are exported: one publishing the Microsoft Hypervisor's own
+    /// LP counters when there is one, else the first whose LPs can be read. Every instance's LPs
+    /// are the same processors, counted from the same cumulative sources.
+    fn lp_source(&self) -> Option<&InstanceSnapshot> {
+        let readable =
+            |i: &&InstanceSnapshot| i.lps.iter().any(|lp| matches!(lp.reading, ObjectReading::Counters(_)));
+        let instances = &self.reading.instances;
+        instances
+            .iter()
+            .filter(readable)
+            .find(|i| i.description.kind == "mshv")
+            .or_else(|| instances.iter().find(readable))
+    }
+
     fn partitions(&self) -> impl Iterator<Item = (&InstanceSnapshot, &PartitionSnapshot)> {
         self.reading.instances.iter().flat_map(|i| i.partitions.iter().map(move |p| (i, p)))
     }
@@ -160,21 +174,23 @@ impl Exposition {
             }
             Ok(())
         };
-        for instance in &self.reading.instances {
-            // Every publisher has hypervisor and LP pages: its name tells them apart.
-            let base: Labels = vec![(PUBLISHER, instance.name.clone())];
-            match family.object {
-                ObjectKind::Hypervisor => sample(&base, &instance.hypervisor)?,
-                ObjectKind::LogicalProcessor => {
-                    for lp in &instance.lps {
-                        let mut labels = base.clone();
-                        labels.push(("lp", lp.index.to_string()));
-                        labels.push(("cpu", lp.cpu.to_string()));
-                        sample(&labels, &lp.reading)?;
-                    }
+        match family.object {
+            // Every publisher has a hypervisor page of its own (its partitions, its VPs): its
+            // name tells them apart.
+            ObjectKind::Hypervisor => {
+                for instance in &self.reading.instances {
+                    sample(&vec![(PUBLISHER, instance.name.clone())], &instance.hypervisor)?;
                 }
-                ObjectKind::Partition | ObjectKind::Vp => {}
             }
+            // The logical processors are the host's, whoever publishes them: once per host, from
+            // one publisher (see `lp_source`), so a sum over a host counts each CPU once.
+            ObjectKind::LogicalProcessor => {
+                for lp in self.lp_source().map(|i| i.lps.as_slice()).unwrap_or_default() {
+                    let labels: Labels = vec![("lp", lp.index.to_string()), ("cpu", lp.cpu.to_string())];
+                    sample(&labels, &lp.reading)?;
+                }
+            }
+            ObjectKind::Partition | ObjectKind::Vp => {}
         }
         if !matches!(family.object, ObjectKind::Partition | ObjectKind::Vp) {
             return Ok(());
