@@ -3,7 +3,8 @@
 //! Each page is copied from the reader's mapping (checked against its index entry) and decoded by
 //! the catalog. A page the reader may not read (a global page when not its owner or root), cannot
 //! decode, or that vanished while being read is reported as such, never as zeros; a counter the
-//! publisher declared unavailable for a partition is left out (readers show it as unknown).
+//! publisher declared unavailable for a partition, or one the page does not carry (a group of an
+//! older minor, written by an older hypervisor), is left out (readers show it as unknown).
 //!
 //! [`take_partition`] reads one partition and its VPs, so a caller can stream a large instance
 //! partition by partition; [`take_instance`] reads everything.
@@ -24,7 +25,8 @@ use crate::rules::StatsObject;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ObjectReading {
     /// Every catalog counter of the object's kind that it maintains, with its value, in page order
-    /// (counters declared unavailable for it are left out: [`get`](Self::get) gives `None`).
+    /// (counters declared unavailable for it, or that its page does not carry, are left out:
+    /// [`get`](Self::get) gives `None`).
     Counters(Vec<(&'static Counter, u64)>),
     /// The page could not be read or decoded.
     Unreadable {
@@ -158,11 +160,13 @@ fn decode_with(
         return ObjectReading::Counters(values);
     }
     match PageView::read(data.as_bytes(), kind) {
+        // A counter the page does not carry (its group is of an older minor) is left out, as an
+        // unavailable one is: readers show it as unknown, never as 0.
         Ok(view) => ObjectReading::Counters(
             t.counters
                 .iter()
                 .filter(|(_, slot)| !unavailable(*slot))
-                .map(|&(c, _)| (c, view.get(c.id)))
+                .filter_map(|&(c, _)| Some((c, view.value(c.id)?)))
                 .collect(),
         ),
         Err(e) => {
