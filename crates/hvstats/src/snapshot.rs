@@ -12,7 +12,7 @@
 use std::sync::OnceLock;
 
 use hvstats_abi::catalog::{Counter, Presentation, counters_of};
-use hvstats_abi::histogram::Log2Histogram;
+use hvstats_abi::histogram::{HISTOGRAM_SLOTS, Log2Histogram};
 use hvstats_abi::page::{PAGE_SLOTS, PageLayout};
 use hvstats_abi::{ObjectKind, PageView, StatsPage};
 use zerocopy::IntoBytes;
@@ -119,6 +119,15 @@ struct KindTable {
     used: usize,
     headers: Vec<(usize, u64)>,
     counters: Vec<(&'static Counter, usize)>,
+    /// The rows presented as histograms, each with its first slot.
+    histograms: Vec<(&'static Counter, usize)>,
+}
+
+impl KindTable {
+    /// True when `data` has this build's headers: each counter is then at its slot.
+    fn laid_out(&self, data: &[u64]) -> bool {
+        self.headers.iter().all(|&(slot, word)| data.get(slot) == Some(&word))
+    }
 }
 
 fn table(kind: ObjectKind) -> &'static KindTable {
@@ -133,10 +142,16 @@ fn table(kind: ObjectKind) -> &'static KindTable {
                 let mut headers: Vec<(usize, u64)> =
                     layout.slots().map(|g| g.header_offset / 8).map(|s| (s, words[s])).collect();
                 headers.push((layout.end_offset / 8, words[layout.end_offset / 8]));
+                let counters: Vec<_> = counters_of(kind).map(|c| (c, c.id.slot())).collect();
                 KindTable {
                     used: layout.end_offset / 8 + 1,
                     headers,
-                    counters: counters_of(kind).map(|c| (c, c.id.slot())).collect(),
+                    histograms: counters
+                        .iter()
+                        .filter(|(c, _)| c.presentation == Presentation::Histogram)
+                        .copied()
+                        .collect(),
+                    counters,
                 }
             })
             .collect()
@@ -152,7 +167,7 @@ fn decode_with(
     unavailable: &dyn Fn(usize) -> bool,
 ) -> ObjectReading {
     let t = table(kind);
-    if t.headers.iter().all(|&(slot, word)| data[slot] == word) {
+    if t.laid_out(data) {
         let mut values = Vec::with_capacity(t.counters.len());
         values.extend(
             t.counters.iter().filter(|(_, slot)| !unavailable(*slot)).map(|&(c, slot)| (c, data[slot])),
@@ -194,7 +209,7 @@ fn read_with(
 ) -> ObjectReading {
     let t = table(object.kind());
     let copied = match copy_prefix(&mut buf.data[..t.used]) {
-        Ok(()) if t.headers.iter().all(|&(slot, word)| buf.data[slot] == word) => Ok(()),
+        Ok(()) if t.laid_out(&buf.data) => Ok(()),
         Ok(()) => copy_prefix(&mut buf.data[..]),
         Err(e) => Err(e),
     };
@@ -254,6 +269,15 @@ pub fn histograms_of(
     page: &StatsPage,
     unavailable: &dyn Fn(usize) -> bool,
 ) -> Vec<(&'static Counter, Log2Histogram)> {
+    let t = table(ObjectKind::Vp);
+    if t.laid_out(&page.data) {
+        // This build's layout (the usual case): each histogram at its slots, no parsing.
+        let mut histograms = Vec::with_capacity(t.histograms.len());
+        histograms.extend(t.histograms.iter().filter(|(_, slot)| !unavailable(*slot)).filter_map(
+            |&(c, slot)| Some((c, Log2Histogram::from_slots(page.data.get(slot..slot + HISTOGRAM_SLOTS)?)?)),
+        ));
+        return histograms;
+    }
     let Ok(view) = PageView::read(page.as_bytes(), ObjectKind::Vp) else { return Vec::new() };
     counters_of(ObjectKind::Vp)
         .filter(|c| c.presentation == Presentation::Histogram && !unavailable(c.id.slot()))
