@@ -320,3 +320,44 @@ pub fn take_instance_globals(instance: &Instance) -> InstanceSnapshot {
         partitions: Vec::new(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use hvstats_abi::GroupKind;
+    use hvstats_abi::catalog::vp;
+    use hvstats_abi::group::GroupVersion;
+
+    use super::*;
+
+    fn name(id: hvstats_abi::CounterId) -> &'static str {
+        id.counter().map_or("", |c| c.name)
+    }
+
+    #[test]
+    fn a_1_0_page_decodes_with_what_it_does_not_carry_left_out() {
+        let v1_0 = [(GroupKind::Architectural, GroupVersion::V1_0), (GroupKind::Release, GroupVersion::V1_0)];
+        let layout = PageLayout::written_at(ObjectKind::Vp, &v1_0);
+        let mut page = layout.page();
+        let slot = layout.slot_of(vp::HYPERCALLS).expect("a 1.0 counter");
+        page.data[slot] = 5;
+        let reading = decode(ObjectKind::Vp, &page);
+        assert_eq!(reading.get(name(vp::HYPERCALLS)), Some(5));
+        for absent in [vp::DISPATCHES, vp::CPU_WAIT_TIME_PER_DISPATCH, vp::SEQUENCE, vp::IO_TIME_HISTOGRAM] {
+            assert_eq!(reading.get(name(absent)), None, "{}", name(absent));
+        }
+        let ObjectReading::Counters(values) = &reading else { panic!("{reading:?}") };
+        assert_eq!(values.len(), 2 + 63);
+        assert!(histograms_of(&page, &|_| false).is_empty());
+
+        // This build's page: every counter and histogram, from their slots.
+        let mut page = StatsPage::new(ObjectKind::Vp);
+        page.set(vp::DISPATCHES, 3);
+        page.data[vp::IO_TIME_HISTOGRAM.slot()] = 700;
+        page.data[vp::IO_TIME_HISTOGRAM.slot() + 1 + 10] = 1;
+        assert_eq!(decode(ObjectKind::Vp, &page).get(name(vp::DISPATCHES)), Some(3));
+        let histograms = histograms_of(&page, &|slot| slot == vp::HALT_WAIT_HISTOGRAM.slot());
+        assert_eq!(histograms.len(), 7, "eight, one declared unavailable");
+        let io = histograms.iter().find(|(c, _)| c.id == vp::IO_TIME_HISTOGRAM).map(|(_, h)| h);
+        assert_eq!(io.map(|h| (h.sum_ns, h.count())), Some((700, 1)));
+    }
+}
