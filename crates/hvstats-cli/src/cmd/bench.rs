@@ -109,6 +109,12 @@ impl Row {
         }
     }
 
+    fn name(&self) -> &'static str {
+        match self {
+            Row::Measured { name, .. } | Row::Skipped { name, .. } => name,
+        }
+    }
+
     /// The table's mark for [`met`](Self::met).
     fn mark(&self) -> &'static str {
         match self.met() {
@@ -117,6 +123,11 @@ impl Row {
             None => "-",
         }
     }
+}
+
+/// Whether `--only` (each value a part of a row's name; none: every row) selects row `name`.
+fn selects(only: &[String], name: &str) -> bool {
+    only.is_empty() || only.iter().any(|part| name.contains(part.as_str()))
 }
 
 /// The name of the snapshot row for `partitions` partitions of 16 VPs: what it really read.
@@ -577,13 +588,14 @@ fn kvm_usable() -> Result<(), String> {
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let hv = Hypervisor::new().context("creating the hypervisor instance")?;
     let kvm = kvm_usable();
-    let wanted =
-        |name: &str| args.only.is_empty() || args.only.iter().any(|only| name.contains(only.as_str()));
+    let wanted = |name: &str| selects(&args.only, name);
+    // A group measured together runs when any of its rows is wanted (`--only` a whole row name).
+    let any = |names: &[&str]| names.iter().any(|name| wanted(name));
     let mut rows = Vec::new();
-    if wanted("update-vs") {
+    if any(&["update-vs-fetch-add", "update-vs-shared-fetch-add"]) {
         rows.extend(update_rows(args.rounds, &hv)?);
     }
-    if wanted("read-vp") {
+    if any(&["read-vp-vs-stats-fd", "read-vp-vs-pread-page"]) {
         rows.extend(read_rows(args.rounds, &kvm)?);
     }
     if wanted("vp-read-consistent-vs-plain") {
@@ -597,7 +609,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if wanted("partition-add-4096-vs-64") {
         rows.push(partition_add_row(args.rounds)?);
     }
-    if wanted("serve-scrape-65536-vps") {
+    if any(&[
+        "serve-scrape-65536-vps-one-by-one-vs-snapshot-json",
+        "serve-scrape-65536-vps-capped-vs-snapshot-json",
+    ]) {
         let scrape = crate::cmd::serve::bench::scrape_rows(args.rounds)?;
         rows.extend(scrape.into_iter().map(|r| Row::Measured {
             name: r.name,
@@ -609,7 +624,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     rows.extend(observe_rows(args.rounds, &kvm, &wanted));
     match &kvm {
-        Ok(()) if wanted("exit-accounting") || wanted("hypercall-vs") => rows.extend(kvm_rows(&args, &hv)?),
+        Ok(()) if any(&["exit-accounting-on-vs-off", "hypercall-vs-plain-exit"]) => {
+            rows.extend(kvm_rows(&args, &hv)?);
+        }
         Ok(()) => {}
         Err(why) => {
             for name in ["exit-accounting-on-vs-off", "hypercall-vs-plain-exit"] {
@@ -619,6 +636,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             }
         }
     }
+    // Only the rows asked for, not the others measured with them.
+    rows.retain(|row| wanted(row.name()));
     output::with_stdout(|out| {
         if args.json {
             for row in &rows {
@@ -671,6 +690,18 @@ mod tests {
         let skipped = Row::Skipped { name: "r", why: "needs KVM".into() };
         assert_eq!(skipped.met(), None);
         assert!(skipped.json().get("met").is_none());
+    }
+
+    #[test]
+    fn only_selects_rows_by_any_part_of_their_name_and_repeats() {
+        let only = |parts: &[&str]| parts.iter().map(|p| (*p).to_owned()).collect::<Vec<_>>();
+        assert!(selects(&[], "read-vp-vs-stats-fd"));
+        assert!(selects(&only(&["read-vp-vs-stats-fd"]), "read-vp-vs-stats-fd"));
+        assert!(!selects(&only(&["read-vp-vs-stats-fd"]), "read-vp-vs-pread-page"));
+        let two = only(&["read-vp-vs-stats-fd", "snapshot-"]);
+        assert!(selects(&two, "snapshot-1024-vps-vs-memcpy"));
+        assert!(selects(&two, "read-vp-vs-stats-fd"));
+        assert!(!selects(&two, "update-vs-fetch-add"));
     }
 
     #[test]
