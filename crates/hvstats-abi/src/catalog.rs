@@ -712,6 +712,35 @@ pub const APPENDED: &[Appended] = &[
     Appended { kind: ObjectKind::Vp, group: GroupKind::Release, minor: 1, first_index: 64 },
 ];
 
+impl CounterId {
+    /// The minor version of its group that introduced this counter: 0 for a counter of the
+    /// group's 1.0, else the [`APPENDED`] entry that appended it. A page whose group has an
+    /// older minor does not carry the counter.
+    ///
+    /// ```
+    /// use hvstats_abi::catalog::vp;
+    ///
+    /// assert_eq!(vp::HYPERCALLS.introduced_in(), 0);
+    /// assert_eq!(vp::DISPATCHES.introduced_in(), 1);
+    /// ```
+    pub const fn introduced_in(self) -> u16 {
+        let mut minor = 0;
+        let mut i = 0;
+        while i < APPENDED.len() {
+            let a = &APPENDED[i];
+            if a.kind as u8 == self.kind as u8
+                && a.group as u8 == self.group as u8
+                && self.index >= a.first_index
+                && a.minor > minor
+            {
+                minor = a.minor;
+            }
+            i += 1;
+        }
+        minor
+    }
+}
+
 /// The number of counters (64-bit values) of `group` on `kind`'s page that a reader compiled for
 /// minor version `minor` knows: the whole group for the current minor, fewer for an older one.
 pub const fn counters_at(kind: ObjectKind, group: GroupKind, minor: u16) -> usize {

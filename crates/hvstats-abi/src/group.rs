@@ -120,8 +120,10 @@ impl GroupVersion {
         ((self.major as u32) << 16) | self.minor as u32
     }
 
-    /// Seed 004's rule: a reader compiled for `self` accepts a group at `found` when the majors
-    /// are equal and the found minor is at least the compiled one.
+    /// Seed 004's rule: a reader compiled for `self` finds every counter it knows in a group at
+    /// `found` when the majors are equal and the found minor is at least the compiled one. A
+    /// group of an older minor still reads, for the counters it carries (see
+    /// [`PageView`](crate::PageView)); only another major is refused.
     pub const fn accepts(self, found: GroupVersion) -> bool {
         found.major == self.major && found.minor >= self.minor
     }

@@ -2,12 +2,15 @@
 //!
 //! A page is a packed list of groups (seed 004): header, values, next header, …, END_OF_LIST. The
 //! reader never trusts the page: a short page, a Length running past the page or not a multiple of
-//! 8, a missing END_OF_LIST, or a version it cannot read gives a [`PageError`], never a panic.
+//! 8, a missing END_OF_LIST, or a group of another major version gives a [`PageError`], never a
+//! panic. A group of an older minor is read for the counters it carries; the counters a later
+//! minor appended are absent from it ([`PageView::value`] gives `None`), never a refusal.
 
 use core::fmt;
 
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
+use crate::catalog::Counter;
 use crate::catalog::{CounterId, GroupKind, count_group, counters_at};
 use crate::group::{GroupHeader, GroupType, GroupVersion, PAGE_SIZE, VALUE_SIZE};
 use crate::histogram::{HISTOGRAM_SLOTS, Log2Histogram};
@@ -148,6 +151,59 @@ impl PageLayout {
         self.groups.iter().flatten().copied()
     }
 
+    /// The layout of `kind`'s page as a writer of the groups and versions `versions` lays it out:
+    /// each group of `kind` listed there at its version, holding the counters that version defines
+    /// ([`counters_at`]), groups in page order, those not listed left out. With this build's
+    /// versions it is [`of`](Self::of); with older minors, the page an older hypervisor writes.
+    ///
+    /// ```
+    /// use hvstats_abi::catalog::vp;
+    /// use hvstats_abi::group::GroupVersion;
+    /// use hvstats_abi::{GroupKind, ObjectKind, PageLayout, PageView};
+    ///
+    /// // The VP page of seed 001 alone: both TLFS groups at 1.0, no hvstats group.
+    /// let v1_0 = [(GroupKind::Architectural, GroupVersion::V1_0), (GroupKind::Release, GroupVersion::V1_0)];
+    /// let layout = PageLayout::written_at(ObjectKind::Vp, &v1_0);
+    /// assert_eq!(layout.counters(GroupKind::Release), 63);
+    /// let mut page = layout.page();
+    /// page.data[layout.slot_of(vp::HYPERCALLS).unwrap()] = 7;
+    /// assert_eq!(layout.slot_of(vp::DISPATCHES), None, "appended in 1.1");
+    /// let view = PageView::read(zerocopy::IntoBytes::as_bytes(&page), ObjectKind::Vp)?;
+    /// assert_eq!(view.value(vp::HYPERCALLS), Some(7));
+    /// assert_eq!(view.value(vp::DISPATCHES), None);
+    /// # Ok::<(), hvstats_abi::PageError>(())
+    /// ```
+    pub fn written_at(kind: ObjectKind, versions: &[(GroupKind, GroupVersion)]) -> Self {
+        let current = Self::of(kind);
+        let mut groups = [None; GROUPS];
+        let mut offset = 0;
+        for slot in current.slots() {
+            let Some(&(_, version)) = versions.iter().find(|(g, _)| *g == slot.group) else { continue };
+            let counters = counters_at(kind, slot.group, version.minor);
+            groups[slot.group as usize] =
+                Some(GroupSlot { group: slot.group, header_offset: offset, counters, version });
+            offset += (1 + counters) * VALUE_SIZE;
+        }
+        Self { kind, groups, end_offset: offset }
+    }
+
+    /// The index of `counter`'s value in a page of this layout seen as `[u64; 512]`: `None` when
+    /// the page does not carry it (another kind's counter, a group left out, or appended by a
+    /// later minor).
+    pub fn slot_of(&self, counter: CounterId) -> Option<usize> {
+        let group = self.groups[counter.group as usize].filter(|_| counter.kind == self.kind)?;
+        let last = counter.counter().map_or(1, Counter::slots) + counter.index as usize - 1;
+        (counter.index > 0 && last <= group.counters)
+            .then_some(group.header_offset / VALUE_SIZE + counter.index as usize)
+    }
+
+    /// A page of this layout: its headers and END_OF_LIST written, every value zero.
+    pub fn page(&self) -> StatsPage {
+        let mut page = StatsPage::default();
+        self.write_headers(&mut page.data);
+        page
+    }
+
     /// Writes every group header and the END_OF_LIST header into `data`; values are untouched.
     pub fn write_headers(&self, data: &mut [u64; PAGE_SLOTS]) {
         for slot in self.slots() {
@@ -255,17 +311,6 @@ pub enum PageError {
         /// The version the reader is compiled for.
         expected: GroupVersion,
     },
-    /// A known group whose minor version is older than the reader's.
-    MinorTooOld {
-        /// Byte offset of the group header.
-        offset: usize,
-        /// The group.
-        group: GroupType,
-        /// The version on the page.
-        found: GroupVersion,
-        /// The version the reader is compiled for.
-        expected: GroupVersion,
-    },
     /// A known group too short to hold the counters its version promises.
     GroupTooShort {
         /// Byte offset of the group header.
@@ -308,7 +353,6 @@ impl PageError {
             | PageError::LengthMisaligned { offset, .. }
             | PageError::BadTerminator { offset }
             | PageError::MajorMismatch { offset, .. }
-            | PageError::MinorTooOld { offset, .. }
             | PageError::GroupTooShort { offset, .. }
             | PageError::DuplicateGroup { offset, .. }
             | PageError::PageFull { offset, .. } => Some(offset),
@@ -337,10 +381,6 @@ impl fmt::Display for PageError {
                 f,
                 "group {group:?} at byte {offset}: major version {} is not the reader's {}",
                 found.major, expected.major
-            ),
-            PageError::MinorTooOld { offset, group, found, expected } => write!(
-                f,
-                "group {group:?} at byte {offset}: version {found} is older than the reader's {expected}"
             ),
             PageError::GroupTooShort { offset, group, length, needed } => write!(
                 f,
@@ -485,8 +525,10 @@ pub struct PageView<'a> {
     pub kind: ObjectKind,
     page: &'a [u8],
     known: [Option<RawGroup<'a>>; GROUPS],
-    /// Counters per group the reader knows (by its compiled versions).
+    /// Counters per group the reader reads: those both it and the page's version define.
     known_counters: [usize; GROUPS],
+    /// Counters per group the reader's own version defines.
+    reader_counters: [usize; GROUPS],
     /// How the list ended.
     pub end: ListEnd,
 }
@@ -495,8 +537,10 @@ impl<'a> PageView<'a> {
     /// Reads `page` as `kind`'s page.
     ///
     /// Unknown group types are skipped by their Length. A known group must have the reader's major
-    /// version and at least its minor version, and be long enough for the reader's counters. Every
-    /// TLFS group `kind` has must be present; hvstats' own group may be absent.
+    /// version and be long enough for the counters its own minor defines: a newer minor's extra
+    /// counters are skipped ([`extra_counters`](Self::extra_counters)), an older minor's missing
+    /// ones are absent ([`value`](Self::value) gives `None`). Every TLFS group `kind` has must be
+    /// present; hvstats' own group may be absent (its counters are then absent too).
     ///
     /// ```
     /// use hvstats_abi::catalog::vp;
@@ -513,7 +557,8 @@ impl<'a> PageView<'a> {
     ///
     /// # Errors
     /// A [`PageError`] when the page is short, a header is malformed, a known group has another
-    /// major version or an older minor, or a TLFS group of `kind` is missing.
+    /// major version or is shorter than its own version defines, or a TLFS group of `kind` is
+    /// missing.
     pub fn read(page: &'a [u8], kind: ObjectKind) -> Result<Self, PageError> {
         let compiled = GroupKind::ALL.map(|g| (g, g.version(kind)));
         Self::read_compiled_for(page, kind, &compiled)
@@ -522,8 +567,8 @@ impl<'a> PageView<'a> {
     /// Reads `page` as a reader compiled for the groups and versions `compiled` would:
     /// [`read`](Self::read) with the groups and versions of this build. A group not in `compiled`
     /// is unknown to that reader and skipped by its Length, like any unknown type; a known group
-    /// must hold the counters of the reader's minor ([`counters_at`]). A reader of a later minor
-    /// refuses a page of an earlier one ([`PageError::MinorTooOld`]).
+    /// is read for the counters both the reader's minor and the page's define ([`counters_at`] of
+    /// the older of the two), and must be long enough for them.
     ///
     /// # Errors
     /// As [`read`](Self::read).
@@ -536,6 +581,7 @@ impl<'a> PageView<'a> {
         let compiled_for = |gk: GroupKind| compiled.iter().find(|(g, _)| *g == gk).map(|&(_, v)| v);
         let mut known: [Option<RawGroup<'a>>; GROUPS] = [None; GROUPS];
         let mut known_counters = [0; GROUPS];
+        let mut reader_counters = [0; GROUPS];
         let mut walk = GroupWalk::new(page)?;
         for group in &mut walk {
             let group = group?;
@@ -553,10 +599,9 @@ impl<'a> PageView<'a> {
             if found.major != expected.major {
                 return Err(PageError::MajorMismatch { offset, group: group_type, found, expected });
             }
-            if !expected.accepts(found) {
-                return Err(PageError::MinorTooOld { offset, group: group_type, found, expected });
-            }
-            let counters = counters_at(kind, gk, expected.minor);
+            // Seed 004 protects an old reader of a newer minor; a newer reader of an older minor
+            // knows exactly which counters that minor carries, and reads those.
+            let counters = counters_at(kind, gk, expected.minor.min(found.minor));
             let needed = counters * VALUE_SIZE;
             if (group.header.length as usize) < needed {
                 return Err(PageError::GroupTooShort {
@@ -571,6 +616,7 @@ impl<'a> PageView<'a> {
             }
             known[gk as usize] = Some(group);
             known_counters[gk as usize] = counters;
+            reader_counters[gk as usize] = counters_at(kind, gk, expected.minor);
         }
         let end = walk.end().ok_or(PageError::NoEndOfList)?;
         // hvstats' own group is optional: a page written by another hypervisor has none, and its
@@ -581,16 +627,28 @@ impl<'a> PageView<'a> {
                 return Err(PageError::MissingGroup { group: slot.group.group_type() });
             }
         }
-        Ok(Self { kind, page, known, known_counters, end })
+        Ok(Self { kind, page, known, known_counters, reader_counters, end })
     }
 
-    /// The value of `counter` (0 for a counter of another object kind, or one the reader does not
-    /// know: of a group it skips or from a later minor).
+    /// The value of `counter`, 0 when the page does not carry it: [`value`](Self::value) tells
+    /// the two apart.
     pub fn get(&self, counter: CounterId) -> u64 {
+        self.value(counter).unwrap_or(0)
+    }
+
+    /// The value of `counter`: `None` when the page does not carry it (a counter of another object
+    /// kind, of a group the page lacks or the reader skips, or appended by a later minor than
+    /// the page's group has, or than the reader knows).
+    pub fn value(&self, counter: CounterId) -> Option<u64> {
         if counter.kind != self.kind || counter.index as usize > self.known_counters[counter.group as usize] {
-            return 0;
+            return None;
         }
-        self.known[counter.group as usize].and_then(|g| g.value(counter.index)).unwrap_or(0)
+        self.known[counter.group as usize].and_then(|g| g.value(counter.index))
+    }
+
+    /// True when the page carries `counter` ([`value`](Self::value) gives `Some`).
+    pub fn carries(&self, counter: CounterId) -> bool {
+        self.value(counter).is_some()
     }
 
     /// The histogram whose first slot is `counter` (a catalog row presented as a histogram):
@@ -627,6 +685,13 @@ impl<'a> PageView<'a> {
     pub fn extra_counters(&self, group: GroupKind) -> usize {
         let known = self.known_counters[group as usize];
         self.known[group as usize].map_or(0, |g| g.len().saturating_sub(known))
+    }
+
+    /// Counters the reader knows that the page's group does not carry (it is of an older minor),
+    /// per group present on the page.
+    pub fn absent_counters(&self, group: GroupKind) -> usize {
+        let (known, reader) = (self.known_counters[group as usize], self.reader_counters[group as usize]);
+        self.known[group as usize].map_or(0, |_| reader.saturating_sub(known))
     }
 
     /// The groups the reader skipped: unknown types, types the reader was not compiled for, and

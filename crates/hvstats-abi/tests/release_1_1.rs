@@ -1,10 +1,11 @@
 //! Seed 004 compatibility of the VP page's release group 1.1: a reader compiled for 1.0 (which
-//! knows neither the appended counters nor hvstats' own group) reads a 1.1 page unchanged.
+//! knows neither the appended counters nor hvstats' own group) reads a 1.1 page unchanged, and
+//! the 1.1 reader reads a 1.0 page, the appended counters absent from it.
 
 use hvstats_abi::catalog::{APPENDED, CATALOG, GroupKind, Presentation, vp};
 use hvstats_abi::group::{GroupType, GroupVersion};
 use hvstats_abi::histogram::{HISTOGRAM_SLOTS, Log2Histogram};
-use hvstats_abi::page::{PageBuilder, PageView, StatsPage};
+use hvstats_abi::page::{PageBuilder, PageLayout, PageView, StatsPage};
 use hvstats_abi::{Counter, ObjectKind};
 use zerocopy::IntoBytes;
 
@@ -98,14 +99,56 @@ fn the_current_reader_reads_every_counter_and_histogram_of_a_1_1_page() {
 }
 
 #[test]
-fn a_1_0_page_is_refused_by_the_1_1_reader_as_seed_004_says() {
+fn a_1_0_page_is_read_by_the_1_1_reader_with_the_appended_counters_absent() {
+    // An older hypervisor's VP page, written by the page writer set to 1.0: the 63 release
+    // counters of seed 001, no appended ones, no hvstats group.
+    let layout = PageLayout::written_at(ObjectKind::Vp, READER_1_0);
+    assert_eq!(layout.counters(GroupKind::Release), 63);
+    assert_eq!(layout.group_offset(GroupKind::Hvstats), None);
+    let mut page = layout.page();
+    for c in vp_rows() {
+        if let Some(slot) = layout.slot_of(c.id) {
+            page.data[slot] = value_of(c, 0);
+        }
+    }
+    let view = PageView::read(page.as_bytes(), ObjectKind::Vp).unwrap();
+    assert_eq!(view.version(GroupKind::Release), Some(V1_0));
+    assert_eq!(view.extra_counters(GroupKind::Release), 0);
+    assert_eq!(view.absent_counters(GroupKind::Release), 2);
+    assert_eq!(view.absent_counters(GroupKind::Architectural), 0);
+    for c in vp_rows() {
+        if is_1_0(c) {
+            assert_eq!(c.id.introduced_in(), 0, "{}", c.name);
+            assert_eq!(view.value(c.id), Some(value_of(c, 0)), "{}", c.name);
+        } else {
+            // Appended in 1.1, or of hvstats' group, which the page does not have: absent, not 0.
+            assert_eq!(view.value(c.id), None, "{}", c.name);
+            assert!(!view.carries(c.id), "{}", c.name);
+            assert_eq!(view.histogram(c.id), None, "{}", c.name);
+        }
+    }
+    assert_eq!(vp::DISPATCHES.introduced_in(), 1);
+    assert_eq!(vp::CPU_WAIT_TIME_PER_DISPATCH.introduced_in(), 1);
+    // The older reader reads the same page the same way, the appended counters unknown to it.
+    let old = PageView::read_compiled_for(page.as_bytes(), ObjectKind::Vp, READER_1_0).unwrap();
+    assert_eq!(old.value(vp::HYPERCALLS), view.value(vp::HYPERCALLS));
+    assert_eq!(old.absent_counters(GroupKind::Release), 0);
+    assert_eq!(hvstats_abi::page::infer_kind(page.as_bytes()), Some(ObjectKind::Vp));
+}
+
+#[test]
+fn a_1_0_group_too_short_for_its_own_63_counters_is_refused() {
     let mut b = PageBuilder::new();
     b.group(GroupType::ARCHITECTURAL, V1_0, &[1, 2]).unwrap();
-    b.group(GroupType::RELEASE, V1_0, &[3; 63]).unwrap();
+    b.group(GroupType::RELEASE, V1_0, &[3; 62]).unwrap();
     let page = b.finish();
-    assert!(PageView::read(page.as_bytes(), ObjectKind::Vp).is_err());
     assert_eq!(
-        PageView::read_compiled_for(page.as_bytes(), ObjectKind::Vp, READER_1_0).unwrap().get(vp::HYPERCALLS),
-        3
+        PageView::read(page.as_bytes(), ObjectKind::Vp).unwrap_err(),
+        hvstats_abi::PageError::GroupTooShort {
+            offset: 24,
+            group: GroupType::RELEASE,
+            length: 62 * 8,
+            needed: 63 * 8
+        }
     );
 }

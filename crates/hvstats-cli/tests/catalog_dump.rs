@@ -375,3 +375,44 @@ fn dump_names_the_release_1_1_counters_and_shows_histograms() {
     let at = text.find("IO intercept time histogram").unwrap();
     assert!(text[at..].lines().nth(1) == Some("  4 times, p50 <= 1023 ns, p99 <= 131071 ns"), "{text}");
 }
+
+#[test]
+fn dump_decodes_a_1_0_page_and_lists_the_1_1_counters_as_absent() {
+    // An older hypervisor's VP page: both TLFS groups at 1.0, the 63 release counters of seed 001.
+    let v1_0 = [(GroupKind::Architectural, GroupVersion::V1_0), (GroupKind::Release, GroupVersion::V1_0)];
+    let layout = PageLayout::written_at(ObjectKind::Vp, &v1_0);
+    let mut page = layout.page();
+    let carried: Vec<_> =
+        counters_of(ObjectKind::Vp).enumerate().filter(|(_, c)| layout.slot_of(c.id).is_some()).collect();
+    assert_eq!(carried.len(), 2 + 63);
+    for &(i, c) in &carried {
+        page.data[layout.slot_of(c.id).unwrap()] = value_of(i);
+    }
+    let path = page_file("v1_0", &page_bytes(&page));
+
+    let v = dump_json(&path, &[]);
+    assert_eq!(v["type"], "vp", "the 1.0 page is recognised as a VP page");
+    for &(i, c) in &carried {
+        assert_eq!(v["counters"][c.name], value_of(i), "{}", c.name);
+    }
+    for c in counters_of(ObjectKind::Vp).filter(|c| layout.slot_of(c.id).is_none()) {
+        assert!(v["counters"][c.name].is_null(), "{} is absent: {}", c.name, v["counters"]);
+    }
+    let release = &v["groups"][1];
+    assert_eq!((&release["version"], &release["counters"]), (&"1.0".into(), &63.into()));
+    assert_eq!((&release["absent_counters"], &release["extra_counters"]), (&2.into(), &0.into()));
+    assert_eq!(v["groups"].as_array().unwrap().len(), 2, "no hvstats group");
+
+    let o = hvstats(&["dump", path.to_str().unwrap(), "--type", "vp"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.contains("version 1.0 at byte 24: 63 counters, 2 of a later minor absent"), "{text}");
+    let cells = |name: &str| {
+        let line = text.lines().find(|l| l.starts_with(name)).unwrap();
+        line.split_whitespace().rev().take(2).collect::<Vec<_>>()
+    };
+    assert_eq!(cells("Dispatches/sec"), ["count", "-"]);
+    assert_eq!(cells("CPU wait time per dispatch"), ["ns", "-"]);
+    let hypercalls = carried.iter().find(|(_, c)| c.id == catalog::vp::HYPERCALLS).unwrap().0;
+    assert_eq!(cells("Hypercalls/sec"), ["count", value_of(hypercalls).to_string().as_str()]);
+}

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{TempDir, rss_anon_kib};
+use common::{TempDir, rss_anon_kib, write_1_0_vp_page};
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -406,4 +406,60 @@ fn a_recording_that_could_not_read_something_says_so_and_exits_1() {
     // What could be read is recorded.
     let text = std::fs::read_to_string(&rec).unwrap();
     assert!(text.lines().count() >= 3, "{text}");
+}
+
+#[test]
+fn report_shows_what_a_1_0_page_or_an_older_recording_does_not_carry_as_unknown() {
+    let tmp = TempDir::new("record-1_0");
+    let hv = Hypervisor::new_published(&tmp.path().join("run")).unwrap();
+    let part = hv.create_partition(2).unwrap();
+    write_1_0_vp_page(&hv, &part, 0, &[(vp::HYPERCALLS, 41)]);
+    part.vp_page(1).unwrap().set(vp::DISPATCHES, 7);
+    let file = tmp.path().join("rec.ndjson");
+    let out = hvstats(
+        &["record", "-q", "--interval", "0.1", "--duration", "0.3", "--runtime-dir"]
+            .iter()
+            .copied()
+            .chain([path(&tmp.path().join("run")), "-o", path(&file)])
+            .collect::<Vec<_>>(),
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report = |file: &Path| {
+        let out = hvstats(&["report", "--json", path(file)]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let vp = |n: u32| v["vps"].as_array().unwrap().iter().find(|r| r["vp"] == n).unwrap().clone();
+        (vp(0), vp(1))
+    };
+    // The 1.0 page's VP: its counters, and the 1.1 ones unknown.
+    let (old, new) = report(&file);
+    assert_eq!(old["cumulative"][name(vp::HYPERCALLS)], 41, "{old}");
+    assert!(old["cumulative"][name(vp::DISPATCHES)].is_null(), "{old}");
+    assert!(old["cpu_wait"]["dispatches"].is_null(), "{old}");
+    assert_eq!(new["cumulative"][name(vp::DISPATCHES)], 7, "{new}");
+
+    // The same recording as an hvstats before release 1.1 wrote it: its header does not list the
+    // appended counters, nor its samples their values. They are unknown, the rest reads.
+    let appended = [name(vp::DISPATCHES), name(vp::CPU_WAIT_TIME_PER_DISPATCH)];
+    let mut lines: Vec<Value> =
+        std::fs::read_to_string(&file).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let listed = lines[0]["catalog"]["vp"].as_array().unwrap().clone();
+    let keep: Vec<bool> = listed.iter().map(|c| !appended.contains(&c["name"].as_str().unwrap())).collect();
+    lines[0]["catalog"]["vp"] = listed.into_iter().zip(&keep).filter(|(_, k)| **k).map(|(c, _)| c).collect();
+    for sample in &mut lines[1..] {
+        for p in sample["partitions"].as_array_mut().unwrap() {
+            for vp in p["vps"].as_array_mut().unwrap() {
+                let values = vp["values"].as_array().unwrap().clone();
+                vp["values"] = values.into_iter().zip(&keep).filter(|(_, k)| **k).map(|(v, _)| v).collect();
+            }
+        }
+    }
+    let older = file.with_extension("older.ndjson");
+    std::fs::write(&older, lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    let (old, new) = report(&older);
+    assert_eq!(old["cumulative"][name(vp::HYPERCALLS)], 41, "{old}");
+    for n in appended {
+        assert!(new["cumulative"].as_object().unwrap().contains_key(n), "{n} listed: {new}");
+        assert!(new["cumulative"][n].is_null(), "{n}: {new}");
+    }
 }

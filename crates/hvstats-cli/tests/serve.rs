@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{TempDir, publish_partition as published};
+use common::{TempDir, publish_partition as published, write_1_0_vp_page};
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -937,4 +937,31 @@ fn logical_processors_are_exported_once_per_host_not_once_per_publisher() {
         let name = instance_name(hv);
         assert!(text.lines().any(|l| l.starts_with("hvstats_hypervisor_") && l.contains(&name)), "{text}");
     }
+}
+
+#[test]
+fn a_vp_page_of_1_0_exports_its_counters_and_no_series_for_the_1_1_ones() {
+    let tmp = TempDir::new("serve-1_0");
+    let (hv, part) = published(tmp.path(), 2);
+    write_1_0_vp_page(&hv, &part, 0, &[(vp::CPUID_INSTRUCTIONS, 12)]);
+    part.vp_page(1).unwrap().set(vp::DISPATCHES, 40);
+    let (_serve, addr) = serve(tmp.path(), &[]);
+    let (status, _, text) = get_openmetrics(addr, "/metrics");
+    assert_eq!(status, 200, "{text}");
+    let i = instance_name(&hv);
+    let p = part.id();
+    let labels = |vp: u32| format!("vm=\"{i}:{p}\",vp=\"{vp}\"");
+    let cpuid = format!("hvstats_vp_intercepts_total{{{},intercept=\"cpuid\"}}", labels(0));
+    assert_eq!(sample(&text, &cpuid).as_deref(), Some("12"), "{text}");
+    // The 1.1 counters (and hvstats' own group) the 1.0 page does not carry: no series, not 0.
+    let vp0: Vec<&str> = text.lines().filter(|l| l.contains(&labels(0))).collect();
+    for family in [
+        "hvstats_vp_dispatches_total",
+        "hvstats_vp_cpu_wait_seconds_total",
+        "hvstats_vp_io_intercept_duration",
+    ] {
+        assert!(!vp0.iter().any(|l| l.starts_with(family)), "{family} for VP 0: {vp0:?}");
+    }
+    let dispatches = format!("hvstats_vp_dispatches_total{{{}}}", labels(1));
+    assert_eq!(sample(&text, &dispatches).as_deref(), Some("40"), "{text}");
 }

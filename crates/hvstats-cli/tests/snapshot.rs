@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{TempDir, publish, publish_with, rss_anon_kib};
+use common::{TempDir, publish, publish_with, rss_anon_kib, write_1_0_vp_page};
 
 use std::path::Path;
 use std::process::Command;
@@ -395,4 +395,41 @@ fn snapshot_filters_by_vm_and_counter_and_scales_what_it_shows() {
     let counters = parts[0]["vps"][1]["counters"].as_object().unwrap();
     assert_eq!(counters.len(), 1, "{counters:?}");
     assert_eq!(counters["CPUID instructions/sec"], 1_234_567);
+}
+
+#[test]
+fn snapshot_reads_an_arena_of_1_0_pages_and_shows_the_1_1_counters_as_unknown() {
+    let tmp = TempDir::new("v1_0");
+    let hv = publish(tmp.path());
+    let part = hv.create_partition(2).unwrap();
+    write_1_0_vp_page(&hv, &part, 0, &[(vp::CPUID_INSTRUCTIONS, 63), (vp::TOTAL_RUN_TIME, 9)]);
+    part.vp_page(1).unwrap().set(vp::DISPATCHES, 5);
+
+    let (ok, stdout) = snapshot(tmp.path(), true);
+    assert!(ok, "{stdout}");
+    let v: Value = serde_json::from_str(&stdout).unwrap();
+    let vps = &v["instances"][0]["partitions"][0]["vps"];
+    let old = &vps[0]["counters"];
+    assert!(vps[0]["unreadable"].is_null(), "{}", vps[0]);
+    assert_eq!(old[name(vp::CPUID_INSTRUCTIONS)], 63);
+    assert_eq!(old[name(vp::TOTAL_RUN_TIME)], 9);
+    assert_eq!(old[name(vp::VIRTUAL_PROCESSOR_HYPERCALLS)], 0, "the last counter of 1.0 is carried");
+    // The 1.1 counters, and hvstats' own group, are not on the page: unknown, not 0.
+    for c in [vp::DISPATCHES, vp::CPU_WAIT_TIME_PER_DISPATCH, vp::SEQUENCE, vp::IO_TIME_HISTOGRAM] {
+        assert!(old[name(c)].is_null(), "{}: {old}", name(c));
+    }
+    assert_eq!(old.as_object().unwrap().len(), counters_of(ObjectKind::Vp).count());
+    // The 1.1 page beside it reads whole.
+    assert_eq!(vps[1]["counters"][name(vp::DISPATCHES)], 5);
+
+    let (ok, table) = snapshot(tmp.path(), false);
+    assert!(ok);
+    // One column per VP: the 1.0 page's is "-", the 1.1 page's its value.
+    // Without an interval a "/sec" counter is shown as its total.
+    let total = |id: hvstats_abi::CounterId| format!("{} (total)", name(id).trim_end_matches("/sec"));
+    let row = table.lines().find(|l| l.trim_start().starts_with(&total(vp::DISPATCHES))).unwrap();
+    let cells: Vec<&str> = row.split_whitespace().rev().take(2).collect();
+    assert_eq!(cells, ["5", "-"], "{row}");
+    let row = table.lines().find(|l| l.trim_start().starts_with(&total(vp::CPUID_INSTRUCTIONS))).unwrap();
+    assert_eq!(row.split_whitespace().rev().take(2).collect::<Vec<_>>(), ["0", "63"], "{row}");
 }

@@ -190,8 +190,8 @@ struct GlobalLayout {
 #[derive(Debug, Default)]
 struct PartitionLayout {
     seq: Option<u64>,
+    /// In order of id (a read finds one by binary search, no hashing).
     partitions: Vec<PartitionInfo>,
-    by_id: HashMap<u64, usize>,
 }
 
 /// One live instance, mapped once.
@@ -335,7 +335,8 @@ impl Instance {
 
     /// The partition `id`, as of the last refresh.
     pub fn partition(&self, id: u64) -> Option<&PartitionInfo> {
-        self.layout.by_id.get(&id).map(|&i| &self.layout.partitions[i])
+        let partitions = &self.layout.partitions;
+        partitions.binary_search_by_key(&id, |p| p.id).ok().map(|i| &partitions[i])
     }
 
     /// The LPs, by index (empty when the global pages cannot be read).
@@ -364,17 +365,17 @@ impl Instance {
                 }),
             })
         };
-        let missing = AttachError::NotFound(object);
+        let missing = || AttachError::NotFound(object);
         match object {
-            StatsObject::Hypervisor => Ok((global()?, self.global_layout.hypervisor.ok_or(missing)?)),
+            StatsObject::Hypervisor => Ok((global()?, self.global_layout.hypervisor.ok_or_else(missing)?)),
             StatsObject::LogicalProcessor(n) => {
                 let arena = global()?;
-                let lp = self.global_layout.lps.iter().find(|lp| lp.index == n).ok_or(missing)?;
+                let lp = self.global_layout.lps.iter().find(|lp| lp.index == n).ok_or_else(missing)?;
                 Ok((arena, lp.slot))
             }
-            StatsObject::Partition(id) => Ok((&self.arena, self.partition(id).ok_or(missing)?.slot)),
+            StatsObject::Partition(id) => Ok((&self.arena, self.partition(id).ok_or_else(missing)?.slot)),
             StatsObject::Vp(id, n) => {
-                Ok((&self.arena, self.partition(id).and_then(|p| p.vp(n)).ok_or(missing)?))
+                Ok((&self.arena, self.partition(id).and_then(|p| p.vp(n)).ok_or_else(missing)?))
             }
         }
     }
@@ -489,6 +490,7 @@ fn scan_partitions(arena: &ArenaReader, seq: u64) -> PartitionLayout {
         }
     }
     let mut vps: HashMap<u64, BTreeMap<u32, SlotRef>> = HashMap::new();
+    // By id: the layout's partitions are listed in that order.
     let mut partitions = BTreeMap::new();
     for (at, entry) in entries {
         match entry.kind {
@@ -504,7 +506,6 @@ fn scan_partitions(arena: &ArenaReader, seq: u64) -> PartitionLayout {
     let mut layout = PartitionLayout { seq: Some(seq), ..Default::default() };
     for (id, (at, entry)) in partitions {
         let found = vps.remove(&id).unwrap_or_default();
-        layout.by_id.insert(id, layout.partitions.len());
         layout.partitions.push(PartitionInfo {
             id,
             name: entry.name,

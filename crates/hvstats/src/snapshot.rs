@@ -3,7 +3,8 @@
 //! Each page is copied from the reader's mapping (checked against its index entry) and decoded by
 //! the catalog. A page the reader may not read (a global page when not its owner or root), cannot
 //! decode, or that vanished while being read is reported as such, never as zeros; a counter the
-//! publisher declared unavailable for a partition is left out (readers show it as unknown).
+//! publisher declared unavailable for a partition, or one the page does not carry (a group of an
+//! older minor, written by an older hypervisor), is left out (readers show it as unknown).
 //!
 //! [`take_partition`] reads one partition and its VPs, so a caller can stream a large instance
 //! partition by partition; [`take_instance`] reads everything.
@@ -11,7 +12,7 @@
 use std::sync::OnceLock;
 
 use hvstats_abi::catalog::{Counter, Presentation, counters_of};
-use hvstats_abi::histogram::Log2Histogram;
+use hvstats_abi::histogram::{HISTOGRAM_SLOTS, Log2Histogram};
 use hvstats_abi::page::{PAGE_SLOTS, PageLayout};
 use hvstats_abi::{ObjectKind, PageView, StatsPage};
 use zerocopy::IntoBytes;
@@ -24,7 +25,8 @@ use crate::rules::StatsObject;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ObjectReading {
     /// Every catalog counter of the object's kind that it maintains, with its value, in page order
-    /// (counters declared unavailable for it are left out: [`get`](Self::get) gives `None`).
+    /// (counters declared unavailable for it, or that its page does not carry, are left out:
+    /// [`get`](Self::get) gives `None`).
     Counters(Vec<(&'static Counter, u64)>),
     /// The page could not be read or decoded.
     Unreadable {
@@ -121,6 +123,15 @@ struct KindTable {
     used: usize,
     headers: Vec<(usize, u64)>,
     counters: Vec<(&'static Counter, usize)>,
+    /// The rows presented as histograms, each with its first slot.
+    histograms: Vec<(&'static Counter, usize)>,
+}
+
+impl KindTable {
+    /// True when `data` has this build's headers: each counter is then at its slot.
+    fn laid_out(&self, data: &[u64]) -> bool {
+        self.headers.iter().all(|&(slot, word)| data.get(slot) == Some(&word))
+    }
 }
 
 fn table(kind: ObjectKind) -> &'static KindTable {
@@ -135,10 +146,16 @@ fn table(kind: ObjectKind) -> &'static KindTable {
                 let mut headers: Vec<(usize, u64)> =
                     layout.slots().map(|g| g.header_offset / 8).map(|s| (s, words[s])).collect();
                 headers.push((layout.end_offset / 8, words[layout.end_offset / 8]));
+                let counters: Vec<_> = counters_of(kind).map(|c| (c, c.id.slot())).collect();
                 KindTable {
                     used: layout.end_offset / 8 + 1,
                     headers,
-                    counters: counters_of(kind).map(|c| (c, c.id.slot())).collect(),
+                    histograms: counters
+                        .iter()
+                        .filter(|(c, _)| c.presentation == Presentation::Histogram)
+                        .copied()
+                        .collect(),
+                    counters,
                 }
             })
             .collect()
@@ -154,7 +171,7 @@ fn decode_with(
     unavailable: &dyn Fn(usize) -> bool,
 ) -> ObjectReading {
     let t = table(kind);
-    if t.headers.iter().all(|&(slot, word)| data[slot] == word) {
+    if t.laid_out(data) {
         let mut values = Vec::with_capacity(t.counters.len());
         values.extend(
             t.counters.iter().filter(|(_, slot)| !unavailable(*slot)).map(|&(c, slot)| (c, data[slot])),
@@ -162,11 +179,13 @@ fn decode_with(
         return ObjectReading::Counters(values);
     }
     match PageView::read(data.as_bytes(), kind) {
+        // A counter the page does not carry (its group is of an older minor) is left out, as an
+        // unavailable one is: readers show it as unknown, never as 0.
         Ok(view) => ObjectReading::Counters(
             t.counters
                 .iter()
                 .filter(|(_, slot)| !unavailable(*slot))
-                .map(|&(c, _)| (c, view.get(c.id)))
+                .filter_map(|&(c, _)| Some((c, view.value(c.id)?)))
                 .collect(),
         ),
         Err(e) => {
@@ -194,7 +213,7 @@ fn read_with(
 ) -> ObjectReading {
     let t = table(object.kind());
     let copied = match copy_prefix(&mut buf.data[..t.used]) {
-        Ok(()) if t.headers.iter().all(|&(slot, word)| buf.data[slot] == word) => Ok(()),
+        Ok(()) if t.laid_out(&buf.data) => Ok(()),
         Ok(()) => copy_prefix(&mut buf.data[..]),
         Err(e) => Err(e),
     };
@@ -252,6 +271,15 @@ pub fn histograms_of(
     page: &StatsPage,
     unavailable: &dyn Fn(usize) -> bool,
 ) -> Vec<(&'static Counter, Log2Histogram)> {
+    let t = table(ObjectKind::Vp);
+    if t.laid_out(&page.data) {
+        // This build's layout (the usual case): each histogram at its slots, no parsing.
+        let mut histograms = Vec::with_capacity(t.histograms.len());
+        histograms.extend(t.histograms.iter().filter(|(_, slot)| !unavailable(*slot)).filter_map(
+            |&(c, slot)| Some((c, Log2Histogram::from_slots(page.data.get(slot..slot + HISTOGRAM_SLOTS)?)?)),
+        ));
+        return histograms;
+    }
     let Ok(view) = PageView::read(page.as_bytes(), ObjectKind::Vp) else { return Vec::new() };
     counters_of(ObjectKind::Vp)
         .filter(|c| c.presentation == Presentation::Histogram && !unavailable(c.id.slot()))
@@ -295,5 +323,46 @@ pub fn take_instance_globals(instance: &Instance) -> InstanceSnapshot {
             .collect(),
         partitions: Vec::new(),
         unmapped: crate::mshv::unmapped::read(instance).ok().flatten(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use hvstats_abi::GroupKind;
+    use hvstats_abi::catalog::vp;
+    use hvstats_abi::group::GroupVersion;
+
+    use super::*;
+
+    fn name(id: hvstats_abi::CounterId) -> &'static str {
+        id.counter().map_or("", |c| c.name)
+    }
+
+    #[test]
+    fn a_1_0_page_decodes_with_what_it_does_not_carry_left_out() {
+        let v1_0 = [(GroupKind::Architectural, GroupVersion::V1_0), (GroupKind::Release, GroupVersion::V1_0)];
+        let layout = PageLayout::written_at(ObjectKind::Vp, &v1_0);
+        let mut page = layout.page();
+        let slot = layout.slot_of(vp::HYPERCALLS).expect("a 1.0 counter");
+        page.data[slot] = 5;
+        let reading = decode(ObjectKind::Vp, &page);
+        assert_eq!(reading.get(name(vp::HYPERCALLS)), Some(5));
+        for absent in [vp::DISPATCHES, vp::CPU_WAIT_TIME_PER_DISPATCH, vp::SEQUENCE, vp::IO_TIME_HISTOGRAM] {
+            assert_eq!(reading.get(name(absent)), None, "{}", name(absent));
+        }
+        let ObjectReading::Counters(values) = &reading else { panic!("{reading:?}") };
+        assert_eq!(values.len(), 2 + 63);
+        assert!(histograms_of(&page, &|_| false).is_empty());
+
+        // This build's page: every counter and histogram, from their slots.
+        let mut page = StatsPage::new(ObjectKind::Vp);
+        page.set(vp::DISPATCHES, 3);
+        page.data[vp::IO_TIME_HISTOGRAM.slot()] = 700;
+        page.data[vp::IO_TIME_HISTOGRAM.slot() + 1 + 10] = 1;
+        assert_eq!(decode(ObjectKind::Vp, &page).get(name(vp::DISPATCHES)), Some(3));
+        let histograms = histograms_of(&page, &|slot| slot == vp::HALT_WAIT_HISTOGRAM.slot());
+        assert_eq!(histograms.len(), 7, "eight, one declared unavailable");
+        let io = histograms.iter().find(|(c, _)| c.id == vp::IO_TIME_HISTOGRAM).map(|(_, h)| h);
+        assert_eq!(io.map(|h| (h.sum_ns, h.count())), Some((700, 1)));
     }
 }

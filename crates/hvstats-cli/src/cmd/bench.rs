@@ -4,8 +4,11 @@
 //! These machines are noisy, so every row is a ratio of medians over several rounds, ours and the
 //! baseline interleaved (alternating which goes first), each timed in the CPU time of the thread
 //! doing it (time spent preempted counts for neither side; faults and syscalls count). With `--json`, one object per line:
-//! `{"name", "ours", "baseline", "unit", "ratio", "goal"}` with `ratio = ours / baseline` (lower
-//! is better); a row that needs what this host lacks (KVM) is `{"name", "skipped": why}`.
+//! `{"name", "ours", "baseline", "unit", "ratio", "goal", "met"}` with `ratio = ours / baseline`
+//! (lower is better) and `met` whether the ratio is within the goal (`null` for a row without
+//! one); the table marks each row `met` or `MISSED` the same way. A row that needs what this host
+//! lacks (KVM) is `{"name", "skipped": why}`. Rows are named by what they measured: the snapshot
+//! row by the VPs it really read (`--partitions` × 16).
 //!
 //! Rows: the VP thread's page update against an uncontended and a shared `fetch_add`; a
 //! kept-mapping read of one VP against a `pread` of a vCPU's KVM stats fd (and, without KVM,
@@ -72,9 +75,9 @@ pub struct Args {
     /// Hypercalls per guest run (KVM rows).
     #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
     hypercalls: u32,
-    /// Run only the rows whose name contains this.
+    /// Run only the rows whose name contains this (repeat it for rows of several names).
     #[arg(long, value_name = "TEXT")]
-    only: Option<String>,
+    only: Vec<String>,
     /// Partitions × VPs of the snapshot row (the issue's scale: 4096 × 16).
     #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=65_536))]
     partitions: u32,
@@ -91,11 +94,45 @@ impl Row {
         match self {
             Row::Measured { name, ours, baseline, unit, goal } => json!({
                 "name": name, "ours": ours, "baseline": baseline, "unit": unit,
-                "ratio": ours / baseline, "goal": goal,
+                "ratio": ours / baseline, "goal": goal, "met": self.met(),
             }),
             Row::Skipped { name, why } => json!({ "name": name, "skipped": why }),
         }
     }
+
+    /// Whether a measured row's ratio is within its goal: `None` without a goal (or a measure).
+    /// A ratio that is not a number (a side that measured nothing) misses its goal.
+    fn met(&self) -> Option<bool> {
+        match self {
+            Row::Measured { ours, baseline, goal: Some(goal), .. } => Some(ours / baseline <= *goal),
+            Row::Measured { goal: None, .. } | Row::Skipped { .. } => None,
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Row::Measured { name, .. } | Row::Skipped { name, .. } => name,
+        }
+    }
+
+    /// The table's mark for [`met`](Self::met).
+    fn mark(&self) -> &'static str {
+        match self.met() {
+            Some(true) => "met",
+            Some(false) => "MISSED",
+            None => "-",
+        }
+    }
+}
+
+/// Whether `--only` (each value a part of a row's name; none: every row) selects row `name`.
+fn selects(only: &[String], name: &str) -> bool {
+    only.is_empty() || only.iter().any(|part| name.contains(part.as_str()))
+}
+
+/// The name of the snapshot row for `partitions` partitions of 16 VPs: what it really read.
+fn snapshot_row_name(partitions: u32) -> String {
+    format!("snapshot-{}-vps-vs-memcpy", u64::from(partitions) * 16)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -376,7 +413,7 @@ fn vcpu_stats_fd() -> anyhow::Result<(hvstats_kvm::sources::kvm_stats::KvmStats,
     Ok((stats, [vcpu, vm]))
 }
 
-fn snapshot_row(rounds: u32, partitions: u32) -> anyhow::Result<Row> {
+fn snapshot_row(rounds: u32, partitions: u32, name: &'static str) -> anyhow::Result<Row> {
     let rt = TempRuntime::new("snapshot")?;
     let hv = published(&rt.0)?;
     let parts = (0..partitions)
@@ -425,13 +462,7 @@ fn snapshot_row(rounds: u32, partitions: u32) -> anyhow::Result<Row> {
             start.elapsed().as_secs_f64() * 1e3
         },
     );
-    Ok(Row::Measured {
-        name: "snapshot-65536-vps-vs-memcpy",
-        ours,
-        baseline,
-        unit: "ms/snapshot",
-        goal: Some(10.0),
-    })
+    Ok(Row::Measured { name, ours, baseline, unit: "ms/snapshot", goal: Some(10.0) })
 }
 
 fn partition_add_row(rounds: u32) -> anyhow::Result<Row> {
@@ -557,24 +588,31 @@ fn kvm_usable() -> Result<(), String> {
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let hv = Hypervisor::new().context("creating the hypervisor instance")?;
     let kvm = kvm_usable();
-    let wanted = |name: &str| args.only.as_deref().is_none_or(|only| name.contains(only));
+    let wanted = |name: &str| selects(&args.only, name);
+    // A group measured together runs when any of its rows is wanted (`--only` a whole row name).
+    let any = |names: &[&str]| names.iter().any(|name| wanted(name));
     let mut rows = Vec::new();
-    if wanted("update-vs") {
+    if any(&["update-vs-fetch-add", "update-vs-shared-fetch-add"]) {
         rows.extend(update_rows(args.rounds, &hv)?);
     }
-    if wanted("read-vp") {
+    if any(&["read-vp-vs-stats-fd", "read-vp-vs-pread-page"]) {
         rows.extend(read_rows(args.rounds, &kvm)?);
     }
     if wanted("vp-read-consistent-vs-plain") {
         rows.push(consistency_row(args.rounds)?);
     }
-    if wanted("snapshot-65536-vps-vs-memcpy") {
-        rows.push(snapshot_row(args.rounds, args.partitions)?);
+    let snapshot_name = snapshot_row_name(args.partitions);
+    if wanted(&snapshot_name) {
+        // Rows are named once per run: leaking this one name keeps them all `&'static str`.
+        rows.push(snapshot_row(args.rounds, args.partitions, snapshot_name.leak())?);
     }
     if wanted("partition-add-4096-vs-64") {
         rows.push(partition_add_row(args.rounds)?);
     }
-    if wanted("serve-scrape-65536-vps") {
+    if any(&[
+        "serve-scrape-65536-vps-one-by-one-vs-snapshot-json",
+        "serve-scrape-65536-vps-capped-vs-snapshot-json",
+    ]) {
         let scrape = crate::cmd::serve::bench::scrape_rows(args.rounds)?;
         rows.extend(scrape.into_iter().map(|r| Row::Measured {
             name: r.name,
@@ -586,7 +624,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     rows.extend(observe_rows(args.rounds, &kvm, &wanted));
     match &kvm {
-        Ok(()) if wanted("exit-accounting") || wanted("hypercall-vs") => rows.extend(kvm_rows(&args, &hv)?),
+        Ok(()) if any(&["exit-accounting-on-vs-off", "hypercall-vs-plain-exit"]) => {
+            rows.extend(kvm_rows(&args, &hv)?);
+        }
         Ok(()) => {}
         Err(why) => {
             for name in ["exit-accounting-on-vs-off", "hypercall-vs-plain-exit"] {
@@ -596,6 +636,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             }
         }
     }
+    // Only the rows asked for, not the others measured with them.
+    rows.retain(|row| wanted(row.name()));
     output::with_stdout(|out| {
         if args.json {
             for row in &rows {
@@ -604,16 +646,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         } else {
             writeln!(
                 out,
-                "{:<30} {:>14} {:>14} {:>12} {:>8} {:>6}",
-                "row", "ours", "baseline", "unit", "ratio", "goal"
+                "{:<30} {:>14} {:>14} {:>12} {:>8} {:>6} {:>6}",
+                "row", "ours", "baseline", "unit", "ratio", "goal", "met"
             )?;
             for row in &rows {
                 match row {
                     Row::Measured { name, ours, baseline, unit, goal } => writeln!(
                         out,
-                        "{name:<30} {ours:>14.3} {baseline:>14.3} {unit:>12} {:>8.3} {:>6}",
+                        "{name:<30} {ours:>14.3} {baseline:>14.3} {unit:>12} {:>8.3} {:>6} {:>6}",
                         ours / baseline,
-                        goal.map_or("-".to_owned(), |g| format!("<={g}"))
+                        goal.map_or("-".to_owned(), |g| format!("<={g}")),
+                        row.mark(),
                     )?,
                     Row::Skipped { name, why } => writeln!(out, "{name:<30} skipped: {why}")?,
                 }
@@ -622,4 +665,49 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Ok(())
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn measured(ours: f64, baseline: f64, goal: Option<f64>) -> Row {
+        Row::Measured { name: "r", ours, baseline, unit: "ns", goal }
+    }
+
+    #[test]
+    fn a_row_is_marked_met_or_missed_against_its_goal_in_the_table_and_the_json() {
+        let missed = measured(125.0, 409.0, Some(0.2));
+        assert_eq!((missed.met(), missed.mark()), (Some(false), "MISSED"));
+        assert_eq!(missed.json()["met"], false);
+        let met = measured(60.0, 409.0, Some(0.2));
+        assert_eq!((met.met(), met.mark()), (Some(true), "met"));
+        assert_eq!(met.json()["met"], true);
+        let no_goal = measured(1.0, 2.0, None);
+        assert_eq!((no_goal.met(), no_goal.mark()), (None, "-"));
+        assert!(no_goal.json()["met"].is_null());
+        assert_eq!(measured(f64::NAN, 1.0, Some(1.0)).met(), Some(false), "nothing measured");
+        let skipped = Row::Skipped { name: "r", why: "needs KVM".into() };
+        assert_eq!(skipped.met(), None);
+        assert!(skipped.json().get("met").is_none());
+    }
+
+    #[test]
+    fn only_selects_rows_by_any_part_of_their_name_and_repeats() {
+        let only = |parts: &[&str]| parts.iter().map(|p| (*p).to_owned()).collect::<Vec<_>>();
+        assert!(selects(&[], "read-vp-vs-stats-fd"));
+        assert!(selects(&only(&["read-vp-vs-stats-fd"]), "read-vp-vs-stats-fd"));
+        assert!(!selects(&only(&["read-vp-vs-stats-fd"]), "read-vp-vs-pread-page"));
+        let two = only(&["read-vp-vs-stats-fd", "snapshot-"]);
+        assert!(selects(&two, "snapshot-1024-vps-vs-memcpy"));
+        assert!(selects(&two, "read-vp-vs-stats-fd"));
+        assert!(!selects(&two, "update-vs-fetch-add"));
+    }
+
+    #[test]
+    fn the_snapshot_row_is_named_by_the_vps_it_read() {
+        assert_eq!(snapshot_row_name(4096), "snapshot-65536-vps-vs-memcpy");
+        assert_eq!(snapshot_row_name(64), "snapshot-1024-vps-vs-memcpy");
+        assert_eq!(snapshot_row_name(65_536), "snapshot-1048576-vps-vs-memcpy");
+    }
 }

@@ -2,7 +2,9 @@
 //!
 //! The page is read with `hvstats_abi::page::PageView`, as the kind given by `--type` or, without
 //! it, as the kind `infer_kind` recognises from its groups. A page that does not read is reported
-//! with the byte offset and reason of the fault, and the command fails.
+//! with the byte offset and reason of the fault, and the command fails. A group of an older minor
+//! (an older hypervisor's page) is read for the counters it carries; those a later minor appended
+//! are listed as absent (`-`, `null` in JSON).
 
 use std::fmt::Write as _;
 use std::fs;
@@ -150,11 +152,12 @@ fn page_json(view: &PageView<'_>, inferred: bool) -> Value {
                 "length": g.header.length,
                 "counters": g.len(),
                 "extra_counters": view.extra_counters(gk),
+                "absent_counters": view.absent_counters(gk),
             })
         })
         .collect();
     let counters: Map<String, Value> =
-        counters_of(view.kind).map(|c| (c.name.to_owned(), json!(view.get(c.id)))).collect();
+        counters_of(view.kind).map(|c| (c.name.to_owned(), json!(view.value(c.id)))).collect();
     let histograms: Map<String, Value> = counters_of(view.kind)
         .filter(|c| c.presentation == Presentation::Histogram)
         .filter_map(|c| Some((c.name.to_owned(), histogram_json(&view.histogram(c.id)?))))
@@ -215,9 +218,10 @@ fn page_text(view: &PageView<'_>, inferred: bool) -> String {
     let _ = writeln!(s, "type: {}{how}", view.kind.short_name());
     for gk in GroupKind::ALL {
         let Some(g) = view.group(gk) else { continue };
-        let extra = match view.extra_counters(gk) {
-            0 => String::new(),
-            n => format!(", {n} more from a newer minor"),
+        let extra = match (view.extra_counters(gk), view.absent_counters(gk)) {
+            (0, 0) => String::new(),
+            (n, 0) => format!(", {n} more from a newer minor"),
+            (_, n) => format!(", {n} of a later minor absent"),
         };
         let _ = writeln!(
             s,
@@ -237,7 +241,8 @@ fn page_text(view: &PageView<'_>, inferred: bool) -> String {
     let width = counters_of(view.kind).map(|c| c.name.chars().count()).max().unwrap_or(0);
     let _ = writeln!(s);
     for c in counters_of(view.kind) {
-        let _ = writeln!(s, "{:<width$}  {:>20}  {}", c.name, view.get(c.id), c.unit.name());
+        let value = view.value(c.id).map_or_else(|| "-".to_owned(), |v| v.to_string());
+        let _ = writeln!(s, "{:<width$}  {value:>20}  {}", c.name, c.unit.name());
         if let Some(h) = view.histogram(c.id).filter(|_| c.presentation == Presentation::Histogram) {
             let _ = writeln!(s, "  {}", histogram_text(&h));
         }

@@ -4,8 +4,10 @@
 //! it recorded over the recording (count, sum, and p50/p99 as upper bounds of their buckets, from
 //! the bucket deltas between the VP's first and last sample); and its CPU wait.
 //!
-//! Counters KVM does not maintain are `null`, never 0. A recording made before histograms were
-//! recorded (format version 1) says so instead of showing them.
+//! Counters KVM does not maintain are `null`, never 0, and so are those a VP's page did not carry
+//! (a group of an older minor) and those this build knows that an older recording does not list.
+//! A recording made before histograms were recorded (format version 1) says so instead of
+//! showing them.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -197,6 +199,11 @@ pub fn reports(digest: &Digest) -> Vec<VpReport> {
                     Presentation::Cost => costs.insert(name, json!(shown)),
                     Presentation::CumulativeTime | Presentation::Instant | Presentation::Histogram => None,
                 };
+            }
+            // A counter this build knows that the recording does not list (one made by an older
+            // hvstats, before the counter was appended) is unknown too.
+            for c in hvstats_abi::catalog::counters_of(hvstats_abi::ObjectKind::Vp) {
+                cumulative.entry(c.name).or_insert(Value::Null);
             }
             // CPU wait: per dispatch (the catalog's cost) and as a share of the recording's time.
             let wait = hvstats_abi::catalog::vp::CPU_WAIT_TIME_PER_DISPATCH.counter().map(|c| c.name);

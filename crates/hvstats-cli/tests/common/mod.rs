@@ -59,3 +59,26 @@ pub fn hold_a_vm() -> (std::os::fd::OwnedFd, std::os::fd::OwnedFd, std::os::fd::
     let vcpu = own(unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&vm), 0xAE41, 0) });
     (kvm, vm, vcpu)
 }
+
+/// Overwrites VP `n`'s page in `hv`'s arena with the page an older hypervisor writes: both TLFS
+/// groups at 1.0 (the release group's 63 counters of seed 001, none appended), no hvstats group,
+/// `values` at their places.
+pub fn write_1_0_vp_page(
+    hv: &hvstats::Hypervisor,
+    part: &hvstats::PartitionStats,
+    n: u32,
+    values: &[(hvstats_abi::CounterId, u64)],
+) {
+    use hvstats_abi::group::GroupVersion;
+    use hvstats_abi::{GroupKind, PageLayout};
+    use std::os::unix::fs::FileExt;
+    let v1_0 = [(GroupKind::Architectural, GroupVersion::V1_0), (GroupKind::Release, GroupVersion::V1_0)];
+    let layout = PageLayout::written_at(hvstats_abi::ObjectKind::Vp, &v1_0);
+    let mut page = layout.page();
+    for &(id, v) in values {
+        page.data[layout.slot_of(id).unwrap()] = v;
+    }
+    let arena = std::fs::OpenOptions::new().write(true).open(hv.published_path().unwrap()).unwrap();
+    let bytes: Vec<u8> = page.data.iter().flat_map(|w| w.to_le_bytes()).collect();
+    arena.write_all_at(&bytes, part.vp_page(n).unwrap().file_offset()).unwrap();
+}
