@@ -240,7 +240,8 @@ fn page_text(view: &PageView<'_>, inferred: bool) -> String {
     };
     let width = counters_of(view.kind).map(|c| c.name.chars().count()).max().unwrap_or(0);
     let _ = writeln!(s);
-    for c in counters_of(view.kind) {
+    // Bookkeeping (the sequence counter of consistent reads) is no measurement: --json keeps it.
+    for c in counters_of(view.kind).filter(|c| !c.is_bookkeeping()) {
         let value = view.value(c.id).map_or_else(|| "-".to_owned(), |v| v.to_string());
         let _ = writeln!(s, "{:<width$}  {value:>20}  {}", c.name, c.unit.name());
         if let Some(h) = view.histogram(c.id).filter(|_| c.presentation == Presentation::Histogram) {
