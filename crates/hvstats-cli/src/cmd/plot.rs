@@ -19,6 +19,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use crate::cmd::recording::{Header, Sample, SampleReader};
+use crate::output_file::OutputFile;
 
 /// The bundled font.
 const FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSansMono.ttf");
@@ -39,9 +40,13 @@ pub struct Args {
     /// rates).
     #[arg(long = "counter", value_name = "NAME")]
     counters: Vec<String>,
-    /// Chart size in pixels, WIDTHxHEIGHT of each counter's chart.
+    /// Chart size in pixels, WIDTHxHEIGHT of each counter's chart (all the charts together at most
+    /// 64 MiB of bitmap).
     #[arg(long, value_name = "WxH", default_value = "1000x360", value_parser = parse_size)]
     size: (u32, u32),
+    /// Replace CHART if it is an existing regular file (by writing a new file and renaming it).
+    #[arg(long)]
+    force: bool,
 }
 
 fn parse_size(s: &str) -> Result<(u32, u32), String> {
@@ -63,6 +68,13 @@ pub struct Chart {
     pub series: Vec<Series>,
     /// VPs not drawn (beyond [`MAX_SERIES`]).
     pub left_out: usize,
+}
+
+impl Chart {
+    /// True when every point drawn is 0: nothing moved.
+    pub fn is_flat(&self) -> bool {
+        self.series.iter().flat_map(|(_, p)| p).all(|&(_, v)| v == 0.0)
+    }
 }
 
 fn unit_of(c: &Counter) -> &'static str {
@@ -264,7 +276,7 @@ fn register_font() -> anyhow::Result<()> {
 /// # Errors
 /// When the backend fails to draw.
 pub fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, charts: &[Chart]) -> anyhow::Result<()> {
-    let fail = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow::anyhow!("drawing failed: {e:?}");
+    let fail = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow::anyhow!("drawing failed: {e}");
     root.fill(&WHITE).map_err(fail)?;
     for (area, c) in root.split_evenly((charts.len().max(1), 1)).iter().zip(charts) {
         let x_max = c.series.iter().flat_map(|(_, p)| p.iter().map(|(t, _)| *t)).fold(1.0f64, f64::max);
@@ -276,6 +288,8 @@ pub fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, charts: &[Chart])
         }
         if c.series.is_empty() {
             title += " (nothing to show)";
+        } else if c.is_flat() {
+            title += " (no activity)";
         }
         let mut chart = ChartBuilder::on(area)
             .caption(title, ("sans-serif", 20))
@@ -314,32 +328,121 @@ pub fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, charts: &[Chart])
     Ok(())
 }
 
-/// Writes `charts` to `path`, PNG or SVG by its extension.
+/// The largest image `plot` draws, in bytes of its bitmap (3 per pixel): every chart together.
+pub const MAX_BITMAP_BYTES: u64 = 64 << 20;
+
+/// The chart format, from the output's extension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// A PNG image.
+    Png,
+    /// An SVG document.
+    Svg,
+}
+
+impl Format {
+    /// The format `path`'s extension names.
+    ///
+    /// # Errors
+    /// Any other extension.
+    pub fn of(path: &Path) -> anyhow::Result<Self> {
+        match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
+            Some("png") => Ok(Format::Png),
+            Some("svg") => Ok(Format::Svg),
+            _ => anyhow::bail!("{}: the chart is written as .png or .svg", path.display()),
+        }
+    }
+}
+
+/// The whole image's size for `charts` charts of `(width, height)` each, when its bitmap stays
+/// within [`MAX_BITMAP_BYTES`].
+pub fn image_size((width, height): (u32, u32), charts: usize) -> Option<(u32, u32)> {
+    let total = u64::from(height).checked_mul(charts.max(1) as u64)?;
+    let bytes = u64::from(width).checked_mul(total)?.checked_mul(3)?;
+    (bytes <= MAX_BITMAP_BYTES).then_some((width, u32::try_from(total).ok()?))
+}
+
+/// The bytes of `charts` in `format`, `size` being the whole image's.
 ///
 /// # Errors
-/// An unknown extension, or a failure to draw or write.
-pub fn write(path: &Path, charts: &[Chart], (width, height): (u32, u32)) -> anyhow::Result<()> {
+/// A failure to draw or encode.
+pub fn render(format: Format, charts: &[Chart], size: (u32, u32)) -> anyhow::Result<Vec<u8>> {
     register_font()?;
-    let size = (width, height * charts.len().max(1) as u32);
-    match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
-        Some("png") => draw(&BitMapBackend::new(path, size).into_drawing_area(), charts),
-        Some("svg") => {
+    match format {
+        Format::Png => {
+            let mut rgb = vec![0u8; size.0 as usize * size.1 as usize * 3];
+            draw(&BitMapBackend::with_buffer(&mut rgb, size).into_drawing_area(), charts)?;
+            let mut png = Vec::new();
+            image::ImageEncoder::write_image(
+                image::codecs::png::PngEncoder::new(&mut png),
+                &rgb,
+                size.0,
+                size.1,
+                image::ColorType::Rgb8,
+            )
+            .context("encoding the PNG")?;
+            Ok(png)
+        }
+        Format::Svg => {
             let mut svg = String::new();
             draw(&SVGBackend::with_string(&mut svg, size).into_drawing_area(), charts)?;
-            std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))
+            Ok(svg.into_bytes())
         }
-        _ => anyhow::bail!("{}: the chart is written as .png or .svg", path.display()),
     }
+}
+
+/// A usage error of `plot`: said on standard error, exit status 2, nothing written.
+fn usage(message: impl std::fmt::Display) -> anyhow::Result<ExitCode> {
+    crate::output::note!("{message}");
+    Ok(crate::output::ExitStatus::Usage.into())
+}
+
+/// The counters charted when none moved: the first `n` maintained VP rates, in catalog order.
+pub fn quiet_defaults(header: &Header, n: usize) -> Vec<&'static Counter> {
+    header
+        .vp_counters()
+        .into_iter()
+        .filter_map(|(info, c)| c.filter(|c| info.maintained && c.presentation == Presentation::Rate))
+        .take(n)
+        .collect()
 }
 
 /// Runs `hvstats plot`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let file = File::open(&args.file).with_context(|| format!("cannot open {}", args.file.display()))?;
-    anyhow::ensure!(file.metadata()?.is_file(), "{} is not a regular file", args.file.display());
+    // The command line first: nothing is read or written for a wrong one.
+    let format = match Format::of(&args.output) {
+        Ok(f) => f,
+        Err(e) => return usage(e),
+    };
+    let mut named = Vec::new();
+    for name in &args.counters {
+        match hvstats_abi::catalog::counter_by_name(hvstats_abi::ObjectKind::Vp, name) {
+            Some(c) => named.push(c),
+            None => {
+                return usage(format!(
+                    "--counter {name:?} is not a VP counter of the catalog (hvstats catalog lists them){}",
+                    crate::cmd::catalog::did_you_mean(hvstats_abi::ObjectKind::Vp, name)
+                ));
+            }
+        }
+    }
+    let charted = if named.is_empty() { 3 } else { named.len() };
+    let Some(size) = image_size(args.size, charted) else {
+        return usage(format!(
+            "--size {}x{} with {charted} charts is larger than {} MiB of bitmap: fewer --counter or a \
+             smaller --size",
+            args.size.0,
+            args.size.1,
+            MAX_BITMAP_BYTES >> 20
+        ));
+    };
+    let file = crate::input::open_regular(&args.file)?;
+    // The output before the long read: a path that cannot be written fails at once.
+    let mut output = OutputFile::create(&args.output, args.force)?;
     let reading = || format!("reading {}", args.file.display());
     let mut reader = SampleReader::new(BufReader::new(file)).with_context(reading)?;
     let header = reader.header().clone();
-    let counters: Vec<&'static Counter> = if args.counters.is_empty() {
+    let counters: Vec<&'static Counter> = if named.is_empty() {
         // The first and last samples decide which counters moved most.
         let mut first = None;
         let mut last = None;
@@ -349,27 +452,22 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 Some(_) => last = Some(sample),
             }
         }
-        match (&first, last.as_ref().or(first.as_ref())) {
+        let busiest = match (&first, last.as_ref().or(first.as_ref())) {
             (Some(first), Some(last)) => busiest(&header, first, last, 3),
             _ => Vec::new(),
-        }
+        };
+        // A quiet recording is charted flat, not refused.
+        if busiest.is_empty() { quiet_defaults(&header, 3) } else { busiest }
     } else {
-        args.counters
-            .iter()
-            .map(|name| {
-                hvstats_abi::catalog::counter_by_name(hvstats_abi::ObjectKind::Vp, name).with_context(|| {
-                    format!("{name:?} is not a VP counter of the catalog (hvstats catalog lists them)")
-                })
-            })
-            .collect::<anyhow::Result<_>>()?
+        named
     };
-    anyhow::ensure!(
-        !counters.is_empty(),
-        "no VP counter moved during the recording: nothing to chart (name one with --counter)"
-    );
     let charts = charts_of(&header, &counters, |f| stream_pairs(&args.file, f))?;
-    write(&args.output, &charts, args.size)?;
-    let _ = writeln!(std::io::stderr(), "hvstats: wrote {}", args.output.display());
+    let size = (size.0, args.size.1 * counters.len().max(1) as u32);
+    let bytes = render(format, &charts, size)?;
+    let shown = args.output.display();
+    output.file().write_all(&bytes).with_context(|| format!("writing {shown}"))?;
+    output.put_in_place()?;
+    let _ = writeln!(std::io::stderr(), "hvstats: wrote {shown}");
     Ok(ExitCode::SUCCESS)
 }
 
