@@ -290,3 +290,28 @@ fn a_runtime_dir_another_user_can_write_is_refused_so_nothing_is_granted_twice()
     assert_eq!(granted, Some(1), "{why}");
     assert_eq!(alloc().0, None, "tag 5 is held");
 }
+
+#[test]
+fn a_holder_name_with_control_characters_is_listed_escaped() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = TempDir::new("hwc-name");
+    let d = tmp.path();
+    // A table as another process left it: its holder's name is what that process called itself.
+    let o = run(d, Some(PMU), &["alloc", "--cpus", "0", "--counter", "0"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let table = d.join("hwc").join("table.json");
+    let mut v: Value = serde_json::from_slice(&std::fs::read(&table).unwrap()).unwrap();
+    v["records"][0]["holder"]["name"] = "evil\nHANDLE forged\u{1b}[2J".into();
+    std::fs::write(&table, serde_json::to_vec(&v).unwrap()).unwrap();
+    std::fs::set_permissions(&table, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let o = run(d, Some(PMU), &["list"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = stdout(&o);
+    assert!(!text.contains('\u{1b}') && !text.lines().any(|l| l.starts_with("HANDLE forged")), "{text:?}");
+    assert!(text.contains(r"evil\nHANDLE forged\u{1b}[2J"), "{text}");
+    // JSON keeps it exact.
+    assert_eq!(
+        json(&run(d, Some(PMU), &["list", "--json"]))["holders"][0]["process"],
+        "evil\nHANDLE forged\u{1b}[2J"
+    );
+}

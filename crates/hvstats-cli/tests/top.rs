@@ -349,3 +349,16 @@ fn the_wait_status_of_an_unreaped_process_is_read_from_proc() {
     child.wait().unwrap();
     assert_eq!(zombie_exit_status(&pid), None, "reaped: no longer a zombie");
 }
+
+#[test]
+fn a_vm_name_with_control_characters_is_shown_escaped() {
+    let tmp = TempDir::new("top-name");
+    let hv = common::publish(tmp.path());
+    let _part = hv.create_partition_named(1, "dup\n  VP 9 forged\u{1b}[2J").unwrap();
+    let out = top(tmp.path(), &["--once", "--interval", "0.1"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(!text.contains('\u{1b}') && !text.lines().any(|l| l.starts_with("  VP 9 forged")), "{text:?}");
+    // Escaped, then cut to the label column.
+    assert!(text.lines().any(|l| l.starts_with(r"dup\n  VP 9 forged\u{1b} ")), "{text}");
+}

@@ -6,7 +6,6 @@
 //! every host and no system font is needed.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::io::{BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -18,7 +17,10 @@ use hvstats_abi::{Counter, Presentation};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use crate::cmd::recording::{Header, Sample, SampleReader};
+use hvstats::text::Escaped;
+use hvstats_abi::histogram::Log2Histogram;
+
+use crate::cmd::recording::{Header, SampleReader, VpAt, VpKey, VpSample};
 use crate::output_file::OutputFile;
 
 /// The bundled font.
@@ -123,142 +125,258 @@ impl Slots {
     }
 }
 
-/// Calls `f(label, t, value)` with each VP's value of `counter` (at `slots`) over the interval
-/// from sample `a` to sample `b` (at `b`'s time): presented as the catalog says (a cost in µs), or
-/// for a histogram the p99 of what the interval recorded, in µs. A VP without a value for the
-/// interval is skipped.
-fn each_value(
-    counter: &'static Counter,
-    slots: Slots,
-    a: &Sample,
-    b: &Sample,
-    mut f: impl FnMut(String, f64, f64),
-) {
-    if matches!(slots, Slots::Missing) {
-        return;
-    }
-    for p in &b.partitions {
-        let Some(before) = a.partitions.iter().find(|q| q.vm == p.vm) else { continue };
-        for vp in &p.vps {
-            let Some(then) = before.vps.iter().find(|v| v.vp == vp.vp) else { continue };
-            let value = match slots {
-                Slots::Histogram(h) => {
-                    let delta = then.histogram(h).zip(vp.histogram(h)).and_then(|(x, y)| y.since(&x));
-                    match delta.and_then(|d| d.quantile_upper_ns(0.99)) {
-                        Some(ns) => ns as f64 / 1000.0,
-                        None => continue,
-                    }
-                }
-                Slots::Value { index, paired } => {
-                    let (Some(then), Some(now)) = (then.values.as_ref(), vp.values.as_ref()) else {
-                        continue;
-                    };
-                    let paired = match paired {
-                        Some(j) => match (then[j], now[j]) {
-                            (Some(x), Some(y)) => Some((x, y)),
-                            _ => continue,
-                        },
-                        None => None,
-                    };
-                    let (Some(before), Some(after)) = (then[index], now[index]) else { continue };
-                    let Some(shown) = present::over_interval(counter, before, after, b.t - a.t, paired)
-                    else {
-                        continue;
-                    };
-                    if counter.presentation == Presentation::Cost {
-                        shown.value / 1000.0
-                    } else {
-                        shown.value
-                    }
-                }
-                Slots::Missing => return,
-            };
-            f(format!("{} VP {}", p.vm, vp.vp), b.t, value);
+/// What a chart needs of a VP's previous sample to give its value over the next interval.
+#[derive(Clone)]
+enum Previous {
+    /// The counter's value and its paired count's.
+    Value(Option<u64>, Option<u64>),
+    /// The histogram.
+    Histogram(Option<Box<Log2Histogram>>),
+    /// Nothing (the counter is not in the recording).
+    Nothing,
+}
+
+impl Previous {
+    fn of(slots: Slots, vp: &VpSample) -> Self {
+        match slots {
+            Slots::Histogram(h) => Previous::Histogram(vp.histogram(h).map(Box::new)),
+            Slots::Value { index, paired } => {
+                let at = |i: usize| vp.values.as_ref().and_then(|v| v.get(i).copied().flatten());
+                Previous::Value(at(index), paired.and_then(at))
+            }
+            Slots::Missing => Previous::Nothing,
         }
     }
 }
 
-/// The charts of `counters`, from samples that `pairs` hands, each with the one before it, to
-/// the function it is given; it is called twice: once to find each chart's busiest VPs (the
-/// largest sum of values), once to collect their points. So a recording of any length is charted
-/// in the memory of two samples, the sums per VP and the points of the lines drawn.
+/// A VP's value of `counter` (at `slots`) over the `seconds` from `then` to `now`: presented as
+/// the catalog says (a cost in µs), or for a histogram the p99 of what the interval recorded, in
+/// µs. `None` when the interval has no value.
+fn interval_value(
+    counter: &'static Counter,
+    slots: Slots,
+    then: &Previous,
+    now: &VpSample,
+    seconds: f64,
+) -> Option<f64> {
+    match (slots, then) {
+        (Slots::Histogram(h), Previous::Histogram(then)) => {
+            let delta = vp_histogram_since(then.as_deref()?, now, h)?;
+            Some(delta.quantile_upper_ns(0.99)? as f64 / 1000.0)
+        }
+        (Slots::Value { paired: paired_slot, .. }, Previous::Value(before, before_paired)) => {
+            let Previous::Value(after, after_paired) = Previous::of(slots, now) else { return None };
+            let paired = match paired_slot {
+                Some(_) => Some((before_paired.as_ref().copied()?, after_paired?)),
+                None => None,
+            };
+            let shown = present::over_interval(counter, (*before)?, after?, seconds, paired)?;
+            Some(if counter.presentation == Presentation::Cost { shown.value / 1000.0 } else { shown.value })
+        }
+        _ => None,
+    }
+}
+
+fn vp_histogram_since(then: &Log2Histogram, now: &VpSample, h: usize) -> Option<Log2Histogram> {
+    now.histogram(h)?.since(then)
+}
+
+/// A VP as plot follows it through one pass over the recording.
+struct Track {
+    /// Its number, in order of first appearance (the same in every pass).
+    id: usize,
+    /// The sample it was last seen in.
+    seen: usize,
+    /// Per chart, what its value over the next interval needs.
+    previous: Vec<Previous>,
+}
+
+/// What a pass calls for each VP of each sample: `f(sample number, VP)`.
+type VisitVp<'a> = dyn FnMut(usize, VpAt<'_>) + 'a;
+
+/// One pass over a recording: calls its argument for each VP of each sample, in order.
+type Pass<'a> = dyn FnMut(&mut VisitVp<'_>) -> anyhow::Result<()> + 'a;
+
+/// Follows every VP through one pass, calling `value(chart, vp id, t, value)` for each chart's
+/// value of each VP over each interval between two consecutive samples it appears in; `first(vp
+/// id, at)` is called when a VP first appears.
+fn follow(
+    counters: &[&'static Counter],
+    slots: &[Slots],
+    pass: &mut Pass<'_>,
+    mut first: impl FnMut(usize, &VpAt<'_>),
+    mut value: impl FnMut(usize, usize, f64, f64),
+) -> anyhow::Result<()> {
+    let mut tracks: HashMap<VpKey, Track> = HashMap::new();
+    let mut times: Vec<f64> = Vec::new();
+    pass(&mut |n, at| {
+        if times.len() <= n {
+            times.resize(n + 1, at.t);
+        }
+        let key = at.key();
+        let fresh = tracks.len();
+        let track = tracks.entry(key).or_insert_with(|| {
+            first(fresh, &at);
+            Track { id: fresh, seen: usize::MAX, previous: vec![Previous::Nothing; slots.len()] }
+        });
+        let consecutive = n > 0 && track.seen == n - 1;
+        for (chart, (&counter, &slot)) in counters.iter().zip(slots).enumerate() {
+            if consecutive {
+                let seconds = at.t - times[n - 1];
+                if let Some(v) = interval_value(counter, slot, &track.previous[chart], &at.vp, seconds) {
+                    value(chart, track.id, at.t, v);
+                }
+            }
+            track.previous[chart] = Previous::of(slot, &at.vp);
+        }
+        track.seen = n;
+    })
+}
+
+/// The charts of `counters`, from two passes over the recording (each one VP at a time): one to
+/// find each chart's busiest VPs (the largest sum of values), one to collect their points. So a
+/// recording of any length and width is charted in the memory of one line, a few numbers per VP
+/// and the points of the lines drawn.
 fn charts_of(
     header: &Header,
     counters: &[&'static Counter],
-    mut pairs: impl FnMut(&mut dyn FnMut(&Sample, &Sample)) -> anyhow::Result<()>,
+    mut pass: impl FnMut(&mut VisitVp<'_>) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<Chart>> {
     let slots: Vec<Slots> = counters.iter().map(|c| Slots::of(header, c)).collect();
-    let mut sums: Vec<HashMap<String, f64>> = vec![HashMap::new(); counters.len()];
-    pairs(&mut |a, b| {
-        for ((counter, slots), sums) in counters.iter().zip(&slots).zip(&mut sums) {
-            each_value(counter, *slots, a, b, |label, _, value| *sums.entry(label).or_default() += value);
-        }
-    })?;
-    let drawn: Vec<Vec<String>> = sums
+    // Per VP: its label and its identity; per chart and VP: the sum of its values (None: no value).
+    let mut labels: Vec<(String, VpKey)> = Vec::new();
+    let mut sums: Vec<Vec<Option<f64>>> = vec![Vec::new(); counters.len()];
+    follow(
+        counters,
+        &slots,
+        &mut pass,
+        |id, at| {
+            debug_assert_eq!(id, labels.len());
+            labels.push((format!("{} VP {}", Escaped(at.vm), at.vp.vp), at.key()));
+        },
+        |chart, id, _, v| {
+            let sums = &mut sums[chart];
+            if sums.len() <= id {
+                sums.resize(id + 1, None);
+            }
+            *sums[id].get_or_insert(0.0) += v;
+        },
+    )?;
+    // Two VMs that share a name are told apart by their instance and partition.
+    let mut count: HashMap<&str, usize> = HashMap::new();
+    for (label, _) in &labels {
+        *count.entry(label).or_default() += 1;
+    }
+    let shown: Vec<String> = labels
         .iter()
-        .map(|sums| {
-            let mut by_sum: Vec<(&String, f64)> = sums.iter().map(|(l, s)| (l, *s)).collect();
-            by_sum.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(b.0)));
-            by_sum.into_iter().take(MAX_SERIES).map(|(l, _)| l.clone()).collect()
+        .map(|(label, key)| match count.get(label.as_str()) {
+            Some(&n) if n > 1 => format!("{label} [{}:{}]", Escaped(&key.instance), key.partition),
+            _ => label.clone(),
         })
         .collect();
-    let mut series: Vec<Vec<Series>> =
-        drawn.iter().map(|labels| labels.iter().map(|l| (l.clone(), Vec::new())).collect()).collect();
-    pairs(&mut |a, b| {
-        for ((counter, slots), lines) in counters.iter().zip(&slots).zip(&mut series) {
-            each_value(counter, *slots, a, b, |label, t, value| {
-                if let Some((_, points)) = lines.iter_mut().find(|(l, _)| *l == label) {
-                    points.push((t, value));
-                }
-            });
-        }
-    })?;
+    let drawn: Vec<Vec<usize>> = sums
+        .iter()
+        .map(|sums| {
+            let mut by_sum: Vec<(usize, f64)> =
+                sums.iter().enumerate().filter_map(|(id, s)| Some((id, (*s)?))).collect();
+            by_sum.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| shown[a.0].cmp(&shown[b.0])));
+            by_sum.into_iter().take(MAX_SERIES).map(|(id, _)| id).collect()
+        })
+        .collect();
+    let mut points: Vec<HashMap<usize, Vec<(f64, f64)>>> =
+        drawn.iter().map(|ids| ids.iter().map(|&id| (id, Vec::new())).collect()).collect();
+    follow(
+        counters,
+        &slots,
+        &mut pass,
+        |_, _| {},
+        |chart, id, t, v| {
+            if let Some(line) = points[chart].get_mut(&id) {
+                line.push((t, v));
+            }
+        },
+    )?;
     Ok(counters
         .iter()
-        .zip(series)
+        .zip(drawn)
+        .zip(points)
         .zip(&sums)
-        .map(|((&counter, series), sums)| Chart {
+        .map(|(((&counter, ids), mut points), sums)| Chart {
             counter,
             unit: unit_of(counter),
-            left_out: sums.len().saturating_sub(series.len()),
-            series,
+            left_out: sums.iter().flatten().count().saturating_sub(ids.len()),
+            series: ids
+                .iter()
+                .map(|&id| (shown[id].clone(), points.remove(&id).unwrap_or_default()))
+                .collect(),
         })
         .collect())
 }
 
-/// Streams the samples of the recording at `path`, each with the one before it, to `f`.
-fn stream_pairs(path: &Path, f: &mut dyn FnMut(&Sample, &Sample)) -> anyhow::Result<()> {
-    let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let mut reader =
-        SampleReader::new(BufReader::new(file)).with_context(|| format!("reading {}", path.display()))?;
-    let mut previous = None;
-    while let Some(sample) = reader.next().with_context(|| format!("reading {}", path.display()))? {
-        if let Some(before) = &previous {
-            f(before, &sample);
-        }
-        previous = Some(sample);
+/// Streams the VPs of the recording at `path`, with the number of their sample, to `f`.
+fn stream_vps(path: &Path, f: &mut VisitVp<'_>) -> anyhow::Result<()> {
+    let file = crate::input::open_regular(path)?;
+    let reading = || format!("reading {}", path.display());
+    let mut reader = SampleReader::new(BufReader::new(file)).with_context(reading)?;
+    let mut n = 0;
+    while reader
+        .next_with(|at| {
+            f(n, at);
+            Ok(())
+        })
+        .with_context(reading)?
+        .is_some()
+    {
+        n += 1;
     }
     Ok(())
 }
 
-/// The counters charted by default: the maintained VP rates that moved most between the `first`
-/// and `last` samples.
-pub fn busiest(header: &Header, first: &Sample, last: &Sample, n: usize) -> Vec<&'static Counter> {
-    let total = |s: &Sample, i: usize| -> u64 {
-        s.partitions.iter().flat_map(|p| &p.vps).filter_map(|v| *v.values.as_ref()?.get(i)?).sum()
-    };
+/// The counters charted by default: the maintained VP rates that moved most between the first
+/// and the last sample (totals over the VPs of each, `first` and `last`).
+pub fn busiest(header: &Header, first: &[u64], last: &[u64], n: usize) -> Vec<&'static Counter> {
     let mut moved: Vec<(&'static Counter, u64)> = header
         .vp_counters()
         .into_iter()
         .enumerate()
         .filter_map(|(i, (info, counter))| {
             let counter = counter.filter(|c| info.maintained && c.presentation == Presentation::Rate)?;
-            Some((counter, total(last, i).saturating_sub(total(first, i))))
+            let moved = last.get(i).copied().unwrap_or(0).saturating_sub(first.get(i).copied().unwrap_or(0));
+            Some((counter, moved))
         })
         .filter(|(_, moved)| *moved > 0)
         .collect();
     moved.sort_by_key(|m| std::cmp::Reverse(m.1));
     moved.into_iter().take(n).map(|(c, _)| c).collect()
+}
+
+/// Each VP counter's total over the VPs of each sample, first and last, read one VP at a time.
+fn first_and_last_totals<R: std::io::BufRead>(
+    reader: &mut SampleReader<R>,
+) -> anyhow::Result<(Vec<u64>, Vec<u64>)> {
+    let counters = reader.header().catalog.vp.len();
+    let (mut first, mut last): (Option<Vec<u64>>, Vec<u64>) = (None, Vec::new());
+    loop {
+        let mut totals = vec![0u64; counters];
+        let read = reader.next_with(|at| {
+            for (total, v) in totals.iter_mut().zip(at.vp.values.iter().flatten()) {
+                *total = total.saturating_add(v.unwrap_or(0));
+            }
+            Ok(())
+        })?;
+        if read.is_none() {
+            break;
+        }
+        if first.is_none() {
+            first = Some(totals.clone());
+        }
+        last = totals;
+    }
+    let first = first.unwrap_or_default();
+    if last.is_empty() {
+        last = first.clone();
+    }
+    Ok((first, last))
 }
 
 fn register_font() -> anyhow::Result<()> {
@@ -444,24 +562,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let header = reader.header().clone();
     let counters: Vec<&'static Counter> = if named.is_empty() {
         // The first and last samples decide which counters moved most.
-        let mut first = None;
-        let mut last = None;
-        while let Some(sample) = reader.next().with_context(reading)? {
-            match first {
-                None => first = Some(sample),
-                Some(_) => last = Some(sample),
-            }
-        }
-        let busiest = match (&first, last.as_ref().or(first.as_ref())) {
-            (Some(first), Some(last)) => busiest(&header, first, last, 3),
-            _ => Vec::new(),
-        };
+        let (first, last) = first_and_last_totals(&mut reader).with_context(reading)?;
+        let busiest = busiest(&header, &first, &last, 3);
         // A quiet recording is charted flat, not refused.
         if busiest.is_empty() { quiet_defaults(&header, 3) } else { busiest }
     } else {
         named
     };
-    let charts = charts_of(&header, &counters, |f| stream_pairs(&args.file, f))?;
+    let charts = charts_of(&header, &counters, |f| stream_vps(&args.file, f))?;
     let size = (size.0, args.size.1 * counters.len().max(1) as u32);
     let bytes = render(format, &charts, size)?;
     let shown = args.output.display();
@@ -480,6 +588,27 @@ mod tests {
     use crate::cmd::recording::{Header, Sample};
     use crate::cmd::serve::bench::synthetic_reading;
 
+    /// A pass over `samples` as `stream_vps` makes one over a file.
+    fn pass(samples: &[Sample]) -> impl FnMut(&mut VisitVp<'_>) -> anyhow::Result<()> + '_ {
+        |f| {
+            for (n, s) in samples.iter().enumerate() {
+                for p in &s.partitions {
+                    for vp in &p.vps {
+                        let at = VpAt {
+                            t: s.t,
+                            vm: &p.vm,
+                            instance: &p.instance,
+                            partition: p.partition,
+                            vp: vp.clone(),
+                        };
+                        f(n, at);
+                    }
+                }
+            }
+            Ok(())
+        }
+    }
+
     #[test]
     fn a_histogram_is_charted_as_the_p99_of_each_interval() {
         let io = vp::IO_TIME_HISTOGRAM.counter().unwrap();
@@ -495,11 +624,7 @@ mod tests {
             reading.instances[0].partitions[0].vps[0].histograms = vec![(io, h)];
             samples.push(Sample::of(&reading, t));
         }
-        let pairs = |f: &mut dyn FnMut(&Sample, &Sample)| {
-            samples.windows(2).for_each(|w| f(&w[0], &w[1]));
-            Ok(())
-        };
-        let chart = charts_of(&Header::new(1.0, 0), &[io], pairs).unwrap().remove(0);
+        let chart = charts_of(&Header::new(1.0, 0), &[io], pass(&samples)).unwrap().remove(0);
         assert_eq!(chart.unit, "µs, p99 of each interval (bucket upper bound)");
         assert_eq!(chart.series.len(), 1);
         let (label, points) = &chart.series[0];
