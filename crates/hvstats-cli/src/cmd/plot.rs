@@ -409,7 +409,11 @@ pub fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, charts: &[Chart])
         } else if c.is_flat() {
             title += " (no activity)";
         }
-        let mut chart = ChartBuilder::on(area)
+        // The legend has a column of its own, right of the plot: it never covers a line.
+        let width = area.dim_in_pixel().0;
+        let legend_width = if c.series.is_empty() { 0 } else { (width / 3).min(300) };
+        let (plot_area, legend_area) = area.split_horizontally(width.saturating_sub(legend_width));
+        let mut chart = ChartBuilder::on(&plot_area)
             .caption(title, ("sans-serif", 20))
             .margin(12)
             .x_label_area_size(40)
@@ -420,30 +424,45 @@ pub fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, charts: &[Chart])
             .configure_mesh()
             .x_desc("time since the start of the recording (s)")
             .y_desc(c.unit)
+            .x_label_formatter(&|v| si(*v))
+            .y_label_formatter(&|v| si(*v))
             .label_style(("sans-serif", 14))
             .draw()
             .map_err(fail)?;
         for (i, (label, points)) in c.series.iter().enumerate() {
-            let color = Palette99::pick(i).to_rgba();
+            let color = colour_of(label);
             chart
                 .draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))
-                .map_err(fail)?
-                .label(label.as_str())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
-        }
-        if !c.series.is_empty() {
-            chart
-                .configure_series_labels()
-                .label_font(("sans-serif", 13))
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .position(SeriesLabelPosition::UpperRight)
-                .draw()
                 .map_err(fail)?;
+            let y = 40 + 20 * i as i32;
+            legend_area
+                .draw(&PathElement::new(vec![(4, y), (28, y)], color.stroke_width(3)))
+                .map_err(fail)?;
+            legend_area.draw(&Text::new(label.as_str(), (34, y - 7), ("sans-serif", 13))).map_err(fail)?;
         }
     }
     root.present().map_err(fail)?;
     Ok(())
+}
+
+/// `v` with an SI prefix and at most 3 significant decimals: 1.4M, 250k, 0.5.
+pub fn si(v: f64) -> String {
+    let a = v.abs();
+    let (scale, prefix) = [(1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")]
+        .into_iter()
+        .find(|(scale, _)| a >= *scale)
+        .unwrap_or((1.0, ""));
+    let digits = format!("{:.2}", v / scale);
+    let digits = digits.trim_end_matches('0').trim_end_matches('.');
+    format!("{digits}{prefix}")
+}
+
+/// A line's colour, from its label: the same VP has the same colour in every chart.
+pub fn colour_of(label: &str) -> RGBAColor {
+    // FNV-1a: stable across runs and builds, unlike the standard library's hasher.
+    let hash =
+        label.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    Palette99::pick((hash % 99) as usize).to_rgba()
 }
 
 /// The largest image `plot` draws, in bytes of its bitmap (3 per pixel): every chart together.
@@ -607,6 +626,20 @@ mod tests {
             }
             Ok(())
         }
+    }
+
+    #[test]
+    fn ticks_are_si_scaled_and_colours_follow_the_vp() {
+        assert_eq!(si(1_400_000.0), "1.4M");
+        assert_eq!(si(250_000.0), "250k");
+        assert_eq!(si(999.0), "999");
+        assert_eq!(si(0.5), "0.5");
+        assert_eq!(si(0.0), "0");
+        assert_eq!(si(2.5e9), "2.5G");
+        assert_eq!(colour_of("web VP 1"), colour_of("web VP 1"));
+        let distinct: std::collections::HashSet<_> =
+            (0..8).map(|i| format!("{:?}", colour_of(&format!("web VP {i}")))).collect();
+        assert!(distinct.len() >= 6, "{distinct:?}");
     }
 
     #[test]
