@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use hvstats::text::Escaped;
 use hvstats::{Hypervisor, InstanceConfig};
 use hvstats_kvm::observe::publication;
 use hvstats_kvm::observe::{ObserveOptions, Observer, ObserverEvent, Procfs, Targets, raise_fd_limit};
@@ -100,10 +101,12 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
     match event {
         ObserverEvent::Attached { pid, name, vmm, vcpus, partition, fds, qmp_error } => {
             let mut s = format!(
-                "attach pid {pid} ({vmm}) \"{name}\": {vcpus} vCPUs as partition {partition}, {fds} counters open"
+                "attach pid {pid} ({}) \"{}\": {vcpus} vCPUs as partition {partition}, {fds} counters open",
+                Escaped(vmm),
+                Escaped(name)
             );
             if let Some(e) = qmp_error {
-                s.push_str(&format!("; KVM statistics through QMP unavailable: {e}"));
+                s.push_str(&format!("; KVM statistics through QMP unavailable: {}", Escaped(&e.to_string())));
             }
             s
         }
@@ -122,7 +125,10 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
                 hvstats_kvm::observe::KvmExitState::Undecided => "undecided",
             }
         ),
-        ObserverEvent::Detached { pid, name } => format!("detach pid {pid} \"{name}\": the process exited"),
+        // A VM's name is what its VMM's command line or QMP says: escaped, it cannot forge a line.
+        ObserverEvent::Detached { pid, name } => {
+            format!("detach pid {pid} \"{}\": the process exited", Escaped(name))
+        }
         ObserverEvent::Failed { pid, error } => format!("cannot observe pid {pid}: {error}"),
     }
 }
@@ -130,4 +136,18 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
 /// A line on stderr; a closed stderr is ignored.
 fn log(line: &str) {
     let _ = writeln!(std::io::stderr(), "hvstats observe: {line}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_vm_name_cannot_forge_a_log_line() {
+        let event =
+            ObserverEvent::Detached { pid: 7, name: "dup\nhvstats observe: attach pid 1\u{1b}[2J".into() };
+        let line = describe(&event);
+        assert_eq!(line, r#"detach pid 7 "dup\nhvstats observe: attach pid 1\u{1b}[2J": the process exited"#);
+        assert!(!line.contains('\n') && !line.contains('\u{1b}'));
+    }
 }

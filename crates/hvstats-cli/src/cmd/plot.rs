@@ -459,10 +459,14 @@ pub fn si(v: f64) -> String {
 
 /// A line's colour, from its label: the same VP has the same colour in every chart.
 pub fn colour_of(label: &str) -> RGBAColor {
-    // FNV-1a: stable across runs and builds, unlike the standard library's hasher.
-    let hash =
+    // FNV-1a, then the splitmix64 finaliser so labels that differ in one character spread over
+    // the palette: stable across runs and builds, unlike the standard library's hasher.
+    let mut h =
         label.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
-    Palette99::pick((hash % 99) as usize).to_rgba()
+    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^= h >> 31;
+    Palette99::pick((h % Palette99::COLORS.len() as u64) as usize).to_rgba()
 }
 
 /// The largest image `plot` draws, in bytes of its bitmap (3 per pixel): every chart together.
