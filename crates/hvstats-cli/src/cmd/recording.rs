@@ -339,12 +339,29 @@ impl<R: BufRead> SampleReader<R> {
         mut visit: impl FnMut(VpAt<'_>) -> anyhow::Result<()>,
     ) -> anyhow::Result<Option<f64>> {
         let Some((n, line)) = self.next_line()? else { return Ok(None) };
-        let mut de = serde_json::Deserializer::from_slice(&line);
-        let seed = stream::SampleSeed { header: &self.header, visit: &mut visit };
-        let t = serde::de::DeserializeSeed::deserialize(seed, &mut de)
-            .and_then(|t| de.end().map(|()| t))
-            .with_context(|| format!("line {n} is not a sample"))?;
-        Ok(Some(t))
+        let parse = |t: Option<f64>, visit: &mut dyn FnMut(VpAt<'_>) -> anyhow::Result<()>| {
+            let mut de = serde_json::Deserializer::from_slice(&line);
+            let mut t_late = false;
+            let seed = stream::SampleSeed { header: &self.header, t, t_late: &mut t_late, visit };
+            let result =
+                serde::de::DeserializeSeed::deserialize(seed, &mut de).and_then(|t| de.end().map(|()| t));
+            (result, t_late)
+        };
+        let (result, t_late) = parse(None, &mut visit);
+        let result = if t_late {
+            // "t" after the partitions (a tool rewrote the line with its keys sorted): nothing was
+            // visited yet; find "t" first, skipping the rest, and read the line again.
+            #[derive(Deserialize)]
+            struct Time {
+                t: f64,
+            }
+            let time: Time =
+                serde_json::from_slice(&line).with_context(|| format!("line {n} is not a sample"))?;
+            parse(Some(time.t), &mut visit).0
+        } else {
+            result
+        };
+        Ok(Some(result.with_context(|| format!("line {n} is not a sample"))?))
     }
 
     /// The next whole line and its number; `None` at the end or at a last line cut short.
@@ -402,8 +419,9 @@ pub struct VpKey {
 }
 
 /// The sample parser of [`SampleReader::next_with`]: serde seeds that hand each VP on as soon as
-/// it is parsed. A sample lists `t` before its partitions, and a partition its identity before its
-/// VPs, as `record` writes them; another order is an error.
+/// it is parsed. `record` writes `t` before the partitions and a partition's identity before its
+/// VPs; a line whose keys come in another order (rewritten by a tool) still reads: its `t` is
+/// found first, and a partition's VPs wait for its identity.
 mod stream {
     use std::fmt;
 
@@ -415,6 +433,10 @@ mod stream {
 
     pub(super) struct SampleSeed<'h, 'v, 'f> {
         pub header: &'h Header,
+        /// The sample's time when known before parsing.
+        pub t: Option<f64>,
+        /// Set when the partitions came before `t` (and `t` was not known): nothing was visited.
+        pub t_late: &'f mut bool,
         pub visit: &'f mut Visit<'v>,
     }
 
@@ -431,12 +453,15 @@ mod stream {
             f.write_str("a sample")
         }
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<f64, A::Error> {
-            let (mut t, mut partitions) = (None, false);
+            let (mut t, mut partitions) = (self.t, false);
             while let Some(key) = map.next_key::<String>()? {
                 match key.as_str() {
                     "t" => t = Some(map.next_value::<f64>()?),
                     "partitions" => {
-                        let t = t.ok_or_else(|| de::Error::custom("\"partitions\" before \"t\""))?;
+                        let Some(t) = t else {
+                            *self.t_late = true;
+                            return Err(de::Error::custom("\"partitions\" before \"t\""));
+                        };
                         map.next_value_seed(Partitions { t, header: self.header, visit: &mut *self.visit })?;
                         partitions = true;
                     }
@@ -500,6 +525,7 @@ mod stream {
         }
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
             let (mut vm, mut instance, mut partition) = (None::<String>, None::<String>, None::<u64>);
+            let mut early: Option<Vec<VpSample>> = None;
             while let Some(key) = map.next_key::<String>()? {
                 match key.as_str() {
                     "vm" => vm = Some(map.next_value()?),
@@ -515,9 +541,10 @@ mod stream {
                     }
                     "vps" => {
                         let (Some(vm), Some(instance), Some(partition)) = (&vm, &instance, partition) else {
-                            return Err(de::Error::custom(
-                                "a partition's VPs come before its vm, instance and id",
-                            ));
+                            // The VPs before the partition's identity (keys in another order than
+                            // `record` writes): this partition's VPs are kept until it is known.
+                            early = Some(map.next_value::<Vec<VpSample>>()?);
+                            continue;
                         };
                         map.next_value_seed(Vps {
                             t: self.t,
@@ -531,6 +558,20 @@ mod stream {
                     _ => {
                         map.next_value::<IgnoredAny>()?;
                     }
+                }
+            }
+            if let Some(vps) = early {
+                let (Some(vm), Some(instance), Some(partition)) = (&vm, &instance, partition) else {
+                    return Err(de::Error::custom("a partition without its vm, instance or id"));
+                };
+                for vp in vps {
+                    if !fits(self.header, &vp) {
+                        return Err(de::Error::custom(
+                            "a sample's values do not match the header's counters",
+                        ));
+                    }
+                    let at = VpAt { t: self.t, vm, instance, partition, vp };
+                    (self.visit)(at).map_err(|e| de::Error::custom(format!("{e:#}")))?;
                 }
             }
             Ok(())
