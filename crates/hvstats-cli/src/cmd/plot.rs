@@ -429,8 +429,10 @@ pub fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, charts: &[Chart])
             .label_style(("sans-serif", 14))
             .draw()
             .map_err(fail)?;
+        let mut used = [false; LINE_COLOURS.len()];
         for (i, (label, points)) in c.series.iter().enumerate() {
-            let color = colour_of(label);
+            let (r, g, b) = LINE_COLOURS[colour_index(label, &mut used)];
+            let color = RGBColor(r, g, b).to_rgba();
             chart
                 .draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))
                 .map_err(fail)?;
@@ -457,8 +459,29 @@ pub fn si(v: f64) -> String {
     format!("{digits}{prefix}")
 }
 
-/// A line's colour, from its label: the same VP has the same colour in every chart.
-pub fn colour_of(label: &str) -> RGBAColor {
+/// The colours of lines: distinct, and dark enough to read on white (plotters' `Palette99` less
+/// its pale ones).
+pub const LINE_COLOURS: [(u8, u8, u8); 14] = [
+    (230, 25, 75),
+    (60, 180, 75),
+    (0, 130, 200),
+    (245, 130, 48),
+    (145, 30, 180),
+    (240, 50, 230),
+    (0, 128, 128),
+    (170, 110, 40),
+    (128, 0, 0),
+    (128, 128, 0),
+    (0, 0, 128),
+    (128, 128, 128),
+    (0, 0, 0),
+    (70, 190, 190),
+];
+
+/// A line's colour (an index into [`LINE_COLOURS`]), from its label: the same VP has the same colour
+/// in every chart, unless another line of the chart has it already (`used`), then the next free
+/// one.
+pub fn colour_index(label: &str, used: &mut [bool]) -> usize {
     // FNV-1a, then the splitmix64 finaliser so labels that differ in one character spread over
     // the palette: stable across runs and builds, unlike the standard library's hasher.
     let mut h =
@@ -466,7 +489,14 @@ pub fn colour_of(label: &str) -> RGBAColor {
     h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     h ^= h >> 31;
-    Palette99::pick((h % Palette99::COLORS.len() as u64) as usize).to_rgba()
+    let n = used.len().max(1);
+    let first = (h % n as u64) as usize;
+    let free = (0..n).map(|k| (first + k) % n).find(|&i| !used.get(i).copied().unwrap_or(true));
+    let i = free.unwrap_or(first);
+    if let Some(u) = used.get_mut(i) {
+        *u = true;
+    }
+    i
 }
 
 /// The largest image `plot` draws, in bytes of its bitmap (3 per pixel): every chart together.
@@ -640,10 +670,14 @@ mod tests {
         assert_eq!(si(0.5), "0.5");
         assert_eq!(si(0.0), "0");
         assert_eq!(si(2.5e9), "2.5G");
-        assert_eq!(colour_of("web VP 1"), colour_of("web VP 1"));
-        let distinct: std::collections::HashSet<_> =
-            (0..8).map(|i| format!("{:?}", colour_of(&format!("web VP {i}")))).collect();
-        assert!(distinct.len() >= 6, "{distinct:?}");
+        // The same VP, the same colour, chart after chart; within a chart, twelve lines, twelve
+        // colours.
+        let fresh = || [false; LINE_COLOURS.len()];
+        assert_eq!(colour_index("web VP 1", &mut fresh()), colour_index("web VP 1", &mut fresh()));
+        let mut used = fresh();
+        let chart: std::collections::HashSet<usize> =
+            (0..12).map(|i| colour_index(&format!("web VP {i}"), &mut used)).collect();
+        assert_eq!(chart.len(), 12);
     }
 
     #[test]
