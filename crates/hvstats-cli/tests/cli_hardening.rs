@@ -464,6 +464,13 @@ fn outputs_never_follow_planted_links_never_wait_on_fifos_and_replace_only_with_
         assert!(names.is_empty(), "{names:?}");
     }
 
+    // A path that cannot be written: one plain sentence, the whole chain, no Debug dump.
+    let o = plot(&dir.path().join("no-such-dir").join("c.png"), false);
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(err.contains("cannot create a file in") && err.contains("No such file or directory"), "{err}");
+    assert!(!err.contains("Os {") && !err.contains("kind:"), "{err}");
+
     // The attack itself: in a shared sticky directory another user plants the output's name as a
     // link to one of root's files (with fs.protected_symlinks=0 the kernel follows it for root).
     if !is_root() {
