@@ -7,6 +7,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 mod cmd;
 mod input;
 mod output;
+mod output_file;
 mod signals;
 
 use output::{ExitStatus, note};

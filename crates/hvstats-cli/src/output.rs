@@ -109,13 +109,17 @@ pub fn print_fmt(args: fmt::Arguments<'_>) -> Result<(), OutputError> {
 /// A write error other than a closed reader.
 pub fn print_json(value: &impl Serialize, pretty: bool) -> Result<(), OutputError> {
     with_stdout(|out| {
+        // Standard output flushes at every newline: buffered here, a large document is written
+        // in large pieces, not one system call per line.
+        let mut out = io::BufWriter::with_capacity(64 << 10, out);
         let r = if pretty {
-            serde_json::to_writer_pretty(&mut *out, value)
+            serde_json::to_writer_pretty(&mut out, value)
         } else {
-            serde_json::to_writer(&mut *out, value)
+            serde_json::to_writer(&mut out, value)
         };
         r.map_err(io::Error::from)?;
-        out.write_all(b"\n")
+        out.write_all(b"\n")?;
+        out.flush()
     })
 }
 

@@ -239,3 +239,79 @@ fn a_held_allocation_is_freed_on_sigterm() {
     let v = json(&run(d, Some(PMU), &["list", "--json"]));
     assert_eq!(v["holders"], Value::Array(vec![]));
 }
+
+/// The attack on a runtime directory another user can write: `nobody` owns it, root allocates a
+/// tag, `nobody` moves `hwc/` aside, root allocates the same tag again. The tag must never be
+/// granted twice: the directory is refused as instances' directories are, before anything is
+/// granted.
+#[test]
+fn a_runtime_dir_another_user_can_write_is_refused_so_nothing_is_granted_twice() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("skipped: needs root (the test hands the directory to nobody)");
+        return;
+    }
+    let tmp = TempDir::new("hwc-nobody");
+    let d = tmp.path().join("rt");
+    std::fs::create_dir(&d).unwrap();
+    std::os::unix::fs::chown(&d, Some(65534), Some(65534)).unwrap();
+    let alloc = || {
+        let o = run(&d, Some(PMU), &["alloc", "--cpus", "0", "--tag", "5", "--json"]);
+        let granted = o.status.success().then(|| json(&o)["handle"].as_u64().unwrap());
+        (granted, String::from_utf8_lossy(&o.stderr).into_owned())
+    };
+    let (first, why) = alloc();
+    if first.is_some() {
+        // What nobody does to a table it can reach: move it aside.
+        let o = Command::new("mv").arg(d.join("hwc")).arg(d.join("aside")).uid(65534).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let (second, _) = alloc();
+    assert!(first.is_none() || second.is_none(), "tag 5 granted twice: handles {first:?} and {second:?}");
+    assert!(first.is_none(), "a runtime directory owned by nobody was used");
+    assert!(why.contains("belongs to uid 65534") && why.contains(d.to_str().unwrap()), "{why}");
+    assert!(!d.join("hwc").exists(), "nothing is created in a refused directory");
+
+    // Root's, but writable by everyone (even sticky): refused the same way.
+    std::os::unix::fs::chown(&d, Some(0), Some(0)).unwrap();
+    for mode in [0o777, 0o1777, 0o775] {
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(mode)).unwrap();
+        let (granted, why) = alloc();
+        assert_eq!(granted, None, "mode {mode:o}");
+        assert!(why.contains("writable by group or others"), "{why}");
+        let o = run(&d, Some(PMU), &["list"]);
+        assert_eq!(o.status.code(), Some(1));
+    }
+    // Made safe, it works, and the same tag is then refused while held.
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (granted, why) = alloc();
+    assert_eq!(granted, Some(1), "{why}");
+    assert_eq!(alloc().0, None, "tag 5 is held");
+}
+
+#[test]
+fn a_holder_name_with_control_characters_is_listed_escaped() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = TempDir::new("hwc-name");
+    let d = tmp.path();
+    // A table as another process left it: its holder's name is what that process called itself.
+    let o = run(d, Some(PMU), &["alloc", "--cpus", "0", "--counter", "0"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let table = d.join("hwc").join("table.json");
+    let mut v: Value = serde_json::from_slice(&std::fs::read(&table).unwrap()).unwrap();
+    v["records"][0]["holder"]["name"] = "evil\nHANDLE forged\u{1b}[2J".into();
+    std::fs::write(&table, serde_json::to_vec(&v).unwrap()).unwrap();
+    std::fs::set_permissions(&table, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let o = run(d, Some(PMU), &["list"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = stdout(&o);
+    assert!(!text.contains('\u{1b}') && !text.lines().any(|l| l.starts_with("HANDLE forged")), "{text:?}");
+    assert!(text.contains(r"evil\nHANDLE forged\u{1b}[2J"), "{text}");
+    // JSON keeps it exact.
+    assert_eq!(
+        json(&run(d, Some(PMU), &["list", "--json"]))["holders"][0]["process"],
+        "evil\nHANDLE forged\u{1b}[2J"
+    );
+}

@@ -463,3 +463,195 @@ fn report_shows_what_a_1_0_page_or_an_older_recording_does_not_carry_as_unknown(
         assert!(new["cumulative"][n].is_null(), "{n}: {new}");
     }
 }
+
+/// A recording of `partitions` partitions of `vps` VPs each, `samples` samples a second apart, made
+/// from a real one-VP recording: its header, and its VP repeated with I/O exits growing by
+/// `io_step` per sample on every VP. Partition `p` is VM `vm-<p % names>` of instance `inst-<p>`.
+fn wide_recording(
+    tmp: &TempDir,
+    partitions: u32,
+    vps: u32,
+    samples: u32,
+    names: u32,
+    io_step: u64,
+) -> std::path::PathBuf {
+    let run = tmp.path().join("wide-run");
+    std::fs::create_dir_all(&run).unwrap();
+    let hv = Hypervisor::new_published(&run).unwrap();
+    let part = hv.create_partition(1).unwrap();
+    part.vp_page(0).unwrap().set(vp::IO_INSTRUCTIONS, 1_000_000);
+    let seed = tmp.path().join("seed.ndjson");
+    let _ = std::fs::remove_file(&seed);
+    let out = hvstats(&["record", "-q", "--duration", "0.1", "--runtime-dir", path(&run), "-o", path(&seed)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&seed).unwrap();
+    let mut lines = text.lines();
+    let header = lines.next().unwrap().to_owned();
+    let sample: Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+    let head: Value = serde_json::from_str(&header).unwrap();
+    let io = head["catalog"]["vp"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .position(|c| c["name"] == name(vp::IO_INSTRUCTIONS))
+        .unwrap();
+    let mut vp_json = sample["partitions"][0]["vps"][0].clone();
+    let file = tmp.path().join("wide.ndjson");
+    let mut w = std::io::BufWriter::new(std::fs::File::create(&file).unwrap());
+    use std::io::Write;
+    writeln!(w, "{header}").unwrap();
+    for s in 0..samples {
+        vp_json["values"][io] = (1_000_000 + io_step * u64::from(s)).into();
+        write!(w, "{{\"t\":{s}.0,\"partitions\":[").unwrap();
+        for p in 0..partitions {
+            let sep = if p == 0 { "" } else { "," };
+            write!(
+                w,
+                "{sep}{{\"vm\":\"vm-{}\",\"instance\":\"inst-{p}\",\"partition\":1,\"active\":true,\"vps\":[",
+                p % names
+            )
+            .unwrap();
+            for i in 0..vps {
+                vp_json["vp"] = i.into();
+                let sep = if i == 0 { "" } else { "," };
+                write!(w, "{sep}{vp_json}").unwrap();
+            }
+            write!(w, "]}}").unwrap();
+        }
+        writeln!(w, "]}}").unwrap();
+    }
+    w.flush().unwrap();
+    file
+}
+
+/// Runs hvstats with `args` under `/usr/bin/time`, its standard output drained; returns its
+/// output (standard error without time's line) and its peak resident memory in KiB. (`time` forks
+/// hvstats from a small process: a child of this test would inherit the test's own peak.)
+fn peak_kib(args: &[&str]) -> (Output, u64) {
+    let started = std::time::Instant::now();
+    let mut out = Command::new("/usr/bin/time")
+        .args(["-f", "peak-kib %M"])
+        .arg(env!("CARGO_BIN_EXE_hvstats"))
+        .args(args)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let (rest, peak) = stderr.trim_end().rsplit_once("peak-kib ").unwrap_or_else(|| panic!("{stderr}"));
+    let peak = peak.parse().unwrap();
+    out.stderr = rest.as_bytes().to_vec();
+    println!("{:?}: {peak} KiB peak, {:.1} s", args.first(), started.elapsed().as_secs_f64());
+    (out, peak)
+}
+
+/// Peak memory of `report --json`, `report` and `plot` over a recording of `partitions` × 100 VPs
+/// (3 samples), in KiB.
+fn peaks_over(tmp: &TempDir, partitions: u32) -> [u64; 3] {
+    let file = wide_recording(tmp, partitions, 100, 3, partitions, 500);
+    let vps = partitions as usize * 100;
+    let size_kib = std::fs::metadata(&file).unwrap().len() / 1024;
+    println!("recording: {size_kib} KiB, {vps} VPs, 3 samples");
+    let (out, report) = peak_kib(&["report", "--json", path(&file)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Every VP, each with its 1000 I/O exits (counted in the text: parsing every report here
+    // would cost this test more than the command).
+    let json = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(json.matches("\"instance\": \"inst-").count(), vps);
+    let io = format!("\"{}\": 1000", name(vp::IO_INSTRUCTIONS));
+    assert_eq!(json.matches(&io).count(), vps, "{}", &json[..4000]);
+    drop(json);
+    let (out, text) = peak_kib(&["report", path(&file)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let first = format!("3 samples over 2.00 s, {vps} VPs\n");
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with(&first));
+    let png = tmp.path().join("wide.png");
+    let (out, plot) = peak_kib(&["plot", path(&file), "-o", path(&png), "--force"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::remove_file(&file).unwrap();
+    [report, text, plot]
+}
+
+#[test]
+fn report_and_plot_hold_a_few_hundred_bytes_per_vp_not_kilobytes() {
+    // Whatever the recording's width, what report and plot keep per VP is a few compact readings
+    // and a few numbers: measured as the growth of the peak from 100 VPs to 20,000. (A sample
+    // parsed whole and two per VP kept whole cost about 40 KB a VP: 4 GB for 100,000.)
+    let tmp = TempDir::new("record-wide");
+    let small = peaks_over(&tmp, 1);
+    let wide = peaks_over(&tmp, 200);
+    for ((what, small), wide) in ["report --json", "report", "plot"].iter().zip(small).zip(wide) {
+        let per_vp = (wide.saturating_sub(small) * 1024) / (20_000 - 100);
+        println!("{what}: {small} KiB at 100 VPs, {wide} KiB at 20,000: {per_vp} bytes per VP");
+        // The line itself (about 700 bytes a VP here) and a packed reading or two.
+        assert!(per_vp < 1_500, "{what} holds {per_vp} bytes per VP");
+    }
+}
+
+#[test]
+fn a_line_longer_than_a_recording_line_may_be_is_refused_by_its_number() {
+    let tmp = TempDir::new("record-longline");
+    let file = wide_recording(&tmp, 1, 1, 2, 1, 1);
+    let mut text = std::fs::read(&file).unwrap();
+    // 129 MiB of digits on line 4, without a newline until the end.
+    text.extend(std::iter::repeat_n(b'7', 129 << 20));
+    text.push(b'\n');
+    std::fs::write(&file, &text).unwrap();
+    drop(text);
+    let (out, kib) = peak_kib(&["report", path(&file)]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("line 4 is longer than 134217728 bytes"), "{err}");
+    assert!(kib < 200 * 1024, "{kib} KiB");
+}
+
+#[test]
+fn two_vms_that_share_a_name_are_two_rows_named_alike() {
+    let tmp = TempDir::new("record-dup");
+    let file = wide_recording(&tmp, 2, 1, 3, 1, 100);
+    let out = hvstats(&["report", "--json", path(&file)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let vps = v["vps"].as_array().unwrap();
+    assert_eq!(vps.len(), 2, "{v}");
+    for (r, instance) in vps.iter().zip(["inst-0", "inst-1"]) {
+        assert_eq!((&r["vm"], &r["instance"], &r["samples"]), (&"vm-0".into(), &instance.into(), &3.into()));
+        assert_eq!(r["deltas"][name(vp::IO_INSTRUCTIONS)], 200);
+    }
+    let text = String::from_utf8(hvstats(&["report", path(&file)]).stdout).unwrap();
+    assert!(text.contains("vm-0 VP 0 (instance inst-0, partition 1;"), "{text}");
+    assert!(text.contains("vm-0 VP 0 (instance inst-1, partition 1;"), "{text}");
+    let svg = tmp.path().join("dup.svg");
+    let out = hvstats(&["plot", path(&file), "-o", path(&svg), "--counter", name(vp::IO_INSTRUCTIONS)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let chart = std::fs::read_to_string(&svg).unwrap();
+    assert!(chart.contains("vm-0 VP 0 [inst-0:1]") && chart.contains("vm-0 VP 0 [inst-1:1]"), "two lines");
+}
+
+#[test]
+fn a_recording_in_which_nothing_moved_is_charted_flat() {
+    let tmp = TempDir::new("record-idle");
+    let file = wide_recording(&tmp, 1, 2, 4, 1, 0);
+    let svg = tmp.path().join("idle.svg");
+    let out = hvstats(&["plot", path(&file), "-o", path(&svg)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let chart = std::fs::read_to_string(&svg).unwrap();
+    // The first three maintained rates of the catalog, each flat at zero with both VPs.
+    assert_eq!(chart.matches("(no activity)").count(), 3, "{chart}");
+    assert!(chart.contains("vm-0 VP 0") && chart.contains("vm-0 VP 1"));
+}
+
+#[test]
+fn names_with_newlines_and_escape_codes_reach_the_report_escaped() {
+    let tmp = TempDir::new("record-names");
+    let file = wide_recording(&tmp, 1, 1, 2, 1, 7);
+    let text =
+        std::fs::read_to_string(&file).unwrap().replace("\"vm-0\"", "\"evil\\nVP 9 forged\\u001b[2J\"");
+    std::fs::write(&file, text).unwrap();
+    let out = hvstats(&["report", path(&file)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(!text.contains('\x1b') && !text.contains("\nVP 9 forged"), "{text:?}");
+    assert!(text.contains(r"evil\nVP 9 forged\u{1b}[2J VP 0 (instance inst-0"), "{text}");
+    // JSON keeps the name as it is (its encoder escapes it).
+    let v: Value = serde_json::from_slice(&hvstats(&["report", "--json", path(&file)]).stdout).unwrap();
+    assert_eq!(v["vps"][0]["vm"], "evil\nVP 9 forged\u{1b}[2J");
+}

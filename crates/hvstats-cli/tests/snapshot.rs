@@ -433,3 +433,53 @@ fn snapshot_reads_an_arena_of_1_0_pages_and_shows_the_1_1_counters_as_unknown() 
     let row = table.lines().find(|l| l.trim_start().starts_with(&total(vp::CPUID_INSTRUCTIONS))).unwrap();
     assert_eq!(row.split_whitespace().rev().take(2).collect::<Vec<_>>(), ["0", "63"], "{row}");
 }
+
+#[test]
+fn names_and_reasons_from_publishers_reach_the_terminal_escaped() {
+    let tmp = TempDir::new("escaped");
+    let hv = publish_with(
+        tmp.path(),
+        InstanceConfig {
+            description: hvstats::InstanceDescription {
+                kind: "observer".into(),
+                name: "qemu\n\x1b]0;owned\x07".into(),
+            },
+            ..Default::default()
+        },
+    );
+    let part = hv.create_partition_named(1, "evil\ninstance 1 (pid 1)\x1b[2J").unwrap();
+    part.stop("VP 0\nforged line");
+    let (ok, table) = snapshot(tmp.path(), false);
+    assert!(ok);
+    assert!(!table.contains('\x1b') && !table.contains('\x07'), "{table:?}");
+    assert!(!table.lines().any(|l| l.starts_with("instance 1 (pid 1)") || l == "forged line)"), "{table}");
+    assert!(table.contains(r"observer: qemu\n\u{1b}]0;owned\u{7})"), "{table}");
+    assert!(
+        table.contains(r#"partition 1 "evil\ninstance 1 (pid 1)\u{1b}[2J" (stopped: VP 0\nforged line)"#),
+        "{table}"
+    );
+}
+
+#[test]
+fn why_a_page_is_unreadable_goes_to_standard_error() {
+    let tmp = TempDir::new("unreadable-stderr");
+    let hv = publish_with(
+        tmp.path(),
+        InstanceConfig { page_access: hvstats::PageAccess { group: Some(65534) }, ..Default::default() },
+    );
+    hv.create_partition(1).unwrap();
+    if euid() != 0 || !Path::new("/usr/bin/setpriv").exists() {
+        println!("skipped: needs root and setpriv to read as another user");
+        return;
+    }
+    let out = Command::new("/usr/bin/setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", env!("CARGO_BIN_EXE_hvstats")])
+        .args(["snapshot", "--runtime-dir"])
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("    hypervisor: unreadable\n"), "{stdout}");
+    assert!(!stdout.contains("ermission denied"), "the reason is not table text: {stdout}");
+    assert!(stderr.contains("hypervisor: unreadable: ") && stderr.contains("ermission denied"), "{stderr}");
+}

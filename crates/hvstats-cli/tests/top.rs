@@ -454,3 +454,16 @@ fn once_tells_two_vms_of_one_name_apart_and_shows_the_chosen_fields() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("no column \"MSR cost\"") && stderr.contains("MSR µs"), "{stderr}");
 }
+
+#[test]
+fn a_vm_name_with_control_characters_is_shown_escaped() {
+    let tmp = TempDir::new("top-name");
+    let hv = common::publish(tmp.path());
+    let _part = hv.create_partition_named(1, "dup\n  VP 9 forged\u{1b}[2J").unwrap();
+    let out = top(tmp.path(), &["--once", "--interval", "0.1"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(!text.contains('\u{1b}') && !text.lines().any(|l| l.starts_with("  VP 9 forged")), "{text:?}");
+    // Escaped, then cut to the label column.
+    assert!(text.lines().any(|l| l.starts_with(r"dup\n  VP 9 forged\u{1b} ")), "{text}");
+}

@@ -30,6 +30,7 @@ pub mod rules;
 pub mod runtime_dir;
 pub mod sched;
 pub mod snapshot;
+pub mod text;
 pub mod trust;
 pub mod whv;
 

@@ -105,6 +105,14 @@ fn visible_chunks(announced: usize, file_size: u64) -> usize {
     announced.min(held).min(crate::arena::MAX_SLOTS / CHUNK_SLOTS)
 }
 
+/// True when storage backs at least half of the first `bytes` of the file `st` describes. A
+/// publisher allocates each chunk when it makes it (`posix_fallocate`), so its arena is backed
+/// whole; a file that is mostly holes was not made by one, and is read without mapping it.
+fn backed(st: &libc::stat, bytes: usize) -> bool {
+    let allocated = u64::try_from(st.st_blocks).unwrap_or(0).saturating_mul(512);
+    allocated >= (bytes as u64) / 2
+}
+
 impl ArenaReader {
     /// Reads the header of `file` and maps it when that is safe.
     ///
@@ -184,10 +192,21 @@ impl ArenaReader {
         if announced <= self.chunks && !unmapped {
             return Ok(false);
         }
-        let size = runtime_dir::fstat(self.file.as_fd())?.st_size;
-        let chunks = visible_chunks(announced, u64::try_from(size).unwrap_or(0));
+        let st = runtime_dir::fstat(self.file.as_fd())?;
+        let chunks = visible_chunks(announced, u64::try_from(st.st_size).unwrap_or(0));
         if chunks <= self.chunks && !unmapped {
             return Ok(false);
+        }
+        if let Access::Mapped { ptr, len } = self.access
+            && !backed(&st, index::file_bytes(chunks))
+        {
+            // Holes where a publisher's chunks would be: read with pread rather than map address
+            // space no storage backs (a sparse file claiming every chunk would map 1.3 GB).
+            if len > 0 {
+                // SAFETY: our previous mapping; nothing borrows it past this call.
+                unsafe { libc::munmap(ptr.as_ptr().cast(), len) };
+            }
+            self.access = Access::Pread;
         }
         if let Access::Mapped { ptr, len } = self.access {
             let new_len = index::file_bytes(chunks);

@@ -141,6 +141,37 @@ fn numbers_in_the_index_are_not_trusted_for_sizes() {
     drop(file);
 }
 
+#[test]
+fn a_sparse_arena_claiming_every_chunk_is_read_without_mapping_it() {
+    let tmp = TempDir::new("sparse-arena");
+    let hv = publish(&tmp.0).unwrap();
+    let p = hv.create_partition(2).unwrap();
+    p.vp_page(1).unwrap().set(vp::HYPERCALLS, 3);
+    let path = hv.published_path().unwrap();
+    let before = hvstats::reader::ArenaReader::open(std::fs::File::open(&path).unwrap()).unwrap();
+    assert!(before.is_mapped(), "a publisher's arena is mapped");
+    // The largest arena a publisher makes (16,384 chunks, 1.3 GB), as a hole: nothing backs it.
+    let most = hvstats::arena::MAX_SLOTS / index::CHUNK_SLOTS;
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+    use std::os::unix::fs::FileExt;
+    file.write_all_at(&(most as u64).to_le_bytes(), 4 * 8).unwrap(); // header: chunks
+    file.set_len(index::file_bytes(most) as u64).unwrap();
+    let reader = hvstats::reader::ArenaReader::open(std::fs::File::open(&path).unwrap()).unwrap();
+    assert!(!reader.is_mapped(), "1.3 GB of holes mapped");
+    assert_eq!(reader.slots(), most * index::CHUNK_SLOTS);
+    // A reader that mapped it before stops mapping when it follows the growth.
+    let mut before = before;
+    before.grow().unwrap();
+    assert!(!before.is_mapped());
+    // And what the arena holds still reads.
+    let mut attach = Attach::new(&tmp.0);
+    attach.refresh().unwrap();
+    let instance = attach.instances_mut().next().unwrap();
+    let snap = instance.snapshot();
+    assert_eq!(snap.partitions[0].vps[1].reading.get("Hypercalls/sec"), Some(3));
+    drop(file);
+}
+
 /// A process running as `uid` that holds the publisher's lock on `path` through its own open file
 /// until dropped, as a publisher run by that user would.
 struct Holder(std::process::Child);

@@ -11,6 +11,7 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 use hvstats::hwc::pmu::MAX_PROCESSORS;
 use hvstats::hwc::{Allocation, Allocator, CounterSetHandle, CpuSet, HwcError, Lifetime, PMU_ENV, PmuShape};
+use hvstats::text::Escaped;
 use hvstats_abi::hal::{
     GroupAffinity, NtStatus, PhysicalCounterResourceDescriptor as Descriptor, PhysicalCounterResourceList,
 };
@@ -219,7 +220,7 @@ fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
                 "  {:<8} {:<8} {:<16} {:<28} {:<12} {}\n",
                 a.handle.raw(),
                 a.holder.pid,
-                a.holder.name,
+                Escaped(&a.holder.name),
                 lifetime_text(a),
                 a.cpus.to_string(),
                 a.resources

@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use hvstats::text::Escaped;
 use hvstats::{Hypervisor, InstanceConfig};
 use hvstats_kvm::mshv::{self, MshvEvent, MshvObserver};
 use hvstats_kvm::observe::publication;
@@ -228,7 +229,9 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
     match event {
         ObserverEvent::Attached { pid, name, vmm, vcpus, partition, fds, threads, left_out, qmp_error } => {
             let mut s = format!(
-                "attach pid {pid} ({vmm}) {name:?}: {vcpus} vCPUs as partition {partition}, {fds} counters open"
+                "attach pid {pid} ({}) \"{}\": {vcpus} vCPUs as partition {partition}, {fds} counters open",
+                Escaped(vmm),
+                Escaped(name)
             );
             if *left_out > 0 {
                 s.push_str(&format!(
@@ -238,7 +241,7 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
                 ));
             }
             if let Some(e) = qmp_error {
-                s.push_str(&format!("; KVM statistics through QMP unavailable: {e}"));
+                s.push_str(&format!("; KVM statistics through QMP unavailable: {}", Escaped(&e.to_string())));
             }
             s
         }
@@ -257,11 +260,14 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
                 hvstats_kvm::observe::KvmExitState::Undecided => "undecided",
             }
         ),
-        ObserverEvent::Detached { pid, name } => format!("detach pid {pid} {name:?}: the process exited"),
-        ObserverEvent::Deferred { pid, reason } => {
-            format!("pid {pid} not observed for now (retried): {reason}")
+        // A VM's name is what its VMM's command line or QMP says: escaped, it cannot forge a line.
+        ObserverEvent::Detached { pid, name } => {
+            format!("detach pid {pid} \"{}\": the process exited", Escaped(name))
         }
-        ObserverEvent::Failed { pid, error } => format!("cannot observe pid {pid}: {error}"),
+        ObserverEvent::Deferred { pid, reason } => {
+            format!("pid {pid} not observed for now (retried): {}", Escaped(reason))
+        }
+        ObserverEvent::Failed { pid, error } => format!("cannot observe pid {pid}: {}", Escaped(error)),
     }
 }
 
@@ -275,13 +281,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_vm_name_cannot_forge_a_log_line_or_reach_the_terminal_raw() {
-        let name = "web\nhvstats observe: detach pid 1 \"db\"\u{1b}[2J".to_owned();
-        let line = describe(&ObserverEvent::Detached { pid: 7, name });
-        assert!(!line.contains('\n') && !line.contains('\u{1b}'), "{line}");
-        assert_eq!(
-            line,
-            r#"detach pid 7 "web\nhvstats observe: detach pid 1 \"db\"\u{1b}[2J": the process exited"#
-        );
+    fn a_vm_name_cannot_forge_a_log_line() {
+        let event =
+            ObserverEvent::Detached { pid: 7, name: "dup\nhvstats observe: attach pid 1\u{1b}[2J".into() };
+        let line = describe(&event);
+        assert_eq!(line, r#"detach pid 7 "dup\nhvstats observe: attach pid 1\u{1b}[2J": the process exited"#);
+        assert!(!line.contains('\n') && !line.contains('\u{1b}'));
     }
 }

@@ -6,7 +6,6 @@
 //! every host and no system font is needed.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::io::{BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -18,7 +17,11 @@ use hvstats_abi::{Counter, Presentation};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use crate::cmd::recording::{Header, Sample, SampleReader};
+use hvstats::text::Escaped;
+use hvstats_abi::histogram::Log2Histogram;
+
+use crate::cmd::recording::{Header, SampleReader, VpAt, VpKey, VpSample};
+use crate::output_file::OutputFile;
 
 /// The bundled font.
 const FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSansMono.ttf");
@@ -39,9 +42,13 @@ pub struct Args {
     /// rates).
     #[arg(long = "counter", value_name = "NAME")]
     counters: Vec<String>,
-    /// Chart size in pixels, WIDTHxHEIGHT of each counter's chart.
+    /// Chart size in pixels, WIDTHxHEIGHT of each counter's chart (all the charts together at most
+    /// 64 MiB of bitmap).
     #[arg(long, value_name = "WxH", default_value = "1000x360", value_parser = parse_size)]
     size: (u32, u32),
+    /// Replace CHART if it is an existing regular file (by writing a new file and renaming it).
+    #[arg(long)]
+    force: bool,
 }
 
 fn parse_size(s: &str) -> Result<(u32, u32), String> {
@@ -63,6 +70,13 @@ pub struct Chart {
     pub series: Vec<Series>,
     /// VPs not drawn (beyond [`MAX_SERIES`]).
     pub left_out: usize,
+}
+
+impl Chart {
+    /// True when every point drawn is 0: nothing moved.
+    pub fn is_flat(&self) -> bool {
+        self.series.iter().flat_map(|(_, p)| p).all(|&(_, v)| v == 0.0)
+    }
 }
 
 fn unit_of(c: &Counter) -> &'static str {
@@ -111,142 +125,258 @@ impl Slots {
     }
 }
 
-/// Calls `f(label, t, value)` with each VP's value of `counter` (at `slots`) over the interval
-/// from sample `a` to sample `b` (at `b`'s time): presented as the catalog says (a cost in µs), or
-/// for a histogram the p99 of what the interval recorded, in µs. A VP without a value for the
-/// interval is skipped.
-fn each_value(
-    counter: &'static Counter,
-    slots: Slots,
-    a: &Sample,
-    b: &Sample,
-    mut f: impl FnMut(String, f64, f64),
-) {
-    if matches!(slots, Slots::Missing) {
-        return;
-    }
-    for p in &b.partitions {
-        let Some(before) = a.partitions.iter().find(|q| q.vm == p.vm) else { continue };
-        for vp in &p.vps {
-            let Some(then) = before.vps.iter().find(|v| v.vp == vp.vp) else { continue };
-            let value = match slots {
-                Slots::Histogram(h) => {
-                    let delta = then.histogram(h).zip(vp.histogram(h)).and_then(|(x, y)| y.since(&x));
-                    match delta.and_then(|d| d.quantile_upper_ns(0.99)) {
-                        Some(ns) => ns as f64 / 1000.0,
-                        None => continue,
-                    }
-                }
-                Slots::Value { index, paired } => {
-                    let (Some(then), Some(now)) = (then.values.as_ref(), vp.values.as_ref()) else {
-                        continue;
-                    };
-                    let paired = match paired {
-                        Some(j) => match (then[j], now[j]) {
-                            (Some(x), Some(y)) => Some((x, y)),
-                            _ => continue,
-                        },
-                        None => None,
-                    };
-                    let (Some(before), Some(after)) = (then[index], now[index]) else { continue };
-                    let Some(shown) = present::over_interval(counter, before, after, b.t - a.t, paired)
-                    else {
-                        continue;
-                    };
-                    if counter.presentation == Presentation::Cost {
-                        shown.value / 1000.0
-                    } else {
-                        shown.value
-                    }
-                }
-                Slots::Missing => return,
-            };
-            f(format!("{} VP {}", p.vm, vp.vp), b.t, value);
+/// What a chart needs of a VP's previous sample to give its value over the next interval.
+#[derive(Clone)]
+enum Previous {
+    /// The counter's value and its paired count's.
+    Value(Option<u64>, Option<u64>),
+    /// The histogram.
+    Histogram(Option<Box<Log2Histogram>>),
+    /// Nothing (the counter is not in the recording).
+    Nothing,
+}
+
+impl Previous {
+    fn of(slots: Slots, vp: &VpSample) -> Self {
+        match slots {
+            Slots::Histogram(h) => Previous::Histogram(vp.histogram(h).map(Box::new)),
+            Slots::Value { index, paired } => {
+                let at = |i: usize| vp.values.as_ref().and_then(|v| v.get(i).copied().flatten());
+                Previous::Value(at(index), paired.and_then(at))
+            }
+            Slots::Missing => Previous::Nothing,
         }
     }
 }
 
-/// The charts of `counters`, from samples that `pairs` hands, each with the one before it, to
-/// the function it is given; it is called twice: once to find each chart's busiest VPs (the
-/// largest sum of values), once to collect their points. So a recording of any length is charted
-/// in the memory of two samples, the sums per VP and the points of the lines drawn.
+/// A VP's value of `counter` (at `slots`) over the `seconds` from `then` to `now`: presented as
+/// the catalog says (a cost in µs), or for a histogram the p99 of what the interval recorded, in
+/// µs. `None` when the interval has no value.
+fn interval_value(
+    counter: &'static Counter,
+    slots: Slots,
+    then: &Previous,
+    now: &VpSample,
+    seconds: f64,
+) -> Option<f64> {
+    match (slots, then) {
+        (Slots::Histogram(h), Previous::Histogram(then)) => {
+            let delta = vp_histogram_since(then.as_deref()?, now, h)?;
+            Some(delta.quantile_upper_ns(0.99)? as f64 / 1000.0)
+        }
+        (Slots::Value { paired: paired_slot, .. }, Previous::Value(before, before_paired)) => {
+            let Previous::Value(after, after_paired) = Previous::of(slots, now) else { return None };
+            let paired = match paired_slot {
+                Some(_) => Some((before_paired.as_ref().copied()?, after_paired?)),
+                None => None,
+            };
+            let shown = present::over_interval(counter, (*before)?, after?, seconds, paired)?;
+            Some(if counter.presentation == Presentation::Cost { shown.value / 1000.0 } else { shown.value })
+        }
+        _ => None,
+    }
+}
+
+fn vp_histogram_since(then: &Log2Histogram, now: &VpSample, h: usize) -> Option<Log2Histogram> {
+    now.histogram(h)?.since(then)
+}
+
+/// A VP as plot follows it through one pass over the recording.
+struct Track {
+    /// Its number, in order of first appearance (the same in every pass).
+    id: usize,
+    /// The sample it was last seen in.
+    seen: usize,
+    /// Per chart, what its value over the next interval needs.
+    previous: Vec<Previous>,
+}
+
+/// What a pass calls for each VP of each sample: `f(sample number, VP)`.
+type VisitVp<'a> = dyn FnMut(usize, VpAt<'_>) + 'a;
+
+/// One pass over a recording: calls its argument for each VP of each sample, in order.
+type Pass<'a> = dyn FnMut(&mut VisitVp<'_>) -> anyhow::Result<()> + 'a;
+
+/// Follows every VP through one pass, calling `value(chart, vp id, t, value)` for each chart's
+/// value of each VP over each interval between two consecutive samples it appears in; `first(vp
+/// id, at)` is called when a VP first appears.
+fn follow(
+    counters: &[&'static Counter],
+    slots: &[Slots],
+    pass: &mut Pass<'_>,
+    mut first: impl FnMut(usize, &VpAt<'_>),
+    mut value: impl FnMut(usize, usize, f64, f64),
+) -> anyhow::Result<()> {
+    let mut tracks: HashMap<VpKey, Track> = HashMap::new();
+    let mut times: Vec<f64> = Vec::new();
+    pass(&mut |n, at| {
+        if times.len() <= n {
+            times.resize(n + 1, at.t);
+        }
+        let key = at.key();
+        let fresh = tracks.len();
+        let track = tracks.entry(key).or_insert_with(|| {
+            first(fresh, &at);
+            Track { id: fresh, seen: usize::MAX, previous: vec![Previous::Nothing; slots.len()] }
+        });
+        let consecutive = n > 0 && track.seen == n - 1;
+        for (chart, (&counter, &slot)) in counters.iter().zip(slots).enumerate() {
+            if consecutive {
+                let seconds = at.t - times[n - 1];
+                if let Some(v) = interval_value(counter, slot, &track.previous[chart], &at.vp, seconds) {
+                    value(chart, track.id, at.t, v);
+                }
+            }
+            track.previous[chart] = Previous::of(slot, &at.vp);
+        }
+        track.seen = n;
+    })
+}
+
+/// The charts of `counters`, from two passes over the recording (each one VP at a time): one to
+/// find each chart's busiest VPs (the largest sum of values), one to collect their points. So a
+/// recording of any length and width is charted in the memory of one line, a few numbers per VP
+/// and the points of the lines drawn.
 fn charts_of(
     header: &Header,
     counters: &[&'static Counter],
-    mut pairs: impl FnMut(&mut dyn FnMut(&Sample, &Sample)) -> anyhow::Result<()>,
+    mut pass: impl FnMut(&mut VisitVp<'_>) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<Chart>> {
     let slots: Vec<Slots> = counters.iter().map(|c| Slots::of(header, c)).collect();
-    let mut sums: Vec<HashMap<String, f64>> = vec![HashMap::new(); counters.len()];
-    pairs(&mut |a, b| {
-        for ((counter, slots), sums) in counters.iter().zip(&slots).zip(&mut sums) {
-            each_value(counter, *slots, a, b, |label, _, value| *sums.entry(label).or_default() += value);
-        }
-    })?;
-    let drawn: Vec<Vec<String>> = sums
+    // Per VP: its label and its identity; per chart and VP: the sum of its values (None: no value).
+    let mut labels: Vec<(String, VpKey)> = Vec::new();
+    let mut sums: Vec<Vec<Option<f64>>> = vec![Vec::new(); counters.len()];
+    follow(
+        counters,
+        &slots,
+        &mut pass,
+        |id, at| {
+            debug_assert_eq!(id, labels.len());
+            labels.push((format!("{} VP {}", Escaped(at.vm), at.vp.vp), at.key()));
+        },
+        |chart, id, _, v| {
+            let sums = &mut sums[chart];
+            if sums.len() <= id {
+                sums.resize(id + 1, None);
+            }
+            *sums[id].get_or_insert(0.0) += v;
+        },
+    )?;
+    // Two VMs that share a name are told apart by their instance and partition.
+    let mut count: HashMap<&str, usize> = HashMap::new();
+    for (label, _) in &labels {
+        *count.entry(label).or_default() += 1;
+    }
+    let shown: Vec<String> = labels
         .iter()
-        .map(|sums| {
-            let mut by_sum: Vec<(&String, f64)> = sums.iter().map(|(l, s)| (l, *s)).collect();
-            by_sum.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(b.0)));
-            by_sum.into_iter().take(MAX_SERIES).map(|(l, _)| l.clone()).collect()
+        .map(|(label, key)| match count.get(label.as_str()) {
+            Some(&n) if n > 1 => format!("{label} [{}:{}]", Escaped(&key.instance), key.partition),
+            _ => label.clone(),
         })
         .collect();
-    let mut series: Vec<Vec<Series>> =
-        drawn.iter().map(|labels| labels.iter().map(|l| (l.clone(), Vec::new())).collect()).collect();
-    pairs(&mut |a, b| {
-        for ((counter, slots), lines) in counters.iter().zip(&slots).zip(&mut series) {
-            each_value(counter, *slots, a, b, |label, t, value| {
-                if let Some((_, points)) = lines.iter_mut().find(|(l, _)| *l == label) {
-                    points.push((t, value));
-                }
-            });
-        }
-    })?;
+    let drawn: Vec<Vec<usize>> = sums
+        .iter()
+        .map(|sums| {
+            let mut by_sum: Vec<(usize, f64)> =
+                sums.iter().enumerate().filter_map(|(id, s)| Some((id, (*s)?))).collect();
+            by_sum.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| shown[a.0].cmp(&shown[b.0])));
+            by_sum.into_iter().take(MAX_SERIES).map(|(id, _)| id).collect()
+        })
+        .collect();
+    let mut points: Vec<HashMap<usize, Vec<(f64, f64)>>> =
+        drawn.iter().map(|ids| ids.iter().map(|&id| (id, Vec::new())).collect()).collect();
+    follow(
+        counters,
+        &slots,
+        &mut pass,
+        |_, _| {},
+        |chart, id, t, v| {
+            if let Some(line) = points[chart].get_mut(&id) {
+                line.push((t, v));
+            }
+        },
+    )?;
     Ok(counters
         .iter()
-        .zip(series)
+        .zip(drawn)
+        .zip(points)
         .zip(&sums)
-        .map(|((&counter, series), sums)| Chart {
+        .map(|(((&counter, ids), mut points), sums)| Chart {
             counter,
             unit: unit_of(counter),
-            left_out: sums.len().saturating_sub(series.len()),
-            series,
+            left_out: sums.iter().flatten().count().saturating_sub(ids.len()),
+            series: ids
+                .iter()
+                .map(|&id| (shown[id].clone(), points.remove(&id).unwrap_or_default()))
+                .collect(),
         })
         .collect())
 }
 
-/// Streams the samples of the recording at `path`, each with the one before it, to `f`.
-fn stream_pairs(path: &Path, f: &mut dyn FnMut(&Sample, &Sample)) -> anyhow::Result<()> {
-    let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let mut reader =
-        SampleReader::new(BufReader::new(file)).with_context(|| format!("reading {}", path.display()))?;
-    let mut previous = None;
-    while let Some(sample) = reader.next().with_context(|| format!("reading {}", path.display()))? {
-        if let Some(before) = &previous {
-            f(before, &sample);
-        }
-        previous = Some(sample);
+/// Streams the VPs of the recording at `path`, with the number of their sample, to `f`.
+fn stream_vps(path: &Path, f: &mut VisitVp<'_>) -> anyhow::Result<()> {
+    let file = crate::input::open_regular(path)?;
+    let reading = || format!("reading {}", path.display());
+    let mut reader = SampleReader::new(BufReader::new(file)).with_context(reading)?;
+    let mut n = 0;
+    while reader
+        .next_with(|at| {
+            f(n, at);
+            Ok(())
+        })
+        .with_context(reading)?
+        .is_some()
+    {
+        n += 1;
     }
     Ok(())
 }
 
-/// The counters charted by default: the maintained VP rates that moved most between the `first`
-/// and `last` samples.
-pub fn busiest(header: &Header, first: &Sample, last: &Sample, n: usize) -> Vec<&'static Counter> {
-    let total = |s: &Sample, i: usize| -> u64 {
-        s.partitions.iter().flat_map(|p| &p.vps).filter_map(|v| *v.values.as_ref()?.get(i)?).sum()
-    };
+/// The counters charted by default: the maintained VP rates that moved most between the first
+/// and the last sample (totals over the VPs of each, `first` and `last`).
+pub fn busiest(header: &Header, first: &[u64], last: &[u64], n: usize) -> Vec<&'static Counter> {
     let mut moved: Vec<(&'static Counter, u64)> = header
         .vp_counters()
         .into_iter()
         .enumerate()
         .filter_map(|(i, (info, counter))| {
             let counter = counter.filter(|c| info.maintained && c.presentation == Presentation::Rate)?;
-            Some((counter, total(last, i).saturating_sub(total(first, i))))
+            let moved = last.get(i).copied().unwrap_or(0).saturating_sub(first.get(i).copied().unwrap_or(0));
+            Some((counter, moved))
         })
         .filter(|(_, moved)| *moved > 0)
         .collect();
     moved.sort_by_key(|m| std::cmp::Reverse(m.1));
     moved.into_iter().take(n).map(|(c, _)| c).collect()
+}
+
+/// Each VP counter's total over the VPs of each sample, first and last, read one VP at a time.
+fn first_and_last_totals<R: std::io::BufRead>(
+    reader: &mut SampleReader<R>,
+) -> anyhow::Result<(Vec<u64>, Vec<u64>)> {
+    let counters = reader.header().catalog.vp.len();
+    let (mut first, mut last): (Option<Vec<u64>>, Vec<u64>) = (None, Vec::new());
+    loop {
+        let mut totals = vec![0u64; counters];
+        let read = reader.next_with(|at| {
+            for (total, v) in totals.iter_mut().zip(at.vp.values.iter().flatten()) {
+                *total = total.saturating_add(v.unwrap_or(0));
+            }
+            Ok(())
+        })?;
+        if read.is_none() {
+            break;
+        }
+        if first.is_none() {
+            first = Some(totals.clone());
+        }
+        last = totals;
+    }
+    let first = first.unwrap_or_default();
+    if last.is_empty() {
+        last = first.clone();
+    }
+    Ok((first, last))
 }
 
 fn register_font() -> anyhow::Result<()> {
@@ -264,7 +394,7 @@ fn register_font() -> anyhow::Result<()> {
 /// # Errors
 /// When the backend fails to draw.
 pub fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, charts: &[Chart]) -> anyhow::Result<()> {
-    let fail = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow::anyhow!("drawing failed: {e:?}");
+    let fail = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow::anyhow!("drawing failed: {e}");
     root.fill(&WHITE).map_err(fail)?;
     for (area, c) in root.split_evenly((charts.len().max(1), 1)).iter().zip(charts) {
         let x_max = c.series.iter().flat_map(|(_, p)| p.iter().map(|(t, _)| *t)).fold(1.0f64, f64::max);
@@ -276,8 +406,14 @@ pub fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, charts: &[Chart])
         }
         if c.series.is_empty() {
             title += " (nothing to show)";
+        } else if c.is_flat() {
+            title += " (no activity)";
         }
-        let mut chart = ChartBuilder::on(area)
+        // The legend has a column of its own, right of the plot: it never covers a line.
+        let width = area.dim_in_pixel().0;
+        let legend_width = if c.series.is_empty() { 0 } else { (width / 3).min(300) };
+        let (plot_area, legend_area) = area.split_horizontally(width.saturating_sub(legend_width));
+        let mut chart = ChartBuilder::on(&plot_area)
             .caption(title, ("sans-serif", 20))
             .margin(12)
             .x_label_area_size(40)
@@ -288,88 +424,211 @@ pub fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, charts: &[Chart])
             .configure_mesh()
             .x_desc("time since the start of the recording (s)")
             .y_desc(c.unit)
+            .x_label_formatter(&|v| si(*v))
+            .y_label_formatter(&|v| si(*v))
             .label_style(("sans-serif", 14))
             .draw()
             .map_err(fail)?;
+        let mut used = [false; LINE_COLOURS.len()];
         for (i, (label, points)) in c.series.iter().enumerate() {
-            let color = Palette99::pick(i).to_rgba();
+            let (r, g, b) = LINE_COLOURS[colour_index(label, &mut used)];
+            let color = RGBColor(r, g, b).to_rgba();
             chart
                 .draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))
-                .map_err(fail)?
-                .label(label.as_str())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
-        }
-        if !c.series.is_empty() {
-            chart
-                .configure_series_labels()
-                .label_font(("sans-serif", 13))
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .position(SeriesLabelPosition::UpperRight)
-                .draw()
                 .map_err(fail)?;
+            let y = 40 + 20 * i as i32;
+            legend_area
+                .draw(&PathElement::new(vec![(4, y), (28, y)], color.stroke_width(3)))
+                .map_err(fail)?;
+            legend_area.draw(&Text::new(label.as_str(), (34, y - 7), ("sans-serif", 13))).map_err(fail)?;
         }
     }
     root.present().map_err(fail)?;
     Ok(())
 }
 
-/// Writes `charts` to `path`, PNG or SVG by its extension.
+/// `v` with an SI prefix and at most 3 significant decimals: 1.4M, 250k, 0.5.
+pub fn si(v: f64) -> String {
+    let a = v.abs();
+    let (scale, prefix) = [(1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")]
+        .into_iter()
+        .find(|(scale, _)| a >= *scale)
+        .unwrap_or((1.0, ""));
+    let digits = format!("{:.2}", v / scale);
+    let digits = digits.trim_end_matches('0').trim_end_matches('.');
+    format!("{digits}{prefix}")
+}
+
+/// The colours of lines: distinct, and dark enough to read on white (plotters' `Palette99` less
+/// its pale ones).
+pub const LINE_COLOURS: [(u8, u8, u8); 14] = [
+    (230, 25, 75),
+    (60, 180, 75),
+    (0, 130, 200),
+    (245, 130, 48),
+    (145, 30, 180),
+    (240, 50, 230),
+    (0, 128, 128),
+    (170, 110, 40),
+    (128, 0, 0),
+    (128, 128, 0),
+    (0, 0, 128),
+    (128, 128, 128),
+    (0, 0, 0),
+    (70, 190, 190),
+];
+
+/// A line's colour (an index into [`LINE_COLOURS`]), from its label: the same VP has the same colour
+/// in every chart, unless another line of the chart has it already (`used`), then the next free
+/// one.
+pub fn colour_index(label: &str, used: &mut [bool]) -> usize {
+    // FNV-1a, then the splitmix64 finaliser so labels that differ in one character spread over
+    // the palette: stable across runs and builds, unlike the standard library's hasher.
+    let mut h =
+        label.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^= h >> 31;
+    let n = used.len().max(1);
+    let first = (h % n as u64) as usize;
+    let free = (0..n).map(|k| (first + k) % n).find(|&i| !used.get(i).copied().unwrap_or(true));
+    let i = free.unwrap_or(first);
+    if let Some(u) = used.get_mut(i) {
+        *u = true;
+    }
+    i
+}
+
+/// The largest image `plot` draws, in bytes of its bitmap (3 per pixel): every chart together.
+pub const MAX_BITMAP_BYTES: u64 = 64 << 20;
+
+/// The chart format, from the output's extension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// A PNG image.
+    Png,
+    /// An SVG document.
+    Svg,
+}
+
+impl Format {
+    /// The format `path`'s extension names.
+    ///
+    /// # Errors
+    /// Any other extension.
+    pub fn of(path: &Path) -> anyhow::Result<Self> {
+        match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
+            Some("png") => Ok(Format::Png),
+            Some("svg") => Ok(Format::Svg),
+            _ => anyhow::bail!("{}: the chart is written as .png or .svg", path.display()),
+        }
+    }
+}
+
+/// The whole image's size for `charts` charts of `(width, height)` each, when its bitmap stays
+/// within [`MAX_BITMAP_BYTES`].
+pub fn image_size((width, height): (u32, u32), charts: usize) -> Option<(u32, u32)> {
+    let total = u64::from(height).checked_mul(charts.max(1) as u64)?;
+    let bytes = u64::from(width).checked_mul(total)?.checked_mul(3)?;
+    (bytes <= MAX_BITMAP_BYTES).then_some((width, u32::try_from(total).ok()?))
+}
+
+/// The bytes of `charts` in `format`, `size` being the whole image's.
 ///
 /// # Errors
-/// An unknown extension, or a failure to draw or write.
-pub fn write(path: &Path, charts: &[Chart], (width, height): (u32, u32)) -> anyhow::Result<()> {
+/// A failure to draw or encode.
+pub fn render(format: Format, charts: &[Chart], size: (u32, u32)) -> anyhow::Result<Vec<u8>> {
     register_font()?;
-    let size = (width, height * charts.len().max(1) as u32);
-    match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
-        Some("png") => draw(&BitMapBackend::new(path, size).into_drawing_area(), charts),
-        Some("svg") => {
+    match format {
+        Format::Png => {
+            let mut rgb = vec![0u8; size.0 as usize * size.1 as usize * 3];
+            draw(&BitMapBackend::with_buffer(&mut rgb, size).into_drawing_area(), charts)?;
+            let mut png = Vec::new();
+            image::ImageEncoder::write_image(
+                image::codecs::png::PngEncoder::new(&mut png),
+                &rgb,
+                size.0,
+                size.1,
+                image::ColorType::Rgb8,
+            )
+            .context("encoding the PNG")?;
+            Ok(png)
+        }
+        Format::Svg => {
             let mut svg = String::new();
             draw(&SVGBackend::with_string(&mut svg, size).into_drawing_area(), charts)?;
-            std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))
+            Ok(svg.into_bytes())
         }
-        _ => anyhow::bail!("{}: the chart is written as .png or .svg", path.display()),
     }
+}
+
+/// A usage error of `plot`: said on standard error, exit status 2, nothing written.
+fn usage(message: impl std::fmt::Display) -> anyhow::Result<ExitCode> {
+    crate::output::note!("{message}");
+    Ok(crate::output::ExitStatus::Usage.into())
+}
+
+/// The counters charted when none moved: the first `n` maintained VP rates, in catalog order.
+pub fn quiet_defaults(header: &Header, n: usize) -> Vec<&'static Counter> {
+    header
+        .vp_counters()
+        .into_iter()
+        .filter_map(|(info, c)| c.filter(|c| info.maintained && c.presentation == Presentation::Rate))
+        .take(n)
+        .collect()
 }
 
 /// Runs `hvstats plot`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let file = File::open(&args.file).with_context(|| format!("cannot open {}", args.file.display()))?;
-    anyhow::ensure!(file.metadata()?.is_file(), "{} is not a regular file", args.file.display());
+    // The command line first: nothing is read or written for a wrong one.
+    let format = match Format::of(&args.output) {
+        Ok(f) => f,
+        Err(e) => return usage(e),
+    };
+    let mut named = Vec::new();
+    for name in &args.counters {
+        match hvstats_abi::catalog::counter_by_name(hvstats_abi::ObjectKind::Vp, name) {
+            Some(c) => named.push(c),
+            None => {
+                return usage(format!(
+                    "--counter {name:?} is not a VP counter of the catalog (hvstats catalog lists them){}",
+                    crate::cmd::catalog::did_you_mean(hvstats_abi::ObjectKind::Vp, name)
+                ));
+            }
+        }
+    }
+    let charted = if named.is_empty() { 3 } else { named.len() };
+    let Some(size) = image_size(args.size, charted) else {
+        return usage(format!(
+            "--size {}x{} with {charted} charts is larger than {} MiB of bitmap: fewer --counter or a \
+             smaller --size",
+            args.size.0,
+            args.size.1,
+            MAX_BITMAP_BYTES >> 20
+        ));
+    };
+    let file = crate::input::open_regular(&args.file)?;
+    // The output before the long read: a path that cannot be written fails at once.
+    let mut output = OutputFile::create(&args.output, args.force)?;
     let reading = || format!("reading {}", args.file.display());
     let mut reader = SampleReader::new(BufReader::new(file)).with_context(reading)?;
     let header = reader.header().clone();
-    let counters: Vec<&'static Counter> = if args.counters.is_empty() {
+    let counters: Vec<&'static Counter> = if named.is_empty() {
         // The first and last samples decide which counters moved most.
-        let mut first = None;
-        let mut last = None;
-        while let Some(sample) = reader.next().with_context(reading)? {
-            match first {
-                None => first = Some(sample),
-                Some(_) => last = Some(sample),
-            }
-        }
-        match (&first, last.as_ref().or(first.as_ref())) {
-            (Some(first), Some(last)) => busiest(&header, first, last, 3),
-            _ => Vec::new(),
-        }
+        let (first, last) = first_and_last_totals(&mut reader).with_context(reading)?;
+        let busiest = busiest(&header, &first, &last, 3);
+        // A quiet recording is charted flat, not refused.
+        if busiest.is_empty() { quiet_defaults(&header, 3) } else { busiest }
     } else {
-        args.counters
-            .iter()
-            .map(|name| {
-                hvstats_abi::catalog::counter_by_name(hvstats_abi::ObjectKind::Vp, name).with_context(|| {
-                    format!("{name:?} is not a VP counter of the catalog (hvstats catalog lists them)")
-                })
-            })
-            .collect::<anyhow::Result<_>>()?
+        named
     };
-    anyhow::ensure!(
-        !counters.is_empty(),
-        "no VP counter moved during the recording: nothing to chart (name one with --counter)"
-    );
-    let charts = charts_of(&header, &counters, |f| stream_pairs(&args.file, f))?;
-    write(&args.output, &charts, args.size)?;
-    let _ = writeln!(std::io::stderr(), "hvstats: wrote {}", args.output.display());
+    let charts = charts_of(&header, &counters, |f| stream_vps(&args.file, f))?;
+    let size = (size.0, args.size.1 * counters.len().max(1) as u32);
+    let bytes = render(format, &charts, size)?;
+    let shown = args.output.display();
+    output.file().write_all(&bytes).with_context(|| format!("writing {shown}"))?;
+    output.put_in_place()?;
+    let _ = writeln!(std::io::stderr(), "hvstats: wrote {shown}");
     Ok(ExitCode::SUCCESS)
 }
 
@@ -381,6 +640,45 @@ mod tests {
     use super::*;
     use crate::cmd::recording::{Header, Sample};
     use crate::cmd::serve::bench::synthetic_reading;
+
+    /// A pass over `samples` as `stream_vps` makes one over a file.
+    fn pass(samples: &[Sample]) -> impl FnMut(&mut VisitVp<'_>) -> anyhow::Result<()> + '_ {
+        |f| {
+            for (n, s) in samples.iter().enumerate() {
+                for p in &s.partitions {
+                    for vp in &p.vps {
+                        let at = VpAt {
+                            t: s.t,
+                            vm: &p.vm,
+                            instance: &p.instance,
+                            partition: p.partition,
+                            vp: vp.clone(),
+                        };
+                        f(n, at);
+                    }
+                }
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn ticks_are_si_scaled_and_colours_follow_the_vp() {
+        assert_eq!(si(1_400_000.0), "1.4M");
+        assert_eq!(si(250_000.0), "250k");
+        assert_eq!(si(999.0), "999");
+        assert_eq!(si(0.5), "0.5");
+        assert_eq!(si(0.0), "0");
+        assert_eq!(si(2.5e9), "2.5G");
+        // The same VP, the same colour, chart after chart; within a chart, twelve lines, twelve
+        // colours.
+        let fresh = || [false; LINE_COLOURS.len()];
+        assert_eq!(colour_index("web VP 1", &mut fresh()), colour_index("web VP 1", &mut fresh()));
+        let mut used = fresh();
+        let chart: std::collections::HashSet<usize> =
+            (0..12).map(|i| colour_index(&format!("web VP {i}"), &mut used)).collect();
+        assert_eq!(chart.len(), 12);
+    }
 
     #[test]
     fn a_histogram_is_charted_as_the_p99_of_each_interval() {
@@ -397,11 +695,7 @@ mod tests {
             reading.instances[0].partitions[0].vps[0].histograms = vec![(io, h)];
             samples.push(Sample::of(&reading, t));
         }
-        let pairs = |f: &mut dyn FnMut(&Sample, &Sample)| {
-            samples.windows(2).for_each(|w| f(&w[0], &w[1]));
-            Ok(())
-        };
-        let chart = charts_of(&Header::new(1.0, 0), &[io], pairs).unwrap().remove(0);
+        let chart = charts_of(&Header::new(1.0, 0), &[io], pass(&samples)).unwrap().remove(0);
         assert_eq!(chart.unit, "µs, p99 of each interval (bucket upper bound)");
         assert_eq!(chart.series.len(), 1);
         let (label, points) = &chart.series[0];

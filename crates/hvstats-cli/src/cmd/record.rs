@@ -2,7 +2,6 @@
 //! interval, for a duration or until Ctrl-C (or SIGTERM), which ends the file after its last whole
 //! sample. A progress bar shows on a terminal only.
 
-use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -16,15 +15,19 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use crate::cmd::live::Live;
 use crate::cmd::recording::{self, Header, Sample};
 use crate::output::note;
+use crate::output_file::OutputFile;
 
 /// Flags of `hvstats record`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// The recording to write (replaced if it exists).
+    /// The recording to write: a new file (`-` or /dev/stdout: standard output).
     #[arg(short = 'o', long, value_name = "FILE")]
     output: PathBuf,
-    /// Seconds between samples.
-    #[arg(long, value_name = "SECS", default_value_t = 1.0, value_parser = parse_seconds)]
+    /// Replace FILE if it is an existing regular file (by writing a new file and renaming it).
+    #[arg(long)]
+    force: bool,
+    /// Seconds between samples, at least the publishers' refresh cadence (0.1 s).
+    #[arg(long, value_name = "SECS", default_value_t = 1.0, value_parser = parse_interval)]
     interval: f64,
     /// Stop after this many seconds (default: at Ctrl-C).
     #[arg(long, value_name = "SECS", value_parser = parse_seconds)]
@@ -36,6 +39,20 @@ pub struct Args {
     /// No progress bar.
     #[arg(long, short = 'q')]
     quiet: bool,
+}
+
+/// A sampling interval: at least the publishers' refresh cadence (counters move no more often), at
+/// most a year.
+fn parse_interval(s: &str) -> Result<f64, String> {
+    let min = crate::cmd::publisher_cadence().as_secs_f64();
+    match s.trim().parse::<f64>() {
+        Ok(v) if (min..=86_400.0 * 365.0).contains(&v) => Ok(v),
+        Ok(v) if v > 0.0 && v < min => Err(format!(
+            "{s}: the interval must be at least {min} s, the publishers' refresh cadence (counters \
+             move only that often)"
+        )),
+        _ => Err(format!("{s:?}: a number of seconds from {min} up to a year")),
+    }
 }
 
 fn parse_seconds(s: &str) -> Result<f64, String> {
@@ -54,9 +71,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst))
             .context("installing the Ctrl-C handler")?;
     }
-    let file =
-        File::create(&args.output).with_context(|| format!("cannot create {}", args.output.display()))?;
-    let mut out = BufWriter::new(file);
+    let mut output = OutputFile::create(&args.output, args.force)?;
+    let mut out = BufWriter::new(output.file().try_clone().context("cannot duplicate the output")?);
     let started_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
     let write_error = |e: anyhow::Error| e.context(format!("writing {}", args.output.display()));
     // A recording written into a pipe whose reader went away (`record -o /dev/stdout | head`)
@@ -66,6 +82,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Err(e) if is_closed_pipe(&e) => reader_gone = true,
         result => result.map_err(write_error)?,
     }
+    // In place once it has its header: readable while it grows.
+    output.put_in_place()?;
 
     let interval = Duration::from_secs_f64(args.interval);
     let samples = args.duration.map(|d| (d / args.interval).floor() as u64 + 1);

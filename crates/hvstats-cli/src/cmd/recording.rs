@@ -257,14 +257,22 @@ impl Sample {
 pub fn write_line(out: &mut impl Write, value: &impl Serialize) -> anyhow::Result<()> {
     let mut line = serde_json::to_vec(value)?;
     line.push(b'\n');
+    anyhow::ensure!(
+        line.len() <= MAX_LINE,
+        "a sample of {} bytes is longer than a recording line may be ({MAX_LINE} bytes): too many VPs \
+         for one recording",
+        line.len()
+    );
     out.write_all(&line)?;
     out.flush()?;
     Ok(())
 }
 
-/// The longest line accepted: a sample of 32,768 VPs with every value and histogram slot at its
-/// largest fits (a test checks it); real values are a fraction of that.
-const MAX_LINE: usize = 256 << 20;
+/// The longest line accepted, and written: 128 MiB, a sample of 100,000 VPs with every counter in
+/// the billions, or of 16,384 VPs with every value and histogram slot at its largest (a test checks
+/// both). A reader holds one line at a time, and one VP of it parsed, so this bounds what a line
+/// costs it.
+pub const MAX_LINE: usize = 128 << 20;
 
 /// A recording read one sample at a time, so what reads it holds no more than it keeps: the
 /// header is read and checked first, then each [`next`](Self::next) parses and checks one line.
@@ -319,38 +327,289 @@ impl<R: BufRead> SampleReader<R> {
         &self.header
     }
 
-    /// The next sample; `None` at the end. A last line without its newline (a recorder killed
-    /// mid-write) is ignored.
+    /// Reads the next sample one VP at a time: `visit` gets each VP as it is parsed, so no more
+    /// than one VP of the sample is ever held, whatever its size. Returns the sample's time, or
+    /// `None` at the end (as a line cut short at the end is ignored).
     ///
     /// # Errors
     /// When the input cannot be read, or a line is too long, not a sample, or does not match the
-    /// header's counters.
-    pub fn next(&mut self) -> anyhow::Result<Option<Sample>> {
+    /// header's counters; and whatever `visit` returns.
+    pub fn next_with(
+        &mut self,
+        mut visit: impl FnMut(VpAt<'_>) -> anyhow::Result<()>,
+    ) -> anyhow::Result<Option<f64>> {
+        let Some((n, line)) = self.next_line()? else { return Ok(None) };
+        let parse = |t: Option<f64>, visit: &mut dyn FnMut(VpAt<'_>) -> anyhow::Result<()>| {
+            let mut de = serde_json::Deserializer::from_slice(&line);
+            let mut t_late = false;
+            let seed = stream::SampleSeed { header: &self.header, t, t_late: &mut t_late, visit };
+            let result =
+                serde::de::DeserializeSeed::deserialize(seed, &mut de).and_then(|t| de.end().map(|()| t));
+            (result, t_late)
+        };
+        let (result, t_late) = parse(None, &mut visit);
+        let result = if t_late {
+            // "t" after the partitions (a tool rewrote the line with its keys sorted): nothing was
+            // visited yet; find "t" first, skipping the rest, and read the line again.
+            #[derive(Deserialize)]
+            struct Time {
+                t: f64,
+            }
+            let time: Time =
+                serde_json::from_slice(&line).with_context(|| format!("line {n} is not a sample"))?;
+            parse(Some(time.t), &mut visit).0
+        } else {
+            result
+        };
+        Ok(Some(result.with_context(|| format!("line {n} is not a sample"))?))
+    }
+
+    /// The next whole line and its number; `None` at the end or at a last line cut short.
+    fn next_line(&mut self) -> anyhow::Result<Option<(usize, Vec<u8>)>> {
         self.line += 1;
         let n = self.line;
         let Some(line) = read_line(&mut self.input, n)? else { return Ok(None) };
         if !line.ends_with(b"\n") {
             return Ok(None);
         }
-        let sample: Sample =
-            serde_json::from_slice(&line).with_context(|| format!("line {n} is not a sample"))?;
-        let header = &self.header;
-        for p in &sample.partitions {
-            let histograms = header.catalog.vp_histograms.len();
-            let bad_histograms = |vp: &VpSample| {
-                vp.histograms.as_ref().is_some_and(|h| {
-                    h.len() != histograms
-                        || h.iter().flatten().any(|s| s.is_empty() || s.len() > HISTOGRAM_SLOTS)
-                })
-            };
-            let bad = p.values.as_ref().is_some_and(|v| v.len() != header.catalog.partition.len())
-                || p.vps.iter().any(|vp| {
-                    vp.values.as_ref().is_some_and(|v| v.len() != header.catalog.vp.len())
-                        || bad_histograms(vp)
-                });
-            anyhow::ensure!(!bad, "line {n}: a sample's values do not match the header's counters");
+        Ok(Some((n, line)))
+    }
+}
+
+/// True when `vp`'s values and histograms have the shape the header gives them.
+fn fits(header: &Header, vp: &VpSample) -> bool {
+    let histograms = header.catalog.vp_histograms.len();
+    vp.values.as_ref().is_none_or(|v| v.len() == header.catalog.vp.len())
+        && vp.histograms.as_ref().is_none_or(|h| {
+            h.len() == histograms && h.iter().flatten().all(|s| !s.is_empty() && s.len() <= HISTOGRAM_SLOTS)
+        })
+}
+
+/// One VP of a sample, as [`SampleReader::next_with`] hands it.
+pub struct VpAt<'a> {
+    /// The sample's time.
+    pub t: f64,
+    /// The VM name.
+    pub vm: &'a str,
+    /// The publishing instance.
+    pub instance: &'a str,
+    /// The partition id.
+    pub partition: u64,
+    /// The VP.
+    pub vp: VpSample,
+}
+
+impl VpAt<'_> {
+    /// Who the VP is: the publishing instance, the partition, the VP index. Two VMs that share a
+    /// name are two VMs.
+    pub fn key(&self) -> VpKey {
+        VpKey { instance: self.instance.into(), partition: self.partition, vp: self.vp.vp }
+    }
+}
+
+/// A VP's identity in a recording.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct VpKey {
+    /// The publishing instance.
+    pub instance: Box<str>,
+    /// The partition id.
+    pub partition: u64,
+    /// The VP index.
+    pub vp: u32,
+}
+
+/// The sample parser of [`SampleReader::next_with`]: serde seeds that hand each VP on as soon as
+/// it is parsed. `record` writes `t` before the partitions and a partition's identity before its
+/// VPs; a line whose keys come in another order (rewritten by a tool) still reads: its `t` is
+/// found first, and a partition's VPs wait for its identity.
+mod stream {
+    use std::fmt;
+
+    use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+    use super::{Header, VpAt, VpSample, fits};
+
+    type Visit<'v> = dyn FnMut(VpAt<'_>) -> anyhow::Result<()> + 'v;
+
+    pub(super) struct SampleSeed<'h, 'v, 'f> {
+        pub header: &'h Header,
+        /// The sample's time when known before parsing.
+        pub t: Option<f64>,
+        /// Set when the partitions came before `t` (and `t` was not known): nothing was visited.
+        pub t_late: &'f mut bool,
+        pub visit: &'f mut Visit<'v>,
+    }
+
+    impl<'de> DeserializeSeed<'de> for SampleSeed<'_, '_, '_> {
+        type Value = f64;
+        fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<f64, D::Error> {
+            d.deserialize_map(self)
         }
-        Ok(Some(sample))
+    }
+
+    impl<'de> Visitor<'de> for SampleSeed<'_, '_, '_> {
+        type Value = f64;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a sample")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<f64, A::Error> {
+            let (mut t, mut partitions) = (self.t, false);
+            while let Some(key) = map.next_key::<String>()? {
+                match key.as_str() {
+                    "t" => t = Some(map.next_value::<f64>()?),
+                    "partitions" => {
+                        let Some(t) = t else {
+                            *self.t_late = true;
+                            return Err(de::Error::custom("\"partitions\" before \"t\""));
+                        };
+                        map.next_value_seed(Partitions { t, header: self.header, visit: &mut *self.visit })?;
+                        partitions = true;
+                    }
+                    _ => {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+            }
+            match (t, partitions) {
+                (Some(t), true) => Ok(t),
+                (None, _) => Err(de::Error::missing_field("t")),
+                (_, false) => Err(de::Error::missing_field("partitions")),
+            }
+        }
+    }
+
+    struct Partitions<'h, 'v, 'f> {
+        t: f64,
+        header: &'h Header,
+        visit: &'f mut Visit<'v>,
+    }
+
+    impl<'de> DeserializeSeed<'de> for Partitions<'_, '_, '_> {
+        type Value = ();
+        fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_seq(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Partitions<'_, '_, '_> {
+        type Value = ();
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a list of partitions")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            while seq
+                .next_element_seed(Partition { t: self.t, header: self.header, visit: &mut *self.visit })?
+                .is_some()
+            {}
+            Ok(())
+        }
+    }
+
+    struct Partition<'h, 'v, 'f> {
+        t: f64,
+        header: &'h Header,
+        visit: &'f mut Visit<'v>,
+    }
+
+    impl<'de> DeserializeSeed<'de> for Partition<'_, '_, '_> {
+        type Value = ();
+        fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_map(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Partition<'_, '_, '_> {
+        type Value = ();
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a partition")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            let (mut vm, mut instance, mut partition) = (None::<String>, None::<String>, None::<u64>);
+            let mut early: Option<Vec<VpSample>> = None;
+            while let Some(key) = map.next_key::<String>()? {
+                match key.as_str() {
+                    "vm" => vm = Some(map.next_value()?),
+                    "instance" => instance = Some(map.next_value()?),
+                    "partition" => partition = Some(map.next_value()?),
+                    "values" => {
+                        let values: Option<Vec<Option<u64>>> = map.next_value()?;
+                        if values.is_some_and(|v| v.len() != self.header.catalog.partition.len()) {
+                            return Err(de::Error::custom(
+                                "a sample's values do not match the header's counters",
+                            ));
+                        }
+                    }
+                    "vps" => {
+                        let (Some(vm), Some(instance), Some(partition)) = (&vm, &instance, partition) else {
+                            // The VPs before the partition's identity (keys in another order than
+                            // `record` writes): this partition's VPs are kept until it is known.
+                            early = Some(map.next_value::<Vec<VpSample>>()?);
+                            continue;
+                        };
+                        map.next_value_seed(Vps {
+                            t: self.t,
+                            vm,
+                            instance,
+                            partition,
+                            header: self.header,
+                            visit: &mut *self.visit,
+                        })?;
+                    }
+                    _ => {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+            }
+            if let Some(vps) = early {
+                let (Some(vm), Some(instance), Some(partition)) = (&vm, &instance, partition) else {
+                    return Err(de::Error::custom("a partition without its vm, instance or id"));
+                };
+                for vp in vps {
+                    if !fits(self.header, &vp) {
+                        return Err(de::Error::custom(
+                            "a sample's values do not match the header's counters",
+                        ));
+                    }
+                    let at = VpAt { t: self.t, vm, instance, partition, vp };
+                    (self.visit)(at).map_err(|e| de::Error::custom(format!("{e:#}")))?;
+                }
+            }
+            Ok(())
+        }
+    }
+
+    struct Vps<'a, 'v, 'f> {
+        t: f64,
+        vm: &'a str,
+        instance: &'a str,
+        partition: u64,
+        header: &'a Header,
+        visit: &'f mut Visit<'v>,
+    }
+
+    impl<'de> DeserializeSeed<'de> for Vps<'_, '_, '_> {
+        type Value = ();
+        fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_seq(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Vps<'_, '_, '_> {
+        type Value = ();
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a list of VPs")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            while let Some(vp) = seq.next_element::<VpSample>()? {
+                if !fits(self.header, &vp) {
+                    return Err(de::Error::custom("a sample's values do not match the header's counters"));
+                }
+                let at =
+                    VpAt { t: self.t, vm: self.vm, instance: self.instance, partition: self.partition, vp };
+                (self.visit)(at).map_err(|e| de::Error::custom(format!("{e:#}")))?;
+            }
+            Ok(())
+        }
     }
 }
 
@@ -401,7 +660,10 @@ mod tests {
     #[test]
     fn a_sample_stays_bounded_per_vp_and_an_idle_histogram_costs_a_few_bytes() {
         let largest = vp_bytes(u64::MAX, u64::MAX);
-        assert!(largest * 32_768 < MAX_LINE, "{largest} bytes per VP");
+        assert!(largest * 16_384 < MAX_LINE, "{largest} bytes per VP");
+        // 100,000 VPs with every counter in the billions, histograms idle.
+        let busy = vp_bytes(1_000_000_000, 0);
+        assert!(busy * 100_000 < MAX_LINE, "{busy} bytes per VP");
         // Each histogram at its largest: its sum and every bucket, 20 digits each.
         assert!(largest > vp_histograms().count() * HISTOGRAM_SLOTS * 20, "{largest}");
         // Idle histograms: `[0]` each.

@@ -10,7 +10,6 @@
 //! showing them.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -20,7 +19,9 @@ use hvstats::present;
 use hvstats_abi::Presentation;
 use serde_json::{Map, Value, json};
 
-use crate::cmd::recording::{Header, SampleReader, VpSample};
+use hvstats::text::Escaped;
+
+use crate::cmd::recording::{Header, SampleReader, VpKey, VpSample};
 
 /// Flags of `hvstats report`.
 #[derive(clap::Args, Debug)]
@@ -38,6 +39,10 @@ pub struct Args {
 pub struct VpReport {
     /// The VM name.
     pub vm: String,
+    /// The publishing instance.
+    pub instance: String,
+    /// The partition id.
+    pub partition: u64,
     /// The VP index.
     pub vp: u32,
     /// Seconds between its first and last sample.
@@ -48,9 +53,9 @@ pub struct VpReport {
     pub json: Value,
 }
 
-/// What `report` keeps of a recording, gathered one sample at a time so that a recording of any
-/// length is read in the memory of one sample and two per VP: the header, how many samples over
-/// what span, and each VP's first and last readable sample.
+/// What `report` keeps of a recording, gathered one VP at a time so that a recording of any
+/// length and width is read in the memory of one line and two compact readings per VP: the
+/// header, how many samples over what span, and each VP's first and last readable values.
 pub struct Digest {
     /// The recording's header.
     pub header: Header,
@@ -61,60 +66,173 @@ pub struct Digest {
     vps: Vec<VpDigest>,
 }
 
+/// A VP's values and histograms at one sample, packed: each number as a LEB128 varint (most are
+/// small), so a VP costs its report tens of bytes a reading, not the 16 of an `Option<u64>` per
+/// counter.
+#[derive(Clone)]
+struct Reading {
+    t: f64,
+    packed: Box<[u8]>,
+}
+
+/// Appends `v` as a LEB128 varint.
+fn put(out: &mut Vec<u8>, mut v: u128) {
+    loop {
+        let byte = (v & 0x7f) as u8;
+        v >>= 7;
+        if v == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
+/// Reads a LEB128 varint at `*at`.
+fn take(bytes: &[u8], at: &mut usize) -> Option<u128> {
+    let mut v = 0u128;
+    for shift in (0..128).step_by(7) {
+        let byte = *bytes.get(*at)?;
+        *at += 1;
+        v |= u128::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Some(v);
+        }
+    }
+    None
+}
+
+/// An absent value packs as 0, a value `v` as `v + 1`.
+fn put_option(out: &mut Vec<u8>, v: Option<u64>) {
+    put(out, v.map_or(0, |v| u128::from(v) + 1));
+}
+
+fn take_option(bytes: &[u8], at: &mut usize) -> Option<Option<u64>> {
+    Some(match take(bytes, at)? {
+        0 => None,
+        v => Some(u64::try_from(v - 1).ok()?),
+    })
+}
+
+impl Reading {
+    /// Packs `vp` (`None` when its page could not be read).
+    fn of(t: f64, vp: VpSample) -> Option<Self> {
+        let values = vp.values?;
+        let mut out = Vec::with_capacity(values.len() * 2 + 16);
+        put(&mut out, values.len() as u128);
+        values.iter().for_each(|&v| put_option(&mut out, v));
+        match &vp.histograms {
+            None => put(&mut out, 0),
+            Some(h) => {
+                put(&mut out, h.len() as u128 + 1);
+                for slots in h {
+                    match slots {
+                        None => put(&mut out, 0),
+                        Some(slots) => {
+                            put(&mut out, slots.len() as u128 + 1);
+                            slots.iter().for_each(|&s| put(&mut out, u128::from(s)));
+                        }
+                    }
+                }
+            }
+        }
+        Some(Self { t, packed: out.into_boxed_slice() })
+    }
+
+    /// The reading as the recording had it.
+    fn unpack(&self) -> VpSample {
+        let b = &self.packed;
+        let mut at = 0;
+        let mut values = Vec::new();
+        let mut histograms = None;
+        let _ = (|| -> Option<()> {
+            let n = take(b, &mut at)?;
+            for _ in 0..n {
+                values.push(take_option(b, &mut at)?);
+            }
+            let h = take(b, &mut at)?;
+            if h > 0 {
+                let mut all = Vec::new();
+                for _ in 0..h - 1 {
+                    let len = take(b, &mut at)?;
+                    if len == 0 {
+                        all.push(None);
+                        continue;
+                    }
+                    let slots: Option<Vec<u64>> =
+                        (0..len - 1).map(|_| u64::try_from(take(b, &mut at)?).ok()).collect();
+                    all.push(Some(slots?));
+                }
+                histograms = Some(all);
+            }
+            Some(())
+        })();
+        VpSample { vp: 0, values: Some(values), unreadable: None, histograms }
+    }
+}
+
 /// One VP's first and last readable samples, and how many it has.
 struct VpDigest {
     vm: String,
-    instance: String,
-    partition: u64,
-    vp: u32,
+    key: VpKey,
     samples: usize,
-    first: (f64, VpSample),
-    last: (f64, VpSample),
+    first: Reading,
+    last: Reading,
 }
 
 impl Digest {
-    /// Reads a recording one sample at a time.
+    /// Reads a recording one VP at a time.
     ///
     /// # Errors
     /// As [`SampleReader`].
     pub fn read(input: impl BufRead) -> anyhow::Result<Self> {
         let mut reader = SampleReader::new(input)?;
         let mut vps: Vec<VpDigest> = Vec::new();
-        let mut at: HashMap<(String, u32), usize> = HashMap::new();
+        let mut at: HashMap<VpKey, usize> = HashMap::new();
         let (mut samples, mut first_t, mut last_t) = (0usize, None, 0.0);
-        while let Some(sample) = reader.next()? {
-            samples += 1;
-            first_t.get_or_insert(sample.t);
-            last_t = sample.t;
-            for p in sample.partitions {
-                for vp in p.vps {
-                    // A sample whose page could not be read says nothing of the VP's counters.
-                    if vp.values.is_none() {
-                        continue;
-                    }
-                    match at.get(&(p.vm.clone(), vp.vp)) {
-                        Some(&i) => {
-                            vps[i].samples += 1;
-                            vps[i].last = (sample.t, vp);
-                        }
-                        None => {
-                            at.insert((p.vm.clone(), vp.vp), vps.len());
-                            vps.push(VpDigest {
-                                vm: p.vm.clone(),
-                                instance: p.instance.clone(),
-                                partition: p.partition,
-                                vp: vp.vp,
-                                samples: 1,
-                                first: (sample.t, vp.clone()),
-                                last: (sample.t, vp),
-                            });
-                        }
-                    }
+        while let Some(t) = reader.next_with(|v| {
+            let key = v.key();
+            let vm = v.vm;
+            // A sample whose page could not be read says nothing of the VP's counters.
+            let Some(reading) = Reading::of(v.t, v.vp) else { return Ok(()) };
+            match at.get(&key) {
+                Some(&i) => {
+                    vps[i].samples += 1;
+                    vps[i].last = reading;
+                }
+                None => {
+                    at.insert(key.clone(), vps.len());
+                    vps.push(VpDigest {
+                        vm: vm.to_owned(),
+                        key,
+                        samples: 1,
+                        first: reading.clone(),
+                        last: reading,
+                    });
                 }
             }
+            Ok(())
+        })? {
+            samples += 1;
+            first_t.get_or_insert(t);
+            last_t = t;
         }
         let span = first_t.map_or(0.0, |first| last_t - first);
         Ok(Self { header: reader.header().clone(), samples, span, vps })
+    }
+
+    /// VPs in the recording with a readable sample.
+    pub fn vp_count(&self) -> usize {
+        self.vps.len()
+    }
+}
+
+/// A reading's values by position (`None` past the end or where absent).
+struct Values<'a>(Option<&'a [Option<u64>]>);
+
+impl Values<'_> {
+    fn get(&self, i: usize) -> Option<u64> {
+        *self.0?.get(i)?
     }
 }
 
@@ -158,166 +276,202 @@ pub fn no_histograms_note(header: &Header) -> Option<String> {
 }
 
 /// The per-VP reports of a recording, in order of first appearance.
-pub fn reports(digest: &Digest) -> Vec<VpReport> {
+pub fn reports(digest: &Digest) -> impl Iterator<Item = VpReport> + '_ {
     let header = &digest.header;
     let counters = header.vp_counters();
-    digest
-        .vps
+    // Where each counter's paired count is, found once.
+    let paired_at: Vec<Option<usize>> = counters
         .iter()
-        .filter_map(|d| {
-            let (vm, instance, partition, vp) = (d.vm.clone(), d.instance.clone(), d.partition, d.vp);
-            let ((first_t, first_vp), (last_t, last_vp)) = (&d.first, &d.last);
-            let (first, last) = (first_vp.values.as_ref()?, last_vp.values.as_ref()?);
-            let seconds = last_t - first_t;
-            let mut cumulative = Map::new();
-            let mut deltas = Map::new();
-            let mut rates = Map::new();
-            let mut percent = Map::new();
-            let mut costs = Map::new();
-            for (i, (info, counter)) in counters.iter().enumerate() {
-                let name = info.name.clone();
-                // Not maintained on KVM, or declared unavailable by the publisher: unknown.
-                let (Some(before), Some(after)) = (first[i], last[i]) else {
-                    cumulative.insert(name, Value::Null);
-                    continue;
-                };
-                if !info.maintained {
-                    cumulative.insert(name, Value::Null);
-                    continue;
-                }
-                cumulative.insert(name.clone(), json!(after));
-                deltas.insert(name.clone(), json!(after.checked_sub(before)));
-                let Some(counter) = counter else { continue };
-                let paired = counter.paired_count().and_then(|p| {
-                    let j = counters.iter().position(|(c, _)| c.name == p.name)?;
-                    Some((first[j]?, last[j]?))
-                });
-                let shown = present::over_interval(counter, before, after, seconds, paired).map(|p| p.value);
-                match counter.presentation {
-                    Presentation::Rate => rates.insert(name, json!(shown)),
-                    Presentation::PercentTime => percent.insert(name, json!(shown)),
-                    Presentation::Cost => costs.insert(name, json!(shown)),
-                    Presentation::CumulativeTime | Presentation::Instant | Presentation::Histogram => None,
-                };
-            }
-            // A counter this build knows that the recording does not list (one made by an older
-            // hvstats, before the counter was appended) is unknown too.
-            for c in hvstats_abi::catalog::counters_of(hvstats_abi::ObjectKind::Vp) {
-                cumulative.entry(c.name).or_insert(Value::Null);
-            }
-            // CPU wait: per dispatch (the catalog's cost) and as a share of the recording's time.
-            let wait = hvstats_abi::catalog::vp::CPU_WAIT_TIME_PER_DISPATCH.counter().map(|c| c.name);
-            let wait_delta = wait.and_then(|n| deltas.get(n)).and_then(Value::as_u64);
-            let dispatches = hvstats_abi::catalog::vp::DISPATCHES.counter().map(|c| c.name);
-            let cpu_wait = json!({
-                "wait_ns": wait_delta,
-                "dispatches": dispatches.and_then(|n| deltas.get(n)).and_then(Value::as_u64),
-                "per_dispatch_ns": wait.and_then(|n| costs.get(n)).cloned().unwrap_or(Value::Null),
-                "percent_of_time": wait_delta
-                    .filter(|_| seconds > 0.0)
-                    .map(|w| w as f64 / (seconds * 1e9) * 100.0),
-            });
-            let json = json!({
-                "vm": vm,
-                "instance": instance,
-                "partition": partition,
-                "vp": vp,
-                "samples": d.samples,
-                "first_t": first_t,
-                "last_t": last_t,
-                "seconds": seconds,
-                "cumulative": cumulative,
-                "deltas": deltas,
-                "rates_per_second": rates,
-                "percent_of_time": percent,
-                "average_cost_ns": costs,
-                "cpu_wait": cpu_wait,
-                "histograms": histograms(header, first_vp, last_vp),
-            });
-            Some(VpReport { vm, vp, seconds, samples: d.samples, json })
+        .map(|(_, c)| {
+            let p = c.and_then(|c| c.paired_count())?;
+            counters.iter().position(|(c, _)| c.name == p.name)
         })
-        .collect()
+        .collect();
+    digest.vps.iter().map(move |d| {
+        let (vm, instance, partition, vp) =
+            (d.vm.clone(), d.key.instance.to_string(), d.key.partition, d.key.vp);
+        let (first_t, last_t) = (d.first.t, d.last.t);
+        let (first_vp, last_vp) = (d.first.unpack(), d.last.unpack());
+        let (first, last) = (Values(first_vp.values.as_deref()), Values(last_vp.values.as_deref()));
+        let seconds = last_t - first_t;
+        let mut cumulative = Map::new();
+        let mut deltas = Map::new();
+        let mut rates = Map::new();
+        let mut percent = Map::new();
+        let mut costs = Map::new();
+        for (i, (info, counter)) in counters.iter().enumerate() {
+            let name = info.name.clone();
+            // Not maintained on KVM, or declared unavailable by the publisher: unknown.
+            let (Some(before), Some(after)) = (first.get(i), last.get(i)) else {
+                cumulative.insert(name, Value::Null);
+                continue;
+            };
+            if !info.maintained {
+                cumulative.insert(name, Value::Null);
+                continue;
+            }
+            cumulative.insert(name.clone(), json!(after));
+            deltas.insert(name.clone(), json!(after.checked_sub(before)));
+            let Some(counter) = counter else { continue };
+            let paired = paired_at[i].and_then(|j| Some((first.get(j)?, last.get(j)?)));
+            let shown = present::over_interval(counter, before, after, seconds, paired).map(|p| p.value);
+            match counter.presentation {
+                Presentation::Rate => rates.insert(name, json!(shown)),
+                Presentation::PercentTime => percent.insert(name, json!(shown)),
+                Presentation::Cost => costs.insert(name, json!(shown)),
+                Presentation::CumulativeTime | Presentation::Instant | Presentation::Histogram => None,
+            };
+        }
+        // A counter this build knows that the recording does not list (one made by an older
+        // hvstats, before the counter was appended) is unknown too.
+        for c in hvstats_abi::catalog::counters_of(hvstats_abi::ObjectKind::Vp) {
+            cumulative.entry(c.name).or_insert(Value::Null);
+        }
+        // CPU wait: per dispatch (the catalog's cost) and as a share of the recording's time.
+        let wait = hvstats_abi::catalog::vp::CPU_WAIT_TIME_PER_DISPATCH.counter().map(|c| c.name);
+        let wait_delta = wait.and_then(|n| deltas.get(n)).and_then(Value::as_u64);
+        let dispatches = hvstats_abi::catalog::vp::DISPATCHES.counter().map(|c| c.name);
+        let cpu_wait = json!({
+            "wait_ns": wait_delta,
+            "dispatches": dispatches.and_then(|n| deltas.get(n)).and_then(Value::as_u64),
+            "per_dispatch_ns": wait.and_then(|n| costs.get(n)).cloned().unwrap_or(Value::Null),
+            "percent_of_time": wait_delta
+                .filter(|_| seconds > 0.0)
+                .map(|w| w as f64 / (seconds * 1e9) * 100.0),
+        });
+        let json = json!({
+            "vm": vm,
+            "instance": instance,
+            "partition": partition,
+            "vp": vp,
+            "samples": d.samples,
+            "first_t": first_t,
+            "last_t": last_t,
+            "seconds": seconds,
+            "cumulative": cumulative,
+            "deltas": deltas,
+            "rates_per_second": rates,
+            "percent_of_time": percent,
+            "average_cost_ns": costs,
+            "cpu_wait": cpu_wait,
+            "histograms": histograms(header, &first_vp, &last_vp),
+        });
+        VpReport { vm, instance, partition, vp, seconds, samples: d.samples, json }
+    })
 }
 
-fn text(digest: &Digest, reports: &[VpReport]) -> String {
+/// The first lines of the text report.
+fn text_head(digest: &Digest) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
-    let _ = writeln!(out, "{} samples over {:.2} s, {} VPs", digest.samples, digest.span, reports.len());
+    let _ = writeln!(out, "{} samples over {:.2} s, {} VPs", digest.samples, digest.span, digest.vp_count());
     if let Some(note) = no_histograms_note(&digest.header) {
         let _ = writeln!(out, "note: {note}");
-    }
-    for r in reports {
-        let _ = writeln!(out, "\n{} VP {} ({} samples over {:.2} s)", r.vm, r.vp, r.samples, r.seconds);
-        let _ = writeln!(
-            out,
-            "  {:<40} {:>20} {:>16} {:>16}",
-            "counter", "cumulative", "delta", "over recording"
-        );
-        // Page order, as the header lists the counters.
-        for info in &digest.header.catalog.vp {
-            let name = &info.name;
-            // A histogram's one value is its sum; the histogram section below gives all of it.
-            if digest.header.catalog.vp_histograms.iter().any(|h| h.name == *name) {
-                continue;
-            }
-            let Some(v) = r.json["cumulative"][name].as_u64() else { continue };
-            if v == 0 {
-                continue;
-            }
-            let delta = r.json["deltas"][name].as_u64().map_or("-".into(), |d| d.to_string());
-            let shown = [("rates_per_second", "/s"), ("percent_of_time", "%"), ("average_cost_ns", " ns")]
-                .iter()
-                .find_map(|(k, unit)| Some(format!("{:.1}{unit}", r.json[k][name].as_f64()?)))
-                .unwrap_or_default();
-            let _ = writeln!(out, "  {name:<40} {v:>20} {delta:>16} {shown:>16}");
-        }
-        let wait = &r.json["cpu_wait"];
-        if let (Some(per), Some(percent)) =
-            (wait["per_dispatch_ns"].as_f64(), wait["percent_of_time"].as_f64())
-        {
-            let _ = writeln!(out, "  CPU wait: {per:.0} ns per dispatch, {percent:.3} % of the time");
-        }
-        let Some(histograms) = r.json["histograms"].as_object() else { continue };
-        let busy: Vec<_> =
-            histograms.iter().filter(|(_, h)| h["count"].as_u64().is_some_and(|c| c > 0)).collect();
-        if busy.is_empty() {
-            continue;
-        }
-        let _ = writeln!(out, "  {:<40} {:>20} {:>16} {:>16}", "histogram", "count", "p50 ≤ ns", "p99 ≤ ns");
-        for (name, h) in busy {
-            let q = |k: &str| h[k].as_u64().map_or("-".into(), |v| v.to_string());
-            let _ = writeln!(out, "  {name:<40} {:>20} {:>16} {:>16}", q("count"), q("p50_ns"), q("p99_ns"));
-        }
     }
     out
 }
 
+/// One VP's part of the text report. The VM name is escaped (it comes from a VMM's command line
+/// and could hold control characters), and the instance and partition say which VM it is when two
+/// share a name.
+fn text_vp(digest: &Digest, r: &VpReport) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\n{} VP {} (instance {}, partition {}; {} samples over {:.2} s)",
+        Escaped(&r.vm),
+        r.vp,
+        Escaped(&r.instance),
+        r.partition,
+        r.samples,
+        r.seconds
+    );
+    let _ =
+        writeln!(out, "  {:<40} {:>20} {:>16} {:>16}", "counter", "cumulative", "delta", "over recording");
+    // Page order, as the header lists the counters.
+    for info in &digest.header.catalog.vp {
+        let name = &info.name;
+        // A histogram's one value is its sum; the histogram section below gives all of it.
+        if digest.header.catalog.vp_histograms.iter().any(|h| h.name == *name) {
+            continue;
+        }
+        let Some(v) = r.json["cumulative"][name].as_u64() else { continue };
+        if v == 0 {
+            continue;
+        }
+        let delta = r.json["deltas"][name].as_u64().map_or("-".into(), |d| d.to_string());
+        let shown = [("rates_per_second", "/s"), ("percent_of_time", "%"), ("average_cost_ns", " ns")]
+            .iter()
+            .find_map(|(k, unit)| Some(format!("{:.1}{unit}", r.json[k][name].as_f64()?)))
+            .unwrap_or_default();
+        let _ = writeln!(out, "  {name:<40} {v:>20} {delta:>16} {shown:>16}");
+    }
+    let wait = &r.json["cpu_wait"];
+    if let (Some(per), Some(percent)) = (wait["per_dispatch_ns"].as_f64(), wait["percent_of_time"].as_f64()) {
+        let _ = writeln!(out, "  CPU wait: {per:.0} ns per dispatch, {percent:.3} % of the time");
+    }
+    let Some(histograms) = r.json["histograms"].as_object() else { return out };
+    let busy: Vec<_> =
+        histograms.iter().filter(|(_, h)| h["count"].as_u64().is_some_and(|c| c > 0)).collect();
+    if busy.is_empty() {
+        return out;
+    }
+    let _ = writeln!(out, "  {:<40} {:>20} {:>16} {:>16}", "histogram", "count", "p50 ≤ ns", "p99 ≤ ns");
+    for (name, h) in busy {
+        let q = |k: &str| h[k].as_u64().map_or("-".into(), |v| v.to_string());
+        let _ = writeln!(out, "  {name:<40} {:>20} {:>16} {:>16}", q("count"), q("p50_ns"), q("p99_ns"));
+    }
+    out
+}
+
+/// The `--json` document; its VPs are made and written one at a time.
+#[derive(serde::Serialize)]
+struct Document<'a> {
+    format_version: u32,
+    note: Option<String>,
+    bytes_per_sample: Option<u64>,
+    samples: usize,
+    interval_seconds: f64,
+    catalog: Value,
+    vps: EachVp<'a>,
+}
+
+/// The VPs of a digest, serialized as they are made.
+struct EachVp<'a>(&'a Digest);
+
+impl serde::Serialize for EachVp<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(reports(self.0).map(|r| r.json))
+    }
+}
+
 /// Runs `hvstats report`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let file = File::open(&args.file).with_context(|| format!("cannot open {}", args.file.display()))?;
+    let file = crate::input::open_regular(&args.file)?;
     let metadata = file.metadata()?;
-    anyhow::ensure!(metadata.is_file(), "{} is not a regular file", args.file.display());
     let digest =
         Digest::read(BufReader::new(file)).with_context(|| format!("reading {}", args.file.display()))?;
-    let reports = reports(&digest);
     // What a sample costs on disk (the header spread over the samples), so a recording's growth
     // can be checked.
     let bytes_per_sample = (digest.samples > 0).then(|| metadata.len() / digest.samples as u64);
     // Through the shared output path: a closed pipe ends quietly, a full device is an error.
     if args.json {
-        let vps: Vec<&Value> = reports.iter().map(|r| &r.json).collect();
-        let doc = json!({
-            "format_version": digest.header.version,
-            "note": no_histograms_note(&digest.header),
-            "bytes_per_sample": bytes_per_sample,
-            "samples": digest.samples,
-            "interval_seconds": digest.header.interval_seconds,
-            "catalog": { "hvstats": digest.header.catalog.hvstats, "groups": digest.header.catalog.groups },
-            "vps": vps,
-        });
+        let doc = Document {
+            format_version: digest.header.version,
+            note: no_histograms_note(&digest.header),
+            bytes_per_sample,
+            samples: digest.samples,
+            interval_seconds: digest.header.interval_seconds,
+            catalog: json!({ "hvstats": digest.header.catalog.hvstats, "groups": digest.header.catalog.groups }),
+            vps: EachVp(&digest),
+        };
         crate::output::print_json(&doc, true)?;
     } else {
-        crate::output::print(&text(&digest, &reports))?;
+        crate::output::print(&text_head(&digest))?;
+        for r in reports(&digest) {
+            crate::output::print(&text_vp(&digest, &r))?;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -16,6 +16,7 @@ use hvstats::attach::{Attach, Instance};
 use hvstats::mshv::unmapped::ObjectRef;
 use hvstats::present;
 use hvstats::snapshot::{self, InstanceSnapshot, ObjectReading, PartitionSnapshot, VpSnapshot};
+use hvstats::text::Escaped;
 use hvstats_abi::catalog::counters_of;
 use hvstats_abi::{Counter, ObjectKind, Presentation};
 use serde_json::{Map, Value, json};
@@ -184,9 +185,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         filter.apply_json(&mut doc);
         output::print_json(&doc, true)?;
+    } else if snapshots.is_empty() && failed {
+        note!("no instance under {} could be read", dir.display());
     } else if snapshots.is_empty() {
         output::print(&format!("no live hvstats instance under {}\n", dir.display()))?;
     } else {
+        snapshots.iter().for_each(note_unreadable);
         output::with_stdout(|out| {
             for s in &snapshots {
                 write!(out, "{}", instance_table(s, earlier_of(s), &filter))?;
@@ -200,6 +204,25 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 /// True when a reading failed for a reason other than permissions (which the user chose).
 fn unreadable(r: &ObjectReading) -> bool {
     matches!(r, ObjectReading::Unreadable { permission_denied: false, .. })
+}
+
+/// Says on standard error why each object of `s` that could not be read could not.
+fn note_unreadable(s: &InstanceSnapshot) {
+    let note = |what: String, r: &ObjectReading| {
+        if let ObjectReading::Unreadable { reason, .. } = r {
+            note!("instance {} {what}: unreadable: {}", Escaped(&s.name), Escaped(reason));
+        }
+    };
+    note("hypervisor".into(), &s.hypervisor);
+    for lp in &s.lps {
+        note(format!("LP {}", lp.index), &lp.reading);
+    }
+    for p in &s.partitions {
+        note(format!("partition {}", p.id), &p.reading);
+        for vp in &p.vps {
+            note(format!("partition {} VP {}", p.id, vp.index), &vp.reading);
+        }
+    }
 }
 
 fn has_unreadable(s: &InstanceSnapshot) -> bool {
@@ -577,8 +600,9 @@ fn kind_table(
     }
     out.push('\n');
     for (label, reading, _) in &columns {
-        if let ObjectReading::Unreadable { reason, .. } = reading {
-            let _ = writeln!(out, "    {label}: unreadable ({reason})");
+        // Why is said on standard error ([`note_unreadable`]).
+        if let ObjectReading::Unreadable { .. } = reading {
+            let _ = writeln!(out, "    {label}: unreadable");
         }
     }
     if columns.iter().all(|(_, r, _)| matches!(r, ObjectReading::Unreadable { .. })) {
@@ -642,9 +666,9 @@ impl Histograms<'_> {
 
 fn instance_table(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>, filter: &Filter) -> String {
     let seconds = earlier.map(|e| e.seconds);
-    let mut out = format!("instance {} (pid {}", s.name, s.pid);
+    let mut out = format!("instance {} (pid {}", Escaped(&s.name), s.pid);
     if !s.description.kind.is_empty() || !s.description.name.is_empty() {
-        out += &format!(", {}: {}", s.description.kind, s.description.name);
+        out += &format!(", {}: {}", Escaped(&s.description.kind), Escaped(&s.description.name));
     }
     out.push(')');
     if let Some(secs) = seconds {
@@ -673,9 +697,9 @@ fn instance_table(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>, filter: &F
         .iter()
         .map(|p| {
             let then = e.and_then(|e| earlier_partition(e, p.id)).map(|p| &p.reading);
-            let name = if p.name.is_empty() { String::new() } else { format!(" {:?}", p.name) };
+            let name = if p.name.is_empty() { String::new() } else { format!(" \"{}\"", Escaped(&p.name)) };
             let state = match &p.stopped {
-                Some(reason) if !reason.is_empty() => format!(" (stopped: {reason})"),
+                Some(reason) if !reason.is_empty() => format!(" (stopped: {})", Escaped(reason)),
                 _ if !p.active => " (stopped)".to_owned(),
                 _ => String::new(),
             };

@@ -14,7 +14,9 @@
 //! refused ([`TableError::Unsafe`]); every file is opened with `O_NOFOLLOW` and `O_NONBLOCK` and
 //! must be a regular file (a planted link or FIFO is refused, never followed or waited on); the
 //! temporary file is created afresh with `O_EXCL`; and a table larger than [`MAX_TABLE_BYTES`] is
-//! corrupt, not read to the end.
+//! corrupt, not read to the end. The runtime directory itself passes the checks of every
+//! instance's ([`crate::runtime_dir`]) at every operation: who may write it could move `hwc/`
+//! aside, and an empty table in its place would grant what is held a second time.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
@@ -125,6 +127,10 @@ pub enum TableError {
         /// What is wrong and how to fix it.
         reason: String,
     },
+    /// The runtime directory holding `hwc/` fails the checks every instance's directory passes
+    /// (another user could move the table aside and have its counters granted twice).
+    #[error("hardware counter table: {0}")]
+    RuntimeDir(#[from] crate::runtime_dir::RuntimeDirError),
     /// Every handle has been given out (handles are never reused while the table exists).
     #[error(
         "hardware counter table {}: no handle is left to give out; remove the table once no process \
@@ -165,6 +171,14 @@ fn check_dir(dir: &Path) -> Result<(), TableError> {
     Ok(())
 }
 
+/// Checks the runtime directory as publishers check theirs ([`crate::runtime_dir::Dir`]): this
+/// user's, and writable by nobody else, so nobody else can rename `hwc/` away and make an empty
+/// table grant what is held a second time.
+fn check_runtime_dir(runtime_dir: &Path) -> Result<(), TableError> {
+    crate::runtime_dir::Dir::open(runtime_dir, crate::runtime_dir::Use::Publish)?;
+    Ok(())
+}
+
 const NOT_REGULAR: &str = "it is not a regular file (a FIFO, device or directory in its place); remove it";
 
 /// Opens the existing or new file `path` (by `options`) without following a link or waiting on a
@@ -192,6 +206,7 @@ fn open_regular(path: &Path, options: &mut OpenOptions, action: &'static str) ->
 /// The table's files.
 #[derive(Clone, Debug)]
 pub struct TableFile {
+    runtime_dir: PathBuf,
     dir: PathBuf,
     lock_timeout: Duration,
 }
@@ -217,6 +232,7 @@ impl TableFile {
             move |source| TableError::Io { action: "create", path, source }
         };
         fs::create_dir_all(runtime_dir).map_err(io_create(runtime_dir))?;
+        check_runtime_dir(runtime_dir)?;
         match fs::DirBuilder::new().mode(DIR_MODE).create(&dir) {
             Ok(()) => {
                 // The umask may have taken bits away; set exactly the mode meant.
@@ -226,7 +242,7 @@ impl TableFile {
             Err(e) => return Err(io_create(&dir)(e)),
         }
         check_dir(&dir)?;
-        Ok(Self { dir, lock_timeout: DEFAULT_LOCK_TIMEOUT })
+        Ok(Self { runtime_dir: runtime_dir.to_owned(), dir, lock_timeout: DEFAULT_LOCK_TIMEOUT })
     }
 
     /// The table's directory.
@@ -252,6 +268,8 @@ impl TableFile {
     pub fn lock(&self) -> Result<LockedTable<'_>, TableError> {
         let path = self.dir.join("lock");
         let io_err = |action| move |source| TableError::Io { action, path: self.dir.join("lock"), source };
+        // Again at every operation: whoever can write the runtime directory can swap `hwc/`.
+        check_runtime_dir(&self.runtime_dir)?;
         check_dir(&self.dir)?;
         let lock = open_regular(
             &path,

@@ -10,6 +10,7 @@ use std::fmt::Write;
 
 use hvstats::present::{Column, VP_COLUMNS};
 use hvstats::snapshot::{ObjectReading, VpSnapshot};
+use hvstats::text::Escaped;
 use hvstats_abi::catalog::{Counter, counters_of, vp};
 use hvstats_abi::histogram::Log2Histogram;
 use hvstats_abi::source::SourceKind;
@@ -439,7 +440,7 @@ pub fn text(groups: &[Group], seconds: f64, dir: &str, fields: Option<&[Shown]>)
     out.push('\n');
     for group in groups {
         let mut line = |r: &Row, indent: &str| {
-            let label: String = format!("{indent}{}", r.label).chars().take(LABEL_WIDTH).collect();
+            let label: String = format!("{indent}{}", Escaped(&r.label)).chars().take(LABEL_WIDTH).collect();
             let _ = write!(out, "{label:<LABEL_WIDTH$}");
             for c in &columns {
                 let _ = write!(out, " {:>w$}", c.cell(r), w = c.width());

@@ -2,6 +2,7 @@
 //! status line with the keys, a prompt or a message; the help over it on request. Drawing only
 //! reads the [`App`].
 
+use hvstats::text::Escaped;
 use ratatui::buffer::Buffer;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Modifier, Style};
@@ -83,7 +84,7 @@ impl App {
         )
         .style(Style::new().add_modifier(Modifier::REVERSED));
         let line = |r: &table::Row, indent: &str| {
-            std::iter::once(format!("{indent}{}", r.label))
+            std::iter::once(format!("{indent}{}", Escaped(&r.label)))
                 .chain(shown.iter().map(|c| format!("{:>w$}", c.cell(r), w = c.width())))
                 .collect::<Vec<_>>()
         };
