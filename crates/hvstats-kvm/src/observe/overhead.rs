@@ -169,7 +169,12 @@ pub fn guest_exit_rate_on_vs_off(
         if observed { rates.observed.push(rate) } else { rates.unobserved.push(rate) }
     }
     drop(qemu);
-    if rates.observed.iter().chain(&rates.unobserved).any(|r| !(*r > 0.0)) {
+    if rates
+        .observed
+        .iter()
+        .chain(&rates.unobserved)
+        .any(|r| r.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater))
+    {
         return Err(OverheadError::NoExits { observed: rates.observed, unobserved: rates.unobserved });
     }
     Ok(rates)

@@ -1,0 +1,263 @@
+//! In-kernel counting of tracepoints on chosen threads: one program per tracepoint, one row of
+//! per-CPU counters per thread.
+//!
+//! A [`Tally`] is made for a list of columns (a tracepoint, narrowed by a filter or not). It
+//! loads one program per distinct tracepoint, attached for the life of the tally, and two maps:
+//! the thread table (thread id → process id and slot) and the rows (slot → one `u64` per column,
+//! per CPU). Counting a thread is one map write ([`Tally::add_thread`]); reading it is one map
+//! read summed over CPUs. The cost a firing pays is one program, however many columns it
+//! classifies into and however many threads are counted — the reason this exists: a perf
+//! counter per (thread, column) is evaluated on every firing, so the cost grows with each one.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::Path;
+use std::sync::Mutex;
+
+use super::filter::{self, FilterError, Pred};
+use super::program::{self, Column};
+use super::sys::{ArrayMap, Attachment, LoadError, Program};
+
+/// One column: a tracepoint, narrowed by an ftrace filter when given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TracepointColumn {
+    /// The tracepoint's system (`kvm`).
+    pub system: String,
+    /// The event (`kvm_userspace_exit`).
+    pub name: String,
+    /// An ftrace filter (`reason == 2`).
+    pub filter: Option<String>,
+}
+
+/// Why a tally, or one of its tracepoints, cannot count in the kernel.
+#[derive(Debug, thiserror::Error)]
+pub enum TallyError {
+    /// A map could not be created (no CAP_BPF, a locked-down kernel, no memory).
+    #[error("cannot create a BPF map")]
+    Map(#[source] io::Error),
+    /// A tracepoint's format or id cannot be read.
+    #[error("tracepoint {tracepoint}: {source}")]
+    Format {
+        /// `system:name`.
+        tracepoint: String,
+        /// The read error.
+        #[source]
+        source: io::Error,
+    },
+    /// A filter is outside what the program can evaluate.
+    #[error("filter {filter:?} on {tracepoint}")]
+    Filter {
+        /// `system:name`.
+        tracepoint: String,
+        /// The filter.
+        filter: String,
+        /// Why.
+        #[source]
+        source: FilterError,
+    },
+    /// The program could not be assembled.
+    #[error("cannot assemble the program of {0}")]
+    Assemble(String),
+    /// The kernel refused the program.
+    #[error("loading the program of {tracepoint}")]
+    Load {
+        /// `system:name`.
+        tracepoint: String,
+        /// The refusal.
+        #[source]
+        source: LoadError,
+    },
+    /// The program could not be attached.
+    #[error("attaching the program of {tracepoint}")]
+    Attach {
+        /// `system:name`.
+        tracepoint: String,
+        /// The kernel's error.
+        #[source]
+        source: io::Error,
+    },
+    /// Every slot is taken.
+    #[error("all {0} slots of the in-kernel counters are in use")]
+    Full(u32),
+}
+
+/// A counted thread's place in the rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Slot(u32);
+
+/// The programs, maps and slots of one column list.
+#[derive(Debug)]
+pub struct Tally {
+    columns: usize,
+    /// Why each column is not counted in the kernel (its tracepoint could not be), if so.
+    refused: Vec<Option<String>>,
+    threads: ArrayMap,
+    rows: ArrayMap,
+    free: Mutex<Slots>,
+    _attachments: Vec<Attachment>,
+}
+
+#[derive(Debug)]
+struct Slots {
+    free: Vec<u32>,
+    /// Thread of each slot in use.
+    used: BTreeMap<u32, u32>,
+}
+
+/// Rows (counted threads) a tally holds at most.
+pub const SLOTS: u32 = 1024;
+
+impl Tally {
+    /// Loads and attaches the programs of `columns`, tracepoints read from tracefs at `tracefs`.
+    /// A tracepoint whose program cannot be made is not counted here (see
+    /// [`refused`](Self::refused)); the others are.
+    ///
+    /// # Errors
+    /// When the maps cannot be created (BPF not permitted) or no tracepoint can be counted.
+    pub fn new(tracefs: &Path, columns: &[TracepointColumn]) -> Result<Self, TallyError> {
+        let threads = ArrayMap::create(8, pid_max(), false).map_err(TallyError::Map)?;
+        let width = columns.len().max(1);
+        let rows = ArrayMap::create(8 * width, SLOTS, true).map_err(TallyError::Map)?;
+        let mut by_tracepoint: BTreeMap<(&str, &str), Vec<usize>> = BTreeMap::new();
+        for (i, c) in columns.iter().enumerate() {
+            by_tracepoint.entry((c.system.as_str(), c.name.as_str())).or_default().push(i);
+        }
+        let mut refused = vec![None; columns.len()];
+        let mut attachments = Vec::new();
+        let mut first_error = None;
+        for ((system, name), indices) in by_tracepoint {
+            match attach_one(tracefs, system, name, &indices, columns, &threads, &rows) {
+                Ok(a) => attachments.push(a),
+                Err(e) => {
+                    for &i in &indices {
+                        refused[i] = Some(error_text(&e));
+                    }
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if attachments.is_empty()
+            && let Some(e) = first_error
+        {
+            return Err(e);
+        }
+        let free = Slots { free: (0..SLOTS).rev().collect(), used: BTreeMap::new() };
+        Ok(Self {
+            columns: columns.len(),
+            refused,
+            threads,
+            rows,
+            free: Mutex::new(free),
+            _attachments: attachments,
+        })
+    }
+
+    /// Why column `i` is not counted in the kernel, if it is not.
+    pub fn refused(&self, i: usize) -> Option<&str> {
+        self.refused.get(i).and_then(|r| r.as_deref())
+    }
+
+    /// Starts counting thread `tid` of process `pid` from zero.
+    ///
+    /// # Errors
+    /// When every slot is in use or the maps cannot be written.
+    pub fn add_thread(&self, pid: i32, tid: i32) -> Result<Slot, TallyError> {
+        let mut slots = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = slots.free.pop().ok_or(TallyError::Full(SLOTS))?;
+        let zero = vec![0u8; 8 * self.columns.max(1)];
+        let entry = (u64::from(pid as u32) << 32) | u64::from(slot + 1);
+        let written =
+            self.rows.write(slot, &zero).and_then(|()| self.threads.write(tid as u32, &entry.to_ne_bytes()));
+        if let Err(e) = written {
+            slots.free.push(slot);
+            return Err(TallyError::Map(e));
+        }
+        slots.used.insert(slot, tid as u32);
+        Ok(Slot(slot))
+    }
+
+    /// Stops counting the thread of `slot`; the slot is free for another.
+    pub fn remove_thread(&self, slot: Slot) {
+        let mut slots = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(tid) = slots.used.remove(&slot.0) {
+            // The thread's entry goes first, so no program adds to the row once it is reused.
+            if self.threads.write(tid, &0u64.to_ne_bytes()).is_ok() {
+                slots.free.insert(0, slot.0);
+            }
+        }
+    }
+
+    /// The counts of `slot`, by column, summed over CPUs.
+    ///
+    /// # Errors
+    /// When the map cannot be read.
+    pub fn read(&self, slot: Slot) -> io::Result<Vec<u64>> {
+        self.rows.sum_u64(slot.0, self.columns)
+    }
+}
+
+fn error_text(e: &TallyError) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+fn attach_one(
+    tracefs: &Path,
+    system: &str,
+    name: &str,
+    indices: &[usize],
+    columns: &[TracepointColumn],
+    threads: &ArrayMap,
+    rows: &ArrayMap,
+) -> Result<Attachment, TallyError> {
+    let tracepoint = format!("{system}:{name}");
+    if [system, name].iter().any(|s| s.is_empty() || s.contains('/') || s.contains("..")) {
+        return Err(TallyError::Format { tracepoint, source: io::Error::from(io::ErrorKind::InvalidInput) });
+    }
+    let dir = tracefs.join("events").join(system).join(name);
+    let read = |file: &str| std::fs::read_to_string(dir.join(file));
+    let format =
+        read("format").map_err(|source| TallyError::Format { tracepoint: tracepoint.clone(), source })?;
+    let id: u64 = read("id")
+        .map_err(|source| TallyError::Format { tracepoint: tracepoint.clone(), source })?
+        .trim()
+        .parse()
+        .map_err(|_| TallyError::Format {
+            tracepoint: tracepoint.clone(),
+            source: io::ErrorKind::InvalidData.into(),
+        })?;
+    let fields = filter::parse_format(&format);
+    let mut program_columns = Vec::with_capacity(indices.len());
+    for &i in indices {
+        let pred: Option<Pred> = match &columns[i].filter {
+            Some(f) => Some(filter::parse_filter(f, &fields).map_err(|source| TallyError::Filter {
+                tracepoint: tracepoint.clone(),
+                filter: f.clone(),
+                source,
+            })?),
+            None => None,
+        };
+        let index = u16::try_from(i).map_err(|_| TallyError::Assemble(tracepoint.clone()))?;
+        program_columns.push(Column { index, pred });
+    }
+    let insns = program::assemble(threads.raw_fd(), rows.raw_fd(), &program_columns)
+        .map_err(|_| TallyError::Assemble(tracepoint.clone()))?;
+    let prog = Program::load_tracepoint(&insns)
+        .map_err(|source| TallyError::Load { tracepoint: tracepoint.clone(), source })?;
+    Attachment::tracepoint(id, &prog).map_err(|source| TallyError::Attach { tracepoint, source })
+}
+
+/// The thread table's size: the kernel's `pid_max` (thread ids are below it), at most 4 Mi.
+fn pid_max() -> u32 {
+    std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|t| t.trim().parse::<u32>().ok())
+        .unwrap_or(1 << 22)
+        .clamp(1024, 1 << 22)
+}
