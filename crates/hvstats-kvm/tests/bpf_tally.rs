@@ -72,7 +72,7 @@ fn a_thread_is_counted_exactly_from_zero_and_other_threads_not_at_all() {
     go_tx.send(()).unwrap();
     worker.join().unwrap();
     assert_eq!(t.read(worker_slot).unwrap(), vec![77]);
-    t.remove_thread(slot);
+    t.remove_thread(gettid());
     getppid(5);
     assert_eq!(t.read(slot).unwrap(), vec![1234], "a removed thread's row no longer moves");
     // The slot is reused from zero.

@@ -60,6 +60,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Err(e) => log(&format!("cannot raise the open file limit: {e}")),
     }
     let dir = super::runtime_dir(args.runtime_dir)?;
+    log(&format!("counting {}", publication::counting_method().1));
     let config = InstanceConfig {
         runtime_dir: Some(dir.clone()),
         description: publication::description(),

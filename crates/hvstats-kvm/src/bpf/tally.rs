@@ -100,8 +100,9 @@ pub struct Tally {
 #[derive(Debug)]
 struct Slots {
     free: Vec<u32>,
-    /// Thread of each slot in use.
-    used: BTreeMap<u32, u32>,
+    /// Slot of each thread counted, and how many counted it ([`Tally::add_thread`] calls not yet
+    /// matched by [`Tally::remove_thread`]).
+    used: BTreeMap<u32, (u32, usize)>,
 }
 
 /// Rows (counted threads) a tally holds at most.
@@ -157,12 +158,18 @@ impl Tally {
         self.refused.get(i).and_then(|r| r.as_deref())
     }
 
-    /// Starts counting thread `tid` of process `pid` from zero.
+    /// Starts counting thread `tid` of process `pid`. A thread already counted keeps its row
+    /// (two lists of the same events in one process may count the same thread): the caller
+    /// takes the row's value now as its start ([`read`](Self::read) at once).
     ///
     /// # Errors
     /// When every slot is in use or the maps cannot be written.
     pub fn add_thread(&self, pid: i32, tid: i32) -> Result<Slot, TallyError> {
         let mut slots = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((slot, refs)) = slots.used.get_mut(&(tid as u32)) {
+            *refs += 1;
+            return Ok(Slot(*slot));
+        }
         let slot = slots.free.pop().ok_or(TallyError::Full(SLOTS))?;
         let zero = vec![0u8; 8 * self.columns.max(1)];
         let entry = (u64::from(pid as u32) << 32) | u64::from(slot + 1);
@@ -172,18 +179,25 @@ impl Tally {
             slots.free.push(slot);
             return Err(TallyError::Map(e));
         }
-        slots.used.insert(slot, tid as u32);
+        slots.used.insert(tid as u32, (slot, 1));
         Ok(Slot(slot))
     }
 
-    /// Stops counting the thread of `slot`; the slot is free for another.
-    pub fn remove_thread(&self, slot: Slot) {
+    /// Stops counting thread `tid` for one of those that added it; once none counts it, its
+    /// slot is free for another.
+    pub fn remove_thread(&self, tid: i32) {
         let mut slots = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(tid) = slots.used.remove(&slot.0) {
-            // The thread's entry goes first, so no program adds to the row once it is reused.
-            if self.threads.write(tid, &0u64.to_ne_bytes()).is_ok() {
-                slots.free.insert(0, slot.0);
-            }
+        let Some((slot, refs)) = slots.used.get_mut(&(tid as u32)) else { return };
+        *refs -= 1;
+        if *refs > 0 {
+            return;
+        }
+        let slot = *slot;
+        slots.used.remove(&(tid as u32));
+        // The thread's entry goes first, so no program adds to the row once it is reused; a
+        // slot whose entry cannot be cleared is never reused.
+        if self.threads.write(tid as u32, &0u64.to_ne_bytes()).is_ok() {
+            slots.free.insert(0, slot);
         }
     }
 

@@ -14,6 +14,7 @@
 
 pub mod bios;
 pub mod counting;
+pub mod counting_cost;
 pub mod discovery;
 pub mod observer;
 pub mod overhead;

@@ -322,6 +322,11 @@ impl ObservedVm {
         self.counters.fds()
     }
 
+    /// How this VM's tracepoints are counted (in the kernel, or by perf counters, and why).
+    pub fn counting_method(&self) -> String {
+        self.counters.events().method_description()
+    }
+
     /// What is known about `kvm_exit`.
     pub fn kvm_exit(&self) -> KvmExitState {
         self.kvm_exit
