@@ -54,11 +54,20 @@ fn qemu_with_bios(tmp: &TempDir, program: BiosProgram, extra: &[&str]) -> Option
     args.extend_from_slice(extra);
     let qemu = Qemu::start(tmp.path(), "ctl", "kvm", &args)?;
     let t = Instant::now();
-    while !obs.exists() {
-        assert!(t.elapsed() < Duration::from_secs(10));
+    while !obs.exists() || !has_vcpu(qemu.pid()) {
+        assert!(t.elapsed() < Duration::from_secs(10), "QEMU made no vCPU in 10 s");
         std::thread::sleep(Duration::from_millis(20));
     }
     Some((qemu, obs))
+}
+
+/// True once `pid` holds a KVM vCPU descriptor (the observer attaches to a VM only then).
+fn has_vcpu(pid: i32) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|dir| {
+        dir.flatten().any(|e| {
+            std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().starts_with("anon_inode:kvm-vcpu"))
+        })
+    })
 }
 
 #[test]
@@ -99,6 +108,7 @@ fn a_paused_qemu_guest_is_counted_exactly_from_its_first_instruction() {
     assert_eq!(page.get(vp::MEMORY_INTERCEPT_MESSAGES), 0);
     assert_eq!(page.get(vp::MSR_ACCESSES), 0);
     let vm = observer.vms().next().unwrap();
+    eprintln!("counted by {}", vm.counting_method());
     if vm.has_qmp_stats() {
         assert_eq!(page.get(vp::HLT_INSTRUCTIONS), 1, "one HLT, from KVM's halt_exits through QMP");
     }

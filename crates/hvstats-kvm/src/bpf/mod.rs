@@ -10,6 +10,7 @@
 pub mod filter;
 pub mod insn;
 pub mod program;
+pub mod raw;
 pub mod sys;
 pub mod tally;
 

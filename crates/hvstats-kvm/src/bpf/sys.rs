@@ -15,6 +15,9 @@ pub const MAP_ARRAY: u32 = 2;
 pub const MAP_PERCPU_ARRAY: u32 = 6;
 /// `BPF_PROG_TYPE_TRACEPOINT`.
 const PROG_TRACEPOINT: u32 = 5;
+/// `BPF_PROG_TYPE_RAW_TRACEPOINT`.
+const PROG_RAW_TRACEPOINT: u32 = 17;
+const CMD_RAW_TRACEPOINT_OPEN: libc::c_int = 17;
 /// `PERF_EVENT_IOC_SET_BPF` = `_IOW('$', 8, __u32)`.
 const PERF_EVENT_IOC_SET_BPF: libc::c_ulong = 0x4004_2408;
 const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 8;
@@ -182,16 +185,30 @@ pub struct LoadError {
 }
 
 impl Program {
-    /// Loads `insns` as a tracepoint program.
+    /// Loads `insns` as a tracepoint program (its context: the tracepoint's record, laid out
+    /// as its tracefs format says).
     ///
     /// # Errors
     /// The kernel's refusal (EPERM without CAP_BPF/CAP_PERFMON, EACCES/EINVAL from the verifier,
     /// whose log is kept).
     pub fn load_tracepoint(insns: &[u64]) -> Result<Self, LoadError> {
+        Self::load(PROG_TRACEPOINT, insns)
+    }
+
+    /// Loads `insns` as a raw tracepoint program (its context: the tracepoint's arguments, one
+    /// `u64` each).
+    ///
+    /// # Errors
+    /// As [`load_tracepoint`](Self::load_tracepoint).
+    pub fn load_raw_tracepoint(insns: &[u64]) -> Result<Self, LoadError> {
+        Self::load(PROG_RAW_TRACEPOINT, insns)
+    }
+
+    fn load(kind: u32, insns: &[u64]) -> Result<Self, LoadError> {
         let license = c"GPL";
         let attempt = |log: &mut [u8], level: u32| {
             Attr::new()
-                .u32_at(0, PROG_TRACEPOINT)
+                .u32_at(0, kind)
                 .u32_at(4, insns.len() as u32)
                 .u64_at(8, insns.as_ptr() as u64)
                 .u64_at(16, license.as_ptr() as u64)
@@ -221,14 +238,28 @@ impl Program {
     }
 }
 
-/// A program attached to a tracepoint through a disabled perf event: it runs on every firing of
-/// the tracepoint (on any thread) until this is dropped.
+/// A program attached to a tracepoint (through a disabled perf event, or as a raw tracepoint):
+/// it runs on every firing of the tracepoint (on any thread) until this is dropped.
 #[derive(Debug)]
 pub struct Attachment {
     _event: OwnedFd,
 }
 
 impl Attachment {
+    /// Attaches `program` (a raw tracepoint program) to the kernel tracepoint `name`: it then
+    /// runs with the tracepoint's arguments, before any record is made.
+    ///
+    /// # Errors
+    /// What `bpf(BPF_RAW_TRACEPOINT_OPEN)` returns (ENOENT: no such tracepoint).
+    pub fn raw_tracepoint(name: &str, program: &Program) -> io::Result<Self> {
+        let name = std::ffi::CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let fd = Attr::new()
+            .u64_at(0, name.as_ptr() as u64)
+            .u32_at(8, program.fd.as_raw_fd() as u32)
+            .call(CMD_RAW_TRACEPOINT_OPEN)?;
+        Ok(Self { _event: owned(fd) })
+    }
+
     /// Attaches `program` to tracepoint id `tracepoint` (from tracefs).
     ///
     /// # Errors

@@ -16,6 +16,7 @@ use std::sync::Mutex;
 
 use super::filter::{self, FilterError, Pred};
 use super::program::{self, Column};
+use super::raw;
 use super::sys::{ArrayMap, Attachment, LoadError, Program};
 
 /// One column: a tracepoint, narrowed by an ftrace filter when given.
@@ -247,24 +248,45 @@ fn attach_one(
             source: io::ErrorKind::InvalidData.into(),
         })?;
     let fields = filter::parse_format(&format);
-    let mut program_columns = Vec::with_capacity(indices.len());
-    for &i in indices {
-        let pred: Option<Pred> = match &columns[i].filter {
-            Some(f) => Some(filter::parse_filter(f, &fields).map_err(|source| TallyError::Filter {
-                tracepoint: tracepoint.clone(),
-                filter: f.clone(),
-                source,
-            })?),
-            None => None,
-        };
-        let index = u16::try_from(i).map_err(|_| TallyError::Assemble(tracepoint.clone()))?;
-        program_columns.push(Column { index, pred });
+    // A raw tracepoint first: it runs before the kernel makes the record, which is most of
+    // what a classic tracepoint program costs a firing.
+    let filters: Vec<Option<&str>> = indices.iter().map(|&i| columns[i].filter.as_deref()).collect();
+    if let Some(raw_fields) = raw::fields(system, name, &fields, &filters)
+        && let Ok(program_columns) = program_columns(&tracepoint, &raw_fields, indices, columns)
+        && let Ok(insns) = program::assemble(threads.raw_fd(), rows.raw_fd(), &program_columns)
+        && let Ok(prog) = Program::load_raw_tracepoint(&insns)
+        && let Ok(attached) = Attachment::raw_tracepoint(name, &prog)
+    {
+        return Ok(attached);
     }
+    let program_columns = program_columns(&tracepoint, &fields, indices, columns)?;
     let insns = program::assemble(threads.raw_fd(), rows.raw_fd(), &program_columns)
         .map_err(|_| TallyError::Assemble(tracepoint.clone()))?;
     let prog = Program::load_tracepoint(&insns)
         .map_err(|source| TallyError::Load { tracepoint: tracepoint.clone(), source })?;
     Attachment::tracepoint(id, &prog).map_err(|source| TallyError::Attach { tracepoint, source })
+}
+
+fn program_columns(
+    tracepoint: &str,
+    fields: &filter::Fields,
+    indices: &[usize],
+    columns: &[TracepointColumn],
+) -> Result<Vec<Column>, TallyError> {
+    let mut program_columns = Vec::with_capacity(indices.len());
+    for &i in indices {
+        let pred: Option<Pred> = match &columns[i].filter {
+            Some(f) => Some(filter::parse_filter(f, fields).map_err(|source| TallyError::Filter {
+                tracepoint: tracepoint.to_owned(),
+                filter: f.clone(),
+                source,
+            })?),
+            None => None,
+        };
+        let index = u16::try_from(i).map_err(|_| TallyError::Assemble(tracepoint.to_owned()))?;
+        program_columns.push(Column { index, pred });
+    }
+    Ok(program_columns)
 }
 
 /// The thread table's size: the kernel's `pid_max` (thread ids are below it), at most 4 Mi.

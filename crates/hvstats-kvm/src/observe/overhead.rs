@@ -4,9 +4,11 @@
 //! A paused QEMU (`-accel kvm`) runs a guest that does `out 0x80` forever (every one a userspace
 //! exit). Rounds alternate between observed (an [`Observer`] attached, refreshing as
 //! `hvstats observe` does) and not observed; each round's rate is KVM's `exits` of the vCPU
-//! (read through a QMP socket of its own, which costs the guest nothing) over the round's length.
-//! `exits` moves on every host; `io_exits` is counted only by the VMX/SVM exit handlers and stays
-//! 0 under a software KVM. The result is the ratio of the medians; the goal is at least 0.99.
+//! (read through a QMP socket of its own, which costs the guest nothing) over the CPU time the
+//! vCPU thread ran in the round (its schedstat): what each exit costs the guest, undisturbed by
+//! the time a busy host keeps the thread off a CPU. `exits` moves on every host; `io_exits` is
+//! counted only by the VMX/SVM exit handlers and stays 0 under a software KVM. The result is the
+//! ratio of the medians; the goal is at least 0.99.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -21,7 +23,8 @@ use super::observer::{Observer, Targets};
 use super::qmp::Qmp;
 use super::vm::ObserveOptions;
 
-/// The measured exit rates, in exits per second.
+/// The measured exit rates, in exits per second (of the vCPU thread's CPU time for
+/// [`guest_exit_rate_on_vs_off`]).
 #[derive(Clone, Debug)]
 pub struct ExitRates {
     /// Each observed round.
@@ -141,6 +144,17 @@ pub fn guest_exit_rate_on_vs_off(
         Ok(per_vcpu.iter().sum())
     };
     let pid = qemu.child.id() as i32;
+    let vcpu = control.query_cpus()?.first().map(|c| c.thread_id).ok_or(OverheadError::NoStats)?;
+    let schedstat = format!("/proc/{pid}/task/{vcpu}/schedstat");
+    // Nanoseconds the vCPU thread has run (the first field of its schedstat).
+    let cpu_ns = || -> Result<u64, OverheadError> {
+        let text = std::fs::read_to_string(&schedstat)
+            .map_err(|e| OverheadError::Qemu(format!("{schedstat}: {e}")))?;
+        text.split_whitespace()
+            .next()
+            .and_then(|f| f.parse().ok())
+            .ok_or_else(|| OverheadError::Qemu(format!("{schedstat}: no run time")))
+    };
     let mut rates = ExitRates { observed: Vec::new(), unobserved: Vec::new() };
     let hv = Hypervisor::new().map_err(OverheadError::Instance)?;
     for round in 0..rounds * 2 {
@@ -156,7 +170,7 @@ pub fn guest_exit_rate_on_vs_off(
         if let Some(o) = observer.as_mut() {
             o.tick();
         }
-        let before = exits(&mut control)?;
+        let (before, ran_before) = (exits(&mut control)?, cpu_ns()?);
         let start = Instant::now();
         while start.elapsed() < window {
             std::thread::sleep(interval.min(window.saturating_sub(start.elapsed())));
@@ -164,8 +178,9 @@ pub fn guest_exit_rate_on_vs_off(
                 o.tick();
             }
         }
-        let after = exits(&mut control)?;
-        let rate = after.saturating_sub(before) as f64 / start.elapsed().as_secs_f64();
+        let (after, ran_after) = (exits(&mut control)?, cpu_ns()?);
+        let ran = ran_after.saturating_sub(ran_before) as f64 / 1e9;
+        let rate = if ran > 0.0 { after.saturating_sub(before) as f64 / ran } else { 0.0 };
         if observed { rates.observed.push(rate) } else { rates.unobserved.push(rate) }
     }
     drop(qemu);
