@@ -159,3 +159,23 @@ fn a_filter_the_program_cannot_evaluate_leaves_its_tracepoint_refused_and_others
     getppid(9);
     assert_eq!(t.read(slot).unwrap()[0], 9);
 }
+
+#[test]
+fn a_perf_counter_on_the_same_tracepoint_still_counts_every_firing() {
+    // A classic tracepoint program returning 0 would hide every firing from every perf event on
+    // the tracepoint: another tool's `perf stat` would read 0.
+    let Some(t) = tally(&[column("sys_enter_getppid", None)], "a_perf_counter_on_the_same_tracepoint") else {
+        return;
+    };
+    let id: u64 = std::fs::read_to_string(tracefs().join("events/syscalls/sys_enter_getppid/id"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let perf =
+        hvstats::perf_event::PerfCounter::open(hvstats::perf_event::TYPE_TRACEPOINT, id, gettid()).unwrap();
+    let slot = t.add_thread(std::process::id() as i32, gettid()).unwrap();
+    getppid(321);
+    assert_eq!(t.read(slot).unwrap(), vec![321]);
+    assert_eq!(perf.read().unwrap(), 321);
+}

@@ -107,7 +107,7 @@ fn counts_are_exact_and_start_at_attach_by(method: Method) {
     let mut counters = ThreadCounters::attach(&Procfs::host(), me(), events).unwrap();
     worker.run(|| getppid(777));
     let counts = counters.read(worker.tid).expect("the worker is counted");
-    assert_eq!(counts[0], Some(777));
+    assert_eq!(counts[0], Some(777), "{method:?}");
     assert!(counts[1].is_some_and(|ns| ns > 0), "task clock {:?}", counts[1]);
     assert_eq!(counts[2], None, "an unknown tracepoint is unavailable, not 0");
     assert!(counters.events().unavailable(2).is_some());
@@ -166,7 +166,7 @@ fn a_thread_attributed_late_by(method: Method) {
     assert_eq!(counters.tids(), vec![vcpu.tid]);
     assert!(counters.read(other.tid).is_none());
     vcpu.run(|| getppid(36));
-    assert_eq!(counters.read(vcpu.tid).unwrap()[0], Some(100));
+    assert_eq!(counters.read(vcpu.tid).unwrap()[0], Some(100), "{method:?}");
     // Threads appearing once narrowed are not counted.
     let late = Worker::start();
     assert_eq!(counters.rescan(&procfs).unwrap(), 0);

@@ -76,7 +76,7 @@ fn a_paused_qemu_guest_is_counted_exactly_from_its_first_instruction() {
         return;
     }
     let tmp = TempDir::new("kvm-exact");
-    let program = BiosProgram { cpuid: 777, out: 333, in_: 55, end: BiosEnd::Halt };
+    let program = BiosProgram { cpuid: 777, out: 333, in_: 55, end: BiosEnd::Halt, ..BiosProgram::default() };
     let Some((qemu, obs)) = qemu_with_bios(&tmp, program, &["-name", "guest=exact,debug-threads=on"]) else {
         return;
     };
@@ -113,6 +113,43 @@ fn a_paused_qemu_guest_is_counted_exactly_from_its_first_instruction() {
         assert_eq!(page.get(vp::HLT_INSTRUCTIONS), 1, "one HLT, from KVM's halt_exits through QMP");
     }
     assert!(page.get(vp::TOTAL_RUN_TIME) > 0);
+}
+
+#[test]
+fn x2apic_eoi_and_tpr_writes_of_a_qemu_guest_are_counted_exactly() {
+    if !kvm_available("x2apic_eoi_and_tpr_writes_of_a_qemu_guest_are_counted_exactly") {
+        return;
+    }
+    let tmp = TempDir::new("kvm-x2apic");
+    // x2APIC registers are MSRs: no MMIO at all, so only kvm_apic sees these accesses.
+    let program =
+        BiosProgram { x2apic_eoi: 91, x2apic_tpr: 17, end: BiosEnd::Halt, ..BiosProgram::default() };
+    let Some((qemu, obs)) =
+        qemu_with_bios(&tmp, program, &["-cpu", "qemu64,+x2apic", "-name", "guest=x2apic,debug-threads=on"])
+    else {
+        return;
+    };
+    let hv = Hypervisor::new().unwrap();
+    let mut observer = Observer::new(
+        hv.clone(),
+        Procfs::host(),
+        Targets::Pids(vec![qemu.pid()]),
+        ObserveOptions { qmp: Some(obs) },
+    );
+    observer.tick();
+    let part = only_partition(&hv);
+    let page = part.vp_page(0).unwrap();
+    qemu.connect().cont().unwrap();
+    tick_until(&mut observer, Duration::from_secs(60), |_| {
+        page.get(vp::APIC_EOI_ACCESSES) == 91 && page.get(vp::APIC_TPR_ACCESSES) == 17
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    observer.tick();
+    assert_eq!(page.get(vp::APIC_EOI_ACCESSES), 91, "EOI writes by x2APIC MSR");
+    assert_eq!(page.get(vp::APIC_TPR_ACCESSES), 17, "TPR writes by x2APIC MSR");
+    assert_eq!(page.get(vp::APIC_MMIO_ACCESSES), 0, "no APIC access was MMIO");
+    let unavailable = observer.vms().next().unwrap().unavailable();
+    assert!(!unavailable.contains(&vp::APIC_EOI_ACCESSES) && !unavailable.contains(&vp::APIC_TPR_ACCESSES));
 }
 
 #[test]
@@ -156,7 +193,7 @@ fn two_vms_with_all_and_one_exits_while_observed() {
         return;
     }
     let tmp = TempDir::new("kvm-all");
-    let program = BiosProgram { cpuid: 10, out: 0, in_: 0, end: BiosEnd::Halt };
+    let program = BiosProgram { cpuid: 10, end: BiosEnd::Halt, ..BiosProgram::default() };
     let a_dir = TempDir::new("kvm-all-a");
     let b_dir = TempDir::new("kvm-all-b");
     let Some((a, _)) = qemu_with_bios(&a_dir, program, &["-name", "guest=vm-a"]) else { return };

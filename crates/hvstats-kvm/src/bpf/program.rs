@@ -7,8 +7,12 @@
 //! if !entry || entry >> 32 != tgid: return 0
 //! row = rows[slot]                      // per-CPU array: one u64 per column
 //! for each column: if predicate(record): row[column] += 1
-//! return 0                              // nothing goes on to perf's own event
+//! return 1
 //! ```
+//!
+//! A classic tracepoint program's 0 would stop the firing from reaching *every* perf event on
+//! the tracepoint, other tools' counters too (`perf_trace_run_bpf_submit`): it returns 1, and
+//! the firing goes on to perf events as if no program were there.
 //!
 //! Every firing of the tracepoint runs the program once, whatever the number of columns and
 //! observed threads: two array lookups (which the verifier inlines), then a few compares per
@@ -75,7 +79,7 @@ pub fn assemble(threads: i32, rows: i32, columns: &[Column]) -> Result<Vec<u64>,
         a.bind(skip);
     }
     a.bind(out);
-    a.mov_imm(R0, 0);
+    a.mov_imm(R0, 1);
     a.exit();
     a.finish()
 }

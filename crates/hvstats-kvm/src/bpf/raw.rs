@@ -20,6 +20,8 @@ const ARGUMENTS: &[(&str, &str, Arguments)] = &[
     ("kvm", "kvm_mmio", &[("type", 0, 4), ("len", 1, 4), ("gpa", 2, 8)]),
     // TP_PROTO(__u32 icr_low, __u32 dest_id)
     ("kvm", "kvm_apic_ipi", &[("icr_low", 0, 4), ("dest_id", 1, 4)]),
+    // TP_PROTO(unsigned write, u32 ecx, u64 data, bool exception)
+    ("kvm", "kvm_msr", &[("write", 0, 4), ("ecx", 1, 4), ("data", 2, 8)]),
     // TP_PROTO(unsigned int rw, unsigned int reg, u64 val)
     ("kvm", "kvm_apic", &[("rw", 0, 4), ("reg", 1, 4), ("val", 2, 8)]),
 ];

@@ -9,8 +9,10 @@
 //! - [`publication`]: what an observed partition publishes beside its pages.
 //!
 //! Descriptors per VM: while its vCPU threads are unknown, one counter group per thread of the
-//! process; once known, one group per vCPU thread — [`vm::vm_events`] counters each (16 on a
-//! host without VMX/SVM, 31 with), plus one QMP socket when given.
+//! process; once known, one group per vCPU thread. Where BPF is permitted the tracepoints are
+//! counted in the kernel ([`counting`]) and a group holds only the two software events (task
+//! clock, migrations); with perf counters it holds every event of [`vm::vm_events`] (18 on a host
+//! without VMX/SVM, 33 with). Plus one QMP socket when given.
 
 pub mod bios;
 pub mod counting;

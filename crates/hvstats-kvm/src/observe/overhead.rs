@@ -106,7 +106,7 @@ pub fn guest_exit_rate_on_vs_off(
     }
     let dir = std::env::temp_dir().join(format!("hvstats-observe-overhead-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| OverheadError::Qemu(e.to_string()))?;
-    let image = BiosProgram { cpuid: 0, out: 0, in_: 0, end: BiosEnd::OutForever }
+    let image = BiosProgram { end: BiosEnd::OutForever, ..BiosProgram::default() }
         .image()
         .map_err(|e| OverheadError::Qemu(e.to_string()))?;
     let bios = dir.join("bios.bin");
