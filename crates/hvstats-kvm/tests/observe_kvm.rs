@@ -54,20 +54,32 @@ fn qemu_with_bios(tmp: &TempDir, program: BiosProgram, extra: &[&str]) -> Option
     args.extend_from_slice(extra);
     let qemu = Qemu::start(tmp.path(), "ctl", "kvm", &args)?;
     let t = Instant::now();
-    while !obs.exists() || !has_vcpu(qemu.pid()) {
+    while !obs.exists() || vcpus(qemu.pid()) < 1 {
         assert!(t.elapsed() < Duration::from_secs(10), "QEMU made no vCPU in 10 s");
         std::thread::sleep(Duration::from_millis(20));
     }
     Some((qemu, obs))
 }
 
-/// True once `pid` holds a KVM vCPU descriptor (the observer attaches to a VM only then).
-fn has_vcpu(pid: i32) -> bool {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|dir| {
-        dir.flatten().any(|e| {
-            std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().starts_with("anon_inode:kvm-vcpu"))
-        })
+/// The KVM vCPU descriptors `pid` holds (the observer attaches to a VM only once it has them).
+fn vcpus(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |dir| {
+        dir.flatten()
+            .filter(|e| {
+                std::fs::read_link(e.path())
+                    .is_ok_and(|l| l.to_string_lossy().starts_with("anon_inode:kvm-vcpu"))
+            })
+            .count()
     })
+}
+
+/// Waits (at most 10 s) until `qemu` has made `n` vCPUs.
+fn wait_for_vcpus(qemu: &Qemu, n: usize) {
+    let t = Instant::now();
+    while vcpus(qemu.pid()) < n {
+        assert!(t.elapsed() < Duration::from_secs(10), "QEMU made no {n} vCPUs in 10 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
@@ -160,6 +172,7 @@ fn seabios_on_two_vcpus_shows_both_with_the_right_indices() {
     let tmp = TempDir::new("kvm-seabios");
     // No debug-threads, no observer QMP: the vCPU threads come from KVM's debugfs.
     let Some(qemu) = Qemu::start(tmp.path(), "ctl", "kvm", &["-smp", "2", "-m", "64"]) else { return };
+    wait_for_vcpus(&qemu, 2);
     let hv = Hypervisor::new().unwrap();
     let mut observer =
         Observer::new(hv.clone(), Procfs::host(), Targets::Pids(vec![qemu.pid()]), ObserveOptions::default());
