@@ -101,7 +101,7 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
     match event {
         ObserverEvent::Attached { pid, name, vmm, vcpus, partition, fds, qmp_error } => {
             let mut s = format!(
-                "attach pid {pid} ({vmm}) \"{name}\": {vcpus} vCPUs as partition {partition}, {fds} counters open"
+                "attach pid {pid} ({vmm}) \"{name}\": {vcpus} vCPUs as partition {partition}, {fds} perf counters open"
             );
             if let Some(e) = qmp_error {
                 s.push_str(&format!("; KVM statistics through QMP unavailable: {e}"));
@@ -109,7 +109,7 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
             s
         }
         ObserverEvent::VcpusKnown { pid, threads, fds } => {
-            format!("pid {pid}: vCPU threads {threads:?}; {fds} counters open (on those threads only)")
+            format!("pid {pid}: vCPU threads {threads:?}; {fds} perf counters open (on those threads only)")
         }
         ObserverEvent::KvmExit { pid, state } => format!(
             "pid {pid}: kvm:kvm_exit {}",
