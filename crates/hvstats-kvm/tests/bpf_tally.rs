@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use hvstats_kvm::bpf::{Tally, TallyError, TracepointColumn};
+use hvstats_kvm::bpf::{Tally, TallyError, ThreadTable, TracepointColumn};
 
 fn tracefs() -> &'static Path {
     Path::new("/sys/kernel/tracing")
@@ -21,7 +21,15 @@ fn column(name: &str, filter: Option<&str>) -> TracepointColumn {
 
 /// The tally, or `None` (after saying why) where this host does not allow BPF.
 fn tally(columns: &[TracepointColumn], test: &str) -> Option<Tally> {
-    match Tally::new(tracefs(), columns) {
+    tally_with(columns, test, None)
+}
+
+fn tally_with(columns: &[TracepointColumn], test: &str, table: Option<ThreadTable>) -> Option<Tally> {
+    let made = match table {
+        Some(table) => Tally::with_table(tracefs(), columns, table),
+        None => Tally::new(tracefs(), columns),
+    };
+    match made {
         Ok(t) => Some(t),
         Err(e @ (TallyError::Map(_) | TallyError::Format { .. })) => {
             let why = hvstats::snapshot::error_chain(&e);
@@ -52,7 +60,18 @@ fn getpriority(which: i32, who: i32) {
 
 #[test]
 fn a_thread_is_counted_exactly_from_zero_and_other_threads_not_at_all() {
-    let Some(t) = tally(&[column("sys_enter_getppid", None)], "a_thread_is_counted_exactly") else { return };
+    // Both thread tables: an array where pid_max is small, a hash where it is not.
+    for table in [ThreadTable::Array, ThreadTable::Hash] {
+        a_thread_is_counted_exactly_with(table);
+    }
+}
+
+fn a_thread_is_counted_exactly_with(table: ThreadTable) {
+    let Some(t) =
+        tally_with(&[column("sys_enter_getppid", None)], "a_thread_is_counted_exactly", Some(table))
+    else {
+        return;
+    };
     let me = std::process::id() as i32;
     getppid(10); // before: not counted
     let slot = t.add_thread(me, gettid()).unwrap();

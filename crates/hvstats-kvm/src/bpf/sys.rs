@@ -8,6 +8,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 const CMD_MAP_CREATE: libc::c_int = 0;
 const CMD_MAP_LOOKUP_ELEM: libc::c_int = 1;
 const CMD_MAP_UPDATE_ELEM: libc::c_int = 2;
+const CMD_MAP_DELETE_ELEM: libc::c_int = 3;
+/// `BPF_MAP_TYPE_HASH`.
+pub const MAP_HASH: u32 = 1;
 const CMD_PROG_LOAD: libc::c_int = 5;
 /// `BPF_MAP_TYPE_ARRAY`.
 pub const MAP_ARRAY: u32 = 2;
@@ -51,7 +54,7 @@ fn owned(fd: libc::c_long) -> OwnedFd {
     unsafe { OwnedFd::from_raw_fd(fd as i32) }
 }
 
-/// A BPF array map (`u32` keys).
+/// A BPF map with `u32` keys: an array (per CPU or not), or a hash ([`ArrayMap::create_hash`]).
 #[derive(Debug)]
 pub struct ArrayMap {
     fd: OwnedFd,
@@ -77,6 +80,33 @@ impl ArrayMap {
             .u32_at(12, entries)
             .call(CMD_MAP_CREATE)?;
         Ok(Self { fd: owned(fd), value_size, entries, copies })
+    }
+
+    /// Creates a hash map of at most `entries` values of `value_size` bytes, keyed by `u32`.
+    ///
+    /// # Errors
+    /// What `bpf(BPF_MAP_CREATE)` returns.
+    pub fn create_hash(value_size: usize, entries: u32) -> io::Result<Self> {
+        let size = u32::try_from(value_size).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let fd = Attr::new()
+            .u32_at(0, MAP_HASH)
+            .u32_at(4, 4)
+            .u32_at(8, size)
+            .u32_at(12, entries)
+            .call(CMD_MAP_CREATE)?;
+        Ok(Self { fd: owned(fd), value_size, entries, copies: 1 })
+    }
+
+    /// Removes key `key` (a hash map's; an array's keys cannot be removed).
+    ///
+    /// # Errors
+    /// What `bpf(BPF_MAP_DELETE_ELEM)` returns (ENOENT: no such key).
+    pub fn delete(&self, key: u32) -> io::Result<()> {
+        Attr::new()
+            .u32_at(0, self.raw_fd() as u32)
+            .u64_at(8, &key as *const u32 as u64)
+            .call(CMD_MAP_DELETE_ELEM)?;
+        Ok(())
     }
 
     /// The map's fd (for `ld_map_fd`).

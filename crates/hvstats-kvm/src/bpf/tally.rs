@@ -93,6 +93,7 @@ pub struct Tally {
     /// Why each column is not counted in the kernel (its tracepoint could not be), if so.
     refused: Vec<Option<String>>,
     threads: ArrayMap,
+    table: ThreadTable,
     rows: ArrayMap,
     free: Mutex<Slots>,
     _attachments: Vec<Attachment>,
@@ -109,6 +110,19 @@ struct Slots {
 /// Rows (counted threads) a tally holds at most.
 pub const SLOTS: u32 = 1024;
 
+/// The largest `pid_max` whose thread table is an array indexed by thread id (8 bytes a thread
+/// id: 512 KiB); above it, a hash of the counted threads (a lookup costs a hash, not an index).
+pub const ARRAY_PID_MAX: u32 = 1 << 16;
+
+/// How the programs find a thread's slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ThreadTable {
+    /// An array indexed by thread id (`pid_max` entries).
+    Array,
+    /// A hash keyed by thread id ([`SLOTS`] entries).
+    Hash,
+}
+
 impl Tally {
     /// Loads and attaches the programs of `columns`, tracepoints read from tracefs at `tracefs`.
     /// A tracepoint whose program cannot be made is not counted here (see
@@ -117,7 +131,24 @@ impl Tally {
     /// # Errors
     /// When the maps cannot be created (BPF not permitted) or no tracepoint can be counted.
     pub fn new(tracefs: &Path, columns: &[TracepointColumn]) -> Result<Self, TallyError> {
-        let threads = ArrayMap::create(8, pid_max(), false).map_err(TallyError::Map)?;
+        let table = if pid_max() <= ARRAY_PID_MAX { ThreadTable::Array } else { ThreadTable::Hash };
+        Self::with_table(tracefs, columns, table)
+    }
+
+    /// As [`new`](Self::new), with the thread table `table`.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn with_table(
+        tracefs: &Path,
+        columns: &[TracepointColumn],
+        table: ThreadTable,
+    ) -> Result<Self, TallyError> {
+        let threads = match table {
+            ThreadTable::Array => ArrayMap::create(8, pid_max(), false),
+            ThreadTable::Hash => ArrayMap::create_hash(8, SLOTS),
+        }
+        .map_err(TallyError::Map)?;
         let width = columns.len().max(1);
         let rows = ArrayMap::create(8 * width, SLOTS, true).map_err(TallyError::Map)?;
         let mut by_tracepoint: BTreeMap<(&str, &str), Vec<usize>> = BTreeMap::new();
@@ -148,6 +179,7 @@ impl Tally {
             columns: columns.len(),
             refused,
             threads,
+            table,
             rows,
             free: Mutex::new(free),
             _attachments: attachments,
@@ -197,7 +229,11 @@ impl Tally {
         slots.used.remove(&(tid as u32));
         // The thread's entry goes first, so no program adds to the row once it is reused; a
         // slot whose entry cannot be cleared is never reused.
-        if self.threads.write(tid as u32, &0u64.to_ne_bytes()).is_ok() {
+        let cleared = match self.table {
+            ThreadTable::Array => self.threads.write(tid as u32, &0u64.to_ne_bytes()),
+            ThreadTable::Hash => self.threads.delete(tid as u32),
+        };
+        if cleared.is_ok() {
             slots.free.insert(0, slot);
         }
     }
@@ -289,7 +325,7 @@ fn program_columns(
     Ok(program_columns)
 }
 
-/// The thread table's size: the kernel's `pid_max` (thread ids are below it), at most 4 Mi.
+/// The kernel's `pid_max` (thread ids are below it), at most 4 Mi.
 fn pid_max() -> u32 {
     std::fs::read_to_string("/proc/sys/kernel/pid_max")
         .ok()
