@@ -107,6 +107,9 @@ struct Slots {
     used: BTreeMap<u32, (u32, usize)>,
 }
 
+/// Columns a tally counts at most (a row's offsets must fit the instructions' 16 bits).
+pub const MAX_COLUMNS: usize = 1024;
+
 /// Rows (counted threads) a tally holds at most.
 pub const SLOTS: u32 = 1024;
 
@@ -144,6 +147,9 @@ impl Tally {
         columns: &[TracepointColumn],
         table: ThreadTable,
     ) -> Result<Self, TallyError> {
+        if columns.len() > MAX_COLUMNS {
+            return Err(TallyError::Assemble(format!("{} columns (at most {MAX_COLUMNS})", columns.len())));
+        }
         let threads = match table {
             ThreadTable::Array => ArrayMap::create(8, pid_max(), false),
             ThreadTable::Hash => ArrayMap::create_hash(8, SLOTS),
