@@ -23,6 +23,15 @@ pub const APIC_TIMER_INITIAL: u64 = APIC_BASE + 0x380;
 /// APIC timer divide configuration.
 pub const APIC_TIMER_DIVIDE: u64 = APIC_BASE + 0x3E0;
 
+/// The x2APIC MSR of the TPR (x2APIC registers are MSRs 0x800 + MMIO offset / 16).
+pub const X2APIC_TPR_MSR: u32 = 0x808;
+/// The x2APIC MSR of the EOI register.
+pub const X2APIC_EOI_MSR: u32 = 0x80B;
+/// IA32_APIC_BASE: bit 11 enables the APIC, bit 10 (with it) selects x2APIC mode.
+pub const IA32_APIC_BASE: u32 = 0x1B;
+/// IA32_APIC_BASE bits EN | EXTD.
+pub const APIC_BASE_X2APIC_ENABLE: u32 = (1 << 11) | (1 << 10);
+
 /// ICR destination shorthand field (bits 19:18).
 pub const ICR_SHORTHAND_MASK: u32 = 0b11 << 18;
 /// ICR destination shorthand "self" (01).

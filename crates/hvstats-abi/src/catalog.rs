@@ -466,7 +466,7 @@ catalog! {
             By(RunLoop(Loop::MmioExits), "MMIO exits to userspace"),
             "The rate of memory intercept messages sent to the parent partition.";
         Release 36 APIC_EOI_ACCESSES "APIC EOI accesses/sec", Count, Rate,
-            By(Tracepoint(Tp::ApicEoi), "kvm:kvm_mmio writes of the APIC EOI register"),
+            By(Tracepoint(Tp::ApicEoi), "kvm:kvm_mmio writes of the APIC EOI register, plus kvm:kvm_msr writes of x2APIC MSR 0x80B"),
             "The rate of APIC EOI register writes by guest code on the virtual processor.";
         Release 37 OTHER_MESSAGES "Other messages/sec", Count, Rate,
             By(RunLoop(Loop::OtherExits), "userspace exits other than port I/O, MMIO and hypercalls (MSR exits among them)"),
@@ -508,7 +508,7 @@ catalog! {
             No(NO_VTLB),
             "The rate of page table validations to remove state entries in the virtual TLB.";
         Release 50 APIC_TPR_ACCESSES "APIC TPR accesses/sec", Count, Rate,
-            By(Tracepoint(Tp::ApicTpr), "kvm:kvm_mmio accesses of the APIC TPR register"),
+            By(Tracepoint(Tp::ApicTpr), "kvm:kvm_mmio accesses of the APIC TPR register, plus kvm:kvm_msr accesses of x2APIC MSR 0x808"),
             "The rate of APIC TPR accesses by guest code on the virtual processor.";
         Release 51 PAGE_TABLE_WRITE_INTERCEPTS "Page table write intercepts/sec", Count, Rate,
             No("KVM counts shadow page table writes per VM (mmu_pte_write), not per VP"),

@@ -114,13 +114,25 @@ const MAINTAINED: &[(CounterId, Observed)] = &[
     (vp::APIC_MMIO_ACCESSES, By(Tracepoint, "kvm:kvm_mmio on the local APIC page")),
     (vp::IO_INTERCEPT_MESSAGES, By(UserspaceExit, "kvm_userspace_exit reason 2 (KVM_EXIT_IO)")),
     (vp::MEMORY_INTERCEPT_MESSAGES, By(UserspaceExit, "kvm_userspace_exit reason 6 (KVM_EXIT_MMIO)")),
-    (vp::APIC_EOI_ACCESSES, By(Tracepoint, "kvm:kvm_mmio writes of the APIC EOI register")),
+    (
+        vp::APIC_EOI_ACCESSES,
+        By(
+            Tracepoint,
+            "kvm:kvm_mmio writes of the APIC EOI register, plus kvm:kvm_msr writes of x2APIC MSR 0x80B",
+        ),
+    ),
     (
         vp::OTHER_MESSAGES,
         By(UserspaceExit, "kvm_userspace_exit other than IO, MMIO and signal interruptions (reason 10)"),
     ),
     (vp::LOGICAL_PROCESSOR_MIGRATIONS, By(PerfSoftware, "cpu-migrations of the vCPU thread")),
-    (vp::APIC_TPR_ACCESSES, By(Tracepoint, "kvm:kvm_mmio accesses of the APIC TPR register")),
+    (
+        vp::APIC_TPR_ACCESSES,
+        By(
+            Tracepoint,
+            "kvm:kvm_mmio accesses of the APIC TPR register, plus kvm:kvm_msr accesses of x2APIC MSR 0x808",
+        ),
+    ),
     (vp::VIRTUAL_INTERRUPTS, By(QmpStats, "vCPU stat irq_injections through QMP (--qmp)")),
     (vp::APIC_IPIS_SENT, By(Tracepoint, "kvm:kvm_apic_ipi")),
     (vp::APIC_SELF_IPIS_SENT, By(Tracepoint, "kvm:kvm_apic_ipi filtered on the self shorthand")),

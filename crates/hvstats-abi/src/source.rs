@@ -198,11 +198,18 @@ pub enum Tracepoint {
     ApicSelfIpi,
     /// `kvm_inj_exception`: exceptions injected (the WHv exception count; no page counter).
     InjException,
+    /// `kvm_msr` filtered on x2APIC MSR 0x808, the TPR: TPR accesses by x2APIC, added to
+    /// [`Tracepoint::ApicTpr`]'s. (Not `kvm_apic`: some KVM backends write EOI themselves when
+    /// they inject an interrupt, and `kvm_apic` counts those too.)
+    X2apicTpr,
+    /// `kvm_msr` filtered on writes of x2APIC MSR 0x80B, the EOI: added to
+    /// [`Tracepoint::ApicEoi`]'s.
+    X2apicEoi,
 }
 
 impl Tracepoint {
     /// Every tracepoint, in index order.
-    pub const ALL: [Tracepoint; 10] = [
+    pub const ALL: [Tracepoint; 12] = [
         Tracepoint::Cpuid,
         Tracepoint::Msr,
         Tracepoint::Pio,
@@ -213,6 +220,8 @@ impl Tracepoint {
         Tracepoint::ApicIpi,
         Tracepoint::ApicSelfIpi,
         Tracepoint::InjException,
+        Tracepoint::X2apicTpr,
+        Tracepoint::X2apicEoi,
     ];
 
     /// The event name under `events/kvm/`.
@@ -225,6 +234,7 @@ impl Tracepoint {
             Tracepoint::ApicMmio | Tracepoint::ApicTpr | Tracepoint::ApicEoi => "kvm_mmio",
             Tracepoint::ApicIpi | Tracepoint::ApicSelfIpi => "kvm_apic_ipi",
             Tracepoint::InjException => "kvm_inj_exception",
+            Tracepoint::X2apicTpr | Tracepoint::X2apicEoi => "kvm_msr",
         }
     }
 

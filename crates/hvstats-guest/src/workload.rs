@@ -6,6 +6,7 @@
 
 use iced_x86::code_asm::*;
 
+use hvstats_abi::apic;
 use hvstats_abi::hypercall::{HypercallCode, MSR_GUEST_OS_ID, MSR_HYPERCALL, hypercall_msr};
 
 use crate::hyperv::GUEST_OS_ID;
@@ -58,6 +59,12 @@ pub struct Workload {
     /// Writes to [`SINK_MMIO`](layout::SINK_MMIO), each an MMIO exit handled in userspace (a
     /// memory intercept). Protected and long mode.
     pub mmio: LoopCount,
+    /// Writes of the EOI register as x2APIC MSR 0x80B, after every other APIC use: the VP
+    /// switches its APIC to x2APIC mode first (an RDMSR and a WRMSR of IA32_APIC_BASE, handled
+    /// in the kernel), when this or `x2apic_tpr` is not zero.
+    pub x2apic_eoi: LoopCount,
+    /// Writes of the TPR as x2APIC MSR 0x808.
+    pub x2apic_tpr: LoopCount,
     /// Reads and writes of CR0 (`mov eax, cr0; mov cr0, eax`: two accesses each).
     pub cr0: LoopCount,
     /// `ud2` instructions, each raising #UD that a handler skips (an exception injected).
@@ -126,6 +133,10 @@ impl Workload {
         !self.hlt.is_zero() || !self.self_ipi.is_zero()
     }
 
+    fn uses_x2apic(&self) -> bool {
+        !self.x2apic_eoi.is_zero() || !self.x2apic_tpr.is_zero()
+    }
+
     fn uses_apic(&self) -> bool {
         self.uses_interrupts() || !self.eoi.is_zero() || !self.tpr.is_zero()
     }
@@ -137,22 +148,25 @@ impl Workload {
         let setup_mmio = if self.uses_apic() { 1 } else { 0 } + if self.hlt.is_zero() { 0 } else { 2 };
         // Enabling the hypercall page: GUEST_OS_ID and HYPERCALL, both handled in userspace.
         let hypercall_msrs = if self.hypercalls.is_zero() { 0 } else { 2 };
+        // x2APIC mode: IA32_APIC_BASE read and written, then one WRMSR per register write.
+        let x2apic = n(self.x2apic_eoi) + n(self.x2apic_tpr);
+        let x2apic_msrs = if self.uses_x2apic() { 2 + x2apic } else { 0 };
         Expected {
             cpuid: n(self.cpuid),
             io,
             io_exits: io,
-            msr: n(self.rdmsr) + n(self.wrmsr) + n(self.user_msr) + hypercall_msrs,
+            msr: n(self.rdmsr) + n(self.wrmsr) + n(self.user_msr) + hypercall_msrs + x2apic_msrs,
             user_msr: n(self.user_msr) + hypercall_msrs,
             hypercalls: n(self.hypercalls),
             hlt: n(self.hlt),
             user_mmio: n(self.mmio),
             apic_mmio: setup_mmio + 2 * n(self.hlt) + n(self.eoi) + 2 * n(self.self_ipi) + n(self.tpr),
-            eoi: n(self.hlt) + n(self.eoi) + n(self.self_ipi),
+            eoi: n(self.hlt) + n(self.eoi) + n(self.self_ipi) + n(self.x2apic_eoi),
             ipis: n(self.self_ipi),
             self_ipis: n(self.self_ipi),
             interrupts: n(self.hlt) + n(self.self_ipi),
             cr: 2 * n(self.cr0),
-            tpr: n(self.tpr),
+            tpr: n(self.tpr) + n(self.x2apic_tpr),
             exceptions: n(self.ud2) + n(self.page_faults),
             invlpg: n(self.invlpg),
             page_faults: n(self.page_faults),
@@ -333,6 +347,24 @@ impl Workload {
             p.asm().out(dx, al)?;
             Ok(())
         })?;
+        if self.uses_x2apic() {
+            // After every xAPIC MMIO access and interrupt: in x2APIC mode the MMIO page is gone.
+            p.asm().cli()?;
+            p.asm().mov(ecx, apic::IA32_APIC_BASE)?;
+            p.asm().rdmsr()?;
+            p.asm().or(eax, apic::APIC_BASE_X2APIC_ENABLE)?;
+            p.asm().wrmsr()?;
+        }
+        for (count, msr) in [(self.x2apic_eoi, apic::X2APIC_EOI_MSR), (self.x2apic_tpr, apic::X2APIC_TPR_MSR)]
+        {
+            p.counted_loop(count, |p| {
+                p.asm().mov(ecx, msr)?;
+                p.asm().xor(eax, eax)?;
+                p.asm().xor(edx, edx)?;
+                p.asm().wrmsr()?;
+                Ok(())
+            })?;
+        }
         p.asm().cli()?;
         if self.repeat {
             p.asm().jmp(again)?;

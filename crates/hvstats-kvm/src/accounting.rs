@@ -232,9 +232,13 @@ pub(crate) fn write_tracepoint_counts(page: &SharedPage, counts: &TracepointCoun
     for counter in FROM_TRACEPOINTS {
         let Some(Source::Tracepoint(tp)) = counter.maintained.source() else { continue };
         let Some(n) = counts[tp.index()] else { continue };
+        let x2apic = |by_msr: Tracepoint| counts[by_msr.index()].unwrap_or(0);
         let value = match tp {
             Tracepoint::Msr => n + user_msr,
             Tracepoint::Pio => n.saturating_sub(hypercalls),
+            // By xAPIC MMIO, plus by x2APIC MSR.
+            Tracepoint::ApicTpr => n + x2apic(Tracepoint::X2apicTpr),
+            Tracepoint::ApicEoi => n + x2apic(Tracepoint::X2apicEoi),
             _ => n,
         };
         page.set(counter.id, value);

@@ -60,6 +60,8 @@ fn unmaintained_counters_stay_zero_and_maintained_ones_are_written_through_a_ful
         self_ipi: counts(6, 0),
         tpr: counts(3, 0),
         mmio: counts(4, 0),
+        x2apic_eoi: counts(4, 0),
+        x2apic_tpr: counts(2, 0),
         cr0: counts(5, 0),
         invlpg: counts(7, 0),
         ud2: counts(4, 0),

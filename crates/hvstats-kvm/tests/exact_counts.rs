@@ -76,6 +76,21 @@ fn hlt_eoi_tpr_and_self_ipi_counts_are_exact_in_long_mode() {
 }
 
 #[test]
+fn x2apic_eoi_and_tpr_writes_are_counted_exactly_beside_xapic_ones() {
+    if !kvm_available("x2apic_eoi_and_tpr_writes_are_counted_exactly_beside_xapic_ones") {
+        return;
+    }
+    // xAPIC MMIO work first (interrupts, EOI, TPR), then x2APIC: EOI and TPR as MSRs, which no
+    // kvm_mmio sees.
+    let w = Workload { x2apic_eoi: counts(70, 0), x2apic_tpr: counts(40, 0), ..apic() };
+    for mode in [Mode::Protected, Mode::Long] {
+        let r = run(&w, mode, 1);
+        assert_exact(&r, 0, &w.expected(0));
+        assert_eq!(w.expected(0).eoi, 25 + 100 + 60 + 70, "{mode:?}");
+    }
+}
+
+#[test]
 fn several_vps_run_different_counts_at_once() {
     if !kvm_available("several_vps_run_different_counts_at_once") {
         return;

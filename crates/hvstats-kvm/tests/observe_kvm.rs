@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use hvstats::{Hypervisor, PartitionStats};
 use hvstats_abi::catalog::vp;
 use hvstats_kvm::observe::bios::{BiosEnd, BiosProgram};
+use hvstats_kvm::observe::counting::EventList;
 use hvstats_kvm::observe::overhead;
 use hvstats_kvm::observe::vm::vm_events;
 use hvstats_kvm::observe::{ObserveOptions, Observer, ObserverEvent, Procfs, Targets};
@@ -56,20 +57,31 @@ fn qemu_with_bios(tmp: &TempDir, program: BiosProgram, extra: &[&str]) -> Option
     args.extend_from_slice(extra);
     let qemu = Qemu::start(tmp.path(), "ctl", "kvm", &args)?;
     let t = Instant::now();
-    while !obs.exists() {
-        assert!(t.elapsed() < Duration::from_secs(10));
+    while !obs.exists() || vcpus(qemu.pid()) < 1 {
+        assert!(t.elapsed() < Duration::from_secs(10), "QEMU made no vCPU in 10 s");
         std::thread::sleep(Duration::from_millis(20));
     }
     wait_for_vcpus(&qemu, 1);
     Some((qemu, obs))
 }
 
-/// Waits until `qemu` holds `n` vCPUs: QEMU opens its QMP sockets before it creates them, so on
-/// a loaded host a first tick could otherwise find a VM without (all of) its vCPUs yet.
+/// The KVM vCPU descriptors `pid` holds (the observer attaches to a VM only once it has them).
+fn vcpus(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |dir| {
+        dir.flatten()
+            .filter(|e| {
+                std::fs::read_link(e.path())
+                    .is_ok_and(|l| l.to_string_lossy().starts_with("anon_inode:kvm-vcpu"))
+            })
+            .count()
+    })
+}
+
+/// Waits (at most 10 s) until `qemu` has made `n` vCPUs.
 fn wait_for_vcpus(qemu: &Qemu, n: usize) {
     let t = Instant::now();
-    while Procfs::host().kvm_fds(qemu.pid()).map_or(0, |f| f.vcpus.len()) < n {
-        assert!(t.elapsed() < Duration::from_secs(10), "QEMU did not create {n} vCPUs");
+    while vcpus(qemu.pid()) < n {
+        assert!(t.elapsed() < Duration::from_secs(10), "QEMU made no {n} vCPUs in 10 s");
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -80,7 +92,7 @@ fn a_paused_qemu_guest_is_counted_exactly_from_its_first_instruction() {
         return;
     }
     let tmp = TempDir::new("kvm-exact");
-    let program = BiosProgram { cpuid: 777, out: 333, in_: 55, end: BiosEnd::Halt };
+    let program = BiosProgram { cpuid: 777, out: 333, in_: 55, end: BiosEnd::Halt, ..BiosProgram::default() };
     let Some((qemu, obs)) = qemu_with_bios(&tmp, program, &["-name", "guest=exact,debug-threads=on"]) else {
         return;
     };
@@ -116,10 +128,48 @@ fn a_paused_qemu_guest_is_counted_exactly_from_its_first_instruction() {
     assert_eq!(page.get(vp::MEMORY_INTERCEPT_MESSAGES), 0);
     assert_eq!(page.get(vp::MSR_ACCESSES), 0);
     let vm = observer.vms().next().unwrap();
+    eprintln!("counted by {}", vm.counting_method());
     if vm.has_qmp_stats() {
         assert_eq!(page.get(vp::HLT_INSTRUCTIONS), 1, "one HLT, from KVM's halt_exits through QMP");
     }
     assert!(page.get(vp::TOTAL_RUN_TIME) > 0);
+}
+
+#[test]
+fn x2apic_eoi_and_tpr_writes_of_a_qemu_guest_are_counted_exactly() {
+    if !kvm_available("x2apic_eoi_and_tpr_writes_of_a_qemu_guest_are_counted_exactly") {
+        return;
+    }
+    let tmp = TempDir::new("kvm-x2apic");
+    // x2APIC registers are MSRs: no MMIO at all, so only kvm_apic sees these accesses.
+    let program =
+        BiosProgram { x2apic_eoi: 91, x2apic_tpr: 17, end: BiosEnd::Halt, ..BiosProgram::default() };
+    let Some((qemu, obs)) =
+        qemu_with_bios(&tmp, program, &["-cpu", "qemu64,+x2apic", "-name", "guest=x2apic,debug-threads=on"])
+    else {
+        return;
+    };
+    let hv = Hypervisor::new().unwrap();
+    let mut observer = Observer::new(
+        hv.clone(),
+        Procfs::host(),
+        Targets::Pids(vec![qemu.pid()]),
+        ObserveOptions { qmp: Some(obs), ..Default::default() },
+    );
+    observer.tick();
+    let part = only_partition(&hv);
+    let page = part.vp_page(0).unwrap();
+    qemu.connect().cont().unwrap();
+    tick_until(&mut observer, Duration::from_secs(60), |_| {
+        page.get(vp::APIC_EOI_ACCESSES) == 91 && page.get(vp::APIC_TPR_ACCESSES) == 17
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    observer.tick();
+    assert_eq!(page.get(vp::APIC_EOI_ACCESSES), 91, "EOI writes by x2APIC MSR");
+    assert_eq!(page.get(vp::APIC_TPR_ACCESSES), 17, "TPR writes by x2APIC MSR");
+    assert_eq!(page.get(vp::APIC_MMIO_ACCESSES), 0, "no APIC access was MMIO");
+    let unavailable = observer.vms().next().unwrap().unavailable();
+    assert!(!unavailable.contains(&vp::APIC_EOI_ACCESSES) && !unavailable.contains(&vp::APIC_TPR_ACCESSES));
 }
 
 #[test]
@@ -165,7 +215,7 @@ fn two_vms_with_all_and_one_exits_while_observed() {
         return;
     }
     let tmp = TempDir::new("kvm-all");
-    let program = BiosProgram { cpuid: 10, out: 0, in_: 0, end: BiosEnd::Halt };
+    let program = BiosProgram { cpuid: 10, end: BiosEnd::Halt, ..BiosProgram::default() };
     let a_dir = TempDir::new("kvm-all-a");
     let b_dir = TempDir::new("kvm-all-b");
     let Some((a, _)) = qemu_with_bios(&a_dir, program, &["-name", "guest=vm-a"]) else { return };
@@ -222,7 +272,9 @@ fn fifty_paused_qemus_are_observed_with_a_bounded_number_of_descriptors() {
     assert_eq!(attached, 50, "{events:?}");
     assert_eq!(hv.partitions().len(), 50);
     // debug-threads names give every vCPU thread at once: one counter group per VM remains.
-    let per_vm = vm_events(hvstats_kvm::observe::vm::host_isa()).len();
+    // (Counted in the kernel, a VM's tracepoints hold no descriptor per thread.)
+    let events = EventList::new(vm_events(hvstats_kvm::observe::vm::host_isa()));
+    let per_vm = events.perf_events_per_thread();
     assert_eq!(observer.fds(), 50 * per_vm, "{per_vm} descriptors per one-vCPU VM");
     // One reader pass over every observed VM.
     observer.tick();

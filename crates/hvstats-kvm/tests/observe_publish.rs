@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use hvstats::Hypervisor;
 use hvstats_abi::catalog::vp;
+use hvstats_kvm::observe::counting::EventList;
 use hvstats_kvm::observe::vm::vm_events;
 use hvstats_kvm::observe::{KvmExitState, ObserveOptions, Observer, ObserverEvent, Procfs, Targets};
 use observe_support::{FakeProcess, TempDir};
@@ -100,8 +101,9 @@ fn an_observed_vm_becomes_a_partition_counted_from_attach_and_goes_when_its_proc
     let vm = observer.vms().next().unwrap();
     assert_eq!(vm.vcpu_threads(), vec![Some(tid0), Some(tid1)]);
     assert_eq!(vm.kvm_exit(), KvmExitState::NoHardwareVirtualization, "no VMX/SVM on this host");
-    // Counters only on the two vCPU threads now; every event of the list is open on each.
-    let events_per_thread = vm_events(None).len();
+    // Counters only on the two vCPU threads now; every event of the list that is not counted in
+    // the kernel is a perf counter on each.
+    let events_per_thread = EventList::new(vm_events(None)).perf_events_per_thread();
     assert_eq!(vm.fds(), 2 * events_per_thread, "the fd budget: {events_per_thread} per vCPU thread");
 
     // vCPU 0 runs for 100 ms of CPU; the tree says 3 more ticks of it were guest time.
@@ -263,7 +265,7 @@ fn a_hundred_vms_with_all_hold_a_bounded_number_of_descriptors_and_come_and_go()
     let attached = events.iter().filter(|e| matches!(e, ObserverEvent::Attached { .. })).count();
     assert_eq!(attached, 100);
     assert_eq!(hv.partitions().len(), 100);
-    let per_vcpu = vm_events(None).len();
+    let per_vcpu = EventList::new(vm_events(None)).perf_events_per_thread();
     assert_eq!(observer.fds(), 100 * per_vcpu, "{per_vcpu} per one-vCPU VM");
     let mut names: Vec<String> = observer.vms().map(|v| v.name().to_owned()).collect();
     names.sort();

@@ -100,7 +100,9 @@ fn a_socket_that_is_not_qmp_is_refused() {
 fn the_bios_image_runs_its_loops_to_the_final_hlt_on_a_real_qemu() {
     use hvstats_kvm::observe::bios::{BiosEnd, BiosProgram};
     let tmp = TempDir::new("qmp-bios");
-    let image = BiosProgram { cpuid: 777, out: 333, in_: 55, end: BiosEnd::Halt }.image().unwrap();
+    let image = BiosProgram { cpuid: 777, out: 333, in_: 55, end: BiosEnd::Halt, ..BiosProgram::default() }
+        .image()
+        .unwrap();
     let bios = tmp.path().join("bios.bin");
     std::fs::write(&bios, &image).unwrap();
     let Some(qemu) = Qemu::start(tmp.path(), "qmp", "tcg", &["-bios", bios.to_str().unwrap()]) else {

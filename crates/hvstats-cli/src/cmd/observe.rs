@@ -85,6 +85,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let observing = args.all || !args.pids.is_empty();
+    if observing {
+        log(&format!("counting {}", publication::counting_method().1));
+    }
     let config = InstanceConfig {
         runtime_dir: Some(dir.clone()),
         description: publication::description(),
@@ -229,7 +232,7 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
     match event {
         ObserverEvent::Attached { pid, name, vmm, vcpus, partition, fds, threads, left_out, qmp_error } => {
             let mut s = format!(
-                "attach pid {pid} ({}) \"{}\": {vcpus} vCPUs as partition {partition}, {fds} counters open",
+                "attach pid {pid} ({}) \"{}\": {vcpus} vCPUs as partition {partition}, {fds} perf counters open",
                 Escaped(vmm),
                 Escaped(name)
             );
@@ -246,7 +249,7 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
             s
         }
         ObserverEvent::VcpusKnown { pid, threads, fds } => {
-            format!("pid {pid}: vCPU threads {threads:?}; {fds} counters open (on those threads only)")
+            format!("pid {pid}: vCPU threads {threads:?}; {fds} perf counters open (on those threads only)")
         }
         ObserverEvent::KvmExit { pid, state } => format!(
             "pid {pid}: kvm:kvm_exit {}",

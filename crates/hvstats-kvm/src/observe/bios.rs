@@ -5,13 +5,13 @@
 //! real mode at F000:FFF0 (file offset 0xFFF0). A far jump there to F000:0000 runs the program
 //! assembled at file offset 0. CPUID overwrites EAX..EDX, so loop counters live in BP.
 
-use iced_x86::code_asm::{CodeAssembler, al, bp, eax, ecx};
+use iced_x86::code_asm::{CodeAssembler, al, bp, eax, ecx, edx};
 
 /// The size of a `-bios` image.
 pub const IMAGE_SIZE: usize = 64 * 1024;
 
 /// What the guest does, in order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BiosProgram {
     /// CPUID instructions (leaf 0).
     pub cpuid: u16,
@@ -19,14 +19,20 @@ pub struct BiosProgram {
     pub out: u16,
     /// `in al, 0x61` instructions.
     pub in_: u16,
+    /// Writes of the EOI register as x2APIC MSR 0x80B (x2APIC is enabled first when this or
+    /// `x2apic_tpr` is not 0, with one RDMSR and one WRMSR of IA32_APIC_BASE).
+    pub x2apic_eoi: u16,
+    /// Writes of the TPR register as x2APIC MSR 0x808.
+    pub x2apic_tpr: u16,
     /// What it does afterwards.
     pub end: BiosEnd,
 }
 
 /// How a [`BiosProgram`] ends.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum BiosEnd {
     /// `cli; hlt` (once: with interrupts off the vCPU stays halted).
+    #[default]
     Halt,
     /// `out 0x80, al` forever: a steady stream of userspace exits (for exit-rate measurements).
     OutForever,
@@ -46,7 +52,16 @@ impl BiosProgram {
         let err = |e: iced_x86::IcedError| BiosError(e.to_string());
         let mut a = CodeAssembler::new(16).map_err(err)?;
         a.cli().map_err(err)?;
-        for (count, body) in [(self.cpuid, 0u8), (self.out, 1), (self.in_, 2)] {
+        if self.x2apic_eoi > 0 || self.x2apic_tpr > 0 {
+            // IA32_APIC_BASE: set EN (bit 11) and EXTD (bit 10).
+            a.mov(ecx, 0x1Bu32).map_err(err)?;
+            a.rdmsr().map_err(err)?;
+            a.or(eax, 0xC00).map_err(err)?;
+            a.wrmsr().map_err(err)?;
+        }
+        for (count, body) in
+            [(self.cpuid, 0u8), (self.out, 1), (self.in_, 2), (self.x2apic_eoi, 3), (self.x2apic_tpr, 4)]
+        {
             if count == 0 {
                 continue;
             }
@@ -60,7 +75,13 @@ impl BiosProgram {
                     a.cpuid().map_err(err)?;
                 }
                 1 => a.out(0x80, al).map_err(err)?,
-                _ => a.in_(al, 0x61).map_err(err)?,
+                2 => a.in_(al, 0x61).map_err(err)?,
+                _ => {
+                    a.mov(ecx, if body == 3 { 0x80Bu32 } else { 0x808 }).map_err(err)?;
+                    a.xor(eax, eax).map_err(err)?;
+                    a.xor(edx, edx).map_err(err)?;
+                    a.wrmsr().map_err(err)?;
+                }
             }
             a.dec(bp).map_err(err)?;
             a.jnz(top).map_err(err)?;
@@ -92,7 +113,7 @@ mod tests {
 
     #[test]
     fn the_image_jumps_from_the_reset_vector_to_the_program() {
-        let p = BiosProgram { cpuid: 777, out: 333, in_: 55, end: BiosEnd::Halt };
+        let p = BiosProgram { cpuid: 777, out: 333, in_: 55, end: BiosEnd::Halt, ..BiosProgram::default() };
         let image = p.image().unwrap();
         assert_eq!(image.len(), IMAGE_SIZE);
         let mut reset = Decoder::with_ip(16, &image[0xFFF0..], 0xFFF0, DecoderOptions::NONE);

@@ -9,13 +9,24 @@
 //!
 //! The layer is generic over the event list ([`EventSpec`]), so it is tested on this machine with
 //! tracepoints that fire without KVM (`syscalls:sys_enter_getppid`), and used with `kvm:*` events
-//! for VMs. Each thread's events form one perf group: one `read` gives them all.
+//! for VMs.
+//!
+//! Tracepoints are counted in the kernel where BPF is permitted ([`Method::InKernel`]): one
+//! program per tracepoint, shared by every list of the same events in this process, classifies
+//! each firing by the events' filters and adds to the firing thread's row ([`crate::bpf`]). A
+//! firing then costs one program, not one perf counter per event. Where BPF is not permitted, or
+//! a tracepoint's program cannot be made, its events are perf counters on each thread
+//! ([`Method::Perf`]), each thread's in one perf group so that one `read` gives them all.
+//! Software events (task clock, migrations) are always perf counters.
 
 use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
 
 use hvstats::perf_event::{PerfCounter, TYPE_SOFTWARE, TYPE_TRACEPOINT};
+
+use crate::bpf::{Slot, Tally, TracepointColumn};
 
 use super::discovery::Procfs;
 
@@ -56,16 +67,64 @@ impl EventSpec {
     }
 }
 
-/// Event specs resolved to perf (type, config) once, with the reason for any that cannot be.
+/// How tracepoint events are counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    /// One BPF program per tracepoint, counting per thread into per-CPU arrays.
+    InKernel,
+    /// A perf counter per (thread, event).
+    Perf,
+}
+
+/// Event specs resolved to perf (type, config) once, with the reason for any that cannot be,
+/// and the in-kernel counting of their tracepoints where it is possible.
 #[derive(Clone, Debug)]
 pub struct EventList {
     specs: Vec<EventSpec>,
     resolved: Vec<Result<(u32, u64), String>>,
+    /// The in-kernel counting, or why there is none.
+    tally: Result<Arc<Tally>, String>,
+    /// By event: its column in the tally, when the tally counts it.
+    columns: Vec<Option<usize>>,
+}
+
+/// Tallies alive in this process, by the specs they count: lists of the same events (every VM
+/// observed) share one, so a firing runs one program per tracepoint whatever the number of VMs.
+static TALLIES: Mutex<Vec<(Vec<EventSpec>, Weak<Tally>)>> = Mutex::new(Vec::new());
+
+fn shared_tally(root: &Path, specs: &[EventSpec]) -> Result<Arc<Tally>, String> {
+    let mut tallies = TALLIES.lock().unwrap_or_else(|e| e.into_inner());
+    tallies.retain(|(_, t)| t.strong_count() > 0);
+    if let Some(t) = tallies.iter().find(|(s, _)| s == specs).and_then(|(_, t)| t.upgrade()) {
+        return Ok(t);
+    }
+    let columns: Vec<TracepointColumn> = specs
+        .iter()
+        .filter_map(|spec| match spec {
+            EventSpec::Tracepoint { system, name, filter } => {
+                Some(TracepointColumn { system: system.clone(), name: name.clone(), filter: filter.clone() })
+            }
+            EventSpec::Software(_) => None,
+        })
+        .collect();
+    if columns.is_empty() {
+        return Err("no tracepoint to count".to_owned());
+    }
+    let tally = Arc::new(Tally::new(root, &columns).map_err(|e| hvstats::snapshot::error_chain(&e))?);
+    tallies.push((specs.to_vec(), Arc::downgrade(&tally)));
+    Ok(tally)
 }
 
 impl EventList {
-    /// Resolves `specs` against tracefs (mounted when needed, as root).
+    /// Resolves `specs` against tracefs (mounted when needed, as root), counting tracepoints in
+    /// the kernel where that is permitted.
     pub fn new(specs: Vec<EventSpec>) -> Self {
+        Self::with_method(specs, Method::InKernel)
+    }
+
+    /// As [`new`](Self::new), counting tracepoints by `method` where possible (perf counters are
+    /// always possible where the events are).
+    pub fn with_method(specs: Vec<EventSpec>, method: Method) -> Self {
         let root = tracefs_root();
         let resolved = specs
             .iter()
@@ -76,8 +135,77 @@ impl EventList {
                     tracepoint_id(root, system, name).map(|id| (TYPE_TRACEPOINT, id))
                 }
             })
+            .collect::<Vec<_>>();
+        let tally = match (method, &root) {
+            (Method::Perf, _) => Err("perf counters were asked for".to_owned()),
+            (Method::InKernel, Err(e)) => Err(e.clone()),
+            (Method::InKernel, Ok(root)) => shared_tally(root, &specs),
+        };
+        let mut next = 0;
+        let columns = specs
+            .iter()
+            .enumerate()
+            .map(|(i, spec)| {
+                if !matches!(spec, EventSpec::Tracepoint { .. }) {
+                    return None;
+                }
+                let column = next;
+                next += 1;
+                let counted =
+                    resolved[i].is_ok() && tally.as_ref().is_ok_and(|t| t.refused(column).is_none());
+                counted.then_some(column)
+            })
             .collect();
-        Self { specs, resolved }
+        Self { specs, resolved, tally, columns }
+    }
+
+    /// How tracepoint events are counted: in the kernel when at least one is.
+    pub fn method(&self) -> Method {
+        if self.columns.iter().any(Option::is_some) { Method::InKernel } else { Method::Perf }
+    }
+
+    /// The method, said for a log or a description: which, and why not in the kernel when not,
+    /// or which tracepoints stay perf counters.
+    pub fn method_description(&self) -> String {
+        match (&self.tally, self.method()) {
+            (Err(why), _) => format!("perf counters per thread (in-kernel counting unavailable: {why})"),
+            (Ok(_), Method::Perf) => {
+                "perf counters per thread (no tracepoint could be counted in the kernel)".into()
+            }
+            (Ok(t), Method::InKernel) => {
+                let refused: Vec<String> = self
+                    .specs
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, spec)| {
+                        matches!(spec, EventSpec::Tracepoint { .. })
+                            && self.resolved[*i].is_ok()
+                            && self.columns[*i].is_none()
+                    })
+                    .filter_map(|(i, _)| self.column_refusal(t, i))
+                    .collect();
+                if refused.is_empty() {
+                    "in-kernel (one eBPF program per tracepoint)".into()
+                } else {
+                    format!("in-kernel (one eBPF program per tracepoint), except: {}", refused.join("; "))
+                }
+            }
+        }
+    }
+
+    fn column_refusal(&self, tally: &Tally, event: usize) -> Option<String> {
+        let column = self.specs[..event].iter().filter(|s| matches!(s, EventSpec::Tracepoint { .. })).count();
+        tally.refused(column).map(str::to_owned)
+    }
+
+    /// True when event `i` is counted in the kernel.
+    pub fn in_kernel(&self, i: usize) -> bool {
+        self.columns.get(i).is_some_and(Option::is_some)
+    }
+
+    /// Perf counters each counted thread holds: the events not counted in the kernel.
+    pub fn perf_events_per_thread(&self) -> usize {
+        (0..self.len()).filter(|&i| self.resolved[i].is_ok() && !self.in_kernel(i)).count()
     }
 
     /// Number of events.
@@ -138,18 +266,41 @@ fn tracepoint_id(root: &Path, system: &str, name: &str) -> Result<u64, String> {
     text.trim().parse().map_err(|_| format!("{}: not a number", path.display()))
 }
 
-/// The counters of one thread, as one perf group where possible.
+/// The counters of one thread: its row in the in-kernel tally, and perf counters (one group
+/// where possible) for the events the tally does not count.
 #[derive(Debug)]
 struct Thread {
     /// By event index: the counter and its id in group reads (`None`: counted alone).
     counters: Vec<Option<(PerfCounter, Option<u64>)>>,
     leader: Option<usize>,
+    /// The thread's row in the tally, when it has one, and the row's value when this list
+    /// began counting the thread (another list of the same events may count it too).
+    slot: Option<(Arc<Tally>, Slot, i32, Vec<u64>)>,
     /// The thread's counts at its last successful read (kept once it is gone).
     last: Vec<Option<u64>>,
 }
 
+impl Drop for Thread {
+    fn drop(&mut self) {
+        if let Some((tally, _, tid, _)) = self.slot.take() {
+            tally.remove_thread(tid);
+        }
+    }
+}
+
 impl Thread {
-    fn open(tid: i32, events: &EventList) -> Self {
+    fn open(pid: i32, tid: i32, events: &EventList) -> Self {
+        let slot = events.tally.as_ref().ok().filter(|_| events.method() == Method::InKernel).and_then(|t| {
+            // A full tally (or a failed map write): this thread's tracepoints are perf counters.
+            let slot = t.add_thread(pid, tid).ok()?;
+            match t.read(slot) {
+                Ok(start) => Some((Arc::clone(t), slot, tid, start)),
+                Err(_) => {
+                    t.remove_thread(tid);
+                    None
+                }
+            }
+        });
         let mut counters: Vec<Option<(PerfCounter, Option<u64>)>> = Vec::with_capacity(events.len());
         let mut leader: Option<usize> = None;
         for (i, spec) in events.specs.iter().enumerate() {
@@ -157,6 +308,10 @@ impl Thread {
                 counters.push(None);
                 continue;
             };
+            if slot.is_some() && events.in_kernel(i) {
+                counters.push(None);
+                continue;
+            }
             let group = leader.and_then(|l| counters[l].as_ref().map(|(c, _)| c));
             let opened = match PerfCounter::open_in_group(type_, config, tid, group) {
                 Ok(c) => match c.id() {
@@ -179,15 +334,31 @@ impl Thread {
             counters.push(opened);
         }
         let last = vec![None; counters.len()];
-        Self { counters, leader, last }
+        Self { counters, leader, slot, last }
     }
 
     fn fds(&self) -> usize {
         self.counters.iter().flatten().count()
     }
 
+    /// True when event `i` is counted for this thread (in the kernel or by a perf counter).
+    fn is_open(&self, events: &EventList, i: usize) -> bool {
+        self.counters.get(i).is_some_and(Option::is_some) || (self.slot.is_some() && events.in_kernel(i))
+    }
+
     /// Reads every counter; keeps the reading in `last`.
-    fn read(&mut self) -> &[Option<u64>] {
+    fn read(&mut self, events: &EventList) -> &[Option<u64>] {
+        if let Some((tally, slot, _, start)) = &self.slot
+            && let Ok(row) = tally.read(*slot)
+        {
+            for (i, last) in self.last.iter_mut().enumerate() {
+                if let Some(&Some(column)) = events.columns.get(i)
+                    && let (Some(now), Some(then)) = (row.get(column), start.get(column))
+                {
+                    *last = Some(now.wrapping_sub(*then));
+                }
+            }
+        }
         let mut buf = vec![0u64; 1 + 2 * self.counters.len()];
         let pairs: &[u64] = match self.leader.and_then(|l| self.counters[l].as_ref()) {
             Some((leader, _)) => match leader.read_group(&mut buf) {
@@ -285,7 +456,7 @@ impl ThreadCounters {
                 left_out += 1;
                 continue;
             }
-            self.threads.insert(tid, Thread::open(tid, &self.events));
+            self.threads.insert(tid, Thread::open(self.pid, tid, &self.events));
             added += 1;
         }
         self.left_out = left_out;
@@ -304,7 +475,7 @@ impl ThreadCounters {
         self.threads.retain(|tid, _| tids.contains(tid));
         for tid in tids {
             if !self.threads.contains_key(tid) {
-                self.threads.insert(*tid, Thread::open(*tid, &self.events));
+                self.threads.insert(*tid, Thread::open(self.pid, *tid, &self.events));
             }
         }
         self.only = Some(tids.to_vec());
@@ -324,16 +495,18 @@ impl ThreadCounters {
     /// The counts of thread `tid` since attach (or since it was first seen), by event index;
     /// `None` for an event that is unavailable. `None` when the thread is not counted.
     pub fn read(&mut self, tid: i32) -> Option<Vec<Option<u64>>> {
-        self.threads.get_mut(&tid).map(|t| t.read().to_vec())
+        let events = &self.events;
+        self.threads.get_mut(&tid).map(|t| t.read(events).to_vec())
     }
 
     /// True when event `i` is open on thread `tid` (it may fail to open on one thread and not
     /// another: a thread gone meanwhile, or not ours to count).
     pub fn is_open(&self, tid: i32, i: usize) -> bool {
-        self.threads.get(&tid).and_then(|t| t.counters.get(i)).is_some_and(Option::is_some)
+        self.threads.get(&tid).is_some_and(|t| t.is_open(&self.events, i))
     }
 
-    /// Perf file descriptors held.
+    /// Perf file descriptors held for the threads (the in-kernel tally's few descriptors are
+    /// shared by every list of the same events, and not counted here).
     pub fn fds(&self) -> usize {
         self.threads.values().map(Thread::fds).sum()
     }

@@ -11,13 +11,16 @@
 //!
 //! Descriptors per VM: while its vCPU threads are unknown, one counter group per thread of the
 //! process, for at most [`vm::EXTRA_THREADS`] threads beyond one per vCPU and within what the
-//! open file limit leaves above [`observer::FD_RESERVE`]; once known, one group per vCPU thread —
-//! [`vm::vm_events`] counters each (16 on a host without VMX/SVM, 31 with), plus one QMP socket
-//! when given.
+//! open file limit leaves above [`observer::FD_RESERVE`]; once known, one group per vCPU thread.
+//! Where BPF is permitted the tracepoints are counted in the kernel ([`counting`]) and a group
+//! holds only the two software events (task clock, migrations); with perf counters it holds every
+//! event of [`vm::vm_events`] (18 on a host without VMX/SVM, 33 with). Plus one QMP socket when
+//! given.
 
 pub mod bios;
 pub mod claim;
 pub mod counting;
+pub mod counting_cost;
 pub mod discovery;
 pub mod observer;
 pub mod overhead;

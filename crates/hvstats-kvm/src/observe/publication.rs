@@ -10,9 +10,25 @@ use hvstats::PartitionStats;
 use hvstats::index::InstanceDescription;
 use hvstats_abi::CounterId;
 
-/// The instance description of an observer (`kind` "observer").
+use super::counting::{EventList, Method};
+use super::vm::{host_isa, vm_events};
+
+/// The instance description of an observer (`kind` "observer"); its name says how the VMs'
+/// tracepoints are counted on this host (in the kernel, or by perf counters), which is what
+/// observing costs their guests.
 pub fn description() -> InstanceDescription {
-    InstanceDescription { kind: "observer".to_owned(), name: "hvstats observe".to_owned() }
+    let how = match counting_method().0 {
+        Method::InKernel => "counting in the kernel (eBPF)",
+        Method::Perf => "counting with perf counters",
+    };
+    InstanceDescription { kind: "observer".to_owned(), name: format!("hvstats observe, {how}") }
+}
+
+/// How this host lets the observer count VMs' tracepoints, and why, said for a log: the method
+/// a VM attached now would get.
+pub fn counting_method() -> (Method, String) {
+    let events = EventList::new(vm_events(host_isa()));
+    (events.method(), events.method_description())
 }
 
 /// Declares `unavailable` for `partition` (its own counters and its VPs').

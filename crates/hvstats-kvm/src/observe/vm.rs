@@ -44,9 +44,11 @@ mod ev {
     pub const KVM_EXIT: usize = 13;
     pub const TASK_CLOCK: usize = 14;
     pub const MIGRATIONS: usize = 15;
+    pub const X2APIC_TPR: usize = 16;
+    pub const X2APIC_EOI: usize = 17;
     /// The first per-class `kvm_exit` counter (VMX/SVM hosts), in [`InterceptClass::ALL`] order
     /// without `Other`.
-    pub const CLASSES: usize = 16;
+    pub const CLASSES: usize = 18;
 }
 
 /// The hardware virtualization of this host's KVM: `Some(ISA_VMX)`, `Some(ISA_SVM)`, or `None`
@@ -109,6 +111,11 @@ pub fn vm_events(isa: Option<u32>) -> Vec<EventSpec> {
         kvm("kvm_exit"),
         EventSpec::Software(SW_TASK_CLOCK),
         EventSpec::Software(SW_CPU_MIGRATIONS),
+        // x2APIC registers are MSRs 0x800 + offset / 16: the TPR 0x808, the EOI 0x80B. Not
+        // kvm_apic, which also fires for EOIs some KVM backends perform themselves when they
+        // inject an interrupt (seen here: one per interrupt, beside the guest's own).
+        kvm_if("kvm_msr", "ecx == 0x808"),
+        kvm_if("kvm_msr", "ecx == 0x80b && write == 1"),
     ];
     debug_assert_eq!(specs.len(), ev::CLASSES);
     if let Some(rows) = isa.and_then(exit_reason::table) {
@@ -390,6 +397,11 @@ impl ObservedVm {
         self.counters.fds()
     }
 
+    /// How this VM's tracepoints are counted (in the kernel, or by perf counters, and why).
+    pub fn counting_method(&self) -> String {
+        self.counters.events().method_description()
+    }
+
     /// What is known about `kvm_exit`.
     pub fn kvm_exit(&self) -> KvmExitState {
         self.kvm_exit
@@ -664,8 +676,9 @@ fn write_tracepoint_counts(page: &SharedPage, counts: &[Option<u64>]) {
         (vp::IO_INSTRUCTIONS, c(ev::PIO)),
         (vp::CONTROL_REGISTER_ACCESSES, c(ev::CR)),
         (vp::APIC_MMIO_ACCESSES, c(ev::APIC_MMIO)),
-        (vp::APIC_TPR_ACCESSES, c(ev::APIC_TPR)),
-        (vp::APIC_EOI_ACCESSES, c(ev::APIC_EOI)),
+        // By xAPIC MMIO, plus by x2APIC MSR where that is counted.
+        (vp::APIC_TPR_ACCESSES, c(ev::APIC_TPR).map(|n| n + c(ev::X2APIC_TPR).unwrap_or(0))),
+        (vp::APIC_EOI_ACCESSES, c(ev::APIC_EOI).map(|n| n + c(ev::X2APIC_EOI).unwrap_or(0))),
         (vp::APIC_IPIS_SENT, c(ev::APIC_IPI)),
         (vp::APIC_SELF_IPIS_SENT, c(ev::APIC_SELF_IPI)),
         (vp::IO_INTERCEPT_MESSAGES, c(ev::USER_IO)),

@@ -25,6 +25,9 @@ pub fn filter(tp: Tracepoint) -> Option<String> {
         Tracepoint::ApicMmio => Some(format!("gpa >= {page:#x} && gpa < {end:#x} && type != 0")),
         Tracepoint::ApicTpr => Some(format!("gpa == {:#x} && type != 0", apic::APIC_TPR)),
         Tracepoint::ApicEoi => Some(format!("gpa == {:#x} && type == 2", apic::APIC_EOI)),
+        // x2APIC registers are MSRs 0x800 + offset / 16 (kvm_msr write: 1 for WRMSR).
+        Tracepoint::X2apicTpr => Some(format!("ecx == {:#x}", apic::X2APIC_TPR_MSR)),
+        Tracepoint::X2apicEoi => Some(format!("ecx == {:#x} && write == 1", apic::X2APIC_EOI_MSR)),
         // Destination shorthand (ICR bits 19:18) = 01, "self".
         Tracepoint::ApicSelfIpi => Some(format!(
             "(icr_low & {}) && !(icr_low & {})",
@@ -243,6 +246,8 @@ mod tests {
         assert_eq!(f(Tracepoint::ApicTpr), "gpa == 0xfee00080 && type != 0");
         assert_eq!(f(Tracepoint::ApicEoi), "gpa == 0xfee000b0 && type == 2");
         assert_eq!(f(Tracepoint::ApicSelfIpi), "(icr_low & 262144) && !(icr_low & 524288)");
+        assert_eq!(f(Tracepoint::X2apicTpr), "ecx == 0x808");
+        assert_eq!(f(Tracepoint::X2apicEoi), "ecx == 0x80b && write == 1");
         assert_eq!(filter(Tracepoint::Cpuid), None);
     }
 }

@@ -1,0 +1,143 @@
+//! The counting program of one tracepoint: find the firing thread's slot, then add one to each
+//! column whose predicate the record satisfies, in the slot's row of a per-CPU array.
+//!
+//! ```text
+//! tid, tgid = bpf_get_current_pid_tgid()
+//! entry = threads[tid]                  // array map: (tgid << 32) | (slot + 1), or 0
+//! if !entry || entry >> 32 != tgid: return 0
+//! row = rows[slot]                      // per-CPU array: one u64 per column
+//! for each column: if predicate(record): row[column] += 1
+//! return 1
+//! ```
+//!
+//! A classic tracepoint program's 0 would stop the firing from reaching *every* perf event on
+//! the tracepoint, other tools' counters too (`perf_trace_run_bpf_submit`): it returns 1, and
+//! the firing goes on to perf events as if no program were there.
+//!
+//! Every firing of the tracepoint runs the program once, whatever the number of columns and
+//! observed threads: two array lookups (which the verifier inlines), then a few compares per
+//! column. The per-CPU row needs no atomic add: a program runs to completion on its CPU.
+
+use super::filter::{Field, Op, Pred};
+use super::insn::{
+    Asm, AsmError, Cond, HELPER_GET_CURRENT_PID_TGID, HELPER_MAP_LOOKUP_ELEM, Label, R0, R1, R2, R3, R6, R8,
+    R9, R10, Size,
+};
+
+/// One counted column of a program: its index in the row, and what a record must satisfy
+/// (`None`: every firing).
+#[derive(Clone, Debug)]
+pub struct Column {
+    /// Index of the `u64` in the row.
+    pub index: u16,
+    /// The predicate.
+    pub pred: Option<Pred>,
+}
+
+/// Assembles the program for `columns`, with the thread table and the rows at map fds
+/// `threads` and `rows`.
+///
+/// # Errors
+/// When a jump would be too far (a predicate of thousands of terms).
+pub fn assemble(threads: i32, rows: i32, columns: &[Column]) -> Result<Vec<u64>, AsmError> {
+    let mut a = Asm::default();
+    let out = a.label();
+    a.mov(R6, R1);
+    a.call(HELPER_GET_CURRENT_PID_TGID);
+    a.store(Size::W, R10, -4, R0); // key: the thread id (low half)
+    a.mov(R8, R0);
+    a.rsh_imm(R8, 32); // the process id
+    a.ld_map_fd(R1, threads);
+    a.mov(R2, R10);
+    a.add_imm(R2, -4);
+    a.call(HELPER_MAP_LOOKUP_ELEM);
+    a.jump_imm(Cond::Eq, R0, 0, out);
+    a.load(Size::Dw, R1, R0, 0);
+    a.mov(R2, R1);
+    a.rsh_imm(R2, 32);
+    a.jump_reg(Cond::Ne, R2, R8, out); // a reused thread id of another process
+    a.mov32(R1, R1);
+    a.jump_imm(Cond::Eq, R1, 0, out);
+    a.add_imm(R1, -1);
+    a.store(Size::W, R10, -8, R1);
+    a.ld_map_fd(R1, rows);
+    a.mov(R2, R10);
+    a.add_imm(R2, -8);
+    a.call(HELPER_MAP_LOOKUP_ELEM);
+    a.jump_imm(Cond::Eq, R0, 0, out);
+    a.mov(R9, R0);
+    for column in columns {
+        let (hit, skip) = (a.label(), a.label());
+        if let Some(pred) = &column.pred {
+            predicate(&mut a, pred, hit, skip);
+        }
+        a.bind(hit);
+        let off = 8 * column.index as i16;
+        a.load(Size::Dw, R1, R9, off);
+        a.add_imm(R1, 1);
+        a.store(Size::Dw, R9, off, R1);
+        a.bind(skip);
+    }
+    a.bind(out);
+    a.mov_imm(R0, 1);
+    a.exit();
+    a.finish()
+}
+
+/// Jumps to `yes` when `pred` holds for the record at r6, else to `no`.
+fn predicate(a: &mut Asm, pred: &Pred, yes: Label, no: Label) {
+    match pred {
+        Pred::Cmp(field, op, value) => compare(a, *field, *op, *value, yes, no),
+        Pred::All(x, y) => {
+            let mid = a.label();
+            predicate(a, x, mid, no);
+            a.bind(mid);
+            predicate(a, y, yes, no);
+        }
+        Pred::Any(x, y) => {
+            let mid = a.label();
+            predicate(a, x, yes, mid);
+            a.bind(mid);
+            predicate(a, y, yes, no);
+        }
+        Pred::Not(x) => predicate(a, x, no, yes),
+    }
+}
+
+fn compare(a: &mut Asm, field: Field, op: Op, value: u64, yes: Label, no: Label) {
+    let signed = field.signed && op.orders();
+    let size = Size::of(usize::from(field.size)).unwrap_or(Size::Dw);
+    a.load(size, R2, R6, field.offset as i16);
+    let value = if signed {
+        let shift = 64 - 8 * i32::from(field.size);
+        if shift > 0 {
+            a.lsh_imm(R2, shift);
+            a.arsh_imm(R2, shift);
+        }
+        value
+    } else {
+        field.truncate(value)
+    };
+    let cond = match (op, signed) {
+        (Op::Eq, _) => Cond::Eq,
+        (Op::Ne, _) => Cond::Ne,
+        (Op::And, _) => Cond::Set,
+        (Op::Lt, false) => Cond::Lt,
+        (Op::Le, false) => Cond::Le,
+        (Op::Gt, false) => Cond::Gt,
+        (Op::Ge, false) => Cond::Ge,
+        (Op::Lt, true) => Cond::Slt,
+        (Op::Le, true) => Cond::Sle,
+        (Op::Gt, true) => Cond::Sgt,
+        (Op::Ge, true) => Cond::Sge,
+    };
+    // An immediate is sign-extended to 64 bits: only values it keeps exact go inline.
+    match i32::try_from(value as i64) {
+        Ok(imm) if imm as i64 as u64 == value => a.jump_imm(cond, R2, imm, yes),
+        _ => {
+            a.ld_imm64(R3, value);
+            a.jump_reg(cond, R2, R3, yes);
+        }
+    }
+    a.ja(no);
+}
