@@ -182,14 +182,9 @@ const OPS: u64 = 2_000_000;
 /// The VP thread's update of its own page as its exit path does it: a plain load and store at
 /// a slot known at compile time.
 fn page_updates(page: &hvstats::SharedPage) -> f64 {
-    const SLOT: usize = vp::CPUID_INSTRUCTIONS.slot();
-    // SAFETY: a SharedPage maps PAGE_SLOTS words, page-aligned, for as long as it lives, and its
-    // values are only accessed as relaxed atomics.
-    let slots = unsafe { &*(page.host_address() as *const [AtomicU64; hvstats_abi::page::PAGE_SLOTS]) };
     let start = CpuClock::now();
     for _ in 0..OPS {
-        let v = &slots[SLOT];
-        v.store(v.load(Ordering::Relaxed).wrapping_add(black_box(1)), Ordering::Relaxed);
+        page.add(vp::CPUID_INSTRUCTIONS, black_box(1));
     }
     ns_per(start, OPS)
 }
@@ -311,7 +306,9 @@ fn read_rows(rounds: u32, kvm: &Result<(), String>) -> anyhow::Result<Vec<Row>> 
     let mut rows = Vec::new();
     match kvm {
         Ok(()) => {
-            let (stats, _fds) = vcpu_stats_fd().context("opening a vCPU's KVM stats fd")?;
+            let vcpu = hvstats_kvm::sources::kvm_stats::IdleVcpu::new()
+                .context("opening a vCPU's KVM stats fd")?;
+            let stats = &vcpu.stats;
             let mut buf = vec![0u64; stats.data_words()];
             let (ours, baseline) = side_by_side(rounds, &mut kept, || {
                 let start = CpuClock::now();
@@ -392,25 +389,6 @@ fn consistency_row(rounds: u32) -> anyhow::Result<Row> {
         unit: "ns/read",
         goal: Some(1.1),
     })
-}
-
-/// A vCPU's KVM binary stats fd (one `pread` reads every counter), with the VM and vCPU fds
-/// that must outlive it.
-fn vcpu_stats_fd() -> anyhow::Result<(hvstats_kvm::sources::kvm_stats::KvmStats, [std::os::fd::OwnedFd; 2])> {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-    let kvm = std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm")?;
-    // SAFETY: KVM_CREATE_VM on the /dev/kvm fd: returns a new fd or -1.
-    let vm = unsafe { libc::ioctl(kvm.as_raw_fd(), 0xAE01, 0) };
-    anyhow::ensure!(vm >= 0, "KVM_CREATE_VM: {}", std::io::Error::last_os_error());
-    // SAFETY: just returned; owned by nobody else.
-    let vm = unsafe { OwnedFd::from_raw_fd(vm) };
-    // SAFETY: KVM_CREATE_VCPU on our VM fd: returns a new fd or -1.
-    let vcpu = unsafe { libc::ioctl(vm.as_raw_fd(), 0xAE41, 0) };
-    anyhow::ensure!(vcpu >= 0, "KVM_CREATE_VCPU: {}", std::io::Error::last_os_error());
-    // SAFETY: just returned; owned by nobody else.
-    let vcpu = unsafe { OwnedFd::from_raw_fd(vcpu) };
-    let stats = hvstats_kvm::sources::kvm_stats::KvmStats::open(vcpu.as_raw_fd())?;
-    Ok((stats, [vcpu, vm]))
 }
 
 fn snapshot_row(rounds: u32, partitions: u32, name: &'static str) -> anyhow::Result<Row> {

@@ -235,6 +235,29 @@ pub fn open_for(fd: &impl AsRawFd) -> io::Result<KvmStats> {
     KvmStats::open(fd.as_raw_fd())
 }
 
+/// A vCPU that never runs and its binary stats: what a reader of KVM's per-vCPU statistics reads,
+/// for measuring that read beside others. The VM and vCPU stay open as long as this lives.
+pub struct IdleVcpu {
+    /// The vCPU's statistics.
+    pub stats: KvmStats,
+    _vcpu: kvm_ioctls::VcpuFd,
+    _vm: kvm_ioctls::VmFd,
+}
+
+impl IdleVcpu {
+    /// Creates a VM with one vCPU (never run) and opens its statistics.
+    ///
+    /// # Errors
+    /// When `/dev/kvm`, the VM, the vCPU or its statistics cannot be opened.
+    pub fn new() -> Result<Self, crate::Error> {
+        let kvm = kvm_ioctls::Kvm::new().map_err(crate::Error::OpenKvm)?;
+        let vm = kvm.create_vm().map_err(crate::error::kvm("KVM_CREATE_VM"))?;
+        let vcpu = vm.create_vcpu(0).map_err(crate::error::kvm("KVM_CREATE_VCPU"))?;
+        let stats = open_for(&vcpu).map_err(|source| crate::Error::Host { op: "KVM_GET_STATS_FD", source })?;
+        Ok(Self { stats, _vcpu: vcpu, _vm: vm })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
