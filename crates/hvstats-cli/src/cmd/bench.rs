@@ -306,8 +306,8 @@ fn read_rows(rounds: u32, kvm: &Result<(), String>) -> anyhow::Result<Vec<Row>> 
     let mut rows = Vec::new();
     match kvm {
         Ok(()) => {
-            let vcpu = hvstats_kvm::sources::kvm_stats::IdleVcpu::new()
-                .context("opening a vCPU's KVM stats fd")?;
+            let vcpu =
+                hvstats_kvm::sources::kvm_stats::IdleVcpu::new().context("opening a vCPU's KVM stats fd")?;
             let stats = &vcpu.stats;
             let mut buf = vec![0u64; stats.data_words()];
             let (ours, baseline) = side_by_side(rounds, &mut kept, || {

@@ -102,12 +102,14 @@ pub fn vm_events(isa: Option<u32>) -> Vec<EventSpec> {
         kvm("kvm_apic_ipi"),
         // Destination shorthand (ICR bits 19:18) = 01, "self".
         kvm_if("kvm_apic_ipi", "(icr_low & 262144) && !(icr_low & 524288)"),
-        // KVM_EXIT_IO 2, KVM_EXIT_MMIO 6, KVM_EXIT_INTR 10, KVM_EXIT_X86_RDMSR/WRMSR 29/30.
-        kvm_if("kvm_userspace_exit", "reason == 2"),
-        kvm_if("kvm_userspace_exit", "reason == 6"),
+        // KVM_EXIT_IO 2, KVM_EXIT_MMIO 6, KVM_EXIT_INTR 10, KVM_EXIT_X86_RDMSR/WRMSR 29/30. Only
+        // returns with errno 0 are exits: KVM_RUN interrupted by a signal (EINTR) fires the
+        // tracepoint too, with the reason of the exit before it still in place.
+        kvm_if("kvm_userspace_exit", "reason == 2 && errno == 0"),
+        kvm_if("kvm_userspace_exit", "reason == 6 && errno == 0"),
         // Other messages to the VMM: not I/O, not MMIO, not a signal interrupting KVM_RUN.
-        kvm_if("kvm_userspace_exit", "reason != 2 && reason != 6 && reason != 10"),
-        kvm_if("kvm_userspace_exit", "reason == 29 || reason == 30"),
+        kvm_if("kvm_userspace_exit", "reason != 2 && reason != 6 && reason != 10 && errno == 0"),
+        kvm_if("kvm_userspace_exit", "(reason == 29 || reason == 30) && errno == 0"),
         kvm("kvm_exit"),
         EventSpec::Software(SW_TASK_CLOCK),
         EventSpec::Software(SW_CPU_MIGRATIONS),

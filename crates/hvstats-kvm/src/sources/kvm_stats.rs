@@ -253,7 +253,8 @@ impl IdleVcpu {
         let kvm = kvm_ioctls::Kvm::new().map_err(crate::Error::OpenKvm)?;
         let vm = kvm.create_vm().map_err(crate::error::kvm("KVM_CREATE_VM"))?;
         let vcpu = vm.create_vcpu(0).map_err(crate::error::kvm("KVM_CREATE_VCPU"))?;
-        let stats = open_for(&vcpu).map_err(|source| crate::Error::Host { op: "KVM_GET_STATS_FD", source })?;
+        let stats =
+            open_for(&vcpu).map_err(|source| crate::Error::Host { op: "KVM_GET_STATS_FD", source })?;
         Ok(Self { stats, _vcpu: vcpu, _vm: vm })
     }
 }
