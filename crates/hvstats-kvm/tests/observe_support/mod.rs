@@ -122,9 +122,20 @@ impl Qemu {
         self.child.id() as i32
     }
 
+    /// A QMP session on the control socket. QEMU creates the socket file before it listens on
+    /// it: a refused connection is tried again for up to 10 s.
     pub fn connect(&self) -> hvstats_kvm::observe::qmp::Qmp {
-        hvstats_kvm::observe::qmp::Qmp::connect(&self.qmp, std::time::Duration::from_secs(5))
-            .expect("QMP connects")
+        use std::time::{Duration, Instant};
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match hvstats_kvm::observe::qmp::Qmp::connect(&self.qmp, Duration::from_secs(5)) {
+                Ok(q) => return q,
+                Err(e) if Instant::now() < deadline && format!("{e:?}").contains("ConnectionRefused") => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => panic!("QMP connects: {e:?}"),
+            }
+        }
     }
 }
 
