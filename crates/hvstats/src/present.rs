@@ -152,6 +152,18 @@ impl Column {
     }
 }
 
+/// A time in nanoseconds with a human unit: `850ns`, `1.0µs`, `33µs`, `5.2ms`, `1.1s`.
+pub fn human_ns(ns: u64) -> String {
+    let ns = ns as f64;
+    let (value, unit) = match ns {
+        n if n < 1e3 => return format!("{n:.0}ns"),
+        n if n < 1e6 => (n / 1e3, "µs"),
+        n if n < 1e9 => (n / 1e6, "ms"),
+        n => (n / 1e9, "s"),
+    };
+    if value < 99.95 { format!("{value:.1}{unit}") } else { format!("{value:.0}{unit}") }
+}
+
 #[cfg(test)]
 mod tests {
     use hvstats_abi::catalog::{lp, partition, vp};

@@ -225,6 +225,38 @@ fn read_with(
 
 pub use crate::error_chain::error_chain;
 
+impl PartitionSnapshot {
+    /// The readable VPs summed counter by counter (`None` when none was readable): a partition's
+    /// total, for every surface that shows one. A counter some VP does not have is left out.
+    pub fn vps_summed(&self) -> Option<ObjectReading> {
+        let mut sum: Option<Vec<(&'static Counter, u64)>> = None;
+        for vp in &self.vps {
+            let ObjectReading::Counters(values) = &vp.reading else { continue };
+            match &mut sum {
+                None => sum = Some(values.clone()),
+                // The usual case: the same counters in the same order.
+                Some(sum)
+                    if sum.len() == values.len() && sum.iter().zip(values).all(|(a, b)| a.0.id == b.0.id) =>
+                {
+                    for ((_, total), (_, v)) in sum.iter_mut().zip(values) {
+                        *total = total.wrapping_add(*v);
+                    }
+                }
+                Some(sum) => {
+                    sum.retain_mut(|(c, total)| match values.iter().find(|(other, _)| other.id == c.id) {
+                        Some((_, v)) => {
+                            *total = total.wrapping_add(*v);
+                            true
+                        }
+                        None => false,
+                    })
+                }
+            }
+        }
+        sum.map(ObjectReading::Counters)
+    }
+}
+
 impl Instance {
     /// Every counter of the instance now (after a [`refresh`](Self::refresh)).
     pub fn snapshot(&mut self) -> InstanceSnapshot {

@@ -51,20 +51,47 @@ pub fn publisher_cadence() -> Duration {
     hvstats_kvm::PartitionConfig::default().collect_interval
 }
 
+/// A year in seconds: the longest a recording or duration flag accepts.
+pub const YEAR_SECONDS: f64 = 86_400.0 * 365.0;
+
+/// Parses a number of seconds from `min` to `max` (both included) for a flag; the message states
+/// the range. Every seconds flag goes through here (or [`parse_interval`], which adds why its
+/// floor is what it is).
+///
+/// # Errors
+/// A message stating the range when `s` is not a number in it.
+pub fn seconds_in(s: &str, min: f64, max: f64) -> Result<f64, String> {
+    let upper = if max == YEAR_SECONDS { "a year".to_owned() } else { format!("{max}") };
+    match s.trim().parse::<f64>() {
+        Ok(v) if (min..=max).contains(&v) => Ok(v),
+        _ => Err(format!("{s:?}: a number of seconds from {min} up to {upper}")),
+    }
+}
+
 /// Parses an interval in seconds for commands that read every page twice: at least the
 /// publishers' refresh cadence ([`publisher_cadence`]), at most an hour.
 ///
 /// # Errors
 /// A message stating the real range when `s` is not a number in it.
 pub fn parse_interval(s: &str) -> Result<f64, String> {
+    interval_up_to(s, 3600.0)
+}
+
+/// As [`parse_interval`], up to `max` seconds.
+///
+/// # Errors
+/// A message stating the real range (and why its floor is the refresh cadence) when `s` is not a
+/// number in it.
+pub fn interval_up_to(s: &str, max: f64) -> Result<f64, String> {
     let min = publisher_cadence().as_secs_f64();
+    let upper = if max == YEAR_SECONDS { "a year".to_owned() } else { format!("{max} s") };
     match s.trim().parse::<f64>() {
-        Ok(v) if (min..=3600.0).contains(&v) => Ok(v),
+        Ok(v) if (min..=max).contains(&v) => Ok(v),
         Ok(v) if v > 0.0 && v < min => Err(format!(
             "{s}: the interval must be at least {min} s, the publishers' refresh cadence (counters \
-             move only that often), and at most 3600 s"
+             move only that often), and at most {upper}"
         )),
-        _ => Err(format!("{s:?}: the interval is a number of seconds, at least {min} and at most 3600")),
+        _ => Err(format!("{s:?}: the interval is a number of seconds, at least {min} and at most {upper}")),
     }
 }
 

@@ -57,10 +57,7 @@ pub struct Args {
 }
 
 fn parse_interval(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if (0.01..=3600.0).contains(&v) => Ok(v),
-        _ => Err(format!("{s:?}: the interval is a number of seconds from 0.01 to 3600")),
-    }
+    crate::cmd::seconds_in(s, 0.01, 3600.0)
 }
 
 /// Runs the observer until SIGINT/SIGTERM, or until every `--pid` process has exited.

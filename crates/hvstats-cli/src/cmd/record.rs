@@ -44,22 +44,11 @@ pub struct Args {
 /// A sampling interval: at least the publishers' refresh cadence (counters move no more often), at
 /// most a year.
 fn parse_interval(s: &str) -> Result<f64, String> {
-    let min = crate::cmd::publisher_cadence().as_secs_f64();
-    match s.trim().parse::<f64>() {
-        Ok(v) if (min..=86_400.0 * 365.0).contains(&v) => Ok(v),
-        Ok(v) if v > 0.0 && v < min => Err(format!(
-            "{s}: the interval must be at least {min} s, the publishers' refresh cadence (counters \
-             move only that often)"
-        )),
-        _ => Err(format!("{s:?}: a number of seconds from {min} up to a year")),
-    }
+    crate::cmd::interval_up_to(s, crate::cmd::YEAR_SECONDS)
 }
 
 fn parse_seconds(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if (0.01..=86_400.0 * 365.0).contains(&v) => Ok(v),
-        _ => Err(format!("{s:?}: a number of seconds from 0.01 up to a year")),
-    }
+    crate::cmd::seconds_in(s, 0.01, crate::cmd::YEAR_SECONDS)
 }
 
 /// Runs `hvstats record`.

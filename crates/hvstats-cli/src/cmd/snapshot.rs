@@ -21,8 +21,8 @@ use hvstats_abi::catalog::counters_of;
 use hvstats_abi::{Counter, ObjectKind, Presentation};
 use serde_json::{Map, Value, json};
 
-use crate::cmd::top::table::human_ns;
 use crate::output::{self, ExitStatus, note};
+use hvstats::present::human_ns;
 
 /// Flags of `hvstats snapshot`.
 #[derive(clap::Args)]

@@ -205,7 +205,7 @@ impl Exposition {
                     labels.push(("vp", vp.index.to_string()));
                     sample(&labels, &vp.reading)?;
                 }
-            } else if let Some(sum) = summed(partition) {
+            } else if let Some(sum) = partition.vps_summed() {
                 let mut labels = labels.clone();
                 labels.push(("vp", ALL_VPS.to_owned()));
                 sample(&labels, &sum)?;
@@ -283,34 +283,6 @@ fn catalog_position(counter: &Counter) -> usize {
         ObjectKind::ALL.iter().flat_map(|k| counters_of(*k).enumerate().map(|(i, c)| (c.id, i))).collect()
     });
     positions.get(&counter.id).copied().unwrap_or(usize::MAX)
-}
-
-/// The readable VPs of `partition` summed counter by counter (`None` when none was readable). A
-/// counter some VP does not have is left out of the sum.
-pub fn summed(partition: &PartitionSnapshot) -> Option<ObjectReading> {
-    let mut sum: Option<Vec<(&'static Counter, u64)>> = None;
-    for vp in &partition.vps {
-        let ObjectReading::Counters(values) = &vp.reading else { continue };
-        match &mut sum {
-            None => sum = Some(values.clone()),
-            // The usual case: the same counters in the same order.
-            Some(sum)
-                if sum.len() == values.len() && sum.iter().zip(values).all(|(a, b)| a.0.id == b.0.id) =>
-            {
-                for ((_, total), (_, v)) in sum.iter_mut().zip(values) {
-                    *total = total.wrapping_add(*v);
-                }
-            }
-            Some(sum) => sum.retain_mut(|(c, total)| match value_of(&vp.reading, c) {
-                Some(v) => {
-                    *total = total.wrapping_add(v);
-                    true
-                }
-                None => false,
-            }),
-        }
-    }
-    sum.map(ObjectReading::Counters)
 }
 
 fn encode_value(family: &Family, member: &Member, raw: u64, metric: &mut MetricEncoder) -> std::fmt::Result {

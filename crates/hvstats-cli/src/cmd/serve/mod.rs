@@ -68,10 +68,7 @@ fn parse_max_connections(s: &str) -> Result<usize, String> {
 }
 
 fn parse_observe_interval(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if (0.01..=3600.0).contains(&v) => Ok(v),
-        _ => Err(format!("{s:?}: the interval is a number of seconds from 0.01 to 3600")),
-    }
+    crate::cmd::seconds_in(s, 0.01, 3600.0)
 }
 
 /// Answers `asked` from a fresh reading of `live`; `/metrics` in OpenMetrics when its `Accept`

@@ -8,7 +8,7 @@
 use std::cmp::Ordering;
 use std::fmt::Write;
 
-use hvstats::present::{Column, VP_COLUMNS};
+use hvstats::present::{Column, VP_COLUMNS, human_ns};
 use hvstats::snapshot::{ObjectReading, VpSnapshot};
 use hvstats::text::Escaped;
 use hvstats_abi::catalog::{Counter, counters_of, vp};
@@ -18,7 +18,6 @@ use hvstats_abi::{ObjectKind, Presentation};
 use serde_json::{Map, Value, json};
 
 use crate::cmd::live::{Live, Reading};
-use crate::cmd::serve::exposition::summed;
 
 /// One row: a VP, or a partition's total.
 #[derive(Clone, Debug, PartialEq)]
@@ -117,18 +116,6 @@ pub fn class_label(c: &Counter) -> &'static str {
         .unwrap_or(name)
 }
 
-/// A time in nanoseconds with a human unit: `850ns`, `1.0µs`, `33µs`, `5.2ms`, `1.1s`.
-pub fn human_ns(ns: u64) -> String {
-    let ns = ns as f64;
-    let (value, unit) = match ns {
-        n if n < 1e3 => return format!("{n:.0}ns"),
-        n if n < 1e6 => (n / 1e3, "µs"),
-        n if n < 1e9 => (n / 1e6, "ms"),
-        n => (n / 1e9, "s"),
-    };
-    if value < 99.95 { format!("{value:.1}{unit}") } else { format!("{value:.0}{unit}") }
-}
-
 /// What each histogram of `after` recorded since `before`.
 fn costs(before: &VpSnapshot, after: &VpSnapshot) -> Vec<(&'static Counter, Log2Histogram)> {
     after
@@ -213,7 +200,7 @@ pub fn groups(before: &Reading, after: &Reading) -> Vec<Group> {
                 })
                 .collect();
             let vm = Live::vm_name(&instance.name, partition);
-            let total = match (summed(earlier), summed(partition)) {
+            let total = match (earlier.vps_summed(), partition.vps_summed()) {
                 (Some(then), Some(now)) => row(vm.clone(), None, &then, &now, seconds),
                 _ => Row {
                     label: vm.clone(),
