@@ -45,19 +45,8 @@ pub fn publish_partition(
 }
 
 /// A KVM VM with one vCPU held by this test process (what a VMM holds), closed on drop.
-pub fn hold_a_vm() -> (std::os::fd::OwnedFd, std::os::fd::OwnedFd, std::os::fd::OwnedFd) {
-    let own = |fd: libc::c_int| -> std::os::fd::OwnedFd {
-        assert!(fd >= 0, "{}", std::io::Error::last_os_error());
-        // SAFETY: a descriptor the kernel just returned and nothing else owns.
-        unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) }
-    };
-    // SAFETY: a NUL-terminated path; the result is checked by `own`.
-    let kvm = own(unsafe { libc::open(c"/dev/kvm".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) });
-    // SAFETY: KVM_CREATE_VM (0xAE01) on a /dev/kvm fd with machine type 0; checked by `own`.
-    let vm = own(unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&kvm), 0xAE01, 0) });
-    // SAFETY: KVM_CREATE_VCPU (0xAE41) on a VM fd with vCPU id 0; checked by `own`.
-    let vcpu = own(unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&vm), 0xAE41, 0) });
-    (kvm, vm, vcpu)
+pub fn hold_a_vm() -> hvstats_kvm::sources::kvm_stats::IdleVcpu {
+    hvstats_kvm::sources::kvm_stats::IdleVcpu::new().expect("a VM with one vCPU")
 }
 
 /// Overwrites VP `n`'s page in `hv`'s arena with the page an older hypervisor writes: both TLFS
