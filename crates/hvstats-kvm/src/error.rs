@@ -22,24 +22,77 @@ pub enum Error {
     /// `/dev/kvm` cannot be opened.
     #[error("cannot open /dev/kvm{}", open_kvm_hint(.0))]
     OpenKvm(#[source] kvm_ioctls::Error),
-    /// A KVM ioctl failed.
-    #[error("{op}: {source}")]
-    Kvm {
-        /// The operation.
-        op: &'static str,
+    /// The VM cannot be created (`KVM_CREATE_VM`).
+    #[error("cannot create a KVM VM (KVM_CREATE_VM)")]
+    CreateVm(#[source] kvm_ioctls::Error),
+    /// The VM's TSS address cannot be set (`KVM_SET_TSS_ADDR`).
+    #[error("cannot set the VM's TSS address (KVM_SET_TSS_ADDR)")]
+    SetTssAddress(#[source] kvm_ioctls::Error),
+    /// The in-kernel interrupt controller cannot be created (`KVM_CREATE_IRQCHIP`).
+    #[error("cannot create the in-kernel interrupt controller (KVM_CREATE_IRQCHIP)")]
+    CreateIrqChip(#[source] kvm_ioctls::Error),
+    /// MSR accesses cannot be sent to userspace (`KVM_ENABLE_CAP(KVM_CAP_X86_USER_SPACE_MSR)`).
+    #[error("cannot have KVM forward MSR accesses (KVM_ENABLE_CAP(KVM_CAP_X86_USER_SPACE_MSR))")]
+    EnableUserSpaceMsr(#[source] kvm_ioctls::Error),
+    /// The CPUID KVM supports cannot be read (`KVM_GET_SUPPORTED_CPUID`).
+    #[error("cannot read the CPUID KVM supports (KVM_GET_SUPPORTED_CPUID)")]
+    SupportedCpuid(#[source] kvm_ioctls::Error),
+    /// A vCPU cannot be created (`KVM_CREATE_VCPU`).
+    #[error("cannot create vCPU {vp} (KVM_CREATE_VCPU)")]
+    CreateVcpu {
+        /// The VP index.
+        vp: u32,
         /// The kernel's error.
         #[source]
         source: kvm_ioctls::Error,
     },
-    /// A host system call failed.
-    #[error("{op}: {source}")]
-    Host {
-        /// The operation.
-        op: &'static str,
+    /// A vCPU's CPUID cannot be set (`KVM_SET_CPUID2`).
+    #[error("cannot set the CPUID of vCPU {vp} (KVM_SET_CPUID2)")]
+    SetCpuid {
+        /// The VP index.
+        vp: u32,
+        /// The kernel's error.
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    /// A vCPU's start state cannot be read or set.
+    #[error("cannot set the start state of vCPU {vp} ({ioctl})")]
+    StartState {
+        /// The VP index.
+        vp: u32,
+        /// The ioctl that failed (`KVM_SET_SREGS`, …).
+        ioctl: &'static str,
+        /// The kernel's error.
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    /// A memory slot cannot be set (`KVM_SET_USER_MEMORY_REGION`).
+    #[error("cannot set memory slot {slot} (KVM_SET_USER_MEMORY_REGION)")]
+    SetMemorySlot {
+        /// The slot.
+        slot: u32,
+        /// The kernel's error.
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    /// Guest RAM cannot be mapped.
+    #[error("cannot map {bytes:#x} bytes of guest RAM")]
+    MapGuestRam {
+        /// The size asked for.
+        bytes: u64,
         /// The error.
         #[source]
         source: io::Error,
     },
+    /// The handler of the signal that kicks a VP out of `KVM_RUN` cannot be installed.
+    #[error("cannot install the handler of the VP kick signal")]
+    KickHandler(#[source] io::Error),
+    /// The partition's stats pages cannot be published.
+    #[error("cannot publish the partition's stats pages")]
+    StatsPages(#[source] io::Error),
+    /// A vCPU's binary statistics cannot be opened (`KVM_GET_STATS_FD`).
+    #[error("cannot open the vCPU's statistics (KVM_GET_STATS_FD)")]
+    StatsFd(#[source] io::Error),
     /// The partition asks for a number of VPs the guest layout has no stacks for.
     #[error("{count} VPs: between 1 and {max} are supported")]
     VpCount {
@@ -95,8 +148,4 @@ pub enum Error {
     /// The partition has already run.
     #[error("the partition has already run")]
     AlreadyRan,
-}
-
-pub(crate) fn kvm(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> Error {
-    move |source| Error::Kvm { op, source }
 }

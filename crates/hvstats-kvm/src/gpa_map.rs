@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use kvm_bindings::{KVM_MEM_READONLY, kvm_userspace_memory_region};
 use kvm_ioctls::VmFd;
 
-use crate::error::{Error, kvm};
+use crate::error::Error;
 
 const PAGE: u64 = 4096;
 
@@ -158,5 +158,5 @@ fn set_slot(vm: &VmFd, slot: u32, r: Region) -> Result<(), Error> {
     };
     // SAFETY: the host range is our guest RAM mapping or a page mapping the caller keeps alive
     // while the overlay exists (see `Partition::add_overlay`); deleting uses size 0.
-    unsafe { vm.set_user_memory_region(region) }.map_err(kvm("KVM_SET_USER_MEMORY_REGION"))
+    unsafe { vm.set_user_memory_region(region) }.map_err(|source| Error::SetMemorySlot { slot, source })
 }

@@ -119,10 +119,7 @@ pub(crate) fn install_kick_handler() -> Result<(), Error> {
         };
         result.map(drop).map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))
     });
-    installed.map_err(|errno| Error::Host {
-        op: "sigaction for the VP kick signal",
-        source: std::io::Error::from_raw_os_error(errno),
-    })
+    installed.map_err(|errno| Error::KickHandler(std::io::Error::from_raw_os_error(errno)))
 }
 
 impl VpPresence {

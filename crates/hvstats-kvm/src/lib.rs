@@ -46,4 +46,4 @@ pub use handlers::{
 pub use partition::{
     HardwareCounters, OverlayBacking, Partition, PartitionConfig, RunReport, StatsPageOverlay,
 };
-pub use vp::{FaultCause, HandlerSite, RipSeen, VpFault, VpOutcome};
+pub use vp::{FaultCause, HandlerSite, HardwareCountError, RipSeen, VpFault, VpOutcome};

@@ -47,10 +47,10 @@ impl GuestRam {
             )
         };
         if ptr == libc::MAP_FAILED {
-            return Err(Error::Host { op: "mmap of guest RAM", source: std::io::Error::last_os_error() });
+            return Err(Error::MapGuestRam { bytes: size, source: std::io::Error::last_os_error() });
         }
-        let ptr = NonNull::new(ptr.cast()).ok_or_else(|| Error::Host {
-            op: "mmap of guest RAM",
+        let ptr = NonNull::new(ptr.cast()).ok_or_else(|| Error::MapGuestRam {
+            bytes: size,
             source: std::io::Error::other("mmap returned a null mapping"),
         })?;
         Ok(Self { ptr, size })

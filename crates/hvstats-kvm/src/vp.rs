@@ -253,7 +253,18 @@ pub struct VpOutcome {
     pub run_time: std::time::Duration,
     /// Guest cycles and instructions retired, when the partition was given hardware counters:
     /// the counts, or why the PMU could not count them (never zeros in their place).
-    pub hardware: Option<Result<GuestCounts, String>>,
+    pub hardware: Option<Result<GuestCounts, HardwareCountError>>,
+}
+
+/// Why a VP's guest cycles and instructions were not counted.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum HardwareCountError {
+    /// The VP thread could not count under the allocation.
+    #[error("cannot count under the hardware counter allocation")]
+    Open(#[source] Arc<hvstats::hwc::Unavailable>),
+    /// The counters could not be read when the VP stopped.
+    #[error("reading the hardware counters")]
+    Read(#[source] Arc<std::io::Error>),
 }
 
 /// A hardware counter allocation the VPs count guest cycles and instructions under.
@@ -367,9 +378,7 @@ pub(crate) fn run(env: &VpEnv<'_>, shared: &VpShared, mut vcpu: VcpuFd) -> VpOut
             vcpu.set_sync_valid_reg(reg);
         }
     }
-    let mut hardware = env
-        .hardware
-        .map(|h| VpHardwareCounters::open(&h.allocator, h.handle, 0).map_err(|e| error_chain(&e)));
+    let hardware = env.hardware.map(|h| VpHardwareCounters::open(&h.allocator, h.handle, 0));
     let mut acct = ExitAccounting::new(env.accounting && env.page.is_some());
     let mut serial = Vec::new();
     let started = Instant::now();
@@ -413,11 +422,9 @@ pub(crate) fn run(env: &VpEnv<'_>, shared: &VpShared, mut vcpu: VcpuFd) -> VpOut
         }
     }
     outcome.run_time = started.elapsed();
-    outcome.hardware = hardware.as_mut().map(|h| match h {
-        Ok(counters) => {
-            counters.read().map_err(|e| format!("reading the hardware counters: {}", error_chain(&e)))
-        }
-        Err(why) => Err(why.clone()),
+    outcome.hardware = hardware.map(|h| match h {
+        Ok(mut counters) => counters.read().map_err(|e| HardwareCountError::Read(Arc::new(e))),
+        Err(why) => Err(HardwareCountError::Open(Arc::new(why))),
     });
     if let Some(fault) = &outcome.fault {
         // A partition with a faulted VP is being torn down: no longer active for guests, while

@@ -322,7 +322,7 @@ fn hardware_counters(runtime_dir: &Path) -> Result<HardwareCounters, String> {
 fn hardware_json(vp: &VpOutcome, unavailable: Option<&str>) -> Value {
     match (&vp.hardware, unavailable) {
         (Some(Ok(c)), _) => json!({"cycles": c.cycles, "instructions": c.instructions}),
-        (Some(Err(why)), _) => json!({"unavailable": why}),
+        (Some(Err(why)), _) => json!({"unavailable": error_chain(why)}),
         (None, Some(why)) => json!({"unavailable": why}),
         (None, None) => json!({"unavailable": "not requested"}),
     }

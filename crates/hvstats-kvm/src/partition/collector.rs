@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use hvstats_abi::boot::Mode;
 
 use super::{Partition, RunReport, lock};
-use crate::error::{Error, kvm};
+use crate::error::Error;
 use crate::modes;
 use crate::vp::{self, FaultCause, Refresh, RipSeen, VpEnv, VpFault, VpOutcome};
 
@@ -43,14 +43,14 @@ impl Partition {
             return Err(Error::RealModeEntry { entry });
         }
         for (i, vcpu) in vcpus.iter().enumerate() {
-            let mut sregs = vcpu.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
+            let mut sregs = vcpu.get_sregs().map_err(start_state(i, "KVM_GET_SREGS"))?;
             let regs =
                 modes::initial_state(self.config.mode, &mut sregs, entry, i as u32, self.config.vp_count);
-            vcpu.set_sregs(&sregs).map_err(kvm("KVM_SET_SREGS"))?;
-            vcpu.set_regs(&regs).map_err(kvm("KVM_SET_REGS"))?;
+            vcpu.set_sregs(&sregs).map_err(start_state(i, "KVM_SET_SREGS"))?;
+            vcpu.set_regs(&regs).map_err(start_state(i, "KVM_SET_REGS"))?;
             // With the in-kernel irqchip, APs wait for INIT/SIPI; every VP starts running here.
             let runnable = kvm_bindings::kvm_mp_state { mp_state: kvm_bindings::KVM_MP_STATE_RUNNABLE };
-            vcpu.set_mp_state(runnable).map_err(kvm("KVM_SET_MP_STATE"))?;
+            vcpu.set_mp_state(runnable).map_err(start_state(i, "KVM_SET_MP_STATE"))?;
         }
         let start = Instant::now();
         let deadline = start + self.config.timeout;
@@ -141,4 +141,9 @@ impl Partition {
             }
         }
     }
+}
+
+/// The error of setting vCPU `vp`'s start state with `ioctl`.
+fn start_state(vp: usize, ioctl: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> Error {
+    move |source| Error::StartState { vp: vp as u32, ioctl, source }
 }

@@ -26,7 +26,7 @@ use kvm_bindings::{KVM_MAX_CPUID_ENTRIES, kvm_cpuid_entry2, kvm_enable_cap};
 use kvm_ioctls::{Cap, Kvm, VcpuFd, VmFd};
 
 use crate::accounting::kvm_stat_names;
-use crate::error::{Error, kvm};
+use crate::error::Error;
 pub use crate::guest_space::OverlayBacking;
 use crate::guest_space::{self, GuestSpace};
 use crate::handlers::Handlers;
@@ -211,29 +211,27 @@ impl Partition {
                 return Err(Error::MissingCapability { name });
             }
         }
-        let vm = kvm_sys.create_vm().map_err(kvm("KVM_CREATE_VM"))?;
-        vm.set_tss_address(TSS_ADDRESS).map_err(kvm("KVM_SET_TSS_ADDR"))?;
-        vm.create_irq_chip().map_err(kvm("KVM_CREATE_IRQCHIP"))?;
+        let vm = kvm_sys.create_vm().map_err(Error::CreateVm)?;
+        vm.set_tss_address(TSS_ADDRESS).map_err(Error::SetTssAddress)?;
+        vm.create_irq_chip().map_err(Error::CreateIrqChip)?;
         let mut cap = kvm_enable_cap { cap: kvm_bindings::KVM_CAP_X86_USER_SPACE_MSR, ..Default::default() };
         cap.args[0] = USER_SPACE_MSR_REASONS;
-        vm.enable_cap(&cap).map_err(kvm("KVM_ENABLE_CAP(X86_USER_SPACE_MSR)"))?;
+        vm.enable_cap(&cap).map_err(Error::EnableUserSpaceMsr)?;
         let ram = GuestRam::new(config.memory_bytes)?;
         modes::write_tables(&ram, config.mode)?;
         let space = GuestSpace::new(vm, ram, config.vp_count)?;
-        let supported =
-            kvm_sys.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(kvm("KVM_GET_SUPPORTED_CPUID"))?;
+        let supported = kvm_sys.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(Error::SupportedCpuid)?;
         let mut vcpus = Vec::new();
         for i in 0..config.vp_count {
-            let vcpu = space.vm().create_vcpu(u64::from(i)).map_err(kvm("KVM_CREATE_VCPU"))?;
+            let vcpu =
+                space.vm().create_vcpu(u64::from(i)).map_err(|source| Error::CreateVcpu { vp: i, source })?;
             vcpu.set_cpuid2(&cpuid::vp_cpuid(&supported, i, &config.cpuid)?)
-                .map_err(kvm("KVM_SET_CPUID2"))?;
+                .map_err(|source| Error::SetCpuid { vp: i, source })?;
             vcpus.push(vcpu);
         }
         // A kernel without binary stats leaves the VM-stat counters unmaintained.
         let vm_stats = KvmStats::open(space.vm().as_raw_fd()).ok();
-        let stats = hv
-            .create_partition(config.vp_count)
-            .map_err(|source| Error::Host { op: "stats pages", source })?;
+        let stats = hv.create_partition(config.vp_count).map_err(Error::StatsPages)?;
         // The authority keeps "GPA pages" and the hypervisor's "Total pages" from the RAM size, and
         // counts overlay maps and unmaps as GPA space modifications; setting up RAM is the first.
         stats.set_ram_pages(space.ram().size() / 4096);

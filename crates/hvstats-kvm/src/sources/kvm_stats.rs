@@ -251,10 +251,9 @@ impl IdleVcpu {
     /// When `/dev/kvm`, the VM, the vCPU or its statistics cannot be opened.
     pub fn new() -> Result<Self, crate::Error> {
         let kvm = kvm_ioctls::Kvm::new().map_err(crate::Error::OpenKvm)?;
-        let vm = kvm.create_vm().map_err(crate::error::kvm("KVM_CREATE_VM"))?;
-        let vcpu = vm.create_vcpu(0).map_err(crate::error::kvm("KVM_CREATE_VCPU"))?;
-        let stats =
-            open_for(&vcpu).map_err(|source| crate::Error::Host { op: "KVM_GET_STATS_FD", source })?;
+        let vm = kvm.create_vm().map_err(crate::Error::CreateVm)?;
+        let vcpu = vm.create_vcpu(0).map_err(|source| crate::Error::CreateVcpu { vp: 0, source })?;
+        let stats = open_for(&vcpu).map_err(crate::Error::StatsFd)?;
         Ok(Self { stats, _vcpu: vcpu, _vm: vm })
     }
 }

@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use super::cpuset::CpuSet;
 use super::holder::Holder;
-use super::pmu::PmuShape;
+use super::pmu::{PmuError, PmuShape};
 use super::request::{Request, ResourceSet};
 use super::table::{LockedTable, Record, TableData, TableError, TableFile};
 
@@ -85,7 +85,7 @@ pub enum Refusal {
     /// no PMU.
     NoPmu {
         /// Why there is none (the PMU shape's reason).
-        reason: String,
+        reason: PmuError,
     },
     /// An allocation already holds some of what was asked, on some of the processors asked for.
     Held {
@@ -217,7 +217,7 @@ impl Allocator {
         let request = Request::validate(affinity, resources, &self.pmu).map_err(|s| {
             match self.pmu.absent_reason() {
                 Some(reason) if s == NtStatus::INSUFFICIENT_RESOURCES => {
-                    HwcError::Refused(Refusal::NoPmu { reason: reason.to_owned() })
+                    HwcError::Refused(Refusal::NoPmu { reason: reason.clone() })
                 }
                 _ => HwcError::Status(s),
             }

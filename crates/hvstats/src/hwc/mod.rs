@@ -26,6 +26,6 @@ pub use allocator::{Allocation, Allocator, CounterSetHandle, HwcError, Lifetime,
 pub use cpuset::CpuSet;
 pub use holder::Holder;
 pub use perf::{GuestCounts, Unavailable, VpHardwareCounters};
-pub use pmu::{CpuCounters, PMU_ENV, PmuShape};
+pub use pmu::{CpuCounters, PMU_ENV, PmuError, PmuShape};
 pub use request::{Request, ResourceSet};
 pub use table::TableError;

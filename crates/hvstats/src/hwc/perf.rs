@@ -12,14 +12,15 @@ use crate::perf_event::{HW_CPU_CYCLES, HW_INSTRUCTIONS, PerfCounter, TYPE_HARDWA
 
 use super::allocator::{Allocator, CounterSetHandle};
 use super::cpuset::CpuSet;
+use super::pmu::PmuError;
 use super::table::TableError;
 
 /// Why a VP cannot have hardware counters.
 #[derive(Debug, thiserror::Error)]
 pub enum Unavailable {
     /// There is no PMU.
-    #[error("no PMU: {0}")]
-    NoPmu(String),
+    #[error("no PMU")]
+    NoPmu(#[source] PmuError),
     /// The handle is not held.
     #[error("hardware counter allocation {0} is not held")]
     NotAllocated(CounterSetHandle),
@@ -99,7 +100,7 @@ impl VpHardwareCounters {
     /// processors or holding too few counters, or perf refusing the events.
     pub fn open(allocator: &Allocator, handle: CounterSetHandle, tid: i32) -> Result<Self, Unavailable> {
         if let Some(reason) = allocator.pmu().absent_reason() {
-            return Err(Unavailable::NoPmu(reason.to_owned()));
+            return Err(Unavailable::NoPmu(reason.clone()));
         }
         let allocation = allocator.allocation(handle)?.ok_or(Unavailable::NotAllocated(handle))?;
         let processors = CpuSet::first(allocator.pmu().processors());

@@ -12,7 +12,7 @@
 //! fixed counters (`gp..gp + fixed`). At most [`MAX_COUNTERS_PER_CPU`] counters per processor.
 
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
@@ -79,8 +79,52 @@ pub struct PmuShape {
     processors: u32,
     /// Per processor; empty when there is no PMU.
     counters: Vec<CpuCounters>,
-    absent_reason: Option<String>,
+    absent_reason: Option<PmuError>,
     source: ShapeSource,
+}
+
+/// Why a host has no PMU hvstats can use.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PmuError {
+    /// The kernel has no hardware PMU driver bound.
+    #[error(
+        "the kernel drives no hardware PMU ({} has no cpu, cpu_core or cpu_atom){}",
+        devices.display(),
+        if *under_hypervisor { "; running under a hypervisor that does not expose one" } else { "" }
+    )]
+    NoKernelPmu {
+        /// The event-source directory examined.
+        devices: PathBuf,
+        /// CPUID says a hypervisor runs this host.
+        under_hypervisor: bool,
+    },
+    /// No processor could be examined (none could be pinned to).
+    #[error("no processor could be examined with CPUID")]
+    NoProcessorExamined,
+    /// The thread examining the processors failed.
+    #[error("PMU discovery thread failed")]
+    DiscoveryThread,
+    /// A CPU vendor whose PMU hvstats does not know.
+    #[error("unknown CPU vendor {0:?}")]
+    UnknownVendor(String),
+    /// Intel without CPUID leaf 0xA.
+    #[error("CPUID leaf 0xA is beyond the maximum leaf {0:#x}")]
+    NoPerfmonLeaf(u32),
+    /// Intel architectural performance monitoring version 0.
+    #[error("CPUID leaf 0xA reports architectural performance monitoring version 0")]
+    PerfmonVersionZero,
+    /// An architecture PMU discovery does not cover.
+    #[error("PMU discovery is implemented for x86-64 only")]
+    UnsupportedArchitecture,
+    /// Configured as absent, for the reason given.
+    #[error("{0}")]
+    Configured(String),
+}
+
+impl Serialize for PmuError {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
 }
 
 /// A configured shape that cannot be used.
@@ -141,7 +185,7 @@ impl PmuShape {
         Ok(Self {
             processors,
             counters: Vec::new(),
-            absent_reason: Some(reason),
+            absent_reason: Some(PmuError::Configured(reason)),
             source: ShapeSource::Configured,
         })
     }
@@ -219,8 +263,8 @@ impl PmuShape {
     }
 
     /// Why there is no PMU, when there is none.
-    pub fn absent_reason(&self) -> Option<&str> {
-        self.absent_reason.as_deref()
+    pub fn absent_reason(&self) -> Option<&PmuError> {
+        self.absent_reason.as_ref()
     }
 
     /// Where the shape came from.
@@ -281,7 +325,7 @@ pub fn host_processor_count() -> u32 {
 
 /// Discovery with the event-source directory given, so it can be tested.
 pub(crate) fn discover_in(devices: &Path, processors: u32) -> PmuShape {
-    let absent = |reason: String| PmuShape {
+    let absent = |reason: PmuError| PmuShape {
         processors,
         counters: Vec::new(),
         absent_reason: Some(reason),
@@ -290,14 +334,10 @@ pub(crate) fn discover_in(devices: &Path, processors: u32) -> PmuShape {
     if devices.is_dir() {
         let names = ["cpu", "cpu_core", "cpu_atom"];
         if !names.iter().any(|n| devices.join(n).is_dir()) {
-            let mut reason = format!(
-                "the kernel drives no hardware PMU ({} has no cpu, cpu_core or cpu_atom)",
-                devices.display()
-            );
-            if cpuid::hypervisor_present() {
-                reason.push_str("; running under a hypervisor that does not expose one");
-            }
-            return absent(reason);
+            return absent(PmuError::NoKernelPmu {
+                devices: devices.to_owned(),
+                under_hypervisor: cpuid::hypervisor_present(),
+            });
         }
     }
     match per_cpu_counters(processors) {
@@ -311,19 +351,19 @@ pub(crate) fn discover_in(devices: &Path, processors: u32) -> PmuShape {
 /// CPUID on each processor in turn, from a thread pinned to it, so hybrid parts (whose core types
 /// differ in counters) are described per processor. A processor the thread cannot run on (offline)
 /// has no counters.
-fn per_cpu_counters(processors: u32) -> Result<Vec<CpuCounters>, String> {
+fn per_cpu_counters(processors: u32) -> Result<Vec<CpuCounters>, PmuError> {
     let none = CpuCounters { gp: 0, gp_width: 0, fixed: 0, fixed_width: 0 };
     let results = std::thread::scope(|s| {
         s.spawn(|| {
             (0..processors)
                 .map(|cpu| if pin_to(cpu) { cpuid::counters().map(Some) } else { Ok(None) })
-                .collect::<Result<Vec<Option<CpuCounters>>, String>>()
+                .collect::<Result<Vec<Option<CpuCounters>>, PmuError>>()
         })
         .join()
     })
-    .map_err(|_| "PMU discovery thread failed".to_owned())??;
+    .map_err(|_| PmuError::DiscoveryThread)??;
     if results.iter().all(Option::is_none) {
-        return Err("no processor could be examined with CPUID".into());
+        return Err(PmuError::NoProcessorExamined);
     }
     Ok(results.into_iter().map(|c| c.unwrap_or(none)).collect())
 }
@@ -345,7 +385,7 @@ fn pin_to(cpu: u32) -> bool {
 
 /// Counts and widths from CPUID, on the processor the caller runs on.
 mod cpuid {
-    use super::{CpuCounters, MAX_COUNTERS_PER_CPU};
+    use super::{CpuCounters, MAX_COUNTERS_PER_CPU, PmuError};
 
     #[cfg(target_arch = "x86_64")]
     fn leaf(eax: u32) -> [u32; 4] {
@@ -365,18 +405,18 @@ mod cpuid {
     }
 
     #[cfg(not(target_arch = "x86_64"))]
-    pub fn counters() -> Result<CpuCounters, String> {
-        Err("PMU discovery is implemented for x86-64 only".into())
+    pub fn counters() -> Result<CpuCounters, PmuError> {
+        Err(PmuError::UnsupportedArchitecture)
     }
 
     #[cfg(target_arch = "x86_64")]
-    pub fn counters() -> Result<CpuCounters, String> {
+    pub fn counters() -> Result<CpuCounters, PmuError> {
         let [max, ebx, ecx, edx] = leaf(0);
         let vendor: Vec<u8> = [ebx, edx, ecx].iter().flat_map(|r| r.to_le_bytes()).collect();
         let c = match &vendor[..] {
             b"GenuineIntel" => intel(max)?,
             b"AuthenticAMD" | b"HygonGenuine" => amd(),
-            other => return Err(format!("unknown CPU vendor {:?}", String::from_utf8_lossy(other))),
+            other => return Err(PmuError::UnknownVendor(String::from_utf8_lossy(other).into_owned())),
         };
         Ok(CpuCounters {
             gp: c.gp.min(MAX_COUNTERS_PER_CPU),
@@ -389,14 +429,14 @@ mod cpuid {
     /// Leaf 0xA: EAX[7:0] version, [15:8] GP counters, [23:16] GP width; EDX[4:0] fixed counters,
     /// [12:5] fixed width (version 2 and later).
     #[cfg(target_arch = "x86_64")]
-    fn intel(max: u32) -> Result<CpuCounters, String> {
+    fn intel(max: u32) -> Result<CpuCounters, PmuError> {
         if max < 0xA {
-            return Err(format!("CPUID leaf 0xA is beyond the maximum leaf {max:#x}"));
+            return Err(PmuError::NoPerfmonLeaf(max));
         }
         let [eax, _, _, edx] = leaf(0xA);
         let version = eax & 0xff;
         if version == 0 {
-            return Err("CPUID leaf 0xA reports architectural performance monitoring version 0".into());
+            return Err(PmuError::PerfmonVersionZero);
         }
         let fixed = if version >= 2 { edx & 0x1f } else { 0 };
         Ok(CpuCounters {
@@ -478,7 +518,12 @@ mod tests {
         std::fs::create_dir_all(dir.join("software")).unwrap();
         let s = discover_in(&dir, 2);
         assert!(!s.is_present());
-        assert!(s.absent_reason().unwrap().contains("no hardware PMU"), "{:?}", s.absent_reason());
+        assert!(
+            matches!(s.absent_reason(), Some(PmuError::NoKernelPmu { devices, .. }) if *devices == dir),
+            "{:?}",
+            s.absent_reason()
+        );
+        assert!(s.absent_reason().unwrap().to_string().contains("no hardware PMU"));
         std::fs::create_dir_all(dir.join("cpu")).unwrap();
         let s = discover_in(&dir, 2);
         // With a registered PMU the counts come from CPUID on each processor, which either gives
@@ -487,7 +532,7 @@ mod tests {
             assert_eq!(s.runs().iter().map(|r| r.1 - r.0 + 1).sum::<u32>(), 2);
             assert!(s.counters(0).is_some_and(|c| c.total() > 0), "{s:?}");
         } else {
-            assert!(!s.absent_reason().unwrap().is_empty());
+            assert!(!matches!(s.absent_reason(), None | Some(PmuError::NoKernelPmu { .. })), "{s:?}");
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }
