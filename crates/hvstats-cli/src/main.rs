@@ -6,9 +6,11 @@ use clap::{CommandFactory, Parser, Subcommand};
 
 mod cmd;
 mod input;
+mod observer_log;
 mod output;
 mod output_file;
 mod signals;
+mod suggest;
 
 use output::{ExitStatus, note};
 

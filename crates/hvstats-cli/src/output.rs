@@ -129,6 +129,14 @@ pub fn note_fmt(args: fmt::Arguments<'_>) {
     let _ = err.write_fmt(args).and_then(|()| err.write_all(b"\n"));
 }
 
+/// One event of `command`'s log on standard error, on one line: control characters in `line` (a
+/// VM name may hold a newline or a terminal escape) come out escaped
+/// ([`hvstats::text::OneLine`]), so no text can forge a line or drive the terminal. A closed
+/// standard error is ignored.
+pub fn log(command: &str, line: &str) {
+    note_fmt(format_args!("hvstats {command}: {}", hvstats::text::OneLine(line)));
+}
+
 /// `println!` that cannot panic: `out!("...", ..)?` (see [`print_fmt`]).
 macro_rules! out {
     () => { $crate::output::print("\n") };

@@ -48,6 +48,33 @@ impl fmt::Display for Escaped<'_> {
     }
 }
 
+/// Displays a log line on one line: its control characters come out as Rust escapes (`\n`,
+/// `\u{1b}`), nothing else changes. Names a line quotes went through [`Escaped`] already, so
+/// their backslashes are not escaped twice; a line that failed to escape a name still cannot
+/// forge a second line or drive a terminal.
+///
+/// ```
+/// use hvstats::text::{Escaped, OneLine};
+/// let line = format!("attach \"{}\"", Escaped("web\n"));
+/// assert_eq!(OneLine(&line).to_string(), r#"attach "web\n""#);
+/// assert_eq!(OneLine("a\nforged\x1b[2J é").to_string(), r"a\nforged\u{1b}[2J é");
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct OneLine<'a>(pub &'a str);
+
+impl fmt::Display for OneLine<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for c in self.0.chars() {
+            if c.is_control() {
+                write!(f, "{}", c.escape_default())?;
+            } else {
+                fmt::Write::write_char(f, c)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// `name` with control and reordering characters escaped, as an owned string.
 pub fn escaped(name: &str) -> String {
     Escaped(name).to_string()

@@ -4,19 +4,18 @@
 //! Microsoft Hypervisor's own counters where Linux is its root partition, as an instance of their
 //! own (see `docs/mshv.md`).
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use hvstats::text::Escaped;
 use hvstats::{Hypervisor, InstanceConfig};
-use hvstats_kvm::mshv::{self, MshvEvent, MshvObserver};
+use hvstats_kvm::mshv::{self, MshvObserver};
 use hvstats_kvm::observe::publication;
 use hvstats_kvm::observe::qmp::{CANCEL_POLL, Cancel};
 use hvstats_kvm::observe::{ObserveOptions, Observer, ObserverEvent, Procfs, Targets, raise_fd_limit};
 
+use crate::observer_log::{describe, describe_mshv};
 use crate::signals;
 
 /// Flags of `hvstats observe`.
@@ -208,84 +207,7 @@ fn list_unknown(root: &std::path::Path) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn describe_mshv(event: &MshvEvent) -> String {
-    let vps = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
-    match event {
-        MshvEvent::Appeared { key, vps: v } => format!("mshv partition {key}: VPs [{}]", vps(v)),
-        MshvEvent::VpsChanged { key, vps: v } => format!("mshv partition {key}: VPs now [{}]", vps(v)),
-        MshvEvent::Vanished { key } => format!("mshv partition {key}: gone"),
-        MshvEvent::Unmapped { kind, name } => {
-            format!("mshv: {} counter {name} has no catalog counter: published by name", kind.short_name())
-        }
-        MshvEvent::Problem(p) => format!("mshv: skipped {p}"),
-        MshvEvent::Unreadable(e) | MshvEvent::Failed(e) => format!("mshv: {e}"),
-    }
-}
-
-/// The log line of `event`, one line whatever it carries: a VM's name (which its VMM's command
-/// line or QMP peer chose) is quoted with its control characters escaped, so it cannot forge or
-/// break lines.
-pub(crate) fn describe(event: &ObserverEvent) -> String {
-    match event {
-        ObserverEvent::Attached { pid, name, vmm, vcpus, partition, fds, threads, left_out, qmp_error } => {
-            let mut s = format!(
-                "attach pid {pid} ({}) \"{}\": {vcpus} vCPUs as partition {partition}, {fds} perf counters open",
-                Escaped(vmm),
-                Escaped(name)
-            );
-            if *left_out > 0 {
-                s.push_str(&format!(
-                    " on {threads} of {} threads ({left_out} left out: descriptor budget; a vCPU thread \
-                     among them is counted once known)",
-                    threads + left_out
-                ));
-            }
-            if let Some(e) = qmp_error {
-                s.push_str(&format!("; KVM statistics through QMP unavailable: {}", Escaped(&e.to_string())));
-            }
-            s
-        }
-        ObserverEvent::VcpusKnown { pid, threads, fds } => {
-            format!("pid {pid}: vCPU threads {threads:?}; {fds} perf counters open (on those threads only)")
-        }
-        ObserverEvent::KvmExit { pid, state } => format!(
-            "pid {pid}: kvm:kvm_exit {}",
-            match state {
-                hvstats_kvm::observe::KvmExitState::Fires => "fires: intercepts are counted by exit reason",
-                hvstats_kvm::observe::KvmExitState::Silent => {
-                    "does not fire on this host (no VMX/SVM exits): HLT, MWAIT, DR, other intercepts come only from QMP or are unavailable"
-                }
-                hvstats_kvm::observe::KvmExitState::NoHardwareVirtualization =>
-                    "is not counted: KVM here is not VMX/SVM",
-                hvstats_kvm::observe::KvmExitState::Undecided => "undecided",
-            }
-        ),
-        // A VM's name is what its VMM's command line or QMP says: escaped, it cannot forge a line.
-        ObserverEvent::Detached { pid, name } => {
-            format!("detach pid {pid} \"{}\": the process exited", Escaped(name))
-        }
-        ObserverEvent::Deferred { pid, reason } => {
-            format!("pid {pid} not observed for now (retried): {}", Escaped(reason))
-        }
-        ObserverEvent::Failed { pid, error } => format!("cannot observe pid {pid}: {}", Escaped(error)),
-    }
-}
-
-/// A line on stderr; a closed stderr is ignored.
+/// A line of `observe`'s log on standard error (see [`crate::output::log`]).
 fn log(line: &str) {
-    let _ = writeln!(std::io::stderr(), "hvstats observe: {line}");
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_vm_name_cannot_forge_a_log_line() {
-        let event =
-            ObserverEvent::Detached { pid: 7, name: "dup\nhvstats observe: attach pid 1\u{1b}[2J".into() };
-        let line = describe(&event);
-        assert_eq!(line, r#"detach pid 7 "dup\nhvstats observe: attach pid 1\u{1b}[2J": the process exited"#);
-        assert!(!line.contains('\n') && !line.contains('\u{1b}'));
-    }
+    crate::output::log("observe", line);
 }

@@ -592,7 +592,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             None => {
                 return usage(format!(
                     "--counter {name:?} is not a VP counter of the catalog (hvstats catalog lists them){}",
-                    crate::cmd::catalog::did_you_mean(hvstats_abi::ObjectKind::Vp, name)
+                    crate::suggest::did_you_mean(hvstats_abi::ObjectKind::Vp, name)
                 ));
             }
         }

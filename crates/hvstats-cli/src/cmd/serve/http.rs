@@ -108,25 +108,9 @@ impl Reply {
     }
 }
 
-/// A line on standard error, one event per line: control characters (a VM name may hold a
-/// newline or a terminal escape) are written escaped, so no text can forge a line or drive the
-/// terminal. A closed standard error is ignored.
+/// A line of `serve`'s log on standard error (see [`crate::output::log`]).
 pub fn log(line: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "hvstats serve: {}", escaped(line));
-}
-
-/// `text` with its control characters escaped as Rust does (`\n`, `\u{1b}`).
-pub fn escaped(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    crate::output::log("serve", line);
 }
 
 /// Serves `listener` with `answer` (a blocking function, run off the accept loop) until SIGINT or
@@ -364,17 +348,4 @@ where
     *response.status_mut() = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(reply.content_type));
     Ok(response)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::escaped;
-
-    #[test]
-    fn a_log_line_cannot_be_forged_or_drive_the_terminal() {
-        assert_eq!(
-            escaped("attach \"web\nhvstats serve: fake\x1b[2J\" é"),
-            "attach \"web\\nhvstats serve: fake\\u{1b}[2J\" é"
-        );
-    }
 }

@@ -12,7 +12,7 @@ use hvstats::{Hypervisor, InstanceConfig};
 use hvstats_kvm::observe::qmp::{CANCEL_POLL, Cancel};
 use hvstats_kvm::observe::{ObserveOptions, Observer, Procfs, Targets, publication, raise_fd_limit};
 
-use crate::cmd::observe::describe;
+use crate::observer_log::describe;
 
 use super::http::log;
 
