@@ -6,7 +6,7 @@ use std::io::{self, Write};
 use std::process::ExitCode;
 
 use hvstats_abi::observed::{Observed, observed};
-use hvstats_abi::{CATALOG, Counter, Maintained};
+use hvstats_abi::{CATALOG, Counter, Maintained, Presentation, Unit};
 use serde_json::{Value, json};
 
 use crate::output;
@@ -65,8 +65,32 @@ pub fn counter_json(c: &Counter) -> Value {
         "observed": observed(c.id).map(|_| observed_by(c)),
         "observed_note": observed(c.id).map(Observed::note),
         "mshv": hvstats::mshv::names::MAPPINGS.iter().find(|m| m.counter == c.id).map(|m| m.name),
-        "description": c.description,
+        "description": description(c),
     })
+}
+
+/// The seed's description, and for a time the seed describes as shown (an average, a
+/// percentage) what the page holds, so the unit and the text agree.
+fn description(c: &Counter) -> String {
+    let unit = match c.unit {
+        Unit::Time100ns => "100 ns units",
+        Unit::Nanoseconds => "nanoseconds",
+        _ => return c.description.to_owned(),
+    };
+    match c.presentation {
+        Presentation::Cost => match c.paired_count() {
+            Some(count) => format!(
+                "{} The page holds the total time in {unit}; over {:?} it is this average.",
+                c.description, count.name
+            ),
+            None => format!("{} The page holds the total time in {unit}.", c.description),
+        },
+        Presentation::PercentTime if c.description.contains("percentage") => format!(
+            "{} The page holds the time in {unit}; over the time elapsed it is this percentage.",
+            c.description
+        ),
+        _ => c.description.to_owned(),
+    }
 }
 
 /// The catalog as aligned columns, the description last.
@@ -96,7 +120,7 @@ fn write_table(out: &mut impl Write) -> io::Result<()> {
                 maintained_by(c.maintained).to_owned(),
                 c.maintained.note().to_owned(),
                 observed_by(c).to_owned(),
-                c.description.to_owned(),
+                description(c),
             ]
         })
         .collect();
