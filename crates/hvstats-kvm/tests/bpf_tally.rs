@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use hvstats_kvm::bpf::{Tally, TallyError, ThreadTable, TracepointColumn};
+use hvstats_kvm::bpf::{SpanColumn, Tally, TallyError, ThreadTable, TracepointColumn};
 
 fn tracefs() -> &'static Path {
     Path::new("/sys/kernel/tracing")
@@ -197,4 +197,58 @@ fn a_perf_counter_on_the_same_tracepoint_still_counts_every_firing() {
     getppid(321);
     assert_eq!(t.read(slot).unwrap(), vec![321]);
     assert_eq!(perf.read().unwrap(), 321);
+}
+
+fn clock_nanosleep(clock: libc::clockid_t, ms: i64) {
+    let ts = libc::timespec { tv_sec: 0, tv_nsec: ms * 1_000_000 };
+    // SAFETY: clock_nanosleep reads the timespec we own; no remainder is asked for.
+    let r = unsafe { libc::clock_nanosleep(clock, 0, &ts, std::ptr::null_mut()) };
+    assert_eq!(r, 0);
+}
+
+#[test]
+fn spans_time_each_class_from_its_start_to_the_next_end_on_the_same_thread() {
+    // clock_nanosleep's entry opens a span classified by clock (as kvm_exit's by exit reason),
+    // its return closes it (as kvm_entry): each span column is the time slept on that clock.
+    let span = |filter: &str| SpanColumn {
+        start: column("sys_enter_clock_nanosleep", Some(filter)),
+        end_system: "syscalls".into(),
+        end_name: "sys_exit_clock_nanosleep".into(),
+    };
+    let counted = [column("sys_enter_clock_nanosleep", None), column("sys_exit_clock_nanosleep", None)];
+    let spans = [span("which_clock == 1"), span("which_clock == 0")];
+    let made = Tally::with_spans(tracefs(), &counted, &spans, ThreadTable::Array);
+    let t = match made {
+        Ok(t) => t,
+        Err(e @ (TallyError::Map(_) | TallyError::Format { .. })) => {
+            let why = hvstats::snapshot::error_chain(&e);
+            assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "{why}");
+            eprintln!("spans_time_each_class: skipped: {why}");
+            return;
+        }
+        Err(e) => panic!("{}", hvstats::snapshot::error_chain(&e)),
+    };
+    assert!((0..4).all(|i| t.refused(i).is_none()));
+    let slot = t.add_thread(std::process::id() as i32, gettid()).unwrap();
+    // Another thread's sleeps are not ours.
+    let other = std::thread::spawn(|| clock_nanosleep(libc::CLOCK_MONOTONIC, 30));
+    let started = std::time::Instant::now();
+    for _ in 0..5 {
+        clock_nanosleep(libc::CLOCK_MONOTONIC, 3);
+    }
+    let monotonic_wall = started.elapsed().as_nanos() as u64;
+    let started = std::time::Instant::now();
+    for _ in 0..4 {
+        clock_nanosleep(libc::CLOCK_REALTIME, 1);
+    }
+    let realtime_wall = started.elapsed().as_nanos() as u64;
+    other.join().unwrap();
+    let row = t.read(slot).unwrap();
+    assert_eq!(row[..2], [9, 9], "{row:?}");
+    // Each span lasts at least the sleep asked for and at most the time its loop took.
+    assert!((15_000_000..=monotonic_wall).contains(&row[2]), "{row:?}, {monotonic_wall} ns");
+    assert!((4_000_000..=realtime_wall).contains(&row[3]), "{row:?}, {realtime_wall} ns");
+    // A span is closed once: returns without a new start add nothing.
+    getppid(10);
+    assert_eq!(t.read(slot).unwrap(), row);
 }

@@ -17,6 +17,10 @@ pub const R1: Reg = Reg(1);
 pub const R2: Reg = Reg(2);
 /// Third helper argument / scratch.
 pub const R3: Reg = Reg(3);
+/// Fourth helper argument / scratch.
+pub const R4: Reg = Reg(4);
+/// Fifth helper argument / scratch.
+pub const R5: Reg = Reg(5);
 /// Callee-saved.
 pub const R6: Reg = Reg(6);
 /// Callee-saved.
@@ -30,6 +34,8 @@ pub const R10: Reg = Reg(10);
 
 /// Helper `bpf_map_lookup_elem`.
 pub const HELPER_MAP_LOOKUP_ELEM: i32 = 1;
+/// Helper `bpf_ktime_get_ns` (`CLOCK_MONOTONIC` nanoseconds).
+pub const HELPER_KTIME_GET_NS: i32 = 5;
 /// Helper `bpf_get_current_pid_tgid`.
 pub const HELPER_GET_CURRENT_PID_TGID: i32 = 14;
 
@@ -122,6 +128,7 @@ const CLASS_ALU64: u8 = 0x07;
 const MODE_MEM: u8 = 0x60;
 const SRC_X: u8 = 0x08;
 const ALU_ADD: u8 = 0x00;
+const ALU_SUB: u8 = 0x10;
 const ALU_LSH: u8 = 0x60;
 const ALU_RSH: u8 = 0x70;
 const ALU_MOV: u8 = 0xb0;
@@ -197,6 +204,16 @@ impl Asm {
     /// `dst += imm` (sign-extended).
     pub fn add_imm(&mut self, dst: Reg, imm: i32) {
         self.push(encode(CLASS_ALU64 | ALU_ADD, dst, Reg(0), 0, imm));
+    }
+
+    /// `dst += src`.
+    pub fn add(&mut self, dst: Reg, src: Reg) {
+        self.push(encode(CLASS_ALU64 | ALU_ADD | SRC_X, dst, src, 0, 0));
+    }
+
+    /// `dst -= src`.
+    pub fn sub(&mut self, dst: Reg, src: Reg) {
+        self.push(encode(CLASS_ALU64 | ALU_SUB | SRC_X, dst, src, 0, 0));
     }
 
     /// `dst <<= imm`.

@@ -14,14 +14,26 @@
 //! the tracepoint, other tools' counters too (`perf_trace_run_bpf_submit`): it returns 1, and
 //! the firing goes on to perf events as if no program were there.
 //!
+//! A program may also time *spans* on the firing thread: a span column opens when its predicate
+//! holds on the span's start tracepoint (the time and the column are kept in the thread's entry
+//! of a pending array) and closes on the next firing of its end tracepoint, which adds the time
+//! between them to the column. So `kvm_exit` classified by exit reason, closed by `kvm_entry`,
+//! gives the time KVM spent on each class of exit, with one program per tracepoint as before:
+//!
+//! ```text
+//! if this tracepoint ends spans: p = pending[slot]; if p.column: row[p.column - 1] += now - p.at; p.column = 0
+//! (the counting columns, as above)
+//! for each span column starting here: if predicate(record): pending[slot] = (now, column + 1); break
+//! ```
+//!
 //! Every firing of the tracepoint runs the program once, whatever the number of columns and
 //! observed threads: two array lookups (which the verifier inlines), then a few compares per
 //! column. The per-CPU row needs no atomic add: a program runs to completion on its CPU.
 
 use super::filter::{Field, Op, Pred};
 use super::insn::{
-    Asm, AsmError, Cond, HELPER_GET_CURRENT_PID_TGID, HELPER_MAP_LOOKUP_ELEM, Label, R0, R1, R2, R3, R6, R8,
-    R9, R10, Size,
+    Asm, AsmError, Cond, HELPER_GET_CURRENT_PID_TGID, HELPER_KTIME_GET_NS, HELPER_MAP_LOOKUP_ELEM, Label, R0,
+    R1, R2, R3, R4, R5, R6, R7, R8, R9, R10, Size,
 };
 
 /// One counted column of a program: its index in the row, and what a record must satisfy
@@ -34,12 +46,45 @@ pub struct Column {
     pub pred: Option<Pred>,
 }
 
+/// The span part of a program: where open spans are kept, and what this tracepoint does to them.
+#[derive(Clone, Debug)]
+pub struct Spans {
+    /// The fd of the pending array: per slot, the `u64` time a span opened and its column + 1.
+    pub pending: i32,
+    /// The row's width in columns: a pending column at or past it is ignored.
+    pub width: u16,
+    /// This tracepoint closes the thread's open span.
+    pub ends: bool,
+    /// The span columns this tracepoint opens, first match wins.
+    pub starts: Vec<Column>,
+}
+
+impl Spans {
+    fn is_empty(&self) -> bool {
+        !self.ends && self.starts.is_empty()
+    }
+}
+
 /// Assembles the program for `columns`, with the thread table and the rows at map fds
 /// `threads` and `rows`.
 ///
 /// # Errors
 /// When a jump would be too far (a predicate of thousands of terms).
 pub fn assemble(threads: i32, rows: i32, columns: &[Column]) -> Result<Vec<u64>, AsmError> {
+    assemble_with_spans(threads, rows, columns, None)
+}
+
+/// As [`assemble`], also closing and opening spans as `spans` says.
+///
+/// # Errors
+/// As [`assemble`].
+pub fn assemble_with_spans(
+    threads: i32,
+    rows: i32,
+    columns: &[Column],
+    spans: Option<&Spans>,
+) -> Result<Vec<u64>, AsmError> {
+    let spans = spans.filter(|s| !s.is_empty());
     let mut a = Asm::default();
     let out = a.label();
     a.mov(R6, R1);
@@ -66,6 +111,18 @@ pub fn assemble(threads: i32, rows: i32, columns: &[Column]) -> Result<Vec<u64>,
     a.call(HELPER_MAP_LOOKUP_ELEM);
     a.jump_imm(Cond::Eq, R0, 0, out);
     a.mov(R9, R0);
+    if let Some(spans) = spans {
+        // r7: the thread's pending span (the slot is still at r10 - 8).
+        a.ld_map_fd(R1, spans.pending);
+        a.mov(R2, R10);
+        a.add_imm(R2, -8);
+        a.call(HELPER_MAP_LOOKUP_ELEM);
+        a.jump_imm(Cond::Eq, R0, 0, out);
+        a.mov(R7, R0);
+        if spans.ends {
+            close_span(&mut a, spans.width);
+        }
+    }
     for column in columns {
         let (hit, skip) = (a.label(), a.label());
         if let Some(pred) = &column.pred {
@@ -78,10 +135,50 @@ pub fn assemble(threads: i32, rows: i32, columns: &[Column]) -> Result<Vec<u64>,
         a.store(Size::Dw, R9, off, R1);
         a.bind(skip);
     }
+    if let Some(spans) = spans {
+        let opened = a.label();
+        for column in &spans.starts {
+            let (hit, skip) = (a.label(), a.label());
+            if let Some(pred) = &column.pred {
+                predicate(&mut a, pred, hit, skip);
+            }
+            a.bind(hit);
+            a.call(HELPER_KTIME_GET_NS);
+            a.store(Size::Dw, R7, 0, R0);
+            a.mov_imm(R1, i32::from(column.index) + 1);
+            a.store(Size::Dw, R7, 8, R1);
+            a.ja(opened);
+            a.bind(skip);
+        }
+        a.bind(opened);
+    }
     a.bind(out);
     a.mov_imm(R0, 1);
     a.exit();
     a.finish()
+}
+
+/// Adds the time since the thread's open span began (r7: its pending entry) to the span's column
+/// of the row at r9, and closes it.
+fn close_span(a: &mut Asm, width: u16) {
+    let done = a.label();
+    a.load(Size::Dw, R1, R7, 8);
+    a.jump_imm(Cond::Eq, R1, 0, done);
+    a.call(HELPER_KTIME_GET_NS);
+    a.load(Size::Dw, R1, R7, 8);
+    a.load(Size::Dw, R2, R7, 0);
+    a.store_imm(Size::Dw, R7, 8, 0);
+    a.sub(R0, R2);
+    a.add_imm(R1, -1);
+    // Bounded for the verifier (and against a pending entry of another tally's width).
+    a.jump_imm(Cond::Ge, R1, i32::from(width), done);
+    a.lsh_imm(R1, 3);
+    a.mov(R4, R9);
+    a.add(R4, R1);
+    a.load(Size::Dw, R5, R4, 0);
+    a.add(R5, R0);
+    a.store(Size::Dw, R4, 0, R5);
+    a.bind(done);
 }
 
 /// Jumps to `yes` when `pred` holds for the record at r6, else to `no`.

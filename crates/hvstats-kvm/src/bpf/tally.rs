@@ -8,6 +8,11 @@
 //! read summed over CPUs. The cost a firing pays is one program, however many columns it
 //! classifies into and however many threads are counted — the reason this exists: a perf
 //! counter per (thread, column) is evaluated on every firing, so the cost grows with each one.
+//!
+//! A tally may also time spans ([`SpanColumn`], [`Tally::with_spans`]): from a firing of one
+//! tracepoint, classified by its filter, to the next firing of another on the same thread, each
+//! span's nanoseconds added to its column — `kvm_exit` by exit reason until `kvm_entry` is the
+//! time KVM spends in the kernel on each class of exit. The programs stay one per tracepoint.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -15,7 +20,7 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use super::filter::{self, FilterError, Pred};
-use super::program::{self, Column};
+use super::program::{self, Column, Spans};
 use super::raw;
 use super::sys::{ArrayMap, Attachment, LoadError, Program};
 
@@ -28,6 +33,20 @@ pub struct TracepointColumn {
     pub name: String,
     /// An ftrace filter (`reason == 2`).
     pub filter: Option<String>,
+}
+
+/// A span column: the nanoseconds from each firing of `start` (that its filter admits) to the
+/// next firing of `end` on the same thread, summed. Spans of one tally are exclusive: a thread
+/// has one open span at most, and a start while one is open restarts it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpanColumn {
+    /// The tracepoint that opens the span, narrowed by its filter (`kvm:kvm_exit`,
+    /// `exit_reason == 10`).
+    pub start: TracepointColumn,
+    /// The tracepoint's system that closes it (`kvm`).
+    pub end_system: String,
+    /// The tracepoint that closes it (`kvm_entry`).
+    pub end_name: String,
 }
 
 /// Why a tally, or one of its tracepoints, cannot count in the kernel.
@@ -95,6 +114,8 @@ pub struct Tally {
     threads: ArrayMap,
     table: ThreadTable,
     rows: ArrayMap,
+    /// Per slot, the open span (time, column + 1), when the tally has span columns.
+    pending: Option<ArrayMap>,
     free: Mutex<Slots>,
     _attachments: Vec<Attachment>,
 }
@@ -147,29 +168,64 @@ impl Tally {
         columns: &[TracepointColumn],
         table: ThreadTable,
     ) -> Result<Self, TallyError> {
-        if columns.len() > MAX_COLUMNS {
-            return Err(TallyError::Assemble(format!("{} columns (at most {MAX_COLUMNS})", columns.len())));
+        Self::with_spans(tracefs, columns, &[], table)
+    }
+
+    /// As [`with_table`](Self::with_table), with span columns after the counting ones: column
+    /// `columns.len() + i` of a row is the nanoseconds of `spans[i]`.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn with_spans(
+        tracefs: &Path,
+        counted: &[TracepointColumn],
+        spans: &[SpanColumn],
+        table: ThreadTable,
+    ) -> Result<Self, TallyError> {
+        let width = counted.len() + spans.len();
+        if width > MAX_COLUMNS {
+            return Err(TallyError::Assemble(format!("{width} columns (at most {MAX_COLUMNS})")));
         }
+        let pending = if spans.is_empty() {
+            None
+        } else {
+            Some(ArrayMap::create(16, SLOTS, false).map_err(TallyError::Map)?)
+        };
+        let columns: Vec<TracepointColumn> =
+            counted.iter().cloned().chain(spans.iter().map(|s| s.start.clone())).collect();
+        let columns = &columns[..];
         let threads = match table {
             ThreadTable::Array => ArrayMap::create(8, pid_max(), false),
             ThreadTable::Hash => ArrayMap::create_hash(8, SLOTS),
         }
         .map_err(TallyError::Map)?;
-        let width = columns.len().max(1);
-        let rows = ArrayMap::create(8 * width, SLOTS, true).map_err(TallyError::Map)?;
-        let mut by_tracepoint: BTreeMap<(&str, &str), Vec<usize>> = BTreeMap::new();
+        let rows = ArrayMap::create(8 * width.max(1), SLOTS, true).map_err(TallyError::Map)?;
+        let mut by_tracepoint: BTreeMap<(&str, &str), Roles> = BTreeMap::new();
         for (i, c) in columns.iter().enumerate() {
-            by_tracepoint.entry((c.system.as_str(), c.name.as_str())).or_default().push(i);
+            let roles = by_tracepoint.entry((c.system.as_str(), c.name.as_str())).or_default();
+            if i < counted.len() { roles.counts.push(i) } else { roles.starts.push(i) }
+        }
+        for s in spans {
+            by_tracepoint.entry((s.end_system.as_str(), s.end_name.as_str())).or_default().ends = true;
         }
         let mut refused = vec![None; columns.len()];
         let mut attachments = Vec::new();
         let mut first_error = None;
-        for ((system, name), indices) in by_tracepoint {
-            match attach_one(tracefs, system, name, &indices, columns, &threads, &rows) {
+        for ((system, name), roles) in by_tracepoint {
+            let maps = Maps { threads: &threads, rows: &rows, pending: pending.as_ref(), width };
+            match attach_one(tracefs, system, name, &roles, columns, &maps) {
                 Ok(a) => attachments.push(a),
                 Err(e) => {
-                    for &i in &indices {
+                    for &i in roles.counts.iter().chain(&roles.starts) {
                         refused[i] = Some(error_text(&e));
+                    }
+                    // A span whose end cannot be seen never closes: it is not counted either.
+                    if roles.ends {
+                        for (i, s) in spans.iter().enumerate() {
+                            if (s.end_system.as_str(), s.end_name.as_str()) == (system, name) {
+                                refused[counted.len() + i] = Some(error_text(&e));
+                            }
+                        }
                     }
                     first_error.get_or_insert(e);
                 }
@@ -187,6 +243,7 @@ impl Tally {
             threads,
             table,
             rows,
+            pending,
             free: Mutex::new(free),
             _attachments: attachments,
         })
@@ -212,8 +269,14 @@ impl Tally {
         let slot = slots.free.pop().ok_or(TallyError::Full(SLOTS))?;
         let zero = vec![0u8; 8 * self.columns.max(1)];
         let entry = (u64::from(pid as u32) << 32) | u64::from(slot + 1);
-        let written =
-            self.rows.write(slot, &zero).and_then(|()| self.threads.write(tid as u32, &entry.to_ne_bytes()));
+        // No span left open by the slot's previous thread may close on this one.
+        let closed = match &self.pending {
+            Some(pending) => pending.write(slot, &[0u8; 16]),
+            None => Ok(()),
+        };
+        let written = closed
+            .and_then(|()| self.rows.write(slot, &zero))
+            .and_then(|()| self.threads.write(tid as u32, &entry.to_ne_bytes()));
         if let Err(e) = written {
             slots.free.push(slot);
             return Err(TallyError::Map(e));
@@ -264,14 +327,39 @@ fn error_text(e: &TallyError) -> String {
     text
 }
 
+/// What the program of one tracepoint does: the counting columns and span columns it classifies
+/// into, and whether it closes spans.
+#[derive(Debug, Default)]
+struct Roles {
+    counts: Vec<usize>,
+    starts: Vec<usize>,
+    ends: bool,
+}
+
+/// The maps every program of a tally uses.
+struct Maps<'a> {
+    threads: &'a ArrayMap,
+    rows: &'a ArrayMap,
+    pending: Option<&'a ArrayMap>,
+    width: usize,
+}
+
+impl Maps<'_> {
+    fn assemble(&self, counts: Vec<Column>, starts: Vec<Column>, ends: bool) -> Result<Vec<u64>, ()> {
+        let spans =
+            self.pending.map(|p| Spans { pending: p.raw_fd(), width: self.width as u16, ends, starts });
+        program::assemble_with_spans(self.threads.raw_fd(), self.rows.raw_fd(), &counts, spans.as_ref())
+            .map_err(drop)
+    }
+}
+
 fn attach_one(
     tracefs: &Path,
     system: &str,
     name: &str,
-    indices: &[usize],
+    roles: &Roles,
     columns: &[TracepointColumn],
-    threads: &ArrayMap,
-    rows: &ArrayMap,
+    maps: &Maps<'_>,
 ) -> Result<Attachment, TallyError> {
     let tracepoint = format!("{system}:{name}");
     if [system, name].iter().any(|s| s.is_empty() || s.contains('/') || s.contains("..")) {
@@ -292,18 +380,21 @@ fn attach_one(
     let fields = filter::parse_format(&format);
     // A raw tracepoint first: it runs before the kernel makes the record, which is most of
     // what a classic tracepoint program costs a firing.
-    let filters: Vec<Option<&str>> = indices.iter().map(|&i| columns[i].filter.as_deref()).collect();
+    let filters: Vec<Option<&str>> =
+        roles.counts.iter().chain(&roles.starts).map(|&i| columns[i].filter.as_deref()).collect();
     if let Some(raw_fields) = raw::fields(system, name, &fields, &filters)
-        && let Ok(program_columns) = program_columns(&tracepoint, &raw_fields, indices, columns)
-        && let Ok(insns) = program::assemble(threads.raw_fd(), rows.raw_fd(), &program_columns)
+        && let Ok(counts) = program_columns(&tracepoint, &raw_fields, &roles.counts, columns)
+        && let Ok(starts) = program_columns(&tracepoint, &raw_fields, &roles.starts, columns)
+        && let Ok(insns) = maps.assemble(counts, starts, roles.ends)
         && let Ok(prog) = Program::load_raw_tracepoint(&insns)
         && let Ok(attached) = Attachment::raw_tracepoint(name, &prog)
     {
         return Ok(attached);
     }
-    let program_columns = program_columns(&tracepoint, &fields, indices, columns)?;
-    let insns = program::assemble(threads.raw_fd(), rows.raw_fd(), &program_columns)
-        .map_err(|_| TallyError::Assemble(tracepoint.clone()))?;
+    let counts = program_columns(&tracepoint, &fields, &roles.counts, columns)?;
+    let starts = program_columns(&tracepoint, &fields, &roles.starts, columns)?;
+    let insns =
+        maps.assemble(counts, starts, roles.ends).map_err(|()| TallyError::Assemble(tracepoint.clone()))?;
     let prog = Program::load_tracepoint(&insns)
         .map_err(|source| TallyError::Load { tracepoint: tracepoint.clone(), source })?;
     Attachment::tracepoint(id, &prog).map_err(|source| TallyError::Attach { tracepoint, source })
