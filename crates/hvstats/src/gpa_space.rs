@@ -67,14 +67,6 @@ impl GpaSpace {
         self.ram_pages + outside
     }
 
-    /// The GPA pages showing a stats page, in ascending order.
-    pub fn visible_overlay_pages(&self) -> Vec<u64> {
-        let mut pages: Vec<u64> =
-            self.mappings.iter().filter(|(_, m)| m.accessible).map(|(_, m)| m.gpa_page).collect();
-        pages.sort_unstable();
-        pages
-    }
-
     pub(crate) fn detached(&self) -> bool {
         self.detached
     }

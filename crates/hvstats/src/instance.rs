@@ -186,12 +186,6 @@ impl PartitionStats {
         });
     }
 
-    /// Names the partition (readers show it; at most 64 bytes are kept).
-    pub fn set_name(&self, name: &str) {
-        let text = index::encode_text(name, index::TEXT_BYTES / 8);
-        self.write_entry(|w| w[ew::NAME..ew::NAME + 8].copy_from_slice(&text));
-    }
-
     /// Declares counters of this partition and of its VPs that no source gives (an observed VM's
     /// hypercall counts, say): readers report them as unknown (`None`, JSON null), never as 0.
     /// Replaces any earlier declaration; ids of other object kinds are ignored.

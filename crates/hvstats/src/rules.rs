@@ -44,16 +44,6 @@ pub enum StatsArea {
     Parent,
 }
 
-impl StatsArea {
-    /// The wire value.
-    pub const fn area_type(self) -> StatsAreaType {
-        match self {
-            StatsArea::OwnView => StatsAreaType::SELF,
-            StatsArea::Parent => StatsAreaType::PARENT,
-        }
-    }
-}
-
 /// One stats object, with `HV_PARTITION_ID_SELF` and `HV_VP_INDEX_SELF` resolved.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum StatsObject {
