@@ -12,192 +12,14 @@
 //! type, [`GroupKind::Hvstats`], which TLFS readers skip by its Length. A histogram is one row
 //! whose value spans [`HISTOGRAM_SLOTS`] slots.
 
-use crate::group::{GroupType, GroupVersion, VALUE_SIZE};
+use crate::group::GroupVersion;
 use crate::histogram::HISTOGRAM_SLOTS;
 use crate::hypercall::HypercallClass;
 use crate::object::ObjectKind;
+use crate::source::SourceKind;
 
-/// The group a counter lives in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum GroupKind {
-    /// The architectural group (`*A_ID` = 2): never changes format.
-    Architectural,
-    /// The release-specific group (`*V_ID` = 3).
-    Release,
-    /// hvstats' own group ([`GroupType::HVSTATS`]): the sequence counter and histograms.
-    Hvstats,
-}
-
-impl GroupKind {
-    /// Every group, in page order.
-    pub const ALL: [GroupKind; 3] = [GroupKind::Architectural, GroupKind::Release, GroupKind::Hvstats];
-
-    /// The group type written in the header.
-    pub const fn group_type(self) -> GroupType {
-        match self {
-            GroupKind::Architectural => GroupType::ARCHITECTURAL,
-            GroupKind::Release => GroupType::RELEASE,
-            GroupKind::Hvstats => GroupType::HVSTATS,
-        }
-    }
-
-    /// The version of this group on `kind`'s page that hvstats writes and, as a reader, is
-    /// compiled for: 1.0, with the minor raised once for each [`APPENDED`] entry of the group.
-    pub const fn version(self, kind: ObjectKind) -> GroupVersion {
-        let mut minor = 0;
-        let mut i = 0;
-        while i < APPENDED.len() {
-            let a = &APPENDED[i];
-            if a.kind as u8 == kind as u8 && a.group as u8 == self as u8 && a.minor > minor {
-                minor = a.minor;
-            }
-            i += 1;
-        }
-        GroupVersion { major: 1, minor }
-    }
-
-    /// The known group kind of a group type.
-    pub const fn from_group_type(t: GroupType) -> Option<Self> {
-        match t {
-            GroupType::ARCHITECTURAL => Some(GroupKind::Architectural),
-            GroupType::RELEASE => Some(GroupKind::Release),
-            GroupType::HVSTATS => Some(GroupKind::Hvstats),
-            _ => None,
-        }
-    }
-
-    /// Short name: `architectural`, `release` or `hvstats`.
-    pub const fn name(self) -> &'static str {
-        match self {
-            GroupKind::Architectural => "architectural",
-            GroupKind::Release => "release",
-            GroupKind::Hvstats => "hvstats",
-        }
-    }
-}
-
-/// What one raw 64-bit value measures.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Unit {
-    /// A number of events or objects.
-    Count,
-    /// Time in 100 ns units.
-    Time100ns,
-    /// Time in nanoseconds.
-    Nanoseconds,
-    /// Processor cycles.
-    Cycles,
-    /// 4 KiB pages.
-    Pages,
-}
-
-impl Unit {
-    /// Short name for tables and JSON.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Unit::Count => "count",
-            Unit::Time100ns => "100ns",
-            Unit::Nanoseconds => "ns",
-            Unit::Cycles => "cycles",
-            Unit::Pages => "pages",
-        }
-    }
-}
-
-/// How a reader presents a raw value (the perfmon counter type).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Presentation {
-    /// A cumulative count shown as a rate per second (perfmon's bulk count, "/sec").
-    Rate,
-    /// A cumulative time, shown as a total.
-    CumulativeTime,
-    /// A cumulative time averaged over its paired count, the counter just before it in the same
-    /// group ("cost", shown in nanoseconds).
-    Cost,
-    /// A cumulative time shown as a percentage of elapsed time (perfmon's 100 ns timer, "%").
-    PercentTime,
-    /// An instantaneous value.
-    Instant,
-    /// A log2 histogram of times ([`crate::histogram`]): the row's value is the sum of the times,
-    /// followed by the bucket counts, [`HISTOGRAM_SLOTS`] slots in all.
-    Histogram,
-}
-
-impl Presentation {
-    /// Short name for tables and JSON.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Presentation::Rate => "rate",
-            Presentation::CumulativeTime => "cumulative-time",
-            Presentation::Cost => "cost",
-            Presentation::PercentTime => "percent-time",
-            Presentation::Instant => "instant",
-            Presentation::Histogram => "histogram",
-        }
-    }
-}
-
+pub use crate::counter::{Counter, CounterId, GroupKind, Maintained, Presentation, Unit};
 pub use crate::source::Source;
-
-/// Whether the KVM backend maintains a counter.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Maintained {
-    /// Maintained from this source; the note says how.
-    By(Source, &'static str),
-    /// Not maintained on KVM: the counter stays at its place and reads 0. The note says why.
-    No(&'static str),
-}
-
-impl Maintained {
-    /// True when the counter has a source.
-    pub const fn is_maintained(self) -> bool {
-        matches!(self, Maintained::By(..))
-    }
-
-    /// The source, when the counter has one.
-    pub const fn source(self) -> Option<Source> {
-        match self {
-            Maintained::By(source, _) => Some(source),
-            Maintained::No(_) => None,
-        }
-    }
-
-    /// The note: how it is maintained, or why it is not.
-    pub const fn note(self) -> &'static str {
-        match self {
-            Maintained::By(_, note) | Maintained::No(note) => note,
-        }
-    }
-}
-
-/// Identifies one counter: object kind, group, and index within the group (1-based; index 0 is the
-/// group header).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct CounterId {
-    /// The object kind whose page holds the counter.
-    pub kind: ObjectKind,
-    /// The group within the page.
-    pub group: GroupKind,
-    /// The index within the group, as numbered in seed 001.
-    pub index: u16,
-}
-
-/// One row of the catalog.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Counter {
-    /// Where the counter lives.
-    pub id: CounterId,
-    /// The seed's name, e.g. `CPUID instructions/sec`. Also the JSON key.
-    pub name: &'static str,
-    /// What the raw value measures.
-    pub unit: Unit,
-    /// How a reader presents it.
-    pub presentation: Presentation,
-    /// Who maintains it on KVM, or why nobody does.
-    pub maintained: Maintained,
-    /// The seed's description (the help text).
-    pub description: &'static str,
-}
 
 macro_rules! catalog {
     ($(
@@ -238,7 +60,9 @@ macro_rules! catalog {
     };
 }
 
-use crate::source::{KvmStat, PerfSoftwareEvent, RunLoopCount as Loop, ThreadTime, Tracepoint as Tp};
+use crate::source::{
+    KvmStat, PerfSoftwareEvent, RunLoopCount, RunLoopCount as Loop, ThreadTime, Tracepoint as Tp,
+};
 use HypercallClass as Hc;
 use Maintained::{By, No};
 use Source::*;
@@ -603,32 +427,6 @@ impl CounterId {
         }
         None
     }
-
-    /// The byte offset of this counter's value in its object's page.
-    ///
-    /// Computed from the catalog: each group present in the page is its header followed by its
-    /// values, groups in [`GroupKind::ALL`] order.
-    ///
-    /// # Panics
-    ///
-    /// When the id names a group its kind's page does not have, or an index past the page: only
-    /// ids made by hand can, never the catalog's constants (a test checks every one).
-    #[inline]
-    pub const fn offset(self) -> usize {
-        let base = match crate::page::PageLayout::of(self.kind).group_offset(self.group) {
-            Some(base) => base,
-            None => panic!("counter in a group its page does not have"),
-        };
-        let offset = base + self.index as usize * VALUE_SIZE;
-        assert!(offset + VALUE_SIZE <= crate::group::PAGE_SIZE, "counter index past the end of the page");
-        offset
-    }
-
-    /// The index of this counter's value in the page seen as `[u64; 512]`.
-    #[inline]
-    pub const fn slot(self) -> usize {
-        self.offset() / VALUE_SIZE
-    }
 }
 
 impl Counter {
@@ -684,11 +482,6 @@ pub fn counters_of(kind: ObjectKind) -> impl Iterator<Item = &'static Counter> {
 /// ```
 pub fn counter_by_name(kind: ObjectKind, name: &str) -> Option<&'static Counter> {
     counters_of(kind).find(|c| c.name == name)
-}
-
-/// The number of counters in `group` of `kind` (the highest index, since indices are dense).
-pub const fn group_counters(kind: ObjectKind, group: GroupKind) -> usize {
-    crate::page::PageLayout::of(kind).counters(group)
 }
 
 /// A counter appended to a group after 1.0 (seed 004): from `first_index` on, the group's counters
@@ -773,4 +566,114 @@ pub(crate) const fn count_group(kind: ObjectKind, group: GroupKind) -> usize {
         i += 1;
     }
     max
+}
+
+impl GroupKind {
+    /// The version of this group on `kind`'s page that hvstats writes and, as a reader, is
+    /// compiled for: 1.0, with the minor raised once for each [`APPENDED`] entry of the group.
+    pub const fn version(self, kind: ObjectKind) -> GroupVersion {
+        let mut minor = 0;
+        let mut i = 0;
+        while i < APPENDED.len() {
+            let a = &APPENDED[i];
+            if a.kind as u8 == kind as u8 && a.group as u8 == self as u8 && a.minor > minor {
+                minor = a.minor;
+            }
+            i += 1;
+        }
+        GroupVersion { major: 1, minor }
+    }
+}
+
+impl RunLoopCount {
+    /// The counter the catalog gives this count.
+    ///
+    /// # Panics
+    /// When no catalog row is maintained by it; in a constant (as the run loop uses it) that is a
+    /// compile error, so a run-loop count cannot lose its counter unnoticed.
+    pub const fn counter(self) -> CounterId {
+        let mut i = 0;
+        while i < CATALOG.len() {
+            if let Some(Source::RunLoop(k)) = CATALOG[i].maintained.source()
+                && k as u8 == self as u8
+            {
+                return CATALOG[i].id;
+            }
+            i += 1;
+        }
+        panic!("a run-loop count without a catalog row")
+    }
+}
+
+/// The number of counters of `object` maintained by a source of `kind`.
+pub const fn maintained_count(object: ObjectKind, kind: SourceKind) -> usize {
+    let mut n = 0;
+    let mut i = 0;
+    while i < CATALOG.len() {
+        if is_of(&CATALOG[i], object, kind) {
+            n += 1;
+        }
+        i += 1;
+    }
+    n
+}
+
+/// The counters of `object` maintained by a source of `kind`, in catalog order; `N` is
+/// [`maintained_count`] of the same arguments.
+///
+/// ```
+/// use hvstats_abi::ObjectKind;
+/// use hvstats_abi::catalog::{maintained_by, maintained_count};
+/// use hvstats_abi::source::{Source, SourceKind, Tracepoint};
+///
+/// const N: usize = maintained_count(ObjectKind::Vp, SourceKind::Tracepoint);
+/// const FROM_TRACEPOINTS: [&hvstats_abi::Counter; N] = maintained_by(ObjectKind::Vp, SourceKind::Tracepoint);
+/// let cpuid = FROM_TRACEPOINTS.iter().find(|c| c.maintained.source() == Some(Source::Tracepoint(Tracepoint::Cpuid)));
+/// assert_eq!(cpuid.unwrap().name, "CPUID instructions/sec");
+/// ```
+///
+/// # Panics
+/// When `N` is not that count (in a constant: a compile error).
+pub const fn maintained_by<const N: usize>(object: ObjectKind, kind: SourceKind) -> [&'static Counter; N] {
+    let mut out = [&CATALOG[0]; N];
+    let mut n = 0;
+    let mut i = 0;
+    while i < CATALOG.len() {
+        if is_of(&CATALOG[i], object, kind) {
+            assert!(n < N, "more counters of this source than N");
+            out[n] = &CATALOG[i];
+            n += 1;
+        }
+        i += 1;
+    }
+    assert!(n == N, "fewer counters of this source than N");
+    out
+}
+
+const fn is_of(c: &Counter, object: ObjectKind, kind: SourceKind) -> bool {
+    match c.maintained.source() {
+        Some(s) => c.id.kind as u8 == object as u8 && s.kind() as u8 == kind as u8,
+        None => false,
+    }
+}
+
+/// The VP counter the catalog gives hypercalls of `class`.
+///
+/// ```
+/// use hvstats_abi::catalog::vp;
+/// use hvstats_abi::hypercall::HypercallClass;
+/// use hvstats_abi::catalog::hypercall_class_counter;
+/// assert_eq!(hypercall_class_counter(HypercallClass::GpaSpace), Some(vp::GPA_SPACE_HYPERCALLS));
+/// ```
+pub const fn hypercall_class_counter(class: HypercallClass) -> Option<CounterId> {
+    let mut i = 0;
+    while i < CATALOG.len() {
+        if let Some(Source::Hypercall(c)) = CATALOG[i].maintained.source()
+            && c as u8 == class as u8
+        {
+            return Some(CATALOG[i].id);
+        }
+        i += 1;
+    }
+    None
 }

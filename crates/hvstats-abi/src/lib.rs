@@ -19,6 +19,7 @@
 pub mod apic;
 pub mod boot;
 pub mod catalog;
+pub mod counter;
 pub mod cpuid;
 pub mod exit_reason;
 pub mod group;

@@ -729,3 +729,36 @@ pub fn infer_kind(page: &[u8]) -> Option<ObjectKind> {
         .find(|&k| exact(k) && PageView::read(page, k).is_ok())
         .or_else(|| ORDER.into_iter().find(|&k| PageView::read(page, k).is_ok()))
 }
+
+impl CounterId {
+    /// The byte offset of this counter's value in its object's page.
+    ///
+    /// Computed from the catalog: each group present in the page is its header followed by its
+    /// values, groups in [`GroupKind::ALL`] order.
+    ///
+    /// # Panics
+    ///
+    /// When the id names a group its kind's page does not have, or an index past the page: only
+    /// ids made by hand can, never the catalog's constants (a test checks every one).
+    #[inline]
+    pub const fn offset(self) -> usize {
+        let base = match PageLayout::of(self.kind).group_offset(self.group) {
+            Some(base) => base,
+            None => panic!("counter in a group its page does not have"),
+        };
+        let offset = base + self.index as usize * VALUE_SIZE;
+        assert!(offset + VALUE_SIZE <= PAGE_SIZE, "counter index past the end of the page");
+        offset
+    }
+
+    /// The index of this counter's value in the page seen as `[u64; 512]`.
+    #[inline]
+    pub const fn slot(self) -> usize {
+        self.offset() / VALUE_SIZE
+    }
+}
+
+/// The number of counters in `group` of `kind` (the highest index, since indices are dense).
+pub const fn group_counters(kind: ObjectKind, group: GroupKind) -> usize {
+    PageLayout::of(kind).counters(group)
+}

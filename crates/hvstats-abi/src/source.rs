@@ -7,9 +7,7 @@
 //! functions below, so the catalog is the only place a counter's source is written down, and a
 //! test can check the backend against it.
 
-use crate::catalog::{CATALOG, Counter, CounterId};
 use crate::hypercall::HypercallClass;
-use crate::object::ObjectKind;
 
 /// Where the KVM backend gets a counter's value from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -134,24 +132,6 @@ impl RunLoopCount {
         RunLoopCount::MmioHistogram,
         RunLoopCount::OtherHistogram,
     ];
-
-    /// The counter the catalog gives this count.
-    ///
-    /// # Panics
-    /// When no catalog row is maintained by it; in a constant (as the run loop uses it) that is a
-    /// compile error, so a run-loop count cannot lose its counter unnoticed.
-    pub const fn counter(self) -> CounterId {
-        let mut i = 0;
-        while i < CATALOG.len() {
-            if let Some(Source::RunLoop(k)) = CATALOG[i].maintained.source()
-                && k as u8 == self as u8
-            {
-                return CATALOG[i].id;
-            }
-            i += 1;
-        }
-        panic!("a run-loop count without a catalog row")
-    }
 }
 
 /// KVM binary statistics (`KVM_GET_STATS_FD`) by the kernel's names, summed into one counter (a
@@ -262,76 +242,4 @@ pub enum ThreadTime {
     CpuWait,
     /// The times it was put on a CPU (schedstat).
     Dispatches,
-}
-
-/// The number of counters of `object` maintained by a source of `kind`.
-pub const fn maintained_count(object: ObjectKind, kind: SourceKind) -> usize {
-    let mut n = 0;
-    let mut i = 0;
-    while i < CATALOG.len() {
-        if is_of(&CATALOG[i], object, kind) {
-            n += 1;
-        }
-        i += 1;
-    }
-    n
-}
-
-/// The counters of `object` maintained by a source of `kind`, in catalog order; `N` is
-/// [`maintained_count`] of the same arguments.
-///
-/// ```
-/// use hvstats_abi::ObjectKind;
-/// use hvstats_abi::source::{Source, SourceKind, Tracepoint, maintained_by, maintained_count};
-///
-/// const N: usize = maintained_count(ObjectKind::Vp, SourceKind::Tracepoint);
-/// const FROM_TRACEPOINTS: [&hvstats_abi::Counter; N] = maintained_by(ObjectKind::Vp, SourceKind::Tracepoint);
-/// let cpuid = FROM_TRACEPOINTS.iter().find(|c| c.maintained.source() == Some(Source::Tracepoint(Tracepoint::Cpuid)));
-/// assert_eq!(cpuid.unwrap().name, "CPUID instructions/sec");
-/// ```
-///
-/// # Panics
-/// When `N` is not that count (in a constant: a compile error).
-pub const fn maintained_by<const N: usize>(object: ObjectKind, kind: SourceKind) -> [&'static Counter; N] {
-    let mut out = [&CATALOG[0]; N];
-    let mut n = 0;
-    let mut i = 0;
-    while i < CATALOG.len() {
-        if is_of(&CATALOG[i], object, kind) {
-            assert!(n < N, "more counters of this source than N");
-            out[n] = &CATALOG[i];
-            n += 1;
-        }
-        i += 1;
-    }
-    assert!(n == N, "fewer counters of this source than N");
-    out
-}
-
-const fn is_of(c: &Counter, object: ObjectKind, kind: SourceKind) -> bool {
-    match c.maintained.source() {
-        Some(s) => c.id.kind as u8 == object as u8 && s.kind() as u8 == kind as u8,
-        None => false,
-    }
-}
-
-/// The VP counter the catalog gives hypercalls of `class`.
-///
-/// ```
-/// use hvstats_abi::catalog::vp;
-/// use hvstats_abi::hypercall::HypercallClass;
-/// use hvstats_abi::source::hypercall_class_counter;
-/// assert_eq!(hypercall_class_counter(HypercallClass::GpaSpace), Some(vp::GPA_SPACE_HYPERCALLS));
-/// ```
-pub const fn hypercall_class_counter(class: HypercallClass) -> Option<CounterId> {
-    let mut i = 0;
-    while i < CATALOG.len() {
-        if let Some(Source::Hypercall(c)) = CATALOG[i].maintained.source()
-            && c as u8 == class as u8
-        {
-            return Some(CATALOG[i].id);
-        }
-        i += 1;
-    }
-    None
 }

@@ -17,7 +17,7 @@ fn catalog_has_the_96_counters_of_seed_001() {
     assert_eq!(CATALOG.iter().filter(|c| of_seed_001(c)).count(), 96);
     // Release 1.1 of the VP page appends 2; hvstats' group holds the sequence and 8 histograms.
     assert_eq!(CATALOG.len(), 96 + 2 + 9);
-    let count = |k, g| catalog::group_counters(k, g);
+    let count = |k, g| hvstats_abi::page::group_counters(k, g);
     assert_eq!(count(ObjectKind::Hypervisor, GroupKind::Architectural), 5);
     assert_eq!(count(ObjectKind::LogicalProcessor, GroupKind::Architectural), 18);
     assert_eq!(count(ObjectKind::Partition, GroupKind::Architectural), 1);

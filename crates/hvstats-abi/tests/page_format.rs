@@ -19,7 +19,7 @@ fn kind_strategy() -> impl Strategy<Value = ObjectKind> {
 
 /// The values of `kind`'s groups in a page written for `kind`, in group order.
 fn group_values(kind: ObjectKind, group: GroupKind, f: impl Fn(u16) -> u64) -> Vec<u64> {
-    (1..=catalog::group_counters(kind, group) as u16).map(f).collect()
+    (1..=hvstats_abi::page::group_counters(kind, group) as u16).map(f).collect()
 }
 
 /// Writes the header at `offset` of a page's bytes.

@@ -14,10 +14,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use hvstats::SharedPage;
 use hvstats::sched::{SchedStat, SchedStatFile};
 use hvstats::whv::VpExtras;
+use hvstats_abi::catalog::{maintained_by, maintained_count};
 use hvstats_abi::histogram::{BUCKETS, HISTOGRAM_SLOTS};
-use hvstats_abi::source::{
-    PerfSoftwareEvent, Source, SourceKind, ThreadTime, maintained_by, maintained_count,
-};
+use hvstats_abi::source::{PerfSoftwareEvent, Source, SourceKind, ThreadTime};
 use hvstats_abi::{Counter, ObjectKind, Presentation, Unit};
 
 use crate::cycles;

@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 
 use hvstats::hypercall::{self, CallerContext, GuestMemory, NotRam, OverlayError, StatsOverlays};
 use hvstats::{Hypervisor, MappedPage, SharedPage};
+use hvstats_abi::catalog::hypercall_class_counter;
 use hvstats_abi::hypercall::{HypercallClass, HypercallInput, PartitionPrivileges};
-use hvstats_abi::source::hypercall_class_counter;
 use kvm_bindings::kvm_cpuid_entry2;
 
 use crate::guest_space::{GuestSpace, OverlayBacking};
