@@ -155,6 +155,9 @@ fn observe_publishes_what_snapshot_shows_and_leaves_when_the_process_exits() {
     let partitions = observer["partitions"].as_array().unwrap();
     assert_eq!(partitions.len(), 1);
     assert_eq!(partitions[0]["name"], "cli-vm");
+    // Which VMM process runs it, so two VMs of one name are told apart and joined to the VMM.
+    assert_eq!(partitions[0]["vmm"]["kind"], "qemu");
+    assert_eq!(partitions[0]["vmm"]["pid"], std::process::id());
     let vps = partitions[0]["vps"].as_array().unwrap();
     assert_eq!(vps.len(), 1);
     let total = vps[0]["counters"]["Total run time"].as_u64().unwrap();

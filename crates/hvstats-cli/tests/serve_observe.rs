@@ -17,10 +17,12 @@ use std::time::{Duration, Instant};
 
 use common::{TempDir, hold_a_vm, kvm_available};
 
-/// A child killed and reaped on drop, with its stderr lines.
+/// A child killed and reaped on drop, with its output lines.
 struct Running {
     child: Child,
     lines: mpsc::Receiver<String>,
+    /// Every line read so far (a line waited for later may have come first).
+    seen: std::cell::RefCell<Vec<String>>,
 }
 
 impl Drop for Running {
@@ -37,32 +39,54 @@ impl Running {
             .arg("--runtime-dir")
             .arg(dir)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let stderr = child.stderr.take().unwrap();
+        // Standard output (serve's address) and error (the log), as lines of one stream.
         let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
+        let out: Box<dyn std::io::Read + Send> = Box::new(child.stdout.take().unwrap());
+        let err: Box<dyn std::io::Read + Send> = Box::new(child.stderr.take().unwrap());
+        for stream in [out, err] {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    if tx.send(line).is_err() {
+                        break;
+                    }
                 }
-            }
-        });
-        Self { child, lines }
+            });
+        }
+        Self { child, lines, seen: Default::default() }
     }
 
     fn wait_line(&self, needle: &str) -> String {
+        if let Some(line) = self.seen.borrow_mut().iter_mut().find(|l| l.contains(needle)) {
+            // Taken: the next wait for the same text needs a new line.
+            return std::mem::take(line);
+        }
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
                 Ok(line) if line.contains(needle) => return line,
-                Ok(_) => {}
+                Ok(line) => self.seen.borrow_mut().push(line),
                 Err(e) => panic!("no line containing {needle:?}: {e}"),
             }
         }
+    }
+
+    /// The body `serve` answers for `path`.
+    fn get(&self, path: &str) -> String {
+        use std::io::{Read, Write};
+        let line = self.wait_line("serving http://");
+        let addr = line.split("http://").nth(1).unwrap().split('/').next().unwrap().to_owned();
+        self.seen.borrow_mut().push(line);
+        let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+        write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).unwrap();
+        reply.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or(reply)
     }
 
     fn terminate(&mut self) -> std::process::ExitStatus {
@@ -119,6 +143,15 @@ fn serve_observe_all_leaves_a_vm_to_the_observer_that_claimed_it() {
     // The observer goes: serve takes the VM over.
     assert_eq!(observe.terminate().code(), Some(0));
     serve.wait_line(&format!("attach pid {me}"));
+    // Its VM's info names the VMM process (this test holds the VM: no VMM it knows).
+    let metrics = serve.get("/metrics");
+    let info = metrics
+        .lines()
+        .find(|l| l.starts_with("hvstats_vm_info{") && l.contains(&format!("vmm_pid=\"{me}\"")));
+    assert!(
+        info.is_some_and(|l| l.contains("vmm=\"other\"") && l.contains("publisher_kind=\"observer\"")),
+        "{metrics}"
+    );
     assert_eq!(serve.terminate().code(), Some(0));
     assert_eq!(instance_files(tmp.path()), Vec::<String>::new());
 }

@@ -129,6 +129,8 @@ pub struct PartitionInfo {
     pub name: String,
     /// Active, or stopped with a reason.
     pub state: ObjectState,
+    /// The VMM process running it, for an observed VM.
+    pub vmm: Option<crate::vmm::VmmProcess>,
     unavailable_partition: [u64; 4],
     unavailable_vp: [u64; 4],
     slot: SlotRef,
@@ -509,6 +511,7 @@ fn scan_partitions(arena: &ArenaReader, seq: u64) -> PartitionLayout {
         layout.partitions.push(PartitionInfo {
             id,
             name: entry.name,
+            vmm: entry.vmm,
             state: entry.state,
             unavailable_partition: entry.unavailable_partition,
             unavailable_vp: entry.unavailable_vp,

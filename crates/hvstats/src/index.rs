@@ -75,6 +75,7 @@ pub(crate) mod ew {
     pub const ID: usize = 4;
     pub const INDEX: usize = 5;
     pub const VP_COUNT: usize = 6;
+    pub const VMM: usize = 7;
     pub const UNAVAILABLE_PARTITION: usize = 8;
     pub const UNAVAILABLE_VP: usize = 12;
     pub const NAME: usize = 16;
@@ -253,6 +254,8 @@ pub struct Entry {
     pub unavailable_vp: [u64; 4],
     /// Partition entries: the partition's name.
     pub name: String,
+    /// Partition entries of an observer: the VMM process running the VM.
+    pub vmm: Option<crate::vmm::VmmProcess>,
 }
 
 /// Entry states.
@@ -300,6 +303,11 @@ impl Entry {
             unavailable_partition: four(ew::UNAVAILABLE_PARTITION),
             unavailable_vp: four(ew::UNAVAILABLE_VP),
             name: if kind == ObjectKind::Partition { text(&bytes(ew::NAME)) } else { String::new() },
+            vmm: if kind == ObjectKind::Partition {
+                crate::vmm::VmmProcess::from_word(words[ew::VMM])
+            } else {
+                None
+            },
         }))
     }
 }

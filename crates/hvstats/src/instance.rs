@@ -186,6 +186,11 @@ impl PartitionStats {
         });
     }
 
+    /// Records the VMM process that runs this partition's VM (an observed VM), for readers.
+    pub fn set_vmm(&self, vmm: crate::vmm::VmmProcess) {
+        self.write_entry(|w| w[ew::VMM] = vmm.to_word());
+    }
+
     /// Declares counters of this partition and of its VPs that no source gives (an observed VM's
     /// hypercall counts, say): readers report them as unknown (`None`, JSON null), never as 0.
     /// Replaces any earlier declaration; ids of other object kinds are ignored.

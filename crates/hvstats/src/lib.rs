@@ -32,6 +32,7 @@ pub mod sched;
 pub mod snapshot;
 pub mod text;
 pub mod trust;
+pub mod vmm;
 pub mod whv;
 
 pub use index::InstanceDescription;

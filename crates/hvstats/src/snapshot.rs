@@ -72,6 +72,8 @@ pub struct PartitionSnapshot {
     pub active: bool,
     /// Its name (may be empty).
     pub name: String,
+    /// The VMM process running it, for an observed VM.
+    pub vmm: Option<crate::vmm::VmmProcess>,
     /// Why it stopped, when it is not active.
     pub stopped: Option<String>,
     /// Its counters.
@@ -274,6 +276,7 @@ pub fn take_partition(instance: &Instance, p: &PartitionInfo) -> PartitionSnapsh
         id: p.id,
         active: p.is_active(),
         name: p.name.clone(),
+        vmm: p.vmm,
         stopped: match &p.state {
             ObjectState::Active => None,
             ObjectState::Stopped { reason } => Some(reason.clone()),

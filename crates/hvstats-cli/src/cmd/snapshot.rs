@@ -322,16 +322,22 @@ fn write_reading(
 }
 
 /// [`partition_json`] without an interval, written straight out.
+/// The VMM process running an observed VM: `{"kind": "qemu", "pid": N}`, else null.
+fn vmm_json(p: &PartitionSnapshot) -> Value {
+    p.vmm.map_or(Value::Null, |v| json!({"kind": v.vmm.name(), "pid": v.pid}))
+}
+
 fn write_partition(out: &mut impl Write, p: &PartitionSnapshot, s: &InstanceSnapshot) -> io::Result<()> {
     let state = if p.active { "active" } else { "stopped" };
     let unmapped = |at| unmapped_json(s, at).map_or(String::new(), |u| format!("\"unmapped\":{u},"));
     let head = format!(
-        "\"active\":{},\"id\":{},\"name\":{},\"state\":\"{state}\",\"stopped_reason\":{},{}\"vps\":[",
+        "\"active\":{},\"id\":{},\"name\":{},\"state\":\"{state}\",\"stopped_reason\":{},{}\"vmm\":{},\"vps\":[",
         p.active,
         p.id,
         Value::String(p.name.clone()),
         p.stopped.as_ref().map_or(Value::Null, |r| Value::String(r.clone())),
         unmapped(ObjectRef::Partition(p.id)),
+        vmm_json(p),
     );
     // The partition's reading and fields, its VPs streamed into the open array.
     let mut text = Vec::new();
@@ -498,7 +504,8 @@ fn partition_json(p: &PartitionSnapshot, earlier: Option<Earlier<'_>>, s: &Insta
         None => json!("stopped"),
         Some(_) => json!("stopped"),
     };
-    let fields = json!({"id": p.id, "name": p.name, "active": p.active, "state": state, "stopped_reason": p.stopped, "vps": vps});
+    let vmm = vmm_json(p);
+    let fields = json!({"id": p.id, "name": p.name, "vmm": vmm, "active": p.active, "state": state, "stopped_reason": p.stopped, "vps": vps});
     with(
         reading_json(&p.reading, ObjectKind::Partition, t),
         with_unmapped(fields, s, ObjectRef::Partition(p.id)),

@@ -17,54 +17,7 @@ use std::path::{Path, PathBuf};
 /// The most of a command line read (`/proc/PID/cmdline`); the rest is ignored.
 pub const MAX_CMDLINE: u64 = 1 << 20;
 
-/// The VMM a process runs, told from its command line.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Vmm {
-    /// QEMU (`qemu-system-*`, `qemu-kvm`).
-    Qemu,
-    /// Firecracker.
-    Firecracker,
-    /// Cloud Hypervisor.
-    CloudHypervisor,
-    /// crosvm.
-    Crosvm,
-    /// kvmtool (`lkvm`).
-    Kvmtool,
-    /// Anything else that holds a KVM VM.
-    Other,
-}
-
-impl Vmm {
-    /// Tells the VMM from the program name (`argv[0]`, any directory stripped).
-    pub fn from_program(program: &str) -> Self {
-        let base = program.rsplit('/').next().unwrap_or(program);
-        if base.starts_with("qemu-system") || base == "qemu-kvm" {
-            Vmm::Qemu
-        } else if base.starts_with("firecracker") {
-            Vmm::Firecracker
-        } else if base.starts_with("cloud-hyperviso") {
-            Vmm::CloudHypervisor
-        } else if base.starts_with("crosvm") {
-            Vmm::Crosvm
-        } else if base == "lkvm" || base == "vm" {
-            Vmm::Kvmtool
-        } else {
-            Vmm::Other
-        }
-    }
-
-    /// Short name for logs.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Vmm::Qemu => "qemu",
-            Vmm::Firecracker => "firecracker",
-            Vmm::CloudHypervisor => "cloud-hypervisor",
-            Vmm::Crosvm => "crosvm",
-            Vmm::Kvmtool => "kvmtool",
-            Vmm::Other => "other",
-        }
-    }
-}
+pub use hvstats::vmm::Vmm;
 
 /// The vCPU index a thread name stands for, for every VMM's naming (exact parse: `CPU 1/KVM` is
 /// vCPU 1, never 10). QEMU names vCPU threads `CPU N/<accelerator>` (`KVM`, `TCG`, …).

@@ -327,6 +327,7 @@ impl ObservedVm {
         let partition = hv
             .create_partition_named(vps.len() as u32, &name)
             .map_err(|source| AttachError::Publish { pid, source })?;
+        partition.set_vmm(hvstats::vmm::VmmProcess { vmm, pid: pid as u32 });
         let kvm_exit =
             if isa.is_some() { KvmExitState::Undecided } else { KvmExitState::NoHardwareVirtualization };
         let mut me = Self {

@@ -27,6 +27,7 @@ pub fn synthetic_reading(partitions: u32, vps_each: u32) -> Reading {
             id: u64::from(p) + 1,
             active: true,
             name: String::new(),
+            vmm: None,
             stopped: None,
             reading: counters(u64::from(p), ObjectKind::Partition),
             vps: (0..vps_each)

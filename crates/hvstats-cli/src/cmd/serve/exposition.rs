@@ -358,8 +358,8 @@ impl Exposition {
             let mut metric = encoder.encode_descriptor(
                 "vm_info",
                 "Each VM (partition) this scrape read: its publishing instance (hvstats' own, or the \
-                 observer of other processes' VMs), the publisher's pid and kind, and the partition id \
-                 in it (always 1).",
+                 observer of other processes' VMs), the publisher's pid and kind, the partition id \
+                 in it, and for an observed VM its VMM and the VMM's pid.",
                 None,
                 MetricType::Gauge,
             )?;
@@ -371,6 +371,11 @@ impl Exposition {
                     ("publisher_kind", instance.description.kind.clone()),
                     ("partition", partition.id.to_string()),
                 ];
+                let mut labels = labels;
+                if let Some(vmm) = partition.vmm {
+                    labels.push(("vmm", vmm.vmm.name().to_owned()));
+                    labels.push(("vmm_pid", vmm.pid.to_string()));
+                }
                 metric.encode_family(&labels)?.encode_gauge(&1i64)?;
             }
         }
