@@ -82,7 +82,7 @@ pub fn rows_for(partitions: u32, vps_each: u32, rounds: u32) -> anyhow::Result<V
     let reading = std::sync::Arc::new(synthetic_reading(partitions, vps_each));
     let snapshot_json = || {
         let instances: Vec<Value> =
-            reading.instances.iter().map(crate::cmd::snapshot::snapshot_json).collect();
+            reading.instances.iter().map(crate::snapshot_json::snapshot_json).collect();
         json!({ "instances": instances }).to_string().len()
     };
     let mut rows = Vec::new();

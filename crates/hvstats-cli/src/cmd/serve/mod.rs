@@ -120,7 +120,7 @@ fn answer(live: &Live, max_vps: usize, asked: &Asked) -> Reply {
 }
 
 fn snapshot_body(reading: &Reading) -> String {
-    let instances: Vec<_> = reading.instances.iter().map(crate::cmd::snapshot::snapshot_json).collect();
+    let instances: Vec<_> = reading.instances.iter().map(crate::snapshot_json::snapshot_json).collect();
     let mut body = json!({ "instances": instances }).to_string();
     body.push('\n');
     body
