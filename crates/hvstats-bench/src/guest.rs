@@ -42,7 +42,10 @@ fn run_one(
 
 /// Run time per exit of a one-VP long-mode guest doing `exits` OUTs to the sink port (each one a
 /// userspace exit), the exit port write included.
-fn exit_round_trip(hv: &Arc<Hypervisor>, exits: u32, accounting: bool) -> Result<Duration, BenchError> {
+///
+/// # Errors
+/// When the guest cannot be built or run, or faults.
+pub fn exit_round_trip(hv: &Arc<Hypervisor>, exits: u32, accounting: bool) -> Result<Duration, BenchError> {
     let workload = Workload { out: LoopCount::fixed(exits), ..Workload::default() };
     let config =
         PartitionConfig { accounting, timeout: Duration::from_secs(120), ..PartitionConfig::default() };
@@ -51,7 +54,10 @@ fn exit_round_trip(hv: &Arc<Hypervisor>, exits: u32, accounting: bool) -> Result
 }
 
 /// Run time per hypercall of a one-VP enlightened guest making `n` HvCallNotifyLongSpinWait.
-fn hypercall_round_trip(hv: &Arc<Hypervisor>, n: u32) -> Result<Duration, BenchError> {
+///
+/// # Errors
+/// When the guest cannot be built or run, or faults.
+pub fn hypercall_round_trip(hv: &Arc<Hypervisor>, n: u32) -> Result<Duration, BenchError> {
     let workload = Workload { hypercalls: LoopCount::fixed(n), ..Workload::default() };
     let mut config = PartitionConfig { timeout: Duration::from_secs(120), ..PartitionConfig::default() };
     let mut handlers = Handlers::builtin();

@@ -27,6 +27,7 @@
 pub mod authority;
 pub mod counting_cost;
 mod error;
+pub mod exit_cost;
 pub mod guest;
 pub mod observe;
 pub mod overhead;

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use hvstats::SharedPage;
 use hvstats_abi::ObjectKind;
 
-use crate::accounting::{ExitAccounting, ExitClass, UserExitCounts};
-use crate::cycles;
+use hvstats_kvm::accounting::{ExitAccounting, ExitClass, UserExitCounts};
+use hvstats_kvm::cycles;
 
 /// The accounting work of one exit on its own (two clock reads and the page updates), averaged
 /// over `n` exits.
