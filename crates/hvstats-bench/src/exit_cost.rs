@@ -1,7 +1,7 @@
 //! What accounting costs on the exit path: the accounting work of one exit, alone.
 //!
 //! The round trip it sits on needs a guest workload, so it is measured where workloads are
-//! built (the benches and `hvstats bench`), with [`PartitionConfig::accounting`](crate::PartitionConfig)
+//! built ([`guest`](crate::guest), the criterion benches), with [`PartitionConfig::accounting`](hvstats_kvm::PartitionConfig)
 //! on and off. A measurement, never a test.
 
 use std::time::{Duration, Instant};

@@ -1,6 +1,6 @@
 //! Rows of what observing costs: the observed guest's time per exit with and without the
 //! observer, a counted thread's time per event with and without counters, and what counting a
-//! tracepoint costs by method ([`overhead`](crate::overhead), [`counting_cost`](crate::counting_cost)).
+//! tracepoint costs by method ([`crate::overhead`], [`crate::counting_cost`]).
 
 use std::time::Duration;
 
