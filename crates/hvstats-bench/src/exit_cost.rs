@@ -1,8 +1,9 @@
 //! What accounting costs on the exit path: the accounting work of one exit, alone.
 //!
 //! The round trip it sits on needs a guest workload, so it is measured where workloads are
-//! built ([`guest`](crate::guest), the criterion benches), with [`PartitionConfig::accounting`](hvstats_kvm::PartitionConfig)
-//! on and off. A measurement, never a test.
+//! built ([`guest`](crate::guest), the criterion benches), with
+//! [`PartitionConfig::accounting`](hvstats_kvm::PartitionConfig) on and off. A measurement,
+//! never a test.
 
 use std::time::{Duration, Instant};
 
