@@ -5,10 +5,12 @@
 //! [`layout::IDT_BASE`], gives every VP its own stack, and enters with RDI (EDI) = VP index and
 //! RSI (ESI) = VP count. [`Program`] is a small builder on top of iced-x86's `CodeAssembler` with the
 //! pieces guests need (exit with a status, serial output, counted loops, interrupt handlers), and
-//! [`workload`] builds the programs the tests and the demo run.
+//! [`workload`] builds the programs the tests and the demo run. [`bios`] builds `-bios` images for
+//! QEMU whose guest does a known number of intercepts.
 
 #![deny(missing_docs)]
 
+pub mod bios;
 pub mod hyperv;
 pub mod layout;
 pub mod program;

@@ -20,7 +20,6 @@ pub mod bpf;
 pub mod cycles;
 pub mod enlightenment;
 pub mod error;
-pub mod exit_cost;
 pub mod gpa_map;
 pub mod guest_space;
 pub mod handlers;

@@ -1,7 +1,7 @@
 //! The observer on real QEMU VMs with KVM: exact counts for a guest that knows what it did, an
 //! unmodified SeaBIOS on two vCPUs, QEMU without debug-threads, two VMs with `--all`, a VM that
-//! exits while observed, fifty paused QEMUs, and the overhead row. They need /dev/kvm (a host
-//! without it prints "skipped"; `HVSTATS_REQUIRE_KVM=1` makes that a failure).
+//! exits while observed, fifty paused QEMUs. They need /dev/kvm (a host without it prints
+//! "skipped"; `HVSTATS_REQUIRE_KVM=1` makes that a failure).
 
 // Test set-up: a failed step is the test's failure, reported by the panic.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -13,9 +13,8 @@ use std::time::{Duration, Instant};
 
 use hvstats::{Hypervisor, PartitionStats};
 use hvstats_abi::catalog::vp;
-use hvstats_kvm::observe::bios::{BiosEnd, BiosProgram};
+use hvstats_guest::bios::{BiosEnd, BiosProgram};
 use hvstats_kvm::observe::counting::EventList;
-use hvstats_kvm::observe::overhead;
 use hvstats_kvm::observe::vm::vm_events;
 use hvstats_kvm::observe::{ObserveOptions, Observer, ObserverEvent, Procfs, Targets};
 use observe_support::{Qemu, TempDir, kvm_available};
@@ -279,15 +278,4 @@ fn fifty_paused_qemus_are_observed_with_a_bounded_number_of_descriptors() {
     // One reader pass over every observed VM.
     observer.tick();
     assert_eq!(observer.vms().count(), 50);
-}
-
-#[test]
-fn the_overhead_row_compares_the_guest_exit_rate_observed_and_not() {
-    if !kvm_available("the_overhead_row_compares_the_guest_exit_rate_observed_and_not") {
-        return;
-    }
-    let rates =
-        overhead::guest_exit_rate_on_vs_off(2, Duration::from_secs(1), Duration::from_millis(200)).unwrap();
-    assert_eq!((rates.observed.len(), rates.unobserved.len()), (2, 2));
-    assert!(rates.observed.iter().chain(&rates.unobserved).all(|r| *r > 0.0), "{rates:?}");
 }

@@ -98,7 +98,7 @@ fn a_socket_that_is_not_qmp_is_refused() {
 
 #[test]
 fn the_bios_image_runs_its_loops_to_the_final_hlt_on_a_real_qemu() {
-    use hvstats_kvm::observe::bios::{BiosEnd, BiosProgram};
+    use hvstats_guest::bios::{BiosEnd, BiosProgram};
     let tmp = TempDir::new("qmp-bios");
     let image = BiosProgram { cpuid: 777, out: 333, in_: 55, end: BiosEnd::Halt, ..BiosProgram::default() }
         .image()

@@ -7,8 +7,6 @@
     reason = "test set-up: a failure there is the test failing"
 )]
 
-mod support;
-
 use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -23,7 +21,7 @@ use hvstats::{Hypervisor, InstanceConfig};
 use hvstats_abi::catalog::vp;
 use hvstats_abi::{ObjectKind, PAGE_SIZE};
 
-use support::TempDir;
+use hvstats_testkit::TempDir;
 
 fn published(dir: &std::path::Path) -> Arc<Hypervisor> {
     Hypervisor::with_config(InstanceConfig {

@@ -8,8 +8,6 @@
     reason = "test set-up: a failure there is the test failing"
 )]
 
-mod support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -23,7 +21,7 @@ use hvstats_abi::histogram::bucket_of;
 use hvstats_abi::page::PageView;
 use hvstats_abi::seqcount::SeqRead;
 use hvstats_abi::{CounterId, ObjectKind};
-use support::TempDir;
+use hvstats_testkit::TempDir;
 use zerocopy::IntoBytes;
 
 /// The VP counters a merge writes in this test: every one-slot counter but the sequence itself.

@@ -7,14 +7,12 @@
     reason = "test set-up: a failure there is the test failing"
 )]
 
-mod support;
-
 use hvstats::attach::Attach;
 use hvstats::mshv::unmapped::{self, ObjectRef, Unmapped};
 use hvstats::{Hypervisor, InstanceConfig};
 use hvstats_abi::catalog::{hypervisor, lp, vp};
 
-use support::TempDir;
+use hvstats_testkit::TempDir;
 
 #[test]
 fn partitions_keep_foreign_ids_and_absent_counters_read_as_absent() {

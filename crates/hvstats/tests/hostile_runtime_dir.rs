@@ -7,8 +7,6 @@
     reason = "test set-up: a failure there is the test failing"
 )]
 
-mod support;
-
 use std::ffi::CString;
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
@@ -27,7 +25,7 @@ use hvstats::trust::Distrust;
 use hvstats::{Hypervisor, InstanceConfig};
 use hvstats_abi::catalog::vp;
 
-use support::TempDir;
+use hvstats_testkit::TempDir;
 
 fn publish(dir: &Path) -> Result<std::sync::Arc<Hypervisor>, String> {
     Hypervisor::with_config(InstanceConfig {

@@ -7,8 +7,6 @@
     reason = "test set-up: a failure there is the test failing"
 )]
 
-mod support;
-
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -24,7 +22,7 @@ use hvstats_abi::page::PageView;
 use hvstats_abi::{HvError, HvStatus, ObjectKind, StatsAreaType, StatsObjectIdentity, StatsObjectType};
 use zerocopy::IntoBytes;
 
-use support::TempDir;
+use hvstats_testkit::TempDir;
 
 fn published(dir: &Path) -> std::sync::Arc<Hypervisor> {
     Hypervisor::with_config(InstanceConfig {

@@ -27,6 +27,11 @@ pub struct Reading {
 }
 
 impl Reading {
+    /// A reading of `instances` taken now, with nothing that failed.
+    pub fn of(instances: Vec<InstanceSnapshot>) -> Self {
+        Self { at: Instant::now(), instances, problems: Vec::new(), failed: Vec::new() }
+    }
+
     /// The partition `id` of instance `instance`, if present.
     pub fn partition(&self, instance: &str, id: u64) -> Option<&PartitionSnapshot> {
         self.instances.iter().find(|i| i.name == instance)?.partitions.iter().find(|p| p.id == id)

@@ -639,7 +639,7 @@ mod tests {
 
     use super::*;
     use crate::cmd::recording::{Header, Sample};
-    use crate::cmd::serve::bench::synthetic_reading;
+    use hvstats_testkit::synthetic_instance;
 
     /// A pass over `samples` as `stream_vps` makes one over a file.
     fn pass(samples: &[Sample]) -> impl FnMut(&mut VisitVp<'_>) -> anyhow::Result<()> + '_ {
@@ -691,7 +691,7 @@ mod tests {
             std::iter::repeat_n(700, fast)
                 .chain(std::iter::repeat_n(3_000_000, slow))
                 .for_each(|ns| h.record(ns));
-            let mut reading = synthetic_reading(1, 1);
+            let mut reading = crate::cmd::live::Reading::of(vec![synthetic_instance(1, 1)]);
             reading.instances[0].partitions[0].vps[0].histograms = vec![(io, h)];
             samples.push(Sample::of(&reading, t));
         }

@@ -642,11 +642,11 @@ mod tests {
     use hvstats::snapshot::ObjectReading;
 
     use super::*;
-    use crate::cmd::serve::bench::synthetic_reading;
+    use hvstats_testkit::synthetic_instance;
 
     /// The bytes one VP adds to a sample line.
     fn vp_bytes(values: u64, histogram_slots: u64) -> usize {
-        let mut reading = synthetic_reading(1, 1);
+        let mut reading = crate::cmd::live::Reading::of(vec![synthetic_instance(1, 1)]);
         let vp = &mut reading.instances[0].partitions[0].vps[0];
         let ObjectReading::Counters(counters) = &mut vp.reading else { unreachable!() };
         counters.iter_mut().for_each(|(_, v)| *v = values);

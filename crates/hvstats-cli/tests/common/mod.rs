@@ -4,12 +4,8 @@
 
 use std::path::Path;
 
-/// The authority's tests' temporary directory, shared.
-#[path = "../../../hvstats/tests/support/mod.rs"]
-mod support;
-
 #[allow(unused_imports, reason = "not every test file uses each of them")]
-pub use support::{TempDir, kvm_available};
+pub use hvstats_testkit::{TempDir, kvm_available};
 
 /// A process's private resident memory (its heap: not the pages it maps), in KiB.
 pub fn rss_anon_kib(pid: u32) -> Option<u64> {

@@ -17,13 +17,10 @@
 //! event of [`vm::vm_events`] (18 on a host without VMX/SVM, 33 with). Plus one QMP socket when
 //! given.
 
-pub mod bios;
 pub mod claim;
 pub mod counting;
-pub mod counting_cost;
 pub mod discovery;
 pub mod observer;
-pub mod overhead;
 pub mod publication;
 pub mod qmp;
 pub mod vm;

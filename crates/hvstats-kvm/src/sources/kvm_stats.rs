@@ -240,7 +240,7 @@ pub fn open_for(fd: &impl AsRawFd) -> io::Result<KvmStats> {
 pub struct IdleVcpu {
     /// The vCPU's statistics.
     pub stats: KvmStats,
-    _vcpu: kvm_ioctls::VcpuFd,
+    vcpu: kvm_ioctls::VcpuFd,
     _vm: kvm_ioctls::VmFd,
 }
 
@@ -254,7 +254,14 @@ impl IdleVcpu {
         let vm = kvm.create_vm().map_err(crate::Error::CreateVm)?;
         let vcpu = vm.create_vcpu(0).map_err(|source| crate::Error::CreateVcpu { vp: 0, source })?;
         let stats = open_for(&vcpu).map_err(crate::Error::StatsFd)?;
-        Ok(Self { stats, _vcpu: vcpu, _vm: vm })
+        Ok(Self { stats, vcpu, _vm: vm })
+    }
+
+    /// The vCPU's file descriptor, for opening other per-vCPU sources on it.
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: the vCPU fd is open as long as `self` lives, which the borrow ties the result to.
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(self.vcpu.as_raw_fd()) }
     }
 }
 

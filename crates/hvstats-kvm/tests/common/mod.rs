@@ -16,10 +16,7 @@ use hvstats_guest::{Mode, layout};
 use hvstats_kvm::enlightenment::HyperV;
 use hvstats_kvm::{Handlers, Partition, PartitionConfig, RunReport};
 
-#[path = "../../../hvstats/tests/support/mod.rs"]
-mod support;
-
-pub use support::kvm_available;
+pub use hvstats_testkit::kvm_available;
 
 /// A workload run: the partition (for its pages and the WHv API) and the report.
 pub struct Run {

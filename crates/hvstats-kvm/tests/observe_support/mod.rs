@@ -8,11 +8,8 @@ use std::fs;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
-#[path = "../../../hvstats/tests/support/mod.rs"]
-mod support;
-
 #[allow(unused_imports, reason = "not every test file uses each of them")]
-pub use support::{TempDir, kvm_available};
+pub use hvstats_testkit::{TempDir, kvm_available};
 
 /// One fake process in a fake procfs.
 pub struct FakeProcess {

@@ -556,7 +556,7 @@ pub fn health(reading: &Reading) -> (bool, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cmd::serve::bench::synthetic_reading;
+    use hvstats_testkit::synthetic_instance;
 
     fn lines_of<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
         text.lines().filter(|l| l.starts_with(prefix)).collect()
@@ -565,7 +565,9 @@ mod tests {
     #[test]
     fn every_vp_is_a_series_under_the_cap_and_partition_sums_beyond_it() {
         // 3 partitions of 2 VPs; VP `i` of partition `p` holds 1000 × (2p + i) + its page index.
-        let text = Exposition::new(synthetic_reading(3, 2), 4).encode().unwrap();
+        let text = Exposition::new(crate::cmd::live::Reading::of(vec![synthetic_instance(3, 2)]), 4)
+            .encode()
+            .unwrap();
         let hypercalls = lines_of(&text, "hvstats_vp_hypercalls_total{");
         // Partitions 1 and 2 fit in 4 VPs; partition 3 is summed.
         assert_eq!(hypercalls.len(), 5, "{text}");
@@ -581,7 +583,7 @@ mod tests {
     #[test]
     fn unmapped_values_are_one_generic_family_named_by_object_and_name() {
         use hvstats::mshv::unmapped::{ObjectRef, Unmapped};
-        let mut reading = synthetic_reading(2, 2);
+        let mut reading = crate::cmd::live::Reading::of(vec![synthetic_instance(2, 2)]);
         let plain = Exposition::new(reading.clone(), 10).encode().unwrap();
         assert!(!plain.contains("hvstats_mshv_"), "no mshv instance, no mshv family");
         let instance = &mut reading.instances[0];

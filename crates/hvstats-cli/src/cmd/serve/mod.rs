@@ -7,7 +7,6 @@
 //! one host is not enough, each host runs `serve` and Prometheus aggregates: the exporter keeps no
 //! state between scrapes. The HTTP server ([`http`]) bounds what any client can make it hold.
 
-pub mod bench;
 pub mod exposition;
 pub mod http;
 pub mod observe;

@@ -143,8 +143,8 @@ mod tests {
     use ratatui::backend::TestBackend;
 
     use super::*;
-    use crate::cmd::serve::bench::synthetic_reading;
     use crate::cmd::top::app::Action;
+    use hvstats_testkit::synthetic_instance;
 
     fn screen(app: &App, width: u16, height: u16) -> Vec<String> {
         let mut terminal = Terminal::new(TestBackend::new(width, height)).unwrap();
@@ -157,7 +157,7 @@ mod tests {
 
     #[test]
     fn rows_show_rates_per_vp_under_the_partition_total_sorted_by_a_column() {
-        let mut before = synthetic_reading(1, 2);
+        let mut before = crate::cmd::live::Reading::of(vec![synthetic_instance(1, 2)]);
         let io = vp::IO_TIME_HISTOGRAM.counter().unwrap();
         let hcall = vp::HYPERCALLS_TIME_HISTOGRAM.counter().unwrap();
         for v in &mut before.instances[0].partitions[0].vps {
@@ -233,7 +233,7 @@ mod tests {
     #[test]
     fn an_empty_runtime_directory_says_so() {
         let mut app = App::new("/run/hvstats".into(), Duration::from_secs(1));
-        let mut empty = synthetic_reading(0, 0);
+        let mut empty = crate::cmd::live::Reading::of(vec![synthetic_instance(0, 0)]);
         empty.instances.clear();
         app.sample(empty);
         let lines = screen(&app, 80, 5);

@@ -18,9 +18,9 @@ use std::time::Duration;
 
 use hvstats_abi::exit_reason::{self, InterceptClass};
 
-use super::counting::{EventList, EventSpec, Method, ThreadCounters};
-use super::discovery::Procfs;
-use super::vm::class_filter;
+use hvstats_kvm::observe::Procfs;
+use hvstats_kvm::observe::counting::{EventList, EventSpec, Method, ThreadCounters};
+use hvstats_kvm::observe::vm::class_filter;
 
 /// One measured comparison: `ours` against `baseline`, in ns per call.
 #[derive(Clone, Debug)]

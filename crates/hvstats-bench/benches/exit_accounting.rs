@@ -5,7 +5,7 @@
 //! alone, and a plain copy of a VP page next to a consistent one (the reader's side of the
 //! sequence counter).
 //!
-//! `cargo bench -p hvstats-kvm --bench exit_accounting`
+//! `cargo bench -p hvstats-bench --bench exit_accounting`
 
 // Bench set-up: a failed step is the run's failure, reported by the panic; criterion_group!
 // defines an undocumented public function.
@@ -15,9 +15,8 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use hvstats::Hypervisor;
-use hvstats_kvm::exit_cost;
-
-mod support;
+use hvstats_bench::exit_cost;
+use hvstats_bench::guest::exit_round_trip;
 
 fn round_trip(c: &mut Criterion) {
     // The work alone needs no guest.
@@ -36,7 +35,7 @@ fn round_trip(c: &mut Criterion) {
             b.iter_custom(|iters| {
                 // One guest run of `iters` exits (at least enough to hide the thread start).
                 let exits = iters.clamp(2000, 200_000) as u32;
-                let per_exit = support::round_trip(&hv, exits, accounting);
+                let per_exit = exit_round_trip(&hv, exits, accounting).expect("bench guest");
                 per_exit * iters as u32
             })
         });

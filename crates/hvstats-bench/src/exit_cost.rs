@@ -1,16 +1,17 @@
 //! What accounting costs on the exit path: the accounting work of one exit, alone.
 //!
 //! The round trip it sits on needs a guest workload, so it is measured where workloads are
-//! built (the benches and `hvstats bench`), with [`PartitionConfig::accounting`](crate::PartitionConfig)
-//! on and off. A measurement, never a test.
+//! built ([`guest`](crate::guest), the criterion benches), with
+//! [`PartitionConfig::accounting`](hvstats_kvm::PartitionConfig) on and off. A measurement,
+//! never a test.
 
 use std::time::{Duration, Instant};
 
 use hvstats::SharedPage;
 use hvstats_abi::ObjectKind;
 
-use crate::accounting::{ExitAccounting, ExitClass, UserExitCounts};
-use crate::cycles;
+use hvstats_kvm::accounting::{ExitAccounting, ExitClass, UserExitCounts};
+use hvstats_kvm::cycles;
 
 /// The accounting work of one exit on its own (two clock reads and the page updates), averaged
 /// over `n` exits.

@@ -1,7 +1,4 @@
-//! Set-up shared by the integration tests of the workspace's crates (the others include this file
-//! by path): a temporary runtime directory, and the KVM check of tests that need a guest.
-
-#![allow(dead_code)]
+//! A temporary runtime directory.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -13,6 +10,10 @@ pub struct TempDir(pub PathBuf);
 
 impl TempDir {
     /// A fresh, empty `hvstats-<name>-<pid>-<n>` directory under the system temp dir.
+    ///
+    /// # Panics
+    /// When the directory cannot be created: the test's set-up failed.
+    #[allow(clippy::unwrap_used, reason = "test set-up: a failure there is the test failing")]
     pub fn new(name: &str) -> Self {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -33,19 +34,4 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-/// True when /dev/kvm can be used. Without it, the test says "skipped" and passes, unless
-/// `HVSTATS_REQUIRE_KVM=1` (set by `.ci/run` on hosts that have /dev/kvm), where it fails.
-pub fn kvm_available(test: &str) -> bool {
-    if std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm").is_ok() {
-        return true;
-    }
-    let msg = format!("{test}: /dev/kvm is not available; this test needs KVM");
-    assert!(
-        std::env::var("HVSTATS_REQUIRE_KVM").as_deref() != Ok("1"),
-        "{msg} (failing because HVSTATS_REQUIRE_KVM=1)"
-    );
-    eprintln!("{msg}: skipped");
-    false
 }

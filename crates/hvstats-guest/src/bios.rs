@@ -1,5 +1,5 @@
 //! Tiny BIOS-replacement images whose guest does a known number of intercepts, for testing and
-//! measuring the observer against a real QEMU.
+//! measuring the observer against a real QEMU (`-bios`).
 //!
 //! QEMU maps a 64 KiB `-bios` file at the top of the first MiB and of 4 GiB; the CPU starts in
 //! real mode at F000:FFF0 (file offset 0xFFF0). A far jump there to F000:0000 runs the program

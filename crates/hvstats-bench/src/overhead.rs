@@ -17,11 +17,9 @@ use std::time::{Duration, Instant};
 
 use hvstats::Hypervisor;
 
-use super::bios::{BiosEnd, BiosProgram};
-use super::discovery::Procfs;
-use super::observer::{Observer, Targets};
-use super::qmp::Qmp;
-use super::vm::ObserveOptions;
+use hvstats_guest::bios::{BiosEnd, BiosProgram};
+use hvstats_kvm::observe::qmp::{Qmp, QmpError};
+use hvstats_kvm::observe::{ObserveOptions, Observer, Procfs, Targets};
 
 /// The measured exit rates, in exits per second (of the vCPU thread's CPU time for
 /// [`guest_exit_rate_on_vs_off`]).
@@ -61,7 +59,7 @@ pub enum OverheadError {
     Qemu(String),
     /// QMP failed.
     #[error("QMP failed during the measurement")]
-    Qmp(#[from] super::qmp::QmpError),
+    Qmp(#[from] QmpError),
     /// KVM's statistics are not available through QMP (not a KVM QEMU).
     #[error("QEMU reports no KVM exits statistic: the measurement needs -accel kvm")]
     NoStats,
@@ -209,8 +207,8 @@ pub const COUNTING_ROW: &str = "observe-counted-event-rate-on-vs-off";
 /// # Errors
 /// When the tracepoint is unavailable or the process's threads cannot be read.
 pub fn counted_event_rate_on_vs_off(rounds: u32, calls: u32) -> Result<ExitRates, String> {
-    use super::counting::{EventList, EventSpec, ThreadCounters};
-    use super::vm::vm_events;
+    use hvstats_kvm::observe::counting::{EventList, EventSpec, ThreadCounters};
+    use hvstats_kvm::observe::vm::vm_events;
     let mut specs = vm_events(None);
     specs.push(EventSpec::tracepoint("syscalls", "sys_enter_getppid"));
     let probe = EventList::new(specs.clone());

@@ -2,45 +2,24 @@
 //! thread (what the VP thread does before every hypercall), and the hypercall round trip it sits
 //! on, next to a plain userspace exit round trip (an OUT to the sink port) for comparison.
 //!
-//! `cargo bench -p hvstats-kvm --bench refresh`
+//! `cargo bench -p hvstats-bench --bench refresh`
 
 // Bench set-up: a failed step is the run's failure, reported by the panic; criterion_group!
 // defines an undocumented public function.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::os::fd::AsRawFd;
-use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use hvstats::{Hypervisor, SharedPage};
 use hvstats_abi::ObjectKind;
-use hvstats_guest::program::LoopCount;
-use hvstats_guest::{Mode, Workload, layout};
+use hvstats_bench::guest::{exit_round_trip, hypercall_round_trip};
 use hvstats_kvm::accounting::{UserExitCounts, VpSources};
-use hvstats_kvm::enlightenment::HyperV;
-use hvstats_kvm::sources::kvm_stats::{KvmStats, Stat};
+use hvstats_kvm::sources::kvm_stats::{IdleVcpu, KvmStats, Stat};
 use hvstats_kvm::sources::perf_sw::Migrations;
 use hvstats_kvm::sources::thread_time::{ThreadClock, gettid};
 use hvstats_kvm::sources::tracepoint::VpTracepoints;
-use hvstats_kvm::{Handlers, Partition, PartitionConfig};
-
-mod support;
-
-/// Run time per hypercall of a one-VP guest making `n` HvCallNotifyLongSpinWait hypercalls.
-fn hypercall_round_trip(hv: &Arc<Hypervisor>, n: u32) -> Duration {
-    let workload = Workload { hypercalls: LoopCount::fixed(n), ..Workload::default() };
-    let image = workload.build(Mode::Long, layout::DEFAULT_LOAD_GPA).expect("bench guest");
-    let mut config = PartitionConfig { timeout: Duration::from_secs(120), ..PartitionConfig::default() };
-    let mut handlers = Handlers::builtin();
-    HyperV::new(hv.clone(), true).install(&mut config, &mut handlers);
-    let partition = Partition::new(hv, config, handlers).expect("partition");
-    partition.load(image.load_gpa, &image.bytes).expect("load");
-    let report = partition.run(image.entry).expect("run");
-    let vp = &report.vps[0];
-    assert!(vp.fault.is_none(), "bench guest faulted: {:?}", vp.fault);
-    vp.run_time / n
-}
 
 fn refresh(c: &mut Criterion) {
     if std::fs::metadata("/dev/kvm").is_err() {
@@ -48,10 +27,8 @@ fn refresh(c: &mut Criterion) {
         return;
     }
     // The sources of a vCPU opened for this thread, as the VP thread opens them for itself.
-    let kvm = kvm_ioctls::Kvm::new().expect("kvm");
-    let vm = kvm.create_vm().expect("vm");
-    let vcpu = vm.create_vcpu(0).expect("vcpu");
-    let mut sources = VpSources::open(gettid(), vcpu.as_raw_fd());
+    let vcpu = IdleVcpu::new().expect("an idle vCPU");
+    let mut sources = VpSources::open(gettid(), vcpu.fd().as_raw_fd());
     let page = SharedPage::anonymous(ObjectKind::Vp).expect("page");
     let user = UserExitCounts::default();
     let mut group = c.benchmark_group("vp_refresh");
@@ -64,7 +41,7 @@ fn refresh(c: &mut Criterion) {
     // Where the time goes: each source read on its own.
     let tid = gettid();
     let tracepoints = VpTracepoints::open(tid);
-    let stats = KvmStats::open(vcpu.as_raw_fd()).expect("KVM stats fd");
+    let stats = KvmStats::open(vcpu.fd().as_raw_fd()).expect("KVM stats fd");
     let migrations = Migrations::open(tid).expect("cpu-migrations");
     let mut group = c.benchmark_group("vp_refresh_parts");
     group.bench_function("tracepoints_all", |b| b.iter(|| tracepoints.read_all()));
@@ -88,13 +65,13 @@ fn refresh(c: &mut Criterion) {
     group.bench_function("hypercall_notify_long_spin_wait", |b| {
         b.iter_custom(|iters| {
             let n = iters.clamp(500, 50_000) as u32;
-            hypercall_round_trip(&hv, n) * iters as u32
+            hypercall_round_trip(&hv, n).expect("hypercall bench guest") * iters as u32
         })
     });
     group.bench_function("userspace_out", |b| {
         b.iter_custom(|iters| {
             let n = iters.clamp(2000, 200_000) as u32;
-            support::round_trip(&hv, n, true) * iters as u32
+            exit_round_trip(&hv, n, true).expect("bench guest") * iters as u32
         })
     });
     group.finish();

@@ -1,0 +1,352 @@
+//! Rows of the statistics authority, runnable on any host: the VP thread's page update, reads
+//! of a VP page (kept mapping, consistent copy, `pread`, a vCPU's KVM stats fd), the full
+//! snapshot of a large host, and adding a partition to a large instance.
+
+use std::hint::black_box;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use hvstats::attach::Attach;
+use hvstats::index::Entry;
+use hvstats::reader::ArenaReader;
+use hvstats::rules::StatsObject;
+use hvstats::{Hypervisor, InstanceConfig, PartitionStats, SharedPage};
+use hvstats_abi::ObjectKind;
+use hvstats_abi::catalog::vp;
+use hvstats_abi::page::PageLayout;
+
+use crate::error::{BenchError, Present, Step};
+use crate::row::{CpuClock, Row, median, ns_per, side_by_side};
+
+/// Names of the rows of [`update_rows`].
+pub const UPDATE_ROWS: [&str; 2] = ["update-vs-fetch-add", "update-vs-shared-fetch-add"];
+/// Names of the rows of [`read_rows`].
+pub const READ_ROWS: [&str; 2] = ["read-vp-vs-stats-fd", "read-vp-vs-pread-page"];
+/// The name of [`consistency_row`].
+pub const CONSISTENCY_ROW: &str = "vp-read-consistent-vs-plain";
+/// The name of [`partition_add_row`].
+pub const PARTITION_ADD_ROW: &str = "partition-add-4096-vs-64";
+
+/// The name of the snapshot row for `partitions` partitions of 16 VPs: what it really read.
+pub fn snapshot_row_name(partitions: u32) -> String {
+    format!("snapshot-{}-vps-vs-memcpy", u64::from(partitions) * 16)
+}
+
+const OPS: u64 = 2_000_000;
+
+/// The VP thread's update of its own page as its exit path does it: a plain load and store at
+/// a slot known at compile time.
+fn page_updates(page: &SharedPage) -> f64 {
+    let start = CpuClock::now();
+    for _ in 0..OPS {
+        page.add(vp::CPUID_INSTRUCTIONS, black_box(1));
+    }
+    ns_per(start, OPS)
+}
+
+fn fetch_adds(counter: &AtomicU64) -> f64 {
+    let start = CpuClock::now();
+    for _ in 0..OPS {
+        black_box(counter).fetch_add(black_box(1), Ordering::Relaxed);
+    }
+    ns_per(start, OPS)
+}
+
+/// `threads` threads at once, each running `f(thread)`; the median of their ns/op.
+fn in_threads(threads: usize, f: &(dyn Fn(usize) -> f64 + Sync)) -> f64 {
+    let barrier = std::sync::Barrier::new(threads);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    barrier.wait();
+                    f(t)
+                })
+            })
+            .collect();
+        median(handles.into_iter().map(|h| h.join().unwrap_or(f64::NAN)).collect())
+    })
+}
+
+/// The VP thread's page update against an uncontended `fetch_add`, and in as many threads as
+/// there are CPUs (2 to 8), each on its own VP page, against all of them on one shared counter.
+///
+/// # Errors
+/// When the bench partition cannot be created.
+pub fn update_rows(rounds: u32, hv: &Arc<Hypervisor>) -> Result<Vec<Row>, BenchError> {
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(2, 8);
+    let part = hv.create_partition(threads as u32).step("creating the bench partition")?;
+    let page0 = part.vp_page(0).present("VP 0")?;
+    let own = AtomicU64::new(0);
+    let (ours, baseline) = side_by_side(rounds, || page_updates(page0), || fetch_adds(&own));
+    let mut rows =
+        vec![Row::Measured { name: UPDATE_ROWS[0], ours, baseline, unit: "ns/update", goal: Some(0.33) }];
+    let shared = AtomicU64::new(0);
+    let part_ref: &PartitionStats = &part;
+    let vp_pages = |t: usize| part_ref.vp_page(t as u32).map_or(f64::NAN, page_updates);
+    let (ours, baseline) = side_by_side(
+        rounds,
+        || in_threads(threads, &vp_pages),
+        || in_threads(threads, &|_| fetch_adds(&shared)),
+    );
+    rows.push(Row::Measured { name: UPDATE_ROWS[1], ours, baseline, unit: "ns/update", goal: Some(0.1) });
+    hv.remove_partition(part.id());
+    Ok(rows)
+}
+
+/// A temporary runtime directory for the instances the bench publishes, removed on drop.
+struct TempRuntime(PathBuf);
+
+impl TempRuntime {
+    fn new(what: &str) -> Result<Self, BenchError> {
+        // tmpfs, as the runtime directory (/run) is, when there is one: a disk-backed file would
+        // add writeback of the pages to what is measured.
+        let base = match Path::new("/dev/shm") {
+            shm if shm.is_dir() => shm.to_owned(),
+            _ => std::env::temp_dir(),
+        };
+        let dir = base.join(format!("hvstats-bench-{what}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).step(format!("creating {}", dir.display()))?;
+        Ok(Self(dir))
+    }
+}
+
+impl Drop for TempRuntime {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn published(dir: &Path) -> Result<Arc<Hypervisor>, BenchError> {
+    Hypervisor::with_config(InstanceConfig {
+        runtime_dir: Some(dir.to_owned()),
+        logical_processors: Some(vec![0]),
+        ..Default::default()
+    })
+    .step("publishing a bench instance")
+}
+
+/// Words of a VP page this build's layout uses (headers and counters).
+fn vp_words() -> usize {
+    PageLayout::of(ObjectKind::Vp).end_offset / 8 + 1
+}
+
+/// A read of one VP through a kept mapping of a published instance against a `pread` of a
+/// vCPU's KVM stats fd (`kvm` says whether this host can open one, and if not why), and against
+/// a `pread` of the same page from the arena file.
+///
+/// # Errors
+/// When the bench instance cannot be published or attached, or the vCPU cannot be opened.
+pub fn read_rows(rounds: u32, kvm: &Result<(), String>) -> Result<Vec<Row>, BenchError> {
+    let rt = TempRuntime::new("read")?;
+    let hv = published(&rt.0)?;
+    let part = hv.create_partition(1).step("creating the bench partition")?;
+    part.vp_page(0).present("VP 0")?.set(vp::HYPERCALLS, 1);
+    let mut attach = Attach::new(&rt.0);
+    attach.refresh().step("attaching the bench instance")?;
+    let instance = attach.instances().next().present("the bench instance is not found")?;
+    let object = StatsObject::Vp(part.id(), 0);
+    let mut words = vec![0u64; vp_words()];
+    let n = 200_000u64;
+    let mut kept = || {
+        let start = CpuClock::now();
+        for _ in 0..n {
+            let _ = instance.read_prefix(black_box(object), &mut words);
+        }
+        black_box(&words);
+        ns_per(start, n)
+    };
+    let mut rows = Vec::new();
+    match kvm {
+        Ok(()) => {
+            let vcpu =
+                hvstats_kvm::sources::kvm_stats::IdleVcpu::new().step("opening a vCPU's KVM stats fd")?;
+            let stats = &vcpu.stats;
+            let mut buf = vec![0u64; stats.data_words()];
+            let (ours, baseline) = side_by_side(rounds, &mut kept, || {
+                let start = CpuClock::now();
+                for _ in 0..n / 10 {
+                    let _ = stats.read_into(&mut buf);
+                }
+                ns_per(start, n / 10)
+            });
+            rows.push(Row::Measured { name: READ_ROWS[0], ours, baseline, unit: "ns/read", goal: Some(0.2) });
+        }
+        Err(why) => rows.push(Row::Skipped { name: READ_ROWS[0], why: why.clone() }),
+    }
+    // Without KVM, the nearest baseline: one pread of the same page from the arena file.
+    let path = hv.published_path().present("the bench instance has no published path")?;
+    let file = std::fs::File::open(&path).step(format!("opening {}", path.display()))?;
+    let offset = part.vp_page(0).present("VP 0")?.file_offset();
+    let mut page = vec![0u8; vp_words() * 8];
+    let (ours, baseline) = side_by_side(rounds, &mut kept, || {
+        let start = CpuClock::now();
+        for _ in 0..n / 10 {
+            let _ = file.read_at(&mut page, offset);
+        }
+        ns_per(start, n / 10)
+    });
+    rows.push(Row::Measured { name: READ_ROWS[1], ours, baseline, unit: "ns/read", goal: None });
+    Ok(rows)
+}
+
+/// What consistency costs a reader: copying a VP page from the arena inside its sequence counter
+/// (two more loads and a compare, retried while a merge is under way) over the plain copy checked
+/// only against the slot's entry, both of the words the layout uses, side by side.
+///
+/// # Errors
+/// When the bench instance cannot be published or its arena read.
+pub fn consistency_row(rounds: u32) -> Result<Row, BenchError> {
+    let rt = TempRuntime::new("consistent")?;
+    let hv = published(&rt.0)?;
+    let part = hv.create_partition(1).step("creating the bench partition")?;
+    part.vp_page(0).present("VP 0")?.set(vp::HYPERCALLS, 1);
+    let path = hv.published_path().present("the bench instance has no published path")?;
+    let file = std::fs::File::open(&path).step(format!("opening {}", path.display()))?;
+    let arena = ArenaReader::open(file).step("opening the bench arena")?;
+    if !arena.is_mapped() {
+        return Err(BenchError::Missing("the bench arena is ours, so mapped, but it is not".into()));
+    }
+    let (slot, generation) = (0..arena.slots())
+        .find_map(|slot| {
+            let entry = Entry::decode(&arena.entry_words(slot).ok()?).ok()??;
+            (entry.kind == ObjectKind::Vp).then_some((slot, entry.generation))
+        })
+        .present("the bench VP is not in the arena")?;
+    let (mut consistent, mut plain) = (vec![0u64; vp_words()], vec![0u64; vp_words()]);
+    let n = 500_000u64;
+    let sequence = vp::SEQUENCE.slot();
+    let (ours, baseline) = side_by_side(
+        rounds,
+        || {
+            let start = CpuClock::now();
+            for _ in 0..n {
+                let _ =
+                    arena.read_page_prefix_consistent(black_box(slot), generation, &mut consistent, sequence);
+            }
+            black_box(&consistent);
+            ns_per(start, n)
+        },
+        || {
+            let start = CpuClock::now();
+            for _ in 0..n {
+                let _ = arena.read_page_prefix(black_box(slot), generation, &mut plain);
+            }
+            black_box(&plain);
+            ns_per(start, n)
+        },
+    );
+    Ok(Row::Measured { name: CONSISTENCY_ROW, ours, baseline, unit: "ns/read", goal: Some(1.1) })
+}
+
+/// The full snapshot of `partitions` × 16 VPs of a published instance against a memcpy of the
+/// same counter bytes. With `HVSTATS_BENCH_TRACE` set, each snapshot's time and the time to drop
+/// it are written to stderr.
+///
+/// # Errors
+/// When the bench instance cannot be published or attached.
+pub fn snapshot_row(rounds: u32, partitions: u32, name: &'static str) -> Result<Row, BenchError> {
+    let rt = TempRuntime::new("snapshot")?;
+    let hv = published(&rt.0)?;
+    let parts = (0..partitions)
+        .map(|_| hv.create_partition(16))
+        .collect::<Result<Vec<_>, _>>()
+        .step("publishing the bench partitions")?;
+    for (i, p) in parts.iter().enumerate() {
+        for n in 0..16 {
+            if let Some(page) = p.vp_page(n) {
+                page.set(vp::HYPERCALLS, i as u64);
+            }
+        }
+    }
+    let mut attach = Attach::new(&rt.0);
+    attach.refresh().step("attaching the bench instance")?;
+    let instance = attach.instances_mut().next().present("the bench instance is not found")?;
+    let words = vp_words();
+    let sources: Vec<*const u8> = parts
+        .iter()
+        .flat_map(|p| (0..16).filter_map(|n| p.vp_page(n).map(|pg| pg.host_address() as *const u8)))
+        .collect();
+    let mut copy = vec![0u8; sources.len() * words * 8];
+    let trace = std::env::var_os("HVSTATS_BENCH_TRACE").is_some();
+    let (ours, baseline) = side_by_side(
+        rounds,
+        || {
+            let start = CpuClock::now();
+            let snapshot = black_box(instance.snapshot());
+            let elapsed = start.elapsed().as_secs_f64() * 1e3;
+            if trace {
+                let t = CpuClock::now();
+                drop(snapshot);
+                eprintln!(
+                    "hvstats: snapshot {elapsed:.1} ms, dropping it {:.1} ms",
+                    t.elapsed().as_secs_f64() * 1e3
+                );
+            }
+            elapsed
+        },
+        || {
+            let start = CpuClock::now();
+            for (i, src) in sources.iter().enumerate() {
+                // SAFETY: each source is a live VP page of PAGE_SIZE bytes (the partitions are
+                // held above) and `copy` has room for `words` words per page.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(*src, copy.as_mut_ptr().add(i * words * 8), words * 8);
+                }
+            }
+            black_box(&copy);
+            start.elapsed().as_secs_f64() * 1e3
+        },
+    );
+    Ok(Row::Measured { name, ours, baseline, unit: "ms/snapshot", goal: Some(10.0) })
+}
+
+/// Adding (and removing) a partition of 16 VPs to an instance of 4,096 partitions against one
+/// of 64.
+///
+/// # Errors
+/// When the bench instances cannot be published or filled.
+pub fn partition_add_row(rounds: u32) -> Result<Row, BenchError> {
+    let (small_rt, large_rt) = (TempRuntime::new("add-64")?, TempRuntime::new("add-4096")?);
+    let (small, large) = (published(&small_rt.0)?, published(&large_rt.0)?);
+    let _keep_small: Vec<_> = (0..64)
+        .map(|_| small.create_partition(16))
+        .collect::<Result<_, _>>()
+        .step("filling the small instance")?;
+    let _keep_large: Vec<_> = (0..4096)
+        .map(|_| large.create_partition(16))
+        .collect::<Result<_, _>>()
+        .step("filling the large instance")?;
+    let adds = 200u32;
+    let time_adds = |hv: &Arc<Hypervisor>| {
+        let mut total = Duration::ZERO;
+        for _ in 0..adds {
+            let start = CpuClock::now();
+            let p = hv.create_partition(16);
+            total += start.elapsed();
+            if let Ok(p) = p {
+                hv.remove_partition(p.id());
+            }
+        }
+        total.as_nanos() as f64 / f64::from(adds) / 1e3
+    };
+    let (ours, baseline) = side_by_side(rounds, || time_adds(&large), || time_adds(&small));
+    Ok(Row::Measured { name: PARTITION_ADD_ROW, ours, baseline, unit: "us/add", goal: Some(2.0) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_snapshot_row_is_named_by_the_vps_it_read() {
+        assert_eq!(snapshot_row_name(4096), "snapshot-65536-vps-vs-memcpy");
+        assert_eq!(snapshot_row_name(64), "snapshot-1024-vps-vs-memcpy");
+        assert_eq!(snapshot_row_name(65_536), "snapshot-1048576-vps-vs-memcpy");
+    }
+}

@@ -1,0 +1,95 @@
+//! Rows that run a guest on KVM: the userspace exit with exact accounting on against off, and a
+//! hypercall against a plain exit.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hvstats::Hypervisor;
+use hvstats_guest::program::LoopCount;
+use hvstats_guest::{Mode, Workload, layout};
+use hvstats_kvm::enlightenment::HyperV;
+use hvstats_kvm::{Handlers, Partition, PartitionConfig, RunReport};
+
+use crate::error::{BenchError, Present, Step};
+use crate::row::{Row, side_by_side};
+
+/// Names of the rows of [`exit_rows`].
+pub const EXIT_ROWS: [&str; 2] = ["exit-accounting-on-vs-off", "hypercall-vs-plain-exit"];
+
+/// Loads `workload` into a one-VP long-mode partition of `hv` made with `config` and `handlers`,
+/// runs it to its end and returns the VP's report.
+fn run_one(
+    hv: &Arc<Hypervisor>,
+    workload: &Workload,
+    config: PartitionConfig,
+    handlers: Handlers,
+    what: &'static str,
+) -> Result<hvstats_kvm::VpOutcome, BenchError> {
+    let image = workload.build(Mode::Long, layout::DEFAULT_LOAD_GPA).step(format!("building the {what}"))?;
+    let partition = Partition::new(hv, config, handlers).step("creating the bench partition")?;
+    partition.load(image.load_gpa, &image.bytes).step(format!("loading the {what}"))?;
+    let report: RunReport = partition.run(image.entry).step(format!("running the {what}"))?;
+    let vp = report.vps.into_iter().next().present("the bench partition has no VP")?;
+    if let Some(f) = &vp.fault {
+        return Err(BenchError::GuestFault {
+            what,
+            reason: f.reason().to_string(),
+            location: f.location().to_string(),
+        });
+    }
+    Ok(vp)
+}
+
+/// Run time per exit of a one-VP long-mode guest doing `exits` OUTs to the sink port (each one a
+/// userspace exit), the exit port write included.
+///
+/// # Errors
+/// When the guest cannot be built or run, or faults.
+pub fn exit_round_trip(hv: &Arc<Hypervisor>, exits: u32, accounting: bool) -> Result<Duration, BenchError> {
+    let workload = Workload { out: LoopCount::fixed(exits), ..Workload::default() };
+    let config =
+        PartitionConfig { accounting, timeout: Duration::from_secs(120), ..PartitionConfig::default() };
+    let vp = run_one(hv, &workload, config, Handlers::builtin(), "bench guest")?;
+    Ok(vp.run_time / (exits + 1))
+}
+
+/// Run time per hypercall of a one-VP enlightened guest making `n` HvCallNotifyLongSpinWait.
+///
+/// # Errors
+/// When the guest cannot be built or run, or faults.
+pub fn hypercall_round_trip(hv: &Arc<Hypervisor>, n: u32) -> Result<Duration, BenchError> {
+    let workload = Workload { hypercalls: LoopCount::fixed(n), ..Workload::default() };
+    let mut config = PartitionConfig { timeout: Duration::from_secs(120), ..PartitionConfig::default() };
+    let mut handlers = Handlers::builtin();
+    HyperV::new(hv.clone(), true).install(&mut config, &mut handlers);
+    let vp = run_one(hv, &workload, config, handlers, "hypercall bench guest")?;
+    Ok(vp.run_time / n)
+}
+
+/// The userspace exit round trip with accounting on against off (`exits` per run), and a
+/// hypercall (`hypercalls` per run) against a plain exit with accounting on; medians of `rounds`.
+///
+/// # Errors
+/// When a warm-up guest cannot be built, run, or faults.
+pub fn exit_rows(
+    hv: &Arc<Hypervisor>,
+    rounds: u32,
+    exits: u32,
+    hypercalls: u32,
+) -> Result<Vec<Row>, BenchError> {
+    // One run to warm up page tables, caches and the tracefs mount.
+    exit_round_trip(hv, 1000, true)?;
+    let ns = |d: Duration| d.as_nanos() as f64;
+    let run = |accounting| exit_round_trip(hv, exits, accounting).map(ns).unwrap_or(f64::NAN);
+    let (on, off) = side_by_side(rounds, || run(true), || run(false));
+    hypercall_round_trip(hv, 100)?;
+    let (call, plain) = side_by_side(
+        rounds,
+        || hypercall_round_trip(hv, hypercalls).map(ns).unwrap_or(f64::NAN),
+        || run(true),
+    );
+    Ok(vec![
+        Row::Measured { name: EXIT_ROWS[0], ours: on, baseline: off, unit: "ns/exit", goal: Some(1.02) },
+        Row::Measured { name: EXIT_ROWS[1], ours: call, baseline: plain, unit: "ns/exit", goal: None },
+    ])
+}

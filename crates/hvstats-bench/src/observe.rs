@@ -1,0 +1,87 @@
+//! Rows of what observing costs: the observed guest's time per exit with and without the
+//! observer, a counted thread's time per event with and without counters, and what counting a
+//! tracepoint costs by method ([`crate::overhead`], [`crate::counting_cost`]).
+
+use std::time::Duration;
+
+use crate::counting_cost as cost;
+use crate::overhead::{self, ExitRates};
+use crate::row::Row;
+
+/// What `hvstats observe` costs: the observed guest's time per exit with the observer over
+/// without it (a QEMU with KVM; goal ≤ 1.01, i.e. an exit rate ≥ 0.99 of the unobserved one),
+/// and, runnable anywhere, a thread's time per counted `getppid` with the observer's counters on
+/// it over without (an enabled syscall tracepoint also sends every system call through the slow
+/// path, so this overstates the cost). Only the rows `wanted` selects are measured; `kvm` says
+/// whether this host can run a guest, and if not why.
+pub fn observe_rows(rounds: u32, kvm: &Result<(), String>, wanted: &dyn Fn(&str) -> bool) -> Vec<Row> {
+    let mut rows = Vec::new();
+    let per = |rates: &ExitRates| {
+        let (on, off) = rates.medians();
+        (1e9 / on, 1e9 / off)
+    };
+    if wanted(overhead::GUEST_ROW) {
+        let measured = match kvm {
+            Ok(()) => {
+                overhead::guest_exit_rate_on_vs_off(rounds, Duration::from_secs(2), Duration::from_secs(1))
+                    .map_err(|e| hvstats::snapshot::error_chain(&e))
+            }
+            Err(why) => Err(why.clone()),
+        };
+        rows.push(match measured {
+            Ok(rates) => {
+                let (ours, baseline) = per(&rates);
+                Row::Measured { name: overhead::GUEST_ROW, ours, baseline, unit: "ns/exit", goal: Some(1.01) }
+            }
+            Err(why) => Row::Skipped { name: overhead::GUEST_ROW, why },
+        });
+    }
+    rows.extend(counting_cost_rows(rounds, wanted));
+    if wanted(overhead::COUNTING_ROW) {
+        rows.push(match overhead::counted_event_rate_on_vs_off(rounds, 200_000) {
+            Ok(rates) => {
+                let (ours, baseline) = per(&rates);
+                Row::Measured { name: overhead::COUNTING_ROW, ours, baseline, unit: "ns/event", goal: None }
+            }
+            Err(why) => Row::Skipped { name: overhead::COUNTING_ROW, why },
+        });
+    }
+    rows
+}
+
+/// What counting a tracepoint costs the firing thread: 1, 4 and 16 filtered perf events
+/// against one in-kernel program counting as many classes, and the VMX load (every intercept
+/// class of `kvm_exit` against one) on a tracepoint that fires on every host. ns per call.
+fn counting_cost_rows(rounds: u32, wanted: &dyn Fn(&str) -> bool) -> Vec<Row> {
+    let to_rows = |names: &[&'static str], measured: Result<Vec<cost::CostRow>, String>| -> Vec<Row> {
+        match measured {
+            Ok(rows) => rows
+                .into_iter()
+                .filter(|r| wanted(r.name))
+                .map(|r| Row::Measured {
+                    name: r.name,
+                    ours: r.ours,
+                    baseline: r.baseline,
+                    unit: "ns/event",
+                    goal: r.goal,
+                })
+                .collect(),
+            Err(why) => names
+                .iter()
+                .filter(|n| wanted(n))
+                .map(|name| Row::Skipped { name, why: why.clone() })
+                .collect(),
+        }
+    };
+    let mut rows = Vec::new();
+    let mut names: Vec<&'static str> = cost::PERF_VS_PROGRAM_ROWS.iter().map(|(_, n)| *n).collect();
+    names.extend([cost::PROGRAM_16_VS_NONE, cost::PERF_16_VS_NONE]);
+    if names.iter().any(|n| wanted(n)) {
+        rows.extend(to_rows(&names, cost::tracepoint_costs(rounds, 200_000)));
+    }
+    let names = [cost::VMX_PROXY_ROW, cost::VMX_PROXY_PERF_ROW];
+    if names.iter().any(|n| wanted(n)) {
+        rows.extend(to_rows(&names, cost::vmx_proxy(rounds, 200_000)));
+    }
+    rows
+}

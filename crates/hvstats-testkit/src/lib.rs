@@ -1,0 +1,20 @@
+//! Fixtures and set-up shared by the workspace's tests and benches, so that no test borrows
+//! another crate's test files or a surface's internals:
+//!
+//! - [`TempDir`]: a temporary runtime directory;
+//! - [`kvm_available`]: the check of tests that need a guest (skipped without /dev/kvm, a
+//!   failure under `HVSTATS_REQUIRE_KVM=1`);
+//! - [`synthetic_instance`]: a reading of a large host, every counter set, built in memory.
+//!
+//! Test code only: the product crates take it as a dev-dependency (the bench, which measures
+//! with the synthetic reading, as a dependency).
+
+#![deny(missing_docs)]
+
+mod dir;
+mod kvm;
+mod reading;
+
+pub use dir::TempDir;
+pub use kvm::kvm_available;
+pub use reading::synthetic_instance;
