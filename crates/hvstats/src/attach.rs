@@ -62,18 +62,18 @@ pub enum AttachError {
     /// An arena file could not be read, or is not one.
     #[error("cannot read {}", path.display())]
     Arena {
-        /// The arena file.
+        /// The instance's `.arena` file.
         path: PathBuf,
-        /// Why.
+        /// Why it could not be read, or why it is not an arena.
         #[source]
         source: ArenaError,
     },
     /// A page could not be mapped.
     #[error("cannot map a page of {}", path.display())]
     Page {
-        /// The arena file.
+        /// The `.arena` or `.global` file holding the page.
         path: PathBuf,
-        /// Why.
+        /// The `mmap` error, or `PermissionDenied` when this user may not map the file.
         #[source]
         source: io::Error,
     },
@@ -94,9 +94,9 @@ pub enum AttachError {
     /// them (see [`crate::trust`]).
     #[error("not believing {}: {why}", path.display())]
     Untrusted {
-        /// The file.
+        /// The instance's `.arena` file.
         path: PathBuf,
-        /// Why.
+        /// Which ownership check failed (file, directory and holding process disagree).
         #[source]
         why: Distrust,
     },
@@ -710,7 +710,7 @@ impl RootReader {
         Self { instance, mappings: MappingTable::new(DEFAULT_STATS_PAGE_QUOTA) }
     }
 
-    /// The instance.
+    /// The attached instance, with its partitions as of its last refresh.
     pub fn instance(&self) -> &Instance {
         &self.instance
     }

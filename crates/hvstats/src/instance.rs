@@ -100,7 +100,7 @@ impl LogicalProcessorStats {
         self.cpu
     }
 
-    /// Its page.
+    /// The stats page of this LP (host CPU [`cpu`](Self::cpu)).
     pub fn page(&self) -> &SharedPage {
         &self.page
     }
@@ -284,7 +284,7 @@ pub enum ObjectPage<'a> {
 }
 
 impl ObjectPage<'_> {
-    /// The page.
+    /// The hypervisor, LP, partition or VP page this names.
     pub fn page(&self) -> &SharedPage {
         match self {
             ObjectPage::Global(page) => page,
@@ -391,7 +391,7 @@ impl Hypervisor {
         }))
     }
 
-    /// The hypervisor page.
+    /// The hypervisor object's stats page.
     pub fn page(&self) -> &SharedPage {
         &self.page
     }

@@ -72,9 +72,9 @@ impl StatsObject {
 /// What a caller maps: an object and the view of it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ObjectKey {
-    /// The object.
+    /// The object mapped (SELF ids already resolved).
     pub object: StatsObject,
-    /// The view.
+    /// Which view of it (the object's own or the parent's).
     pub area: StatsArea,
 }
 
@@ -230,7 +230,7 @@ impl<T> MappingTable<T> {
         Self { entries: HashMap::new(), quota }
     }
 
-    /// The quota.
+    /// The most mappings held at once; one more fails with `HV_STATUS_INSUFFICIENT_MEMORY`.
     pub fn quota(&self) -> u32 {
         self.quota
     }

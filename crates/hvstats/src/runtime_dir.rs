@@ -42,11 +42,11 @@ pub enum RuntimeDirError {
     /// A directory or file could not be opened, created or listed.
     #[error("{}: {what}", path.display())]
     Io {
-        /// The path.
+        /// The directory or file concerned.
         path: PathBuf,
         /// What was being done.
         what: &'static str,
-        /// Why.
+        /// The OS error.
         #[source]
         source: io::Error,
     },
@@ -60,9 +60,9 @@ pub enum RuntimeDirError {
     Owner {
         /// The directory.
         path: PathBuf,
-        /// Its owner.
+        /// The uid that owns it.
         owner: u32,
-        /// The effective user.
+        /// This process's effective uid.
         euid: u32,
         /// Whether root would have been accepted.
         root_ok: bool,
@@ -72,13 +72,13 @@ pub enum RuntimeDirError {
     Writable {
         /// The directory.
         path: PathBuf,
-        /// Its mode.
+        /// Its permission bits (group or other write set).
         mode: u32,
     },
     /// Something that should be a directory or regular file is not.
     #[error("{} is not a {expected} (a link, FIFO or device planted there?): refusing to use it", path.display())]
     NotRegular {
-        /// The path.
+        /// The path whose file type is wrong.
         path: PathBuf,
         /// What was expected.
         expected: &'static str,

@@ -43,7 +43,7 @@ pub enum Unavailable {
     /// The thread's affinity cannot be read.
     #[error("cannot read the affinity of thread {tid}: {source}")]
     Affinity {
-        /// The thread.
+        /// The thread (Linux tid) whose affinity was asked for.
         tid: i32,
         /// The cause.
         #[source]
@@ -52,7 +52,7 @@ pub enum Unavailable {
     /// The kernel refused the event.
     #[error("perf_event_open({event}, exclude_host) failed: {source}")]
     Perf {
-        /// The event.
+        /// Which hardware event: `cycles` or `instructions`.
         event: &'static str,
         /// The cause (ENOENT where there is no hardware PMU).
         #[source]

@@ -122,7 +122,7 @@ pub enum TableError {
     /// A path of the table could be steered by another user, or is not what it must be.
     #[error("hardware counter table: refusing {}: {reason}", path.display())]
     Unsafe {
-        /// The path.
+        /// The directory or file refused (a link, another user's, or writable by others).
         path: PathBuf,
         /// What is wrong and how to fix it.
         reason: String,
