@@ -116,7 +116,7 @@ pub struct ApicCounters {
     pub eoi_access_count: u64,
     /// `TprAccessCount`: from VP "APIC TPR accesses/sec".
     pub tpr_access_count: u64,
-    /// `SentIpiCount`: from VP "APIC IPIs sent/sec" (self IPIs counted apart).
+    /// `SentIpiCount`: from VP "APIC IPIs sent/sec", self IPIs included.
     pub sent_ipi_count: u64,
     /// `SelfIpiCount`: from VP "APIC self IPIs sent/sec".
     pub self_ipi_count: u64,

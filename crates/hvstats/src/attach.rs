@@ -123,7 +123,7 @@ struct SlotRef {
 /// One partition as the index describes it.
 #[derive(Clone, Debug)]
 pub struct PartitionInfo {
-    /// The partition id.
+    /// The partition id the publisher gave it; unique within the instance.
     pub id: u64,
     /// Its name (may be empty).
     pub name: String,
@@ -164,9 +164,9 @@ impl PartitionInfo {
 /// One logical processor as the index describes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LpInfo {
-    /// The LP index.
+    /// The LP index: 0, 1, … over the CPUs the instance covers, whatever their host numbers.
     pub index: u32,
-    /// The host CPU.
+    /// The host CPU number the LP stands for.
     pub cpu: u32,
     slot: SlotRef,
     unavailable: [u64; 4],
@@ -272,7 +272,7 @@ impl Instance {
         Ok(instance)
     }
 
-    /// The instance's name.
+    /// The instance's name (`<pid>-<start>-<n>`), as in its file names.
     pub fn name(&self) -> InstanceName {
         self.name
     }

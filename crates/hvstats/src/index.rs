@@ -235,7 +235,7 @@ pub enum ObjectState {
 pub struct Entry {
     /// Changes each time the slot gets a new object.
     pub generation: u64,
-    /// The object kind.
+    /// Hypervisor, LP, partition or VP: what `id` and `index` mean.
     pub kind: ObjectKind,
     /// Active, or stopped with a reason.
     pub state: ObjectState,

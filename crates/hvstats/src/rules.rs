@@ -81,7 +81,7 @@ pub struct ObjectKey {
 /// A well-formed request as the caller wrote it (SELF ids not yet resolved).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StatsRequest {
-    /// The object kind.
+    /// The stats type asked for, as an object kind.
     pub kind: ObjectKind,
     /// The identity (reserved bytes known to be zero).
     pub identity: StatsObjectIdentity,
@@ -118,9 +118,9 @@ pub enum Requester {
     Root,
     /// A guest partition, from one of its VPs.
     Guest {
-        /// The caller's partition id.
+        /// The id of the caller's own partition.
         partition_id: u64,
-        /// The calling VP.
+        /// The VP making the call, by its index in that partition.
         vp_index: u32,
     },
 }
@@ -128,7 +128,7 @@ pub enum Requester {
 /// What the rules need to know about a partition.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PartitionFacts {
-    /// Number of VPs.
+    /// Number of VPs: VP indices `0..vp_count` are valid.
     pub vp_count: u32,
     /// True while the partition is active (running, not being torn down).
     pub active: bool,

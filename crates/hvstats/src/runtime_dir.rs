@@ -58,7 +58,7 @@ pub enum RuntimeDirError {
         path.display(), if *root_ok { " or root" } else { "" }
     )]
     Owner {
-        /// The directory.
+        /// The directory whose owner is neither this user nor an accepted root.
         path: PathBuf,
         /// The uid that owns it.
         owner: u32,
@@ -70,7 +70,7 @@ pub enum RuntimeDirError {
     /// A directory others may write to.
     #[error("{} is writable by group or others (mode {mode:04o}): refusing to use it; `chmod go-w {}`", path.display(), path.display())]
     Writable {
-        /// The directory.
+        /// The directory group or others may write to.
         path: PathBuf,
         /// Its permission bits (group or other write set).
         mode: u32,

@@ -27,11 +27,11 @@ pub enum Unavailable {
     /// The allocation does not cover every processor the thread may run on.
     #[error("allocation {handle} holds CPUs {held} but the thread may run on CPUs {allowed}")]
     NotCovered {
-        /// The allocation.
+        /// The allocation the thread's counters were asked under.
         handle: CounterSetHandle,
-        /// Its processors.
+        /// The CPUs the allocation holds counters on.
         held: CpuSet,
-        /// The thread's affinity.
+        /// The CPUs the thread may run on (its affinity mask).
         allowed: CpuSet,
     },
     /// The allocation holds fewer than two counters and not the whole PMU.
@@ -45,7 +45,7 @@ pub enum Unavailable {
     Affinity {
         /// The thread (Linux tid) whose affinity was asked for.
         tid: i32,
-        /// The cause.
+        /// The `sched_getaffinity` error (`ESRCH` when the thread has exited).
         #[source]
         source: io::Error,
     },

@@ -37,9 +37,9 @@ pub enum TreeError {
     /// The root directory cannot be listed (missing, not root, debugfs not mounted, no mshv_root).
     #[error("cannot read the mshv debugfs tree {}", path.display())]
     Root {
-        /// The root.
+        /// The root that was asked for (normally [`DEFAULT_ROOT`]).
         path: PathBuf,
-        /// Why.
+        /// Why listing it failed (`NotFound`, `PermissionDenied`, …).
         #[source]
         source: io::Error,
     },
