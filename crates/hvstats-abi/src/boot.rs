@@ -69,7 +69,7 @@ pub const CODE_SELECTOR: u16 = 0x08;
 pub const DATA_SELECTOR: u16 = 0x10;
 /// The IDT (one 4 KiB page) that IDTR points at in protected and long mode; zero at entry.
 pub const IDT_BASE: u64 = 0x1000;
-/// Limit of the IDT.
+/// IDTR's limit: the offset of the IDT page's last byte (size - 1), as the CPU wants it.
 pub const IDT_LIMIT: u16 = 0xFFF;
 /// The long-mode page tables: PML4 here, then the PDPT and four page directories.
 pub const PAGE_TABLES_BASE: u64 = 0x2000;

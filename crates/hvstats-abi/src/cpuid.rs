@@ -1,7 +1,7 @@
 //! CPUID leaves hvstats reads, shapes or answers: the architectural leaves the VMM gives each VP
 //! its APIC id in, and the Hyper-V leaves (TLFS "Hypervisor CPUID leaves") with their signatures.
 
-/// Leaf 1: feature information; EBX[31:24] is the initial APIC id.
+/// Leaf 1: feature information; EBX bits 31:24 hold the initial APIC id.
 pub const FEATURES: u32 = 0x1;
 /// Leaf 0xB: extended topology; EDX is the x2APIC id.
 pub const EXTENDED_TOPOLOGY: u32 = 0xB;

@@ -30,7 +30,7 @@ pub enum InterceptClass {
     Halt,
     /// MWAIT (and MWAIT-like waits).
     Mwait,
-    /// CPUID.
+    /// CPUID (VMX reason 10, SVM 0x72): VP "CPUID instructions/sec".
     Cpuid,
     /// RDMSR and WRMSR.
     Msr,

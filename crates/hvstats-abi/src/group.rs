@@ -15,7 +15,7 @@ pub const VALUE_SIZE: usize = 8;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, IntoBytes, FromBytes, Immutable, KnownLayout)]
 #[repr(C)]
 pub struct GroupHeader {
-    /// The group type ([`GroupType`]).
+    /// Type @0: which group the data belongs to ([`GroupType`]); END_OF_LIST ends the list.
     pub group_type: GroupType,
     /// Minor version: incremented when counters are appended.
     pub minor: u16,

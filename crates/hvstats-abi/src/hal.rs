@@ -2,7 +2,7 @@
 
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
-/// An `NTSTATUS`.
+/// An `NTSTATUS` as `HalAllocateHardwareCounters` returns it (open: unknown codes round-trip).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, IntoBytes, FromBytes, Immutable, KnownLayout)]
 #[repr(transparent)]
 pub struct NtStatus(pub u32);
@@ -102,7 +102,7 @@ impl ResourceType {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, IntoBytes, FromBytes, Immutable, KnownLayout)]
 #[repr(C)]
 pub struct PhysicalCounterResourceDescriptor {
-    /// The resource type.
+    /// `Type` @0: which member of the union `u` is meaningful.
     pub resource_type: ResourceType,
     /// Flags; none are defined, so it must be zero.
     pub flags: u32,
@@ -119,12 +119,12 @@ impl Default for ResourceType {
 }
 
 impl PhysicalCounterResourceDescriptor {
-    /// A single counter.
+    /// `ResourceTypeSingle`: counter `counter_index` alone.
     pub const fn single(counter_index: u32) -> Self {
         Self { resource_type: ResourceType::SINGLE, flags: 0, u: [counter_index, 0, 0, 0] }
     }
 
-    /// Counters `begin..=end`.
+    /// `ResourceTypeRange`: counters `begin..=end` (both ends included).
     pub const fn range(begin: u32, end: u32) -> Self {
         Self { resource_type: ResourceType::RANGE, flags: 0, u: [begin, end, 0, 0] }
     }
@@ -138,7 +138,7 @@ impl PhysicalCounterResourceDescriptor {
         }
     }
 
-    /// The event buffer configuration.
+    /// `ResourceTypeEventBuffer`: `handler` @0, `entry_size` @8, `threshold` @12 of the union.
     pub const fn event_buffer(handler: u64, entry_size: u32, threshold: u32) -> Self {
         Self {
             resource_type: ResourceType::EVENT_BUFFER,
@@ -147,7 +147,7 @@ impl PhysicalCounterResourceDescriptor {
         }
     }
 
-    /// An identification tag.
+    /// `ResourceTypeIdenitificationTag`: `tag` in `u.IdentificationTag`.
     pub const fn identification_tag(tag: u32) -> Self {
         Self { resource_type: ResourceType::IDENTIFICATION_TAG, flags: 0, u: [tag, 0, 0, 0] }
     }
@@ -187,7 +187,7 @@ pub const RESOURCE_LIST_DESCRIPTORS_OFFSET: usize = 8;
 pub struct PhysicalCounterResourceList<'a> {
     /// The `Count` field as given (it may disagree with the descriptors supplied).
     pub count: u32,
-    /// The descriptors.
+    /// The descriptors actually supplied; their number may differ from [`count`](Self::count).
     pub descriptors: &'a [PhysicalCounterResourceDescriptor],
 }
 

@@ -138,12 +138,12 @@ impl HypercallInput {
         ((self.0 >> 17) & 0x3FF) as u16
     }
 
-    /// The rep count.
+    /// Bits 43:32: how many elements a rep call processes (0 for a simple call).
     pub const fn rep_count(self) -> u16 {
         ((self.0 >> 32) & 0xFFF) as u16
     }
 
-    /// The rep start index.
+    /// Bits 59:48: the first element a rep call processes (nonzero when resuming).
     pub const fn rep_start(self) -> u16 {
         ((self.0 >> 48) & 0xFFF) as u16
     }
@@ -153,22 +153,22 @@ impl HypercallInput {
         self.0 & Self::RESERVED_MASK
     }
 
-    /// Sets the fast bit.
+    /// Sets bit 16 (fast: input in registers, not in a GPA page).
     pub const fn with_fast(self, fast: bool) -> Self {
         Self((self.0 & !(1 << 16)) | ((fast as u64) << 16))
     }
 
-    /// Sets the rep count.
+    /// Sets bits 43:32 to `count`, truncated to 12 bits.
     pub const fn with_rep_count(self, count: u16) -> Self {
         Self((self.0 & !(0xFFF << 32)) | (((count & 0xFFF) as u64) << 32))
     }
 
-    /// Sets the rep start index.
+    /// Sets bits 59:48 to `start`, truncated to 12 bits.
     pub const fn with_rep_start(self, start: u16) -> Self {
         Self((self.0 & !(0xFFF << 48)) | (((start & 0xFFF) as u64) << 48))
     }
 
-    /// Sets the variable header size.
+    /// Sets bits 26:17 to `size` (in 8-byte units), truncated to 10 bits.
     pub const fn with_variable_header_size(self, size: u16) -> Self {
         Self((self.0 & !(0x3FF << 17)) | (((size & 0x3FF) as u64) << 17))
     }
@@ -184,12 +184,12 @@ impl HypercallOutput {
         Self(status.0 as u64 | (((reps_completed & 0xFFF) as u64) << 32))
     }
 
-    /// The status.
+    /// Bits 15:0: the `HV_STATUS` of the call.
     pub const fn status(self) -> HvStatus {
         HvStatus(self.0 as u16)
     }
 
-    /// Reps completed.
+    /// Bits 43:32: how many rep elements completed (the rep start to resume from).
     pub const fn reps_completed(self) -> u16 {
         ((self.0 >> 32) & 0xFFF) as u16
     }

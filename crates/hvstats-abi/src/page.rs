@@ -65,7 +65,7 @@ impl StatsPage {
 /// Where one group sits in a page.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GroupSlot {
-    /// The group.
+    /// Which catalog group (architectural, release or hvstats') this slot holds.
     pub group: GroupKind,
     /// Byte offset of its header.
     pub header_offset: usize,
@@ -271,26 +271,26 @@ impl PageBuilder {
 pub enum PageError {
     /// The page is shorter than 4096 bytes.
     Truncated {
-        /// Bytes available.
+        /// Bytes available (fewer than 4096).
         len: usize,
     },
     /// The page is longer than 4096 bytes.
     Oversized {
-        /// Bytes given.
+        /// Bytes given (more than 4096).
         len: usize,
     },
     /// A group's Length runs past the end of the page.
     LengthPastPage {
         /// Byte offset of the group header.
         offset: usize,
-        /// The Length field.
+        /// The header's Length, in bytes (past the page from `offset + 8`).
         length: u16,
     },
     /// A group's Length is not a multiple of 8.
     LengthMisaligned {
         /// Byte offset of the group header.
         offset: usize,
-        /// The Length field.
+        /// The header's Length, in bytes (not a multiple of 8).
         length: u16,
     },
     /// The groups run to the end of the page with no END_OF_LIST or END_OF_PAGE.
@@ -304,7 +304,7 @@ pub enum PageError {
     MajorMismatch {
         /// Byte offset of the group header.
         offset: usize,
-        /// The group.
+        /// Type of the group whose major version differs.
         group: GroupType,
         /// The version on the page.
         found: GroupVersion,
@@ -315,9 +315,9 @@ pub enum PageError {
     GroupTooShort {
         /// Byte offset of the group header.
         offset: usize,
-        /// The group.
+        /// Type of the group that is too short.
         group: GroupType,
-        /// The Length field.
+        /// The header's Length, in bytes (less than `needed`).
         length: u16,
         /// The bytes the reader's version needs.
         needed: usize,
@@ -326,12 +326,12 @@ pub enum PageError {
     DuplicateGroup {
         /// Byte offset of the second header.
         offset: usize,
-        /// The group.
+        /// Type of the group seen for the second time.
         group: GroupType,
     },
     /// The page lacks a group the object kind needs.
     MissingGroup {
-        /// The group.
+        /// Type of the group the page should hold but does not.
         group: GroupType,
     },
     /// Writing: the group does not fit in what remains of the page.
@@ -404,7 +404,7 @@ impl core::error::Error for PageError {}
 pub struct RawGroup<'a> {
     /// Byte offset of the header.
     pub offset: usize,
-    /// The header.
+    /// The header as read: never a terminator, Length checked, type and version not.
     pub header: GroupHeader,
     /// The data bytes (`header.length` of them).
     pub data: &'a [u8],

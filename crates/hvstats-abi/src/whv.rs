@@ -72,13 +72,13 @@ pub struct InterceptCounter {
 pub struct InterceptCounters {
     /// INVLPG.
     pub page_invalidations: InterceptCounter,
-    /// Control register accesses.
+    /// `ControlRegisterAccesses`: from VP "Control register accesses/sec" and its cost.
     pub control_register_accesses: InterceptCounter,
-    /// IN/OUT/INS/OUTS.
+    /// `IoInstructions` (IN/OUT/INS/OUTS): from VP "IO instructions/sec" and its cost.
     pub io_instructions: InterceptCounter,
     /// HLT.
     pub halt_instructions: InterceptCounter,
-    /// CPUID.
+    /// `CpuidInstructions`: from VP "CPUID instructions/sec" and its cost.
     pub cpuid_instructions: InterceptCounter,
     /// RDMSR/WRMSR.
     pub msr_accesses: InterceptCounter,
@@ -86,11 +86,11 @@ pub struct InterceptCounters {
     pub other_intercepts: InterceptCounter,
     /// Interrupt-window (TPR reduction) intercepts.
     pub pending_interrupts: InterceptCounter,
-    /// Emulated instructions.
+    /// `EmulatedInstructions`: from VP "Emulated instructions/sec" and its cost.
     pub emulated_instructions: InterceptCounter,
-    /// Debug register accesses.
+    /// `DebugRegisterAccesses`: from VP "Debug register accesses/sec" and its cost.
     pub debug_register_accesses: InterceptCounter,
-    /// Page fault intercepts.
+    /// `PageFaultIntercepts`: from VP "Page fault intercepts/sec" and its cost.
     pub page_fault_intercepts: InterceptCounter,
 }
 
@@ -110,15 +110,15 @@ pub struct EventCounters {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, IntoBytes, FromBytes, Immutable, KnownLayout)]
 #[repr(C)]
 pub struct ApicCounters {
-    /// APIC MMIO register accesses.
+    /// `MmioAccessCount`: from VP "APIC MMIO accesses/sec".
     pub mmio_access_count: u64,
-    /// EOI register writes.
+    /// `EoiAccessCount`: from VP "APIC EOI accesses/sec".
     pub eoi_access_count: u64,
-    /// TPR accesses.
+    /// `TprAccessCount`: from VP "APIC TPR accesses/sec".
     pub tpr_access_count: u64,
-    /// IPIs sent.
+    /// `SentIpiCount`: from VP "APIC IPIs sent/sec", self IPIs included.
     pub sent_ipi_count: u64,
-    /// Self IPIs sent.
+    /// `SelfIpiCount`: from VP "APIC self IPIs sent/sec".
     pub self_ipi_count: u64,
 }
 

@@ -102,7 +102,7 @@ impl OutputFile {
             .with_context(|| format!("cannot create a temporary file in {}", dir.display()))
     }
 
-    /// The file to write to.
+    /// The file to write to: the temporary file, or standard output for `-` or `/dev/stdout`.
     pub fn file(&mut self) -> &mut File {
         &mut self.file
     }

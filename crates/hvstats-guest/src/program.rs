@@ -39,7 +39,7 @@ pub struct GuestImage {
     pub load_gpa: u64,
     /// Guest physical address of the first instruction.
     pub entry: u64,
-    /// The bytes.
+    /// The machine code, to be copied to `load_gpa` as is.
     pub bytes: Vec<u8>,
 }
 
@@ -94,7 +94,7 @@ impl Program {
         Ok(Self { asm: CodeAssembler::new(mode.bitness())?, mode, load_gpa })
     }
 
-    /// The mode.
+    /// The CPU mode the program is assembled for and will be entered in.
     pub fn mode(&self) -> Mode {
         self.mode
     }

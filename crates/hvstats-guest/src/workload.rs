@@ -15,9 +15,9 @@ use crate::program::{BuildError, GuestImage, LoopCount, Mode, Program};
 
 /// The interrupt vector the workloads' APIC timer and self-IPIs use.
 pub const VECTOR: u8 = 0x40;
-/// The #UD vector.
+/// #UD (invalid opcode), vector 6: where the `ud2` loop's exceptions are handled.
 pub const UD_VECTOR: u8 = 6;
-/// The #PF vector.
+/// #PF (page fault), vector 14: where the page-fault loop's faults are handled (long mode).
 pub const PF_VECTOR: u8 = 14;
 /// An address the long-mode identity map leaves unmapped (it covers the low 4 GiB).
 pub const UNMAPPED_ADDRESS: u64 = 0x1_0000_0000;
@@ -106,19 +106,19 @@ pub struct Expected {
     pub apic_mmio: u64,
     /// MMIO exits to userspace (memory intercept messages).
     pub user_mmio: u64,
-    /// APIC EOI writes.
+    /// APIC EOI writes (xAPIC or x2APIC): one per interrupt handled, plus the EOI loops'.
     pub eoi: u64,
-    /// IPIs sent.
+    /// IPIs sent, self IPIs included (the workloads send no other kind).
     pub ipis: u64,
     /// Self IPIs sent.
     pub self_ipis: u64,
-    /// Interrupts injected.
+    /// Interrupts the guest handles: a timer interrupt per HLT and one per self IPI.
     pub interrupts: u64,
-    /// Control register accesses.
+    /// Control register accesses: two per CR0 loop iteration (read, then write back).
     pub cr: u64,
     /// APIC TPR accesses.
     pub tpr: u64,
-    /// Exceptions injected.
+    /// Exceptions the guest takes: a #UD per `ud2` and a #PF per page fault.
     pub exceptions: u64,
     /// INVLPG instructions.
     pub invlpg: u64,

@@ -33,13 +33,13 @@ pub const MAX_SLOTS: usize = 1 << 20;
 /// What an index entry says about a new object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ObjectRecord {
-    /// The object kind.
+    /// Hypervisor, LP, partition or VP: what `id` and `index` mean.
     pub kind: ObjectKind,
     /// Partition id, LP index, or 0.
     pub id: u64,
     /// VP index, host CPU, or 0.
     pub index: u32,
-    /// A partition's VP count.
+    /// A partition's VP count; 0 for every other kind.
     pub vp_count: u64,
 }
 
@@ -136,12 +136,12 @@ impl Arena {
         Ok(arena)
     }
 
-    /// The arena file.
+    /// The arena file, for mapping one of its pages at its offset.
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.file.as_fd()
     }
 
-    /// The file itself.
+    /// The open arena file (read-write: this is the publisher's side).
     pub fn file(&self) -> &File {
         &self.file
     }

@@ -62,18 +62,18 @@ pub enum AttachError {
     /// An arena file could not be read, or is not one.
     #[error("cannot read {}", path.display())]
     Arena {
-        /// The arena file.
+        /// The instance's `.arena` file.
         path: PathBuf,
-        /// Why.
+        /// Why it could not be read, or why it is not an arena.
         #[source]
         source: ArenaError,
     },
     /// A page could not be mapped.
     #[error("cannot map a page of {}", path.display())]
     Page {
-        /// The arena file.
+        /// The `.arena` or `.global` file holding the page.
         path: PathBuf,
-        /// Why.
+        /// The `mmap` error, or `PermissionDenied` when this user may not map the file.
         #[source]
         source: io::Error,
     },
@@ -94,9 +94,9 @@ pub enum AttachError {
     /// them (see [`crate::trust`]).
     #[error("not believing {}: {why}", path.display())]
     Untrusted {
-        /// The file.
+        /// The instance's `.arena` file.
         path: PathBuf,
-        /// Why.
+        /// Which ownership check failed (file, directory and holding process disagree).
         #[source]
         why: Distrust,
     },
@@ -123,7 +123,7 @@ struct SlotRef {
 /// One partition as the index describes it.
 #[derive(Clone, Debug)]
 pub struct PartitionInfo {
-    /// The partition id.
+    /// The partition id the publisher gave it; unique within the instance.
     pub id: u64,
     /// Its name (may be empty).
     pub name: String,
@@ -166,9 +166,9 @@ impl PartitionInfo {
 /// One logical processor as the index describes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LpInfo {
-    /// The LP index.
+    /// The LP index: 0, 1, … over the CPUs the instance covers, whatever their host numbers.
     pub index: u32,
-    /// The host CPU.
+    /// The host CPU number the LP stands for.
     pub cpu: u32,
     slot: SlotRef,
     unavailable: [u64; 4],
@@ -274,7 +274,7 @@ impl Instance {
         Ok(instance)
     }
 
-    /// The instance's name.
+    /// The instance's name (`<pid>-<start>-<n>`), as in its file names.
     pub fn name(&self) -> InstanceName {
         self.name
     }
@@ -713,7 +713,7 @@ impl RootReader {
         Self { instance, mappings: MappingTable::new(DEFAULT_STATS_PAGE_QUOTA) }
     }
 
-    /// The instance.
+    /// The attached instance, with its partitions as of its last refresh.
     pub fn instance(&self) -> &Instance {
         &self.instance
     }

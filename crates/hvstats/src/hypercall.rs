@@ -75,9 +75,9 @@ pub trait GuestMemory {
 #[derive(Debug, thiserror::Error)]
 #[error("stats overlay at GPA page {gpa_page:#x}")]
 pub struct OverlayError {
-    /// The GPA page.
+    /// The GPA page number (GPA >> 12) of the overlay, as the caller asked for it.
     pub gpa_page: u64,
-    /// Why.
+    /// The backend's error installing or removing the overlay.
     #[source]
     pub source: std::io::Error,
 }
@@ -105,7 +105,7 @@ pub trait StatsOverlays {
 /// Who makes a hypercall, and what they may do.
 #[derive(Clone, Copy, Debug)]
 pub struct CallerContext<'a> {
-    /// The instance.
+    /// The hypervisor instance whose objects the call reads and maps.
     pub hypervisor: &'a Hypervisor,
     /// The root, or a guest partition's VP.
     pub caller: Requester,

@@ -39,7 +39,7 @@ pub const ENTRY_WORDS: usize = ENTRY_BYTES / 8;
 pub const INDEX_PAGES: usize = CHUNK_SLOTS * ENTRY_BYTES / PAGE_SIZE;
 /// Bytes per chunk: its index, then its pages.
 pub const CHUNK_BYTES: usize = (INDEX_PAGES + CHUNK_SLOTS) * PAGE_SIZE;
-/// Bytes of the header.
+/// Bytes of the arena header before the first chunk: one page.
 pub const HEADER_BYTES: usize = PAGE_SIZE;
 /// Longest description kind, in bytes.
 pub const KIND_BYTES: usize = 64;
@@ -236,9 +236,9 @@ pub enum ObjectState {
 pub struct Entry {
     /// Changes each time the slot gets a new object.
     pub generation: u64,
-    /// The object kind.
+    /// Hypervisor, LP, partition or VP: what `id` and `index` mean.
     pub kind: ObjectKind,
-    /// Its state.
+    /// Active, or stopped with a reason.
     pub state: ObjectState,
     /// Partition id (partition, VP), LP index (LP), 0 (hypervisor).
     pub id: u64,

@@ -90,7 +90,7 @@ pub struct LogicalProcessorStats {
 }
 
 impl LogicalProcessorStats {
-    /// The LP index.
+    /// The LP index: 0, 1, … over the CPUs the instance covers, whatever their host numbers.
     pub fn index(&self) -> u32 {
         self.index
     }
@@ -100,7 +100,7 @@ impl LogicalProcessorStats {
         self.cpu
     }
 
-    /// Its page.
+    /// The stats page of this LP (host CPU [`cpu`](Self::cpu)).
     pub fn page(&self) -> &SharedPage {
         &self.page
     }
@@ -124,7 +124,7 @@ pub struct PartitionStats {
 }
 
 impl PartitionStats {
-    /// The partition id.
+    /// The partition id: from 1 in creation order, or the observed hypervisor's own id.
     pub fn id(&self) -> u64 {
         self.id
     }
@@ -150,7 +150,7 @@ impl PartitionStats {
         })
     }
 
-    /// Number of VPs.
+    /// Number of VPs the partition was created with (an observer's indices need not be `0..n`).
     pub fn vp_count(&self) -> u32 {
         self.vps.len() as u32
     }
@@ -289,7 +289,7 @@ pub enum ObjectPage<'a> {
 }
 
 impl ObjectPage<'_> {
-    /// The page.
+    /// The hypervisor, LP, partition or VP page this names.
     pub fn page(&self) -> &SharedPage {
         match self {
             ObjectPage::Global(page) => page,
@@ -396,7 +396,7 @@ impl Hypervisor {
         }))
     }
 
-    /// The hypervisor page.
+    /// The hypervisor object's stats page.
     pub fn page(&self) -> &SharedPage {
         &self.page
     }

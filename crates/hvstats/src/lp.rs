@@ -58,27 +58,27 @@ pub fn parse_cpu_list(text: &str) -> io::Result<Vec<u32>> {
 /// One `cpuN` line of `/proc/stat`, in clock ticks (USER_HZ).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CpuTimes {
-    /// The CPU number.
+    /// N of the `cpuN` line: the host CPU number, as sysfs and `/proc/interrupts` number it.
     pub cpu: u32,
     /// user (guest time included).
     pub user: u64,
     /// nice (guest_nice time included).
     pub nice: u64,
-    /// system.
+    /// Ticks in kernel mode (irq and softirq time apart).
     pub system: u64,
-    /// idle.
+    /// Ticks in the idle task; not busy (see [`busy`](Self::busy)).
     pub idle: u64,
-    /// iowait.
+    /// Ticks idle while waiting for I/O; not busy, and approximate by the kernel's own account.
     pub iowait: u64,
-    /// irq.
+    /// Ticks servicing hardware interrupts.
     pub irq: u64,
-    /// softirq.
+    /// Ticks servicing softirqs.
     pub softirq: u64,
-    /// steal.
+    /// Ticks a hypervisor beneath this host gave to others; not busy; 0 on bare metal.
     pub steal: u64,
-    /// guest.
+    /// Ticks running guest vCPUs (also counted in `user`); 0 on kernels without the field.
     pub guest: u64,
-    /// guest_nice.
+    /// Ticks running niced guest vCPUs (also counted in `nice`); 0 on kernels without the field.
     pub guest_nice: u64,
 }
 
@@ -88,7 +88,7 @@ impl CpuTimes {
         self.user + self.nice + self.system + self.irq + self.softirq
     }
 
-    /// Busy ticks spent outside guests.
+    /// Busy ticks not spent running guests: what LP "Hypervisor run time" is made of.
     pub fn busy_outside_guests(&self) -> u64 {
         self.busy().saturating_sub(self.guest + self.guest_nice)
     }
@@ -158,7 +158,7 @@ pub fn parse_proc_interrupts(text: &str) -> BTreeMap<u32, CpuInterrupts> {
 pub struct IdleState {
     /// The state's name (`POLL`, `C1`, …).
     pub name: String,
-    /// Entries into the state.
+    /// The state's `usage` file: entries since boot, summed into LP "Processor halts/sec".
     pub usage: u64,
     /// Time spent in it, in microseconds.
     pub time_us: u64,
@@ -198,7 +198,7 @@ pub struct LpSample {
     pub ticks_per_second: u64,
     /// `/proc/interrupts` counts, if the CPU has a column.
     pub interrupts: Option<CpuInterrupts>,
-    /// cpuidle states.
+    /// The CPU's cpuidle states in sysfs `stateN` order; empty without a cpuidle driver.
     pub idle: Vec<IdleState>,
 }
 

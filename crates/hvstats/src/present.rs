@@ -14,7 +14,7 @@ use crate::snapshot::ObjectReading;
 /// A counter over an interval: what it shows and in which unit.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Presented {
-    /// The value.
+    /// The number in `unit`: per second, % (at most 100), ns per second, ns per event, or as is.
     pub value: f64,
     /// Its unit, e.g. `/s`, `%`, `ns`.
     pub unit: &'static str,

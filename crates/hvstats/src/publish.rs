@@ -47,7 +47,7 @@ pub enum PublishError {
     /// An arena could not be laid out (a full filesystem is `ENOSPC` here).
     #[error("cannot allocate the arena {}", path.display())]
     Arena {
-        /// The arena file.
+        /// The arena file (at its temporary name until the instance is committed).
         path: PathBuf,
         /// Why.
         #[source]
@@ -56,7 +56,7 @@ pub enum PublishError {
     /// The side file could not be written.
     #[error("cannot write {}", path.display())]
     SideFile {
-        /// The file.
+        /// The side file at its temporary name.
         path: PathBuf,
         /// Why.
         #[source]
@@ -65,7 +65,7 @@ pub enum PublishError {
     /// This process's start time could not be read.
     #[error("cannot read the start time of process {pid}")]
     StartTime {
-        /// The process.
+        /// This process's pid.
         pid: u32,
         /// Why.
         #[source]
@@ -74,7 +74,7 @@ pub enum PublishError {
     /// The publisher's lock could not be taken.
     #[error("cannot lock {}", path.display())]
     Lock {
-        /// The file.
+        /// The new file, at its temporary name, that could not be locked.
         path: PathBuf,
         /// Why.
         #[source]

@@ -145,7 +145,7 @@ impl ArenaReader {
         &self.header
     }
 
-    /// The file.
+    /// The arena file read (the same open file description as given to [`open`](Self::open)).
     pub fn file(&self) -> &File {
         &self.file
     }

@@ -72,16 +72,16 @@ impl StatsObject {
 /// What a caller maps: an object and the view of it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ObjectKey {
-    /// The object.
+    /// The object mapped (SELF ids already resolved).
     pub object: StatsObject,
-    /// The view.
+    /// Which view of it (the object's own or the parent's).
     pub area: StatsArea,
 }
 
 /// A well-formed request as the caller wrote it (SELF ids not yet resolved).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StatsRequest {
-    /// The object kind.
+    /// The stats type asked for, as an object kind.
     pub kind: ObjectKind,
     /// The identity (reserved bytes known to be zero).
     pub identity: StatsObjectIdentity,
@@ -118,9 +118,9 @@ pub enum Requester {
     Root,
     /// A guest partition, from one of its VPs.
     Guest {
-        /// The caller's partition id.
+        /// The id of the caller's own partition.
         partition_id: u64,
-        /// The calling VP.
+        /// The VP making the call, by its index in that partition.
         vp_index: u32,
     },
 }
@@ -128,7 +128,7 @@ pub enum Requester {
 /// What the rules need to know about a partition.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PartitionFacts {
-    /// Number of VPs.
+    /// Number of VPs: VP indices `0..vp_count` are valid.
     pub vp_count: u32,
     /// True while the partition is active (running, not being torn down).
     pub active: bool,
@@ -230,7 +230,7 @@ impl<T> MappingTable<T> {
         Self { entries: HashMap::new(), quota }
     }
 
-    /// The quota.
+    /// The most mappings held at once; one more fails with `HV_STATUS_INSUFFICIENT_MEMORY`.
     pub fn quota(&self) -> u32 {
         self.quota
     }

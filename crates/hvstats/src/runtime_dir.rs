@@ -42,11 +42,11 @@ pub enum RuntimeDirError {
     /// A directory or file could not be opened, created or listed.
     #[error("{}: {what}", path.display())]
     Io {
-        /// The path.
+        /// The directory or file concerned.
         path: PathBuf,
         /// What was being done.
         what: &'static str,
-        /// Why.
+        /// The OS error.
         #[source]
         source: io::Error,
     },
@@ -58,11 +58,11 @@ pub enum RuntimeDirError {
         path.display(), if *root_ok { " or root" } else { "" }
     )]
     Owner {
-        /// The directory.
+        /// The directory whose owner is neither this user nor an accepted root.
         path: PathBuf,
-        /// Its owner.
+        /// The uid that owns it.
         owner: u32,
-        /// The effective user.
+        /// This process's effective uid.
         euid: u32,
         /// Whether root would have been accepted.
         root_ok: bool,
@@ -70,15 +70,15 @@ pub enum RuntimeDirError {
     /// A directory others may write to.
     #[error("{} is writable by group or others (mode {mode:04o}): refusing to use it; `chmod go-w {}`", path.display(), path.display())]
     Writable {
-        /// The directory.
+        /// The directory group or others may write to.
         path: PathBuf,
-        /// Its mode.
+        /// Its permission bits (group or other write set).
         mode: u32,
     },
     /// Something that should be a directory or regular file is not.
     #[error("{} is not a {expected} (a link, FIFO or device planted there?): refusing to use it", path.display())]
     NotRegular {
-        /// The path.
+        /// The path whose file type is wrong.
         path: PathBuf,
         /// What was expected.
         expected: &'static str,

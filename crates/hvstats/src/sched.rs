@@ -58,25 +58,25 @@ pub enum SchedError {
     /// `CONFIG_SCHED_INFO`.
     #[error("cannot open {}", path.display())]
     Open {
-        /// The file.
+        /// The schedstat file (a thread's `/proc/<pid>/task/<tid>/schedstat`, or a copy).
         path: PathBuf,
-        /// The cause.
+        /// The `open` error (`ENOENT` for no such thread or a kernel without schedstat).
         #[source]
         source: io::Error,
     },
     /// The file could not be read (the thread exited after it was opened: `ESRCH`).
     #[error("cannot read {}", path.display())]
     Read {
-        /// The file.
+        /// The schedstat file (a thread's `/proc/<pid>/task/<tid>/schedstat`, or a copy).
         path: PathBuf,
-        /// The cause.
+        /// The read error (`ESRCH` when the thread exited after the open).
         #[source]
         source: io::Error,
     },
     /// The file does not hold what the kernel writes there.
     #[error("{} is not a schedstat line ({reason}): {text:?}", path.display())]
     Malformed {
-        /// The file.
+        /// The schedstat file (a thread's `/proc/<pid>/task/<tid>/schedstat`, or a copy).
         path: PathBuf,
         /// What is wrong.
         reason: &'static str,

@@ -54,9 +54,9 @@ impl ObjectReading {
 /// One VP.
 #[derive(Clone, Debug)]
 pub struct VpSnapshot {
-    /// The VP index.
+    /// The VP index within its partition (0-based).
     pub index: u32,
-    /// Its counters.
+    /// Its counters, or why its page could not be read.
     pub reading: ObjectReading,
     /// Its histograms (catalog rows presented as histograms), from the same copy of the page as
     /// `reading`; empty when the page could not be read.
@@ -66,9 +66,9 @@ pub struct VpSnapshot {
 /// One partition and its VPs.
 #[derive(Clone, Debug)]
 pub struct PartitionSnapshot {
-    /// The partition id.
+    /// The partition id the publisher gave it.
     pub id: u64,
-    /// True while active.
+    /// True until the partition stops; its counters then hold final values.
     pub active: bool,
     /// Its name (may be empty).
     pub name: String,
@@ -76,20 +76,20 @@ pub struct PartitionSnapshot {
     pub vmm: Option<crate::vmm::VmmProcess>,
     /// Why it stopped, when it is not active.
     pub stopped: Option<String>,
-    /// Its counters.
+    /// Its counters, or why its page could not be read.
     pub reading: ObjectReading,
-    /// Its VPs.
+    /// Its VPs, by index.
     pub vps: Vec<VpSnapshot>,
 }
 
 /// One logical processor.
 #[derive(Clone, Debug)]
 pub struct LpSnapshot {
-    /// The LP index.
+    /// The LP index in the instance.
     pub index: u32,
-    /// The host CPU.
+    /// The host CPU the LP stands for.
     pub cpu: u32,
-    /// Its counters.
+    /// Its counters, or why its page could not be read.
     pub reading: ObjectReading,
 }
 
@@ -102,11 +102,11 @@ pub struct InstanceSnapshot {
     pub pid: u32,
     /// What its publisher says it is.
     pub description: InstanceDescription,
-    /// The hypervisor object.
+    /// The hypervisor object's counters, or why its page could not be read.
     pub hypervisor: ObjectReading,
-    /// The LPs.
+    /// The LPs, by index (empty when the global pages cannot be read).
     pub lps: Vec<LpSnapshot>,
-    /// The partitions.
+    /// The partitions, by id (empty from [`take_instance_globals`]).
     pub partitions: Vec<PartitionSnapshot>,
     /// Values the publisher keeps by name beside its pages, for counters the catalog has no
     /// place for (an mshv observer's, see [`crate::mshv::unmapped`]); `None` when it keeps none,

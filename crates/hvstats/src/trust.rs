@@ -45,7 +45,7 @@ pub enum Distrust {
     NotTheClaimedPid {
         /// The pid in the file's header.
         claimed: u64,
-        /// The holder.
+        /// The pid of the process holding the file's lock, in this PID namespace.
         pid: u32,
     },
     /// No holder is visible, and the file does not belong to the runtime directory's owner.

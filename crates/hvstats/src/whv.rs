@@ -60,7 +60,7 @@ pub enum RefreshError {
     /// A source the backend must read is unreadable.
     #[error("{source_name} cannot be read")]
     Unreadable {
-        /// The source.
+        /// What could not be read, as the backend names it in the message.
         source_name: &'static str,
     },
 }

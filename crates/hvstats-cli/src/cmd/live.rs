@@ -71,7 +71,7 @@ impl Live {
         Self { dir, attach }
     }
 
-    /// The runtime directory.
+    /// The runtime directory read: the one given, else the default.
     pub fn dir(&self) -> &Path {
         &self.dir
     }

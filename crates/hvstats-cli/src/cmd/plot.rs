@@ -62,7 +62,7 @@ fn parse_size(s: &str) -> Result<(u32, u32), String> {
 /// One chart: a counter and a line per VP.
 #[derive(Clone, Debug)]
 pub struct Chart {
-    /// The counter.
+    /// The catalog row charted; its name titles the chart.
     pub counter: &'static Counter,
     /// The y axis text.
     pub unit: &'static str,
@@ -130,7 +130,7 @@ impl Slots {
 enum Previous {
     /// The counter's value and its paired count's.
     Value(Option<u64>, Option<u64>),
-    /// The histogram.
+    /// The VP's histogram at the previous sample (`None` when that sample lacked it).
     Histogram(Option<Box<Log2Histogram>>),
     /// Nothing (the counter is not in the recording).
     Nothing,

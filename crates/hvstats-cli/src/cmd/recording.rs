@@ -71,7 +71,7 @@ impl CounterInfo {
 /// A VP histogram as the header describes it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HistogramInfo {
-    /// The catalog name.
+    /// The catalog name of the histogram row (e.g. `IO intercept time histogram`); its key in reports.
     pub name: String,
     /// How its buckets divide times: [`LOG2_NS`].
     pub bucketing: String,
@@ -103,15 +103,15 @@ pub struct CatalogInfo {
 /// The first line.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Header {
-    /// [`FORMAT`].
+    /// Always [`FORMAT`]; a reader refuses a file with another.
     pub format: String,
-    /// [`VERSION`].
+    /// The format version, [`OLDEST_VERSION`]`..=`[`VERSION`] for a file this build reads.
     pub version: u32,
-    /// The sampling interval asked for.
+    /// The `--interval` asked for, in seconds; samples' `t` give the actual spacing.
     pub interval_seconds: f64,
-    /// When the recording started.
+    /// When the recording started, in milliseconds since the Unix epoch (0 if the clock is before it).
     pub started_unix_ms: u64,
-    /// The counters.
+    /// Which counters and histograms the samples hold, and in which order.
     pub catalog: CatalogInfo,
 }
 
@@ -144,7 +144,7 @@ impl Header {
 /// One VP in a sample.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct VpSample {
-    /// The VP index.
+    /// The VP index within its partition.
     pub vp: u32,
     /// Values in the header's VP order (`null` for a counter the publisher declares unavailable);
     /// absent when the page could not be read.
@@ -193,16 +193,16 @@ fn histograms(vp: &VpSnapshot) -> Option<Vec<Option<Vec<u64>>>> {
 pub struct PartitionSample {
     /// The VM name (`instance:partition`).
     pub vm: String,
-    /// The publishing instance.
+    /// The publishing instance's name (`<pid>-<start>-<n>`).
     pub instance: String,
-    /// The partition id.
+    /// The partition id within that instance.
     pub partition: u64,
-    /// True while active.
+    /// True until the partition stops; a stopped one keeps its final values.
     pub active: bool,
     /// Values in the header's partition order (`null` when unavailable); absent when unreadable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub values: Option<Vec<Option<u64>>>,
-    /// The VPs.
+    /// Its VPs, by index.
     pub vps: Vec<VpSample>,
 }
 
@@ -275,7 +275,7 @@ pub fn write_line(out: &mut impl Write, value: &impl Serialize) -> anyhow::Resul
 pub const MAX_LINE: usize = 128 << 20;
 
 /// A recording read one sample at a time, so what reads it holds no more than it keeps: the
-/// header is read and checked first, then each [`next`](Self::next) parses and checks one line.
+/// header is read and checked first, then each [`next_with`](Self::next_with) parses and checks one line.
 pub struct SampleReader<R> {
     input: R,
     header: Header,
@@ -322,7 +322,7 @@ impl<R: BufRead> SampleReader<R> {
         Ok(Self { input, header, line: 1 })
     }
 
-    /// The header.
+    /// The header of line 1, already checked: format, version and histogram bucketing.
     pub fn header(&self) -> &Header {
         &self.header
     }
@@ -387,15 +387,15 @@ fn fits(header: &Header, vp: &VpSample) -> bool {
 
 /// One VP of a sample, as [`SampleReader::next_with`] hands it.
 pub struct VpAt<'a> {
-    /// The sample's time.
+    /// The sample's `t`: seconds since the first sample.
     pub t: f64,
-    /// The VM name.
+    /// The VM's name, as `instance:partition`.
     pub vm: &'a str,
-    /// The publishing instance.
+    /// The publishing instance's name (`<pid>-<start>-<n>`).
     pub instance: &'a str,
-    /// The partition id.
+    /// The partition id within that instance.
     pub partition: u64,
-    /// The VP.
+    /// The VP as recorded, already checked to fit the header's counters and histograms.
     pub vp: VpSample,
 }
 
@@ -410,11 +410,11 @@ impl VpAt<'_> {
 /// A VP's identity in a recording.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct VpKey {
-    /// The publishing instance.
+    /// The publishing instance's name (`<pid>-<start>-<n>`).
     pub instance: Box<str>,
-    /// The partition id.
+    /// The partition id within that instance.
     pub partition: u64,
-    /// The VP index.
+    /// The VP index within that partition.
     pub vp: u32,
 }
 

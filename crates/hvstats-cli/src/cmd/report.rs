@@ -37,17 +37,17 @@ pub struct Args {
 /// One VP over the recording.
 #[derive(Clone, Debug)]
 pub struct VpReport {
-    /// The VM name.
+    /// The VM's name (`instance:partition`) in the VP's first readable sample.
     pub vm: String,
-    /// The publishing instance.
+    /// The publishing instance's name (`<pid>-<start>-<n>`).
     pub instance: String,
-    /// The partition id.
+    /// The partition id within that instance.
     pub partition: u64,
-    /// The VP index.
+    /// The VP index within that partition.
     pub vp: u32,
-    /// Seconds between its first and last sample.
+    /// Seconds between its first and last readable samples (what its rates are over).
     pub seconds: f64,
-    /// Samples it appears in.
+    /// Samples in which its page was readable (the others say nothing of its counters).
     pub samples: usize,
     /// The report as JSON (the same object `--json` prints).
     pub json: Value,
@@ -57,7 +57,7 @@ pub struct VpReport {
 /// length and width is read in the memory of one line and two compact readings per VP: the
 /// header, how many samples over what span, and each VP's first and last readable values.
 pub struct Digest {
-    /// The recording's header.
+    /// The recording's header (line 1), as read and checked.
     pub header: Header,
     /// Samples in the recording.
     pub samples: usize,

@@ -119,11 +119,11 @@ impl std::fmt::Display for Refusal {
 /// An allocation as the table shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Allocation {
-    /// Its handle.
+    /// The allocation's number in the table; never reused while the table exists.
     pub handle: CounterSetHandle,
-    /// Who holds it.
+    /// The process that holds it (pid and start time, so a reused pid is not mistaken for it).
     pub holder: Holder,
-    /// The processors.
+    /// The CPUs it holds counters on.
     pub cpus: CpuSet,
     /// What is held on each of them.
     pub resources: ResourceSet,

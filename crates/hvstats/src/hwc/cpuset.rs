@@ -25,7 +25,7 @@ pub struct CpuSet {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("bad CPU list {text:?}: {reason}")]
 pub struct CpuListError {
-    /// The text given.
+    /// The cpulist text as given (e.g. `0-3,8`).
     pub text: String,
     /// What is wrong with it.
     pub reason: String,

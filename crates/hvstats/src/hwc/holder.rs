@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 /// The process that holds an allocation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Holder {
-    /// The process id.
+    /// The holder's pid, in the pid namespace every user of the table shares.
     pub pid: u32,
     /// The process's start time (clock ticks after boot), from `/proc/<pid>/stat` field 22.
     pub start_time: u64,

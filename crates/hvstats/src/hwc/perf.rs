@@ -27,11 +27,11 @@ pub enum Unavailable {
     /// The allocation does not cover every processor the thread may run on.
     #[error("allocation {handle} holds CPUs {held} but the thread may run on CPUs {allowed}")]
     NotCovered {
-        /// The allocation.
+        /// The allocation the thread's counters were asked under.
         handle: CounterSetHandle,
-        /// Its processors.
+        /// The CPUs the allocation holds counters on.
         held: CpuSet,
-        /// The thread's affinity.
+        /// The CPUs the thread may run on (its affinity mask).
         allowed: CpuSet,
     },
     /// The allocation holds fewer than two counters and not the whole PMU.
@@ -43,16 +43,16 @@ pub enum Unavailable {
     /// The thread's affinity cannot be read.
     #[error("cannot read the affinity of thread {tid}: {source}")]
     Affinity {
-        /// The thread.
+        /// The thread (Linux tid) whose affinity was asked for.
         tid: i32,
-        /// The cause.
+        /// The `sched_getaffinity` error (`ESRCH` when the thread has exited).
         #[source]
         source: io::Error,
     },
     /// The kernel refused the event.
     #[error("perf_event_open({event}, exclude_host) failed: {source}")]
     Perf {
-        /// The event.
+        /// Which hardware event: `cycles` or `instructions`.
         event: &'static str,
         /// The cause (ENOENT where there is no hardware PMU).
         #[source]

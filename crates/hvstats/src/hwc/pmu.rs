@@ -131,7 +131,7 @@ impl Serialize for PmuError {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("bad PMU configuration {text:?}: {reason}")]
 pub struct ShapeError {
-    /// The configuration text.
+    /// The [`PMU_ENV`] text as given, or the shape asked for spelled out.
     pub text: String,
     /// What is wrong with it.
     pub reason: String,

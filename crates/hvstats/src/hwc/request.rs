@@ -137,7 +137,7 @@ mod counter_list {
 /// A validated request: the same resources on each of a set of processors.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Request {
-    /// The processors.
+    /// The CPUs the resources are asked for on: every processor when no affinity was given.
     pub cpus: CpuSet,
     /// What is held on each of them.
     pub resources: ResourceSet,

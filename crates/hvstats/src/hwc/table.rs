@@ -51,9 +51,9 @@ pub const FILE_MODE: u32 = 0o600;
 pub struct Record {
     /// The handle returned to the allocator's caller (never 0).
     pub handle: u64,
-    /// Who holds it.
+    /// The process that holds it (pid and start time, so a reused pid is not mistaken for it).
     pub holder: Holder,
-    /// The processors.
+    /// The CPUs it holds counters on.
     pub cpus: CpuSet,
     /// What is held on each of them.
     pub resources: ResourceSet,
@@ -88,7 +88,7 @@ pub enum TableError {
     Io {
         /// What was being done.
         action: &'static str,
-        /// The file.
+        /// The table's directory, data file or lock file the action was on.
         path: PathBuf,
         /// The cause.
         #[source]
@@ -100,7 +100,7 @@ pub enum TableError {
         path.display()
     )]
     Corrupt {
-        /// The file.
+        /// The table's data file.
         path: PathBuf,
         /// What is wrong with it.
         reason: String,
@@ -122,7 +122,7 @@ pub enum TableError {
     /// A path of the table could be steered by another user, or is not what it must be.
     #[error("hardware counter table: refusing {}: {reason}", path.display())]
     Unsafe {
-        /// The path.
+        /// The directory or file refused (a link, another user's, or writable by others).
         path: PathBuf,
         /// What is wrong and how to fix it.
         reason: String,

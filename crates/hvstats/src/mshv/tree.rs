@@ -37,9 +37,9 @@ pub enum TreeError {
     /// The root directory cannot be listed (missing, not root, debugfs not mounted, no mshv_root).
     #[error("cannot read the mshv debugfs tree {}", path.display())]
     Root {
-        /// The root.
+        /// The root that was asked for (normally [`DEFAULT_ROOT`]).
         path: PathBuf,
-        /// Why.
+        /// Why listing it failed (`NotFound`, `PermissionDenied`, …).
         #[source]
         source: io::Error,
     },
@@ -113,7 +113,7 @@ pub struct Tree {
     pub hypervisor: Option<StatsFile>,
     /// The LPs' files, by LP index (none on an L1VH).
     pub lps: BTreeMap<u32, StatsFile>,
-    /// The partitions.
+    /// The `partition/<id>` and `partition/self` directories, by key.
     pub partitions: BTreeMap<PartitionKey, PartitionTree>,
     /// What was skipped: unreadable files, names that are not the kernel's, bad lines.
     pub problems: Vec<Problem>,

@@ -36,7 +36,7 @@ pub const MAX_BYTES: usize = 16 << 20;
 /// The object a value belongs to, with its published ids.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ObjectRef {
-    /// The hypervisor.
+    /// The hypervisor object (`hypervisor` in the file).
     Hypervisor,
     /// LP `n`.
     Lp(u32),

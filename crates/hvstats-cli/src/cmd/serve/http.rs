@@ -82,7 +82,7 @@ impl Default for Limits {
 /// What a request asks, as the answer needs it.
 #[derive(Clone, Debug)]
 pub struct Asked {
-    /// The method.
+    /// The request method; only GET and HEAD get an answer other than 405.
     pub method: Method,
     /// The path, without query.
     pub path: String,
@@ -95,7 +95,7 @@ pub struct Asked {
 pub struct Reply {
     /// The HTTP status.
     pub status: u16,
-    /// The `Content-Type`.
+    /// The value of the `Content-Type` header sent with `body`.
     pub content_type: &'static str,
     /// The body (left out for HEAD).
     pub body: String,

@@ -43,11 +43,11 @@ pub enum Action {
 
 /// One key: its character, the action and its help text.
 pub struct Key {
-    /// The key.
+    /// The character typed; case matters (`o` and `O` differ).
     pub key: char,
     /// What it does.
     pub action: Action,
-    /// For the help.
+    /// Its line of the help, after the key (lower case, no final stop).
     pub help: &'static str,
 }
 

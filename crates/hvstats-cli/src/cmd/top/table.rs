@@ -153,15 +153,15 @@ fn summed_costs(vps: &[Row]) -> Vec<(&'static Counter, Log2Histogram)> {
 pub struct Group {
     /// The VM name (`instance:partition`).
     pub vm: String,
-    /// The instance.
+    /// The publishing instance's name (`<pid>-<start>-<n>`).
     pub instance: String,
-    /// The partition id.
+    /// The partition id within that instance.
     pub partition: u64,
     /// False once the partition stopped.
     pub active: bool,
     /// The partition total (its VPs summed).
     pub total: Row,
-    /// The VPs.
+    /// One row per VP present in both readings, by index.
     pub vps: Vec<Row>,
 }
 
