@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use hvstats::Hypervisor;
 
 use hvstats_guest::bios::{BiosEnd, BiosProgram};
+use hvstats_kvm::bpf::{Tally, TracepointColumn};
 use hvstats_kvm::observe::qmp::{Qmp, QmpError};
 use hvstats_kvm::observe::{ObserveOptions, Observer, Procfs, Targets};
 
@@ -29,6 +30,10 @@ pub struct ExitRates {
     pub observed: Vec<f64>,
     /// Each unobserved round.
     pub unobserved: Vec<f64>,
+    /// Each round with programs attached to the tracepoints an exit fires but the guest's thread
+    /// not counted: what attaching costs a firing, whatever the program does (empty where the
+    /// measurement has no such rounds).
+    pub attached: Vec<f64>,
 }
 
 impl ExitRates {
@@ -42,6 +47,11 @@ impl ExitRates {
     pub fn ratio(&self) -> Option<f64> {
         let (on, off) = self.medians();
         (on > 0.0 && off > 0.0 && on.is_finite() && off.is_finite()).then(|| on / off)
+    }
+
+    /// The median of the rounds with programs attached but nothing counted.
+    pub fn attached_median(&self) -> f64 {
+        median(&self.attached)
     }
 }
 
@@ -153,10 +163,13 @@ pub fn guest_exit_rate_on_vs_off(
             .and_then(|f| f.parse().ok())
             .ok_or_else(|| OverheadError::Qemu(format!("{schedstat}: no run time")))
     };
-    let mut rates = ExitRates { observed: Vec::new(), unobserved: Vec::new() };
+    let mut rates = ExitRates { observed: Vec::new(), unobserved: Vec::new(), attached: Vec::new() };
     let hv = Hypervisor::new().map_err(OverheadError::Instance)?;
-    for round in 0..rounds * 2 {
-        let observed = (round % 2 == 0) == (round / 2 % 2 == 0);
+    for round in 0..rounds * 3 {
+        // Each triple of rounds in another order, so no kind always follows another.
+        let kind = [Round::Observed, Round::Unobserved, Round::Attached][(round + round / 3) as usize % 3];
+        let observed = kind == Round::Observed;
+        let _attached = (kind == Round::Attached).then(attach_uncounted).transpose()?;
         let mut observer = observed.then(|| {
             Observer::new(
                 Arc::clone(&hv),
@@ -179,13 +192,18 @@ pub fn guest_exit_rate_on_vs_off(
         let (after, ran_after) = (exits(&mut control)?, cpu_ns()?);
         let ran = ran_after.saturating_sub(ran_before) as f64 / 1e9;
         let rate = if ran > 0.0 { after.saturating_sub(before) as f64 / ran } else { 0.0 };
-        if observed { rates.observed.push(rate) } else { rates.unobserved.push(rate) }
+        match kind {
+            Round::Observed => rates.observed.push(rate),
+            Round::Unobserved => rates.unobserved.push(rate),
+            Round::Attached => rates.attached.push(rate),
+        }
     }
     drop(qemu);
     if rates
         .observed
         .iter()
         .chain(&rates.unobserved)
+        .chain(&rates.attached)
         .any(|r| r.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater))
     {
         return Err(OverheadError::NoExits { observed: rates.observed, unobserved: rates.unobserved });
@@ -193,8 +211,39 @@ pub fn guest_exit_rate_on_vs_off(
     Ok(rates)
 }
 
+/// A round of [`guest_exit_rate_on_vs_off`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Round {
+    Observed,
+    Unobserved,
+    Attached,
+}
+
+/// In-kernel counting programs on the two tracepoints every `out` exit of the guest fires
+/// (`kvm_pio`, `kvm_userspace_exit`), counting no thread: each firing runs a program that finds
+/// its thread uncounted and returns — the least any tracepoint-attached counting costs an exit.
+fn attach_uncounted() -> Result<Tally, OverheadError> {
+    let root = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+        .into_iter()
+        .map(std::path::Path::new)
+        .find(|p| p.join("events").is_dir())
+        .ok_or_else(|| OverheadError::Qemu("tracefs is not mounted".into()))?;
+    let column = |name: &str| TracepointColumn { system: "kvm".into(), name: name.into(), filter: None };
+    Tally::new(root, &[column("kvm_pio"), column("kvm_userspace_exit")]).map_err(|e| {
+        OverheadError::Qemu(format!("cannot attach the programs: {}", hvstats::snapshot::error_chain(&e)))
+    })
+}
+
 /// The `bench --json` row name of [`guest_exit_rate_on_vs_off`].
 pub const GUEST_ROW: &str = "observe-guest-exit-rate-on-vs-off";
+
+/// The row of the observed rounds over those with programs attached and nothing counted: what
+/// the observer's counting adds to the least a tracepoint-attached program costs.
+pub const GUEST_OVER_ATTACHED_ROW: &str = "observe-guest-exit-rate-on-vs-programs-only";
+
+/// The row of the rounds with programs attached and nothing counted over the unobserved ones:
+/// the cost of the attachment alone, on this host.
+pub const ATTACHED_ROW: &str = "observe-guest-exit-rate-programs-only-vs-off";
 
 /// The `bench --json` row name of [`counted_event_rate_on_vs_off`].
 pub const COUNTING_ROW: &str = "observe-counted-event-rate-on-vs-off";
@@ -236,7 +285,7 @@ pub fn counted_event_rate_on_vs_off(rounds: u32, calls: u32) -> Result<ExitRates
     });
     let tid = tid_rx.recv().map_err(|e| e.to_string())?;
     let me = std::process::id() as i32;
-    let mut rates = ExitRates { observed: Vec::new(), unobserved: Vec::new() };
+    let mut rates = ExitRates { observed: Vec::new(), unobserved: Vec::new(), attached: Vec::new() };
     for round in 0..rounds * 2 {
         let observed = (round % 2 == 0) == (round / 2 % 2 == 0);
         let counters = if observed {

@@ -19,8 +19,12 @@ fn the_overhead_row_compares_the_guest_exit_rate_observed_and_not() {
     }
     let rates =
         overhead::guest_exit_rate_on_vs_off(2, Duration::from_secs(1), Duration::from_millis(200)).unwrap();
-    assert_eq!((rates.observed.len(), rates.unobserved.len()), (2, 2));
-    assert!(rates.observed.iter().chain(&rates.unobserved).all(|r| *r > 0.0), "{rates:?}");
+    // Observed, unobserved, and programs attached with nothing counted: two rounds each.
+    assert_eq!((rates.observed.len(), rates.unobserved.len(), rates.attached.len()), (2, 2, 2));
+    assert!(
+        rates.observed.iter().chain(&rates.unobserved).chain(&rates.attached).all(|r| *r > 0.0),
+        "{rates:?}"
+    );
 }
 
 #[test]
