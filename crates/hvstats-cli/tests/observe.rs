@@ -95,13 +95,7 @@ fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
 }
 
 fn snapshot(runtime: &Path) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_hvstats"))
-        .args(["snapshot", "--json", "--runtime-dir"])
-        .arg(runtime)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
+    common::snapshot_json(runtime)
 }
 
 fn thread_cpu_ns() -> u64 {

@@ -21,13 +21,7 @@ use hvstats_abi::ObjectKind;
 use serde_json::Value;
 
 fn snapshot(runtime: &Path) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_hvstats"))
-        .args(["snapshot", "--json", "--runtime-dir"])
-        .arg(runtime)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
+    common::snapshot_json(runtime)
 }
 
 /// Polls `snapshot --json` until `done` holds for its mshv instance (or 20 s pass).
@@ -46,7 +40,6 @@ fn wait_for(runtime: &Path, done: impl Fn(&Value) -> bool) -> Value {
 
 /// One `GET /metrics` from `hvstats serve` over `runtime`.
 fn scrape(runtime: &Path) -> String {
-    use std::io::{Read, Write};
     let mut child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
         .args(["serve", "--listen", "127.0.0.1:0", "--runtime-dir"])
         .arg(runtime)
@@ -54,15 +47,9 @@ fn scrape(runtime: &Path) -> String {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr = common::serving_addr(&mut child);
     let served = Observer(child);
-    let addr = line.trim().strip_prefix("serving http://").and_then(|s| s.strip_suffix("/metrics")).unwrap();
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(stream, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut reply = String::new();
-    stream.read_to_string(&mut reply).unwrap();
+    let reply = common::http_get(addr, "/metrics");
     drop(served);
     reply
 }

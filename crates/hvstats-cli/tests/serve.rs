@@ -40,10 +40,7 @@ fn serve(dir: &Path, extra: &[&str]) -> (Running, SocketAddr) {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let addr = line.trim().strip_prefix("serving http://").and_then(|s| s.strip_suffix("/metrics"));
-    let addr = addr.unwrap_or_else(|| panic!("unexpected first line {line:?}")).parse().unwrap();
+    let addr = common::serving_addr(&mut child);
     (Running(child), addr)
 }
 
@@ -398,11 +395,8 @@ fn a_user_who_may_read_no_instance_gets_an_unhealthy_exporter_and_down_instances
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr = common::serving_addr(&mut child);
     let _server = Running(child);
-    let addr: SocketAddr =
-        line.trim()["serving http://".len()..].trim_end_matches("/metrics").parse().unwrap();
     let (status, _, text) = get_openmetrics(addr, "/metrics");
     assert_eq!(status, 200);
     assert_exporter_series(&text, "1");

@@ -78,14 +78,10 @@ impl Running {
 
     /// The body `serve` answers for `path`.
     fn get(&self, path: &str) -> String {
-        use std::io::{Read, Write};
         let line = self.wait_line("serving http://");
-        let addr = line.split("http://").nth(1).unwrap().split('/').next().unwrap().to_owned();
+        let addr = line.split("http://").nth(1).unwrap().split('/').next().unwrap().parse().unwrap();
         self.seen.borrow_mut().push(line);
-        let mut stream = std::net::TcpStream::connect(&addr).unwrap();
-        write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
-        let mut reply = String::new();
-        stream.read_to_string(&mut reply).unwrap();
+        let reply = common::http_get(addr, path);
         reply.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or(reply)
     }
 

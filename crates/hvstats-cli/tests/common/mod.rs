@@ -67,3 +67,35 @@ pub fn write_1_0_vp_page(
     let bytes: Vec<u8> = page.data.iter().flat_map(|w| w.to_le_bytes()).collect();
     arena.write_all_at(&bytes, part.vp_page(n).unwrap().file_offset()).unwrap();
 }
+
+/// `hvstats snapshot --json` over `runtime`, which must succeed.
+pub fn snapshot_json(runtime: &Path) -> serde_json::Value {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["snapshot", "--json", "--runtime-dir"])
+        .arg(runtime)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The address `hvstats serve` (started with its standard output piped) listens on: its first
+/// line, "serving http://ADDR/metrics".
+pub fn serving_addr(child: &mut std::process::Child) -> std::net::SocketAddr {
+    use std::io::BufRead;
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr = line.trim().strip_prefix("serving http://").and_then(|s| s.strip_suffix("/metrics"));
+    addr.unwrap_or_else(|| panic!("unexpected first line {line:?}")).parse().unwrap()
+}
+
+/// The whole reply (head and body) to `GET path` over HTTP/1.0, read until `serve` closes.
+pub fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    reply
+}
