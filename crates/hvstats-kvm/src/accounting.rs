@@ -472,7 +472,7 @@ mod tests {
 
     #[test]
     fn the_whole_tracepoint_group_reads_as_each_counter_does() {
-        let tps = VpTracepoints::open(crate::sources::thread_time::gettid());
+        let mut tps = VpTracepoints::open(crate::sources::thread_time::gettid());
         if let Some(why) = tps.unavailable(Tracepoint::Cpuid) {
             eprintln!("skipping: {why}");
             return;

@@ -20,11 +20,14 @@ use hvstats_abi::catalog::{CounterId, partition, vp};
 use hvstats_abi::exit_reason::{self, ExitReasonRow, InterceptClass};
 use hvstats_abi::observed::{self, Observed, ObservedSource};
 
+use hvstats::task_stat::ticks_to_100ns;
+
 use super::claim::Claim;
 use super::counting::{EventList, EventSpec, SW_CPU_MIGRATIONS, SW_TASK_CLOCK, ThreadCounters};
 use super::discovery::{KvmFds, Procfs, Vmm};
 use super::publication;
 use super::qmp::{Cancel, KvmStatsReply, Qmp, QmpError};
+use crate::sources::thread_time;
 
 /// Index of each event in [`vm_events`].
 mod ev {
@@ -727,26 +730,15 @@ fn class_has_tracepoint(class: InterceptClass) -> bool {
     )
 }
 
-/// Field 43 (guest time, clock ticks) of `/proc/<pid>/task/<tid>/stat`.
+/// The guest time (clock ticks) of thread `tid` of `pid`.
 fn guest_ticks(procfs: &Procfs, pid: i32, tid: i32) -> Option<u64> {
-    let path = procfs.root().join(pid.to_string()).join("task").join(tid.to_string()).join("stat");
-    let stat = std::fs::read_to_string(path).ok()?;
-    // Fields after the command (which may hold spaces and parentheses) start at field 3.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(43 - 3).and_then(|f| f.parse().ok())
+    thread_time::guest_ticks_of(procfs.root(), pid, tid).ok()
 }
 
 /// The scheduler accounting of thread `tid` of `pid` (`None` when it cannot be read).
 fn schedstat(procfs: &Procfs, pid: i32, tid: i32) -> Option<SchedStat> {
     let path = procfs.root().join(pid.to_string()).join("task").join(tid.to_string()).join("schedstat");
     SchedStatFile::open_path(&path).and_then(|f| f.read()).ok()
-}
-
-fn ticks_to_100ns(ticks: u64) -> u64 {
-    // SAFETY: sysconf has no memory effects.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    let hz = if hz > 0 { hz as u64 } else { 100 };
-    ticks.saturating_mul(10_000_000 / hz)
 }
 
 #[cfg(test)]

@@ -7,4 +7,5 @@
 pub mod kvm_stats;
 pub mod perf_sw;
 pub mod thread_time;
+pub mod tracefs;
 pub mod tracepoint;
