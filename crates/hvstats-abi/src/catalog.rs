@@ -195,8 +195,21 @@ pub struct Counter {
     pub presentation: Presentation,
     /// Who maintains it on KVM, or why nobody does.
     pub maintained: Maintained,
+    /// How the observer maintains it for VMs hvstats did not start, where that is not the rule
+    /// of [`crate::source::observed`] applied to `maintained`.
+    pub observed_by: Option<Maintained>,
     /// The seed's description (the help text).
     pub description: &'static str,
+}
+
+/// A row's observed key, when it has one.
+macro_rules! observed_by {
+    () => {
+        None
+    };
+    ($obs:expr) => {
+        Some($obs)
+    };
 }
 
 macro_rules! catalog {
@@ -204,7 +217,7 @@ macro_rules! catalog {
         $(#[$mdoc:meta])*
         mod $module:ident = $kind:ident {
             $( $group:ident $index:literal $ident:ident $name:literal,
-               $unit:ident, $pres:ident, $maint:expr, $desc:literal; )*
+               $unit:ident, $pres:ident, $maint:expr, $(observed $obs:expr,)? $desc:literal; )*
         }
     )*) => {
         $(
@@ -231,6 +244,7 @@ macro_rules! catalog {
                     unit: Unit::$unit,
                     presentation: Presentation::$pres,
                     maintained: $maint,
+                    observed_by: observed_by!($($obs)?),
                     description: $desc,
                 },
             )*)*
@@ -238,6 +252,7 @@ macro_rules! catalog {
     };
 }
 
+use crate::exit_reason::InterceptClass as Ic;
 use crate::source::{KvmStat, PerfSoftwareEvent, RunLoopCount as Loop, ThreadTime, Tracepoint as Tp};
 use HypercallClass as Hc;
 use Maintained::{By, No};
@@ -245,6 +260,7 @@ use Source::*;
 
 const NO_VTLB: &str = "KVM has no virtual TLB: it uses nested or shadow paging in the kernel";
 const NO_TIME: &str = "handled inside KVM, which records no per-event time";
+const NO_SLOTS: &str = "the VMM's memory slots are not visible from outside";
 
 catalog! {
     /// Counters of the hypervisor object (root only).
@@ -328,6 +344,7 @@ catalog! {
     mod partition = Partition {
         Architectural 1 VIRTUAL_PROCESSORS "Virtual processors", Count, Instant,
             By(Authority, "VPs of the partition"),
+            observed By(Authority, "vCPU file descriptors of the VMM process"),
             "The number of virtual processors that are present in the partition.";
         Release 1 VIRTUAL_TLB_PAGES "Virtual TLB Pages", Pages, Instant,
             No(NO_VTLB),
@@ -340,9 +357,11 @@ catalog! {
             "The number of pages that are deposited into the partition.";
         Release 4 GPA_PAGES "GPA pages", Pages, Instant,
             By(Authority, "pages of guest RAM plus mapped stats overlays"),
+            observed No(NO_SLOTS),
             "The number of pages that are present in the GPA space of the partition (zero for root partition).";
         Release 5 GPA_SPACE_MODIFICATIONS "GPA space modifications/sec", Count, Rate,
             By(Authority, "memory slot changes: RAM set-up, stats page maps and unmaps"),
+            observed No(NO_SLOTS),
             "The rate of modifications to the GPA space of the partition.";
         Release 6 VIRTUAL_TLB_FLUSH_ENTRIES "Virtual TLB flush entries/sec", Count, Rate,
             By(KvmStats(KvmStat::Vm(&["remote_tlb_flush"])), "VM stat remote_tlb_flush"),
@@ -362,6 +381,7 @@ catalog! {
             "The total time (in 100ns) spent by the virtual processor in hypervisor code.";
         Release 1 HYPERCALLS "Hypercalls/sec", Count, Rate,
             By(RunLoop(Loop::Hypercalls), "writes to a registered hypercall port (the hypercall page traps through one)"),
+            observed By(KvmStats(KvmStat::Vcpu(&["hypercalls"])), "VMCALL/VMMCALL exits on VMX/SVM hosts, else vCPU stat hypercalls through QMP"),
             "The rate of the hypercalls made by guest code on the virtual processor.";
         Release 2 HYPERCALLS_COST "Hypercalls cost", Time100ns, Cost,
             By(RunLoop(Loop::HypercallsTime), "time from the hypercall exit to the next entry into the guest"),
@@ -392,6 +412,7 @@ catalog! {
             "The average time (in nanoseconds) spent processing an HLT instruction.";
         Release 11 MWAIT_INSTRUCTIONS "MWAIT instructions/sec", Count, Rate,
             No("KVM counts no MWAIT exits"),
+            observed By(KvmExit(Ic::Mwait), "MWAIT/MONITOR exits on VMX/SVM hosts only"),
             "The rate of MWAIT instructions executed by guest code on a virtual processor.";
         Release 12 MWAIT_INSTRUCTIONS_COST "MWAIT instructions cost", Time100ns, Cost,
             No(NO_TIME),
@@ -410,6 +431,7 @@ catalog! {
             "The average time (in nanoseconds) spent processing an MSR instruction.";
         Release 17 OTHER_INTERCEPTS "Other intercepts/sec", Count, Rate,
             By(RunLoop(Loop::OtherIntercepts), "userspace exits other than port I/O, MSR and hypercalls (MMIO included)"),
+            observed By(KvmExit(Ic::Other), "kvm_exit less every classified reason, on VMX/SVM hosts only"),
             "The rate of other intercepts triggered by guest code on a virtual processor.";
         Release 18 OTHER_INTERCEPTS_COST "Other intercepts cost", Time100ns, Cost,
             By(RunLoop(Loop::OtherInterceptsTime), "time of those exits"),
@@ -434,6 +456,7 @@ catalog! {
             "The average time (in nanoseconds) spent emulating an instruction.";
         Release 25 DEBUG_REGISTER_ACCESSES "Debug register accesses/sec", Count, Rate,
             No("KVM counts no debug register exits and has no tracepoint for them"),
+            observed By(KvmExit(Ic::DebugRegister), "DR access exits on VMX/SVM hosts only"),
             "The rate of debug register accesses by guest code on the virtual processor.";
         Release 26 DEBUG_REGISTER_ACCESSES_COST "Debug register accesses cost", Time100ns, Cost,
             No(NO_TIME),
@@ -461,15 +484,18 @@ catalog! {
             "The rate of APIC MMIO register accesses by guest code on the virtual processor.";
         Release 34 IO_INTERCEPT_MESSAGES "IO intercept messages/sec", Count, Rate,
             By(RunLoop(Loop::IoExits), "port-I/O exits to userspace (a write to the hypercall port is a hypercall, not I/O)"),
+            observed By(Tracepoint(Tp::UserspaceIo), "kvm_userspace_exit reason 2 (KVM_EXIT_IO)"),
             "The rate of IO intercept messages sent to the parent partition.";
         Release 35 MEMORY_INTERCEPT_MESSAGES "Memory intercept messages/sec", Count, Rate,
             By(RunLoop(Loop::MmioExits), "MMIO exits to userspace"),
+            observed By(Tracepoint(Tp::UserspaceMmio), "kvm_userspace_exit reason 6 (KVM_EXIT_MMIO)"),
             "The rate of memory intercept messages sent to the parent partition.";
         Release 36 APIC_EOI_ACCESSES "APIC EOI accesses/sec", Count, Rate,
             By(Tracepoint(Tp::ApicEoi), "kvm:kvm_mmio writes of the APIC EOI register, plus kvm:kvm_msr writes of x2APIC MSR 0x80B"),
             "The rate of APIC EOI register writes by guest code on the virtual processor.";
         Release 37 OTHER_MESSAGES "Other messages/sec", Count, Rate,
             By(RunLoop(Loop::OtherExits), "userspace exits other than port I/O, MMIO and hypercalls (MSR exits among them)"),
+            observed By(Tracepoint(Tp::UserspaceOther), "kvm_userspace_exit other than IO, MMIO and signal interruptions (reason 10)"),
             "The rate of other intercept messages sent to the parent partition.";
         Release 38 PAGE_TABLE_ALLOCATIONS "Page table allocations/sec", Count, Rate,
             No(NO_VTLB),

@@ -6,8 +6,14 @@
 //! slot of each run-loop count, the counter of each hypercall class) from these keys with the
 //! functions below, so the catalog is the only place a counter's source is written down, and a
 //! test can check the backend against it.
+//!
+//! The same keys say how the observer maintains a counter for a VM hvstats did not start
+//! ([`observed`]): the row's own key where the observer can read it from outside the VMM, an
+//! observed-only key written in the row where it differs, and "not available" (with why) where
+//! nothing outside the VMM gives the counter.
 
-use crate::catalog::{CATALOG, Counter, CounterId};
+use crate::catalog::{CATALOG, Counter, CounterId, Maintained, Presentation, Unit};
+use crate::exit_reason::InterceptClass;
 use crate::hypercall::HypercallClass;
 use crate::object::ObjectKind;
 
@@ -30,6 +36,9 @@ pub enum Source {
     ThreadTime(ThreadTime),
     /// Host-wide procfs and sysfs (`/proc/stat`, `/proc/interrupts`, cpuidle).
     Procfs,
+    /// `kvm:kvm_exit` filtered by the exit reasons of an intercept class (VMX/SVM hosts only, see
+    /// [`crate::exit_reason`]); observed VMs only.
+    KvmExit(InterceptClass),
 }
 
 /// The kind of a [`Source`], without its key.
@@ -51,11 +60,18 @@ pub enum SourceKind {
     ThreadTime,
     /// [`Source::Procfs`].
     Procfs,
+    /// [`Source::KvmExit`].
+    KvmExit,
 }
 
 impl Source {
-    /// Short name for tables and JSON.
+    /// Short name for tables and JSON (`kvm_userspace_exit` tracepoints are `userspace-exit`).
     pub const fn name(self) -> &'static str {
+        if let Source::Tracepoint(tp) = self
+            && tp.is_userspace_exit()
+        {
+            return "userspace-exit";
+        }
         match self.kind() {
             SourceKind::Authority => "authority",
             SourceKind::RunLoop => "run-loop",
@@ -65,6 +81,7 @@ impl Source {
             SourceKind::PerfSoftware => "perf-software",
             SourceKind::ThreadTime => "thread-time",
             SourceKind::Procfs => "procfs",
+            SourceKind::KvmExit => "kvm-exit",
         }
     }
 
@@ -79,6 +96,7 @@ impl Source {
             Source::PerfSoftware(_) => SourceKind::PerfSoftware,
             Source::ThreadTime(_) => SourceKind::ThreadTime,
             Source::Procfs => SourceKind::Procfs,
+            Source::KvmExit(_) => SourceKind::KvmExit,
         }
     }
 }
@@ -205,11 +223,25 @@ pub enum Tracepoint {
     /// `kvm_msr` filtered on writes of x2APIC MSR 0x80B, the EOI: added to
     /// [`Tracepoint::ApicEoi`]'s.
     X2apicEoi,
+    /// `kvm_userspace_exit` with reason `KVM_EXIT_IO` (2): port I/O passed to the VMM.
+    UserspaceIo,
+    /// `kvm_userspace_exit` with reason `KVM_EXIT_MMIO` (6): MMIO passed to the VMM.
+    UserspaceMmio,
+    /// `kvm_userspace_exit` with any other reason but `KVM_EXIT_INTR` (10, a signal interrupting
+    /// `KVM_RUN`, which is no message).
+    UserspaceOther,
+    /// `kvm_userspace_exit` with reason `KVM_EXIT_X86_RDMSR` or `_WRMSR` (29, 30): MSR accesses
+    /// passed to the VMM, added to [`Tracepoint::Msr`]'s for an observed VM (as the run loop's
+    /// own MSR exits are for our partitions).
+    UserspaceMsr,
+    /// `kvm_inj_virq`: an interrupt injected into the guest; it fires in the same KVM function
+    /// that counts the vCPU statistic `irq_injections`.
+    InjVirq,
 }
 
 impl Tracepoint {
     /// Every tracepoint, in index order.
-    pub const ALL: [Tracepoint; 12] = [
+    pub const ALL: [Tracepoint; 17] = [
         Tracepoint::Cpuid,
         Tracepoint::Msr,
         Tracepoint::Pio,
@@ -222,6 +254,11 @@ impl Tracepoint {
         Tracepoint::InjException,
         Tracepoint::X2apicTpr,
         Tracepoint::X2apicEoi,
+        Tracepoint::UserspaceIo,
+        Tracepoint::UserspaceMmio,
+        Tracepoint::UserspaceOther,
+        Tracepoint::UserspaceMsr,
+        Tracepoint::InjVirq,
     ];
 
     /// The event name under `events/kvm/`.
@@ -235,7 +272,53 @@ impl Tracepoint {
             Tracepoint::ApicIpi | Tracepoint::ApicSelfIpi => "kvm_apic_ipi",
             Tracepoint::InjException => "kvm_inj_exception",
             Tracepoint::X2apicTpr | Tracepoint::X2apicEoi => "kvm_msr",
+            Tracepoint::UserspaceIo
+            | Tracepoint::UserspaceMmio
+            | Tracepoint::UserspaceOther
+            | Tracepoint::UserspaceMsr => "kvm_userspace_exit",
+            Tracepoint::InjVirq => "kvm_inj_virq",
         }
+    }
+
+    /// True for the `kvm_userspace_exit` counts (exits the VMM handles).
+    pub const fn is_userspace_exit(self) -> bool {
+        matches!(
+            self,
+            Tracepoint::UserspaceIo
+                | Tracepoint::UserspaceMmio
+                | Tracepoint::UserspaceOther
+                | Tracepoint::UserspaceMsr
+        )
+    }
+
+    /// The tracepoints whose counts are added to this one's counter: the x2APIC accesses (MSRs)
+    /// to the xAPIC's (MMIO).
+    pub const fn added(self) -> &'static [Tracepoint] {
+        match self {
+            Tracepoint::ApicTpr => &[Tracepoint::X2apicTpr],
+            Tracepoint::ApicEoi => &[Tracepoint::X2apicEoi],
+            _ => &[],
+        }
+    }
+
+    /// True when our own VPs count it: a source of a catalog row for our partitions, a part
+    /// [`added`](Self::added) to one, or the WHv exception count.
+    pub fn counted_for_partitions(self) -> bool {
+        self == Tracepoint::InjException
+            || CATALOG.iter().any(|c| match c.maintained.source() {
+                Some(Source::Tracepoint(tp)) => tp == self || tp.added().contains(&self),
+                _ => false,
+            })
+    }
+
+    /// True when the observer counts it on a VMM's threads: a source of a catalog row for observed
+    /// VMs, a part [`added`](Self::added) to one, or the VMM's MSR exits.
+    pub fn counted_for_observed(self) -> bool {
+        self == Tracepoint::UserspaceMsr
+            || CATALOG.iter().any(|c| match observed(c).and_then(Maintained::source) {
+                Some(Source::Tracepoint(tp)) => tp == self || tp.added().contains(&self),
+                _ => false,
+            })
     }
 
     /// The index of the tracepoint in [`Tracepoint::ALL`].
@@ -334,4 +417,149 @@ pub const fn hypercall_class_counter(class: HypercallClass) -> Option<CounterId>
         i += 1;
     }
     None
+}
+
+const NO_TIME: &str = "the VMM's exit handling is not visible from outside: no per-intercept time";
+const NO_HYPERCALL_CLASS: &str = "the observed VMM (or KVM) handles hypercalls; their codes are not visible";
+const NO_VTLB: &str = "KVM has no virtual TLB";
+const NO_OUTSIDE: &str = "no source outside the VMM process gives it";
+const OBSERVED_KVM_STAT: &str = "the same KVM statistic, through QEMU's QMP (--qmp); an intercept class is counted from \
+     kvm:kvm_exit by reason instead on VMX/SVM hosts";
+
+/// How the observer maintains `counter` for a VM hvstats did not start; `None` for the
+/// hypervisor and LP objects, which the observer's instance keeps as any instance does.
+///
+/// The row's observed key when it has one (`observed` in the catalog), else its own key where
+/// the observer reads the same thing from outside the VMM: a KVM tracepoint on the vCPU thread,
+/// a count from KVM's vCPU or VM statistics (through QEMU's QMP), the vCPU thread's times and
+/// migrations. Everything the VMM itself does (its exit handling, its hypercall classes, its
+/// memory slots) is not available, and says why.
+///
+/// ```
+/// use hvstats_abi::catalog::{Maintained, vp};
+/// use hvstats_abi::source::{Source, Tracepoint, observed};
+/// let cpuid = vp::CPUID_INSTRUCTIONS.counter().unwrap();
+/// assert_eq!(observed(cpuid).and_then(Maintained::source), Some(Source::Tracepoint(Tracepoint::Cpuid)));
+/// let cost = vp::IO_INSTRUCTIONS_COST.counter().unwrap();
+/// assert!(!observed(cost).unwrap().is_maintained());
+/// ```
+pub const fn observed(counter: &Counter) -> Option<Maintained> {
+    match counter.id.kind {
+        ObjectKind::Hypervisor | ObjectKind::LogicalProcessor => return None,
+        ObjectKind::Partition | ObjectKind::Vp => {}
+    }
+    if let Some(m) = counter.observed_by {
+        return Some(m);
+    }
+    if counter.presentation as u8 == Presentation::Cost as u8 {
+        return Some(Maintained::No(NO_TIME));
+    }
+    let source = match counter.maintained {
+        // Not maintained for our own partitions either: the catalog's reason holds.
+        Maintained::No(why) => return Some(Maintained::No(why)),
+        Maintained::By(source, _) => source,
+    };
+    let same = Maintained::By(source, counter.maintained.note());
+    Some(match source {
+        Source::Tracepoint(_) | Source::ThreadTime(_) | Source::PerfSoftware(_) => same,
+        // Counts only: KVM's times and histograms are not among what QMP is read for.
+        Source::KvmStats(_)
+            if counter.unit as u8 == Unit::Count as u8
+                && counter.presentation as u8 != Presentation::Histogram as u8 =>
+        {
+            Maintained::By(source, OBSERVED_KVM_STAT)
+        }
+        Source::Hypercall(_) => Maintained::No(NO_HYPERCALL_CLASS),
+        _ if is_tlb(counter.name) => Maintained::No(NO_VTLB),
+        _ => Maintained::No(NO_OUTSIDE),
+    })
+}
+
+const fn is_tlb(name: &str) -> bool {
+    let (b, t) = (name.as_bytes(), b"TLB");
+    let mut i = 0;
+    while i + t.len() <= b.len() {
+        if b[i] == t[0] && b[i + 1] == t[1] && b[i + 2] == t[2] {
+            return true;
+        }
+        i += 1;
+    }
+    false
+}
+
+/// The partition and VP counters an observed VM never has (to publish as not available).
+pub fn never_observed() -> impl Iterator<Item = CounterId> {
+    CATALOG.iter().filter(|c| observed(c).is_some_and(|m| !m.is_maintained())).map(|c| c.id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::{partition, vp};
+
+    fn observed_source(id: CounterId) -> Option<Source> {
+        id.counter().and_then(observed).and_then(Maintained::source)
+    }
+
+    #[test]
+    fn every_partition_and_vp_counter_has_an_observed_answer() {
+        for c in CATALOG {
+            match c.id.kind {
+                ObjectKind::Partition | ObjectKind::Vp => {
+                    let o = observed(c).unwrap_or_else(|| panic!("{} has no answer", c.name));
+                    assert!(!o.note().is_empty(), "{}", c.name);
+                }
+                _ => assert!(observed(c).is_none(), "{}", c.name),
+            }
+        }
+    }
+
+    #[test]
+    fn costs_hypercall_classes_and_slots_are_unavailable_for_observed_vms() {
+        for id in [vp::CPUID_INSTRUCTIONS_COST, vp::IO_INSTRUCTIONS_COST, vp::HLT_INSTRUCTIONS_COST] {
+            assert_eq!(id.counter().and_then(observed), Some(Maintained::No(NO_TIME)));
+        }
+        assert_eq!(
+            vp::GPA_SPACE_HYPERCALLS.counter().and_then(observed),
+            Some(Maintained::No(NO_HYPERCALL_CLASS))
+        );
+        assert!(observed_source(partition::GPA_PAGES).is_none());
+        assert!(observed_source(vp::HALT_WAIT_HISTOGRAM).is_none(), "QMP is read for counts only");
+        assert!(never_observed().any(|c| c == vp::HYPERCALLS_COST));
+        assert!(!never_observed().any(|c| c == vp::IO_INSTRUCTIONS));
+    }
+
+    #[test]
+    fn observed_keys_are_the_rows_own_where_the_observer_reads_the_same_thing() {
+        assert_eq!(observed_source(vp::CPUID_INSTRUCTIONS), Some(Source::Tracepoint(Tracepoint::Cpuid)));
+        assert_eq!(observed_source(vp::TOTAL_RUN_TIME), Some(Source::ThreadTime(ThreadTime::Total)));
+        assert_eq!(
+            observed_source(vp::HLT_INSTRUCTIONS),
+            Some(Source::KvmStats(KvmStat::Vcpu(&["halt_exits"])))
+        );
+        assert_eq!(
+            observed_source(vp::IO_INTERCEPT_MESSAGES),
+            Some(Source::Tracepoint(Tracepoint::UserspaceIo))
+        );
+        assert_eq!(observed_source(vp::MWAIT_INSTRUCTIONS), Some(Source::KvmExit(InterceptClass::Mwait)));
+        assert_eq!(Source::Tracepoint(Tracepoint::UserspaceIo).name(), "userspace-exit");
+    }
+
+    #[test]
+    fn our_vps_and_the_observer_count_the_tracepoints_their_rows_name() {
+        let ours: [bool; Tracepoint::ALL.len()] = Tracepoint::ALL.map(Tracepoint::counted_for_partitions);
+        let observed: [bool; Tracepoint::ALL.len()] = Tracepoint::ALL.map(Tracepoint::counted_for_observed);
+        for tp in [Tracepoint::Cpuid, Tracepoint::ApicTpr, Tracepoint::X2apicTpr, Tracepoint::InjException] {
+            assert!(ours[tp.index()], "{tp:?}");
+        }
+        for tp in [Tracepoint::UserspaceIo, Tracepoint::UserspaceMsr, Tracepoint::InjVirq] {
+            assert!(!ours[tp.index()], "{tp:?}: our run loop counts these itself");
+        }
+        for tp in
+            [Tracepoint::Cpuid, Tracepoint::X2apicEoi, Tracepoint::UserspaceOther, Tracepoint::UserspaceMsr]
+        {
+            assert!(observed[tp.index()], "{tp:?}");
+        }
+        assert!(!observed[Tracepoint::InjException.index()]);
+    }
 }
