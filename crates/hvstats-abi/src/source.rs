@@ -234,14 +234,11 @@ pub enum Tracepoint {
     /// passed to the VMM, added to [`Tracepoint::Msr`]'s for an observed VM (as the run loop's
     /// own MSR exits are for our partitions).
     UserspaceMsr,
-    /// `kvm_inj_virq`: an interrupt injected into the guest; it fires in the same KVM function
-    /// that counts the vCPU statistic `irq_injections`.
-    InjVirq,
 }
 
 impl Tracepoint {
     /// Every tracepoint, in index order.
-    pub const ALL: [Tracepoint; 17] = [
+    pub const ALL: [Tracepoint; 16] = [
         Tracepoint::Cpuid,
         Tracepoint::Msr,
         Tracepoint::Pio,
@@ -258,7 +255,6 @@ impl Tracepoint {
         Tracepoint::UserspaceMmio,
         Tracepoint::UserspaceOther,
         Tracepoint::UserspaceMsr,
-        Tracepoint::InjVirq,
     ];
 
     /// The event name under `events/kvm/`.
@@ -276,7 +272,6 @@ impl Tracepoint {
             | Tracepoint::UserspaceMmio
             | Tracepoint::UserspaceOther
             | Tracepoint::UserspaceMsr => "kvm_userspace_exit",
-            Tracepoint::InjVirq => "kvm_inj_virq",
         }
     }
 
@@ -552,7 +547,7 @@ mod tests {
         for tp in [Tracepoint::Cpuid, Tracepoint::ApicTpr, Tracepoint::X2apicTpr, Tracepoint::InjException] {
             assert!(ours[tp.index()], "{tp:?}");
         }
-        for tp in [Tracepoint::UserspaceIo, Tracepoint::UserspaceMsr, Tracepoint::InjVirq] {
+        for tp in [Tracepoint::UserspaceIo, Tracepoint::UserspaceMsr] {
             assert!(!ours[tp.index()], "{tp:?}: our run loop counts these itself");
         }
         for tp in
