@@ -446,7 +446,9 @@ pub const fn observed(counter: &Counter) -> Option<Maintained> {
     if let Some(m) = counter.observed_by {
         return Some(m);
     }
-    if counter.presentation as u8 == Presentation::Cost as u8 {
+    // A time per intercept is the VMM's (or KVM's) own; a thread's scheduling times are not.
+    let thread_time = matches!(counter.maintained.source(), Some(Source::ThreadTime(_)));
+    if counter.presentation as u8 == Presentation::Cost as u8 && !thread_time {
         return Some(Maintained::No(NO_TIME));
     }
     let source = match counter.maintained {
@@ -537,6 +539,11 @@ mod tests {
             Some(Source::Tracepoint(Tracepoint::UserspaceIo))
         );
         assert_eq!(observed_source(vp::MWAIT_INSTRUCTIONS), Some(Source::KvmExit(InterceptClass::Mwait)));
+        // A cost, but the vCPU thread's own scheduling: schedstat gives it from outside.
+        assert_eq!(
+            observed_source(vp::CPU_WAIT_TIME_PER_DISPATCH),
+            Some(Source::ThreadTime(ThreadTime::CpuWait))
+        );
         assert_eq!(Source::Tracepoint(Tracepoint::UserspaceIo).name(), "userspace-exit");
     }
 
