@@ -12,21 +12,32 @@
 //! type, [`GroupKind::Hvstats`], which TLFS readers skip by its Length. A histogram is one row
 //! whose value spans [`HISTOGRAM_SLOTS`] slots.
 
+use crate::exit_reason::InterceptClass;
 use crate::group::GroupVersion;
 use crate::histogram::HISTOGRAM_SLOTS;
 use crate::hypercall::HypercallClass;
 use crate::object::ObjectKind;
-use crate::source::SourceKind;
+use crate::source::{SourceKind, Tracepoint};
 
 pub use crate::counter::{Counter, CounterId, GroupKind, Maintained, Presentation, Unit};
 pub use crate::source::Source;
+
+/// A row's observed key, when it has one.
+macro_rules! observed_by {
+    () => {
+        None
+    };
+    ($obs:expr) => {
+        Some($obs)
+    };
+}
 
 macro_rules! catalog {
     ($(
         $(#[$mdoc:meta])*
         mod $module:ident = $kind:ident {
             $( $group:ident $index:literal $ident:ident $name:literal,
-               $unit:ident, $pres:ident, $maint:expr, $desc:literal; )*
+               $unit:ident, $pres:ident, $maint:expr, $(observed $obs:expr,)? $desc:literal; )*
         }
     )*) => {
         $(
@@ -53,6 +64,7 @@ macro_rules! catalog {
                     unit: Unit::$unit,
                     presentation: Presentation::$pres,
                     maintained: $maint,
+                    observed_by: observed_by!($($obs)?),
                     description: $desc,
                 },
             )*)*
@@ -60,6 +72,7 @@ macro_rules! catalog {
     };
 }
 
+use crate::exit_reason::InterceptClass as Ic;
 use crate::source::{
     KvmStat, PerfSoftwareEvent, RunLoopCount, RunLoopCount as Loop, ThreadTime, Tracepoint as Tp,
 };
@@ -69,6 +82,7 @@ use Source::*;
 
 const NO_VTLB: &str = "KVM has no virtual TLB: it uses nested or shadow paging in the kernel";
 const NO_TIME: &str = "handled inside KVM, which records no per-event time";
+const NO_SLOTS: &str = "the VMM's memory slots are not visible from outside";
 
 catalog! {
     /// Counters of the hypervisor object (root only).
@@ -152,6 +166,7 @@ catalog! {
     mod partition = Partition {
         Architectural 1 VIRTUAL_PROCESSORS "Virtual processors", Count, Instant,
             By(Authority, "VPs of the partition"),
+            observed By(Authority, "vCPU file descriptors of the VMM process"),
             "The number of virtual processors that are present in the partition.";
         Release 1 VIRTUAL_TLB_PAGES "Virtual TLB Pages", Pages, Instant,
             No(NO_VTLB),
@@ -164,9 +179,11 @@ catalog! {
             "The number of pages that are deposited into the partition.";
         Release 4 GPA_PAGES "GPA pages", Pages, Instant,
             By(Authority, "pages of guest RAM plus mapped stats overlays"),
+            observed No(NO_SLOTS),
             "The number of pages that are present in the GPA space of the partition (zero for root partition).";
         Release 5 GPA_SPACE_MODIFICATIONS "GPA space modifications/sec", Count, Rate,
             By(Authority, "memory slot changes: RAM set-up, stats page maps and unmaps"),
+            observed No(NO_SLOTS),
             "The rate of modifications to the GPA space of the partition.";
         Release 6 VIRTUAL_TLB_FLUSH_ENTRIES "Virtual TLB flush entries/sec", Count, Rate,
             By(KvmStats(KvmStat::Vm(&["remote_tlb_flush"])), "VM stat remote_tlb_flush"),
@@ -186,6 +203,7 @@ catalog! {
             "The total time (in 100ns) spent by the virtual processor in hypervisor code.";
         Release 1 HYPERCALLS "Hypercalls/sec", Count, Rate,
             By(RunLoop(Loop::Hypercalls), "writes to a registered hypercall port (the hypercall page traps through one)"),
+            observed By(KvmStats(KvmStat::Vcpu(&["hypercalls"])), "VMCALL/VMMCALL exits on VMX/SVM hosts, else vCPU stat hypercalls through QMP"),
             "The rate of the hypercalls made by guest code on the virtual processor.";
         Release 2 HYPERCALLS_COST "Hypercalls cost", Time100ns, Cost,
             By(RunLoop(Loop::HypercallsTime), "time from the hypercall exit to the next entry into the guest"),
@@ -216,6 +234,7 @@ catalog! {
             "The average time (in nanoseconds) spent processing an HLT instruction.";
         Release 11 MWAIT_INSTRUCTIONS "MWAIT instructions/sec", Count, Rate,
             No("KVM counts no MWAIT exits"),
+            observed By(KvmExit(Ic::Mwait), "MWAIT/MONITOR exits on VMX/SVM hosts only"),
             "The rate of MWAIT instructions executed by guest code on a virtual processor.";
         Release 12 MWAIT_INSTRUCTIONS_COST "MWAIT instructions cost", Time100ns, Cost,
             No(NO_TIME),
@@ -234,6 +253,7 @@ catalog! {
             "The average time (in nanoseconds) spent processing an MSR instruction.";
         Release 17 OTHER_INTERCEPTS "Other intercepts/sec", Count, Rate,
             By(RunLoop(Loop::OtherIntercepts), "userspace exits other than port I/O, MSR and hypercalls (MMIO included)"),
+            observed By(KvmExit(Ic::Other), "kvm_exit less every classified reason, on VMX/SVM hosts only"),
             "The rate of other intercepts triggered by guest code on a virtual processor.";
         Release 18 OTHER_INTERCEPTS_COST "Other intercepts cost", Time100ns, Cost,
             By(RunLoop(Loop::OtherInterceptsTime), "time of those exits"),
@@ -258,6 +278,7 @@ catalog! {
             "The average time (in nanoseconds) spent emulating an instruction.";
         Release 25 DEBUG_REGISTER_ACCESSES "Debug register accesses/sec", Count, Rate,
             No("KVM counts no debug register exits and has no tracepoint for them"),
+            observed By(KvmExit(Ic::DebugRegister), "DR access exits on VMX/SVM hosts only"),
             "The rate of debug register accesses by guest code on the virtual processor.";
         Release 26 DEBUG_REGISTER_ACCESSES_COST "Debug register accesses cost", Time100ns, Cost,
             No(NO_TIME),
@@ -285,15 +306,18 @@ catalog! {
             "The rate of APIC MMIO register accesses by guest code on the virtual processor.";
         Release 34 IO_INTERCEPT_MESSAGES "IO intercept messages/sec", Count, Rate,
             By(RunLoop(Loop::IoExits), "port-I/O exits to userspace (a write to the hypercall port is a hypercall, not I/O)"),
+            observed By(Tracepoint(Tp::UserspaceIo), "kvm_userspace_exit reason 2 (KVM_EXIT_IO)"),
             "The rate of IO intercept messages sent to the parent partition.";
         Release 35 MEMORY_INTERCEPT_MESSAGES "Memory intercept messages/sec", Count, Rate,
             By(RunLoop(Loop::MmioExits), "MMIO exits to userspace"),
+            observed By(Tracepoint(Tp::UserspaceMmio), "kvm_userspace_exit reason 6 (KVM_EXIT_MMIO)"),
             "The rate of memory intercept messages sent to the parent partition.";
         Release 36 APIC_EOI_ACCESSES "APIC EOI accesses/sec", Count, Rate,
             By(Tracepoint(Tp::ApicEoi), "kvm:kvm_mmio writes of the APIC EOI register, plus kvm:kvm_msr writes of x2APIC MSR 0x80B"),
             "The rate of APIC EOI register writes by guest code on the virtual processor.";
         Release 37 OTHER_MESSAGES "Other messages/sec", Count, Rate,
             By(RunLoop(Loop::OtherExits), "userspace exits other than port I/O, MMIO and hypercalls (MSR exits among them)"),
+            observed By(Tracepoint(Tp::UserspaceOther), "kvm_userspace_exit other than IO, MMIO and signal interruptions (reason 10)"),
             "The rate of other intercept messages sent to the parent partition.";
         Release 38 PAGE_TABLE_ALLOCATIONS "Page table allocations/sec", Count, Rate,
             No(NO_VTLB),
@@ -676,4 +700,203 @@ pub const fn hypercall_class_counter(class: HypercallClass) -> Option<CounterId>
         i += 1;
     }
     None
+}
+
+impl InterceptClass {
+    /// The VP counter the class is counted in.
+    pub const fn counter(self) -> CounterId {
+        match self {
+            InterceptClass::PageInvalidation => vp::PAGE_INVALIDATIONS,
+            InterceptClass::ControlRegister => vp::CONTROL_REGISTER_ACCESSES,
+            InterceptClass::Io => vp::IO_INSTRUCTIONS,
+            InterceptClass::Halt => vp::HLT_INSTRUCTIONS,
+            InterceptClass::Mwait => vp::MWAIT_INSTRUCTIONS,
+            InterceptClass::Cpuid => vp::CPUID_INSTRUCTIONS,
+            InterceptClass::Msr => vp::MSR_ACCESSES,
+            InterceptClass::ExternalInterrupt => vp::EXTERNAL_INTERRUPTS,
+            InterceptClass::PendingInterrupt => vp::PENDING_INTERRUPTS,
+            InterceptClass::DebugRegister => vp::DEBUG_REGISTER_ACCESSES,
+            InterceptClass::PageFault => vp::PAGE_FAULT_INTERCEPTS,
+            InterceptClass::ApicAccess => vp::APIC_MMIO_ACCESSES,
+            InterceptClass::ApicEoi => vp::APIC_EOI_ACCESSES,
+            InterceptClass::ApicTpr => vp::APIC_TPR_ACCESSES,
+            InterceptClass::Hypercall => vp::HYPERCALLS,
+            InterceptClass::Other => vp::OTHER_INTERCEPTS,
+        }
+    }
+}
+
+impl Tracepoint {
+    /// True when our own VPs count it: a source of a catalog row for our partitions, a part
+    /// [`added`](Self::added) to one, or the WHv exception count.
+    pub fn counted_for_partitions(self) -> bool {
+        self == Tracepoint::InjException
+            || CATALOG.iter().any(|c| match c.maintained.source() {
+                Some(Source::Tracepoint(tp)) => tp == self || tp.added().contains(&self),
+                _ => false,
+            })
+    }
+
+    /// True when the observer counts it on a VMM's threads: a source of a catalog row for observed
+    /// VMs, a part [`added`](Self::added) to one, or the VMM's MSR exits.
+    pub fn counted_for_observed(self) -> bool {
+        self == Tracepoint::UserspaceMsr
+            || CATALOG.iter().any(|c| match observed(c).and_then(Maintained::source) {
+                Some(Source::Tracepoint(tp)) => tp == self || tp.added().contains(&self),
+                _ => false,
+            })
+    }
+}
+
+const OBSERVED_NO_TIME: &str = "the VMM's exit handling is not visible from outside: no per-intercept time";
+const NO_HYPERCALL_CLASS: &str = "the observed VMM (or KVM) handles hypercalls; their codes are not visible";
+const OBSERVED_NO_VTLB: &str = "KVM has no virtual TLB";
+const NO_OUTSIDE: &str = "no source outside the VMM process gives it";
+const OBSERVED_KVM_STAT: &str = "the same KVM statistic, through QEMU's QMP (--qmp); an intercept class is counted from \
+     kvm:kvm_exit by reason instead on VMX/SVM hosts";
+
+/// How the observer maintains `counter` for a VM hvstats did not start; `None` for the
+/// hypervisor and LP objects, which the observer's instance keeps as any instance does.
+///
+/// The row's observed key when it has one (`observed` in the catalog), else its own key where
+/// the observer reads the same thing from outside the VMM: a KVM tracepoint on the vCPU thread,
+/// a count from KVM's vCPU or VM statistics (through QEMU's QMP), the vCPU thread's times and
+/// migrations. Everything the VMM itself does (its exit handling, its hypercall classes, its
+/// memory slots) is not available, and says why.
+///
+/// ```
+/// use hvstats_abi::catalog::{Maintained, vp};
+/// use hvstats_abi::catalog::observed;
+/// use hvstats_abi::source::{Source, Tracepoint};
+/// let cpuid = vp::CPUID_INSTRUCTIONS.counter().unwrap();
+/// assert_eq!(observed(cpuid).and_then(Maintained::source), Some(Source::Tracepoint(Tracepoint::Cpuid)));
+/// let cost = vp::IO_INSTRUCTIONS_COST.counter().unwrap();
+/// assert!(!observed(cost).unwrap().is_maintained());
+/// ```
+pub const fn observed(counter: &Counter) -> Option<Maintained> {
+    match counter.id.kind {
+        ObjectKind::Hypervisor | ObjectKind::LogicalProcessor => return None,
+        ObjectKind::Partition | ObjectKind::Vp => {}
+    }
+    if let Some(m) = counter.observed_by {
+        return Some(m);
+    }
+    // A time per intercept is the VMM's (or KVM's) own; a thread's scheduling times are not.
+    let thread_time = matches!(counter.maintained.source(), Some(Source::ThreadTime(_)));
+    if counter.presentation as u8 == Presentation::Cost as u8 && !thread_time {
+        return Some(Maintained::No(OBSERVED_NO_TIME));
+    }
+    let source = match counter.maintained {
+        // Not maintained for our own partitions either: the catalog's reason holds.
+        Maintained::No(why) => return Some(Maintained::No(why)),
+        Maintained::By(source, _) => source,
+    };
+    let same = Maintained::By(source, counter.maintained.note());
+    Some(match source {
+        Source::Tracepoint(_) | Source::ThreadTime(_) | Source::PerfSoftware(_) => same,
+        // Counts only: KVM's times and histograms are not among what QMP is read for.
+        Source::KvmStats(_)
+            if counter.unit as u8 == Unit::Count as u8
+                && counter.presentation as u8 != Presentation::Histogram as u8 =>
+        {
+            Maintained::By(source, OBSERVED_KVM_STAT)
+        }
+        Source::Hypercall(_) => Maintained::No(NO_HYPERCALL_CLASS),
+        _ if is_tlb(counter.name) => Maintained::No(OBSERVED_NO_VTLB),
+        _ => Maintained::No(NO_OUTSIDE),
+    })
+}
+
+const fn is_tlb(name: &str) -> bool {
+    let (b, t) = (name.as_bytes(), b"TLB");
+    let mut i = 0;
+    while i + t.len() <= b.len() {
+        if b[i] == t[0] && b[i + 1] == t[1] && b[i + 2] == t[2] {
+            return true;
+        }
+        i += 1;
+    }
+    false
+}
+
+/// The partition and VP counters an observed VM never has (to publish as not available).
+pub fn never_observed() -> impl Iterator<Item = CounterId> {
+    CATALOG.iter().filter(|c| observed(c).is_some_and(|m| !m.is_maintained())).map(|c| c.id)
+}
+
+#[cfg(test)]
+mod observed_tests {
+    use super::*;
+    use crate::source::{KvmStat, ThreadTime, Tracepoint};
+
+    fn observed_source(id: CounterId) -> Option<Source> {
+        id.counter().and_then(observed).and_then(Maintained::source)
+    }
+
+    #[test]
+    fn every_partition_and_vp_counter_has_an_observed_answer() {
+        for c in CATALOG {
+            match c.id.kind {
+                ObjectKind::Partition | ObjectKind::Vp => {
+                    let o = observed(c).unwrap_or_else(|| panic!("{} has no answer", c.name));
+                    assert!(!o.note().is_empty(), "{}", c.name);
+                }
+                _ => assert!(observed(c).is_none(), "{}", c.name),
+            }
+        }
+    }
+
+    #[test]
+    fn costs_hypercall_classes_and_slots_are_unavailable_for_observed_vms() {
+        for id in [vp::CPUID_INSTRUCTIONS_COST, vp::IO_INSTRUCTIONS_COST, vp::HLT_INSTRUCTIONS_COST] {
+            assert_eq!(id.counter().and_then(observed), Some(Maintained::No(OBSERVED_NO_TIME)));
+        }
+        assert_eq!(
+            vp::GPA_SPACE_HYPERCALLS.counter().and_then(observed),
+            Some(Maintained::No(NO_HYPERCALL_CLASS))
+        );
+        assert!(observed_source(partition::GPA_PAGES).is_none());
+        assert!(observed_source(vp::HALT_WAIT_HISTOGRAM).is_none(), "QMP is read for counts only");
+        assert!(never_observed().any(|c| c == vp::HYPERCALLS_COST));
+        assert!(!never_observed().any(|c| c == vp::IO_INSTRUCTIONS));
+    }
+
+    #[test]
+    fn observed_keys_are_the_rows_own_where_the_observer_reads_the_same_thing() {
+        assert_eq!(observed_source(vp::CPUID_INSTRUCTIONS), Some(Source::Tracepoint(Tracepoint::Cpuid)));
+        assert_eq!(observed_source(vp::TOTAL_RUN_TIME), Some(Source::ThreadTime(ThreadTime::Total)));
+        assert_eq!(
+            observed_source(vp::HLT_INSTRUCTIONS),
+            Some(Source::KvmStats(KvmStat::Vcpu(&["halt_exits"])))
+        );
+        assert_eq!(
+            observed_source(vp::IO_INTERCEPT_MESSAGES),
+            Some(Source::Tracepoint(Tracepoint::UserspaceIo))
+        );
+        assert_eq!(observed_source(vp::MWAIT_INSTRUCTIONS), Some(Source::KvmExit(InterceptClass::Mwait)));
+        // A cost, but the vCPU thread's own scheduling: schedstat gives it from outside.
+        assert_eq!(
+            observed_source(vp::CPU_WAIT_TIME_PER_DISPATCH),
+            Some(Source::ThreadTime(ThreadTime::CpuWait))
+        );
+        assert_eq!(Source::Tracepoint(Tracepoint::UserspaceIo).name(), "userspace-exit");
+    }
+
+    #[test]
+    fn our_vps_and_the_observer_count_the_tracepoints_their_rows_name() {
+        let ours: [bool; Tracepoint::ALL.len()] = Tracepoint::ALL.map(Tracepoint::counted_for_partitions);
+        let observed: [bool; Tracepoint::ALL.len()] = Tracepoint::ALL.map(Tracepoint::counted_for_observed);
+        for tp in [Tracepoint::Cpuid, Tracepoint::ApicTpr, Tracepoint::X2apicTpr, Tracepoint::InjException] {
+            assert!(ours[tp.index()], "{tp:?}");
+        }
+        for tp in [Tracepoint::UserspaceIo, Tracepoint::UserspaceMsr] {
+            assert!(!ours[tp.index()], "{tp:?}: our run loop counts these itself");
+        }
+        for tp in
+            [Tracepoint::Cpuid, Tracepoint::X2apicEoi, Tracepoint::UserspaceOther, Tracepoint::UserspaceMsr]
+        {
+            assert!(observed[tp.index()], "{tp:?}");
+        }
+        assert!(!observed[Tracepoint::InjException.index()]);
+    }
 }

@@ -167,6 +167,9 @@ pub struct Counter {
     pub presentation: Presentation,
     /// Who maintains it on KVM, or why nobody does.
     pub maintained: Maintained,
+    /// How the observer maintains it for VMs hvstats did not start, where that is not the rule
+    /// of [`crate::catalog::observed`] applied to `maintained`.
+    pub observed_by: Option<Maintained>,
     /// The seed's description (the help text).
     pub description: &'static str,
 }

@@ -10,8 +10,6 @@
 //! Sources: Linux `arch/x86/include/uapi/asm/vmx.h` and `svm.h`. Reasons not listed here, and
 //! exits with flag bits set (VMX bit 31, failed VM entry), belong to [`InterceptClass::Other`].
 
-use crate::catalog::{CounterId, vp};
-
 /// The value of `kvm_exit`'s `isa` field on Intel VMX hosts.
 pub const ISA_VMX: u32 = 1;
 /// The value of `kvm_exit`'s `isa` field on AMD SVM hosts.
@@ -99,28 +97,6 @@ impl InterceptClass {
             InterceptClass::ApicTpr => "apic-tpr",
             InterceptClass::Hypercall => "hypercall",
             InterceptClass::Other => "other",
-        }
-    }
-
-    /// The VP counter the class is counted in.
-    pub const fn counter(self) -> CounterId {
-        match self {
-            InterceptClass::PageInvalidation => vp::PAGE_INVALIDATIONS,
-            InterceptClass::ControlRegister => vp::CONTROL_REGISTER_ACCESSES,
-            InterceptClass::Io => vp::IO_INSTRUCTIONS,
-            InterceptClass::Halt => vp::HLT_INSTRUCTIONS,
-            InterceptClass::Mwait => vp::MWAIT_INSTRUCTIONS,
-            InterceptClass::Cpuid => vp::CPUID_INSTRUCTIONS,
-            InterceptClass::Msr => vp::MSR_ACCESSES,
-            InterceptClass::ExternalInterrupt => vp::EXTERNAL_INTERRUPTS,
-            InterceptClass::PendingInterrupt => vp::PENDING_INTERRUPTS,
-            InterceptClass::DebugRegister => vp::DEBUG_REGISTER_ACCESSES,
-            InterceptClass::PageFault => vp::PAGE_FAULT_INTERCEPTS,
-            InterceptClass::ApicAccess => vp::APIC_MMIO_ACCESSES,
-            InterceptClass::ApicEoi => vp::APIC_EOI_ACCESSES,
-            InterceptClass::ApicTpr => vp::APIC_TPR_ACCESSES,
-            InterceptClass::Hypercall => vp::HYPERCALLS,
-            InterceptClass::Other => vp::OTHER_INTERCEPTS,
         }
     }
 }

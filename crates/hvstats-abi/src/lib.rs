@@ -27,7 +27,6 @@ pub mod hal;
 pub mod histogram;
 pub mod hypercall;
 pub mod object;
-pub mod observed;
 pub mod page;
 pub mod seqcount;
 pub mod source;

@@ -6,7 +6,13 @@
 //! slot of each run-loop count, the counter of each hypercall class) from these keys with the
 //! functions below, so the catalog is the only place a counter's source is written down, and a
 //! test can check the backend against it.
+//!
+//! The same keys say how the observer maintains a counter for a VM hvstats did not start
+//! ([`observed`]): the row's own key where the observer can read it from outside the VMM, an
+//! observed-only key written in the row where it differs, and "not available" (with why) where
+//! nothing outside the VMM gives the counter.
 
+use crate::exit_reason::InterceptClass;
 use crate::hypercall::HypercallClass;
 
 /// Where the KVM backend gets a counter's value from.
@@ -28,6 +34,9 @@ pub enum Source {
     ThreadTime(ThreadTime),
     /// Host-wide procfs and sysfs (`/proc/stat`, `/proc/interrupts`, cpuidle).
     Procfs,
+    /// `kvm:kvm_exit` filtered by the exit reasons of an intercept class (VMX/SVM hosts only, see
+    /// [`crate::exit_reason`]); observed VMs only.
+    KvmExit(InterceptClass),
 }
 
 /// The kind of a [`Source`], without its key.
@@ -49,11 +58,18 @@ pub enum SourceKind {
     ThreadTime,
     /// [`Source::Procfs`].
     Procfs,
+    /// [`Source::KvmExit`].
+    KvmExit,
 }
 
 impl Source {
-    /// Short name for tables and JSON.
+    /// Short name for tables and JSON (`kvm_userspace_exit` tracepoints are `userspace-exit`).
     pub const fn name(self) -> &'static str {
+        if let Source::Tracepoint(tp) = self
+            && tp.is_userspace_exit()
+        {
+            return "userspace-exit";
+        }
         match self.kind() {
             SourceKind::Authority => "authority",
             SourceKind::RunLoop => "run-loop",
@@ -63,6 +79,7 @@ impl Source {
             SourceKind::PerfSoftware => "perf-software",
             SourceKind::ThreadTime => "thread-time",
             SourceKind::Procfs => "procfs",
+            SourceKind::KvmExit => "kvm-exit",
         }
     }
 
@@ -77,6 +94,7 @@ impl Source {
             Source::PerfSoftware(_) => SourceKind::PerfSoftware,
             Source::ThreadTime(_) => SourceKind::ThreadTime,
             Source::Procfs => SourceKind::Procfs,
+            Source::KvmExit(_) => SourceKind::KvmExit,
         }
     }
 }
@@ -185,11 +203,22 @@ pub enum Tracepoint {
     /// `kvm_msr` filtered on writes of x2APIC MSR 0x80B, the EOI: added to
     /// [`Tracepoint::ApicEoi`]'s.
     X2apicEoi,
+    /// `kvm_userspace_exit` with reason `KVM_EXIT_IO` (2): port I/O passed to the VMM.
+    UserspaceIo,
+    /// `kvm_userspace_exit` with reason `KVM_EXIT_MMIO` (6): MMIO passed to the VMM.
+    UserspaceMmio,
+    /// `kvm_userspace_exit` with any other reason but `KVM_EXIT_INTR` (10, a signal interrupting
+    /// `KVM_RUN`, which is no message).
+    UserspaceOther,
+    /// `kvm_userspace_exit` with reason `KVM_EXIT_X86_RDMSR` or `_WRMSR` (29, 30): MSR accesses
+    /// passed to the VMM, added to [`Tracepoint::Msr`]'s for an observed VM (as the run loop's
+    /// own MSR exits are for our partitions).
+    UserspaceMsr,
 }
 
 impl Tracepoint {
     /// Every tracepoint, in index order.
-    pub const ALL: [Tracepoint; 12] = [
+    pub const ALL: [Tracepoint; 16] = [
         Tracepoint::Cpuid,
         Tracepoint::Msr,
         Tracepoint::Pio,
@@ -202,6 +231,10 @@ impl Tracepoint {
         Tracepoint::InjException,
         Tracepoint::X2apicTpr,
         Tracepoint::X2apicEoi,
+        Tracepoint::UserspaceIo,
+        Tracepoint::UserspaceMmio,
+        Tracepoint::UserspaceOther,
+        Tracepoint::UserspaceMsr,
     ];
 
     /// The event name under `events/kvm/`.
@@ -215,6 +248,31 @@ impl Tracepoint {
             Tracepoint::ApicIpi | Tracepoint::ApicSelfIpi => "kvm_apic_ipi",
             Tracepoint::InjException => "kvm_inj_exception",
             Tracepoint::X2apicTpr | Tracepoint::X2apicEoi => "kvm_msr",
+            Tracepoint::UserspaceIo
+            | Tracepoint::UserspaceMmio
+            | Tracepoint::UserspaceOther
+            | Tracepoint::UserspaceMsr => "kvm_userspace_exit",
+        }
+    }
+
+    /// True for the `kvm_userspace_exit` counts (exits the VMM handles).
+    pub const fn is_userspace_exit(self) -> bool {
+        matches!(
+            self,
+            Tracepoint::UserspaceIo
+                | Tracepoint::UserspaceMmio
+                | Tracepoint::UserspaceOther
+                | Tracepoint::UserspaceMsr
+        )
+    }
+
+    /// The tracepoints whose counts are added to this one's counter: the x2APIC accesses (MSRs)
+    /// to the xAPIC's (MMIO).
+    pub const fn added(self) -> &'static [Tracepoint] {
+        match self {
+            Tracepoint::ApicTpr => &[Tracepoint::X2apicTpr],
+            Tracepoint::ApicEoi => &[Tracepoint::X2apicEoi],
+            _ => &[],
         }
     }
 

@@ -40,7 +40,7 @@ fn refresh(c: &mut Criterion) {
 
     // Where the time goes: each source read on its own.
     let tid = gettid();
-    let tracepoints = VpTracepoints::open(tid);
+    let mut tracepoints = VpTracepoints::open(tid);
     let stats = KvmStats::open(vcpu.fd().as_raw_fd()).expect("KVM stats fd");
     let migrations = Migrations::open(tid).expect("cpu-migrations");
     let mut group = c.benchmark_group("vp_refresh_parts");

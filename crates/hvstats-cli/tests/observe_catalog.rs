@@ -8,7 +8,8 @@
 use std::process::Command;
 
 use hvstats_abi::CATALOG;
-use hvstats_abi::observed::{Observed, observed};
+use hvstats_abi::Maintained;
+use hvstats_abi::catalog::observed;
 use serde_json::Value;
 
 #[test]
@@ -18,12 +19,12 @@ fn catalog_json_and_table_carry_the_observed_column() {
     let rows: Vec<Value> = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(rows.len(), CATALOG.len());
     for (row, c) in rows.iter().zip(CATALOG) {
-        match observed(c.id) {
-            Some(Observed::By(source, note)) => {
+        match observed(c) {
+            Some(Maintained::By(source, note)) => {
                 assert_eq!(row["observed"], source.name(), "{}", c.name);
                 assert_eq!(row["observed_note"], note);
             }
-            Some(Observed::No(why)) => {
+            Some(Maintained::No(why)) => {
                 assert_eq!(row["observed"], "no", "{}", c.name);
                 assert_eq!(row["observed_note"], why);
             }
@@ -37,7 +38,8 @@ fn catalog_json_and_table_carry_the_observed_column() {
             .clone()
     };
     assert_eq!(by_name("vp", "CPUID instructions/sec")["observed"], "tracepoint");
-    assert_eq!(by_name("vp", "HLT instructions/sec")["observed"], "kvm-exit");
+    assert_eq!(by_name("vp", "HLT instructions/sec")["observed"], "kvm-stats");
+    assert_eq!(by_name("vp", "MWAIT instructions/sec")["observed"], "kvm-exit");
     assert_eq!(by_name("vp", "IO intercept messages/sec")["observed"], "userspace-exit");
     assert_eq!(by_name("vp", "Hypercalls cost")["observed"], "no");
     assert_eq!(by_name("hypervisor", "Partitions")["observed"], Value::Null);

@@ -34,7 +34,6 @@ pub mod partition;
 #[cfg(test)]
 mod source_tables;
 pub mod sources;
-mod sys;
 pub mod vp;
 
 pub use error::Error;

@@ -303,7 +303,7 @@ impl VpShared {
 
     /// Merges the VP's sources into `page` as `mode` says; the exception count of the reading
     /// (0 before the VP started).
-    pub(crate) fn refresh(&self, page: &SharedPage, mode: Refresh) -> VpExtras {
+    fn refresh(&self, page: &SharedPage, mode: Refresh) -> VpExtras {
         match lock(&self.sources).as_mut() {
             Some(sources) => match mode {
                 Refresh::OwnThread => sources.merge_exits(page, &self.user),
@@ -316,6 +316,38 @@ impl VpShared {
     /// Runs `f` on the VP's sources, once its thread opened them.
     pub(crate) fn with_sources<T>(&self, f: impl FnOnce(&VpSources) -> T) -> Option<T> {
         lock(&self.sources).as_ref().map(f)
+    }
+}
+
+/// A VP's counters as one value: its page, the run loop's own counts (the page's single writer)
+/// and its kernel sources. The run loop records exits and refreshes through it, and the partition
+/// (collector, WHv API, end of run) refreshes through it: one merge, whoever calls.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct VpCounters<'a> {
+    page: &'a SharedPage,
+    shared: &'a VpShared,
+}
+
+impl<'a> VpCounters<'a> {
+    /// The counters of the VP whose page is `page` and shared state `shared`.
+    pub(crate) fn new(page: &'a SharedPage, shared: &'a VpShared) -> Self {
+        Self { page, shared }
+    }
+
+    /// Counts a hypercall as it begins (see [`ExitAccounting::begin_hypercall`]).
+    fn begin_hypercall(self, acct: &mut ExitAccounting) {
+        acct.begin_hypercall(self.page, &self.shared.user);
+    }
+
+    /// Records one userspace exit (see [`ExitAccounting::record`]).
+    fn record(self, acct: &mut ExitAccounting, class: ExitClass, ticks: u64) {
+        acct.record(self.page, &self.shared.user, class, ticks);
+    }
+
+    /// Merges the VP's sources into its page as `mode` says; the exception count of the
+    /// reading (0 before the VP started).
+    pub(crate) fn refresh(self, mode: Refresh) -> VpExtras {
+        self.shared.refresh(self.page, mode)
     }
 }
 
@@ -379,7 +411,8 @@ pub(crate) fn run(env: &VpEnv<'_>, shared: &VpShared, mut vcpu: VcpuFd) -> VpOut
         }
     }
     let hardware = env.hardware.map(|h| VpHardwareCounters::open(&h.allocator, h.handle, 0));
-    let mut acct = ExitAccounting::new(env.accounting && env.page.is_some());
+    let counters = env.page.map(|page| VpCounters::new(page, shared));
+    let mut acct = ExitAccounting::new(env.accounting && counters.is_some());
     let mut serial = Vec::new();
     let started = Instant::now();
     let mut last_rip = LastRip::entry(rip(&vcpu).unwrap_or(0));
@@ -400,9 +433,9 @@ pub(crate) fn run(env: &VpEnv<'_>, shared: &VpShared, mut vcpu: VcpuFd) -> VpOut
             break;
         }
         entered = true;
-        let (class, step) = step(env, shared, presence, &mut vcpu, &mut serial, &mut acct);
-        if let (Some((class, t0)), Some(page)) = (class, env.page) {
-            acct.record(page, &shared.user, class, cycles::now().wrapping_sub(t0));
+        let (class, step) = step(env, shared.index, counters, presence, &mut vcpu, &mut serial, &mut acct);
+        if let (Some((class, t0)), Some(counters)) = (class, counters) {
+            counters.record(&mut acct, class, cycles::now().wrapping_sub(t0));
         }
         match step {
             Step::Continue => {}
@@ -432,8 +465,8 @@ pub(crate) fn run(env: &VpEnv<'_>, shared: &VpShared, mut vcpu: VcpuFd) -> VpOut
         let what = if fault.cause.is_fault() { "faulted" } else { "was stopped" };
         env.stats.stop(&format!("VP {} {what}: {}", outcome.index, fault.reason()));
     }
-    if let Some(page) = env.page {
-        shared.refresh(page, Refresh::OwnThread);
+    if let Some(counters) = counters {
+        counters.refresh(Refresh::OwnThread);
     }
     if let Some(s) = lock(&shared.sources).as_mut() {
         s.thread_exiting();
@@ -453,13 +486,13 @@ fn rip(vcpu: &VcpuFd) -> Option<u64> {
 /// started (for accounting), and what to do next.
 fn step(
     env: &VpEnv<'_>,
-    shared: &VpShared,
+    index: u32,
+    counters: Option<VpCounters<'_>>,
     presence: &VpPresence,
     vcpu: &mut VcpuFd,
     serial: &mut Vec<u8>,
     acct: &mut ExitAccounting,
 ) -> (Option<(ExitClass, u64)>, Step) {
-    let index = shared.index;
     let handlers = env.handlers;
     // Memory slot changes wait until no VP is in the guest (a guest must never see a slot gap).
     if !presence.enter_guest(env.space.gate()) {
@@ -483,9 +516,9 @@ fn step(
             };
             let mut ctx = VpContext { index, vcpu, space: env.space, stats: env.stats, serial };
             if let Some(h) = handlers.hypercall_ports.get(&port).filter(|h| h.accepts_hypercalls()) {
-                if let Some(page) = env.page {
-                    acct.begin_hypercall(page, &shared.user);
-                    shared.refresh(page, Refresh::OwnThread);
+                if let Some(counters) = counters {
+                    counters.begin_hypercall(acct);
+                    counters.refresh(Refresh::OwnThread);
                 }
                 let step = match h.hypercall(&mut ctx) {
                     Ok(()) => Step::Continue,

@@ -18,6 +18,11 @@ pub const TYPE_SOFTWARE: u32 = 1;
 /// `PERF_TYPE_TRACEPOINT`.
 pub const TYPE_TRACEPOINT: u32 = 2;
 
+/// `PERF_COUNT_SW_TASK_CLOCK`: CPU time of the thread, in nanoseconds.
+pub const SW_TASK_CLOCK: u64 = 1;
+/// `PERF_COUNT_SW_CPU_MIGRATIONS`: moves of the thread between CPUs.
+pub const SW_CPU_MIGRATIONS: u64 = 4;
+
 /// `PERF_COUNT_HW_CPU_CYCLES`.
 pub const HW_CPU_CYCLES: u64 = 0;
 /// `PERF_COUNT_HW_INSTRUCTIONS`.
@@ -144,9 +149,7 @@ impl PerfCounter {
                 PERF_FLAG_FD_CLOEXEC,
             )
         };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let fd = crate::os::check_long(fd)?;
         // SAFETY: the kernel just returned this fd to us and nothing else owns it.
         Ok(Self { fd: unsafe { OwnedFd::from_raw_fd(fd as i32) } })
     }

@@ -147,13 +147,10 @@ pub fn process_start_time(pid: u32) -> io::Result<u64> {
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed stat line"))
 }
 
-/// Fields 3 (state) and 22 (start time) of a `/proc/<pid>/stat` line. The command name
-/// (field 2) may hold spaces and parentheses, so fields are counted after its last `)`.
+/// Fields 3 (state) and 22 (start time) of a `/proc/<pid>/stat` line.
 fn parse_state_and_start_time(stat: &str) -> Option<(char, u64)> {
-    let mut fields = stat[stat.rfind(')')? + 1..].split_ascii_whitespace();
-    let state = fields.next()?.chars().next()?;
-    // Field 3 was the first after ')': field 22 is 18 further on.
-    Some((state, fields.nth(18)?.parse().ok()?))
+    let stat = crate::task_stat::StatLine::parse(stat)?;
+    Some((stat.state()?, stat.start_time()?))
 }
 
 /// `<runtime dir>/instances`.

@@ -12,6 +12,7 @@
 //! (a link or FIFO planted in its place is refused, never followed or waited on); new files are
 //! created `O_EXCL` and renamed into place; removal never follows a link.
 
+use crate::os::check;
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::File;
 use std::io;
@@ -97,10 +98,6 @@ impl RuntimeDirError {
 
 fn cstr(name: &OsStr) -> io::Result<CString> {
     CString::new(name.as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
-}
-
-fn check(rc: libc::c_int) -> io::Result<libc::c_int> {
-    if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(rc) }
 }
 
 /// `fstat` of an open fd.

@@ -5,7 +5,7 @@
 use std::io::{self, Write};
 use std::process::ExitCode;
 
-use hvstats_abi::observed::{Observed, observed};
+use hvstats_abi::catalog::observed;
 use hvstats_abi::{CATALOG, Counter, Maintained, Presentation, Unit};
 use serde_json::{Value, json};
 
@@ -41,11 +41,7 @@ fn maintained_by(m: Maintained) -> &'static str {
 /// Whether the observer of other processes' VMs maintains a counter: its source, `no`, or `-` for
 /// the hypervisor and LP objects (which an observer's instance keeps as any instance does).
 fn observed_by(c: &Counter) -> &'static str {
-    match observed(c.id) {
-        Some(Observed::By(source, _)) => source.name(),
-        Some(Observed::No(_)) => "no",
-        None => "-",
-    }
+    observed(c).map_or("-", maintained_by)
 }
 
 /// One counter as a JSON object.
@@ -62,8 +58,8 @@ pub fn counter_json(c: &Counter) -> Value {
         "presentation": c.presentation.name(),
         "maintained": maintained_by(c.maintained),
         "maintained_note": c.maintained.note(),
-        "observed": observed(c.id).map(|_| observed_by(c)),
-        "observed_note": observed(c.id).map(Observed::note),
+        "observed": observed(c).map(maintained_by),
+        "observed_note": observed(c).map(Maintained::note),
         "mshv": hvstats::mshv::names::MAPPINGS.iter().find(|m| m.counter == c.id).map(|m| m.name),
         "description": description(c),
     })

@@ -45,7 +45,7 @@ impl Attr {
         // SAFETY: `self` is a bpf_attr-sized buffer we own for the call; every pointer stored in
         // it by the caller points to memory alive for the call and large enough for the command.
         let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, self.0.as_mut_ptr(), self.0.len() as u32) };
-        if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r) }
+        hvstats::os::check_long(r)
     }
 }
 

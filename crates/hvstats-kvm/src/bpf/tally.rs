@@ -23,6 +23,7 @@ use super::filter::{self, FilterError, Pred};
 use super::program::{self, Column, Spans};
 use super::raw;
 use super::sys::{ArrayMap, Attachment, LoadError, Program};
+use crate::sources::tracefs::{self, EventError};
 
 /// One column: a tracepoint, narrowed by an ftrace filter when given.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -56,13 +57,13 @@ pub enum TallyError {
     #[error("cannot create a BPF map")]
     Map(#[source] io::Error),
     /// A tracepoint's format or id cannot be read.
-    #[error("tracepoint {tracepoint}: {source}")]
+    #[error("tracepoint {tracepoint}")]
     Format {
         /// `system:name`.
         tracepoint: String,
         /// The read error.
         #[source]
-        source: io::Error,
+        source: EventError,
     },
     /// A filter is outside what the program can evaluate.
     #[error("filter {filter:?} on {tracepoint}")]
@@ -354,7 +355,7 @@ impl Maps<'_> {
 }
 
 fn attach_one(
-    tracefs: &Path,
+    root: &Path,
     system: &str,
     name: &str,
     roles: &Roles,
@@ -362,21 +363,10 @@ fn attach_one(
     maps: &Maps<'_>,
 ) -> Result<Attachment, TallyError> {
     let tracepoint = format!("{system}:{name}");
-    if [system, name].iter().any(|s| s.is_empty() || s.contains('/') || s.contains("..")) {
-        return Err(TallyError::Format { tracepoint, source: io::Error::from(io::ErrorKind::InvalidInput) });
-    }
-    let dir = tracefs.join("events").join(system).join(name);
-    let read = |file: &str| std::fs::read_to_string(dir.join(file));
-    let format =
-        read("format").map_err(|source| TallyError::Format { tracepoint: tracepoint.clone(), source })?;
-    let id: u64 = read("id")
-        .map_err(|source| TallyError::Format { tracepoint: tracepoint.clone(), source })?
-        .trim()
-        .parse()
-        .map_err(|_| TallyError::Format {
-            tracepoint: tracepoint.clone(),
-            source: io::ErrorKind::InvalidData.into(),
-        })?;
+    let format = tracefs::event_format_at(root, system, name)
+        .map_err(|source| TallyError::Format { tracepoint: tracepoint.clone(), source })?;
+    let id = tracefs::event_id_at(root, system, name)
+        .map_err(|source| TallyError::Format { tracepoint: tracepoint.clone(), source })?;
     let fields = filter::parse_format(&format);
     // A raw tracepoint first: it runs before the kernel makes the record, which is most of
     // what a classic tracepoint program costs a firing.

@@ -21,19 +21,17 @@
 
 use std::collections::BTreeMap;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex, Weak};
 
-use hvstats::perf_event::{PerfCounter, TYPE_SOFTWARE, TYPE_TRACEPOINT};
+pub use hvstats::perf_event::{SW_CPU_MIGRATIONS, SW_TASK_CLOCK};
+use hvstats::perf_event::{TYPE_SOFTWARE, TYPE_TRACEPOINT};
+use hvstats::perf_group::{EventAttr, PerfGroup};
 
-use crate::bpf::{Slot, Tally, TracepointColumn};
+use crate::bpf::{Slot, Tally, TallyError, TracepointColumn};
+use crate::sources::tracefs::{self, EventError, TracefsError};
 
 use super::discovery::Procfs;
-
-/// `PERF_COUNT_SW_TASK_CLOCK`: CPU time of the thread, in nanoseconds.
-pub const SW_TASK_CLOCK: u64 = 1;
-/// `PERF_COUNT_SW_CPU_MIGRATIONS`.
-pub const SW_CPU_MIGRATIONS: u64 = 4;
 
 /// One event to count on each thread.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -76,14 +74,31 @@ pub enum Method {
     Perf,
 }
 
+/// Why tracepoints are not counted in the kernel.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum InKernelError {
+    /// Perf counters were asked for.
+    #[error("perf counters were asked for")]
+    PerfAsked,
+    /// tracefs is unavailable.
+    #[error(transparent)]
+    Tracefs(&'static TracefsError),
+    /// The list has no tracepoint.
+    #[error("no tracepoint to count")]
+    NoTracepoint,
+    /// The programs or maps could not be made.
+    #[error(transparent)]
+    Tally(Arc<TallyError>),
+}
+
 /// Event specs resolved to perf (type, config) once, with the reason for any that cannot be,
 /// and the in-kernel counting of their tracepoints where it is possible.
 #[derive(Clone, Debug)]
 pub struct EventList {
     specs: Vec<EventSpec>,
-    resolved: Vec<Result<(u32, u64), String>>,
+    resolved: Vec<Result<(u32, u64), Arc<EventError>>>,
     /// The in-kernel counting, or why there is none.
-    tally: Result<Arc<Tally>, String>,
+    tally: Result<Arc<Tally>, InKernelError>,
     /// By event: its column in the tally, when the tally counts it.
     columns: Vec<Option<usize>>,
 }
@@ -92,7 +107,7 @@ pub struct EventList {
 /// observed) share one, so a firing runs one program per tracepoint whatever the number of VMs.
 static TALLIES: Mutex<Vec<(Vec<EventSpec>, Weak<Tally>)>> = Mutex::new(Vec::new());
 
-fn shared_tally(root: &Path, specs: &[EventSpec]) -> Result<Arc<Tally>, String> {
+fn shared_tally(root: &Path, specs: &[EventSpec]) -> Result<Arc<Tally>, InKernelError> {
     let mut tallies = TALLIES.lock().unwrap_or_else(|e| e.into_inner());
     tallies.retain(|(_, t)| t.strong_count() > 0);
     if let Some(t) = tallies.iter().find(|(s, _)| s == specs).and_then(|(_, t)| t.upgrade()) {
@@ -108,9 +123,9 @@ fn shared_tally(root: &Path, specs: &[EventSpec]) -> Result<Arc<Tally>, String> 
         })
         .collect();
     if columns.is_empty() {
-        return Err("no tracepoint to count".to_owned());
+        return Err(InKernelError::NoTracepoint);
     }
-    let tally = Arc::new(Tally::new(root, &columns).map_err(|e| hvstats::snapshot::error_chain(&e))?);
+    let tally = Arc::new(Tally::new(root, &columns).map_err(|e| InKernelError::Tally(Arc::new(e)))?);
     tallies.push((specs.to_vec(), Arc::downgrade(&tally)));
     Ok(tally)
 }
@@ -125,20 +140,19 @@ impl EventList {
     /// As [`new`](Self::new), counting tracepoints by `method` where possible (perf counters are
     /// always possible where the events are).
     pub fn with_method(specs: Vec<EventSpec>, method: Method) -> Self {
-        let root = tracefs_root();
+        let root = tracefs::root();
         let resolved = specs
             .iter()
             .map(|spec| match spec {
                 EventSpec::Software(config) => Ok((TYPE_SOFTWARE, *config)),
                 EventSpec::Tracepoint { system, name, .. } => {
-                    let root = root.as_ref().map_err(Clone::clone)?;
-                    tracepoint_id(root, system, name).map(|id| (TYPE_TRACEPOINT, id))
+                    tracefs::event_id(system, name).map(|id| (TYPE_TRACEPOINT, id)).map_err(Arc::new)
                 }
             })
             .collect::<Vec<_>>();
-        let tally = match (method, &root) {
-            (Method::Perf, _) => Err("perf counters were asked for".to_owned()),
-            (Method::InKernel, Err(e)) => Err(e.clone()),
+        let tally = match (method, root) {
+            (Method::Perf, _) => Err(InKernelError::PerfAsked),
+            (Method::InKernel, Err(e)) => Err(InKernelError::Tracefs(e)),
             (Method::InKernel, Ok(root)) => shared_tally(root, &specs),
         };
         let mut next = 0;
@@ -168,7 +182,10 @@ impl EventList {
     /// or which tracepoints stay perf counters.
     pub fn method_description(&self) -> String {
         match (&self.tally, self.method()) {
-            (Err(why), _) => format!("perf counters per thread (in-kernel counting unavailable: {why})"),
+            (Err(why), _) => format!(
+                "perf counters per thread (in-kernel counting unavailable: {})",
+                hvstats::snapshot::error_chain(why)
+            ),
             (Ok(_), Method::Perf) => {
                 "perf counters per thread (no tracepoint could be counted in the kernel)".into()
             }
@@ -219,8 +236,8 @@ impl EventList {
     }
 
     /// Why event `i` cannot be counted at all (unknown tracepoint, no tracefs), if so.
-    pub fn unavailable(&self, i: usize) -> Option<&str> {
-        self.resolved.get(i).and_then(|r| r.as_ref().err()).map(String::as_str)
+    pub fn unavailable(&self, i: usize) -> Option<&EventError> {
+        self.resolved.get(i).and_then(|r| r.as_ref().err()).map(|e| &**e)
     }
 
     /// The specs.
@@ -229,55 +246,19 @@ impl EventList {
     }
 }
 
-/// The tracefs root, mounting tracefs at `/sys/kernel/tracing` when it is absent (as root).
-fn tracefs_root() -> Result<PathBuf, String> {
-    let found = || {
-        ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
-            .into_iter()
-            .map(PathBuf::from)
-            .find(|root| root.join("events").is_dir())
-    };
-    if let Some(root) = found() {
-        return Ok(root);
-    }
-    // SAFETY: all arguments are NUL-terminated literals; a null data pointer is allowed.
-    let r = unsafe {
-        libc::mount(
-            c"tracefs".as_ptr(),
-            c"/sys/kernel/tracing".as_ptr(),
-            c"tracefs".as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    };
-    if r != 0 {
-        let e = io::Error::last_os_error();
-        return Err(format!("tracefs is not mounted and mounting it at /sys/kernel/tracing failed: {e}"));
-    }
-    found().ok_or_else(|| "tracefs has no events".to_owned())
-}
-
-fn tracepoint_id(root: &Path, system: &str, name: &str) -> Result<u64, String> {
-    if [system, name].iter().any(|s| s.is_empty() || s.contains('/') || s.contains("..")) {
-        return Err(format!("bad tracepoint name {system}:{name}"));
-    }
-    let path = root.join("events").join(system).join(name).join("id");
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("tracepoint {system}:{name}: {e}"))?;
-    text.trim().parse().map_err(|_| format!("{}: not a number", path.display()))
-}
-
 /// The counters of one thread: its row in the in-kernel tally, and perf counters (one group
 /// where possible) for the events the tally does not count.
 #[derive(Debug)]
 struct Thread {
-    /// By event index: the counter and its id in group reads (`None`: counted alone).
-    counters: Vec<Option<(PerfCounter, Option<u64>)>>,
-    leader: Option<usize>,
+    /// The perf counters, by event index (empty where the tally counts the event).
+    group: PerfGroup,
     /// The thread's row in the tally, when it has one, and the row's value when this list
     /// began counting the thread (another list of the same events may count it too).
     slot: Option<(Arc<Tally>, Slot, i32, Vec<u64>)>,
     /// The thread's counts at its last successful read (kept once it is gone).
     last: Vec<Option<u64>>,
+    /// The perf counters' reading (scratch).
+    read: Vec<Option<u64>>,
 }
 
 impl Drop for Thread {
@@ -301,49 +282,32 @@ impl Thread {
                 }
             }
         });
-        let mut counters: Vec<Option<(PerfCounter, Option<u64>)>> = Vec::with_capacity(events.len());
-        let mut leader: Option<usize> = None;
-        for (i, spec) in events.specs.iter().enumerate() {
-            let Ok((type_, config)) = events.resolved[i] else {
-                counters.push(None);
-                continue;
-            };
-            if slot.is_some() && events.in_kernel(i) {
-                counters.push(None);
-                continue;
+        let in_tally = slot.is_some();
+        let attrs = events.specs.iter().enumerate().map(|(i, spec)| {
+            let (type_, config) = *events.resolved[i].as_ref().ok()?;
+            if in_tally && events.in_kernel(i) {
+                return None;
             }
-            let group = leader.and_then(|l| counters[l].as_ref().map(|(c, _)| c));
-            let opened = match PerfCounter::open_in_group(type_, config, tid, group) {
-                Ok(c) => match c.id() {
-                    Ok(id) => Some((c, Some(id))),
-                    Err(_) => PerfCounter::open(type_, config, tid).ok().map(|c| (c, None)),
-                },
-                Err(_) if group.is_some() => PerfCounter::open(type_, config, tid).ok().map(|c| (c, None)),
-                Err(_) => None,
+            let filter = match spec {
+                EventSpec::Tracepoint { filter, .. } => filter.as_deref(),
+                EventSpec::Software(_) => None,
             };
-            let opened = match (opened, spec) {
-                (Some((c, id)), EventSpec::Tracepoint { filter: Some(f), .. }) => {
-                    // A counter whose filter the kernel rejects would count every event: drop it.
-                    c.set_filter(f).ok().map(|()| (c, id))
-                }
-                (o, _) => o,
-            };
-            if leader.is_none() && matches!(opened, Some((_, Some(_)))) {
-                leader = Some(i);
-            }
-            counters.push(opened);
-        }
-        let last = vec![None; counters.len()];
-        Self { counters, leader, slot, last }
+            Some(EventAttr { type_, config, filter })
+        });
+        // An event that does not open on this thread is not counted on it (see `is_open`).
+        let (group, _) = PerfGroup::open(tid, attrs);
+        let last = vec![None; group.len()];
+        let read = vec![None; group.len()];
+        Self { group, slot, last, read }
     }
 
     fn fds(&self) -> usize {
-        self.counters.iter().flatten().count()
+        self.group.fds()
     }
 
     /// True when event `i` is counted for this thread (in the kernel or by a perf counter).
     fn is_open(&self, events: &EventList, i: usize) -> bool {
-        self.counters.get(i).is_some_and(Option::is_some) || (self.slot.is_some() && events.in_kernel(i))
+        self.group.is_open(i) || (self.slot.is_some() && events.in_kernel(i))
     }
 
     /// Reads every counter; keeps the reading in `last`.
@@ -359,25 +323,10 @@ impl Thread {
                 }
             }
         }
-        let mut buf = vec![0u64; 1 + 2 * self.counters.len()];
-        let pairs: &[u64] = match self.leader.and_then(|l| self.counters[l].as_ref()) {
-            Some((leader, _)) => match leader.read_group(&mut buf) {
-                Ok(words) => {
-                    let nr = (buf[0] as usize).min(words.saturating_sub(1) / 2);
-                    &buf[1..1 + 2 * nr]
-                }
-                Err(_) => &[],
-            },
-            None => &[],
-        };
-        for (slot, counter) in self.last.iter_mut().zip(&self.counters) {
-            let value = match counter {
-                Some((_, Some(id))) => pairs.chunks_exact(2).find(|p| p[1] == *id).map(|p| p[0]),
-                Some((c, None)) => c.read().ok(),
-                None => None,
-            };
+        self.group.read_into(&mut self.read);
+        for (last, value) in self.last.iter_mut().zip(&self.read) {
             if value.is_some() {
-                *slot = value;
+                *last = *value;
             }
         }
         &self.last

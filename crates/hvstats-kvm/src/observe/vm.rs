@@ -16,39 +16,50 @@ use std::time::{Duration, SystemTime};
 
 use hvstats::sched::{SchedStat, SchedStatFile};
 use hvstats::{Hypervisor, PartitionStats, SharedPage};
-use hvstats_abi::catalog::{CounterId, partition, vp};
+use hvstats_abi::catalog::{self, Counter, CounterId, Maintained, vp};
 use hvstats_abi::exit_reason::{self, ExitReasonRow, InterceptClass};
-use hvstats_abi::observed::{self, Observed, ObservedSource};
+use hvstats_abi::source::{KvmStat, PerfSoftwareEvent, Source, ThreadTime, Tracepoint};
+
+use hvstats::task_stat::ticks_to_100ns;
 
 use super::claim::Claim;
 use super::counting::{EventList, EventSpec, SW_CPU_MIGRATIONS, SW_TASK_CLOCK, ThreadCounters};
 use super::discovery::{KvmFds, Procfs, Vmm};
 use super::publication;
 use super::qmp::{Cancel, KvmStatsReply, Qmp, QmpError};
+use crate::sources::{thread_time, tracepoint};
 
-/// Index of each event in [`vm_events`].
-mod ev {
-    pub const CPUID: usize = 0;
-    pub const MSR: usize = 1;
-    pub const PIO: usize = 2;
-    pub const CR: usize = 3;
-    pub const APIC_MMIO: usize = 4;
-    pub const APIC_TPR: usize = 5;
-    pub const APIC_EOI: usize = 6;
-    pub const APIC_IPI: usize = 7;
-    pub const APIC_SELF_IPI: usize = 8;
-    pub const USER_IO: usize = 9;
-    pub const USER_MMIO: usize = 10;
-    pub const USER_OTHER: usize = 11;
-    pub const USER_MSR: usize = 12;
-    pub const KVM_EXIT: usize = 13;
-    pub const TASK_CLOCK: usize = 14;
-    pub const MIGRATIONS: usize = 15;
-    pub const X2APIC_TPR: usize = 16;
-    pub const X2APIC_EOI: usize = 17;
-    /// The first per-class `kvm_exit` counter (VMX/SVM hosts), in [`InterceptClass::ALL`] order
-    /// without `Other`.
-    pub const CLASSES: usize = 18;
+/// Where each event sits in the list [`vm_events`] makes: the KVM tracepoints the catalog's
+/// observed keys name (with the parts added to them), then `kvm_exit`, the task clock, the
+/// migrations, and on VMX/SVM hosts `kvm_exit` per intercept class.
+#[derive(Debug)]
+struct Layout {
+    /// By [`Tracepoint::index`], its event's index when the observer counts it.
+    tracepoints: [Option<usize>; Tracepoint::ALL.len()],
+    kvm_exit: usize,
+    task_clock: usize,
+    migrations: usize,
+    /// The first per-class `kvm_exit` counter, in [`InterceptClass::ALL`] order without `Other`.
+    classes: usize,
+}
+
+impl Layout {
+    fn tracepoint(&self, tp: Tracepoint) -> Option<usize> {
+        self.tracepoints[tp.index()]
+    }
+}
+
+fn layout() -> &'static Layout {
+    static LAYOUT: std::sync::OnceLock<Layout> = std::sync::OnceLock::new();
+    LAYOUT.get_or_init(|| {
+        let mut tracepoints = [None; Tracepoint::ALL.len()];
+        let mut n = 0;
+        for tp in Tracepoint::ALL.into_iter().filter(|tp| tp.counted_for_observed()) {
+            tracepoints[tp.index()] = Some(n);
+            n += 1;
+        }
+        Layout { tracepoints, kvm_exit: n, task_clock: n + 1, migrations: n + 2, classes: n + 3 }
+    })
 }
 
 /// The hardware virtualization of this host's KVM: `Some(ISA_VMX)`, `Some(ISA_SVM)`, or `None`
@@ -83,43 +94,23 @@ pub fn class_filter(rows: &[ExitReasonRow], class: InterceptClass) -> Option<Str
     (!terms.is_empty()).then(|| terms.join(" || "))
 }
 
-/// The events counted on a VMM's threads: KVM's tracepoints, `kvm_userspace_exit` by reason,
-/// `kvm_exit` (whether it fires at all), task clock and migrations, and on VMX/SVM hosts
-/// (`isa`) `kvm_exit` per intercept class.
+/// The events counted on a VMM's threads: the KVM tracepoints the catalog's observed keys name
+/// (`kvm_userspace_exit` by reason among them), `kvm_exit` (whether it fires at all), task clock
+/// and migrations, and on VMX/SVM hosts (`isa`) `kvm_exit` per intercept class.
 pub fn vm_events(isa: Option<u32>) -> Vec<EventSpec> {
-    let kvm = |name: &str| EventSpec::tracepoint("kvm", name);
-    let kvm_if = |name: &str, filter: &str| EventSpec::filtered("kvm", name, filter);
-    let mut specs = vec![
-        kvm("kvm_cpuid"),
-        kvm("kvm_msr"),
-        kvm("kvm_pio"),
-        kvm("kvm_cr"),
-        // kvm_mmio type: 0 unsatisfied read (traced again when satisfied), 1 read, 2 write; the
-        // local APIC at its default base 0xFEE00000 (TPR at 0x80, EOI at 0xB0).
-        kvm_if("kvm_mmio", "gpa >= 0xfee00000 && gpa < 0xfee01000 && type != 0"),
-        kvm_if("kvm_mmio", "gpa == 0xfee00080 && type != 0"),
-        kvm_if("kvm_mmio", "gpa == 0xfee000b0 && type == 2"),
-        kvm("kvm_apic_ipi"),
-        // Destination shorthand (ICR bits 19:18) = 01, "self".
-        kvm_if("kvm_apic_ipi", "(icr_low & 262144) && !(icr_low & 524288)"),
-        // KVM_EXIT_IO 2, KVM_EXIT_MMIO 6, KVM_EXIT_INTR 10, KVM_EXIT_X86_RDMSR/WRMSR 29/30. Only
-        // returns with errno 0 are exits: KVM_RUN interrupted by a signal (EINTR) fires the
-        // tracepoint too, with the reason of the exit before it still in place.
-        kvm_if("kvm_userspace_exit", "reason == 2 && errno == 0"),
-        kvm_if("kvm_userspace_exit", "reason == 6 && errno == 0"),
-        // Other messages to the VMM: not I/O, not MMIO, not a signal interrupting KVM_RUN.
-        kvm_if("kvm_userspace_exit", "reason != 2 && reason != 6 && reason != 10 && errno == 0"),
-        kvm_if("kvm_userspace_exit", "(reason == 29 || reason == 30) && errno == 0"),
-        kvm("kvm_exit"),
-        EventSpec::Software(SW_TASK_CLOCK),
-        EventSpec::Software(SW_CPU_MIGRATIONS),
-        // x2APIC registers are MSRs 0x800 + offset / 16: the TPR 0x808, the EOI 0x80B. Not
-        // kvm_apic, which also fires for EOIs some KVM backends perform themselves when they
-        // inject an interrupt (seen here: one per interrupt, beside the guest's own).
-        kvm_if("kvm_msr", "ecx == 0x808"),
-        kvm_if("kvm_msr", "ecx == 0x80b && write == 1"),
-    ];
-    debug_assert_eq!(specs.len(), ev::CLASSES);
+    let at = layout();
+    let mut specs: Vec<EventSpec> = Tracepoint::ALL
+        .into_iter()
+        .filter(|tp| at.tracepoint(*tp).is_some())
+        .map(|tp| match tracepoint::filter(tp) {
+            Some(f) => EventSpec::filtered("kvm", tp.event(), &f),
+            None => EventSpec::tracepoint("kvm", tp.event()),
+        })
+        .collect();
+    specs.push(EventSpec::tracepoint("kvm", "kvm_exit"));
+    specs.push(EventSpec::Software(SW_TASK_CLOCK));
+    specs.push(EventSpec::Software(SW_CPU_MIGRATIONS));
+    debug_assert_eq!(specs.len(), at.classes);
     if let Some(rows) = isa.and_then(exit_reason::table) {
         for class in classified() {
             // Every class but Other has rows on VMX; on SVM two have none: a filter that matches
@@ -149,18 +140,18 @@ pub enum KvmExitState {
     Silent,
 }
 
-/// The KVM statistics (through QMP) each VP counter is kept from, when `kvm_exit` does not give it.
-const FROM_QMP_VCPU: [(CounterId, &str); 9] = [
-    (vp::PAGE_INVALIDATIONS, "invlpg"),
-    (vp::HLT_INSTRUCTIONS, "halt_exits"),
-    (vp::EXTERNAL_INTERRUPTS, "irq_exits"),
-    (vp::PENDING_INTERRUPTS, "irq_window_exits"),
-    (vp::EMULATED_INSTRUCTIONS, "insn_emulation"),
-    (vp::PAGE_FAULT_INTERCEPTS, "pf_taken"),
-    (vp::REFLECTED_GUEST_PAGE_FAULTS, "pf_guest"),
-    (vp::VIRTUAL_INTERRUPTS, "irq_injections"),
-    (vp::HYPERCALLS, "hypercalls"),
-];
+/// The counters of `kind` the observer keeps for an observed VM, with their observed key.
+fn observed_counters(kind: hvstats_abi::ObjectKind) -> impl Iterator<Item = (&'static Counter, Source)> {
+    hvstats_abi::CATALOG
+        .iter()
+        .filter(move |c| c.id.kind == kind)
+        .filter_map(|c| Some((c, catalog::observed(c).and_then(Maintained::source)?)))
+}
+
+/// True when `id` is the counter of an intercept class `kvm_exit` counts by reason.
+fn is_class_counter(id: CounterId) -> bool {
+    classified().any(|c| c.counter() == id)
+}
 
 /// One VP of an observed VM.
 #[derive(Debug)]
@@ -441,10 +432,12 @@ impl ObservedVm {
             let Some(tid) = vp.tid else { continue };
             let Some(counts) = self.counters.read(tid) else { continue };
             let Some(page) = self.partition.vp_page(index as u32) else { continue };
+            let at = layout();
             let c = |i: usize| counts.get(i).copied().flatten();
+            let tp = |tp: Tracepoint| at.tracepoint(tp).and_then(c);
             write_tracepoint_counts(page, &counts);
             // Thread times: task clock since attach; guest time is kernel-cumulative.
-            if let Some(ns) = c(ev::TASK_CLOCK) {
+            if let Some(ns) = c(at.task_clock) {
                 let total = ns / 100;
                 let guest = guest_ticks(procfs, self.pid, tid)
                     .zip(self.guest_ticks_at_open.get(&tid).copied())
@@ -452,7 +445,7 @@ impl ObservedVm {
                 page.set(vp::TOTAL_RUN_TIME, total);
                 page.set(vp::HYPERVISOR_RUN_TIME, total.saturating_sub(guest));
             }
-            if let Some(m) = c(ev::MIGRATIONS) {
+            if let Some(m) = c(at.migrations) {
                 page.set(vp::LOGICAL_PROCESSOR_MIGRATIONS, m);
             }
             // CPU wait and dispatches since attach, from the thread's schedstat.
@@ -462,9 +455,12 @@ impl ObservedVm {
                 page.set(vp::CPU_WAIT_TIME_PER_DISPATCH, d.wait_ns);
                 page.set(vp::DISPATCHES, d.dispatches);
             }
-            exits_seen |=
-                c(ev::USER_IO).unwrap_or(0) + c(ev::USER_MMIO).unwrap_or(0) + c(ev::CPUID).unwrap_or(0) > 0;
-            kvm_exits += c(ev::KVM_EXIT).unwrap_or(0);
+            exits_seen |= [Tracepoint::UserspaceIo, Tracepoint::UserspaceMmio, Tracepoint::Cpuid]
+                .into_iter()
+                .map(|t| tp(t).unwrap_or(0))
+                .sum::<u64>()
+                > 0;
+            kvm_exits += c(at.kvm_exit).unwrap_or(0);
             let exits = self.kvm_exit == KvmExitState::Fires;
             if exits {
                 write_exit_classes(page, &counts);
@@ -472,22 +468,26 @@ impl ObservedVm {
             if let (Some(now), Some(then), Some(q)) = (&stats, &self.stats_at_attach, &vp.qom_path)
                 && let (Some(now), Some(then)) = (now.vcpus.get(q), then.vcpus.get(q))
             {
-                for (counter, stat) in FROM_QMP_VCPU {
+                for (counter, source) in observed_counters(hvstats_abi::ObjectKind::Vp) {
+                    let Source::KvmStats(KvmStat::Vcpu(names)) = source else { continue };
                     // Where kvm_exit gives the counter by reason, that count is kept.
-                    if exits && InterceptClass::ALL.iter().any(|c| c.counter() == counter) {
+                    if exits && is_class_counter(counter.id) {
                         continue;
                     }
-                    if let Some(v) = now.get(stat) {
-                        page.set(counter, v.saturating_sub(then.get(stat).copied().unwrap_or(0)));
+                    if let Some(v) = since_attach(names, now, then) {
+                        page.set(counter.id, v);
                     }
                 }
             }
         }
-        if let (Some(now), Some(then)) = (&stats, &self.stats_at_attach)
-            && let Some(v) = now.vm.get("remote_tlb_flush")
-        {
-            let base = then.vm.get("remote_tlb_flush").copied().unwrap_or(0);
-            self.partition.page().set(partition::VIRTUAL_TLB_FLUSH_ENTRIES, v.saturating_sub(base));
+        if let (Some(now), Some(then)) = (&stats, &self.stats_at_attach) {
+            for (counter, source) in observed_counters(hvstats_abi::ObjectKind::Partition) {
+                if let Source::KvmStats(KvmStat::Vm(names)) = source
+                    && let Some(v) = since_attach(names, &now.vm, &then.vm)
+                {
+                    self.partition.page().set(counter.id, v);
+                }
+            }
         }
         if self.kvm_exit == KvmExitState::Undecided {
             if kvm_exits > 0 {
@@ -583,12 +583,12 @@ impl ObservedVm {
     /// The partition and VP counters no source gives this VM now.
     pub fn unavailable(&self) -> Vec<CounterId> {
         let exits = self.kvm_exit == KvmExitState::Fires;
+        let at = layout();
         // A statistic QEMU did not report at attach has no baseline: its counter is unavailable.
         let vcpu_stat = |stat: &str| {
             self.stats_at_attach.as_ref().is_some_and(|s| s.vcpus.values().any(|v| v.contains_key(stat)))
         };
         let vm_stat = |stat: &str| self.stats_at_attach.as_ref().is_some_and(|s| s.vm.contains_key(stat));
-        let from_qmp = |id: CounterId| FROM_QMP_VCPU.iter().any(|(c, stat)| *c == id && vcpu_stat(stat));
         let events = self.counters.events();
         // An event is missing when it cannot be counted at all, or is not open on a vCPU thread.
         let event_missing = |i: usize| {
@@ -598,35 +598,26 @@ impl ObservedVm {
         hvstats_abi::CATALOG
             .iter()
             .filter(|c| {
-                let id = c.id;
-                match observed::observed(id) {
-                    None => false,
-                    Some(Observed::No(_)) => true,
-                    Some(Observed::By(ObservedSource::KvmExit, _)) => !(exits || from_qmp(id)),
-                    Some(Observed::By(ObservedSource::QmpStats, _))
-                        if id == partition::VIRTUAL_TLB_FLUSH_ENTRIES =>
-                    {
-                        !vm_stat("remote_tlb_flush")
+                let Some(observed) = catalog::observed(c) else { return false };
+                let Some(source) = observed.source() else { return true };
+                match source {
+                    Source::Authority => false,
+                    Source::KvmExit(_) => !exits,
+                    Source::KvmStats(KvmStat::Vcpu(names)) => {
+                        !(exits && is_class_counter(c.id) || names.iter().any(|n| vcpu_stat(n)))
                     }
-                    Some(Observed::By(ObservedSource::QmpStats, _)) => !from_qmp(id),
-                    Some(Observed::By(ObservedSource::Tracepoint | ObservedSource::UserspaceExit, _)) => {
-                        tracepoint_event_of(id).is_some_and(event_missing)
-                    }
+                    Source::KvmStats(KvmStat::Vm(names)) => !names.iter().any(|n| vm_stat(n)),
+                    Source::Tracepoint(tp) => at.tracepoint(tp).is_none_or(event_missing),
                     // schedstat needs no perf event: available once every vCPU thread's is read.
-                    Some(Observed::By(ObservedSource::ThreadTime, _))
-                        if matches!(id, vp::DISPATCHES | vp::CPU_WAIT_TIME_PER_DISPATCH) =>
-                    {
+                    Source::ThreadTime(ThreadTime::Dispatches | ThreadTime::CpuWait) => {
                         self.vps.iter().any(|v| v.sched_at_attach.is_none())
                     }
-                    Some(Observed::By(ObservedSource::PerfSoftware | ObservedSource::ThreadTime, _)) => {
-                        let i = if id == vp::LOGICAL_PROCESSOR_MIGRATIONS {
-                            ev::MIGRATIONS
-                        } else {
-                            ev::TASK_CLOCK
-                        };
-                        event_missing(i)
+                    Source::ThreadTime(ThreadTime::Total | ThreadTime::Hypervisor) => {
+                        event_missing(at.task_clock)
                     }
-                    Some(Observed::By(ObservedSource::Authority, _)) => false,
+                    Source::PerfSoftware(PerfSoftwareEvent::CpuMigrations) => event_missing(at.migrations),
+                    // The VMM's own exit handling and the host-wide files are not this VM's.
+                    Source::RunLoop(_) | Source::Hypercall(_) | Source::Procfs => true,
                 }
             })
             .map(|c| c.id)
@@ -649,59 +640,39 @@ impl Drop for ObservedVm {
     }
 }
 
-/// The tracepoint event a counter comes from (for its availability).
-fn tracepoint_event_of(id: CounterId) -> Option<usize> {
-    Some(match id {
-        vp::CPUID_INSTRUCTIONS => ev::CPUID,
-        vp::MSR_ACCESSES => ev::MSR,
-        vp::IO_INSTRUCTIONS => ev::PIO,
-        vp::CONTROL_REGISTER_ACCESSES => ev::CR,
-        vp::APIC_MMIO_ACCESSES => ev::APIC_MMIO,
-        vp::APIC_TPR_ACCESSES => ev::APIC_TPR,
-        vp::APIC_EOI_ACCESSES => ev::APIC_EOI,
-        vp::APIC_IPIS_SENT => ev::APIC_IPI,
-        vp::APIC_SELF_IPIS_SENT => ev::APIC_SELF_IPI,
-        vp::IO_INTERCEPT_MESSAGES => ev::USER_IO,
-        vp::MEMORY_INTERCEPT_MESSAGES => ev::USER_MMIO,
-        vp::OTHER_MESSAGES => ev::USER_OTHER,
-        _ => return None,
-    })
+/// A KVM statistic's count since attach: the sum over `names` of each one's growth, `None`
+/// when QEMU reports none of them now.
+fn since_attach(names: &[&str], now: &BTreeMap<String, u64>, then: &BTreeMap<String, u64>) -> Option<u64> {
+    let grown =
+        names.iter().filter_map(|n| Some(now.get(*n)?.saturating_sub(then.get(*n).copied().unwrap_or(0))));
+    grown.reduce(u64::saturating_add)
 }
 
-/// Writes the counters that come from tracepoints and `kvm_userspace_exit`; an unavailable event
-/// leaves its counter as it is.
+/// Writes the counters whose observed key is a tracepoint: its count, plus the parts added to it
+/// (x2APIC accesses) and, for MSR accesses, the VMM's MSR exits; an unavailable event leaves its
+/// counter as it is.
 fn write_tracepoint_counts(page: &SharedPage, counts: &[Option<u64>]) {
-    let c = |i: usize| counts.get(i).copied().flatten();
-    let msr = c(ev::MSR).map(|n| n + c(ev::USER_MSR).unwrap_or(0));
-    let values = [
-        (vp::CPUID_INSTRUCTIONS, c(ev::CPUID)),
-        (vp::MSR_ACCESSES, msr),
-        (vp::IO_INSTRUCTIONS, c(ev::PIO)),
-        (vp::CONTROL_REGISTER_ACCESSES, c(ev::CR)),
-        (vp::APIC_MMIO_ACCESSES, c(ev::APIC_MMIO)),
-        // By xAPIC MMIO, plus by x2APIC MSR where that is counted.
-        (vp::APIC_TPR_ACCESSES, c(ev::APIC_TPR).map(|n| n + c(ev::X2APIC_TPR).unwrap_or(0))),
-        (vp::APIC_EOI_ACCESSES, c(ev::APIC_EOI).map(|n| n + c(ev::X2APIC_EOI).unwrap_or(0))),
-        (vp::APIC_IPIS_SENT, c(ev::APIC_IPI)),
-        (vp::APIC_SELF_IPIS_SENT, c(ev::APIC_SELF_IPI)),
-        (vp::IO_INTERCEPT_MESSAGES, c(ev::USER_IO)),
-        (vp::MEMORY_INTERCEPT_MESSAGES, c(ev::USER_MMIO)),
-        (vp::OTHER_MESSAGES, c(ev::USER_OTHER)),
-    ];
-    for (counter, value) in values {
-        if let Some(v) = value {
-            page.set(counter, v);
+    let at = layout();
+    let c = |tp: Tracepoint| at.tracepoint(tp).and_then(|i| counts.get(i).copied().flatten());
+    for (counter, source) in observed_counters(hvstats_abi::ObjectKind::Vp) {
+        let Source::Tracepoint(tp) = source else { continue };
+        let Some(n) = c(tp) else { continue };
+        let mut value = n + tp.added().iter().map(|a| c(*a).unwrap_or(0)).sum::<u64>();
+        if tp == Tracepoint::Msr {
+            value += c(Tracepoint::UserspaceMsr).unwrap_or(0);
         }
+        page.set(counter.id, value);
     }
 }
 
 /// Writes the classes counted from `kvm_exit` that no tracepoint gives, and Other (every exit
 /// not in a class).
 fn write_exit_classes(page: &SharedPage, counts: &[Option<u64>]) {
-    let Some(total) = counts.get(ev::KVM_EXIT).copied().flatten() else { return };
+    let at = layout();
+    let Some(total) = counts.get(at.kvm_exit).copied().flatten() else { return };
     let mut classified = 0u64;
     for (i, class) in classified_classes().enumerate() {
-        let Some(n) = counts.get(ev::CLASSES + i).copied().flatten() else { continue };
+        let Some(n) = counts.get(at.classes + i).copied().flatten() else { continue };
         classified += n;
         if !class_has_tracepoint(class) {
             page.set(class.counter(), n);
@@ -714,40 +685,22 @@ fn classified_classes() -> impl Iterator<Item = InterceptClass> {
     classified()
 }
 
-/// Classes whose counter a tracepoint already gives exactly (the tracepoint is kept).
+/// Classes whose counter a tracepoint already gives exactly (the tracepoint is kept): the
+/// counter's observed key is a tracepoint.
 fn class_has_tracepoint(class: InterceptClass) -> bool {
-    matches!(
-        class,
-        InterceptClass::Cpuid
-            | InterceptClass::Io
-            | InterceptClass::Msr
-            | InterceptClass::ControlRegister
-            | InterceptClass::ApicAccess
-            | InterceptClass::ApicEoi
-            | InterceptClass::ApicTpr
-    )
+    let counter = class.counter().counter();
+    matches!(counter.and_then(catalog::observed).and_then(Maintained::source), Some(Source::Tracepoint(_)))
 }
 
-/// Field 43 (guest time, clock ticks) of `/proc/<pid>/task/<tid>/stat`.
+/// The guest time (clock ticks) of thread `tid` of `pid`.
 fn guest_ticks(procfs: &Procfs, pid: i32, tid: i32) -> Option<u64> {
-    let path = procfs.root().join(pid.to_string()).join("task").join(tid.to_string()).join("stat");
-    let stat = std::fs::read_to_string(path).ok()?;
-    // Fields after the command (which may hold spaces and parentheses) start at field 3.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(43 - 3).and_then(|f| f.parse().ok())
+    thread_time::guest_ticks_of(procfs.root(), pid, tid).ok()
 }
 
 /// The scheduler accounting of thread `tid` of `pid` (`None` when it cannot be read).
 fn schedstat(procfs: &Procfs, pid: i32, tid: i32) -> Option<SchedStat> {
     let path = procfs.root().join(pid.to_string()).join("task").join(tid.to_string()).join("schedstat");
     SchedStatFile::open_path(&path).and_then(|f| f.read()).ok()
-}
-
-fn ticks_to_100ns(ticks: u64) -> u64 {
-    // SAFETY: sysconf has no memory effects.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    let hz = if hz > 0 { hz as u64 } else { 100 };
-    ticks.saturating_mul(10_000_000 / hz)
 }
 
 #[cfg(test)]
@@ -776,22 +729,31 @@ mod tests {
 
     #[test]
     fn event_indices_match_the_list() {
-        assert_eq!(vm_events(None).len(), ev::CLASSES);
+        let at = layout();
+        assert_eq!(vm_events(None).len(), at.classes);
         let vmx = vm_events(Some(exit_reason::ISA_VMX));
-        assert_eq!(vmx.len(), ev::CLASSES + InterceptClass::ALL.len() - 1);
+        assert_eq!(vmx.len(), at.classes + InterceptClass::ALL.len() - 1);
         assert_eq!(vm_events(Some(exit_reason::ISA_SVM)).len(), vmx.len());
-        assert_eq!(vm_events(None)[ev::TASK_CLOCK], EventSpec::Software(SW_TASK_CLOCK));
+        assert_eq!(vm_events(None)[at.task_clock], EventSpec::Software(SW_TASK_CLOCK));
+        assert_eq!(vm_events(None)[at.migrations], EventSpec::Software(SW_CPU_MIGRATIONS));
         assert!(
-            matches!(&vm_events(None)[ev::KVM_EXIT], EventSpec::Tracepoint { name, filter: None, .. } if name == "kvm_exit")
+            matches!(&vm_events(None)[at.kvm_exit], EventSpec::Tracepoint { name, filter: None, .. } if name == "kvm_exit")
         );
+        let userspace_io = at.tracepoint(Tracepoint::UserspaceIo).unwrap();
+        assert_eq!(
+            vm_events(None)[userspace_io],
+            EventSpec::filtered("kvm", "kvm_userspace_exit", "reason == 2 && errno == 0")
+        );
+        assert!(at.tracepoint(Tracepoint::InjException).is_none(), "no observed row counts exceptions");
     }
 
     #[test]
     fn exit_classes_fill_other_with_the_rest() {
         let page = SharedPage::anonymous(hvstats_abi::ObjectKind::Vp).unwrap();
-        let mut counts = vec![Some(0); ev::CLASSES + InterceptClass::ALL.len() - 1];
-        counts[ev::KVM_EXIT] = Some(100);
-        let at = |c: InterceptClass| ev::CLASSES + classified().position(|x| x == c).unwrap();
+        let layout = layout();
+        let mut counts = vec![Some(0); layout.classes + InterceptClass::ALL.len() - 1];
+        counts[layout.kvm_exit] = Some(100);
+        let at = |c: InterceptClass| layout.classes + classified().position(|x| x == c).unwrap();
         counts[at(InterceptClass::Halt)] = Some(7);
         counts[at(InterceptClass::Cpuid)] = Some(50);
         counts[at(InterceptClass::ExternalInterrupt)] = Some(3);

@@ -36,7 +36,7 @@ use crate::modes;
 use crate::sources::kvm_stats::KvmStats;
 use crate::sources::tracepoint::Tracepoint;
 pub use crate::vp::HardwareCounters;
-use crate::vp::{Refresh, VpOutcome, VpShared};
+use crate::vp::{Refresh, VpCounters, VpOutcome, VpShared};
 
 /// The partition counters kept from the VM's KVM statistics: the catalog's `KvmStats(Vm(..))` rows.
 const FROM_VM_STATS: [&Counter; maintained_count(ObjectKind::Partition, SourceKind::KvmStats)] =
@@ -333,7 +333,7 @@ impl Partition {
 
     fn refresh_as(&self, index: u32, mode: Refresh) -> VpExtras {
         match (self.vps.get(index as usize), self.stats.vp_page(index)) {
-            (Some(shared), Some(page)) => shared.refresh(page, mode),
+            (Some(shared), Some(page)) => VpCounters::new(page, shared).refresh(mode),
             _ => VpExtras::default(),
         }
     }

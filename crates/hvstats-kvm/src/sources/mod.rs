@@ -1,10 +1,14 @@
 //! Counter sources in the kernel: what KVM, perf and procfs know about a VP that the run loop does
 //! not see (intercepts handled inside KVM, CPU time, migrations).
 //!
-//! Each source is opened for one VP thread and read on demand; [`crate::accounting`] merges the
-//! readings into the VP's page.
+//! The host-sources layer our partitions and the observer share: [`tracefs`] (find or mount,
+//! event ids and formats) for the VP tracepoint groups, the observer's counters and the in-kernel
+//! programs; per-thread perf groups are `hvstats::perf_group`, `stat` lines
+//! `hvstats::task_stat`, schedstat `hvstats::sched`. Each source is opened for one VP thread and
+//! read on demand; [`crate::accounting`] merges the readings into the VP's page.
 
 pub mod kvm_stats;
 pub mod perf_sw;
 pub mod thread_time;
+pub mod tracefs;
 pub mod tracepoint;

@@ -2,10 +2,7 @@
 
 use std::io;
 
-use hvstats::perf_event::{PerfCounter, TYPE_SOFTWARE};
-
-/// `PERF_COUNT_SW_CPU_MIGRATIONS`.
-const SW_CPU_MIGRATIONS: u64 = 4;
+use hvstats::perf_event::{PerfCounter, SW_CPU_MIGRATIONS, TYPE_SOFTWARE};
 
 /// The migrations of one thread between host CPUs.
 #[derive(Debug)]

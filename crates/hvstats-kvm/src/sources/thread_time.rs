@@ -11,11 +11,11 @@
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
+use std::path::Path;
 
-use crate::sys;
+use hvstats::task_stat::{self, StatLine};
 
-/// 100 ns units per second.
-const UNITS_PER_SEC: u64 = 10_000_000;
+use hvstats::os as sys;
 
 /// One reading of a thread's times, in 100 ns.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -41,7 +41,16 @@ pub fn read(tid: libc::pid_t) -> io::Result<ThreadTimes> {
     let run_ns = thread_cpu_ns(tid)?;
     let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat"))?;
     let guest_ticks = parse_guest_ticks(&stat)?;
-    Ok(ThreadTimes { total_100ns: run_ns / 100, guest_100ns: guest_ticks * (UNITS_PER_SEC / clock_ticks()) })
+    Ok(ThreadTimes { total_100ns: run_ns / 100, guest_100ns: task_stat::ticks_to_100ns(guest_ticks) })
+}
+
+/// The guest time (clock ticks) of thread `tid` of process `pid`, under the procfs at `procfs`:
+/// for threads of other processes (an observed VMM's vCPU threads).
+///
+/// # Errors
+/// When the thread's `stat` cannot be read or parsed.
+pub fn guest_ticks_of(procfs: &Path, pid: i32, tid: i32) -> io::Result<u64> {
+    parse_guest_ticks(&std::fs::read_to_string(task_stat::thread_path(procfs, pid, tid))?)
 }
 
 /// A thread's times, read repeatedly.
@@ -49,7 +58,6 @@ pub fn read(tid: libc::pid_t) -> io::Result<ThreadTimes> {
 pub struct ThreadClock {
     tid: libc::pid_t,
     stat: File,
-    ticks_to_100ns: u64,
 }
 
 /// Longer than any `stat` line (the command name is at most 64 bytes, the 52 numbers at most
@@ -63,7 +71,7 @@ impl ThreadClock {
     /// When its `stat` file cannot be opened (the thread is gone, or there is no procfs).
     pub fn open(tid: libc::pid_t) -> io::Result<Self> {
         let stat = File::open(format!("/proc/self/task/{tid}/stat"))?;
-        Ok(Self { tid, stat, ticks_to_100ns: UNITS_PER_SEC / clock_ticks() })
+        Ok(Self { tid, stat })
     }
 
     /// The thread's times now.
@@ -80,7 +88,7 @@ impl ThreadClock {
         let stat =
             std::str::from_utf8(&buf[..n]).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         let guest_ticks = parse_guest_ticks(stat)?;
-        Ok(ThreadTimes { total_100ns: run_ns / 100, guest_100ns: guest_ticks * self.ticks_to_100ns })
+        Ok(ThreadTimes { total_100ns: run_ns / 100, guest_100ns: task_stat::ticks_to_100ns(guest_ticks) })
     }
 }
 
@@ -94,19 +102,11 @@ fn thread_cpu_ns(tid: libc::pid_t) -> io::Result<u64> {
     Ok(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
 }
 
-fn clock_ticks() -> u64 {
-    // SAFETY: sysconf has no memory effects.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 { t as u64 } else { 100 }
-}
-
-/// Field 43 (guest_time) of a `stat` line; the command name (field 2) may contain spaces and
-/// parentheses, so fields are counted after its closing parenthesis.
+/// Field 43 (guest_time) of a `stat` line.
 fn parse_guest_ticks(stat: &str) -> io::Result<u64> {
-    let bad = || io::Error::new(io::ErrorKind::InvalidData, "unparsable stat");
-    let rest = &stat[stat.rfind(')').ok_or_else(bad)? + 1..];
-    // After ")" comes field 3; field 43 is the 41st one.
-    rest.split_whitespace().nth(40).and_then(|v| v.parse().ok()).ok_or_else(bad)
+    StatLine::parse(stat)
+        .and_then(|s| s.guest_ticks())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unparsable stat"))
 }
 
 /// The calling thread's id.

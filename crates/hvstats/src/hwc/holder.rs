@@ -26,14 +26,8 @@ pub struct Holder {
 /// The state letter and start time of a live process, from `/proc/<pid>/stat`.
 pub(crate) fn process_stat(pid: u32) -> Option<(char, u64, String)> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The name is in parentheses and may itself contain spaces and parentheses.
-    let open = text.find('(')?;
-    let close = text.rfind(')')?;
-    let name = text.get(open + 1..close)?.to_owned();
-    let mut fields = text.get(close + 1..)?.split_whitespace();
-    let state = fields.next()?.chars().next()?;
-    // After the name come fields 3 (state) onwards; field 22 is 19 fields after the state.
-    let start = fields.nth(18)?.parse().ok()?;
+    let stat = crate::task_stat::StatLine::parse(&text)?;
+    let (state, start, name) = (stat.state()?, stat.start_time()?, stat.comm().to_owned());
     Some((state, start, name))
 }
 

@@ -1,0 +1,117 @@
+//! The one parser of procfs `stat` lines (`/proc/<pid>/stat`, `/proc/<pid>/task/<tid>/stat`).
+//!
+//! The command name (field 2) is in parentheses and may itself hold spaces and parentheses, so
+//! fields are counted after its *last* `)`. Every reader of a `stat` line in hvstats — a
+//! publisher's start time, a hardware-counter holder's liveness, a VP's or an observed vCPU
+//! thread's guest time — goes through [`StatLine`], numbering fields as proc(5) does.
+
+use std::path::{Path, PathBuf};
+
+/// proc(5) field 3: the state letter.
+pub const STATE: usize = 3;
+/// proc(5) field 22: start time, in clock ticks after boot.
+pub const START_TIME: usize = 22;
+/// proc(5) field 43: guest time, in clock ticks (time running a vCPU in guest mode).
+pub const GUEST_TIME: usize = 43;
+
+/// A parsed `stat` line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StatLine<'a> {
+    comm: &'a str,
+    /// Everything after the command's closing parenthesis: field 3 onwards.
+    rest: &'a str,
+}
+
+impl<'a> StatLine<'a> {
+    /// Splits `text` at its command name; `None` when it has no `(...)`.
+    pub fn parse(text: &'a str) -> Option<Self> {
+        let open = text.find('(')?;
+        let close = text.rfind(')')?;
+        Some(Self { comm: text.get(open + 1..close)?, rest: text.get(close + 1..)? })
+    }
+
+    /// Field 2, the command name, without its parentheses.
+    pub fn comm(&self) -> &'a str {
+        self.comm
+    }
+
+    /// Field `n` (numbered as in proc(5), from 3 on) as text.
+    pub fn field(&self, n: usize) -> Option<&'a str> {
+        self.rest.split_ascii_whitespace().nth(n.checked_sub(STATE)?)
+    }
+
+    /// Field `n` as a number.
+    pub fn number(&self, n: usize) -> Option<u64> {
+        self.field(n)?.parse().ok()
+    }
+
+    /// The state letter (`R`, `S`, `Z`, ...).
+    pub fn state(&self) -> Option<char> {
+        self.field(STATE)?.chars().next()
+    }
+
+    /// The start time, in clock ticks after boot.
+    pub fn start_time(&self) -> Option<u64> {
+        self.number(START_TIME)
+    }
+
+    /// The guest time, in clock ticks.
+    pub fn guest_ticks(&self) -> Option<u64> {
+        self.number(GUEST_TIME)
+    }
+}
+
+/// `<procfs>/<pid>/task/<tid>/stat`.
+pub fn thread_path(procfs: &Path, pid: i32, tid: i32) -> PathBuf {
+    procfs.join(pid.to_string()).join("task").join(tid.to_string()).join("stat")
+}
+
+/// Clock ticks per second (`_SC_CLK_TCK`; 100 when unknown).
+pub fn ticks_per_second() -> u64 {
+    // SAFETY: sysconf has no memory effects.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 { t as u64 } else { 100 }
+}
+
+/// `ticks` clock ticks in 100 ns units.
+pub fn ticks_to_100ns(ticks: u64) -> u64 {
+    ticks.saturating_mul(10_000_000 / ticks_per_second())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_are_counted_after_the_last_parenthesis_of_a_strange_command_name() {
+        let mut fields: Vec<String> = (3..=52).map(|i| i.to_string()).collect();
+        fields[0] = "S".into();
+        fields[GUEST_TIME - 3] = "777".into();
+        fields[START_TIME - 3] = "4242".into();
+        let line = format!("123 (a) b (c) {}", fields.join(" "));
+        let stat = StatLine::parse(&line).unwrap();
+        assert_eq!(stat.comm(), "a) b (c");
+        assert_eq!(stat.state(), Some('S'));
+        assert_eq!(stat.guest_ticks(), Some(777));
+        assert_eq!(stat.start_time(), Some(4242));
+        assert_eq!(stat.field(2), None, "the command is not a numbered field here");
+        assert_eq!(stat.number(53), None);
+    }
+
+    #[test]
+    fn garbage_is_not_a_stat_line() {
+        assert_eq!(StatLine::parse("garbage"), None);
+        assert_eq!(StatLine::parse("1 (x").map(|s| s.state()), None);
+        assert_eq!(StatLine::parse("1 (x)").and_then(|s| s.state()), None);
+        assert_eq!(StatLine::parse(")(").map(|s| s.comm()), None);
+    }
+
+    #[test]
+    fn this_thread_reads_as_running() {
+        let text = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+        let stat = StatLine::parse(&text).unwrap();
+        assert_eq!(stat.state(), Some('R'));
+        assert!(stat.start_time().is_some());
+        assert!(stat.guest_ticks().is_some());
+    }
+}
