@@ -241,3 +241,59 @@ fn the_kernel_accepts_every_vm_event_and_filter_including_the_vmx_and_svm_exit_c
         assert!(!counters.is_open(worker.tid, 0));
     }
 }
+
+fn clock_nanosleep(clock: libc::clockid_t, ms: i64) {
+    let ts = libc::timespec { tv_sec: 0, tv_nsec: ms * 1_000_000 };
+    // SAFETY: clock_nanosleep reads the timespec we own; no remainder is asked for.
+    assert_eq!(unsafe { libc::clock_nanosleep(clock, 0, &ts, std::ptr::null_mut()) }, 0);
+}
+
+#[test]
+fn a_span_is_the_time_from_its_start_to_its_end_in_the_kernel_and_absent_with_perf() {
+    // As the observer times kvm_exit by class until kvm_entry on VMX/SVM hosts.
+    let specs = || {
+        vec![
+            EventSpec::tracepoint("syscalls", "sys_enter_clock_nanosleep"),
+            EventSpec::span(
+                "syscalls",
+                "sys_enter_clock_nanosleep",
+                Some("which_clock == 1"),
+                "sys_exit_clock_nanosleep",
+            ),
+            EventSpec::Software(SW_TASK_CLOCK),
+            EventSpec::span("syscalls", "sys_enter_clock_nanosleep", None, "sys_exit_clock_nanosleep"),
+        ]
+    };
+    let events = EventList::with_method(specs(), Method::InKernel);
+    if events.method() != Method::InKernel {
+        let why = events.method_description();
+        assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "{why}");
+        eprintln!("skipped: {why}");
+        return;
+    }
+    assert!(events.in_kernel(1) && events.in_kernel(3));
+    let worker = Worker::start();
+    let mut counters = ThreadCounters::attach(&Procfs::host(), me(), events).unwrap();
+    let started = std::time::Instant::now();
+    worker.run(|| {
+        for _ in 0..3 {
+            clock_nanosleep(libc::CLOCK_MONOTONIC, 4);
+        }
+        clock_nanosleep(libc::CLOCK_REALTIME, 2);
+    });
+    let wall = started.elapsed().as_nanos() as u64;
+    let counts = counters.read(worker.tid).unwrap();
+    assert_eq!(counts[0], Some(4));
+    // The monotonic sleeps open the first span; the realtime one falls to the unfiltered span.
+    let monotonic = counts[1].unwrap();
+    let rest = counts[3].unwrap();
+    assert!((12_000_000..=wall).contains(&monotonic), "{counts:?} in {wall} ns");
+    assert!((2_000_000..=wall - monotonic).contains(&rest), "{counts:?} in {wall} ns");
+    // Perf counters cannot time a span: it is absent, never a count of its start tracepoint.
+    let perf = EventList::with_method(specs(), Method::Perf);
+    assert_eq!(perf.perf_events_per_thread(), 2);
+    let mut counters = ThreadCounters::attach(&Procfs::host(), me(), perf).unwrap();
+    worker.run(|| clock_nanosleep(libc::CLOCK_MONOTONIC, 1));
+    let counts = counters.read(worker.tid).unwrap();
+    assert_eq!((counts[0], counts[1], counts[3]), (Some(1), None, None), "{counts:?}");
+}

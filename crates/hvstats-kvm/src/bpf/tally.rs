@@ -148,6 +148,14 @@ pub enum ThreadTable {
     Hash,
 }
 
+impl ThreadTable {
+    /// The table for this host: an array where `pid_max` is at most [`ARRAY_PID_MAX`], else a
+    /// hash.
+    pub fn for_host() -> Self {
+        if pid_max() <= ARRAY_PID_MAX { ThreadTable::Array } else { ThreadTable::Hash }
+    }
+}
+
 impl Tally {
     /// Loads and attaches the programs of `columns`, tracepoints read from tracefs at `tracefs`.
     /// A tracepoint whose program cannot be made is not counted here (see
@@ -156,8 +164,7 @@ impl Tally {
     /// # Errors
     /// When the maps cannot be created (BPF not permitted) or no tracepoint can be counted.
     pub fn new(tracefs: &Path, columns: &[TracepointColumn]) -> Result<Self, TallyError> {
-        let table = if pid_max() <= ARRAY_PID_MAX { ThreadTable::Array } else { ThreadTable::Hash };
-        Self::with_table(tracefs, columns, table)
+        Self::with_table(tracefs, columns, ThreadTable::for_host())
     }
 
     /// As [`new`](Self::new), with the thread table `table`.

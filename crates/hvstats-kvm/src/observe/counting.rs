@@ -28,7 +28,7 @@ pub use hvstats::perf_event::{SW_CPU_MIGRATIONS, SW_TASK_CLOCK};
 use hvstats::perf_event::{TYPE_SOFTWARE, TYPE_TRACEPOINT};
 use hvstats::perf_group::{EventAttr, PerfGroup};
 
-use crate::bpf::{Slot, Tally, TallyError, TracepointColumn};
+use crate::bpf::{Slot, SpanColumn, Tally, TallyError, ThreadTable, TracepointColumn};
 use crate::sources::tracefs::{self, EventError, TracefsError};
 
 use super::discovery::Procfs;
@@ -47,12 +47,35 @@ pub enum EventSpec {
     },
     /// A perf software event (`PERF_COUNT_SW_*`).
     Software(u64),
+    /// The nanoseconds from each firing of tracepoint `start` that `filter` admits to the next
+    /// firing of `end` on the same thread, summed: counted in the kernel only (perf has no such
+    /// event), so where the kernel does not count it, it is not counted.
+    Span {
+        /// The tracepoints' system (`kvm`).
+        system: String,
+        /// The tracepoint that opens a span (`kvm_exit`).
+        start: String,
+        /// An ftrace filter on `start` (`exit_reason == 10`).
+        filter: Option<String>,
+        /// The tracepoint that closes it (`kvm_entry`).
+        end: String,
+    },
 }
 
 impl EventSpec {
     /// A tracepoint without a filter.
     pub fn tracepoint(system: &str, name: &str) -> Self {
         EventSpec::Tracepoint { system: system.to_owned(), name: name.to_owned(), filter: None }
+    }
+
+    /// A span from `start` (narrowed by `filter`) to `end`, tracepoints of `system`.
+    pub fn span(system: &str, start: &str, filter: Option<&str>, end: &str) -> Self {
+        EventSpec::Span {
+            system: system.to_owned(),
+            start: start.to_owned(),
+            filter: filter.map(str::to_owned),
+            end: end.to_owned(),
+        }
     }
 
     /// A tracepoint with a filter.
@@ -119,15 +142,51 @@ fn shared_tally(root: &Path, specs: &[EventSpec]) -> Result<Arc<Tally>, InKernel
             EventSpec::Tracepoint { system, name, filter } => {
                 Some(TracepointColumn { system: system.clone(), name: name.clone(), filter: filter.clone() })
             }
-            EventSpec::Software(_) => None,
+            EventSpec::Software(_) | EventSpec::Span { .. } => None,
         })
         .collect();
-    if columns.is_empty() {
+    let spans: Vec<SpanColumn> = specs
+        .iter()
+        .filter_map(|spec| match spec {
+            EventSpec::Span { system, start, filter, end } => Some(SpanColumn {
+                start: TracepointColumn {
+                    system: system.clone(),
+                    name: start.clone(),
+                    filter: filter.clone(),
+                },
+                end_system: system.clone(),
+                end_name: end.clone(),
+            }),
+            _ => None,
+        })
+        .collect();
+    if columns.is_empty() && spans.is_empty() {
         return Err(InKernelError::NoTracepoint);
     }
-    let tally = Arc::new(Tally::new(root, &columns).map_err(|e| InKernelError::Tally(Arc::new(e)))?);
+    let tally = Tally::with_spans(root, &columns, &spans, ThreadTable::for_host())
+        .map_err(|e| InKernelError::Tally(Arc::new(e)))?;
+    let tally = Arc::new(tally);
     tallies.push((specs.to_vec(), Arc::downgrade(&tally)));
     Ok(tally)
+}
+
+/// Each spec's column in the tally: tracepoints in order, then spans after them (as
+/// [`Tally::with_spans`] lays out a row); `None` for software events.
+fn tally_columns(specs: &[EventSpec]) -> Vec<Option<usize>> {
+    let tracepoints = specs.iter().filter(|s| matches!(s, EventSpec::Tracepoint { .. })).count();
+    let (mut next_tracepoint, mut next_span) = (0, tracepoints);
+    specs
+        .iter()
+        .map(|spec| {
+            let next = match spec {
+                EventSpec::Tracepoint { .. } => &mut next_tracepoint,
+                EventSpec::Span { .. } => &mut next_span,
+                EventSpec::Software(_) => return None,
+            };
+            *next += 1;
+            Some(*next - 1)
+        })
+        .collect()
 }
 
 impl EventList {
@@ -145,7 +204,7 @@ impl EventList {
             .iter()
             .map(|spec| match spec {
                 EventSpec::Software(config) => Ok((TYPE_SOFTWARE, *config)),
-                EventSpec::Tracepoint { system, name, .. } => {
+                EventSpec::Tracepoint { system, name, .. } | EventSpec::Span { system, start: name, .. } => {
                     tracefs::event_id(system, name).map(|id| (TYPE_TRACEPOINT, id)).map_err(Arc::new)
                 }
             })
@@ -155,16 +214,11 @@ impl EventList {
             (Method::InKernel, Err(e)) => Err(InKernelError::Tracefs(e)),
             (Method::InKernel, Ok(root)) => shared_tally(root, &specs),
         };
-        let mut next = 0;
-        let columns = specs
-            .iter()
+        let columns = tally_columns(&specs)
+            .into_iter()
             .enumerate()
-            .map(|(i, spec)| {
-                if !matches!(spec, EventSpec::Tracepoint { .. }) {
-                    return None;
-                }
-                let column = next;
-                next += 1;
+            .map(|(i, column)| {
+                let column = column?;
                 let counted =
                     resolved[i].is_ok() && tally.as_ref().is_ok_and(|t| t.refused(column).is_none());
                 counted.then_some(column)
@@ -195,7 +249,7 @@ impl EventList {
                     .iter()
                     .enumerate()
                     .filter(|(i, spec)| {
-                        matches!(spec, EventSpec::Tracepoint { .. })
+                        matches!(spec, EventSpec::Tracepoint { .. } | EventSpec::Span { .. })
                             && self.resolved[*i].is_ok()
                             && self.columns[*i].is_none()
                     })
@@ -211,7 +265,7 @@ impl EventList {
     }
 
     fn column_refusal(&self, tally: &Tally, event: usize) -> Option<String> {
-        let column = self.specs[..event].iter().filter(|s| matches!(s, EventSpec::Tracepoint { .. })).count();
+        let column = tally_columns(&self.specs).get(event).copied().flatten()?;
         tally.refused(column).map(str::to_owned)
     }
 
@@ -220,9 +274,16 @@ impl EventList {
         self.columns.get(i).is_some_and(Option::is_some)
     }
 
-    /// Perf counters each counted thread holds: the events not counted in the kernel.
+    /// Perf counters each counted thread holds: the events not counted in the kernel (spans
+    /// are counted there or not at all).
     pub fn perf_events_per_thread(&self) -> usize {
-        (0..self.len()).filter(|&i| self.resolved[i].is_ok() && !self.in_kernel(i)).count()
+        (0..self.len())
+            .filter(|&i| self.resolved[i].is_ok() && !self.in_kernel(i) && !self.is_span(i))
+            .count()
+    }
+
+    fn is_span(&self, i: usize) -> bool {
+        matches!(self.specs.get(i), Some(EventSpec::Span { .. }))
     }
 
     /// Number of events.
@@ -291,6 +352,8 @@ impl Thread {
             let filter = match spec {
                 EventSpec::Tracepoint { filter, .. } => filter.as_deref(),
                 EventSpec::Software(_) => None,
+                // A span has no perf counter: without the kernel's it is not counted.
+                EventSpec::Span { .. } => return None,
             };
             Some(EventAttr { type_, config, filter })
         });
