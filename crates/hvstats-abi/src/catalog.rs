@@ -755,6 +755,30 @@ const NO_OUTSIDE: &str = "no source outside the VMM process gives it";
 const OBSERVED_KVM_STAT: &str = "the same KVM statistic, through QEMU's QMP (--qmp); an intercept class is counted from \
      kvm:kvm_exit by reason instead on VMX/SVM hosts";
 
+/// The intercept class whose time the cost counter `id` is: the class counted at the index
+/// before it.
+const fn class_timed(id: CounterId) -> Option<InterceptClass> {
+    if id.index == 0 {
+        return None;
+    }
+    let mut i = 0;
+    while i < InterceptClass::ALL.len() {
+        let class = InterceptClass::ALL[i];
+        let count = class.counter();
+        if count.kind as u8 == id.kind as u8
+            && count.group as u8 == id.group as u8
+            && count.index + 1 == id.index
+        {
+            return Some(class);
+        }
+        i += 1;
+    }
+    None
+}
+
+const OBSERVED_EXIT_TIME: &str = "time from kvm:kvm_exit of the class to the next kvm:kvm_entry, timed in the \
+     kernel, on VMX/SVM hosts only (it includes the VMM's handling of exits to userspace)";
+
 /// How the observer maintains `counter` for a VM hvstats did not start; `None` for the
 /// hypervisor and LP objects, which the observer's instance keeps as any instance does.
 ///
@@ -782,9 +806,13 @@ pub const fn observed(counter: &Counter) -> Option<Maintained> {
         return Some(m);
     }
     // A time per intercept is the VMM's (or KVM's) own; a thread's scheduling times are not.
+    // Where the intercept is a class kvm_exit tells, the kernel times it from exit to entry.
     let thread_time = matches!(counter.maintained.source(), Some(Source::ThreadTime(_)));
     if counter.presentation as u8 == Presentation::Cost as u8 && !thread_time {
-        return Some(Maintained::No(OBSERVED_NO_TIME));
+        return Some(match class_timed(counter.id) {
+            Some(class) => Maintained::By(Source::KvmExitTime(class), OBSERVED_EXIT_TIME),
+            None => Maintained::No(OBSERVED_NO_TIME),
+        });
     }
     let source = match counter.maintained {
         // Not maintained for our own partitions either: the catalog's reason holds.
@@ -848,16 +876,27 @@ mod observed_tests {
 
     #[test]
     fn costs_hypercall_classes_and_slots_are_unavailable_for_observed_vms() {
-        for id in [vp::CPUID_INSTRUCTIONS_COST, vp::IO_INSTRUCTIONS_COST, vp::HLT_INSTRUCTIONS_COST] {
-            assert_eq!(id.counter().and_then(observed), Some(Maintained::No(OBSERVED_NO_TIME)));
+        // A cost of an intercept class is timed in the kernel from kvm_exit to kvm_entry; a cost
+        // of no class (emulated instructions) is the VMM's own, not visible.
+        for (id, class) in [
+            (vp::CPUID_INSTRUCTIONS_COST, InterceptClass::Cpuid),
+            (vp::IO_INSTRUCTIONS_COST, InterceptClass::Io),
+            (vp::HLT_INSTRUCTIONS_COST, InterceptClass::Halt),
+            (vp::OTHER_INTERCEPTS_COST, InterceptClass::Other),
+        ] {
+            assert_eq!(observed_source(id), Some(Source::KvmExitTime(class)));
         }
+        assert_eq!(
+            vp::EMULATED_INSTRUCTIONS_COST.counter().and_then(observed),
+            Some(Maintained::No(OBSERVED_NO_TIME))
+        );
         assert_eq!(
             vp::GPA_SPACE_HYPERCALLS.counter().and_then(observed),
             Some(Maintained::No(NO_HYPERCALL_CLASS))
         );
         assert!(observed_source(partition::GPA_PAGES).is_none());
         assert!(observed_source(vp::HALT_WAIT_HISTOGRAM).is_none(), "QMP is read for counts only");
-        assert!(never_observed().any(|c| c == vp::HYPERCALLS_COST));
+        assert!(never_observed().any(|c| c == vp::EMULATED_INSTRUCTIONS_COST));
         assert!(!never_observed().any(|c| c == vp::IO_INSTRUCTIONS));
     }
 

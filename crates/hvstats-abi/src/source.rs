@@ -37,6 +37,9 @@ pub enum Source {
     /// `kvm:kvm_exit` filtered by the exit reasons of an intercept class (VMX/SVM hosts only, see
     /// [`crate::exit_reason`]); observed VMs only.
     KvmExit(InterceptClass),
+    /// The nanoseconds from each `kvm:kvm_exit` of an intercept class to the next `kvm:kvm_entry`
+    /// of the same vCPU thread, timed in the kernel (VMX/SVM hosts only); observed VMs only.
+    KvmExitTime(InterceptClass),
 }
 
 /// The kind of a [`Source`], without its key.
@@ -60,6 +63,8 @@ pub enum SourceKind {
     Procfs,
     /// [`Source::KvmExit`].
     KvmExit,
+    /// [`Source::KvmExitTime`].
+    KvmExitTime,
 }
 
 impl Source {
@@ -80,6 +85,7 @@ impl Source {
             SourceKind::ThreadTime => "thread-time",
             SourceKind::Procfs => "procfs",
             SourceKind::KvmExit => "kvm-exit",
+            SourceKind::KvmExitTime => "kvm-exit-time",
         }
     }
 
@@ -95,6 +101,7 @@ impl Source {
             Source::ThreadTime(_) => SourceKind::ThreadTime,
             Source::Procfs => SourceKind::Procfs,
             Source::KvmExit(_) => SourceKind::KvmExit,
+            Source::KvmExitTime(_) => SourceKind::KvmExitTime,
         }
     }
 }

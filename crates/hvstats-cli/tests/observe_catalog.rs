@@ -41,7 +41,8 @@ fn catalog_json_and_table_carry_the_observed_column() {
     assert_eq!(by_name("vp", "HLT instructions/sec")["observed"], "kvm-stats");
     assert_eq!(by_name("vp", "MWAIT instructions/sec")["observed"], "kvm-exit");
     assert_eq!(by_name("vp", "IO intercept messages/sec")["observed"], "userspace-exit");
-    assert_eq!(by_name("vp", "Hypercalls cost")["observed"], "no");
+    assert_eq!(by_name("vp", "CPUID instructions cost")["observed"], "kvm-exit-time");
+    assert_eq!(by_name("vp", "Emulated instructions cost")["observed"], "no");
     assert_eq!(by_name("hypervisor", "Partitions")["observed"], Value::Null);
 
     let o = Command::new(env!("CARGO_BIN_EXE_hvstats")).arg("catalog").output().unwrap();

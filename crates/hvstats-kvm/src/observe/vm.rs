@@ -31,7 +31,8 @@ use crate::sources::{thread_time, tracepoint};
 
 /// Where each event sits in the list [`vm_events`] makes: the KVM tracepoints the catalog's
 /// observed keys name (with the parts added to them), then `kvm_exit`, the task clock, the
-/// migrations, and on VMX/SVM hosts `kvm_exit` per intercept class.
+/// migrations, and on VMX/SVM hosts `kvm_exit` per intercept class, then the spans from
+/// `kvm_exit` to `kvm_entry` per intercept class (Other last: every exit no class took).
 #[derive(Debug)]
 struct Layout {
     /// By [`Tracepoint::index`], its event's index when the observer counts it.
@@ -41,6 +42,9 @@ struct Layout {
     migrations: usize,
     /// The first per-class `kvm_exit` counter, in [`InterceptClass::ALL`] order without `Other`.
     classes: usize,
+    /// The first per-class span (exit to entry, nanoseconds), in [`InterceptClass::ALL`] order
+    /// without `Other`, then Other's.
+    times: usize,
 }
 
 impl Layout {
@@ -58,7 +62,9 @@ fn layout() -> &'static Layout {
             tracepoints[tp.index()] = Some(n);
             n += 1;
         }
-        Layout { tracepoints, kvm_exit: n, task_clock: n + 1, migrations: n + 2, classes: n + 3 }
+        let classes = n + 3;
+        let times = classes + InterceptClass::ALL.len() - 1;
+        Layout { tracepoints, kvm_exit: n, task_clock: n + 1, migrations: n + 2, classes, times }
     })
 }
 
@@ -112,12 +118,19 @@ pub fn vm_events(isa: Option<u32>) -> Vec<EventSpec> {
     specs.push(EventSpec::Software(SW_CPU_MIGRATIONS));
     debug_assert_eq!(specs.len(), at.classes);
     if let Some(rows) = isa.and_then(exit_reason::table) {
+        // Every class but Other has rows on VMX; on SVM two have none: a filter that matches
+        // nothing keeps the indices fixed.
+        let filter = |class| class_filter(rows, class).unwrap_or_else(|| "exit_reason == 4294967295".into());
         for class in classified() {
-            // Every class but Other has rows on VMX; on SVM two have none: a filter that matches
-            // nothing keeps the indices fixed.
-            let filter = class_filter(rows, class).unwrap_or_else(|| "exit_reason == 4294967295".into());
-            specs.push(EventSpec::filtered("kvm", "kvm_exit", &filter));
+            specs.push(EventSpec::filtered("kvm", "kvm_exit", &filter(class)));
         }
+        debug_assert_eq!(specs.len(), at.times);
+        // A thread has one open span: the first class whose filter matches opens it, and the
+        // unfiltered span last takes every exit no class took (Other).
+        for class in classified() {
+            specs.push(EventSpec::span("kvm", "kvm_exit", Some(&filter(class)), "kvm_entry"));
+        }
+        specs.push(EventSpec::span("kvm", "kvm_exit", None, "kvm_entry"));
     }
     specs
 }
@@ -464,6 +477,7 @@ impl ObservedVm {
             let exits = self.kvm_exit == KvmExitState::Fires;
             if exits {
                 write_exit_classes(page, &counts);
+                write_exit_times(page, &counts);
             }
             if let (Some(now), Some(then), Some(q)) = (&stats, &self.stats_at_attach, &vp.qom_path)
                 && let (Some(now), Some(then)) = (now.vcpus.get(q), then.vcpus.get(q))
@@ -603,6 +617,7 @@ impl ObservedVm {
                 match source {
                     Source::Authority => false,
                     Source::KvmExit(_) => !exits,
+                    Source::KvmExitTime(class) => !exits || span_of(class).is_none_or(event_missing),
                     Source::KvmStats(KvmStat::Vcpu(names)) => {
                         !(exits && is_class_counter(c.id) || names.iter().any(|n| vcpu_stat(n)))
                     }
@@ -681,6 +696,27 @@ fn write_exit_classes(page: &SharedPage, counts: &[Option<u64>]) {
     page.set(vp::OTHER_INTERCEPTS, total.saturating_sub(classified));
 }
 
+/// Writes each intercept class's time from exit to entry (nanoseconds, as 100 ns) into its cost
+/// counter, from the spans `kvm_exit` → `kvm_entry`; a span not counted leaves its counter.
+fn write_exit_times(page: &SharedPage, counts: &[Option<u64>]) {
+    for class in InterceptClass::ALL {
+        let cost = class.counter().counter().and_then(Counter::cost);
+        if let (Some(cost), Some(Some(ns))) = (cost, span_of(class).map(|i| counts.get(i).copied().flatten()))
+        {
+            page.set(cost.id, ns / 100);
+        }
+    }
+}
+
+/// The event index of `class`'s span in the list of a VMX/SVM host.
+fn span_of(class: InterceptClass) -> Option<usize> {
+    let at = layout();
+    match class {
+        InterceptClass::Other => Some(at.times + InterceptClass::ALL.len() - 1),
+        _ => classified().position(|c| c == class).map(|i| at.times + i),
+    }
+}
+
 fn classified_classes() -> impl Iterator<Item = InterceptClass> {
     classified()
 }
@@ -732,7 +768,15 @@ mod tests {
         let at = layout();
         assert_eq!(vm_events(None).len(), at.classes);
         let vmx = vm_events(Some(exit_reason::ISA_VMX));
-        assert_eq!(vmx.len(), at.classes + InterceptClass::ALL.len() - 1);
+        assert_eq!(vmx.len(), at.times + InterceptClass::ALL.len());
+        assert_eq!(
+            vmx[at.times],
+            EventSpec::span("kvm", "kvm_exit", Some("exit_reason == 14 || exit_reason == 58"), "kvm_entry")
+        );
+        assert_eq!(
+            vmx[span_of(InterceptClass::Other).unwrap()],
+            EventSpec::span("kvm", "kvm_exit", None, "kvm_entry")
+        );
         assert_eq!(vm_events(Some(exit_reason::ISA_SVM)).len(), vmx.len());
         assert_eq!(vm_events(None)[at.task_clock], EventSpec::Software(SW_TASK_CLOCK));
         assert_eq!(vm_events(None)[at.migrations], EventSpec::Software(SW_CPU_MIGRATIONS));
@@ -745,6 +789,28 @@ mod tests {
             EventSpec::filtered("kvm", "kvm_userspace_exit", "reason == 2 && errno == 0")
         );
         assert!(at.tracepoint(Tracepoint::InjException).is_none(), "no observed row counts exceptions");
+    }
+
+    #[test]
+    fn exit_to_entry_spans_are_the_costs_of_their_classes() {
+        let page = SharedPage::anonymous(hvstats_abi::ObjectKind::Vp).unwrap();
+        let mut counts = vec![None; layout().times + InterceptClass::ALL.len()];
+        counts[span_of(InterceptClass::Cpuid).unwrap()] = Some(123_456);
+        counts[span_of(InterceptClass::Halt).unwrap()] = Some(5_000_000_000);
+        counts[span_of(InterceptClass::Other).unwrap()] = Some(900);
+        write_exit_times(&page, &counts);
+        assert_eq!(page.get(vp::CPUID_INSTRUCTIONS_COST), 1_234);
+        assert_eq!(page.get(vp::HLT_INSTRUCTIONS_COST), 50_000_000);
+        assert_eq!(page.get(vp::OTHER_INTERCEPTS_COST), 9);
+        // A span not counted leaves its counter alone.
+        assert_eq!(page.get(vp::IO_INSTRUCTIONS_COST), 0);
+        // Every class with a cost counter has a span, and the catalog says where it comes from.
+        for class in InterceptClass::ALL {
+            let Some(cost) = class.counter().counter().and_then(Counter::cost) else { continue };
+            assert!(span_of(class).is_some(), "{class:?}");
+            let observed = catalog::observed(cost).and_then(Maintained::source);
+            assert_eq!(observed, Some(Source::KvmExitTime(class)), "{}", cost.name);
+        }
     }
 
     #[test]
