@@ -785,17 +785,20 @@ const OBSERVED_EXIT_TIME: &str = "time from kvm:kvm_exit of the class to the nex
 /// The row's observed key when it has one (`observed` in the catalog), else its own key where
 /// the observer reads the same thing from outside the VMM: a KVM tracepoint on the vCPU thread,
 /// a count from KVM's vCPU or VM statistics (through QEMU's QMP), the vCPU thread's times and
-/// migrations. Everything the VMM itself does (its exit handling, its hypercall classes, its
-/// memory slots) is not available, and says why.
+/// migrations; an intercept class's cost, timed in the kernel from `kvm_exit` to `kvm_entry`
+/// (VMX/SVM hosts). Everything else the VMM itself does (its hypercall classes, its memory
+/// slots, its emulation) is not available, and says why.
 ///
 /// ```
-/// use hvstats_abi::catalog::{Maintained, vp};
-/// use hvstats_abi::catalog::observed;
+/// use hvstats_abi::catalog::{Maintained, observed, vp};
+/// use hvstats_abi::exit_reason::InterceptClass;
 /// use hvstats_abi::source::{Source, Tracepoint};
 /// let cpuid = vp::CPUID_INSTRUCTIONS.counter().unwrap();
 /// assert_eq!(observed(cpuid).and_then(Maintained::source), Some(Source::Tracepoint(Tracepoint::Cpuid)));
-/// let cost = vp::IO_INSTRUCTIONS_COST.counter().unwrap();
-/// assert!(!observed(cost).unwrap().is_maintained());
+/// let io_cost = vp::IO_INSTRUCTIONS_COST.counter().unwrap();
+/// assert_eq!(observed(io_cost).and_then(Maintained::source), Some(Source::KvmExitTime(InterceptClass::Io)));
+/// let emulated_cost = vp::EMULATED_INSTRUCTIONS_COST.counter().unwrap();
+/// assert!(!observed(emulated_cost).unwrap().is_maintained());
 /// ```
 pub const fn observed(counter: &Counter) -> Option<Maintained> {
     match counter.id.kind {
