@@ -12,18 +12,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use hvstats::SharedPage;
-use hvstats::sched::{SchedStat, SchedStatFile};
 use hvstats::whv::VpExtras;
-use hvstats_abi::catalog::{maintained_by, maintained_count};
-use hvstats_abi::histogram::{BUCKETS, HISTOGRAM_SLOTS};
-use hvstats_abi::source::{PerfSoftwareEvent, Source, SourceKind, ThreadTime};
-use hvstats_abi::{Counter, ObjectKind, Presentation, Unit};
 
 use crate::cycles;
-use crate::sources::kvm_stats::{KvmStats, Stat};
-use crate::sources::perf_sw::Migrations;
-use crate::sources::thread_time::{ThreadClock, ThreadTimes};
-use crate::sources::tracepoint::{Tracepoint, TracepointCounts, VpTracepoints};
+use crate::sources::counter_source::{CounterSource, Part, VpThread, open_all};
 
 /// What kind of userspace exit the run loop handled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -154,156 +146,8 @@ impl ExitAccounting {
     }
 }
 
-/// The VP counters kept from the vCPU's KVM statistics: the catalog's `KvmStats(Vcpu(..))` rows,
-/// each the sum of the statistics its key names.
-///
-/// HLT time is the whole time halted: KVM first polls for a wake-up (`halt_poll_success_ns` when
-/// one came, `halt_poll_fail_ns` when it gave up), then blocks (`halt_wait_ns`); a halt ended by
-/// polling never shows in `halt_wait_ns` alone.
-const FROM_KVM_STATS: [&Counter; maintained_count(ObjectKind::Vp, SourceKind::KvmStats)] =
-    maintained_by(ObjectKind::Vp, SourceKind::KvmStats);
-
-/// The VP counters kept from tracepoint counts: the catalog's `Tracepoint(..)` rows.
-const FROM_TRACEPOINTS: [&Counter; maintained_count(ObjectKind::Vp, SourceKind::Tracepoint)] =
-    maintained_by(ObjectKind::Vp, SourceKind::Tracepoint);
-
-/// The VP counters kept from the thread's clocks and perf software events.
-const FROM_THREAD: [&Counter;
-    maintained_count(ObjectKind::Vp, SourceKind::ThreadTime)
-        + maintained_count(ObjectKind::Vp, SourceKind::PerfSoftware)] = {
-    const T: usize = maintained_count(ObjectKind::Vp, SourceKind::ThreadTime);
-    const P: usize = maintained_count(ObjectKind::Vp, SourceKind::PerfSoftware);
-    let times: [&Counter; T] = maintained_by(ObjectKind::Vp, SourceKind::ThreadTime);
-    let perf: [&Counter; P] = maintained_by(ObjectKind::Vp, SourceKind::PerfSoftware);
-    let mut out = [&hvstats_abi::CATALOG[0]; T + P];
-    let mut i = 0;
-    while i < T + P {
-        out[i] = if i < T { times[i] } else { perf[i - T] };
-        i += 1;
-    }
-    out
-};
-
-/// The statistics a KVM-stats counter sums (none for a counter of another source).
-pub(crate) fn kvm_stat_names(counter: &Counter) -> &'static [&'static str] {
-    match counter.maintained.source() {
-        Some(Source::KvmStats(key)) => key.names(),
-        _ => &[],
-    }
-}
-
-/// A counter's value from the sum of its statistics: nanoseconds converted to its time unit,
-/// raw counts otherwise.
-fn stat_value(counter: &Counter, stats: &[Stat], data: &[u64]) -> u64 {
-    match counter.unit {
-        Unit::Time100ns => stats.iter().map(|s| s.nanoseconds(data)).sum::<u64>() / 100,
-        Unit::Nanoseconds => stats.iter().map(|s| s.nanoseconds(data)).sum(),
-        _ => stats.iter().map(|s| s.raw(data)).sum(),
-    }
-}
-
-/// Copies one of KVM's log2 histograms into `page`: the sum from its `_ns` statistic, the buckets
-/// from its `_hist` statistic, whose bucketing (`fls64` of the nanoseconds, capped at the last
-/// bucket) is the page's own. `stats` are the two, in that order; nothing is written without both.
-fn write_kvm_histogram(page: &SharedPage, counter: &Counter, stats: &[Stat], data: &[u64]) {
-    let [sum, buckets] = stats else { return };
-    let slots = page.histogram_slots(counter.id);
-    slots[0].store(sum.nanoseconds(data), Ordering::Relaxed);
-    let values = buckets.values(data);
-    for (slot, &v) in slots[1..].iter().zip(values.iter().take(BUCKETS)) {
-        slot.store(v, Ordering::Relaxed);
-    }
-    // A kernel with more buckets than the page: the excess belongs in the last, open bucket.
-    if values.len() > BUCKETS {
-        let rest: u64 = values[BUCKETS..].iter().fold(0, |a, &v| a.wrapping_add(v));
-        let last = &slots[HISTOGRAM_SLOTS - 1];
-        last.store(values[BUCKETS - 1].wrapping_add(rest), Ordering::Relaxed);
-    }
-}
-
-/// Writes a tracepoint reading into `page`: each tracepoint counter gets its count, with the
-/// userspace part KVM's tracepoint does not see (MSR exits) added and the part it counts as
-/// something else (hypercall port writes, which `kvm_pio` sees) taken off. A tracepoint that is
-/// unavailable (or unreadable right now) leaves its counter as it is: never a guessed value.
-pub(crate) fn write_tracepoint_counts(page: &SharedPage, counts: &TracepointCounts, user: &UserExitCounts) {
-    let user_msr = user.msr.load(Ordering::Relaxed);
-    let hypercalls = user.hypercalls.load(Ordering::Relaxed);
-    for counter in FROM_TRACEPOINTS {
-        let Some(Source::Tracepoint(tp)) = counter.maintained.source() else { continue };
-        let Some(n) = counts[tp.index()] else { continue };
-        // By xAPIC MMIO, plus by x2APIC MSR.
-        let n = n + tp.added().iter().map(|a| counts[a.index()].unwrap_or(0)).sum::<u64>();
-        let value = match tp {
-            Tracepoint::Msr => n + user_msr,
-            Tracepoint::Pio => n.saturating_sub(hypercalls),
-            _ => n,
-        };
-        page.set(counter.id, value);
-    }
-}
-
-/// Writes the thread's times (written together: Hypervisor run time = total less guest time of
-/// the same reading), its CPU wait and dispatches (one schedstat reading) and its migrations,
-/// when read, into `page`.
-pub(crate) fn write_thread_counts(
-    page: &SharedPage,
-    times: ThreadTimes,
-    sched: Option<SchedStat>,
-    migrated: Option<u64>,
-) {
-    for counter in FROM_THREAD {
-        let value = match counter.maintained.source() {
-            Some(Source::ThreadTime(ThreadTime::Total)) => Some(times.total_100ns),
-            Some(Source::ThreadTime(ThreadTime::Hypervisor)) => Some(times.hypervisor_100ns()),
-            Some(Source::ThreadTime(ThreadTime::CpuWait)) => sched.map(|s| s.wait_ns),
-            Some(Source::ThreadTime(ThreadTime::Dispatches)) => sched.map(|s| s.dispatches),
-            Some(Source::PerfSoftware(PerfSoftwareEvent::CpuMigrations)) => migrated,
-            _ => None,
-        };
-        if let Some(v) = value {
-            page.set(counter.id, v);
-        }
-    }
-}
-
-/// A vCPU's KVM statistics with the ones hvstats keeps looked up once, and a buffer for the data
-/// block, so a refresh is one `pread` and a few indexed loads.
-#[derive(Debug)]
-pub(crate) struct VcpuStats {
-    stats: KvmStats,
-    /// By [`FROM_KVM_STATS`] row, the statistics the kernel has (one it lacks adds nothing).
-    lookups: [Vec<Stat>; FROM_KVM_STATS.len()],
-    data: Vec<u64>,
-}
-
-impl VcpuStats {
-    pub(crate) fn new(stats: KvmStats) -> Self {
-        let lookups = FROM_KVM_STATS.map(|c| {
-            let found: Vec<Stat> = kvm_stat_names(c).iter().filter_map(|n| stats.stat(n)).collect();
-            // A histogram needs both of its statistics, the sum and the buckets, in that order.
-            let whole = c.presentation != Presentation::Histogram || found.len() == 2;
-            if whole { found } else { Vec::new() }
-        });
-        let data = vec![0; stats.data_words()];
-        Self { stats, lookups, data }
-    }
-
-    /// Reads the statistics and writes their counters; leaves them as they are when the read fails.
-    pub(crate) fn merge(&mut self, page: &SharedPage) {
-        if self.stats.read_into(&mut self.data).is_err() {
-            return;
-        }
-        for (counter, stats) in FROM_KVM_STATS.iter().zip(&self.lookups) {
-            if counter.presentation == Presentation::Histogram {
-                write_kvm_histogram(page, counter, stats, &self.data);
-            } else {
-                page.set(counter.id, stat_value(counter, stats, &self.data));
-            }
-        }
-    }
-}
-
-/// The kernel sources of one VP, opened on (or for) its thread.
+/// The kernel sources of one VP, opened on (or for) its thread: the list
+/// [`open_all`](crate::sources::counter_source::open_all) makes.
 ///
 /// A merge has two parts. The *exit* part ([`merge_exits`](Self::merge_exits)) reads what a guest
 /// can see change from one instruction to the next: the intercepts KVM handles in the kernel
@@ -311,108 +155,63 @@ impl VcpuStats {
 /// thread's CPU and guest time and its migrations, which change whenever the thread runs. The VP
 /// thread refreshes its own page at every hypercall with the exit part only; every other caller
 /// (the collector, the WHv API) and the end of the VP merge both ([`merge`](Self::merge)). Which
-/// one runs is the caller's choice, made where it calls (see `vp::Refresh`). Either way every value written is exact at the moment it is written: the
-/// times are written together (Hypervisor run time = total less guest time of the same reading),
-/// never one updated without the other.
+/// one runs is the caller's choice, made where it calls (see `vp::Refresh`). Either way every
+/// value written is exact at the moment it is written: the times are written together
+/// (Hypervisor run time = total less guest time of the same reading), never one updated without
+/// the other.
 #[derive(Debug)]
 pub struct VpSources {
-    tracepoints: VpTracepoints,
-    stats: Option<VcpuStats>,
-    migrations: Option<Migrations>,
-    migrated: Option<u64>,
-    clock: Option<ThreadClock>,
-    times: ThreadTimes,
-    sched: Option<SchedStatFile>,
-    sched_stat: Option<SchedStat>,
-    thread_gone: bool,
-    exceptions: u64,
+    sources: Vec<Box<dyn CounterSource>>,
+    extras: VpExtras,
 }
 
 impl VpSources {
     /// Opens the sources of thread `tid` running the vCPU whose fd is `vcpu_fd`.
     pub fn open(tid: libc::pid_t, vcpu_fd: std::os::fd::RawFd) -> Self {
-        Self {
-            tracepoints: VpTracepoints::open(tid),
-            stats: KvmStats::open(vcpu_fd).ok().map(VcpuStats::new),
-            migrations: Migrations::open(tid).ok(),
-            migrated: None,
-            clock: ThreadClock::open(tid).ok(),
-            times: ThreadTimes::default(),
-            sched: SchedStatFile::open(std::process::id() as libc::pid_t, tid).ok(),
-            sched_stat: None,
-            thread_gone: false,
-            exceptions: 0,
-        }
+        Self { sources: open_all(VpThread { tid, vcpu_fd }), extras: VpExtras::default() }
     }
 
-    /// The tracepoint counters (to tell which are unavailable).
-    pub fn tracepoints(&self) -> &VpTracepoints {
-        &self.tracepoints
+    /// Why some counters cannot be kept (a source the host lacks in part), said for a person.
+    pub fn unavailable(&self) -> Vec<String> {
+        self.sources.iter().flat_map(|s| s.unavailable()).collect()
     }
 
-    /// The vCPU's KVM stats, when the kernel has them.
-    pub fn kvm_stats(&self) -> Option<&KvmStats> {
-        self.stats.as_ref().map(|s| &s.stats)
+    /// The vCPU's KVM statistic `name`, when a source reads the vCPU's statistics.
+    pub fn kvm_stat(&self, name: &str) -> Option<u64> {
+        self.sources.iter().find_map(|s| s.kvm_stat(name))
     }
 
-    /// Called on the VP's own thread as it ends: takes the thread's last times, so the next
-    /// merge writes its final times, and keeps them from then on (its tid may be reused).
+    /// Called on the VP's own thread as it ends: each source takes the reading a later merge
+    /// should keep (the thread's last times).
     pub fn thread_exiting(&mut self) {
-        if !self.thread_gone {
-            self.read_times();
-        }
-        self.thread_gone = true;
+        self.sources.iter_mut().for_each(|s| s.thread_exiting());
     }
 
     /// Reads every source and writes its values into `page`, inside one sequence-counter window
     /// (readers get all of it or none of it).
     pub fn merge(&mut self, page: &SharedPage, user: &UserExitCounts) -> VpExtras {
-        let _merge = page.begin_merge();
-        let extras = self.write_exits(page, user);
-        if !self.thread_gone {
-            self.read_times();
-        }
-        write_thread_counts(page, self.times, self.sched_stat, self.migrated);
-        extras
-    }
-
-    /// The thread's CPU and guest time and its migrations, kept for the next write.
-    fn read_times(&mut self) {
-        if let Some(t) = self.clock.as_ref().and_then(|c| c.read().ok()) {
-            self.times = t;
-        }
-        if let Some(m) = self.migrations.as_ref().and_then(|m| m.read().ok()) {
-            self.migrated = Some(m);
-        }
-        if let Some(s) = self.sched.as_ref().and_then(|s| s.read().ok()) {
-            self.sched_stat = Some(s);
-        }
+        self.merge_parts(page, user, &[Part::Exits, Part::Times])
     }
 
     /// Reads the intercept sources (tracepoints and KVM statistics) and writes their counters
     /// into `page`: every counter a guest can see change because of what it executed.
     pub fn merge_exits(&mut self, page: &SharedPage, user: &UserExitCounts) -> VpExtras {
-        let _merge = page.begin_merge();
-        self.write_exits(page, user)
+        self.merge_parts(page, user, &[Part::Exits])
     }
 
-    /// The exit part of a merge, inside the caller's sequence-counter window.
-    fn write_exits(&mut self, page: &SharedPage, user: &UserExitCounts) -> VpExtras {
-        let counts = self.tracepoints.read_all();
-        write_tracepoint_counts(page, &counts, user);
-        if let Some(n) = counts[Tracepoint::InjException.index()] {
-            self.exceptions = n;
+    fn merge_parts(&mut self, page: &SharedPage, user: &UserExitCounts, parts: &[Part]) -> VpExtras {
+        let _merge = page.begin_merge();
+        for source in self.sources.iter_mut().filter(|s| parts.contains(&s.part())) {
+            source.merge(page, user, &mut self.extras);
         }
-        if let Some(stats) = self.stats.as_mut() {
-            stats.merge(page);
-        }
-        VpExtras { exception_count: self.exceptions }
+        self.extras
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sources::tracepoint::{Tracepoint, VpTracepoints};
     use hvstats_abi::ObjectKind;
     use hvstats_abi::catalog::vp;
 
@@ -440,7 +239,9 @@ mod tests {
         let user = UserExitCounts::default();
         user.msr.store(3, Ordering::Relaxed);
         sources.merge_exits(&page, &user);
-        if sources.tracepoints().unavailable(Tracepoint::Msr).is_none() {
+        let msr_counted =
+            VpTracepoints::open(crate::sources::thread_time::gettid()).unavailable(Tracepoint::Msr).is_none();
+        if msr_counted {
             // The vCPU never ran: KVM handled no MSR access, the run loop three.
             assert_eq!(page.get(vp::MSR_ACCESSES), 3);
         }

@@ -13,9 +13,10 @@ use hvstats_abi::page::PageView;
 use hvstats_abi::{CounterId, ObjectKind};
 use zerocopy::IntoBytes;
 
-use crate::accounting::{ExitAccounting, ExitClass, UserExitCounts, VcpuStats};
+use crate::accounting::{ExitAccounting, ExitClass, UserExitCounts};
 use crate::cycles;
 use crate::sources::kvm_stats::KvmStats;
+use crate::sources::vcpu_stats::VcpuStats;
 
 /// KVM's descriptor flags: cumulative or log2 histogram, in seconds.
 const CUMULATIVE_SECONDS: u32 = 0x20;

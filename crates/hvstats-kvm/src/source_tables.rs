@@ -18,14 +18,14 @@ use hvstats_abi::hypercall::HypercallClass;
 use hvstats_abi::source::{SourceKind, Tracepoint};
 use hvstats_abi::{CATALOG, ObjectKind};
 
-use crate::accounting::{
-    ExitAccounting, ExitClass, UserExitCounts, VcpuStats, kvm_stat_names, write_thread_counts,
-    write_tracepoint_counts,
-};
+use crate::accounting::{ExitAccounting, ExitClass, UserExitCounts};
 use crate::enlightenment::count_hypercall_class;
 use crate::sources::kvm_stats::KvmStats;
+use crate::sources::thread::write_thread_counts;
 use crate::sources::thread_time::ThreadTimes;
 use crate::sources::tracepoint::TracepointCounts;
+use crate::sources::tracepoint::write_tracepoint_counts;
+use crate::sources::vcpu_stats::{VcpuStats, kvm_stat_names};
 use hvstats::sched::SchedStat;
 
 /// The VP counters `write` leaves nonzero on a fresh page.

@@ -26,7 +26,6 @@ use hvstats_abi::{Counter, ObjectKind};
 use kvm_bindings::{KVM_MAX_CPUID_ENTRIES, kvm_cpuid_entry2, kvm_enable_cap};
 use kvm_ioctls::{Cap, Kvm, VcpuFd, VmFd};
 
-use crate::accounting::kvm_stat_names;
 use crate::error::Error;
 pub use crate::guest_space::OverlayBacking;
 use crate::guest_space::{self, GuestSpace};
@@ -34,7 +33,7 @@ use crate::handlers::Handlers;
 use crate::memory::GuestRam;
 use crate::modes;
 use crate::sources::kvm_stats::KvmStats;
-use crate::sources::tracepoint::Tracepoint;
+use crate::sources::vcpu_stats::kvm_stat_names;
 pub use crate::vp::HardwareCounters;
 use crate::vp::{Refresh, VpCounters, VpOutcome, VpShared};
 
@@ -352,25 +351,13 @@ impl Partition {
     /// Why tracepoint counters are unavailable for VP `index`, if some are (after it started).
     pub fn unavailable_sources(&self, index: u32) -> Vec<String> {
         let Some(shared) = self.vps.get(index as usize) else { return Vec::new() };
-        shared
-            .with_sources(|s| {
-                Tracepoint::ALL
-                    .iter()
-                    .filter_map(|&tp| s.tracepoints().unavailable(tp).map(|e| e.to_string()))
-                    .collect()
-            })
-            .unwrap_or_default()
+        shared.with_sources(|s| s.unavailable()).unwrap_or_default()
     }
 
     /// Reads VP `index`'s KVM stats by name (for cross-checks), if the vCPU has a stats fd.
     pub fn kvm_stat(&self, index: u32, name: &str) -> Option<u64> {
         let shared = self.vps.get(index as usize)?;
-        shared
-            .with_sources(|s| {
-                let stats = s.kvm_stats()?;
-                stats.has(name).then(|| stats.snapshot().ok().map(|snap| snap.raw(name))).flatten()
-            })
-            .flatten()
+        shared.with_sources(|s| s.kvm_stat(name)).flatten()
     }
 }
 

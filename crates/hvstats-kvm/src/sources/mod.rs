@@ -5,10 +5,15 @@
 //! event ids and formats) for the VP tracepoint groups, the observer's counters and the in-kernel
 //! programs; per-thread perf groups are `hvstats::perf_group`, `stat` lines
 //! `hvstats::task_stat`, schedstat `hvstats::sched`. Each source is opened for one VP thread and
-//! read on demand; [`crate::accounting`] merges the readings into the VP's page.
+//! read on demand through one seam, [`counter_source::CounterSource`]: a VP's sources are the list
+//! [`counter_source::open_all`] makes, and [`crate::accounting::VpSources`] merges them into the
+//! VP's page.
 
+pub mod counter_source;
 pub mod kvm_stats;
 pub mod perf_sw;
+pub mod thread;
 pub mod thread_time;
 pub mod tracefs;
 pub mod tracepoint;
+pub mod vcpu_stats;

@@ -10,7 +10,17 @@ use hvstats::perf_event::TYPE_TRACEPOINT;
 use hvstats::perf_group::{EventAttr, MemberError, PerfGroup};
 use hvstats_abi::apic;
 
+use std::sync::atomic::Ordering;
+
+use hvstats::SharedPage;
+use hvstats::whv::VpExtras;
+use hvstats_abi::catalog::{maintained_by, maintained_count};
+use hvstats_abi::source::{Source, SourceKind};
+use hvstats_abi::{Counter, ObjectKind};
+
+use super::counter_source::{CounterSource, Part, VpThread};
 use super::tracefs::{self, EventError};
+use crate::accounting::UserExitCounts;
 
 pub use hvstats_abi::source::Tracepoint;
 
@@ -117,6 +127,66 @@ impl VpTracepoints {
     pub fn unavailable(&self, tp: Tracepoint) -> Option<&TracepointError> {
         self.errors.get(tp.index()).and_then(Option::as_ref)
     }
+}
+
+/// The VP counters kept from tracepoint counts: the catalog's `Tracepoint(..)` rows.
+const FROM_TRACEPOINTS: [&Counter; maintained_count(ObjectKind::Vp, SourceKind::Tracepoint)] =
+    maintained_by(ObjectKind::Vp, SourceKind::Tracepoint);
+
+/// Writes a tracepoint reading into `page`: each tracepoint counter gets its count, with the
+/// userspace part KVM's tracepoint does not see (MSR exits) added and the part it counts as
+/// something else (hypercall port writes, which `kvm_pio` sees) taken off. A tracepoint that is
+/// unavailable (or unreadable right now) leaves its counter as it is: never a guessed value.
+pub(crate) fn write_tracepoint_counts(page: &SharedPage, counts: &TracepointCounts, user: &UserExitCounts) {
+    let user_msr = user.msr.load(Ordering::Relaxed);
+    let hypercalls = user.hypercalls.load(Ordering::Relaxed);
+    for counter in FROM_TRACEPOINTS {
+        let Some(Source::Tracepoint(tp)) = counter.maintained.source() else { continue };
+        let Some(n) = counts[tp.index()] else { continue };
+        // By xAPIC MMIO, plus by x2APIC MSR.
+        let n = n + tp.added().iter().map(|a| counts[a.index()].unwrap_or(0)).sum::<u64>();
+        let value = match tp {
+            Tracepoint::Msr => n + user_msr,
+            Tracepoint::Pio => n.saturating_sub(hypercalls),
+            _ => n,
+        };
+        page.set(counter.id, value);
+    }
+}
+
+/// The VP thread's tracepoint group as a counter source; the guest exceptions it counts go to
+/// the WHv API.
+#[derive(Debug)]
+pub(crate) struct TracepointSource {
+    tracepoints: VpTracepoints,
+    exceptions: u64,
+}
+
+impl CounterSource for TracepointSource {
+    fn part(&self) -> Part {
+        Part::Exits
+    }
+
+    fn merge(&mut self, page: &SharedPage, user: &UserExitCounts, extras: &mut VpExtras) {
+        let counts = self.tracepoints.read_all();
+        write_tracepoint_counts(page, &counts, user);
+        if let Some(n) = counts[Tracepoint::InjException.index()] {
+            self.exceptions = n;
+        }
+        extras.exception_count = self.exceptions;
+    }
+
+    fn unavailable(&self) -> Vec<String> {
+        Tracepoint::ALL
+            .iter()
+            .filter_map(|&tp| self.tracepoints.unavailable(tp).map(|e| e.to_string()))
+            .collect()
+    }
+}
+
+/// The tracepoint group of the VP thread.
+pub(super) fn open_source(vp: VpThread) -> Option<Box<dyn CounterSource>> {
+    Some(Box::new(TracepointSource { tracepoints: VpTracepoints::open(vp.tid), exceptions: 0 }))
 }
 
 #[cfg(test)]

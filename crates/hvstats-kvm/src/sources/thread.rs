@@ -1,0 +1,116 @@
+//! The VP counters kept from the VP thread itself: its CPU and guest time, its CPU wait and
+//! dispatches (schedstat) and its migrations (a perf software event), written together so
+//! Hypervisor run time is total less guest time of the same reading.
+
+use hvstats::SharedPage;
+use hvstats::sched::{SchedStat, SchedStatFile};
+use hvstats::whv::VpExtras;
+use hvstats_abi::catalog::{maintained_by, maintained_count};
+use hvstats_abi::source::{PerfSoftwareEvent, Source, SourceKind, ThreadTime};
+use hvstats_abi::{Counter, ObjectKind};
+
+use super::counter_source::{CounterSource, Part, VpThread};
+use super::perf_sw::Migrations;
+use super::thread_time::{ThreadClock, ThreadTimes};
+use crate::accounting::UserExitCounts;
+
+/// The VP counters kept from the thread's clocks and perf software events.
+const FROM_THREAD: [&Counter;
+    maintained_count(ObjectKind::Vp, SourceKind::ThreadTime)
+        + maintained_count(ObjectKind::Vp, SourceKind::PerfSoftware)] = {
+    const T: usize = maintained_count(ObjectKind::Vp, SourceKind::ThreadTime);
+    const P: usize = maintained_count(ObjectKind::Vp, SourceKind::PerfSoftware);
+    let times: [&Counter; T] = maintained_by(ObjectKind::Vp, SourceKind::ThreadTime);
+    let perf: [&Counter; P] = maintained_by(ObjectKind::Vp, SourceKind::PerfSoftware);
+    let mut out = [&hvstats_abi::CATALOG[0]; T + P];
+    let mut i = 0;
+    while i < T + P {
+        out[i] = if i < T { times[i] } else { perf[i - T] };
+        i += 1;
+    }
+    out
+};
+
+/// Writes the thread's times (written together: Hypervisor run time = total less guest time of
+/// the same reading), its CPU wait and dispatches (one schedstat reading) and its migrations,
+/// when read, into `page`.
+pub(crate) fn write_thread_counts(
+    page: &SharedPage,
+    times: ThreadTimes,
+    sched: Option<SchedStat>,
+    migrated: Option<u64>,
+) {
+    for counter in FROM_THREAD {
+        let value = match counter.maintained.source() {
+            Some(Source::ThreadTime(ThreadTime::Total)) => Some(times.total_100ns),
+            Some(Source::ThreadTime(ThreadTime::Hypervisor)) => Some(times.hypervisor_100ns()),
+            Some(Source::ThreadTime(ThreadTime::CpuWait)) => sched.map(|s| s.wait_ns),
+            Some(Source::ThreadTime(ThreadTime::Dispatches)) => sched.map(|s| s.dispatches),
+            Some(Source::PerfSoftware(PerfSoftwareEvent::CpuMigrations)) => migrated,
+            _ => None,
+        };
+        if let Some(v) = value {
+            page.set(counter.id, v);
+        }
+    }
+}
+
+/// The thread's clocks, schedstat and migrations, and their last reading.
+#[derive(Debug)]
+pub(crate) struct ThreadSource {
+    clock: Option<ThreadClock>,
+    times: ThreadTimes,
+    sched: Option<SchedStatFile>,
+    sched_stat: Option<SchedStat>,
+    migrations: Option<Migrations>,
+    migrated: Option<u64>,
+    /// The thread ended: its last reading is kept (its tid may be reused).
+    gone: bool,
+}
+
+impl ThreadSource {
+    fn read(&mut self) {
+        if let Some(t) = self.clock.as_ref().and_then(|c| c.read().ok()) {
+            self.times = t;
+        }
+        if let Some(m) = self.migrations.as_ref().and_then(|m| m.read().ok()) {
+            self.migrated = Some(m);
+        }
+        if let Some(s) = self.sched.as_ref().and_then(|s| s.read().ok()) {
+            self.sched_stat = Some(s);
+        }
+    }
+}
+
+impl CounterSource for ThreadSource {
+    fn part(&self) -> Part {
+        Part::Times
+    }
+
+    fn merge(&mut self, page: &SharedPage, _user: &UserExitCounts, _extras: &mut VpExtras) {
+        if !self.gone {
+            self.read();
+        }
+        write_thread_counts(page, self.times, self.sched_stat, self.migrated);
+    }
+
+    fn thread_exiting(&mut self) {
+        if !self.gone {
+            self.read();
+        }
+        self.gone = true;
+    }
+}
+
+/// The thread's sources (each one the host lacks is left out of the reading, not zero).
+pub(super) fn open_source(vp: VpThread) -> Option<Box<dyn CounterSource>> {
+    Some(Box::new(ThreadSource {
+        clock: ThreadClock::open(vp.tid).ok(),
+        times: ThreadTimes::default(),
+        sched: SchedStatFile::open(std::process::id() as libc::pid_t, vp.tid).ok(),
+        sched_stat: None,
+        migrations: Migrations::open(vp.tid).ok(),
+        migrated: None,
+        gone: false,
+    }))
+}

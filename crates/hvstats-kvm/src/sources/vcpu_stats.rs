@@ -1,0 +1,117 @@
+//! The VP counters kept from the vCPU's KVM binary statistics (the catalog's
+//! `KvmStats(Vcpu(..))` rows): one `pread` of the stats fd per merge.
+
+use std::sync::atomic::Ordering;
+
+use hvstats::SharedPage;
+use hvstats::whv::VpExtras;
+use hvstats_abi::catalog::{maintained_by, maintained_count};
+use hvstats_abi::histogram::{BUCKETS, HISTOGRAM_SLOTS};
+use hvstats_abi::source::{Source, SourceKind};
+use hvstats_abi::{Counter, ObjectKind, Presentation, Unit};
+
+use super::counter_source::{CounterSource, Part, VpThread};
+use super::kvm_stats::{KvmStats, Stat};
+use crate::accounting::UserExitCounts;
+
+/// The VP counters kept from the vCPU's KVM statistics: the catalog's `KvmStats(Vcpu(..))` rows,
+/// each the sum of the statistics its key names.
+///
+/// HLT time is the whole time halted: KVM first polls for a wake-up (`halt_poll_success_ns` when
+/// one came, `halt_poll_fail_ns` when it gave up), then blocks (`halt_wait_ns`); a halt ended by
+/// polling never shows in `halt_wait_ns` alone.
+const FROM_KVM_STATS: [&Counter; maintained_count(ObjectKind::Vp, SourceKind::KvmStats)] =
+    maintained_by(ObjectKind::Vp, SourceKind::KvmStats);
+
+/// The statistics a KVM-stats counter sums (none for a counter of another source).
+pub(crate) fn kvm_stat_names(counter: &Counter) -> &'static [&'static str] {
+    match counter.maintained.source() {
+        Some(Source::KvmStats(key)) => key.names(),
+        _ => &[],
+    }
+}
+
+/// A counter's value from the sum of its statistics: nanoseconds converted to its time unit,
+/// raw counts otherwise.
+fn stat_value(counter: &Counter, stats: &[Stat], data: &[u64]) -> u64 {
+    match counter.unit {
+        Unit::Time100ns => stats.iter().map(|s| s.nanoseconds(data)).sum::<u64>() / 100,
+        Unit::Nanoseconds => stats.iter().map(|s| s.nanoseconds(data)).sum(),
+        _ => stats.iter().map(|s| s.raw(data)).sum(),
+    }
+}
+
+/// Copies one of KVM's log2 histograms into `page`: the sum from its `_ns` statistic, the buckets
+/// from its `_hist` statistic, whose bucketing (`fls64` of the nanoseconds, capped at the last
+/// bucket) is the page's own. `stats` are the two, in that order; nothing is written without both.
+fn write_kvm_histogram(page: &SharedPage, counter: &Counter, stats: &[Stat], data: &[u64]) {
+    let [sum, buckets] = stats else { return };
+    let slots = page.histogram_slots(counter.id);
+    slots[0].store(sum.nanoseconds(data), Ordering::Relaxed);
+    let values = buckets.values(data);
+    for (slot, &v) in slots[1..].iter().zip(values.iter().take(BUCKETS)) {
+        slot.store(v, Ordering::Relaxed);
+    }
+    // A kernel with more buckets than the page: the excess belongs in the last, open bucket.
+    if values.len() > BUCKETS {
+        let rest: u64 = values[BUCKETS..].iter().fold(0, |a, &v| a.wrapping_add(v));
+        let last = &slots[HISTOGRAM_SLOTS - 1];
+        last.store(values[BUCKETS - 1].wrapping_add(rest), Ordering::Relaxed);
+    }
+}
+
+/// A vCPU's KVM statistics with the ones hvstats keeps looked up once, and a buffer for the data
+/// block, so a refresh is one `pread` and a few indexed loads.
+#[derive(Debug)]
+pub(crate) struct VcpuStats {
+    stats: KvmStats,
+    /// By [`FROM_KVM_STATS`] row, the statistics the kernel has (one it lacks adds nothing).
+    lookups: [Vec<Stat>; FROM_KVM_STATS.len()],
+    data: Vec<u64>,
+}
+
+impl VcpuStats {
+    pub(crate) fn new(stats: KvmStats) -> Self {
+        let lookups = FROM_KVM_STATS.map(|c| {
+            let found: Vec<Stat> = kvm_stat_names(c).iter().filter_map(|n| stats.stat(n)).collect();
+            // A histogram needs both of its statistics, the sum and the buckets, in that order.
+            let whole = c.presentation != Presentation::Histogram || found.len() == 2;
+            if whole { found } else { Vec::new() }
+        });
+        let data = vec![0; stats.data_words()];
+        Self { stats, lookups, data }
+    }
+
+    /// Reads the statistics and writes their counters; leaves them as they are when the read fails.
+    pub(crate) fn merge(&mut self, page: &SharedPage) {
+        if self.stats.read_into(&mut self.data).is_err() {
+            return;
+        }
+        for (counter, stats) in FROM_KVM_STATS.iter().zip(&self.lookups) {
+            if counter.presentation == Presentation::Histogram {
+                write_kvm_histogram(page, counter, stats, &self.data);
+            } else {
+                page.set(counter.id, stat_value(counter, stats, &self.data));
+            }
+        }
+    }
+}
+
+impl CounterSource for VcpuStats {
+    fn part(&self) -> Part {
+        Part::Exits
+    }
+
+    fn merge(&mut self, page: &SharedPage, _user: &UserExitCounts, _extras: &mut VpExtras) {
+        VcpuStats::merge(self, page);
+    }
+
+    fn kvm_stat(&self, name: &str) -> Option<u64> {
+        self.stats.has(name).then(|| self.stats.snapshot().ok().map(|snap| snap.raw(name))).flatten()
+    }
+}
+
+/// The vCPU's statistics, where the kernel has a stats fd.
+pub(super) fn open_source(vp: VpThread) -> Option<Box<dyn CounterSource>> {
+    Some(Box::new(VcpuStats::new(KvmStats::open(vp.vcpu_fd).ok()?)))
+}
