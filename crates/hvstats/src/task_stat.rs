@@ -5,10 +5,17 @@
 //! publisher's start time, a hardware-counter holder's liveness, a VP's or an observed vCPU
 //! thread's guest time — goes through [`StatLine`], numbering fields as proc(5) does.
 
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 /// proc(5) field 3: the state letter.
 pub const STATE: usize = 3;
+/// proc(5) field 10: minor faults, those that loaded no page from disk.
+pub const MIN_FLT: usize = 10;
+/// proc(5) field 12: major faults, those that loaded a page from disk.
+pub const MAJ_FLT: usize = 12;
 /// proc(5) field 22: start time, in clock ticks after boot.
 pub const START_TIME: usize = 22;
 /// proc(5) field 43: guest time, in clock ticks (time running a vCPU in guest mode).
@@ -58,6 +65,52 @@ impl<'a> StatLine<'a> {
     /// The guest time, in clock ticks.
     pub fn guest_ticks(&self) -> Option<u64> {
         self.number(GUEST_TIME)
+    }
+
+    /// Minor faults (those that loaded no page from disk) since the task began.
+    pub fn minor_faults(&self) -> Option<u64> {
+        self.number(MIN_FLT)
+    }
+
+    /// Major faults (those that loaded a page from disk) since the task began.
+    pub fn major_faults(&self) -> Option<u64> {
+        self.number(MAJ_FLT)
+    }
+}
+
+/// Longer than any `stat` line (the command name is at most 64 bytes, the 52 numbers at most
+/// 20 digits each).
+pub const STAT_MAX: usize = 2048;
+
+/// A `stat` file kept open and re-read with `pread` into the caller's buffer: a reading costs one
+/// system call and no allocation.
+#[derive(Debug)]
+pub struct StatFile {
+    file: File,
+}
+
+impl StatFile {
+    /// Opens the `stat` file at `path`.
+    ///
+    /// # Errors
+    /// When it cannot be opened (the task is gone, or there is no procfs).
+    pub fn open(path: &Path) -> io::Result<Self> {
+        Ok(Self { file: File::open(path)? })
+    }
+
+    /// Reads the line into `buf` and parses it.
+    ///
+    /// # Errors
+    /// When the task is gone (ESRCH), or the text is empty, oversized or not a `stat` line.
+    pub fn read<'b>(&self, buf: &'b mut [u8; STAT_MAX]) -> io::Result<StatLine<'b>> {
+        let n = self.file.read_at(buf, 0)?;
+        if n == 0 || n == buf.len() {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "empty or oversized stat"));
+        }
+        std::str::from_utf8(&buf[..n])
+            .ok()
+            .and_then(StatLine::parse)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unparsable stat"))
     }
 }
 

@@ -8,12 +8,11 @@
 //! [`ThreadClock`] keeps the `stat` file open and re-reads it with `pread` into a stack buffer, so
 //! a reading costs two system calls and no allocation.
 
-use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
+
 use std::path::Path;
 
-use hvstats::task_stat::{self, StatLine};
+use hvstats::task_stat::{self, STAT_MAX, StatFile, StatLine};
 
 use hvstats::os as sys;
 
@@ -57,12 +56,8 @@ pub fn guest_ticks_of(procfs: &Path, pid: i32, tid: i32) -> io::Result<u64> {
 #[derive(Debug)]
 pub struct ThreadClock {
     tid: libc::pid_t,
-    stat: File,
+    stat: StatFile,
 }
-
-/// Longer than any `stat` line (the command name is at most 64 bytes, the 52 numbers at most
-/// 20 digits each).
-const STAT_MAX: usize = 2048;
 
 impl ThreadClock {
     /// Opens the times of thread `tid` of this process.
@@ -70,7 +65,7 @@ impl ThreadClock {
     /// # Errors
     /// When its `stat` file cannot be opened (the thread is gone, or there is no procfs).
     pub fn open(tid: libc::pid_t) -> io::Result<Self> {
-        let stat = File::open(format!("/proc/self/task/{tid}/stat"))?;
+        let stat = StatFile::open(Path::new(&format!("/proc/self/task/{tid}/stat")))?;
         Ok(Self { tid, stat })
     }
 
@@ -81,13 +76,11 @@ impl ThreadClock {
     pub fn read(&self) -> io::Result<ThreadTimes> {
         let run_ns = thread_cpu_ns(self.tid)?;
         let mut buf = [0u8; STAT_MAX];
-        let n = self.stat.read_at(&mut buf, 0)?;
-        if n == 0 || n == buf.len() {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "empty or oversized stat"));
-        }
-        let stat =
-            std::str::from_utf8(&buf[..n]).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        let guest_ticks = parse_guest_ticks(stat)?;
+        let guest_ticks = self
+            .stat
+            .read(&mut buf)?
+            .guest_ticks()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "stat without guest time"))?;
         Ok(ThreadTimes { total_100ns: run_ns / 100, guest_100ns: task_stat::ticks_to_100ns(guest_ticks) })
     }
 }
