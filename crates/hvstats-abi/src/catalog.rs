@@ -74,7 +74,7 @@ macro_rules! catalog {
 
 use crate::exit_reason::InterceptClass as Ic;
 use crate::source::{
-    KvmStat, PerfSoftwareEvent, RunLoopCount, RunLoopCount as Loop, ThreadTime, Tracepoint as Tp,
+    HostFault, KvmStat, PerfSoftwareEvent, RunLoopCount, RunLoopCount as Loop, ThreadTime, Tracepoint as Tp,
 };
 use HypercallClass as Hc;
 use Maintained::{By, No};
@@ -432,6 +432,12 @@ catalog! {
         Hvstats 233 HALT_POLL_FAIL_HISTOGRAM "Halt poll fail histogram", Nanoseconds, Histogram,
             By(KvmStats(KvmStat::Vcpu(&["halt_poll_fail_ns", "halt_poll_fail_hist"])), "vCPU stats halt_poll_fail_ns and halt_poll_fail_hist"),
             "The distribution of the time (in nanoseconds) a halted virtual processor polled in vain before blocking.";
+        Hvstats 266 HOST_PAGE_FAULTS "Host page faults/sec", Count, Rate,
+            By(HostFaults(HostFault::All), "minflt + majflt of the VP thread since it began running the guest"),
+            "The rate of page faults the host took on the virtual processor's thread: guest memory touched for the first time, reclaimed or swapped out, and the VMM's own memory on that thread.";
+        Hvstats 267 HOST_MAJOR_PAGE_FAULTS "Host major page faults/sec", Count, Rate,
+            By(HostFaults(HostFault::Major), "majflt of the VP thread since it began running the guest"),
+            "The rate of page faults on the virtual processor's thread that waited for I/O: guest memory swapped out or backed by a file, during which the virtual processor did not run.";
     }
 }
 
@@ -527,6 +533,8 @@ pub struct Appended {
 pub const APPENDED: &[Appended] = &[
     // Release 1.1 of the VP page: dispatches and CPU wait time.
     Appended { kind: ObjectKind::Vp, group: GroupKind::Release, minor: 1, first_index: 64 },
+    // hvstats 1.1 of the VP page: the host's page faults on the VP thread.
+    Appended { kind: ObjectKind::Vp, group: GroupKind::Hvstats, minor: 1, first_index: 266 },
 ];
 
 impl CounterId {
@@ -824,7 +832,9 @@ pub const fn observed(counter: &Counter) -> Option<Maintained> {
     };
     let same = Maintained::By(source, counter.maintained.note());
     Some(match source {
-        Source::Tracepoint(_) | Source::ThreadTime(_) | Source::PerfSoftware(_) => same,
+        Source::Tracepoint(_) | Source::ThreadTime(_) | Source::PerfSoftware(_) | Source::HostFaults(_) => {
+            same
+        }
         // Counts only: KVM's times and histograms are not among what QMP is read for.
         Source::KvmStats(_)
             if counter.unit as u8 == Unit::Count as u8

@@ -34,6 +34,8 @@ pub enum Source {
     ThreadTime(ThreadTime),
     /// Host-wide procfs and sysfs (`/proc/stat`, `/proc/interrupts`, cpuidle).
     Procfs,
+    /// The page faults the host took on the VP thread (`/proc/<pid>/task/<tid>/stat`).
+    HostFaults(HostFault),
     /// `kvm:kvm_exit` filtered by the exit reasons of an intercept class (VMX/SVM hosts only, see
     /// [`crate::exit_reason`]); observed VMs only.
     KvmExit(InterceptClass),
@@ -61,6 +63,8 @@ pub enum SourceKind {
     ThreadTime,
     /// [`Source::Procfs`].
     Procfs,
+    /// [`Source::HostFaults`].
+    HostFaults,
     /// [`Source::KvmExit`].
     KvmExit,
     /// [`Source::KvmExitTime`].
@@ -84,6 +88,7 @@ impl Source {
             SourceKind::PerfSoftware => "perf-software",
             SourceKind::ThreadTime => "thread-time",
             SourceKind::Procfs => "procfs",
+            SourceKind::HostFaults => "host-faults",
             SourceKind::KvmExit => "kvm-exit",
             SourceKind::KvmExitTime => "kvm-exit-time",
         }
@@ -100,6 +105,7 @@ impl Source {
             Source::PerfSoftware(_) => SourceKind::PerfSoftware,
             Source::ThreadTime(_) => SourceKind::ThreadTime,
             Source::Procfs => SourceKind::Procfs,
+            Source::HostFaults(_) => SourceKind::HostFaults,
             Source::KvmExit(_) => SourceKind::KvmExit,
             Source::KvmExitTime(_) => SourceKind::KvmExitTime,
         }
@@ -307,4 +313,13 @@ pub enum ThreadTime {
     CpuWait,
     /// The times it was put on a CPU (schedstat).
     Dispatches,
+}
+
+/// Page faults the host took on a VP thread, as proc(5) counts them for the thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HostFault {
+    /// Every fault: `minflt` plus `majflt` (fields 10 and 12).
+    All,
+    /// The faults that waited for I/O: `majflt` (field 12).
+    Major,
 }

@@ -5,10 +5,13 @@
 //! real mode at F000:FFF0 (file offset 0xFFF0). A far jump there to F000:0000 runs the program
 //! assembled at file offset 0. CPUID overwrites EAX..EDX, so loop counters live in BP.
 
-use iced_x86::code_asm::{CodeAssembler, al, bp, eax, ecx, edx};
+use iced_x86::code_asm::{CodeAssembler, al, ax, bp, ds, eax, ecx, edx, word_ptr};
 
 /// The size of a `-bios` image.
 pub const IMAGE_SIZE: usize = 64 * 1024;
+
+/// The guest physical address [`BiosProgram::touch_ram`] writes.
+pub const FIRST_TOUCH: u16 = 0x8000;
 
 /// What the guest does, in order.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -24,6 +27,9 @@ pub struct BiosProgram {
     pub x2apic_eoi: u16,
     /// Writes of the TPR register as x2APIC MSR 0x808.
     pub x2apic_tpr: u16,
+    /// Writes one word at [`FIRST_TOUCH`], guest RAM nothing else touches: the first touch of
+    /// that RAM, which the host takes as a page fault on the vCPU thread.
+    pub touch_ram: bool,
     /// What it does afterwards.
     pub end: BiosEnd,
 }
@@ -85,6 +91,11 @@ impl BiosProgram {
             }
             a.dec(bp).map_err(err)?;
             a.jnz(top).map_err(err)?;
+        }
+        if self.touch_ram {
+            a.xor(ax, ax).map_err(err)?;
+            a.mov(ds, ax).map_err(err)?;
+            a.mov(word_ptr(u32::from(FIRST_TOUCH)), 1u32).map_err(err)?;
         }
         let mut end = a.create_label();
         a.set_label(&mut end).map_err(err)?;

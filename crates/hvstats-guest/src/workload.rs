@@ -31,6 +31,21 @@ pub use hvstats_abi::boot::SINK_MSR;
 pub const TIMER_COUNT: u32 = 20_000;
 /// The exit status of a workload whose hypercall did not return `HV_STATUS_SUCCESS`.
 pub const HYPERCALL_FAILED: u32 = 0xE1;
+/// The first guest RAM the workloads' fresh-memory writes use: nothing below it is needed by a
+/// workload, and nothing from it on is touched by the VMM or by the guest before them.
+pub const FRESH_RAM: u64 = 4 << 20;
+/// One fresh-memory write per region of this size (2 MiB, the largest page the host may back
+/// guest RAM with): each write is the first touch of its region, whatever page size the host
+/// uses.
+pub const FRESH_REGION: u64 = 2 << 20;
+/// The fresh-memory writes one VP may do; VP `i` writes in its own
+/// `FRESH_WRITES_PER_VP` regions from `FRESH_RAM + i * FRESH_WRITES_PER_VP * FRESH_REGION`.
+pub const FRESH_WRITES_PER_VP: u32 = 16;
+
+/// The guest RAM a partition of `vps` VPs needs for fresh-memory writes.
+pub const fn fresh_ram_end(vps: u32) -> u64 {
+    FRESH_RAM + vps as u64 * FRESH_WRITES_PER_VP as u64 * FRESH_REGION
+}
 
 /// Operation counts of a workload, each `base + vp_index * per_vp`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -74,6 +89,11 @@ pub struct Workload {
     /// Reads of an unmapped address, each a #PF delivered to the guest and skipped by its handler
     /// (long mode only).
     pub page_faults: LoopCount,
+    /// Writes to guest RAM nothing touched before, one per [`FRESH_REGION`] (the iterations past
+    /// [`FRESH_WRITES_PER_VP`] write nothing; the partition needs RAM up to [`fresh_ram_end`]):
+    /// each one a page the host allocates on the VP thread as the guest first touches it.
+    /// Protected and long mode; a repeat writes the same regions again.
+    pub fresh_memory: LoopCount,
     /// HvCallNotifyLongSpinWait hypercalls through the hypercall page, which the workload enables
     /// first (two synthetic MSR writes). Needs the partition's Hyper-V enlightenment; long and
     /// protected mode.
@@ -124,6 +144,8 @@ pub struct Expected {
     pub invlpg: u64,
     /// Page faults delivered to the guest.
     pub page_faults: u64,
+    /// Fresh guest memory regions written (each a host page fault of the VP thread).
+    pub fresh_memory: u64,
     /// Hypercalls (all of the long spin wait class).
     pub hypercalls: u64,
 }
@@ -170,6 +192,7 @@ impl Workload {
             exceptions: n(self.ud2) + n(self.page_faults),
             invlpg: n(self.invlpg),
             page_faults: n(self.page_faults),
+            fresh_memory: n(self.fresh_memory).min(FRESH_WRITES_PER_VP as u64),
         }
     }
 
@@ -280,6 +303,33 @@ impl Workload {
             // `mov eax, [rbx]` (2 bytes) on an unmapped address: #PF, skipped by the handler.
             p.asm().mov(rbx, UNMAPPED_ADDRESS)?;
             p.asm().mov(eax, dword_ptr(rbx))?;
+            Ok(())
+        })?;
+        if !self.fresh_memory.is_zero() && mode == Mode::Real {
+            return Err(BuildError::Unsupported {
+                what: "fresh-memory writes (above 1 MiB)",
+                mode: mode.name(),
+            });
+        }
+        p.counted_loop(self.fresh_memory, |p| {
+            // EBX = FRESH_RAM + (vp * FRESH_WRITES_PER_VP + count - 1) * FRESH_REGION; the
+            // iterations past the VP's regions write nothing.
+            let shift = FRESH_REGION.trailing_zeros();
+            let mut past = p.asm().create_label();
+            p.asm().cmp(ebp, FRESH_WRITES_PER_VP as i32)?;
+            p.asm().ja(past)?;
+            p.asm().mov(ebx, edi)?;
+            p.asm().imul_3(ebx, ebx, FRESH_WRITES_PER_VP as i32)?;
+            p.asm().add(ebx, ebp)?;
+            p.asm().dec(ebx)?;
+            p.asm().shl(ebx, shift)?;
+            p.asm().add(ebx, FRESH_RAM as i32)?;
+            match p.mode() {
+                Mode::Long => p.asm().mov(dword_ptr(rbx), 1u32)?,
+                _ => p.asm().mov(dword_ptr(ebx), 1u32)?,
+            }
+            p.asm().set_label(&mut past)?;
+            p.asm().nop()?;
             Ok(())
         })?;
         if !self.hypercalls.is_zero() {

@@ -20,6 +20,7 @@ use hvstats_abi::{CATALOG, ObjectKind};
 
 use crate::accounting::{ExitAccounting, ExitClass, UserExitCounts};
 use crate::enlightenment::count_hypercall_class;
+use crate::sources::host_faults::{Faults, write_host_faults};
 use crate::sources::kvm_stats::KvmStats;
 use crate::sources::thread::write_thread_counts;
 use crate::sources::thread_time::ThreadTimes;
@@ -144,6 +145,12 @@ fn thread_times_and_migrations_write_exactly_their_catalog_counters() {
 }
 
 #[test]
+fn host_faults_write_exactly_their_catalog_counters() {
+    let written = written_by(|page| write_host_faults(page, Faults { minor: 5, major: 2 }));
+    assert_eq!(written, catalog_says(SourceKind::HostFaults));
+}
+
+#[test]
 fn every_hypercall_class_is_counted_where_the_catalog_says() {
     for class in HypercallClass::ALL {
         let written = written_by(|page| count_hypercall_class(page, class));
@@ -163,6 +170,7 @@ fn the_backend_sources_cover_every_maintained_vp_counter() {
         SourceKind::KvmStats,
         SourceKind::ThreadTime,
         SourceKind::PerfSoftware,
+        SourceKind::HostFaults,
         SourceKind::Hypercall,
     ]
     .into_iter()

@@ -91,7 +91,14 @@ fn a_paused_qemu_guest_is_counted_exactly_from_its_first_instruction() {
         return;
     }
     let tmp = TempDir::new("kvm-exact");
-    let program = BiosProgram { cpuid: 777, out: 333, in_: 55, end: BiosEnd::Halt, ..BiosProgram::default() };
+    let program = BiosProgram {
+        cpuid: 777,
+        out: 333,
+        in_: 55,
+        touch_ram: true,
+        end: BiosEnd::Halt,
+        ..BiosProgram::default()
+    };
     let Some((qemu, obs)) = qemu_with_bios(&tmp, program, &["-name", "guest=exact,debug-threads=on"]) else {
         return;
     };
@@ -114,6 +121,19 @@ fn a_paused_qemu_guest_is_counted_exactly_from_its_first_instruction() {
     let part = only_partition(&hv);
     let page = part.vp_page(0).unwrap();
     assert_eq!(page.get(vp::CPUID_INSTRUCTIONS), 0, "paused: nothing ran yet");
+    // The host's faults on the vCPU thread count from the moment the observer found it; a paused
+    // thread takes none.
+    let tid = observer.vms().next().unwrap().vcpu_threads()[0].expect("the vCPU thread is known");
+    let faults_now = || {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).unwrap();
+        let stat = hvstats::task_stat::StatLine::parse(&text).unwrap();
+        stat.minor_faults().unwrap() + stat.major_faults().unwrap()
+    };
+    let faults_at_attach = faults_now();
+    observer.tick();
+    assert_eq!(page.get(vp::HOST_PAGE_FAULTS), 0, "paused: no fault since attach");
+    let unavailable = observer.vms().next().unwrap().unavailable();
+    assert!(!unavailable.contains(&vp::HOST_PAGE_FAULTS), "{unavailable:?}");
     qemu.connect().cont().unwrap();
     tick_until(&mut observer, Duration::from_secs(60), |_| {
         page.get(vp::CPUID_INSTRUCTIONS) == 777 && page.get(vp::IO_INSTRUCTIONS) == 388
@@ -132,6 +152,11 @@ fn a_paused_qemu_guest_is_counted_exactly_from_its_first_instruction() {
         assert_eq!(page.get(vp::HLT_INSTRUCTIONS), 1, "one HLT, from KVM's halt_exits through QMP");
     }
     assert!(page.get(vp::TOTAL_RUN_TIME) > 0);
+    // The guest's write of RAM nothing had touched is a fault of its vCPU thread, and the page
+    // holds exactly the thread's faults since attach.
+    let faults = page.get(vp::HOST_PAGE_FAULTS);
+    assert!(faults >= 1, "the guest's first touch of RAM is a host fault");
+    assert_eq!(faults, faults_now() - faults_at_attach);
 }
 
 #[test]

@@ -14,11 +14,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use hvstats::sched::{SchedStat, SchedStatFile};
+use hvstats::whv::VpExtras;
 use hvstats::{Hypervisor, PartitionStats, SharedPage};
 use hvstats_abi::catalog::{self, Counter, CounterId, Maintained, vp};
 use hvstats_abi::exit_reason::{self, ExitReasonRow, InterceptClass};
-use hvstats_abi::source::{KvmStat, PerfSoftwareEvent, Source, ThreadTime, Tracepoint};
+use hvstats_abi::source::{KvmStat, PerfSoftwareEvent, Source, SourceKind, ThreadTime, Tracepoint};
 
 use hvstats::task_stat::ticks_to_100ns;
 
@@ -27,6 +27,8 @@ use super::counting::{EventList, EventSpec, SW_CPU_MIGRATIONS, SW_TASK_CLOCK, Th
 use super::discovery::{KvmFds, Procfs, Vmm};
 use super::publication;
 use super::qmp::{Cancel, KvmStatsReply, Qmp, QmpError};
+use crate::accounting::UserExitCounts;
+use crate::sources::counter_source::{CounterSource, ObservedThread, open_observed_all};
 use crate::sources::{thread_time, tracepoint};
 
 /// Where each event sits in the list [`vm_events`] makes: the KVM tracepoints the catalog's
@@ -172,9 +174,17 @@ struct ObservedVp {
     /// KVM's vCPU id (from the fd link).
     vcpu_id: u32,
     tid: Option<i32>,
-    /// The thread's schedstat (CPU wait, dispatches) when it was first seen.
-    sched_at_attach: Option<SchedStat>,
     qom_path: Option<String>,
+    /// The sources opened on the thread when it was found (the list of
+    /// [`open_observed_all`]).
+    sources: Vec<Box<dyn CounterSource>>,
+}
+
+impl ObservedVp {
+    /// Whether a source of its thread writes the counters of `kind`.
+    fn has_source(&self, kind: SourceKind) -> bool {
+        self.sources.iter().any(|s| s.keys().contains(&kind))
+    }
 }
 
 /// How to observe a VM.
@@ -326,7 +336,7 @@ impl ObservedVm {
         let vps: Vec<ObservedVp> = fds
             .vcpus
             .keys()
-            .map(|&vcpu_id| ObservedVp { vcpu_id, tid: None, sched_at_attach: None, qom_path: None })
+            .map(|&vcpu_id| ObservedVp { vcpu_id, tid: None, qom_path: None, sources: Vec::new() })
             .collect();
         let partition = hv
             .create_partition_named(vps.len() as u32, &name)
@@ -443,8 +453,12 @@ impl ObservedVm {
         let mut kvm_exits = 0;
         for (index, vp) in self.vps.iter_mut().enumerate() {
             let Some(tid) = vp.tid else { continue };
-            let Some(counts) = self.counters.read(tid) else { continue };
             let Some(page) = self.partition.vp_page(index as u32) else { continue };
+            let (user, mut extras) = (UserExitCounts::default(), VpExtras::default());
+            for source in &mut vp.sources {
+                source.merge(page, &user, &mut extras);
+            }
+            let Some(counts) = self.counters.read(tid) else { continue };
             let at = layout();
             let c = |i: usize| counts.get(i).copied().flatten();
             let tp = |tp: Tracepoint| at.tracepoint(tp).and_then(c);
@@ -460,13 +474,6 @@ impl ObservedVm {
             }
             if let Some(m) = c(at.migrations) {
                 page.set(vp::LOGICAL_PROCESSOR_MIGRATIONS, m);
-            }
-            // CPU wait and dispatches since attach, from the thread's schedstat.
-            let since =
-                schedstat(procfs, self.pid, tid).zip(vp.sched_at_attach).and_then(|(n, t)| n.since(&t));
-            if let Some(d) = since {
-                page.set(vp::CPU_WAIT_TIME_PER_DISPATCH, d.wait_ns);
-                page.set(vp::DISPATCHES, d.dispatches);
             }
             exits_seen |= [Tracepoint::UserspaceIo, Tracepoint::UserspaceMmio, Tracepoint::Cpuid]
                 .into_iter()
@@ -555,7 +562,7 @@ impl ObservedVm {
             if let Some((tid, qom)) = found {
                 vp.tid = Some(tid);
                 vp.qom_path = qom;
-                vp.sched_at_attach = schedstat(procfs, self.pid, tid);
+                vp.sources = open_observed_all(ObservedThread { procfs: procfs.root(), pid: self.pid, tid });
             }
         }
     }
@@ -625,12 +632,13 @@ impl ObservedVm {
                     Source::Tracepoint(tp) => at.tracepoint(tp).is_none_or(event_missing),
                     // schedstat needs no perf event: available once every vCPU thread's is read.
                     Source::ThreadTime(ThreadTime::Dispatches | ThreadTime::CpuWait) => {
-                        self.vps.iter().any(|v| v.sched_at_attach.is_none())
+                        self.vps.iter().any(|v| !v.has_source(SourceKind::ThreadTime))
                     }
                     Source::ThreadTime(ThreadTime::Total | ThreadTime::Hypervisor) => {
                         event_missing(at.task_clock)
                     }
                     Source::PerfSoftware(PerfSoftwareEvent::CpuMigrations) => event_missing(at.migrations),
+                    Source::HostFaults(_) => self.vps.iter().any(|v| !v.has_source(SourceKind::HostFaults)),
                     // The VMM's own exit handling and the host-wide files are not this VM's.
                     Source::RunLoop(_) | Source::Hypercall(_) | Source::Procfs => true,
                 }
@@ -731,12 +739,6 @@ fn class_has_tracepoint(class: InterceptClass) -> bool {
 /// The guest time (clock ticks) of thread `tid` of `pid`.
 fn guest_ticks(procfs: &Procfs, pid: i32, tid: i32) -> Option<u64> {
     thread_time::guest_ticks_of(procfs.root(), pid, tid).ok()
-}
-
-/// The scheduler accounting of thread `tid` of `pid` (`None` when it cannot be read).
-fn schedstat(procfs: &Procfs, pid: i32, tid: i32) -> Option<SchedStat> {
-    let path = procfs.root().join(pid.to_string()).join("task").join(tid.to_string()).join("schedstat");
-    SchedStatFile::open_path(&path).and_then(|f| f.read()).ok()
 }
 
 #[cfg(test)]

@@ -2,13 +2,16 @@
 //! VP's thread and vCPU, reads what it reads and writes the counters the catalog gives its
 //! [`Source`](hvstats_abi::Source) key into the VP's page. A VP's sources are the list
 //! [`open_all`] makes; a new source is one file implementing the trait, one line in that list,
-//! and the catalog rows that name its key.
+//! and the catalog rows that name its key. A source that reads a thread from outside its process
+//! serves observed VMs too: [`open_observed_all`] opens those for an observed VM's vCPU thread.
 
 use std::fmt::Debug;
 use std::os::fd::RawFd;
+use std::path::Path;
 
 use hvstats::SharedPage;
 use hvstats::whv::VpExtras;
+use hvstats_abi::source::SourceKind;
 
 use crate::accounting::UserExitCounts;
 
@@ -31,10 +34,24 @@ pub struct VpThread {
     pub vcpu_fd: RawFd,
 }
 
+/// An observed VM's vCPU thread: a thread of another process.
+#[derive(Clone, Copy, Debug)]
+pub struct ObservedThread<'a> {
+    /// The procfs the process is seen under.
+    pub procfs: &'a Path,
+    /// The VMM's process id.
+    pub pid: libc::pid_t,
+    /// The vCPU thread's id.
+    pub tid: libc::pid_t,
+}
+
 /// One source of a VP's counters.
 pub trait CounterSource: Send + Debug {
     /// When it is read.
     fn part(&self) -> Part;
+
+    /// The kinds of catalog key whose counters it writes.
+    fn keys(&self) -> &'static [SourceKind];
 
     /// Reads the source and writes its counters into `page` (inside the caller's merge window);
     /// a reading that fails leaves them as they are. `user` is the run loop's own counts, for the
@@ -60,10 +77,26 @@ pub trait CounterSource: Send + Debug {
 type Open = fn(VpThread) -> Option<Box<dyn CounterSource>>;
 
 /// Every source of a VP's counters, in the order a merge reads them.
-const SOURCES: &[Open] =
-    &[super::tracepoint::open_source, super::vcpu_stats::open_source, super::thread::open_source];
+const SOURCES: &[Open] = &[
+    super::tracepoint::open_source,
+    super::vcpu_stats::open_source,
+    super::thread::open_source,
+    super::host_faults::open_source,
+];
 
 /// Opens every source for `vp`.
 pub fn open_all(vp: VpThread) -> Vec<Box<dyn CounterSource>> {
     SOURCES.iter().filter_map(|open| open(vp)).collect()
+}
+
+/// How one source is opened for an observed VM's vCPU thread.
+type OpenObserved = for<'a> fn(ObservedThread<'a>) -> Option<Box<dyn CounterSource>>;
+
+/// The sources the observer opens on each vCPU thread it finds (the rest of an observed VM's
+/// counters come from its in-kernel counting and QMP, read once for the whole VM).
+const OBSERVED_SOURCES: &[OpenObserved] = &[super::thread::open_observed, super::host_faults::open_observed];
+
+/// Opens every source of an observed vCPU thread.
+pub fn open_observed_all(thread: ObservedThread<'_>) -> Vec<Box<dyn CounterSource>> {
+    OBSERVED_SOURCES.iter().filter_map(|open| open(thread)).collect()
 }

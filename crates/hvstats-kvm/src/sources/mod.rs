@@ -10,6 +10,7 @@
 //! VP's page.
 
 pub mod counter_source;
+pub mod host_faults;
 pub mod kvm_stats;
 pub mod perf_sw;
 pub mod thread;

@@ -1,6 +1,7 @@
 //! The VP counters kept from the VP thread itself: its CPU and guest time, its CPU wait and
 //! dispatches (schedstat) and its migrations (a perf software event), written together so
-//! Hypervisor run time is total less guest time of the same reading.
+//! Hypervisor run time is total less guest time of the same reading. An observed VM's vCPU thread
+//! has the schedstat part ([`open_observed`]): its CPU wait and dispatches since it was found.
 
 use hvstats::SharedPage;
 use hvstats::sched::{SchedStat, SchedStatFile};
@@ -9,7 +10,7 @@ use hvstats_abi::catalog::{maintained_by, maintained_count};
 use hvstats_abi::source::{PerfSoftwareEvent, Source, SourceKind, ThreadTime};
 use hvstats_abi::{Counter, ObjectKind};
 
-use super::counter_source::{CounterSource, Part, VpThread};
+use super::counter_source::{CounterSource, ObservedThread, Part, VpThread};
 use super::perf_sw::Migrations;
 use super::thread_time::{ThreadClock, ThreadTimes};
 use crate::accounting::UserExitCounts;
@@ -87,6 +88,10 @@ impl CounterSource for ThreadSource {
         Part::Times
     }
 
+    fn keys(&self) -> &'static [SourceKind] {
+        &[SourceKind::ThreadTime, SourceKind::PerfSoftware]
+    }
+
     fn merge(&mut self, page: &SharedPage, _user: &UserExitCounts, _extras: &mut VpExtras) {
         if !self.gone {
             self.read();
@@ -113,4 +118,51 @@ pub(super) fn open_source(vp: VpThread) -> Option<Box<dyn CounterSource>> {
         migrated: None,
         gone: false,
     }))
+}
+
+/// An observed vCPU thread's CPU wait and dispatches since the observer found it (its CPU time
+/// comes from the observer's task clock: another process's thread clock cannot be read).
+#[derive(Debug)]
+pub(crate) struct ObservedSched {
+    /// The thread's `schedstat`, opened for each reading (no descriptor held per vCPU thread).
+    path: std::path::PathBuf,
+    at_open: SchedStat,
+    since: Option<SchedStat>,
+}
+
+impl CounterSource for ObservedSched {
+    fn part(&self) -> Part {
+        Part::Times
+    }
+
+    fn keys(&self) -> &'static [SourceKind] {
+        &[SourceKind::ThreadTime]
+    }
+
+    fn merge(&mut self, page: &SharedPage, _user: &UserExitCounts, _extras: &mut VpExtras) {
+        let now = SchedStatFile::open_path(&self.path).and_then(|f| f.read());
+        if let Some(since) = now.ok().and_then(|now| now.since(&self.at_open)) {
+            self.since = Some(since);
+        }
+        let Some(since) = self.since else { return };
+        for counter in FROM_THREAD {
+            match counter.maintained.source() {
+                Some(Source::ThreadTime(ThreadTime::CpuWait)) => page.set(counter.id, since.wait_ns),
+                Some(Source::ThreadTime(ThreadTime::Dispatches)) => page.set(counter.id, since.dispatches),
+                _ => {}
+            }
+        }
+    }
+}
+
+/// The schedstat of an observed vCPU thread, from now on (`None` when it cannot be read).
+pub(super) fn open_observed(thread: ObservedThread<'_>) -> Option<Box<dyn CounterSource>> {
+    let path = thread
+        .procfs
+        .join(thread.pid.to_string())
+        .join("task")
+        .join(thread.tid.to_string())
+        .join("schedstat");
+    let at_open = SchedStatFile::open_path(&path).and_then(|f| f.read()).ok()?;
+    Some(Box::new(ObservedSched { path, at_open, since: None }))
 }

@@ -167,6 +167,10 @@ impl CounterSource for TracepointSource {
         Part::Exits
     }
 
+    fn keys(&self) -> &'static [SourceKind] {
+        &[SourceKind::Tracepoint]
+    }
+
     fn merge(&mut self, page: &SharedPage, user: &UserExitCounts, extras: &mut VpExtras) {
         let counts = self.tracepoints.read_all();
         write_tracepoint_counts(page, &counts, user);

@@ -102,6 +102,10 @@ impl CounterSource for VcpuStats {
         Part::Exits
     }
 
+    fn keys(&self) -> &'static [SourceKind] {
+        &[SourceKind::KvmStats]
+    }
+
     fn merge(&mut self, page: &SharedPage, _user: &UserExitCounts, _extras: &mut VpExtras) {
         VcpuStats::merge(self, page);
     }
