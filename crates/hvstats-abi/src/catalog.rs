@@ -434,9 +434,11 @@ catalog! {
             "The distribution of the time (in nanoseconds) a halted virtual processor polled in vain before blocking.";
         Hvstats 266 HOST_PAGE_FAULTS "Host page faults/sec", Count, Rate,
             By(HostFaults(HostFault::All), "minflt + majflt of the VP thread since it began running the guest"),
+            observed By(HostFaults(HostFault::All), "minflt + majflt of the vCPU thread since the observer found it"),
             "The rate of page faults the host took on the virtual processor's thread: guest memory touched for the first time, reclaimed or swapped out, and the VMM's own memory on that thread.";
         Hvstats 267 HOST_MAJOR_PAGE_FAULTS "Host major page faults/sec", Count, Rate,
             By(HostFaults(HostFault::Major), "majflt of the VP thread since it began running the guest"),
+            observed By(HostFaults(HostFault::Major), "majflt of the vCPU thread since the observer found it"),
             "The rate of page faults on the virtual processor's thread that waited for I/O: guest memory swapped out or backed by a file, during which the virtual processor did not run.";
     }
 }
