@@ -473,10 +473,20 @@ impl Counter {
 
 impl Counter {
     /// True for the reader's bookkeeping rather than a measurement: the rows of hvstats' own
-    /// group that are not histograms (the sequence counter of consistent reads). Surfaces that
-    /// show measurements leave them out.
+    /// group that the authority writes about the page itself (the sequence counter of consistent
+    /// reads). Surfaces that show measurements leave them out; hvstats' own measurements (the
+    /// histograms, the host's page faults) are shown.
+    ///
+    /// ```
+    /// use hvstats_abi::catalog::vp;
+    ///
+    /// assert!(vp::SEQUENCE.counter().unwrap().is_bookkeeping());
+    /// assert!(!vp::HOST_PAGE_FAULTS.counter().unwrap().is_bookkeeping());
+    /// assert!(!vp::CPUID_INSTRUCTIONS.counter().unwrap().is_bookkeeping());
+    /// ```
     pub const fn is_bookkeeping(&self) -> bool {
-        matches!(self.id.group, GroupKind::Hvstats) && !matches!(self.presentation, Presentation::Histogram)
+        matches!(self.id.group, GroupKind::Hvstats)
+            && matches!(self.maintained, Maintained::By(Source::Authority, _))
     }
 
     /// The page slots the counter's value spans: [`HISTOGRAM_SLOTS`] for a histogram, else 1.

@@ -397,6 +397,8 @@ mod tests {
         let name = |id| family_of_counter(id).unwrap().0.exposed_name();
         assert_eq!(name(vp::HYPERCALLS), "hvstats_vp_hypercalls_total");
         assert_eq!(name(vp::HYPERCALLS_COST), "hvstats_vp_hypercalls_seconds_total");
+        assert_eq!(name(vp::HOST_PAGE_FAULTS), "hvstats_vp_host_page_faults_total");
+        assert_eq!(name(vp::HOST_MAJOR_PAGE_FAULTS), "hvstats_vp_host_major_page_faults_total");
         assert_eq!(name(vp::TOTAL_RUN_TIME), "hvstats_vp_total_run_seconds_total");
         assert_eq!(name(vp::CPUID_INSTRUCTIONS), "hvstats_vp_intercepts_total");
         assert_eq!(name(vp::IO_INSTRUCTIONS_COST), "hvstats_vp_intercept_seconds_total");
