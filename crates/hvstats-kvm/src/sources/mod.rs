@@ -7,7 +7,10 @@
 //! `hvstats::task_stat`, schedstat `hvstats::sched`. Each source is opened for one VP thread and
 //! read on demand through one seam, [`counter_source::CounterSource`]: a VP's sources are the list
 //! [`counter_source::open_all`] makes, and [`crate::accounting::VpSources`] merges them into the
-//! VP's page.
+//! VP's page. The sources that read a thread from outside its process (its schedstat, the host's
+//! page faults on it) serve observed VMs' vCPU threads too, through
+//! [`counter_source::open_observed_all`]; an observed VM's in-kernel counting and QMP statistics
+//! are read once for all its vCPUs by the observer.
 
 pub mod counter_source;
 pub mod host_faults;
