@@ -87,7 +87,7 @@ pub struct Column {
 }
 
 /// The VP columns, most important first: a narrow view shows a prefix of them.
-pub const VP_COLUMNS: [Column; 21] = [
+pub const VP_COLUMNS: [Column; 22] = [
     Column { label: "Run", counter: vp::TOTAL_RUN_TIME },
     Column { label: "Hcall", counter: vp::HYPERCALLS },
     Column { label: "Hcall", counter: vp::HYPERCALLS_COST },
@@ -104,6 +104,7 @@ pub const VP_COLUMNS: [Column; 21] = [
     Column { label: "Other", counter: vp::OTHER_INTERCEPTS_COST },
     Column { label: "Emul", counter: vp::EMULATED_INSTRUCTIONS },
     Column { label: "GuestPF", counter: vp::REFLECTED_GUEST_PAGE_FAULTS },
+    Column { label: "HostPF", counter: vp::HOST_PAGE_FAULTS },
     Column { label: "Hv", counter: vp::HYPERVISOR_RUN_TIME },
     Column { label: "Intr", counter: vp::VIRTUAL_INTERRUPTS },
     Column { label: "ExtIntr", counter: vp::EXTERNAL_INTERRUPTS },
