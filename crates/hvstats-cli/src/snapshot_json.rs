@@ -113,16 +113,22 @@ fn vmm_json(p: &PartitionSnapshot) -> Value {
     p.vmm.map_or(Value::Null, |v| json!({"kind": v.vmm.name(), "pid": v.pid}))
 }
 
+/// An observed VM's UUID (`"6b29fc40-ca47-1067-b31d-00dd010662da"`), else null.
+fn uuid_json(p: &PartitionSnapshot) -> Value {
+    p.uuid.map_or(Value::Null, |u| Value::String(u.to_string()))
+}
+
 fn write_partition(out: &mut impl Write, p: &PartitionSnapshot, s: &InstanceSnapshot) -> io::Result<()> {
     let state = if p.active { "active" } else { "stopped" };
     let unmapped = |at| unmapped_json(s, at).map_or(String::new(), |u| format!("\"unmapped\":{u},"));
     let head = format!(
-        "\"active\":{},\"id\":{},\"name\":{},\"state\":\"{state}\",\"stopped_reason\":{},{}\"vmm\":{},\"vps\":[",
+        "\"active\":{},\"id\":{},\"name\":{},\"state\":\"{state}\",\"stopped_reason\":{},{}\"uuid\":{},\"vmm\":{},\"vps\":[",
         p.active,
         p.id,
         Value::String(p.name.clone()),
         p.stopped.as_ref().map_or(Value::Null, |r| Value::String(r.clone())),
         unmapped(ObjectRef::Partition(p.id)),
+        uuid_json(p),
         vmm_json(p),
     );
     // The partition's reading and fields, its VPs streamed into the open array.
@@ -290,8 +296,8 @@ fn partition_json(p: &PartitionSnapshot, earlier: Option<Earlier<'_>>, s: &Insta
         None => json!("stopped"),
         Some(_) => json!("stopped"),
     };
-    let vmm = vmm_json(p);
-    let fields = json!({"id": p.id, "name": p.name, "vmm": vmm, "active": p.active, "state": state, "stopped_reason": p.stopped, "vps": vps});
+    let (vmm, uuid) = (vmm_json(p), uuid_json(p));
+    let fields = json!({"id": p.id, "name": p.name, "uuid": uuid, "vmm": vmm, "active": p.active, "state": state, "stopped_reason": p.stopped, "vps": vps});
     with(
         reading_json(&p.reading, ObjectKind::Partition, t),
         with_unmapped(fields, s, ObjectRef::Partition(p.id)),

@@ -26,19 +26,39 @@ fn gettid() -> i32 {
 }
 
 /// `proc/<pid>` describing this process as QEMU with one vCPU run by thread `vcpu_tid`.
+/// The `-uuid` of the fake QEMU (as libvirt passes it, in upper case).
+const UUID: &str = "6B29FC40-CA47-1067-B31D-00DD010662DA";
+
 fn fake_qemu(root: &Path, vcpu_tid: i32) -> std::path::PathBuf {
     let pid = std::process::id();
     let dir = root.join(pid.to_string());
     std::fs::create_dir_all(dir.join("fd")).unwrap();
     symlink("anon_inode:kvm-vm", dir.join("fd/4")).unwrap();
     symlink("anon_inode:kvm-vcpu:0", dir.join("fd/5")).unwrap();
-    std::fs::write(dir.join("cmdline"), b"qemu-system-x86_64\0-name\0guest=cli-vm\0").unwrap();
+    std::fs::write(dir.join("cmdline"), format!("qemu-system-x86_64\0-name\0guest=cli-vm\0-uuid\0{UUID}\0"))
+        .unwrap();
     std::fs::write(dir.join("comm"), "qemu-system-x86\n").unwrap();
     std::fs::write(dir.join("status"), "State:\tS (sleeping)\n").unwrap();
     let task = dir.join("task").join(vcpu_tid.to_string());
     std::fs::create_dir_all(&task).unwrap();
     std::fs::write(task.join("comm"), "CPU 0/KVM\n").unwrap();
     dir
+}
+
+/// One `GET /metrics` from `hvstats serve` over `runtime`.
+fn scrape(runtime: &Path) -> String {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--runtime-dir"])
+        .arg(runtime)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr = common::serving_addr(&mut child);
+    let reply = common::http_get(addr, "/metrics");
+    let _ = child.kill();
+    let _ = child.wait();
+    reply
 }
 
 /// Starts `hvstats observe` and a thread forwarding its stderr lines.
@@ -152,6 +172,12 @@ fn observe_publishes_what_snapshot_shows_and_leaves_when_the_process_exits() {
     // Which VMM process runs it, so two VMs of one name are told apart and joined to the VMM.
     assert_eq!(partitions[0]["vmm"]["kind"], "qemu");
     assert_eq!(partitions[0]["vmm"]["pid"], std::process::id());
+    // Its UUID, as QEMU was given it, to join the VM to the tools that manage it.
+    let uuid = UUID.to_lowercase();
+    assert_eq!(partitions[0]["uuid"], uuid.as_str());
+    let metrics = scrape(&runtime);
+    let info = metrics.lines().find(|l| l.starts_with("hvstats_vm_info{") && l.contains("vm=\"cli-vm\""));
+    assert!(info.is_some_and(|l| l.contains(&format!("uuid=\"{uuid}\""))), "{metrics}");
     let vps = partitions[0]["vps"].as_array().unwrap();
     assert_eq!(vps.len(), 1);
     let total = vps[0]["counters"]["Total run time"].as_u64().unwrap();

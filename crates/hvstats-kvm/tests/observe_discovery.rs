@@ -156,3 +156,37 @@ fn a_huge_command_line_is_read_only_up_to_its_cap() {
     assert_eq!(read as u64, hvstats_kvm::observe::discovery::MAX_CMDLINE, "no more than the cap is read");
     assert_eq!(procfs.identify(7).1, "big");
 }
+
+#[test]
+fn a_qemu_vm_has_the_uuid_of_its_command_line_and_nothing_else_does() {
+    let tmp = TempDir::new("disc-uuid");
+    let uuid = "6B29FC40-CA47-1067-B31D-00DD010662DA";
+    FakeProcess::new(
+        tmp.path(),
+        10,
+        &["qemu-system-x86_64", "-name", "guest=a", "-uuid", uuid],
+        "qemu-system-x86",
+    );
+    FakeProcess::new(
+        tmp.path(),
+        11,
+        &["/usr/bin/qemu-system-x86_64", &format!("-uuid={uuid}")],
+        "qemu-system-x86",
+    );
+    FakeProcess::new(tmp.path(), 12, &["qemu-system-x86_64", "-uuid", "not-a-uuid"], "qemu-system-x86");
+    FakeProcess::new(tmp.path(), 13, &["qemu-system-x86_64", "-uuid"], "qemu-system-x86");
+    FakeProcess::new(tmp.path(), 14, &["crosvm", "run", "-uuid", uuid], "crosvm");
+    FakeProcess::new(
+        tmp.path(),
+        15,
+        &["qemu-system-x86_64", "-uuid", "00000000-0000-0000-0000-000000000000"],
+        "qemu",
+    );
+    let procfs = Procfs::at(tmp.path(), None);
+    let canonical = Some("6b29fc40-ca47-1067-b31d-00dd010662da".to_owned());
+    assert_eq!(procfs.vm_uuid(10).map(|u| u.to_string()), canonical);
+    assert_eq!(procfs.vm_uuid(11).map(|u| u.to_string()), canonical);
+    for pid in [12, 13, 14, 15, 16] {
+        assert_eq!(procfs.vm_uuid(pid), None, "pid {pid}");
+    }
+}

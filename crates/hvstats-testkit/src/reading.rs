@@ -21,6 +21,7 @@ pub fn synthetic_instance(partitions: u32, vps_each: u32) -> InstanceSnapshot {
             active: true,
             name: String::new(),
             vmm: None,
+            uuid: None,
             stopped: None,
             reading: counters(u64::from(p), ObjectKind::Partition),
             vps: (0..vps_each)

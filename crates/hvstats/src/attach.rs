@@ -131,6 +131,8 @@ pub struct PartitionInfo {
     pub state: ObjectState,
     /// The VMM process running it, for an observed VM.
     pub vmm: Option<crate::vmm::VmmProcess>,
+    /// The VM's UUID, for an observed VM whose VMM has one.
+    pub uuid: Option<crate::vmm::VmUuid>,
     unavailable_partition: [u64; 4],
     unavailable_vp: [u64; 4],
     slot: SlotRef,
@@ -512,6 +514,7 @@ fn scan_partitions(arena: &ArenaReader, seq: u64) -> PartitionLayout {
             id,
             name: entry.name,
             vmm: entry.vmm,
+            uuid: entry.uuid,
             state: entry.state,
             unavailable_partition: entry.unavailable_partition,
             unavailable_vp: entry.unavailable_vp,

@@ -49,6 +49,20 @@ pub const NAME_BYTES: usize = 192;
 pub const TEXT_BYTES: usize = 64;
 /// Counters of one kind that can be declared unavailable: the first this many in catalog order.
 pub const UNAVAILABLE_COUNTERS: usize = 256;
+/// The words of a partition entry's own bitmap that hold bits: the partition page has 8 counters,
+/// so the upper two words carry the VM's UUID instead (readers of the bitmap alone never look at
+/// bits past the kind's counters).
+pub const PARTITION_BITMAP_WORDS: usize = 2;
+const _: () = {
+    let (mut rows, mut i) = (0, 0);
+    while i < hvstats_abi::CATALOG.len() {
+        if hvstats_abi::CATALOG[i].id.kind as u8 == ObjectKind::Partition as u8 {
+            rows += 1;
+        }
+        i += 1;
+    }
+    assert!(rows <= PARTITION_BITMAP_WORDS * 64, "a partition counter's bit would fall on the UUID");
+};
 
 /// Header words.
 pub(crate) mod hw {
@@ -77,6 +91,9 @@ pub(crate) mod ew {
     pub const VP_COUNT: usize = 6;
     pub const VMM: usize = 7;
     pub const UNAVAILABLE_PARTITION: usize = 8;
+    /// Partition entries: the VM's UUID, two words inside the partition bitmap's upper half (bits
+    /// 128..256, which no partition counter has: see [`super::PARTITION_BITMAP_WORDS`]).
+    pub const UUID: usize = 10;
     pub const UNAVAILABLE_VP: usize = 12;
     pub const NAME: usize = 16;
     pub const REASON: usize = 24;
@@ -256,6 +273,8 @@ pub struct Entry {
     pub name: String,
     /// Partition entries of an observer: the VMM process running the VM.
     pub vmm: Option<crate::vmm::VmmProcess>,
+    /// Partition entries of an observer: the VM's UUID, when its VMM has one.
+    pub uuid: Option<crate::vmm::VmUuid>,
 }
 
 /// Entry states.
@@ -300,11 +319,20 @@ impl Entry {
             id: words[ew::ID],
             index: words[ew::INDEX] as u32,
             vp_count: words[ew::VP_COUNT],
-            unavailable_partition: four(ew::UNAVAILABLE_PARTITION),
+            unavailable_partition: if kind == ObjectKind::Partition {
+                [words[ew::UNAVAILABLE_PARTITION], words[ew::UNAVAILABLE_PARTITION + 1], 0, 0]
+            } else {
+                four(ew::UNAVAILABLE_PARTITION)
+            },
             unavailable_vp: four(ew::UNAVAILABLE_VP),
             name: if kind == ObjectKind::Partition { text(&bytes(ew::NAME)) } else { String::new() },
             vmm: if kind == ObjectKind::Partition {
                 crate::vmm::VmmProcess::from_word(words[ew::VMM])
+            } else {
+                None
+            },
+            uuid: if kind == ObjectKind::Partition {
+                crate::vmm::VmUuid::from_words([words[ew::UUID], words[ew::UUID + 1]])
             } else {
                 None
             },

@@ -191,6 +191,11 @@ impl PartitionStats {
         self.write_entry(|w| w[ew::VMM] = vmm.to_word());
     }
 
+    /// Records the VM's UUID (an observed VM whose VMM was given one), for readers.
+    pub fn set_uuid(&self, uuid: crate::vmm::VmUuid) {
+        self.write_entry(|w| w[ew::UUID..ew::UUID + 2].copy_from_slice(&uuid.to_words()));
+    }
+
     /// Declares counters of this partition and of its VPs that no source gives (an observed VM's
     /// hypercall counts, say): readers report them as unknown (`None`, JSON null), never as 0.
     /// Replaces any earlier declaration; ids of other object kinds are ignored.
@@ -207,8 +212,11 @@ impl PartitionStats {
                 bitmap[bit / 64] |= 1 << (bit % 64);
             }
         }
+        // The partition bitmap's upper words hold the UUID: only its bit-holding words are written.
+        let part_words = index::PARTITION_BITMAP_WORDS;
         self.write_entry(|w| {
-            w[ew::UNAVAILABLE_PARTITION..ew::UNAVAILABLE_PARTITION + 4].copy_from_slice(&part);
+            w[ew::UNAVAILABLE_PARTITION..ew::UNAVAILABLE_PARTITION + part_words]
+                .copy_from_slice(&part[..part_words]);
             w[ew::UNAVAILABLE_VP..ew::UNAVAILABLE_VP + 4].copy_from_slice(&vp);
         });
     }

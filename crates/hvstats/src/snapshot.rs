@@ -74,6 +74,8 @@ pub struct PartitionSnapshot {
     pub name: String,
     /// The VMM process running it, for an observed VM.
     pub vmm: Option<crate::vmm::VmmProcess>,
+    /// The VM's UUID, for an observed VM whose VMM has one.
+    pub uuid: Option<crate::vmm::VmUuid>,
     /// Why it stopped, when it is not active.
     pub stopped: Option<String>,
     /// Its counters, or why its page could not be read.
@@ -277,6 +279,7 @@ pub fn take_partition(instance: &Instance, p: &PartitionInfo) -> PartitionSnapsh
         active: p.is_active(),
         name: p.name.clone(),
         vmm: p.vmm,
+        uuid: p.uuid,
         stopped: match &p.state {
             ObjectState::Active => None,
             ObjectState::Stopped { reason } => Some(reason.clone()),

@@ -84,9 +84,94 @@ impl VmmProcess {
     }
 }
 
+/// A VM's UUID, as its VMM was given it (QEMU `-uuid`, which libvirt always passes): what joins a
+/// VM's series to the inventory of the tools that manage it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct VmUuid([u8; 16]);
+
+impl VmUuid {
+    /// Parses the canonical form, 8-4-4-4-12 hex digits in either case; `None` for anything else
+    /// and for the nil UUID (QEMU's "none given").
+    ///
+    /// ```
+    /// use hvstats::vmm::VmUuid;
+    ///
+    /// let u = VmUuid::parse("6B29FC40-CA47-1067-B31D-00DD010662DA").unwrap();
+    /// assert_eq!(u.to_string(), "6b29fc40-ca47-1067-b31d-00dd010662da");
+    /// assert_eq!(VmUuid::parse("6b29fc40ca471067b31d00dd010662da"), None);
+    /// assert_eq!(VmUuid::parse("00000000-0000-0000-0000-000000000000"), None);
+    /// ```
+    pub fn parse(text: &str) -> Option<Self> {
+        let groups: Vec<&str> = text.split('-').collect();
+        let lengths: Vec<usize> = groups.iter().map(|g| g.len()).collect();
+        if lengths != [8, 4, 4, 4, 12] {
+            return None;
+        }
+        let hex: String = groups.concat();
+        let mut bytes = [0u8; 16];
+        for (i, b) in bytes.iter_mut().enumerate() {
+            let pair = hex.get(2 * i..2 * i + 2)?;
+            if !pair.bytes().all(|c| c.is_ascii_hexdigit()) {
+                return None;
+            }
+            *b = u8::from_str_radix(pair, 16).ok()?;
+        }
+        (bytes != [0; 16]).then_some(Self(bytes))
+    }
+
+    /// The two index words: the bytes in order, as little-endian words.
+    pub fn to_words(self) -> [u64; 2] {
+        let (a, b) = self.0.split_at(8);
+        [
+            u64::from_le_bytes(a.try_into().unwrap_or([0; 8])),
+            u64::from_le_bytes(b.try_into().unwrap_or([0; 8])),
+        ]
+    }
+
+    /// The UUID of two index words, `None` when both are 0 (none recorded).
+    pub fn from_words(words: [u64; 2]) -> Option<Self> {
+        let mut bytes = [0u8; 16];
+        bytes[..8].copy_from_slice(&words[0].to_le_bytes());
+        bytes[8..].copy_from_slice(&words[1].to_le_bytes());
+        (bytes != [0; 16]).then_some(Self(bytes))
+    }
+}
+
+impl std::fmt::Display for VmUuid {
+    /// The canonical lowercase form.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, b) in self.0.iter().enumerate() {
+            if matches!(i, 4 | 6 | 8 | 10) {
+                f.write_str("-")?;
+            }
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_uuid_survives_its_index_words_and_bad_text_is_none() {
+        let u = VmUuid::parse("00112233-4455-6677-8899-aabbccddeeff").unwrap();
+        assert_eq!(VmUuid::from_words(u.to_words()), Some(u));
+        assert_eq!(u.to_string(), "00112233-4455-6677-8899-aabbccddeeff");
+        assert_eq!(VmUuid::from_words([0, 0]), None);
+        for bad in [
+            "",
+            "00112233-4455-6677-8899-aabbccddeef",
+            "00112233-4455-6677-8899-aabbccddeefg",
+            "0011223-34455-6677-8899-aabbccddeeff",
+            "00112233-4455-6677-8899-aabbccddeeff-",
+            "+0112233-4455-6677-8899-aabbccddeeff",
+            "00112233-4455-6677-8899-aabbccddée",
+        ] {
+            assert_eq!(VmUuid::parse(bad), None, "{bad:?}");
+        }
+    }
 
     #[test]
     fn a_vmm_process_survives_its_index_word_and_no_word_is_misread() {

@@ -190,6 +190,44 @@ fn counters_declared_unavailable_read_as_unknown_never_zero() {
 }
 
 #[test]
+fn a_vms_uuid_and_its_unavailable_counters_share_the_entry_without_touching_each_other() {
+    let tmp = TempDir::new("uuid");
+    let hv = published(&tmp.0);
+    let p = hv.create_partition(1).unwrap();
+    let uuid = hvstats::vmm::VmUuid::parse("ffffffff-ffff-ffff-ffff-ffffffffffff").unwrap();
+    p.set_uuid(uuid);
+    // Every partition counter unavailable, then none: the UUID stays as it was.
+    let every: Vec<_> = hvstats_abi::catalog::counters_of(ObjectKind::Partition).map(|c| c.id).collect();
+    for declared in [every.clone(), Vec::new()] {
+        p.set_unavailable(&declared);
+        let mut attach = Attach::new(&tmp.0);
+        attach.refresh().unwrap();
+        let info = attach.instances().next().unwrap().partitions()[0].clone();
+        assert_eq!(info.uuid, Some(uuid));
+        // And the UUID's all-ones words read as no counter's bit.
+        for c in hvstats_abi::catalog::counters_of(ObjectKind::Partition) {
+            assert_eq!(
+                info.is_unavailable(ObjectKind::Partition, c.id.slot()),
+                !declared.is_empty(),
+                "{}",
+                c.name
+            );
+        }
+        let snap = attach.instances_mut().next().unwrap().snapshot();
+        assert_eq!(
+            snap.partitions[0].uuid.map(|u| u.to_string()).as_deref(),
+            Some("ffffffff-ffff-ffff-ffff-ffffffffffff")
+        );
+    }
+    // A partition given none has none.
+    let q = hv.create_partition(1).unwrap();
+    let mut attach = Attach::new(&tmp.0);
+    attach.refresh().unwrap();
+    let infos = attach.instances().next().unwrap().partitions().to_vec();
+    assert_eq!(infos.iter().find(|i| i.id == q.id()).unwrap().uuid, None);
+}
+
+#[test]
 fn every_counter_can_be_declared_unavailable_the_last_histograms_of_the_vp_page_too() {
     // The halt-poll histograms start past page slot 256, where a bitmap of slots ran out: they
     // were published as available zeros.

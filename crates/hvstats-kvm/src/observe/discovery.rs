@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 /// The most of a command line read (`/proc/PID/cmdline`); the rest is ignored.
 pub const MAX_CMDLINE: u64 = 1 << 20;
 
+use hvstats::vmm::VmUuid;
 pub use hvstats::vmm::Vmm;
 
 /// The vCPU index a thread name stands for, for every VMM's naming (exact parse: `CPU 1/KVM` is
@@ -245,6 +246,16 @@ impl Procfs {
             Vmm::CloudHypervisor | Vmm::Other => None,
         };
         (vmm, named.filter(|n| !n.is_empty()).unwrap_or_else(|| format!("{comm}:{pid}")))
+    }
+
+    /// The VM's UUID as its VMM was given it: QEMU's `-uuid` (libvirt always passes one). `None`
+    /// for other VMMs, for no or a malformed value, and for a process that cannot be read.
+    pub fn vm_uuid(&self, pid: i32) -> Option<VmUuid> {
+        let args = self.cmdline(pid).ok()?;
+        match args.first().map(|a| Vmm::from_program(a))? {
+            Vmm::Qemu => VmUuid::parse(&option_value(&args, "-uuid")?),
+            _ => None,
+        }
     }
 }
 

@@ -342,6 +342,9 @@ impl ObservedVm {
             .create_partition_named(vps.len() as u32, &name)
             .map_err(|source| AttachError::Publish { pid, source })?;
         partition.set_vmm(hvstats::vmm::VmmProcess { vmm, pid: pid as u32 });
+        if let Some(uuid) = procfs.vm_uuid(pid) {
+            partition.set_uuid(uuid);
+        }
         let kvm_exit =
             if isa.is_some() { KvmExitState::Undecided } else { KvmExitState::NoHardwareVirtualization };
         let mut me = Self {

@@ -359,7 +359,8 @@ impl Exposition {
                 "vm_info",
                 "Each VM (partition) this scrape read: its publishing instance (hvstats' own, or the \
                  observer of other processes' VMs), the publisher's pid and kind, the partition id \
-                 in it, and for an observed VM its VMM and the VMM's pid.",
+                 in it, and for an observed VM its VMM, the VMM's pid and the VM's UUID when the VMM \
+                 has one.",
                 None,
                 MetricType::Gauge,
             )?;
@@ -375,6 +376,9 @@ impl Exposition {
                 if let Some(vmm) = partition.vmm {
                     labels.push(("vmm", vmm.vmm.name().to_owned()));
                     labels.push(("vmm_pid", vmm.pid.to_string()));
+                }
+                if let Some(uuid) = partition.uuid {
+                    labels.push(("uuid", uuid.to_string()));
                 }
                 metric.encode_family(&labels)?.encode_gauge(&1i64)?;
             }
