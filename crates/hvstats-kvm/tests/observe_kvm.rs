@@ -99,7 +99,10 @@ fn a_paused_qemu_guest_is_counted_exactly_from_its_first_instruction() {
         end: BiosEnd::Halt,
         ..BiosProgram::default()
     };
-    let Some((qemu, obs)) = qemu_with_bios(&tmp, program, &["-name", "guest=exact,debug-threads=on"]) else {
+    let uuid = "1f0b7c1e-8d2a-4c3b-9e4f-5a6b7c8d9e0f";
+    let Some((qemu, obs)) =
+        qemu_with_bios(&tmp, program, &["-name", "guest=exact,debug-threads=on", "-uuid", uuid])
+    else {
         return;
     };
     let hv = Hypervisor::new_published(&tmp.path().join("run")).unwrap();
@@ -121,6 +124,11 @@ fn a_paused_qemu_guest_is_counted_exactly_from_its_first_instruction() {
     let part = only_partition(&hv);
     let page = part.vp_page(0).unwrap();
     assert_eq!(page.get(vp::CPUID_INSTRUCTIONS), 0, "paused: nothing ran yet");
+    // Readers of the runtime directory see the VM's UUID, from QEMU's own command line.
+    let mut attach = hvstats::attach::Attach::new(&tmp.path().join("run"));
+    attach.refresh().unwrap();
+    let info = attach.instances().next().unwrap().partitions()[0].clone();
+    assert_eq!(info.uuid.map(|u| u.to_string()).as_deref(), Some(uuid));
     // The host's faults on the vCPU thread count from the moment the observer found it; a paused
     // thread takes none.
     let tid = observer.vms().next().unwrap().vcpu_threads()[0].expect("the vCPU thread is known");
