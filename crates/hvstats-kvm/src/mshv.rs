@@ -159,6 +159,14 @@ impl MshvObserver {
                 events.push(MshvEvent::Vanished { key });
             }
         }
+        // What the hypervisor's and the LPs' files lack is declared before any partition of this
+        // reading appears: a reader that finds the partition never finds those counters as 0.
+        self.declare_global(None, ObjectKind::Hypervisor, tree.hypervisor.as_ref());
+        let lps: Vec<(u32, u32)> =
+            self.hv.logical_processors().iter().map(|lp| (lp.index(), lp.cpu())).collect();
+        for &(index, dir) in &lps {
+            self.declare_global(Some(index), ObjectKind::LogicalProcessor, tree.lps.get(&dir));
+        }
         let mut unmapped = Unmapped::new();
         for (key, ptree) in &tree.partitions {
             let vps: Vec<u32> = ptree.vps.keys().copied().collect();
@@ -168,9 +176,11 @@ impl MshvObserver {
             }
             if !self.partitions.contains_key(key) {
                 let name = format!("mshv:{key}");
-                match self.hv.create_partition_with_id(key.id(), &vps, &name) {
+                // Born with what its files lack declared: never shown as 0 in between.
+                let unavailable = unavailable(&ptree.stats, ptree.vps.values());
+                match self.hv.create_partition_declared(Some(key.id()), &vps, &name, &unavailable) {
                     Ok(stats) => {
-                        let published = Published { vps: vps.clone(), stats, unavailable: Vec::new() };
+                        let published = Published { vps: vps.clone(), stats, unavailable };
                         self.partitions.insert(*key, published);
                         events.push(if changed {
                             MshvEvent::VpsChanged { key: *key, vps }
@@ -212,15 +222,11 @@ impl MshvObserver {
         if let Some(file) = &tree.hypervisor {
             write(ObjectKind::Hypervisor, self.hv.page(), file, ObjectRef::Hypervisor, &mut unmapped);
         }
-        self.declare_global(None, ObjectKind::Hypervisor, tree.hypervisor.as_ref());
-        let lps: Vec<(u32, u32)> =
-            self.hv.logical_processors().iter().map(|lp| (lp.index(), lp.cpu())).collect();
         for (index, dir) in lps {
             let file = tree.lps.get(&dir);
             if let (Some(file), Some(lp)) = (file, self.hv.logical_processors().get(index as usize)) {
                 write(ObjectKind::LogicalProcessor, lp.page(), file, ObjectRef::Lp(index), &mut unmapped);
             }
-            self.declare_global(Some(index), ObjectKind::LogicalProcessor, file);
         }
         for counters in unmapped.values() {
             for (name, _) in counters {

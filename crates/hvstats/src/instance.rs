@@ -200,25 +200,7 @@ impl PartitionStats {
     /// hypercall counts, say): readers report them as unknown (`None`, JSON null), never as 0.
     /// Replaces any earlier declaration; ids of other object kinds are ignored.
     pub fn set_unavailable(&self, counters: &[CounterId]) {
-        let (mut part, mut vp) = ([0u64; 4], [0u64; 4]);
-        for c in counters {
-            let slot = c.slot();
-            let bitmap = match c.kind {
-                ObjectKind::Partition => &mut part,
-                ObjectKind::Vp => &mut vp,
-                _ => continue,
-            };
-            if let Some(bit) = index::unavailable_bit(c.kind, slot) {
-                bitmap[bit / 64] |= 1 << (bit % 64);
-            }
-        }
-        // The partition bitmap's upper words hold the UUID: only its bit-holding words are written.
-        let part_words = index::PARTITION_BITMAP_WORDS;
-        self.write_entry(|w| {
-            w[ew::UNAVAILABLE_PARTITION..ew::UNAVAILABLE_PARTITION + part_words]
-                .copy_from_slice(&part[..part_words]);
-            w[ew::UNAVAILABLE_VP..ew::UNAVAILABLE_VP + 4].copy_from_slice(&vp);
-        });
+        self.write_entry(|w| write_unavailable(w, counters));
     }
 
     fn write_entry(&self, f: impl FnOnce(&mut [u64; index::ENTRY_WORDS])) {
@@ -507,11 +489,41 @@ impl Hypervisor {
         self.create_partition_as(id, vp_indices, name)
     }
 
+    /// As [`create_partition_with_id`](Self::create_partition_with_id) (under the next free id
+    /// when `id` is `None`), with the counters no source gives declared unavailable from the
+    /// start, in the same index change: no reader ever sees them as 0.
+    ///
+    /// # Errors
+    /// As [`create_partition_with_id`](Self::create_partition_with_id).
+    pub fn create_partition_declared(
+        &self,
+        id: Option<u64>,
+        vp_indices: &[u32],
+        name: &str,
+        unavailable: &[CounterId],
+    ) -> io::Result<Arc<PartitionStats>> {
+        if !vp_indices.is_sorted_by(|a, b| a < b) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "VP indices not ascending"));
+        }
+        let id = id.unwrap_or_else(|| self.next_id.fetch_add(1, Ordering::Relaxed));
+        self.create_partition_inner(id, vp_indices, name, unavailable)
+    }
+
     fn create_partition_as(
         &self,
         id: u64,
         vp_indices: &[u32],
         name: &str,
+    ) -> io::Result<Arc<PartitionStats>> {
+        self.create_partition_inner(id, vp_indices, name, &[])
+    }
+
+    fn create_partition_inner(
+        &self,
+        id: u64,
+        vp_indices: &[u32],
+        name: &str,
+        unavailable: &[CounterId],
     ) -> io::Result<Arc<PartitionStats>> {
         let vp_count = vp_indices.len() as u32;
         let mut partitions = self.lock_partitions();
@@ -531,11 +543,14 @@ impl Hypervisor {
                 let record =
                     ObjectRecord { kind: ObjectKind::Partition, id, index: 0, vp_count: u64::from(vp_count) };
                 let page = SharedPage::in_arena(&self.arena, &mut change, record)?;
-                if !name.is_empty() {
-                    let text = index::encode_text(name, index::TEXT_BYTES / 8);
-                    if let Some(slot) = page.arena_slot() {
-                        change.write_entry(slot, |w| w[ew::NAME..ew::NAME + 8].copy_from_slice(&text));
-                    }
+                if let Some(slot) = page.arena_slot() {
+                    let text = (!name.is_empty()).then(|| index::encode_text(name, index::TEXT_BYTES / 8));
+                    change.write_entry(slot, |w| {
+                        if let Some(text) = text {
+                            w[ew::NAME..ew::NAME + 8].copy_from_slice(&text);
+                        }
+                        write_unavailable(w, unavailable);
+                    });
                 }
                 Ok::<_, io::Error>(page)
             })();
@@ -641,6 +656,26 @@ impl ObjectDirectory for Hypervisor {
     fn partition_facts(&self, id: u64) -> Option<PartitionFacts> {
         self.partition(id).map(|p| PartitionFacts { vp_count: p.vp_count(), active: p.is_active() })
     }
+}
+
+/// Writes the bitmaps of the partition and VP counters among `counters` into a partition entry
+/// (ids of other kinds are ignored). The partition bitmap's upper words hold the VM's UUID: only
+/// its bit-holding words are written.
+fn write_unavailable(w: &mut [u64; index::ENTRY_WORDS], counters: &[CounterId]) {
+    let (mut part, mut vp) = ([0u64; 4], [0u64; 4]);
+    for c in counters {
+        let bitmap = match c.kind {
+            ObjectKind::Partition => &mut part,
+            ObjectKind::Vp => &mut vp,
+            _ => continue,
+        };
+        if let Some(bit) = index::unavailable_bit(c.kind, c.slot()) {
+            bitmap[bit / 64] |= 1 << (bit % 64);
+        }
+    }
+    let part_words = index::PARTITION_BITMAP_WORDS;
+    w[ew::UNAVAILABLE_PARTITION..ew::UNAVAILABLE_PARTITION + part_words].copy_from_slice(&part[..part_words]);
+    w[ew::UNAVAILABLE_VP..ew::UNAVAILABLE_VP + 4].copy_from_slice(&vp);
 }
 
 #[cfg(test)]

@@ -190,6 +190,26 @@ fn counters_declared_unavailable_read_as_unknown_never_zero() {
 }
 
 #[test]
+fn a_partition_created_declared_is_never_seen_with_its_unavailable_counters_as_zero() {
+    let tmp = TempDir::new("declared");
+    let hv = published(&tmp.0);
+    let p = hv
+        .create_partition_declared(Some(7), &[0, 2], "declared", &[vp::HYPERCALLS, partition::GPA_PAGES])
+        .unwrap();
+    // The first reader to find it sees the declaration, with nothing set after creation.
+    let mut attach = Attach::new(&tmp.0);
+    attach.refresh().unwrap();
+    let snap = attach.instances_mut().next().unwrap().snapshot();
+    let part = &snap.partitions[0];
+    assert_eq!((part.id, part.name.as_str()), (7, "declared"));
+    assert_eq!(part.reading.get("GPA pages"), None);
+    assert_eq!(part.vps[1].reading.get("Hypercalls/sec"), None);
+    assert_eq!(part.vps[1].reading.get("CPUID instructions/sec"), Some(0));
+    assert!(hv.create_partition_declared(None, &[1, 0], "", &[]).is_err(), "VP indices must ascend");
+    drop(p);
+}
+
+#[test]
 fn a_vms_uuid_and_its_unavailable_counters_share_the_entry_without_touching_each_other() {
     let tmp = TempDir::new("uuid");
     let hv = published(&tmp.0);

@@ -338,8 +338,18 @@ impl ObservedVm {
             .keys()
             .map(|&vcpu_id| ObservedVp { vcpu_id, tid: None, qom_path: None, sources: Vec::new() })
             .collect();
+        // Nothing is read yet: every counter but the authority's own (the VP count) is declared
+        // unavailable until the first refresh declares what the sources give, so no reader sees
+        // a 0 that was never measured.
+        let nothing_yet: Vec<CounterId> = hvstats_abi::CATALOG
+            .iter()
+            .filter(|c| matches!(c.id.kind, hvstats_abi::ObjectKind::Partition | hvstats_abi::ObjectKind::Vp))
+            .filter(|c| catalog::observed(c).and_then(Maintained::source) != Some(Source::Authority))
+            .map(|c| c.id)
+            .collect();
+        let indices: Vec<u32> = (0..vps.len() as u32).collect();
         let partition = hv
-            .create_partition_named(vps.len() as u32, &name)
+            .create_partition_declared(None, &indices, &name, &nothing_yet)
             .map_err(|source| AttachError::Publish { pid, source })?;
         partition.set_vmm(hvstats::vmm::VmmProcess { vmm, pid: pid as u32 });
         if let Some(uuid) = procfs.vm_uuid(pid) {
