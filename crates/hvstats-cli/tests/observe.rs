@@ -45,22 +45,6 @@ fn fake_qemu(root: &Path, vcpu_tid: i32) -> std::path::PathBuf {
     dir
 }
 
-/// One `GET /metrics` from `hvstats serve` over `runtime`.
-fn scrape(runtime: &Path) -> String {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--runtime-dir"])
-        .arg(runtime)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let addr = common::serving_addr(&mut child);
-    let reply = common::http_get(addr, "/metrics");
-    let _ = child.kill();
-    let _ = child.wait();
-    reply
-}
-
 /// Starts `hvstats observe` and a thread forwarding its stderr lines.
 /// `observe` of `target` (`--pid N` or `--all`) every 50 ms over the fake /proc at `proc_root`,
 /// publishing under `runtime`.
@@ -175,7 +159,7 @@ fn observe_publishes_what_snapshot_shows_and_leaves_when_the_process_exits() {
     // Its UUID, as QEMU was given it, to join the VM to the tools that manage it.
     let uuid = UUID.to_lowercase();
     assert_eq!(partitions[0]["uuid"], uuid.as_str());
-    let metrics = scrape(&runtime);
+    let metrics = common::scrape(&runtime);
     let info = metrics.lines().find(|l| l.starts_with("hvstats_vm_info{") && l.contains("vm=\"cli-vm\""));
     assert!(info.is_some_and(|l| l.contains(&format!("uuid=\"{uuid}\""))), "{metrics}");
     let vps = partitions[0]["vps"].as_array().unwrap();

@@ -38,22 +38,6 @@ fn wait_for(runtime: &Path, done: impl Fn(&Value) -> bool) -> Value {
     }
 }
 
-/// One `GET /metrics` from `hvstats serve` over `runtime`.
-fn scrape(runtime: &Path) -> String {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--runtime-dir"])
-        .arg(runtime)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let addr = common::serving_addr(&mut child);
-    let served = Observer(child);
-    let reply = common::http_get(addr, "/metrics");
-    drop(served);
-    reply
-}
-
 struct Observer(Child);
 
 impl Drop for Observer {
@@ -136,7 +120,7 @@ fn snapshot_shows_the_trees_values_under_the_catalogs_names_and_follows_its_part
     }
 
     // The other readers, unchanged: /metrics and top.
-    let metrics = scrape(&runtime);
+    let metrics = common::scrape(&runtime);
     let name = i["name"].as_str().unwrap();
     let cpuid = "hvstats_vp_intercepts_total{vm=\"mshv:4\",vp=\"1\",intercept=\"cpuid\"} 31019";
     assert!(metrics.lines().any(|l| l == cpuid), "{metrics}");

@@ -99,3 +99,27 @@ pub fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
     stream.read_to_string(&mut reply).unwrap();
     reply
 }
+
+/// One `GET /metrics` from a `hvstats serve` started over `runtime` for it (and stopped after).
+pub fn scrape(runtime: &Path) -> String {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--runtime-dir"])
+        .arg(runtime)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr = serving_addr(&mut child);
+    let _serve = KilledOnDrop(child);
+    http_get(addr, "/metrics")
+}
+
+/// A child process killed and reaped when dropped (a failed assertion included).
+pub struct KilledOnDrop(pub std::process::Child);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
