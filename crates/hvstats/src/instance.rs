@@ -465,9 +465,8 @@ impl Hypervisor {
     /// # Errors
     /// When a page cannot be created (the arena is full, or its storage cannot grow).
     pub fn create_partition_named(&self, vp_count: u32, name: &str) -> io::Result<Arc<PartitionStats>> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let indices: Vec<u32> = (0..vp_count).collect();
-        self.create_partition_as(id, &indices, name)
+        self.create_partition_declared(None, &indices, name, &[])
     }
 
     /// Creates the stats objects of a new, active partition under the id `id`, with VPs numbered
@@ -483,10 +482,7 @@ impl Hypervisor {
         vp_indices: &[u32],
         name: &str,
     ) -> io::Result<Arc<PartitionStats>> {
-        if !vp_indices.is_sorted_by(|a, b| a < b) {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "VP indices not ascending"));
-        }
-        self.create_partition_as(id, vp_indices, name)
+        self.create_partition_declared(Some(id), vp_indices, name, &[])
     }
 
     /// As [`create_partition_with_id`](Self::create_partition_with_id) (under the next free id
@@ -506,25 +502,6 @@ impl Hypervisor {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "VP indices not ascending"));
         }
         let id = id.unwrap_or_else(|| self.next_id.fetch_add(1, Ordering::Relaxed));
-        self.create_partition_inner(id, vp_indices, name, unavailable)
-    }
-
-    fn create_partition_as(
-        &self,
-        id: u64,
-        vp_indices: &[u32],
-        name: &str,
-    ) -> io::Result<Arc<PartitionStats>> {
-        self.create_partition_inner(id, vp_indices, name, &[])
-    }
-
-    fn create_partition_inner(
-        &self,
-        id: u64,
-        vp_indices: &[u32],
-        name: &str,
-        unavailable: &[CounterId],
-    ) -> io::Result<Arc<PartitionStats>> {
         let vp_count = vp_indices.len() as u32;
         let mut partitions = self.lock_partitions();
         if partitions.contains_key(&id) {

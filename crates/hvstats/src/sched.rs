@@ -119,7 +119,12 @@ pub fn parse(text: &[u8]) -> Result<SchedStat, &'static str> {
 
 /// The schedstat file of thread `tid` of process `pid`.
 pub fn path_of(pid: libc::pid_t, tid: libc::pid_t) -> PathBuf {
-    PathBuf::from(format!("/proc/{pid}/task/{tid}/schedstat"))
+    path_under(Path::new("/proc"), pid, tid)
+}
+
+/// The schedstat file of thread `tid` of process `pid` under the procfs at `procfs`.
+pub fn path_under(procfs: &Path, pid: libc::pid_t, tid: libc::pid_t) -> PathBuf {
+    procfs.join(pid.to_string()).join("task").join(tid.to_string()).join("schedstat")
 }
 
 /// Reads the scheduler accounting of thread `tid` of process `pid` once.

@@ -464,10 +464,11 @@ impl ObservedVm {
         let stats = self.read_qmp_stats();
         let mut exits_seen = false;
         let mut kvm_exits = 0;
+        // An observed VM's sources use neither the run loop's counts nor the WHv extras.
+        let (user, mut extras) = (UserExitCounts::default(), VpExtras::default());
         for (index, vp) in self.vps.iter_mut().enumerate() {
             let Some(tid) = vp.tid else { continue };
             let Some(page) = self.partition.vp_page(index as u32) else { continue };
-            let (user, mut extras) = (UserExitCounts::default(), VpExtras::default());
             for source in &mut vp.sources {
                 source.merge(page, &user, &mut extras);
             }

@@ -157,12 +157,7 @@ impl CounterSource for ObservedSched {
 
 /// The schedstat of an observed vCPU thread, from now on (`None` when it cannot be read).
 pub(super) fn open_observed(thread: ObservedThread<'_>) -> Option<Box<dyn CounterSource>> {
-    let path = thread
-        .procfs
-        .join(thread.pid.to_string())
-        .join("task")
-        .join(thread.tid.to_string())
-        .join("schedstat");
+    let path = hvstats::sched::path_under(thread.procfs, thread.pid, thread.tid);
     let at_open = SchedStatFile::open_path(&path).and_then(|f| f.read()).ok()?;
     Some(Box::new(ObservedSched { path, at_open, since: None }))
 }

@@ -9,7 +9,6 @@
 //! a reading costs two system calls and no allocation.
 
 use std::io;
-
 use std::path::Path;
 
 use hvstats::task_stat::{self, STAT_MAX, StatFile, StatLine};
