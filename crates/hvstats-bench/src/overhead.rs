@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use hvstats::Hypervisor;
 
 use hvstats_guest::bios::{BiosEnd, BiosProgram};
-use hvstats_kvm::bpf::{Tally, TracepointColumn};
+use hvstats_host::bpf::{Tally, TracepointColumn};
 use hvstats_kvm::observe::qmp::{Qmp, QmpError};
 use hvstats_kvm::observe::{ObserveOptions, Observer, Procfs, Targets};
 

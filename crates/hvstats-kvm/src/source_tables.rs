@@ -27,7 +27,7 @@ use crate::sources::thread_time::ThreadTimes;
 use crate::sources::tracepoint::TracepointCounts;
 use crate::sources::tracepoint::write_tracepoint_counts;
 use crate::sources::vcpu_stats::{VcpuStats, kvm_stat_names};
-use hvstats::sched::SchedStat;
+use hvstats_host::sched::SchedStat;
 
 /// The VP counters `write` leaves nonzero on a fresh page.
 fn written_by(write: impl FnOnce(&SharedPage)) -> BTreeSet<&'static str> {

@@ -134,7 +134,7 @@ fn a_paused_qemu_guest_is_counted_exactly_from_its_first_instruction() {
     let tid = observer.vms().next().unwrap().vcpu_threads()[0].expect("the vCPU thread is known");
     let faults_now = || {
         let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).unwrap();
-        let stat = hvstats::task_stat::StatLine::parse(&text).unwrap();
+        let stat = hvstats_host::task_stat::StatLine::parse(&text).unwrap();
         stat.minor_faults().unwrap() + stat.major_faults().unwrap()
     };
     // A reading during which the thread took no fault: (the page's count, the thread's faults).

@@ -20,7 +20,7 @@ use hvstats_abi::catalog::{self, Counter, CounterId, Maintained, vp};
 use hvstats_abi::exit_reason::{self, ExitReasonRow, InterceptClass};
 use hvstats_abi::source::{KvmStat, PerfSoftwareEvent, Source, SourceKind, ThreadTime, Tracepoint};
 
-use hvstats::task_stat::ticks_to_100ns;
+use hvstats_host::task_stat::ticks_to_100ns;
 
 use super::claim::Claim;
 use super::counting::{EventList, EventSpec, SW_CPU_MIGRATIONS, SW_TASK_CLOCK, ThreadCounters};

@@ -11,11 +11,11 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use hvstats::SharedPage;
-use hvstats::task_stat::{self, STAT_MAX, StatFile, StatLine};
 use hvstats::whv::VpExtras;
 use hvstats_abi::catalog::{maintained_by, maintained_count};
 use hvstats_abi::source::{HostFault, Source, SourceKind};
 use hvstats_abi::{Counter, ObjectKind};
+use hvstats_host::task_stat::{self, STAT_MAX, StatFile, StatLine};
 
 use super::counter_source::{CounterSource, ObservedThread, Part, VpThread};
 use crate::accounting::UserExitCounts;

@@ -4,11 +4,11 @@
 //! has the schedstat part ([`open_observed`]): its CPU wait and dispatches since it was found.
 
 use hvstats::SharedPage;
-use hvstats::sched::{SchedStat, SchedStatFile};
 use hvstats::whv::VpExtras;
 use hvstats_abi::catalog::{maintained_by, maintained_count};
 use hvstats_abi::source::{PerfSoftwareEvent, Source, SourceKind, ThreadTime};
 use hvstats_abi::{Counter, ObjectKind};
+use hvstats_host::sched::{SchedStat, SchedStatFile};
 
 use super::counter_source::{CounterSource, ObservedThread, Part, VpThread};
 use super::perf_sw::Migrations;
@@ -157,7 +157,7 @@ impl CounterSource for ObservedSched {
 
 /// The schedstat of an observed vCPU thread, from now on (`None` when it cannot be read).
 pub(super) fn open_observed(thread: ObservedThread<'_>) -> Option<Box<dyn CounterSource>> {
-    let path = hvstats::sched::path_under(thread.procfs, thread.pid, thread.tid);
+    let path = hvstats_host::sched::path_under(thread.procfs, thread.pid, thread.tid);
     let at_open = SchedStatFile::open_path(&path).and_then(|f| f.read()).ok()?;
     Some(Box::new(ObservedSched { path, at_open, since: None }))
 }

@@ -3,12 +3,12 @@
 //! KVM has no per-reason exit counters, but its tracepoints fire once per intercept it handles in
 //! the kernel, on the vCPU's thread. A counting perf event per tracepoint, opened for the VP thread,
 //! gives exact counts without tracing anything to a buffer. The event ids come from
-//! [`super::tracefs`]; when tracefs is unavailable the counters are unavailable and the reason is
+//! [`hvstats_host::tracefs`]; when tracefs is unavailable the counters are unavailable and the reason is
 //! kept, never guessed.
 
-use hvstats::perf_event::TYPE_TRACEPOINT;
-use hvstats::perf_group::{EventAttr, MemberError, PerfGroup};
 use hvstats_abi::apic;
+use hvstats_host::perf_event::TYPE_TRACEPOINT;
+use hvstats_host::perf_group::{EventAttr, MemberError, PerfGroup};
 
 use std::sync::atomic::Ordering;
 
@@ -19,8 +19,8 @@ use hvstats_abi::source::{Source, SourceKind};
 use hvstats_abi::{Counter, ObjectKind};
 
 use super::counter_source::{CounterSource, Part, VpThread};
-use super::tracefs::{self, EventError};
 use crate::accounting::UserExitCounts;
+use hvstats_host::tracefs::{self, EventError};
 
 pub use hvstats_abi::source::Tracepoint;
 
@@ -74,7 +74,7 @@ pub enum TracepointError {
 pub type TracepointCounts = [Option<u64>; Tracepoint::ALL.len()];
 
 /// The tracepoint counters of one VP thread, in one perf event group (see
-/// [`hvstats::perf_group`]), so that a single `read` gives all of them.
+/// [`hvstats_host::perf_group`]), so that a single `read` gives all of them.
 #[derive(Debug)]
 pub struct VpTracepoints {
     group: PerfGroup,
