@@ -322,6 +322,16 @@ impl Tally {
     pub fn read(&self, slot: Slot) -> io::Result<Vec<u64>> {
         self.rows.sum_u64(slot.0, self.columns)
     }
+
+    /// As [`read`](Self::read) into `row` (one value per column), through `scratch`: buffers
+    /// kept between reads make a read allocate nothing.
+    ///
+    /// # Errors
+    /// As [`read`](Self::read).
+    pub fn read_into(&self, slot: Slot, scratch: &mut Vec<u8>, row: &mut Vec<u64>) -> io::Result<()> {
+        row.resize(self.columns, 0);
+        self.rows.sum_u64_into(slot.0, scratch, row)
+    }
 }
 
 fn error_text(e: &TallyError) -> String {
