@@ -2,8 +2,8 @@
 //! whatever a VM's name holds.
 
 use hvstats::text::Escaped;
-use hvstats_kvm::mshv::MshvEvent;
 use hvstats_kvm::observe::ObserverEvent;
+use hvstats_mshv::observer::MshvEvent;
 
 /// The log line of an event of the mshv observer.
 pub(crate) fn describe_mshv(event: &MshvEvent) -> String {

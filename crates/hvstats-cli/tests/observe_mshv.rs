@@ -16,8 +16,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::TempDir;
-use hvstats::mshv::synthetic::{SyntheticTree, full_file};
 use hvstats_abi::ObjectKind;
+use hvstats_mshv::synthetic::{SyntheticTree, full_file};
 use serde_json::Value;
 
 fn snapshot(runtime: &Path) -> Value {

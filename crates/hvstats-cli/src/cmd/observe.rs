@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use hvstats::{Hypervisor, InstanceConfig};
-use hvstats_kvm::mshv::{self, MshvObserver};
 use hvstats_kvm::observe::publication;
 use hvstats_kvm::observe::qmp::{CANCEL_POLL, Cancel};
 use hvstats_kvm::observe::{ObserveOptions, Observer, ObserverEvent, Procfs, Targets, raise_fd_limit};
+use hvstats_mshv::observer::{self as mshv, MshvObserver};
 
 use crate::observer_log::{describe, describe_mshv};
 use crate::signals;
@@ -39,7 +39,7 @@ pub struct Args {
     qmp: Option<PathBuf>,
     /// Publish the Microsoft Hypervisor's own counters from Linux's mshv debugfs tree (where Linux
     /// is its root partition) as an instance of their own: alone, or beside --pid/--all.
-    #[arg(long, value_name = "DIR", num_args = 0..=1, default_missing_value = hvstats::mshv::tree::DEFAULT_ROOT)]
+    #[arg(long, value_name = "DIR", num_args = 0..=1, default_missing_value = hvstats_mshv::tree::DEFAULT_ROOT)]
     mshv: Option<PathBuf>,
     /// With --mshv: list the names the tree prints that the catalog has no counter for, and exit.
     #[arg(long, requires = "mshv")]

@@ -486,7 +486,7 @@ impl Exposition {
     /// `mshv_instance_info` and `mshv_value` for the instances that keep unmapped values; a
     /// partition's VPs only when they are exported one by one (under the VP cap).
     fn encode_mshv(&self, encoder: &mut DescriptorEncoder, per_vp: &[bool]) -> std::fmt::Result {
-        use hvstats::mshv::unmapped::ObjectRef;
+        use hvstats::unmapped::ObjectRef;
         let mshv = || self.reading.instances.iter().filter(|i| i.unmapped.is_some());
         {
             let help =
@@ -586,7 +586,7 @@ mod tests {
 
     #[test]
     fn unmapped_values_are_one_generic_family_named_by_object_and_name() {
-        use hvstats::mshv::unmapped::{ObjectRef, Unmapped};
+        use hvstats::unmapped::{ObjectRef, Unmapped};
         let mut reading = crate::cmd::live::Reading::of(vec![synthetic_instance(2, 2)]);
         let plain = Exposition::new(reading.clone(), 10).encode().unwrap();
         assert!(!plain.contains("hvstats_mshv_"), "no mshv instance, no mshv family");

@@ -1,23 +1,23 @@
 //! Observing the Microsoft Hypervisor where Linux is its root partition (`mshv_root`): its
-//! debugfs tree ([`hvstats::mshv::tree`]) published as an instance whose hypervisor, LP, partition
+//! debugfs tree ([`crate::tree`]) published as an instance whose hypervisor, LP, partition
 //! and VP pages carry the hypervisor's own counters under the catalog's names, refreshed on every
 //! [`MshvObserver::tick`].
 //!
 //! Partitions keep the hypervisor's ids (`self`, an L1VH's own partition, is
 //! [`SELF_PARTITION_ID`]) and VPs its VP indices; they appear and vanish as their directories do.
-//! Values are written by name through [`hvstats::mshv::names`]; a catalog counter no name gives is
+//! Values are written by name through [`crate::names`]; a catalog counter no name gives is
 //! declared unavailable (readers show it as absent, never 0), and names the catalog has no counter
-//! for are published beside the pages ([`hvstats::mshv::unmapped`]). The tree is only ever read.
+//! for are published beside the pages ([`hvstats::unmapped`]). The tree is only ever read.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::names::{self, mapping};
+use crate::stats_file::StatsFile;
+use crate::tree::{self, PartitionKey, SELF_PARTITION_ID, Tree, TreeError};
 use hvstats::index::InstanceDescription;
-use hvstats::mshv::names::{self, mapping};
-use hvstats::mshv::stats_file::StatsFile;
-use hvstats::mshv::tree::{self, PartitionKey, SELF_PARTITION_ID, Tree, TreeError};
-use hvstats::mshv::unmapped::{self, ObjectRef, Unmapped};
+use hvstats::unmapped::{self, ObjectRef, Unmapped};
 use hvstats::{Hypervisor, InstanceConfig, PartitionStats, SharedPage};
 use hvstats_abi::{CounterId, ObjectKind};
 
@@ -315,7 +315,7 @@ pub fn unmapped_names(tree: &Tree) -> BTreeMap<ObjectKind, BTreeMap<String, bool
     let mut add = |kind: ObjectKind, file: &StatsFile| {
         for (name, _) in &file.counters {
             if mapping(kind, name).is_none() {
-                let known = hvstats::mshv::reference::names(kind).iter().any(|(_, n)| n == name);
+                let known = crate::reference::names(kind).iter().any(|(_, n)| n == name);
                 out.entry(kind).or_default().insert(name.clone(), known);
             }
         }
@@ -349,7 +349,7 @@ pub const SELF_ID: u64 = SELF_PARTITION_ID;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hvstats::mshv::synthetic::{SyntheticTree, full_file, shifted_vp_file};
+    use crate::synthetic::{SyntheticTree, full_file, shifted_vp_file};
     use hvstats_abi::catalog::{hypervisor as hvc, lp as lpc, partition as ptc, vp as vpc};
 
     /// A value that tells ids and objects apart: `object * 1000 + id`.
@@ -409,7 +409,7 @@ mod tests {
             [ObjectKind::Hypervisor, ObjectKind::LogicalProcessor, ObjectKind::Partition, ObjectKind::Vp]
                 .iter()
                 .map(|&k| {
-                    hvstats::mshv::reference::names(k).len()
+                    crate::reference::names(k).len()
                         - names::MAPPINGS.iter().filter(|m| m.counter.kind == k).count()
                 })
                 .sum::<usize>();
@@ -426,7 +426,7 @@ mod tests {
         t.partition("5", &full_file(ObjectKind::Partition, val(20))).unwrap();
         // The same values by name as the x86_64 build's, at other ids.
         let by_name = |n: &str| {
-            hvstats::mshv::reference::names(ObjectKind::Vp).iter().find(|(_, x)| *x == n).map(|(id, _)| *id)
+            crate::reference::names(ObjectKind::Vp).iter().find(|(_, x)| *x == n).map(|(id, _)| *id)
         };
         let mut file: Vec<(&str, u64)> = shifted_vp_file(|_| 0)
             .into_iter()

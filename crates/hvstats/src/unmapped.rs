@@ -1,7 +1,8 @@
-//! The values of names the catalog has no counter for — the modern hypervisor's ~150 VP counters
+//! Values an instance keeps by name beside its pages: those of counters the catalog has no place
+//! for. The mshv observer (`hvstats-mshv`) publishes the Microsoft Hypervisor's ~150 VP counters
 //! seed 001 never had (CPU wait buckets, forwarded intercepts, nested-virtualization emulation,
-//! VTL dispatch …) and names of builds hvstats does not know — kept beside an instance's pages so
-//! readers can show them by name.
+//! VTL dispatch …) and names of builds hvstats does not know this way, so readers can show them by
+//! name. The format lives here, with the readers, so a reader needs nothing of the importer.
 //!
 //! The pages hold the catalog's counters at fixed places; these have no place there, and no fixed
 //! set, so they travel as text in the instance's side file `<instance>.unmapped`
@@ -14,8 +15,8 @@
 //! …
 //! ```
 //!
-//! each object's values under its `@` line, where `<object>` is `hypervisor`, `lp/<n>`, `partition/<id>` or `partition/<id>/vp/<n>`, with
-//! the ids the pages are published under. A reader believes the file as it believes the arena
+//! each object's values under its `@` line, where `<object>` is `hypervisor`, `lp/<n>`,
+//! `partition/<id>` or `partition/<id>/vp/<n>`, with the ids the pages are published under. A reader believes the file as it believes the arena
 //! (same owner, locked by the publisher), reads at most [`MAX_BYTES`] of it, and skips lines it
 //! cannot parse.
 
@@ -29,6 +30,8 @@ use crate::runtime_dir::{self, Dir, Use};
 
 /// The first line of the file.
 pub const MAGIC_LINE: &str = "hvstats-unmapped 1";
+/// The longest name kept (longer lines are skipped).
+pub const MAX_NAME_BYTES: usize = 64;
 /// The most bytes written or read: 16 MiB, about 3,000 VPs of ~145 names each (about 5 KiB a VP,
 /// measured); past it the rest are not published, and the observer says so once.
 pub const MAX_BYTES: usize = 16 << 20;
@@ -117,7 +120,7 @@ pub fn decode(bytes: &[u8]) -> Option<Unmapped> {
         let Some(at) = object else { continue };
         let Some((name, value)) = line.split_once('\t') else { continue };
         let Ok(value) = value.parse::<u64>() else { continue };
-        if name.is_empty() || name.len() > super::stats_file::MAX_NAME_BYTES {
+        if name.is_empty() || name.len() > MAX_NAME_BYTES {
             continue;
         }
         values.entry(at).or_default().push((name.to_owned(), value));

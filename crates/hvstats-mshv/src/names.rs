@@ -186,7 +186,7 @@ pub fn unit(mapping: &Mapping) -> Option<Unit> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mshv::reference;
+    use crate::reference;
     use hvstats_abi::catalog::{GroupKind, Presentation};
 
     #[test]

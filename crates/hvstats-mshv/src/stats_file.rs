@@ -14,8 +14,8 @@ pub const MAX_FILE_BYTES: usize = 64 * 1024;
 /// The longest line the kernel can print: a name padded to 43 (longer names are not truncated,
 /// so allow a newer build's up to 64), `": "`, 20 digits.
 pub const MAX_LINE_BYTES: usize = 64 + 2 + 20;
-/// The longest name kept.
-pub const MAX_NAME_BYTES: usize = 64;
+/// The longest name kept (what the side file of unmapped values accepts).
+pub const MAX_NAME_BYTES: usize = hvstats::unmapped::MAX_NAME_BYTES;
 /// The most lines of one file considered (the VP table has 212 entries; ids fit a 4 KiB page).
 pub const MAX_LINES: usize = 512;
 
@@ -153,7 +153,7 @@ fn parse_line(line: &[u8]) -> Result<(&str, u64), SkipReason> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mshv::reference::line;
+    use crate::reference::line;
     use hvstats_abi::ObjectKind;
 
     #[test]

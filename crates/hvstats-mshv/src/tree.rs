@@ -272,7 +272,7 @@ fn open(path: &Path) -> io::Result<File> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mshv::synthetic::SyntheticTree;
+    use crate::synthetic::SyntheticTree;
     use hvstats_abi::ObjectKind;
 
     #[test]
