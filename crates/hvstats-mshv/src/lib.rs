@@ -4,10 +4,10 @@
 //!
 //! - [`stats_file`]: one file's lines, parsed as untrusted text;
 //! - [`tree`]: the tree's objects (hypervisor, LPs, partitions, VPs), read once;
-//! - [`names`]: the one table from printed names to catalog counters;
-//! - [`reference`](mod@reference): the names Linux prints, by counter id (for trees in the
-//!   kernel's format and for telling a known name from an unknown one); [`synthetic`] writes such
-//!   trees;
+//! - [`names`]: the one table from printed names to catalog counters, and every counter's one
+//!   name;
+//! - [`dialect`]: how each kernel prints the tree — mainline Linux, Microsoft's kernel tree and
+//!   its older revision — with their name tables; [`synthetic`] writes trees exactly so;
 //! - [`observer`]: the tree published as an instance, one refresh per tick; the values the catalog
 //!   has no counter for go beside the pages ([`hvstats::unmapped`]).
 //!
@@ -16,9 +16,9 @@
 
 #![deny(missing_docs)]
 
+pub mod dialect;
 pub mod names;
 pub mod observer;
-pub mod reference;
 pub mod stats_file;
 pub mod synthetic;
 pub mod tree;

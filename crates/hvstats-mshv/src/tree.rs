@@ -4,19 +4,31 @@
 //!
 //! The tree changes under the reader: partitions and their VPs come and go with the VMs, so a
 //! directory that vanishes between the listing and the open is skipped, not an error. Only the
-//! root itself missing or unreadable is. Nothing is ever created or written; every file is opened
-//! read-only, non-blocking and without following a link, and read at most
-//! [`super::stats_file::MAX_FILE_BYTES`] far. Counts are bounded too
-//! ([`MAX_LPS`], [`MAX_PARTITIONS`], [`MAX_VPS`], and [`MAX_FILES`] in all).
+//! root itself missing or unreadable is. Nothing is ever created or written.
+//!
+//! Below the root the tree is read as untrusted: every directory and file is opened relative to
+//! its parent's descriptor without following a link (a link is skipped, with why), files
+//! read-only, non-blocking and at most [`MAX_FILE_BYTES`] far. A directory entry counts against a
+//! cap ([`MAX_LPS`], [`MAX_PARTITIONS`], [`MAX_VPS`]) only once it is what the kernel names there
+//! (a decimal index or id, or `self`, and a directory), so entries of other names cannot push real
+//! objects out; of the valid ones the lowest are read, `self` first. A listing looks at most
+//! [`MAX_SCANNED`] entries, a walk reads at most [`MAX_FILES`] files, and the problems it reports
+//! are bounded ([`MAX_PROBLEMS`], and a few per directory or file) as are the names no known
+//! kernel prints ([`crate::stats_file::UnknownNames`]).
 
 use std::collections::BTreeMap;
+use std::ffi::CStr;
 use std::fmt;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Read};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use super::stats_file::{self, MAX_FILE_BYTES, StatsFile};
+use hvstats_abi::ObjectKind;
+use rustix::fs::{Dir, FileType, Mode, OFlags};
+
+use crate::dialect::{Dialect, Seen};
+use crate::stats_file::{self, MAX_FILE_BYTES, StatsFile, UnknownNames};
 
 /// Where Linux puts the tree.
 pub const DEFAULT_ROOT: &str = "/sys/kernel/debug/mshv";
@@ -28,6 +40,12 @@ pub const MAX_PARTITIONS: usize = 4096;
 pub const MAX_VPS: usize = 4096;
 /// The most `stats` files read in one walk (every object of a host of 16,000 VPs).
 pub const MAX_FILES: usize = 16_384;
+/// The most entries of one directory looked at (the kernel makes at most a few thousand).
+pub const MAX_SCANNED: usize = 1 << 20;
+/// The most problems one walk reports; past them, one line says how many more there were.
+pub const MAX_PROBLEMS: usize = 256;
+/// The most entries of one directory, or lines of one file, reported one by one.
+const MAX_PROBLEMS_PER_PLACE: usize = 4;
 /// The partition id of `self`: `HV_PARTITION_ID_SELF`, `(u64)-1`.
 pub const SELF_PARTITION_ID: u64 = u64::MAX;
 
@@ -45,23 +63,26 @@ pub enum TreeError {
     },
 }
 
-/// A partition directory's name: a decimal id or `self`.
+/// A partition directory's name: `self` or a decimal id. `self` orders first, so a cap on
+/// partitions never drops it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum PartitionKey {
-    /// `partition/<id>`.
-    Id(u64),
     /// `partition/self` (an L1VH's own partition).
     Myself,
+    /// `partition/<id>`.
+    Id(u64),
 }
 
 impl PartitionKey {
-    /// Parses a directory name (`0042` is not a name the kernel prints, so it is refused).
+    /// Parses a directory name. `0042` is not a name the kernel prints, nor is the decimal form of
+    /// [`SELF_PARTITION_ID`] (the kernel prints `self` for it): both are refused, so no directory
+    /// can stand in for `self`.
     pub fn parse(name: &str) -> Option<Self> {
         if name == "self" {
             return Some(PartitionKey::Myself);
         }
-        let id: u64 = name.parse().ok()?;
-        (id.to_string() == name).then_some(PartitionKey::Id(id))
+        let id = decimal(name)?;
+        (id != SELF_PARTITION_ID).then_some(PartitionKey::Id(id))
     }
 
     /// The partition id: the number, or [`SELF_PARTITION_ID`].
@@ -80,6 +101,12 @@ impl fmt::Display for PartitionKey {
             PartitionKey::Myself => f.write_str("self"),
         }
     }
+}
+
+/// `name` as the kernel prints a number (`%u`, `%llu`): decimal digits, no leading zero.
+fn decimal(name: &str) -> Option<u64> {
+    let id: u64 = name.parse().ok()?;
+    (id.to_string() == name).then_some(id)
 }
 
 /// One partition directory.
@@ -115,158 +142,276 @@ pub struct Tree {
     pub lps: BTreeMap<u32, StatsFile>,
     /// The `partition/<id>` and `partition/self` directories, by key.
     pub partitions: BTreeMap<PartitionKey, PartitionTree>,
-    /// What was skipped: unreadable files, names that are not the kernel's, bad lines.
+    /// What was skipped: unreadable files, links, names that are not the kernel's, bad lines.
     pub problems: Vec<Problem>,
+}
+
+impl Tree {
+    /// The dialect the tree is printed in, from how its names were printed (`None` when it holds
+    /// no name a known kernel prints).
+    pub fn dialect(&self) -> Option<Dialect> {
+        let mut seen = Seen::default();
+        let files =
+            self.hypervisor.iter().chain(self.lps.values()).chain(
+                self.partitions.values().flat_map(|p| std::iter::once(&p.stats).chain(p.vps.values())),
+            );
+        for file in files {
+            seen.prefixed += file.seen.prefixed;
+            seen.unprefixed += file.seen.unprefixed;
+            seen.vp_width = seen.vp_width.max(file.seen.vp_width);
+        }
+        Dialect::detect(&seen)
+    }
 }
 
 /// Reads the tree under `root`.
 ///
 /// # Errors
-/// [`TreeError::Root`] when `root` cannot be listed; everything below it that cannot be read is
-/// skipped and reported in [`Tree::problems`].
+/// [`TreeError::Root`] when `root` cannot be opened as a directory (missing, not readable, not a
+/// directory); everything below it that cannot be read is skipped and reported in
+/// [`Tree::problems`].
 pub fn read(root: &Path) -> Result<Tree, TreeError> {
     read_at_most(root, MAX_FILES)
 }
 
 /// [`read`], reading at most `max_files` files.
 fn read_at_most(root: &Path, max_files: usize) -> Result<Tree, TreeError> {
-    let entries = list(root).map_err(|source| TreeError::Root { path: root.to_owned(), source })?;
-    let mut tree = Tree::default();
-    let mut files = max_files + 1;
-    let has = |name: &str| entries.iter().any(|e| e == name);
-    if has("stats") {
-        tree.hypervisor = read_stats(&root.join("stats"), &mut files, &mut tree.problems);
-    }
-    if has("lp") {
-        tree.lps = read_numbered(&root.join("lp"), MAX_LPS, &mut files, &mut tree.problems);
-    }
-    if has("partition") {
-        let dir = root.join("partition");
-        for name in sub_list(&dir, MAX_PARTITIONS, &mut tree.problems) {
-            let Some(key) = PartitionKey::parse(&name) else {
-                tree.problems.push(Problem { path: dir.join(&name), what: "not a partition id".into() });
-                continue;
-            };
-            let pdir = dir.join(&name);
+    let root_error = |source: io::Error| TreeError::Root { path: root.to_owned(), source };
+    // The root is the operator's: a link there is followed, as any path they give. Below it,
+    // nothing is.
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let root_fd = rustix::fs::open(root, flags, Mode::empty()).map_err(|e| root_error(e.into()))?;
+    let mut walk =
+        Walk { files: max_files + 1, problems: Vec::new(), more_problems: 0, unknown: UnknownNames::new() };
+    let mut tree = Tree { hypervisor: walk.stats(&root_fd, root, ObjectKind::Hypervisor), ..Tree::default() };
+    tree.lps = walk.numbered(&root_fd, &root.join("lp"), MAX_LPS, ObjectKind::LogicalProcessor);
+    let path = root.join("partition");
+    if let Some(dir) = walk.subdir(&root_fd, &path) {
+        let keys = walk.entries(&dir, &path, MAX_PARTITIONS, |name| match PartitionKey::parse(name) {
+            Some(key) => Ok(key),
+            None if decimal(name) == Some(SELF_PARTITION_ID) => {
+                Err("the id of the partition the kernel names `self`: refused")
+            }
+            None => Err("not a partition id (decimal, or self)"),
+        });
+        for (key, name) in keys {
+            let pdir_path = path.join(&name);
             // Gone between the listing and now: the partition was destroyed. Not a problem.
-            let Some(stats) = read_stats(&pdir.join("stats"), &mut files, &mut tree.problems) else {
-                continue;
-            };
-            let vps = read_numbered(&pdir.join("vp"), MAX_VPS, &mut files, &mut tree.problems);
+            let Some(pdir) = walk.subdir(&dir, &pdir_path) else { continue };
+            let Some(stats) = walk.stats(&pdir, &pdir_path, ObjectKind::Partition) else { continue };
+            let vps = walk.numbered(&pdir, &pdir_path.join("vp"), MAX_VPS, ObjectKind::Vp);
             tree.partitions.insert(key, PartitionTree { stats, vps });
         }
     }
+    if walk.unknown.dropped() > 0 {
+        walk.problem(
+            root,
+            format!(
+                "names no known kernel prints: only the first {} of them, and {} of their values in \
+                 all, are kept",
+                stats_file::MAX_UNKNOWN_NAMES,
+                stats_file::MAX_UNKNOWN_VALUES
+            ),
+        );
+    }
+    if walk.more_problems > 0 {
+        let what = format!("{} more problems in this reading, not listed", walk.more_problems);
+        walk.problems.push(Problem { path: root.to_owned(), what });
+    }
+    tree.problems = walk.problems;
     Ok(tree)
 }
 
-/// `<dir>/<n>/stats` for every decimal `<n>`.
-fn read_numbered(
-    dir: &Path,
-    max: usize,
-    files: &mut usize,
-    problems: &mut Vec<Problem>,
-) -> BTreeMap<u32, StatsFile> {
-    let mut found = BTreeMap::new();
-    for name in sub_list(dir, max, problems) {
-        let index = name.parse::<u32>().ok().filter(|n| n.to_string() == name);
-        let Some(index) = index else {
-            problems.push(Problem { path: dir.join(&name), what: "not an index".into() });
-            continue;
-        };
-        if let Some(stats) = read_stats(&dir.join(&name).join("stats"), files, problems) {
-            found.insert(index, stats);
-        }
-    }
-    found
+/// One walk's budgets and findings.
+struct Walk {
+    /// Files that may still be read, plus one (the one that says the budget is spent).
+    files: usize,
+    problems: Vec<Problem>,
+    /// Problems past [`MAX_PROBLEMS`], counted.
+    more_problems: usize,
+    unknown: UnknownNames,
 }
 
-/// The names in `dir`, at most `max` (a directory that vanished is empty, silently).
-fn sub_list(dir: &Path, max: usize, problems: &mut Vec<Problem>) -> Vec<String> {
-    match list(dir) {
-        Ok(mut names) => {
-            if names.len() > max {
-                problems.push(Problem {
-                    path: dir.to_owned(),
-                    what: format!("{} entries: only the first {max} are read", names.len()),
-                });
-                names.sort();
-                names.truncate(max);
-            }
-            names
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => {
-            problems.push(Problem { path: dir.to_owned(), what: format!("cannot list: {e}") });
-            Vec::new()
+impl Walk {
+    fn problem(&mut self, path: &Path, what: String) {
+        if self.problems.len() < MAX_PROBLEMS {
+            self.problems.push(Problem { path: path.to_owned(), what });
+        } else {
+            self.more_problems += 1;
         }
     }
-}
 
-/// The names in `dir` (names that are not UTF-8 are not the kernel's, and are left out). Listing
-/// stops a little past the largest bound, so a directory of millions costs no more.
-fn list(dir: &Path) -> io::Result<Vec<String>> {
-    let mut names = Vec::new();
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        if let Ok(name) = entry.file_name().into_string() {
-            names.push(name);
-        }
-        if names.len() > MAX_LPS + 1 {
-            break;
-        }
-    }
-    Ok(names)
-}
-
-/// Reads and parses one `stats` file; `None` when it does not exist (any more), or cannot be read
-/// (reported).
-fn read_stats(path: &Path, files: &mut usize, problems: &mut Vec<Problem>) -> Option<StatsFile> {
-    // One left: the budget is spent; say so once, at the first file not read.
-    match *files {
-        0 => return None,
-        1 => {
-            *files = 0;
-            let what = "the walk's file budget is spent: neither this file nor the rest is read".to_owned();
-            problems.push(Problem { path: path.to_owned(), what });
-            return None;
-        }
-        _ => *files -= 1,
-    }
-    let mut bytes = Vec::new();
-    let read = open(path).and_then(|f| f.take(MAX_FILE_BYTES as u64 + 1).read_to_end(&mut bytes));
-    match read {
-        Ok(_) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
-        Err(e) => {
-            problems.push(Problem { path: path.to_owned(), what: format!("cannot read: {e}") });
-            return None;
-        }
-    }
-    let file = stats_file::parse(&bytes);
-    if file.capped {
-        problems.push(Problem {
-            path: path.to_owned(),
-            what: format!("longer than {MAX_FILE_BYTES} bytes: the rest is not read"),
+    /// `<dir>/<n>/stats` for every decimal `<n>`, the lowest `max` of them.
+    fn numbered(
+        &mut self,
+        parent: &OwnedFd,
+        path: &Path,
+        max: usize,
+        kind: ObjectKind,
+    ) -> BTreeMap<u32, StatsFile> {
+        let mut found = BTreeMap::new();
+        let Some(dir) = self.subdir(parent, path) else { return found };
+        let indices = self.entries(&dir, path, max, |name| {
+            decimal(name).and_then(|n| u32::try_from(n).ok()).ok_or("not an index")
         });
+        for (index, name) in indices {
+            let object = path.join(&name);
+            let Some(odir) = self.subdir(&dir, &object) else { continue };
+            if let Some(stats) = self.stats(&odir, &object, kind) {
+                found.insert(index, stats);
+            }
+        }
+        found
     }
-    for s in &file.skipped {
-        problems
-            .push(Problem { path: path.to_owned(), what: format!("line {} skipped: {}", s.line, s.reason) });
+
+    /// The subdirectories of `dir` whose names `accept` takes, by key: the lowest `max` of them.
+    /// Entries of other names, and links or files in their place, are reported (a few by name)
+    /// and take no place under the cap. A directory gone since it was opened has none.
+    fn entries<K: Ord>(
+        &mut self,
+        dir: &OwnedFd,
+        path: &Path,
+        max: usize,
+        accept: impl Fn(&str) -> Result<K, &'static str>,
+    ) -> Vec<(K, String)> {
+        match self.list(dir, path, max, accept) {
+            Ok(valid) => valid.into_iter().collect(),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => {
+                self.problem(path, format!("cannot list: {e}"));
+                Vec::new()
+            }
+        }
     }
-    Some(file)
+
+    /// [`Walk::entries`], or why `dir` could not be listed.
+    fn list<K: Ord>(
+        &mut self,
+        dir: &OwnedFd,
+        path: &Path,
+        max: usize,
+        accept: impl Fn(&str) -> Result<K, &'static str>,
+    ) -> io::Result<BTreeMap<K, String>> {
+        let mut reader = Dir::read_from(dir)?;
+        let mut kept = BTreeMap::new();
+        let (mut refused, mut past_cap, mut scanned) = (0usize, 0usize, 0usize);
+        while let Some(entry) = reader.read() {
+            let entry = entry?;
+            let bytes = entry.file_name().to_bytes();
+            if bytes == b"." || bytes == b".." {
+                continue;
+            }
+            scanned += 1;
+            if scanned > MAX_SCANNED {
+                self.problem(path, format!("more than {MAX_SCANNED} entries: the rest are not looked at"));
+                break;
+            }
+            let name = std::str::from_utf8(bytes).map_err(|_| "not UTF-8");
+            let valid = match (name.and_then(&accept), entry.file_type()) {
+                (Err(why), _) => Err(why),
+                (Ok(_), FileType::Symlink) => Err("a link: not followed"),
+                // Unknown: a file system without types in its listing; the open checks.
+                (Ok(key), FileType::Directory | FileType::Unknown) => Ok(key),
+                (Ok(_), _) => Err("not a directory"),
+            };
+            match (valid, name) {
+                (Ok(key), Ok(name)) => {
+                    kept.insert(key, name.to_owned());
+                    if kept.len() > max {
+                        kept.pop_last();
+                        past_cap += 1;
+                    }
+                }
+                (Err(why), _) | (Ok(_), Err(why)) => {
+                    refused += 1;
+                    if refused <= MAX_PROBLEMS_PER_PLACE {
+                        self.problem(&path.join(lossy(entry.file_name())), why.to_owned());
+                    }
+                }
+            }
+        }
+        if refused > MAX_PROBLEMS_PER_PLACE {
+            let more = refused - MAX_PROBLEMS_PER_PLACE;
+            self.problem(path, format!("{more} more entries skipped: not what the kernel makes here"));
+        }
+        if past_cap > 0 {
+            self.problem(path, format!("{past_cap} more entries past the first {max}: not read"));
+        }
+        Ok(kept)
+    }
+
+    /// Opens the directory `path` (its last component, under `parent`) without following a link:
+    /// `None` when it is not there (silently) or is not a directory (reported).
+    fn subdir(&mut self, parent: &OwnedFd, path: &Path) -> Option<OwnedFd> {
+        let name = path.file_name()?;
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        match rustix::fs::openat(parent, name, flags, Mode::empty()) {
+            Ok(fd) => Some(fd),
+            Err(rustix::io::Errno::NOENT) => None,
+            Err(rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR) => {
+                self.problem(path, "a link or not a directory: not followed".to_owned());
+                None
+            }
+            Err(e) => {
+                self.problem(path, format!("cannot open: {}", io::Error::from(e)));
+                None
+            }
+        }
+    }
+
+    /// Reads and parses `<dir>/stats`, a file of `kind`; `None` when it does not exist (any
+    /// more), or cannot be read (reported).
+    fn stats(&mut self, dir: &OwnedFd, dir_path: &Path, kind: ObjectKind) -> Option<StatsFile> {
+        let path = dir_path.join("stats");
+        // One left: the budget is spent; say so once, at the first file not read.
+        match self.files {
+            0 => return None,
+            1 => {
+                self.files = 0;
+                let what = "the walk's file budget is spent: neither this file nor the rest is read";
+                self.problem(&path, what.to_owned());
+                return None;
+            }
+            _ => self.files -= 1,
+        }
+        let mut bytes = Vec::new();
+        let read = open_file(dir).and_then(|f| f.take(MAX_FILE_BYTES as u64 + 1).read_to_end(&mut bytes));
+        match read {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
+            Err(e) => {
+                self.problem(&path, format!("cannot read: {e}"));
+                return None;
+            }
+        }
+        let file = stats_file::parse(kind, &bytes, &mut self.unknown);
+        if file.capped {
+            self.problem(&path, format!("longer than {MAX_FILE_BYTES} bytes: the rest is not read"));
+        }
+        for s in file.skipped.iter().take(MAX_PROBLEMS_PER_PLACE) {
+            self.problem(&path, format!("line {} skipped: {}", s.line, s.reason));
+        }
+        if let Some(more) = file.skipped.len().checked_sub(MAX_PROBLEMS_PER_PLACE).filter(|n| *n > 0) {
+            self.problem(&path, format!("{more} more lines skipped"));
+        }
+        Some(file)
+    }
 }
 
-/// Opens read-only, without following a link or waiting on a FIFO; refuses anything but a regular
-/// file.
-fn open(path: &Path) -> io::Result<File> {
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)?;
+/// Opens `<dir>/stats` read-only, without following a link or waiting on a FIFO; refuses
+/// anything but a regular file.
+fn open_file(dir: &OwnedFd) -> io::Result<File> {
+    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    let file = File::from(rustix::fs::openat(dir.as_fd(), "stats", flags, Mode::empty())?);
     if !file.metadata()?.is_file() {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"));
     }
     Ok(file)
+}
+
+/// A directory entry's name for a message.
+fn lossy(name: &CStr) -> String {
+    String::from_utf8_lossy(name.to_bytes()).into_owned()
 }
 
 #[cfg(test)]
@@ -290,7 +435,7 @@ mod tests {
         assert_eq!(tree.lps.keys().copied().collect::<Vec<_>>(), [0, 1]);
         assert_eq!(tree.lps[&1].get("LpGlobalTime"), Some(11));
         let keys: Vec<_> = tree.partitions.keys().copied().collect();
-        assert_eq!(keys, [PartitionKey::Id(1), PartitionKey::Myself]);
+        assert_eq!(keys, [PartitionKey::Myself, PartitionKey::Id(1)]);
         assert_eq!(tree.partitions[&PartitionKey::Id(1)].vps[&1].get("VpCpuidInstructionsCount"), Some(6));
         assert!(tree.problems.is_empty(), "{:?}", tree.problems);
     }
@@ -329,7 +474,10 @@ mod tests {
         assert_eq!(tree.partitions.len(), 1);
         let text: Vec<String> = tree.problems.iter().map(ToString::to_string).collect();
         assert_eq!(text.len(), 4, "{text:?}");
-        assert!(text.iter().any(|p| p.ends_with("partition/0042: not a partition id")), "{text:?}");
+        assert!(
+            text.iter().any(|p| p.ends_with("partition/0042: not a partition id (decimal, or self)")),
+            "{text:?}"
+        );
         assert!(text.iter().any(|p| p.ends_with("lp/x: not an index")), "{text:?}");
         assert!(text.iter().any(|p| p.contains("lp/0/stats: cannot read")), "{text:?}");
         assert!(text.iter().any(|p| p.contains("lp/1/stats: cannot read")), "{text:?}");
@@ -358,5 +506,115 @@ mod tests {
         assert_eq!(PartitionKey::parse("-1"), None);
         assert_eq!(PartitionKey::parse("18446744073709551616"), None);
         assert_eq!(PartitionKey::Myself.id(), u64::MAX);
+        // The kernel names HV_PARTITION_ID_SELF `self`, never in decimal.
+        assert_eq!(PartitionKey::parse("18446744073709551615"), None);
+    }
+
+    #[test]
+    fn no_link_below_the_root_is_followed() {
+        let elsewhere = SyntheticTree::new("tree-elsewhere").unwrap();
+        elsewhere.lp(0, &[("LpGlobalTime", 666)]).unwrap();
+        elsewhere.partition("9", &[("PtGpaPages", 666)]).unwrap();
+        elsewhere.vp("9", 0, &[("VpTotalRunTime", 666)]).unwrap();
+        let t = SyntheticTree::new("tree-links").unwrap();
+        t.lp(1, &[("LpGlobalTime", 1)]).unwrap();
+        t.partition("2", &[("PtGpaPages", 2)]).unwrap();
+        let link = |target: &Path, at: &str| std::os::unix::fs::symlink(target, t.path().join(at)).unwrap();
+        // An LP, a partition and a VP directory that are links, and whole `vp` and `lp` levels.
+        link(&elsewhere.path().join("lp/0"), "lp/0");
+        link(&elsewhere.path().join("partition/9"), "partition/9");
+        link(&elsewhere.path().join("partition/9/vp/0"), "partition/2/vp/0");
+        let tree = read(t.path()).unwrap();
+        assert_eq!(tree.lps.keys().copied().collect::<Vec<_>>(), [1]);
+        assert_eq!(tree.partitions.keys().copied().collect::<Vec<_>>(), [PartitionKey::Id(2)]);
+        assert!(tree.partitions[&PartitionKey::Id(2)].vps.is_empty());
+        let text: Vec<String> = tree.problems.iter().map(ToString::to_string).collect();
+        for at in ["lp/0", "partition/9", "partition/2/vp/0"] {
+            assert!(
+                text.iter().any(|p| p.ends_with(&format!("{at}: a link: not followed"))),
+                "{at}: {text:?}"
+            );
+        }
+        let levels = SyntheticTree::new("tree-link-levels").unwrap();
+        std::os::unix::fs::symlink(elsewhere.path().join("lp"), levels.path().join("lp")).unwrap();
+        std::os::unix::fs::symlink(elsewhere.path().join("partition"), levels.path().join("partition"))
+            .unwrap();
+        let tree = read(levels.path()).unwrap();
+        assert!(tree.lps.is_empty() && tree.partitions.is_empty());
+        let text: Vec<String> = tree.problems.iter().map(ToString::to_string).collect();
+        assert_eq!(text.len(), 2, "{text:?}");
+        assert!(text.iter().all(|p| p.ends_with("a link or not a directory: not followed")), "{text:?}");
+    }
+
+    #[test]
+    fn no_numbered_directory_stands_in_for_self() {
+        let t = SyntheticTree::new("tree-self").unwrap();
+        t.partition("self", &[("PtGpaPages", 1)]).unwrap();
+        t.partition("18446744073709551615", &[("PtGpaPages", 666)]).unwrap();
+        let tree = read(t.path()).unwrap();
+        assert_eq!(tree.partitions.keys().copied().collect::<Vec<_>>(), [PartitionKey::Myself]);
+        assert_eq!(tree.partitions[&PartitionKey::Myself].stats.get("PtGpaPages"), Some(1));
+        assert_eq!(tree.problems.len(), 1, "{:?}", tree.problems);
+        assert!(tree.problems[0].what.contains("the kernel names `self`"), "{:?}", tree.problems);
+    }
+
+    #[test]
+    fn entries_the_kernel_does_not_make_take_no_place_under_the_caps() {
+        let t = SyntheticTree::new("tree-caps").unwrap();
+        // More junk than the cap, sorting before the real partitions, and files where
+        // directories belong.
+        for n in 0..MAX_PARTITIONS + 10 {
+            std::fs::create_dir_all(t.path().join(format!("partition/0{n}"))).unwrap();
+        }
+        std::fs::write(t.path().join("partition/5"), b"").unwrap();
+        t.partition("7", &[("PtGpaPages", 7)]).unwrap();
+        t.partition("self", &[("PtGpaPages", 1)]).unwrap();
+        let tree = read(t.path()).unwrap();
+        let keys: Vec<_> = tree.partitions.keys().copied().collect();
+        assert_eq!(keys, [PartitionKey::Myself, PartitionKey::Id(7)]);
+        // A few are named, then counted; bounded either way.
+        let text: Vec<String> = tree.problems.iter().map(ToString::to_string).collect();
+        assert_eq!(text.len(), MAX_PROBLEMS_PER_PLACE + 1, "{text:?}");
+        assert!(text.last().unwrap().contains(&format!("{} more entries skipped", MAX_PARTITIONS + 11 - 4)));
+    }
+
+    #[test]
+    fn of_valid_entries_past_a_cap_the_lowest_are_read_and_the_rest_counted() {
+        let t = SyntheticTree::new("tree-cap").unwrap();
+        t.partition("self", &[("PtGpaPages", 1)]).unwrap();
+        for id in (1..=MAX_PARTITIONS as u64 + 2).rev() {
+            std::fs::create_dir_all(t.path().join(format!("partition/{id}"))).unwrap();
+        }
+        t.partition("3", &[("PtGpaPages", 3)]).unwrap();
+        t.partition(&(MAX_PARTITIONS as u64 + 2).to_string(), &[("PtGpaPages", 9)]).unwrap();
+        let tree = read(t.path()).unwrap();
+        // `self` first, then ids 1..4095: the highest are left out.
+        assert_eq!(
+            tree.partitions.keys().copied().collect::<Vec<_>>(),
+            [PartitionKey::Myself, PartitionKey::Id(3)]
+        );
+        let text: Vec<String> = tree.problems.iter().map(ToString::to_string).collect();
+        assert_eq!(text.len(), 1, "{text:?}");
+        assert!(
+            text[0]
+                .ends_with(&format!("partition: 3 more entries past the first {MAX_PARTITIONS}: not read"))
+        );
+    }
+
+    #[test]
+    fn problems_are_bounded_however_bad_the_tree() {
+        let t = SyntheticTree::new("tree-problems").unwrap();
+        let bad: String = (0..500).map(|i| format!("bad line {i}\n")).collect();
+        for n in 0..100 {
+            t.write_raw(&format!("lp/{n}"), bad.as_bytes()).unwrap();
+        }
+        let tree = read(t.path()).unwrap();
+        assert_eq!(tree.lps.len(), 100);
+        assert_eq!(tree.problems.len(), MAX_PROBLEMS + 1);
+        let last = tree.problems.last().unwrap().to_string();
+        assert!(
+            last.ends_with(&format!("{} more problems in this reading, not listed", 100 * 5 - MAX_PROBLEMS)),
+            "{last}"
+        );
     }
 }

@@ -81,22 +81,61 @@ pub type Unmapped = BTreeMap<ObjectRef, Vec<(String, u64)>>;
 /// The file's text, stopping before [`MAX_BYTES`] (whole lines only). Returns the text and
 /// whether every value fitted.
 pub fn encode(values: &Unmapped) -> (String, bool) {
-    let mut out = format!("{MAGIC_LINE}\n");
+    let mut encoder = Encoder::new();
     for (object, counters) in values {
-        let head = format!("@{object}\n");
-        if out.len() + head.len() > MAX_BYTES {
-            return (out, false);
+        encoder.object(*object, counters.iter().map(|(n, v)| (n.as_str(), *v)));
+    }
+    encoder.finish()
+}
+
+/// The file's text written object by object, so a writer need not gather every value first;
+/// nothing is added past [`MAX_BYTES`].
+#[derive(Debug)]
+pub struct Encoder {
+    text: String,
+    complete: bool,
+}
+
+impl Default for Encoder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Encoder {
+    /// An empty file: its first line only.
+    pub fn new() -> Self {
+        Self { text: format!("{MAGIC_LINE}\n"), complete: true }
+    }
+
+    /// Adds `at`'s values (an object with none adds nothing).
+    pub fn object<'a>(&mut self, at: ObjectRef, values: impl IntoIterator<Item = (&'a str, u64)>) {
+        use std::fmt::Write;
+        let mut values = values.into_iter().peekable();
+        if values.peek().is_none() || !self.complete {
+            return;
         }
-        out.push_str(&head);
-        for (name, value) in counters {
-            let line = format!("{name}\t{value}\n");
-            if out.len() + line.len() > MAX_BYTES {
-                return (out, false);
+        let head = format!("@{at}\n");
+        if self.text.len() + head.len() > MAX_BYTES {
+            self.complete = false;
+            return;
+        }
+        self.text.push_str(&head);
+        for (name, value) in values {
+            let before = self.text.len();
+            let _ = writeln!(self.text, "{name}\t{value}");
+            if self.text.len() > MAX_BYTES {
+                self.text.truncate(before);
+                self.complete = false;
+                return;
             }
-            out.push_str(&line);
         }
     }
-    (out, true)
+
+    /// The text, and whether every value fitted.
+    pub fn finish(self) -> (String, bool) {
+        (self.text, self.complete)
+    }
 }
 
 /// Parses the file's bytes (at most [`MAX_BYTES`]); `None` when it is not such a file. Lines that

@@ -190,16 +190,21 @@ fn start_mshv(root: &std::path::Path, dir: &std::path::Path) -> anyhow::Result<M
     Ok(MshvObserver::new(hv, root.to_owned()))
 }
 
-/// `--mshv DIR --list-unknown`: the names the catalog has no counter for, by object kind.
+/// `--mshv DIR --list-unknown`: the names the catalog has no counter for, by object kind, each
+/// under its one name (mainline's, with the object prefix) whichever kernel printed it.
 fn list_unknown(root: &std::path::Path) -> anyhow::Result<ExitCode> {
     let tree = mshv::read_tree(root).context("--mshv")?;
     for p in &tree.problems {
         log(&format!("skipped {p}"));
     }
+    if let Some(dialect) = tree.dialect() {
+        log(&format!("the tree is printed in {}", dialect.label()));
+    }
     let mut text = String::new();
     for (kind, names) in mshv::unmapped_names(&tree) {
         for (name, known) in names {
-            let note = if known { "" } else { "\t(not in Linux's x86_64 table: a newer or other build)" };
+            let note =
+                if known { "" } else { "\t(printed by no kernel hvstats knows: a newer or other build)" };
             text.push_str(&format!("{}\t{name}{note}\n", kind.short_name()));
         }
     }
