@@ -269,7 +269,7 @@ fn a_numbered_directory_cannot_stand_in_for_self() {
     assert_eq!(own["counters"]["GPA pages"], 1);
     assert_eq!(own["vps"][0]["counters"]["Total run time"], 1);
     let log = log_of(observer);
-    let refused = "partition/18446744073709551615: the id of the partition the kernel names `self`: refused";
+    let refused = "partition/18446744073709551615: the id of `self`, beside `self`: refused";
     assert!(log.contains(refused), "{log}");
     assert!(!log.contains("cannot publish partition"), "{log}");
 }

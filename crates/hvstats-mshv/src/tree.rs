@@ -48,6 +48,8 @@ pub const MAX_PROBLEMS: usize = 256;
 const MAX_PROBLEMS_PER_PLACE: usize = 4;
 /// The partition id of `self`: `HV_PARTITION_ID_SELF`, `(u64)-1`.
 pub const SELF_PARTITION_ID: u64 = u64::MAX;
+/// Why an entry of `partition/` is not read.
+const NOT_A_PARTITION: &str = "not a partition id (decimal, or self)";
 
 /// An error reading the tree as a whole.
 #[derive(Debug, thiserror::Error)]
@@ -74,15 +76,12 @@ pub enum PartitionKey {
 }
 
 impl PartitionKey {
-    /// Parses a directory name. `0042` is not a name the kernel prints, nor is the decimal form of
-    /// [`SELF_PARTITION_ID`] (the kernel prints `self` for it): both are refused, so no directory
-    /// can stand in for `self`.
+    /// Parses a directory name (`0042` is not a name the kernel prints, so it is refused).
     pub fn parse(name: &str) -> Option<Self> {
         if name == "self" {
             return Some(PartitionKey::Myself);
         }
-        let id = decimal(name)?;
-        (id != SELF_PARTITION_ID).then_some(PartitionKey::Id(id))
+        decimal(name).map(PartitionKey::Id)
     }
 
     /// The partition id: the number, or [`SELF_PARTITION_ID`].
@@ -187,13 +186,19 @@ fn read_at_most(root: &Path, max_files: usize) -> Result<Tree, TreeError> {
     tree.lps = walk.numbered(&root_fd, &root.join("lp"), MAX_LPS, ObjectKind::LogicalProcessor);
     let path = root.join("partition");
     if let Some(dir) = walk.subdir(&root_fd, &path) {
-        let keys = walk.entries(&dir, &path, MAX_PARTITIONS, |name| match PartitionKey::parse(name) {
-            Some(key) => Ok(key),
-            None if decimal(name) == Some(SELF_PARTITION_ID) => {
-                Err("the id of the partition the kernel names `self`: refused")
-            }
-            None => Err("not a partition id (decimal, or self)"),
-        });
+        let mut keys = walk
+            .entries(&dir, &path, MAX_PARTITIONS, |name| PartitionKey::parse(name).ok_or(NOT_A_PARTITION));
+        // The kernel names HV_PARTITION_ID_SELF `self` where it knows the partition is an L1VH's
+        // own; a directory of that id in decimal beside `self` cannot be the kernel's, and must
+        // not stand in for it.
+        let has_self = keys.first().is_some_and(|(key, _)| *key == PartitionKey::Myself);
+        let decimal_self = keys.last().is_some_and(|(key, _)| *key == PartitionKey::Id(SELF_PARTITION_ID));
+        if has_self
+            && decimal_self
+            && let Some((_, name)) = keys.pop()
+        {
+            walk.problem(&path.join(name), "the id of `self`, beside `self`: refused".to_owned());
+        }
         for (key, name) in keys {
             let pdir_path = path.join(&name);
             // Gone between the listing and now: the partition was destroyed. Not a problem.
@@ -465,10 +470,8 @@ mod tests {
         std::fs::create_dir_all(t.path().join("lp/0")).unwrap();
         std::os::unix::fs::symlink("/etc/passwd", t.path().join("lp/0/stats")).unwrap();
         std::fs::create_dir_all(t.path().join("lp/1")).unwrap();
-        let fifo = std::ffi::CString::new(t.path().join("lp/1/stats").into_os_string().into_encoded_bytes())
-            .unwrap();
-        // SAFETY: a NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let fifo = t.path().join("lp/1/stats");
+        rustix::fs::mknodat(rustix::fs::CWD, &fifo, FileType::Fifo, Mode::from_raw_mode(0o600), 0).unwrap();
         let tree = read(t.path()).unwrap();
         assert!(tree.lps.is_empty());
         assert_eq!(tree.partitions.len(), 1);
@@ -506,8 +509,7 @@ mod tests {
         assert_eq!(PartitionKey::parse("-1"), None);
         assert_eq!(PartitionKey::parse("18446744073709551616"), None);
         assert_eq!(PartitionKey::Myself.id(), u64::MAX);
-        // The kernel names HV_PARTITION_ID_SELF `self`, never in decimal.
-        assert_eq!(PartitionKey::parse("18446744073709551615"), None);
+        assert_eq!(PartitionKey::parse("18446744073709551615"), Some(PartitionKey::Id(u64::MAX)));
     }
 
     #[test]
@@ -555,7 +557,16 @@ mod tests {
         assert_eq!(tree.partitions.keys().copied().collect::<Vec<_>>(), [PartitionKey::Myself]);
         assert_eq!(tree.partitions[&PartitionKey::Myself].stats.get("PtGpaPages"), Some(1));
         assert_eq!(tree.problems.len(), 1, "{:?}", tree.problems);
-        assert!(tree.problems[0].what.contains("the kernel names `self`"), "{:?}", tree.problems);
+        assert!(
+            tree.problems[0]
+                .to_string()
+                .ends_with("18446744073709551615: the id of `self`, beside `self`: refused")
+        );
+        // Without `self` (a kernel that prints every id in decimal), that id is a partition.
+        t.remove_partition("self").unwrap();
+        let tree = read(t.path()).unwrap();
+        assert_eq!(tree.partitions.keys().copied().collect::<Vec<_>>(), [PartitionKey::Id(u64::MAX)]);
+        assert!(tree.problems.is_empty(), "{:?}", tree.problems);
     }
 
     #[test]
