@@ -742,7 +742,14 @@ impl InterceptClass {
             InterceptClass::ApicTpr => vp::APIC_TPR_ACCESSES,
             InterceptClass::Hypercall => vp::HYPERCALLS,
             InterceptClass::Other => vp::OTHER_INTERCEPTS,
+            InterceptClass::Emulated => vp::EMULATED_INSTRUCTIONS,
         }
+    }
+
+    /// The VP counter of the class's time (the cost counter after its count), where the catalog
+    /// has one.
+    pub fn cost(self) -> Option<CounterId> {
+        self.counter().counter()?.cost().map(|c| c.id)
     }
 }
 
@@ -782,8 +789,8 @@ const fn class_timed(id: CounterId) -> Option<InterceptClass> {
         return None;
     }
     let mut i = 0;
-    while i < InterceptClass::ALL.len() {
-        let class = InterceptClass::ALL[i];
+    while i < InterceptClass::EXITS.len() {
+        let class = InterceptClass::EXITS[i];
         let count = class.counter();
         if count.kind as u8 == id.kind as u8
             && count.group as u8 == id.group as u8

@@ -2,7 +2,8 @@
 //!
 //! This crate owns the wire and memory formats only: stats object types and identities
 //! ([`object`]), group headers and versions ([`group`]), the counter catalog from which every
-//! counter's id, name, offset and help text is derived ([`catalog`]), the page writer and reader
+//! counter's id, name, offset and help text is derived ([`catalog`]) and sets of its counters
+//! ([`counter_set`]), the page writer and reader
 //! ([`page`]), log2 histograms of times and the sequence counter of consistent reads
 //! ([`histogram`], [`seqcount`]), the hypercall ABI of the stats calls ([`hypercall`],
 //! [`status`]), the typed counter sets of `WHvGetVirtualProcessorCounters` ([`whv`]) and the
@@ -20,6 +21,7 @@ pub mod apic;
 pub mod boot;
 pub mod catalog;
 pub mod counter;
+pub mod counter_set;
 pub mod cpuid;
 pub mod exit_reason;
 pub mod group;

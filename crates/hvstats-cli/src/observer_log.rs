@@ -1,9 +1,9 @@
 //! The log lines of the observers (`observe`, `serve --observe-all`): one line per event,
 //! whatever a VM's name holds.
 
-use hvstats::text::Escaped;
 use hvstats_kvm::observe::ObserverEvent;
 use hvstats_mshv::observer::MshvEvent;
+use hvstats_present::text::Escaped;
 
 /// The log line of an event of the mshv observer.
 pub(crate) fn describe_mshv(event: &MshvEvent) -> String {

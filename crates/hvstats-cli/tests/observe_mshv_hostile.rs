@@ -71,11 +71,14 @@ fn observe(tree: &Path, runtime: &Path) -> KilledOnDrop {
     KilledOnDrop(child)
 }
 
-/// The observer's log, once it has stopped.
+/// The observer's log, once SIGTERM has stopped it (it logs the refresh under way first).
 fn log_of(observer: KilledOnDrop) -> String {
     let mut observer = observer;
     let stderr = observer.0.stderr.take().unwrap();
-    drop(observer);
+    // SAFETY: plain kill of the child we started and have not reaped.
+    unsafe { libc::kill(observer.0.id() as i32, libc::SIGTERM) };
+    let status = observer.0.wait().unwrap();
+    assert!(status.success(), "observe ended with {status}");
     std::io::read_to_string(stderr).unwrap()
 }
 

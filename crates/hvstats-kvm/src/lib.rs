@@ -15,7 +15,6 @@
 #![deny(missing_docs)]
 
 pub mod accounting;
-pub mod bpf;
 pub mod cycles;
 pub mod enlightenment;
 pub mod error;

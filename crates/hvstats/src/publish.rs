@@ -149,7 +149,7 @@ pub fn process_start_time(pid: u32) -> io::Result<u64> {
 
 /// Fields 3 (state) and 22 (start time) of a `/proc/<pid>/stat` line.
 fn parse_state_and_start_time(stat: &str) -> Option<(char, u64)> {
-    let stat = crate::task_stat::StatLine::parse(stat)?;
+    let stat = hvstats_host::task_stat::StatLine::parse(stat)?;
     Some((stat.state()?, stat.start_time()?))
 }
 

@@ -13,7 +13,7 @@
 //!
 //! Tracepoints are counted in the kernel where BPF is permitted ([`Method::InKernel`]): one
 //! program per tracepoint, shared by every list of the same events in this process, classifies
-//! each firing by the events' filters and adds to the firing thread's row ([`crate::bpf`]). A
+//! each firing by the events' filters and adds to the firing thread's row ([`hvstats_host::bpf`]). A
 //! firing then costs one program, not one perf counter per event. Where BPF is not permitted, or
 //! a tracepoint's program cannot be made, its events are perf counters on each thread
 //! ([`Method::Perf`]), each thread's in one perf group so that one `read` gives them all.
@@ -24,12 +24,12 @@ use std::io;
 use std::path::Path;
 use std::sync::{Arc, Mutex, Weak};
 
-pub use hvstats::perf_event::{SW_CPU_MIGRATIONS, SW_TASK_CLOCK};
-use hvstats::perf_event::{TYPE_SOFTWARE, TYPE_TRACEPOINT};
-use hvstats::perf_group::{EventAttr, PerfGroup};
+pub use hvstats_host::perf_event::{SW_CPU_MIGRATIONS, SW_TASK_CLOCK};
+use hvstats_host::perf_event::{TYPE_SOFTWARE, TYPE_TRACEPOINT};
+use hvstats_host::perf_group::{EventAttr, PerfGroup};
 
-use crate::bpf::{Slot, SpanColumn, Tally, TallyError, ThreadTable, TracepointColumn};
-use crate::sources::tracefs::{self, EventError, TracefsError};
+use hvstats_host::bpf::{Slot, SpanColumn, Tally, TallyError, ThreadTable, TracepointColumn};
+use hvstats_host::tracefs::{self, EventError, TracefsError};
 
 use super::discovery::Procfs;
 

@@ -14,7 +14,7 @@ use std::os::unix::fs::FileExt;
 
 use zerocopy::IntoBytes;
 
-use hvstats::os as sys;
+use hvstats_host::os as sys;
 
 /// `KVM_GET_STATS_FD` = `_IO(0xAE, 0xce)`.
 const KVM_GET_STATS_FD: libc::c_ulong = 0xAECE;

@@ -3,24 +3,25 @@
 //! KVM has no per-reason exit counters, but its tracepoints fire once per intercept it handles in
 //! the kernel, on the vCPU's thread. A counting perf event per tracepoint, opened for the VP thread,
 //! gives exact counts without tracing anything to a buffer. The event ids come from
-//! [`super::tracefs`]; when tracefs is unavailable the counters are unavailable and the reason is
+//! [`hvstats_host::tracefs`]; when tracefs is unavailable the counters are unavailable and the reason is
 //! kept, never guessed.
 
-use hvstats::perf_event::TYPE_TRACEPOINT;
-use hvstats::perf_group::{EventAttr, MemberError, PerfGroup};
-use hvstats_abi::apic;
-
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use hvstats::SharedPage;
 use hvstats::whv::VpExtras;
+use hvstats_abi::apic;
 use hvstats_abi::catalog::{maintained_by, maintained_count};
+use hvstats_abi::counter_set::CounterSet;
 use hvstats_abi::source::{Source, SourceKind};
 use hvstats_abi::{Counter, ObjectKind};
+use hvstats_host::perf_event::TYPE_TRACEPOINT;
+use hvstats_host::perf_group::{EventAttr, MemberError, PerfGroup};
+use hvstats_host::tracefs::{self, EventError};
 
-use super::counter_source::{CounterSource, Part, VpThread};
-use super::tracefs::{self, EventError};
-use crate::accounting::UserExitCounts;
+use super::counter_source::{CounterSource, Gives, Object, Part, VpSource, VpThread};
+use super::user_exits::UserExitCounts;
 
 pub use hvstats_abi::source::Tracepoint;
 
@@ -74,7 +75,7 @@ pub enum TracepointError {
 pub type TracepointCounts = [Option<u64>; Tracepoint::ALL.len()];
 
 /// The tracepoint counters of one VP thread, in one perf event group (see
-/// [`hvstats::perf_group`]), so that a single `read` gives all of them.
+/// [`hvstats_host::perf_group`]), so that a single `read` gives all of them.
 #[derive(Debug)]
 pub struct VpTracepoints {
     group: PerfGroup,
@@ -133,21 +134,61 @@ impl VpTracepoints {
 const FROM_TRACEPOINTS: [&Counter; maintained_count(ObjectKind::Vp, SourceKind::Tracepoint)] =
     maintained_by(ObjectKind::Vp, SourceKind::Tracepoint);
 
-/// Writes a tracepoint reading into `page`: each tracepoint counter gets its count, with the
-/// userspace part KVM's tracepoint does not see (MSR exits) added and the part it counts as
-/// something else (hypercall port writes, which `kvm_pio` sees) taken off. A tracepoint that is
-/// unavailable (or unreadable right now) leaves its counter as it is: never a guessed value.
-pub(crate) fn write_tracepoint_counts(page: &SharedPage, counts: &TracepointCounts, user: &UserExitCounts) {
-    let user_msr = user.msr.load(Ordering::Relaxed);
-    let hypercalls = user.hypercalls.load(Ordering::Relaxed);
-    for counter in FROM_TRACEPOINTS {
-        let Some(Source::Tracepoint(tp)) = counter.maintained.source() else { continue };
-        let Some(n) = counts[tp.index()] else { continue };
+/// What the run loop counts that a tracepoint count is corrected with: MSR accesses handled in
+/// userspace (`kvm_msr` does not see them) and hypercall port writes (`kvm_pio` counts them as
+/// port I/O). An observed VM's VMM does its own accounting: it has none.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Corrections {
+    /// MSR accesses handled in userspace.
+    pub user_msr: u64,
+    /// Hypercalls made through a port.
+    pub hypercalls: u64,
+}
+
+/// Whose catalog key says which tracepoint feeds a counter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Keys {
+    /// Our own VPs: the row's key.
+    Own,
+    /// Observed VMs: the row's observed key.
+    Observed,
+}
+
+impl Keys {
+    /// The tracepoint that feeds `counter` under these keys, if one does.
+    pub fn tracepoint(self, counter: &Counter) -> Option<Tracepoint> {
+        let source = match self {
+            Keys::Own => counter.maintained.source(),
+            Keys::Observed => {
+                hvstats_abi::catalog::observed(counter).and_then(hvstats_abi::Maintained::source)
+            }
+        };
+        match source {
+            Some(Source::Tracepoint(tp)) => Some(tp),
+            _ => None,
+        }
+    }
+}
+
+/// Writes the VP counters of `only` whose key (under `keys`) is a tracepoint from a reading,
+/// `count(tp)` giving each tracepoint's count: each counter gets its tracepoint's count with the
+/// parts added to it (x2APIC accesses beside xAPIC MMIO) and `corrections` applied. A tracepoint
+/// not counted (or unreadable right now) leaves its counter as it is: never a guessed value.
+pub fn write_tracepoint_counts(
+    page: &SharedPage,
+    only: &CounterSet,
+    keys: Keys,
+    count: impl Fn(Tracepoint) -> Option<u64>,
+    corrections: Corrections,
+) {
+    for counter in hvstats_abi::catalog::counters_of(ObjectKind::Vp).filter(|c| only.contains(c.id)) {
+        let Some(tp) = keys.tracepoint(counter) else { continue };
+        let Some(n) = count(tp) else { continue };
         // By xAPIC MMIO, plus by x2APIC MSR.
-        let n = n + tp.added().iter().map(|a| counts[a.index()].unwrap_or(0)).sum::<u64>();
+        let n = n + tp.added().iter().map(|a| count(*a).unwrap_or(0)).sum::<u64>();
         let value = match tp {
-            Tracepoint::Msr => n + user_msr,
-            Tracepoint::Pio => n.saturating_sub(hypercalls),
+            Tracepoint::Msr => n + corrections.user_msr,
+            Tracepoint::Pio => n.saturating_sub(corrections.hypercalls),
             _ => n,
         };
         page.set(counter.id, value);
@@ -159,25 +200,34 @@ pub(crate) fn write_tracepoint_counts(page: &SharedPage, counts: &TracepointCoun
 #[derive(Debug)]
 pub(crate) struct TracepointSource {
     tracepoints: VpTracepoints,
+    user: Arc<UserExitCounts>,
+    counts: TracepointCounts,
     exceptions: u64,
 }
 
 impl CounterSource for TracepointSource {
-    fn part(&self) -> Part {
-        Part::Exits
+    fn name(&self) -> &'static str {
+        "tracepoints"
     }
 
-    fn keys(&self) -> &'static [SourceKind] {
-        &[SourceKind::Tracepoint]
-    }
-
-    fn merge(&mut self, page: &SharedPage, user: &UserExitCounts, extras: &mut VpExtras) {
-        let counts = self.tracepoints.read_all();
-        write_tracepoint_counts(page, &counts, user);
-        if let Some(n) = counts[Tracepoint::InjException.index()] {
-            self.exceptions = n;
+    fn gives(&self) -> Gives {
+        let mut vp = CounterSet::EMPTY;
+        for counter in FROM_TRACEPOINTS {
+            if let Some(Source::Tracepoint(tp)) = counter.maintained.source()
+                && self.tracepoints.unavailable(tp).is_none()
+            {
+                vp.insert(counter.id);
+            }
         }
-        extras.exception_count = self.exceptions;
+        Gives::vp(vp)
+    }
+
+    fn write(&self, _object: Object, page: &SharedPage, only: &CounterSet) {
+        let corrections = Corrections {
+            user_msr: self.user.msr.load(Ordering::Relaxed),
+            hypercalls: self.user.hypercalls.load(Ordering::Relaxed),
+        };
+        write_tracepoint_counts(page, only, Keys::Own, |tp| self.counts[tp.index()], corrections);
     }
 
     fn unavailable(&self) -> Vec<String> {
@@ -188,9 +238,31 @@ impl CounterSource for TracepointSource {
     }
 }
 
+impl VpSource for TracepointSource {
+    fn part(&self) -> Part {
+        Part::Exits
+    }
+
+    fn read(&mut self) {
+        self.counts = self.tracepoints.read_all();
+        if let Some(n) = self.counts[Tracepoint::InjException.index()] {
+            self.exceptions = n;
+        }
+    }
+
+    fn extras(&self, extras: &mut VpExtras) {
+        extras.exception_count = self.exceptions;
+    }
+}
+
 /// The tracepoint group of the VP thread.
-pub(super) fn open_source(vp: VpThread) -> Option<Box<dyn CounterSource>> {
-    Some(Box::new(TracepointSource { tracepoints: VpTracepoints::open(vp.tid), exceptions: 0 }))
+pub(super) fn open_source(vp: &VpThread) -> Option<Box<dyn VpSource>> {
+    Some(Box::new(TracepointSource {
+        tracepoints: VpTracepoints::open(vp.tid),
+        user: vp.user.clone(),
+        counts: [None; Tracepoint::ALL.len()],
+        exceptions: 0,
+    }))
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 //! one host is not enough, each host runs `serve` and Prometheus aggregates: the exporter keeps no
 //! state between scrapes. The HTTP server ([`http`]) bounds what any client can make it hold.
 
-pub mod exposition;
+use hvstats_present::exposition;
 pub mod http;
 pub mod observe;
 
@@ -23,7 +23,7 @@ use serde_json::json;
 
 use self::http::{Asked, Limits, Reply};
 
-use crate::cmd::live::{Live, Reading};
+use hvstats_present::live::{Live, Reading};
 
 /// The address served when `--listen` is not given: loopback only.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9966";
@@ -119,7 +119,8 @@ fn answer(live: &Live, max_vps: usize, asked: &Asked) -> Reply {
 }
 
 fn snapshot_body(reading: &Reading) -> String {
-    let instances: Vec<_> = reading.instances.iter().map(crate::snapshot_json::snapshot_json).collect();
+    let instances: Vec<_> =
+        reading.instances.iter().map(hvstats_present::snapshot_json::snapshot_json).collect();
     let mut body = json!({ "instances": instances }).to_string();
     body.push('\n');
     body

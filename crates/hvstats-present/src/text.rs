@@ -12,7 +12,7 @@ use std::fmt;
 /// Displays a name with control and reordering characters escaped (see the module documentation).
 ///
 /// ```
-/// use hvstats::text::Escaped;
+/// use hvstats_present::text::Escaped;
 /// assert_eq!(Escaped("guest\n\x1b[2J").to_string(), r"guest\n\u{1b}[2J");
 /// assert_eq!(Escaped("web-01 (ü)").to_string(), "web-01 (ü)");
 /// ```
@@ -54,7 +54,7 @@ impl fmt::Display for Escaped<'_> {
 /// forge a second line or drive a terminal.
 ///
 /// ```
-/// use hvstats::text::{Escaped, OneLine};
+/// use hvstats_present::text::{Escaped, OneLine};
 /// let line = format!("attach \"{}\"", Escaped("web\n"));
 /// assert_eq!(OneLine(&line).to_string(), r#"attach "web\n""#);
 /// assert_eq!(OneLine("a\nforged\x1b[2J é").to_string(), r"a\nforged\u{1b}[2J é");

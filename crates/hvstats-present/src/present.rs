@@ -9,7 +9,7 @@
 use hvstats_abi::catalog::vp;
 use hvstats_abi::{Counter, CounterId, Presentation, Unit};
 
-use crate::snapshot::ObjectReading;
+use hvstats::snapshot::ObjectReading;
 
 /// A counter over an interval: what it shows and in which unit.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -170,6 +170,27 @@ mod tests {
     use hvstats_abi::catalog::{lp, partition, vp};
 
     use super::*;
+
+    #[test]
+    fn a_reader_out_of_phase_with_the_collector_still_sees_at_most_100_percent() {
+        // A reader's 1 s interval that spans 1.1 s of collector writes.
+        let shown = over_interval(
+            hvstats_abi::catalog::lp::TOTAL_RUN_TIME.counter().unwrap(),
+            0,
+            11_000_000,
+            1.0,
+            None,
+        );
+        assert_eq!(shown.map(|p| p.value), Some(100.0));
+        let shown = over_interval(
+            hvstats_abi::catalog::lp::TOTAL_RUN_TIME.counter().unwrap(),
+            0,
+            2_500_000,
+            1.0,
+            None,
+        );
+        assert_eq!(shown.map(|p| p.value), Some(25.0));
+    }
 
     fn row(id: hvstats_abi::CounterId) -> &'static Counter {
         id.counter().unwrap()

@@ -23,7 +23,7 @@ use super::filter::{self, FilterError, Pred};
 use super::program::{self, Column, Spans};
 use super::raw;
 use super::sys::{ArrayMap, Attachment, LoadError, Program};
-use crate::sources::tracefs::{self, EventError};
+use crate::tracefs::{self, EventError};
 
 /// One column: a tracepoint, narrowed by an ftrace filter when given.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -45,7 +45,7 @@ impl Attr {
         // SAFETY: `self` is a bpf_attr-sized buffer we own for the call; every pointer stored in
         // it by the caller points to memory alive for the call and large enough for the command.
         let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, self.0.as_mut_ptr(), self.0.len() as u32) };
-        hvstats::os::check_long(r)
+        crate::os::check_long(r)
     }
 }
 
@@ -297,7 +297,7 @@ impl Attachment {
     pub fn tracepoint(tracepoint: u64, program: &Program) -> io::Result<Self> {
         // struct perf_event_attr, PERF_ATTR_SIZE_VER0 (64 bytes): type, size, config, …, flags.
         let mut attr = [0u64; 8];
-        attr[0] = u64::from(hvstats::perf_event::TYPE_TRACEPOINT) | (64u64 << 32);
+        attr[0] = u64::from(crate::perf_event::TYPE_TRACEPOINT) | (64u64 << 32);
         attr[1] = tracepoint;
         // sample_period 0: a counting event, and it stays disabled: only the program runs.
         attr[5] = 1; // flags: disabled

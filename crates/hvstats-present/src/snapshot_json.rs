@@ -4,8 +4,8 @@
 
 use std::io::{self, Write};
 
+use crate::present;
 use hvstats::attach::Attach;
-use hvstats::present;
 use hvstats::snapshot::{self, InstanceSnapshot, ObjectReading, PartitionSnapshot, VpSnapshot};
 use hvstats::unmapped::ObjectRef;
 use hvstats_abi::catalog::counters_of;
@@ -14,15 +14,18 @@ use serde_json::{Map, Value, json};
 
 /// The earlier reading of an interval and its length, when there is one.
 #[derive(Clone, Copy)]
-pub(crate) struct Earlier<'a> {
+pub struct Earlier<'a> {
     /// The first reading.
-    pub(crate) snapshot: &'a InstanceSnapshot,
+    pub snapshot: &'a InstanceSnapshot,
     /// Seconds between the two readings.
-    pub(crate) seconds: f64,
+    pub seconds: f64,
 }
 
 /// Writes `{"instances": [...]}` one partition at a time; true when something was unreadable.
-pub(crate) fn stream_json(attach: &mut Attach, out: &mut impl Write) -> io::Result<bool> {
+///
+/// # Errors
+/// When writing to `out` fails.
+pub fn stream_json(attach: &mut Attach, out: &mut impl Write) -> io::Result<bool> {
     let mut failed = false;
     out.write_all(b"{\"instances\":[")?;
     for (n, instance) in attach.instances_mut().enumerate() {
@@ -155,7 +158,7 @@ fn write_partition(out: &mut impl Write, p: &PartitionSnapshot, s: &InstanceSnap
 /// A VP's histograms: `{name: {"sum_ns", "count", "buckets": [32 counts], "p50_ns", "p99_ns"}}`,
 /// bucket `i` counting times in `[2^(i-1), 2^i)` ns (bucket 0: zero, the last: everything
 /// longer); the quantiles are upper bounds of their buckets (`null` when nothing was recorded).
-pub(crate) fn histograms_json(vp: &VpSnapshot) -> Value {
+pub fn histograms_json(vp: &VpSnapshot) -> Value {
     let map: Map<String, Value> = vp
         .histograms
         .iter()
@@ -220,7 +223,9 @@ fn with(mut object: Map<String, Value>, fields: Value) -> Value {
     Value::Object(object)
 }
 
-pub(crate) fn instance_json(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>) -> Value {
+/// One instance as JSON: its LPs and partitions with every counter, and with an `earlier`
+/// reading the rates, percentages and average costs over the interval.
+pub fn instance_json(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>) -> Value {
     let then = |find: &dyn Fn(&InstanceSnapshot) -> Option<&ObjectReading>| {
         earlier.map(|e| (find(e.snapshot), e.seconds))
     };
@@ -253,7 +258,7 @@ pub(crate) fn instance_json(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>) 
 }
 
 /// The JSON of one instance as `snapshot --json` prints it, for other commands.
-pub(crate) fn snapshot_json(s: &InstanceSnapshot) -> Value {
+pub fn snapshot_json(s: &InstanceSnapshot) -> Value {
     instance_json(s, None)
 }
 
@@ -304,16 +309,18 @@ fn partition_json(p: &PartitionSnapshot, earlier: Option<Earlier<'_>>, s: &Insta
     )
 }
 
-pub(crate) fn earlier_partition(e: &InstanceSnapshot, id: u64) -> Option<&PartitionSnapshot> {
+/// Partition `id` in the earlier reading `e`.
+pub fn earlier_partition(e: &InstanceSnapshot, id: u64) -> Option<&PartitionSnapshot> {
     e.partitions.iter().find(|p| p.id == id)
 }
 
-pub(crate) fn earlier_vp(e: &InstanceSnapshot, id: u64, index: u32) -> Option<&ObjectReading> {
+/// VP `index` of partition `id` in the earlier reading `e`.
+pub fn earlier_vp(e: &InstanceSnapshot, id: u64, index: u32) -> Option<&ObjectReading> {
     earlier_partition(e, id)?.vps.iter().find(|v| v.index == index).map(|v| &v.reading)
 }
 
 /// One object's counters now, and its reading at the start of the interval.
-pub(crate) fn cells<'a>(
+pub fn cells<'a>(
     now: &'a ObjectReading,
     then: Option<&'a ObjectReading>,
     seconds: f64,
@@ -339,18 +346,18 @@ pub(crate) fn cells<'a>(
 }
 
 /// True when a reading failed for a reason other than permissions (which the user chose).
-pub(crate) fn unreadable(r: &ObjectReading) -> bool {
+pub fn unreadable(r: &ObjectReading) -> bool {
     matches!(r, ObjectReading::Unreadable { permission_denied: false, .. })
 }
 
 /// True when something of `s` could not be read (see [`unreadable`]).
-pub(crate) fn has_unreadable(s: &InstanceSnapshot) -> bool {
+pub fn has_unreadable(s: &InstanceSnapshot) -> bool {
     unreadable(&s.hypervisor)
         || s.lps.iter().any(|lp| unreadable(&lp.reading))
         || s.partitions.iter().any(partition_unreadable)
 }
 
 /// True when the partition or one of its VPs could not be read.
-pub(crate) fn partition_unreadable(p: &PartitionSnapshot) -> bool {
+pub fn partition_unreadable(p: &PartitionSnapshot) -> bool {
     unreadable(&p.reading) || p.vps.iter().any(|vp| unreadable(&vp.reading))
 }

@@ -81,7 +81,7 @@ impl Live {
     ///
     /// # Errors
     /// When the runtime directory fails its checks or cannot be listed.
-    pub fn read(&self) -> anyhow::Result<Reading> {
+    pub fn read(&self) -> Result<Reading, AttachError> {
         // A reader that panicked mid-read left nothing half-done that matters: keep reading.
         let mut attach = self.attach.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let changes = attach.refresh()?;
@@ -94,8 +94,8 @@ impl Live {
     }
 
     /// A reading of nothing, saying why: the runtime directory itself could not be read.
-    pub fn unreadable(&self, error: &anyhow::Error) -> Reading {
-        let problem = format!("cannot read {}: {error:#}", self.dir.display());
+    pub fn unreadable(&self, error: &AttachError) -> Reading {
+        let problem = format!("cannot read {}: {}", self.dir.display(), error_chain(error));
         Reading { at: Instant::now(), instances: Vec::new(), problems: vec![problem], failed: Vec::new() }
     }
 

@@ -1,7 +1,7 @@
 //! The `/metrics` text: one reading of every live instance, encoded as Prometheus/OpenMetrics
 //! metric families by `prometheus-client`.
 //!
-//! The families and their units, scales and help texts come from [`hvstats::metrics`]; this module
+//! The families and their units, scales and help texts come from [`crate::metrics`]; this module
 //! only walks the objects of a reading and attaches labels. A VM's series carry what identifies
 //! them across restarts: `vm` (its name) and `vp` (the VP index), and `intercept` inside the
 //! intercept families; what changes when a publisher restarts (the publishing instance, the
@@ -23,7 +23,7 @@
 use std::fmt::Write;
 use std::sync::Arc;
 
-use hvstats::metrics::{BaseUnit, Family, Member, MetricKind, families, histogram_families};
+use crate::metrics::{BaseUnit, Family, Member, MetricKind, families, histogram_families};
 use hvstats::snapshot::{InstanceSnapshot, ObjectReading, PartitionSnapshot, VpSnapshot};
 use hvstats_abi::catalog::counters_of;
 use hvstats_abi::histogram::{BUCKETS, Log2Histogram, bucket_upper_ns};
@@ -33,7 +33,7 @@ use prometheus_client::encoding::{DescriptorEncoder, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::cmd::live::{Live, Reading};
+use crate::live::{Live, Reading};
 
 /// The media type of the OpenMetrics reply (for clients that accept it, as Prometheus does).
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -110,7 +110,7 @@ impl Exposition {
     /// # Errors
     /// Only when formatting fails (it writes to a `String`).
     pub fn encode(self) -> Result<String, std::fmt::Error> {
-        let mut registry = Registry::with_prefix(hvstats::metrics::PREFIX);
+        let mut registry = Registry::with_prefix(crate::metrics::PREFIX);
         registry.register_collector(Box::new(self));
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &registry)?;
@@ -605,9 +605,8 @@ mod tests {
     #[test]
     fn every_vp_is_a_series_under_the_cap_and_partition_sums_beyond_it() {
         // 3 partitions of 2 VPs; VP `i` of partition `p` holds 1000 × (2p + i) + its page index.
-        let text = Exposition::new(crate::cmd::live::Reading::of(vec![synthetic_instance(3, 2)]), 4)
-            .encode()
-            .unwrap();
+        let text =
+            Exposition::new(crate::live::Reading::of(vec![synthetic_instance(3, 2)]), 4).encode().unwrap();
         let hypercalls = lines_of(&text, "hvstats_vp_hypercalls_total{");
         // Partitions 1 and 2 fit in 4 VPs; partition 3 is summed.
         assert_eq!(hypercalls.len(), 5, "{text}");
@@ -623,7 +622,7 @@ mod tests {
     #[test]
     fn unmapped_values_are_one_generic_family_named_by_object_and_name() {
         use hvstats::unmapped::{ObjectRef, Unmapped};
-        let mut reading = crate::cmd::live::Reading::of(vec![synthetic_instance(2, 2)]);
+        let mut reading = crate::live::Reading::of(vec![synthetic_instance(2, 2)]);
         let plain = Exposition::new(reading.clone(), 10).encode().unwrap();
         assert!(!plain.contains("hvstats_mshv_"), "no mshv instance, no mshv family");
         let instance = &mut reading.instances[0];

@@ -1,0 +1,40 @@
+//! The sources of an observed VM's counters, composed by the observer on the one seam of
+//! [`crate::sources::counter_source`].
+//!
+//! A [`VmSource`] is a counter source read once per refresh for all of a VM's vCPUs: it says
+//! which counters it gives, and writes them into the VM's partition and VP pages. The observer
+//! composes the sources a VM has, in the order of [`VM_SOURCES`] (the first that gives a counter
+//! writes it), and declares unavailable what none gives. The sources:
+//!
+//! - [`events`]: KVM's tracepoints and the VP threads' software events, counted per thread from
+//!   attach on (in the kernel where BPF is permitted), written by the event writers of
+//!   [`tracepoints`], [`exit_classes`] and [`thread_clock`];
+//! - [`qmp_stats`]: KVM's statistics through QEMU's QMP `query-stats`, and QMP's knowledge of the
+//!   vCPU threads and the VM's name;
+//! - [`threads`]: the sources that read a vCPU thread from outside its process (schedstat, the
+//!   host's page faults on it), opened on each vCPU thread once it is known.
+//!
+//! A new source is one file implementing [`VmSource`] and one line in [`VM_SOURCES`].
+
+pub mod event_writer;
+pub mod events;
+pub mod exit_classes;
+pub mod qmp_stats;
+pub mod thread_clock;
+pub mod threads;
+pub mod tracepoints;
+pub mod vm_source;
+
+pub use event_writer::KvmExitState;
+pub use vm_source::{Vcpu, VcpuThread, VmAttach, VmSource, VmView};
+
+use crate::observe::attach::ObserveError;
+
+/// How one source is opened for a VM being attached: `Ok(None)` where the VM or the host does
+/// not have it; an error ends the attach.
+type OpenVm = fn(&VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError>;
+
+/// Every source of an observed VM, in the order that decides which writes a counter several
+/// give: what is counted from attach in the kernel first, then KVM's statistics, then the
+/// threads' own files.
+pub const VM_SOURCES: &[OpenVm] = &[events::open, qmp_stats::open, threads::open];
