@@ -6,8 +6,8 @@ use std::io::{self, Write};
 
 use crate::present;
 use hvstats::attach::Attach;
-use hvstats::mshv::unmapped::ObjectRef;
 use hvstats::snapshot::{self, InstanceSnapshot, ObjectReading, PartitionSnapshot, VpSnapshot};
+use hvstats::unmapped::ObjectRef;
 use hvstats_abi::catalog::counters_of;
 use hvstats_abi::{Counter, ObjectKind};
 use serde_json::{Map, Value, json};

@@ -111,9 +111,9 @@ pub struct InstanceSnapshot {
     /// The partitions, by id (empty from [`take_instance_globals`]).
     pub partitions: Vec<PartitionSnapshot>,
     /// Values the publisher keeps by name beside its pages, for counters the catalog has no
-    /// place for (an mshv observer's, see [`crate::mshv::unmapped`]); `None` when it keeps none,
+    /// place for (an mshv observer's, see [`crate::unmapped`]); `None` when it keeps none,
     /// or they cannot be read.
-    pub unmapped: Option<crate::mshv::unmapped::Unmapped>,
+    pub unmapped: Option<crate::unmapped::Unmapped>,
 }
 
 /// Decodes `page` as `kind` into every catalog counter of that kind.
@@ -360,7 +360,7 @@ pub fn take_instance_globals(instance: &Instance) -> InstanceSnapshot {
             })
             .collect(),
         partitions: Vec::new(),
-        unmapped: crate::mshv::unmapped::read(instance).ok().flatten(),
+        unmapped: crate::unmapped::read(instance).ok().flatten(),
     }
 }
 
