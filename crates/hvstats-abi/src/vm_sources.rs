@@ -125,7 +125,11 @@ pub struct SourceTable {
 
 impl Default for SourceTable {
     fn default() -> Self {
-        Self { sources: [None; MAX_SOURCES], partition: [0; PARTITION_WRITER_ROWS.len() * PER_ROW], vp: [0; VP_WRITER_ROWS.len() * PER_ROW] }
+        Self {
+            sources: [None; MAX_SOURCES],
+            partition: [0; PARTITION_WRITER_ROWS.len() * PER_ROW],
+            vp: [0; VP_WRITER_ROWS.len() * PER_ROW],
+        }
     }
 }
 

@@ -186,6 +186,17 @@ impl Stat {
         &data[start..self.slot.saturating_add(self.size).min(data.len())]
     }
 
+    /// True for a time in seconds with a decimal exponent ([`nanoseconds`](Self::nanoseconds)
+    /// converts it).
+    pub fn is_time(self) -> bool {
+        self.scale != Scale::NotTime
+    }
+
+    /// How many values it has (a histogram's buckets; 1 for a single value).
+    pub fn len(self) -> usize {
+        self.size
+    }
+
     /// Its raw (first) value in a data block read by [`KvmStats::read_into`].
     pub fn raw(self, data: &[u64]) -> u64 {
         data.get(self.slot).copied().unwrap_or(0)
