@@ -8,6 +8,8 @@
 //!
 //! - [`stats_fd`]: KVM's statistics from the binary-stats descriptors the VMM holds, copied with
 //!   `pidfd_getfd` (every vCPU statistic, whole-life, no guest interruption);
+//! - [`libvirt_stats`]: KVM's statistics of a libvirt domain from libvirt's bulk statistics, over
+//!   a read-only connection (never tainting the domain);
 //! - [`events`]: KVM's tracepoints and the VP threads' software events, counted per thread from
 //!   attach on (in the kernel where BPF is permitted), written by the event writers of
 //!   [`tracepoints`], [`exit_classes`] and [`thread_clock`];
@@ -24,6 +26,7 @@ pub mod event_writer;
 pub mod events;
 pub mod exit_classes;
 pub mod kvm_stat_map;
+pub mod libvirt_stats;
 pub mod qmp_stats;
 pub mod stats_fd;
 pub mod thread_clock;
@@ -42,7 +45,8 @@ type OpenVm = fn(&VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveErro
 
 /// Every source of an observed VM, in the order that decides which writes a counter several
 /// give: KVM's own statistics first, whole-life, by how little reading them costs the guest and
-/// the host (the VMM's open descriptors, then QMP), then what is counted from attach in the kernel
+/// the host (the VMM's open descriptors, then libvirt, then QMP), then what is counted from attach in the kernel
 /// (tracepoints, and on VMX/SVM hosts exits by reason, which give a class's count and time where
 /// no KVM statistic does), then the threads' own files.
-pub const VM_SOURCES: &[OpenVm] = &[stats_fd::open, qmp_stats::open, events::open, threads::open];
+pub const VM_SOURCES: &[OpenVm] =
+    &[stats_fd::open, libvirt_stats::open, qmp_stats::open, events::open, threads::open];
