@@ -7,8 +7,11 @@
 //! libvirt's unprivileged user (no "high privileges" taint), given `/dev/kvm` by a node inside the
 //! namespace; no security driver, cgroup or namespace of libvirt's own is used.
 
+// Test set-up: a failed step is the test's failure, reported by the panic.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::TempDir;
@@ -16,7 +19,8 @@ use crate::TempDir;
 /// A running libvirtd of the test's own; stopped (its domain destroyed) on drop.
 pub struct Libvirtd {
     dir: TempDir,
-    pid: Option<i32>,
+    /// The daemon: `unshare` execs the shell, which execs libvirtd.
+    daemon: Option<Child>,
 }
 
 /// A domain the daemon runs.
@@ -95,13 +99,12 @@ impl Libvirtd {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let me = Self { dir, pid: Some(child.id() as i32) };
+        let me = Self { dir, daemon: Some(child) };
         let t = Instant::now();
         while !me.socket_ro().exists() {
             assert!(t.elapsed() < Duration::from_secs(30), "libvirtd made no socket in 30 s");
             std::thread::sleep(Duration::from_millis(50));
         }
-        // `me.pid` is the daemon: `unshare` execs the shell, which execs libvirtd.
         Some(me)
     }
 
@@ -196,16 +199,16 @@ impl Drop for Libvirtd {
                     Command::new("virsh").arg("-c").arg(self.uri()).args(["destroy", name.trim()]).output();
             }
         }
-        if let Some(pid) = self.pid.take() {
-            // SAFETY: kill has no memory effects; the pid is the daemon this set-up started.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
+        if let Some(mut daemon) = self.daemon.take() {
+            // SAFETY: kill has no memory effects; the pid is the daemon this set-up started and
+            // has not reaped yet.
+            unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
             let t = Instant::now();
-            while Path::new(&format!("/proc/{pid}")).exists() && t.elapsed() < Duration::from_secs(10) {
-                let mut status = 0;
-                // SAFETY: waitpid on our own child, with a status word we own.
-                unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+            while matches!(daemon.try_wait(), Ok(None)) && t.elapsed() < Duration::from_secs(10) {
                 std::thread::sleep(Duration::from_millis(20));
             }
+            let _ = daemon.kill();
+            let _ = daemon.wait();
         }
     }
 }

@@ -199,9 +199,9 @@ impl Stat {
         self.scale != Scale::NotTime
     }
 
-    /// How many values it has (a histogram's buckets; 1 for a single value).
-    pub fn len(self) -> usize {
-        self.size
+    /// True for a histogram (several values, its buckets), false for a single value.
+    pub fn is_histogram(self) -> bool {
+        self.size > 1
     }
 
     /// Its raw (first) value in a data block read by [`KvmStats::read_into`].

@@ -64,7 +64,7 @@ impl KvmStatReading for Copied {
             return None;
         }
         let stat = self.stats.stat(name)?;
-        (stat.len() > 1).then(|| stat.values(&self.data))
+        stat.is_histogram().then(|| stat.values(&self.data))
     }
 }
 
