@@ -7,7 +7,8 @@
 //! ([`page`]), log2 histograms of times and the sequence counter of consistent reads
 //! ([`histogram`], [`seqcount`]), the hypercall ABI of the stats calls ([`hypercall`],
 //! [`status`]), the typed counter sets of `WHvGetVirtualProcessorCounters` ([`whv`]) and the
-//! structures of `HalAllocateHardwareCounters` ([`hal`]), and the boot contract between the VMM
+//! structures of `HalAllocateHardwareCounters` ([`hal`]), which source gave each counter of an
+//! observed VM ([`vm_sources`]), and the boot contract between the VMM
 //! and its guest programs ([`boot`], [`apic`]).
 //!
 //! It is `no_std` and free of `unsafe`: every memory structure derives zerocopy's traits and has
@@ -33,6 +34,7 @@ pub mod page;
 pub mod seqcount;
 pub mod source;
 pub mod status;
+pub mod vm_sources;
 pub mod whv;
 
 pub use catalog::{CATALOG, Counter, CounterId, GroupKind, Maintained, Presentation, Source, Unit};

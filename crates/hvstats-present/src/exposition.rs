@@ -384,6 +384,23 @@ impl Exposition {
                 }
                 metric.encode_family(&labels)?.encode_gauge(&1i64)?;
             }
+            let tables: Vec<_> = self.partitions().map(|(_, p)| p.sources()).collect();
+            if tables.iter().any(Option::is_some) {
+                let mut metric = encoder.encode_descriptor(
+                    "vm_source_up",
+                    "For each source of an observed VM's counters (the VMM's KVM statistics \
+                     descriptors, libvirt, QMP, tracepoints, its threads' files), 1 while it gives \
+                     counters, 0 while it is there but gives none (its peer failed or stalled).",
+                    None,
+                    MetricType::Gauge,
+                )?;
+                for (table, vm) in tables.iter().zip(&self.vm_labels) {
+                    for source in table.iter().flat_map(|t| t.sources()) {
+                        let labels: Labels = vec![("vm", vm.clone()), ("source", source.name().to_owned())];
+                        metric.encode_family(&labels)?.encode_gauge(&i64::from(source.up))?;
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -600,6 +617,41 @@ mod tests {
 
     fn lines_of<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
         text.lines().filter(|l| l.starts_with(prefix)).collect()
+    }
+
+    #[test]
+    fn each_source_of_an_observed_vm_is_a_source_up_series_and_snapshot_json_names_its_counters() {
+        use hvstats::snapshot::ObjectReading;
+        use hvstats_abi::catalog::vp;
+        use hvstats_abi::vm_sources::{Origin, SourceEntry, SourceTable};
+        let mut instance = synthetic_instance(1, 1);
+        let mut table = SourceTable::default();
+        let libvirt = table.push(SourceEntry::new("libvirt", true, Origin::VcpuCreation)).unwrap();
+        table.push(SourceEntry::new("qmp", false, Origin::VcpuCreation)).unwrap();
+        table.set_writer(vp::HLT_INSTRUCTIONS, libvirt);
+        let partition = &mut instance.partitions[0];
+        partition.name = "vm-a".into();
+        let rows: Vec<_> = table.rows().collect();
+        let ObjectReading::Counters(values) = &mut partition.reading else { panic!() };
+        for (c, v) in values.iter_mut() {
+            if let Some((_, w)) = rows.iter().find(|(id, _)| *id == c.id) {
+                *v = *w;
+            }
+        }
+        let json = crate::snapshot_json::partition_json(&instance.partitions[0], None, &instance);
+        assert_eq!(json["sources"][0]["name"], "libvirt");
+        assert_eq!(json["sources"][0]["counts_from"], "vcpu-creation");
+        assert_eq!(json["sources"][0]["vp"], serde_json::json!(["HLT instructions/sec"]));
+        assert_eq!(json["sources"][1]["up"], false);
+        let text = Exposition::new(crate::live::Reading::of(vec![instance]), 4).encode().unwrap();
+        let up = lines_of(&text, "hvstats_vm_source_up{");
+        assert_eq!(
+            up,
+            [
+                "hvstats_vm_source_up{vm=\"vm-a\",source=\"libvirt\"} 1",
+                "hvstats_vm_source_up{vm=\"vm-a\",source=\"qmp\"} 0"
+            ]
+        );
     }
 
     #[test]

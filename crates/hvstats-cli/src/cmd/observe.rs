@@ -106,8 +106,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let targets = if args.all { Targets::All } else { Targets::Pids(args.pids) };
     let cancel = Cancel::new();
     let mut observer = hv.clone().map(|hv| {
-        let options =
-            ObserveOptions { qmp: args.qmp.clone(), cancel: cancel.clone(), claims: Some(dir.clone()) };
+        let options = ObserveOptions {
+            qmp: args.qmp.clone(),
+            cancel: cancel.clone(),
+            claims: Some(dir.clone()),
+            ..Default::default()
+        };
         Observer::new(hv, procfs, targets, options)
     });
     let interval = Duration::from_secs_f64(args.interval);

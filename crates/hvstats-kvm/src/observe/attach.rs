@@ -11,6 +11,10 @@ use super::qmp::Cancel;
 pub struct ObserveOptions {
     /// A QMP socket of the VMM (QEMU) for KVM's statistics and vCPU threads.
     pub qmp: Option<PathBuf>,
+    /// libvirt's read-only socket, for the statistics of libvirt's domains; `None` takes the
+    /// socket of libvirt's `LIBVIRT_DEFAULT_URI`, else the usual places
+    /// ([`super::libvirt::SOCKETS`]).
+    pub libvirt: Option<PathBuf>,
     /// Ends every QMP wait at once when set (the observer is stopping).
     pub cancel: Cancel,
     /// The runtime directory in which each VMM is claimed before it is observed (see

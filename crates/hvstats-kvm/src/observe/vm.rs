@@ -17,6 +17,7 @@ use hvstats_abi::ObjectKind;
 use hvstats_abi::catalog::{self, CounterId};
 use hvstats_abi::counter_set::CounterSet;
 use hvstats_abi::source::Source;
+use hvstats_abi::vm_sources::{SourceEntry, SourceTable};
 
 use super::attach::{ObserveError, ObserveOptions};
 use super::claim::Claim;
@@ -257,8 +258,38 @@ impl ObservedVm {
         missing.partition.ids().chain(missing.vp.ids()).collect()
     }
 
+    /// The VM's sources, whether each gives counters now and from when it counts, and which
+    /// writes each counter: what its partition page tells readers.
+    pub fn source_table(&self) -> SourceTable {
+        let mut table = SourceTable::default();
+        let numbers: Vec<Option<u8>> = self
+            .sources
+            .sources()
+            .iter()
+            .map(|s| {
+                let gives = s.gives();
+                let up = !(gives.partition.is_empty() && gives.vp.is_empty());
+                table.push(SourceEntry::new(s.name(), up, s.origin()))
+            })
+            .collect();
+        let relevant = relevant();
+        let ids = relevant.partition.ids().map(|id| (Object::Partition, id));
+        for (object, id) in ids.chain(relevant.vp.ids().map(|id| (Object::Vp(0), id))) {
+            if let Some(number) =
+                self.sources.writer_index(object, id).and_then(|i| numbers.get(i).copied().flatten())
+            {
+                table.set_writer(id, number);
+            }
+        }
+        table
+    }
+
     /// Declares the counters no source gives this VM now, when that changed.
     fn publish_facts(&mut self) {
+        let page = self.partition.page();
+        for (row, value) in self.source_table().rows() {
+            page.set(row, value);
+        }
         let unavailable = self.unavailable();
         if self.declared.as_ref() != Some(&unavailable) {
             publication::declare_unavailable(&self.partition, &unavailable);

@@ -1,5 +1,6 @@
 //! KVM's statistics of a QEMU VM through its QMP socket (`query-stats`): every vCPU statistic
-//! and VM statistic the catalog keys, counted from attach (the value at attach is taken off).
+//! and VM statistic the catalog keys, mapped by [`kvm_stat_map`]: KVM's own whole-life values,
+//! counted from the vCPU's creation.
 //! QMP also says which thread runs each vCPU (`query-cpus-fast`) and the VM's name
 //! (`query-name`), which the observer asks this source for.
 //!
@@ -10,14 +11,15 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use hvstats::SharedPage;
-use hvstats_abi::catalog::{self, Maintained};
+use hvstats_abi::ObjectKind;
 use hvstats_abi::counter_set::CounterSet;
-use hvstats_abi::source::{KvmStat, Source};
-use hvstats_abi::{Counter, ObjectKind};
 
+use hvstats_abi::vm_sources::Origin;
+
+use super::kvm_stat_map;
 use super::vm_source::{VcpuThread, VmAttach, VmSource, VmView};
 use crate::observe::attach::ObserveError;
-use crate::observe::qmp::{KvmStatsReply, Qmp, QmpError, StatValues};
+use crate::observe::qmp::{KvmStatsReply, Qmp, QmpError};
 use crate::sources::counter_source::{CounterSource, Gives, Object};
 
 /// The deadline of one QMP exchange (the connect and greeting, or one command and its reply).
@@ -82,35 +84,6 @@ impl QmpStats {
             self.now = None;
         }
     }
-
-    /// The statistics of `object` now and at attach.
-    fn values(&self, object: Object) -> Option<(&StatValues, &StatValues)> {
-        let (now, then) = (self.now.as_ref()?, self.at_attach.as_ref()?);
-        match object {
-            Object::Partition => Some((&now.vm, &then.vm)),
-            Object::Vp(index) => {
-                let q = self.qom_paths.get(&index)?;
-                Some((now.vcpus.get(q)?, then.vcpus.get(q)?))
-            }
-        }
-    }
-}
-
-/// The statistics the observed key of `counter` sums, for `kind`'s object.
-fn stat_names(counter: &Counter, kind: ObjectKind) -> Option<&'static [&'static str]> {
-    match (kind, catalog::observed(counter).and_then(Maintained::source)?) {
-        (ObjectKind::Vp, Source::KvmStats(KvmStat::Vcpu(names))) => Some(names),
-        (ObjectKind::Partition, Source::KvmStats(KvmStat::Vm(names))) => Some(names),
-        _ => None,
-    }
-}
-
-/// A KVM statistic's count since attach: the sum over `names` of each one's growth, `None`
-/// when QEMU reports none of them now.
-fn since_attach(names: &[&str], now: &StatValues, then: &StatValues) -> Option<u64> {
-    let grown =
-        names.iter().filter_map(|n| Some(now.get(*n)?.saturating_sub(then.get(*n).copied().unwrap_or(0))));
-    grown.reduce(u64::saturating_add)
 }
 
 impl CounterSource for QmpStats {
@@ -119,26 +92,29 @@ impl CounterSource for QmpStats {
     }
 
     fn gives(&self) -> Gives {
-        // A statistic QEMU did not report at attach has no baseline: its counter is not given.
-        let Some(at) = &self.at_attach else { return Gives::NOTHING };
-        let has = |kind: ObjectKind, names: &[&str]| match kind {
-            ObjectKind::Partition => names.iter().any(|n| at.vm.contains_key(*n)),
-            _ => names.iter().any(|n| at.vcpus.values().any(|v| v.contains_key(*n))),
+        // KVM's statistics as QEMU last reported them (whole-life values), mapped as every source
+        // of KVM's statistics maps them.
+        let (Some(_), Some(last)) = (&self.at_attach, self.now.as_ref().or(self.at_attach.as_ref())) else {
+            return Gives::NOTHING;
         };
-        let of =
-            |kind| CounterSet::of_kind(kind, |c| stat_names(c, kind).is_some_and(|names| has(kind, names)));
-        Gives { partition: of(ObjectKind::Partition), vp: of(ObjectKind::Vp) }
+        let vp = last
+            .vcpus
+            .values()
+            .map(|v| kvm_stat_map::given_by(ObjectKind::Vp, v))
+            .reduce(|a, b| a.intersection(&b));
+        Gives {
+            partition: kvm_stat_map::given_by(ObjectKind::Partition, &last.vm),
+            vp: vp.unwrap_or_default(),
+        }
     }
 
     fn write(&self, object: Object, page: &SharedPage, only: &CounterSet) {
-        let Some((now, then)) = self.values(object) else { return };
-        let kind = match object {
-            Object::Partition => ObjectKind::Partition,
-            Object::Vp(_) => ObjectKind::Vp,
-        };
-        for counter in catalog::counters_of(kind).filter(|c| only.contains(c.id)) {
-            if let Some(v) = stat_names(counter, kind).and_then(|names| since_attach(names, now, then)) {
-                page.set(counter.id, v);
+        let Some(now) = &self.now else { return };
+        match object {
+            Object::Partition => kvm_stat_map::write(ObjectKind::Partition, page, only, &now.vm),
+            Object::Vp(index) => {
+                let Some(values) = self.qom_paths.get(&index).and_then(|q| now.vcpus.get(q)) else { return };
+                kvm_stat_map::write(ObjectKind::Vp, page, only, values);
             }
         }
     }
@@ -192,5 +168,9 @@ impl VmSource for QmpStats {
 
     fn fds(&self) -> usize {
         usize::from(self.qmp.is_some())
+    }
+
+    fn origin(&self) -> Origin {
+        Origin::VcpuCreation
     }
 }

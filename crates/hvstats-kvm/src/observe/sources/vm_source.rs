@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 
+use hvstats_abi::vm_sources::Origin;
+
 use super::event_writer::KvmExitState;
 use crate::sources::counter_source::CounterSource;
 
@@ -101,6 +103,12 @@ pub trait VmSource: CounterSource {
     /// counts on threads.
     fn threads_counted(&self) -> Option<(usize, usize)> {
         None
+    }
+
+    /// From when its counters count: what it counts itself from attach (the default), or KVM's
+    /// own statistics from the vCPU's creation.
+    fn origin(&self) -> Origin {
+        Origin::Attach
     }
 
     /// How it counts, said for a log (in the kernel, or by perf counters, and why), if that
