@@ -968,7 +968,8 @@ mod observed_tests {
 
     #[test]
     fn each_exit_row_is_counted_as_the_observed_key_of_its_class_counter_says() {
-        use crate::exit_reason::{Counted, SVM, VMX, added_filter};
+        use crate::exit_filter::added_filter;
+        use crate::exit_reason::{Counted, SVM, VMX};
         for r in VMX.iter().chain(SVM) {
             let counter = r.class.counter().counter().unwrap();
             let tracepoint = match observed(counter).and_then(Maintained::source) {

@@ -300,10 +300,10 @@ impl Tracepoint {
     }
 
     /// For the `kvm_exit` parts, the intercept class whose exits [`Counted::Added`] to its
-    /// counter's tracepoint they count (their filter is [`exit_reason::added_filter`]).
+    /// counter's tracepoint they count (their filter is [`exit_filter::added_filter`]).
     ///
     /// [`Counted::Added`]: crate::exit_reason::Counted::Added
-    /// [`exit_reason::added_filter`]: crate::exit_reason::added_filter
+    /// [`exit_filter::added_filter`]: crate::exit_filter::added_filter
     pub const fn exit_class(self) -> Option<InterceptClass> {
         Some(match self {
             Tracepoint::ExitApicAccess => InterceptClass::ApicAccess,

@@ -304,7 +304,7 @@ fn a_rehearsal_counts_each_record_as_the_attached_program_counts_the_same_firing
     let fields = hvstats_host::bpf::filter::parse_format(&format);
     let id: u64 = format.lines().find_map(|l| l.strip_prefix("ID: ")).unwrap().trim().parse().unwrap();
     let mut record = vec![0u8; 32];
-    let mut put = |record: &mut Vec<u8>, name: &str, v: u64| {
+    let put = |record: &mut Vec<u8>, name: &str, v: u64| {
         let f = fields[name];
         let at = usize::from(f.offset);
         record[at..at + usize::from(f.size)].copy_from_slice(&v.to_le_bytes()[..usize::from(f.size)]);

@@ -8,7 +8,8 @@
 //! class its row names (Other for the rest), be added to the tracepoint counters its row says, and
 //! open exactly its class's span until `kvm_entry` closes it. The same records go through the
 //! evaluator the filters compile to (which needs no privilege), and, record by record, into the
-//! VP counters the writers make of them.
+//! VP counters the writers make of them; so do AVIC's unaccelerated accesses
+//! (`kvm_avic_unaccelerated_access`), which the APIC counters add.
 //!
 //! The records are built from the format text (`events/kvm/kvm_exit/format`): this host's when it
 //! has one, and the kernel's as printed with and without the `requests` field it gained. The
@@ -83,6 +84,19 @@ const KVM_ENTRY: &str = "name: kvm_entry\nID: 115\nformat:\n\
 \tfield:bool immediate_exit;\toffset:24;\tsize:1;\tsigned:0;\n\
 \tfield:u32 intr_info;\toffset:28;\tsize:4;\tsigned:0;\n\
 \tfield:u32 error_code;\toffset:32;\tsize:4;\tsigned:0;\n\n";
+
+/// `kvm:kvm_avic_unaccelerated_access` (6.18).
+const KVM_AVIC_UNACCELERATED_ACCESS: &str = "name: kvm_avic_unaccelerated_access\nID: 60\nformat:\n\
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\
+\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;\n\
+\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;\n\
+\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\
+\n\
+\tfield:u32 vcpu;\toffset:8;\tsize:4;\tsigned:0;\n\
+\tfield:u32 offset;\toffset:12;\tsize:4;\tsigned:0;\n\
+\tfield:bool ft;\toffset:16;\tsize:1;\tsigned:0;\n\
+\tfield:bool rw;\toffset:17;\tsize:1;\tsigned:0;\n\
+\tfield:u32 vec;\toffset:20;\tsize:4;\tsigned:0;\n\n";
 
 fn host_format(name: &str) -> Option<String> {
     std::fs::read_to_string(Path::new("/sys/kernel/tracing/events/kvm").join(name).join("format")).ok()
@@ -330,7 +344,11 @@ impl Rehearsal {
         let formats = |system: &str, name: &str| match (system, name) {
             ("kvm", "kvm_exit") => Some(exit_format.to_owned()),
             ("kvm", "kvm_entry") => Some(host_format("kvm_entry").unwrap_or_else(|| KVM_ENTRY.to_owned())),
-            // Only kvm_exit and kvm_entry fire here: the other tracepoints' programs are left out.
+            ("kvm", "kvm_avic_unaccelerated_access") => Some(
+                host_format("kvm_avic_unaccelerated_access")
+                    .unwrap_or_else(|| KVM_AVIC_UNACCELERATED_ACCESS.to_owned()),
+            ),
+            // Only these fire here: the other tracepoints' programs are left out.
             _ => None,
         };
         let tally = match Tally::rehearsal(&formats, &counted, &spans, ThreadTable::for_host()) {
@@ -521,10 +539,26 @@ fn exit_fed_counters() -> Vec<CounterId> {
     ids
 }
 
+/// A VP page as the event writers write it from one thread's `counts` (by event of the list, as
+/// the events source hands each writer its own), `kvm_exit` seen to fire.
+fn page_of(isa: u32, counts: &[Option<u64>]) -> SharedPage {
+    let all = CounterSet::of_kind(ObjectKind::Vp, |_| true);
+    let page = SharedPage::anonymous(ObjectKind::Vp).unwrap();
+    let mut at = 0;
+    for writer in WRITERS {
+        let n = writer.events(Some(isa)).len();
+        let reading =
+            ThreadReading { counts: &counts[at..at + n], guest_100ns: None, kvm_exit: KvmExitState::Fires };
+        writer.write(&reading, &page, &all);
+        at += n;
+    }
+    assert_eq!(at, counts.len());
+    page
+}
+
 #[test]
 fn each_exit_adds_one_to_the_vp_counter_the_kernel_sources_say() {
     let test = "each_exit_adds_one_to_the_vp_counter_the_kernel_sources_say";
-    let all = CounterSet::of_kind(ObjectKind::Vp, |_| true);
     for isa in [ISA_VMX, ISA_SVM] {
         let Some(r) = Rehearsal::new(isa, KVM_EXIT, test) else { return };
         for &(_, exit_reason, intr_info, info1, counter) in FACTS.iter().filter(|f| f.0 == isa) {
@@ -538,19 +572,7 @@ fn each_exit_adds_one_to_the_vp_counter_the_kernel_sources_say() {
             // (kvm_mmio, kvm_msr, …: no program here) counted 0.
             let counts: Vec<Option<u64>> =
                 r.layout.columns.iter().map(|c| Some(c.map_or(0, |c| after[c] - before[c]))).collect();
-            let page = SharedPage::anonymous(ObjectKind::Vp).unwrap();
-            let mut at = 0;
-            for writer in WRITERS {
-                let n = writer.events(Some(isa)).len();
-                let reading = ThreadReading {
-                    counts: &counts[at..at + n],
-                    guest_100ns: None,
-                    kvm_exit: KvmExitState::Fires,
-                };
-                writer.write(&reading, &page, &all);
-                at += n;
-            }
-            assert_eq!(at, counts.len());
+            let page = page_of(isa, &counts);
             let what = format!(
                 "isa {isa}, exit_reason {exit_reason:#x}, intr_info {intr_info:#x}, info1 {info1:#x}"
             );
@@ -665,4 +687,43 @@ fn docs_exits_md_holds_the_exit_tables() {
         stale.is_empty(),
         "docs/exits.md: the {stale:?} tables differ from the code's (HVSTATS_UPDATE_DOCS=1 rewrites them)"
     );
+}
+
+#[test]
+fn avic_writes_kvm_completes_after_the_fact_are_added_to_apic_mmio_accesses_but_eoi() {
+    // avic.c: a trap-like unaccelerated access (ft) is a write KVM completes without emulating
+    // it, which kvm_mmio does not see; a fault is emulated (kvm_mmio sees it); the EOI's trap is
+    // counted from kvm_exit (0x402 with EXITINFO1 0x1000000B0) as an EOI.
+    let test = "avic_writes_are_added_to_apic_mmio_accesses";
+    let Some(r) = Rehearsal::new(ISA_SVM, KVM_EXIT, test) else { return };
+    let name = "kvm_avic_unaccelerated_access";
+    let format =
+        RecordFormat::parse(&host_format(name).unwrap_or_else(|| KVM_AVIC_UNACCELERATED_ACCESS.to_owned()));
+    let part = (0..r.layout.specs.len())
+        .find(|&i| r.layout.specs[i] == tracepoint_event(Tracepoint::AvicTrap))
+        .unwrap();
+    let column = r.layout.columns[part].unwrap();
+    for (offset, trap, write, added) in
+        [(0x300, 1, 1, 1), (0x320, 1, 1, 1), (0xb0, 1, 1, 0), (0x300, 0, 1, 0), (0x80, 0, 0, 0)]
+    {
+        let before = r.read();
+        let record = format
+            .record(gettid(), &[("vcpu", 1), ("offset", offset), ("ft", trap), ("rw", write), ("vec", 0)]);
+        assert_eq!(r.tally.fire("kvm", name, &record).unwrap(), 1);
+        let after = r.read();
+        assert_eq!(after[column] - before[column], added, "offset {offset:#x}, trap {trap}");
+        // Into the page: APIC MMIO accesses gains it, and only it.
+        let counts: Vec<Option<u64>> =
+            r.layout.columns.iter().map(|c| Some(c.map_or(0, |c| after[c] - before[c]))).collect();
+        let page = page_of(ISA_SVM, &counts);
+        for id in exit_fed_counters() {
+            let expected = if id == vp::APIC_MMIO_ACCESSES { added } else { 0 };
+            assert_eq!(
+                page.get(id),
+                expected,
+                "offset {offset:#x}, trap {trap}: {}",
+                id.counter().unwrap().name
+            );
+        }
+    }
 }

@@ -29,7 +29,7 @@ pub use hvstats_abi::source::Tracepoint;
 pub fn filter(tp: Tracepoint) -> Option<String> {
     // The kvm_exit parts: the exits of a class the exit tables add to its tracepoint's count.
     if let Some(class) = tp.exit_class() {
-        return hvstats_abi::exit_reason::added_filter(class).map(|f| f.to_string());
+        return hvstats_abi::exit_filter::added_filter(class).map(|f| f.to_string());
     }
     // kvm_mmio type: 0 unsatisfied read (the read is then traced again), 1 read, 2 write.
     let (page, end) = (apic::APIC_BASE, apic::APIC_BASE + apic::APIC_PAGE_SIZE);

@@ -13,6 +13,7 @@ use hvstats::SharedPage;
 use hvstats_abi::ObjectKind;
 use hvstats_abi::catalog::{self, Counter, Maintained};
 use hvstats_abi::counter_set::CounterSet;
+use hvstats_abi::exit_filter;
 use hvstats_abi::exit_reason::{self, InterceptClass};
 use hvstats_abi::source::Source;
 
@@ -24,7 +25,7 @@ use crate::sources::counter_source::Gives;
 /// that matches none where the architecture has no exit of the class (so that every class keeps
 /// its place in the list, and no exit is counted in two).
 pub fn class_filter(isa: u32, class: InterceptClass) -> String {
-    exit_reason::class_filter(isa, class).map_or_else(|| exit_reason::NO_EXIT.to_owned(), |f| f.to_string())
+    exit_filter::class_filter(isa, class).map_or_else(|| exit_filter::NO_EXIT.to_owned(), |f| f.to_string())
 }
 
 /// The classes counted by their own `kvm_exit` filter (all but Other, which is the rest).
@@ -155,7 +156,7 @@ mod tests {
             "(exit_reason >= 0x20 && exit_reason <= 0x2f) || (exit_reason >= 0x30 && exit_reason <= 0x3f)"
         );
         // SVM has no TPR exit: not `exit_reason == 0xffffffff`, which is SVM_EXIT_ERR.
-        assert_eq!(class_filter(ISA_SVM, InterceptClass::ApicTpr), exit_reason::NO_EXIT);
+        assert_eq!(class_filter(ISA_SVM, InterceptClass::ApicTpr), exit_filter::NO_EXIT);
     }
 
     #[test]
