@@ -324,7 +324,7 @@ catalog! {
             "The average time (in nanoseconds) spent processing an HLT instruction.";
         Release 11 MWAIT_INSTRUCTIONS "MWAIT instructions/sec", Count, Rate,
             No("KVM counts no MWAIT exits"),
-            observed By(KvmExit(Ic::Mwait), "MWAIT/MONITOR exits on VMX/SVM hosts only"),
+            observed By(KvmExit(Ic::Mwait), "MWAIT exits on VMX/SVM hosts only"),
             "The rate of MWAIT instructions executed by guest code on a virtual processor.";
         Release 12 MWAIT_INSTRUCTIONS_COST "MWAIT instructions cost", Time100ns, Cost,
             No(NO_TIME),
@@ -374,7 +374,8 @@ catalog! {
             No(NO_TIME),
             "The average time (in nanoseconds) spent handling a debug register access.";
         Release 27 PAGE_FAULT_INTERCEPTS "Page fault intercepts/sec", Count, Rate,
-            By(KvmStats(KvmStat::Vcpu(&["pf_taken"])), "vCPU stat pf_taken; stays 0 under KVM's instruction emulator, which takes no MMU faults"),
+            No("KVM counts no #PF exits: its pf_taken counts its MMU's faults, nested page faults under EPT/NPT (Nested page fault intercepts)"),
+            observed By(KvmExit(Ic::PageFault), "#PF exception exits on VMX/SVM hosts only"),
             "The rate of page fault exceptions intercepted by the hypervisor while executing guest code on the virtual processor.";
         Release 28 PAGE_FAULT_INTERCEPTS_COST "Page fault intercepts cost", Time100ns, Cost,
             No(NO_TIME),
@@ -494,6 +495,15 @@ catalog! {
         Release 65 CPU_WAIT_TIME_PER_DISPATCH "CPU wait time per dispatch", Nanoseconds, Cost,
             By(ThreadTime(ThreadTime::CpuWait), "schedstat of the VP thread: time runnable on a run queue, waiting for a CPU"),
             "The average time (in nanoseconds) the virtual processor waited for a logical processor to run on, per dispatch; as a share of elapsed time, the time it was ready but not running.";
+        // Release 1.2 (see APPENDED): faults of the second-level translation, which Hyper-V counts
+        // apart from the guest's own page faults (its NestedPageFaultIntercepts, WHv's
+        // NestedPageFault intercept pair).
+        Release 66 NESTED_PAGE_FAULT_INTERCEPTS "Nested page fault intercepts/sec", Count, Rate,
+            By(KvmStats(KvmStat::Vcpu(&["pf_taken"])), "vCPU stat pf_taken: the faults KVM's MMU takes, under EPT/NPT the EPT violations and NPFs it does not resolve as MMIO; stays 0 under KVM's instruction emulator"),
+            "The rate of nested page fault intercepts (faults of the second-level address translation: EPT violations and misconfigurations, NPT faults) taken by guest code on the virtual processor.";
+        Release 67 NESTED_PAGE_FAULT_INTERCEPTS_COST "Nested page fault intercepts cost", Time100ns, Cost,
+            No(NO_TIME),
+            "The average time (in nanoseconds) spent processing a nested page fault intercept.";
         // hvstats' own group: skipped by TLFS readers.
         Hvstats 1 SEQUENCE "Sequence", Count, Instant,
             By(Authority, "made odd before and even after every merge of kernel counters into the page"),
@@ -635,6 +645,8 @@ pub struct Appended {
 pub const APPENDED: &[Appended] = &[
     // Release 1.1 of the VP page: dispatches and CPU wait time.
     Appended { kind: ObjectKind::Vp, group: GroupKind::Release, minor: 1, first_index: 64 },
+    // Release 1.2 of the VP page: nested page fault intercepts and their time.
+    Appended { kind: ObjectKind::Vp, group: GroupKind::Release, minor: 2, first_index: 66 },
     // hvstats 1.1 of the VP page: the host's page faults on the VP thread.
     Appended { kind: ObjectKind::Vp, group: GroupKind::Hvstats, minor: 1, first_index: 266 },
 ];
@@ -827,6 +839,7 @@ impl InterceptClass {
             InterceptClass::PendingInterrupt => vp::PENDING_INTERRUPTS,
             InterceptClass::DebugRegister => vp::DEBUG_REGISTER_ACCESSES,
             InterceptClass::PageFault => vp::PAGE_FAULT_INTERCEPTS,
+            InterceptClass::NestedPageFault => vp::NESTED_PAGE_FAULT_INTERCEPTS,
             InterceptClass::ApicAccess => vp::APIC_MMIO_ACCESSES,
             InterceptClass::ApicEoi => vp::APIC_EOI_ACCESSES,
             InterceptClass::ApicTpr => vp::APIC_TPR_ACCESSES,
@@ -1069,6 +1082,64 @@ mod observed_tests {
             Some(Source::ThreadTime(ThreadTime::CpuWait))
         );
         assert_eq!(Source::Tracepoint(Tracepoint::UserspaceIo).name(), "userspace-exit");
+    }
+
+    #[test]
+    fn each_exit_row_is_counted_as_the_observed_key_of_its_class_counter_says() {
+        use crate::exit_filter::added_filter;
+        use crate::exit_reason::{Counted, SVM, VMX};
+        for r in VMX.iter().chain(SVM) {
+            let counter = r.class.counter().counter().unwrap();
+            let tracepoint = match observed(counter).and_then(Maintained::source) {
+                Some(Source::Tracepoint(tp)) => Some(tp),
+                _ => None,
+            };
+            match r.counted {
+                // The exit classes write the counter: no tracepoint does.
+                Counted::Exit => assert_eq!(tracepoint, None, "{r:?}"),
+                Counted::Tracepoint(name) => {
+                    assert!(name.contains(tracepoint.unwrap().event()), "{r:?}")
+                }
+                // A kvm_exit part of the class is added to the tracepoint's count.
+                Counted::Added => assert!(
+                    tracepoint.unwrap().added().iter().any(|p| p.exit_class() == Some(r.class)),
+                    "{r:?}"
+                ),
+            }
+        }
+        // Every kvm_exit part counts added exits, and is added to its class counter's tracepoint.
+        for part in Tracepoint::ALL.into_iter().filter(|tp| tp.exit_class().is_some()) {
+            let class = part.exit_class().unwrap();
+            assert!(added_filter(class).is_some(), "{part:?}");
+            let counter = class.counter().counter().unwrap();
+            let Some(Source::Tracepoint(tp)) = observed(counter).and_then(Maintained::source) else {
+                panic!("{part:?}: {} is not counted from a tracepoint", counter.name)
+            };
+            assert!(tp.added().contains(&part), "{part:?}");
+        }
+    }
+
+    #[test]
+    fn page_faults_of_the_guest_and_of_the_second_level_translation_are_two_counters() {
+        // #PF intercepts: from kvm_exit only; KVM's pf_taken (its MMU's faults, EPT/NPT faults
+        // under nested paging) is the nested page fault count.
+        assert_eq!(
+            observed_source(vp::PAGE_FAULT_INTERCEPTS),
+            Some(Source::KvmExit(InterceptClass::PageFault))
+        );
+        assert!(!vp::PAGE_FAULT_INTERCEPTS.counter().unwrap().maintained.is_maintained());
+        assert_eq!(
+            vp::NESTED_PAGE_FAULT_INTERCEPTS.counter().unwrap().maintained.source(),
+            Some(Source::KvmStats(KvmStat::Vcpu(&["pf_taken"])))
+        );
+        assert_eq!(
+            observed_source(vp::NESTED_PAGE_FAULT_INTERCEPTS_COST),
+            Some(Source::KvmExitTime(InterceptClass::NestedPageFault))
+        );
+        // Appended as seed 004 says: a new minor of the release group.
+        assert_eq!(vp::NESTED_PAGE_FAULT_INTERCEPTS.introduced_in(), 2);
+        assert_eq!(GroupKind::Release.version(ObjectKind::Vp), GroupVersion { major: 1, minor: 2 });
+        assert_eq!(counters_at(ObjectKind::Vp, GroupKind::Release, 1), 65);
     }
 
     #[test]

@@ -24,6 +24,7 @@ pub mod catalog;
 pub mod counter;
 pub mod counter_set;
 pub mod cpuid;
+pub mod exit_filter;
 pub mod exit_reason;
 pub mod group;
 pub mod hal;

@@ -74,9 +74,9 @@ fn catalog_json_lists_every_counter_of_the_catalog() {
     let o = hvstats(&["catalog", "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let rows: Vec<Value> = serde_json::from_slice(&o.stdout).expect("JSON array");
-    // The 96 of seed 001, 2 appended in VP release 1.1, 9 + 2 in hvstats' own group (1.1), and
-    // the 29 rows of the partition page's own group saying which source gave what.
-    assert_eq!(rows.len(), 96 + 2 + 9 + 2 + 29);
+    // The 96 of seed 001, 2 appended in VP release 1.1 and 2 in 1.2, 9 + 2 in hvstats' own group
+    // (1.1), and the 29 rows of the partition page's own group saying which source gave what.
+    assert_eq!(rows.len(), 96 + 2 + 2 + 9 + 2 + 29);
     assert_eq!(rows.len(), CATALOG.len());
     for (row, c) in rows.iter().zip(CATALOG) {
         assert_eq!(row["object"], c.id.kind.short_name());
@@ -202,8 +202,8 @@ fn dump_reads_a_newer_minor_and_lists_unknown_groups() {
     let mut b = PageBuilder::new();
     b.group(GroupType(7), GroupVersion { major: 3, minor: 4 }, &[1, 2]).unwrap();
     b.group(GroupType::ARCHITECTURAL, GroupVersion::V1_0, &[11, 12]).unwrap();
-    let release: Vec<u64> = (1..=68).map(|i| 100 + i).collect();
-    b.group(GroupType::RELEASE, GroupVersion { major: 1, minor: 2 }, &release).unwrap();
+    let release: Vec<u64> = (1..=70).map(|i| 100 + i).collect();
+    b.group(GroupType::RELEASE, GroupVersion { major: 1, minor: 3 }, &release).unwrap();
     b.group(GroupType::INTERNAL, GroupVersion::V1_0, &[0; 4]).unwrap();
     let path = page_file("newer", &page_bytes(&b.finish()));
 
@@ -213,8 +213,9 @@ fn dump_reads_a_newer_minor_and_lists_unknown_groups() {
     assert_eq!(v["counters"]["Hypercalls/sec"], 101);
     assert_eq!(v["counters"]["Virtual processor hypercalls/sec"], 163);
     assert_eq!(v["counters"]["CPU wait time per dispatch"], 165);
+    assert_eq!(v["counters"]["Nested page fault intercepts cost"], 167);
     let release = &v["groups"][1];
-    assert_eq!(release["version"], "1.2");
+    assert_eq!(release["version"], "1.3");
     assert_eq!(release["extra_counters"], 3);
     let unknown = v["unknown_groups"].as_array().unwrap();
     assert_eq!(unknown.len(), 2);
@@ -226,12 +227,12 @@ fn dump_reads_a_newer_minor_and_lists_unknown_groups() {
     assert_eq!((&unknown[1]["type"], &unknown[1]["name"]), (&14.into(), &"internal".into()));
 
     let text = stdout(&hvstats(&["dump", path.to_str().unwrap()]));
-    assert!(text.contains("version 1.2 at byte 48: 68 counters, 3 more from a newer minor"), "{text}");
+    assert!(text.contains("version 1.3 at byte 48: 70 counters, 3 more from a newer minor"), "{text}");
     assert!(
         text.contains("unknown groups (skipped):\n  byte 0: type 7 (unknown) version 3.4, length 16"),
         "{text}"
     );
-    assert!(text.contains("byte 600: type 14 (internal) version 1.0, length 32"), "{text}");
+    assert!(text.contains("byte 616: type 14 (internal) version 1.0, length 32"), "{text}");
 }
 
 #[test]
@@ -388,11 +389,11 @@ fn dump_names_the_release_1_1_counters_and_shows_histograms() {
     assert_eq!(io["p99_ns_at_most"], 131_071);
     assert_eq!(v["histograms"]["Halt wait histogram"]["count"], 0);
     assert_eq!(v["groups"][2]["group"], "hvstats");
-    assert_eq!(v["groups"][1]["version"], "1.1");
+    assert_eq!(v["groups"][1]["version"], "1.2");
 
     let text = stdout(&hvstats(&["dump", path.to_str().unwrap()]));
-    assert!(text.contains("group release (type 3) version 1.1 at byte 24: 65 counters\n"), "{text}");
-    assert!(text.contains("group hvstats (type 18518) version 1.1 at byte 552"), "{text}");
+    assert!(text.contains("group release (type 3) version 1.2 at byte 24: 67 counters\n"), "{text}");
+    assert!(text.contains("group hvstats (type 18518) version 1.1 at byte 568"), "{text}");
     let line = text.lines().find(|l| l.starts_with("CPU wait time per dispatch")).unwrap();
     assert!(line.ends_with("1234567  ns"), "{line}");
     let at = text.find("IO intercept time histogram").unwrap();
@@ -423,13 +424,13 @@ fn dump_decodes_a_1_0_page_and_lists_the_1_1_counters_as_absent() {
     }
     let release = &v["groups"][1];
     assert_eq!((&release["version"], &release["counters"]), (&"1.0".into(), &63.into()));
-    assert_eq!((&release["absent_counters"], &release["extra_counters"]), (&2.into(), &0.into()));
+    assert_eq!((&release["absent_counters"], &release["extra_counters"]), (&4.into(), &0.into()));
     assert_eq!(v["groups"].as_array().unwrap().len(), 2, "no hvstats group");
 
     let o = hvstats(&["dump", path.to_str().unwrap(), "--type", "vp"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
-    assert!(text.contains("version 1.0 at byte 24: 63 counters, 2 of a later minor absent"), "{text}");
+    assert!(text.contains("version 1.0 at byte 24: 63 counters, 4 of a later minor absent"), "{text}");
     let cells = |name: &str| {
         let line = text.lines().find(|l| l.starts_with(name)).unwrap();
         line.split_whitespace().rev().take(2).collect::<Vec<_>>()

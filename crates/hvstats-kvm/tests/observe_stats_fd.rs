@@ -199,7 +199,7 @@ fn a_vmms_own_stats_descriptor_gives_every_kvm_statistic_as_the_vmm_reads_it() {
     assert_eq!(page.get(vp::EXTERNAL_INTERRUPTS), vmm.stat("irq_exits"));
     assert_eq!(page.get(vp::PENDING_INTERRUPTS), vmm.stat("irq_window_exits"));
     assert_eq!(page.get(vp::PAGE_INVALIDATIONS), vmm.stat("invlpg"));
-    assert_eq!(page.get(vp::PAGE_FAULT_INTERCEPTS), vmm.stat("pf_taken"));
+    assert_eq!(page.get(vp::NESTED_PAGE_FAULT_INTERCEPTS), vmm.stat("pf_taken"));
     assert_eq!(page.get(vp::REFLECTED_GUEST_PAGE_FAULTS), vmm.stat("pf_guest"));
     assert_eq!(page.get(vp::VIRTUAL_INTERRUPTS), vmm.stat("irq_injections"));
     assert_eq!(page.get(vp::HYPERCALLS), vmm.stat("hypercalls"));
