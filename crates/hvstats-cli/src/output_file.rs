@@ -191,6 +191,15 @@ impl Node {
     }
 }
 
+/// Checks that the directory `path` is reached by a walk that follows no component another user
+/// controls (see the module documentation), as a socket's directory must be.
+///
+/// # Errors
+/// When it cannot be opened, or the walk meets such a component.
+pub fn check_dir(path: &Path) -> anyhow::Result<()> {
+    open_dir(path).map(drop)
+}
+
 /// Opens the directory `path` by a walk that follows no component another user controls (see
 /// the module documentation).
 fn open_dir(path: &Path) -> anyhow::Result<OwnedFd> {
