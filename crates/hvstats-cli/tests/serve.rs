@@ -984,3 +984,142 @@ fn a_vp_page_of_1_0_exports_its_counters_and_no_series_for_the_1_1_ones() {
     let dispatches = format!("hvstats_vp_dispatches_total{{{}}}", labels(1));
     assert_eq!(sample(&text, &dispatches).as_deref(), Some("40"), "{text}");
 }
+
+/// Reads one HTTP/1.1 response (head and `Content-Length` body) from `reader`; its status.
+fn read_response(reader: &mut BufReader<TcpStream>) -> Option<u16> {
+    let mut status = None;
+    let mut length = 0usize;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).ok()? == 0 {
+            return None;
+        }
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if status.is_none() {
+            status = line.split_whitespace().nth(1)?.parse().ok();
+        } else if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            length = v.trim().parse().ok()?;
+        }
+    }
+    std::io::copy(&mut reader.by_ref().take(length as u64), &mut std::io::sink()).ok()?;
+    status
+}
+
+/// `GET path` on a new connection that must be answered within `deadline` (a hang guard):
+/// its status and body.
+fn answered_within(addr: SocketAddr, path: &str, deadline: Duration) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(deadline)).unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut reply = Vec::new();
+    let read = stream.read_to_end(&mut reply);
+    assert!(read.is_ok(), "{path} was not answered within {deadline:?}: {read:?}");
+    let text = String::from_utf8_lossy(&reply).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    (head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0), body.to_owned())
+}
+
+/// The attack of 64 keep-alive connections pipelining snapshots of a host publishing 16,384 VPs:
+/// the snapshot is capped (and says so), `/metrics` and `/healthz` answer during the attack and
+/// right after it, the server's memory stays bounded, and SIGTERM still stops it within a second.
+#[test]
+fn pipelined_snapshots_on_every_connection_stop_no_scrape_and_hold_bounded_memory() {
+    let tmp = TempDir::new("serve-snapshot-attack");
+    let hv = common::publish(tmp.path());
+    let partitions: Vec<_> = (0..64).map(|_| hv.create_partition(256).unwrap()).collect();
+    let (mut server, addr) = serve(tmp.path(), &["--snapshot-api", "--max-vps", "512"]);
+    let (status, body) = answered_within(addr, "/api/v1/snapshot", Duration::from_secs(60));
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((v["max_vps"].as_u64(), v["vps_left_out"].as_u64()), (Some(512), Some(16_384 - 512)));
+    let shown: usize = v["instances"][0]["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["vps"].as_array().unwrap().len())
+        .sum();
+    assert_eq!(shown, 512);
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let attackers: Vec<_> = (0..64)
+        .map(|_| {
+            let (stop, answered) = (stop.clone(), answered.clone());
+            std::thread::spawn(move || {
+                let Ok(stream) = TcpStream::connect(addr) else { return };
+                let mut writer = stream.try_clone().unwrap();
+                let mut reader = BufReader::new(stream);
+                let request = b"GET /api/v1/snapshot HTTP/1.1\r\nHost: x\r\n\r\n";
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    // Four pipelined at a time, then their answers.
+                    if writer.write_all(&request.repeat(4)).is_err() {
+                        return;
+                    }
+                    for _ in 0..4 {
+                        if read_response(&mut reader).is_none() {
+                            return;
+                        }
+                        answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    // During the attack: the scrapes and health checks are answered (a hang guard, not a timing).
+    let started = Instant::now();
+    while answered.load(std::sync::atomic::Ordering::Relaxed) < 64 && started.elapsed() < Duration::from_secs(120) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for _ in 0..2 {
+        assert_eq!(answered_within(addr, "/healthz", Duration::from_secs(30)).0, 200);
+        let (status, text) = answered_within(addr, "/metrics", Duration::from_secs(30));
+        assert_eq!(status, 200);
+        assert!(text.contains("hvstats_vp_hypercalls_total{"), "{}", &text[..text.len().min(300)]);
+    }
+    let peak = peak_rss_kib(server.pid());
+    // SIGTERM under that load: stopped within a second, as SECURITY.md says.
+    let asked = Instant::now();
+    assert!(Command::new("kill").arg("-TERM").arg(server.pid().to_string()).status().unwrap().success());
+    let exit = loop {
+        if let Some(exit) = server.0.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(asked.elapsed() < Duration::from_secs(1), "still running 1 s after SIGTERM under load");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(exit.success(), "{exit:?}");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for a in attackers {
+        let _ = a.join();
+    }
+    assert!(answered.load(std::sync::atomic::Ordering::Relaxed) >= 64, "the attackers got no answers");
+    assert!(peak < 256 * 1024, "serve grew to {peak} KiB under the attack");
+    drop(partitions);
+}
+
+/// The peak resident memory of process `pid` so far (VmHWM), in KiB.
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// After the attack ends, health is answered at once (no queue of readings left behind).
+#[test]
+fn health_is_answered_right_after_an_attack_of_pipelined_requests_ends() {
+    let tmp = TempDir::new("serve-after-attack");
+    let hv = common::publish(tmp.path());
+    let _partitions: Vec<_> = (0..16).map(|_| hv.create_partition(256).unwrap()).collect();
+    let (mut server, addr) = serve(tmp.path(), &["--snapshot-api", "--max-vps", "256"]);
+    // 64 connections each pipelining 16 requests, then gone without reading the answers.
+    for _ in 0..64 {
+        let mut stream = TcpStream::connect(addr).unwrap();
+        let _ = stream.write_all(&b"GET /api/v1/snapshot HTTP/1.1\r\nHost: x\r\n\r\n".repeat(16));
+    }
+    let (status, body) = answered_within(addr, "/healthz", Duration::from_secs(30));
+    assert_eq!((status, body.as_str()), (200, "ok: 1 instances, 4096 VPs\n"));
+    server.assert_alive();
+}
