@@ -1070,7 +1070,9 @@ fn pipelined_snapshots_on_every_connection_stop_no_scrape_and_hold_bounded_memor
         .collect();
     // During the attack: the scrapes and health checks are answered (a hang guard, not a timing).
     let started = Instant::now();
-    while answered.load(std::sync::atomic::Ordering::Relaxed) < 64 && started.elapsed() < Duration::from_secs(120) {
+    while answered.load(std::sync::atomic::Ordering::Relaxed) < 64
+        && started.elapsed() < Duration::from_secs(120)
+    {
         std::thread::sleep(Duration::from_millis(100));
     }
     for _ in 0..2 {
