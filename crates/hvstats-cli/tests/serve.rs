@@ -1125,3 +1125,83 @@ fn health_is_answered_right_after_an_attack_of_pipelined_requests_ends() {
     assert_eq!((status, body.as_str()), (200, "ok: 1 instances, 4096 VPs\n"));
     server.assert_alive();
 }
+
+/// A client that asks for `/metrics` and then reads its reply slowly (never stalled, so no write
+/// timeout ends it): holds its reply for as long as it likes, unless the server's
+/// budget of reply bytes closes it. Returns (bytes of the reply, bytes received, closed early).
+fn trickling_reader(
+    addr: SocketAddr,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> (std::thread::JoinHandle<(usize, usize, bool)>, std::sync::mpsc::Receiver<()>) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let (headed, head_arrived) = std::sync::mpsc::channel();
+    let thread = std::thread::spawn(move || {
+        stream.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        let (mut received, mut head, mut length) = (0usize, Vec::new(), None::<usize>);
+        // 64 KiB each 100 ms: fast enough that no write waits 10 s, slow enough to hold the
+        // reply for minutes.
+        let mut buf = vec![0u8; 64 << 10];
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            match stream.read(&mut buf) {
+                Ok(0) => return (length.unwrap_or(0), received, length.is_some_and(|l| received < l)),
+                Ok(n) if length.is_none() => {
+                    head.extend_from_slice(&buf[..n]);
+                    if let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let text = String::from_utf8_lossy(&head[..end]).to_ascii_lowercase();
+                        let l =
+                            text.lines().find_map(|l| l.strip_prefix("content-length:")?.trim().parse().ok());
+                        length = l;
+                        received = head.len() - end - 4;
+                        let _ = headed.send(());
+                    }
+                }
+                Ok(n) => received += n,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                    return (length.unwrap_or(0), received, true);
+                }
+                Err(_) => {}
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        (length.unwrap_or(0), received, false)
+    });
+    (thread, head_arrived)
+}
+
+/// Replies held by clients that read them slowly are bounded: past 128 MiB of replies in flight,
+/// the connection that has held its reply longest is closed, and the others go on.
+#[test]
+fn replies_held_by_slow_readers_stay_within_the_budget_by_closing_the_longest_held() {
+    let tmp = TempDir::new("serve-reply-budget");
+    let hv = common::publish(tmp.path());
+    let _partitions: Vec<_> = (0..12).map(|_| hv.create_partition(250).unwrap()).collect();
+    let log = tmp.path().join("serve.log");
+    let (mut server, addr) = serve_limited(tmp.path(), &[], 1024, &log);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Three of them, one after the other: three readings, three replies of 3,000 VPs each.
+    let mut readers = Vec::new();
+    for n in 0..3 {
+        let (reader, head_arrived) = trickling_reader(addr, stop.clone());
+        // Its reply begins before the next one asks (a hang guard, not a timing).
+        assert!(head_arrived.recv_timeout(Duration::from_secs(120)).is_ok(), "reply {n} never began");
+        readers.push(reader);
+    }
+    // The first reply was closed while the third was made: its reader sees the end soon.
+    std::thread::sleep(Duration::from_secs(1));
+    let health = answered_within(addr, "/healthz", Duration::from_secs(30));
+    assert_eq!(health.0, 200, "{health:?} {}", std::fs::read_to_string(&log).unwrap());
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let results: Vec<(usize, usize, bool)> = readers.into_iter().map(|r| r.join().unwrap()).collect();
+    let reply = results[0].0;
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        reply > 64 << 20 && reply < 128 << 20,
+        "a reply of {reply} bytes does not test the budget: {results:?} {said}"
+    );
+    assert!(results[0].2, "the longest-held reply was not closed: {results:?} {said}");
+    assert!(!results[2].2, "the newest reply was closed: {results:?}");
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(said.contains("replies in flight passed 128 MiB"), "{said}");
+    server.assert_alive();
+}

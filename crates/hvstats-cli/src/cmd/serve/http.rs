@@ -34,6 +34,7 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -648,6 +649,7 @@ async fn accept_loop(
             match stream {
                 Accepted::Tcp(s) => {
                     let _ = s.set_nodelay(true);
+                    let fd = s.as_raw_fd();
                     match context.web.as_ref().and_then(|w| w.tls()) {
                         Some(tls) => {
                             let handshake = tokio::time::timeout(
@@ -656,15 +658,18 @@ async fn accept_loop(
                             );
                             tokio::select! {
                                 done = handshake => if let Ok(Ok(s)) = done {
-                                    connection(s, id, close, context, stopping).await;
+                                    connection(s, fd, id, close, context, stopping).await;
                                 },
                                 () = close.notified() => {}
                             }
                         }
-                        None => connection(s, id, close, context, stopping).await,
+                        None => connection(s, fd, id, close, context, stopping).await,
                     }
                 }
-                Accepted::Unix(s) => connection(s, id, close, context, stopping).await,
+                Accepted::Unix(s) => {
+                    let fd = s.as_raw_fd();
+                    connection(s, fd, id, close, context, stopping).await;
+                }
             }
             drop(registered);
             drop(slot);
@@ -686,6 +691,7 @@ fn refuse(stream: &Accepted) {
 /// Serves one connection within its limits; it is closed when this returns.
 async fn connection<I>(
     stream: I,
+    fd: RawFd,
     id: u64,
     close: Arc<Notify>,
     context: Arc<Shared>,
@@ -716,8 +722,15 @@ async fn connection<I>(
         // A client's errors (a malformed request, a timeout, a reset) are the client's: the
         // connection ends and the server goes on.
         _ = conn.as_mut() => return,
-        // Closed to make room (the cap, or the budget of reply bytes): at once.
-        () = close.notified() => return,
+        // Closed to make room (the cap, or the budget of reply bytes): at once, the reply's
+        // bytes still queued in the kernel dropped with it (a reset, not a close that would
+        // deliver them first).
+        () = close.notified() => {
+            // SAFETY: `fd` is the socket `conn` owns, open until `conn` is dropped below.
+            let socket = unsafe { BorrowedFd::borrow_raw(fd) };
+            let _ = rustix::net::sockopt::set_socket_linger(socket, Some(Duration::ZERO));
+            return;
+        }
         _ = stopping.changed() => {}
         () = lifetime => {}
     }
