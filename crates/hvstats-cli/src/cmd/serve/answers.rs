@@ -3,12 +3,13 @@
 //! Reading every instance and encoding `/metrics` or a snapshot are the expensive part of a
 //! request; a client that asks for them in a loop (on many connections, pipelined) must not make
 //! the exporter do that work once per request, nor queue readings behind each other. So there is
-//! one reader, on a blocking thread: a request registers what it wants for the next reading and
-//! waits for it; the reader takes the next reading when anyone waits, publishes its health at
-//! once, then encodes each body wanted of it, once, into chunks every waiting connection sends
-//! ([`super::http::SharedBody`]). A request is answered from a reading begun after it arrived
-//! (so nothing is stale), whatever the number of requests waits for at most two readings and
-//! their encodings, and the memory of the answers is one reading and one body of each kind.
+//! one reader of bodies, on a blocking thread: a request registers what it wants for the next
+//! reading and waits for it; the reader takes the next reading when anyone waits, then encodes
+//! each body wanted of it, once, into chunks every waiting connection sends
+//! ([`super::http::SharedBody`]). `/healthz` has a reader of its own that only reads, so it never
+//! waits behind an encoding. A request is answered from a reading begun after it arrived (so
+//! nothing is stale), whatever the number of requests waits for at most two readings (and their
+//! encodings), and the memory of the answers is a reading and one body of each kind.
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -68,42 +69,59 @@ struct State {
     wanted: u8,
 }
 
-/// The reader and what it last made.
+/// Readings taken back to back while anyone waits for one, and the last one's answers.
+#[derive(Default)]
+struct Lane {
+    state: Mutex<State>,
+    published: watch::Sender<Arc<Generation>>,
+}
+
+impl Lane {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// The readers and what they last made: one lane for the bodies, one for health alone, so
+/// `/healthz` waits for a reading, never for an encoding.
 pub struct Answers {
     live: Live,
     max_vps: usize,
     bounds: Arc<Bounds>,
-    state: Mutex<State>,
-    published: watch::Sender<Arc<Generation>>,
+    bodies: Lane,
+    health: Lane,
 }
 
 impl Answers {
     /// Answers from `live`, exporting at most `max_vps` VPs one by one (and snapshotting at most
     /// as many), counting bodies against `bounds`.
     pub fn new(live: Live, max_vps: usize, bounds: Arc<Bounds>) -> Arc<Self> {
-        let (published, _) = watch::channel(Arc::new(Generation::default()));
-        Arc::new(Self { live, max_vps, bounds, state: Mutex::new(State::default()), published })
+        Arc::new(Self { live, max_vps, bounds, bodies: Lane::default(), health: Lane::default() })
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    fn lane(&self, want: Want) -> &Lane {
+        match want {
+            Want::Health => &self.health,
+            _ => &self.bodies,
+        }
     }
 
-    /// Asks the next reading for `want`; returns the number of the reading that will have it.
+    /// Asks the next reading of `want`'s lane for it; returns the number of the reading that
+    /// will have it.
     fn register(self: &Arc<Self>, want: Want) -> u64 {
-        let mut state = self.state();
+        let mut state = self.lane(want).state();
         state.wanted |= want.bit();
         if !state.running {
             state.running = true;
             let answers = Arc::clone(self);
-            tokio::task::spawn_blocking(move || answers.work());
+            tokio::task::spawn_blocking(move || answers.work(want == Want::Health));
         }
         state.started + 1
     }
 
     /// The answer to `want` from a reading begun after this call.
     pub async fn answer(self: Arc<Self>, want: Want) -> Reply {
-        let mut published = self.published.subscribe();
+        let mut published = self.lane(want).published.subscribe();
         loop {
             let need = self.register(want);
             let ready = |g: &Arc<Generation>| {
@@ -140,11 +158,13 @@ impl Answers {
         }
     }
 
-    /// The reader: readings back to back while anyone waits for one.
-    fn work(&self) {
+    /// A reader (of the health lane, or of the bodies'): readings back to back while anyone
+    /// waits for one.
+    fn work(&self, health: bool) {
+        let lane = if health { &self.health } else { &self.bodies };
         loop {
             let (number, wanted) = {
-                let mut state = self.state();
+                let mut state = lane.state();
                 if state.wanted == 0 {
                     state.running = false;
                     return;
@@ -158,7 +178,7 @@ impl Answers {
             let health = exposition::health(&reading);
             // Health at once (and the last reading's bodies let go of, but by the connections
             // still sending them), then room for the new bodies.
-            self.published.send_replace(Arc::new(Generation {
+            lane.published.send_replace(Arc::new(Generation {
                 number,
                 health: Some(health.clone()),
                 ..Default::default()
@@ -192,7 +212,7 @@ impl Answers {
                 });
             }
             drop(reading);
-            self.published.send_replace(Arc::new(generation));
+            lane.published.send_replace(Arc::new(generation));
         }
     }
 

@@ -239,6 +239,8 @@ pub struct Bounds {
     connections: Mutex<HashMap<u64, Connection>>,
     next: AtomicU64,
     bytes: AtomicUsize,
+    /// When the budget of reply bytes last closed connections, said at most once a minute.
+    room_said: Mutex<Option<Instant>>,
 }
 
 impl Bounds {
@@ -249,6 +251,7 @@ impl Bounds {
             connections: Mutex::new(HashMap::new()),
             next: AtomicU64::new(1),
             bytes: AtomicUsize::new(0),
+            room_said: Mutex::new(None),
         })
     }
 
@@ -343,10 +346,15 @@ impl Bounds {
                 std::thread::sleep(Duration::from_millis(5));
             }
         }
-        log(&format!(
-            "replies in flight passed {} MiB: closed {closed} connection(s) that held theirs longest",
-            limit >> 20
-        ));
+        let mut said = self.room_said.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if said.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+            log(&format!(
+                "replies in flight passed {} MiB: closed {closed} connection(s) that held theirs \
+                 longest (said once a minute at most)",
+                limit >> 20
+            ));
+            *said = Some(Instant::now());
+        }
     }
 }
 
@@ -487,10 +495,10 @@ pub fn serve<R>(
     handler: Handler,
 ) -> anyhow::Result<(Signal, R)> {
     // One thread accepts and drives every connection; readings, encodings and password checks
-    // run on at most three more, so a burst of requests cannot multiply threads.
+    // run on at most four more, so a burst of requests cannot multiply threads.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .max_blocking_threads(3)
+        .max_blocking_threads(4)
         .thread_name("hvstats-serve")
         .build()?;
     // SIGINT and SIGTERM are caught from here on, before `start` begins anything that must be
