@@ -98,7 +98,7 @@ pub(crate) fn write_capped(
         }
         out.write_all(b"]}")?;
     }
-    write!(out, "],\"max_vps\":{max_vps},\"vps_left_out\":{left_out}}}\n")?;
+    writeln!(out, "],\"max_vps\":{max_vps},\"vps_left_out\":{left_out}}}")?;
     Ok(left_out)
 }
 

@@ -42,6 +42,7 @@ fn root() -> bool {
 /// `path`: `Ok(())`, or the errno of its `connect`.
 fn nobody_connects(path: &Path) -> Result<(), i32> {
     let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: an all-zero sockaddr_un is a valid (empty) address, filled in below.
     let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
     for (dst, src) in addr.sun_path.iter_mut().zip(c.as_bytes_with_nul()) {
