@@ -4,9 +4,10 @@
 //! loopback), so every resource a client can make it hold is bounded here, and only here:
 //!
 //! - connections: at most [`Limits::max_connections`] at once; at the cap, the idlest connection
-//!   (a kept-alive one waiting longest for its next request, else the one whose request began
-//!   longest ago) is closed to admit the new one, so clients holding the cap cannot lock a
-//!   scraper out; the cap is logged once per run of such closes, not per connection;
+//!   (a kept-alive one waiting longest for its next request, else, of those waiting for an
+//!   answer, the one that has asked most) is closed to admit the new one, so clients holding the
+//!   cap cannot lock a scraper out; the cap is logged once per run of such closes, not per
+//!   connection;
 //! - the request head (request line and headers): at most [`Limits::max_head_bytes`], arriving in
 //!   full within [`Limits::header_read_timeout`] (the same deadline closes a keep-alive connection
 //!   that sends nothing more); a longer line is refused before it is buffered;
@@ -226,6 +227,8 @@ struct Connection {
     active_at: Instant,
     /// True from a request's head until its reply is handed over.
     busy: bool,
+    /// Requests it has made.
+    requests: u64,
     /// When it took the large reply it is sending, if it is sending one.
     holding_since: Option<Instant>,
     closing: bool,
@@ -272,6 +275,7 @@ impl Bounds {
             close: Arc::clone(&close),
             active_at: Instant::now(),
             busy: false,
+            requests: 0,
             holding_since: None,
             closing: false,
         };
@@ -285,11 +289,16 @@ impl Bounds {
         }
     }
 
-    /// Closes the idlest connection: idle ones (between requests, or still sending a head) before
-    /// busy ones, and among them the one inactive longest. False when none is left to close.
+    /// Closes the idlest connection: idle ones (between requests, or still sending a head), the
+    /// one inactive longest first; else, of those waiting for an answer, the one that has asked
+    /// most (a client asking again and again yields to one still waiting for its first answer).
+    /// False when none is left to close.
     fn close_idlest(&self) -> bool {
         let mut table = self.table();
-        let idlest = table.values_mut().filter(|c| !c.closing).min_by_key(|c| (c.busy, c.active_at));
+        let idlest = table
+            .values_mut()
+            .filter(|c| !c.closing)
+            .min_by_key(|c| (c.busy, if c.busy { u64::MAX - c.requests } else { 0 }, c.active_at));
         match idlest {
             Some(c) => {
                 c.closing = true;
@@ -756,6 +765,7 @@ async fn respond(
 ) -> Result<Response<ReplyBody>, Infallible> {
     context.bounds.with(id, |c| {
         c.busy = true;
+        c.requests += 1;
         c.active_at = Instant::now();
     });
     let hold = Hold { bounds: Arc::clone(&context.bounds), id };
