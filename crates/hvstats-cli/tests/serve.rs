@@ -1139,9 +1139,10 @@ fn trickling_reader(
     let thread = std::thread::spawn(move || {
         stream.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
         let (mut received, mut head, mut length) = (0usize, Vec::new(), None::<usize>);
-        // 64 KiB each 100 ms: fast enough that no write waits 10 s, slow enough to hold the
-        // reply for minutes.
+        // At most 256 KiB each 100 ms: fast enough that no write waits 10 s even on a loaded
+        // machine, slow enough to hold the reply through the next two readings.
         let mut buf = vec![0u8; 64 << 10];
+        let mut turn = 0usize;
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
             match stream.read(&mut buf) {
                 Ok(0) => return (length.unwrap_or(0), received, length.is_some_and(|l| received < l)),
@@ -1156,12 +1157,20 @@ fn trickling_reader(
                         let _ = headed.send(());
                     }
                 }
-                Ok(n) => received += n,
+                Ok(n) => {
+                    received += n;
+                    turn += n;
+                    // The rest of this turn's 256 KiB, if it is there already.
+                    if turn < 256 << 10 {
+                        continue;
+                    }
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
                     return (length.unwrap_or(0), received, true);
                 }
                 Err(_) => {}
             }
+            turn = 0;
             std::thread::sleep(Duration::from_millis(100));
         }
         (length.unwrap_or(0), received, false)
