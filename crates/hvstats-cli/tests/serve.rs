@@ -1139,8 +1139,8 @@ fn trickling_reader(
     let thread = std::thread::spawn(move || {
         stream.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
         let (mut received, mut head, mut length) = (0usize, Vec::new(), None::<usize>);
-        // At most 256 KiB each 100 ms: fast enough that no write waits 10 s even on a loaded
-        // machine, slow enough to hold the reply through the next two readings.
+        // At most 64 KiB a turn, a turn each 100 ms: fast enough that no write waits 10 s even on
+        // a loaded machine, slow enough to hold the reply through the next two readings.
         let mut buf = vec![0u8; 64 << 10];
         let mut turn = 0usize;
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
@@ -1160,8 +1160,8 @@ fn trickling_reader(
                 Ok(n) => {
                     received += n;
                     turn += n;
-                    // The rest of this turn's 256 KiB, if it is there already.
-                    if turn < 256 << 10 {
+                    // The rest of this turn's 64 KiB, if it is there already.
+                    if turn < 64 << 10 {
                         continue;
                     }
                 }
@@ -1178,17 +1178,18 @@ fn trickling_reader(
     (thread, head_arrived)
 }
 
-/// Replies held by clients that read them slowly are bounded: past 128 MiB of replies in flight,
-/// the connection that has held its reply longest is closed, and the others go on.
+/// Replies held by clients that read them slowly are bounded: past `--max-reply-bytes` of replies
+/// in flight, the connection that has held its reply longest is closed, and the others go on.
 #[test]
 fn replies_held_by_slow_readers_stay_within_the_budget_by_closing_the_longest_held() {
     let tmp = TempDir::new("serve-reply-budget");
     let hv = common::publish(tmp.path());
-    let _partitions: Vec<_> = (0..12).map(|_| hv.create_partition(250).unwrap()).collect();
+    let _partitions: Vec<_> = (0..12).map(|_| hv.create_partition(100).unwrap()).collect();
     let log = tmp.path().join("serve.log");
-    let (mut server, addr) = serve_limited(tmp.path(), &[], 1024, &log);
+    let budget = (48 << 20).to_string();
+    let (mut server, addr) = serve_limited(tmp.path(), &["--max-reply-bytes", &budget], 1024, &log);
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    // Three of them, one after the other: three readings, three replies of 3,000 VPs each.
+    // Three of them, one after the other: three readings, three replies of 1,200 VPs each.
     let mut readers = Vec::new();
     for n in 0..3 {
         let (reader, head_arrived) = trickling_reader(addr, stop.clone());
@@ -1205,12 +1206,12 @@ fn replies_held_by_slow_readers_stay_within_the_budget_by_closing_the_longest_he
     let reply = results[0].0;
     let said = std::fs::read_to_string(&log).unwrap();
     assert!(
-        reply > 64 << 20 && reply < 128 << 20,
+        reply > 24 << 20 && reply < 48 << 20,
         "a reply of {reply} bytes does not test the budget: {results:?} {said}"
     );
     assert!(results[0].2, "the longest-held reply was not closed: {results:?} {said}");
     assert!(!results[2].2, "the newest reply was closed: {results:?}");
     let said = std::fs::read_to_string(&log).unwrap();
-    assert!(said.contains("replies in flight passed 128 MiB"), "{said}");
+    assert!(said.contains(&format!("replies in flight passed {budget} bytes")), "{said}");
     server.assert_alive();
 }

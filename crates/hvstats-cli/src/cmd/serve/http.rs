@@ -358,9 +358,8 @@ impl Bounds {
         let mut said = self.room_said.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if said.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
             log(&format!(
-                "replies in flight passed {} MiB: closed {closed} connection(s) that held theirs \
-                 longest (said once a minute at most)",
-                limit >> 20
+                "replies in flight passed {limit} bytes: closed {closed} connection(s) that held \
+                 theirs longest (said once a minute at most)"
             ));
             *said = Some(Instant::now());
         }

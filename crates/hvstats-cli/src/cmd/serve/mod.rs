@@ -86,6 +86,11 @@ pub struct Args {
     /// Serve GET /api/v1/snapshot (every counter as JSON, at most --max-vps VPs); off by default.
     #[arg(long)]
     snapshot_api: bool,
+    /// Bytes of large replies (`/metrics`, snapshots) in flight, each counted once however many
+    /// connections send it; past it, the connections that have held theirs longest are closed.
+    #[arg(long, value_name = "BYTES", default_value_t = Limits::default().max_reply_bytes,
+          value_parser = parse_max_reply_bytes)]
+    max_reply_bytes: usize,
     /// Connections served at once; at the cap the idlest is closed to admit a new one.
     #[arg(long, value_name = "N", default_value_t = Limits::default().max_connections,
           value_parser = parse_max_connections)]
@@ -104,6 +109,13 @@ fn parse_max_connections(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(n) if (1..=65_536).contains(&n) => Ok(n),
         _ => Err(format!("{s:?}: the cap is a number of connections from 1 to 65536")),
+    }
+}
+
+fn parse_max_reply_bytes(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 << 20 => Ok(n),
+        _ => Err(format!("{s:?}: the budget is a number of bytes, at least 1048576 (1 MiB)")),
     }
 }
 
@@ -238,7 +250,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(web) = &web {
         http::log(&format!("web configuration: {}", web.summary()));
     }
-    let bounds = Bounds::new(Limits { max_connections: args.max_connections, ..Limits::default() });
+    let bounds = Bounds::new(Limits {
+        max_connections: args.max_connections,
+        max_reply_bytes: args.max_reply_bytes,
+        ..Limits::default()
+    });
     let dir = live.dir().to_owned();
     let answers = Answers::new(live, args.max_vps, Arc::clone(&bounds));
     let snapshot_api = args.snapshot_api;
