@@ -162,10 +162,21 @@ impl Answers {
     /// waits for one.
     fn work(&self, health: bool) {
         let lane = if health { &self.health } else { &self.bodies };
+        // A reader that panics is gone all the same: the next request starts another.
+        struct Panicked<'a>(&'a Lane);
+        impl Drop for Panicked<'_> {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    self.0.state().running = false;
+                }
+            }
+        }
+        let _panicked = Panicked(lane);
         loop {
             let (number, wanted) = {
                 let mut state = lane.state();
                 if state.wanted == 0 {
+                    // Said under the lock: a request registering from now on starts a reader.
                     state.running = false;
                     return;
                 }
