@@ -1082,6 +1082,7 @@ fn pipelined_snapshots_on_every_connection_stop_no_scrape_and_hold_bounded_memor
         assert!(text.contains("hvstats_vp_hypercalls_total{"), "{}", &text[..text.len().min(300)]);
     }
     let peak = peak_rss_kib(server.pid());
+    eprintln!("serve peak resident memory under the attack: {peak} KiB");
     // SIGTERM under that load: stopped within a second, as SECURITY.md says.
     let asked = Instant::now();
     assert!(Command::new("kill").arg("-TERM").arg(server.pid().to_string()).status().unwrap().success());
