@@ -10,7 +10,6 @@ mod observer_log;
 mod output;
 mod output_file;
 mod signals;
-mod snapshot_json;
 mod suggest;
 
 use output::{ExitStatus, note};

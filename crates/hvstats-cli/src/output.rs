@@ -131,10 +131,10 @@ pub fn note_fmt(args: fmt::Arguments<'_>) {
 
 /// One event of `command`'s log on standard error, on one line: control characters in `line` (a
 /// VM name may hold a newline or a terminal escape) come out escaped
-/// ([`hvstats::text::OneLine`]), so no text can forge a line or drive the terminal. A closed
+/// ([`hvstats_present::text::OneLine`]), so no text can forge a line or drive the terminal. A closed
 /// standard error is ignored.
 pub fn log(command: &str, line: &str) {
-    note_fmt(format_args!("hvstats {command}: {}", hvstats::text::OneLine(line)));
+    note_fmt(format_args!("hvstats {command}: {}", hvstats_present::text::OneLine(line)));
 }
 
 /// `println!` that cannot panic: `out!("...", ..)?` (see [`print_fmt`]).

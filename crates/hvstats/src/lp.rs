@@ -423,17 +423,6 @@ MIS:          0
     }
 
     #[test]
-    fn a_reader_out_of_phase_with_the_collector_still_sees_at_most_100_percent() {
-        // A reader's 1 s interval that spans 1.1 s of collector writes.
-        let shown =
-            crate::present::over_interval(lp::TOTAL_RUN_TIME.counter().unwrap(), 0, 11_000_000, 1.0, None);
-        assert_eq!(shown.map(|p| p.value), Some(100.0));
-        let shown =
-            crate::present::over_interval(lp::TOTAL_RUN_TIME.counter().unwrap(), 0, 2_500_000, 1.0, None);
-        assert_eq!(shown.map(|p| p.value), Some(25.0));
-    }
-
-    #[test]
     fn bounded_time_holds_back_and_never_goes_backwards() {
         assert_eq!(bounded_time(500, 0, 0, true, 100), 100, "not more than the clock on a first write");
         assert_eq!(bounded_time(500, 100, 50, false, 0), 150);

@@ -14,9 +14,10 @@ use hvstats_bench::scrape::EncodeError;
 use hvstats_bench::{Options, ScrapeEncoders};
 use serde_json::{Value, json};
 
-use crate::cmd::live::Reading;
-use crate::cmd::serve::{DEFAULT_MAX_VPS, exposition::Exposition};
+use crate::cmd::serve::DEFAULT_MAX_VPS;
 use crate::output;
+use hvstats_present::exposition::Exposition;
+use hvstats_present::live::Reading;
 
 /// Flags of `hvstats bench`.
 #[derive(clap::Args, Debug)]
@@ -58,8 +59,12 @@ impl ScrapeEncoders for Encoders {
     }
 
     fn snapshot_json(&self) -> usize {
-        let instances: Vec<Value> =
-            self.reading.iter().flat_map(|r| &r.instances).map(crate::snapshot_json::snapshot_json).collect();
+        let instances: Vec<Value> = self
+            .reading
+            .iter()
+            .flat_map(|r| &r.instances)
+            .map(hvstats_present::snapshot_json::snapshot_json)
+            .collect();
         json!({ "instances": instances }).to_string().len()
     }
 

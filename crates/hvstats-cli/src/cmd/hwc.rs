@@ -11,10 +11,10 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 use hvstats::hwc::pmu::MAX_PROCESSORS;
 use hvstats::hwc::{Allocation, Allocator, CounterSetHandle, CpuSet, HwcError, Lifetime, PMU_ENV, PmuShape};
-use hvstats::text::Escaped;
 use hvstats_abi::hal::{
     GroupAffinity, NtStatus, PhysicalCounterResourceDescriptor as Descriptor, PhysicalCounterResourceList,
 };
+use hvstats_present::text::Escaped;
 use serde_json::{Value, json};
 
 use crate::output;

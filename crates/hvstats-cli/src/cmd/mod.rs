@@ -5,7 +5,6 @@ pub mod catalog;
 pub mod dump;
 pub mod hwc;
 pub mod install;
-pub mod live;
 pub mod observe;
 pub mod plot;
 pub mod record;

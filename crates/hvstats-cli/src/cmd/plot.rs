@@ -12,13 +12,13 @@ use std::process::ExitCode;
 use std::sync::Once;
 
 use anyhow::Context;
-use hvstats::present;
 use hvstats_abi::{Counter, Presentation};
+use hvstats_present::present;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use hvstats::text::Escaped;
 use hvstats_abi::histogram::Log2Histogram;
+use hvstats_present::text::Escaped;
 
 use crate::cmd::recording::{Header, SampleReader, VpAt, VpKey, VpSample};
 use crate::output_file::OutputFile;
@@ -693,7 +693,7 @@ mod tests {
             std::iter::repeat_n(700, fast)
                 .chain(std::iter::repeat_n(3_000_000, slow))
                 .for_each(|ns| h.record(ns));
-            let mut reading = crate::cmd::live::Reading::of(vec![synthetic_instance(1, 1)]);
+            let mut reading = hvstats_present::live::Reading::of(vec![synthetic_instance(1, 1)]);
             reading.instances[0].partitions[0].vps[0].histograms = vec![(io, h)];
             samples.push(Sample::of(&reading, t));
         }

@@ -12,10 +12,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::cmd::live::Live;
 use crate::cmd::recording::{self, Header, Sample};
 use crate::output::note;
 use crate::output_file::OutputFile;
+use hvstats_present::live::Live;
 
 /// Flags of `hvstats record`.
 #[derive(clap::Args, Debug)]

@@ -24,7 +24,7 @@ use hvstats_abi::histogram::{BUCKETS, HISTOGRAM_SLOTS, Log2Histogram};
 use hvstats_abi::{Counter, GroupKind, ObjectKind, Presentation};
 use serde::{Deserialize, Serialize};
 
-use crate::cmd::live::{Live, Reading};
+use hvstats_present::live::{Live, Reading};
 
 /// The `format` of the header.
 pub const FORMAT: &str = "hvstats-recording";
@@ -669,7 +669,7 @@ mod tests {
 
     /// The bytes one VP adds to a sample line.
     fn vp_bytes(values: u64, histogram_slots: u64) -> usize {
-        let mut reading = crate::cmd::live::Reading::of(vec![synthetic_instance(1, 1)]);
+        let mut reading = hvstats_present::live::Reading::of(vec![synthetic_instance(1, 1)]);
         let vp = &mut reading.instances[0].partitions[0].vps[0];
         let ObjectReading::Counters(counters) = &mut vp.reading else { unreachable!() };
         counters.iter_mut().for_each(|(_, v)| *v = values);

@@ -15,11 +15,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use hvstats::present;
 use hvstats_abi::Presentation;
+use hvstats_present::present;
 use serde_json::{Map, Value, json};
 
-use hvstats::text::Escaped;
+use hvstats_present::text::Escaped;
 
 use crate::cmd::recording::{Header, SampleReader, VpKey, VpSample};
 

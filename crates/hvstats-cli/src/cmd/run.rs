@@ -20,7 +20,6 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use hvstats::Hypervisor;
 use hvstats::hwc::{Allocator, Lifetime, PmuShape};
-use hvstats::present;
 use hvstats::snapshot::error_chain;
 use hvstats::whv;
 use hvstats_abi::catalog::Presentation;
@@ -33,6 +32,7 @@ use hvstats_kvm::enlightenment::HyperV;
 use hvstats_kvm::{
     FaultCause, Handlers, HardwareCounters, Partition, PartitionConfig, RipSeen, RunReport, VpOutcome,
 };
+use hvstats_present::present;
 use serde_json::{Map, Value, json};
 
 use crate::input;

@@ -14,16 +14,16 @@ use std::time::{Duration, Instant};
 
 use hvstats::attach::{Attach, Instance};
 use hvstats::snapshot::{InstanceSnapshot, ObjectReading, VpSnapshot};
-use hvstats::text::Escaped;
 use hvstats_abi::catalog::counters_of;
 use hvstats_abi::{Counter, ObjectKind, Presentation};
+use hvstats_present::text::Escaped;
 use serde_json::{Value, json};
 
 use crate::output::{self, ExitStatus, note};
-use crate::snapshot_json::{
+use hvstats_present::present::human_ns;
+use hvstats_present::snapshot_json::{
     Earlier, cells, earlier_partition, earlier_vp, has_unreadable, instance_json, stream_json,
 };
-use hvstats::present::human_ns;
 
 /// Flags of `hvstats snapshot`.
 #[derive(clap::Args)]
@@ -69,7 +69,7 @@ impl Filter {
     fn apply(&self, mut s: InstanceSnapshot) -> InstanceSnapshot {
         if let Some(vm) = &self.vm {
             let instance = s.name.clone();
-            s.partitions.retain(|p| vm.is_match(&crate::cmd::live::Live::vm_name(&instance, p)));
+            s.partitions.retain(|p| vm.is_match(&hvstats_present::live::Live::vm_name(&instance, p)));
             s.lps.clear();
             s.hypervisor = ObjectReading::Counters(Vec::new());
         }

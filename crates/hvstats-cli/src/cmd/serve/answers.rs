@@ -16,9 +16,10 @@ use std::time::Instant;
 
 use tokio::sync::watch;
 
-use super::exposition::{self, Exposition};
+use hvstats_present::exposition::{self, Exposition};
+use hvstats_present::live::{Live, Reading};
+
 use super::http::{Body, Bounds, ChunkWriter, Reply, SharedBody};
-use crate::cmd::live::Live;
 
 /// What a request can ask of a reading.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -208,7 +209,7 @@ impl Answers {
                 // The exposition is gone with its encoding: the reading is ours alone again.
                 reading = match Arc::try_unwrap(shared) {
                     Ok(reading) => reading,
-                    Err(_) => self.live.unreadable(&anyhow::anyhow!("the reading was still shared")),
+                    Err(shared) => (*shared).clone(),
                 };
             }
             if wanted & Want::Snapshot.bit() != 0 {
@@ -216,9 +217,13 @@ impl Answers {
                     true => Err(exposition::health(&reading).1),
                     false => {
                         let mut out = ChunkWriter::default();
-                        crate::snapshot_json::write_capped(&mut out, &mut reading.instances, self.max_vps)
-                            .map(|_| out.finish(&self.bounds))
-                            .map_err(|e| format!("encoding failed: {e}\n"))
+                        hvstats_present::snapshot_json::write_capped(
+                            &mut out,
+                            &mut reading.instances,
+                            self.max_vps,
+                        )
+                        .map(|_| out.finish(&self.bounds))
+                        .map_err(|e| format!("encoding failed: {e}\n"))
                     }
                 });
             }
@@ -231,7 +236,7 @@ impl Answers {
     #[allow(clippy::type_complexity, reason = "the two bodies, each made or not")]
     fn metrics(
         &self,
-        reading: Arc<crate::cmd::live::Reading>,
+        reading: Arc<Reading>,
         took: std::time::Duration,
         wanted: u8,
     ) -> (Option<Result<SharedBody, String>>, Option<Result<SharedBody, String>>) {

@@ -15,7 +15,6 @@
 //! asks for basic authentication or client certificates.
 
 pub mod answers;
-pub mod exposition;
 pub mod http;
 pub mod observe;
 pub mod web;
@@ -34,7 +33,8 @@ use hyper::Method;
 use self::answers::{Answers, Want};
 use self::http::{Asked, Bounds, Handler, Limits, Listener, Reply};
 
-use crate::cmd::live::Live;
+use hvstats_present::exposition;
+use hvstats_present::live::Live;
 
 /// The socket served when `--listen` is not given: this name in the runtime directory.
 pub const DEFAULT_SOCKET: &str = "serve.sock";

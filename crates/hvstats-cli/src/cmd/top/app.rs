@@ -10,7 +10,7 @@ use crate::cmd::top::table::Shown;
 use regex::Regex;
 
 use super::table::{self, Group};
-use crate::cmd::live::Reading;
+use hvstats_present::live::Reading;
 
 /// What a key asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -299,7 +299,7 @@ mod tests {
         // Run%, Wait%, p50, p99 (the class is a name, not sorted by), then every other column.
         let order: Vec<Shown> = table::sortable().collect();
         assert_eq!(order[..4], [Shown::Presented(0), Shown::WaitPercent, Shown::P50, Shown::P99]);
-        assert_eq!(order.len(), 3 + hvstats::present::VP_COLUMNS.len());
+        assert_eq!(order.len(), 3 + hvstats_present::present::VP_COLUMNS.len());
         for expected in order.iter().copied().map(Some).chain([None]) {
             app.update(Action::SortNext);
             assert_eq!(app.sort, expected);

@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
 
-use crate::cmd::live::{Live, Reading};
 use app::App;
+use hvstats_present::live::{Live, Reading};
 
 /// Flags of `hvstats top`.
 #[derive(clap::Args, Debug)]
@@ -109,7 +109,7 @@ impl Sampler {
                     last.is_none_or(|t| t.elapsed() >= Duration::from_millis(ms.load(Ordering::Relaxed)));
                 if due && !p.load(Ordering::Relaxed) {
                     last = Some(Instant::now());
-                    if tx.send(live.read()).is_err() {
+                    if tx.send(live.read().map_err(anyhow::Error::from)).is_err() {
                         return;
                     }
                 }

@@ -8,16 +8,16 @@
 use std::cmp::Ordering;
 use std::fmt::Write;
 
-use hvstats::present::{Column, VP_COLUMNS, human_ns};
 use hvstats::snapshot::{ObjectReading, VpSnapshot};
-use hvstats::text::Escaped;
 use hvstats_abi::catalog::{Counter, counters_of, vp};
 use hvstats_abi::histogram::Log2Histogram;
 use hvstats_abi::source::SourceKind;
 use hvstats_abi::{ObjectKind, Presentation};
+use hvstats_present::present::{Column, VP_COLUMNS, human_ns};
+use hvstats_present::text::Escaped;
 use serde_json::{Map, Value, json};
 
-use crate::cmd::live::{Live, Reading};
+use hvstats_present::live::{Live, Reading};
 
 /// One row: a VP, or a partition's total.
 #[derive(Clone, Debug, PartialEq)]

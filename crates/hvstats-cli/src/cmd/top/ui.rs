@@ -2,7 +2,7 @@
 //! status line with the keys, a prompt or a message; the help over it on request. Drawing only
 //! reads the [`App`].
 
-use hvstats::text::Escaped;
+use hvstats_present::text::Escaped;
 use ratatui::buffer::Buffer;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Modifier, Style};
@@ -157,7 +157,7 @@ mod tests {
 
     #[test]
     fn rows_show_rates_per_vp_under_the_partition_total_sorted_by_a_column() {
-        let mut before = crate::cmd::live::Reading::of(vec![synthetic_instance(1, 2)]);
+        let mut before = hvstats_present::live::Reading::of(vec![synthetic_instance(1, 2)]);
         let io = vp::IO_TIME_HISTOGRAM.counter().unwrap();
         let hcall = vp::HYPERCALLS_TIME_HISTOGRAM.counter().unwrap();
         for v in &mut before.instances[0].partitions[0].vps {
@@ -233,7 +233,7 @@ mod tests {
     #[test]
     fn an_empty_runtime_directory_says_so() {
         let mut app = App::new("/run/hvstats".into(), Duration::from_secs(1));
-        let mut empty = crate::cmd::live::Reading::of(vec![synthetic_instance(0, 0)]);
+        let mut empty = hvstats_present::live::Reading::of(vec![synthetic_instance(0, 0)]);
         empty.instances.clear();
         app.sample(empty);
         let lines = screen(&app, 80, 5);

@@ -1,0 +1,358 @@
+//! The `bpf(2)` commands hvstats uses: create an array map, read and write its elements, load a
+//! tracepoint program, and attach it to a tracepoint through a perf event
+//! (`PERF_EVENT_IOC_SET_BPF`). Every fd is owned the moment it exists.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+const CMD_MAP_CREATE: libc::c_int = 0;
+const CMD_MAP_LOOKUP_ELEM: libc::c_int = 1;
+const CMD_MAP_UPDATE_ELEM: libc::c_int = 2;
+const CMD_MAP_DELETE_ELEM: libc::c_int = 3;
+/// `BPF_MAP_TYPE_HASH`.
+pub const MAP_HASH: u32 = 1;
+const CMD_PROG_LOAD: libc::c_int = 5;
+/// `BPF_MAP_TYPE_ARRAY`.
+pub const MAP_ARRAY: u32 = 2;
+/// `BPF_MAP_TYPE_PERCPU_ARRAY`.
+pub const MAP_PERCPU_ARRAY: u32 = 6;
+/// `BPF_PROG_TYPE_TRACEPOINT`.
+const PROG_TRACEPOINT: u32 = 5;
+/// `BPF_PROG_TYPE_RAW_TRACEPOINT`.
+const PROG_RAW_TRACEPOINT: u32 = 17;
+const CMD_RAW_TRACEPOINT_OPEN: libc::c_int = 17;
+/// `PERF_EVENT_IOC_SET_BPF` = `_IOW('$', 8, __u32)`.
+const PERF_EVENT_IOC_SET_BPF: libc::c_ulong = 0x4004_2408;
+const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 8;
+
+/// `union bpf_attr`, as zeroed words the commands fill (the kernel requires unused bytes zero).
+#[repr(C, align(8))]
+struct Attr([u8; 128]);
+
+impl Attr {
+    fn new() -> Self {
+        Self([0; 128])
+    }
+    fn u32_at(&mut self, off: usize, v: u32) -> &mut Self {
+        self.0[off..off + 4].copy_from_slice(&v.to_ne_bytes());
+        self
+    }
+    fn u64_at(&mut self, off: usize, v: u64) -> &mut Self {
+        self.0[off..off + 8].copy_from_slice(&v.to_ne_bytes());
+        self
+    }
+    fn call(&mut self, cmd: libc::c_int) -> io::Result<libc::c_long> {
+        // SAFETY: `self` is a bpf_attr-sized buffer we own for the call; every pointer stored in
+        // it by the caller points to memory alive for the call and large enough for the command.
+        let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, self.0.as_mut_ptr(), self.0.len() as u32) };
+        crate::os::check_long(r)
+    }
+}
+
+fn owned(fd: libc::c_long) -> OwnedFd {
+    // SAFETY: the kernel just returned this fd to us and nothing else owns it.
+    unsafe { OwnedFd::from_raw_fd(fd as i32) }
+}
+
+/// A BPF map with `u32` keys: an array (per CPU or not), or a hash ([`ArrayMap::create_hash`]).
+#[derive(Debug)]
+pub struct ArrayMap {
+    fd: OwnedFd,
+    value_size: usize,
+    entries: u32,
+    /// Copies per key: the possible CPUs of a per-CPU map, else 1.
+    copies: usize,
+}
+
+impl ArrayMap {
+    /// Creates a map of `entries` values of `value_size` bytes; `per_cpu` gives each CPU its own.
+    ///
+    /// # Errors
+    /// What `bpf(BPF_MAP_CREATE)` returns (EPERM without CAP_BPF, ENOMEM).
+    pub fn create(value_size: usize, entries: u32, per_cpu: bool) -> io::Result<Self> {
+        let copies = if per_cpu { possible_cpus()? } else { 1 };
+        let kind = if per_cpu { MAP_PERCPU_ARRAY } else { MAP_ARRAY };
+        let size = u32::try_from(value_size).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let fd = Attr::new()
+            .u32_at(0, kind)
+            .u32_at(4, 4)
+            .u32_at(8, size)
+            .u32_at(12, entries)
+            .call(CMD_MAP_CREATE)?;
+        Ok(Self { fd: owned(fd), value_size, entries, copies })
+    }
+
+    /// Creates a hash map of at most `entries` values of `value_size` bytes, keyed by `u32`.
+    ///
+    /// # Errors
+    /// What `bpf(BPF_MAP_CREATE)` returns.
+    pub fn create_hash(value_size: usize, entries: u32) -> io::Result<Self> {
+        let size = u32::try_from(value_size).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let fd = Attr::new()
+            .u32_at(0, MAP_HASH)
+            .u32_at(4, 4)
+            .u32_at(8, size)
+            .u32_at(12, entries)
+            .call(CMD_MAP_CREATE)?;
+        Ok(Self { fd: owned(fd), value_size, entries, copies: 1 })
+    }
+
+    /// Removes key `key` (a hash map's; an array's keys cannot be removed).
+    ///
+    /// # Errors
+    /// What `bpf(BPF_MAP_DELETE_ELEM)` returns (ENOENT: no such key).
+    pub fn delete(&self, key: u32) -> io::Result<()> {
+        Attr::new()
+            .u32_at(0, self.raw_fd() as u32)
+            .u64_at(8, &key as *const u32 as u64)
+            .call(CMD_MAP_DELETE_ELEM)?;
+        Ok(())
+    }
+
+    /// The map's fd (for `ld_map_fd`).
+    pub fn raw_fd(&self) -> i32 {
+        self.fd.as_raw_fd()
+    }
+
+    /// The number of keys.
+    pub fn entries(&self) -> u32 {
+        self.entries
+    }
+
+    /// Bytes of one copy of a value as the kernel lays them out (rounded up to 8).
+    fn stride(&self) -> usize {
+        self.value_size.div_ceil(8) * 8
+    }
+
+    /// Reads key `key`: every CPU's copy, `stride` bytes each, into one buffer.
+    ///
+    /// # Errors
+    /// What `bpf(BPF_MAP_LOOKUP_ELEM)` returns (ENOENT past the end).
+    pub fn read(&self, key: u32) -> io::Result<Vec<u8>> {
+        let mut value = vec![0u8; self.stride() * self.copies];
+        Attr::new()
+            .u32_at(0, self.raw_fd() as u32)
+            .u64_at(8, &key as *const u32 as u64)
+            .u64_at(16, value.as_mut_ptr() as u64)
+            .call(CMD_MAP_LOOKUP_ELEM)?;
+        Ok(value)
+    }
+
+    /// Sums, over every CPU's copy of key `key`, the `u64` at each of the first `n` positions.
+    ///
+    /// # Errors
+    /// As [`read`](Self::read).
+    pub fn sum_u64(&self, key: u32, n: usize) -> io::Result<Vec<u64>> {
+        let mut sums = vec![0u64; n.min(self.value_size / 8)];
+        self.sum_u64_into(key, &mut Vec::new(), &mut sums)?;
+        Ok(sums)
+    }
+
+    /// As [`sum_u64`](Self::sum_u64) into `sums` (its length says how many positions), reading
+    /// through `scratch`: with buffers kept from one call to the next, a read allocates nothing
+    /// (a VP thread refreshing its own page at a hypercall must not fault in memory).
+    ///
+    /// # Errors
+    /// As [`read`](Self::read).
+    pub fn sum_u64_into(&self, key: u32, scratch: &mut Vec<u8>, sums: &mut [u64]) -> io::Result<()> {
+        scratch.resize(self.stride() * self.copies, 0);
+        Attr::new()
+            .u32_at(0, self.raw_fd() as u32)
+            .u64_at(8, &key as *const u32 as u64)
+            .u64_at(16, scratch.as_mut_ptr() as u64)
+            .call(CMD_MAP_LOOKUP_ELEM)?;
+        let n = sums.len().min(self.value_size / 8);
+        sums.iter_mut().for_each(|s| *s = 0);
+        for copy in scratch.chunks_exact(self.stride()) {
+            for (sum, word) in sums[..n].iter_mut().zip(copy.chunks_exact(8)) {
+                let mut w = [0u8; 8];
+                w.copy_from_slice(word);
+                *sum = sum.wrapping_add(u64::from_ne_bytes(w));
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `value` (one copy, `value_size` bytes) as every CPU's copy of key `key`.
+    ///
+    /// # Errors
+    /// What `bpf(BPF_MAP_UPDATE_ELEM)` returns; EINVAL when `value` has the wrong size.
+    pub fn write(&self, key: u32, value: &[u8]) -> io::Result<()> {
+        if value.len() != self.value_size {
+            return Err(io::Error::from(io::ErrorKind::InvalidInput));
+        }
+        let mut all = vec![0u8; self.stride() * self.copies];
+        for copy in all.chunks_exact_mut(self.stride()) {
+            copy[..value.len()].copy_from_slice(value);
+        }
+        Attr::new()
+            .u32_at(0, self.raw_fd() as u32)
+            .u64_at(8, &key as *const u32 as u64)
+            .u64_at(16, all.as_ptr() as u64)
+            .call(CMD_MAP_UPDATE_ELEM)?;
+        Ok(())
+    }
+}
+
+/// The number of possible CPUs (the copies of a per-CPU map value), from
+/// `/sys/devices/system/cpu/possible` (`0-N` or a list of ranges).
+///
+/// # Errors
+/// When the file cannot be read or parsed.
+pub fn possible_cpus() -> io::Result<usize> {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/possible")?;
+    parse_cpu_list(&text).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad cpu list"))
+}
+
+/// The highest CPU of a list such as `0-3,8-11`, plus one (per-CPU copies are indexed by CPU).
+fn parse_cpu_list(text: &str) -> Option<usize> {
+    let mut max = None;
+    for part in text.trim().split(',') {
+        let last = part.rsplit('-').next()?;
+        let n: usize = last.trim().parse().ok()?;
+        max = max.max(Some(n));
+    }
+    max.map(|m| m + 1)
+}
+
+/// A loaded BPF program.
+#[derive(Debug)]
+pub struct Program {
+    fd: OwnedFd,
+}
+
+/// Why a program was refused, with the verifier's log.
+#[derive(Debug, thiserror::Error)]
+#[error("the kernel refused the program: {source}{}", if log.is_empty() { String::new() } else { format!("; verifier: {log}") })]
+pub struct LoadError {
+    /// The kernel's error.
+    #[source]
+    pub source: io::Error,
+    /// The verifier's log (its last lines).
+    pub log: String,
+}
+
+impl Program {
+    /// Loads `insns` as a tracepoint program (its context: the tracepoint's record, laid out
+    /// as its tracefs format says).
+    ///
+    /// # Errors
+    /// The kernel's refusal (EPERM without CAP_BPF/CAP_PERFMON, EACCES/EINVAL from the verifier,
+    /// whose log is kept).
+    pub fn load_tracepoint(insns: &[u64]) -> Result<Self, LoadError> {
+        Self::load(PROG_TRACEPOINT, insns)
+    }
+
+    /// Loads `insns` as a raw tracepoint program (its context: the tracepoint's arguments, one
+    /// `u64` each).
+    ///
+    /// # Errors
+    /// As [`load_tracepoint`](Self::load_tracepoint).
+    pub fn load_raw_tracepoint(insns: &[u64]) -> Result<Self, LoadError> {
+        Self::load(PROG_RAW_TRACEPOINT, insns)
+    }
+
+    fn load(kind: u32, insns: &[u64]) -> Result<Self, LoadError> {
+        let license = c"GPL";
+        let attempt = |log: &mut [u8], level: u32| {
+            Attr::new()
+                .u32_at(0, kind)
+                .u32_at(4, insns.len() as u32)
+                .u64_at(8, insns.as_ptr() as u64)
+                .u64_at(16, license.as_ptr() as u64)
+                .u32_at(24, level)
+                .u32_at(28, log.len() as u32)
+                // No log: a null buffer (an empty slice's pointer is not null, and the kernel
+                // refuses a buffer without a size).
+                .u64_at(32, if log.is_empty() { 0 } else { log.as_mut_ptr() as u64 })
+                .call(CMD_PROG_LOAD)
+        };
+        match attempt(&mut [], 0) {
+            Ok(fd) => Ok(Self { fd: owned(fd) }),
+            Err(source) => {
+                // Load again with the verifier's log, to say why.
+                let mut log = vec![0u8; 64 * 1024];
+                if let Ok(fd) = attempt(&mut log, 1) {
+                    // Accepted the second time (a transient failure): keep it.
+                    return Ok(Self { fd: owned(fd) });
+                }
+                let end = log.iter().position(|b| *b == 0).unwrap_or(log.len());
+                let text = String::from_utf8_lossy(&log[..end]);
+                let tail: Vec<&str> = text.lines().rev().take(6).collect();
+                let log = tail.into_iter().rev().collect::<Vec<_>>().join(" | ");
+                Err(LoadError { source, log })
+            }
+        }
+    }
+}
+
+/// A program attached to a tracepoint (through a disabled perf event, or as a raw tracepoint):
+/// it runs on every firing of the tracepoint (on any thread) until this is dropped.
+#[derive(Debug)]
+pub struct Attachment {
+    _event: OwnedFd,
+}
+
+impl Attachment {
+    /// Attaches `program` (a raw tracepoint program) to the kernel tracepoint `name`: it then
+    /// runs with the tracepoint's arguments, before any record is made.
+    ///
+    /// # Errors
+    /// What `bpf(BPF_RAW_TRACEPOINT_OPEN)` returns (ENOENT: no such tracepoint).
+    pub fn raw_tracepoint(name: &str, program: &Program) -> io::Result<Self> {
+        let name = std::ffi::CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let fd = Attr::new()
+            .u64_at(0, name.as_ptr() as u64)
+            .u32_at(8, program.fd.as_raw_fd() as u32)
+            .call(CMD_RAW_TRACEPOINT_OPEN)?;
+        Ok(Self { _event: owned(fd) })
+    }
+
+    /// Attaches `program` to tracepoint id `tracepoint` (from tracefs).
+    ///
+    /// # Errors
+    /// What `perf_event_open` or `PERF_EVENT_IOC_SET_BPF` return.
+    pub fn tracepoint(tracepoint: u64, program: &Program) -> io::Result<Self> {
+        // struct perf_event_attr, PERF_ATTR_SIZE_VER0 (64 bytes): type, size, config, …, flags.
+        let mut attr = [0u64; 8];
+        attr[0] = u64::from(crate::perf_event::TYPE_TRACEPOINT) | (64u64 << 32);
+        attr[1] = tracepoint;
+        // sample_period 0: a counting event, and it stays disabled: only the program runs.
+        attr[5] = 1; // flags: disabled
+        // SAFETY: `attr` is a perf_event_attr of the size it declares (64), alive for the call;
+        // the kernel only reads it. We check the result before using it as an fd.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_perf_event_open,
+                attr.as_ptr(),
+                -1 as libc::pid_t,
+                0 as libc::c_int,
+                -1 as libc::c_int,
+                PERF_FLAG_FD_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let event = owned(fd);
+        // SAFETY: our fd is a perf tracepoint event; the argument is a program fd by value.
+        let r = unsafe { libc::ioctl(event.as_raw_fd(), PERF_EVENT_IOC_SET_BPF, program.fd.as_raw_fd()) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Self { _event: event })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn possible_cpu_lists_give_the_highest_cpu_plus_one() {
+        assert_eq!(parse_cpu_list("0-1\n"), Some(2));
+        assert_eq!(parse_cpu_list("0\n"), Some(1));
+        assert_eq!(parse_cpu_list("0-3,8-11"), Some(12));
+        assert_eq!(parse_cpu_list("x"), None);
+    }
+}

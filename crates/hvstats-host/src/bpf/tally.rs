@@ -1,0 +1,439 @@
+//! In-kernel counting of tracepoints on chosen threads: one program per tracepoint, one row of
+//! per-CPU counters per thread.
+//!
+//! A [`Tally`] is made for a list of columns (a tracepoint, narrowed by a filter or not). It
+//! loads one program per distinct tracepoint, attached for the life of the tally, and two maps:
+//! the thread table (thread id → process id and slot) and the rows (slot → one `u64` per column,
+//! per CPU). Counting a thread is one map write ([`Tally::add_thread`]); reading it is one map
+//! read summed over CPUs. The cost a firing pays is one program, however many columns it
+//! classifies into and however many threads are counted — the reason this exists: a perf
+//! counter per (thread, column) is evaluated on every firing, so the cost grows with each one.
+//!
+//! A tally may also time spans ([`SpanColumn`], [`Tally::with_spans`]): from a firing of one
+//! tracepoint, classified by its filter, to the next firing of another on the same thread, each
+//! span's nanoseconds added to its column — `kvm_exit` by exit reason until `kvm_entry` is the
+//! time KVM spends in the kernel on each class of exit. The programs stay one per tracepoint.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::Path;
+use std::sync::Mutex;
+
+use super::filter::{self, FilterError, Pred};
+use super::program::{self, Column, Spans};
+use super::raw;
+use super::sys::{ArrayMap, Attachment, LoadError, Program};
+use crate::tracefs::{self, EventError};
+
+/// One column: a tracepoint, narrowed by an ftrace filter when given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TracepointColumn {
+    /// The tracepoint's system (`kvm`).
+    pub system: String,
+    /// The event (`kvm_userspace_exit`).
+    pub name: String,
+    /// An ftrace filter (`reason == 2`).
+    pub filter: Option<String>,
+}
+
+/// A span column: the nanoseconds from each firing of `start` (that its filter admits) to the
+/// next firing of `end` on the same thread, summed. Spans of one tally are exclusive: a thread
+/// has one open span at most, and a start while one is open restarts it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpanColumn {
+    /// The tracepoint that opens the span, narrowed by its filter (`kvm:kvm_exit`,
+    /// `exit_reason == 10`).
+    pub start: TracepointColumn,
+    /// The tracepoint's system that closes it (`kvm`).
+    pub end_system: String,
+    /// The tracepoint that closes it (`kvm_entry`).
+    pub end_name: String,
+}
+
+/// Why a tally, or one of its tracepoints, cannot count in the kernel.
+#[derive(Debug, thiserror::Error)]
+pub enum TallyError {
+    /// A map could not be created (no CAP_BPF, a locked-down kernel, no memory).
+    #[error("cannot create a BPF map")]
+    Map(#[source] io::Error),
+    /// A tracepoint's format or id cannot be read.
+    #[error("tracepoint {tracepoint}")]
+    Format {
+        /// `system:name`.
+        tracepoint: String,
+        /// The read error.
+        #[source]
+        source: EventError,
+    },
+    /// A filter is outside what the program can evaluate.
+    #[error("filter {filter:?} on {tracepoint}")]
+    Filter {
+        /// `system:name`.
+        tracepoint: String,
+        /// The filter.
+        filter: String,
+        /// Why.
+        #[source]
+        source: FilterError,
+    },
+    /// The program could not be assembled.
+    #[error("cannot assemble the program of {0}")]
+    Assemble(String),
+    /// The kernel refused the program.
+    #[error("loading the program of {tracepoint}")]
+    Load {
+        /// `system:name`.
+        tracepoint: String,
+        /// The refusal.
+        #[source]
+        source: LoadError,
+    },
+    /// The program could not be attached.
+    #[error("attaching the program of {tracepoint}")]
+    Attach {
+        /// `system:name`.
+        tracepoint: String,
+        /// The kernel's error.
+        #[source]
+        source: io::Error,
+    },
+    /// Every slot is taken.
+    #[error("all {0} slots of the in-kernel counters are in use")]
+    Full(u32),
+}
+
+/// A counted thread's place in the rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Slot(u32);
+
+/// The programs, maps and slots of one column list.
+#[derive(Debug)]
+pub struct Tally {
+    columns: usize,
+    /// Why each column is not counted in the kernel (its tracepoint could not be), if so.
+    refused: Vec<Option<String>>,
+    threads: ArrayMap,
+    table: ThreadTable,
+    rows: ArrayMap,
+    /// Per slot, the open span (time, column + 1), when the tally has span columns.
+    pending: Option<ArrayMap>,
+    free: Mutex<Slots>,
+    _attachments: Vec<Attachment>,
+}
+
+#[derive(Debug)]
+struct Slots {
+    free: Vec<u32>,
+    /// Slot of each thread counted, and how many counted it ([`Tally::add_thread`] calls not yet
+    /// matched by [`Tally::remove_thread`]).
+    used: BTreeMap<u32, (u32, usize)>,
+}
+
+/// Columns a tally counts at most (a row's offsets must fit the instructions' 16 bits).
+pub const MAX_COLUMNS: usize = 1024;
+
+/// Rows (counted threads) a tally holds at most.
+pub const SLOTS: u32 = 1024;
+
+/// The largest `pid_max` whose thread table is an array indexed by thread id (8 bytes a thread
+/// id: 512 KiB); above it, a hash of the counted threads (a lookup costs a hash, not an index).
+pub const ARRAY_PID_MAX: u32 = 1 << 16;
+
+/// How the programs find a thread's slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ThreadTable {
+    /// An array indexed by thread id (`pid_max` entries).
+    Array,
+    /// A hash keyed by thread id ([`SLOTS`] entries).
+    Hash,
+}
+
+impl ThreadTable {
+    /// The table for this host: an array where `pid_max` is at most [`ARRAY_PID_MAX`], else a
+    /// hash.
+    pub fn for_host() -> Self {
+        if pid_max() <= ARRAY_PID_MAX { ThreadTable::Array } else { ThreadTable::Hash }
+    }
+}
+
+impl Tally {
+    /// Loads and attaches the programs of `columns`, tracepoints read from tracefs at `tracefs`.
+    /// A tracepoint whose program cannot be made is not counted here (see
+    /// [`refused`](Self::refused)); the others are.
+    ///
+    /// # Errors
+    /// When the maps cannot be created (BPF not permitted) or no tracepoint can be counted.
+    pub fn new(tracefs: &Path, columns: &[TracepointColumn]) -> Result<Self, TallyError> {
+        Self::with_table(tracefs, columns, ThreadTable::for_host())
+    }
+
+    /// As [`new`](Self::new), with the thread table `table`.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn with_table(
+        tracefs: &Path,
+        columns: &[TracepointColumn],
+        table: ThreadTable,
+    ) -> Result<Self, TallyError> {
+        Self::with_spans(tracefs, columns, &[], table)
+    }
+
+    /// As [`with_table`](Self::with_table), with span columns after the counting ones: column
+    /// `columns.len() + i` of a row is the nanoseconds of `spans[i]`.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn with_spans(
+        tracefs: &Path,
+        counted: &[TracepointColumn],
+        spans: &[SpanColumn],
+        table: ThreadTable,
+    ) -> Result<Self, TallyError> {
+        let width = counted.len() + spans.len();
+        if width > MAX_COLUMNS {
+            return Err(TallyError::Assemble(format!("{width} columns (at most {MAX_COLUMNS})")));
+        }
+        let pending = if spans.is_empty() {
+            None
+        } else {
+            Some(ArrayMap::create(16, SLOTS, false).map_err(TallyError::Map)?)
+        };
+        let columns: Vec<TracepointColumn> =
+            counted.iter().cloned().chain(spans.iter().map(|s| s.start.clone())).collect();
+        let columns = &columns[..];
+        let threads = match table {
+            ThreadTable::Array => ArrayMap::create(8, pid_max(), false),
+            ThreadTable::Hash => ArrayMap::create_hash(8, SLOTS),
+        }
+        .map_err(TallyError::Map)?;
+        let rows = ArrayMap::create(8 * width.max(1), SLOTS, true).map_err(TallyError::Map)?;
+        let mut by_tracepoint: BTreeMap<(&str, &str), Roles> = BTreeMap::new();
+        for (i, c) in columns.iter().enumerate() {
+            let roles = by_tracepoint.entry((c.system.as_str(), c.name.as_str())).or_default();
+            if i < counted.len() { roles.counts.push(i) } else { roles.starts.push(i) }
+        }
+        for s in spans {
+            by_tracepoint.entry((s.end_system.as_str(), s.end_name.as_str())).or_default().ends = true;
+        }
+        let mut refused = vec![None; columns.len()];
+        let mut attachments = Vec::new();
+        let mut first_error = None;
+        for ((system, name), roles) in by_tracepoint {
+            let maps = Maps { threads: &threads, rows: &rows, pending: pending.as_ref(), width };
+            match attach_one(tracefs, system, name, &roles, columns, &maps) {
+                Ok(a) => attachments.push(a),
+                Err(e) => {
+                    for &i in roles.counts.iter().chain(&roles.starts) {
+                        refused[i] = Some(error_text(&e));
+                    }
+                    // A span whose end cannot be seen never closes: it is not counted either.
+                    if roles.ends {
+                        for (i, s) in spans.iter().enumerate() {
+                            if (s.end_system.as_str(), s.end_name.as_str()) == (system, name) {
+                                refused[counted.len() + i] = Some(error_text(&e));
+                            }
+                        }
+                    }
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if attachments.is_empty()
+            && let Some(e) = first_error
+        {
+            return Err(e);
+        }
+        let free = Slots { free: (0..SLOTS).rev().collect(), used: BTreeMap::new() };
+        Ok(Self {
+            columns: columns.len(),
+            refused,
+            threads,
+            table,
+            rows,
+            pending,
+            free: Mutex::new(free),
+            _attachments: attachments,
+        })
+    }
+
+    /// Why column `i` is not counted in the kernel, if it is not.
+    pub fn refused(&self, i: usize) -> Option<&str> {
+        self.refused.get(i).and_then(|r| r.as_deref())
+    }
+
+    /// Starts counting thread `tid` of process `pid`. A thread already counted keeps its row
+    /// (two lists of the same events in one process may count the same thread): the caller
+    /// takes the row's value now as its start ([`read`](Self::read) at once).
+    ///
+    /// # Errors
+    /// When every slot is in use or the maps cannot be written.
+    pub fn add_thread(&self, pid: i32, tid: i32) -> Result<Slot, TallyError> {
+        let mut slots = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((slot, refs)) = slots.used.get_mut(&(tid as u32)) {
+            *refs += 1;
+            return Ok(Slot(*slot));
+        }
+        let slot = slots.free.pop().ok_or(TallyError::Full(SLOTS))?;
+        let zero = vec![0u8; 8 * self.columns.max(1)];
+        let entry = (u64::from(pid as u32) << 32) | u64::from(slot + 1);
+        // No span left open by the slot's previous thread may close on this one.
+        let closed = match &self.pending {
+            Some(pending) => pending.write(slot, &[0u8; 16]),
+            None => Ok(()),
+        };
+        let written = closed
+            .and_then(|()| self.rows.write(slot, &zero))
+            .and_then(|()| self.threads.write(tid as u32, &entry.to_ne_bytes()));
+        if let Err(e) = written {
+            slots.free.push(slot);
+            return Err(TallyError::Map(e));
+        }
+        slots.used.insert(tid as u32, (slot, 1));
+        Ok(Slot(slot))
+    }
+
+    /// Stops counting thread `tid` for one of those that added it; once none counts it, its
+    /// slot is free for another.
+    pub fn remove_thread(&self, tid: i32) {
+        let mut slots = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((slot, refs)) = slots.used.get_mut(&(tid as u32)) else { return };
+        *refs -= 1;
+        if *refs > 0 {
+            return;
+        }
+        let slot = *slot;
+        slots.used.remove(&(tid as u32));
+        // The thread's entry goes first, so no program adds to the row once it is reused; a
+        // slot whose entry cannot be cleared is never reused.
+        let cleared = match self.table {
+            ThreadTable::Array => self.threads.write(tid as u32, &0u64.to_ne_bytes()),
+            ThreadTable::Hash => self.threads.delete(tid as u32),
+        };
+        if cleared.is_ok() {
+            slots.free.insert(0, slot);
+        }
+    }
+
+    /// The counts of `slot`, by column, summed over CPUs.
+    ///
+    /// # Errors
+    /// When the map cannot be read.
+    pub fn read(&self, slot: Slot) -> io::Result<Vec<u64>> {
+        self.rows.sum_u64(slot.0, self.columns)
+    }
+
+    /// As [`read`](Self::read) into `row` (one value per column), through `scratch`: buffers
+    /// kept between reads make a read allocate nothing.
+    ///
+    /// # Errors
+    /// As [`read`](Self::read).
+    pub fn read_into(&self, slot: Slot, scratch: &mut Vec<u8>, row: &mut Vec<u64>) -> io::Result<()> {
+        row.resize(self.columns, 0);
+        self.rows.sum_u64_into(slot.0, scratch, row)
+    }
+}
+
+fn error_text(e: &TallyError) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// What the program of one tracepoint does: the counting columns and span columns it classifies
+/// into, and whether it closes spans.
+#[derive(Debug, Default)]
+struct Roles {
+    counts: Vec<usize>,
+    starts: Vec<usize>,
+    ends: bool,
+}
+
+/// The maps every program of a tally uses.
+struct Maps<'a> {
+    threads: &'a ArrayMap,
+    rows: &'a ArrayMap,
+    pending: Option<&'a ArrayMap>,
+    width: usize,
+}
+
+impl Maps<'_> {
+    fn assemble(&self, counts: Vec<Column>, starts: Vec<Column>, ends: bool) -> Result<Vec<u64>, ()> {
+        let spans =
+            self.pending.map(|p| Spans { pending: p.raw_fd(), width: self.width as u16, ends, starts });
+        program::assemble_with_spans(self.threads.raw_fd(), self.rows.raw_fd(), &counts, spans.as_ref())
+            .map_err(drop)
+    }
+}
+
+fn attach_one(
+    root: &Path,
+    system: &str,
+    name: &str,
+    roles: &Roles,
+    columns: &[TracepointColumn],
+    maps: &Maps<'_>,
+) -> Result<Attachment, TallyError> {
+    let tracepoint = format!("{system}:{name}");
+    let format = tracefs::event_format_at(root, system, name)
+        .map_err(|source| TallyError::Format { tracepoint: tracepoint.clone(), source })?;
+    let id = tracefs::event_id_at(root, system, name)
+        .map_err(|source| TallyError::Format { tracepoint: tracepoint.clone(), source })?;
+    let fields = filter::parse_format(&format);
+    // A raw tracepoint first: it runs before the kernel makes the record, which is most of
+    // what a classic tracepoint program costs a firing.
+    let filters: Vec<Option<&str>> =
+        roles.counts.iter().chain(&roles.starts).map(|&i| columns[i].filter.as_deref()).collect();
+    if let Some(raw_fields) = raw::fields(system, name, &fields, &filters)
+        && let Ok(counts) = program_columns(&tracepoint, &raw_fields, &roles.counts, columns)
+        && let Ok(starts) = program_columns(&tracepoint, &raw_fields, &roles.starts, columns)
+        && let Ok(insns) = maps.assemble(counts, starts, roles.ends)
+        && let Ok(prog) = Program::load_raw_tracepoint(&insns)
+        && let Ok(attached) = Attachment::raw_tracepoint(name, &prog)
+    {
+        return Ok(attached);
+    }
+    let counts = program_columns(&tracepoint, &fields, &roles.counts, columns)?;
+    let starts = program_columns(&tracepoint, &fields, &roles.starts, columns)?;
+    let insns =
+        maps.assemble(counts, starts, roles.ends).map_err(|()| TallyError::Assemble(tracepoint.clone()))?;
+    let prog = Program::load_tracepoint(&insns)
+        .map_err(|source| TallyError::Load { tracepoint: tracepoint.clone(), source })?;
+    Attachment::tracepoint(id, &prog).map_err(|source| TallyError::Attach { tracepoint, source })
+}
+
+fn program_columns(
+    tracepoint: &str,
+    fields: &filter::Fields,
+    indices: &[usize],
+    columns: &[TracepointColumn],
+) -> Result<Vec<Column>, TallyError> {
+    let mut program_columns = Vec::with_capacity(indices.len());
+    for &i in indices {
+        let pred: Option<Pred> = match &columns[i].filter {
+            Some(f) => Some(filter::parse_filter(f, fields).map_err(|source| TallyError::Filter {
+                tracepoint: tracepoint.to_owned(),
+                filter: f.clone(),
+                source,
+            })?),
+            None => None,
+        };
+        let index = u16::try_from(i).map_err(|_| TallyError::Assemble(tracepoint.to_owned()))?;
+        program_columns.push(Column { index, pred });
+    }
+    Ok(program_columns)
+}
+
+/// The kernel's `pid_max` (thread ids are below it), at most 4 Mi.
+fn pid_max() -> u32 {
+    std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|t| t.trim().parse::<u32>().ok())
+        .unwrap_or(1 << 22)
+        .clamp(1024, 1 << 22)
+}

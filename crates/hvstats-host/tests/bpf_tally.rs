@@ -1,0 +1,255 @@
+//! In-kernel counting with programs assembled by hvstats, tested for real on tracepoints that fire
+//! on this machine: `syscalls:sys_enter_getppid` (no fields to speak of) and
+//! `syscalls:sys_enter_getpriority` (two `int` arguments, classified as the observer classifies
+//! `kvm_exit` by exit reason), on threads of this test process. Needs root (CAP_BPF and
+//! CAP_PERFMON); without them it says "skipped", and fails under `HVSTATS_REQUIRE_KVM=1`.
+
+// Test set-up: a failed step is the test's failure, reported by the panic.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+
+use hvstats_host::bpf::{SpanColumn, Tally, TallyError, ThreadTable, TracepointColumn};
+
+fn tracefs() -> &'static Path {
+    Path::new("/sys/kernel/tracing")
+}
+
+fn column(name: &str, filter: Option<&str>) -> TracepointColumn {
+    TracepointColumn { system: "syscalls".into(), name: name.into(), filter: filter.map(Into::into) }
+}
+
+/// The tally, or `None` (after saying why) where this host does not allow BPF.
+fn tally(columns: &[TracepointColumn], test: &str) -> Option<Tally> {
+    tally_with(columns, test, None)
+}
+
+fn tally_with(columns: &[TracepointColumn], test: &str, table: Option<ThreadTable>) -> Option<Tally> {
+    let made = match table {
+        Some(table) => Tally::with_table(tracefs(), columns, table),
+        None => Tally::new(tracefs(), columns),
+    };
+    match made {
+        Ok(t) => Some(t),
+        Err(e @ (TallyError::Map(_) | TallyError::Format { .. })) => {
+            let why = hvstats_host::error_chain::error_chain(&e);
+            assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "{test}: {why}");
+            eprintln!("{test}: skipped: {why}");
+            None
+        }
+        Err(e) => panic!("{test}: {}", hvstats_host::error_chain::error_chain(&e)),
+    }
+}
+
+fn gettid() -> i32 {
+    // SAFETY: gettid has no arguments and no memory effects.
+    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
+}
+
+fn getppid(n: usize) {
+    for _ in 0..n {
+        // SAFETY: getppid has no arguments and no memory effects.
+        unsafe { libc::syscall(libc::SYS_getppid) };
+    }
+}
+
+fn getpriority(which: i32, who: i32) {
+    // SAFETY: getpriority reads its two integers; an invalid `which` is EINVAL.
+    unsafe { libc::syscall(libc::SYS_getpriority, which, who) };
+}
+
+#[test]
+fn a_thread_is_counted_exactly_from_zero_and_other_threads_not_at_all() {
+    // Both thread tables: an array where pid_max is small, a hash where it is not.
+    for table in [ThreadTable::Array, ThreadTable::Hash] {
+        a_thread_is_counted_exactly_with(table);
+    }
+}
+
+fn a_thread_is_counted_exactly_with(table: ThreadTable) {
+    let Some(t) =
+        tally_with(&[column("sys_enter_getppid", None)], "a_thread_is_counted_exactly", Some(table))
+    else {
+        return;
+    };
+    let me = std::process::id() as i32;
+    getppid(10); // before: not counted
+    let slot = t.add_thread(me, gettid()).unwrap();
+    getppid(1234);
+    let other = std::thread::spawn(|| getppid(500));
+    other.join().unwrap();
+    assert_eq!(t.read(slot).unwrap(), vec![1234]);
+    // A second thread gets its own row; a removed one stops counting.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (go_tx, go) = std::sync::mpsc::channel::<()>();
+    let worker = std::thread::spawn(move || {
+        tx.send(gettid()).unwrap();
+        go.recv().unwrap();
+        getppid(77);
+    });
+    let worker_slot = t.add_thread(me, rx.recv().unwrap()).unwrap();
+    go_tx.send(()).unwrap();
+    worker.join().unwrap();
+    assert_eq!(t.read(worker_slot).unwrap(), vec![77]);
+    t.remove_thread(gettid());
+    getppid(5);
+    assert_eq!(t.read(slot).unwrap(), vec![1234], "a removed thread's row no longer moves");
+    // The slot is reused from zero.
+    let again = t.add_thread(me, gettid()).unwrap();
+    getppid(3);
+    assert_eq!(t.read(again).unwrap(), vec![3]);
+}
+
+#[test]
+fn a_thread_id_of_another_process_is_not_counted() {
+    let Some(t) = tally(&[column("sys_enter_getppid", None)], "a_thread_id_of_another_process") else {
+        return;
+    };
+    // Our thread id under a process id that is not ours: the program checks both.
+    let slot = t.add_thread(std::process::id() as i32 + 1, gettid()).unwrap();
+    getppid(100);
+    assert_eq!(t.read(slot).unwrap(), vec![0]);
+}
+
+#[test]
+fn columns_classify_each_firing_by_its_fields_as_the_filters_say() {
+    // `which` stands for kvm_exit's exit_reason and `who` for its intr_info.
+    let filters = [
+        None,
+        Some("which == 10"),
+        Some("which == 31 || which == 32"),
+        Some("(which >= 40 && which <= 49)"),
+        Some("(which == 0 && who == 0x80000b0e)"),
+        Some("which != 10 && which != 31"),
+        Some("(who & 262144) && !(who & 524288)"),
+        Some("who > 0x7fffffff"),
+    ];
+    let columns: Vec<TracepointColumn> =
+        filters.iter().map(|f| column("sys_enter_getpriority", *f)).collect();
+    let Some(t) = tally(&columns, "columns_classify_each_firing") else { return };
+    let slot = t.add_thread(std::process::id() as i32, gettid()).unwrap();
+    let calls: &[(i32, i32, u32)] = &[
+        (10, 0, 7),
+        (31, 0, 3),
+        (32, 0, 4),
+        (45, 0, 5),
+        (49, 0, 1),
+        (50, 0, 2),
+        (0, 0x8000_0b0eu32 as i32, 6),
+        (0, 0x8000_0b0fu32 as i32, 1),
+        (1000, 262_144, 8),
+        (1000, 262_144 | 524_288, 9),
+    ];
+    for &(which, who, n) in calls {
+        for _ in 0..n {
+            getpriority(which, who);
+        }
+    }
+    let expected: Vec<u64> = filters
+        .iter()
+        .map(|f| {
+            calls
+                .iter()
+                .filter(|&&(w, o, _)| match *f {
+                    None => true,
+                    Some("which == 10") => w == 10,
+                    Some("which == 31 || which == 32") => w == 31 || w == 32,
+                    Some("(which >= 40 && which <= 49)") => (40..=49).contains(&w),
+                    Some("(which == 0 && who == 0x80000b0e)") => w == 0 && o as u32 == 0x8000_0b0e,
+                    Some("which != 10 && which != 31") => w != 10 && w != 31,
+                    Some("(who & 262144) && !(who & 524288)") => o & 262_144 != 0 && o & 524_288 == 0,
+                    Some("who > 0x7fffffff") => o as u32 > 0x7fff_ffff,
+                    Some(other) => panic!("no model for {other}"),
+                })
+                .map(|&(_, _, n)| u64::from(n))
+                .sum()
+        })
+        .collect();
+    assert_eq!(t.read(slot).unwrap(), expected);
+}
+
+#[test]
+fn a_filter_the_program_cannot_evaluate_leaves_its_tracepoint_refused_and_others_counted() {
+    let columns = [column("sys_enter_getppid", None), column("sys_enter_getpriority", Some("nope == 1"))];
+    let Some(t) = tally(&columns, "a_filter_the_program_cannot_evaluate") else { return };
+    assert_eq!(t.refused(0), None);
+    assert!(t.refused(1).is_some_and(|why| why.contains("nope")), "{:?}", t.refused(1));
+    let slot = t.add_thread(std::process::id() as i32, gettid()).unwrap();
+    getppid(9);
+    assert_eq!(t.read(slot).unwrap()[0], 9);
+}
+
+#[test]
+fn a_perf_counter_on_the_same_tracepoint_still_counts_every_firing() {
+    // A classic tracepoint program returning 0 would hide every firing from every perf event on
+    // the tracepoint: another tool's `perf stat` would read 0.
+    let Some(t) = tally(&[column("sys_enter_getppid", None)], "a_perf_counter_on_the_same_tracepoint") else {
+        return;
+    };
+    let id: u64 = std::fs::read_to_string(tracefs().join("events/syscalls/sys_enter_getppid/id"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let perf =
+        hvstats_host::perf_event::PerfCounter::open(hvstats_host::perf_event::TYPE_TRACEPOINT, id, gettid())
+            .unwrap();
+    let slot = t.add_thread(std::process::id() as i32, gettid()).unwrap();
+    getppid(321);
+    assert_eq!(t.read(slot).unwrap(), vec![321]);
+    assert_eq!(perf.read().unwrap(), 321);
+}
+
+fn clock_nanosleep(clock: libc::clockid_t, ms: i64) {
+    let ts = libc::timespec { tv_sec: 0, tv_nsec: ms * 1_000_000 };
+    // SAFETY: clock_nanosleep reads the timespec we own; no remainder is asked for.
+    let r = unsafe { libc::clock_nanosleep(clock, 0, &ts, std::ptr::null_mut()) };
+    assert_eq!(r, 0);
+}
+
+#[test]
+fn spans_time_each_class_from_its_start_to_the_next_end_on_the_same_thread() {
+    // clock_nanosleep's entry opens a span classified by clock (as kvm_exit's by exit reason),
+    // its return closes it (as kvm_entry): each span column is the time slept on that clock.
+    let span = |filter: &str| SpanColumn {
+        start: column("sys_enter_clock_nanosleep", Some(filter)),
+        end_system: "syscalls".into(),
+        end_name: "sys_exit_clock_nanosleep".into(),
+    };
+    let counted = [column("sys_enter_clock_nanosleep", None), column("sys_exit_clock_nanosleep", None)];
+    let spans = [span("which_clock == 1"), span("which_clock == 0")];
+    let made = Tally::with_spans(tracefs(), &counted, &spans, ThreadTable::Array);
+    let t = match made {
+        Ok(t) => t,
+        Err(e @ (TallyError::Map(_) | TallyError::Format { .. })) => {
+            let why = hvstats_host::error_chain::error_chain(&e);
+            assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "{why}");
+            eprintln!("spans_time_each_class: skipped: {why}");
+            return;
+        }
+        Err(e) => panic!("{}", hvstats_host::error_chain::error_chain(&e)),
+    };
+    assert!((0..4).all(|i| t.refused(i).is_none()));
+    let slot = t.add_thread(std::process::id() as i32, gettid()).unwrap();
+    // Another thread's sleeps are not ours.
+    let other = std::thread::spawn(|| clock_nanosleep(libc::CLOCK_MONOTONIC, 30));
+    let started = std::time::Instant::now();
+    for _ in 0..5 {
+        clock_nanosleep(libc::CLOCK_MONOTONIC, 3);
+    }
+    let monotonic_wall = started.elapsed().as_nanos() as u64;
+    let started = std::time::Instant::now();
+    for _ in 0..4 {
+        clock_nanosleep(libc::CLOCK_REALTIME, 1);
+    }
+    let realtime_wall = started.elapsed().as_nanos() as u64;
+    other.join().unwrap();
+    let row = t.read(slot).unwrap();
+    assert_eq!(row[..2], [9, 9], "{row:?}");
+    // Each span lasts at least the sleep asked for and at most the time its loop took.
+    assert!((15_000_000..=monotonic_wall).contains(&row[2]), "{row:?}, {monotonic_wall} ns");
+    assert!((4_000_000..=realtime_wall).contains(&row[3]), "{row:?}, {realtime_wall} ns");
+    // A span is closed once: returns without a new start add nothing.
+    getppid(10);
+    assert_eq!(t.read(slot).unwrap(), row);
+}

@@ -1,0 +1,822 @@
+//! The `/metrics` text: one reading of every live instance, encoded as Prometheus/OpenMetrics
+//! metric families by `prometheus-client`.
+//!
+//! The families and their units, scales and help texts come from [`crate::metrics`]; this module
+//! only walks the objects of a reading and attaches labels. A VM's series carry what identifies
+//! them across restarts: `vm` (its name) and `vp` (the VP index), and `intercept` inside the
+//! intercept families; what changes when a publisher restarts (the publishing instance, the
+//! partition id, the publisher's pid) is on one `hvstats_vm_info` series per VM, to join on `vm`.
+//! Hypervisor series carry `publisher` (every instance has its own); logical processor series
+//! carry `lp`/`cpu` and come once per host, from one publisher. No series has an `instance` label: Prometheus sets that one to the scrape target. Objects whose page could not be read have no
+//! series in that scrape. Beyond a cap on the number of VPs exported one by one, the remaining
+//! partitions export the sum of their VPs under `vp="all"`, so a huge host cannot flood
+//! Prometheus with series.
+//!
+//! An instance that keeps values by name beside its pages (`hvstats observe --mshv`: the
+//! Microsoft Hypervisor's counters the catalog has no place for) exports them as one generic
+//! family, `hvstats_mshv_value{instance, object, lp|partition|vp, name}` (the raw value as the
+//! hypervisor prints it), and is named by `hvstats_mshv_instance_info{instance, source="mshv"}`,
+//! so its catalog series can be told apart by a join on `instance`. Those values are bounded as
+//! VPs are: `--max-vps` objects' worth per scrape, the rest counted in
+//! `hvstats_mshv_values_omitted`.
+
+use std::fmt::Write;
+use std::sync::Arc;
+
+use crate::metrics::{BaseUnit, Family, Member, MetricKind, families, histogram_families};
+use hvstats::snapshot::{InstanceSnapshot, ObjectReading, PartitionSnapshot, VpSnapshot};
+use hvstats_abi::catalog::counters_of;
+use hvstats_abi::histogram::{BUCKETS, Log2Histogram, bucket_upper_ns};
+use hvstats_abi::{Counter, ObjectKind};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::live::{Live, Reading};
+
+/// The media type of the OpenMetrics reply (for clients that accept it, as Prometheus does).
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The media type of the classic Prometheus text format (curl, `promtool check metrics`).
+pub const CLASSIC_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// True when an `Accept` header value asks for OpenMetrics.
+pub fn accepts_openmetrics(accept: &str) -> bool {
+    accept.split(',').any(|t| t.trim().starts_with("application/openmetrics-text"))
+}
+
+/// The OpenMetrics text in the classic Prometheus text format (0.0.4): a counter's HELP and TYPE
+/// name its samples (`…_total`), and there is no `# UNIT` or `# EOF`. Samples are unchanged.
+pub fn to_classic(openmetrics: &str) -> String {
+    let mut out = String::with_capacity(openmetrics.len());
+    let mut classic = Classic::new(&mut out);
+    let _ = classic.write_str(openmetrics).and_then(|()| classic.finish());
+    out
+}
+
+/// [`to_classic`] as a writer: OpenMetrics text written to it reaches `out` in the classic
+/// format, a line at a time (a family's HELP waits for its TYPE, which says whether it is a
+/// counter); [`finish`](Self::finish) writes a last line without a newline.
+pub struct Classic<W> {
+    out: W,
+    /// The unfinished line, then a HELP line waiting for its family's TYPE.
+    line: String,
+    help: Option<String>,
+}
+
+impl<W: Write> Classic<W> {
+    /// A converter writing to `out`.
+    pub fn new(out: W) -> Self {
+        Self { out, line: String::new(), help: None }
+    }
+
+    /// The writer it writes to.
+    pub fn into_inner(self) -> W {
+        self.out
+    }
+
+    /// Writes what is still held.
+    ///
+    /// # Errors
+    /// When `out` fails.
+    pub fn finish(&mut self) -> std::fmt::Result {
+        if !self.line.is_empty() {
+            let line = std::mem::take(&mut self.line);
+            self.convert(&line)?;
+        }
+        match self.help.take() {
+            Some(help) => self.meta("# HELP ", &help, false),
+            None => Ok(()),
+        }
+    }
+
+    fn meta(&mut self, prefix: &str, rest: &str, counter: bool) -> std::fmt::Result {
+        let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+        let suffix = if counter { "_total" } else { "" };
+        writeln!(self.out, "{prefix}{name}{suffix} {tail}")
+    }
+
+    fn convert(&mut self, line: &str) -> std::fmt::Result {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            if let Some(help) = self.help.replace(rest.to_owned()) {
+                self.meta("# HELP ", &help, false)?;
+            }
+            return Ok(());
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let counter = rest.ends_with(" counter");
+            if let Some(help) = self.help.take() {
+                let same = help.split(' ').next() == rest.split(' ').next();
+                self.meta("# HELP ", &help, same && counter)?;
+            }
+            return self.meta("# TYPE ", rest, counter);
+        }
+        if let Some(help) = self.help.take() {
+            self.meta("# HELP ", &help, false)?;
+        }
+        if line.starts_with("# UNIT ") || line == "# EOF" {
+            return Ok(());
+        }
+        self.out.write_str(line)?;
+        self.out.write_char('\n')
+    }
+}
+
+impl<W: Write> Write for Classic<W> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let mut rest = s;
+        while let Some((head, tail)) = rest.split_once('\n') {
+            if self.line.is_empty() {
+                self.convert(head)?;
+            } else {
+                let mut line = std::mem::take(&mut self.line);
+                line.push_str(head);
+                self.convert(&line)?;
+            }
+            rest = tail;
+        }
+        self.line.push_str(rest);
+        Ok(())
+    }
+}
+
+/// The label naming the hvstats instance that publishes an object (not `instance`, which
+/// Prometheus sets to the scrape target).
+pub const PUBLISHER: &str = "publisher";
+
+/// The `vp` label of a partition's summed VPs, past the cap.
+pub const ALL_VPS: &str = "all";
+
+/// One scrape: a reading and the cap on VPs exported one by one.
+#[derive(Debug)]
+pub struct Exposition {
+    reading: Arc<Reading>,
+    max_vps: usize,
+    read_time: Option<std::time::Duration>,
+    /// The `vm` label of each partition in walk order, made once per scrape.
+    vm_labels: Vec<String>,
+}
+
+type Labels = Vec<(&'static str, String)>;
+
+impl Exposition {
+    /// The exposition of `reading`, exporting at most `max_vps` VPs one by one.
+    pub fn new(reading: impl Into<Arc<Reading>>, max_vps: usize) -> Self {
+        let reading = reading.into();
+        let vm_labels = vm_labels(&reading);
+        Self { reading, max_vps, read_time: None, vm_labels }
+    }
+
+    /// The same, saying that reading took `took` (`hvstats_scrape_duration_seconds`).
+    pub fn read_in(mut self, took: std::time::Duration) -> Self {
+        self.read_time = Some(took);
+        self
+    }
+
+    /// The text, in the OpenMetrics format, `# EOF` included.
+    ///
+    /// # Errors
+    /// Only when formatting fails (it writes to a `String`).
+    pub fn encode(self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        self.encode_into(&mut out)?;
+        Ok(out)
+    }
+
+    /// The text, in the OpenMetrics format, written to `out` as it is made (a writer of chunks
+    /// holds it without the copies of a growing `String`).
+    ///
+    /// # Errors
+    /// When `out` fails.
+    pub fn encode_into(self, out: &mut impl Write) -> std::fmt::Result {
+        let mut registry = Registry::with_prefix(crate::metrics::PREFIX);
+        registry.register_collector(Box::new(self));
+        prometheus_client::encoding::text::encode(out, &registry)
+    }
+
+    /// For each partition in walk order, whether its VPs are exported one by one.
+    fn per_vp(&self) -> Vec<bool> {
+        let mut budget = self.max_vps;
+        self.partitions()
+            .map(|(_, p)| {
+                let fits = p.vps.len() <= budget;
+                if fits {
+                    budget -= p.vps.len();
+                }
+                fits
+            })
+            .collect()
+    }
+
+    /// The instance whose LP pages are exported: one publishing the Microsoft Hypervisor's own
+    /// LP counters when there is one, else the first whose LPs can be read. Every instance's LPs
+    /// are the same processors, counted from the same cumulative sources.
+    fn lp_source(&self) -> Option<&InstanceSnapshot> {
+        let readable =
+            |i: &&InstanceSnapshot| i.lps.iter().any(|lp| matches!(lp.reading, ObjectReading::Counters(_)));
+        let instances = &self.reading.instances;
+        instances
+            .iter()
+            .filter(readable)
+            .find(|i| i.description.kind == "mshv")
+            .or_else(|| instances.iter().find(readable))
+    }
+
+    fn partitions(&self) -> impl Iterator<Item = (&InstanceSnapshot, &PartitionSnapshot)> {
+        self.reading.instances.iter().flat_map(|i| i.partitions.iter().map(move |p| (i, p)))
+    }
+
+    fn has_objects(&self, kind: ObjectKind) -> bool {
+        let instances = &self.reading.instances;
+        match kind {
+            ObjectKind::Hypervisor => !instances.is_empty(),
+            ObjectKind::LogicalProcessor => instances.iter().any(|i| !i.lps.is_empty()),
+            ObjectKind::Partition => instances.iter().any(|i| !i.partitions.is_empty()),
+            ObjectKind::Vp => instances.iter().flat_map(|i| &i.partitions).any(|p| !p.vps.is_empty()),
+        }
+    }
+
+    fn encode_family(
+        &self,
+        family: &Family,
+        metric: &mut MetricEncoder,
+        per_vp: &[bool],
+    ) -> std::fmt::Result {
+        let mut sample = |labels: &Labels, reading: &ObjectReading| -> std::fmt::Result {
+            for member in &family.members {
+                let Some(raw) = value_of(reading, member.counter) else { continue };
+                let mut labels = labels.clone();
+                if let Some(class) = member.intercept {
+                    labels.push(("intercept", class.to_owned()));
+                }
+                encode_value(family, member, raw, &mut metric.encode_family(&labels)?)?;
+            }
+            Ok(())
+        };
+        match family.object {
+            // Every publisher has a hypervisor page of its own (its partitions, its VPs): its
+            // name tells them apart.
+            ObjectKind::Hypervisor => {
+                for instance in &self.reading.instances {
+                    sample(&vec![(PUBLISHER, instance.name.clone())], &instance.hypervisor)?;
+                }
+            }
+            // The logical processors are the host's, whoever publishes them: once per host, from
+            // one publisher (see `lp_source`), so a sum over a host counts each CPU once.
+            ObjectKind::LogicalProcessor => {
+                for lp in self.lp_source().map(|i| i.lps.as_slice()).unwrap_or_default() {
+                    let labels: Labels = vec![("lp", lp.index.to_string()), ("cpu", lp.cpu.to_string())];
+                    sample(&labels, &lp.reading)?;
+                }
+            }
+            ObjectKind::Partition | ObjectKind::Vp => {}
+        }
+        if !matches!(family.object, ObjectKind::Partition | ObjectKind::Vp) {
+            return Ok(());
+        }
+        for (((_, partition), vm), one_by_one) in self.partitions().zip(&self.vm_labels).zip(per_vp) {
+            let labels: Labels = vec![("vm", vm.to_owned())];
+            if family.object == ObjectKind::Partition {
+                sample(&labels, &partition.reading)?;
+            } else if *one_by_one {
+                for vp in &partition.vps {
+                    let mut labels = labels.clone();
+                    labels.push(("vp", vp.index.to_string()));
+                    sample(&labels, &vp.reading)?;
+                }
+            } else if let Some(sum) = partition.vps_summed() {
+                let mut labels = labels.clone();
+                labels.push(("vp", ALL_VPS.to_owned()));
+                sample(&labels, &sum)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Exposition {
+    /// Each VP's histogram of `family` (a partition's VPs summed bucket by bucket past the cap).
+    fn encode_histograms(
+        &self,
+        family: &Family,
+        metric: &mut MetricEncoder,
+        per_vp: &[bool],
+    ) -> std::fmt::Result {
+        let Some(member) = family.members.first() else { return Ok(()) };
+        let id = member.counter.id;
+        let of = |vp: &VpSnapshot| vp.histograms.iter().find(|(c, _)| c.id == id).map(|(_, h)| *h);
+        for (((_, partition), vm), one_by_one) in self.partitions().zip(&self.vm_labels).zip(per_vp) {
+            let labels: Labels = vec![("vm", vm.to_owned())];
+            if *one_by_one {
+                for vp in &partition.vps {
+                    let Some(h) = of(vp) else { continue };
+                    let mut labels = labels.clone();
+                    labels.push(("vp", vp.index.to_string()));
+                    encode_histogram(&h, &mut metric.encode_family(&labels)?)?;
+                }
+            } else {
+                let mut sum: Option<Log2Histogram> = None;
+                for h in partition.vps.iter().filter_map(of) {
+                    let total = sum.get_or_insert_with(Log2Histogram::default);
+                    total.sum_ns = total.sum_ns.wrapping_add(h.sum_ns);
+                    for (t, b) in total.buckets.iter_mut().zip(h.buckets) {
+                        *t = t.wrapping_add(b);
+                    }
+                }
+                if let Some(h) = sum {
+                    let mut labels = labels.clone();
+                    labels.push(("vp", ALL_VPS.to_owned()));
+                    encode_histogram(&h, &mut metric.encode_family(&labels)?)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A log2 histogram in seconds: bucket `i` holds times below `bucket_upper_ns(i)`, the last one
+/// is `+Inf`; `_sum` in seconds, `_count` the number of times.
+fn encode_histogram(h: &Log2Histogram, metric: &mut MetricEncoder) -> std::fmt::Result {
+    let buckets: Vec<(f64, u64)> = (0..BUCKETS)
+        .map(|i| (bucket_upper_ns(i).map_or(f64::INFINITY, |ns| ns as f64 / 1e9), h.buckets[i]))
+        .collect();
+    metric.encode_histogram::<NoLabelSet>(h.sum_ns as f64 / 1e9, h.count(), &buckets, None)
+}
+
+/// The value of `counter` in `reading`. Readings list their counters in catalog order, so it is
+/// found at its catalog position unless the publisher left an earlier counter out; then by a scan.
+pub fn value_of(reading: &ObjectReading, counter: &Counter) -> Option<u64> {
+    let ObjectReading::Counters(values) = reading else { return None };
+    let position = catalog_position(counter);
+    match values.get(position) {
+        Some((c, v)) if c.id == counter.id => Some(*v),
+        _ => values.iter().find(|(c, _)| c.id == counter.id).map(|(_, v)| *v),
+    }
+}
+
+/// The position of `counter` among the counters of its kind (page order).
+fn catalog_position(counter: &Counter) -> usize {
+    use std::sync::OnceLock;
+    static POSITIONS: OnceLock<std::collections::HashMap<hvstats_abi::CounterId, usize>> = OnceLock::new();
+    let positions = POSITIONS.get_or_init(|| {
+        ObjectKind::ALL.iter().flat_map(|k| counters_of(*k).enumerate().map(|(i, c)| (c.id, i))).collect()
+    });
+    positions.get(&counter.id).copied().unwrap_or(usize::MAX)
+}
+
+fn encode_value(family: &Family, member: &Member, raw: u64, metric: &mut MetricEncoder) -> std::fmt::Result {
+    // Whole counts stay integers: an f64 would round counts above 2^53.
+    match (family.kind, member.exact(raw)) {
+        (MetricKind::Counter, Some(v)) => metric.encode_counter::<NoLabelSet, _, u64>(&v, None),
+        (MetricKind::Counter, None) => metric.encode_counter::<NoLabelSet, _, u64>(&member.value(raw), None),
+        (MetricKind::Gauge, Some(v)) => metric.encode_gauge(&v),
+        (MetricKind::Gauge, None) => metric.encode_gauge(&member.value(raw)),
+    }
+}
+
+impl Exposition {
+    /// The exporter's own families: what it is, what it could read and how long that took.
+    fn encode_exporter(&self, encoder: &mut DescriptorEncoder) -> std::fmt::Result {
+        {
+            let mut metric = encoder.encode_descriptor(
+                "build_info",
+                "The hvstats build serving these metrics (always 1).",
+                None,
+                MetricType::Gauge,
+            )?;
+            let labels: Labels = vec![("version", env!("CARGO_PKG_VERSION").to_owned())];
+            metric.encode_family(&labels)?.encode_gauge(&1i64)?;
+        }
+        {
+            let mut metric = encoder.encode_descriptor(
+                "read_errors",
+                "What this scrape could not read: instances that could not be attached (or the runtime \
+                 directory itself) and pages that could not be read.",
+                None,
+                MetricType::Gauge,
+            )?;
+            metric.encode_gauge(&(read_errors(&self.reading) as i64))?;
+        }
+        if let Some(took) = self.read_time {
+            let mut metric = encoder.encode_descriptor(
+                "scrape_duration",
+                "Time this scrape took to read every instance.",
+                Some(&Unit::Seconds),
+                MetricType::Gauge,
+            )?;
+            metric.encode_gauge(&took.as_secs_f64())?;
+        }
+        if self.reading.instances.is_empty() && self.reading.failed.is_empty() {
+            return Ok(());
+        }
+        let mut metric = encoder.encode_descriptor(
+            "instance_up",
+            "1 for each instance this scrape read, 0 for one it found but could not attach.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for instance in &self.reading.instances {
+            let up = i64::from(!matches!(instance.hypervisor, ObjectReading::Unreadable { .. }));
+            metric.encode_family(&vec![(PUBLISHER, instance.name.clone())])?.encode_gauge(&up)?;
+        }
+        for name in &self.reading.failed {
+            metric.encode_family(&vec![(PUBLISHER, name.clone())])?.encode_gauge(&0i64)?;
+        }
+        if self.has_objects(ObjectKind::Partition) {
+            let mut metric = encoder.encode_descriptor(
+                "vm_up",
+                "1 for each partition (VM) that is running and whose counters this scrape read, else 0.",
+                None,
+                MetricType::Gauge,
+            )?;
+            for ((_, partition), vm) in self.partitions().zip(&self.vm_labels) {
+                let read = matches!(partition.reading, ObjectReading::Counters(_));
+                let labels: Labels = vec![("vm", vm.clone())];
+                metric.encode_family(&labels)?.encode_gauge(&i64::from(partition.active && read))?;
+            }
+            let mut metric = encoder.encode_descriptor(
+                "vm_info",
+                "Each VM (partition) this scrape read: its publishing instance (hvstats' own, or the \
+                 observer of other processes' VMs), the publisher's pid and kind, the partition id \
+                 in it, and for an observed VM its VMM, the VMM's pid and the VM's UUID when the VMM \
+                 has one.",
+                None,
+                MetricType::Gauge,
+            )?;
+            for ((instance, partition), vm) in self.partitions().zip(&self.vm_labels) {
+                let labels: Labels = vec![
+                    ("vm", vm.clone()),
+                    (PUBLISHER, instance.name.clone()),
+                    ("publisher_pid", instance.pid.to_string()),
+                    ("publisher_kind", instance.description.kind.clone()),
+                    ("partition", partition.id.to_string()),
+                ];
+                let mut labels = labels;
+                if let Some(vmm) = partition.vmm {
+                    labels.push(("vmm", vmm.vmm.name().to_owned()));
+                    labels.push(("vmm_pid", vmm.pid.to_string()));
+                }
+                if let Some(uuid) = partition.uuid {
+                    labels.push(("uuid", uuid.to_string()));
+                }
+                metric.encode_family(&labels)?.encode_gauge(&1i64)?;
+            }
+            let tables: Vec<_> = self.partitions().map(|(_, p)| p.sources()).collect();
+            if tables.iter().any(Option::is_some) {
+                let mut metric = encoder.encode_descriptor(
+                    "vm_source_up",
+                    "For each source of an observed VM's counters (the VMM's KVM statistics \
+                     descriptors, libvirt, QMP, tracepoints, its threads' files), 1 while it gives \
+                     counters, 0 while it is there but gives none (its peer failed or stalled).",
+                    None,
+                    MetricType::Gauge,
+                )?;
+                for (table, vm) in tables.iter().zip(&self.vm_labels) {
+                    for source in table.iter().flat_map(|t| t.sources()) {
+                        let labels: Labels = vec![("vm", vm.clone()), ("source", source.name().to_owned())];
+                        metric.encode_family(&labels)?.encode_gauge(&i64::from(source.up))?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The `vm` label of each partition of `reading` in walk order: its name ([`Live::vm_name`]),
+/// stable across restarts of its publisher; a name two partitions share gets its publisher and
+/// partition id appended, so no two series collide.
+fn vm_labels(reading: &Reading) -> Vec<String> {
+    let partitions = || reading.instances.iter().flat_map(|i| i.partitions.iter().map(move |p| (i, p)));
+    let names: Vec<String> = partitions().map(|(i, p)| Live::vm_name(&i.name, p)).collect();
+    let mut seen = std::collections::HashMap::<&str, usize>::new();
+    for name in &names {
+        *seen.entry(name).or_default() += 1;
+    }
+    partitions()
+        .zip(&names)
+        .map(|((instance, partition), name)| match seen.get(name.as_str()) {
+            Some(1) => name.clone(),
+            _ => format!("{name} ({}:{})", instance.name, partition.id),
+        })
+        .collect()
+}
+
+/// What `reading` could not read: its problems and its unreadable pages.
+pub fn read_errors(reading: &Reading) -> usize {
+    let unreadable = |r: &ObjectReading| usize::from(matches!(r, ObjectReading::Unreadable { .. }));
+    let pages: usize = reading
+        .instances
+        .iter()
+        .map(|i| {
+            unreadable(&i.hypervisor)
+                + i.lps.iter().map(|lp| unreadable(&lp.reading)).sum::<usize>()
+                + i.partitions
+                    .iter()
+                    .map(|p| {
+                        unreadable(&p.reading) + p.vps.iter().map(|vp| unreadable(&vp.reading)).sum::<usize>()
+                    })
+                    .sum::<usize>()
+        })
+        .sum();
+    reading.problems.len() + pages
+}
+
+/// True when something was to be read and nothing could be: every instance failed to attach (or
+/// the runtime directory could not be read), or every page of those attached was unreadable.
+pub fn nothing_read(reading: &Reading) -> bool {
+    let readable = |r: &ObjectReading| matches!(r, ObjectReading::Counters(_));
+    let something = reading.instances.iter().any(|i| {
+        readable(&i.hypervisor)
+            || i.lps.iter().any(|lp| readable(&lp.reading))
+            || i.partitions
+                .iter()
+                .any(|p| readable(&p.reading) || p.vps.iter().any(|vp| readable(&vp.reading)))
+    });
+    !something && read_errors(reading) > 0
+}
+
+impl Collector for Exposition {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        self.encode_exporter(&mut encoder)?;
+        let per_vp = self.per_vp();
+        for family in families() {
+            if !self.has_objects(family.object) {
+                continue;
+            }
+            let unit = family.unit.map(|u| match u {
+                BaseUnit::Seconds => Unit::Seconds,
+                BaseUnit::Bytes => Unit::Bytes,
+            });
+            let metric_type = match family.kind {
+                MetricKind::Counter => MetricType::Counter,
+                MetricKind::Gauge => MetricType::Gauge,
+            };
+            let mut metric =
+                encoder.encode_descriptor(&family.name, &family.help, unit.as_ref(), metric_type)?;
+            self.encode_family(family, &mut metric, &per_vp)?;
+        }
+        if self.reading.instances.iter().any(|i| i.unmapped.is_some()) {
+            self.encode_mshv(&mut encoder, &per_vp)?;
+        }
+        if self.has_objects(ObjectKind::Vp) {
+            for family in histogram_families() {
+                let mut metric = encoder.encode_descriptor(
+                    &family.name,
+                    &family.help,
+                    Some(&Unit::Seconds),
+                    MetricType::Histogram,
+                )?;
+                self.encode_histograms(family, &mut metric, &per_vp)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The help of the generic family of values the catalog has no counter for.
+const MSHV_VALUE_HELP: &str = "A counter of the Microsoft Hypervisor the catalog has no counter for, by the name Linux's \
+     mshv debugfs prints: the raw value (times in 100 ns units)";
+
+/// The help of the count of such values left out of a scrape.
+const MSHV_OMITTED_HELP: &str = "Values of hvstats_mshv_value this scrape left out: those of LPs, partitions and VPs \
+     past --max-vps objects exported one by one, and of VPs summed under vp=\"all\"";
+
+impl Exposition {
+    /// `mshv_instance_info`, `mshv_value` and `mshv_values_omitted` for the instances that keep
+    /// unmapped values. Besides each hypervisor's, the values of at most `--max-vps` objects (LPs,
+    /// partitions and VPs alike, in that order) are exported, and a partition's VPs only when they
+    /// are exported one by one (under the VP cap); what is left out is counted, per instance.
+    fn encode_mshv(&self, encoder: &mut DescriptorEncoder, per_vp: &[bool]) -> std::fmt::Result {
+        use hvstats::unmapped::ObjectRef;
+        let mshv = || self.reading.instances.iter().filter(|i| i.unmapped.is_some());
+        {
+            let help =
+                "An instance publishing the Microsoft Hypervisor's own counters (hvstats observe --mshv)";
+            let mut metric =
+                encoder.encode_descriptor("mshv_instance_info", help, None, MetricType::Gauge)?;
+            for instance in mshv() {
+                let labels: Labels = vec![
+                    ("publisher", instance.name.clone()),
+                    ("source", "mshv".to_owned()),
+                    ("description", instance.description.name.clone()),
+                ];
+                metric.encode_family(&labels)?.encode_gauge(&1u64)?;
+            }
+        }
+        let mut omitted: std::collections::BTreeMap<String, u64> =
+            mshv().map(|i| (i.name.clone(), 0)).collect();
+        let mut budget = self.max_vps;
+        {
+            let mut metric =
+                encoder.encode_descriptor("mshv_value", MSHV_VALUE_HELP, None, MetricType::Gauge)?;
+            // Exports `values` under `base`, when `shown` and (for all but the hypervisor) the
+            // budget has room; else counts them as left out.
+            let mut emit = |publisher: &str,
+                            base: &Labels,
+                            values: Option<&Vec<(String, u64)>>,
+                            budgeted: bool,
+                            shown: bool|
+             -> std::fmt::Result {
+                let Some(values) = values.filter(|v| !v.is_empty()) else { return Ok(()) };
+                if !shown || (budgeted && budget == 0) {
+                    *omitted.entry(publisher.to_owned()).or_default() += values.len() as u64;
+                    return Ok(());
+                }
+                if budgeted {
+                    budget -= 1;
+                }
+                for (name, value) in values {
+                    let mut labels = base.clone();
+                    labels.push(("name", name.clone()));
+                    metric.encode_family(&labels)?.encode_gauge(value)?;
+                }
+                Ok(())
+            };
+            for instance in mshv() {
+                let Some(unmapped) = &instance.unmapped else { continue };
+                let publisher = instance.name.as_str();
+                let base = |object: &str| -> Labels {
+                    vec![("publisher", instance.name.clone()), ("object", object.to_owned())]
+                };
+                emit(publisher, &base("hypervisor"), unmapped.get(&ObjectRef::Hypervisor), false, true)?;
+                for lp in &instance.lps {
+                    let mut labels = base("lp");
+                    labels.push(("lp", lp.index.to_string()));
+                    emit(publisher, &labels, unmapped.get(&ObjectRef::Lp(lp.index)), true, true)?;
+                }
+            }
+            for ((instance, partition), one_by_one) in self.partitions().zip(per_vp) {
+                let Some(unmapped) = &instance.unmapped else { continue };
+                let publisher = instance.name.as_str();
+                let base = |object: &str| -> Labels {
+                    vec![
+                        ("publisher", instance.name.clone()),
+                        ("object", object.to_owned()),
+                        ("partition", partition.id.to_string()),
+                    ]
+                };
+                let values = unmapped.get(&ObjectRef::Partition(partition.id));
+                emit(publisher, &base("partition"), values, true, true)?;
+                for vp in &partition.vps {
+                    let mut labels = base("vp");
+                    labels.push(("vp", vp.index.to_string()));
+                    let values = unmapped.get(&ObjectRef::Vp(partition.id, vp.index));
+                    emit(publisher, &labels, values, true, *one_by_one)?;
+                }
+            }
+        }
+        let mut metric =
+            encoder.encode_descriptor("mshv_values_omitted", MSHV_OMITTED_HELP, None, MetricType::Gauge)?;
+        for (publisher, count) in omitted {
+            metric.encode_family(&vec![("publisher", publisher)])?.encode_gauge(&count)?;
+        }
+        Ok(())
+    }
+}
+
+/// A text summary for `/healthz` and whether it is healthy: `ok` with the instance count, or
+/// `unhealthy` when nothing could be read ([`nothing_read`]); then what could not be read.
+pub fn health(reading: &Reading) -> (bool, String) {
+    let healthy = !nothing_read(reading);
+    let verdict = if healthy { "ok" } else { "unhealthy: nothing could be read" };
+    let mut out = format!("{verdict}: {} instances, {} VPs\n", reading.instances.len(), reading.vp_count());
+    for problem in &reading.problems {
+        let _ = writeln!(out, "problem: {problem}");
+    }
+    (healthy, out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hvstats_testkit::synthetic_instance;
+
+    fn lines_of<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
+        text.lines().filter(|l| l.starts_with(prefix)).collect()
+    }
+
+    #[test]
+    fn each_source_of_an_observed_vm_is_a_source_up_series_and_snapshot_json_names_its_counters() {
+        use hvstats::snapshot::ObjectReading;
+        use hvstats_abi::catalog::vp;
+        use hvstats_abi::vm_sources::{Origin, SourceEntry, SourceTable};
+        let mut instance = synthetic_instance(1, 1);
+        let mut table = SourceTable::default();
+        let libvirt = table.push(SourceEntry::new("libvirt", true, Origin::VcpuCreation)).unwrap();
+        table.push(SourceEntry::new("qmp", false, Origin::VcpuCreation)).unwrap();
+        table.set_writer(vp::HLT_INSTRUCTIONS, libvirt);
+        let partition = &mut instance.partitions[0];
+        partition.name = "vm-a".into();
+        let rows: Vec<_> = table.rows().collect();
+        let ObjectReading::Counters(values) = &mut partition.reading else { panic!() };
+        for (c, v) in values.iter_mut() {
+            if let Some((_, w)) = rows.iter().find(|(id, _)| *id == c.id) {
+                *v = *w;
+            }
+        }
+        let json = crate::snapshot_json::partition_json(&instance.partitions[0], None, &instance);
+        assert_eq!(json["sources"][0]["name"], "libvirt");
+        assert_eq!(json["sources"][0]["counts_from"], "vcpu-creation");
+        assert_eq!(json["sources"][0]["vp"], serde_json::json!(["HLT instructions/sec"]));
+        assert_eq!(json["sources"][1]["up"], false);
+        let text = Exposition::new(crate::live::Reading::of(vec![instance]), 4).encode().unwrap();
+        let up = lines_of(&text, "hvstats_vm_source_up{");
+        assert_eq!(
+            up,
+            [
+                "hvstats_vm_source_up{vm=\"vm-a\",source=\"libvirt\"} 1",
+                "hvstats_vm_source_up{vm=\"vm-a\",source=\"qmp\"} 0"
+            ]
+        );
+    }
+
+    #[test]
+    fn every_vp_is_a_series_under_the_cap_and_partition_sums_beyond_it() {
+        // 3 partitions of 2 VPs; VP `i` of partition `p` holds 1000 × (2p + i) + its page index.
+        let text =
+            Exposition::new(crate::live::Reading::of(vec![synthetic_instance(3, 2)]), 4).encode().unwrap();
+        let hypercalls = lines_of(&text, "hvstats_vp_hypercalls_total{");
+        // Partitions 1 and 2 fit in 4 VPs; partition 3 is summed.
+        assert_eq!(hypercalls.len(), 5, "{text}");
+        let index = hvstats_abi::catalog::counters_of(ObjectKind::Vp)
+            .position(|c| c.id == hvstats_abi::catalog::vp::HYPERCALLS)
+            .unwrap() as u64;
+        let all = hypercalls.iter().find(|l| l.contains("vp=\"all\"")).unwrap();
+        assert!(all.contains("vm=\"4242-1-0:3\""), "{all}");
+        assert!(all.ends_with(&format!(" {}", 4000 + index + 5000 + index)), "{all}");
+        assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn unmapped_values_are_one_generic_family_named_by_object_and_name() {
+        use hvstats::unmapped::{ObjectRef, Unmapped};
+        let mut reading = crate::live::Reading::of(vec![synthetic_instance(2, 2)]);
+        let plain = Exposition::new(reading.clone(), 10).encode().unwrap();
+        assert!(!plain.contains("hvstats_mshv_"), "no mshv instance, no mshv family");
+        let instance = &mut reading.instances[0];
+        let id = instance.partitions[0].id;
+        let mut unmapped = Unmapped::new();
+        unmapped.insert(ObjectRef::Hypervisor, vec![("HvSubsumedPages".into(), 4)]);
+        unmapped.insert(ObjectRef::Vp(id, 1), vec![("VpVtl1DispatchCount".into(), u64::MAX)]);
+        unmapped.insert(ObjectRef::Partition(id), vec![("PtPagesShattered".into(), 9)]);
+        instance.unmapped = Some(unmapped);
+        let name = instance.name.clone();
+        let text = Exposition::new(reading.clone(), 10).encode().unwrap();
+        let counter = lines_of(&text, "hvstats_mshv_value{");
+        assert_eq!(
+            counter,
+            [
+                format!(
+                    "hvstats_mshv_value{{publisher=\"{name}\",object=\"hypervisor\",name=\"HvSubsumedPages\"}} 4"
+                ),
+                format!(
+                    "hvstats_mshv_value{{publisher=\"{name}\",object=\"partition\",partition=\"{id}\",name=\"PtPagesShattered\"}} 9"
+                ),
+                format!(
+                    "hvstats_mshv_value{{publisher=\"{name}\",object=\"vp\",partition=\"{id}\",vp=\"1\",name=\"VpVtl1DispatchCount\"}} {}",
+                    u64::MAX
+                ),
+            ]
+        );
+        let info = lines_of(&text, "hvstats_mshv_instance_info{");
+        assert_eq!(info.len(), 1, "{text}");
+        assert!(info[0].contains("source=\"mshv\"") && info[0].ends_with(" 1"), "{}", info[0]);
+        // Past the VP cap the VPs' values are left out; the partition's stay.
+        assert_eq!(
+            lines_of(&text, "hvstats_mshv_values_omitted{"),
+            [format!("hvstats_mshv_values_omitted{{publisher=\"{name}\"}} 0")]
+        );
+        // Past the VP cap the VPs' values are left out, and counted; the partition's stay.
+        let capped = Exposition::new(reading.clone(), 1).encode().unwrap();
+        assert_eq!(lines_of(&capped, "hvstats_mshv_value{").len(), 2, "{capped}");
+        let omitted = format!("hvstats_mshv_values_omitted{{publisher=\"{name}\"}} 1");
+        assert_eq!(lines_of(&capped, "hvstats_mshv_values_omitted{"), [omitted]);
+        // The cap counts partitions and LPs as objects too: a second partition's values past it
+        // are left out, however many names each object has.
+        let other = reading.instances[0].partitions[1].id;
+        let many: Vec<(String, u64)> = (0..1000).map(|i| (format!("PtNew{i}"), i)).collect();
+        reading.instances[0].unmapped.as_mut().unwrap().insert(ObjectRef::Partition(other), many);
+        let capped = Exposition::new(reading, 1).encode().unwrap();
+        assert_eq!(lines_of(&capped, "hvstats_mshv_value{").len(), 2, "{capped}");
+        let omitted = format!("hvstats_mshv_values_omitted{{publisher=\"{name}\"}} 1001");
+        assert_eq!(lines_of(&capped, "hvstats_mshv_values_omitted{"), [omitted]);
+    }
+
+    #[test]
+    fn the_classic_format_names_counter_samples_and_drops_openmetrics_lines() {
+        let om = "# HELP hvstats_vp_hypercalls Hypercalls.\n# TYPE hvstats_vp_hypercalls counter\n\
+                  hvstats_vp_hypercalls_total{vp=\"0\"} 3\n# HELP hvstats_partition_gpa_bytes GPA.\n\
+                  # TYPE hvstats_partition_gpa_bytes gauge\n# UNIT hvstats_partition_gpa_bytes bytes\n\
+                  hvstats_partition_gpa_bytes 4096\n# EOF\n";
+        assert_eq!(
+            to_classic(om),
+            "# HELP hvstats_vp_hypercalls_total Hypercalls.\n# TYPE hvstats_vp_hypercalls_total counter\n\
+             hvstats_vp_hypercalls_total{vp=\"0\"} 3\n# HELP hvstats_partition_gpa_bytes GPA.\n\
+             # TYPE hvstats_partition_gpa_bytes gauge\nhvstats_partition_gpa_bytes 4096\n"
+        );
+        assert!(accepts_openmetrics("application/openmetrics-text;version=1.0.0,text/plain;q=0.5"));
+        assert!(!accepts_openmetrics("*/*"));
+    }
+}

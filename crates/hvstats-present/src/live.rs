@@ -1,0 +1,111 @@
+//! Readings of every live instance, for the operator surfaces (`top`, `serve`, `record`).
+//!
+//! Each surface asks this one module for "every instance now" and gets snapshots; how they are
+//! read stays here: one long-lived [`Attach`] that follows instances appearing and exiting and
+//! keeps each instance's arena mapped between readings.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use hvstats::attach::{Attach, AttachError, Instance};
+use hvstats::publish::InstanceName;
+use hvstats::runtime_dir::RuntimeDirError;
+use hvstats::snapshot::{InstanceSnapshot, PartitionSnapshot, error_chain};
+
+/// Every live instance at one moment.
+#[derive(Clone, Debug)]
+pub struct Reading {
+    /// When the reading was taken (after every page was read).
+    pub at: Instant,
+    /// The instances, in name order.
+    pub instances: Vec<InstanceSnapshot>,
+    /// What could not be read, one line each.
+    pub problems: Vec<String>,
+    /// The instances found in the runtime directory that could not be attached, by name.
+    pub failed: Vec<String>,
+}
+
+impl Reading {
+    /// A reading of `instances` taken now, with nothing that failed.
+    pub fn of(instances: Vec<InstanceSnapshot>) -> Self {
+        Self { at: Instant::now(), instances, problems: Vec::new(), failed: Vec::new() }
+    }
+
+    /// The partition `id` of instance `instance`, if present.
+    pub fn partition(&self, instance: &str, id: u64) -> Option<&PartitionSnapshot> {
+        self.instances.iter().find(|i| i.name == instance)?.partitions.iter().find(|p| p.id == id)
+    }
+
+    /// The number of VPs over every instance.
+    pub fn vp_count(&self) -> usize {
+        self.instances.iter().flat_map(|i| &i.partitions).map(|p| p.vps.len()).sum()
+    }
+}
+
+/// The instance an attach problem is about, when it names one of its files.
+fn instance_of(problem: &AttachError) -> Option<String> {
+    let path = match problem {
+        AttachError::Dir(RuntimeDirError::Io { path, .. })
+        | AttachError::Arena { path, .. }
+        | AttachError::Page { path, .. }
+        | AttachError::Untrusted { path, .. } => path,
+        _ => return None,
+    };
+    let stem = path.file_stem()?.to_str()?;
+    InstanceName::parse(stem).map(|name| name.to_string())
+}
+
+/// The reader of the runtime directory the surfaces show.
+#[derive(Debug)]
+pub struct Live {
+    dir: PathBuf,
+    attach: Mutex<Attach>,
+}
+
+impl Live {
+    /// A reader of the instances under `dir` (or the default runtime directory).
+    pub fn new(dir: Option<PathBuf>) -> Self {
+        let dir = dir.unwrap_or_else(hvstats::runtime_dir::runtime_dir);
+        let attach = Mutex::new(Attach::new(&dir));
+        Self { dir, attach }
+    }
+
+    /// The runtime directory read: the one given, else the default.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Reads every live instance now. Instances that appeared since the last reading are
+    /// included, those that exited are not.
+    ///
+    /// # Errors
+    /// When the runtime directory fails its checks or cannot be listed.
+    pub fn read(&self) -> Result<Reading, AttachError> {
+        // A reader that panicked mid-read left nothing half-done that matters: keep reading.
+        let mut attach = self.attach.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let changes = attach.refresh()?;
+        let problems = changes.problems.iter().map(|p| error_chain(p)).collect();
+        let mut failed: Vec<String> = changes.problems.iter().filter_map(instance_of).collect();
+        failed.sort();
+        failed.dedup();
+        let instances = attach.instances_mut().map(Instance::snapshot).collect();
+        Ok(Reading { at: Instant::now(), instances, problems, failed })
+    }
+
+    /// A reading of nothing, saying why: the runtime directory itself could not be read.
+    pub fn unreadable(&self, error: &AttachError) -> Reading {
+        let problem = format!("cannot read {}: {}", self.dir.display(), error_chain(error));
+        Reading { at: Instant::now(), instances: Vec::new(), problems: vec![problem], failed: Vec::new() }
+    }
+
+    /// A partition's name for people and labels: its own name, or `<instance>:<id>` when it has
+    /// none.
+    pub fn vm_name(instance: &str, partition: &PartitionSnapshot) -> String {
+        if partition.name.is_empty() {
+            format!("{instance}:{}", partition.id)
+        } else {
+            partition.name.clone()
+        }
+    }
+}

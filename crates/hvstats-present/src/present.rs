@@ -1,0 +1,257 @@
+//! Counters as perfmon presents them over an interval, from two raw readings.
+//!
+//! A page holds raw cumulative values; a reader turns them into what a person wants by the
+//! catalog's presentation of each counter: a "/sec" count becomes a rate, a "%" time a percentage
+//! of the elapsed time, a cost the average time per event of its paired count (in nanoseconds),
+//! and an instantaneous value stays as it is. [`VP_COLUMNS`] picks the VP counters a live view
+//! shows, each presented the same way.
+
+use hvstats_abi::catalog::vp;
+use hvstats_abi::{Counter, CounterId, Presentation, Unit};
+
+use hvstats::snapshot::ObjectReading;
+
+/// A counter over an interval: what it shows and in which unit.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Presented {
+    /// The number in `unit`: per second, % (at most 100), ns per second, ns per event, or as is.
+    pub value: f64,
+    /// Its unit, e.g. `/s`, `%`, `ns`.
+    pub unit: &'static str,
+}
+
+/// Nanoseconds in one unit of `unit`, for time units.
+fn nanoseconds_per(unit: Unit) -> Option<f64> {
+    match unit {
+        Unit::Time100ns => Some(100.0),
+        Unit::Nanoseconds => Some(1.0),
+        Unit::Count | Unit::Cycles | Unit::Pages => None,
+    }
+}
+
+/// `counter` over `seconds`, read as `before` then `after`; `paired` is the readings of the count
+/// a cost is averaged over.
+///
+/// `None` when there is nothing to show: a cost whose count did not move, a counter that went
+/// backwards (its object was replaced), an interval that is not positive, or a histogram (a
+/// distribution, read whole with `PageView::histogram`).
+pub fn over_interval(
+    counter: &Counter,
+    before: u64,
+    after: u64,
+    seconds: f64,
+    paired: Option<(u64, u64)>,
+) -> Option<Presented> {
+    if counter.presentation == Presentation::Instant {
+        return Some(Presented { value: after as f64, unit: "" });
+    }
+    if seconds <= 0.0 || !seconds.is_finite() {
+        return None;
+    }
+    let delta = after.checked_sub(before)? as f64;
+    match counter.presentation {
+        Presentation::Rate => Some(Presented { value: delta / seconds, unit: "/s" }),
+        Presentation::CumulativeTime => {
+            let ns = nanoseconds_per(counter.unit).unwrap_or(1.0);
+            Some(Presented { value: delta * ns / seconds, unit: "ns/s" })
+        }
+        Presentation::PercentTime => {
+            let ns = nanoseconds_per(counter.unit)?;
+            // One processor's time: capped at 100 % as perfmon caps it (PDH_FMT_NOCAP100 aside),
+            // since a reader's interval and the collector's writes are not in phase.
+            Some(Presented { value: (100.0 * delta * ns / (seconds * 1e9)).min(100.0), unit: "%" })
+        }
+        Presentation::Cost => {
+            let (count_before, count_after) = paired?;
+            let events = count_after.checked_sub(count_before)?;
+            if events == 0 {
+                return None;
+            }
+            let ns = nanoseconds_per(counter.unit).unwrap_or(1.0);
+            Some(Presented { value: delta * ns / events as f64, unit: "ns" })
+        }
+        // A distribution, not one number: read it whole with `PageView::histogram`.
+        Presentation::Histogram => None,
+        Presentation::Instant => unreachable!("handled above"),
+    }
+}
+
+/// A column of a live per-VP view (`hvstats top`): a catalog counter under a short label, shown by
+/// its presentation — `%` of the interval, `/s`, or average cost in µs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Column {
+    /// The short label, e.g. `CPUID`.
+    pub label: &'static str,
+    /// The VP counter.
+    pub counter: CounterId,
+}
+
+/// The VP columns, most important first: a narrow view shows a prefix of them.
+pub const VP_COLUMNS: [Column; 22] = [
+    Column { label: "Run", counter: vp::TOTAL_RUN_TIME },
+    Column { label: "Hcall", counter: vp::HYPERCALLS },
+    Column { label: "Hcall", counter: vp::HYPERCALLS_COST },
+    Column { label: "IO", counter: vp::IO_INSTRUCTIONS },
+    Column { label: "IO", counter: vp::IO_INSTRUCTIONS_COST },
+    Column { label: "CPUID", counter: vp::CPUID_INSTRUCTIONS },
+    Column { label: "CPUID", counter: vp::CPUID_INSTRUCTIONS_COST },
+    Column { label: "MSR", counter: vp::MSR_ACCESSES },
+    Column { label: "MSR", counter: vp::MSR_ACCESSES_COST },
+    Column { label: "HLT", counter: vp::HLT_INSTRUCTIONS },
+    Column { label: "HLT", counter: vp::HLT_INSTRUCTIONS_COST },
+    Column { label: "APIC", counter: vp::APIC_MMIO_ACCESSES },
+    Column { label: "Other", counter: vp::OTHER_INTERCEPTS },
+    Column { label: "Other", counter: vp::OTHER_INTERCEPTS_COST },
+    Column { label: "Emul", counter: vp::EMULATED_INSTRUCTIONS },
+    Column { label: "GuestPF", counter: vp::REFLECTED_GUEST_PAGE_FAULTS },
+    Column { label: "HostPF", counter: vp::HOST_PAGE_FAULTS },
+    Column { label: "Hv", counter: vp::HYPERVISOR_RUN_TIME },
+    Column { label: "Intr", counter: vp::VIRTUAL_INTERRUPTS },
+    Column { label: "ExtIntr", counter: vp::EXTERNAL_INTERRUPTS },
+    Column { label: "Migr", counter: vp::LOGICAL_PROCESSOR_MIGRATIONS },
+    Column { label: "Wait", counter: vp::CPU_WAIT_TIME_PER_DISPATCH },
+];
+
+impl Column {
+    /// The catalog row.
+    ///
+    /// # Panics
+    /// Never for the columns of [`VP_COLUMNS`] (a test checks each); only for an id made by hand
+    /// that is not in the catalog.
+    #[allow(clippy::expect_used, reason = "every column names a catalog counter; a test checks each")]
+    pub fn counter(&self) -> &'static Counter {
+        self.counter.counter().expect("columns name catalog counters")
+    }
+
+    /// The header: the label and the presented unit (`Run%`, `IO/s`, `IO µs`).
+    pub fn header(&self) -> String {
+        match self.counter().presentation {
+            Presentation::PercentTime => format!("{}%", self.label),
+            Presentation::Rate => format!("{}/s", self.label),
+            Presentation::Cost => format!("{} µs", self.label),
+            Presentation::CumulativeTime => format!("{} ns/s", self.label),
+            Presentation::Instant | Presentation::Histogram => self.label.to_owned(),
+        }
+    }
+
+    /// The value shown over `seconds` between `before` and `after`, in the header's unit.
+    ///
+    /// `None` when there is nothing to show: the counter is not maintained, either reading lacks
+    /// it, or [`over_interval`] has nothing (a cost without events, a counter that went back).
+    pub fn value(&self, before: &ObjectReading, after: &ObjectReading, seconds: f64) -> Option<f64> {
+        let counter = self.counter();
+        if !counter.maintained.is_maintained() {
+            return None;
+        }
+        let paired = match counter.paired_count() {
+            Some(p) => Some((before.get(p.name)?, after.get(p.name)?)),
+            None => None,
+        };
+        let shown =
+            over_interval(counter, before.get(counter.name)?, after.get(counter.name)?, seconds, paired)?;
+        Some(if counter.presentation == Presentation::Cost { shown.value / 1000.0 } else { shown.value })
+    }
+}
+
+/// A time in nanoseconds with a human unit: `850ns`, `1.0µs`, `33µs`, `5.2ms`, `1.1s`.
+pub fn human_ns(ns: u64) -> String {
+    let ns = ns as f64;
+    let (value, unit) = match ns {
+        n if n < 1e3 => return format!("{n:.0}ns"),
+        n if n < 1e6 => (n / 1e3, "µs"),
+        n if n < 1e9 => (n / 1e6, "ms"),
+        n => (n / 1e9, "s"),
+    };
+    if value < 99.95 { format!("{value:.1}{unit}") } else { format!("{value:.0}{unit}") }
+}
+
+#[cfg(test)]
+mod tests {
+    use hvstats_abi::catalog::{lp, partition, vp};
+
+    use super::*;
+
+    #[test]
+    fn a_reader_out_of_phase_with_the_collector_still_sees_at_most_100_percent() {
+        // A reader's 1 s interval that spans 1.1 s of collector writes.
+        let shown = over_interval(
+            hvstats_abi::catalog::lp::TOTAL_RUN_TIME.counter().unwrap(),
+            0,
+            11_000_000,
+            1.0,
+            None,
+        );
+        assert_eq!(shown.map(|p| p.value), Some(100.0));
+        let shown = over_interval(
+            hvstats_abi::catalog::lp::TOTAL_RUN_TIME.counter().unwrap(),
+            0,
+            2_500_000,
+            1.0,
+            None,
+        );
+        assert_eq!(shown.map(|p| p.value), Some(25.0));
+    }
+
+    fn row(id: hvstats_abi::CounterId) -> &'static Counter {
+        id.counter().unwrap()
+    }
+
+    #[test]
+    fn each_presentation_over_two_seconds() {
+        let rate = over_interval(row(vp::CPUID_INSTRUCTIONS), 100, 700, 2.0, None).unwrap();
+        assert_eq!(rate, Presented { value: 300.0, unit: "/s" });
+        // 5_000_000 × 100 ns = 0.5 s busy in 2 s: 25 %.
+        let pct = over_interval(row(lp::TOTAL_RUN_TIME), 0, 5_000_000, 2.0, None).unwrap();
+        assert_eq!(pct, Presented { value: 25.0, unit: "%" });
+        // 30 × 100 ns over 6 hypercalls: 500 ns each.
+        let cost = over_interval(row(vp::HYPERCALLS_COST), 10, 40, 2.0, Some((4, 10))).unwrap();
+        assert_eq!(cost, Presented { value: 500.0, unit: "ns" });
+        let instant = over_interval(row(partition::VIRTUAL_PROCESSORS), 2, 4, 2.0, None).unwrap();
+        assert_eq!(instant, Presented { value: 4.0, unit: "" });
+        let switch = over_interval(row(lp::CONTEXT_SWITCH_TIME), 0, 4_000, 2.0, None).unwrap();
+        assert_eq!(switch, Presented { value: 2_000.0, unit: "ns/s" });
+    }
+
+    fn reading(values: &[(CounterId, u64)]) -> ObjectReading {
+        ObjectReading::Counters(
+            hvstats_abi::catalog::counters_of(hvstats_abi::ObjectKind::Vp)
+                .map(|c| (c, values.iter().find(|(id, _)| *id == c.id).map_or(0, |(_, v)| *v)))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn columns_show_percent_rate_and_cost_in_microseconds() {
+        let before = reading(&[(vp::IO_INSTRUCTIONS, 10), (vp::IO_INSTRUCTIONS_COST, 100)]);
+        let after = reading(&[
+            (vp::IO_INSTRUCTIONS, 30),
+            (vp::IO_INSTRUCTIONS_COST, 100 + 20 * 35),
+            (vp::TOTAL_RUN_TIME, 5_000_000),
+        ]);
+        let col = |id| VP_COLUMNS.iter().find(|c| c.counter == id).unwrap();
+        assert_eq!(col(vp::IO_INSTRUCTIONS).header(), "IO/s");
+        assert_eq!(col(vp::IO_INSTRUCTIONS).value(&before, &after, 2.0), Some(10.0));
+        // 20 exits took 700 × 100 ns: 3.5 µs each.
+        assert_eq!(col(vp::IO_INSTRUCTIONS_COST).header(), "IO µs");
+        assert_eq!(col(vp::IO_INSTRUCTIONS_COST).value(&before, &after, 2.0), Some(3.5));
+        assert_eq!(col(vp::TOTAL_RUN_TIME).header(), "Run%");
+        assert_eq!(col(vp::TOTAL_RUN_TIME).value(&before, &after, 2.0), Some(25.0));
+        // No CPUID exits: no average cost, not 0 µs.
+        assert_eq!(col(vp::CPUID_INSTRUCTIONS_COST).value(&before, &after, 2.0), None);
+    }
+
+    #[test]
+    fn every_column_names_a_vp_counter_once() {
+        for (i, c) in VP_COLUMNS.iter().enumerate() {
+            assert_eq!(c.counter().id.kind, hvstats_abi::ObjectKind::Vp);
+            assert!(VP_COLUMNS[..i].iter().all(|o| o.counter != c.counter), "{}", c.header());
+        }
+    }
+
+    #[test]
+    fn nothing_to_show_is_none_not_zero() {
+        assert_eq!(over_interval(row(vp::HYPERCALLS_COST), 10, 10, 1.0, Some((3, 3))), None);
+        assert_eq!(over_interval(row(vp::CPUID_INSTRUCTIONS), 9, 5, 1.0, None), None);
+        assert_eq!(over_interval(row(vp::CPUID_INSTRUCTIONS), 1, 5, 0.0, None), None);
+    }
+}

@@ -1,0 +1,445 @@
+//! The JSON of snapshots, one shape for every surface that prints or serves it (`snapshot
+//! --json`, serve's `/api/v1/snapshot`): streamed one partition at a time for a whole host, or
+//! built as a document (with rates over an interval, or filtered).
+
+use std::io::{self, Write};
+
+use crate::present;
+use hvstats::attach::Attach;
+use hvstats::snapshot::{self, InstanceSnapshot, ObjectReading, PartitionSnapshot, VpSnapshot};
+use hvstats::unmapped::ObjectRef;
+use hvstats_abi::catalog::counters_of;
+use hvstats_abi::{Counter, ObjectKind};
+use serde_json::{Map, Value, json};
+
+/// The earlier reading of an interval and its length, when there is one.
+#[derive(Clone, Copy)]
+pub struct Earlier<'a> {
+    /// The first reading.
+    pub snapshot: &'a InstanceSnapshot,
+    /// Seconds between the two readings.
+    pub seconds: f64,
+}
+
+/// Writes `{"instances": [...]}` one partition at a time; true when something was unreadable.
+///
+/// # Errors
+/// When writing to `out` fails.
+pub fn stream_json(attach: &mut Attach, out: &mut impl Write) -> io::Result<bool> {
+    let mut failed = false;
+    out.write_all(b"{\"instances\":[")?;
+    for (n, instance) in attach.instances_mut().enumerate() {
+        instance.refresh();
+        if n > 0 {
+            out.write_all(b",")?;
+        }
+        let head = snapshot::take_instance_globals(instance);
+        failed |= has_unreadable(&head);
+        let mut fields = match instance_json(&head, None) {
+            Value::Object(map) => map,
+            _ => Map::new(),
+        };
+        fields.remove("partitions");
+        let text = serde_json::to_string(&Value::Object(fields)).map_err(io::Error::from)?;
+        // The object without its closing brace, then the partitions streamed into it.
+        out.write_all(&text.as_bytes()[..text.len().saturating_sub(1)])?;
+        out.write_all(b",\"partitions\":[")?;
+        for (i, p) in instance.partitions().iter().enumerate() {
+            let snap = snapshot::take_partition(instance, p);
+            failed |= partition_unreadable(&snap);
+            if i > 0 {
+                out.write_all(b",")?;
+            }
+            write_partition(out, &snap, &head)?;
+        }
+        out.write_all(b"]}")?;
+    }
+    out.write_all(b"]}\n")?;
+    Ok(failed)
+}
+
+/// Writes `{"instances": [...], "max_vps": N, "vps_left_out": M}` of `instances` one partition at
+/// a time, as [`stream_json`] does, with at most `max_vps` VPs: the partitions whose VPs no longer
+/// fit have `"vps": []` and say how many were left out (`"vps_left_out"`). Takes the partitions
+/// out of `instances` as it goes. Returns the number of VPs left out.
+///
+/// # Errors
+/// When writing to `out` fails.
+pub fn write_capped(
+    out: &mut impl Write,
+    instances: &mut [InstanceSnapshot],
+    max_vps: usize,
+) -> io::Result<usize> {
+    let (mut budget, mut left_out) = (max_vps, 0usize);
+    out.write_all(b"{\"instances\":[")?;
+    for (n, instance) in instances.iter_mut().enumerate() {
+        if n > 0 {
+            out.write_all(b",")?;
+        }
+        let partitions = std::mem::take(&mut instance.partitions);
+        let mut fields = match instance_json(instance, None) {
+            Value::Object(map) => map,
+            _ => Map::new(),
+        };
+        fields.remove("partitions");
+        let text = serde_json::to_string(&Value::Object(fields)).map_err(io::Error::from)?;
+        out.write_all(&text.as_bytes()[..text.len().saturating_sub(1)])?;
+        out.write_all(b",\"partitions\":[")?;
+        for (i, mut p) in partitions.into_iter().enumerate() {
+            if i > 0 {
+                out.write_all(b",")?;
+            }
+            if p.vps.len() <= budget {
+                budget -= p.vps.len();
+                write_partition(out, &p, instance)?;
+                continue;
+            }
+            let dropped = std::mem::take(&mut p.vps).len();
+            left_out += dropped;
+            let mut text = Vec::new();
+            write_partition(&mut text, &p, instance)?;
+            text.pop();
+            out.write_all(&text)?;
+            write!(out, ",\"vps_left_out\":{dropped}}}")?;
+        }
+        out.write_all(b"]}")?;
+    }
+    writeln!(out, "],\"max_vps\":{max_vps},\"vps_left_out\":{left_out}}}")?;
+    Ok(left_out)
+}
+
+/// Each kind's counters with their names as JSON strings, computed once.
+fn json_names(kind: ObjectKind) -> &'static [(&'static Counter, String)] {
+    static NAMES: std::sync::OnceLock<Vec<Vec<(&'static Counter, String)>>> = std::sync::OnceLock::new();
+    let all = NAMES.get_or_init(|| {
+        ObjectKind::ALL
+            .iter()
+            .map(|&k| counters_of(k).map(|c| (c, Value::String(c.name.to_owned()).to_string())).collect())
+            .collect()
+    });
+    &all[kind as usize]
+}
+
+/// What [`reading_json`] gives without an interval, written straight out (no tree per object:
+/// streaming 65,536 VPs stays cheap): the reading's fields, then `extra` (already JSON), in one
+/// object.
+fn write_reading(
+    out: &mut impl Write,
+    reading: &ObjectReading,
+    kind: ObjectKind,
+    extra: &str,
+) -> io::Result<()> {
+    out.write_all(b"{")?;
+    match reading {
+        ObjectReading::Counters(values) => {
+            out.write_all(b"\"counters\":{")?;
+            let mut values = values.iter().peekable();
+            for (i, (c, name)) in json_names(kind).iter().enumerate() {
+                if i > 0 {
+                    out.write_all(b",")?;
+                }
+                out.write_all(name.as_bytes())?;
+                match values.next_if(|(v, _)| v.id == c.id) {
+                    Some((_, v)) => write!(out, ":{v}")?,
+                    None => out.write_all(b":null")?,
+                }
+            }
+            out.write_all(b"}")?;
+        }
+        ObjectReading::Unreadable { permission_denied, reason } => {
+            write!(
+                out,
+                "\"permission_denied\":{permission_denied},\"unreadable\":{}",
+                Value::String(reason.clone())
+            )?;
+        }
+    }
+    if !extra.is_empty() {
+        write!(out, ",{extra}")?;
+    }
+    out.write_all(b"}")
+}
+
+/// [`partition_json`] without an interval, written straight out.
+/// The VMM process running an observed VM: `{"kind": "qemu", "pid": N}`, else null.
+fn vmm_json(p: &PartitionSnapshot) -> Value {
+    p.vmm.map_or(Value::Null, |v| json!({"kind": v.vmm.name(), "pid": v.pid}))
+}
+
+/// An observed VM's sources, in the order that decides which writes a counter several give:
+/// each with whether it gives counters now, from when it counts, and the counters it writes;
+/// null for a partition that names none.
+fn sources_json(p: &PartitionSnapshot) -> Value {
+    let Some(table) = p.sources() else { return Value::Null };
+    let written = |kind: ObjectKind, source: &hvstats_abi::vm_sources::SourceEntry| -> Vec<&'static str> {
+        counters_of(kind)
+            .filter(|c| !c.is_bookkeeping() && table.writer(c.id).is_some_and(|w| std::ptr::eq(w, source)))
+            .map(|c| c.name)
+            .collect()
+    };
+    Value::Array(
+        table
+            .sources()
+            .map(|s| {
+                json!({
+                    "name": s.name(),
+                    "up": s.up,
+                    "counts_from": s.origin.name(),
+                    "partition": written(ObjectKind::Partition, s),
+                    "vp": written(ObjectKind::Vp, s),
+                })
+            })
+            .collect(),
+    )
+}
+
+/// An observed VM's UUID (`"6b29fc40-ca47-1067-b31d-00dd010662da"`), else null.
+fn uuid_json(p: &PartitionSnapshot) -> Value {
+    p.uuid.map_or(Value::Null, |u| Value::String(u.to_string()))
+}
+
+fn write_partition(out: &mut impl Write, p: &PartitionSnapshot, s: &InstanceSnapshot) -> io::Result<()> {
+    let state = if p.active { "active" } else { "stopped" };
+    let unmapped = |at| unmapped_json(s, at).map_or(String::new(), |u| format!("\"unmapped\":{u},"));
+    let head = format!(
+        "\"active\":{},\"id\":{},\"name\":{},\"sources\":{},\"state\":\"{state}\",\"stopped_reason\":{},{}\"uuid\":{},\"vmm\":{},\"vps\":[",
+        p.active,
+        p.id,
+        Value::String(p.name.clone()),
+        sources_json(p),
+        p.stopped.as_ref().map_or(Value::Null, |r| Value::String(r.clone())),
+        unmapped(ObjectRef::Partition(p.id)),
+        uuid_json(p),
+        vmm_json(p),
+    );
+    // The partition's reading and fields, its VPs streamed into the open array.
+    let mut text = Vec::new();
+    write_reading(&mut text, &p.reading, ObjectKind::Partition, &head)?;
+    text.pop();
+    out.write_all(&text)?;
+    for (i, vp) in p.vps.iter().enumerate() {
+        if i > 0 {
+            out.write_all(b",")?;
+        }
+        let extra = format!(
+            "\"histograms\":{},\"index\":{}{}",
+            histograms_json(vp),
+            vp.index,
+            unmapped_json(s, ObjectRef::Vp(p.id, vp.index))
+                .map_or(String::new(), |u| format!(",\"unmapped\":{u}"))
+        );
+        write_reading(out, &vp.reading, ObjectKind::Vp, &extra)?;
+    }
+    out.write_all(b"]}")
+}
+
+/// A VP's histograms: `{name: {"sum_ns", "count", "buckets": [32 counts], "p50_ns", "p99_ns"}}`,
+/// bucket `i` counting times in `[2^(i-1), 2^i)` ns (bucket 0: zero, the last: everything
+/// longer); the quantiles are upper bounds of their buckets (`null` when nothing was recorded).
+pub fn histograms_json(vp: &VpSnapshot) -> Value {
+    let map: Map<String, Value> = vp
+        .histograms
+        .iter()
+        .map(|(c, h)| {
+            let value = json!({
+                "sum_ns": h.sum_ns,
+                "count": h.count(),
+                "buckets": h.buckets.to_vec(),
+                "p50_ns": h.quantile_upper_ns(0.5),
+                "p99_ns": h.quantile_upper_ns(0.99),
+            });
+            (c.name.to_owned(), value)
+        })
+        .collect();
+    Value::Object(map)
+}
+
+/// `{"counters": {name: value}}` (with `"interval": {name: rate, % or ns}` over an interval), or
+/// `{"unreadable": reason, "permission_denied": bool}`.
+fn reading_json(
+    reading: &ObjectReading,
+    kind: ObjectKind,
+    then: Option<(Option<&ObjectReading>, f64)>,
+) -> Map<String, Value> {
+    let mut object = Map::new();
+    match reading {
+        ObjectReading::Counters(values) => {
+            // Every catalog counter of the kind (even when the publisher declared them all
+            // unavailable): one declared unavailable is null.
+            let mut counters = Map::new();
+            for c in counters_of(kind) {
+                counters.insert(c.name.to_owned(), Value::Null);
+            }
+            for (c, v) in values {
+                counters.insert(c.name.to_owned(), json!(v));
+            }
+            object.insert("counters".into(), Value::Object(counters));
+            if let Some((then, seconds)) = then {
+                let presented = match then {
+                    Some(then) => cells(reading, Some(then), seconds)
+                        .map(|(c, v)| (c.name.to_owned(), v.unwrap_or(Value::Null)))
+                        .collect::<Map<_, _>>(),
+                    None => Map::new(),
+                };
+                object.insert("interval".into(), Value::Object(presented));
+            }
+        }
+        ObjectReading::Unreadable { permission_denied, reason } => {
+            object.insert("unreadable".into(), json!(reason));
+            object.insert("permission_denied".into(), json!(permission_denied));
+        }
+    }
+    object
+}
+
+fn with(mut object: Map<String, Value>, fields: Value) -> Value {
+    if let Value::Object(fields) = fields {
+        let mut merged = fields;
+        merged.append(&mut object);
+        return Value::Object(merged);
+    }
+    Value::Object(object)
+}
+
+/// One instance as JSON: its LPs and partitions with every counter, and with an `earlier`
+/// reading the rates, percentages and average costs over the interval.
+pub fn instance_json(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>) -> Value {
+    let then = |find: &dyn Fn(&InstanceSnapshot) -> Option<&ObjectReading>| {
+        earlier.map(|e| (find(e.snapshot), e.seconds))
+    };
+    let lps: Vec<Value> = s
+        .lps
+        .iter()
+        .map(|lp| {
+            let t = then(&|e| e.lps.iter().find(|l| l.index == lp.index).map(|l| &l.reading));
+            let fields = json!({"index": lp.index, "cpu": lp.cpu});
+            with(
+                reading_json(&lp.reading, ObjectKind::LogicalProcessor, t),
+                with_unmapped(fields, s, ObjectRef::Lp(lp.index)),
+            )
+        })
+        .collect();
+    let partitions: Vec<Value> = s.partitions.iter().map(|p| partition_json(p, earlier, s)).collect();
+    let mut hypervisor = reading_json(&s.hypervisor, ObjectKind::Hypervisor, then(&|e| Some(&e.hypervisor)));
+    if let Some(u) = unmapped_json(s, ObjectRef::Hypervisor) {
+        hypervisor.insert("unmapped".into(), u);
+    }
+    json!({
+        "name": s.name,
+        "pid": s.pid,
+        "kind": s.description.kind,
+        "description": s.description.name,
+        "hypervisor": Value::Object(hypervisor),
+        "lps": lps,
+        "partitions": partitions,
+    })
+}
+
+/// The JSON of one instance as `snapshot --json` prints it, for other commands.
+pub fn snapshot_json(s: &InstanceSnapshot) -> Value {
+    instance_json(s, None)
+}
+
+/// With `--mshv` instances: the values the catalog has no counter for, by name, of one object
+/// (`None` for an instance that keeps no such values).
+fn unmapped_json(s: &InstanceSnapshot, at: ObjectRef) -> Option<Value> {
+    let all = s.unmapped.as_ref()?;
+    let map: Map<String, Value> =
+        all.get(&at).into_iter().flatten().map(|(name, v)| (name.clone(), json!(v))).collect();
+    Some(Value::Object(map))
+}
+
+/// `fields` with an `unmapped` object added, when the instance keeps unmapped values.
+fn with_unmapped(mut fields: Value, s: &InstanceSnapshot, at: ObjectRef) -> Value {
+    if let (Some(u), Value::Object(map)) = (unmapped_json(s, at), &mut fields) {
+        map.insert("unmapped".into(), u);
+    }
+    fields
+}
+
+pub(crate) fn partition_json(
+    p: &PartitionSnapshot,
+    earlier: Option<Earlier<'_>>,
+    s: &InstanceSnapshot,
+) -> Value {
+    let then = |find: &dyn Fn(&InstanceSnapshot) -> Option<&ObjectReading>| {
+        earlier.map(|e| (find(e.snapshot), e.seconds))
+    };
+    let vps: Vec<Value> = p
+        .vps
+        .iter()
+        .map(|vp| {
+            let t = then(&|e| earlier_vp(e, p.id, vp.index));
+            let fields = json!({"index": vp.index, "histograms": histograms_json(vp)});
+            with(
+                reading_json(&vp.reading, ObjectKind::Vp, t),
+                with_unmapped(fields, s, ObjectRef::Vp(p.id, vp.index)),
+            )
+        })
+        .collect();
+    let t = then(&|e| earlier_partition(e, p.id).map(|e| &e.reading));
+    let state = match &p.stopped {
+        None if p.active => json!("active"),
+        None => json!("stopped"),
+        Some(_) => json!("stopped"),
+    };
+    let (vmm, uuid) = (vmm_json(p), uuid_json(p));
+    let fields = json!({"id": p.id, "name": p.name, "uuid": uuid, "vmm": vmm, "sources": sources_json(p), "active": p.active, "state": state, "stopped_reason": p.stopped, "vps": vps});
+    with(
+        reading_json(&p.reading, ObjectKind::Partition, t),
+        with_unmapped(fields, s, ObjectRef::Partition(p.id)),
+    )
+}
+
+/// Partition `id` in the earlier reading `e`.
+pub fn earlier_partition(e: &InstanceSnapshot, id: u64) -> Option<&PartitionSnapshot> {
+    e.partitions.iter().find(|p| p.id == id)
+}
+
+/// VP `index` of partition `id` in the earlier reading `e`.
+pub fn earlier_vp(e: &InstanceSnapshot, id: u64, index: u32) -> Option<&ObjectReading> {
+    earlier_partition(e, id)?.vps.iter().find(|v| v.index == index).map(|v| &v.reading)
+}
+
+/// One object's counters now, and its reading at the start of the interval.
+pub fn cells<'a>(
+    now: &'a ObjectReading,
+    then: Option<&'a ObjectReading>,
+    seconds: f64,
+) -> impl Iterator<Item = (&'static Counter, Option<Value>)> + 'a {
+    let kind_counters: Vec<&'static Counter> = match now {
+        ObjectReading::Counters(values) => values.iter().map(|(c, _)| *c).collect(),
+        ObjectReading::Unreadable { .. } => Vec::new(),
+    };
+    kind_counters.into_iter().map(move |c| {
+        let after = now.get(c.name);
+        let value = match (then, after) {
+            (_, None) => None,
+            (None, Some(v)) => Some(json!(v)),
+            // A counter no source maintains reads 0 on the page; it has no rate or average.
+            (Some(_), Some(_)) if !c.maintained.is_maintained() => None,
+            (Some(then), Some(after)) => then.get(c.name).and_then(|before| {
+                let paired = c.paired_count().and_then(|p| Some((then.get(p.name)?, now.get(p.name)?)));
+                present::over_interval(c, before, after, seconds, paired).map(|p| json!(p.value))
+            }),
+        };
+        (c, value)
+    })
+}
+
+/// True when a reading failed for a reason other than permissions (which the user chose).
+pub fn unreadable(r: &ObjectReading) -> bool {
+    matches!(r, ObjectReading::Unreadable { permission_denied: false, .. })
+}
+
+/// True when something of `s` could not be read (see [`unreadable`]).
+pub fn has_unreadable(s: &InstanceSnapshot) -> bool {
+    unreadable(&s.hypervisor)
+        || s.lps.iter().any(|lp| unreadable(&lp.reading))
+        || s.partitions.iter().any(partition_unreadable)
+}
+
+/// True when the partition or one of its VPs could not be read.
+pub fn partition_unreadable(p: &PartitionSnapshot) -> bool {
+    unreadable(&p.reading) || p.vps.iter().any(|vp| unreadable(&vp.reading))
+}

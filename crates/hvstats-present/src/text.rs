@@ -1,0 +1,97 @@
+//! Names that others choose, made safe to print.
+//!
+//! A VM's name comes from its VMM's command line or QMP, a hardware counter holder's from a table
+//! file; either can hold a newline (which forges a line of a report or a log) or an escape
+//! sequence (which clears or retitles the terminal). Every surface that prints such a name to a
+//! terminal or a log prints it through [`Escaped`]: control characters, backslashes and the
+//! characters that reorder text (bidirectional overrides) come out as Rust escapes (`\n`,
+//! `\u{1b}`, `\\`), everything else as it is. JSON output needs none of this: its encoder escapes.
+
+use std::fmt;
+
+/// Displays a name with control and reordering characters escaped (see the module documentation).
+///
+/// ```
+/// use hvstats_present::text::Escaped;
+/// assert_eq!(Escaped("guest\n\x1b[2J").to_string(), r"guest\n\u{1b}[2J");
+/// assert_eq!(Escaped("web-01 (ü)").to_string(), "web-01 (ü)");
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct Escaped<'a>(pub &'a str);
+
+/// True for characters shown escaped.
+fn needs_escape(c: char) -> bool {
+    c.is_control()
+        || c == '\\'
+        // Bidirectional marks, embeddings, overrides and isolates: they reorder what follows.
+        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+impl fmt::Display for Escaped<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !self.0.chars().any(needs_escape) {
+            // Padding and alignment as for a plain string.
+            return f.pad(self.0);
+        }
+        let mut escaped = String::with_capacity(self.0.len() + 8);
+        for c in self.0.chars() {
+            if needs_escape(c) {
+                match c {
+                    '\n' | '\r' | '\t' | '\\' | '\0' => escaped.extend(c.escape_debug()),
+                    _ => escaped.push_str(&format!("\\u{{{:x}}}", u32::from(c))),
+                }
+            } else {
+                escaped.push(c);
+            }
+        }
+        f.pad(&escaped)
+    }
+}
+
+/// Displays a log line on one line: its control characters come out as Rust escapes (`\n`,
+/// `\u{1b}`), nothing else changes. Names a line quotes went through [`Escaped`] already, so
+/// their backslashes are not escaped twice; a line that failed to escape a name still cannot
+/// forge a second line or drive a terminal.
+///
+/// ```
+/// use hvstats_present::text::{Escaped, OneLine};
+/// let line = format!("attach \"{}\"", Escaped("web\n"));
+/// assert_eq!(OneLine(&line).to_string(), r#"attach "web\n""#);
+/// assert_eq!(OneLine("a\nforged\x1b[2J é").to_string(), r"a\nforged\u{1b}[2J é");
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct OneLine<'a>(pub &'a str);
+
+impl fmt::Display for OneLine<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for c in self.0.chars() {
+            if c.is_control() {
+                write!(f, "{}", c.escape_default())?;
+            } else {
+                fmt::Write::write_char(f, c)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `name` with control and reordering characters escaped, as an owned string.
+pub fn escaped(name: &str) -> String {
+    Escaped(name).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn newlines_escapes_and_overrides_cannot_reach_a_terminal() {
+        let hostile = "dup\nhvstats: forged line\r\x1b[2J\x07\u{202e}cod.exe\\n\u{85}";
+        let shown = escaped(hostile);
+        assert_eq!(shown, r"dup\nhvstats: forged line\r\u{1b}[2J\u{7}\u{202e}cod.exe\\n\u{85}");
+        assert!(shown.chars().all(|c| !c.is_control() && !needs_escape(c) || c == '\\'), "{shown:?}");
+        assert_eq!(format!("{:<8}|", Escaped("vm")), "vm      |");
+        assert_eq!(format!("{:>6}|", Escaped("a\nb")), "  a\\nb|");
+        assert_eq!(escaped("Ünïcödé names stay"), "Ünïcödé names stay");
+    }
+}
