@@ -114,7 +114,13 @@ fn json_names(kind: ObjectKind) -> &'static [(&'static Counter, String)] {
     let all = NAMES.get_or_init(|| {
         ObjectKind::ALL
             .iter()
-            .map(|&k| counters_of(k).map(|c| (c, Value::String(c.name.to_owned()).to_string())).collect())
+            .map(|&k| {
+                // The source table's rows are an encoding, shown decoded under "sources".
+                counters_of(k)
+                    .filter(|c| !hvstats_abi::vm_sources::is_table_row(c.id))
+                    .map(|c| (c, Value::String(c.name.to_owned()).to_string()))
+                    .collect()
+            })
             .collect()
     });
     &all[kind as usize]
@@ -139,6 +145,8 @@ fn write_reading(
                     out.write_all(b",")?;
                 }
                 out.write_all(name.as_bytes())?;
+                // The source table's rows are shown decoded, not as numbers.
+                while values.next_if(|(v, _)| hvstats_abi::vm_sources::is_table_row(v.id)).is_some() {}
                 match values.next_if(|(v, _)| v.id == c.id) {
                     Some((_, v)) => write!(out, ":{v}")?,
                     None => out.write_all(b":null")?,
@@ -267,10 +275,10 @@ fn reading_json(
             // Every catalog counter of the kind (even when the publisher declared them all
             // unavailable): one declared unavailable is null.
             let mut counters = Map::new();
-            for c in counters_of(kind) {
+            for (c, _) in json_names(kind) {
                 counters.insert(c.name.to_owned(), Value::Null);
             }
-            for (c, v) in values {
+            for (c, v) in values.iter().filter(|(c, _)| !hvstats_abi::vm_sources::is_table_row(c.id)) {
                 counters.insert(c.name.to_owned(), json!(v));
             }
             object.insert("counters".into(), Value::Object(counters));

@@ -426,7 +426,9 @@ fn print_tables(
         secs
     )?;
     let ppage = partition.stats().page();
-    for c in counters_of(ObjectKind::Partition).filter(|c| all || c.maintained.is_maintained()) {
+    for c in counters_of(ObjectKind::Partition)
+        .filter(|c| !c.is_bookkeeping() && (all || c.maintained.is_maintained()))
+    {
         out!("  {:<40} {:>14}", c.name, ppage.get(c.id))?;
     }
     let hidden = counters_of(ObjectKind::Vp).filter(|c| !c.maintained.is_maintained()).count();
