@@ -78,11 +78,11 @@ fn nobody_connects(path: &Path) -> Result<(), i32> {
     }
 }
 
-/// `GET /metrics` over the Unix socket `path`.
-fn get_unix(path: &Path) -> String {
+/// `GET target` over the Unix socket `path`.
+fn get_unix(path: &Path, target: &str) -> String {
     let mut stream = std::os::unix::net::UnixStream::connect(path).unwrap();
     stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    write!(stream, "GET {target} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
     let mut reply = String::new();
     stream.read_to_string(&mut reply).unwrap();
     reply
@@ -98,9 +98,12 @@ fn by_default_serve_listens_on_a_socket_only_the_owner_or_a_named_group_may_conn
     assert_eq!(serving, format!("unix:{} /metrics", socket.display()));
     let meta = std::fs::symlink_metadata(&socket).unwrap();
     assert_eq!(meta.permissions().mode() & 0o777, 0o600, "the socket is not its owner's alone");
-    let reply = get_unix(&socket);
+    let reply = get_unix(&socket, "/metrics");
     assert!(reply.starts_with("HTTP/1.0 200"), "{reply}");
     assert!(reply.contains("hvstats_vp_hypercalls_total{"), "{reply}");
+    // The snapshot API is off unless asked for, and says how to turn it on.
+    let reply = get_unix(&socket, "/api/v1/snapshot");
+    assert!(reply.starts_with("HTTP/1.0 404") && reply.contains("--snapshot-api"), "{reply}");
     if !root() {
         println!("skipped the other users' part: needs root");
         return;
