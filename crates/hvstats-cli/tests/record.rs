@@ -655,3 +655,85 @@ fn names_with_newlines_and_escape_codes_reach_the_report_escaped() {
     let v: Value = serde_json::from_slice(&hvstats(&["report", "--json", path(&file)]).stdout).unwrap();
     assert_eq!(v["vps"][0]["vm"], "evil\nVP 9 forged\u{1b}[2J");
 }
+
+/// A catalog entry of a made-up header: a cost whose paired count the header does not list.
+const COST_ENTRY: &str =
+    r#"{"name":"IO instructions cost","unit":"100ns","presentation":"cost","maintained":true}"#;
+/// A histogram entry of a made-up header.
+const HISTOGRAM_ENTRY: &str = r#"{"name":"x","bucketing":"log2-ns","buckets":32}"#;
+
+/// A recording header listing `counters` VP counters and `histograms` VP histograms.
+fn hostile_header(counters: usize, histograms: usize) -> String {
+    format!(
+        "{{\"format\":\"hvstats-recording\",\"version\":2,\"interval_seconds\":1.0,\"started_unix_ms\":0,\
+         \"catalog\":{{\"hvstats\":\"x\",\"groups\":\"1.0\",\"partition\":[],\"vp\":[{}],\"vp_histograms\":[{}]}}}}\n",
+        vec![COST_ENTRY; counters].join(","),
+        vec![HISTOGRAM_ENTRY; histograms].join(",")
+    )
+}
+
+/// Runs `hvstats args` with at most `seconds` of CPU (the kernel ends it past them).
+fn within_cpu_seconds(args: &[&str], seconds: u64) -> Output {
+    use std::os::unix::process::CommandExt;
+    let mut command = Command::new(env!("CARGO_BIN_EXE_hvstats"));
+    command.args(args).stdout(Stdio::null());
+    // SAFETY: setrlimit is async-signal-safe and touches nothing of the parent's.
+    unsafe {
+        command.pre_exec(move || {
+            let limit = libc::rlimit { rlim_cur: seconds, rlim_max: seconds + 1 };
+            if libc::setrlimit(libc::RLIMIT_CPU, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    command.output().unwrap()
+}
+
+#[test]
+fn a_hostile_100_mb_recording_is_reported_or_refused_within_10_s_of_cpu() {
+    use std::io::Write;
+    const SIZE: usize = 100_000_000;
+    let tmp = TempDir::new("record-hostile");
+    // A header of 100 MB: 1.2 million costs whose count it does not list (each looked up in all
+    // the others, once quadratic), refused before it is parsed.
+    let bomb = tmp.path().join("bomb.ndjson");
+    let header = hostile_header(SIZE / (COST_ENTRY.len() + 1), 0);
+    std::fs::write(&bomb, format!("{header}{{\"t\":0,\"partitions\":[]}}\n")).unwrap();
+    drop(header);
+    let out = within_cpu_seconds(&["report", path(&bomb)], 10);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("line 1 is longer than 1048576 bytes: not a recording header"), "{err}");
+
+    // The largest header accepted, half counters, half histograms (each counter once checked
+    // against every histogram, per VP), then 99 MB of VPs carrying all of them.
+    let (counters, histograms) = (6000, 10_900);
+    let header = hostile_header(counters, histograms);
+    assert!(header.len() <= 1 << 20, "{}", header.len());
+    let wide = tmp.path().join("wide.ndjson");
+    let mut file = std::io::BufWriter::new(std::fs::File::create(&wide).unwrap());
+    file.write_all(header.as_bytes()).unwrap();
+    let one_vp = format!(
+        "\"values\":[{}],\"histograms\":[{}]}}",
+        vec!["1"; counters].join(","),
+        vec!["null"; histograms].join(",")
+    );
+    let (mut written, mut t) = (header.len(), 0);
+    while written < SIZE {
+        let vps: Vec<String> = (0..20).map(|n| format!("{{\"vp\":{n},{one_vp}")).collect();
+        let line = format!(
+            "{{\"t\":{t},\"partitions\":[{{\"vm\":\"a\",\"instance\":\"1-2-0\",\"partition\":1,\"active\":true,\
+             \"vps\":[{}]}}]}}\n",
+            vps.join(",")
+        );
+        file.write_all(line.as_bytes()).unwrap();
+        written += line.len();
+        t += 1;
+    }
+    drop(file);
+    for args in [&["report", path(&wide)][..], &["report", "--json", path(&wide)]] {
+        let out = within_cpu_seconds(args, 10);
+        assert!(out.status.success(), "{args:?}: {out:?}");
+    }
+}

@@ -49,27 +49,96 @@ pub fn accepts_openmetrics(accept: &str) -> bool {
 /// The OpenMetrics text in the classic Prometheus text format (0.0.4): a counter's HELP and TYPE
 /// name its samples (`…_total`), and there is no `# UNIT` or `# EOF`. Samples are unchanged.
 pub fn to_classic(openmetrics: &str) -> String {
-    let counters: std::collections::HashSet<&str> =
-        openmetrics.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter")).collect();
     let mut out = String::with_capacity(openmetrics.len());
-    for line in openmetrics.lines() {
-        if line.starts_with("# UNIT ") || line == "# EOF" {
-            continue;
+    let mut classic = Classic::new(&mut out);
+    let _ = classic.write_str(openmetrics).and_then(|()| classic.finish());
+    out
+}
+
+/// [`to_classic`] as a writer: OpenMetrics text written to it reaches `out` in the classic
+/// format, a line at a time (a family's HELP waits for its TYPE, which says whether it is a
+/// counter); [`finish`](Self::finish) writes a last line without a newline.
+pub struct Classic<W> {
+    out: W,
+    /// The unfinished line, then a HELP line waiting for its family's TYPE.
+    line: String,
+    help: Option<String>,
+}
+
+impl<W: Write> Classic<W> {
+    /// A converter writing to `out`.
+    pub fn new(out: W) -> Self {
+        Self { out, line: String::new(), help: None }
+    }
+
+    /// The writer it writes to.
+    pub fn into_inner(self) -> W {
+        self.out
+    }
+
+    /// Writes what is still held.
+    ///
+    /// # Errors
+    /// When `out` fails.
+    pub fn finish(&mut self) -> std::fmt::Result {
+        if !self.line.is_empty() {
+            let line = std::mem::take(&mut self.line);
+            self.convert(&line)?;
         }
-        let meta = ["# HELP ", "# TYPE "].into_iter().find_map(|p| Some((p, line.strip_prefix(p)?)));
-        match meta {
-            Some((prefix, rest)) => {
-                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
-                let suffix = if counters.contains(name) { "_total" } else { "" };
-                let _ = writeln!(out, "{prefix}{name}{suffix} {tail}");
-            }
-            None => {
-                out.push_str(line);
-                out.push('\n');
-            }
+        match self.help.take() {
+            Some(help) => self.meta("# HELP ", &help, false),
+            None => Ok(()),
         }
     }
-    out
+
+    fn meta(&mut self, prefix: &str, rest: &str, counter: bool) -> std::fmt::Result {
+        let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+        let suffix = if counter { "_total" } else { "" };
+        writeln!(self.out, "{prefix}{name}{suffix} {tail}")
+    }
+
+    fn convert(&mut self, line: &str) -> std::fmt::Result {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            if let Some(help) = self.help.replace(rest.to_owned()) {
+                self.meta("# HELP ", &help, false)?;
+            }
+            return Ok(());
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let counter = rest.ends_with(" counter");
+            if let Some(help) = self.help.take() {
+                let same = help.split(' ').next() == rest.split(' ').next();
+                self.meta("# HELP ", &help, same && counter)?;
+            }
+            return self.meta("# TYPE ", rest, counter);
+        }
+        if let Some(help) = self.help.take() {
+            self.meta("# HELP ", &help, false)?;
+        }
+        if line.starts_with("# UNIT ") || line == "# EOF" {
+            return Ok(());
+        }
+        self.out.write_str(line)?;
+        self.out.write_char('\n')
+    }
+}
+
+impl<W: Write> Write for Classic<W> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let mut rest = s;
+        while let Some((head, tail)) = rest.split_once('\n') {
+            if self.line.is_empty() {
+                self.convert(head)?;
+            } else {
+                let mut line = std::mem::take(&mut self.line);
+                line.push_str(head);
+                self.convert(&line)?;
+            }
+            rest = tail;
+        }
+        self.line.push_str(rest);
+        Ok(())
+    }
 }
 
 /// The label naming the hvstats instance that publishes an object (not `instance`, which
@@ -110,11 +179,20 @@ impl Exposition {
     /// # Errors
     /// Only when formatting fails (it writes to a `String`).
     pub fn encode(self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        self.encode_into(&mut out)?;
+        Ok(out)
+    }
+
+    /// The text, in the OpenMetrics format, written to `out` as it is made (a writer of chunks
+    /// holds it without the copies of a growing `String`).
+    ///
+    /// # Errors
+    /// When `out` fails.
+    pub fn encode_into(self, out: &mut impl Write) -> std::fmt::Result {
         let mut registry = Registry::with_prefix(crate::metrics::PREFIX);
         registry.register_collector(Box::new(self));
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &registry)?;
-        Ok(out)
+        prometheus_client::encoding::text::encode(out, &registry)
     }
 
     /// For each partition in walk order, whether its VPs are exported one by one.

@@ -58,6 +58,56 @@ pub fn stream_json(attach: &mut Attach, out: &mut impl Write) -> io::Result<bool
     Ok(failed)
 }
 
+/// Writes `{"instances": [...], "max_vps": N, "vps_left_out": M}` of `instances` one partition at
+/// a time, as [`stream_json`] does, with at most `max_vps` VPs: the partitions whose VPs no longer
+/// fit have `"vps": []` and say how many were left out (`"vps_left_out"`). Takes the partitions
+/// out of `instances` as it goes. Returns the number of VPs left out.
+///
+/// # Errors
+/// When writing to `out` fails.
+pub fn write_capped(
+    out: &mut impl Write,
+    instances: &mut [InstanceSnapshot],
+    max_vps: usize,
+) -> io::Result<usize> {
+    let (mut budget, mut left_out) = (max_vps, 0usize);
+    out.write_all(b"{\"instances\":[")?;
+    for (n, instance) in instances.iter_mut().enumerate() {
+        if n > 0 {
+            out.write_all(b",")?;
+        }
+        let partitions = std::mem::take(&mut instance.partitions);
+        let mut fields = match instance_json(instance, None) {
+            Value::Object(map) => map,
+            _ => Map::new(),
+        };
+        fields.remove("partitions");
+        let text = serde_json::to_string(&Value::Object(fields)).map_err(io::Error::from)?;
+        out.write_all(&text.as_bytes()[..text.len().saturating_sub(1)])?;
+        out.write_all(b",\"partitions\":[")?;
+        for (i, mut p) in partitions.into_iter().enumerate() {
+            if i > 0 {
+                out.write_all(b",")?;
+            }
+            if p.vps.len() <= budget {
+                budget -= p.vps.len();
+                write_partition(out, &p, instance)?;
+                continue;
+            }
+            let dropped = std::mem::take(&mut p.vps).len();
+            left_out += dropped;
+            let mut text = Vec::new();
+            write_partition(&mut text, &p, instance)?;
+            text.pop();
+            out.write_all(&text)?;
+            write!(out, ",\"vps_left_out\":{dropped}}}")?;
+        }
+        out.write_all(b"]}")?;
+    }
+    writeln!(out, "],\"max_vps\":{max_vps},\"vps_left_out\":{left_out}}}")?;
+    Ok(left_out)
+}
+
 /// Each kind's counters with their names as JSON strings, computed once.
 fn json_names(kind: ObjectKind) -> &'static [(&'static Counter, String)] {
     static NAMES: std::sync::OnceLock<Vec<Vec<(&'static Counter, String)>>> = std::sync::OnceLock::new();

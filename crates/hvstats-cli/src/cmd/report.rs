@@ -9,7 +9,7 @@
 //! A recording made before histograms were recorded (format version 1) says so instead of
 //! showing them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -280,13 +280,7 @@ pub fn reports(digest: &Digest) -> impl Iterator<Item = VpReport> + '_ {
     let header = &digest.header;
     let counters = header.vp_counters();
     // Where each counter's paired count is, found once.
-    let paired_at: Vec<Option<usize>> = counters
-        .iter()
-        .map(|(_, c)| {
-            let p = c.and_then(|c| c.paired_count())?;
-            counters.iter().position(|(c, _)| c.name == p.name)
-        })
-        .collect();
+    let paired_at = header.vp_paired_at();
     digest.vps.iter().map(move |d| {
         let (vm, instance, partition, vp) =
             (d.vm.clone(), d.key.instance.to_string(), d.key.partition, d.key.vp);
@@ -374,7 +368,7 @@ fn text_head(digest: &Digest) -> String {
 /// One VP's part of the text report. The VM name is escaped (it comes from a VMM's command line
 /// and could hold control characters), and the instance and partition say which VM it is when two
 /// share a name.
-fn text_vp(digest: &Digest, r: &VpReport) -> String {
+fn text_vp(digest: &Digest, histogram_names: &HashSet<&str>, r: &VpReport) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
     let _ = writeln!(
@@ -393,7 +387,7 @@ fn text_vp(digest: &Digest, r: &VpReport) -> String {
     for info in &digest.header.catalog.vp {
         let name = &info.name;
         // A histogram's one value is its sum; the histogram section below gives all of it.
-        if digest.header.catalog.vp_histograms.iter().any(|h| h.name == *name) {
+        if histogram_names.contains(name.as_str()) {
             continue;
         }
         let Some(v) = r.json["cumulative"][name].as_u64() else { continue };
@@ -469,8 +463,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         crate::output::print_json(&doc, true)?;
     } else {
         crate::output::print(&text_head(&digest))?;
+        // Found once, not per counter of every VP: a hostile header may list millions of each.
+        let histogram_names: HashSet<&str> =
+            digest.header.catalog.vp_histograms.iter().map(|h| h.name.as_str()).collect();
         for r in reports(&digest) {
-            crate::output::print(&text_vp(&digest, &r))?;
+            crate::output::print(&text_vp(&digest, &histogram_names, &r))?;
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -123,3 +123,15 @@ impl Drop for KilledOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// What a plain HTTP/1.0 `GET /metrics` to `addr` gets before the server closes (or 10 s pass):
+/// for a TLS port, no HTTP answer.
+pub fn http_get_raw(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    let _ = stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n");
+    let mut reply = Vec::new();
+    let _ = stream.read_to_end(&mut reply);
+    String::from_utf8_lossy(&reply).into_owned()
+}
