@@ -55,7 +55,7 @@ use tokio::sync::{Notify, Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio_io_timeout::TimeoutStream;
 
-use super::web::Web;
+use super::web::{Refusal, Web};
 use crate::signals::Signal;
 
 /// What the server lets one client hold.
@@ -779,8 +779,8 @@ async fn respond(
         Some(admit) => match admit.await {
             Ok(()) => None,
             Err(refusal) => {
-                challenge = refusal.status == 401;
-                Some(refusal)
+                challenge = refusal == Refusal::Unauthorized;
+                Some(Reply::text(refusal.status(), refusal.text()))
             }
         },
         None => None,

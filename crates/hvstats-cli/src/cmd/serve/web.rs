@@ -29,8 +29,6 @@ use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use super::http::Reply;
-
 /// Users and passwords that matched, remembered so a scraper costs one bcrypt comparison.
 const REMEMBERED: usize = 64;
 
@@ -154,21 +152,47 @@ impl Web {
         &self.headers
     }
 
-    /// Admits a request whose `Authorization` header is `authorization`, or says why not
-    /// (429 past the rate limit, 401 without valid credentials).
+    /// Admits a request whose `Authorization` header is `authorization`, or says why not.
     ///
     /// # Errors
-    /// The reply a refused request gets.
-    pub async fn admit(&self, authorization: Option<&str>) -> Result<(), Reply> {
+    /// Why the request is refused.
+    pub async fn admit(&self, authorization: Option<&str>) -> Result<(), Refusal> {
         if let Some(limiter) = &self.limiter {
             let allowed = limiter.lock().map(|mut b| b.take()).unwrap_or(false);
             if !allowed {
-                return Err(Reply::text(429, "Too Many Requests\n"));
+                return Err(Refusal::RateLimited);
             }
         }
         match &self.auth {
-            Some(auth) if !auth.check(authorization).await => Err(Reply::text(401, "Unauthorized\n")),
+            Some(auth) if !auth.check(authorization).await => Err(Refusal::Unauthorized),
             _ => Ok(()),
+        }
+    }
+}
+
+/// Why the web configuration refuses a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// Past the rate limit (429).
+    RateLimited,
+    /// Without valid credentials (401, with a challenge).
+    Unauthorized,
+}
+
+impl Refusal {
+    /// The HTTP status of the refusal.
+    pub fn status(self) -> u16 {
+        match self {
+            Refusal::RateLimited => 429,
+            Refusal::Unauthorized => 401,
+        }
+    }
+
+    /// The body of the refusal.
+    pub fn text(self) -> &'static str {
+        match self {
+            Refusal::RateLimited => "Too Many Requests\n",
+            Refusal::Unauthorized => "Unauthorized\n",
         }
     }
 }
