@@ -33,9 +33,9 @@ fn layouts_put_groups_back_to_back_and_end_the_list() {
         (ObjectKind::Hypervisor, Some(0), None, 48),
         (ObjectKind::LogicalProcessor, Some(0), None, 152),
         (ObjectKind::Partition, Some(0), Some(16), 80),
-        // VP: release 1.1 (65 counters), then hvstats' own group (sequence, 8 histograms and 2
-        // fault counts).
-        (ObjectKind::Vp, Some(0), Some(24), 552 + 8 + 267 * 8),
+        // VP: release 1.1 (65 counters), then hvstats' own group (sequence, 8 histograms, 2
+        // fault counts and the exits).
+        (ObjectKind::Vp, Some(0), Some(24), 552 + 8 + 268 * 8),
     ];
     for (kind, arch, release, end) in expect {
         let layout = PageLayout::of(kind);

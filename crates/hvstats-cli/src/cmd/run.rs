@@ -89,6 +89,32 @@ pub struct Args {
     /// table lives (default: $HVSTATS_RUNTIME_DIR, else /run/hvstats).
     #[arg(long)]
     runtime_dir: Option<PathBuf>,
+    /// The partition's name for readers: the `vm` label of its series in `serve`, its name in
+    /// `snapshot`, `top` and `record`, the same on every run (default: `demo`, or the image's
+    /// file name without its extension). At most 64 bytes, no control characters.
+    #[arg(long, value_name = "NAME", value_parser = parse_name)]
+    name: Option<String>,
+}
+
+/// The most bytes of a partition name the runtime directory's index keeps.
+const MAX_NAME_BYTES: usize = hvstats::index::TEXT_BYTES;
+
+fn parse_name(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.len() > MAX_NAME_BYTES || s.chars().any(char::is_control) {
+        return Err(format!("{s:?}: a name of 1 to {MAX_NAME_BYTES} bytes without control characters"));
+    }
+    Ok(s.to_owned())
+}
+
+/// The name a partition gets without `--name`: what it runs, never who runs it (a pid would make
+/// its series new on every run).
+fn default_name(image: Option<&Path>) -> String {
+    let stem = image.and_then(Path::file_stem).map(|s| s.to_string_lossy().into_owned());
+    match stem.and_then(|s| parse_name(&s).ok()) {
+        Some(name) => name,
+        None if image.is_some() => "image".to_owned(),
+        None => "demo".to_owned(),
+    }
 }
 
 fn parse_mode(s: &str) -> Result<Mode, String> {
@@ -202,6 +228,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         mode: image.mode,
         timeout: run_length(&args),
         hardware_counters: hardware.as_ref().ok().cloned(),
+        name: args.name.clone().unwrap_or_else(|| default_name(args.image.as_deref())),
         ..PartitionConfig::default()
     };
     let mut handlers = Handlers::builtin();
