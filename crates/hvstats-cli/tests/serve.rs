@@ -9,10 +9,10 @@
 
 mod common;
 
-use common::{TempDir, publish_partition as published, write_1_0_vp_page};
+use common::{TempDir, free_port, prometheus_tool, publish_partition as published, write_1_0_vp_page};
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -410,21 +410,6 @@ fn a_user_who_may_read_no_instance_gets_an_unhealthy_exporter_and_down_instances
     assert!(body.contains("Permission denied"), "{body}");
 }
 
-/// The path of a Prometheus tool, or `None` (skipped, unless CI requires it).
-fn prometheus_tool(name: &str, test: &str) -> Option<&'static str> {
-    let path: &'static str = match name {
-        "promtool" => "/usr/bin/promtool",
-        _ => "/usr/bin/prometheus",
-    };
-    if Path::new(path).exists() {
-        return Some(path);
-    }
-    let msg = format!("{test}: {path} is missing (Debian package prometheus)");
-    assert!(std::env::var("HVSTATS_REQUIRE_PROMETHEUS").as_deref() != Ok("1"), "{msg}");
-    eprintln!("{msg}: skipped");
-    None
-}
-
 #[test]
 fn promtool_accepts_the_exposition() {
     let Some(promtool) = prometheus_tool("promtool", "promtool_accepts_the_exposition") else { return };
@@ -451,16 +436,9 @@ fn promtool_accepts_the_exposition() {
     assert!(said.trim().is_empty(), "promtool has remarks: {said}");
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// Asks Prometheus `query` until it answers one sample equal to `expected` (or 60 s pass).
 fn query_until(prometheus: SocketAddr, query: &str, expected: &str) -> String {
-    let encoded: String = query
-        .bytes()
-        .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") })
-        .collect();
+    let encoded = common::url_encoded(query);
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut last = String::new();
     while Instant::now() < deadline {

@@ -617,7 +617,11 @@ mod tests {
                 continue;
             }
             let labels = rest.rsplit_once('}').map_or("", |(l, _)| l);
-            values.extend(labels.split("\",").filter_map(|kv| Some(kv.split_once("=\"")?.1.trim_end_matches('"').to_owned())));
+            values.extend(
+                labels
+                    .split("\",")
+                    .filter_map(|kv| Some(kv.split_once("=\"")?.1.trim_end_matches('"').to_owned())),
+            );
         }
         values
     }
@@ -643,14 +647,13 @@ mod tests {
             .filter_map(|l| Some(l.split("vm=\"").nth(1)?.split('"').next()?.to_owned()))
             .collect();
         // The first "web" keeps its name, the second is not given the name "web#2" already has.
-        assert_eq!(
-            vms.into_iter().collect::<Vec<_>>(),
-            ["partition-2", "web", "web#2", "web#3"],
-            "{text}"
-        );
+        assert_eq!(vms.into_iter().collect::<Vec<_>>(), ["partition-2", "web", "web#2", "web#3"], "{text}");
         // What changes with the process is on the info series only.
         let info = lines_of(&text, "hvstats_vm_info{");
-        assert!(info.iter().any(|l| l.contains("vm=\"web#3\"") && l.contains("publisher_pid=\"5353\"")), "{info:?}");
+        assert!(
+            info.iter().any(|l| l.contains("vm=\"web#3\"") && l.contains("publisher_pid=\"5353\"")),
+            "{info:?}"
+        );
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! - [`TempDir`]: a temporary runtime directory;
 //! - [`kvm_available`]: the check of tests that need a guest (skipped without /dev/kvm, a
 //!   failure under `HVSTATS_REQUIRE_KVM=1`);
-//! - [`synthetic_instance`]: a reading of a large host, every counter set, built in memory.
+//! - [`synthetic_instance`]: a reading of a large host, every counter set, built in memory;
+//! - [`synthetic_load`]: a published instance counting made-up traffic, for the surfaces.
 //!
 //! Test code only: the product crates take it as a dev-dependency (the bench, which measures
 //! with the synthetic reading, as a dependency).
@@ -13,8 +14,10 @@
 
 mod dir;
 mod kvm;
+mod load;
 mod reading;
 
 pub use dir::TempDir;
 pub use kvm::kvm_available;
+pub use load::synthetic_load;
 pub use reading::synthetic_instance;

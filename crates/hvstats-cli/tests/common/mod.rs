@@ -123,3 +123,31 @@ impl Drop for KilledOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// The path of a Prometheus tool (`prometheus` or `promtool`, Debian's package `prometheus`), or
+/// `None`: skipped, unless `HVSTATS_REQUIRE_PROMETHEUS=1` (CI installs it), where it fails.
+pub fn prometheus_tool(name: &str, test: &str) -> Option<&'static str> {
+    let path: &'static str = match name {
+        "promtool" => "/usr/bin/promtool",
+        _ => "/usr/bin/prometheus",
+    };
+    if Path::new(path).exists() {
+        return Some(path);
+    }
+    let msg = format!("{test}: {path} is missing (Debian package prometheus)");
+    assert!(std::env::var("HVSTATS_REQUIRE_PROMETHEUS").as_deref() != Ok("1"), "{msg}");
+    eprintln!("{msg}: skipped");
+    None
+}
+
+/// A loopback port nobody listens on now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// `s` percent-encoded for a URL's query string.
+pub fn url_encoded(s: &str) -> String {
+    s.bytes()
+        .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") })
+        .collect()
+}
