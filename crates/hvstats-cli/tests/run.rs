@@ -239,3 +239,52 @@ fn a_non_root_run_says_how_to_get_a_runtime_directory_and_kvm_access() {
         assert!(stderr.contains("cannot open /dev/kvm (its group is `kvm`"), "{stderr}");
     }
 }
+
+/// A partition of `run` is its `--name` in every series and in `vm_info`, which alone carries
+/// the pids; it counts every exit of its VPs; a second run of the same name makes the same
+/// series again (no pid in a label, so Prometheus sees one series across runs).
+#[test]
+fn run_name_labels_its_series_without_a_pid_and_counts_every_exit() {
+    if !kvm_available("run_name_labels_its_series_without_a_pid_and_counts_every_exit") {
+        return;
+    }
+    let tmp = common::TempDir::new("run-name");
+    let mut series_of_runs = Vec::new();
+    for _ in 0..2 {
+        let child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+            .args(["run", "--name", "web-7", "--vps", "1", "--forever", "--runtime-dir"])
+            .arg(tmp.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = child.id().to_string();
+        let _run = common::KilledOnDrop(child);
+        // Until the partition has run a while: its exits show.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let text = loop {
+            let text = common::scrape(tmp.path());
+            let exits = text.lines().find(|l| l.starts_with("hvstats_vp_exits_total{vm=\"web-7\",vp=\"0\"}"));
+            if exits.and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok()).is_some_and(|n| n > 0) {
+                break text;
+            }
+            assert!(std::time::Instant::now() < deadline, "no exits counted:\n{text}");
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        };
+        let info = text.lines().find(|l| l.starts_with("hvstats_vm_info{")).unwrap();
+        assert!(
+            info.contains("vm=\"web-7\"") && info.contains(&format!("publisher_pid=\"{pid}\"")),
+            "{info}"
+        );
+        let series: Vec<String> = text
+            .lines()
+            .filter(|l| l.starts_with("hvstats_vp_") || l.starts_with("hvstats_partition_"))
+            .map(|l| l.rsplit_once(' ').unwrap().0.to_owned())
+            .collect();
+        for s in &series {
+            assert!(!s.contains(&pid), "a pid in a series' labels: {s}");
+        }
+        series_of_runs.push(series);
+    }
+    assert_eq!(series_of_runs[0], series_of_runs[1], "the second run made other series");
+}

@@ -467,3 +467,47 @@ fn a_vm_name_with_control_characters_is_shown_escaped() {
     // Escaped, then cut to the label column.
     assert!(text.lines().any(|l| l.starts_with(r"dup\n  VP 9 forged\u{1b} ")), "{text}");
 }
+
+/// `--vm` keeps the VMs whose name matches, in `--once` and in the live view, where an
+/// 80-column screen keeps the help and quit keys in its key bar.
+#[test]
+fn top_vm_shows_only_the_vms_named_and_an_80_column_key_bar_keeps_quit() {
+    let tmp = TempDir::new("top-vm");
+    let hv = common::publish(tmp.path());
+    let web = hv.create_partition_named(1, "web-1").unwrap();
+    let db = hv.create_partition_named(1, "db-1").unwrap();
+    web.vp_page(0).unwrap().set(vp::IO_INSTRUCTIONS, 1);
+    db.vp_page(0).unwrap().set(vp::IO_INSTRUCTIONS, 1);
+    let out = top(tmp.path(), &["--once", "--interval", "0.2", "--vm", "^db-"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.lines().any(|l| l.starts_with("db-1")), "{text}");
+    assert!(!text.contains("web-1"), "{text}");
+    let out = top(tmp.path(), &["--once", "--vm", "("]);
+    assert_eq!(out.status.code(), Some(2), "an invalid regex is a usage error");
+
+    if Command::new("tmux").arg("-V").output().is_err() {
+        assert!(std::env::var("HVSTATS_REQUIRE_TMUX").as_deref() != Ok("1"), "tmux is missing");
+        eprintln!("top_vm: tmux is missing (Debian package tmux): skipped");
+        return;
+    }
+    let tmux = Tmux { socket: format!("hvstats-top-vm-{}", std::process::id()) };
+    let command = format!(
+        "{} top --interval 0.3 --vm web --runtime-dir {}",
+        env!("CARGO_BIN_EXE_hvstats"),
+        tmp.path().display()
+    );
+    let started = tmux.run(&["new-session", "-d", "-s", "top", "-x", "80", "-y", "24", &command]);
+    assert!(started.status.success(), "{}", String::from_utf8_lossy(&started.stderr));
+    let screen = tmux.wait_for("web-1");
+    assert!(!screen.contains("db-1"), "{screen}");
+    let bar = screen.lines().rev().find(|l| !l.trim().is_empty()).unwrap();
+    assert!(bar.trim_end().ends_with("h help  q quit"), "the key bar lost its keys at 80 columns:\n{screen}");
+    assert!(bar.starts_with("o/O sort"), "{screen}");
+    tmux.run(&["send-keys", "-t", "top", "q"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tmux.alive() {
+        assert!(Instant::now() < deadline, "q did not quit:\n{}", tmux.screen());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

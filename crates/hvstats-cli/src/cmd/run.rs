@@ -522,6 +522,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_partition_is_named_by_what_it_runs_never_by_who_runs_it() {
+        assert_eq!(default_name(None), "demo");
+        assert_eq!(default_name(Some(Path::new("/srv/guests/web-1.bin"))), "web-1");
+        assert_eq!(default_name(Some(Path::new("/srv/guests/\u{7}.bin"))), "image");
+        assert_eq!(parse_name("db-1"), Ok("db-1".to_owned()));
+        for bad in ["", "a\nb", &"x".repeat(65)] {
+            let e = parse_name(bad).unwrap_err();
+            assert!(e.contains("1 to 64 bytes without control characters"), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
     fn the_demo_builds_in_every_mode() {
         for mode in [Mode::Real, Mode::Protected, Mode::Long] {
             demo_workload(mode).build(mode, layout::DEFAULT_LOAD_GPA).unwrap();
