@@ -4,6 +4,7 @@
 
 use std::io::{self, Write};
 
+use crate::json_keys::{Held, SCHEMA_KEY, SCHEMA_VERSION, key};
 use crate::present;
 use hvstats::attach::Attach;
 use hvstats::mshv::unmapped::ObjectRef;
@@ -21,13 +22,14 @@ pub struct Earlier<'a> {
     pub seconds: f64,
 }
 
-/// Writes `{"instances": [...]}` one partition at a time; true when something was unreadable.
+/// Writes `{"schema_version": N, "instances": [...]}` one partition at a time; true when something
+/// was unreadable.
 ///
 /// # Errors
 /// When writing to `out` fails.
 pub fn stream_json(attach: &mut Attach, out: &mut impl Write) -> io::Result<bool> {
     let mut failed = false;
-    out.write_all(b"{\"instances\":[")?;
+    write!(out, "{{\"{SCHEMA_KEY}\":{SCHEMA_VERSION},\"instances\":[")?;
     for (n, instance) in attach.instances_mut().enumerate() {
         instance.refresh();
         if n > 0 {
@@ -58,13 +60,13 @@ pub fn stream_json(attach: &mut Attach, out: &mut impl Write) -> io::Result<bool
     Ok(failed)
 }
 
-/// Each kind's counters with their names as JSON strings, computed once.
+/// Each kind's counters with their keys as totals ([`Held::Total`]) as JSON strings, computed once.
 fn json_names(kind: ObjectKind) -> &'static [(&'static Counter, String)] {
     static NAMES: std::sync::OnceLock<Vec<Vec<(&'static Counter, String)>>> = std::sync::OnceLock::new();
     let all = NAMES.get_or_init(|| {
         ObjectKind::ALL
             .iter()
-            .map(|&k| counters_of(k).map(|c| (c, Value::String(c.name.to_owned()).to_string())).collect())
+            .map(|&k| counters_of(k).map(|c| (c, Value::String(key(c, Held::Total)).to_string())).collect())
             .collect()
     });
     &all[kind as usize]
@@ -176,7 +178,8 @@ pub fn histograms_json(vp: &VpSnapshot) -> Value {
     Value::Object(map)
 }
 
-/// `{"counters": {name: value}}` (with `"interval": {name: rate, % or ns}` over an interval), or
+/// `{"counters": {key: total}}` (with `"interval": {key: rate, % or ns}` over an interval, keys
+/// as [`crate::json_keys`] makes them), or
 /// `{"unreadable": reason, "permission_denied": bool}`.
 fn reading_json(
     reading: &ObjectReading,
@@ -190,16 +193,16 @@ fn reading_json(
             // unavailable): one declared unavailable is null.
             let mut counters = Map::new();
             for c in counters_of(kind) {
-                counters.insert(c.name.to_owned(), Value::Null);
+                counters.insert(key(c, Held::Total), Value::Null);
             }
             for (c, v) in values {
-                counters.insert(c.name.to_owned(), json!(v));
+                counters.insert(key(c, Held::Total), json!(v));
             }
             object.insert("counters".into(), Value::Object(counters));
             if let Some((then, seconds)) = then {
                 let presented = match then {
                     Some(then) => cells(reading, Some(then), seconds)
-                        .map(|(c, v)| (c.name.to_owned(), v.unwrap_or(Value::Null)))
+                        .map(|(c, v)| (key(c, Held::Presented), v.unwrap_or(Value::Null)))
                         .collect::<Map<_, _>>(),
                     None => Map::new(),
                 };
@@ -255,6 +258,11 @@ pub fn instance_json(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>) -> Valu
         "lps": lps,
         "partitions": partitions,
     })
+}
+
+/// The document of `instances` (each an [`instance_json`]): `{"schema_version", "instances"}`.
+pub fn document(instances: Vec<Value>) -> Value {
+    json!({ SCHEMA_KEY: SCHEMA_VERSION, "instances": instances })
 }
 
 /// The JSON of one instance as `snapshot --json` prints it, for other commands.

@@ -32,7 +32,7 @@ use hvstats_kvm::enlightenment::HyperV;
 use hvstats_kvm::{
     FaultCause, Handlers, HardwareCounters, Partition, PartitionConfig, RipSeen, RunReport, VpOutcome,
 };
-use hvstats_present::present;
+use hvstats_present::{json_keys, present};
 use serde_json::{Map, Value, json};
 
 use crate::input;
@@ -355,10 +355,13 @@ fn hardware_json(vp: &VpOutcome, unavailable: Option<&str>) -> Value {
     }
 }
 
+/// Every counter of `kind` as a total keyed by what it holds ([`json_keys`]); one no source
+/// maintains on KVM is null, not the 0 its page slot reads.
 fn counters_json(kind: ObjectKind, page: &hvstats::SharedPage) -> Value {
     let mut m = Map::new();
     for c in counters_of(kind) {
-        m.insert(c.name.to_string(), json!(page.get(c.id)));
+        let value = if c.maintained.is_maintained() { json!(page.get(c.id)) } else { Value::Null };
+        m.insert(json_keys::key(c, json_keys::Held::Total), value);
     }
     Value::Object(m)
 }
@@ -431,8 +434,9 @@ fn json_report(
         vps.push(obj);
     }
     Ok(json!({
+        json_keys::SCHEMA_KEY: json_keys::SCHEMA_VERSION,
         "elapsed_seconds": report.elapsed.as_secs_f64(),
-        "partition": {"counters": counters_json(ObjectKind::Partition, stats.page())},
+        "partition": {"name": partition.config().name, "counters": counters_json(ObjectKind::Partition, stats.page())},
         "vps": vps,
     }))
 }

@@ -19,7 +19,6 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use hyper::Method;
-use serde_json::json;
 
 use self::http::{Asked, Limits, Reply};
 
@@ -121,7 +120,7 @@ fn answer(live: &Live, max_vps: usize, asked: &Asked) -> Reply {
 fn snapshot_body(reading: &Reading) -> String {
     let instances: Vec<_> =
         reading.instances.iter().map(hvstats_present::snapshot_json::snapshot_json).collect();
-    let mut body = json!({ "instances": instances }).to_string();
+    let mut body = hvstats_present::snapshot_json::document(instances).to_string();
     body.push('\n');
     body
 }
