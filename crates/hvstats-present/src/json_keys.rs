@@ -122,11 +122,17 @@ mod tests {
                 let unique: HashSet<&String> = keys.iter().collect();
                 assert_eq!(unique.len(), keys.len(), "{kind:?} {held:?}: {keys:?}");
                 for k in &keys {
-                    assert!(k.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'), "{k}");
+                    assert!(
+                        k.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'),
+                        "{k}"
+                    );
                     if held != Held::Presented {
                         assert!(!k.contains("per_second") && !k.ends_with("_percent"), "{k}");
                     }
-                    assert_eq!(counter_of_key(k).map(|c| c.id.kind == kind || key(c, held) == *k), Some(true));
+                    assert_eq!(
+                        counter_of_key(k).map(|c| c.id.kind == kind || key(c, held) == *k),
+                        Some(true)
+                    );
                 }
             }
         }

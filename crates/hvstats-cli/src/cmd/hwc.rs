@@ -14,8 +14,8 @@ use hvstats::hwc::{Allocation, Allocator, CounterSetHandle, CpuSet, HwcError, Li
 use hvstats_abi::hal::{
     GroupAffinity, NtStatus, PhysicalCounterResourceDescriptor as Descriptor, PhysicalCounterResourceList,
 };
-use hvstats_present::text::Escaped;
 use hvstats_present::json_keys;
+use hvstats_present::text::Escaped;
 use serde_json::{Value, json};
 
 use crate::output;

@@ -416,7 +416,9 @@ fn text_vp(digest: &Digest, r: &VpReport) -> String {
             .unwrap_or_default();
         // Times in their unit: a total time read as a count of 100 ns says nothing.
         let (v, delta) = match counter.map(|c| c.unit) {
-            Some(Unit::Time100ns) => (human_ns(v.saturating_mul(100)), delta.map(|d| human_ns(d.saturating_mul(100)))),
+            Some(Unit::Time100ns) => {
+                (human_ns(v.saturating_mul(100)), delta.map(|d| human_ns(d.saturating_mul(100))))
+            }
             Some(Unit::Nanoseconds) => (human_ns(v), delta.map(human_ns)),
             _ => (v.to_string(), delta.map(|d| d.to_string())),
         };

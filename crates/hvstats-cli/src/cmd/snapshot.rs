@@ -130,6 +130,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         })?;
         return Ok(if failed { ExitStatus::RuntimeError.into() } else { ExitStatus::Success.into() });
     }
+    if let Some(seconds) = args.interval {
+        for instance in attach.instances() {
+            let period = instance.refresh_period();
+            if let Some(w) =
+                period.and_then(|p| super::cadence_warning(seconds, &instance.name().to_string(), p))
+            {
+                note!("{w}");
+            }
+        }
+    }
     let started = Instant::now();
     let first: Vec<InstanceSnapshot> =
         attach.instances_mut().map(|i| filter.apply(Instance::snapshot(i))).collect();

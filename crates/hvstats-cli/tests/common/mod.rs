@@ -151,3 +151,25 @@ pub fn url_encoded(s: &str) -> String {
         .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") })
         .collect()
 }
+
+/// The JSON key of the catalog counter named `name` (of any kind: a name several kinds share has
+/// one key) when the value is a total, as snapshots, `run --json` and `dump --json` give it.
+pub fn total(name: &str) -> String {
+    json_key(name, hvstats_present::json_keys::Held::Total)
+}
+
+/// As [`total`], for a delta over an interval (`top --once --json`, `report --json`).
+pub fn delta(name: &str) -> String {
+    json_key(name, hvstats_present::json_keys::Held::Delta)
+}
+
+/// As [`total`], for a value presented over an interval (a rate, a percentage, an average).
+pub fn presented(name: &str) -> String {
+    json_key(name, hvstats_present::json_keys::Held::Presented)
+}
+
+fn json_key(name: &str, held: hvstats_present::json_keys::Held) -> String {
+    let counter =
+        hvstats_abi::CATALOG.iter().find(|c| c.name == name).unwrap_or_else(|| panic!("no counter {name:?}"));
+    hvstats_present::json_keys::key(counter, held)
+}

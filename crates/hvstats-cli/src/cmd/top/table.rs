@@ -445,13 +445,24 @@ pub fn text(groups: &[Group], seconds: f64, dir: &str, fields: Option<&[Shown]>)
 }
 
 fn row_json(r: &Row, seconds: f64) -> Value {
-    let presented: Map<String, Value> =
-        VP_COLUMNS.iter().zip(&r.values).map(|(c, v)| (key(c.counter(), Held::Presented), json!(v))).collect();
+    // The columns show costs in µs; the JSON keys say ns, as every document gives times.
+    let presented: Map<String, Value> = VP_COLUMNS
+        .iter()
+        .zip(&r.values)
+        .map(|(c, v)| {
+            let v = match c.counter().presentation {
+                Presentation::Cost => v.map(|us| us * 1000.0),
+                _ => *v,
+            };
+            (key(c.counter(), Held::Presented), json!(v))
+        })
+        .collect();
     let deltas: Map<String, Value> = r
         .deltas
         .iter()
         .map(|(n, d)| {
-            let name = counter_by_name(ObjectKind::Vp, n).map_or_else(|| (*n).to_owned(), |c| key(c, Held::Delta));
+            let name =
+                counter_by_name(ObjectKind::Vp, n).map_or_else(|| (*n).to_owned(), |c| key(c, Held::Delta));
             (name, json!(d))
         })
         .collect();
@@ -486,8 +497,13 @@ pub fn json(groups: &[Group], seconds: f64) -> Value {
     let units: Map<String, Value> = VP_COLUMNS
         .iter()
         .map(|c| {
-            let header = c.header();
-            let unit = header.strip_prefix(c.label).unwrap_or(&header).trim().to_owned();
+            let unit = match c.counter().presentation {
+                Presentation::Cost => "ns".to_owned(),
+                _ => {
+                    let header = c.header();
+                    header.strip_prefix(c.label).unwrap_or(&header).trim().to_owned()
+                }
+            };
             (key(c.counter(), Held::Presented), json!(unit))
         })
         .collect();
