@@ -76,7 +76,7 @@ fn cpuids_seen(snap: &Value, partition_id: u64) -> Option<u64> {
     let name = vp::CPUID_INSTRUCTIONS.counter().unwrap().name;
     snap["instances"].as_array()?.iter().find_map(|i| {
         let p = i["partitions"].as_array()?.iter().find(|p| p["id"].as_u64() == Some(partition_id))?;
-        p["vps"][0]["counters"][common::total(&name)].as_u64()
+        p["vps"][0]["counters"][common::total(name)].as_u64()
     })
 }
 

@@ -194,7 +194,7 @@ fn dump_prints_every_counter_of_each_kind_and_infers_its_type() {
             if c.is_bookkeeping() {
                 // The sequence counter is no measurement: in --json only.
                 assert!(!text.lines().any(|l| l.starts_with(c.name)), "{text}");
-                assert_eq!(v["counters"][common::total(&c.name)], value_of(i), "{v}");
+                assert_eq!(v["counters"][common::total(c.name)], value_of(i), "{v}");
                 continue;
             }
             let line = text.lines().find(|l| l.starts_with(c.name)).unwrap_or_else(|| panic!("{}", c.name));
@@ -359,7 +359,7 @@ fn dump_writes_a_sample_page_that_reads_back() {
     let v = dump_json(&path, &[]);
     assert_eq!(v["type"], "lp");
     for c in counters_of(ObjectKind::LogicalProcessor) {
-        assert_eq!(v["counters"][common::total(&c.name)], c.id.offset(), "{}", c.name);
+        assert_eq!(v["counters"][common::total(c.name)], c.id.offset(), "{}", c.name);
     }
     assert_eq!(v["counters"][common::total("% C3 time")], catalog::lp::C3_TIME.offset());
     // It never overwrites a file.
@@ -423,10 +423,10 @@ fn dump_decodes_a_1_0_page_and_lists_the_1_1_counters_as_absent() {
     let v = dump_json(&path, &[]);
     assert_eq!(v["type"], "vp", "the 1.0 page is recognised as a VP page");
     for &(i, c) in &carried {
-        assert_eq!(v["counters"][common::total(&c.name)], value_of(i), "{}", c.name);
+        assert_eq!(v["counters"][common::total(c.name)], value_of(i), "{}", c.name);
     }
     for c in counters_of(ObjectKind::Vp).filter(|c| layout.slot_of(c.id).is_none()) {
-        assert!(v["counters"][common::total(&c.name)].is_null(), "{} is absent: {}", c.name, v["counters"]);
+        assert!(v["counters"][common::total(c.name)].is_null(), "{} is absent: {}", c.name, v["counters"]);
     }
     let release = &v["groups"][1];
     assert_eq!((&release["version"], &release["counters"]), (&"1.0".into(), &63.into()));

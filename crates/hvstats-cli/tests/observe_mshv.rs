@@ -120,7 +120,7 @@ fn snapshot_shows_the_trees_values_under_the_catalogs_names_and_follows_its_part
     assert_eq!(own["counters"][common::total("Hypercalls/sec")], Value::Null);
     // hvstats' own counters are no mshv counter: absent, the last histograms of the page too.
     for own_counter in ["Sequence", "IO intercept time histogram", "Halt poll fail histogram"] {
-        assert_eq!(vp(&i, 4, 1)["counters"][common::total(&own_counter)], Value::Null, "{own_counter}");
+        assert_eq!(vp(&i, 4, 1)["counters"][common::total(own_counter)], Value::Null, "{own_counter}");
     }
 
     // The other readers, unchanged: /metrics and top.

@@ -156,7 +156,7 @@ fn metrics_export_exact_counts_in_base_units_with_labels() {
     assert_eq!(status, 200);
     let v: Value = serde_json::from_str(&body).unwrap();
     let cpuid_name = vp::CPUID_INSTRUCTIONS.counter().unwrap().name;
-    assert_eq!(v["instances"][0]["partitions"][0]["vps"][1]["counters"][common::total(&cpuid_name)], 4242);
+    assert_eq!(v["instances"][0]["partitions"][0]["vps"][1]["counters"][common::total(cpuid_name)], 4242);
     let (status, _, body) = get(addr, "/healthz?verbose");
     assert_eq!((status, body.as_str()), (200, "ok: 1 instances, 2 VPs\n"));
     assert_eq!(get(addr, "/nothing").0, 404);
@@ -192,7 +192,7 @@ fn histograms_are_prometheus_histograms_in_seconds_and_cpu_wait_is_a_counter() {
     let (_serve, addr) = serve(tmp.path(), &[]);
     let (status, _, text) = get_openmetrics(addr, "/metrics");
     assert_eq!(status, 200, "{text}");
-    let i = instance_name(&hv);
+    let _i = instance_name(&hv);
     let p = part.id();
     let labels = |vp: u32| format!("vm=\"partition-{p}\",vp=\"{vp}\"");
     let name = "hvstats_vp_io_intercept_duration_seconds";
@@ -249,7 +249,7 @@ fn past_the_vp_cap_a_partition_exports_the_sum_of_its_vps() {
     }
     let (_serve, addr) = serve(tmp.path(), &["--max-vps", "2"]);
     let text = get(addr, "/metrics").2;
-    let i = instance_name(&hv);
+    let _i = instance_name(&hv);
     let series =
         |p: u64, vp: &str| format!("hvstats_vp_hypercalls_total{{vm=\"partition-{p}\",vp=\"{vp}\"}}");
     assert_eq!(sample(&text, &series(small.id(), "0")).as_deref(), Some("1"));
@@ -931,7 +931,7 @@ fn a_vp_page_of_1_0_exports_its_counters_and_no_series_for_the_1_1_ones() {
     let (_serve, addr) = serve(tmp.path(), &[]);
     let (status, _, text) = get_openmetrics(addr, "/metrics");
     assert_eq!(status, 200, "{text}");
-    let i = instance_name(&hv);
+    let _i = instance_name(&hv);
     let p = part.id();
     let labels = |vp: u32| format!("vm=\"partition-{p}\",vp=\"{vp}\"");
     let cpuid = format!("hvstats_vp_intercepts_total{{{},intercept=\"cpuid\"}}", labels(0));
