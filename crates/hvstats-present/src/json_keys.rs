@@ -78,7 +78,10 @@ pub fn key(counter: &Counter, held: Held) -> String {
         // A value at a moment is the same whatever the document holds.
         (Presentation::Instant, _) => format!("{word}{unit}"),
         (Presentation::Histogram, Held::Total) => format!("{word}_sum_ns_total"),
-        (Presentation::Histogram, _) => format!("{word}_sum_ns_delta"),
+        (Presentation::Histogram, Held::Delta) => format!("{word}_sum_ns_delta"),
+        // Documents present a histogram whole, under "histograms"; its sum over an interval would
+        // be time per second.
+        (Presentation::Histogram, Held::Presented) => format!("{word}_sum_ns_per_second"),
         (_, Held::Total) => format!("{word}{unit}_total"),
         (_, Held::Delta) => format!("{word}{unit}_delta"),
         (Presentation::Rate, Held::Presented) => format!("{word}_per_second"),

@@ -201,7 +201,9 @@ fn reading_json(
             object.insert("counters".into(), Value::Object(counters));
             if let Some((then, seconds)) = then {
                 let presented = match then {
+                    // A histogram is presented whole, under "histograms".
                     Some(then) => cells(reading, Some(then), seconds)
+                        .filter(|(c, _)| c.presentation != hvstats_abi::Presentation::Histogram)
                         .map(|(c, v)| (key(c, Held::Presented), v.unwrap_or(Value::Null)))
                         .collect::<Map<_, _>>(),
                     None => Map::new(),
