@@ -83,6 +83,7 @@ use Source::*;
 const NO_VTLB: &str = "KVM has no virtual TLB: it uses nested or shadow paging in the kernel";
 const NO_TIME: &str = "handled inside KVM, which records no per-event time";
 const NO_SLOTS: &str = "the VMM's memory slots are not visible from outside";
+const SOURCE_TABLE: &str = "written by the observer from the sources it composes for the VM";
 
 catalog! {
     /// Counters of the hypervisor object (root only).
@@ -191,6 +192,95 @@ catalog! {
         Release 7 RECOMMENDED_VIRTUAL_TLB_SIZE "Recommended virtual TLB size", Pages, Instant,
             No(NO_VTLB),
             "The recommended number of pages to be deposited for the virtual TLB.";
+        // hvstats' own group of the partition page: which source of an observed VM gave each of
+        // its counters ([`crate::vm_sources`]). Bookkeeping: surfaces read it through that module.
+        Hvstats 1 SOURCE_1_NAME "Source 1 name", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "The first 8 bytes of the name of the observed VM's source 1, NUL-padded.";
+        Hvstats 2 SOURCE_1_NAME_2 "Source 1 name, continued", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Bytes 8 to 15 of the name of the observed VM's source 1, NUL-padded.";
+        Hvstats 3 SOURCE_1_STATE "Source 1 state", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Whether the observed VM's source 1 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation).";
+        Hvstats 4 SOURCE_2_NAME "Source 2 name", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "The first 8 bytes of the name of the observed VM's source 2, NUL-padded.";
+        Hvstats 5 SOURCE_2_NAME_2 "Source 2 name, continued", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Bytes 8 to 15 of the name of the observed VM's source 2, NUL-padded.";
+        Hvstats 6 SOURCE_2_STATE "Source 2 state", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Whether the observed VM's source 2 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation).";
+        Hvstats 7 SOURCE_3_NAME "Source 3 name", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "The first 8 bytes of the name of the observed VM's source 3, NUL-padded.";
+        Hvstats 8 SOURCE_3_NAME_2 "Source 3 name, continued", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Bytes 8 to 15 of the name of the observed VM's source 3, NUL-padded.";
+        Hvstats 9 SOURCE_3_STATE "Source 3 state", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Whether the observed VM's source 3 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation).";
+        Hvstats 10 SOURCE_4_NAME "Source 4 name", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "The first 8 bytes of the name of the observed VM's source 4, NUL-padded.";
+        Hvstats 11 SOURCE_4_NAME_2 "Source 4 name, continued", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Bytes 8 to 15 of the name of the observed VM's source 4, NUL-padded.";
+        Hvstats 12 SOURCE_4_STATE "Source 4 state", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Whether the observed VM's source 4 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation).";
+        Hvstats 13 SOURCE_5_NAME "Source 5 name", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "The first 8 bytes of the name of the observed VM's source 5, NUL-padded.";
+        Hvstats 14 SOURCE_5_NAME_2 "Source 5 name, continued", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Bytes 8 to 15 of the name of the observed VM's source 5, NUL-padded.";
+        Hvstats 15 SOURCE_5_STATE "Source 5 state", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Whether the observed VM's source 5 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation).";
+        Hvstats 16 SOURCE_6_NAME "Source 6 name", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "The first 8 bytes of the name of the observed VM's source 6, NUL-padded.";
+        Hvstats 17 SOURCE_6_NAME_2 "Source 6 name, continued", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Bytes 8 to 15 of the name of the observed VM's source 6, NUL-padded.";
+        Hvstats 18 SOURCE_6_STATE "Source 6 state", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Whether the observed VM's source 6 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation).";
+        Hvstats 19 PARTITION_WRITERS_1 "Partition counter sources 1", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Which source writes each partition counter of the observed VM, 4 bits per counter (the partition counters 0 to 15 in catalog order): 0 none, else the source's number.";
+        Hvstats 20 PARTITION_WRITERS_2 "Partition counter sources 2", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Which source writes each partition counter of the observed VM, 4 bits per counter (the partition counters 16 to 31 in catalog order): 0 none, else the source's number.";
+        Hvstats 21 VP_WRITERS_1 "VP counter sources 1", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Which source writes each VP counter of the observed VM, 4 bits per counter (the VP counters 0 to 15 in catalog order): 0 none, else the source's number.";
+        Hvstats 22 VP_WRITERS_2 "VP counter sources 2", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Which source writes each VP counter of the observed VM, 4 bits per counter (the VP counters 16 to 31 in catalog order): 0 none, else the source's number.";
+        Hvstats 23 VP_WRITERS_3 "VP counter sources 3", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Which source writes each VP counter of the observed VM, 4 bits per counter (the VP counters 32 to 47 in catalog order): 0 none, else the source's number.";
+        Hvstats 24 VP_WRITERS_4 "VP counter sources 4", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Which source writes each VP counter of the observed VM, 4 bits per counter (the VP counters 48 to 63 in catalog order): 0 none, else the source's number.";
+        Hvstats 25 VP_WRITERS_5 "VP counter sources 5", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Which source writes each VP counter of the observed VM, 4 bits per counter (the VP counters 64 to 79 in catalog order): 0 none, else the source's number.";
+        Hvstats 26 VP_WRITERS_6 "VP counter sources 6", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Which source writes each VP counter of the observed VM, 4 bits per counter (the VP counters 80 to 95 in catalog order): 0 none, else the source's number.";
+        Hvstats 27 VP_WRITERS_7 "VP counter sources 7", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Which source writes each VP counter of the observed VM, 4 bits per counter (the VP counters 96 to 111 in catalog order): 0 none, else the source's number.";
+        Hvstats 28 VP_WRITERS_8 "VP counter sources 8", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Which source writes each VP counter of the observed VM, 4 bits per counter (the VP counters 112 to 127 in catalog order): 0 none, else the source's number.";
+        Hvstats 29 PARTITION_WRITERS_3 "Partition counter sources 3", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Which source writes each partition counter of the observed VM, 4 bits per counter (the partition counters 32 to 47 in catalog order): 0 none, else the source's number.";
     }
 
     /// Counters of a virtual processor object.
@@ -748,7 +838,14 @@ impl InterceptClass {
             InterceptClass::ApicTpr => vp::APIC_TPR_ACCESSES,
             InterceptClass::Hypercall => vp::HYPERCALLS,
             InterceptClass::Other => vp::OTHER_INTERCEPTS,
+            InterceptClass::Emulated => vp::EMULATED_INSTRUCTIONS,
         }
+    }
+
+    /// The VP counter of the class's time (the cost counter after its count), where the catalog
+    /// has one.
+    pub fn cost(self) -> Option<CounterId> {
+        self.counter().counter()?.cost().map(|c| c.id)
     }
 }
 
@@ -778,8 +875,13 @@ const OBSERVED_NO_TIME: &str = "the VMM's exit handling is not visible from outs
 const NO_HYPERCALL_CLASS: &str = "the observed VMM (or KVM) handles hypercalls; their codes are not visible";
 const OBSERVED_NO_VTLB: &str = "KVM has no virtual TLB";
 const NO_OUTSIDE: &str = "no source outside the VMM process gives it";
-const OBSERVED_KVM_STAT: &str = "the same KVM statistic, through QEMU's QMP (--qmp); an intercept class is counted from \
-     kvm:kvm_exit by reason instead on VMX/SVM hosts";
+const OBSERVED_KVM_STAT: &str = "the same KVM statistic, counted from the vCPU's creation, from the first of the VM's \
+     sources that carry KVM's statistics: the VMM's open stats descriptors (stats-fd), libvirt's domain statistics \
+     (libvirt), QEMU's QMP (qmp); where none does, an intercept class is counted from kvm:kvm_exit by reason on \
+     VMX/SVM hosts, from attach";
+const OBSERVED_KVM_TIME: &str = "the same KVM statistics, counted from the vCPU's creation, from the first of the VM's \
+     sources that carry KVM's statistics (stats-fd, libvirt, qmp); where none does, the time from kvm:kvm_exit to \
+     the next kvm:kvm_entry on VMX/SVM hosts, from attach";
 
 /// The intercept class whose time the cost counter `id` is: the class counted at the index
 /// before it.
@@ -788,8 +890,8 @@ const fn class_timed(id: CounterId) -> Option<InterceptClass> {
         return None;
     }
     let mut i = 0;
-    while i < InterceptClass::ALL.len() {
-        let class = InterceptClass::ALL[i];
+    while i < InterceptClass::EXITS.len() {
+        let class = InterceptClass::EXITS[i];
         let count = class.counter();
         if count.kind as u8 == id.kind as u8
             && count.group as u8 == id.group as u8
@@ -838,7 +940,9 @@ pub const fn observed(counter: &Counter) -> Option<Maintained> {
     // Where the intercept is a class kvm_exit tells, the kernel times it from exit to entry.
     let thread_time = matches!(counter.maintained.source(), Some(Source::ThreadTime(_)));
     if counter.presentation as u8 == Presentation::Cost as u8 && !thread_time {
+        let kvm_time = matches!(counter.maintained.source(), Some(Source::KvmStats(_)));
         return Some(match class_timed(counter.id) {
+            Some(class) if kvm_time => Maintained::By(Source::KvmExitTime(class), OBSERVED_KVM_TIME),
             Some(class) => Maintained::By(Source::KvmExitTime(class), OBSERVED_EXIT_TIME),
             None => Maintained::No(OBSERVED_NO_TIME),
         });
@@ -853,13 +957,7 @@ pub const fn observed(counter: &Counter) -> Option<Maintained> {
         Source::Tracepoint(_) | Source::ThreadTime(_) | Source::PerfSoftware(_) | Source::HostFaults(_) => {
             same
         }
-        // Counts only: KVM's times and histograms are not among what QMP is read for.
-        Source::KvmStats(_)
-            if counter.unit as u8 == Unit::Count as u8
-                && counter.presentation as u8 != Presentation::Histogram as u8 =>
-        {
-            Maintained::By(source, OBSERVED_KVM_STAT)
-        }
+        Source::KvmStats(_) => Maintained::By(source, OBSERVED_KVM_STAT),
         Source::Hypercall(_) => Maintained::No(NO_HYPERCALL_CLASS),
         _ if is_tlb(counter.name) => Maintained::No(OBSERVED_NO_VTLB),
         _ => Maintained::No(NO_OUTSIDE),
@@ -876,6 +974,30 @@ const fn is_tlb(name: &str) -> bool {
         i += 1;
     }
     false
+}
+
+/// The KVM statistics an observed VM's sources of KVM's statistics (its stats descriptors,
+/// libvirt, QMP) read for `counter`: its observed key when that is a KVM statistic, else its own
+/// (HLT cost, whose observed key is the exit-to-entry span of VMX/SVM hosts, is KVM's halted time
+/// for them); `None` for a counter no KVM statistic gives.
+///
+/// ```
+/// use hvstats_abi::catalog::{observed_kvm_stat, vp};
+/// use hvstats_abi::source::KvmStat;
+/// let stat = |id: hvstats_abi::CounterId| id.counter().and_then(observed_kvm_stat);
+/// assert_eq!(stat(vp::HYPERCALLS), Some(KvmStat::Vcpu(&["hypercalls"])));
+/// assert_eq!(stat(vp::HALT_WAIT_HISTOGRAM), Some(KvmStat::Vcpu(&["halt_wait_ns", "halt_wait_hist"])));
+/// assert!(stat(vp::HLT_INSTRUCTIONS_COST).is_some());
+/// assert_eq!(stat(vp::CPUID_INSTRUCTIONS), None);
+/// ```
+pub const fn observed_kvm_stat(counter: &Counter) -> Option<KvmStat> {
+    if let Some(Maintained::By(Source::KvmStats(key), _)) = observed(counter) {
+        return Some(key);
+    }
+    match (observed(counter), counter.maintained) {
+        (Some(Maintained::By(_, _)), Maintained::By(Source::KvmStats(key), _)) => Some(key),
+        _ => None,
+    }
 }
 
 /// The partition and VP counters an observed VM never has (to publish as not available).
@@ -926,7 +1048,10 @@ mod observed_tests {
             Some(Maintained::No(NO_HYPERCALL_CLASS))
         );
         assert!(observed_source(partition::GPA_PAGES).is_none());
-        assert!(observed_source(vp::HALT_WAIT_HISTOGRAM).is_none(), "QMP is read for counts only");
+        assert_eq!(
+            observed_source(vp::HALT_WAIT_HISTOGRAM),
+            Some(Source::KvmStats(KvmStat::Vcpu(&["halt_wait_ns", "halt_wait_hist"])))
+        );
         assert!(never_observed().any(|c| c == vp::EMULATED_INSTRUCTIONS_COST));
         assert!(!never_observed().any(|c| c == vp::IO_INSTRUCTIONS));
     }

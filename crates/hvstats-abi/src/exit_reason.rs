@@ -15,7 +15,11 @@ pub const ISA_VMX: u32 = 1;
 /// The value of `kvm_exit`'s `isa` field on AMD SVM hosts.
 pub const ISA_SVM: u32 = 2;
 
-/// The Hyper-V intercept classes of the VP page that VM exits are counted under.
+/// The Hyper-V intercept classes of the VP page: each has a count counter (and, where the catalog
+/// has one, a cost counter), a label for exporters, and — but emulated instructions, which no
+/// exit reason names — the VM exits counted under it. The one table of the idea: the exit tables
+/// below, the WHv Intercepts set ([`InterceptClass::WHV`]) and the exporters' `intercept` label
+/// all derive from it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum InterceptClass {
     /// INVLPG, INVLPGA, INVPCID.
@@ -50,11 +54,35 @@ pub enum InterceptClass {
     Hypercall,
     /// Every other exit reason.
     Other,
+    /// Instructions the hypervisor emulated (no exit reason of their own: KVM's emulator).
+    Emulated,
 }
 
 impl InterceptClass {
-    /// Every class, in a fixed order (the index order of counting arrays).
-    pub const ALL: [InterceptClass; 16] = [
+    /// Every class, in a fixed order.
+    pub const ALL: [InterceptClass; 17] = [
+        InterceptClass::PageInvalidation,
+        InterceptClass::ControlRegister,
+        InterceptClass::Io,
+        InterceptClass::Halt,
+        InterceptClass::Mwait,
+        InterceptClass::Cpuid,
+        InterceptClass::Msr,
+        InterceptClass::ExternalInterrupt,
+        InterceptClass::PendingInterrupt,
+        InterceptClass::DebugRegister,
+        InterceptClass::PageFault,
+        InterceptClass::ApicAccess,
+        InterceptClass::ApicEoi,
+        InterceptClass::ApicTpr,
+        InterceptClass::Hypercall,
+        InterceptClass::Other,
+        InterceptClass::Emulated,
+    ];
+
+    /// The classes VM exits are counted under (every class an exit reason can name, and Other for
+    /// the rest), in a fixed order (the index order of counting arrays).
+    pub const EXITS: [InterceptClass; 16] = [
         InterceptClass::PageInvalidation,
         InterceptClass::ControlRegister,
         InterceptClass::Io,
@@ -73,9 +101,47 @@ impl InterceptClass {
         InterceptClass::Other,
     ];
 
+    /// The classes of `WHV_PROCESSOR_INTERCEPT_COUNTERS`, in the struct's order (seed 000).
+    pub const WHV: [InterceptClass; 11] = [
+        InterceptClass::PageInvalidation,
+        InterceptClass::ControlRegister,
+        InterceptClass::Io,
+        InterceptClass::Halt,
+        InterceptClass::Cpuid,
+        InterceptClass::Msr,
+        InterceptClass::Other,
+        InterceptClass::PendingInterrupt,
+        InterceptClass::Emulated,
+        InterceptClass::DebugRegister,
+        InterceptClass::PageFault,
+    ];
+
     /// The class's position in [`InterceptClass::ALL`].
     pub const fn index(self) -> usize {
         self as usize
+    }
+
+    /// The exporters' `intercept` label value, e.g. `cpuid`, `hlt`, `control_register`.
+    pub const fn label(self) -> &'static str {
+        match self {
+            InterceptClass::PageInvalidation => "invlpg",
+            InterceptClass::ControlRegister => "control_register",
+            InterceptClass::Io => "io",
+            InterceptClass::Halt => "hlt",
+            InterceptClass::Mwait => "mwait",
+            InterceptClass::Cpuid => "cpuid",
+            InterceptClass::Msr => "msr",
+            InterceptClass::ExternalInterrupt => "external_interrupt",
+            InterceptClass::PendingInterrupt => "pending_interrupt",
+            InterceptClass::DebugRegister => "debug_register",
+            InterceptClass::PageFault => "page_fault",
+            InterceptClass::ApicAccess => "apic_access",
+            InterceptClass::ApicEoi => "apic_eoi",
+            InterceptClass::ApicTpr => "apic_tpr",
+            InterceptClass::Hypercall => "hypercall",
+            InterceptClass::Other => "other",
+            InterceptClass::Emulated => "emulated",
+        }
     }
 
     /// Short name for logs and tables.
@@ -97,6 +163,7 @@ impl InterceptClass {
             InterceptClass::ApicTpr => "apic-tpr",
             InterceptClass::Hypercall => "hypercall",
             InterceptClass::Other => "other",
+            InterceptClass::Emulated => "emulated",
         }
     }
 }
@@ -304,7 +371,7 @@ mod tests {
     fn every_class_but_other_has_reasons_on_both_architectures_or_is_known_not_to() {
         for (rows, missing) in [(VMX, &[][..]), (SVM, &[C::ApicEoi, C::ApicTpr][..])] {
             let present: BTreeSet<_> = rows.iter().map(|r| r.class).collect();
-            for class in InterceptClass::ALL {
+            for class in InterceptClass::EXITS {
                 let expect = !missing.contains(&class);
                 assert_eq!(present.contains(&class), expect, "{class:?}");
             }
@@ -315,10 +382,18 @@ mod tests {
     fn classes_count_into_distinct_vp_counters() {
         let counters: BTreeSet<_> = InterceptClass::ALL.iter().map(|c| c.counter()).collect();
         assert_eq!(counters.len(), InterceptClass::ALL.len());
+        let labels: BTreeSet<_> = InterceptClass::ALL.iter().map(|c| c.label()).collect();
+        assert_eq!(labels.len(), InterceptClass::ALL.len());
         for (i, c) in InterceptClass::ALL.iter().enumerate() {
             assert_eq!(c.index(), i);
             assert!(c.counter().counter().is_some(), "{c:?} counts into a catalog counter");
         }
+        for c in InterceptClass::WHV {
+            assert!(c.cost().is_some(), "{c:?}: the WHv Intercepts set pairs every count with a time");
+        }
+        // Exits are counted under every class but the emulator's.
+        assert!(!InterceptClass::EXITS.contains(&C::Emulated));
+        assert_eq!(InterceptClass::EXITS.len() + 1, InterceptClass::ALL.len());
     }
 
     #[test]

@@ -2,11 +2,13 @@
 //!
 //! This crate owns the wire and memory formats only: stats object types and identities
 //! ([`object`]), group headers and versions ([`group`]), the counter catalog from which every
-//! counter's id, name, offset and help text is derived ([`catalog`]), the page writer and reader
+//! counter's id, name, offset and help text is derived ([`catalog`]) and sets of its counters
+//! ([`counter_set`]), the page writer and reader
 //! ([`page`]), log2 histograms of times and the sequence counter of consistent reads
 //! ([`histogram`], [`seqcount`]), the hypercall ABI of the stats calls ([`hypercall`],
 //! [`status`]), the typed counter sets of `WHvGetVirtualProcessorCounters` ([`whv`]) and the
-//! structures of `HalAllocateHardwareCounters` ([`hal`]), and the boot contract between the VMM
+//! structures of `HalAllocateHardwareCounters` ([`hal`]), which source gave each counter of an
+//! observed VM ([`vm_sources`]), and the boot contract between the VMM
 //! and its guest programs ([`boot`], [`apic`]).
 //!
 //! It is `no_std` and free of `unsafe`: every memory structure derives zerocopy's traits and has
@@ -20,6 +22,7 @@ pub mod apic;
 pub mod boot;
 pub mod catalog;
 pub mod counter;
+pub mod counter_set;
 pub mod cpuid;
 pub mod exit_reason;
 pub mod group;
@@ -31,6 +34,7 @@ pub mod page;
 pub mod seqcount;
 pub mod source;
 pub mod status;
+pub mod vm_sources;
 pub mod whv;
 
 pub use catalog::{CATALOG, Counter, CounterId, GroupKind, Maintained, Presentation, Source, Unit};

@@ -16,8 +16,11 @@ fn of_seed_001(c: &catalog::Counter) -> bool {
 fn catalog_has_the_96_counters_of_seed_001() {
     assert_eq!(CATALOG.iter().filter(|c| of_seed_001(c)).count(), 96);
     // Release 1.1 of the VP page appends 2; hvstats' group holds the sequence and 8 histograms,
-    // its 1.1 the host's page faults (2), its 1.2 the VP's exits of every reason (1).
-    assert_eq!(CATALOG.len(), 96 + 2 + 9 + 2 + 1);
+    // its 1.1 the host's page faults (2), its 1.2 the VP's exits of every reason (1); the
+    // partition page's hvstats group says which source of an observed VM gave what (6 sources of 3
+    // rows, 3 + 8 rows of writers).
+    assert_eq!(CATALOG.len(), 96 + 2 + 9 + 2 + 1 + 29);
+    assert_eq!(hvstats_abi::page::group_counters(ObjectKind::Partition, GroupKind::Hvstats), 29);
     let count = |k, g| hvstats_abi::page::group_counters(k, g);
     assert_eq!(count(ObjectKind::Hypervisor, GroupKind::Architectural), 5);
     assert_eq!(count(ObjectKind::LogicalProcessor, GroupKind::Architectural), 18);

@@ -32,7 +32,8 @@ fn layouts_put_groups_back_to_back_and_end_the_list() {
     let expect = [
         (ObjectKind::Hypervisor, Some(0), None, 48),
         (ObjectKind::LogicalProcessor, Some(0), None, 152),
-        (ObjectKind::Partition, Some(0), Some(16), 80),
+        // Partition: then hvstats' own group (which source of an observed VM gave what, 29 rows).
+        (ObjectKind::Partition, Some(0), Some(16), 80 + 8 + 29 * 8),
         // VP: release 1.1 (65 counters), then hvstats' own group (sequence, 8 histograms, 2
         // fault counts and the exits).
         (ObjectKind::Vp, Some(0), Some(24), 552 + 8 + 268 * 8),
@@ -41,7 +42,11 @@ fn layouts_put_groups_back_to_back_and_end_the_list() {
         let layout = PageLayout::of(kind);
         assert_eq!(layout.group_offset(GroupKind::Architectural), arch, "{kind:?}");
         assert_eq!(layout.group_offset(GroupKind::Release), release, "{kind:?}");
-        let own = (kind == ObjectKind::Vp).then_some(552);
+        let own = match kind {
+            ObjectKind::Vp => Some(552),
+            ObjectKind::Partition => Some(80),
+            _ => None,
+        };
         assert_eq!(layout.group_offset(GroupKind::Hvstats), own, "{kind:?}");
         assert_eq!(layout.end_offset, end, "{kind:?}");
         let page = StatsPage::new(kind);

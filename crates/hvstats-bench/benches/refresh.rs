@@ -15,7 +15,8 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use hvstats::{Hypervisor, SharedPage};
 use hvstats_abi::ObjectKind;
 use hvstats_bench::guest::{exit_round_trip, hypercall_round_trip};
-use hvstats_kvm::accounting::{UserExitCounts, VpSources};
+use hvstats_kvm::accounting::VpSources;
+use hvstats_kvm::sources::counter_source::VpThread;
 use hvstats_kvm::sources::kvm_stats::{IdleVcpu, KvmStats, Stat};
 use hvstats_kvm::sources::perf_sw::Migrations;
 use hvstats_kvm::sources::thread_time::{ThreadClock, gettid};
@@ -28,14 +29,14 @@ fn refresh(c: &mut Criterion) {
     }
     // The sources of a vCPU opened for this thread, as the VP thread opens them for itself.
     let vcpu = IdleVcpu::new().expect("an idle vCPU");
-    let mut sources = VpSources::open(gettid(), vcpu.fd().as_raw_fd());
+    let thread = VpThread { tid: gettid(), vcpu_fd: vcpu.fd().as_raw_fd(), user: Default::default() };
+    let mut sources = VpSources::open(&thread, 0);
     let page = SharedPage::anonymous(ObjectKind::Vp).expect("page");
-    let user = UserExitCounts::default();
     let mut group = c.benchmark_group("vp_refresh");
     // Everything (what the collector and the WHv API do), and what the VP thread does at a
     // hypercall (on its own thread: the intercept counters only).
-    group.bench_function("merge_all_sources", |b| b.iter(|| sources.merge(&page, &user)));
-    group.bench_function("refresh_on_vp_thread", |b| b.iter(|| sources.merge_exits(&page, &user)));
+    group.bench_function("merge_all_sources", |b| b.iter(|| sources.merge(&page)));
+    group.bench_function("refresh_on_vp_thread", |b| b.iter(|| sources.merge_exits(&page)));
     group.finish();
 
     // Where the time goes: each source read on its own.

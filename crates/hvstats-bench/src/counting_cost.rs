@@ -20,7 +20,7 @@ use hvstats_abi::exit_reason::{self, InterceptClass};
 
 use hvstats_kvm::observe::Procfs;
 use hvstats_kvm::observe::counting::{EventList, EventSpec, Method, ThreadCounters};
-use hvstats_kvm::observe::vm::class_filter;
+use hvstats_kvm::observe::sources::exit_classes::class_filter;
 
 /// One measured comparison: `ours` against `baseline`, in ns per call.
 #[derive(Clone, Debug)]
@@ -232,7 +232,7 @@ fn vmx_specs(classes: bool) -> Vec<EventSpec> {
     };
     let mut specs = vec![tp(None)];
     if classes {
-        for class in InterceptClass::ALL.into_iter().filter(|c| *c != InterceptClass::Other) {
+        for class in InterceptClass::EXITS.into_iter().filter(|c| *c != InterceptClass::Other) {
             let f =
                 class_filter(exit_reason::VMX, class).unwrap_or_else(|| "exit_reason == 4294967295".into());
             specs.push(tp(Some(f.replace("exit_reason", "which").replace("intr_info", "who"))));

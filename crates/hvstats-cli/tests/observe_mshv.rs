@@ -1,7 +1,8 @@
-//! `hvstats observe --mshv DIR`: a tree written in the kernel's exact format is published, and
-//! `snapshot --json` shows exactly its values under the catalog's names, the names the catalog
-//! lacks under `unmapped`, and partitions as their directories come and go; `--list-unknown`
-//! lists those names.
+//! `hvstats observe --mshv DIR`: a tree written in a kernel's exact format — mainline Linux's,
+//! Microsoft's kernel tree's, or its older one-page-per-object revision's, on a root partition or
+//! an L1VH — is published, and `snapshot --json` shows exactly its values under the catalog's
+//! names, the names the catalog lacks under `unmapped`, and partitions as their directories come
+//! and go; `--list-unknown` lists those names.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -16,8 +17,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::TempDir;
-use hvstats::mshv::synthetic::{SyntheticTree, full_file};
+use hvstats::unmapped::ObjectRef;
 use hvstats_abi::ObjectKind;
+use hvstats_mshv::dialect::Dialect;
+use hvstats_mshv::names::{canonical, mapping};
+use hvstats_mshv::synthetic::{Area, Host, KernelTree, SyntheticTree, full_file, kernel_tree, kind_of};
 use serde_json::Value;
 
 fn snapshot(runtime: &Path) -> Value {
@@ -208,7 +212,7 @@ fn list_unknown_names_what_the_catalog_lacks_and_reads_nothing_else() {
     assert_eq!(
         String::from_utf8(out.stdout).unwrap(),
         "partition\tPtPagesShattered\n\
-         vp\tVpFutureThing\t(not in Linux's x86_64 table: a newer or other build)\n\
+         vp\tVpFutureThing\t(printed by no kernel hvstats knows: a newer or other build)\n\
          vp\tVpLoadAvg\n"
     );
     let missing = Command::new(env!("CARGO_BIN_EXE_hvstats"))
@@ -219,4 +223,158 @@ fn list_unknown_names_what_the_catalog_lacks_and_reads_nothing_else() {
     assert!(!missing.status.success());
     let err = String::from_utf8_lossy(&missing.stderr);
     assert!(err.contains("cannot read the mshv debugfs tree") && err.contains("absent"), "{err}");
+}
+
+/// Pages whose values tell objects, counters and areas apart, with zeros where a kernel's choice
+/// between the SELF and PARENT pages shows: SELF holds values at odd ids, PARENT at ids divisible
+/// by 3.
+fn pages(at: ObjectRef, area: Area, id: u16) -> u64 {
+    let object = match at {
+        ObjectRef::Hypervisor => 1,
+        ObjectRef::Lp(n) => 10 + u64::from(n),
+        ObjectRef::Partition(p) => 100 + p % 100,
+        ObjectRef::Vp(p, n) => 1_000 + (p % 100) * 100 + u64::from(n),
+    } * 10_000;
+    let id = u64::from(id);
+    match area {
+        Area::Own if id % 2 == 1 => object + id,
+        Area::Parent if id % 3 == 0 => object + 5_000 + id,
+        _ => 0,
+    }
+}
+
+/// The JSON object of `at` in an instance of `snapshot --json`.
+fn object_of(instance: &Value, at: ObjectRef) -> &Value {
+    fn find<'a>(list: &'a Value, key: &str, want: u64) -> Option<&'a Value> {
+        list.as_array()?.iter().find(|o| o[key] == want)
+    }
+    let found = match at {
+        ObjectRef::Hypervisor => Some(&instance["hypervisor"]),
+        ObjectRef::Lp(n) => find(&instance["lps"], "cpu", u64::from(n)),
+        ObjectRef::Partition(id) => find(&instance["partitions"], "id", id),
+        ObjectRef::Vp(id, n) => {
+            find(&instance["partitions"], "id", id).and_then(|p| find(&p["vps"], "index", u64::from(n)))
+        }
+    };
+    found.unwrap_or_else(|| panic!("{at} is not in {instance}"))
+}
+
+/// Checks that every line `k` printed is in `instance`: a mapped counter under its catalog name
+/// at exactly the printed value (scaled to the catalog's unit), any other under `unmapped` by its
+/// one name; and that every counter the catalog maps was printed.
+fn assert_published_exactly(k: &KernelTree, instance: &Value) {
+    for (at, lines) in &k.printed {
+        let kind = kind_of(*at);
+        let object = object_of(instance, *at);
+        let mut mapped = 0;
+        for (printed, value) in lines {
+            let name = canonical(kind, printed).unwrap();
+            match mapping(kind, name) {
+                Some(m) => {
+                    let counter = m.counter.counter().unwrap().name;
+                    assert_eq!(
+                        object["counters"][counter],
+                        m.scale.apply(*value),
+                        "{at} {printed} ({counter})"
+                    );
+                    mapped += 1;
+                }
+                None => assert_eq!(object["unmapped"][name], *value, "{at} {printed} ({name})"),
+            }
+        }
+        let catalog = hvstats_mshv::names::MAPPINGS.iter().filter(|m| m.counter.kind == kind).count();
+        assert_eq!(mapped, catalog, "{at}: every counter the catalog maps is printed");
+        let unmapped = object["unmapped"].as_object().map_or(0, |u| u.len());
+        assert_eq!(unmapped, lines.len() - mapped, "{at}: nothing else is under unmapped");
+    }
+}
+
+#[test]
+fn every_kernels_tree_root_and_l1vh_publishes_every_mapped_counter_at_its_exact_value() {
+    let tmp = TempDir::new("observe-mshv-dialects");
+    let cases = [
+        (Dialect::Mainline, Host::root(2, vec![(5, vec![0, 2])])),
+        (Dialect::Mainline, Host::l1vh(2, vec![(6, vec![1])])),
+        (Dialect::Microsoft, Host::root(2, vec![(5, vec![0, 2])])),
+        (Dialect::Microsoft, Host::l1vh(2, vec![(6, vec![1])])),
+        (Dialect::MicrosoftSinglePage, Host::root(2, vec![(5, vec![0, 2])])),
+    ];
+    // Every tree observed at once, each into a runtime directory of its own.
+    let observed: Vec<(KernelTree, std::path::PathBuf, Observer)> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, (dialect, host))| {
+            let k = kernel_tree(&format!("cli-dialect-{i}"), *dialect, host, pages).unwrap();
+            let runtime = tmp.path().join(format!("run{i}"));
+            std::fs::create_dir_all(&runtime).unwrap();
+            let child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+                .args(["observe", "--interval", "0.05", "--runtime-dir"])
+                .arg(&runtime)
+                .arg("--mshv")
+                .arg(k.tree.path())
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            (k, runtime, Observer(child))
+        })
+        .collect();
+    for ((k, runtime, mut observer), (dialect, host)) in observed.into_iter().zip(&cases) {
+        let partitions = k.printed.keys().filter(|at| matches!(at, ObjectRef::Partition(_))).count();
+        // The side file is published after every page of a reading is written.
+        let instance = wait_for(&runtime, |i| {
+            i["partitions"]
+                .as_array()
+                .is_some_and(|p| p.len() == partitions && p.iter().all(|p| p["unmapped"].is_object()))
+        });
+        assert_published_exactly(&k, &instance);
+        if !host.root {
+            // No hypervisor or LP files: their counters are absent, not 0.
+            assert!(instance["hypervisor"]["counters"].as_object().unwrap().values().all(Value::is_null));
+            assert_eq!(instance["lps"].as_array().unwrap().len(), 0);
+            assert!(instance["partitions"].as_array().unwrap().iter().any(|p| p["name"] == "mshv:self"));
+        }
+        // The log names the format, and each unmapped name under the kind of file that printed it.
+        let stderr = observer.0.stderr.take().unwrap();
+        drop(observer);
+        let log = std::io::read_to_string(stderr).unwrap();
+        assert!(log.contains(&format!("mshv: the tree is printed in {}", dialect.label())), "{log}");
+        assert!(log.contains("mshv: vp counter VpVtl1DispatchCount has no catalog counter"), "{log}");
+        let hv = "mshv: hypervisor counter HvSubsumedPages has no catalog counter";
+        assert_eq!(log.contains(hv), host.root, "{log}");
+        assert!(log.contains("mshv: partition counter PtPagesShattered has no catalog counter"), "{log}");
+        assert!(!log.contains("hypervisor counter Vp") && !log.contains("hypervisor counter Pt"), "{log}");
+    }
+}
+
+#[test]
+fn list_unknown_names_counters_of_microsofts_tree_under_their_one_name() {
+    let k = kernel_tree("cli-list-ms", Dialect::Microsoft, &Host::root(1, vec![]), pages).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["observe", "--list-unknown", "--mshv"])
+        .arg(k.tree.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    // Every name Microsoft's tree prints that the catalog lacks, by its one name, none unknown.
+    let expected: usize = ObjectKind::ALL
+        .iter()
+        .map(|&kind| {
+            Dialect::Microsoft
+                .names(kind)
+                .iter()
+                .filter(|(_, n)| mapping(kind, canonical(kind, n).unwrap()).is_none())
+                .count()
+        })
+        .sum();
+    assert_eq!(lines.len(), expected, "{text}");
+    assert!(lines.contains(&"hypervisor\tHvSubsumedPages"), "{text}");
+    assert!(lines.contains(&"lp\tLpPlaceholder10"), "{text}");
+    assert!(lines.contains(&"vp\tVpVtl1DispatchCount"), "{text}");
+    assert!(lines.iter().all(|l| !l.contains("no kernel hvstats knows")), "{text}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("the tree is printed in the format of Microsoft's kernel tree"), "{err}");
 }

@@ -9,13 +9,13 @@
 //!   cadence and the WHv API on demand (everything, [`VpSources::merge`]), serialized by a lock,
 //!   so every merge writes values that were exact at that moment.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use hvstats::SharedPage;
 use hvstats::whv::VpExtras;
 
 use crate::cycles;
-use crate::sources::counter_source::{CounterSource, Part, VpThread, open_all};
+use crate::sources::counter_source::{Composition, Object, Part, VpSource, VpThread};
+use crate::sources::open_all;
+use crate::sources::user_exits::UserExitCounts;
 
 /// What kind of userspace exit the run loop handled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,21 +30,6 @@ pub enum ExitClass {
     Mmio,
     /// Anything else.
     Other,
-}
-
-/// Counts the run loop keeps that a merge needs too (written by the VP thread only).
-#[derive(Debug, Default)]
-pub struct UserExitCounts {
-    /// MSR accesses handled in userspace (KVM's `kvm_msr` does not fire for them).
-    pub msr: AtomicU64,
-    /// Hypercall port writes (KVM's `kvm_pio` counts them, they are not I/O instructions).
-    pub hypercalls: AtomicU64,
-}
-
-impl UserExitCounts {
-    fn bump(counter: &AtomicU64) {
-        counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-    }
 }
 
 /// The counters the exit path writes, named by the catalog's run-loop keys at compile time (a
@@ -147,7 +132,7 @@ impl ExitAccounting {
 }
 
 /// The kernel sources of one VP, opened on (or for) its thread: the list
-/// [`open_all`](crate::sources::counter_source::open_all) makes.
+/// [`open_all`](crate::sources::open_all) makes.
 ///
 /// A merge has two parts. The *exit* part ([`merge_exits`](Self::merge_exits)) reads what a guest
 /// can see change from one instruction to the next: the intercepts KVM handles in the kernel
@@ -161,50 +146,58 @@ impl ExitAccounting {
 /// the other.
 #[derive(Debug)]
 pub struct VpSources {
-    sources: Vec<Box<dyn CounterSource>>,
-    extras: VpExtras,
+    sources: Composition<dyn VpSource>,
+    index: u32,
 }
 
 impl VpSources {
-    /// Opens the sources of thread `tid` running the vCPU whose fd is `vcpu_fd`.
-    pub fn open(tid: libc::pid_t, vcpu_fd: std::os::fd::RawFd) -> Self {
-        Self { sources: open_all(VpThread { tid, vcpu_fd }), extras: VpExtras::default() }
+    /// Opens the sources of `vp`, whose VP has index `index`.
+    pub fn open(vp: &VpThread, index: u32) -> Self {
+        Self { sources: open_all(vp), index }
     }
 
     /// Why some counters cannot be kept (a source the host lacks in part), said for a person.
     pub fn unavailable(&self) -> Vec<String> {
-        self.sources.iter().flat_map(|s| s.unavailable()).collect()
+        self.sources.sources().iter().flat_map(|s| s.unavailable()).collect()
+    }
+
+    /// The VP counters some source gives.
+    pub fn given(&self) -> &hvstats_abi::counter_set::CounterSet {
+        &self.sources.given().vp
     }
 
     /// The vCPU's KVM statistic `name`, when a source reads the vCPU's statistics.
     pub fn kvm_stat(&self, name: &str) -> Option<u64> {
-        self.sources.iter().find_map(|s| s.kvm_stat(name))
+        self.sources.sources().iter().find_map(|s| s.kvm_stat(name))
     }
 
     /// Called on the VP's own thread as it ends: each source takes the reading a later merge
     /// should keep (the thread's last times).
     pub fn thread_exiting(&mut self) {
-        self.sources.iter_mut().for_each(|s| s.thread_exiting());
+        self.sources.sources_mut().for_each(|s| s.thread_exiting());
     }
 
     /// Reads every source and writes its values into `page`, inside one sequence-counter window
     /// (readers get all of it or none of it).
-    pub fn merge(&mut self, page: &SharedPage, user: &UserExitCounts) -> VpExtras {
-        self.merge_parts(page, user, &[Part::Exits, Part::Times])
+    pub fn merge(&mut self, page: &SharedPage) -> VpExtras {
+        self.merge_parts(page, &[Part::Exits, Part::Times])
     }
 
     /// Reads the intercept sources (tracepoints and KVM statistics) and writes their counters
     /// into `page`: every counter a guest can see change because of what it executed.
-    pub fn merge_exits(&mut self, page: &SharedPage, user: &UserExitCounts) -> VpExtras {
-        self.merge_parts(page, user, &[Part::Exits])
+    pub fn merge_exits(&mut self, page: &SharedPage) -> VpExtras {
+        self.merge_parts(page, &[Part::Exits])
     }
 
-    fn merge_parts(&mut self, page: &SharedPage, user: &UserExitCounts, parts: &[Part]) -> VpExtras {
+    fn merge_parts(&mut self, page: &SharedPage, parts: &[Part]) -> VpExtras {
         let _merge = page.begin_merge();
-        for source in self.sources.iter_mut().filter(|s| parts.contains(&s.part())) {
-            source.merge(page, user, &mut self.extras);
+        let mut extras = VpExtras::default();
+        for source in self.sources.sources_mut().filter(|s| parts.contains(&s.part())) {
+            source.read();
         }
-        self.extras
+        self.sources.write(Object::Vp(self.index), page, |s| parts.contains(&s.part()));
+        self.sources.sources().iter().for_each(|s| s.extras(&mut extras));
+        extras
     }
 }
 
@@ -234,11 +227,16 @@ mod tests {
     fn the_vp_thread_refreshes_intercepts_and_leaves_times_to_full_merges() {
         use std::os::fd::AsRawFd;
         let Some((_vm, vcpu)) = vcpu() else { return };
-        let mut sources = VpSources::open(crate::sources::thread_time::gettid(), vcpu.as_raw_fd());
+        let user = std::sync::Arc::new(UserExitCounts::default());
+        let thread = VpThread {
+            tid: crate::sources::thread_time::gettid(),
+            vcpu_fd: vcpu.as_raw_fd(),
+            user: user.clone(),
+        };
+        let mut sources = VpSources::open(&thread, 0);
         let page = SharedPage::anonymous(ObjectKind::Vp).unwrap();
-        let user = UserExitCounts::default();
-        user.msr.store(3, Ordering::Relaxed);
-        sources.merge_exits(&page, &user);
+        user.msr.store(3, std::sync::atomic::Ordering::Relaxed);
+        sources.merge_exits(&page);
         let msr_counted =
             VpTracepoints::open(crate::sources::thread_time::gettid()).unavailable(Tracepoint::Msr).is_none();
         if msr_counted {
@@ -246,7 +244,7 @@ mod tests {
             assert_eq!(page.get(vp::MSR_ACCESSES), 3);
         }
         assert_eq!(page.get(vp::TOTAL_RUN_TIME), 0, "times are not read on the VP thread's exit path");
-        sources.merge(&page, &user);
+        sources.merge(&page);
         let total = page.get(vp::TOTAL_RUN_TIME);
         assert!(total > 0);
         assert!(page.get(vp::HYPERVISOR_RUN_TIME) <= total);
@@ -257,14 +255,14 @@ mod tests {
             x = std::hint::black_box(x.wrapping_add(1));
         }
         sources.thread_exiting();
-        sources.merge(&page, &user);
+        sources.merge(&page);
         let last = page.get(vp::TOTAL_RUN_TIME);
         assert!(last > total, "a merge after the thread ended writes its final times");
         let start = std::time::Instant::now();
         while start.elapsed() < std::time::Duration::from_millis(3) {
             x = std::hint::black_box(x.wrapping_add(1));
         }
-        sources.merge(&page, &user);
+        sources.merge(&page);
         assert_eq!(page.get(vp::TOTAL_RUN_TIME), last, "the final times are kept");
     }
 

@@ -18,7 +18,7 @@ use kvm_ioctls::VmFd;
 use crate::error::Error;
 use crate::gpa_map::GpaMap;
 use crate::memory::GuestRam;
-use hvstats::os as sys;
+use hvstats_host::os as sys;
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())

@@ -13,9 +13,10 @@ use hvstats_abi::page::PageView;
 use hvstats_abi::{CounterId, ObjectKind};
 use zerocopy::IntoBytes;
 
-use crate::accounting::{ExitAccounting, ExitClass, UserExitCounts};
+use crate::accounting::{ExitAccounting, ExitClass};
 use crate::cycles;
 use crate::sources::kvm_stats::KvmStats;
+use crate::sources::user_exits::UserExitCounts;
 use crate::sources::vcpu_stats::VcpuStats;
 
 /// KVM's descriptor flags: cumulative or log2 histogram, in seconds.
@@ -75,7 +76,10 @@ fn kvm_log2_histograms_are_copied_bucket_for_bucket_with_their_sum() {
     ]);
     let mut stats = VcpuStats::new(KvmStats::parse(file).unwrap());
     let page = SharedPage::anonymous(ObjectKind::Vp).unwrap();
-    stats.merge(&page);
+    stats.read();
+    let merge = page.begin_merge();
+    stats.write(&page, &stats.given());
+    drop(merge);
     let h = read(&page, vp::HALT_WAIT_HISTOGRAM);
     assert_eq!(h.sum_ns, 123_456);
     assert_eq!(h.buckets.to_vec(), buckets);

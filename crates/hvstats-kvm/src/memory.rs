@@ -10,7 +10,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::error::Error;
-use hvstats::os as sys;
+use hvstats_host::os as sys;
 
 /// Guest RAM, mapped in this process and registered with KVM by the [`crate::gpa_map::GpaMap`].
 #[derive(Debug)]

@@ -10,7 +10,6 @@
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::os::fd::FromRawFd;
-use std::sync::atomic::Ordering;
 
 use hvstats::SharedPage;
 use hvstats_abi::catalog::counters_of;
@@ -18,16 +17,22 @@ use hvstats_abi::hypercall::HypercallClass;
 use hvstats_abi::source::{SourceKind, Tracepoint};
 use hvstats_abi::{CATALOG, ObjectKind};
 
-use crate::accounting::{ExitAccounting, ExitClass, UserExitCounts};
+use crate::accounting::{ExitAccounting, ExitClass};
 use crate::enlightenment::count_hypercall_class;
 use crate::sources::host_faults::{Faults, write_host_faults};
 use crate::sources::kvm_stats::KvmStats;
 use crate::sources::thread::write_thread_counts;
 use crate::sources::thread_time::ThreadTimes;
-use crate::sources::tracepoint::TracepointCounts;
-use crate::sources::tracepoint::write_tracepoint_counts;
+use crate::sources::tracepoint::{Corrections, Keys, TracepointCounts, write_tracepoint_counts};
+use crate::sources::user_exits::UserExitCounts;
 use crate::sources::vcpu_stats::{VcpuStats, kvm_stat_names};
-use hvstats::sched::SchedStat;
+use hvstats_abi::counter_set::CounterSet;
+use hvstats_host::sched::SchedStat;
+
+/// Every VP counter: a writer given it writes everything it can.
+fn all() -> CounterSet {
+    CounterSet::of_kind(ObjectKind::Vp, |_| true)
+}
 
 /// The VP counters `write` leaves nonzero on a fresh page.
 fn written_by(write: impl FnOnce(&SharedPage)) -> BTreeSet<&'static str> {
@@ -62,10 +67,10 @@ fn the_run_loop_writes_exactly_its_catalog_counters() {
 #[test]
 fn tracepoint_readings_write_exactly_their_catalog_counters() {
     let counts: TracepointCounts = [Some(1000); Tracepoint::ALL.len()];
-    let user = UserExitCounts::default();
-    user.msr.store(1, Ordering::Relaxed);
-    user.hypercalls.store(1, Ordering::Relaxed);
-    let written = written_by(|page| write_tracepoint_counts(page, &counts, &user));
+    let corrections = Corrections { user_msr: 1, hypercalls: 1 };
+    let written = written_by(|page| {
+        write_tracepoint_counts(page, &all(), Keys::Own, |tp| counts[tp.index()], corrections)
+    });
     assert_eq!(written, catalog_says(SourceKind::Tracepoint));
     // Every tracepoint the backend opens feeds a counter, but the exception count of the WHv API
     // and the x2APIC accesses (added to the APIC counters' own tracepoints).
@@ -130,7 +135,13 @@ fn kvm_statistics_write_exactly_their_catalog_counters() {
     let names: Vec<&str> = names.into_iter().collect();
     let stats = KvmStats::parse(fake_stats_file(&names, 1_000_000)).unwrap();
     let mut vcpu = VcpuStats::new(stats);
-    let written = written_by(|page| vcpu.merge(page));
+    vcpu.read();
+    assert_eq!(
+        vcpu.given().ids().count(),
+        catalog_says(SourceKind::KvmStats).len(),
+        "every statistic is there"
+    );
+    let written = written_by(|page| vcpu.write(page, &vcpu.given()));
     assert_eq!(written, catalog_says(SourceKind::KvmStats));
 }
 
@@ -138,7 +149,7 @@ fn kvm_statistics_write_exactly_their_catalog_counters() {
 fn thread_times_and_migrations_write_exactly_their_catalog_counters() {
     let times = ThreadTimes { total_100ns: 30, guest_100ns: 10 };
     let sched = SchedStat { run_ns: 3000, wait_ns: 700, dispatches: 4 };
-    let written = written_by(|page| write_thread_counts(page, times, Some(sched), Some(2)));
+    let written = written_by(|page| write_thread_counts(page, &all(), Some(times), Some(sched), Some(2)));
     let mut expected = catalog_says(SourceKind::ThreadTime);
     expected.extend(catalog_says(SourceKind::PerfSoftware));
     assert_eq!(written, expected);
@@ -146,7 +157,7 @@ fn thread_times_and_migrations_write_exactly_their_catalog_counters() {
 
 #[test]
 fn host_faults_write_exactly_their_catalog_counters() {
-    let written = written_by(|page| write_host_faults(page, Faults { minor: 5, major: 2 }));
+    let written = written_by(|page| write_host_faults(page, &all(), Faults { minor: 5, major: 2 }));
     assert_eq!(written, catalog_says(SourceKind::HostFaults));
 }
 

@@ -19,11 +19,14 @@ use hvstats::{PartitionStats, SharedPage};
 use kvm_bindings::{KVM_SYNC_X86_REGS, KVM_SYNC_X86_SREGS};
 use kvm_ioctls::{SyncReg, VcpuExit, VcpuFd};
 
-use crate::accounting::{ExitAccounting, ExitClass, UserExitCounts, VpSources};
+use crate::accounting::{ExitAccounting, ExitClass, VpSources};
 use crate::cycles;
 use crate::guest_space::{GuestSpace, VpPresence};
 use crate::handlers::{HandlerError, Handlers, PortAction, VpContext};
+use crate::sources::counter_source::{VpThread, vp_counters_of};
 use crate::sources::thread_time::gettid;
+use crate::sources::user_exits::UserExitCounts;
+use hvstats_abi::counter_set::CounterSet;
 
 /// Why a VP stopped other than by writing the exit port, and where.
 #[derive(Clone, Debug)]
@@ -281,7 +284,7 @@ pub struct HardwareCounters {
 #[derive(Debug)]
 pub(crate) struct VpShared {
     pub(crate) index: u32,
-    pub(crate) user: UserExitCounts,
+    pub(crate) user: Arc<UserExitCounts>,
     sources: Mutex<Option<VpSources>>,
 }
 
@@ -298,7 +301,7 @@ pub(crate) enum Refresh {
 
 impl VpShared {
     pub(crate) fn new(index: u32) -> Self {
-        Self { index, user: UserExitCounts::default(), sources: Mutex::new(None) }
+        Self { index, user: Arc::default(), sources: Mutex::new(None) }
     }
 
     /// Merges the VP's sources into `page` as `mode` says; the exception count of the reading
@@ -306,8 +309,8 @@ impl VpShared {
     fn refresh(&self, page: &SharedPage, mode: Refresh) -> VpExtras {
         match lock(&self.sources).as_mut() {
             Some(sources) => match mode {
-                Refresh::OwnThread => sources.merge_exits(page, &self.user),
-                Refresh::Everything => sources.merge(page, &self.user),
+                Refresh::OwnThread => sources.merge_exits(page),
+                Refresh::Everything => sources.merge(page),
             },
             None => VpExtras::default(),
         }
@@ -375,12 +378,33 @@ pub(crate) struct VpEnv<'a> {
     /// Set by [`crate::Partition::stop`]: a VP stopped now was stopped on request, not by the
     /// timeout.
     pub(crate) stop_requested: &'a AtomicBool,
+    /// The VP counters a VP's sources could not give, so far (the partition declares them).
+    pub(crate) missing: &'a Mutex<CounterSet>,
 }
 
 enum Step {
     Continue,
     Stop(u32),
     Fault(FaultCause),
+}
+
+/// The VP counters of the kinds of source a VP opens: what a VP lacks when none of its sources
+/// gives them.
+fn from_vp_sources() -> CounterSet {
+    use hvstats_abi::source::SourceKind as K;
+    vp_counters_of(&[K::Tracepoint, K::KvmStats, K::ThreadTime, K::PerfSoftware, K::HostFaults])
+}
+
+/// Declares unavailable, for the partition's VPs, what `sources` cannot give on this host (a
+/// tracepoint tracefs lacks, a statistic this kernel does not keep): readers show it absent, not
+/// as a 0 nothing measured.
+fn declare_missing(env: &VpEnv<'_>, sources: &VpSources) {
+    let mut missing = lock(env.missing);
+    let now = missing.union(&from_vp_sources().difference(sources.given()));
+    if now != *missing {
+        *missing = now;
+        env.stats.set_unavailable(&missing.ids().collect::<Vec<_>>());
+    }
 }
 
 /// Runs VP `shared.index` on the calling thread until it stops, faults or is stopped.
@@ -402,7 +426,10 @@ pub(crate) fn run(env: &VpEnv<'_>, shared: &VpShared, mut vcpu: VcpuFd) -> VpOut
         });
         return outcome;
     };
-    *lock(&shared.sources) = Some(VpSources::open(gettid(), vcpu.as_raw_fd()));
+    let thread = VpThread { tid: gettid(), vcpu_fd: vcpu.as_raw_fd(), user: shared.user.clone() };
+    let sources = VpSources::open(&thread, shared.index);
+    declare_missing(env, &sources);
+    *lock(&shared.sources) = Some(sources);
     presence.enter(vcpu.get_kvm_run());
     for (set, reg) in [(KVM_SYNC_X86_REGS, SyncReg::Register), (KVM_SYNC_X86_SREGS, SyncReg::SystemRegister)]
     {

@@ -79,7 +79,9 @@ fn port_io_of_known_cost_lands_in_the_right_buckets() {
     assert_eq!(io.count(), view.get(vp::IO_INTERCEPT_MESSAGES), "{io:?}");
     let slow_floor = bucket_of(SLOW.as_nanos() as u64) - 1;
     let slow: u64 = io.buckets[slow_floor..].iter().sum();
-    assert_eq!(slow, 20, "the slow writes, and nothing else, take a millisecond: {io:?}");
+    // Every slow write is there; a fast exit the host preempted may join them, but not the bulk
+    // of them (the median is fast).
+    assert!(slow >= 20, "the 20 slow writes take a millisecond each: {io:?}");
     assert!(io.sum_ns >= 20 * SLOW.as_nanos() as u64 * 9 / 10, "{io:?}");
     assert_eq!(io.quantile_bucket(0.5).map(|b| b < slow_floor), Some(true), "{io:?}");
     // The cost counter averages the same times.
@@ -107,7 +109,7 @@ fn current_cpu() -> usize {
 #[test]
 fn vps_competing_for_one_cpu_with_a_busy_host_thread_show_cpu_wait() {
     // Busy VPs: CPUID is handled in the kernel, so each VP thread stays runnable throughout.
-    let w = Workload { cpuid: counts(3_000_000, 0), exit_status: 4, ..Workload::default() };
+    let w = Workload { cpuid: counts(200_000, 0), exit_status: 4, ..Workload::default() };
     assert!(w.build(Mode::Long, layout::DEFAULT_LOAD_GPA).is_ok());
     if !kvm_available("vps_competing_for_one_cpu_with_a_busy_host_thread_show_cpu_wait") {
         return;

@@ -194,7 +194,7 @@ fn a_gone_process_is_an_error() {
 #[test]
 fn the_kernel_accepts_every_vm_event_and_filter_including_the_vmx_and_svm_exit_classes() {
     use hvstats_abi::exit_reason::{ISA_SVM, ISA_VMX};
-    use hvstats_kvm::observe::vm::vm_events;
+    use hvstats_kvm::observe::sources::events::vm_events;
     if !std::path::Path::new("/sys/kernel/tracing/events/kvm/kvm_exit").is_dir() {
         eprintln!("no kvm tracepoints on this host: skipped");
         return;

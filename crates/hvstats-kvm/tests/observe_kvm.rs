@@ -15,7 +15,7 @@ use hvstats::{Hypervisor, PartitionStats};
 use hvstats_abi::catalog::vp;
 use hvstats_guest::bios::{BiosEnd, BiosProgram};
 use hvstats_kvm::observe::counting::EventList;
-use hvstats_kvm::observe::vm::vm_events;
+use hvstats_kvm::observe::sources::events::vm_events;
 use hvstats_kvm::observe::{ObserveOptions, Observer, ObserverEvent, Procfs, Targets};
 use observe_support::{Qemu, TempDir, kvm_available};
 
@@ -134,7 +134,7 @@ fn a_paused_qemu_guest_is_counted_exactly_from_its_first_instruction() {
     let tid = observer.vms().next().unwrap().vcpu_threads()[0].expect("the vCPU thread is known");
     let faults_now = || {
         let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).unwrap();
-        let stat = hvstats::task_stat::StatLine::parse(&text).unwrap();
+        let stat = hvstats_host::task_stat::StatLine::parse(&text).unwrap();
         stat.minor_faults().unwrap() + stat.major_faults().unwrap()
     };
     // A reading during which the thread took no fault: (the page's count, the thread's faults).
@@ -315,7 +315,7 @@ fn fifty_paused_qemus_are_observed_with_a_bounded_number_of_descriptors() {
     assert_eq!(hv.partitions().len(), 50);
     // debug-threads names give every vCPU thread at once: one counter group per VM remains.
     // (Counted in the kernel, a VM's tracepoints hold no descriptor per thread.)
-    let events = EventList::new(vm_events(hvstats_kvm::observe::vm::host_isa()));
+    let events = EventList::new(vm_events(hvstats_kvm::observe::sources::events::host_isa()));
     let per_vm = events.perf_events_per_thread();
     assert_eq!(observer.fds(), 50 * per_vm, "{per_vm} descriptors per one-vCPU VM");
     // One reader pass over every observed VM.

@@ -17,7 +17,7 @@ use std::time::Duration;
 use hvstats::Hypervisor;
 use hvstats_abi::catalog::vp;
 use hvstats_kvm::observe::counting::EventList;
-use hvstats_kvm::observe::vm::vm_events;
+use hvstats_kvm::observe::sources::events::vm_events;
 use hvstats_kvm::observe::{KvmExitState, ObserveOptions, Observer, ObserverEvent, Procfs, Targets};
 use observe_support::{FakeProcess, TempDir};
 

@@ -16,7 +16,9 @@
 //! Microsoft Hypervisor's counters the catalog has no place for) exports them as one generic
 //! family, `hvstats_mshv_value{instance, object, lp|partition|vp, name}` (the raw value as the
 //! hypervisor prints it), and is named by `hvstats_mshv_instance_info{instance, source="mshv"}`,
-//! so its catalog series can be told apart by a join on `instance`.
+//! so its catalog series can be told apart by a join on `instance`. Those values are bounded as
+//! VPs are: `--max-vps` objects' worth per scrape, the rest counted in
+//! `hvstats_mshv_values_omitted`.
 
 use std::fmt::Write;
 use std::sync::Arc;
@@ -382,6 +384,23 @@ impl Exposition {
                 }
                 metric.encode_family(&labels)?.encode_gauge(&1i64)?;
             }
+            let tables: Vec<_> = self.partitions().map(|(_, p)| p.sources()).collect();
+            if tables.iter().any(Option::is_some) {
+                let mut metric = encoder.encode_descriptor(
+                    "vm_source_up",
+                    "For each source of an observed VM's counters (the VMM's KVM statistics \
+                     descriptors, libvirt, QMP, tracepoints, its threads' files), 1 while it gives \
+                     counters, 0 while it is there but gives none (its peer failed or stalled).",
+                    None,
+                    MetricType::Gauge,
+                )?;
+                for (table, vm) in tables.iter().zip(&self.vm_labels) {
+                    for source in table.iter().flat_map(|t| t.sources()) {
+                        let labels: Labels = vec![("vm", vm.clone()), ("source", source.name().to_owned())];
+                        metric.encode_family(&labels)?.encode_gauge(&i64::from(source.up))?;
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -497,11 +516,17 @@ impl Collector for Exposition {
 const MSHV_VALUE_HELP: &str = "A counter of the Microsoft Hypervisor the catalog has no counter for, by the name Linux's \
      mshv debugfs prints: the raw value (times in 100 ns units)";
 
+/// The help of the count of such values left out of a scrape.
+const MSHV_OMITTED_HELP: &str = "Values of hvstats_mshv_value this scrape left out: those of LPs, partitions and VPs \
+     past --max-vps objects exported one by one, and of VPs summed under vp=\"all\"";
+
 impl Exposition {
-    /// `mshv_instance_info` and `mshv_value` for the instances that keep unmapped values; a
-    /// partition's VPs only when they are exported one by one (under the VP cap).
+    /// `mshv_instance_info`, `mshv_value` and `mshv_values_omitted` for the instances that keep
+    /// unmapped values. Besides each hypervisor's, the values of at most `--max-vps` objects (LPs,
+    /// partitions and VPs alike, in that order) are exported, and a partition's VPs only when they
+    /// are exported one by one (under the VP cap); what is left out is counted, per instance.
     fn encode_mshv(&self, encoder: &mut DescriptorEncoder, per_vp: &[bool]) -> std::fmt::Result {
-        use hvstats::mshv::unmapped::ObjectRef;
+        use hvstats::unmapped::ObjectRef;
         let mshv = || self.reading.instances.iter().filter(|i| i.unmapped.is_some());
         {
             let help =
@@ -517,44 +542,72 @@ impl Exposition {
                 metric.encode_family(&labels)?.encode_gauge(&1u64)?;
             }
         }
-        let mut metric = encoder.encode_descriptor("mshv_value", MSHV_VALUE_HELP, None, MetricType::Gauge)?;
-        let mut emit = |base: &Labels, values: Option<&Vec<(String, u64)>>| -> std::fmt::Result {
-            for (name, value) in values.into_iter().flatten() {
-                let mut labels = base.clone();
-                labels.push(("name", name.clone()));
-                metric.encode_family(&labels)?.encode_gauge(value)?;
-            }
-            Ok(())
-        };
-        for instance in mshv() {
-            let Some(unmapped) = &instance.unmapped else { continue };
-            let base = |object: &str| -> Labels {
-                vec![("publisher", instance.name.clone()), ("object", object.to_owned())]
+        let mut omitted: std::collections::BTreeMap<String, u64> =
+            mshv().map(|i| (i.name.clone(), 0)).collect();
+        let mut budget = self.max_vps;
+        {
+            let mut metric =
+                encoder.encode_descriptor("mshv_value", MSHV_VALUE_HELP, None, MetricType::Gauge)?;
+            // Exports `values` under `base`, when `shown` and (for all but the hypervisor) the
+            // budget has room; else counts them as left out.
+            let mut emit = |publisher: &str,
+                            base: &Labels,
+                            values: Option<&Vec<(String, u64)>>,
+                            budgeted: bool,
+                            shown: bool|
+             -> std::fmt::Result {
+                let Some(values) = values.filter(|v| !v.is_empty()) else { return Ok(()) };
+                if !shown || (budgeted && budget == 0) {
+                    *omitted.entry(publisher.to_owned()).or_default() += values.len() as u64;
+                    return Ok(());
+                }
+                if budgeted {
+                    budget -= 1;
+                }
+                for (name, value) in values {
+                    let mut labels = base.clone();
+                    labels.push(("name", name.clone()));
+                    metric.encode_family(&labels)?.encode_gauge(value)?;
+                }
+                Ok(())
             };
-            emit(&base("hypervisor"), unmapped.get(&ObjectRef::Hypervisor))?;
-            for lp in &instance.lps {
-                let mut labels = base("lp");
-                labels.push(("lp", lp.index.to_string()));
-                emit(&labels, unmapped.get(&ObjectRef::Lp(lp.index)))?;
+            for instance in mshv() {
+                let Some(unmapped) = &instance.unmapped else { continue };
+                let publisher = instance.name.as_str();
+                let base = |object: &str| -> Labels {
+                    vec![("publisher", instance.name.clone()), ("object", object.to_owned())]
+                };
+                emit(publisher, &base("hypervisor"), unmapped.get(&ObjectRef::Hypervisor), false, true)?;
+                for lp in &instance.lps {
+                    let mut labels = base("lp");
+                    labels.push(("lp", lp.index.to_string()));
+                    emit(publisher, &labels, unmapped.get(&ObjectRef::Lp(lp.index)), true, true)?;
+                }
             }
-        }
-        for ((instance, partition), one_by_one) in self.partitions().zip(per_vp) {
-            let Some(unmapped) = &instance.unmapped else { continue };
-            let base = |object: &str| -> Labels {
-                vec![
-                    ("publisher", instance.name.clone()),
-                    ("object", object.to_owned()),
-                    ("partition", partition.id.to_string()),
-                ]
-            };
-            emit(&base("partition"), unmapped.get(&ObjectRef::Partition(partition.id)))?;
-            if *one_by_one {
+            for ((instance, partition), one_by_one) in self.partitions().zip(per_vp) {
+                let Some(unmapped) = &instance.unmapped else { continue };
+                let publisher = instance.name.as_str();
+                let base = |object: &str| -> Labels {
+                    vec![
+                        ("publisher", instance.name.clone()),
+                        ("object", object.to_owned()),
+                        ("partition", partition.id.to_string()),
+                    ]
+                };
+                let values = unmapped.get(&ObjectRef::Partition(partition.id));
+                emit(publisher, &base("partition"), values, true, true)?;
                 for vp in &partition.vps {
                     let mut labels = base("vp");
                     labels.push(("vp", vp.index.to_string()));
-                    emit(&labels, unmapped.get(&ObjectRef::Vp(partition.id, vp.index)))?;
+                    let values = unmapped.get(&ObjectRef::Vp(partition.id, vp.index));
+                    emit(publisher, &labels, values, true, *one_by_one)?;
                 }
             }
+        }
+        let mut metric =
+            encoder.encode_descriptor("mshv_values_omitted", MSHV_OMITTED_HELP, None, MetricType::Gauge)?;
+        for (publisher, count) in omitted {
+            metric.encode_family(&vec![("publisher", publisher)])?.encode_gauge(&count)?;
         }
         Ok(())
     }
@@ -579,6 +632,41 @@ mod tests {
 
     fn lines_of<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
         text.lines().filter(|l| l.starts_with(prefix)).collect()
+    }
+
+    #[test]
+    fn each_source_of_an_observed_vm_is_a_source_up_series_and_snapshot_json_names_its_counters() {
+        use hvstats::snapshot::ObjectReading;
+        use hvstats_abi::catalog::vp;
+        use hvstats_abi::vm_sources::{Origin, SourceEntry, SourceTable};
+        let mut instance = synthetic_instance(1, 1);
+        let mut table = SourceTable::default();
+        let libvirt = table.push(SourceEntry::new("libvirt", true, Origin::VcpuCreation)).unwrap();
+        table.push(SourceEntry::new("qmp", false, Origin::VcpuCreation)).unwrap();
+        table.set_writer(vp::HLT_INSTRUCTIONS, libvirt);
+        let partition = &mut instance.partitions[0];
+        partition.name = "vm-a".into();
+        let rows: Vec<_> = table.rows().collect();
+        let ObjectReading::Counters(values) = &mut partition.reading else { panic!() };
+        for (c, v) in values.iter_mut() {
+            if let Some((_, w)) = rows.iter().find(|(id, _)| *id == c.id) {
+                *v = *w;
+            }
+        }
+        let json = crate::snapshot_json::partition_json(&instance.partitions[0], None, &instance);
+        assert_eq!(json["sources"][0]["name"], "libvirt");
+        assert_eq!(json["sources"][0]["counts_from"], "vcpu-creation");
+        assert_eq!(json["sources"][0]["vp"], serde_json::json!(["HLT instructions/sec"]));
+        assert_eq!(json["sources"][1]["up"], false);
+        let text = Exposition::new(crate::live::Reading::of(vec![instance]), 4).encode().unwrap();
+        let up = lines_of(&text, "hvstats_vm_source_up{");
+        assert_eq!(
+            up,
+            [
+                "hvstats_vm_source_up{vm=\"vm-a\",source=\"libvirt\"} 1",
+                "hvstats_vm_source_up{vm=\"vm-a\",source=\"qmp\"} 0"
+            ]
+        );
     }
 
     #[test]
@@ -658,7 +746,7 @@ mod tests {
 
     #[test]
     fn unmapped_values_are_one_generic_family_named_by_object_and_name() {
-        use hvstats::mshv::unmapped::{ObjectRef, Unmapped};
+        use hvstats::unmapped::{ObjectRef, Unmapped};
         let mut reading = crate::live::Reading::of(vec![synthetic_instance(2, 2)]);
         let plain = Exposition::new(reading.clone(), 10).encode().unwrap();
         assert!(!plain.contains("hvstats_mshv_"), "no mshv instance, no mshv family");
@@ -691,8 +779,24 @@ mod tests {
         assert_eq!(info.len(), 1, "{text}");
         assert!(info[0].contains("source=\"mshv\"") && info[0].ends_with(" 1"), "{}", info[0]);
         // Past the VP cap the VPs' values are left out; the partition's stay.
+        assert_eq!(
+            lines_of(&text, "hvstats_mshv_values_omitted{"),
+            [format!("hvstats_mshv_values_omitted{{publisher=\"{name}\"}} 0")]
+        );
+        // Past the VP cap the VPs' values are left out, and counted; the partition's stay.
+        let capped = Exposition::new(reading.clone(), 1).encode().unwrap();
+        assert_eq!(lines_of(&capped, "hvstats_mshv_value{").len(), 2, "{capped}");
+        let omitted = format!("hvstats_mshv_values_omitted{{publisher=\"{name}\"}} 1");
+        assert_eq!(lines_of(&capped, "hvstats_mshv_values_omitted{"), [omitted]);
+        // The cap counts partitions and LPs as objects too: a second partition's values past it
+        // are left out, however many names each object has.
+        let other = reading.instances[0].partitions[1].id;
+        let many: Vec<(String, u64)> = (0..1000).map(|i| (format!("PtNew{i}"), i)).collect();
+        reading.instances[0].unmapped.as_mut().unwrap().insert(ObjectRef::Partition(other), many);
         let capped = Exposition::new(reading, 1).encode().unwrap();
         assert_eq!(lines_of(&capped, "hvstats_mshv_value{").len(), 2, "{capped}");
+        let omitted = format!("hvstats_mshv_values_omitted{{publisher=\"{name}\"}} 1001");
+        assert_eq!(lines_of(&capped, "hvstats_mshv_values_omitted{"), [omitted]);
     }
 
     #[test]

@@ -15,7 +15,8 @@
 
 use std::sync::OnceLock;
 
-use hvstats_abi::catalog::{CATALOG, vp};
+use hvstats_abi::catalog::CATALOG;
+use hvstats_abi::exit_reason::InterceptClass;
 use hvstats_abi::{Counter, CounterId, ObjectKind, Presentation, Unit};
 
 /// The prefix of every metric name.
@@ -55,52 +56,11 @@ impl BaseUnit {
     }
 }
 
-/// One intercept class of the WHv Intercepts set: its label value and its count and time
-/// counters in the VP page.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct InterceptClass {
-    /// The `intercept` label value, e.g. `cpuid`.
-    pub label: &'static str,
-    /// The count (`… /sec`).
-    pub count: CounterId,
-    /// The time (`… cost`).
-    pub time: CounterId,
+/// The intercept classes exported with an `intercept` label: those of the WHv Intercepts set,
+/// each with its count and time ([`InterceptClass::WHV`]).
+fn intercept_classes() -> impl Iterator<Item = (InterceptClass, CounterId, CounterId)> {
+    InterceptClass::WHV.into_iter().filter_map(|c| Some((c, c.counter(), c.cost()?)))
 }
-
-/// The eleven classes of `WHV_PROCESSOR_INTERCEPT_COUNTERS`, in the struct's order.
-pub const INTERCEPT_CLASSES: [InterceptClass; 11] = [
-    InterceptClass { label: "invlpg", count: vp::PAGE_INVALIDATIONS, time: vp::PAGE_INVALIDATIONS_COST },
-    InterceptClass {
-        label: "control_register",
-        count: vp::CONTROL_REGISTER_ACCESSES,
-        time: vp::CONTROL_REGISTER_ACCESSES_COST,
-    },
-    InterceptClass { label: "io", count: vp::IO_INSTRUCTIONS, time: vp::IO_INSTRUCTIONS_COST },
-    InterceptClass { label: "hlt", count: vp::HLT_INSTRUCTIONS, time: vp::HLT_INSTRUCTIONS_COST },
-    InterceptClass { label: "cpuid", count: vp::CPUID_INSTRUCTIONS, time: vp::CPUID_INSTRUCTIONS_COST },
-    InterceptClass { label: "msr", count: vp::MSR_ACCESSES, time: vp::MSR_ACCESSES_COST },
-    InterceptClass { label: "other", count: vp::OTHER_INTERCEPTS, time: vp::OTHER_INTERCEPTS_COST },
-    InterceptClass {
-        label: "pending_interrupt",
-        count: vp::PENDING_INTERRUPTS,
-        time: vp::PENDING_INTERRUPTS_COST,
-    },
-    InterceptClass {
-        label: "emulated",
-        count: vp::EMULATED_INSTRUCTIONS,
-        time: vp::EMULATED_INSTRUCTIONS_COST,
-    },
-    InterceptClass {
-        label: "debug_register",
-        count: vp::DEBUG_REGISTER_ACCESSES,
-        time: vp::DEBUG_REGISTER_ACCESSES_COST,
-    },
-    InterceptClass {
-        label: "page_fault",
-        count: vp::PAGE_FAULT_INTERCEPTS,
-        time: vp::PAGE_FAULT_INTERCEPTS_COST,
-    },
-];
 
 /// One catalog counter inside a family.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -207,7 +167,7 @@ fn base_unit(unit: Unit) -> Option<(BaseUnit, u64, u64)> {
 }
 
 fn is_intercept_member(id: CounterId) -> bool {
-    INTERCEPT_CLASSES.iter().any(|c| c.count == id || c.time == id)
+    intercept_classes().any(|(_, count, time)| count == id || time == id)
 }
 
 /// The catalog's description said in the family's base unit: its values are exported in seconds
@@ -310,7 +270,7 @@ fn intercept_families() -> [Family; 2] {
             kind: MetricKind::Counter,
             unit: None,
             object: ObjectKind::Vp,
-            members: INTERCEPT_CLASSES.iter().filter_map(|c| member(c.count, c.label, 1)).collect(),
+            members: intercept_classes().filter_map(|(c, count, _)| member(count, c.label(), 1)).collect(),
         },
         Family {
             name: "vp_intercept".into(),
@@ -321,9 +281,8 @@ fn intercept_families() -> [Family; 2] {
             kind: MetricKind::Counter,
             unit: Some(BaseUnit::Seconds),
             object: ObjectKind::Vp,
-            members: INTERCEPT_CLASSES
-                .iter()
-                .filter_map(|c| member(c.time, c.label, TICKS_PER_SECOND))
+            members: intercept_classes()
+                .filter_map(|(c, _, time)| member(time, c.label(), TICKS_PER_SECOND))
                 .collect(),
         },
     ]
@@ -391,6 +350,7 @@ mod tests {
     use hvstats_abi::catalog::{lp, partition};
 
     use super::*;
+    use hvstats_abi::catalog::vp;
 
     #[test]
     fn names_come_from_the_catalog_in_base_units() {
@@ -489,10 +449,23 @@ mod tests {
     }
 
     #[test]
-    fn intercept_classes_pair_a_count_with_its_cost() {
-        for class in INTERCEPT_CLASSES {
-            let count = class.count.counter().unwrap();
-            assert_eq!(count.cost().map(|c| c.id), Some(class.time), "{}", class.label);
-        }
+    fn every_class_of_the_whv_intercepts_set_is_exported_with_its_label() {
+        let labels: Vec<&str> = intercept_classes().map(|(c, _, _)| c.label()).collect();
+        assert_eq!(
+            labels,
+            [
+                "invlpg",
+                "control_register",
+                "io",
+                "hlt",
+                "cpuid",
+                "msr",
+                "other",
+                "pending_interrupt",
+                "emulated",
+                "debug_register",
+                "page_fault"
+            ]
+        );
     }
 }

@@ -7,8 +7,8 @@ use std::io::{self, Write};
 use crate::json_keys::{Held, SCHEMA_KEY, SCHEMA_VERSION, key};
 use crate::present;
 use hvstats::attach::Attach;
-use hvstats::mshv::unmapped::ObjectRef;
 use hvstats::snapshot::{self, InstanceSnapshot, ObjectReading, PartitionSnapshot, VpSnapshot};
+use hvstats::unmapped::ObjectRef;
 use hvstats_abi::catalog::counters_of;
 use hvstats_abi::{Counter, ObjectKind};
 use serde_json::{Map, Value, json};
@@ -118,6 +118,33 @@ fn vmm_json(p: &PartitionSnapshot) -> Value {
     p.vmm.map_or(Value::Null, |v| json!({"kind": v.vmm.name(), "pid": v.pid}))
 }
 
+/// An observed VM's sources, in the order that decides which writes a counter several give:
+/// each with whether it gives counters now, from when it counts, and the counters it writes;
+/// null for a partition that names none.
+fn sources_json(p: &PartitionSnapshot) -> Value {
+    let Some(table) = p.sources() else { return Value::Null };
+    let written = |kind: ObjectKind, source: &hvstats_abi::vm_sources::SourceEntry| -> Vec<&'static str> {
+        counters_of(kind)
+            .filter(|c| !c.is_bookkeeping() && table.writer(c.id).is_some_and(|w| std::ptr::eq(w, source)))
+            .map(|c| c.name)
+            .collect()
+    };
+    Value::Array(
+        table
+            .sources()
+            .map(|s| {
+                json!({
+                    "name": s.name(),
+                    "up": s.up,
+                    "counts_from": s.origin.name(),
+                    "partition": written(ObjectKind::Partition, s),
+                    "vp": written(ObjectKind::Vp, s),
+                })
+            })
+            .collect(),
+    )
+}
+
 /// An observed VM's UUID (`"6b29fc40-ca47-1067-b31d-00dd010662da"`), else null.
 fn uuid_json(p: &PartitionSnapshot) -> Value {
     p.uuid.map_or(Value::Null, |u| Value::String(u.to_string()))
@@ -127,10 +154,11 @@ fn write_partition(out: &mut impl Write, p: &PartitionSnapshot, s: &InstanceSnap
     let state = if p.active { "active" } else { "stopped" };
     let unmapped = |at| unmapped_json(s, at).map_or(String::new(), |u| format!("\"unmapped\":{u},"));
     let head = format!(
-        "\"active\":{},\"id\":{},\"name\":{},\"state\":\"{state}\",\"stopped_reason\":{},{}\"uuid\":{},\"vmm\":{},\"vps\":[",
+        "\"active\":{},\"id\":{},\"name\":{},\"sources\":{},\"state\":\"{state}\",\"stopped_reason\":{},{}\"uuid\":{},\"vmm\":{},\"vps\":[",
         p.active,
         p.id,
         Value::String(p.name.clone()),
+        sources_json(p),
         p.stopped.as_ref().map_or(Value::Null, |r| Value::String(r.clone())),
         unmapped(ObjectRef::Partition(p.id)),
         uuid_json(p),
@@ -289,7 +317,11 @@ fn with_unmapped(mut fields: Value, s: &InstanceSnapshot, at: ObjectRef) -> Valu
     fields
 }
 
-fn partition_json(p: &PartitionSnapshot, earlier: Option<Earlier<'_>>, s: &InstanceSnapshot) -> Value {
+pub(crate) fn partition_json(
+    p: &PartitionSnapshot,
+    earlier: Option<Earlier<'_>>,
+    s: &InstanceSnapshot,
+) -> Value {
     let then = |find: &dyn Fn(&InstanceSnapshot) -> Option<&ObjectReading>| {
         earlier.map(|e| (find(e.snapshot), e.seconds))
     };
@@ -312,7 +344,7 @@ fn partition_json(p: &PartitionSnapshot, earlier: Option<Earlier<'_>>, s: &Insta
         Some(_) => json!("stopped"),
     };
     let (vmm, uuid) = (vmm_json(p), uuid_json(p));
-    let fields = json!({"id": p.id, "name": p.name, "uuid": uuid, "vmm": vmm, "active": p.active, "state": state, "stopped_reason": p.stopped, "vps": vps});
+    let fields = json!({"id": p.id, "name": p.name, "uuid": uuid, "vmm": vmm, "sources": sources_json(p), "active": p.active, "state": state, "stopped_reason": p.stopped, "vps": vps});
     with(
         reading_json(&p.reading, ObjectKind::Partition, t),
         with_unmapped(fields, s, ObjectRef::Partition(p.id)),

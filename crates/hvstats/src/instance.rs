@@ -435,7 +435,7 @@ impl Hypervisor {
     }
 
     /// Replaces the published instance's side file of counters the catalog has no place for
-    /// (see [`crate::mshv::unmapped`]); nothing when not published.
+    /// (see [`crate::unmapped`]); nothing when not published.
     ///
     /// # Errors
     /// When the file cannot be written.

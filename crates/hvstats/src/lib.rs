@@ -4,34 +4,31 @@
 //! format in [`index`]), the instance that holds them ([`instance`]), the map/unmap rules
 //! ([`rules`]) and the stats hypercalls built on them ([`hypercall`], [`gpa_space`]), publication
 //! of live instances to the runtime directory ([`publish`], [`runtime_dir`]) and attach for root
-//! readers in other processes ([`attach`], [`reader`], [`trust`]), the LP objects ([`lp`]), the Microsoft Hypervisor's own counters read from Linux's debugfs ([`mshv`]), snapshots of
-//! attached instances ([`snapshot`]), threads' CPU wait ([`sched`]), and — built on those — the
-//! typed VP counter API and the hardware counter allocator.
+//! readers in other processes ([`attach`], [`reader`], [`trust`]), the LP objects ([`lp`]), the
+//! values an instance keeps by name beside its pages ([`unmapped`]), snapshots of attached
+//! instances ([`snapshot`]), and — built on those — the typed VP counter API and the hardware
+//! counter allocator. What it reads of the host (thread stat lines, perf counters) comes
+//! from the host readers of `hvstats_host`.
 
 #![deny(missing_docs)]
 
 pub mod arena;
 pub mod attach;
-pub mod error_chain;
+pub use hvstats_host::error_chain;
 pub mod gpa_space;
 pub mod hwc;
 pub mod hypercall;
 pub mod index;
 pub mod instance;
 pub mod lp;
-pub mod mshv;
-pub mod os;
 pub mod page;
-pub mod perf_event;
-pub mod perf_group;
 pub mod publish;
 pub mod reader;
 pub mod rules;
 pub mod runtime_dir;
-pub mod sched;
 pub mod snapshot;
-pub mod task_stat;
 pub mod trust;
+pub mod unmapped;
 pub mod vmm;
 pub mod whv;
 

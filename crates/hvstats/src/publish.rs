@@ -8,7 +8,7 @@
 //!                                 or 0640 with the group named by InstanceConfig::page_access
 //! <pid>-<start time>-<n>.global   the hypervisor and LPs: an arena of their own, always 0600
 //! <pid>-<start time>-<n>.unmapped (mshv observers only) counters the catalog has no place for,
-//!                                 as text (crate::mshv::unmapped); mode as the .arena's
+//!                                 as text (crate::unmapped); mode as the .arena's
 //! .<…>.tmp                        an arena being set up, renamed into place when complete
 //! ```
 //!
@@ -149,7 +149,7 @@ pub fn process_start_time(pid: u32) -> io::Result<u64> {
 
 /// Fields 3 (state) and 22 (start time) of a `/proc/<pid>/stat` line.
 fn parse_state_and_start_time(stat: &str) -> Option<(char, u64)> {
-    let stat = crate::task_stat::StatLine::parse(stat)?;
+    let stat = hvstats_host::task_stat::StatLine::parse(stat)?;
     Some((stat.state()?, stat.start_time()?))
 }
 

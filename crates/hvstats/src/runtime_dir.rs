@@ -12,7 +12,7 @@
 //! (a link or FIFO planted in its place is refused, never followed or waited on); new files are
 //! created `O_EXCL` and renamed into place; removal never follows a link.
 
-use crate::os::check;
+use hvstats_host::os::check;
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::File;
 use std::io;

@@ -16,12 +16,12 @@
 //! | Events | InterruptCount | Virtual interrupts/sec |
 //! | Apic | Mmio, Eoi, Tpr, SentIpi, SelfIpi | APIC MMIO / EOI / TPR accesses, APIC IPIs sent, self IPIs |
 
-use hvstats_abi::CounterId;
 use hvstats_abi::catalog::vp;
+use hvstats_abi::exit_reason::InterceptClass;
 use hvstats_abi::whv::{
     ApicCounters, CounterSet, EventCounters, HResult, InterceptCounter, InterceptCounters, RuntimeCounters,
 };
-use zerocopy::IntoBytes;
+use zerocopy::{FromBytes, IntoBytes};
 
 use crate::instance::PartitionStats;
 use crate::page::SharedPage;
@@ -194,29 +194,14 @@ pub fn runtime_from(page: &SharedPage) -> RuntimeCounters {
     }
 }
 
-fn pair(page: &SharedPage, count: CounterId, time: CounterId) -> InterceptCounter {
-    InterceptCounter { count: page.get(count), time_100ns: page.get(time) }
-}
-
-/// The Intercepts set as the page holds it now.
+/// The Intercepts set as the page holds it now: each class of [`InterceptClass::WHV`], in the
+/// struct's order, its count and its time.
 pub fn intercepts_from(page: &SharedPage) -> InterceptCounters {
-    InterceptCounters {
-        page_invalidations: pair(page, vp::PAGE_INVALIDATIONS, vp::PAGE_INVALIDATIONS_COST),
-        control_register_accesses: pair(
-            page,
-            vp::CONTROL_REGISTER_ACCESSES,
-            vp::CONTROL_REGISTER_ACCESSES_COST,
-        ),
-        io_instructions: pair(page, vp::IO_INSTRUCTIONS, vp::IO_INSTRUCTIONS_COST),
-        halt_instructions: pair(page, vp::HLT_INSTRUCTIONS, vp::HLT_INSTRUCTIONS_COST),
-        cpuid_instructions: pair(page, vp::CPUID_INSTRUCTIONS, vp::CPUID_INSTRUCTIONS_COST),
-        msr_accesses: pair(page, vp::MSR_ACCESSES, vp::MSR_ACCESSES_COST),
-        other_intercepts: pair(page, vp::OTHER_INTERCEPTS, vp::OTHER_INTERCEPTS_COST),
-        pending_interrupts: pair(page, vp::PENDING_INTERRUPTS, vp::PENDING_INTERRUPTS_COST),
-        emulated_instructions: pair(page, vp::EMULATED_INSTRUCTIONS, vp::EMULATED_INSTRUCTIONS_COST),
-        debug_register_accesses: pair(page, vp::DEBUG_REGISTER_ACCESSES, vp::DEBUG_REGISTER_ACCESSES_COST),
-        page_fault_intercepts: pair(page, vp::PAGE_FAULT_INTERCEPTS, vp::PAGE_FAULT_INTERCEPTS_COST),
-    }
+    let pairs = InterceptClass::WHV.map(|class| InterceptCounter {
+        count: page.get(class.counter()),
+        time_100ns: class.cost().map_or(0, |cost| page.get(cost)),
+    });
+    InterceptCounters::read_from_bytes(pairs.as_bytes()).unwrap_or_default()
 }
 
 /// The Events set as the page (and the backend's extras) hold it now.

@@ -68,7 +68,7 @@ pub fn counter_json(c: &Counter) -> Value {
         "maintained_note": c.maintained.note(),
         "observed": observed(c).map(maintained_by),
         "observed_note": observed(c).map(Maintained::note),
-        "mshv": hvstats::mshv::names::MAPPINGS.iter().find(|m| m.counter == c.id).map(|m| m.name),
+        "mshv": hvstats_mshv::names::MAPPINGS.iter().find(|m| m.counter == c.id).map(|m| m.name),
         "description": description(c),
     })
 }

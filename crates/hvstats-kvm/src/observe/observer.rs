@@ -7,9 +7,11 @@ use std::sync::Arc;
 
 use hvstats::Hypervisor;
 
+use super::attach::{ObserveError, ObserveOptions};
 use super::claim::{Claim, ClaimError};
 use super::discovery::{Procfs, is_shortage};
-use super::vm::{AttachError, KvmExitState, ObserveOptions, ObservedVm};
+use super::sources::KvmExitState;
+use super::vm::ObservedVm;
 
 /// Which processes are observed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -232,10 +234,10 @@ impl Observer {
                     });
                     self.vms.insert(pid, vm);
                 }
-                Err(e @ AttachError::Budget { .. }) => {
+                Err(e @ ObserveError::Budget { .. }) => {
                     self.defer(&mut events, &mut deferred, pid, hvstats::snapshot::error_chain(&e));
                 }
-                Err(AttachError::Proc { source, .. }) if is_shortage(&source) => {
+                Err(ObserveError::Proc { source, .. }) if is_shortage(&source) => {
                     let reason = format!("cannot read process {pid}: {source}");
                     self.defer(&mut events, &mut deferred, pid, reason);
                 }

@@ -11,7 +11,7 @@ use hvstats::index::InstanceDescription;
 use hvstats_abi::CounterId;
 
 use super::counting::{EventList, Method};
-use super::vm::{host_isa, vm_events};
+use super::sources::events::{host_isa, vm_events};
 
 /// The instance description of an observer (`kind` "observer"); its name says how the VMs'
 /// tracepoints are counted on this host (in the kernel, or by perf counters), which is what

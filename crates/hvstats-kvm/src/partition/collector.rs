@@ -71,6 +71,7 @@ impl Partition {
                         accounting: self.config.accounting,
                         hardware: self.config.hardware_counters.as_ref(),
                         stop_requested: &self.stop_requested,
+                        missing: &self.missing,
                     };
                     s.spawn(move || {
                         let outcome = vp::run(&env, shared, vcpu);

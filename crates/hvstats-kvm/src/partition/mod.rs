@@ -21,6 +21,7 @@ use hvstats::{Hypervisor, PartitionStats, SharedPage};
 use hvstats_abi::boot::{self as layout, Mode};
 use hvstats_abi::catalog::partition as pt;
 use hvstats_abi::catalog::{maintained_by, maintained_count};
+use hvstats_abi::counter_set::CounterSet;
 use hvstats_abi::source::SourceKind;
 use hvstats_abi::{Counter, ObjectKind};
 use kvm_bindings::{KVM_MAX_CPUID_ENTRIES, kvm_cpuid_entry2, kvm_enable_cap};
@@ -173,6 +174,9 @@ pub struct Partition {
     stats: Arc<PartitionStats>,
     hv: Arc<Hypervisor>,
     stop_requested: AtomicBool,
+    /// The VP counters some VP's sources cannot give on this host, declared unavailable for the
+    /// partition's VPs as their threads open their sources.
+    missing: Mutex<CounterSet>,
 }
 
 /// The register sets to sync through `kvm_run`: the general registers whenever KVM supports it
@@ -254,6 +258,7 @@ impl Partition {
             stats,
             hv: hv.clone(),
             stop_requested: AtomicBool::new(false),
+            missing: Mutex::default(),
         };
         p.refresh_partition();
         Ok(p)

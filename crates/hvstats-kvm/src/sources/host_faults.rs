@@ -11,14 +11,13 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use hvstats::SharedPage;
-use hvstats::task_stat::{self, STAT_MAX, StatFile, StatLine};
-use hvstats::whv::VpExtras;
 use hvstats_abi::catalog::{maintained_by, maintained_count};
+use hvstats_abi::counter_set::CounterSet;
 use hvstats_abi::source::{HostFault, Source, SourceKind};
 use hvstats_abi::{Counter, ObjectKind};
+use hvstats_host::task_stat::{self, STAT_MAX, StatFile, StatLine};
 
-use super::counter_source::{CounterSource, ObservedThread, Part, VpThread};
-use crate::accounting::UserExitCounts;
+use super::counter_source::{CounterSource, Gives, Object, ObservedThread, Part, VpSource, VpThread};
 
 /// The VP counters the catalog keys to the thread's faults.
 const FROM_HOST_FAULTS: [&Counter; maintained_count(ObjectKind::Vp, SourceKind::HostFaults)] =
@@ -49,8 +48,8 @@ impl Faults {
 }
 
 /// Writes `faults` into the counters the catalog keys to them.
-pub(crate) fn write_host_faults(page: &SharedPage, faults: Faults) {
-    for counter in FROM_HOST_FAULTS {
+pub(crate) fn write_host_faults(page: &SharedPage, only: &CounterSet, faults: Faults) {
+    for counter in FROM_HOST_FAULTS.iter().filter(|c| only.contains(c.id)) {
         let value = match counter.maintained.source() {
             Some(Source::HostFaults(HostFault::All)) => faults.minor.saturating_add(faults.major),
             Some(Source::HostFaults(HostFault::Major)) => faults.major,
@@ -111,24 +110,33 @@ impl HostFaultSource {
 }
 
 impl CounterSource for HostFaultSource {
+    fn name(&self) -> &'static str {
+        "thread"
+    }
+
+    fn gives(&self) -> Gives {
+        Gives::vp(CounterSet::of(&FROM_HOST_FAULTS.map(|c| c.id)))
+    }
+
+    fn write(&self, _object: Object, page: &SharedPage, only: &CounterSet) {
+        write_host_faults(page, only, self.last);
+    }
+}
+
+impl VpSource for HostFaultSource {
     fn part(&self) -> Part {
         Part::Times
     }
 
-    fn keys(&self) -> &'static [SourceKind] {
-        &[SourceKind::HostFaults]
-    }
-
-    fn merge(&mut self, page: &SharedPage, _user: &UserExitCounts, _extras: &mut VpExtras) {
+    fn read(&mut self) {
         if !self.gone {
-            self.read();
+            HostFaultSource::read(self);
         }
-        write_host_faults(page, self.last);
     }
 
     fn thread_exiting(&mut self) {
         if !self.gone {
-            self.read();
+            HostFaultSource::read(self);
         }
         self.gone = true;
     }
@@ -136,14 +144,14 @@ impl CounterSource for HostFaultSource {
 
 /// The faults of our VP thread `vp.tid`, from now on. A thread whose `stat` cannot be read has
 /// no such source.
-pub(super) fn open_source(vp: VpThread) -> Option<Box<dyn CounterSource>> {
+pub(super) fn open_source(vp: &VpThread) -> Option<Box<dyn VpSource>> {
     let path = task_stat::thread_path(Path::new("/proc"), std::process::id() as i32, vp.tid);
     let stat = StatAt::Held(StatFile::open(&path).ok()?);
     Some(Box::new(HostFaultSource::open(stat).ok()?))
 }
 
 /// The faults of an observed VM's vCPU thread, from now on.
-pub(super) fn open_observed(thread: ObservedThread<'_>) -> Option<Box<dyn CounterSource>> {
+pub(super) fn open_observed(thread: ObservedThread<'_>) -> Option<Box<dyn VpSource>> {
     let path = task_stat::thread_path(thread.procfs, thread.pid, thread.tid);
     Some(Box::new(HostFaultSource::open(StatAt::Path(path)).ok()?))
 }
@@ -168,9 +176,9 @@ mod tests {
     #[test]
     fn a_thread_touching_fresh_memory_is_counted_its_faults() {
         const PAGES: usize = 64;
-        let Some(mut source) =
-            open_source(VpThread { tid: super::super::thread_time::gettid(), vcpu_fd: -1 })
-        else {
+        let thread =
+            VpThread { tid: super::super::thread_time::gettid(), vcpu_fd: -1, user: Default::default() };
+        let Some(mut source) = open_source(&thread) else {
             panic!("this thread's stat is readable");
         };
         let page = SharedPage::anonymous(ObjectKind::Vp).unwrap();
@@ -195,7 +203,8 @@ mod tests {
                 std::ptr::write_volatile(at.cast::<u8>().add(i * 4096), 1);
             }
         }
-        source.merge(&page, &UserExitCounts::default(), &mut VpExtras::default());
+        source.read();
+        source.write(Object::Vp(0), &page, &source.gives().vp);
         // SAFETY: the mapping made above, no longer used.
         unsafe { libc::munmap(at, len) };
         let all = page.get(vp::HOST_PAGE_FAULTS);

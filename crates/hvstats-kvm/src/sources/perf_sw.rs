@@ -2,7 +2,7 @@
 
 use std::io;
 
-use hvstats::perf_event::{PerfCounter, SW_CPU_MIGRATIONS, TYPE_SOFTWARE};
+use hvstats_host::perf_event::{PerfCounter, SW_CPU_MIGRATIONS, TYPE_SOFTWARE};
 
 /// The migrations of one thread between host CPUs.
 #[derive(Debug)]

@@ -4,16 +4,15 @@
 //! has the schedstat part ([`open_observed`]): its CPU wait and dispatches since it was found.
 
 use hvstats::SharedPage;
-use hvstats::sched::{SchedStat, SchedStatFile};
-use hvstats::whv::VpExtras;
 use hvstats_abi::catalog::{maintained_by, maintained_count};
+use hvstats_abi::counter_set::CounterSet;
 use hvstats_abi::source::{PerfSoftwareEvent, Source, SourceKind, ThreadTime};
 use hvstats_abi::{Counter, ObjectKind};
+use hvstats_host::sched::{SchedStat, SchedStatFile};
 
-use super::counter_source::{CounterSource, ObservedThread, Part, VpThread};
+use super::counter_source::{CounterSource, Gives, Object, ObservedThread, Part, VpSource, VpThread};
 use super::perf_sw::Migrations;
 use super::thread_time::{ThreadClock, ThreadTimes};
-use crate::accounting::UserExitCounts;
 
 /// The VP counters kept from the thread's clocks and perf software events.
 const FROM_THREAD: [&Counter;
@@ -32,35 +31,54 @@ const FROM_THREAD: [&Counter;
     out
 };
 
-/// Writes the thread's times (written together: Hypervisor run time = total less guest time of
-/// the same reading), its CPU wait and dispatches (one schedstat reading) and its migrations,
-/// when read, into `page`.
+/// The value a thread reading gives `counter`, if it gives one.
+fn thread_value(
+    counter: &Counter,
+    times: Option<ThreadTimes>,
+    sched: Option<SchedStat>,
+    migrated: Option<u64>,
+) -> Option<u64> {
+    match counter.maintained.source()? {
+        Source::ThreadTime(ThreadTime::Total) => times.map(|t| t.total_100ns),
+        Source::ThreadTime(ThreadTime::Hypervisor) => times.map(ThreadTimes::hypervisor_100ns),
+        Source::ThreadTime(ThreadTime::CpuWait) => sched.map(|s| s.wait_ns),
+        Source::ThreadTime(ThreadTime::Dispatches) => sched.map(|s| s.dispatches),
+        Source::PerfSoftware(PerfSoftwareEvent::CpuMigrations) => migrated,
+        _ => None,
+    }
+}
+
+/// Writes the counters of `only` a thread reading gives; one it lacks is left as it is.
 pub(crate) fn write_thread_counts(
     page: &SharedPage,
-    times: ThreadTimes,
+    only: &CounterSet,
+    times: Option<ThreadTimes>,
     sched: Option<SchedStat>,
     migrated: Option<u64>,
 ) {
-    for counter in FROM_THREAD {
-        let value = match counter.maintained.source() {
-            Some(Source::ThreadTime(ThreadTime::Total)) => Some(times.total_100ns),
-            Some(Source::ThreadTime(ThreadTime::Hypervisor)) => Some(times.hypervisor_100ns()),
-            Some(Source::ThreadTime(ThreadTime::CpuWait)) => sched.map(|s| s.wait_ns),
-            Some(Source::ThreadTime(ThreadTime::Dispatches)) => sched.map(|s| s.dispatches),
-            Some(Source::PerfSoftware(PerfSoftwareEvent::CpuMigrations)) => migrated,
-            _ => None,
-        };
-        if let Some(v) = value {
+    for counter in FROM_THREAD.iter().filter(|c| only.contains(c.id)) {
+        if let Some(v) = thread_value(counter, times, sched, migrated) {
             page.set(counter.id, v);
         }
     }
+}
+
+/// The counters of [`FROM_THREAD`] whose source `has` says is there.
+fn thread_gives(has: impl Fn(Source) -> bool) -> Gives {
+    let mut vp = CounterSet::EMPTY;
+    for counter in FROM_THREAD {
+        if counter.maintained.source().is_some_and(&has) {
+            vp.insert(counter.id);
+        }
+    }
+    Gives::vp(vp)
 }
 
 /// The thread's clocks, schedstat and migrations, and their last reading.
 #[derive(Debug)]
 pub(crate) struct ThreadSource {
     clock: Option<ThreadClock>,
-    times: ThreadTimes,
+    times: Option<ThreadTimes>,
     sched: Option<SchedStatFile>,
     sched_stat: Option<SchedStat>,
     migrations: Option<Migrations>,
@@ -72,7 +90,7 @@ pub(crate) struct ThreadSource {
 impl ThreadSource {
     fn read(&mut self) {
         if let Some(t) = self.clock.as_ref().and_then(|c| c.read().ok()) {
-            self.times = t;
+            self.times = Some(t);
         }
         if let Some(m) = self.migrations.as_ref().and_then(|m| m.read().ok()) {
             self.migrated = Some(m);
@@ -84,34 +102,48 @@ impl ThreadSource {
 }
 
 impl CounterSource for ThreadSource {
+    fn name(&self) -> &'static str {
+        "thread"
+    }
+
+    fn gives(&self) -> Gives {
+        thread_gives(|source| match source {
+            Source::ThreadTime(ThreadTime::Total | ThreadTime::Hypervisor) => self.clock.is_some(),
+            Source::ThreadTime(ThreadTime::CpuWait | ThreadTime::Dispatches) => self.sched.is_some(),
+            Source::PerfSoftware(PerfSoftwareEvent::CpuMigrations) => self.migrations.is_some(),
+            _ => false,
+        })
+    }
+
+    fn write(&self, _object: Object, page: &SharedPage, only: &CounterSet) {
+        write_thread_counts(page, only, self.times, self.sched_stat, self.migrated);
+    }
+}
+
+impl VpSource for ThreadSource {
     fn part(&self) -> Part {
         Part::Times
     }
 
-    fn keys(&self) -> &'static [SourceKind] {
-        &[SourceKind::ThreadTime, SourceKind::PerfSoftware]
-    }
-
-    fn merge(&mut self, page: &SharedPage, _user: &UserExitCounts, _extras: &mut VpExtras) {
+    fn read(&mut self) {
         if !self.gone {
-            self.read();
+            ThreadSource::read(self);
         }
-        write_thread_counts(page, self.times, self.sched_stat, self.migrated);
     }
 
     fn thread_exiting(&mut self) {
         if !self.gone {
-            self.read();
+            ThreadSource::read(self);
         }
         self.gone = true;
     }
 }
 
 /// The thread's sources (each one the host lacks is left out of the reading, not zero).
-pub(super) fn open_source(vp: VpThread) -> Option<Box<dyn CounterSource>> {
+pub(super) fn open_source(vp: &VpThread) -> Option<Box<dyn VpSource>> {
     Some(Box::new(ThreadSource {
         clock: ThreadClock::open(vp.tid).ok(),
-        times: ThreadTimes::default(),
+        times: None,
         sched: SchedStatFile::open(std::process::id() as libc::pid_t, vp.tid).ok(),
         sched_stat: None,
         migrations: Migrations::open(vp.tid).ok(),
@@ -131,33 +163,37 @@ pub(crate) struct ObservedSched {
 }
 
 impl CounterSource for ObservedSched {
+    fn name(&self) -> &'static str {
+        "thread"
+    }
+
+    fn gives(&self) -> Gives {
+        thread_gives(|source| {
+            matches!(source, Source::ThreadTime(ThreadTime::CpuWait | ThreadTime::Dispatches))
+        })
+    }
+
+    fn write(&self, _object: Object, page: &SharedPage, only: &CounterSet) {
+        write_thread_counts(page, only, None, self.since, None);
+    }
+}
+
+impl VpSource for ObservedSched {
     fn part(&self) -> Part {
         Part::Times
     }
 
-    fn keys(&self) -> &'static [SourceKind] {
-        &[SourceKind::ThreadTime]
-    }
-
-    fn merge(&mut self, page: &SharedPage, _user: &UserExitCounts, _extras: &mut VpExtras) {
+    fn read(&mut self) {
         let now = SchedStatFile::open_path(&self.path).and_then(|f| f.read());
         if let Some(since) = now.ok().and_then(|now| now.since(&self.at_open)) {
             self.since = Some(since);
-        }
-        let Some(since) = self.since else { return };
-        for counter in FROM_THREAD {
-            match counter.maintained.source() {
-                Some(Source::ThreadTime(ThreadTime::CpuWait)) => page.set(counter.id, since.wait_ns),
-                Some(Source::ThreadTime(ThreadTime::Dispatches)) => page.set(counter.id, since.dispatches),
-                _ => {}
-            }
         }
     }
 }
 
 /// The schedstat of an observed vCPU thread, from now on (`None` when it cannot be read).
-pub(super) fn open_observed(thread: ObservedThread<'_>) -> Option<Box<dyn CounterSource>> {
-    let path = hvstats::sched::path_under(thread.procfs, thread.pid, thread.tid);
+pub(super) fn open_observed(thread: ObservedThread<'_>) -> Option<Box<dyn VpSource>> {
+    let path = hvstats_host::sched::path_under(thread.procfs, thread.pid, thread.tid);
     let at_open = SchedStatFile::open_path(&path).and_then(|f| f.read()).ok()?;
     Some(Box::new(ObservedSched { path, at_open, since: None }))
 }

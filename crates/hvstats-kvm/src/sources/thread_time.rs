@@ -11,9 +11,9 @@
 use std::io;
 use std::path::Path;
 
-use hvstats::task_stat::{self, STAT_MAX, StatFile, StatLine};
+use hvstats_host::task_stat::{self, STAT_MAX, StatFile, StatLine};
 
-use hvstats::os as sys;
+use hvstats_host::os as sys;
 
 /// One reading of a thread's times, in 100 ns.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

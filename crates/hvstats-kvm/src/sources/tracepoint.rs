@@ -1,26 +1,27 @@
-//! Per-thread perf tracepoint counters of KVM's events (`kvm:kvm_cpuid`, `kvm:kvm_msr`, …).
+//! KVM's tracepoints (`kvm:kvm_cpuid`, `kvm:kvm_msr`, …) counted on a VP's thread.
 //!
 //! KVM has no per-reason exit counters, but its tracepoints fire once per intercept it handles in
-//! the kernel, on the vCPU's thread. A counting perf event per tracepoint, opened for the VP thread,
-//! gives exact counts without tracing anything to a buffer. The event ids come from
-//! [`super::tracefs`]; when tracefs is unavailable the counters are unavailable and the reason is
-//! kept, never guessed.
+//! the kernel, on the vCPU's thread. Counting them on the VP thread gives exact counts without
+//! tracing anything to a buffer; they are counted by the engine every tracepoint count of hvstats
+//! goes through (`hvstats_host::counting`: one eBPF program per tracepoint where BPF is
+//! permitted, perf counters otherwise), with the same events ([`event`]) the observer counts on an
+//! observed VM's threads, and written by the same function ([`write_tracepoint_counts`]). When
+//! tracefs is unavailable the counters are unavailable and the reason is kept, never guessed.
 
-use hvstats::perf_event::TYPE_TRACEPOINT;
-use hvstats::perf_group::{EventAttr, MemberError, PerfGroup};
-use hvstats_abi::apic;
-
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use hvstats::SharedPage;
 use hvstats::whv::VpExtras;
+use hvstats_abi::apic;
 use hvstats_abi::catalog::{maintained_by, maintained_count};
+use hvstats_abi::counter_set::CounterSet;
 use hvstats_abi::source::{Source, SourceKind};
 use hvstats_abi::{Counter, ObjectKind};
+use hvstats_host::counting::{EventList, EventSpec, ThreadEvents};
 
-use super::counter_source::{CounterSource, Part, VpThread};
-use super::tracefs::{self, EventError};
-use crate::accounting::UserExitCounts;
+use super::counter_source::{CounterSource, Gives, Object, Part, VpSource, VpThread};
+use super::user_exits::UserExitCounts;
 
 pub use hvstats_abi::source::Tracepoint;
 
@@ -52,70 +53,48 @@ pub fn filter(tp: Tracepoint) -> Option<String> {
     }
 }
 
-/// Why one tracepoint counter is unavailable.
-#[derive(Debug, thiserror::Error)]
-pub enum TracepointError {
-    /// The event cannot be found in tracefs (or tracefs is unavailable).
-    #[error(transparent)]
-    Event(#[from] EventError),
-    /// perf refused the counter, or its filter.
-    #[error("perf counter of kvm:{event}")]
-    Counter {
-        /// The event.
-        event: &'static str,
-        /// Why.
-        #[source]
-        source: MemberError,
-    },
+/// The event that counts `tp`: its tracepoint, narrowed by its [`filter`].
+pub fn event(tp: Tracepoint) -> EventSpec {
+    match filter(tp) {
+        Some(f) => EventSpec::filtered("kvm", tp.event(), &f),
+        None => EventSpec::tracepoint("kvm", tp.event()),
+    }
 }
 
 /// One reading of every tracepoint counter of a VP, by [`Tracepoint::index`]; `None` where the
 /// counter is unavailable or could not be read.
 pub type TracepointCounts = [Option<u64>; Tracepoint::ALL.len()];
 
-/// The tracepoint counters of one VP thread, in one perf event group (see
-/// [`hvstats::perf_group`]), so that a single `read` gives all of them.
+/// The tracepoint counters of one VP thread, counted by the engine every tracepoint count of
+/// hvstats goes through (`hvstats_host::counting`): in the kernel where BPF is permitted, else a
+/// perf group read at once.
 #[derive(Debug)]
 pub struct VpTracepoints {
-    group: PerfGroup,
-    /// By [`Tracepoint::index`], why the counter is unavailable.
-    errors: Vec<Option<TracepointError>>,
+    events: EventList,
+    thread: ThreadEvents,
+    /// By [`Tracepoint::index`], its event in the list when our VPs count it.
+    at: [Option<usize>; Tracepoint::ALL.len()],
 }
 
 impl VpTracepoints {
     /// Opens the tracepoint counters our VPs use ([`Tracepoint::counted_for_partitions`]) for
-    /// thread `tid`; a counter that cannot be opened keeps the reason.
+    /// thread `tid` of this process; a counter that cannot be opened keeps the reason.
     pub fn open(tid: libc::pid_t) -> Self {
-        let ids: Vec<Option<Result<u64, EventError>>> = Tracepoint::ALL
-            .iter()
-            .map(|tp| tp.counted_for_partitions().then(|| tracefs::event_id("kvm", tp.event())))
-            .collect();
-        let filters: Vec<Option<String>> = Tracepoint::ALL.iter().map(|&tp| filter(tp)).collect();
-        let attrs = ids.iter().zip(&filters).map(|(id, filter)| {
-            let config = *id.as_ref()?.as_ref().ok()?;
-            Some(EventAttr { type_: TYPE_TRACEPOINT, config, filter: filter.as_deref() })
-        });
-        let (group, outcomes) = PerfGroup::open(tid, attrs);
-        let errors = Tracepoint::ALL
-            .iter()
-            .zip(ids)
-            .zip(outcomes)
-            .map(|((tp, id), opened)| match (id, opened) {
-                // Not one of ours: not a counter that is missing.
-                (None, _) => None,
-                (Some(Err(e)), _) => Some(TracepointError::Event(e)),
-                (Some(Ok(_)), Err(source)) => Some(TracepointError::Counter { event: tp.event(), source }),
-                (Some(Ok(_)), Ok(())) => None,
-            })
-            .collect();
-        Self { group, errors }
+        let mut at = [None; Tracepoint::ALL.len()];
+        let mut specs = Vec::new();
+        for tp in Tracepoint::ALL.into_iter().filter(|tp| tp.counted_for_partitions()) {
+            at[tp.index()] = Some(specs.len());
+            specs.push(event(tp));
+        }
+        let events = EventList::new(specs);
+        let thread = ThreadEvents::open(std::process::id() as i32, tid, &events);
+        Self { events, thread, at }
     }
 
-    /// Every count at one moment: the group with one `read`, plus any counter outside it.
+    /// Every count at one moment.
     pub fn read_all(&mut self) -> TracepointCounts {
-        let mut counts: TracepointCounts = [None; Tracepoint::ALL.len()];
-        self.group.read_into(&mut counts);
-        counts
+        let counts = self.thread.read(&self.events);
+        self.at.map(|i| i.and_then(|i| counts.get(i).copied().flatten()))
     }
 
     /// The count of `tp`, or `None` when it is unavailable or cannot be read now.
@@ -123,9 +102,23 @@ impl VpTracepoints {
         self.read_all()[tp.index()]
     }
 
-    /// Why `tp` is unavailable, if it is.
-    pub fn unavailable(&self, tp: Tracepoint) -> Option<&TracepointError> {
-        self.errors.get(tp.index()).and_then(Option::as_ref)
+    /// Why `tp` is not counted, said for a person, if it is not (a tracepoint our VPs do not use
+    /// is not "unavailable").
+    pub fn unavailable(&self, tp: Tracepoint) -> Option<String> {
+        let i = self.at[tp.index()]?;
+        if let Some(e) = self.events.unavailable(i) {
+            return Some(hvstats_host::error_chain::error_chain(e));
+        }
+        if self.thread.is_open(&self.events, i) {
+            return None;
+        }
+        let why = self.thread.refused(&self.events, i).map(|e| hvstats_host::error_chain::error_chain(e));
+        Some(format!("perf counter of kvm:{}: {}", tp.event(), why.unwrap_or_else(|| "not opened".into())))
+    }
+
+    /// How the counters are counted (in the kernel, or by perf counters, and why).
+    pub fn method(&self) -> String {
+        self.events.method_description()
     }
 }
 
@@ -133,21 +126,61 @@ impl VpTracepoints {
 const FROM_TRACEPOINTS: [&Counter; maintained_count(ObjectKind::Vp, SourceKind::Tracepoint)] =
     maintained_by(ObjectKind::Vp, SourceKind::Tracepoint);
 
-/// Writes a tracepoint reading into `page`: each tracepoint counter gets its count, with the
-/// userspace part KVM's tracepoint does not see (MSR exits) added and the part it counts as
-/// something else (hypercall port writes, which `kvm_pio` sees) taken off. A tracepoint that is
-/// unavailable (or unreadable right now) leaves its counter as it is: never a guessed value.
-pub(crate) fn write_tracepoint_counts(page: &SharedPage, counts: &TracepointCounts, user: &UserExitCounts) {
-    let user_msr = user.msr.load(Ordering::Relaxed);
-    let hypercalls = user.hypercalls.load(Ordering::Relaxed);
-    for counter in FROM_TRACEPOINTS {
-        let Some(Source::Tracepoint(tp)) = counter.maintained.source() else { continue };
-        let Some(n) = counts[tp.index()] else { continue };
+/// What the run loop counts that a tracepoint count is corrected with: MSR accesses handled in
+/// userspace (`kvm_msr` does not see them) and hypercall port writes (`kvm_pio` counts them as
+/// port I/O). An observed VM's VMM does its own accounting: it has none.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Corrections {
+    /// MSR accesses handled in userspace.
+    pub user_msr: u64,
+    /// Hypercalls made through a port.
+    pub hypercalls: u64,
+}
+
+/// Whose catalog key says which tracepoint feeds a counter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Keys {
+    /// Our own VPs: the row's key.
+    Own,
+    /// Observed VMs: the row's observed key.
+    Observed,
+}
+
+impl Keys {
+    /// The tracepoint that feeds `counter` under these keys, if one does.
+    pub fn tracepoint(self, counter: &Counter) -> Option<Tracepoint> {
+        let source = match self {
+            Keys::Own => counter.maintained.source(),
+            Keys::Observed => {
+                hvstats_abi::catalog::observed(counter).and_then(hvstats_abi::Maintained::source)
+            }
+        };
+        match source {
+            Some(Source::Tracepoint(tp)) => Some(tp),
+            _ => None,
+        }
+    }
+}
+
+/// Writes the VP counters of `only` whose key (under `keys`) is a tracepoint from a reading,
+/// `count(tp)` giving each tracepoint's count: each counter gets its tracepoint's count with the
+/// parts added to it (x2APIC accesses beside xAPIC MMIO) and `corrections` applied. A tracepoint
+/// not counted (or unreadable right now) leaves its counter as it is: never a guessed value.
+pub fn write_tracepoint_counts(
+    page: &SharedPage,
+    only: &CounterSet,
+    keys: Keys,
+    count: impl Fn(Tracepoint) -> Option<u64>,
+    corrections: Corrections,
+) {
+    for counter in hvstats_abi::catalog::counters_of(ObjectKind::Vp).filter(|c| only.contains(c.id)) {
+        let Some(tp) = keys.tracepoint(counter) else { continue };
+        let Some(n) = count(tp) else { continue };
         // By xAPIC MMIO, plus by x2APIC MSR.
-        let n = n + tp.added().iter().map(|a| counts[a.index()].unwrap_or(0)).sum::<u64>();
+        let n = n + tp.added().iter().map(|a| count(*a).unwrap_or(0)).sum::<u64>();
         let value = match tp {
-            Tracepoint::Msr => n + user_msr,
-            Tracepoint::Pio => n.saturating_sub(hypercalls),
+            Tracepoint::Msr => n + corrections.user_msr,
+            Tracepoint::Pio => n.saturating_sub(corrections.hypercalls),
             _ => n,
         };
         page.set(counter.id, value);
@@ -159,38 +192,66 @@ pub(crate) fn write_tracepoint_counts(page: &SharedPage, counts: &TracepointCoun
 #[derive(Debug)]
 pub(crate) struct TracepointSource {
     tracepoints: VpTracepoints,
+    user: Arc<UserExitCounts>,
+    counts: TracepointCounts,
     exceptions: u64,
 }
 
 impl CounterSource for TracepointSource {
+    fn name(&self) -> &'static str {
+        "tracepoints"
+    }
+
+    fn gives(&self) -> Gives {
+        let mut vp = CounterSet::EMPTY;
+        for counter in FROM_TRACEPOINTS {
+            if let Some(Source::Tracepoint(tp)) = counter.maintained.source()
+                && self.tracepoints.unavailable(tp).is_none()
+            {
+                vp.insert(counter.id);
+            }
+        }
+        Gives::vp(vp)
+    }
+
+    fn write(&self, _object: Object, page: &SharedPage, only: &CounterSet) {
+        let corrections = Corrections {
+            user_msr: self.user.msr.load(Ordering::Relaxed),
+            hypercalls: self.user.hypercalls.load(Ordering::Relaxed),
+        };
+        write_tracepoint_counts(page, only, Keys::Own, |tp| self.counts[tp.index()], corrections);
+    }
+
+    fn unavailable(&self) -> Vec<String> {
+        Tracepoint::ALL.iter().filter_map(|&tp| self.tracepoints.unavailable(tp)).collect()
+    }
+}
+
+impl VpSource for TracepointSource {
     fn part(&self) -> Part {
         Part::Exits
     }
 
-    fn keys(&self) -> &'static [SourceKind] {
-        &[SourceKind::Tracepoint]
-    }
-
-    fn merge(&mut self, page: &SharedPage, user: &UserExitCounts, extras: &mut VpExtras) {
-        let counts = self.tracepoints.read_all();
-        write_tracepoint_counts(page, &counts, user);
-        if let Some(n) = counts[Tracepoint::InjException.index()] {
+    fn read(&mut self) {
+        self.counts = self.tracepoints.read_all();
+        if let Some(n) = self.counts[Tracepoint::InjException.index()] {
             self.exceptions = n;
         }
-        extras.exception_count = self.exceptions;
     }
 
-    fn unavailable(&self) -> Vec<String> {
-        Tracepoint::ALL
-            .iter()
-            .filter_map(|&tp| self.tracepoints.unavailable(tp).map(|e| e.to_string()))
-            .collect()
+    fn extras(&self, extras: &mut VpExtras) {
+        extras.exception_count = self.exceptions;
     }
 }
 
 /// The tracepoint group of the VP thread.
-pub(super) fn open_source(vp: VpThread) -> Option<Box<dyn CounterSource>> {
-    Some(Box::new(TracepointSource { tracepoints: VpTracepoints::open(vp.tid), exceptions: 0 }))
+pub(super) fn open_source(vp: &VpThread) -> Option<Box<dyn VpSource>> {
+    Some(Box::new(TracepointSource {
+        tracepoints: VpTracepoints::open(vp.tid),
+        user: vp.user.clone(),
+        counts: [None; Tracepoint::ALL.len()],
+        exceptions: 0,
+    }))
 }
 
 #[cfg(test)]

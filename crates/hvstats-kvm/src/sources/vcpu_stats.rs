@@ -4,15 +4,14 @@
 use std::sync::atomic::Ordering;
 
 use hvstats::SharedPage;
-use hvstats::whv::VpExtras;
 use hvstats_abi::catalog::{maintained_by, maintained_count};
+use hvstats_abi::counter_set::CounterSet;
 use hvstats_abi::histogram::{BUCKETS, HISTOGRAM_SLOTS};
 use hvstats_abi::source::{Source, SourceKind};
 use hvstats_abi::{Counter, ObjectKind, Presentation, Unit};
 
-use super::counter_source::{CounterSource, Part, VpThread};
+use super::counter_source::{CounterSource, Gives, Object, Part, VpSource, VpThread};
 use super::kvm_stats::{KvmStats, Stat};
-use crate::accounting::UserExitCounts;
 
 /// The VP counters kept from the vCPU's KVM statistics: the catalog's `KvmStats(Vcpu(..))` rows,
 /// each the sum of the statistics its key names.
@@ -42,17 +41,21 @@ fn stat_value(counter: &Counter, stats: &[Stat], data: &[u64]) -> u64 {
 }
 
 /// Copies one of KVM's log2 histograms into `page`: the sum from its `_ns` statistic, the buckets
-/// from its `_hist` statistic, whose bucketing (`fls64` of the nanoseconds, capped at the last
-/// bucket) is the page's own. `stats` are the two, in that order; nothing is written without both.
+/// from its `_hist` statistic. `stats` are the two, in that order; nothing is written without both.
 fn write_kvm_histogram(page: &SharedPage, counter: &Counter, stats: &[Stat], data: &[u64]) {
     let [sum, buckets] = stats else { return };
+    copy_kvm_histogram(page, counter, sum.nanoseconds(data), buckets.values(data));
+}
+
+/// Copies one of KVM's log2 histograms into `counter`'s slots of `page`: the sum (nanoseconds),
+/// then the buckets, whose bucketing (`fls64` of the nanoseconds, capped at the last bucket) is
+/// the page's own; a kernel with more buckets than the page puts its excess in the last, open one.
+pub(crate) fn copy_kvm_histogram(page: &SharedPage, counter: &Counter, sum_ns: u64, values: &[u64]) {
     let slots = page.histogram_slots(counter.id);
-    slots[0].store(sum.nanoseconds(data), Ordering::Relaxed);
-    let values = buckets.values(data);
+    slots[0].store(sum_ns, Ordering::Relaxed);
     for (slot, &v) in slots[1..].iter().zip(values.iter().take(BUCKETS)) {
         slot.store(v, Ordering::Relaxed);
     }
-    // A kernel with more buckets than the page: the excess belongs in the last, open bucket.
     if values.len() > BUCKETS {
         let rest: u64 = values[BUCKETS..].iter().fold(0, |a, &v| a.wrapping_add(v));
         let last = &slots[HISTOGRAM_SLOTS - 1];
@@ -67,7 +70,11 @@ pub(crate) struct VcpuStats {
     stats: KvmStats,
     /// By [`FROM_KVM_STATS`] row, the statistics the kernel has (one it lacks adds nothing).
     lookups: [Vec<Stat>; FROM_KVM_STATS.len()],
+    /// The data block of the last successful read (valid once `read_once`).
     data: Vec<u64>,
+    /// The buffer a read fills, swapped with `data` when the read succeeds.
+    spare: Vec<u64>,
+    read_once: bool,
 }
 
 impl VcpuStats {
@@ -79,35 +86,68 @@ impl VcpuStats {
             if whole { found } else { Vec::new() }
         });
         let data = vec![0; stats.data_words()];
-        Self { stats, lookups, data }
+        Self { stats, lookups, spare: data.clone(), data, read_once: false }
     }
 
-    /// Reads the statistics and writes their counters; leaves them as they are when the read fails.
-    pub(crate) fn merge(&mut self, page: &SharedPage) {
-        if self.stats.read_into(&mut self.data).is_err() {
+    /// Reads the statistics; a failed read keeps the last reading.
+    pub(crate) fn read(&mut self) {
+        if self.stats.read_into(&mut self.spare).is_ok() {
+            std::mem::swap(&mut self.spare, &mut self.data);
+            self.read_once = true;
+        }
+    }
+
+    /// Writes the counters of `only` from the last reading.
+    pub(crate) fn write(&self, page: &SharedPage, only: &CounterSet) {
+        if !self.read_once {
             return;
         }
+        let data = &self.data;
         for (counter, stats) in FROM_KVM_STATS.iter().zip(&self.lookups) {
+            if !only.contains(counter.id) {
+                continue;
+            }
             if counter.presentation == Presentation::Histogram {
-                write_kvm_histogram(page, counter, stats, &self.data);
+                write_kvm_histogram(page, counter, stats, data);
             } else {
-                page.set(counter.id, stat_value(counter, stats, &self.data));
+                page.set(counter.id, stat_value(counter, stats, data));
             }
         }
+    }
+
+    /// The counters the kernel's statistics give: those with at least one of their statistics.
+    pub(crate) fn given(&self) -> CounterSet {
+        let mut set = CounterSet::EMPTY;
+        for (counter, stats) in FROM_KVM_STATS.iter().zip(&self.lookups) {
+            if !stats.is_empty() {
+                set.insert(counter.id);
+            }
+        }
+        set
     }
 }
 
 impl CounterSource for VcpuStats {
+    fn name(&self) -> &'static str {
+        "kvm-stats"
+    }
+
+    fn gives(&self) -> Gives {
+        Gives::vp(self.given())
+    }
+
+    fn write(&self, _object: Object, page: &SharedPage, only: &CounterSet) {
+        VcpuStats::write(self, page, only);
+    }
+}
+
+impl VpSource for VcpuStats {
     fn part(&self) -> Part {
         Part::Exits
     }
 
-    fn keys(&self) -> &'static [SourceKind] {
-        &[SourceKind::KvmStats]
-    }
-
-    fn merge(&mut self, page: &SharedPage, _user: &UserExitCounts, _extras: &mut VpExtras) {
-        VcpuStats::merge(self, page);
+    fn read(&mut self) {
+        VcpuStats::read(self);
     }
 
     fn kvm_stat(&self, name: &str) -> Option<u64> {
@@ -116,6 +156,6 @@ impl CounterSource for VcpuStats {
 }
 
 /// The vCPU's statistics, where the kernel has a stats fd.
-pub(super) fn open_source(vp: VpThread) -> Option<Box<dyn CounterSource>> {
+pub(super) fn open_source(vp: &VpThread) -> Option<Box<dyn VpSource>> {
     Some(Box::new(VcpuStats::new(KvmStats::open(vp.vcpu_fd).ok()?)))
 }

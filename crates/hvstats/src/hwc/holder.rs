@@ -26,7 +26,7 @@ pub struct Holder {
 /// The state letter and start time of a live process, from `/proc/<pid>/stat`.
 pub(crate) fn process_stat(pid: u32) -> Option<(char, u64, String)> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let stat = crate::task_stat::StatLine::parse(&text)?;
+    let stat = hvstats_host::task_stat::StatLine::parse(&text)?;
     let (state, start, name) = (stat.state()?, stat.start_time()?, stat.comm().to_owned());
     Some((state, start, name))
 }

@@ -8,7 +8,7 @@
 
 use std::io;
 
-use crate::perf_event::{HW_CPU_CYCLES, HW_INSTRUCTIONS, PerfCounter, TYPE_HARDWARE};
+use hvstats_host::perf_event::{HW_CPU_CYCLES, HW_INSTRUCTIONS, PerfCounter, TYPE_HARDWARE};
 
 use super::allocator::{Allocator, CounterSetHandle};
 use super::cpuset::CpuSet;

@@ -23,7 +23,7 @@ use super::filter::{self, FilterError, Pred};
 use super::program::{self, Column, Spans};
 use super::raw;
 use super::sys::{ArrayMap, Attachment, LoadError, Program};
-use crate::sources::tracefs::{self, EventError};
+use crate::tracefs::{self, EventError};
 
 /// One column: a tracepoint, narrowed by an ftrace filter when given.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -321,6 +321,16 @@ impl Tally {
     /// When the map cannot be read.
     pub fn read(&self, slot: Slot) -> io::Result<Vec<u64>> {
         self.rows.sum_u64(slot.0, self.columns)
+    }
+
+    /// As [`read`](Self::read) into `row` (one value per column), through `scratch`: buffers
+    /// kept between reads make a read allocate nothing.
+    ///
+    /// # Errors
+    /// As [`read`](Self::read).
+    pub fn read_into(&self, slot: Slot, scratch: &mut Vec<u8>, row: &mut Vec<u64>) -> io::Result<()> {
+        row.resize(self.columns, 0);
+        self.rows.sum_u64_into(slot.0, scratch, row)
     }
 }
 

@@ -1,8 +1,8 @@
 //! tracefs: where it is (mounting it when needed), and each event's id and format.
 //!
 //! The one place hvstats finds tracefs, for every user of tracepoints: the perf counters of our
-//! own VPs ([`super::tracepoint`]), the observer's per-thread counters
-//! ([`crate::observe::counting`]) and the in-kernel programs ([`crate::bpf::Tally`]). tracefs is
+//! own VPs and the observer's per-thread counters (in hvstats-kvm) and the in-kernel programs
+//! ([`crate::bpf::Tally`]). tracefs is
 //! looked for at `/sys/kernel/tracing`, then under debugfs; when it is absent it is mounted at
 //! `/sys/kernel/tracing` (that needs root). When that is impossible every tracepoint is
 //! unavailable, and the reason is kept, never guessed.
@@ -11,7 +11,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use hvstats::os as sys;
+use crate::os as sys;
 
 /// Where tracefs is found, in order.
 const ROOTS: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];

@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use hvstats_kvm::bpf::{SpanColumn, Tally, TallyError, ThreadTable, TracepointColumn};
+use hvstats_host::bpf::{SpanColumn, Tally, TallyError, ThreadTable, TracepointColumn};
 
 fn tracefs() -> &'static Path {
     Path::new("/sys/kernel/tracing")
@@ -32,12 +32,12 @@ fn tally_with(columns: &[TracepointColumn], test: &str, table: Option<ThreadTabl
     match made {
         Ok(t) => Some(t),
         Err(e @ (TallyError::Map(_) | TallyError::Format { .. })) => {
-            let why = hvstats::snapshot::error_chain(&e);
+            let why = hvstats_host::error_chain::error_chain(&e);
             assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "{test}: {why}");
             eprintln!("{test}: skipped: {why}");
             None
         }
-        Err(e) => panic!("{test}: {}", hvstats::snapshot::error_chain(&e)),
+        Err(e) => panic!("{test}: {}", hvstats_host::error_chain::error_chain(&e)),
     }
 }
 
@@ -192,7 +192,8 @@ fn a_perf_counter_on_the_same_tracepoint_still_counts_every_firing() {
         .parse()
         .unwrap();
     let perf =
-        hvstats::perf_event::PerfCounter::open(hvstats::perf_event::TYPE_TRACEPOINT, id, gettid()).unwrap();
+        hvstats_host::perf_event::PerfCounter::open(hvstats_host::perf_event::TYPE_TRACEPOINT, id, gettid())
+            .unwrap();
     let slot = t.add_thread(std::process::id() as i32, gettid()).unwrap();
     getppid(321);
     assert_eq!(t.read(slot).unwrap(), vec![321]);
@@ -221,12 +222,12 @@ fn spans_time_each_class_from_its_start_to_the_next_end_on_the_same_thread() {
     let t = match made {
         Ok(t) => t,
         Err(e @ (TallyError::Map(_) | TallyError::Format { .. })) => {
-            let why = hvstats::snapshot::error_chain(&e);
+            let why = hvstats_host::error_chain::error_chain(&e);
             assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "{why}");
             eprintln!("spans_time_each_class: skipped: {why}");
             return;
         }
-        Err(e) => panic!("{}", hvstats::snapshot::error_chain(&e)),
+        Err(e) => panic!("{}", hvstats_host::error_chain::error_chain(&e)),
     };
     assert!((0..4).all(|i| t.refused(i).is_none()));
     let slot = t.add_thread(std::process::id() as i32, gettid()).unwrap();

@@ -1,4 +1,4 @@
-//! CPU wait of threads made to compete for one CPU, read through `hvstats::sched`, against the
+//! CPU wait of threads made to compete for one CPU, read through `hvstats_host::sched`, against the
 //! kernel's own accounting of the same threads.
 #![allow(
     clippy::unwrap_used,
@@ -11,7 +11,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use hvstats::sched::{SchedStat, SchedStatFile};
+use hvstats_host::sched::{SchedStat, SchedStatFile};
 
 /// CPU time each competing thread burns.
 const BURN: Duration = Duration::from_millis(80);

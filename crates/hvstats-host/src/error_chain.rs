@@ -1,6 +1,5 @@
-//! An error with its sources on one line, as every report of this crate and its users shows one.
-//! Its own module, so the reader ([`crate::attach`]) and the snapshot built on it do not depend
-//! on each other for it.
+//! An error with its sources on one line, as every report of hvstats shows one: the host readers',
+//! the authority's (which re-exports it) and the surfaces'.
 
 /// An error and all its sources on one line (`outer: cause: root cause`), as reports show it.
 pub fn error_chain(e: &dyn std::error::Error) -> String {

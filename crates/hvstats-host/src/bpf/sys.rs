@@ -45,7 +45,7 @@ impl Attr {
         // SAFETY: `self` is a bpf_attr-sized buffer we own for the call; every pointer stored in
         // it by the caller points to memory alive for the call and large enough for the command.
         let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, self.0.as_mut_ptr(), self.0.len() as u32) };
-        hvstats::os::check_long(r)
+        crate::os::check_long(r)
     }
 }
 
@@ -143,16 +143,34 @@ impl ArrayMap {
     /// # Errors
     /// As [`read`](Self::read).
     pub fn sum_u64(&self, key: u32, n: usize) -> io::Result<Vec<u64>> {
-        let value = self.read(key)?;
         let mut sums = vec![0u64; n.min(self.value_size / 8)];
-        for copy in value.chunks_exact(self.stride()) {
-            for (sum, word) in sums.iter_mut().zip(copy.chunks_exact(8)) {
+        self.sum_u64_into(key, &mut Vec::new(), &mut sums)?;
+        Ok(sums)
+    }
+
+    /// As [`sum_u64`](Self::sum_u64) into `sums` (its length says how many positions), reading
+    /// through `scratch`: with buffers kept from one call to the next, a read allocates nothing
+    /// (a VP thread refreshing its own page at a hypercall must not fault in memory).
+    ///
+    /// # Errors
+    /// As [`read`](Self::read).
+    pub fn sum_u64_into(&self, key: u32, scratch: &mut Vec<u8>, sums: &mut [u64]) -> io::Result<()> {
+        scratch.resize(self.stride() * self.copies, 0);
+        Attr::new()
+            .u32_at(0, self.raw_fd() as u32)
+            .u64_at(8, &key as *const u32 as u64)
+            .u64_at(16, scratch.as_mut_ptr() as u64)
+            .call(CMD_MAP_LOOKUP_ELEM)?;
+        let n = sums.len().min(self.value_size / 8);
+        sums.iter_mut().for_each(|s| *s = 0);
+        for copy in scratch.chunks_exact(self.stride()) {
+            for (sum, word) in sums[..n].iter_mut().zip(copy.chunks_exact(8)) {
                 let mut w = [0u8; 8];
                 w.copy_from_slice(word);
                 *sum = sum.wrapping_add(u64::from_ne_bytes(w));
             }
         }
-        Ok(sums)
+        Ok(())
     }
 
     /// Writes `value` (one copy, `value_size` bytes) as every CPU's copy of key `key`.
@@ -297,7 +315,7 @@ impl Attachment {
     pub fn tracepoint(tracepoint: u64, program: &Program) -> io::Result<Self> {
         // struct perf_event_attr, PERF_ATTR_SIZE_VER0 (64 bytes): type, size, config, …, flags.
         let mut attr = [0u64; 8];
-        attr[0] = u64::from(hvstats::perf_event::TYPE_TRACEPOINT) | (64u64 << 32);
+        attr[0] = u64::from(crate::perf_event::TYPE_TRACEPOINT) | (64u64 << 32);
         attr[1] = tracepoint;
         // sample_period 0: a counting event, and it stays disabled: only the program runs.
         attr[5] = 1; // flags: disabled
