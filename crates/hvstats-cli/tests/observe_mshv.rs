@@ -273,7 +273,7 @@ fn assert_published_exactly(k: &KernelTree, instance: &Value) {
                 Some(m) => {
                     let counter = m.counter.counter().unwrap().name;
                     assert_eq!(
-                        object["counters"][counter],
+                        object["counters"][common::total(counter)],
                         m.scale.apply(*value),
                         "{at} {printed} ({counter})"
                     );

@@ -60,6 +60,12 @@ pub fn stream_json(attach: &mut Attach, out: &mut impl Write) -> io::Result<bool
     Ok(failed)
 }
 
+/// True for a row documents show as a counter: not the partition page's source table, which is
+/// bookkeeping read whole into `"sources"` (the VP page's sequence counter stays, as it is).
+fn is_counter(c: &Counter) -> bool {
+    !(c.id.kind == ObjectKind::Partition && c.is_bookkeeping())
+}
+
 /// Each kind's counters with their keys as totals ([`Held::Total`]) as JSON strings, computed once.
 fn json_names(kind: ObjectKind) -> &'static [(&'static Counter, String)] {
     static NAMES: std::sync::OnceLock<Vec<Vec<(&'static Counter, String)>>> = std::sync::OnceLock::new();
@@ -86,12 +92,17 @@ fn write_reading(
         ObjectReading::Counters(values) => {
             out.write_all(b"\"counters\":{")?;
             let mut values = values.iter().peekable();
-            for (i, (c, name)) in json_names(kind).iter().enumerate() {
-                if i > 0 {
+            let mut first = true;
+            for (c, name) in json_names(kind) {
+                let value = values.next_if(|(v, _)| v.id == c.id);
+                if !is_counter(c) {
+                    continue;
+                }
+                if !std::mem::take(&mut first) {
                     out.write_all(b",")?;
                 }
                 out.write_all(name.as_bytes())?;
-                match values.next_if(|(v, _)| v.id == c.id) {
+                match value {
                     Some((_, v)) => write!(out, ":{v}")?,
                     None => out.write_all(b":null")?,
                 }
@@ -220,10 +231,10 @@ fn reading_json(
             // Every catalog counter of the kind (even when the publisher declared them all
             // unavailable): one declared unavailable is null.
             let mut counters = Map::new();
-            for c in counters_of(kind) {
+            for c in counters_of(kind).filter(|c| is_counter(c)) {
                 counters.insert(key(c, Held::Total), Value::Null);
             }
-            for (c, v) in values {
+            for (c, v) in values.iter().filter(|(c, _)| is_counter(c)) {
                 counters.insert(key(c, Held::Total), json!(v));
             }
             object.insert("counters".into(), Value::Object(counters));
@@ -231,7 +242,9 @@ fn reading_json(
                 let presented = match then {
                     // A histogram is presented whole, under "histograms".
                     Some(then) => cells(reading, Some(then), seconds)
-                        .filter(|(c, _)| c.presentation != hvstats_abi::Presentation::Histogram)
+                        .filter(|(c, _)| {
+                            c.presentation != hvstats_abi::Presentation::Histogram && is_counter(c)
+                        })
                         .map(|(c, v)| (key(c, Held::Presented), v.unwrap_or(Value::Null)))
                         .collect::<Map<_, _>>(),
                     None => Map::new(),
