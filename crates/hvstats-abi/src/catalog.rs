@@ -540,6 +540,10 @@ catalog! {
             By(HostFaults(HostFault::Major), "majflt of the VP thread since it began running the guest"),
             observed By(HostFaults(HostFault::Major), "majflt of the vCPU thread since the observer found it"),
             "The rate of page faults on the virtual processor's thread that waited for I/O: guest memory swapped out or backed by a file, during which the virtual processor did not run.";
+        // hvstats 1.2 (see APPENDED): every exit of the VP, whatever its reason.
+        Hvstats 268 EXITS "Exits/sec", Count, Rate,
+            By(KvmStats(KvmStat::Vcpu(&["exits"])), "vCPU stat exits: every exit from the guest on VMX/SVM hosts (userspace exits and halts under KVM's instruction emulator)"),
+            "The rate of exits from guest code on the virtual processor to the hypervisor, of every reason: the total the intercept classes break down (an exit of a class no counter has is counted here too).";
     }
 }
 
@@ -649,6 +653,8 @@ pub const APPENDED: &[Appended] = &[
     Appended { kind: ObjectKind::Vp, group: GroupKind::Release, minor: 2, first_index: 66 },
     // hvstats 1.1 of the VP page: the host's page faults on the VP thread.
     Appended { kind: ObjectKind::Vp, group: GroupKind::Hvstats, minor: 1, first_index: 266 },
+    // hvstats 1.2 of the VP page: every exit of the VP.
+    Appended { kind: ObjectKind::Vp, group: GroupKind::Hvstats, minor: 2, first_index: 268 },
 ];
 
 impl CounterId {

@@ -39,19 +39,6 @@ const VP_WRITER_ROWS: [CounterId; 8] = [
     partition::VP_WRITERS_7,
     partition::VP_WRITERS_8,
 ];
-/// True when `id` is one of the rows the table is encoded in: an encoding (names packed into
-/// words, bitmaps), read through [`SourceTable`], never a measurement to show as a number.
-///
-/// ```
-/// use hvstats_abi::catalog::partition;
-/// use hvstats_abi::vm_sources::is_table_row;
-/// assert!(is_table_row(partition::SOURCE_1_NAME) && is_table_row(partition::VP_WRITERS_8));
-/// assert!(!is_table_row(partition::GPA_PAGES));
-/// ```
-pub fn is_table_row(id: CounterId) -> bool {
-    SOURCE_ROWS.iter().flatten().chain(&PARTITION_WRITER_ROWS).chain(&VP_WRITER_ROWS).any(|&r| r == id)
-}
-
 /// Counters per writer row (4 bits each).
 const PER_ROW: usize = 16;
 

@@ -34,9 +34,9 @@ fn layouts_put_groups_back_to_back_and_end_the_list() {
         (ObjectKind::LogicalProcessor, Some(0), None, 152),
         // Partition: then hvstats' own group (which source of an observed VM gave what, 29 rows).
         (ObjectKind::Partition, Some(0), Some(16), 80 + 8 + 29 * 8),
-        // VP: release 1.2 (67 counters), then hvstats' own group (sequence, 8 histograms and 2
-        // fault counts).
-        (ObjectKind::Vp, Some(0), Some(24), 568 + 8 + 267 * 8),
+        // VP: release 1.2 (67 counters), then hvstats' own group (sequence, 8 histograms, 2
+        // fault counts and the exits).
+        (ObjectKind::Vp, Some(0), Some(24), 568 + 8 + 268 * 8),
     ];
     for (kind, arch, release, end) in expect {
         let layout = PageLayout::of(kind);

@@ -9,10 +9,10 @@
 
 mod common;
 
-use common::{TempDir, publish_partition as published, write_1_0_vp_page};
+use common::{TempDir, free_port, prometheus_tool, publish_partition as published, write_1_0_vp_page};
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -93,7 +93,7 @@ fn metrics_export_exact_counts_in_base_units_with_labels() {
     assert!(text.ends_with("# EOF\n"));
     let i = instance_name(&hv);
     let p = part.id();
-    let vp_labels = |vp: u32| format!("vm=\"{i}:{p}\",vp=\"{vp}\"");
+    let vp_labels = |vp: u32| format!("vm=\"partition-{p}\",vp=\"{vp}\"");
     let cpuid = format!("hvstats_vp_intercepts_total{{{},intercept=\"cpuid\"}}", vp_labels(1));
     assert_eq!(sample(&text, &cpuid).as_deref(), Some("4242"), "{text}");
     let io_time = format!("hvstats_vp_intercept_seconds_total{{{},intercept=\"io\"}}", vp_labels(1));
@@ -105,7 +105,7 @@ fn metrics_export_exact_counts_in_base_units_with_labels() {
     assert_eq!(sample(&text, &hypercalls).as_deref(), Some("7"));
     let vp0 = format!("hvstats_vp_hypercalls_total{{{}}}", vp_labels(0));
     assert_eq!(sample(&text, &vp0).as_deref(), Some("0"));
-    let gpa = format!("hvstats_partition_gpa_bytes{{vm=\"{i}:{p}\"}}");
+    let gpa = format!("hvstats_partition_gpa_bytes{{vm=\"partition-{p}\"}}");
     assert_eq!(sample(&text, &gpa).as_deref(), Some(&*(100 * 4096).to_string()));
     assert!(text.contains(
         "# TYPE hvstats_vp_intercept_seconds counter\n# UNIT hvstats_vp_intercept_seconds seconds"
@@ -156,7 +156,7 @@ fn metrics_export_exact_counts_in_base_units_with_labels() {
     assert_eq!(status, 200);
     let v: Value = serde_json::from_str(&body).unwrap();
     let cpuid_name = vp::CPUID_INSTRUCTIONS.counter().unwrap().name;
-    assert_eq!(v["instances"][0]["partitions"][0]["vps"][1]["counters"][cpuid_name], 4242);
+    assert_eq!(v["instances"][0]["partitions"][0]["vps"][1]["counters"][common::total(cpuid_name)], 4242);
     let (status, _, body) = get(addr, "/healthz?verbose");
     assert_eq!((status, body.as_str()), (200, "ok: 1 instances, 2 VPs\n"));
     assert_eq!(get(addr, "/nothing").0, 404);
@@ -164,7 +164,7 @@ fn metrics_export_exact_counts_in_base_units_with_labels() {
     // The exporter's own series: it is up, and so are the instance and its VM.
     assert_exporter_series(&text, "0");
     assert_eq!(sample(&text, &format!("hvstats_instance_up{{publisher=\"{i}\"}}")).as_deref(), Some("1"));
-    let vm_up = format!("hvstats_vm_up{{vm=\"{i}:{p}\"}}");
+    let vm_up = format!("hvstats_vm_up{{vm=\"partition-{p}\"}}");
     assert_eq!(sample(&text, &vm_up).as_deref(), Some("1"), "{text}");
     // HEAD: the headers of GET, no body; other methods: 405.
     let reply = exchange(addr, b"HEAD /metrics HTTP/1.0\r\n\r\n", Duration::from_secs(5));
@@ -192,9 +192,9 @@ fn histograms_are_prometheus_histograms_in_seconds_and_cpu_wait_is_a_counter() {
     let (_serve, addr) = serve(tmp.path(), &[]);
     let (status, _, text) = get_openmetrics(addr, "/metrics");
     assert_eq!(status, 200, "{text}");
-    let i = instance_name(&hv);
+    let _i = instance_name(&hv);
     let p = part.id();
-    let labels = |vp: u32| format!("vm=\"{i}:{p}\",vp=\"{vp}\"");
+    let labels = |vp: u32| format!("vm=\"partition-{p}\",vp=\"{vp}\"");
     let name = "hvstats_vp_io_intercept_duration_seconds";
     assert!(text.contains(&format!("# TYPE {name} histogram\n")), "{text}");
     assert!(text.contains(&format!("# UNIT {name} seconds\n")), "{text}");
@@ -249,8 +249,9 @@ fn past_the_vp_cap_a_partition_exports_the_sum_of_its_vps() {
     }
     let (_serve, addr) = serve(tmp.path(), &["--max-vps", "2"]);
     let text = get(addr, "/metrics").2;
-    let i = instance_name(&hv);
-    let series = |p: u64, vp: &str| format!("hvstats_vp_hypercalls_total{{vm=\"{i}:{p}\",vp=\"{vp}\"}}");
+    let _i = instance_name(&hv);
+    let series =
+        |p: u64, vp: &str| format!("hvstats_vp_hypercalls_total{{vm=\"partition-{p}\",vp=\"{vp}\"}}");
     assert_eq!(sample(&text, &series(small.id(), "0")).as_deref(), Some("1"));
     assert_eq!(sample(&text, &series(big.id(), "all")).as_deref(), Some("60"), "{text}");
     assert_eq!(sample(&text, &series(big.id(), "0")), None);
@@ -305,7 +306,7 @@ fn a_named_vm_keeps_its_series_across_a_restart_of_its_publisher() {
         drop((web, hv));
     }
     assert_ne!(publishers[0], publishers[1]);
-    // Two VMs of one name at once: each is told apart by its publisher and partition.
+    // Two VMs of one name at once: told apart by `#2` (no pid in a label), each with its values.
     let (hv_a, _) = published(tmp.path(), 1);
     let (hv_b, _) = published(tmp.path(), 1);
     let a = hv_a.create_partition_named(1, "dup").unwrap();
@@ -313,10 +314,20 @@ fn a_named_vm_keeps_its_series_across_a_restart_of_its_publisher() {
     a.vp_page(0).unwrap().set(vp::HYPERCALLS, 5);
     b.vp_page(0).unwrap().set(vp::HYPERCALLS, 6);
     let text = get(addr, "/metrics").2;
-    for (hv, part, n) in [(&hv_a, &a, "5"), (&hv_b, &b, "6")] {
-        let vm = format!("dup ({}:{})", instance_name(hv), part.id());
-        let series = format!("hvstats_vp_hypercalls_total{{vm=\"{vm}\",vp=\"0\"}}");
-        assert_eq!(sample(&text, &series).as_deref(), Some(n), "{text}");
+    let mut values: Vec<String> = ["dup", "dup#2"]
+        .iter()
+        .map(|vm| sample(&text, &format!("hvstats_vp_hypercalls_total{{vm=\"{vm}\",vp=\"0\"}}")).unwrap())
+        .collect();
+    values.sort();
+    assert_eq!(values, ["5", "6"], "{text}");
+    for (hv, part) in [(&hv_a, &a), (&hv_b, &b)] {
+        let info = format!(
+            "publisher=\"{}\",publisher_pid=\"{}\",publisher_kind=\"\",partition=\"{}\"",
+            instance_name(hv),
+            std::process::id(),
+            part.id()
+        );
+        assert!(text.contains(&info), "the info series names each: {text}");
     }
 }
 
@@ -410,21 +421,6 @@ fn a_user_who_may_read_no_instance_gets_an_unhealthy_exporter_and_down_instances
     assert!(body.contains("Permission denied"), "{body}");
 }
 
-/// The path of a Prometheus tool, or `None` (skipped, unless CI requires it).
-fn prometheus_tool(name: &str, test: &str) -> Option<&'static str> {
-    let path: &'static str = match name {
-        "promtool" => "/usr/bin/promtool",
-        _ => "/usr/bin/prometheus",
-    };
-    if Path::new(path).exists() {
-        return Some(path);
-    }
-    let msg = format!("{test}: {path} is missing (Debian package prometheus)");
-    assert!(std::env::var("HVSTATS_REQUIRE_PROMETHEUS").as_deref() != Ok("1"), "{msg}");
-    eprintln!("{msg}: skipped");
-    None
-}
-
 #[test]
 fn promtool_accepts_the_exposition() {
     let Some(promtool) = prometheus_tool("promtool", "promtool_accepts_the_exposition") else { return };
@@ -451,16 +447,9 @@ fn promtool_accepts_the_exposition() {
     assert!(said.trim().is_empty(), "promtool has remarks: {said}");
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// Asks Prometheus `query` until it answers one sample equal to `expected` (or 60 s pass).
 fn query_until(prometheus: SocketAddr, query: &str, expected: &str) -> String {
-    let encoded: String = query
-        .bytes()
-        .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") })
-        .collect();
+    let encoded = common::url_encoded(query);
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut last = String::new();
     while Instant::now() < deadline {
@@ -967,9 +956,9 @@ fn a_vp_page_of_1_0_exports_its_counters_and_no_series_for_the_1_1_ones() {
     let (_serve, addr) = serve(tmp.path(), &[]);
     let (status, _, text) = get_openmetrics(addr, "/metrics");
     assert_eq!(status, 200, "{text}");
-    let i = instance_name(&hv);
+    let _i = instance_name(&hv);
     let p = part.id();
-    let labels = |vp: u32| format!("vm=\"{i}:{p}\",vp=\"{vp}\"");
+    let labels = |vp: u32| format!("vm=\"partition-{p}\",vp=\"{vp}\"");
     let cpuid = format!("hvstats_vp_intercepts_total{{{},intercept=\"cpuid\"}}", labels(0));
     assert_eq!(sample(&text, &cpuid).as_deref(), Some("12"), "{text}");
     // The 1.1 counters (and hvstats' own group) the 1.0 page does not carry: no series, not 0.

@@ -33,7 +33,7 @@ use prometheus_client::encoding::{DescriptorEncoder, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::live::{Live, Reading};
+use crate::live::Reading;
 
 /// The media type of the OpenMetrics reply (for clients that accept it, as Prometheus does).
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -484,21 +484,36 @@ impl Exposition {
     }
 }
 
-/// The `vm` label of each partition of `reading` in walk order: its name ([`Live::vm_name`]),
-/// stable across restarts of its publisher; a name two partitions share gets its publisher and
-/// partition id appended, so no two series collide.
+/// The `vm` label of each partition of `reading` in walk order: its name, which its publisher
+/// keeps across restarts (an unnamed partition is `partition-<id>`). No label holds a pid or an
+/// instance name, which change with every process: a name two partitions share gets `#2`, `#3`,
+/// … in walk order after the first, so no two series collide.
 fn vm_labels(reading: &Reading) -> Vec<String> {
-    let partitions = || reading.instances.iter().flat_map(|i| i.partitions.iter().map(move |p| (i, p)));
-    let names: Vec<String> = partitions().map(|(i, p)| Live::vm_name(&i.name, p)).collect();
-    let mut seen = std::collections::HashMap::<&str, usize>::new();
-    for name in &names {
-        *seen.entry(name).or_default() += 1;
-    }
-    partitions()
-        .zip(&names)
-        .map(|((instance, partition), name)| match seen.get(name.as_str()) {
-            Some(1) => name.clone(),
-            _ => format!("{name} ({}:{})", instance.name, partition.id),
+    use std::collections::HashSet;
+    let names: Vec<String> = reading
+        .instances
+        .iter()
+        .flat_map(|i| &i.partitions)
+        .map(|p| match p.name.is_empty() {
+            true => format!("partition-{}", p.id),
+            false => p.name.clone(),
+        })
+        .collect();
+    // The first partition of a name keeps it; a suffixed label never takes a name some
+    // partition has.
+    let taken: HashSet<&str> = names.iter().map(String::as_str).collect();
+    let mut first = HashSet::new();
+    let mut suffixed = HashSet::new();
+    names
+        .iter()
+        .map(|name| {
+            if first.insert(name.as_str()) {
+                return name.clone();
+            }
+            (2..)
+                .map(|n| format!("{name}#{n}"))
+                .find(|label| !taken.contains(label.as_str()) && suffixed.insert(label.clone()))
+                .unwrap_or_default()
         })
         .collect()
 }
@@ -744,9 +759,67 @@ mod tests {
             .position(|c| c.id == hvstats_abi::catalog::vp::HYPERCALLS)
             .unwrap() as u64;
         let all = hypercalls.iter().find(|l| l.contains("vp=\"all\"")).unwrap();
-        assert!(all.contains("vm=\"4242-1-0:3\""), "{all}");
+        assert!(all.contains("vm=\"partition-3\""), "{all}");
         assert!(all.ends_with(&format!(" {}", 4000 + index + 5000 + index)), "{all}");
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    /// The label values of every sample of a counter or histogram family in `text`.
+    fn counter_label_values(text: &str) -> Vec<String> {
+        let counted: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter(|l| l.ends_with(" counter") || l.ends_with(" histogram"))
+            .filter_map(|l| l.split(' ').next())
+            .collect();
+        let mut values = Vec::new();
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let Some((name, rest)) = line.split_once('{') else { continue };
+            let family = ["_total", "_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .unwrap_or(name);
+            if !counted.contains(&family) {
+                continue;
+            }
+            let labels = rest.rsplit_once('}').map_or("", |(l, _)| l);
+            values.extend(
+                labels
+                    .split("\",")
+                    .filter_map(|kv| Some(kv.split_once("=\"")?.1.trim_end_matches('"').to_owned())),
+            );
+        }
+        values
+    }
+
+    #[test]
+    fn no_counter_series_has_a_pid_in_a_label_and_shared_names_stay_apart() {
+        // Two publishers (pids 4242 and 5353) of partitions named alike, one unnamed.
+        let mut a = synthetic_instance(2, 1);
+        a.partitions[0].name = "web".into();
+        let mut b = synthetic_instance(2, 1);
+        b.name = "5353-7-0".into();
+        b.pid = 5353;
+        b.partitions[0].name = "web".into();
+        b.partitions[1].name = "web#2".into();
+        let text = Exposition::new(crate::live::Reading::of(vec![a, b]), 100).encode().unwrap();
+        let values = counter_label_values(&text);
+        assert!(values.len() > 100, "{text}");
+        for v in &values {
+            assert!(!v.contains("4242") && !v.contains("5353"), "a pid in a counter label: {v}");
+        }
+        let vms: std::collections::BTreeSet<String> = lines_of(&text, "hvstats_vp_hypercalls_total{")
+            .iter()
+            .filter_map(|l| Some(l.split("vm=\"").nth(1)?.split('"').next()?.to_owned()))
+            .collect();
+        // The first "web" keeps its name, the second is not given the name "web#2" already has.
+        assert_eq!(vms.into_iter().collect::<Vec<_>>(), ["partition-2", "web", "web#2", "web#3"], "{text}");
+        // What changes with the process is on the info series only.
+        let info = lines_of(&text, "hvstats_vm_info{");
+        assert!(
+            info.iter().any(|l| l.contains("vm=\"web#3\"") && l.contains("publisher_pid=\"5353\"")),
+            "{info:?}"
+        );
     }
 
     #[test]

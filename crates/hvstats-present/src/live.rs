@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use hvstats::attach::{Attach, AttachError, Instance};
 use hvstats::publish::InstanceName;
@@ -24,12 +24,21 @@ pub struct Reading {
     pub problems: Vec<String>,
     /// The instances found in the runtime directory that could not be attached, by name.
     pub failed: Vec<String>,
+    /// How often each instance's publisher refreshes its counters, by instance name (those that
+    /// have refreshed twice).
+    pub refresh_periods: Vec<(String, Duration)>,
 }
 
 impl Reading {
     /// A reading of `instances` taken now, with nothing that failed.
     pub fn of(instances: Vec<InstanceSnapshot>) -> Self {
-        Self { at: Instant::now(), instances, problems: Vec::new(), failed: Vec::new() }
+        Self {
+            at: Instant::now(),
+            instances,
+            problems: Vec::new(),
+            failed: Vec::new(),
+            refresh_periods: Vec::new(),
+        }
     }
 
     /// The partition `id` of instance `instance`, if present.
@@ -90,13 +99,21 @@ impl Live {
         failed.sort();
         failed.dedup();
         let instances = attach.instances_mut().map(Instance::snapshot).collect();
-        Ok(Reading { at: Instant::now(), instances, problems, failed })
+        let refresh_periods =
+            attach.instances().filter_map(|i| Some((i.name().to_string(), i.refresh_period()?))).collect();
+        Ok(Reading { at: Instant::now(), instances, problems, failed, refresh_periods })
     }
 
     /// A reading of nothing, saying why: the runtime directory itself could not be read.
     pub fn unreadable(&self, error: &AttachError) -> Reading {
         let problem = format!("cannot read {}: {}", self.dir.display(), error_chain(error));
-        Reading { at: Instant::now(), instances: Vec::new(), problems: vec![problem], failed: Vec::new() }
+        Reading {
+            at: Instant::now(),
+            instances: Vec::new(),
+            problems: vec![problem],
+            failed: Vec::new(),
+            refresh_periods: Vec::new(),
+        }
     }
 
     /// A partition's name for people and labels: its own name, or `<instance>:<id>` when it has

@@ -369,6 +369,8 @@ mod tests {
         // A cost "per" something is its cumulative time; the something has its own family.
         assert_eq!(name(vp::CPU_WAIT_TIME_PER_DISPATCH), "hvstats_vp_cpu_wait_seconds_total");
         assert_eq!(name(vp::DISPATCHES), "hvstats_vp_dispatches_total");
+        // Every exit of a VP, whatever its class: what the intercept classes break down.
+        assert_eq!(name(vp::EXITS), "hvstats_vp_exits_total");
     }
 
     #[test]

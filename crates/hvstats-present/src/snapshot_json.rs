@@ -4,6 +4,7 @@
 
 use std::io::{self, Write};
 
+use crate::json_keys::{Held, SCHEMA_KEY, SCHEMA_VERSION, key};
 use crate::present;
 use hvstats::attach::Attach;
 use hvstats::snapshot::{self, InstanceSnapshot, ObjectReading, PartitionSnapshot, VpSnapshot};
@@ -21,13 +22,14 @@ pub struct Earlier<'a> {
     pub seconds: f64,
 }
 
-/// Writes `{"instances": [...]}` one partition at a time; true when something was unreadable.
+/// Writes `{"schema_version": N, "instances": [...]}` one partition at a time; true when something
+/// was unreadable.
 ///
 /// # Errors
 /// When writing to `out` fails.
 pub fn stream_json(attach: &mut Attach, out: &mut impl Write) -> io::Result<bool> {
     let mut failed = false;
-    out.write_all(b"{\"instances\":[")?;
+    write!(out, "{{\"{SCHEMA_KEY}\":{SCHEMA_VERSION},\"instances\":[")?;
     for (n, instance) in attach.instances_mut().enumerate() {
         instance.refresh();
         if n > 0 {
@@ -58,7 +60,7 @@ pub fn stream_json(attach: &mut Attach, out: &mut impl Write) -> io::Result<bool
     Ok(failed)
 }
 
-/// Writes `{"instances": [...], "max_vps": N, "vps_left_out": M}` of `instances` one partition at
+/// Writes `{"schema_version": N, "instances": [...], "max_vps": N, "vps_left_out": M}` of `instances` one partition at
 /// a time, as [`stream_json`] does, with at most `max_vps` VPs: the partitions whose VPs no longer
 /// fit have `"vps": []` and say how many were left out (`"vps_left_out"`). Takes the partitions
 /// out of `instances` as it goes. Returns the number of VPs left out.
@@ -71,7 +73,7 @@ pub fn write_capped(
     max_vps: usize,
 ) -> io::Result<usize> {
     let (mut budget, mut left_out) = (max_vps, 0usize);
-    out.write_all(b"{\"instances\":[")?;
+    write!(out, "{{\"{SCHEMA_KEY}\":{SCHEMA_VERSION},\"instances\":[")?;
     for (n, instance) in instances.iter_mut().enumerate() {
         if n > 0 {
             out.write_all(b",")?;
@@ -108,19 +110,19 @@ pub fn write_capped(
     Ok(left_out)
 }
 
-/// Each kind's counters with their names as JSON strings, computed once.
+/// True for a row documents show as a counter: not the partition page's source table, which is
+/// bookkeeping read whole into `"sources"` (the VP page's sequence counter stays, as it is).
+fn is_counter(c: &Counter) -> bool {
+    !(c.id.kind == ObjectKind::Partition && c.is_bookkeeping())
+}
+
+/// Each kind's counters with their keys as totals ([`Held::Total`]) as JSON strings, computed once.
 fn json_names(kind: ObjectKind) -> &'static [(&'static Counter, String)] {
     static NAMES: std::sync::OnceLock<Vec<Vec<(&'static Counter, String)>>> = std::sync::OnceLock::new();
     let all = NAMES.get_or_init(|| {
         ObjectKind::ALL
             .iter()
-            .map(|&k| {
-                // The source table's rows are an encoding, shown decoded under "sources".
-                counters_of(k)
-                    .filter(|c| !hvstats_abi::vm_sources::is_table_row(c.id))
-                    .map(|c| (c, Value::String(c.name.to_owned()).to_string()))
-                    .collect()
-            })
+            .map(|&k| counters_of(k).map(|c| (c, Value::String(key(c, Held::Total)).to_string())).collect())
             .collect()
     });
     &all[kind as usize]
@@ -140,14 +142,17 @@ fn write_reading(
         ObjectReading::Counters(values) => {
             out.write_all(b"\"counters\":{")?;
             let mut values = values.iter().peekable();
-            for (i, (c, name)) in json_names(kind).iter().enumerate() {
-                if i > 0 {
+            let mut first = true;
+            for (c, name) in json_names(kind) {
+                let value = values.next_if(|(v, _)| v.id == c.id);
+                if !is_counter(c) {
+                    continue;
+                }
+                if !std::mem::take(&mut first) {
                     out.write_all(b",")?;
                 }
                 out.write_all(name.as_bytes())?;
-                // The source table's rows are shown decoded, not as numbers.
-                while values.next_if(|(v, _)| hvstats_abi::vm_sources::is_table_row(v.id)).is_some() {}
-                match values.next_if(|(v, _)| v.id == c.id) {
+                match value {
                     Some((_, v)) => write!(out, ":{v}")?,
                     None => out.write_all(b":null")?,
                 }
@@ -262,7 +267,8 @@ pub fn histograms_json(vp: &VpSnapshot) -> Value {
     Value::Object(map)
 }
 
-/// `{"counters": {name: value}}` (with `"interval": {name: rate, % or ns}` over an interval), or
+/// `{"counters": {key: total}}` (with `"interval": {key: rate, % or ns}` over an interval, keys
+/// as [`crate::json_keys`] makes them), or
 /// `{"unreadable": reason, "permission_denied": bool}`.
 fn reading_json(
     reading: &ObjectReading,
@@ -275,17 +281,21 @@ fn reading_json(
             // Every catalog counter of the kind (even when the publisher declared them all
             // unavailable): one declared unavailable is null.
             let mut counters = Map::new();
-            for (c, _) in json_names(kind) {
-                counters.insert(c.name.to_owned(), Value::Null);
+            for c in counters_of(kind).filter(|c| is_counter(c)) {
+                counters.insert(key(c, Held::Total), Value::Null);
             }
-            for (c, v) in values.iter().filter(|(c, _)| !hvstats_abi::vm_sources::is_table_row(c.id)) {
-                counters.insert(c.name.to_owned(), json!(v));
+            for (c, v) in values.iter().filter(|(c, _)| is_counter(c)) {
+                counters.insert(key(c, Held::Total), json!(v));
             }
             object.insert("counters".into(), Value::Object(counters));
             if let Some((then, seconds)) = then {
                 let presented = match then {
+                    // A histogram is presented whole, under "histograms".
                     Some(then) => cells(reading, Some(then), seconds)
-                        .map(|(c, v)| (c.name.to_owned(), v.unwrap_or(Value::Null)))
+                        .filter(|(c, _)| {
+                            c.presentation != hvstats_abi::Presentation::Histogram && is_counter(c)
+                        })
+                        .map(|(c, v)| (key(c, Held::Presented), v.unwrap_or(Value::Null)))
                         .collect::<Map<_, _>>(),
                     None => Map::new(),
                 };
@@ -341,6 +351,11 @@ pub fn instance_json(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>) -> Valu
         "lps": lps,
         "partitions": partitions,
     })
+}
+
+/// The document of `instances` (each an [`instance_json`]): `{"schema_version", "instances"}`.
+pub fn document(instances: Vec<Value>) -> Value {
+    json!({ SCHEMA_KEY: SCHEMA_VERSION, "instances": instances })
 }
 
 /// The JSON of one instance as `snapshot --json` prints it, for other commands.

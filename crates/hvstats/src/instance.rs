@@ -398,10 +398,15 @@ impl Hypervisor {
 
     /// Refreshes every LP page from the host's `/proc/stat`, `/proc/interrupts` and cpuidle
     /// (see [`crate::lp`]); called on the collector's cadence, the only writer of LP pages.
+    /// Every publisher calls it once per refresh of its counters, so it also notes the refresh
+    /// and its period in the instance's headers, where readers learn how often counters move
+    /// ([`crate::attach::Instance::refresh_period`]).
     ///
     /// # Errors
     /// When procfs cannot be read.
     pub fn refresh_lps(&self) -> io::Result<()> {
+        self.arena.note_refresh();
+        self.global.note_refresh();
         let cpus: Vec<u32> = self.lps.iter().map(|lp| lp.cpu).collect();
         for (lp, sample) in self.lps.iter().zip(crate::lp::sample_host(&cpus)?) {
             crate::lp::apply(&lp.page, &sample);
