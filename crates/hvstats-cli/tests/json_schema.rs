@@ -125,7 +125,7 @@ fn every_json_document_has_the_schema_version_and_keys_that_say_what_they_hold()
 
 fn api_snapshot(dir: &Path) -> String {
     let mut child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--runtime-dir"])
+        .args(["serve", "--listen", "127.0.0.1:0", "--snapshot-api", "--runtime-dir"])
         .arg(dir)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use hvstats::attach::{Attach, AttachError, Instance};
 use hvstats::publish::InstanceName;
+use hvstats::rules::StatsObject;
 use hvstats::runtime_dir::RuntimeDirError;
 use hvstats::snapshot::{InstanceSnapshot, PartitionSnapshot, error_chain};
 
@@ -70,6 +71,8 @@ fn instance_of(problem: &AttachError) -> Option<String> {
 pub struct Live {
     dir: PathBuf,
     attach: Mutex<Attach>,
+    /// The health check's own attach, so a check never waits behind a whole reading.
+    health: Mutex<Attach>,
 }
 
 impl Live {
@@ -77,7 +80,8 @@ impl Live {
     pub fn new(dir: Option<PathBuf>) -> Self {
         let dir = dir.unwrap_or_else(hvstats::runtime_dir::runtime_dir);
         let attach = Mutex::new(Attach::new(&dir));
-        Self { dir, attach }
+        let health = Mutex::new(Attach::new(&dir));
+        Self { dir, attach, health }
     }
 
     /// The runtime directory read: the one given, else the default.
@@ -102,6 +106,49 @@ impl Live {
         let refresh_periods =
             attach.instances().filter_map(|i| Some((i.name().to_string(), i.refresh_period()?))).collect();
         Ok(Reading { at: Instant::now(), instances, problems, failed, refresh_periods })
+    }
+
+    /// Whether something could be read now, and the text saying so, as
+    /// [`crate::exposition::health`] says it of a whole reading, without reading every page: the
+    /// runtime directory and each instance's index are read as for a reading, but of the pages
+    /// only each instance's global ones, and where those cannot be read, its partitions' pages
+    /// until one can. A host of many VPs is checked in the time of a few pages.
+    pub fn health(&self) -> (bool, String) {
+        let mut attach = self.health.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let changes = match attach.refresh() {
+            Ok(changes) => changes,
+            Err(e) => return crate::exposition::health(&self.unreadable(&e)),
+        };
+        let mut problems: Vec<String> = changes.problems.iter().map(|p| error_chain(p)).collect();
+        let (mut instances, mut vps, mut readable) = (0, 0, false);
+        let mut page = [0u64; hvstats_abi::page::PAGE_SLOTS];
+        for instance in attach.instances_mut() {
+            instance.refresh();
+            instances += 1;
+            vps += instance.partitions().iter().map(|p| p.vp_indices().len()).sum::<usize>();
+            if readable {
+                continue;
+            }
+            let global = match instance.global_unreadable() {
+                Some((reason, _)) => Err(reason.to_owned()),
+                None => instance.read_into(StatsObject::Hypervisor, &mut page).map_err(|e| error_chain(&e)),
+            };
+            readable = global.is_ok()
+                || instance
+                    .partitions()
+                    .iter()
+                    .any(|p| instance.read_into(StatsObject::Partition(p.id), &mut page).is_ok());
+            if let (false, Err(reason)) = (readable, global) {
+                problems.push(format!("{}: {reason}", instance.name()));
+            }
+        }
+        let healthy = readable || problems.is_empty();
+        let verdict = if healthy { "ok" } else { "unhealthy: nothing could be read" };
+        let mut out = format!("{verdict}: {instances} instances, {vps} VPs\n");
+        for problem in &problems {
+            out.push_str(&format!("problem: {problem}\n"));
+        }
+        (healthy, out)
     }
 
     /// A reading of nothing, saying why: the runtime directory itself could not be read.

@@ -6,7 +6,8 @@
 //! one reader of bodies, on a blocking thread: a request registers what it wants for the next
 //! reading and waits for it; the reader takes the next reading when anyone waits, then encodes
 //! each body wanted of it, once, into chunks every waiting connection sends
-//! ([`super::http::SharedBody`]). `/healthz` has a reader of its own that only reads, so it never
+//! ([`super::http::SharedBody`]). `/healthz` has a reader of its own that only checks what it can
+//! read (the global pages, not every VP's: [`hvstats_present::live::Live::health`]), so it never
 //! waits behind an encoding. A request is answered from a reading begun after it arrived (so
 //! nothing is stale), whatever the number of requests waits for at most two readings (and their
 //! encodings), and the memory of the answers is a reading and one body of each kind.
@@ -184,6 +185,14 @@ impl Answers {
                 state.started += 1;
                 (state.started, std::mem::take(&mut state.wanted))
             };
+            if health {
+                // The health lane checks what it can read without reading every page.
+                let health = self.live.health();
+                let generation =
+                    Generation { number, complete: true, health: Some(health), ..Default::default() };
+                lane.published.send_replace(Arc::new(generation));
+                continue;
+            }
             let started = Instant::now();
             let mut reading = self.live.read().unwrap_or_else(|e| self.live.unreadable(&e));
             let took = started.elapsed();
