@@ -695,12 +695,10 @@ impl Exposition {
 /// `unhealthy` when nothing could be read ([`nothing_read`]); then what could not be read.
 pub fn health(reading: &Reading) -> (bool, String) {
     let healthy = !nothing_read(reading);
-    let verdict = if healthy { "ok" } else { "unhealthy: nothing could be read" };
-    let mut out = format!("{verdict}: {} instances, {} VPs\n", reading.instances.len(), reading.vp_count());
-    for problem in &reading.problems {
-        let _ = writeln!(out, "problem: {problem}");
-    }
-    (healthy, out)
+    (
+        healthy,
+        crate::live::health_text(healthy, reading.instances.len(), reading.vp_count(), &reading.problems),
+    )
 }
 
 #[cfg(test)]

@@ -66,6 +66,18 @@ fn instance_of(problem: &AttachError) -> Option<String> {
     InstanceName::parse(stem).map(|name| name.to_string())
 }
 
+/// What `/healthz` says: the verdict, what was found, and each problem on a line of its own.
+pub fn health_text(healthy: bool, instances: usize, vps: usize, problems: &[String]) -> String {
+    let verdict = if healthy { "ok" } else { "unhealthy: nothing could be read" };
+    let mut out = format!("{verdict}: {instances} instances, {vps} VPs\n");
+    for problem in problems {
+        out.push_str("problem: ");
+        out.push_str(problem);
+        out.push('\n');
+    }
+    out
+}
+
 /// The reader of the runtime directory the surfaces show.
 #[derive(Debug)]
 pub struct Live {
@@ -108,8 +120,8 @@ impl Live {
         Ok(Reading { at: Instant::now(), instances, problems, failed, refresh_periods })
     }
 
-    /// Whether something could be read now, and the text saying so, as
-    /// [`crate::exposition::health`] says it of a whole reading, without reading every page: the
+    /// Whether something could be read now, and the text saying so ([`health_text`]), as
+    /// `crate::exposition::health` says it of a whole reading, without reading every page: the
     /// runtime directory and each instance's index are read as for a reading, but of the pages
     /// only each instance's global ones, and where those cannot be read, its partitions' pages
     /// until one can. A host of many VPs is checked in the time of a few pages.
@@ -117,7 +129,7 @@ impl Live {
         let mut attach = self.health.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let changes = match attach.refresh() {
             Ok(changes) => changes,
-            Err(e) => return crate::exposition::health(&self.unreadable(&e)),
+            Err(e) => return (false, health_text(false, 0, 0, &self.unreadable(&e).problems)),
         };
         let mut problems: Vec<String> = changes.problems.iter().map(|p| error_chain(p)).collect();
         let (mut instances, mut vps, mut readable) = (0, 0, false);
@@ -143,12 +155,7 @@ impl Live {
             }
         }
         let healthy = readable || problems.is_empty();
-        let verdict = if healthy { "ok" } else { "unhealthy: nothing could be read" };
-        let mut out = format!("{verdict}: {instances} instances, {vps} VPs\n");
-        for problem in &problems {
-            out.push_str(&format!("problem: {problem}\n"));
-        }
-        (healthy, out)
+        (healthy, health_text(healthy, instances, vps, &problems))
     }
 
     /// A reading of nothing, saying why: the runtime directory itself could not be read.

@@ -5,6 +5,7 @@
 // Test set-up: a failed step is the test's failure, reported by the panic.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -108,4 +109,152 @@ fn no_test_includes_another_crates_test_files_by_path() {
         })
         .collect();
     assert!(borrowed.is_empty(), "test files included by path: {borrowed:#?}");
+}
+
+/// A crate's modules (paths from its `src/`, `["observe", "sources"]`) and the source of each,
+/// without its unit tests.
+fn modules(src: &Path) -> BTreeMap<Vec<String>, String> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    files
+        .into_iter()
+        .map(|file| {
+            let rel = file.strip_prefix(src).unwrap().with_extension("");
+            let mut path: Vec<String> = rel.iter().map(|c| c.to_string_lossy().into_owned()).collect();
+            if matches!(path.last().map(String::as_str), Some("mod" | "lib" | "main")) {
+                path.pop();
+            }
+            let text = std::fs::read_to_string(&file).unwrap();
+            let text = match text.find("#[cfg(test)]\nmod tests") {
+                Some(at) => text[..at].to_owned(),
+                None => text,
+            };
+            let text: String =
+                text.lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n");
+            (path, without_inline_modules(&text))
+        })
+        .collect()
+}
+
+/// `text` without its inline modules (`mod name { … }`), whose `super` is not the file's: a module
+/// of their own, left out of the check.
+fn without_inline_modules(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("mod ") {
+        let head = &rest[at + 4..];
+        let name_len = head.find(|c: char| !(c.is_alphanumeric() || c == '_')).unwrap_or(head.len());
+        let after = head[name_len..].trim_start();
+        let starts_word = at == 0 || !rest[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_');
+        if name_len == 0 || !starts_word || !after.starts_with('{') {
+            out.push_str(&rest[..at + 4]);
+            rest = &rest[at + 4..];
+            continue;
+        }
+        out.push_str(&rest[..at]);
+        let body = &rest[at + 4 + name_len + (head[name_len..].len() - after.len())..];
+        let mut depth = 0usize;
+        let mut end = body.len();
+        for (i, c) in body.char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = i + 1;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        rest = &body[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The modules `module` refers to (by `crate::`, `super::` or a child module's name), each the
+/// longest module path the reference names; its own ancestors count when an item of theirs is
+/// named, not when a path only passes through them.
+fn references(module: &[String], text: &str, all: &BTreeMap<Vec<String>, String>) -> BTreeSet<Vec<String>> {
+    let mut found = BTreeSet::new();
+    let children: Vec<&String> = all
+        .keys()
+        .filter(|m| m.len() == module.len() + 1 && m.starts_with(module))
+        .map(|m| &m[module.len()])
+        .collect();
+    let words: Vec<&str> = text.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':')).collect();
+    for word in words {
+        let parts: Vec<&str> = word.split("::").filter(|p| !p.is_empty()).collect();
+        let Some(first) = parts.first() else { continue };
+        let (mut base, rest): (Vec<String>, &[&str]) = match *first {
+            "crate" => (Vec::new(), &parts[1..]),
+            "super" => {
+                let ups = parts.iter().take_while(|p| **p == "super").count();
+                (module[..module.len().saturating_sub(ups)].to_vec(), &parts[ups..])
+            }
+            name if parts.len() > 1 && children.iter().any(|c| c.as_str() == name) => {
+                (module.to_vec(), &parts[..])
+            }
+            _ => continue,
+        };
+        // `pub(crate)`, `pub(super)`: a visibility, not a path.
+        if rest.is_empty() {
+            continue;
+        }
+        for part in rest {
+            base.push((*part).to_owned());
+        }
+        let target = (1..=base.len()).rev().map(|k| base[..k].to_vec()).find(|m| all.contains_key(m));
+        if let Some(target) = target
+            && target.as_slice() != module
+        {
+            found.insert(target);
+        }
+    }
+    found
+}
+
+#[test]
+fn no_two_modules_of_a_crate_import_each_other_in_a_loop() {
+    let crates = workspace_root().join("crates");
+    let (mut checked, mut loops) = (0, Vec::new());
+    for krate in std::fs::read_dir(&crates).unwrap() {
+        let src = krate.unwrap().path().join("src");
+        if !src.is_dir() {
+            continue;
+        }
+        let all = modules(&src);
+        let edges: BTreeMap<&Vec<String>, BTreeSet<Vec<String>>> =
+            all.iter().map(|(m, text)| (m, references(m, text, &all))).collect();
+        // A module is in a loop when one of the modules it refers to reaches it back.
+        let reaches = |from: &Vec<String>, to: &Vec<String>| {
+            let (mut seen, mut todo) = (BTreeSet::new(), vec![from.clone()]);
+            while let Some(m) = todo.pop() {
+                if &m == to {
+                    return true;
+                }
+                if seen.insert(m.clone()) {
+                    todo.extend(edges.get(&m).into_iter().flatten().cloned());
+                }
+            }
+            false
+        };
+        for (module, refs) in &edges {
+            for target in refs {
+                if reaches(target, module) {
+                    loops.push(format!(
+                        "{}: {} refers to {}, which reaches it back",
+                        src.display(),
+                        module.join("::"),
+                        target.join("::")
+                    ));
+                }
+            }
+            checked += refs.len();
+        }
+    }
+    assert!(checked > 100, "{checked} references: not the workspace?");
+    assert!(loops.is_empty(), "modules in a loop: {loops:#?}");
 }

@@ -119,7 +119,7 @@ impl Events {
 
     /// Records the guest time of threads whose counters were just opened: guest time counts from
     /// the same moment as the thread's counters.
-    fn note_guest_ticks(&mut self, procfs: &crate::observe::Procfs, pid: i32) {
+    fn note_guest_ticks(&mut self, procfs: &crate::observe::discovery::Procfs, pid: i32) {
         for tid in self.counters.tids() {
             if let std::collections::btree_map::Entry::Vacant(v) = self.guest_ticks_at_open.entry(tid) {
                 v.insert(guest_ticks(procfs, pid, tid).unwrap_or(0));
@@ -232,6 +232,6 @@ impl VmSource for Events {
 }
 
 /// The guest time (clock ticks) of thread `tid` of `pid`.
-fn guest_ticks(procfs: &crate::observe::Procfs, pid: i32, tid: i32) -> Option<u64> {
+fn guest_ticks(procfs: &crate::observe::discovery::Procfs, pid: i32, tid: i32) -> Option<u64> {
     crate::sources::thread_time::guest_ticks_of(procfs.root(), pid, tid).ok()
 }
