@@ -9,6 +9,7 @@
 //! [`take_partition`] reads one partition and its VPs, so a caller can stream a large instance
 //! partition by partition; [`take_instance`] reads everything.
 
+use std::borrow::Cow;
 use std::sync::OnceLock;
 
 use hvstats_abi::catalog::{Counter, Presentation, counters_of};
@@ -118,7 +119,7 @@ pub struct InstanceSnapshot {
 
 /// Decodes `page` as `kind` into every catalog counter of that kind.
 pub fn decode(kind: ObjectKind, page: &StatsPage) -> ObjectReading {
-    decode_with(kind, &page.data, &|_| false)
+    Selection::of(kind, &|_| false).decode(&page.data)
 }
 
 /// Per kind: the page's expected header words (slot, word) and each counter with its slot.
@@ -167,33 +168,84 @@ fn table(kind: ObjectKind) -> &'static KindTable {
     &tables[kind as usize]
 }
 
-/// Decodes a page's words: when its headers are this build's layout (the usual case), each
-/// counter is read at its slot; otherwise the page is parsed as seed 004 allows (other versions).
-fn decode_with(
+/// What a reader decodes of the objects of one kind that share one set of unavailable counters
+/// (a partition's VPs): the kind's counters and histograms with the unavailable ones left out,
+/// chosen once for them all. A snapshot of 65,536 VPs decodes some five million counters; asking
+/// whether each is unavailable, object by object, cost more than copying the pages.
+struct Selection {
     kind: ObjectKind,
-    data: &[u64; PAGE_SLOTS],
-    unavailable: &dyn Fn(usize) -> bool,
-) -> ObjectReading {
-    let t = table(kind);
-    if t.laid_out(data) {
-        let mut values = Vec::with_capacity(t.counters.len());
-        values.extend(
-            t.counters.iter().filter(|(_, slot)| !unavailable(*slot)).map(|&(c, slot)| (c, data[slot])),
-        );
-        return ObjectReading::Counters(values);
+    table: &'static KindTable,
+    counters: Cow<'static, [(&'static Counter, usize)]>,
+    histograms: Cow<'static, [(&'static Counter, usize)]>,
+}
+
+impl Selection {
+    /// The counters of `kind` for which `unavailable` (given a counter's slot) is false.
+    fn of(kind: ObjectKind, unavailable: &dyn Fn(usize) -> bool) -> Self {
+        let table = table(kind);
+        let keep = |list: &'static [(&'static Counter, usize)]| -> Cow<'static, _> {
+            if list.iter().any(|&(_, slot)| unavailable(slot)) {
+                Cow::Owned(list.iter().filter(|&&(_, slot)| !unavailable(slot)).copied().collect())
+            } else {
+                Cow::Borrowed(list)
+            }
+        };
+        Self { kind, table, counters: keep(&table.counters), histograms: keep(&table.histograms) }
     }
-    match PageView::read(data.as_bytes(), kind) {
-        // A counter the page does not carry (its group is of an older minor) is left out, as an
-        // unavailable one is: readers show it as unknown, never as 0.
-        Ok(view) => ObjectReading::Counters(
-            t.counters
-                .iter()
-                .filter(|(_, slot)| !unavailable(*slot))
-                .filter_map(|&(c, _)| Some((c, view.value(c.id)?)))
-                .collect(),
-        ),
-        Err(e) => {
-            ObjectReading::Unreadable { permission_denied: false, reason: format!("malformed page: {e}") }
+
+    /// Decodes a page's words: when its headers are this build's layout (the usual case), each
+    /// counter is read at its slot; otherwise the page is parsed as seed 004 allows (other
+    /// versions).
+    fn decode(&self, data: &[u64; PAGE_SLOTS]) -> ObjectReading {
+        if self.table.laid_out(data) {
+            let mut values = Vec::with_capacity(self.counters.len());
+            values.extend(self.counters.iter().map(|&(c, slot)| (c, data[slot])));
+            return ObjectReading::Counters(values);
+        }
+        match PageView::read(data.as_bytes(), self.kind) {
+            // A counter the page does not carry (its group is of an older minor) is left out, as
+            // an unavailable one is: readers show it as unknown, never as 0.
+            Ok(view) => ObjectReading::Counters(
+                self.counters.iter().filter_map(|&(c, _)| Some((c, view.value(c.id)?))).collect(),
+            ),
+            Err(e) => {
+                ObjectReading::Unreadable { permission_denied: false, reason: format!("malformed page: {e}") }
+            }
+        }
+    }
+
+    /// The histograms of the page `data` (of a VP), each chosen catalog row presented as one.
+    fn histograms(&self, data: &[u64; PAGE_SLOTS]) -> Vec<(&'static Counter, Log2Histogram)> {
+        if self.histograms.is_empty() {
+            return Vec::new();
+        }
+        if self.table.laid_out(data) {
+            // This build's layout (the usual case): each histogram at its slots, no parsing.
+            let mut histograms = Vec::with_capacity(self.histograms.len());
+            histograms.extend(self.histograms.iter().filter_map(|&(c, slot)| {
+                Some((c, Log2Histogram::from_slots(data.get(slot..slot + HISTOGRAM_SLOTS)?)?))
+            }));
+            return histograms;
+        }
+        let Ok(view) = PageView::read(data.as_bytes(), self.kind) else { return Vec::new() };
+        self.histograms.iter().filter_map(|&(c, _)| Some((c, view.histogram(c.id)?))).collect()
+    }
+
+    /// Copies the used part of the page first (`copy_prefix`) into `buf`: when its headers are
+    /// this build's, that is all there is; otherwise the whole page, parsed as seed 004 allows.
+    fn read(
+        &self,
+        buf: &mut StatsPage,
+        copy_prefix: impl Fn(&mut [u64]) -> Result<(), AttachError>,
+    ) -> ObjectReading {
+        let copied = match copy_prefix(&mut buf.data[..self.table.used]) {
+            Ok(()) if self.table.laid_out(&buf.data) => Ok(()),
+            Ok(()) => copy_prefix(&mut buf.data[..]),
+            Err(e) => Err(e),
+        };
+        match copied {
+            Ok(()) => self.decode(&buf.data),
+            Err(e) => ObjectReading::unreadable(&e),
         }
     }
 }
@@ -204,27 +256,7 @@ fn read(
     buf: &mut StatsPage,
     unavailable: &dyn Fn(usize) -> bool,
 ) -> ObjectReading {
-    read_with(object, buf, unavailable, &|out| instance.read_prefix(object, out))
-}
-
-/// Copies the used part of the page first (`copy_prefix`): when its headers are this build's,
-/// that is all there is; otherwise the whole page, parsed as seed 004 allows.
-fn read_with(
-    object: StatsObject,
-    buf: &mut StatsPage,
-    unavailable: &dyn Fn(usize) -> bool,
-    copy_prefix: &dyn Fn(&mut [u64]) -> Result<(), AttachError>,
-) -> ObjectReading {
-    let t = table(object.kind());
-    let copied = match copy_prefix(&mut buf.data[..t.used]) {
-        Ok(()) if t.laid_out(&buf.data) => Ok(()),
-        Ok(()) => copy_prefix(&mut buf.data[..]),
-        Err(e) => Err(e),
-    };
-    match copied {
-        Ok(()) => decode_with(object.kind(), &buf.data, unavailable),
-        Err(e) => ObjectReading::unreadable(&e),
-    }
+    Selection::of(object.kind(), unavailable).read(buf, |out| instance.read_prefix(object, out))
 }
 
 pub use crate::error_chain::error_chain;
@@ -273,7 +305,8 @@ impl Instance {
 pub fn take_partition(instance: &Instance, p: &PartitionInfo) -> PartitionSnapshot {
     let mut buf = StatsPage::default();
     let part_unavailable = |slot| p.is_unavailable(ObjectKind::Partition, slot);
-    let vp_unavailable = |slot| p.is_unavailable(ObjectKind::Vp, slot);
+    // Its VPs share one set of unavailable counters: chosen once for them all.
+    let vp = Selection::of(ObjectKind::Vp, &|slot| p.is_unavailable(ObjectKind::Vp, slot));
     PartitionSnapshot {
         id: p.id,
         active: p.is_active(),
@@ -290,11 +323,9 @@ pub fn take_partition(instance: &Instance, p: &PartitionInfo) -> PartitionSnapsh
             .iter()
             .enumerate()
             .map(|(i, &index)| {
-                let reading = read_with(StatsObject::Vp(p.id, index), &mut buf, &vp_unavailable, &|out| {
-                    instance.read_vp_prefix(p, i, out)
-                });
+                let reading = vp.read(&mut buf, |out| instance.read_vp_prefix(p, i, out));
                 let histograms = match reading {
-                    ObjectReading::Counters(_) => histograms_of(&buf, &vp_unavailable),
+                    ObjectReading::Counters(_) => vp.histograms(&buf.data),
                     ObjectReading::Unreadable { .. } => Vec::new(),
                 };
                 VpSnapshot { index, reading, histograms }
@@ -309,20 +340,7 @@ pub fn histograms_of(
     page: &StatsPage,
     unavailable: &dyn Fn(usize) -> bool,
 ) -> Vec<(&'static Counter, Log2Histogram)> {
-    let t = table(ObjectKind::Vp);
-    if t.laid_out(&page.data) {
-        // This build's layout (the usual case): each histogram at its slots, no parsing.
-        let mut histograms = Vec::with_capacity(t.histograms.len());
-        histograms.extend(t.histograms.iter().filter(|(_, slot)| !unavailable(*slot)).filter_map(
-            |&(c, slot)| Some((c, Log2Histogram::from_slots(page.data.get(slot..slot + HISTOGRAM_SLOTS)?)?)),
-        ));
-        return histograms;
-    }
-    let Ok(view) = PageView::read(page.as_bytes(), ObjectKind::Vp) else { return Vec::new() };
-    counters_of(ObjectKind::Vp)
-        .filter(|c| c.presentation == Presentation::Histogram && !unavailable(c.id.slot()))
-        .filter_map(|c| Some((c, view.histogram(c.id)?)))
-        .collect()
+    Selection::of(ObjectKind::Vp, unavailable).histograms(&page.data)
 }
 
 /// Reads every object of `instance`, as its last refresh listed them.
