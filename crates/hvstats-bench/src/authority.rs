@@ -16,10 +16,10 @@ use hvstats::rules::StatsObject;
 use hvstats::{Hypervisor, InstanceConfig, PartitionStats, SharedPage};
 use hvstats_abi::ObjectKind;
 use hvstats_abi::catalog::vp;
-use hvstats_abi::page::PageLayout;
+use hvstats_abi::page::{PAGE_SLOTS, PageLayout};
 
 use crate::error::{BenchError, Present, Step};
-use crate::row::{CpuClock, Row, median, ns_per, side_by_side};
+use crate::row::{CpuClock, Plan, Row, median, ns_per, side_by_side};
 
 /// Names of the rows of [`update_rows`].
 pub const UPDATE_ROWS: [&str; 2] = ["update-vs-fetch-add", "update-vs-shared-fetch-add"];
@@ -77,32 +77,33 @@ fn in_threads(threads: usize, f: &(dyn Fn(usize) -> f64 + Sync)) -> f64 {
 ///
 /// # Errors
 /// When the bench partition cannot be created.
-pub fn update_rows(rounds: u32, hv: &Arc<Hypervisor>) -> Result<Vec<Row>, BenchError> {
+pub fn update_rows(plan: &Plan<'_>, hv: &Arc<Hypervisor>) -> Result<Vec<Row>, BenchError> {
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(2, 8);
     let part = hv.create_partition(threads as u32).step("creating the bench partition")?;
     let page0 = part.vp_page(0).present("VP 0")?;
     let own = AtomicU64::new(0);
-    let (ours, baseline) = side_by_side(rounds, || page_updates(page0), || fetch_adds(&own));
-    let mut rows =
-        vec![Row::Measured { name: UPDATE_ROWS[0], ours, baseline, unit: "ns/update", goal: Some(0.33) }];
+    let rounds = side_by_side(plan, UPDATE_ROWS[0], || page_updates(page0), || fetch_adds(&own));
+    let mut rows = vec![Row::measured(UPDATE_ROWS[0], rounds, "ns/update", Some(0.33))];
     let shared = AtomicU64::new(0);
     let part_ref: &PartitionStats = &part;
     let vp_pages = |t: usize| part_ref.vp_page(t as u32).map_or(f64::NAN, page_updates);
-    let (ours, baseline) = side_by_side(
-        rounds,
+    let rounds = side_by_side(
+        plan,
+        UPDATE_ROWS[1],
         || in_threads(threads, &vp_pages),
         || in_threads(threads, &|_| fetch_adds(&shared)),
     );
-    rows.push(Row::Measured { name: UPDATE_ROWS[1], ours, baseline, unit: "ns/update", goal: Some(0.1) });
+    rows.push(Row::measured(UPDATE_ROWS[1], rounds, "ns/update", Some(0.1)));
     hv.remove_partition(part.id());
     Ok(rows)
 }
 
 /// A temporary runtime directory for the instances the bench publishes, removed on drop.
-struct TempRuntime(PathBuf);
+pub(crate) struct TempRuntime(PathBuf);
 
 impl TempRuntime {
-    fn new(what: &str) -> Result<Self, BenchError> {
+    /// A new, empty directory for the rows of `what`.
+    pub(crate) fn new(what: &str) -> Result<Self, BenchError> {
         // tmpfs, as the runtime directory (/run) is, when there is one: a disk-backed file would
         // add writeback of the pages to what is measured.
         let base = match Path::new("/dev/shm") {
@@ -113,6 +114,11 @@ impl TempRuntime {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir(&dir).step(format!("creating {}", dir.display()))?;
         Ok(Self(dir))
+    }
+
+    /// The directory.
+    pub(crate) fn path(&self) -> &Path {
+        &self.0
     }
 }
 
@@ -131,6 +137,18 @@ fn published(dir: &Path) -> Result<Arc<Hypervisor>, BenchError> {
     .step("publishing a bench instance")
 }
 
+/// A reader's buffer for one page, page-aligned as the page it copies: the same place in a page
+/// for every side of a row, so that no side's copy pays for a store whose address happens to
+/// alias a later load in the processor's store buffer (4 KiB aliasing) and the other's not.
+#[repr(C, align(4096))]
+struct PageBuffer([u64; PAGE_SLOTS]);
+
+impl PageBuffer {
+    fn new() -> Box<Self> {
+        Box::new(Self([0; PAGE_SLOTS]))
+    }
+}
+
 /// Words of a VP page this build's layout uses (headers and counters).
 fn vp_words() -> usize {
     PageLayout::of(ObjectKind::Vp).end_offset / 8 + 1
@@ -142,7 +160,7 @@ fn vp_words() -> usize {
 ///
 /// # Errors
 /// When the bench instance cannot be published or attached, or the vCPU cannot be opened.
-pub fn read_rows(rounds: u32, kvm: &Result<(), String>) -> Result<Vec<Row>, BenchError> {
+pub fn read_rows(plan: &Plan<'_>, kvm: &Result<(), String>) -> Result<Vec<Row>, BenchError> {
     let rt = TempRuntime::new("read")?;
     let hv = published(&rt.0)?;
     let part = hv.create_partition(1).step("creating the bench partition")?;
@@ -151,14 +169,15 @@ pub fn read_rows(rounds: u32, kvm: &Result<(), String>) -> Result<Vec<Row>, Benc
     attach.refresh().step("attaching the bench instance")?;
     let instance = attach.instances().next().present("the bench instance is not found")?;
     let object = StatsObject::Vp(part.id(), 0);
-    let mut words = vec![0u64; vp_words()];
+    let mut words = PageBuffer::new();
+    let words = &mut words.0[..vp_words()];
     let n = 200_000u64;
     let mut kept = || {
         let start = CpuClock::now();
         for _ in 0..n {
-            let _ = instance.read_prefix(black_box(object), &mut words);
+            let _ = instance.read_prefix(black_box(object), words);
         }
-        black_box(&words);
+        black_box(&*words);
         ns_per(start, n)
     };
     let mut rows = Vec::new();
@@ -168,14 +187,14 @@ pub fn read_rows(rounds: u32, kvm: &Result<(), String>) -> Result<Vec<Row>, Benc
                 hvstats_kvm::sources::kvm_stats::IdleVcpu::new().step("opening a vCPU's KVM stats fd")?;
             let stats = &vcpu.stats;
             let mut buf = vec![0u64; stats.data_words()];
-            let (ours, baseline) = side_by_side(rounds, &mut kept, || {
+            let rounds = side_by_side(plan, READ_ROWS[0], &mut kept, || {
                 let start = CpuClock::now();
                 for _ in 0..n / 10 {
                     let _ = stats.read_into(&mut buf);
                 }
                 ns_per(start, n / 10)
             });
-            rows.push(Row::Measured { name: READ_ROWS[0], ours, baseline, unit: "ns/read", goal: Some(0.2) });
+            rows.push(Row::measured(READ_ROWS[0], rounds, "ns/read", Some(0.15)));
         }
         Err(why) => rows.push(Row::Skipped { name: READ_ROWS[0], why: why.clone() }),
     }
@@ -184,14 +203,14 @@ pub fn read_rows(rounds: u32, kvm: &Result<(), String>) -> Result<Vec<Row>, Benc
     let file = std::fs::File::open(&path).step(format!("opening {}", path.display()))?;
     let offset = part.vp_page(0).present("VP 0")?.file_offset();
     let mut page = vec![0u8; vp_words() * 8];
-    let (ours, baseline) = side_by_side(rounds, &mut kept, || {
+    let rounds = side_by_side(plan, READ_ROWS[1], &mut kept, || {
         let start = CpuClock::now();
         for _ in 0..n / 10 {
             let _ = file.read_at(&mut page, offset);
         }
         ns_per(start, n / 10)
     });
-    rows.push(Row::Measured { name: READ_ROWS[1], ours, baseline, unit: "ns/read", goal: None });
+    rows.push(Row::measured(READ_ROWS[1], rounds, "ns/read", None));
     Ok(rows)
 }
 
@@ -201,7 +220,7 @@ pub fn read_rows(rounds: u32, kvm: &Result<(), String>) -> Result<Vec<Row>, Benc
 ///
 /// # Errors
 /// When the bench instance cannot be published or its arena read.
-pub fn consistency_row(rounds: u32) -> Result<Row, BenchError> {
+pub fn consistency_row(plan: &Plan<'_>) -> Result<Row, BenchError> {
     let rt = TempRuntime::new("consistent")?;
     let hv = published(&rt.0)?;
     let part = hv.create_partition(1).step("creating the bench partition")?;
@@ -218,30 +237,31 @@ pub fn consistency_row(rounds: u32) -> Result<Row, BenchError> {
             (entry.kind == ObjectKind::Vp).then_some((slot, entry.generation))
         })
         .present("the bench VP is not in the arena")?;
-    let (mut consistent, mut plain) = (vec![0u64; vp_words()], vec![0u64; vp_words()]);
+    let (mut consistent, mut plain) = (PageBuffer::new(), PageBuffer::new());
+    let (consistent, plain) = (&mut consistent.0[..vp_words()], &mut plain.0[..vp_words()]);
     let n = 500_000u64;
     let sequence = vp::SEQUENCE.slot();
-    let (ours, baseline) = side_by_side(
-        rounds,
+    let rounds = side_by_side(
+        plan,
+        CONSISTENCY_ROW,
         || {
             let start = CpuClock::now();
             for _ in 0..n {
-                let _ =
-                    arena.read_page_prefix_consistent(black_box(slot), generation, &mut consistent, sequence);
+                let _ = arena.read_page_prefix_consistent(black_box(slot), generation, consistent, sequence);
             }
-            black_box(&consistent);
+            black_box(&*consistent);
             ns_per(start, n)
         },
         || {
             let start = CpuClock::now();
             for _ in 0..n {
-                let _ = arena.read_page_prefix(black_box(slot), generation, &mut plain);
+                let _ = arena.read_page_prefix(black_box(slot), generation, plain);
             }
-            black_box(&plain);
+            black_box(&*plain);
             ns_per(start, n)
         },
     );
-    Ok(Row::Measured { name: CONSISTENCY_ROW, ours, baseline, unit: "ns/read", goal: Some(1.1) })
+    Ok(Row::measured(CONSISTENCY_ROW, rounds, "ns/read", Some(1.1)))
 }
 
 /// The full snapshot of `partitions` × 16 VPs of a published instance against a memcpy of the
@@ -250,7 +270,7 @@ pub fn consistency_row(rounds: u32) -> Result<Row, BenchError> {
 ///
 /// # Errors
 /// When the bench instance cannot be published or attached.
-pub fn snapshot_row(rounds: u32, partitions: u32, name: &'static str) -> Result<Row, BenchError> {
+pub fn snapshot_row(plan: &Plan<'_>, partitions: u32, name: &'static str) -> Result<Row, BenchError> {
     let rt = TempRuntime::new("snapshot")?;
     let hv = published(&rt.0)?;
     let parts = (0..partitions)
@@ -274,8 +294,9 @@ pub fn snapshot_row(rounds: u32, partitions: u32, name: &'static str) -> Result<
         .collect();
     let mut copy = vec![0u8; sources.len() * words * 8];
     let trace = std::env::var_os("HVSTATS_BENCH_TRACE").is_some();
-    let (ours, baseline) = side_by_side(
-        rounds,
+    let rounds = side_by_side(
+        plan,
+        name,
         || {
             let start = CpuClock::now();
             let snapshot = black_box(instance.snapshot());
@@ -303,7 +324,7 @@ pub fn snapshot_row(rounds: u32, partitions: u32, name: &'static str) -> Result<
             start.elapsed().as_secs_f64() * 1e3
         },
     );
-    Ok(Row::Measured { name, ours, baseline, unit: "ms/snapshot", goal: Some(10.0) })
+    Ok(Row::measured(name, rounds, "ms/snapshot", Some(5.0)))
 }
 
 /// Adding (and removing) a partition of 16 VPs to an instance of 4,096 partitions against one
@@ -311,7 +332,7 @@ pub fn snapshot_row(rounds: u32, partitions: u32, name: &'static str) -> Result<
 ///
 /// # Errors
 /// When the bench instances cannot be published or filled.
-pub fn partition_add_row(rounds: u32) -> Result<Row, BenchError> {
+pub fn partition_add_row(plan: &Plan<'_>) -> Result<Row, BenchError> {
     let (small_rt, large_rt) = (TempRuntime::new("add-64")?, TempRuntime::new("add-4096")?);
     let (small, large) = (published(&small_rt.0)?, published(&large_rt.0)?);
     let _keep_small: Vec<_> = (0..64)
@@ -335,8 +356,8 @@ pub fn partition_add_row(rounds: u32) -> Result<Row, BenchError> {
         }
         total.as_nanos() as f64 / f64::from(adds) / 1e3
     };
-    let (ours, baseline) = side_by_side(rounds, || time_adds(&large), || time_adds(&small));
-    Ok(Row::Measured { name: PARTITION_ADD_ROW, ours, baseline, unit: "us/add", goal: Some(2.0) })
+    let rounds = side_by_side(plan, PARTITION_ADD_ROW, || time_adds(&large), || time_adds(&small));
+    Ok(Row::measured(PARTITION_ADD_ROW, rounds, "us/add", Some(2.0)))
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! Rows that run a guest on KVM: the userspace exit with exact accounting on against off, and a
-//! hypercall against a plain exit.
+//! hypercall against a plain exit. Each run is timed in the CPU time of its VP's thread (in the
+//! guest, in KVM and handling exits), so a busy host's preemptions count for neither side.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +12,7 @@ use hvstats_kvm::enlightenment::HyperV;
 use hvstats_kvm::{Handlers, Partition, PartitionConfig, RunReport};
 
 use crate::error::{BenchError, Present, Step};
-use crate::row::{Row, side_by_side};
+use crate::row::{Plan, Row, side_by_side};
 
 /// Names of the rows of [`exit_rows`].
 pub const EXIT_ROWS: [&str; 2] = ["exit-accounting-on-vs-off", "hypercall-vs-plain-exit"];
@@ -40,8 +41,8 @@ fn run_one(
     Ok(vp)
 }
 
-/// Run time per exit of a one-VP long-mode guest doing `exits` OUTs to the sink port (each one a
-/// userspace exit), the exit port write included.
+/// CPU time per exit of the VP thread of a one-VP long-mode guest doing `exits` OUTs to the sink
+/// port (each one a userspace exit), the exit port write included.
 ///
 /// # Errors
 /// When the guest cannot be built or run, or faults.
@@ -50,10 +51,11 @@ pub fn exit_round_trip(hv: &Arc<Hypervisor>, exits: u32, accounting: bool) -> Re
     let config =
         PartitionConfig { accounting, timeout: Duration::from_secs(120), ..PartitionConfig::default() };
     let vp = run_one(hv, &workload, config, Handlers::builtin(), "bench guest")?;
-    Ok(vp.run_time / (exits + 1))
+    Ok(vp.cpu_time / (exits + 1))
 }
 
-/// Run time per hypercall of a one-VP enlightened guest making `n` HvCallNotifyLongSpinWait.
+/// CPU time per hypercall of the VP thread of a one-VP enlightened guest making `n`
+/// HvCallNotifyLongSpinWait.
 ///
 /// # Errors
 /// When the guest cannot be built or run, or faults.
@@ -63,33 +65,40 @@ pub fn hypercall_round_trip(hv: &Arc<Hypervisor>, n: u32) -> Result<Duration, Be
     let mut handlers = Handlers::builtin();
     HyperV::new(hv.clone(), true).install(&mut config, &mut handlers);
     let vp = run_one(hv, &workload, config, handlers, "hypercall bench guest")?;
-    Ok(vp.run_time / n)
+    Ok(vp.cpu_time / n.max(1))
 }
 
 /// The userspace exit round trip with accounting on against off (`exits` per run), and a
-/// hypercall (`hypercalls` per run) against a plain exit with accounting on; medians of `rounds`.
+/// hypercall (`hypercalls` per run) against a plain exit with accounting on: the rows of the two
+/// that `wanted` selects.
 ///
 /// # Errors
 /// When a warm-up guest cannot be built, run, or faults.
 pub fn exit_rows(
     hv: &Arc<Hypervisor>,
-    rounds: u32,
+    plan: &Plan<'_>,
     exits: u32,
     hypercalls: u32,
+    wanted: &dyn Fn(&str) -> bool,
 ) -> Result<Vec<Row>, BenchError> {
     // One run to warm up page tables, caches and the tracefs mount.
     exit_round_trip(hv, 1000, true)?;
     let ns = |d: Duration| d.as_nanos() as f64;
     let run = |accounting| exit_round_trip(hv, exits, accounting).map(ns).unwrap_or(f64::NAN);
-    let (on, off) = side_by_side(rounds, || run(true), || run(false));
-    hypercall_round_trip(hv, 100)?;
-    let (call, plain) = side_by_side(
-        rounds,
-        || hypercall_round_trip(hv, hypercalls).map(ns).unwrap_or(f64::NAN),
-        || run(true),
-    );
-    Ok(vec![
-        Row::Measured { name: EXIT_ROWS[0], ours: on, baseline: off, unit: "ns/exit", goal: Some(1.02) },
-        Row::Measured { name: EXIT_ROWS[1], ours: call, baseline: plain, unit: "ns/exit", goal: None },
-    ])
+    let mut rows = Vec::new();
+    if wanted(EXIT_ROWS[0]) {
+        let accounting = side_by_side(plan, EXIT_ROWS[0], || run(true), || run(false));
+        rows.push(Row::measured(EXIT_ROWS[0], accounting, "ns/exit", Some(1.02)));
+    }
+    if wanted(EXIT_ROWS[1]) {
+        hypercall_round_trip(hv, 100)?;
+        let hypercall = side_by_side(
+            plan,
+            EXIT_ROWS[1],
+            || hypercall_round_trip(hv, hypercalls).map(ns).unwrap_or(f64::NAN),
+            || run(true),
+        );
+        rows.push(Row::measured(EXIT_ROWS[1], hypercall, "ns/exit", None));
+    }
+    Ok(rows)
 }

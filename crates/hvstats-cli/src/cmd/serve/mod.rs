@@ -29,7 +29,7 @@ use hvstats_present::live::{Live, Reading};
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9966";
 
 /// VPs exported one by one per scrape when `--max-vps` is not given.
-pub const DEFAULT_MAX_VPS: usize = 4096;
+pub use hvstats_present::exposition::DEFAULT_MAX_VPS;
 
 /// Flags of `hvstats serve`.
 #[derive(clap::Args, Debug)]
