@@ -1,6 +1,9 @@
 //! Rows that run a guest on KVM: the userspace exit with exact accounting on against off, and a
 //! hypercall against a plain exit. Each run is timed in the CPU time of its VP's thread (in the
-//! guest, in KVM and handling exits), so a busy host's preemptions count for neither side.
+//! guest, in KVM and handling exits), so a busy host's preemptions count for neither side; and
+//! both sides of a round run at once, pinned to one CPU, so that they take turns on it and
+//! whatever else the host runs meanwhile (a neighbour's burst, a clock change) weighs on both
+//! alike, where one after the other it weighed on whichever ran then.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +15,7 @@ use hvstats_kvm::enlightenment::HyperV;
 use hvstats_kvm::{Handlers, Partition, PartitionConfig, RunReport};
 
 use crate::error::{BenchError, Present, Step};
-use crate::row::{Plan, Row, side_by_side};
+use crate::row::{Pace, Plan, Rounds, Row};
 
 /// Names of the rows of [`exit_rows`].
 pub const EXIT_ROWS: [&str; 2] = ["exit-accounting-on-vs-off", "hypercall-vs-plain-exit"];
@@ -87,12 +90,12 @@ pub fn exit_rows(
     let run = |accounting| exit_round_trip(hv, exits, accounting).map(ns).unwrap_or(f64::NAN);
     let mut rows = Vec::new();
     if wanted(EXIT_ROWS[0]) {
-        let accounting = side_by_side(plan, EXIT_ROWS[0], || run(true), || run(false));
+        let accounting = together(plan, EXIT_ROWS[0], || run(true), || run(false));
         rows.push(Row::measured(EXIT_ROWS[0], accounting, "ns/exit", Some(1.02)));
     }
     if wanted(EXIT_ROWS[1]) {
         hypercall_round_trip(hv, 100)?;
-        let hypercall = side_by_side(
+        let hypercall = together(
             plan,
             EXIT_ROWS[1],
             || hypercall_round_trip(hv, hypercalls).map(ns).unwrap_or(f64::NAN),
@@ -101,4 +104,59 @@ pub fn exit_rows(
         rows.push(Row::measured(EXIT_ROWS[1], hypercall, "ns/exit", None));
     }
     Ok(rows)
+}
+
+/// The CPUs this process may run on.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; the kernel writes at most its size.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is ours and its size is given; pid 0 is the calling thread.
+    let got = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `i` is below CPU_SETSIZE, within the set.
+        .filter(|&i| got == 0 && unsafe { libc::CPU_ISSET(i, &set) })
+        .collect();
+    if cpus.is_empty() { vec![0] } else { cpus }
+}
+
+/// Pins the calling thread (and the threads it starts from now on) to `cpu`.
+fn pin_to(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes within it for `cpu` below
+    // CPU_SETSIZE (taken from `allowed_cpus`); sched_setaffinity reads it, pid 0 is this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+/// Row `name`'s `ours` and `baseline` (each a guest run) over the plan's rounds: in each round
+/// both at once, each from a thread pinned to the same CPU (the round's, in turn over the CPUs
+/// this process may use), so that their VP threads, which inherit the pinning, take turns on it.
+fn together(
+    plan: &Plan<'_>,
+    name: &str,
+    ours: impl Fn() -> f64 + Sync,
+    baseline: impl Fn() -> f64 + Sync,
+) -> Rounds {
+    let cpus = allowed_cpus();
+    let mut rounds = Rounds::default();
+    for round in 0..plan.start(&[name], Pace::Quick) as usize {
+        let cpu = cpus[round % cpus.len()];
+        let (a, b) = std::thread::scope(|s| {
+            let a = s.spawn(|| {
+                pin_to(cpu);
+                ours()
+            });
+            let b = s.spawn(|| {
+                pin_to(cpu);
+                baseline()
+            });
+            (a.join().unwrap_or(f64::NAN), b.join().unwrap_or(f64::NAN))
+        });
+        rounds.ours.push(a);
+        rounds.baseline.push(b);
+        plan.tick();
+    }
+    rounds
 }

@@ -186,8 +186,8 @@ impl Row {
 
     /// The row as one JSON object: `{"name", "unit", "rounds", "ours": {"min", "median", "max"},
     /// "baseline": {…}, "ratio", "interval": {"low", "high", "confidence", "blocks"} | null,
-    /// "goal", "verdict": "met" | "missed" | "undecided" | null, "facts": {…}}`, or `{"name",
-    /// "skipped"}`.
+    /// "goal", "verdict": "met" | "missed" | "undecided" | null, "facts": {…}, "samples": {"ours":
+    /// [each round], "baseline": [each round]}}`, or `{"name", "skipped"}`.
     pub fn json(&self) -> Value {
         match self {
             Row::Measured { name, rounds, unit, goal, facts } => {
@@ -207,6 +207,7 @@ impl Row {
                     "goal": goal,
                     "verdict": self.verdict().map(Verdict::word),
                     "facts": facts,
+                    "samples": { "ours": rounds.ours, "baseline": rounds.baseline },
                 })
             }
             Row::Skipped { name, why } => json!({ "name": name, "skipped": why }),
