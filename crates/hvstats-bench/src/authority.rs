@@ -30,9 +30,11 @@ pub const CONSISTENCY_ROW: &str = "vp-read-consistent-vs-plain";
 /// The name of [`partition_add_row`].
 pub const PARTITION_ADD_ROW: &str = "partition-add-4096-vs-64";
 
-/// The name of the snapshot row for `partitions` partitions of 16 VPs: what it really read.
-pub fn snapshot_row_name(partitions: u32) -> String {
-    format!("snapshot-{}-vps-vs-memcpy", u64::from(partitions) * 16)
+/// The names of the snapshot rows for `partitions` partitions of 16 VPs (what they really read):
+/// the snapshot into fresh memory, and into an earlier snapshot's.
+pub fn snapshot_row_names(partitions: u32) -> [String; 2] {
+    let vps = u64::from(partitions) * 16;
+    [format!("snapshot-{vps}-vps-vs-memcpy"), format!("snapshot-{vps}-vps-into-earlier-vs-memcpy")]
 }
 
 const OPS: u64 = 2_000_000;
@@ -265,12 +267,24 @@ pub fn consistency_row(plan: &Plan<'_>) -> Result<Row, BenchError> {
 }
 
 /// The full snapshot of `partitions` × 16 VPs of a published instance against a memcpy of the
-/// same counter bytes. With `HVSTATS_BENCH_TRACE` set, each snapshot's time and the time to drop
-/// it are written to stderr.
+/// same counter bytes from the same pages into a buffer that stays (faulted in once): row `name`
+/// takes each snapshot into fresh memory ([`Instance::snapshot`], every page copied, checked and
+/// decoded), row `into_earlier` (no goal) into the previous round's snapshot
+/// ([`Instance::snapshot_into`], what a reader that keeps reading can do). With
+/// `HVSTATS_BENCH_TRACE` set, each fresh snapshot's time and the time to drop it are written to
+/// stderr.
+///
+/// [`Instance::snapshot_into`]: hvstats::attach::Instance::snapshot_into
+/// [`Instance::snapshot`]: hvstats::attach::Instance::snapshot
 ///
 /// # Errors
 /// When the bench instance cannot be published or attached.
-pub fn snapshot_row(plan: &Plan<'_>, partitions: u32, name: &'static str) -> Result<Row, BenchError> {
+pub fn snapshot_rows(
+    plan: &Plan<'_>,
+    partitions: u32,
+    name: &'static str,
+    into_earlier: &'static str,
+) -> Result<Vec<Row>, BenchError> {
     let rt = TempRuntime::new("snapshot")?;
     let hv = published(&rt.0)?;
     let parts = (0..partitions)
@@ -293,38 +307,57 @@ pub fn snapshot_row(plan: &Plan<'_>, partitions: u32, name: &'static str) -> Res
         .flat_map(|p| (0..16).filter_map(|n| p.vp_page(n).map(|pg| pg.host_address() as *const u8)))
         .collect();
     let mut copy = vec![0u8; sources.len() * words * 8];
+    let mut memcpy = || {
+        let start = CpuClock::now();
+        for (i, src) in sources.iter().enumerate() {
+            // SAFETY: each source is a live VP page of PAGE_SIZE bytes (the partitions are held
+            // above) and `copy` has room for `words` words per page.
+            unsafe {
+                std::ptr::copy_nonoverlapping(*src, copy.as_mut_ptr().add(i * words * 8), words * 8);
+            }
+        }
+        black_box(&copy);
+        ms(start)
+    };
     let trace = std::env::var_os("HVSTATS_BENCH_TRACE").is_some();
-    let rounds = side_by_side(
+    let fresh = side_by_side(
         plan,
         name,
         || {
             let start = CpuClock::now();
             let snapshot = black_box(instance.snapshot());
-            let elapsed = start.elapsed().as_secs_f64() * 1e3;
+            let took = ms(start);
+            let start = CpuClock::now();
+            drop(snapshot);
             if trace {
-                let t = CpuClock::now();
-                drop(snapshot);
-                eprintln!(
-                    "hvstats: snapshot {elapsed:.1} ms, dropping it {:.1} ms",
-                    t.elapsed().as_secs_f64() * 1e3
-                );
+                eprintln!("hvstats-bench: snapshot {took:.1} ms, dropping it {:.1} ms", ms(start));
             }
-            elapsed
+            took
         },
+        &mut memcpy,
+    );
+    // Measured after the fresh ones, so that no earlier snapshot's memory was there for the
+    // allocator to hand out again to those.
+    let mut reused = instance.snapshot();
+    let into = side_by_side(
+        plan,
+        into_earlier,
         || {
             let start = CpuClock::now();
-            for (i, src) in sources.iter().enumerate() {
-                // SAFETY: each source is a live VP page of PAGE_SIZE bytes (the partitions are
-                // held above) and `copy` has room for `words` words per page.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(*src, copy.as_mut_ptr().add(i * words * 8), words * 8);
-                }
-            }
-            black_box(&copy);
-            start.elapsed().as_secs_f64() * 1e3
+            instance.snapshot_into(black_box(&mut reused));
+            ms(start)
         },
+        &mut memcpy,
     );
-    Ok(Row::measured(name, rounds, "ms/snapshot", Some(5.0)))
+    Ok(vec![
+        Row::measured(name, fresh, "ms/snapshot", Some(5.0)),
+        Row::measured(into_earlier, into, "ms/snapshot", None),
+    ])
+}
+
+/// Milliseconds of this thread's CPU time since `start`.
+fn ms(start: CpuClock) -> f64 {
+    start.elapsed().as_secs_f64() * 1e3
 }
 
 /// Adding (and removing) a partition of 16 VPs to an instance of 4,096 partitions against one
@@ -365,9 +398,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_snapshot_row_is_named_by_the_vps_it_read() {
-        assert_eq!(snapshot_row_name(4096), "snapshot-65536-vps-vs-memcpy");
-        assert_eq!(snapshot_row_name(64), "snapshot-1024-vps-vs-memcpy");
-        assert_eq!(snapshot_row_name(65_536), "snapshot-1048576-vps-vs-memcpy");
+    fn the_snapshot_rows_are_named_by_the_vps_they_read() {
+        assert_eq!(
+            snapshot_row_names(4096),
+            ["snapshot-65536-vps-vs-memcpy", "snapshot-65536-vps-into-earlier-vs-memcpy"]
+        );
+        assert_eq!(snapshot_row_names(64)[0], "snapshot-1024-vps-vs-memcpy");
+        assert_eq!(snapshot_row_names(65_536)[1], "snapshot-1048576-vps-into-earlier-vs-memcpy");
     }
 }

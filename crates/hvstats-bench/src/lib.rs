@@ -103,10 +103,15 @@ pub fn run(options: &Options, progress: &dyn Progress) -> Result<Vec<Row>, Bench
     if wanted(authority::CONSISTENCY_ROW) {
         rows.push(authority::consistency_row(&plan)?);
     }
-    let snapshot_name = authority::snapshot_row_name(options.partitions);
-    if wanted(&snapshot_name) {
-        // Rows are named once per run: leaking this one name keeps them all `&'static str`.
-        rows.push(authority::snapshot_row(&plan, options.partitions, snapshot_name.leak())?);
+    let [snapshot, into_earlier] = authority::snapshot_row_names(options.partitions);
+    if wanted(&snapshot) || wanted(&into_earlier) {
+        // Rows are named once per run: leaking these names keeps them all `&'static str`.
+        rows.extend(authority::snapshot_rows(
+            &plan,
+            options.partitions,
+            snapshot.leak(),
+            into_earlier.leak(),
+        )?);
     }
     if wanted(authority::PARTITION_ADD_ROW) {
         rows.push(authority::partition_add_row(&plan)?);

@@ -173,3 +173,48 @@ fn sixty_five_thousand_vps_publish_and_are_read_with_bounded_memory() {
     let grown = rss_kib().saturating_sub(before);
     assert!(grown < 64 * 1024, "streaming 65,536 VPs grew the reader by {grown} KiB");
 }
+
+#[test]
+fn a_snapshot_into_an_earlier_one_reads_what_a_fresh_one_reads_whatever_that_held() {
+    let tmp = TempDir::new("into");
+    let hv = published(&tmp.0);
+    let parts: Vec<_> =
+        [3, 1, 2, 4].iter().map(|&vps| hv.create_partition_named(vps, "p").unwrap()).collect();
+    let mut attach = Attach::new(&tmp.0);
+    attach.refresh().unwrap();
+    let instance = attach.instances_mut().next().unwrap();
+    // What the earlier snapshot holds: four partitions, one VP unreadable, one partition's
+    // reading unreadable, histograms empty or not.
+    let mut reused = instance.snapshot();
+    reused.partitions[0].vps[1].reading =
+        ObjectReading::Unreadable { permission_denied: false, reason: "earlier".into() };
+    reused.partitions[2].reading =
+        ObjectReading::Unreadable { permission_denied: true, reason: "earlier".into() };
+    reused.partitions[3].vps[0].histograms.clear();
+
+    // Then the host changes: a partition goes, one comes with more VPs, one stops, values move.
+    hv.remove_partition(parts[1].id());
+    let added = hv.create_partition_named(5, "added").unwrap();
+    parts[3].stop("stopped on purpose");
+    for (n, page) in parts[0].vp_pages().chain(added.vp_pages()) {
+        page.set(vp::HYPERCALLS, 100 + u64::from(n));
+        page.record_time(vp::IO_TIME_HISTOGRAM, 1000 * u64::from(n + 1));
+    }
+    instance.snapshot_into(&mut reused);
+    let fresh = instance.snapshot();
+    assert_eq!(format!("{reused:?}"), format!("{fresh:?}"), "the same values, field by field");
+    let shape: Vec<(usize, bool)> = reused.partitions.iter().map(|p| (p.vps.len(), p.active)).collect();
+    assert_eq!(shape, [(3, true), (2, true), (4, false), (5, true)]);
+    let last = &reused.partitions[3];
+    assert_eq!((last.name.as_str(), last.vps[4].reading.get("Hypercalls/sec")), ("added", Some(104)));
+    let io = last.vps[4].histograms.iter().find(|(c, _)| c.id == vp::IO_TIME_HISTOGRAM).unwrap().1;
+    assert_eq!((io.sum_ns, io.count()), (5000, 1));
+    assert!(
+        reused
+            .partitions
+            .iter()
+            .flat_map(|p| &p.vps)
+            .all(|v| matches!(v.reading, ObjectReading::Counters(_)))
+    );
+    assert!(matches!(reused.partitions[2].reading, ObjectReading::Counters(_)), "read again");
+}
