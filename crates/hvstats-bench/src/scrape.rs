@@ -9,7 +9,6 @@
 
 use hvstats_present::exposition::{DEFAULT_MAX_VPS, Exposition};
 use hvstats_present::live::Reading;
-use serde_json::json;
 use std::sync::Arc;
 
 use crate::error::{BenchError, Step};
@@ -30,12 +29,12 @@ pub fn metrics(reading: &Arc<Reading>, max_vps: usize) -> Result<String, BenchEr
     Exposition::new(Arc::clone(reading), max_vps).encode().step("encoding /metrics")
 }
 
-/// The body of `serve`'s `GET /api/v1/snapshot` (the JSON of `snapshot --json`) for `reading`.
-pub fn snapshot_body(reading: &Reading) -> String {
-    let instances: Vec<_> =
-        reading.instances.iter().map(hvstats_present::snapshot_json::snapshot_json).collect();
-    let mut body = json!({ "instances": instances }).to_string();
-    body.push('\n');
+/// The body of `serve`'s `GET /api/v1/snapshot` (the JSON of `snapshot --json`) for `reading`,
+/// written as `serve` writes it.
+pub fn snapshot_body(reading: &Reading) -> Vec<u8> {
+    let mut body = Vec::new();
+    // Writing to memory cannot fail.
+    let _ = hvstats_present::snapshot_json::write_instances(&reading.instances, &mut body);
     body
 }
 

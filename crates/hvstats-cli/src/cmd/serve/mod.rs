@@ -19,7 +19,6 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use hyper::Method;
-use serde_json::json;
 
 use self::http::{Asked, Limits, Reply};
 
@@ -119,11 +118,10 @@ fn answer(live: &Live, max_vps: usize, asked: &Asked) -> Reply {
 }
 
 fn snapshot_body(reading: &Reading) -> String {
-    let instances: Vec<_> =
-        reading.instances.iter().map(hvstats_present::snapshot_json::snapshot_json).collect();
-    let mut body = json!({ "instances": instances }).to_string();
-    body.push('\n');
-    body
+    let mut body = Vec::new();
+    // Writing to memory cannot fail, and what is written is JSON, so UTF-8.
+    let _ = hvstats_present::snapshot_json::write_instances(&reading.instances, &mut body);
+    String::from_utf8(body).unwrap_or_default()
 }
 
 /// Runs `hvstats serve` until SIGINT or SIGTERM.
