@@ -22,6 +22,9 @@ use prometheus_client::registry::{Registry, Unit};
 /// A series' labels, in exposition order.
 type Labels = Vec<(String, String)>;
 
+/// A histogram's sum, count and buckets (each bucket's own count, not cumulative).
+type HistogramValues = (f64, u64, Vec<(f64, u64)>);
+
 /// Why an exposition could not be taken apart.
 #[derive(Debug, thiserror::Error)]
 #[error("line {line} of the exposition: {why}")]
@@ -34,7 +37,7 @@ pub struct ParseError {
 
 /// A histogram's values, fixed once and encoded by the library.
 #[derive(Debug, Default)]
-struct FixedHistogram(OnceLock<(f64, u64, Vec<(f64, u64)>)>);
+struct FixedHistogram(OnceLock<HistogramValues>);
 
 impl TypedMetric for FixedHistogram {
     const TYPE: MetricType = MetricType::Histogram;
@@ -81,7 +84,7 @@ struct Described {
     /// Counter, gauge and info samples: labels and value text.
     samples: Vec<(Labels, String)>,
     /// Histogram samples, by their labels without `le`: sum, count and buckets.
-    histograms: BTreeMap<Labels, (f64, u64, Vec<(f64, u64)>)>,
+    histograms: BTreeMap<Labels, HistogramValues>,
     /// Histogram label sets in exposition order.
     histogram_order: Vec<Labels>,
 }

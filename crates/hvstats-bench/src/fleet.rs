@@ -22,6 +22,9 @@ use crate::error::{BenchError, Step};
 use crate::row::{CpuClock, Pace, Plan, Rounds, Row, median};
 use crate::scrape::{metrics, series, snapshot_body};
 
+/// One thing a round measures.
+type Measure<'a> = dyn Fn() -> Result<(), BenchError> + 'a;
+
 /// VMs of the fleet host.
 pub const VMS: u32 = 1000;
 /// VPs of each.
@@ -98,7 +101,7 @@ pub fn fleet_rows(plan: &Plan<'_>, vms: u32, vps_each: u32) -> Result<Vec<Row>, 
 
     let (mut scrape, mut alone, mut client, mut api) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for round in 0..plan.start(&ROWS, Pace::Quick) {
-        let mut measure: [(&mut Vec<f64>, &dyn Fn() -> Result<(), BenchError>); 4] = [
+        let mut measure: [(&mut Vec<f64>, &Measure<'_>); 4] = [
             (&mut scrape, &|| metrics(&read()?, DEFAULT_MAX_VPS).map(drop)),
             (&mut alone, &|| metrics(&one_reading, DEFAULT_MAX_VPS).map(drop)),
             (&mut client, &|| library.encode().map(drop).step("encoding with the library")),
