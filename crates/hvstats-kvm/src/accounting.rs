@@ -107,6 +107,7 @@ impl ExitAccounting {
     /// Records one userspace exit of `class` that took `ticks` ([`cycles`]) to handle: its count,
     /// its class's cumulative time and a bucket of its class's histogram. Only the VP thread calls
     /// this for its page (single writer: plain loads and stores).
+    #[inline]
     pub fn record(&mut self, page: &SharedPage, user: &UserExitCounts, class: ExitClass, ticks: u64) {
         if !self.enabled {
             return;

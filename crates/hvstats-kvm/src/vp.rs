@@ -343,6 +343,7 @@ impl<'a> VpCounters<'a> {
     }
 
     /// Records one userspace exit (see [`ExitAccounting::record`]).
+    #[inline]
     fn record(self, acct: &mut ExitAccounting, class: ExitClass, ticks: u64) {
         acct.record(self.page, &self.shared.user, class, ticks);
     }
