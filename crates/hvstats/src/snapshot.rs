@@ -7,7 +7,8 @@
 //! older minor, written by an older hypervisor), is left out (readers show it as unknown).
 //!
 //! [`take_partition`] reads one partition and its VPs, so a caller can stream a large instance
-//! partition by partition; [`take_instance`] reads everything.
+//! partition by partition; [`take_instance`] reads everything; [`Instance::snapshot_into`] reads
+//! everything into an earlier snapshot's memory, for a reader that reads over and over.
 
 use std::borrow::Cow;
 use std::sync::OnceLock;
