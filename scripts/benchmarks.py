@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
-"""Regenerates BENCHMARKS.md from `hvstats bench --json`.
+"""Regenerates BENCHMARKS.md from `hvstats-bench --json`.
 
-Builds the release binary, runs the bench once (every comparison side by side in that one run),
-and writes the rows with the machine they ran on and the exact command. Usage:
+Builds the release tool, runs the bench once (every comparison side by side in that one run),
+and writes the rows with the machine they ran on, its load, and the exact command. Usage:
 
     scripts/benchmarks.py [extra bench flags...]     # writes BENCHMARKS.md at the repository root
     scripts/benchmarks.py --only NAME               # re-measures the rows matching NAME only
 
 With `--only`, the rows measured replace (or join) those of the same name in the existing
 BENCHMARKS.md, and a note under the table gives their command, time and load; every other row
-keeps the run it came from.
+keeps the run it came from. `hvstats bench …` runs the same tool.
 """
 
 import json
@@ -20,6 +20,10 @@ import sys
 from datetime import datetime, timezone
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load():
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def machine():
@@ -39,25 +43,25 @@ def machine():
             mem = f"{kib / 1024 / 1024:.1f} GiB"
     except (OSError, ValueError, IndexError):
         pass
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     kvm = "yes" if os.path.exists("/dev/kvm") else "no (rows needing KVM are skipped)"
     return [
         ("CPU", f"{model}, {os.cpu_count()} logical CPUs"),
         ("memory", mem),
         ("kernel", f"{platform.system()} {platform.release()}"),
         ("/dev/kvm", kvm),
-        ("load average at start", load),
     ]
 
 
 def main():
-    subprocess.run(["cargo", "build", "--release", "-q", "-p", "hvstats-cli"], cwd=ROOT, check=True)
-    binary = os.path.join(ROOT, "target", "release", "hvstats")
-    command = ["hvstats", "bench", "--json", *sys.argv[1:]]
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "hvstats-bench"], cwd=ROOT, check=True)
+    binary = os.path.join(ROOT, "target", "release", "hvstats-bench")
+    command = ["hvstats-bench", "--json", *sys.argv[1:]]
     facts = machine()
-    started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    started, load_before = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), load()
     out = subprocess.run([binary, *command[1:]], cwd=ROOT, check=True, capture_output=True, text=True)
+    load_after = load()
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+    loads = f"load average at start {load_before}, at end {load_after}"
 
     lines = [
         "# Benchmarks",
@@ -68,64 +72,127 @@ def main():
         " ".join(command),
         "```",
         "",
-        f"on {started}. Every row is measured side by side in that run: `ratio = ours / baseline`",
-        "(lower is better), medians of interleaved rounds, in the CPU time of the measuring thread",
-        "(on a busy host, time spent preempted counts for neither side). Do not edit by hand: rerun",
-        "the script.",
+        f"on {started} ({loads}).",
+        "",
+        "Every row is measured side by side in that run, round by round, in the CPU time of the",
+        "thread doing it (on a busy host, time spent preempted counts for neither side): each",
+        "side's median and [min, max] over the rounds, `ratio` = ours / baseline",
+        "of the medians (lower is better), and a 95 % interval for the ratio from ABBA blocks of two",
+        "rounds (ours then the baseline, then the other way round), so that a host drifting during a",
+        "block weighs on both sides alike. A goal is met when the whole interval is within it, missed",
+        "when the whole interval is beyond it, and undecided when the interval straddles it. Do not",
+        "edit by hand: rerun the script (`hvstats bench` runs the same tool).",
         "",
         "## Machine",
         "",
     ]
-    if "--only" in sys.argv[1:]:
-        lines = merged(rows, command, started, dict(facts)["load average at start"])
+    if "--only" in sys.argv[1:] and current_format():
+        lines = merged(rows, command, started, loads)
     else:
         lines += [f"- {k}: {v}" for k, v in facts]
         lines += ["", "## Rows", "", TABLE_HEAD, TABLE_RULE]
         lines += [row_line(r) for r in rows]
+        found = [fact_line(r) for r in rows if r.get("facts")]
+        if found:
+            lines += ["", FACTS_HEAD, ""] + found
     lines += DESCRIPTIONS
     with open(os.path.join(ROOT, "BENCHMARKS.md"), "w") as f:
         f.write("\n".join(lines))
-    print(f"wrote BENCHMARKS.md ({len(rows)} rows measured)")
+    print(f"wrote BENCHMARKS.md ({len(rows)} rows measured; {loads})")
 
 
-TABLE_HEAD = "| row | ours | baseline | unit | ratio | goal | met |"
-TABLE_RULE = "|---|---:|---:|---|---:|---:|---|"
+TABLE_HEAD = "| row | ours median [min, max] | baseline median [min, max] | unit | ratio | 95 % interval | goal | verdict |"
+TABLE_RULE = "|---|---:|---:|---|---:|---:|---:|---|"
+FACTS_HEAD = "What the scale rows found (bytes, series, per VP):"
+
+
+def num(v):
+    return f"{v:.0f}" if abs(v) >= 1000 else f"{v:.3f}"
+
+
+def side(s):
+    return f"{num(s['median'])} [{num(s['min'])}, {num(s['max'])}]"
 
 
 def row_line(r):
     if "skipped" in r:
-        return f"| `{r['name']}` | | | | | | skipped: {r['skipped']} |"
+        return f"| `{r['name']}` | | | | | | | skipped: {r['skipped']} |"
     goal = r.get("goal")
-    met = "" if goal is None else ("yes" if r["ratio"] <= goal else "**no**")
+    verdict = r.get("verdict") or ""
+    verdict = {"missed": "**missed**", "undecided": "*undecided*"}.get(verdict, verdict)
+    i = r.get("interval")
+    interval = f"[{i['low']:.3f}, {i['high']:.3f}]" if i else ""
     goal_text = "" if goal is None else f"≤ {goal}"
-    return f"| `{r['name']}` | {r['ours']:.3f} | {r['baseline']:.3f} | {r['unit']} | {r['ratio']:.3f} | {goal_text} | {met} |"
+    return (
+        f"| `{r['name']}` | {side(r['ours'])} | {side(r['baseline'])} | {r['unit']} | {r['ratio']:.3f} "
+        f"| {interval} | {goal_text} | {verdict} |"
+    )
+
+
+def fact_line(r):
+    facts = ", ".join(f"{k.replace('_', ' ')} {v:,.0f}" for k, v in r["facts"].items())
+    return f"- `{r['name']}`: {facts}"
 
 
 def row_name(line):
-    return line.split("`")[1] if line.startswith("| `") else None
+    return line.split("`")[1] if line.startswith(("| `", "- `")) else None
 
 
-def merged(rows, command, started, load):
+def current_format():
+    """True when BENCHMARKS.md has rows in this script's table format to merge into (else `--only`
+    starts the file again, with only the rows it measured)."""
+    try:
+        with open(os.path.join(ROOT, "BENCHMARKS.md")) as f:
+            text = f.read()
+    except OSError:
+        return False
+    return TABLE_HEAD in text and any(l.startswith("| `") for l in text.splitlines())
+
+
+def merged(rows, command, started, loads):
     """The existing BENCHMARKS.md up to its descriptions, with `rows` put in place (in the order
-    the descriptions name the rows) and a note saying when they were measured."""
+    the descriptions name the rows), their facts likewise, and a note saying when they were
+    measured."""
     with open(os.path.join(ROOT, "BENCHMARKS.md")) as f:
         old = f.read().split("\n## What each row compares")[0].rstrip("\n").split("\n")
-    order = [row_name("| " + d[2:]) for d in DESCRIPTIONS if d.startswith("- `")]
+    order = [row_name(d) for d in DESCRIPTIONS if d.startswith("- `")]
     rank = lambda name: next((i for i, o in enumerate(order) if o and name.startswith(o)), len(order))
-    new = {r["name"]: row_line(r) for r in rows}
-    table = [i for i, line in enumerate(old) if row_name(line)]
+    table = [i for i, line in enumerate(old) if line.startswith("| `")]
     if not table:
         sys.exit("BENCHMARKS.md has no rows to merge into: run without --only first")
-    kept = [old[i] for i in table if row_name(old[i]) not in new]
-    for name, line in new.items():
-        at = next((k for k, l in enumerate(kept) if rank(row_name(l)) > rank(name)), len(kept))
-        kept.insert(at, line)
-    names = ", ".join(f"`{n}`" for n in new)
-    notes = [line for line in old[table[-1] + 1 :] if line.strip() and not line.startswith(names + ":")]
-    notes.append(
-        f"{names}: from a later run of `{' '.join(command)}` on {started} (load average at start: {load})."
-    )
-    return old[: table[0]] + kept + [""] + [n for note in notes for n in (note, "")][:-1]
+
+    def put(kept, new):
+        # Every row in the order the descriptions name them (a row measured earlier keeps its
+        # line, one measured now takes its new one).
+        names = [row_name(l) for l in kept]
+        lines = [new.get(row_name(l), l) for l in kept] + [v for k, v in new.items() if k not in names]
+        return sorted(lines, key=lambda l: rank(row_name(l)))
+
+    new_rows = {r["name"]: row_line(r) for r in rows}
+    new_facts = {r["name"]: fact_line(r) for r in rows if r.get("facts")}
+    kept_rows = put([old[i] for i in table], new_rows)
+    kept_facts = put([l for l in old[table[-1] + 1 :] if l.startswith("- `")], new_facts)
+    names = ", ".join(f"`{n}`" for n in new_rows)
+    notes = [
+        l for l in old[table[-1] + 1 :] if l.strip() and not l.startswith("- `") and l != FACTS_HEAD
+    ]
+    notes.append(f"{names}: from a later run of `{' '.join(command)}` on {started} ({loads}).")
+    # A note names the rows it dates; a row measured again since belongs to the later note only.
+    seen, dated = set(), []
+    for line in reversed(notes):
+        head, sep, rest = line.partition(": from ")
+        named = head.split("`")[1::2] if sep else []
+        still = [n for n in named if n not in seen]
+        seen.update(named)
+        if not sep or not named:
+            dated.append(line)
+        elif still:
+            dated.append(", ".join(f"`{n}`" for n in still) + sep + rest)
+    notes = dated[::-1]
+    out = old[: table[0]] + kept_rows
+    if kept_facts:
+        out += ["", FACTS_HEAD, ""] + kept_facts
+    return out + [""] + [n for note in notes for n in (note, "")][:-1]
 
 
 DESCRIPTIONS = [
@@ -137,20 +204,45 @@ DESCRIPTIONS = [
         "- `update-vs-shared-fetch-add`: the same on every CPU at once (each VP its own page) vs one",
         "  atomic shared by all threads. Contention only shows when the threads really run at the",
         "  same time; on a loaded host they often do not, and the baseline looks uncontended.",
-        "- `read-vp-vs-stats-fd`: a kept-mapping read of one VP's counters vs one `pread` of a vCPU's",
-        "  KVM binary stats fd (needs KVM).",
+        "- `read-vp-vs-stats-fd`: a kept-mapping read of one VP's counters (the 338 words of its page,",
+        "  counters and histograms, copied with aligned 16-byte loads, the widest the processor",
+        "  vendors guarantee to read each counter whole) vs one `pread` of a vCPU's KVM binary stats",
+        "  fd (needs KVM). Where system calls are cheap (this Intel host: a `pread` of some 200 ns),",
+        "  the goal of 0.15 is out of reach of such a copy: 169 aligned 16-byte loads and stores take",
+        "  some 33 ns on their own (the loads alone 22 ns), before any check. Meeting it there needs",
+        "  wider loads, which no vendor guarantees to read a counter whole, or fewer words per read.",
         "- `read-vp-vs-pread-page`: the same read vs one `pread` of that VP's counter bytes from the",
         "  arena file (the syscall a reader without a mapping pays).",
         "- `vp-read-consistent-vs-plain`: what consistency costs a reader: a copy of one VP page's",
         "  counters from the mapped arena inside the page's sequence counter (every counter from one",
         "  merge: two more loads and a compare, retried while a merge is under way) vs the plain copy",
-        "  checked only against the slot's entry. Goal ≤ 1.1: a consistent read costs at most 10 %",
-        "  more than a plain one (no merges run during the bench, so no retries are counted).",
+        "  checked only against the slot's entry, both into page-aligned buffers. Goal ≤ 1.1: a",
+        "  consistent read costs at most 10 % more than a plain one (no merges run during the bench,",
+        "  so no retries are counted).",
         "- `snapshot-65536-vps-vs-memcpy`: the library's full snapshot of 4,096 partitions × 16 VPs",
-        "  (`Instance::snapshot`: every page copied, checked and decoded) vs a memcpy of the same",
-        "  counter bytes from the same pages.",
+        "  (`Instance::snapshot`: every page copied, checked and decoded into fresh memory) vs a memcpy",
+        "  of the same counter bytes from the same pages into a buffer that stays. Goal ≤ 5.",
+        "- `snapshot-65536-vps-into-earlier-vs-memcpy`: the same snapshot taken into the previous",
+        "  one's memory (`Instance::snapshot_into`, what a reader that keeps reading can do): the",
+        "  difference with the row above is what having fresh memory faulted in costs.",
         "- `partition-add-4096-vs-64`: adding one 16-VP partition to a published instance of 4,096",
         "  partitions vs one of 64.",
+        "- `serve-scrape-65536-vps-one-by-one-vs-snapshot-json`: the exposition of `/metrics` for",
+        "  65,536 VPs of an in-memory reading, every VP one by one, vs `snapshot --json` of the same",
+        "  reading (written as `serve`'s snapshot API writes it).",
+        "- `serve-scrape-65536-vps-capped-vs-snapshot-json`: the same with the exporter's default cap",
+        "  (`--max-vps` 4096; the VPs of partitions past it as one sum per partition).",
+        "- `serve-scrape-1000-vms-x4-vps-vs-prometheus-client`: a fleet host, 1,000 VMs of 4 VPs",
+        "  published in a real instance with every counter set and every histogram holding times:",
+        "  what `serve` does for `/metrics` (read every live instance, then the exposition with the",
+        "  default cap) vs the Prometheus client library (`prometheus-client`) encoding exactly the",
+        "  same families and series alone, from its own `Family` types. Its facts: series and bytes",
+        "  (of a VP's some 315 series, 272 are its eight histograms: 32 buckets, a sum and a count).",
+        "- `exposition-1000-vms-x4-vps-vs-prometheus-client`: the exposition alone of one reading of",
+        "  that host vs the library alone: what walking the reading and the catalog adds.",
+        "- `snapshot-api-1000-vms-x4-vps-vs-serve-scrape`: `serve`'s `/api/v1/snapshot` for that host",
+        "  (read, then the JSON written straight out; it has no cap on VPs) vs its `/metrics`; its facts:",
+        "  bytes, and bytes and ns per VP.",
         "- `observe-guest-exit-rate-on-vs-off`: what `hvstats observe` costs a real QEMU guest (needs",
         "  KVM): a BIOS doing `out 0x80` forever (every one a userspace exit), in 2-second windows",
         "  observed and not, interleaved; each window's KVM `exits` (over QMP) per second of the vCPU",
@@ -178,7 +270,11 @@ DESCRIPTIONS = [
         "  for `intr_info`), the thread cycling through the VMX exit reasons; the added ns per call",
         "  (over uncounted) of counting every class vs counting the total only. Goal ≤ 1.2.",
         "- `vmx-load-perf-all-classes-vs-one`: the same with perf counters (one per class).",
-        "- `exit-accounting-on-vs-off`, `hypercall-vs-plain-exit`: guest round trips (need KVM).",
+        "- `exit-accounting-on-vs-off`: the userspace exit round trip of a one-VP guest doing `out`s",
+        "  to a sink port with exact accounting on vs off (needs KVM): both guests of a round run at",
+        "  once, pinned to one CPU so that they take turns on it, each timed in its VP thread's CPU",
+        "  time. Goal ≤ 1.02.",
+        "- `hypercall-vs-plain-exit`: a hypercall round trip vs a plain exit, run the same way.",
         "",
 ]
 

@@ -11,10 +11,12 @@
 //!   the VMX exit reasons: counting every class against counting one.
 //!
 //! Times are the firing thread's CPU time per call (its preemption on a busy host counts for no
-//! side); configurations alternate within each round; medians over rounds.
+//! side); configurations alternate within each round, the order rotating from round to round.
 
 use std::sync::mpsc;
 use std::time::Duration;
+
+use crate::row::{Pace, Plan, Rounds};
 
 use hvstats_abi::exit_reason::{self, InterceptClass};
 
@@ -22,15 +24,13 @@ use hvstats_kvm::observe::Procfs;
 use hvstats_kvm::observe::counting::{EventList, EventSpec, Method, ThreadCounters};
 use hvstats_kvm::observe::sources::exit_classes::class_filter;
 
-/// One measured comparison: `ours` against `baseline`, in ns per call.
+/// One measured comparison: `ours` against `baseline`, in ns per call, round by round.
 #[derive(Clone, Debug)]
 pub struct CostRow {
     /// The row's name.
     pub name: &'static str,
-    /// Ours, ns per call.
-    pub ours: f64,
-    /// The baseline, ns per call.
-    pub baseline: f64,
+    /// Both sides, ns per call, by round.
+    pub rounds: Rounds,
     /// The goal for `ours / baseline`, when there is one.
     pub goal: Option<f64>,
 }
@@ -132,13 +132,20 @@ struct Config {
     exact: Vec<usize>,
 }
 
-/// ns per call of each config, median over `rounds` rounds, configs alternating in each.
-fn measure(configs: &[Config], load: Load, rounds: u32, calls: u32) -> Result<Vec<f64>, String> {
+/// ns per call of each config in each of the plan's rounds for `rows`, configs alternating in
+/// each.
+fn measure(
+    configs: &[Config],
+    load: Load,
+    plan: &Plan<'_>,
+    rows: &[&str],
+    calls: u32,
+) -> Result<Vec<Vec<f64>>, String> {
     let worker = Worker::start()?;
     worker.run(load, calls / 10)?; // warm up
     let me = std::process::id() as i32;
     let mut samples = vec![Vec::new(); configs.len()];
-    for round in 0..rounds as usize {
+    for round in 0..plan.start(rows, Pace::Slow) as usize {
         for k in 0..configs.len() {
             // Rotate the order each round, so no config always follows the same one.
             let i = (k + round) % configs.len();
@@ -167,13 +174,14 @@ fn measure(configs: &[Config], load: Load, rounds: u32, calls: u32) -> Result<Ve
             }
             samples[i].push(took.as_nanos() as f64 / f64::from(calls));
         }
+        plan.tick();
     }
-    Ok(samples.into_iter().map(median).collect())
+    Ok(samples)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+/// Config `ours` against config `baseline`, round by round.
+fn paired(ns: &[Vec<f64>], ours: usize, baseline: usize) -> Rounds {
+    Rounds { ours: ns[ours].clone(), baseline: ns[baseline].clone() }
 }
 
 /// `n` filtered events on `syscalls:sys_enter_getppid`, every filter matching every call.
@@ -190,21 +198,23 @@ fn getppid_specs(n: usize) -> Vec<EventSpec> {
 ///
 /// # Errors
 /// When the tracepoint or BPF is unavailable, or a count is not exact.
-pub fn tracepoint_costs(rounds: u32, calls: u32) -> Result<Vec<CostRow>, String> {
+pub fn tracepoint_costs(plan: &Plan<'_>, calls: u32) -> Result<Vec<CostRow>, String> {
     let mut configs = vec![Config { counting: None, exact: Vec::new() }];
     for (n, _) in PERF_VS_PROGRAM_ROWS {
         for method in [Method::Perf, Method::InKernel] {
             configs.push(Config { counting: Some((getppid_specs(n), method)), exact: (0..n).collect() });
         }
     }
-    let ns = measure(&configs, Load::Getppid, rounds, calls)?;
+    let mut names: Vec<&str> = PERF_VS_PROGRAM_ROWS.iter().map(|(_, n)| *n).collect();
+    names.extend([PROGRAM_16_VS_NONE, PERF_16_VS_NONE]);
+    let ns = measure(&configs, Load::Getppid, plan, &names, calls)?;
     let mut rows: Vec<CostRow> = PERF_VS_PROGRAM_ROWS
         .iter()
         .enumerate()
-        .map(|(k, (_, name))| CostRow { name, ours: ns[2 + 2 * k], baseline: ns[1 + 2 * k], goal: Some(1.0) })
+        .map(|(k, (_, name))| CostRow { name, rounds: paired(&ns, 2 + 2 * k, 1 + 2 * k), goal: Some(1.0) })
         .collect();
-    rows.push(CostRow { name: PROGRAM_16_VS_NONE, ours: ns[6], baseline: ns[0], goal: None });
-    rows.push(CostRow { name: PERF_16_VS_NONE, ours: ns[5], baseline: ns[0], goal: None });
+    rows.push(CostRow { name: PROGRAM_16_VS_NONE, rounds: paired(&ns, 6, 0), goal: None });
+    rows.push(CostRow { name: PERF_16_VS_NONE, rounds: paired(&ns, 5, 0), goal: None });
     Ok(rows)
 }
 
@@ -247,17 +257,34 @@ fn vmx_specs(classes: bool) -> Vec<EventSpec> {
 ///
 /// # Errors
 /// When the tracepoint or BPF is unavailable, or the total is not exact.
-pub fn vmx_proxy(rounds: u32, calls: u32) -> Result<Vec<CostRow>, String> {
+pub fn vmx_proxy(plan: &Plan<'_>, calls: u32) -> Result<Vec<CostRow>, String> {
     let mut configs = vec![Config { counting: None, exact: Vec::new() }];
     for method in [Method::InKernel, Method::Perf] {
         for classes in [false, true] {
             configs.push(Config { counting: Some((vmx_specs(classes), method)), exact: vec![0] });
         }
     }
-    let ns = measure(&configs, Load::Getpriority(vmx_reasons()), rounds, calls)?;
-    let added = |i: usize| (ns[i] - ns[0]).max(f64::MIN_POSITIVE);
+    let ns = measure(
+        &configs,
+        Load::Getpriority(vmx_reasons()),
+        plan,
+        &[VMX_PROXY_ROW, VMX_PROXY_PERF_ROW],
+        calls,
+    )?;
+    // What counting adds to each round's uncounted call.
+    let added = |i: usize| -> Vec<f64> {
+        ns[i].iter().zip(&ns[0]).map(|(n, none)| (n - none).max(f64::MIN_POSITIVE)).collect()
+    };
     Ok(vec![
-        CostRow { name: VMX_PROXY_ROW, ours: added(2), baseline: added(1), goal: Some(1.2) },
-        CostRow { name: VMX_PROXY_PERF_ROW, ours: added(4), baseline: added(3), goal: None },
+        CostRow {
+            name: VMX_PROXY_ROW,
+            rounds: Rounds { ours: added(2), baseline: added(1) },
+            goal: Some(1.2),
+        },
+        CostRow {
+            name: VMX_PROXY_PERF_ROW,
+            rounds: Rounds { ours: added(4), baseline: added(3) },
+            goal: None,
+        },
     ])
 }

@@ -1,50 +1,54 @@
 //! What hvstats costs, each figure measured side by side with its baseline in the same run: the
-//! rows of `hvstats bench`.
+//! rows of the `hvstats-bench` tool (`hvstats bench` runs it).
 //!
-//! These machines are noisy, so every row is a ratio of medians over several rounds, ours and the
-//! baseline interleaved (alternating which goes first), each timed in the CPU time of the thread
-//! doing it (time spent preempted counts for neither side; faults and syscalls count). A [`Row`]
-//! is `{"name", "ours", "baseline", "unit", "ratio", "goal", "met"}` in JSON with
-//! `ratio = ours / baseline` (lower is better) and `met` whether the ratio is within the goal
-//! (`null` for a row without one); the table marks each row `met` or `MISSED` the same way. A row
-//! that needs what this host lacks (KVM) is `{"name", "skipped": why}`. Rows are named by what
-//! they measured: the snapshot row by the VPs it really read (`partitions` × 16).
+//! These machines are noisy, so a row keeps every round of both sides and says how sure it is
+//! ([`row`]): each side's minimum, median and maximum, the ratio of the medians (`ours /
+//! baseline`, lower is better), and a 95 % interval for the ratio from rounds paired in ABBA
+//! blocks, so that a drift of the host cancels; a row whose interval straddles its goal is
+//! undecided, not met or missed. Single-threaded sides are timed in the CPU time of the thread
+//! doing them (time spent preempted counts for neither side; faults and syscalls count). A row
+//! that needs what this host lacks (KVM) is skipped, with why. Rows are named by what they
+//! measured: the snapshot row by the VPs it really read (`partitions` × 16).
 //!
 //! Rows: the VP thread's page update against an uncontended and a shared `fetch_add`; a
 //! kept-mapping read of one VP against a `pread` of a vCPU's KVM stats fd (and, without KVM,
 //! against a `pread` of the same page); a consistent copy of a VP page (inside its sequence
 //! counter) against a plain one; the full snapshot of 65,536 VPs against a memcpy of the
 //! same counter bytes; adding a partition to an instance of 4,096 against one of 64; the
-//! exporter's scrape against `snapshot --json`; what observing costs a guest and a counted
-//! thread, and counting a tracepoint by method; the userspace exit with accounting on against
-//! off; a hypercall against a plain exit.
+//! exporter's scrape of 65,536 VPs against `snapshot --json`; a fleet host's scrape (1,000 VMs of
+//! 4 VPs) against the Prometheus client library encoding the same families alone, and its
+//! snapshot API against its scrape; what observing costs a guest and a counted thread, and
+//! counting a tracepoint by method; the userspace exit with accounting on against off; a
+//! hypercall against a plain exit.
 //!
-//! The bench reaches KVM only through `hvstats-kvm`'s public API, and the statistics through
-//! `hvstats`' readers, as any other user of the libraries would.
+//! The bench reaches KVM only through `hvstats-kvm`'s public API, the statistics through
+//! `hvstats`' readers, and the surfaces through `hvstats-present`, as any other user of the
+//! libraries would. It is a development tool: nothing the `hvstats` command links depends on it.
 
 #![deny(missing_docs)]
 
 pub mod authority;
+pub mod client;
 pub mod counting_cost;
 mod error;
 pub mod exit_cost;
+pub mod fleet;
 pub mod guest;
 pub mod observe;
 pub mod overhead;
-mod row;
+pub mod row;
 pub mod scrape;
 
 use hvstats::Hypervisor;
 
 pub use error::BenchError;
-pub use row::{Row, selects, table_header};
-pub use scrape::ScrapeEncoders;
+pub use row::{Pace, Plan, Progress, Row, Silent, Verdict, selects, table_header};
 
-/// What to measure and how much: the options of `hvstats bench`.
+/// What to measure and how much: the options of `hvstats-bench`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Options {
-    /// Rounds per comparison (medians are reported).
-    pub rounds: u32,
+    /// Rounds per comparison (two make an ABBA block); `None`: each group's [`Pace`].
+    pub rounds: Option<u32>,
     /// Userspace exits per guest run (KVM rows).
     pub exits: u32,
     /// Hypercalls per guest run (KVM rows).
@@ -57,7 +61,7 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Self { rounds: 7, exits: 20_000, hypercalls: 5_000, only: Vec::new(), partitions: 4096 }
+        Self { rounds: None, exits: 20_000, hypercalls: 5_000, only: Vec::new(), partitions: 4096 }
     }
 }
 
@@ -74,12 +78,12 @@ pub fn kvm_usable() -> Result<(), String> {
         .map_err(|e| format!("needs KVM: /dev/kvm cannot be opened ({e})"))
 }
 
-/// Measures the rows `options` selects, in the report's order; the scrape rows with `scrape`'s
-/// encoders.
+/// Measures the rows `options` selects, in the report's order, telling `progress` as each group
+/// of rows starts and each round ends.
 ///
 /// # Errors
 /// When a row's set-up fails (a row this host cannot measure is [`Row::Skipped`] instead).
-pub fn run(options: &Options, scrape: &mut dyn ScrapeEncoders) -> Result<Vec<Row>, BenchError> {
+pub fn run(options: &Options, progress: &dyn Progress) -> Result<Vec<Row>, BenchError> {
     let hv = Hypervisor::new().map_err(|e| BenchError::Step {
         step: "creating the hypervisor instance".into(),
         source: Box::new(e),
@@ -88,32 +92,40 @@ pub fn run(options: &Options, scrape: &mut dyn ScrapeEncoders) -> Result<Vec<Row
     let wanted = |name: &str| selects(&options.only, name);
     // A group measured together runs when any of its rows is wanted (`--only` a whole row name).
     let any = |names: &[&str]| names.iter().any(|name| wanted(name));
-    let rounds = options.rounds;
+    let plan = Plan::new(options.rounds, progress);
     let mut rows = Vec::new();
     if any(&authority::UPDATE_ROWS) {
-        rows.extend(authority::update_rows(rounds, &hv)?);
+        rows.extend(authority::update_rows(&plan, &hv)?);
     }
     if any(&authority::READ_ROWS) {
-        rows.extend(authority::read_rows(rounds, &kvm)?);
+        rows.extend(authority::read_rows(&plan, &kvm)?);
     }
     if wanted(authority::CONSISTENCY_ROW) {
-        rows.push(authority::consistency_row(rounds)?);
+        rows.push(authority::consistency_row(&plan)?);
     }
-    let snapshot_name = authority::snapshot_row_name(options.partitions);
-    if wanted(&snapshot_name) {
-        // Rows are named once per run: leaking this one name keeps them all `&'static str`.
-        rows.push(authority::snapshot_row(rounds, options.partitions, snapshot_name.leak())?);
+    let [snapshot, into_earlier] = authority::snapshot_row_names(options.partitions);
+    if wanted(&snapshot) || wanted(&into_earlier) {
+        // Rows are named once per run: leaking these names keeps them all `&'static str`.
+        rows.extend(authority::snapshot_rows(
+            &plan,
+            options.partitions,
+            snapshot.leak(),
+            into_earlier.leak(),
+        )?);
     }
     if wanted(authority::PARTITION_ADD_ROW) {
-        rows.push(authority::partition_add_row(rounds)?);
+        rows.push(authority::partition_add_row(&plan)?);
     }
     if any(&scrape::ROWS) {
-        rows.extend(scrape::scrape_rows(rounds, scrape)?);
+        rows.extend(scrape::scrape_rows(&plan)?);
     }
-    rows.extend(observe::observe_rows(rounds, &kvm, &wanted));
+    if any(&fleet::ROWS) {
+        rows.extend(fleet::fleet_rows(&plan, fleet::VMS, fleet::VPS_EACH)?);
+    }
+    rows.extend(observe::observe_rows(&plan, &kvm, &wanted));
     match &kvm {
         Ok(()) if any(&guest::EXIT_ROWS) => {
-            rows.extend(guest::exit_rows(&hv, rounds, options.exits, options.hypercalls)?);
+            rows.extend(guest::exit_rows(&hv, &plan, options.exits, options.hypercalls, &wanted)?);
         }
         Ok(()) => {}
         Err(why) => {

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use hvstats_bench::overhead;
+use hvstats_bench::{Plan, overhead};
 use hvstats_kvm::observe::counting::{EventList, EventSpec};
 use hvstats_testkit::kvm_available;
 
@@ -17,8 +17,12 @@ fn the_overhead_row_compares_the_guest_exit_rate_observed_and_not() {
     if !kvm_available("the_overhead_row_compares_the_guest_exit_rate_observed_and_not") {
         return;
     }
-    let rates =
-        overhead::guest_exit_rate_on_vs_off(2, Duration::from_secs(1), Duration::from_millis(200)).unwrap();
+    let rates = overhead::guest_exit_rate_on_vs_off(
+        &Plan::quiet(2),
+        Duration::from_secs(1),
+        Duration::from_millis(200),
+    )
+    .unwrap();
     // Observed, unobserved, and programs attached with nothing counted: two rounds each.
     assert_eq!((rates.observed.len(), rates.unobserved.len(), rates.attached.len()), (2, 2, 2));
     assert!(
@@ -35,7 +39,7 @@ fn the_counting_cost_row_counts_every_call_it_times() {
         return;
     }
     // The measurement refuses to give a rate unless the counted thread's count is exact.
-    let rates = overhead::counted_event_rate_on_vs_off(1, 5_000).unwrap();
+    let rates = overhead::counted_event_rate_on_vs_off(&Plan::quiet(1), 5_000).unwrap();
     assert_eq!((rates.observed.len(), rates.unobserved.len()), (1, 1));
     assert!(rates.ratio().is_some_and(|r| r > 0.0), "{rates:?}");
 }

@@ -1,71 +1,111 @@
-//! Which rows a run measures and how the scrape rows use the encoders lent to them, on the
-//! quickest rows (no guest, no tracepoint).
+//! Which rows a run measures, what each keeps of its rounds, and what a progress display is told,
+//! on the quickest rows (no guest, no tracepoint).
 
 // Test set-up: a failed step is the test's failure, reported by the panic.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::cell::Cell;
+use std::sync::Mutex;
 
-use hvstats::snapshot::InstanceSnapshot;
-use hvstats_bench::scrape::{self, EncodeError, ScrapeEncoders};
-use hvstats_bench::{Options, Row};
+use hvstats_bench::{Options, Plan, Progress, Row, fleet, scrape};
 
-/// Encoders that count their calls and encode nothing but the reading's size.
+/// A progress display that writes down what it is told.
 #[derive(Default)]
-struct Counting {
-    vps: usize,
-    metrics: Cell<Vec<usize>>,
-    json: Cell<u32>,
+struct Recorded(Mutex<Vec<String>>);
+
+impl Progress for Recorded {
+    fn group(&self, rows: &[&str], rounds: u32) {
+        self.0.lock().unwrap().push(format!("{} x{rounds}", rows.join("+")));
+    }
+
+    fn round(&self) {
+        self.0.lock().unwrap().push(".".into());
+    }
 }
 
-impl ScrapeEncoders for Counting {
-    fn load(&mut self, instances: Vec<InstanceSnapshot>) {
-        self.vps = instances.iter().flat_map(|i| &i.partitions).map(|p| p.vps.len()).sum();
-    }
-
-    fn metrics(&self, max_vps: usize) -> Result<usize, EncodeError> {
-        let mut caps = self.metrics.take();
-        caps.push(max_vps);
-        self.metrics.set(caps);
-        Ok(self.vps)
-    }
-
-    fn snapshot_json(&self) -> usize {
-        self.json.set(self.json.get() + 1);
-        self.vps
-    }
-
-    fn default_max_vps(&self) -> usize {
-        7
-    }
+fn fact(row: &Row, name: &str) -> f64 {
+    let Row::Measured { facts, .. } = row else { panic!("{row:?}") };
+    facts.iter().find(|(n, _)| *n == name).map(|(_, v)| *v).unwrap_or_else(|| panic!("no {name} in {row:?}"))
 }
 
 #[test]
-fn a_run_measures_only_the_rows_asked_for_in_the_reports_order() {
+fn a_run_measures_only_the_rows_asked_for_every_round_of_both_sides_told_as_it_goes() {
     let options = Options {
-        rounds: 1,
+        rounds: Some(4),
         only: vec!["vp-read-consistent-vs-plain".into(), "read-vp-vs-pread-page".into()],
         ..Options::default()
     };
-    let mut encoders = Counting::default();
-    let rows = hvstats_bench::run(&options, &mut encoders).unwrap();
+    let progress = Recorded::default();
+    let rows = hvstats_bench::run(&options, &progress).unwrap();
     let names: Vec<&str> = rows.iter().map(Row::name).collect();
     assert_eq!(names, ["read-vp-vs-pread-page", "vp-read-consistent-vs-plain"], "{rows:?}");
     for row in &rows {
-        let Row::Measured { ours, baseline, unit, .. } = row else { panic!("{row:?}") };
-        assert!(*ours > 0.0 && *baseline > 0.0, "{row:?}");
+        let Row::Measured { rounds, unit, .. } = row else { panic!("{row:?}") };
+        assert_eq!((rounds.ours.len(), rounds.baseline.len()), (4, 4), "{row:?}");
+        assert!(rounds.ours.iter().chain(&rounds.baseline).all(|v| *v > 0.0), "{row:?}");
         assert_eq!(*unit, "ns/read");
+        let (ours, baseline) = (row.ours().unwrap(), row.baseline().unwrap());
+        assert!(ours.min <= ours.median && ours.median <= ours.max, "{ours:?}");
+        assert_eq!(row.ratio(), Some(ours.median / baseline.median));
+        assert_eq!(row.interval().unwrap().blocks, 2);
     }
-    assert_eq!(encoders.json.get(), 0, "the scrape rows were not asked for");
+    // Each comparison is announced, then each of its rounds; the stats-fd read is measured with
+    // the pread one when this host has KVM, and announced then.
+    let told = progress.0.into_inner().unwrap();
+    let tail: Vec<&str> =
+        told.iter().map(String::as_str).skip_while(|t| !t.starts_with("read-vp-vs-pread-page")).collect();
+    assert_eq!(
+        tail,
+        [
+            "read-vp-vs-pread-page x4",
+            ".",
+            ".",
+            ".",
+            ".",
+            "vp-read-consistent-vs-plain x4",
+            ".",
+            ".",
+            ".",
+            "."
+        ]
+    );
 }
 
 #[test]
-fn the_scrape_rows_encode_one_reading_every_round_uncapped_then_capped() {
-    let mut encoders = Counting::default();
-    let rows = scrape::rows_for(3, 2, 3, &mut encoders).unwrap();
-    assert_eq!(encoders.vps, 6);
+fn the_scrape_rows_encode_one_reading_every_round_and_say_its_series_and_bytes() {
+    let rows = scrape::rows_for(3, 2, &Plan::quiet(2)).unwrap();
     let names: Vec<&str> = rows.iter().map(Row::name).collect();
     assert_eq!(names, scrape::ROWS);
-    assert_eq!(encoders.metrics.take(), [usize::MAX, usize::MAX, usize::MAX, 7, 7, 7]);
-    assert_eq!(encoders.json.get(), 6);
+    // The same reading and cap the row encoded, encoded again: the facts are its size.
+    let reading =
+        std::sync::Arc::new(hvstats_present::live::Reading::of(vec![hvstats_testkit::synthetic_instance(
+            3, 2,
+        )]));
+    let text = scrape::metrics(&reading, usize::MAX).unwrap();
+    assert_eq!(fact(&rows[0], "series"), scrape::series(&text) as f64);
+    assert_eq!(fact(&rows[0], "bytes"), text.len() as f64);
+    assert_eq!(fact(&rows[0], "json_bytes"), scrape::snapshot_body(&reading).len() as f64);
+    assert!(text.contains("hvstats_vp_hypercalls_total{vm=\"partition-3\",vp=\"1\"}"), "{text}");
+    for row in &rows {
+        let Row::Measured { rounds, .. } = row else { panic!("{row:?}") };
+        assert_eq!(rounds.ours.len(), 2);
+    }
+}
+
+#[test]
+fn the_fleet_rows_read_a_published_fleet_and_the_library_encodes_the_same_series() {
+    let rows = fleet::fleet_rows(&Plan::quiet(2), 3, 2).unwrap();
+    let names: Vec<&str> = rows.iter().map(Row::name).collect();
+    assert_eq!(names, fleet::ROWS);
+    // Every VP's counters and histograms, and more: the VMs', the host's.
+    let series = fact(&rows[0], "series");
+    assert!(series > 6.0 * 100.0, "{series} series for 6 VPs");
+    assert_eq!(fact(&rows[1], "series"), series, "the same exposition");
+    assert!(fact(&rows[0], "library_bytes") > 0.0);
+    assert_eq!(fact(&rows[2], "vps"), 6.0);
+    assert_eq!(fact(&rows[2], "bytes_per_vp") * 6.0, fact(&rows[2], "bytes"));
+    for row in &rows {
+        let Row::Measured { rounds, .. } = row else { panic!("{row:?}") };
+        assert_eq!((rounds.ours.len(), rounds.baseline.len()), (2, 2));
+        assert!(rounds.ours.iter().chain(&rounds.baseline).all(|v| *v > 0.0), "{row:?}");
+    }
 }

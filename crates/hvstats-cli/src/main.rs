@@ -37,7 +37,8 @@ enum Command {
     /// Observe the KVM VMs of other processes, or the Microsoft Hypervisor (--mshv), and publish
     /// their Hyper-V counters.
     Observe(cmd::observe::Args),
-    /// Measure what exact accounting costs on the userspace exit path.
+    /// Measure what hvstats costs, each row beside its baseline (runs the hvstats-bench
+    /// development tool, found beside hvstats or on PATH).
     Bench(cmd::bench::Args),
     /// A live full-screen view of every VP, kvm_stat style.
     Top(cmd::top::Args),

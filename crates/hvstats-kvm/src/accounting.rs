@@ -11,6 +11,7 @@
 
 use hvstats::SharedPage;
 use hvstats::whv::VpExtras;
+use hvstats_abi::CounterId;
 
 use crate::cycles;
 use crate::sources::counter_source::{Composition, Object, Part, VpSource, VpThread};
@@ -91,44 +92,52 @@ impl ExitAccounting {
     /// Records one userspace exit of `class` that took `ticks` ([`cycles`]) to handle: its count,
     /// its class's cumulative time and a bucket of its class's histogram. Only the VP thread calls
     /// this for its page (single writer: plain loads and stores).
+    #[inline]
     pub fn record(&mut self, page: &SharedPage, user: &UserExitCounts, class: ExitClass, ticks: u64) {
         if !self.enabled {
             return;
         }
-        let (count, cost, total, histogram) = match class {
+        // Each arm names its counters as constants, so their places in the page are known when
+        // this is compiled, not looked up in the layout at every exit.
+        match class {
             ExitClass::Io => {
-                (Some(counter::IO_MESSAGES), counter::IO_COST, &mut self.io_ticks, counter::IO_HISTOGRAM)
+                page.add(counter::IO_MESSAGES, 1);
+                account(page, counter::IO_COST, &mut self.io_ticks, counter::IO_HISTOGRAM, ticks);
             }
             // Counted when it began (`begin_hypercall`); a hypercall is no I/O intercept message.
-            ExitClass::Hypercall => {
-                (None, counter::HYPERCALLS_COST, &mut self.hypercall_ticks, counter::HYPERCALLS_HISTOGRAM)
-            }
+            ExitClass::Hypercall => account(
+                page,
+                counter::HYPERCALLS_COST,
+                &mut self.hypercall_ticks,
+                counter::HYPERCALLS_HISTOGRAM,
+                ticks,
+            ),
             ExitClass::Msr => {
                 UserExitCounts::bump(&user.msr);
-                (
-                    Some(counter::OTHER_MESSAGES),
-                    counter::MSR_COST,
-                    &mut self.msr_ticks,
-                    counter::MSR_HISTOGRAM,
-                )
+                page.add(counter::OTHER_MESSAGES, 1);
+                account(page, counter::MSR_COST, &mut self.msr_ticks, counter::MSR_HISTOGRAM, ticks);
             }
             ExitClass::Mmio => {
                 page.add(counter::MEMORY_MESSAGES, 1);
-                (Some(counter::OTHER), counter::OTHER_COST, &mut self.other_ticks, counter::MMIO_HISTOGRAM)
+                page.add(counter::OTHER, 1);
+                account(page, counter::OTHER_COST, &mut self.other_ticks, counter::MMIO_HISTOGRAM, ticks);
             }
             ExitClass::Other => {
                 page.add(counter::OTHER_MESSAGES, 1);
-                (Some(counter::OTHER), counter::OTHER_COST, &mut self.other_ticks, counter::OTHER_HISTOGRAM)
+                page.add(counter::OTHER, 1);
+                account(page, counter::OTHER_COST, &mut self.other_ticks, counter::OTHER_HISTOGRAM, ticks);
             }
-        };
-        // The histogram: its sum and one bucket, two more plain loads and stores.
-        page.record_time(histogram, cycles::to_ns(ticks));
-        if let Some(count) = count {
-            page.add(count, 1);
         }
-        *total += ticks;
-        page.set(cost, cycles::to_100ns(*total));
     }
+}
+
+/// Adds `ticks` to a class's time: its histogram (the sum and one bucket, two plain loads and
+/// stores) and its cumulative cost, kept in ticks in `total` and written in 100 ns units.
+#[inline(always)]
+fn account(page: &SharedPage, cost: CounterId, total: &mut u64, histogram: CounterId, ticks: u64) {
+    page.record_time(histogram, cycles::to_ns(ticks));
+    *total += ticks;
+    page.set(cost, cycles::to_100ns(*total));
 }
 
 /// The kernel sources of one VP, opened on (or for) its thread: the list

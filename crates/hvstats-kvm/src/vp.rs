@@ -254,6 +254,9 @@ pub struct VpOutcome {
     pub fault: Option<VpFault>,
     /// Time from the VP's first entry into the guest until it stopped.
     pub run_time: std::time::Duration,
+    /// CPU time the VP's thread used over `run_time` (in the guest, in KVM and handling exits),
+    /// without the time it waited for a CPU: what a busy host does not inflate.
+    pub cpu_time: std::time::Duration,
     /// Guest cycles and instructions retired, when the partition was given hardware counters:
     /// the counts, or why the PMU could not count them (never zeros in their place).
     pub hardware: Option<Result<GuestCounts, HardwareCountError>>,
@@ -343,6 +346,7 @@ impl<'a> VpCounters<'a> {
     }
 
     /// Records one userspace exit (see [`ExitAccounting::record`]).
+    #[inline]
     fn record(self, acct: &mut ExitAccounting, class: ExitClass, ticks: u64) {
         acct.record(self.page, &self.shared.user, class, ticks);
     }
@@ -407,6 +411,14 @@ fn declare_missing(env: &VpEnv<'_>, sources: &VpSources) {
     }
 }
 
+/// The calling thread's CPU time.
+fn thread_cpu_time() -> std::time::Duration {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid out-pointer; CLOCK_THREAD_CPUTIME_ID always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    std::time::Duration::new(u64::try_from(ts.tv_sec).unwrap_or(0), u32::try_from(ts.tv_nsec).unwrap_or(0))
+}
+
 /// Runs VP `shared.index` on the calling thread until it stops, faults or is stopped.
 pub(crate) fn run(env: &VpEnv<'_>, shared: &VpShared, mut vcpu: VcpuFd) -> VpOutcome {
     let index = shared.index;
@@ -416,6 +428,7 @@ pub(crate) fn run(env: &VpEnv<'_>, shared: &VpShared, mut vcpu: VcpuFd) -> VpOut
         serial: Vec::new(),
         fault: None,
         run_time: Default::default(),
+        cpu_time: Default::default(),
         hardware: None,
     };
     let Some(presence) = env.space.vp(index) else {
@@ -442,6 +455,7 @@ pub(crate) fn run(env: &VpEnv<'_>, shared: &VpShared, mut vcpu: VcpuFd) -> VpOut
     let mut acct = ExitAccounting::new(env.accounting && counters.is_some());
     let mut serial = Vec::new();
     let started = Instant::now();
+    let started_cpu = thread_cpu_time();
     let mut last_rip = LastRip::entry(rip(&vcpu).unwrap_or(0));
     let synced_regs = env.sync_regs & u64::from(KVM_SYNC_X86_REGS) != 0;
     let mut entered = false;
@@ -482,6 +496,7 @@ pub(crate) fn run(env: &VpEnv<'_>, shared: &VpShared, mut vcpu: VcpuFd) -> VpOut
         }
     }
     outcome.run_time = started.elapsed();
+    outcome.cpu_time = thread_cpu_time().saturating_sub(started_cpu);
     outcome.hardware = hardware.map(|h| match h {
         Ok(mut counters) => counters.read().map_err(|e| HardwareCountError::Read(Arc::new(e))),
         Err(why) => Err(HardwareCountError::Open(Arc::new(why))),

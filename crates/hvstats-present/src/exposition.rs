@@ -148,6 +148,10 @@ pub const PUBLISHER: &str = "publisher";
 /// The `vp` label of a partition's summed VPs, past the cap.
 pub const ALL_VPS: &str = "all";
 
+/// VPs an exporter exports one by one per scrape unless told otherwise (`serve --max-vps`); the
+/// VPs of partitions beyond it are exported as one sum per partition (`vp="all"`).
+pub const DEFAULT_MAX_VPS: usize = 4096;
+
 /// One scrape: a reading and the cap on VPs exported one by one.
 #[derive(Debug)]
 pub struct Exposition {

@@ -1,6 +1,7 @@
-//! Measurement and test support stay out of the product crates: no product crate depends on the
-//! bench or the test kit (except as a dev-dependency), hvstats-kvm links no assembler, and no
-//! test includes another crate's test files by path.
+//! Measurement and test support stay out of the product crates: no product crate (the command
+//! included) depends on the bench or the test kit except as a dev-dependency, so neither is in
+//! what the shipped `hvstats` binary links; hvstats-kvm links no assembler; and no test includes
+//! another crate's test files by path.
 
 // Test set-up: a failed step is the test's failure, reported by the panic.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -12,15 +13,19 @@ use std::process::Command;
 use serde_json::Value;
 
 /// The product crates: what a user of the libraries or the command links.
-const PRODUCT: [&str; 7] = [
+const PRODUCT: [&str; 8] = [
     "hvstats-abi",
     "hvstats",
+    "hvstats-host",
     "hvstats-present",
     "hvstats-kvm",
     "hvstats-mshv",
     "hvstats-guest",
     "hvstats-cli",
 ];
+
+/// The crates that only measure or test: never a normal dependency of a product crate.
+const DEVELOPMENT: [&str; 2] = ["hvstats-bench", "hvstats-testkit"];
 
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
@@ -53,23 +58,50 @@ fn dependencies() -> Vec<(String, Vec<(String, Value)>)> {
 }
 
 #[test]
-fn product_crates_take_the_bench_and_the_test_kit_only_as_the_command_and_tests_need_them() {
+fn no_product_crate_takes_the_bench_or_the_test_kit_as_a_normal_dependency() {
     let packages = dependencies();
+    let names: BTreeSet<&str> = packages.iter().map(|(name, _)| name.as_str()).collect();
+    for crate_name in PRODUCT.iter().chain(&DEVELOPMENT) {
+        assert!(names.contains(crate_name), "{crate_name} is not in the workspace: {names:?}");
+    }
     for product in PRODUCT {
         let (_, deps) = packages.iter().find(|(name, _)| name == product).expect(product);
         for (dep, kind) in deps {
             let normal = kind.is_null();
-            if dep == "hvstats-testkit" {
-                assert!(!normal, "{product} depends on hvstats-testkit outside its tests");
-            }
-            if dep == "hvstats-bench" {
-                // The command runs the bench's rows (`hvstats bench`); no library does.
-                assert_eq!(product, "hvstats-cli", "{product} depends on hvstats-bench");
+            if DEVELOPMENT.contains(&dep.as_str()) {
+                assert!(!normal, "{product} depends on {dep} outside its tests");
             }
             if dep == "iced-x86" && product != "hvstats-guest" {
                 assert!(!normal, "{product} links iced-x86 outside its tests");
             }
         }
+    }
+}
+
+#[test]
+fn the_shipped_binary_links_neither_the_bench_nor_the_test_kit() {
+    // What `cargo tree -p hvstats-cli -e normal` lists of the workspace: every crate reached
+    // from the command through normal dependencies.
+    let packages = dependencies();
+    let normal_deps = |name: &str| -> Vec<String> {
+        packages
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, deps)| deps.iter().filter(|(_, kind)| kind.is_null()).map(|(d, _)| d.clone()).collect())
+            .unwrap_or_default()
+    };
+    let mut linked = BTreeSet::from(["hvstats-cli".to_owned()]);
+    let mut next = vec!["hvstats-cli".to_owned()];
+    while let Some(name) = next.pop() {
+        for dep in normal_deps(&name) {
+            if linked.insert(dep.clone()) {
+                next.push(dep);
+            }
+        }
+    }
+    assert!(linked.contains("hvstats-present") && linked.contains("hvstats-kvm"), "{linked:?}");
+    for development in DEVELOPMENT {
+        assert!(!linked.contains(development), "the hvstats binary links {development}: {linked:?}");
     }
 }
 

@@ -23,6 +23,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering, fence};
 
+use hvstats_abi::page::PAGE_SLOTS;
 use hvstats_abi::{ObjectKind, PAGE_SIZE};
 
 /// `HVSTARN1`: the first word of every arena file.
@@ -350,19 +351,27 @@ impl Entry {
 /// `kind` page: the counter's position among the kind's counters in catalog order. (A bit per
 /// slot ran out: a histogram spans 33 slots, and the VP page's last ones start past slot 256.)
 pub fn unavailable_bit(kind: ObjectKind, slot: usize) -> Option<usize> {
+    // Readers ask this for every counter of every object they decode: a table indexed by kind and
+    // slot, built once, not a map to hash into.
     use std::sync::OnceLock;
-    static BITS: OnceLock<std::collections::HashMap<(u8, usize), usize>> = OnceLock::new();
+    const NONE: u16 = u16::MAX;
+    static BITS: OnceLock<Vec<[u16; PAGE_SLOTS]>> = OnceLock::new();
     let bits = BITS.get_or_init(|| {
         ObjectKind::ALL
             .iter()
-            .flat_map(|&k| {
-                hvstats_abi::catalog::counters_of(k)
-                    .enumerate()
-                    .map(move |(bit, c)| ((k as u8, c.id.slot()), bit))
+            .map(|&k| {
+                let mut bits = [NONE; PAGE_SLOTS];
+                for (bit, c) in hvstats_abi::catalog::counters_of(k).enumerate() {
+                    if let (Some(at), Ok(bit)) = (bits.get_mut(c.id.slot()), u16::try_from(bit)) {
+                        *at = bit;
+                    }
+                }
+                bits
             })
             .collect()
     });
-    bits.get(&(kind as u8, slot)).copied().filter(|&bit| bit < UNAVAILABLE_COUNTERS)
+    let bit = *bits.get(kind as usize)?.get(slot)?;
+    (bit != NONE).then_some(usize::from(bit)).filter(|&bit| bit < UNAVAILABLE_COUNTERS)
 }
 
 /// True when the counter at page slot `slot` of a `kind` page is set in an unavailable-counter

@@ -135,6 +135,7 @@ impl SharedPage {
     /// # Panics
     /// When `counter` does not leave room for a histogram before the end of the page: only ids
     /// made by hand can.
+    #[inline]
     pub fn histogram_slots(&self, counter: CounterId) -> &[AtomicU64; HISTOGRAM_SLOTS] {
         debug_assert_eq!(counter.kind, self.kind);
         let start = counter.slot();
@@ -144,6 +145,7 @@ impl SharedPage {
 
     /// Records a time of `ns` nanoseconds into histogram `counter`: a plain load and store of two
     /// slots, only for the page's single writer (the VP thread, on its exit path).
+    #[inline]
     pub fn record_time(&self, counter: CounterId, ns: u64) {
         histogram::record(self.histogram_slots(counter), ns);
     }

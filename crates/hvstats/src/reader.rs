@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering, fence};
 
 use hvstats_abi::PAGE_SIZE;
 use hvstats_abi::page::PAGE_SLOTS;
-use hvstats_abi::seqcount::{self, SeqRead};
+use hvstats_abi::seqcount;
 
 use crate::index::{
     self, CHUNK_BYTES, CHUNK_SLOTS, ENTRY_BYTES, ENTRY_WORDS, FormatError, HEADER_BYTES, Header, ew, hw,
@@ -415,15 +415,39 @@ impl ArenaReader {
         let words = out.len().max(sequence + 1);
         match self.atomics(page_offset, words) {
             Some(page) => {
-                let copy = self.under_entry(slot, generation, || {
-                    Ok(seqcount::read(&page[sequence], seqcount::DEFAULT_TRIES, || {
-                        copy_words(page, out, self.wide)
-                    }))
-                })?;
-                match copy {
-                    SeqRead::Consistent { .. } => Ok(()),
-                    SeqRead::Torn { .. } => Err(PageCopyError::Torn),
+                // One loop checks both sequences (the entry's and the page's) around the copy:
+                // what a consistent read costs over a plain one is two loads and a compare.
+                let Some(entry) = self.atomics(index::entry_offset(slot), ENTRY_WORDS) else {
+                    return Err(PageCopyError::Changed);
+                };
+                let seq = &page[sequence];
+                let mut torn = false;
+                for _ in 0..seqcount::DEFAULT_TRIES {
+                    let before = entry[ew::SEQ].load(Ordering::Acquire);
+                    let gen_ = entry[ew::GENERATION].load(Ordering::Relaxed);
+                    let state = entry[ew::STATE].load(Ordering::Relaxed);
+                    if before.is_multiple_of(2) {
+                        if gen_ != generation || state == index::state::FREE {
+                            return Err(PageCopyError::Changed);
+                        }
+                        let page_before = seq.load(Ordering::Acquire);
+                        torn = !page_before.is_multiple_of(2);
+                        if !torn {
+                            copy_words(page, out, self.wide);
+                            fence(Ordering::Acquire);
+                            let page_after = seq.load(Ordering::Relaxed);
+                            if entry[ew::SEQ].load(Ordering::Relaxed) == before {
+                                if page_after == page_before {
+                                    return Ok(());
+                                }
+                                torn = true;
+                            }
+                        }
+                    }
+                    std::hint::spin_loop();
                 }
+                // Out of tries: torn when the last one overlapped a merge into the page.
+                Err(if torn { PageCopyError::Torn } else { PageCopyError::Changed })
             }
             None => {
                 let seq_offset = page_offset + sequence * 8;
@@ -475,69 +499,92 @@ fn wide_loads_are_atomic() -> bool {
 /// Copies the first `min(src.len(), dst.len())` words of `src` into `dst`, each word read whole
 /// (a writer's store to it is seen entirely or not at all), as a relaxed atomic load would.
 ///
-/// This is a reader's hot loop (a VP page is some 340 words, a snapshot reads tens of thousands
-/// of pages), and word-by-word atomic loads are never vectorised: where `wide` says the processor
-/// reads an aligned 16-byte word whole, whole 64-byte lines are copied with aligned 16-byte loads
-/// instead, half the loads and stores; the rest word by word.
+/// This is a reader's hot loop (a VP page is 338 words, a snapshot reads tens of thousands of
+/// pages), and word-by-word atomic loads are never vectorised: where `wide` says the processor
+/// reads an aligned 16-byte word whole, the words are copied in aligned 16-byte pairs instead,
+/// half the loads and stores, by one routine whatever the caller ([`copy_pairs`]); an odd word
+/// left over, or every word elsewhere, by an atomic load.
 fn copy_words(src: &[AtomicU64], dst: &mut [u64], wide: bool) {
     let n = src.len().min(dst.len());
-    let done = if wide { copy_whole_lines(&src[..n], &mut dst[..n]) } else { 0 };
+    let done = if wide { copy_whole_pairs(&src[..n], &mut dst[..n]) } else { 0 };
     for (d, s) in dst[done..n].iter_mut().zip(&src[done..n]) {
         *d = s.load(Ordering::Relaxed);
     }
 }
 
-/// Copies the whole 64-byte lines of `src` (as many words as both hold, a multiple of 8) into
-/// `dst` by aligned 16-byte loads, when `src` is 16-byte aligned; the words copied. Only where
-/// [`wide_loads_are_atomic`].
+/// Copies the whole 16-byte pairs of `src` (as many words as both hold, rounded down to even)
+/// into `dst` by aligned 16-byte loads, when `src` is 16-byte aligned; the words copied. Only
+/// where [`wide_loads_are_atomic`].
 #[cfg(target_arch = "x86_64")]
-fn copy_whole_lines(src: &[AtomicU64], dst: &mut [u64]) -> usize {
-    let lines = src.len().min(dst.len()) / 8;
-    if lines == 0 || !(src.as_ptr() as usize).is_multiple_of(16) {
+fn copy_whole_pairs(src: &[AtomicU64], dst: &mut [u64]) -> usize {
+    let pairs = src.len().min(dst.len()) / 2;
+    if pairs == 0 || !(src.as_ptr() as usize).is_multiple_of(16) {
         return 0;
     }
-    // SAFETY: `src` holds at least `lines * 8` words from a 16-byte aligned start, readable (a
-    // live shared slice), and `dst` as many, writable and ours alone (`&mut`); `lines` is at
-    // least 1. The assembly reads `src` only with aligned 16-byte loads, each of which reads its
-    // two words whole where the caller checked [`wide_loads_are_atomic`], and is a compiler
-    // barrier for memory like any `asm!` without `nomem`, so it stays between the loads that
-    // order it in its caller.
-    unsafe { copy_lines(src.as_ptr().cast(), dst.as_mut_ptr(), lines) };
-    lines * 8
+    // SAFETY: `src` holds at least `pairs * 2` words from a 16-byte aligned start, readable (a
+    // live shared slice), and `dst` as many, writable and ours alone (`&mut`); `pairs` is at
+    // least 1; the caller found AVX ([`wide_loads_are_atomic`]), which `copy_pairs` needs. The
+    // assembly reads `src` only with aligned 16-byte loads (VEX.128 `VMOVDQA`), each of which
+    // reads its two words whole on such a processor, and is a compiler barrier for memory like
+    // any `asm!` without `nomem`, so it stays between the loads that order it in its caller.
+    unsafe { copy_pairs(src.as_ptr().cast(), dst.as_mut_ptr(), pairs) };
+    pairs * 2
 }
 
 /// Elsewhere no load is known to read two words whole: nothing is copied here.
 #[cfg(not(target_arch = "x86_64"))]
-fn copy_whole_lines(_src: &[AtomicU64], _dst: &mut [u64]) -> usize {
+fn copy_whole_pairs(_src: &[AtomicU64], _dst: &mut [u64]) -> usize {
     0
 }
 
-/// Copies `lines` runs of 64 bytes from `src` (16-byte aligned) to `dst` by aligned 16-byte loads.
+/// Copies `pairs` runs of 16 bytes from `src` (16-byte aligned) to `dst` by aligned 16-byte
+/// loads: four at a time in a loop aligned to 32 bytes (so every caller's copy runs the very same
+/// instructions from the same place), the rest one by one. VEX-encoded, so it never pays for a
+/// switch between SSE and AVX code.
 ///
 /// # Safety
-/// `src` must be 16-byte aligned and readable for `lines * 64` bytes, `dst` writable for as many,
-/// the two not overlapping, and `lines` at least 1.
+/// The processor must support AVX; `src` must be 16-byte aligned and readable for `pairs * 16`
+/// bytes, `dst` writable for as many, the two not overlapping, and `pairs` at least 1.
 #[cfg(target_arch = "x86_64")]
-unsafe fn copy_lines(src: *const u64, dst: *mut u64, lines: usize) {
-    // SAFETY: as the caller promises; the loop runs `lines` (≥ 1) times, 64 bytes each.
+#[target_feature(enable = "avx")]
+#[inline(never)]
+unsafe fn copy_pairs(src: *const u64, dst: *mut u64, pairs: usize) {
+    // SAFETY: as the caller promises; the loops copy `pairs` (≥ 1) runs of 16 bytes in all.
     unsafe {
         std::arch::asm!(
+            "mov {rest:e}, {pairs:e}",
+            "and {rest:e}, 3",
+            "shr {pairs}, 2",
+            "jz 3f",
+            ".p2align 5",
             "2:",
-            "movdqa {a}, xmmword ptr [{src}]",
-            "movdqa {b}, xmmword ptr [{src} + 16]",
-            "movdqa {c}, xmmword ptr [{src} + 32]",
-            "movdqa {d}, xmmword ptr [{src} + 48]",
-            "movdqu xmmword ptr [{dst}], {a}",
-            "movdqu xmmword ptr [{dst} + 16], {b}",
-            "movdqu xmmword ptr [{dst} + 32], {c}",
-            "movdqu xmmword ptr [{dst} + 48], {d}",
+            "vmovdqa {a}, xmmword ptr [{src}]",
+            "vmovdqa {b}, xmmword ptr [{src} + 16]",
+            "vmovdqa {c}, xmmword ptr [{src} + 32]",
+            "vmovdqa {d}, xmmword ptr [{src} + 48]",
+            "vmovdqu xmmword ptr [{dst}], {a}",
+            "vmovdqu xmmword ptr [{dst} + 16], {b}",
+            "vmovdqu xmmword ptr [{dst} + 32], {c}",
+            "vmovdqu xmmword ptr [{dst} + 48], {d}",
             "add {src}, 64",
             "add {dst}, 64",
-            "dec {n}",
+            "dec {pairs}",
             "jnz 2b",
+            "3:",
+            "test {rest:e}, {rest:e}",
+            "jz 5f",
+            "4:",
+            "vmovdqa {a}, xmmword ptr [{src}]",
+            "vmovdqu xmmword ptr [{dst}], {a}",
+            "add {src}, 16",
+            "add {dst}, 16",
+            "dec {rest:e}",
+            "jnz 4b",
+            "5:",
             src = inout(reg) src => _,
             dst = inout(reg) dst => _,
-            n = inout(reg) lines => _,
+            pairs = inout(reg) pairs => _,
+            rest = out(reg) _,
             a = out(xmm_reg) _,
             b = out(xmm_reg) _,
             c = out(xmm_reg) _,

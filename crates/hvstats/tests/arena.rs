@@ -92,8 +92,17 @@ fn churn_with_readers_never_shows_a_page_of_the_wrong_object_nor_a_torn_entry() 
         })
         .collect();
 
+    // The writer churns at least 3,000 partitions, and on until the readers have checked enough
+    // pages, however fast either side runs on this host; the deadline only guards against a hang.
     let mut live = std::collections::VecDeque::new();
-    for round in 0..3000u32 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    let mut round = 0u32;
+    while round < 3000 || checked.load(Ordering::Relaxed) <= 1000 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "readers checked only {} pages while 300 s of churn went by",
+            checked.load(Ordering::Relaxed)
+        );
         let vps = 1 + round % 3;
         let p = hv.create_partition(vps).unwrap();
         for n in 0..vps {
@@ -104,12 +113,12 @@ fn churn_with_readers_never_shows_a_page_of_the_wrong_object_nor_a_torn_entry() 
             let old = live.pop_front().unwrap();
             hv.remove_partition(old.id());
         }
+        round += 1;
     }
     done.store(true, Ordering::Relaxed);
     let generations: Vec<u64> = readers.into_iter().map(|r| r.join().unwrap()).collect();
-    assert!(checked.load(Ordering::Relaxed) > 1000, "readers read {} pages", checked.load(Ordering::Relaxed));
     assert!(generations.iter().any(|&g| g > 1), "slots were reused under the readers: {generations:?}");
-    // 3,000 partitions came and went; the arena only holds the ones alive at a time.
+    // Thousands of partitions came and went; the arena only holds the ones alive at a time.
     let held = std::fs::metadata(&arena_path).unwrap().len() as usize;
     assert!(held <= index::file_bytes(4), "{held} bytes");
 }
@@ -163,4 +172,49 @@ fn sixty_five_thousand_vps_publish_and_are_read_with_bounded_memory() {
     assert_eq!(vps, 65_536);
     let grown = rss_kib().saturating_sub(before);
     assert!(grown < 64 * 1024, "streaming 65,536 VPs grew the reader by {grown} KiB");
+}
+
+#[test]
+fn a_snapshot_into_an_earlier_one_reads_what_a_fresh_one_reads_whatever_that_held() {
+    let tmp = TempDir::new("into");
+    let hv = published(&tmp.0);
+    let parts: Vec<_> =
+        [3, 1, 2, 4].iter().map(|&vps| hv.create_partition_named(vps, "p").unwrap()).collect();
+    let mut attach = Attach::new(&tmp.0);
+    attach.refresh().unwrap();
+    let instance = attach.instances_mut().next().unwrap();
+    // What the earlier snapshot holds: four partitions, one VP unreadable, one partition's
+    // reading unreadable, histograms empty or not.
+    let mut reused = instance.snapshot();
+    reused.partitions[0].vps[1].reading =
+        ObjectReading::Unreadable { permission_denied: false, reason: "earlier".into() };
+    reused.partitions[2].reading =
+        ObjectReading::Unreadable { permission_denied: true, reason: "earlier".into() };
+    reused.partitions[3].vps[0].histograms.clear();
+
+    // Then the host changes: a partition goes, one comes with more VPs, one stops, values move.
+    hv.remove_partition(parts[1].id());
+    let added = hv.create_partition_named(5, "added").unwrap();
+    parts[3].stop("stopped on purpose");
+    for (n, page) in parts[0].vp_pages().chain(added.vp_pages()) {
+        page.set(vp::HYPERCALLS, 100 + u64::from(n));
+        page.record_time(vp::IO_TIME_HISTOGRAM, 1000 * u64::from(n + 1));
+    }
+    instance.snapshot_into(&mut reused);
+    let fresh = instance.snapshot();
+    assert_eq!(format!("{reused:?}"), format!("{fresh:?}"), "the same values, field by field");
+    let shape: Vec<(usize, bool)> = reused.partitions.iter().map(|p| (p.vps.len(), p.active)).collect();
+    assert_eq!(shape, [(3, true), (2, true), (4, false), (5, true)]);
+    let last = &reused.partitions[3];
+    assert_eq!((last.name.as_str(), last.vps[4].reading.get("Hypercalls/sec")), ("added", Some(104)));
+    let io = last.vps[4].histograms.iter().find(|(c, _)| c.id == vp::IO_TIME_HISTOGRAM).unwrap().1;
+    assert_eq!((io.sum_ns, io.count()), (5000, 1));
+    assert!(
+        reused
+            .partitions
+            .iter()
+            .flat_map(|p| &p.vps)
+            .all(|v| matches!(v.reading, ObjectReading::Counters(_)))
+    );
+    assert!(matches!(reused.partitions[2].reading, ObjectReading::Counters(_)), "read again");
 }

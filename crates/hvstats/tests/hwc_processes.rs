@@ -25,6 +25,7 @@ const ROLE: &str = "HWC_WORKER";
 const DIR: &str = "HWC_WORKER_DIR";
 const AUDIT: &str = "HWC_WORKER_AUDIT";
 const ROUNDS: &str = "HWC_WORKER_ROUNDS";
+const TOGETHER: &str = "HWC_WORKERS_TOGETHER";
 
 /// The stress PMU: 2 general-purpose + 1 fixed counter on each of 4 processors, so requests collide.
 fn small_pmu() -> PmuShape {
@@ -81,6 +82,19 @@ fn worker() {
         "stress" => {
             let a = Allocator::open(&dir, small_pmu()).unwrap().with_audit_log(std::env::var(AUDIT).unwrap());
             let rounds: u32 = std::env::var(ROUNDS).unwrap().parse().unwrap();
+            // Start together, however long each process took to start: the workload must contend.
+            let together: usize = std::env::var(TOGETHER).unwrap().parse().unwrap();
+            std::fs::write(dir.join(format!("ready-{}", std::process::id())), "").unwrap();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+            while std::fs::read_dir(&dir)
+                .unwrap()
+                .filter(|e| e.as_ref().is_ok_and(|e| e.file_name().to_string_lossy().starts_with("ready-")))
+                .count()
+                < together
+            {
+                assert!(std::time::Instant::now() < deadline, "the other workers did not start within 120 s");
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
             let mut rng = u64::from(std::process::id()) | 1;
             let mut next = move || {
                 rng ^= rng << 13;
@@ -183,7 +197,11 @@ fn concurrent_processes_never_hold_the_same_resource_twice() {
     const ROUNDS_EACH: u32 = 200;
     let rt = TempRuntime::new("hwc-stress");
     let audit = rt.path().join("audit.jsonl");
-    let extra = [(AUDIT, audit.display().to_string()), (ROUNDS, ROUNDS_EACH.to_string())];
+    let extra = [
+        (AUDIT, audit.display().to_string()),
+        (ROUNDS, ROUNDS_EACH.to_string()),
+        (TOGETHER, WORKERS.to_string()),
+    ];
     let mut children: Vec<Child> = (0..WORKERS).map(|_| spawn("stress", &rt, &extra)).collect();
     let mut reported_grants = 0u64;
     for child in &mut children {

@@ -1,102 +1,60 @@
-//! `hvstats bench`: what hvstats costs, each figure measured side by side with its baseline in
-//! the same run. The rows are measured by `hvstats-bench` (see its documentation for what each
-//! compares); this command parses the options, lends the exporter's and the snapshot's encoders
-//! to the scrape rows, and prints the rows: a table marking each `met` or `MISSED` against its
-//! goal, or with `--json` one object per line, `{"name", "ours", "baseline", "unit", "ratio",
-//! "goal", "met"}` (`{"name", "skipped": why}` for a row this host cannot measure).
+//! `hvstats bench`: runs the `hvstats-bench` development tool, as git runs `git-<name>`.
+//!
+//! What hvstats costs is measured by a tool of its own, so that the shipped binary links no
+//! benchmark rows nor test fixtures. This command looks for the `hvstats-bench` executable next
+//! to the running `hvstats` executable (where `cargo build` and `cargo install` put both), then on
+//! `PATH`, and replaces itself with it, handing over every argument (`hvstats bench --help` is
+//! its help); its output and exit status are the tool's. Without the tool it says how to get it
+//! and exits 1.
 
-use std::io::Write;
+use std::ffi::OsString;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 
-use hvstats::snapshot::InstanceSnapshot;
-use hvstats_bench::scrape::EncodeError;
-use hvstats_bench::{Options, ScrapeEncoders};
-use serde_json::{Value, json};
+use anyhow::{Context, bail};
 
-use crate::cmd::serve::DEFAULT_MAX_VPS;
-use crate::output;
-use hvstats_present::exposition::Exposition;
-use hvstats_present::live::Reading;
+/// The tool's executable name.
+pub const TOOL: &str = "hvstats-bench";
 
-/// Flags of `hvstats bench`.
+/// Flags of `hvstats bench`: all of them the tool's.
 #[derive(clap::Args, Debug)]
+#[command(disable_help_flag = true, disable_version_flag = true)]
 pub struct Args {
-    /// One JSON object per row instead of a table.
-    #[arg(long)]
-    json: bool,
-    /// Rounds per comparison (medians are reported).
-    #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u32).range(1..=1000))]
-    rounds: u32,
-    /// Userspace exits per guest run (KVM rows).
-    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
-    exits: u32,
-    /// Hypercalls per guest run (KVM rows).
-    #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
-    hypercalls: u32,
-    /// Run only the rows whose name contains this (repeat it for rows of several names).
-    #[arg(long, value_name = "TEXT")]
-    only: Vec<String>,
-    /// Partitions × VPs of the snapshot row (the issue's scale: 4096 × 16).
-    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=65_536))]
-    partitions: u32,
+    /// The arguments of `hvstats-bench` (`hvstats bench --help` lists them).
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "ARGS")]
+    args: Vec<OsString>,
 }
 
-/// `serve`'s `/metrics` and `snapshot --json` of one reading, for the scrape rows.
-#[derive(Default)]
-struct Encoders {
-    reading: Option<Arc<Reading>>,
+/// True when `path` is a file someone may execute.
+fn executable(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
-impl ScrapeEncoders for Encoders {
-    fn load(&mut self, instances: Vec<InstanceSnapshot>) {
-        self.reading = Some(Arc::new(Reading::of(instances)));
-    }
-
-    fn metrics(&self, max_vps: usize) -> Result<usize, EncodeError> {
-        let reading = self.reading.clone().ok_or("no reading to encode")?;
-        Ok(Exposition::new(reading, max_vps).encode()?.len())
-    }
-
-    fn snapshot_json(&self) -> usize {
-        let instances: Vec<Value> = self
-            .reading
-            .iter()
-            .flat_map(|r| &r.instances)
-            .map(hvstats_present::snapshot_json::snapshot_json)
-            .collect();
-        json!({ "instances": instances }).to_string().len()
-    }
-
-    fn default_max_vps(&self) -> usize {
-        DEFAULT_MAX_VPS
-    }
+/// The tool next to `exe`, else in a directory of `path` (a `PATH` value).
+fn locate(exe: Option<&Path>, path: Option<&std::ffi::OsStr>) -> Option<PathBuf> {
+    let beside = exe.and_then(Path::parent).map(|dir| dir.join(TOOL));
+    let on_path = path.into_iter().flat_map(std::env::split_paths).map(|dir| dir.join(TOOL));
+    beside.into_iter().chain(on_path).find(|candidate| executable(candidate))
 }
 
-/// Runs `hvstats bench`.
+/// Runs `hvstats bench`: never returns when the tool is found and starts.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let options = Options {
-        rounds: args.rounds,
-        exits: args.exits,
-        hypercalls: args.hypercalls,
-        only: args.only,
-        partitions: args.partitions,
+    let exe = std::env::current_exe().ok();
+    let Some(tool) = locate(exe.as_deref(), std::env::var_os("PATH").as_deref()) else {
+        let beside = exe
+            .as_deref()
+            .and_then(Path::parent)
+            .map_or("the hvstats executable".into(), |d| d.display().to_string());
+        bail!(
+            "`hvstats bench` runs the {TOOL} development tool, found neither in {beside} nor on PATH: \
+             build it beside hvstats with `cargo build --release -p {TOOL}`, or install it with \
+             `cargo install --path crates/{TOOL}`"
+        );
     };
-    let rows = hvstats_bench::run(&options, &mut Encoders::default())?;
-    output::with_stdout(|out| {
-        if args.json {
-            for row in &rows {
-                writeln!(out, "{}", row.json())?;
-            }
-        } else {
-            writeln!(out, "{}", hvstats_bench::table_header())?;
-            for row in &rows {
-                writeln!(out, "{}", row.table_line())?;
-            }
-        }
-        Ok(())
-    })?;
-    Ok(ExitCode::SUCCESS)
+    let error = std::process::Command::new(&tool).args(&args.args).exec();
+    Err(error).with_context(|| format!("cannot run {}", tool.display()))
 }
 
 #[cfg(test)]
@@ -104,26 +62,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_scrape_rows_measure_both_sides_of_the_same_reading() {
-        let mut encoders = Encoders::default();
-        let rows = hvstats_bench::scrape::rows_for(4, 3, 1, &mut encoders).unwrap();
-        assert_eq!(rows.len(), 2);
-        for row in &rows {
-            let hvstats_bench::Row::Measured { ours, baseline, unit, .. } = row else { panic!("{row:?}") };
-            assert!(*ours > 0.0 && *baseline > 0.0, "{row:?}");
-            assert_eq!(*unit, "ms");
+    fn the_tool_beside_the_command_comes_before_path_and_only_an_executable_file_counts() {
+        let root = std::env::temp_dir().join(format!("hvstats-bench-locate-{}", std::process::id()));
+        let (beside, on_path, elsewhere) = (root.join("bin"), root.join("path"), root.join("other"));
+        for dir in [&beside, &on_path, &elsewhere] {
+            std::fs::create_dir_all(dir).unwrap();
         }
-        assert_eq!(encoders.reading.unwrap().vp_count(), 12);
-    }
-
-    #[test]
-    fn metrics_and_json_encode_the_loaded_reading() {
-        let mut encoders = Encoders::default();
-        assert!(encoders.metrics(usize::MAX).is_err(), "nothing loaded yet");
-        encoders.load(vec![hvstats_testkit::synthetic_instance(2, 2)]);
-        let one_by_one = encoders.metrics(usize::MAX).unwrap();
-        let capped = encoders.metrics(1).unwrap();
-        assert!(capped < one_by_one, "{capped} < {one_by_one}: past the cap VPs are summed");
-        assert!(encoders.snapshot_json() > 100);
+        let exe = beside.join("hvstats");
+        let path = std::env::join_paths([&elsewhere, &on_path]).unwrap();
+        assert_eq!(locate(Some(&exe), Some(&path)), None, "nowhere yet");
+        // A file that may not be executed, and a directory of the tool's name, do not count.
+        std::fs::write(on_path.join(TOOL), "#!/bin/sh\n").unwrap();
+        std::fs::create_dir(elsewhere.join(TOOL)).unwrap();
+        assert_eq!(locate(Some(&exe), Some(&path)), None);
+        std::fs::set_permissions(on_path.join(TOOL), std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(locate(Some(&exe), Some(&path)), Some(on_path.join(TOOL)));
+        std::fs::write(beside.join(TOOL), "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(beside.join(TOOL), std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(locate(Some(&exe), Some(&path)), Some(beside.join(TOOL)));
+        assert_eq!(locate(None, Some(&path)), Some(on_path.join(TOOL)), "no executable path known");
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }

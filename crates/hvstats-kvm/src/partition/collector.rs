@@ -97,6 +97,7 @@ impl Partition {
                         }),
                         hardware: None,
                         run_time: Duration::ZERO,
+                        cpu_time: Duration::ZERO,
                     })
                 })
                 .collect::<Vec<_>>()

@@ -40,7 +40,7 @@ use hvstats_present::live::Live;
 pub const DEFAULT_SOCKET: &str = "serve.sock";
 
 /// VPs exported one by one per scrape when `--max-vps` is not given.
-pub const DEFAULT_MAX_VPS: usize = 4096;
+pub use hvstats_present::exposition::DEFAULT_MAX_VPS;
 
 /// Where `serve` listens.
 #[derive(Clone, Debug)]
