@@ -280,11 +280,8 @@ fn write_histograms(out: &mut String, vp: &VpSnapshot) {
         if i > 0 {
             out.push(',');
         }
-        let name = json_names(ObjectKind::Vp).iter().find(|(n, _)| n.id == c.id).map(|(_, quoted)| quoted);
-        match name {
-            Some(quoted) => out.push_str(quoted),
-            None => out.push_str(&Value::String(c.name.to_owned()).to_string()),
-        }
+        // Keyed by the histogram's catalog name, as histograms_json keys it.
+        out.push_str(&Value::String(c.name.to_owned()).to_string());
         out.push_str(":{\"buckets\":[");
         for (b, count) in h.buckets.iter().enumerate() {
             if b > 0 {
@@ -568,7 +565,7 @@ mod tests {
         let instances = [a, b];
         let mut written = Vec::new();
         write_instances(&instances, &mut written).unwrap();
-        let tree = json!({ "instances": instances.iter().map(snapshot_json).collect::<Vec<_>>() });
+        let tree = document(instances.iter().map(snapshot_json).collect());
         let parsed: Value = serde_json::from_slice(&written).unwrap();
         assert_eq!(parsed, tree);
         assert!(written.ends_with(b"]}\n"));
