@@ -1013,8 +1013,9 @@ pub const fn observed_kvm_stat(counter: &Counter) -> Option<KvmStat> {
     }
 }
 
+#[cfg(test)]
 /// The partition and VP counters an observed VM never has (to publish as not available).
-pub fn never_observed() -> impl Iterator<Item = CounterId> {
+pub(crate) fn never_observed() -> impl Iterator<Item = CounterId> {
     CATALOG.iter().filter(|c| observed(c).is_some_and(|m| !m.is_maintained())).map(|c| c.id)
 }
 

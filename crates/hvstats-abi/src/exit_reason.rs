@@ -650,8 +650,9 @@ pub fn class_of(isa: u32, fields: &ExitFields) -> InterceptClass {
     row_of(isa, fields).map_or(InterceptClass::Other, |r| r.class)
 }
 
+#[cfg(test)]
 /// The name of a VMX basic exit reason or SVM exit code, when the table names it.
-pub fn reason_name(isa: u32, reason: u64) -> Option<&'static str> {
+pub(crate) fn reason_name(isa: u32, reason: u64) -> Option<&'static str> {
     let rows = table(isa)?;
     rows.iter().find(|r| r.contains(reason)).map(|r| r.name)
 }

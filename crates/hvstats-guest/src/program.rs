@@ -127,7 +127,7 @@ impl Program {
     ///
     /// # Errors
     /// [`BuildError`] when the assembler rejects an instruction.
-    pub fn serial_print(&mut self, text: &[u8]) -> Result<(), BuildError> {
+    pub(crate) fn serial_print(&mut self, text: &[u8]) -> Result<(), BuildError> {
         if text.is_empty() {
             return Ok(());
         }
@@ -174,7 +174,7 @@ impl Program {
     ///
     /// # Errors
     /// [`BuildError`] when the assembler rejects an instruction, or in real mode or above 4 GiB.
-    pub fn store32(&mut self, gpa: u64, value: u32) -> Result<(), BuildError> {
+    pub(crate) fn store32(&mut self, gpa: u64, value: u32) -> Result<(), BuildError> {
         let addr = u32::try_from(gpa).map_err(|_| self.unsupported("an address above 4 GiB"))?;
         match self.mode {
             Mode::Real => return Err(self.unsupported("a 32-bit address")),
@@ -197,7 +197,7 @@ impl Program {
     ///
     /// # Errors
     /// [`BuildError`] when the assembler rejects an instruction, or in real mode.
-    pub fn install_interrupt_gate(&mut self, vector: u8, handler: u32) -> Result<(), BuildError> {
+    pub(crate) fn install_interrupt_gate(&mut self, vector: u8, handler: u32) -> Result<(), BuildError> {
         let (entry_size, gate) = match self.mode {
             Mode::Real => return Err(self.unsupported("an interrupt gate")),
             Mode::Protected => (8u64, 0x8E00u32),
@@ -230,7 +230,7 @@ impl Program {
     ///
     /// # Errors
     /// [`BuildError`] when the assembler rejects an instruction, or in real mode.
-    pub fn eoi_handler(&mut self, label: &mut CodeLabel) -> Result<(), BuildError> {
+    pub(crate) fn eoi_handler(&mut self, label: &mut CodeLabel) -> Result<(), BuildError> {
         self.asm.set_label(label)?;
         match self.mode {
             Mode::Real => return Err(self.unsupported("an APIC interrupt handler")),
@@ -270,7 +270,7 @@ impl Program {
     ///
     /// # Errors
     /// [`BuildError`] when the assembler rejects an instruction, or in real mode.
-    pub fn skip_instruction_handler(&mut self, label: &mut CodeLabel) -> Result<(), BuildError> {
+    pub(crate) fn skip_instruction_handler(&mut self, label: &mut CodeLabel) -> Result<(), BuildError> {
         self.asm.set_label(label)?;
         match self.mode {
             Mode::Real => return Err(self.unsupported("an exception handler")),
@@ -292,7 +292,7 @@ impl Program {
     ///
     /// # Errors
     /// [`BuildError`] when the assembler rejects an instruction, or outside long mode.
-    pub fn skip_instruction_handler_with_error_code(
+    pub(crate) fn skip_instruction_handler_with_error_code(
         &mut self,
         label: &mut CodeLabel,
     ) -> Result<(), BuildError> {

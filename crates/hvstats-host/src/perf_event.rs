@@ -158,7 +158,7 @@ impl PerfCounter {
     ///
     /// # Errors
     /// EINVAL when the kernel rejects the expression.
-    pub fn set_filter(&self, filter: &str) -> io::Result<()> {
+    pub(crate) fn set_filter(&self, filter: &str) -> io::Result<()> {
         let c = std::ffi::CString::new(filter).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
         // SAFETY: our fd is a perf event; the argument is a NUL-terminated string alive for the call.
         let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), PERF_EVENT_IOC_SET_FILTER, c.as_ptr()) };

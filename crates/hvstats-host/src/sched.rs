@@ -33,9 +33,10 @@ impl SchedStat {
         (self.dispatches > 0).then(|| self.wait_ns as f64 / self.dispatches as f64)
     }
 
+    #[cfg(test)]
     /// The share of the thread's runnable time spent waiting, in percent (`None` when it was
     /// never runnable).
-    pub fn percent_waiting(&self) -> Option<f64> {
+    pub(crate) fn percent_waiting(&self) -> Option<f64> {
         let runnable = self.run_ns.checked_add(self.wait_ns)?;
         (runnable > 0).then(|| 100.0 * self.wait_ns as f64 / runnable as f64)
     }
@@ -118,7 +119,7 @@ pub fn parse(text: &[u8]) -> Result<SchedStat, &'static str> {
 }
 
 /// The schedstat file of thread `tid` of process `pid`.
-pub fn path_of(pid: libc::pid_t, tid: libc::pid_t) -> PathBuf {
+pub(crate) fn path_of(pid: libc::pid_t, tid: libc::pid_t) -> PathBuf {
     path_under(Path::new("/proc"), pid, tid)
 }
 
@@ -127,11 +128,12 @@ pub fn path_under(procfs: &Path, pid: libc::pid_t, tid: libc::pid_t) -> PathBuf 
     procfs.join(pid.to_string()).join("task").join(tid.to_string()).join("schedstat")
 }
 
+#[cfg(test)]
 /// Reads the scheduler accounting of thread `tid` of process `pid` once.
 ///
 /// # Errors
 /// When the file cannot be opened or read, or does not hold a schedstat line.
-pub fn read_thread(pid: libc::pid_t, tid: libc::pid_t) -> Result<SchedStat, SchedError> {
+pub(crate) fn read_thread(pid: libc::pid_t, tid: libc::pid_t) -> Result<SchedStat, SchedError> {
     SchedStatFile::open(pid, tid)?.read()
 }
 

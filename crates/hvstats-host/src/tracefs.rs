@@ -97,7 +97,7 @@ fn find_or_mount() -> Result<PathBuf, TracefsError> {
 ///
 /// # Errors
 /// When tracefs is unavailable, the name is unsafe, or the id cannot be read.
-pub fn event_id(system: &str, name: &str) -> Result<u64, EventError> {
+pub(crate) fn event_id(system: &str, name: &str) -> Result<u64, EventError> {
     event_id_at(root().map_err(EventError::Tracefs)?, system, name)
 }
 
@@ -105,7 +105,7 @@ pub fn event_id(system: &str, name: &str) -> Result<u64, EventError> {
 ///
 /// # Errors
 /// When the name is unsafe or the id cannot be read.
-pub fn event_id_at(root: &Path, system: &str, name: &str) -> Result<u64, EventError> {
+pub(crate) fn event_id_at(root: &Path, system: &str, name: &str) -> Result<u64, EventError> {
     let path = event_file(root, system, name, "id")?;
     let text = read(system, name, &path)?;
     text.trim().parse().map_err(|_| EventError::IdFormat { path })
@@ -115,7 +115,7 @@ pub fn event_id_at(root: &Path, system: &str, name: &str) -> Result<u64, EventEr
 ///
 /// # Errors
 /// When the name is unsafe or the file cannot be read.
-pub fn event_format_at(root: &Path, system: &str, name: &str) -> Result<String, EventError> {
+pub(crate) fn event_format_at(root: &Path, system: &str, name: &str) -> Result<String, EventError> {
     let path = event_file(root, system, name, "format")?;
     read(system, name, &path)
 }

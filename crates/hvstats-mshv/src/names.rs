@@ -229,7 +229,7 @@ pub fn mapping(kind: ObjectKind, name: &str) -> Option<&'static Mapping> {
 }
 
 /// The catalog counters of `kind` that no mapped name gives (readers show them as absent).
-pub fn never_given(kind: ObjectKind) -> impl Iterator<Item = CounterId> {
+pub(crate) fn never_given(kind: ObjectKind) -> impl Iterator<Item = CounterId> {
     CATALOG
         .iter()
         .filter(move |c| c.id.kind == kind && !MAPPINGS.iter().any(|m| m.counter == c.id))

@@ -38,7 +38,7 @@ impl SyntheticTree {
     ///
     /// # Errors
     /// When the directory cannot be created.
-    pub fn in_dialect(name: &str, dialect: Dialect) -> std::io::Result<Self> {
+    pub(crate) fn in_dialect(name: &str, dialect: Dialect) -> std::io::Result<Self> {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let root = std::env::temp_dir().join(format!("hvstats-mshv-{name}-{}-{n}", std::process::id()));
@@ -114,7 +114,7 @@ impl SyntheticTree {
     ///
     /// # Errors
     /// When it cannot be written.
-    pub fn write_raw(&self, dir: &str, bytes: &[u8]) -> std::io::Result<()> {
+    pub(crate) fn write_raw(&self, dir: &str, bytes: &[u8]) -> std::io::Result<()> {
         let dir = self.root.join(dir);
         std::fs::create_dir_all(&dir)?;
         let tmp = dir.join(".stats.tmp");
@@ -136,9 +136,10 @@ pub fn full_file(kind: ObjectKind, value: impl Fn(u16) -> u64) -> Vec<(&'static 
     Dialect::Mainline.names(kind).iter().map(|&(id, name)| (name, value(id))).collect()
 }
 
+#[cfg(test)]
 /// The VP file of the build whose table lacks `VpLoadAvg` and prints `VpRootDispatchThreadBlocked`
 /// at 201 (ids shifted from 202 on), values by the id that build gives each name.
-pub fn shifted_vp_file(value: impl Fn(u16) -> u64) -> Vec<(&'static str, u64)> {
+pub(crate) fn shifted_vp_file(value: impl Fn(u16) -> u64) -> Vec<(&'static str, u64)> {
     Dialect::Mainline
         .names(ObjectKind::Vp)
         .iter()

@@ -112,7 +112,7 @@ pub struct Family {
 impl Family {
     /// The full name as exposed: prefix, name, unit, and `_total` for counters
     /// (`hvstats_vp_intercept_seconds_total`).
-    pub fn exposed_name(&self) -> String {
+    pub(crate) fn exposed_name(&self) -> String {
         let mut name = format!("{PREFIX}_{}", self.name);
         if let Some(unit) = self.unit {
             name.push('_');
@@ -137,7 +137,7 @@ pub const fn object_prefix(kind: ObjectKind) -> &'static str {
 
 /// A catalog name as a metric name word: `CPUID instructions/sec` → `cpuid_instructions`,
 /// `% C1 time` → `c1_time`, `Hypercalls cost` → `hypercalls_time` (a cost is a cumulative time).
-pub fn snake_name(name: &str) -> String {
+pub(crate) fn snake_name(name: &str) -> String {
     let name = name.strip_suffix("/sec").unwrap_or(name);
     let mut out = String::with_capacity(name.len());
     for ch in name.chars() {
@@ -320,7 +320,7 @@ pub fn families() -> &'static [Family] {
 
 /// One family per maintained histogram row of the catalog (a Prometheus histogram in seconds),
 /// in catalog order: `Hypercall time histogram` is `vp_hypercall_duration` (unit seconds).
-pub fn histogram_families() -> &'static [Family] {
+pub(crate) fn histogram_families() -> &'static [Family] {
     static FAMILIES: OnceLock<Vec<Family>> = OnceLock::new();
     FAMILIES.get_or_init(|| {
         CATALOG
@@ -338,8 +338,9 @@ pub fn histogram_families() -> &'static [Family] {
     })
 }
 
+#[cfg(test)]
 /// The family (and member) exporting `id`, if it is exported.
-pub fn family_of_counter(id: CounterId) -> Option<(&'static Family, &'static Member)> {
+pub(crate) fn family_of_counter(id: CounterId) -> Option<(&'static Family, &'static Member)> {
     families().iter().find_map(|f| f.members.iter().find(|m| m.counter.id == id).map(|m| (f, m)))
 }
 

@@ -525,7 +525,7 @@ pub fn has_unreadable(s: &InstanceSnapshot) -> bool {
 }
 
 /// True when the partition or one of its VPs could not be read.
-pub fn partition_unreadable(p: &PartitionSnapshot) -> bool {
+pub(crate) fn partition_unreadable(p: &PartitionSnapshot) -> bool {
     unreadable(&p.reading) || p.vps.iter().any(|vp| unreadable(&vp.reading))
 }
 

@@ -138,7 +138,7 @@ impl Arena {
 
     /// Notes in the header that the publisher refreshed its counters now, and the period since
     /// the refresh before, for readers to learn the cadence at which counters move.
-    pub fn note_refresh(&self) {
+    pub(crate) fn note_refresh(&self) {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_micros() as u64);
@@ -280,7 +280,7 @@ impl IndexChange<'_> {
 
     /// Rewrites slot `slot`'s entry (the sequence and generation words are kept, except that a
     /// new object gets the next generation).
-    pub fn write_entry(&mut self, slot: usize, f: impl FnOnce(&mut [u64; ENTRY_WORDS])) {
+    pub(crate) fn write_entry(&mut self, slot: usize, f: impl FnOnce(&mut [u64; ENTRY_WORDS])) {
         let entry = self.arena.entry(slot);
         let seq = entry[ew::SEQ].load(Ordering::Relaxed);
         let mut words = [0u64; ENTRY_WORDS];
@@ -321,7 +321,7 @@ impl Drop for Arena {
 ///
 /// # Errors
 /// When memfd_create fails.
-pub fn anonymous_file() -> io::Result<File> {
+pub(crate) fn anonymous_file() -> io::Result<File> {
     use std::os::fd::{FromRawFd, OwnedFd};
     // SAFETY: the name is a NUL-terminated literal; we check the result.
     let fd = unsafe { libc::memfd_create(c"hvstats-arena".as_ptr(), libc::MFD_CLOEXEC) };
@@ -331,7 +331,7 @@ pub fn anonymous_file() -> io::Result<File> {
 }
 
 /// Bytes of the page of slot `slot` in the file.
-pub fn page_file_offset(slot: usize) -> u64 {
+pub(crate) fn page_file_offset(slot: usize) -> u64 {
     index::page_offset(slot) as u64
 }
 

@@ -104,7 +104,7 @@ pub enum AttachError {
 
 impl AttachError {
     /// True when the object exists but this user may not read it.
-    pub fn is_permission_denied(&self) -> bool {
+    pub(crate) fn is_permission_denied(&self) -> bool {
         match self {
             AttachError::Dir(RuntimeDirError::Io { source, .. }) | AttachError::Page { source, .. } => {
                 source.kind() == io::ErrorKind::PermissionDenied
@@ -291,11 +291,6 @@ impl Instance {
         self.arena.header().pid
     }
 
-    /// When it was created, in milliseconds since the Unix epoch.
-    pub fn created_unix_ms(&self) -> u64 {
-        self.arena.header().created_unix_ms
-    }
-
     /// What its publisher says it is.
     pub fn description(&self) -> &InstanceDescription {
         &self.arena.header().description
@@ -356,7 +351,7 @@ impl Instance {
     }
 
     /// True when counter slot `slot` of the hypervisor object is one no source gives.
-    pub fn hypervisor_unavailable(&self, slot: usize) -> bool {
+    pub(crate) fn hypervisor_unavailable(&self, slot: usize) -> bool {
         index::is_unavailable(&self.global_layout.hypervisor_unavailable, ObjectKind::Hypervisor, slot)
     }
 

@@ -42,7 +42,7 @@ impl GpaSpace {
     }
 
     /// The mapped stats pages, to change.
-    pub fn mappings_mut(&mut self) -> &mut MappingTable<OverlayMapping> {
+    pub(crate) fn mappings_mut(&mut self) -> &mut MappingTable<OverlayMapping> {
         &mut self.mappings
     }
 

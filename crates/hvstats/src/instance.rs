@@ -611,7 +611,7 @@ impl Hypervisor {
     }
 
     /// The page of `object`, if it exists.
-    pub fn object_page(&self, object: StatsObject) -> Option<ObjectPage<'_>> {
+    pub(crate) fn object_page(&self, object: StatsObject) -> Option<ObjectPage<'_>> {
         match object {
             StatsObject::Hypervisor => Some(ObjectPage::Global(&self.page)),
             StatsObject::LogicalProcessor(n) => {

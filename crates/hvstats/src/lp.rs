@@ -89,14 +89,14 @@ impl CpuTimes {
     }
 
     /// Busy ticks not spent running guests: what LP "Hypervisor run time" is made of.
-    pub fn busy_outside_guests(&self) -> u64 {
+    pub(crate) fn busy_outside_guests(&self) -> u64 {
         self.busy().saturating_sub(self.guest + self.guest_nice)
     }
 }
 
 /// The per-CPU lines of `/proc/stat` (the aggregate `cpu` line is skipped; missing trailing
 /// fields of older kernels read 0; malformed lines are skipped).
-pub fn parse_proc_stat(text: &str) -> Vec<CpuTimes> {
+pub(crate) fn parse_proc_stat(text: &str) -> Vec<CpuTimes> {
     text.lines()
         .filter_map(|line| {
             let mut fields = line.split_ascii_whitespace();
@@ -125,7 +125,7 @@ pub struct CpuInterrupts {
 }
 
 /// Per-CPU interrupt counts from `/proc/interrupts`, by CPU number (from the `CPUn` header).
-pub fn parse_proc_interrupts(text: &str) -> BTreeMap<u32, CpuInterrupts> {
+pub(crate) fn parse_proc_interrupts(text: &str) -> BTreeMap<u32, CpuInterrupts> {
     let mut lines = text.lines();
     let Some(header) = lines.next() else { return BTreeMap::new() };
     let cpus: Vec<u32> =
@@ -166,7 +166,7 @@ pub struct IdleState {
 
 /// The cpuidle states of `cpu` under `sysfs_cpu` (`/sys/devices/system/cpu`); none when the
 /// CPU has no cpuidle driver.
-pub fn read_idle_states(sysfs_cpu: &Path, cpu: u32) -> Vec<IdleState> {
+pub(crate) fn read_idle_states(sysfs_cpu: &Path, cpu: u32) -> Vec<IdleState> {
     let dir = sysfs_cpu.join(format!("cpu{cpu}")).join("cpuidle");
     let Ok(entries) = std::fs::read_dir(&dir) else { return Vec::new() };
     let read = |p: &Path, f: &str| std::fs::read_to_string(p.join(f)).ok().map(|s| s.trim().to_owned());
@@ -254,7 +254,7 @@ pub fn apply(page: &SharedPage, sample: &LpSample) {
 }
 
 /// CLOCK_BOOTTIME in 100 ns units.
-pub fn boot_time_100ns() -> u64 {
+pub(crate) fn boot_time_100ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: `ts` is a valid timespec for the kernel to fill; we check the result.
     if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) } != 0 {
@@ -274,7 +274,7 @@ pub fn ticks_per_second() -> u64 {
 ///
 /// # Errors
 /// When `/proc/stat` or `/proc/interrupts` cannot be read.
-pub fn sample_host(cpus: &[u32]) -> io::Result<Vec<LpSample>> {
+pub(crate) fn sample_host(cpus: &[u32]) -> io::Result<Vec<LpSample>> {
     let stat = parse_proc_stat(&std::fs::read_to_string("/proc/stat")?);
     let interrupts = parse_proc_interrupts(&std::fs::read_to_string("/proc/interrupts")?);
     let now = boot_time_100ns();

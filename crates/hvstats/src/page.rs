@@ -252,7 +252,7 @@ impl MappedPage {
     ///
     /// # Errors
     /// When the file does not hold a whole page there, or it cannot be mapped.
-    pub fn map_at(fd: BorrowedFd<'_>, offset: u64) -> io::Result<Self> {
+    pub(crate) fn map_at(fd: BorrowedFd<'_>, offset: u64) -> io::Result<Self> {
         let len = std::fs::File::from(fd.try_clone_to_owned()?).metadata()?.len();
         if !offset.is_multiple_of(PAGE_SIZE as u64) || len < offset.saturating_add(PAGE_SIZE as u64) {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "the file holds no whole page there"));

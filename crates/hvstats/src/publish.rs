@@ -173,7 +173,7 @@ pub fn lock(file: BorrowedFd<'_>) -> io::Result<()> {
 
 /// True while some process holds the publisher's lock of the file `file` is open on (tested
 /// without waiting, through this separate open file; works across PID namespaces).
-pub fn is_locked(file: BorrowedFd<'_>) -> bool {
+pub(crate) fn is_locked(file: BorrowedFd<'_>) -> bool {
     // SAFETY: plain flock on an fd we hold.
     if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0 {
         // SAFETY: as above: drop the shared lock we just took.
@@ -330,7 +330,7 @@ impl Publication {
     ///
     /// # Errors
     /// When the file cannot be created, written, locked or renamed.
-    pub fn replace_unmapped(&self, bytes: &[u8]) -> Result<(), PublishError> {
+    pub(crate) fn replace_unmapped(&self, bytes: &[u8]) -> Result<(), PublishError> {
         use std::io::Write;
         let file = format!("{}{UNMAPPED_SUFFIX}", self.name);
         let tmp = format!(".{file}{TMP_SUFFIX}");

@@ -186,7 +186,7 @@ impl ArenaReader {
     }
 
     /// The layout sequence now (one load): it changes with every index change.
-    pub fn layout_seq(&self) -> u64 {
+    pub(crate) fn layout_seq(&self) -> u64 {
         self.header_word(hw::LAYOUT_SEQ)
     }
 

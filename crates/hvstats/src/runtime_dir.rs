@@ -283,7 +283,7 @@ impl Dir {
     ///
     /// # Errors
     /// When the rename fails (`AlreadyExists` when `to` exists).
-    pub fn rename_new(&self, from: &str, to: &str) -> Result<(), RuntimeDirError> {
+    pub(crate) fn rename_new(&self, from: &str, to: &str) -> Result<(), RuntimeDirError> {
         let path = self.path.join(to);
         let (f, t) = (cstr(OsStr::new(from)), cstr(OsStr::new(to)));
         let (Ok(f), Ok(t)) = (f, t) else {
@@ -301,7 +301,7 @@ impl Dir {
     ///
     /// # Errors
     /// When the rename fails.
-    pub fn rename_replace(&self, from: &str, to: &str) -> Result<(), RuntimeDirError> {
+    pub(crate) fn rename_replace(&self, from: &str, to: &str) -> Result<(), RuntimeDirError> {
         let path = self.path.join(to);
         let (f, t) = (cstr(OsStr::new(from)), cstr(OsStr::new(to)));
         let (Ok(f), Ok(t)) = (f, t) else {

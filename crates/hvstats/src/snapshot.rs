@@ -408,9 +408,10 @@ fn take_partition_into(instance: &Instance, p: &PartitionInfo, out: &mut Partiti
     }
 }
 
+#[cfg(test)]
 /// The histograms of the VP page in `page`, each catalog row presented as one, unless declared
 /// unavailable.
-pub fn histograms_of(
+pub(crate) fn histograms_of(
     page: &StatsPage,
     unavailable: &dyn Fn(usize) -> bool,
 ) -> Vec<(&'static Counter, Log2Histogram)> {

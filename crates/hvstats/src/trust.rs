@@ -71,7 +71,7 @@ pub struct Holder {
 
 /// The pids `locks` (the text of `/proc/locks`) lists as holding a flock on the inode `ino` of
 /// the device `major:minor` (waiters, listed with `->`, hold nothing).
-pub fn flock_holders(locks: &str, major: u32, minor: u32, ino: u64) -> Vec<u32> {
+pub(crate) fn flock_holders(locks: &str, major: u32, minor: u32, ino: u64) -> Vec<u32> {
     let want = format!("{major:02x}:{minor:02x}:{ino}");
     let mut pids = Vec::new();
     for line in locks.lines() {
@@ -87,7 +87,7 @@ pub fn flock_holders(locks: &str, major: u32, minor: u32, ino: u64) -> Vec<u32> 
 }
 
 /// The effective uid in the text of `/proc/<pid>/status`.
-pub fn effective_uid(status: &str) -> Option<u32> {
+pub(crate) fn effective_uid(status: &str) -> Option<u32> {
     let line = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
 }

@@ -77,7 +77,7 @@ impl VmmProcess {
     }
 
     /// The VMM process of an index word, `None` for 0 or a code this build does not know.
-    pub fn from_word(word: u64) -> Option<Self> {
+    pub(crate) fn from_word(word: u64) -> Option<Self> {
         let code = (word >> 32) & 0xff;
         let vmm = *Vmm::ALL.iter().find(|v| v.code() == code)?;
         Some(Self { vmm, pid: word as u32 })
@@ -125,7 +125,7 @@ impl VmUuid {
     }
 
     /// The two index words: the bytes in order, as little-endian words.
-    pub fn to_words(self) -> [u64; 2] {
+    pub(crate) fn to_words(self) -> [u64; 2] {
         let (a, b) = self.0.split_at(8);
         [
             u64::from_le_bytes(a.try_into().unwrap_or([0; 8])),
@@ -134,7 +134,7 @@ impl VmUuid {
     }
 
     /// The UUID of two index words, `None` when both are 0 (none recorded).
-    pub fn from_words(words: [u64; 2]) -> Option<Self> {
+    pub(crate) fn from_words(words: [u64; 2]) -> Option<Self> {
         let mut bytes = [0u8; 16];
         bytes[..8].copy_from_slice(&words[0].to_le_bytes());
         bytes[8..].copy_from_slice(&words[1].to_le_bytes());

@@ -187,7 +187,7 @@ pub fn apic_counters<S: VpCounterSource + ?Sized>(p: &S, vp_index: u32) -> Resul
 }
 
 /// The Runtime set as the page holds it now.
-pub fn runtime_from(page: &SharedPage) -> RuntimeCounters {
+pub(crate) fn runtime_from(page: &SharedPage) -> RuntimeCounters {
     RuntimeCounters {
         total_runtime_100ns: page.get(vp::TOTAL_RUN_TIME),
         hypervisor_runtime_100ns: page.get(vp::HYPERVISOR_RUN_TIME),
@@ -196,7 +196,7 @@ pub fn runtime_from(page: &SharedPage) -> RuntimeCounters {
 
 /// The Intercepts set as the page holds it now: each class of [`InterceptClass::WHV`], in the
 /// struct's order, its count and its time.
-pub fn intercepts_from(page: &SharedPage) -> InterceptCounters {
+pub(crate) fn intercepts_from(page: &SharedPage) -> InterceptCounters {
     let pairs = InterceptClass::WHV.map(|class| InterceptCounter {
         count: page.get(class.counter()),
         time_100ns: class.cost().map_or(0, |cost| page.get(cost)),
@@ -205,7 +205,7 @@ pub fn intercepts_from(page: &SharedPage) -> InterceptCounters {
 }
 
 /// The Events set as the page (and the backend's extras) hold it now.
-pub fn events_from(page: &SharedPage, extras: VpExtras) -> EventCounters {
+pub(crate) fn events_from(page: &SharedPage, extras: VpExtras) -> EventCounters {
     EventCounters {
         page_fault_count: page.get(vp::REFLECTED_GUEST_PAGE_FAULTS),
         exception_count: extras.exception_count,
@@ -214,7 +214,7 @@ pub fn events_from(page: &SharedPage, extras: VpExtras) -> EventCounters {
 }
 
 /// The Apic set as the page holds it now.
-pub fn apic_from(page: &SharedPage) -> ApicCounters {
+pub(crate) fn apic_from(page: &SharedPage) -> ApicCounters {
     ApicCounters {
         mmio_access_count: page.get(vp::APIC_MMIO_ACCESSES),
         eoi_access_count: page.get(vp::APIC_EOI_ACCESSES),

@@ -271,7 +271,7 @@ impl Field {
 }
 
 /// A field's value in `record`, sign-extended when `signed`.
-pub fn read_field(record: &[u8], f: Field, signed: bool) -> Option<u64> {
+pub(crate) fn read_field(record: &[u8], f: Field, signed: bool) -> Option<u64> {
     let at = usize::from(f.offset);
     let bytes = record.get(at..at + usize::from(f.size))?;
     let mut w = [0u8; 8];

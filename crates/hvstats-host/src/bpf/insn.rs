@@ -192,17 +192,17 @@ impl Asm {
     }
 
     /// `dst = (u32)src` (the upper half cleared).
-    pub fn mov32(&mut self, dst: Reg, src: Reg) {
+    pub(crate) fn mov32(&mut self, dst: Reg, src: Reg) {
         self.push(encode(CLASS_ALU | ALU_MOV | SRC_X, dst, src, 0, 0));
     }
 
     /// `dst = imm` (sign-extended).
-    pub fn mov_imm(&mut self, dst: Reg, imm: i32) {
+    pub(crate) fn mov_imm(&mut self, dst: Reg, imm: i32) {
         self.push(encode(CLASS_ALU64 | ALU_MOV, dst, Reg(0), 0, imm));
     }
 
     /// `dst += imm` (sign-extended).
-    pub fn add_imm(&mut self, dst: Reg, imm: i32) {
+    pub(crate) fn add_imm(&mut self, dst: Reg, imm: i32) {
         self.push(encode(CLASS_ALU64 | ALU_ADD, dst, Reg(0), 0, imm));
     }
 
@@ -217,17 +217,17 @@ impl Asm {
     }
 
     /// `dst <<= imm`.
-    pub fn lsh_imm(&mut self, dst: Reg, imm: i32) {
+    pub(crate) fn lsh_imm(&mut self, dst: Reg, imm: i32) {
         self.push(encode(CLASS_ALU64 | ALU_LSH, dst, Reg(0), 0, imm));
     }
 
     /// `dst >>= imm` (logical).
-    pub fn rsh_imm(&mut self, dst: Reg, imm: i32) {
+    pub(crate) fn rsh_imm(&mut self, dst: Reg, imm: i32) {
         self.push(encode(CLASS_ALU64 | ALU_RSH, dst, Reg(0), 0, imm));
     }
 
     /// `dst >>= imm` (arithmetic).
-    pub fn arsh_imm(&mut self, dst: Reg, imm: i32) {
+    pub(crate) fn arsh_imm(&mut self, dst: Reg, imm: i32) {
         self.push(encode(CLASS_ALU64 | ALU_ARSH, dst, Reg(0), 0, imm));
     }
 
@@ -254,18 +254,18 @@ impl Asm {
     }
 
     /// `*(size *)(dst + off) = imm`.
-    pub fn store_imm(&mut self, size: Size, dst: Reg, off: i16, imm: i32) {
+    pub(crate) fn store_imm(&mut self, size: Size, dst: Reg, off: i16, imm: i32) {
         self.push(encode(CLASS_ST | MODE_MEM | size.code(), dst, Reg(0), off, imm));
     }
 
     /// `if dst <cond> imm goto label` (imm sign-extended to 64 bits).
-    pub fn jump_imm(&mut self, cond: Cond, dst: Reg, imm: i32, label: Label) {
+    pub(crate) fn jump_imm(&mut self, cond: Cond, dst: Reg, imm: i32, label: Label) {
         self.fixups.push((self.insns.len(), label));
         self.push(encode(CLASS_JMP | cond.op(), dst, Reg(0), 0, imm));
     }
 
     /// `if dst <cond> src goto label`.
-    pub fn jump_reg(&mut self, cond: Cond, dst: Reg, src: Reg, label: Label) {
+    pub(crate) fn jump_reg(&mut self, cond: Cond, dst: Reg, src: Reg, label: Label) {
         self.fixups.push((self.insns.len(), label));
         self.push(encode(CLASS_JMP | cond.op() | SRC_X, dst, src, 0, 0));
     }

@@ -78,7 +78,7 @@ pub fn assemble(threads: i32, rows: i32, columns: &[Column]) -> Result<Vec<u64>,
 ///
 /// # Errors
 /// As [`assemble`].
-pub fn assemble_with_spans(
+pub(crate) fn assemble_with_spans(
     threads: i32,
     rows: i32,
     columns: &[Column],

@@ -111,7 +111,7 @@ impl ArrayMap {
     ///
     /// # Errors
     /// What `bpf(BPF_MAP_DELETE_ELEM)` returns (ENOENT: no such key).
-    pub fn delete(&self, key: u32) -> io::Result<()> {
+    pub(crate) fn delete(&self, key: u32) -> io::Result<()> {
         Attr::new()
             .u32_at(0, self.raw_fd() as u32)
             .u64_at(8, &key as *const u32 as u64)
@@ -120,7 +120,7 @@ impl ArrayMap {
     }
 
     /// The map's fd (for `ld_map_fd`).
-    pub fn raw_fd(&self) -> i32 {
+    pub(crate) fn raw_fd(&self) -> i32 {
         self.fd.as_raw_fd()
     }
 
@@ -164,7 +164,7 @@ impl ArrayMap {
     ///
     /// # Errors
     /// As [`read`](Self::read).
-    pub fn sum_u64_into(&self, key: u32, scratch: &mut Vec<u8>, sums: &mut [u64]) -> io::Result<()> {
+    pub(crate) fn sum_u64_into(&self, key: u32, scratch: &mut Vec<u8>, sums: &mut [u64]) -> io::Result<()> {
         scratch.resize(self.stride() * self.copies, 0);
         Attr::new()
             .u32_at(0, self.raw_fd() as u32)
@@ -209,7 +209,7 @@ impl ArrayMap {
 ///
 /// # Errors
 /// When the file cannot be read or parsed.
-pub fn possible_cpus() -> io::Result<usize> {
+pub(crate) fn possible_cpus() -> io::Result<usize> {
     let text = std::fs::read_to_string("/sys/devices/system/cpu/possible")?;
     parse_cpu_list(&text).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad cpu list"))
 }
@@ -258,7 +258,7 @@ impl Program {
     ///
     /// # Errors
     /// As [`load_tracepoint`](Self::load_tracepoint).
-    pub fn load_raw_tracepoint(insns: &[u64]) -> Result<Self, LoadError> {
+    pub(crate) fn load_raw_tracepoint(insns: &[u64]) -> Result<Self, LoadError> {
         Self::load(PROG_RAW_TRACEPOINT, insns)
     }
 
@@ -270,7 +270,7 @@ impl Program {
     /// # Errors
     /// EINVAL when the context is longer than [`MAX_TEST_RUN_CONTEXT`] or shorter than what the
     /// program reads, or the program is not a raw tracepoint program; what else the kernel says.
-    pub fn test_run(&self, context: &[u8]) -> io::Result<u32> {
+    pub(crate) fn test_run(&self, context: &[u8]) -> io::Result<u32> {
         if context.len() > MAX_TEST_RUN_CONTEXT {
             return Err(io::Error::from(io::ErrorKind::InvalidInput));
         }
@@ -331,7 +331,7 @@ impl Attachment {
     ///
     /// # Errors
     /// What `bpf(BPF_RAW_TRACEPOINT_OPEN)` returns (ENOENT: no such tracepoint).
-    pub fn raw_tracepoint(name: &str, program: &Program) -> io::Result<Self> {
+    pub(crate) fn raw_tracepoint(name: &str, program: &Program) -> io::Result<Self> {
         let name = std::ffi::CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
         let fd = Attr::new()
             .u64_at(0, name.as_ptr() as u64)

@@ -76,7 +76,7 @@ impl CpuSet {
     }
 
     /// Whether every CPU of `other` is in this set.
-    pub fn is_superset(&self, other: &Self) -> bool {
+    pub(crate) fn is_superset(&self, other: &Self) -> bool {
         other.words.iter().enumerate().all(|(i, &b)| b & !self.words.get(i).copied().unwrap_or(0) == 0)
     }
 

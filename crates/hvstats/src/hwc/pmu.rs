@@ -152,7 +152,7 @@ impl PmuShape {
     /// # Errors
     /// As [`PmuShape::uniform`], and when a kind of counter that exists has a width outside
     /// `1..=`[`MAX_COUNTER_WIDTH`] bits.
-    pub fn uniform_with(processors: u32, counters: CpuCounters) -> Result<Self, ShapeError> {
+    pub(crate) fn uniform_with(processors: u32, counters: CpuCounters) -> Result<Self, ShapeError> {
         let text = format!("{counters} on each of {processors} processors");
         check_processors(processors, &text)?;
         if counters.gp.checked_add(counters.fixed).is_none_or(|n| n > MAX_COUNTERS_PER_CPU) {
@@ -317,7 +317,7 @@ fn check_processors(processors: u32, text: &str) -> Result<(), ShapeError> {
 }
 
 /// The number of processors Linux has configured (`_SC_NPROCESSORS_CONF`), at least 1.
-pub fn host_processor_count() -> u32 {
+pub(crate) fn host_processor_count() -> u32 {
     // SAFETY: sysconf reads a system value and has no memory effects.
     let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
     u32::try_from(n).ok().filter(|&n| n > 0).map_or(1, |n| n.min(MAX_PROCESSORS))
@@ -395,12 +395,12 @@ mod cpuid {
 
     /// CPUID.1:ECX bit 31.
     #[cfg(target_arch = "x86_64")]
-    pub fn hypervisor_present() -> bool {
+    pub(crate) fn hypervisor_present() -> bool {
         leaf(1)[2] & (1 << 31) != 0
     }
 
     #[cfg(not(target_arch = "x86_64"))]
-    pub fn hypervisor_present() -> bool {
+    pub(crate) fn hypervisor_present() -> bool {
         false
     }
 

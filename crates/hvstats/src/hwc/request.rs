@@ -63,7 +63,7 @@ impl ResourceSet {
 
     /// What `self` and `other` cannot both hold on one processor: all of `other` when `self` is
     /// exclusive, the whole PMU when `other` is, otherwise what they have in common.
-    pub fn shared_with(&self, other: &Self) -> Self {
+    pub(crate) fn shared_with(&self, other: &Self) -> Self {
         if other.exclusive {
             return Self::exclusive();
         }

@@ -256,7 +256,7 @@ impl TableFile {
     }
 
     /// How long [`TableFile::lock`] waits for another user to release the lock.
-    pub fn set_lock_timeout(&mut self, timeout: Duration) {
+    pub(crate) fn set_lock_timeout(&mut self, timeout: Duration) {
         self.lock_timeout = timeout;
     }
 
