@@ -2,6 +2,7 @@
 //! whatever a VM's name holds.
 
 use hvstats_kvm::observe::ObserverEvent;
+use hvstats_kvm::observe::vm::Departure;
 use hvstats_mshv::observer::MshvEvent;
 use hvstats_present::text::Escaped;
 
@@ -60,9 +61,23 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
             }
         ),
         // A VM's name is what its VMM's command line or QMP says: escaped, it cannot forge a line.
-        ObserverEvent::Detached { pid, name } => {
-            format!("detach pid {pid} \"{}\": the process exited", Escaped(name))
-        }
+        ObserverEvent::Detached { pid, name, why } => format!(
+            "detach pid {pid} \"{}\": {}",
+            Escaped(name),
+            match why {
+                Departure::Exited => "the process exited",
+                Departure::Exec => "the process exec'd a program: a VM it makes now is attached anew",
+                Departure::PidReused => "the pid names another process now: its VM, if any, is attached anew",
+            }
+        ),
+        ObserverEvent::ThreadRefused { pid, name, refusal } => format!(
+            "pid {pid} \"{}\": thread {} named by {} for VP {} is not used: {}",
+            Escaped(name),
+            refusal.tid,
+            refusal.by,
+            refusal.vp,
+            Escaped(&refusal.why)
+        ),
         ObserverEvent::Deferred { pid, reason } => {
             format!("pid {pid} not observed for now (retried): {}", Escaped(reason))
         }
@@ -77,7 +92,7 @@ mod tests {
     #[test]
     fn a_vm_name_cannot_forge_a_log_line() {
         let event =
-            ObserverEvent::Detached { pid: 7, name: "dup\nhvstats observe: attach pid 1\u{1b}[2J".into() };
+            ObserverEvent::Detached { pid: 7, name: "dup\nhvstats observe: attach pid 1\u{1b}[2J".into(), why: Departure::Exited };
         let line = describe(&event);
         assert_eq!(line, r#"detach pid 7 "dup\nhvstats observe: attach pid 1\u{1b}[2J": the process exited"#);
         assert!(!line.contains('\n') && !line.contains('\u{1b}'));

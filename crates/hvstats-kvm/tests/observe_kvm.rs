@@ -282,7 +282,7 @@ fn two_vms_with_all_and_one_exits_while_observed() {
     assert!(
         events
             .iter()
-            .any(|e| matches!(e, ObserverEvent::Detached { pid, name } if *pid == a_pid && name == "vm-a"))
+            .any(|e| matches!(e, ObserverEvent::Detached { pid, name, .. } if *pid == a_pid && name == "vm-a"))
     );
     assert!(observer.vms().any(|v| v.pid() == b_pid));
     drop(b);

@@ -148,7 +148,7 @@ fn an_observed_vm_becomes_a_partition_counted_from_attach_and_goes_when_its_proc
     fake.set_state('Z');
     let events = observer.tick();
     assert!(
-        matches!(&events[..], [ObserverEvent::Detached { pid: p, name }] if *p == pid && name == "fixture-vm"),
+        matches!(&events[..], [ObserverEvent::Detached { pid: p, name, .. }] if *p == pid && name == "fixture-vm"),
         "{events:?}"
     );
     assert!(hv.partition(partition).is_none());

@@ -2,7 +2,9 @@
 //! kvmtool) and publishing each as a partition of the observer's own instance.
 //!
 //! - [`discovery`]: VM and vCPU descriptors in `/proc/PID/fd`, vCPU threads from debugfs and
-//!   thread names, the VM's name;
+//!   thread names, the VM's name, who a process is ([`discovery::ProcessIdentity`]);
+//!   [`kvm_scan`]: every VM on the host at a cost other processes cannot inflate;
+//!   [`qemu_args`]: QEMU's own reading of its command line;
 //! - [`counting`]: per-thread event counters on every thread of a process from attach on;
 //! - [`qmp`]: QEMU's QMP for KVM's statistics and vCPU threads;
 //! - [`sources`]: the sources of an observed VM's counters (its events, QMP, its threads' own
@@ -23,8 +25,10 @@ pub mod attach;
 pub mod claim;
 pub mod counting;
 pub mod discovery;
+pub mod kvm_scan;
 pub mod observer;
 pub mod publication;
+pub mod qemu_args;
 pub mod qmp;
 pub mod sources;
 pub mod vm;

@@ -1,5 +1,13 @@
 //! The observer: which processes to watch, attaching to their VMs as they appear and detaching
 //! as they go, one refresh of every observed VM per interval.
+//!
+//! A process is who it was when it was first seen ([`ProcessIdentity`]): what the observer knows
+//! of a pid (observed, failed, waited for) is forgotten once the pid names another process or
+//! the process runs another program, so a pid reused or a VMM that `exec()`s between two ticks
+//! is the old VM leaving and a new one attaching. With `--all`, VMs found in the same tick attach
+//! oldest process first, so a VM's partition id follows its VMM's age. Every process holding a
+//! KVM VM is a candidate except this one; a process that publishes its own partitions (`hvstats
+//! run`) claims itself, and is left to its own instance like a VM another observer holds.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
@@ -9,9 +17,10 @@ use hvstats::Hypervisor;
 
 use super::attach::{ObserveError, ObserveOptions};
 use super::claim::{Claim, ClaimError};
-use super::discovery::{Procfs, is_shortage};
+use super::discovery::{ProcessIdentity, Procfs, is_shortage};
+use super::kvm_scan::KvmScan;
 use super::sources::KvmExitState;
-use super::vm::ObservedVm;
+use super::vm::{Departure, ObservedVm, ThreadRefusal};
 
 /// Which processes are observed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,12 +71,24 @@ pub enum ObserverEvent {
         /// What was decided.
         state: KvmExitState,
     },
-    /// A VM is no longer observed (its process exited).
+    /// A VM is no longer observed: its process exited, `exec()`ed, or its pid names another
+    /// process now.
     Detached {
         /// The VMM process.
         pid: i32,
         /// The VM's name.
         name: String,
+        /// Why.
+        why: Departure,
+    },
+    /// A thread id a source named for one of a VM's vCPUs is not used (said once per thread).
+    ThreadRefused {
+        /// The VMM process.
+        pid: i32,
+        /// The VM's name.
+        name: String,
+        /// The thread, who named it and why it was refused.
+        refusal: ThreadRefusal,
     },
     /// A process cannot be attached or refreshed now for want of descriptors or memory of this
     /// process; it is tried again at the next tick (said once until that changes).
@@ -104,6 +125,13 @@ pub struct Observer {
     pending: BTreeMap<i32, usize>,
     /// Processes deferred at the last tick (their reason was said once).
     deferred: BTreeSet<i32>,
+    /// Who each process the observer keeps something about was then: what is kept of a pid is
+    /// forgotten once it names another process or program.
+    known: BTreeMap<i32, ProcessIdentity>,
+    /// `--pid` processes whose VM left by an `exec()`: waited for until they hold a VM again.
+    execed: BTreeSet<i32>,
+    /// Every process holding a KVM VM, found anew each tick from what changed.
+    scan: KvmScan,
 }
 
 /// Descriptors kept out of the counters' reach (for `/proc`, the runtime directory, QMP sockets
@@ -123,6 +151,9 @@ impl Observer {
             reported: BTreeMap::new(),
             pending: BTreeMap::new(),
             deferred: BTreeSet::new(),
+            known: BTreeMap::new(),
+            execed: BTreeSet::new(),
+            scan: KvmScan::new(),
         }
     }
 
@@ -152,14 +183,29 @@ impl Observer {
         let mut deferred = BTreeSet::new();
         for pid in pids {
             let Some(vm) = self.vms.get_mut(&pid) else { continue };
-            match vm.refresh(&self.procfs) {
-                Ok(true) => {}
-                Ok(false) => {
+            let refreshed = vm.refresh(&self.procfs);
+            for refusal in vm.take_refusals() {
+                events.push(ObserverEvent::ThreadRefused { pid, name: vm.name().to_owned(), refusal });
+            }
+            match refreshed {
+                Ok(None) => {}
+                Ok(Some(why)) => {
                     if let Some(vm) = self.vms.remove(&pid) {
-                        events.push(ObserverEvent::Detached { pid, name: vm.name().to_owned() });
+                        events.push(ObserverEvent::Detached { pid, name: vm.name().to_owned(), why });
                     }
-                    self.done.insert(pid);
                     self.reported.remove(&pid);
+                    self.known.remove(&pid);
+                    match (why, &self.targets) {
+                        // The process lives on: a VM it makes now is a new one.
+                        (Departure::Exec, Targets::Pids(_)) => {
+                            self.execed.insert(pid);
+                        }
+                        (Departure::Exec | Departure::PidReused, Targets::All) => {}
+                        // `--pid` named the process that exited, not whichever reuses its pid.
+                        (Departure::Exited | Departure::PidReused, _) => {
+                            self.done.insert(pid);
+                        }
+                    }
                 }
                 // Not knowing whether it lives is not knowing it died: keep it, say why once.
                 Err(e) => {
@@ -168,10 +214,11 @@ impl Observer {
             }
         }
         for (pid, result) in self.candidates() {
+            let waits = self.targets == Targets::All || self.execed.contains(&pid);
             let fds = match result {
                 // A VM without vCPUs yet: wait for them (a partition's VPs are fixed at attach).
                 Ok(fds) if fds.has_vm() && fds.vcpus.is_empty() => continue,
-                Ok(fds) if fds.has_vm() && self.targets == Targets::All => {
+                Ok(fds) if fds.has_vm() && waits => {
                     let seen = self.pending.insert(pid, fds.vcpus.len());
                     if seen != Some(fds.vcpus.len()) {
                         continue;
@@ -180,6 +227,8 @@ impl Observer {
                     fds
                 }
                 Ok(fds) if fds.has_vm() => fds,
+                // A `--pid` process that `exec()`ed: its new program may make a VM later.
+                Ok(_) if waits => continue,
                 Ok(_) => {
                     self.fail(&mut events, pid, format!("process {pid} holds no KVM VM"));
                     continue;
@@ -220,6 +269,8 @@ impl Observer {
                     if let Some(claim) = claim {
                         vm.hold(claim);
                     }
+                    self.execed.remove(&pid);
+                    self.known.insert(pid, vm.identity());
                     let (threads, left_out) = vm.threads_counted();
                     events.push(ObserverEvent::Attached {
                         pid,
@@ -232,6 +283,9 @@ impl Observer {
                         left_out,
                         qmp_error: vm.qmp_error().map(str::to_owned),
                     });
+                    for refusal in vm.take_refusals() {
+                        events.push(ObserverEvent::ThreadRefused { pid, name: vm.name().to_owned(), refusal });
+                    }
                     self.vms.insert(pid, vm);
                 }
                 Err(e @ ObserveError::Budget { .. }) => {
@@ -279,7 +333,25 @@ impl Observer {
 
     fn fail(&mut self, events: &mut Vec<ObserverEvent>, pid: i32, error: String) {
         self.done.insert(pid);
+        self.execed.remove(&pid);
         events.push(ObserverEvent::Failed { pid, error });
+    }
+
+    /// Forgets what is kept of each of `pids` that names another process, or runs another
+    /// program, than when it was kept: a new process (or program) is a new candidate.
+    fn forget_changed(&mut self, pids: &[i32]) {
+        for &pid in pids {
+            if self.vms.contains_key(&pid) {
+                continue;
+            }
+            let Ok(now) = self.procfs.identity(pid) else { continue };
+            if self.known.insert(pid, now).is_some_and(|was| was != now) {
+                self.done.remove(&pid);
+                self.pending.remove(&pid);
+                self.deferred.remove(&pid);
+                self.reported.remove(&pid);
+            }
+        }
     }
 
     /// Processes to attach to now, with their KVM descriptors. With `--all`, a process that
@@ -295,19 +367,20 @@ impl Observer {
             Targets::All => {
                 let me = std::process::id() as i32;
                 // A listing that failed (out of descriptors) changes nothing: retried next tick.
-                let Ok(listed) = self.procfs.kvm_processes() else { return Vec::new() };
-                self.done.retain(|p| listed.iter().any(|(q, _)| q == p));
-                self.pending.retain(|p, _| listed.iter().any(|(q, _)| q == p));
-                // hvstats' own partitions are published by the process that runs them: an
-                // observer would only show them twice.
-                let own = |p: &i32| self.procfs.comm(*p).is_ok_and(|c| c == "hvstats");
-                listed
+                let Ok(listed) = self.scan.kvm_processes(&self.procfs) else { return Vec::new() };
+                let pids: Vec<i32> = listed.iter().map(|(p, _)| *p).collect();
+                self.done.retain(|p| pids.contains(p));
+                self.pending.retain(|p, _| pids.contains(p));
+                self.known.retain(|p, _| pids.contains(p) || self.vms.contains_key(p));
+                self.forget_changed(&pids);
+                // Only this process is left out: what a process holds, not what it is called,
+                // makes it a VMM. Oldest first, so partition ids follow the VMMs' ages.
+                let mut found: Vec<(i32, super::discovery::KvmFds)> = listed
                     .into_iter()
-                    .filter(|(p, _)| {
-                        *p != me && !self.vms.contains_key(p) && !self.done.contains(p) && !own(p)
-                    })
-                    .map(|(p, fds)| (p, Ok(fds)))
-                    .collect()
+                    .filter(|(p, _)| *p != me && !self.vms.contains_key(p) && !self.done.contains(p))
+                    .collect();
+                found.sort_by_key(|(p, _)| (self.known.get(p).map(|k| k.start_time), *p));
+                found.into_iter().map(|(p, fds)| (p, Ok(fds))).collect()
             }
         }
     }
