@@ -70,6 +70,18 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
                 Departure::PidReused => "the pid names another process now: its VM, if any, is attached anew",
             }
         ),
+        ObserverEvent::NamedLike { pid, name, other, other_name } if name == other_name => format!(
+            "pid {pid} \"{}\": the name of pid {other}'s VM, which keeps it; this one is told apart by its publisher and partition",
+            Escaped(name)
+        ),
+        ObserverEvent::NamedLike { pid, name, other, other_name } => format!(
+            "pid {pid} \"{}\": looks like the name of pid {other}'s VM \"{}\" (invisible or confusable characters)",
+            Escaped(name),
+            Escaped(other_name)
+        ),
+        ObserverEvent::DuplicateUuid { pid, uuid, other } => {
+            format!("pid {pid}: UUID {uuid} is also pid {other}'s VM's: two VMs claim one identity")
+        }
         ObserverEvent::ThreadRefused { pid, name, refusal } => format!(
             "pid {pid} \"{}\": thread {} named by {} for VP {} is not used: {}",
             Escaped(name),

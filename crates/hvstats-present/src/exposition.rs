@@ -390,20 +390,36 @@ impl Exposition {
 }
 
 /// The `vm` label of each partition of `reading` in walk order: its name ([`Live::vm_name`]),
-/// stable across restarts of its publisher; a name two partitions share gets its publisher and
-/// partition id appended, so no two series collide.
+/// stable across restarts of its publisher, with characters that cannot be seen shown escaped
+/// ([`crate::text::Escaped`]: a lookalike with a zero-width space is not the name it imitates).
+/// A label several partitions share stays with the senior one (its publisher started first, and
+/// within a publisher the lower partition id: an observer numbers VMs as they attach, oldest VMM
+/// first); each of the others gets its publisher and partition id appended, so a VMM that takes
+/// the name of a running VM cannot take its series.
 fn vm_labels(reading: &Reading) -> Vec<String> {
-    let partitions = || reading.instances.iter().flat_map(|i| i.partitions.iter().map(move |p| (i, p)));
-    let names: Vec<String> = partitions().map(|(i, p)| Live::vm_name(&i.name, p)).collect();
-    let mut seen = std::collections::HashMap::<&str, usize>::new();
-    for name in &names {
-        *seen.entry(name).or_default() += 1;
+    let partitions: Vec<_> =
+        reading.instances.iter().flat_map(|i| i.partitions.iter().map(move |p| (i, p))).collect();
+    let labels: Vec<String> =
+        partitions.iter().map(|(i, p)| crate::text::escaped(&Live::vm_name(&i.name, p))).collect();
+    let seniority = |k: usize| {
+        let (instance, partition) = partitions[k];
+        let publisher = hvstats::publish::InstanceName::parse(&instance.name).map(|n| (n.start_time, n.seq));
+        (publisher.is_none(), publisher, partition.id)
+    };
+    let mut senior = std::collections::HashMap::<&str, usize>::new();
+    for (k, label) in labels.iter().enumerate() {
+        let held = senior.entry(label).or_insert(k);
+        if seniority(k) < seniority(*held) {
+            *held = k;
+        }
     }
-    partitions()
-        .zip(&names)
-        .map(|((instance, partition), name)| match seen.get(name.as_str()) {
-            Some(1) => name.clone(),
-            _ => format!("{name} ({}:{})", instance.name, partition.id),
+    partitions
+        .iter()
+        .zip(&labels)
+        .enumerate()
+        .map(|(k, ((instance, partition), label))| match senior.get(label.as_str()) {
+            Some(&held) if held != k => format!("{label} ({}:{})", instance.name, partition.id),
+            _ => label.clone(),
         })
         .collect()
 }

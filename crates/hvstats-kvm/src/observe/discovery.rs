@@ -174,13 +174,24 @@ impl Procfs {
         Ok((self.counts_fds && size > 0).then_some(size))
     }
 
-    /// The processes KVM's debugfs names as holding a VM (`kvm/<pid>-<vm fd>`, one directory
-    /// per VM, named by the pid of the process that created it); `None` without a debugfs whose
-    /// `kvm` directory can be listed.
+    /// The processes KVM's debugfs names as holding a VM: one directory per VM, `kvm/<id>-<vm
+    /// fd>`, where `id` is the thread that made the VM, taken to its process. `None` without a
+    /// debugfs whose `kvm` directory can be listed, or when a VM's thread has exited (its
+    /// process can then only be found by its descriptors).
     pub fn debugfs_vm_pids(&self) -> Option<std::collections::BTreeSet<i32>> {
         let entries = fs::read_dir(self.debugfs.as_ref()?.join("kvm")).ok()?;
-        let pid = |name: &str| name.split_once('-')?.0.parse::<i32>().ok().filter(|p| *p > 0);
-        Some(entries.flatten().filter_map(|e| e.file_name().to_str().and_then(pid)).collect())
+        let thread = |name: &str| name.split_once('-')?.0.parse::<i32>().ok().filter(|p| *p > 0);
+        let mut pids = std::collections::BTreeSet::new();
+        for id in entries.flatten().filter_map(|e| e.file_name().to_str().and_then(thread)) {
+            pids.insert(self.thread_group(id)?);
+        }
+        Some(pids)
+    }
+
+    /// The process (thread group) of thread `tid`, from its `status`.
+    fn thread_group(&self, tid: i32) -> Option<i32> {
+        let status = fs::read_to_string(self.root.join(tid.to_string()).join("status")).ok()?;
+        status.lines().find_map(|l| l.strip_prefix("Tgid:"))?.trim().parse().ok()
     }
 
     /// Every process in the tree that holds a KVM VM, with its descriptors.

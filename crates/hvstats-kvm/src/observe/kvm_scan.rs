@@ -5,10 +5,10 @@
 //! 400,000 of them would make every tick of `--all` cost more than half a CPU. So:
 //!
 //! - where KVM's debugfs directory can be listed, it names every VM by the pid of the process
-//!   that made it (`kvm/<pid>-<vm fd>`): only those processes' descriptors are read;
-//! - elsewhere every process is listed, and each one's descriptors are read when it is first
-//!   seen (a process is its pid and start time: a reused pid is a new process) and again only
-//!   when their number changed (the size of its `fd` directory, which procfs keeps without
+//!   that made it (`kvm/<pid>-<vm fd>`): only those processes are looked at; elsewhere every
+//!   process is;
+//! - a process's descriptors are read when it is first seen (a process is its pid and start
+//!   time: a reused pid is a new process) and again only when their number changed (the size of its `fd` directory, which procfs keeps without
 //!   listing it), and no more often than once per tick for each [`READS_PER_TICK`] descriptors it
 //!   had: a process churning 400,000 descriptors is read once every hundred ticks, not every
 //!   tick. Where the number cannot be told (a fixture tree, a kernel before 6.2), that bound alone
@@ -54,14 +54,10 @@ impl KvmScan {
     /// When the procfs root cannot be listed (out of descriptors, say): nothing is known then.
     pub fn kvm_processes(&mut self, procfs: &Procfs) -> io::Result<Vec<(i32, KvmFds)>> {
         self.tick += 1;
-        if let Some(pids) = procfs.debugfs_vm_pids() {
-            self.seen.clear();
-            return Ok(pids
-                .into_iter()
-                .filter_map(|pid| procfs.kvm_fds(pid).ok().filter(KvmFds::has_vm).map(|fds| (pid, fds)))
-                .collect());
-        }
-        let pids = procfs.pids()?;
+        let pids: Vec<i32> = match procfs.debugfs_vm_pids() {
+            Some(named) => named.into_iter().collect(),
+            None => procfs.pids()?,
+        };
         self.seen.retain(|pid, _| pids.binary_search(pid).is_ok());
         let mut found = Vec::new();
         for pid in pids {

@@ -81,6 +81,28 @@ pub enum ObserverEvent {
         /// Why.
         why: Departure,
     },
+    /// A VM just attached is named as, or like, a VM observed already (a lookalike differs only
+    /// by characters that show nothing or by confusable letters; see
+    /// [`hvstats::vm_name::looks_like`]).
+    NamedLike {
+        /// The VMM process of the VM just attached.
+        pid: i32,
+        /// Its name.
+        name: String,
+        /// The VMM process of the VM observed already.
+        other: i32,
+        /// That VM's name.
+        other_name: String,
+    },
+    /// A VM just attached has the UUID of a VM observed already.
+    DuplicateUuid {
+        /// The VMM process of the VM just attached.
+        pid: i32,
+        /// The UUID.
+        uuid: hvstats::vmm::VmUuid,
+        /// The VMM process of the VM observed already.
+        other: i32,
+    },
     /// A thread id a source named for one of a VM's vCPUs is not used (said once per thread).
     ThreadRefused {
         /// The VMM process.
@@ -286,6 +308,7 @@ impl Observer {
                     for refusal in vm.take_refusals() {
                         events.push(ObserverEvent::ThreadRefused { pid, name: vm.name().to_owned(), refusal });
                     }
+                    events.extend(self.resemblances(&vm));
                     self.vms.insert(pid, vm);
                 }
                 Err(e @ ObserveError::Budget { .. }) => {
@@ -313,6 +336,27 @@ impl Observer {
             self.reported.insert(*pid, (known, vm.kvm_exit()));
         }
         events
+    }
+
+    /// What a VM just attached shares with the VMs observed already: a name, one that looks
+    /// alike, a UUID. The VM observed first keeps its name on every surface; the newcomer is the
+    /// one readers must tell apart, and this says so.
+    fn resemblances(&self, vm: &ObservedVm) -> Vec<ObserverEvent> {
+        let mut said = Vec::new();
+        for other in self.vms.values() {
+            if vm.name() == other.name() || hvstats::vm_name::looks_like(vm.name(), other.name()) {
+                said.push(ObserverEvent::NamedLike {
+                    pid: vm.pid(),
+                    name: vm.name().to_owned(),
+                    other: other.pid(),
+                    other_name: other.name().to_owned(),
+                });
+            }
+            if let Some(uuid) = vm.uuid().filter(|u| other.uuid() == Some(*u)) {
+                said.push(ObserverEvent::DuplicateUuid { pid: vm.pid(), uuid, other: other.pid() });
+            }
+        }
+        said
     }
 
     /// Claims the VMM `pid` for this observer when the options name a runtime directory.

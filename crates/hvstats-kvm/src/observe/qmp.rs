@@ -321,6 +321,16 @@ impl Qmp {
         Ok(r.get("name").and_then(Value::as_str).map(str::to_owned))
     }
 
+    /// The VM's UUID (`-uuid`) as QEMU holds it; `None` when it was given none (QEMU says the
+    /// nil UUID) or says something else than a UUID.
+    ///
+    /// # Errors
+    /// As [`execute`](Self::execute).
+    pub fn query_uuid(&mut self) -> Result<Option<hvstats::vmm::VmUuid>, QmpError> {
+        let r = self.execute("query-uuid", None)?;
+        Ok(r.get("UUID").and_then(Value::as_str).and_then(hvstats::vmm::VmUuid::parse))
+    }
+
     /// The vCPUs and their threads.
     ///
     /// # Errors

@@ -84,6 +84,7 @@ pub struct ObservedVm {
     refusals: Vec<ThreadRefusal>,
     vmm: Vmm,
     name: String,
+    uuid: Option<hvstats::vmm::VmUuid>,
     vm_fd: u32,
     attached: SystemTime,
     vcpus: Vec<Vcpu>,
@@ -135,7 +136,9 @@ impl ObservedVm {
             .create_partition_declared(None, &indices, &name, &nothing_yet)
             .map_err(|source| ObserveError::Publish { pid, source })?;
         partition.set_vmm(hvstats::vmm::VmmProcess { vmm, pid: pid as u32 });
-        if let Some(uuid) = procfs.vm_uuid(pid) {
+        // What the VMM itself says (QMP), else what its command line gives it.
+        let uuid = opened.iter_mut().find_map(|s| s.vm_uuid()).or_else(|| procfs.vm_uuid(pid));
+        if let Some(uuid) = uuid {
             partition.set_uuid(uuid);
         }
         let mut me = Self {
@@ -146,6 +149,7 @@ impl ObservedVm {
             refusals: Vec::new(),
             vmm,
             name,
+            uuid,
             vm_fd,
             attached,
             vcpus,
@@ -185,6 +189,11 @@ impl ObservedVm {
     /// The VM's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The VM's UUID, as QMP or its command line gives it.
+    pub fn uuid(&self) -> Option<hvstats::vmm::VmUuid> {
+        self.uuid
     }
 
     /// The VMM.

@@ -1,7 +1,8 @@
 //! KVM's statistics of a QEMU VM through its QMP socket (`query-stats`): every vCPU statistic
 //! and VM statistic the catalog keys, counted from attach (the value at attach is taken off).
-//! QMP also says which thread runs each vCPU (`query-cpus-fast`) and the VM's name
-//! (`query-name`), which the observer asks this source for.
+//! QMP also says which thread runs each vCPU (`query-cpus-fast`) and the VM's name and UUID
+//! (`query-name`, `query-uuid`: what QEMU itself holds, whatever its command line seems to say),
+//! which the observer asks this source for.
 //!
 //! A peer out of step (late, lying, gone) is not asked again: its counters stop being available
 //! rather than going stale.
@@ -29,6 +30,7 @@ pub struct QmpStats {
     qmp: Option<Qmp>,
     error: Option<String>,
     name: Option<String>,
+    uuid: Option<hvstats::vmm::VmUuid>,
     /// KVM statistics at attach; `None` when QEMU gave none (no `query-stats`, no KVM provider).
     at_attach: Option<KvmStatsReply>,
     /// The last reading.
@@ -48,6 +50,7 @@ pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError
         qmp: None,
         error: None,
         name: None,
+        uuid: None,
         at_attach: None,
         now: None,
         qom_paths: BTreeMap::new(),
@@ -60,7 +63,16 @@ pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError
         let asked = match q.query_name() {
             Ok(n) => {
                 me.name = n;
-                q.query_kvm_stats()
+                // A QEMU without `query-uuid` (an error answer) still has its statistics.
+                match q.query_uuid() {
+                    Ok(u) => me.uuid = u,
+                    Err(e) if e.is_command_error() => {}
+                    Err(e) => me.failed(&e),
+                }
+                match me.qmp.as_mut() {
+                    Some(q) => q.query_kvm_stats(),
+                    None => Ok(None),
+                }
             }
             Err(e) => Err(e),
         };
@@ -184,6 +196,10 @@ impl VmSource for QmpStats {
 
     fn vm_name(&mut self) -> Option<String> {
         self.name.clone()
+    }
+
+    fn vm_uuid(&mut self) -> Option<hvstats::vmm::VmUuid> {
+        self.uuid
     }
 
     fn error(&self) -> Option<&str> {

@@ -82,6 +82,11 @@ pub trait VmSource: CounterSource {
         None
     }
 
+    /// The VM's UUID, as far as this source knows it.
+    fn vm_uuid(&mut self) -> Option<hvstats::vmm::VmUuid> {
+        None
+    }
+
     /// Why the source gives nothing now, when it was meant to (a peer that failed).
     fn error(&self) -> Option<&str> {
         None
