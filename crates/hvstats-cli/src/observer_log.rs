@@ -103,8 +103,11 @@ mod tests {
 
     #[test]
     fn a_vm_name_cannot_forge_a_log_line() {
-        let event =
-            ObserverEvent::Detached { pid: 7, name: "dup\nhvstats observe: attach pid 1\u{1b}[2J".into(), why: Departure::Exited };
+        let event = ObserverEvent::Detached {
+            pid: 7,
+            name: "dup\nhvstats observe: attach pid 1\u{1b}[2J".into(),
+            why: Departure::Exited,
+        };
         let line = describe(&event);
         assert_eq!(line, r#"detach pid 7 "dup\nhvstats observe: attach pid 1\u{1b}[2J": the process exited"#);
         assert!(!line.contains('\n') && !line.contains('\u{1b}'));

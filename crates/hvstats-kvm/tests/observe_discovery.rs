@@ -167,12 +167,7 @@ fn a_qemu_vm_has_the_uuid_of_its_command_line_and_nothing_else_does() {
         &["qemu-system-x86_64", "-name", "guest=a", "-uuid", uuid],
         "qemu-system-x86",
     );
-    FakeProcess::new(
-        tmp.path(),
-        11,
-        &["/usr/bin/qemu-system-x86_64", "--uuid", uuid],
-        "qemu-system-x86",
-    );
+    FakeProcess::new(tmp.path(), 11, &["/usr/bin/qemu-system-x86_64", "--uuid", uuid], "qemu-system-x86");
     // QEMU knows no option `-uuid=…` (it refuses to start): nothing is taken from it.
     FakeProcess::new(tmp.path(), 16, &["qemu-system-x86_64", &format!("-uuid={uuid}")], "qemu");
     FakeProcess::new(tmp.path(), 12, &["qemu-system-x86_64", "-uuid", "not-a-uuid"], "qemu-system-x86");

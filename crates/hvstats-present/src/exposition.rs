@@ -636,6 +636,29 @@ mod tests {
     }
 
     #[test]
+    fn the_senior_vm_keeps_its_label_and_newcomers_are_told_apart() {
+        // An observer started later (`5-900-0`) walks first: it holds an older publisher's
+        // name only by its walk order, which gives it nothing.
+        let named = |instance: &str, names: &[&str]| {
+            let mut i = synthetic_instance(names.len() as u32, 1);
+            i.name = instance.to_owned();
+            for (p, name) in i.partitions.iter_mut().zip(names) {
+                p.name = (*name).to_owned();
+            }
+            i
+        };
+        let reading = crate::live::Reading::of(vec![
+            named("5-900-0", &["prod-db", "web"]),
+            named("7-100-0", &["other", "prod-db", "prod\u{200b}-db", "prod-db"]),
+        ]);
+        let labels = vm_labels(&reading);
+        assert_eq!(
+            labels,
+            ["prod-db (5-900-0:1)", "web", "other", "prod-db", r"prod\u{200b}-db", "prod-db (7-100-0:4)",]
+        );
+    }
+
+    #[test]
     fn unmapped_values_are_one_generic_family_named_by_object_and_name() {
         use hvstats::unmapped::{ObjectRef, Unmapped};
         let mut reading = crate::live::Reading::of(vec![synthetic_instance(2, 2)]);

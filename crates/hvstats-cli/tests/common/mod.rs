@@ -149,7 +149,11 @@ impl FakeVmm {
     }
 
     /// As [`spawn`](Self::spawn), with `adjust` applied to the command first.
-    pub fn spawn_with(args: &[&str], thread_name: &str, adjust: impl FnOnce(&mut std::process::Command)) -> Self {
+    pub fn spawn_with(
+        args: &[&str],
+        thread_name: &str,
+        adjust: impl FnOnce(&mut std::process::Command),
+    ) -> Self {
         use std::os::unix::process::CommandExt;
         use std::process::{Command, Stdio};
         let mut command = Command::new(std::env::current_exe().unwrap());

@@ -336,9 +336,9 @@ impl Procfs {
     /// When its `stat` cannot be read or parsed.
     pub fn start_time(&self, pid: i32) -> io::Result<u64> {
         let text = fs::read_to_string(self.root.join(pid.to_string()).join("stat"))?;
-        StatLine::parse(&text)
-            .and_then(|s| s.start_time())
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("malformed stat of process {pid}")))
+        StatLine::parse(&text).and_then(|s| s.start_time()).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidData, format!("malformed stat of process {pid}"))
+        })
     }
 
     /// Who `pid` is now: its start time and the marks of the program it runs (see
@@ -349,7 +349,8 @@ impl Procfs {
     pub fn identity(&self, pid: i32) -> io::Result<ProcessIdentity> {
         let dir = self.root.join(pid.to_string());
         let text = fs::read_to_string(dir.join("stat"))?;
-        let malformed = || io::Error::new(io::ErrorKind::InvalidData, format!("malformed stat of process {pid}"));
+        let malformed =
+            || io::Error::new(io::ErrorKind::InvalidData, format!("malformed stat of process {pid}"));
         let stat = StatLine::parse(&text).ok_or_else(malformed)?;
         let start_time = stat.start_time().ok_or_else(malformed)?;
         let mut exec = [0u64; EXEC_MARKS.len() + 2];
@@ -375,9 +376,9 @@ impl Procfs {
             return Err(io::Error::new(io::ErrorKind::NotFound, format!("{tid} is not a thread id")));
         }
         let text = fs::read_to_string(thread_path(&self.root, pid, tid))?;
-        StatLine::parse(&text)
-            .and_then(|s| s.start_time())
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("malformed stat of thread {tid}")))
+        StatLine::parse(&text).and_then(|s| s.start_time()).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidData, format!("malformed stat of thread {tid}"))
+        })
     }
 }
 

@@ -306,7 +306,11 @@ impl Observer {
                         qmp_error: vm.qmp_error().map(str::to_owned),
                     });
                     for refusal in vm.take_refusals() {
-                        events.push(ObserverEvent::ThreadRefused { pid, name: vm.name().to_owned(), refusal });
+                        events.push(ObserverEvent::ThreadRefused {
+                            pid,
+                            name: vm.name().to_owned(),
+                            refusal,
+                        });
                     }
                     events.extend(self.resemblances(&vm));
                     self.vms.insert(pid, vm);
