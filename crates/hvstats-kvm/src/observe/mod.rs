@@ -23,10 +23,12 @@ pub mod attach;
 pub mod claim;
 pub mod counting;
 pub mod discovery;
+pub mod filter;
 pub mod observer;
 pub mod publication;
 pub mod qmp;
 pub mod sources;
+pub mod unix_sockets;
 pub mod vm;
 
 pub use attach::{ObserveError, ObserveOptions};
