@@ -124,6 +124,7 @@ impl LogLimiter {
             ObserverEvent::SourceDown { pid, .. } => Some((*pid, "source down")),
             ObserverEvent::SourceUp { pid, .. } => Some((*pid, "source up")),
             ObserverEvent::KvmExit { pid, .. } => Some((*pid, "kvm_exit")),
+            ObserverEvent::Excluded { pid, .. } => Some((*pid, "excluded")),
             _ => None,
         };
         let Some(key) = key else { return Some(describe(event)) };
