@@ -381,3 +381,36 @@ fn a_qemu_stopped_at_attach_is_named_stopped_and_gives_its_counters_once_continu
     qemu.cont();
     observe.wait_line(&format!("pid {pid} \"{tag}\": qmp back after"));
 }
+
+#[test]
+fn an_observer_that_dies_is_reported_down_until_another_observer_publishes() {
+    let tmp = TempDir::new("serve-observer-dies");
+    // An observer waiting for a QEMU on a socket that has none: up, observing nothing.
+    let nowhere = tmp.path().join("nobody.sock");
+    let observer =
+        || Running::start(&["observe", "--qmp", nowhere.to_str().unwrap(), "--interval", "0.1"], tmp.path());
+    let mut first = observer();
+    let published = first.wait_line("publishing observed VMs as instance ");
+    let name = published.split("as instance ").nth(1).unwrap().split(' ').next().unwrap().to_owned();
+    let serve = Running::start(&["serve", "--listen", "127.0.0.1:0"], tmp.path());
+    let up = |name: &str| format!("hvstats_observer_up{{publisher=\"{name}\"}}");
+    let m = serve.metrics_until(Duration::from_secs(20), |m| sample(m, &up(&name)).as_deref() == Some("1"));
+    assert!(
+        first_sample(&m, "hvstats_observer_last_refresh_timestamp_seconds").is_some_and(|t| t > 1e9),
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, &format!("hvstats_observer_vms{{publisher=\"{name}\",state=\"attached\"}}")).as_deref(),
+        Some("0")
+    );
+    // Killed: it removes nothing, and is reported down, not gone.
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    serve.metrics_until(Duration::from_secs(20), |m| sample(m, &up(&name)).as_deref() == Some("0"));
+    // Another observer publishes: the dead one is forgotten.
+    let second = observer();
+    let published = second.wait_line("publishing observed VMs as instance ");
+    let name2 = published.split("as instance ").nth(1).unwrap().split(' ').next().unwrap().to_owned();
+    let m = serve.metrics_until(Duration::from_secs(20), |m| sample(m, &up(&name2)).as_deref() == Some("1"));
+    assert_eq!(sample(&m, &up(&name)), None, "{m}");
+}
