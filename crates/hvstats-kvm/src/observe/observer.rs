@@ -221,9 +221,10 @@ impl Observer {
     pub fn tick(&mut self) -> Vec<ObserverEvent> {
         let mut events = Vec::new();
         // Every VM's questions go out before any VM is read: its peers answer meanwhile.
-        let sockets = match self.vms.values().any(ObservedVm::has_peers) || self.needs_sockets() {
-            true => UnixSockets::read().unwrap_or_default(),
-            false => UnixSockets::default(),
+        let paths: Vec<PathBuf> = self.vms.values().filter_map(|vm| vm.qmp_path().map(Into::into)).collect();
+        let sockets = match paths.is_empty() {
+            true => UnixSockets::default(),
+            false => UnixSockets::read_of(paths.iter().map(PathBuf::as_path)).unwrap_or_default(),
         };
         for vm in self.vms.values_mut() {
             vm.ask(&sockets);
@@ -355,11 +356,6 @@ impl Observer {
         events
     }
 
-    /// True when attaching may need the host's Unix sockets (a QMP socket to choose).
-    fn needs_sockets(&self) -> bool {
-        self.options.qmp_auto || self.options.qmp.is_some()
-    }
-
     /// The QMP socket of the VM of `pid`: the one given, else (when asked to) the first its
     /// command line names that no other client holds, else the first it names.
     fn qmp_for(&self, pid: i32) -> Option<PathBuf> {
@@ -373,7 +369,10 @@ impl Observer {
             return None;
         }
         let named = self.procfs.qmp_sockets(pid);
-        let sockets = UnixSockets::read().unwrap_or_default();
+        if named.is_empty() {
+            return None;
+        }
+        let sockets = UnixSockets::read_of(named.iter().map(PathBuf::as_path)).unwrap_or_default();
         named.iter().find(|p| sockets.of(p).accepted == 0).or(named.first()).cloned()
     }
 

@@ -357,7 +357,7 @@ impl Qmp {
         if !self.greeted {
             // Our connection waits in the backlog while it is not accepted; a connection QEMU
             // accepted is another client's then (ours, had QEMU accepted it, is the only one).
-            let table = super::unix_sockets::UnixSockets::read().unwrap_or_default();
+            let table = super::unix_sockets::UnixSockets::read_of([self.path.as_path()]).unwrap_or_default();
             let use_ = table.of(&self.path);
             let others = if use_.waiting > 0 { use_.accepted } else { use_.accepted.saturating_sub(1) };
             if others > 0 {

@@ -49,24 +49,45 @@ impl UnixSockets {
     /// # Errors
     /// When `/proc/net/unix` cannot be read.
     pub fn read() -> io::Result<Self> {
-        Self::read_from(Path::new("/proc/net/unix"))
+        Self::read_from(Path::new("/proc/net/unix"), None)
     }
 
-    /// Reads the table at `path` (a fixture, or the host's).
+    /// Reads what the host's table says of `paths` alone (a host may have a hundred thousand
+    /// sockets: the others are skipped without a copy).
+    ///
+    /// # Errors
+    /// When `/proc/net/unix` cannot be read.
+    pub fn read_of<'a>(paths: impl IntoIterator<Item = &'a Path>) -> io::Result<Self> {
+        let wanted: Vec<&str> = paths.into_iter().filter_map(Path::to_str).collect();
+        Self::read_from(Path::new("/proc/net/unix"), Some(&wanted))
+    }
+
+    /// Reads the table at `path` (a fixture, or the host's), keeping the entries of `only`
+    /// when given.
     ///
     /// # Errors
     /// When it cannot be read.
-    pub fn read_from(path: &Path) -> io::Result<Self> {
+    pub fn read_from(path: &Path, only: Option<&[&str]>) -> io::Result<Self> {
         let mut raw = Vec::new();
         std::fs::File::open(path)?.take(MAX_TABLE).read_to_end(&mut raw)?;
-        Ok(Self::parse(&String::from_utf8_lossy(&raw)))
+        Ok(Self::parse_of(&String::from_utf8_lossy(&raw), only))
     }
 
     /// Parses the table's text: `Num RefCount Protocol Flags Type St Inode Path`, the path being
     /// the rest of the line after the seventh column (it may hold spaces).
     pub fn parse(text: &str) -> Self {
+        Self::parse_of(text, None)
+    }
+
+    /// As [`parse`](Self::parse), keeping the entries of `only` when given.
+    fn parse_of(text: &str, only: Option<&[&str]>) -> Self {
         let mut by_path: HashMap<String, PathUse> = HashMap::new();
         for line in text.lines().skip(1) {
+            if let Some(only) = only
+                && !only.iter().any(|p| line.ends_with(p))
+            {
+                continue;
+            }
             let mut rest = line.trim_start();
             let mut columns = [""; 7];
             for column in &mut columns {
@@ -74,7 +95,7 @@ impl UnixSockets {
                 *column = &rest[..end];
                 rest = rest[end..].trim_start();
             }
-            if rest.is_empty() {
+            if rest.is_empty() || only.is_some_and(|only| !only.contains(&rest)) {
                 continue;
             }
             let Ok(state) = u8::from_str_radix(columns[5], 16) else { continue };
@@ -117,6 +138,9 @@ mod tests {
         assert_eq!(t.of(Path::new("/run/with space.sock")), PathUse { accepted: 1, waiting: 0 });
         assert_eq!(t.of(Path::new("/nowhere")), PathUse::default());
         assert_eq!(UnixSockets::parse("header only\nbroken line\n"), UnixSockets::default());
+        let only = UnixSockets::parse_of(TABLE, Some(&["/run/with space.sock"]));
+        assert_eq!(only.of(Path::new("/run/with space.sock")).accepted, 1);
+        assert_eq!(only.of(Path::new("/tmp/q.sock")), PathUse::default(), "not asked for");
     }
 
     #[test]

@@ -55,6 +55,8 @@ pub struct ObservedVm {
     declared: Option<Vec<CounterId>>,
     /// This observer's claim on the VMM, released after the partition is removed.
     claim: Option<Claim>,
+    /// The QMP socket it was attached with.
+    qmp: Option<std::path::PathBuf>,
 }
 
 impl ObservedVm {
@@ -111,6 +113,7 @@ impl ObservedVm {
             hv: hv.clone(),
             declared: None,
             claim: None,
+            qmp: qmp.map(std::path::Path::to_owned),
         };
         if let Err(source) = me.refresh(procfs) {
             return Err(ObserveError::Proc { pid, source });
@@ -199,9 +202,9 @@ impl ObservedVm {
         }
     }
 
-    /// True when some source of the VM has a peer (a VMM socket).
-    pub fn has_peers(&self) -> bool {
-        self.sources.sources().iter().any(|s| s.peer().is_some())
+    /// The QMP socket the VM's QMP source uses, when it has one.
+    pub fn qmp_path(&self) -> Option<&std::path::Path> {
+        self.qmp.as_deref()
     }
 
     /// Each source with a peer, and whether that peer answers now.

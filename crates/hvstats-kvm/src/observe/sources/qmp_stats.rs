@@ -109,7 +109,7 @@ pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError
     let Some(path) = at.qmp else { return Ok(None) };
     let mut me = QmpStats::new(path, at.options.cancel.clone());
     let now = Instant::now();
-    me.connect(&UnixSockets::read().unwrap_or_default(), now);
+    me.connect(&UnixSockets::read_of([path]).unwrap_or_default(), now);
     if me.greet(now)
         && let Session::Ready(qmp) = &mut me.session
     {
@@ -203,7 +203,7 @@ impl QmpStats {
     /// Asks when the observer did not (the reading at attach).
     fn ensure_asked(&mut self) {
         if !self.round {
-            self.ask(&UnixSockets::read().unwrap_or_default());
+            self.ask(&UnixSockets::read_of([self.path.as_path()]).unwrap_or_default());
         }
     }
 
