@@ -74,7 +74,8 @@ macro_rules! catalog {
 
 use crate::exit_reason::InterceptClass as Ic;
 use crate::source::{
-    HostFault, KvmStat, PerfSoftwareEvent, RunLoopCount, RunLoopCount as Loop, ThreadTime, Tracepoint as Tp,
+    HostFault, KvmStat, ObserverFact, PerfSoftwareEvent, RunLoopCount, RunLoopCount as Loop, ThreadTime,
+    Tracepoint as Tp, VmSourceKind, VmsState,
 };
 use HypercallClass as Hc;
 use Maintained::{By, No};
@@ -102,6 +103,23 @@ catalog! {
         Architectural 5 MONITORED_NOTIFICATIONS "Monitored notifications", Count, Instant,
             No("hvstats implements no monitored-notification facility"),
             "The number of monitored notifications that are registered with the hypervisor.";
+        // hvstats' own group: the observer of other processes' VMs, about itself. Every other
+        // instance declares these unavailable.
+        Hvstats 1 OBSERVER_UP "Observer up", Count, Instant,
+            By(Observer(ObserverFact::Up), "1 while the observer refreshes the VMs it observes, 0 once its loop stopped"),
+            "1 while this instance's observer of other processes' VMs refreshes them, 0 once it stopped (a reader reports an observer that died as 0 too).";
+        Hvstats 2 OBSERVER_LAST_REFRESH "Observer last refresh timestamp", Time100ns, Instant,
+            By(Observer(ObserverFact::LastRefresh), "the wall clock when the observer's last refresh of every VM ended"),
+            "The Unix time (in 100ns) at which the observer last finished refreshing every VM it observes.";
+        Hvstats 3 OBSERVER_VMS_ATTACHED "Observer VMs attached", Count, Instant,
+            By(Observer(ObserverFact::Vms(VmsState::Attached)), "VMs published as partitions of the observer's instance"),
+            "The number of VMs of other processes the observer observes (each a partition of its instance).";
+        Hvstats 4 OBSERVER_VMS_REFUSED "Observer VMs refused", Count, Instant,
+            By(Observer(ObserverFact::Vms(VmsState::Refused)), "VMs found but not observed: claimed by another observer, out of descriptors, or unreadable"),
+            "The number of VMs the observer found and does not observe now (another observer holds them, descriptors ran out, or they could not be read): they have no counters.";
+        Hvstats 5 OBSERVER_QMP_SESSIONS_UP "Observer QMP sessions up", Count, Instant,
+            By(Observer(ObserverFact::QmpSessionsUp), "observed VMs whose QMP session answers now"),
+            "The number of observed VMs whose QMP session answers now.";
     }
 
     /// Counters of a logical (host) processor object (root only).
@@ -191,6 +209,15 @@ catalog! {
         Release 7 RECOMMENDED_VIRTUAL_TLB_SIZE "Recommended virtual TLB size", Pages, Instant,
             No(NO_VTLB),
             "The recommended number of pages to be deposited for the virtual TLB.";
+        // hvstats' own group: what the VM is doing and how the observer hears of it.
+        Hvstats 1 VM_STATE "VM state", Count, State,
+            By(RunState, "running while the partition runs, shutdown once it stopped"),
+            observed By(RunState, "QEMU's run state (QMP query-status): unknown while its QMP session is down"),
+            "Whether the VM runs, is paused, shut down, stopped on an internal error KVM could not get past, or its state is unknown now.";
+        Hvstats 2 VM_QMP_UP "VM QMP source up", Count, Instant,
+            No("hvstats' own partitions have no QMP"),
+            observed By(SourceUp(VmSourceKind::Qmp), "1 while the VM's QMP session answers, 0 while it is down (retried with backoff)"),
+            "1 while the VM's QMP session answers, 0 while it is down: the counters it gives are then unavailable.";
     }
 
     /// Counters of a virtual processor object.

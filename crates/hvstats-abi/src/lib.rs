@@ -8,7 +8,7 @@
 //! ([`histogram`], [`seqcount`]), the hypercall ABI of the stats calls ([`hypercall`],
 //! [`status`]), the typed counter sets of `WHvGetVirtualProcessorCounters` ([`whv`]) and the
 //! structures of `HalAllocateHardwareCounters` ([`hal`]), and the boot contract between the VMM
-//! and its guest programs ([`boot`], [`apic`]).
+//! and its guest programs ([`boot`], [`apic`]), and the run states of a VM ([`vm_state`]).
 //!
 //! It is `no_std` and free of `unsafe`: every memory structure derives zerocopy's traits and has
 //! its size asserted beside it.
@@ -33,6 +33,7 @@ pub mod page;
 pub mod seqcount;
 pub mod source;
 pub mod status;
+pub mod vm_state;
 pub mod whv;
 
 pub use catalog::{CATALOG, Counter, CounterId, GroupKind, Maintained, Presentation, Source, Unit};

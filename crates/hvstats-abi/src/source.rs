@@ -42,6 +42,14 @@ pub enum Source {
     /// The nanoseconds from each `kvm:kvm_exit` of an intercept class to the next `kvm:kvm_entry`
     /// of the same vCPU thread, timed in the kernel (VMX/SVM hosts only); observed VMs only.
     KvmExitTime(InterceptClass),
+    /// The observer of other processes' VMs, about itself (the hypervisor page of its instance;
+    /// other instances declare these unavailable).
+    Observer(ObserverFact),
+    /// The VMM's own word on its VM's run state (QMP `query-status`); for our own partitions,
+    /// the authority's (running until the partition stops).
+    RunState,
+    /// Whether a source of an observed VM's counters answers now (1) or not (0).
+    SourceUp(VmSourceKind),
 }
 
 /// The kind of a [`Source`], without its key.
@@ -69,6 +77,12 @@ pub enum SourceKind {
     KvmExit,
     /// [`Source::KvmExitTime`].
     KvmExitTime,
+    /// [`Source::Observer`].
+    Observer,
+    /// [`Source::RunState`].
+    RunState,
+    /// [`Source::SourceUp`].
+    SourceUp,
 }
 
 impl Source {
@@ -91,6 +105,9 @@ impl Source {
             SourceKind::HostFaults => "host-faults",
             SourceKind::KvmExit => "kvm-exit",
             SourceKind::KvmExitTime => "kvm-exit-time",
+            SourceKind::Observer => "observer",
+            SourceKind::RunState => "run-state",
+            SourceKind::SourceUp => "source-up",
         }
     }
 
@@ -108,6 +125,9 @@ impl Source {
             Source::HostFaults(_) => SourceKind::HostFaults,
             Source::KvmExit(_) => SourceKind::KvmExit,
             Source::KvmExitTime(_) => SourceKind::KvmExitTime,
+            Source::Observer(_) => SourceKind::Observer,
+            Source::RunState => SourceKind::RunState,
+            Source::SourceUp(_) => SourceKind::SourceUp,
         }
     }
 }
@@ -322,4 +342,54 @@ pub enum HostFault {
     All,
     /// The faults that waited for I/O: `majflt` (field 12).
     Major,
+}
+
+/// What the observer of other processes' VMs says about itself, on its instance's hypervisor
+/// page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ObserverFact {
+    /// 1 while it refreshes the VMs it observes, 0 once it stopped.
+    Up,
+    /// When it last finished a refresh of every VM it observes.
+    LastRefresh,
+    /// The VMs it found in a state.
+    Vms(VmsState),
+    /// The observed VMs whose QMP session answers now.
+    QmpSessionsUp,
+}
+
+/// Whether the observer observes a VM it found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum VmsState {
+    /// Observed: published as a partition.
+    Attached,
+    /// Found but not observed now: another observer holds it, descriptors ran out, or it could
+    /// not be read.
+    Refused,
+}
+
+impl VmsState {
+    /// The `state` label of the VMs in this state.
+    pub const fn label(self) -> &'static str {
+        match self {
+            VmsState::Attached => "attached",
+            VmsState::Refused => "refused",
+        }
+    }
+}
+
+/// A source of an observed VM's counters that talks to a peer, whose session may be down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum VmSourceKind {
+    /// QEMU's QMP socket.
+    Qmp,
+}
+
+impl VmSourceKind {
+    /// The source's name, as logs and the `source` label say it.
+    pub const fn label(self) -> &'static str {
+        match self {
+            VmSourceKind::Qmp => "qmp",
+        }
+    }
 }

@@ -14,11 +14,14 @@ fn of_seed_001(c: &catalog::Counter) -> bool {
 
 #[test]
 fn catalog_has_the_96_counters_of_seed_001() {
+    let count = |k, g| hvstats_abi::page::group_counters(k, g);
     assert_eq!(CATALOG.iter().filter(|c| of_seed_001(c)).count(), 96);
     // Release 1.1 of the VP page appends 2; hvstats' group holds the sequence and 8 histograms,
-    // and its 1.1 the host's page faults (2).
-    assert_eq!(CATALOG.len(), 96 + 2 + 9 + 2);
-    let count = |k, g| hvstats_abi::page::group_counters(k, g);
+    // and its 1.1 the host's page faults (2); on the hypervisor page the observer's health (5),
+    // on the partition page the VM's state and its QMP source (2).
+    assert_eq!(CATALOG.len(), 96 + 2 + 9 + 2 + 5 + 2);
+    assert_eq!(count(ObjectKind::Hypervisor, GroupKind::Hvstats), 5);
+    assert_eq!(count(ObjectKind::Partition, GroupKind::Hvstats), 2);
     assert_eq!(count(ObjectKind::Hypervisor, GroupKind::Architectural), 5);
     assert_eq!(count(ObjectKind::LogicalProcessor, GroupKind::Architectural), 18);
     assert_eq!(count(ObjectKind::Partition, GroupKind::Architectural), 1);

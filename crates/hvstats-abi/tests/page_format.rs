@@ -29,19 +29,21 @@ fn put_header(bytes: &mut [u8], offset: usize, header: GroupHeader) {
 
 #[test]
 fn layouts_put_groups_back_to_back_and_end_the_list() {
+    // (kind, architectural, release, hvstats' own group, END_OF_LIST)
     let expect = [
-        (ObjectKind::Hypervisor, Some(0), None, 48),
-        (ObjectKind::LogicalProcessor, Some(0), None, 152),
-        (ObjectKind::Partition, Some(0), Some(16), 80),
+        // Hypervisor: 5 counters, then hvstats' own group (the observer's health, 5).
+        (ObjectKind::Hypervisor, Some(0), None, Some(48), 48 + 8 + 5 * 8),
+        (ObjectKind::LogicalProcessor, Some(0), None, None, 152),
+        // Partition: 1 + 7, then hvstats' own group (the VM's state and QMP source, 2).
+        (ObjectKind::Partition, Some(0), Some(16), Some(80), 80 + 8 + 2 * 8),
         // VP: release 1.1 (65 counters), then hvstats' own group (sequence, 8 histograms and 2
         // fault counts).
-        (ObjectKind::Vp, Some(0), Some(24), 552 + 8 + 267 * 8),
+        (ObjectKind::Vp, Some(0), Some(24), Some(552), 552 + 8 + 267 * 8),
     ];
-    for (kind, arch, release, end) in expect {
+    for (kind, arch, release, own, end) in expect {
         let layout = PageLayout::of(kind);
         assert_eq!(layout.group_offset(GroupKind::Architectural), arch, "{kind:?}");
         assert_eq!(layout.group_offset(GroupKind::Release), release, "{kind:?}");
-        let own = (kind == ObjectKind::Vp).then_some(552);
         assert_eq!(layout.group_offset(GroupKind::Hvstats), own, "{kind:?}");
         assert_eq!(layout.end_offset, end, "{kind:?}");
         let page = StatsPage::new(kind);

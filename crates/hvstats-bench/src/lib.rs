@@ -16,8 +16,9 @@
 //! counter) against a plain one; the full snapshot of 65,536 VPs against a memcpy of the
 //! same counter bytes; adding a partition to an instance of 4,096 against one of 64; the
 //! exporter's scrape against `snapshot --json`; what observing costs a guest and a counted
-//! thread, and counting a tracepoint by method; the userspace exit with accounting on against
-//! off; a hypercall against a plain exit.
+//! thread, and counting a tracepoint by method; what observing 64 VMs costs a refresh, and the
+//! vCPU kicks QMP costs a guest ([`fleet`]); the userspace exit with accounting on against off;
+//! a hypercall against a plain exit.
 //!
 //! The bench reaches KVM only through `hvstats-kvm`'s public API, and the statistics through
 //! `hvstats`' readers, as any other user of the libraries would.
@@ -28,6 +29,7 @@ pub mod authority;
 pub mod counting_cost;
 mod error;
 pub mod exit_cost;
+pub mod fleet;
 pub mod guest;
 pub mod observe;
 pub mod overhead;
@@ -111,6 +113,7 @@ pub fn run(options: &Options, scrape: &mut dyn ScrapeEncoders) -> Result<Vec<Row
         rows.extend(scrape::scrape_rows(rounds, scrape)?);
     }
     rows.extend(observe::observe_rows(rounds, &kvm, &wanted));
+    rows.extend(fleet::fleet_rows(rounds, &kvm, &wanted));
     match &kvm {
         Ok(()) if any(&guest::EXIT_ROWS) => {
             rows.extend(guest::exit_rows(&hv, rounds, options.exits, options.hypercalls)?);

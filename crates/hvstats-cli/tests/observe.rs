@@ -223,7 +223,11 @@ fn bad_flags_and_processes_without_a_vm_are_clear_errors() {
     let (ok, err) = run(&["--pid", "0"]);
     assert!(!ok && err.contains("--pid 0: not a process id"), "{err}");
     let (ok, err) = run(&["--pid", "1", "--pid", "2", "--qmp", "/tmp/x"]);
-    assert!(!ok && err.contains("exactly one --pid"), "{err}");
+    assert!(!ok && err.contains("give one --pid with it, or none"), "{err}");
+    let (ok, err) = run(&["--all", "--qmp", "/tmp/x"]);
+    assert!(!ok && err.contains("cannot be used with"), "{err}");
+    let (ok, err) = run(&["--all", "--vm", "db-("]);
+    assert!(!ok && err.contains("\"db-(\" is not a pid, a UUID or a regular expression"), "{err}");
     let (ok, err) = run(&["--pid", "1", "--interval", "0"]);
     assert!(!ok && err.contains("interval"), "{err}");
     let (ok, err) = run(&["--pid", "1", "--all"]);

@@ -4,11 +4,13 @@
 //! read stays here: one long-lived [`Attach`] that follows instances appearing and exiting and
 //! keeps each instance's arena mapped between readings.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Instant;
 
 use hvstats::attach::{Attach, AttachError, Instance};
+use hvstats::index::OBSERVER_KIND;
 use hvstats::publish::InstanceName;
 use hvstats::runtime_dir::RuntimeDirError;
 use hvstats::snapshot::{InstanceSnapshot, PartitionSnapshot, error_chain};
@@ -24,12 +26,22 @@ pub struct Reading {
     pub problems: Vec<String>,
     /// The instances found in the runtime directory that could not be attached, by name.
     pub failed: Vec<String>,
+    /// Observers (of other processes' VMs) this reader saw die, by instance name: their
+    /// publisher let go of its instance without removing it. Kept until another observer
+    /// publishes, so an observer that died is reported down rather than gone.
+    pub dead_observers: Vec<String>,
 }
 
 impl Reading {
     /// A reading of `instances` taken now, with nothing that failed.
     pub fn of(instances: Vec<InstanceSnapshot>) -> Self {
-        Self { at: Instant::now(), instances, problems: Vec::new(), failed: Vec::new() }
+        Self {
+            at: Instant::now(),
+            instances,
+            problems: Vec::new(),
+            failed: Vec::new(),
+            dead_observers: Vec::new(),
+        }
     }
 
     /// The partition `id` of instance `instance`, if present.
@@ -61,6 +73,8 @@ fn instance_of(problem: &AttachError) -> Option<String> {
 pub struct Live {
     dir: PathBuf,
     attach: Mutex<Attach>,
+    /// See [`Reading::dead_observers`].
+    dead_observers: Mutex<BTreeSet<String>>,
 }
 
 impl Live {
@@ -68,7 +82,7 @@ impl Live {
     pub fn new(dir: Option<PathBuf>) -> Self {
         let dir = dir.unwrap_or_else(hvstats::runtime_dir::runtime_dir);
         let attach = Mutex::new(Attach::new(&dir));
-        Self { dir, attach }
+        Self { dir, attach, dead_observers: Mutex::new(BTreeSet::new()) }
     }
 
     /// The runtime directory read: the one given, else the default.
@@ -84,19 +98,35 @@ impl Live {
     pub fn read(&self) -> Result<Reading, AttachError> {
         // A reader that panicked mid-read left nothing half-done that matters: keep reading.
         let mut attach = self.attach.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let is_observer = |i: &Instance| i.description().kind == OBSERVER_KIND;
+        let observers: BTreeSet<InstanceName> =
+            attach.instances().filter(|i| is_observer(i)).map(Instance::name).collect();
         let changes = attach.refresh()?;
+        let mut dead = self.dead_observers.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if changes.added.iter().any(|n| attach.instance(*n).is_some_and(is_observer)) {
+            dead.clear();
+        }
+        dead.extend(changes.died.iter().filter(|n| observers.contains(n)).map(InstanceName::to_string));
+        let dead_observers = dead.iter().cloned().collect();
+        drop(dead);
         let problems = changes.problems.iter().map(|p| error_chain(p)).collect();
         let mut failed: Vec<String> = changes.problems.iter().filter_map(instance_of).collect();
         failed.sort();
         failed.dedup();
         let instances = attach.instances_mut().map(Instance::snapshot).collect();
-        Ok(Reading { at: Instant::now(), instances, problems, failed })
+        Ok(Reading { at: Instant::now(), instances, problems, failed, dead_observers })
     }
 
     /// A reading of nothing, saying why: the runtime directory itself could not be read.
     pub fn unreadable(&self, error: &AttachError) -> Reading {
         let problem = format!("cannot read {}: {}", self.dir.display(), error_chain(error));
-        Reading { at: Instant::now(), instances: Vec::new(), problems: vec![problem], failed: Vec::new() }
+        Reading {
+            at: Instant::now(),
+            instances: Vec::new(),
+            problems: vec![problem],
+            failed: Vec::new(),
+            dead_observers: Vec::new(),
+        }
     }
 
     /// A partition's name for people and labels: its own name, or `<instance>:<id>` when it has

@@ -319,6 +319,76 @@ impl Procfs {
         (vmm, named.filter(|n| !n.is_empty()).unwrap_or_else(|| format!("{comm}:{pid}")))
     }
 
+    /// The QMP sockets a QEMU's command line names, in its order: `-qmp unix:PATH,server…`, and
+    /// `-chardev socket,id=ID,path=PATH,server…` with `-mon chardev=ID,mode=control`; a relative
+    /// path is taken from QEMU's working directory. Left out: sockets QEMU connects out to (no
+    /// `server`), TCP sockets, descriptors passed in (libvirt's `fd=`: libvirt holds those), and
+    /// `-qmp-pretty` or `pretty=on` monitors, whose messages span lines. Empty for other VMMs and
+    /// a process that cannot be read.
+    pub fn qmp_sockets(&self, pid: i32) -> Vec<PathBuf> {
+        let Ok(args) = self.cmdline(pid) else { return Vec::new() };
+        if args.first().map(|a| Vmm::from_program(a)) != Some(Vmm::Qemu) {
+            return Vec::new();
+        }
+        let server = |opts: &[(String, String)]| {
+            opts.iter().any(|(k, v)| k == "server" && matches!(v.as_str(), "" | "on" | "yes" | "true"))
+        };
+        let mut chardevs: BTreeMap<String, PathBuf> = BTreeMap::new();
+        let mut monitors: Vec<(usize, String)> = Vec::new();
+        let mut found: Vec<(usize, PathBuf)> = Vec::new();
+        // Options and their values as QEMU reads them: a value that looks like an option is not one.
+        for (at, (option, value)) in
+            qemu_args::options(args.get(1..).unwrap_or_default()).into_iter().enumerate()
+        {
+            if !matches!(option, "qmp" | "chardev" | "mon") {
+                continue;
+            }
+            let Some(value) = value else { continue };
+            let opts = qemu_opts(value);
+            match option {
+                "qmp" => {
+                    let Some((first, _)) = opts.first() else { continue };
+                    if let Some(path) = first.strip_prefix("unix:")
+                        && server(&opts[1..])
+                    {
+                        found.push((at, PathBuf::from(path)));
+                    }
+                }
+                "chardev" => {
+                    let get = |key: &str| opts.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
+                    if opts.first().map(|(k, _)| k.as_str()) == Some("socket")
+                        && server(&opts)
+                        && let (Some(id), Some(path)) = (get("id"), get("path"))
+                    {
+                        chardevs.insert(id, PathBuf::from(path));
+                    }
+                }
+                _ => {
+                    let get = |key: &str| opts.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
+                    let chardev = get("chardev")
+                        .or_else(|| opts.first().filter(|(_, v)| v.is_empty()).map(|(k, _)| k.as_str()));
+                    let pretty = matches!(get("pretty"), Some("" | "on" | "yes" | "true"));
+                    if get("mode") == Some("control")
+                        && !pretty
+                        && let Some(id) = chardev
+                    {
+                        monitors.push((at, id.to_owned()));
+                    }
+                }
+            }
+        }
+        found.extend(monitors.into_iter().filter_map(|(at, id)| Some((at, chardevs.get(&id)?.clone()))));
+        found.sort_by_key(|(at, _)| *at);
+        let cwd = || fs::read_link(self.root.join(pid.to_string()).join("cwd")).ok();
+        found
+            .into_iter()
+            .filter_map(|(_, p)| match p.is_absolute() {
+                true => Some(p),
+                false => cwd().map(|d| d.join(p)),
+            })
+            .collect()
+    }
+
     /// The VM's UUID as its VMM was given it: QEMU's last `-uuid` (libvirt always passes one).
     /// `None` for other VMMs, for no or a malformed value, and for a process that cannot be read.
     pub fn vm_uuid(&self, pid: i32) -> Option<VmUuid> {
@@ -394,6 +464,19 @@ fn option_value(args: &[String], option: &str) -> Option<String> {
         }
     }
     None
+}
+
+/// A QEMU option value as `key=value` pairs, in order (a bare `key` has an empty value: the
+/// implied first key, or a flag such as `server`; `nowait` is `wait=off`).
+fn qemu_opts(value: &str) -> Vec<(String, String)> {
+    qemu_args::parts(value)
+        .into_iter()
+        .map(|part| match part.split_once('=') {
+            Some((k, v)) => (k.to_owned(), v.to_owned()),
+            None if part == "nowait" => ("wait".to_owned(), "off".to_owned()),
+            None => (part, String::new()),
+        })
+        .collect()
 }
 
 /// True when a failed `/proc/PID/…` access means the process is gone (no such file, or the
@@ -485,6 +568,54 @@ mod tests {
         for (name, want) in cases {
             assert_eq!(vcpu_index_from_thread_name(name), want, "{name:?}");
         }
+    }
+
+    #[test]
+    fn qmp_sockets_are_the_server_sockets_of_control_monitors() {
+        let tmp = std::env::temp_dir().join(format!("hvstats-qmp-args-{}", std::process::id()));
+        let proc_root = tmp.join("proc");
+        let pid = 42;
+        let dir = proc_root.join(pid.to_string());
+        fs::create_dir_all(&dir).unwrap();
+        let args = [
+            "/usr/bin/qemu-system-x86_64",
+            "-qmp",
+            "unix:/run/a.sock,server=on,wait=off",
+            "-qmp",
+            "unix:/run/client.sock",
+            "--qmp",
+            "unix:rel.sock,server,nowait",
+            "-qmp-pretty",
+            "unix:/run/pretty.sock,server",
+            "-chardev",
+            "socket,id=mon0,path=/run/b,,x.sock,server=on,wait=off",
+            "-mon",
+            "chardev=mon0,mode=control",
+            "-chardev",
+            "socket,id=hmp,path=/run/hmp.sock,server=on",
+            "-mon",
+            "hmp,mode=readline",
+            "-chardev",
+            "socket,id=charmonitor,fd=23,server=on,wait=off",
+            "-mon",
+            "chardev=charmonitor,id=monitor,mode=control",
+            "-qmp",
+            "tcp:127.0.0.1:4444,server=on",
+        ];
+        fs::write(dir.join("cmdline"), args.join("\0")).unwrap();
+        std::os::unix::fs::symlink("/var/lib/vm", dir.join("cwd")).unwrap();
+        let procfs = Procfs::at(&proc_root, None);
+        assert_eq!(
+            procfs.qmp_sockets(pid),
+            [
+                PathBuf::from("/run/a.sock"),
+                PathBuf::from("/var/lib/vm/rel.sock"),
+                PathBuf::from("/run/b,x.sock")
+            ]
+        );
+        fs::write(dir.join("cmdline"), "firecracker\0-qmp\0unix:/run/a.sock,server").unwrap();
+        assert!(procfs.qmp_sockets(pid).is_empty(), "only QEMU's command line means QMP");
+        let _ = fs::remove_dir_all(&tmp);
     }
 
     #[test]

@@ -25,12 +25,14 @@ pub mod attach;
 pub mod claim;
 pub mod counting;
 pub mod discovery;
+pub mod filter;
 pub mod kvm_scan;
 pub mod observer;
 pub mod publication;
 pub mod qemu_args;
 pub mod qmp;
 pub mod sources;
+pub mod unix_sockets;
 pub mod vm;
 
 pub use attach::{ObserveError, ObserveOptions};

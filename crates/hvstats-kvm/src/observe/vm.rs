@@ -31,7 +31,8 @@ use super::claim::Claim;
 use super::discovery::{KvmFds, ProcessIdentity, Procfs, Vmm, is_gone, is_shortage};
 use super::publication;
 use super::sources::KvmExitState;
-use super::sources::{VM_SOURCES, Vcpu, VmAttach, VmSource, VmView};
+use super::sources::{PeerState, VM_SOURCES, Vcpu, VmAttach, VmSource, VmView};
+use super::unix_sockets::UnixSockets;
 use crate::sources::counter_source::{Composition, Gives, Object};
 
 /// The partition and VP counters an observed VM could have: every counter whose observed key
@@ -95,6 +96,8 @@ pub struct ObservedVm {
     declared: Option<Vec<CounterId>>,
     /// This observer's claim on the VMM, released after the partition is removed.
     claim: Option<Claim>,
+    /// The QMP socket it was attached with.
+    qmp: Option<std::path::PathBuf>,
 }
 
 impl ObservedVm {
@@ -111,11 +114,12 @@ impl ObservedVm {
         fds: &KvmFds,
         options: &ObserveOptions,
         room: usize,
+        qmp: Option<&std::path::Path>,
     ) -> Result<Self, ObserveError> {
         let Some(&vm_fd) = fds.vms.first() else { return Err(ObserveError::NoVm(pid)) };
         let identity = procfs.identity(pid).map_err(|source| ObserveError::Proc { pid, source })?;
         let attached = SystemTime::now();
-        let at = VmAttach { procfs, pid, fds, options, room };
+        let at = VmAttach { procfs, pid, fds, options, room, qmp };
         let mut opened = Vec::new();
         for open in VM_SOURCES {
             opened.extend(open(&at)?);
@@ -158,6 +162,7 @@ impl ObservedVm {
             hv: hv.clone(),
             declared: None,
             claim: None,
+            qmp: qmp.map(std::path::Path::to_owned),
         };
         match me.refresh(procfs) {
             Ok(None) => Ok(me),
@@ -253,6 +258,28 @@ impl ObservedVm {
     /// Why KVM's statistics through QMP are unavailable, when a socket was given and failed.
     pub fn qmp_error(&self) -> Option<&str> {
         self.sources.sources().iter().find(|s| s.name() == "qmp").and_then(|s| s.error())
+    }
+
+    /// Puts this refresh's questions to the peers of the VM's sources (see [`VmSource::ask`]).
+    pub fn ask(&mut self, sockets: &UnixSockets) {
+        for source in self.sources.sources_mut() {
+            source.ask(sockets);
+        }
+    }
+
+    /// The QMP socket the VM's QMP source uses, when it has one.
+    pub fn qmp_path(&self) -> Option<&std::path::Path> {
+        self.qmp.as_deref()
+    }
+
+    /// Each source with a peer, and whether that peer answers now.
+    pub fn peers(&self) -> Vec<(&'static str, PeerState)> {
+        self.sources.sources().iter().filter_map(|s| Some((s.name(), s.peer()?))).collect()
+    }
+
+    /// Whether the peer of source `name` answers now, when the VM has that source.
+    pub fn peer(&self, name: &str) -> Option<PeerState> {
+        self.sources.sources().iter().find(|s| s.name() == name).and_then(|s| s.peer())
     }
 
     /// True when KVM's statistics come through QMP.
