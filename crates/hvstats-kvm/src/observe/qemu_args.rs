@@ -114,12 +114,12 @@ pub fn guest_name(value: &str) -> Option<String> {
 
 /// The VM's name as QEMU takes it from `args`: the last one any `-name` sets.
 pub fn name(args: &[String]) -> Option<String> {
-    options(args).into_iter().filter(|(o, _)| *o == "name").filter_map(|(_, v)| guest_name(v?)).last()
+    options(args).into_iter().filter(|(o, _)| *o == "name").filter_map(|(_, v)| guest_name(v?)).next_back()
 }
 
 /// The VM's UUID as QEMU takes it from `args`: the last `-uuid`'s value.
 pub fn uuid(args: &[String]) -> Option<&str> {
-    options(args).into_iter().filter(|(o, _)| *o == "uuid").filter_map(|(_, v)| v).last()
+    options(args).into_iter().filter(|(o, _)| *o == "uuid").filter_map(|(_, v)| v).next_back()
 }
 
 #[cfg(test)]
