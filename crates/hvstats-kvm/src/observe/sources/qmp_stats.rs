@@ -486,6 +486,11 @@ impl VmSource for QmpStats {
         self.qom_paths =
             vm.vcpus.iter().enumerate().filter_map(|(i, v)| Some((i as u32, v.qom_path.clone()?))).collect();
         self.collect();
+        // A vCPU whose thread the observer could not take (QEMU named one that is not its task,
+        // or that exited) is asked about again.
+        if !vm.all_known() {
+            self.cpus = None;
+        }
         // The next refresh asks anew.
         self.round = false;
     }
