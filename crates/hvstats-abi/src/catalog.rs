@@ -793,12 +793,8 @@ impl Tracepoint {
 
     /// True when the observer counts it on a VMM's threads: a source of a catalog row for observed
     /// VMs, a part [`added`](Self::added) to one, or the VMM's MSR exits.
-    pub fn counted_for_observed(self) -> bool {
-        self == Tracepoint::UserspaceMsr
-            || CATALOG.iter().any(|c| match observed(c).and_then(Maintained::source) {
-                Some(Source::Tracepoint(tp)) => tp == self || tp.added().contains(&self),
-                _ => false,
-            })
+    pub const fn counted_for_observed(self) -> bool {
+        COUNTED_FOR_OBSERVED[self.index()]
     }
 }
 
@@ -855,6 +851,85 @@ const OBSERVED_EXIT_TIME: &str = "time from kvm:kvm_exit of the class to the nex
 /// assert!(!observed(emulated_cost).unwrap().is_maintained());
 /// ```
 pub const fn observed(counter: &Counter) -> Option<Maintained> {
+    // The observer asks this of every counter of every VM at every refresh: the catalog's rows
+    // have their answers worked out once, at compile time.
+    match row(counter.id) {
+        Some(i) => OBSERVED[i],
+        None => observed_of(counter),
+    }
+}
+
+/// Every row's answer of [`observed`], in catalog order.
+const OBSERVED: [Option<Maintained>; CATALOG.len()] = {
+    let mut table = [None; CATALOG.len()];
+    let mut i = 0;
+    while i < CATALOG.len() {
+        table[i] = observed_of(&CATALOG[i]);
+        i += 1;
+    }
+    table
+};
+
+/// Each tracepoint's answer of [`Tracepoint::counted_for_observed`], by index.
+const COUNTED_FOR_OBSERVED: [bool; Tracepoint::ALL.len()] = {
+    let mut table = [false; Tracepoint::ALL.len()];
+    table[Tracepoint::UserspaceMsr.index()] = true;
+    let mut i = 0;
+    while i < CATALOG.len() {
+        if let Some(Maintained::By(Source::Tracepoint(tp), _)) = OBSERVED[i] {
+            table[tp.index()] = true;
+            let added = tp.added();
+            let mut a = 0;
+            while a < added.len() {
+                table[added[a].index()] = true;
+                a += 1;
+            }
+        }
+        i += 1;
+    }
+    table
+};
+
+/// The highest index a catalog row has in its group, plus one.
+pub(crate) const INDICES: usize = {
+    let mut max = 0;
+    let mut i = 0;
+    while i < CATALOG.len() {
+        if CATALOG[i].id.index as usize >= max {
+            max = CATALOG[i].id.index as usize + 1;
+        }
+        i += 1;
+    }
+    max
+};
+
+/// The catalog row of each (kind, group, index), plus one (0: not in the catalog).
+const ROWS: [[[u8; INDICES]; 3]; 4] = {
+    assert!(CATALOG.len() < u8::MAX as usize, "row numbers fit a byte");
+    let mut table = [[[0u8; INDICES]; 3]; 4];
+    let mut i = 0;
+    while i < CATALOG.len() {
+        let id = CATALOG[i].id;
+        table[id.kind as usize][id.group as usize][id.index as usize] = (i + 1) as u8;
+        i += 1;
+    }
+    table
+};
+
+/// The position of `id`'s row in [`CATALOG`], if it has one.
+pub(crate) const fn row(id: CounterId) -> Option<usize> {
+    let (kind, group, index) = (id.kind as usize, id.group as usize, id.index as usize);
+    if kind >= ROWS.len() || group >= ROWS[0].len() || index >= INDICES {
+        return None;
+    }
+    match ROWS[kind][group][index] {
+        0 => None,
+        at => Some(at as usize - 1),
+    }
+}
+
+/// [`observed`] worked out from the row.
+const fn observed_of(counter: &Counter) -> Option<Maintained> {
     match counter.id.kind {
         ObjectKind::Hypervisor | ObjectKind::LogicalProcessor => return None,
         ObjectKind::Partition | ObjectKind::Vp => {}

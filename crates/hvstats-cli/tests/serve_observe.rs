@@ -414,3 +414,29 @@ fn an_observer_that_dies_is_reported_down_until_another_observer_publishes() {
     let m = serve.metrics_until(Duration::from_secs(20), |m| sample(m, &up(&name2)).as_deref() == Some("1"));
     assert_eq!(sample(&m, &up(&name)), None, "{m}");
 }
+
+#[test]
+fn the_observer_lets_go_of_a_qemus_qmp_socket_when_another_client_waits_for_it() {
+    if !kvm_available("the_observer_lets_go_of_a_qemus_qmp_socket_when_another_client_waits_for_it") {
+        return;
+    }
+    let tmp = TempDir::new("observe-qmp-yield");
+    let tag = format!("yield-{}", std::process::id());
+    let qemu = Qemu::start(tmp.path(), &tag, &["-S"]);
+    let run = tmp.path().join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    let pid = qemu.pid().to_string();
+    // The socket is found on QEMU's command line, and held by the observer.
+    let observe = Running::start(&["observe", "--pid", &pid, "--interval", "0.2"], &run);
+    let attach = observe.wait_line(&format!("attach pid {pid}"));
+    assert!(attach.contains("; QMP ") && !attach.contains("unavailable"), "{attach}");
+    // An operator's tool connects: it is served (QEMU serves one client), not left waiting.
+    let mut tool = hvstats_kvm::observe::qmp::Qmp::connect(&qemu.qmp, Duration::from_secs(10))
+        .expect("the observer let go of the socket");
+    assert!(!tool.is_running().unwrap(), "started with -S");
+    let lost = observe.wait_line(&format!("pid {pid} \"{tag}\": qmp lost"));
+    assert!(lost.contains("another client waits for the QMP socket"), "{lost}");
+    // Once the tool is gone, the observer takes the socket again.
+    drop(tool);
+    observe.wait_line(&format!("pid {pid} \"{tag}\": qmp back after"));
+}

@@ -23,6 +23,7 @@ pub mod attach;
 pub mod claim;
 pub mod counting;
 pub mod discovery;
+pub mod exit_watch;
 pub mod filter;
 pub mod observer;
 pub mod publication;

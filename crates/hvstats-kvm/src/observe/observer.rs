@@ -481,7 +481,11 @@ impl Observer {
             Targets::All => {
                 let me = std::process::id() as i32;
                 // A listing that failed (out of descriptors) changes nothing: retried next tick.
-                let Ok(listed) = self.procfs.kvm_processes() else { return Vec::new() };
+                // The VMs observed are not looked at again (their refresh says when they go).
+                let vms = &self.vms;
+                let Ok(listed) = self.procfs.kvm_processes_but(&|p| vms.contains_key(&p)) else {
+                    return Vec::new();
+                };
                 let still = |p: &i32| listed.iter().any(|(q, _)| q == p);
                 self.done.retain(still);
                 self.failed.retain(still);

@@ -21,6 +21,7 @@ use hvstats_abi::source::Source;
 use super::attach::{ObserveError, ObserveOptions};
 use super::claim::Claim;
 use super::discovery::{KvmFds, Procfs, Vmm};
+use super::exit_watch::ExitWatch;
 use super::publication;
 use super::sources::KvmExitState;
 use super::sources::{PeerState, VM_SOURCES, Vcpu, VmAttach, VmSource, VmView};
@@ -31,12 +32,16 @@ use crate::sources::counter_source::{Composition, Gives, Object};
 /// is a source (the authority's own, like the VP count, are always there). What no source gives
 /// of these is declared unavailable.
 fn relevant() -> Gives {
-    let sourced =
-        |c: &catalog::Counter| catalog::observed(c).is_some_and(|m| m.source() != Some(Source::Authority));
-    Gives {
-        partition: CounterSet::of_kind(ObjectKind::Partition, sourced),
-        vp: CounterSet::of_kind(ObjectKind::Vp, sourced),
-    }
+    static RELEVANT: std::sync::OnceLock<Gives> = std::sync::OnceLock::new();
+    *RELEVANT.get_or_init(|| {
+        let sourced = |c: &catalog::Counter| {
+            catalog::observed(c).is_some_and(|m| m.source() != Some(Source::Authority))
+        };
+        Gives {
+            partition: CounterSet::of_kind(ObjectKind::Partition, sourced),
+            vp: CounterSet::of_kind(ObjectKind::Vp, sourced),
+        }
+    })
 }
 
 /// One observed VM published as a partition.
@@ -57,6 +62,8 @@ pub struct ObservedVm {
     claim: Option<Claim>,
     /// The QMP socket it was attached with.
     qmp: Option<std::path::PathBuf>,
+    /// The VMM's exit, watched without reading `/proc` (on the host's procfs only).
+    exit: Option<ExitWatch>,
 }
 
 impl ObservedVm {
@@ -114,6 +121,7 @@ impl ObservedVm {
             declared: None,
             claim: None,
             qmp: qmp.map(std::path::Path::to_owned),
+            exit: (procfs.root() == std::path::Path::new("/proc")).then(|| ExitWatch::new(pid)).flatten(),
         };
         if let Err(source) = me.refresh(procfs) {
             return Err(ObserveError::Proc { pid, source });
@@ -229,7 +237,11 @@ impl ObservedVm {
     /// When the process's status cannot be read for another reason than its exit (this process
     /// is out of descriptors or memory): the VM is not refreshed, and stays observed.
     pub fn refresh(&mut self, procfs: &Procfs) -> io::Result<bool> {
-        if !procfs.is_alive(self.pid)? {
+        let gone = match &self.exit {
+            Some(watch) => watch.has_exited(),
+            None => !procfs.is_alive(self.pid)?,
+        };
+        if gone {
             return Ok(false);
         }
         self.find_threads(procfs);

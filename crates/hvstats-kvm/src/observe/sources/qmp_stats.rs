@@ -174,15 +174,17 @@ impl QmpStats {
 
     /// Puts this refresh's questions, in the order their answers will be taken.
     fn put_questions(qmp: &mut Qmp, wanted: &[Question]) -> Result<(), QmpError> {
-        for q in wanted {
-            match q {
-                Question::Status => qmp.send("query-status", None)?,
-                Question::VcpuStats => qmp.send("query-stats", Some(stats_request("vcpu", vcpu_names())))?,
-                Question::VmStats => qmp.send("query-stats", Some(stats_request("vm", vm_names())))?,
-                Question::Cpus => qmp.send("query-cpus-fast", None)?,
-            }
-        }
-        Ok(())
+        let requests: Vec<(&str, Option<Value>)> = wanted
+            .iter()
+            .map(|q| match q {
+                Question::Status => ("query-status", None),
+                Question::VcpuStats => ("query-stats", Some(stats_request("vcpu", vcpu_names()))),
+                Question::VmStats => ("query-stats", Some(stats_request("vm", vm_names()))),
+                Question::Cpus => ("query-cpus-fast", None),
+            })
+            .collect();
+        // One write for all: QEMU answers them in order.
+        qmp.send_all(&requests)
     }
 
     /// The questions of a refresh.
