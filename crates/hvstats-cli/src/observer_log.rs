@@ -5,14 +5,15 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use hvstats_kvm::mshv::MshvEvent;
 use hvstats_kvm::observe::ObserverEvent;
+use hvstats_mshv::observer::MshvEvent;
 use hvstats_present::text::Escaped;
 
 /// The log line of an event of the mshv observer.
 pub(crate) fn describe_mshv(event: &MshvEvent) -> String {
     let vps = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
     match event {
+        MshvEvent::Format(dialect) => format!("mshv: the tree is printed in {}", dialect.label()),
         MshvEvent::Appeared { key, vps: v } => format!("mshv partition {key}: VPs [{}]", vps(v)),
         MshvEvent::VpsChanged { key, vps: v } => format!("mshv partition {key}: VPs now [{}]", vps(v)),
         MshvEvent::Vanished { key } => format!("mshv partition {key}: gone"),

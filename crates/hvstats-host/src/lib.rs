@@ -7,11 +7,14 @@
 //!   schedstat (run time, CPU wait, dispatches);
 //! - [`perf_event`] and [`perf_group`]: perf counters, alone or as a group read at once;
 //! - [`tracefs`]: where tracefs is (mounted when needed), and each event's id and format;
-//! - [`bpf`]: tracepoints counted in the kernel by eBPF programs assembled at run time.
+//! - [`bpf`]: tracepoints counted in the kernel by eBPF programs assembled at run time;
+//! - [`counting`]: a list of events counted on threads, in the kernel where permitted, by perf
+//!   counters otherwise: the one engine of every tracepoint count.
 
 #![deny(missing_docs)]
 
 pub mod bpf;
+pub mod counting;
 pub mod error_chain;
 pub mod os;
 pub mod perf_event;

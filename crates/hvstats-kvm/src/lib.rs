@@ -10,8 +10,7 @@
 //! - [`modes`]: real, protected and long mode set-up;
 //! - [`accounting`] and [`sources`]: userspace exits counted with their time, and what the kernel
 //!   counts (tracepoints, KVM stats, perf, procfs) merged into the pages;
-//! - [`observe`]: other processes' KVM VMs; [`mshv`]: the Microsoft Hypervisor's own counters
-//!   where Linux is its root partition.
+//! - [`observe`]: other processes' KVM VMs.
 
 #![deny(missing_docs)]
 
@@ -27,7 +26,6 @@ mod histogram_sources;
 pub mod hyperv;
 pub mod memory;
 pub mod modes;
-pub mod mshv;
 pub mod observe;
 pub mod partition;
 #[cfg(test)]

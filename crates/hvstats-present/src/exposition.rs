@@ -16,7 +16,9 @@
 //! Microsoft Hypervisor's counters the catalog has no place for) exports them as one generic
 //! family, `hvstats_mshv_value{instance, object, lp|partition|vp, name}` (the raw value as the
 //! hypervisor prints it), and is named by `hvstats_mshv_instance_info{instance, source="mshv"}`,
-//! so its catalog series can be told apart by a join on `instance`.
+//! so its catalog series can be told apart by a join on `instance`. Those values are bounded as
+//! VPs are: `--max-vps` objects' worth per scrape, the rest counted in
+//! `hvstats_mshv_values_omitted`.
 
 use std::fmt::Write;
 use std::sync::Arc;
@@ -32,7 +34,7 @@ use prometheus_client::encoding::{DescriptorEncoder, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::live::{Live, Reading};
+use crate::live::Reading;
 
 /// The media type of the OpenMetrics reply (for clients that accept it, as Prometheus does).
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -48,27 +50,96 @@ pub fn accepts_openmetrics(accept: &str) -> bool {
 /// The OpenMetrics text in the classic Prometheus text format (0.0.4): a counter's HELP and TYPE
 /// name its samples (`…_total`), and there is no `# UNIT` or `# EOF`. Samples are unchanged.
 pub fn to_classic(openmetrics: &str) -> String {
-    let counters: std::collections::HashSet<&str> =
-        openmetrics.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter")).collect();
     let mut out = String::with_capacity(openmetrics.len());
-    for line in openmetrics.lines() {
-        if line.starts_with("# UNIT ") || line == "# EOF" {
-            continue;
+    let mut classic = Classic::new(&mut out);
+    let _ = classic.write_str(openmetrics).and_then(|()| classic.finish());
+    out
+}
+
+/// [`to_classic`] as a writer: OpenMetrics text written to it reaches `out` in the classic
+/// format, a line at a time (a family's HELP waits for its TYPE, which says whether it is a
+/// counter); [`finish`](Self::finish) writes a last line without a newline.
+pub struct Classic<W> {
+    out: W,
+    /// The unfinished line, then a HELP line waiting for its family's TYPE.
+    line: String,
+    help: Option<String>,
+}
+
+impl<W: Write> Classic<W> {
+    /// A converter writing to `out`.
+    pub fn new(out: W) -> Self {
+        Self { out, line: String::new(), help: None }
+    }
+
+    /// The writer it writes to.
+    pub fn into_inner(self) -> W {
+        self.out
+    }
+
+    /// Writes what is still held.
+    ///
+    /// # Errors
+    /// When `out` fails.
+    pub fn finish(&mut self) -> std::fmt::Result {
+        if !self.line.is_empty() {
+            let line = std::mem::take(&mut self.line);
+            self.convert(&line)?;
         }
-        let meta = ["# HELP ", "# TYPE "].into_iter().find_map(|p| Some((p, line.strip_prefix(p)?)));
-        match meta {
-            Some((prefix, rest)) => {
-                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
-                let suffix = if counters.contains(name) { "_total" } else { "" };
-                let _ = writeln!(out, "{prefix}{name}{suffix} {tail}");
-            }
-            None => {
-                out.push_str(line);
-                out.push('\n');
-            }
+        match self.help.take() {
+            Some(help) => self.meta("# HELP ", &help, false),
+            None => Ok(()),
         }
     }
-    out
+
+    fn meta(&mut self, prefix: &str, rest: &str, counter: bool) -> std::fmt::Result {
+        let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+        let suffix = if counter { "_total" } else { "" };
+        writeln!(self.out, "{prefix}{name}{suffix} {tail}")
+    }
+
+    fn convert(&mut self, line: &str) -> std::fmt::Result {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            if let Some(help) = self.help.replace(rest.to_owned()) {
+                self.meta("# HELP ", &help, false)?;
+            }
+            return Ok(());
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let counter = rest.ends_with(" counter");
+            if let Some(help) = self.help.take() {
+                let same = help.split(' ').next() == rest.split(' ').next();
+                self.meta("# HELP ", &help, same && counter)?;
+            }
+            return self.meta("# TYPE ", rest, counter);
+        }
+        if let Some(help) = self.help.take() {
+            self.meta("# HELP ", &help, false)?;
+        }
+        if line.starts_with("# UNIT ") || line == "# EOF" {
+            return Ok(());
+        }
+        self.out.write_str(line)?;
+        self.out.write_char('\n')
+    }
+}
+
+impl<W: Write> Write for Classic<W> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let mut rest = s;
+        while let Some((head, tail)) = rest.split_once('\n') {
+            if self.line.is_empty() {
+                self.convert(head)?;
+            } else {
+                let mut line = std::mem::take(&mut self.line);
+                line.push_str(head);
+                self.convert(&line)?;
+            }
+            rest = tail;
+        }
+        self.line.push_str(rest);
+        Ok(())
+    }
 }
 
 /// The label naming the hvstats instance that publishes an object (not `instance`, which
@@ -109,11 +180,20 @@ impl Exposition {
     /// # Errors
     /// Only when formatting fails (it writes to a `String`).
     pub fn encode(self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        self.encode_into(&mut out)?;
+        Ok(out)
+    }
+
+    /// The text, in the OpenMetrics format, written to `out` as it is made (a writer of chunks
+    /// holds it without the copies of a growing `String`).
+    ///
+    /// # Errors
+    /// When `out` fails.
+    pub fn encode_into(self, out: &mut impl Write) -> std::fmt::Result {
         let mut registry = Registry::with_prefix(crate::metrics::PREFIX);
         registry.register_collector(Box::new(self));
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &registry)?;
-        Ok(out)
+        prometheus_client::encoding::text::encode(out, &registry)
     }
 
     /// For each partition in walk order, whether its VPs are exported one by one.
@@ -404,6 +484,23 @@ impl Exposition {
                 }
                 metric.encode_family(&labels)?.encode_gauge(&1i64)?;
             }
+            let tables: Vec<_> = self.partitions().map(|(_, p)| p.sources()).collect();
+            if tables.iter().any(Option::is_some) {
+                let mut metric = encoder.encode_descriptor(
+                    "vm_source_up",
+                    "For each source of an observed VM's counters (the VMM's KVM statistics \
+                     descriptors, libvirt, QMP, tracepoints, its threads' files), 1 while it gives \
+                     counters, 0 while it is there but gives none (its peer failed or stalled).",
+                    None,
+                    MetricType::Gauge,
+                )?;
+                for (table, vm) in tables.iter().zip(&self.vm_labels) {
+                    for source in table.iter().flat_map(|t| t.sources()) {
+                        let labels: Labels = vec![("vm", vm.clone()), ("source", source.name().to_owned())];
+                        metric.encode_family(&labels)?.encode_gauge(&i64::from(source.up))?;
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -412,21 +509,36 @@ impl Exposition {
 /// The catalog name of a VM's run state.
 const VM_STATE: &str = "VM state";
 
-/// The `vm` label of each partition of `reading` in walk order: its name ([`Live::vm_name`]),
-/// stable across restarts of its publisher; a name two partitions share gets its publisher and
-/// partition id appended, so no two series collide.
+/// The `vm` label of each partition of `reading` in walk order: its name, which its publisher
+/// keeps across restarts (an unnamed partition is `partition-<id>`). No label holds a pid or an
+/// instance name, which change with every process: a name two partitions share gets `#2`, `#3`,
+/// … in walk order after the first, so no two series collide.
 fn vm_labels(reading: &Reading) -> Vec<String> {
-    let partitions = || reading.instances.iter().flat_map(|i| i.partitions.iter().map(move |p| (i, p)));
-    let names: Vec<String> = partitions().map(|(i, p)| Live::vm_name(&i.name, p)).collect();
-    let mut seen = std::collections::HashMap::<&str, usize>::new();
-    for name in &names {
-        *seen.entry(name).or_default() += 1;
-    }
-    partitions()
-        .zip(&names)
-        .map(|((instance, partition), name)| match seen.get(name.as_str()) {
-            Some(1) => name.clone(),
-            _ => format!("{name} ({}:{})", instance.name, partition.id),
+    use std::collections::HashSet;
+    let names: Vec<String> = reading
+        .instances
+        .iter()
+        .flat_map(|i| &i.partitions)
+        .map(|p| match p.name.is_empty() {
+            true => format!("partition-{}", p.id),
+            false => p.name.clone(),
+        })
+        .collect();
+    // The first partition of a name keeps it; a suffixed label never takes a name some
+    // partition has.
+    let taken: HashSet<&str> = names.iter().map(String::as_str).collect();
+    let mut first = HashSet::new();
+    let mut suffixed = HashSet::new();
+    names
+        .iter()
+        .map(|name| {
+            if first.insert(name.as_str()) {
+                return name.clone();
+            }
+            (2..)
+                .map(|n| format!("{name}#{n}"))
+                .find(|label| !taken.contains(label.as_str()) && suffixed.insert(label.clone()))
+                .unwrap_or_default()
         })
         .collect()
 }
@@ -507,11 +619,17 @@ impl Collector for Exposition {
 const MSHV_VALUE_HELP: &str = "A counter of the Microsoft Hypervisor the catalog has no counter for, by the name Linux's \
      mshv debugfs prints: the raw value (times in 100 ns units)";
 
+/// The help of the count of such values left out of a scrape.
+const MSHV_OMITTED_HELP: &str = "Values of hvstats_mshv_value this scrape left out: those of LPs, partitions and VPs \
+     past --max-vps objects exported one by one, and of VPs summed under vp=\"all\"";
+
 impl Exposition {
-    /// `mshv_instance_info` and `mshv_value` for the instances that keep unmapped values; a
-    /// partition's VPs only when they are exported one by one (under the VP cap).
+    /// `mshv_instance_info`, `mshv_value` and `mshv_values_omitted` for the instances that keep
+    /// unmapped values. Besides each hypervisor's, the values of at most `--max-vps` objects (LPs,
+    /// partitions and VPs alike, in that order) are exported, and a partition's VPs only when they
+    /// are exported one by one (under the VP cap); what is left out is counted, per instance.
     fn encode_mshv(&self, encoder: &mut DescriptorEncoder, per_vp: &[bool]) -> std::fmt::Result {
-        use hvstats::mshv::unmapped::ObjectRef;
+        use hvstats::unmapped::ObjectRef;
         let mshv = || self.reading.instances.iter().filter(|i| i.unmapped.is_some());
         {
             let help =
@@ -527,44 +645,72 @@ impl Exposition {
                 metric.encode_family(&labels)?.encode_gauge(&1u64)?;
             }
         }
-        let mut metric = encoder.encode_descriptor("mshv_value", MSHV_VALUE_HELP, None, MetricType::Gauge)?;
-        let mut emit = |base: &Labels, values: Option<&Vec<(String, u64)>>| -> std::fmt::Result {
-            for (name, value) in values.into_iter().flatten() {
-                let mut labels = base.clone();
-                labels.push(("name", name.clone()));
-                metric.encode_family(&labels)?.encode_gauge(value)?;
-            }
-            Ok(())
-        };
-        for instance in mshv() {
-            let Some(unmapped) = &instance.unmapped else { continue };
-            let base = |object: &str| -> Labels {
-                vec![("publisher", instance.name.clone()), ("object", object.to_owned())]
+        let mut omitted: std::collections::BTreeMap<String, u64> =
+            mshv().map(|i| (i.name.clone(), 0)).collect();
+        let mut budget = self.max_vps;
+        {
+            let mut metric =
+                encoder.encode_descriptor("mshv_value", MSHV_VALUE_HELP, None, MetricType::Gauge)?;
+            // Exports `values` under `base`, when `shown` and (for all but the hypervisor) the
+            // budget has room; else counts them as left out.
+            let mut emit = |publisher: &str,
+                            base: &Labels,
+                            values: Option<&Vec<(String, u64)>>,
+                            budgeted: bool,
+                            shown: bool|
+             -> std::fmt::Result {
+                let Some(values) = values.filter(|v| !v.is_empty()) else { return Ok(()) };
+                if !shown || (budgeted && budget == 0) {
+                    *omitted.entry(publisher.to_owned()).or_default() += values.len() as u64;
+                    return Ok(());
+                }
+                if budgeted {
+                    budget -= 1;
+                }
+                for (name, value) in values {
+                    let mut labels = base.clone();
+                    labels.push(("name", name.clone()));
+                    metric.encode_family(&labels)?.encode_gauge(value)?;
+                }
+                Ok(())
             };
-            emit(&base("hypervisor"), unmapped.get(&ObjectRef::Hypervisor))?;
-            for lp in &instance.lps {
-                let mut labels = base("lp");
-                labels.push(("lp", lp.index.to_string()));
-                emit(&labels, unmapped.get(&ObjectRef::Lp(lp.index)))?;
+            for instance in mshv() {
+                let Some(unmapped) = &instance.unmapped else { continue };
+                let publisher = instance.name.as_str();
+                let base = |object: &str| -> Labels {
+                    vec![("publisher", instance.name.clone()), ("object", object.to_owned())]
+                };
+                emit(publisher, &base("hypervisor"), unmapped.get(&ObjectRef::Hypervisor), false, true)?;
+                for lp in &instance.lps {
+                    let mut labels = base("lp");
+                    labels.push(("lp", lp.index.to_string()));
+                    emit(publisher, &labels, unmapped.get(&ObjectRef::Lp(lp.index)), true, true)?;
+                }
             }
-        }
-        for ((instance, partition), one_by_one) in self.partitions().zip(per_vp) {
-            let Some(unmapped) = &instance.unmapped else { continue };
-            let base = |object: &str| -> Labels {
-                vec![
-                    ("publisher", instance.name.clone()),
-                    ("object", object.to_owned()),
-                    ("partition", partition.id.to_string()),
-                ]
-            };
-            emit(&base("partition"), unmapped.get(&ObjectRef::Partition(partition.id)))?;
-            if *one_by_one {
+            for ((instance, partition), one_by_one) in self.partitions().zip(per_vp) {
+                let Some(unmapped) = &instance.unmapped else { continue };
+                let publisher = instance.name.as_str();
+                let base = |object: &str| -> Labels {
+                    vec![
+                        ("publisher", instance.name.clone()),
+                        ("object", object.to_owned()),
+                        ("partition", partition.id.to_string()),
+                    ]
+                };
+                let values = unmapped.get(&ObjectRef::Partition(partition.id));
+                emit(publisher, &base("partition"), values, true, true)?;
                 for vp in &partition.vps {
                     let mut labels = base("vp");
                     labels.push(("vp", vp.index.to_string()));
-                    emit(&labels, unmapped.get(&ObjectRef::Vp(partition.id, vp.index)))?;
+                    let values = unmapped.get(&ObjectRef::Vp(partition.id, vp.index));
+                    emit(publisher, &labels, values, true, *one_by_one)?;
                 }
             }
+        }
+        let mut metric =
+            encoder.encode_descriptor("mshv_values_omitted", MSHV_OMITTED_HELP, None, MetricType::Gauge)?;
+        for (publisher, count) in omitted {
+            metric.encode_family(&vec![("publisher", publisher)])?.encode_gauge(&count)?;
         }
         Ok(())
     }
@@ -592,6 +738,41 @@ mod tests {
     }
 
     #[test]
+    fn each_source_of_an_observed_vm_is_a_source_up_series_and_snapshot_json_names_its_counters() {
+        use hvstats::snapshot::ObjectReading;
+        use hvstats_abi::catalog::vp;
+        use hvstats_abi::vm_sources::{Origin, SourceEntry, SourceTable};
+        let mut instance = synthetic_instance(1, 1);
+        let mut table = SourceTable::default();
+        let libvirt = table.push(SourceEntry::new("libvirt", true, Origin::VcpuCreation)).unwrap();
+        table.push(SourceEntry::new("qmp", false, Origin::VcpuCreation)).unwrap();
+        table.set_writer(vp::HLT_INSTRUCTIONS, libvirt);
+        let partition = &mut instance.partitions[0];
+        partition.name = "vm-a".into();
+        let rows: Vec<_> = table.rows().collect();
+        let ObjectReading::Counters(values) = &mut partition.reading else { panic!() };
+        for (c, v) in values.iter_mut() {
+            if let Some((_, w)) = rows.iter().find(|(id, _)| *id == c.id) {
+                *v = *w;
+            }
+        }
+        let json = crate::snapshot_json::partition_json(&instance.partitions[0], None, &instance);
+        assert_eq!(json["sources"][0]["name"], "libvirt");
+        assert_eq!(json["sources"][0]["counts_from"], "vcpu-creation");
+        assert_eq!(json["sources"][0]["vp"], serde_json::json!(["HLT instructions/sec"]));
+        assert_eq!(json["sources"][1]["up"], false);
+        let text = Exposition::new(crate::live::Reading::of(vec![instance]), 4).encode().unwrap();
+        let up = lines_of(&text, "hvstats_vm_source_up{");
+        assert_eq!(
+            up,
+            [
+                "hvstats_vm_source_up{vm=\"vm-a\",source=\"libvirt\"} 1",
+                "hvstats_vm_source_up{vm=\"vm-a\",source=\"qmp\"} 0"
+            ]
+        );
+    }
+
+    #[test]
     fn every_vp_is_a_series_under_the_cap_and_partition_sums_beyond_it() {
         // 3 partitions of 2 VPs; VP `i` of partition `p` holds 1000 × (2p + i) + its page index.
         let text =
@@ -603,7 +784,7 @@ mod tests {
             .position(|c| c.id == hvstats_abi::catalog::vp::HYPERCALLS)
             .unwrap() as u64;
         let all = hypercalls.iter().find(|l| l.contains("vp=\"all\"")).unwrap();
-        assert!(all.contains("vm=\"4242-1-0:3\""), "{all}");
+        assert!(all.contains("vm=\"partition-3\""), "{all}");
         assert!(all.ends_with(&format!(" {}", 4000 + index + 5000 + index)), "{all}");
         assert!(text.ends_with("# EOF\n"));
     }
@@ -627,10 +808,8 @@ mod tests {
         with(hv, hypervisor::OBSERVER_QMP_SESSIONS_UP, 1);
         instance.partitions[0].name = "stuck".into();
         with(&mut instance.partitions[0].reading, partition::VM_STATE, VmState::InternalError.code());
-        with(&mut instance.partitions[0].reading, partition::VM_QMP_UP, 1);
         instance.partitions[1].name = "held".into();
         with(&mut instance.partitions[1].reading, partition::VM_STATE, VmState::Paused.code());
-        with(&mut instance.partitions[1].reading, partition::VM_QMP_UP, 0);
         let mut reading = crate::live::Reading::of(vec![instance]);
         reading.dead_observers = vec!["777-5-0".into()];
         let text = Exposition::new(reading, 100).encode().unwrap();
@@ -645,8 +824,6 @@ mod tests {
             "hvstats_vm_state{vm=\"stuck\",state=\"internal-error\"} 1".to_owned(),
             "hvstats_vm_state{vm=\"stuck\",state=\"running\"} 0".to_owned(),
             "hvstats_vm_state{vm=\"held\",state=\"paused\"} 1".to_owned(),
-            "hvstats_vm_source_up{vm=\"stuck\",source=\"qmp\"} 1".to_owned(),
-            "hvstats_vm_source_up{vm=\"held\",source=\"qmp\"} 0".to_owned(),
             // A VM stuck on an internal error is not an idle VM that is up.
             "hvstats_vm_up{vm=\"stuck\"} 0".to_owned(),
             "hvstats_vm_up{vm=\"held\"} 1".to_owned(),
@@ -660,9 +837,67 @@ mod tests {
         assert_eq!(text.matches("# TYPE hvstats_observer_up gauge").count(), 1, "one family");
     }
 
+    /// The label values of every sample of a counter or histogram family in `text`.
+    fn counter_label_values(text: &str) -> Vec<String> {
+        let counted: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter(|l| l.ends_with(" counter") || l.ends_with(" histogram"))
+            .filter_map(|l| l.split(' ').next())
+            .collect();
+        let mut values = Vec::new();
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let Some((name, rest)) = line.split_once('{') else { continue };
+            let family = ["_total", "_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .unwrap_or(name);
+            if !counted.contains(&family) {
+                continue;
+            }
+            let labels = rest.rsplit_once('}').map_or("", |(l, _)| l);
+            values.extend(
+                labels
+                    .split("\",")
+                    .filter_map(|kv| Some(kv.split_once("=\"")?.1.trim_end_matches('"').to_owned())),
+            );
+        }
+        values
+    }
+
+    #[test]
+    fn no_counter_series_has_a_pid_in_a_label_and_shared_names_stay_apart() {
+        // Two publishers (pids 4242 and 5353) of partitions named alike, one unnamed.
+        let mut a = synthetic_instance(2, 1);
+        a.partitions[0].name = "web".into();
+        let mut b = synthetic_instance(2, 1);
+        b.name = "5353-7-0".into();
+        b.pid = 5353;
+        b.partitions[0].name = "web".into();
+        b.partitions[1].name = "web#2".into();
+        let text = Exposition::new(crate::live::Reading::of(vec![a, b]), 100).encode().unwrap();
+        let values = counter_label_values(&text);
+        assert!(values.len() > 100, "{text}");
+        for v in &values {
+            assert!(!v.contains("4242") && !v.contains("5353"), "a pid in a counter label: {v}");
+        }
+        let vms: std::collections::BTreeSet<String> = lines_of(&text, "hvstats_vp_hypercalls_total{")
+            .iter()
+            .filter_map(|l| Some(l.split("vm=\"").nth(1)?.split('"').next()?.to_owned()))
+            .collect();
+        // The first "web" keeps its name, the second is not given the name "web#2" already has.
+        assert_eq!(vms.into_iter().collect::<Vec<_>>(), ["partition-2", "web", "web#2", "web#3"], "{text}");
+        // What changes with the process is on the info series only.
+        let info = lines_of(&text, "hvstats_vm_info{");
+        assert!(
+            info.iter().any(|l| l.contains("vm=\"web#3\"") && l.contains("publisher_pid=\"5353\"")),
+            "{info:?}"
+        );
+    }
+
     #[test]
     fn unmapped_values_are_one_generic_family_named_by_object_and_name() {
-        use hvstats::mshv::unmapped::{ObjectRef, Unmapped};
+        use hvstats::unmapped::{ObjectRef, Unmapped};
         let mut reading = crate::live::Reading::of(vec![synthetic_instance(2, 2)]);
         let plain = Exposition::new(reading.clone(), 10).encode().unwrap();
         assert!(!plain.contains("hvstats_mshv_"), "no mshv instance, no mshv family");
@@ -695,8 +930,24 @@ mod tests {
         assert_eq!(info.len(), 1, "{text}");
         assert!(info[0].contains("source=\"mshv\"") && info[0].ends_with(" 1"), "{}", info[0]);
         // Past the VP cap the VPs' values are left out; the partition's stay.
+        assert_eq!(
+            lines_of(&text, "hvstats_mshv_values_omitted{"),
+            [format!("hvstats_mshv_values_omitted{{publisher=\"{name}\"}} 0")]
+        );
+        // Past the VP cap the VPs' values are left out, and counted; the partition's stay.
+        let capped = Exposition::new(reading.clone(), 1).encode().unwrap();
+        assert_eq!(lines_of(&capped, "hvstats_mshv_value{").len(), 2, "{capped}");
+        let omitted = format!("hvstats_mshv_values_omitted{{publisher=\"{name}\"}} 1");
+        assert_eq!(lines_of(&capped, "hvstats_mshv_values_omitted{"), [omitted]);
+        // The cap counts partitions and LPs as objects too: a second partition's values past it
+        // are left out, however many names each object has.
+        let other = reading.instances[0].partitions[1].id;
+        let many: Vec<(String, u64)> = (0..1000).map(|i| (format!("PtNew{i}"), i)).collect();
+        reading.instances[0].unmapped.as_mut().unwrap().insert(ObjectRef::Partition(other), many);
         let capped = Exposition::new(reading, 1).encode().unwrap();
         assert_eq!(lines_of(&capped, "hvstats_mshv_value{").len(), 2, "{capped}");
+        let omitted = format!("hvstats_mshv_values_omitted{{publisher=\"{name}\"}} 1001");
+        assert_eq!(lines_of(&capped, "hvstats_mshv_values_omitted{"), [omitted]);
     }
 
     #[test]

@@ -11,8 +11,15 @@ use std::process::Command;
 use serde_json::Value;
 
 /// The product crates: what a user of the libraries or the command links.
-const PRODUCT: [&str; 6] =
-    ["hvstats-abi", "hvstats", "hvstats-present", "hvstats-kvm", "hvstats-guest", "hvstats-cli"];
+const PRODUCT: [&str; 7] = [
+    "hvstats-abi",
+    "hvstats",
+    "hvstats-present",
+    "hvstats-kvm",
+    "hvstats-mshv",
+    "hvstats-guest",
+    "hvstats-cli",
+];
 
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()

@@ -4,10 +4,10 @@
 //! format in [`index`]), the instance that holds them ([`instance`]), the map/unmap rules
 //! ([`rules`]) and the stats hypercalls built on them ([`hypercall`], [`gpa_space`]), publication
 //! of live instances to the runtime directory ([`publish`], [`runtime_dir`]) and attach for root
-//! //! readers in other processes ([`attach`], [`reader`], [`trust`]), the LP objects ([`lp`]), the
-//! Microsoft Hypervisor's own counters read from Linux's debugfs ([`mshv`]), snapshots of
-//! attached instances ([`snapshot`]), and — built on those — the typed VP counter API and the
-//! hardware counter allocator. What it reads of the host (thread stat lines, perf counters) comes
+//! readers in other processes ([`attach`], [`reader`], [`trust`]), the LP objects ([`lp`]), the
+//! values an instance keeps by name beside its pages ([`unmapped`]), snapshots of attached
+//! instances ([`snapshot`]), and — built on those — the typed VP counter API and the hardware
+//! counter allocator. What it reads of the host (thread stat lines, perf counters) comes
 //! from the host readers of `hvstats_host`.
 
 #![deny(missing_docs)]
@@ -21,7 +21,6 @@ pub mod hypercall;
 pub mod index;
 pub mod instance;
 pub mod lp;
-pub mod mshv;
 pub mod page;
 pub mod publish;
 pub mod reader;
@@ -29,6 +28,7 @@ pub mod rules;
 pub mod runtime_dir;
 pub mod snapshot;
 pub mod trust;
+pub mod unmapped;
 pub mod vmm;
 pub mod whv;
 

@@ -8,7 +8,7 @@
 //!                                 or 0640 with the group named by InstanceConfig::page_access
 //! <pid>-<start time>-<n>.global   the hypervisor and LPs: an arena of their own, always 0600
 //! <pid>-<start time>-<n>.unmapped (mshv observers only) counters the catalog has no place for,
-//!                                 as text (crate::mshv::unmapped); mode as the .arena's
+//!                                 as text (crate::unmapped); mode as the .arena's
 //! .<…>.tmp                        an arena being set up, renamed into place when complete
 //! ```
 //!

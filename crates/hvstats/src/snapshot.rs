@@ -14,6 +14,7 @@ use std::sync::OnceLock;
 use hvstats_abi::catalog::{Counter, Presentation, counters_of};
 use hvstats_abi::histogram::{HISTOGRAM_SLOTS, Log2Histogram};
 use hvstats_abi::page::{PAGE_SLOTS, PageLayout};
+use hvstats_abi::vm_sources::SourceTable;
 use hvstats_abi::{ObjectKind, PageView, StatsPage};
 use zerocopy::IntoBytes;
 
@@ -111,9 +112,9 @@ pub struct InstanceSnapshot {
     /// The partitions, by id (empty from [`take_instance_globals`]).
     pub partitions: Vec<PartitionSnapshot>,
     /// Values the publisher keeps by name beside its pages, for counters the catalog has no
-    /// place for (an mshv observer's, see [`crate::mshv::unmapped`]); `None` when it keeps none,
+    /// place for (an mshv observer's, see [`crate::unmapped`]); `None` when it keeps none,
     /// or they cannot be read.
-    pub unmapped: Option<crate::mshv::unmapped::Unmapped>,
+    pub unmapped: Option<crate::unmapped::Unmapped>,
 }
 
 /// Decodes `page` as `kind` into every catalog counter of that kind.
@@ -230,6 +231,14 @@ fn read_with(
 pub use crate::error_chain::error_chain;
 
 impl PartitionSnapshot {
+    /// Which source of an observed VM gave each of its counters, as its partition page says
+    /// ([`SourceTable`]); `None` for a partition that names no source (our own, or an
+    /// unreadable page).
+    pub fn sources(&self) -> Option<SourceTable> {
+        let ObjectReading::Counters(values) = &self.reading else { return None };
+        SourceTable::decode(|id| values.iter().find(|(c, _)| c.id == id).map(|(_, v)| *v))
+    }
+
     /// The readable VPs summed counter by counter (`None` when none was readable): a partition's
     /// total, for every surface that shows one. A counter some VP does not have is left out.
     pub fn vps_summed(&self) -> Option<ObjectReading> {
@@ -360,7 +369,7 @@ pub fn take_instance_globals(instance: &Instance) -> InstanceSnapshot {
             })
             .collect(),
         partitions: Vec::new(),
-        unmapped: crate::mshv::unmapped::read(instance).ok().flatten(),
+        unmapped: crate::unmapped::read(instance).ok().flatten(),
     }
 }
 

@@ -8,7 +8,7 @@
 )]
 
 use hvstats::attach::Attach;
-use hvstats::mshv::unmapped::{self, ObjectRef, Unmapped};
+use hvstats::unmapped::{self, ObjectRef, Unmapped};
 use hvstats::{Hypervisor, InstanceConfig};
 use hvstats_abi::catalog::{hypervisor, lp, vp};
 

@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use hvstats::{Hypervisor, InstanceConfig};
-use hvstats_kvm::mshv::{self, MshvObserver};
 use hvstats_kvm::observe::filter::{VmFilter, VmPattern};
 use hvstats_kvm::observe::publication;
 use hvstats_kvm::observe::qmp::Cancel;
 use hvstats_kvm::observe::{ObserveOptions, Observer, Procfs, Targets, raise_fd_limit};
+use hvstats_mshv::observer::{self as mshv, MshvObserver};
 
 use crate::observer_run::{Ended, Runner};
 use crate::signals;
@@ -52,7 +52,7 @@ pub struct Args {
     exclude_vms: Vec<VmPattern>,
     /// Publish the Microsoft Hypervisor's own counters from Linux's mshv debugfs tree (where Linux
     /// is its root partition) as an instance of their own: alone, or beside --pid/--all.
-    #[arg(long, value_name = "DIR", num_args = 0..=1, default_missing_value = hvstats::mshv::tree::DEFAULT_ROOT)]
+    #[arg(long, value_name = "DIR", num_args = 0..=1, default_missing_value = hvstats_mshv::tree::DEFAULT_ROOT)]
     mshv: Option<PathBuf>,
     /// With --mshv: list the names the tree prints that the catalog has no counter for, and exit.
     #[arg(long, requires = "mshv")]
@@ -134,6 +134,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             filter: VmFilter { include: args.vms, exclude: args.exclude_vms },
             cancel: cancel.clone(),
             claims: Some(dir.clone()),
+            ..Default::default()
         };
         Observer::new(hv, procfs, targets, options)
     });
@@ -191,16 +192,21 @@ fn start_mshv(root: &std::path::Path, dir: &std::path::Path) -> anyhow::Result<M
     Ok(MshvObserver::new(hv, root.to_owned()))
 }
 
-/// `--mshv DIR --list-unknown`: the names the catalog has no counter for, by object kind.
+/// `--mshv DIR --list-unknown`: the names the catalog has no counter for, by object kind, each
+/// under its one name (mainline's, with the object prefix) whichever kernel printed it.
 fn list_unknown(root: &std::path::Path) -> anyhow::Result<ExitCode> {
     let tree = mshv::read_tree(root).context("--mshv")?;
     for p in &tree.problems {
         log(&format!("skipped {p}"));
     }
+    if let Some(dialect) = tree.dialect() {
+        log(&format!("the tree is printed in {}", dialect.label()));
+    }
     let mut text = String::new();
     for (kind, names) in mshv::unmapped_names(&tree) {
         for (name, known) in names {
-            let note = if known { "" } else { "\t(not in Linux's x86_64 table: a newer or other build)" };
+            let note =
+                if known { "" } else { "\t(printed by no kernel hvstats knows: a newer or other build)" };
             text.push_str(&format!("{}\t{name}{note}\n", kind.short_name()));
         }
     }

@@ -17,6 +17,7 @@ use hvstats_abi::ObjectKind;
 use hvstats_abi::catalog::{self, CounterId};
 use hvstats_abi::counter_set::CounterSet;
 use hvstats_abi::source::Source;
+use hvstats_abi::vm_sources::{SourceEntry, SourceTable};
 
 use super::attach::{ObserveError, ObserveOptions};
 use super::claim::Claim;
@@ -34,8 +35,10 @@ use crate::sources::counter_source::{Composition, Gives, Object};
 fn relevant() -> Gives {
     static RELEVANT: std::sync::OnceLock<Gives> = std::sync::OnceLock::new();
     *RELEVANT.get_or_init(|| {
+        // The partition page's own bookkeeping (which source gave what) is the observer's to
+        // write, not a counter a source gives: declared unavailable, no reader would see it.
         let sourced = |c: &catalog::Counter| {
-            catalog::observed(c).is_some_and(|m| m.source() != Some(Source::Authority))
+            !c.is_bookkeeping() && catalog::observed(c).is_some_and(|m| m.source() != Some(Source::Authority))
         };
         Gives {
             partition: CounterSet::of_kind(ObjectKind::Partition, sourced),
@@ -205,8 +208,10 @@ impl ObservedVm {
 
     /// Puts this refresh's questions to the peers of the VM's sources (see [`VmSource::ask`]).
     pub fn ask(&mut self, sockets: &UnixSockets) {
+        let mut given = Gives::NOTHING;
         for source in self.sources.sources_mut() {
-            source.ask(sockets);
+            source.ask(sockets, &given);
+            given = given.union(&source.gives());
         }
     }
 
@@ -296,8 +301,45 @@ impl ObservedVm {
         missing.partition.ids().chain(missing.vp.ids()).collect()
     }
 
+    /// The VM's sources, whether each gives counters now and from when it counts, and which
+    /// writes each counter: what its partition page tells readers.
+    pub fn source_table(&self) -> SourceTable {
+        let mut table = SourceTable::default();
+        let numbers: Vec<Option<u8>> = self
+            .sources
+            .sources()
+            .iter()
+            .map(|s| {
+                // A source with a peer is up while its peer answers (the QMP source always says
+                // the VM's state); another, while it gives counters.
+                let up = match s.peer() {
+                    Some(peer) => peer == PeerState::Up,
+                    None => {
+                        let gives = s.gives();
+                        !(gives.partition.is_empty() && gives.vp.is_empty())
+                    }
+                };
+                table.push(SourceEntry::new(s.name(), up, s.origin()))
+            })
+            .collect();
+        let relevant = relevant();
+        let ids = relevant.partition.ids().map(|id| (Object::Partition, id));
+        for (object, id) in ids.chain(relevant.vp.ids().map(|id| (Object::Vp(0), id))) {
+            if let Some(number) =
+                self.sources.writer_index(object, id).and_then(|i| numbers.get(i).copied().flatten())
+            {
+                table.set_writer(id, number);
+            }
+        }
+        table
+    }
+
     /// Declares the counters no source gives this VM now, when that changed.
     fn publish_facts(&mut self) {
+        let page = self.partition.page();
+        for (row, value) in self.source_table().rows() {
+            page.set(row, value);
+        }
         let unavailable = self.unavailable();
         if self.declared.as_ref() != Some(&unavailable) {
             publication::declare_unavailable(&self.partition, &unavailable);

@@ -1,10 +1,12 @@
-//! Per-thread perf tracepoint counters of KVM's events (`kvm:kvm_cpuid`, `kvm:kvm_msr`, …).
+//! KVM's tracepoints (`kvm:kvm_cpuid`, `kvm:kvm_msr`, …) counted on a VP's thread.
 //!
 //! KVM has no per-reason exit counters, but its tracepoints fire once per intercept it handles in
-//! the kernel, on the vCPU's thread. A counting perf event per tracepoint, opened for the VP thread,
-//! gives exact counts without tracing anything to a buffer. The event ids come from
-//! [`hvstats_host::tracefs`]; when tracefs is unavailable the counters are unavailable and the reason is
-//! kept, never guessed.
+//! the kernel, on the vCPU's thread. Counting them on the VP thread gives exact counts without
+//! tracing anything to a buffer; they are counted by the engine every tracepoint count of hvstats
+//! goes through (`hvstats_host::counting`: one eBPF program per tracepoint where BPF is
+//! permitted, perf counters otherwise), with the same events ([`event`]) the observer counts on an
+//! observed VM's threads, and written by the same function ([`write_tracepoint_counts`]). When
+//! tracefs is unavailable the counters are unavailable and the reason is kept, never guessed.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -16,9 +18,7 @@ use hvstats_abi::catalog::{maintained_by, maintained_count};
 use hvstats_abi::counter_set::CounterSet;
 use hvstats_abi::source::{Source, SourceKind};
 use hvstats_abi::{Counter, ObjectKind};
-use hvstats_host::perf_event::TYPE_TRACEPOINT;
-use hvstats_host::perf_group::{EventAttr, MemberError, PerfGroup};
-use hvstats_host::tracefs::{self, EventError};
+use hvstats_host::counting::{EventList, EventSpec, ThreadEvents};
 
 use super::counter_source::{CounterSource, Gives, Object, Part, VpSource, VpThread};
 use super::user_exits::UserExitCounts;
@@ -27,6 +27,10 @@ pub use hvstats_abi::source::Tracepoint;
 
 /// The ftrace filter that narrows `tp`'s event, if any, written from the ABI's APIC facts.
 pub fn filter(tp: Tracepoint) -> Option<String> {
+    // The kvm_exit parts: the exits of a class the exit tables add to its tracepoint's count.
+    if let Some(class) = tp.exit_class() {
+        return hvstats_abi::exit_filter::added_filter(class).map(|f| f.to_string());
+    }
     // kvm_mmio type: 0 unsatisfied read (the read is then traced again), 1 read, 2 write.
     let (page, end) = (apic::APIC_BASE, apic::APIC_BASE + apic::APIC_PAGE_SIZE);
     match tp {
@@ -49,74 +53,55 @@ pub fn filter(tp: Tracepoint) -> Option<String> {
         Tracepoint::UserspaceMmio => Some("reason == 6 && errno == 0".into()),
         Tracepoint::UserspaceOther => Some("reason != 2 && reason != 6 && reason != 10 && errno == 0".into()),
         Tracepoint::UserspaceMsr => Some("(reason == 29 || reason == 30) && errno == 0".into()),
+        // ft: a trap-like access (a write KVM completes after AVIC made it), not a fault KVM
+        // emulates (kvm_mmio sees those); the EOI register's are counted from kvm_exit.
+        Tracepoint::AvicTrap => Some(format!("ft == 1 && offset != {:#x}", apic::APIC_EOI - apic::APIC_BASE)),
         _ => None,
     }
 }
 
-/// Why one tracepoint counter is unavailable.
-#[derive(Debug, thiserror::Error)]
-pub enum TracepointError {
-    /// The event cannot be found in tracefs (or tracefs is unavailable).
-    #[error(transparent)]
-    Event(#[from] EventError),
-    /// perf refused the counter, or its filter.
-    #[error("perf counter of kvm:{event}")]
-    Counter {
-        /// The event.
-        event: &'static str,
-        /// Why.
-        #[source]
-        source: MemberError,
-    },
+/// The event that counts `tp`: its tracepoint, narrowed by its [`filter`].
+pub fn event(tp: Tracepoint) -> EventSpec {
+    match filter(tp) {
+        Some(f) => EventSpec::filtered("kvm", tp.event(), &f),
+        None => EventSpec::tracepoint("kvm", tp.event()),
+    }
 }
 
 /// One reading of every tracepoint counter of a VP, by [`Tracepoint::index`]; `None` where the
 /// counter is unavailable or could not be read.
 pub type TracepointCounts = [Option<u64>; Tracepoint::ALL.len()];
 
-/// The tracepoint counters of one VP thread, in one perf event group (see
-/// [`hvstats_host::perf_group`]), so that a single `read` gives all of them.
+/// The tracepoint counters of one VP thread, counted by the engine every tracepoint count of
+/// hvstats goes through (`hvstats_host::counting`): in the kernel where BPF is permitted, else a
+/// perf group read at once.
 #[derive(Debug)]
 pub struct VpTracepoints {
-    group: PerfGroup,
-    /// By [`Tracepoint::index`], why the counter is unavailable.
-    errors: Vec<Option<TracepointError>>,
+    events: EventList,
+    thread: ThreadEvents,
+    /// By [`Tracepoint::index`], its event in the list when our VPs count it.
+    at: [Option<usize>; Tracepoint::ALL.len()],
 }
 
 impl VpTracepoints {
     /// Opens the tracepoint counters our VPs use ([`Tracepoint::counted_for_partitions`]) for
-    /// thread `tid`; a counter that cannot be opened keeps the reason.
+    /// thread `tid` of this process; a counter that cannot be opened keeps the reason.
     pub fn open(tid: libc::pid_t) -> Self {
-        let ids: Vec<Option<Result<u64, EventError>>> = Tracepoint::ALL
-            .iter()
-            .map(|tp| tp.counted_for_partitions().then(|| tracefs::event_id("kvm", tp.event())))
-            .collect();
-        let filters: Vec<Option<String>> = Tracepoint::ALL.iter().map(|&tp| filter(tp)).collect();
-        let attrs = ids.iter().zip(&filters).map(|(id, filter)| {
-            let config = *id.as_ref()?.as_ref().ok()?;
-            Some(EventAttr { type_: TYPE_TRACEPOINT, config, filter: filter.as_deref() })
-        });
-        let (group, outcomes) = PerfGroup::open(tid, attrs);
-        let errors = Tracepoint::ALL
-            .iter()
-            .zip(ids)
-            .zip(outcomes)
-            .map(|((tp, id), opened)| match (id, opened) {
-                // Not one of ours: not a counter that is missing.
-                (None, _) => None,
-                (Some(Err(e)), _) => Some(TracepointError::Event(e)),
-                (Some(Ok(_)), Err(source)) => Some(TracepointError::Counter { event: tp.event(), source }),
-                (Some(Ok(_)), Ok(())) => None,
-            })
-            .collect();
-        Self { group, errors }
+        let mut at = [None; Tracepoint::ALL.len()];
+        let mut specs = Vec::new();
+        for tp in Tracepoint::ALL.into_iter().filter(|tp| tp.counted_for_partitions()) {
+            at[tp.index()] = Some(specs.len());
+            specs.push(event(tp));
+        }
+        let events = EventList::new(specs);
+        let thread = ThreadEvents::open(std::process::id() as i32, tid, &events);
+        Self { events, thread, at }
     }
 
-    /// Every count at one moment: the group with one `read`, plus any counter outside it.
+    /// Every count at one moment.
     pub fn read_all(&mut self) -> TracepointCounts {
-        let mut counts: TracepointCounts = [None; Tracepoint::ALL.len()];
-        self.group.read_into(&mut counts);
-        counts
+        let counts = self.thread.read(&self.events);
+        self.at.map(|i| i.and_then(|i| counts.get(i).copied().flatten()))
     }
 
     /// The count of `tp`, or `None` when it is unavailable or cannot be read now.
@@ -124,9 +109,23 @@ impl VpTracepoints {
         self.read_all()[tp.index()]
     }
 
-    /// Why `tp` is unavailable, if it is.
-    pub fn unavailable(&self, tp: Tracepoint) -> Option<&TracepointError> {
-        self.errors.get(tp.index()).and_then(Option::as_ref)
+    /// Why `tp` is not counted, said for a person, if it is not (a tracepoint our VPs do not use
+    /// is not "unavailable").
+    pub fn unavailable(&self, tp: Tracepoint) -> Option<String> {
+        let i = self.at[tp.index()]?;
+        if let Some(e) = self.events.unavailable(i) {
+            return Some(hvstats_host::error_chain::error_chain(e));
+        }
+        if self.thread.is_open(&self.events, i) {
+            return None;
+        }
+        let why = self.thread.refused(&self.events, i).map(|e| hvstats_host::error_chain::error_chain(e));
+        Some(format!("perf counter of kvm:{}: {}", tp.event(), why.unwrap_or_else(|| "not opened".into())))
+    }
+
+    /// How the counters are counted (in the kernel, or by perf counters, and why).
+    pub fn method(&self) -> String {
+        self.events.method_description()
     }
 }
 
@@ -231,10 +230,7 @@ impl CounterSource for TracepointSource {
     }
 
     fn unavailable(&self) -> Vec<String> {
-        Tracepoint::ALL
-            .iter()
-            .filter_map(|&tp| self.tracepoints.unavailable(tp).map(|e| e.to_string()))
-            .collect()
+        Tracepoint::ALL.iter().filter_map(|&tp| self.tracepoints.unavailable(tp)).collect()
     }
 }
 
@@ -279,5 +275,11 @@ mod tests {
         assert_eq!(f(Tracepoint::X2apicTpr), "ecx == 0x808");
         assert_eq!(f(Tracepoint::X2apicEoi), "ecx == 0x80b && write == 1");
         assert_eq!(filter(Tracepoint::Cpuid), None);
+        assert_eq!(f(Tracepoint::AvicTrap), "ft == 1 && offset != 0xb0");
+        // The kvm_exit parts are the exit tables' added rows, on either architecture.
+        for tp in Tracepoint::ALL.into_iter().filter(|tp| tp.exit_class().is_some()) {
+            assert!(f(tp).starts_with("(isa == "), "{tp:?}: {}", f(tp));
+        }
+        assert_eq!(f(Tracepoint::ExitMsr), "(isa == 2 && (exit_reason == 0x8f))");
     }
 }

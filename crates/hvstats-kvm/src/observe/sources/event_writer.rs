@@ -55,10 +55,8 @@ pub trait EventWriter: Debug + Sync {
     fn write(&self, reading: &ThreadReading<'_>, page: &SharedPage, only: &CounterSet);
 }
 
-/// The event counting a tracepoint of the catalog's observed keys, as the writers name it.
+/// The event counting a tracepoint of the catalog's observed keys, as the writers name it (the
+/// same event our own VPs count it with).
 pub fn tracepoint_event(tp: Tracepoint) -> EventSpec {
-    match crate::sources::tracepoint::filter(tp) {
-        Some(f) => EventSpec::filtered("kvm", tp.event(), &f),
-        None => EventSpec::tracepoint("kvm", tp.event()),
-    }
+    crate::sources::tracepoint::event(tp)
 }

@@ -1,27 +1,31 @@
 //! Observing the Microsoft Hypervisor where Linux is its root partition (`mshv_root`): its
-//! debugfs tree ([`hvstats::mshv::tree`]) published as an instance whose hypervisor, LP, partition
+//! debugfs tree ([`crate::tree`]) published as an instance whose hypervisor, LP, partition
 //! and VP pages carry the hypervisor's own counters under the catalog's names, refreshed on every
 //! [`MshvObserver::tick`].
 //!
 //! Partitions keep the hypervisor's ids (`self`, an L1VH's own partition, is
 //! [`SELF_PARTITION_ID`]) and VPs its VP indices; they appear and vanish as their directories do.
-//! Values are written by name through [`hvstats::mshv::names`]; a catalog counter no name gives is
-//! declared unavailable (readers show it as absent, never 0), and names the catalog has no counter
-//! for are published beside the pages ([`hvstats::mshv::unmapped`]). The tree is only ever read.
+//! Values are written by name through [`crate::names`], whichever kernel printed the tree; a
+//! catalog counter no name gives is declared unavailable (readers show it as absent, never 0), and
+//! names the catalog has no counter for are published beside the pages ([`hvstats::unmapped`]),
+//! up to that file's cap. The tree is only ever read.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use hvstats::index::InstanceDescription;
-use hvstats::mshv::names::{self, mapping};
-use hvstats::mshv::stats_file::StatsFile;
-use hvstats::mshv::tree::{self, PartitionKey, SELF_PARTITION_ID, Tree, TreeError};
-use hvstats::mshv::unmapped::{self, ObjectRef, Unmapped};
+use hvstats::unmapped::{self, ObjectRef};
 use hvstats::{Hypervisor, InstanceConfig, PartitionStats, SharedPage};
 use hvstats_abi::{CounterId, ObjectKind};
 
-/// The most distinct problems and unmapped names remembered (each is logged once).
+use crate::dialect::Dialect;
+use crate::names::{self, MAPPINGS, mapping};
+use crate::stats_file::StatsFile;
+use crate::tree::{self, PartitionKey, SELF_PARTITION_ID, Tree, TreeError};
+
+/// The most distinct problems, and the most distinct unmapped names, remembered (each is logged
+/// once).
 const MAX_REMEMBERED: usize = 4096;
 
 /// The instance description of an mshv observer (`kind` "mshv").
@@ -46,6 +50,8 @@ pub fn instance_config(root: &Path, tree: &Tree, runtime_dir: Option<PathBuf>) -
 /// Something that happened in one [`MshvObserver::tick`], for the log.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MshvEvent {
+    /// The tree is printed in this dialect (said when first known, and when it changes).
+    Format(Dialect),
     /// A partition is published.
     Appeared {
         /// Its directory name.
@@ -69,7 +75,7 @@ pub enum MshvEvent {
     Unmapped {
         /// The kind of file it was printed in.
         kind: ObjectKind,
-        /// The name.
+        /// The name (canonical: [`names::canonical`]).
         name: String,
     },
     /// Something in the tree was skipped (logged once).
@@ -91,7 +97,11 @@ pub struct MshvObserver {
     hv: Arc<Hypervisor>,
     root: PathBuf,
     partitions: BTreeMap<PartitionKey, Published>,
+    dialect: Option<Dialect>,
+    /// Problems and failures already logged.
     seen: BTreeSet<String>,
+    /// Unmapped names already logged, by kind.
+    named: HashMap<ObjectKind, HashSet<String>>,
     /// What was last declared unavailable for the hypervisor (`None`) and each LP.
     global_unavailable: BTreeMap<Option<u32>, Vec<CounterId>>,
 }
@@ -112,7 +122,9 @@ impl MshvObserver {
             hv,
             root,
             partitions: BTreeMap::new(),
+            dialect: None,
             seen: BTreeSet::new(),
+            named: HashMap::new(),
             global_unavailable: BTreeMap::new(),
         }
     }
@@ -145,6 +157,10 @@ impl MshvObserver {
     /// Publishes `tree`: partitions added, changed and removed, every value written.
     pub fn apply(&mut self, tree: &Tree) -> Vec<MshvEvent> {
         let mut events = Vec::new();
+        if let Some(dialect) = tree.dialect().filter(|d| self.dialect != Some(*d)) {
+            self.dialect = Some(dialect);
+            events.push(MshvEvent::Format(dialect));
+        }
         for p in &tree.problems {
             let text = p.to_string();
             if self.remember(&text) {
@@ -167,20 +183,21 @@ impl MshvObserver {
         for &(index, dir) in &lps {
             self.declare_global(Some(index), ObjectKind::LogicalProcessor, tree.lps.get(&dir));
         }
-        let mut unmapped = Unmapped::new();
+        let mut side = unmapped::Encoder::new();
         for (key, ptree) in &tree.partitions {
             let vps: Vec<u32> = ptree.vps.keys().copied().collect();
             let changed = self.partitions.get(key).is_some_and(|p| p.vps != vps);
             if changed && let Some(old) = self.partitions.remove(key) {
                 self.hv.remove_partition(old.stats.id());
             }
+            let unavailable = unavailable(&ptree.stats, ptree.vps.values());
             if !self.partitions.contains_key(key) {
                 let name = format!("mshv:{key}");
                 // Born with what its files lack declared: never shown as 0 in between.
-                let unavailable = unavailable(&ptree.stats, ptree.vps.values());
                 match self.hv.create_partition_declared(Some(key.id()), &vps, &name, &unavailable) {
                     Ok(stats) => {
-                        let published = Published { vps: vps.clone(), stats, unavailable };
+                        let published =
+                            Published { vps: vps.clone(), stats, unavailable: unavailable.clone() };
                         self.partitions.insert(*key, published);
                         events.push(if changed {
                             MshvEvent::VpsChanged { key: *key, vps }
@@ -198,45 +215,38 @@ impl MshvObserver {
                 }
             }
             let Some(published) = self.partitions.get_mut(key) else { continue };
-            let id = published.stats.id();
-            write(
-                ObjectKind::Partition,
-                published.stats.page(),
-                &ptree.stats,
-                ObjectRef::Partition(id),
-                &mut unmapped,
-            );
-            for (n, page) in published.stats.vp_pages() {
-                let Some(file) = ptree.vps.get(&n) else { continue };
-                let _merge = page.begin_merge();
-                write(ObjectKind::Vp, page, file, ObjectRef::Vp(id, n), &mut unmapped);
-            }
-            let unavailable = unavailable(&ptree.stats, ptree.vps.values());
+            let stats = Arc::clone(&published.stats);
             if unavailable != published.unavailable {
-                published.stats.set_unavailable(&unavailable);
+                stats.set_unavailable(&unavailable);
                 published.unavailable = unavailable;
+            }
+            let id = stats.id();
+            let rest = write(ObjectKind::Partition, stats.page(), &ptree.stats);
+            self.side(&mut side, ObjectRef::Partition(id), rest, &mut events);
+            for (n, page) in stats.vp_pages() {
+                let Some(file) = ptree.vps.get(&n) else { continue };
+                let rest = {
+                    let _merge = page.begin_merge();
+                    write(ObjectKind::Vp, page, file)
+                };
+                self.side(&mut side, ObjectRef::Vp(id, n), rest, &mut events);
             }
         }
         // The instance keeps its own counts as partitions come and go: the hypervisor's file,
         // written last, has the final word.
         if let Some(file) = &tree.hypervisor {
-            write(ObjectKind::Hypervisor, self.hv.page(), file, ObjectRef::Hypervisor, &mut unmapped);
+            let rest = write(ObjectKind::Hypervisor, self.hv.page(), file);
+            self.side(&mut side, ObjectRef::Hypervisor, rest, &mut events);
         }
+        let hv = Arc::clone(&self.hv);
         for (index, dir) in lps {
             let file = tree.lps.get(&dir);
-            if let (Some(file), Some(lp)) = (file, self.hv.logical_processors().get(index as usize)) {
-                write(ObjectKind::LogicalProcessor, lp.page(), file, ObjectRef::Lp(index), &mut unmapped);
+            if let (Some(file), Some(lp)) = (file, hv.logical_processors().get(index as usize)) {
+                let rest = write(ObjectKind::LogicalProcessor, lp.page(), file);
+                self.side(&mut side, ObjectRef::Lp(index), rest, &mut events);
             }
         }
-        for counters in unmapped.values() {
-            for (name, _) in counters {
-                if self.seen.len() < MAX_REMEMBERED && self.seen.insert(format!("name {name}")) {
-                    let kind = names::kind_of_name(name).unwrap_or(ObjectKind::Hypervisor);
-                    events.push(MshvEvent::Unmapped { kind, name: name.clone() });
-                }
-            }
-        }
-        let (text, complete) = unmapped::encode(&unmapped);
+        let (text, complete) = side.finish();
         if !complete && self.remember("unmapped values past the cap") {
             events.push(MshvEvent::Failed(format!(
                 "the unmapped values pass {} bytes: the rest are not published",
@@ -252,18 +262,31 @@ impl MshvObserver {
         events
     }
 
+    /// Adds `at`'s unmapped values to the side file, and says which names are new.
+    fn side(
+        &mut self,
+        side: &mut unmapped::Encoder,
+        at: ObjectRef,
+        values: Vec<(&str, u64)>,
+        events: &mut Vec<MshvEvent>,
+    ) {
+        let kind = kind_of(at);
+        for (name, _) in &values {
+            let known: usize = self.named.values().map(HashSet::len).sum();
+            let named = self.named.entry(kind).or_default();
+            if known < MAX_REMEMBERED && !named.contains(*name) {
+                named.insert((*name).to_owned());
+                events.push(MshvEvent::Unmapped { kind, name: (*name).to_owned() });
+            }
+        }
+        side.object(at, values);
+    }
+
     /// Declares the hypervisor's (`lp` `None`) or an LP's counters its file does not give.
     fn declare_global(&mut self, lp: Option<u32>, kind: ObjectKind, file: Option<&StatsFile>) {
-        let missing: Vec<CounterId> = hvstats_abi::catalog::counters_of(kind)
-            .map(|c| c.id)
-            .filter(|id| {
-                let m = names::MAPPINGS.iter().find(|m| m.counter == *id);
-                match (m, file) {
-                    (Some(m), Some(f)) => f.get(m.name).is_none(),
-                    _ => true,
-                }
-            })
-            .collect();
+        let given = file.map(|f| given(kind, f)).unwrap_or_default();
+        let missing: Vec<CounterId> =
+            hvstats_abi::catalog::counters_of(kind).map(|c| c.id).filter(|id| !given.contains(id)).collect();
         if self.global_unavailable.get(&lp) != Some(&missing) {
             self.hv.set_global_unavailable(lp, &missing);
             self.global_unavailable.insert(lp, missing);
@@ -276,28 +299,46 @@ impl MshvObserver {
     }
 }
 
-/// Writes the mapped values of `file` into `page`, and the others into `unmapped` under `at`.
-fn write(kind: ObjectKind, page: &SharedPage, file: &StatsFile, at: ObjectRef, unmapped: &mut Unmapped) {
+/// The kind of object `at` is.
+fn kind_of(at: ObjectRef) -> ObjectKind {
+    crate::synthetic::kind_of(at)
+}
+
+/// Writes the mapped values of `file`, a file of `kind`, into `page`; returns the others.
+fn write<'a>(kind: ObjectKind, page: &SharedPage, file: &'a StatsFile) -> Vec<(&'a str, u64)> {
+    let mut rest = Vec::new();
     for (name, value) in &file.counters {
         match mapping(kind, name) {
             Some(m) => page.set(m.counter, m.scale.apply(*value)),
-            None => unmapped.entry(at).or_default().push((name.clone(), *value)),
+            None => rest.push((name.as_ref(), *value)),
         }
     }
+    rest
+}
+
+/// The catalog counters `file`, a file of `kind`, gives.
+fn given(kind: ObjectKind, file: &StatsFile) -> HashSet<CounterId> {
+    file.counters.iter().filter_map(|(name, _)| mapping(kind, name)).map(|m| m.counter).collect()
 }
 
 /// The partition and VP counters of a partition no file gives: the catalog's that no name maps,
 /// and mapped ones missing from its file or from any of its VPs' (a build without them).
-fn unavailable<'a>(
-    partition: &StatsFile,
-    vps: impl Iterator<Item = &'a StatsFile> + Clone,
-) -> Vec<CounterId> {
+fn unavailable<'a>(partition: &StatsFile, vps: impl Iterator<Item = &'a StatsFile>) -> Vec<CounterId> {
     let mut out: Vec<CounterId> =
         names::never_given(ObjectKind::Partition).chain(names::never_given(ObjectKind::Vp)).collect();
-    for m in names::MAPPINGS {
+    let partition = given(ObjectKind::Partition, partition);
+    let mut files = 0usize;
+    let mut by_vps: HashMap<CounterId, usize> = HashMap::new();
+    for file in vps {
+        files += 1;
+        for counter in given(ObjectKind::Vp, file) {
+            *by_vps.entry(counter).or_default() += 1;
+        }
+    }
+    for m in MAPPINGS {
         let missing = match m.counter.kind {
-            ObjectKind::Partition => partition.get(m.name).is_none(),
-            ObjectKind::Vp => vps.clone().any(|f| f.get(m.name).is_none()),
+            ObjectKind::Partition => !partition.contains(&m.counter),
+            ObjectKind::Vp => files > 0 && by_vps.get(&m.counter) != Some(&files),
             _ => false,
         };
         if missing {
@@ -308,15 +349,15 @@ fn unavailable<'a>(
 }
 
 /// The names `tree` prints that no table maps, by the kind of file: what `--list-unknown` shows.
-/// Each name is paired with whether Linux's x86_64 table has it (a known counter the catalog
+/// Each name is paired with whether a kernel hvstats knows prints it (a known counter the catalog
 /// lacks) or not (a name of a build hvstats does not know).
 pub fn unmapped_names(tree: &Tree) -> BTreeMap<ObjectKind, BTreeMap<String, bool>> {
     let mut out: BTreeMap<ObjectKind, BTreeMap<String, bool>> = BTreeMap::new();
     let mut add = |kind: ObjectKind, file: &StatsFile| {
         for (name, _) in &file.counters {
             if mapping(kind, name).is_none() {
-                let known = hvstats::mshv::reference::names(kind).iter().any(|(_, n)| n == name);
-                out.entry(kind).or_default().insert(name.clone(), known);
+                let known = names::canonical(kind, name).is_some();
+                out.entry(kind).or_default().insert(name.to_string(), known);
             }
         }
     };
@@ -349,8 +390,100 @@ pub const SELF_ID: u64 = SELF_PARTITION_ID;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hvstats::mshv::synthetic::{SyntheticTree, full_file, shifted_vp_file};
+    use crate::synthetic::{Area, Host, KernelTree, SyntheticTree, full_file, kernel_tree, shifted_vp_file};
     use hvstats_abi::catalog::{hypervisor as hvc, lp as lpc, partition as ptc, vp as vpc};
+
+    /// Stats pages whose values tell objects, ids and areas apart, with zeros where a dialect's
+    /// choice between SELF and PARENT shows: SELF holds values at odd ids, PARENT at ids divisible
+    /// by 3.
+    fn pages(at: ObjectRef, area: Area, id: u16) -> u64 {
+        let object = match at {
+            ObjectRef::Hypervisor => 1,
+            ObjectRef::Lp(n) => 10 + u64::from(n),
+            ObjectRef::Partition(p) => 100 + p % 100,
+            ObjectRef::Vp(p, n) => 1_000 + (p % 100) * 100 + u64::from(n),
+        } * 10_000;
+        let id = u64::from(id);
+        match area {
+            Area::Own if id % 2 == 1 => object + id,
+            Area::Parent if id % 3 == 0 => object + 5_000 + id,
+            _ => 0,
+        }
+    }
+
+    /// Checks that every object `k` printed is published with every mapped counter at exactly the
+    /// value printed (scaled to the catalog's unit), and that every mapped counter was printed.
+    fn assert_published_exactly(k: &KernelTree, o: &MshvObserver) {
+        let lps = o.hv.logical_processors();
+        for (at, lines) in &k.printed {
+            let kind = kind_of(*at);
+            let partition = |id| o.hv.partition(id).unwrap_or_else(|| panic!("{at}: not published"));
+            let page = match *at {
+                ObjectRef::Hypervisor => o.hv.page().snapshot(),
+                ObjectRef::Lp(n) => lps[n as usize].page().snapshot(),
+                ObjectRef::Partition(id) => partition(id).page().snapshot(),
+                ObjectRef::Vp(id, n) => partition(id).vp_page(n).unwrap().snapshot(),
+            };
+            let mut mapped = 0;
+            for (printed, value) in lines {
+                let name = names::canonical(kind, printed).unwrap();
+                if let Some(m) = mapping(kind, name) {
+                    assert_eq!(page.data[m.counter.slot()], m.scale.apply(*value), "{at} {printed}");
+                    mapped += 1;
+                }
+            }
+            assert_eq!(mapped, MAPPINGS.iter().filter(|m| m.counter.kind == kind).count(), "{at}");
+        }
+    }
+
+    #[test]
+    fn every_dialect_root_and_l1vh_publishes_every_mapped_counter_exactly() {
+        let hosts = [
+            ("root", Host::root(2, vec![(5, vec![0, 3])])),
+            ("l1vh", Host::l1vh(2, vec![(6, vec![0])])),
+            ("no-parent", Host { parent_pages: false, ..Host::root(1, vec![(5, vec![0])]) }),
+        ];
+        for dialect in crate::dialect::Dialect::ALL {
+            for (what, host) in &hosts {
+                if !host.root && !dialect.prints_self() {
+                    continue;
+                }
+                let k = kernel_tree(&format!("dialect-{what}"), dialect, host, pages).unwrap();
+                let tree = read_tree(k.tree.path()).unwrap();
+                assert!(tree.problems.is_empty(), "{dialect:?} {what}: {:?}", tree.problems);
+                assert_eq!(tree.dialect(), Some(dialect), "{what}");
+                let (o, events) = observe(&k.tree);
+                assert!(events.contains(&MshvEvent::Format(dialect)), "{events:?}");
+                assert_published_exactly(&k, &o);
+                let expected = k.printed.keys().filter(|at| matches!(at, ObjectRef::Partition(_))).count();
+                assert_eq!(o.partitions().count(), expected, "{dialect:?} {what}");
+                // Unmapped names are logged once each, under the kind of the file that printed them.
+                for event in &events {
+                    if let MshvEvent::Unmapped { kind, name } = event {
+                        assert_eq!(names::canonical(*kind, name), Some(name.as_str()), "{kind:?} {name}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_value_shown_is_the_one_the_dialect_prints() {
+        // VP counter 9 (page invalidations: CPUID's neighbour) has SELF and PARENT values; 12 has
+        // PARENT only; 19 (CPUID) SELF only.
+        let host = Host::root(1, vec![(5, vec![0])]);
+        let published = |dialect| {
+            let k = kernel_tree("shown", dialect, &host, pages).unwrap();
+            let (o, _) = observe(&k.tree);
+            let vp = o.hv.partition(5).unwrap().vp_page(0).unwrap().snapshot();
+            [vpc::PAGE_INVALIDATIONS, vpc::CONTROL_REGISTER_ACCESSES_COST, vpc::CPUID_INSTRUCTIONS]
+                .map(|c| vp.data[c.slot()])
+        };
+        let vp = 1_000 * 10_000 + 5 * 100 * 10_000;
+        assert_eq!(published(crate::dialect::Dialect::Mainline), [vp + 5_009, vp + 5_012, vp + 19]);
+        assert_eq!(published(crate::dialect::Dialect::Microsoft), [vp + 9, vp + 5_012, vp + 19]);
+        assert_eq!(published(crate::dialect::Dialect::MicrosoftSinglePage), [vp + 9, 0, vp + 19]);
+    }
 
     /// A value that tells ids and objects apart: `object * 1000 + id`.
     fn val(object: u64) -> impl Fn(u16) -> u64 {
@@ -409,7 +542,7 @@ mod tests {
             [ObjectKind::Hypervisor, ObjectKind::LogicalProcessor, ObjectKind::Partition, ObjectKind::Vp]
                 .iter()
                 .map(|&k| {
-                    hvstats::mshv::reference::names(k).len()
+                    crate::dialect::Dialect::Mainline.names(k).len()
                         - names::MAPPINGS.iter().filter(|m| m.counter.kind == k).count()
                 })
                 .sum::<usize>();
@@ -426,14 +559,19 @@ mod tests {
         t.partition("5", &full_file(ObjectKind::Partition, val(20))).unwrap();
         // The same values by name as the x86_64 build's, at other ids.
         let by_name = |n: &str| {
-            hvstats::mshv::reference::names(ObjectKind::Vp).iter().find(|(_, x)| *x == n).map(|(id, _)| *id)
+            crate::dialect::Dialect::Mainline
+                .names(ObjectKind::Vp)
+                .iter()
+                .find(|(_, x)| *x == n)
+                .map(|(id, _)| *id)
         };
         let mut file: Vec<(&str, u64)> = shifted_vp_file(|_| 0)
             .into_iter()
             .map(|(n, _)| (n, 30_000 + u64::from(by_name(n).unwrap())))
             .collect();
         assert!(file.iter().all(|(n, _)| *n != "VpLoadAvg"));
-        // CBL-Mariner's table names 201 VpUnused and has ten placeholders.
+        // CBL-Mariner's enum names 201 VpUnused (no kernel prints it) and has ten placeholders
+        // (its debugfs prints them).
         file.push(("VpUnused", 5));
         file.push(("VpPlaceholder10", 6));
         t.vp("5", 0, &file).unwrap();
@@ -445,7 +583,7 @@ mod tests {
         let unknown = unmapped_names(&read_tree(t.path()).unwrap());
         let vp_names = &unknown[&ObjectKind::Vp];
         assert_eq!(vp_names.get("VpUnused"), Some(&false));
-        assert_eq!(vp_names.get("VpPlaceholder10"), Some(&false));
+        assert_eq!(vp_names.get("VpPlaceholder10"), Some(&true));
         assert_eq!(vp_names.get("VpRootDispatchThreadBlocked"), Some(&true));
         assert!(!vp_names.contains_key("VpCpuidInstructionsCount"));
     }

@@ -1,37 +1,9 @@
-//! The names Linux prints for the Microsoft Hypervisor's counters, by counter id, as
-//! `drivers/hv/mshv_debugfs_counters.c` has them for x86_64, and the field widths it prints them
-//! in.
+//! The names mainline Linux prints for the Microsoft Hypervisor's counters, by counter id
+//! (the index into the 4 KiB page), as `drivers/hv/mshv_debugfs_counters.c` has them for x86_64:
+//! each name with its object prefix (`Hv`, `Lp`, `Pt`, `Vp`), printed in id order.
 //!
-//! hvstats maps counters by name ([`super::names`]), never by these ids: ids differ between
-//! hypervisor builds. The tables serve to write trees in the kernel's exact format (tests, demos)
-//! and to tell a name of a known build from one no known build prints.
-
-use hvstats_abi::ObjectKind;
-
-/// The width `%-Ws` pads a name of `kind` to: 27 (hypervisor), 32 (LP), 37 (partition), 43 (VP).
-pub const fn name_width(kind: ObjectKind) -> usize {
-    match kind {
-        ObjectKind::Hypervisor => 27,
-        ObjectKind::LogicalProcessor => 32,
-        ObjectKind::Partition => 37,
-        ObjectKind::Vp => 43,
-    }
-}
-
-/// The x86_64 name table of `kind`.
-pub const fn names(kind: ObjectKind) -> &'static [(u16, &'static str)] {
-    match kind {
-        ObjectKind::Hypervisor => HYPERVISOR,
-        ObjectKind::LogicalProcessor => LOGICAL_PROCESSOR,
-        ObjectKind::Partition => PARTITION,
-        ObjectKind::Vp => VP,
-    }
-}
-
-/// One line as the kernel prints it: `seq_printf(m, "%-Ws: %llu\n", name, value)`.
-pub fn line(kind: ObjectKind, name: &str, value: u64) -> String {
-    format!("{name:<width$}: {value}\n", width = name_width(kind))
-}
+//! These names are also the canonical ones: whatever form a tree prints, hvstats names a counter
+//! by its mainline name ([`crate::names::canonical`]).
 
 /// `hv_hypervisor_counters`: the hypervisor file's names by counter id.
 pub const HYPERVISOR: &[(u16, &str)] = &[

@@ -2,15 +2,25 @@
 //! counters of the catalog (seed 001), by name: debugfs prints names, and the ids behind them
 //! differ between hypervisor builds.
 //!
+//! A counter has one name in hvstats, the one mainline Linux prints (with its object prefix:
+//! `VpCpuidInstructionsCount`). Microsoft's kernel tree prints the same counter without the prefix
+//! (`CpuidInstructionsCount`); [`canonical`] takes either form to the one name, so the table,
+//! the side file of unmapped values and every surface name a counter the same on every host.
+//!
 //! A modern `XCount`/`XTime` pair is the catalog's "X/sec" and "X cost": the count stays a raw
 //! cumulative count and the time a cumulative time, averaged by readers over the count. The
 //! hypervisor's times are in 100 ns units, as most of the catalog's are; where the catalog states
 //! nanoseconds ("Context switch time", "CPU wait time per dispatch") the value is converted.
 //! A name this table does not know is not dropped: the publisher keeps it beside the pages
-//! ([`super::unmapped`]).
+//! ([`hvstats::unmapped`]).
+
+use std::collections::HashMap;
+use std::sync::LazyLock;
 
 use hvstats_abi::catalog::{CATALOG, Unit, hypervisor as hv, lp, partition as pt, vp};
 use hvstats_abi::{CounterId, ObjectKind};
+
+use crate::dialect::Dialect;
 
 /// How a printed value becomes the catalog's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,7 +44,7 @@ impl Scale {
 /// One mapping: the printed name, the catalog counter, and the scale.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Mapping {
-    /// The name as Linux prints it (with its `Hv`, `Lp`, `Pt` or `Vp` prefix).
+    /// The counter's name (mainline's, with its `Hv`, `Lp`, `Pt` or `Vp` prefix).
     pub name: &'static str,
     /// The catalog counter it is.
     pub counter: CounterId,
@@ -114,6 +124,8 @@ pub const MAPPINGS: &[Mapping] = &[
     m("VpDebugRegisterAccessesTime", vp::DEBUG_REGISTER_ACCESSES_COST),
     m("VpPageFaultInterceptsCount", vp::PAGE_FAULT_INTERCEPTS),
     m("VpPageFaultInterceptsTime", vp::PAGE_FAULT_INTERCEPTS_COST),
+    m("VpNestedPageFaultInterceptsCount", vp::NESTED_PAGE_FAULT_INTERCEPTS),
+    m("VpNestedPageFaultInterceptsTime", vp::NESTED_PAGE_FAULT_INTERCEPTS_COST),
     m("VpGuestPageTableMaps", vp::GUEST_PAGE_TABLE_MAPS),
     m("VpLargePageTlbFills", vp::LARGE_PAGE_TLB_FILLS),
     m("VpSmallPageTlbFills", vp::SMALL_PAGE_TLB_FILLS),
@@ -153,21 +165,67 @@ pub const MAPPINGS: &[Mapping] = &[
     ns("VpWaitingForCpuTime", vp::CPU_WAIT_TIME_PER_DISPATCH),
 ];
 
-/// The object kind whose file prints `name`, from its prefix.
-pub fn kind_of_name(name: &str) -> Option<ObjectKind> {
-    let prefix = name.get(..2)?;
-    match prefix {
-        "Hv" => Some(ObjectKind::Hypervisor),
-        "Lp" => Some(ObjectKind::LogicalProcessor),
-        "Pt" => Some(ObjectKind::Partition),
-        "Vp" => Some(ObjectKind::Vp),
-        _ => None,
+/// The prefix mainline prints before a name of `kind`'s file (and every canonical name has).
+pub const fn prefix(kind: ObjectKind) -> &'static str {
+    match kind {
+        ObjectKind::Hypervisor => "Hv",
+        ObjectKind::LogicalProcessor => "Lp",
+        ObjectKind::Partition => "Pt",
+        ObjectKind::Vp => "Vp",
     }
 }
 
-/// The mapping of `name` printed in a file of `kind`.
+/// Index of `kind` in [`ObjectKind::ALL`].
+const fn slot(kind: ObjectKind) -> usize {
+    match kind {
+        ObjectKind::Hypervisor => 0,
+        ObjectKind::LogicalProcessor => 1,
+        ObjectKind::Partition => 2,
+        ObjectKind::Vp => 3,
+    }
+}
+
+/// Every name some kernel prints in a file of each kind, as printed, to its canonical name; and
+/// mainline's names without their prefix, should a kernel print them so.
+static CANONICAL: LazyLock<[HashMap<&'static str, &'static str>; 4]> = LazyLock::new(|| {
+    ObjectKind::ALL.map(|kind| {
+        let prefix = prefix(kind);
+        let mut by_printed: HashMap<&'static str, &'static str> = HashMap::new();
+        for &(_, name) in Dialect::Mainline.names(kind) {
+            by_printed.insert(name, name);
+            if let Some(stem) = name.strip_prefix(prefix) {
+                by_printed.insert(stem, name);
+            }
+        }
+        for dialect in Dialect::ALL {
+            for &(_, printed) in dialect.names(kind) {
+                if by_printed.contains_key(printed) {
+                    continue;
+                }
+                // A name only Microsoft's tree prints (a placeholder): its canonical form is made
+                // once, for the life of the process.
+                let canonical: &'static str = Box::leak(format!("{prefix}{printed}").into_boxed_str());
+                by_printed.insert(printed, canonical);
+                by_printed.insert(canonical, canonical);
+            }
+        }
+        by_printed
+    })
+});
+
+/// The canonical name of `printed`, a name printed in a file of `kind`, with or without its object
+/// prefix: `None` when no kernel hvstats knows prints it there (a newer or other build).
+pub fn canonical(kind: ObjectKind, printed: &str) -> Option<&'static str> {
+    CANONICAL[slot(kind)].get(printed).copied()
+}
+
+/// The mappings by canonical name.
+static BY_NAME: LazyLock<HashMap<&'static str, &'static Mapping>> =
+    LazyLock::new(|| MAPPINGS.iter().map(|m| (m.name, m)).collect());
+
+/// The mapping of the counter named `name` (canonical) in a file of `kind`.
 pub fn mapping(kind: ObjectKind, name: &str) -> Option<&'static Mapping> {
-    MAPPINGS.iter().find(|m| m.counter.kind == kind && m.name == name)
+    BY_NAME.get(name).copied().filter(|m| m.counter.kind == kind)
 }
 
 /// The catalog counters of `kind` that no mapped name gives (readers show them as absent).
@@ -186,15 +244,15 @@ pub fn unit(mapping: &Mapping) -> Option<Unit> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mshv::reference;
     use hvstats_abi::catalog::{GroupKind, Presentation};
 
     #[test]
     fn every_mapped_name_is_one_linux_prints_for_its_kind_and_maps_once() {
         for (i, a) in MAPPINGS.iter().enumerate() {
             let kind = a.counter.kind;
-            assert!(reference::names(kind).iter().any(|(_, n)| *n == a.name), "{} not printed", a.name);
-            assert_eq!(kind_of_name(a.name), Some(kind), "{}", a.name);
+            let mainline = Dialect::Mainline.names(kind);
+            assert!(mainline.iter().any(|(_, n)| *n == a.name), "{} not printed", a.name);
+            assert_eq!(canonical(kind, a.name), Some(a.name), "{}", a.name);
             assert!(a.counter.counter().is_some(), "{}", a.name);
             for b in &MAPPINGS[i + 1..] {
                 assert!(a.name != b.name && a.counter != b.counter, "{} / {} twice", a.name, b.name);
@@ -211,10 +269,10 @@ mod tests {
             assert_eq!(cost.presentation, Presentation::Cost, "{}", m.name);
             assert_eq!(cost.paired_count().map(|p| p.id), Some(c.counter), "{}", m.name);
         }
-        // 14 Count/Time pairs.
+        // 15 Count/Time pairs.
         let costs =
             MAPPINGS.iter().filter(|m| m.counter.counter().unwrap().presentation == Presentation::Cost);
-        assert_eq!(costs.count(), 15, "14 pairs and the CPU wait per dispatch");
+        assert_eq!(costs.count(), 16, "15 pairs and the CPU wait per dispatch");
     }
 
     #[test]
@@ -228,6 +286,23 @@ mod tests {
             Some(vp::CPUID_INSTRUCTIONS)
         );
         assert_eq!(mapping(ObjectKind::Partition, "VpCpuidInstructionsCount"), None);
+    }
+
+    #[test]
+    fn a_name_is_taken_with_or_without_its_object_prefix_in_its_own_kind_only() {
+        for printed in ["CpuidInstructionsCount", "VpCpuidInstructionsCount"] {
+            assert_eq!(canonical(ObjectKind::Vp, printed), Some("VpCpuidInstructionsCount"));
+        }
+        assert_eq!(canonical(ObjectKind::Partition, "PartitionId"), Some("PtPartitionId"));
+        assert_eq!(canonical(ObjectKind::Hypervisor, "LogicalProcessors"), Some("HvLogicalProcessors"));
+        // A mainline name without its prefix, though no kernel prints it so yet.
+        assert_eq!(canonical(ObjectKind::Vp, "LoadAvg"), Some("VpLoadAvg"));
+        // Microsoft's placeholders mainline does not have.
+        assert_eq!(canonical(ObjectKind::LogicalProcessor, "Placeholder10"), Some("LpPlaceholder10"));
+        assert_eq!(canonical(ObjectKind::Vp, "Placeholder9"), Some("VpPlaceholder9"));
+        assert_eq!(canonical(ObjectKind::Partition, "CpuidInstructionsCount"), None);
+        assert_eq!(canonical(ObjectKind::Vp, "VpFutureThing"), None);
+        assert_eq!(canonical(ObjectKind::Vp, "cpuidinstructionscount"), None);
     }
 
     #[test]

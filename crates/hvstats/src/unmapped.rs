@@ -1,7 +1,8 @@
-//! The values of names the catalog has no counter for — the modern hypervisor's ~150 VP counters
+//! Values an instance keeps by name beside its pages: those of counters the catalog has no place
+//! for. The mshv observer (`hvstats-mshv`) publishes the Microsoft Hypervisor's ~150 VP counters
 //! seed 001 never had (CPU wait buckets, forwarded intercepts, nested-virtualization emulation,
-//! VTL dispatch …) and names of builds hvstats does not know — kept beside an instance's pages so
-//! readers can show them by name.
+//! VTL dispatch …) and names of builds hvstats does not know this way, so readers can show them by
+//! name. The format lives here, with the readers, so a reader needs nothing of the importer.
 //!
 //! The pages hold the catalog's counters at fixed places; these have no place there, and no fixed
 //! set, so they travel as text in the instance's side file `<instance>.unmapped`
@@ -14,8 +15,8 @@
 //! …
 //! ```
 //!
-//! each object's values under its `@` line, where `<object>` is `hypervisor`, `lp/<n>`, `partition/<id>` or `partition/<id>/vp/<n>`, with
-//! the ids the pages are published under. A reader believes the file as it believes the arena
+//! each object's values under its `@` line, where `<object>` is `hypervisor`, `lp/<n>`,
+//! `partition/<id>` or `partition/<id>/vp/<n>`, with the ids the pages are published under. A reader believes the file as it believes the arena
 //! (same owner, locked by the publisher), reads at most [`MAX_BYTES`] of it, and skips lines it
 //! cannot parse.
 
@@ -29,6 +30,8 @@ use crate::runtime_dir::{self, Dir, Use};
 
 /// The first line of the file.
 pub const MAGIC_LINE: &str = "hvstats-unmapped 1";
+/// The longest name kept (longer lines are skipped).
+pub const MAX_NAME_BYTES: usize = 64;
 /// The most bytes written or read: 16 MiB, about 3,000 VPs of ~145 names each (about 5 KiB a VP,
 /// measured); past it the rest are not published, and the observer says so once.
 pub const MAX_BYTES: usize = 16 << 20;
@@ -78,22 +81,61 @@ pub type Unmapped = BTreeMap<ObjectRef, Vec<(String, u64)>>;
 /// The file's text, stopping before [`MAX_BYTES`] (whole lines only). Returns the text and
 /// whether every value fitted.
 pub fn encode(values: &Unmapped) -> (String, bool) {
-    let mut out = format!("{MAGIC_LINE}\n");
+    let mut encoder = Encoder::new();
     for (object, counters) in values {
-        let head = format!("@{object}\n");
-        if out.len() + head.len() > MAX_BYTES {
-            return (out, false);
+        encoder.object(*object, counters.iter().map(|(n, v)| (n.as_str(), *v)));
+    }
+    encoder.finish()
+}
+
+/// The file's text written object by object, so a writer need not gather every value first;
+/// nothing is added past [`MAX_BYTES`].
+#[derive(Debug)]
+pub struct Encoder {
+    text: String,
+    complete: bool,
+}
+
+impl Default for Encoder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Encoder {
+    /// An empty file: its first line only.
+    pub fn new() -> Self {
+        Self { text: format!("{MAGIC_LINE}\n"), complete: true }
+    }
+
+    /// Adds `at`'s values (an object with none adds nothing).
+    pub fn object<'a>(&mut self, at: ObjectRef, values: impl IntoIterator<Item = (&'a str, u64)>) {
+        use std::fmt::Write;
+        let mut values = values.into_iter().peekable();
+        if values.peek().is_none() || !self.complete {
+            return;
         }
-        out.push_str(&head);
-        for (name, value) in counters {
-            let line = format!("{name}\t{value}\n");
-            if out.len() + line.len() > MAX_BYTES {
-                return (out, false);
+        let head = format!("@{at}\n");
+        if self.text.len() + head.len() > MAX_BYTES {
+            self.complete = false;
+            return;
+        }
+        self.text.push_str(&head);
+        for (name, value) in values {
+            let before = self.text.len();
+            let _ = writeln!(self.text, "{name}\t{value}");
+            if self.text.len() > MAX_BYTES {
+                self.text.truncate(before);
+                self.complete = false;
+                return;
             }
-            out.push_str(&line);
         }
     }
-    (out, true)
+
+    /// The text, and whether every value fitted.
+    pub fn finish(self) -> (String, bool) {
+        (self.text, self.complete)
+    }
 }
 
 /// Parses the file's bytes (at most [`MAX_BYTES`]); `None` when it is not such a file. Lines that
@@ -117,7 +159,7 @@ pub fn decode(bytes: &[u8]) -> Option<Unmapped> {
         let Some(at) = object else { continue };
         let Some((name, value)) = line.split_once('\t') else { continue };
         let Ok(value) = value.parse::<u64>() else { continue };
-        if name.is_empty() || name.len() > super::stats_file::MAX_NAME_BYTES {
+        if name.is_empty() || name.len() > MAX_NAME_BYTES {
             continue;
         }
         values.entry(at).or_default().push((name.to_owned(), value));

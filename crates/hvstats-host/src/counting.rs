@@ -1,0 +1,414 @@
+//! Counting a list of events on threads: the one engine behind every tracepoint count of
+//! hvstats, for our own VPs' threads and an observed VMM's alike.
+//!
+//! An [`EventList`] resolves event specs ([`EventSpec`]: tracepoints with ftrace filters, perf
+//! software events, spans from one tracepoint to another) against tracefs once. Tracepoints are
+//! counted in the kernel where BPF is permitted ([`Method::InKernel`]): one program per
+//! tracepoint, shared by every list of the same events in this process, classifies each firing by
+//! the events' filters and adds to the firing thread's row ([`crate::bpf`]); a firing then costs
+//! one program, not one perf counter per event. Where BPF is not permitted or not asked for, or a
+//! tracepoint's program cannot be made, its events are perf counters on each thread
+//! ([`Method::Perf`]), each thread's in one perf group so that one `read` gives them all.
+//! Software events (task clock, migrations) are always perf counters. [`ThreadEvents`] is one
+//! thread's counters of a list.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, Weak};
+
+use crate::bpf::{Slot, SpanColumn, Tally, TallyError, ThreadTable, TracepointColumn};
+use crate::perf_event::{TYPE_SOFTWARE, TYPE_TRACEPOINT};
+use crate::perf_group::{EventAttr, MemberError, PerfGroup};
+use crate::tracefs::{self, EventError, TracefsError};
+
+/// One event to count on each thread.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EventSpec {
+    /// A tracepoint `system:name`, narrowed by an ftrace filter when given.
+    Tracepoint {
+        /// The tracepoint's system (`kvm`, `syscalls`).
+        system: String,
+        /// The event name (`kvm_cpuid`).
+        name: String,
+        /// An ftrace filter expression (`reason == 2`).
+        filter: Option<String>,
+    },
+    /// A perf software event (`PERF_COUNT_SW_*`).
+    Software(u64),
+    /// The nanoseconds from each firing of tracepoint `start` that `filter` admits to the next
+    /// firing of `end` on the same thread, summed: counted in the kernel only (perf has no such
+    /// event), so where the kernel does not count it, it is not counted.
+    Span {
+        /// The tracepoints' system (`kvm`).
+        system: String,
+        /// The tracepoint that opens a span (`kvm_exit`).
+        start: String,
+        /// An ftrace filter on `start` (`exit_reason == 10`).
+        filter: Option<String>,
+        /// The tracepoint that closes it (`kvm_entry`).
+        end: String,
+    },
+}
+
+impl EventSpec {
+    /// A tracepoint without a filter.
+    pub fn tracepoint(system: &str, name: &str) -> Self {
+        EventSpec::Tracepoint { system: system.to_owned(), name: name.to_owned(), filter: None }
+    }
+
+    /// A span from `start` (narrowed by `filter`) to `end`, tracepoints of `system`.
+    pub fn span(system: &str, start: &str, filter: Option<&str>, end: &str) -> Self {
+        EventSpec::Span {
+            system: system.to_owned(),
+            start: start.to_owned(),
+            filter: filter.map(str::to_owned),
+            end: end.to_owned(),
+        }
+    }
+
+    /// A tracepoint with a filter.
+    pub fn filtered(system: &str, name: &str, filter: &str) -> Self {
+        EventSpec::Tracepoint {
+            system: system.to_owned(),
+            name: name.to_owned(),
+            filter: Some(filter.to_owned()),
+        }
+    }
+}
+
+/// How tracepoint events are counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    /// One BPF program per tracepoint, counting per thread into per-CPU arrays.
+    InKernel,
+    /// A perf counter per (thread, event).
+    Perf,
+}
+
+/// Why tracepoints are not counted in the kernel.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum InKernelError {
+    /// Perf counters were asked for.
+    #[error("perf counters were asked for")]
+    PerfAsked,
+    /// tracefs is unavailable.
+    #[error(transparent)]
+    Tracefs(&'static TracefsError),
+    /// The list has no tracepoint.
+    #[error("no tracepoint to count")]
+    NoTracepoint,
+    /// The programs or maps could not be made.
+    #[error(transparent)]
+    Tally(Arc<TallyError>),
+}
+
+/// Event specs resolved to perf (type, config) once, with the reason for any that cannot be,
+/// and the in-kernel counting of their tracepoints where it is possible.
+#[derive(Clone, Debug)]
+pub struct EventList {
+    specs: Vec<EventSpec>,
+    resolved: Vec<Result<(u32, u64), Arc<EventError>>>,
+    /// The in-kernel counting, or why there is none.
+    tally: Result<Arc<Tally>, InKernelError>,
+    /// By event: its column in the tally, when the tally counts it.
+    columns: Vec<Option<usize>>,
+}
+
+/// Tallies alive in this process, by the specs they count: lists of the same events (every VM
+/// observed) share one, so a firing runs one program per tracepoint whatever the number of VMs.
+static TALLIES: Mutex<Vec<(Vec<EventSpec>, Weak<Tally>)>> = Mutex::new(Vec::new());
+
+fn shared_tally(root: &Path, specs: &[EventSpec]) -> Result<Arc<Tally>, InKernelError> {
+    let mut tallies = TALLIES.lock().unwrap_or_else(|e| e.into_inner());
+    tallies.retain(|(_, t)| t.strong_count() > 0);
+    if let Some(t) = tallies.iter().find(|(s, _)| s == specs).and_then(|(_, t)| t.upgrade()) {
+        return Ok(t);
+    }
+    let (columns, spans) = tally_layout(specs);
+    if columns.is_empty() && spans.is_empty() {
+        return Err(InKernelError::NoTracepoint);
+    }
+    let tally = Tally::with_spans(root, &columns, &spans, ThreadTable::for_host())
+        .map_err(|e| InKernelError::Tally(Arc::new(e)))?;
+    let tally = Arc::new(tally);
+    tallies.push((specs.to_vec(), Arc::downgrade(&tally)));
+    Ok(tally)
+}
+
+/// The tally columns of `specs`: their tracepoints, and their spans (software events have none).
+/// A list's tally is made of these, and so is a rehearsal of it ([`Tally::rehearsal`]).
+pub fn tally_layout(specs: &[EventSpec]) -> (Vec<TracepointColumn>, Vec<SpanColumn>) {
+    let columns = specs
+        .iter()
+        .filter_map(|spec| match spec {
+            EventSpec::Tracepoint { system, name, filter } => {
+                Some(TracepointColumn { system: system.clone(), name: name.clone(), filter: filter.clone() })
+            }
+            EventSpec::Software(_) | EventSpec::Span { .. } => None,
+        })
+        .collect();
+    let spans = specs
+        .iter()
+        .filter_map(|spec| match spec {
+            EventSpec::Span { system, start, filter, end } => Some(SpanColumn {
+                start: TracepointColumn {
+                    system: system.clone(),
+                    name: start.clone(),
+                    filter: filter.clone(),
+                },
+                end_system: system.clone(),
+                end_name: end.clone(),
+            }),
+            _ => None,
+        })
+        .collect();
+    (columns, spans)
+}
+
+/// Each spec's column in the tally: tracepoints in order, then spans after them (as
+/// [`Tally::with_spans`] lays out a row); `None` for software events.
+pub fn tally_columns(specs: &[EventSpec]) -> Vec<Option<usize>> {
+    let tracepoints = specs.iter().filter(|s| matches!(s, EventSpec::Tracepoint { .. })).count();
+    let (mut next_tracepoint, mut next_span) = (0, tracepoints);
+    specs
+        .iter()
+        .map(|spec| {
+            let next = match spec {
+                EventSpec::Tracepoint { .. } => &mut next_tracepoint,
+                EventSpec::Span { .. } => &mut next_span,
+                EventSpec::Software(_) => return None,
+            };
+            *next += 1;
+            Some(*next - 1)
+        })
+        .collect()
+}
+
+impl EventList {
+    /// Resolves `specs` against tracefs (mounted when needed, as root), counting tracepoints in
+    /// the kernel where that is permitted.
+    pub fn new(specs: Vec<EventSpec>) -> Self {
+        Self::with_method(specs, Method::InKernel)
+    }
+
+    /// As [`new`](Self::new), counting tracepoints by `method` where possible (perf counters are
+    /// always possible where the events are).
+    pub fn with_method(specs: Vec<EventSpec>, method: Method) -> Self {
+        let root = tracefs::root();
+        let resolved = specs
+            .iter()
+            .map(|spec| match spec {
+                EventSpec::Software(config) => Ok((TYPE_SOFTWARE, *config)),
+                EventSpec::Tracepoint { system, name, .. } | EventSpec::Span { system, start: name, .. } => {
+                    tracefs::event_id(system, name).map(|id| (TYPE_TRACEPOINT, id)).map_err(Arc::new)
+                }
+            })
+            .collect::<Vec<_>>();
+        let tally = match (method, root) {
+            (Method::Perf, _) => Err(InKernelError::PerfAsked),
+            (Method::InKernel, Err(e)) => Err(InKernelError::Tracefs(e)),
+            (Method::InKernel, Ok(root)) => shared_tally(root, &specs),
+        };
+        let columns = tally_columns(&specs)
+            .into_iter()
+            .enumerate()
+            .map(|(i, column)| {
+                let column = column?;
+                let counted =
+                    resolved[i].is_ok() && tally.as_ref().is_ok_and(|t| t.refused(column).is_none());
+                counted.then_some(column)
+            })
+            .collect();
+        Self { specs, resolved, tally, columns }
+    }
+
+    /// How tracepoint events are counted: in the kernel when at least one is.
+    pub fn method(&self) -> Method {
+        if self.columns.iter().any(Option::is_some) { Method::InKernel } else { Method::Perf }
+    }
+
+    /// The method, said for a log or a description: which, and why not in the kernel when not,
+    /// or which tracepoints stay perf counters.
+    pub fn method_description(&self) -> String {
+        match (&self.tally, self.method()) {
+            (Err(why), _) => format!(
+                "perf counters per thread (in-kernel counting unavailable: {})",
+                crate::error_chain::error_chain(why)
+            ),
+            (Ok(_), Method::Perf) => {
+                "perf counters per thread (no tracepoint could be counted in the kernel)".into()
+            }
+            (Ok(t), Method::InKernel) => {
+                let refused: Vec<String> = self
+                    .specs
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, spec)| {
+                        matches!(spec, EventSpec::Tracepoint { .. } | EventSpec::Span { .. })
+                            && self.resolved[*i].is_ok()
+                            && self.columns[*i].is_none()
+                    })
+                    .filter_map(|(i, _)| self.column_refusal(t, i))
+                    .collect();
+                if refused.is_empty() {
+                    "in-kernel (one eBPF program per tracepoint)".into()
+                } else {
+                    format!("in-kernel (one eBPF program per tracepoint), except: {}", refused.join("; "))
+                }
+            }
+        }
+    }
+
+    fn column_refusal(&self, tally: &Tally, event: usize) -> Option<String> {
+        let column = tally_columns(&self.specs).get(event).copied().flatten()?;
+        tally.refused(column).map(str::to_owned)
+    }
+
+    /// True when event `i` is counted in the kernel.
+    pub fn in_kernel(&self, i: usize) -> bool {
+        self.columns.get(i).is_some_and(Option::is_some)
+    }
+
+    /// Perf counters each counted thread holds: the events not counted in the kernel (spans
+    /// are counted there or not at all).
+    pub fn perf_events_per_thread(&self) -> usize {
+        (0..self.len())
+            .filter(|&i| self.resolved[i].is_ok() && !self.in_kernel(i) && !self.is_span(i))
+            .count()
+    }
+
+    fn is_span(&self, i: usize) -> bool {
+        matches!(self.specs.get(i), Some(EventSpec::Span { .. }))
+    }
+
+    /// Number of events.
+    pub fn len(&self) -> usize {
+        self.specs.len()
+    }
+
+    /// True when there are no events.
+    pub fn is_empty(&self) -> bool {
+        self.specs.is_empty()
+    }
+
+    /// Why event `i` cannot be counted at all (unknown tracepoint, no tracefs), if so.
+    pub fn unavailable(&self, i: usize) -> Option<&EventError> {
+        self.resolved.get(i).and_then(|r| r.as_ref().err()).map(|e| &**e)
+    }
+
+    /// The specs.
+    pub fn specs(&self) -> &[EventSpec] {
+        &self.specs
+    }
+}
+
+/// The counters of one thread: its row in the in-kernel tally, and perf counters (one group
+/// where possible) for the events the tally does not count.
+#[derive(Debug)]
+pub struct ThreadEvents {
+    /// The perf counters, by event index (empty where the tally counts the event).
+    group: PerfGroup,
+    /// The thread's row in the tally, when it has one, and the row's value when this list
+    /// began counting the thread (another list of the same events may count it too).
+    slot: Option<(Arc<Tally>, Slot, i32, Vec<u64>)>,
+    /// The thread's counts at its last successful read (kept once it is gone).
+    last: Vec<Option<u64>>,
+    /// The perf counters' reading (scratch).
+    read: Vec<Option<u64>>,
+    /// By event, whether perf opened it (and why not).
+    opened: Vec<Result<(), MemberError>>,
+    /// The tally row of the last read, and the buffer it is read through: kept, so a read
+    /// allocates nothing.
+    row: Vec<u64>,
+    scratch: Vec<u8>,
+}
+
+impl Drop for ThreadEvents {
+    fn drop(&mut self) {
+        if let Some((tally, _, tid, _)) = self.slot.take() {
+            tally.remove_thread(tid);
+        }
+    }
+}
+
+impl ThreadEvents {
+    /// Opens the counters of `events` on thread `tid` of process `pid`: its row in the list's
+    /// in-kernel tally where it counts, perf counters for the rest. An event that does not open
+    /// on this thread is not counted on it ([`is_open`](Self::is_open) says so, and
+    /// [`refused`](Self::refused) why).
+    pub fn open(pid: i32, tid: i32, events: &EventList) -> Self {
+        let slot = events.tally.as_ref().ok().filter(|_| events.method() == Method::InKernel).and_then(|t| {
+            // A full tally (or a failed map write): this thread's tracepoints are perf counters.
+            let slot = t.add_thread(pid, tid).ok()?;
+            match t.read(slot) {
+                Ok(start) => Some((Arc::clone(t), slot, tid, start)),
+                Err(_) => {
+                    t.remove_thread(tid);
+                    None
+                }
+            }
+        });
+        let in_tally = slot.is_some();
+        let attrs = events.specs.iter().enumerate().map(|(i, spec)| {
+            let (type_, config) = *events.resolved[i].as_ref().ok()?;
+            if in_tally && events.in_kernel(i) {
+                return None;
+            }
+            let filter = match spec {
+                EventSpec::Tracepoint { filter, .. } => filter.as_deref(),
+                EventSpec::Software(_) => None,
+                // A span has no perf counter: without the kernel's it is not counted.
+                EventSpec::Span { .. } => return None,
+            };
+            Some(EventAttr { type_, config, filter })
+        });
+        // An event that does not open on this thread is not counted on it (see `is_open`).
+        let (group, opened) = PerfGroup::open(tid, attrs);
+        let last = vec![None; group.len()];
+        let read = vec![None; group.len()];
+        let mut me = Self { group, slot, last, read, opened, row: Vec::new(), scratch: Vec::new() };
+        // The first read sizes (and touches) the buffers every later read reuses.
+        me.read(events);
+        me
+    }
+
+    /// Perf descriptors it holds.
+    pub fn fds(&self) -> usize {
+        self.group.fds()
+    }
+
+    /// True when event `i` is counted for this thread (in the kernel or by a perf counter).
+    pub fn is_open(&self, events: &EventList, i: usize) -> bool {
+        self.group.is_open(i) || (self.slot.is_some() && events.in_kernel(i))
+    }
+
+    /// Why event `i` is not counted on this thread when perf refused it.
+    pub fn refused(&self, events: &EventList, i: usize) -> Option<&MemberError> {
+        if self.is_open(events, i) {
+            return None;
+        }
+        self.opened.get(i).and_then(|o| o.as_ref().err()).filter(|e| !matches!(e, MemberError::NotAsked))
+    }
+
+    /// Reads every counter: by event, its count since the thread was opened (`None`: not
+    /// counted). A counter that cannot be read now keeps its last count.
+    pub fn read(&mut self, events: &EventList) -> &[Option<u64>] {
+        if let Some((tally, slot, _, start)) = &self.slot
+            && tally.read_into(*slot, &mut self.scratch, &mut self.row).is_ok()
+        {
+            for (i, last) in self.last.iter_mut().enumerate() {
+                if let Some(&Some(column)) = events.columns.get(i)
+                    && let (Some(now), Some(then)) = (self.row.get(column), start.get(column))
+                {
+                    *last = Some(now.wrapping_sub(*then));
+                }
+            }
+        }
+        self.group.read_into(&mut self.read);
+        for (last, value) in self.last.iter_mut().zip(&self.read) {
+            if value.is_some() {
+                *last = *value;
+            }
+        }
+        &self.last
+    }
+}
