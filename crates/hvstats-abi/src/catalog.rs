@@ -75,7 +75,7 @@ macro_rules! catalog {
 use crate::exit_reason::InterceptClass as Ic;
 use crate::source::{
     HostFault, KvmStat, ObserverFact, PerfSoftwareEvent, RunLoopCount, RunLoopCount as Loop, ThreadTime,
-    Tracepoint as Tp, VmSourceKind, VmsState,
+    Tracepoint as Tp, VmsState,
 };
 use HypercallClass as Hc;
 use Maintained::{By, No};
@@ -84,6 +84,7 @@ use Source::*;
 const NO_VTLB: &str = "KVM has no virtual TLB: it uses nested or shadow paging in the kernel";
 const NO_TIME: &str = "handled inside KVM, which records no per-event time";
 const NO_SLOTS: &str = "the VMM's memory slots are not visible from outside";
+const SOURCE_TABLE: &str = "written by the observer from the sources it composes for the VM";
 
 catalog! {
     /// Counters of the hypervisor object (root only).
@@ -209,15 +210,100 @@ catalog! {
         Release 7 RECOMMENDED_VIRTUAL_TLB_SIZE "Recommended virtual TLB size", Pages, Instant,
             No(NO_VTLB),
             "The recommended number of pages to be deposited for the virtual TLB.";
-        // hvstats' own group: what the VM is doing and how the observer hears of it.
-        Hvstats 1 VM_STATE "VM state", Count, State,
+        // hvstats' own group of the partition page: which source of an observed VM gave each of
+        // its counters ([`crate::vm_sources`]). Bookkeeping: surfaces read it through that module.
+        Hvstats 1 SOURCE_1_NAME "Source 1 name", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "The first 8 bytes of the name of the observed VM's source 1, NUL-padded.";
+        Hvstats 2 SOURCE_1_NAME_2 "Source 1 name, continued", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Bytes 8 to 15 of the name of the observed VM's source 1, NUL-padded.";
+        Hvstats 3 SOURCE_1_STATE "Source 1 state", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Whether the observed VM's source 1 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation).";
+        Hvstats 4 SOURCE_2_NAME "Source 2 name", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "The first 8 bytes of the name of the observed VM's source 2, NUL-padded.";
+        Hvstats 5 SOURCE_2_NAME_2 "Source 2 name, continued", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Bytes 8 to 15 of the name of the observed VM's source 2, NUL-padded.";
+        Hvstats 6 SOURCE_2_STATE "Source 2 state", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Whether the observed VM's source 2 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation).";
+        Hvstats 7 SOURCE_3_NAME "Source 3 name", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "The first 8 bytes of the name of the observed VM's source 3, NUL-padded.";
+        Hvstats 8 SOURCE_3_NAME_2 "Source 3 name, continued", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Bytes 8 to 15 of the name of the observed VM's source 3, NUL-padded.";
+        Hvstats 9 SOURCE_3_STATE "Source 3 state", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Whether the observed VM's source 3 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation).";
+        Hvstats 10 SOURCE_4_NAME "Source 4 name", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "The first 8 bytes of the name of the observed VM's source 4, NUL-padded.";
+        Hvstats 11 SOURCE_4_NAME_2 "Source 4 name, continued", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Bytes 8 to 15 of the name of the observed VM's source 4, NUL-padded.";
+        Hvstats 12 SOURCE_4_STATE "Source 4 state", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Whether the observed VM's source 4 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation).";
+        Hvstats 13 SOURCE_5_NAME "Source 5 name", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "The first 8 bytes of the name of the observed VM's source 5, NUL-padded.";
+        Hvstats 14 SOURCE_5_NAME_2 "Source 5 name, continued", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Bytes 8 to 15 of the name of the observed VM's source 5, NUL-padded.";
+        Hvstats 15 SOURCE_5_STATE "Source 5 state", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Whether the observed VM's source 5 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation).";
+        Hvstats 16 SOURCE_6_NAME "Source 6 name", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "The first 8 bytes of the name of the observed VM's source 6, NUL-padded.";
+        Hvstats 17 SOURCE_6_NAME_2 "Source 6 name, continued", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Bytes 8 to 15 of the name of the observed VM's source 6, NUL-padded.";
+        Hvstats 18 SOURCE_6_STATE "Source 6 state", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Whether the observed VM's source 6 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation).";
+        Hvstats 19 PARTITION_WRITERS_1 "Partition counter sources 1", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Which source writes each partition counter of the observed VM, 4 bits per counter (the partition counters 0 to 15 in catalog order): 0 none, else the source's number.";
+        Hvstats 20 PARTITION_WRITERS_2 "Partition counter sources 2", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Which source writes each partition counter of the observed VM, 4 bits per counter (the partition counters 16 to 31 in catalog order): 0 none, else the source's number.";
+        Hvstats 21 VP_WRITERS_1 "VP counter sources 1", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Which source writes each VP counter of the observed VM, 4 bits per counter (the VP counters 0 to 15 in catalog order): 0 none, else the source's number.";
+        Hvstats 22 VP_WRITERS_2 "VP counter sources 2", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Which source writes each VP counter of the observed VM, 4 bits per counter (the VP counters 16 to 31 in catalog order): 0 none, else the source's number.";
+        Hvstats 23 VP_WRITERS_3 "VP counter sources 3", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Which source writes each VP counter of the observed VM, 4 bits per counter (the VP counters 32 to 47 in catalog order): 0 none, else the source's number.";
+        Hvstats 24 VP_WRITERS_4 "VP counter sources 4", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Which source writes each VP counter of the observed VM, 4 bits per counter (the VP counters 48 to 63 in catalog order): 0 none, else the source's number.";
+        Hvstats 25 VP_WRITERS_5 "VP counter sources 5", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Which source writes each VP counter of the observed VM, 4 bits per counter (the VP counters 64 to 79 in catalog order): 0 none, else the source's number.";
+        Hvstats 26 VP_WRITERS_6 "VP counter sources 6", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Which source writes each VP counter of the observed VM, 4 bits per counter (the VP counters 80 to 95 in catalog order): 0 none, else the source's number.";
+        Hvstats 27 VP_WRITERS_7 "VP counter sources 7", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Which source writes each VP counter of the observed VM, 4 bits per counter (the VP counters 96 to 111 in catalog order): 0 none, else the source's number.";
+        Hvstats 28 VP_WRITERS_8 "VP counter sources 8", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Which source writes each VP counter of the observed VM, 4 bits per counter (the VP counters 112 to 127 in catalog order): 0 none, else the source's number.";
+        Hvstats 29 PARTITION_WRITERS_3 "Partition counter sources 3", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Which source writes each partition counter of the observed VM, 4 bits per counter (the partition counters 32 to 47 in catalog order): 0 none, else the source's number.";
+        // hvstats 1.1 of the partition page (see APPENDED): what the VM is doing.
+        Hvstats 30 VM_STATE "VM state", Count, State,
             By(RunState, "running while the partition runs, shutdown once it stopped"),
             observed By(RunState, "QEMU's run state (QMP query-status): unknown while its QMP session is down"),
             "Whether the VM runs, is paused, shut down, stopped on an internal error KVM could not get past, or its state is unknown now.";
-        Hvstats 2 VM_QMP_UP "VM QMP source up", Count, Instant,
-            No("hvstats' own partitions have no QMP"),
-            observed By(SourceUp(VmSourceKind::Qmp), "1 while the VM's QMP session answers, 0 while it is down (retried with backoff)"),
-            "1 while the VM's QMP session answers, 0 while it is down: the counters it gives are then unavailable.";
     }
 
     /// Counters of a virtual processor object.
@@ -261,7 +347,7 @@ catalog! {
             "The average time (in nanoseconds) spent processing an HLT instruction.";
         Release 11 MWAIT_INSTRUCTIONS "MWAIT instructions/sec", Count, Rate,
             No("KVM counts no MWAIT exits"),
-            observed By(KvmExit(Ic::Mwait), "MWAIT/MONITOR exits on VMX/SVM hosts only"),
+            observed By(KvmExit(Ic::Mwait), "MWAIT exits on VMX/SVM hosts only"),
             "The rate of MWAIT instructions executed by guest code on a virtual processor.";
         Release 12 MWAIT_INSTRUCTIONS_COST "MWAIT instructions cost", Time100ns, Cost,
             No(NO_TIME),
@@ -311,7 +397,8 @@ catalog! {
             No(NO_TIME),
             "The average time (in nanoseconds) spent handling a debug register access.";
         Release 27 PAGE_FAULT_INTERCEPTS "Page fault intercepts/sec", Count, Rate,
-            By(KvmStats(KvmStat::Vcpu(&["pf_taken"])), "vCPU stat pf_taken; stays 0 under KVM's instruction emulator, which takes no MMU faults"),
+            No("KVM counts no #PF exits: its pf_taken counts its MMU's faults, nested page faults under EPT/NPT (Nested page fault intercepts)"),
+            observed By(KvmExit(Ic::PageFault), "#PF exception exits on VMX/SVM hosts only"),
             "The rate of page fault exceptions intercepted by the hypervisor while executing guest code on the virtual processor.";
         Release 28 PAGE_FAULT_INTERCEPTS_COST "Page fault intercepts cost", Time100ns, Cost,
             No(NO_TIME),
@@ -431,6 +518,15 @@ catalog! {
         Release 65 CPU_WAIT_TIME_PER_DISPATCH "CPU wait time per dispatch", Nanoseconds, Cost,
             By(ThreadTime(ThreadTime::CpuWait), "schedstat of the VP thread: time runnable on a run queue, waiting for a CPU"),
             "The average time (in nanoseconds) the virtual processor waited for a logical processor to run on, per dispatch; as a share of elapsed time, the time it was ready but not running.";
+        // Release 1.2 (see APPENDED): faults of the second-level translation, which Hyper-V counts
+        // apart from the guest's own page faults (its NestedPageFaultIntercepts, WHv's
+        // NestedPageFault intercept pair).
+        Release 66 NESTED_PAGE_FAULT_INTERCEPTS "Nested page fault intercepts/sec", Count, Rate,
+            By(KvmStats(KvmStat::Vcpu(&["pf_taken"])), "vCPU stat pf_taken: the faults KVM's MMU takes, under EPT/NPT the EPT violations and NPFs it does not resolve as MMIO; stays 0 under KVM's instruction emulator"),
+            "The rate of nested page fault intercepts (faults of the second-level address translation: EPT violations and misconfigurations, NPT faults) taken by guest code on the virtual processor.";
+        Release 67 NESTED_PAGE_FAULT_INTERCEPTS_COST "Nested page fault intercepts cost", Time100ns, Cost,
+            No(NO_TIME),
+            "The average time (in nanoseconds) spent processing a nested page fault intercept.";
         // hvstats' own group: skipped by TLFS readers.
         Hvstats 1 SEQUENCE "Sequence", Count, Instant,
             By(Authority, "made odd before and even after every merge of kernel counters into the page"),
@@ -467,6 +563,10 @@ catalog! {
             By(HostFaults(HostFault::Major), "majflt of the VP thread since it began running the guest"),
             observed By(HostFaults(HostFault::Major), "majflt of the vCPU thread since the observer found it"),
             "The rate of page faults on the virtual processor's thread that waited for I/O: guest memory swapped out or backed by a file, during which the virtual processor did not run.";
+        // hvstats 1.2 (see APPENDED): every exit of the VP, whatever its reason.
+        Hvstats 268 EXITS "Exits/sec", Count, Rate,
+            By(KvmStats(KvmStat::Vcpu(&["exits"])), "vCPU stat exits: every exit from the guest on VMX/SVM hosts (userspace exits and halts under KVM's instruction emulator)"),
+            "The rate of exits from guest code on the virtual processor to the hypervisor, of every reason: the total the intercept classes break down (an exit of a class no counter has is counted here too).";
     }
 }
 
@@ -572,8 +672,14 @@ pub struct Appended {
 pub const APPENDED: &[Appended] = &[
     // Release 1.1 of the VP page: dispatches and CPU wait time.
     Appended { kind: ObjectKind::Vp, group: GroupKind::Release, minor: 1, first_index: 64 },
+    // Release 1.2 of the VP page: nested page fault intercepts and their time.
+    Appended { kind: ObjectKind::Vp, group: GroupKind::Release, minor: 2, first_index: 66 },
     // hvstats 1.1 of the VP page: the host's page faults on the VP thread.
     Appended { kind: ObjectKind::Vp, group: GroupKind::Hvstats, minor: 1, first_index: 266 },
+    // hvstats 1.2 of the VP page: every exit of the VP.
+    Appended { kind: ObjectKind::Vp, group: GroupKind::Hvstats, minor: 2, first_index: 268 },
+    // hvstats 1.1 of the partition page: the VM's run state.
+    Appended { kind: ObjectKind::Partition, group: GroupKind::Hvstats, minor: 1, first_index: 30 },
 ];
 
 impl CounterId {
@@ -764,6 +870,7 @@ impl InterceptClass {
             InterceptClass::PendingInterrupt => vp::PENDING_INTERRUPTS,
             InterceptClass::DebugRegister => vp::DEBUG_REGISTER_ACCESSES,
             InterceptClass::PageFault => vp::PAGE_FAULT_INTERCEPTS,
+            InterceptClass::NestedPageFault => vp::NESTED_PAGE_FAULT_INTERCEPTS,
             InterceptClass::ApicAccess => vp::APIC_MMIO_ACCESSES,
             InterceptClass::ApicEoi => vp::APIC_EOI_ACCESSES,
             InterceptClass::ApicTpr => vp::APIC_TPR_ACCESSES,
@@ -793,12 +900,8 @@ impl Tracepoint {
 
     /// True when the observer counts it on a VMM's threads: a source of a catalog row for observed
     /// VMs, a part [`added`](Self::added) to one, or the VMM's MSR exits.
-    pub fn counted_for_observed(self) -> bool {
-        self == Tracepoint::UserspaceMsr
-            || CATALOG.iter().any(|c| match observed(c).and_then(Maintained::source) {
-                Some(Source::Tracepoint(tp)) => tp == self || tp.added().contains(&self),
-                _ => false,
-            })
+    pub const fn counted_for_observed(self) -> bool {
+        COUNTED_FOR_OBSERVED[self.index()]
     }
 }
 
@@ -806,8 +909,13 @@ const OBSERVED_NO_TIME: &str = "the VMM's exit handling is not visible from outs
 const NO_HYPERCALL_CLASS: &str = "the observed VMM (or KVM) handles hypercalls; their codes are not visible";
 const OBSERVED_NO_VTLB: &str = "KVM has no virtual TLB";
 const NO_OUTSIDE: &str = "no source outside the VMM process gives it";
-const OBSERVED_KVM_STAT: &str = "the same KVM statistic, through QEMU's QMP (--qmp); an intercept class is counted from \
-     kvm:kvm_exit by reason instead on VMX/SVM hosts";
+const OBSERVED_KVM_STAT: &str = "the same KVM statistic, counted from the vCPU's creation, from the first of the VM's \
+     sources that carry KVM's statistics: the VMM's open stats descriptors (stats-fd), libvirt's domain statistics \
+     (libvirt), QEMU's QMP (qmp); where none does, an intercept class is counted from kvm:kvm_exit by reason on \
+     VMX/SVM hosts, from attach";
+const OBSERVED_KVM_TIME: &str = "the same KVM statistics, counted from the vCPU's creation, from the first of the VM's \
+     sources that carry KVM's statistics (stats-fd, libvirt, qmp); where none does, the time from kvm:kvm_exit to \
+     the next kvm:kvm_entry on VMX/SVM hosts, from attach";
 
 /// The intercept class whose time the cost counter `id` is: the class counted at the index
 /// before it.
@@ -855,6 +963,85 @@ const OBSERVED_EXIT_TIME: &str = "time from kvm:kvm_exit of the class to the nex
 /// assert!(!observed(emulated_cost).unwrap().is_maintained());
 /// ```
 pub const fn observed(counter: &Counter) -> Option<Maintained> {
+    // The observer asks this of every counter of every VM at every refresh: the catalog's rows
+    // have their answers worked out once, at compile time.
+    match row(counter.id) {
+        Some(i) => OBSERVED[i],
+        None => observed_of(counter),
+    }
+}
+
+/// Every row's answer of [`observed`], in catalog order.
+const OBSERVED: [Option<Maintained>; CATALOG.len()] = {
+    let mut table = [None; CATALOG.len()];
+    let mut i = 0;
+    while i < CATALOG.len() {
+        table[i] = observed_of(&CATALOG[i]);
+        i += 1;
+    }
+    table
+};
+
+/// Each tracepoint's answer of [`Tracepoint::counted_for_observed`], by index.
+const COUNTED_FOR_OBSERVED: [bool; Tracepoint::ALL.len()] = {
+    let mut table = [false; Tracepoint::ALL.len()];
+    table[Tracepoint::UserspaceMsr.index()] = true;
+    let mut i = 0;
+    while i < CATALOG.len() {
+        if let Some(Maintained::By(Source::Tracepoint(tp), _)) = OBSERVED[i] {
+            table[tp.index()] = true;
+            let added = tp.added();
+            let mut a = 0;
+            while a < added.len() {
+                table[added[a].index()] = true;
+                a += 1;
+            }
+        }
+        i += 1;
+    }
+    table
+};
+
+/// The highest index a catalog row has in its group, plus one.
+pub(crate) const INDICES: usize = {
+    let mut max = 0;
+    let mut i = 0;
+    while i < CATALOG.len() {
+        if CATALOG[i].id.index as usize >= max {
+            max = CATALOG[i].id.index as usize + 1;
+        }
+        i += 1;
+    }
+    max
+};
+
+/// The catalog row of each (kind, group, index), plus one (0: not in the catalog).
+const ROWS: [[[u8; INDICES]; 3]; 4] = {
+    assert!(CATALOG.len() < u8::MAX as usize, "row numbers fit a byte");
+    let mut table = [[[0u8; INDICES]; 3]; 4];
+    let mut i = 0;
+    while i < CATALOG.len() {
+        let id = CATALOG[i].id;
+        table[id.kind as usize][id.group as usize][id.index as usize] = (i + 1) as u8;
+        i += 1;
+    }
+    table
+};
+
+/// The position of `id`'s row in [`CATALOG`], if it has one.
+pub(crate) const fn row(id: CounterId) -> Option<usize> {
+    let (kind, group, index) = (id.kind as usize, id.group as usize, id.index as usize);
+    if kind >= ROWS.len() || group >= ROWS[0].len() || index >= INDICES {
+        return None;
+    }
+    match ROWS[kind][group][index] {
+        0 => None,
+        at => Some(at as usize - 1),
+    }
+}
+
+/// [`observed`] worked out from the row.
+const fn observed_of(counter: &Counter) -> Option<Maintained> {
     match counter.id.kind {
         ObjectKind::Hypervisor | ObjectKind::LogicalProcessor => return None,
         ObjectKind::Partition | ObjectKind::Vp => {}
@@ -866,7 +1053,9 @@ pub const fn observed(counter: &Counter) -> Option<Maintained> {
     // Where the intercept is a class kvm_exit tells, the kernel times it from exit to entry.
     let thread_time = matches!(counter.maintained.source(), Some(Source::ThreadTime(_)));
     if counter.presentation as u8 == Presentation::Cost as u8 && !thread_time {
+        let kvm_time = matches!(counter.maintained.source(), Some(Source::KvmStats(_)));
         return Some(match class_timed(counter.id) {
+            Some(class) if kvm_time => Maintained::By(Source::KvmExitTime(class), OBSERVED_KVM_TIME),
             Some(class) => Maintained::By(Source::KvmExitTime(class), OBSERVED_EXIT_TIME),
             None => Maintained::No(OBSERVED_NO_TIME),
         });
@@ -881,13 +1070,7 @@ pub const fn observed(counter: &Counter) -> Option<Maintained> {
         Source::Tracepoint(_) | Source::ThreadTime(_) | Source::PerfSoftware(_) | Source::HostFaults(_) => {
             same
         }
-        // Counts only: KVM's times and histograms are not among what QMP is read for.
-        Source::KvmStats(_)
-            if counter.unit as u8 == Unit::Count as u8
-                && counter.presentation as u8 != Presentation::Histogram as u8 =>
-        {
-            Maintained::By(source, OBSERVED_KVM_STAT)
-        }
+        Source::KvmStats(_) => Maintained::By(source, OBSERVED_KVM_STAT),
         Source::Hypercall(_) => Maintained::No(NO_HYPERCALL_CLASS),
         _ if is_tlb(counter.name) => Maintained::No(OBSERVED_NO_VTLB),
         _ => Maintained::No(NO_OUTSIDE),
@@ -904,6 +1087,30 @@ const fn is_tlb(name: &str) -> bool {
         i += 1;
     }
     false
+}
+
+/// The KVM statistics an observed VM's sources of KVM's statistics (its stats descriptors,
+/// libvirt, QMP) read for `counter`: its observed key when that is a KVM statistic, else its own
+/// (HLT cost, whose observed key is the exit-to-entry span of VMX/SVM hosts, is KVM's halted time
+/// for them); `None` for a counter no KVM statistic gives.
+///
+/// ```
+/// use hvstats_abi::catalog::{observed_kvm_stat, vp};
+/// use hvstats_abi::source::KvmStat;
+/// let stat = |id: hvstats_abi::CounterId| id.counter().and_then(observed_kvm_stat);
+/// assert_eq!(stat(vp::HYPERCALLS), Some(KvmStat::Vcpu(&["hypercalls"])));
+/// assert_eq!(stat(vp::HALT_WAIT_HISTOGRAM), Some(KvmStat::Vcpu(&["halt_wait_ns", "halt_wait_hist"])));
+/// assert!(stat(vp::HLT_INSTRUCTIONS_COST).is_some());
+/// assert_eq!(stat(vp::CPUID_INSTRUCTIONS), None);
+/// ```
+pub const fn observed_kvm_stat(counter: &Counter) -> Option<KvmStat> {
+    if let Some(Maintained::By(Source::KvmStats(key), _)) = observed(counter) {
+        return Some(key);
+    }
+    match (observed(counter), counter.maintained) {
+        (Some(Maintained::By(_, _)), Maintained::By(Source::KvmStats(key), _)) => Some(key),
+        _ => None,
+    }
 }
 
 /// The partition and VP counters an observed VM never has (to publish as not available).
@@ -954,7 +1161,10 @@ mod observed_tests {
             Some(Maintained::No(NO_HYPERCALL_CLASS))
         );
         assert!(observed_source(partition::GPA_PAGES).is_none());
-        assert!(observed_source(vp::HALT_WAIT_HISTOGRAM).is_none(), "QMP is read for counts only");
+        assert_eq!(
+            observed_source(vp::HALT_WAIT_HISTOGRAM),
+            Some(Source::KvmStats(KvmStat::Vcpu(&["halt_wait_ns", "halt_wait_hist"])))
+        );
         assert!(never_observed().any(|c| c == vp::EMULATED_INSTRUCTIONS_COST));
         assert!(!never_observed().any(|c| c == vp::IO_INSTRUCTIONS));
     }
@@ -978,6 +1188,64 @@ mod observed_tests {
             Some(Source::ThreadTime(ThreadTime::CpuWait))
         );
         assert_eq!(Source::Tracepoint(Tracepoint::UserspaceIo).name(), "userspace-exit");
+    }
+
+    #[test]
+    fn each_exit_row_is_counted_as_the_observed_key_of_its_class_counter_says() {
+        use crate::exit_filter::added_filter;
+        use crate::exit_reason::{Counted, SVM, VMX};
+        for r in VMX.iter().chain(SVM) {
+            let counter = r.class.counter().counter().unwrap();
+            let tracepoint = match observed(counter).and_then(Maintained::source) {
+                Some(Source::Tracepoint(tp)) => Some(tp),
+                _ => None,
+            };
+            match r.counted {
+                // The exit classes write the counter: no tracepoint does.
+                Counted::Exit => assert_eq!(tracepoint, None, "{r:?}"),
+                Counted::Tracepoint(name) => {
+                    assert!(name.contains(tracepoint.unwrap().event()), "{r:?}")
+                }
+                // A kvm_exit part of the class is added to the tracepoint's count.
+                Counted::Added => assert!(
+                    tracepoint.unwrap().added().iter().any(|p| p.exit_class() == Some(r.class)),
+                    "{r:?}"
+                ),
+            }
+        }
+        // Every kvm_exit part counts added exits, and is added to its class counter's tracepoint.
+        for part in Tracepoint::ALL.into_iter().filter(|tp| tp.exit_class().is_some()) {
+            let class = part.exit_class().unwrap();
+            assert!(added_filter(class).is_some(), "{part:?}");
+            let counter = class.counter().counter().unwrap();
+            let Some(Source::Tracepoint(tp)) = observed(counter).and_then(Maintained::source) else {
+                panic!("{part:?}: {} is not counted from a tracepoint", counter.name)
+            };
+            assert!(tp.added().contains(&part), "{part:?}");
+        }
+    }
+
+    #[test]
+    fn page_faults_of_the_guest_and_of_the_second_level_translation_are_two_counters() {
+        // #PF intercepts: from kvm_exit only; KVM's pf_taken (its MMU's faults, EPT/NPT faults
+        // under nested paging) is the nested page fault count.
+        assert_eq!(
+            observed_source(vp::PAGE_FAULT_INTERCEPTS),
+            Some(Source::KvmExit(InterceptClass::PageFault))
+        );
+        assert!(!vp::PAGE_FAULT_INTERCEPTS.counter().unwrap().maintained.is_maintained());
+        assert_eq!(
+            vp::NESTED_PAGE_FAULT_INTERCEPTS.counter().unwrap().maintained.source(),
+            Some(Source::KvmStats(KvmStat::Vcpu(&["pf_taken"])))
+        );
+        assert_eq!(
+            observed_source(vp::NESTED_PAGE_FAULT_INTERCEPTS_COST),
+            Some(Source::KvmExitTime(InterceptClass::NestedPageFault))
+        );
+        // Appended as seed 004 says: a new minor of the release group.
+        assert_eq!(vp::NESTED_PAGE_FAULT_INTERCEPTS.introduced_in(), 2);
+        assert_eq!(GroupKind::Release.version(ObjectKind::Vp), GroupVersion { major: 1, minor: 2 });
+        assert_eq!(counters_at(ObjectKind::Vp, GroupKind::Release, 1), 65);
     }
 
     #[test]

@@ -7,8 +7,9 @@
 //! ([`page`]), log2 histograms of times and the sequence counter of consistent reads
 //! ([`histogram`], [`seqcount`]), the hypercall ABI of the stats calls ([`hypercall`],
 //! [`status`]), the typed counter sets of `WHvGetVirtualProcessorCounters` ([`whv`]) and the
-//! structures of `HalAllocateHardwareCounters` ([`hal`]), and the boot contract between the VMM
-//! and its guest programs ([`boot`], [`apic`]), and the run states of a VM ([`vm_state`]).
+//! structures of `HalAllocateHardwareCounters` ([`hal`]), which source gave each counter of an
+//! observed VM ([`vm_sources`]), the run states of a VM ([`vm_state`]), and the boot contract
+//! between the VMM and its guest programs ([`boot`], [`apic`]).
 //!
 //! It is `no_std` and free of `unsafe`: every memory structure derives zerocopy's traits and has
 //! its size asserted beside it.
@@ -23,6 +24,7 @@ pub mod catalog;
 pub mod counter;
 pub mod counter_set;
 pub mod cpuid;
+pub mod exit_filter;
 pub mod exit_reason;
 pub mod group;
 pub mod hal;
@@ -33,6 +35,7 @@ pub mod page;
 pub mod seqcount;
 pub mod source;
 pub mod status;
+pub mod vm_sources;
 pub mod vm_state;
 pub mod whv;
 

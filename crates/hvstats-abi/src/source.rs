@@ -48,8 +48,6 @@ pub enum Source {
     /// The VMM's own word on its VM's run state (QMP `query-status`); for our own partitions,
     /// the authority's (running until the partition stops).
     RunState,
-    /// Whether a source of an observed VM's counters answers now (1) or not (0).
-    SourceUp(VmSourceKind),
 }
 
 /// The kind of a [`Source`], without its key.
@@ -81,8 +79,6 @@ pub enum SourceKind {
     Observer,
     /// [`Source::RunState`].
     RunState,
-    /// [`Source::SourceUp`].
-    SourceUp,
 }
 
 impl Source {
@@ -107,7 +103,6 @@ impl Source {
             SourceKind::KvmExitTime => "kvm-exit-time",
             SourceKind::Observer => "observer",
             SourceKind::RunState => "run-state",
-            SourceKind::SourceUp => "source-up",
         }
     }
 
@@ -127,7 +122,6 @@ impl Source {
             Source::KvmExitTime(_) => SourceKind::KvmExitTime,
             Source::Observer(_) => SourceKind::Observer,
             Source::RunState => SourceKind::RunState,
-            Source::SourceUp(_) => SourceKind::SourceUp,
         }
     }
 }
@@ -247,11 +241,30 @@ pub enum Tracepoint {
     /// passed to the VMM, added to [`Tracepoint::Msr`]'s for an observed VM (as the run loop's
     /// own MSR exits are for our partitions).
     UserspaceMsr,
+    /// `kvm_exit` of the APIC accesses KVM completes without `kvm_mmio` (VMX APIC_WRITE, SVM
+    /// AVIC_INCOMPLETE_IPI): added to [`Tracepoint::ApicMmio`]'s.
+    ExitApicAccess,
+    /// `kvm_exit` of the EOIs KVM completes without `kvm_mmio` or `kvm_msr` (VMX EOI_INDUCED, the
+    /// EOI writes of APIC_ACCESS it does not emulate, SVM AVIC EOI writes): added to
+    /// [`Tracepoint::ApicEoi`]'s.
+    ExitApicEoi,
+    /// `kvm_exit` of VMX TPR_BELOW_THRESHOLD: added to [`Tracepoint::ApicTpr`]'s.
+    ExitApicTpr,
+    /// `kvm_exit` of SVM CR write traps (SEV-ES), which `kvm_cr` does not see: added to
+    /// [`Tracepoint::Cr`]'s.
+    ExitCr,
+    /// `kvm_exit` of the SVM EFER write trap (SEV-ES), which `kvm_msr` does not see: added to
+    /// [`Tracepoint::Msr`]'s.
+    ExitMsr,
+    /// `kvm_avic_unaccelerated_access` of the trap-like writes (not of EOI, which
+    /// [`Tracepoint::ExitApicEoi`] counts): accesses AVIC leaves to KVM that `kvm_mmio` does not
+    /// see, added to [`Tracepoint::ApicMmio`]'s.
+    AvicTrap,
 }
 
 impl Tracepoint {
     /// Every tracepoint, in index order.
-    pub const ALL: [Tracepoint; 16] = [
+    pub const ALL: [Tracepoint; 22] = [
         Tracepoint::Cpuid,
         Tracepoint::Msr,
         Tracepoint::Pio,
@@ -268,6 +281,12 @@ impl Tracepoint {
         Tracepoint::UserspaceMmio,
         Tracepoint::UserspaceOther,
         Tracepoint::UserspaceMsr,
+        Tracepoint::ExitApicAccess,
+        Tracepoint::ExitApicEoi,
+        Tracepoint::ExitApicTpr,
+        Tracepoint::ExitCr,
+        Tracepoint::ExitMsr,
+        Tracepoint::AvicTrap,
     ];
 
     /// The event name under `events/kvm/`.
@@ -285,7 +304,29 @@ impl Tracepoint {
             | Tracepoint::UserspaceMmio
             | Tracepoint::UserspaceOther
             | Tracepoint::UserspaceMsr => "kvm_userspace_exit",
+            Tracepoint::ExitApicAccess
+            | Tracepoint::ExitApicEoi
+            | Tracepoint::ExitApicTpr
+            | Tracepoint::ExitCr
+            | Tracepoint::ExitMsr => "kvm_exit",
+            Tracepoint::AvicTrap => "kvm_avic_unaccelerated_access",
         }
+    }
+
+    /// For the `kvm_exit` parts, the intercept class whose exits [`Counted::Added`] to its
+    /// counter's tracepoint they count (their filter is [`exit_filter::added_filter`]).
+    ///
+    /// [`Counted::Added`]: crate::exit_reason::Counted::Added
+    /// [`exit_filter::added_filter`]: crate::exit_filter::added_filter
+    pub const fn exit_class(self) -> Option<InterceptClass> {
+        Some(match self {
+            Tracepoint::ExitApicAccess => InterceptClass::ApicAccess,
+            Tracepoint::ExitApicEoi => InterceptClass::ApicEoi,
+            Tracepoint::ExitApicTpr => InterceptClass::ApicTpr,
+            Tracepoint::ExitCr => InterceptClass::ControlRegister,
+            Tracepoint::ExitMsr => InterceptClass::Msr,
+            _ => return None,
+        })
     }
 
     /// True for the `kvm_userspace_exit` counts (exits the VMM handles).
@@ -300,11 +341,15 @@ impl Tracepoint {
     }
 
     /// The tracepoints whose counts are added to this one's counter: the x2APIC accesses (MSRs)
-    /// to the xAPIC's (MMIO).
+    /// to the xAPIC's (MMIO), and the exits KVM handles without this one firing (APICv, AVIC,
+    /// SEV-ES traps).
     pub const fn added(self) -> &'static [Tracepoint] {
         match self {
-            Tracepoint::ApicTpr => &[Tracepoint::X2apicTpr],
-            Tracepoint::ApicEoi => &[Tracepoint::X2apicEoi],
+            Tracepoint::ApicMmio => &[Tracepoint::ExitApicAccess, Tracepoint::AvicTrap],
+            Tracepoint::ApicTpr => &[Tracepoint::X2apicTpr, Tracepoint::ExitApicTpr],
+            Tracepoint::ApicEoi => &[Tracepoint::X2apicEoi, Tracepoint::ExitApicEoi],
+            Tracepoint::Cr => &[Tracepoint::ExitCr],
+            Tracepoint::Msr => &[Tracepoint::ExitMsr],
             _ => &[],
         }
     }
@@ -374,22 +419,6 @@ impl VmsState {
         match self {
             VmsState::Attached => "attached",
             VmsState::Refused => "refused",
-        }
-    }
-}
-
-/// A source of an observed VM's counters that talks to a peer, whose session may be down.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum VmSourceKind {
-    /// QEMU's QMP socket.
-    Qmp,
-}
-
-impl VmSourceKind {
-    /// The source's name, as logs and the `source` label say it.
-    pub const fn label(self) -> &'static str {
-        match self {
-            VmSourceKind::Qmp => "qmp",
         }
     }
 }

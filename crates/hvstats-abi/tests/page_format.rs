@@ -34,11 +34,12 @@ fn layouts_put_groups_back_to_back_and_end_the_list() {
         // Hypervisor: 5 counters, then hvstats' own group (the observer's health, 5).
         (ObjectKind::Hypervisor, Some(0), None, Some(48), 48 + 8 + 5 * 8),
         (ObjectKind::LogicalProcessor, Some(0), None, None, 152),
-        // Partition: 1 + 7, then hvstats' own group (the VM's state and QMP source, 2).
-        (ObjectKind::Partition, Some(0), Some(16), Some(80), 80 + 8 + 2 * 8),
-        // VP: release 1.1 (65 counters), then hvstats' own group (sequence, 8 histograms and 2
-        // fault counts).
-        (ObjectKind::Vp, Some(0), Some(24), Some(552), 552 + 8 + 267 * 8),
+        // Partition: then hvstats' own group (which source of an observed VM gave what, 29 rows;
+        // in its 1.1 the VM's run state).
+        (ObjectKind::Partition, Some(0), Some(16), Some(80), 80 + 8 + 30 * 8),
+        // VP: release 1.2 (67 counters), then hvstats' own group (sequence, 8 histograms, 2
+        // fault counts and the exits).
+        (ObjectKind::Vp, Some(0), Some(24), Some(568), 568 + 8 + 268 * 8),
     ];
     for (kind, arch, release, own, end) in expect {
         let layout = PageLayout::of(kind);
@@ -210,19 +211,20 @@ fn a_newer_minor_with_extra_counters_is_read_by_the_current_reader() {
     // A page without hvstats' own group, as another writer makes it, reads as well.
     let mut b = PageBuilder::new();
     b.group(GroupType::ARCHITECTURAL, V1_0, &arch).unwrap();
-    b.group(GroupType::RELEASE, GroupVersion { major: 1, minor: 3 }, &release).unwrap();
+    b.group(GroupType::RELEASE, GroupVersion { major: 1, minor: 4 }, &release).unwrap();
     let page = b.finish();
     let view = PageView::read(page.as_bytes(), kind).unwrap();
     assert_eq!(view.get(catalog::vp::TOTAL_RUN_TIME), 101);
     assert_eq!(view.get(catalog::vp::HYPERCALLS), 1001);
     assert_eq!(view.get(catalog::vp::VIRTUAL_PROCESSOR_HYPERCALLS), 1063);
     assert_eq!(view.get(catalog::vp::CPU_WAIT_TIME_PER_DISPATCH), 1065);
+    assert_eq!(view.get(catalog::vp::NESTED_PAGE_FAULT_INTERCEPTS_COST), 1067);
     assert_eq!(view.histogram(catalog::vp::IO_TIME_HISTOGRAM), None);
     assert_eq!(view.get(catalog::vp::SEQUENCE), 0);
-    assert_eq!(view.version(GroupKind::Release), Some(GroupVersion { major: 1, minor: 3 }));
+    assert_eq!(view.version(GroupKind::Release), Some(GroupVersion { major: 1, minor: 4 }));
     assert_eq!(view.extra_counters(GroupKind::Release), 3);
     assert_eq!(view.extra_counters(GroupKind::Architectural), 0);
-    assert_eq!(view.end, ListEnd::EndOfList(8 + 16 + 8 + 68 * 8));
+    assert_eq!(view.end, ListEnd::EndOfList(8 + 16 + 8 + 70 * 8));
     // The newer page is still recognised as a VP page.
     assert_eq!(infer_kind(page.as_bytes()), Some(ObjectKind::Vp));
 }
@@ -246,19 +248,20 @@ fn a_newer_major_is_refused() {
 
 #[test]
 fn an_older_minor_is_read_for_the_counters_it_carries() {
-    // This build writes release 1.1 on VP pages; a reader compiled for a 1.2 that appended two
-    // more reads them, those two absent, and still reads 1.2 and later whole.
+    // This build writes release 1.2 on VP pages; a reader compiled for a 1.3 that appended two
+    // more reads them, those two absent, and still reads 1.3 and later whole.
     const V1_2: GroupVersion = GroupVersion { major: 1, minor: 2 };
-    let compiled = &[(GroupKind::Architectural, V1_0), (GroupKind::Release, V1_2)];
+    const V1_3: GroupVersion = GroupVersion { major: 1, minor: 3 };
+    let compiled = &[(GroupKind::Architectural, V1_0), (GroupKind::Release, V1_3)];
     let mut page = StatsPage::new(ObjectKind::Vp);
-    page.set(catalog::vp::CPU_WAIT_TIME_PER_DISPATCH, 65);
+    page.set(catalog::vp::NESTED_PAGE_FAULT_INTERCEPTS_COST, 67);
     let view = PageView::read_compiled_for(page.as_bytes(), ObjectKind::Vp, compiled).unwrap();
-    assert_eq!(view.version(GroupKind::Release), Some(V1_1));
-    assert_eq!(view.value(catalog::vp::CPU_WAIT_TIME_PER_DISPATCH), Some(65));
+    assert_eq!(view.version(GroupKind::Release), Some(V1_2));
+    assert_eq!(view.value(catalog::vp::NESTED_PAGE_FAULT_INTERCEPTS_COST), Some(67));
     assert_eq!(view.extra_counters(GroupKind::Release), 0);
     let mut b = PageBuilder::new();
     b.group(GroupType::ARCHITECTURAL, V1_0, &[1, 2]).unwrap();
-    b.group(GroupType::RELEASE, V1_2, &[3; 65]).unwrap();
+    b.group(GroupType::RELEASE, V1_3, &[3; 67]).unwrap();
     let page = b.finish();
     let view = PageView::read_compiled_for(page.as_bytes(), ObjectKind::Vp, compiled).unwrap();
     assert_eq!(view.get(catalog::vp::HYPERCALLS), 3);

@@ -1,6 +1,7 @@
-//! Seed 004 compatibility of the VP page's release group 1.1: a reader compiled for 1.0 (which
-//! knows neither the appended counters nor hvstats' own group) reads a 1.1 page unchanged, and
-//! the 1.1 reader reads a 1.0 page, the appended counters absent from it.
+//! Seed 004 compatibility of the VP page's release group past 1.0 (1.1, then 1.2): a reader
+//! compiled for 1.0 (which knows neither the appended counters nor hvstats' own group) reads a page
+//! of this build unchanged, and this build's reader reads a 1.0 page, the appended counters absent
+//! from it.
 
 use hvstats_abi::catalog::{APPENDED, CATALOG, GroupKind, Presentation, vp};
 use hvstats_abi::group::{GroupType, GroupVersion};
@@ -69,14 +70,15 @@ fn a_reader_compiled_for_1_0_reads_a_1_1_page_unchanged() {
         };
         assert_eq!(c.id.offset(), offset_1_0, "{}", c.name);
     }
-    // The old reader sees the appended counters only as "more from a newer minor", and hvstats'
-    // group as an unknown type it skipped by its Length.
-    assert_eq!(old.version(GroupKind::Release), Some(GroupVersion { major: 1, minor: 1 }));
-    assert_eq!(old.extra_counters(GroupKind::Release), 2);
+    // The old reader sees the appended counters (2 in 1.1, 2 in 1.2) only as "more from a newer
+    // minor", and hvstats' group as an unknown type it skipped by its Length.
+    assert_eq!(old.version(GroupKind::Release), Some(GroupVersion { major: 1, minor: 2 }));
+    assert_eq!(old.extra_counters(GroupKind::Release), 4);
+    assert_eq!(old.get(vp::NESTED_PAGE_FAULT_INTERCEPTS), 0);
     assert_eq!(old.get(vp::CPU_WAIT_TIME_PER_DISPATCH), 0);
     assert_eq!(old.histogram(vp::IO_TIME_HISTOGRAM), None);
     let skipped: Vec<_> = old.unknown_groups().map(|g| (g.header.group_type, g.len())).collect();
-    assert_eq!(skipped, [(GroupType::HVSTATS, 1 + 8 * HISTOGRAM_SLOTS + 2)]);
+    assert_eq!(skipped, [(GroupType::HVSTATS, 1 + 8 * HISTOGRAM_SLOTS + 2 + 1)]);
 }
 
 #[test]
@@ -114,7 +116,7 @@ fn a_1_0_page_is_read_by_the_1_1_reader_with_the_appended_counters_absent() {
     let view = PageView::read(page.as_bytes(), ObjectKind::Vp).unwrap();
     assert_eq!(view.version(GroupKind::Release), Some(V1_0));
     assert_eq!(view.extra_counters(GroupKind::Release), 0);
-    assert_eq!(view.absent_counters(GroupKind::Release), 2);
+    assert_eq!(view.absent_counters(GroupKind::Release), 4);
     assert_eq!(view.absent_counters(GroupKind::Architectural), 0);
     for c in vp_rows() {
         if is_1_0(c) {
@@ -129,6 +131,7 @@ fn a_1_0_page_is_read_by_the_1_1_reader_with_the_appended_counters_absent() {
     }
     assert_eq!(vp::DISPATCHES.introduced_in(), 1);
     assert_eq!(vp::CPU_WAIT_TIME_PER_DISPATCH.introduced_in(), 1);
+    assert_eq!(vp::NESTED_PAGE_FAULT_INTERCEPTS_COST.introduced_in(), 2);
     // The older reader reads the same page the same way, the appended counters unknown to it.
     let old = PageView::read_compiled_for(page.as_bytes(), ObjectKind::Vp, READER_1_0).unwrap();
     assert_eq!(old.value(vp::HYPERCALLS), view.value(vp::HYPERCALLS));

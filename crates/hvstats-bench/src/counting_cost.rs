@@ -7,8 +7,8 @@
 //!   so every count must equal the calls made, which is checked);
 //! - the *VMX load*: `syscalls:sys_enter_getpriority` classified exactly as the observer
 //!   classifies `kvm_exit` on a VMX host (the exit-reason filters of every intercept class, with
-//!   `which` for `exit_reason` and `who` for `intr_info`), the thread cycling through the VMX exit
-//!   reasons: counting every class against counting one.
+//!   `which` for `exit_reason` and `who` for `intr_info` and `info1`), the thread cycling through
+//!   the VMX exit reasons: counting every class against counting one.
 //!
 //! Times are the firing thread's CPU time per call (its preemption on a busy host counts for no
 //! side); configurations alternate within each round; medians over rounds.
@@ -233,9 +233,10 @@ fn vmx_specs(classes: bool) -> Vec<EventSpec> {
     let mut specs = vec![tp(None)];
     if classes {
         for class in InterceptClass::EXITS.into_iter().filter(|c| *c != InterceptClass::Other) {
-            let f =
-                class_filter(exit_reason::VMX, class).unwrap_or_else(|| "exit_reason == 4294967295".into());
-            specs.push(tp(Some(f.replace("exit_reason", "which").replace("intr_info", "who"))));
+            let f = class_filter(exit_reason::ISA_VMX, class);
+            specs.push(tp(Some(
+                f.replace("exit_reason", "which").replace("intr_info", "who").replace("info1", "who"),
+            )));
         }
     }
     specs

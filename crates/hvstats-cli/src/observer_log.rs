@@ -103,7 +103,7 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
             }
         ),
         ObserverEvent::NamedLike { pid, name, other, other_name } if name == other_name => format!(
-            "pid {pid} \"{}\": the name of pid {other}'s VM, which keeps it; this one is told apart by its publisher and partition",
+            "pid {pid} \"{}\": the name of pid {other}'s VM, which keeps it; this one is told apart by a #N suffix on /metrics",
             Escaped(name)
         ),
         ObserverEvent::NamedLike { pid, name, other, other_name } => format!(

@@ -5,6 +5,8 @@
     reason = "test set-up: a failure there is the test failing"
 )]
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -73,11 +75,13 @@ fn dump_json(path: &std::path::Path, extra: &[&str]) -> Value {
 fn catalog_json_lists_every_counter_of_the_catalog() {
     let o = hvstats(&["catalog", "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let rows: Vec<Value> = serde_json::from_slice(&o.stdout).expect("JSON array");
-    // The 96 of seed 001, 2 appended in VP release 1.1, 9 + 2 in hvstats' own group (1.1) of
-    // the VP page, 5 in that of the hypervisor page (the observer's health) and 2 in that of the
-    // partition page (the VM's state and QMP source).
-    assert_eq!(rows.len(), 96 + 2 + 9 + 2 + 5 + 2);
+    let doc: Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert_eq!(doc["schema_version"], 2);
+    let rows = doc["counters"].as_array().unwrap();
+    // The 96 of seed 001, 2 appended in VP release 1.1 and 2 in 1.2, 9 + 2 in hvstats' own group
+    // (1.1), 1 in its 1.2, the 29 rows of the partition page's own group saying which source
+    // gave what and its 1.1's VM state, and the observer's health (5) on the hypervisor page.
+    assert_eq!(rows.len(), 96 + 2 + 2 + 9 + 2 + 1 + 29 + 1 + 5);
     assert_eq!(rows.len(), CATALOG.len());
     for (row, c) in rows.iter().zip(CATALOG) {
         assert_eq!(row["object"], c.id.kind.short_name());
@@ -87,6 +91,9 @@ fn catalog_json_lists_every_counter_of_the_catalog() {
         assert_eq!(row["index"], c.id.index);
         assert_eq!(row["offset"], c.id.offset());
         assert_eq!(row["name"], c.name);
+        // The keys a document gives the counter, by what it holds.
+        assert_eq!(row["json_keys"]["total"], common::total(c.name));
+        assert_eq!(row["json_keys"]["presented"], common::presented(c.name));
         assert_eq!(row["unit"], c.unit.name());
         assert_eq!(row["presentation"], c.presentation.name());
         // The seed's words first; a time the seed describes as shown also says what the page holds.
@@ -163,7 +170,7 @@ fn dump_prints_every_counter_of_each_kind_and_infers_its_type() {
         let counters = v["counters"].as_object().unwrap();
         assert_eq!(counters.len(), counters_of(kind).count());
         for (i, c) in counters_of(kind).enumerate() {
-            assert_eq!(counters[c.name], value_of(i), "{kind:?} {}", c.name);
+            assert_eq!(counters[&common::total(c.name)], value_of(i), "{kind:?} {}", c.name);
         }
         let layout = PageLayout::of(kind);
         let groups = v["groups"].as_array().unwrap();
@@ -188,7 +195,7 @@ fn dump_prints_every_counter_of_each_kind_and_infers_its_type() {
             if c.is_bookkeeping() {
                 // The sequence counter is no measurement: in --json only.
                 assert!(!text.lines().any(|l| l.starts_with(c.name)), "{text}");
-                assert_eq!(v["counters"][c.name], value_of(i), "{v}");
+                assert_eq!(v["counters"][common::total(c.name)], value_of(i), "{v}");
                 continue;
             }
             let line = text.lines().find(|l| l.starts_with(c.name)).unwrap_or_else(|| panic!("{}", c.name));
@@ -203,19 +210,20 @@ fn dump_reads_a_newer_minor_and_lists_unknown_groups() {
     let mut b = PageBuilder::new();
     b.group(GroupType(7), GroupVersion { major: 3, minor: 4 }, &[1, 2]).unwrap();
     b.group(GroupType::ARCHITECTURAL, GroupVersion::V1_0, &[11, 12]).unwrap();
-    let release: Vec<u64> = (1..=68).map(|i| 100 + i).collect();
-    b.group(GroupType::RELEASE, GroupVersion { major: 1, minor: 2 }, &release).unwrap();
+    let release: Vec<u64> = (1..=70).map(|i| 100 + i).collect();
+    b.group(GroupType::RELEASE, GroupVersion { major: 1, minor: 3 }, &release).unwrap();
     b.group(GroupType::INTERNAL, GroupVersion::V1_0, &[0; 4]).unwrap();
     let path = page_file("newer", &page_bytes(&b.finish()));
 
     let v = dump_json(&path, &[]);
     assert_eq!(v["type"], "vp");
-    assert_eq!(v["counters"]["Total run time"], 11);
-    assert_eq!(v["counters"]["Hypercalls/sec"], 101);
-    assert_eq!(v["counters"]["Virtual processor hypercalls/sec"], 163);
-    assert_eq!(v["counters"]["CPU wait time per dispatch"], 165);
+    assert_eq!(v["counters"][common::total("Total run time")], 11);
+    assert_eq!(v["counters"][common::total("Hypercalls/sec")], 101);
+    assert_eq!(v["counters"][common::total("Virtual processor hypercalls/sec")], 163);
+    assert_eq!(v["counters"][common::total("CPU wait time per dispatch")], 165);
+    assert_eq!(v["counters"][common::total("Nested page fault intercepts cost")], 167);
     let release = &v["groups"][1];
-    assert_eq!(release["version"], "1.2");
+    assert_eq!(release["version"], "1.3");
     assert_eq!(release["extra_counters"], 3);
     let unknown = v["unknown_groups"].as_array().unwrap();
     assert_eq!(unknown.len(), 2);
@@ -227,12 +235,12 @@ fn dump_reads_a_newer_minor_and_lists_unknown_groups() {
     assert_eq!((&unknown[1]["type"], &unknown[1]["name"]), (&14.into(), &"internal".into()));
 
     let text = stdout(&hvstats(&["dump", path.to_str().unwrap()]));
-    assert!(text.contains("version 1.2 at byte 48: 68 counters, 3 more from a newer minor"), "{text}");
+    assert!(text.contains("version 1.3 at byte 48: 70 counters, 3 more from a newer minor"), "{text}");
     assert!(
         text.contains("unknown groups (skipped):\n  byte 0: type 7 (unknown) version 3.4, length 16"),
         "{text}"
     );
-    assert!(text.contains("byte 600: type 14 (internal) version 1.0, length 32"), "{text}");
+    assert!(text.contains("byte 616: type 14 (internal) version 1.0, length 32"), "{text}");
 }
 
 #[test]
@@ -357,9 +365,9 @@ fn dump_writes_a_sample_page_that_reads_back() {
     let v = dump_json(&path, &[]);
     assert_eq!(v["type"], "lp");
     for c in counters_of(ObjectKind::LogicalProcessor) {
-        assert_eq!(v["counters"][c.name], c.id.offset(), "{}", c.name);
+        assert_eq!(v["counters"][common::total(c.name)], c.id.offset(), "{}", c.name);
     }
-    assert_eq!(v["counters"]["% C3 time"], catalog::lp::C3_TIME.offset());
+    assert_eq!(v["counters"][common::total("% C3 time")], catalog::lp::C3_TIME.offset());
     // It never overwrites a file.
     let o = hvstats(&["dump", path.to_str().unwrap(), "--write-sample"]);
     assert_eq!(o.status.code(), Some(1));
@@ -382,8 +390,8 @@ fn dump_names_the_release_1_1_counters_and_shows_histograms() {
     let path = page_file("histograms", &page_bytes(&page));
 
     let v = dump_json(&path, &[]);
-    assert_eq!(v["counters"]["Dispatches/sec"], 40);
-    assert_eq!(v["counters"]["CPU wait time per dispatch"], 1_234_567);
+    assert_eq!(v["counters"][common::total("Dispatches/sec")], 40);
+    assert_eq!(v["counters"][common::total("CPU wait time per dispatch")], 1_234_567);
     let io = &v["histograms"]["IO intercept time histogram"];
     assert_eq!(io["count"], 4);
     assert_eq!(io["sum_ns"], 3 * 900 + 70_000);
@@ -393,11 +401,11 @@ fn dump_names_the_release_1_1_counters_and_shows_histograms() {
     assert_eq!(io["p99_ns_at_most"], 131_071);
     assert_eq!(v["histograms"]["Halt wait histogram"]["count"], 0);
     assert_eq!(v["groups"][2]["group"], "hvstats");
-    assert_eq!(v["groups"][1]["version"], "1.1");
+    assert_eq!(v["groups"][1]["version"], "1.2");
 
     let text = stdout(&hvstats(&["dump", path.to_str().unwrap()]));
-    assert!(text.contains("group release (type 3) version 1.1 at byte 24: 65 counters\n"), "{text}");
-    assert!(text.contains("group hvstats (type 18518) version 1.1 at byte 552"), "{text}");
+    assert!(text.contains("group release (type 3) version 1.2 at byte 24: 67 counters\n"), "{text}");
+    assert!(text.contains("group hvstats (type 18518) version 1.2 at byte 568"), "{text}");
     let line = text.lines().find(|l| l.starts_with("CPU wait time per dispatch")).unwrap();
     assert!(line.ends_with("1234567  ns"), "{line}");
     let at = text.find("IO intercept time histogram").unwrap();
@@ -421,20 +429,20 @@ fn dump_decodes_a_1_0_page_and_lists_the_1_1_counters_as_absent() {
     let v = dump_json(&path, &[]);
     assert_eq!(v["type"], "vp", "the 1.0 page is recognised as a VP page");
     for &(i, c) in &carried {
-        assert_eq!(v["counters"][c.name], value_of(i), "{}", c.name);
+        assert_eq!(v["counters"][common::total(c.name)], value_of(i), "{}", c.name);
     }
     for c in counters_of(ObjectKind::Vp).filter(|c| layout.slot_of(c.id).is_none()) {
-        assert!(v["counters"][c.name].is_null(), "{} is absent: {}", c.name, v["counters"]);
+        assert!(v["counters"][common::total(c.name)].is_null(), "{} is absent: {}", c.name, v["counters"]);
     }
     let release = &v["groups"][1];
     assert_eq!((&release["version"], &release["counters"]), (&"1.0".into(), &63.into()));
-    assert_eq!((&release["absent_counters"], &release["extra_counters"]), (&2.into(), &0.into()));
+    assert_eq!((&release["absent_counters"], &release["extra_counters"]), (&4.into(), &0.into()));
     assert_eq!(v["groups"].as_array().unwrap().len(), 2, "no hvstats group");
 
     let o = hvstats(&["dump", path.to_str().unwrap(), "--type", "vp"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
-    assert!(text.contains("version 1.0 at byte 24: 63 counters, 2 of a later minor absent"), "{text}");
+    assert!(text.contains("version 1.0 at byte 24: 63 counters, 4 of a later minor absent"), "{text}");
     let cells = |name: &str| {
         let line = text.lines().find(|l| l.starts_with(name)).unwrap();
         line.split_whitespace().rev().take(2).collect::<Vec<_>>()

@@ -12,6 +12,7 @@ use common::{TempDir, kvm_available};
 
 use std::fs::File;
 use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -470,7 +471,7 @@ fn outputs_never_follow_planted_links_never_wait_on_fifos_and_replace_only_with_
     let o = plot(&dir.path().join("no-such-dir").join("c.png"), false);
     assert_eq!(o.status.code(), Some(1));
     let err = stderr(&o);
-    assert!(err.contains("cannot create a file in") && err.contains("No such file or directory"), "{err}");
+    assert!(err.contains("cannot open the directory") && err.contains("No such file or directory"), "{err}");
     assert!(!err.contains("Os {") && !err.contains("kind:"), "{err}");
 
     // The attack itself: in a shared sticky directory another user plants the output's name as a
@@ -492,6 +493,64 @@ fn outputs_never_follow_planted_links_never_wait_on_fifos_and_replace_only_with_
             assert_eq!(std::fs::read(&target).unwrap(), b"root's file", "{what} wrote through nobody's link");
         }
     }
+}
+
+/// The walk to an output's directory: a directory on the way that another user owns, or a link
+/// another user planted in its place, is never followed (root would write where they choose); a
+/// link root made is; the recording is created owner-only.
+#[test]
+fn an_output_path_through_a_directory_or_link_of_another_user_is_refused_and_outputs_are_owner_only() {
+    let dir = TempDir::new("output-walk");
+    let rt = dir.path().join("rt");
+    std::fs::create_dir(&rt).unwrap();
+    let record = |out: &Path, force: bool| {
+        let mut c = hvstats();
+        c.args(["record", "-q", "--duration", "0.1", "--runtime-dir"]).arg(&rt).arg("-o").arg(out);
+        if force {
+            c.arg("--force");
+        }
+        wait_bounded(c.stderr(Stdio::piped()).spawn().unwrap(), Duration::from_secs(20), "record")
+    };
+    // A link root made, in a directory only root changes: followed; the recording is 0600.
+    let real = dir.path().join("real");
+    std::fs::create_dir(&real).unwrap();
+    std::os::unix::fs::symlink(&real, dir.path().join("link")).unwrap();
+    let o = record(&dir.path().join("link").join("rec.ndjson"), false);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mode = std::fs::metadata(real.join("rec.ndjson")).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "a recording of tenants' counters readable by others");
+
+    if !is_root() {
+        println!("skipped the directories of nobody: needs root");
+        return;
+    }
+    // In a shared sticky directory (as /tmp), nobody makes `d` a link to a directory of root's,
+    // and `e` a directory of their own.
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let roots = dir.path().join("roots");
+    std::fs::create_dir(&roots).unwrap();
+    std::fs::write(roots.join("out"), b"root's file").unwrap();
+    as_nobody("ln", &[Path::new("-s"), &roots, &shared.join("d")]);
+    as_nobody("mkdir", &[&shared.join("e")]);
+    for (component, out) in [("d", shared.join("d").join("out")), ("e", shared.join("e").join("new"))] {
+        for force in [false, true] {
+            let o = record(&out, force);
+            assert_eq!(o.status.code(), Some(1), "{}: {}", out.display(), stderr(&o));
+            let err = stderr(&o);
+            assert!(
+                err.contains(&format!("{component} is a "))
+                    && err.contains("of uid 65534")
+                    && err.contains("refusing to write through a path another user controls"),
+                "{err}"
+            );
+        }
+    }
+    assert_eq!(std::fs::read(roots.join("out")).unwrap(), b"root's file", "written through nobody's link");
+    let left: Vec<_> = std::fs::read_dir(&roots).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(std::fs::read_dir(shared.join("e")).unwrap().count(), 0, "written into nobody's directory");
 }
 
 #[test]

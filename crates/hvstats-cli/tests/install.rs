@@ -19,7 +19,6 @@ fn hvstats() -> Command {
 }
 
 fn man_pages(dir: &Path) {
-    std::fs::create_dir_all(dir).unwrap();
     let out = hvstats().args(["man", "--out-dir"]).arg(dir).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
@@ -47,11 +46,18 @@ fn man_pages_cover_every_command_with_its_flags() {
     for c in commands {
         assert!(man1.join(format!("hvstats-{c}.1")).is_file(), "no page for {c}");
     }
-    // A missing directory is an error, nothing is created.
-    let missing = tmp.path().join("nope");
+    // A missing directory is created with its parents, as `install -d` would; a file in its
+    // place is an error and stays as it was.
+    let missing = tmp.path().join("share/man/man1");
     let out = hvstats().args(["man", "--out-dir"]).arg(&missing).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(missing.join("hvstats-serve.1").is_file());
+    let file = tmp.path().join("a-file");
+    std::fs::write(&file, "kept").unwrap();
+    let out = hvstats().args(["man", "--out-dir"]).arg(&file).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert!(!missing.exists());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not a directory"));
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "kept");
 }
 
 #[test]
@@ -69,19 +75,28 @@ fn a_bash_completion_script_parses_and_completes_the_commands() {
     assert_eq!(out.status.code(), Some(2), "an unknown shell is a usage error");
 }
 
-/// `systemd-analyze verify` of the shipped unit, with its ExecStart pointing at this build and the
-/// man pages it documents installed under MANPATH; `None` when systemd-analyze is missing (CI
-/// installs it, so there it must run).
-fn verify(unit: &str, tmp: &TempDir, with_man: bool) -> Option<(bool, String)> {
-    let path = tmp.path().join("hvstats-serve.service");
-    std::fs::write(&path, unit.replace("/usr/local/bin/hvstats", env!("CARGO_BIN_EXE_hvstats"))).unwrap();
+/// The shipped unit `name` (`hvstats-serve.service`, `hvstats-observe.service`) with its
+/// ExecStart pointing at this build, written into `tmp`.
+fn unit_for_this_build(name: &str, tmp: &TempDir) -> (String, std::path::PathBuf) {
+    let unit =
+        std::fs::read_to_string(format!("{}/../../packaging/systemd/{name}", env!("CARGO_MANIFEST_DIR")))
+            .unwrap();
+    let path = tmp.path().join(name);
+    std::fs::write(&path, unit.replace("/usr/bin/hvstats", env!("CARGO_BIN_EXE_hvstats"))).unwrap();
+    (unit, path)
+}
+
+/// `systemd-analyze` with `args` and the man pages (when `with_man`) under MANPATH: (success and
+/// nothing said, what it said); `None` when systemd-analyze is missing (CI installs it, so there
+/// it must run).
+fn analyze(args: &[&std::ffi::OsStr], tmp: &TempDir, with_man: bool) -> Option<(bool, String)> {
     let man = tmp.path().join(if with_man { "man" } else { "no-man" });
     if with_man {
         man_pages(&man.join("man1"));
     } else {
         std::fs::create_dir_all(&man).unwrap();
     }
-    let out = match Command::new("systemd-analyze").arg("verify").arg(&path).env("MANPATH", &man).output() {
+    let out = match Command::new("systemd-analyze").args(args).env("MANPATH", &man).output() {
         Ok(out) => out,
         Err(e) => {
             assert!(std::env::var("CI").is_err(), "systemd-analyze cannot run ({e}); .ci/run installs it");
@@ -93,32 +108,76 @@ fn verify(unit: &str, tmp: &TempDir, with_man: bool) -> Option<(bool, String)> {
     Some((out.status.success() && text.trim().is_empty(), text))
 }
 
+fn verify(path: &Path, tmp: &TempDir, with_man: bool) -> Option<(bool, String)> {
+    analyze(&["verify".as_ref(), path.as_os_str()], tmp, with_man)
+}
+
+/// `systemd-analyze security --offline` of a unit file: its overall exposure (0 safest, 10 least).
+fn exposure(path: &Path, tmp: &TempDir) -> Option<f64> {
+    let (_, text) = analyze(&["security".as_ref(), "--offline=true".as_ref(), path.as_os_str()], tmp, false)?;
+    let line =
+        text.lines().find(|l| l.contains("Overall exposure level for")).unwrap_or_else(|| panic!("{text}"));
+    Some(line.split(": ").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap())
+}
+
 #[test]
-fn the_serve_unit_passes_systemd_analyze_verify_and_is_hardened() {
-    let unit = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../packaging/systemd/hvstats-serve.service"
-    ))
-    .unwrap();
-    for hardening in [
-        "CapabilityBoundingSet=\n",
-        "NoNewPrivileges=yes",
-        "ProtectSystem=strict",
-        "ProtectHome=yes",
-        "PrivateDevices=yes",
-        "MemoryDenyWriteExecute=yes",
-        "SystemCallFilter=@system-service",
-    ] {
-        assert!(unit.contains(hardening), "the unit lacks {hardening:?}");
-    }
-    assert!(unit.contains("ExecStart=/usr/local/bin/hvstats serve --listen 127.0.0.1:9966\n"));
+fn both_units_pass_systemd_analyze_verify_and_are_hardened() {
     let tmp = TempDir::new("install-unit");
-    let Some((ok, text)) = verify(&unit, &tmp, true) else { return };
-    assert!(ok, "systemd-analyze verify: {text}");
+    let (serve, serve_path) = unit_for_this_build("hvstats-serve.service", &tmp);
+    let (observe, observe_path) = unit_for_this_build("hvstats-observe.service", &tmp);
+    for (unit, hardening) in [
+        (&serve, "CapabilityBoundingSet=\n"),
+        (&observe, "CapabilityBoundingSet=CAP_SYS_PTRACE CAP_PERFMON CAP_BPF\n"),
+        (&observe, "PrivateNetwork=yes"),
+        (&observe, "RestrictAddressFamilies=AF_UNIX\n"),
+    ]
+    .into_iter()
+    .chain(
+        [
+            "NoNewPrivileges=yes",
+            "ProtectSystem=strict",
+            "ProtectHome=yes",
+            "PrivateDevices=yes",
+            "MemoryDenyWriteExecute=yes",
+            "SystemCallFilter=@system-service",
+            "RuntimeDirectory=hvstats\n",
+        ]
+        .into_iter()
+        .flat_map(|h| [(&serve, h), (&observe, h)]),
+    ) {
+        assert!(unit.contains(hardening), "a unit lacks {hardening:?}");
+    }
+    assert!(serve.contains("ExecStart=/usr/bin/hvstats serve --listen 127.0.0.1:9966\n"));
+    assert!(observe.contains("ExecStart=/usr/bin/hvstats observe --all\n"));
+    for path in [&serve_path, &observe_path] {
+        let Some((ok, text)) = verify(path, &tmp, true) else { return };
+        assert!(ok, "systemd-analyze verify {}: {text}", path.display());
+    }
+    // systemd's own measure of what a unit leaves open (0 to 10; 2 is "OK").
+    let (Some(serve), Some(observe)) = (exposure(&serve_path, &tmp), exposure(&observe_path, &tmp)) else {
+        return;
+    };
+    eprintln!("exposure: hvstats-serve {serve}, hvstats-observe {observe}");
+    assert!(serve <= 2.0, "hvstats-serve exposure {serve}");
+    assert!(observe <= 2.0, "hvstats-observe exposure {observe}");
     // The check is real: the documentation it names must exist, and so must the binary.
-    let Some((ok, text)) = verify(&unit, &TempDir::new("install-unit-no-man"), false) else { return };
+    let bare = TempDir::new("install-unit-no-man");
+    let (_, path) = unit_for_this_build("hvstats-serve.service", &bare);
+    let Some((ok, text)) = verify(&path, &bare, false) else { return };
     assert!(!ok && text.contains("hvstats-serve(1)"), "{text}");
-    let broken = unit.replace("ExecStart=/usr/local/bin/hvstats", "ExecStart=/nonexistent/hvstats");
-    let Some((ok, text)) = verify(&broken, &TempDir::new("install-unit-no-exe"), true) else { return };
+    let broken = TempDir::new("install-unit-no-exe");
+    std::fs::write(broken.path().join("hvstats-serve.service"), serve_text_with_missing_binary()).unwrap();
+    let Some((ok, text)) = verify(&broken.path().join("hvstats-serve.service"), &broken, true) else {
+        return;
+    };
     assert!(!ok, "{text}");
+}
+
+fn serve_text_with_missing_binary() -> String {
+    std::fs::read_to_string(format!(
+        "{}/../../packaging/systemd/hvstats-serve.service",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap()
+    .replace("ExecStart=/usr/bin/hvstats", "ExecStart=/nonexistent/hvstats")
 }

@@ -90,37 +90,43 @@ fn snapshot_shows_the_trees_values_under_the_catalogs_names_and_follows_its_part
     // has the final word) and the unmapped side file after it: wait until one has landed whole.
     let i = wait_for(&runtime, |i| {
         i["partitions"].as_array().is_some_and(|p| p.len() == 2)
-            && i["hypervisor"]["counters"]["Partitions"] == 1002
+            && i["hypervisor"]["counters"][common::total("Partitions")] == 1002
             && i["hypervisor"]["unmapped"].is_object()
     });
-    assert_eq!(i["hypervisor"]["counters"]["Partitions"], 1002);
+    assert_eq!(i["hypervisor"]["counters"][common::total("Partitions")], 1002);
     assert_eq!(i["hypervisor"]["unmapped"]["HvSubsumedPages"], 1012);
     let lp = &i["lps"][0];
-    assert_eq!(lp["counters"]["Global time"], 10001);
-    assert_eq!(lp["counters"]["Context switch time"], 10012 * 100, "100 ns to the catalog's ns");
+    assert_eq!(lp["counters"][common::total("Global time")], 10001);
+    assert_eq!(
+        lp["counters"][common::total("Context switch time")],
+        10012 * 100,
+        "100 ns to the catalog's ns"
+    );
     assert_eq!(lp["unmapped"]["LpPerfmonInterruptCount"], 10051);
     let p4 = i["partitions"].as_array().unwrap().iter().find(|p| p["id"] == 4).unwrap();
     assert_eq!(p4["name"], "mshv:4");
-    assert_eq!(p4["counters"]["GPA pages"], 20006);
+    assert_eq!(p4["counters"][common::total("GPA pages")], 20006);
     assert_eq!(p4["unmapped"]["PtNumberofActiveChildPartitions"], 20046);
     let v1 = vp(&i, 4, 1);
-    assert_eq!(v1["counters"]["CPUID instructions/sec"], 31019);
-    assert_eq!(v1["counters"]["CPUID instructions cost"], 31020);
-    assert_eq!(v1["counters"]["Hypercalls/sec"], 31007);
-    assert_eq!(v1["counters"]["Virtual processor hypercalls/sec"], 31069);
-    assert_eq!(v1["counters"]["Dispatches/sec"], 31074);
-    assert_eq!(v1["counters"]["CPU wait time per dispatch"], 31075 * 100);
+    assert_eq!(v1["counters"][common::total("CPUID instructions/sec")], 31019);
+    assert_eq!(v1["counters"][common::total("CPUID instructions cost")], 31020);
+    assert_eq!(v1["counters"][common::total("Hypercalls/sec")], 31007);
+    assert_eq!(v1["counters"][common::total("Virtual processor hypercalls/sec")], 31069);
+    assert_eq!(v1["counters"][common::total("Dispatches/sec")], 31074);
+    assert_eq!(v1["counters"][common::total("CPU wait time per dispatch")], 31075 * 100);
     assert_eq!(v1["unmapped"]["VpWaitingForCpuTimeBucket12"], 31209);
     assert_eq!(v1["unmapped"]["VpVtl1DispatchCount"], 31182);
-    assert_eq!(v1["unmapped"].as_object().unwrap().len(), 212 - 1 - 67, "every VP name the catalog lacks");
-    assert_eq!(vp(&i, 4, 0)["counters"]["Total run time"], 30001);
+    assert_eq!(v1["counters"][common::total("Nested page fault intercepts/sec")], 31071);
+    assert_eq!(v1["counters"][common::total("Nested page fault intercepts cost")], 31072);
+    assert_eq!(v1["unmapped"].as_object().unwrap().len(), 212 - 1 - 69, "every VP name the catalog lacks");
+    assert_eq!(vp(&i, 4, 0)["counters"][common::total("Total run time")], 30001);
     // The L1VH's own partition: what its file lacks is absent, not 0.
     let own = vp(&i, u64::MAX, 0);
-    assert_eq!(own["counters"]["CPUID instructions/sec"], 77);
-    assert_eq!(own["counters"]["Hypercalls/sec"], Value::Null);
+    assert_eq!(own["counters"][common::total("CPUID instructions/sec")], 77);
+    assert_eq!(own["counters"][common::total("Hypercalls/sec")], Value::Null);
     // hvstats' own counters are no mshv counter: absent, the last histograms of the page too.
     for own_counter in ["Sequence", "IO intercept time histogram", "Halt poll fail histogram"] {
-        assert_eq!(vp(&i, 4, 1)["counters"][own_counter], Value::Null, "{own_counter}");
+        assert_eq!(vp(&i, 4, 1)["counters"][common::total(own_counter)], Value::Null, "{own_counter}");
     }
 
     // The other readers, unchanged: /metrics and top.
@@ -178,15 +184,16 @@ fn an_l1vh_tree_without_hypervisor_or_lp_files_shows_their_counters_as_null() {
     assert_eq!(counters.len(), catalog);
     assert!(counters.values().all(Value::is_null), "{counters:?}");
     assert_eq!(i["lps"].as_array().unwrap().len(), 0);
-    assert_eq!(vp(&i, u64::MAX, 0)["counters"]["Total run time"], 5);
-    assert_eq!(vp(&i, u64::MAX, 0)["counters"]["Hypervisor run time"], Value::Null);
+    assert_eq!(vp(&i, u64::MAX, 0)["counters"][common::total("Total run time")], 5);
+    assert_eq!(vp(&i, u64::MAX, 0)["counters"][common::total("Hypervisor run time")], Value::Null);
 }
 
 #[test]
 fn the_catalog_names_the_mshv_counter_behind_each_of_its_counters() {
     let out = Command::new(env!("CARGO_BIN_EXE_hvstats")).args(["catalog", "--json"]).output().unwrap();
     assert!(out.status.success());
-    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = doc["counters"].as_array().unwrap();
     let row =
         |object: &str, name: &str| rows.iter().find(|r| r["object"] == object && r["name"] == name).unwrap();
     assert_eq!(row("vp", "CPUID instructions/sec")["mshv"], "VpCpuidInstructionsCount");
@@ -270,7 +277,7 @@ fn assert_published_exactly(k: &KernelTree, instance: &Value) {
                 Some(m) => {
                     let counter = m.counter.counter().unwrap().name;
                     assert_eq!(
-                        object["counters"][counter],
+                        object["counters"][common::total(counter)],
                         m.scale.apply(*value),
                         "{at} {printed} ({counter})"
                     );

@@ -232,12 +232,13 @@ fn no_link_under_the_root_is_followed_into_the_rest_of_the_system() {
     link("vp", "partition/7/vp/0");
 
     let observer = observe(&s.tree, &s.runtime);
-    let i =
-        wait_for(&s.runtime, |i| partitions(i).len() == 1 && partitions(i)[0]["counters"]["GPA pages"] == 7);
+    let i = wait_for(&s.runtime, |i| {
+        partitions(i).len() == 1 && partitions(i)[0]["counters"][common::total("GPA pages")] == 7
+    });
     assert!(!i.to_string().contains("666666"), "a linked file was read: {i}");
     assert_eq!(i["lps"].as_array().unwrap().len(), 0);
     assert_eq!(partitions(&i)[0]["id"], 7);
-    assert_eq!(partitions(&i)[0]["counters"]["GPA pages"], 7);
+    assert_eq!(partitions(&i)[0]["counters"][common::total("GPA pages")], 7);
     assert_eq!(partitions(&i)[0]["vps"].as_array().unwrap().len(), 0);
     let log = log_of(observer);
     for at in ["lp/0", "partition/8", "partition/7/vp/0"] {
@@ -263,14 +264,16 @@ fn a_numbered_directory_cannot_stand_in_for_self() {
 
     let observer = observe(&s.tree, &s.runtime);
     let i = wait_for(&s.runtime, |i| {
-        partitions(i).len() == 1 && partitions(i)[0]["counters"]["GPA pages"].is_u64()
+        partitions(i).len() == 1 && partitions(i)[0]["counters"][common::total("GPA pages")].is_u64()
     });
     assert_eq!(partitions(&i)[0]["name"], "mshv:self", "{i}");
-    let i = wait_for(&s.runtime, |i| partitions(i)[0]["vps"][0]["counters"]["Total run time"] == 1);
+    let i = wait_for(&s.runtime, |i| {
+        partitions(i)[0]["vps"][0]["counters"][common::total("Total run time")] == 1
+    });
     let own = partitions(&i)[0];
     assert_eq!(own["id"], u64::MAX);
-    assert_eq!(own["counters"]["GPA pages"], 1);
-    assert_eq!(own["vps"][0]["counters"]["Total run time"], 1);
+    assert_eq!(own["counters"][common::total("GPA pages")], 1);
+    assert_eq!(own["vps"][0]["counters"][common::total("Total run time")], 1);
     let log = log_of(observer);
     let refused = "partition/18446744073709551615: the id of `self`, beside `self`: refused";
     assert!(log.contains(refused), "{log}");
@@ -300,7 +303,7 @@ fn junk_entries_take_no_place_from_real_partitions_and_vps() {
     let seven = partitions(&i).into_iter().find(|p| p["id"] == 7).unwrap();
     assert_eq!(seven["vps"].as_array().unwrap().len(), 1);
     assert_eq!(seven["vps"][0]["index"], 3);
-    assert_eq!(seven["vps"][0]["counters"]["Total run time"], 3);
+    assert_eq!(seven["vps"][0]["counters"][common::total("Total run time")], 3);
     // The junk is said, a few by name and the rest counted: a bounded log.
     let log = log_of(observer);
     assert!(log.contains("4196 more entries skipped: not what the kernel makes here"), "{log}");

@@ -107,24 +107,24 @@ fn record_then_report_gives_exact_totals_deltas_rates_and_costs() {
     assert_eq!(vps.len(), 2);
     let vp1 = vps.iter().find(|r| r["vp"] == 1).unwrap();
     assert_eq!(vp1["vm"], vm.as_str());
-    assert_eq!(vp1["cumulative"][name(vp::IO_INSTRUCTIONS)], 1600);
-    assert_eq!(vp1["cumulative"][name(vp::IO_INSTRUCTIONS_COST)], 5000 + 600 * 42);
-    assert_eq!(vp1["cumulative"][name(vp::HYPERCALLS)], 9);
-    assert_eq!(vp1["deltas"][name(vp::IO_INSTRUCTIONS)], 600);
-    assert_eq!(vp1["deltas"][name(vp::HYPERCALLS)], 9);
+    assert_eq!(vp1["cumulative"][common::total(name(vp::IO_INSTRUCTIONS))], 1600);
+    assert_eq!(vp1["cumulative"][common::total(name(vp::IO_INSTRUCTIONS_COST))], 5000 + 600 * 42);
+    assert_eq!(vp1["cumulative"][common::total(name(vp::HYPERCALLS))], 9);
+    assert_eq!(vp1["deltas"][common::delta(name(vp::IO_INSTRUCTIONS))], 600);
+    assert_eq!(vp1["deltas"][common::delta(name(vp::HYPERCALLS))], 9);
     let seconds = vp1["seconds"].as_f64().unwrap();
     assert!((1.4..2.5).contains(&seconds), "{seconds}");
-    let rate = vp1["rates_per_second"][name(vp::IO_INSTRUCTIONS)].as_f64().unwrap();
+    let rate = vp1["rates_per_second"][common::presented(name(vp::IO_INSTRUCTIONS))].as_f64().unwrap();
     assert!((rate * seconds - 600.0).abs() < 1e-6, "{rate}");
     // 600 exits over 600 × 42 × 100 ns: 4,200 ns each.
-    let cost = vp1["average_cost_ns"][name(vp::IO_INSTRUCTIONS_COST)].as_f64().unwrap();
+    let cost = vp1["average_cost_ns"][common::presented(name(vp::IO_INSTRUCTIONS_COST))].as_f64().unwrap();
     assert!((cost - 4200.0).abs() < 1e-9, "{cost}");
     // 30 dispatches that waited 60 µs in all: 2,000 ns each.
     assert_eq!(vp1["cpu_wait"]["per_dispatch_ns"].as_f64().unwrap(), 2000.0);
     let waiting = vp1["cpu_wait"]["percent_of_time"].as_f64().unwrap();
     assert!((waiting * seconds - 60_000.0 / 1e9 * 100.0).abs() < 1e-12, "{waiting}");
     // Not maintained: null, not 0.
-    assert_eq!(vp1["cumulative"][name(vp::DEBUG_REGISTER_ACCESSES)], Value::Null);
+    assert_eq!(vp1["cumulative"][common::total(name(vp::DEBUG_REGISTER_ACCESSES))], Value::Null);
     assert!(vp1["deltas"].get(name(vp::DEBUG_REGISTER_ACCESSES)).is_none());
     assert_eq!(vp1["cpu_wait"]["dispatches"], 30);
     assert_eq!(vp1["cpu_wait"]["wait_ns"], 60_000);
@@ -140,7 +140,7 @@ fn record_then_report_gives_exact_totals_deltas_rates_and_costs() {
     let msr = &vp1["histograms"][name(vp::MSR_TIME_HISTOGRAM)];
     assert_eq!((&msr["count"], &msr["p50_ns"]), (&Value::from(0), &Value::Null));
     let vp0 = vps.iter().find(|r| r["vp"] == 0).unwrap();
-    assert_eq!(vp0["deltas"][name(vp::IO_INSTRUCTIONS)], 0);
+    assert_eq!(vp0["deltas"][common::delta(name(vp::IO_INSTRUCTIONS))], 0);
     assert_eq!(vp0["histograms"][name(vp::IO_TIME_HISTOGRAM)]["count"], 0);
     // Bounded: 2 VPs with 8 histograms each stay within a few kilobytes a sample.
     let per_sample = v["bytes_per_sample"].as_u64().unwrap();
@@ -184,7 +184,7 @@ fn record_then_report_gives_exact_totals_deltas_rates_and_costs() {
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(v["note"].as_str().unwrap().contains("version 1 has no histograms"), "{v}");
     let vp1 = v["vps"].as_array().unwrap().iter().find(|r| r["vp"] == 1).unwrap();
-    assert_eq!(vp1["deltas"][name(vp::IO_INSTRUCTIONS)], 600);
+    assert_eq!(vp1["deltas"][common::delta(name(vp::IO_INSTRUCTIONS))], 600);
     assert_eq!(vp1["histograms"], Value::Null);
     let text = String::from_utf8(hvstats(&["report", path(&old)]).stdout).unwrap();
     assert!(text.lines().nth(1).unwrap().starts_with("note: recording format version 1 has no histograms"));
@@ -254,7 +254,7 @@ fn ctrl_c_ends_a_recording_with_a_valid_file() {
     assert!(report.status.success(), "{}", String::from_utf8_lossy(&report.stderr));
     let v: Value = serde_json::from_slice(&report.stdout).unwrap();
     assert!(v["samples"].as_u64().unwrap() >= 2, "{v}");
-    assert_eq!(v["vps"][0]["cumulative"][name(vp::HYPERCALLS)], 77);
+    assert_eq!(v["vps"][0]["cumulative"][common::total(name(vp::HYPERCALLS))], 77);
 }
 
 #[test]
@@ -351,7 +351,7 @@ fn report_reads_a_long_recording_in_the_memory_of_a_sample_not_of_the_file() {
     assert_eq!(report["samples"], samples);
     let vp1 = report["vps"].as_array().unwrap().iter().find(|v| v["vm"] == vm && v["vp"] == 1).unwrap();
     assert_eq!(vp1["samples"], samples);
-    assert_eq!(vp1["deltas"][name(vp::IO_INSTRUCTIONS)], 200, "{vp1}");
+    assert_eq!(vp1["deltas"][common::delta(name(vp::IO_INSTRUCTIONS))], 200, "{vp1}");
     assert!(peak > 0);
     assert!(peak < size_kib / 8, "report of a {size_kib} KiB recording held {peak} KiB of heap");
 
@@ -433,10 +433,10 @@ fn report_shows_what_a_1_0_page_or_an_older_recording_does_not_carry_as_unknown(
     };
     // The 1.0 page's VP: its counters, and the 1.1 ones unknown.
     let (old, new) = report(&file);
-    assert_eq!(old["cumulative"][name(vp::HYPERCALLS)], 41, "{old}");
-    assert!(old["cumulative"][name(vp::DISPATCHES)].is_null(), "{old}");
+    assert_eq!(old["cumulative"][common::total(name(vp::HYPERCALLS))], 41, "{old}");
+    assert!(old["cumulative"][common::total(name(vp::DISPATCHES))].is_null(), "{old}");
     assert!(old["cpu_wait"]["dispatches"].is_null(), "{old}");
-    assert_eq!(new["cumulative"][name(vp::DISPATCHES)], 7, "{new}");
+    assert_eq!(new["cumulative"][common::total(name(vp::DISPATCHES))], 7, "{new}");
 
     // The same recording as an hvstats before release 1.1 wrote it: its header does not list the
     // appended counters, nor its samples their values. They are unknown, the rest reads.
@@ -457,10 +457,10 @@ fn report_shows_what_a_1_0_page_or_an_older_recording_does_not_carry_as_unknown(
     let older = file.with_extension("older.ndjson");
     std::fs::write(&older, lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
     let (old, new) = report(&older);
-    assert_eq!(old["cumulative"][name(vp::HYPERCALLS)], 41, "{old}");
+    assert_eq!(old["cumulative"][common::total(name(vp::HYPERCALLS))], 41, "{old}");
     for n in appended {
-        assert!(new["cumulative"].as_object().unwrap().contains_key(n), "{n} listed: {new}");
-        assert!(new["cumulative"][n].is_null(), "{n}: {new}");
+        assert!(new["cumulative"].as_object().unwrap().contains_key(&common::total(n)), "{n} listed: {new}");
+        assert!(new["cumulative"][common::total(n)].is_null(), "{n}: {new}");
     }
 }
 
@@ -556,7 +556,7 @@ fn peaks_over(tmp: &TempDir, partitions: u32) -> [u64; 3] {
     // would cost this test more than the command).
     let json = String::from_utf8(out.stdout).unwrap();
     assert_eq!(json.matches("\"instance\": \"inst-").count(), vps);
-    let io = format!("\"{}\": 1000", name(vp::IO_INSTRUCTIONS));
+    let io = format!("\"{}\": 1000", common::delta(name(vp::IO_INSTRUCTIONS)));
     assert_eq!(json.matches(&io).count(), vps, "{}", &json[..4000]);
     drop(json);
     let (out, text) = peak_kib(&["report", path(&file)]);
@@ -614,7 +614,7 @@ fn two_vms_that_share_a_name_are_two_rows_named_alike() {
     assert_eq!(vps.len(), 2, "{v}");
     for (r, instance) in vps.iter().zip(["inst-0", "inst-1"]) {
         assert_eq!((&r["vm"], &r["instance"], &r["samples"]), (&"vm-0".into(), &instance.into(), &3.into()));
-        assert_eq!(r["deltas"][name(vp::IO_INSTRUCTIONS)], 200);
+        assert_eq!(r["deltas"][common::delta(name(vp::IO_INSTRUCTIONS))], 200);
     }
     let text = String::from_utf8(hvstats(&["report", path(&file)]).stdout).unwrap();
     assert!(text.contains("vm-0 VP 0 (instance inst-0, partition 1;"), "{text}");
@@ -654,4 +654,86 @@ fn names_with_newlines_and_escape_codes_reach_the_report_escaped() {
     // JSON keeps the name as it is (its encoder escapes it).
     let v: Value = serde_json::from_slice(&hvstats(&["report", "--json", path(&file)]).stdout).unwrap();
     assert_eq!(v["vps"][0]["vm"], "evil\nVP 9 forged\u{1b}[2J");
+}
+
+/// A catalog entry of a made-up header: a cost whose paired count the header does not list.
+const COST_ENTRY: &str =
+    r#"{"name":"IO instructions cost","unit":"100ns","presentation":"cost","maintained":true}"#;
+/// A histogram entry of a made-up header.
+const HISTOGRAM_ENTRY: &str = r#"{"name":"x","bucketing":"log2-ns","buckets":32}"#;
+
+/// A recording header listing `counters` VP counters and `histograms` VP histograms.
+fn hostile_header(counters: usize, histograms: usize) -> String {
+    format!(
+        "{{\"format\":\"hvstats-recording\",\"version\":2,\"interval_seconds\":1.0,\"started_unix_ms\":0,\
+         \"catalog\":{{\"hvstats\":\"x\",\"groups\":\"1.0\",\"partition\":[],\"vp\":[{}],\"vp_histograms\":[{}]}}}}\n",
+        vec![COST_ENTRY; counters].join(","),
+        vec![HISTOGRAM_ENTRY; histograms].join(",")
+    )
+}
+
+/// Runs `hvstats args` with at most `seconds` of CPU (the kernel ends it past them).
+fn within_cpu_seconds(args: &[&str], seconds: u64) -> Output {
+    use std::os::unix::process::CommandExt;
+    let mut command = Command::new(env!("CARGO_BIN_EXE_hvstats"));
+    command.args(args).stdout(Stdio::null());
+    // SAFETY: setrlimit is async-signal-safe and touches nothing of the parent's.
+    unsafe {
+        command.pre_exec(move || {
+            let limit = libc::rlimit { rlim_cur: seconds, rlim_max: seconds + 1 };
+            if libc::setrlimit(libc::RLIMIT_CPU, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    command.output().unwrap()
+}
+
+#[test]
+fn a_hostile_100_mb_recording_is_reported_or_refused_within_10_s_of_cpu() {
+    use std::io::Write;
+    const SIZE: usize = 100_000_000;
+    let tmp = TempDir::new("record-hostile");
+    // A header of 100 MB: 1.2 million costs whose count it does not list (each looked up in all
+    // the others, once quadratic), refused before it is parsed.
+    let bomb = tmp.path().join("bomb.ndjson");
+    let header = hostile_header(SIZE / (COST_ENTRY.len() + 1), 0);
+    std::fs::write(&bomb, format!("{header}{{\"t\":0,\"partitions\":[]}}\n")).unwrap();
+    drop(header);
+    let out = within_cpu_seconds(&["report", path(&bomb)], 10);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("line 1 is longer than 1048576 bytes: not a recording header"), "{err}");
+
+    // The largest header accepted, half counters, half histograms (each counter once checked
+    // against every histogram, per VP), then 99 MB of VPs carrying all of them.
+    let (counters, histograms) = (6000, 10_900);
+    let header = hostile_header(counters, histograms);
+    assert!(header.len() <= 1 << 20, "{}", header.len());
+    let wide = tmp.path().join("wide.ndjson");
+    let mut file = std::io::BufWriter::new(std::fs::File::create(&wide).unwrap());
+    file.write_all(header.as_bytes()).unwrap();
+    let one_vp = format!(
+        "\"values\":[{}],\"histograms\":[{}]}}",
+        vec!["1"; counters].join(","),
+        vec!["null"; histograms].join(",")
+    );
+    let (mut written, mut t) = (header.len(), 0);
+    while written < SIZE {
+        let vps: Vec<String> = (0..20).map(|n| format!("{{\"vp\":{n},{one_vp}")).collect();
+        let line = format!(
+            "{{\"t\":{t},\"partitions\":[{{\"vm\":\"a\",\"instance\":\"1-2-0\",\"partition\":1,\"active\":true,\
+             \"vps\":[{}]}}]}}\n",
+            vps.join(",")
+        );
+        file.write_all(line.as_bytes()).unwrap();
+        written += line.len();
+        t += 1;
+    }
+    drop(file);
+    for args in [&["report", path(&wide)][..], &["report", "--json", path(&wide)]] {
+        let out = within_cpu_seconds(args, 10);
+        assert!(out.status.success(), "{args:?}: {out:?}");
+    }
 }

@@ -52,8 +52,8 @@ fn json_reports_exact_counts_per_vp_in_the_issue_shape() {
     let image = w.build(Mode::Long, layout::DEFAULT_LOAD_GPA).unwrap();
     let (code, json, stderr) = run_image(&image.bytes, "counts", &["--vps", "2", "--mode", "long"]);
     assert_eq!(code, Some(0), "{stderr}");
-    assert_eq!(json["partition"]["counters"]["Virtual processors"], 2);
-    assert!(json["partition"]["counters"]["GPA pages"].as_u64().unwrap() >= 512);
+    assert_eq!(json["partition"]["counters"][common::total("Virtual processors")], 2);
+    assert!(json["partition"]["counters"][common::total("GPA pages")].as_u64().unwrap() >= 512);
     let vps = json["vps"].as_array().unwrap();
     assert_eq!(vps.len(), 2);
     for (i, vp) in vps.iter().enumerate() {
@@ -92,9 +92,13 @@ fn json_reports_exact_counts_per_vp_in_the_issue_shape() {
         assert_eq!(vp["apic"]["SelfIpiCount"], e.self_ipis);
         let counters = vp["counters"].as_object().unwrap();
         assert_eq!(counters.len(), hvstats_abi::catalog::counters_of(hvstats_abi::ObjectKind::Vp).count());
-        assert_eq!(counters["CPUID instructions/sec"], e.cpuid);
-        assert_eq!(counters["IO intercept messages/sec"], e.io_exits);
-        assert_eq!(counters["APIC self IPIs sent/sec"], e.self_ipis);
+        assert_eq!(counters["cpuid_instructions_total"], e.cpuid);
+        assert_eq!(counters["io_intercept_messages_total"], e.io_exits);
+        assert_eq!(counters["apic_self_ipis_sent_total"], e.self_ipis);
+        // Every exit of the VP, whatever its reason: at least its port I/O exits to userspace.
+        assert!(counters["exits_total"].as_u64().unwrap() >= e.io_exits, "{counters:?}");
+        // What KVM cannot maintain is unknown, not a 0.
+        assert!(counters["mwait_instructions_total"].is_null());
     }
 }
 
@@ -165,7 +169,7 @@ fn the_demo_runs_for_its_duration_repeating_its_traffic_and_exits_0() {
         assert!(vp["fault"].is_null(), "{vp}");
         assert_eq!(vp["stopped"]["kind"], "timeout", "{vp}");
         // One pass of the demo is 2000 + 500 i CPUIDs: the traffic repeated.
-        let cpuid = vp["counters"]["CPUID instructions/sec"].as_u64().unwrap();
+        let cpuid = vp["counters"][common::total("CPUID instructions/sec")].as_u64().unwrap();
         assert!(cpuid > 2000 + 500 * i as u64, "VP {i}: {cpuid} CPUIDs, one pass or less");
     }
 }
@@ -190,7 +194,8 @@ fn the_demo_runs_forever_until_ctrl_c_while_another_shell_watches_it() {
             .output()
             .unwrap();
         let snap: Value = serde_json::from_slice(&out.stdout).ok()?;
-        snap["instances"][0]["partitions"][0]["vps"][0]["counters"]["CPUID instructions/sec"].as_u64()
+        snap["instances"][0]["partitions"][0]["vps"][0]["counters"][common::total("CPUID instructions/sec")]
+            .as_u64()
     };
     // Another shell sees the counts grow past several passes of the demo, for as long as it runs.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
@@ -238,4 +243,53 @@ fn a_non_root_run_says_how_to_get_a_runtime_directory_and_kvm_access() {
         assert_eq!(out.status.code(), Some(1), "{stderr}");
         assert!(stderr.contains("cannot open /dev/kvm (its group is `kvm`"), "{stderr}");
     }
+}
+
+/// A partition of `run` is its `--name` in every series and in `vm_info`, which alone carries
+/// the pids; it counts every exit of its VPs; a second run of the same name makes the same
+/// series again (no pid in a label, so Prometheus sees one series across runs).
+#[test]
+fn run_name_labels_its_series_without_a_pid_and_counts_every_exit() {
+    if !kvm_available("run_name_labels_its_series_without_a_pid_and_counts_every_exit") {
+        return;
+    }
+    let tmp = common::TempDir::new("run-name");
+    let mut series_of_runs = Vec::new();
+    for _ in 0..2 {
+        let child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+            .args(["run", "--name", "web-7", "--vps", "1", "--forever", "--runtime-dir"])
+            .arg(tmp.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = child.id().to_string();
+        let _run = common::KilledOnDrop(child);
+        // Until the partition has run a while: its exits show.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let text = loop {
+            let text = common::scrape(tmp.path());
+            let exits = text.lines().find(|l| l.starts_with("hvstats_vp_exits_total{vm=\"web-7\",vp=\"0\"}"));
+            if exits.and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok()).is_some_and(|n| n > 0) {
+                break text;
+            }
+            assert!(std::time::Instant::now() < deadline, "no exits counted:\n{text}");
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        };
+        let info = text.lines().find(|l| l.starts_with("hvstats_vm_info{")).unwrap();
+        assert!(
+            info.contains("vm=\"web-7\"") && info.contains(&format!("publisher_pid=\"{pid}\"")),
+            "{info}"
+        );
+        let series: Vec<String> = text
+            .lines()
+            .filter(|l| l.starts_with("hvstats_vp_") || l.starts_with("hvstats_partition_"))
+            .map(|l| l.rsplit_once(' ').unwrap().0.to_owned())
+            .collect();
+        for s in &series {
+            assert!(!s.contains(&pid), "a pid in a series' labels: {s}");
+        }
+        series_of_runs.push(series);
+    }
+    assert_eq!(series_of_runs[0], series_of_runs[1], "the second run made other series");
 }

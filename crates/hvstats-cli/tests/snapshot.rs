@@ -48,37 +48,39 @@ fn snapshot_json_shows_the_counters_of_a_published_instance() {
     assert_eq!(instances.len(), 1);
     let i = &instances[0];
     assert_eq!(i["pid"], std::process::id());
-    assert_eq!(i["hypervisor"]["counters"][name(hypervisor::PARTITIONS)], 1);
-    assert_eq!(i["hypervisor"]["counters"][name(hypervisor::VIRTUAL_PROCESSORS)], 2);
-    assert_eq!(i["hypervisor"]["counters"][name(hypervisor::TOTAL_PAGES)], 1 + 1 + 3 + 100);
+    assert_eq!(i["hypervisor"]["counters"][common::total(name(hypervisor::PARTITIONS))], 1);
+    assert_eq!(i["hypervisor"]["counters"][common::total(name(hypervisor::VIRTUAL_PROCESSORS))], 2);
+    assert_eq!(i["hypervisor"]["counters"][common::total(name(hypervisor::TOTAL_PAGES))], 1 + 1 + 3 + 100);
     assert_eq!(i["lps"].as_array().unwrap().len(), 1);
     assert_eq!(i["lps"][0]["index"], 0);
     let p = &i["partitions"][0];
     assert_eq!(p["id"], part.id());
-    assert_eq!(p["counters"][name(partition::GPA_PAGES)], 100);
-    assert_eq!(p["counters"][name(partition::GPA_SPACE_MODIFICATIONS)], 3);
-    // The 8 of seed 001, the VM's state (a state: by its name) and its QMP source (which our
-    // own partitions lack: null).
-    assert_eq!(p["counters"].as_object().unwrap().len(), 8 + 2);
-    assert_eq!(p["counters"][name(partition::VM_STATE)], "running");
-    assert_eq!(p["counters"][name(partition::VM_QMP_UP)], Value::Null);
+    assert_eq!(p["counters"][common::total(name(partition::GPA_PAGES))], 100);
+    assert_eq!(p["counters"][common::total(name(partition::GPA_SPACE_MODIFICATIONS))], 3);
+    // The 8 of seed 001 and the VM's state (a state: by its name).
+    assert_eq!(p["counters"].as_object().unwrap().len(), 8 + 1);
+    assert_eq!(p["counters"][common::total(name(partition::VM_STATE))], "running");
     // The observer's health is an observer's alone.
-    assert_eq!(i["hypervisor"]["counters"][name(hypervisor::OBSERVER_UP)], Value::Null);
+    assert_eq!(i["hypervisor"]["counters"][common::total(name(hypervisor::OBSERVER_UP))], Value::Null);
     assert_eq!(p["vps"].as_array().unwrap().len(), 2);
     assert_eq!(p["vps"][1]["index"], 1);
-    assert_eq!(p["vps"][1]["counters"][name(vp::CPUID_INSTRUCTIONS)], 4242);
-    assert_eq!(p["vps"][0]["counters"][name(vp::CPUID_INSTRUCTIONS)], 0);
-    // Every VP row of the catalog: seed 001's 65, release 1.1's CPU wait and dispatches, and
-    // hvstats' own sequence counter, histograms (by their sums) and host page faults.
+    assert_eq!(p["vps"][1]["counters"][common::total(name(vp::CPUID_INSTRUCTIONS))], 4242);
+    assert_eq!(p["vps"][0]["counters"][common::total(name(vp::CPUID_INSTRUCTIONS))], 0);
+    // Every VP row of the catalog: seed 001's 65, release 1.1's CPU wait and dispatches, 1.2's
+    // nested page faults, and hvstats' own sequence counter, histograms (by their sums), host
+    // page faults and exits.
     assert_eq!(p["vps"][0]["counters"].as_object().unwrap().len(), counters_of(ObjectKind::Vp).count());
-    assert_eq!(counters_of(ObjectKind::Vp).count(), 65 + 2 + 9 + 2);
-    assert_eq!(p["vps"][0]["counters"][name(vp::CPU_WAIT_TIME_PER_DISPATCH)], 0);
+    assert_eq!(counters_of(ObjectKind::Vp).count(), 65 + 2 + 2 + 9 + 2 + 1);
+    assert_eq!(p["vps"][0]["counters"][common::total(name(vp::CPU_WAIT_TIME_PER_DISPATCH))], 0);
 
     // A second snapshot sees the writer's new value.
     part.vp_page(1).unwrap().add(vp::CPUID_INSTRUCTIONS, 8);
     let (_, stdout) = snapshot(tmp.path(), true);
     let v: Value = serde_json::from_str(&stdout).unwrap();
-    assert_eq!(v["instances"][0]["partitions"][0]["vps"][1]["counters"][name(vp::CPUID_INSTRUCTIONS)], 4250);
+    assert_eq!(
+        v["instances"][0]["partitions"][0]["vps"][1]["counters"][common::total(name(vp::CPUID_INSTRUCTIONS))],
+        4250
+    );
 
     let (ok, table) = snapshot(tmp.path(), false);
     assert!(ok);
@@ -136,8 +138,8 @@ fn snapshot_json_carries_each_vps_full_histograms_and_wait() {
         assert_eq!(all.len(), rows);
         assert_eq!(all[name(vp::MSR_TIME_HISTOGRAM)]["count"], 0);
         assert_eq!(all[name(vp::MSR_TIME_HISTOGRAM)]["p50_ns"], Value::Null);
-        assert_eq!(vps[1]["counters"][name(vp::DISPATCHES)], 12);
-        assert_eq!(vps[1]["counters"][name(vp::CPU_WAIT_TIME_PER_DISPATCH)], 3_000);
+        assert_eq!(vps[1]["counters"][common::total(name(vp::DISPATCHES))], 12);
+        assert_eq!(vps[1]["counters"][common::total(name(vp::CPU_WAIT_TIME_PER_DISPATCH))], 3_000);
     }
 
     // The table shows each histogram as the bounds of its p50/p99 (VP 0 recorded nothing).
@@ -208,7 +210,7 @@ fn snapshot_by_a_non_root_user_reports_global_pages_unreadable_not_zero() {
     assert!(i["hypervisor"].get("counters").is_none());
     // Which LPs exist is itself in the owner-only global file: none is listed, none reads 0.
     assert_eq!(i["lps"].as_array().map(Vec::len), Some(0), "{i}");
-    assert_eq!(i["partitions"][0]["vps"][0]["counters"][name(vp::HYPERCALLS)], 9);
+    assert_eq!(i["partitions"][0]["vps"][0]["counters"][common::total(name(vp::HYPERCALLS))], 9);
 }
 
 #[test]
@@ -237,9 +239,9 @@ fn snapshot_shows_descriptions_names_stopped_partitions_and_unknown_counters() {
     assert_eq!(p["state"], "stopped");
     assert_eq!(p["stopped_reason"], "VP 0 faulted: triple fault");
     // The root keeps reading a stopped partition's final values.
-    assert_eq!(p["vps"][0]["counters"][name(vp::CPUID_INSTRUCTIONS)], 77);
+    assert_eq!(p["vps"][0]["counters"][common::total(name(vp::CPUID_INSTRUCTIONS))], 77);
     // A counter no source gives is unknown, not 0, and still listed.
-    assert!(p["vps"][0]["counters"][name(vp::HYPERCALLS)].is_null(), "{}", p["vps"][0]);
+    assert!(p["vps"][0]["counters"][common::total(name(vp::HYPERCALLS))].is_null(), "{}", p["vps"][0]);
     assert_eq!(p["vps"][0]["counters"].as_object().unwrap().len(), counters_of(ObjectKind::Vp).count());
 
     let (ok, table) = snapshot(tmp.path(), false);
@@ -360,7 +362,7 @@ fn a_reader_in_a_child_pid_namespace_believes_files_of_the_directory_owner_only(
     assert_eq!(instances.len(), 1, "the host's own instance is still read");
     assert_eq!(instances[0]["pid"], std::process::id());
     let vp0 = &instances[0]["partitions"][0]["vps"][0];
-    assert_eq!(vp0["counters"][name(vp::CPUID_INSTRUCTIONS)], 77, "{vp0}");
+    assert_eq!(vp0["counters"][common::total(name(vp::CPUID_INSTRUCTIONS))], 77, "{vp0}");
     drop(held);
 }
 
@@ -400,7 +402,8 @@ fn snapshot_filters_by_vm_and_counter_and_scales_what_it_shows() {
     assert_eq!(parts.len(), 1, "{v}");
     let counters = parts[0]["vps"][1]["counters"].as_object().unwrap();
     assert_eq!(counters.len(), 1, "{counters:?}");
-    assert_eq!(counters["CPUID instructions/sec"], 1_234_567);
+    // Keyed by what the value is: a total (`--counter` takes the catalog's name or the key).
+    assert_eq!(counters["cpuid_instructions_total"], 1_234_567);
 }
 
 #[test]
@@ -417,16 +420,20 @@ fn snapshot_reads_an_arena_of_1_0_pages_and_shows_the_1_1_counters_as_unknown() 
     let vps = &v["instances"][0]["partitions"][0]["vps"];
     let old = &vps[0]["counters"];
     assert!(vps[0]["unreadable"].is_null(), "{}", vps[0]);
-    assert_eq!(old[name(vp::CPUID_INSTRUCTIONS)], 63);
-    assert_eq!(old[name(vp::TOTAL_RUN_TIME)], 9);
-    assert_eq!(old[name(vp::VIRTUAL_PROCESSOR_HYPERCALLS)], 0, "the last counter of 1.0 is carried");
+    assert_eq!(old[common::total(name(vp::CPUID_INSTRUCTIONS))], 63);
+    assert_eq!(old[common::total(name(vp::TOTAL_RUN_TIME))], 9);
+    assert_eq!(
+        old[common::total(name(vp::VIRTUAL_PROCESSOR_HYPERCALLS))],
+        0,
+        "the last counter of 1.0 is carried"
+    );
     // The 1.1 counters, and hvstats' own group, are not on the page: unknown, not 0.
     for c in [vp::DISPATCHES, vp::CPU_WAIT_TIME_PER_DISPATCH, vp::SEQUENCE, vp::IO_TIME_HISTOGRAM] {
-        assert!(old[name(c)].is_null(), "{}: {old}", name(c));
+        assert!(old[common::total(name(c))].is_null(), "{}: {old}", name(c));
     }
     assert_eq!(old.as_object().unwrap().len(), counters_of(ObjectKind::Vp).count());
     // The 1.1 page beside it reads whole.
-    assert_eq!(vps[1]["counters"][name(vp::DISPATCHES)], 5);
+    assert_eq!(vps[1]["counters"][common::total(name(vp::DISPATCHES))], 5);
 
     let (ok, table) = snapshot(tmp.path(), false);
     assert!(ok);

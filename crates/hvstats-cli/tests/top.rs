@@ -68,15 +68,17 @@ fn once_json_gives_exact_deltas_rates_and_costs_over_its_interval() {
     let p = &v["partitions"][0];
     assert_eq!(p["partition"], part.id());
     let vp1 = p["vps"].as_array().unwrap().iter().find(|r| r["vp"] == 1).unwrap();
-    assert_eq!(vp1["deltas"][name(vp::IO_INSTRUCTIONS)], 1200);
-    assert_eq!(vp1["deltas"][name(vp::IO_INSTRUCTIONS_COST)], 1200 * 42);
-    let rate = vp1["presented"][name(vp::IO_INSTRUCTIONS)].as_f64().unwrap();
+    assert_eq!(vp1["deltas"][common::delta(name(vp::IO_INSTRUCTIONS))], 1200);
+    assert_eq!(vp1["deltas"][common::delta(name(vp::IO_INSTRUCTIONS_COST))], 1200 * 42);
+    let rate = vp1["presented"][common::presented(name(vp::IO_INSTRUCTIONS))].as_f64().unwrap();
     assert!((rate * seconds - 1200.0).abs() < 1e-6, "{rate} × {seconds}");
-    assert_eq!(vp1["presented"][name(vp::IO_INSTRUCTIONS_COST)].as_f64().unwrap(), 4.2);
+    // Costs in ns, as the key says (the live columns show them in µs).
+    assert_eq!(vp1["presented"][common::presented(name(vp::IO_INSTRUCTIONS_COST))].as_f64().unwrap(), 4200.0);
     // No CPUID exits: no average cost, shown as null rather than 0.
-    assert_eq!(vp1["presented"][name(vp::CPUID_INSTRUCTIONS_COST)], Value::Null);
-    assert_eq!(v["units"][name(vp::IO_INSTRUCTIONS_COST)], "µs");
-    assert_eq!(v["units"][name(vp::IO_INSTRUCTIONS)], "/s");
+    assert_eq!(vp1["presented"][common::presented(name(vp::CPUID_INSTRUCTIONS_COST))], Value::Null);
+    assert_eq!(v["schema_version"], 2);
+    assert_eq!(v["units"][common::presented(name(vp::IO_INSTRUCTIONS_COST))], "ns");
+    assert_eq!(v["units"][common::presented(name(vp::IO_INSTRUCTIONS))], "/s");
     // The interval's cost distribution and CPU wait.
     let io = &vp1["histograms"][name(vp::IO_TIME_HISTOGRAM)];
     assert_eq!(io["count"], 100, "{vp1}");
@@ -85,15 +87,16 @@ fn once_json_gives_exact_deltas_rates_and_costs_over_its_interval() {
     let vp0 = p["vps"].as_array().unwrap().iter().find(|r| r["vp"] == 0).unwrap();
     assert_eq!(vp0["histograms"][name(vp::IO_TIME_HISTOGRAM)]["p50_ns"], Value::Null);
     assert_eq!(vp1["cpu_wait"]["per_dispatch_ns"].as_f64().unwrap(), 50_000.0);
-    // The catalog's own presentation of CPU wait (a cost per dispatch) is a column, in µs.
-    assert_eq!(vp1["presented"][name(vp::CPU_WAIT_TIME_PER_DISPATCH)].as_f64().unwrap(), 50.0);
-    assert_eq!(v["units"][name(vp::CPU_WAIT_TIME_PER_DISPATCH)], "µs");
+    // The catalog's own presentation of CPU wait (a cost per dispatch) is a column, in ns per
+    // dispatch over the interval.
+    assert_eq!(vp1["presented"]["cpu_wait_time_per_dispatch_ns"].as_f64().unwrap(), 50_000.0);
+    assert_eq!(v["units"]["cpu_wait_time_per_dispatch_ns"], "ns");
     let percent = vp1["cpu_wait"]["percent"].as_f64().unwrap();
     assert!((percent * seconds - 0.15).abs() < 1e-9, "{percent} % over {seconds} s");
     assert_eq!(vp0["cpu_wait"]["per_dispatch_ns"], Value::Null);
     // The partition total sums its VPs.
-    assert_eq!(p["total"]["deltas"][name(vp::IO_INSTRUCTIONS)], 1200);
-    assert_eq!(p["total"]["deltas"][name(vp::HYPERCALLS)], 3);
+    assert_eq!(p["total"]["deltas"][common::delta(name(vp::IO_INSTRUCTIONS))], 1200);
+    assert_eq!(p["total"]["deltas"][common::delta(name(vp::HYPERCALLS))], 3);
 }
 
 #[test]
@@ -466,4 +469,48 @@ fn a_vm_name_with_control_characters_is_shown_escaped() {
     assert!(!text.contains('\u{1b}') && !text.lines().any(|l| l.starts_with("  VP 9 forged")), "{text:?}");
     // Escaped, then cut to the label column.
     assert!(text.lines().any(|l| l.starts_with(r"dup\n  VP 9 forged\u{1b} ")), "{text}");
+}
+
+/// `--vm` keeps the VMs whose name matches, in `--once` and in the live view, where an
+/// 80-column screen keeps the help and quit keys in its key bar.
+#[test]
+fn top_vm_shows_only_the_vms_named_and_an_80_column_key_bar_keeps_quit() {
+    let tmp = TempDir::new("top-vm");
+    let hv = common::publish(tmp.path());
+    let web = hv.create_partition_named(1, "web-1").unwrap();
+    let db = hv.create_partition_named(1, "db-1").unwrap();
+    web.vp_page(0).unwrap().set(vp::IO_INSTRUCTIONS, 1);
+    db.vp_page(0).unwrap().set(vp::IO_INSTRUCTIONS, 1);
+    let out = top(tmp.path(), &["--once", "--interval", "0.2", "--vm", "^db-"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.lines().any(|l| l.starts_with("db-1")), "{text}");
+    assert!(!text.contains("web-1"), "{text}");
+    let out = top(tmp.path(), &["--once", "--vm", "("]);
+    assert_eq!(out.status.code(), Some(2), "an invalid regex is a usage error");
+
+    if Command::new("tmux").arg("-V").output().is_err() {
+        assert!(std::env::var("HVSTATS_REQUIRE_TMUX").as_deref() != Ok("1"), "tmux is missing");
+        eprintln!("top_vm: tmux is missing (Debian package tmux): skipped");
+        return;
+    }
+    let tmux = Tmux { socket: format!("hvstats-top-vm-{}", std::process::id()) };
+    let command = format!(
+        "{} top --interval 0.3 --vm web --runtime-dir {}",
+        env!("CARGO_BIN_EXE_hvstats"),
+        tmp.path().display()
+    );
+    let started = tmux.run(&["new-session", "-d", "-s", "top", "-x", "80", "-y", "24", &command]);
+    assert!(started.status.success(), "{}", String::from_utf8_lossy(&started.stderr));
+    let screen = tmux.wait_for("web-1");
+    assert!(!screen.contains("db-1"), "{screen}");
+    let bar = screen.lines().rev().find(|l| !l.trim().is_empty()).unwrap();
+    assert!(bar.trim_end().ends_with("h help  q quit"), "the key bar lost its keys at 80 columns:\n{screen}");
+    assert!(bar.starts_with("o/O sort"), "{screen}");
+    tmux.run(&["send-keys", "-t", "top", "q"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tmux.alive() {
+        assert!(Instant::now() < deadline, "q did not quit:\n{}", tmux.screen());
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

@@ -123,7 +123,21 @@ fn shared_tally(root: &Path, specs: &[EventSpec]) -> Result<Arc<Tally>, InKernel
     if let Some(t) = tallies.iter().find(|(s, _)| s == specs).and_then(|(_, t)| t.upgrade()) {
         return Ok(t);
     }
-    let columns: Vec<TracepointColumn> = specs
+    let (columns, spans) = tally_layout(specs);
+    if columns.is_empty() && spans.is_empty() {
+        return Err(InKernelError::NoTracepoint);
+    }
+    let tally = Tally::with_spans(root, &columns, &spans, ThreadTable::for_host())
+        .map_err(|e| InKernelError::Tally(Arc::new(e)))?;
+    let tally = Arc::new(tally);
+    tallies.push((specs.to_vec(), Arc::downgrade(&tally)));
+    Ok(tally)
+}
+
+/// The tally columns of `specs`: their tracepoints, and their spans (software events have none).
+/// A list's tally is made of these, and so is a rehearsal of it ([`Tally::rehearsal`]).
+pub fn tally_layout(specs: &[EventSpec]) -> (Vec<TracepointColumn>, Vec<SpanColumn>) {
+    let columns = specs
         .iter()
         .filter_map(|spec| match spec {
             EventSpec::Tracepoint { system, name, filter } => {
@@ -132,7 +146,7 @@ fn shared_tally(root: &Path, specs: &[EventSpec]) -> Result<Arc<Tally>, InKernel
             EventSpec::Software(_) | EventSpec::Span { .. } => None,
         })
         .collect();
-    let spans: Vec<SpanColumn> = specs
+    let spans = specs
         .iter()
         .filter_map(|spec| match spec {
             EventSpec::Span { system, start, filter, end } => Some(SpanColumn {
@@ -147,19 +161,12 @@ fn shared_tally(root: &Path, specs: &[EventSpec]) -> Result<Arc<Tally>, InKernel
             _ => None,
         })
         .collect();
-    if columns.is_empty() && spans.is_empty() {
-        return Err(InKernelError::NoTracepoint);
-    }
-    let tally = Tally::with_spans(root, &columns, &spans, ThreadTable::for_host())
-        .map_err(|e| InKernelError::Tally(Arc::new(e)))?;
-    let tally = Arc::new(tally);
-    tallies.push((specs.to_vec(), Arc::downgrade(&tally)));
-    Ok(tally)
+    (columns, spans)
 }
 
 /// Each spec's column in the tally: tracepoints in order, then spans after them (as
 /// [`Tally::with_spans`] lays out a row); `None` for software events.
-fn tally_columns(specs: &[EventSpec]) -> Vec<Option<usize>> {
+pub fn tally_columns(specs: &[EventSpec]) -> Vec<Option<usize>> {
     let tracepoints = specs.iter().filter(|s| matches!(s, EventSpec::Tracepoint { .. })).count();
     let (mut next_tracepoint, mut next_span) = (0, tracepoints);
     specs

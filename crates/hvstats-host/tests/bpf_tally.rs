@@ -253,3 +253,98 @@ fn spans_time_each_class_from_its_start_to_the_next_end_on_the_same_thread() {
     getppid(10);
     assert_eq!(t.read(slot).unwrap(), row);
 }
+
+#[test]
+fn a_rehearsal_counts_each_record_as_the_attached_program_counts_the_same_firing() {
+    // The same columns, attached to sys_enter_getpriority and fired by real calls, and rehearsed:
+    // the kernel runs the rehearsed program (BPF_PROG_TEST_RUN) on records laid out from the
+    // format, one per call. Both must count alike.
+    let filters = [
+        None,
+        Some("which == 10"),
+        Some("which == 31 || which == 32"),
+        Some("(which >= 40 && which <= 49) && !(which == 44 && who == 0x10b0)"),
+        Some("(which == 0 && (who == 0xb0e || who == 0x1b0e))"),
+        Some("(which & 0xc000000) && (which == 0x400000c || which == 0xc00000c)"),
+    ];
+    let columns: Vec<TracepointColumn> =
+        filters.iter().map(|f| column("sys_enter_getpriority", *f)).collect();
+    let Some(attached) = tally(&columns, "a_rehearsal_counts_each_record") else { return };
+    let format =
+        std::fs::read_to_string(tracefs().join("events/syscalls/sys_enter_getpriority/format")).unwrap();
+    let formats = |system: &str, name: &str| (system, name) == ("syscalls", "sys_enter_getpriority");
+    let rehearsal = Tally::rehearsal(
+        &|s, n| formats(s, n).then(|| format.clone()),
+        &columns,
+        &[],
+        ThreadTable::for_host(),
+    )
+    .unwrap();
+    assert_eq!(
+        rehearsal.context("syscalls", "sys_enter_getpriority"),
+        Some(hvstats_host::bpf::Context::Record)
+    );
+    let me = std::process::id() as i32;
+    let (real, rehearsed) =
+        (attached.add_thread(me, gettid()).unwrap(), rehearsal.add_thread(me, gettid()).unwrap());
+    let calls: &[(i32, i32, u32)] = &[
+        (10, 0, 7),
+        (31, 0, 3),
+        (32, 0, 4),
+        (44, 0x10b0, 5),
+        (44, 0x10c0, 2),
+        (49, 0, 1),
+        (0, 0xb0e, 6),
+        (0, 0x1b0e, 2),
+        (0, 0x306, 1),
+        (0x400_000c, 0, 3),
+        (0x800_000c, 0, 1),
+        (0xc00_000c, 0, 2),
+    ];
+    let fields = hvstats_host::bpf::filter::parse_format(&format);
+    let id: u64 = format.lines().find_map(|l| l.strip_prefix("ID: ")).unwrap().trim().parse().unwrap();
+    let mut record = vec![0u8; 32];
+    let put = |record: &mut Vec<u8>, name: &str, v: u64| {
+        let f = fields[name];
+        let at = usize::from(f.offset);
+        record[at..at + usize::from(f.size)].copy_from_slice(&v.to_le_bytes()[..usize::from(f.size)]);
+    };
+    put(&mut record, "common_type", id);
+    put(&mut record, "common_pid", gettid() as u64);
+    put(&mut record, "__syscall_nr", libc::SYS_getpriority as u64);
+    for &(which, who, n) in calls {
+        put(&mut record, "which", which as u64);
+        put(&mut record, "who", who as u64);
+        for _ in 0..n {
+            getpriority(which, who);
+            assert_eq!(rehearsal.fire("syscalls", "sys_enter_getpriority", &record).unwrap(), 1);
+        }
+    }
+    let counts = attached.read(real).unwrap();
+    assert_eq!(rehearsal.read(rehearsed).unwrap(), counts);
+    assert_eq!(counts, vec![37, 7, 7, 3, 8, 5]);
+    // A rehearsal runs only what it rehearses; an attached tally runs nothing on demand; the
+    // kernel refuses a context longer than a raw tracepoint's.
+    assert!(matches!(
+        rehearsal.fire("syscalls", "sys_enter_getppid", &record),
+        Err(TallyError::NotRehearsed(_))
+    ));
+    assert!(matches!(
+        attached.fire("syscalls", "sys_enter_getpriority", &record),
+        Err(TallyError::NotRehearsed(_))
+    ));
+    assert!(matches!(
+        rehearsal.fire("syscalls", "sys_enter_getpriority", &[0u8; 104]),
+        Err(TallyError::Run { .. })
+    ));
+    // A tracepoint without a format is not counted, and says so.
+    let without = Tally::rehearsal(
+        &|s, n| formats(s, n).then(|| format.clone()),
+        &[column("sys_enter_getppid", None), column("sys_enter_getpriority", None)],
+        &[],
+        ThreadTable::for_host(),
+    )
+    .unwrap();
+    assert!(without.refused(0).is_some_and(|why| why.contains("no format")), "{:?}", without.refused(0));
+    assert_eq!(without.refused(1), None);
+}

@@ -15,7 +15,10 @@ use hvstats_guest::workload::Workload;
 const MAY_STAY_ZERO: &[(hvstats_abi::CounterId, &str)] = &[
     (vp::CONTROL_REGISTER_ACCESSES, "kvm_cr does not fire under KVM's instruction emulator"),
     (vp::EXTERNAL_INTERRUPTS, "the instruction emulator has no external interrupt exits"),
-    (vp::PAGE_FAULT_INTERCEPTS, "no MMU faults under the instruction emulator, none with EPT/NPT"),
+    (
+        vp::NESTED_PAGE_FAULT_INTERCEPTS,
+        "no MMU faults under the instruction emulator, once mapped with EPT/NPT",
+    ),
     (vp::REFLECTED_GUEST_PAGE_FAULTS, "with EPT/NPT guest page faults are not intercepted"),
     (vp::PENDING_INTERRUPTS, "an interrupt window exit needs an interrupt the guest blocks"),
     (vp::EMULATED_INSTRUCTIONS, "nothing in the workload needs emulation on VMX/SVM"),

@@ -60,3 +60,57 @@ fn claims_are_refused_in_an_untrusted_directory_or_through_a_planted_link() {
     // A process that does not exist cannot be claimed.
     assert!(matches!(Claim::take(tmp.path(), i32::MAX, "x"), Err(ClaimError::StartTime { .. })));
 }
+
+/// True when this process runs as root (it may then act as `nobody` too).
+fn root() -> bool {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+#[test]
+fn a_claim_held_by_another_user_does_not_count_and_claim_files_are_the_owners_alone() {
+    use std::os::unix::process::CommandExt;
+    if !root() {
+        eprintln!("skipped: needs root to lock a claim as nobody");
+        return;
+    }
+    let tmp = TempDir::new("claim-nobody");
+    let pid = std::process::id() as i32;
+    let claim = Claim::take(tmp.path(), pid, "1-2-0").unwrap();
+    let file = tmp.path().join(CLAIMS_DIR).join(claim.name());
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "a claim file anyone may open (and so flock)");
+    drop(claim);
+    // A stale claim readable by all (as an older hvstats left them), locked by nobody.
+    std::fs::write(&file, "999999 stale-0-0\n").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut holder = std::process::Command::new("flock")
+        .args(["--exclusive", "--nonblock"])
+        .arg(&file)
+        .args(["sleep", "60"])
+        .uid(65534)
+        .gid(65534)
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let locked = std::fs::File::open(&file).unwrap();
+    while !hvstats::trust::holders(&locked).unwrap().iter().any(|h| h.euid == Some(65534)) {
+        assert!(std::time::Instant::now() < deadline, "nobody never locked the claim");
+        assert!(holder.try_wait().unwrap().is_none(), "flock as nobody failed");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let taken = Claim::take(tmp.path(), pid, "5-6-0");
+    let _ = holder.kill();
+    let _ = holder.wait();
+    let taken = taken.expect("a lock held by nobody counted as a claim");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), format!("{pid} 5-6-0\n"));
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    drop(taken);
+    // A stale readable claim nobody holds is taken over and made the owner's alone.
+    std::fs::write(&file, "999999 stale-0-0\n").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let taken = Claim::take(tmp.path(), pid, "7-8-0").unwrap();
+    assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
+    drop(taken);
+}

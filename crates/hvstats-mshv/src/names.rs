@@ -124,6 +124,8 @@ pub const MAPPINGS: &[Mapping] = &[
     m("VpDebugRegisterAccessesTime", vp::DEBUG_REGISTER_ACCESSES_COST),
     m("VpPageFaultInterceptsCount", vp::PAGE_FAULT_INTERCEPTS),
     m("VpPageFaultInterceptsTime", vp::PAGE_FAULT_INTERCEPTS_COST),
+    m("VpNestedPageFaultInterceptsCount", vp::NESTED_PAGE_FAULT_INTERCEPTS),
+    m("VpNestedPageFaultInterceptsTime", vp::NESTED_PAGE_FAULT_INTERCEPTS_COST),
     m("VpGuestPageTableMaps", vp::GUEST_PAGE_TABLE_MAPS),
     m("VpLargePageTlbFills", vp::LARGE_PAGE_TLB_FILLS),
     m("VpSmallPageTlbFills", vp::SMALL_PAGE_TLB_FILLS),
@@ -267,10 +269,10 @@ mod tests {
             assert_eq!(cost.presentation, Presentation::Cost, "{}", m.name);
             assert_eq!(cost.paired_count().map(|p| p.id), Some(c.counter), "{}", m.name);
         }
-        // 14 Count/Time pairs.
+        // 15 Count/Time pairs.
         let costs =
             MAPPINGS.iter().filter(|m| m.counter.counter().unwrap().presentation == Presentation::Cost);
-        assert_eq!(costs.count(), 15, "14 pairs and the CPU wait per dispatch");
+        assert_eq!(costs.count(), 16, "15 pairs and the CPU wait per dispatch");
     }
 
     #[test]

@@ -34,7 +34,7 @@ use prometheus_client::encoding::{DescriptorEncoder, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::live::{Live, Reading};
+use crate::live::Reading;
 
 /// The media type of the OpenMetrics reply (for clients that accept it, as Prometheus does).
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -50,27 +50,96 @@ pub fn accepts_openmetrics(accept: &str) -> bool {
 /// The OpenMetrics text in the classic Prometheus text format (0.0.4): a counter's HELP and TYPE
 /// name its samples (`…_total`), and there is no `# UNIT` or `# EOF`. Samples are unchanged.
 pub fn to_classic(openmetrics: &str) -> String {
-    let counters: std::collections::HashSet<&str> =
-        openmetrics.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter")).collect();
     let mut out = String::with_capacity(openmetrics.len());
-    for line in openmetrics.lines() {
-        if line.starts_with("# UNIT ") || line == "# EOF" {
-            continue;
+    let mut classic = Classic::new(&mut out);
+    let _ = classic.write_str(openmetrics).and_then(|()| classic.finish());
+    out
+}
+
+/// [`to_classic`] as a writer: OpenMetrics text written to it reaches `out` in the classic
+/// format, a line at a time (a family's HELP waits for its TYPE, which says whether it is a
+/// counter); [`finish`](Self::finish) writes a last line without a newline.
+pub struct Classic<W> {
+    out: W,
+    /// The unfinished line, then a HELP line waiting for its family's TYPE.
+    line: String,
+    help: Option<String>,
+}
+
+impl<W: Write> Classic<W> {
+    /// A converter writing to `out`.
+    pub fn new(out: W) -> Self {
+        Self { out, line: String::new(), help: None }
+    }
+
+    /// The writer it writes to.
+    pub fn into_inner(self) -> W {
+        self.out
+    }
+
+    /// Writes what is still held.
+    ///
+    /// # Errors
+    /// When `out` fails.
+    pub fn finish(&mut self) -> std::fmt::Result {
+        if !self.line.is_empty() {
+            let line = std::mem::take(&mut self.line);
+            self.convert(&line)?;
         }
-        let meta = ["# HELP ", "# TYPE "].into_iter().find_map(|p| Some((p, line.strip_prefix(p)?)));
-        match meta {
-            Some((prefix, rest)) => {
-                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
-                let suffix = if counters.contains(name) { "_total" } else { "" };
-                let _ = writeln!(out, "{prefix}{name}{suffix} {tail}");
-            }
-            None => {
-                out.push_str(line);
-                out.push('\n');
-            }
+        match self.help.take() {
+            Some(help) => self.meta("# HELP ", &help, false),
+            None => Ok(()),
         }
     }
-    out
+
+    fn meta(&mut self, prefix: &str, rest: &str, counter: bool) -> std::fmt::Result {
+        let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+        let suffix = if counter { "_total" } else { "" };
+        writeln!(self.out, "{prefix}{name}{suffix} {tail}")
+    }
+
+    fn convert(&mut self, line: &str) -> std::fmt::Result {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            if let Some(help) = self.help.replace(rest.to_owned()) {
+                self.meta("# HELP ", &help, false)?;
+            }
+            return Ok(());
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let counter = rest.ends_with(" counter");
+            if let Some(help) = self.help.take() {
+                let same = help.split(' ').next() == rest.split(' ').next();
+                self.meta("# HELP ", &help, same && counter)?;
+            }
+            return self.meta("# TYPE ", rest, counter);
+        }
+        if let Some(help) = self.help.take() {
+            self.meta("# HELP ", &help, false)?;
+        }
+        if line.starts_with("# UNIT ") || line == "# EOF" {
+            return Ok(());
+        }
+        self.out.write_str(line)?;
+        self.out.write_char('\n')
+    }
+}
+
+impl<W: Write> Write for Classic<W> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let mut rest = s;
+        while let Some((head, tail)) = rest.split_once('\n') {
+            if self.line.is_empty() {
+                self.convert(head)?;
+            } else {
+                let mut line = std::mem::take(&mut self.line);
+                line.push_str(head);
+                self.convert(&line)?;
+            }
+            rest = tail;
+        }
+        self.line.push_str(rest);
+        Ok(())
+    }
 }
 
 /// The label naming the hvstats instance that publishes an object (not `instance`, which
@@ -111,11 +180,20 @@ impl Exposition {
     /// # Errors
     /// Only when formatting fails (it writes to a `String`).
     pub fn encode(self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        self.encode_into(&mut out)?;
+        Ok(out)
+    }
+
+    /// The text, in the OpenMetrics format, written to `out` as it is made (a writer of chunks
+    /// holds it without the copies of a growing `String`).
+    ///
+    /// # Errors
+    /// When `out` fails.
+    pub fn encode_into(self, out: &mut impl Write) -> std::fmt::Result {
         let mut registry = Registry::with_prefix(crate::metrics::PREFIX);
         registry.register_collector(Box::new(self));
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &registry)?;
-        Ok(out)
+        prometheus_client::encoding::text::encode(out, &registry)
     }
 
     /// For each partition in walk order, whether its VPs are exported one by one.
@@ -406,6 +484,23 @@ impl Exposition {
                 }
                 metric.encode_family(&labels)?.encode_gauge(&1i64)?;
             }
+            let tables: Vec<_> = self.partitions().map(|(_, p)| p.sources()).collect();
+            if tables.iter().any(Option::is_some) {
+                let mut metric = encoder.encode_descriptor(
+                    "vm_source_up",
+                    "For each source of an observed VM's counters (the VMM's KVM statistics \
+                     descriptors, libvirt, QMP, tracepoints, its threads' files), 1 while it gives \
+                     counters, 0 while it is there but gives none (its peer failed or stalled).",
+                    None,
+                    MetricType::Gauge,
+                )?;
+                for (table, vm) in tables.iter().zip(&self.vm_labels) {
+                    for source in table.iter().flat_map(|t| t.sources()) {
+                        let labels: Labels = vec![("vm", vm.clone()), ("source", source.name().to_owned())];
+                        metric.encode_family(&labels)?.encode_gauge(&i64::from(source.up))?;
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -414,39 +509,50 @@ impl Exposition {
 /// The catalog name of a VM's run state.
 const VM_STATE: &str = "VM state";
 
-/// The `vm` label of each partition of `reading` in walk order: its name ([`Live::vm_name`]),
-/// stable across restarts of its publisher, with characters that cannot be seen shown escaped
-/// ([`crate::text::Escaped`]: a lookalike with a zero-width space is not the name it imitates).
-/// A label several partitions share stays with the senior one (its publisher started first, and
+/// The `vm` label of each partition of `reading` in walk order: its name, which its publisher
+/// keeps across restarts (an unnamed partition is `partition-<id>`), with characters that cannot
+/// be seen shown escaped ([`crate::text::Escaped`]: a lookalike with a zero-width space is not the
+/// name it imitates). No label holds a pid or an instance name, which change with every process:
+/// a name two partitions share stays with the senior one (its publisher started first, and
 /// within a publisher the lower partition id: an observer numbers VMs as they attach, oldest VMM
-/// first); each of the others gets its publisher and partition id appended, so a VMM that takes
-/// the name of a running VM cannot take its series.
+/// first), and the others get `#2`, `#3`, … in that order, so a VMM that takes the name of a
+/// running VM cannot take its series, and no two series collide.
 fn vm_labels(reading: &Reading) -> Vec<String> {
+    use std::collections::HashSet;
     let partitions: Vec<_> =
         reading.instances.iter().flat_map(|i| i.partitions.iter().map(move |p| (i, p))).collect();
-    let labels: Vec<String> =
-        partitions.iter().map(|(i, p)| crate::text::escaped(&Live::vm_name(&i.name, p))).collect();
+    let names: Vec<String> = partitions
+        .iter()
+        .map(|(_, p)| match p.name.is_empty() {
+            true => format!("partition-{}", p.id),
+            false => crate::text::escaped(&p.name),
+        })
+        .collect();
     let seniority = |k: usize| {
         let (instance, partition) = partitions[k];
         let publisher = hvstats::publish::InstanceName::parse(&instance.name).map(|n| (n.start_time, n.seq));
         (publisher.is_none(), publisher, partition.id)
     };
-    let mut senior = std::collections::HashMap::<&str, usize>::new();
-    for (k, label) in labels.iter().enumerate() {
-        let held = senior.entry(label).or_insert(k);
-        if seniority(k) < seniority(*held) {
-            *held = k;
-        }
+    let mut order: Vec<usize> = (0..names.len()).collect();
+    order.sort_by_key(|&k| seniority(k));
+    // The senior partition of a name keeps it; a suffixed label never takes a name some
+    // partition has.
+    let taken: HashSet<&str> = names.iter().map(String::as_str).collect();
+    let mut first = HashSet::new();
+    let mut suffixed = HashSet::new();
+    let mut labels = vec![String::new(); names.len()];
+    for k in order {
+        let name = &names[k];
+        labels[k] = if first.insert(name.as_str()) {
+            name.clone()
+        } else {
+            (2..)
+                .map(|n| format!("{name}#{n}"))
+                .find(|label| !taken.contains(label.as_str()) && suffixed.insert(label.clone()))
+                .unwrap_or_default()
+        };
     }
-    partitions
-        .iter()
-        .zip(&labels)
-        .enumerate()
-        .map(|(k, ((instance, partition), label))| match senior.get(label.as_str()) {
-            Some(&held) if held != k => format!("{label} ({}:{})", instance.name, partition.id),
-            _ => label.clone(),
-        })
-        .collect()
+    labels
 }
 
 /// What `reading` could not read: its problems and its unreadable pages.
@@ -644,6 +750,41 @@ mod tests {
     }
 
     #[test]
+    fn each_source_of_an_observed_vm_is_a_source_up_series_and_snapshot_json_names_its_counters() {
+        use hvstats::snapshot::ObjectReading;
+        use hvstats_abi::catalog::vp;
+        use hvstats_abi::vm_sources::{Origin, SourceEntry, SourceTable};
+        let mut instance = synthetic_instance(1, 1);
+        let mut table = SourceTable::default();
+        let libvirt = table.push(SourceEntry::new("libvirt", true, Origin::VcpuCreation)).unwrap();
+        table.push(SourceEntry::new("qmp", false, Origin::VcpuCreation)).unwrap();
+        table.set_writer(vp::HLT_INSTRUCTIONS, libvirt);
+        let partition = &mut instance.partitions[0];
+        partition.name = "vm-a".into();
+        let rows: Vec<_> = table.rows().collect();
+        let ObjectReading::Counters(values) = &mut partition.reading else { panic!() };
+        for (c, v) in values.iter_mut() {
+            if let Some((_, w)) = rows.iter().find(|(id, _)| *id == c.id) {
+                *v = *w;
+            }
+        }
+        let json = crate::snapshot_json::partition_json(&instance.partitions[0], None, &instance);
+        assert_eq!(json["sources"][0]["name"], "libvirt");
+        assert_eq!(json["sources"][0]["counts_from"], "vcpu-creation");
+        assert_eq!(json["sources"][0]["vp"], serde_json::json!(["HLT instructions/sec"]));
+        assert_eq!(json["sources"][1]["up"], false);
+        let text = Exposition::new(crate::live::Reading::of(vec![instance]), 4).encode().unwrap();
+        let up = lines_of(&text, "hvstats_vm_source_up{");
+        assert_eq!(
+            up,
+            [
+                "hvstats_vm_source_up{vm=\"vm-a\",source=\"libvirt\"} 1",
+                "hvstats_vm_source_up{vm=\"vm-a\",source=\"qmp\"} 0"
+            ]
+        );
+    }
+
+    #[test]
     fn every_vp_is_a_series_under_the_cap_and_partition_sums_beyond_it() {
         // 3 partitions of 2 VPs; VP `i` of partition `p` holds 1000 × (2p + i) + its page index.
         let text =
@@ -655,7 +796,7 @@ mod tests {
             .position(|c| c.id == hvstats_abi::catalog::vp::HYPERCALLS)
             .unwrap() as u64;
         let all = hypercalls.iter().find(|l| l.contains("vp=\"all\"")).unwrap();
-        assert!(all.contains("vm=\"4242-1-0:3\""), "{all}");
+        assert!(all.contains("vm=\"partition-3\""), "{all}");
         assert!(all.ends_with(&format!(" {}", 4000 + index + 5000 + index)), "{all}");
         assert!(text.ends_with("# EOF\n"));
     }
@@ -679,10 +820,8 @@ mod tests {
         with(hv, hypervisor::OBSERVER_QMP_SESSIONS_UP, 1);
         instance.partitions[0].name = "stuck".into();
         with(&mut instance.partitions[0].reading, partition::VM_STATE, VmState::InternalError.code());
-        with(&mut instance.partitions[0].reading, partition::VM_QMP_UP, 1);
         instance.partitions[1].name = "held".into();
         with(&mut instance.partitions[1].reading, partition::VM_STATE, VmState::Paused.code());
-        with(&mut instance.partitions[1].reading, partition::VM_QMP_UP, 0);
         let mut reading = crate::live::Reading::of(vec![instance]);
         reading.dead_observers = vec!["777-5-0".into()];
         let text = Exposition::new(reading, 100).encode().unwrap();
@@ -697,8 +836,6 @@ mod tests {
             "hvstats_vm_state{vm=\"stuck\",state=\"internal-error\"} 1".to_owned(),
             "hvstats_vm_state{vm=\"stuck\",state=\"running\"} 0".to_owned(),
             "hvstats_vm_state{vm=\"held\",state=\"paused\"} 1".to_owned(),
-            "hvstats_vm_source_up{vm=\"stuck\",source=\"qmp\"} 1".to_owned(),
-            "hvstats_vm_source_up{vm=\"held\",source=\"qmp\"} 0".to_owned(),
             // A VM stuck on an internal error is not an idle VM that is up.
             "hvstats_vm_up{vm=\"stuck\"} 0".to_owned(),
             "hvstats_vm_up{vm=\"held\"} 1".to_owned(),
@@ -710,6 +847,64 @@ mod tests {
         assert_eq!(stuck.len(), VmState::ALL.len(), "{stuck:?}");
         assert_eq!(stuck.iter().filter(|l| l.ends_with(" 1")).count(), 1);
         assert_eq!(text.matches("# TYPE hvstats_observer_up gauge").count(), 1, "one family");
+    }
+
+    /// The label values of every sample of a counter or histogram family in `text`.
+    fn counter_label_values(text: &str) -> Vec<String> {
+        let counted: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter(|l| l.ends_with(" counter") || l.ends_with(" histogram"))
+            .filter_map(|l| l.split(' ').next())
+            .collect();
+        let mut values = Vec::new();
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let Some((name, rest)) = line.split_once('{') else { continue };
+            let family = ["_total", "_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .unwrap_or(name);
+            if !counted.contains(&family) {
+                continue;
+            }
+            let labels = rest.rsplit_once('}').map_or("", |(l, _)| l);
+            values.extend(
+                labels
+                    .split("\",")
+                    .filter_map(|kv| Some(kv.split_once("=\"")?.1.trim_end_matches('"').to_owned())),
+            );
+        }
+        values
+    }
+
+    #[test]
+    fn no_counter_series_has_a_pid_in_a_label_and_shared_names_stay_apart() {
+        // Two publishers (pids 4242 and 5353) of partitions named alike, one unnamed.
+        let mut a = synthetic_instance(2, 1);
+        a.partitions[0].name = "web".into();
+        let mut b = synthetic_instance(2, 1);
+        b.name = "5353-7-0".into();
+        b.pid = 5353;
+        b.partitions[0].name = "web".into();
+        b.partitions[1].name = "web#2".into();
+        let text = Exposition::new(crate::live::Reading::of(vec![a, b]), 100).encode().unwrap();
+        let values = counter_label_values(&text);
+        assert!(values.len() > 100, "{text}");
+        for v in &values {
+            assert!(!v.contains("4242") && !v.contains("5353"), "a pid in a counter label: {v}");
+        }
+        let vms: std::collections::BTreeSet<String> = lines_of(&text, "hvstats_vp_hypercalls_total{")
+            .iter()
+            .filter_map(|l| Some(l.split("vm=\"").nth(1)?.split('"').next()?.to_owned()))
+            .collect();
+        // The first "web" keeps its name, the second is not given the name "web#2" already has.
+        assert_eq!(vms.into_iter().collect::<Vec<_>>(), ["partition-2", "web", "web#2", "web#3"], "{text}");
+        // What changes with the process is on the info series only.
+        let info = lines_of(&text, "hvstats_vm_info{");
+        assert!(
+            info.iter().any(|l| l.contains("vm=\"web#3\"") && l.contains("publisher_pid=\"5353\"")),
+            "{info:?}"
+        );
     }
 
     #[test]
@@ -729,10 +924,7 @@ mod tests {
             named("7-100-0", &["other", "prod-db", "prod\u{200b}-db", "prod-db"]),
         ]);
         let labels = vm_labels(&reading);
-        assert_eq!(
-            labels,
-            ["prod-db (5-900-0:1)", "web", "other", "prod-db", r"prod\u{200b}-db", "prod-db (7-100-0:4)",]
-        );
+        assert_eq!(labels, ["prod-db#2", "web", "other", "prod-db", r"prod\u{200b}-db", "prod-db#3",]);
     }
 
     #[test]

@@ -8,11 +8,14 @@
 //! - [`exposition`]: a reading as a Prometheus / OpenMetrics exposition, and the exporter's
 //!   health;
 //! - [`snapshot_json`]: a reading as `snapshot --json` and the snapshot API give it;
+//! - [`json_keys`]: the keys of counters in JSON, saying what each value holds, and the schema
+//!   version every JSON document carries;
 //! - [`text`]: names others choose, made safe to print.
 
 #![deny(missing_docs)]
 
 pub mod exposition;
+pub mod json_keys;
 pub mod live;
 pub mod metrics;
 pub mod present;

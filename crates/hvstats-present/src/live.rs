@@ -7,11 +7,12 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use hvstats::attach::{Attach, AttachError, Instance};
 use hvstats::index::OBSERVER_KIND;
 use hvstats::publish::InstanceName;
+use hvstats::rules::StatsObject;
 use hvstats::runtime_dir::RuntimeDirError;
 use hvstats::snapshot::{InstanceSnapshot, PartitionSnapshot, error_chain};
 
@@ -30,6 +31,9 @@ pub struct Reading {
     /// publisher let go of its instance without removing it. Kept until another observer
     /// publishes, so an observer that died is reported down rather than gone.
     pub dead_observers: Vec<String>,
+    /// How often each instance's publisher refreshes its counters, by instance name (those that
+    /// have refreshed twice).
+    pub refresh_periods: Vec<(String, Duration)>,
 }
 
 impl Reading {
@@ -41,6 +45,7 @@ impl Reading {
             problems: Vec::new(),
             failed: Vec::new(),
             dead_observers: Vec::new(),
+            refresh_periods: Vec::new(),
         }
     }
 
@@ -75,6 +80,8 @@ pub struct Live {
     attach: Mutex<Attach>,
     /// See [`Reading::dead_observers`].
     dead_observers: Mutex<BTreeSet<String>>,
+    /// The health check's own attach, so a check never waits behind a whole reading.
+    health: Mutex<Attach>,
 }
 
 impl Live {
@@ -82,7 +89,8 @@ impl Live {
     pub fn new(dir: Option<PathBuf>) -> Self {
         let dir = dir.unwrap_or_else(hvstats::runtime_dir::runtime_dir);
         let attach = Mutex::new(Attach::new(&dir));
-        Self { dir, attach, dead_observers: Mutex::new(BTreeSet::new()) }
+        let health = Mutex::new(Attach::new(&dir));
+        Self { dir, attach, dead_observers: Mutex::new(BTreeSet::new()), health }
     }
 
     /// The runtime directory read: the one given, else the default.
@@ -98,6 +106,71 @@ impl Live {
     pub fn read(&self) -> Result<Reading, AttachError> {
         // A reader that panicked mid-read left nothing half-done that matters: keep reading.
         let mut attach = self.attach.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let changes = self.refresh(&mut attach)?;
+        let dead_observers = self
+            .dead_observers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .iter()
+            .cloned()
+            .collect();
+        let problems = changes.problems.iter().map(|p| error_chain(p)).collect();
+        let mut failed: Vec<String> = changes.problems.iter().filter_map(instance_of).collect();
+        failed.sort();
+        failed.dedup();
+        let instances = attach.instances_mut().map(Instance::snapshot).collect();
+        let refresh_periods =
+            attach.instances().filter_map(|i| Some((i.name().to_string(), i.refresh_period()?))).collect();
+        Ok(Reading { at: Instant::now(), instances, problems, failed, refresh_periods, dead_observers })
+    }
+
+    /// Whether something could be read now, and the text saying so, as
+    /// [`crate::exposition::health`] says it of a whole reading, without reading every page: the
+    /// runtime directory and each instance's index are read as for a reading, but of the pages
+    /// only each instance's global ones, and where those cannot be read, its partitions' pages
+    /// until one can. A host of many VPs is checked in the time of a few pages.
+    pub fn health(&self) -> (bool, String) {
+        let mut attach = self.health.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let changes = match self.refresh(&mut attach) {
+            Ok(changes) => changes,
+            Err(e) => return crate::exposition::health(&self.unreadable(&e)),
+        };
+        let mut problems: Vec<String> = changes.problems.iter().map(|p| error_chain(p)).collect();
+        let (mut instances, mut vps, mut readable) = (0, 0, false);
+        let mut page = [0u64; hvstats_abi::page::PAGE_SLOTS];
+        for instance in attach.instances_mut() {
+            instance.refresh();
+            instances += 1;
+            vps += instance.partitions().iter().map(|p| p.vp_indices().len()).sum::<usize>();
+            if readable {
+                continue;
+            }
+            let global = match instance.global_unreadable() {
+                Some((reason, _)) => Err(reason.to_owned()),
+                None => instance.read_into(StatsObject::Hypervisor, &mut page).map_err(|e| error_chain(&e)),
+            };
+            readable = global.is_ok()
+                || instance
+                    .partitions()
+                    .iter()
+                    .any(|p| instance.read_into(StatsObject::Partition(p.id), &mut page).is_ok());
+            if let (false, Err(reason)) = (readable, global) {
+                problems.push(format!("{}: {reason}", instance.name()));
+            }
+        }
+        let healthy = readable || problems.is_empty();
+        let verdict = if healthy { "ok" } else { "unhealthy: nothing could be read" };
+        let mut out = format!("{verdict}: {instances} instances, {vps} VPs\n");
+        for problem in &problems {
+            out.push_str(&format!("problem: {problem}\n"));
+        }
+        (healthy, out)
+    }
+
+    /// Refreshes `attach` (the reading's or the health check's: either may be the first to see
+    /// an instance die, and remove its files), noting the observers that died and forgetting
+    /// them once another observer publishes.
+    fn refresh(&self, attach: &mut Attach) -> Result<hvstats::attach::Changes, AttachError> {
         let is_observer = |i: &Instance| i.description().kind == OBSERVER_KIND;
         let observers: BTreeSet<InstanceName> =
             attach.instances().filter(|i| is_observer(i)).map(Instance::name).collect();
@@ -107,14 +180,7 @@ impl Live {
             dead.clear();
         }
         dead.extend(changes.died.iter().filter(|n| observers.contains(n)).map(InstanceName::to_string));
-        let dead_observers = dead.iter().cloned().collect();
-        drop(dead);
-        let problems = changes.problems.iter().map(|p| error_chain(p)).collect();
-        let mut failed: Vec<String> = changes.problems.iter().filter_map(instance_of).collect();
-        failed.sort();
-        failed.dedup();
-        let instances = attach.instances_mut().map(Instance::snapshot).collect();
-        Ok(Reading { at: Instant::now(), instances, problems, failed, dead_observers })
+        Ok(changes)
     }
 
     /// A reading of nothing, saying why: the runtime directory itself could not be read.
@@ -126,6 +192,7 @@ impl Live {
             problems: vec![problem],
             failed: Vec::new(),
             dead_observers: Vec::new(),
+            refresh_periods: Vec::new(),
         }
     }
 

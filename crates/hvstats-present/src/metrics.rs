@@ -8,22 +8,20 @@
 //! each class of the WHv Intercepts set become one counter family each with an `intercept` label,
 //! so `sum by (intercept)` and `rate(seconds) / rate(count)` work across classes.
 //!
-//! The same grouping holds the catalog's rows that say one thing of several subjects: whether
-//! each source of an observed VM answers (`vm_source_up{source}`) and the VMs an observer found
-//! by whether it observes them (`observer_vms{state}`) — see [`labelled`]. A row that is a state
+//! The same grouping holds the catalog's rows that say one thing of several subjects: the VMs an
+//! observer found, by whether it observes them (`observer_vms{state}`) — see [`labelled`]. A row that is a state
 //! ([`Presentation::State`], the VM's run state) is a state set: a gauge per state, 1 for the
 //! current one. hvstats' own rows of the hypervisor and partition pages speak of the publisher
 //! and of the VM rather than of a TLFS object, and are named by their row alone
 //! (`hvstats_observer_up`, `hvstats_vm_state`).
 //!
-//! Counters no KVM source maintains (for our partitions or for observed VMs) have no family at
-//! all: an exporter leaves them absent rather than exporting zeros that look like measurements.
+//! Counters no KVM source maintains have no family at all: an exporter leaves them absent rather than exporting zeros that look like measurements.
 //! Nor has the reader's bookkeeping (the sequence counter of consistent reads), which measures
 //! nothing. Help texts say the exported unit ([`help_in_unit`]).
 
 use std::sync::OnceLock;
 
-use hvstats_abi::catalog::{CATALOG, Maintained, observed};
+use hvstats_abi::catalog::CATALOG;
 use hvstats_abi::exit_reason::InterceptClass;
 use hvstats_abi::source::{ObserverFact, Source};
 use hvstats_abi::{Counter, CounterId, GroupKind, ObjectKind, Presentation, Unit};
@@ -180,40 +178,18 @@ fn is_intercept_member(id: CounterId) -> bool {
     intercept_classes().any(|(_, count, time)| count == id || time == id)
 }
 
-/// True when some KVM source maintains `counter`: for our partitions, or (a partition counter)
-/// for observed VMs, since our own partitions declare the partition counters only observed VMs
-/// have unavailable (the authority does). VP counters only observed VMs have (MWAIT, the time
-/// of external interrupts) our VPs do not declare, so they stay out rather than read 0.
-fn is_exported(counter: &Counter) -> bool {
-    counter.maintained.is_maintained()
-        || (counter.id.kind == ObjectKind::Partition
-            && observed(counter).is_some_and(Maintained::is_maintained))
-}
-
 /// The family of rows that say one thing of several subjects, and the label that tells them
 /// apart, for `counter`: (family name, help, label name, label value).
 ///
 /// ```
-/// use hvstats_abi::catalog::{hypervisor, partition};
+/// use hvstats_abi::catalog::hypervisor;
 /// use hvstats_present::metrics::labelled;
 /// let of = |id: hvstats_abi::CounterId| labelled(id.counter().unwrap()).map(|(f, _, l, v)| (f, l, v));
-/// assert_eq!(of(partition::VM_QMP_UP), Some(("vm_source_up", "source", "qmp")));
 /// assert_eq!(of(hypervisor::OBSERVER_VMS_REFUSED), Some(("observer_vms", "state", "refused")));
 /// assert_eq!(of(hypervisor::OBSERVER_UP), None);
 /// ```
 pub fn labelled(counter: &Counter) -> Option<(&'static str, &'static str, &'static str, &'static str)> {
-    let source = match counter.maintained {
-        Maintained::By(source, _) => Some(source),
-        Maintained::No(_) => observed(counter).and_then(Maintained::source),
-    }?;
-    match source {
-        Source::SourceUp(kind) => Some((
-            "vm_source_up",
-            "1 while a source of the VM's counters answers, 0 while it is down (the counters it gives \
-             are then unavailable), by source.",
-            "source",
-            kind.label(),
-        )),
+    match counter.maintained.source()? {
         Source::Observer(ObserverFact::Vms(state)) => Some((
             "observer_vms",
             "The VMs of other processes the observer found, by whether it observes them (attached) or \
@@ -324,7 +300,7 @@ fn family_of(counter: &'static Counter) -> Family {
 /// order of their first member.
 fn labelled_families(kind: ObjectKind) -> Vec<Family> {
     let mut out: Vec<Family> = Vec::new();
-    for counter in CATALOG.iter().filter(|c| c.id.kind == kind && is_exported(c)) {
+    for counter in CATALOG.iter().filter(|c| c.id.kind == kind && c.maintained.is_maintained()) {
         let Some((name, help, label, value)) = labelled(counter) else { continue };
         let member = Member { counter, label: Some((label, value)), multiplier: 1, divisor: 1 };
         match out.iter_mut().find(|f| f.name == name) {
@@ -391,7 +367,7 @@ pub fn families() -> &'static [Family] {
                     .iter()
                     .filter(|c| {
                         c.id.kind == kind
-                            && is_exported(c)
+                            && c.maintained.is_maintained()
                             && !c.is_bookkeeping()
                             && !is_intercept_member(c.id)
                             && labelled(c).is_none()
@@ -457,6 +433,8 @@ mod tests {
         // A cost "per" something is its cumulative time; the something has its own family.
         assert_eq!(name(vp::CPU_WAIT_TIME_PER_DISPATCH), "hvstats_vp_cpu_wait_seconds_total");
         assert_eq!(name(vp::DISPATCHES), "hvstats_vp_dispatches_total");
+        // Every exit of a VP, whatever its class: what the intercept classes break down.
+        assert_eq!(name(vp::EXITS), "hvstats_vp_exits_total");
     }
 
     #[test]
@@ -473,16 +451,9 @@ mod tests {
 
     #[test]
     fn unmaintained_counters_are_absent() {
-        for c in CATALOG.iter().filter(|c| !is_exported(c)) {
+        for c in CATALOG.iter().filter(|c| !c.maintained.is_maintained()) {
             assert!(family_of_counter(c.id).is_none(), "{} is exported", c.name);
         }
-        // What only observed VMs have is exported (our partitions declare it unavailable).
-        let only_observed: Vec<&str> = CATALOG
-            .iter()
-            .filter(|c| !c.maintained.is_maintained() && family_of_counter(c.id).is_some())
-            .map(|c| c.name)
-            .collect();
-        assert_eq!(only_observed, ["VM QMP source up"]);
         // Emulated instructions are counted, their time is not: a count member, no time member.
         let (f, m) = family_of_counter(vp::EMULATED_INSTRUCTIONS).unwrap();
         assert_eq!((f.name.as_str(), m.label), ("vp_intercepts", Some(("intercept", "emulated"))));

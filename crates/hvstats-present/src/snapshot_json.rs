@@ -4,6 +4,7 @@
 
 use std::io::{self, Write};
 
+use crate::json_keys::{Held, SCHEMA_KEY, SCHEMA_VERSION, key};
 use crate::present;
 use hvstats::attach::Attach;
 use hvstats::snapshot::{self, InstanceSnapshot, ObjectReading, PartitionSnapshot, VpSnapshot};
@@ -22,13 +23,14 @@ pub struct Earlier<'a> {
     pub seconds: f64,
 }
 
-/// Writes `{"instances": [...]}` one partition at a time; true when something was unreadable.
+/// Writes `{"schema_version": N, "instances": [...]}` one partition at a time; true when something
+/// was unreadable.
 ///
 /// # Errors
 /// When writing to `out` fails.
 pub fn stream_json(attach: &mut Attach, out: &mut impl Write) -> io::Result<bool> {
     let mut failed = false;
-    out.write_all(b"{\"instances\":[")?;
+    write!(out, "{{\"{SCHEMA_KEY}\":{SCHEMA_VERSION},\"instances\":[")?;
     for (n, instance) in attach.instances_mut().enumerate() {
         instance.refresh();
         if n > 0 {
@@ -59,13 +61,69 @@ pub fn stream_json(attach: &mut Attach, out: &mut impl Write) -> io::Result<bool
     Ok(failed)
 }
 
-/// Each kind's counters with their names as JSON strings, computed once.
+/// Writes `{"schema_version": N, "instances": [...], "max_vps": N, "vps_left_out": M}` of `instances` one partition at
+/// a time, as [`stream_json`] does, with at most `max_vps` VPs: the partitions whose VPs no longer
+/// fit have `"vps": []` and say how many were left out (`"vps_left_out"`). Takes the partitions
+/// out of `instances` as it goes. Returns the number of VPs left out.
+///
+/// # Errors
+/// When writing to `out` fails.
+pub fn write_capped(
+    out: &mut impl Write,
+    instances: &mut [InstanceSnapshot],
+    max_vps: usize,
+) -> io::Result<usize> {
+    let (mut budget, mut left_out) = (max_vps, 0usize);
+    write!(out, "{{\"{SCHEMA_KEY}\":{SCHEMA_VERSION},\"instances\":[")?;
+    for (n, instance) in instances.iter_mut().enumerate() {
+        if n > 0 {
+            out.write_all(b",")?;
+        }
+        let partitions = std::mem::take(&mut instance.partitions);
+        let mut fields = match instance_json(instance, None) {
+            Value::Object(map) => map,
+            _ => Map::new(),
+        };
+        fields.remove("partitions");
+        let text = serde_json::to_string(&Value::Object(fields)).map_err(io::Error::from)?;
+        out.write_all(&text.as_bytes()[..text.len().saturating_sub(1)])?;
+        out.write_all(b",\"partitions\":[")?;
+        for (i, mut p) in partitions.into_iter().enumerate() {
+            if i > 0 {
+                out.write_all(b",")?;
+            }
+            if p.vps.len() <= budget {
+                budget -= p.vps.len();
+                write_partition(out, &p, instance)?;
+                continue;
+            }
+            let dropped = std::mem::take(&mut p.vps).len();
+            left_out += dropped;
+            let mut text = Vec::new();
+            write_partition(&mut text, &p, instance)?;
+            text.pop();
+            out.write_all(&text)?;
+            write!(out, ",\"vps_left_out\":{dropped}}}")?;
+        }
+        out.write_all(b"]}")?;
+    }
+    writeln!(out, "],\"max_vps\":{max_vps},\"vps_left_out\":{left_out}}}")?;
+    Ok(left_out)
+}
+
+/// True for a row documents show as a counter: not the partition page's source table, which is
+/// bookkeeping read whole into `"sources"` (the VP page's sequence counter stays, as it is).
+fn is_counter(c: &Counter) -> bool {
+    !(c.id.kind == ObjectKind::Partition && c.is_bookkeeping())
+}
+
+/// Each kind's counters with their keys as totals ([`Held::Total`]) as JSON strings, computed once.
 fn json_names(kind: ObjectKind) -> &'static [(&'static Counter, String)] {
     static NAMES: std::sync::OnceLock<Vec<Vec<(&'static Counter, String)>>> = std::sync::OnceLock::new();
     let all = NAMES.get_or_init(|| {
         ObjectKind::ALL
             .iter()
-            .map(|&k| counters_of(k).map(|c| (c, Value::String(c.name.to_owned()).to_string())).collect())
+            .map(|&k| counters_of(k).map(|c| (c, Value::String(key(c, Held::Total)).to_string())).collect())
             .collect()
     });
     &all[kind as usize]
@@ -85,12 +143,17 @@ fn write_reading(
         ObjectReading::Counters(values) => {
             out.write_all(b"\"counters\":{")?;
             let mut values = values.iter().peekable();
-            for (i, (c, name)) in json_names(kind).iter().enumerate() {
-                if i > 0 {
+            let mut first = true;
+            for (c, name) in json_names(kind) {
+                let value = values.next_if(|(v, _)| v.id == c.id);
+                if !is_counter(c) {
+                    continue;
+                }
+                if !std::mem::take(&mut first) {
                     out.write_all(b",")?;
                 }
                 out.write_all(name.as_bytes())?;
-                match values.next_if(|(v, _)| v.id == c.id) {
+                match value {
                     Some((_, v)) => write!(out, ":{}", counter_json(c, *v))?,
                     None => out.write_all(b":null")?,
                 }
@@ -117,6 +180,33 @@ fn vmm_json(p: &PartitionSnapshot) -> Value {
     p.vmm.map_or(Value::Null, |v| json!({"kind": v.vmm.name(), "pid": v.pid}))
 }
 
+/// An observed VM's sources, in the order that decides which writes a counter several give:
+/// each with whether it gives counters now, from when it counts, and the counters it writes;
+/// null for a partition that names none.
+fn sources_json(p: &PartitionSnapshot) -> Value {
+    let Some(table) = p.sources() else { return Value::Null };
+    let written = |kind: ObjectKind, source: &hvstats_abi::vm_sources::SourceEntry| -> Vec<&'static str> {
+        counters_of(kind)
+            .filter(|c| !c.is_bookkeeping() && table.writer(c.id).is_some_and(|w| std::ptr::eq(w, source)))
+            .map(|c| c.name)
+            .collect()
+    };
+    Value::Array(
+        table
+            .sources()
+            .map(|s| {
+                json!({
+                    "name": s.name(),
+                    "up": s.up,
+                    "counts_from": s.origin.name(),
+                    "partition": written(ObjectKind::Partition, s),
+                    "vp": written(ObjectKind::Vp, s),
+                })
+            })
+            .collect(),
+    )
+}
+
 /// An observed VM's UUID (`"6b29fc40-ca47-1067-b31d-00dd010662da"`), else null.
 fn uuid_json(p: &PartitionSnapshot) -> Value {
     p.uuid.map_or(Value::Null, |u| Value::String(u.to_string()))
@@ -126,10 +216,11 @@ fn write_partition(out: &mut impl Write, p: &PartitionSnapshot, s: &InstanceSnap
     let state = if p.active { "active" } else { "stopped" };
     let unmapped = |at| unmapped_json(s, at).map_or(String::new(), |u| format!("\"unmapped\":{u},"));
     let head = format!(
-        "\"active\":{},\"id\":{},\"name\":{},\"state\":\"{state}\",\"stopped_reason\":{},{}\"uuid\":{},\"vmm\":{},\"vps\":[",
+        "\"active\":{},\"id\":{},\"name\":{},\"sources\":{},\"state\":\"{state}\",\"stopped_reason\":{},{}\"uuid\":{},\"vmm\":{},\"vps\":[",
         p.active,
         p.id,
         Value::String(p.name.clone()),
+        sources_json(p),
         p.stopped.as_ref().map_or(Value::Null, |r| Value::String(r.clone())),
         unmapped(ObjectRef::Partition(p.id)),
         uuid_json(p),
@@ -177,7 +268,8 @@ pub fn histograms_json(vp: &VpSnapshot) -> Value {
     Value::Object(map)
 }
 
-/// `{"counters": {name: value}}` (with `"interval": {name: rate, % or ns}` over an interval), or
+/// `{"counters": {key: total}}` (with `"interval": {key: rate, % or ns}` over an interval, keys
+/// as [`crate::json_keys`] makes them), or
 /// `{"unreadable": reason, "permission_denied": bool}`.
 fn reading_json(
     reading: &ObjectReading,
@@ -190,17 +282,21 @@ fn reading_json(
             // Every catalog counter of the kind (even when the publisher declared them all
             // unavailable): one declared unavailable is null.
             let mut counters = Map::new();
-            for c in counters_of(kind) {
-                counters.insert(c.name.to_owned(), Value::Null);
+            for c in counters_of(kind).filter(|c| is_counter(c)) {
+                counters.insert(key(c, Held::Total), Value::Null);
             }
-            for (c, v) in values {
-                counters.insert(c.name.to_owned(), counter_json(c, *v));
+            for (c, v) in values.iter().filter(|(c, _)| is_counter(c)) {
+                counters.insert(key(c, Held::Total), counter_json(c, *v));
             }
             object.insert("counters".into(), Value::Object(counters));
             if let Some((then, seconds)) = then {
                 let presented = match then {
+                    // A histogram is presented whole, under "histograms".
                     Some(then) => cells(reading, Some(then), seconds)
-                        .map(|(c, v)| (c.name.to_owned(), v.unwrap_or(Value::Null)))
+                        .filter(|(c, _)| {
+                            c.presentation != hvstats_abi::Presentation::Histogram && is_counter(c)
+                        })
+                        .map(|(c, v)| (key(c, Held::Presented), v.unwrap_or(Value::Null)))
                         .collect::<Map<_, _>>(),
                     None => Map::new(),
                 };
@@ -258,6 +354,11 @@ pub fn instance_json(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>) -> Valu
     })
 }
 
+/// The document of `instances` (each an [`instance_json`]): `{"schema_version", "instances"}`.
+pub fn document(instances: Vec<Value>) -> Value {
+    json!({ SCHEMA_KEY: SCHEMA_VERSION, "instances": instances })
+}
+
 /// The JSON of one instance as `snapshot --json` prints it, for other commands.
 pub fn snapshot_json(s: &InstanceSnapshot) -> Value {
     instance_json(s, None)
@@ -280,7 +381,11 @@ fn with_unmapped(mut fields: Value, s: &InstanceSnapshot, at: ObjectRef) -> Valu
     fields
 }
 
-fn partition_json(p: &PartitionSnapshot, earlier: Option<Earlier<'_>>, s: &InstanceSnapshot) -> Value {
+pub(crate) fn partition_json(
+    p: &PartitionSnapshot,
+    earlier: Option<Earlier<'_>>,
+    s: &InstanceSnapshot,
+) -> Value {
     let then = |find: &dyn Fn(&InstanceSnapshot) -> Option<&ObjectReading>| {
         earlier.map(|e| (find(e.snapshot), e.seconds))
     };
@@ -303,7 +408,7 @@ fn partition_json(p: &PartitionSnapshot, earlier: Option<Earlier<'_>>, s: &Insta
         Some(_) => json!("stopped"),
     };
     let (vmm, uuid) = (vmm_json(p), uuid_json(p));
-    let fields = json!({"id": p.id, "name": p.name, "uuid": uuid, "vmm": vmm, "active": p.active, "state": state, "stopped_reason": p.stopped, "vps": vps});
+    let fields = json!({"id": p.id, "name": p.name, "uuid": uuid, "vmm": vmm, "sources": sources_json(p), "active": p.active, "state": state, "stopped_reason": p.stopped, "vps": vps});
     with(
         reading_json(&p.reading, ObjectKind::Partition, t),
         with_unmapped(fields, s, ObjectRef::Partition(p.id)),

@@ -4,7 +4,9 @@
 //! - [`TempDir`]: a temporary runtime directory;
 //! - [`kvm_available`]: the check of tests that need a guest (skipped without /dev/kvm, a
 //!   failure under `HVSTATS_REQUIRE_KVM=1`);
-//! - [`synthetic_instance`]: a reading of a large host, every counter set, built in memory.
+//! - [`Libvirtd`]: a libvirt daemon of the test's own, with a QEMU domain;
+//! - [`synthetic_instance`]: a reading of a large host, every counter set, built in memory;
+//! - [`synthetic_load`]: a published instance counting made-up traffic, for the surfaces.
 //!
 //! Test code only: the product crates take it as a dev-dependency (the bench, which measures
 //! with the synthetic reading, as a dependency).
@@ -13,8 +15,12 @@
 
 mod dir;
 mod kvm;
+mod libvirt;
+mod load;
 mod reading;
 
 pub use dir::TempDir;
 pub use kvm::kvm_available;
+pub use libvirt::{LibvirtDomain, Libvirtd};
+pub use load::synthetic_load;
 pub use reading::synthetic_instance;

@@ -136,6 +136,18 @@ impl Arena {
         Ok(arena)
     }
 
+    /// Notes in the header that the publisher refreshed its counters now, and the period since
+    /// the refresh before, for readers to learn the cadence at which counters move.
+    pub fn note_refresh(&self) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
+        let before = self.header(hw::REFRESHED_US).swap(now, Ordering::Relaxed);
+        if before != 0 && now > before {
+            self.header(hw::REFRESH_PERIOD_US).store(now - before, Ordering::Relaxed);
+        }
+    }
+
     /// The arena file, for mapping one of its pages at its offset.
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.file.as_fd()

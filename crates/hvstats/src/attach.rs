@@ -301,6 +301,13 @@ impl Instance {
         &self.arena.header().description
     }
 
+    /// How often its publisher refreshes its counters, as it last did it (`None` before its
+    /// second refresh): a reader sampling more often sees rates alternate between 0 and about
+    /// twice the real one.
+    pub fn refresh_period(&self) -> Option<std::time::Duration> {
+        self.arena.refresh_period()
+    }
+
     /// True while its publisher holds its lock (works whatever PID namespace it runs in).
     pub fn is_live(&self) -> bool {
         publish::is_locked(self.arena.file().as_fd())

@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! offset 0          header page: magic, format, geometry, chunk count, layout sequence,
-//!                   owner pid, creation time, role, the instance's description
+//!                   owner pid, creation time, role, the last refresh and its period, the
+//!                   instance's description
 //! 4096 + c × CHUNK  chunk c: CHUNK_SLOTS index entries (ENTRY_BYTES each, INDEX_PAGES pages),
 //!                   then CHUNK_SLOTS stats pages; slot s = c × CHUNK_SLOTS + i owns entry i and
 //!                   page i of chunk c
@@ -75,6 +76,11 @@ pub(crate) mod hw {
     pub const PID: usize = 6;
     pub const CREATED_MS: usize = 7;
     pub const ROLE: usize = 8;
+    /// When the publisher last refreshed its counters, in µs since the Unix epoch (0: never).
+    pub const REFRESHED_US: usize = 9;
+    /// How long before that it had refreshed them, in µs (0: not twice yet): the cadence at which
+    /// its counters move, which a reader's interval must not undercut.
+    pub const REFRESH_PERIOD_US: usize = 10;
     /// Byte offset of the description's kind, then its name.
     pub const KIND_OFFSET: usize = 512;
     pub const NAME_OFFSET: usize = KIND_OFFSET + super::KIND_BYTES;

@@ -123,27 +123,8 @@ pub struct PartitionStats {
     overlay_writes: AtomicU64,
     hypervisor: Weak<Hypervisor>,
     /// True for a partition this process runs (not one published for another VMM or
-    /// hypervisor): the authority keeps its run state and declares what only observed VMs have.
+    /// hypervisor): the authority keeps its run state.
     own: bool,
-}
-
-/// The partition counters only observed VMs have (not maintained for our own partitions,
-/// maintained for observed ones: the state of a VMM's QMP session): our own partitions declare
-/// them unavailable from birth and in every later declaration, so no reader takes their 0 for a
-/// measurement.
-fn observed_only() -> &'static [CounterId] {
-    static ROWS: std::sync::OnceLock<Vec<CounterId>> = std::sync::OnceLock::new();
-    ROWS.get_or_init(|| {
-        hvstats_abi::CATALOG
-            .iter()
-            .filter(|c| {
-                c.id.kind == ObjectKind::Partition
-                    && !c.maintained.is_maintained()
-                    && hvstats_abi::catalog::observed(c).is_some_and(|m| m.is_maintained())
-            })
-            .map(|c| c.id)
-            .collect()
-    })
 }
 
 impl PartitionStats {
@@ -230,8 +211,7 @@ impl PartitionStats {
     /// hypercall counts, say): readers report them as unknown (`None`, JSON null), never as 0.
     /// Replaces any earlier declaration; ids of other object kinds are ignored.
     pub fn set_unavailable(&self, counters: &[CounterId]) {
-        let own = if self.own { observed_only() } else { &[] };
-        self.write_entry(|w| write_unavailable(w, &[counters, own].concat()));
+        self.write_entry(|w| write_unavailable(w, counters));
     }
 
     fn write_entry(&self, f: impl FnOnce(&mut [u64; index::ENTRY_WORDS])) {
@@ -438,10 +418,15 @@ impl Hypervisor {
 
     /// Refreshes every LP page from the host's `/proc/stat`, `/proc/interrupts` and cpuidle
     /// (see [`crate::lp`]); called on the collector's cadence, the only writer of LP pages.
+    /// Every publisher calls it once per refresh of its counters, so it also notes the refresh
+    /// and its period in the instance's headers, where readers learn how often counters move
+    /// ([`crate::attach::Instance::refresh_period`]).
     ///
     /// # Errors
     /// When procfs cannot be read.
     pub fn refresh_lps(&self) -> io::Result<()> {
+        self.arena.note_refresh();
+        self.global.note_refresh();
         let cpus: Vec<u32> = self.lps.iter().map(|lp| lp.cpu).collect();
         for (lp, sample) in self.lps.iter().zip(crate::lp::sample_host(&cpus)?) {
             crate::lp::apply(&lp.page, &sample);
@@ -544,8 +529,6 @@ impl Hypervisor {
         unavailable: &[CounterId],
         own: bool,
     ) -> io::Result<Arc<PartitionStats>> {
-        let unavailable = if own { [unavailable, observed_only()].concat() } else { unavailable.to_vec() };
-        let unavailable = unavailable.as_slice();
         if !vp_indices.is_sorted_by(|a, b| a < b) {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "VP indices not ascending"));
         }

@@ -176,6 +176,15 @@ impl ArenaReader {
         }
     }
 
+    /// The period between the publisher's last two refreshes, as its header says now (`None`
+    /// before it refreshed twice).
+    pub fn refresh_period(&self) -> Option<std::time::Duration> {
+        match self.header_word(hw::REFRESH_PERIOD_US) {
+            0 => None,
+            us => Some(std::time::Duration::from_micros(us)),
+        }
+    }
+
     /// The layout sequence now (one load): it changes with every index change.
     pub fn layout_seq(&self) -> u64 {
         self.header_word(hw::LAYOUT_SEQ)

@@ -14,6 +14,7 @@ use std::sync::OnceLock;
 use hvstats_abi::catalog::{Counter, Presentation, counters_of};
 use hvstats_abi::histogram::{HISTOGRAM_SLOTS, Log2Histogram};
 use hvstats_abi::page::{PAGE_SLOTS, PageLayout};
+use hvstats_abi::vm_sources::SourceTable;
 use hvstats_abi::{ObjectKind, PageView, StatsPage};
 use zerocopy::IntoBytes;
 
@@ -230,6 +231,14 @@ fn read_with(
 pub use crate::error_chain::error_chain;
 
 impl PartitionSnapshot {
+    /// Which source of an observed VM gave each of its counters, as its partition page says
+    /// ([`SourceTable`]); `None` for a partition that names no source (our own, or an
+    /// unreadable page).
+    pub fn sources(&self) -> Option<SourceTable> {
+        let ObjectReading::Counters(values) = &self.reading else { return None };
+        SourceTable::decode(|id| values.iter().find(|(c, _)| c.id == id).map(|(_, v)| *v))
+    }
+
     /// The readable VPs summed counter by counter (`None` when none was readable): a partition's
     /// total, for every surface that shows one. A counter some VP does not have is left out.
     pub fn vps_summed(&self) -> Option<ObjectReading> {

@@ -119,6 +119,11 @@ impl VmUuid {
         (bytes != [0; 16]).then_some(Self(bytes))
     }
 
+    /// Its 16 bytes, in the canonical form's order.
+    pub fn bytes(self) -> [u8; 16] {
+        self.0
+    }
+
     /// The two index words: the bytes in order, as little-endian words.
     pub fn to_words(self) -> [u64; 2] {
         let (a, b) = self.0.split_at(8);

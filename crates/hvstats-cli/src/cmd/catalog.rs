@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use hvstats_abi::catalog::observed;
 use hvstats_abi::{CATALOG, Counter, Maintained, Presentation, Unit};
+use hvstats_present::json_keys::{self, Held};
 use serde_json::{Value, json};
 
 use crate::output;
@@ -14,7 +15,8 @@ use crate::output;
 /// Flags of `hvstats catalog`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Print a JSON array with one object per counter instead of a table.
+    /// Print JSON instead of a table: `{"schema_version", "counters": [one object per counter]}`,
+    /// each with the keys snapshots, reports and top's JSON give it (`json_keys`).
     #[arg(long)]
     json: bool,
 }
@@ -23,7 +25,8 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.json {
         let rows: Vec<Value> = CATALOG.iter().map(counter_json).collect();
-        output::print_json(&rows, true)?;
+        let doc = json!({ json_keys::SCHEMA_KEY: json_keys::SCHEMA_VERSION, "counters": rows });
+        output::print_json(&doc, true)?;
     } else {
         output::with_stdout(write_table)?;
     }
@@ -54,6 +57,11 @@ pub fn counter_json(c: &Counter) -> Value {
         "index": c.id.index,
         "offset": c.id.offset(),
         "name": c.name,
+        "json_keys": {
+            "total": json_keys::key(c, Held::Total),
+            "delta": json_keys::key(c, Held::Delta),
+            "presented": json_keys::key(c, Held::Presented),
+        },
         "unit": c.unit.name(),
         "presentation": c.presentation.name(),
         "maintained": maintained_by(c.maintained),

@@ -19,6 +19,7 @@ use hvstats_abi::group::PAGE_SIZE;
 use hvstats_abi::histogram::Log2Histogram;
 use hvstats_abi::page::{GroupWalk, ListEnd, PageError, PageView, RawGroup, StatsPage, infer_kind};
 use hvstats_abi::{GroupKind, ObjectKind, Presentation};
+use hvstats_present::json_keys::{self, Held};
 use serde_json::{Map, Value, json};
 
 use crate::input;
@@ -157,7 +158,7 @@ fn page_json(view: &PageView<'_>, inferred: bool) -> Value {
         })
         .collect();
     let counters: Map<String, Value> =
-        counters_of(view.kind).map(|c| (c.name.to_owned(), json!(view.value(c.id)))).collect();
+        counters_of(view.kind).map(|c| (json_keys::key(c, Held::Total), json!(view.value(c.id)))).collect();
     let histograms: Map<String, Value> = counters_of(view.kind)
         .filter(|c| c.presentation == Presentation::Histogram)
         .filter_map(|c| Some((c.name.to_owned(), histogram_json(&view.histogram(c.id)?))))
@@ -181,6 +182,7 @@ fn page_json(view: &PageView<'_>, inferred: bool) -> Value {
         ListEnd::EndOfPage(o) => ("END_OF_PAGE", o),
     };
     json!({
+        json_keys::SCHEMA_KEY: json_keys::SCHEMA_VERSION,
         "type": view.kind.short_name(),
         "inferred": inferred,
         "groups": groups,

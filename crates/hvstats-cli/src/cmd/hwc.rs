@@ -14,6 +14,7 @@ use hvstats::hwc::{Allocation, Allocator, CounterSetHandle, CpuSet, HwcError, Li
 use hvstats_abi::hal::{
     GroupAffinity, NtStatus, PhysicalCounterResourceDescriptor as Descriptor, PhysicalCounterResourceList,
 };
+use hvstats_present::json_keys;
 use hvstats_present::text::Escaped;
 use serde_json::{Value, json};
 
@@ -119,6 +120,14 @@ fn print(text: &str) -> anyhow::Result<()> {
     Ok(output::print(text)?)
 }
 
+/// A JSON document as printed: with the schema version of hvstats' JSON.
+fn versioned(mut v: Value) -> Value {
+    if let Value::Object(map) = &mut v {
+        map.insert(json_keys::SCHEMA_KEY.to_owned(), json!(json_keys::SCHEMA_VERSION));
+    }
+    v
+}
+
 fn status_json(s: NtStatus) -> Value {
     json!({ "status": s.name().unwrap_or("unknown"), "code": format!("{:#010X}", s.0) })
 }
@@ -179,7 +188,7 @@ fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
             "table": allocator.table_path(),
             "holders": holders.iter().map(allocation_json).collect::<Vec<_>>(),
         });
-        print(&format!("{}\n", serde_json::to_string_pretty(&v)?))?;
+        print(&format!("{}\n", serde_json::to_string_pretty(&versioned(v))?))?;
         return Ok(ExitCode::SUCCESS);
     }
     let mut s = String::new();
@@ -308,7 +317,7 @@ fn alloc(args: AllocArgs) -> anyhow::Result<ExitCode> {
                 let mut v = status_json(s);
                 v["handle"] = Value::Null;
                 v["reason"] = json!(why);
-                print(&format!("{v}\n"))?;
+                print(&format!("{}\n", versioned(v)))?;
             } else {
                 let why = why.map(|w| format!(": {w}")).unwrap_or_default();
                 print(&format!("allocation refused: {s}{why}\n"))?;
@@ -321,7 +330,7 @@ fn alloc(args: AllocArgs) -> anyhow::Result<ExitCode> {
         let mut v = status_json(NtStatus::SUCCESS);
         v["handle"] = json!(handle.raw());
         v["allocation"] = allocation_json(&held);
-        print(&format!("{v}\n"))?;
+        print(&format!("{}\n", versioned(v)))?;
     } else {
         let until = if args.hold {
             "held until this command ends (SIGINT/SIGTERM)".to_owned()
@@ -344,7 +353,7 @@ fn alloc(args: AllocArgs) -> anyhow::Result<ExitCode> {
         let mut v = status_json(s);
         v["freed"] = json!(handle.raw());
         v["signal"] = json!(signal);
-        print(&format!("{v}\n"))?;
+        print(&format!("{}\n", versioned(v)))?;
     } else {
         print(&format!("signal {signal}: freed handle {handle}: {s}\n"))?;
     }
@@ -362,7 +371,7 @@ fn free(args: FreeArgs) -> anyhow::Result<ExitCode> {
     if args.common.json {
         let mut v = status_json(s);
         v["handle"] = json!(handle.raw());
-        print(&format!("{v}\n"))?;
+        print(&format!("{}\n", versioned(v)))?;
     } else if s.is_success() {
         print(&format!("handle {handle} freed: {s}\n"))?;
     } else {

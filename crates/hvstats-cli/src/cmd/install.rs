@@ -15,7 +15,7 @@ use crate::output::{self, ExitStatus, out};
 #[derive(clap::Args, Debug)]
 pub struct ManArgs {
     /// The directory to write the pages into (`hvstats.1`, then `hvstats-<command>.1` for each
-    /// command), e.g. /usr/local/share/man/man1. It must exist.
+    /// command), e.g. /usr/local/share/man/man1; created (with its parents) when missing.
     #[arg(long, value_name = "DIR")]
     out_dir: PathBuf,
 }
@@ -31,11 +31,13 @@ pub struct CompletionsArgs {
 /// Writes a man page for `hvstats` and one for each of its commands into `--out-dir`.
 ///
 /// # Errors
-/// When the directory does not exist or a page cannot be written.
+/// When the directory cannot be created, is not a directory, or a page cannot be written.
 pub fn man(args: ManArgs, cli: Command) -> anyhow::Result<ExitCode> {
-    if !args.out_dir.is_dir() {
-        anyhow::bail!("--out-dir {} is not an existing directory", args.out_dir.display());
+    if args.out_dir.exists() && !args.out_dir.is_dir() {
+        anyhow::bail!("--out-dir {} is not a directory", args.out_dir.display());
     }
+    std::fs::create_dir_all(&args.out_dir)
+        .with_context(|| format!("creating --out-dir {}", args.out_dir.display()))?;
     let cli = cli.disable_help_subcommand(true);
     let mut written = Vec::new();
     for (name, page) in pages(&cli) {

@@ -134,6 +134,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             filter: VmFilter { include: args.vms, exclude: args.exclude_vms },
             cancel: cancel.clone(),
             claims: Some(dir.clone()),
+            ..Default::default()
         };
         Observer::new(hv, procfs, targets, options)
     });

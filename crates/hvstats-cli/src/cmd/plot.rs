@@ -351,15 +351,21 @@ pub fn busiest(header: &Header, first: &[u64], last: &[u64], n: usize) -> Vec<&'
     moved.into_iter().take(n).map(|(c, _)| c).collect()
 }
 
-/// Each VP counter's total over the VPs of each sample, first and last, read one VP at a time.
+/// Each VP counter's total over the VPs of each sample, first and last, read one VP at a time
+/// (shorter than the header's counters, or empty, where the rest are zeros).
 fn first_and_last_totals<R: std::io::BufRead>(
     reader: &mut SampleReader<R>,
 ) -> anyhow::Result<(Vec<u64>, Vec<u64>)> {
     let counters = reader.header().catalog.vp.len();
     let (mut first, mut last): (Option<Vec<u64>>, Vec<u64>) = (None, Vec::new());
     loop {
-        let mut totals = vec![0u64; counters];
+        // Made at a sample's first VP, whose values pay for it: a sample without VPs costs
+        // nothing, however many counters a (hostile) header lists. Empty means all zeros.
+        let mut totals = Vec::new();
         let read = reader.next_with(|at| {
+            if totals.is_empty() {
+                totals = vec![0u64; counters];
+            }
             for (total, v) in totals.iter_mut().zip(at.vp.values.iter().flatten()) {
                 *total = total.saturating_add(v.unwrap_or(0));
             }
@@ -373,11 +379,7 @@ fn first_and_last_totals<R: std::io::BufRead>(
         }
         last = totals;
     }
-    let first = first.unwrap_or_default();
-    if last.is_empty() {
-        last = first.clone();
-    }
-    Ok((first, last))
+    Ok((first.unwrap_or_default(), last))
 }
 
 fn register_font() -> anyhow::Result<()> {

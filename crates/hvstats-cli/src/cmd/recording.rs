@@ -61,11 +61,6 @@ impl CounterInfo {
             maintained: c.maintained.is_maintained(),
         }
     }
-
-    /// The catalog row of the same name, when this build knows it.
-    pub fn counter(&self, kind: ObjectKind) -> Option<&'static Counter> {
-        hvstats_abi::catalog::counter_by_name(kind, &self.name)
-    }
 }
 
 /// A VP histogram as the header describes it.
@@ -274,6 +269,11 @@ pub fn write_line(out: &mut impl Write, value: &impl Serialize) -> anyhow::Resul
 /// costs it.
 pub const MAX_LINE: usize = 128 << 20;
 
+/// The longest header accepted: 1 MiB, dozens of times what this build writes (its catalog's
+/// counters and histograms, about 20 KiB), so a newer catalog still reads while a header of
+/// millions of made-up counters is refused before anything is parsed.
+pub const MAX_HEADER: usize = 1 << 20;
+
 /// A recording read one sample at a time, so what reads it holds no more than it keeps: the
 /// header is read and checked first, then each [`next_with`](Self::next_with) parses and checks one line.
 pub struct SampleReader<R> {
@@ -290,7 +290,7 @@ impl<R: BufRead> SampleReader<R> {
     /// When the input cannot be read, is empty, or does not start with a header of a format and
     /// version this build reads.
     pub fn new(mut input: R) -> anyhow::Result<Self> {
-        let Some(first) = read_line(&mut input, 1)? else {
+        let Some(first) = read_line(&mut input, 1, MAX_HEADER)? else {
             anyhow::bail!("the file is empty: not a recording")
         };
         // Format and version first: a newer version may have a header this build cannot parse.
@@ -368,7 +368,7 @@ impl<R: BufRead> SampleReader<R> {
     fn next_line(&mut self) -> anyhow::Result<Option<(usize, Vec<u8>)>> {
         self.line += 1;
         let n = self.line;
-        let Some(line) = read_line(&mut self.input, n)? else { return Ok(None) };
+        let Some(line) = read_line(&mut self.input, n, MAX_LINE)? else { return Ok(None) };
         if !line.ends_with(b"\n") {
             return Ok(None);
         }
@@ -613,15 +613,22 @@ mod stream {
     }
 }
 
-/// Line `n` of `input` (with its newline, if it has one), at most [`MAX_LINE`] bytes; `None` at
-/// the end.
-fn read_line(input: &mut impl BufRead, n: usize) -> anyhow::Result<Option<Vec<u8>>> {
+/// Line `n` of `input` (with its newline, if it has one), at most `max` bytes; `None` at the
+/// end.
+fn read_line(input: &mut impl BufRead, n: usize, max: usize) -> anyhow::Result<Option<Vec<u8>>> {
     let mut line = Vec::new();
-    let read = std::io::Read::take(input, MAX_LINE as u64 + 1).read_until(b'\n', &mut line)?;
+    let read = std::io::Read::take(input, max as u64 + 1).read_until(b'\n', &mut line)?;
     if read == 0 {
         return Ok(None);
     }
-    anyhow::ensure!(line.len() <= MAX_LINE, "line {n} is longer than {MAX_LINE} bytes");
+    match n {
+        1 => anyhow::ensure!(
+            line.len() <= max,
+            "line 1 is longer than {max} bytes: not a recording header (a header lists the catalog's \
+             counters, tens of KiB)"
+        ),
+        _ => anyhow::ensure!(line.len() <= max, "line {n} is longer than {max} bytes"),
+    }
     Ok(Some(line))
 }
 
@@ -631,9 +638,25 @@ impl Header {
         self.version >= 2
     }
 
-    /// The VP counters with this build's catalog rows (unknown names are `None`).
+    /// The VP counters with this build's catalog rows (unknown names are `None`), looked up in
+    /// one table of the catalog: linear in the header, however long a hostile one is.
     pub fn vp_counters(&self) -> Vec<(&CounterInfo, Option<&'static Counter>)> {
-        self.catalog.vp.iter().map(|c| (c, c.counter(ObjectKind::Vp))).collect()
+        let catalog: std::collections::HashMap<&str, &'static Counter> =
+            counters_of(ObjectKind::Vp).map(|c| (c.name, c)).collect();
+        self.catalog.vp.iter().map(|c| (c, catalog.get(c.name.as_str()).copied())).collect()
+    }
+
+    /// Where each VP counter's paired count (a cost's count) is in the header's VP order,
+    /// found through one table of names: linear in the header.
+    pub fn vp_paired_at(&self) -> Vec<Option<usize>> {
+        let mut at: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+        for (i, c) in self.catalog.vp.iter().enumerate() {
+            at.entry(c.name.as_str()).or_insert(i);
+        }
+        self.vp_counters()
+            .iter()
+            .map(|(_, c)| at.get(c.and_then(|c| c.paired_count())?.name).copied())
+            .collect()
     }
 }
 

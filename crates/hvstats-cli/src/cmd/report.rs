@@ -1,5 +1,5 @@
 //! `hvstats report`: what a recording says per VP — each counter's cumulative value at the VP's
-//! last sample (catalog names as keys), its change over the recording, and that change presented
+//! last sample (keyed by what they hold: `hvstats_present::json_keys`), its change over the recording, and that change presented
 //! as the catalog says: rates per second, % of the time, average cost in ns; per histogram, what
 //! it recorded over the recording (count, sum, and p50/p99 as upper bounds of their buckets, from
 //! the bucket deltas between the VP's first and last sample); and its CPU wait.
@@ -9,19 +9,20 @@
 //! A recording made before histograms were recorded (format version 1) says so instead of
 //! showing them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use hvstats_abi::Presentation;
-use hvstats_present::present;
+use hvstats_abi::{Counter, Presentation, Unit};
+use hvstats_present::json_keys::{self, Held};
+use hvstats_present::present::{self, human_ns};
 use serde_json::{Map, Value, json};
 
 use hvstats_present::text::Escaped;
 
-use crate::cmd::recording::{Header, SampleReader, VpKey, VpSample};
+use crate::cmd::recording::{CounterInfo, Header, SampleReader, VpKey, VpSample};
 
 /// Flags of `hvstats report`.
 #[derive(clap::Args, Debug)]
@@ -275,18 +276,18 @@ pub fn no_histograms_note(header: &Header) -> Option<String> {
     })
 }
 
+/// The JSON key of a recorded counter when it holds `held`: the catalog's ([`json_keys`]), or
+/// the recording's name for a counter this build does not know.
+fn json_key(info: &CounterInfo, counter: Option<&'static Counter>, held: Held) -> String {
+    counter.map_or_else(|| info.name.clone(), |c| json_keys::key(c, held))
+}
+
 /// The per-VP reports of a recording, in order of first appearance.
 pub fn reports(digest: &Digest) -> impl Iterator<Item = VpReport> + '_ {
     let header = &digest.header;
     let counters = header.vp_counters();
     // Where each counter's paired count is, found once.
-    let paired_at: Vec<Option<usize>> = counters
-        .iter()
-        .map(|(_, c)| {
-            let p = c.and_then(|c| c.paired_count())?;
-            counters.iter().position(|(c, _)| c.name == p.name)
-        })
-        .collect();
+    let paired_at = header.vp_paired_at();
     digest.vps.iter().map(move |d| {
         let (vm, instance, partition, vp) =
             (d.vm.clone(), d.key.instance.to_string(), d.key.partition, d.key.vp);
@@ -300,19 +301,20 @@ pub fn reports(digest: &Digest) -> impl Iterator<Item = VpReport> + '_ {
         let mut percent = Map::new();
         let mut costs = Map::new();
         for (i, (info, counter)) in counters.iter().enumerate() {
-            let name = info.name.clone();
+            let total = json_key(info, *counter, Held::Total);
             // Not maintained on KVM, or declared unavailable by the publisher: unknown.
             let (Some(before), Some(after)) = (first.get(i), last.get(i)) else {
-                cumulative.insert(name, Value::Null);
+                cumulative.insert(total, Value::Null);
                 continue;
             };
             if !info.maintained {
-                cumulative.insert(name, Value::Null);
+                cumulative.insert(total, Value::Null);
                 continue;
             }
-            cumulative.insert(name.clone(), json!(after));
-            deltas.insert(name.clone(), json!(after.checked_sub(before)));
+            cumulative.insert(total, json!(after));
+            deltas.insert(json_key(info, *counter, Held::Delta), json!(after.checked_sub(before)));
             let Some(counter) = counter else { continue };
+            let name = json_keys::key(counter, Held::Presented);
             let paired = paired_at[i].and_then(|j| Some((first.get(j)?, last.get(j)?)));
             let shown = present::over_interval(counter, before, after, seconds, paired).map(|p| p.value);
             match counter.presentation {
@@ -328,16 +330,16 @@ pub fn reports(digest: &Digest) -> impl Iterator<Item = VpReport> + '_ {
         // A counter this build knows that the recording does not list (one made by an older
         // hvstats, before the counter was appended) is unknown too.
         for c in hvstats_abi::catalog::counters_of(hvstats_abi::ObjectKind::Vp) {
-            cumulative.entry(c.name).or_insert(Value::Null);
+            cumulative.entry(json_keys::key(c, Held::Total)).or_insert(Value::Null);
         }
         // CPU wait: per dispatch (the catalog's cost) and as a share of the recording's time.
-        let wait = hvstats_abi::catalog::vp::CPU_WAIT_TIME_PER_DISPATCH.counter().map(|c| c.name);
-        let wait_delta = wait.and_then(|n| deltas.get(n)).and_then(Value::as_u64);
-        let dispatches = hvstats_abi::catalog::vp::DISPATCHES.counter().map(|c| c.name);
+        let wait = hvstats_abi::catalog::vp::CPU_WAIT_TIME_PER_DISPATCH.counter();
+        let wait_delta = wait.and_then(|c| deltas.get(&json_keys::key(c, Held::Delta))).and_then(Value::as_u64);
+        let dispatches = hvstats_abi::catalog::vp::DISPATCHES.counter();
         let cpu_wait = json!({
             "wait_ns": wait_delta,
-            "dispatches": dispatches.and_then(|n| deltas.get(n)).and_then(Value::as_u64),
-            "per_dispatch_ns": wait.and_then(|n| costs.get(n)).cloned().unwrap_or(Value::Null),
+            "dispatches": dispatches.and_then(|c| deltas.get(&json_keys::key(c, Held::Delta))).and_then(Value::as_u64),
+            "per_dispatch_ns": wait.and_then(|c| costs.get(&json_keys::key(c, Held::Presented))).cloned().unwrap_or(Value::Null),
             "percent_of_time": wait_delta
                 .filter(|_| seconds > 0.0)
                 .map(|w| w as f64 / (seconds * 1e9) * 100.0),
@@ -377,7 +379,7 @@ fn text_head(digest: &Digest) -> String {
 /// One VP's part of the text report. The VM name is escaped (it comes from a VMM's command line
 /// and could hold control characters), and the instance and partition say which VM it is when two
 /// share a name.
-fn text_vp(digest: &Digest, r: &VpReport) -> String {
+fn text_vp(digest: &Digest, histogram_names: &HashSet<&str>, r: &VpReport) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
     let _ = writeln!(
@@ -393,21 +395,31 @@ fn text_vp(digest: &Digest, r: &VpReport) -> String {
     let _ =
         writeln!(out, "  {:<40} {:>20} {:>16} {:>16}", "counter", "cumulative", "delta", "over recording");
     // Page order, as the header lists the counters.
-    for info in &digest.header.catalog.vp {
+    for (info, counter) in digest.header.vp_counters() {
         let name = &info.name;
         // A histogram's one value is its sum; the histogram section below gives all of it.
-        if digest.header.catalog.vp_histograms.iter().any(|h| h.name == *name) {
+        if histogram_names.contains(name.as_str()) {
             continue;
         }
-        let Some(v) = r.json["cumulative"][name].as_u64() else { continue };
+        let Some(v) = r.json["cumulative"][json_key(info, counter, Held::Total)].as_u64() else { continue };
         if v == 0 {
             continue;
         }
-        let delta = r.json["deltas"][name].as_u64().map_or("-".into(), |d| d.to_string());
+        let delta = r.json["deltas"][json_key(info, counter, Held::Delta)].as_u64();
+        let presented = json_key(info, counter, Held::Presented);
         let shown = [("rates_per_second", "/s"), ("percent_of_time", "%"), ("average_cost_ns", " ns")]
             .iter()
-            .find_map(|(k, unit)| Some(format!("{:.1}{unit}", r.json[k][name].as_f64()?)))
+            .find_map(|(k, unit)| Some(format!("{:.1}{unit}", r.json[k][&presented].as_f64()?)))
             .unwrap_or_default();
+        // Times in their unit: a total time read as a count of 100 ns says nothing.
+        let (v, delta) = match counter.map(|c| c.unit) {
+            Some(Unit::Time100ns) => {
+                (human_ns(v.saturating_mul(100)), delta.map(|d| human_ns(d.saturating_mul(100))))
+            }
+            Some(Unit::Nanoseconds) => (human_ns(v), delta.map(human_ns)),
+            _ => (v.to_string(), delta.map(|d| d.to_string())),
+        };
+        let delta = delta.unwrap_or_else(|| "-".into());
         let _ = writeln!(out, "  {name:<40} {v:>20} {delta:>16} {shown:>16}");
     }
     let wait = &r.json["cpu_wait"];
@@ -431,6 +443,7 @@ fn text_vp(digest: &Digest, r: &VpReport) -> String {
 /// The `--json` document; its VPs are made and written one at a time.
 #[derive(serde::Serialize)]
 struct Document<'a> {
+    schema_version: u32,
     format_version: u32,
     note: Option<String>,
     bytes_per_sample: Option<u64>,
@@ -461,6 +474,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     // Through the shared output path: a closed pipe ends quietly, a full device is an error.
     if args.json {
         let doc = Document {
+            schema_version: json_keys::SCHEMA_VERSION,
             format_version: digest.header.version,
             note: no_histograms_note(&digest.header),
             bytes_per_sample,
@@ -472,8 +486,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         crate::output::print_json(&doc, true)?;
     } else {
         crate::output::print(&text_head(&digest))?;
+        // Found once, not per counter of every VP: a hostile header may list millions of each.
+        let histogram_names: HashSet<&str> =
+            digest.header.catalog.vp_histograms.iter().map(|h| h.name.as_str()).collect();
         for r in reports(&digest) {
-            crate::output::print(&text_vp(&digest, &r))?;
+            crate::output::print(&text_vp(&digest, &histogram_names, &r))?;
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -33,7 +33,7 @@ use hvstats_kvm::observe::claim::Claim;
 use hvstats_kvm::{
     FaultCause, Handlers, HardwareCounters, Partition, PartitionConfig, RipSeen, RunReport, VpOutcome,
 };
-use hvstats_present::present;
+use hvstats_present::{json_keys, present};
 use serde_json::{Map, Value, json};
 
 use crate::input;
@@ -90,6 +90,32 @@ pub struct Args {
     /// table lives (default: $HVSTATS_RUNTIME_DIR, else /run/hvstats).
     #[arg(long)]
     runtime_dir: Option<PathBuf>,
+    /// The partition's name for readers: the `vm` label of its series in `serve`, its name in
+    /// `snapshot`, `top` and `record`, the same on every run (default: `demo`, or the image's
+    /// file name without its extension). At most 64 bytes, no control characters.
+    #[arg(long, value_name = "NAME", value_parser = parse_name)]
+    name: Option<String>,
+}
+
+/// The most bytes of a partition name the runtime directory's index keeps.
+const MAX_NAME_BYTES: usize = hvstats::index::TEXT_BYTES;
+
+fn parse_name(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.len() > MAX_NAME_BYTES || s.chars().any(char::is_control) {
+        return Err(format!("{s:?}: a name of 1 to {MAX_NAME_BYTES} bytes without control characters"));
+    }
+    Ok(s.to_owned())
+}
+
+/// The name a partition gets without `--name`: what it runs, never who runs it (a pid would make
+/// its series new on every run).
+fn default_name(image: Option<&Path>) -> String {
+    let stem = image.and_then(Path::file_stem).map(|s| s.to_string_lossy().into_owned());
+    match stem.and_then(|s| parse_name(&s).ok()) {
+        Some(name) => name,
+        None if image.is_some() => "image".to_owned(),
+        None => "demo".to_owned(),
+    }
 }
 
 fn parse_mode(s: &str) -> Result<Mode, String> {
@@ -212,6 +238,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         mode: image.mode,
         timeout: run_length(&args),
         hardware_counters: hardware.as_ref().ok().cloned(),
+        name: args.name.clone().unwrap_or_else(|| default_name(args.image.as_deref())),
         ..PartitionConfig::default()
     };
     let mut handlers = Handlers::builtin();
@@ -338,10 +365,13 @@ fn hardware_json(vp: &VpOutcome, unavailable: Option<&str>) -> Value {
     }
 }
 
+/// Every counter of `kind` as a total keyed by what it holds ([`json_keys`]); one no source
+/// maintains on KVM is null, not the 0 its page slot reads.
 fn counters_json(kind: ObjectKind, page: &hvstats::SharedPage) -> Value {
     let mut m = Map::new();
     for c in counters_of(kind) {
-        m.insert(c.name.to_string(), json!(page.get(c.id)));
+        let value = if c.maintained.is_maintained() { json!(page.get(c.id)) } else { Value::Null };
+        m.insert(json_keys::key(c, json_keys::Held::Total), value);
     }
     Value::Object(m)
 }
@@ -414,8 +444,9 @@ fn json_report(
         vps.push(obj);
     }
     Ok(json!({
+        json_keys::SCHEMA_KEY: json_keys::SCHEMA_VERSION,
         "elapsed_seconds": report.elapsed.as_secs_f64(),
-        "partition": {"counters": counters_json(ObjectKind::Partition, stats.page())},
+        "partition": {"name": partition.config().name, "counters": counters_json(ObjectKind::Partition, stats.page())},
         "vps": vps,
     }))
 }
@@ -436,7 +467,9 @@ fn print_tables(
         secs
     )?;
     let ppage = partition.stats().page();
-    for c in counters_of(ObjectKind::Partition).filter(|c| all || c.maintained.is_maintained()) {
+    for c in counters_of(ObjectKind::Partition)
+        .filter(|c| !c.is_bookkeeping() && (all || c.maintained.is_maintained()))
+    {
         out!("  {:<40} {:>14}", c.name, ppage.get(c.id))?;
     }
     let hidden = counters_of(ObjectKind::Vp).filter(|c| !c.maintained.is_maintained()).count();
@@ -503,6 +536,18 @@ fn print_tables(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_partition_is_named_by_what_it_runs_never_by_who_runs_it() {
+        assert_eq!(default_name(None), "demo");
+        assert_eq!(default_name(Some(Path::new("/srv/guests/web-1.bin"))), "web-1");
+        assert_eq!(default_name(Some(Path::new("/srv/guests/\u{7}.bin"))), "image");
+        assert_eq!(parse_name("db-1"), Ok("db-1".to_owned()));
+        for bad in ["", "a\nb", &"x".repeat(65)] {
+            let e = parse_name(bad).unwrap_err();
+            assert!(e.contains("1 to 64 bytes without control characters"), "{bad:?}: {e}");
+        }
+    }
 
     #[test]
     fn the_demo_builds_in_every_mode() {

@@ -64,6 +64,12 @@ impl Filter {
         self.counters.is_empty() || self.counters.iter().any(|c| name.contains(&c.to_lowercase()))
     }
 
+    /// Keeps a JSON key when `--counter` names its counter by catalog name or by the key.
+    fn keeps_key(&self, key: &str) -> bool {
+        let name = hvstats_present::json_keys::counter_of_key(key).map(|c| c.name);
+        self.keeps_counter(key) || name.is_some_and(|n| self.keeps_counter(n))
+    }
+
     /// Keeps the partitions `--vm` matches (by name, or `instance:id` when unnamed); with
     /// `--vm`, the host-wide objects go.
     fn apply(&self, mut s: InstanceSnapshot) -> InstanceSnapshot {
@@ -85,7 +91,7 @@ impl Filter {
                     if matches!(key.as_str(), "counters" | "interval" | "histograms")
                         && let Value::Object(counters) = v
                     {
-                        counters.retain(|name, _| self.keeps_counter(name));
+                        counters.retain(|key, _| self.keeps_key(key));
                     } else {
                         self.apply_json(v);
                     }
@@ -124,6 +130,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         })?;
         return Ok(if failed { ExitStatus::RuntimeError.into() } else { ExitStatus::Success.into() });
     }
+    if let Some(seconds) = args.interval {
+        for instance in attach.instances() {
+            let period = instance.refresh_period();
+            if let Some(w) =
+                period.and_then(|p| super::cadence_warning(seconds, &instance.name().to_string(), p))
+            {
+                note!("{w}");
+            }
+        }
+    }
     let started = Instant::now();
     let first: Vec<InstanceSnapshot> =
         attach.instances_mut().map(|i| filter.apply(Instance::snapshot(i))).collect();
@@ -147,7 +163,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     if args.json {
         let instances: Vec<Value> = snapshots.iter().map(|s| instance_json(s, earlier_of(s))).collect();
-        let mut doc = json!({ "instances": instances });
+        let mut doc = hvstats_present::snapshot_json::document(instances);
         if let Some((_, seconds)) = &earlier {
             doc["interval_seconds"] = json!(seconds);
         }
@@ -199,8 +215,11 @@ fn row_name(counter: &Counter, interval: bool) -> String {
             Some(base) => format!("{base} (total)"),
             None => format!("{} (total)", counter.name),
         },
+        // A cost's total is the time alone: "per dispatch" is what it is averaged over, which
+        // only an interval gives.
         Presentation::Cost | Presentation::PercentTime | Presentation::CumulativeTime => {
-            format!("{} (total time)", counter.name.trim_start_matches("% "))
+            let name = counter.name.trim_start_matches("% ");
+            format!("{} (total time)", name.split(" per ").next().unwrap_or(name))
         }
         _ => counter.name.to_owned(),
     }

@@ -124,6 +124,68 @@ impl Drop for KilledOnDrop {
     }
 }
 
+/// What a plain HTTP/1.0 `GET /metrics` to `addr` gets before the server closes (or 10 s pass):
+/// for a TLS port, no HTTP answer.
+pub fn http_get_raw(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    let _ = stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n");
+    let mut reply = Vec::new();
+    let _ = stream.read_to_end(&mut reply);
+    String::from_utf8_lossy(&reply).into_owned()
+}
+
+/// The path of a Prometheus tool (`prometheus` or `promtool`, Debian's package `prometheus`), or
+/// `None`: skipped, unless `HVSTATS_REQUIRE_PROMETHEUS=1` (CI installs it), where it fails.
+pub fn prometheus_tool(name: &str, test: &str) -> Option<&'static str> {
+    let path: &'static str = match name {
+        "promtool" => "/usr/bin/promtool",
+        _ => "/usr/bin/prometheus",
+    };
+    if Path::new(path).exists() {
+        return Some(path);
+    }
+    let msg = format!("{test}: {path} is missing (Debian package prometheus)");
+    assert!(std::env::var("HVSTATS_REQUIRE_PROMETHEUS").as_deref() != Ok("1"), "{msg}");
+    eprintln!("{msg}: skipped");
+    None
+}
+
+/// A loopback port nobody listens on now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// `s` percent-encoded for a URL's query string.
+pub fn url_encoded(s: &str) -> String {
+    s.bytes()
+        .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") })
+        .collect()
+}
+
+/// The JSON key of the catalog counter named `name` (of any kind: a name several kinds share has
+/// one key) when the value is a total, as snapshots, `run --json` and `dump --json` give it.
+pub fn total(name: &str) -> String {
+    json_key(name, hvstats_present::json_keys::Held::Total)
+}
+
+/// As [`total`], for a delta over an interval (`top --once --json`, `report --json`).
+pub fn delta(name: &str) -> String {
+    json_key(name, hvstats_present::json_keys::Held::Delta)
+}
+
+/// As [`total`], for a value presented over an interval (a rate, a percentage, an average).
+pub fn presented(name: &str) -> String {
+    json_key(name, hvstats_present::json_keys::Held::Presented)
+}
+
+fn json_key(name: &str, held: hvstats_present::json_keys::Held) -> String {
+    let counter =
+        hvstats_abi::CATALOG.iter().find(|c| c.name == name).unwrap_or_else(|| panic!("no counter {name:?}"));
+    hvstats_present::json_keys::key(counter, held)
+}
+
 /// A stand-in VMM: this test binary run again as `qemu-system-x86_64 … <args>` (its command line
 /// is what an observer reads), holding a KVM VM with one vCPU, whose vCPU thread is named
 /// `thread_name`, until its standard input closes. A line `exec ARG…` on its standard input makes

@@ -14,4 +14,4 @@ pub mod raw;
 pub mod sys;
 pub mod tally;
 
-pub use tally::{Slot, SpanColumn, Tally, TallyError, ThreadTable, TracepointColumn};
+pub use tally::{Context, Slot, SpanColumn, Tally, TallyError, ThreadTable, TracepointColumn};

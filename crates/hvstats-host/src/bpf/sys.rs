@@ -1,6 +1,7 @@
 //! The `bpf(2)` commands hvstats uses: create an array map, read and write its elements, load a
 //! tracepoint program, and attach it to a tracepoint through a perf event
-//! (`PERF_EVENT_IOC_SET_BPF`). Every fd is owned the moment it exists.
+//! (`PERF_EVENT_IOC_SET_BPF`), or run it once on a context of our making (`BPF_PROG_TEST_RUN`).
+//! Every fd is owned the moment it exists.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -12,6 +13,10 @@ const CMD_MAP_DELETE_ELEM: libc::c_int = 3;
 /// `BPF_MAP_TYPE_HASH`.
 pub const MAP_HASH: u32 = 1;
 const CMD_PROG_LOAD: libc::c_int = 5;
+const CMD_PROG_TEST_RUN: libc::c_int = 10;
+/// The largest context `BPF_PROG_TEST_RUN` gives a raw tracepoint program:
+/// `MAX_BPF_FUNC_ARGS` (12) `u64`s (`bpf_prog_test_run_raw_tp`).
+pub const MAX_TEST_RUN_CONTEXT: usize = 12 * 8;
 /// `BPF_MAP_TYPE_ARRAY`.
 pub const MAP_ARRAY: u32 = 2;
 /// `BPF_MAP_TYPE_PERCPU_ARRAY`.
@@ -40,6 +45,11 @@ impl Attr {
     fn u64_at(&mut self, off: usize, v: u64) -> &mut Self {
         self.0[off..off + 8].copy_from_slice(&v.to_ne_bytes());
         self
+    }
+    fn get_u32(&self, off: usize) -> u32 {
+        let mut w = [0u8; 4];
+        w.copy_from_slice(&self.0[off..off + 4]);
+        u32::from_ne_bytes(w)
     }
     fn call(&mut self, cmd: libc::c_int) -> io::Result<libc::c_long> {
         // SAFETY: `self` is a bpf_attr-sized buffer we own for the call; every pointer stored in
@@ -250,6 +260,28 @@ impl Program {
     /// As [`load_tracepoint`](Self::load_tracepoint).
     pub fn load_raw_tracepoint(insns: &[u64]) -> Result<Self, LoadError> {
         Self::load(PROG_RAW_TRACEPOINT, insns)
+    }
+
+    /// Runs a raw tracepoint program once, on this thread and CPU, with `context` as its context
+    /// (the tracepoint's arguments, or whatever the program reads there), and returns what it
+    /// returned: the kernel's `BPF_PROG_TEST_RUN`, whose raw tracepoint runner calls the program
+    /// as a firing of its tracepoint would (`bpf_prog_test_run_raw_tp`).
+    ///
+    /// # Errors
+    /// EINVAL when the context is longer than [`MAX_TEST_RUN_CONTEXT`] or shorter than what the
+    /// program reads, or the program is not a raw tracepoint program; what else the kernel says.
+    pub fn test_run(&self, context: &[u8]) -> io::Result<u32> {
+        if context.len() > MAX_TEST_RUN_CONTEXT {
+            return Err(io::Error::from(io::ErrorKind::InvalidInput));
+        }
+        let mut attr = Attr::new();
+        // struct bpf_attr.test: prog_fd @0, retval @4, ctx_size_in @40, ctx_in @48.
+        attr.u32_at(0, self.fd.as_raw_fd() as u32);
+        if !context.is_empty() {
+            attr.u32_at(40, context.len() as u32).u64_at(48, context.as_ptr() as u64);
+        }
+        attr.call(CMD_PROG_TEST_RUN)?;
+        Ok(attr.get_u32(4))
     }
 
     fn load(kind: u32, insns: &[u64]) -> Result<Self, LoadError> {

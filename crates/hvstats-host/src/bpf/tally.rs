@@ -13,12 +13,19 @@
 //! tracepoint, classified by its filter, to the next firing of another on the same thread, each
 //! span's nanoseconds added to its column — `kvm_exit` by exit reason until `kvm_entry` is the
 //! time KVM spends in the kernel on each class of exit. The programs stay one per tracepoint.
+//!
+//! A tally may also be a rehearsal ([`Tally::rehearsal`]): the same programs, made from formats
+//! given as text and attached nowhere, each run by the kernel on a record of the caller's making
+//! ([`Tally::fire`], `BPF_PROG_TEST_RUN`) as a firing of its tracepoint on the calling thread
+//! would run it. A tracepoint that never fires on this host (`kvm_exit` without VMX or SVM) is
+//! tested so through the very program the observer attaches to it.
 
 use std::collections::BTreeMap;
 use std::io;
 use std::path::Path;
 use std::sync::Mutex;
 
+use super::filter::Fields;
 use super::filter::{self, FilterError, Pred};
 use super::program::{self, Column, Spans};
 use super::raw;
@@ -100,6 +107,42 @@ pub enum TallyError {
     /// Every slot is taken.
     #[error("all {0} slots of the in-kernel counters are in use")]
     Full(u32),
+    /// A rehearsal was given no format for a tracepoint of its columns.
+    #[error("no format for tracepoint {0}")]
+    NoFormat(String),
+    /// A tracepoint has no program to fire: the tally is not a rehearsal, or does not count it.
+    #[error("tracepoint {0} has no rehearsed program")]
+    NotRehearsed(String),
+    /// The kernel did not run the program.
+    #[error("running the program of {tracepoint}")]
+    Run {
+        /// `system:name`.
+        tracepoint: String,
+        /// The kernel's error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// What a tracepoint's program reads as its context.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Context {
+    /// The tracepoint's record, laid out as its tracefs format says (a tracepoint program).
+    Record,
+    /// The tracepoint's arguments, one `u64` each (a raw tracepoint program).
+    Arguments,
+}
+
+/// A tracepoint: (system, name).
+type Tracepoint = (String, String);
+
+/// Where a tally's programs run.
+#[derive(Debug)]
+enum Programs {
+    /// Attached to the kernel's tracepoints, for the life of the tally (dropping them detaches).
+    Attached { _attachments: Vec<Attachment> },
+    /// Attached nowhere: run on records given to [`Tally::fire`].
+    Rehearsal(BTreeMap<Tracepoint, (Program, Context)>),
 }
 
 /// A counted thread's place in the rows.
@@ -118,7 +161,7 @@ pub struct Tally {
     /// Per slot, the open span (time, column + 1), when the tally has span columns.
     pending: Option<ArrayMap>,
     free: Mutex<Slots>,
-    _attachments: Vec<Attachment>,
+    programs: Programs,
 }
 
 #[derive(Debug)]
@@ -190,6 +233,42 @@ impl Tally {
         spans: &[SpanColumn],
         table: ThreadTable,
     ) -> Result<Self, TallyError> {
+        let (parts, attachments) =
+            Self::build(counted, spans, table, |system, name, roles, columns, maps| {
+                attach_one(tracefs, system, name, roles, columns, maps)
+            })?;
+        Ok(parts.into_tally(Programs::Attached {
+            _attachments: attachments.into_iter().map(|(_, a)| a).collect(),
+        }))
+    }
+
+    /// A tally whose programs are attached nowhere: made as [`with_spans`](Self::with_spans)
+    /// would make them, from the formats `format(system, name)` gives (as tracefs prints them),
+    /// and run on records of the caller's making by [`fire`](Self::fire). A tracepoint without a
+    /// format, or whose program the kernel refuses, is not counted (see
+    /// [`refused`](Self::refused)).
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn rehearsal(
+        format: &dyn Fn(&str, &str) -> Option<String>,
+        counted: &[TracepointColumn],
+        spans: &[SpanColumn],
+        table: ThreadTable,
+    ) -> Result<Self, TallyError> {
+        let (parts, programs) = Self::build(counted, spans, table, |system, name, roles, columns, maps| {
+            rehearse_one(format, system, name, roles, columns, maps)
+        })?;
+        Ok(parts.into_tally(Programs::Rehearsal(programs.into_iter().collect())))
+    }
+
+    /// The maps of `counted` then `spans`, and a program for each tracepoint, made by `place`.
+    fn build<P>(
+        counted: &[TracepointColumn],
+        spans: &[SpanColumn],
+        table: ThreadTable,
+        mut place: impl FnMut(&str, &str, &Roles, &[TracepointColumn], &Maps<'_>) -> Result<P, TallyError>,
+    ) -> Result<(Parts, Vec<(Tracepoint, P)>), TallyError> {
         let width = counted.len() + spans.len();
         if width > MAX_COLUMNS {
             return Err(TallyError::Assemble(format!("{width} columns (at most {MAX_COLUMNS})")));
@@ -217,12 +296,12 @@ impl Tally {
             by_tracepoint.entry((s.end_system.as_str(), s.end_name.as_str())).or_default().ends = true;
         }
         let mut refused = vec![None; columns.len()];
-        let mut attachments = Vec::new();
+        let mut placed = Vec::new();
         let mut first_error = None;
         for ((system, name), roles) in by_tracepoint {
             let maps = Maps { threads: &threads, rows: &rows, pending: pending.as_ref(), width };
-            match attach_one(tracefs, system, name, &roles, columns, &maps) {
-                Ok(a) => attachments.push(a),
+            match place(system, name, &roles, columns, &maps) {
+                Ok(p) => placed.push(((system.to_owned(), name.to_owned()), p)),
                 Err(e) => {
                     for &i in roles.counts.iter().chain(&roles.starts) {
                         refused[i] = Some(error_text(&e));
@@ -239,22 +318,55 @@ impl Tally {
                 }
             }
         }
-        if attachments.is_empty()
+        if placed.is_empty()
             && let Some(e) = first_error
         {
             return Err(e);
         }
         let free = Slots { free: (0..SLOTS).rev().collect(), used: BTreeMap::new() };
-        Ok(Self {
-            columns: columns.len(),
-            refused,
-            threads,
-            table,
-            rows,
-            pending,
-            free: Mutex::new(free),
-            _attachments: attachments,
-        })
+        let parts = Parts { columns: columns.len(), refused, threads, table, rows, pending, free };
+        Ok((parts, placed))
+    }
+
+    /// Runs the program of `system:name` once on this thread, with `context` as what it reads
+    /// ([`context`](Self::context): the record, laid out as its format says, or the arguments),
+    /// as a firing of the tracepoint on this thread would; returns what the program returned.
+    ///
+    /// # Errors
+    /// When the tally is not a rehearsal or has no program for the tracepoint, or the kernel does
+    /// not run it (a context longer than 96 bytes, or shorter than what the program reads).
+    pub fn fire(&self, system: &str, name: &str, context: &[u8]) -> Result<u32, TallyError> {
+        let tracepoint = format!("{system}:{name}");
+        let Programs::Rehearsal(programs) = &self.programs else {
+            return Err(TallyError::NotRehearsed(tracepoint));
+        };
+        let Some((program, _)) = programs.get(&(system.to_owned(), name.to_owned())) else {
+            return Err(TallyError::NotRehearsed(tracepoint));
+        };
+        program.test_run(context).map_err(|source| TallyError::Run { tracepoint, source })
+    }
+
+    /// What the rehearsed program of `system:name` reads, if the tally rehearses one.
+    pub fn context(&self, system: &str, name: &str) -> Option<Context> {
+        match &self.programs {
+            Programs::Rehearsal(programs) => {
+                programs.get(&(system.to_owned(), name.to_owned())).map(|(_, c)| *c)
+            }
+            Programs::Attached { .. } => None,
+        }
+    }
+
+    /// The span column open on `slot`'s thread (its index in the row), if one is.
+    ///
+    /// # Errors
+    /// When the pending map cannot be read.
+    pub fn open_span(&self, slot: Slot) -> io::Result<Option<usize>> {
+        let Some(pending) = &self.pending else { return Ok(None) };
+        let entry = pending.read(slot.0)?;
+        let mut column = [0u8; 8];
+        column.copy_from_slice(&entry[8..16]);
+        let column = u64::from_ne_bytes(column);
+        Ok(usize::try_from(column).ok().and_then(|c| c.checked_sub(1)))
     }
 
     /// Why column `i` is not counted in the kernel, if it is not.
@@ -345,6 +457,24 @@ fn error_text(e: &TallyError) -> String {
     text
 }
 
+/// A tally but its programs: the maps and slots [`Tally::build`] makes.
+struct Parts {
+    columns: usize,
+    refused: Vec<Option<String>>,
+    threads: ArrayMap,
+    table: ThreadTable,
+    rows: ArrayMap,
+    pending: Option<ArrayMap>,
+    free: Slots,
+}
+
+impl Parts {
+    fn into_tally(self, programs: Programs) -> Tally {
+        let Parts { columns, refused, threads, table, rows, pending, free } = self;
+        Tally { columns, refused, threads, table, rows, pending, free: Mutex::new(free), programs }
+    }
+}
+
 /// What the program of one tracepoint does: the counting columns and span columns it classifies
 /// into, and whether it closes spans.
 #[derive(Debug, Default)]
@@ -387,24 +517,74 @@ fn attach_one(
     let fields = filter::parse_format(&format);
     // A raw tracepoint first: it runs before the kernel makes the record, which is most of
     // what a classic tracepoint program costs a firing.
-    let filters: Vec<Option<&str>> =
-        roles.counts.iter().chain(&roles.starts).map(|&i| columns[i].filter.as_deref()).collect();
-    if let Some(raw_fields) = raw::fields(system, name, &fields, &filters)
-        && let Ok(counts) = program_columns(&tracepoint, &raw_fields, &roles.counts, columns)
-        && let Ok(starts) = program_columns(&tracepoint, &raw_fields, &roles.starts, columns)
-        && let Ok(insns) = maps.assemble(counts, starts, roles.ends)
+    if let Some(insns) = raw_program(system, name, &fields, roles, columns, maps)
         && let Ok(prog) = Program::load_raw_tracepoint(&insns)
         && let Ok(attached) = Attachment::raw_tracepoint(name, &prog)
     {
         return Ok(attached);
     }
-    let counts = program_columns(&tracepoint, &fields, &roles.counts, columns)?;
-    let starts = program_columns(&tracepoint, &fields, &roles.starts, columns)?;
-    let insns =
-        maps.assemble(counts, starts, roles.ends).map_err(|()| TallyError::Assemble(tracepoint.clone()))?;
+    let insns = record_program(&tracepoint, &fields, roles, columns, maps)?;
     let prog = Program::load_tracepoint(&insns)
         .map_err(|source| TallyError::Load { tracepoint: tracepoint.clone(), source })?;
     Attachment::tracepoint(id, &prog).map_err(|source| TallyError::Attach { tracepoint, source })
+}
+
+/// The program [`attach_one`] would attach to `system:name`, loaded to be run on a context of our
+/// making: the raw tracepoint program where that one loads, else the record program. The kernel
+/// test-runs raw tracepoint programs only (not tracepoint programs), so the record program runs
+/// as one: the same instructions, reading the record we give where a firing gives its record.
+fn rehearse_one(
+    format: &dyn Fn(&str, &str) -> Option<String>,
+    system: &str,
+    name: &str,
+    roles: &Roles,
+    columns: &[TracepointColumn],
+    maps: &Maps<'_>,
+) -> Result<(Program, Context), TallyError> {
+    let tracepoint = format!("{system}:{name}");
+    let text = format(system, name).ok_or_else(|| TallyError::NoFormat(tracepoint.clone()))?;
+    let fields = filter::parse_format(&text);
+    if let Some(insns) = raw_program(system, name, &fields, roles, columns, maps)
+        && let Ok(prog) = Program::load_raw_tracepoint(&insns)
+    {
+        return Ok((prog, Context::Arguments));
+    }
+    let insns = record_program(&tracepoint, &fields, roles, columns, maps)?;
+    let prog =
+        Program::load_raw_tracepoint(&insns).map_err(|source| TallyError::Load { tracepoint, source })?;
+    Ok((prog, Context::Record))
+}
+
+/// The raw tracepoint program of `system:name` (its context: the arguments), when the filters of
+/// its columns can be evaluated on its arguments.
+fn raw_program(
+    system: &str,
+    name: &str,
+    record: &Fields,
+    roles: &Roles,
+    columns: &[TracepointColumn],
+    maps: &Maps<'_>,
+) -> Option<Vec<u64>> {
+    let filters: Vec<Option<&str>> =
+        roles.counts.iter().chain(&roles.starts).map(|&i| columns[i].filter.as_deref()).collect();
+    let tracepoint = format!("{system}:{name}");
+    let fields = raw::fields(system, name, record, &filters)?;
+    let counts = program_columns(&tracepoint, &fields, &roles.counts, columns).ok()?;
+    let starts = program_columns(&tracepoint, &fields, &roles.starts, columns).ok()?;
+    maps.assemble(counts, starts, roles.ends).ok()
+}
+
+/// The tracepoint program of `tracepoint` (its context: the record, with `fields`).
+fn record_program(
+    tracepoint: &str,
+    fields: &Fields,
+    roles: &Roles,
+    columns: &[TracepointColumn],
+    maps: &Maps<'_>,
+) -> Result<Vec<u64>, TallyError> {
+    let counts = program_columns(tracepoint, fields, &roles.counts, columns)?;
+    let starts = program_columns(tracepoint, fields, &roles.starts, columns)?;
+    maps.assemble(counts, starts, roles.ends).map_err(|()| TallyError::Assemble(tracepoint.to_owned()))
 }
 
 fn program_columns(

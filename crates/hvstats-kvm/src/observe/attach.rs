@@ -17,6 +17,10 @@ pub struct ObserveOptions {
     pub qmp_auto: bool,
     /// Which VMs to observe.
     pub filter: VmFilter,
+    /// libvirt's read-only socket, for the statistics of libvirt's domains; `None` takes the
+    /// socket of libvirt's `LIBVIRT_DEFAULT_URI`, else the usual places
+    /// ([`super::libvirt::SOCKETS`]).
+    pub libvirt: Option<PathBuf>,
     /// Ends every QMP wait at once when set (the observer is stopping).
     pub cancel: Cancel,
     /// The runtime directory in which each VMM is claimed before it is observed (see

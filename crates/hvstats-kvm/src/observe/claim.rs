@@ -10,6 +10,11 @@
 //! claim. A claim whose holder died is free again: the kernel drops the lock with the process.
 //! The file is removed by its holder when done; a lock taken on a file another observer removed
 //! meanwhile is noticed (the name no longer leads to the locked file) and taken again.
+//!
+//! `flock` needs no more than a descriptor open for reading, so a claim file is its owner's
+//! alone (mode 0600, set again on a file an older hvstats left readable), and a claim counts
+//! only while its holder runs as the runtime directory's owner: a lock another user took (on a
+//! file they could once open) is no claim, and its name is taken over with a new file.
 
 use std::fs::File;
 use std::io::{self, Read, Seek, Write};
@@ -18,6 +23,7 @@ use std::path::Path;
 
 use hvstats::publish;
 use hvstats::runtime_dir::{Dir, RuntimeDirError, Use, fstat};
+use hvstats::trust;
 
 use super::discovery::is_shortage;
 
@@ -26,6 +32,9 @@ pub const CLAIMS_DIR: &str = "observed";
 
 /// The longest claim file read (a pid and an instance name).
 const MAX_CLAIM: u64 = 256;
+
+/// A claim file's mode: its owner's alone (a lock needs only a descriptor open for reading).
+const CLAIM_MODE: u32 = 0o600;
 
 /// Why a VMM could not be claimed.
 #[derive(Debug, thiserror::Error)]
@@ -95,11 +104,16 @@ impl Claim {
             .map_err(|source| ClaimError::StartTime { pid, source })?;
         let name = format!("{pid}-{start}");
         let dir = Dir::open(runtime_dir, Use::Publish)?.subdir(CLAIMS_DIR, Use::Publish)?;
+        let owner = fstat(dir.fd()).map_err(|source| RuntimeDirError::Io {
+            path: dir.path().to_owned(),
+            what: "stat",
+            source,
+        })?;
         let io_err = |source| ClaimError::Io { name: name.clone(), source };
         // A file another observer removes between our open and our lock is locked in vain:
         // the name leads elsewhere then, and we start over (a few times at most).
         for _ in 0..8 {
-            let mut file = match dir.create_file(&name, 0o644, None) {
+            let mut file = match dir.create_file(&name, CLAIM_MODE, None) {
                 Ok(f) => f,
                 Err(e) if e.io_kind() == Some(io::ErrorKind::AlreadyExists) => {
                     match dir.open_file(&name, true) {
@@ -114,11 +128,18 @@ impl Claim {
                 if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
                     return Err(io_err(e));
                 }
+                if held_by_another_user(&file, owner.st_uid) {
+                    // No claim: the name gets a new file of ours (the directory is ours alone).
+                    let _ = dir.remove_file(&name);
+                    continue;
+                }
                 return Err(taken(&mut file));
             }
             if !names_file(&dir, &name, &file) {
                 continue;
             }
+            // A file an older hvstats created readable by all: ours alone from now on.
+            file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(CLAIM_MODE)).map_err(io_err)?;
             file.set_len(0).map_err(io_err)?;
             writeln!(file, "{} {instance}", std::process::id()).map_err(io_err)?;
             return Ok(Self { dir, name, _file: file });
@@ -150,6 +171,22 @@ fn taken(file: &mut File) -> ClaimError {
     let instance = words.next().filter(|i| i.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'));
     let listed = hvstats::trust::holders(file).ok().and_then(|h| h.first().map(|h| h.pid));
     ClaimError::Taken { holder: listed.or(said).unwrap_or(0), instance: instance.map(str::to_owned) }
+}
+
+/// True when the lock on `file` is held by a process that does not run as `dir_owner` (the
+/// runtime directory's owner): such a lock is no claim. A holder whose user cannot be read (in a
+/// PID namespace this one cannot see, or `/proc` hidden) counts only on a file nobody but its
+/// owner, the directory's owner, can open.
+fn held_by_another_user(file: &File, dir_owner: u32) -> bool {
+    let Ok(holders) = trust::holders(file) else { return false };
+    let owners_only = fstat(file.as_fd()).is_ok_and(|st| st.st_uid == dir_owner && st.st_mode & 0o077 == 0);
+    if holders.is_empty() {
+        return !owners_only;
+    }
+    holders.iter().any(|h| match h.euid {
+        Some(uid) => uid != dir_owner,
+        None => !owners_only,
+    })
 }
 
 /// True when `name` in `dir` is the very file `file` is open on.

@@ -48,11 +48,16 @@ impl KvmScan {
         Self::default()
     }
 
-    /// Every process that holds a KVM VM now, with its descriptors, by pid.
+    /// Every process that holds a KVM VM now, with its descriptors, by pid, but those `known`
+    /// names (the VMs observed already, whose refresh says when they go).
     ///
     /// # Errors
     /// When the procfs root cannot be listed (out of descriptors, say): nothing is known then.
-    pub fn kvm_processes(&mut self, procfs: &Procfs) -> io::Result<Vec<(i32, KvmFds)>> {
+    pub fn kvm_processes(
+        &mut self,
+        procfs: &Procfs,
+        known: &dyn Fn(i32) -> bool,
+    ) -> io::Result<Vec<(i32, KvmFds)>> {
         self.tick += 1;
         let pids: Vec<i32> = match procfs.debugfs_vm_pids() {
             Some(named) => named.into_iter().collect(),
@@ -60,7 +65,7 @@ impl KvmScan {
         };
         self.seen.retain(|pid, _| pids.binary_search(pid).is_ok());
         let mut found = Vec::new();
-        for pid in pids {
+        for pid in pids.into_iter().filter(|p| !known(*p)) {
             // A process gone meanwhile, or not ours to look at, holds nothing we can observe.
             let Ok(start_time) = procfs.start_time(pid) else {
                 self.seen.remove(&pid);

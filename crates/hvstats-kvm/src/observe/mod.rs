@@ -7,8 +7,9 @@
 //!   [`qemu_args`]: QEMU's own reading of its command line;
 //! - [`counting`]: per-thread event counters on every thread of a process from attach on;
 //! - [`qmp`]: QEMU's QMP for KVM's statistics and vCPU threads;
-//! - [`sources`]: the sources of an observed VM's counters (its events, QMP, its threads' own
-//!   files), composed on the seam our own VPs' sources share;
+//! - [`libvirt`]: a read-only client of libvirt's remote protocol, for its domain statistics;
+//! - [`sources`]: the sources of an observed VM's counters (the VMM's KVM statistics descriptors,
+//!   libvirt, QMP, its events, its threads' own files), composed on the seam our own VPs' sources share;
 //! - [`vm`]: one observed VM and its partition; [`observer`]: attach, refresh, detach;
 //! - [`publication`]: what an observed partition publishes beside its pages;
 //! - [`claim`]: one observer per VM per host.
@@ -19,14 +20,17 @@
 //! Where BPF is permitted the tracepoints are counted in the kernel ([`counting`]) and a group
 //! holds only the two software events (task clock, migrations); with perf counters it holds every
 //! event of [`sources::events::vm_events`] (18 on a host without VMX/SVM, 33 with). Plus one QMP socket when
-//! given.
+//! given, one libvirt connection for a libvirt domain, and a copy of each KVM statistics
+//! descriptor the VMM holds.
 
 pub mod attach;
 pub mod claim;
 pub mod counting;
 pub mod discovery;
+pub mod exit_watch;
 pub mod filter;
 pub mod kvm_scan;
+pub mod libvirt;
 pub mod observer;
 pub mod publication;
 pub mod qemu_args;

@@ -603,7 +603,11 @@ impl Observer {
             Targets::All => {
                 let me = std::process::id() as i32;
                 // A listing that failed (out of descriptors) changes nothing: retried next tick.
-                let Ok(listed) = self.scan.kvm_processes(&self.procfs) else { return Vec::new() };
+                // The VMs observed are not looked at again (their refresh says when they go).
+                let vms = &self.vms;
+                let Ok(listed) = self.scan.kvm_processes(&self.procfs, &|p| vms.contains_key(&p)) else {
+                    return Vec::new();
+                };
                 let pids: Vec<i32> = listed.iter().map(|(p, _)| *p).collect();
                 let still = |p: &i32| pids.contains(p);
                 self.done.retain(still);

@@ -444,19 +444,34 @@ impl Qmp {
     /// When the session is not greeted yet, or the request cannot be written within the
     /// session's timeout (the peer reads nothing) or at all.
     pub fn send(&mut self, command: &str, arguments: Option<Value>) -> Result<(), QmpError> {
-        if !self.greeted && command != "qmp_capabilities" {
-            return Err(QmpError::Protocol(format!("{command}: the session is not greeted yet")));
+        self.send_all(&[(command, arguments)])
+    }
+
+    /// Puts every request of `requests` out at once, in one write, without waiting for their
+    /// replies (as [`send`](Self::send) each).
+    ///
+    /// # Errors
+    /// As [`send`](Self::send).
+    pub fn send_all(&mut self, requests: &[(&str, Option<Value>)]) -> Result<(), QmpError> {
+        let mut text = String::new();
+        let mut ids = Vec::with_capacity(requests.len());
+        for (command, arguments) in requests {
+            if !self.greeted && *command != "qmp_capabilities" {
+                return Err(QmpError::Protocol(format!("{command}: the session is not greeted yet")));
+            }
+            let id = self.next_id;
+            self.next_id += 1;
+            let mut request = json!({ "execute": command, "id": id });
+            if let Some(a) = arguments {
+                request["arguments"] = a.clone();
+            }
+            text.push_str(&request.to_string());
+            text.push('\n');
+            ids.push((id, (*command).to_owned()));
         }
-        let id = self.next_id;
-        self.next_id += 1;
-        let mut request = json!({ "execute": command, "id": id });
-        if let Some(a) = arguments {
-            request["arguments"] = a;
-        }
-        let mut text = request.to_string();
-        text.push('\n');
-        self.write_all(command, text.as_bytes(), Instant::now() + self.timeout)?;
-        self.outstanding.push_back((id, command.to_owned()));
+        let what = requests.first().map_or("", |(c, _)| *c);
+        self.write_all(what, text.as_bytes(), Instant::now() + self.timeout)?;
+        self.outstanding.extend(ids);
         Ok(())
     }
 

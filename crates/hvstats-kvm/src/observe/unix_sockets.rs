@@ -6,7 +6,7 @@
 //! a `CONNECTING` entry bearing it (with no inode: nobody holds its file yet). An accepted
 //! connection whose client has closed stays listed until QEMU closes its end (not while QEMU is
 //! stopped); its reference count tells it apart: the client's end holds a reference to QEMU's
-//! (3 in all while the client lives, 2 once it closed). So the observer can say "another client
+//! (3 in all while the client lives, 2 once it closed), and so with one waiting. So the observer can say "another client
 //! holds the socket" only when one does (and "stalled" otherwise), leave a socket alone while
 //! someone else uses it, and let go of one when another client waits for it.
 
@@ -33,7 +33,7 @@ pub struct PathUse {
     /// Connections the listener accepted whose client still holds them (their server side
     /// bears its path).
     pub accepted: usize,
-    /// Connections waiting in its backlog.
+    /// Connections waiting in its backlog whose client still holds them.
     pub waiting: usize,
 }
 
@@ -103,7 +103,7 @@ impl UnixSockets {
             let entry = by_path.entry(rest.to_owned()).or_default();
             match state {
                 CONNECTED if refs >= HELD_REFS => entry.accepted += 1,
-                CONNECTING => entry.waiting += 1,
+                CONNECTING if refs >= HELD_REFS => entry.waiting += 1,
                 _ => {}
             }
         }
@@ -125,6 +125,7 @@ mod tests {
 000000009e8e977a: 00000003 00000000 00000000 0001 02     0 /tmp/q.sock
 0000000041312e4e: 00000003 00000000 00000000 0001 03 271519 /tmp/q.sock
 0000000041312e4d: 00000002 00000000 00000000 0001 03 271518 /tmp/q.sock
+0000000041312e4c: 00000002 00000000 00000000 0001 02     0 /tmp/q.sock
 0000000041312e4f: 00000003 00000000 00000000 0001 03 271520
 0000000041312e50: 00000003 00000000 00000000 0001 03 271521 /run/with space.sock
 0000000041312e51: 00000002 00000000 00010000 0001 01 271522 @abstract
@@ -132,7 +133,8 @@ mod tests {
 
     #[test]
     fn accepted_and_waiting_clients_are_counted_by_path() {
-        // Of the two accepted connections on q.sock, one's client closed (2 references).
+        // Of the two accepted connections on q.sock, and of the two waiting, one's client closed
+        // (2 references).
         let t = UnixSockets::parse(TABLE);
         assert_eq!(t.of(Path::new("/tmp/q.sock")), PathUse { accepted: 1, waiting: 1 });
         assert_eq!(t.of(Path::new("/run/with space.sock")), PathUse { accepted: 1, waiting: 0 });

@@ -25,10 +25,12 @@ use hvstats_abi::ObjectKind;
 use hvstats_abi::catalog::{self, CounterId};
 use hvstats_abi::counter_set::CounterSet;
 use hvstats_abi::source::Source;
+use hvstats_abi::vm_sources::{SourceEntry, SourceTable};
 
 use super::attach::{ObserveError, ObserveOptions};
 use super::claim::Claim;
 use super::discovery::{KvmFds, ProcessIdentity, Procfs, Vmm, is_gone, is_shortage};
+use super::exit_watch::ExitWatch;
 use super::publication;
 use super::sources::KvmExitState;
 use super::sources::{PeerState, VM_SOURCES, Vcpu, VmAttach, VmSource, VmView};
@@ -39,12 +41,18 @@ use crate::sources::counter_source::{Composition, Gives, Object};
 /// is a source (the authority's own, like the VP count, are always there). What no source gives
 /// of these is declared unavailable.
 fn relevant() -> Gives {
-    let sourced =
-        |c: &catalog::Counter| catalog::observed(c).is_some_and(|m| m.source() != Some(Source::Authority));
-    Gives {
-        partition: CounterSet::of_kind(ObjectKind::Partition, sourced),
-        vp: CounterSet::of_kind(ObjectKind::Vp, sourced),
-    }
+    static RELEVANT: std::sync::OnceLock<Gives> = std::sync::OnceLock::new();
+    *RELEVANT.get_or_init(|| {
+        // The partition page's own bookkeeping (which source gave what) is the observer's to
+        // write, not a counter a source gives: declared unavailable, no reader would see it.
+        let sourced = |c: &catalog::Counter| {
+            !c.is_bookkeeping() && catalog::observed(c).is_some_and(|m| m.source() != Some(Source::Authority))
+        };
+        Gives {
+            partition: CounterSet::of_kind(ObjectKind::Partition, sourced),
+            vp: CounterSet::of_kind(ObjectKind::Vp, sourced),
+        }
+    })
 }
 
 /// Why an observed VM is no longer observed.
@@ -98,6 +106,8 @@ pub struct ObservedVm {
     claim: Option<Claim>,
     /// The QMP socket it was attached with.
     qmp: Option<std::path::PathBuf>,
+    /// The VMM's exit, watched without reading `/proc` (on the host's procfs only).
+    exit: Option<ExitWatch>,
 }
 
 impl ObservedVm {
@@ -163,6 +173,7 @@ impl ObservedVm {
             declared: None,
             claim: None,
             qmp: qmp.map(std::path::Path::to_owned),
+            exit: (procfs.root() == std::path::Path::new("/proc")).then(|| ExitWatch::new(pid)).flatten(),
         };
         match me.refresh(procfs) {
             Ok(None) => Ok(me),
@@ -262,8 +273,10 @@ impl ObservedVm {
 
     /// Puts this refresh's questions to the peers of the VM's sources (see [`VmSource::ask`]).
     pub fn ask(&mut self, sockets: &UnixSockets) {
+        let mut given = Gives::NOTHING;
         for source in self.sources.sources_mut() {
-            source.ask(sockets);
+            source.ask(sockets, &given);
+            given = given.union(&source.gives());
         }
     }
 
@@ -295,7 +308,11 @@ impl ObservedVm {
     /// When the process's status cannot be read for another reason than its exit (this process
     /// is out of descriptors or memory): the VM is not refreshed, and stays observed.
     pub fn refresh(&mut self, procfs: &Procfs) -> io::Result<Option<Departure>> {
-        if !procfs.is_alive(self.pid)? {
+        let gone = match &self.exit {
+            Some(watch) => watch.has_exited(),
+            None => !procfs.is_alive(self.pid)?,
+        };
+        if gone {
             return Ok(Some(Departure::Exited));
         }
         let now = match procfs.identity(self.pid) {
@@ -408,8 +425,45 @@ impl ObservedVm {
         missing.partition.ids().chain(missing.vp.ids()).collect()
     }
 
+    /// The VM's sources, whether each gives counters now and from when it counts, and which
+    /// writes each counter: what its partition page tells readers.
+    pub fn source_table(&self) -> SourceTable {
+        let mut table = SourceTable::default();
+        let numbers: Vec<Option<u8>> = self
+            .sources
+            .sources()
+            .iter()
+            .map(|s| {
+                // A source with a peer is up while its peer answers (the QMP source always says
+                // the VM's state); another, while it gives counters.
+                let up = match s.peer() {
+                    Some(peer) => peer == PeerState::Up,
+                    None => {
+                        let gives = s.gives();
+                        !(gives.partition.is_empty() && gives.vp.is_empty())
+                    }
+                };
+                table.push(SourceEntry::new(s.name(), up, s.origin()))
+            })
+            .collect();
+        let relevant = relevant();
+        let ids = relevant.partition.ids().map(|id| (Object::Partition, id));
+        for (object, id) in ids.chain(relevant.vp.ids().map(|id| (Object::Vp(0), id))) {
+            if let Some(number) =
+                self.sources.writer_index(object, id).and_then(|i| numbers.get(i).copied().flatten())
+            {
+                table.set_writer(id, number);
+            }
+        }
+        table
+    }
+
     /// Declares the counters no source gives this VM now, when that changed.
     fn publish_facts(&mut self) {
+        let page = self.partition.page();
+        for (row, value) in self.source_table().rows() {
+            page.set(row, value);
+        }
         let unavailable = self.unavailable();
         if self.declared.as_ref() != Some(&unavailable) {
             publication::declare_unavailable(&self.partition, &unavailable);

@@ -74,6 +74,9 @@ pub struct PartitionConfig {
     /// Guest cycles and instructions retired per VP, counted with the PMU under this allocation
     /// (none: not counted).
     pub hardware_counters: Option<HardwareCounters>,
+    /// The partition's name for readers (`vm` in the exporter's series, `name` in snapshots):
+    /// what identifies it across runs. Empty: unnamed.
+    pub name: String,
 }
 
 impl Default for PartitionConfig {
@@ -88,6 +91,7 @@ impl Default for PartitionConfig {
             collect_interval: Duration::from_millis(100),
             cpuid: Vec::new(),
             hardware_counters: None,
+            name: String::new(),
         }
     }
 }
@@ -235,7 +239,7 @@ impl Partition {
         }
         // A kernel without binary stats leaves the VM-stat counters unmaintained.
         let vm_stats = KvmStats::open(space.vm().as_raw_fd()).ok();
-        let stats = hv.create_partition(config.vp_count).map_err(Error::StatsPages)?;
+        let stats = hv.create_partition_named(config.vp_count, &config.name).map_err(Error::StatsPages)?;
         // The authority keeps "GPA pages" and the hypervisor's "Total pages" from the RAM size, and
         // counts overlay maps and unmaps as GPA space modifications; setting up RAM is the first.
         stats.set_ram_pages(space.ram().size() / 4096);

@@ -173,8 +173,12 @@ impl<S: CounterSource + ?Sized> Composition<S> {
 
     /// The source that writes `counter` of `object`'s kind, if any.
     pub fn writer_of(&self, object: Object, counter: hvstats_abi::CounterId) -> Option<&S> {
-        let i = self.writes.iter().position(|w| w.of(object).contains(counter))?;
-        Some(&self.sources[i])
+        Some(&self.sources[self.writer_index(object, counter)?])
+    }
+
+    /// The place in the list of the source that writes `counter` of `object`'s kind, if any.
+    pub fn writer_index(&self, object: Object, counter: hvstats_abi::CounterId) -> Option<usize> {
+        self.writes.iter().position(|w| w.of(object).contains(counter))
     }
 
     /// Writes every counter of `object` from the source that gives it, into `page`; `keep`

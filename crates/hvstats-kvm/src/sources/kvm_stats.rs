@@ -101,6 +101,13 @@ impl KvmStats {
         &self.id
     }
 
+    /// The names of every statistic the kernel has, sorted.
+    pub fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.descs.keys().cloned().collect();
+        names.sort();
+        names
+    }
+
     /// True when the kernel has a statistic called `name`.
     pub fn has(&self, name: &str) -> bool {
         self.descs.contains_key(name)
@@ -186,6 +193,17 @@ impl Stat {
         &data[start..self.slot.saturating_add(self.size).min(data.len())]
     }
 
+    /// True for a time in seconds with a decimal exponent ([`nanoseconds`](Self::nanoseconds)
+    /// converts it).
+    pub fn is_time(self) -> bool {
+        self.scale != Scale::NotTime
+    }
+
+    /// True for a histogram (several values, its buckets), false for a single value.
+    pub fn is_histogram(self) -> bool {
+        self.size > 1
+    }
+
     /// Its raw (first) value in a data block read by [`KvmStats::read_into`].
     pub fn raw(self, data: &[u64]) -> u64 {
         data.get(self.slot).copied().unwrap_or(0)
@@ -212,6 +230,13 @@ impl StatsSnapshot<'_> {
     /// The raw (first) value of `name`, or 0 when the kernel has no such statistic.
     pub fn raw(&self, name: &str) -> u64 {
         self.stats.descs.get(name).and_then(|d| self.data.get(d.slot)).copied().unwrap_or(0)
+    }
+
+    /// Every value of `name` (a histogram's buckets), empty when the kernel has no such statistic.
+    pub fn values(&self, name: &str) -> &[u64] {
+        let Some(d) = self.stats.descs.get(name) else { return &[] };
+        let start = d.slot.min(self.data.len());
+        &self.data[start..d.slot.saturating_add(d.size).min(self.data.len())]
     }
 
     /// The value of a time statistic in nanoseconds, or 0 when it is missing or not a time.

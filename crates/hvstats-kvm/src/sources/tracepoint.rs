@@ -27,6 +27,10 @@ pub use hvstats_abi::source::Tracepoint;
 
 /// The ftrace filter that narrows `tp`'s event, if any, written from the ABI's APIC facts.
 pub fn filter(tp: Tracepoint) -> Option<String> {
+    // The kvm_exit parts: the exits of a class the exit tables add to its tracepoint's count.
+    if let Some(class) = tp.exit_class() {
+        return hvstats_abi::exit_filter::added_filter(class).map(|f| f.to_string());
+    }
     // kvm_mmio type: 0 unsatisfied read (the read is then traced again), 1 read, 2 write.
     let (page, end) = (apic::APIC_BASE, apic::APIC_BASE + apic::APIC_PAGE_SIZE);
     match tp {
@@ -49,6 +53,9 @@ pub fn filter(tp: Tracepoint) -> Option<String> {
         Tracepoint::UserspaceMmio => Some("reason == 6 && errno == 0".into()),
         Tracepoint::UserspaceOther => Some("reason != 2 && reason != 6 && reason != 10 && errno == 0".into()),
         Tracepoint::UserspaceMsr => Some("(reason == 29 || reason == 30) && errno == 0".into()),
+        // ft: a trap-like access (a write KVM completes after AVIC made it), not a fault KVM
+        // emulates (kvm_mmio sees those); the EOI register's are counted from kvm_exit.
+        Tracepoint::AvicTrap => Some(format!("ft == 1 && offset != {:#x}", apic::APIC_EOI - apic::APIC_BASE)),
         _ => None,
     }
 }
@@ -268,5 +275,11 @@ mod tests {
         assert_eq!(f(Tracepoint::X2apicTpr), "ecx == 0x808");
         assert_eq!(f(Tracepoint::X2apicEoi), "ecx == 0x80b && write == 1");
         assert_eq!(filter(Tracepoint::Cpuid), None);
+        assert_eq!(f(Tracepoint::AvicTrap), "ft == 1 && offset != 0xb0");
+        // The kvm_exit parts are the exit tables' added rows, on either architecture.
+        for tp in Tracepoint::ALL.into_iter().filter(|tp| tp.exit_class().is_some()) {
+            assert!(f(tp).starts_with("(isa == "), "{tp:?}: {}", f(tp));
+        }
+        assert_eq!(f(Tracepoint::ExitMsr), "(isa == 2 && (exit_reason == 0x8f))");
     }
 }

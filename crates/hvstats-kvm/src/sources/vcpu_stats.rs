@@ -41,17 +41,21 @@ fn stat_value(counter: &Counter, stats: &[Stat], data: &[u64]) -> u64 {
 }
 
 /// Copies one of KVM's log2 histograms into `page`: the sum from its `_ns` statistic, the buckets
-/// from its `_hist` statistic, whose bucketing (`fls64` of the nanoseconds, capped at the last
-/// bucket) is the page's own. `stats` are the two, in that order; nothing is written without both.
+/// from its `_hist` statistic. `stats` are the two, in that order; nothing is written without both.
 fn write_kvm_histogram(page: &SharedPage, counter: &Counter, stats: &[Stat], data: &[u64]) {
     let [sum, buckets] = stats else { return };
+    copy_kvm_histogram(page, counter, sum.nanoseconds(data), buckets.values(data));
+}
+
+/// Copies one of KVM's log2 histograms into `counter`'s slots of `page`: the sum (nanoseconds),
+/// then the buckets, whose bucketing (`fls64` of the nanoseconds, capped at the last bucket) is
+/// the page's own; a kernel with more buckets than the page puts its excess in the last, open one.
+pub(crate) fn copy_kvm_histogram(page: &SharedPage, counter: &Counter, sum_ns: u64, values: &[u64]) {
     let slots = page.histogram_slots(counter.id);
-    slots[0].store(sum.nanoseconds(data), Ordering::Relaxed);
-    let values = buckets.values(data);
+    slots[0].store(sum_ns, Ordering::Relaxed);
     for (slot, &v) in slots[1..].iter().zip(values.iter().take(BUCKETS)) {
         slot.store(v, Ordering::Relaxed);
     }
-    // A kernel with more buckets than the page: the excess belongs in the last, open bucket.
     if values.len() > BUCKETS {
         let rest: u64 = values[BUCKETS..].iter().fold(0, |a, &v| a.wrapping_add(v));
         let last = &slots[HISTOGRAM_SLOTS - 1];

@@ -3,50 +3,65 @@
 //! An exporter listens to peers it does not control (the README's fleet puts `--listen` off
 //! loopback), so every resource a client can make it hold is bounded here, and only here:
 //!
-//! - connections: at most [`Limits::max_connections`] at once; one more is answered `503` and
-//!   closed at once, never queued;
-//! - the request head (request line and headers): at most [`Limits::max_head_bytes`], read within
-//!   [`Limits::header_read_timeout`] (the same deadline closes a keep-alive connection that sends
-//!   nothing more); a longer line is refused before it is buffered;
+//! - connections: at most [`Limits::max_connections`] at once; at the cap, the idlest connection
+//!   (a kept-alive one waiting longest for its next request, else, of those waiting for an
+//!   answer, the one that has asked most) is closed to admit the new one, so clients holding the
+//!   cap cannot lock a scraper out; the cap is logged once per run of such closes, not per
+//!   connection;
+//! - the request head (request line and headers): at most [`Limits::max_head_bytes`], arriving in
+//!   full within [`Limits::header_read_timeout`] (the same deadline closes a keep-alive connection
+//!   that sends nothing more); a longer line is refused before it is buffered;
 //! - request bodies: never read, so a declared length allocates nothing;
+//! - requests on one connection: one at a time (pipelined ones wait their turn in hyper's
+//!   bounded read buffer), each answered from a reading begun after it arrived, so a connection
+//!   gets at most one answer per reading however fast it asks;
+//! - the bytes of replies in flight: a large reply is made once per reading and shared by every
+//!   connection sending it ([`Body::Shared`], counted once against [`Limits::max_reply_bytes`]);
+//!   past that budget, the connections that have held their reply longest are closed before a
+//!   new one is made;
 //! - writes: a reply that makes no progress for [`Limits::write_timeout`] (a client that does not
 //!   read) closes its connection; a connection lives at most [`Limits::max_lifetime`];
-//! - the answer itself (reading the instances) runs on a blocking thread, at most
-//!   [`Limits::answer_timeout`], so the accept loop never waits for it;
 //! - HTTP/2 and junk are answered with an error status by the HTTP/1 parser and closed: every
 //!   connection is one task, and its descriptor is closed when the task ends;
 //! - `accept` failing (EMFILE, ENFILE) is logged and retried with a backoff, never the end.
 //!
+//! Who may ask ([`crate::cmd::serve::web`]): TLS and basic authentication are checked here,
+//! before any answer is made.
+//!
 //! SIGINT and SIGTERM stop the server: it stops accepting, lets replies in flight finish within
-//! [`Limits::shutdown_grace`], and returns the signal.
+//! [`Limits::shutdown_grace`], and returns the signal without waiting for readings under way.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
-use std::net::TcpListener as StdListener;
-use std::pin::pin;
-use std::sync::Arc;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::pin::{Pin, pin};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use http_body_util::Full;
-use hyper::body::{Bytes, Incoming};
-use hyper::header::{ACCEPT, CONTENT_TYPE, HeaderValue};
+use hyper::body::{Body as HttpBody, Bytes, Frame, Incoming, SizeHint};
+use hyper::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderName, HeaderValue, WWW_AUTHENTICATE};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{Notify, Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio_io_timeout::TimeoutStream;
 
+use super::web::{Refusal, Web};
 use crate::signals::Signal;
 
 /// What the server lets one client hold.
 #[derive(Clone, Debug)]
 pub struct Limits {
-    /// Connections served at once; more are answered `503` and closed.
+    /// Connections served at once; at the cap the idlest is closed to admit a new one.
     pub max_connections: usize,
     /// Bytes of a request's line and headers (hyper's read buffer; 8 KiB at least).
     pub max_head_bytes: usize,
@@ -62,6 +77,9 @@ pub struct Limits {
     pub max_lifetime: Duration,
     /// Time replies in flight get to finish after SIGINT/SIGTERM.
     pub shutdown_grace: Duration,
+    /// Bytes of large replies in flight (each counted once, however many connections send it);
+    /// a reply larger than this alone is still made, once every other is gone.
+    pub max_reply_bytes: usize,
 }
 
 impl Default for Limits {
@@ -75,6 +93,7 @@ impl Default for Limits {
             answer_timeout: Duration::from_secs(30),
             max_lifetime: Duration::from_secs(300),
             shutdown_grace: Duration::from_millis(500),
+            max_reply_bytes: 128 << 20,
         }
     }
 }
@@ -90,6 +109,33 @@ pub struct Asked {
     pub accept: String,
 }
 
+/// The body of a reply.
+#[derive(Clone, Debug)]
+pub enum Body {
+    /// A short text, the connection's own.
+    Small(Bytes),
+    /// A large reply made once and sent by every connection that asked for it.
+    Shared(SharedBody),
+}
+
+/// A large reply in chunks, counted against [`Limits::max_reply_bytes`] until the last
+/// connection sending it lets go.
+#[derive(Clone, Debug)]
+pub struct SharedBody(Arc<Chunks>);
+
+#[derive(Debug)]
+struct Chunks {
+    parts: Vec<Bytes>,
+    len: usize,
+    bounds: Arc<Bounds>,
+}
+
+impl Drop for Chunks {
+    fn drop(&mut self) {
+        self.bounds.bytes.fetch_sub(self.len, Ordering::Relaxed);
+    }
+}
+
 /// What one request gets.
 #[derive(Debug)]
 pub struct Reply {
@@ -98,13 +144,73 @@ pub struct Reply {
     /// The value of the `Content-Type` header sent with `body`.
     pub content_type: &'static str,
     /// The body (left out for HEAD).
-    pub body: String,
+    pub body: Body,
 }
 
 impl Reply {
     /// A plain-text reply.
     pub fn text(status: u16, body: impl Into<String>) -> Self {
-        Self { status, content_type: "text/plain; charset=utf-8", body: body.into() }
+        let body: String = body.into();
+        Self { status, content_type: "text/plain; charset=utf-8", body: Body::Small(Bytes::from(body)) }
+    }
+}
+
+/// A writer (of bytes, or of text) that keeps what it is given in chunks of at most
+/// [`ChunkWriter::CHUNK`] bytes: a large reply costs its size, without the copies of a growing
+/// buffer.
+#[derive(Default)]
+pub struct ChunkWriter {
+    parts: Vec<Bytes>,
+    current: Vec<u8>,
+    len: usize,
+}
+
+impl ChunkWriter {
+    /// The size of a chunk.
+    pub const CHUNK: usize = 1 << 20;
+
+    fn push(&mut self, mut bytes: &[u8]) {
+        self.len += bytes.len();
+        while !bytes.is_empty() {
+            if self.current.capacity() == 0 {
+                self.current.reserve_exact(Self::CHUNK);
+            }
+            let room = Self::CHUNK - self.current.len();
+            let (now, later) = bytes.split_at(room.min(bytes.len()));
+            self.current.extend_from_slice(now);
+            bytes = later;
+            if self.current.len() == Self::CHUNK {
+                self.parts.push(Bytes::from(std::mem::take(&mut self.current)));
+            }
+        }
+    }
+
+    /// The reply, counted against `bounds`' budget of reply bytes.
+    pub fn finish(mut self, bounds: &Arc<Bounds>) -> SharedBody {
+        if !self.current.is_empty() {
+            self.current.shrink_to_fit();
+            self.parts.push(Bytes::from(std::mem::take(&mut self.current)));
+        }
+        bounds.bytes.fetch_add(self.len, Ordering::Relaxed);
+        SharedBody(Arc::new(Chunks { parts: self.parts, len: self.len, bounds: Arc::clone(bounds) }))
+    }
+}
+
+impl io::Write for ChunkWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.push(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl std::fmt::Write for ChunkWriter {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.push(s.as_bytes());
+        Ok(())
     }
 }
 
@@ -113,8 +219,275 @@ pub fn log(line: &str) {
     crate::output::log("serve", line);
 }
 
-/// Serves `listener` with `answer` (a blocking function, run off the accept loop) until SIGINT or
-/// SIGTERM; returns the signal.
+/// The connections open now: what each is doing, and how to close it.
+#[derive(Debug)]
+struct Connection {
+    close: Arc<Notify>,
+    /// When it was accepted, or when its last request began.
+    active_at: Instant,
+    /// True from a request's head until its reply is handed over.
+    busy: bool,
+    /// Requests it has made.
+    requests: u64,
+    /// When it took the large reply it is sending, if it is sending one.
+    holding_since: Option<Instant>,
+    closing: bool,
+}
+
+/// What the server shares between its connections and the answers: who is connected, and the
+/// bytes of the large replies in flight.
+#[derive(Debug)]
+pub struct Bounds {
+    limits: Limits,
+    connections: Mutex<HashMap<u64, Connection>>,
+    next: AtomicU64,
+    bytes: AtomicUsize,
+    /// When the budget of reply bytes last closed connections, said at most once a minute.
+    room_said: Mutex<Option<Instant>>,
+}
+
+impl Bounds {
+    /// The bounds of a server with `limits`.
+    pub fn new(limits: Limits) -> Arc<Self> {
+        Arc::new(Self {
+            limits,
+            connections: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(1),
+            bytes: AtomicUsize::new(0),
+            room_said: Mutex::new(None),
+        })
+    }
+
+    /// The limits.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Connection>> {
+        // Nothing half-done in the table can do harm: keep going after a panic elsewhere.
+        self.connections.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn add(&self) -> (u64, Arc<Notify>) {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let close = Arc::new(Notify::new());
+        let connection = Connection {
+            close: Arc::clone(&close),
+            active_at: Instant::now(),
+            busy: false,
+            requests: 0,
+            holding_since: None,
+            closing: false,
+        };
+        self.table().insert(id, connection);
+        (id, close)
+    }
+
+    fn with(&self, id: u64, f: impl FnOnce(&mut Connection)) {
+        if let Some(c) = self.table().get_mut(&id) {
+            f(c);
+        }
+    }
+
+    /// Closes the idlest connection: idle ones (between requests, or still sending a head), the
+    /// one inactive longest first; else, of those waiting for an answer, the one that has asked
+    /// most (a client asking again and again yields to one still waiting for its first answer).
+    /// False when none is left to close.
+    fn close_idlest(&self) -> bool {
+        let mut table = self.table();
+        let idlest = table
+            .values_mut()
+            .filter(|c| !c.closing)
+            .min_by_key(|c| (c.busy, if c.busy { u64::MAX - c.requests } else { 0 }, c.active_at));
+        match idlest {
+            Some(c) => {
+                c.closing = true;
+                c.close.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Bytes of large replies in flight.
+    pub fn reply_bytes(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Makes room for a new large reply: while the replies in flight pass the budget, closes the
+    /// connections that have held theirs longest, then waits (at most a second) for them to let
+    /// go. Runs on a blocking thread, off the one that drives the connections.
+    pub fn make_room(&self) {
+        let limit = self.limits.max_reply_bytes;
+        if self.reply_bytes() <= limit {
+            return;
+        }
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let mut closed = 0;
+        // The older half of the holders at a time (a reply is shared: closing one connection
+        // frees nothing while another still sends it), until the replies fit.
+        while self.reply_bytes() > limit && Instant::now() < deadline {
+            let mut holders: Vec<(Instant, u64)> = {
+                let table = self.table();
+                table
+                    .iter()
+                    .filter(|(_, c)| !c.closing)
+                    .filter_map(|(id, c)| Some((c.holding_since?, *id)))
+                    .collect()
+            };
+            if holders.is_empty() {
+                break;
+            }
+            holders.sort();
+            holders.truncate(holders.len().div_ceil(2));
+            {
+                let mut table = self.table();
+                for (_, id) in &holders {
+                    if let Some(c) = table.get_mut(id) {
+                        c.closing = true;
+                        c.close.notify_one();
+                        closed += 1;
+                    }
+                }
+            }
+            let wait = Instant::now() + Duration::from_millis(200);
+            while self.reply_bytes() > limit && Instant::now() < wait.min(deadline) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        let mut said = self.room_said.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if said.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+            log(&format!(
+                "replies in flight passed {limit} bytes: closed {closed} connection(s) that held \
+                 theirs longest (said once a minute at most)"
+            ));
+            *said = Some(Instant::now());
+        }
+    }
+}
+
+/// Marks its connection idle again when the reply is handed over (or abandoned).
+struct Hold {
+    bounds: Arc<Bounds>,
+    id: u64,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.bounds.with(self.id, |c| {
+            c.busy = false;
+            c.holding_since = None;
+            c.active_at = Instant::now();
+        });
+    }
+}
+
+/// A connection's entry in [`Bounds`], removed when the connection ends.
+struct Registered {
+    bounds: Arc<Bounds>,
+    id: u64,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.bounds.table().remove(&self.id);
+    }
+}
+
+/// The body hyper writes: a small text, or a shared reply's chunks one at a time.
+struct ReplyBody {
+    body: Body,
+    next: usize,
+    _hold: Option<Hold>,
+}
+
+impl HttpBody for ReplyBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = &mut *self;
+        let chunk = match &mut this.body {
+            Body::Small(bytes) if this.next == 0 && !bytes.is_empty() => Some(bytes.clone()),
+            Body::Small(_) => None,
+            Body::Shared(shared) => shared.0.parts.get(this.next).cloned(),
+        };
+        this.next += 1;
+        if chunk.is_none() {
+            this._hold = None;
+        }
+        Poll::Ready(chunk.map(|c| Ok(Frame::data(c))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.body {
+            Body::Small(bytes) => self.next > 0 || bytes.is_empty(),
+            Body::Shared(shared) => self.next >= shared.0.parts.len(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let len = match &self.body {
+            Body::Small(bytes) => bytes.len(),
+            Body::Shared(shared) => shared.0.len,
+        };
+        SizeHint::with_exact(len as u64)
+    }
+}
+
+/// The answer to one request, made off the thread that drives the connections.
+pub type Answer = Pin<Box<dyn Future<Output = Reply> + Send>>;
+
+/// What the server answers with.
+pub type Handler = Arc<dyn Fn(Asked) -> Answer + Send + Sync>;
+
+/// A bound listening socket.
+pub enum Listener {
+    /// TCP (plain, or TLS per the web configuration).
+    Tcp(std::net::TcpListener),
+    /// A Unix socket.
+    Unix(std::os::unix::net::UnixListener),
+}
+
+enum Accepting {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+enum Accepted {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Accepting {
+    async fn accept(&self) -> io::Result<Accepted> {
+        match self {
+            Accepting::Tcp(l) => l.accept().await.map(|(s, _)| Accepted::Tcp(s)),
+            Accepting::Unix(l) => l.accept().await.map(|(s, _)| Accepted::Unix(s)),
+        }
+    }
+}
+
+impl Accepted {
+    fn try_write(&self, bytes: &[u8]) {
+        let _ = match self {
+            Accepted::Tcp(s) => s.try_write(bytes),
+            Accepted::Unix(s) => s.try_write(bytes),
+        };
+    }
+}
+
+/// What every connection needs.
+struct Shared {
+    bounds: Arc<Bounds>,
+    handler: Handler,
+    web: Option<Arc<Web>>,
+}
+
+/// Serves `listener` with `handler` until SIGINT or SIGTERM; returns the signal.
 ///
 /// `start` runs once the signals are watched and before the first connection is accepted; what it
 /// returns comes back with the signal, for the caller to stop.
@@ -122,21 +495,18 @@ pub fn log(line: &str) {
 /// # Errors
 /// When the runtime cannot start, the listener cannot be handed to it, the signals cannot be
 /// watched, or `start` fails. A failing `accept` is not an error: it is logged and retried.
-pub fn serve<F, R>(
-    listener: StdListener,
-    limits: Limits,
+pub fn serve<R>(
+    listener: Listener,
+    bounds: Arc<Bounds>,
+    web: Option<Arc<Web>>,
     start: impl FnOnce() -> anyhow::Result<R>,
-    answer: F,
-) -> anyhow::Result<(Signal, R)>
-where
-    F: Fn(&Asked) -> Reply + Send + Sync + 'static,
-{
-    listener.set_nonblocking(true)?;
-    // One thread accepts and drives every connection; the answers (which read every instance's
-    // pages) run on at most two more, so a burst of scrapes cannot multiply threads.
+    handler: Handler,
+) -> anyhow::Result<(Signal, R)> {
+    // One thread accepts and drives every connection; readings, encodings and password checks
+    // run on at most four more, so a burst of requests cannot multiply threads.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .max_blocking_threads(2)
+        .max_blocking_threads(4)
         .thread_name("hvstats-serve")
         .build()?;
     // SIGINT and SIGTERM are caught from here on, before `start` begins anything that must be
@@ -146,10 +516,23 @@ where
         stop_signal()?
     };
     let started = start()?;
-    let grace = limits.shutdown_grace;
-    let result = runtime.block_on(accept_loop(listener, limits, Arc::new(answer), stopped));
-    // Answers still reading past the grace are abandoned with the process.
-    runtime.shutdown_timeout(grace);
+    let context = Arc::new(Shared { bounds, handler, web });
+    let result = runtime.block_on(async move {
+        let accepting = match listener {
+            Listener::Tcp(l) => {
+                l.set_nonblocking(true)?;
+                Accepting::Tcp(TcpListener::from_std(l)?)
+            }
+            Listener::Unix(l) => {
+                l.set_nonblocking(true)?;
+                Accepting::Unix(UnixListener::from_std(l)?)
+            }
+        };
+        accept_loop(accepting, context, stopped).await
+    });
+    // Readings and answers still under way are abandoned with the process: the promise is to
+    // stop within a second, and the grace for replies in flight is already spent.
+    runtime.shutdown_background();
     Ok((result?, started))
 }
 
@@ -199,50 +582,48 @@ impl Backoff {
     }
 }
 
-/// Says at most once per 10 s that the connection cap refused someone.
-struct RefusalLog {
+/// Says once per run (a run ends after a minute without one) that the connection cap closed
+/// connections to admit others, and how many.
+struct CapLog {
     last: Option<Instant>,
-    refused: u64,
+    closed: u64,
 }
 
-impl RefusalLog {
-    fn refused(&mut self, cap: usize) {
-        self.refused += 1;
-        if self.last.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+impl CapLog {
+    fn closed(&mut self, cap: usize) {
+        self.closed += 1;
+        let new_run = self.last.is_none_or(|t| t.elapsed() >= Duration::from_secs(60));
+        if new_run {
             log(&format!(
-                "{} connections are open (the cap): refused {} more since the last report",
-                cap, self.refused
+                "{cap} connections are open (the cap): closing the idlest to admit new ones \
+                 (said once a minute at most; {} closed since the last time)",
+                self.closed
             ));
-            self.last = Some(Instant::now());
-            self.refused = 0;
+            self.closed = 0;
         }
+        self.last = Some(Instant::now());
     }
 }
 
-async fn accept_loop<F>(
-    listener: StdListener,
-    limits: Limits,
-    answer: Arc<F>,
+async fn accept_loop(
+    listener: Accepting,
+    context: Arc<Shared>,
     stopped: impl Future<Output = Signal>,
-) -> io::Result<Signal>
-where
-    F: Fn(&Asked) -> Reply + Send + Sync + 'static,
-{
-    let listener = TcpListener::from_std(listener)?;
+) -> io::Result<Signal> {
     let mut stopped = pin!(stopped);
-    let limits = Arc::new(limits);
+    let limits = context.bounds.limits().clone();
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let (stop, stopping) = watch::channel(false);
     let mut connections = JoinSet::new();
     let mut backoff = Backoff::new();
-    let mut refusals = RefusalLog { last: None, refused: 0 };
+    let mut cap_log = CapLog { last: None, closed: 0 };
     let signal = loop {
         // Finished connections leave their (empty) result behind until taken.
         while connections.try_join_next().is_some() {}
         let stream = tokio::select! {
             signal = &mut stopped => break signal,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
+                Ok(stream) => {
                     backoff.succeeded();
                     stream
                 }
@@ -255,14 +636,58 @@ where
                 }
             },
         };
-        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-            refusals.refused(limits.max_connections);
-            refuse(&stream);
-            continue;
+        let slot = match Arc::clone(&slots).try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                // At the cap: the idlest connection makes room (it ends at its next poll).
+                if !context.bounds.close_idlest() {
+                    refuse(&stream);
+                    continue;
+                }
+                cap_log.closed(limits.max_connections);
+                let freed = tokio::time::timeout(Duration::from_secs(1), Arc::clone(&slots).acquire_owned());
+                tokio::select! {
+                    signal = &mut stopped => break signal,
+                    freed = freed => match freed {
+                        Ok(Ok(slot)) => slot,
+                        _ => {
+                            refuse(&stream);
+                            continue;
+                        }
+                    },
+                }
+            }
         };
-        let (limits, answer, stopping) = (Arc::clone(&limits), Arc::clone(&answer), stopping.clone());
+        let (context, stopping) = (Arc::clone(&context), stopping.clone());
+        let (id, close) = context.bounds.add();
         connections.spawn(async move {
-            connection(stream, limits, answer, stopping).await;
+            let registered = Registered { bounds: Arc::clone(&context.bounds), id };
+            match stream {
+                Accepted::Tcp(s) => {
+                    let _ = s.set_nodelay(true);
+                    let fd = s.as_raw_fd();
+                    match context.web.as_ref().and_then(|w| w.tls()) {
+                        Some(tls) => {
+                            let handshake = tokio::time::timeout(
+                                context.bounds.limits().header_read_timeout,
+                                tls.accept(s),
+                            );
+                            tokio::select! {
+                                done = handshake => if let Ok(Ok(s)) = done {
+                                    connection(s, fd, id, close, context, stopping).await;
+                                },
+                                () = close.notified() => {}
+                            }
+                        }
+                        None => connection(s, fd, id, close, context, stopping).await,
+                    }
+                }
+                Accepted::Unix(s) => {
+                    let fd = s.as_raw_fd();
+                    connection(s, fd, id, close, context, stopping).await;
+                }
+            }
+            drop(registered);
             drop(slot);
         });
     };
@@ -273,30 +698,32 @@ where
 }
 
 /// Tells a connection past the cap why it is closed, without waiting for it to read.
-fn refuse(stream: &TcpStream) {
+fn refuse(stream: &Accepted) {
     const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n\
         Content-Length: 21\r\nConnection: close\r\n\r\ntoo many connections\n";
-    let _ = stream.try_write(BUSY);
+    stream.try_write(BUSY);
 }
 
 /// Serves one connection within its limits; it is closed when this returns.
-async fn connection<F>(
-    stream: TcpStream,
-    limits: Arc<Limits>,
-    answer: Arc<F>,
+async fn connection<I>(
+    stream: I,
+    fd: RawFd,
+    id: u64,
+    close: Arc<Notify>,
+    context: Arc<Shared>,
     mut stopping: watch::Receiver<bool>,
 ) where
-    F: Fn(&Asked) -> Reply + Send + Sync + 'static,
+    I: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
-    let _ = stream.set_nodelay(true);
+    let limits = context.bounds.limits().clone();
     let mut io = TimeoutStream::new(stream);
     // A read or write pending this long without progress ends the connection: a client that
     // stopped reading a large reply, or stopped sending a body nobody reads.
     io.set_read_timeout(Some(limits.header_read_timeout.max(limits.answer_timeout)));
     io.set_write_timeout(Some(limits.write_timeout));
     let service = {
-        let limits = Arc::clone(&limits);
-        service_fn(move |request| respond(request, Arc::clone(&answer), limits.answer_timeout))
+        let context = Arc::clone(&context);
+        service_fn(move |request| respond(request, Arc::clone(&context), id))
     };
     let mut conn = pin!(
         http1::Builder::new()
@@ -311,6 +738,15 @@ async fn connection<F>(
         // A client's errors (a malformed request, a timeout, a reset) are the client's: the
         // connection ends and the server goes on.
         _ = conn.as_mut() => return,
+        // Closed to make room (the cap, or the budget of reply bytes): at once, the reply's
+        // bytes still queued in the kernel dropped with it (a reset, not a close that would
+        // deliver them first).
+        () = close.notified() => {
+            // SAFETY: `fd` is the socket `conn` owns, open until `conn` is dropped below.
+            let socket = unsafe { BorrowedFd::borrow_raw(fd) };
+            let _ = rustix::net::sockopt::set_socket_linger(socket, Some(Duration::ZERO));
+            return;
+        }
         _ = stopping.changed() => {}
         () = lifetime => {}
     }
@@ -321,31 +757,62 @@ async fn connection<F>(
 
 /// The reply to one request. Its body is never read: dropping it tells hyper not to keep the
 /// connection for another request unless the body was empty.
-async fn respond<F>(
+async fn respond(
     request: Request<Incoming>,
-    answer: Arc<F>,
-    answer_timeout: Duration,
-) -> Result<Response<Full<Bytes>>, Infallible>
-where
-    F: Fn(&Asked) -> Reply + Send + Sync + 'static,
-{
-    let accept = request
-        .headers()
-        .get_all(ACCEPT)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .collect::<Vec<_>>()
-        .join(",");
+    context: Arc<Shared>,
+    id: u64,
+) -> Result<Response<ReplyBody>, Infallible> {
+    context.bounds.with(id, |c| {
+        c.busy = true;
+        c.requests += 1;
+        c.active_at = Instant::now();
+    });
+    let hold = Hold { bounds: Arc::clone(&context.bounds), id };
+    let header =
+        |name| request.headers().get_all(name).iter().filter_map(|v| v.to_str().ok()).collect::<Vec<_>>();
+    let accept = header(ACCEPT).join(",");
+    let authorization = header(AUTHORIZATION).first().map(|s| (*s).to_owned());
     let asked = Asked { method: request.method().clone(), path: request.uri().path().to_owned(), accept };
     drop(request);
-    let reading = tokio::task::spawn_blocking(move || answer(&asked));
-    let reply = match tokio::time::timeout(answer_timeout, reading).await {
-        Ok(Ok(reply)) => reply,
-        Ok(Err(_)) => Reply::text(500, "the answer failed\n"),
-        Err(_) => Reply::text(503, "reading the instances took too long\n"),
+    let mut challenge = false;
+    let reply = match context.web.as_ref().map(|w| w.admit(authorization.as_deref())) {
+        Some(admit) => match admit.await {
+            Ok(()) => None,
+            Err(refusal) => {
+                challenge = refusal == Refusal::Unauthorized;
+                Some(Reply::text(refusal.status(), refusal.text()))
+            }
+        },
+        None => None,
     };
-    let mut response = Response::new(Full::new(Bytes::from(reply.body)));
-    *response.status_mut() = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(reply.content_type));
+    let reply = match reply {
+        Some(reply) => reply,
+        None => match tokio::time::timeout(context.bounds.limits().answer_timeout, (context.handler)(asked))
+            .await
+        {
+            Ok(reply) => reply,
+            Err(_) => Reply::text(503, "reading the instances took too long\n"),
+        },
+    };
+    if matches!(reply.body, Body::Shared(_)) {
+        context.bounds.with(id, |c| c.holding_since = Some(Instant::now()));
+    }
+    let status = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = Response::new(ReplyBody { body: reply.body, next: 0, _hold: Some(hold) });
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(reply.content_type));
+    if challenge {
+        headers.insert(WWW_AUTHENTICATE, HeaderValue::from_static("Basic"));
+    }
+    if let Some(web) = &context.web {
+        for (name, value) in web.headers() {
+            if let (Ok(name), Ok(value)) =
+                (HeaderName::try_from(name.as_str()), HeaderValue::try_from(value.as_str()))
+            {
+                headers.insert(name, value);
+            }
+        }
+    }
     Ok(response)
 }

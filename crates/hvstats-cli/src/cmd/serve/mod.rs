@@ -2,50 +2,96 @@
 //!
 //! `GET /metrics` reads every instance once and answers in the OpenMetrics text format
 //! ([`exposition`]) to clients that accept it (Prometheus does), in the classic Prometheus text
-//! format to the others (curl, `promtool check metrics`); `GET /api/v1/snapshot` answers the JSON of `hvstats snapshot --json`;
-//! `GET /healthz` says what it could read and what not, with 503 when nothing could be read. Where
-//! one host is not enough, each host runs `serve` and Prometheus aggregates: the exporter keeps no
-//! state between scrapes. The HTTP server ([`http`]) bounds what any client can make it hold.
+//! format to the others (curl, `promtool check metrics`); `GET /healthz` says what it could read
+//! and what not, with 503 when nothing could be read; with `--snapshot-api`, `GET
+//! /api/v1/snapshot` answers the JSON of `hvstats snapshot --json` for at most `--max-vps` VPs.
+//! Where one host is not enough, each host runs `serve` and Prometheus aggregates: the exporter
+//! keeps no state between scrapes. Readings are shared by the requests that wait for them
+//! ([`answers`]); the HTTP server ([`http`]) bounds what any client can make it hold.
+//!
+//! Who may read: by default `serve` listens on a Unix socket in the runtime directory that only
+//! its owner (or `--socket-group`) may connect to, as only they may read the instances' pages;
+//! on TCP, whoever reaches the address reads every counter unless `--web.config.file` ([`web`])
+//! asks for basic authentication or client certificates.
 
-use hvstats_present::exposition;
+pub mod answers;
 pub mod http;
 pub mod observe;
+pub mod web;
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
-use std::path::PathBuf;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use hyper::Method;
-use serde_json::json;
 
-use self::http::{Asked, Limits, Reply};
+use self::answers::{Answers, Want};
+use self::http::{Asked, Bounds, Handler, Limits, Listener, Reply};
 
-use hvstats_present::live::{Live, Reading};
+use hvstats_present::exposition;
+use hvstats_present::live::Live;
 
-/// The address served when `--listen` is not given: loopback only.
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:9966";
+/// The socket served when `--listen` is not given: this name in the runtime directory.
+pub const DEFAULT_SOCKET: &str = "serve.sock";
 
 /// VPs exported one by one per scrape when `--max-vps` is not given.
 pub const DEFAULT_MAX_VPS: usize = 4096;
 
+/// Where `serve` listens.
+#[derive(Clone, Debug)]
+pub enum Listen {
+    /// A TCP address.
+    Tcp(SocketAddr),
+    /// A Unix socket, created owner-only (or for `--socket-group`).
+    Unix(PathBuf),
+}
+
+fn parse_listen(s: &str) -> Result<Listen, String> {
+    match s.strip_prefix("unix:") {
+        Some("") => Err("unix: needs a path (unix:/run/hvstats/serve.sock)".to_owned()),
+        Some(path) => Ok(Listen::Unix(PathBuf::from(path))),
+        None => s.parse().map(Listen::Tcp).map_err(|e| format!("{s:?}: {e} (an ADDR:PORT, or unix:PATH)")),
+    }
+}
+
 /// Flags of `hvstats serve`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// The address to listen on (a port of 0 picks a free one; the address is printed).
-    #[arg(long, value_name = "ADDR", default_value = DEFAULT_LISTEN)]
-    listen: SocketAddr,
+    /// Where to listen: ADDR:PORT for TCP (a port of 0 picks a free one; the address is printed),
+    /// or unix:PATH for a Unix socket. Default: unix:RUNTIME_DIR/serve.sock, which only the
+    /// runtime directory's owner (or --socket-group) may connect to. On TCP, whoever reaches the
+    /// address reads every counter unless --web.config.file asks for authentication.
+    #[arg(long, value_name = "ADDR", value_parser = parse_listen)]
+    listen: Option<Listen>,
+    /// With a Unix socket: a group (name or id) whose members may connect too (mode 0660).
+    #[arg(long, value_name = "GROUP")]
+    socket_group: Option<String>,
+    /// The Prometheus exporter toolkit's web configuration file (TLS, basic authentication with
+    /// bcrypt hashes, headers, rate limit), as node_exporter reads it.
+    #[arg(long = "web.config.file", value_name = "FILE")]
+    web_config_file: Option<PathBuf>,
     /// The runtime directory the instances are published under (default: $HVSTATS_RUNTIME_DIR,
     /// or /run/hvstats).
     #[arg(long, value_name = "DIR")]
     runtime_dir: Option<PathBuf>,
     /// VPs exported one by one per scrape; the VPs of partitions beyond it are exported as one
-    /// sum per partition (`vp="all"`).
+    /// sum per partition (`vp="all"`). Also the most VPs a snapshot shows.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_VPS)]
     max_vps: usize,
-    /// Connections served at once; more are answered 503 and closed at once.
+    /// Serve GET /api/v1/snapshot (every counter as JSON, at most --max-vps VPs); off by default.
+    #[arg(long)]
+    snapshot_api: bool,
+    /// Bytes of large replies (`/metrics`, snapshots) in flight, each counted once however many
+    /// connections send it; past it, the connections that have held theirs longest are closed.
+    #[arg(long, value_name = "BYTES", default_value_t = Limits::default().max_reply_bytes,
+          value_parser = parse_max_reply_bytes)]
+    max_reply_bytes: usize,
+    /// Connections served at once; at the cap the idlest is closed to admit a new one.
     #[arg(long, value_name = "N", default_value_t = Limits::default().max_connections,
           value_parser = parse_max_connections)]
     max_connections: usize,
@@ -78,80 +124,158 @@ fn parse_max_connections(s: &str) -> Result<usize, String> {
     }
 }
 
+fn parse_max_reply_bytes(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 << 20 => Ok(n),
+        _ => Err(format!("{s:?}: the budget is a number of bytes, at least 1048576 (1 MiB)")),
+    }
+}
+
 fn parse_observe_interval(s: &str) -> Result<f64, String> {
     crate::cmd::seconds_in(s, 0.01, 3600.0)
 }
 
-/// Answers `asked` from a fresh reading of `live`; `/metrics` in OpenMetrics when its `Accept`
-/// asks for it, else in the classic text format.
-fn answer(live: &Live, max_vps: usize, asked: &Asked) -> Reply {
+/// The answer to `asked`: the cheap ones at once, the others from the next reading.
+async fn answer(answers: Arc<Answers>, snapshot_api: bool, asked: Asked) -> Reply {
     if !matches!(asked.method, Method::GET | Method::HEAD) {
         return Reply::text(405, "only GET and HEAD\n");
     }
-    // A runtime directory that cannot be read is a reading of nothing with one problem: /metrics
-    // still answers (the error is a metric), /healthz says unhealthy.
-    let read = || {
-        let started = std::time::Instant::now();
-        let reading = live.read().unwrap_or_else(|e| live.unreadable(&e));
-        (reading, started.elapsed())
-    };
-    let result = match asked.path.as_str() {
-        "/metrics" => {
-            let (reading, took) = read();
-            exposition::Exposition::new(reading, max_vps)
-                .read_in(took)
-                .encode()
-                .map(|body| match exposition::accepts_openmetrics(&asked.accept) {
-                    true => Reply { status: 200, content_type: exposition::CONTENT_TYPE, body },
-                    false => Reply {
-                        status: 200,
-                        content_type: exposition::CLASSIC_CONTENT_TYPE,
-                        body: exposition::to_classic(&body),
-                    },
-                })
-                .map_err(|_| Reply::text(500, "encoding failed\n"))
-        }
+    let want = match asked.path.as_str() {
+        "/metrics" if exposition::accepts_openmetrics(&asked.accept) => Want::OpenMetrics,
+        "/metrics" => Want::Classic,
+        "/healthz" => Want::Health,
+        "/api/v1/snapshot" if snapshot_api => Want::Snapshot,
         "/api/v1/snapshot" => {
-            let (reading, _) = read();
-            match exposition::nothing_read(&reading) {
-                false => {
-                    Ok(Reply { status: 200, content_type: "application/json", body: snapshot_body(&reading) })
-                }
-                true => Err(Reply::text(503, exposition::health(&reading).1)),
-            }
+            return Reply::text(404, "the snapshot API is off (hvstats serve --snapshot-api turns it on)\n");
         }
-        "/healthz" => {
-            let (healthy, text) = exposition::health(&read().0);
-            Ok(Reply::text(if healthy { 200 } else { 503 }, text))
+        "/" => {
+            let snapshot = if snapshot_api { " /api/v1/snapshot" } else { "" };
+            return Reply::text(200, format!("hvstats exporter: /metrics /healthz{snapshot}\n"));
         }
-        "/" => Ok(Reply::text(200, "hvstats exporter: /metrics /api/v1/snapshot /healthz\n")),
-        _ => Err(Reply::text(404, "not found: try /metrics\n")),
+        _ => return Reply::text(404, "not found: try /metrics\n"),
     };
-    result.unwrap_or_else(|reply| reply)
+    answers.answer(want).await
 }
 
-fn snapshot_body(reading: &Reading) -> String {
-    let instances: Vec<_> =
-        reading.instances.iter().map(hvstats_present::snapshot_json::snapshot_json).collect();
-    let mut body = json!({ "instances": instances }).to_string();
-    body.push('\n');
-    body
+/// The group `name` (a name in /etc/group, or a number).
+fn group_id(name: &str) -> anyhow::Result<u32> {
+    if let Ok(gid) = name.parse() {
+        return Ok(gid);
+    }
+    let groups = std::fs::read_to_string("/etc/group").context("cannot read /etc/group")?;
+    groups
+        .lines()
+        .find_map(|l| {
+            let mut fields = l.split(':');
+            (fields.next()? == name).then(|| fields.nth(1)?.parse().ok())?
+        })
+        .with_context(|| format!("no group {name:?} in /etc/group"))
+}
+
+/// Binds the Unix socket `path`, owner-only or for `group` (the umask is narrowed around the
+/// bind, so it is never reachable by others, even for an instant). A socket left at `path` by an
+/// exporter that is gone is replaced; anything else there is refused.
+fn bind_unix(path: &Path, group: Option<u32>) -> anyhow::Result<UnixListener> {
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    crate::output_file::check_dir(parent).with_context(|| format!("cannot listen on {}", path.display()))?;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() && m.uid() == rustix::process::geteuid().as_raw() => {
+            match UnixStream::connect(path) {
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                    std::fs::remove_file(path)
+                        .with_context(|| format!("cannot remove {}", path.display()))?;
+                }
+                _ => bail!("{} is in use by another exporter", path.display()),
+            }
+        }
+        Ok(_) => bail!("{} exists and is not a socket of this user: refusing to replace it", path.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("cannot examine {}", path.display())),
+    }
+    let mask = if group.is_some() { 0o117 } else { 0o177 };
+    let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(mask));
+    let bound = UnixListener::bind(path);
+    rustix::process::umask(old);
+    let listener = bound.with_context(|| format!("cannot listen on {}", path.display()))?;
+    if let Some(gid) = group {
+        std::os::unix::fs::lchown(path, None, Some(gid))
+            .with_context(|| format!("cannot give {} to group {gid}", path.display()))?;
+    }
+    Ok(listener)
+}
+
+/// Removes the socket `path` on drop, if it is still the one bound.
+struct BoundSocket {
+    path: PathBuf,
+    ino: u64,
+}
+
+impl Drop for BoundSocket {
+    fn drop(&mut self) {
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.ino) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
 }
 
 /// Runs `hvstats serve` until SIGINT or SIGTERM.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let live = Arc::new(Live::new(Some(crate::cmd::runtime_dir(args.runtime_dir)?)));
-    let listener =
-        TcpListener::bind(args.listen).with_context(|| format!("cannot listen on {}", args.listen))?;
-    let addr = listener.local_addr().context("the listening socket has no address")?;
-    let limits = Limits { max_connections: args.max_connections, ..Limits::default() };
-    let max_vps = args.max_vps;
+    let live = Live::new(Some(crate::cmd::runtime_dir(args.runtime_dir)?));
+    let web = match &args.web_config_file {
+        Some(path) => Some(Arc::new(web::Web::load(path)?)),
+        None => None,
+    };
+    let listen = args.listen.clone().unwrap_or_else(|| Listen::Unix(live.dir().join(DEFAULT_SOCKET)));
+    let (listener, shown, _socket) = match &listen {
+        Listen::Tcp(addr) => {
+            let l = TcpListener::bind(addr).with_context(|| format!("cannot listen on {addr}"))?;
+            let addr = l.local_addr().context("the listening socket has no address")?;
+            let scheme = if web.as_ref().is_some_and(|w| w.tls().is_some()) { "https" } else { "http" };
+            (Listener::Tcp(l), format!("{scheme}://{addr}/metrics"), None)
+        }
+        Listen::Unix(path) => {
+            if args.web_config_file.is_some() {
+                bail!("--web.config.file is for TCP: a Unix socket is guarded by its mode");
+            }
+            let group = args.socket_group.as_deref().map(group_id).transpose()?;
+            let l = bind_unix(path, group)?;
+            let ino = std::fs::symlink_metadata(path).map(|m| m.ino()).unwrap_or(0);
+            (
+                Listener::Unix(l),
+                format!("unix:{} /metrics", path.display()),
+                Some(BoundSocket { path: path.clone(), ino }),
+            )
+        }
+    };
+    if args.socket_group.is_some() && matches!(listen, Listen::Tcp(_)) {
+        bail!("--socket-group is for a Unix socket (--listen unix:PATH)");
+    }
+    if matches!(listen, Listen::Tcp(_)) && !web.as_ref().is_some_and(|w| w.authenticates()) {
+        http::log(&format!(
+            "{shown}: no authentication (--web.config.file): every local user, and any peer that \
+             reaches this address, can read every counter"
+        ));
+    }
+    if let Some(web) = &web {
+        http::log(&format!("web configuration: {}", web.summary()));
+    }
+    let bounds = Bounds::new(Limits {
+        max_connections: args.max_connections,
+        max_reply_bytes: args.max_reply_bytes,
+        ..Limits::default()
+    });
+    let dir = live.dir().to_owned();
+    let answers = Answers::new(live, args.max_vps, Arc::clone(&bounds));
+    let snapshot_api = args.snapshot_api;
+    let handler: Handler = Arc::new(move |asked| Box::pin(answer(Arc::clone(&answers), snapshot_api, asked)));
     let observing = args.observe_all.then(|| observe::Observing {
         interval: std::time::Duration::from_secs_f64(args.observe_interval),
         filter: hvstats_kvm::observe::filter::VmFilter { include: args.vms, exclude: args.exclude_vms },
         no_qmp: args.no_qmp,
     });
-    let dir = live.dir().to_owned();
     // Once SIGINT and SIGTERM are watched: the observer, then the address (which tells a
     // supervisor or a test that the exporter is up).
     let start = move || -> anyhow::Result<Option<observe::Running>> {
@@ -160,12 +284,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             None => None,
         };
         let mut stdout = std::io::stdout().lock();
-        writeln!(stdout, "serving http://{addr}/metrics")?;
+        writeln!(stdout, "serving {shown}")?;
         stdout.flush()?;
         Ok(observer)
     };
-    let (signal, observer) = http::serve(listener, limits, start, move |asked| answer(&live, max_vps, asked))
-        .context("the HTTP server failed")?;
+    let (signal, observer) =
+        http::serve(listener, bounds, web, start, handler).context("the HTTP server failed")?;
     http::log(&format!("{}: stopping", signal.name()));
     if let Some(observer) = observer {
         observer.stop();

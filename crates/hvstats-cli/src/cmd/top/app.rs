@@ -49,23 +49,54 @@ pub struct Key {
     pub action: Action,
     /// Its line of the help, after the key (lower case, no final stop).
     pub help: &'static str,
+    /// Its words in the key bar at the bottom of the screen ("" when another key's words say it).
+    pub bar: &'static str,
 }
 
 /// Every key, in the order the help lists them (kvm_stat's letters where it has one).
 pub const KEYS: [Key; 12] = [
-    Key { key: 'o', action: Action::SortNext, help: "sort by the next column" },
-    Key { key: 'O', action: Action::SortPrevious, help: "sort by the previous column" },
-    Key { key: 'i', action: Action::SortReverse, help: "invert the sort order" },
-    Key { key: 'f', action: Action::Filter, help: "filter VMs by regex (empty: all)" },
-    Key { key: 'F', action: Action::Fields, help: "choose the columns, e.g. Run%,IO/s (empty: all)" },
-    Key { key: '<', action: Action::ScrollLeft, help: "scroll the columns left (also ←)" },
-    Key { key: '>', action: Action::ScrollRight, help: "scroll the columns right (also →)" },
-    Key { key: 'p', action: Action::Pause, help: "pause / resume sampling" },
-    Key { key: 's', action: Action::Interval, help: "set the sampling interval in seconds" },
-    Key { key: 'r', action: Action::Reset, help: "reset: show averages since now" },
-    Key { key: 'h', action: Action::Help, help: "show / hide this help" },
-    Key { key: 'q', action: Action::Quit, help: "quit" },
+    Key { key: 'o', action: Action::SortNext, help: "sort by the next column", bar: "o/O sort" },
+    Key { key: 'O', action: Action::SortPrevious, help: "sort by the previous column", bar: "" },
+    Key { key: 'i', action: Action::SortReverse, help: "invert the sort order", bar: "i invert" },
+    Key { key: 'f', action: Action::Filter, help: "filter VMs by regex (empty: all)", bar: "f filter" },
+    Key {
+        key: 'F',
+        action: Action::Fields,
+        help: "choose the columns, e.g. Run%,IO/s (empty: all)",
+        bar: "F columns",
+    },
+    Key {
+        key: '<', action: Action::ScrollLeft, help: "scroll the columns left (also ←)", bar: "</> scroll"
+    },
+    Key { key: '>', action: Action::ScrollRight, help: "scroll the columns right (also →)", bar: "" },
+    Key { key: 'p', action: Action::Pause, help: "pause / resume sampling", bar: "p pause" },
+    Key {
+        key: 's',
+        action: Action::Interval,
+        help: "set the sampling interval in seconds",
+        bar: "s interval",
+    },
+    Key { key: 'r', action: Action::Reset, help: "reset: show averages since now", bar: "" },
+    Key { key: 'h', action: Action::Help, help: "show / hide this help", bar: "h help" },
+    Key { key: 'q', action: Action::Quit, help: "quit", bar: "q quit" },
 ];
+
+/// The key bar for a screen `width` columns wide: every key's words in table order, less those
+/// that do not fit, the last first; the help and quit keys always stay.
+pub fn key_bar(width: usize) -> String {
+    let kept = |k: &&Key| matches!(k.action, Action::Help | Action::Quit);
+    let mut shown: Vec<&Key> = KEYS.iter().filter(|k| !k.bar.is_empty()).collect();
+    let text = |shown: &[&Key]| shown.iter().map(|k| k.bar).collect::<Vec<_>>().join("  ");
+    while text(&shown).chars().count() > width {
+        match shown.iter().rposition(|k| !kept(k)) {
+            Some(i) => {
+                shown.remove(i);
+            }
+            None => break,
+        }
+    }
+    text(&shown)
+}
 
 /// The action of key `c`, if any.
 pub fn action_of(c: char) -> Option<Action> {
@@ -282,6 +313,27 @@ fn invalid_regex(pattern: &str, e: &regex::Error) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_key_bar_keeps_help_and_quit_at_any_width() {
+        let wide = super::key_bar(200);
+        assert_eq!(
+            wide,
+            "o/O sort  i invert  f filter  F columns  </> scroll  p pause  s interval  h help  q quit"
+        );
+        for width in [80, 60, 40, 10] {
+            let bar = super::key_bar(width);
+            assert!(bar.ends_with("h help  q quit"), "{width}: {bar}");
+            assert!(bar.chars().count() <= width.max("h help  q quit".len()), "{width}: {bar}");
+        }
+        let bar = super::key_bar(80);
+        assert!(bar.starts_with("o/O sort  i invert  f filter"), "{bar}");
+        // Every key the bar names is a key of the table.
+        for word in wide.split("  ") {
+            let key = word.chars().next().unwrap();
+            assert!(super::action_of(key).is_some(), "{word}");
+        }
+    }
+
     use super::*;
 
     #[test]

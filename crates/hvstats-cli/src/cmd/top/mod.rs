@@ -43,6 +43,10 @@ pub struct Args {
     /// every column, those with data first; `F` changes them in the live view).
     #[arg(long, value_name = "LIST", value_parser = table::parse_fields_flag)]
     fields: Option<table::Fields>,
+    /// Only the VMs whose name matches this regex (as `f` does in the live view, where it can be
+    /// changed), e.g. `--vm web-1` or `--vm '^db-'`.
+    #[arg(long, value_name = "REGEX")]
+    vm: Option<regex::Regex>,
 }
 
 fn parse_interval(s: &str) -> Result<f64, String> {
@@ -53,10 +57,12 @@ fn parse_interval(s: &str) -> Result<f64, String> {
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let live = Live::new(Some(crate::cmd::runtime_dir(args.runtime_dir)?));
     if args.once {
-        return once(&live, args.interval, args.json, args.fields.as_ref().map(|f| f.0.as_slice()));
+        let fields = args.fields.as_ref().map(|f| f.0.as_slice());
+        return once(&live, args.interval, args.json, fields, args.vm.as_ref());
     }
     let mut app = App::new(live.dir().display().to_string(), Duration::from_secs_f64(args.interval));
     app.fields = args.fields.map(|f| f.0);
+    app.filter = args.vm;
     if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
         anyhow::bail!("the live view needs a terminal; for a table or JSON, use --once [--json]");
     }
@@ -68,12 +74,21 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 /// One table (or JSON) from two readings; exit status 1 when something could not be read, as
 /// `snapshot` does (what could be read is still printed).
-fn once(live: &Live, interval: f64, json: bool, fields: Option<&[table::Shown]>) -> anyhow::Result<ExitCode> {
+fn once(
+    live: &Live,
+    interval: f64,
+    json: bool,
+    fields: Option<&[table::Shown]>,
+    vm: Option<&regex::Regex>,
+) -> anyhow::Result<ExitCode> {
     let before = live.read()?;
     std::thread::sleep(Duration::from_secs_f64(interval));
     let after = live.read()?;
     let seconds = after.at.saturating_duration_since(before.at).as_secs_f64();
-    let groups = table::groups(&before, &after);
+    let mut groups = table::groups(&before, &after);
+    if let Some(vm) = vm {
+        groups.retain(|g| vm.is_match(&g.vm));
+    }
     for problem in &after.problems {
         // A closed stderr loses the remark, not the table.
         let _ = writeln!(std::io::stderr(), "hvstats: {problem}");

@@ -5,6 +5,8 @@
 //!
 //! Shared by the full-screen view and `--once`, so both show the same numbers.
 
+use hvstats_abi::catalog::counter_by_name;
+use hvstats_present::json_keys::{Held, SCHEMA_KEY, SCHEMA_VERSION, key};
 use std::cmp::Ordering;
 use std::fmt::Write;
 
@@ -459,9 +461,27 @@ pub fn text(groups: &[Group], seconds: f64, dir: &str, fields: Option<&[Shown]>)
 }
 
 fn row_json(r: &Row, seconds: f64) -> Value {
-    let presented: Map<String, Value> =
-        VP_COLUMNS.iter().zip(&r.values).map(|(c, v)| (c.counter().name.to_owned(), json!(v))).collect();
-    let deltas: Map<String, Value> = r.deltas.iter().map(|(n, d)| ((*n).to_owned(), json!(d))).collect();
+    // The columns show costs in µs; the JSON keys say ns, as every document gives times.
+    let presented: Map<String, Value> = VP_COLUMNS
+        .iter()
+        .zip(&r.values)
+        .map(|(c, v)| {
+            let v = match c.counter().presentation {
+                Presentation::Cost => v.map(|us| us * 1000.0),
+                _ => *v,
+            };
+            (key(c.counter(), Held::Presented), json!(v))
+        })
+        .collect();
+    let deltas: Map<String, Value> = r
+        .deltas
+        .iter()
+        .map(|(n, d)| {
+            let name =
+                counter_by_name(ObjectKind::Vp, n).map_or_else(|| (*n).to_owned(), |c| key(c, Held::Delta));
+            (name, json!(d))
+        })
+        .collect();
     let quantiles: Map<String, Value> = r
         .quantiles
         .iter()
@@ -487,14 +507,20 @@ fn row_json(r: &Row, seconds: f64) -> Value {
 }
 
 /// The JSON of `--once --json`: the interval, the units of the presented values, and per partition
-/// its total and VPs, each with presented values and raw deltas keyed by catalog name.
+/// its total and VPs, each with presented values and raw deltas keyed by what they hold
+/// ([`hvstats_present::json_keys`]).
 pub fn json(groups: &[Group], seconds: f64) -> Value {
     let units: Map<String, Value> = VP_COLUMNS
         .iter()
         .map(|c| {
-            let header = c.header();
-            let unit = header.strip_prefix(c.label).unwrap_or(&header).trim().to_owned();
-            (c.counter().name.to_owned(), json!(unit))
+            let unit = match c.counter().presentation {
+                Presentation::Cost => "ns".to_owned(),
+                _ => {
+                    let header = c.header();
+                    header.strip_prefix(c.label).unwrap_or(&header).trim().to_owned()
+                }
+            };
+            (key(c.counter(), Held::Presented), json!(unit))
         })
         .collect();
     let partitions: Vec<Value> = groups
@@ -520,7 +546,7 @@ pub fn json(groups: &[Group], seconds: f64) -> Value {
             })
         })
         .collect();
-    json!({ "interval_seconds": seconds, "units": units, "partitions": partitions })
+    json!({ SCHEMA_KEY: SCHEMA_VERSION, "interval_seconds": seconds, "units": units, "partitions": partitions })
 }
 
 #[cfg(test)]

@@ -46,7 +46,7 @@ impl App {
         .style(Style::new().add_modifier(Modifier::BOLD))
     }
 
-    fn status(&self) -> Line<'_> {
+    fn status(&self, width: u16) -> Line<'_> {
         match (&self.prompt, &self.message) {
             (Some(Prompt::Filter(t)), _) => {
                 Line::from(format!("filter regex: {t}▏ (Enter: apply, Esc: cancel)"))
@@ -56,9 +56,7 @@ impl App {
                 Line::from(format!("columns (Run%,IO/s,…; empty: all): {t}▏ (Enter, Esc)"))
             }
             (None, Some(m)) => Line::from(m.as_str()).style(Style::new().add_modifier(Modifier::REVERSED)),
-            (None, None) => Line::from(
-                "o/O sort  i invert  f filter  F columns  </> scroll  p pause  s interval  h help  q quit",
-            ),
+            (None, None) => Line::from(super::app::key_bar(width as usize)),
         }
     }
 
@@ -125,7 +123,7 @@ impl Widget for &App {
             Layout::vertical([Constraint::Length(1), Constraint::Min(0), Constraint::Length(1)]).areas(area);
         self.title().render(title, buf);
         self.table(body, buf);
-        self.status().render(status, buf);
+        self.status(status.width).render(status, buf);
         if self.help {
             self.help_box(body, buf);
         }

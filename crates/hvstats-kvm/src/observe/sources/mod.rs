@@ -6,6 +6,10 @@
 //! composes the sources a VM has, in the order of [`VM_SOURCES`] (the first that gives a counter
 //! writes it), and declares unavailable what none gives. The sources:
 //!
+//! - [`stats_fd`]: KVM's statistics from the binary-stats descriptors the VMM holds, copied with
+//!   `pidfd_getfd` (every vCPU statistic, whole-life, no guest interruption);
+//! - [`libvirt_stats`]: KVM's statistics of a libvirt domain from libvirt's bulk statistics, over
+//!   a read-only connection (never tainting the domain);
 //! - [`events`]: KVM's tracepoints and the VP threads' software events, counted per thread from
 //!   attach on (in the kernel where BPF is permitted), written by the event writers of
 //!   [`tracepoints`], [`exit_classes`] and [`thread_clock`];
@@ -14,12 +18,17 @@
 //! - [`threads`]: the sources that read a vCPU thread from outside its process (schedstat, the
 //!   host's page faults on it), opened on each vCPU thread once it is known.
 //!
+//! Every source that carries KVM's statistics maps them to counters through [`kvm_stat_map`].
+//!
 //! A new source is one file implementing [`VmSource`] and one line in [`VM_SOURCES`].
 
 pub mod event_writer;
 pub mod events;
 pub mod exit_classes;
+pub mod kvm_stat_map;
+pub mod libvirt_stats;
 pub mod qmp_stats;
+pub mod stats_fd;
 pub mod thread_clock;
 pub mod threads;
 pub mod tracepoints;
@@ -35,6 +44,9 @@ use crate::observe::attach::ObserveError;
 type OpenVm = fn(&VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError>;
 
 /// Every source of an observed VM, in the order that decides which writes a counter several
-/// give: what is counted from attach in the kernel first, then KVM's statistics, then the
-/// threads' own files.
-pub const VM_SOURCES: &[OpenVm] = &[events::open, qmp_stats::open, threads::open];
+/// give: KVM's own statistics first, whole-life, by how little reading them costs the guest and
+/// the host (the VMM's open descriptors, then libvirt, then QMP), then what is counted from attach in the kernel
+/// (tracepoints, and on VMX/SVM hosts exits by reason, which give a class's count and time where
+/// no KVM statistic does), then the threads' own files.
+pub const VM_SOURCES: &[OpenVm] =
+    &[stats_fd::open, libvirt_stats::open, qmp_stats::open, events::open, threads::open];

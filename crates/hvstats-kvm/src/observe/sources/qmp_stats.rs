@@ -1,8 +1,9 @@
 //! KVM's statistics of a QEMU VM through its QMP socket (`query-stats`), and the VM's run state
-//! (`query-status`): every vCPU and VM statistic the catalog keys, counted from the first reading
-//! (the value then is taken off). QMP also says which thread runs each vCPU (`query-cpus-fast`)
-//! and the VM's name and UUID (`query-name`, `query-uuid`: what QEMU itself holds, whatever its
-//! command line seems to say), which the observer asks this source for.
+//! (`query-status`): every vCPU and VM statistic the catalog keys, mapped by [`kvm_stat_map`]:
+//! KVM's own whole-life values, counted from the vCPU's creation. QMP also says which thread runs
+//! each vCPU (`query-cpus-fast`) and the VM's name and UUID (`query-name`, `query-uuid`: what QEMU
+//! itself holds, whatever its command line seems to say), which the observer asks this source
+//! for.
 //!
 //! The session heals. Each refresh the questions go out for every VM at once
 //! ([`VmSource::ask`]) and the answers are taken within one deadline from then; a QEMU that does
@@ -13,10 +14,11 @@
 //! socket is shared politely: no connection is made while another client holds it, and the
 //! session is let go when another client waits for it (QEMU serves one client at a time).
 //!
-//! What is asked is the least the counters need: the vCPU and VM statistics the catalog maps
-//! (`query-stats` with their names), the run state, and the vCPU threads until they are known.
-//! Before QEMU 8.1 every `query-stats` of the vCPUs interrupts each vCPU once (QEMU runs the read
-//! on the vCPU's thread): one per vCPU per refresh, measured by `hvstats bench`.
+//! What is asked is the least the counters need: the run state; the vCPU and VM statistics the
+//! catalog maps (`query-stats` with their names), only while no source before this one in the
+//! VM's list gives them (the VMM's own descriptors, libvirt); and the vCPU threads until they are
+//! known. Before QEMU 8.1 every `query-stats` of the vCPUs interrupts each vCPU once (QEMU runs
+//! the read on the vCPU's thread): one per vCPU per refresh, measured by `hvstats bench`.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -24,18 +26,18 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use hvstats::SharedPage;
-use hvstats_abi::catalog::{self, Maintained, partition};
+use hvstats_abi::ObjectKind;
+use hvstats_abi::catalog::partition;
 use hvstats_abi::counter_set::CounterSet;
-use hvstats_abi::source::{KvmStat, Source};
+use hvstats_abi::vm_sources::Origin;
 use hvstats_abi::vm_state::VmState;
-use hvstats_abi::{Counter, ObjectKind};
 use serde_json::Value;
 
+use super::kvm_stat_map;
 use super::vm_source::{PeerState, VcpuThread, VmAttach, VmSource, VmView};
 use crate::observe::attach::ObserveError;
 use crate::observe::qmp::{
-    Cancel, KvmStatsReply, Qmp, QmpCpu, QmpError, StatValues, add_stats, parse_cpus, parse_status,
-    stats_request,
+    Cancel, KvmStatsReply, Qmp, QmpCpu, QmpError, add_stats, parse_cpus, parse_status, stats_request,
 };
 use crate::observe::unix_sockets::UnixSockets;
 use crate::sources::counter_source::{CounterSource, Gives, Object};
@@ -92,10 +94,13 @@ pub struct QmpStats {
     state: VmState,
     /// False once QEMU showed it has no KVM statistics (TCG, no `query-stats`).
     has_stats: bool,
-    /// The statistics of the first reading, taken off every later one.
-    baseline: Option<KvmStatsReply>,
-    /// The last complete reading, and the one being gathered.
+    /// True while a source before this one gives every statistic this one last gave: they are
+    /// not asked for.
+    shadowed: bool,
+    /// The last complete reading of the statistics, true when this refresh took it; and the one
+    /// being gathered.
     now: Option<KvmStatsReply>,
+    current: bool,
     fresh: KvmStatsReply,
     cpus: Option<Vec<QmpCpu>>,
     /// Each VP's QOM path, by VP index, as the observer knew it at the last reading.
@@ -145,8 +150,9 @@ impl QmpStats {
             uuid: None,
             state: VmState::Unknown,
             has_stats: true,
-            baseline: None,
+            shadowed: false,
             now: None,
+            current: false,
             fresh: KvmStatsReply::default(),
             cpus: None,
             qom_paths: BTreeMap::new(),
@@ -182,21 +188,23 @@ impl QmpStats {
 
     /// Puts this refresh's questions, in the order their answers will be taken.
     fn put_questions(qmp: &mut Qmp, wanted: &[Question]) -> Result<(), QmpError> {
-        for q in wanted {
-            match q {
-                Question::Status => qmp.send("query-status", None)?,
-                Question::VcpuStats => qmp.send("query-stats", Some(stats_request("vcpu", vcpu_names())))?,
-                Question::VmStats => qmp.send("query-stats", Some(stats_request("vm", vm_names())))?,
-                Question::Cpus => qmp.send("query-cpus-fast", None)?,
-            }
-        }
-        Ok(())
+        let requests: Vec<(&str, Option<Value>)> = wanted
+            .iter()
+            .map(|q| match q {
+                Question::Status => ("query-status", None),
+                Question::VcpuStats => ("query-stats", Some(stats_request("vcpu", vcpu_names()))),
+                Question::VmStats => ("query-stats", Some(stats_request("vm", vm_names()))),
+                Question::Cpus => ("query-cpus-fast", None),
+            })
+            .collect();
+        // One write for all: QEMU answers them in order.
+        qmp.send_all(&requests)
     }
 
     /// The questions of a refresh.
     fn questions(&self) -> Vec<Question> {
         let mut q = vec![Question::Status];
-        if self.has_stats {
+        if self.has_stats && !self.shadowed {
             q.push(Question::VcpuStats);
             if !vm_names().is_empty() {
                 q.push(Question::VmStats);
@@ -211,7 +219,7 @@ impl QmpStats {
     /// Asks when the observer did not (the reading at attach).
     fn ensure_asked(&mut self) {
         if !self.round {
-            self.ask(&UnixSockets::read_of([self.path.as_path()]).unwrap_or_default());
+            self.ask(&UnixSockets::read_of([self.path.as_path()]).unwrap_or_default(), &Gives::NOTHING);
         }
     }
 
@@ -313,12 +321,12 @@ impl QmpStats {
         self.down = None;
         self.backoff = FIRST_BACKOFF;
         let reading = std::mem::take(&mut self.fresh);
-        if self.has_stats {
+        if self.has_stats && !self.shadowed {
             if reading.vm.is_empty() && reading.vcpus.is_empty() {
                 self.has_stats = false;
             } else {
-                self.baseline.get_or_insert_with(|| reading.clone());
                 self.now = Some(reading);
+                self.current = true;
             }
         }
     }
@@ -339,33 +347,15 @@ impl QmpStats {
     fn is_up(&self) -> bool {
         self.down.is_none() && matches!(self.session, Session::Ready(_))
     }
-
-    /// The statistics of `object` now and at the first reading.
-    fn values(&self, object: Object) -> Option<(&StatValues, &StatValues)> {
-        let (now, then) = (self.now.as_ref()?, self.baseline.as_ref()?);
-        match object {
-            Object::Partition => Some((&now.vm, &then.vm)),
-            Object::Vp(index) => {
-                let q = self.qom_paths.get(&index)?;
-                Some((now.vcpus.get(q)?, then.vcpus.get(q)?))
-            }
-        }
-    }
 }
 
-/// The statistics the observed key of `counter` sums, for `kind`'s object.
-fn stat_names(counter: &Counter, kind: ObjectKind) -> Option<&'static [&'static str]> {
-    match (kind, catalog::observed(counter).and_then(Maintained::source)?) {
-        (ObjectKind::Vp, Source::KvmStats(KvmStat::Vcpu(names))) => Some(names),
-        (ObjectKind::Partition, Source::KvmStats(KvmStat::Vm(names))) => Some(names),
-        _ => None,
-    }
-}
-
-/// Every statistic the catalog's rows of `kind` sum, once each: what `query-stats` is asked for.
+/// Every single-valued statistic the catalog's counters of `kind` sum, once each: what
+/// `query-stats` is asked for (QMP gives a histogram's buckets too, which no counter reads from it).
 fn names_of(kind: ObjectKind) -> Vec<&'static str> {
-    let mut names: Vec<&'static str> =
-        catalog::counters_of(kind).filter_map(|c| stat_names(c, kind)).flatten().copied().collect();
+    let mut names: Vec<&'static str> = kvm_stat_map::kvm_stat_counters(kind)
+        .flat_map(|(_, names)| names.iter().copied())
+        .filter(|n| !n.ends_with("_hist"))
+        .collect();
     names.sort_unstable();
     names.dedup();
     names
@@ -383,12 +373,18 @@ fn vm_names() -> &'static [&'static str] {
     NAMES.get_or_init(|| names_of(ObjectKind::Partition))
 }
 
-/// A KVM statistic's count since the first reading: the sum over `names` of each one's growth,
-/// `None` when QEMU reports none of them now.
-fn since_first(names: &[&str], now: &StatValues, then: &StatValues) -> Option<u64> {
-    let grown =
-        names.iter().filter_map(|n| Some(now.get(*n)?.saturating_sub(then.get(*n).copied().unwrap_or(0))));
-    grown.reduce(u64::saturating_add)
+/// The counters a reading of KVM's statistics through QMP gives: the VM's, and those every
+/// vCPU's statistics give.
+fn given_by(reading: &KvmStatsReply) -> Gives {
+    let vp = reading
+        .vcpus
+        .values()
+        .map(|v| kvm_stat_map::given_by(ObjectKind::Vp, v))
+        .reduce(|a, b| a.intersection(&b));
+    Gives {
+        partition: kvm_stat_map::given_by(ObjectKind::Partition, &reading.vm),
+        vp: vp.unwrap_or_default(),
+    }
 }
 
 impl CounterSource for QmpStats {
@@ -397,42 +393,26 @@ impl CounterSource for QmpStats {
     }
 
     fn gives(&self) -> Gives {
-        // The session's own state is always given; statistics while it answers, those QEMU
-        // reported at the first reading (a statistic without a baseline is not given).
-        let mut gives = Gives {
-            partition: CounterSet::of(&[partition::VM_STATE, partition::VM_QMP_UP]),
-            vp: CounterSet::EMPTY,
-        };
-        let Some(at) = self.baseline.as_ref().filter(|_| self.is_up()) else { return gives };
-        let has = |kind: ObjectKind, names: &[&str]| match kind {
-            ObjectKind::Partition => names.iter().any(|n| at.vm.contains_key(*n)),
-            _ => names.iter().any(|n| at.vcpus.values().any(|v| v.contains_key(*n))),
-        };
-        let of =
-            |kind| CounterSet::of_kind(kind, |c| stat_names(c, kind).is_some_and(|names| has(kind, names)));
-        gives.partition = gives.partition.union(&of(ObjectKind::Partition));
-        gives.vp = of(ObjectKind::Vp);
+        // The session's own state is always given; KVM's statistics (whole-life values, mapped
+        // as every source of them maps them) while it answers, from a reading of this refresh.
+        let mut gives = Gives { partition: CounterSet::of(&[partition::VM_STATE]), vp: CounterSet::EMPTY };
+        if let Some(now) = self.now.as_ref().filter(|_| self.is_up() && self.current) {
+            gives = gives.union(&given_by(now));
+        }
         gives
     }
 
     fn write(&self, object: Object, page: &SharedPage, only: &CounterSet) {
-        if object == Object::Partition {
-            let up = self.is_up();
-            if only.contains(partition::VM_STATE) {
-                page.set(partition::VM_STATE, if up { self.state } else { VmState::Unknown }.code());
-            }
-            if only.contains(partition::VM_QMP_UP) {
-                page.set(partition::VM_QMP_UP, u64::from(up));
-            }
+        if object == Object::Partition && only.contains(partition::VM_STATE) {
+            let state = if self.is_up() { self.state } else { VmState::Unknown };
+            page.set(partition::VM_STATE, state.code());
         }
-        let Some((now, then)) = self.values(object) else { return };
-        let kind = match object {
-            Object::Partition => ObjectKind::Partition,
-            Object::Vp(_) => ObjectKind::Vp,
-        };
-        for counter in catalog::counters_of(kind).filter(|c| only.contains(c.id)) {
-            if let Some(v) = stat_names(counter, kind).and_then(|names| since_first(names, now, then)) {
-                page.set(counter.id, v);
+        let Some(now) = self.now.as_ref().filter(|_| self.current) else { return };
+        match object {
+            Object::Partition => kvm_stat_map::write(ObjectKind::Partition, page, only, &now.vm),
+            Object::Vp(index) => {
+                let Some(values) = self.qom_paths.get(&index).and_then(|q| now.vcpus.get(q)) else { return };
+                kvm_stat_map::write(ObjectKind::Vp, page, only, values);
             }
         }
     }
@@ -443,9 +423,17 @@ impl CounterSource for QmpStats {
 }
 
 impl VmSource for QmpStats {
-    fn ask(&mut self, sockets: &UnixSockets) {
+    fn ask(&mut self, sockets: &UnixSockets, given_before: &Gives) {
         self.round = true;
         self.collected = false;
+        // KVM's statistics are asked for only while no source before this one gives all that
+        // this one's last reading gave.
+        self.current = false;
+        self.shadowed = self.now.as_ref().is_some_and(|now| {
+            let mine = given_by(now);
+            mine.partition.difference(&given_before.partition).is_empty()
+                && mine.vp.difference(&given_before.vp).is_empty()
+        });
         let now = Instant::now();
         let use_ = sockets.of(&self.path);
         let wanted = self.questions();
@@ -526,5 +514,9 @@ impl VmSource for QmpStats {
 
     fn fds(&self) -> usize {
         usize::from(!matches!(self.session, Session::Closed { .. }))
+    }
+
+    fn origin(&self) -> Origin {
+        Origin::VcpuCreation
     }
 }

@@ -7,8 +7,10 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use hvstats_abi::vm_sources::Origin;
+
 use super::event_writer::KvmExitState;
-use crate::sources::counter_source::CounterSource;
+use crate::sources::counter_source::{CounterSource, Gives};
 
 use crate::observe::attach::ObserveOptions;
 use crate::observe::discovery::{KvmFds, Procfs};
@@ -87,8 +89,9 @@ pub enum PeerState {
 pub trait VmSource: CounterSource {
     /// Puts this refresh's questions to the source's peer, without waiting for answers (called
     /// for every observed VM before any is read); `sockets` is the host's table of Unix
-    /// sockets at this refresh.
-    fn ask(&mut self, _sockets: &UnixSockets) {}
+    /// sockets at this refresh, `given_before` what the sources before this one in the VM's list
+    /// gave at the last refresh (what this one need not ask for).
+    fn ask(&mut self, _sockets: &UnixSockets, _given_before: &Gives) {}
 
     /// Reads the source for the VM as it is now (once per refresh, for every vCPU).
     fn read(&mut self, vm: &VmView<'_>);
@@ -132,6 +135,12 @@ pub trait VmSource: CounterSource {
     /// counts on threads.
     fn threads_counted(&self) -> Option<(usize, usize)> {
         None
+    }
+
+    /// From when its counters count: what it counts itself from attach (the default), or KVM's
+    /// own statistics from the vCPU's creation.
+    fn origin(&self) -> Origin {
+        Origin::Attach
     }
 
     /// How it counts, said for a log (in the kernel, or by perf counters, and why), if that

@@ -1,0 +1,304 @@
+//! Which source gave each counter of an observed VM, as the VM's partition page carries it.
+//!
+//! An observer composes several sources for a VM (KVM's tracepoints, the VMM's KVM statistics
+//! descriptors, libvirt, QMP, the vCPU threads' files), and the first in its list that gives a
+//! counter writes it. Readers in other processes see only the arena, so the partition page says
+//! it: rows of hvstats' own group name each source the VM has (up to [`MAX_SOURCES`]), whether it
+//! gives counters now, and from when it counts ([`Origin`]); and, 4 bits per counter, which
+//! source writes each partition and VP counter. [`SourceTable`] encodes and decodes those rows.
+//! A page whose rows are all 0 (our own partitions, an older observer) has no table.
+
+use crate::catalog::{self, CounterId, partition};
+use crate::object::ObjectKind;
+
+/// Sources one VM can name.
+pub const MAX_SOURCES: usize = 6;
+/// Longest source name, in bytes.
+pub const NAME_BYTES: usize = 16;
+
+/// The three rows of each source: name, name continued, state.
+const SOURCE_ROWS: [[CounterId; 3]; MAX_SOURCES] = [
+    [partition::SOURCE_1_NAME, partition::SOURCE_1_NAME_2, partition::SOURCE_1_STATE],
+    [partition::SOURCE_2_NAME, partition::SOURCE_2_NAME_2, partition::SOURCE_2_STATE],
+    [partition::SOURCE_3_NAME, partition::SOURCE_3_NAME_2, partition::SOURCE_3_STATE],
+    [partition::SOURCE_4_NAME, partition::SOURCE_4_NAME_2, partition::SOURCE_4_STATE],
+    [partition::SOURCE_5_NAME, partition::SOURCE_5_NAME_2, partition::SOURCE_5_STATE],
+    [partition::SOURCE_6_NAME, partition::SOURCE_6_NAME_2, partition::SOURCE_6_STATE],
+];
+/// The rows holding which source writes each partition counter.
+const PARTITION_WRITER_ROWS: [CounterId; 3] =
+    [partition::PARTITION_WRITERS_1, partition::PARTITION_WRITERS_2, partition::PARTITION_WRITERS_3];
+/// The rows holding which source writes each VP counter.
+const VP_WRITER_ROWS: [CounterId; 8] = [
+    partition::VP_WRITERS_1,
+    partition::VP_WRITERS_2,
+    partition::VP_WRITERS_3,
+    partition::VP_WRITERS_4,
+    partition::VP_WRITERS_5,
+    partition::VP_WRITERS_6,
+    partition::VP_WRITERS_7,
+    partition::VP_WRITERS_8,
+];
+/// Counters per writer row (4 bits each).
+const PER_ROW: usize = 16;
+
+/// From when a source's counters count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Origin {
+    /// Since the observer attached to the VM (or found the vCPU's thread): what it counts itself.
+    Attach,
+    /// Since KVM created the vCPU (or the VM): KVM's own statistics, whole-life values.
+    VcpuCreation,
+}
+
+impl Origin {
+    /// The name surfaces show (`attach`, `vcpu-creation`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Origin::Attach => "attach",
+            Origin::VcpuCreation => "vcpu-creation",
+        }
+    }
+
+    const fn code(self) -> u64 {
+        match self {
+            Origin::Attach => 1,
+            Origin::VcpuCreation => 2,
+        }
+    }
+
+    const fn from_code(code: u64) -> Option<Self> {
+        match code {
+            1 => Some(Origin::Attach),
+            2 => Some(Origin::VcpuCreation),
+            _ => None,
+        }
+    }
+}
+
+/// One source of an observed VM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SourceEntry {
+    name: [u8; NAME_BYTES],
+    /// True while it gives counters (a source whose peer failed, or that gives nothing on this
+    /// host, is there but not up).
+    pub up: bool,
+    /// From when its counters count.
+    pub origin: Origin,
+}
+
+impl SourceEntry {
+    /// A source called `name` (cut to [`NAME_BYTES`] bytes at a character boundary).
+    pub fn new(name: &str, up: bool, origin: Origin) -> Self {
+        let mut end = name.len().min(NAME_BYTES);
+        while !name.is_char_boundary(end) {
+            end -= 1;
+        }
+        let mut bytes = [0; NAME_BYTES];
+        bytes[..end].copy_from_slice(&name.as_bytes()[..end]);
+        Self { name: bytes, up, origin }
+    }
+
+    /// Its name (up to the first NUL; a name that is not UTF-8 reads as `?`).
+    pub fn name(&self) -> &str {
+        let end = self.name.iter().position(|&b| b == 0).unwrap_or(NAME_BYTES);
+        core::str::from_utf8(&self.name[..end]).unwrap_or("?")
+    }
+
+    const STATE_THERE: u64 = 1;
+    const STATE_UP: u64 = 2;
+
+    fn state_word(&self) -> u64 {
+        Self::STATE_THERE | if self.up { Self::STATE_UP } else { 0 } | self.origin.code() << 8
+    }
+}
+
+/// The sources of an observed VM and which of them writes each of its counters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceTable {
+    sources: [Option<SourceEntry>; MAX_SOURCES],
+    /// By partition counter position, the source's number (1-based), 0 for none.
+    partition: [u8; PARTITION_WRITER_ROWS.len() * PER_ROW],
+    /// By VP counter position, the same.
+    vp: [u8; VP_WRITER_ROWS.len() * PER_ROW],
+}
+
+impl Default for SourceTable {
+    fn default() -> Self {
+        Self {
+            sources: [None; MAX_SOURCES],
+            partition: [0; PARTITION_WRITER_ROWS.len() * PER_ROW],
+            vp: [0; VP_WRITER_ROWS.len() * PER_ROW],
+        }
+    }
+}
+
+/// The position of `id` among its kind's counters, in catalog order.
+fn position(id: CounterId) -> Option<usize> {
+    catalog::counters_of(id.kind).position(|c| c.id == id)
+}
+
+impl SourceTable {
+    /// Adds a source; returns its number for [`set_writer`](Self::set_writer), `None` when the
+    /// table is full.
+    pub fn push(&mut self, source: SourceEntry) -> Option<u8> {
+        let free = self.sources.iter().position(Option::is_none)?;
+        self.sources[free] = Some(source);
+        u8::try_from(free + 1).ok()
+    }
+
+    /// Records that source `number` writes `counter` (a partition or VP counter); anything else
+    /// is ignored.
+    pub fn set_writer(&mut self, counter: CounterId, number: u8) {
+        let Some(at) = position(counter) else { return };
+        let slot = match counter.kind {
+            ObjectKind::Partition => self.partition.get_mut(at),
+            ObjectKind::Vp => self.vp.get_mut(at),
+            _ => None,
+        };
+        if let Some(slot) = slot {
+            *slot = number;
+        }
+    }
+
+    /// The sources, in the order that decides which writes a counter several give.
+    pub fn sources(&self) -> impl Iterator<Item = &SourceEntry> {
+        self.sources.iter().flatten()
+    }
+
+    /// The source that writes `counter`, if any.
+    pub fn writer(&self, counter: CounterId) -> Option<&SourceEntry> {
+        let at = position(counter)?;
+        let number = match counter.kind {
+            ObjectKind::Partition => *self.partition.get(at)?,
+            ObjectKind::Vp => *self.vp.get(at)?,
+            _ => return None,
+        };
+        self.sources.get(usize::from(number).checked_sub(1)?)?.as_ref()
+    }
+
+    /// The table as the values of its rows of the partition page.
+    pub fn rows(&self) -> impl Iterator<Item = (CounterId, u64)> + '_ {
+        let sources = SOURCE_ROWS.iter().zip(&self.sources).flat_map(|(rows, source)| {
+            let words = match source {
+                Some(s) => {
+                    let (lo, hi) = s.name.split_at(8);
+                    [word(lo), word(hi), s.state_word()]
+                }
+                None => [0; 3],
+            };
+            rows.iter().copied().zip(words)
+        });
+        sources.chain(packed(&PARTITION_WRITER_ROWS, self.partition)).chain(packed(&VP_WRITER_ROWS, self.vp))
+    }
+
+    /// Reads the table from a partition page's rows (`value` gives a row's value, `None` when the
+    /// page does not carry it); `None` when the page names no source.
+    pub fn decode(value: impl Fn(CounterId) -> Option<u64>) -> Option<Self> {
+        let mut table = Self::default();
+        for (rows, source) in SOURCE_ROWS.iter().zip(table.sources.iter_mut()) {
+            let state = value(rows[2]).unwrap_or(0);
+            if state & SourceEntry::STATE_THERE == 0 {
+                continue;
+            }
+            let mut name = [0u8; NAME_BYTES];
+            name[..8].copy_from_slice(&value(rows[0]).unwrap_or(0).to_le_bytes());
+            name[8..].copy_from_slice(&value(rows[1]).unwrap_or(0).to_le_bytes());
+            *source = Some(SourceEntry {
+                name,
+                up: state & SourceEntry::STATE_UP != 0,
+                origin: Origin::from_code((state >> 8) & 0xFF).unwrap_or(Origin::Attach),
+            });
+        }
+        if table.sources.iter().all(Option::is_none) {
+            return None;
+        }
+        let unpack = |rows: &[CounterId], out: &mut [u8]| {
+            for (&row, chunk) in rows.iter().zip(out.chunks_mut(PER_ROW)) {
+                let w = value(row).unwrap_or(0);
+                for (i, n) in chunk.iter_mut().enumerate() {
+                    *n = ((w >> (4 * i)) & 0xF) as u8;
+                }
+            }
+        };
+        unpack(&PARTITION_WRITER_ROWS, &mut table.partition);
+        unpack(&VP_WRITER_ROWS, &mut table.vp);
+        Some(table)
+    }
+}
+
+/// Eight bytes as a little-endian word.
+fn word(bytes: &[u8]) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&bytes[..8]);
+    u64::from_le_bytes(w)
+}
+
+/// The writer rows holding `numbers` (4 bits a counter).
+fn packed<const N: usize>(
+    rows: &'static [CounterId],
+    numbers: [u8; N],
+) -> impl Iterator<Item = (CounterId, u64)> {
+    rows.iter().enumerate().map(move |(r, &row)| {
+        let chunk = numbers.get(r * PER_ROW..(r + 1) * PER_ROW).unwrap_or(&[]);
+        (row, chunk.iter().enumerate().fold(0u64, |w, (i, &n)| w | u64::from(n & 0xF) << (4 * i)))
+    })
+}
+
+const _: () = {
+    // Every partition and VP counter has a place in the writer rows.
+    let (mut partitions, mut vps, mut i) = (0, 0, 0);
+    while i < catalog::CATALOG.len() {
+        match catalog::CATALOG[i].id.kind {
+            ObjectKind::Partition => partitions += 1,
+            ObjectKind::Vp => vps += 1,
+            _ => {}
+        }
+        i += 1;
+    }
+    assert!(partitions <= PARTITION_WRITER_ROWS.len() * PER_ROW);
+    assert!(vps <= VP_WRITER_ROWS.len() * PER_ROW);
+    assert!(MAX_SOURCES < 16, "a source's number must fit 4 bits");
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::vp;
+
+    #[test]
+    fn a_table_round_trips_through_its_rows() {
+        let mut table = SourceTable::default();
+        let events = table.push(SourceEntry::new("tracepoints", true, Origin::Attach)).unwrap();
+        let libvirt = table.push(SourceEntry::new("libvirt", false, Origin::VcpuCreation)).unwrap();
+        table.set_writer(vp::CPUID_INSTRUCTIONS, events);
+        table.set_writer(vp::HLT_INSTRUCTIONS, libvirt);
+        table.set_writer(vp::HOST_MAJOR_PAGE_FAULTS, events);
+        table.set_writer(partition::VIRTUAL_TLB_FLUSH_ENTRIES, libvirt);
+        let mut page = [0u64; 64];
+        let slot = |id: CounterId| id.index as usize;
+        for (id, w) in table.rows() {
+            page[slot(id)] = w;
+        }
+        let back = SourceTable::decode(|id| page.get(slot(id)).copied()).unwrap();
+        assert_eq!(back, table);
+        assert_eq!(back.writer(vp::HLT_INSTRUCTIONS).map(|s| (s.name(), s.up)), Some(("libvirt", false)));
+        assert_eq!(back.writer(vp::HOST_MAJOR_PAGE_FAULTS).map(|s| s.origin), Some(Origin::Attach));
+        assert_eq!(back.writer(partition::VIRTUAL_TLB_FLUSH_ENTRIES).map(|s| s.name()), Some("libvirt"));
+        assert!(back.writer(vp::IO_INSTRUCTIONS).is_none());
+        let names: [&str; 2] = [back.sources().next().unwrap().name(), back.sources().nth(1).unwrap().name()];
+        assert_eq!(names, ["tracepoints", "libvirt"]);
+        assert!(SourceTable::decode(|_| Some(0)).is_none(), "a page naming no source has no table");
+    }
+
+    #[test]
+    fn a_long_name_is_cut_and_a_full_table_takes_no_more() {
+        let mut table = SourceTable::default();
+        let long = SourceEntry::new("a-name-longer-than-sixteen", true, Origin::Attach);
+        assert_eq!(long.name(), "a-name-longer-th");
+        for _ in 0..MAX_SOURCES {
+            assert!(table.push(long).is_some());
+        }
+        assert!(table.push(long).is_none());
+    }
+}

@@ -1,0 +1,214 @@
+//! A libvirt daemon of the test's own, with one QEMU domain, for tests of libvirt's statistics.
+//!
+//! `libvirtd` runs as root in a mount namespace of its own (`unshare --mount`): a private `/run`
+//! and its state, configuration and cache directories bound to a temporary directory, so it shares
+//! nothing with the host's libvirt (never started through the service manager) or another test.
+//! Its sockets live in the temporary directory, seen from outside the namespace too. QEMU runs as
+//! libvirt's unprivileged user (no "high privileges" taint), given `/dev/kvm` by a node inside the
+//! namespace; no security driver, cgroup or namespace of libvirt's own is used.
+
+// Test set-up: a failed step is the test's failure, reported by the panic.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::TempDir;
+
+/// A running libvirtd of the test's own; stopped (its domain destroyed) on drop.
+pub struct Libvirtd {
+    dir: TempDir,
+    /// The daemon: `unshare` execs the shell, which execs libvirtd.
+    daemon: Option<Child>,
+}
+
+/// A domain the daemon runs.
+pub struct LibvirtDomain {
+    /// Its name.
+    pub name: String,
+    /// Its UUID.
+    pub uuid: String,
+    /// Its QEMU process.
+    pub pid: i32,
+}
+
+fn write(path: &Path, text: &str) -> std::io::Result<()> {
+    std::fs::write(path, text)
+}
+
+impl Libvirtd {
+    /// Starts a daemon; `None` (printing why) when libvirtd is not installed outside CI.
+    ///
+    /// # Panics
+    /// When it is installed but does not start (a test set-up failure).
+    pub fn start(tag: &str) -> Option<Self> {
+        if !Path::new("/usr/sbin/libvirtd").exists() {
+            assert!(std::env::var("CI").is_err(), "libvirtd is not installed; .ci/run installs it");
+            eprintln!("libvirtd is not installed: skipped");
+            return None;
+        }
+        let dir = TempDir::new(tag);
+        let d = dir.path();
+        // QEMU runs as libvirt-qemu: it must reach the firmware file under this directory.
+        let open = |p: &Path| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        };
+        open(d);
+        for sub in ["etc", "lib", "cache", "log", "sock"] {
+            std::fs::create_dir_all(d.join(sub)).unwrap();
+            open(&d.join(sub));
+        }
+        let s = d.display();
+        write(
+            &d.join("libvirtd.conf"),
+            &format!(
+                "unix_sock_dir = \"{s}/sock\"\nunix_sock_ro_perms = \"0777\"\nunix_sock_rw_perms = \"0700\"\n\
+                 auth_unix_ro = \"none\"\nauth_unix_rw = \"none\"\nlisten_tls = 0\nlisten_tcp = 0\n\
+                 log_outputs = \"3:file:{s}/libvirtd.log\"\n"
+            ),
+        )
+        .unwrap();
+        write(
+            &d.join("etc/qemu.conf"),
+            "user = \"libvirt-qemu\"\ngroup = \"kvm\"\ndynamic_ownership = 0\nremember_owner = 0\n\
+             security_driver = \"none\"\nnamespaces = []\ncgroup_controllers = []\nstdio_handler = \"file\"\n",
+        )
+        .unwrap();
+        let script = format!(
+            "set -e\n\
+             mount -t tmpfs tmpfs /run\n\
+             mount --bind {s}/etc /etc/libvirt\n\
+             mount --bind {s}/lib /var/lib/libvirt\n\
+             if [ -d /var/cache/libvirt ]; then mount --bind {s}/cache /var/cache/libvirt; fi\n\
+             if [ -d /var/log/libvirt ]; then mount --bind {s}/log /var/log/libvirt; fi\n\
+             mkdir -p /run/hvstats-dev\n\
+             mknod /run/hvstats-dev/kvm c 10 232\n\
+             chown root:kvm /run/hvstats-dev/kvm\n\
+             chmod 660 /run/hvstats-dev/kvm\n\
+             mount --bind /run/hvstats-dev/kvm /dev/kvm\n\
+             exec /usr/sbin/libvirtd --config {s}/libvirtd.conf --pid-file {s}/libvirtd.pid\n"
+        );
+        write(&d.join("start.sh"), &script).unwrap();
+        let child = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh"])
+            .arg(d.join("start.sh"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let me = Self { dir, daemon: Some(child) };
+        let t = Instant::now();
+        while !me.socket_ro().exists() {
+            assert!(t.elapsed() < Duration::from_secs(30), "libvirtd made no socket in 30 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Some(me)
+    }
+
+    /// The read-write socket.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("sock/libvirt-sock")
+    }
+
+    /// The read-only socket.
+    pub fn socket_ro(&self) -> PathBuf {
+        self.dir.path().join("sock/libvirt-sock-ro")
+    }
+
+    /// libvirt's URI of this daemon (read-write).
+    pub fn uri(&self) -> String {
+        format!("qemu:///system?socket={}", self.socket().display())
+    }
+
+    /// Runs `virsh` against this daemon; its standard output.
+    ///
+    /// # Panics
+    /// When virsh fails.
+    pub fn virsh(&self, args: &[&str]) -> String {
+        let out = Command::new("virsh").arg("-c").arg(self.uri()).args(args).output().unwrap();
+        assert!(out.status.success(), "virsh {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Defines and starts a domain of one vCPU and 16 MiB running `bios` (a `-bios` image), and
+    /// waits for its QEMU to hold its vCPU.
+    ///
+    /// # Panics
+    /// When the domain does not start.
+    pub fn run_domain(&self, name: &str, uuid: &str, bios: &[u8]) -> LibvirtDomain {
+        let d = self.dir.path();
+        let bios_path = d.join(format!("{name}.bin"));
+        std::fs::write(&bios_path, bios).unwrap();
+        let xml = format!(
+            "<domain type='kvm'><name>{name}</name><uuid>{uuid}</uuid><memory unit='MiB'>16</memory>\
+             <vcpu>1</vcpu><os><type arch='x86_64' machine='pc'>hvm</type><loader type='rom'>{}</loader></os>\
+             <devices><emulator>/usr/bin/qemu-system-x86_64</emulator><controller type='usb' model='none'/>\
+             <memballoon model='none'/></devices></domain>",
+            bios_path.display()
+        );
+        let xml_path = d.join(format!("{name}.xml"));
+        std::fs::write(&xml_path, xml).unwrap();
+        self.virsh(&["define", xml_path.to_str().unwrap()]);
+        self.virsh(&["start", name]);
+        let t = Instant::now();
+        let pid = loop {
+            if let Some(pid) = qemu_of(uuid) {
+                break pid;
+            }
+            assert!(t.elapsed() < Duration::from_secs(30), "the domain's QEMU did not appear");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        LibvirtDomain { name: name.to_owned(), uuid: uuid.to_owned(), pid }
+    }
+
+    /// `virsh domstats --vcpu --vm` of `name`, as field → value.
+    pub fn domstats(&self, name: &str) -> std::collections::BTreeMap<String, String> {
+        let out = self.virsh(&["-r", "domstats", "--vcpu", "--vm", name]);
+        out.lines()
+            .filter_map(|l| l.trim().split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect()
+    }
+}
+
+/// The QEMU process given `-uuid uuid` that holds a KVM vCPU.
+fn qemu_of(uuid: &str) -> Option<i32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+        let named = args.windows(2).any(|w| w[0] == b"-uuid" && w[1] == uuid.as_bytes());
+        let has_vcpu = std::fs::read_dir(e.path().join("fd")).ok()?.flatten().any(|f| {
+            std::fs::read_link(f.path())
+                .is_ok_and(|l| l.to_string_lossy().starts_with("anon_inode:kvm-vcpu:"))
+        });
+        (named && has_vcpu).then_some(pid)
+    })
+}
+
+impl Drop for Libvirtd {
+    fn drop(&mut self) {
+        // Its domains first (libvirtd would leave their QEMUs running), then the daemon itself.
+        let list = Command::new("virsh").arg("-c").arg(self.uri()).args(["list", "--name"]).output();
+        if let Ok(out) = list {
+            for name in String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.trim().is_empty()) {
+                let _ =
+                    Command::new("virsh").arg("-c").arg(self.uri()).args(["destroy", name.trim()]).output();
+            }
+        }
+        if let Some(mut daemon) = self.daemon.take() {
+            // SAFETY: kill has no memory effects; the pid is the daemon this set-up started and
+            // has not reaped yet.
+            unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
+            let t = Instant::now();
+            while matches!(daemon.try_wait(), Ok(None)) && t.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = daemon.kill();
+            let _ = daemon.wait();
+        }
+    }
+}
