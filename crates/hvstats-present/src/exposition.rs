@@ -924,7 +924,8 @@ mod tests {
             named("7-100-0", &["other", "prod-db", "prod\u{200b}-db", "prod-db"]),
         ]);
         let labels = vm_labels(&reading);
-        assert_eq!(labels, ["prod-db#2", "web", "other", "prod-db", r"prod\u{200b}-db", "prod-db#3",]);
+        // The suffixes follow seniority too: the later publisher's comes last.
+        assert_eq!(labels, ["prod-db#3", "web", "other", "prod-db", r"prod\u{200b}-db", "prod-db#2"]);
     }
 
     #[test]
