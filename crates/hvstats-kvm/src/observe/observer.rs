@@ -295,11 +295,12 @@ impl Observer {
                 Ok(None) => {}
                 Ok(Some(why)) => {
                     if let Some(vm) = self.vms.remove(&pid) {
+                        // Who left: a process that takes the pid now is told from it.
+                        self.known.insert(pid, vm.identity());
                         events.push(ObserverEvent::Detached { pid, name: vm.name().to_owned(), why });
                     }
                     self.reported.remove(&pid);
                     self.peers.retain(|(p, _), _| *p != pid);
-                    self.known.remove(&pid);
                     match (why, &self.targets) {
                         // The process lives on: a VM it makes now is a new one.
                         (Departure::Exec, Targets::Pids(_)) => {
