@@ -74,7 +74,8 @@ macro_rules! catalog {
 
 use crate::exit_reason::InterceptClass as Ic;
 use crate::source::{
-    HostFault, KvmStat, PerfSoftwareEvent, RunLoopCount, RunLoopCount as Loop, ThreadTime, Tracepoint as Tp,
+    HostFault, KvmStat, ObserverFact, PerfSoftwareEvent, RunLoopCount, RunLoopCount as Loop, ThreadTime,
+    Tracepoint as Tp, VmsState,
 };
 use HypercallClass as Hc;
 use Maintained::{By, No};
@@ -103,6 +104,23 @@ catalog! {
         Architectural 5 MONITORED_NOTIFICATIONS "Monitored notifications", Count, Instant,
             No("hvstats implements no monitored-notification facility"),
             "The number of monitored notifications that are registered with the hypervisor.";
+        // hvstats' own group: the observer of other processes' VMs, about itself. Every other
+        // instance declares these unavailable.
+        Hvstats 1 OBSERVER_UP "Observer up", Count, Instant,
+            By(Observer(ObserverFact::Up), "1 while the observer refreshes the VMs it observes, 0 once its loop stopped"),
+            "1 while this instance's observer of other processes' VMs refreshes them, 0 once it stopped (a reader reports an observer that died as 0 too).";
+        Hvstats 2 OBSERVER_LAST_REFRESH "Observer last refresh timestamp", Time100ns, Instant,
+            By(Observer(ObserverFact::LastRefresh), "the wall clock when the observer's last refresh of every VM ended"),
+            "The Unix time (in 100ns) at which the observer last finished refreshing every VM it observes.";
+        Hvstats 3 OBSERVER_VMS_ATTACHED "Observer VMs attached", Count, Instant,
+            By(Observer(ObserverFact::Vms(VmsState::Attached)), "VMs published as partitions of the observer's instance"),
+            "The number of VMs of other processes the observer observes (each a partition of its instance).";
+        Hvstats 4 OBSERVER_VMS_REFUSED "Observer VMs refused", Count, Instant,
+            By(Observer(ObserverFact::Vms(VmsState::Refused)), "VMs found but not observed: claimed by another observer, out of descriptors, or unreadable"),
+            "The number of VMs the observer found and does not observe now (another observer holds them, descriptors ran out, or they could not be read): they have no counters.";
+        Hvstats 5 OBSERVER_QMP_SESSIONS_UP "Observer QMP sessions up", Count, Instant,
+            By(Observer(ObserverFact::QmpSessionsUp), "observed VMs whose QMP session answers now"),
+            "The number of observed VMs whose QMP session answers now.";
     }
 
     /// Counters of a logical (host) processor object (root only).
@@ -281,6 +299,11 @@ catalog! {
         Hvstats 29 PARTITION_WRITERS_3 "Partition counter sources 3", Count, Instant,
             By(Authority, SOURCE_TABLE),
             "Which source writes each partition counter of the observed VM, 4 bits per counter (the partition counters 32 to 47 in catalog order): 0 none, else the source's number.";
+        // hvstats 1.1 of the partition page (see APPENDED): what the VM is doing.
+        Hvstats 30 VM_STATE "VM state", Count, State,
+            By(RunState, "running while the partition runs, shutdown once it stopped"),
+            observed By(RunState, "QEMU's run state (QMP query-status): unknown while its QMP session is down"),
+            "Whether the VM runs, is paused, shut down, stopped on an internal error KVM could not get past, or its state is unknown now.";
     }
 
     /// Counters of a virtual processor object.
@@ -655,6 +678,8 @@ pub const APPENDED: &[Appended] = &[
     Appended { kind: ObjectKind::Vp, group: GroupKind::Hvstats, minor: 1, first_index: 266 },
     // hvstats 1.2 of the VP page: every exit of the VP.
     Appended { kind: ObjectKind::Vp, group: GroupKind::Hvstats, minor: 2, first_index: 268 },
+    // hvstats 1.1 of the partition page: the VM's run state.
+    Appended { kind: ObjectKind::Partition, group: GroupKind::Hvstats, minor: 1, first_index: 30 },
 ];
 
 impl CounterId {
@@ -875,12 +900,8 @@ impl Tracepoint {
 
     /// True when the observer counts it on a VMM's threads: a source of a catalog row for observed
     /// VMs, a part [`added`](Self::added) to one, or the VMM's MSR exits.
-    pub fn counted_for_observed(self) -> bool {
-        self == Tracepoint::UserspaceMsr
-            || CATALOG.iter().any(|c| match observed(c).and_then(Maintained::source) {
-                Some(Source::Tracepoint(tp)) => tp == self || tp.added().contains(&self),
-                _ => false,
-            })
+    pub const fn counted_for_observed(self) -> bool {
+        COUNTED_FOR_OBSERVED[self.index()]
     }
 }
 
@@ -942,6 +963,85 @@ const OBSERVED_EXIT_TIME: &str = "time from kvm:kvm_exit of the class to the nex
 /// assert!(!observed(emulated_cost).unwrap().is_maintained());
 /// ```
 pub const fn observed(counter: &Counter) -> Option<Maintained> {
+    // The observer asks this of every counter of every VM at every refresh: the catalog's rows
+    // have their answers worked out once, at compile time.
+    match row(counter.id) {
+        Some(i) => OBSERVED[i],
+        None => observed_of(counter),
+    }
+}
+
+/// Every row's answer of [`observed`], in catalog order.
+const OBSERVED: [Option<Maintained>; CATALOG.len()] = {
+    let mut table = [None; CATALOG.len()];
+    let mut i = 0;
+    while i < CATALOG.len() {
+        table[i] = observed_of(&CATALOG[i]);
+        i += 1;
+    }
+    table
+};
+
+/// Each tracepoint's answer of [`Tracepoint::counted_for_observed`], by index.
+const COUNTED_FOR_OBSERVED: [bool; Tracepoint::ALL.len()] = {
+    let mut table = [false; Tracepoint::ALL.len()];
+    table[Tracepoint::UserspaceMsr.index()] = true;
+    let mut i = 0;
+    while i < CATALOG.len() {
+        if let Some(Maintained::By(Source::Tracepoint(tp), _)) = OBSERVED[i] {
+            table[tp.index()] = true;
+            let added = tp.added();
+            let mut a = 0;
+            while a < added.len() {
+                table[added[a].index()] = true;
+                a += 1;
+            }
+        }
+        i += 1;
+    }
+    table
+};
+
+/// The highest index a catalog row has in its group, plus one.
+pub(crate) const INDICES: usize = {
+    let mut max = 0;
+    let mut i = 0;
+    while i < CATALOG.len() {
+        if CATALOG[i].id.index as usize >= max {
+            max = CATALOG[i].id.index as usize + 1;
+        }
+        i += 1;
+    }
+    max
+};
+
+/// The catalog row of each (kind, group, index), plus one (0: not in the catalog).
+const ROWS: [[[u8; INDICES]; 3]; 4] = {
+    assert!(CATALOG.len() < u8::MAX as usize, "row numbers fit a byte");
+    let mut table = [[[0u8; INDICES]; 3]; 4];
+    let mut i = 0;
+    while i < CATALOG.len() {
+        let id = CATALOG[i].id;
+        table[id.kind as usize][id.group as usize][id.index as usize] = (i + 1) as u8;
+        i += 1;
+    }
+    table
+};
+
+/// The position of `id`'s row in [`CATALOG`], if it has one.
+pub(crate) const fn row(id: CounterId) -> Option<usize> {
+    let (kind, group, index) = (id.kind as usize, id.group as usize, id.index as usize);
+    if kind >= ROWS.len() || group >= ROWS[0].len() || index >= INDICES {
+        return None;
+    }
+    match ROWS[kind][group][index] {
+        0 => None,
+        at => Some(at as usize - 1),
+    }
+}
+
+/// [`observed`] worked out from the row.
+const fn observed_of(counter: &Counter) -> Option<Maintained> {
     match counter.id.kind {
         ObjectKind::Hypervisor | ObjectKind::LogicalProcessor => return None,
         ObjectKind::Partition | ObjectKind::Vp => {}

@@ -95,6 +95,9 @@ pub enum Presentation {
     /// A log2 histogram of times ([`crate::histogram`]): the row's value is the sum of the times,
     /// followed by the bucket counts, [`HISTOGRAM_SLOTS`] slots in all.
     Histogram,
+    /// A state at the moment: a code of [`crate::vm_state::VmState`], shown by its name (an
+    /// exporter's state set: one series per state, 1 for the current one).
+    State,
 }
 
 impl Presentation {
@@ -107,6 +110,7 @@ impl Presentation {
             Presentation::PercentTime => "percent-time",
             Presentation::Instant => "instant",
             Presentation::Histogram => "histogram",
+            Presentation::State => "state",
         }
     }
 }

@@ -11,36 +11,9 @@ use crate::object::ObjectKind;
 /// Words of a set: one bit per catalog row.
 const WORDS: usize = CATALOG.len().div_ceil(64);
 
-/// The highest index a catalog row has in its group, plus one.
-const INDICES: usize = {
-    let mut max = 0;
-    let mut i = 0;
-    while i < CATALOG.len() {
-        if CATALOG[i].id.index as usize >= max {
-            max = CATALOG[i].id.index as usize + 1;
-        }
-        i += 1;
-    }
-    max
-};
-
-/// The catalog row of each (kind, group, index), plus one (0: not in the catalog).
-static ROW: [[[u8; INDICES]; 3]; 4] = {
-    assert!(CATALOG.len() < u8::MAX as usize, "row numbers fit a byte");
-    let mut table = [[[0u8; INDICES]; 3]; 4];
-    let mut i = 0;
-    while i < CATALOG.len() {
-        let id = CATALOG[i].id;
-        table[id.kind as usize][id.group as usize][id.index as usize] = (i + 1) as u8;
-        i += 1;
-    }
-    table
-};
-
 /// The position of `id`'s row in [`CATALOG`].
 fn row(id: CounterId) -> Option<usize> {
-    let at = *ROW.get(id.kind as usize)?.get(id.group as usize)?.get(id.index as usize)?;
-    (at as usize).checked_sub(1)
+    crate::catalog::row(id)
 }
 
 /// A set of catalog counters.
@@ -139,7 +112,7 @@ mod tests {
             assert!(seen.contains(c.id));
         }
         assert_eq!(seen.ids().count(), CATALOG.len());
-        let outside = CounterId { index: INDICES as u16 + 7, ..CATALOG[0].id };
+        let outside = CounterId { index: crate::catalog::INDICES as u16 + 7, ..CATALOG[0].id };
         seen.insert(outside);
         assert!(!seen.contains(outside));
     }

@@ -8,8 +8,8 @@
 //! ([`histogram`], [`seqcount`]), the hypercall ABI of the stats calls ([`hypercall`],
 //! [`status`]), the typed counter sets of `WHvGetVirtualProcessorCounters` ([`whv`]) and the
 //! structures of `HalAllocateHardwareCounters` ([`hal`]), which source gave each counter of an
-//! observed VM ([`vm_sources`]), and the boot contract between the VMM
-//! and its guest programs ([`boot`], [`apic`]).
+//! observed VM ([`vm_sources`]), the run states of a VM ([`vm_state`]), and the boot contract
+//! between the VMM and its guest programs ([`boot`], [`apic`]).
 //!
 //! It is `no_std` and free of `unsafe`: every memory structure derives zerocopy's traits and has
 //! its size asserted beside it.
@@ -36,6 +36,7 @@ pub mod seqcount;
 pub mod source;
 pub mod status;
 pub mod vm_sources;
+pub mod vm_state;
 pub mod whv;
 
 pub use catalog::{CATALOG, Counter, CounterId, GroupKind, Maintained, Presentation, Source, Unit};

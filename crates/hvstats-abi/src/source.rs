@@ -42,6 +42,12 @@ pub enum Source {
     /// The nanoseconds from each `kvm:kvm_exit` of an intercept class to the next `kvm:kvm_entry`
     /// of the same vCPU thread, timed in the kernel (VMX/SVM hosts only); observed VMs only.
     KvmExitTime(InterceptClass),
+    /// The observer of other processes' VMs, about itself (the hypervisor page of its instance;
+    /// other instances declare these unavailable).
+    Observer(ObserverFact),
+    /// The VMM's own word on its VM's run state (QMP `query-status`); for our own partitions,
+    /// the authority's (running until the partition stops).
+    RunState,
 }
 
 /// The kind of a [`Source`], without its key.
@@ -69,6 +75,10 @@ pub enum SourceKind {
     KvmExit,
     /// [`Source::KvmExitTime`].
     KvmExitTime,
+    /// [`Source::Observer`].
+    Observer,
+    /// [`Source::RunState`].
+    RunState,
 }
 
 impl Source {
@@ -91,6 +101,8 @@ impl Source {
             SourceKind::HostFaults => "host-faults",
             SourceKind::KvmExit => "kvm-exit",
             SourceKind::KvmExitTime => "kvm-exit-time",
+            SourceKind::Observer => "observer",
+            SourceKind::RunState => "run-state",
         }
     }
 
@@ -108,6 +120,8 @@ impl Source {
             Source::HostFaults(_) => SourceKind::HostFaults,
             Source::KvmExit(_) => SourceKind::KvmExit,
             Source::KvmExitTime(_) => SourceKind::KvmExitTime,
+            Source::Observer(_) => SourceKind::Observer,
+            Source::RunState => SourceKind::RunState,
         }
     }
 }
@@ -373,4 +387,38 @@ pub enum HostFault {
     All,
     /// The faults that waited for I/O: `majflt` (field 12).
     Major,
+}
+
+/// What the observer of other processes' VMs says about itself, on its instance's hypervisor
+/// page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ObserverFact {
+    /// 1 while it refreshes the VMs it observes, 0 once it stopped.
+    Up,
+    /// When it last finished a refresh of every VM it observes.
+    LastRefresh,
+    /// The VMs it found in a state.
+    Vms(VmsState),
+    /// The observed VMs whose QMP session answers now.
+    QmpSessionsUp,
+}
+
+/// Whether the observer observes a VM it found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum VmsState {
+    /// Observed: published as a partition.
+    Attached,
+    /// Found but not observed now: another observer holds it, descriptors ran out, or it could
+    /// not be read.
+    Refused,
+}
+
+impl VmsState {
+    /// The `state` label of the VMs in this state.
+    pub const fn label(self) -> &'static str {
+        match self {
+            VmsState::Attached => "attached",
+            VmsState::Refused => "refused",
+        }
+    }
 }

@@ -29,24 +29,22 @@ fn put_header(bytes: &mut [u8], offset: usize, header: GroupHeader) {
 
 #[test]
 fn layouts_put_groups_back_to_back_and_end_the_list() {
+    // (kind, architectural, release, hvstats' own group, END_OF_LIST)
     let expect = [
-        (ObjectKind::Hypervisor, Some(0), None, 48),
-        (ObjectKind::LogicalProcessor, Some(0), None, 152),
-        // Partition: then hvstats' own group (which source of an observed VM gave what, 29 rows).
-        (ObjectKind::Partition, Some(0), Some(16), 80 + 8 + 29 * 8),
+        // Hypervisor: 5 counters, then hvstats' own group (the observer's health, 5).
+        (ObjectKind::Hypervisor, Some(0), None, Some(48), 48 + 8 + 5 * 8),
+        (ObjectKind::LogicalProcessor, Some(0), None, None, 152),
+        // Partition: then hvstats' own group (which source of an observed VM gave what, 29 rows;
+        // in its 1.1 the VM's run state).
+        (ObjectKind::Partition, Some(0), Some(16), Some(80), 80 + 8 + 30 * 8),
         // VP: release 1.2 (67 counters), then hvstats' own group (sequence, 8 histograms, 2
         // fault counts and the exits).
-        (ObjectKind::Vp, Some(0), Some(24), 568 + 8 + 268 * 8),
+        (ObjectKind::Vp, Some(0), Some(24), Some(568), 568 + 8 + 268 * 8),
     ];
-    for (kind, arch, release, end) in expect {
+    for (kind, arch, release, own, end) in expect {
         let layout = PageLayout::of(kind);
         assert_eq!(layout.group_offset(GroupKind::Architectural), arch, "{kind:?}");
         assert_eq!(layout.group_offset(GroupKind::Release), release, "{kind:?}");
-        let own = match kind {
-            ObjectKind::Vp => Some(568),
-            ObjectKind::Partition => Some(80),
-            _ => None,
-        };
         assert_eq!(layout.group_offset(GroupKind::Hvstats), own, "{kind:?}");
         assert_eq!(layout.end_offset, end, "{kind:?}");
         let page = StatsPage::new(kind);

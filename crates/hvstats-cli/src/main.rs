@@ -7,6 +7,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 mod cmd;
 mod input;
 mod observer_log;
+mod observer_run;
 mod output;
 mod output_file;
 mod signals;

@@ -1,7 +1,12 @@
 //! The log lines of the observers (`observe`, `serve --observe-all`): one line per event,
-//! whatever a VM's name holds.
+//! whatever a VM's name holds, and how often a line of one kind about one VM may be said
+//! ([`LogLimiter`]).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use hvstats_kvm::observe::ObserverEvent;
+use hvstats_kvm::observe::vm::Departure;
 use hvstats_mshv::observer::MshvEvent;
 use hvstats_present::text::Escaped;
 
@@ -26,7 +31,18 @@ pub(crate) fn describe_mshv(event: &MshvEvent) -> String {
 /// break lines.
 pub(crate) fn describe(event: &ObserverEvent) -> String {
     match event {
-        ObserverEvent::Attached { pid, name, vmm, vcpus, partition, fds, threads, left_out, qmp_error } => {
+        ObserverEvent::Attached {
+            pid,
+            name,
+            vmm,
+            vcpus,
+            partition,
+            fds,
+            threads,
+            left_out,
+            qmp,
+            qmp_error,
+        } => {
             let mut s = format!(
                 "attach pid {pid} ({}) \"{}\": {vcpus} vCPUs as partition {partition}, {fds} perf counters open",
                 Escaped(vmm),
@@ -39,10 +55,27 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
                     threads + left_out
                 ));
             }
+            if let Some(path) = qmp {
+                s.push_str(&format!("; QMP {}", Escaped(&path.display().to_string())));
+            }
             if let Some(e) = qmp_error {
-                s.push_str(&format!("; KVM statistics through QMP unavailable: {}", Escaped(&e.to_string())));
+                s.push_str(&format!(
+                    ": KVM statistics and run state through QMP unavailable for now ({}); retried",
+                    Escaped(&e.to_string())
+                ));
             }
             s
+        }
+        ObserverEvent::SourceDown { pid, name, source, why } => format!(
+            "pid {pid} \"{}\": {source} lost: {}; its counters are unavailable, retried with backoff",
+            Escaped(name),
+            Escaped(why)
+        ),
+        ObserverEvent::SourceUp { pid, name, source, after } => {
+            format!("pid {pid} \"{}\": {source} back after {:.1} s", Escaped(name), after.as_secs_f64())
+        }
+        ObserverEvent::Excluded { pid, name } => {
+            format!("pid {pid} \"{}\": not observed: --vm/--exclude-vm leave it out", Escaped(name))
         }
         ObserverEvent::VcpusKnown { pid, threads, fds } => {
             format!("pid {pid}: vCPU threads {threads:?}; {fds} perf counters open (on those threads only)")
@@ -60,13 +93,86 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
             }
         ),
         // A VM's name is what its VMM's command line or QMP says: escaped, it cannot forge a line.
-        ObserverEvent::Detached { pid, name } => {
-            format!("detach pid {pid} \"{}\": the process exited", Escaped(name))
+        ObserverEvent::Detached { pid, name, why } => format!(
+            "detach pid {pid} \"{}\": {}",
+            Escaped(name),
+            match why {
+                Departure::Exited => "the process exited",
+                Departure::Exec => "the process exec'd a program: a VM it makes now is attached anew",
+                Departure::PidReused => "the pid names another process now: its VM, if any, is attached anew",
+            }
+        ),
+        ObserverEvent::NamedLike { pid, name, other, other_name } if name == other_name => format!(
+            "pid {pid} \"{}\": the name of pid {other}'s VM, which keeps it; this one is told apart by a #N suffix on /metrics",
+            Escaped(name)
+        ),
+        ObserverEvent::NamedLike { pid, name, other, other_name } => format!(
+            "pid {pid} \"{}\": looks like the name of pid {other}'s VM \"{}\" (invisible or confusable characters)",
+            Escaped(name),
+            Escaped(other_name)
+        ),
+        ObserverEvent::DuplicateUuid { pid, uuid, other } => {
+            format!("pid {pid}: UUID {uuid} is also pid {other}'s VM's: two VMs claim one identity")
         }
+        ObserverEvent::ThreadRefused { pid, name, refusal } => format!(
+            "pid {pid} \"{}\": thread {} named by {} for VP {} is not used: {}",
+            Escaped(name),
+            refusal.tid,
+            refusal.by,
+            refusal.vp,
+            Escaped(&refusal.why)
+        ),
         ObserverEvent::Deferred { pid, reason } => {
             format!("pid {pid} not observed for now (retried): {}", Escaped(reason))
         }
         ObserverEvent::Failed { pid, error } => format!("cannot observe pid {pid}: {}", Escaped(error)),
+    }
+}
+
+/// How long a line of one kind about one VM is not said again: what is held back meanwhile is
+/// counted and said with the next one.
+pub(crate) const LOG_WINDOW: Duration = Duration::from_secs(60);
+
+/// Keeps the log of a fleet readable: a line of one kind about one VM (a deferral, a failure, a
+/// source lost or back) is said at most once per [`LOG_WINDOW`]. Attaching and detaching are
+/// said every time: each happens once per process.
+#[derive(Debug, Default)]
+pub(crate) struct LogLimiter {
+    /// By (pid, kind): when its line was last said, and how many were held back since.
+    said: HashMap<(i32, &'static str), (Instant, u32)>,
+}
+
+impl LogLimiter {
+    /// The line of `event`, unless one of its kind about its VM was said within the window;
+    /// it ends with how many were held back before it.
+    pub(crate) fn line(&mut self, event: &ObserverEvent, now: Instant) -> Option<String> {
+        let key = match event {
+            ObserverEvent::Deferred { pid, .. } => Some((*pid, "deferred")),
+            ObserverEvent::Failed { pid, .. } => Some((*pid, "failed")),
+            ObserverEvent::SourceDown { pid, .. } => Some((*pid, "source down")),
+            ObserverEvent::SourceUp { pid, .. } => Some((*pid, "source up")),
+            ObserverEvent::KvmExit { pid, .. } => Some((*pid, "kvm_exit")),
+            ObserverEvent::Excluded { pid, .. } => Some((*pid, "excluded")),
+            _ => None,
+        };
+        let Some(key) = key else { return Some(describe(event)) };
+        self.said.retain(|_, (at, held)| now.duration_since(*at) < LOG_WINDOW || *held > 0);
+        match self.said.get_mut(&key) {
+            Some((at, held)) if now.duration_since(*at) < LOG_WINDOW => {
+                *held += 1;
+                None
+            }
+            Some((at, held)) => {
+                let line = format!("{} ({} more like it held back)", describe(event), *held);
+                *at = now;
+                *held = 0;
+                Some(line)
+            }
+            None => {
+                self.said.insert(key, (now, 0));
+                Some(describe(event))
+            }
+        }
     }
 }
 
@@ -76,10 +182,40 @@ mod tests {
 
     #[test]
     fn a_vm_name_cannot_forge_a_log_line() {
-        let event =
-            ObserverEvent::Detached { pid: 7, name: "dup\nhvstats observe: attach pid 1\u{1b}[2J".into() };
+        let event = ObserverEvent::Detached {
+            pid: 7,
+            name: "dup\nhvstats observe: attach pid 1\u{1b}[2J".into(),
+            why: Departure::Exited,
+        };
         let line = describe(&event);
         assert_eq!(line, r#"detach pid 7 "dup\nhvstats observe: attach pid 1\u{1b}[2J": the process exited"#);
         assert!(!line.contains('\n') && !line.contains('\u{1b}'));
+    }
+
+    #[test]
+    fn a_deferral_repeated_every_two_seconds_is_said_once_a_minute_with_the_count() {
+        let mut limiter = LogLimiter::default();
+        let start = Instant::now();
+        let deferred = |pid| ObserverEvent::Deferred { pid, reason: "already observed by pid 9".into() };
+        let mut said = Vec::new();
+        // 240 deferrals over nine minutes, as an observer left to another once logged them.
+        for n in 0..240u64 {
+            let at = start + Duration::from_millis(n * 2250);
+            said.extend(limiter.line(&deferred(7), at));
+        }
+        assert_eq!(said.len(), 9, "{said:?}");
+        assert!(said[1].ends_with("(26 more like it held back)"), "{}", said[1]);
+        // Another VM, or another kind about the same VM, is its own line.
+        assert!(limiter.line(&deferred(8), start).is_some());
+        let lost =
+            ObserverEvent::SourceDown { pid: 7, name: "vm".into(), source: "qmp", why: "stopped".into() };
+        assert!(limiter.line(&lost, start).is_some());
+        let back = ObserverEvent::SourceUp {
+            pid: 7,
+            name: "vm".into(),
+            source: "qmp",
+            after: Duration::from_secs(10),
+        };
+        assert_eq!(limiter.line(&back, start).as_deref(), Some("pid 7 \"vm\": qmp back after 10.0 s"));
     }
 }

@@ -45,11 +45,15 @@ fn keys_say_what_they_hold(v: &Value, what: &str) -> usize {
                 if let (false, Value::Object(counters)) = (suffixes.is_empty(), child) {
                     for key in counters.keys() {
                         assert!(!key.contains('/') && !key.contains(' '), "{what}: {k}.{key}");
-                        // An instantaneous value (a count of VPs, the sequence) is the same in
-                        // every document and names no interval.
+                        // An instantaneous value (a count of VPs, the sequence, a VM's state) is
+                        // the same in every document and names no interval.
                         let counter = hvstats_present::json_keys::counter_of_key(key);
-                        let instant =
-                            counter.is_some_and(|c| c.presentation == hvstats_abi::Presentation::Instant);
+                        let instant = counter.is_some_and(|c| {
+                            matches!(
+                                c.presentation,
+                                hvstats_abi::Presentation::Instant | hvstats_abi::Presentation::State
+                            )
+                        });
                         assert!(instant || suffixes.iter().any(|s| key.ends_with(s)), "{what}: {k}.{key}");
                         checked += 1;
                     }

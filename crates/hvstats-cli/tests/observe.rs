@@ -39,10 +39,25 @@ fn fake_qemu(root: &Path, vcpu_tid: i32) -> std::path::PathBuf {
         .unwrap();
     std::fs::write(dir.join("comm"), "qemu-system-x86\n").unwrap();
     std::fs::write(dir.join("status"), "State:\tS (sleeping)\n").unwrap();
-    let task = dir.join("task").join(vcpu_tid.to_string());
-    std::fs::create_dir_all(&task).unwrap();
-    std::fs::write(task.join("comm"), "CPU 0/KVM\n").unwrap();
+    std::fs::write(dir.join("stat"), fake_stat(pid as i32, "qemu-system-x86")).unwrap();
+    fake_task(&dir, vcpu_tid, "CPU 0/KVM");
     dir
+}
+
+/// A `stat` line whose start time (field 22) is 1000 and every other field 0.
+fn fake_stat(pid: i32, comm: &str) -> String {
+    let mut fields: Vec<String> = (3..=52).map(|_| "0".to_owned()).collect();
+    fields[0] = "S".to_owned();
+    fields[22 - 3] = "1000".to_owned();
+    format!("{pid} ({comm}) {}\n", fields.join(" "))
+}
+
+/// `task/<tid>` of the fake process at `dir`: its name and `stat`.
+fn fake_task(dir: &Path, tid: i32, comm: &str) {
+    let task = dir.join("task").join(tid.to_string());
+    std::fs::create_dir_all(&task).unwrap();
+    std::fs::write(task.join("comm"), format!("{comm}\n")).unwrap();
+    std::fs::write(task.join("stat"), fake_stat(tid, comm)).unwrap();
 }
 
 /// Starts `hvstats observe` and a thread forwarding its stderr lines.
@@ -208,7 +223,11 @@ fn bad_flags_and_processes_without_a_vm_are_clear_errors() {
     let (ok, err) = run(&["--pid", "0"]);
     assert!(!ok && err.contains("--pid 0: not a process id"), "{err}");
     let (ok, err) = run(&["--pid", "1", "--pid", "2", "--qmp", "/tmp/x"]);
-    assert!(!ok && err.contains("exactly one --pid"), "{err}");
+    assert!(!ok && err.contains("give one --pid with it, or none"), "{err}");
+    let (ok, err) = run(&["--all", "--qmp", "/tmp/x"]);
+    assert!(!ok && err.contains("cannot be used with"), "{err}");
+    let (ok, err) = run(&["--all", "--vm", "db-("]);
+    assert!(!ok && err.contains("\"db-(\" is not a pid, a UUID or a regular expression"), "{err}");
     let (ok, err) = run(&["--pid", "1", "--interval", "0"]);
     assert!(!ok && err.contains("interval"), "{err}");
     let (ok, err) = run(&["--pid", "1", "--all"]);
@@ -322,9 +341,7 @@ fn a_vmm_with_more_threads_than_descriptors_is_observed_within_a_budget_and_neve
     let dir = fake_qemu(&proc_root, tids[0]);
     std::fs::write(dir.join("task").join(tids[0].to_string()).join("comm"), "worker\n").unwrap();
     for tid in &tids[1..] {
-        let task = dir.join("task").join(tid.to_string());
-        std::fs::create_dir_all(&task).unwrap();
-        std::fs::write(task.join("comm"), "worker\n").unwrap();
+        fake_task(&dir, *tid, "worker");
     }
     let pid = std::process::id().to_string();
     let mut command = Command::new(env!("CARGO_BIN_EXE_hvstats"));

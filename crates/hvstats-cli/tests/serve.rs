@@ -261,9 +261,12 @@ fn past_the_vp_cap_a_partition_exports_the_sum_of_its_vps() {
 fn observe_all_embeds_an_observer_instance_beside_the_others() {
     let tmp = TempDir::new("serve-observe");
     let (_hv, _) = published(tmp.path(), 1);
-    let (_serve, addr) = serve(tmp.path(), &["--observe-all", "--observe-interval", "0.2", "--snapshot-api"]);
+    // Only this test's process (it holds no VM): other tests' VMMs on the host are theirs.
+    let me = std::process::id().to_string();
+    let (_serve, addr) =
+        serve(tmp.path(), &["--observe-all", "--observe-interval", "0.2", "--snapshot-api", "--vm", &me]);
     // The observer publishes its own instance (with a partition per KVM VM of other processes;
-    // this host runs none), which the exporter reads like any other.
+    // the filter takes none), which the exporter reads like any other.
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let (status, _, body) = get(addr, "/healthz");
@@ -893,7 +896,9 @@ fn running_out_of_descriptors_is_logged_and_survived() {
 fn sigterm_and_sigint_stop_serve_within_a_second_and_remove_the_observer_instance() {
     for signal in ["TERM", "INT"] {
         let tmp = TempDir::new("serve-signal");
-        let (mut server, addr) = serve(tmp.path(), &["--observe-all", "--observe-interval", "0.2"]);
+        let me = std::process::id().to_string();
+        let (mut server, addr) =
+            serve(tmp.path(), &["--observe-all", "--observe-interval", "0.2", "--vm", &me]);
         // The observer's instance appears; an idle client holds a connection.
         let deadline = Instant::now() + Duration::from_secs(10);
         while std::fs::read_dir(tmp.path()).unwrap().count() == 0 {

@@ -57,7 +57,11 @@ fn snapshot_json_shows_the_counters_of_a_published_instance() {
     assert_eq!(p["id"], part.id());
     assert_eq!(p["counters"][common::total(name(partition::GPA_PAGES))], 100);
     assert_eq!(p["counters"][common::total(name(partition::GPA_SPACE_MODIFICATIONS))], 3);
-    assert_eq!(p["counters"].as_object().unwrap().len(), 8);
+    // The 8 of seed 001 and the VM's state (a state: by its name).
+    assert_eq!(p["counters"].as_object().unwrap().len(), 8 + 1);
+    assert_eq!(p["counters"][common::total(name(partition::VM_STATE))], "running");
+    // The observer's health is an observer's alone.
+    assert_eq!(i["hypervisor"]["counters"][common::total(name(hypervisor::OBSERVER_UP))], Value::Null);
     assert_eq!(p["vps"].as_array().unwrap().len(), 2);
     assert_eq!(p["vps"][1]["index"], 1);
     assert_eq!(p["vps"][1]["counters"][common::total(name(vp::CPUID_INSTRUCTIONS))], 4242);

@@ -97,7 +97,7 @@ fn find_or_mount() -> Result<PathBuf, TracefsError> {
 ///
 /// # Errors
 /// When tracefs is unavailable, the name is unsafe, or the id cannot be read.
-pub(crate) fn event_id(system: &str, name: &str) -> Result<u64, EventError> {
+pub fn event_id(system: &str, name: &str) -> Result<u64, EventError> {
     event_id_at(root().map_err(EventError::Tracefs)?, system, name)
 }
 

@@ -167,12 +167,9 @@ fn a_qemu_vm_has_the_uuid_of_its_command_line_and_nothing_else_does() {
         &["qemu-system-x86_64", "-name", "guest=a", "-uuid", uuid],
         "qemu-system-x86",
     );
-    FakeProcess::new(
-        tmp.path(),
-        11,
-        &["/usr/bin/qemu-system-x86_64", &format!("-uuid={uuid}")],
-        "qemu-system-x86",
-    );
+    FakeProcess::new(tmp.path(), 11, &["/usr/bin/qemu-system-x86_64", "--uuid", uuid], "qemu-system-x86");
+    // QEMU knows no option `-uuid=…` (it refuses to start): nothing is taken from it.
+    FakeProcess::new(tmp.path(), 16, &["qemu-system-x86_64", &format!("-uuid={uuid}")], "qemu");
     FakeProcess::new(tmp.path(), 12, &["qemu-system-x86_64", "-uuid", "not-a-uuid"], "qemu-system-x86");
     FakeProcess::new(tmp.path(), 13, &["qemu-system-x86_64", "-uuid"], "qemu-system-x86");
     FakeProcess::new(tmp.path(), 14, &["crosvm", "run", "-uuid", uuid], "crosvm");
@@ -186,7 +183,7 @@ fn a_qemu_vm_has_the_uuid_of_its_command_line_and_nothing_else_does() {
     let canonical = Some("6b29fc40-ca47-1067-b31d-00dd010662da".to_owned());
     assert_eq!(procfs.vm_uuid(10).map(|u| u.to_string()), canonical);
     assert_eq!(procfs.vm_uuid(11).map(|u| u.to_string()), canonical);
-    for pid in [12, 13, 14, 15, 16] {
+    for pid in [12, 13, 14, 15, 16, 17] {
         assert_eq!(procfs.vm_uuid(pid), None, "pid {pid}");
     }
 }

@@ -280,9 +280,9 @@ fn two_vms_with_all_and_one_exits_while_observed() {
     a.connect().execute("quit", None).ok();
     let events = tick_until(&mut observer, Duration::from_secs(20), |o| o.vms().all(|v| v.pid() != a_pid));
     assert!(
-        events
-            .iter()
-            .any(|e| matches!(e, ObserverEvent::Detached { pid, name } if *pid == a_pid && name == "vm-a"))
+        events.iter().any(
+            |e| matches!(e, ObserverEvent::Detached { pid, name, .. } if *pid == a_pid && name == "vm-a")
+        )
     );
     assert!(observer.vms().any(|v| v.pid() == b_pid));
     drop(b);
@@ -321,4 +321,55 @@ fn fifty_paused_qemus_are_observed_with_a_bounded_number_of_descriptors() {
     // One reader pass over every observed VM.
     observer.tick();
     assert_eq!(observer.vms().count(), 50);
+}
+
+#[test]
+fn a_qemu_given_two_names_and_two_uuids_is_named_as_qemu_itself_says() {
+    if !kvm_available("a_qemu_given_two_names_and_two_uuids_is_named_as_qemu_itself_says") {
+        return;
+    }
+    let tmp = TempDir::new("kvm-two-names");
+    let (first, second) = ("1f0b7c1e-8d2a-4c3b-9e4f-5a6b7c8d9e01", "2f0b7c1e-8d2a-4c3b-9e4f-5a6b7c8d9e02");
+    let obs = tmp.path().join("obs.sock");
+    let obs_arg = format!("unix:{},server=on,wait=off", obs.display());
+    let args = [
+        "-name",
+        "first-name",
+        "-uuid",
+        first,
+        "-qmp",
+        &obs_arg,
+        "-name",
+        "guest=second-name",
+        "-uuid",
+        second,
+    ];
+    let Some(qemu) = Qemu::start(tmp.path(), "ctl", "kvm", &args) else { return };
+    wait_for_vcpus(&qemu, 1);
+    let pid = qemu.pid();
+    // QEMU itself keeps the last of each.
+    let mut control = qemu.connect();
+    assert_eq!(control.query_name().unwrap().as_deref(), Some("second-name"));
+    assert_eq!(control.query_uuid().unwrap().map(|u| u.to_string()).as_deref(), Some(second));
+    // Its command line, read as QEMU reads it, says the same.
+    let procfs = Procfs::host();
+    assert_eq!(procfs.identify(pid).1, "second-name");
+    assert_eq!(procfs.vm_uuid(pid).map(|u| u.to_string()).as_deref(), Some(second));
+    // Observed without QMP (the command line) and with it (QEMU's answers): the same VM.
+    for (run, qmp) in [("run-cmdline", None), ("run-qmp", Some(obs.clone()))] {
+        let runtime = tmp.path().join(run);
+        let hv = Hypervisor::new_published(&runtime).unwrap();
+        let options = ObserveOptions { qmp, ..Default::default() };
+        let mut observer = Observer::new(hv.clone(), Procfs::host(), Targets::Pids(vec![pid]), options);
+        let events = tick_until(&mut observer, STARTUP, |o| o.vms().any(|v| v.pid() == pid));
+        assert!(
+            events.iter().any(|e| matches!(e, ObserverEvent::Attached { name, .. } if name == "second-name")),
+            "{run}: {events:?}"
+        );
+        let mut attach = hvstats::attach::Attach::new(&runtime);
+        attach.refresh().unwrap();
+        let info = attach.instances().next().unwrap().partitions()[0].clone();
+        assert_eq!(info.name, "second-name", "{run}");
+        assert_eq!(info.uuid.map(|u| u.to_string()).as_deref(), Some(second), "{run}");
+    }
 }

@@ -148,7 +148,7 @@ fn an_observed_vm_becomes_a_partition_counted_from_attach_and_goes_when_its_proc
     fake.set_state('Z');
     let events = observer.tick();
     assert!(
-        matches!(&events[..], [ObserverEvent::Detached { pid: p, name }] if *p == pid && name == "fixture-vm"),
+        matches!(&events[..], [ObserverEvent::Detached { pid: p, name, .. }] if *p == pid && name == "fixture-vm"),
         "{events:?}"
     );
     assert!(hv.partition(partition).is_none());
@@ -287,10 +287,6 @@ fn with_all_a_vm_is_attached_once_its_vcpus_stop_appearing() {
     let fake = FakeProcess::new(tmp.path(), 93, &["cloud-hypervisor"], "cloud-hyperviso");
     fake.thread(93, "cloud-hyperviso", 0);
     fake.fd(4, "anon_inode:kvm-vm");
-    // `hvstats run` holds a VM too, but publishes its partitions itself: not observed.
-    let own = FakeProcess::new(tmp.path(), 94, &["hvstats", "run"], "hvstats");
-    own.fd(4, "anon_inode:kvm-vm").fd(5, "anon_inode:kvm-vcpu:0");
-    own.thread(94, "hvstats", 0);
     let hv = Hypervisor::new().unwrap();
     let mut observer =
         Observer::new(hv.clone(), Procfs::at(tmp.path(), None), Targets::All, ObserveOptions::default());
@@ -303,5 +299,95 @@ fn with_all_a_vm_is_attached_once_its_vcpus_stop_appearing() {
     let events = observer.tick();
     assert!(matches!(&events[..], [ObserverEvent::Attached { pid: 93, vcpus: 2, .. }, ..]), "{events:?}");
     let attached = events.iter().filter(|e| matches!(e, ObserverEvent::Attached { .. })).count();
-    assert_eq!(attached, 1, "hvstats itself is not observed: {events:?}");
+    assert_eq!(attached, 1, "{events:?}");
+}
+
+#[test]
+fn vms_are_taken_by_pid_uuid_or_name_and_the_rest_said_once_to_be_left_out() {
+    use hvstats_kvm::observe::filter::{VmFilter, VmPattern};
+    let tmp = TempDir::new("observe-filter");
+    let uuid = "1f0b7c1e-8d2a-4c3b-9e4f-5a6b7c8d9e0f";
+    let vms = [
+        (301, vec!["qemu-system-x86_64", "-name", "web-1"]),
+        (302, vec!["qemu-system-x86_64", "-name", "db-1", "-uuid", uuid]),
+        (303, vec!["qemu-system-x86_64", "-name", "db-2"]),
+        (304, vec!["firecracker", "--id", "fc"]),
+    ];
+    let _fakes: Vec<FakeProcess> = vms
+        .iter()
+        .map(|(pid, args)| {
+            let f = FakeProcess::new(tmp.path(), *pid, args, "vmm");
+            f.fd(4, "anon_inode:kvm-vm").fd(5, "anon_inode:kvm-vcpu:0");
+            f.thread(*pid, "vmm", 0);
+            f
+        })
+        .collect();
+    let pattern = |p: &str| VmPattern::parse(p).unwrap();
+    // The db VMs and pid 304, less the one with that UUID.
+    let filter = VmFilter { include: vec![pattern("^db-"), pattern("304")], exclude: vec![pattern(uuid)] };
+    let hv = Hypervisor::new().unwrap();
+    let options = ObserveOptions { filter, ..Default::default() };
+    let mut observer = Observer::new(hv.clone(), Procfs::at(tmp.path(), None), Targets::All, options);
+    let mut events = Vec::new();
+    for _ in 0..4 {
+        events.extend(observer.tick());
+    }
+    let mut attached: Vec<String> = observer.vms().map(|v| v.name().to_owned()).collect();
+    attached.sort();
+    assert_eq!(attached, ["db-2", "fc"], "{events:?}");
+    let excluded: Vec<i32> = events
+        .iter()
+        .filter_map(|e| match e {
+            ObserverEvent::Excluded { pid, .. } => Some(*pid),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(excluded, [301, 302], "each said once: {events:?}");
+    assert_eq!(observer.refused(), 0, "left out by choice is not refused");
+}
+
+#[test]
+fn a_vm_another_observer_claims_is_said_once_and_counted_refused_on_the_observers_page() {
+    use hvstats_abi::catalog::hypervisor;
+    let tmp = TempDir::new("observe-claimed");
+    let proc_root = tmp.path().join("proc");
+    let runtime = tmp.path().join("run");
+    std::fs::create_dir_all(&runtime).unwrap();
+    // A real process to claim (claims check it exists), other than this one (which --all skips).
+    let mut sleeper = std::process::Command::new("sleep").arg("60").spawn().unwrap();
+    let pid = sleeper.id() as i32;
+    let fake = FakeProcess::new(&proc_root, pid, &["firecracker", "--id", "held"], "firecracker");
+    fake.fd(4, "anon_inode:kvm-vm").fd(5, "anon_inode:kvm-vcpu:0");
+    fake.thread(pid, "fc_vcpu 0", 0);
+    let observer = |targets| {
+        let options = ObserveOptions { claims: Some(runtime.clone()), ..Default::default() };
+        let hv = Hypervisor::new().unwrap();
+        (hv.clone(), Observer::new(hv, Procfs::at(&proc_root, None), targets, options))
+    };
+    let (first_hv, mut first) = observer(Targets::Pids(vec![pid]));
+    assert!(matches!(&first.tick()[0], ObserverEvent::Attached { .. }));
+    let (hv, mut all) = observer(Targets::All);
+    let mut events = Vec::new();
+    for _ in 0..10 {
+        events.extend(all.tick());
+    }
+    let deferred = events.iter().filter(|e| matches!(e, ObserverEvent::Deferred { .. })).count();
+    assert_eq!(deferred, 1, "said once while it lasts, not every other tick: {events:?}");
+    let page = hv.page();
+    assert_eq!(page.get(hypervisor::OBSERVER_UP), 1);
+    assert_eq!(page.get(hypervisor::OBSERVER_VMS_ATTACHED), 0);
+    assert_eq!(page.get(hypervisor::OBSERVER_VMS_REFUSED), 1);
+    assert!(page.get(hypervisor::OBSERVER_LAST_REFRESH) > 0);
+    assert_eq!(first_hv.page().get(hypervisor::OBSERVER_VMS_ATTACHED), 1);
+    // The first observer goes: the VM is taken over, and refused no more.
+    drop(first);
+    let events = all.tick();
+    assert!(matches!(&events[..], [ObserverEvent::Attached { .. }, ..]), "{events:?}");
+    assert_eq!(page.get(hypervisor::OBSERVER_VMS_REFUSED), 0);
+    assert_eq!(page.get(hypervisor::OBSERVER_VMS_ATTACHED), 1);
+    all.mark_stopped();
+    assert_eq!(page.get(hypervisor::OBSERVER_UP), 0);
+    drop(all);
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
 }

@@ -194,3 +194,89 @@ fn a_qemu_serving_another_client_is_named_taken() {
     // The first client is unaffected.
     assert!(!first.is_running().unwrap());
 }
+
+#[test]
+fn a_peer_streaming_blank_lines_is_dropped_cheaply_and_named_for_what_it_did() {
+    let tmp = TempDir::new("qmp-blank");
+    let path = peer(tmp.path(), "blank", |mut s| {
+        let newlines = vec![b'\n'; 64 << 10];
+        while s.write_all(&newlines).is_ok() {}
+    });
+    let (r, took, cpu) =
+        bounded(Duration::from_secs(10), move || Qmp::connect(&path, Duration::from_secs(2)));
+    match r {
+        Err(QmpError::Protocol(m)) => {
+            assert!(m.contains("blank lines and no message"), "{m}");
+            assert!(m.starts_with("greeting:"), "{m}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    assert!(cpu < Duration::from_millis(500), "{cpu:?} of CPU");
+}
+
+#[test]
+fn a_peer_that_accepts_and_never_greets_while_running_is_a_stall_not_another_client() {
+    let tmp = TempDir::new("qmp-mute");
+    let (hold_tx, hold_rx) = mpsc::channel::<()>();
+    let path = peer(tmp.path(), "mute", move |_s| {
+        let _ = hold_rx.recv();
+    });
+    let e = Qmp::connect(&path, Duration::from_millis(500)).unwrap_err();
+    match &e {
+        QmpError::Stalled { what, why, .. } => {
+            assert_eq!(what, "greeting");
+            assert!(why.contains("runs but its monitor does not answer"), "{why}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(!e.to_string().contains("another client"), "{e}");
+    drop(hold_tx);
+}
+
+/// Sends `signal` to `pid`; for SIGSTOP, waits until every thread of it has stopped (the
+/// signal takes effect a moment after it is sent).
+fn signal(pid: i32, signal: libc::c_int) {
+    // SAFETY: kill has no memory effects; the pid is this test's child.
+    assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+    let t = Instant::now();
+    while signal == libc::SIGSTOP && !stopped(pid) {
+        assert!(t.elapsed() < Duration::from_secs(10), "pid {pid} did not stop");
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// True when every thread of `pid` is stopped.
+fn stopped(pid: i32) -> bool {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+    tasks.flatten().all(|t| {
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T'))
+    })
+}
+
+#[test]
+fn a_stopped_qemu_is_named_stopped_at_connect_and_greets_the_same_session_once_continued() {
+    let tmp = TempDir::new("qmp-stopped");
+    let Some(qemu) = Qemu::start(tmp.path(), "qmp", "tcg", &[]) else { return };
+    // A first session proves it listens, then leaves.
+    drop(qemu.connect());
+    signal(qemu.pid(), libc::SIGSTOP);
+    let t = Instant::now();
+    let e = Qmp::connect(&qemu.qmp, Duration::from_secs(1)).unwrap_err();
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    match &e {
+        QmpError::Stalled { what, why, .. } => {
+            assert_eq!(what, "greeting");
+            assert!(why.contains("stopped (SIGSTOP or a debugger)"), "{why}");
+        }
+        other => panic!("a stopped QEMU is no other client: {other:?}"),
+    }
+    // A connection begun while it is stopped is greeted once it runs again: no reconnect.
+    let mut q = Qmp::begin(&qemu.qmp, Duration::from_secs(5), Cancel::new()).unwrap();
+    assert!(matches!(q.greet(Instant::now()), Err(QmpError::Stalled { .. })));
+    assert_eq!(q.peer_pid(), Some(qemu.pid()), "the kernel says who listens, greeting or not");
+    signal(qemu.pid(), libc::SIGCONT);
+    q.greet(Instant::now() + Duration::from_secs(5)).unwrap();
+    assert!(!q.is_running().unwrap(), "started with -S");
+}

@@ -27,7 +27,8 @@ use crate::metrics::{BaseUnit, Family, Member, MetricKind, families, histogram_f
 use hvstats::snapshot::{InstanceSnapshot, ObjectReading, PartitionSnapshot, VpSnapshot};
 use hvstats_abi::catalog::counters_of;
 use hvstats_abi::histogram::{BUCKETS, Log2Histogram, bucket_upper_ns};
-use hvstats_abi::{Counter, ObjectKind};
+use hvstats_abi::vm_state::VmState;
+use hvstats_abi::{Counter, ObjectKind, Presentation};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
@@ -234,7 +235,7 @@ impl Exposition {
     fn has_objects(&self, kind: ObjectKind) -> bool {
         let instances = &self.reading.instances;
         match kind {
-            ObjectKind::Hypervisor => !instances.is_empty(),
+            ObjectKind::Hypervisor => !instances.is_empty() || !self.reading.dead_observers.is_empty(),
             ObjectKind::LogicalProcessor => instances.iter().any(|i| !i.lps.is_empty()),
             ObjectKind::Partition => instances.iter().any(|i| !i.partitions.is_empty()),
             ObjectKind::Vp => instances.iter().flat_map(|i| &i.partitions).any(|p| !p.vps.is_empty()),
@@ -251,8 +252,18 @@ impl Exposition {
             for member in &family.members {
                 let Some(raw) = value_of(reading, member.counter) else { continue };
                 let mut labels = labels.clone();
-                if let Some(class) = member.intercept {
-                    labels.push(("intercept", class.to_owned()));
+                if let Some((label, value)) = member.label {
+                    labels.push((label, value.to_owned()));
+                }
+                // A state is a state set: a series per state, 1 for the current one.
+                if member.counter.presentation == Presentation::State {
+                    let now = VmState::from_code(raw);
+                    for state in VmState::ALL {
+                        let mut labels = labels.clone();
+                        labels.push(("state", state.label().to_owned()));
+                        metric.encode_family(&labels)?.encode_gauge(&i64::from(state == now))?;
+                    }
+                    continue;
                 }
                 encode_value(family, member, raw, &mut metric.encode_family(&labels)?)?;
             }
@@ -264,6 +275,14 @@ impl Exposition {
             ObjectKind::Hypervisor => {
                 for instance in &self.reading.instances {
                     sample(&vec![(PUBLISHER, instance.name.clone())], &instance.hypervisor)?;
+                }
+                // An observer that died is no instance any more: the reader says it is down.
+                let up = hvstats_abi::catalog::hypervisor::OBSERVER_UP.counter();
+                if let Some(up) = up.filter(|up| family.members.iter().any(|m| m.counter.id == up.id)) {
+                    let down = ObjectReading::Counters(vec![(up, 0)]);
+                    for name in &self.reading.dead_observers {
+                        sample(&vec![(PUBLISHER, name.clone())], &down)?;
+                    }
                 }
             }
             // The logical processors are the host's, whoever publishes them: once per host, from
@@ -430,14 +449,17 @@ impl Exposition {
         if self.has_objects(ObjectKind::Partition) {
             let mut metric = encoder.encode_descriptor(
                 "vm_up",
-                "1 for each partition (VM) that is running and whose counters this scrape read, else 0.",
+                "1 for each partition (VM) that runs or is paused and whose counters this scrape read; \
+                 0 for one that stopped, shut down or is stuck on an internal error.",
                 None,
                 MetricType::Gauge,
             )?;
             for ((_, partition), vm) in self.partitions().zip(&self.vm_labels) {
                 let read = matches!(partition.reading, ObjectReading::Counters(_));
+                let state = partition.reading.get(VM_STATE).map(VmState::from_code);
+                let gone = matches!(state, Some(VmState::Shutdown | VmState::InternalError));
                 let labels: Labels = vec![("vm", vm.clone())];
-                metric.encode_family(&labels)?.encode_gauge(&i64::from(partition.active && read))?;
+                metric.encode_family(&labels)?.encode_gauge(&i64::from(partition.active && read && !gone))?;
             }
             let mut metric = encoder.encode_descriptor(
                 "vm_info",
@@ -488,38 +510,53 @@ impl Exposition {
     }
 }
 
+/// The catalog name of a VM's run state.
+const VM_STATE: &str = "VM state";
+
 /// The `vm` label of each partition of `reading` in walk order: its name, which its publisher
-/// keeps across restarts (an unnamed partition is `partition-<id>`). No label holds a pid or an
-/// instance name, which change with every process: a name two partitions share gets `#2`, `#3`,
-/// … in walk order after the first, so no two series collide.
+/// keeps across restarts (an unnamed partition is `partition-<id>`), with characters that cannot
+/// be seen shown escaped ([`crate::text::Escaped`]: a lookalike with a zero-width space is not the
+/// name it imitates). No label holds a pid or an instance name, which change with every process:
+/// a name two partitions share stays with the senior one (its publisher started first, and
+/// within a publisher the lower partition id: an observer numbers VMs as they attach, oldest VMM
+/// first), and the others get `#2`, `#3`, … in that order, so a VMM that takes the name of a
+/// running VM cannot take its series, and no two series collide.
 fn vm_labels(reading: &Reading) -> Vec<String> {
     use std::collections::HashSet;
-    let names: Vec<String> = reading
-        .instances
+    let partitions: Vec<_> =
+        reading.instances.iter().flat_map(|i| i.partitions.iter().map(move |p| (i, p))).collect();
+    let names: Vec<String> = partitions
         .iter()
-        .flat_map(|i| &i.partitions)
-        .map(|p| match p.name.is_empty() {
+        .map(|(_, p)| match p.name.is_empty() {
             true => format!("partition-{}", p.id),
-            false => p.name.clone(),
+            false => crate::text::escaped(&p.name),
         })
         .collect();
-    // The first partition of a name keeps it; a suffixed label never takes a name some
+    let seniority = |k: usize| {
+        let (instance, partition) = partitions[k];
+        let publisher = hvstats::publish::InstanceName::parse(&instance.name).map(|n| (n.start_time, n.seq));
+        (publisher.is_none(), publisher, partition.id)
+    };
+    let mut order: Vec<usize> = (0..names.len()).collect();
+    order.sort_by_key(|&k| seniority(k));
+    // The senior partition of a name keeps it; a suffixed label never takes a name some
     // partition has.
     let taken: HashSet<&str> = names.iter().map(String::as_str).collect();
     let mut first = HashSet::new();
     let mut suffixed = HashSet::new();
-    names
-        .iter()
-        .map(|name| {
-            if first.insert(name.as_str()) {
-                return name.clone();
-            }
+    let mut labels = vec![String::new(); names.len()];
+    for k in order {
+        let name = &names[k];
+        labels[k] = if first.insert(name.as_str()) {
+            name.clone()
+        } else {
             (2..)
                 .map(|n| format!("{name}#{n}"))
                 .find(|label| !taken.contains(label.as_str()) && suffixed.insert(label.clone()))
                 .unwrap_or_default()
-        })
-        .collect()
+        };
+    }
+    labels
 }
 
 /// What `reading` could not read: its problems and its unreadable pages.
@@ -766,6 +803,54 @@ mod tests {
         assert!(text.ends_with("# EOF\n"));
     }
 
+    /// `reading` with `counter` set to `value`.
+    fn with(reading: &mut ObjectReading, counter: hvstats_abi::CounterId, value: u64) {
+        let ObjectReading::Counters(values) = reading else { panic!("not read") };
+        values.iter_mut().find(|(c, _)| c.id == counter).unwrap().1 = value;
+    }
+
+    #[test]
+    fn the_observers_health_and_each_vms_state_have_the_names_dashboards_use() {
+        use hvstats_abi::catalog::{hypervisor, partition};
+        let mut instance = synthetic_instance(2, 1);
+        instance.description.kind = hvstats::index::OBSERVER_KIND.into();
+        let hv = &mut instance.hypervisor;
+        with(hv, hypervisor::OBSERVER_UP, 1);
+        with(hv, hypervisor::OBSERVER_LAST_REFRESH, 17_000_000_005_000_000);
+        with(hv, hypervisor::OBSERVER_VMS_ATTACHED, 2);
+        with(hv, hypervisor::OBSERVER_VMS_REFUSED, 1);
+        with(hv, hypervisor::OBSERVER_QMP_SESSIONS_UP, 1);
+        instance.partitions[0].name = "stuck".into();
+        with(&mut instance.partitions[0].reading, partition::VM_STATE, VmState::InternalError.code());
+        instance.partitions[1].name = "held".into();
+        with(&mut instance.partitions[1].reading, partition::VM_STATE, VmState::Paused.code());
+        let mut reading = crate::live::Reading::of(vec![instance]);
+        reading.dead_observers = vec!["777-5-0".into()];
+        let text = Exposition::new(reading, 100).encode().unwrap();
+        let p = "publisher=\"4242-1-0\"";
+        for line in [
+            format!("hvstats_observer_up{{{p}}} 1"),
+            "hvstats_observer_up{publisher=\"777-5-0\"} 0".to_owned(),
+            format!("hvstats_observer_last_refresh_timestamp_seconds{{{p}}} 1700000000.5"),
+            format!("hvstats_observer_vms{{{p},state=\"attached\"}} 2"),
+            format!("hvstats_observer_vms{{{p},state=\"refused\"}} 1"),
+            format!("hvstats_observer_qmp_sessions_up{{{p}}} 1"),
+            "hvstats_vm_state{vm=\"stuck\",state=\"internal-error\"} 1".to_owned(),
+            "hvstats_vm_state{vm=\"stuck\",state=\"running\"} 0".to_owned(),
+            "hvstats_vm_state{vm=\"held\",state=\"paused\"} 1".to_owned(),
+            // A VM stuck on an internal error is not an idle VM that is up.
+            "hvstats_vm_up{vm=\"stuck\"} 0".to_owned(),
+            "hvstats_vm_up{vm=\"held\"} 1".to_owned(),
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line} in\n{text}");
+        }
+        // A state set: one series per state, exactly one of them 1.
+        let stuck: Vec<&str> = lines_of(&text, "hvstats_vm_state{vm=\"stuck\"");
+        assert_eq!(stuck.len(), VmState::ALL.len(), "{stuck:?}");
+        assert_eq!(stuck.iter().filter(|l| l.ends_with(" 1")).count(), 1);
+        assert_eq!(text.matches("# TYPE hvstats_observer_up gauge").count(), 1, "one family");
+    }
+
     /// The label values of every sample of a counter or histogram family in `text`.
     fn counter_label_values(text: &str) -> Vec<String> {
         let counted: Vec<&str> = text
@@ -822,6 +907,27 @@ mod tests {
             info.iter().any(|l| l.contains("vm=\"web#3\"") && l.contains("publisher_pid=\"5353\"")),
             "{info:?}"
         );
+    }
+
+    #[test]
+    fn the_senior_vm_keeps_its_label_and_newcomers_are_told_apart() {
+        // An observer started later (`5-900-0`) walks first: it holds an older publisher's
+        // name only by its walk order, which gives it nothing.
+        let named = |instance: &str, names: &[&str]| {
+            let mut i = synthetic_instance(names.len() as u32, 1);
+            i.name = instance.to_owned();
+            for (p, name) in i.partitions.iter_mut().zip(names) {
+                p.name = (*name).to_owned();
+            }
+            i
+        };
+        let reading = crate::live::Reading::of(vec![
+            named("5-900-0", &["prod-db", "web"]),
+            named("7-100-0", &["other", "prod-db", "prod\u{200b}-db", "prod-db"]),
+        ]);
+        let labels = vm_labels(&reading);
+        // The suffixes follow seniority too: the later publisher's comes last.
+        assert_eq!(labels, ["prod-db#3", "web", "other", "prod-db", r"prod\u{200b}-db", "prod-db#2"]);
     }
 
     #[test]

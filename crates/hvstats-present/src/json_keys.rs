@@ -76,7 +76,7 @@ pub fn key(counter: &Counter, held: Held) -> String {
     let unit = raw_unit(counter, &word);
     match (counter.presentation, held) {
         // A value at a moment is the same whatever the document holds.
-        (Presentation::Instant, _) => format!("{word}{unit}"),
+        (Presentation::Instant | Presentation::State, _) => format!("{word}{unit}"),
         (Presentation::Histogram, Held::Total) => format!("{word}_sum_ns_total"),
         (Presentation::Histogram, Held::Delta) => format!("{word}_sum_ns_delta"),
         // Documents present a histogram whole, under "histograms"; its sum over an interval would
@@ -146,7 +146,7 @@ mod tests {
         for c in CATALOG {
             let total = key(c, Held::Total);
             match (c.presentation, c.unit) {
-                (Presentation::Instant, _) => {}
+                (Presentation::Instant | Presentation::State, _) => {}
                 (_, Unit::Time100ns) => assert!(total.ends_with("_100ns_total"), "{total}"),
                 (_, Unit::Nanoseconds) => assert!(total.ends_with("ns_total"), "{total}"),
                 _ => assert!(total.ends_with("_total"), "{total}"),

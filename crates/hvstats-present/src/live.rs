@@ -4,11 +4,13 @@
 //! read stays here: one long-lived [`Attach`] that follows instances appearing and exiting and
 //! keeps each instance's arena mapped between readings.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use hvstats::attach::{Attach, AttachError, Instance};
+use hvstats::index::OBSERVER_KIND;
 use hvstats::publish::InstanceName;
 use hvstats::rules::StatsObject;
 use hvstats::runtime_dir::RuntimeDirError;
@@ -25,6 +27,10 @@ pub struct Reading {
     pub problems: Vec<String>,
     /// The instances found in the runtime directory that could not be attached, by name.
     pub failed: Vec<String>,
+    /// Observers (of other processes' VMs) this reader saw die, by instance name: their
+    /// publisher let go of its instance without removing it. Kept until another observer
+    /// publishes, so an observer that died is reported down rather than gone.
+    pub dead_observers: Vec<String>,
     /// How often each instance's publisher refreshes its counters, by instance name (those that
     /// have refreshed twice).
     pub refresh_periods: Vec<(String, Duration)>,
@@ -38,6 +44,7 @@ impl Reading {
             instances,
             problems: Vec::new(),
             failed: Vec::new(),
+            dead_observers: Vec::new(),
             refresh_periods: Vec::new(),
         }
     }
@@ -83,6 +90,8 @@ pub fn health_text(healthy: bool, instances: usize, vps: usize, problems: &[Stri
 pub struct Live {
     dir: PathBuf,
     attach: Mutex<Attach>,
+    /// See [`Reading::dead_observers`].
+    dead_observers: Mutex<BTreeSet<String>>,
     /// The health check's own attach, so a check never waits behind a whole reading.
     health: Mutex<Attach>,
 }
@@ -93,7 +102,7 @@ impl Live {
         let dir = dir.unwrap_or_else(hvstats::runtime_dir::runtime_dir);
         let attach = Mutex::new(Attach::new(&dir));
         let health = Mutex::new(Attach::new(&dir));
-        Self { dir, attach, health }
+        Self { dir, attach, dead_observers: Mutex::new(BTreeSet::new()), health }
     }
 
     /// The runtime directory read: the one given, else the default.
@@ -109,7 +118,14 @@ impl Live {
     pub fn read(&self) -> Result<Reading, AttachError> {
         // A reader that panicked mid-read left nothing half-done that matters: keep reading.
         let mut attach = self.attach.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let changes = attach.refresh()?;
+        let changes = self.refresh(&mut attach)?;
+        let dead_observers = self
+            .dead_observers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .iter()
+            .cloned()
+            .collect();
         let problems = changes.problems.iter().map(|p| error_chain(p)).collect();
         let mut failed: Vec<String> = changes.problems.iter().filter_map(instance_of).collect();
         failed.sort();
@@ -117,7 +133,7 @@ impl Live {
         let instances = attach.instances_mut().map(Instance::snapshot).collect();
         let refresh_periods =
             attach.instances().filter_map(|i| Some((i.name().to_string(), i.refresh_period()?))).collect();
-        Ok(Reading { at: Instant::now(), instances, problems, failed, refresh_periods })
+        Ok(Reading { at: Instant::now(), instances, problems, failed, refresh_periods, dead_observers })
     }
 
     /// Whether something could be read now, and the text saying so ([`health_text`]), as
@@ -127,7 +143,7 @@ impl Live {
     /// until one can. A host of many VPs is checked in the time of a few pages.
     pub fn health(&self) -> (bool, String) {
         let mut attach = self.health.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let changes = match attach.refresh() {
+        let changes = match self.refresh(&mut attach) {
             Ok(changes) => changes,
             Err(e) => return (false, health_text(false, 0, 0, &self.unreadable(&e).problems)),
         };
@@ -158,6 +174,22 @@ impl Live {
         (healthy, health_text(healthy, instances, vps, &problems))
     }
 
+    /// Refreshes `attach` (the reading's or the health check's: either may be the first to see
+    /// an instance die, and remove its files), noting the observers that died and forgetting
+    /// them once another observer publishes.
+    fn refresh(&self, attach: &mut Attach) -> Result<hvstats::attach::Changes, AttachError> {
+        let is_observer = |i: &Instance| i.description().kind == OBSERVER_KIND;
+        let observers: BTreeSet<InstanceName> =
+            attach.instances().filter(|i| is_observer(i)).map(Instance::name).collect();
+        let changes = attach.refresh()?;
+        let mut dead = self.dead_observers.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if changes.added.iter().any(|n| attach.instance(*n).is_some_and(is_observer)) {
+            dead.clear();
+        }
+        dead.extend(changes.died.iter().filter(|n| observers.contains(n)).map(InstanceName::to_string));
+        Ok(changes)
+    }
+
     /// A reading of nothing, saying why: the runtime directory itself could not be read.
     pub fn unreadable(&self, error: &AttachError) -> Reading {
         let problem = format!("cannot read {}: {}", self.dir.display(), error_chain(error));
@@ -166,6 +198,7 @@ impl Live {
             instances: Vec::new(),
             problems: vec![problem],
             failed: Vec::new(),
+            dead_observers: Vec::new(),
             refresh_periods: Vec::new(),
         }
     }

@@ -8,16 +8,23 @@
 //! each class of the WHv Intercepts set become one counter family each with an `intercept` label,
 //! so `sum by (intercept)` and `rate(seconds) / rate(count)` work across classes.
 //!
-//! Counters no KVM source maintains have no family at all: an exporter leaves them absent rather
-//! than exporting zeros that look like measurements. Nor has the reader's bookkeeping (the
-//! sequence counter of consistent reads), which measures nothing. Help texts say the exported
-//! unit ([`help_in_unit`]).
+//! The same grouping holds the catalog's rows that say one thing of several subjects: the VMs an
+//! observer found, by whether it observes them (`observer_vms{state}`) — see [`labelled`]. A row that is a state
+//! ([`Presentation::State`], the VM's run state) is a state set: a gauge per state, 1 for the
+//! current one. hvstats' own rows of the hypervisor and partition pages speak of the publisher
+//! and of the VM rather than of a TLFS object, and are named by their row alone
+//! (`hvstats_observer_up`, `hvstats_vm_state`).
+//!
+//! Counters no KVM source maintains have no family at all: an exporter leaves them absent rather than exporting zeros that look like measurements.
+//! Nor has the reader's bookkeeping (the sequence counter of consistent reads), which measures
+//! nothing. Help texts say the exported unit ([`help_in_unit`]).
 
 use std::sync::OnceLock;
 
 use hvstats_abi::catalog::CATALOG;
 use hvstats_abi::exit_reason::InterceptClass;
-use hvstats_abi::{Counter, CounterId, ObjectKind, Presentation, Unit};
+use hvstats_abi::source::{ObserverFact, Source};
+use hvstats_abi::{Counter, CounterId, GroupKind, ObjectKind, Presentation, Unit};
 
 /// The prefix of every metric name.
 pub const PREFIX: &str = "hvstats";
@@ -67,8 +74,9 @@ fn intercept_classes() -> impl Iterator<Item = (InterceptClass, CounterId, Count
 pub struct Member {
     /// The catalog row.
     pub counter: &'static Counter,
-    /// The `intercept` label value, for members of the intercept families.
-    pub intercept: Option<&'static str>,
+    /// The label that tells it from the family's other members, and its value (`intercept` in
+    /// the intercept families, `source` and `state` in [`labelled`] ones).
+    pub label: Option<(&'static str, &'static str)>,
     /// The raw page value times this, divided by [`divisor`](Self::divisor), is in the family's
     /// base unit (4096 for pages in bytes).
     pub multiplier: u64,
@@ -170,6 +178,30 @@ fn is_intercept_member(id: CounterId) -> bool {
     intercept_classes().any(|(_, count, time)| count == id || time == id)
 }
 
+/// The family of rows that say one thing of several subjects, and the label that tells them
+/// apart, for `counter`: (family name, help, label name, label value).
+///
+/// ```
+/// use hvstats_abi::catalog::hypervisor;
+/// use hvstats_present::metrics::labelled;
+/// let of = |id: hvstats_abi::CounterId| labelled(id.counter().unwrap()).map(|(f, _, l, v)| (f, l, v));
+/// assert_eq!(of(hypervisor::OBSERVER_VMS_REFUSED), Some(("observer_vms", "state", "refused")));
+/// assert_eq!(of(hypervisor::OBSERVER_UP), None);
+/// ```
+pub fn labelled(counter: &Counter) -> Option<(&'static str, &'static str, &'static str, &'static str)> {
+    match counter.maintained.source()? {
+        Source::Observer(ObserverFact::Vms(state)) => Some((
+            "observer_vms",
+            "The VMs of other processes the observer found, by whether it observes them (attached) or \
+             not now (refused: another observer holds them, descriptors ran out, or they could not be \
+             read).",
+            "state",
+            state.label(),
+        )),
+        _ => None,
+    }
+}
+
 /// The catalog's description said in the family's base unit: its values are exported in seconds
 /// or bytes, so a description that speaks of 100 ns units, nanoseconds or a number of pages would
 /// contradict the series, and a cost (an average per event in the catalog) is exported as the
@@ -219,7 +251,7 @@ fn family_of(counter: &'static Counter) -> Family {
         None => (None, 1, 1),
     };
     let kind = match counter.presentation {
-        Presentation::Instant => MetricKind::Gauge,
+        Presentation::Instant | Presentation::State => MetricKind::Gauge,
         Presentation::Rate
         | Presentation::CumulativeTime
         | Presentation::Cost
@@ -246,20 +278,50 @@ fn family_of(counter: &'static Counter) -> Family {
             word = stem.to_owned();
         }
     }
+    // hvstats' own rows of the hypervisor and partition pages name their subject (the
+    // observer, the VM) themselves.
+    let own_subject = counter.id.group == GroupKind::Hvstats
+        && matches!(counter.id.kind, ObjectKind::Hypervisor | ObjectKind::Partition);
+    let name = match own_subject {
+        true => word,
+        false => format!("{}_{word}", object_prefix(counter.id.kind)),
+    };
     Family {
-        name: format!("{}_{word}", object_prefix(counter.id.kind)),
+        name,
         help: help_in_unit(counter, unit),
         kind,
         unit,
         object: counter.id.kind,
-        members: vec![Member { counter, intercept: None, multiplier, divisor }],
+        members: vec![Member { counter, label: None, multiplier, divisor }],
     }
+}
+
+/// The families of rows that say one thing of several subjects ([`labelled`]), in catalog
+/// order of their first member.
+fn labelled_families(kind: ObjectKind) -> Vec<Family> {
+    let mut out: Vec<Family> = Vec::new();
+    for counter in CATALOG.iter().filter(|c| c.id.kind == kind && c.maintained.is_maintained()) {
+        let Some((name, help, label, value)) = labelled(counter) else { continue };
+        let member = Member { counter, label: Some((label, value)), multiplier: 1, divisor: 1 };
+        match out.iter_mut().find(|f| f.name == name) {
+            Some(family) => family.members.push(member),
+            None => out.push(Family {
+                name: name.to_owned(),
+                help: help.to_owned(),
+                kind: MetricKind::Gauge,
+                unit: None,
+                object: kind,
+                members: vec![member],
+            }),
+        }
+    }
+    out
 }
 
 fn intercept_families() -> [Family; 2] {
     let member = |id: CounterId, label, divisor| {
         let counter = id.counter()?;
-        let member = Member { counter, intercept: Some(label), multiplier: 1, divisor };
+        let member = Member { counter, label: Some(("intercept", label)), multiplier: 1, divisor };
         counter.maintained.is_maintained().then_some(member)
     };
     [
@@ -308,11 +370,13 @@ pub fn families() -> &'static [Family] {
                             && c.maintained.is_maintained()
                             && !c.is_bookkeeping()
                             && !is_intercept_member(c.id)
+                            && labelled(c).is_none()
                             // A histogram spans many slots: a family of its own, not one value.
                             && c.presentation != Presentation::Histogram
                     })
                     .map(family_of),
             );
+            out.extend(labelled_families(kind));
         }
         out
     })
@@ -393,7 +457,7 @@ mod tests {
         }
         // Emulated instructions are counted, their time is not: a count member, no time member.
         let (f, m) = family_of_counter(vp::EMULATED_INSTRUCTIONS).unwrap();
-        assert_eq!((f.name.as_str(), m.intercept), ("vp_intercepts", Some("emulated")));
+        assert_eq!((f.name.as_str(), m.label), ("vp_intercepts", Some(("intercept", "emulated"))));
         assert!(family_of_counter(vp::EMULATED_INSTRUCTIONS_COST).is_none());
     }
 
@@ -403,7 +467,7 @@ mod tests {
         let maintained: Vec<_> = CATALOG
             .iter()
             .filter(|c| {
-                c.maintained.is_maintained()
+                family_of_counter(c.id).is_some()
                     && c.presentation != Presentation::Histogram
                     && !c.is_bookkeeping()
             })
@@ -413,7 +477,7 @@ mod tests {
         let names: HashSet<String> = families().iter().map(Family::exposed_name).collect();
         assert_eq!(names.len(), families().len());
         for f in families() {
-            let labels: HashSet<_> = f.members.iter().map(|m| m.intercept).collect();
+            let labels: HashSet<_> = f.members.iter().map(|m| m.label).collect();
             assert_eq!(labels.len(), f.members.len(), "{} has two members with one label set", f.name);
             assert!(f.exposed_name().chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
         }

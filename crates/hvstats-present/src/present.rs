@@ -42,7 +42,7 @@ pub fn over_interval(
     seconds: f64,
     paired: Option<(u64, u64)>,
 ) -> Option<Presented> {
-    if counter.presentation == Presentation::Instant {
+    if matches!(counter.presentation, Presentation::Instant | Presentation::State) {
         return Some(Presented { value: after as f64, unit: "" });
     }
     if seconds <= 0.0 || !seconds.is_finite() {
@@ -72,7 +72,7 @@ pub fn over_interval(
         }
         // A distribution, not one number: read it whole with `PageView::histogram`.
         Presentation::Histogram => None,
-        Presentation::Instant => unreachable!("handled above"),
+        Presentation::Instant | Presentation::State => unreachable!("handled above"),
     }
 }
 
@@ -130,7 +130,7 @@ impl Column {
             Presentation::Rate => format!("{}/s", self.label),
             Presentation::Cost => format!("{} µs", self.label),
             Presentation::CumulativeTime => format!("{} ns/s", self.label),
-            Presentation::Instant | Presentation::Histogram => self.label.to_owned(),
+            Presentation::Instant | Presentation::Histogram | Presentation::State => self.label.to_owned(),
         }
     }
 

@@ -10,7 +10,8 @@ use hvstats::attach::Attach;
 use hvstats::snapshot::{self, InstanceSnapshot, ObjectReading, PartitionSnapshot, VpSnapshot};
 use hvstats::unmapped::ObjectRef;
 use hvstats_abi::catalog::counters_of;
-use hvstats_abi::{Counter, ObjectKind};
+use hvstats_abi::vm_state::VmState;
+use hvstats_abi::{Counter, ObjectKind, Presentation};
 use serde_json::{Map, Value, json};
 
 /// The earlier reading of an interval and its length, when there is one.
@@ -174,7 +175,7 @@ fn write_reading(
                 }
                 out.write_all(name.as_bytes())?;
                 match value {
-                    Some((_, v)) => write!(out, ":{v}")?,
+                    Some((_, v)) => write!(out, ":{}", counter_json(c, *v))?,
                     None => out.write_all(b":null")?,
                 }
             }
@@ -341,7 +342,7 @@ fn reading_json(
                 counters.insert(key(c, Held::Total), Value::Null);
             }
             for (c, v) in values.iter().filter(|(c, _)| is_counter(c)) {
-                counters.insert(key(c, Held::Total), json!(v));
+                counters.insert(key(c, Held::Total), counter_json(c, *v));
             }
             object.insert("counters".into(), Value::Object(counters));
             if let Some((then, seconds)) = then {
@@ -486,6 +487,14 @@ pub fn earlier_vp(e: &InstanceSnapshot, id: u64, index: u32) -> Option<&ObjectRe
     earlier_partition(e, id)?.vps.iter().find(|v| v.index == index).map(|v| &v.reading)
 }
 
+/// A counter's raw value as JSON: a number, or a state's name (`"running"`).
+pub fn counter_json(counter: &Counter, raw: u64) -> Value {
+    match counter.presentation {
+        Presentation::State => json!(VmState::from_code(raw).label()),
+        _ => json!(raw),
+    }
+}
+
 /// One object's counters now, and its reading at the start of the interval.
 pub fn cells<'a>(
     now: &'a ObjectReading,
@@ -500,6 +509,7 @@ pub fn cells<'a>(
         let after = now.get(c.name);
         let value = match (then, after) {
             (_, None) => None,
+            (_, Some(v)) if c.presentation == Presentation::State => Some(counter_json(c, v)),
             (None, Some(v)) => Some(json!(v)),
             // A counter no source maintains reads 0 on the page; it has no rate or average.
             (Some(_), Some(_)) if !c.maintained.is_maintained() => None,

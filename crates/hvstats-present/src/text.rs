@@ -2,10 +2,12 @@
 //!
 //! A VM's name comes from its VMM's command line or QMP, a hardware counter holder's from a table
 //! file; either can hold a newline (which forges a line of a report or a log) or an escape
-//! sequence (which clears or retitles the terminal). Every surface that prints such a name to a
-//! terminal or a log prints it through [`Escaped`]: control characters, backslashes and the
-//! characters that reorder text (bidirectional overrides) come out as Rust escapes (`\n`,
-//! `\u{1b}`, `\\`), everything else as it is. JSON output needs none of this: its encoder escapes.
+//! sequence (which clears or retitles the terminal), or characters that show nothing (a zero-width
+//! space makes `prod​-db` read as `prod-db`). Every surface that prints such a name to a terminal,
+//! a log or a metric label prints it through [`Escaped`]: control characters, backslashes and the
+//! characters that cannot be seen or reorder text ([`hvstats::vm_name::invisible`]: zero-width
+//! spaces and joiners, bidirectional marks and overrides, …) come out as Rust escapes (`\n`,
+//! `\u{1b}`, `\u{200b}`, `\\`), everything else as it is. JSON output keeps names exact.
 
 use std::fmt;
 
@@ -21,10 +23,7 @@ pub struct Escaped<'a>(pub &'a str);
 
 /// True for characters shown escaped.
 fn needs_escape(c: char) -> bool {
-    c.is_control()
-        || c == '\\'
-        // Bidirectional marks, embeddings, overrides and isolates: they reorder what follows.
-        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    c.is_control() || c == '\\' || hvstats::vm_name::invisible(c)
 }
 
 impl fmt::Display for Escaped<'_> {
@@ -93,5 +92,7 @@ mod tests {
         assert_eq!(format!("{:<8}|", Escaped("vm")), "vm      |");
         assert_eq!(format!("{:>6}|", Escaped("a\nb")), "  a\\nb|");
         assert_eq!(escaped("Ünïcödé names stay"), "Ünïcödé names stay");
+        // Characters that show nothing cannot make one name pass for another.
+        assert_eq!(escaped("prod\u{200b}-db\u{feff}\u{2066}"), r"prod\u{200b}-db\u{feff}\u{2066}");
     }
 }

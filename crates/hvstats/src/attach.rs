@@ -564,6 +564,9 @@ pub struct Changes {
     pub added: Vec<InstanceName>,
     /// Instances gone (exited, or died: their publisher no longer holds the lock).
     pub removed: Vec<InstanceName>,
+    /// Those of `removed` that died: their publisher let go of the lock and left its files
+    /// (a publisher that ends removes its files first).
+    pub died: Vec<InstanceName>,
     /// Files of dead publishers removed from the runtime directory.
     pub removed_dead: Vec<PathBuf>,
     /// Instances whose layout changed (partitions added, removed, stopped, renamed).
@@ -624,6 +627,9 @@ impl Attach {
             .map(|(name, _)| *name)
             .collect();
         for name in gone {
+            if listed.contains(&name) {
+                changes.died.push(name);
+            }
             self.instances.remove(&name);
             changes.removed.push(name);
         }

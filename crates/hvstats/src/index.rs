@@ -139,6 +139,11 @@ impl Role {
     }
 }
 
+/// The description kind of an observer of other processes' VMs: its instance's hypervisor page
+/// carries the observer's health (the catalog's rows of [`hvstats_abi::source::Source::Observer`]),
+/// which every other instance declares unavailable.
+pub const OBSERVER_KIND: &str = "observer";
+
 /// What a process says about itself when it publishes an instance.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct InstanceDescription {

@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use hvstats_abi::catalog::{hypervisor, partition};
+use hvstats_abi::vm_state::VmState;
 use hvstats_abi::{CounterId, ObjectKind};
 
 use crate::arena::{self, Arena, ObjectRecord};
@@ -121,6 +122,9 @@ pub struct PartitionStats {
     gpa: Mutex<GpaSpace>,
     overlay_writes: AtomicU64,
     hypervisor: Weak<Hypervisor>,
+    /// True for a partition this process runs (not one published for another VMM or
+    /// hypervisor): the authority keeps its run state.
+    own: bool,
 }
 
 impl PartitionStats {
@@ -164,6 +168,10 @@ impl PartitionStats {
     /// Marks the partition active or not (readers see it in the index; a partition made inactive
     /// this way is "stopped" with no reason given).
     pub fn set_active(&self, active: bool) {
+        if self.own {
+            let state = if active { VmState::Running } else { VmState::Shutdown };
+            self.page.set(partition::VM_STATE, state.code());
+        }
         if self.active.swap(active, Ordering::Relaxed) != active {
             self.write_entry(|w| {
                 w[ew::STATE] = if active { index::state::ACTIVE } else { index::state::STOPPED };
@@ -178,6 +186,9 @@ impl PartitionStats {
     /// `INVALID_PARTITION_STATE` from now on, while root readers keep reading every page of it
     /// (its final values) and see the reason.
     pub fn stop(&self, reason: &str) {
+        if self.own {
+            self.page.set(partition::VM_STATE, VmState::Shutdown.code());
+        }
         self.active.store(false, Ordering::Relaxed);
         let text = index::encode_text(reason, index::TEXT_BYTES / 8);
         self.write_entry(|w| {
@@ -302,6 +313,8 @@ pub struct Hypervisor {
     quota: u32,
     arena: Arc<Arena>,
     global: Arc<Arena>,
+    /// True for an observer's instance (its hypervisor page carries the observer's health).
+    observer: bool,
     // Dropped after the pages: their files are removed from the runtime directory.
     publication: Option<Publication>,
 }
@@ -369,6 +382,12 @@ impl Hypervisor {
         };
         page.set(hypervisor::LOGICAL_PROCESSORS, lps.len() as u64);
         page.set(hypervisor::TOTAL_PAGES, 1 + lps.len() as u64);
+        let observer = config.description.kind == index::OBSERVER_KIND;
+        if !observer && let Some(slot) = page.arena_slot() {
+            global
+                .change()
+                .write_entry(slot, |w| write_global_unavailable(w, ObjectKind::Hypervisor, &[], false));
+        }
         if let Some(p) = &mut publication {
             p.commit()?;
         }
@@ -382,6 +401,7 @@ impl Hypervisor {
             quota: config.stats_page_quota,
             arena,
             global,
+            observer,
             publication,
         }))
     }
@@ -423,15 +443,9 @@ impl Hypervisor {
             Some(n) => (ObjectKind::LogicalProcessor, self.lps.get(n as usize).map(|lp| &lp.page)),
         };
         let Some(slot) = page.and_then(SharedPage::arena_slot) else { return };
-        let mut bitmap = [0u64; 4];
-        for c in counters.iter().filter(|c| c.kind == kind) {
-            if let Some(bit) = index::unavailable_bit(kind, c.slot()) {
-                bitmap[bit / 64] |= 1 << (bit % 64);
-            }
-        }
-        self.global.change().write_entry(slot, |w| {
-            w[ew::UNAVAILABLE_PARTITION..ew::UNAVAILABLE_PARTITION + 4].copy_from_slice(&bitmap);
-        });
+        self.global
+            .change()
+            .write_entry(slot, |w| write_global_unavailable(w, kind, counters, self.observer));
     }
 
     /// Replaces the published instance's side file of counters the catalog has no place for
@@ -471,7 +485,7 @@ impl Hypervisor {
     /// When a page cannot be created (the arena is full, or its storage cannot grow).
     pub fn create_partition_named(&self, vp_count: u32, name: &str) -> io::Result<Arc<PartitionStats>> {
         let indices: Vec<u32> = (0..vp_count).collect();
-        self.create_partition_declared(None, &indices, name, &[])
+        self.create(None, &indices, name, &[], true)
     }
 
     /// Creates the stats objects of a new, active partition under the id `id`, with VPs numbered
@@ -487,7 +501,7 @@ impl Hypervisor {
         vp_indices: &[u32],
         name: &str,
     ) -> io::Result<Arc<PartitionStats>> {
-        self.create_partition_declared(Some(id), vp_indices, name, &[])
+        self.create(Some(id), vp_indices, name, &[], false)
     }
 
     /// As [`create_partition_with_id`](Self::create_partition_with_id) (under the next free id
@@ -502,6 +516,18 @@ impl Hypervisor {
         vp_indices: &[u32],
         name: &str,
         unavailable: &[CounterId],
+    ) -> io::Result<Arc<PartitionStats>> {
+        self.create(id, vp_indices, name, unavailable, false)
+    }
+
+    /// Creates a partition; `own` for one this process runs (see [`PartitionStats::own`]).
+    fn create(
+        &self,
+        id: Option<u64>,
+        vp_indices: &[u32],
+        name: &str,
+        unavailable: &[CounterId],
+        own: bool,
     ) -> io::Result<Arc<PartitionStats>> {
         if !vp_indices.is_sorted_by(|a, b| a < b) {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "VP indices not ascending"));
@@ -547,6 +573,9 @@ impl Hypervisor {
             }
         };
         page.set(partition::VIRTUAL_PROCESSORS, vp_count as u64);
+        if own {
+            page.set(partition::VM_STATE, VmState::Running.code());
+        }
         let stats = Arc::new(PartitionStats {
             id,
             page,
@@ -557,6 +586,7 @@ impl Hypervisor {
             gpa: Mutex::new(GpaSpace::new(self.quota)),
             overlay_writes: AtomicU64::new(0),
             hypervisor: self.me.clone(),
+            own,
         });
         partitions.insert(id, stats.clone());
         self.page.set(hypervisor::PARTITIONS, partitions.len() as u64);
@@ -643,6 +673,31 @@ impl ObjectDirectory for Hypervisor {
 /// Writes the bitmaps of the partition and VP counters among `counters` into a partition entry
 /// (ids of other kinds are ignored). The partition bitmap's upper words hold the VM's UUID: only
 /// its bit-holding words are written.
+/// Writes the unavailable-counter bitmap of a hypervisor or LP entry: `counters` of `kind`, and
+/// for the hypervisor of an instance that is not an `observer`, the observer's health rows.
+fn write_global_unavailable(
+    w: &mut [u64; index::ENTRY_WORDS],
+    kind: ObjectKind,
+    counters: &[CounterId],
+    observer: bool,
+) {
+    let observer_rows = hvstats_abi::CATALOG.iter().filter(|c| {
+        !observer
+            && c.id.kind == ObjectKind::Hypervisor
+            && matches!(c.maintained.source(), Some(hvstats_abi::Source::Observer(_)))
+    });
+    let mut bitmap = [0u64; 4];
+    for c in counters.iter().filter(|c| c.kind == kind).copied().chain(observer_rows.map(|c| c.id)) {
+        if c.kind != kind {
+            continue;
+        }
+        if let Some(bit) = index::unavailable_bit(kind, c.slot()) {
+            bitmap[bit / 64] |= 1 << (bit % 64);
+        }
+    }
+    w[ew::UNAVAILABLE_PARTITION..ew::UNAVAILABLE_PARTITION + 4].copy_from_slice(&bitmap);
+}
+
 fn write_unavailable(w: &mut [u64; index::ENTRY_WORDS], counters: &[CounterId]) {
     let (mut part, mut vp) = ([0u64; 4], [0u64; 4]);
     for c in counters {

@@ -29,6 +29,7 @@ pub mod runtime_dir;
 pub mod snapshot;
 pub mod trust;
 pub mod unmapped;
+pub mod vm_name;
 pub mod vmm;
 pub mod whv;
 

@@ -213,7 +213,9 @@ fn a_partition_created_declared_is_never_seen_with_its_unavailable_counters_as_z
 fn a_vms_uuid_and_its_unavailable_counters_share_the_entry_without_touching_each_other() {
     let tmp = TempDir::new("uuid");
     let hv = published(&tmp.0);
-    let p = hv.create_partition(1).unwrap();
+    // A UUID is an observed VM's: a partition published for another VMM, which declares its own
+    // gaps (our own partitions always lack the observed-only counters).
+    let p = hv.create_partition_declared(None, &[0], "", &[]).unwrap();
     let uuid = hvstats::vmm::VmUuid::parse("ffffffff-ffff-ffff-ffff-ffffffffffff").unwrap();
     p.set_uuid(uuid);
     // Every partition counter unavailable, then none: the UUID stays as it was.
@@ -463,4 +465,64 @@ fn no_runtime_directory_means_no_instances() {
     let tmp = TempDir::new("empty");
     let found = attach::discover(&tmp.0.join("missing")).unwrap();
     assert!(found.instances.is_empty() && found.problems.is_empty());
+}
+
+#[test]
+fn our_partitions_keep_their_run_state_and_observed_ones_say_theirs() {
+    use hvstats_abi::vm_state::VmState;
+    let tmp = TempDir::new("own-state");
+    let hv = published(&tmp.0);
+    let own = hv.create_partition(1).unwrap();
+    let other = hv.create_partition_declared(None, &[0], "observed", &[]).unwrap();
+    own.set_unavailable(&[vp::HYPERCALLS]);
+    let read = || {
+        let mut attach = Attach::new(&tmp.0);
+        attach.refresh().unwrap();
+        attach.instances_mut().next().unwrap().snapshot()
+    };
+    let snap = read();
+    let of = |id: u64| snap.partitions.iter().find(|p| p.id == id).unwrap().reading.clone();
+    assert_eq!(of(own.id()).get("VM state"), Some(VmState::Running.code()));
+    // A partition published for another VMM is what its publisher writes and declares.
+    assert_eq!(of(other.id()).get("VM state"), Some(VmState::Unknown.code()));
+    own.stop("done");
+    let snap = read();
+    let state = snap.partitions.iter().find(|p| p.id == own.id()).unwrap().reading.get("VM state");
+    assert_eq!(state, Some(VmState::Shutdown.code()));
+    // The observer's health is on an observer's hypervisor page only.
+    assert_eq!(snap.hypervisor.get("Observer up"), None);
+    assert!(snap.hypervisor.get("Partitions").is_some());
+}
+
+#[test]
+fn an_observers_hypervisor_page_carries_its_health_and_keeps_it_through_declarations() {
+    let tmp = TempDir::new("observer-health");
+    let description = hvstats::index::InstanceDescription {
+        kind: hvstats::index::OBSERVER_KIND.to_owned(),
+        name: "test observer".to_owned(),
+    };
+    let config = hvstats::InstanceConfig {
+        runtime_dir: Some(tmp.0.clone()),
+        logical_processors: Some(vec![0]),
+        description,
+        ..Default::default()
+    };
+    let observer = hvstats::Hypervisor::with_config(config).unwrap();
+    observer.page().set(hvstats_abi::catalog::hypervisor::OBSERVER_VMS_ATTACHED, 3);
+    let plain = published(&tmp.0);
+    // A declaration on the other instance's hypervisor page keeps the observer rows absent.
+    plain.set_global_unavailable(None, &[hvstats_abi::catalog::hypervisor::MONITORED_NOTIFICATIONS]);
+    let mut attach = Attach::new(&tmp.0);
+    attach.refresh().unwrap();
+    for instance in attach.instances_mut() {
+        let snap = instance.snapshot();
+        let attached = snap.hypervisor.get("Observer VMs attached");
+        match snap.description.kind.as_str() {
+            hvstats::index::OBSERVER_KIND => assert_eq!(attached, Some(3)),
+            _ => {
+                assert_eq!(attached, None);
+                assert_eq!(snap.hypervisor.get("Monitored notifications"), None);
+            }
+        }
+    }
 }

@@ -6,16 +6,17 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use hvstats::{Hypervisor, InstanceConfig};
+use hvstats_kvm::observe::filter::{VmFilter, VmPattern};
 use hvstats_kvm::observe::publication;
-use hvstats_kvm::observe::qmp::{CANCEL_POLL, Cancel};
-use hvstats_kvm::observe::{ObserveOptions, Observer, ObserverEvent, Procfs, Targets, raise_fd_limit};
+use hvstats_kvm::observe::qmp::Cancel;
+use hvstats_kvm::observe::{ObserveOptions, Observer, Procfs, Targets, raise_fd_limit};
 use hvstats_mshv::observer::{self as mshv, MshvObserver};
 
-use crate::observer_log::{describe, describe_mshv};
+use crate::observer_run::{Ended, Runner};
 use crate::signals;
 
 /// Flags of `hvstats observe`.
@@ -25,7 +26,7 @@ pub struct Args {
     #[arg(
         long = "pid",
         value_name = "PID",
-        required_unless_present_any = ["all", "mshv"],
+        required_unless_present_any = ["all", "mshv", "qmp"],
         conflicts_with = "all"
     )]
     pids: Vec<i32>,
@@ -33,10 +34,22 @@ pub struct Args {
     /// and picking up new ones within two (a VM is attached once its vCPU count held still).
     #[arg(long)]
     all: bool,
-    /// A QMP socket of the observed QEMU: KVM's statistics and the vCPU threads come from it
-    /// (only with a single --pid).
-    #[arg(long, value_name = "PATH")]
+    /// A QMP socket of the observed QEMU: KVM's statistics, its run state and the vCPU threads
+    /// come from it. With a single --pid, for that process; alone, the QEMU serving the socket,
+    /// observed again when it restarts on the same socket. Without it, a QMP socket the QEMU's
+    /// command line names is used when no other client holds it (see --no-qmp).
+    #[arg(long, value_name = "PATH", conflicts_with = "all")]
     qmp: Option<PathBuf>,
+    /// Use no QMP socket a QEMU's command line names (only one given with --qmp).
+    #[arg(long)]
+    no_qmp: bool,
+    /// Observe only the VMs this names: a pid, a UUID, or a regular expression on the VM's name
+    /// (repeatable; any may match).
+    #[arg(long = "vm", value_name = "PID|UUID|REGEX", value_parser = parse_pattern)]
+    vms: Vec<VmPattern>,
+    /// Leave out the VMs this names, as --vm names them (repeatable; wins over --vm).
+    #[arg(long = "exclude-vm", value_name = "PID|UUID|REGEX", value_parser = parse_pattern)]
+    exclude_vms: Vec<VmPattern>,
     /// Publish the Microsoft Hypervisor's own counters from Linux's mshv debugfs tree (where Linux
     /// is its root partition) as an instance of their own: alone, or beside --pid/--all.
     #[arg(long, value_name = "DIR", num_args = 0..=1, default_missing_value = hvstats_mshv::tree::DEFAULT_ROOT)]
@@ -59,10 +72,15 @@ fn parse_interval(s: &str) -> Result<f64, String> {
     crate::cmd::seconds_in(s, 0.01, 3600.0)
 }
 
+/// A `--vm` or `--exclude-vm` value.
+pub(crate) fn parse_pattern(s: &str) -> Result<VmPattern, String> {
+    VmPattern::parse(s).map_err(|e| e.to_string())
+}
+
 /// Runs the observer until SIGINT/SIGTERM, or until every `--pid` process has exited.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    if args.qmp.is_some() && args.pids.len() != 1 {
-        bail!("--qmp names the socket of one QEMU: give exactly one --pid with it");
+    if args.qmp.is_some() && args.pids.len() > 1 {
+        bail!("--qmp names the socket of one QEMU: give one --pid with it, or none");
     }
     if let Some(p) = args.pids.iter().find(|p| **p <= 0) {
         bail!("--pid {p}: not a process id");
@@ -80,7 +98,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Some(root) => Some(start_mshv(root, &dir)?),
         None => None,
     };
-    let observing = args.all || !args.pids.is_empty();
+    let observing = args.all || !args.pids.is_empty() || args.qmp.is_some();
     if observing {
         log(&format!("counting {}", publication::counting_method().1));
     }
@@ -103,11 +121,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Some(root) => Procfs::at(root, None),
         None => Procfs::host(),
     };
-    let targets = if args.all { Targets::All } else { Targets::Pids(args.pids) };
+    let (targets, qmp) = match (args.all, args.pids.is_empty(), args.qmp) {
+        (true, _, _) => (Targets::All, None),
+        (false, true, Some(socket)) => (Targets::QmpSocket(socket), None),
+        (false, _, qmp) => (Targets::Pids(args.pids), qmp),
+    };
     let cancel = Cancel::new();
     let mut observer = hv.clone().map(|hv| {
         let options = ObserveOptions {
-            qmp: args.qmp.clone(),
+            qmp,
+            qmp_auto: !args.no_qmp,
+            filter: VmFilter { include: args.vms, exclude: args.exclude_vms },
             cancel: cancel.clone(),
             claims: Some(dir.clone()),
             ..Default::default()
@@ -118,62 +142,36 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     // The observer runs on this thread while a watcher takes SIGINT/SIGTERM: a signal cancels
     // whatever the observer waits on (a QMP peer that drips, streams or hangs) within 0.1 s.
     let stop = cancel.clone();
-    let (failed, signal) = signals::during(
-        |_| observe(observer.as_mut(), hv.as_deref(), mshv.as_mut(), interval, &cancel),
+    let (ended, signal) = signals::during(
+        |_| {
+            Runner {
+                observer: observer.as_mut(),
+                hv: hv.as_deref(),
+                mshv: mshv.as_mut(),
+                interval,
+                cancel: &cancel,
+                log: &log,
+            }
+            .run()
+        },
         move |_| stop.cancel(),
     )
     .context("cannot wait for signals")?;
+    let failed = match ended {
+        Ended::Finished { failed } => failed,
+        Ended::Panicked => true,
+        Ended::Cancelled => false,
+    };
     match signal {
         Some(signal) => {
             let vms = observer.as_ref().map_or(0, |o| o.vms().count());
             log(&format!("{}: detaching from {vms} VMs", signal.name()));
             Ok(ExitCode::SUCCESS)
         }
+        None if ended == Ended::Panicked => Ok(ExitCode::FAILURE),
         None => {
             log("no observed process is left");
             Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
-        }
-    }
-}
-
-/// Ticks `observer` and the mshv reader every `interval` until every `--pid` process is gone
-/// (then returns whether any failed; never while an mshv tree is read) or `cancel` is set.
-fn observe(
-    mut observer: Option<&mut Observer>,
-    hv: Option<&Hypervisor>,
-    mut mshv: Option<&mut MshvObserver>,
-    interval: Duration,
-    cancel: &Cancel,
-) -> bool {
-    let mut failed = false;
-    loop {
-        if let Some(m) = mshv.as_deref_mut() {
-            for event in m.tick() {
-                log(&describe_mshv(&event));
-            }
-        }
-        // The instance's LP pages, as every instance keeps them; a host without procfs leaves them.
-        if let Some(hv) = hv {
-            let _ = hv.refresh_lps();
-        }
-        if let Some(observer) = observer.as_deref_mut() {
-            for event in observer.tick() {
-                failed |= matches!(event, ObserverEvent::Failed { .. });
-                log(&describe(&event));
-            }
-            if observer.finished() && mshv.is_none() {
-                return failed;
-            }
-        }
-        if cancel.is_cancelled() {
-            return failed;
-        }
-        let until = Instant::now() + interval;
-        while Instant::now() < until {
-            if cancel.is_cancelled() {
-                return failed;
-            }
-            std::thread::sleep(CANCEL_POLL.min(until.saturating_duration_since(Instant::now())));
         }
     }
 }

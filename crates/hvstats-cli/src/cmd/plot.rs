@@ -86,6 +86,7 @@ fn unit_of(c: &Counter) -> &'static str {
         Presentation::Cost => "µs per event",
         Presentation::CumulativeTime => "ns per second",
         Presentation::Instant => "value",
+        Presentation::State => "state code",
         Presentation::Histogram => "µs, p99 of each interval (bucket upper bound)",
     }
 }

@@ -321,7 +321,10 @@ pub fn reports(digest: &Digest) -> impl Iterator<Item = VpReport> + '_ {
                 Presentation::Rate => rates.insert(name, json!(shown)),
                 Presentation::PercentTime => percent.insert(name, json!(shown)),
                 Presentation::Cost => costs.insert(name, json!(shown)),
-                Presentation::CumulativeTime | Presentation::Instant | Presentation::Histogram => None,
+                Presentation::CumulativeTime
+                | Presentation::Instant
+                | Presentation::Histogram
+                | Presentation::State => None,
             };
         }
         // A counter this build knows that the recording does not list (one made by an older

@@ -29,6 +29,7 @@ use hvstats_abi::{ObjectKind, catalog::counters_of};
 use hvstats_guest::program::LoopCount;
 use hvstats_guest::{GuestImage, Mode, Workload, layout};
 use hvstats_kvm::enlightenment::HyperV;
+use hvstats_kvm::observe::claim::Claim;
 use hvstats_kvm::{
     FaultCause, Handlers, HardwareCounters, Partition, PartitionConfig, RipSeen, RunReport, VpOutcome,
 };
@@ -221,6 +222,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             Hypervisor::new().context("creating the hypervisor instance")?
         }
     };
+    // This process publishes its own partitions: it claims itself, so an observer of every VM
+    // on the host (`observe --all`, `serve --observe-all`) leaves its VM to this instance
+    // instead of publishing it twice.
+    let _claim = hv.published_name().and_then(|name| {
+        let me = std::process::id() as i32;
+        Claim::take(&runtime_dir, me, &name.to_string())
+            .map_err(|e| note!("not claiming this VM for its own instance: {}", error_chain(&e)))
+            .ok()
+    });
     let hardware = hardware_counters(&runtime_dir);
     let mut config = PartitionConfig {
         vp_count: vps,

@@ -240,6 +240,10 @@ fn scaled_count(v: f64) -> String {
 /// A table cell: the value scaled (a count with k/M/G, a time in ns/µs/ms/s), or the presented
 /// value over the interval. JSON keeps the exact values.
 fn cell_text(counter: &Counter, value: Option<Value>, interval: bool) -> String {
+    // A state is shown by its name.
+    if let Some(Value::String(name)) = &value {
+        return name.clone();
+    }
     let Some(v) = value.and_then(|v| v.as_f64()) else { return "-".into() };
     let time_ns = |v: f64| match counter.unit {
         hvstats_abi::catalog::Unit::Time100ns => Some(v * 100.0),

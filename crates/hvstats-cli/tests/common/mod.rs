@@ -185,3 +185,136 @@ fn json_key(name: &str, held: hvstats_present::json_keys::Held) -> String {
         hvstats_abi::CATALOG.iter().find(|c| c.name == name).unwrap_or_else(|| panic!("no counter {name:?}"));
     hvstats_present::json_keys::key(counter, held)
 }
+
+/// A stand-in VMM: this test binary run again as `qemu-system-x86_64 … <args>` (its command line
+/// is what an observer reads), holding a KVM VM with one vCPU, whose vCPU thread is named
+/// `thread_name`, until its standard input closes. A line `exec ARG…` on its standard input makes
+/// it `exec()` itself in place with those arguments (same pid, same start time, a new VM). The
+/// test file must run [`fake_vmm_body`] from an ignored test named `fake_vmm`.
+pub struct FakeVmm {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+/// The environment variable that makes a test binary a [`FakeVmm`]; its value names the vCPU
+/// thread.
+const FAKE_VMM: &str = "HVSTATS_TEST_FAKE_VMM";
+
+/// The environment variable naming the [`FakeVmm`]'s process (`comm`), when set.
+pub const FAKE_VMM_COMM: &str = "HVSTATS_TEST_FAKE_VMM_COMM";
+
+impl FakeVmm {
+    /// Starts one with `args` as its QEMU arguments and waits until it holds its VM.
+    pub fn spawn(args: &[&str], thread_name: &str) -> Self {
+        Self::spawn_with(args, thread_name, |_| {})
+    }
+
+    /// As [`spawn`](Self::spawn), with `adjust` applied to the command first.
+    pub fn spawn_with(
+        args: &[&str],
+        thread_name: &str,
+        adjust: impl FnOnce(&mut std::process::Command),
+    ) -> Self {
+        use std::os::unix::process::CommandExt;
+        use std::process::{Command, Stdio};
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command
+            .arg0("qemu-system-x86_64")
+            .args(fake_vmm_prefix())
+            .args(args)
+            .env(FAKE_VMM, thread_name)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        adjust(&mut command);
+        let mut child = command.spawn().unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut me = Self { child, stdin, stdout };
+        me.wait_ready();
+        me
+    }
+
+    /// Its pid.
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Makes it `exec()` itself with `args` as its new QEMU arguments, and waits until the new
+    /// program holds its VM.
+    pub fn exec(&mut self, args: &[&str]) {
+        use std::io::Write;
+        writeln!(self.stdin, "exec {}", args.join(" ")).unwrap();
+        self.wait_ready();
+    }
+
+    /// The thread id of its vCPU thread, once it holds its VM.
+    fn wait_ready(&mut self) -> i32 {
+        use std::io::BufRead;
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(self.stdout.read_line(&mut line).unwrap() > 0, "the stand-in VMM ended");
+            if let Some(tid) = line.trim().strip_prefix("fake vmm ready: vcpu thread ") {
+                return tid.parse().unwrap();
+            }
+        }
+    }
+
+    /// Kills it and reaps it now.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for FakeVmm {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The test harness's arguments that run only `fake_vmm`; QEMU-style arguments follow `--`. Read
+/// as QEMU reads a command line, each option here takes the next argument as its value, so the
+/// arguments after `--` are QEMU's own.
+fn fake_vmm_prefix() -> [&'static str; 4] {
+    ["--exact", "fake_vmm", "--ignored", "--"]
+}
+
+/// The body of a [`FakeVmm`]: nothing unless this process was started as one.
+pub fn fake_vmm_body() {
+    use std::io::{BufRead, Write};
+    use std::os::unix::process::CommandExt;
+    let Some(thread_name) = std::env::var_os(FAKE_VMM) else { return };
+    if let Some(comm) = std::env::var_os(FAKE_VMM_COMM) {
+        std::fs::write("/proc/self/comm", comm.as_encoded_bytes()).unwrap();
+    }
+    let _vm = hold_a_vm();
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name(thread_name.to_string_lossy().into_owned())
+        .spawn(move || {
+            // SAFETY: gettid has no arguments and no memory effects.
+            tid_tx.send(unsafe { libc::syscall(libc::SYS_gettid) } as i32).unwrap();
+            loop {
+                std::thread::park();
+            }
+        })
+        .unwrap();
+    let tid = tid_rx.recv().unwrap();
+    let mut out = std::io::stdout();
+    writeln!(out, "fake vmm ready: vcpu thread {tid}").unwrap();
+    out.flush().unwrap();
+    for line in std::io::stdin().lock().lines().map_while(Result::ok) {
+        if let Some(args) = line.strip_prefix("exec ") {
+            let error = std::process::Command::new("/proc/self/exe")
+                .arg0("qemu-system-x86_64")
+                .args(fake_vmm_prefix())
+                .args(args.split(' '))
+                .exec();
+            panic!("exec: {error}");
+        }
+    }
+    std::process::exit(0);
+}

@@ -4,13 +4,19 @@
 use std::io;
 use std::path::PathBuf;
 
+use super::filter::VmFilter;
 use super::qmp::Cancel;
 
 /// How to observe a VM.
 #[derive(Clone, Debug, Default)]
 pub struct ObserveOptions {
-    /// A QMP socket of the VMM (QEMU) for KVM's statistics and vCPU threads.
+    /// A QMP socket of the VMM (QEMU) for KVM's statistics, its run state and vCPU threads.
     pub qmp: Option<PathBuf>,
+    /// Without `qmp`: use a QMP socket the QEMU's command line names (the first no other
+    /// client holds).
+    pub qmp_auto: bool,
+    /// Which VMs to observe.
+    pub filter: VmFilter,
     /// libvirt's read-only socket, for the statistics of libvirt's domains; `None` takes the
     /// socket of libvirt's `LIBVIRT_DEFAULT_URI`, else the usual places
     /// ([`super::libvirt::SOCKETS`]).

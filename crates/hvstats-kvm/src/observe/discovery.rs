@@ -17,8 +17,13 @@ use std::path::{Path, PathBuf};
 /// The most of a command line read (`/proc/PID/cmdline`); the rest is ignored.
 pub const MAX_CMDLINE: u64 = 1 << 20;
 
+use std::os::unix::fs::MetadataExt;
+
 use hvstats::vmm::VmUuid;
 pub use hvstats::vmm::Vmm;
+use hvstats_host::task_stat::{StatLine, thread_path};
+
+use super::qemu_args;
 
 /// The vCPU index a thread name stands for, for every VMM's naming (exact parse: `CPU 1/KVM` is
 /// vCPU 1, never 10). QEMU names vCPU threads `CPU N/<accelerator>` (`KVM`, `TCG`, …).
@@ -67,23 +72,49 @@ pub struct ThreadInfo {
     pub comm: String,
 }
 
+/// Fields of `/proc/<pid>/stat` an `exec()` sets anew: where the program's code, data, heap,
+/// arguments and environment were placed (26–28 and 45–51; randomized on every exec, and
+/// different for another program).
+const EXEC_MARKS: [usize; 10] = [26, 27, 28, 45, 46, 47, 48, 49, 50, 51];
+
+/// What tells a process, and the program it runs, from every other for the life of the host: a
+/// pid reused by another process has another start time; a process that `exec()`s another
+/// program (or itself again) keeps its pid and start time and gets new marks. A VM is observed as
+/// long as its process's identity holds; a change is the old VM leaving and a new one coming.
+///
+/// The marks (fields of `stat` and the executable's device and inode) are readable where this
+/// process may trace the other (its owner, or root); elsewhere the kernel hides them and only
+/// the start time tells.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProcessIdentity {
+    /// The start time, in clock ticks after boot.
+    pub start_time: u64,
+    /// The marks of the program it runs now.
+    pub exec: [u64; 12],
+}
+
 /// A procfs tree (the host's `/proc`, or a fixture) and a debugfs tree.
 #[derive(Clone, Debug)]
 pub struct Procfs {
     root: PathBuf,
     debugfs: Option<PathBuf>,
+    /// True when `root` is a procfs, whose `fd` directories give their number of descriptors as
+    /// their size (Linux 6.2 on); a fixture's do not.
+    counts_fds: bool,
 }
 
 impl Procfs {
     /// The host's `/proc`, with debugfs at `/sys/kernel/debug` (mounted there when it is not and
     /// this process may mount it).
     pub fn host() -> Self {
-        Self { root: PathBuf::from("/proc"), debugfs: host_debugfs() }
+        let root = PathBuf::from("/proc");
+        Self { counts_fds: is_procfs(&root), root, debugfs: host_debugfs() }
     }
 
     /// A procfs tree at `root` and a debugfs tree at `debugfs` (fixtures).
     pub fn at(root: impl Into<PathBuf>, debugfs: Option<PathBuf>) -> Self {
-        Self { root: root.into(), debugfs }
+        let root = root.into();
+        Self { counts_fds: is_procfs(&root), root, debugfs }
     }
 
     /// The procfs root.
@@ -104,9 +135,19 @@ impl Procfs {
     /// # Errors
     /// When its `fd` directory cannot be listed (the process is gone, or not ours to see).
     pub fn kvm_fds(&self, pid: i32) -> io::Result<KvmFds> {
+        self.kvm_fds_read(pid).map(|(fds, _)| fds)
+    }
+
+    /// The KVM file descriptors of `pid`, and how many descriptors were read to find them.
+    ///
+    /// # Errors
+    /// As [`kvm_fds`](Self::kvm_fds).
+    pub fn kvm_fds_read(&self, pid: i32) -> io::Result<(KvmFds, u64)> {
         let dir = self.root.join(pid.to_string()).join("fd");
         let mut fds = KvmFds::default();
-        for fd in numeric_entries(&dir)? {
+        let listed = numeric_entries(&dir)?;
+        let read = listed.len() as u64;
+        for fd in listed {
             // A descriptor closed between the listing and the readlink is simply not there.
             let Ok(target) = fs::read_link(dir.join(fd.to_string())) else { continue };
             let Some(target) = target.to_str() else { continue };
@@ -120,7 +161,37 @@ impl Procfs {
             }
         }
         fds.vms.sort_unstable();
-        Ok(fds)
+        Ok((fds, read))
+    }
+
+    /// The number of descriptors `pid` holds, from the size of its `fd` directory, without
+    /// listing it; `None` where the size does not tell (a fixture, a kernel before 6.2).
+    ///
+    /// # Errors
+    /// When the directory cannot be looked at (the process is gone).
+    pub fn fd_count(&self, pid: i32) -> io::Result<Option<u64>> {
+        let size = fs::metadata(self.root.join(pid.to_string()).join("fd"))?.len();
+        Ok((self.counts_fds && size > 0).then_some(size))
+    }
+
+    /// The processes KVM's debugfs names as holding a VM: one directory per VM, `kvm/<id>-<vm
+    /// fd>`, where `id` is the thread that made the VM, taken to its process. `None` without a
+    /// debugfs whose `kvm` directory can be listed, or when a VM's thread has exited (its
+    /// process can then only be found by its descriptors).
+    pub fn debugfs_vm_pids(&self) -> Option<std::collections::BTreeSet<i32>> {
+        let entries = fs::read_dir(self.debugfs.as_ref()?.join("kvm")).ok()?;
+        let thread = |name: &str| name.split_once('-')?.0.parse::<i32>().ok().filter(|p| *p > 0);
+        let mut pids = std::collections::BTreeSet::new();
+        for id in entries.flatten().filter_map(|e| e.file_name().to_str().and_then(thread)) {
+            pids.insert(self.thread_group(id)?);
+        }
+        Some(pids)
+    }
+
+    /// The process (thread group) of thread `tid`, from its `status`.
+    fn thread_group(&self, tid: i32) -> Option<i32> {
+        let status = fs::read_to_string(self.root.join(tid.to_string()).join("status")).ok()?;
+        status.lines().find_map(|l| l.strip_prefix("Tgid:"))?.trim().parse().ok()
     }
 
     /// Every process in the tree that holds a KVM VM, with its descriptors.
@@ -128,8 +199,21 @@ impl Procfs {
     /// # Errors
     /// When the root cannot be listed.
     pub fn kvm_processes(&self) -> io::Result<Vec<(i32, KvmFds)>> {
+        self.kvm_processes_but(&|_| false)
+    }
+
+    /// As [`kvm_processes`](Self::kvm_processes), leaving out the processes `known` takes
+    /// without reading their descriptors (VMs already observed: reading every descriptor of
+    /// every VMM at every refresh is most of what finding VMs costs).
+    ///
+    /// # Errors
+    /// When the root cannot be listed.
+    pub fn kvm_processes_but(&self, known: &dyn Fn(i32) -> bool) -> io::Result<Vec<(i32, KvmFds)>> {
         let mut found = Vec::new();
         for pid in self.pids()? {
+            if known(pid) {
+                continue;
+            }
             // Processes come and go, and some are not ours to see: skip those.
             if let Ok(fds) = self.kvm_fds(pid)
                 && fds.has_vm()
@@ -240,7 +324,7 @@ impl Procfs {
         let comm = self.comm(pid).unwrap_or_else(|_| "unknown".to_owned());
         let vmm = args.first().map_or(Vmm::Other, |a| Vmm::from_program(a));
         let named = match vmm {
-            Vmm::Qemu => option_value(&args, "-name").and_then(|v| qemu_guest_name(&v)),
+            Vmm::Qemu => qemu_args::name(args.get(1..).unwrap_or_default()),
             Vmm::Firecracker => option_value(&args, "--id"),
             Vmm::Crosvm | Vmm::Kvmtool => option_value(&args, "--name"),
             Vmm::CloudHypervisor | Vmm::Other => None,
@@ -248,14 +332,136 @@ impl Procfs {
         (vmm, named.filter(|n| !n.is_empty()).unwrap_or_else(|| format!("{comm}:{pid}")))
     }
 
-    /// The VM's UUID as its VMM was given it: QEMU's `-uuid` (libvirt always passes one). `None`
-    /// for other VMMs, for no or a malformed value, and for a process that cannot be read.
+    /// The QMP sockets a QEMU's command line names, in its order: `-qmp unix:PATH,server…`, and
+    /// `-chardev socket,id=ID,path=PATH,server…` with `-mon chardev=ID,mode=control`; a relative
+    /// path is taken from QEMU's working directory. Left out: sockets QEMU connects out to (no
+    /// `server`), TCP sockets, descriptors passed in (libvirt's `fd=`: libvirt holds those), and
+    /// `-qmp-pretty` or `pretty=on` monitors, whose messages span lines. Empty for other VMMs and
+    /// a process that cannot be read.
+    pub fn qmp_sockets(&self, pid: i32) -> Vec<PathBuf> {
+        let Ok(args) = self.cmdline(pid) else { return Vec::new() };
+        if args.first().map(|a| Vmm::from_program(a)) != Some(Vmm::Qemu) {
+            return Vec::new();
+        }
+        let server = |opts: &[(String, String)]| {
+            opts.iter().any(|(k, v)| k == "server" && matches!(v.as_str(), "" | "on" | "yes" | "true"))
+        };
+        let mut chardevs: BTreeMap<String, PathBuf> = BTreeMap::new();
+        let mut monitors: Vec<(usize, String)> = Vec::new();
+        let mut found: Vec<(usize, PathBuf)> = Vec::new();
+        // Options and their values as QEMU reads them: a value that looks like an option is not one.
+        for (at, (option, value)) in
+            qemu_args::options(args.get(1..).unwrap_or_default()).into_iter().enumerate()
+        {
+            if !matches!(option, "qmp" | "chardev" | "mon") {
+                continue;
+            }
+            let Some(value) = value else { continue };
+            let opts = qemu_opts(value);
+            match option {
+                "qmp" => {
+                    let Some((first, _)) = opts.first() else { continue };
+                    if let Some(path) = first.strip_prefix("unix:")
+                        && server(&opts[1..])
+                    {
+                        found.push((at, PathBuf::from(path)));
+                    }
+                }
+                "chardev" => {
+                    let get = |key: &str| opts.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
+                    if opts.first().map(|(k, _)| k.as_str()) == Some("socket")
+                        && server(&opts)
+                        && let (Some(id), Some(path)) = (get("id"), get("path"))
+                    {
+                        chardevs.insert(id, PathBuf::from(path));
+                    }
+                }
+                _ => {
+                    let get = |key: &str| opts.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
+                    let chardev = get("chardev")
+                        .or_else(|| opts.first().filter(|(_, v)| v.is_empty()).map(|(k, _)| k.as_str()));
+                    let pretty = matches!(get("pretty"), Some("" | "on" | "yes" | "true"));
+                    if get("mode") == Some("control")
+                        && !pretty
+                        && let Some(id) = chardev
+                    {
+                        monitors.push((at, id.to_owned()));
+                    }
+                }
+            }
+        }
+        found.extend(monitors.into_iter().filter_map(|(at, id)| Some((at, chardevs.get(&id)?.clone()))));
+        found.sort_by_key(|(at, _)| *at);
+        let cwd = || fs::read_link(self.root.join(pid.to_string()).join("cwd")).ok();
+        found
+            .into_iter()
+            .filter_map(|(_, p)| match p.is_absolute() {
+                true => Some(p),
+                false => cwd().map(|d| d.join(p)),
+            })
+            .collect()
+    }
+
+    /// The VM's UUID as its VMM was given it: QEMU's last `-uuid` (libvirt always passes one).
+    /// `None` for other VMMs, for no or a malformed value, and for a process that cannot be read.
     pub fn vm_uuid(&self, pid: i32) -> Option<VmUuid> {
         let args = self.cmdline(pid).ok()?;
         match args.first().map(|a| Vmm::from_program(a))? {
-            Vmm::Qemu => VmUuid::parse(&option_value(&args, "-uuid")?),
+            Vmm::Qemu => VmUuid::parse(qemu_args::uuid(args.get(1..).unwrap_or_default())?),
             _ => None,
         }
+    }
+
+    /// The start time of `pid` (clock ticks after boot): with its pid, what names one process for
+    /// the life of the host.
+    ///
+    /// # Errors
+    /// When its `stat` cannot be read or parsed.
+    pub fn start_time(&self, pid: i32) -> io::Result<u64> {
+        let text = fs::read_to_string(self.root.join(pid.to_string()).join("stat"))?;
+        StatLine::parse(&text).and_then(|s| s.start_time()).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidData, format!("malformed stat of process {pid}"))
+        })
+    }
+
+    /// Who `pid` is now: its start time and the marks of the program it runs (see
+    /// [`ProcessIdentity`]).
+    ///
+    /// # Errors
+    /// When its `stat` cannot be read or parsed (the process is gone: see [`is_gone`]).
+    pub fn identity(&self, pid: i32) -> io::Result<ProcessIdentity> {
+        let dir = self.root.join(pid.to_string());
+        let text = fs::read_to_string(dir.join("stat"))?;
+        let malformed =
+            || io::Error::new(io::ErrorKind::InvalidData, format!("malformed stat of process {pid}"));
+        let stat = StatLine::parse(&text).ok_or_else(malformed)?;
+        let start_time = stat.start_time().ok_or_else(malformed)?;
+        let mut exec = [0u64; EXEC_MARKS.len() + 2];
+        for (mark, field) in exec.iter_mut().zip(EXEC_MARKS) {
+            *mark = stat.number(field).unwrap_or(0);
+        }
+        // The executable itself, where this process may see it (as its owner or root).
+        if let Ok(exe) = fs::metadata(dir.join("exe")) {
+            exec[EXEC_MARKS.len()] = exe.dev();
+            exec[EXEC_MARKS.len() + 1] = exe.ino();
+        }
+        Ok(ProcessIdentity { start_time, exec })
+    }
+
+    /// The start time of thread `tid` while it is a task of process `pid`: `/proc/<pid>/task/<tid>`
+    /// exists only for a thread of `pid`'s thread group (the kernel looks the thread up in the
+    /// group), so a thread id of another process, or of a thread that exited, is `NotFound`.
+    ///
+    /// # Errors
+    /// When the thread is not a task of `pid` now, or its `stat` cannot be read or parsed.
+    pub fn task_start_time(&self, pid: i32, tid: i32) -> io::Result<u64> {
+        if tid <= 0 {
+            return Err(io::Error::new(io::ErrorKind::NotFound, format!("{tid} is not a thread id")));
+        }
+        let text = fs::read_to_string(thread_path(&self.root, pid, tid))?;
+        StatLine::parse(&text).and_then(|s| s.start_time()).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidData, format!("malformed stat of thread {tid}"))
+        })
     }
 }
 
@@ -273,34 +479,17 @@ fn option_value(args: &[String], option: &str) -> Option<String> {
     None
 }
 
-/// The guest name of QEMU's `-name` value: `guest=N,…`, or a leading bare `N,…`. QEMU escapes a
-/// comma in a value as `,,`.
-fn qemu_guest_name(value: &str) -> Option<String> {
-    let mut parts = Vec::new();
-    let mut current = String::new();
-    let mut chars = value.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == ',' {
-            if chars.peek() == Some(&',') {
-                chars.next();
-                current.push(',');
-            } else {
-                parts.push(std::mem::take(&mut current));
-            }
-        } else {
-            current.push(c);
-        }
-    }
-    parts.push(current);
-    for (i, part) in parts.iter().enumerate() {
-        if let Some(n) = part.strip_prefix("guest=") {
-            return Some(n.to_owned());
-        }
-        if i == 0 && !part.contains('=') {
-            return Some(part.clone());
-        }
-    }
-    None
+/// A QEMU option value as `key=value` pairs, in order (a bare `key` has an empty value: the
+/// implied first key, or a flag such as `server`; `nowait` is `wait=off`).
+fn qemu_opts(value: &str) -> Vec<(String, String)> {
+    qemu_args::parts(value)
+        .into_iter()
+        .map(|part| match part.split_once('=') {
+            Some((k, v)) => (k.to_owned(), v.to_owned()),
+            None if part == "nowait" => ("wait".to_owned(), "off".to_owned()),
+            None => (part, String::new()),
+        })
+        .collect()
 }
 
 /// True when a failed `/proc/PID/…` access means the process is gone (no such file, or the
@@ -323,6 +512,17 @@ fn numeric_entries(dir: &Path) -> io::Result<Vec<i32>> {
         .collect();
     out.sort_unstable();
     Ok(out)
+}
+
+/// True when `root` is a procfs mount.
+fn is_procfs(root: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = std::ffi::CString::new(root.as_os_str().as_bytes()) else { return false };
+    // SAFETY: `path` is NUL-terminated and `fs` a valid statfs the kernel writes into.
+    unsafe {
+        let mut fs: libc::statfs = std::mem::zeroed();
+        libc::statfs(path.as_ptr(), &mut fs) == 0 && fs.f_type == libc::PROC_SUPER_MAGIC
+    }
 }
 
 /// KVM's debugfs directory, mounting debugfs at `/sys/kernel/debug` when nothing is mounted
@@ -384,12 +584,51 @@ mod tests {
     }
 
     #[test]
-    fn qemu_names_are_parsed_like_qemu_does() {
-        assert_eq!(qemu_guest_name("guest=web1,debug-threads=on").as_deref(), Some("web1"));
-        assert_eq!(qemu_guest_name("debug-threads=on,guest=db").as_deref(), Some("db"));
-        assert_eq!(qemu_guest_name("plain").as_deref(), Some("plain"));
-        assert_eq!(qemu_guest_name("a,,b,process=x").as_deref(), Some("a,b"));
-        assert_eq!(qemu_guest_name("debug-threads=on"), None);
+    fn qmp_sockets_are_the_server_sockets_of_control_monitors() {
+        let tmp = std::env::temp_dir().join(format!("hvstats-qmp-args-{}", std::process::id()));
+        let proc_root = tmp.join("proc");
+        let pid = 42;
+        let dir = proc_root.join(pid.to_string());
+        fs::create_dir_all(&dir).unwrap();
+        let args = [
+            "/usr/bin/qemu-system-x86_64",
+            "-qmp",
+            "unix:/run/a.sock,server=on,wait=off",
+            "-qmp",
+            "unix:/run/client.sock",
+            "--qmp",
+            "unix:rel.sock,server,nowait",
+            "-qmp-pretty",
+            "unix:/run/pretty.sock,server",
+            "-chardev",
+            "socket,id=mon0,path=/run/b,,x.sock,server=on,wait=off",
+            "-mon",
+            "chardev=mon0,mode=control",
+            "-chardev",
+            "socket,id=hmp,path=/run/hmp.sock,server=on",
+            "-mon",
+            "hmp,mode=readline",
+            "-chardev",
+            "socket,id=charmonitor,fd=23,server=on,wait=off",
+            "-mon",
+            "chardev=charmonitor,id=monitor,mode=control",
+            "-qmp",
+            "tcp:127.0.0.1:4444,server=on",
+        ];
+        fs::write(dir.join("cmdline"), args.join("\0")).unwrap();
+        std::os::unix::fs::symlink("/var/lib/vm", dir.join("cwd")).unwrap();
+        let procfs = Procfs::at(&proc_root, None);
+        assert_eq!(
+            procfs.qmp_sockets(pid),
+            [
+                PathBuf::from("/run/a.sock"),
+                PathBuf::from("/var/lib/vm/rel.sock"),
+                PathBuf::from("/run/b,x.sock")
+            ]
+        );
+        fs::write(dir.join("cmdline"), "firecracker\0-qmp\0unix:/run/a.sock,server").unwrap();
+        assert!(procfs.qmp_sockets(pid).is_empty(), "only QEMU's command line means QMP");
+        let _ = fs::remove_dir_all(&tmp);
     }
 
     #[test]

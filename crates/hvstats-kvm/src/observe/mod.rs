@@ -2,7 +2,9 @@
 //! kvmtool) and publishing each as a partition of the observer's own instance.
 //!
 //! - [`discovery`]: VM and vCPU descriptors in `/proc/PID/fd`, vCPU threads from debugfs and
-//!   thread names, the VM's name;
+//!   thread names, the VM's name, who a process is ([`discovery::ProcessIdentity`]);
+//!   [`kvm_scan`]: every VM on the host at a cost other processes cannot inflate;
+//!   [`qemu_args`]: QEMU's own reading of its command line;
 //! - [`counting`]: per-thread event counters on every thread of a process from attach on;
 //! - [`qmp`]: QEMU's QMP for KVM's statistics and vCPU threads;
 //! - [`libvirt`]: a read-only client of libvirt's remote protocol, for its domain statistics;
@@ -25,11 +27,16 @@ pub mod attach;
 pub mod claim;
 pub mod counting;
 pub mod discovery;
+pub mod exit_watch;
+pub mod filter;
+pub mod kvm_scan;
 pub mod libvirt;
 pub mod observer;
 pub mod publication;
+pub mod qemu_args;
 pub mod qmp;
 pub mod sources;
+pub mod unix_sockets;
 pub mod vm;
 
 pub use attach::{ObserveError, ObserveOptions};

@@ -1,17 +1,24 @@
 //! A small QMP client: the QEMU Machine Protocol over a Unix socket.
 //!
 //! KVM refuses its binary stats fd to any process but the VM's owner, but QEMU relays the same
-//! statistics through QMP's `query-stats`, and `query-cpus-fast` tells which thread runs which
-//! vCPU. The client speaks just enough QMP for that: the greeting, `qmp_capabilities`, one
-//! command at a time with its reply (asynchronous events in between are skipped).
+//! statistics through QMP's `query-stats`, `query-cpus-fast` tells which thread runs which vCPU
+//! and `query-status` whether the VM runs. The client speaks just enough QMP for that: the
+//! greeting, `qmp_capabilities`, and commands with their replies (asynchronous events in between
+//! are skipped). A session can be waited on without blocking: [`Qmp::begin`] connects and
+//! [`Qmp::greet`] reads the greeting when it has come; [`Qmp::send`] puts a request out and
+//! [`Qmp::receive`] takes its reply by a deadline, so an observer asks every VM at once and waits
+//! for them all within one deadline, and a QEMU that is stopped costs no wait after the first.
 //!
 //! The peer is not trusted to be QEMU, or to be well: every exchange (the connect with its
 //! greeting, each command with its reply) has one deadline for the whole of it, however the
 //! bytes trickle in; a message is at most [`MAX_LINE`] bytes and never buffered beyond that; at
-//! most [`MAX_EVENTS`] events are skipped while waiting for one reply; and a [`Cancel`] set by
-//! another thread (a signal watcher) ends any wait within [`CANCEL_POLL`].
+//! most [`MAX_EVENTS`] events and [`MAX_BLANK`] bytes of blank lines are skipped while waiting
+//! for one message; and a [`Cancel`] set by another thread (a signal watcher) ends any wait
+//! within [`CANCEL_POLL`]. A silence is named for what it is: another client holding the socket
+//! (the kernel's table of Unix sockets shows its connection, see [`super::unix_sockets`]), QEMU's
+//! process stopped, or QEMU running but not answering (a stall).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -31,6 +38,10 @@ pub const MAX_LINE: usize = 1 << 20;
 /// The most asynchronous events skipped while waiting for one reply (QEMU sends a handful at
 /// most; a peer streaming events without end is dropped instead of keeping a CPU busy).
 pub const MAX_EVENTS: usize = 256;
+
+/// The most bytes of blank lines skipped while waiting for one message: QEMU sends none, so a
+/// peer that streams them is dropped after this, not read for the whole deadline.
+pub const MAX_BLANK: usize = 64 << 10;
 
 /// How often a wait looks at its [`Cancel`].
 pub const CANCEL_POLL: Duration = Duration::from_millis(100);
@@ -74,16 +85,28 @@ pub enum QmpError {
         #[source]
         source: io::Error,
     },
-    /// The socket accepts no more clients, or QEMU never greeted: another client holds it.
+    /// The socket accepts no more clients, or QEMU never greeted while another client holds a
+    /// connection to it.
     #[error("cannot use QMP socket {path}: {TAKEN}")]
     Taken {
         /// The socket.
         path: PathBuf,
     },
+    /// Nothing came by the deadline and no other client holds the socket: QEMU's process is
+    /// stopped, or it runs and its monitor does not answer.
+    #[error("QMP {what}: no answer within {after:?}: {why}")]
+    Stalled {
+        /// The exchange (`greeting`, or the command).
+        what: String,
+        /// The deadline the whole exchange had.
+        after: Duration,
+        /// What QEMU's process is doing.
+        why: &'static str,
+    },
     /// Reading or writing failed (QEMU exited).
     #[error("QMP I/O failed")]
     Io(#[source] io::Error),
-    /// The peer did not complete the exchange within its deadline.
+    /// The peer sent part of a message and did not complete it within the deadline.
     #[error("QMP {what}: no complete answer within {after:?}")]
     Timeout {
         /// The exchange (`greeting`, or the command).
@@ -118,12 +141,24 @@ impl QmpError {
     pub fn is_command_error(&self) -> bool {
         matches!(self, QmpError::Command { .. })
     }
+
+    /// True when the peer may still answer later: the exchange ran out of time with nothing
+    /// wrong said (a stopped or stalled QEMU, a socket another client holds).
+    pub fn is_silence(&self) -> bool {
+        matches!(self, QmpError::Stalled { .. } | QmpError::Taken { .. })
+    }
 }
 
-/// A connected QMP session in command mode.
+/// What a stopped QEMU's silence is said to be.
+const STOPPED: &str = "QEMU's process is stopped (SIGSTOP or a debugger)";
+/// What a running QEMU's silence is said to be.
+const STALL: &str = "QEMU's process runs but its monitor does not answer (a stall)";
+
+/// A QMP session: connected, greeted once [`greet`](Qmp::greet) succeeded, then in command mode.
 #[derive(Debug)]
 pub struct Qmp {
     stream: UnixStream,
+    path: PathBuf,
     /// Bytes received and not yet taken as a message (at most [`MAX_LINE`] + [`CHUNK`]).
     pending: Vec<u8>,
     /// How far `pending` was searched for a newline.
@@ -131,6 +166,10 @@ pub struct Qmp {
     timeout: Duration,
     cancel: Cancel,
     version: Value,
+    greeted: bool,
+    /// Requests sent and not answered yet, oldest first: their ids and commands.
+    outstanding: VecDeque<(u64, String)>,
+    next_id: u64,
 }
 
 /// One vCPU as `query-cpus-fast` reports it.
@@ -156,13 +195,22 @@ pub struct KvmStatsReply {
     pub vcpus: BTreeMap<String, StatValues>,
 }
 
+/// What `query-stats` is asked for: its target, and the statistics wanted (all when empty).
+pub fn stats_request(target: &str, names: &[&str]) -> Value {
+    let mut provider = json!({ "provider": "kvm" });
+    if !names.is_empty() {
+        provider["names"] = json!(names);
+    }
+    json!({ "target": target, "providers": [provider] })
+}
+
 impl Qmp {
-    /// Connects to `path`, reads the greeting and enters command mode; each of the three
+    /// Connects to `path`, reads the greeting and enters command mode; each of the two
     /// exchanges (connect and greeting, `qmp_capabilities`) must finish within `timeout`.
     ///
     /// # Errors
     /// When the socket cannot be connected, is taken by another client, QEMU does not greet
-    /// within `timeout`, or refuses `qmp_capabilities`.
+    /// within `timeout` (stopped or stalled), or refuses `qmp_capabilities`.
     pub fn connect(path: &Path, timeout: Duration) -> Result<Self, QmpError> {
         Self::connect_with(path, timeout, Cancel::new())
     }
@@ -172,23 +220,68 @@ impl Qmp {
     /// # Errors
     /// As [`connect`](Self::connect), and [`QmpError::Cancelled`].
     pub fn connect_with(path: &Path, timeout: Duration, cancel: Cancel) -> Result<Self, QmpError> {
+        let mut me = Self::begin(path, timeout, cancel)?;
+        me.greet(Instant::now() + timeout)?;
+        Ok(me)
+    }
+
+    /// Connects to `path` without waiting for anything: the session is greeted by
+    /// [`greet`](Self::greet), at once or at a later call (a QEMU that is stopped greets once
+    /// it runs again; one serving another client, once that client leaves).
+    ///
+    /// # Errors
+    /// When the socket cannot be connected, or its backlog is full ([`QmpError::Taken`]).
+    pub fn begin(path: &Path, timeout: Duration, cancel: Cancel) -> Result<Self, QmpError> {
         let stream = connect_nonblocking(path)?;
-        let mut me = Self { stream, pending: Vec::new(), scanned: 0, timeout, cancel, version: Value::Null };
-        let deadline = Instant::now() + timeout;
-        let greeting = match me.read_message("greeting", deadline) {
-            // QEMU greets the moment it accepts a client; one that accepts none (it serves
-            // another) leaves us in the listen backlog, unanswered.
-            Err(QmpError::Timeout { .. }) if me.pending.is_empty() => {
-                return Err(QmpError::Taken { path: path.to_owned() });
-            }
-            other => other?,
-        };
+        Ok(Self {
+            stream,
+            path: path.to_owned(),
+            pending: Vec::new(),
+            scanned: 0,
+            timeout,
+            cancel,
+            version: Value::Null,
+            greeted: false,
+            outstanding: VecDeque::new(),
+            next_id: 0,
+        })
+    }
+
+    /// Reads the greeting, waiting until `deadline` at most (a deadline passed reads what has
+    /// come), and enters command mode (`qmp_capabilities`, within the session's timeout). Once
+    /// greeted, returns at once.
+    ///
+    /// # Errors
+    /// [`QmpError::Taken`], [`QmpError::Stalled`] or [`QmpError::Timeout`] when no greeting
+    /// came by `deadline` (the session may still be greeted later); any other error when the
+    /// peer is not QMP or is gone.
+    pub fn greet(&mut self, deadline: Instant) -> Result<(), QmpError> {
+        if self.greeted {
+            return Ok(());
+        }
+        let greeting = self.read_message("greeting", deadline)?;
         let Some(qmp) = greeting.get("QMP") else {
             return Err(QmpError::Protocol(format!("expected a greeting, got {}", clip(&greeting))));
         };
-        me.version = qmp.get("version").cloned().unwrap_or(Value::Null);
-        me.execute("qmp_capabilities", None)?;
-        Ok(me)
+        self.version = qmp.get("version").cloned().unwrap_or(Value::Null);
+        self.greeted = true;
+        self.execute("qmp_capabilities", None)?;
+        Ok(())
+    }
+
+    /// True once the greeting was read and the session is in command mode.
+    pub fn is_greeted(&self) -> bool {
+        self.greeted
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The session's timeout: what each exchange is given.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     /// QEMU's version object from the greeting.
@@ -196,23 +289,52 @@ impl Qmp {
         &self.version
     }
 
+    /// The process listening on the socket (the kernel's record of who bound it), if the kernel
+    /// says.
+    pub fn peer_pid(&self) -> Option<i32> {
+        let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+        // SAFETY: `cred` is a valid ucred of `len` bytes the kernel writes into; the socket is ours.
+        let rc = unsafe {
+            libc::getsockopt(
+                self.stream.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERCRED,
+                (&raw mut cred).cast::<libc::c_void>(),
+                &mut len,
+            )
+        };
+        (rc == 0 && cred.pid > 0).then_some(cred.pid)
+    }
+
+    /// Requests not answered yet.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding.len()
+    }
+
     /// Waits until the socket is readable (or writable, `write`) or `deadline`, in slices that
-    /// look at the cancel flag.
+    /// look at the cancel flag; a deadline already passed still looks once.
     fn wait(&self, what: &str, deadline: Instant, write: bool) -> Result<(), QmpError> {
+        let mut looked = false;
         loop {
             if self.cancel.is_cancelled() {
                 return Err(QmpError::Cancelled { what: what.to_owned() });
             }
             let now = Instant::now();
-            if now >= deadline {
-                return Err(QmpError::Timeout { what: what.to_owned(), after: self.timeout });
+            if now >= deadline && looked {
+                return Err(self.silence(what));
             }
-            let slice = (deadline - now).min(CANCEL_POLL);
+            let slice = deadline.saturating_duration_since(now).min(CANCEL_POLL);
             let events = if write { libc::POLLOUT } else { libc::POLLIN };
             let mut fd = libc::pollfd { fd: self.stream.as_raw_fd(), events, revents: 0 };
-            let ms = libc::c_int::try_from(slice.as_millis().max(1)).unwrap_or(libc::c_int::MAX);
+            // A slice under a millisecond waits one (not a busy loop); a deadline passed, none.
+            let ms = match slice.is_zero() {
+                true => 0,
+                false => libc::c_int::try_from(slice.as_millis().max(1)).unwrap_or(libc::c_int::MAX),
+            };
             // SAFETY: `fd` is one valid pollfd we own; the kernel writes only its `revents`.
             let rc = unsafe { libc::poll(&mut fd, 1, ms) };
+            looked = true;
             if rc > 0 {
                 return Ok(());
             }
@@ -225,18 +347,62 @@ impl Qmp {
         }
     }
 
+    /// What it means that nothing (or not all of a message) came for `what` by its deadline:
+    /// part of a message is a peer that drips ([`QmpError::Timeout`]); nothing at all is another
+    /// client holding the socket, or QEMU stopped or stalled.
+    fn silence(&self, what: &str) -> QmpError {
+        if !self.pending.is_empty() {
+            return QmpError::Timeout { what: what.to_owned(), after: self.timeout };
+        }
+        if !self.greeted {
+            // Our connection waits in the backlog while it is not accepted; a connection QEMU
+            // accepted is another client's then (ours, had QEMU accepted it, is the only one).
+            let table = super::unix_sockets::UnixSockets::read_of([self.path.as_path()]).unwrap_or_default();
+            let use_ = table.of(&self.path);
+            let others = if use_.waiting > 0 { use_.accepted } else { use_.accepted.saturating_sub(1) };
+            if others > 0 {
+                return QmpError::Taken { path: self.path.clone() };
+            }
+        }
+        let stopped = self.peer_pid().is_some_and(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).ok().is_some_and(|text| {
+                hvstats_host::task_stat::StatLine::parse(&text)
+                    .and_then(|s| s.state())
+                    .is_some_and(|c| c == 'T' || c == 't')
+            })
+        });
+        let why = if stopped { STOPPED } else { STALL };
+        QmpError::Stalled { what: what.to_owned(), after: self.timeout, why }
+    }
+
     /// The next message that is not blank, complete by `deadline`.
     fn read_message(&mut self, what: &str, deadline: Instant) -> Result<Value, QmpError> {
+        let mut blank = 0usize;
         loop {
-            if let Some(i) = self.pending[self.scanned..].iter().position(|b| *b == b'\n') {
+            // Every complete line buffered: blank ones are skipped in one pass and dropped at
+            // once (a peer streaming newlines costs a scan, not a copy per line).
+            let mut start = 0;
+            while let Some(i) = self.pending[self.scanned..].iter().position(|b| *b == b'\n') {
                 let end = self.scanned + i + 1;
-                let line: Vec<u8> = self.pending.drain(..end).collect();
-                self.scanned = 0;
-                if line.iter().all(u8::is_ascii_whitespace) {
-                    continue;
+                self.scanned = end;
+                if !self.pending[start..end].iter().all(u8::is_ascii_whitespace) {
+                    let parsed = serde_json::from_slice(&self.pending[start..end]);
+                    self.pending.drain(..end);
+                    self.scanned = 0;
+                    return parsed.map_err(|e| QmpError::Protocol(e.to_string()));
                 }
-                return serde_json::from_slice(&line).map_err(|e| QmpError::Protocol(e.to_string()));
+                blank += end - start;
+                start = end;
+                if blank > MAX_BLANK {
+                    self.pending.drain(..start);
+                    self.scanned = 0;
+                    return Err(QmpError::Protocol(format!(
+                        "{what}: the peer sent more than {} KiB of blank lines and no message (QEMU sends none)",
+                        MAX_BLANK >> 10
+                    )));
+                }
             }
+            self.pending.drain(..start);
             self.scanned = self.pending.len();
             if self.pending.len() >= MAX_LINE {
                 return Err(QmpError::Protocol(format!("{what}: a message longer than {MAX_LINE} bytes")));
@@ -271,6 +437,87 @@ impl Qmp {
         Ok(())
     }
 
+    /// Puts `command` with `arguments` out without waiting for its reply (taken by
+    /// [`receive`](Self::receive), replies coming in the order of the requests).
+    ///
+    /// # Errors
+    /// When the session is not greeted yet, or the request cannot be written within the
+    /// session's timeout (the peer reads nothing) or at all.
+    pub fn send(&mut self, command: &str, arguments: Option<Value>) -> Result<(), QmpError> {
+        self.send_all(&[(command, arguments)])
+    }
+
+    /// Puts every request of `requests` out at once, in one write, without waiting for their
+    /// replies (as [`send`](Self::send) each).
+    ///
+    /// # Errors
+    /// As [`send`](Self::send).
+    pub fn send_all(&mut self, requests: &[(&str, Option<Value>)]) -> Result<(), QmpError> {
+        let mut text = String::new();
+        let mut ids = Vec::with_capacity(requests.len());
+        for (command, arguments) in requests {
+            if !self.greeted && *command != "qmp_capabilities" {
+                return Err(QmpError::Protocol(format!("{command}: the session is not greeted yet")));
+            }
+            let id = self.next_id;
+            self.next_id += 1;
+            let mut request = json!({ "execute": command, "id": id });
+            if let Some(a) = arguments {
+                request["arguments"] = a.clone();
+            }
+            text.push_str(&request.to_string());
+            text.push('\n');
+            ids.push((id, (*command).to_owned()));
+        }
+        let what = requests.first().map_or("", |(c, _)| *c);
+        self.write_all(what, text.as_bytes(), Instant::now() + self.timeout)?;
+        self.outstanding.extend(ids);
+        Ok(())
+    }
+
+    /// The reply to the oldest request not answered yet, by `deadline` (events in between are
+    /// skipped). A reply that does not come in time stays awaited: a later call may take it.
+    ///
+    /// # Errors
+    /// When nothing is awaited, the reply does not come by `deadline` ([`QmpError::Stalled`],
+    /// [`QmpError::Timeout`]), the socket fails, the peer is not QMP or answers out of order, or
+    /// QEMU answers with an error ([`QmpError::Command`]; the session goes on).
+    pub fn receive(&mut self, deadline: Instant) -> Result<Value, QmpError> {
+        let Some((id, command)) = self.outstanding.front().cloned() else {
+            return Err(QmpError::Protocol("no request is awaiting a reply".into()));
+        };
+        let mut events = 0;
+        loop {
+            let reply = self.read_message(&command, deadline)?;
+            if reply.get("return").is_none() && reply.get("error").is_none() {
+                if reply.get("event").is_none() {
+                    return Err(QmpError::Protocol(format!("unexpected message {}", clip(&reply))));
+                }
+                events += 1;
+                if events > MAX_EVENTS {
+                    return Err(QmpError::Protocol(format!(
+                        "{command}: more than {MAX_EVENTS} events and no reply"
+                    )));
+                }
+                continue;
+            }
+            // QEMU echoes a request's id; a reply without one is taken as in order.
+            if reply.get("id").is_some_and(|got| got.as_u64() != Some(id)) {
+                return Err(QmpError::Protocol(format!(
+                    "{command}: a reply to another request {}",
+                    clip(reply.get("id").unwrap_or(&Value::Null))
+                )));
+            }
+            self.outstanding.pop_front();
+            if let Some(r) = reply.get("return") {
+                return Ok(r.clone());
+            }
+            let e = reply.get("error").unwrap_or(&Value::Null);
+            let field = |k: &str| printable(e.get(k).and_then(Value::as_str).unwrap_or(""));
+            return Err(QmpError::Command { command, class: field("class"), desc: field("desc") });
+        }
+    }
+
     /// Runs `command` with `arguments` and returns its `return` value; the whole exchange
     /// (request, skipped events, reply) has the session's timeout.
     ///
@@ -278,38 +525,11 @@ impl Qmp {
     /// When the socket fails, the exchange does not finish in time, the peer is not QMP, or
     /// QEMU answers with an error.
     pub fn execute(&mut self, command: &str, arguments: Option<Value>) -> Result<Value, QmpError> {
-        let deadline = Instant::now() + self.timeout;
-        let mut request = json!({ "execute": command });
-        if let Some(a) = arguments {
-            request["arguments"] = a;
+        if !self.outstanding.is_empty() {
+            return Err(QmpError::Protocol(format!("{command}: an earlier request awaits its reply")));
         }
-        let mut text = request.to_string();
-        text.push('\n');
-        self.write_all(command, text.as_bytes(), deadline)?;
-        let mut events = 0;
-        loop {
-            let reply = self.read_message(command, deadline)?;
-            if let Some(r) = reply.get("return") {
-                return Ok(r.clone());
-            }
-            if let Some(e) = reply.get("error") {
-                let field = |k: &str| printable(e.get(k).and_then(Value::as_str).unwrap_or(""));
-                return Err(QmpError::Command {
-                    command: command.to_owned(),
-                    class: field("class"),
-                    desc: field("desc"),
-                });
-            }
-            if reply.get("event").is_none() {
-                return Err(QmpError::Protocol(format!("unexpected message {}", clip(&reply))));
-            }
-            events += 1;
-            if events > MAX_EVENTS {
-                return Err(QmpError::Protocol(format!(
-                    "{command}: more than {MAX_EVENTS} events and no reply"
-                )));
-            }
-        }
+        self.send(command, arguments)?;
+        self.receive(Instant::now() + self.timeout)
     }
 
     /// The VM's name (`-name guest=…`), if it has one.
@@ -321,58 +541,38 @@ impl Qmp {
         Ok(r.get("name").and_then(Value::as_str).map(str::to_owned))
     }
 
+    /// The VM's UUID (`-uuid`) as QEMU holds it; `None` when it was given none (QEMU says the
+    /// nil UUID) or says something else than a UUID.
+    ///
+    /// # Errors
+    /// As [`execute`](Self::execute).
+    pub fn query_uuid(&mut self) -> Result<Option<hvstats::vmm::VmUuid>, QmpError> {
+        let r = self.execute("query-uuid", None)?;
+        Ok(r.get("UUID").and_then(Value::as_str).and_then(hvstats::vmm::VmUuid::parse))
+    }
+
     /// The vCPUs and their threads.
     ///
     /// # Errors
     /// As [`execute`](Self::execute), or a reply of the wrong shape.
     pub fn query_cpus(&mut self) -> Result<Vec<QmpCpu>, QmpError> {
-        let r = self.execute("query-cpus-fast", None)?;
-        let list = r.as_array().ok_or_else(|| QmpError::Protocol("query-cpus-fast: not a list".into()))?;
-        let mut cpus = Vec::with_capacity(list.len());
-        for cpu in list {
-            let index = cpu.get("cpu-index").and_then(Value::as_u64);
-            let thread = cpu.get("thread-id").and_then(Value::as_i64);
-            let qom = cpu.get("qom-path").and_then(Value::as_str);
-            match (index, thread, qom) {
-                (Some(i), Some(t), Some(q)) => cpus.push(QmpCpu {
-                    index: u32::try_from(i)
-                        .map_err(|_| QmpError::Protocol("cpu-index out of range".into()))?,
-                    thread_id: i32::try_from(t)
-                        .map_err(|_| QmpError::Protocol("thread-id out of range".into()))?,
-                    qom_path: q.to_owned(),
-                }),
-                _ => {
-                    return Err(QmpError::Protocol(format!("query-cpus-fast: bad entry {}", clip(cpu))));
-                }
-            }
-        }
-        Ok(cpus)
+        parse_cpus(&self.execute("query-cpus-fast", None)?)
     }
 
-    /// KVM's statistics of the VM and its vCPUs; `None` when QEMU has no KVM stats provider
-    /// (TCG, or a KVM without binary stats) or no `query-stats` command.
+    /// KVM's statistics of the VM and its vCPUs (every one QEMU has); `None` when QEMU has no
+    /// KVM stats provider (TCG, or a KVM without binary stats) or no `query-stats` command.
     ///
     /// # Errors
     /// When the socket fails or QEMU answers another error.
     pub fn query_kvm_stats(&mut self) -> Result<Option<KvmStatsReply>, QmpError> {
         let mut reply = KvmStatsReply::default();
         for target in ["vm", "vcpu"] {
-            let r = match self.execute("query-stats", Some(json!({ "target": target }))) {
+            let r = match self.execute("query-stats", Some(stats_request(target, &[]))) {
                 Ok(r) => r,
                 Err(QmpError::Command { class, .. }) if class == "CommandNotFound" => return Ok(None),
                 Err(e) => return Err(e),
             };
-            for entry in r.as_array().map(Vec::as_slice).unwrap_or_default() {
-                if entry.get("provider").and_then(Value::as_str) != Some("kvm") {
-                    continue;
-                }
-                let values = scalar_stats(entry.get("stats"));
-                if target == "vm" {
-                    reply.vm.extend(values);
-                } else if let Some(q) = entry.get("qom-path").and_then(Value::as_str) {
-                    reply.vcpus.insert(q.to_owned(), values);
-                }
-            }
+            add_stats(&mut reply, target, &r);
         }
         Ok((!reply.vm.is_empty() || !reply.vcpus.is_empty()).then_some(reply))
     }
@@ -393,6 +593,51 @@ impl Qmp {
         let r = self.execute("query-status", None)?;
         Ok(r.get("running").and_then(Value::as_bool).unwrap_or(false))
     }
+}
+
+/// The vCPUs of a `query-cpus-fast` reply.
+///
+/// # Errors
+/// A reply of the wrong shape.
+pub fn parse_cpus(r: &Value) -> Result<Vec<QmpCpu>, QmpError> {
+    let list = r.as_array().ok_or_else(|| QmpError::Protocol("query-cpus-fast: not a list".into()))?;
+    let mut cpus = Vec::with_capacity(list.len());
+    for cpu in list {
+        let index = cpu.get("cpu-index").and_then(Value::as_u64);
+        let thread = cpu.get("thread-id").and_then(Value::as_i64);
+        let qom = cpu.get("qom-path").and_then(Value::as_str);
+        match (index, thread, qom) {
+            (Some(i), Some(t), Some(q)) => cpus.push(QmpCpu {
+                index: u32::try_from(i).map_err(|_| QmpError::Protocol("cpu-index out of range".into()))?,
+                thread_id: i32::try_from(t)
+                    .map_err(|_| QmpError::Protocol("thread-id out of range".into()))?,
+                qom_path: q.to_owned(),
+            }),
+            _ => return Err(QmpError::Protocol(format!("query-cpus-fast: bad entry {}", clip(cpu)))),
+        }
+    }
+    Ok(cpus)
+}
+
+/// Adds the `kvm` provider's statistics of a `query-stats` reply for `target` (`vm` or `vcpu`)
+/// to `reply`.
+pub fn add_stats(reply: &mut KvmStatsReply, target: &str, r: &Value) {
+    for entry in r.as_array().map(Vec::as_slice).unwrap_or_default() {
+        if entry.get("provider").and_then(Value::as_str) != Some("kvm") {
+            continue;
+        }
+        let values = scalar_stats(entry.get("stats"));
+        if target == "vm" {
+            reply.vm.extend(values);
+        } else if let Some(q) = entry.get("qom-path").and_then(Value::as_str) {
+            reply.vcpus.entry(q.to_owned()).or_default().extend(values);
+        }
+    }
+}
+
+/// The run state of a `query-status` reply (QAPI `RunState`), as QEMU names it.
+pub fn parse_status(r: &Value) -> Option<&str> {
+    r.get("status").and_then(Value::as_str)
 }
 
 /// A non-blocking stream connected to `path` without waiting: a listener whose backlog is full

@@ -6,8 +6,16 @@
 //! vCPU (a source that knows, such as QMP `query-cpus-fast`, then KVM's debugfs, then thread
 //! names), reads every source, writes each VP page and the partition page from the source that
 //! gives each counter, and declares unavailable what no source gives.
+//!
+//! Nothing another process says is taken on its word. A VM is its process's for as long as that
+//! process is the one it was at attach ([`ProcessIdentity`]: the same pid, start time and
+//! program); a change is the VM leaving ([`Departure`]). A thread id is used for a vCPU only
+//! while it is a task of the VMM's process that started when it did when it was first accepted,
+//! and runs no other vCPU, checked at attach and at every refresh: a QMP peer naming another
+//! process's thread (or the init process) is refused, said once per thread
+//! ([`ObservedVm::take_refusals`]), and that VP stays unknown until a thread that passes is found.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -21,30 +29,71 @@ use hvstats_abi::vm_sources::{SourceEntry, SourceTable};
 
 use super::attach::{ObserveError, ObserveOptions};
 use super::claim::Claim;
-use super::discovery::{KvmFds, Procfs, Vmm};
+use super::discovery::{KvmFds, ProcessIdentity, Procfs, Vmm, is_gone, is_shortage};
+use super::exit_watch::ExitWatch;
 use super::publication;
 use super::sources::KvmExitState;
-use super::sources::{VM_SOURCES, Vcpu, VmAttach, VmSource, VmView};
+use super::sources::{PeerState, VM_SOURCES, Vcpu, VmAttach, VmSource, VmView};
+use super::unix_sockets::UnixSockets;
 use crate::sources::counter_source::{Composition, Gives, Object};
 
 /// The partition and VP counters an observed VM could have: every counter whose observed key
 /// is a source (the authority's own, like the VP count, are always there). What no source gives
 /// of these is declared unavailable.
 fn relevant() -> Gives {
-    let sourced =
-        |c: &catalog::Counter| catalog::observed(c).is_some_and(|m| m.source() != Some(Source::Authority));
-    Gives {
-        partition: CounterSet::of_kind(ObjectKind::Partition, sourced),
-        vp: CounterSet::of_kind(ObjectKind::Vp, sourced),
-    }
+    static RELEVANT: std::sync::OnceLock<Gives> = std::sync::OnceLock::new();
+    *RELEVANT.get_or_init(|| {
+        // The partition page's own bookkeeping (which source gave what) is the observer's to
+        // write, not a counter a source gives: declared unavailable, no reader would see it.
+        let sourced = |c: &catalog::Counter| {
+            !c.is_bookkeeping() && catalog::observed(c).is_some_and(|m| m.source() != Some(Source::Authority))
+        };
+        Gives {
+            partition: CounterSet::of_kind(ObjectKind::Partition, sourced),
+            vp: CounterSet::of_kind(ObjectKind::Vp, sourced),
+        }
+    })
+}
+
+/// Why an observed VM is no longer observed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Departure {
+    /// Its process exited.
+    Exited,
+    /// Its process `exec()`ed a program (another, or its own anew): what it runs now is not the
+    /// VM that was attached.
+    Exec,
+    /// Its pid now names another process (the VMM exited and the pid was reused).
+    PidReused,
+}
+
+/// A thread id a source named for a vCPU and the observer refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ThreadRefusal {
+    /// The VP it was named for.
+    pub vp: u32,
+    /// The thread id.
+    pub tid: i32,
+    /// Who named it (`qmp`, `debugfs`, `thread name`).
+    pub by: &'static str,
+    /// Why it was refused.
+    pub why: String,
 }
 
 /// One observed VM published as a partition.
 #[derive(Debug)]
 pub struct ObservedVm {
     pid: i32,
+    /// Who the VMM process was at attach.
+    identity: ProcessIdentity,
+    /// Each accepted vCPU thread's start time (clock ticks after boot), by thread id.
+    thread_starts: BTreeMap<i32, u64>,
+    /// Thread ids refused once (not said again), and refusals not yet taken.
+    refused: BTreeSet<i32>,
+    refusals: Vec<ThreadRefusal>,
     vmm: Vmm,
     name: String,
+    uuid: Option<hvstats::vmm::VmUuid>,
     vm_fd: u32,
     attached: SystemTime,
     vcpus: Vec<Vcpu>,
@@ -55,6 +104,10 @@ pub struct ObservedVm {
     declared: Option<Vec<CounterId>>,
     /// This observer's claim on the VMM, released after the partition is removed.
     claim: Option<Claim>,
+    /// The QMP socket it was attached with.
+    qmp: Option<std::path::PathBuf>,
+    /// The VMM's exit, watched without reading `/proc` (on the host's procfs only).
+    exit: Option<ExitWatch>,
 }
 
 impl ObservedVm {
@@ -71,10 +124,12 @@ impl ObservedVm {
         fds: &KvmFds,
         options: &ObserveOptions,
         room: usize,
+        qmp: Option<&std::path::Path>,
     ) -> Result<Self, ObserveError> {
         let Some(&vm_fd) = fds.vms.first() else { return Err(ObserveError::NoVm(pid)) };
+        let identity = procfs.identity(pid).map_err(|source| ObserveError::Proc { pid, source })?;
         let attached = SystemTime::now();
-        let at = VmAttach { procfs, pid, fds, options, room };
+        let at = VmAttach { procfs, pid, fds, options, room, qmp };
         let mut opened = Vec::new();
         for open in VM_SOURCES {
             opened.extend(open(&at)?);
@@ -95,13 +150,20 @@ impl ObservedVm {
             .create_partition_declared(None, &indices, &name, &nothing_yet)
             .map_err(|source| ObserveError::Publish { pid, source })?;
         partition.set_vmm(hvstats::vmm::VmmProcess { vmm, pid: pid as u32 });
-        if let Some(uuid) = procfs.vm_uuid(pid) {
+        // What the VMM itself says (QMP), else what its command line gives it.
+        let uuid = opened.iter_mut().find_map(|s| s.vm_uuid()).or_else(|| procfs.vm_uuid(pid));
+        if let Some(uuid) = uuid {
             partition.set_uuid(uuid);
         }
         let mut me = Self {
             pid,
+            identity,
+            thread_starts: BTreeMap::new(),
+            refused: BTreeSet::new(),
+            refusals: Vec::new(),
             vmm,
             name,
+            uuid,
             vm_fd,
             attached,
             vcpus,
@@ -110,11 +172,14 @@ impl ObservedVm {
             hv: hv.clone(),
             declared: None,
             claim: None,
+            qmp: qmp.map(std::path::Path::to_owned),
+            exit: (procfs.root() == std::path::Path::new("/proc")).then(|| ExitWatch::new(pid)).flatten(),
         };
-        if let Err(source) = me.refresh(procfs) {
-            return Err(ObserveError::Proc { pid, source });
+        match me.refresh(procfs) {
+            Ok(None) => Ok(me),
+            Ok(Some(_)) => Err(ObserveError::Proc { pid, source: io::ErrorKind::NotFound.into() }),
+            Err(source) => Err(ObserveError::Proc { pid, source }),
         }
-        Ok(me)
     }
 
     /// Holds `claim` on the VMM for as long as this VM is observed.
@@ -127,9 +192,24 @@ impl ObservedVm {
         self.pid
     }
 
+    /// Who the VMM process was at attach.
+    pub fn identity(&self) -> ProcessIdentity {
+        self.identity
+    }
+
+    /// The thread ids refused since the last call, each said once.
+    pub fn take_refusals(&mut self) -> Vec<ThreadRefusal> {
+        std::mem::take(&mut self.refusals)
+    }
+
     /// The VM's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The VM's UUID, as QMP or its command line gives it.
+    pub fn uuid(&self) -> Option<hvstats::vmm::VmUuid> {
+        self.uuid
     }
 
     /// The VMM.
@@ -191,21 +271,62 @@ impl ObservedVm {
         self.sources.sources().iter().find(|s| s.name() == "qmp").and_then(|s| s.error())
     }
 
+    /// Puts this refresh's questions to the peers of the VM's sources (see [`VmSource::ask`]).
+    pub fn ask(&mut self, sockets: &UnixSockets) {
+        let mut given = Gives::NOTHING;
+        for source in self.sources.sources_mut() {
+            source.ask(sockets, &given);
+            given = given.union(&source.gives());
+        }
+    }
+
+    /// The QMP socket the VM's QMP source uses, when it has one.
+    pub fn qmp_path(&self) -> Option<&std::path::Path> {
+        self.qmp.as_deref()
+    }
+
+    /// Each source with a peer, and whether that peer answers now.
+    pub fn peers(&self) -> Vec<(&'static str, PeerState)> {
+        self.sources.sources().iter().filter_map(|s| Some((s.name(), s.peer()?))).collect()
+    }
+
+    /// Whether the peer of source `name` answers now, when the VM has that source.
+    pub fn peer(&self, name: &str) -> Option<PeerState> {
+        self.sources.sources().iter().find(|s| s.name() == name).and_then(|s| s.peer())
+    }
+
     /// True when KVM's statistics come through QMP.
     pub fn has_qmp_stats(&self) -> bool {
         self.sources.sources().iter().any(|s| s.name() == "qmp" && !s.gives().vp.is_empty())
     }
 
-    /// Finds vCPU threads, reads every source and writes the pages. Returns `false` once the
-    /// process is gone.
+    /// Finds vCPU threads, reads every source and writes the pages. Returns why the VM left once
+    /// its process is gone or no longer the one attached (nothing is written then), `None` while
+    /// it is observed.
     ///
     /// # Errors
     /// When the process's status cannot be read for another reason than its exit (this process
     /// is out of descriptors or memory): the VM is not refreshed, and stays observed.
-    pub fn refresh(&mut self, procfs: &Procfs) -> io::Result<bool> {
-        if !procfs.is_alive(self.pid)? {
-            return Ok(false);
+    pub fn refresh(&mut self, procfs: &Procfs) -> io::Result<Option<Departure>> {
+        let gone = match &self.exit {
+            Some(watch) => watch.has_exited(),
+            None => !procfs.is_alive(self.pid)?,
+        };
+        if gone {
+            return Ok(Some(Departure::Exited));
         }
+        let now = match procfs.identity(self.pid) {
+            Ok(now) => now,
+            Err(e) if is_gone(&e) => return Ok(Some(Departure::Exited)),
+            Err(e) => return Err(e),
+        };
+        if now.start_time != self.identity.start_time {
+            return Ok(Some(Departure::PidReused));
+        }
+        if now.exec != self.identity.exec {
+            return Ok(Some(Departure::Exec));
+        }
+        self.check_threads(procfs);
         self.find_threads(procfs);
         let view = VmView { procfs, pid: self.pid, vcpus: &self.vcpus };
         for source in self.sources.sources_mut() {
@@ -222,7 +343,46 @@ impl ObservedVm {
         }
         self.sources.write(Object::Partition, self.partition.page(), |_| true);
         self.publish_facts();
-        Ok(true)
+        Ok(None)
+    }
+
+    /// Forgets every vCPU thread that is no longer the task of the VMM it was when accepted (it
+    /// exited, or its id now names another thread): it is found again, or the VP stays unknown.
+    fn check_threads(&mut self, procfs: &Procfs) {
+        for vcpu in &mut self.vcpus {
+            let Some(tid) = vcpu.tid else { continue };
+            match procfs.task_start_time(self.pid, tid) {
+                Ok(start) if self.thread_starts.get(&tid) == Some(&start) => {}
+                // Out of descriptors: nothing is known of the thread, keep it.
+                Err(e) if is_shortage(&e) => {}
+                _ => {
+                    vcpu.tid = None;
+                    vcpu.qom_path = None;
+                    self.thread_starts.remove(&tid);
+                }
+            }
+        }
+    }
+
+    /// True when `tid` may run VP `index`: a task of the VMM now, running no other VP. A refusal
+    /// is recorded once per thread id.
+    fn accept(&mut self, procfs: &Procfs, index: u32, tid: i32, by: &'static str) -> bool {
+        let why = if let Some(other) = self.vcpus.iter().position(|v| v.tid == Some(tid)) {
+            format!("it already runs VP {other}")
+        } else {
+            match procfs.task_start_time(self.pid, tid) {
+                Ok(start) => {
+                    self.thread_starts.insert(tid, start);
+                    return true;
+                }
+                Err(e) if is_gone(&e) => format!("it is not a thread of process {}", self.pid),
+                Err(e) => format!("its stat cannot be read: {e}"),
+            }
+        };
+        if self.refused.insert(tid) {
+            self.refusals.push(ThreadRefusal { vp: index, tid, by, why });
+        }
+        false
     }
 
     /// Which thread runs each vCPU: a source that knows (QMP), then debugfs, then thread names.
@@ -238,16 +398,23 @@ impl ObservedVm {
         }
         let by_id = procfs.debugfs_vcpu_threads(self.pid, self.vm_fd);
         let by_name = procfs.named_vcpu_threads(self.pid).unwrap_or_default();
-        for (index, vcpu) in self.vcpus.iter_mut().enumerate() {
-            if vcpu.tid.is_some() {
+        for index in 0..self.vcpus.len() {
+            if self.vcpus[index].tid.is_some() {
                 continue;
             }
-            let index = index as u32;
-            if let Some(thread) = by_index.remove(&index) {
-                vcpu.tid = Some(thread.tid);
-                vcpu.qom_path = thread.qom_path;
-            } else if let Some(&tid) = by_id.get(&vcpu.vcpu_id).or_else(|| by_name.get(&index)) {
-                vcpu.tid = Some(tid);
+            let vp = index as u32;
+            let vcpu_id = self.vcpus[index].vcpu_id;
+            let named = [
+                by_index.remove(&vp).map(|t| (t.tid, t.qom_path, "qmp")),
+                by_id.get(&vcpu_id).map(|&tid| (tid, None, "debugfs")),
+                by_name.get(&vp).map(|&tid| (tid, None, "thread name")),
+            ];
+            for (tid, qom_path, by) in named.into_iter().flatten() {
+                if self.accept(procfs, vp, tid, by) {
+                    self.vcpus[index].tid = Some(tid);
+                    self.vcpus[index].qom_path = qom_path;
+                    break;
+                }
             }
         }
     }
@@ -267,8 +434,15 @@ impl ObservedVm {
             .sources()
             .iter()
             .map(|s| {
-                let gives = s.gives();
-                let up = !(gives.partition.is_empty() && gives.vp.is_empty());
+                // A source with a peer is up while its peer answers (the QMP source always says
+                // the VM's state); another, while it gives counters.
+                let up = match s.peer() {
+                    Some(peer) => peer == PeerState::Up,
+                    None => {
+                        let gives = s.gives();
+                        !(gives.partition.is_empty() && gives.vp.is_empty())
+                    }
+                };
                 table.push(SourceEntry::new(s.name(), up, s.origin()))
             })
             .collect();

@@ -31,7 +31,16 @@ impl FakeProcess {
         fs::write(dir.join("comm"), format!("{comm}\n")).unwrap();
         let me = Self { dir };
         me.set_state('S');
+        me.set_start_time(pid, comm, 1000);
         me
+    }
+
+    /// `stat` of the process with start time `ticks` (field 22); every other field 0.
+    pub fn set_start_time(&self, pid: i32, comm: &str, ticks: u64) {
+        let mut fields: Vec<String> = (3..=52).map(|_| "0".to_owned()).collect();
+        fields[0] = "S".to_owned();
+        fields[22 - 3] = ticks.to_string();
+        fs::write(self.dir.join("stat"), format!("{pid} ({comm}) {}\n", fields.join(" "))).unwrap();
     }
 
     pub fn set_state(&self, state: char) {

@@ -103,6 +103,18 @@ pub struct Args {
     #[arg(long, value_name = "SECS", default_value_t = 1.0, requires = "observe_all",
           value_parser = parse_observe_interval)]
     observe_interval: f64,
+    /// With --observe-all: observe only the VMs this names (a pid, a UUID, or a regular
+    /// expression on the VM's name; repeatable).
+    #[arg(long = "vm", value_name = "PID|UUID|REGEX", requires = "observe_all",
+          value_parser = crate::cmd::observe::parse_pattern)]
+    vms: Vec<hvstats_kvm::observe::filter::VmPattern>,
+    /// With --observe-all: leave out the VMs this names (repeatable; wins over --vm).
+    #[arg(long = "exclude-vm", value_name = "PID|UUID|REGEX", requires = "observe_all",
+          value_parser = crate::cmd::observe::parse_pattern)]
+    exclude_vms: Vec<hvstats_kvm::observe::filter::VmPattern>,
+    /// With --observe-all: use no QMP socket a QEMU's command line names.
+    #[arg(long, requires = "observe_all")]
+    no_qmp: bool,
 }
 
 fn parse_max_connections(s: &str) -> Result<usize, String> {
@@ -259,13 +271,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let answers = Answers::new(live, args.max_vps, Arc::clone(&bounds));
     let snapshot_api = args.snapshot_api;
     let handler: Handler = Arc::new(move |asked| Box::pin(answer(Arc::clone(&answers), snapshot_api, asked)));
-    let (observe_all, interval) = (args.observe_all, args.observe_interval);
+    let observing = args.observe_all.then(|| observe::Observing {
+        interval: std::time::Duration::from_secs_f64(args.observe_interval),
+        filter: hvstats_kvm::observe::filter::VmFilter { include: args.vms, exclude: args.exclude_vms },
+        no_qmp: args.no_qmp,
+    });
     // Once SIGINT and SIGTERM are watched: the observer, then the address (which tells a
     // supervisor or a test that the exporter is up).
     let start = move || -> anyhow::Result<Option<observe::Running>> {
-        let observer = match observe_all {
-            true => Some(observe::start(&dir, std::time::Duration::from_secs_f64(interval))?),
-            false => None,
+        let observer = match observing {
+            Some(how) => Some(observe::start(&dir, how)?),
+            None => None,
         };
         let mut stdout = std::io::stdout().lock();
         writeln!(stdout, "serving {shown}")?;

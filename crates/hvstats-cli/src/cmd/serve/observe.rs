@@ -2,19 +2,32 @@
 //! one process on a host exports every KVM VM on it — the VMs of other processes (QEMU,
 //! Firecracker, …) published as partitions of the observer's own instance, read by the exporter
 //! like any other instance. A VM another observer already claims is left to it (its publisher is
-//! read like any other instance).
+//! read like any other instance). The loop is `observe`'s own ([`crate::observer_run`]).
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use hvstats::{Hypervisor, InstanceConfig};
+use hvstats_kvm::observe::filter::VmFilter;
 use hvstats_kvm::observe::qmp::{CANCEL_POLL, Cancel};
 use hvstats_kvm::observe::{ObserveOptions, Observer, Procfs, Targets, publication, raise_fd_limit};
 
-use crate::observer_log::describe;
+use crate::observer_run::{Ended, Runner};
 
 use super::http::log;
+
+/// How serve observes: every VM the filter takes, using the QMP sockets their command lines
+/// name unless told not to.
+pub struct Observing {
+    /// Seconds between refreshes.
+    pub interval: Duration,
+    /// `--vm`, `--exclude-vm`.
+    pub filter: VmFilter,
+    /// `--no-qmp`.
+    pub no_qmp: bool,
+}
 
 /// The observer running on its own thread; [`stop`](Self::stop) ends it, removes its instance
 /// and releases its claims.
@@ -34,12 +47,12 @@ impl Running {
     }
 }
 
-/// Publishes an observer instance under `runtime_dir` and refreshes it every `interval` on its own
+/// Publishes an observer instance under `runtime_dir` and refreshes it as `how` says on its own
 /// thread, until [`Running::stop`].
 ///
 /// # Errors
 /// When the instance cannot be published or the thread cannot start.
-pub fn start(runtime_dir: &Path, interval: Duration) -> anyhow::Result<Running> {
+pub fn start(runtime_dir: &Path, how: Observing) -> anyhow::Result<Running> {
     if let Err(e) = raise_fd_limit() {
         log(&format!("cannot raise the open file limit: {e}"));
     }
@@ -54,28 +67,42 @@ pub fn start(runtime_dir: &Path, interval: Duration) -> anyhow::Result<Running> 
         log(&format!("observing every KVM VM on this host as instance {name}"));
     }
     let cancel = Cancel::new();
-    let options =
-        ObserveOptions { claims: Some(runtime_dir.to_owned()), cancel: cancel.clone(), ..Default::default() };
+    let options = ObserveOptions {
+        claims: Some(runtime_dir.to_owned()),
+        cancel: cancel.clone(),
+        qmp_auto: !how.no_qmp,
+        filter: how.filter,
+        ..Default::default()
+    };
     let mut observer = Observer::new(hv.clone(), Procfs::host(), Targets::All, options);
     let stop = cancel.clone();
     let thread = std::thread::Builder::new()
         .name("observer".into())
         .spawn(move || {
-            while !stop.is_cancelled() {
-                // The instance's LP pages, as every instance keeps them; without procfs they stay.
-                let _ = hv.refresh_lps();
-                for event in observer.tick() {
-                    log(&describe(&event));
-                }
-                let until = Instant::now() + interval;
-                while !stop.is_cancelled() && Instant::now() < until {
-                    std::thread::sleep(CANCEL_POLL.min(until.saturating_duration_since(Instant::now())));
-                }
+            let ended = Runner {
+                observer: Some(&mut observer),
+                hv: Some(&hv),
+                mshv: None,
+                interval: how.interval,
+                cancel: &stop,
+                log: &log,
+            }
+            .run();
+            // An observer that stopped on its own stays published, saying so, until serve stops.
+            if ended == Ended::Panicked {
+                wait_for(&stop);
             }
             // The observer and the instance go here: partitions, claims, then the files.
             drop(observer);
-            drop(hv);
+            drop::<Arc<Hypervisor>>(hv);
         })
         .context("starting the observer thread")?;
     Ok(Running { cancel, thread })
+}
+
+/// Waits until `cancel` is set.
+fn wait_for(cancel: &Cancel) {
+    while !cancel.is_cancelled() {
+        std::thread::sleep(CANCEL_POLL);
+    }
 }

@@ -14,6 +14,7 @@ use hvstats::snapshot::{ObjectReading, VpSnapshot};
 use hvstats_abi::catalog::{Counter, counters_of, vp};
 use hvstats_abi::histogram::Log2Histogram;
 use hvstats_abi::source::SourceKind;
+use hvstats_abi::vm_state::VmState;
 use hvstats_abi::{ObjectKind, Presentation};
 use hvstats_present::present::{Column, VP_COLUMNS, human_ns};
 use hvstats_present::text::Escaped;
@@ -161,6 +162,8 @@ pub struct Group {
     pub partition: u64,
     /// False once the partition stopped.
     pub active: bool,
+    /// What the VM is doing, when its publisher says (an observed VM without QMP does not).
+    pub state: Option<VmState>,
     /// The partition total (its VPs summed).
     pub total: Row,
     /// One row per VP present in both readings, by index.
@@ -221,13 +224,26 @@ pub fn groups(before: &Reading, after: &Reading) -> Vec<Group> {
                 instance: instance.name.clone(),
                 partition: partition.id,
                 active: partition.active,
+                state: partition.reading.get(vm_state_name()).map(VmState::from_code),
                 total,
                 vps,
             });
         }
     }
     tell_apart(&mut out);
+    for g in &mut out {
+        // A VM that is not running says so beside its name: one stuck on an internal error
+        // or paused is not an idle VM.
+        if let Some(state) = g.state.filter(|s| *s != VmState::Running) {
+            g.total.label = format!("{} ({})", g.total.label, state.label());
+        }
+    }
     out
+}
+
+/// The catalog name of a VM's run state.
+fn vm_state_name() -> &'static str {
+    hvstats_abi::catalog::partition::VM_STATE.counter().map_or("", |c| c.name)
 }
 
 /// Two VMs with one name (two QEMUs started with the same `-name`) are told apart by their
@@ -524,6 +540,7 @@ pub fn json(groups: &[Group], seconds: f64) -> Value {
                 "instance": g.instance,
                 "partition": g.partition,
                 "active": g.active,
+                "state": g.state.map(VmState::label),
                 "total": row_json(&g.total, seconds),
                 "vps": vps,
             })

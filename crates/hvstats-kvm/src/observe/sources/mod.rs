@@ -13,8 +13,8 @@
 //! - [`events`]: KVM's tracepoints and the VP threads' software events, counted per thread from
 //!   attach on (in the kernel where BPF is permitted), written by the event writers of
 //!   [`tracepoints`], [`exit_classes`] and [`thread_clock`];
-//! - [`qmp_stats`]: KVM's statistics through QEMU's QMP `query-stats`, and QMP's knowledge of the
-//!   vCPU threads and the VM's name;
+//! - [`qmp_stats`]: KVM's statistics through QEMU's QMP `query-stats`, the VM's run state, and
+//!   QMP's knowledge of the vCPU threads and the VM's name; its session heals;
 //! - [`threads`]: the sources that read a vCPU thread from outside its process (schedstat, the
 //!   host's page faults on it), opened on each vCPU thread once it is known.
 //!
@@ -35,7 +35,7 @@ pub mod tracepoints;
 pub mod vm_source;
 
 pub use event_writer::KvmExitState;
-pub use vm_source::{Vcpu, VcpuThread, VmAttach, VmSource, VmView};
+pub use vm_source::{PeerState, Vcpu, VcpuThread, VmAttach, VmSource, VmView};
 
 use crate::observe::attach::ObserveError;
 

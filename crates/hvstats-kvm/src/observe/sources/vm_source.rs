@@ -1,15 +1,20 @@
 //! The seam of an observed VM's sources: a [`VmSource`] is a counter source read once per
 //! refresh for all of a VM's vCPUs ([`VmView`]), opened when the VM is attached ([`VmAttach`]).
+//! A source that asks a peer (a VMM's socket) puts its questions out for every VM before any is
+//! read ([`VmSource::ask`]), so the observer waits for all peers within one deadline, and says
+//! whether its peer answers ([`VmSource::peer`]).
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use hvstats_abi::vm_sources::Origin;
 
 use super::event_writer::KvmExitState;
-use crate::sources::counter_source::CounterSource;
+use crate::sources::counter_source::{CounterSource, Gives};
 
 use crate::observe::attach::ObserveOptions;
 use crate::observe::discovery::{KvmFds, Procfs};
+use crate::observe::unix_sockets::UnixSockets;
 
 /// One vCPU of an observed VM as the observer knows it now.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,12 +72,34 @@ pub struct VmAttach<'a> {
     pub options: &'a ObserveOptions,
     /// Descriptors the source may hold (what the open file limit leaves for this VM).
     pub room: usize,
+    /// The VMM's QMP socket for this VM: given (`--qmp`), or named on its command line.
+    pub qmp: Option<&'a Path>,
+}
+
+/// Whether a source's peer answers now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PeerState {
+    /// It answers: the source gives what it can.
+    Up,
+    /// It does not, and why: the counters it gives are unavailable until it is back.
+    Down(String),
 }
 
 /// One source of an observed VM's counters.
 pub trait VmSource: CounterSource {
+    /// Puts this refresh's questions to the source's peer, without waiting for answers (called
+    /// for every observed VM before any is read); `sockets` is the host's table of Unix
+    /// sockets at this refresh, `given_before` what the sources before this one in the VM's list
+    /// gave at the last refresh (what this one need not ask for).
+    fn ask(&mut self, _sockets: &UnixSockets, _given_before: &Gives) {}
+
     /// Reads the source for the VM as it is now (once per refresh, for every vCPU).
     fn read(&mut self, vm: &VmView<'_>);
+
+    /// Whether the source's peer answers now, for a source that has one.
+    fn peer(&self) -> Option<PeerState> {
+        None
+    }
 
     /// Which thread runs each vCPU, by VP index, as far as this source knows.
     fn vcpu_threads(&mut self) -> BTreeMap<u32, VcpuThread> {
@@ -81,6 +108,11 @@ pub trait VmSource: CounterSource {
 
     /// The VM's name, as far as this source knows it.
     fn vm_name(&mut self) -> Option<String> {
+        None
+    }
+
+    /// The VM's UUID, as far as this source knows it.
+    fn vm_uuid(&mut self) -> Option<hvstats::vmm::VmUuid> {
         None
     }
 

@@ -1,0 +1,105 @@
+//! The observer's loop, one for `hvstats observe` and `serve --observe-all`: each interval it
+//! refreshes the instance's LP pages, ticks the observer of KVM VMs (and the mshv reader, for
+//! `observe --mshv`), logs what happened through the [`LogLimiter`], and sleeps in slices a
+//! cancel ends within [`CANCEL_POLL`].
+//!
+//! A tick that panics ends the loop with the observer marked stopped on its instance
+//! (`hvstats_observer_up` 0), instead of taking the process down: `serve` keeps exporting
+//! everything else, and says the observer is down.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::time::{Duration, Instant};
+
+use hvstats::Hypervisor;
+use hvstats_kvm::observe::qmp::{CANCEL_POLL, Cancel};
+use hvstats_kvm::observe::{Observer, ObserverEvent};
+use hvstats_mshv::observer::MshvObserver;
+
+use crate::observer_log::{LogLimiter, describe_mshv};
+
+/// How an observer's loop ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ended {
+    /// The cancel was set (a signal, or serve stopping).
+    Cancelled,
+    /// Every `--pid` process is gone; `failed` when one could not be observed.
+    Finished {
+        /// Whether a process could not be observed.
+        failed: bool,
+    },
+    /// A tick panicked: the observer is marked stopped.
+    Panicked,
+}
+
+/// One observer loop: what it ticks, how often, what ends it and where it logs.
+pub(crate) struct Runner<'a> {
+    /// The observer of KVM VMs, if any.
+    pub observer: Option<&'a mut Observer>,
+    /// Its instance, whose LP pages are kept.
+    pub hv: Option<&'a Hypervisor>,
+    /// The reader of the Microsoft Hypervisor's tree, if any.
+    pub mshv: Option<&'a mut MshvObserver>,
+    /// Time between ticks.
+    pub interval: Duration,
+    /// Ends the loop (and every QMP wait) when set.
+    pub cancel: &'a Cancel,
+    /// Where a line goes.
+    pub log: &'a dyn Fn(&str),
+}
+
+impl Runner<'_> {
+    /// Ticks until the cancel is set, every `--pid` process is gone (never while an mshv tree
+    /// is read), or a tick panics.
+    pub(crate) fn run(mut self) -> Ended {
+        let mut failed = false;
+        let mut limiter = LogLimiter::default();
+        loop {
+            if let Some(m) = self.mshv.as_deref_mut() {
+                for event in m.tick() {
+                    (self.log)(&describe_mshv(&event));
+                }
+            }
+            // The instance's LP pages, as every instance keeps them; a host without procfs
+            // leaves them.
+            if let Some(hv) = self.hv {
+                let _ = hv.refresh_lps();
+            }
+            if let Some(observer) = self.observer.as_deref_mut() {
+                let events = match catch_unwind(AssertUnwindSafe(|| observer.tick())) {
+                    Ok(events) => events,
+                    Err(panic) => {
+                        let what = panic
+                            .downcast_ref::<&str>()
+                            .map(|s| (*s).to_owned())
+                            .or_else(|| panic.downcast_ref::<String>().cloned())
+                            .unwrap_or_default();
+                        observer.mark_stopped();
+                        (self.log)(&format!("the observer stopped: a refresh failed ({what})"));
+                        return Ended::Panicked;
+                    }
+                };
+                let now = Instant::now();
+                for event in &events {
+                    failed |= matches!(event, ObserverEvent::Failed { .. });
+                    if let Some(line) = limiter.line(event, now) {
+                        (self.log)(&line);
+                    }
+                }
+                if observer.finished() && self.mshv.is_none() {
+                    return Ended::Finished { failed };
+                }
+            }
+            let until = Instant::now() + self.interval;
+            loop {
+                if self.cancel.is_cancelled() {
+                    return Ended::Cancelled;
+                }
+                let left = until.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                std::thread::sleep(CANCEL_POLL.min(left));
+            }
+        }
+    }
+}

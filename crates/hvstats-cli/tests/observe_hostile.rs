@@ -1,0 +1,541 @@
+//! Hostile VMMs and peers against `hvstats observe` and `serve --observe-all`, on the host's real
+//! `/proc` with real processes: stand-in VMMs (this test binary run again, holding a KVM VM under
+//! a QEMU command line) that `exec()` themselves, reuse a pid, call themselves `hvstats` or take a
+//! running VM's name; a QMP peer naming other processes' threads as its vCPU threads; a `nobody`
+//! process holding 400,000 descriptors. They need /dev/kvm and root (a host without KVM prints
+//! "skipped"; `HVSTATS_REQUIRE_KVM=1` makes that a failure).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test set-up: a failure there is the test failing"
+)]
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::{FakeVmm, TempDir, kvm_available};
+use serde_json::{Value, json};
+
+const UUID_A: &str = "aaaaaaaa-1111-4111-8111-aaaaaaaaaaaa";
+const UUID_B: &str = "bbbbbbbb-2222-4222-8222-bbbbbbbbbbbb";
+
+/// Not a test: the body of the stand-in VMMs the tests below start (`FakeVmm`).
+#[test]
+#[ignore = "run by the tests below as a stand-in VMM"]
+fn fake_vmm() {
+    common::fake_vmm_body();
+}
+
+/// Not a test: a process holding `HVSTATS_TEST_HOLD_FDS` descriptors (copies of /dev/null)
+/// until its standard input closes; it says "holding N" once it holds them.
+#[test]
+#[ignore = "run by discovery_reads_no_descriptor_of_a_process_holding_400000_of_them"]
+fn descriptor_holder() {
+    let Some(count) = std::env::var("HVSTATS_TEST_HOLD_FDS").ok().and_then(|c| c.parse::<usize>().ok())
+    else {
+        return;
+    };
+    let null = std::fs::File::open("/dev/null").unwrap();
+    for _ in 0..count {
+        // SAFETY: dup of a descriptor we hold; the copies are kept open on purpose.
+        assert!(unsafe { libc::dup(std::os::fd::AsRawFd::as_raw_fd(&null)) } >= 0, "dup failed");
+    }
+    let mut out = std::io::stdout();
+    writeln!(out, "holding {count}").unwrap();
+    out.flush().unwrap();
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+}
+
+/// An `hvstats` child killed and reaped on drop, with its standard error's lines.
+struct Logged {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Logged {
+    fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (tx, lines) = mpsc::channel();
+        let err = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Self { child, lines, seen: Vec::new() }
+    }
+
+    /// `observe` with `args`, every 0.1 s, publishing under `runtime`.
+    fn observe(args: &[&str], runtime: &Path) -> Self {
+        let runtime = runtime.to_str().unwrap();
+        Self::start(&[&["observe"], args, &["--interval", "0.1", "--runtime-dir", runtime]].concat())
+    }
+
+    /// The first line containing every one of `needles`, waiting up to 30 s.
+    fn wait_line(&mut self, needles: &[&str]) -> String {
+        let matches = |l: &String| needles.iter().all(|n| l.contains(n));
+        if let Some(at) = self.seen.iter().position(matches) {
+            return self.seen.remove(at);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if matches(&line) => return line,
+                Ok(line) => self.seen.push(line),
+                Err(e) => panic!("no line with {needles:?} ({e}); lines: {:#?}", self.seen),
+            }
+        }
+    }
+
+    /// Every line said so far.
+    fn said(&mut self) -> Vec<String> {
+        self.seen.extend(self.lines.try_iter());
+        self.seen.clone()
+    }
+
+    fn signal(&self, signal: i32) {
+        // SAFETY: kill has no memory effects; the pid is our child's.
+        assert_eq!(unsafe { libc::kill(self.child.id() as i32, signal) }, 0);
+    }
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `snapshot --json` over `runtime`: a reading that met a page being changed (status 1) is
+/// taken again, up to 20 times.
+fn snapshot(runtime: &Path) -> Value {
+    for _ in 0..20 {
+        let out = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+            .args(["snapshot", "--json", "--runtime-dir"])
+            .arg(runtime)
+            .output()
+            .unwrap();
+        if out.status.success() {
+            return serde_json::from_slice(&out.stdout).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("snapshot kept failing under {}", runtime.display());
+}
+
+/// The partitions of every instance under `runtime` whose VMM is `pid`.
+fn partitions_of_vmm(runtime: &Path, pid: i32) -> Vec<Value> {
+    let v = snapshot(runtime);
+    v["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|i| i["partitions"].as_array().unwrap().clone())
+        .filter(|p| p["vmm"]["pid"] == pid)
+        .collect()
+}
+
+fn runtime_dir(tmp: &TempDir) -> std::path::PathBuf {
+    let runtime = tmp.path().join("run");
+    std::fs::create_dir_all(&runtime).unwrap();
+    runtime
+}
+
+#[test]
+fn a_vmm_that_execs_in_place_is_its_old_vm_leaving_and_a_new_one_attaching() {
+    if !kvm_available("a_vmm_that_execs_in_place_is_its_old_vm_leaving_and_a_new_one_attaching") {
+        return;
+    }
+    let tmp = TempDir::new("hostile-exec");
+    let runtime = runtime_dir(&tmp);
+    let mut vmm = FakeVmm::spawn(&["-name", "before-exec", "-uuid", UUID_A], "CPU 0/KVM");
+    let pid = vmm.pid();
+    let mut observer = Logged::observe(&["--all"], &runtime);
+    observer.wait_line(&[&format!("attach pid {pid} "), "\"before-exec\""]);
+    // The same process (pid and start time) runs a new program, with a new VM.
+    vmm.exec(&["-name", "after-exec", "-uuid", UUID_B]);
+    let detach = observer.wait_line(&[&format!("detach pid {pid} ")]);
+    assert!(detach.contains("\"before-exec\": the process exec'd a program"), "{detach}");
+    observer.wait_line(&[&format!("attach pid {pid} "), "\"after-exec\""]);
+    let partitions = partitions_of_vmm(&runtime, pid);
+    assert_eq!(partitions.len(), 1, "{partitions:?}");
+    assert_eq!(partitions[0]["name"], "after-exec");
+    assert_eq!(partitions[0]["uuid"], UUID_B);
+}
+
+/// Starts a stand-in VMM whose pid is `pid` (free now): the host's next pid is set to it and the
+/// start retried until no other process took it first.
+fn fake_vmm_at_pid(pid: i32, args: &[&str]) -> FakeVmm {
+    for _ in 0..200 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).unwrap();
+        let vmm = FakeVmm::spawn(args, "CPU 0/KVM");
+        if vmm.pid() == pid {
+            return vmm;
+        }
+    }
+    panic!("pid {pid} kept being taken by other processes");
+}
+
+#[test]
+fn a_pid_reused_within_one_refresh_is_the_old_vm_leaving_and_the_new_vmm_attaching() {
+    if !kvm_available("a_pid_reused_within_one_refresh_is_the_old_vm_leaving_and_the_new_vmm_attaching") {
+        return;
+    }
+    let tmp = TempDir::new("hostile-reuse");
+    let runtime = runtime_dir(&tmp);
+    let mut old = FakeVmm::spawn(&["-name", "old-vmm", "-uuid", UUID_A], "CPU 0/KVM");
+    let pid = old.pid();
+    let mut observer = Logged::observe(&["--all"], &runtime);
+    observer.wait_line(&[&format!("attach pid {pid} "), "\"old-vmm\""]);
+    // Between two refreshes (the observer stopped), the VMM exits and another takes its pid.
+    observer.signal(libc::SIGSTOP);
+    old.kill();
+    let new = fake_vmm_at_pid(pid, &["-name", "new-vmm", "-uuid", UUID_B]);
+    observer.signal(libc::SIGCONT);
+    let detach = observer.wait_line(&[&format!("detach pid {pid} ")]);
+    // Where the observer watches a VMM's exit by its pidfd it knows the old process exited;
+    // elsewhere it sees the pid name another process. Either way the old VM leaves.
+    assert!(
+        detach.contains("\"old-vmm\": the process exited")
+            || detach.contains("\"old-vmm\": the pid names another process now"),
+        "{detach}"
+    );
+    observer.wait_line(&[&format!("attach pid {pid} "), "\"new-vmm\""]);
+    let partitions = partitions_of_vmm(&runtime, pid);
+    assert_eq!(partitions.len(), 1, "{partitions:?}");
+    assert_eq!(partitions[0]["name"], "new-vmm");
+    assert_eq!(partitions[0]["uuid"], UUID_B, "the new VMM's UUID, not the old one's");
+    drop(new);
+}
+
+#[test]
+fn a_vmm_called_hvstats_is_observed_and_hvstats_run_is_left_to_its_own_instance() {
+    if !kvm_available("a_vmm_called_hvstats_is_observed_and_hvstats_run_is_left_to_its_own_instance") {
+        return;
+    }
+    let tmp = TempDir::new("hostile-comm");
+    let runtime = runtime_dir(&tmp);
+    // A VMM naming itself `hvstats` holds a VM like any other: it is observed.
+    let vmm = FakeVmm::spawn_with(&["-name", "calls-itself-hvstats"], "CPU 0/KVM", |c| {
+        c.env(common::FAKE_VMM_COMM, "hvstats");
+    });
+    assert_eq!(std::fs::read_to_string(format!("/proc/{}/comm", vmm.pid())).unwrap(), "hvstats\n");
+    // `hvstats run` publishes its own partition: an observer leaves it to it.
+    let mut run =
+        Logged::start(&["run", "--forever", "--vps", "1", "--runtime-dir", runtime.to_str().unwrap()]);
+    let run_pid = run.child.id() as i32;
+    let t = Instant::now();
+    while snapshot(&runtime)["instances"].as_array().unwrap().is_empty() {
+        assert!(t.elapsed() < Duration::from_secs(30), "hvstats run published nothing: {:?}", run.said());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut observer = Logged::observe(&["--all"], &runtime);
+    observer.wait_line(&[&format!("attach pid {} ", vmm.pid()), "\"calls-itself-hvstats\""]);
+    let left = observer.wait_line(&[&format!("pid {run_pid} not observed for now")]);
+    assert!(left.contains(&format!("already observed by pid {run_pid}")), "{left}");
+    // One partition for `run`'s VM: its own.
+    let v = snapshot(&runtime);
+    let instances = v["instances"].as_array().unwrap();
+    let of_run: Vec<&Value> = instances.iter().filter(|i| i["pid"] == run_pid).collect();
+    assert_eq!(of_run.len(), 1);
+    assert_eq!(of_run[0]["partitions"].as_array().unwrap().len(), 1);
+    assert!(partitions_of_vmm(&runtime, run_pid).is_empty(), "run's VM is not observed as well: {v}");
+    assert_eq!(partitions_of_vmm(&runtime, vmm.pid()).len(), 1);
+}
+
+/// Serves QMP for one client as a QEMU whose vCPU 0 is, by turns, thread 1 (init), thread
+/// `foreign` (another process's), then `real` (the VMM's own vCPU thread).
+fn lying_qmp(listener: UnixListener, foreign: i32, real: i32) {
+    std::thread::spawn(move || {
+        let (stream, _) = listener.accept().unwrap();
+        let mut out = stream.try_clone().unwrap();
+        writeln!(out, r#"{{"QMP": {{"version": {{"qemu": {{"major": 7, "minor": 2, "micro": 0}}}}, "capabilities": []}}}}"#).unwrap();
+        let mut answers = [1, 1, 1, foreign, foreign, real].into_iter();
+        let mut last = 1;
+        for line in BufReader::new(stream).lines().map_while(Result::ok) {
+            let req: Value = serde_json::from_str(&line).unwrap();
+            let ret = match req["execute"].as_str().unwrap() {
+                "qmp_capabilities" => json!({}),
+                "query-name" => json!({"name": "liar"}),
+                "query-cpus-fast" => {
+                    last = answers.next().unwrap_or(last);
+                    json!([{"cpu-index": 0, "thread-id": last, "qom-path": "/machine/unattached/device[0]"}])
+                }
+                "query-status" => json!({"running": true, "status": "running"}),
+                "query-uuid" => json!({"UUID": "00000000-0000-0000-0000-000000000000"}),
+                // No KVM statistics provider, as QEMU with TCG answers.
+                "query-stats" => json!([]),
+                _ => json!({}),
+            };
+            if writeln!(out, "{}", json!({ "return": ret })).is_err() {
+                break;
+            }
+        }
+    });
+}
+
+#[test]
+fn thread_ids_a_qmp_peer_names_are_used_only_while_they_are_its_own_tasks() {
+    if !kvm_available("thread_ids_a_qmp_peer_names_are_used_only_while_they_are_its_own_tasks") {
+        return;
+    }
+    let tmp = TempDir::new("hostile-threads");
+    let runtime = runtime_dir(&tmp);
+    // The VMM's vCPU thread has no telling name: only QMP says which thread it is.
+    let vmm = FakeVmm::spawn(&["-name", "liar"], "worker");
+    let pid = vmm.pid();
+    let real: i32 = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .find(|tid| std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).unwrap() == "worker\n")
+        .unwrap();
+    // Another process, burning CPU: the peer names it as its vCPU thread.
+    let burner = common::KilledOnDrop(
+        Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let foreign = burner.0.id() as i32;
+    let sock = tmp.path().join("qmp.sock");
+    lying_qmp(UnixListener::bind(&sock).unwrap(), foreign, real);
+    let mut observer =
+        Logged::observe(&["--pid", &pid.to_string(), "--qmp", sock.to_str().unwrap()], &runtime);
+    let init = observer.wait_line(&[&format!("pid {pid} "), "thread 1 named by qmp for VP 0 is not used"]);
+    assert!(init.contains(&format!("it is not a thread of process {pid}")), "{init}");
+    let other = observer.wait_line(&[&format!("thread {foreign} named by qmp for VP 0 is not used")]);
+    assert!(other.contains(&format!("it is not a thread of process {pid}")), "{other}");
+    let known = observer.wait_line(&[&format!("pid {pid}: vCPU threads")]);
+    assert!(known.contains(&format!("[{real}]")), "{known}");
+    // Each refused thread was said once, however often the peer named it.
+    std::thread::sleep(Duration::from_millis(500));
+    let said = observer.said();
+    assert!(!said.iter().any(|l| l.contains("thread 1 named by")), "{said:?}");
+    // The VP's run time is its own parked thread's, not the burner's half second and more.
+    let burned_100ns = || {
+        let stat = std::fs::read_to_string(format!("/proc/{foreign}/stat")).unwrap();
+        // SAFETY: sysconf has no memory effects.
+        let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+        cpu_ticks(&stat) * 10_000_000 / per_second
+    };
+    while burned_100ns() < 5_000_000 {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let burned_100ns = burned_100ns();
+    let partitions = partitions_of_vmm(&runtime, pid);
+    let run = partitions[0]["vps"][0]["counters"][common::total("Total run time")].as_u64().unwrap();
+    assert!(run < burned_100ns / 10, "VP run time {run} (100 ns) vs the burner's {burned_100ns}");
+    drop(burner);
+}
+
+/// User plus system time of a `stat` line, in clock ticks.
+fn cpu_ticks(stat: &str) -> u64 {
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<u64> = after.split(' ').map(|f| f.parse().unwrap_or(0)).collect();
+    // Fields 14 and 15 of the line; `after` starts at field 3.
+    fields[14 - 3] + fields[15 - 3]
+}
+
+/// `serve --observe-all` over `runtime` and the address it serves on.
+fn serve_observe_all(runtime: &Path) -> (Logged, std::net::SocketAddr) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--observe-all", "--observe-interval", "0.1"])
+        .arg("--runtime-dir")
+        .arg(runtime)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let addr = common::serving_addr(&mut child);
+    let (tx, lines) = mpsc::channel();
+    let err = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    (Logged { child, lines, seen: Vec::new() }, addr)
+}
+
+/// The `hvstats_vm_info` line of the VM whose VMM is `pid`, waiting up to 30 s for it.
+fn vm_info(addr: std::net::SocketAddr, pid: i32) -> String {
+    let t = Instant::now();
+    loop {
+        let metrics = common::http_get(addr, "/metrics");
+        let mine = format!("vmm_pid=\"{pid}\"");
+        if let Some(line) = metrics.lines().find(|l| l.starts_with("hvstats_vm_info{") && l.contains(&mine)) {
+            return line.to_owned();
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "no hvstats_vm_info for pid {pid}:\n{metrics}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The value of label `name` in a series line.
+fn label<'a>(line: &'a str, name: &str) -> &'a str {
+    let start = line.find(&format!("{name}=\"")).unwrap() + name.len() + 2;
+    let mut end = start;
+    let bytes = line.as_bytes();
+    while bytes[end] != b'"' {
+        end += if bytes[end] == b'\\' { 2 } else { 1 };
+    }
+    &line[start..end]
+}
+
+#[test]
+fn a_vmm_taking_a_running_vms_name_is_told_apart_and_lookalikes_and_uuids_are_said() {
+    if !kvm_available("a_vmm_taking_a_running_vms_name_is_told_apart_and_lookalikes_and_uuids_are_said") {
+        return;
+    }
+    let tmp = TempDir::new("hostile-names");
+    let runtime = runtime_dir(&tmp);
+    let real = FakeVmm::spawn(&["-name", "prod-db", "-uuid", UUID_A], "CPU 0/KVM");
+    let (mut serve, addr) = serve_observe_all(&runtime);
+    let info = vm_info(addr, real.pid());
+    assert_eq!(label(&info, "vm"), "prod-db", "{info}");
+    // A second VMM with the same name and UUID, and one whose name hides a zero-width space.
+    let copy = FakeVmm::spawn(&["-name", "prod-db", "-uuid", UUID_A], "CPU 0/KVM");
+    let lookalike = FakeVmm::spawn(&["-name", "prod\u{200b}-db"], "CPU 0/KVM");
+    let copy_info = vm_info(addr, copy.pid());
+    let lookalike_info = vm_info(addr, lookalike.pid());
+    // The VM that was there first keeps its label; the newcomers are the ones told apart.
+    let info = vm_info(addr, real.pid());
+    assert_eq!(label(&info, "vm"), "prod-db", "{info}");
+    assert_eq!(label(&copy_info, "vm"), "prod-db#2", "{copy_info}");
+    // The zero-width space is shown, escaped (the exposition escapes the backslash once more).
+    assert_eq!(label(&lookalike_info, "vm"), r"prod\\u{200b}-db", "{lookalike_info}");
+    let (real_pid, copy_pid, lookalike_pid) = (real.pid(), copy.pid(), lookalike.pid());
+    let named = serve.wait_line(&[&format!("pid {copy_pid} \"prod-db\": the name of pid {real_pid}'s VM")]);
+    assert!(named.contains("which keeps it"), "{named}");
+    serve.wait_line(&[&format!("pid {copy_pid}: UUID {UUID_A} is also pid {real_pid}'s VM's")]);
+    serve.wait_line(&[
+        &format!("pid {lookalike_pid} \"prod\\u{{200b}}-db\": looks like the name of pid "),
+        "\"prod-db\"",
+    ]);
+}
+
+/// Counts the `readlink` system calls of the threads of `pid` from now on.
+struct Readlinks(Vec<hvstats_host::perf_event::PerfCounter>);
+
+impl Readlinks {
+    fn of(pid: u32) -> Self {
+        use hvstats_host::perf_event::{PerfCounter, TYPE_TRACEPOINT};
+        let ids: Vec<u64> = ["sys_enter_readlink", "sys_enter_readlinkat"]
+            .iter()
+            .map(|e| hvstats_host::tracefs::event_id("syscalls", e).unwrap())
+            .collect();
+        let mut counters = Vec::new();
+        for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+            let tid: i32 = task.file_name().to_str().unwrap().parse().unwrap();
+            for &id in &ids {
+                counters.push(PerfCounter::open(TYPE_TRACEPOINT, id, tid).unwrap());
+            }
+        }
+        Self(counters)
+    }
+
+    fn count(&self) -> u64 {
+        self.0.iter().map(|c| c.read().unwrap()).sum()
+    }
+}
+
+/// User plus system time of process `pid`, in clock ticks.
+fn cpu_ticks_of(pid: u32) -> u64 {
+    cpu_ticks(&std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap())
+}
+
+#[test]
+fn discovery_reads_no_descriptor_of_a_process_holding_400000_of_them() {
+    use std::os::unix::process::CommandExt;
+    if !kvm_available("discovery_reads_no_descriptor_of_a_process_holding_400000_of_them") {
+        return;
+    }
+    // 400,000 descriptors held by `nobody`: in one process where the hard limit allows it, else
+    // in as many processes as the limit (20,000 on some hosts) takes.
+    const HELD: u64 = 400_000;
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `lim` is a valid rlimit the kernel writes into, then reads.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
+        lim.rlim_max = lim.rlim_max.max(HELD + 64);
+        lim.rlim_cur = lim.rlim_max;
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+            assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
+            lim.rlim_cur = lim.rlim_max;
+            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
+        }
+    }
+    let per_holder = (lim.rlim_cur - 64).min(HELD);
+    let mut holders = Vec::new();
+    for _ in 0..HELD.div_ceil(per_holder) {
+        let mut holder = Command::new(std::env::current_exe().unwrap())
+            .args(["--ignored", "--exact", "descriptor_holder"])
+            .env("HVSTATS_TEST_HOLD_FDS", per_holder.to_string())
+            .uid(65534)
+            .gid(65534)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(holder.stdout.take().unwrap());
+        let mut line = String::new();
+        while !line.starts_with("holding") {
+            line.clear();
+            assert!(out.read_line(&mut line).unwrap() > 0, "the holder ended");
+        }
+        holders.push((holder, out));
+    }
+    let tmp = TempDir::new("hostile-fds");
+    let runtime = runtime_dir(&tmp);
+    // With KVM's debugfs (as root), and from /proc alone (a `--proc-root` has no debugfs).
+    for (how, extra) in [("debugfs", &[][..]), ("/proc alone", &["--proc-root", "/proc"][..])] {
+        let observer = Logged::observe(&[&["--all"], extra].concat(), &runtime);
+        let pid = observer.child.id();
+        std::thread::sleep(Duration::from_millis(200));
+        let readlinks = Readlinks::of(pid);
+        let (cpu_then, t) = (cpu_ticks_of(pid), Instant::now());
+        std::thread::sleep(Duration::from_secs(6));
+        let (read, cpu) = (readlinks.count(), cpu_ticks_of(pid) - cpu_then);
+        // SAFETY: sysconf has no memory effects.
+        let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        eprintln!(
+            "{how}: {read} descriptors read in {:.1} s of ticks every 0.1 s, {:.1} % of a CPU",
+            t.elapsed().as_secs_f64(),
+            cpu as f64 / per_second / t.elapsed().as_secs_f64() * 100.0
+        );
+        // Sixty ticks. Each process is read when first seen (each holder once, from /proc
+        // alone), never at every tick: less than twice what the holders hold, in all.
+        assert!(read < 2 * HELD, "{how}: {read} readlinks in 60 ticks");
+        if how == "debugfs" {
+            assert!(read < HELD / 10, "{how}: {read} readlinks: the holder's descriptors were read");
+        }
+    }
+    for (mut holder, _out) in holders {
+        drop(holder.stdin.take());
+        let _ = holder.wait();
+    }
+}

@@ -1,0 +1,92 @@
+//! Finding every process that holds a KVM VM, tick after tick, at a cost that does not grow with
+//! what other processes hold.
+//!
+//! Reading a process's descriptors is one `readlink` each: a process of another user holding
+//! 400,000 of them would make every tick of `--all` cost more than half a CPU. So:
+//!
+//! - where KVM's debugfs directory can be listed, it names every VM by the pid of the process
+//!   that made it (`kvm/<pid>-<vm fd>`): only those processes are looked at; elsewhere every
+//!   process is;
+//! - a process's descriptors are read when it is first seen (a process is its pid and start
+//!   time: a reused pid is a new process) and again only when their number changed (the size of its `fd` directory, which procfs keeps without
+//!   listing it), and no more often than once per tick for each [`READS_PER_TICK`] descriptors it
+//!   had: a process churning 400,000 descriptors is read once every hundred ticks, not every
+//!   tick. Where the number cannot be told (a fixture tree, a kernel before 6.2), that bound alone
+//!   applies.
+
+use std::collections::BTreeMap;
+use std::io;
+
+use super::discovery::{KvmFds, Procfs};
+
+/// Descriptors of one process read per tick, averaged over the ticks between its readings.
+pub const READS_PER_TICK: u64 = 4096;
+
+/// What the last reading of one process found.
+#[derive(Debug)]
+struct Seen {
+    start_time: u64,
+    /// Its number of descriptors then, where procfs tells it.
+    count: Option<u64>,
+    /// The tick it was read at, and how many descriptors it had.
+    read_at: u64,
+    read: u64,
+    /// Its KVM descriptors (empty when it holds no VM, or cannot be read).
+    fds: KvmFds,
+}
+
+/// The processes holding a KVM VM, found anew each tick from what changed.
+#[derive(Debug, Default)]
+pub struct KvmScan {
+    seen: BTreeMap<i32, Seen>,
+    tick: u64,
+}
+
+impl KvmScan {
+    /// An empty scan: every process is read at its first tick.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Every process that holds a KVM VM now, with its descriptors, by pid, but those `known`
+    /// names (the VMs observed already, whose refresh says when they go).
+    ///
+    /// # Errors
+    /// When the procfs root cannot be listed (out of descriptors, say): nothing is known then.
+    pub fn kvm_processes(
+        &mut self,
+        procfs: &Procfs,
+        known: &dyn Fn(i32) -> bool,
+    ) -> io::Result<Vec<(i32, KvmFds)>> {
+        self.tick += 1;
+        let pids: Vec<i32> = match procfs.debugfs_vm_pids() {
+            Some(named) => named.into_iter().collect(),
+            None => procfs.pids()?,
+        };
+        self.seen.retain(|pid, _| pids.binary_search(pid).is_ok());
+        let mut found = Vec::new();
+        for pid in pids.into_iter().filter(|p| !known(*p)) {
+            // A process gone meanwhile, or not ours to look at, holds nothing we can observe.
+            let Ok(start_time) = procfs.start_time(pid) else {
+                self.seen.remove(&pid);
+                continue;
+            };
+            let count = procfs.fd_count(pid).ok().flatten();
+            let fresh = self.seen.get(&pid).is_some_and(|s| {
+                s.start_time == start_time
+                    && ((count.is_some() && count == s.count)
+                        || self.tick < s.read_at + s.read / READS_PER_TICK)
+            });
+            if !fresh {
+                let (fds, read) = procfs.kvm_fds_read(pid).unwrap_or_default();
+                self.seen.insert(pid, Seen { start_time, count, read_at: self.tick, read, fds });
+            }
+            if let Some(s) = self.seen.get(&pid)
+                && s.fds.has_vm()
+            {
+                found.push((pid, s.fds.clone()));
+            }
+        }
+        Ok(found)
+    }
+}

@@ -1,0 +1,168 @@
+//! QEMU's own reading of its command line, for the VM's name and UUID when QMP cannot say them.
+//!
+//! QEMU walks its arguments one by one: one that does not start with `-` is a disk image; an
+//! option (`-x` or `--x`) takes the next argument as its value unless it is one of the few that
+//! take none ([`QEMU_FLAGS`]). So `-append "-name x"` names nothing, and an option given twice
+//! keeps its last value: `-uuid A -uuid B` is B. `-name` values are merged (QEMU's `name` option
+//! list merges): each `guest=` (or leading bare value) overrides the ones before it, and a later
+//! `-name debug-threads=on` keeps the name. A value's `,,` is a comma.
+
+/// The options of QEMU that take no value (QEMU 7.2's, and ones older QEMUs had). Any other
+/// option takes the next argument as its value.
+pub const QEMU_FLAGS: &[&str] = &[
+    "S",
+    "alt-grab",
+    "async-teardown",
+    "audio-help",
+    "ctrl-grab",
+    "curses",
+    "daemonize",
+    "enable-fips",
+    "enable-hax",
+    "enable-kvm",
+    "enable-sync-profile",
+    "full-screen",
+    "h",
+    "help",
+    "mem-prealloc",
+    "no-acpi",
+    "no-fd-bootchk",
+    "no-frame",
+    "no-hpet",
+    "no-kvm",
+    "no-kvm-irqchip",
+    "no-kvm-pit",
+    "no-kvm-pit-reinjection",
+    "no-quit",
+    "no-reboot",
+    "no-shutdown",
+    "no-user-config",
+    "nodefaults",
+    "nodefconfig",
+    "nographic",
+    "old-param",
+    "only-migratable",
+    "portrait",
+    "preconfig",
+    "rtc-td-hack",
+    "s",
+    "sdl",
+    "semihosting",
+    "show-cursor",
+    "singlestep",
+    "snapshot",
+    "tdf",
+    "usb",
+    "version",
+    "win2k-hack",
+    "xen-attach",
+    "xen-create",
+    "xen-domid-restrict",
+];
+
+/// Each option of a QEMU command line (`args` without the program) with its value, in order, as
+/// QEMU reads them: the option's name without its dashes, and its value (`None` for a flag).
+pub fn options(args: &[String]) -> Vec<(&str, Option<&str>)> {
+    let mut found = Vec::new();
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let Some(option) = arg.strip_prefix('-').filter(|o| !o.is_empty()) else { continue };
+        let option = option.strip_prefix('-').unwrap_or(option);
+        if QEMU_FLAGS.contains(&option) {
+            found.push((option, None));
+        } else {
+            found.push((option, it.next().map(String::as_str)));
+        }
+    }
+    found
+}
+
+/// The comma-separated parts of a QEMU option value (`,,` is a comma inside a part).
+pub fn parts(value: &str) -> Vec<String> {
+    let mut parts = Vec::new();
+    let mut current = String::new();
+    let mut chars = value.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == ',' {
+            if chars.peek() == Some(&',') {
+                chars.next();
+                current.push(',');
+            } else {
+                parts.push(std::mem::take(&mut current));
+            }
+        } else {
+            current.push(c);
+        }
+    }
+    parts.push(current);
+    parts
+}
+
+/// The guest name one `-name` value sets, if it sets one: its last `guest=N`, or a leading bare
+/// `N` (the implied key).
+pub fn guest_name(value: &str) -> Option<String> {
+    let mut name = None;
+    for (i, part) in parts(value).into_iter().enumerate() {
+        if let Some(n) = part.strip_prefix("guest=") {
+            name = Some(n.to_owned());
+        } else if i == 0 && !part.contains('=') {
+            name = Some(part);
+        }
+    }
+    name
+}
+
+/// The VM's name as QEMU takes it from `args`: the last one any `-name` sets.
+pub fn name(args: &[String]) -> Option<String> {
+    options(args).into_iter().filter(|(o, _)| *o == "name").filter_map(|(_, v)| guest_name(v?)).next_back()
+}
+
+/// The VM's UUID as QEMU takes it from `args`: the last `-uuid`'s value.
+pub fn uuid(args: &[String]) -> Option<&str> {
+    options(args).into_iter().filter(|(o, _)| *o == "uuid").filter_map(|(_, v)| v).next_back()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn the_last_name_and_uuid_win_and_option_values_are_not_options() {
+        let a = args(&[
+            "-name",
+            "first",
+            "-S",
+            "-append",
+            "-name",
+            "--name",
+            "guest=second,debug-threads=on",
+            "disk.img",
+            "-name",
+            "debug-threads=on",
+            "-uuid",
+            "11111111-1111-1111-1111-111111111111",
+            "-nographic",
+            "--uuid",
+            "22222222-2222-2222-2222-222222222222",
+        ]);
+        assert_eq!(name(&a).as_deref(), Some("second"));
+        assert_eq!(uuid(&a), Some("22222222-2222-2222-2222-222222222222"));
+        // `-append`'s value is "-name": it sets nothing.
+        assert_eq!(name(&args(&["-append", "-name", "x"])), None);
+        assert_eq!(name(&args(&["-S", "-name", "x"])).as_deref(), Some("x"));
+    }
+
+    #[test]
+    fn name_values_are_parsed_like_qemu_does() {
+        assert_eq!(guest_name("guest=web1,debug-threads=on").as_deref(), Some("web1"));
+        assert_eq!(guest_name("debug-threads=on,guest=db").as_deref(), Some("db"));
+        assert_eq!(guest_name("plain").as_deref(), Some("plain"));
+        assert_eq!(guest_name("a,,b,process=x").as_deref(), Some("a,b"));
+        assert_eq!(guest_name("a,guest=b").as_deref(), Some("b"));
+        assert_eq!(guest_name("debug-threads=on"), None);
+    }
+}
