@@ -1040,6 +1040,17 @@ pub(crate) const fn row(id: CounterId) -> Option<usize> {
     }
 }
 
+/// The position of `id` among its kind's counters, in catalog order (the catalog lists each
+/// kind's rows together), if it is in the catalog.
+pub(crate) const fn position_in_kind(id: CounterId) -> Option<usize> {
+    let Some(at) = row(id) else { return None };
+    let mut first = at;
+    while first > 0 && CATALOG[first - 1].id.kind as u8 == id.kind as u8 {
+        first -= 1;
+    }
+    Some(at - first)
+}
+
 /// [`observed`] worked out from the row.
 const fn observed_of(counter: &Counter) -> Option<Maintained> {
     match counter.id.kind {
@@ -1126,6 +1137,25 @@ mod observed_tests {
 
     fn observed_source(id: CounterId) -> Option<Source> {
         id.counter().and_then(observed).and_then(Maintained::source)
+    }
+
+    #[test]
+    fn the_tables_worked_out_at_compile_time_say_what_the_rows_say() {
+        for c in CATALOG {
+            assert_eq!(observed(c), observed_of(c), "{}", c.name);
+            let at = counters_of(c.id.kind).position(|x| x.id == c.id);
+            assert_eq!(position_in_kind(c.id), at, "{}", c.name);
+        }
+        let outside = CounterId { index: INDICES as u16, ..vp::HYPERCALLS };
+        assert_eq!(position_in_kind(outside), None);
+        for tp in Tracepoint::ALL {
+            let counted = tp == Tracepoint::UserspaceMsr
+                || CATALOG.iter().any(|c| match observed_of(c).and_then(Maintained::source) {
+                    Some(Source::Tracepoint(t)) => t == tp || t.added().contains(&tp),
+                    _ => false,
+                });
+            assert_eq!(tp.counted_for_observed(), counted, "{tp:?}");
+        }
     }
 
     #[test]

@@ -135,7 +135,7 @@ impl Default for SourceTable {
 
 /// The position of `id` among its kind's counters, in catalog order.
 fn position(id: CounterId) -> Option<usize> {
-    catalog::counters_of(id.kind).position(|c| c.id == id)
+    catalog::position_in_kind(id)
 }
 
 impl SourceTable {

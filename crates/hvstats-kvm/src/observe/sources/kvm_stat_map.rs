@@ -39,7 +39,16 @@ fn stat_names(counter: &Counter, kind: ObjectKind) -> Option<&'static [&'static 
 pub fn kvm_stat_counters(
     kind: ObjectKind,
 ) -> impl Iterator<Item = (&'static Counter, &'static [&'static str])> {
-    catalog::counters_of(kind).filter_map(move |c| Some((c, stat_names(c, kind)?)))
+    // Worked out once: every VP of every VM is written from it at every refresh.
+    type Table = Vec<(&'static Counter, &'static [&'static str])>;
+    static TABLES: std::sync::OnceLock<Vec<Table>> = std::sync::OnceLock::new();
+    let tables = TABLES.get_or_init(|| {
+        ObjectKind::ALL
+            .iter()
+            .map(|&k| catalog::counters_of(k).filter_map(|c| Some((c, stat_names(c, k)?))).collect())
+            .collect()
+    });
+    tables.get(kind as usize).into_iter().flatten().copied()
 }
 
 /// True when a reading that `has` the statistics it names gives `counter`: every statistic it

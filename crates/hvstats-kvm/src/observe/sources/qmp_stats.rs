@@ -520,3 +520,80 @@ impl VmSource for QmpStats {
         Origin::VcpuCreation
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixListener;
+    use std::sync::mpsc;
+
+    use hvstats_abi::catalog::vp;
+
+    use super::*;
+
+    /// A QMP peer on `path` answering as a running QEMU with KVM would; each request's command
+    /// (with its target for `query-stats`) is sent on the channel.
+    fn peer(path: &Path) -> mpsc::Receiver<String> {
+        let listener = UnixListener::bind(path).unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let mut out = stream.try_clone().unwrap();
+            writeln!(out, r#"{{"QMP": {{"version": {{}}, "capabilities": []}}}}"#).unwrap();
+            for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                let req: Value = serde_json::from_str(&line).unwrap();
+                let command = req["execute"].as_str().unwrap_or_default().to_owned();
+                let target = req["arguments"]["target"].as_str().unwrap_or_default().to_owned();
+                let answer = match (command.as_str(), target.as_str()) {
+                    ("query-status", _) => serde_json::json!({"status": "running", "running": true}),
+                    ("query-stats", "vcpu") => serde_json::json!([{"provider": "kvm", "qom-path": "/cpu0",
+                        "stats": [{"name": "halt_exits", "value": 5}]}]),
+                    ("query-stats", _) => serde_json::json!([{"provider": "kvm",
+                        "stats": [{"name": "remote_tlb_flush", "value": 1}]}]),
+                    ("query-cpus-fast", _) => {
+                        serde_json::json!([{"cpu-index": 0, "thread-id": 1, "qom-path": "/cpu0"}])
+                    }
+                    _ => serde_json::json!({}),
+                };
+                let _ = tx.send(format!("{command} {target}").trim().to_owned());
+                writeln!(out, "{}", serde_json::json!({"return": answer, "id": req["id"]})).unwrap();
+            }
+        });
+        rx
+    }
+
+    #[test]
+    fn kvm_statistics_are_asked_only_while_no_source_before_gives_them() {
+        let dir = std::env::temp_dir().join(format!("hvstats-qmp-shadow-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("qmp.sock");
+        let asked = peer(&path);
+        let mut qmp = QmpStats::new(&path, Cancel::new());
+        qmp.connect(&UnixSockets::default(), Instant::now());
+        let round = |qmp: &mut QmpStats, before: &Gives| {
+            qmp.ask(&UnixSockets::default(), before);
+            qmp.collect();
+            qmp.round = false;
+            let mut said: Vec<String> = asked.try_iter().collect();
+            said.retain(|c| c != "qmp_capabilities");
+            said
+        };
+        // Nothing before it: the run state, both statistics, and the vCPUs.
+        let said = round(&mut qmp, &Gives::NOTHING);
+        assert_eq!(said, ["query-status", "query-stats vcpu", "query-stats vm", "query-cpus-fast"]);
+        let gives = qmp.gives();
+        assert!(gives.vp.contains(vp::HLT_INSTRUCTIONS) && gives.partition.contains(partition::VM_STATE));
+        // A source before it gives all it gave: the statistics are not asked, nor given.
+        let said = round(&mut qmp, &gives);
+        assert_eq!(said, ["query-status"]);
+        assert!(!qmp.gives().vp.contains(vp::HLT_INSTRUCTIONS));
+        assert!(qmp.gives().partition.contains(partition::VM_STATE));
+        assert_eq!(qmp.peer(), Some(PeerState::Up));
+        // That source stops giving them: asked again at once.
+        let said = round(&mut qmp, &Gives::NOTHING);
+        assert_eq!(said, ["query-status", "query-stats vcpu", "query-stats vm"]);
+        assert!(qmp.gives().vp.contains(vp::HLT_INSTRUCTIONS));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
