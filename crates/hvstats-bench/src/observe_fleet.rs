@@ -47,7 +47,11 @@ const QMP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The rows `wanted` selects, measured over the plan's rounds (refreshes of the fleet; windows
 /// of the interruption count); `kvm` says whether this host can run a guest, and if not why.
-pub fn observe_fleet_rows(plan: &Plan<'_>, kvm: &Result<(), String>, wanted: &dyn Fn(&str) -> bool) -> Vec<Row> {
+pub fn observe_fleet_rows(
+    plan: &Plan<'_>,
+    kvm: &Result<(), String>,
+    wanted: &dyn Fn(&str) -> bool,
+) -> Vec<Row> {
     let skipped = |name, why: String| Row::Skipped { name, why };
     let mut rows = Vec::new();
     if wanted(FLEET_ROW) {
@@ -231,16 +235,17 @@ fn qmp_kicks(plan: &Plan<'_>) -> Result<Rounds, String> {
     settle(&mut observer, 1)?;
     // Kicks per vCPU per refresh over one window of `refresh`es; the count's own last read
     // kicks each vCPU once, and is taken off.
-    let window = |control: &mut Qmp, refresh: &mut dyn FnMut(&mut Qmp) -> Result<(), String>| -> Result<f64, String> {
-        let (before, vcpus) = signal_exits(control)?;
-        for _ in 0..REFRESHES {
-            std::thread::sleep(EVERY);
-            refresh(control)?;
-        }
-        let (after, _) = signal_exits(control)?;
-        let kicks = after.saturating_sub(before).saturating_sub(vcpus as u64);
-        Ok(kicks as f64 / vcpus as f64 / f64::from(REFRESHES))
-    };
+    let window =
+        |control: &mut Qmp, refresh: &mut dyn FnMut(&mut Qmp) -> Result<(), String>| -> Result<f64, String> {
+            let (before, vcpus) = signal_exits(control)?;
+            for _ in 0..REFRESHES {
+                std::thread::sleep(EVERY);
+                refresh(control)?;
+            }
+            let (after, _) = signal_exits(control)?;
+            let kicks = after.saturating_sub(before).saturating_sub(vcpus as u64);
+            Ok(kicks as f64 / vcpus as f64 / f64::from(REFRESHES))
+        };
     let mut rounds = Rounds::default();
     for round in 0..plan.start(&[QMP_INTERRUPTION_ROW], Pace::Slow).max(2) {
         let mut observed = |control: &mut Qmp| {
