@@ -34,7 +34,7 @@ fn kind_of(t: std::fs::FileType) -> &'static str {
 ///
 /// # Errors
 /// When it cannot be opened, or is a directory, FIFO, device or socket.
-pub fn open_regular(path: &Path) -> anyhow::Result<File> {
+pub(crate) fn open_regular(path: &Path) -> anyhow::Result<File> {
     let file = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
@@ -52,7 +52,7 @@ pub fn open_regular(path: &Path) -> anyhow::Result<File> {
 ///
 /// # Errors
 /// When it is not a regular file or cannot be read.
-pub fn read_prefix(path: &Path, max: u64) -> anyhow::Result<Vec<u8>> {
+pub(crate) fn read_prefix(path: &Path, max: u64) -> anyhow::Result<Vec<u8>> {
     let file = open_regular(path)?;
     let mut bytes = Vec::new();
     file.take(max.saturating_add(1))
@@ -66,7 +66,7 @@ pub fn read_prefix(path: &Path, max: u64) -> anyhow::Result<Vec<u8>> {
 ///
 /// # Errors
 /// When it is not a regular file, cannot be read, or holds more than `max` bytes.
-pub fn read_regular(path: &Path, max: u64, what: &str) -> anyhow::Result<Vec<u8>> {
+pub(crate) fn read_regular(path: &Path, max: u64, what: &str) -> anyhow::Result<Vec<u8>> {
     let bytes = read_prefix(path, max)?;
     if bytes.len() as u64 > max {
         bail!("{} is larger than {what} can be ({max} bytes at most)", path.display());

@@ -21,7 +21,7 @@ use serde::Serialize;
 /// The exit statuses of `hvstats`, the same for every command.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
-pub enum ExitStatus {
+pub(crate) enum ExitStatus {
     /// Everything asked for was done.
     Success = 0,
     /// Something could not be done: a file, the runtime directory, KVM, a refused allocation, a
@@ -49,7 +49,7 @@ impl From<ExitStatus> for ExitCode {
 /// A write to standard output failed for a reason other than a closed reader.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot write to standard output")]
-pub struct OutputError(#[source] pub io::Error);
+pub(crate) struct OutputError(#[source] pub io::Error);
 
 /// Set once standard output turned out to be closed; later output is dropped.
 static STDOUT_CLOSED: AtomicBool = AtomicBool::new(false);
@@ -59,7 +59,7 @@ static STDOUT_CLOSED: AtomicBool = AtomicBool::new(false);
 ///
 /// # Errors
 /// Any other write or flush error.
-pub fn write_to<W: Write>(
+pub(crate) fn write_to<W: Write>(
     out: &mut W,
     closed: &AtomicBool,
     write: impl FnOnce(&mut W) -> io::Result<()>,
@@ -81,7 +81,7 @@ pub fn write_to<W: Write>(
 ///
 /// # Errors
 /// A write error other than a closed reader.
-pub fn with_stdout(
+pub(crate) fn with_stdout(
     write: impl FnOnce(&mut io::StdoutLock<'static>) -> io::Result<()>,
 ) -> Result<(), OutputError> {
     write_to(&mut io::stdout().lock(), &STDOUT_CLOSED, write)
@@ -91,7 +91,7 @@ pub fn with_stdout(
 ///
 /// # Errors
 /// A write error other than a closed reader.
-pub fn print(text: &str) -> Result<(), OutputError> {
+pub(crate) fn print(text: &str) -> Result<(), OutputError> {
     with_stdout(|out| out.write_all(text.as_bytes()))
 }
 
@@ -99,7 +99,7 @@ pub fn print(text: &str) -> Result<(), OutputError> {
 ///
 /// # Errors
 /// A write error other than a closed reader.
-pub fn print_fmt(args: fmt::Arguments<'_>) -> Result<(), OutputError> {
+pub(crate) fn print_fmt(args: fmt::Arguments<'_>) -> Result<(), OutputError> {
     with_stdout(|out| out.write_fmt(args))
 }
 
@@ -107,7 +107,7 @@ pub fn print_fmt(args: fmt::Arguments<'_>) -> Result<(), OutputError> {
 ///
 /// # Errors
 /// A write error other than a closed reader.
-pub fn print_json(value: &impl Serialize, pretty: bool) -> Result<(), OutputError> {
+pub(crate) fn print_json(value: &impl Serialize, pretty: bool) -> Result<(), OutputError> {
     with_stdout(|out| {
         // Standard output flushes at every newline: buffered here, a large document is written
         // in large pieces, not one system call per line.
@@ -124,7 +124,7 @@ pub fn print_json(value: &impl Serialize, pretty: bool) -> Result<(), OutputErro
 }
 
 /// Writes a line to standard error; never fails and never panics.
-pub fn note_fmt(args: fmt::Arguments<'_>) {
+pub(crate) fn note_fmt(args: fmt::Arguments<'_>) {
     let mut err = io::stderr().lock();
     let _ = err.write_fmt(args).and_then(|()| err.write_all(b"\n"));
 }
@@ -133,7 +133,7 @@ pub fn note_fmt(args: fmt::Arguments<'_>) {
 /// VM name may hold a newline or a terminal escape) come out escaped
 /// ([`hvstats_present::text::OneLine`]), so no text can forge a line or drive the terminal. A closed
 /// standard error is ignored.
-pub fn log(command: &str, line: &str) {
+pub(crate) fn log(command: &str, line: &str) {
     note_fmt(format_args!("hvstats {command}: {}", hvstats_present::text::OneLine(line)));
 }
 

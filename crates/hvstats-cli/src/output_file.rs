@@ -40,7 +40,7 @@ const MAX_LINKS: usize = 40;
 
 /// A file being written for the user, at a temporary name until [`put_in_place`](Self::put_in_place).
 #[derive(Debug)]
-pub struct OutputFile {
+pub(crate) struct OutputFile {
     file: File,
     /// The directory, the temporary name and the final name; `None` for standard output or once
     /// in place.
@@ -58,7 +58,7 @@ struct Pending {
 }
 
 /// True when `path` means standard output.
-pub fn is_stdout(path: &Path) -> bool {
+pub(crate) fn is_stdout(path: &Path) -> bool {
     path == Path::new("-") || path == Path::new("/dev/stdout")
 }
 
@@ -82,7 +82,7 @@ impl OutputFile {
     /// When the walk to its directory meets a component another user controls, something other
     /// than a regular file is at `path`, a regular file is there and `force` is not given, or the
     /// temporary file cannot be created.
-    pub fn create(path: &Path, force: bool) -> anyhow::Result<Self> {
+    pub(crate) fn create(path: &Path, force: bool) -> anyhow::Result<Self> {
         if is_stdout(path) {
             let fd = io::stdout().as_fd().try_clone_to_owned().context("cannot use standard output")?;
             return Ok(Self { file: File::from(fd), pending: None, force });
@@ -121,7 +121,7 @@ impl OutputFile {
     }
 
     /// The file to write to: the temporary file, or standard output for `-` or `/dev/stdout`.
-    pub fn file(&mut self) -> &mut File {
+    pub(crate) fn file(&mut self) -> &mut File {
         &mut self.file
     }
 
@@ -131,7 +131,7 @@ impl OutputFile {
     ///
     /// # Errors
     /// When something appeared at the path meanwhile (without `--force`), or the rename fails.
-    pub fn put_in_place(&mut self) -> anyhow::Result<()> {
+    pub(crate) fn put_in_place(&mut self) -> anyhow::Result<()> {
         let Some(p) = self.pending.as_ref() else { return Ok(()) };
         if self.force {
             rustix::fs::renameat(&p.dir, &p.tmp, &p.dir, &p.name)
@@ -196,7 +196,7 @@ impl Node {
 ///
 /// # Errors
 /// When it cannot be opened, or the walk meets such a component.
-pub fn check_dir(path: &Path) -> anyhow::Result<()> {
+pub(crate) fn check_dir(path: &Path) -> anyhow::Result<()> {
     open_dir(path).map(drop)
 }
 

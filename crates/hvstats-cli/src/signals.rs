@@ -14,7 +14,7 @@ use crate::output::ExitStatus;
 
 /// A signal that asks the command to finish.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Signal {
+pub(crate) enum Signal {
     /// SIGINT (Ctrl-C).
     Interrupt,
     /// SIGTERM.
@@ -25,7 +25,7 @@ pub enum Signal {
 
 impl Signal {
     /// The signal's name.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Interrupt => "SIGINT",
             Self::Terminate => "SIGTERM",
@@ -34,7 +34,7 @@ impl Signal {
     }
 
     /// The exit status of a command it ended (128 + the signal's number).
-    pub fn exit_status(self) -> ExitStatus {
+    pub(crate) fn exit_status(self) -> ExitStatus {
         match self {
             Self::Interrupt => ExitStatus::Interrupted,
             Self::Terminate => ExitStatus::Terminated,
@@ -70,7 +70,7 @@ fn set() -> libc::sigset_t {
 ///
 /// # Errors
 /// When the signal mask cannot be changed.
-pub fn block() -> io::Result<()> {
+pub(crate) fn block() -> io::Result<()> {
     let set = set();
     // SAFETY: set is a valid signal set; the old mask is not wanted (null).
     let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
@@ -85,7 +85,7 @@ pub fn block() -> io::Result<()> {
 ///
 /// # Errors
 /// When the wait fails.
-pub fn take(timeout: Duration) -> io::Result<Option<Signal>> {
+pub(crate) fn take(timeout: Duration) -> io::Result<Option<Signal>> {
     let set = set();
     let ts = libc::timespec {
         tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
@@ -110,7 +110,7 @@ pub fn take(timeout: Duration) -> io::Result<Option<Signal>> {
 ///
 /// # Errors
 /// When the pending signals cannot be examined.
-pub fn take_pending() -> io::Result<Option<Signal>> {
+pub(crate) fn take_pending() -> io::Result<Option<Signal>> {
     take(Duration::ZERO)
 }
 
@@ -118,7 +118,7 @@ pub fn take_pending() -> io::Result<Option<Signal>> {
 ///
 /// # Errors
 /// When the wait fails.
-pub fn wait() -> io::Result<Signal> {
+pub(crate) fn wait() -> io::Result<Signal> {
     loop {
         if let Some(s) = take(Duration::from_secs(3600))? {
             return Ok(s);
@@ -127,7 +127,7 @@ pub fn wait() -> io::Result<Signal> {
 }
 
 /// What the work of [`during`] can ask of its watcher.
-pub struct Watching {
+pub(crate) struct Watching {
     #[cfg_attr(not(test), allow(dead_code, reason = "only tests raise signals at the watcher"))]
     thread: libc::pthread_t,
 }
@@ -136,7 +136,7 @@ impl Watching {
     /// Sends `signal` to the watcher thread alone, as the terminal or `kill` would send it to the
     /// process (a test's way in: a process-wide signal would reach the test harness's threads).
     #[cfg(test)]
-    pub fn raise(&self, signal: Signal) -> io::Result<()> {
+    pub(crate) fn raise(&self, signal: Signal) -> io::Result<()> {
         let raw = match signal {
             Signal::Interrupt => libc::SIGINT,
             Signal::Terminate => libc::SIGTERM,
@@ -163,7 +163,7 @@ const POLL: Duration = Duration::from_millis(50);
 /// # Errors
 /// When the watcher cannot wait for signals (the work's result is then lost; nothing has been
 /// asked of it).
-pub fn during<R>(
+pub(crate) fn during<R>(
     work: impl FnOnce(&Watching) -> R,
     on_signal: impl FnOnce(Signal) + Send,
 ) -> io::Result<(R, Option<Signal>)> {

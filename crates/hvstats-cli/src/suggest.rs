@@ -2,7 +2,7 @@
 
 /// The catalog names of `kind` nearest to `name`, best first, at most `n`: names holding every
 /// word of `name` (shortest first), then names spelled alike. For "did you mean" in usage errors.
-pub fn nearest_names(kind: hvstats_abi::ObjectKind, name: &str, n: usize) -> Vec<&'static str> {
+pub(crate) fn nearest_names(kind: hvstats_abi::ObjectKind, name: &str, n: usize) -> Vec<&'static str> {
     let wanted = name.to_lowercase();
     let words: Vec<&str> = wanted.split_whitespace().collect();
     let mut scored: Vec<(u8, usize, &'static str)> = hvstats_abi::catalog::counters_of(kind)
@@ -20,7 +20,7 @@ pub fn nearest_names(kind: hvstats_abi::ObjectKind, name: &str, n: usize) -> Vec
 }
 
 /// "; did you mean …?" for `name`, or nothing when no catalog name is near it.
-pub fn did_you_mean(kind: hvstats_abi::ObjectKind, name: &str) -> String {
+pub(crate) fn did_you_mean(kind: hvstats_abi::ObjectKind, name: &str) -> String {
     let near = nearest_names(kind, name, 3);
     if near.is_empty() {
         return String::new();

@@ -182,7 +182,7 @@ impl VpSources {
 
     /// Called on the VP's own thread as it ends: each source takes the reading a later merge
     /// should keep (the thread's last times).
-    pub fn thread_exiting(&mut self) {
+    pub(crate) fn thread_exiting(&mut self) {
         self.sources.sources_mut().for_each(|s| s.thread_exiting());
     }
 

@@ -45,7 +45,7 @@ fn factor() -> u64 {
 }
 
 /// Calibrates the clock now (it otherwise happens at the first conversion).
-pub fn calibrate() {
+pub(crate) fn calibrate() {
     let _ = factor();
 }
 
@@ -57,7 +57,7 @@ pub fn to_100ns(ticks: u64) -> u64 {
 
 /// Converts a tick count to nanoseconds (for histograms of times).
 #[inline]
-pub fn to_ns(ticks: u64) -> u64 {
+pub(crate) fn to_ns(ticks: u64) -> u64 {
     ((ticks as u128 * factor() as u128 * 100) >> 32).min(u64::MAX as u128) as u64
 }
 

@@ -57,7 +57,7 @@ impl GpaMap {
     }
 
     /// KVM slots in use.
-    pub fn slot_count(&self) -> usize {
+    pub(crate) fn slot_count(&self) -> usize {
         self.slots.len()
     }
 

@@ -62,7 +62,7 @@ pub struct Enlightenment {
 impl Enlightenment {
     /// The privileges of an ordinary guest partition: hypercall MSRs, VP index, partition id and,
     /// when `access_stats`, AccessStats.
-    pub fn guest_privileges(access_stats: bool) -> PartitionPrivileges {
+    pub(crate) fn guest_privileges(access_stats: bool) -> PartitionPrivileges {
         let mut mask =
             privilege::ACCESS_HYPERCALL_MSRS | privilege::ACCESS_VP_INDEX | privilege::ACCESS_PARTITION_ID;
         if access_stats {
@@ -72,7 +72,7 @@ impl Enlightenment {
     }
 
     /// The hypervisor CPUID leaves 0x40000000..=0x40000005.
-    pub fn cpuid_leaves(&self) -> [CpuidLeaf; 6] {
+    pub(crate) fn cpuid_leaves(&self) -> [CpuidLeaf; 6] {
         let leaf = |function, eax, ebx, ecx, edx| CpuidLeaf { function, index: 0, eax, ebx, ecx, edx };
         let mask = self.privileges.0;
         let [vendor_b, vendor_c, vendor_d] = cpuid::HV_VENDOR_SIGNATURE;

@@ -109,7 +109,7 @@ impl GuestRam {
     ///
     /// # Errors
     /// When the range is not inside RAM.
-    pub fn write_u64(&self, gpa: u64, value: u64) -> Result<(), Error> {
+    pub(crate) fn write_u64(&self, gpa: u64, value: u64) -> Result<(), Error> {
         self.write("table entry", gpa, &value.to_le_bytes())
     }
 }

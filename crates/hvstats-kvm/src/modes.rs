@@ -30,7 +30,7 @@ fn gdt_entry(flags: u64) -> u64 {
 ///
 /// # Errors
 /// When RAM is too small to hold the tables.
-pub fn write_tables(ram: &GuestRam, mode: Mode) -> Result<(), Error> {
+pub(crate) fn write_tables(ram: &GuestRam, mode: Mode) -> Result<(), Error> {
     let code = match mode {
         Mode::Real => return Ok(()),
         // P, DPL 0, code exec/read, D (32-bit), G.
@@ -100,7 +100,13 @@ pub fn stack_top(index: u32) -> u64 {
 }
 
 /// Sets `sregs` and builds the registers VP `index` of `count` starts with at `entry`.
-pub fn initial_state(mode: Mode, sregs: &mut kvm_sregs, entry: u64, index: u32, count: u32) -> kvm_regs {
+pub(crate) fn initial_state(
+    mode: Mode,
+    sregs: &mut kvm_sregs,
+    entry: u64,
+    index: u32,
+    count: u32,
+) -> kvm_regs {
     let mut regs = kvm_regs { rflags: 2, rdi: index as u64, rsi: count as u64, ..Default::default() };
     let top = stack_top(index);
     match mode {

@@ -16,12 +16,12 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 
 /// The tool's executable name.
-pub const TOOL: &str = "hvstats-bench";
+pub(crate) const TOOL: &str = "hvstats-bench";
 
 /// Flags of `hvstats bench`: all of them the tool's.
 #[derive(clap::Args, Debug)]
 #[command(disable_help_flag = true, disable_version_flag = true)]
-pub struct Args {
+pub(crate) struct Args {
     /// The arguments of `hvstats-bench` (`hvstats bench --help` lists them).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "ARGS")]
     args: Vec<OsString>,
@@ -40,7 +40,7 @@ fn locate(exe: Option<&Path>, path: Option<&std::ffi::OsStr>) -> Option<PathBuf>
 }
 
 /// Runs `hvstats bench`: never returns when the tool is found and starts.
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let exe = std::env::current_exe().ok();
     let Some(tool) = locate(exe.as_deref(), std::env::var_os("PATH").as_deref()) else {
         let beside = exe

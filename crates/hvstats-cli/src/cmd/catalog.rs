@@ -14,7 +14,7 @@ use crate::output;
 
 /// Flags of `hvstats catalog`.
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Print JSON instead of a table: `{"schema_version", "counters": [one object per counter]}`,
     /// each with the keys snapshots, reports and top's JSON give it (`json_keys`).
     #[arg(long)]
@@ -22,7 +22,7 @@ pub struct Args {
 }
 
 /// Runs `hvstats catalog`.
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.json {
         let rows: Vec<Value> = CATALOG.iter().map(counter_json).collect();
         let doc = json!({ json_keys::SCHEMA_KEY: json_keys::SCHEMA_VERSION, "counters": rows });
@@ -48,7 +48,7 @@ fn observed_by(c: &Counter) -> &'static str {
 }
 
 /// One counter as a JSON object.
-pub fn counter_json(c: &Counter) -> Value {
+pub(crate) fn counter_json(c: &Counter) -> Value {
     json!({
         "object": c.id.kind.short_name(),
         "object_type": c.id.kind.object_type().0,

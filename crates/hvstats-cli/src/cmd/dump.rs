@@ -27,7 +27,7 @@ use crate::output::{self, note};
 
 /// Flags of `hvstats dump`.
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// The page file: exactly 4096 bytes, as published by hvstats or saved from a partition.
     file: PathBuf,
     /// Read the page as this object's page instead of inferring the type from its groups.
@@ -50,7 +50,7 @@ fn kind_parser() -> impl TypedValueParser<Value = ObjectKind> {
 }
 
 /// Runs `hvstats dump`.
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.write_sample {
         let kind = args.kind.unwrap_or(ObjectKind::Vp);
         write_sample(&args.file, kind)?;

@@ -23,7 +23,7 @@ use crate::signals;
 
 /// Flags of `hvstats hwc`.
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     #[command(subcommand)]
     command: Command,
 }
@@ -102,7 +102,7 @@ struct FreeArgs {
 }
 
 /// Runs `hvstats hwc`.
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     match args.command {
         Command::List(a) => list(a),
         Command::Alloc(a) => alloc(a),

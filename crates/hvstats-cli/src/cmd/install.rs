@@ -13,7 +13,7 @@ use crate::output::{self, ExitStatus, out};
 
 /// Flags of `hvstats man`.
 #[derive(clap::Args, Debug)]
-pub struct ManArgs {
+pub(crate) struct ManArgs {
     /// The directory to write the pages into (`hvstats.1`, then `hvstats-<command>.1` for each
     /// command), e.g. /usr/local/share/man/man1; created (with its parents) when missing.
     #[arg(long, value_name = "DIR")]
@@ -22,7 +22,7 @@ pub struct ManArgs {
 
 /// Flags of `hvstats completions`.
 #[derive(clap::Args, Debug)]
-pub struct CompletionsArgs {
+pub(crate) struct CompletionsArgs {
     /// The shell to complete for; the script is printed on standard output.
     #[arg(value_enum)]
     shell: Shell,
@@ -32,7 +32,7 @@ pub struct CompletionsArgs {
 ///
 /// # Errors
 /// When the directory cannot be created, is not a directory, or a page cannot be written.
-pub fn man(args: ManArgs, cli: Command) -> anyhow::Result<ExitCode> {
+pub(crate) fn man(args: ManArgs, cli: Command) -> anyhow::Result<ExitCode> {
     if args.out_dir.exists() && !args.out_dir.is_dir() {
         anyhow::bail!("--out-dir {} is not a directory", args.out_dir.display());
     }
@@ -88,7 +88,7 @@ fn replace(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
 ///
 /// # Errors
 /// When standard output cannot be written.
-pub fn completions(args: CompletionsArgs, mut cli: Command) -> anyhow::Result<ExitCode> {
+pub(crate) fn completions(args: CompletionsArgs, mut cli: Command) -> anyhow::Result<ExitCode> {
     let mut script = Vec::new();
     let name = cli.get_name().to_owned();
     clap_complete::generate(args.shell, &mut cli, name, &mut script);

@@ -1,19 +1,19 @@
 //! One module per subcommand: its flags and what it does.
 
-pub mod bench;
-pub mod catalog;
-pub mod dump;
-pub mod hwc;
-pub mod install;
-pub mod observe;
-pub mod plot;
-pub mod record;
-pub mod recording;
-pub mod report;
-pub mod run;
-pub mod serve;
-pub mod snapshot;
-pub mod top;
+pub(crate) mod bench;
+pub(crate) mod catalog;
+pub(crate) mod dump;
+pub(crate) mod hwc;
+pub(crate) mod install;
+pub(crate) mod observe;
+pub(crate) mod plot;
+pub(crate) mod record;
+pub(crate) mod recording;
+pub(crate) mod report;
+pub(crate) mod run;
+pub(crate) mod serve;
+pub(crate) mod snapshot;
+pub(crate) mod top;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -27,7 +27,7 @@ use anyhow::bail;
 /// # Errors
 /// When `--runtime-dir` or `$HVSTATS_RUNTIME_DIR` names something that is not an existing
 /// directory.
-pub fn runtime_dir(flag: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+pub(crate) fn runtime_dir(flag: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     use hvstats::runtime_dir::RUNTIME_DIR_ENV;
     let (dir, named_by, fix) = match (flag, std::env::var_os(RUNTIME_DIR_ENV).filter(|v| !v.is_empty())) {
         (Some(dir), _) => (dir, "--runtime-dir".to_owned(), "leave the flag out"),
@@ -46,7 +46,7 @@ pub fn runtime_dir(flag: Option<PathBuf>) -> anyhow::Result<PathBuf> {
 
 /// How often a publisher merges its sources into the pages (`run`'s collector): counters move no
 /// more often than this, so a shorter interval would show rates of 0 between refreshes.
-pub fn publisher_cadence() -> Duration {
+pub(crate) fn publisher_cadence() -> Duration {
     hvstats_kvm::PartitionConfig::default().collect_interval
 }
 
@@ -54,7 +54,7 @@ pub fn publisher_cadence() -> Duration {
 /// refreshes its counters every `period`, when the interval is shorter (by more than a tenth: a
 /// refresh takes time of its own): its counters move once a refresh, so its rates over the
 /// interval alternate between 0 and about twice the real rate. `None` when the interval is fine.
-pub fn cadence_warning(interval: f64, name: &str, period: Duration) -> Option<String> {
+pub(crate) fn cadence_warning(interval: f64, name: &str, period: Duration) -> Option<String> {
     let period = period.as_secs_f64();
     (interval < 0.9 * period).then(|| {
         format!(
@@ -66,7 +66,7 @@ pub fn cadence_warning(interval: f64, name: &str, period: Duration) -> Option<St
 }
 
 /// A year in seconds: the longest a recording or duration flag accepts.
-pub const YEAR_SECONDS: f64 = 86_400.0 * 365.0;
+pub(crate) const YEAR_SECONDS: f64 = 86_400.0 * 365.0;
 
 /// Parses a number of seconds from `min` to `max` (both included) for a flag; the message states
 /// the range. Every seconds flag goes through here (or [`parse_interval`], which adds why its
@@ -74,7 +74,7 @@ pub const YEAR_SECONDS: f64 = 86_400.0 * 365.0;
 ///
 /// # Errors
 /// A message stating the range when `s` is not a number in it.
-pub fn seconds_in(s: &str, min: f64, max: f64) -> Result<f64, String> {
+pub(crate) fn seconds_in(s: &str, min: f64, max: f64) -> Result<f64, String> {
     let upper = if max == YEAR_SECONDS { "a year".to_owned() } else { format!("{max}") };
     match s.trim().parse::<f64>() {
         Ok(v) if (min..=max).contains(&v) => Ok(v),
@@ -87,7 +87,7 @@ pub fn seconds_in(s: &str, min: f64, max: f64) -> Result<f64, String> {
 ///
 /// # Errors
 /// A message stating the real range when `s` is not a number in it.
-pub fn parse_interval(s: &str) -> Result<f64, String> {
+pub(crate) fn parse_interval(s: &str) -> Result<f64, String> {
     interval_up_to(s, 3600.0)
 }
 
@@ -96,7 +96,7 @@ pub fn parse_interval(s: &str) -> Result<f64, String> {
 /// # Errors
 /// A message stating the real range (and why its floor is the refresh cadence) when `s` is not a
 /// number in it.
-pub fn interval_up_to(s: &str, max: f64) -> Result<f64, String> {
+pub(crate) fn interval_up_to(s: &str, max: f64) -> Result<f64, String> {
     let min = publisher_cadence().as_secs_f64();
     let upper = if max == YEAR_SECONDS { "a year".to_owned() } else { format!("{max} s") };
     match s.trim().parse::<f64>() {

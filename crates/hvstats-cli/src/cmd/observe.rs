@@ -21,7 +21,7 @@ use crate::signals;
 
 /// Flags of `hvstats observe`.
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Observe the KVM VM of this process (repeatable).
     #[arg(
         long = "pid",
@@ -78,7 +78,7 @@ pub(crate) fn parse_pattern(s: &str) -> Result<VmPattern, String> {
 }
 
 /// Runs the observer until SIGINT/SIGTERM, or until every `--pid` process has exited.
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.qmp.is_some() && args.pids.len() > 1 {
         bail!("--qmp names the socket of one QEMU: give one --pid with it, or none");
     }

@@ -27,11 +27,11 @@ use crate::output_file::OutputFile;
 const FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSansMono.ttf");
 
 /// Lines drawn per chart at most (the busiest VPs).
-pub const MAX_SERIES: usize = 12;
+pub(crate) const MAX_SERIES: usize = 12;
 
 /// Flags of `hvstats plot`.
 #[derive(clap::Args, Debug)]
-pub struct Args {
+pub(crate) struct Args {
     /// A recording made by `hvstats record`.
     #[arg(value_name = "FILE")]
     file: PathBuf,
@@ -61,7 +61,7 @@ fn parse_size(s: &str) -> Result<(u32, u32), String> {
 
 /// One chart: a counter and a line per VP.
 #[derive(Clone, Debug)]
-pub struct Chart {
+pub(crate) struct Chart {
     /// The catalog row charted; its name titles the chart.
     pub counter: &'static Counter,
     /// The y axis text.
@@ -74,7 +74,7 @@ pub struct Chart {
 
 impl Chart {
     /// True when every point drawn is 0: nothing moved.
-    pub fn is_flat(&self) -> bool {
+    pub(crate) fn is_flat(&self) -> bool {
         self.series.iter().flat_map(|(_, p)| p).all(|&(_, v)| v == 0.0)
     }
 }
@@ -335,7 +335,7 @@ fn stream_vps(path: &Path, f: &mut VisitVp<'_>) -> anyhow::Result<()> {
 
 /// The counters charted by default: the maintained VP rates that moved most between the first
 /// and the last sample (totals over the VPs of each, `first` and `last`).
-pub fn busiest(header: &Header, first: &[u64], last: &[u64], n: usize) -> Vec<&'static Counter> {
+pub(crate) fn busiest(header: &Header, first: &[u64], last: &[u64], n: usize) -> Vec<&'static Counter> {
     let mut moved: Vec<(&'static Counter, u64)> = header
         .vp_counters()
         .into_iter()
@@ -396,7 +396,10 @@ fn register_font() -> anyhow::Result<()> {
 ///
 /// # Errors
 /// When the backend fails to draw.
-pub fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, charts: &[Chart]) -> anyhow::Result<()> {
+pub(crate) fn draw<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    charts: &[Chart],
+) -> anyhow::Result<()> {
     let fail = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow::anyhow!("drawing failed: {e}");
     root.fill(&WHITE).map_err(fail)?;
     for (area, c) in root.split_evenly((charts.len().max(1), 1)).iter().zip(charts) {
@@ -451,7 +454,7 @@ pub fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, charts: &[Chart])
 }
 
 /// `v` with an SI prefix and at most 3 significant decimals: 1.4M, 250k, 0.5.
-pub fn si(v: f64) -> String {
+pub(crate) fn si(v: f64) -> String {
     let a = v.abs();
     let (scale, prefix) = [(1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")]
         .into_iter()
@@ -464,7 +467,7 @@ pub fn si(v: f64) -> String {
 
 /// The colours of lines: distinct, and dark enough to read on white (plotters' `Palette99` less
 /// its pale ones).
-pub const LINE_COLOURS: [(u8, u8, u8); 14] = [
+pub(crate) const LINE_COLOURS: [(u8, u8, u8); 14] = [
     (230, 25, 75),
     (60, 180, 75),
     (0, 130, 200),
@@ -484,7 +487,7 @@ pub const LINE_COLOURS: [(u8, u8, u8); 14] = [
 /// A line's colour (an index into [`LINE_COLOURS`]), from its label: the same VP has the same colour
 /// in every chart, unless another line of the chart has it already (`used`), then the next free
 /// one.
-pub fn colour_index(label: &str, used: &mut [bool]) -> usize {
+pub(crate) fn colour_index(label: &str, used: &mut [bool]) -> usize {
     // FNV-1a, then the splitmix64 finaliser so labels that differ in one character spread over
     // the palette: stable across runs and builds, unlike the standard library's hasher.
     let mut h =
@@ -503,11 +506,11 @@ pub fn colour_index(label: &str, used: &mut [bool]) -> usize {
 }
 
 /// The largest image `plot` draws, in bytes of its bitmap (3 per pixel): every chart together.
-pub const MAX_BITMAP_BYTES: u64 = 64 << 20;
+pub(crate) const MAX_BITMAP_BYTES: u64 = 64 << 20;
 
 /// The chart format, from the output's extension.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Format {
+pub(crate) enum Format {
     /// A PNG image.
     Png,
     /// An SVG document.
@@ -519,7 +522,7 @@ impl Format {
     ///
     /// # Errors
     /// Any other extension.
-    pub fn of(path: &Path) -> anyhow::Result<Self> {
+    pub(crate) fn of(path: &Path) -> anyhow::Result<Self> {
         match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
             Some("png") => Ok(Format::Png),
             Some("svg") => Ok(Format::Svg),
@@ -530,7 +533,7 @@ impl Format {
 
 /// The whole image's size for `charts` charts of `(width, height)` each, when its bitmap stays
 /// within [`MAX_BITMAP_BYTES`].
-pub fn image_size((width, height): (u32, u32), charts: usize) -> Option<(u32, u32)> {
+pub(crate) fn image_size((width, height): (u32, u32), charts: usize) -> Option<(u32, u32)> {
     let total = u64::from(height).checked_mul(charts.max(1) as u64)?;
     let bytes = u64::from(width).checked_mul(total)?.checked_mul(3)?;
     (bytes <= MAX_BITMAP_BYTES).then_some((width, u32::try_from(total).ok()?))
@@ -540,7 +543,7 @@ pub fn image_size((width, height): (u32, u32), charts: usize) -> Option<(u32, u3
 ///
 /// # Errors
 /// A failure to draw or encode.
-pub fn render(format: Format, charts: &[Chart], size: (u32, u32)) -> anyhow::Result<Vec<u8>> {
+pub(crate) fn render(format: Format, charts: &[Chart], size: (u32, u32)) -> anyhow::Result<Vec<u8>> {
     register_font()?;
     match format {
         Format::Png => {
@@ -572,7 +575,7 @@ fn usage(message: impl std::fmt::Display) -> anyhow::Result<ExitCode> {
 }
 
 /// The counters charted when none moved: the first `n` maintained VP rates, in catalog order.
-pub fn quiet_defaults(header: &Header, n: usize) -> Vec<&'static Counter> {
+pub(crate) fn quiet_defaults(header: &Header, n: usize) -> Vec<&'static Counter> {
     header
         .vp_counters()
         .into_iter()
@@ -582,7 +585,7 @@ pub fn quiet_defaults(header: &Header, n: usize) -> Vec<&'static Counter> {
 }
 
 /// Runs `hvstats plot`.
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     // The command line first: nothing is read or written for a wrong one.
     let format = match Format::of(&args.output) {
         Ok(f) => f,

@@ -19,7 +19,7 @@ use hvstats_present::live::Live;
 
 /// Flags of `hvstats record`.
 #[derive(clap::Args, Debug)]
-pub struct Args {
+pub(crate) struct Args {
     /// The recording to write: a new file (`-` or /dev/stdout: standard output).
     #[arg(short = 'o', long, value_name = "FILE")]
     output: PathBuf,
@@ -52,7 +52,7 @@ fn parse_seconds(s: &str) -> Result<f64, String> {
 }
 
 /// Runs `hvstats record`.
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let live = Live::new(Some(crate::cmd::runtime_dir(args.runtime_dir)?));
     let stop = Arc::new(AtomicBool::new(false));
     {

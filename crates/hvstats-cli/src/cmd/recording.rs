@@ -27,21 +27,21 @@ use serde::{Deserialize, Serialize};
 use hvstats_present::live::{Live, Reading};
 
 /// The `format` of the header.
-pub const FORMAT: &str = "hvstats-recording";
+pub(crate) const FORMAT: &str = "hvstats-recording";
 
 /// The version of the format this build writes (and the newest it reads).
-pub const VERSION: u32 = 2;
+pub(crate) const VERSION: u32 = 2;
 
 /// The oldest version this build reads (version 1: no histograms).
-pub const OLDEST_VERSION: u32 = 1;
+pub(crate) const OLDEST_VERSION: u32 = 1;
 
 /// The `bucketing` of a histogram in the header: [`hvstats_abi::histogram`]'s log2 buckets of
 /// nanoseconds.
-pub const LOG2_NS: &str = "log2-ns";
+pub(crate) const LOG2_NS: &str = "log2-ns";
 
 /// A catalog counter as the header describes it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CounterInfo {
+pub(crate) struct CounterInfo {
     /// The catalog name (the key in reports).
     pub name: String,
     /// The raw unit (`count`, `100ns`, …).
@@ -65,7 +65,7 @@ impl CounterInfo {
 
 /// A VP histogram as the header describes it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HistogramInfo {
+pub(crate) struct HistogramInfo {
     /// The catalog name of the histogram row (e.g. `IO intercept time histogram`); its key in reports.
     pub name: String,
     /// How its buckets divide times: [`LOG2_NS`].
@@ -81,7 +81,7 @@ fn vp_histograms() -> impl Iterator<Item = &'static Counter> {
 
 /// The catalog part of the header.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CatalogInfo {
+pub(crate) struct CatalogInfo {
     /// The hvstats version that wrote the file.
     pub hvstats: String,
     /// The version of the architectural and release groups (`1.0`).
@@ -97,7 +97,7 @@ pub struct CatalogInfo {
 
 /// The first line.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Header {
+pub(crate) struct Header {
     /// Always [`FORMAT`]; a reader refuses a file with another.
     pub format: String,
     /// The format version, [`OLDEST_VERSION`]`..=`[`VERSION`] for a file this build reads.
@@ -112,7 +112,7 @@ pub struct Header {
 
 impl Header {
     /// The header of a recording this build makes.
-    pub fn new(interval_seconds: f64, started_unix_ms: u64) -> Self {
+    pub(crate) fn new(interval_seconds: f64, started_unix_ms: u64) -> Self {
         let group = GroupKind::Architectural.version(ObjectKind::Vp);
         Self {
             format: FORMAT.into(),
@@ -138,7 +138,7 @@ impl Header {
 
 /// One VP in a sample.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct VpSample {
+pub(crate) struct VpSample {
     /// The VP index within its partition.
     pub vp: u32,
     /// Values in the header's VP order (`null` for a counter the publisher declares unavailable);
@@ -157,7 +157,7 @@ pub struct VpSample {
 
 impl VpSample {
     /// Histogram `i` of the header, when this sample has it.
-    pub fn histogram(&self, i: usize) -> Option<Log2Histogram> {
+    pub(crate) fn histogram(&self, i: usize) -> Option<Log2Histogram> {
         let slots = self.histograms.as_ref()?.get(i)?.as_ref()?;
         let mut full = [0u64; HISTOGRAM_SLOTS];
         full.get_mut(..slots.len())?.copy_from_slice(slots);
@@ -185,7 +185,7 @@ fn histograms(vp: &VpSnapshot) -> Option<Vec<Option<Vec<u64>>>> {
 
 /// One partition in a sample.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct PartitionSample {
+pub(crate) struct PartitionSample {
     /// The VM name (`instance:partition`).
     pub vm: String,
     /// The publishing instance's name (`<pid>-<start>-<n>`).
@@ -203,7 +203,7 @@ pub struct PartitionSample {
 
 /// One line after the header.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Sample {
+pub(crate) struct Sample {
     /// Seconds since the first sample.
     pub t: f64,
     /// Every partition of every live instance.
@@ -220,7 +220,7 @@ fn values(kind: ObjectKind, reading: &ObjectReading) -> (Option<Vec<Option<u64>>
 
 impl Sample {
     /// The sample of `reading`, `t` seconds into the recording.
-    pub fn of(reading: &Reading, t: f64) -> Self {
+    pub(crate) fn of(reading: &Reading, t: f64) -> Self {
         let partitions = reading
             .instances
             .iter()
@@ -249,7 +249,7 @@ impl Sample {
 ///
 /// # Errors
 /// When writing fails (a full disk).
-pub fn write_line(out: &mut impl Write, value: &impl Serialize) -> anyhow::Result<()> {
+pub(crate) fn write_line(out: &mut impl Write, value: &impl Serialize) -> anyhow::Result<()> {
     let mut line = serde_json::to_vec(value)?;
     line.push(b'\n');
     anyhow::ensure!(
@@ -267,16 +267,16 @@ pub fn write_line(out: &mut impl Write, value: &impl Serialize) -> anyhow::Resul
 /// the billions, or of 16,384 VPs with every value and histogram slot at its largest (a test checks
 /// both). A reader holds one line at a time, and one VP of it parsed, so this bounds what a line
 /// costs it.
-pub const MAX_LINE: usize = 128 << 20;
+pub(crate) const MAX_LINE: usize = 128 << 20;
 
 /// The longest header accepted: 1 MiB, dozens of times what this build writes (its catalog's
 /// counters and histograms, about 20 KiB), so a newer catalog still reads while a header of
 /// millions of made-up counters is refused before anything is parsed.
-pub const MAX_HEADER: usize = 1 << 20;
+pub(crate) const MAX_HEADER: usize = 1 << 20;
 
 /// A recording read one sample at a time, so what reads it holds no more than it keeps: the
 /// header is read and checked first, then each [`next_with`](Self::next_with) parses and checks one line.
-pub struct SampleReader<R> {
+pub(crate) struct SampleReader<R> {
     input: R,
     header: Header,
     /// Lines read so far (the header is line 1).
@@ -289,7 +289,7 @@ impl<R: BufRead> SampleReader<R> {
     /// # Errors
     /// When the input cannot be read, is empty, or does not start with a header of a format and
     /// version this build reads.
-    pub fn new(mut input: R) -> anyhow::Result<Self> {
+    pub(crate) fn new(mut input: R) -> anyhow::Result<Self> {
         let Some(first) = read_line(&mut input, 1, MAX_HEADER)? else {
             anyhow::bail!("the file is empty: not a recording")
         };
@@ -323,7 +323,7 @@ impl<R: BufRead> SampleReader<R> {
     }
 
     /// The header of line 1, already checked: format, version and histogram bucketing.
-    pub fn header(&self) -> &Header {
+    pub(crate) fn header(&self) -> &Header {
         &self.header
     }
 
@@ -334,7 +334,7 @@ impl<R: BufRead> SampleReader<R> {
     /// # Errors
     /// When the input cannot be read, or a line is too long, not a sample, or does not match the
     /// header's counters; and whatever `visit` returns.
-    pub fn next_with(
+    pub(crate) fn next_with(
         &mut self,
         mut visit: impl FnMut(VpAt<'_>) -> anyhow::Result<()>,
     ) -> anyhow::Result<Option<f64>> {
@@ -386,7 +386,7 @@ fn fits(header: &Header, vp: &VpSample) -> bool {
 }
 
 /// One VP of a sample, as [`SampleReader::next_with`] hands it.
-pub struct VpAt<'a> {
+pub(crate) struct VpAt<'a> {
     /// The sample's `t`: seconds since the first sample.
     pub t: f64,
     /// The VM's name, as `instance:partition`.
@@ -402,14 +402,14 @@ pub struct VpAt<'a> {
 impl VpAt<'_> {
     /// Who the VP is: the publishing instance, the partition, the VP index. Two VMs that share a
     /// name are two VMs.
-    pub fn key(&self) -> VpKey {
+    pub(crate) fn key(&self) -> VpKey {
         VpKey { instance: self.instance.into(), partition: self.partition, vp: self.vp.vp }
     }
 }
 
 /// A VP's identity in a recording.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct VpKey {
+pub(crate) struct VpKey {
     /// The publishing instance's name (`<pid>-<start>-<n>`).
     pub instance: Box<str>,
     /// The partition id within that instance.
@@ -634,13 +634,13 @@ fn read_line(input: &mut impl BufRead, n: usize, max: usize) -> anyhow::Result<O
 
 impl Header {
     /// True when the recording carries the VPs' histograms (format version 2 and later).
-    pub fn has_histograms(&self) -> bool {
+    pub(crate) fn has_histograms(&self) -> bool {
         self.version >= 2
     }
 
     /// The VP counters with this build's catalog rows (unknown names are `None`), looked up in
     /// one table of the catalog: linear in the header, however long a hostile one is.
-    pub fn vp_counters(&self) -> Vec<(&CounterInfo, Option<&'static Counter>)> {
+    pub(crate) fn vp_counters(&self) -> Vec<(&CounterInfo, Option<&'static Counter>)> {
         let catalog: std::collections::HashMap<&str, &'static Counter> =
             counters_of(ObjectKind::Vp).map(|c| (c.name, c)).collect();
         self.catalog.vp.iter().map(|c| (c, catalog.get(c.name.as_str()).copied())).collect()
@@ -648,7 +648,7 @@ impl Header {
 
     /// Where each VP counter's paired count (a cost's count) is in the header's VP order,
     /// found through one table of names: linear in the header.
-    pub fn vp_paired_at(&self) -> Vec<Option<usize>> {
+    pub(crate) fn vp_paired_at(&self) -> Vec<Option<usize>> {
         let mut at: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
         for (i, c) in self.catalog.vp.iter().enumerate() {
             at.entry(c.name.as_str()).or_insert(i);

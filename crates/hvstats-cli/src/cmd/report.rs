@@ -26,7 +26,7 @@ use crate::cmd::recording::{CounterInfo, Header, SampleReader, VpKey, VpSample};
 
 /// Flags of `hvstats report`.
 #[derive(clap::Args, Debug)]
-pub struct Args {
+pub(crate) struct Args {
     /// A recording made by `hvstats record`.
     #[arg(value_name = "FILE")]
     file: PathBuf,
@@ -37,7 +37,7 @@ pub struct Args {
 
 /// One VP over the recording.
 #[derive(Clone, Debug)]
-pub struct VpReport {
+pub(crate) struct VpReport {
     /// The VM's name (`instance:partition`) in the VP's first readable sample.
     pub vm: String,
     /// The publishing instance's name (`<pid>-<start>-<n>`).
@@ -57,7 +57,7 @@ pub struct VpReport {
 /// What `report` keeps of a recording, gathered one VP at a time so that a recording of any
 /// length and width is read in the memory of one line and two compact readings per VP: the
 /// header, how many samples over what span, and each VP's first and last readable values.
-pub struct Digest {
+pub(crate) struct Digest {
     /// The recording's header (line 1), as read and checked.
     pub header: Header,
     /// Samples in the recording.
@@ -186,7 +186,7 @@ impl Digest {
     ///
     /// # Errors
     /// As [`SampleReader`].
-    pub fn read(input: impl BufRead) -> anyhow::Result<Self> {
+    pub(crate) fn read(input: impl BufRead) -> anyhow::Result<Self> {
         let mut reader = SampleReader::new(input)?;
         let mut vps: Vec<VpDigest> = Vec::new();
         let mut at: HashMap<VpKey, usize> = HashMap::new();
@@ -223,7 +223,7 @@ impl Digest {
     }
 
     /// VPs in the recording with a readable sample.
-    pub fn vp_count(&self) -> usize {
+    pub(crate) fn vp_count(&self) -> usize {
         self.vps.len()
     }
 }
@@ -266,7 +266,7 @@ fn histograms(header: &Header, first: &VpSample, last: &VpSample) -> Value {
 }
 
 /// Why a report has no histograms, when it has none.
-pub fn no_histograms_note(header: &Header) -> Option<String> {
+pub(crate) fn no_histograms_note(header: &Header) -> Option<String> {
     (!header.has_histograms()).then(|| {
         format!(
             "recording format version {} has no histograms: record again with this hvstats for \
@@ -283,7 +283,7 @@ fn json_key(info: &CounterInfo, counter: Option<&'static Counter>, held: Held) -
 }
 
 /// The per-VP reports of a recording, in order of first appearance.
-pub fn reports(digest: &Digest) -> impl Iterator<Item = VpReport> + '_ {
+pub(crate) fn reports(digest: &Digest) -> impl Iterator<Item = VpReport> + '_ {
     let header = &digest.header;
     let counters = header.vp_counters();
     // Where each counter's paired count is, found once.
@@ -463,7 +463,7 @@ impl serde::Serialize for EachVp<'_> {
 }
 
 /// Runs `hvstats report`.
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let file = crate::input::open_regular(&args.file)?;
     let metadata = file.metadata()?;
     let digest =

@@ -42,7 +42,7 @@ use crate::signals::{self, Signal};
 
 /// Flags of `hvstats run`.
 #[derive(clap::Args, Debug)]
-pub struct Args {
+pub(crate) struct Args {
     /// A raw guest image to run (without it: the built-in demo).
     #[arg(long)]
     image: Option<PathBuf>,
@@ -194,7 +194,7 @@ fn demo_workload(mode: Mode) -> Workload {
 }
 
 /// Runs `hvstats run`.
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     // Before any thread exists, so that none of them dies of these signals (see `signals`).
     signals::block().context("blocking SIGINT and SIGTERM")?;
     let runtime_dir = super::runtime_dir(args.runtime_dir.clone())?;

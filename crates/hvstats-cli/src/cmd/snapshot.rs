@@ -27,7 +27,7 @@ use hvstats_present::snapshot_json::{
 
 /// Flags of `hvstats snapshot`.
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Print one JSON object instead of tables.
     #[arg(long)]
     json: bool,
@@ -108,7 +108,7 @@ fn parse_interval(s: &str) -> Result<f64, String> {
 }
 
 /// Runs `hvstats snapshot`.
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let filter = Filter { vm: args.vm, counters: args.counter };
     let dir = super::runtime_dir(args.runtime_dir)?;
     let mut attach = Attach::new(&dir);

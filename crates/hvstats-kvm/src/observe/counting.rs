@@ -50,7 +50,7 @@ impl ThreadCounters {
     ///
     /// # Errors
     /// When the process's threads cannot be listed.
-    pub fn attach_at_most(
+    pub(crate) fn attach_at_most(
         procfs: &Procfs,
         pid: i32,
         events: EventList,
@@ -119,7 +119,7 @@ impl ThreadCounters {
     }
 
     /// True once [`retain`](Self::retain) has narrowed the set.
-    pub fn is_narrowed(&self) -> bool {
+    pub(crate) fn is_narrowed(&self) -> bool {
         self.only.is_some()
     }
 

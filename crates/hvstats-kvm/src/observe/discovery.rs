@@ -142,7 +142,7 @@ impl Procfs {
     ///
     /// # Errors
     /// As [`kvm_fds`](Self::kvm_fds).
-    pub fn kvm_fds_read(&self, pid: i32) -> io::Result<(KvmFds, u64)> {
+    pub(crate) fn kvm_fds_read(&self, pid: i32) -> io::Result<(KvmFds, u64)> {
         let dir = self.root.join(pid.to_string()).join("fd");
         let mut fds = KvmFds::default();
         let listed = numeric_entries(&dir)?;
@@ -169,7 +169,7 @@ impl Procfs {
     ///
     /// # Errors
     /// When the directory cannot be looked at (the process is gone).
-    pub fn fd_count(&self, pid: i32) -> io::Result<Option<u64>> {
+    pub(crate) fn fd_count(&self, pid: i32) -> io::Result<Option<u64>> {
         let size = fs::metadata(self.root.join(pid.to_string()).join("fd"))?.len();
         Ok((self.counts_fds && size > 0).then_some(size))
     }
@@ -178,7 +178,7 @@ impl Procfs {
     /// fd>`, where `id` is the thread that made the VM, taken to its process. `None` without a
     /// debugfs whose `kvm` directory can be listed, or when a VM's thread has exited (its
     /// process can then only be found by its descriptors).
-    pub fn debugfs_vm_pids(&self) -> Option<std::collections::BTreeSet<i32>> {
+    pub(crate) fn debugfs_vm_pids(&self) -> Option<std::collections::BTreeSet<i32>> {
         let entries = fs::read_dir(self.debugfs.as_ref()?.join("kvm")).ok()?;
         let thread = |name: &str| name.split_once('-')?.0.parse::<i32>().ok().filter(|p| *p > 0);
         let mut pids = std::collections::BTreeSet::new();
@@ -208,7 +208,7 @@ impl Procfs {
     ///
     /// # Errors
     /// When the root cannot be listed.
-    pub fn kvm_processes_but(&self, known: &dyn Fn(i32) -> bool) -> io::Result<Vec<(i32, KvmFds)>> {
+    pub(crate) fn kvm_processes_but(&self, known: &dyn Fn(i32) -> bool) -> io::Result<Vec<(i32, KvmFds)>> {
         let mut found = Vec::new();
         for pid in self.pids()? {
             if known(pid) {
@@ -338,7 +338,7 @@ impl Procfs {
     /// `server`), TCP sockets, descriptors passed in (libvirt's `fd=`: libvirt holds those), and
     /// `-qmp-pretty` or `pretty=on` monitors, whose messages span lines. Empty for other VMMs and
     /// a process that cannot be read.
-    pub fn qmp_sockets(&self, pid: i32) -> Vec<PathBuf> {
+    pub(crate) fn qmp_sockets(&self, pid: i32) -> Vec<PathBuf> {
         let Ok(args) = self.cmdline(pid) else { return Vec::new() };
         if args.first().map(|a| Vmm::from_program(a)) != Some(Vmm::Qemu) {
             return Vec::new();
@@ -454,7 +454,7 @@ impl Procfs {
     ///
     /// # Errors
     /// When the thread is not a task of `pid` now, or its `stat` cannot be read or parsed.
-    pub fn task_start_time(&self, pid: i32, tid: i32) -> io::Result<u64> {
+    pub(crate) fn task_start_time(&self, pid: i32, tid: i32) -> io::Result<u64> {
         if tid <= 0 {
             return Err(io::Error::new(io::ErrorKind::NotFound, format!("{tid} is not a thread id")));
         }

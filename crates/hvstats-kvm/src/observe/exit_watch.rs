@@ -24,7 +24,7 @@ impl ExitWatch {
     }
 
     /// True once the process has exited.
-    pub fn has_exited(&self) -> bool {
+    pub(crate) fn has_exited(&self) -> bool {
         let mut fd = libc::pollfd { fd: self.0.as_raw_fd(), events: libc::POLLIN, revents: 0 };
         // SAFETY: `fd` is one valid pollfd we own; the kernel writes only its `revents`.
         let rc = unsafe { libc::poll(&mut fd, 1, 0) };

@@ -153,7 +153,7 @@ impl Libvirt {
     ///
     /// # Errors
     /// When libvirt has no such domain ([`LibvirtError::is_no_domain`]) or the exchange fails.
-    pub fn lookup_by_uuid(&mut self, uuid: [u8; 16]) -> Result<Domain, LibvirtError> {
+    pub(crate) fn lookup_by_uuid(&mut self, uuid: [u8; 16]) -> Result<Domain, LibvirtError> {
         let reply = self.call(PROC_DOMAIN_LOOKUP_BY_UUID, &uuid)?;
         Xdr::new(&reply).domain()
     }
@@ -163,7 +163,7 @@ impl Libvirt {
     ///
     /// # Errors
     /// When the exchange fails or the reply does not parse.
-    pub fn domain_stats(
+    pub(crate) fn domain_stats(
         &mut self,
         domain: &Domain,
         stats: u32,

@@ -649,7 +649,7 @@ impl Observer {
 
 /// Descriptors this process may still open for counters: the open file limit less those open
 /// now and less [`FD_RESERVE`] (or a quarter of the limit); 0 when that cannot be told.
-pub fn descriptor_room() -> usize {
+pub(crate) fn descriptor_room() -> usize {
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: `lim` is a valid rlimit the kernel writes into.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {

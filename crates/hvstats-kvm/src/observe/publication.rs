@@ -32,6 +32,6 @@ pub fn counting_method() -> (Method, String) {
 }
 
 /// Declares `unavailable` for `partition` (its own counters and its VPs').
-pub fn declare_unavailable(partition: &PartitionStats, unavailable: &[CounterId]) {
+pub(crate) fn declare_unavailable(partition: &PartitionStats, unavailable: &[CounterId]) {
     partition.set_unavailable(unavailable);
 }

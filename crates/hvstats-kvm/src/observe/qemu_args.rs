@@ -100,7 +100,7 @@ pub fn parts(value: &str) -> Vec<String> {
 
 /// The guest name one `-name` value sets, if it sets one: its last `guest=N`, or a leading bare
 /// `N` (the implied key).
-pub fn guest_name(value: &str) -> Option<String> {
+pub(crate) fn guest_name(value: &str) -> Option<String> {
     let mut name = None;
     for (i, part) in parts(value).into_iter().enumerate() {
         if let Some(n) = part.strip_prefix("guest=") {

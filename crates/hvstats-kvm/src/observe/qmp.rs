@@ -138,13 +138,13 @@ pub enum QmpError {
 impl QmpError {
     /// True when the session can go on after this error (QEMU refused one command); after any
     /// other error the stream is out of step or gone, and the session must be dropped.
-    pub fn is_command_error(&self) -> bool {
+    pub(crate) fn is_command_error(&self) -> bool {
         matches!(self, QmpError::Command { .. })
     }
 
     /// True when the peer may still answer later: the exchange ran out of time with nothing
     /// wrong said (a stopped or stalled QEMU, a socket another client holds).
-    pub fn is_silence(&self) -> bool {
+    pub(crate) fn is_silence(&self) -> bool {
         matches!(self, QmpError::Stalled { .. } | QmpError::Taken { .. })
     }
 }
@@ -269,11 +269,6 @@ impl Qmp {
         Ok(())
     }
 
-    /// True once the greeting was read and the session is in command mode.
-    pub fn is_greeted(&self) -> bool {
-        self.greeted
-    }
-
     /// The socket's path.
     pub fn path(&self) -> &Path {
         &self.path
@@ -305,11 +300,6 @@ impl Qmp {
             )
         };
         (rc == 0 && cred.pid > 0).then_some(cred.pid)
-    }
-
-    /// Requests not answered yet.
-    pub fn outstanding(&self) -> usize {
-        self.outstanding.len()
     }
 
     /// Waits until the socket is readable (or writable, `write`) or `deadline`, in slices that
@@ -452,7 +442,7 @@ impl Qmp {
     ///
     /// # Errors
     /// As [`send`](Self::send).
-    pub fn send_all(&mut self, requests: &[(&str, Option<Value>)]) -> Result<(), QmpError> {
+    pub(crate) fn send_all(&mut self, requests: &[(&str, Option<Value>)]) -> Result<(), QmpError> {
         let mut text = String::new();
         let mut ids = Vec::with_capacity(requests.len());
         for (command, arguments) in requests {
@@ -599,7 +589,7 @@ impl Qmp {
 ///
 /// # Errors
 /// A reply of the wrong shape.
-pub fn parse_cpus(r: &Value) -> Result<Vec<QmpCpu>, QmpError> {
+pub(crate) fn parse_cpus(r: &Value) -> Result<Vec<QmpCpu>, QmpError> {
     let list = r.as_array().ok_or_else(|| QmpError::Protocol("query-cpus-fast: not a list".into()))?;
     let mut cpus = Vec::with_capacity(list.len());
     for cpu in list {
@@ -636,7 +626,7 @@ pub fn add_stats(reply: &mut KvmStatsReply, target: &str, r: &Value) {
 }
 
 /// The run state of a `query-status` reply (QAPI `RunState`), as QEMU names it.
-pub fn parse_status(r: &Value) -> Option<&str> {
+pub(crate) fn parse_status(r: &Value) -> Option<&str> {
     r.get("status").and_then(Value::as_str)
 }
 

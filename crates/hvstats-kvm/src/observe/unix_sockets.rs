@@ -57,7 +57,7 @@ impl UnixSockets {
     ///
     /// # Errors
     /// When `/proc/net/unix` cannot be read.
-    pub fn read_of<'a>(paths: impl IntoIterator<Item = &'a Path>) -> io::Result<Self> {
+    pub(crate) fn read_of<'a>(paths: impl IntoIterator<Item = &'a Path>) -> io::Result<Self> {
         let wanted: Vec<&str> = paths.into_iter().filter_map(Path::to_str).collect();
         Self::read_from(Path::new("/proc/net/unix"), Some(&wanted))
     }

@@ -247,7 +247,7 @@ impl ObservedVm {
     }
 
     /// Threads of the process counted now, and threads left out by the limit.
-    pub fn threads_counted(&self) -> (usize, usize) {
+    pub(crate) fn threads_counted(&self) -> (usize, usize) {
         self.sources.sources().iter().find_map(|s| s.threads_counted()).unwrap_or((0, 0))
     }
 
@@ -281,7 +281,7 @@ impl ObservedVm {
     }
 
     /// The QMP socket the VM's QMP source uses, when it has one.
-    pub fn qmp_path(&self) -> Option<&std::path::Path> {
+    pub(crate) fn qmp_path(&self) -> Option<&std::path::Path> {
         self.qmp.as_deref()
     }
 
@@ -427,7 +427,7 @@ impl ObservedVm {
 
     /// The VM's sources, whether each gives counters now and from when it counts, and which
     /// writes each counter: what its partition page tells readers.
-    pub fn source_table(&self) -> SourceTable {
+    pub(crate) fn source_table(&self) -> SourceTable {
         let mut table = SourceTable::default();
         let numbers: Vec<Option<u8>> = self
             .sources

@@ -24,7 +24,7 @@ impl Partition {
     }
 
     /// Whether [`Partition::stop`] was called.
-    pub fn stop_requested(&self) -> bool {
+    pub(crate) fn stop_requested(&self) -> bool {
         self.stop_requested.load(Ordering::SeqCst)
     }
 

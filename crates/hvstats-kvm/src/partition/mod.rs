@@ -347,7 +347,7 @@ impl Partition {
     }
 
     /// Brings the partition page's KVM-sourced counters (VM stats) up to date.
-    pub fn refresh_partition(&self) {
+    pub(crate) fn refresh_partition(&self) {
         let page = self.stats.page();
         if let Some(snap) = self.vm_stats.as_ref().and_then(|s| s.snapshot().ok()) {
             for counter in FROM_VM_STATS {

@@ -162,7 +162,7 @@ impl<S: CounterSource + ?Sized> Composition<S> {
     }
 
     /// The sources, in order, to read.
-    pub fn sources_mut(&mut self) -> impl Iterator<Item = &mut Box<S>> {
+    pub(crate) fn sources_mut(&mut self) -> impl Iterator<Item = &mut Box<S>> {
         self.sources.iter_mut()
     }
 
@@ -172,12 +172,12 @@ impl<S: CounterSource + ?Sized> Composition<S> {
     }
 
     /// The source that writes `counter` of `object`'s kind, if any.
-    pub fn writer_of(&self, object: Object, counter: hvstats_abi::CounterId) -> Option<&S> {
+    pub(crate) fn writer_of(&self, object: Object, counter: hvstats_abi::CounterId) -> Option<&S> {
         Some(&self.sources[self.writer_index(object, counter)?])
     }
 
     /// The place in the list of the source that writes `counter` of `object`'s kind, if any.
-    pub fn writer_index(&self, object: Object, counter: hvstats_abi::CounterId) -> Option<usize> {
+    pub(crate) fn writer_index(&self, object: Object, counter: hvstats_abi::CounterId) -> Option<usize> {
         self.writes.iter().position(|w| w.of(object).contains(counter))
     }
 
@@ -223,7 +223,7 @@ pub struct ObservedThread<'a> {
 
 /// The VP counters the catalog's sources of `kinds` could give (what a VP lacks when none of its
 /// sources gives them).
-pub fn vp_counters_of(kinds: &[hvstats_abi::source::SourceKind]) -> CounterSet {
+pub(crate) fn vp_counters_of(kinds: &[hvstats_abi::source::SourceKind]) -> CounterSet {
     CounterSet::of_kind(ObjectKind::Vp, |c| c.maintained.source().is_some_and(|s| kinds.contains(&s.kind())))
 }
 

@@ -195,12 +195,12 @@ impl Stat {
 
     /// True for a time in seconds with a decimal exponent ([`nanoseconds`](Self::nanoseconds)
     /// converts it).
-    pub fn is_time(self) -> bool {
+    pub(crate) fn is_time(self) -> bool {
         self.scale != Scale::NotTime
     }
 
     /// True for a histogram (several values, its buckets), false for a single value.
-    pub fn is_histogram(self) -> bool {
+    pub(crate) fn is_histogram(self) -> bool {
         self.size > 1
     }
 

@@ -26,7 +26,7 @@ pub struct ThreadTimes {
 
 impl ThreadTimes {
     /// Time outside the guest: total less guest time.
-    pub fn hypervisor_100ns(self) -> u64 {
+    pub(crate) fn hypervisor_100ns(self) -> u64 {
         self.total_100ns.saturating_sub(self.guest_100ns)
     }
 }
@@ -47,7 +47,7 @@ pub fn read(tid: libc::pid_t) -> io::Result<ThreadTimes> {
 ///
 /// # Errors
 /// When the thread's `stat` cannot be read or parsed.
-pub fn guest_ticks_of(procfs: &Path, pid: i32, tid: i32) -> io::Result<u64> {
+pub(crate) fn guest_ticks_of(procfs: &Path, pid: i32, tid: i32) -> io::Result<u64> {
     parse_guest_ticks(&std::fs::read_to_string(task_stat::thread_path(procfs, pid, tid))?)
 }
 
@@ -105,14 +105,6 @@ fn parse_guest_ticks(stat: &str) -> io::Result<u64> {
 pub fn gettid() -> libc::pid_t {
     // SAFETY: gettid has no arguments and cannot fail.
     unsafe { libc::gettid() }
-}
-
-/// The calling thread's id, asked of the kernel once per thread (for checks on hot paths).
-pub fn current_tid() -> libc::pid_t {
-    thread_local! {
-        static TID: libc::pid_t = gettid();
-    }
-    TID.with(|t| *t)
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ use super::http::{Body, Bounds, ChunkWriter, Reply, SharedBody};
 
 /// What a request can ask of a reading.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Want {
+pub(crate) enum Want {
     /// `/healthz`: what could be read.
     Health,
     /// `/metrics` in the OpenMetrics format.
@@ -86,7 +86,7 @@ impl Lane {
 
 /// The readers and what they last made: one lane for the bodies, one for health alone, so
 /// `/healthz` waits for a reading, never for an encoding.
-pub struct Answers {
+pub(crate) struct Answers {
     live: Live,
     max_vps: usize,
     bounds: Arc<Bounds>,
@@ -97,7 +97,7 @@ pub struct Answers {
 impl Answers {
     /// Answers from `live`, exporting at most `max_vps` VPs one by one (and snapshotting at most
     /// as many), counting bodies against `bounds`.
-    pub fn new(live: Live, max_vps: usize, bounds: Arc<Bounds>) -> Arc<Self> {
+    pub(crate) fn new(live: Live, max_vps: usize, bounds: Arc<Bounds>) -> Arc<Self> {
         Arc::new(Self { live, max_vps, bounds, bodies: Lane::default(), health: Lane::default() })
     }
 
@@ -122,7 +122,7 @@ impl Answers {
     }
 
     /// The answer to `want` from a reading begun after this call.
-    pub async fn answer(self: Arc<Self>, want: Want) -> Reply {
+    pub(crate) async fn answer(self: Arc<Self>, want: Want) -> Reply {
         let mut published = self.lane(want).published.subscribe();
         loop {
             let need = self.register(want);

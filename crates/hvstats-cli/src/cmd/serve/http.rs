@@ -60,7 +60,7 @@ use crate::signals::Signal;
 
 /// What the server lets one client hold.
 #[derive(Clone, Debug)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// Connections served at once; at the cap the idlest is closed to admit a new one.
     pub max_connections: usize,
     /// Bytes of a request's line and headers (hyper's read buffer; 8 KiB at least).
@@ -100,7 +100,7 @@ impl Default for Limits {
 
 /// What a request asks, as the answer needs it.
 #[derive(Clone, Debug)]
-pub struct Asked {
+pub(crate) struct Asked {
     /// The request method; only GET and HEAD get an answer other than 405.
     pub method: Method,
     /// The path, without query.
@@ -111,7 +111,7 @@ pub struct Asked {
 
 /// The body of a reply.
 #[derive(Clone, Debug)]
-pub enum Body {
+pub(crate) enum Body {
     /// A short text, the connection's own.
     Small(Bytes),
     /// A large reply made once and sent by every connection that asked for it.
@@ -121,7 +121,7 @@ pub enum Body {
 /// A large reply in chunks, counted against [`Limits::max_reply_bytes`] until the last
 /// connection sending it lets go.
 #[derive(Clone, Debug)]
-pub struct SharedBody(Arc<Chunks>);
+pub(crate) struct SharedBody(Arc<Chunks>);
 
 #[derive(Debug)]
 struct Chunks {
@@ -138,7 +138,7 @@ impl Drop for Chunks {
 
 /// What one request gets.
 #[derive(Debug)]
-pub struct Reply {
+pub(crate) struct Reply {
     /// The HTTP status.
     pub status: u16,
     /// The value of the `Content-Type` header sent with `body`.
@@ -149,7 +149,7 @@ pub struct Reply {
 
 impl Reply {
     /// A plain-text reply.
-    pub fn text(status: u16, body: impl Into<String>) -> Self {
+    pub(crate) fn text(status: u16, body: impl Into<String>) -> Self {
         let body: String = body.into();
         Self { status, content_type: "text/plain; charset=utf-8", body: Body::Small(Bytes::from(body)) }
     }
@@ -159,7 +159,7 @@ impl Reply {
 /// [`ChunkWriter::CHUNK`] bytes: a large reply costs its size, without the copies of a growing
 /// buffer.
 #[derive(Default)]
-pub struct ChunkWriter {
+pub(crate) struct ChunkWriter {
     parts: Vec<Bytes>,
     current: Vec<u8>,
     len: usize,
@@ -167,7 +167,7 @@ pub struct ChunkWriter {
 
 impl ChunkWriter {
     /// The size of a chunk.
-    pub const CHUNK: usize = 1 << 20;
+    pub(crate) const CHUNK: usize = 1 << 20;
 
     fn push(&mut self, mut bytes: &[u8]) {
         self.len += bytes.len();
@@ -186,7 +186,7 @@ impl ChunkWriter {
     }
 
     /// The reply, counted against `bounds`' budget of reply bytes.
-    pub fn finish(mut self, bounds: &Arc<Bounds>) -> SharedBody {
+    pub(crate) fn finish(mut self, bounds: &Arc<Bounds>) -> SharedBody {
         if !self.current.is_empty() {
             self.current.shrink_to_fit();
             self.parts.push(Bytes::from(std::mem::take(&mut self.current)));
@@ -215,7 +215,7 @@ impl std::fmt::Write for ChunkWriter {
 }
 
 /// A line of `serve`'s log on standard error (see [`crate::output::log`]).
-pub fn log(line: &str) {
+pub(crate) fn log(line: &str) {
     crate::output::log("serve", line);
 }
 
@@ -237,7 +237,7 @@ struct Connection {
 /// What the server shares between its connections and the answers: who is connected, and the
 /// bytes of the large replies in flight.
 #[derive(Debug)]
-pub struct Bounds {
+pub(crate) struct Bounds {
     limits: Limits,
     connections: Mutex<HashMap<u64, Connection>>,
     next: AtomicU64,
@@ -248,7 +248,7 @@ pub struct Bounds {
 
 impl Bounds {
     /// The bounds of a server with `limits`.
-    pub fn new(limits: Limits) -> Arc<Self> {
+    pub(crate) fn new(limits: Limits) -> Arc<Self> {
         Arc::new(Self {
             limits,
             connections: Mutex::new(HashMap::new()),
@@ -259,7 +259,7 @@ impl Bounds {
     }
 
     /// The limits.
-    pub fn limits(&self) -> &Limits {
+    pub(crate) fn limits(&self) -> &Limits {
         &self.limits
     }
 
@@ -310,14 +310,14 @@ impl Bounds {
     }
 
     /// Bytes of large replies in flight.
-    pub fn reply_bytes(&self) -> usize {
+    pub(crate) fn reply_bytes(&self) -> usize {
         self.bytes.load(Ordering::Relaxed)
     }
 
     /// Makes room for a new large reply: while the replies in flight pass the budget, closes the
     /// connections that have held theirs longest, then waits (at most a second) for them to let
     /// go. Runs on a blocking thread, off the one that drives the connections.
-    pub fn make_room(&self) {
+    pub(crate) fn make_room(&self) {
         let limit = self.limits.max_reply_bytes;
         if self.reply_bytes() <= limit {
             return;
@@ -439,13 +439,13 @@ impl HttpBody for ReplyBody {
 }
 
 /// The answer to one request, made off the thread that drives the connections.
-pub type Answer = Pin<Box<dyn Future<Output = Reply> + Send>>;
+pub(crate) type Answer = Pin<Box<dyn Future<Output = Reply> + Send>>;
 
 /// What the server answers with.
-pub type Handler = Arc<dyn Fn(Asked) -> Answer + Send + Sync>;
+pub(crate) type Handler = Arc<dyn Fn(Asked) -> Answer + Send + Sync>;
 
 /// A bound listening socket.
-pub enum Listener {
+pub(crate) enum Listener {
     /// TCP (plain, or TLS per the web configuration).
     Tcp(std::net::TcpListener),
     /// A Unix socket.
@@ -495,7 +495,7 @@ struct Shared {
 /// # Errors
 /// When the runtime cannot start, the listener cannot be handed to it, the signals cannot be
 /// watched, or `start` fails. A failing `accept` is not an error: it is logged and retried.
-pub fn serve<R>(
+pub(crate) fn serve<R>(
     listener: Listener,
     bounds: Arc<Bounds>,
     web: Option<Arc<Web>>,

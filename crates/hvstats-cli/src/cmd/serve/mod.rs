@@ -14,10 +14,10 @@
 //! on TCP, whoever reaches the address reads every counter unless `--web.config.file` ([`web`])
 //! asks for basic authentication or client certificates.
 
-pub mod answers;
-pub mod http;
-pub mod observe;
-pub mod web;
+pub(crate) mod answers;
+pub(crate) mod http;
+pub(crate) mod observe;
+pub(crate) mod web;
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
@@ -37,14 +37,14 @@ use hvstats_present::exposition;
 use hvstats_present::live::Live;
 
 /// The socket served when `--listen` is not given: this name in the runtime directory.
-pub const DEFAULT_SOCKET: &str = "serve.sock";
+pub(crate) const DEFAULT_SOCKET: &str = "serve.sock";
 
 /// VPs exported one by one per scrape when `--max-vps` is not given.
-pub use hvstats_present::exposition::DEFAULT_MAX_VPS;
+pub(crate) use hvstats_present::exposition::DEFAULT_MAX_VPS;
 
 /// Where `serve` listens.
 #[derive(Clone, Debug)]
-pub enum Listen {
+pub(crate) enum Listen {
     /// A TCP address.
     Tcp(SocketAddr),
     /// A Unix socket, created owner-only (or for `--socket-group`).
@@ -61,7 +61,7 @@ fn parse_listen(s: &str) -> Result<Listen, String> {
 
 /// Flags of `hvstats serve`.
 #[derive(clap::Args, Debug)]
-pub struct Args {
+pub(crate) struct Args {
     /// Where to listen: ADDR:PORT for TCP (a port of 0 picks a free one; the address is printed),
     /// or unix:PATH for a Unix socket. Default: unix:RUNTIME_DIR/serve.sock, which only the
     /// runtime directory's owner (or --socket-group) may connect to. On TCP, whoever reaches the
@@ -222,7 +222,7 @@ impl Drop for BoundSocket {
 }
 
 /// Runs `hvstats serve` until SIGINT or SIGTERM.
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let live = Live::new(Some(crate::cmd::runtime_dir(args.runtime_dir)?));
     let web = match &args.web_config_file {
         Some(path) => Some(Arc::new(web::Web::load(path)?)),

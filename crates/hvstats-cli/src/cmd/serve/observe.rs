@@ -20,7 +20,7 @@ use super::http::log;
 
 /// How serve observes: every VM the filter takes, using the QMP sockets their command lines
 /// name unless told not to.
-pub struct Observing {
+pub(crate) struct Observing {
     /// Seconds between refreshes.
     pub interval: Duration,
     /// `--vm`, `--exclude-vm`.
@@ -31,7 +31,7 @@ pub struct Observing {
 
 /// The observer running on its own thread; [`stop`](Self::stop) ends it, removes its instance
 /// and releases its claims.
-pub struct Running {
+pub(crate) struct Running {
     cancel: Cancel,
     thread: std::thread::JoinHandle<()>,
 }
@@ -39,7 +39,7 @@ pub struct Running {
 impl Running {
     /// Stops the observer (a QMP wait ends within [`CANCEL_POLL`]) and waits until its instance
     /// files are removed.
-    pub fn stop(self) {
+    pub(crate) fn stop(self) {
         self.cancel.cancel();
         if self.thread.join().is_err() {
             log("the observer thread panicked");
@@ -52,7 +52,7 @@ impl Running {
 ///
 /// # Errors
 /// When the instance cannot be published or the thread cannot start.
-pub fn start(runtime_dir: &Path, how: Observing) -> anyhow::Result<Running> {
+pub(crate) fn start(runtime_dir: &Path, how: Observing) -> anyhow::Result<Running> {
     if let Err(e) = raise_fd_limit() {
         log(&format!("cannot raise the open file limit: {e}"));
     }

@@ -84,7 +84,7 @@ struct RateFile {
 }
 
 /// Who may ask, and how they are answered, as the web configuration file says.
-pub struct Web {
+pub(crate) struct Web {
     tls: Option<TlsAcceptor>,
     auth: Option<Auth>,
     headers: Vec<(String, String)>,
@@ -101,7 +101,7 @@ impl Web {
     /// When it cannot be read, is not the toolkit's schema, names files that cannot be read or a
     /// key that does not match its certificate, or asks what hvstats cannot do (see the module
     /// documentation).
-    pub fn load(path: &Path) -> anyhow::Result<Self> {
+    pub(crate) fn load(path: &Path) -> anyhow::Result<Self> {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
         let file: WebFile = serde_norway::from_str(&text)
@@ -133,22 +133,22 @@ impl Web {
     }
 
     /// What the file asks, for the log: "TLS, basic authentication of 2 user(s)".
-    pub fn summary(&self) -> &str {
+    pub(crate) fn summary(&self) -> &str {
         &self.summary
     }
 
     /// True when a client must authenticate (basic authentication, or a client certificate).
-    pub fn authenticates(&self) -> bool {
+    pub(crate) fn authenticates(&self) -> bool {
         self.auth.is_some() || self.client_certificates
     }
 
     /// The TLS acceptor, when the file configures TLS.
-    pub fn tls(&self) -> Option<&TlsAcceptor> {
+    pub(crate) fn tls(&self) -> Option<&TlsAcceptor> {
         self.tls.as_ref()
     }
 
     /// The headers added to every response.
-    pub fn headers(&self) -> &[(String, String)] {
+    pub(crate) fn headers(&self) -> &[(String, String)] {
         &self.headers
     }
 
@@ -156,7 +156,7 @@ impl Web {
     ///
     /// # Errors
     /// Why the request is refused.
-    pub async fn admit(&self, authorization: Option<&str>) -> Result<(), Refusal> {
+    pub(crate) async fn admit(&self, authorization: Option<&str>) -> Result<(), Refusal> {
         if let Some(limiter) = &self.limiter {
             let allowed = limiter.lock().map(|mut b| b.take()).unwrap_or(false);
             if !allowed {
@@ -172,7 +172,7 @@ impl Web {
 
 /// Why the web configuration refuses a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// Past the rate limit (429).
     RateLimited,
     /// Without valid credentials (401, with a challenge).
@@ -181,7 +181,7 @@ pub enum Refusal {
 
 impl Refusal {
     /// The HTTP status of the refusal.
-    pub fn status(self) -> u16 {
+    pub(crate) fn status(self) -> u16 {
         match self {
             Refusal::RateLimited => 429,
             Refusal::Unauthorized => 401,
@@ -189,7 +189,7 @@ impl Refusal {
     }
 
     /// The body of the refusal.
-    pub fn text(self) -> &'static str {
+    pub(crate) fn text(self) -> &'static str {
         match self {
             Refusal::RateLimited => "Too Many Requests\n",
             Refusal::Unauthorized => "Unauthorized\n",

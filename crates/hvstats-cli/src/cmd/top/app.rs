@@ -14,7 +14,7 @@ use hvstats_present::live::Reading;
 
 /// What a key asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Action {
+pub(crate) enum Action {
     /// Sort by the next column (after the last: by name again).
     SortNext,
     /// Sort by the previous column.
@@ -42,7 +42,7 @@ pub enum Action {
 }
 
 /// One key: its character, the action and its help text.
-pub struct Key {
+pub(crate) struct Key {
     /// The character typed; case matters (`o` and `O` differ).
     pub key: char,
     /// What it does.
@@ -54,7 +54,7 @@ pub struct Key {
 }
 
 /// Every key, in the order the help lists them (kvm_stat's letters where it has one).
-pub const KEYS: [Key; 12] = [
+pub(crate) const KEYS: [Key; 12] = [
     Key { key: 'o', action: Action::SortNext, help: "sort by the next column", bar: "o/O sort" },
     Key { key: 'O', action: Action::SortPrevious, help: "sort by the previous column", bar: "" },
     Key { key: 'i', action: Action::SortReverse, help: "invert the sort order", bar: "i invert" },
@@ -83,7 +83,7 @@ pub const KEYS: [Key; 12] = [
 
 /// The key bar for a screen `width` columns wide: every key's words in table order, less those
 /// that do not fit, the last first; the help and quit keys always stay.
-pub fn key_bar(width: usize) -> String {
+pub(crate) fn key_bar(width: usize) -> String {
     let kept = |k: &&Key| matches!(k.action, Action::Help | Action::Quit);
     let mut shown: Vec<&Key> = KEYS.iter().filter(|k| !k.bar.is_empty()).collect();
     let text = |shown: &[&Key]| shown.iter().map(|k| k.bar).collect::<Vec<_>>().join("  ");
@@ -99,13 +99,13 @@ pub fn key_bar(width: usize) -> String {
 }
 
 /// The action of key `c`, if any.
-pub fn action_of(c: char) -> Option<Action> {
+pub(crate) fn action_of(c: char) -> Option<Action> {
     KEYS.iter().find(|k| k.key == c).map(|k| k.action)
 }
 
 /// A line being typed at the bottom of the screen.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Prompt {
+pub(crate) enum Prompt {
     /// A regex for [`Action::Filter`].
     Filter(String),
     /// Seconds for [`Action::Interval`].
@@ -115,7 +115,7 @@ pub enum Prompt {
 }
 
 /// The whole state of the view.
-pub struct App {
+pub(crate) struct App {
     /// The runtime directory, for the empty-screen message.
     pub dir: String,
     /// Time between readings.
@@ -150,7 +150,7 @@ pub struct App {
 
 impl App {
     /// A view of `dir` sampling every `interval`.
-    pub fn new(dir: String, interval: Duration) -> Self {
+    pub(crate) fn new(dir: String, interval: Duration) -> Self {
         Self {
             dir,
             interval,
@@ -171,7 +171,7 @@ impl App {
     }
 
     /// Takes a new reading: the latest becomes the base unless a reset pinned it.
-    pub fn sample(&mut self, reading: Reading) {
+    pub(crate) fn sample(&mut self, reading: Reading) {
         // What could not be read shows in the status line; the rest is shown as usual.
         if let Some(problem) = reading.problems.first() {
             let more = reading.problems.len() - 1;
@@ -187,12 +187,12 @@ impl App {
     }
 
     /// Seconds between the base and the latest reading.
-    pub fn seconds(&self) -> Option<f64> {
+    pub(crate) fn seconds(&self) -> Option<f64> {
         Some(self.latest.as_ref()?.at.saturating_duration_since(self.base.as_ref()?.at).as_secs_f64())
     }
 
     /// The groups to show: filtered and sorted.
-    pub fn groups(&self) -> Vec<Group> {
+    pub(crate) fn groups(&self) -> Vec<Group> {
         let (Some(base), Some(latest)) = (&self.base, &self.latest) else { return Vec::new() };
         let mut groups = table::groups(base, latest);
         if let Some(filter) = &self.filter {
@@ -206,7 +206,7 @@ impl App {
     }
 
     /// Applies `action`.
-    pub fn update(&mut self, action: Action) {
+    pub(crate) fn update(&mut self, action: Action) {
         match action {
             // Left to right through the columns as shown, then back to names.
             Action::SortNext => {
@@ -257,7 +257,7 @@ impl App {
     }
 
     /// A character typed while a prompt is open (`\n` ends it, `\x1b` cancels it, `\x08` erases).
-    pub fn type_char(&mut self, c: char) {
+    pub(crate) fn type_char(&mut self, c: char) {
         let Some(prompt) = &mut self.prompt else { return };
         let text = match prompt {
             Prompt::Filter(t) | Prompt::Interval(t) | Prompt::Fields(t) => t,
@@ -297,7 +297,7 @@ impl App {
     }
 
     /// The key help, one line per key.
-    pub fn help_lines() -> Vec<String> {
+    pub(crate) fn help_lines() -> Vec<String> {
         KEYS.iter().map(|k| format!("{}  {}", k.key, k.help)).collect()
     }
 }

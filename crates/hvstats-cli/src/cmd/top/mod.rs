@@ -5,9 +5,9 @@
 //! `--once` prints one text table (or `--json`) from two readings one interval apart, for scripts
 //! and terminals that are not one.
 
-pub mod app;
-pub mod table;
-pub mod ui;
+pub(crate) mod app;
+pub(crate) mod table;
+pub(crate) mod ui;
 
 use std::io::{IsTerminal, Write};
 
@@ -25,7 +25,7 @@ use hvstats_present::live::{Live, Reading};
 
 /// Flags of `hvstats top`.
 #[derive(clap::Args, Debug)]
-pub struct Args {
+pub(crate) struct Args {
     /// The runtime directory the instances are published under (default: $HVSTATS_RUNTIME_DIR,
     /// or /run/hvstats).
     #[arg(long, value_name = "DIR")]
@@ -54,7 +54,7 @@ fn parse_interval(s: &str) -> Result<f64, String> {
 }
 
 /// Runs `hvstats top`.
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let live = Live::new(Some(crate::cmd::runtime_dir(args.runtime_dir)?));
     if args.once {
         let fields = args.fields.as_ref().map(|f| f.0.as_slice());

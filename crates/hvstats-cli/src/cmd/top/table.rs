@@ -24,7 +24,7 @@ use hvstats_present::live::{Live, Reading};
 
 /// One row: a VP, or a partition's total.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Row {
+pub(crate) struct Row {
     /// `VP 3`, or the partition's name for its total row.
     pub label: String,
     /// The VP index (`None` for a total row).
@@ -46,7 +46,7 @@ pub struct Row {
 
 impl Row {
     /// CPU wait between the readings: per dispatch in ns, and as a percentage of the interval.
-    pub fn wait(&self, seconds: f64) -> (Option<f64>, Option<f64>) {
+    pub(crate) fn wait(&self, seconds: f64) -> (Option<f64>, Option<f64>) {
         let delta = |id: hvstats_abi::CounterId| {
             let name = id.counter()?.name;
             self.deltas.iter().find(|(n, _)| *n == name).map(|(_, d)| *d)
@@ -62,7 +62,7 @@ impl Row {
 
     /// The dominant intercept class between the readings: of the [`cost_classes`], the one with
     /// the most handling time recorded (then the most exits); `None` when none recorded any.
-    pub fn dominant(&self) -> Option<(&'static Counter, &Log2Histogram)> {
+    pub(crate) fn dominant(&self) -> Option<(&'static Counter, &Log2Histogram)> {
         self.costs
             .iter()
             .filter(|(c, d)| is_cost_class(c) && d.count() > 0)
@@ -105,13 +105,13 @@ fn is_cost_class(c: &Counter) -> bool {
 }
 
 /// The intercept classes whose handling time `top` shows, from the catalog's histogram rows.
-pub fn cost_classes() -> impl Iterator<Item = &'static Counter> {
+pub(crate) fn cost_classes() -> impl Iterator<Item = &'static Counter> {
     counters_of(ObjectKind::Vp).filter(|c| is_cost_class(c))
 }
 
 /// The short label of a cost class: its catalog name less the words every such name shares
 /// (`IO intercept time histogram` → `IO`).
-pub fn class_label(c: &Counter) -> &'static str {
+pub(crate) fn class_label(c: &Counter) -> &'static str {
     let name = c.name;
     [" intercept time histogram", " time histogram", " histogram"]
         .iter()
@@ -153,7 +153,7 @@ fn summed_costs(vps: &[Row]) -> Vec<(&'static Counter, Log2Histogram)> {
 
 /// One partition: its total row and its VPs.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Group {
+pub(crate) struct Group {
     /// The VM name (`instance:partition`).
     pub vm: String,
     /// The publishing instance's name (`<pid>-<start>-<n>`).
@@ -188,7 +188,7 @@ fn row(label: String, vp: Option<u32>, before: &ObjectReading, after: &ObjectRea
 
 /// The groups of every partition present in both readings (a partition or VP that appeared in
 /// between has no earlier reading and waits for the next one).
-pub fn groups(before: &Reading, after: &Reading) -> Vec<Group> {
+pub(crate) fn groups(before: &Reading, after: &Reading) -> Vec<Group> {
     let seconds = after.at.saturating_duration_since(before.at).as_secs_f64();
     let mut out = Vec::new();
     for instance in &after.instances {
@@ -265,7 +265,7 @@ fn has_data(column: Shown, groups: &[Group]) -> bool {
 /// The columns to show for `groups`, left to right: `fields` when the user chose them; otherwise
 /// every column of [`shown`], those with something to show in some row first (in their order),
 /// then the rest, so a narrow terminal shows the columns that have data.
-pub fn columns(groups: &[Group], fields: Option<&[Shown]>) -> Vec<Shown> {
+pub(crate) fn columns(groups: &[Group], fields: Option<&[Shown]>) -> Vec<Shown> {
     if let Some(fields) = fields {
         return fields.to_vec();
     }
@@ -275,13 +275,13 @@ pub fn columns(groups: &[Group], fields: Option<&[Shown]>) -> Vec<Shown> {
 
 /// The columns `--fields` names, in its order.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Fields(pub Vec<Shown>);
+pub(crate) struct Fields(pub Vec<Shown>);
 
 /// Parses `--fields` (see [`parse_fields`]).
 ///
 /// # Errors
 /// As [`parse_fields`].
-pub fn parse_fields_flag(list: &str) -> Result<Fields, String> {
+pub(crate) fn parse_fields_flag(list: &str) -> Result<Fields, String> {
     parse_fields(list).map(Fields)
 }
 
@@ -295,7 +295,7 @@ fn typed(header: &str) -> String {
 ///
 /// # Errors
 /// A message naming the header that matches no column, and every header there is.
-pub fn parse_fields(list: &str) -> Result<Vec<Shown>, String> {
+pub(crate) fn parse_fields(list: &str) -> Result<Vec<Shown>, String> {
     let mut fields = Vec::new();
     for want in list.split(',').map(str::trim).filter(|w| !w.is_empty()) {
         match shown().find(|c| typed(&c.header()) == typed(want)) {
@@ -314,7 +314,7 @@ pub fn parse_fields(list: &str) -> Result<Vec<Shown>, String> {
 }
 
 /// Orders rows by column `column` (largest first, `-` last), or by name when `None`.
-pub fn compare(a: &Row, b: &Row, column: Option<Shown>, descending: bool) -> Ordering {
+pub(crate) fn compare(a: &Row, b: &Row, column: Option<Shown>, descending: bool) -> Ordering {
     let by_name = a.vp.cmp(&b.vp).then_with(|| a.label.cmp(&b.label));
     let Some(column) = column else { return by_name };
     let ordering = match (column.sort_value(a), column.sort_value(b)) {
@@ -331,12 +331,12 @@ pub fn compare(a: &Row, b: &Row, column: Option<Shown>, descending: bool) -> Ord
 
 /// The columns rows can be sorted by, in the order shown: every column with a number (not
 /// [`Shown::Class`], a name).
-pub fn sortable() -> impl Iterator<Item = Shown> {
+pub(crate) fn sortable() -> impl Iterator<Item = Shown> {
     shown().filter(|c| *c != Shown::Class)
 }
 
 /// A cell's text: `-` for nothing to show, one decimal below 100, none above.
-pub fn cell(value: Option<f64>) -> String {
+pub(crate) fn cell(value: Option<f64>) -> String {
     match value {
         None => "-".into(),
         Some(v) if v.abs() < 100.0 => format!("{v:.1}"),
@@ -345,17 +345,17 @@ pub fn cell(value: Option<f64>) -> String {
 }
 
 /// Width of the label column.
-pub const LABEL_WIDTH: usize = 24;
+pub(crate) const LABEL_WIDTH: usize = 24;
 
 /// Width of each value column.
-pub fn column_width(column: &Column) -> usize {
+pub(crate) fn column_width(column: &Column) -> usize {
     column.header().chars().count().max(8)
 }
 
 /// A column of the table, most important first: the run time, the dominant intercept class with
 /// the p50 and p99 of its handling time, then the rest of [`VP_COLUMNS`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Shown {
+pub(crate) enum Shown {
     /// [`VP_COLUMNS`]`[i]`, presented.
     Presented(usize),
     /// The label of the row's dominant intercept class ([`Row::dominant`]).
@@ -371,7 +371,7 @@ pub enum Shown {
 /// Every column in the order shown (a narrow view shows a prefix): run time and the share of time
 /// spent waiting for a CPU (the two health figures, as `top`'s `%st` beside `%us`), the dominant
 /// class's handling time, then the other [`VP_COLUMNS`] (CPU wait per dispatch among them).
-pub fn shown() -> impl Iterator<Item = Shown> {
+pub(crate) fn shown() -> impl Iterator<Item = Shown> {
     [Shown::Presented(0), Shown::WaitPercent, Shown::Class, Shown::P50, Shown::P99]
         .into_iter()
         .chain((1..VP_COLUMNS.len()).map(Shown::Presented))
@@ -379,7 +379,7 @@ pub fn shown() -> impl Iterator<Item = Shown> {
 
 impl Shown {
     /// The column's header.
-    pub fn header(self) -> String {
+    pub(crate) fn header(self) -> String {
         match self {
             Shown::Presented(i) => VP_COLUMNS[i].header(),
             Shown::Class => "Class".into(),
@@ -390,7 +390,7 @@ impl Shown {
     }
 
     /// The column's width.
-    pub fn width(self) -> usize {
+    pub(crate) fn width(self) -> usize {
         match self {
             Shown::Presented(i) => column_width(&VP_COLUMNS[i]),
             Shown::Class => cost_classes().map(|c| class_label(c).chars().count()).max().unwrap_or(0).max(8),
@@ -399,7 +399,7 @@ impl Shown {
     }
 
     /// The number `row` is sorted by in this column (`None` sorts last; a class name has none).
-    pub fn sort_value(self, row: &Row) -> Option<f64> {
+    pub(crate) fn sort_value(self, row: &Row) -> Option<f64> {
         let quantile = |q| row.dominant().and_then(|(_, d)| d.quantile_upper_ns(q)).map(|ns| ns as f64);
         match self {
             Shown::Presented(i) => row.values.get(i).copied().flatten(),
@@ -411,7 +411,7 @@ impl Shown {
     }
 
     /// The text of `row`'s cell in this column (`-` for nothing to show).
-    pub fn cell(self, row: &Row) -> String {
+    pub(crate) fn cell(self, row: &Row) -> String {
         let quantile = |q| row.dominant().and_then(|(_, d)| d.quantile_upper_ns(q)).map(human_ns);
         let text = match self {
             Shown::Presented(i) => return cell(row.values.get(i).copied().flatten()),
@@ -426,7 +426,7 @@ impl Shown {
 
 /// The text table of `--once`: every column (those with data first) or the chosen `fields`, a
 /// group per partition.
-pub fn text(groups: &[Group], seconds: f64, dir: &str, fields: Option<&[Shown]>) -> String {
+pub(crate) fn text(groups: &[Group], seconds: f64, dir: &str, fields: Option<&[Shown]>) -> String {
     let columns = columns(groups, fields);
     let mut out = String::new();
     if groups.is_empty() {
@@ -509,7 +509,7 @@ fn row_json(r: &Row, seconds: f64) -> Value {
 /// The JSON of `--once --json`: the interval, the units of the presented values, and per partition
 /// its total and VPs, each with presented values and raw deltas keyed by what they hold
 /// ([`hvstats_present::json_keys`]).
-pub fn json(groups: &[Group], seconds: f64) -> Value {
+pub(crate) fn json(groups: &[Group], seconds: f64) -> Value {
     let units: Map<String, Value> = VP_COLUMNS
         .iter()
         .map(|c| {

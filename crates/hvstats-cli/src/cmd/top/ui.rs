@@ -13,7 +13,7 @@ use super::app::{App, Prompt};
 use super::table::{self, LABEL_WIDTH, Shown};
 
 /// How many of `columns` fit in `width` cells, at least one.
-pub fn columns_that_fit(columns: &[Shown], width: u16) -> usize {
+pub(crate) fn columns_that_fit(columns: &[Shown], width: u16) -> usize {
     let mut used = LABEL_WIDTH;
     let mut n = 0;
     for c in columns {

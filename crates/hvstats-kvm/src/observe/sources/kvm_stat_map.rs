@@ -36,7 +36,7 @@ fn stat_names(counter: &Counter, kind: ObjectKind) -> Option<&'static [&'static 
 
 /// The counters of `kind`'s objects that KVM's statistics give, each with the statistics it
 /// sums, in catalog order.
-pub fn kvm_stat_counters(
+pub(crate) fn kvm_stat_counters(
     kind: ObjectKind,
 ) -> impl Iterator<Item = (&'static Counter, &'static [&'static str])> {
     // Worked out once: every VP of every VM is written from it at every refresh.
@@ -74,7 +74,7 @@ pub fn given(kind: ObjectKind, has: &dyn Fn(&str, bool) -> bool) -> CounterSet {
 }
 
 /// The counters of `kind` that `reading` gives.
-pub fn given_by(kind: ObjectKind, reading: &dyn KvmStatReading) -> CounterSet {
+pub(crate) fn given_by(kind: ObjectKind, reading: &dyn KvmStatReading) -> CounterSet {
     given(kind, &|name, buckets| {
         if buckets { reading.buckets(name).is_some() } else { reading.value(name).is_some() }
     })

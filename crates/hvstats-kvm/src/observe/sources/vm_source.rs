@@ -54,7 +54,7 @@ impl VmView<'_> {
     }
 
     /// True once every vCPU's thread is known.
-    pub fn all_known(&self) -> bool {
+    pub(crate) fn all_known(&self) -> bool {
         self.vcpus.iter().all(|v| v.tid.is_some())
     }
 }
