@@ -302,7 +302,7 @@ catalog! {
         // hvstats 1.1 of the partition page (see APPENDED): what the VM is doing.
         Hvstats 30 VM_STATE "VM state", Count, State,
             By(RunState, "running while the partition runs, shutdown once it stopped"),
-            observed By(RunState, "QEMU's run state (QMP query-status): unknown while its QMP session is down"),
+            observed By(RunState, "libvirt's domain state for a libvirt domain, else QEMU's run state (QMP query-status): unknown while neither answers"),
             "Whether the VM runs, is paused, shut down, stopped on an internal error KVM could not get past, or its state is unknown now.";
     }
 

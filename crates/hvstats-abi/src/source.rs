@@ -45,7 +45,8 @@ pub enum Source {
     /// The observer of other processes' VMs, about itself (the hypervisor page of its instance;
     /// other instances declare these unavailable).
     Observer(ObserverFact),
-    /// The VMM's own word on its VM's run state (QMP `query-status`); for our own partitions,
+    /// The VMM's own word on its VM's run state (libvirt's domain state, QMP `query-status`); for
+    /// our own partitions,
     /// the authority's (running until the partition stops).
     RunState,
 }

@@ -64,6 +64,34 @@ impl VmState {
         }
     }
 
+    /// The state libvirt's `state.state` and `state.reason` name (`virDomainState`,
+    /// `virDomainPausedReason`): a domain shutting down still runs; one paused because its guest
+    /// crashed is shut down, as QEMU's `guest-panicked`. libvirt reports QEMU's internal error as
+    /// a pause of unknown reason, so through libvirt that state reads as paused.
+    ///
+    /// ```
+    /// use hvstats_abi::vm_state::VmState;
+    /// assert_eq!(VmState::from_libvirt(1, 1), VmState::Running);
+    /// assert_eq!(VmState::from_libvirt(3, 2), VmState::Paused);
+    /// assert_eq!(VmState::from_libvirt(3, 9), VmState::Shutdown);
+    /// assert_eq!(VmState::from_libvirt(5, 1), VmState::Shutdown);
+    /// assert_eq!(VmState::from_libvirt(0, 0), VmState::Unknown);
+    /// ```
+    pub fn from_libvirt(state: i64, reason: i64) -> Self {
+        /// `VIR_DOMAIN_PAUSED_CRASHED`.
+        const PAUSED_CRASHED: i64 = 9;
+        match (state, reason) {
+            // RUNNING, BLOCKED (on a resource), SHUTDOWN (being shut down).
+            (1 | 2 | 4, _) => VmState::Running,
+            (3, PAUSED_CRASHED) => VmState::Shutdown,
+            // PAUSED, PMSUSPENDED.
+            (3 | 7, _) => VmState::Paused,
+            // SHUTOFF, CRASHED.
+            (5 | 6, _) => VmState::Shutdown,
+            _ => VmState::Unknown,
+        }
+    }
+
     /// The state QEMU's `query-status` names (QAPI `RunState`): a state this build does not know
     /// is [`VmState::Unknown`].
     ///

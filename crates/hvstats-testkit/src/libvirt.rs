@@ -139,6 +139,14 @@ impl Libvirtd {
     /// # Panics
     /// When the domain does not start.
     pub fn run_domain(&self, name: &str, uuid: &str, bios: &[u8]) -> LibvirtDomain {
+        self.start_domain(name, uuid, bios, false)
+    }
+
+    /// As [`Self::run_domain`]; `paused`, its vCPU made but not run until `virsh resume`.
+    ///
+    /// # Panics
+    /// As [`Self::run_domain`].
+    pub fn start_domain(&self, name: &str, uuid: &str, bios: &[u8], paused: bool) -> LibvirtDomain {
         let d = self.dir.path();
         let bios_path = d.join(format!("{name}.bin"));
         std::fs::write(&bios_path, bios).unwrap();
@@ -152,7 +160,10 @@ impl Libvirtd {
         let xml_path = d.join(format!("{name}.xml"));
         std::fs::write(&xml_path, xml).unwrap();
         self.virsh(&["define", xml_path.to_str().unwrap()]);
-        self.virsh(&["start", name]);
+        match paused {
+            true => self.virsh(&["start", "--paused", name]),
+            false => self.virsh(&["start", name]),
+        };
         let t = Instant::now();
         let pid = loop {
             if let Some(pid) = qemu_of(uuid) {

@@ -44,6 +44,8 @@ const MAX_ITEMS: usize = 1 << 16;
 pub const STATS_VCPU: u32 = 8;
 /// See [`STATS_VCPU`].
 pub const STATS_VM: u32 = 1024;
+/// The state group: `state.state` and `state.reason`.
+pub const STATS_STATE: u32 = 1;
 
 /// The read-only sockets libvirt's daemons listen on, in the order tried: the monolithic
 /// daemon's, then the modular QEMU daemon's.

@@ -1,6 +1,7 @@
 //! KVM's statistics of a libvirt domain from libvirt's bulk statistics
-//! (`virConnectGetAllDomainStats`, the vCPU and VM groups: what `virsh domstats --vcpu --vm`
-//! shows), over a read-only connection that cannot taint the domain.
+//! (`virConnectGetAllDomainStats`, the vCPU, VM and state groups: what `virsh domstats --vcpu
+//! --vm --state` shows), and the domain's run state, over a read-only connection that cannot
+//! taint the domain.
 //!
 //! The QEMU process is matched to its domain by the UUID libvirt passes it (`-uuid`). libvirt
 //! reports each vCPU's KVM statistics as `vcpu.<N>.<statistic>.sum` (`.cur`, `.max` for instant
@@ -15,13 +16,15 @@ use std::time::Duration;
 
 use hvstats::SharedPage;
 use hvstats_abi::ObjectKind;
+use hvstats_abi::catalog::partition;
 use hvstats_abi::counter_set::CounterSet;
 use hvstats_abi::vm_sources::Origin;
+use hvstats_abi::vm_state::VmState;
 
 use super::kvm_stat_map::{self, KvmStatReading};
 use super::vm_source::{VmAttach, VmSource, VmView};
 use crate::observe::attach::ObserveError;
-use crate::observe::libvirt::{Domain, Libvirt, SOCKETS, STATS_VCPU, STATS_VM, TypedValue};
+use crate::observe::libvirt::{Domain, Libvirt, SOCKETS, STATS_STATE, STATS_VCPU, STATS_VM, TypedValue};
 use crate::sources::counter_source::{CounterSource, Gives, Object};
 
 /// The deadline of one exchange with libvirt.
@@ -50,6 +53,8 @@ pub struct LibvirtStats {
     vp_count: usize,
     vcpus: BTreeMap<u32, Stats>,
     vm: Stats,
+    /// The domain's run state, as the last reading said it.
+    state: Option<VmState>,
     error: Option<String>,
 }
 
@@ -87,6 +92,7 @@ pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError
         vp_count: at.fds.vcpus.len(),
         vcpus: BTreeMap::new(),
         vm: Stats::default(),
+        state: None,
         error: None,
     })))
 }
@@ -112,8 +118,15 @@ impl LibvirtStats {
             self.conn = Some(Libvirt::connect(&self.socket, TIMEOUT)?);
         }
         let Some(conn) = self.conn.as_mut() else { return Ok(()) };
-        let fields = conn.domain_stats(&self.domain, STATS_VCPU | STATS_VM)?;
+        let fields = conn.domain_stats(&self.domain, STATS_VCPU | STATS_VM | STATS_STATE)?;
         let (mut vcpus, mut vm) = (BTreeMap::<u32, Stats>::new(), Stats::default());
+        let int = |name: &str| {
+            fields.iter().find_map(|(f, v)| match v {
+                TypedValue::Int(v) if f == name => i64::try_from(*v).ok(),
+                _ => None,
+            })
+        };
+        self.state = int("state.state").map(|s| VmState::from_libvirt(s, int("state.reason").unwrap_or(0)));
         for (field, value) in fields {
             let value = match value {
                 TypedValue::Int(v) => u64::try_from(v).unwrap_or(0),
@@ -151,10 +164,11 @@ impl CounterSource for LibvirtStats {
         } else {
             None
         };
-        Gives {
-            partition: kvm_stat_map::given_by(ObjectKind::Partition, &self.vm),
-            vp: vp.unwrap_or_default(),
+        let mut partition = kvm_stat_map::given_by(ObjectKind::Partition, &self.vm);
+        if self.state.is_some() {
+            partition = partition.union(&CounterSet::of(&[partition::VM_STATE]));
         }
+        Gives { partition, vp: vp.unwrap_or_default() }
     }
 
     fn write(&self, object: Object, page: &SharedPage, only: &CounterSet) {
@@ -165,7 +179,12 @@ impl CounterSource for LibvirtStats {
                     kvm_stat_map::write(ObjectKind::Vp, page, only, s);
                 }
             }
-            Object::Partition => kvm_stat_map::write(ObjectKind::Partition, page, only, &self.vm),
+            Object::Partition => {
+                kvm_stat_map::write(ObjectKind::Partition, page, only, &self.vm);
+                if let Some(state) = self.state.filter(|_| only.contains(partition::VM_STATE)) {
+                    page.set(partition::VM_STATE, state.code());
+                }
+            }
         }
     }
 
@@ -185,6 +204,7 @@ impl VmSource for LibvirtStats {
                 self.conn = None;
                 self.vcpus.clear();
                 self.vm = Stats::default();
+                self.state = None;
             }
         }
     }
