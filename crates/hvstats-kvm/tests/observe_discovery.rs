@@ -187,3 +187,47 @@ fn a_qemu_vm_has_the_uuid_of_its_command_line_and_nothing_else_does() {
         assert_eq!(procfs.vm_uuid(pid), None, "pid {pid}");
     }
 }
+
+/// `status` of a process or thread of thread group `tgid`.
+fn status(proc_root: &std::path::Path, id: i32, tgid: i32) {
+    std::fs::write(
+        proc_root.join(id.to_string()).join("status"),
+        format!("Name:\tx\nState:\tS (x)\nTgid:\t{tgid}\n"),
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_vm_kvm_gives_no_debugfs_directory_is_found_where_its_pid_held_or_left_a_vm() {
+    use hvstats_kvm::observe::kvm_scan::KvmScan;
+    let tmp = TempDir::new("scan-no-dir");
+    let (root, debugfs) = (tmp.path().join("proc"), tmp.path().join("debug"));
+    std::fs::create_dir_all(debugfs.join("kvm")).unwrap();
+    let procfs = Procfs::at(&root, Some(debugfs.clone()));
+    let vmm = |pid: i32, start: u64| {
+        let p = FakeProcess::new(&root, pid, &["qemu-system-x86_64"], "qemu");
+        p.set_start_time(pid, "qemu", start);
+        status(&root, pid, pid);
+        kvm_fds(&p, 1);
+    };
+    let found = |scan: &mut KvmScan| -> Vec<i32> {
+        scan.kvm_processes(&procfs, &|_| false).unwrap().into_iter().map(|(p, _)| p).collect()
+    };
+    // A VM debugfs names is found; one it does not name (KVM made no directory) is not looked for.
+    vmm(100, 1000);
+    std::fs::create_dir_all(debugfs.join("kvm/100-4")).unwrap();
+    vmm(200, 1000);
+    let mut scan = KvmScan::new();
+    assert_eq!(found(&mut scan), [100]);
+    // The VMM at 100 exits and its directory goes; a VMM taking its pid makes a VM KVM gives no
+    // directory (the old one was still there): found, as a process that held a VM at its pid.
+    std::fs::remove_dir_all(root.join("100")).unwrap();
+    std::fs::remove_dir(debugfs.join("kvm/100-4")).unwrap();
+    vmm(100, 2000);
+    assert_eq!(found(&mut scan), [100]);
+    // A pid whose VM left is looked at while a process has it, named by debugfs or not.
+    scan.recheck(200);
+    assert_eq!(found(&mut scan), [100, 200]);
+    std::fs::remove_dir_all(root.join("200")).unwrap();
+    assert_eq!(found(&mut scan), [100]);
+}

@@ -93,6 +93,14 @@ pub struct ProcessIdentity {
     pub exec: [u64; 12],
 }
 
+impl ProcessIdentity {
+    /// True when every mark reads 0: the process's memory is gone (it is exiting), or the
+    /// kernel hides its marks from this process.
+    pub fn is_exiting(&self) -> bool {
+        self.exec.iter().all(|m| *m == 0)
+    }
+}
+
 /// A procfs tree (the host's `/proc`, or a fixture) and a debugfs tree.
 #[derive(Clone, Debug)]
 pub struct Procfs {

@@ -12,9 +12,15 @@
 //!   listing it), and no more often than once per tick for each [`READS_PER_TICK`] descriptors it
 //!   had: a process churning 400,000 descriptors is read once every hundred ticks, not every
 //!   tick. Where the number cannot be told (a fixture tree, a kernel before 6.2), that bound alone
-//!   applies.
+//!   applies;
+//! - KVM names a VM's directory by the thread that made it, and makes none when a directory of
+//!   that name is still there (a VM of a process that exited, held on by another): a VM made by
+//!   a thread that took the id of one whose VM lingers has no directory. So besides the processes
+//!   debugfs names, a process is looked at while it held a VM at its last reading, and a pid
+//!   whose VM left (see [`KvmScan::recheck`]) while a process has it: a VMM that takes the pid
+//!   of the one it replaced, as a restarted VMM may, is found with or without its directory.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 
 use super::discovery::{KvmFds, Procfs};
@@ -39,6 +45,8 @@ struct Seen {
 #[derive(Debug, Default)]
 pub struct KvmScan {
     seen: BTreeMap<i32, Seen>,
+    /// Pids whose VM left, looked at while a process has them.
+    recheck: BTreeSet<i32>,
     tick: u64,
 }
 
@@ -46,6 +54,13 @@ impl KvmScan {
     /// An empty scan: every process is read at its first tick.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Looks at `pid` at every tick from now on while a process has it, whether or not KVM's
+    /// debugfs names it: its VM left, and a process taking the pid may make a VM KVM gives no
+    /// directory (the old VM's may still be there under the same thread id).
+    pub fn recheck(&mut self, pid: i32) {
+        self.recheck.insert(pid);
     }
 
     /// Every process that holds a KVM VM now, with its descriptors, by pid, but those `known`
@@ -60,7 +75,11 @@ impl KvmScan {
     ) -> io::Result<Vec<(i32, KvmFds)>> {
         self.tick += 1;
         let pids: Vec<i32> = match procfs.debugfs_vm_pids() {
-            Some(named) => named.into_iter().collect(),
+            Some(mut named) => {
+                named.extend(self.seen.iter().filter(|(_, s)| s.fds.has_vm()).map(|(p, _)| *p));
+                named.extend(self.recheck.iter().copied());
+                named.into_iter().collect()
+            }
             None => procfs.pids()?,
         };
         self.seen.retain(|pid, _| pids.binary_search(pid).is_ok());
@@ -69,6 +88,7 @@ impl KvmScan {
             // A process gone meanwhile, or not ours to look at, holds nothing we can observe.
             let Ok(start_time) = procfs.start_time(pid) else {
                 self.seen.remove(&pid);
+                self.recheck.remove(&pid);
                 continue;
             };
             let count = procfs.fd_count(pid).ok().flatten();

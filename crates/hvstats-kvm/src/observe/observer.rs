@@ -297,6 +297,7 @@ impl Observer {
                     if let Some(vm) = self.vms.remove(&pid) {
                         // Who left: a process that takes the pid now is told from it.
                         self.known.insert(pid, vm.identity());
+                        self.scan.recheck(pid);
                         events.push(ObserverEvent::Detached { pid, name: vm.name().to_owned(), why });
                     }
                     self.reported.remove(&pid);

@@ -324,7 +324,12 @@ impl ObservedVm {
             return Ok(Some(Departure::PidReused));
         }
         if now.exec != self.identity.exec {
-            return Ok(Some(Departure::Exec));
+            // A process whose memory is gone is exiting (its program's marks read 0 then, and
+            // its executable no longer shows), not running another program.
+            return Ok(Some(match now.is_exiting() {
+                true => Departure::Exited,
+                false => Departure::Exec,
+            }));
         }
         self.check_threads(procfs);
         self.find_threads(procfs);
