@@ -188,15 +188,6 @@ fn a_qemu_vm_has_the_uuid_of_its_command_line_and_nothing_else_does() {
     }
 }
 
-/// `status` of a process or thread of thread group `tgid`.
-fn status(proc_root: &std::path::Path, id: i32, tgid: i32) {
-    std::fs::write(
-        proc_root.join(id.to_string()).join("status"),
-        format!("Name:\tx\nState:\tS (x)\nTgid:\t{tgid}\n"),
-    )
-    .unwrap();
-}
-
 #[test]
 fn a_vm_kvm_gives_no_debugfs_directory_is_found_where_its_pid_held_or_left_a_vm() {
     use hvstats_kvm::observe::kvm_scan::KvmScan;
@@ -204,6 +195,11 @@ fn a_vm_kvm_gives_no_debugfs_directory_is_found_where_its_pid_held_or_left_a_vm(
     let (root, debugfs) = (tmp.path().join("proc"), tmp.path().join("debug"));
     std::fs::create_dir_all(debugfs.join("kvm")).unwrap();
     let procfs = Procfs::at(&root, Some(debugfs.clone()));
+    // `status` of a process of its own thread group.
+    let status = |root: &std::path::Path, id: i32, tgid: i32| {
+        let text = format!("Name:\tx\nState:\tS (x)\nTgid:\t{tgid}\n");
+        std::fs::write(root.join(id.to_string()).join("status"), text).unwrap();
+    };
     let vmm = |pid: i32, start: u64| {
         let p = FakeProcess::new(&root, pid, &["qemu-system-x86_64"], "qemu");
         p.set_start_time(pid, "qemu", start);
