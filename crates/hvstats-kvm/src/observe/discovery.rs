@@ -182,22 +182,25 @@ impl Procfs {
         Ok((self.counts_fds && size > 0).then_some(size))
     }
 
-    /// The processes KVM's debugfs names as holding a VM: one directory per VM, `kvm/<id>-<vm
-    /// fd>`, where `id` is the thread that made the VM, taken to its process. `None` without a
-    /// debugfs whose `kvm` directory can be listed, or when a VM's thread has exited (its
-    /// process can then only be found by its descriptors).
-    pub(crate) fn debugfs_vm_pids(&self) -> Option<std::collections::BTreeSet<i32>> {
+    /// The threads KVM's debugfs names as having made a VM: one directory per VM, `kvm/<id>-<vm
+    /// fd>`, where `id` is the thread that made the VM; by directory name. `None` without a
+    /// debugfs whose `kvm` directory can be listed.
+    pub(crate) fn debugfs_vm_threads(&self) -> Option<BTreeMap<std::ffi::OsString, i32>> {
         let entries = fs::read_dir(self.debugfs.as_ref()?.join("kvm")).ok()?;
         let thread = |name: &str| name.split_once('-')?.0.parse::<i32>().ok().filter(|p| *p > 0);
-        let mut pids = std::collections::BTreeSet::new();
-        for id in entries.flatten().filter_map(|e| e.file_name().to_str().and_then(thread)) {
-            pids.insert(self.thread_group(id)?);
-        }
-        Some(pids)
+        Some(
+            entries
+                .flatten()
+                .filter_map(|e| {
+                    let tid = e.file_name().to_str().and_then(thread)?;
+                    Some((e.file_name(), tid))
+                })
+                .collect(),
+        )
     }
 
     /// The process (thread group) of thread `tid`, from its `status`.
-    fn thread_group(&self, tid: i32) -> Option<i32> {
+    pub(crate) fn thread_group(&self, tid: i32) -> Option<i32> {
         let status = fs::read_to_string(self.root.join(tid.to_string()).join("status")).ok()?;
         status.lines().find_map(|l| l.strip_prefix("Tgid:"))?.trim().parse().ok()
     }

@@ -21,6 +21,7 @@
 //!   of the one it replaced, as a restarted VMM may, is found with or without its directory.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsString;
 use std::io;
 
 use super::discovery::{KvmFds, Procfs};
@@ -47,6 +48,9 @@ pub struct KvmScan {
     seen: BTreeMap<i32, Seen>,
     /// Pids whose VM left, looked at while a process has them.
     recheck: BTreeSet<i32>,
+    /// The process of each VM directory of KVM's debugfs, as found when the directory was first
+    /// listed (a directory lives as long as its VM: its name names the same thread meanwhile).
+    named: BTreeMap<OsString, i32>,
     tick: u64,
 }
 
@@ -54,6 +58,28 @@ impl KvmScan {
     /// An empty scan: every process is read at its first tick.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The processes KVM's debugfs names as holding a VM (the thread that made each, taken to its
+    /// process when its directory is first seen). `None` without a debugfs whose `kvm` directory
+    /// can be listed, or when a new VM's thread has exited (its process can then only be found
+    /// by its descriptors).
+    fn debugfs_vm_pids(&mut self, procfs: &Procfs) -> Option<BTreeSet<i32>> {
+        let threads = procfs.debugfs_vm_threads()?;
+        self.named.retain(|name, _| threads.contains_key(name));
+        let mut pids = BTreeSet::new();
+        for (name, tid) in threads {
+            let pid = match self.named.get(&name) {
+                Some(pid) => *pid,
+                None => {
+                    let pid = procfs.thread_group(tid)?;
+                    self.named.insert(name, pid);
+                    pid
+                }
+            };
+            pids.insert(pid);
+        }
+        Some(pids)
     }
 
     /// Looks at `pid` at every tick from now on while a process has it, whether or not KVM's
@@ -74,7 +100,7 @@ impl KvmScan {
         known: &dyn Fn(i32) -> bool,
     ) -> io::Result<Vec<(i32, KvmFds)>> {
         self.tick += 1;
-        let pids: Vec<i32> = match procfs.debugfs_vm_pids() {
+        let pids: Vec<i32> = match self.debugfs_vm_pids(procfs) {
             Some(mut named) => {
                 named.extend(self.seen.iter().filter(|(_, s)| s.fds.has_vm()).map(|(p, _)| *p));
                 named.extend(self.recheck.iter().copied());
