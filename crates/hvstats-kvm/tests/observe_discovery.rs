@@ -62,8 +62,17 @@ fn qemu_without_debug_threads_needs_debugfs_which_knows_a_vcpu_only_after_it_ran
     assert_eq!(procfs.debugfs_vcpu_threads(500, 4), BTreeMap::from([(0, 502), (1, 503)]));
     // Another VM fd of the same pid is another directory.
     assert!(procfs.debugfs_vcpu_threads(500, 5).is_empty());
-    // No name given: the command and the pid.
-    assert_eq!(procfs.identify(500), (Vmm::Qemu, "qemu-system-x86:500".to_owned()));
+    // No name given: the command and a digest of its command line, the same for a VMM started
+    // the same way (another pid), another for another command line; never the pid.
+    let (vmm, name) = procfs.identify(500);
+    assert_eq!(vmm, Vmm::Qemu);
+    let digest = name.strip_prefix("qemu-system-x86-").expect("the command first");
+    assert!(digest.len() == 8 && digest.chars().all(|c| c.is_ascii_hexdigit()), "{name}");
+    assert!(!name.contains("500"), "{name}");
+    FakeProcess::new(&proc_root, 600, &["qemu-system-x86_64", "-smp", "2"], "qemu-system-x86");
+    FakeProcess::new(&proc_root, 700, &["qemu-system-x86_64", "-smp", "4"], "qemu-system-x86");
+    assert_eq!(procfs.identify(600).1, name, "started again the same way");
+    assert_ne!(procfs.identify(700).1, name, "another command line");
 }
 
 #[test]
@@ -86,7 +95,8 @@ fn firecracker_cloud_hypervisor_crosvm_and_kvmtool_threads_are_matched() {
             "cloud-hyperviso",
             &["cloud-hyperviso", "vmm", "http-server", "vcpu0", "vcpu1"],
             Vmm::CloudHypervisor,
-            "cloud-hyperviso:200",
+            // No name on its command line: the command and the FNV-1a digest of the command line.
+            "cloud-hyperviso-b3de51c2",
         ),
         (
             300,

@@ -60,7 +60,7 @@ fn without_debug_threads_qemu_threads_share_one_name() {
     let procfs = Procfs::host();
     assert!(procfs.named_vcpu_threads(qemu.pid()).unwrap().is_empty());
     let (_, name) = procfs.identify(qemu.pid());
-    assert_eq!(name, format!("qemu-system-x86:{}", qemu.pid()));
+    assert!(name.starts_with("qemu-system-x86-") && !name.contains(&qemu.pid().to_string()), "{name}");
 }
 
 #[test]

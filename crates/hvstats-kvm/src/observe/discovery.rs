@@ -329,7 +329,9 @@ impl Procfs {
     }
 
     /// The VMM of `pid` and the VM's name: the VMM's own name for it (QEMU `-name guest=N`,
-    /// Firecracker `--id`, crosvm and kvmtool `--name`), else the command and the pid.
+    /// Firecracker `--id`, crosvm and kvmtool `--name`), else the command and a digest of its
+    /// command line (`qemu-system-x86-1a2b3c4d`): the same for a VMM started again the same way,
+    /// so series keep their labels across restarts, and never a pid.
     pub fn identify(&self, pid: i32) -> (Vmm, String) {
         let args = self.cmdline(pid).unwrap_or_default();
         let comm = self.comm(pid).unwrap_or_else(|_| "unknown".to_owned());
@@ -340,7 +342,12 @@ impl Procfs {
             Vmm::Crosvm | Vmm::Kvmtool => option_value(&args, "--name"),
             Vmm::CloudHypervisor | Vmm::Other => None,
         };
-        (vmm, named.filter(|n| !n.is_empty()).unwrap_or_else(|| format!("{comm}:{pid}")))
+        (
+            vmm,
+            named
+                .filter(|n| !n.is_empty())
+                .unwrap_or_else(|| format!("{comm}-{:08x}", command_digest(&args))),
+        )
     }
 
     /// The QMP sockets a QEMU's command line names, in its order: `-qmp unix:PATH,server…`, and
@@ -534,6 +541,16 @@ fn is_procfs(root: &Path) -> bool {
         let mut fs: libc::statfs = std::mem::zeroed();
         libc::statfs(path.as_ptr(), &mut fs) == 0 && fs.f_type == libc::PROC_SUPER_MAGIC
     }
+}
+
+/// A 32-bit FNV-1a digest of a command line, its arguments each ended by a NUL as the kernel
+/// keeps them.
+fn command_digest(args: &[String]) -> u32 {
+    let mut hash: u32 = 0x811c_9dc5;
+    for byte in args.iter().flat_map(|a| a.bytes().chain([0])) {
+        hash = (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193);
+    }
+    hash
 }
 
 /// KVM's debugfs directory, mounting debugfs at `/sys/kernel/debug` when nothing is mounted
