@@ -67,7 +67,7 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
             s
         }
         ObserverEvent::SourceDown { pid, name, source, why } => format!(
-            "pid {pid} \"{}\": {source} lost: {}; its counters are unavailable, retried with backoff",
+            "pid {pid} \"{}\": {source} lost: {}; its counters are unavailable until it answers again",
             Escaped(name),
             Escaped(why)
         ),

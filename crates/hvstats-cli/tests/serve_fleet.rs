@@ -3,7 +3,8 @@
 //! first instruction while observed. Every KVM statistic a source can reach is published for
 //! each VM, equal to what KVM itself reports beside it (`virsh domstats`, QMP `query-stats`);
 //! what no source reaches is null, never a 0; the guest's own work is counted exactly for all
-//! three; the libvirt domain stays untainted.
+//! three; the libvirt domain stays untainted. A libvirt domain whose QEMU is stopped loses its
+//! libvirt counters (unavailable, not stale) and gets them back once it runs again.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -382,4 +383,86 @@ fn a_libvirt_domain_and_two_qemus_under_serve_give_every_kvm_counter_kvm_reports
     assert!(!info.contains("tainted"), "{info}");
     let xml = libvirtd.virsh(&["dumpxml", &lv]);
     assert!(!xml.contains("taint"), "{xml}");
+}
+
+#[test]
+fn a_libvirt_domain_stopped_for_ten_seconds_loses_its_libvirt_counters_and_gets_them_back() {
+    if !kvm_available(
+        "a_libvirt_domain_stopped_for_ten_seconds_loses_its_libvirt_counters_and_gets_them_back",
+    ) {
+        return;
+    }
+    let Some(libvirtd) = Libvirtd::start("serve-fleet-stop") else { return };
+    // SeaBIOS with no disk: it halts on a timer, a few dozen times a second, in KVM.
+    let seabios =
+        std::fs::read("/usr/share/seabios/bios-256k.bin").expect("QEMU's SeaBIOS (qemu-system-x86)");
+    let lv = format!("fleet-stop-{}", std::process::id());
+    let domain = libvirtd.start_domain(&lv, "5b6c7d8e-9f0a-4b1c-8d2e-3f4a5b6c7d8e", &seabios, false);
+    let tmp = TempDir::new("serve-fleet-stop");
+    let run = tmp.path().join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    let uri = format!("qemu:///system?socket={}", libvirtd.socket_ro().display());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--observe-all", "--observe-interval", "1"])
+        .args(["--vm", &domain.pid.to_string(), "--runtime-dir"])
+        .arg(&run)
+        .env("LIBVIRT_DEFAULT_URI", uri)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let addr = common::serving_addr(&mut child);
+    let stderr = child.stderr.take().unwrap();
+    let serve = KilledOnDrop(child);
+    let (tx, log) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("{line}");
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let up = format!("hvstats_vm_source_up{{vm=\"{lv}\",source=\"libvirt\"}}");
+    let hlt = format!("hvstats_vp_intercepts_total{{vm=\"{lv}\",vp=\"0\",intercept=\"hlt\"}}");
+    let halts = |m: &str| sample(m, &hlt).and_then(|v| v.parse::<u64>().ok());
+    let metrics_until = |limit: Duration, done: &dyn Fn(&str) -> bool| {
+        let t = Instant::now();
+        loop {
+            let m = common::http_get(addr, "/metrics");
+            if done(&m) {
+                return m;
+            }
+            assert!(t.elapsed() < limit, "not reached in {limit:?}:\n{m}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let m = metrics_until(Duration::from_secs(120), &|m| {
+        sample(m, &up).as_deref() == Some("1") && halts(m).is_some_and(|h| h > 0)
+    });
+    let before = halts(&m).unwrap();
+
+    // Stopped: libvirt cannot answer for it; its counters are unavailable, not stale.
+    // SAFETY: kill has no memory effects; the pid is the domain's QEMU.
+    assert_eq!(unsafe { libc::kill(domain.pid, libc::SIGSTOP) }, 0);
+    let stopped_at = Instant::now();
+    let m = metrics_until(Duration::from_secs(10), &|m| sample(m, &up).as_deref() == Some("0"));
+    assert_eq!(halts(&m), None, "{m}");
+    std::thread::sleep(Duration::from_secs(10).saturating_sub(stopped_at.elapsed()));
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(domain.pid, libc::SIGCONT) }, 0);
+    let continued = Instant::now();
+    metrics_until(Duration::from_secs(60), &|m| sample(m, &up).as_deref() == Some("1"));
+    eprintln!("libvirt back {:.1} s after SIGCONT", continued.elapsed().as_secs_f64());
+    let m = metrics_until(Duration::from_secs(30), &|m| halts(m).is_some_and(|h| h > before));
+    assert!(halts(&m).unwrap() > before);
+    // One line each way.
+    let lines: Vec<String> = log.try_iter().filter(|l| l.contains(&format!("\"{lv}\": libvirt"))).collect();
+    assert_eq!(lines.len(), 2, "{lines:#?}");
+    assert!(lines[0].contains("libvirt lost") && lines[0].contains("did not answer within"), "{lines:#?}");
+    assert!(lines[1].contains("libvirt back after"), "{lines:#?}");
+    drop(serve);
+    let info = libvirtd.virsh(&["dominfo", &lv]);
+    assert!(!info.contains("tainted"), "{info}");
 }

@@ -63,6 +63,15 @@ pub enum LibvirtError {
         #[source]
         source: io::Error,
     },
+    /// The daemon did not answer within the deadline (it waits for the domain's QEMU, which may
+    /// be stopped or stalled, or is busy).
+    #[error("libvirt at {} did not answer within {:.1} s", path.display(), after.as_secs_f64())]
+    Timeout {
+        /// The socket.
+        path: PathBuf,
+        /// The deadline.
+        after: Duration,
+    },
     /// The daemon answered with an error.
     #[error("libvirt refused the request: {message} (code {code})")]
     Refused {
@@ -116,6 +125,21 @@ pub struct Libvirt {
     stream: UnixStream,
     path: PathBuf,
     serial: u32,
+    /// The deadline of each exchange.
+    timeout: Duration,
+}
+
+impl LibvirtError {
+    /// An error of the exchange with the socket at `path`: a deadline of `timeout` passed, or
+    /// another failure.
+    fn io(path: &Path, timeout: Duration, source: io::Error) -> Self {
+        match source.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                LibvirtError::Timeout { path: path.to_owned(), after: timeout }
+            }
+            _ => LibvirtError::Io { path: path.to_owned(), source },
+        }
+    }
 }
 
 impl Libvirt {
@@ -125,11 +149,11 @@ impl Libvirt {
     /// # Errors
     /// When the socket cannot be reached, asks for an unknown authentication, or refuses.
     pub fn connect(path: &Path, timeout: Duration) -> Result<Self, LibvirtError> {
-        let io = |source| LibvirtError::Io { path: path.to_owned(), source };
+        let io = |source| LibvirtError::io(path, timeout, source);
         let stream = UnixStream::connect(path).map_err(io)?;
         stream.set_read_timeout(Some(timeout)).map_err(io)?;
         stream.set_write_timeout(Some(timeout)).map_err(io)?;
-        let mut me = Self { stream, path: path.to_owned(), serial: 0 };
+        let mut me = Self { stream, path: path.to_owned(), serial: 0, timeout };
         let auth = me.call(PROC_AUTH_LIST, &[])?;
         let mut r = Xdr::new(&auth);
         let n = r.len()?;
@@ -202,7 +226,7 @@ impl Libvirt {
             put_u32(&mut msg, w);
         }
         msg.extend_from_slice(args);
-        let io = |source| LibvirtError::Io { path: self.path.clone(), source };
+        let io = |source| LibvirtError::io(&self.path, self.timeout, source);
         self.stream.write_all(&msg).map_err(io)?;
         // Replies to our calls come in order; anything else (events) is not asked for.
         loop {

@@ -22,7 +22,7 @@ use hvstats_abi::vm_sources::Origin;
 use hvstats_abi::vm_state::VmState;
 
 use super::kvm_stat_map::{self, KvmStatReading};
-use super::vm_source::{VmAttach, VmSource, VmView};
+use super::vm_source::{PeerState, VmAttach, VmSource, VmView};
 use crate::observe::attach::ObserveError;
 use crate::observe::libvirt::{Domain, Libvirt, SOCKETS, STATS_STATE, STATS_VCPU, STATS_VM, TypedValue};
 use crate::sources::counter_source::{CounterSource, Gives, Object};
@@ -207,6 +207,15 @@ impl VmSource for LibvirtStats {
                 self.state = None;
             }
         }
+    }
+
+    fn peer(&self) -> Option<PeerState> {
+        // libvirt answers for the domain (it asks QEMU itself: a stopped QEMU is a libvirt that
+        // does not answer within the deadline); each refresh asks again.
+        Some(match &self.error {
+            None => PeerState::Up,
+            Some(why) => PeerState::Down(why.clone()),
+        })
     }
 
     fn vm_name(&mut self) -> Option<String> {
