@@ -24,6 +24,7 @@ use hvstats::Hypervisor;
 use hvstats_kvm::observe::filter::{VmFilter, VmPattern};
 use hvstats_kvm::observe::qmp::{Qmp, add_stats, stats_request};
 use hvstats_kvm::observe::{ObserveOptions, Observer, Procfs, Targets, raise_fd_limit};
+use hvstats_testkit::kvm_vcpus;
 
 use crate::row::{CpuClock, Pace, Plan, Rounds, Row};
 
@@ -117,7 +118,7 @@ impl Qemus {
         let pid = child.id() as i32;
         self.children.push(child);
         let t = Instant::now();
-        while !sockets.iter().all(|s| self.socket(s).exists()) || !has_vcpu(pid) {
+        while !sockets.iter().all(|s| self.socket(s).exists()) || kvm_vcpus(pid) == 0 {
             if t.elapsed() > Duration::from_secs(30) {
                 return Err(format!("QEMU {name} made no QMP socket or vCPU in 30 s"));
             }
@@ -129,15 +130,6 @@ impl Qemus {
     fn socket(&self, name: &str) -> PathBuf {
         self.dir.join(format!("{name}.sock"))
     }
-}
-
-/// True once `pid` holds a KVM vCPU.
-fn has_vcpu(pid: i32) -> bool {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|dir| {
-        dir.flatten().any(|e| {
-            std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().starts_with("anon_inode:kvm-vcpu"))
-        })
-    })
 }
 
 /// An observer of `pids` alone (other VMs on the host are not the bench's), finding each one's

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{KilledOnDrop, TempDir};
+use hvstats_testkit::{spawn_qemu, wait_for_kvm_vcpus};
 
 fn hvstats(dir: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_hvstats")).args(args).arg("--runtime-dir").arg(dir).output().unwrap()
@@ -95,34 +96,29 @@ fn recording_an_observed_vm_below_its_observers_cadence_is_warned_about() {
     if !common::kvm_available(test) {
         return;
     }
-    let qemu = match Command::new("qemu-system-x86_64")
-        .args(["-accel", "kvm", "-display", "none", "-nodefaults", "-m", "16", "-name", "guest=cadence-vm"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-    {
-        Ok(child) => KilledOnDrop(child),
-        Err(e) => {
-            assert!(
-                std::env::var("CI").is_err(),
-                "qemu-system-x86_64 cannot be started ({e}); .ci/run installs it"
-            );
-            eprintln!("{test}: qemu-system-x86_64 cannot be started ({e}): skipped");
-            return;
-        }
+    let Some(qemu) = spawn_qemu(
+        Command::new("qemu-system-x86_64")
+            .args([
+                "-accel",
+                "kvm",
+                "-display",
+                "none",
+                "-nodefaults",
+                "-m",
+                "16",
+                "-name",
+                "guest=cadence-vm",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+        test,
+    ) else {
+        return;
     };
+    let qemu = KilledOnDrop(qemu);
     let pid = qemu.0.id().to_string();
-    let fds = format!("/proc/{pid}/fd");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !std::fs::read_dir(&fds)
-        .unwrap()
-        .flatten()
-        .any(|e| std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy().contains("kvm-vcpu")))
-    {
-        assert!(Instant::now() < deadline, "QEMU created no vCPU");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_kvm_vcpus(qemu.0.id() as i32, 1, Duration::from_secs(30));
     let tmp = TempDir::new("cadence-observed");
     let observer = Command::new(env!("CARGO_BIN_EXE_hvstats"))
         .args(["observe", "--interval", "1", "--pid", &pid, "--runtime-dir"])

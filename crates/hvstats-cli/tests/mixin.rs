@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{KilledOnDrop, TempDir, free_port, http_get, prometheus_tool, url_encoded};
+use hvstats_testkit::{spawn_qemu, wait_for_kvm_vcpus};
 use serde_json::Value;
 
 fn packaging(path: &str) -> PathBuf {
@@ -296,35 +297,17 @@ fn until<T>(what: &str, deadline: Instant, mut ready: impl FnMut() -> Result<T, 
 /// publishing it under `dir`; `None` without KVM or QEMU (skipped, unless required).
 fn observed_qemu(dir: &Path, work: &Path) -> Option<(KilledOnDrop, KilledOnDrop)> {
     let qmp = work.join("qmp.sock");
-    let qemu = Command::new("qemu-system-x86_64")
-        .args(["-accel", "kvm", "-display", "none", "-nodefaults", "-m", "16", "-name", "guest=obs-vm"])
-        .args(["-uuid", "0f3c2a52-6a0e-4d0e-9a83-0c1d2e3f4a5b", "-qmp"])
-        .arg(format!("unix:{},server=on,wait=off", qmp.display()))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn();
-    let qemu = match qemu {
-        Ok(child) => KilledOnDrop(child),
-        Err(e) => {
-            assert!(
-                std::env::var("CI").is_err(),
-                "qemu-system-x86_64 cannot be started ({e}); .ci/run installs it"
-            );
-            eprintln!("qemu-system-x86_64 cannot be started ({e}): no observed VM");
-            return None;
-        }
-    };
-    let fds = format!("/proc/{}/fd", qemu.0.id());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !std::fs::read_dir(&fds)
-        .unwrap()
-        .flatten()
-        .any(|e| std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy().contains("kvm-vcpu")))
-    {
-        assert!(Instant::now() < deadline, "QEMU created no vCPU");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let qemu = KilledOnDrop(spawn_qemu(
+        Command::new("qemu-system-x86_64")
+            .args(["-accel", "kvm", "-display", "none", "-nodefaults", "-m", "16", "-name", "guest=obs-vm"])
+            .args(["-uuid", "0f3c2a52-6a0e-4d0e-9a83-0c1d2e3f4a5b", "-qmp"])
+            .arg(format!("unix:{},server=on,wait=off", qmp.display()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+        "observed_qemu",
+    )?);
+    wait_for_kvm_vcpus(qemu.0.id() as i32, 1, Duration::from_secs(30));
     let observer = Command::new(env!("CARGO_BIN_EXE_hvstats"))
         .args(["observe", "--pid", &qemu.0.id().to_string(), "--runtime-dir"])
         .arg(dir)

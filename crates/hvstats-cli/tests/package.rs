@@ -16,6 +16,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{KilledOnDrop, TempDir};
+use hvstats_testkit::{spawn_qemu, wait_for_kvm_vcpus};
 
 fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(path)
@@ -221,34 +222,19 @@ fn the_observer_unit_grants_exactly_the_capabilities_observing_needs() {
     }
     let caps = unit_capabilities();
     assert_eq!(caps, ["sys_ptrace", "perfmon", "bpf"]);
-    let qemu = match Command::new("qemu-system-x86_64")
-        .args(["-accel", "kvm", "-display", "none", "-nodefaults", "-m", "16", "-name", "guest=caps-vm"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-    {
-        Ok(child) => KilledOnDrop(child),
-        Err(e) => {
-            assert!(
-                std::env::var("CI").is_err(),
-                "qemu-system-x86_64 cannot be started ({e}); .ci/run installs it"
-            );
-            eprintln!("{test}: qemu-system-x86_64 cannot be started ({e}): skipped");
-            return;
-        }
+    let Some(qemu) = spawn_qemu(
+        Command::new("qemu-system-x86_64")
+            .args(["-accel", "kvm", "-display", "none", "-nodefaults", "-m", "16", "-name", "guest=caps-vm"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+        test,
+    ) else {
+        return;
     };
+    let qemu = KilledOnDrop(qemu);
     let pid = qemu.0.id();
-    let fds = format!("/proc/{pid}/fd");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !std::fs::read_dir(&fds)
-        .unwrap()
-        .flatten()
-        .any(|e| std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy().contains("kvm-vcpu")))
-    {
-        assert!(Instant::now() < deadline, "QEMU created no vCPU");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_kvm_vcpus(qemu.0.id() as i32, 1, Duration::from_secs(30));
     let without = |cap: &str| caps.iter().filter(|c| *c != cap).cloned().collect::<Vec<_>>();
     let runtime = TempDir::new("package-caps");
 

@@ -69,11 +69,6 @@ fn instance_name(hv: &Hypervisor) -> String {
     hv.published_name().unwrap().to_string()
 }
 
-/// The value of the one sample line starting with `series` (name and labels, exactly).
-fn sample(text: &str, series: &str) -> Option<String> {
-    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ').map(str::to_owned))
-}
-
 #[test]
 fn metrics_export_exact_counts_in_base_units_with_labels() {
     let tmp = TempDir::new("serve-metrics");
@@ -95,18 +90,18 @@ fn metrics_export_exact_counts_in_base_units_with_labels() {
     let p = part.id();
     let vp_labels = |vp: u32| format!("vm=\"partition-{p}\",vp=\"{vp}\"");
     let cpuid = format!("hvstats_vp_intercepts_total{{{},intercept=\"cpuid\"}}", vp_labels(1));
-    assert_eq!(sample(&text, &cpuid).as_deref(), Some("4242"), "{text}");
+    assert_eq!(common::sample(&text, &cpuid).as_deref(), Some("4242"), "{text}");
     let io_time = format!("hvstats_vp_intercept_seconds_total{{{},intercept=\"io\"}}", vp_labels(1));
-    assert_eq!(sample(&text, &io_time).as_deref(), Some("2.5"));
+    assert_eq!(common::sample(&text, &io_time).as_deref(), Some("2.5"));
     // CPUID exits are handled inside KVM, which records no time for them: no series.
     let cpuid_time = format!("hvstats_vp_intercept_seconds_total{{{},intercept=\"cpuid\"}}", vp_labels(1));
-    assert_eq!(sample(&text, &cpuid_time), None);
+    assert_eq!(common::sample(&text, &cpuid_time), None);
     let hypercalls = format!("hvstats_vp_hypercalls_total{{{}}}", vp_labels(1));
-    assert_eq!(sample(&text, &hypercalls).as_deref(), Some("7"));
+    assert_eq!(common::sample(&text, &hypercalls).as_deref(), Some("7"));
     let vp0 = format!("hvstats_vp_hypercalls_total{{{}}}", vp_labels(0));
-    assert_eq!(sample(&text, &vp0).as_deref(), Some("0"));
+    assert_eq!(common::sample(&text, &vp0).as_deref(), Some("0"));
     let gpa = format!("hvstats_partition_gpa_bytes{{vm=\"partition-{p}\"}}");
-    assert_eq!(sample(&text, &gpa).as_deref(), Some(&*(100 * 4096).to_string()));
+    assert_eq!(common::sample(&text, &gpa).as_deref(), Some(&*(100 * 4096).to_string()));
     assert!(text.contains(
         "# TYPE hvstats_vp_intercept_seconds counter\n# UNIT hvstats_vp_intercept_seconds seconds"
     ));
@@ -116,7 +111,7 @@ fn metrics_export_exact_counts_in_base_units_with_labels() {
     )));
     // Counted but not timed: a count series, no seconds series. Not maintained: no series at all.
     let emulated = format!("hvstats_vp_intercepts_total{{{},intercept=\"emulated\"}}", vp_labels(1));
-    assert_eq!(sample(&text, &emulated).as_deref(), Some("3"));
+    assert_eq!(common::sample(&text, &emulated).as_deref(), Some("3"));
     assert!(
         !text
             .lines()
@@ -148,7 +143,7 @@ fn metrics_export_exact_counts_in_base_units_with_labels() {
     vp1.add(vp::HYPERCALLS, 5);
     let (_, head, classic) = get(addr, "/metrics");
     assert!(head.contains("text/plain; version=0.0.4"), "{head}");
-    assert_eq!(sample(&classic, &hypercalls).as_deref(), Some("12"));
+    assert_eq!(common::sample(&classic, &hypercalls).as_deref(), Some("12"));
     assert!(classic.contains("# TYPE hvstats_vp_hypercalls_total counter\n"), "{classic}");
     assert!(!classic.contains("# UNIT") && !classic.contains("# EOF"));
 
@@ -163,9 +158,12 @@ fn metrics_export_exact_counts_in_base_units_with_labels() {
 
     // The exporter's own series: it is up, and so are the instance and its VM.
     assert_exporter_series(&text, "0");
-    assert_eq!(sample(&text, &format!("hvstats_instance_up{{publisher=\"{i}\"}}")).as_deref(), Some("1"));
+    assert_eq!(
+        common::sample(&text, &format!("hvstats_instance_up{{publisher=\"{i}\"}}")).as_deref(),
+        Some("1")
+    );
     let vm_up = format!("hvstats_vm_up{{vm=\"partition-{p}\"}}");
-    assert_eq!(sample(&text, &vm_up).as_deref(), Some("1"), "{text}");
+    assert_eq!(common::sample(&text, &vm_up).as_deref(), Some("1"), "{text}");
     // HEAD: the headers of GET, no body; other methods: 405.
     let reply = exchange(addr, b"HEAD /metrics HTTP/1.0\r\n\r\n", Duration::from_secs(5));
     let (head, body) = reply.split_once("\r\n\r\n").unwrap();
@@ -201,10 +199,10 @@ fn histograms_are_prometheus_histograms_in_seconds_and_cpu_wait_is_a_counter() {
     assert!(text.contains("hvstats_vp_halt_wait_duration_seconds_count{"), "{text}");
     assert!(!text.contains("hvstats_vp_halt_poll_success_duration_seconds_count{"), "{text}");
     assert!(!text.contains("hvstats_vp_halt_poll_fail_duration_seconds_count{"), "{text}");
-    let sum: f64 = sample(&text, &format!("{name}_sum{{{}}}", labels(1))).unwrap().parse().unwrap();
+    let sum: f64 = common::sample(&text, &format!("{name}_sum{{{}}}", labels(1))).unwrap().parse().unwrap();
     assert!((sum - times.iter().sum::<u64>() as f64 / 1e9).abs() < 1e-9, "{sum}");
-    assert_eq!(sample(&text, &format!("{name}_count{{{}}}", labels(1))).as_deref(), Some("5"));
-    assert_eq!(sample(&text, &format!("{name}_count{{{}}}", labels(0))).as_deref(), Some("0"));
+    assert_eq!(common::sample(&text, &format!("{name}_count{{{}}}", labels(1))).as_deref(), Some("5"));
+    assert_eq!(common::sample(&text, &format!("{name}_count{{{}}}", labels(0))).as_deref(), Some("0"));
     // Buckets: cumulative, `le` the bucket's upper bound 2^i ns in seconds, the last one +Inf.
     let prefix = format!("{name}_bucket{{le=\"");
     let suffix = format!("\",{}}}", labels(1));
@@ -252,9 +250,9 @@ fn past_the_vp_cap_a_partition_exports_the_sum_of_its_vps() {
     let _i = instance_name(&hv);
     let series =
         |p: u64, vp: &str| format!("hvstats_vp_hypercalls_total{{vm=\"partition-{p}\",vp=\"{vp}\"}}");
-    assert_eq!(sample(&text, &series(small.id(), "0")).as_deref(), Some("1"));
-    assert_eq!(sample(&text, &series(big.id(), "all")).as_deref(), Some("60"), "{text}");
-    assert_eq!(sample(&text, &series(big.id(), "0")), None);
+    assert_eq!(common::sample(&text, &series(small.id(), "0")).as_deref(), Some("1"));
+    assert_eq!(common::sample(&text, &series(big.id(), "all")).as_deref(), Some("60"), "{text}");
+    assert_eq!(common::sample(&text, &series(big.id(), "0")), None);
 }
 
 #[test]
@@ -295,7 +293,7 @@ fn a_named_vm_keeps_its_series_across_a_restart_of_its_publisher() {
         let web = hv.create_partition_named(2, "web-1").unwrap();
         web.vp_page(1).unwrap().set(vp::HYPERCALLS, 31 + run);
         let text = get(addr, "/metrics").2;
-        assert_eq!(sample(&text, series).as_deref(), Some(&*(31 + run).to_string()), "{text}");
+        assert_eq!(common::sample(&text, series).as_deref(), Some(&*(31 + run).to_string()), "{text}");
         // What changed is on the VM's info series alone.
         let i = instance_name(&hv);
         let info = text.lines().find(|l| l.starts_with("hvstats_vm_info{vm=\"web-1\"")).unwrap();
@@ -319,7 +317,9 @@ fn a_named_vm_keeps_its_series_across_a_restart_of_its_publisher() {
     let text = get(addr, "/metrics").2;
     let mut values: Vec<String> = ["dup", "dup#2"]
         .iter()
-        .map(|vm| sample(&text, &format!("hvstats_vp_hypercalls_total{{vm=\"{vm}\",vp=\"0\"}}")).unwrap())
+        .map(|vm| {
+            common::sample(&text, &format!("hvstats_vp_hypercalls_total{{vm=\"{vm}\",vp=\"0\"}}")).unwrap()
+        })
         .collect();
     values.sort();
     assert_eq!(values, ["5", "6"], "{text}");
@@ -338,12 +338,12 @@ fn a_named_vm_keeps_its_series_across_a_restart_of_its_publisher() {
 fn assert_exporter_series(text: &str, read_errors: &str) {
     let version = env!("CARGO_PKG_VERSION");
     assert_eq!(
-        sample(text, &format!("hvstats_build_info{{version=\"{version}\"}}")).as_deref(),
+        common::sample(text, &format!("hvstats_build_info{{version=\"{version}\"}}")).as_deref(),
         Some("1"),
         "{text}"
     );
-    assert_eq!(sample(text, "hvstats_read_errors").as_deref(), Some(read_errors), "{text}");
-    let took: f64 = sample(text, "hvstats_scrape_duration_seconds").unwrap().parse().unwrap();
+    assert_eq!(common::sample(text, "hvstats_read_errors").as_deref(), Some(read_errors), "{text}");
+    let took: f64 = common::sample(text, "hvstats_scrape_duration_seconds").unwrap().parse().unwrap();
     assert!(took > 0.0 && took < 10.0, "{took}");
 }
 
@@ -415,7 +415,7 @@ fn a_user_who_may_read_no_instance_gets_an_unhealthy_exporter_and_down_instances
     assert_eq!(status, 200);
     assert_exporter_series(&text, "1");
     assert_eq!(
-        sample(&text, &format!("hvstats_instance_up{{publisher=\"{i}\"}}")).as_deref(),
+        common::sample(&text, &format!("hvstats_instance_up{{publisher=\"{i}\"}}")).as_deref(),
         Some("0"),
         "{text}"
     );
@@ -965,7 +965,7 @@ fn a_vp_page_of_1_0_exports_its_counters_and_no_series_for_the_1_1_ones() {
     let p = part.id();
     let labels = |vp: u32| format!("vm=\"partition-{p}\",vp=\"{vp}\"");
     let cpuid = format!("hvstats_vp_intercepts_total{{{},intercept=\"cpuid\"}}", labels(0));
-    assert_eq!(sample(&text, &cpuid).as_deref(), Some("12"), "{text}");
+    assert_eq!(common::sample(&text, &cpuid).as_deref(), Some("12"), "{text}");
     // The 1.1 counters (and hvstats' own group) the 1.0 page does not carry: no series, not 0.
     let vp0: Vec<&str> = text.lines().filter(|l| l.contains(&labels(0))).collect();
     for family in [
@@ -976,7 +976,7 @@ fn a_vp_page_of_1_0_exports_its_counters_and_no_series_for_the_1_1_ones() {
         assert!(!vp0.iter().any(|l| l.starts_with(family)), "{family} for VP 0: {vp0:?}");
     }
     let dispatches = format!("hvstats_vp_dispatches_total{{{}}}", labels(1));
-    assert_eq!(sample(&text, &dispatches).as_deref(), Some("40"), "{text}");
+    assert_eq!(common::sample(&text, &dispatches).as_deref(), Some("40"), "{text}");
 }
 
 /// Reads one HTTP/1.1 response (head and `Content-Length` body) from `reader`; its status.

@@ -19,13 +19,13 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{KilledOnDrop, TempDir, kvm_available, total};
+use common::{Running, TempDir, kvm_available, total};
 use hvstats_abi::catalog::{self, Counter};
 use hvstats_abi::source::KvmStat;
 use hvstats_abi::{ObjectKind, Presentation, Unit};
 use hvstats_guest::bios::{BiosEnd, BiosProgram};
 use hvstats_kvm::observe::qmp::{KvmStatsReply, Qmp, add_stats, stats_request};
-use hvstats_testkit::Libvirtd;
+use hvstats_testkit::{Libvirtd, kvm_vcpus};
 use serde_json::Value;
 
 /// The guest all three run: known work, then `cli; hlt` (its counts hold still afterwards).
@@ -65,7 +65,7 @@ impl Qemu {
             .expect("qemu-system-x86_64 starts (.ci/run installs it)");
         let mut me = Self { child, control: None };
         let t = Instant::now();
-        while (observed_qmp && !control.exists()) || vcpus(me.pid()) < 1 {
+        while (observed_qmp && !control.exists()) || kvm_vcpus(me.pid()) < 1 {
             assert!(t.elapsed() < Duration::from_secs(30), "QEMU {name} made no vCPU in 30 s");
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -123,18 +123,6 @@ fn connect(path: &Path) -> Qmp {
             Err(e) => panic!("QMP {}: {e}", path.display()),
         }
     }
-}
-
-/// The KVM vCPU descriptors `pid` holds.
-fn vcpus(pid: i32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |dir| {
-        dir.flatten()
-            .filter(|e| {
-                std::fs::read_link(e.path())
-                    .is_ok_and(|l| l.to_string_lossy().starts_with("anon_inode:kvm-vcpu"))
-            })
-            .count()
-    })
 }
 
 /// The partition named `name` in a snapshot of every instance.
@@ -215,11 +203,6 @@ fn snapshot_until(run: &Path, mut done: impl FnMut(&Value) -> bool) -> Value {
     }
 }
 
-/// The value of the sample line `series` (name and labels, exactly) in an exposition.
-fn sample(text: &str, series: &str) -> Option<String> {
-    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ').map(str::to_owned))
-}
-
 #[test]
 fn a_libvirt_domain_and_two_qemus_under_serve_give_every_kvm_counter_kvm_reports() {
     if !kvm_available("a_libvirt_domain_and_two_qemus_under_serve_give_every_kvm_counter_kvm_reports") {
@@ -244,23 +227,12 @@ fn a_libvirt_domain_and_two_qemus_under_serve_give_every_kvm_counter_kvm_reports
     let run = tmp.path().join("run");
     std::fs::create_dir_all(&run).unwrap();
     let pids = [domain.pid, qemu_qmp.pid(), qemu_plain.pid()].map(|p| p.to_string());
-    let mut serve = Command::new(env!("CARGO_BIN_EXE_hvstats"));
-    serve.args(["serve", "--listen", "127.0.0.1:0", "--observe-all", "--observe-interval", "1"]);
+    let mut args = vec!["serve", "--listen", "127.0.0.1:0", "--observe-all", "--observe-interval", "1"];
     for pid in &pids {
-        serve.args(["--vm", pid]);
+        args.extend(["--vm", pid]);
     }
     let uri = format!("qemu:///system?socket={}", libvirtd.socket_ro().display());
-    let mut serve = KilledOnDrop(
-        serve
-            .arg("--runtime-dir")
-            .arg(&run)
-            .env("LIBVIRT_DEFAULT_URI", uri)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
-    let addr = common::serving_addr(&mut serve.0);
+    let serve = Running::start_with(&args, &run, &[("LIBVIRT_DEFAULT_URI", &uri)]);
 
     // All three attached, paused, with their vCPU threads known: only then do the guests run,
     // so what is counted from attach on is the guest's whole work.
@@ -363,15 +335,15 @@ fn a_libvirt_domain_and_two_qemus_under_serve_give_every_kvm_counter_kvm_reports
     }
 
     // The exporter says which source answers for which VM, and each VM's state.
-    let metrics = common::http_get(addr, "/metrics");
+    let metrics = serve.get("/metrics");
     let up = |vm: &str, source: &str| {
-        sample(&metrics, &format!("hvstats_vm_source_up{{vm=\"{vm}\",source=\"{source}\"}}"))
+        common::sample(&metrics, &format!("hvstats_vm_source_up{{vm=\"{vm}\",source=\"{source}\"}}"))
     };
     assert_eq!(up(&lv, "libvirt").as_deref(), Some("1"), "{metrics}");
     assert_eq!(up(&with_qmp, "qmp").as_deref(), Some("1"), "{metrics}");
     assert_ne!(up(&plain, "qmp").as_deref(), Some("1"), "{metrics}");
     for vm in names {
-        let state = sample(&metrics, &format!("hvstats_vm_state{{vm=\"{vm}\",state=\"running\"}}"));
+        let state = common::sample(&metrics, &format!("hvstats_vm_state{{vm=\"{vm}\",state=\"running\"}}"));
         // The plain QEMU's state is unknown to hvstats (nothing there says it), never a guess.
         if vm != plain {
             assert_eq!(state.as_deref(), Some("1"), "{vm}: {metrics}");
@@ -402,44 +374,14 @@ fn a_libvirt_domain_stopped_for_ten_seconds_loses_its_libvirt_counters_and_gets_
     let run = tmp.path().join("run");
     std::fs::create_dir_all(&run).unwrap();
     let uri = format!("qemu:///system?socket={}", libvirtd.socket_ro().display());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--observe-all", "--observe-interval", "1"])
-        .args(["--vm", &domain.pid.to_string(), "--runtime-dir"])
-        .arg(&run)
-        .env("LIBVIRT_DEFAULT_URI", uri)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let addr = common::serving_addr(&mut child);
-    let stderr = child.stderr.take().unwrap();
-    let serve = KilledOnDrop(child);
-    let (tx, log) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
-            eprintln!("{line}");
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let pid = domain.pid.to_string();
+    let args = ["serve", "--listen", "127.0.0.1:0", "--observe-all", "--observe-interval", "1", "--vm", &pid];
+    let serve = Running::start_with(&args, &run, &[("LIBVIRT_DEFAULT_URI", &uri)]);
     let up = format!("hvstats_vm_source_up{{vm=\"{lv}\",source=\"libvirt\"}}");
     let hlt = format!("hvstats_vp_intercepts_total{{vm=\"{lv}\",vp=\"0\",intercept=\"hlt\"}}");
-    let halts = |m: &str| sample(m, &hlt).and_then(|v| v.parse::<u64>().ok());
-    let metrics_until = |limit: Duration, done: &dyn Fn(&str) -> bool| {
-        let t = Instant::now();
-        loop {
-            let m = common::http_get(addr, "/metrics");
-            if done(&m) {
-                return m;
-            }
-            assert!(t.elapsed() < limit, "not reached in {limit:?}:\n{m}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    };
-    let m = metrics_until(Duration::from_secs(120), &|m| {
-        sample(m, &up).as_deref() == Some("1") && halts(m).is_some_and(|h| h > 0)
+    let halts = |m: &str| common::sample(m, &hlt).and_then(|v| v.parse::<u64>().ok());
+    let m = serve.metrics_until(Duration::from_secs(120), |m| {
+        common::sample(m, &up).as_deref() == Some("1") && halts(m).is_some_and(|h| h > 0)
     });
     let before = halts(&m).unwrap();
 
@@ -447,18 +389,18 @@ fn a_libvirt_domain_stopped_for_ten_seconds_loses_its_libvirt_counters_and_gets_
     // SAFETY: kill has no memory effects; the pid is the domain's QEMU.
     assert_eq!(unsafe { libc::kill(domain.pid, libc::SIGSTOP) }, 0);
     let stopped_at = Instant::now();
-    let m = metrics_until(Duration::from_secs(10), &|m| sample(m, &up).as_deref() == Some("0"));
+    let m = serve.metrics_until(Duration::from_secs(10), |m| common::sample(m, &up).as_deref() == Some("0"));
     assert_eq!(halts(&m), None, "{m}");
     std::thread::sleep(Duration::from_secs(10).saturating_sub(stopped_at.elapsed()));
     // SAFETY: as above.
     assert_eq!(unsafe { libc::kill(domain.pid, libc::SIGCONT) }, 0);
     let continued = Instant::now();
-    metrics_until(Duration::from_secs(60), &|m| sample(m, &up).as_deref() == Some("1"));
+    serve.metrics_until(Duration::from_secs(60), |m| common::sample(m, &up).as_deref() == Some("1"));
     eprintln!("libvirt back {:.1} s after SIGCONT", continued.elapsed().as_secs_f64());
-    let m = metrics_until(Duration::from_secs(30), &|m| halts(m).is_some_and(|h| h > before));
+    let m = serve.metrics_until(Duration::from_secs(30), |m| halts(m).is_some_and(|h| h > before));
     assert!(halts(&m).unwrap() > before);
     // One line each way.
-    let lines: Vec<String> = log.try_iter().filter(|l| l.contains(&format!("\"{lv}\": libvirt"))).collect();
+    let lines = serve.lines_with(&format!("\"{lv}\": libvirt"));
     assert_eq!(lines.len(), 2, "{lines:#?}");
     assert!(lines[0].contains("libvirt lost") && lines[0].contains("did not answer within"), "{lines:#?}");
     assert!(lines[1].contains("libvirt back after"), "{lines:#?}");

@@ -9,95 +9,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{TempDir, hold_a_vm, kvm_available};
-
-/// A child killed and reaped on drop, with its output lines.
-struct Running {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    /// Every line read so far (a line waited for later may have come first).
-    seen: std::cell::RefCell<Vec<String>>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Running {
-    fn start(args: &[&str], dir: &Path) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
-            .args(args)
-            .arg("--runtime-dir")
-            .arg(dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        // Standard output (serve's address) and error (the log), as lines of one stream.
-        let (tx, lines) = mpsc::channel();
-        let out: Box<dyn std::io::Read + Send> = Box::new(child.stdout.take().unwrap());
-        let err: Box<dyn std::io::Read + Send> = Box::new(child.stderr.take().unwrap());
-        for stream in [out, err] {
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                    if tx.send(line).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-        Self { child, lines, seen: Default::default() }
-    }
-
-    fn wait_line(&self, needle: &str) -> String {
-        if let Some(line) = self.seen.borrow_mut().iter_mut().find(|l| l.contains(needle)) {
-            // Taken: the next wait for the same text needs a new line.
-            return std::mem::take(line);
-        }
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) if line.contains(needle) => return line,
-                Ok(line) => self.seen.borrow_mut().push(line),
-                Err(e) => panic!("no line containing {needle:?}: {e}"),
-            }
-        }
-    }
-
-    /// The body `serve` answers for `path`.
-    fn get(&self, path: &str) -> String {
-        let line = self.wait_line("serving http://");
-        let addr = line.split("http://").nth(1).unwrap().split('/').next().unwrap().parse().unwrap();
-        self.seen.borrow_mut().push(line);
-        let reply = common::http_get(addr, path);
-        reply.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or(reply)
-    }
-
-    fn terminate(&mut self) -> std::process::ExitStatus {
-        // SAFETY: kill has no memory effects; the pid is our child's.
-        assert_eq!(unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) }, 0);
-        let t = Instant::now();
-        loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                return s;
-            }
-            assert!(t.elapsed() < Duration::from_secs(5), "no exit 5 s after SIGTERM");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
+use common::{Running, TempDir, hold_a_vm, kvm_available};
+use hvstats_testkit::kvm_vcpus;
 
 fn instance_files(dir: &Path) -> Vec<String> {
     match std::fs::read_dir(dir.join("instances")) {
@@ -177,7 +94,7 @@ impl Qemu {
             .expect("qemu-system-x86_64 starts (.ci/run installs it)");
         let me = Self { child, qmp };
         let t = Instant::now();
-        while !me.qmp.exists() || vcpus(me.pid()) < 1 {
+        while !me.qmp.exists() || kvm_vcpus(me.pid()) < 1 {
             assert!(t.elapsed() < Duration::from_secs(30), "QEMU made no vCPU in 30 s");
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -218,48 +135,9 @@ impl Drop for Qemu {
     }
 }
 
-/// The KVM vCPU descriptors `pid` holds.
-fn vcpus(pid: i32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |dir| {
-        dir.flatten()
-            .filter(|e| {
-                std::fs::read_link(e.path())
-                    .is_ok_and(|l| l.to_string_lossy().starts_with("anon_inode:kvm-vcpu"))
-            })
-            .count()
-    })
-}
-
-/// The value of the sample line starting with `series` (name and labels, exactly).
-fn sample(text: &str, series: &str) -> Option<String> {
-    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ').map(str::to_owned))
-}
-
 /// The value of the first sample of `family` (any labels).
 fn first_sample(text: &str, family: &str) -> Option<f64> {
     text.lines().find_map(|l| l.strip_prefix(family)?.strip_prefix('{')?.rsplit_once(' ')?.1.parse().ok())
-}
-
-impl Running {
-    /// Scrapes `/metrics` every 100 ms until `done` holds (at most `limit`); the last scrape.
-    fn metrics_until(&self, limit: Duration, mut done: impl FnMut(&str) -> bool) -> String {
-        let t = Instant::now();
-        loop {
-            let m = self.get("/metrics");
-            if done(&m) {
-                return m;
-            }
-            assert!(t.elapsed() < limit, "not reached in {limit:?}:\n{m}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// The lines said so far (and now) that contain `needle`.
-    fn lines_with(&self, needle: &str) -> Vec<String> {
-        let mut seen = self.seen.borrow_mut();
-        seen.extend(self.lines.try_iter());
-        seen.iter().filter(|l| l.contains(needle)).cloned().collect()
-    }
 }
 
 #[test]
@@ -287,12 +165,12 @@ fn a_qemu_stopped_for_ten_seconds_loses_its_qmp_counters_and_gets_them_back_with
     let up = format!("hvstats_vm_source_up{{vm=\"{tag}\",source=\"qmp\"}}");
     let state = |s: &str| format!("hvstats_vm_state{{vm=\"{tag}\",state=\"{s}\"}}");
     let hlt = format!("hvstats_vp_intercepts_total{{vm=\"{tag}\",vp=\"0\",intercept=\"hlt\"}}");
-    let halts = |m: &str| sample(m, &hlt).and_then(|v| v.parse::<u64>().ok());
+    let halts = |m: &str| common::sample(m, &hlt).and_then(|v| v.parse::<u64>().ok());
     // SeaBIOS reaches its first HLT in seconds here, longer on a host busy emulating others.
     let m = serve.metrics_until(Duration::from_secs(120), |m| {
-        sample(m, &up).as_deref() == Some("1") && halts(m).is_some_and(|h| h > 0)
+        common::sample(m, &up).as_deref() == Some("1") && halts(m).is_some_and(|h| h > 0)
     });
-    assert_eq!(sample(&m, &state("running")).as_deref(), Some("1"), "{m}");
+    assert_eq!(common::sample(&m, &state("running")).as_deref(), Some("1"), "{m}");
     assert_eq!(first_sample(&m, "hvstats_observer_qmp_sessions_up"), Some(1.0), "{m}");
     let before = halts(&m).unwrap();
 
@@ -300,8 +178,8 @@ fn a_qemu_stopped_for_ten_seconds_loses_its_qmp_counters_and_gets_them_back_with
     // from QMP absent (not frozen at a stale value); the VM stays observed.
     qemu.stop();
     let stopped_at = Instant::now();
-    let m = serve.metrics_until(Duration::from_secs(10), |m| sample(m, &up).as_deref() == Some("0"));
-    assert_eq!(sample(&m, &state("unknown")).as_deref(), Some("1"), "{m}");
+    let m = serve.metrics_until(Duration::from_secs(10), |m| common::sample(m, &up).as_deref() == Some("0"));
+    assert_eq!(common::sample(&m, &state("unknown")).as_deref(), Some("1"), "{m}");
     assert_eq!(halts(&m), None, "{m}");
     assert_eq!(first_sample(&m, "hvstats_observer_qmp_sessions_up"), Some(0.0), "{m}");
     let lost = serve.wait_line(&format!("pid {pid} \"{tag}\": qmp lost"));
@@ -320,10 +198,10 @@ fn a_qemu_stopped_for_ten_seconds_loses_its_qmp_counters_and_gets_them_back_with
         if let Some(t) = refreshed(m).filter(|t| *t > continued) {
             refreshes.insert(t.to_bits());
         }
-        sample(m, &up).as_deref() == Some("1")
+        common::sample(m, &up).as_deref() == Some("1")
     });
     assert!(refreshes.len() <= 2, "back after {} refreshes", refreshes.len());
-    assert_eq!(sample(&m, &state("running")).as_deref(), Some("1"), "{m}");
+    assert_eq!(common::sample(&m, &state("running")).as_deref(), Some("1"), "{m}");
     // The counts go on from where they were (the same QEMU: counted since attach).
     let m = serve.metrics_until(Duration::from_secs(20), |m| halts(m).is_some_and(|h| h > before));
     assert!(halts(&m).unwrap() > before);
@@ -400,25 +278,28 @@ fn an_observer_that_dies_is_reported_down_until_another_observer_publishes() {
     let name = published.split("as instance ").nth(1).unwrap().split(' ').next().unwrap().to_owned();
     let serve = Running::start(&["serve", "--listen", "127.0.0.1:0"], tmp.path());
     let up = |name: &str| format!("hvstats_observer_up{{publisher=\"{name}\"}}");
-    let m = serve.metrics_until(Duration::from_secs(20), |m| sample(m, &up(&name)).as_deref() == Some("1"));
+    let m = serve
+        .metrics_until(Duration::from_secs(20), |m| common::sample(m, &up(&name)).as_deref() == Some("1"));
     assert!(
         first_sample(&m, "hvstats_observer_last_refresh_timestamp_seconds").is_some_and(|t| t > 1e9),
         "{m}"
     );
     assert_eq!(
-        sample(&m, &format!("hvstats_observer_vms{{publisher=\"{name}\",state=\"attached\"}}")).as_deref(),
+        common::sample(&m, &format!("hvstats_observer_vms{{publisher=\"{name}\",state=\"attached\"}}"))
+            .as_deref(),
         Some("0")
     );
     // Killed: it removes nothing, and is reported down, not gone.
     first.child.kill().unwrap();
     first.child.wait().unwrap();
-    serve.metrics_until(Duration::from_secs(20), |m| sample(m, &up(&name)).as_deref() == Some("0"));
+    serve.metrics_until(Duration::from_secs(20), |m| common::sample(m, &up(&name)).as_deref() == Some("0"));
     // Another observer publishes: the dead one is forgotten.
     let second = observer();
     let published = second.wait_line("publishing observed VMs as instance ");
     let name2 = published.split("as instance ").nth(1).unwrap().split(' ').next().unwrap().to_owned();
-    let m = serve.metrics_until(Duration::from_secs(20), |m| sample(m, &up(&name2)).as_deref() == Some("1"));
-    assert_eq!(sample(&m, &up(&name)), None, "{m}");
+    let m = serve
+        .metrics_until(Duration::from_secs(20), |m| common::sample(m, &up(&name2)).as_deref() == Some("1"));
+    assert_eq!(common::sample(&m, &up(&name)), None, "{m}");
 }
 
 #[test]

@@ -15,6 +15,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use hvstats_abi::catalog::vp;
+use hvstats_testkit::{spawn_qemu, wait_for_kvm_vcpus};
 use serde_json::Value;
 
 fn name(id: hvstats_abi::CounterId) -> &'static str {
@@ -375,34 +376,19 @@ fn top_at_80_columns_shows_the_columns_that_have_data_for_an_observed_qemu_vm() 
         eprintln!("tmux is missing (Debian package tmux): skipped");
         return;
     }
-    let qemu = match Command::new("qemu-system-x86_64")
-        .args(["-accel", "kvm", "-display", "none", "-nodefaults", "-m", "16", "-name", "guest=top-vm"])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-    {
-        Ok(child) => Reaped(child),
-        Err(e) => {
-            assert!(
-                std::env::var("CI").is_err(),
-                "qemu-system-x86_64 cannot be started ({e}); .ci/run installs it"
-            );
-            eprintln!("qemu-system-x86_64 cannot be started ({e}): skipped");
-            return;
-        }
+    let Some(qemu) = spawn_qemu(
+        Command::new("qemu-system-x86_64")
+            .args(["-accel", "kvm", "-display", "none", "-nodefaults", "-m", "16", "-name", "guest=top-vm"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null()),
+        "top_at_80_columns_shows_the_columns_that_have_data_for_an_observed_qemu_vm",
+    ) else {
+        return;
     };
+    let qemu = Reaped(qemu);
     // `observe --pid` needs the VM to exist: wait for QEMU's first vCPU descriptor.
-    let fds = format!("/proc/{}/fd", qemu.0.id());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !std::fs::read_dir(&fds)
-        .unwrap()
-        .flatten()
-        .any(|e| std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy().contains("kvm-vcpu")))
-    {
-        assert!(Instant::now() < deadline, "QEMU created no vCPU");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_kvm_vcpus(qemu.0.id() as i32, 1, Duration::from_secs(30));
     let tmp = TempDir::new("top-qemu");
     let observer = Command::new(env!("CARGO_BIN_EXE_hvstats"))
         .args(["observe", "--interval", "0.2", "--pid", &qemu.0.id().to_string(), "--runtime-dir"])

@@ -17,6 +17,7 @@ use hvstats_guest::bios::{BiosEnd, BiosProgram};
 use hvstats_kvm::observe::counting::EventList;
 use hvstats_kvm::observe::sources::events::vm_events;
 use hvstats_kvm::observe::{ObserveOptions, Observer, ObserverEvent, Procfs, Targets};
+use hvstats_testkit::wait_for_kvm_vcpus;
 use observe_support::{Qemu, TempDir, kvm_available};
 
 /// How long a QEMU may take to start its vCPU threads on a loaded host (tests run in parallel).
@@ -55,34 +56,13 @@ fn qemu_with_bios(tmp: &TempDir, program: BiosProgram, extra: &[&str]) -> Option
     let mut args = vec!["-bios", bios.to_str().unwrap(), "-qmp", obs_arg.as_str()];
     args.extend_from_slice(extra);
     let qemu = Qemu::start(tmp.path(), "ctl", "kvm", &args)?;
+    wait_for_kvm_vcpus(qemu.pid(), 1, Duration::from_secs(10));
     let t = Instant::now();
-    while !obs.exists() || vcpus(qemu.pid()) < 1 {
-        assert!(t.elapsed() < Duration::from_secs(10), "QEMU made no vCPU in 10 s");
+    while !obs.exists() {
+        assert!(t.elapsed() < Duration::from_secs(10), "QEMU made no QMP socket in 10 s");
         std::thread::sleep(Duration::from_millis(20));
     }
-    wait_for_vcpus(&qemu, 1);
     Some((qemu, obs))
-}
-
-/// The KVM vCPU descriptors `pid` holds (the observer attaches to a VM only once it has them).
-fn vcpus(pid: i32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |dir| {
-        dir.flatten()
-            .filter(|e| {
-                std::fs::read_link(e.path())
-                    .is_ok_and(|l| l.to_string_lossy().starts_with("anon_inode:kvm-vcpu"))
-            })
-            .count()
-    })
-}
-
-/// Waits (at most 10 s) until `qemu` has made `n` vCPUs.
-fn wait_for_vcpus(qemu: &Qemu, n: usize) {
-    let t = Instant::now();
-    while vcpus(qemu.pid()) < n {
-        assert!(t.elapsed() < Duration::from_secs(10), "QEMU made no {n} vCPUs in 10 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 #[test]
@@ -222,7 +202,7 @@ fn seabios_on_two_vcpus_shows_both_with_the_right_indices() {
     let tmp = TempDir::new("kvm-seabios");
     // No debug-threads, no observer QMP: the vCPU threads come from KVM's debugfs.
     let Some(qemu) = Qemu::start(tmp.path(), "ctl", "kvm", &["-smp", "2", "-m", "64"]) else { return };
-    wait_for_vcpus(&qemu, 2);
+    wait_for_kvm_vcpus(qemu.pid(), 2, Duration::from_secs(10));
     let hv = Hypervisor::new().unwrap();
     let mut observer =
         Observer::new(hv.clone(), Procfs::host(), Targets::Pids(vec![qemu.pid()]), ObserveOptions::default());
@@ -301,7 +281,7 @@ fn fifty_paused_qemus_are_observed_with_a_bounded_number_of_descriptors() {
         qemus.push(q);
     }
     for q in &qemus {
-        wait_for_vcpus(q, 1);
+        wait_for_kvm_vcpus(q.pid(), 1, Duration::from_secs(10));
     }
     hvstats_kvm::observe::raise_fd_limit().unwrap();
     let hv = Hypervisor::new().unwrap();
@@ -345,7 +325,7 @@ fn a_qemu_given_two_names_and_two_uuids_is_named_as_qemu_itself_says() {
         second,
     ];
     let Some(qemu) = Qemu::start(tmp.path(), "ctl", "kvm", &args) else { return };
-    wait_for_vcpus(&qemu, 1);
+    wait_for_kvm_vcpus(qemu.pid(), 1, Duration::from_secs(10));
     let pid = qemu.pid();
     // QEMU itself keeps the last of each.
     let mut control = qemu.connect();

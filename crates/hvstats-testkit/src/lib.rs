@@ -20,7 +20,7 @@ mod load;
 mod reading;
 
 pub use dir::TempDir;
-pub use kvm::kvm_available;
+pub use kvm::{kvm_available, kvm_vcpus, spawn_qemu, wait_for_kvm_vcpus};
 pub use libvirt::{LibvirtDomain, Libvirtd};
 pub use load::synthetic_load;
 pub use reading::synthetic_instance;

@@ -192,11 +192,7 @@ fn qemu_of(uuid: &str) -> Option<i32> {
         let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
         let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
         let named = args.windows(2).any(|w| w[0] == b"-uuid" && w[1] == uuid.as_bytes());
-        let has_vcpu = std::fs::read_dir(e.path().join("fd")).ok()?.flatten().any(|f| {
-            std::fs::read_link(f.path())
-                .is_ok_and(|l| l.to_string_lossy().starts_with("anon_inode:kvm-vcpu:"))
-        });
-        (named && has_vcpu).then_some(pid)
+        (named && crate::kvm_vcpus(pid) > 0).then_some(pid)
     })
 }
 

@@ -7,6 +7,11 @@ use std::path::Path;
 #[allow(unused_imports, reason = "not every test file uses each of them")]
 pub use hvstats_testkit::{TempDir, kvm_available};
 
+/// The value of the sample line `series` (name and labels, exactly) in an exposition.
+pub fn sample(text: &str, series: &str) -> Option<String> {
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ').map(str::to_owned))
+}
+
 /// A process's private resident memory (its heap: not the pages it maps), in KiB.
 pub fn rss_anon_kib(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -192,7 +197,7 @@ fn json_key(name: &str, held: hvstats_present::json_keys::Held) -> String {
 /// it `exec()` itself in place with those arguments (same pid, same start time, a new VM). The
 /// test file must run [`fake_vmm_body`] from an ignored test named `fake_vmm`.
 pub struct FakeVmm {
-    child: std::process::Child,
+    pub child: std::process::Child,
     stdin: std::process::ChildStdin,
     stdout: std::io::BufReader<std::process::ChildStdout>,
 }
@@ -317,4 +322,115 @@ pub fn fake_vmm_body() {
         }
     }
     std::process::exit(0);
+}
+
+/// A child killed and reaped on drop, with its output lines.
+pub struct Running {
+    pub child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    /// Every line read so far (a line waited for later may have come first).
+    seen: std::cell::RefCell<Vec<String>>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Running {
+    /// Starts `hvstats ARGS --runtime-dir DIR`.
+    pub fn start(args: &[&str], dir: &Path) -> Self {
+        Self::start_with(args, dir, &[])
+    }
+
+    /// As [`Running::start`], with `env` added to its environment.
+    pub fn start_with(args: &[&str], dir: &Path, env: &[(&str, &str)]) -> Self {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hvstats"))
+            .args(args)
+            .envs(env.iter().copied())
+            .arg("--runtime-dir")
+            .arg(dir)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Standard output (serve's address) and error (the log), as lines of one stream.
+        let (tx, lines) = std::sync::mpsc::channel();
+        let out: Box<dyn std::io::Read + Send> = Box::new(child.stdout.take().unwrap());
+        let err: Box<dyn std::io::Read + Send> = Box::new(child.stderr.take().unwrap());
+        for stream in [out, err] {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in std::io::BufRead::lines(std::io::BufReader::new(stream)).map_while(Result::ok) {
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        Self { child, lines, seen: Default::default() }
+    }
+
+    pub fn wait_line(&self, needle: &str) -> String {
+        if let Some(line) = self.seen.borrow_mut().iter_mut().find(|l| l.contains(needle)) {
+            // Taken: the next wait for the same text needs a new line.
+            return std::mem::take(line);
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(line) => self.seen.borrow_mut().push(line),
+                Err(e) => panic!("no line containing {needle:?}: {e}"),
+            }
+        }
+    }
+
+    /// The body `serve` answers for `path`.
+    pub fn get(&self, path: &str) -> String {
+        let line = self.wait_line("serving http://");
+        let addr = line.split("http://").nth(1).unwrap().split('/').next().unwrap().parse().unwrap();
+        self.seen.borrow_mut().push(line);
+        let reply = http_get(addr, path);
+        reply.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or(reply)
+    }
+
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        // SAFETY: kill has no memory effects; the pid is our child's.
+        assert_eq!(unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) }, 0);
+        let t = std::time::Instant::now();
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(t.elapsed() < std::time::Duration::from_secs(5), "no exit 5 s after SIGTERM");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
+impl Running {
+    /// Scrapes `/metrics` every 100 ms until `done` holds (at most `limit`); the last scrape.
+    pub fn metrics_until(&self, limit: std::time::Duration, mut done: impl FnMut(&str) -> bool) -> String {
+        let t = std::time::Instant::now();
+        loop {
+            let m = self.get("/metrics");
+            if done(&m) {
+                return m;
+            }
+            assert!(t.elapsed() < limit, "not reached in {limit:?}:\n{m}");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+
+    /// The lines said so far (and now) that contain `needle`.
+    pub fn lines_with(&self, needle: &str) -> Vec<String> {
+        let mut seen = self.seen.borrow_mut();
+        seen.extend(self.lines.try_iter());
+        seen.iter().filter(|l| l.contains(needle)).cloned().collect()
+    }
 }

@@ -92,26 +92,17 @@ impl Qemu {
         use std::process::{Command, Stdio};
         use std::time::{Duration, Instant};
         let qmp = dir.join(format!("{tag}.sock"));
-        let child = Command::new("qemu-system-x86_64")
-            .args(["-accel", accel, "-S", "-display", "none", "-nodefaults", "-m", "16"])
-            .arg("-qmp")
-            .arg(format!("unix:{},server=on,wait=off", qmp.display()))
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
-        let child = match child {
-            Ok(c) => c,
-            Err(e) => {
-                assert!(
-                    std::env::var("CI").is_err(),
-                    "qemu-system-x86_64 cannot be started ({e}); .ci/run installs it"
-                );
-                eprintln!("qemu-system-x86_64 cannot be started ({e}): skipped");
-                return None;
-            }
-        };
+        let child = hvstats_testkit::spawn_qemu(
+            Command::new("qemu-system-x86_64")
+                .args(["-accel", accel, "-S", "-display", "none", "-nodefaults", "-m", "16"])
+                .arg("-qmp")
+                .arg(format!("unix:{},server=on,wait=off", qmp.display()))
+                .args(extra)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+            tag,
+        )?;
         let mut me = Self { child, qmp };
         let t = Instant::now();
         while !me.qmp.exists() {
