@@ -120,14 +120,13 @@ impl LibvirtStats {
         let Some(conn) = self.conn.as_mut() else { return Ok(()) };
         let fields = conn.domain_stats(&self.domain, STATS_VCPU | STATS_VM | STATS_STATE)?;
         let (mut vcpus, mut vm) = (BTreeMap::<u32, Stats>::new(), Stats::default());
-        let int = |name: &str| {
-            fields.iter().find_map(|(f, v)| match v {
-                TypedValue::Int(v) if f == name => i64::try_from(*v).ok(),
-                _ => None,
-            })
-        };
-        self.state = int("state.state").map(|s| VmState::from_libvirt(s, int("state.reason").unwrap_or(0)));
+        let (mut state, mut reason) = (None, 0);
         for (field, value) in fields {
+            match (field.as_str(), &value) {
+                ("state.state", TypedValue::Int(v)) => state = i64::try_from(*v).ok(),
+                ("state.reason", TypedValue::Int(v)) => reason = i64::try_from(*v).unwrap_or(0),
+                _ => {}
+            }
             let value = match value {
                 TypedValue::Int(v) => u64::try_from(v).unwrap_or(0),
                 TypedValue::Bool(b) => u64::from(b),
@@ -143,6 +142,7 @@ impl LibvirtStats {
                 None => {}
             }
         }
+        self.state = state.map(|s| VmState::from_libvirt(s, reason));
         self.vcpus = vcpus;
         self.vm = vm;
         Ok(())
