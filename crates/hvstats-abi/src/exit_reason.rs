@@ -87,27 +87,17 @@ pub enum InterceptClass {
 }
 
 impl InterceptClass {
-    /// Every class, in a fixed order.
-    pub const ALL: [InterceptClass; 18] = [
-        InterceptClass::PageInvalidation,
-        InterceptClass::ControlRegister,
-        InterceptClass::Io,
-        InterceptClass::Halt,
-        InterceptClass::Mwait,
-        InterceptClass::Cpuid,
-        InterceptClass::Msr,
-        InterceptClass::ExternalInterrupt,
-        InterceptClass::PendingInterrupt,
-        InterceptClass::DebugRegister,
-        InterceptClass::PageFault,
-        InterceptClass::NestedPageFault,
-        InterceptClass::ApicAccess,
-        InterceptClass::ApicEoi,
-        InterceptClass::ApicTpr,
-        InterceptClass::Hypercall,
-        InterceptClass::Other,
-        InterceptClass::Emulated,
-    ];
+    /// Every class, in a fixed order: those VM exits are counted under ([`Self::EXITS`]), then
+    /// [`InterceptClass::Emulated`].
+    pub const ALL: [InterceptClass; 18] = {
+        let mut all = [InterceptClass::Emulated; 18];
+        let mut i = 0;
+        while i < Self::EXITS.len() {
+            all[i] = Self::EXITS[i];
+            i += 1;
+        }
+        all
+    };
 
     /// The classes VM exits are counted under (every class an exit reason can name, and Other for
     /// the rest), in a fixed order (the index order of counting arrays).
