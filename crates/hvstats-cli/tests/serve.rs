@@ -9,30 +9,22 @@
 
 mod common;
 
-use common::{TempDir, free_port, prometheus_tool, publish_partition as published, write_1_0_vp_page};
+use common::{
+    KilledOnDrop, TempDir, free_port, prometheus_tool, publish_partition as published, write_1_0_vp_page,
+};
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use hvstats::Hypervisor;
 use hvstats_abi::catalog::vp;
 use serde_json::Value;
 
-/// A child process killed and reaped on drop.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Starts `hvstats serve` on a free loopback port; returns it and its address.
-fn serve(dir: &Path, extra: &[&str]) -> (Running, SocketAddr) {
+fn serve(dir: &Path, extra: &[&str]) -> (KilledOnDrop, SocketAddr) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
         .args(["serve", "--listen", "127.0.0.1:0", "--runtime-dir"])
         .arg(dir)
@@ -41,7 +33,7 @@ fn serve(dir: &Path, extra: &[&str]) -> (Running, SocketAddr) {
         .spawn()
         .unwrap();
     let addr = common::serving_addr(&mut child);
-    (Running(child), addr)
+    (KilledOnDrop(child), addr)
 }
 
 /// `GET path` over HTTP/1.0: (status, headers, body).
@@ -410,7 +402,7 @@ fn a_user_who_may_read_no_instance_gets_an_unhealthy_exporter_and_down_instances
         .spawn()
         .unwrap();
     let addr = common::serving_addr(&mut child);
-    let _server = Running(child);
+    let _server = KilledOnDrop(child);
     let (status, _, text) = get_openmetrics(addr, "/metrics");
     assert_eq!(status, 200);
     assert_exporter_series(&text, "1");
@@ -501,7 +493,7 @@ fn prometheus_scrapes_two_hosts_and_sums_their_exact_totals() {
     )
     .unwrap();
     let web = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let _prometheus = Running(
+    let _prometheus = KilledOnDrop(
         Command::new(prometheus)
             .arg(format!("--config.file={}", config.display()))
             .arg(format!("--storage.tsdb.path={}", work.path().join("data").display()))
@@ -540,7 +532,7 @@ fn prometheus_scrapes_two_hosts_and_sums_their_exact_totals() {
 
 /// `hvstats serve` started by a shell that first sets `ulimit -n nofile`; its standard error is
 /// kept in `stderr`.
-fn serve_limited(dir: &Path, extra: &[&str], nofile: u32, stderr: &Path) -> (Running, SocketAddr) {
+fn serve_limited(dir: &Path, extra: &[&str], nofile: u32, stderr: &Path) -> (KilledOnDrop, SocketAddr) {
     let mut script =
         format!("ulimit -n {nofile} && exec \"$0\" serve --listen 127.0.0.1:0 --runtime-dir \"$1\"");
     for (n, _) in extra.iter().enumerate() {
@@ -560,10 +552,10 @@ fn serve_limited(dir: &Path, extra: &[&str], nofile: u32, stderr: &Path) -> (Run
     BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let addr = line.trim().strip_prefix("serving http://").and_then(|s| s.strip_suffix("/metrics"));
     let addr = addr.unwrap_or_else(|| panic!("unexpected first line {line:?}")).parse().unwrap();
-    (Running(child), addr)
+    (KilledOnDrop(child), addr)
 }
 
-impl Running {
+impl KilledOnDrop {
     fn pid(&self) -> u32 {
         self.0.id()
     }

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{TempDir, publish_partition as publish};
+use common::{KilledOnDrop, TempDir, publish_partition as publish};
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -354,16 +354,6 @@ fn the_wait_status_of_an_unreaped_process_is_read_from_proc() {
     assert_eq!(zombie_exit_status(&pid), None, "reaped: no longer a zombie");
 }
 
-/// Kills and reaps a child on drop.
-struct Reaped(std::process::Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// An observed QEMU VM (SeaBIOS booting, then idle) in an 80-column terminal: the columns that
 /// have data come first, so its port I/O rate shows instead of columns of dashes.
 #[test]
@@ -386,7 +376,7 @@ fn top_at_80_columns_shows_the_columns_that_have_data_for_an_observed_qemu_vm() 
     ) else {
         return;
     };
-    let qemu = Reaped(qemu);
+    let qemu = KilledOnDrop(qemu);
     // `observe --pid` needs the VM to exist: wait for QEMU's first vCPU descriptor.
     wait_for_kvm_vcpus(qemu.0.id() as i32, 1, Duration::from_secs(30));
     let tmp = TempDir::new("top-qemu");
@@ -398,7 +388,7 @@ fn top_at_80_columns_shows_the_columns_that_have_data_for_an_observed_qemu_vm() 
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let _observer = Reaped(observer);
+    let _observer = KilledOnDrop(observer);
     let tmux = Tmux { socket: format!("hvstats-top-qemu-{}", std::process::id()) };
     let command = format!(
         "{} top --interval 0.5 --runtime-dir {}",
