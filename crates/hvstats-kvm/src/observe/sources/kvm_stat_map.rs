@@ -80,6 +80,15 @@ pub(crate) fn given_by(kind: ObjectKind, reading: &dyn KvmStatReading) -> Counte
     })
 }
 
+/// The counters of an object of `kind` that every one of `readings` gives (one reading per vCPU:
+/// a VP counter is given only when each vCPU's statistics give it); none without readings.
+pub(crate) fn given_by_all<'a, R: KvmStatReading + 'a>(
+    kind: ObjectKind,
+    readings: impl IntoIterator<Item = &'a R>,
+) -> CounterSet {
+    readings.into_iter().map(|r| given_by(kind, r)).reduce(|a, b| a.intersection(&b)).unwrap_or_default()
+}
+
 /// Writes the counters of `only` for an object of `kind` from `reading` into `page`; a counter
 /// whose statistics the reading lacks is left as it is.
 pub fn write(kind: ObjectKind, page: &SharedPage, only: &CounterSet, reading: &dyn KvmStatReading) {

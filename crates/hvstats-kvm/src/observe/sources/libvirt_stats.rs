@@ -156,19 +156,15 @@ impl CounterSource for LibvirtStats {
 
     fn gives(&self) -> Gives {
         // A VP counter is given only when libvirt reports it for every vCPU.
-        let vp = if self.vcpus.len() == self.vp_count && self.vp_count > 0 {
-            self.vcpus
-                .values()
-                .map(|s| kvm_stat_map::given_by(ObjectKind::Vp, s))
-                .reduce(|a, b| a.intersection(&b))
-        } else {
-            None
+        let vp = match self.vcpus.len() == self.vp_count {
+            true => kvm_stat_map::given_by_all(ObjectKind::Vp, self.vcpus.values()),
+            false => CounterSet::EMPTY,
         };
         let mut partition = kvm_stat_map::given_by(ObjectKind::Partition, &self.vm);
         if self.state.is_some() {
             partition = partition.union(&CounterSet::of(&[partition::VM_STATE]));
         }
-        Gives { partition, vp: vp.unwrap_or_default() }
+        Gives { partition, vp }
     }
 
     fn write(&self, object: Object, page: &SharedPage, only: &CounterSet) {

@@ -376,14 +376,9 @@ fn vm_names() -> &'static [&'static str] {
 /// The counters a reading of KVM's statistics through QMP gives: the VM's, and those every
 /// vCPU's statistics give.
 fn given_by(reading: &KvmStatsReply) -> Gives {
-    let vp = reading
-        .vcpus
-        .values()
-        .map(|v| kvm_stat_map::given_by(ObjectKind::Vp, v))
-        .reduce(|a, b| a.intersection(&b));
     Gives {
         partition: kvm_stat_map::given_by(ObjectKind::Partition, &reading.vm),
-        vp: vp.unwrap_or_default(),
+        vp: kvm_stat_map::given_by_all(ObjectKind::Vp, reading.vcpus.values()),
     }
 }
 

@@ -15,6 +15,7 @@ use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 
 use hvstats::SharedPage;
 use hvstats_abi::ObjectKind;
+use hvstats_abi::counter_set::CounterSet;
 use hvstats_abi::vm_sources::Origin;
 use hvstats_host::os as sys;
 
@@ -155,14 +156,9 @@ impl CounterSource for StatsFd {
 
     fn gives(&self) -> Gives {
         // A VP counter is given only when every vCPU's statistics give it.
-        let vp = if self.vcpus.len() == self.vp_count && self.vp_count > 0 {
-            self.vcpus
-                .values()
-                .map(|c| kvm_stat_map::given_by(ObjectKind::Vp, c))
-                .reduce(|a, b| a.intersection(&b))
-                .unwrap_or_default()
-        } else {
-            Default::default()
+        let vp = match self.vcpus.len() == self.vp_count {
+            true => kvm_stat_map::given_by_all(ObjectKind::Vp, self.vcpus.values()),
+            false => CounterSet::EMPTY,
         };
         let partition =
             self.vm.as_ref().map(|c| kvm_stat_map::given_by(ObjectKind::Partition, c)).unwrap_or_default();
