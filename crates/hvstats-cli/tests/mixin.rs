@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{KilledOnDrop, TempDir, free_port, http_get, prometheus_tool, url_encoded};
+use common::{KilledOnDrop, TempDir, http_get, prometheus_tool, start_prometheus, url_encoded};
 use hvstats_testkit::{spawn_qemu, wait_for_kvm_vcpus};
 use serde_json::Value;
 
@@ -370,28 +370,13 @@ fn prometheus_with_the_rules_answers_every_dashboard_query_over_two_hosts() {
     let (_serve_a, addr_a) = serve(host_a.path());
     let (_serve_b, addr_b) = serve(host_b.path());
 
-    let config = work.path().join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\n  - {}\n\
-             scrape_configs:\n  - job_name: hvstats\n    static_configs:\n      - targets: ['{addr_a}', '{addr_b}']\n",
-            packaging("prometheus/hvstats.rules.yml").display(),
-            packaging("prometheus/hvstats.alerts.yml").display(),
-        ),
-    )
-    .unwrap();
-    let web = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let _prometheus = KilledOnDrop(
-        Command::new(prometheus)
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!("--storage.tsdb.path={}", work.path().join("data").display()))
-            .arg(format!("--web.listen-address={web}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+    let config = format!(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\n  - {}\n\
+         scrape_configs:\n  - job_name: hvstats\n    static_configs:\n      - targets: ['{addr_a}', '{addr_b}']\n",
+        packaging("prometheus/hvstats.rules.yml").display(),
+        packaging("prometheus/hvstats.alerts.yml").display(),
     );
+    let (_prometheus, web) = start_prometheus(prometheus, &config, work.path());
     let deadline = Instant::now() + Duration::from_secs(180);
 
     // Every rule loaded and evaluated without an error.

@@ -10,7 +10,8 @@
 mod common;
 
 use common::{
-    KilledOnDrop, TempDir, free_port, prometheus_tool, publish_partition as published, write_1_0_vp_page,
+    KilledOnDrop, TempDir, prometheus_tool, publish_partition as published, start_prometheus,
+    write_1_0_vp_page,
 };
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -483,26 +484,11 @@ fn prometheus_scrapes_two_hosts_and_sums_their_exact_totals() {
     let (_serve_b, addr_b) = serve(host_b.path(), &[]);
 
     let work = TempDir::new("serve-prometheus");
-    let config = work.path().join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: hvstats\n    static_configs:\n      \
-             - targets: ['{addr_a}', '{addr_b}']\n"
-        ),
-    )
-    .unwrap();
-    let web = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let _prometheus = KilledOnDrop(
-        Command::new(prometheus)
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!("--storage.tsdb.path={}", work.path().join("data").display()))
-            .arg(format!("--web.listen-address={web}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+    let config = format!(
+        "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: hvstats\n    static_configs:\n      \
+         - targets: ['{addr_a}', '{addr_b}']\n"
     );
+    let (_prometheus, web) = start_prometheus(prometheus, &config, work.path());
     query_until(web, "sum(hvstats_vp_intercepts_total{intercept=\"cpuid\"})", "1239");
     query_until(web, &format!("sum(hvstats_vp_intercepts_total{{instance=\"{addr_b}\"}})"), "82");
     query_until(web, "sum by (intercept) (hvstats_vp_intercepts_total{intercept=\"io\"})", "77");

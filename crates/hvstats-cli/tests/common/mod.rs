@@ -157,6 +157,23 @@ pub fn prometheus_tool(name: &str, test: &str) -> Option<&'static str> {
     None
 }
 
+/// Starts the Prometheus server `prometheus` with the configuration `config` (YAML), its data and
+/// configuration file under `work`, on a free loopback port; it and the address of its web API.
+pub fn start_prometheus(prometheus: &str, config: &str, work: &Path) -> (KilledOnDrop, std::net::SocketAddr) {
+    let file = work.join("prometheus.yml");
+    std::fs::write(&file, config).unwrap();
+    let web = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let child = std::process::Command::new(prometheus)
+        .arg(format!("--config.file={}", file.display()))
+        .arg(format!("--storage.tsdb.path={}", work.join("data").display()))
+        .arg(format!("--web.listen-address={web}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    (KilledOnDrop(child), web)
+}
+
 /// A loopback port nobody listens on now.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
