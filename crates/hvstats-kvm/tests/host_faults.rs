@@ -33,21 +33,24 @@ fn each_fresh_region_a_guest_writes_is_one_host_fault_of_its_vp_thread() {
     let none = Workload { exit_status: 1, ..Workload::default() };
     assert_eq!(writes.expected(2).fresh_memory, u64::from(FRESH_WRITES_PER_VP));
     for mode in [Mode::Protected, Mode::Long] {
-        let with = faults(&writes, mode, vps);
-        let without = faults(&none, mode, vps);
-        for i in 0..vps {
-            let ctx = format!(
-                "{mode:?} VP {i}: {:?} with the writes, {:?} without",
-                with[i as usize], without[i as usize]
-            );
-            // The run loop's own faults on the thread are the same in both runs.
-            assert!(without[i as usize].0 <= 8, "{ctx}");
-            assert_eq!(with[i as usize].0 - without[i as usize].0, writes.expected(i).fresh_memory, "{ctx}");
-            assert_eq!(
-                (with[i as usize].1, without[i as usize].1),
-                (0, 0),
-                "{ctx}: nothing waited for a disk"
-            );
-        }
+        // The run loop's own faults on a VP thread are a few (its stack, its first allocations),
+        // the same in both runs of a pair, but a host busy elsewhere can add one to either run
+        // (a signal frame that reaches a new stack page): a pair is measured again, up to three
+        // times, and one pair must show every region exactly.
+        let mut tries = Vec::new();
+        let exact = (0..3).any(|_| {
+            let (with, without) = (faults(&writes, mode, vps), faults(&none, mode, vps));
+            let exact = (0..vps as usize)
+                .all(|i| with[i].0.checked_sub(without[i].0) == Some(writes.expected(i as u32).fresh_memory));
+            for i in 0..vps as usize {
+                let ctx = format!("{mode:?} VP {i}: {:?} with the writes, {:?} without", with[i], without[i]);
+                assert!(without[i].0 <= 8, "{ctx}");
+                assert!(with[i].0 >= without[i].0, "{ctx}");
+                assert_eq!((with[i].1, without[i].1), (0, 0), "{ctx}: nothing waited for a disk");
+            }
+            tries.push((with, without));
+            exact
+        });
+        assert!(exact, "{mode:?}: no pair counted every fresh region exactly: {tries:?}");
     }
 }
