@@ -196,6 +196,20 @@ mod tests {
     }
 
     #[test]
+    fn a_vm_name_of_any_length_makes_a_line_of_bounded_length() {
+        let name = "n".repeat(10_075);
+        for event in [
+            ObserverEvent::Excluded { pid: 7, name: name.clone() },
+            ObserverEvent::Detached { pid: 7, name: name.clone(), why: Departure::Exited },
+            ObserverEvent::Refused { pid: 7, name: name.clone(), why: "denied".into() },
+        ] {
+            let line = describe(&event);
+            assert!(line.len() < 200, "{line}");
+            assert!(line.contains(&format!("\"{}…(10075 bytes)\"", "n".repeat(64))), "{line}");
+        }
+    }
+
+    #[test]
     fn a_deferral_repeated_every_two_seconds_is_said_once_a_minute_with_the_count() {
         let mut limiter = LogLimiter::default();
         let start = Instant::now();
