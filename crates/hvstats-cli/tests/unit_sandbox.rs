@@ -474,7 +474,7 @@ fn the_observer_under_its_units_sandbox_observes_a_libvirt_domain_of_another_use
     assert!(partition(&snapshot, &lv).is_none(), "{snapshot:#}");
     std::thread::sleep(Duration::from_secs(3));
     let log = observer.log().to_owned();
-    assert_eq!(log.matches("refused pid").count(), 1, "said once:\n{log}");
+    assert_eq!(log.matches(&format!("refused pid {}", domain.pid)).count(), 1, "said once:\n{log}");
     drop(observer);
 
     // With a private /tmp (PrivateTmp=yes, which the unit no longer sets): the QMP socket is not

@@ -228,6 +228,8 @@ pub struct Observer {
     refusals_said: BTreeSet<i32>,
     /// Observed VMs whose QMP socket their VMM's mount namespace has and this one does not.
     hidden_qmp: BTreeSet<i32>,
+    /// Processes the scan was refused that the filter takes: counted as refused.
+    refused_vms: BTreeSet<i32>,
 }
 
 /// Descriptors kept out of the counters' reach (for `/proc`, the runtime directory, QMP sockets
@@ -256,6 +258,7 @@ impl Observer {
             scan: KvmScan::new(),
             refusals_said: BTreeSet::new(),
             hidden_qmp: BTreeSet::new(),
+            refused_vms: BTreeSet::new(),
         }
     }
 
@@ -276,7 +279,7 @@ impl Observer {
     /// out) or failed while their process lives.
     pub fn refused(&self) -> usize {
         let mut refused: BTreeSet<i32> = self.deferred.union(&self.failed).copied().collect();
-        refused.extend(self.scan.refused().keys());
+        refused.extend(&self.refused_vms);
         refused.extend(self.hidden_qmp.iter().filter(|p| self.vms.contains_key(p)));
         refused.len()
     }
@@ -517,17 +520,22 @@ impl Observer {
         named.iter().find(|p| sockets.of(p).accepted == 0).or(named.first()).cloned()
     }
 
-    /// Says once each process the scan was refused, with the fix; forgets those gone.
+    /// Says once each process the scan was refused that the filter takes, with the fix, and
+    /// counts it; forgets those gone. One the filter leaves out is said to be left out instead.
     fn say_refusals(&mut self, events: &mut Vec<ObserverEvent>) {
-        let refused = self.scan.refused();
-        self.refusals_said.retain(|p| refused.contains_key(p) || self.hidden_qmp.contains(p));
+        let now: BTreeSet<i32> = self.scan.refused().keys().copied().collect();
+        self.refused_vms.retain(|p| now.contains(p));
         self.hidden_qmp.retain(|p| self.vms.contains_key(p));
-        for (pid, e) in refused {
-            if self.refusals_said.insert(*pid) {
-                let (_, name) = self.procfs.identify(*pid);
-                let why = read_error(&self.procfs, *pid, e);
-                events.push(ObserverEvent::Refused { pid: *pid, name, why });
+        self.refusals_said.retain(|p| now.contains(p) || self.hidden_qmp.contains(p));
+        for pid in now {
+            if !self.refusals_said.insert(pid) || self.filtered_out(events, pid) {
+                continue;
             }
+            self.refused_vms.insert(pid);
+            let Some(e) = self.scan.refused().get(&pid) else { continue };
+            let why = read_error(&self.procfs, pid, e);
+            let (_, name) = self.procfs.identify(pid);
+            events.push(ObserverEvent::Refused { pid, name, why });
         }
     }
 
