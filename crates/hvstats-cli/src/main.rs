@@ -6,6 +6,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 
 mod cmd;
 mod input;
+mod man_page;
 mod observer_log;
 mod observer_run;
 mod output;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use hvstats_kvm::observe::ObserverEvent;
 use hvstats_kvm::observe::vm::Departure;
 use hvstats_mshv::observer::MshvEvent;
-use hvstats_present::text::Escaped;
+use hvstats_present::text::{Escaped, LoggedName};
 
 /// The log line of an event of the mshv observer.
 pub(crate) fn describe_mshv(event: &MshvEvent) -> String {
@@ -46,7 +46,7 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
             let mut s = format!(
                 "attach pid {pid} ({}) \"{}\": {vcpus} vCPUs as partition {partition}, {fds} perf counters open",
                 Escaped(vmm),
-                Escaped(name)
+                LoggedName(name)
             );
             if *left_out > 0 {
                 s.push_str(&format!(
@@ -68,14 +68,14 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
         }
         ObserverEvent::SourceDown { pid, name, source, why } => format!(
             "pid {pid} \"{}\": {source} lost: {}; its counters are unavailable until it answers again",
-            Escaped(name),
+            LoggedName(name),
             Escaped(why)
         ),
         ObserverEvent::SourceUp { pid, name, source, after } => {
-            format!("pid {pid} \"{}\": {source} back after {:.1} s", Escaped(name), after.as_secs_f64())
+            format!("pid {pid} \"{}\": {source} back after {:.1} s", LoggedName(name), after.as_secs_f64())
         }
         ObserverEvent::Excluded { pid, name } => {
-            format!("pid {pid} \"{}\": not observed: --vm/--exclude-vm leave it out", Escaped(name))
+            format!("pid {pid} \"{}\": not observed: --vm/--exclude-vm leave it out", LoggedName(name))
         }
         ObserverEvent::VcpusKnown { pid, threads, fds } => {
             format!("pid {pid}: vCPU threads {threads:?}; {fds} perf counters open (on those threads only)")
@@ -95,7 +95,7 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
         // A VM's name is what its VMM's command line or QMP says: escaped, it cannot forge a line.
         ObserverEvent::Detached { pid, name, why } => format!(
             "detach pid {pid} \"{}\": {}",
-            Escaped(name),
+            LoggedName(name),
             match why {
                 Departure::Exited => "the process exited",
                 Departure::Exec => "the process exec'd a program: a VM it makes now is attached anew",
@@ -104,19 +104,19 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
         ),
         ObserverEvent::NamedLike { pid, name, other, other_name } if name == other_name => format!(
             "pid {pid} \"{}\": the name of pid {other}'s VM, which keeps it; this one is told apart by a #N suffix on /metrics",
-            Escaped(name)
+            LoggedName(name)
         ),
         ObserverEvent::NamedLike { pid, name, other, other_name } => format!(
             "pid {pid} \"{}\": looks like the name of pid {other}'s VM \"{}\" (invisible or confusable characters)",
-            Escaped(name),
-            Escaped(other_name)
+            LoggedName(name),
+            LoggedName(other_name)
         ),
         ObserverEvent::DuplicateUuid { pid, uuid, other } => {
             format!("pid {pid}: UUID {uuid} is also pid {other}'s VM's: two VMs claim one identity")
         }
         ObserverEvent::ThreadRefused { pid, name, refusal } => format!(
             "pid {pid} \"{}\": thread {} named by {} for VP {} is not used: {}",
-            Escaped(name),
+            LoggedName(name),
             refusal.tid,
             refusal.by,
             refusal.vp,
@@ -124,6 +124,9 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
         ),
         ObserverEvent::Deferred { pid, reason } => {
             format!("pid {pid} not observed for now (retried): {}", Escaped(reason))
+        }
+        ObserverEvent::Refused { pid, name, why } => {
+            format!("refused pid {pid} \"{}\": {}", LoggedName(name), Escaped(why))
         }
         ObserverEvent::Failed { pid, error } => format!("cannot observe pid {pid}: {}", Escaped(error)),
     }
@@ -190,6 +193,20 @@ mod tests {
         let line = describe(&event);
         assert_eq!(line, r#"detach pid 7 "dup\nhvstats observe: attach pid 1\u{1b}[2J": the process exited"#);
         assert!(!line.contains('\n') && !line.contains('\u{1b}'));
+    }
+
+    #[test]
+    fn a_vm_name_of_any_length_makes_a_line_of_bounded_length() {
+        let name = "n".repeat(10_075);
+        for event in [
+            ObserverEvent::Excluded { pid: 7, name: name.clone() },
+            ObserverEvent::Detached { pid: 7, name: name.clone(), why: Departure::Exited },
+            ObserverEvent::Refused { pid: 7, name: name.clone(), why: "denied".into() },
+        ] {
+            let line = describe(&event);
+            assert!(line.len() < 200, "{line}");
+            assert!(line.contains(&format!("\"{}…(10075 bytes)\"", "n".repeat(64))), "{line}");
+        }
     }
 
     #[test]

@@ -40,6 +40,45 @@ pub(crate) enum ExitStatus {
     Terminated = 143,
 }
 
+impl ExitStatus {
+    /// Every status, in order.
+    pub(crate) const ALL: [ExitStatus; 7] = [
+        Self::Success,
+        Self::RuntimeError,
+        Self::Usage,
+        Self::GuestFault,
+        Self::HungUp,
+        Self::Interrupted,
+        Self::Terminated,
+    ];
+
+    /// What the status means, as the man pages say it.
+    pub(crate) fn meaning(self) -> &'static str {
+        match self {
+            Self::Success => "Everything asked for was done.",
+            Self::RuntimeError => {
+                "Something could not be done (a file, the runtime directory, KVM, a refused allocation, a full output device; for observe, a --pid process that could not be observed); the message on standard error says what."
+            }
+            Self::Usage => {
+                "The command line is wrong (unknown flag, value out of range, no target); nothing was done."
+            }
+            Self::GuestFault => "run: the partition ran, but a VP faulted or did not stop in time.",
+            Self::HungUp => "run: stopped by SIGHUP after printing what was counted.",
+            Self::Interrupted => "run: stopped by SIGINT (Ctrl-C) after printing what was counted.",
+            Self::Terminated => "run: stopped by SIGTERM after printing what was counted.",
+        }
+    }
+
+    /// True when a command's page (`hvstats-run`, …; `hvstats` for the whole) lists the status:
+    /// the signal and guest statuses are `run`'s alone.
+    pub(crate) fn applies_to(self, page: &str) -> bool {
+        match self {
+            Self::Success | Self::RuntimeError | Self::Usage => true,
+            _ => matches!(page, "hvstats" | "hvstats-run"),
+        }
+    }
+}
+
 impl From<ExitStatus> for ExitCode {
     fn from(s: ExitStatus) -> Self {
         ExitCode::from(s as u8)

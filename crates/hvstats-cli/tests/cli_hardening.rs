@@ -566,3 +566,112 @@ fn record_to_standard_output_still_works_with_a_dash() {
     assert!(text.starts_with("{\"format\":\"hvstats-recording\""), "{text}");
     assert_eq!(text.lines().count(), 2, "a header and one sample: {text}");
 }
+
+#[test]
+fn observe_without_a_target_names_every_choice() {
+    let o = hvstats().arg("observe").output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    for choice in ["--pid", "--all", "--qmp", "--mshv"] {
+        assert!(err.contains(choice), "{choice} is not named: {err}");
+    }
+}
+
+#[test]
+fn observe_of_a_pid_no_process_has_says_so() {
+    let tmp = TempDir::new("observe-nopid");
+    // A pid no process has: the highest one that is free now.
+    let max: i32 = std::fs::read_to_string("/proc/sys/kernel/pid_max").unwrap().trim().parse().unwrap();
+    let pid = (2..max).rev().find(|p| !Path::new(&format!("/proc/{p}")).exists()).unwrap();
+    let o = hvstats()
+        .args(["observe", "--pid", &pid.to_string(), "--runtime-dir"])
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(err.contains(&format!("cannot observe pid {pid}: no process {pid}")), "{err}");
+    assert!(!err.contains("No such file"), "{err}");
+}
+
+#[test]
+fn observe_of_a_qmp_socket_that_is_not_there_fails_at_once() {
+    let tmp = TempDir::new("observe-noqmp");
+    let socket = tmp.path().join("missing.sock");
+    let child = hvstats()
+        .args(["observe", "--qmp"])
+        .arg(&socket)
+        .arg("--runtime-dir")
+        .arg(tmp.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // It does not wait for a QEMU that may never come: it ends, with why.
+    let o = wait_bounded(child, Duration::from_secs(30), "observe --qmp on a missing socket");
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(
+        err.contains(&format!("--qmp {}: No such file", socket.display()))
+            && err.contains("no QMP socket there"),
+        "{err}"
+    );
+}
+
+/// Runs `hvstats ARGS` as `nobody` (no capability): its output.
+fn run_as_nobody(args: &[&str]) -> Option<Output> {
+    if Command::new("setpriv").arg("--version").output().is_err() {
+        assert!(std::env::var("CI").is_err(), "setpriv (util-linux) is missing");
+        return None;
+    }
+    let o = Command::new("setpriv")
+        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--inh-caps=-all"])
+        .arg(env!("CARGO_BIN_EXE_hvstats"))
+        .args(args)
+        .env_remove("HVSTATS_RUNTIME_DIR")
+        .current_dir("/")
+        .output()
+        .unwrap();
+    Some(o)
+}
+
+#[test]
+fn hwc_list_as_nobody_says_why_once() {
+    if !Path::new("/run").exists() || Path::new("/run/hvstats").exists() {
+        // Where /run/hvstats exists nobody may read the table, or list it: another error.
+        eprintln!("hwc_list_as_nobody_says_why_once: /run/hvstats exists: skipped");
+        return;
+    }
+    let Some(o) = run_as_nobody(&["hwc", "list"]) else { return };
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert_eq!(err.matches("Permission denied").count(), 1, "the cause once: {err}");
+    assert!(err.contains("cannot create /run/hvstats"), "{err}");
+}
+
+#[test]
+fn observe_as_nobody_tells_an_unreadable_tracefs_from_a_missing_one() {
+    let tracing = Path::new("/sys/kernel/tracing/events");
+    if !tracing.is_dir() {
+        eprintln!(
+            "observe_as_nobody_tells_an_unreadable_tracefs_from_a_missing_one: tracefs is not mounted: skipped"
+        );
+        return;
+    }
+    let mode = std::fs::metadata("/sys/kernel/tracing").unwrap().permissions().mode();
+    if mode & 0o005 == 0o005 {
+        eprintln!(
+            "observe_as_nobody_tells_an_unreadable_tracefs_from_a_missing_one: tracefs is readable by all: skipped"
+        );
+        return;
+    }
+    let tmp = TempDir::new("observe-nobody");
+    let Some(o) = run_as_nobody(&["observe", "--pid", "1", "--runtime-dir", tmp.path().to_str().unwrap()])
+    else {
+        return;
+    };
+    let err = stderr(&o);
+    assert!(err.contains("tracefs is mounted but not readable: /sys/kernel/tracing/events"), "{err}");
+    assert!(!err.contains("not mounted"), "{err}");
+}

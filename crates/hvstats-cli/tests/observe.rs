@@ -463,3 +463,43 @@ fn a_real_vmm_with_3000_threads_gets_a_bounded_number_of_counters() {
     assert!(!said.iter().any(|l| l.contains("exited") || l.contains("cannot")), "{said:?}");
     drop(release);
 }
+
+#[test]
+fn a_pid_of_another_user_the_observer_may_not_read_is_refused_with_the_fix() {
+    if Command::new("setpriv").arg("--version").output().is_err() {
+        assert!(std::env::var("CI").is_err(), "setpriv (util-linux) is missing");
+        return;
+    }
+    // A process of nobody's; the observer with the capabilities of hvstats-observe.service but
+    // CAP_DAC_READ_SEARCH, as the unit had them before.
+    let mut other = Command::new("setpriv")
+        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "sleep", "60"])
+        .spawn()
+        .unwrap();
+    let pid = other.id();
+    let t = Instant::now();
+    let uid = |pid: u32| {
+        std::fs::metadata(format!("/proc/{pid}")).ok().map(|m| std::os::unix::fs::MetadataExt::uid(&m))
+    };
+    while uid(pid) != Some(65534) {
+        assert!(t.elapsed() < Duration::from_secs(10), "the process did not become nobody's");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let tmp = TempDir::new("observe-refused");
+    let out = Command::new("setpriv")
+        .args(["--bounding-set=-all,+sys_ptrace,+perfmon,+bpf", "--inh-caps=-all", "--no-new-privs"])
+        .arg(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["observe", "--pid", &pid.to_string(), "--interval", "0.05", "--runtime-dir"])
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    let _ = other.kill();
+    let _ = other.wait();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("cannot observe pid {pid}: cannot read the descriptors of process {pid} (a process of uid 65534): Permission denied"))
+            && err.contains("needs CAP_DAC_READ_SEARCH and CAP_SYS_PTRACE"),
+        "{err}"
+    );
+}

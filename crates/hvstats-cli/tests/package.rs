@@ -102,6 +102,7 @@ fn the_package_holds_a_stripped_binary_and_installs_runs_and_purges_cleanly() {
         "./usr/share/hvstats/prometheus/hvstats.test.yml",
         "./usr/share/hvstats/grafana/hvstats.json",
         "./usr/share/doc/hvstats/copyright",
+        "./etc/default/hvstats",
     ] {
         assert!(contents.lines().any(|l| l.ends_with(path)), "the package lacks {path}:\n{contents}");
     }
@@ -150,13 +151,69 @@ fn the_package_holds_a_stripped_binary_and_installs_runs_and_purges_cleanly() {
     let reply = common::http_get(addr, "/metrics");
     assert!(reply.starts_with("HTTP/1.") && reply.contains("hvstats_build_info{version="), "{reply}");
 
-    // Purged, it leaves nothing but dpkg's own records.
+    // /etc/default/hvstats is a conffile: an upgrade keeps the operator's edits.
+    let conffiles = std::fs::read_to_string(root.join("var/lib/dpkg/info/hvstats.conffiles")).unwrap();
+    assert_eq!(conffiles.trim(), "/etc/default/hvstats");
+    // Real man pages: beyond the flags, what the command needs and touches.
+    let page = run(Command::new("zcat").arg(root.join("usr/share/man/man1/hvstats-observe.1.gz")));
+    for section in [".SH PRIVILEGES", ".SH FILES", ".SH ENVIRONMENT", ".SH \"EXIT STATUS\"", ".SH EXAMPLES"] {
+        assert!(page.contains(section), "hvstats-observe(1) lacks {section}");
+    }
+    assert!(page.contains("CAP_DAC_READ_SEARCH") && page.contains("/etc/default/hvstats"), "{page}");
+
+    // /run/hvstats as the services leave it (the observer's empty instances/ and a claim no one
+    // holds), and another user's hardware counter table beside them.
+    let runtime = root.join("run/hvstats");
+    let leave = |with_table: bool| {
+        std::fs::create_dir_all(runtime.join("instances")).unwrap();
+        std::fs::create_dir_all(runtime.join("observed")).unwrap();
+        std::fs::write(runtime.join("observed/4242-99"), "1 1-2-0\n").unwrap();
+        if with_table {
+            std::fs::create_dir_all(runtime.join("hwc")).unwrap();
+            std::fs::write(runtime.join("hwc/table"), "another user's allocations").unwrap();
+        }
+    };
+    leave(true);
+    // Purged, it leaves nothing but dpkg's own records, and the files it did not make.
     dpkg(&["--purge", "hvstats-dbgsym", "hvstats"], &[]);
     let left: Vec<String> =
         files_under(&root).into_iter().filter(|f| !f.starts_with("var/lib/dpkg/")).collect();
-    assert!(left.is_empty(), "left after purge: {left:?}");
+    assert_eq!(left, ["run/hvstats/hwc/table"], "left after purge");
+    assert!(!runtime.join("observed").exists() && !runtime.join("instances").exists());
     let status = std::fs::read_to_string(root.join("var/lib/dpkg/status")).unwrap();
     assert!(!status.contains("Package: hvstats"), "{status}");
+    // With nothing but its own files there, /run/hvstats goes too.
+    std::fs::remove_dir_all(runtime.join("hwc")).unwrap();
+    dpkg(&["--install"], &[deb]);
+    leave(false);
+    dpkg(&["--purge", "hvstats"], &[]);
+    assert!(!runtime.exists(), "/run/hvstats is left after purge");
+    let left: Vec<String> =
+        files_under(&root).into_iter().filter(|f| !f.starts_with("var/lib/dpkg/")).collect();
+    assert!(left.is_empty(), "left after purge: {left:?}");
+}
+
+/// The files the rule files' headers name (`hvstats.test.yml`, `packaging/grafana/hvstats.json`):
+/// every one exists.
+#[test]
+fn the_rule_files_headers_name_files_that_exist() {
+    let dir = repo("packaging/prometheus");
+    let mut named = 0;
+    for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+        let text = std::fs::read_to_string(entry.path()).unwrap();
+        for line in text.lines().take_while(|l| l.starts_with('#') || l.trim().is_empty()) {
+            for word in line.split(|c: char| c.is_whitespace() || "()`,;:'\"".contains(c)) {
+                let word = word.trim_end_matches('.');
+                if !(word.ends_with(".yml") || word.ends_with(".json")) {
+                    continue;
+                }
+                let path = if word.contains('/') { repo(word) } else { dir.join(word) };
+                assert!(path.exists(), "{} names {word}, which does not exist", entry.path().display());
+                named += 1;
+            }
+        }
+    }
+    assert!(named >= 4, "{named} files named");
 }
 
 /// The capabilities the observer's unit bounds it to, as setpriv names them (`sys_ptrace`, …).
@@ -221,7 +278,7 @@ fn the_observer_unit_grants_exactly_the_capabilities_observing_needs() {
         return;
     }
     let caps = unit_capabilities();
-    assert_eq!(caps, ["sys_ptrace", "perfmon", "bpf"]);
+    assert_eq!(caps, ["dac_read_search", "sys_ptrace", "perfmon", "bpf"]);
     let Some(qemu) = spawn_qemu(
         Command::new("qemu-system-x86_64")
             .args(["-accel", "kvm", "-display", "none", "-nodefaults", "-m", "16", "-name", "guest=caps-vm"])
@@ -245,6 +302,8 @@ fn the_observer_unit_grants_exactly_the_capabilities_observing_needs() {
         log.contains("\"caps-vm\": 1 vCPUs as partition") && !log.contains(" 0 perf counters open"),
         "{log}"
     );
+    // CAP_DAC_READ_SEARCH is for VMMs of another user (this QEMU is root's own): what it takes
+    // away is shown by tests/unit_sandbox.rs on a libvirt domain run as libvirt-qemu.
     // Without CAP_SYS_PTRACE the VMM's descriptors cannot be seen: no VM at all.
     let log = observe_with(&without("sys_ptrace"), pid, runtime.path());
     assert!(log.contains("cannot observe") && log.contains("holds no KVM VM"), "{log}");

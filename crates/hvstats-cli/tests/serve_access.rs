@@ -231,3 +231,25 @@ fn on_tcp_the_web_configuration_file_asks_for_tls_and_bcrypt_basic_authenticatio
         assert!(err.contains(said), "{yaml}: {err}");
     }
 }
+
+/// `--listen :PORT` (node_exporter's form) and `--listen [::]:PORT` are every address: IPv4 and
+/// IPv6 loopback both get the metrics; a bad port is a usage error that names the forms.
+#[test]
+fn a_listen_address_of_just_a_port_is_every_address_ipv4_included() {
+    let tmp = TempDir::new("serve-any");
+    for listen in [":0", "[::]:0"] {
+        let (_serve, shown) = serve(tmp.path(), &["--listen", listen]);
+        let port: u16 = shown.rsplit(':').next().unwrap().split('/').next().unwrap().parse().unwrap();
+        for addr in [format!("127.0.0.1:{port}"), format!("[::1]:{port}")] {
+            let reply = common::http_get(addr.parse().unwrap(), "/metrics");
+            assert!(
+                reply.starts_with("HTTP/1.0 200") && reply.contains("hvstats_build_info"),
+                "{listen} {addr}: {reply}"
+            );
+        }
+    }
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_hvstats")).args(["serve", "--listen", ":99999"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(":PORT for every address"));
+}

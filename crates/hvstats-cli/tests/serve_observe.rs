@@ -269,8 +269,10 @@ fn a_qemu_stopped_at_attach_is_named_stopped_and_gives_its_counters_once_continu
 #[test]
 fn an_observer_that_dies_is_reported_down_until_another_observer_publishes() {
     let tmp = TempDir::new("serve-observer-dies");
-    // An observer waiting for a QEMU on a socket that has none: up, observing nothing.
+    // An observer waiting for a QEMU on a socket no one serves now (a QEMU that stopped leaves
+    // its socket file): up, observing nothing. A path with no socket at all is refused at once.
     let nowhere = tmp.path().join("nobody.sock");
+    drop(std::os::unix::net::UnixListener::bind(&nowhere).unwrap());
     let observer =
         || Running::start(&["observe", "--qmp", nowhere.to_str().unwrap(), "--interval", "0.1"], tmp.path());
     let mut first = observer();

@@ -490,3 +490,22 @@ fn top_vm_shows_only_the_vms_named_and_an_80_column_key_bar_keeps_quit() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+#[test]
+fn once_with_a_vm_regex_that_matches_nothing_says_so_and_lists_the_vms_there_are() {
+    let tmp = TempDir::new("top-nomatch");
+    let (hv, part) = publish(tmp.path(), 1);
+    let vm = format!("{}:{}", hv.published_name().unwrap(), part.id());
+    let out = top(tmp.path(), &["--once", "--interval", "0.1", "--vm", "nosuch"]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text, format!("no VM matches --vm nosuch: the live VMs are \"{vm}\"\n"));
+    // A regex that matches still gives the table.
+    let out = top(tmp.path(), &["--once", "--interval", "0.1", "--vm", &regex_escape(&vm)]);
+    assert!(String::from_utf8_lossy(&out.stdout).lines().any(|l| l.starts_with(&vm)));
+}
+
+/// `s` as a regex matching itself.
+fn regex_escape(s: &str) -> String {
+    s.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_string() } else { format!("\\{c}") }).collect()
+}

@@ -22,6 +22,15 @@ pub enum TracefsError {
     /// It is not mounted, and mounting it failed (mounting needs root).
     #[error("tracefs is not mounted and mounting it at /sys/kernel/tracing failed")]
     Mount(#[source] io::Error),
+    /// It is mounted, but this process may not read it (tracefs is root's, mode 0700).
+    #[error("tracefs is mounted but not readable: {} (its tracepoints need root)", path.display())]
+    Unreadable {
+        /// Its events directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
     /// It is mounted but lists no events.
     #[error("tracefs has no events")]
     NoEvents,
@@ -78,6 +87,15 @@ fn find() -> Option<PathBuf> {
 fn find_or_mount() -> Result<PathBuf, TracefsError> {
     if let Some(root) = find() {
         return Ok(root);
+    }
+    // Mounted where this process may not look (not root): said as such, not taken for absent.
+    for root in ROOTS {
+        let path = Path::new(root).join("events");
+        if let Err(source) = std::fs::metadata(&path)
+            && matches!(source.raw_os_error(), Some(libc::EACCES | libc::EPERM))
+        {
+            return Err(TracefsError::Unreadable { path, source });
+        }
     }
     // SAFETY: all arguments are NUL-terminated literals; a null data pointer is allowed.
     let r = unsafe {

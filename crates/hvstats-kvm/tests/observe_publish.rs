@@ -179,7 +179,7 @@ fn a_pid_without_a_vm_fails_clearly_and_ends_the_observer() {
         .collect();
     assert_eq!(errors.len(), 2);
     assert!(errors[0].contains("process 77 holds no KVM VM"), "{}", errors[0]);
-    assert!(errors[1].contains("cannot read process 78"), "{}", errors[1]);
+    assert!(errors[1].contains("no process 78"), "{}", errors[1]);
     assert!(observer.finished());
     assert!(hv.partitions().is_empty());
 }

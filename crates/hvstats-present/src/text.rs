@@ -47,6 +47,32 @@ impl fmt::Display for Escaped<'_> {
     }
 }
 
+/// The characters of a name a log line shows; a longer name is cut there (see [`LoggedName`]).
+pub const LOGGED_NAME_CHARS: usize = 64;
+
+/// Displays a name as a log line says it: [`Escaped`], and cut after [`LOGGED_NAME_CHARS`]
+/// characters with its length in bytes, so a name of any length (one tenant's was 10,000
+/// characters) makes a line of bounded length. Every log line that names a VM takes it through
+/// this; reports and JSON keep names whole.
+///
+/// ```
+/// use hvstats_present::text::LoggedName;
+/// assert_eq!(LoggedName("web-01").to_string(), "web-01");
+/// let long = "x".repeat(1000);
+/// assert_eq!(LoggedName(&long).to_string(), format!("{}…(1000 bytes)", "x".repeat(64)));
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct LoggedName<'a>(pub &'a str);
+
+impl fmt::Display for LoggedName<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0.char_indices().nth(LOGGED_NAME_CHARS) {
+            None => write!(f, "{}", Escaped(self.0)),
+            Some((cut, _)) => write!(f, "{}…({} bytes)", Escaped(&self.0[..cut]), self.0.len()),
+        }
+    }
+}
+
 /// Displays a log line on one line: its control characters come out as Rust escapes (`\n`,
 /// `\u{1b}`), nothing else changes. Names a line quotes went through [`Escaped`] already, so
 /// their backslashes are not escaped twice; a line that failed to escape a name still cannot

@@ -1,5 +1,6 @@
 //! `hvstats man` and `hvstats completions`: what a packager or an operator installs beside the
-//! binary, generated from the same clap definitions as `--help`, so they never drift from it.
+//! binary, generated from the same clap definitions as `--help`, so they never drift from it; the
+//! man pages add the sections `--help` has no place for ([`crate::man_page`]).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -43,8 +44,9 @@ pub(crate) fn man(args: ManArgs, cli: Command) -> anyhow::Result<ExitCode> {
     for (name, page) in pages(&cli) {
         let mut roff = Vec::new();
         clap_mangen::Man::new(page).render(&mut roff).context("rendering a man page")?;
+        let roff = crate::man_page::with_extra_sections(&String::from_utf8_lossy(&roff), &name);
         let path = args.out_dir.join(format!("{name}.1"));
-        replace(&path, &roff)?;
+        replace(&path, roff.as_bytes())?;
         written.push(path);
     }
     for path in written {

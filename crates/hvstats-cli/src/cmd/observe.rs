@@ -19,16 +19,13 @@ use hvstats_mshv::observer::{self as mshv, MshvObserver};
 use crate::observer_run::{Ended, Runner};
 use crate::signals;
 
-/// Flags of `hvstats observe`.
+/// Flags of `hvstats observe`: what to observe is one or more of --pid, --all, --qmp, --mshv, and
+/// without any the error names them all.
 #[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("what").required(true).multiple(true).args(["pids", "all", "qmp", "mshv"])))]
 pub(crate) struct Args {
     /// Observe the KVM VM of this process (repeatable).
-    #[arg(
-        long = "pid",
-        value_name = "PID",
-        required_unless_present_any = ["all", "mshv", "qmp"],
-        conflicts_with = "all"
-    )]
+    #[arg(long = "pid", value_name = "PID", conflicts_with = "all")]
     pids: Vec<i32>,
     /// Observe every process on the host holding a KVM VM, dropping gone ones within one interval
     /// and picking up new ones within two (a VM is attached once its vCPU count held still).
@@ -84,6 +81,15 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     if let Some(p) = args.pids.iter().find(|p| **p <= 0) {
         bail!("--pid {p}: not a process id");
+    }
+    // A socket that is not there is a mistyped path, not a QEMU yet to start: said at once.
+    if let Some(path) = &args.qmp
+        && let Err(e) = std::fs::symlink_metadata(path)
+    {
+        bail!(
+            "--qmp {}: {e}: no QMP socket there (a QEMU serves one with -qmp unix:PATH,server=on,wait=off)",
+            path.display()
+        );
     }
     if let (Some(root), true) = (&args.mshv, args.list_unknown) {
         return list_unknown(root);

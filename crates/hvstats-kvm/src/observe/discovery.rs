@@ -267,6 +267,26 @@ impl Procfs {
             .collect())
     }
 
+    /// The user id that owns `pid` (its `/proc/PID` directory); `None` when it cannot be told.
+    pub fn owner(&self, pid: i32) -> Option<u32> {
+        fs::metadata(self.root.join(pid.to_string())).ok().map(|m| m.uid())
+    }
+
+    /// True when `pid` runs a VMM hvstats knows by its program (its command line's first word):
+    /// what tells a process that may hold a VM when its descriptors cannot be read.
+    pub fn runs_vmm(&self, pid: i32) -> bool {
+        let Ok(args) = self.cmdline(pid) else { return false };
+        args.first().is_some_and(|a| Vmm::from_program(a) != Vmm::Other)
+    }
+
+    /// Where `path`, as process `pid` sees it, is not seen by this process: it is not here, but is
+    /// in `pid`'s mount namespace (`/proc/PID/root`): a private `/tmp` or a hidden `/home` (systemd's
+    /// `PrivateTmp=`, `ProtectHome=`) stands between them.
+    pub fn hidden_from_here(&self, pid: i32, path: &Path) -> bool {
+        let Ok(relative) = path.strip_prefix("/") else { return false };
+        !path.exists() && self.root.join(pid.to_string()).join("root").join(relative).exists()
+    }
+
     /// The name (`comm`) of `pid`.
     ///
     /// # Errors
@@ -514,6 +534,31 @@ fn qemu_opts(value: &str) -> Vec<(String, String)> {
 /// kernel's "no such process" for one that exited during the access).
 pub fn is_gone(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
+}
+
+/// True when a `/proc/PID/…` access was refused for want of a permission (`EACCES`, `EPERM`): the
+/// process is there, this one may not look (see [`refusal_fix`]).
+pub fn is_refusal(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM))
+}
+
+/// What lets an observer read the descriptors of a process whose `/proc/PID/fd` it was refused:
+/// listing another user's `fd` directory (mode 0500) takes `CAP_DAC_READ_SEARCH`, reading each
+/// link there the ptrace access check `CAP_SYS_PTRACE` passes; the systemd unit grants both.
+pub const REFUSAL_FIX: &str = "reading the /proc/PID/fd of another user's process needs CAP_DAC_READ_SEARCH and \
+     CAP_SYS_PTRACE: run as root with both (hvstats-observe.service's CapabilityBoundingSet grants them)";
+
+/// The message of a failed read of `pid`'s descriptors: the process is gone, the read was refused
+/// (with who owns the process and [`REFUSAL_FIX`]), or another error.
+pub fn read_error(procfs: &Procfs, pid: i32, e: &io::Error) -> String {
+    if is_gone(e) {
+        return format!("no process {pid}");
+    }
+    if is_refusal(e) {
+        let owner = procfs.owner(pid).map(|uid| format!(" (a process of uid {uid})")).unwrap_or_default();
+        return format!("cannot read the descriptors of process {pid}{owner}: {e}; {REFUSAL_FIX}");
+    }
+    format!("cannot read process {pid}: {e}")
 }
 
 /// True when an access failed for want of a resource of this process or host (descriptors,

@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
 use std::io;
 
-use super::discovery::{KvmFds, Procfs};
+use super::discovery::{KvmFds, Procfs, is_refusal};
 
 /// Descriptors of one process read per tick, averaged over the ticks between its readings.
 pub const READS_PER_TICK: u64 = 4096;
@@ -48,6 +48,9 @@ pub struct KvmScan {
     seen: BTreeMap<i32, Seen>,
     /// Pids whose VM left, looked at while a process has them.
     recheck: BTreeSet<i32>,
+    /// Processes that may hold a VM (KVM's debugfs names them, or they run a VMM) whose
+    /// descriptors this process was refused, with why.
+    refused: BTreeMap<i32, io::Error>,
     /// The process of each VM directory of KVM's debugfs, as found when the directory was first
     /// listed (a directory lives as long as its VM: its name names the same thread meanwhile).
     named: BTreeMap<OsString, i32>,
@@ -89,6 +92,12 @@ impl KvmScan {
         self.recheck.insert(pid);
     }
 
+    /// The processes that may hold a VM (KVM's debugfs names them, or they run a VMM) whose
+    /// descriptors this process may not read, as of the last tick, with why.
+    pub fn refused(&self) -> &BTreeMap<i32, io::Error> {
+        &self.refused
+    }
+
     /// Every process that holds a KVM VM now, with its descriptors, by pid, but those `known`
     /// names (the VMs observed already, whose refresh says when they go).
     ///
@@ -100,7 +109,9 @@ impl KvmScan {
         known: &dyn Fn(i32) -> bool,
     ) -> io::Result<Vec<(i32, KvmFds)>> {
         self.tick += 1;
-        let pids: Vec<i32> = match self.debugfs_vm_pids(procfs) {
+        let debugfs = self.debugfs_vm_pids(procfs);
+        let named_vm = |pid: i32| debugfs.as_ref().is_some_and(|n| n.contains(&pid));
+        let pids: Vec<i32> = match debugfs.clone() {
             Some(mut named) => {
                 named.extend(self.seen.iter().filter(|(_, s)| s.fds.has_vm()).map(|(p, _)| *p));
                 named.extend(self.recheck.iter().copied());
@@ -109,12 +120,14 @@ impl KvmScan {
             None => procfs.pids()?,
         };
         self.seen.retain(|pid, _| pids.binary_search(pid).is_ok());
+        self.refused.retain(|pid, _| pids.binary_search(pid).is_ok());
         let mut found = Vec::new();
         for pid in pids.into_iter().filter(|p| !known(*p)) {
             // A process gone meanwhile, or not ours to look at, holds nothing we can observe.
             let Ok(start_time) = procfs.start_time(pid) else {
                 self.seen.remove(&pid);
                 self.recheck.remove(&pid);
+                self.refused.remove(&pid);
                 continue;
             };
             let count = procfs.fd_count(pid).ok().flatten();
@@ -124,7 +137,18 @@ impl KvmScan {
                         || self.tick < s.read_at + s.read / READS_PER_TICK)
             });
             if !fresh {
-                let (fds, read) = procfs.kvm_fds_read(pid).unwrap_or_default();
+                let (fds, read) = match procfs.kvm_fds_read(pid) {
+                    Ok(read) => {
+                        self.refused.remove(&pid);
+                        read
+                    }
+                    // Refused: counted when the process may hold a VM, else nothing of ours.
+                    Err(e) if is_refusal(&e) && (named_vm(pid) || procfs.runs_vmm(pid)) => {
+                        self.refused.insert(pid, e);
+                        Default::default()
+                    }
+                    Err(_) => Default::default(),
+                };
                 self.seen.insert(pid, Seen { start_time, count, read_at: self.tick, read, fds });
             }
             if let Some(s) = self.seen.get(&pid)

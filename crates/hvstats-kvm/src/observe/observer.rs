@@ -28,7 +28,7 @@ use hvstats_abi::catalog::hypervisor;
 
 use super::attach::{ObserveError, ObserveOptions};
 use super::claim::{Claim, ClaimError};
-use super::discovery::{ProcessIdentity, Procfs, is_shortage};
+use super::discovery::{ProcessIdentity, Procfs, is_shortage, read_error};
 use super::filter::VmIdentity;
 use super::kvm_scan::KvmScan;
 use super::qmp::{Cancel, Qmp};
@@ -169,6 +169,17 @@ pub enum ObserverEvent {
         /// Why.
         reason: String,
     },
+    /// A process that may hold a VM is not observed because this process may not read it (its
+    /// `/proc/PID/fd`), or a VM's QMP socket is not seen from this process's mount namespace;
+    /// said once per process, with what would let it in. Counted as refused while it lasts.
+    Refused {
+        /// The process.
+        pid: i32,
+        /// Its VM's name (as its command line gives it).
+        name: String,
+        /// Why, and the fix.
+        why: String,
+    },
     /// A process could not be observed.
     Failed {
         /// The process.
@@ -212,6 +223,13 @@ pub struct Observer {
     execed: BTreeSet<i32>,
     /// Every process holding a KVM VM, found anew each tick from what changed.
     scan: KvmScan,
+    /// Processes refused (by the scan, or a QMP socket hidden from this mount namespace) whose
+    /// refusal was said.
+    refusals_said: BTreeSet<i32>,
+    /// Observed VMs whose QMP socket their VMM's mount namespace has and this one does not.
+    hidden_qmp: BTreeSet<i32>,
+    /// Processes the scan was refused that the filter takes: counted as refused.
+    refused_vms: BTreeSet<i32>,
 }
 
 /// Descriptors kept out of the counters' reach (for `/proc`, the runtime directory, QMP sockets
@@ -238,6 +256,9 @@ impl Observer {
             known: BTreeMap::new(),
             execed: BTreeSet::new(),
             scan: KvmScan::new(),
+            refusals_said: BTreeSet::new(),
+            hidden_qmp: BTreeSet::new(),
+            refused_vms: BTreeSet::new(),
         }
     }
 
@@ -257,7 +278,10 @@ impl Observer {
     /// VMs found and not observed now: deferred (another observer holds them, descriptors ran
     /// out) or failed while their process lives.
     pub fn refused(&self) -> usize {
-        self.deferred.union(&self.failed).count()
+        let mut refused: BTreeSet<i32> = self.deferred.union(&self.failed).copied().collect();
+        refused.extend(&self.refused_vms);
+        refused.extend(self.hidden_qmp.iter().filter(|p| self.vms.contains_key(p)));
+        refused.len()
     }
 
     /// Observed VMs whose QMP session answers now.
@@ -346,7 +370,8 @@ impl Observer {
                     continue;
                 }
                 Err(e) => {
-                    self.fail(&mut events, pid, format!("cannot read process {pid}: {e}"));
+                    let why = read_error(&self.procfs, pid, &e);
+                    self.fail(&mut events, pid, why);
                     continue;
                 }
             };
@@ -397,7 +422,7 @@ impl Observer {
                         fds: vm.fds(),
                         threads,
                         left_out,
-                        qmp,
+                        qmp: qmp.clone(),
                         qmp_error: vm.qmp_error().map(str::to_owned),
                     });
                     for refusal in vm.take_refusals() {
@@ -405,6 +430,20 @@ impl Observer {
                             pid,
                             name: vm.name().to_owned(),
                             refusal,
+                        });
+                    }
+                    if let Some(path) = qmp.as_deref().filter(|p| self.procfs.hidden_from_here(pid, p)) {
+                        self.hidden_qmp.insert(pid);
+                        self.refusals_said.insert(pid);
+                        events.push(ObserverEvent::Refused {
+                            pid,
+                            name: vm.name().to_owned(),
+                            why: format!(
+                                "its QMP socket {} is in its mount namespace and not in this one's: a \
+                                 private /tmp or a hidden /home stands between them (PrivateTmp=, \
+                                 ProtectHome=yes in hvstats-observe.service); observed without QMP",
+                                path.display()
+                            ),
                         });
                     }
                     events.extend(self.resemblances(&vm));
@@ -421,6 +460,7 @@ impl Observer {
             }
         }
         self.deferred = deferred;
+        self.say_refusals(&mut events);
         self.peer_changes(&mut events);
         for (pid, vm) in &self.vms {
             let known = vm.vcpu_threads().iter().all(Option::is_some);
@@ -478,6 +518,25 @@ impl Observer {
         }
         let sockets = UnixSockets::read_of(named.iter().map(PathBuf::as_path)).unwrap_or_default();
         named.iter().find(|p| sockets.of(p).accepted == 0).or(named.first()).cloned()
+    }
+
+    /// Says once each process the scan was refused that the filter takes, with the fix, and
+    /// counts it; forgets those gone. One the filter leaves out is said to be left out instead.
+    fn say_refusals(&mut self, events: &mut Vec<ObserverEvent>) {
+        let now: BTreeSet<i32> = self.scan.refused().keys().copied().collect();
+        self.refused_vms.retain(|p| now.contains(p));
+        self.hidden_qmp.retain(|p| self.vms.contains_key(p));
+        self.refusals_said.retain(|p| now.contains(p) || self.hidden_qmp.contains(p));
+        for pid in now {
+            if !self.refusals_said.insert(pid) || self.filtered_out(events, pid) {
+                continue;
+            }
+            self.refused_vms.insert(pid);
+            let Some(e) = self.scan.refused().get(&pid) else { continue };
+            let why = read_error(&self.procfs, pid, e);
+            let (_, name) = self.procfs.identify(pid);
+            events.push(ObserverEvent::Refused { pid, name, why });
+        }
     }
 
     /// Says each source whose peer went down or came back since the last tick, once.

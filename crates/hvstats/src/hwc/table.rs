@@ -84,7 +84,7 @@ impl Default for TableData {
 #[derive(Debug, thiserror::Error)]
 pub enum TableError {
     /// A file of the table could not be opened, locked, read or written.
-    #[error("hardware counter table: cannot {action} {}: {source}", path.display())]
+    #[error("hardware counter table: cannot {action} {}", path.display())]
     Io {
         /// What was being done.
         action: &'static str,

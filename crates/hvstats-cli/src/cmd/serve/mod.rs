@@ -52,18 +52,52 @@ pub(crate) enum Listen {
 }
 
 fn parse_listen(s: &str) -> Result<Listen, String> {
+    let bad =
+        |e: &dyn std::fmt::Display| format!("{s:?}: {e} (ADDR:PORT, :PORT for every address, or unix:PATH)");
     match s.strip_prefix("unix:") {
         Some("") => Err("unix: needs a path (unix:/run/hvstats/serve.sock)".to_owned()),
         Some(path) => Ok(Listen::Unix(PathBuf::from(path))),
-        None => s.parse().map(Listen::Tcp).map_err(|e| format!("{s:?}: {e} (an ADDR:PORT, or unix:PATH)")),
+        // node_exporter's form: every address, IPv6 and IPv4 (see `bind_tcp`).
+        None if s.starts_with(':') => s[1..]
+            .parse::<u16>()
+            .map(|port| Listen::Tcp(SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port))))
+            .map_err(|e| bad(&e)),
+        None => s.parse().map(Listen::Tcp).map_err(|e| bad(&e)),
     }
+}
+
+/// A TCP listener on `addr`. The unspecified IPv6 address (`[::]`, and `:PORT`) is every
+/// address, IPv4 ones included, whatever `net.ipv6.bindv6only` says; on a host without IPv6 it is
+/// every IPv4 address.
+fn bind_tcp(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    use rustix::net::{AddressFamily, SocketFlags, SocketType, sockopt};
+    if !(addr.is_ipv6() && addr.ip().is_unspecified()) {
+        return TcpListener::bind(addr);
+    }
+    let fd = match rustix::net::socket_with(
+        AddressFamily::INET6,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC,
+        None,
+    ) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::AFNOSUPPORT) => {
+            return TcpListener::bind((std::net::Ipv4Addr::UNSPECIFIED, addr.port()));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    sockopt::set_ipv6_v6only(&fd, false)?;
+    sockopt::set_socket_reuseaddr(&fd, true)?;
+    rustix::net::bind(&fd, &addr)?;
+    rustix::net::listen(&fd, 1024)?;
+    Ok(TcpListener::from(fd))
 }
 
 /// Flags of `hvstats serve`.
 #[derive(clap::Args, Debug)]
 pub(crate) struct Args {
     /// Where to listen: ADDR:PORT for TCP (a port of 0 picks a free one; the address is printed),
-    /// or unix:PATH for a Unix socket. Default: unix:RUNTIME_DIR/serve.sock, which only the
+    /// :PORT or [::]:PORT for every address, IPv4 and IPv6, or unix:PATH for a Unix socket. Default: unix:RUNTIME_DIR/serve.sock, which only the
     /// runtime directory's owner (or --socket-group) may connect to. On TCP, whoever reaches the
     /// address reads every counter unless --web.config.file asks for authentication.
     #[arg(long, value_name = "ADDR", value_parser = parse_listen)]
@@ -231,7 +265,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let listen = args.listen.clone().unwrap_or_else(|| Listen::Unix(live.dir().join(DEFAULT_SOCKET)));
     let (listener, shown, _socket) = match &listen {
         Listen::Tcp(addr) => {
-            let l = TcpListener::bind(addr).with_context(|| format!("cannot listen on {addr}"))?;
+            let l = bind_tcp(*addr).with_context(|| format!("cannot listen on {addr}"))?;
             let addr = l.local_addr().context("the listening socket has no address")?;
             let scheme = if web.as_ref().is_some_and(|w| w.tls().is_some()) { "https" } else { "http" };
             (Listener::Tcp(l), format!("{scheme}://{addr}/metrics"), None)

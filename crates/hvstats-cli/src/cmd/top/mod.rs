@@ -86,8 +86,21 @@ fn once(
     let after = live.read()?;
     let seconds = after.at.saturating_duration_since(before.at).as_secs_f64();
     let mut groups = table::groups(&before, &after);
+    let mut unmatched = None;
     if let Some(vm) = vm {
+        let all: Vec<String> = groups.iter().map(|g| g.vm.clone()).collect();
         groups.retain(|g| vm.is_match(&g.vm));
+        if groups.is_empty() && !all.is_empty() {
+            unmatched = Some(no_vm_matches(vm, &all));
+        }
+    }
+    if let Some(line) = unmatched {
+        if json {
+            let _ = writeln!(std::io::stderr(), "hvstats: {line}");
+        } else {
+            crate::output::print(&format!("{line}\n"))?;
+            return Ok(ExitCode::SUCCESS);
+        }
     }
     for problem in &after.problems {
         // A closed stderr loses the remark, not the table.
@@ -101,6 +114,28 @@ fn once(
     }
     let failed = !before.problems.is_empty() || !after.problems.is_empty();
     Ok(if failed { crate::output::ExitStatus::RuntimeError.into() } else { ExitCode::SUCCESS })
+}
+
+/// The VMs `--vm` names at most: the rest are counted.
+const VMS_LISTED: usize = 20;
+
+/// What to say when `--vm` matches none of the live VMs `all`: the regex, and the VMs there are
+/// (at most [`VMS_LISTED`], each name cut as a log cuts it).
+fn no_vm_matches(vm: &regex::Regex, all: &[String]) -> String {
+    let listed: Vec<String> = all
+        .iter()
+        .take(VMS_LISTED)
+        .map(|n| format!("\"{}\"", hvstats_present::text::LoggedName(n)))
+        .collect();
+    let more = match all.len().saturating_sub(VMS_LISTED) {
+        0 => String::new(),
+        n => format!(" and {n} more"),
+    };
+    format!(
+        "no VM matches --vm {}: the live VMs are {}{more}",
+        hvstats_present::text::Escaped(vm.as_str()),
+        listed.join(", ")
+    )
 }
 
 /// Reads every interval on its own thread, so a slow read never holds up keys or drawing.

@@ -1,0 +1,490 @@
+//! The observer as its shipped unit runs it (packaging/systemd/hvstats-observe.service), read
+//! from that file: its capability bounding set, `NoNewPrivileges=`, its mounts (`ProtectSystem=`,
+//! `ProtectHome=`, `PrivateTmp=`, `PrivateDevices=`, `ProtectKernelTunables=`) and
+//! `PrivateNetwork=`, and its flags from /etc/default/hvstats (packaging/default/hvstats).
+//! Where systemd is the service manager, `systemd-run` would apply them itself; here (and on any
+//! host without it) `unshare` makes the mount and network namespaces, `setpriv` the
+//! capabilities, and `strace` records every system call the observer makes, each of which must
+//! be one `SystemCallFilter=` allows (as `systemd-analyze syscall-filter` expands its groups):
+//! the seccomp filter is checked against what the observer did, not applied.
+//!
+//! Observed so, on a stock Debian libvirt host's terms: a libvirt domain whose QEMU runs as
+//! `libvirt-qemu` (another user: its `/proc/PID/fd` needs CAP_DAC_READ_SEARCH) and a plain QEMU
+//! whose QMP socket is under /tmp are both attached with their libvirt and QMP sources up. Without
+//! CAP_DAC_READ_SEARCH the domain is counted as refused and the log says the fix; with a private
+//! /tmp (what the unit no longer sets) the QMP socket's VM is counted as refused and the log names
+//! the setting.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test set-up: a failure there is the test failing"
+)]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{KilledOnDrop, TempDir, kvm_available, total};
+use hvstats_guest::bios::{BiosEnd, BiosProgram};
+use hvstats_testkit::{Libvirtd, spawn_qemu, wait_for_kvm_vcpus};
+use serde_json::Value;
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(path)
+}
+
+/// Every value the unit gives `key` in its `[Service]` section, in order: a key given again adds
+/// to it (SystemCallFilter=, CapabilityBoundingSet=), an empty value resets it, as systemd reads
+/// them.
+fn setting(unit: &str, key: &str) -> Vec<String> {
+    let mut values = Vec::new();
+    for line in unit.lines().map(str::trim).filter(|l| !l.starts_with('#')) {
+        if let Some(v) = line.strip_prefix(key).and_then(|r| r.strip_prefix('=')) {
+            match v.trim() {
+                "" => values.clear(),
+                v => values.push(v.to_owned()),
+            }
+        }
+    }
+    values
+}
+
+/// The one value of a yes/no or keyword setting (its last), `default` when not given.
+fn one(unit: &str, key: &str, default: &str) -> String {
+    setting(unit, key).pop().unwrap_or_else(|| default.to_owned())
+}
+
+/// The system calls a `SystemCallFilter=` allow list names, its groups expanded as systemd 252
+/// expands them (`systemd-analyze syscall-filter`).
+fn allowed_syscalls(filters: &[String]) -> BTreeSet<String> {
+    fn expand(name: &str, into: &mut BTreeSet<String>, seen: &mut BTreeSet<String>) {
+        if !name.starts_with('@') {
+            into.insert(name.to_owned());
+            return;
+        }
+        if !seen.insert(name.to_owned()) {
+            return;
+        }
+        let out = Command::new("systemd-analyze").args(["syscall-filter", name]).output().unwrap();
+        assert!(out.status.success(), "systemd-analyze syscall-filter {name}");
+        for line in String::from_utf8_lossy(&out.stdout).lines().skip(1) {
+            let item = line.trim();
+            if item.is_empty() || item.starts_with('#') {
+                continue;
+            }
+            expand(item, into, seen);
+        }
+    }
+    let mut allowed = BTreeSet::new();
+    let mut seen = BTreeSet::new();
+    for filter in filters {
+        assert!(!filter.starts_with('~'), "the observer's filter is an allow list: {filter}");
+        for name in filter.split_whitespace() {
+            expand(name, &mut allowed, &mut seen);
+        }
+    }
+    allowed
+}
+
+/// The flags /etc/default/hvstats gives `var`, split at spaces as systemd splits `$VAR`.
+fn default_args(var: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(repo("packaging/default/hvstats")).unwrap();
+    let line = text.lines().find_map(|l| l.strip_prefix(&format!("{var}="))).unwrap();
+    line.trim_matches('"').split_whitespace().map(str::to_owned).collect()
+}
+
+/// A directory outside /tmp (which a private /tmp would hide), removed on drop.
+struct OutsideTmp(PathBuf);
+
+impl OutsideTmp {
+    fn new(name: &str) -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Self(dir)
+    }
+}
+
+impl Drop for OutsideTmp {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// How the observer is run: the unit's settings, with some overridden (to show what a setting
+/// the unit does not have would do).
+struct Sandbox {
+    unit: String,
+    /// Capabilities removed from the unit's bounding set (setpriv's names: `dac_read_search`).
+    without: Vec<&'static str>,
+    /// `PrivateTmp=` as the run has it.
+    private_tmp: bool,
+}
+
+impl Sandbox {
+    fn shipped() -> Self {
+        let unit = std::fs::read_to_string(repo("packaging/systemd/hvstats-observe.service")).unwrap();
+        let private_tmp = one(&unit, "PrivateTmp", "no") == "yes";
+        Self { unit, without: Vec::new(), private_tmp }
+    }
+
+    /// The bounding set, as setpriv names it.
+    fn capabilities(&self) -> Vec<String> {
+        setting(&self.unit, "CapabilityBoundingSet")
+            .iter()
+            .flat_map(|v| v.split_whitespace())
+            .map(|c| c.trim_start_matches("CAP_").to_lowercase())
+            .filter(|c| !self.without.contains(&c.as_str()))
+            .collect()
+    }
+
+    /// The shell script that sets the mounts up in a new mount namespace and execs the observer
+    /// through setpriv (and strace, writing to `trace`).
+    fn script(&self, runtime: &Path, trace: &Path, args: &[String]) -> String {
+        let unit = &self.unit;
+        let mut s = String::from("set -eu\n");
+        // Writable as the unit leaves them: its runtime directory, and the trace beside it.
+        for rw in [runtime, trace.parent().unwrap()] {
+            s += &format!("mount --bind '{0}' '{0}'\n", rw.display());
+        }
+        let tunables = one(unit, "ProtectKernelTunables", "no") == "yes";
+        let system = one(unit, "ProtectSystem", "no");
+        assert_eq!(system, "strict", "the test reproduces ProtectSystem=strict only");
+        // ProtectSystem=strict: every mount read-only but /dev, /proc and /sys (which
+        // ProtectKernelTunables= makes read-only too, with /proc/sys), and the writable ones.
+        let keep: Vec<String> =
+            [runtime, trace.parent().unwrap()].iter().map(|p| p.display().to_string()).collect();
+        s += &format!(
+            "awk '{{print $5}}' /proc/self/mountinfo | while read -r mp; do\n\
+               case \"$mp\" in {keep}) continue;; /dev|/dev/*|/proc|/proc/[0-9]*) continue;; esac\n\
+               case \"$mp\" in /sys|/sys/*) [ {tunables} = 1 ] || continue;; esac\n\
+               mount -o remount,bind,ro \"$mp\" 2>/dev/null || true\n\
+             done\n\
+             [ {tunables} = 1 ] && mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys\n\
+             if touch /usr/hvstats-sandbox-probe 2>/dev/null; then echo 'the file system is writable' >&2; exit 97; fi\n",
+            keep = keep.iter().map(|k| format!("'{k}'")).collect::<Vec<_>>().join("|"),
+            tunables = u8::from(tunables),
+        );
+        match one(unit, "ProtectHome", "no").as_str() {
+            "yes" => {
+                s += "for d in /home /root /run/user; do [ -d $d ] && mount -t tmpfs -o mode=0755 tmpfs $d; done\n"
+            }
+            "tmpfs" => {
+                s += "for d in /home /root; do [ -d $d ] && mount -t tmpfs -o mode=0755 tmpfs $d; done\n"
+            }
+            // read-only: made so with every other mount above.
+            "read-only" | "no" => {}
+            other => panic!("ProtectHome={other}"),
+        }
+        if self.private_tmp {
+            s += "mount -t tmpfs -o mode=1777 tmpfs /tmp\nmount -t tmpfs -o mode=1777 tmpfs /var/tmp\n";
+        }
+        if one(unit, "PrivateDevices", "no") == "yes" {
+            // A /dev of its own with the pseudo-devices only, as systemd makes it.
+            s += "mount -t tmpfs -o mode=0755,nosuid tmpfs /dev\n\
+                  mknod -m 666 /dev/null c 1 3; mknod -m 666 /dev/zero c 1 5; mknod -m 666 /dev/full c 1 7\n\
+                  mknod -m 666 /dev/random c 1 8; mknod -m 666 /dev/urandom c 1 9; mknod -m 666 /dev/tty c 5 0\n\
+                  mkdir /dev/shm /dev/pts; mount -t tmpfs -o mode=1777 tmpfs /dev/shm\n\
+                  ln -s /proc/self/fd /dev/fd; ln -s /proc/self/fd/0 /dev/stdin\n\
+                  ln -s /proc/self/fd/1 /dev/stdout; ln -s /proc/self/fd/2 /dev/stderr\n\
+                  mount -o remount,ro /dev\n\
+                  if [ -e /dev/kvm ]; then echo '/dev is not private' >&2; exit 97; fi\n";
+        }
+        let caps = self.capabilities();
+        let bounding: String = caps.iter().map(|c| format!(",+{c}")).collect();
+        let nnp = if one(unit, "NoNewPrivileges", "no") == "yes" { "--no-new-privs" } else { "" };
+        let quoted: Vec<String> = args.iter().map(|a| format!("'{a}'")).collect();
+        s += &format!(
+            "exec setpriv --bounding-set=-all{bounding} --inh-caps=-all --ambient-caps=-all {nnp} \
+             strace -f -qq -o '{}' '{}' {}\n",
+            trace.display(),
+            env!("CARGO_BIN_EXE_hvstats"),
+            quoted.join(" ")
+        );
+        s
+    }
+
+    /// Starts `hvstats observe --all` with the default file's flags and `extra`, publishing into
+    /// `runtime`, its trace into `trace`; its log lines.
+    fn start(&self, runtime: &Path, trace: &Path, extra: &[String], env: &[(&str, String)]) -> Observer {
+        let exec = setting(&self.unit, "ExecStart").pop().unwrap();
+        let mut args: Vec<String> = Vec::new();
+        for word in exec.split_whitespace().skip(1) {
+            match word {
+                "$HVSTATS_OBSERVE_ARGS" => args.extend(default_args("HVSTATS_OBSERVE_ARGS")),
+                w => args.push(w.to_owned()),
+            }
+        }
+        assert_eq!(args[..2], ["observe", "--all"], "{exec}");
+        args.extend(extra.iter().cloned());
+        args.extend(["--runtime-dir".to_owned(), runtime.display().to_string()]);
+        let network = if one(&self.unit, "PrivateNetwork", "no") == "yes" { "--net" } else { "--mount" };
+        let mut child = Command::new("unshare")
+            .args(["--mount", network, "--propagation", "private", "sh", "-c"])
+            .arg(self.script(runtime, trace, &args))
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Observer { _child: KilledOnDrop(child), lines, log: String::new() }
+    }
+}
+
+/// A running sandboxed observer and what it logged.
+struct Observer {
+    _child: KilledOnDrop,
+    lines: std::sync::mpsc::Receiver<String>,
+    log: String,
+}
+
+impl Observer {
+    /// Reads its log until a line holds every one of `needles` (at most two minutes).
+    fn wait_line(&mut self, needles: &[&str]) -> String {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while Instant::now() < deadline {
+            if let Ok(line) = self.lines.recv_timeout(Duration::from_millis(200)) {
+                self.log.push_str(&line);
+                self.log.push('\n');
+                if needles.iter().all(|n| line.contains(n)) {
+                    return line;
+                }
+            }
+        }
+        panic!("no line with {needles:?} in two minutes:\n{}", self.log);
+    }
+
+    /// What it logged so far.
+    fn log(&mut self) -> &str {
+        while let Ok(line) = self.lines.try_recv() {
+            self.log.push_str(&line);
+            self.log.push('\n');
+        }
+        &self.log
+    }
+}
+
+/// The partition named `name` in a snapshot.
+fn partition<'a>(snapshot: &'a Value, name: &str) -> Option<&'a Value> {
+    snapshot["instances"]
+        .as_array()?
+        .iter()
+        .find_map(|i| i["partitions"].as_array()?.iter().find(|p| p["name"].as_str() == Some(name)))
+}
+
+/// Whether the source `source` of partition `p` is up.
+fn source_up(p: &Value, source: &str) -> Option<bool> {
+    p["sources"].as_array()?.iter().find(|s| s["name"] == source).and_then(|s| s["up"].as_bool())
+}
+
+/// The observer's count of refused VMs, from its instance's hypervisor counters.
+fn refused(snapshot: &Value) -> Option<u64> {
+    let key = total("Observer VMs refused");
+    snapshot["instances"].as_array()?.iter().find_map(|i| i["hypervisor"]["counters"][&key].as_u64())
+}
+
+/// Takes a snapshot until `done` holds (at most two minutes); the last one.
+fn snapshot_until(run: &Path, what: &str, mut done: impl FnMut(&Value) -> bool) -> Value {
+    let t = Instant::now();
+    loop {
+        let s = common::snapshot_json(run);
+        if done(&s) {
+            return s;
+        }
+        assert!(t.elapsed() < Duration::from_secs(120), "{what}: not reached in two minutes:\n{s:#}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// The system calls of a `strace -f -qq -o` trace, by name.
+fn traced_syscalls(trace: &Path) -> BTreeSet<String> {
+    let text = std::fs::read_to_string(trace).unwrap();
+    let mut names = BTreeSet::new();
+    for line in text.lines() {
+        // "PID name(args…) = r", "PID <... name resumed>…", "PID +++ exited …", "PID --- SIG… ---".
+        let rest = line.split_once(' ').map_or(line, |(_, r)| r).trim_start();
+        let rest = rest.strip_prefix("<... ").unwrap_or(rest);
+        let name: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+        if !name.is_empty() && rest[name.len()..].starts_with(['(', ' ']) && !rest.starts_with("+++") {
+            names.insert(name);
+        }
+    }
+    names
+}
+
+/// True when the tools the sandbox takes are here; a failure under CI (which installs them).
+fn tools_present(test: &str) -> bool {
+    for tool in ["setpriv", "unshare", "strace", "systemd-analyze"] {
+        if Command::new(tool).arg("--version").output().is_err() {
+            assert!(std::env::var("CI").is_err(), "{tool} is missing (.ci/run installs it)");
+            eprintln!("{test}: {tool} is missing: skipped");
+            return false;
+        }
+    }
+    true
+}
+
+#[test]
+fn every_system_call_the_stats_fd_path_needs_is_allowed_by_the_observers_filter() {
+    let unit = std::fs::read_to_string(repo("packaging/systemd/hvstats-observe.service")).unwrap();
+    if Command::new("systemd-analyze").arg("--version").output().is_err() {
+        assert!(std::env::var("CI").is_err(), "systemd-analyze is missing");
+        return;
+    }
+    let allowed = allowed_syscalls(&setting(&unit, "SystemCallFilter"));
+    // Copying a VMM's KVM statistics descriptors (QEMU 8.1 and later hold one per vCPU) and
+    // reading them: list and read /proc/PID/fd, pidfd_open, pidfd_getfd, pread; counting: BPF
+    // and perf events; QMP and libvirt: Unix sockets.
+    for call in [
+        "openat",
+        "getdents64",
+        "readlinkat",
+        "pidfd_open",
+        "pidfd_getfd",
+        "pread64",
+        "close",
+        "ioctl",
+        "bpf",
+        "perf_event_open",
+        "socket",
+        "connect",
+        "sendmsg",
+        "recvmsg",
+        "prlimit64",
+    ] {
+        assert!(allowed.contains(call), "SystemCallFilter= of the observer's unit refuses {call}");
+    }
+    // pidfd_getfd is named because systemd 252's @system-service lacks it: were it given by the
+    // group, this would not need the unit's own list.
+    let group = allowed_syscalls(&["@system-service".to_owned()]);
+    assert!(!group.contains("pidfd_getfd") && group.contains("pidfd_open"));
+}
+
+#[test]
+fn the_observer_under_its_units_sandbox_observes_a_libvirt_domain_of_another_user_and_a_qmp_socket_in_tmp() {
+    let test = "the_observer_under_its_units_sandbox_observes_a_libvirt_domain_of_another_user_and_a_qmp_socket_in_tmp";
+    if !kvm_available(test) || !tools_present(test) {
+        return;
+    }
+    if Path::new("/run/systemd/system").exists() {
+        // systemd-run --pipe --wait -p … would apply the unit's own settings, seccomp included;
+        // this host's service manager is what the sandbox below stands in for.
+        eprintln!("{test}: systemd runs here; the sandbox is still reproduced by hand");
+    }
+    let Some(libvirtd) = Libvirtd::start("unit-sandbox") else { return };
+    let tag = std::process::id();
+    let guest = BiosProgram { cpuid: 10, end: BiosEnd::Halt, ..BiosProgram::default() }.image().unwrap();
+
+    // (a) A libvirt domain: its QEMU runs as libvirt-qemu (the daemon's qemu.conf says so).
+    let lv = format!("sandbox-lv-{tag}");
+    let domain = libvirtd.run_domain(&lv, "5b2e0c1d-3f4a-4b5c-8d6e-7f8091a2b3c4", &guest);
+    let owner = std::fs::metadata(format!("/proc/{}", domain.pid)).unwrap();
+    let libvirt_qemu = Command::new("id").args(["-u", "libvirt-qemu"]).output().unwrap();
+    let uid: u32 = String::from_utf8_lossy(&libvirt_qemu.stdout).trim().parse().unwrap();
+    assert_eq!(std::os::unix::fs::MetadataExt::uid(&owner), uid, "the domain's QEMU runs as libvirt-qemu");
+
+    // (b) A plain QEMU whose QMP socket is under /tmp.
+    let tmp = TempDir::new("unit-sandbox");
+    assert!(tmp.path().starts_with("/tmp"), "{}", tmp.path().display());
+    let plain = format!("sandbox-qmp-{tag}");
+    let socket = tmp.path().join("qmp.sock");
+    let Some(qemu) = spawn_qemu(
+        Command::new("qemu-system-x86_64")
+            .args(["-accel", "kvm", "-display", "none", "-nodefaults", "-m", "16"])
+            .args(["-name", &format!("guest={plain},debug-threads=on")])
+            .arg("-qmp")
+            .arg(format!("unix:{},server=on,wait=off", socket.display()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+        test,
+    ) else {
+        return;
+    };
+    let qemu = KilledOnDrop(qemu);
+    wait_for_kvm_vcpus(qemu.0.id() as i32, 1, Duration::from_secs(30));
+
+    // Only these two (other tests' VMs run on this host too); libvirt through the test's daemon.
+    let filter: Vec<String> =
+        [domain.pid, qemu.0.id() as i32].iter().flat_map(|p| ["--vm".to_owned(), p.to_string()]).collect();
+    let env = [("LIBVIRT_DEFAULT_URI", format!("qemu:///system?socket={}", libvirtd.socket_ro().display()))];
+
+    // The unit as shipped: both observed, libvirt's and QMP's sources up, nothing refused.
+    let sandbox = Sandbox::shipped();
+    assert!(sandbox.capabilities().contains(&"dac_read_search".to_owned()));
+    let run = OutsideTmp::new("unit-sandbox-run");
+    let traces = OutsideTmp::new("unit-sandbox-trace");
+    let trace = traces.0.join("observe.trace");
+    let mut observer = sandbox.start(&run.0, &trace, &filter, &env);
+    observer.wait_line(&["attach pid", &lv]);
+    observer.wait_line(&["attach pid", &plain]);
+    let snapshot = snapshot_until(&run.0, "both sources up", |s| {
+        for vm in [&lv, &plain] {
+            if let Some(p) = partition(s, vm) {
+                eprintln!("{vm}: {}", p["sources"]);
+            }
+        }
+        partition(s, &lv).and_then(|p| source_up(p, "libvirt")) == Some(true)
+            && partition(s, &plain).and_then(|p| source_up(p, "qmp")) == Some(true)
+    });
+    assert_eq!(refused(&snapshot), Some(0), "{snapshot:#}");
+    let log = observer.log().to_owned();
+    assert!(!log.contains("refused pid"), "{log}");
+    drop(observer);
+
+    // Every system call it made is one its unit's SystemCallFilter= allows.
+    let used = traced_syscalls(&trace);
+    eprintln!("observed as the unit runs it:\n{log}system calls made: {used:?}");
+    assert!(used.contains("perf_event_open") || used.contains("bpf"), "{used:?}");
+    assert!(used.contains("connect"), "QMP and libvirt: {used:?}");
+    let allowed = allowed_syscalls(&setting(&sandbox.unit, "SystemCallFilter"));
+    let refused_calls: Vec<&String> = used.iter().filter(|c| !allowed.contains(*c)).collect();
+    // Allowed by systemd whatever the filter: execve of the unit's own binary, and exit paths.
+    let always = ["execve", "exit", "exit_group", "rt_sigreturn"];
+    let refused_calls: Vec<&&String> =
+        refused_calls.iter().filter(|c| !always.contains(&c.as_str())).collect();
+    assert!(refused_calls.is_empty(), "made but not in SystemCallFilter=: {refused_calls:?}");
+
+    // Without CAP_DAC_READ_SEARCH: the domain of another user is refused, counted, and the log
+    // says the fix once; the QEMU of root's own is still observed.
+    let sandbox = Sandbox { without: vec!["dac_read_search"], ..Sandbox::shipped() };
+    let run = OutsideTmp::new("unit-sandbox-run-nodac");
+    let mut observer = sandbox.start(&run.0, &trace, &filter, &env);
+    let line = observer.wait_line(&["refused pid", &domain.pid.to_string()]);
+    assert!(line.contains("CAP_DAC_READ_SEARCH") && line.contains(&format!("uid {uid}")), "{line}");
+    observer.wait_line(&["attach pid", &plain]);
+    let snapshot = snapshot_until(&run.0, "one refused", |s| refused(s) == Some(1));
+    assert!(partition(&snapshot, &lv).is_none(), "{snapshot:#}");
+    std::thread::sleep(Duration::from_secs(3));
+    let log = observer.log().to_owned();
+    assert_eq!(log.matches(&format!("refused pid {}", domain.pid)).count(), 1, "said once:\n{log}");
+    drop(observer);
+
+    // With a private /tmp (PrivateTmp=yes, which the unit no longer sets): the QMP socket is not
+    // seen; the VM is observed without it, counted as refused, and the log names the setting.
+    let sandbox = Sandbox { private_tmp: true, ..Sandbox::shipped() };
+    let run = OutsideTmp::new("unit-sandbox-run-privtmp");
+    let mut observer = sandbox.start(&run.0, &trace, &filter, &env);
+    let line = observer.wait_line(&["refused pid", &plain]);
+    assert!(line.contains(&socket.display().to_string()) && line.contains("PrivateTmp="), "{line}");
+    snapshot_until(&run.0, "the hidden QMP socket refused", |s| {
+        refused(s).is_some_and(|n| n >= 1) && partition(s, &plain).is_some()
+    });
+}
