@@ -136,25 +136,25 @@ catalog! {
             "The total time (in 100ns) spent by the processor in hypervisor code.";
         Architectural 4 HARDWARE_INTERRUPTS "Hardware interrupts/sec", Count, Rate,
             By(Procfs, "/proc/interrupts: device interrupts of the CPU"),
-            "The rate of hardware interrupts on the processor (excluding hypervisor interrupts).";
+            "The total number of hardware interrupts on the processor (excluding hypervisor interrupts).";
         Architectural 5 CONTEXT_SWITCHES "Context switches/sec", Count, Rate,
             No("Linux keeps no per-CPU context switch count readable without a system-wide perf event"),
-            "The rate of virtual processor context switches on the processor.";
+            "The total number of virtual processor context switches on the processor.";
         Architectural 6 INTER_PROCESSOR_INTERRUPTS "Inter-processor interrupts/sec", Count, Rate,
             By(Procfs, "/proc/interrupts: CAL (function call) interrupts"),
-            "The rate of hypervisor interprocessor interrupts delivered to the processor.";
+            "The total number of hypervisor interprocessor interrupts delivered to the processor.";
         Architectural 7 SCHEDULER_INTERRUPTS "Scheduler interrupts/sec", Count, Rate,
             By(Procfs, "/proc/interrupts: RES (rescheduling) interrupts"),
-            "The rate of hypervisor scheduler interrupts on the processor.";
+            "The total number of hypervisor scheduler interrupts on the processor.";
         Architectural 8 TIMER_INTERRUPTS "Timer interrupts/sec", Count, Rate,
             By(Procfs, "/proc/interrupts: LOC (local timer) interrupts"),
-            "The rate of hypervisor timer interrupts on the processor.";
+            "The total number of hypervisor timer interrupts on the processor.";
         Architectural 9 IPIS_SENT "Interprocessor interrupts sent/sec", Count, Rate,
             No("Linux counts IPIs where they are received, not where they are sent"),
-            "The rate of hypervisor interprocessor interrupts sent by the processor.";
+            "The total number of hypervisor interprocessor interrupts sent by the processor.";
         Architectural 10 PROCESSOR_HALTS "Processor halts/sec", Count, Rate,
             By(Procfs, "cpuidle: entries into every idle state of the CPU"),
-            "The rate of entries into a halt state by the processor.";
+            "The total number of entries into a halt state by the processor.";
         Architectural 11 MONITOR_TRANSITION_COST "Monitor transition cost", Cycles, Instant,
             No("needs a hardware cycle counter around VM entry and exit"),
             "The hardware cost of transitions into the hypervisor.";
@@ -163,19 +163,19 @@ catalog! {
             "The total time (in nanoseconds) spent switching between virtual processors.";
         Architectural 13 C1_TRANSITIONS "C1 transitions/sec", Count, Rate,
             By(Procfs, "cpuidle state named C1, when the CPU has one"),
-            "The rate at which that CPU enters the C1 low-power idle state.";
+            "The total number of entries of the processor into the C1 low-power idle state.";
         Architectural 14 C1_TIME "% C1 time", Time100ns, PercentTime,
             By(Procfs, "cpuidle state named C1, when the CPU has one"),
             "The percentage of time the processor spends in the C1 low-power idle state. % C1 time is a subset of the total processor idle time.";
         Architectural 15 C2_TRANSITIONS "C2 transitions/sec", Count, Rate,
             By(Procfs, "cpuidle state named C2, when the CPU has one"),
-            "The rate at which that CPU enters the C2 low-power idle state.";
+            "The total number of entries of the processor into the C2 low-power idle state.";
         Architectural 16 C2_TIME "% C2 time", Time100ns, PercentTime,
             By(Procfs, "cpuidle state named C2, when the CPU has one"),
             "The percentage of time the processor spends in the C2 low-power idle state. % C2 time is a subset of the total processor idle time.";
         Architectural 17 C3_TRANSITIONS "C3 transitions/sec", Count, Rate,
             By(Procfs, "cpuidle state named C3, when the CPU has one"),
-            "The rate at which that CPU enters the C3 low-power idle state.";
+            "The total number of entries of the processor into the C3 low-power idle state.";
         Architectural 18 C3_TIME "% C3 time", Time100ns, PercentTime,
             By(Procfs, "cpuidle state named C3, when the CPU has one"),
             "The percentage of time the processor spends in the C3 low-power idle state. % C3 time is a subset of the total processor idle time.";
@@ -203,10 +203,10 @@ catalog! {
         Release 5 GPA_SPACE_MODIFICATIONS "GPA space modifications/sec", Count, Rate,
             By(Authority, "memory slot changes: RAM set-up, stats page maps and unmaps"),
             observed No(NO_SLOTS),
-            "The rate of modifications to the GPA space of the partition.";
+            "The total number of modifications to the GPA space of the partition.";
         Release 6 VIRTUAL_TLB_FLUSH_ENTRIES "Virtual TLB flush entries/sec", Count, Rate,
             By(KvmStats(KvmStat::Vm(&["remote_tlb_flush"])), "VM stat remote_tlb_flush"),
-            "The rate of flushes of the entire virtual TLB.";
+            "The total number of flushes of the entire virtual TLB.";
         Release 7 RECOMMENDED_VIRTUAL_TLB_SIZE "Recommended virtual TLB size", Pages, Instant,
             No(NO_VTLB),
             "The recommended number of pages to be deposited for the virtual TLB.";
@@ -317,204 +317,204 @@ catalog! {
         Release 1 HYPERCALLS "Hypercalls/sec", Count, Rate,
             By(RunLoop(Loop::Hypercalls), "writes to a registered hypercall port (the hypercall page traps through one)"),
             observed By(KvmStats(KvmStat::Vcpu(&["hypercalls"])), "VMCALL/VMMCALL exits on VMX/SVM hosts, else vCPU stat hypercalls through QMP"),
-            "The rate of the hypercalls made by guest code on the virtual processor.";
+            "The total number of hypercalls made by guest code on the virtual processor.";
         Release 2 HYPERCALLS_COST "Hypercalls cost", Time100ns, Cost,
             By(RunLoop(Loop::HypercallsTime), "time from the hypercall exit to the next entry into the guest"),
             "The average time (in nanoseconds) spent processing a hypercall.";
         Release 3 PAGE_INVALIDATIONS "Page invalidations/sec", Count, Rate,
             By(KvmStats(KvmStat::Vcpu(&["invlpg"])), "vCPU stat invlpg"),
-            "The rate of INVLPG instructions executed by guest code on the virtual processor.";
+            "The total number of INVLPG instructions executed by guest code on the virtual processor.";
         Release 4 PAGE_INVALIDATIONS_COST "Page invalidations cost", Time100ns, Cost,
             No(NO_TIME),
             "The average time (in nanoseconds) spent processing an INVLPG instruction.";
         Release 5 CONTROL_REGISTER_ACCESSES "Control register accesses/sec", Count, Rate,
             By(Tracepoint(Tp::Cr), "kvm:kvm_cr; fires on VMX/SVM hosts, stays 0 under KVM's instruction emulator"),
-            "The rate of control register accesses by guest code on the virtual processor.";
+            "The total number of control register accesses by guest code on the virtual processor.";
         Release 6 CONTROL_REGISTER_ACCESSES_COST "Control register accesses cost", Time100ns, Cost,
             No(NO_TIME),
             "The average time (in nanoseconds) spent processing a control register access.";
         Release 7 IO_INSTRUCTIONS "IO instructions/sec", Count, Rate,
             By(Tracepoint(Tp::Pio), "kvm:kvm_pio (every port access, in the kernel or in userspace) less hypercall port writes"),
-            "The rate of IO instructions executed by guest code on a virtual processor.";
+            "The total number of IO instructions executed by guest code on a virtual processor.";
         Release 8 IO_INSTRUCTIONS_COST "IO instructions cost", Time100ns, Cost,
             By(RunLoop(Loop::IoTime), "time of the port accesses handled in userspace"),
             "The average time (in nanoseconds) spent processing an IO instruction.";
         Release 9 HLT_INSTRUCTIONS "HLT instructions/sec", Count, Rate,
             By(KvmStats(KvmStat::Vcpu(&["halt_exits"])), "vCPU stat halt_exits"),
-            "The rate of HLT instructions executed by guest code on a virtual processor.";
+            "The total number of HLT instructions executed by guest code on a virtual processor.";
         Release 10 HLT_INSTRUCTIONS_COST "HLT instructions cost", Time100ns, Cost,
             By(KvmStats(KvmStat::Vcpu(&["halt_wait_ns", "halt_poll_success_ns", "halt_poll_fail_ns"])), "vCPU stats halt_wait_ns + halt_poll_success_ns + halt_poll_fail_ns: all time halted"),
-            "The average time (in nanoseconds) spent processing an HLT instruction.";
+            "The total time (in 100ns) the virtual processor spent halted after HLT instructions, waiting or polling for a wake-up: time halted, not time spent handling them (readers show it per virtual processor as a share of the time).";
         Release 11 MWAIT_INSTRUCTIONS "MWAIT instructions/sec", Count, Rate,
             No("KVM counts no MWAIT exits"),
             observed By(KvmExit(Ic::Mwait), "MWAIT exits on VMX/SVM hosts only"),
-            "The rate of MWAIT instructions executed by guest code on a virtual processor.";
+            "The total number of MWAIT instructions executed by guest code on a virtual processor.";
         Release 12 MWAIT_INSTRUCTIONS_COST "MWAIT instructions cost", Time100ns, Cost,
             No(NO_TIME),
             "The average time (in nanoseconds) spent processing an MWAIT instruction.";
         Release 13 CPUID_INSTRUCTIONS "CPUID instructions/sec", Count, Rate,
             By(Tracepoint(Tp::Cpuid), "kvm:kvm_cpuid"),
-            "The rate of CPUID instructions executed by guest code on a virtual processor.";
+            "The total number of CPUID instructions executed by guest code on a virtual processor.";
         Release 14 CPUID_INSTRUCTIONS_COST "CPUID instructions cost", Time100ns, Cost,
             No(NO_TIME),
             "The average time (in nanoseconds) spent processing a CPUID instruction.";
         Release 15 MSR_ACCESSES "MSR accesses/sec", Count, Rate,
             By(Tracepoint(Tp::Msr), "kvm:kvm_msr plus MSR exits handled in userspace"),
-            "The rate of MSR instructions executed by guest code on a virtual processor.";
+            "The total number of MSR instructions executed by guest code on a virtual processor.";
         Release 16 MSR_ACCESSES_COST "MSR accesses cost", Time100ns, Cost,
             By(RunLoop(Loop::MsrTime), "time of the MSR accesses handled in userspace"),
             "The average time (in nanoseconds) spent processing an MSR instruction.";
         Release 17 OTHER_INTERCEPTS "Other intercepts/sec", Count, Rate,
             By(RunLoop(Loop::OtherIntercepts), "userspace exits other than port I/O, MSR and hypercalls (MMIO included)"),
             observed By(KvmExit(Ic::Other), "kvm_exit less every classified reason, on VMX/SVM hosts only"),
-            "The rate of other intercepts triggered by guest code on a virtual processor.";
+            "The total number of other intercepts triggered by guest code on a virtual processor.";
         Release 18 OTHER_INTERCEPTS_COST "Other intercepts cost", Time100ns, Cost,
             By(RunLoop(Loop::OtherInterceptsTime), "time of those exits"),
             "The average time (in nanoseconds) spent processing other intercepts.";
         Release 19 EXTERNAL_INTERRUPTS "External interrupts/sec", Count, Rate,
             By(KvmStats(KvmStat::Vcpu(&["irq_exits"])), "vCPU stat irq_exits; host interrupts exit VMX/SVM guests, the instruction emulator has none"),
-            "The rate of external interrupts received by the hypervisor while executing guest code on the virtual processor.";
+            "The total number of external interrupts received by the hypervisor while executing guest code on the virtual processor.";
         Release 20 EXTERNAL_INTERRUPTS_COST "External interrupts cost", Time100ns, Cost,
             No(NO_TIME),
             "The average time (in nanoseconds) spent processing an external interrupt.";
         Release 21 PENDING_INTERRUPTS "Pending interrupts/sec", Count, Rate,
             By(KvmStats(KvmStat::Vcpu(&["irq_window_exits"])), "vCPU stat irq_window_exits"),
-            "The rate of intercepts due to a task priority (TPR) reduction by guest code on the virtual processor.";
+            "The total number of intercepts due to a task priority (TPR) reduction by guest code on the virtual processor.";
         Release 22 PENDING_INTERRUPTS_COST "Pending interrupts cost", Time100ns, Cost,
             No(NO_TIME),
             "The average time (in nanoseconds) spent processing a pending interrupt intercept.";
         Release 23 EMULATED_INSTRUCTIONS "Emulated instructions/sec", Count, Rate,
             By(KvmStats(KvmStat::Vcpu(&["insn_emulation"])), "vCPU stat insn_emulation"),
-            "The rate of emulated instructions while executing guest code on the virtual processor.";
+            "The total number of emulated instructions while executing guest code on the virtual processor.";
         Release 24 EMULATED_INSTRUCTIONS_COST "Emulated instructions cost", Time100ns, Cost,
             No(NO_TIME),
             "The average time (in nanoseconds) spent emulating an instruction.";
         Release 25 DEBUG_REGISTER_ACCESSES "Debug register accesses/sec", Count, Rate,
             No("KVM counts no debug register exits and has no tracepoint for them"),
             observed By(KvmExit(Ic::DebugRegister), "DR access exits on VMX/SVM hosts only"),
-            "The rate of debug register accesses by guest code on the virtual processor.";
+            "The total number of debug register accesses by guest code on the virtual processor.";
         Release 26 DEBUG_REGISTER_ACCESSES_COST "Debug register accesses cost", Time100ns, Cost,
             No(NO_TIME),
             "The average time (in nanoseconds) spent handling a debug register access.";
         Release 27 PAGE_FAULT_INTERCEPTS "Page fault intercepts/sec", Count, Rate,
             No("KVM counts no #PF exits: its pf_taken counts its MMU's faults, nested page faults under EPT/NPT (Nested page fault intercepts)"),
             observed By(KvmExit(Ic::PageFault), "#PF exception exits on VMX/SVM hosts only"),
-            "The rate of page fault exceptions intercepted by the hypervisor while executing guest code on the virtual processor.";
+            "The total number of page fault exceptions intercepted by the hypervisor while executing guest code on the virtual processor.";
         Release 28 PAGE_FAULT_INTERCEPTS_COST "Page fault intercepts cost", Time100ns, Cost,
             No(NO_TIME),
             "The average time (in nanoseconds) spent processing a page fault intercept.";
         Release 29 GUEST_PAGE_TABLE_MAPS "Guest page table maps/sec", Count, Rate,
             No(NO_VTLB),
-            "The rate of map operations for guest page table pages.";
+            "The total number of map operations for guest page table pages.";
         Release 30 LARGE_PAGE_TLB_FILLS "Large page TLB fills/sec", Count, Rate,
             No(NO_VTLB),
-            "The rate of virtual TLB misses on large pages.";
+            "The total number of virtual TLB misses on large pages.";
         Release 31 SMALL_PAGE_TLB_FILLS "Small page TLB fills/sec", Count, Rate,
             No(NO_VTLB),
-            "The rate of virtual TLB misses on 4K pages.";
+            "The total number of virtual TLB misses on 4K pages.";
         Release 32 REFLECTED_GUEST_PAGE_FAULTS "Reflected guest page faults/sec", Count, Rate,
             By(KvmStats(KvmStat::Vcpu(&["pf_guest"])), "vCPU stat pf_guest"),
-            "The rate of page fault exceptions delivered to the guest.";
+            "The total number of page fault exceptions delivered to the guest.";
         Release 33 APIC_MMIO_ACCESSES "APIC MMIO accesses/sec", Count, Rate,
             By(Tracepoint(Tp::ApicMmio), "kvm:kvm_mmio on the local APIC page at 0xFEE00000 (guest accesses only)"),
-            "The rate of APIC MMIO register accesses by guest code on the virtual processor.";
+            "The total number of APIC MMIO register accesses by guest code on the virtual processor.";
         Release 34 IO_INTERCEPT_MESSAGES "IO intercept messages/sec", Count, Rate,
             By(RunLoop(Loop::IoExits), "port-I/O exits to userspace (a write to the hypercall port is a hypercall, not I/O)"),
             observed By(Tracepoint(Tp::UserspaceIo), "kvm_userspace_exit reason 2 (KVM_EXIT_IO)"),
-            "The rate of IO intercept messages sent to the parent partition.";
+            "The total number of IO intercept messages sent to the parent partition.";
         Release 35 MEMORY_INTERCEPT_MESSAGES "Memory intercept messages/sec", Count, Rate,
             By(RunLoop(Loop::MmioExits), "MMIO exits to userspace"),
             observed By(Tracepoint(Tp::UserspaceMmio), "kvm_userspace_exit reason 6 (KVM_EXIT_MMIO)"),
-            "The rate of memory intercept messages sent to the parent partition.";
+            "The total number of memory intercept messages sent to the parent partition.";
         Release 36 APIC_EOI_ACCESSES "APIC EOI accesses/sec", Count, Rate,
             By(Tracepoint(Tp::ApicEoi), "kvm:kvm_mmio writes of the APIC EOI register, plus kvm:kvm_msr writes of x2APIC MSR 0x80B"),
-            "The rate of APIC EOI register writes by guest code on the virtual processor.";
+            "The total number of APIC EOI register writes by guest code on the virtual processor.";
         Release 37 OTHER_MESSAGES "Other messages/sec", Count, Rate,
             By(RunLoop(Loop::OtherExits), "userspace exits other than port I/O, MMIO and hypercalls (MSR exits among them)"),
             observed By(Tracepoint(Tp::UserspaceOther), "kvm_userspace_exit other than IO, MMIO and signal interruptions (reason 10)"),
-            "The rate of other intercept messages sent to the parent partition.";
+            "The total number of other intercept messages sent to the parent partition.";
         Release 38 PAGE_TABLE_ALLOCATIONS "Page table allocations/sec", Count, Rate,
             No(NO_VTLB),
-            "The rate of page table allocations in the virtual TLB.";
+            "The total number of page table allocations in the virtual TLB.";
         Release 39 LOGICAL_PROCESSOR_MIGRATIONS "Logical processor migrations/sec", Count, Rate,
             By(PerfSoftware(PerfSoftwareEvent::CpuMigrations), "cpu-migrations of the VP thread"),
-            "The rate of migrations by the virtual processor to a different logical processor.";
+            "The total number of migrations by the virtual processor to a different logical processor.";
         Release 40 ADDRESS_SPACE_EVICTIONS "Address space evictions/sec", Count, Rate,
             No(NO_VTLB),
-            "The rate of address space evictions in the virtual TLB.";
+            "The total number of address space evictions in the virtual TLB.";
         Release 41 ADDRESS_SPACE_SWITCHES "Address space switches/sec", Count, Rate,
             No(NO_VTLB),
-            "The rate of address space switches by guest code on the virtual processor.";
+            "The total number of address space switches by guest code on the virtual processor.";
         Release 42 ADDRESS_DOMAIN_FLUSHES "Address domain flushes/sec", Count, Rate,
             No("hvstats implements no virtual TLB flush hypercalls"),
-            "The rate of explicit flushes of the virtual TLB by guest code on the virtual processor.";
+            "The total number of explicit flushes of the virtual TLB by guest code on the virtual processor.";
         Release 43 ADDRESS_SPACE_FLUSHES "Address space flushes/sec", Count, Rate,
             No("hvstats implements no virtual TLB flush hypercalls"),
-            "The rate of explicit flushes of one address space by guest code on the virtual processor.";
+            "The total number of explicit flushes of one address space by guest code on the virtual processor.";
         Release 44 GLOBAL_GVA_RANGE_FLUSHES "Global GVA range flushes/sec", Count, Rate,
             No("hvstats implements no virtual TLB flush hypercalls"),
-            "The rate of explicit flushes of a virtual address range in all address spaces by guest code on the virtual processor.";
+            "The total number of explicit flushes of a virtual address range in all address spaces by guest code on the virtual processor.";
         Release 45 LOCAL_FLUSHED_GVA_RANGES "Local flushed GVA ranges/sec", Count, Rate,
             No("hvstats implements no virtual TLB flush hypercalls"),
-            "The rate of explicit flushes of a virtual address range in one address space by guest code on the virtual processor.";
+            "The total number of explicit flushes of a virtual address range in one address space by guest code on the virtual processor.";
         Release 46 PAGE_TABLE_EVICTIONS "Page table evictions/sec", Count, Rate,
             No(NO_VTLB),
-            "The rate of page table evictions in the virtual TLB.";
+            "The total number of page table evictions in the virtual TLB.";
         Release 47 PAGE_TABLE_RECLAMATIONS "Page table reclamations/sec", Count, Rate,
             No(NO_VTLB),
-            "The rate of reclamations of unreferenced page tables in the virtual TLB.";
+            "The total number of reclamations of unreferenced page tables in the virtual TLB.";
         Release 48 PAGE_TABLE_RESETS "Page table resets/sec", Count, Rate,
             No(NO_VTLB),
-            "The rate of page table resets In the virtual TLB.";
+            "The total number of page table resets In the virtual TLB.";
         Release 49 PAGE_TABLE_VALIDATIONS "Page table validations/sec", Count, Rate,
             No(NO_VTLB),
-            "The rate of page table validations to remove state entries in the virtual TLB.";
+            "The total number of page table validations to remove state entries in the virtual TLB.";
         Release 50 APIC_TPR_ACCESSES "APIC TPR accesses/sec", Count, Rate,
             By(Tracepoint(Tp::ApicTpr), "kvm:kvm_mmio accesses of the APIC TPR register, plus kvm:kvm_msr accesses of x2APIC MSR 0x808"),
-            "The rate of APIC TPR accesses by guest code on the virtual processor.";
+            "The total number of APIC TPR accesses by guest code on the virtual processor.";
         Release 51 PAGE_TABLE_WRITE_INTERCEPTS "Page table write intercepts/sec", Count, Rate,
             No("KVM counts shadow page table writes per VM (mmu_pte_write), not per VP"),
-            "The rate of write intercepts on guest page tables by guest code on the virtual processor.";
+            "The total number of write intercepts on guest page tables by guest code on the virtual processor.";
         Release 52 SYNTHETIC_INTERRUPTS "Synthetic interrupts/sec", Count, Rate,
             No("hvstats implements no synthetic interrupt controller"),
-            "The rate of synthetic interrupts delivered to the virtual processor.";
+            "The total number of synthetic interrupts delivered to the virtual processor.";
         Release 53 VIRTUAL_INTERRUPTS "Virtual interrupts/sec", Count, Rate,
             By(KvmStats(KvmStat::Vcpu(&["irq_injections"])), "vCPU stat irq_injections (an injection cancelled before VM entry counts again)"),
-            "The rate of interrupts (including synthetic interrupts) delivered to the virtual processor.";
+            "The total number of interrupts (including synthetic interrupts) delivered to the virtual processor.";
         Release 54 APIC_IPIS_SENT "APIC IPIs sent/sec", Count, Rate,
             By(Tracepoint(Tp::ApicIpi), "kvm:kvm_apic_ipi"),
-            "The rate of APIC inter-processor interrupts (including to self) sent to the virtual processor.";
+            "The total number of APIC inter-processor interrupts (including to self) sent to the virtual processor.";
         Release 55 APIC_SELF_IPIS_SENT "APIC self IPIs sent/sec", Count, Rate,
             By(Tracepoint(Tp::ApicSelfIpi), "kvm:kvm_apic_ipi filtered on the self destination shorthand"),
-            "The rate of APIC interrupts sent by the virtual processor to itself.";
+            "The total number of APIC interrupts sent by the virtual processor to itself.";
         Release 56 GPA_SPACE_HYPERCALLS "GPA space hypercalls/sec", Count, Rate,
             By(Hypercall(Hc::GpaSpace), "hypercalls of the GPA space class (map and unmap stats page)"),
-            "The rate of guest physical address space hypercalls made by guest code on the virtual processor.";
+            "The total number of guest physical address space hypercalls made by guest code on the virtual processor.";
         Release 57 LOGICAL_PROCESSOR_HYPERCALLS "Logical processor hypercalls/sec", Count, Rate,
             By(Hypercall(Hc::LogicalProcessor), "hypercalls of the logical processor class"),
-            "The rate of logical processor hypercalls made by guest code on the virtual processor.";
+            "The total number of logical processor hypercalls made by guest code on the virtual processor.";
         Release 58 LONG_SPIN_WAIT_HYPERCALLS "Long spin wait hypercalls/sec", Count, Rate,
             By(Hypercall(Hc::LongSpinWait), "HvCallNotifyLongSpinWait"),
-            "The rate of long spin wait hypercalls made by guest code on the virtual processor.";
+            "The total number of long spin wait hypercalls made by guest code on the virtual processor.";
         Release 59 OTHER_HYPERCALLS "Other hypercalls/sec", Count, Rate,
             By(Hypercall(Hc::Other), "hypercalls of no other class, unknown codes included"),
-            "The rate of other hypercalls made by guest code on the virtual processor.";
+            "The total number of other hypercalls made by guest code on the virtual processor.";
         Release 60 SYNTHETIC_INTERRUPT_HYPERCALLS "Synthetic interrupt hypercalls/sec", Count, Rate,
             By(Hypercall(Hc::SyntheticInterrupt), "hypercalls of the synthetic interrupt class"),
-            "The rate of Synthetic Interrupt hypercalls made by guest code on the virtual processor.";
+            "The total number of Synthetic Interrupt hypercalls made by guest code on the virtual processor.";
         Release 61 VIRTUAL_INTERRUPT_HYPERCALLS "Virtual interrupt hypercalls/sec", Count, Rate,
             By(Hypercall(Hc::VirtualInterrupt), "hypercalls of the virtual interrupt class"),
-            "The rate of Virtual Interrupt hypercalls made by guest code on the virtual processor.";
+            "The total number of Virtual Interrupt hypercalls made by guest code on the virtual processor.";
         Release 62 VIRTUAL_MMU_HYPERCALLS "Virtual MMU hypercalls/sec", Count, Rate,
             By(Hypercall(Hc::VirtualMmu), "hypercalls of the virtual MMU class"),
-            "The rate of Virtual MMU hypercalls made by guest code on the virtual processor.";
+            "The total number of Virtual MMU hypercalls made by guest code on the virtual processor.";
         Release 63 VIRTUAL_PROCESSOR_HYPERCALLS "Virtual processor hypercalls/sec", Count, Rate,
             By(Hypercall(Hc::VirtualProcessor), "hypercalls of the virtual processor class"),
-            "The rate of Virtual Processor hypercalls made by guest code on the virtual processor.";
+            "The total number of Virtual Processor hypercalls made by guest code on the virtual processor.";
         // Release 1.1 (see APPENDED): the VP thread's wait for a CPU, from its schedstat.
         Release 64 DISPATCHES "Dispatches/sec", Count, Rate,
             By(ThreadTime(ThreadTime::Dispatches), "schedstat of the VP thread: the times it was put on a CPU"),
-            "The rate at which the virtual processor is dispatched to run on a logical processor.";
+            "The total number of times the virtual processor was dispatched to run on a logical processor.";
         Release 65 CPU_WAIT_TIME_PER_DISPATCH "CPU wait time per dispatch", Nanoseconds, Cost,
             By(ThreadTime(ThreadTime::CpuWait), "schedstat of the VP thread: time runnable on a run queue, waiting for a CPU"),
             "The average time (in nanoseconds) the virtual processor waited for a logical processor to run on, per dispatch; as a share of elapsed time, the time it was ready but not running.";
@@ -523,7 +523,7 @@ catalog! {
         // NestedPageFault intercept pair).
         Release 66 NESTED_PAGE_FAULT_INTERCEPTS "Nested page fault intercepts/sec", Count, Rate,
             By(KvmStats(KvmStat::Vcpu(&["pf_taken"])), "vCPU stat pf_taken: the faults KVM's MMU takes, under EPT/NPT the EPT violations and NPFs it does not resolve as MMIO; stays 0 under KVM's instruction emulator"),
-            "The rate of nested page fault intercepts (faults of the second-level address translation: EPT violations and misconfigurations, NPT faults) taken by guest code on the virtual processor.";
+            "The total number of nested page fault intercepts (faults of the second-level address translation: EPT violations and misconfigurations, NPT faults) taken by guest code on the virtual processor.";
         Release 67 NESTED_PAGE_FAULT_INTERCEPTS_COST "Nested page fault intercepts cost", Time100ns, Cost,
             No(NO_TIME),
             "The average time (in nanoseconds) spent processing a nested page fault intercept.";
@@ -558,15 +558,15 @@ catalog! {
         Hvstats 266 HOST_PAGE_FAULTS "Host page faults/sec", Count, Rate,
             By(HostFaults(HostFault::All), "minflt + majflt of the VP thread since it began running the guest"),
             observed By(HostFaults(HostFault::All), "minflt + majflt of the vCPU thread since the observer found it"),
-            "The rate of page faults the host took on the virtual processor's thread: guest memory touched for the first time, reclaimed or swapped out, and the VMM's own memory on that thread.";
+            "The total number of page faults the host took on the virtual processor's thread: guest memory touched for the first time, reclaimed or swapped out, and the VMM's own memory on that thread.";
         Hvstats 267 HOST_MAJOR_PAGE_FAULTS "Host major page faults/sec", Count, Rate,
             By(HostFaults(HostFault::Major), "majflt of the VP thread since it began running the guest"),
             observed By(HostFaults(HostFault::Major), "majflt of the vCPU thread since the observer found it"),
-            "The rate of page faults on the virtual processor's thread that waited for I/O: guest memory swapped out or backed by a file, during which the virtual processor did not run.";
+            "The total number of page faults on the virtual processor's thread that waited for I/O: guest memory swapped out or backed by a file, during which the virtual processor did not run.";
         // hvstats 1.2 (see APPENDED): every exit of the VP, whatever its reason.
         Hvstats 268 EXITS "Exits/sec", Count, Rate,
             By(KvmStats(KvmStat::Vcpu(&["exits"])), "vCPU stat exits: every exit from the guest on VMX/SVM hosts (userspace exits and halts under KVM's instruction emulator)"),
-            "The rate of exits from guest code on the virtual processor to the hypervisor, of every reason: the total the intercept classes break down (an exit of a class no counter has is counted here too).";
+            "The total number of exits from guest code on the virtual processor to the hypervisor, of every reason: the total the intercept classes break down (an exit of a class no counter has is counted here too).";
     }
 }
 
@@ -614,6 +614,39 @@ impl Counter {
     pub const fn is_bookkeeping(&self) -> bool {
         matches!(self.id.group, GroupKind::Hvstats)
             && matches!(self.maintained, Maintained::By(Source::Authority, _))
+    }
+
+    /// True for the time a VP spent halted: the seed's "HLT instructions cost", which KVM's
+    /// statistics (`halt_wait_ns` and the halt poll times) fill with the time the vCPU was
+    /// halted, waiting or polling for a wake-up, rather than time spent handling HLTs. Readers
+    /// show it per VP as a share of the time ("time halted"), never as an average per HLT (a
+    /// vCPU halted throughout an interval made no HLT in it), and never add one VP's to
+    /// another's count of HLTs.
+    ///
+    /// ```
+    /// use hvstats_abi::catalog::vp;
+    ///
+    /// assert!(vp::HLT_INSTRUCTIONS_COST.counter().unwrap().is_time_halted());
+    /// assert!(!vp::IO_INSTRUCTIONS_COST.counter().unwrap().is_time_halted());
+    /// ```
+    pub const fn is_time_halted(&self) -> bool {
+        let halted = vp::HLT_INSTRUCTIONS_COST;
+        self.id.kind as u8 == halted.kind as u8
+            && self.id.group as u8 == halted.group as u8
+            && self.id.index == halted.index
+    }
+
+    /// True for a moment in time rather than a duration: a time counter whose value is a Unix
+    /// time (the observer's last refresh). Readers show it as a time of day, in UTC.
+    ///
+    /// ```
+    /// use hvstats_abi::catalog::{hypervisor, lp};
+    ///
+    /// assert!(hypervisor::OBSERVER_LAST_REFRESH.counter().unwrap().is_timestamp());
+    /// assert!(!lp::GLOBAL_TIME.counter().unwrap().is_timestamp());
+    /// ```
+    pub fn is_timestamp(&self) -> bool {
+        matches!(self.unit, Unit::Time100ns | Unit::Nanoseconds) && self.name.ends_with(" timestamp")
     }
 
     /// The page slots the counter's value spans: [`HISTOGRAM_SLOTS`] for a histogram, else 1.

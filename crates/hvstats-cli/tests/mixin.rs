@@ -1,7 +1,8 @@
 //! The monitoring mixin (packaging/prometheus, packaging/grafana) against Debian's Prometheus:
-//! promtool checks the rules and runs their unit tests (one firing case per alert), the
-//! dashboard has what Grafana reads, and a real Prometheus scraping two real `hvstats serve`s
-//! with the rules loaded answers every query of the dashboard with series.
+//! promtool checks the rules and runs their unit tests (a firing case and a false-alarm case per
+//! alert), the CPU-wait rule reads the share `hvstats report` prints, the dashboard has what
+//! Grafana reads, and a real Prometheus scraping two real `hvstats serve`s with the rules loaded
+//! answers every query of the dashboard with series, and every one for an observed QEMU VM.
 
 #![allow(
     clippy::unwrap_used,
@@ -50,46 +51,224 @@ fn promtool(promtool: &str, dir: &Path, args: &[&str]) -> (bool, String) {
     (out.status.success(), said)
 }
 
-/// The names of the alerts in an alerting rules file (`- alert: Name`).
-fn alerts_in(yaml: &str) -> Vec<String> {
-    yaml.lines().filter_map(|l| l.trim().strip_prefix("- alert: ")).map(str::to_owned).collect()
+/// A file of packaging/prometheus as YAML.
+fn yaml(file: &str) -> Value {
+    serde_norway::from_str(&std::fs::read_to_string(packaging("prometheus").join(file)).unwrap()).unwrap()
+}
+
+/// A Prometheus duration (`90s`, `10m`, `1h`) in seconds.
+fn seconds(duration: &str) -> u64 {
+    let split = duration.find(|c: char| !c.is_ascii_digit()).unwrap();
+    let (n, unit) = duration.split_at(split);
+    n.parse::<u64>().unwrap()
+        * match unit {
+            "s" => 1,
+            "m" => 60,
+            "h" => 3600,
+            other => panic!("unit {other}"),
+        }
+}
+
+/// Every alert of hvstats.alerts.yml with its `for`, in seconds.
+fn alerts() -> Vec<(String, u64)> {
+    yaml("hvstats.alerts.yml")["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap())
+        .map(|r| (r["alert"].as_str().unwrap().to_owned(), seconds(r["for"].as_str().unwrap())))
+        .collect()
+}
+
+/// `promtool test rules hvstats.test.yml` over packaging/prometheus with `alerts` in place of
+/// hvstats.alerts.yml: (success, what it said).
+fn test_with_alerts(promtool_path: &str, alerts: &str) -> (bool, String) {
+    let dir = packaging("prometheus");
+    let copy = TempDir::new("mixin-moved");
+    for file in ["hvstats.rules.yml", "hvstats.test.yml"] {
+        std::fs::copy(dir.join(file), copy.path().join(file)).unwrap();
+    }
+    std::fs::write(copy.path().join("hvstats.alerts.yml"), alerts).unwrap();
+    promtool(promtool_path, copy.path(), &["test", "rules", "hvstats.test.yml"])
 }
 
 #[test]
-fn promtool_checks_the_rules_and_every_alert_has_a_firing_unit_test() {
+fn promtool_checks_the_rules_and_every_alert_has_a_firing_and_a_false_alarm_unit_test() {
     let Some(promtool_path) = prometheus_tool("promtool", "promtool_checks_the_rules") else { return };
     let dir = packaging("prometheus");
     let (ok, said) =
         promtool(promtool_path, &dir, &["check", "rules", "hvstats.rules.yml", "hvstats.alerts.yml"]);
     assert!(ok, "{said}");
-    assert!(said.contains("SUCCESS: 19 rules found") && said.contains("SUCCESS: 10 rules found"), "{said}");
+    assert!(said.contains("SUCCESS: 22 rules found") && said.contains("SUCCESS: 11 rules found"), "{said}");
     let (ok, said) = promtool(promtool_path, &dir, &["test", "rules", "hvstats.test.yml"]);
     assert!(ok && said.contains("SUCCESS"), "{said}");
 
-    // Each alert has a case in which it fires (an alert_rule_test with exp_alerts).
-    let alerts = alerts_in(&std::fs::read_to_string(dir.join("hvstats.alerts.yml")).unwrap());
-    assert_eq!(alerts.len(), 10, "{alerts:?}");
-    let tests = std::fs::read_to_string(dir.join("hvstats.test.yml")).unwrap();
-    let lines: Vec<&str> = tests.lines().map(str::trim).collect();
-    for alert in &alerts {
-        let fires = lines.windows(3).any(|w| {
-            w[0] == format!("- alertname: {alert}") && w[1].starts_with("eval_time:") && w[2] == "exp_alerts:"
-        });
-        assert!(fires, "no unit test shows {alert} firing");
+    // The files' headers name files that exist beside them.
+    for file in ["hvstats.rules.yml", "hvstats.alerts.yml", "hvstats.test.yml"] {
+        let text = std::fs::read_to_string(dir.join(file)).unwrap();
+        for named in text.split(|c: char| c.is_whitespace() || c == '(' || c == ')' || c == '`' || c == ',') {
+            let named = named.trim_end_matches(['.', ':', ';']);
+            if named.starts_with("hvstats.") && named.ends_with(".yml") {
+                assert!(dir.join(named).exists(), "{file} names {named}, which does not exist");
+            }
+        }
     }
 
-    // The tests are real: an alert whose threshold moves fails them.
-    let moved = TempDir::new("mixin-moved");
-    for file in ["hvstats.rules.yml", "hvstats.test.yml"] {
-        std::fs::copy(dir.join(file), moved.path().join(file)).unwrap();
+    // Each alert has a case in which it fires (an alert_rule_test with exp_alerts), and a case
+    // with the false alarm it must not raise: an alert_rule_test that expects nothing at a time
+    // later than its `for` and a minute (the series had time to fire it, and must not have).
+    let alerts = alerts();
+    assert_eq!(alerts.len(), 11, "{alerts:?}");
+    let tests = yaml("hvstats.test.yml");
+    let cases: Vec<(String, u64, bool)> = tests["tests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|t| t["alert_rule_test"].as_array().cloned().unwrap_or_default())
+        .map(|c| {
+            let fires = c["exp_alerts"].as_array().is_some_and(|a| !a.is_empty());
+            (c["alertname"].as_str().unwrap().to_owned(), seconds(c["eval_time"].as_str().unwrap()), fires)
+        })
+        .collect();
+    for (alert, hold) in &alerts {
+        assert!(cases.iter().any(|(a, _, fires)| a == alert && *fires), "no unit test shows {alert} firing");
+        assert!(
+            cases.iter().any(|(a, at, fires)| a == alert && !fires && *at > hold + 60),
+            "no unit test shows {alert} quiet on a false alarm past its `for` of {hold} s"
+        );
     }
-    let alerts = std::fs::read_to_string(dir.join("hvstats.alerts.yml")).unwrap();
-    assert!(alerts.contains("vm:hvstats_cpu_wait:ratio1m > 0.1\n"));
-    let moved_alerts =
-        alerts.replace("vm:hvstats_cpu_wait:ratio1m > 0.1\n", "vm:hvstats_cpu_wait:ratio1m > 0.3\n");
-    std::fs::write(moved.path().join("hvstats.alerts.yml"), moved_alerts).unwrap();
-    let (ok, said) = promtool(promtool_path, moved.path(), &["test", "rules", "hvstats.test.yml"]);
+    eprintln!("{} alert cases for {} alerts", cases.len(), alerts.len());
+
+    // The tests are real: an alert whose threshold moves fails its firing case; one without its
+    // activity floor fires on the idle VMs, and one without its grace period on a restart.
+    let text = std::fs::read_to_string(dir.join("hvstats.alerts.yml")).unwrap();
+    let mutate = |from: &str, to: &str| {
+        assert!(text.contains(from), "{from}");
+        test_with_alerts(promtool_path, &text.replace(from, to))
+    };
+    let (ok, said) = mutate("vm:hvstats_cpu_wait:ratio1m > 0.1\n", "vm:hvstats_cpu_wait:ratio1m > 0.3\n");
     assert!(!ok && said.contains("HvstatsVMCPUWaitHigh"), "{said}");
+    let (ok, said) =
+        mutate("\n            and on (job, instance, vm) vm:hvstats_runnable_seconds:rate1m >= 0.1", "");
+    assert!(!ok && said.contains("vm=\"idle-1\"") && said.contains("vm=\"idle-2\""), "{said}");
+    let (ok, said) = mutate("hvstats_observer_up\n        for: 10m", "hvstats_observer_up\n        for: 1m");
+    assert!(!ok && said.contains("instance=\"host-c:9966\""), "{said}");
+}
+
+/// Records a VP that waits 20 µs for a host CPU for each 140 µs it runs, and returns what `hvstats
+/// report` says of its CPU wait: (its JSON `cpu_wait`, its text line).
+fn report_of_a_waiting_vp(tmp: &Path) -> (Value, String) {
+    let run = tmp.join("run");
+    let hv = common::publish(&run);
+    let part = hv.create_partition(1).unwrap();
+    let page = part.vp_page(0).unwrap();
+    let file = tmp.join("rec.ndjson");
+    let child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["record", "-q", "--interval", "0.2", "--duration", "1.2", "--runtime-dir"])
+        .arg(&run)
+        .arg("-o")
+        .arg(&file)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::fs::read_to_string(&file).map_or(0, |t| t.lines().count()) < 2 {
+        assert!(Instant::now() < deadline, "no first sample");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_millis(250));
+        page.add(hvstats_abi::catalog::vp::DISPATCHES, 10);
+        page.add(hvstats_abi::catalog::vp::CPU_WAIT_TIME_PER_DISPATCH, 20_000);
+        page.add(hvstats_abi::catalog::vp::TOTAL_RUN_TIME, 1_400);
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report = |json: bool| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hvstats"));
+        cmd.arg("report");
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.arg(&file).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let v: Value = serde_json::from_str(&report(true)).unwrap();
+    let text = report(false);
+    let line = text.lines().find(|l| l.trim_start().starts_with("CPU wait:")).unwrap().to_owned();
+    drop((part, hv));
+    (v["vps"][0]["cpu_wait"].clone(), line)
+}
+
+/// The CPU-wait rule and alert (packaging/prometheus/hvstats.rules.yml vm:hvstats_cpu_wait:ratio1m,
+/// hvstats.alerts.yml HvstatsVMCPUWaitHigh) and `hvstats report` (crates/hvstats-cli/src/cmd/
+/// report.rs, its "% of runnable time") give one share for the same counters: the CPU wait over
+/// the runnable time (run + wait). The idle-VM case of hvstats.test.yml uses the same ratio.
+#[test]
+fn report_and_the_cpu_wait_rule_say_one_share() {
+    let Some(promtool_path) = prometheus_tool("promtool", "report_and_the_cpu_wait_rule_say_one_share")
+    else {
+        return;
+    };
+    let tmp = TempDir::new("mixin-share");
+    let (wait, line) = report_of_a_waiting_vp(tmp.path());
+    let (wait_ns, run_ns) = (wait["wait_ns"].as_u64().unwrap(), wait["run_ns"].as_u64().unwrap());
+    assert_eq!((wait_ns, run_ns), (60_000, 420_000), "{wait}");
+    let share = wait["percent_of_runnable"].as_f64().unwrap();
+    assert_eq!(share, 12.5);
+    assert!(line.contains("12.50 % of runnable time (run + wait)"), "{line}");
+
+    // The same counters as the exporter's series, scaled to one host CPU a second (busy) and to
+    // 7.3 ms a second (idle, below the alert's activity floor): the rule reads the report's share,
+    // and the alert says it of the busy VM only.
+    let per_15s = |part: u64, cpus: f64| 15.0 * cpus * part as f64 / (wait_ns + run_ns) as f64;
+    let series = |vm: &str, cpus: f64| {
+        format!(
+            "      - series: 'hvstats_vp_cpu_wait_seconds_total{{job=\"hvstats\",instance=\"h:9966\",vm=\"{vm}\",vp=\"0\"}}'\n        values: '0+{}x80'\n\
+             \x20     - series: 'hvstats_vp_total_run_seconds_total{{job=\"hvstats\",instance=\"h:9966\",vm=\"{vm}\",vp=\"0\"}}'\n        values: '0+{}x80'\n",
+            per_15s(wait_ns, cpus),
+            per_15s(run_ns, cpus)
+        )
+    };
+    let humanized = format!("{share:.4}").trim_end_matches('0').trim_end_matches('.').to_owned();
+    let test = format!(
+        "rule_files: [hvstats.rules.yml, hvstats.alerts.yml]\nevaluation_interval: 15s\ntests:\n\
+         \x20 - interval: 15s\n    input_series:\n{}{}    promql_expr_test:\n\
+         \x20     - expr: vm:hvstats_cpu_wait:ratio1m{{vm=\"busy\"}}\n        eval_time: 5m\n        exp_samples:\n\
+         \x20         - labels: 'vm:hvstats_cpu_wait:ratio1m{{job=\"hvstats\",instance=\"h:9966\",vm=\"busy\"}}'\n\
+         \x20           value: {}\n\
+         \x20   alert_rule_test:\n      - alertname: HvstatsVMCPUWaitHigh\n        eval_time: 15m\n        exp_alerts:\n\
+         \x20         - exp_labels: {{severity: warning, job: hvstats, instance: 'h:9966', vm: busy}}\n\
+         \x20           exp_annotations:\n\
+         \x20             summary: \"VM busy on h:9966 waits for a CPU {humanized}% of its runnable time\"\n\
+         \x20             description: \"{}\"\n",
+        series("busy", 1.0),
+        series("idle", 0.0073),
+        share / 100.0,
+        alert_description("busy"),
+    );
+    let dir = tmp.path().join("rules");
+    std::fs::create_dir_all(&dir).unwrap();
+    for file in ["hvstats.rules.yml", "hvstats.alerts.yml"] {
+        std::fs::copy(packaging("prometheus").join(file), dir.join(file)).unwrap();
+    }
+    std::fs::write(dir.join("share.test.yml"), &test).unwrap();
+    let (ok, said) = promtool(promtool_path, &dir, &["test", "rules", "share.test.yml"]);
+    assert!(ok, "{said}\n{test}");
+}
+
+/// HvstatsVMCPUWaitHigh's description for `vm`, from hvstats.alerts.yml.
+fn alert_description(vm: &str) -> String {
+    let rules = yaml("hvstats.alerts.yml");
+    let rule = rules["groups"][0]["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["alert"] == "HvstatsVMCPUWaitHigh")
+        .unwrap()
+        .clone();
+    rule["annotations"]["description"].as_str().unwrap().replace("{{ $labels.vm }}", vm)
 }
 
 /// Every target expression of the dashboard, with its panel's title.
@@ -190,8 +369,67 @@ fn the_dashboard_has_what_grafana_reads() {
             }
         }
     }
-    // Fleet → host → VM → VP, in that order.
-    assert_eq!(drill, ["Fleet", "Host: $instance", "VM: $vm", "VP: $vp"]);
+    // Fleet → host → VM → VP, in that order, then the histograms, whose row says what serve
+    // needs to export them.
+    assert_eq!(drill[..4], ["Fleet", "Host: $instance", "VM: $vm", "VP: $vp"]);
+    assert_eq!(drill.len(), 5, "{drill:?}");
+    assert!(drill[4].starts_with("Histograms") && drill[4].contains("--collector.histograms"), "{drill:?}");
+    // Every heatmap is in that row (below its header), and reads a histogram observed VMs have:
+    // KVM's halt histograms.
+    let histograms_at =
+        panels.iter().find(|p| p["title"] == drill[4].as_str()).unwrap()["gridPos"]["y"].as_u64();
+    for p in panels.iter().filter(|p| p["type"] == "heatmap") {
+        assert!(p["gridPos"]["y"].as_u64() > histograms_at, "{} above the histograms row", p["title"]);
+        let expr = p["targets"][0]["expr"].as_str().unwrap();
+        assert!(expr.contains("hvstats_vp_halt_"), "{}: {expr}", p["title"]);
+    }
+    // Stat panels have thresholds; where an alert watches the same number, its threshold is the
+    // panel's red step.
+    for p in panels.iter().filter(|p| p["type"] == "stat") {
+        let steps = p["fieldConfig"]["defaults"]["thresholds"]["steps"].as_array();
+        assert!(
+            steps.is_some_and(|s| !s.is_empty() && s[0]["value"].is_null()),
+            "{}: no thresholds",
+            p["title"]
+        );
+        assert_eq!(p["fieldConfig"]["defaults"]["color"]["mode"], "thresholds", "{}", p["title"]);
+    }
+    let red = |title: &str| {
+        let p = panels.iter().find(|p| p["title"] == title).unwrap();
+        let steps = p["fieldConfig"]["defaults"]["thresholds"]["steps"].as_array().unwrap();
+        steps.iter().find(|s| s["color"] == "red").unwrap()["value"].as_f64().unwrap()
+    };
+    assert_eq!(red("CPU wait"), 0.1, "HvstatsVMCPUWaitHigh's threshold");
+    assert_eq!(red("Observer refresh age"), 60.0, "HvstatsObserverStale's threshold");
+    // A panel that stacks classes stacks only parts of the exits: the exit classes, never
+    // emulated instructions (not exits), which have panels of their own.
+    let rules = std::fs::read_to_string(packaging("prometheus/hvstats.rules.yml")).unwrap();
+    assert!(rules.contains(
+        "vm_intercept:hvstats_intercepts:rate1m\n        expr: sum by (job, instance, vm, intercept) \
+         (rate(hvstats_vp_intercepts_total{intercept!=\"emulated\"}[1m]))"
+    ));
+    for p in panels.iter().filter(|p| p["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal")
+    {
+        for t in p["targets"].as_array().unwrap() {
+            let expr = t["expr"].as_str().unwrap();
+            if !expr.contains("intercept") {
+                continue;
+            }
+            let parts = expr.contains("intercept!=\"emulated\"")
+                || expr.contains("intercept:hvstats_intercepts:rate1m");
+            assert!(parts, "{} stacks what is not a part of the exits: {expr}", p["title"]);
+        }
+    }
+    let emulated: Vec<&Value> = panels
+        .iter()
+        .filter(|p| p["targets"][0]["expr"].as_str().is_some_and(|e| e.contains("emulated_instructions")))
+        .collect();
+    assert_eq!(emulated.len(), 2, "the host's and the VM's emulated instructions");
+    // HLT is time halted, per vCPU, nowhere a handling time.
+    let halted = panels.iter().find(|p| p["title"] == "Time halted per vCPU").unwrap();
+    assert_eq!(halted["fieldConfig"]["defaults"]["unit"], "percentunit");
+    assert!(halted["targets"][0]["expr"].as_str().unwrap().starts_with("vp:hvstats_halted:ratio1m"));
+    assert!(rules.contains("rate(hvstats_vp_intercept_seconds_total{intercept!=\"hlt\"}[1m])"));
     // Only the recording rules and the exporter's own series: each metric a query names is one
     // of the rules' records, an hvstats series, or Prometheus' `up`.
     let rules = std::fs::read_to_string(packaging("prometheus/hvstats.rules.yml")).unwrap();
@@ -293,13 +531,26 @@ fn until<T>(what: &str, deadline: Instant, mut ready: impl FnMut() -> Result<T, 
     }
 }
 
-/// A QEMU VM (SeaBIOS, then idle) named `obs-vm` with a QMP socket, and `hvstats observe`
+/// Waits for `ready` to say yes, up to `deadline`; its last answer otherwise.
+fn until_or_last(deadline: Instant, mut ready: impl FnMut() -> Result<(), String>) -> Result<(), String> {
+    loop {
+        match ready() {
+            Ok(()) => return Ok(()),
+            Err(last) if Instant::now() > deadline => return Err(last),
+            Err(_) => std::thread::sleep(Duration::from_millis(500)),
+        }
+    }
+}
+
+/// A QEMU VM of two vCPUs (SeaBIOS on one, then idle; the other halted throughout) named `obs-vm`
+/// with a QMP socket, and `hvstats observe`
 /// publishing it under `dir`; `None` without KVM or QEMU (skipped, unless required).
 fn observed_qemu(dir: &Path, work: &Path) -> Option<(KilledOnDrop, KilledOnDrop)> {
     let qmp = work.join("qmp.sock");
     let qemu = KilledOnDrop(spawn_qemu(
         Command::new("qemu-system-x86_64")
-            .args(["-accel", "kvm", "-display", "none", "-nodefaults", "-m", "16", "-name", "guest=obs-vm"])
+            .args(["-accel", "kvm", "-display", "none", "-nodefaults", "-m", "16", "-smp", "2"])
+            .args(["-name", "guest=obs-vm"])
             .args(["-uuid", "0f3c2a52-6a0e-4d0e-9a83-0c1d2e3f4a5b", "-qmp"])
             .arg(format!("unix:{},server=on,wait=off", qmp.display()))
             .stdin(Stdio::null())
@@ -307,7 +558,7 @@ fn observed_qemu(dir: &Path, work: &Path) -> Option<(KilledOnDrop, KilledOnDrop)
             .stderr(Stdio::null()),
         "observed_qemu",
     )?);
-    wait_for_kvm_vcpus(qemu.0.id() as i32, 1, Duration::from_secs(30));
+    wait_for_kvm_vcpus(qemu.0.id() as i32, 2, Duration::from_secs(30));
     let observer = Command::new(env!("CARGO_BIN_EXE_hvstats"))
         .args(["observe", "--pid", &qemu.0.id().to_string(), "--runtime-dir"])
         .arg(dir)
@@ -389,7 +640,7 @@ fn prometheus_with_the_rules_answers_every_dashboard_query_over_two_hosts() {
             .filter(|r| r["health"] != "ok")
             .map(|r| format!("{} {} {}", r["name"], r["health"], r["lastError"]))
             .collect();
-        if rules.len() == 29 && bad.is_empty() {
+        if rules.len() == 33 && bad.is_empty() {
             Ok(())
         } else {
             Err(format!("{} rules, not ok: {bad:?}", rules.len()))
@@ -464,6 +715,45 @@ fn prometheus_with_the_rules_answers_every_dashboard_query_over_two_hosts() {
     }
     eprintln!("{checked} dashboard queries return series; left out until serve exports them: {left_out:?}");
     assert!(checked > 2 * left_out.len(), "{checked} checked, {left_out:?} left out");
+
+    // Drilled down to the observed QEMU VM alone (its host, the VM, each of its VPs), every
+    // panel has data: nothing is empty for a VM hvstats observes, the halt histograms' heatmaps
+    // included (serve exports every histogram a page holds; `--collector.histograms` once serve
+    // names its collectors).
+    if observed.is_some() {
+        let mut obs = chosen.clone();
+        obs.insert("vm".into(), "obs-vm".into());
+        let vps = until("obs-vm's VPs", deadline, || {
+            let q = "label_values(hvstats_vp_total_run_seconds_total{vm=\"obs-vm\"}, vp)";
+            let values = label_values(web, q)?;
+            if values.len() == 2 { Ok(values.join("|")) } else { Err(format!("{values:?}")) }
+        });
+        obs.insert("vp".into(), vps);
+        let mut empty = Vec::new();
+        let observed_deadline = Instant::now() + Duration::from_secs(120);
+        for (title, expr) in dashboard_queries(&d) {
+            let query = substituted(&expr, &obs);
+            let got = until_or_last(observed_deadline, || {
+                let data = api(web, &format!("/api/v1/query?query={}", url_encoded(&query)))?;
+                let r = data["result"].as_array().cloned().unwrap_or_default();
+                // A query of the VM's rows gives the observed VM's series, not another's.
+                let others = r.iter().any(|s| s["metric"]["vm"].as_str().is_some_and(|v| v != "obs-vm"));
+                match (r.is_empty(), others && expr.contains("$vm")) {
+                    (false, false) => Ok(()),
+                    (true, _) => Err("no series".to_owned()),
+                    (false, true) => Err(format!("series of other VMs: {r:?}")),
+                }
+            });
+            if let Err(why) = got {
+                empty.push(format!("{title}: {query}: {why}"));
+            }
+        }
+        assert!(empty.is_empty(), "panels without data for the observed VM: {empty:#?}");
+        eprintln!(
+            "every one of the {} dashboard queries returns obs-vm's series",
+            dashboard_queries(&d).len()
+        );
+    }
 
     // The numbers are the hosts': both hosts' VMs exit, and with KVM the partition `run` runs
     // counts real exits of its own.

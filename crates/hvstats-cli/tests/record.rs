@@ -32,7 +32,7 @@ fn path(p: &Path) -> &str {
 
 /// Records 1.5 s of a 2-VP partition that makes 600 I/O exits (4.2 µs each) and 9 hypercalls on
 /// VP 1 between the first and last sample (and, with `waits`, 30 dispatches that waited 60 µs in
-/// all); its IO time histogram records 98 times of 700 ns and 2 of 3 ms in that span (and 5 of
+/// all while it ran 420 µs); its IO time histogram records 98 times of 700 ns and 2 of 3 ms in that span (and 5 of
 /// 90 ms, and one MSR access, before it); returns the recording's path and the VM name.
 fn record_known_guest(tmp: &TempDir, waits: bool) -> (std::path::PathBuf, String) {
     let hv = Hypervisor::with_config(InstanceConfig {
@@ -73,8 +73,10 @@ fn record_known_guest(tmp: &TempDir, waits: bool) -> (std::path::PathBuf, String
         page.add(vp::IO_INSTRUCTIONS_COST, 200 * 42);
         page.add(vp::HYPERCALLS, 3);
         if waits {
+            // 20 µs of waiting for each 140 µs of running: 12.5 % of the runnable time.
             page.add(vp::DISPATCHES, 10);
             page.add(vp::CPU_WAIT_TIME_PER_DISPATCH, 10 * 2_000);
+            page.add(vp::TOTAL_RUN_TIME, 1_400);
         }
     }
     let out = child.wait_with_output().unwrap();
@@ -128,6 +130,10 @@ fn record_then_report_gives_exact_totals_deltas_rates_and_costs() {
     assert!(vp1["deltas"].get(name(vp::DEBUG_REGISTER_ACCESSES)).is_none());
     assert_eq!(vp1["cpu_wait"]["dispatches"], 30);
     assert_eq!(vp1["cpu_wait"]["wait_ns"], 60_000);
+    // Of the 480 µs it wanted a CPU (ran or waited), it waited 60: the share the mixin's
+    // CPU-wait rule reads (vm:hvstats_cpu_wait:ratio1m).
+    assert_eq!(vp1["cpu_wait"]["run_ns"], 420_000);
+    assert_eq!(vp1["cpu_wait"]["percent_of_runnable"].as_f64().unwrap(), 12.5);
     // The IO time distribution over the recording: 98 in [512, 1024) ns, 2 in [2, 4) ms; the
     // 90 ms times and the MSR access came before the first sample.
     assert_eq!(v["format_version"], 2);
@@ -156,9 +162,15 @@ fn record_then_report_gives_exact_totals_deltas_rates_and_costs() {
     let rows: Vec<&str> =
         text.lines().filter(|l| l.trim_start().starts_with(name(vp::IO_TIME_HISTOGRAM))).collect();
     assert_eq!(rows.len(), 1, "{text}");
-    let io = format!("  {:<40} {:>20} {:>16} {:>16}", name(vp::IO_TIME_HISTOGRAM), 100, 1023, 4_194_303);
+    // Its p50 and p99 bounds (1,023 ns and 4,194,303 ns) in adapted units.
+    let io = format!("  {:<40} {:>20} {:>16} {:>16}", name(vp::IO_TIME_HISTOGRAM), 100, "1.0µs", "4.2ms");
     assert_eq!(rows[0], io, "{text}");
-    assert!(text.contains("CPU wait: 2000 ns per dispatch"), "{text}");
+    assert!(text.contains("CPU wait: 2.0µs per dispatch, 12.50 % of runnable time (run + wait), "), "{text}");
+    // Times in adapted units (4,200 ns per exit), and no row of the page's bookkeeping.
+    let cost = text.lines().find(|l| l.trim_start().starts_with(name(vp::IO_INSTRUCTIONS_COST))).unwrap();
+    assert!(cost.ends_with(" 4.2µs"), "{cost}");
+    assert!(!text.contains(" ns"), "{text}");
+    assert!(!text.lines().any(|l| l.trim_start().starts_with(name(vp::SEQUENCE))), "{text}");
 
     // The same recording as version 1 wrote it (no histograms) still reads, and says so; a
     // version this build does not know is refused.

@@ -496,3 +496,44 @@ fn why_a_page_is_unreadable_goes_to_standard_error() {
     assert!(!stdout.contains("ermission denied"), "the reason is not table text: {stdout}");
     assert!(stderr.contains("hypervisor: unreadable: ") && stderr.contains("ermission denied"), "{stderr}");
 }
+
+#[test]
+fn snapshot_shows_what_nothing_collects_as_unknown_and_times_as_times() {
+    let tmp = TempDir::new("times");
+    let hv = publish_with(
+        tmp.path(),
+        InstanceConfig {
+            description: hvstats::index::InstanceDescription {
+                kind: hvstats::index::OBSERVER_KIND.into(),
+                name: "observer".into(),
+            },
+            ..Default::default()
+        },
+    );
+    hv.refresh_lps().unwrap();
+    // The observer's last refresh: 2026-11-27T22:49:10.374Z, in 100 ns since 1970.
+    hv.page().set(hypervisor::OBSERVER_LAST_REFRESH, 17_958_197_503_740_000);
+
+    let (ok, text) = snapshot(tmp.path(), false);
+    assert!(ok);
+    let row = |name: &str| text.lines().find(|l| l.trim_start().starts_with(name)).unwrap().to_owned();
+    // A moment is a time of day in UTC, not "17958.2T".
+    assert!(row("Observer last refresh timestamp").ends_with(" 2026-11-27T22:49:10.374Z"), "{text}");
+    // The time since boot is a duration in adapted units, not "20.94G".
+    let global = row(hvstats_abi::catalog::lp::GLOBAL_TIME.counter().unwrap().name);
+    let cell = global.split_whitespace().last().unwrap();
+    assert!(cell.ends_with('s') || cell.ends_with('m') || cell.ends_with('h'), "{global}");
+    assert!(!cell.contains('G') && !cell.contains('T'), "{global}");
+    // What nothing collects on Linux is unknown, not a measured 0.
+    for id in [hvstats_abi::catalog::lp::CONTEXT_SWITCHES, hvstats_abi::catalog::lp::IPIS_SENT] {
+        let name = name(id).strip_suffix("/sec").unwrap();
+        assert_eq!(row(&format!("{name} (total)")).split_whitespace().last(), Some("-"), "{text}");
+    }
+    assert_eq!(row(name(hypervisor::MONITORED_NOTIFICATIONS)).split_whitespace().last(), Some("-"));
+    let (_, json) = snapshot(tmp.path(), true);
+    let v: Value = serde_json::from_str(&json).unwrap();
+    let lp = &v["instances"][0]["lps"][0]["counters"];
+    let switches = common::total(name(hvstats_abi::catalog::lp::CONTEXT_SWITCHES));
+    assert!(lp.as_object().unwrap().get(&switches).is_none_or(Value::is_null), "{lp}");
+    assert!(!lp[common::total(name(hvstats_abi::catalog::lp::TIMER_INTERRUPTS))].is_null(), "{lp}");
+}

@@ -22,6 +22,9 @@ pub const SCHEMA_KEY: &str = "schema_version";
 /// not by their catalog names, and every document carries its version.
 pub const SCHEMA_VERSION: u32 = 2;
 
+/// The key of time halted as presented: the share of the interval a VP spent halted, in %.
+pub const TIME_HALTED_PERCENT: &str = "hlt_time_halted_percent";
+
 /// What a counter's value in a document holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Held {
@@ -72,6 +75,10 @@ fn raw_unit(counter: &Counter, word: &str) -> &'static str {
 /// assert_eq!(k(partition::GPA_PAGES, Held::Total), "gpa_pages");
 /// ```
 pub fn key(counter: &Counter, held: Held) -> String {
+    // Time halted is presented as a share of the time, not per HLT (`present::shown_as`).
+    if counter.is_time_halted() && held == Held::Presented {
+        return TIME_HALTED_PERCENT.to_owned();
+    }
     let word = stem(counter);
     let unit = raw_unit(counter, &word);
     match (counter.presentation, held) {
@@ -151,7 +158,7 @@ mod tests {
                 (_, Unit::Nanoseconds) => assert!(total.ends_with("ns_total"), "{total}"),
                 _ => assert!(total.ends_with("_total"), "{total}"),
             }
-            if c.presentation == Presentation::Cost {
+            if c.presentation == Presentation::Cost && !c.is_time_halted() {
                 assert!(key(c, Held::Presented).ends_with("_ns"), "{}", c.name);
             }
         }

@@ -223,7 +223,8 @@ pub fn help_in_unit(counter: &Counter, unit: Option<BaseUnit>) -> String {
                 if let Some((head, _)) = help.split_once(", per ") {
                     help = format!("{head}.");
                 }
-                if let Some(count) = counter.paired_count() {
+                // Time halted is no time per HLT.
+                if let Some(count) = counter.paired_count().filter(|_| !counter.is_time_halted()) {
                     let per = family_of(count).exposed_name();
                     help.push_str(&format!(" Its rate over the rate of {per} is the average per event."));
                 }
@@ -327,7 +328,8 @@ fn intercept_families() -> [Family; 2] {
     [
         Family {
             name: "vp_intercepts".into(),
-            help: "Intercepts handled for the virtual processor, by class of the WHv Intercepts counter set."
+            help: "The total number of intercepts handled for the virtual processor, by class of the WHv \
+                   Intercepts counter set (emulated instructions are not exits: several, or none, per exit)."
                 .into(),
             kind: MetricKind::Counter,
             unit: None,
@@ -337,8 +339,9 @@ fn intercept_families() -> [Family; 2] {
         Family {
             name: "vp_intercept".into(),
             help:
-                "Time (in seconds) spent handling intercepts of the virtual processor, by class of the WHv \
-                   Intercepts counter set (classes whose time nobody records are absent)."
+                "The total time (in seconds) spent handling intercepts of the virtual processor, by class \
+                   of the WHv Intercepts counter set (classes whose time nobody records are absent); for hlt, \
+                   the time the virtual processor spent halted, not handling time."
                     .into(),
             kind: MetricKind::Counter,
             unit: Some(BaseUnit::Seconds),

@@ -29,6 +29,22 @@ fn nanoseconds_per(unit: Unit) -> Option<f64> {
     }
 }
 
+/// The presentation a reader gives `counter` over an interval: the catalog's, except time halted
+/// ([`Counter::is_time_halted`], the seed's HLT cost), which is the share of the interval the VP
+/// spent halted (% of one processor), not an average per HLT.
+pub fn shown_as(counter: &Counter) -> Presentation {
+    if counter.is_time_halted() { Presentation::PercentTime } else { counter.presentation }
+}
+
+/// The name a reader shows for `counter`: the catalog's, except time halted, whose seed name
+/// ("HLT instructions cost") would read as time spent handling HLTs.
+pub fn shown_name(counter: &Counter) -> &'static str {
+    if counter.is_time_halted() { TIME_HALTED_NAME } else { counter.name }
+}
+
+/// What readers call [`Counter::is_time_halted`]'s counter.
+pub const TIME_HALTED_NAME: &str = "HLT time halted";
+
 /// `counter` over `seconds`, read as `before` then `after`; `paired` is the readings of the count
 /// a cost is averaged over.
 ///
@@ -49,7 +65,7 @@ pub fn over_interval(
         return None;
     }
     let delta = after.checked_sub(before)? as f64;
-    match counter.presentation {
+    match shown_as(counter) {
         Presentation::Rate => Some(Presented { value: delta / seconds, unit: "/s" }),
         Presentation::CumulativeTime => {
             let ns = nanoseconds_per(counter.unit).unwrap_or(1.0);
@@ -98,7 +114,7 @@ pub const VP_COLUMNS: [Column; 22] = [
     Column { label: "MSR", counter: vp::MSR_ACCESSES },
     Column { label: "MSR", counter: vp::MSR_ACCESSES_COST },
     Column { label: "HLT", counter: vp::HLT_INSTRUCTIONS },
-    Column { label: "HLT", counter: vp::HLT_INSTRUCTIONS_COST },
+    Column { label: "Halted", counter: vp::HLT_INSTRUCTIONS_COST },
     Column { label: "APIC", counter: vp::APIC_MMIO_ACCESSES },
     Column { label: "Other", counter: vp::OTHER_INTERCEPTS },
     Column { label: "Other", counter: vp::OTHER_INTERCEPTS_COST },
@@ -125,7 +141,7 @@ impl Column {
 
     /// The header: the label and the presented unit (`Run%`, `IO/s`, `IO µs`).
     pub fn header(&self) -> String {
-        match self.counter().presentation {
+        match shown_as(self.counter()) {
             Presentation::PercentTime => format!("{}%", self.label),
             Presentation::Rate => format!("{}/s", self.label),
             Presentation::Cost => format!("{} µs", self.label),
@@ -149,12 +165,20 @@ impl Column {
         };
         let shown =
             over_interval(counter, before.get(counter.name)?, after.get(counter.name)?, seconds, paired)?;
-        Some(if counter.presentation == Presentation::Cost { shown.value / 1000.0 } else { shown.value })
+        Some(if shown_as(counter) == Presentation::Cost { shown.value / 1000.0 } else { shown.value })
     }
 }
 
-/// A time in nanoseconds with a human unit: `850ns`, `1.0µs`, `33µs`, `5.2ms`, `1.1s`.
+/// A time in nanoseconds with a human unit: `850ns`, `1.0µs`, `33µs`, `5.2ms`, `1.1s`, and from
+/// 100 s on in minutes, hours and days: `8m00s`, `5h27m`, `3d04h`.
 pub fn human_ns(ns: u64) -> String {
+    let seconds = ns / 1_000_000_000;
+    match seconds {
+        0..100 => {}
+        100..3_600 => return format!("{}m{:02}s", seconds / 60, seconds % 60),
+        3_600..86_400 => return format!("{}h{:02}m", seconds / 3_600, seconds % 3_600 / 60),
+        _ => return format!("{}d{:02}h", seconds / 86_400, seconds % 86_400 / 3_600),
+    }
     let ns = ns as f64;
     let (value, unit) = match ns {
         n if n < 1e3 => return format!("{n:.0}ns"),
@@ -241,11 +265,40 @@ mod tests {
     }
 
     #[test]
+    fn time_halted_is_a_share_of_the_interval_per_vp_not_a_time_per_hlt() {
+        // 18 HLTs in 1 s, halted 0.9 s of it: 90 % halted, not 50 ms per HLT.
+        let halted = row(vp::HLT_INSTRUCTIONS_COST);
+        let shown = over_interval(halted, 0, 9_000_000, 1.0, Some((0, 18))).unwrap();
+        assert_eq!(shown, Presented { value: 90.0, unit: "%" });
+        // Halted throughout without a HLT in the interval: 100 %, where an average per HLT has
+        // nothing to divide by.
+        assert_eq!(over_interval(halted, 0, 10_000_000, 1.0, Some((5, 5))).map(|p| p.value), Some(100.0));
+        let col = VP_COLUMNS.iter().find(|c| c.counter == vp::HLT_INSTRUCTIONS_COST).unwrap();
+        assert_eq!(col.header(), "Halted%");
+        let before = reading(&[(vp::HLT_INSTRUCTIONS, 10)]);
+        let after = reading(&[(vp::HLT_INSTRUCTIONS, 12), (vp::HLT_INSTRUCTIONS_COST, 5_000_000)]);
+        assert_eq!(col.value(&before, &after, 2.0), Some(25.0));
+        // Every other cost stays an average per event.
+        assert_eq!(shown_as(row(vp::IO_INSTRUCTIONS_COST)), Presentation::Cost);
+    }
+
+    #[test]
     fn every_column_names_a_vp_counter_once() {
         for (i, c) in VP_COLUMNS.iter().enumerate() {
             assert_eq!(c.counter().id.kind, hvstats_abi::ObjectKind::Vp);
             assert!(VP_COLUMNS[..i].iter().all(|o| o.counter != c.counter), "{}", c.header());
         }
+    }
+
+    #[test]
+    fn long_times_read_in_minutes_hours_and_days_not_as_a_pile_of_seconds() {
+        let s = 1_000_000_000u64;
+        assert_eq!(human_ns(54_604_973), "54.6ms");
+        assert_eq!(human_ns(99 * s), "99.0s");
+        assert_eq!(human_ns(480 * s), "8m00s");
+        assert_eq!(human_ns(2_094 * s), "34m54s");
+        assert_eq!(human_ns(19_620 * s), "5h27m");
+        assert_eq!(human_ns(273_600 * s), "3d04h");
     }
 
     #[test]

@@ -383,10 +383,25 @@ impl Hypervisor {
         page.set(hypervisor::LOGICAL_PROCESSORS, lps.len() as u64);
         page.set(hypervisor::TOTAL_PAGES, 1 + lps.len() as u64);
         let observer = config.description.kind == index::OBSERVER_KIND;
-        if !observer && let Some(slot) = page.arena_slot() {
-            global
-                .change()
-                .write_entry(slot, |w| write_global_unavailable(w, ObjectKind::Hypervisor, &[], false));
+        // What no source gives is declared so from the start (an importer that gives more, as
+        // mshv's, declares again): the catalog's unmaintained rows, the observer's health on
+        // an instance that is not an observer, an LP's C-states its CPU does not have.
+        let unmaintained: Vec<CounterId> = hvstats_abi::catalog::counters_of(ObjectKind::Hypervisor)
+            .filter(|c| !c.maintained.is_maintained())
+            .map(|c| c.id)
+            .collect();
+        if let Some(slot) = page.arena_slot() {
+            global.change().write_entry(slot, |w| {
+                write_global_unavailable(w, ObjectKind::Hypervisor, &unmaintained, observer)
+            });
+        }
+        for lp in &lps {
+            let missing = crate::lp::unavailable_on_host(lp.cpu);
+            if let Some(slot) = lp.page.arena_slot() {
+                global.change().write_entry(slot, |w| {
+                    write_global_unavailable(w, ObjectKind::LogicalProcessor, &missing, observer)
+                });
+            }
         }
         if let Some(p) = &mut publication {
             p.commit()?;

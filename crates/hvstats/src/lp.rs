@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use std::io;
 use std::path::Path;
 
+use hvstats_abi::CounterId;
 use hvstats_abi::catalog::lp;
 
 use crate::page::SharedPage;
@@ -242,15 +243,44 @@ pub fn apply(page: &SharedPage, sample: &LpSample) {
         page.set(lp::INTER_PROCESSOR_INTERRUPTS, i.function_call);
     }
     page.set(lp::PROCESSOR_HALTS, sample.idle.iter().map(|s| s.usage).sum());
-    for (name, transitions, time) in [
-        ("C1", lp::C1_TRANSITIONS, lp::C1_TIME),
-        ("C2", lp::C2_TRANSITIONS, lp::C2_TIME),
-        ("C3", lp::C3_TRANSITIONS, lp::C3_TIME),
-    ] {
+    for (name, transitions, time) in C_STATES {
         let state = sample.idle.iter().find(|s| s.name == name);
         page.set(transitions, state.map_or(0, |s| s.usage));
         set_time(time, state.map_or(0, |s| s.time_us.saturating_mul(10)));
     }
+}
+
+/// The cpuidle states the catalog has rows for: the state's name, its transitions and its time.
+const C_STATES: [(&str, CounterId, CounterId); 3] = [
+    ("C1", lp::C1_TRANSITIONS, lp::C1_TIME),
+    ("C2", lp::C2_TRANSITIONS, lp::C2_TIME),
+    ("C3", lp::C3_TRANSITIONS, lp::C3_TIME),
+];
+
+/// The LP counters no source gives for a CPU whose cpuidle states are `idle`: the catalog's
+/// unmaintained rows (context switches, IPIs sent, …), the rows of the C-states the CPU does not
+/// have, and its halts when it has no cpuidle driver. Declared unavailable, readers show them as
+/// unknown ("-", null, no series), never as a measured 0.
+pub(crate) fn unavailable(idle: &[IdleState]) -> Vec<CounterId> {
+    let mut out: Vec<CounterId> =
+        hvstats_abi::catalog::counters_of(hvstats_abi::ObjectKind::LogicalProcessor)
+            .filter(|c| !c.maintained.is_maintained())
+            .map(|c| c.id)
+            .collect();
+    for (name, transitions, time) in C_STATES {
+        if !idle.iter().any(|s| s.name == name) {
+            out.extend([transitions, time]);
+        }
+    }
+    if idle.is_empty() {
+        out.push(lp::PROCESSOR_HALTS);
+    }
+    out
+}
+
+/// [`unavailable`] for host CPU `cpu`, from its cpuidle states in sysfs.
+pub(crate) fn unavailable_on_host(cpu: u32) -> Vec<CounterId> {
+    unavailable(&read_idle_states(Path::new("/sys/devices/system/cpu"), cpu))
 }
 
 /// CLOCK_BOOTTIME in 100 ns units.
@@ -420,6 +450,31 @@ MIS:          0
             },
         );
         assert_eq!(page.get(lp::TOTAL_RUN_TIME), times.user * 100_000);
+    }
+
+    #[test]
+    fn counters_nothing_collects_are_unavailable_not_zero() {
+        let idle = |names: &[&str]| -> Vec<IdleState> {
+            names.iter().map(|n| IdleState { name: (*n).into(), usage: 1, time_us: 1 }).collect()
+        };
+        // A CPU with POLL and C1: the unmaintained rows and C2/C3.
+        let missing = unavailable(&idle(&["POLL", "C1"]));
+        for id in [lp::CONTEXT_SWITCHES, lp::IPIS_SENT, lp::MONITOR_TRANSITION_COST, lp::CONTEXT_SWITCH_TIME]
+        {
+            assert!(missing.contains(&id), "{:?}", id.counter().map(|c| c.name));
+        }
+        for id in [lp::C2_TRANSITIONS, lp::C2_TIME, lp::C3_TRANSITIONS, lp::C3_TIME] {
+            assert!(missing.contains(&id));
+        }
+        for id in
+            [lp::C1_TRANSITIONS, lp::C1_TIME, lp::PROCESSOR_HALTS, lp::TIMER_INTERRUPTS, lp::GLOBAL_TIME]
+        {
+            assert!(!missing.contains(&id));
+        }
+        // A guest's CPU (haltpoll, no C-states), and one without a cpuidle driver.
+        let missing = unavailable(&idle(&["POLL", "haltpoll idle"]));
+        assert!(missing.contains(&lp::C1_TIME) && !missing.contains(&lp::PROCESSOR_HALTS));
+        assert!(unavailable(&[]).contains(&lp::PROCESSOR_HALTS));
     }
 
     #[test]

@@ -80,7 +80,7 @@ impl Chart {
 }
 
 fn unit_of(c: &Counter) -> &'static str {
-    match c.presentation {
+    match present::shown_as(c) {
         Presentation::Rate => "per second",
         Presentation::PercentTime => "% of the time",
         Presentation::Cost => "µs per event",
@@ -172,7 +172,11 @@ fn interval_value(
                 None => None,
             };
             let shown = present::over_interval(counter, (*before)?, after?, seconds, paired)?;
-            Some(if counter.presentation == Presentation::Cost { shown.value / 1000.0 } else { shown.value })
+            Some(if present::shown_as(counter) == Presentation::Cost {
+                shown.value / 1000.0
+            } else {
+                shown.value
+            })
         }
         _ => None,
     }
@@ -402,11 +406,12 @@ pub(crate) fn draw<DB: DrawingBackend>(
 ) -> anyhow::Result<()> {
     let fail = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow::anyhow!("drawing failed: {e}");
     root.fill(&WHITE).map_err(fail)?;
+    let colours = colours_of(charts);
     for (area, c) in root.split_evenly((charts.len().max(1), 1)).iter().zip(charts) {
         let x_max = c.series.iter().flat_map(|(_, p)| p.iter().map(|(t, _)| *t)).fold(1.0f64, f64::max);
         let y_max = c.series.iter().flat_map(|(_, p)| p.iter().map(|(_, v)| *v)).fold(0.0f64, f64::max);
         let y_max = if y_max > 0.0 { y_max * 1.1 } else { 1.0 };
-        let mut title = c.counter.name.to_owned();
+        let mut title = hvstats_present::present::shown_name(c.counter).to_owned();
         if c.left_out > 0 {
             title += &format!(" (busiest {MAX_SERIES} VPs; {} more not drawn)", c.left_out);
         }
@@ -435,9 +440,8 @@ pub(crate) fn draw<DB: DrawingBackend>(
             .label_style(("sans-serif", 14))
             .draw()
             .map_err(fail)?;
-        let mut used = [false; LINE_COLOURS.len()];
         for (i, (label, points)) in c.series.iter().enumerate() {
-            let (r, g, b) = LINE_COLOURS[colour_index(label, &mut used)];
+            let (r, g, b) = LINE_COLOURS[colours.get(label.as_str()).copied().unwrap_or(0)];
             let color = RGBColor(r, g, b).to_rgba();
             chart
                 .draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))
@@ -503,6 +507,16 @@ pub(crate) fn colour_index(label: &str, used: &mut [bool]) -> usize {
         *u = true;
     }
     i
+}
+
+/// Each line's colour (an index into [`LINE_COLOURS`]) for every chart of one image, by its label
+/// (the VP's identity): chosen once over the labels of all the charts, in the labels' order, so a
+/// VP keeps its colour from chart to chart whatever other lines each chart has.
+pub(crate) fn colours_of(charts: &[Chart]) -> std::collections::HashMap<&str, usize> {
+    let labels: std::collections::BTreeSet<&str> =
+        charts.iter().flat_map(|c| c.series.iter().map(|(label, _)| label.as_str())).collect();
+    let mut used = [false; LINE_COLOURS.len()];
+    labels.into_iter().map(|label| (label, colour_index(label, &mut used))).collect()
 }
 
 /// The largest image `plot` draws, in bytes of its bitmap (3 per pixel): every chart together.
@@ -684,6 +698,31 @@ mod tests {
         let chart: std::collections::HashSet<usize> =
             (0..12).map(|i| colour_index(&format!("web VP {i}"), &mut used)).collect();
         assert_eq!(chart.len(), 12);
+    }
+
+    #[test]
+    fn a_vp_keeps_its_colour_in_every_chart_whatever_lines_each_chart_has() {
+        let chart = |counter: hvstats_abi::CounterId, vps: &[u32]| Chart {
+            counter: counter.counter().unwrap(),
+            unit: "per second",
+            series: vps.iter().map(|v| (format!("web VP {v}"), vec![(0.0, 1.0)])).collect(),
+            left_out: 0,
+        };
+        // Twelve VPs with IO exits, two of them with hypercalls too, and the same two alone.
+        let all: Vec<u32> = (0..12).collect();
+        let charts = [
+            chart(vp::IO_INSTRUCTIONS, &all),
+            chart(vp::HYPERCALLS, &[7, 11]),
+            chart(vp::HLT_INSTRUCTIONS, &[11]),
+        ];
+        let colours = colours_of(&charts);
+        // One colour per VP for the whole image: the charts that draw VP 11 draw it alike, and
+        // twelve VPs have twelve colours.
+        assert_eq!(colours.len(), 12);
+        assert_eq!(colours.values().collect::<std::collections::HashSet<_>>().len(), 12);
+        // Chosen by the VPs' identities, not by which chart lists them first or in what order.
+        let reversed = [chart(vp::HLT_INSTRUCTIONS, &[11]), chart(vp::IO_INSTRUCTIONS, &all)];
+        assert_eq!(colours_of(&reversed), colours);
     }
 
     #[test]

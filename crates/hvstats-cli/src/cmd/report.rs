@@ -317,7 +317,7 @@ pub(crate) fn reports(digest: &Digest) -> impl Iterator<Item = VpReport> + '_ {
             let name = json_keys::key(counter, Held::Presented);
             let paired = paired_at[i].and_then(|j| Some((first.get(j)?, last.get(j)?)));
             let shown = present::over_interval(counter, before, after, seconds, paired).map(|p| p.value);
-            match counter.presentation {
+            match present::shown_as(counter) {
                 Presentation::Rate => rates.insert(name, json!(shown)),
                 Presentation::PercentTime => percent.insert(name, json!(shown)),
                 Presentation::Cost => costs.insert(name, json!(shown)),
@@ -332,17 +332,24 @@ pub(crate) fn reports(digest: &Digest) -> impl Iterator<Item = VpReport> + '_ {
         for c in hvstats_abi::catalog::counters_of(hvstats_abi::ObjectKind::Vp) {
             cumulative.entry(json_keys::key(c, Held::Total)).or_insert(Value::Null);
         }
-        // CPU wait: per dispatch (the catalog's cost) and as a share of the recording's time.
+        // CPU wait: per dispatch (the catalog's cost), as a share of the recording's time, and as
+        // a share of the VP's runnable time (run + wait), the share the mixin's CPU-wait rule
+        // and alert read (packaging/prometheus/hvstats.rules.yml, vm:hvstats_cpu_wait:ratio1m).
+        let delta_of = |id: hvstats_abi::CounterId| {
+            id.counter().and_then(|c| deltas.get(&json_keys::key(c, Held::Delta))).and_then(Value::as_u64)
+        };
         let wait = hvstats_abi::catalog::vp::CPU_WAIT_TIME_PER_DISPATCH.counter();
-        let wait_delta = wait.and_then(|c| deltas.get(&json_keys::key(c, Held::Delta))).and_then(Value::as_u64);
-        let dispatches = hvstats_abi::catalog::vp::DISPATCHES.counter();
+        let wait_delta = delta_of(hvstats_abi::catalog::vp::CPU_WAIT_TIME_PER_DISPATCH);
+        let run_ns = delta_of(hvstats_abi::catalog::vp::TOTAL_RUN_TIME).map(|d| d.saturating_mul(100));
         let cpu_wait = json!({
             "wait_ns": wait_delta,
-            "dispatches": dispatches.and_then(|c| deltas.get(&json_keys::key(c, Held::Delta))).and_then(Value::as_u64),
+            "run_ns": run_ns,
+            "dispatches": delta_of(hvstats_abi::catalog::vp::DISPATCHES),
             "per_dispatch_ns": wait.and_then(|c| costs.get(&json_keys::key(c, Held::Presented))).cloned().unwrap_or(Value::Null),
             "percent_of_time": wait_delta
                 .filter(|_| seconds > 0.0)
                 .map(|w| w as f64 / (seconds * 1e9) * 100.0),
+            "percent_of_runnable": wait_delta.zip(run_ns).and_then(|(w, r)| share_of_runnable(w, r)),
         });
         let json = json!({
             "vm": vm,
@@ -363,6 +370,13 @@ pub(crate) fn reports(digest: &Digest) -> impl Iterator<Item = VpReport> + '_ {
         });
         VpReport { vm, instance, partition, vp, seconds, samples: d.samples, json }
     })
+}
+
+/// CPU wait as a share of runnable time, in %: of the time a VP wanted a host CPU (it ran, or
+/// waited for one), the part it waited. `None` when it wanted none.
+fn share_of_runnable(wait_ns: u64, run_ns: u64) -> Option<f64> {
+    let runnable = wait_ns as f64 + run_ns as f64;
+    (runnable > 0.0).then(|| wait_ns as f64 / runnable * 100.0)
 }
 
 /// The first lines of the text report.
@@ -396,20 +410,22 @@ fn text_vp(digest: &Digest, histogram_names: &HashSet<&str>, r: &VpReport) -> St
         writeln!(out, "  {:<40} {:>20} {:>16} {:>16}", "counter", "cumulative", "delta", "over recording");
     // Page order, as the header lists the counters.
     for (info, counter) in digest.header.vp_counters() {
-        let name = &info.name;
-        // A histogram's one value is its sum; the histogram section below gives all of it.
-        if histogram_names.contains(name.as_str()) {
+        // A histogram's one value is its sum; the histogram section below gives all of it. The
+        // page's bookkeeping (its sequence counter) is no measurement.
+        if histogram_names.contains(info.name.as_str()) || counter.is_some_and(|c| c.is_bookkeeping()) {
             continue;
         }
+        let name = counter.map_or_else(|| info.name.clone(), |c| present::shown_name(c).to_owned());
         let Some(v) = r.json["cumulative"][json_key(info, counter, Held::Total)].as_u64() else { continue };
         if v == 0 {
             continue;
         }
         let delta = r.json["deltas"][json_key(info, counter, Held::Delta)].as_u64();
         let presented = json_key(info, counter, Held::Presented);
-        let shown = [("rates_per_second", "/s"), ("percent_of_time", "%"), ("average_cost_ns", " ns")]
+        let shown = [("rates_per_second", "/s"), ("percent_of_time", "%")]
             .iter()
             .find_map(|(k, unit)| Some(format!("{:.1}{unit}", r.json[k][&presented].as_f64()?)))
+            .or_else(|| Some(human_ns(r.json["average_cost_ns"][&presented].as_f64()?.round() as u64)))
             .unwrap_or_default();
         // Times in their unit: a total time read as a count of 100 ns says nothing.
         let (v, delta) = match counter.map(|c| c.unit) {
@@ -424,7 +440,14 @@ fn text_vp(digest: &Digest, histogram_names: &HashSet<&str>, r: &VpReport) -> St
     }
     let wait = &r.json["cpu_wait"];
     if let (Some(per), Some(percent)) = (wait["per_dispatch_ns"].as_f64(), wait["percent_of_time"].as_f64()) {
-        let _ = writeln!(out, "  CPU wait: {per:.0} ns per dispatch, {percent:.3} % of the time");
+        let runnable = wait["percent_of_runnable"]
+            .as_f64()
+            .map_or_else(String::new, |p| format!("{p:.2} % of runnable time (run + wait), "));
+        let _ = writeln!(
+            out,
+            "  CPU wait: {} per dispatch, {runnable}{percent:.3} % of the time",
+            human_ns(per.round() as u64)
+        );
     }
     let Some(histograms) = r.json["histograms"].as_object() else { return out };
     let busy: Vec<_> =
@@ -432,10 +455,11 @@ fn text_vp(digest: &Digest, histogram_names: &HashSet<&str>, r: &VpReport) -> St
     if busy.is_empty() {
         return out;
     }
-    let _ = writeln!(out, "  {:<40} {:>20} {:>16} {:>16}", "histogram", "count", "p50 ≤ ns", "p99 ≤ ns");
+    let _ = writeln!(out, "  {:<40} {:>20} {:>16} {:>16}", "histogram", "count", "p50 ≤", "p99 ≤");
     for (name, h) in busy {
-        let q = |k: &str| h[k].as_u64().map_or("-".into(), |v| v.to_string());
-        let _ = writeln!(out, "  {name:<40} {:>20} {:>16} {:>16}", q("count"), q("p50_ns"), q("p99_ns"));
+        let count = h["count"].as_u64().map_or("-".into(), |v| v.to_string());
+        let q = |k: &str| h[k].as_u64().map_or("-".into(), human_ns);
+        let _ = writeln!(out, "  {name:<40} {count:>20} {:>16} {:>16}", q("p50_ns"), q("p99_ns"));
     }
     out
 }

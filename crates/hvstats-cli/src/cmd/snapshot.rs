@@ -16,6 +16,7 @@ use hvstats::attach::{Attach, Instance};
 use hvstats::snapshot::{InstanceSnapshot, ObjectReading, VpSnapshot};
 use hvstats_abi::catalog::counters_of;
 use hvstats_abi::{Counter, ObjectKind, Presentation};
+use hvstats_present::present;
 use hvstats_present::text::Escaped;
 use serde_json::{Value, json};
 
@@ -207,6 +208,9 @@ fn note_unreadable(s: &InstanceSnapshot) {
 /// A row's name: the catalog's, except that without an interval a "/sec" counter is its total
 /// and a time counter its total time (the page holds cumulative values; rates need two readings).
 fn row_name(counter: &Counter, interval: bool) -> String {
+    if counter.is_time_halted() {
+        return present::TIME_HALTED_NAME.to_owned() + if interval { "" } else { " (total time)" };
+    }
     if interval {
         return counter.name.to_owned();
     }
@@ -222,6 +226,16 @@ fn row_name(counter: &Counter, interval: bool) -> String {
             format!("{} (total time)", name.split(" per ").next().unwrap_or(name))
         }
         _ => counter.name.to_owned(),
+    }
+}
+
+/// A Unix time in nanoseconds as RFC 3339 in UTC, to the millisecond (`2026-11-27T22:49:10.374Z`);
+/// the number itself when it is no representable time.
+fn utc_time(ns: f64) -> String {
+    let at = time::OffsetDateTime::from_unix_timestamp_nanos((ns / 1e6).round() as i128 * 1_000_000);
+    match at.ok().and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok()) {
+        Some(text) => text,
+        None => format!("{ns:.0} ns since 1970"),
     }
 }
 
@@ -252,11 +266,13 @@ fn cell_text(counter: &Counter, value: Option<Value>, interval: bool) -> String 
     };
     if !interval || counter.presentation == Presentation::Instant {
         return match time_ns(v) {
-            Some(ns) if counter.presentation != Presentation::Instant => human_ns(ns as u64),
-            _ => scaled_count(v),
+            // A moment is a time of day; a time at a moment (the time since boot) a duration.
+            Some(ns) if counter.is_timestamp() => utc_time(ns),
+            Some(ns) => human_ns(ns as u64),
+            None => scaled_count(v),
         };
     }
-    match counter.presentation {
+    match present::shown_as(counter) {
         Presentation::PercentTime => format!("{v:.1}%"),
         Presentation::Cost => human_ns(v as u64),
         _ if v.abs() >= 1e4 => scaled_count(v),

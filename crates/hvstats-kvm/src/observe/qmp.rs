@@ -183,8 +183,43 @@ pub struct QmpCpu {
     pub qom_path: String,
 }
 
-/// KVM statistics by name, as `query-stats` gives them (scalar values only).
-pub type StatValues = BTreeMap<String, u64>;
+/// KVM statistics by name, as `query-stats` gives them: single values, and the buckets of the
+/// histograms (KVM's log2 `halt_*_hist`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StatValues {
+    values: BTreeMap<String, u64>,
+    histograms: BTreeMap<String, Vec<u64>>,
+}
+
+/// The most buckets a histogram of a reply keeps (KVM's log2 histograms have 32).
+const MAX_BUCKETS: usize = 64;
+
+impl StatValues {
+    /// The single value of statistic `name`.
+    pub fn get(&self, name: &str) -> Option<&u64> {
+        self.values.get(name)
+    }
+
+    /// The buckets of histogram statistic `name`.
+    pub fn histogram(&self, name: &str) -> Option<&[u64]> {
+        self.histograms.get(name).map(Vec::as_slice)
+    }
+
+    /// True when the reply held no statistic.
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty() && self.histograms.is_empty()
+    }
+
+    /// The statistics held, single values and histograms.
+    pub fn len(&self) -> usize {
+        self.values.len() + self.histograms.len()
+    }
+
+    fn extend(&mut self, other: StatValues) {
+        self.values.extend(other.values);
+        self.histograms.extend(other.histograms);
+    }
+}
 
 /// The KVM statistics of a VM: the VM's own and each vCPU's, by QOM path.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -693,14 +728,26 @@ fn printable(s: &str) -> String {
     out
 }
 
-/// The scalar entries of a `stats` list (`[{ "name": .., "value": N }, ..]`); histograms skipped.
+/// The entries of a `stats` list (`[{ "name": .., "value": N }, ..]`): single values, and
+/// histograms (`"value": [N, ..]`, at most [`MAX_BUCKETS`] buckets, every one a count); an entry
+/// of any other shape is left out.
 fn scalar_stats(stats: Option<&Value>) -> StatValues {
-    let mut out = StatValues::new();
+    let mut out = StatValues::default();
     for s in stats.and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default() {
-        if let (Some(name), Some(value)) =
-            (s.get("name").and_then(Value::as_str), s.get("value").and_then(Value::as_u64))
-        {
-            out.insert(name.to_owned(), value);
+        let Some(name) = s.get("name").and_then(Value::as_str) else { continue };
+        match s.get("value") {
+            Some(Value::Array(buckets)) if !buckets.is_empty() && buckets.len() <= MAX_BUCKETS => {
+                let counts: Option<Vec<u64>> = buckets.iter().map(Value::as_u64).collect();
+                if let Some(counts) = counts {
+                    out.histograms.insert(name.to_owned(), counts);
+                }
+            }
+            Some(v) => {
+                if let Some(value) = v.as_u64() {
+                    out.values.insert(name.to_owned(), value);
+                }
+            }
+            None => {}
         }
     }
     out
@@ -711,16 +758,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_scalar_stats_are_kept() {
+    fn single_values_and_histograms_are_kept_and_nothing_else() {
         let v = json!([
             {"name": "exits", "value": 12},
             {"name": "halt_wait_hist", "value": [1, 2, 3]},
             {"name": "bad", "value": -1},
+            {"name": "bad_hist", "value": [1, -2]},
+            {"name": "huge_hist", "value": vec![1; 65]},
+            {"name": "empty_hist", "value": []},
             {"value": 3}
         ]);
         let s = scalar_stats(Some(&v));
-        assert_eq!(s.len(), 1);
-        assert_eq!(s["exits"], 12);
+        assert_eq!(s.len(), 2);
+        assert_eq!(s.get("exits"), Some(&12));
+        assert_eq!(s.histogram("halt_wait_hist"), Some(&[1, 2, 3][..]));
+        assert_eq!(s.histogram("bad_hist"), None);
         assert!(scalar_stats(None).is_empty());
     }
 

@@ -16,7 +16,7 @@ use hvstats_abi::histogram::Log2Histogram;
 use hvstats_abi::source::SourceKind;
 use hvstats_abi::vm_state::VmState;
 use hvstats_abi::{ObjectKind, Presentation};
-use hvstats_present::present::{Column, VP_COLUMNS, human_ns};
+use hvstats_present::present::{Column, VP_COLUMNS, human_ns, shown_as};
 use hvstats_present::text::Escaped;
 use serde_json::{Map, Value, json};
 
@@ -73,9 +73,11 @@ impl Row {
     /// A partition total's percent-of-time columns: the sum of its VPs' percents (each VP is one
     /// processor's time, capped at 100 %), as `top` adds the threads of a process: a partition of
     /// four VPs at 60 % runs 240 %, not the 100 % one processor's cap would give the summed times.
+    /// Time halted is one of them: each VP's halted time is its own share, never added to another
+    /// VP's and divided by that VP's HLTs.
     fn with_percents_of(mut self, vps: &[Row]) -> Self {
         for (i, column) in VP_COLUMNS.iter().enumerate() {
-            if column.counter().presentation != Presentation::PercentTime {
+            if shown_as(column.counter()) != Presentation::PercentTime {
                 continue;
             }
             let shown: Vec<f64> = vps.iter().filter_map(|r| r.values.get(i).copied().flatten()).collect();
@@ -466,7 +468,7 @@ fn row_json(r: &Row, seconds: f64) -> Value {
         .iter()
         .zip(&r.values)
         .map(|(c, v)| {
-            let v = match c.counter().presentation {
+            let v = match shown_as(c.counter()) {
                 Presentation::Cost => v.map(|us| us * 1000.0),
                 _ => *v,
             };
@@ -513,7 +515,7 @@ pub(crate) fn json(groups: &[Group], seconds: f64) -> Value {
     let units: Map<String, Value> = VP_COLUMNS
         .iter()
         .map(|c| {
-            let unit = match c.counter().presentation {
+            let unit = match shown_as(c.counter()) {
                 Presentation::Cost => "ns".to_owned(),
                 _ => {
                     let header = c.header();
@@ -586,6 +588,44 @@ mod tests {
         let shown: Vec<Option<f64>> = groups[0].vps.iter().map(|r| r.values[run]).collect();
         assert_eq!(shown, [Some(100.0), Some(100.0), Some(100.0), Some(0.0)]);
         assert_eq!(groups[0].total.values[run], Some(300.0));
+        drop((part, hv));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_halted_time_of_one_vp_is_never_added_to_anothers() {
+        let dir = std::env::temp_dir().join(format!("hvstats-top-halted-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let hv = hvstats::Hypervisor::with_config(hvstats::InstanceConfig {
+            runtime_dir: Some(dir.clone()),
+            logical_processors: Some(vec![0]),
+            ..Default::default()
+        })
+        .unwrap();
+        let part = hv.create_partition(3).unwrap();
+        let live = Live::new(Some(dir.clone()));
+        let before = live.read().unwrap();
+        // VP 0 made 18 HLTs and was halted throughout; VP 1 stayed halted without a HLT in the
+        // interval (its halted time grew all the same); VP 2 ran. (Each reading is capped at one
+        // processor's 100 % of whatever interval the two readings span.)
+        let (p0, p1) = (part.vp_page(0).unwrap(), part.vp_page(1).unwrap());
+        p0.set(vp::HLT_INSTRUCTIONS, 18);
+        p0.set(vp::HLT_INSTRUCTIONS_COST, 1_000_000_000);
+        p1.set(vp::HLT_INSTRUCTIONS_COST, 1_000_000_000);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let after = live.read().unwrap();
+        let g = &groups(&before, &after)[0];
+        let halted = VP_COLUMNS.iter().position(|c| c.counter == vp::HLT_INSTRUCTIONS_COST).unwrap();
+        assert_eq!(VP_COLUMNS[halted].header(), "Halted%");
+        let shown: Vec<Option<f64>> = g.vps.iter().map(|r| r.values[halted]).collect();
+        assert_eq!(shown, [Some(100.0), Some(100.0), Some(0.0)]);
+        // The VM's total is its VPs' shares summed (as Run%), not both VPs' halted time over
+        // VP 0's 18 HLTs.
+        assert_eq!(g.total.values[halted], Some(200.0));
+        let json = json(&groups(&before, &after), 1.0);
+        let vp1 = &json["partitions"][0]["vps"][1]["presented"];
+        assert_eq!(vp1[hvstats_present::json_keys::TIME_HALTED_PERCENT], 100.0, "{vp1}");
+        assert_eq!(json["units"][hvstats_present::json_keys::TIME_HALTED_PERCENT], "%");
         drop((part, hv));
         let _ = std::fs::remove_dir_all(&dir);
     }

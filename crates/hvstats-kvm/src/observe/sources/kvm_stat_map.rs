@@ -111,13 +111,13 @@ pub fn write(kind: ObjectKind, page: &SharedPage, only: &CounterSet, reading: &d
     }
 }
 
-/// QMP's reading (`query-stats`): single values by name, raw as KVM keeps them.
+/// QMP's reading (`query-stats`): single values and histograms by name, raw as KVM keeps them.
 impl KvmStatReading for StatValues {
     fn value(&self, name: &str) -> Option<u64> {
         self.get(name).copied()
     }
 
-    fn buckets(&self, _name: &str) -> Option<&[u64]> {
-        None
+    fn buckets(&self, name: &str) -> Option<&[u64]> {
+        self.histogram(name)
     }
 }

@@ -349,13 +349,11 @@ impl QmpStats {
     }
 }
 
-/// Every single-valued statistic the catalog's counters of `kind` sum, once each: what
-/// `query-stats` is asked for (QMP gives a histogram's buckets too, which no counter reads from it).
+/// Every statistic the catalog's counters of `kind` read, once each: what `query-stats` is asked
+/// for (the halt histograms' buckets with their sums).
 fn names_of(kind: ObjectKind) -> Vec<&'static str> {
-    let mut names: Vec<&'static str> = kvm_stat_map::kvm_stat_counters(kind)
-        .flat_map(|(_, names)| names.iter().copied())
-        .filter(|n| !n.ends_with("_hist"))
-        .collect();
+    let mut names: Vec<&'static str> =
+        kvm_stat_map::kvm_stat_counters(kind).flat_map(|(_, names)| names.iter().copied()).collect();
     names.sort_unstable();
     names.dedup();
     names
