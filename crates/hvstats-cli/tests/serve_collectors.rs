@@ -287,3 +287,57 @@ fn prometheus_with_native_histograms_reads_hvstats_histograms_as_native_ones() {
     let classic = query(web, "count(hvstats_vp_hypercall_duration_seconds_bucket)");
     assert!(classic.is_err(), "{classic:?}");
 }
+
+/// A host tree's cpuidle states of CPU 0 under `root` (as `/sys/devices/system/cpu`): each
+/// (name, usage, time in µs).
+fn cpuidle_tree(root: &Path, states: &[(&str, u64, u64)]) {
+    for (n, (name, usage, time)) in states.iter().enumerate() {
+        let dir = root.join(format!("cpu0/cpuidle/state{n}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("name"), format!("{name}\n")).unwrap();
+        std::fs::write(dir.join("usage"), format!("{usage}\n")).unwrap();
+        std::fs::write(dir.join("time"), format!("{time}\n")).unwrap();
+    }
+}
+
+#[test]
+fn no_lp_c_state_series_appears_on_a_host_that_lacks_the_state() {
+    let (tmp, haltpoll, acpi) =
+        (TempDir::new("lp-cstates"), TempDir::new("lp-haltpoll"), TempDir::new("lp-acpi"));
+    let hv = common::publish(tmp.path());
+    let sample = |tree: &Path| hvstats::lp::LpSample {
+        global_time_100ns: 10_000_000,
+        times: Some(hvstats::lp::CpuTimes { cpu: 0, user: 50, ..Default::default() }),
+        ticks_per_second: 100,
+        interrupts: Some(hvstats::lp::CpuInterrupts { local_timer: 7, ..Default::default() }),
+        idle: hvstats::lp::read_idle_states(tree, 0),
+    };
+    // A guest's haltpoll driver: POLL and "haltpoll idle", no C-state.
+    cpuidle_tree(haltpoll.path(), &[("POLL", 5, 70), ("haltpoll idle", 9, 110)]);
+    hv.refresh_lps_with(&[sample(haltpoll.path())]);
+    let (_serve, addr) = serve(tmp.path(), &["--collector.lp"]);
+    let text = get(addr, "/metrics", &[]).text();
+    assert!(text.contains("\nhvstats_lp_processor_halts_total{lp=\"0\",cpu=\"0\"} 14\n"), "{text}");
+    assert!(text.contains("\nhvstats_lp_timer_interrupts_total{lp=\"0\",cpu=\"0\"} 7\n"), "{text}");
+    for state in ["c1", "c2", "c3"] {
+        assert!(
+            !text.contains(&format!("hvstats_lp_{state}_")),
+            "{state} series on a haltpoll host:\n{text}"
+        );
+    }
+    // snapshot --json shows them null, and the halts measured.
+    let json = common::snapshot_json(tmp.path()).to_string();
+    for name in ["% C1 time", "C1 transitions/sec", "C3 transitions/sec"] {
+        let key = common::total(name);
+        assert!(json.contains(&format!("\"{key}\":null")), "{key}: {json}");
+    }
+    assert!(json.contains(&format!("\"{}\":14", common::total("Processor halts/sec"))), "{json}");
+
+    // An ACPI host with C1 and C2 (no C3): those two are there, with their values.
+    cpuidle_tree(acpi.path(), &[("POLL", 1, 1), ("C1", 4, 30), ("C2", 6, 500)]);
+    hv.refresh_lps_with(&[sample(acpi.path())]);
+    let text = get(addr, "/metrics", &[]).text();
+    assert!(text.contains("\nhvstats_lp_c1_transitions_total{lp=\"0\",cpu=\"0\"} 4\n"), "{text}");
+    assert!(text.contains("\nhvstats_lp_c2_transitions_total{lp=\"0\",cpu=\"0\"} 6\n"), "{text}");
+    assert!(!text.contains("hvstats_lp_c3_"), "{text}");
+}

@@ -194,7 +194,7 @@ pub(crate) struct Protobuf {
 
 impl Protobuf {
     fn flush(&mut self) {
-        if let Some(family) = self.family.take() {
+        if let Some(family) = self.family.take().filter(|f| !f.metric.is_empty()) {
             // Writing to a Vec cannot run out of room.
             let _ = family.encode_length_delimited(&mut self.out);
         }

@@ -68,6 +68,9 @@ pub(crate) struct OpenMetrics<'w, W: Write> {
     /// The current family's name: prefix, name and unit.
     name: String,
     kind: Kind,
+    /// The current family's `# HELP`, `# TYPE` and `# UNIT` lines, until its first series: a
+    /// family without series (nothing measured it) is left out whole.
+    header: String,
     /// The `le` label of each bucket, made once.
     bounds: [String; BUCKETS],
 }
@@ -79,7 +82,16 @@ impl<'w, W: Write> OpenMetrics<'w, W> {
             Some(ns) => dtoa::Buffer::new().format(ns as f64 / 1e9).to_owned(),
             None => "+Inf".to_owned(),
         });
-        Self { out, name: String::new(), kind: Kind::Gauge, bounds }
+        Self { out, name: String::new(), kind: Kind::Gauge, header: String::new(), bounds }
+    }
+
+    /// Writes the family's header before its first series.
+    fn begin(&mut self) -> fmt::Result {
+        if !self.header.is_empty() {
+            self.out.write_str(&self.header)?;
+            self.header.clear();
+        }
+        Ok(())
     }
 
     fn labels(&mut self, first: Option<(&str, &str)>, labels: &Labels<'_>) -> fmt::Result {
@@ -138,14 +150,16 @@ impl<W: Write> Sink for OpenMetrics<'_, W> {
             Kind::Histogram => "histogram",
         };
         let name = &self.name;
-        write!(self.out, "# HELP {name} {help}\n# TYPE {name} {kind_name}\n")?;
+        self.header.clear();
+        write!(self.header, "# HELP {name} {help}\n# TYPE {name} {kind_name}\n")?;
         if let Some(unit) = unit {
-            writeln!(self.out, "# UNIT {name} {}", unit.suffix())?;
+            writeln!(self.header, "# UNIT {name} {}", unit.suffix())?;
         }
         Ok(())
     }
 
     fn sample(&mut self, labels: &Labels<'_>, value: Number) -> fmt::Result {
+        self.begin()?;
         self.out.write_str(&self.name)?;
         if self.kind == Kind::Counter {
             self.out.write_str("_total")?;
@@ -161,6 +175,7 @@ impl<W: Write> Sink for OpenMetrics<'_, W> {
     }
 
     fn histogram(&mut self, labels: &Labels<'_>, h: &Log2Histogram) -> fmt::Result {
+        self.begin()?;
         let name = std::mem::take(&mut self.name);
         let result = (|| {
             self.out.write_str(&name)?;
@@ -215,7 +230,9 @@ mod tests {
         h.record(3);
         sink.family("vp_x_duration", "X.", Some(BaseUnit::Seconds), Kind::Histogram).unwrap();
         sink.histogram(&[("vm", "a")], &h).unwrap();
+        sink.family("vp_unmeasured", "Nothing measures it.", None, Kind::Counter).unwrap();
         sink.finish().unwrap();
+        assert!(!out.contains("unmeasured"), "a family without series is left out: {out}");
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(
             lines[..8],

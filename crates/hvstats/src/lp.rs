@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use std::io;
 use std::path::Path;
 
+use hvstats_abi::CounterId;
 use hvstats_abi::catalog::lp;
 
 use crate::page::SharedPage;
@@ -166,7 +167,7 @@ pub struct IdleState {
 
 /// The cpuidle states of `cpu` under `sysfs_cpu` (`/sys/devices/system/cpu`); none when the
 /// CPU has no cpuidle driver.
-pub(crate) fn read_idle_states(sysfs_cpu: &Path, cpu: u32) -> Vec<IdleState> {
+pub fn read_idle_states(sysfs_cpu: &Path, cpu: u32) -> Vec<IdleState> {
     let dir = sysfs_cpu.join(format!("cpu{cpu}")).join("cpuidle");
     let Ok(entries) = std::fs::read_dir(&dir) else { return Vec::new() };
     let read = |p: &Path, f: &str| std::fs::read_to_string(p.join(f)).ok().map(|s| s.trim().to_owned());
@@ -242,15 +243,46 @@ pub fn apply(page: &SharedPage, sample: &LpSample) {
         page.set(lp::INTER_PROCESSOR_INTERRUPTS, i.function_call);
     }
     page.set(lp::PROCESSOR_HALTS, sample.idle.iter().map(|s| s.usage).sum());
-    for (name, transitions, time) in [
-        ("C1", lp::C1_TRANSITIONS, lp::C1_TIME),
-        ("C2", lp::C2_TRANSITIONS, lp::C2_TIME),
-        ("C3", lp::C3_TRANSITIONS, lp::C3_TIME),
-    ] {
+    for (name, transitions, time) in C_STATES {
         let state = sample.idle.iter().find(|s| s.name == name);
         page.set(transitions, state.map_or(0, |s| s.usage));
         set_time(time, state.map_or(0, |s| s.time_us.saturating_mul(10)));
     }
+}
+
+/// The idle states whose transitions and time the LP page holds, by cpuidle name.
+const C_STATES: [(&str, CounterId, CounterId); 3] = [
+    ("C1", lp::C1_TRANSITIONS, lp::C1_TIME),
+    ("C2", lp::C2_TRANSITIONS, lp::C2_TIME),
+    ("C3", lp::C3_TRANSITIONS, lp::C3_TIME),
+];
+
+/// The LP counters `sample` gives nothing for: the C-states its cpuidle driver has no state of
+/// (a guest's `haltpoll` driver has `POLL` and `haltpoll idle`, no C1), processor halts without
+/// any cpuidle state, the run times without a `/proc/stat` line, the interrupts without a
+/// `/proc/interrupts` column. A reader shows them absent, never as a measured 0.
+pub fn unmeasured(sample: &LpSample) -> Vec<CounterId> {
+    let mut out = Vec::new();
+    if sample.times.is_none() {
+        out.extend([lp::TOTAL_RUN_TIME, lp::HYPERVISOR_RUN_TIME]);
+    }
+    if sample.interrupts.is_none() {
+        out.extend([
+            lp::HARDWARE_INTERRUPTS,
+            lp::TIMER_INTERRUPTS,
+            lp::SCHEDULER_INTERRUPTS,
+            lp::INTER_PROCESSOR_INTERRUPTS,
+        ]);
+    }
+    if sample.idle.is_empty() {
+        out.push(lp::PROCESSOR_HALTS);
+    }
+    for (name, transitions, time) in C_STATES {
+        if !sample.idle.iter().any(|s| s.name == name) {
+            out.extend([transitions, time]);
+        }
+    }
+    out
 }
 
 /// CLOCK_BOOTTIME in 100 ns units.
