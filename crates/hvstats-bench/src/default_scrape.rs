@@ -36,6 +36,9 @@ fn text(reading: &Arc<Reading>, selection: Selection) -> Result<String, BenchErr
 }
 
 /// `text` gzipped as `serve` gzips it (the fastest level).
+///
+/// # Errors
+/// When the compressor fails (it writes to memory: it does not).
 pub fn gzipped(text: &str) -> Result<Vec<u8>, BenchError> {
     let mut gz = GzEncoder::new(Vec::new(), Compression::fast());
     gz.write_all(text.as_bytes()).step("gzipping /metrics")?;
@@ -44,6 +47,9 @@ pub fn gzipped(text: &str) -> Result<Vec<u8>, BenchError> {
 
 /// The sizes of a scrape: series, series with a `vp` label of a VP's index per VP, bytes, gzipped
 /// bytes.
+///
+/// # Errors
+/// When gzipping fails.
 pub fn sizes(text: &str, vps: usize) -> Result<[f64; 4], BenchError> {
     let per_vp = text
         .lines()
@@ -113,7 +119,7 @@ mod tests {
         let reading = Arc::new(Reading::of(vec![hvstats_testkit::synthetic_instance(VMS, VPS_EACH)]));
         let [series, per_vp, bytes, gzip_bytes] =
             sizes(&text(&reading, Selection::defaults()).unwrap(), (VMS * VPS_EACH) as usize).unwrap();
-        assert!(per_vp <= 20.0 && per_vp >= 10.0, "{per_vp} series per VP");
+        assert!((10.0..=20.0).contains(&per_vp), "{per_vp} series per VP");
         assert!(series <= 11_000.0, "{series} series");
         assert!(bytes <= 1e6, "{bytes} bytes");
         assert!(gzip_bytes <= 100e3, "{gzip_bytes} bytes gzipped");

@@ -1040,7 +1040,7 @@ mod tests {
         let all = Exposition::new(reading.clone(), 100).encode().unwrap();
         let default = Exposition::new(reading.clone(), 100).collect(Selection::defaults()).encode().unwrap();
         let (all_per_vp, default_per_vp) = (per_vp_series(&all) / 4, per_vp_series(&default) / 4);
-        assert!(default_per_vp <= 20 && default_per_vp >= 15, "{default_per_vp} series per VP\n{default}");
+        assert!((15..=20).contains(&default_per_vp), "{default_per_vp} series per VP\n{default}");
         assert!(all_per_vp > 100, "{all_per_vp}");
         assert!(!default.contains("_bucket{"), "{default}");
         for name in crate::collectors::ESSENTIAL_VP {
