@@ -43,7 +43,7 @@ impl clap::Args for CollectorFlags {
             Arg::new(DISABLE_DEFAULTS)
                 .long(DISABLE_DEFAULTS)
                 .action(ArgAction::SetTrue)
-                .help("Turn every collector off but those --collector.NAME turns on")
+                .help("Turn every collector off but those --collector.NAME turns on (--no-collector.NAME turns one off)")
                 .help_heading("Collectors"),
         );
         for c in &COLLECTORS {
