@@ -17,7 +17,8 @@
 //! same counter bytes; adding a partition to an instance of 4,096 against one of 64; the
 //! exporter's scrape of 65,536 VPs against `snapshot --json`; a fleet host's scrape (1,000 VMs of
 //! 4 VPs) against the Prometheus client library encoding the same families alone, and its
-//! snapshot API against its scrape; what observing costs a guest and a counted thread, and
+//! snapshot API against its scrape; the default scrape of 100 VMs of 4 VPs (its series, bytes
+//! and gzipped bytes) against every collector's; what observing costs a guest and a counted thread, and
 //! counting a tracepoint by method; what observing 64 VMs costs a refresh, and the vCPU kicks QMP
 //! costs a guest ([`observe_fleet`]); the userspace exit with accounting on against off; a
 //! hypercall against a plain exit.
@@ -31,6 +32,7 @@
 pub mod authority;
 pub mod client;
 pub mod counting_cost;
+pub mod default_scrape;
 mod error;
 pub mod exit_cost;
 pub mod fleet;
@@ -123,6 +125,9 @@ pub fn run(options: &Options, progress: &dyn Progress) -> Result<Vec<Row>, Bench
     }
     if any(&fleet::ROWS) {
         rows.extend(fleet::fleet_rows(&plan, fleet::VMS, fleet::VPS_EACH)?);
+    }
+    if wanted(default_scrape::ROW) {
+        rows.push(default_scrape::default_scrape_row(&plan, default_scrape::VMS, default_scrape::VPS_EACH)?);
     }
     rows.extend(observe::observe_rows(&plan, &kvm, &wanted));
     rows.extend(observe_fleet::observe_fleet_rows(&plan, &kvm, &wanted));

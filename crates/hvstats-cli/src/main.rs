@@ -65,6 +65,11 @@ fn main() -> ExitCode {
             // Help and version go to standard output; a usage error to standard error, with its
             // own exit status. Neither printing can panic (clap reports write errors as values).
             let _ = e.print();
+            if let Some(clap::error::ContextValue::String(arg)) = e.get(clap::error::ContextKind::InvalidArg)
+                && let Some(hint) = cmd::serve::collector_flags::hint_for(arg)
+            {
+                eprintln!("{hint}");
+            }
             return if e.use_stderr() { ExitStatus::Usage.into() } else { ExitStatus::Success.into() };
         }
     };

@@ -475,11 +475,52 @@ fn metric_names(expr: &str) -> Vec<String> {
     names
 }
 
-/// `hvstats serve` over `dir` on a free loopback port.
-fn serve(dir: &Path) -> (KilledOnDrop, SocketAddr) {
+/// Every exporter series the rules, the alerts and the dashboard name: words of their text that
+/// begin with `hvstats_` (a recording rule's name has colons, and is no such word).
+fn mixin_series() -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for file in ["prometheus/hvstats.rules.yml", "prometheus/hvstats.alerts.yml", "grafana/hvstats.json"] {
+        let text = std::fs::read_to_string(packaging(file)).unwrap();
+        for word in text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':')) {
+            if word.starts_with("hvstats_") && !word.contains(':') {
+                out.entry(word.to_owned()).or_insert_with(|| file.to_owned());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_series_the_mixin_reads_comes_from_a_default_collector() {
+    use hvstats_present::collectors::{Collector, Selection, collectors_of_series};
+    let series = mixin_series();
+    assert!(series.len() >= 15, "{series:?}");
+    let defaults = Selection::defaults();
+    for (name, file) in &series {
+        let collectors = collectors_of_series(name);
+        assert!(!collectors.is_empty(), "{file} reads {name}, which no collector exports");
+        if name.ends_with("_bucket") {
+            // Classic buckets are the histograms collectors' (native histograms need none).
+            assert!(
+                file.ends_with(".json"),
+                "{file}: a rule or alert on {name} needs a non-default collector"
+            );
+            assert!(collectors.contains(&Collector::Histograms), "{name}: {collectors:?}");
+            continue;
+        }
+        assert!(
+            collectors.iter().any(|c| defaults.has(*c)),
+            "{file} reads {name}, exported by {collectors:?}, none of them on by default"
+        );
+    }
+}
+
+/// `hvstats serve` over `dir` on a free loopback port./// `hvstats serve` over `dir` on a free loopback port.
+fn serve(dir: &Path, flags: &[&str]) -> (KilledOnDrop, SocketAddr) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
         .args(["serve", "--listen", "127.0.0.1:0", "--runtime-dir"])
         .arg(dir)
+        .args(flags)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -618,12 +659,15 @@ fn prometheus_with_the_rules_answers_every_dashboard_query_over_two_hosts() {
         )
     });
     let observed = if kvm { observed_qemu(host_b.path(), work.path()) } else { None };
-    let (_serve_a, addr_a) = serve(host_a.path());
-    let (_serve_b, addr_b) = serve(host_b.path());
+    // Both hosts on the default collectors; host B's histograms from a second exporter with the
+    // histograms collector on (the dashboard's heatmaps read classic buckets).
+    let (_serve_a, addr_a) = serve(host_a.path(), &[]);
+    let (_serve_b, addr_b) = serve(host_b.path(), &[]);
+    let (_serve_h, addr_h) = serve(host_b.path(), &["--collector.histograms"]);
 
     let config = format!(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\n  - {}\n\
-         scrape_configs:\n  - job_name: hvstats\n    static_configs:\n      - targets: ['{addr_a}', '{addr_b}']\n",
+         scrape_configs:\n  - job_name: hvstats\n    static_configs:\n      - targets: ['{addr_a}', '{addr_b}', '{addr_h}']\n",
         packaging("prometheus/hvstats.rules.yml").display(),
         packaging("prometheus/hvstats.alerts.yml").display(),
     );
@@ -702,7 +746,11 @@ fn prometheus_with_the_rules_answers_every_dashboard_query_over_two_hosts() {
             left_out.push(format!("{title} ({p})"));
             continue;
         }
-        let query = substituted(&expr, &chosen);
+        let mut values = chosen.clone();
+        if metric_names(&expr).iter().any(|n| n.ends_with("_bucket")) {
+            values.insert("instance".to_owned(), addr_h.to_string());
+        }
+        let query = substituted(&expr, &values);
         let result = until(&format!("panel {title:?}: {query}"), deadline, || {
             let data = api(web, &format!("/api/v1/query?query={}", url_encoded(&query)))?;
             match data["result"].as_array() {

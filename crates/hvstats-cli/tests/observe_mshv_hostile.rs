@@ -176,7 +176,15 @@ fn made_up_names_values_and_series_are_bounded_and_said_so() {
     // the values left out are counted.
     let scrape = |max_vps: &str| {
         let mut child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--max-vps", max_vps, "--runtime-dir"])
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--collector.mshv",
+                "--max-vps",
+                max_vps,
+                "--runtime-dir",
+            ])
             .arg(&s.runtime)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())

@@ -27,7 +27,9 @@ use serde_json::Value;
 /// Starts `hvstats serve` on a free loopback port; returns it and its address.
 fn serve(dir: &Path, extra: &[&str]) -> (KilledOnDrop, SocketAddr) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--runtime-dir"])
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(common::EVERY_COLLECTOR)
+        .arg("--runtime-dir")
         .arg(dir)
         .args(extra)
         .stdout(Stdio::piped())
@@ -350,7 +352,9 @@ fn an_empty_runtime_directory_serves_the_exporter_alone_and_a_missing_one_is_an_
     assert!(!text.contains("_up{"), "{text}");
     assert_eq!(get(addr, "/healthz").0, 200);
     let out = Command::new(env!("CARGO_BIN_EXE_hvstats"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--runtime-dir"])
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(common::EVERY_COLLECTOR)
+        .arg("--runtime-dir")
         .arg(tmp.path().join("missing"))
         .output()
         .unwrap();
@@ -396,7 +400,9 @@ fn a_user_who_may_read_no_instance_gets_an_unhealthy_exporter_and_down_instances
     let mut child = Command::new(setpriv)
         .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
         .arg(env!("CARGO_BIN_EXE_hvstats"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--runtime-dir"])
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(common::EVERY_COLLECTOR)
+        .arg("--runtime-dir")
         .arg(tmp.path())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -519,8 +525,11 @@ fn prometheus_scrapes_two_hosts_and_sums_their_exact_totals() {
 /// `hvstats serve` started by a shell that first sets `ulimit -n nofile`; its standard error is
 /// kept in `stderr`.
 fn serve_limited(dir: &Path, extra: &[&str], nofile: u32, stderr: &Path) -> (KilledOnDrop, SocketAddr) {
-    let mut script =
-        format!("ulimit -n {nofile} && exec \"$0\" serve --listen 127.0.0.1:0 --runtime-dir \"$1\"");
+    // Every collector: the replies are as large as a host's can be.
+    let mut script = format!(
+        "ulimit -n {nofile} && exec \"$0\" serve --listen 127.0.0.1:0 {} --runtime-dir \"$1\"",
+        common::EVERY_COLLECTOR.join(" ")
+    );
     for (n, _) in extra.iter().enumerate() {
         script.push_str(&format!(" \"${}\"", n + 2));
     }

@@ -23,16 +23,14 @@
 use std::fmt::Write;
 use std::sync::Arc;
 
+use crate::collectors::{Collector, PER_VM_UNLESS_DETAIL, Selection};
 use crate::metrics::{BaseUnit, Family, Member, MetricKind, families, histogram_families};
+use crate::sink::{Kind, Number, OpenMetrics, Sink};
 use hvstats::snapshot::{InstanceSnapshot, ObjectReading, PartitionSnapshot, VpSnapshot};
 use hvstats_abi::catalog::counters_of;
-use hvstats_abi::histogram::{BUCKETS, Log2Histogram, bucket_upper_ns};
+use hvstats_abi::histogram::Log2Histogram;
 use hvstats_abi::vm_state::VmState;
 use hvstats_abi::{Counter, ObjectKind, Presentation};
-use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, MetricEncoder, NoLabelSet};
-use prometheus_client::metrics::MetricType;
-use prometheus_client::registry::{Registry, Unit};
 
 use crate::live::Reading;
 
@@ -153,27 +151,76 @@ pub const ALL_VPS: &str = "all";
 /// VPs of partitions beyond it are exported as one sum per partition (`vp="all"`).
 pub const DEFAULT_MAX_VPS: usize = 4096;
 
-/// One scrape: a reading and the cap on VPs exported one by one.
+/// One scrape: a reading, the cap on VPs exported one by one and the collectors exported.
 #[derive(Debug)]
 pub struct Exposition {
     reading: Arc<Reading>,
     max_vps: usize,
     read_time: Option<std::time::Duration>,
+    selection: Selection,
     /// The `vm` label of each partition in walk order, made once per scrape.
     vm_labels: Vec<String>,
+    /// The `vp` label of VP index `i`, made once per scrape.
+    vp_labels: Vec<String>,
 }
 
-type Labels = Vec<(&'static str, String)>;
+/// A series' labels, made on the stack: at most [`LabelSet::CAP`] pairs.
+#[derive(Clone, Copy)]
+struct LabelSet<'a> {
+    pairs: [(&'a str, &'a str); LabelSet::CAP],
+    len: usize,
+}
+
+impl<'a> LabelSet<'a> {
+    const CAP: usize = 10;
+
+    fn of(pairs: &[(&'a str, &'a str)]) -> Self {
+        let mut set = Self { pairs: [("", ""); Self::CAP], len: 0 };
+        for &(name, value) in pairs {
+            set.push(name, value);
+        }
+        set
+    }
+
+    /// Adds a pair; the walk never makes more than [`Self::CAP`] (a pair past it is left out).
+    fn push(&mut self, name: &'a str, value: &'a str) {
+        if let Some(slot) = self.pairs.get_mut(self.len) {
+            *slot = (name, value);
+            self.len += 1;
+        }
+    }
+
+    fn with(mut self, name: &'a str, value: &'a str) -> Self {
+        self.push(name, value);
+        self
+    }
+
+    fn as_slice(&self) -> &[(&'a str, &'a str)] {
+        &self.pairs[..self.len]
+    }
+}
 
 impl Exposition {
-    /// The exposition of `reading`, exporting at most `max_vps` VPs one by one.
+    /// The exposition of `reading` with every collector, exporting at most `max_vps` VPs one by
+    /// one.
     pub fn new(reading: impl Into<Arc<Reading>>, max_vps: usize) -> Self {
         let reading = reading.into();
         let vm_labels = vm_labels(&reading);
-        Self { reading, max_vps, read_time: None, vm_labels }
+        let most =
+            reading.instances.iter().flat_map(|i| &i.partitions).flat_map(|p| &p.vps).map(|vp| vp.index);
+        let vp_labels = (0..most.max().map_or(0, |m| m as usize + 1)).map(|i| i.to_string()).collect();
+        Self { reading, max_vps, read_time: None, selection: Selection::all(), vm_labels, vp_labels }
+    }
+
+    /// The same, exporting only the collectors of `selection`.
+    #[must_use]
+    pub fn collect(mut self, selection: Selection) -> Self {
+        self.selection = selection;
+        self
     }
 
     /// The same, saying that reading took `took` (`hvstats_scrape_duration_seconds`).
+    #[must_use]
     pub fn read_in(mut self, took: std::time::Duration) -> Self {
         self.read_time = Some(took);
         self
@@ -195,9 +242,17 @@ impl Exposition {
     /// # Errors
     /// When `out` fails.
     pub fn encode_into(self, out: &mut impl Write) -> std::fmt::Result {
-        let mut registry = Registry::with_prefix(crate::metrics::PREFIX);
-        registry.register_collector(Box::new(self));
-        prometheus_client::encoding::text::encode(out, &registry)
+        let mut sink = OpenMetrics::new(out);
+        self.encode_to(&mut sink)
+    }
+
+    /// The exposition in the Prometheus protobuf format (length-delimited `MetricFamily`
+    /// messages), every histogram a native one ([`crate::protobuf`]).
+    pub fn encode_protobuf(self) -> Vec<u8> {
+        let mut sink = crate::protobuf::Protobuf::default();
+        // The protobuf sink does not fail.
+        let _ = self.encode_to(&mut sink);
+        sink.into_bytes()
     }
 
     /// For each partition in walk order, whether its VPs are exported one by one.
@@ -242,101 +297,101 @@ impl Exposition {
         }
     }
 
-    fn encode_family(
+    fn vp_label(&self, index: u32) -> &str {
+        self.vp_labels.get(index as usize).map_or("", String::as_str)
+    }
+
+    /// The series of `family` for the object of `reading`, labelled `labels`.
+    fn sample(
         &self,
         family: &Family,
-        metric: &mut MetricEncoder,
-        per_vp: &[bool],
+        labels: LabelSet<'_>,
+        reading: &ObjectReading,
+        sink: &mut dyn Sink,
     ) -> std::fmt::Result {
-        let mut sample = |labels: &Labels, reading: &ObjectReading| -> std::fmt::Result {
-            for member in &family.members {
-                let Some(raw) = value_of(reading, member.counter) else { continue };
-                let mut labels = labels.clone();
-                if let Some((label, value)) = member.label {
-                    labels.push((label, value.to_owned()));
-                }
-                // A state is a state set: a series per state, 1 for the current one.
-                if member.counter.presentation == Presentation::State {
-                    let now = VmState::from_code(raw);
-                    for state in VmState::ALL {
-                        let mut labels = labels.clone();
-                        labels.push(("state", state.label().to_owned()));
-                        metric.encode_family(&labels)?.encode_gauge(&i64::from(state == now))?;
-                    }
-                    continue;
-                }
-                encode_value(family, member, raw, &mut metric.encode_family(&labels)?)?;
+        for member in &family.members {
+            let Some(raw) = value_of(reading, member.counter) else { continue };
+            let mut labels = labels;
+            if let Some((label, value)) = member.label {
+                labels.push(label, value);
             }
-            Ok(())
-        };
+            // A state is a state set: a series per state, 1 for the current one.
+            if member.counter.presentation == Presentation::State {
+                let now = VmState::from_code(raw);
+                for state in VmState::ALL {
+                    let labels = labels.with("state", state.label());
+                    sink.sample(labels.as_slice(), Number::Signed(i64::from(state == now)))?;
+                }
+                continue;
+            }
+            sink.sample(labels.as_slice(), number(family, member, raw))?;
+        }
+        Ok(())
+    }
+
+    fn encode_family(&self, family: &Family, sink: &mut dyn Sink, per_vp: &[bool]) -> std::fmt::Result {
         match family.object {
             // Every publisher has a hypervisor page of its own (its partitions, its VPs): its
             // name tells them apart.
             ObjectKind::Hypervisor => {
                 for instance in &self.reading.instances {
-                    sample(&vec![(PUBLISHER, instance.name.clone())], &instance.hypervisor)?;
+                    let labels = LabelSet::of(&[(PUBLISHER, &instance.name)]);
+                    self.sample(family, labels, &instance.hypervisor, sink)?;
                 }
                 // An observer that died is no instance any more: the reader says it is down.
                 let up = hvstats_abi::catalog::hypervisor::OBSERVER_UP.counter();
                 if let Some(up) = up.filter(|up| family.members.iter().any(|m| m.counter.id == up.id)) {
                     let down = ObjectReading::Counters(vec![(up, 0)]);
                     for name in &self.reading.dead_observers {
-                        sample(&vec![(PUBLISHER, name.clone())], &down)?;
+                        self.sample(family, LabelSet::of(&[(PUBLISHER, name)]), &down, sink)?;
                     }
                 }
+                return Ok(());
             }
             // The logical processors are the host's, whoever publishes them: once per host, from
             // one publisher (see `lp_source`), so a sum over a host counts each CPU once.
             ObjectKind::LogicalProcessor => {
                 for lp in self.lp_source().map(|i| i.lps.as_slice()).unwrap_or_default() {
-                    let labels: Labels = vec![("lp", lp.index.to_string()), ("cpu", lp.cpu.to_string())];
-                    sample(&labels, &lp.reading)?;
+                    let (index, cpu) = (lp.index.to_string(), lp.cpu.to_string());
+                    let labels = LabelSet::of(&[("lp", &index), ("cpu", &cpu)]);
+                    self.sample(family, labels, &lp.reading, sink)?;
                 }
+                return Ok(());
             }
             ObjectKind::Partition | ObjectKind::Vp => {}
         }
-        if !matches!(family.object, ObjectKind::Partition | ObjectKind::Vp) {
-            return Ok(());
-        }
+        // The intercept time of the essential set is the VM's unless VP detail is asked for.
+        let by_vm = family.object == ObjectKind::Vp
+            && !self.selection.has(Collector::VpDetail)
+            && family.exposed_name() == PER_VM_UNLESS_DETAIL;
         for (((_, partition), vm), one_by_one) in self.partitions().zip(&self.vm_labels).zip(per_vp) {
-            let labels: Labels = vec![("vm", vm.to_owned())];
+            let labels = LabelSet::of(&[("vm", vm)]);
             if family.object == ObjectKind::Partition {
-                sample(&labels, &partition.reading)?;
-            } else if *one_by_one {
+                self.sample(family, labels, &partition.reading, sink)?;
+            } else if *one_by_one && !by_vm {
                 for vp in &partition.vps {
-                    let mut labels = labels.clone();
-                    labels.push(("vp", vp.index.to_string()));
-                    sample(&labels, &vp.reading)?;
+                    self.sample(family, labels.with("vp", self.vp_label(vp.index)), &vp.reading, sink)?;
                 }
             } else if let Some(sum) = partition.vps_summed() {
-                let mut labels = labels.clone();
-                labels.push(("vp", ALL_VPS.to_owned()));
-                sample(&labels, &sum)?;
+                self.sample(family, labels.with("vp", ALL_VPS), &sum, sink)?;
             }
         }
         Ok(())
     }
-}
 
-impl Exposition {
-    /// Each VP's histogram of `family` (a partition's VPs summed bucket by bucket past the cap).
-    fn encode_histograms(
-        &self,
-        family: &Family,
-        metric: &mut MetricEncoder,
-        per_vp: &[bool],
-    ) -> std::fmt::Result {
+    /// Each VP's histogram of `family` (a partition's VPs summed bucket by bucket past the cap,
+    /// or when only each VM's are asked for).
+    fn encode_histograms(&self, family: &Family, sink: &mut dyn Sink, per_vp: &[bool]) -> std::fmt::Result {
         let Some(member) = family.members.first() else { return Ok(()) };
         let id = member.counter.id;
+        let by_vm = !self.selection.has(Collector::Histograms);
         let of = |vp: &VpSnapshot| vp.histograms.iter().find(|(c, _)| c.id == id).map(|(_, h)| *h);
         for (((_, partition), vm), one_by_one) in self.partitions().zip(&self.vm_labels).zip(per_vp) {
-            let labels: Labels = vec![("vm", vm.to_owned())];
-            if *one_by_one {
+            let labels = LabelSet::of(&[("vm", vm)]);
+            if *one_by_one && !by_vm {
                 for vp in &partition.vps {
                     let Some(h) = of(vp) else { continue };
-                    let mut labels = labels.clone();
-                    labels.push(("vp", vp.index.to_string()));
-                    encode_histogram(&h, &mut metric.encode_family(&labels)?)?;
+                    sink.histogram(labels.with("vp", self.vp_label(vp.index)).as_slice(), &h)?;
                 }
             } else {
                 let mut sum: Option<Log2Histogram> = None;
@@ -348,23 +403,12 @@ impl Exposition {
                     }
                 }
                 if let Some(h) = sum {
-                    let mut labels = labels.clone();
-                    labels.push(("vp", ALL_VPS.to_owned()));
-                    encode_histogram(&h, &mut metric.encode_family(&labels)?)?;
+                    sink.histogram(labels.with("vp", ALL_VPS).as_slice(), &h)?;
                 }
             }
         }
         Ok(())
     }
-}
-
-/// A log2 histogram in seconds: bucket `i` holds times below `bucket_upper_ns(i)`, the last one
-/// is `+Inf`; `_sum` in seconds, `_count` the number of times.
-fn encode_histogram(h: &Log2Histogram, metric: &mut MetricEncoder) -> std::fmt::Result {
-    let buckets: Vec<(f64, u64)> = (0..BUCKETS)
-        .map(|i| (bucket_upper_ns(i).map_or(f64::INFINITY, |ns| ns as f64 / 1e9), h.buckets[i]))
-        .collect();
-    metric.encode_histogram::<NoLabelSet>(h.sum_ns as f64 / 1e9, h.count(), &buckets, None)
 }
 
 /// The value of `counter` in `reading`. Readings list their counters in catalog order, so it is
@@ -388,121 +432,123 @@ fn catalog_position(counter: &Counter) -> usize {
     positions.get(&counter.id).copied().unwrap_or(usize::MAX)
 }
 
-fn encode_value(family: &Family, member: &Member, raw: u64, metric: &mut MetricEncoder) -> std::fmt::Result {
-    // Whole counts stay integers: an f64 would round counts above 2^53.
-    match (family.kind, member.exact(raw)) {
-        (MetricKind::Counter, Some(v)) => metric.encode_counter::<NoLabelSet, _, u64>(&v, None),
-        (MetricKind::Counter, None) => metric.encode_counter::<NoLabelSet, _, u64>(&member.value(raw), None),
-        (MetricKind::Gauge, Some(v)) => metric.encode_gauge(&v),
-        (MetricKind::Gauge, None) => metric.encode_gauge(&member.value(raw)),
+/// A raw page value as the family exports it. Whole counts stay integers: an f64 would round
+/// counts above 2^53.
+fn number(family: &Family, member: &Member, raw: u64) -> Number {
+    let _ = family;
+    match member.exact(raw) {
+        Some(v) => Number::Whole(v),
+        None => Number::Real(member.value(raw)),
     }
 }
 
 impl Exposition {
     /// The exporter's own families: what it is, what it could read and how long that took.
-    fn encode_exporter(&self, encoder: &mut DescriptorEncoder) -> std::fmt::Result {
-        {
-            let mut metric = encoder.encode_descriptor(
-                "build_info",
-                "The hvstats build serving these metrics (always 1).",
-                None,
-                MetricType::Gauge,
-            )?;
-            let labels: Labels = vec![("version", env!("CARGO_PKG_VERSION").to_owned())];
-            metric.encode_family(&labels)?.encode_gauge(&1i64)?;
+    fn encode_exporter(&self, sink: &mut dyn Sink) -> std::fmt::Result {
+        if !self.selection.has(Collector::Exporter) {
+            return Ok(());
         }
-        {
-            let mut metric = encoder.encode_descriptor(
-                "read_errors",
-                "What this scrape could not read: instances that could not be attached (or the runtime \
-                 directory itself) and pages that could not be read.",
-                None,
-                MetricType::Gauge,
-            )?;
-            metric.encode_gauge(&(read_errors(&self.reading) as i64))?;
-        }
+        sink.family("build_info", "The hvstats build serving these metrics (always 1).", None, Kind::Gauge)?;
+        sink.sample(&[("version", env!("CARGO_PKG_VERSION"))], Number::Signed(1))?;
+        sink.family(
+            "read_errors",
+            "What this scrape could not read: instances that could not be attached (or the runtime \
+             directory itself) and pages that could not be read.",
+            None,
+            Kind::Gauge,
+        )?;
+        sink.sample(&[], Number::Signed(read_errors(&self.reading) as i64))?;
         if let Some(took) = self.read_time {
-            let mut metric = encoder.encode_descriptor(
+            sink.family(
                 "scrape_duration",
                 "Time this scrape took to read every instance.",
-                Some(&Unit::Seconds),
-                MetricType::Gauge,
+                Some(BaseUnit::Seconds),
+                Kind::Gauge,
             )?;
-            metric.encode_gauge(&took.as_secs_f64())?;
+            sink.sample(&[], Number::Real(took.as_secs_f64()))?;
         }
         if self.reading.instances.is_empty() && self.reading.failed.is_empty() {
             return Ok(());
         }
-        let mut metric = encoder.encode_descriptor(
+        sink.family(
             "instance_up",
             "1 for each instance this scrape read, 0 for one it found but could not attach.",
             None,
-            MetricType::Gauge,
+            Kind::Gauge,
         )?;
         for instance in &self.reading.instances {
             let up = i64::from(!matches!(instance.hypervisor, ObjectReading::Unreadable { .. }));
-            metric.encode_family(&vec![(PUBLISHER, instance.name.clone())])?.encode_gauge(&up)?;
+            sink.sample(&[(PUBLISHER, &instance.name)], Number::Signed(up))?;
         }
         for name in &self.reading.failed {
-            metric.encode_family(&vec![(PUBLISHER, name.clone())])?.encode_gauge(&0i64)?;
+            sink.sample(&[(PUBLISHER, name)], Number::Signed(0))?;
         }
-        if self.has_objects(ObjectKind::Partition) {
-            let mut metric = encoder.encode_descriptor(
-                "vm_up",
-                "1 for each partition (VM) that runs or is paused and whose counters this scrape read; \
-                 0 for one that stopped, shut down or is stuck on an internal error.",
-                None,
-                MetricType::Gauge,
-            )?;
-            for ((_, partition), vm) in self.partitions().zip(&self.vm_labels) {
-                let read = matches!(partition.reading, ObjectReading::Counters(_));
-                let state = partition.reading.get(VM_STATE).map(VmState::from_code);
-                let gone = matches!(state, Some(VmState::Shutdown | VmState::InternalError));
-                let labels: Labels = vec![("vm", vm.clone())];
-                metric.encode_family(&labels)?.encode_gauge(&i64::from(partition.active && read && !gone))?;
+        Ok(())
+    }
+
+    /// Each VM's liveness, identity and sources.
+    fn encode_vms(&self, sink: &mut dyn Sink) -> std::fmt::Result {
+        if !self.selection.has(Collector::Vm) || !self.has_objects(ObjectKind::Partition) {
+            return Ok(());
+        }
+        sink.family(
+            "vm_up",
+            "1 for each partition (VM) that runs or is paused and whose counters this scrape read; \
+             0 for one that stopped, shut down or is stuck on an internal error.",
+            None,
+            Kind::Gauge,
+        )?;
+        for ((_, partition), vm) in self.partitions().zip(&self.vm_labels) {
+            let read = matches!(partition.reading, ObjectReading::Counters(_));
+            let state = partition.reading.get(VM_STATE).map(VmState::from_code);
+            let gone = matches!(state, Some(VmState::Shutdown | VmState::InternalError));
+            sink.sample(&[("vm", vm)], Number::Signed(i64::from(partition.active && read && !gone)))?;
+        }
+        sink.family(
+            "vm_info",
+            "Each VM (partition) this scrape read: its publishing instance (hvstats' own, or the \
+             observer of other processes' VMs), the publisher's pid and kind, the partition id \
+             in it, and for an observed VM its VMM, the VMM's pid and the VM's UUID when the VMM \
+             has one.",
+            None,
+            Kind::Gauge,
+        )?;
+        for ((instance, partition), vm) in self.partitions().zip(&self.vm_labels) {
+            let (pid, id) = (instance.pid.to_string(), partition.id.to_string());
+            let mut labels = LabelSet::of(&[
+                ("vm", vm),
+                (PUBLISHER, &instance.name),
+                ("publisher_pid", &pid),
+                ("publisher_kind", &instance.description.kind),
+                ("partition", &id),
+            ]);
+            let vmm_pid = partition.vmm.map(|vmm| vmm.pid.to_string());
+            if let (Some(vmm), Some(vmm_pid)) = (partition.vmm, &vmm_pid) {
+                labels.push("vmm", vmm.vmm.name());
+                labels.push("vmm_pid", vmm_pid);
             }
-            let mut metric = encoder.encode_descriptor(
-                "vm_info",
-                "Each VM (partition) this scrape read: its publishing instance (hvstats' own, or the \
-                 observer of other processes' VMs), the publisher's pid and kind, the partition id \
-                 in it, and for an observed VM its VMM, the VMM's pid and the VM's UUID when the VMM \
-                 has one.",
-                None,
-                MetricType::Gauge,
-            )?;
-            for ((instance, partition), vm) in self.partitions().zip(&self.vm_labels) {
-                let labels: Labels = vec![
-                    ("vm", vm.clone()),
-                    (PUBLISHER, instance.name.clone()),
-                    ("publisher_pid", instance.pid.to_string()),
-                    ("publisher_kind", instance.description.kind.clone()),
-                    ("partition", partition.id.to_string()),
-                ];
-                let mut labels = labels;
-                if let Some(vmm) = partition.vmm {
-                    labels.push(("vmm", vmm.vmm.name().to_owned()));
-                    labels.push(("vmm_pid", vmm.pid.to_string()));
-                }
-                if let Some(uuid) = partition.uuid {
-                    labels.push(("uuid", uuid.to_string()));
-                }
-                metric.encode_family(&labels)?.encode_gauge(&1i64)?;
+            let uuid = partition.uuid.map(|u| u.to_string());
+            if let Some(uuid) = &uuid {
+                labels.push("uuid", uuid);
             }
-            let tables: Vec<_> = self.partitions().map(|(_, p)| p.sources()).collect();
-            if tables.iter().any(Option::is_some) {
-                let mut metric = encoder.encode_descriptor(
-                    "vm_source_up",
-                    "For each source of an observed VM's counters (the VMM's KVM statistics \
-                     descriptors, libvirt, QMP, tracepoints, its threads' files), 1 while it gives \
-                     counters, 0 while it is there but gives none (its peer failed or stalled).",
-                    None,
-                    MetricType::Gauge,
-                )?;
-                for (table, vm) in tables.iter().zip(&self.vm_labels) {
-                    for source in table.iter().flat_map(|t| t.sources()) {
-                        let labels: Labels = vec![("vm", vm.clone()), ("source", source.name().to_owned())];
-                        metric.encode_family(&labels)?.encode_gauge(&i64::from(source.up))?;
-                    }
+            sink.sample(labels.as_slice(), Number::Signed(1))?;
+        }
+        let tables: Vec<_> = self.partitions().map(|(_, p)| p.sources()).collect();
+        if tables.iter().any(Option::is_some) {
+            sink.family(
+                "vm_source_up",
+                "For each source of an observed VM's counters (the VMM's KVM statistics \
+                 descriptors, libvirt, QMP, tracepoints, its threads' files), 1 while it gives \
+                 counters, 0 while it is there but gives none (its peer failed or stalled).",
+                None,
+                Kind::Gauge,
+            )?;
+            for (table, vm) in tables.iter().zip(&self.vm_labels) {
+                for source in table.iter().flat_map(|t| t.sources()) {
+                    sink.sample(
+                        &[("vm", vm), ("source", source.name())],
+                        Number::Signed(i64::from(source.up)),
+                    )?;
                 }
             }
         }
@@ -593,41 +639,36 @@ pub fn nothing_read(reading: &Reading) -> bool {
     !something && read_errors(reading) > 0
 }
 
-impl Collector for Exposition {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
-        self.encode_exporter(&mut encoder)?;
+impl Exposition {
+    /// Every family of the collectors selected, into `sink`.
+    fn encode_to(&self, sink: &mut dyn Sink) -> std::fmt::Result {
+        self.encode_exporter(sink)?;
+        self.encode_vms(sink)?;
         let per_vp = self.per_vp();
         for family in families() {
-            if !self.has_objects(family.object) {
+            if !self.has_objects(family.object) || !self.selection.exports(family) {
                 continue;
             }
-            let unit = family.unit.map(|u| match u {
-                BaseUnit::Seconds => Unit::Seconds,
-                BaseUnit::Bytes => Unit::Bytes,
-            });
-            let metric_type = match family.kind {
-                MetricKind::Counter => MetricType::Counter,
-                MetricKind::Gauge => MetricType::Gauge,
+            let kind = match family.kind {
+                MetricKind::Counter => Kind::Counter,
+                MetricKind::Gauge => Kind::Gauge,
             };
-            let mut metric =
-                encoder.encode_descriptor(&family.name, &family.help, unit.as_ref(), metric_type)?;
-            self.encode_family(family, &mut metric, &per_vp)?;
+            sink.family(&family.name, &family.help, family.unit, kind)?;
+            self.encode_family(family, sink, &per_vp)?;
         }
-        if self.reading.instances.iter().any(|i| i.unmapped.is_some()) {
-            self.encode_mshv(&mut encoder, &per_vp)?;
+        if self.selection.has(Collector::Mshv) && self.reading.instances.iter().any(|i| i.unmapped.is_some())
+        {
+            self.encode_mshv(sink, &per_vp)?;
         }
-        if self.has_objects(ObjectKind::Vp) {
+        let histograms =
+            self.selection.has(Collector::Histograms) || self.selection.has(Collector::HistogramsVm);
+        if histograms && self.has_objects(ObjectKind::Vp) {
             for family in histogram_families() {
-                let mut metric = encoder.encode_descriptor(
-                    &family.name,
-                    &family.help,
-                    Some(&Unit::Seconds),
-                    MetricType::Histogram,
-                )?;
-                self.encode_histograms(family, &mut metric, &per_vp)?;
+                sink.family(&family.name, &family.help, Some(BaseUnit::Seconds), Kind::Histogram)?;
+                self.encode_histograms(family, sink, &per_vp)?;
             }
         }
-        Ok(())
+        sink.finish()
     }
 }
 
@@ -644,89 +685,73 @@ impl Exposition {
     /// unmapped values. Besides each hypervisor's, the values of at most `--max-vps` objects (LPs,
     /// partitions and VPs alike, in that order) are exported, and a partition's VPs only when they
     /// are exported one by one (under the VP cap); what is left out is counted, per instance.
-    fn encode_mshv(&self, encoder: &mut DescriptorEncoder, per_vp: &[bool]) -> std::fmt::Result {
+    fn encode_mshv(&self, sink: &mut dyn Sink, per_vp: &[bool]) -> std::fmt::Result {
         use hvstats::unmapped::ObjectRef;
         let mshv = || self.reading.instances.iter().filter(|i| i.unmapped.is_some());
-        {
-            let help =
-                "An instance publishing the Microsoft Hypervisor's own counters (hvstats observe --mshv)";
-            let mut metric =
-                encoder.encode_descriptor("mshv_instance_info", help, None, MetricType::Gauge)?;
-            for instance in mshv() {
-                let labels: Labels = vec![
-                    ("publisher", instance.name.clone()),
-                    ("source", "mshv".to_owned()),
-                    ("description", instance.description.name.clone()),
-                ];
-                metric.encode_family(&labels)?.encode_gauge(&1u64)?;
-            }
+        let help = "An instance publishing the Microsoft Hypervisor's own counters (hvstats observe --mshv)";
+        sink.family("mshv_instance_info", help, None, Kind::Gauge)?;
+        for instance in mshv() {
+            let labels = [
+                ("publisher", instance.name.as_str()),
+                ("source", "mshv"),
+                ("description", &instance.description.name),
+            ];
+            sink.sample(&labels, Number::Whole(1))?;
         }
         let mut omitted: std::collections::BTreeMap<String, u64> =
             mshv().map(|i| (i.name.clone(), 0)).collect();
         let mut budget = self.max_vps;
-        {
-            let mut metric =
-                encoder.encode_descriptor("mshv_value", MSHV_VALUE_HELP, None, MetricType::Gauge)?;
-            // Exports `values` under `base`, when `shown` and (for all but the hypervisor) the
-            // budget has room; else counts them as left out.
-            let mut emit = |publisher: &str,
-                            base: &Labels,
-                            values: Option<&Vec<(String, u64)>>,
-                            budgeted: bool,
-                            shown: bool|
-             -> std::fmt::Result {
-                let Some(values) = values.filter(|v| !v.is_empty()) else { return Ok(()) };
-                if !shown || (budgeted && budget == 0) {
-                    *omitted.entry(publisher.to_owned()).or_default() += values.len() as u64;
-                    return Ok(());
-                }
-                if budgeted {
-                    budget -= 1;
-                }
-                for (name, value) in values {
-                    let mut labels = base.clone();
-                    labels.push(("name", name.clone()));
-                    metric.encode_family(&labels)?.encode_gauge(value)?;
-                }
-                Ok(())
-            };
-            for instance in mshv() {
-                let Some(unmapped) = &instance.unmapped else { continue };
-                let publisher = instance.name.as_str();
-                let base = |object: &str| -> Labels {
-                    vec![("publisher", instance.name.clone()), ("object", object.to_owned())]
-                };
-                emit(publisher, &base("hypervisor"), unmapped.get(&ObjectRef::Hypervisor), false, true)?;
-                for lp in &instance.lps {
-                    let mut labels = base("lp");
-                    labels.push(("lp", lp.index.to_string()));
-                    emit(publisher, &labels, unmapped.get(&ObjectRef::Lp(lp.index)), true, true)?;
-                }
+        sink.family("mshv_value", MSHV_VALUE_HELP, None, Kind::Gauge)?;
+        // Exports `values` under `base`, when `shown` and (for all but the hypervisor) the
+        // budget has room; else counts them as left out.
+        let mut emit = |sink: &mut dyn Sink,
+                        publisher: &str,
+                        base: LabelSet<'_>,
+                        values: Option<&Vec<(String, u64)>>,
+                        budgeted: bool,
+                        shown: bool|
+         -> std::fmt::Result {
+            let Some(values) = values.filter(|v| !v.is_empty()) else { return Ok(()) };
+            if !shown || (budgeted && budget == 0) {
+                *omitted.entry(publisher.to_owned()).or_default() += values.len() as u64;
+                return Ok(());
             }
-            for ((instance, partition), one_by_one) in self.partitions().zip(per_vp) {
-                let Some(unmapped) = &instance.unmapped else { continue };
-                let publisher = instance.name.as_str();
-                let base = |object: &str| -> Labels {
-                    vec![
-                        ("publisher", instance.name.clone()),
-                        ("object", object.to_owned()),
-                        ("partition", partition.id.to_string()),
-                    ]
-                };
-                let values = unmapped.get(&ObjectRef::Partition(partition.id));
-                emit(publisher, &base("partition"), values, true, true)?;
-                for vp in &partition.vps {
-                    let mut labels = base("vp");
-                    labels.push(("vp", vp.index.to_string()));
-                    let values = unmapped.get(&ObjectRef::Vp(partition.id, vp.index));
-                    emit(publisher, &labels, values, true, *one_by_one)?;
-                }
+            if budgeted {
+                budget -= 1;
+            }
+            for (name, value) in values {
+                sink.sample(base.with("name", name).as_slice(), Number::Whole(*value))?;
+            }
+            Ok(())
+        };
+        for instance in mshv() {
+            let Some(unmapped) = &instance.unmapped else { continue };
+            let publisher = instance.name.as_str();
+            let base = |object| LabelSet::of(&[("publisher", publisher), ("object", object)]);
+            emit(sink, publisher, base("hypervisor"), unmapped.get(&ObjectRef::Hypervisor), false, true)?;
+            for lp in &instance.lps {
+                let index = lp.index.to_string();
+                let labels = base("lp").with("lp", &index);
+                emit(sink, publisher, labels, unmapped.get(&ObjectRef::Lp(lp.index)), true, true)?;
             }
         }
-        let mut metric =
-            encoder.encode_descriptor("mshv_values_omitted", MSHV_OMITTED_HELP, None, MetricType::Gauge)?;
+        for ((instance, partition), one_by_one) in self.partitions().zip(per_vp) {
+            let Some(unmapped) = &instance.unmapped else { continue };
+            let publisher = instance.name.as_str();
+            let id = partition.id.to_string();
+            let base =
+                |object| LabelSet::of(&[("publisher", publisher), ("object", object), ("partition", &id)]);
+            let values = unmapped.get(&ObjectRef::Partition(partition.id));
+            emit(sink, publisher, base("partition"), values, true, true)?;
+            for vp in &partition.vps {
+                let labels = base("vp").with("vp", self.vp_label(vp.index));
+                let values = unmapped.get(&ObjectRef::Vp(partition.id, vp.index));
+                emit(sink, publisher, labels, values, true, *one_by_one)?;
+            }
+        }
+        sink.family("mshv_values_omitted", MSHV_OMITTED_HELP, None, Kind::Gauge)?;
         for (publisher, count) in omitted {
-            metric.encode_family(&vec![("publisher", publisher)])?.encode_gauge(&count)?;
+            sink.sample(&[("publisher", &publisher)], Number::Whole(count))?;
         }
         Ok(())
     }
@@ -745,6 +770,7 @@ pub fn health(reading: &Reading) -> (bool, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::collectors::{Collector, Selection};
     use hvstats_testkit::synthetic_instance;
 
     fn lines_of<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
@@ -983,6 +1009,136 @@ mod tests {
         assert_eq!(lines_of(&capped, "hvstats_mshv_value{").len(), 2, "{capped}");
         let omitted = format!("hvstats_mshv_values_omitted{{publisher=\"{name}\"}} 1001");
         assert_eq!(lines_of(&capped, "hvstats_mshv_values_omitted{"), [omitted]);
+    }
+
+    /// A reading of one partition of 4 VPs, every VP with histograms.
+    fn four_vps_with_histograms() -> crate::live::Reading {
+        let mut instance = synthetic_instance(1, 4);
+        for vp in &mut instance.partitions[0].vps {
+            let mut h = Log2Histogram::default();
+            for ns in [0, 900, 1_500, 70_000] {
+                h.record(ns);
+            }
+            vp.histograms = crate::metrics::histogram_families()
+                .iter()
+                .filter_map(|f| Some((f.members.first()?.counter, h)))
+                .collect();
+        }
+        crate::live::Reading::of(vec![instance])
+    }
+
+    /// The sample lines of `text` whose labels hold `vp="N"` for a VP index N.
+    fn per_vp_series(text: &str) -> usize {
+        text.lines()
+            .filter(|l| !l.starts_with('#') && l.contains("vp=\"") && !l.contains("vp=\"all\""))
+            .count()
+    }
+
+    #[test]
+    fn the_default_collectors_carry_at_most_20_series_per_vp_and_no_buckets() {
+        let reading = four_vps_with_histograms();
+        let all = Exposition::new(reading.clone(), 100).encode().unwrap();
+        let default = Exposition::new(reading.clone(), 100).collect(Selection::defaults()).encode().unwrap();
+        let (all_per_vp, default_per_vp) = (per_vp_series(&all) / 4, per_vp_series(&default) / 4);
+        assert!((15..=20).contains(&default_per_vp), "{default_per_vp} series per VP\n{default}");
+        assert!(all_per_vp > 100, "{all_per_vp}");
+        assert!(!default.contains("_bucket{"), "{default}");
+        for name in crate::collectors::ESSENTIAL_VP {
+            assert!(default.contains(&format!("\n{name}{{")), "no {name}");
+        }
+        // The intercept time is the VM's (its VPs summed), unless VP detail is asked for.
+        let time: Vec<&str> = lines_of(&default, "hvstats_vp_intercept_seconds_total{");
+        assert!(!time.is_empty() && time.iter().all(|l| l.contains("vp=\"all\"")), "{time:?}");
+        let detail = Exposition::new(reading.clone(), 100)
+            .collect(Selection::defaults().with(Collector::VpDetail))
+            .encode()
+            .unwrap();
+        let time: Vec<&str> = lines_of(&detail, "hvstats_vp_intercept_seconds_total{");
+        assert_eq!(time.iter().filter(|l| l.contains("vp=\"all\"")).count(), 0, "{time:?}");
+        assert!(time.iter().any(|l| l.contains("vp=\"3\"")));
+        // Histograms: per VP with `histograms`, per VM with `histograms-vm`.
+        let hist = Exposition::new(reading.clone(), 100)
+            .collect(Selection::defaults().with(Collector::Histograms))
+            .encode()
+            .unwrap();
+        let buckets = lines_of(&hist, "hvstats_vp_hypercall_duration_seconds_bucket{");
+        assert_eq!(buckets.len(), 4 * hvstats_abi::histogram::BUCKETS, "{hist}");
+        let by_vm = Exposition::new(reading.clone(), 100)
+            .collect(Selection::defaults().with(Collector::HistogramsVm))
+            .encode()
+            .unwrap();
+        let buckets = lines_of(&by_vm, "hvstats_vp_hypercall_duration_seconds_bucket{");
+        assert_eq!(buckets.len(), hvstats_abi::histogram::BUCKETS);
+        assert!(buckets.iter().all(|l| l.contains("vp=\"all\"")));
+        assert!(
+            by_vm.contains("hvstats_vp_hypercall_duration_seconds_count{vm=\"partition-1\",vp=\"all\"} 16\n")
+        );
+        // Nothing of a collector left out.
+        let vp_only =
+            Exposition::new(reading, 100).collect(Selection::NONE.with(Collector::Vp)).encode().unwrap();
+        assert!(!vp_only.contains("hvstats_build_info") && !vp_only.contains("hvstats_vm_"), "{vp_only}");
+    }
+
+    #[test]
+    fn every_family_a_scrape_carries_is_declared_with_its_collector() {
+        let mut reading = four_vps_with_histograms();
+        reading.instances[0].unmapped = Some(hvstats::unmapped::Unmapped::new());
+        let text = Exposition::new(reading.clone(), 100).read_in(std::time::Duration::ZERO).encode().unwrap();
+        let declared = crate::collectors::exported_families();
+        let types: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split(' ').next())
+            .collect();
+        assert!(types.len() > 50, "{text}");
+        for name in &types {
+            let counter = format!("{name}_total");
+            assert!(
+                declared.iter().any(|(n, _, _)| n == name || *n == counter),
+                "{name} is carried but not declared"
+            );
+        }
+        // Each collector alone carries exactly its declared families.
+        for info in crate::collectors::COLLECTORS {
+            let alone = Exposition::new(reading.clone(), 100)
+                .read_in(std::time::Duration::ZERO)
+                .collect(Selection::NONE.with(info.collector))
+                .encode()
+                .unwrap();
+            for line in alone.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
+                let name = line.split(' ').next().unwrap();
+                let counter = format!("{name}_total");
+                let of = declared.iter().find(|(n, _, _)| n == name || *n == counter).unwrap();
+                let histogram_vm = info.collector == Collector::HistogramsVm && of.2;
+                assert!(of.1 == info.collector || histogram_vm, "{name} under {}", info.name);
+            }
+        }
+    }
+
+    #[test]
+    fn the_protobuf_exposition_has_the_texts_series_and_native_histograms() {
+        let reading = four_vps_with_histograms();
+        let selection = Selection::defaults().with(Collector::Histograms);
+        let text = Exposition::new(reading.clone(), 100).collect(selection).encode().unwrap();
+        let families =
+            crate::protobuf::decode(&Exposition::new(reading, 100).collect(selection).encode_protobuf())
+                .unwrap();
+        let name = |f: &crate::protobuf::MetricFamily| f.name.clone().unwrap_or_default();
+        let hypercalls = families.iter().find(|f| name(f) == "hvstats_vp_hypercalls_total").unwrap();
+        assert_eq!(hypercalls.metric.len(), 4);
+        let first = &hypercalls.metric[0];
+        let line = lines_of(&text, "hvstats_vp_hypercalls_total{vm=\"partition-1\",vp=\"0\"}")[0];
+        let value: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        assert_eq!(first.counter.as_ref().and_then(|c| c.value), Some(value));
+        let h = families.iter().find(|f| name(f) == "hvstats_vp_hypercall_duration_seconds").unwrap();
+        assert_eq!(h.metric.len(), 4);
+        let native = h.metric[0].histogram.as_ref().unwrap();
+        assert_eq!((native.sample_count, native.zero_count, native.schema), (Some(4), Some(1), Some(0)));
+        // Every sample line of the text is one metric of the protobuf, but for the buckets.
+        let samples = text.lines().filter(|l| !l.starts_with('#')).count();
+        let classic_parts = 4 * 8 * (hvstats_abi::histogram::BUCKETS + 2) - 4 * 8;
+        let metrics: usize = families.iter().map(|f| f.metric.len()).sum();
+        assert_eq!(metrics, samples - classic_parts);
     }
 
     #[test]

@@ -88,6 +88,8 @@ pub struct LogicalProcessorStats {
     index: u32,
     cpu: u32,
     page: SharedPage,
+    /// The counters the host last gave nothing for ([`crate::lp::unmeasured`]), as declared.
+    unmeasured: Mutex<Option<Vec<CounterId>>>,
 }
 
 impl LogicalProcessorStats {
@@ -376,6 +378,7 @@ impl Hypervisor {
                     index,
                     cpu,
                     page: create(ObjectKind::LogicalProcessor, u64::from(index), cpu)?,
+                    unmeasured: Mutex::new(None),
                 });
             }
             (page, lps)
@@ -443,10 +446,24 @@ impl Hypervisor {
         self.arena.note_refresh();
         self.global.note_refresh();
         let cpus: Vec<u32> = self.lps.iter().map(|lp| lp.cpu).collect();
-        for (lp, sample) in self.lps.iter().zip(crate::lp::sample_host(&cpus)?) {
-            crate::lp::apply(&lp.page, &sample);
-        }
+        self.refresh_lps_with(&crate::lp::sample_host(&cpus)?);
         Ok(())
+    }
+
+    /// Writes `samples` (one per LP, in LP order) into the LP pages, and declares unavailable
+    /// what the host gave nothing for ([`crate::lp::unmeasured`]: an idle state its cpuidle
+    /// driver lacks, a CPU without a line in `/proc/stat`), so readers show it absent rather
+    /// than 0. The declaration is written only when it changes.
+    pub fn refresh_lps_with(&self, samples: &[crate::lp::LpSample]) {
+        for (lp, sample) in self.lps.iter().zip(samples) {
+            crate::lp::apply(&lp.page, sample);
+            let unmeasured = crate::lp::unmeasured(sample);
+            let mut declared = lp.unmeasured.lock().unwrap_or_else(|p| p.into_inner());
+            if declared.as_ref() != Some(&unmeasured) {
+                self.set_global_unavailable(Some(lp.index), &unmeasured);
+                *declared = Some(unmeasured);
+            }
+        }
     }
 
     /// Declares counters of the hypervisor object (`lp` `None`) or of LP `lp` that no source

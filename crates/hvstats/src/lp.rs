@@ -167,7 +167,7 @@ pub struct IdleState {
 
 /// The cpuidle states of `cpu` under `sysfs_cpu` (`/sys/devices/system/cpu`); none when the
 /// CPU has no cpuidle driver.
-pub(crate) fn read_idle_states(sysfs_cpu: &Path, cpu: u32) -> Vec<IdleState> {
+pub fn read_idle_states(sysfs_cpu: &Path, cpu: u32) -> Vec<IdleState> {
     let dir = sysfs_cpu.join(format!("cpu{cpu}")).join("cpuidle");
     let Ok(entries) = std::fs::read_dir(&dir) else { return Vec::new() };
     let read = |p: &Path, f: &str| std::fs::read_to_string(p.join(f)).ok().map(|s| s.trim().to_owned());
@@ -259,8 +259,9 @@ const C_STATES: [(&str, CounterId, CounterId); 3] = [
 
 /// The LP counters no source gives for a CPU whose cpuidle states are `idle`: the catalog's
 /// unmaintained rows (context switches, IPIs sent, …), the rows of the C-states the CPU does not
-/// have, and its halts when it has no cpuidle driver. Declared unavailable, readers show them as
-/// unknown ("-", null, no series), never as a measured 0.
+/// have (a guest's `haltpoll` driver has `POLL` and `haltpoll idle`, no C1), and its halts when it
+/// has no cpuidle driver. Declared unavailable, readers show them as unknown ("-", null, no
+/// series), never as a measured 0.
 pub(crate) fn unavailable(idle: &[IdleState]) -> Vec<CounterId> {
     let mut out: Vec<CounterId> =
         hvstats_abi::catalog::counters_of(hvstats_abi::ObjectKind::LogicalProcessor)
@@ -281,6 +282,25 @@ pub(crate) fn unavailable(idle: &[IdleState]) -> Vec<CounterId> {
 /// [`unavailable`] for host CPU `cpu`, from its cpuidle states in sysfs.
 pub(crate) fn unavailable_on_host(cpu: u32) -> Vec<CounterId> {
     unavailable(&read_idle_states(Path::new("/sys/devices/system/cpu"), cpu))
+}
+
+/// The LP counters `sample` gives nothing for: those [`unavailable`] names for its idle states,
+/// the run times without a `/proc/stat` line, the interrupts without a `/proc/interrupts`
+/// column. A reader shows them absent, never as a measured 0.
+pub fn unmeasured(sample: &LpSample) -> Vec<CounterId> {
+    let mut out = unavailable(&sample.idle);
+    if sample.times.is_none() {
+        out.extend([lp::TOTAL_RUN_TIME, lp::HYPERVISOR_RUN_TIME]);
+    }
+    if sample.interrupts.is_none() {
+        out.extend([
+            lp::HARDWARE_INTERRUPTS,
+            lp::TIMER_INTERRUPTS,
+            lp::SCHEDULER_INTERRUPTS,
+            lp::INTER_PROCESSOR_INTERRUPTS,
+        ]);
+    }
+    out
 }
 
 /// CLOCK_BOOTTIME in 100 ns units.

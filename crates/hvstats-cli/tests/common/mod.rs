@@ -105,10 +105,24 @@ pub fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
     reply
 }
 
-/// One `GET /metrics` from a `hvstats serve` started over `runtime` for it (and stopped after).
+/// The flags that turn on every collector `serve` leaves off by default (VP histograms one by
+/// one).
+pub const EVERY_COLLECTOR: [&str; 6] = [
+    "--collector.vp-detail",
+    "--collector.histograms",
+    "--collector.lp",
+    "--collector.hypervisor",
+    "--collector.partition",
+    "--collector.mshv",
+];
+
+/// One `GET /metrics` from a `hvstats serve` started over `runtime` for it (and stopped after),
+/// every collector on.
 pub fn scrape(runtime: &Path) -> String {
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hvstats"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--runtime-dir"])
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(EVERY_COLLECTOR)
+        .arg("--runtime-dir")
         .arg(runtime)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
@@ -160,6 +174,16 @@ pub fn prometheus_tool(name: &str, test: &str) -> Option<&'static str> {
 /// Starts the Prometheus server `prometheus` with the configuration `config` (YAML), its data and
 /// configuration file under `work`, on a free loopback port; it and the address of its web API.
 pub fn start_prometheus(prometheus: &str, config: &str, work: &Path) -> (KilledOnDrop, std::net::SocketAddr) {
+    start_prometheus_with(prometheus, config, work, &[])
+}
+
+/// [`start_prometheus`] with more flags (`--enable-feature=native-histograms`).
+pub fn start_prometheus_with(
+    prometheus: &str,
+    config: &str,
+    work: &Path,
+    flags: &[&str],
+) -> (KilledOnDrop, std::net::SocketAddr) {
     let file = work.join("prometheus.yml");
     std::fs::write(&file, config).unwrap();
     let web = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
@@ -167,6 +191,7 @@ pub fn start_prometheus(prometheus: &str, config: &str, work: &Path) -> (KilledO
         .arg(format!("--config.file={}", file.display()))
         .arg(format!("--storage.tsdb.path={}", work.join("data").display()))
         .arg(format!("--web.listen-address={web}"))
+        .args(flags)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()

@@ -17,35 +17,39 @@ use std::time::Instant;
 
 use tokio::sync::watch;
 
+use hvstats_present::collectors::Selection;
 use hvstats_present::exposition::{self, Exposition};
 use hvstats_present::live::{Live, Reading};
 
+use super::compress::Encoded;
 use super::http::{Body, Bounds, ChunkWriter, Reply, SharedBody};
+use super::negotiate::Format;
 
 /// What a request can ask of a reading.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Want {
     /// `/healthz`: what could be read.
     Health,
-    /// `/metrics` in the OpenMetrics format.
-    OpenMetrics,
-    /// `/metrics` in the classic Prometheus text format.
-    Classic,
+    /// `/metrics` in a format, of some collectors, gzipped or not.
+    Metrics(Scrape),
     /// `/api/v1/snapshot`.
     Snapshot,
 }
 
-impl Want {
-    /// Its bit in the set of what the next reading is wanted for.
-    fn bit(self) -> u8 {
-        match self {
-            Want::Health => 8,
-            Want::OpenMetrics => 1,
-            Want::Classic => 2,
-            Want::Snapshot => 4,
-        }
-    }
+/// One kind of `/metrics` body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Scrape {
+    /// The format negotiated.
+    pub format: Format,
+    /// The collectors exported.
+    pub selection: Selection,
+    /// Whether the body is gzipped.
+    pub gzip: bool,
 }
+
+/// Different kinds of `/metrics` body one reading makes at most; a request for one more waits
+/// for the next reading.
+const MAX_SCRAPES: usize = 16;
 
 /// One reading and what was made of it.
 #[derive(Default)]
@@ -55,8 +59,8 @@ struct Generation {
     complete: bool,
     /// `/healthz`: whether something could be read, and the text.
     health: Option<(bool, String)>,
-    open_metrics: Option<Result<SharedBody, String>>,
-    classic: Option<Result<SharedBody, String>>,
+    /// Each kind of `/metrics` body asked of this reading.
+    scrapes: Vec<(Scrape, Result<SharedBody, String>)>,
     /// The snapshot, or why there is none (nothing could be read: the health text).
     snapshot: Option<Result<SharedBody, String>>,
 }
@@ -68,7 +72,33 @@ struct State {
     /// True while the reader runs.
     running: bool,
     /// What the requests waiting for the next reading want of it.
-    wanted: u8,
+    wanted: Wanted,
+}
+
+/// What the next reading is wanted for.
+#[derive(Default)]
+struct Wanted {
+    health: bool,
+    snapshot: bool,
+    scrapes: Vec<Scrape>,
+}
+
+impl Wanted {
+    fn any(&self) -> bool {
+        self.health || self.snapshot || !self.scrapes.is_empty()
+    }
+
+    /// Adds `want`; false when the reading already makes as many kinds of body as it may.
+    fn add(&mut self, want: Want) -> bool {
+        match want {
+            Want::Health => self.health = true,
+            Want::Snapshot => self.snapshot = true,
+            Want::Metrics(scrape) if self.scrapes.contains(&scrape) => {}
+            Want::Metrics(_) if self.scrapes.len() >= MAX_SCRAPES => return false,
+            Want::Metrics(scrape) => self.scrapes.push(scrape),
+        }
+        true
+    }
 }
 
 /// Readings taken back to back while anyone waits for one, and the last one's answers.
@@ -109,16 +139,17 @@ impl Answers {
     }
 
     /// Asks the next reading of `want`'s lane for it; returns the number of the reading that
-    /// will have it.
+    /// will have it (the one after, when the next one is asked for as many kinds of body as it
+    /// makes).
     fn register(self: &Arc<Self>, want: Want) -> u64 {
         let mut state = self.lane(want).state();
-        state.wanted |= want.bit();
+        let next = if state.wanted.add(want) { state.started + 1 } else { state.started + 2 };
         if !state.running {
             state.running = true;
             let answers = Arc::clone(self);
             tokio::task::spawn_blocking(move || answers.work(want == Want::Health));
         }
-        state.started + 1
+        next
     }
 
     /// The answer to `want` from a reading begun after this call.
@@ -133,23 +164,31 @@ impl Answers {
                 Ok(g) => Arc::clone(&g),
                 Err(_) => return Reply::text(503, "the reader stopped\n"),
             };
-            let body = match want {
+            let (body, content_type, encoding, vary) = match want {
                 Want::Health => {
                     let (healthy, text) = generation.health.clone().unwrap_or_default();
                     return Reply::text(if healthy { 200 } else { 503 }, text);
                 }
-                Want::OpenMetrics => &generation.open_metrics,
-                Want::Classic => &generation.classic,
-                Want::Snapshot => &generation.snapshot,
-            };
-            let content_type = match want {
-                Want::OpenMetrics => exposition::CONTENT_TYPE,
-                Want::Classic => exposition::CLASSIC_CONTENT_TYPE,
-                _ => "application/json",
+                Want::Metrics(scrape) => {
+                    let body = generation.scrapes.iter().find(|(s, _)| *s == scrape).map(|(_, b)| b);
+                    let content_type = match scrape.format {
+                        Format::Protobuf => hvstats_present::protobuf::CONTENT_TYPE,
+                        Format::OpenMetrics => exposition::CONTENT_TYPE,
+                        Format::Classic => exposition::CLASSIC_CONTENT_TYPE,
+                    };
+                    (body, content_type, scrape.gzip.then_some("gzip"), Some("Accept, Accept-Encoding"))
+                }
+                Want::Snapshot => (generation.snapshot.as_ref(), "application/json", None, None),
             };
             match body {
                 Some(Ok(body)) => {
-                    return Reply { status: 200, content_type, body: Body::Shared(body.clone()) };
+                    return Reply {
+                        status: 200,
+                        content_type,
+                        body: Body::Shared(body.clone()),
+                        encoding,
+                        vary,
+                    };
                 }
                 Some(Err(text)) if want == Want::Snapshot => return Reply::text(503, text.clone()),
                 Some(Err(text)) => return Reply::text(500, text.clone()),
@@ -177,7 +216,7 @@ impl Answers {
         loop {
             let (number, wanted) = {
                 let mut state = lane.state();
-                if state.wanted == 0 {
+                if !state.wanted.any() {
                     // Said under the lock: a request registering from now on starts a reader.
                     state.running = false;
                     return;
@@ -206,22 +245,19 @@ impl Answers {
             }));
             let mut generation =
                 Generation { number, complete: true, health: Some(health), ..Default::default() };
-            if wanted & (Want::OpenMetrics.bit() | Want::Classic.bit() | Want::Snapshot.bit()) != 0 {
+            if wanted.snapshot || !wanted.scrapes.is_empty() {
                 self.bounds.make_room();
             }
-            let metrics = Want::OpenMetrics.bit() | Want::Classic.bit();
-            if wanted & metrics != 0 {
+            if !wanted.scrapes.is_empty() {
                 let shared = Arc::new(reading);
-                let (open, classic) = self.metrics(Arc::clone(&shared), took, wanted);
-                generation.open_metrics = open;
-                generation.classic = classic;
-                // The exposition is gone with its encoding: the reading is ours alone again.
+                generation.scrapes = self.metrics(&shared, took, &wanted.scrapes);
+                // The expositions are gone with their encodings: the reading is ours alone again.
                 reading = match Arc::try_unwrap(shared) {
                     Ok(reading) => reading,
                     Err(shared) => (*shared).clone(),
                 };
             }
-            if wanted & Want::Snapshot.bit() != 0 {
+            if wanted.snapshot {
                 generation.snapshot = Some(match exposition::nothing_read(&reading) {
                     true => Err(exposition::health(&reading).1),
                     false => {
@@ -241,46 +277,92 @@ impl Answers {
         }
     }
 
-    /// `/metrics` of `reading` in the formats `wanted`, from one encoding.
-    #[allow(clippy::type_complexity, reason = "the two bodies, each made or not")]
+    /// The `/metrics` bodies `scrapes` ask of `reading`: one encoding of each selection's text
+    /// for every text body of it (OpenMetrics or classic, gzipped or not), one of its protobuf.
     fn metrics(
         &self,
-        reading: Arc<Reading>,
+        reading: &Arc<Reading>,
         took: std::time::Duration,
-        wanted: u8,
-    ) -> (Option<Result<SharedBody, String>>, Option<Result<SharedBody, String>>) {
-        let exposition = Exposition::new(reading, self.max_vps).read_in(took);
-        let (mut open, mut classic) =
-            (ChunkWriter::default(), exposition::Classic::new(ChunkWriter::default()));
-        let want_open = wanted & Want::OpenMetrics.bit() != 0;
-        let want_classic = wanted & Want::Classic.bit() != 0;
-        let mut both =
-            Tee { open: want_open.then_some(&mut open), classic: want_classic.then_some(&mut classic) };
-        let encoded = exposition.encode_into(&mut both).and_then(|()| classic.finish());
+        scrapes: &[Scrape],
+    ) -> Vec<(Scrape, Result<SharedBody, String>)> {
+        let mut out = Vec::with_capacity(scrapes.len());
+        let mut selections: Vec<Selection> = Vec::new();
+        for s in scrapes {
+            if !selections.contains(&s.selection) {
+                selections.push(s.selection);
+            }
+        }
+        let exposition =
+            |selection| Exposition::new(Arc::clone(reading), self.max_vps).read_in(took).collect(selection);
         let failed = || Err("encoding failed\n".to_owned());
-        match encoded {
-            Ok(()) => (
-                want_open.then(|| Ok(open.finish(&self.bounds))),
-                want_classic.then(|| Ok(classic.into_inner().finish(&self.bounds))),
-            ),
-            Err(_) => (want_open.then(failed), want_classic.then(failed)),
+        for selection in selections {
+            let of_it = scrapes.iter().filter(|s| s.selection == selection);
+            let mut texts: Vec<(Scrape, Text)> = of_it
+                .clone()
+                .filter(|s| s.format != Format::Protobuf)
+                .map(|s| {
+                    let body = Encoded::new(s.gzip);
+                    let text = match s.format {
+                        Format::Classic => Text::Classic(exposition::Classic::new(body)),
+                        _ => Text::Open(body),
+                    };
+                    (*s, text)
+                })
+                .collect();
+            if !texts.is_empty() {
+                let mut fanout = Fanout(&mut texts);
+                match exposition(selection).encode_into(&mut fanout) {
+                    Ok(()) => out.extend(texts.into_iter().map(|(s, t)| (s, t.finish(&self.bounds)))),
+                    Err(_) => out.extend(texts.into_iter().map(|(s, _)| (s, failed()))),
+                }
+            }
+            let protobufs: Vec<Scrape> = of_it.filter(|s| s.format == Format::Protobuf).copied().collect();
+            if !protobufs.is_empty() {
+                let bytes = exposition(selection).encode_protobuf();
+                for s in protobufs {
+                    let mut body = Encoded::new(s.gzip);
+                    let written = std::io::Write::write_all(&mut body, &bytes);
+                    out.push((
+                        s,
+                        written
+                            .map_err(|_| "encoding failed\n".to_owned())
+                            .and_then(|()| body.finish(&self.bounds)),
+                    ));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// A text body being made.
+enum Text {
+    Open(Encoded),
+    Classic(exposition::Classic<Encoded>),
+}
+
+impl Text {
+    fn finish(self, bounds: &Arc<Bounds>) -> Result<SharedBody, String> {
+        match self {
+            Text::Open(body) => body.finish(bounds),
+            Text::Classic(mut classic) => {
+                classic.finish().map_err(|_| "encoding failed\n".to_owned())?;
+                classic.into_inner().finish(bounds)
+            }
         }
     }
 }
 
-/// Writes the OpenMetrics text to the formats wanted of it.
-struct Tee<'a> {
-    open: Option<&'a mut ChunkWriter>,
-    classic: Option<&'a mut exposition::Classic<ChunkWriter>>,
-}
+/// Writes the OpenMetrics text to every text body made of it.
+struct Fanout<'a>(&'a mut Vec<(Scrape, Text)>);
 
-impl std::fmt::Write for Tee<'_> {
+impl std::fmt::Write for Fanout<'_> {
     fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        if let Some(open) = self.open.as_deref_mut() {
-            open.write_str(s)?;
-        }
-        if let Some(classic) = self.classic.as_deref_mut() {
-            classic.write_str(s)?;
+        for (_, text) in self.0.iter_mut() {
+            match text {
+                Text::Open(body) => body.write_str(s)?,
+                Text::Classic(classic) => classic.write_str(s)?,
+            }
         }
         Ok(())
     }

@@ -43,7 +43,10 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use hyper::body::{Body as HttpBody, Bytes, Frame, Incoming, SizeHint};
-use hyper::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderName, HeaderValue, WWW_AUTHENTICATE};
+use hyper::header::{
+    ACCEPT, ACCEPT_ENCODING, AUTHORIZATION, CONTENT_ENCODING, CONTENT_TYPE, HeaderName, HeaderValue, VARY,
+    WWW_AUTHENTICATE,
+};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
@@ -107,6 +110,10 @@ pub(crate) struct Asked {
     pub path: String,
     /// Every `Accept` header, joined by commas.
     pub accept: String,
+    /// Every `Accept-Encoding` header, joined by commas.
+    pub accept_encoding: String,
+    /// The query, percent-encoded (empty without one).
+    pub query: String,
 }
 
 /// The body of a reply.
@@ -145,13 +152,23 @@ pub(crate) struct Reply {
     pub content_type: &'static str,
     /// The body (left out for HEAD).
     pub body: Body,
+    /// The `Content-Encoding` of `body`, when it is compressed.
+    pub encoding: Option<&'static str>,
+    /// The request headers the body was chosen by (`Vary`), when any was.
+    pub vary: Option<&'static str>,
 }
 
 impl Reply {
     /// A plain-text reply.
     pub(crate) fn text(status: u16, body: impl Into<String>) -> Self {
         let body: String = body.into();
-        Self { status, content_type: "text/plain; charset=utf-8", body: Body::Small(Bytes::from(body)) }
+        Self {
+            status,
+            content_type: "text/plain; charset=utf-8",
+            body: Body::Small(Bytes::from(body)),
+            encoding: None,
+            vary: None,
+        }
     }
 }
 
@@ -771,8 +788,15 @@ async fn respond(
     let header =
         |name| request.headers().get_all(name).iter().filter_map(|v| v.to_str().ok()).collect::<Vec<_>>();
     let accept = header(ACCEPT).join(",");
+    let accept_encoding = header(ACCEPT_ENCODING).join(",");
     let authorization = header(AUTHORIZATION).first().map(|s| (*s).to_owned());
-    let asked = Asked { method: request.method().clone(), path: request.uri().path().to_owned(), accept };
+    let asked = Asked {
+        method: request.method().clone(),
+        path: request.uri().path().to_owned(),
+        accept,
+        accept_encoding,
+        query: request.uri().query().unwrap_or_default().to_owned(),
+    };
     drop(request);
     let mut challenge = false;
     let reply = match context.web.as_ref().map(|w| w.admit(authorization.as_deref())) {
@@ -802,6 +826,12 @@ async fn respond(
     *response.status_mut() = status;
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static(reply.content_type));
+    if let Some(encoding) = reply.encoding {
+        headers.insert(CONTENT_ENCODING, HeaderValue::from_static(encoding));
+    }
+    if let Some(vary) = reply.vary {
+        headers.insert(VARY, HeaderValue::from_static(vary));
+    }
     if challenge {
         headers.insert(WWW_AUTHENTICATE, HeaderValue::from_static("Basic"));
     }

@@ -1,8 +1,10 @@
 //! `hvstats serve`: an HTTP exporter of every live instance for Prometheus.
 //!
-//! `GET /metrics` reads every instance once and answers in the OpenMetrics text format
-//! ([`exposition`]) to clients that accept it (Prometheus does), in the classic Prometheus text
-//! format to the others (curl, `promtool check metrics`); `GET /healthz` says what it could read
+//! `GET /metrics` reads every instance once and answers with the families of the collectors
+//! enabled ([`collector_flags`]; a scrape's `collect[]=` and `exclude[]=` narrow them), in the
+//! format the scraper negotiates ([`negotiate`]): Prometheus' protobuf with native histograms,
+//! the OpenMetrics text, or the classic Prometheus text for the others (curl, `promtool check
+//! metrics`), gzipped when the scraper accepts it ([`compress`]); `GET /healthz` says what it could read
 //! and what not, with 503 when nothing could be read; with `--snapshot-api`, `GET
 //! /api/v1/snapshot` answers the JSON of `hvstats snapshot --json` for at most `--max-vps` VPs.
 //! Where one host is not enough, each host runs `serve` and Prometheus aggregates: the exporter
@@ -15,7 +17,10 @@
 //! asks for basic authentication or client certificates.
 
 pub(crate) mod answers;
+pub(crate) mod collector_flags;
+pub(crate) mod compress;
 pub(crate) mod http;
+pub(crate) mod negotiate;
 pub(crate) mod observe;
 pub(crate) mod web;
 
@@ -30,10 +35,11 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use hyper::Method;
 
-use self::answers::{Answers, Want};
+use self::answers::{Answers, Scrape, Want};
+use self::collector_flags::CollectorFlags;
 use self::http::{Asked, Bounds, Handler, Limits, Listener, Reply};
 
-use hvstats_present::exposition;
+use hvstats_present::collectors::{self, Selection};
 use hvstats_present::live::Live;
 
 /// The socket served when `--listen` is not given: this name in the runtime directory.
@@ -149,6 +155,9 @@ pub(crate) struct Args {
     /// With --observe-all: use no QMP socket a QEMU's command line names.
     #[arg(long, requires = "observe_all")]
     no_qmp: bool,
+    /// The collectors exported (see the collector table in the README).
+    #[command(flatten)]
+    collectors: CollectorFlags,
 }
 
 fn parse_max_connections(s: &str) -> Result<usize, String> {
@@ -169,14 +178,22 @@ fn parse_observe_interval(s: &str) -> Result<f64, String> {
     crate::cmd::seconds_in(s, 0.01, 3600.0)
 }
 
-/// The answer to `asked`: the cheap ones at once, the others from the next reading.
-async fn answer(answers: Arc<Answers>, snapshot_api: bool, asked: Asked) -> Reply {
+/// The answer to `asked`: the cheap ones at once, the others from the next reading. `/metrics`
+/// exports the collectors of `enabled` that the query's `collect[]`/`exclude[]` keep, in the
+/// format and encoding the headers negotiate.
+async fn answer(answers: Arc<Answers>, snapshot_api: bool, enabled: Selection, asked: Asked) -> Reply {
     if !matches!(asked.method, Method::GET | Method::HEAD) {
         return Reply::text(405, "only GET and HEAD\n");
     }
     let want = match asked.path.as_str() {
-        "/metrics" if exposition::accepts_openmetrics(&asked.accept) => Want::OpenMetrics,
-        "/metrics" => Want::Classic,
+        "/metrics" => match collectors::selection_of(&asked.query, enabled) {
+            Ok(selection) => Want::Metrics(Scrape {
+                format: negotiate::format(&asked.accept),
+                selection,
+                gzip: negotiate::gzip(&asked.accept_encoding),
+            }),
+            Err(e) => return Reply::text(400, format!("{e}\n")),
+        },
         "/healthz" => Want::Health,
         "/api/v1/snapshot" if snapshot_api => Want::Snapshot,
         "/api/v1/snapshot" => {
@@ -184,7 +201,10 @@ async fn answer(answers: Arc<Answers>, snapshot_api: bool, asked: Asked) -> Repl
         }
         "/" => {
             let snapshot = if snapshot_api { " /api/v1/snapshot" } else { "" };
-            return Reply::text(200, format!("hvstats exporter: /metrics /healthz{snapshot}\n"));
+            return Reply::text(
+                200,
+                format!("hvstats exporter: /metrics /healthz{snapshot}\ncollectors: {enabled}\n"),
+            );
         }
         _ => return Reply::text(404, "not found: try /metrics\n"),
     };
@@ -304,7 +324,9 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let dir = live.dir().to_owned();
     let answers = Answers::new(live, args.max_vps, Arc::clone(&bounds));
     let snapshot_api = args.snapshot_api;
-    let handler: Handler = Arc::new(move |asked| Box::pin(answer(Arc::clone(&answers), snapshot_api, asked)));
+    let enabled = args.collectors.selection;
+    let handler: Handler =
+        Arc::new(move |asked| Box::pin(answer(Arc::clone(&answers), snapshot_api, enabled, asked)));
     let observing = args.observe_all.then(|| observe::Observing {
         interval: std::time::Duration::from_secs_f64(args.observe_interval),
         filter: hvstats_kvm::observe::filter::VmFilter { include: args.vms, exclude: args.exclude_vms },
