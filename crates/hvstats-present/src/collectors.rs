@@ -144,7 +144,8 @@ pub const ESSENTIAL_VP: [&str; 9] = [
 ];
 
 /// The family of [`Collector::Vp`] exported per VM (its VPs summed, `vp="all"`) unless
-/// [`Collector::VpDetail`] is on: the mixin reads it by VM.
+/// [`Collector::VpDetail`] is on: the mixin reads its handling times by VM. Its time halted
+/// stays per VP (the mixin's time halted per vCPU), never summed.
 pub const PER_VM_UNLESS_DETAIL: &str = "hvstats_vp_intercept_seconds_total";
 
 /// The partition-page families of [`Collector::Vm`], by exposed name (the exporter's `vm_up`,

@@ -309,7 +309,19 @@ impl Exposition {
         reading: &ObjectReading,
         sink: &mut dyn Sink,
     ) -> std::fmt::Result {
-        for member in &family.members {
+        self.sample_where(family, labels, reading, sink, |_| true)
+    }
+
+    /// [`Self::sample`] of the members `keep` chooses.
+    fn sample_where(
+        &self,
+        family: &Family,
+        labels: LabelSet<'_>,
+        reading: &ObjectReading,
+        sink: &mut dyn Sink,
+        keep: impl Fn(&Member) -> bool,
+    ) -> std::fmt::Result {
+        for member in family.members.iter().filter(|m| keep(m)) {
             let Some(raw) = value_of(reading, member.counter) else { continue };
             let mut labels = labels;
             if let Some((label, value)) = member.label {
@@ -360,7 +372,8 @@ impl Exposition {
             }
             ObjectKind::Partition | ObjectKind::Vp => {}
         }
-        // The intercept time of the essential set is the VM's unless VP detail is asked for.
+        // The intercept time of the essential set is the VM's unless VP detail is asked for (but
+        // for the time halted, which is each VP's).
         let by_vm = family.object == ObjectKind::Vp
             && !self.selection.has(Collector::VpDetail)
             && family.exposed_name() == PER_VM_UNLESS_DETAIL;
@@ -371,6 +384,17 @@ impl Exposition {
             } else if *one_by_one && !by_vm {
                 for vp in &partition.vps {
                     self.sample(family, labels.with("vp", self.vp_label(vp.index)), &vp.reading, sink)?;
+                }
+            } else if *one_by_one {
+                // The time halted stays each VP's (a VP halted throughout is 1 s/s of its own,
+                // never added to another's); the handling times are the VM's.
+                let halted = |m: &Member| m.counter.is_time_halted();
+                for vp in &partition.vps {
+                    let labels = labels.with("vp", self.vp_label(vp.index));
+                    self.sample_where(family, labels, &vp.reading, sink, halted)?;
+                }
+                if let Some(sum) = partition.vps_summed() {
+                    self.sample_where(family, labels.with("vp", ALL_VPS), &sum, sink, |m| !halted(m))?;
                 }
             } else if let Some(sum) = partition.vps_summed() {
                 self.sample(family, labels.with("vp", ALL_VPS), &sum, sink)?;
