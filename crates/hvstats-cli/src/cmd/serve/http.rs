@@ -28,7 +28,7 @@
 //! Who may ask ([`crate::cmd::serve::web`]): TLS and basic authentication are checked here,
 //! before any answer is made.
 //!
-//! SIGINT and SIGTERM stop the server: it stops accepting, lets replies in flight finish within
+//! SIGINT, SIGTERM and SIGHUP stop the server: it stops accepting, lets replies in flight finish within
 //! [`Limits::shutdown_grace`], and returns the signal without waiting for readings under way.
 
 use std::collections::HashMap;
@@ -75,7 +75,7 @@ pub(crate) struct Limits {
     pub answer_timeout: Duration,
     /// A connection's whole life; then it is closed after the reply in flight.
     pub max_lifetime: Duration,
-    /// Time replies in flight get to finish after SIGINT/SIGTERM.
+    /// Time replies in flight get to finish after SIGINT, SIGTERM or SIGHUP.
     pub shutdown_grace: Duration,
     /// Bytes of large replies in flight (each counted once, however many connections send it);
     /// a reply larger than this alone is still made, once every other is gone.
@@ -487,7 +487,7 @@ struct Shared {
     web: Option<Arc<Web>>,
 }
 
-/// Serves `listener` with `handler` until SIGINT or SIGTERM; returns the signal.
+/// Serves `listener` with `handler` until SIGINT, SIGTERM or SIGHUP; returns the signal.
 ///
 /// `start` runs once the signals are watched and before the first connection is accepted; what it
 /// returns comes back with the signal, for the caller to stop.
@@ -509,7 +509,7 @@ pub(crate) fn serve<R>(
         .max_blocking_threads(4)
         .thread_name("hvstats-serve")
         .build()?;
-    // SIGINT and SIGTERM are caught from here on, before `start` begins anything that must be
+    // SIGINT, SIGTERM and SIGHUP are caught from here on, before `start` begins anything that must be
     // stopped cleanly (the observer and its instance files).
     let stopped = {
         let _entered = runtime.enter();
@@ -536,14 +536,18 @@ pub(crate) fn serve<R>(
     Ok((result?, started))
 }
 
-/// The first SIGINT or SIGTERM.
+/// The first SIGINT, SIGTERM or SIGHUP: each ends the exporter as `observe` ends (a terminal
+/// that goes away, or a supervisor's hangup, is a request to finish, not sudden death). The web
+/// configuration is read at start only, so a hangup does not reload it.
 fn stop_signal() -> io::Result<impl Future<Output = Signal>> {
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
+    let mut hangup = signal(SignalKind::hangup())?;
     Ok(async move {
         tokio::select! {
             _ = interrupt.recv() => Signal::Interrupt,
             _ = terminate.recv() => Signal::Terminate,
+            _ = hangup.recv() => Signal::Hangup,
         }
     })
 }

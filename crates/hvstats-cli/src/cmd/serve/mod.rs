@@ -221,7 +221,7 @@ impl Drop for BoundSocket {
     }
 }
 
-/// Runs `hvstats serve` until SIGINT or SIGTERM.
+/// Runs `hvstats serve` until SIGINT, SIGTERM or SIGHUP.
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let live = Live::new(Some(crate::cmd::runtime_dir(args.runtime_dir)?));
     let web = match &args.web_config_file {
@@ -276,7 +276,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         filter: hvstats_kvm::observe::filter::VmFilter { include: args.vms, exclude: args.exclude_vms },
         no_qmp: args.no_qmp,
     });
-    // Once SIGINT and SIGTERM are watched: the observer, then the address (which tells a
+    // Once SIGINT, SIGTERM and SIGHUP are watched: the observer, then the address (which tells a
     // supervisor or a test that the exporter is up).
     let start = move || -> anyhow::Result<Option<observe::Running>> {
         let observer = match observing {
