@@ -10,10 +10,16 @@
 
 mod common;
 
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Running, TempDir, hold_a_vm, kvm_available};
+use base64::Engine;
+use common::{KilledOnDrop, Running, TempDir, hold_a_vm, kvm_available, publish_partition};
 
 fn entries(dir: &Path) -> Vec<String> {
     match std::fs::read_dir(dir) {
@@ -73,4 +79,256 @@ fn sighup_sigterm_and_sigint_end_serve_and_serve_observe_all_with_0_and_remove_w
         );
         assert_eq!(entries(&tmp.path().join("observed")), Vec::<String>::new(), "{name}: a claim is left");
     }
+}
+
+/// Starts `hvstats serve` on a free loopback port; returns it and its address.
+fn serve(dir: &Path, extra: &[&str]) -> (KilledOnDrop, SocketAddr) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--runtime-dir"])
+        .arg(dir)
+        .args(extra)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let addr = common::serving_addr(&mut child);
+    (KilledOnDrop(child), addr)
+}
+
+/// A TCP connection to `addr` from the loopback address `source` (all of 127.0.0.0/8 is this
+/// host: clients on other addresses are other sources to the server).
+fn connect_from(source: [u8; 4], addr: SocketAddr) -> std::io::Result<TcpStream> {
+    use rustix::net::{AddressFamily, SocketType};
+    let fd = rustix::net::socket(AddressFamily::INET, SocketType::STREAM, None)?;
+    rustix::net::bind(&fd, &std::net::SocketAddrV4::new(source.into(), 0))?;
+    rustix::net::connect(&fd, &addr)?;
+    Ok(TcpStream::from(fd))
+}
+
+fn basic(user: &str, password: &str) -> String {
+    format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}")))
+}
+
+/// `GET /metrics` with `authorization` from `source`, read until the server closes, waiting at
+/// most `timeout` for each read (a scraper's timeout): the reply, or why there is none. `sent`
+/// counts the requests sent.
+fn get_metrics(
+    source: [u8; 4],
+    addr: SocketAddr,
+    authorization: &str,
+    timeout: Duration,
+    sent: &AtomicU64,
+) -> Result<String, String> {
+    let mut stream = connect_from(source, addr).map_err(|e| format!("connect: {e}"))?;
+    stream.set_read_timeout(Some(timeout)).unwrap();
+    write!(stream, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\nAuthorization: {authorization}\r\n\r\n")
+        .map_err(|e| format!("write: {e}"))?;
+    sent.fetch_add(1, Ordering::Relaxed);
+    let mut reply = Vec::new();
+    stream.read_to_end(&mut reply).map_err(|e| format!("read: {e}"))?;
+    Ok(String::from_utf8_lossy(&reply).into_owned())
+}
+
+#[test]
+fn wrong_passwords_on_63_connections_do_not_keep_new_scrapers_out() {
+    let tmp = TempDir::new("serve-bcrypt-flood");
+    let (_hv, part) = publish_partition(tmp.path(), 1);
+    part.vp_page(0).unwrap().set(hvstats_abi::catalog::vp::HYPERCALLS, 7);
+    // Three scrapers, each with credentials the exporter has never seen, at bcrypt cost 10.
+    let scrapers: Vec<(String, String)> =
+        (0..3).map(|i| (format!("scraper{i}"), format!("pw-{i}"))).collect();
+    let mut config = String::from("basic_auth_users:\n");
+    for (user, password) in &scrapers {
+        config.push_str(&format!("  {user}: {}\n", bcrypt::hash(password, 10).unwrap()));
+    }
+    let web = tmp.path().join("web.yml");
+    std::fs::write(&web, config).unwrap();
+    let (_server, addr) = serve(tmp.path(), &["--web.config.file", web.to_str().unwrap()]);
+
+    // 63 connections at a time from 127.0.0.2, each asking with a wrong password of its own and
+    // asking again as soon as it is answered (after a pause when refused without a check).
+    let stop = Arc::new(AtomicBool::new(false));
+    let (sent, unauthorized, busy) =
+        (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let attackers: Vec<_> = (0..63)
+        .map(|n| {
+            let (stop, sent, unauthorized, busy) =
+                (Arc::clone(&stop), Arc::clone(&sent), Arc::clone(&unauthorized), Arc::clone(&busy));
+            std::thread::spawn(move || {
+                for round in 0..10_000 {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let wrong = basic("scraper0", &format!("wrong-{n}-{round}"));
+                    match get_metrics([127, 0, 0, 2], addr, &wrong, Duration::from_secs(30), &sent) {
+                        Ok(r) if r.starts_with("HTTP/1.0 401") => {
+                            unauthorized.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(r) if r.starts_with("HTTP/1.0 429") => {
+                            busy.fetch_add(1, Ordering::Relaxed);
+                            std::thread::sleep(Duration::from_millis(50));
+                        }
+                        // Anything else (a timeout, a close) is the attacker's own loss.
+                        _ => std::thread::sleep(Duration::from_millis(50)),
+                    }
+                }
+            })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sent.load(Ordering::Relaxed) < 63 {
+        assert!(Instant::now() < deadline, "the attackers did not get going");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Each new scraper, from 127.0.0.1, with Prometheus's default scrape timeout.
+    let results: Vec<Result<String, String>> = scrapers
+        .iter()
+        .map(|(user, password)| {
+            get_metrics(
+                [127, 0, 0, 1],
+                addr,
+                &basic(user, password),
+                Duration::from_secs(10),
+                &AtomicU64::new(0),
+            )
+        })
+        .collect();
+    stop.store(true, Ordering::Relaxed);
+    for a in attackers {
+        a.join().unwrap();
+    }
+    let ok = results.iter().filter(|r| r.as_ref().is_ok_and(|r| r.starts_with("HTTP/1.0 200"))).count();
+    eprintln!(
+        "new scrapers admitted: {ok} of {}; attack: {} requests, {} refused after a check (401), {} refused at once (429)",
+        results.len(),
+        sent.load(Ordering::Relaxed),
+        unauthorized.load(Ordering::Relaxed),
+        busy.load(Ordering::Relaxed),
+    );
+    for (r, (user, _)) in results.iter().zip(&scrapers) {
+        let r = r.as_ref().unwrap_or_else(|e| panic!("{user}: no reply within its timeout: {e}"));
+        assert!(r.starts_with("HTTP/1.0 200") && r.contains("hvstats_vp_hypercalls_total{"), "{user}: {r}");
+    }
+    // The attack was refused, not admitted: its comparisons ran and said no.
+    assert!(unauthorized.load(Ordering::Relaxed) > 0);
+}
+
+/// Whether `hvstats serve` starts with the web configuration `config`: `Ok(())`, or its error.
+fn serve_accepts(dir: &Path, config: &Path) -> Result<(), String> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--runtime-dir"])
+        .arg(dir)
+        .arg("--web.config.file")
+        .arg(config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    let _ =
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut first);
+    if first.starts_with("serving ") {
+        let _ = KilledOnDrop(child);
+        return Ok(());
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{first}");
+    Err(String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn a_web_configuration_promtool_refuses_is_refused_and_rate_limit_with_it() {
+    let test = "a_web_configuration_promtool_refuses_is_refused_and_rate_limit_with_it";
+    let Some(promtool) = common::prometheus_tool("promtool", test) else { return };
+    let tmp = TempDir::new("serve-web-promtool");
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert =
+        rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap().self_signed(&key).unwrap();
+    let (cert, key) = (cert.pem(), key.serialize_pem());
+    std::fs::write(tmp.path().join("cert.pem"), &cert).unwrap();
+    std::fs::write(tmp.path().join("key.pem"), &key).unwrap();
+    let other = rcgen::KeyPair::generate().unwrap();
+    std::fs::write(tmp.path().join("other-key.pem"), other.serialize_pem()).unwrap();
+    let indented = |pem: &str| pem.lines().map(|l| format!("    {l}\n")).collect::<String>();
+    let hash = bcrypt::hash("s3cret", 4).unwrap();
+    let files = "tls_server_config:\n  cert_file: cert.pem\n  key_file: key.pem\n";
+    let refused = [
+        // A limit of every client's requests at once (one client would use up everyone's).
+        ("rate_limit", "rate_limit:\n  interval: 1s\n  burst: 5\n".to_owned(), "rate_limit"),
+        ("rate_limit off", "rate_limit:\n  interval: 0s\n".to_owned(), "rate_limit"),
+        ("empty rate_limit", "rate_limit: {}\n".to_owned(), "rate_limit"),
+        // Certificates and keys inline, which this promtool's toolkit does not know.
+        (
+            "inline certificate and key",
+            format!("tls_server_config:\n  cert: |\n{}  key: |\n{}", indented(&cert), indented(&key)),
+            "use cert_file",
+        ),
+        (
+            "inline key",
+            format!("tls_server_config:\n  cert_file: cert.pem\n  key: |\n{}", indented(&key)),
+            "use key_file",
+        ),
+        (
+            "inline client CA",
+            format!(
+                "{files}  client_auth_type: RequireAndVerifyClientCert\n  client_ca: |\n{}",
+                indented(&cert)
+            ),
+            "use client_ca_file",
+        ),
+        ("client_allowed_sans", format!("{files}  client_allowed_sans: [a]\n"), "client_allowed_sans"),
+        (
+            "a key that is not the certificate's",
+            "tls_server_config:\n  cert_file: cert.pem\n  key_file: other-key.pem\n".to_owned(),
+            "X509KeyPair",
+        ),
+        (
+            "a missing file",
+            "tls_server_config:\n  cert_file: nowhere.pem\n  key_file: key.pem\n".to_owned(),
+            "nowhere.pem",
+        ),
+        ("no certificate", "tls_server_config:\n  key_file: key.pem\n".to_owned(), "cert_file"),
+        ("an unknown client_auth_type", format!("{files}  client_auth_type: Bogus\n"), "Bogus"),
+        ("an unknown TLS version", format!("{files}  min_version: TLS14\n"), "TLS14"),
+        ("an unknown curve", format!("{files}  curve_preferences: [Foo]\n"), "Foo"),
+        ("an unknown cipher suite", format!("{files}  cipher_suites: [Foo]\n"), "Foo"),
+        (
+            "a client CA without a policy",
+            format!("{files}  client_ca_file: cert.pem\n"),
+            "Client Auth Policy",
+        ),
+        (
+            "a header that cannot be set",
+            "http_server_config:\n  headers:\n    X-Foo: bar\n".to_owned(),
+            "X-Foo",
+        ),
+        (
+            "a header value not allowed",
+            "http_server_config:\n  headers:\n    X-Frame-Options: DENY\n".to_owned(),
+            "X-Frame-Options",
+        ),
+        (
+            "a password that is not a bcrypt hash",
+            "basic_auth_users:\n  alice: plaintext\n".to_owned(),
+            "bcrypt",
+        ),
+        ("a user given twice", format!("basic_auth_users:\n  a: {hash}\n  a: {hash}\n"), "duplicate"),
+        ("not a map", "- a\n".to_owned(), "web configuration"),
+    ];
+    let config = tmp.path().join("web.yml");
+    for (what, yaml, said) in &refused {
+        std::fs::write(&config, yaml).unwrap();
+        let checked = Command::new(promtool).args(["check", "web-config"]).arg(&config).output().unwrap();
+        assert!(!checked.status.success(), "{what}: promtool accepts it, so this case proves nothing");
+        let err = serve_accepts(tmp.path(), &config).expect_err(what);
+        assert!(err.contains(said), "{what}: {err}");
+    }
+    // What promtool accepts, hvstats serves.
+    let accepted = format!(
+        "{files}  min_version: TLS12\nhttp_server_config:\n  http2: false\n  headers:\n    \
+         X-Content-Type-Options: nosniff\nbasic_auth_users:\n  prometheus: {hash}\n"
+    );
+    std::fs::write(&config, accepted).unwrap();
+    let checked = Command::new(promtool).args(["check", "web-config"]).arg(&config).output().unwrap();
+    assert!(checked.status.success(), "{}", String::from_utf8_lossy(&checked.stderr));
+    serve_accepts(tmp.path(), &config).unwrap();
 }

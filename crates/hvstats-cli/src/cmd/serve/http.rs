@@ -35,6 +35,7 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
+use std::net::IpAddr;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -458,14 +459,14 @@ enum Accepting {
 }
 
 enum Accepted {
-    Tcp(TcpStream),
+    Tcp(TcpStream, IpAddr),
     Unix(UnixStream),
 }
 
 impl Accepting {
     async fn accept(&self) -> io::Result<Accepted> {
         match self {
-            Accepting::Tcp(l) => l.accept().await.map(|(s, _)| Accepted::Tcp(s)),
+            Accepting::Tcp(l) => l.accept().await.map(|(s, peer)| Accepted::Tcp(s, peer.ip())),
             Accepting::Unix(l) => l.accept().await.map(|(s, _)| Accepted::Unix(s)),
         }
     }
@@ -474,7 +475,7 @@ impl Accepting {
 impl Accepted {
     fn try_write(&self, bytes: &[u8]) {
         let _ = match self {
-            Accepted::Tcp(s) => s.try_write(bytes),
+            Accepted::Tcp(s, _) => s.try_write(bytes),
             Accepted::Unix(s) => s.try_write(bytes),
         };
     }
@@ -502,8 +503,9 @@ pub(crate) fn serve<R>(
     start: impl FnOnce() -> anyhow::Result<R>,
     handler: Handler,
 ) -> anyhow::Result<(Signal, R)> {
-    // One thread accepts and drives every connection; readings, encodings and password checks
-    // run on at most four more, so a burst of requests cannot multiply threads.
+    // One thread accepts and drives every connection; readings and encodings run on at most
+    // four more (password checks on two of their own), so a burst of requests cannot multiply
+    // threads.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .max_blocking_threads(4)
@@ -667,7 +669,7 @@ async fn accept_loop(
         connections.spawn(async move {
             let registered = Registered { bounds: Arc::clone(&context.bounds), id };
             match stream {
-                Accepted::Tcp(s) => {
+                Accepted::Tcp(s, peer) => {
                     let _ = s.set_nodelay(true);
                     let fd = s.as_raw_fd();
                     match context.web.as_ref().and_then(|w| w.tls()) {
@@ -678,17 +680,17 @@ async fn accept_loop(
                             );
                             tokio::select! {
                                 done = handshake => if let Ok(Ok(s)) = done {
-                                    connection(s, fd, id, close, context, stopping).await;
+                                    connection(s, fd, Some(peer), id, close, context, stopping).await;
                                 },
                                 () = close.notified() => {}
                             }
                         }
-                        None => connection(s, fd, id, close, context, stopping).await,
+                        None => connection(s, fd, Some(peer), id, close, context, stopping).await,
                     }
                 }
                 Accepted::Unix(s) => {
                     let fd = s.as_raw_fd();
-                    connection(s, fd, id, close, context, stopping).await;
+                    connection(s, fd, None, id, close, context, stopping).await;
                 }
             }
             drop(registered);
@@ -712,6 +714,7 @@ fn refuse(stream: &Accepted) {
 async fn connection<I>(
     stream: I,
     fd: RawFd,
+    peer: Option<IpAddr>,
     id: u64,
     close: Arc<Notify>,
     context: Arc<Shared>,
@@ -727,7 +730,7 @@ async fn connection<I>(
     io.set_write_timeout(Some(limits.write_timeout));
     let service = {
         let context = Arc::clone(&context);
-        service_fn(move |request| respond(request, Arc::clone(&context), id))
+        service_fn(move |request| respond(request, Arc::clone(&context), peer, id))
     };
     let mut conn = pin!(
         http1::Builder::new()
@@ -764,6 +767,7 @@ async fn connection<I>(
 async fn respond(
     request: Request<Incoming>,
     context: Arc<Shared>,
+    peer: Option<IpAddr>,
     id: u64,
 ) -> Result<Response<ReplyBody>, Infallible> {
     context.bounds.with(id, |c| {
@@ -779,7 +783,7 @@ async fn respond(
     let asked = Asked { method: request.method().clone(), path: request.uri().path().to_owned(), accept };
     drop(request);
     let mut challenge = false;
-    let reply = match context.web.as_ref().map(|w| w.admit(authorization.as_deref())) {
+    let reply = match context.web.as_ref().map(|w| w.admit(authorization.as_deref(), peer)) {
         Some(admit) => match admit.await {
             Ok(()) => None,
             Err(refusal) => {

@@ -15,6 +15,7 @@
 //! asks for basic authentication or client certificates.
 
 pub(crate) mod answers;
+pub(crate) mod auth;
 pub(crate) mod http;
 pub(crate) mod observe;
 pub(crate) mod web;
@@ -72,7 +73,8 @@ pub(crate) struct Args {
     #[arg(long, value_name = "GROUP")]
     socket_group: Option<String>,
     /// The Prometheus exporter toolkit's web configuration file (TLS, basic authentication with
-    /// bcrypt hashes, headers, rate limit), as node_exporter reads it.
+    /// bcrypt hashes, headers), as node_exporter reads it; what `promtool check web-config`
+    /// refuses (`rate_limit`, inline certificates) is refused.
     #[arg(long = "web.config.file", value_name = "FILE")]
     web_config_file: Option<PathBuf>,
     /// The runtime directory the instances are published under (default: $HVSTATS_RUNTIME_DIR,
