@@ -90,8 +90,14 @@ fn serve(dir: &Path, extra: &[&str]) -> (KilledOnDrop, SocketAddr) {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let addr = common::serving_addr(&mut child);
-    (KilledOnDrop(child), addr)
+    let mut line = String::new();
+    let read =
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line);
+    let child = KilledOnDrop(child);
+    read.unwrap();
+    let addr = line.trim().strip_prefix("serving ").and_then(|s| s.split_once("://")).map(|(_, s)| s);
+    let addr = addr.and_then(|s| s.strip_suffix("/metrics")).unwrap_or_else(|| panic!("{line:?}"));
+    (child, addr.parse().unwrap())
 }
 
 /// A TCP connection to `addr` from the loopback address `source` (all of 127.0.0.0/8 is this
@@ -331,4 +337,205 @@ fn a_web_configuration_promtool_refuses_is_refused_and_rate_limit_with_it() {
     let checked = Command::new(promtool).args(["check", "web-config"]).arg(&config).output().unwrap();
     assert!(checked.status.success(), "{}", String::from_utf8_lossy(&checked.stderr));
     serve_accepts(tmp.path(), &config).unwrap();
+}
+
+/// A scraper's connection across a network: each write (a TLS flight, a part of a request)
+/// leaves 100 ms after the one before.
+struct Distant(TcpStream);
+
+impl Read for Distant {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.0.read(buf)
+    }
+}
+
+impl Write for Distant {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        std::thread::sleep(Duration::from_millis(100));
+        self.0.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
+/// `GET path` on a new connection from 127.0.0.1 with the latency of a network ([`Distant`]),
+/// over TLS trusting `cert_pem` when given: the whole reply, or why there is none within
+/// Prometheus's default scrape timeout (10 s).
+fn scrape(addr: SocketAddr, path: &str, cert_pem: Option<&str>) -> Result<String, String> {
+    let tcp = connect_from([127, 0, 0, 1], addr).map_err(|e| format!("connect: {e}"))?;
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let tcp = Distant(tcp);
+    let request = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n");
+    let mut reply = Vec::new();
+    let read = match cert_pem {
+        None => {
+            let mut tcp = tcp;
+            // The request line, then the headers.
+            let (line, headers) = request.split_at(request.find('\n').unwrap() + 1);
+            for part in [line, headers] {
+                tcp.write_all(part.as_bytes()).map_err(|e| format!("write: {e}"))?;
+            }
+            tcp.read_to_end(&mut reply).map(|_| ())
+        }
+        Some(cert_pem) => {
+            use rustls::pki_types::pem::PemObject;
+            let mut roots = rustls::RootCertStore::empty();
+            roots
+                .add(rustls::pki_types::CertificateDer::from_pem_slice(cert_pem.as_bytes()).unwrap())
+                .unwrap();
+            let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+            let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+            let connection = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+            let mut tls = rustls::StreamOwned::new(connection, tcp);
+            tls.write_all(request.as_bytes()).map_err(|e| format!("TLS: {e}"))?;
+            match tls.read_to_end(&mut reply) {
+                // A close without TLS's own goodbye, after the whole reply.
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !reply.is_empty() => Ok(()),
+                other => other.map(|_| ()),
+            }
+        }
+    };
+    read.map_err(|e| format!("read: {e} after {} bytes", reply.len()))?;
+    let reply = String::from_utf8_lossy(&reply).into_owned();
+    match reply.starts_with("HTTP/1.0 200") {
+        true => Ok(reply),
+        false => Err(reply.chars().take(200).collect()),
+    }
+}
+
+/// `attackers` clients from 127.0.0.2, each doing `attack` on a new connection again and again
+/// (at most 2,000 times) until `stop`; returns their threads and the number of connections made.
+fn attack(
+    attackers: usize,
+    addr: SocketAddr,
+    stop: &Arc<AtomicBool>,
+    attack: impl Fn(usize, TcpStream) + Send + Sync + 'static,
+) -> (Vec<std::thread::JoinHandle<()>>, Arc<AtomicU64>) {
+    let attack = Arc::new(attack);
+    let made = Arc::new(AtomicU64::new(0));
+    let threads = (0..attackers)
+        .map(|n| {
+            let (stop, made, attack) = (Arc::clone(stop), Arc::clone(&made), Arc::clone(&attack));
+            std::thread::Builder::new()
+                .stack_size(64 << 10)
+                .spawn(move || {
+                    for _ in 0..2_000 {
+                        if stop.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        match connect_from([127, 0, 0, 2], addr) {
+                            Ok(s) => {
+                                made.fetch_add(1, Ordering::Relaxed);
+                                attack(n, s);
+                            }
+                            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                        }
+                    }
+                })
+                .unwrap()
+        })
+        .collect();
+    (threads, made)
+}
+
+/// Holds `s` until the server closes it (or 10 s pass).
+fn hold_until_closed(mut s: TcpStream) {
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut buf = [0u8; 4096];
+    while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
+}
+
+/// Runs `scrapes` scrapes of each path in turn while an attack runs; the failures.
+fn scrapes_during(
+    addr: SocketAddr,
+    made: &AtomicU64,
+    paths: &[&str],
+    scrapes: usize,
+    cert: Option<&str>,
+) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while made.load(Ordering::Relaxed) < 400 {
+        assert!(Instant::now() < deadline, "the attackers did not get going");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut failed = Vec::new();
+    for n in 0..scrapes {
+        for path in paths {
+            if let Err(e) = scrape(addr, path, cert) {
+                failed.push(format!("scrape {n} of {path}: {e}"));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    failed
+}
+
+/// Attackers from 127.0.0.2 hold the connection cap (64) and reconnect as soon as they are
+/// closed, while a scraper from 127.0.0.1, 100 ms away, scrapes on fresh connections: over TLS
+/// against clients that send nothing or half a ClientHello, and over plain HTTP against clients
+/// churning connections.
+#[test]
+fn clients_that_reconnect_as_fast_as_the_cap_closes_them_push_no_scraper_out() {
+    let tmp = TempDir::new("serve-cap-churn");
+    let (_hv, part) = publish_partition(tmp.path(), 1);
+    part.vp_page(0).unwrap().set(hvstats_abi::catalog::vp::HYPERCALLS, 7);
+
+    // TLS: 200 clients that send nothing or half a ClientHello and reconnect once closed.
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert =
+        rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap().self_signed(&key).unwrap();
+    let cert = cert.pem();
+    std::fs::write(tmp.path().join("cert.pem"), &cert).unwrap();
+    std::fs::write(tmp.path().join("key.pem"), key.serialize_pem()).unwrap();
+    let web = tmp.path().join("web.yml");
+    std::fs::write(&web, "tls_server_config:\n  cert_file: cert.pem\n  key_file: key.pem\n").unwrap();
+    let (_server, addr) = serve(tmp.path(), &["--web.config.file", web.to_str().unwrap()]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (attackers, made) = attack(200, addr, &stop, |n, mut s| {
+        if n % 2 == 0 {
+            // A handshake record announcing 512 bytes, of which 6 come.
+            let _ = s.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03]);
+        }
+        hold_until_closed(s);
+    });
+    let tls_failed = scrapes_during(addr, &made, &["/metrics"], 20, Some(&cert));
+    stop.store(true, Ordering::Relaxed);
+    for a in attackers {
+        a.join().unwrap();
+    }
+    let tls_attack = made.load(Ordering::Relaxed);
+    drop(_server);
+
+    // Plain HTTP: 200 clients churning, each connecting, sending part of a head or nothing,
+    // and closing after a moment, again and again.
+    let (_server, addr) = serve(tmp.path(), &[]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (attackers, made) = attack(200, addr, &stop, |n, mut s| {
+        if n % 2 == 0 {
+            let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n");
+        }
+        std::thread::sleep(Duration::from_millis(5 + (n as u64 % 20)));
+        drop(s);
+    });
+    let plain_failed = scrapes_during(addr, &made, &["/healthz", "/metrics"], 20, None);
+    stop.store(true, Ordering::Relaxed);
+    for a in attackers {
+        a.join().unwrap();
+    }
+    eprintln!(
+        "TLS: {} of 20 scrapes failed during {tls_attack} attacking connections; plain: {} of 40 failed during {} churning connections",
+        tls_failed.len(),
+        plain_failed.len(),
+        made.load(Ordering::Relaxed)
+    );
+    assert_eq!(tls_failed, Vec::<String>::new(), "TLS scrapes pushed out");
+    assert_eq!(plain_failed, Vec::<String>::new(), "plain scrapes pushed out");
 }

@@ -248,7 +248,7 @@ impl Auth {
 
 /// The address a source is budgeted as: an IPv4 address itself, an IPv6 address by its /64 (one
 /// host's usual share), an IPv4-mapped IPv6 address as IPv4.
-fn budgeted(source: IpAddr) -> IpAddr {
+pub(crate) fn budgeted(source: IpAddr) -> IpAddr {
     match source {
         IpAddr::V4(v4) => IpAddr::V4(v4),
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {

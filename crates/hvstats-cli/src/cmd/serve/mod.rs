@@ -93,7 +93,9 @@ pub(crate) struct Args {
     #[arg(long, value_name = "BYTES", default_value_t = Limits::default().max_reply_bytes,
           value_parser = parse_max_reply_bytes)]
     max_reply_bytes: usize,
-    /// Connections served at once; at the cap the idlest is closed to admit a new one.
+    /// Connections served at once; at the cap the one that holds the most and has done the
+    /// least (of the address holding the most connections, never one that got a reply in the
+    /// last minute while another is left) is closed to admit a new one.
     #[arg(long, value_name = "N", default_value_t = Limits::default().max_connections,
           value_parser = parse_max_connections)]
     max_connections: usize,
