@@ -147,7 +147,7 @@ fn both_units_pass_systemd_analyze_verify_and_are_hardened() {
     ) {
         assert!(unit.contains(hardening), "a unit lacks {hardening:?}");
     }
-    assert!(serve.contains("ExecStart=/usr/bin/hvstats serve --listen 127.0.0.1:9966\n"));
+    assert!(serve.contains("ExecStart=/usr/bin/hvstats serve --listen 127.0.0.1:9966 --expect-observer\n"));
     assert!(observe.contains("ExecStart=/usr/bin/hvstats observe --all\n"));
     for path in [&serve_path, &observe_path] {
         let Some((ok, text)) = verify(path, &tmp, true) else { return };

@@ -539,3 +539,70 @@ fn clients_that_reconnect_as_fast_as_the_cap_closes_them_push_no_scraper_out() {
     assert_eq!(tls_failed, Vec::<String>::new(), "TLS scrapes pushed out");
     assert_eq!(plain_failed, Vec::<String>::new(), "plain scrapes pushed out");
 }
+
+/// The value of the sample of `name` without labels (`name 0`, or `name{} 0` as the encoder
+/// writes it; Prometheus reads both alike).
+fn unlabelled(text: &str, name: &str) -> Option<String> {
+    common::sample(text, name).or_else(|| common::sample(text, &format!("{name}{{}}")))
+}
+
+/// The instance name an observer's log line "publishing observed VMs as instance NAME" gives.
+fn published_as(observer: &Running) -> String {
+    let line = observer.wait_line("publishing observed VMs as instance ");
+    line.split("as instance ").nth(1).unwrap().split(' ').next().unwrap().to_owned()
+}
+
+#[test]
+fn an_observer_killed_and_cleaned_away_is_still_reported_down_by_a_restarted_exporter() {
+    let tmp = TempDir::new("serve-observer-gone");
+    // An observer waiting for a QEMU on a socket that has none: up, observing nothing.
+    let nowhere = tmp.path().join("nobody.sock");
+    let observer =
+        || Running::start(&["observe", "--qmp", nowhere.to_str().unwrap(), "--interval", "0.1"], tmp.path());
+    let up = |name: &str| format!("hvstats_observer_up{{publisher=\"{name}\"}}");
+    let mut first = observer();
+    let name = published_as(&first);
+    let serve = Running::start(&["serve", "--listen", "127.0.0.1:0"], tmp.path());
+    serve.metrics_until(Duration::from_secs(20), |m| common::sample(m, &up(&name)).as_deref() == Some("1"));
+    // Killed outright; an admin's snapshot cleans its dead instance away; the exporter restarts.
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    let snapshot = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["snapshot", "--runtime-dir"])
+        .arg(tmp.path())
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(snapshot.success());
+    let left = entries(&tmp.path().join("instances"));
+    assert!(!left.iter().any(|f| f.starts_with(&name)), "the dead instance was not cleaned: {left:?}");
+    drop(serve);
+    let serve = Running::start(&["serve", "--listen", "127.0.0.1:0"], tmp.path());
+    let m = serve.get("/metrics");
+    assert_eq!(common::sample(&m, &up(&name)).as_deref(), Some("0"), "{m}");
+    // Another observer publishes: it alone is reported, up.
+    let mut second = observer();
+    let name2 = published_as(&second);
+    let m = serve
+        .metrics_until(Duration::from_secs(20), |m| common::sample(m, &up(&name2)).as_deref() == Some("1"));
+    assert_eq!(common::sample(&m, &up(&name)), None, "{m}");
+    // Stopped cleanly, it takes its mark away: an exporter not told to expect an observer
+    // reports none; one told to (as the packaged service is) reports one down.
+    assert_eq!(second.terminate().code(), Some(0));
+    drop(serve);
+    let serve = Running::start(&["serve", "--listen", "127.0.0.1:0"], tmp.path());
+    let m = serve.get("/metrics");
+    assert!(!m.contains("hvstats_observer_up"), "{m}");
+    drop(serve);
+    let serve = Running::start(&["serve", "--listen", "127.0.0.1:0", "--expect-observer"], tmp.path());
+    let m = serve.get("/metrics");
+    assert_eq!(unlabelled(&m, "hvstats_observer_up").as_deref(), Some("0"), "{m}");
+    // A mark planted by another user is not believed, and counted a read error; the observer
+    // is still expected.
+    std::fs::write(tmp.path().join("observer"), "1-2-3\n").unwrap();
+    std::os::unix::fs::chown(tmp.path().join("observer"), Some(65534), Some(65534)).unwrap();
+    let m = serve.get("/metrics");
+    assert_eq!(common::sample(&m, &up("1-2-3")), None, "{m}");
+    assert_eq!(unlabelled(&m, "hvstats_observer_up").as_deref(), Some("0"), "{m}");
+    assert_eq!(common::sample(&m, "hvstats_read_errors").as_deref(), Some("1"), "{m}");
+}

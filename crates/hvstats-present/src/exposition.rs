@@ -281,7 +281,12 @@ impl Exposition {
                 if let Some(up) = up.filter(|up| family.members.iter().any(|m| m.counter.id == up.id)) {
                     let down = ObjectReading::Counters(vec![(up, 0)]);
                     for name in &self.reading.dead_observers {
-                        sample(&vec![(PUBLISHER, name.clone())], &down)?;
+                        // An observer expected and never seen has no name: no label.
+                        let labels = match name.is_empty() {
+                            true => Vec::new(),
+                            false => vec![(PUBLISHER, name.clone())],
+                        };
+                        sample(&labels, &down)?;
                     }
                 }
             }

@@ -119,6 +119,12 @@ pub(crate) struct Args {
     /// With --observe-all: use no QMP socket a QEMU's command line names.
     #[arg(long, requires = "observe_all")]
     no_qmp: bool,
+    /// An observer (`hvstats observe --all`, another service) is expected to publish under the
+    /// runtime directory: while none does, export `hvstats_observer_up 0`. Without it, an
+    /// observer is reported down only once one has published here and is gone without a clean
+    /// stop.
+    #[arg(long)]
+    expect_observer: bool,
 }
 
 fn parse_max_connections(s: &str) -> Result<usize, String> {
@@ -227,7 +233,8 @@ impl Drop for BoundSocket {
 
 /// Runs `hvstats serve` until SIGINT, SIGTERM or SIGHUP.
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let live = Live::new(Some(crate::cmd::runtime_dir(args.runtime_dir)?));
+    let live =
+        Live::new(Some(crate::cmd::runtime_dir(args.runtime_dir)?)).expecting_observer(args.expect_observer);
     let web = match &args.web_config_file {
         Some(path) => Some(Arc::new(web::Web::load(path)?)),
         None => None,
