@@ -305,4 +305,24 @@ mod tests {
         // Remembered credentials are admitted all the same.
         assert_eq!(auth.check(Some(&basic("p")), Some(IpAddr::from([10, 0, 0, 1]))).await, Verdict::Admitted);
     }
+
+    #[tokio::test]
+    async fn a_check_under_way_is_shared_and_kept_when_its_client_gives_up() {
+        let users = BTreeMap::from([("u".to_owned(), bcrypt::hash("p", 6).unwrap())]);
+        let auth = Auth::new(&users).unwrap();
+        let basic = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode("u:p"));
+        // The first client gives up at once, its check queued.
+        let gave_up = tokio::time::timeout(
+            std::time::Duration::ZERO,
+            auth.check(Some(&basic), Some(IpAddr::from([10, 0, 0, 2]))),
+        )
+        .await;
+        assert!(gave_up.is_err());
+        // A client whose address may start no check of its own asks the same: it is admitted by
+        // that check (still under way, or done and remembered), never refused as busy.
+        let full = IpAddr::from([10, 0, 0, 1]);
+        auth.inner.queue().pending.insert(full, PER_ADDRESS);
+        assert_eq!(auth.check(Some(&basic), Some(full)).await, Verdict::Admitted);
+        assert!(auth.inner.queue().remembers(&auth.digest("u", "p")));
+    }
 }
