@@ -103,3 +103,31 @@ impl Runner<'_> {
         }
     }
 }
+
+/// An observer's mark in the runtime directory ([`hvstats::observer_mark`]): left once its
+/// instance is published, removed when this is dropped (a clean stop), so an exporter started
+/// after the observer was killed still reports it down.
+pub(crate) struct Mark {
+    dir: std::path::PathBuf,
+    name: hvstats::publish::InstanceName,
+}
+
+impl Mark {
+    /// Leaves the mark of `hv`'s instance under `dir`; a failure is logged, never fatal.
+    pub(crate) fn leave(dir: &std::path::Path, hv: &Hypervisor, log: &dyn Fn(&str)) -> Option<Self> {
+        let name = hv.published_name()?;
+        match hvstats::observer_mark::leave(dir, &name) {
+            Ok(()) => Some(Self { dir: dir.to_owned(), name }),
+            Err(e) => {
+                log(&format!("cannot leave the observer's mark: {}", hvstats::snapshot::error_chain(&e)));
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Mark {
+    fn drop(&mut self) {
+        hvstats::observer_mark::clear(&self.dir, &self.name);
+    }
+}

@@ -154,7 +154,7 @@ fn both_units_pass_systemd_analyze_verify_and_are_hardened() {
     }
     // Their flags from /etc/default/hvstats; without it, the exporter on 127.0.0.1:9966.
     assert!(serve.contains("Environment=\"HVSTATS_SERVE_ARGS=--listen 127.0.0.1:9966\"\n"));
-    assert!(serve.contains("ExecStart=/usr/bin/hvstats serve $HVSTATS_SERVE_ARGS\n"));
+    assert!(serve.contains("ExecStart=/usr/bin/hvstats serve --expect-observer $HVSTATS_SERVE_ARGS\n"));
     assert!(observe.contains("ExecStart=/usr/bin/hvstats observe --all $HVSTATS_OBSERVE_ARGS\n"));
     for path in [&serve_path, &observe_path] {
         let Some((ok, text)) = verify(path, &tmp, true) else { return };

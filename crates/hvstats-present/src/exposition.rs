@@ -355,7 +355,12 @@ impl Exposition {
                 if let Some(up) = up.filter(|up| family.members.iter().any(|m| m.counter.id == up.id)) {
                     let down = ObjectReading::Counters(vec![(up, 0)]);
                     for name in &self.reading.dead_observers {
-                        self.sample(family, LabelSet::of(&[(PUBLISHER, name)]), &down, sink)?;
+                        // An observer expected and never seen has no name: no label.
+                        let labels = match name.is_empty() {
+                            true => LabelSet::of(&[]),
+                            false => LabelSet::of(&[(PUBLISHER, name)]),
+                        };
+                        self.sample(family, labels, &down, sink)?;
                     }
                 }
                 return Ok(());

@@ -29,7 +29,10 @@ pub struct Reading {
     pub failed: Vec<String>,
     /// Observers (of other processes' VMs) this reader saw die, by instance name: their
     /// publisher let go of its instance without removing it. Kept until another observer
-    /// publishes, so an observer that died is reported down rather than gone.
+    /// publishes, so an observer that died is reported down rather than gone. While no observer
+    /// publishes, also the one whose mark is left in the runtime directory
+    /// ([`hvstats::observer_mark`]), or, when an observer is expected and none left a mark, an
+    /// empty name (an observer down, name unknown).
     pub dead_observers: Vec<String>,
     /// How often each instance's publisher refreshes its counters, by instance name (those that
     /// have refreshed twice).
@@ -94,6 +97,8 @@ pub struct Live {
     dead_observers: Mutex<BTreeSet<String>>,
     /// The health check's own attach, so a check never waits behind a whole reading.
     health: Mutex<Attach>,
+    /// An observer is expected to publish here (see [`Live::expecting_observer`]).
+    expect_observer: bool,
 }
 
 impl Live {
@@ -102,7 +107,15 @@ impl Live {
         let dir = dir.unwrap_or_else(hvstats::runtime_dir::runtime_dir);
         let attach = Mutex::new(Attach::new(&dir));
         let health = Mutex::new(Attach::new(&dir));
-        Self { dir, attach, dead_observers: Mutex::new(BTreeSet::new()), health }
+        Self { dir, attach, dead_observers: Mutex::new(BTreeSet::new()), health, expect_observer: false }
+    }
+
+    /// This reader, told that an observer is expected to publish under its directory: while none
+    /// does and none left its mark, readings report one down under no name.
+    #[must_use]
+    pub fn expecting_observer(mut self, expected: bool) -> Self {
+        self.expect_observer = expected;
+        self
     }
 
     /// The runtime directory read: the one given, else the default.
@@ -119,14 +132,28 @@ impl Live {
         // A reader that panicked mid-read left nothing half-done that matters: keep reading.
         let mut attach = self.attach.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let changes = self.refresh(&mut attach)?;
-        let dead_observers = self
+        let mut dead_observers: Vec<String> = self
             .dead_observers
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .iter()
             .cloned()
             .collect();
-        let problems = changes.problems.iter().map(|p| error_chain(p)).collect();
+        let mut problems: Vec<String> = changes.problems.iter().map(|p| error_chain(p)).collect();
+        // No observer publishes, and none seen to die: the one that left its mark is down.
+        if dead_observers.is_empty() && !attach.instances().any(|i| i.description().kind == OBSERVER_KIND) {
+            match hvstats::observer_mark::read(&self.dir) {
+                Ok(Some(name)) => dead_observers.push(name.to_string()),
+                Ok(None) if self.expect_observer => dead_observers.push(String::new()),
+                Ok(None) => {}
+                Err(e) => {
+                    problems.push(format!("the observer's mark: {}", error_chain(&e)));
+                    if self.expect_observer {
+                        dead_observers.push(String::new());
+                    }
+                }
+            }
+        }
         let mut failed: Vec<String> = changes.problems.iter().filter_map(instance_of).collect();
         failed.sort();
         failed.dedup();

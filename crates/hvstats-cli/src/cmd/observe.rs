@@ -123,6 +123,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(name) = hv.as_ref().and_then(|hv| hv.published_name()) {
         log(&format!("publishing observed VMs as instance {name} in {}", dir.display()));
     }
+    let _mark = hv.as_ref().and_then(|hv| crate::observer_run::Mark::leave(&dir, hv, &log));
     let procfs = match args.proc_root {
         Some(root) => Procfs::at(root, None),
         None => Procfs::host(),

@@ -3,11 +3,15 @@
 //! An exporter listens to peers it does not control (the README's fleet puts `--listen` off
 //! loopback), so every resource a client can make it hold is bounded here, and only here:
 //!
-//! - connections: at most [`Limits::max_connections`] at once; at the cap, the idlest connection
-//!   (a kept-alive one waiting longest for its next request, else, of those waiting for an
-//!   answer, the one that has asked most) is closed to admit the new one, so clients holding the
-//!   cap cannot lock a scraper out; the cap is logged once per run of such closes, not per
-//!   connection;
+//! - connections: at most [`Limits::max_connections`] at once; at the cap, the connection that
+//!   holds the most and has done the least is closed to admit the new one
+//!   ([`Bounds::close_idlest`]: never one with a reply handed over in the last minute while
+//!   another is left, first from the source address holding the most connections, idle before
+//!   busy, silent before mid-handshake before served), so clients holding the cap, or
+//!   reconnecting as fast as they are closed, cannot push out a scraper from another address;
+//!   the cap is logged once per run of such closes, not per connection;
+//! - a new connection's TLS handshake and first request head: within
+//!   [`Limits::first_request_timeout`] of its accept, together;
 //! - the request head (request line and headers): at most [`Limits::max_head_bytes`], arriving in
 //!   full within [`Limits::header_read_timeout`] (the same deadline closes a keep-alive connection
 //!   that sends nothing more); a longer line is refused before it is buffered;
@@ -28,13 +32,14 @@
 //! Who may ask ([`crate::cmd::serve::web`]): TLS and basic authentication are checked here,
 //! before any answer is made.
 //!
-//! SIGINT and SIGTERM stop the server: it stops accepting, lets replies in flight finish within
+//! SIGINT, SIGTERM and SIGHUP stop the server: it stops accepting, lets replies in flight finish within
 //! [`Limits::shutdown_grace`], and returns the signal without waiting for readings under way.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
+use std::net::IpAddr;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -64,7 +69,8 @@ use crate::signals::Signal;
 /// What the server lets one client hold.
 #[derive(Clone, Debug)]
 pub(crate) struct Limits {
-    /// Connections served at once; at the cap the idlest is closed to admit a new one.
+    /// Connections served at once; at the cap one is closed to admit a new one (see
+    /// [`Bounds::close_idlest`]).
     pub max_connections: usize,
     /// Bytes of a request's line and headers (hyper's read buffer; 8 KiB at least).
     pub max_head_bytes: usize,
@@ -72,13 +78,16 @@ pub(crate) struct Limits {
     pub max_headers: usize,
     /// Time to receive a request's head, and to wait for the next one on a kept-alive connection.
     pub header_read_timeout: Duration,
+    /// Time from accepting a connection to its first request's head received in full (its TLS
+    /// handshake included): a client still silent, or mid-handshake, by then is closed.
+    pub first_request_timeout: Duration,
     /// Time a write (or a read) may wait without progress before the connection is closed.
     pub write_timeout: Duration,
     /// Time to read the instances and encode the answer; past it the reply is `503`.
     pub answer_timeout: Duration,
     /// A connection's whole life; then it is closed after the reply in flight.
     pub max_lifetime: Duration,
-    /// Time replies in flight get to finish after SIGINT/SIGTERM.
+    /// Time replies in flight get to finish after SIGINT, SIGTERM or SIGHUP.
     pub shutdown_grace: Duration,
     /// Bytes of large replies in flight (each counted once, however many connections send it);
     /// a reply larger than this alone is still made, once every other is gone.
@@ -92,6 +101,7 @@ impl Default for Limits {
             max_head_bytes: 16 * 1024,
             max_headers: 64,
             header_read_timeout: Duration::from_secs(10),
+            first_request_timeout: Duration::from_secs(3),
             write_timeout: Duration::from_secs(10),
             answer_timeout: Duration::from_secs(30),
             max_lifetime: Duration::from_secs(300),
@@ -236,10 +246,33 @@ pub(crate) fn log(line: &str) {
     crate::output::log("serve", line);
 }
 
+/// How far a connection has got, the least first: at the cap, of connections otherwise alike,
+/// the one that has done the least is closed first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Stage {
+    /// Accepted; nothing received.
+    Accepted,
+    /// Sending: a TLS handshake or a request head under way.
+    Talking,
+    /// Its TLS handshake done.
+    Secured,
+    /// Has had a request answered.
+    Served,
+}
+
+/// A reply handed over this recently marks its connection as a scraper's, closed at the cap
+/// only when no other is left.
+const RECENT: Duration = Duration::from_secs(60);
+
 /// The connections open now: what each is doing, and how to close it.
 #[derive(Debug)]
 struct Connection {
     close: Arc<Notify>,
+    /// The address it comes from, as budgets count it (`None`: a Unix socket).
+    source: Option<IpAddr>,
+    stage: Stage,
+    /// When it last had a successful reply handed over in full.
+    answered_at: Option<Instant>,
     /// When it was accepted, or when its last request began.
     active_at: Instant,
     /// True from a request's head until its reply is handed over.
@@ -285,11 +318,14 @@ impl Bounds {
         self.connections.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn add(&self) -> (u64, Arc<Notify>) {
+    fn add(&self, source: Option<IpAddr>) -> (u64, Arc<Notify>) {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let close = Arc::new(Notify::new());
         let connection = Connection {
             close: Arc::clone(&close),
+            source: source.map(super::auth::budgeted),
+            stage: Stage::Accepted,
+            answered_at: None,
             active_at: Instant::now(),
             busy: false,
             requests: 0,
@@ -306,16 +342,35 @@ impl Bounds {
         }
     }
 
-    /// Closes the idlest connection: idle ones (between requests, or still sending a head), the
-    /// one inactive longest first; else, of those waiting for an answer, the one that has asked
-    /// most (a client asking again and again yields to one still waiting for its first answer).
+    /// Whether connection `id` has made a request (or is gone).
+    fn asked(&self, id: u64) -> bool {
+        self.table().get(&id).is_none_or(|c| c.requests > 0)
+    }
+
+    /// Closes the connection that holds the most and has done the least, in this order:
+    ///
+    /// - one that had a reply handed over in the last minute (a scraper's) only when no other
+    ///   is left;
+    /// - of the source address holding the most connections (a client opening many pays for
+    ///   them, not one with a single connection);
+    /// - idle before waiting for an answer, and of those waiting, the one that has asked most (a
+    ///   client asking again and again yields to one still waiting for its first answer);
+    /// - of idle ones, the one that has got least far ([`Stage`]: silent, then mid-handshake or
+    ///   mid-head, then done with TLS, then between requests), then the one inactive longest.
+    ///
     /// False when none is left to close.
     fn close_idlest(&self) -> bool {
         let mut table = self.table();
-        let idlest = table
-            .values_mut()
-            .filter(|c| !c.closing)
-            .min_by_key(|c| (c.busy, if c.busy { u64::MAX - c.requests } else { 0 }, c.active_at));
+        let mut shares: HashMap<Option<IpAddr>, usize> = HashMap::new();
+        for c in table.values().filter(|c| !c.closing) {
+            *shares.entry(c.source).or_default() += 1;
+        }
+        let idlest = table.values_mut().filter(|c| !c.closing).min_by_key(|c| {
+            let recent = c.answered_at.is_some_and(|t| t.elapsed() < RECENT);
+            let share = shares.get(&c.source).copied().unwrap_or(0);
+            let asked = if c.busy { u64::MAX - c.requests } else { 0 };
+            (recent, std::cmp::Reverse(share), c.busy, asked, c.stage, c.active_at)
+        });
         match idlest {
             Some(c) => {
                 c.closing = true;
@@ -387,6 +442,17 @@ impl Bounds {
 struct Hold {
     bounds: Arc<Bounds>,
     id: u64,
+    /// The reply is a success (2xx).
+    success: bool,
+}
+
+impl Hold {
+    /// The reply was handed over in full.
+    fn done(self) {
+        if self.success {
+            self.bounds.with(self.id, |c| c.answered_at = Some(Instant::now()));
+        }
+    }
 }
 
 impl Drop for Hold {
@@ -415,7 +481,7 @@ impl Drop for Registered {
 struct ReplyBody {
     body: Body,
     next: usize,
-    _hold: Option<Hold>,
+    hold: Option<Hold>,
 }
 
 impl HttpBody for ReplyBody {
@@ -433,8 +499,10 @@ impl HttpBody for ReplyBody {
             Body::Shared(shared) => shared.0.parts.get(this.next).cloned(),
         };
         this.next += 1;
-        if chunk.is_none() {
-            this._hold = None;
+        if chunk.is_none()
+            && let Some(hold) = this.hold.take()
+        {
+            hold.done();
         }
         Poll::Ready(chunk.map(|c| Ok(Frame::data(c))))
     }
@@ -475,14 +543,14 @@ enum Accepting {
 }
 
 enum Accepted {
-    Tcp(TcpStream),
+    Tcp(TcpStream, IpAddr),
     Unix(UnixStream),
 }
 
 impl Accepting {
     async fn accept(&self) -> io::Result<Accepted> {
         match self {
-            Accepting::Tcp(l) => l.accept().await.map(|(s, _)| Accepted::Tcp(s)),
+            Accepting::Tcp(l) => l.accept().await.map(|(s, peer)| Accepted::Tcp(s, peer.ip())),
             Accepting::Unix(l) => l.accept().await.map(|(s, _)| Accepted::Unix(s)),
         }
     }
@@ -491,7 +559,7 @@ impl Accepting {
 impl Accepted {
     fn try_write(&self, bytes: &[u8]) {
         let _ = match self {
-            Accepted::Tcp(s) => s.try_write(bytes),
+            Accepted::Tcp(s, _) => s.try_write(bytes),
             Accepted::Unix(s) => s.try_write(bytes),
         };
     }
@@ -504,7 +572,7 @@ struct Shared {
     web: Option<Arc<Web>>,
 }
 
-/// Serves `listener` with `handler` until SIGINT or SIGTERM; returns the signal.
+/// Serves `listener` with `handler` until SIGINT, SIGTERM or SIGHUP; returns the signal.
 ///
 /// `start` runs once the signals are watched and before the first connection is accepted; what it
 /// returns comes back with the signal, for the caller to stop.
@@ -519,14 +587,15 @@ pub(crate) fn serve<R>(
     start: impl FnOnce() -> anyhow::Result<R>,
     handler: Handler,
 ) -> anyhow::Result<(Signal, R)> {
-    // One thread accepts and drives every connection; readings, encodings and password checks
-    // run on at most four more, so a burst of requests cannot multiply threads.
+    // One thread accepts and drives every connection; readings and encodings run on at most
+    // four more (password checks on two of their own), so a burst of requests cannot multiply
+    // threads.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .max_blocking_threads(4)
         .thread_name("hvstats-serve")
         .build()?;
-    // SIGINT and SIGTERM are caught from here on, before `start` begins anything that must be
+    // SIGINT, SIGTERM and SIGHUP are caught from here on, before `start` begins anything that must be
     // stopped cleanly (the observer and its instance files).
     let stopped = {
         let _entered = runtime.enter();
@@ -553,14 +622,18 @@ pub(crate) fn serve<R>(
     Ok((result?, started))
 }
 
-/// The first SIGINT or SIGTERM.
+/// The first SIGINT, SIGTERM or SIGHUP: each ends the exporter as `observe` ends (a terminal
+/// that goes away, or a supervisor's hangup, is a request to finish, not sudden death). The web
+/// configuration is read at start only, so a hangup does not reload it.
 fn stop_signal() -> io::Result<impl Future<Output = Signal>> {
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
+    let mut hangup = signal(SignalKind::hangup())?;
     Ok(async move {
         tokio::select! {
             _ = interrupt.recv() => Signal::Interrupt,
             _ = terminate.recv() => Signal::Terminate,
+            _ = hangup.recv() => Signal::Hangup,
         }
     })
 }
@@ -676,32 +749,39 @@ async fn accept_loop(
             }
         };
         let (context, stopping) = (Arc::clone(&context), stopping.clone());
-        let (id, close) = context.bounds.add();
+        let peer = match &stream {
+            Accepted::Tcp(_, peer) => Some(*peer),
+            Accepted::Unix(_) => None,
+        };
+        let (id, close) = context.bounds.add(peer);
+        // The TLS handshake and the first request's head, together, have a deadline of their own.
+        let first = Instant::now() + limits.first_request_timeout;
         connections.spawn(async move {
             let registered = Registered { bounds: Arc::clone(&context.bounds), id };
+            let bounds = Arc::clone(&context.bounds);
             match stream {
-                Accepted::Tcp(s) => {
+                Accepted::Tcp(s, _) => {
                     let _ = s.set_nodelay(true);
                     let fd = s.as_raw_fd();
+                    let s = Heard::new(s, bounds, id);
                     match context.web.as_ref().and_then(|w| w.tls()) {
                         Some(tls) => {
-                            let handshake = tokio::time::timeout(
-                                context.bounds.limits().header_read_timeout,
-                                tls.accept(s),
-                            );
+                            let handshake = tokio::time::timeout_at(first.into(), tls.accept(s));
                             tokio::select! {
                                 done = handshake => if let Ok(Ok(s)) = done {
-                                    connection(s, fd, id, close, context, stopping).await;
+                                    context.bounds.with(id, |c| c.stage = c.stage.max(Stage::Secured));
+                                    connection(s, fd, peer, first, id, close, context, stopping).await;
                                 },
                                 () = close.notified() => {}
                             }
                         }
-                        None => connection(s, fd, id, close, context, stopping).await,
+                        None => connection(s, fd, peer, first, id, close, context, stopping).await,
                     }
                 }
                 Accepted::Unix(s) => {
                     let fd = s.as_raw_fd();
-                    connection(s, fd, id, close, context, stopping).await;
+                    let s = Heard::new(s, bounds, id);
+                    connection(s, fd, None, first, id, close, context, stopping).await;
                 }
             }
             drop(registered);
@@ -714,6 +794,64 @@ async fn accept_loop(
     Ok(signal)
 }
 
+/// A client's stream that marks its connection [`Stage::Talking`] once the client has sent
+/// something.
+struct Heard<S> {
+    inner: S,
+    bounds: Option<Arc<Bounds>>,
+    id: u64,
+}
+
+impl<S> Heard<S> {
+    fn new(inner: S, bounds: Arc<Bounds>, id: u64) -> Self {
+        Self { inner, bounds: Some(bounds), id }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Heard<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let read = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if buf.filled().len() > before
+            && let Some(bounds) = this.bounds.take()
+        {
+            bounds.with(this.id, |c| c.stage = c.stage.max(Stage::Talking));
+        }
+        read
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Heard<S> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
 /// Tells a connection past the cap why it is closed, without waiting for it to read.
 fn refuse(stream: &Accepted) {
     const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n\
@@ -722,9 +860,12 @@ fn refuse(stream: &Accepted) {
 }
 
 /// Serves one connection within its limits; it is closed when this returns.
+#[allow(clippy::too_many_arguments, reason = "one connection's parts, each used once")]
 async fn connection<I>(
     stream: I,
     fd: RawFd,
+    peer: Option<IpAddr>,
+    first: Instant,
     id: u64,
     close: Arc<Notify>,
     context: Arc<Shared>,
@@ -740,7 +881,7 @@ async fn connection<I>(
     io.set_write_timeout(Some(limits.write_timeout));
     let service = {
         let context = Arc::clone(&context);
-        service_fn(move |request| respond(request, Arc::clone(&context), id))
+        service_fn(move |request| respond(request, Arc::clone(&context), peer, id))
     };
     let mut conn = pin!(
         http1::Builder::new()
@@ -751,7 +892,15 @@ async fn connection<I>(
             .serve_connection(TokioIo::new(Box::pin(io)), service)
     );
     let lifetime = tokio::time::sleep(limits.max_lifetime);
+    // A connection that has not sent its first request head by `first` is closed.
+    let first_request = async {
+        tokio::time::sleep_until(first.into()).await;
+        if context.bounds.asked(id) {
+            std::future::pending::<()>().await;
+        }
+    };
     tokio::select! {
+        () = first_request => return,
         // A client's errors (a malformed request, a timeout, a reset) are the client's: the
         // connection ends and the server goes on.
         _ = conn.as_mut() => return,
@@ -777,14 +926,16 @@ async fn connection<I>(
 async fn respond(
     request: Request<Incoming>,
     context: Arc<Shared>,
+    peer: Option<IpAddr>,
     id: u64,
 ) -> Result<Response<ReplyBody>, Infallible> {
     context.bounds.with(id, |c| {
         c.busy = true;
         c.requests += 1;
+        c.stage = Stage::Served;
         c.active_at = Instant::now();
     });
-    let hold = Hold { bounds: Arc::clone(&context.bounds), id };
+    let mut hold = Hold { bounds: Arc::clone(&context.bounds), id, success: false };
     let header =
         |name| request.headers().get_all(name).iter().filter_map(|v| v.to_str().ok()).collect::<Vec<_>>();
     let accept = header(ACCEPT).join(",");
@@ -799,7 +950,7 @@ async fn respond(
     };
     drop(request);
     let mut challenge = false;
-    let reply = match context.web.as_ref().map(|w| w.admit(authorization.as_deref())) {
+    let reply = match context.web.as_ref().map(|w| w.admit(authorization.as_deref(), peer)) {
         Some(admit) => match admit.await {
             Ok(()) => None,
             Err(refusal) => {
@@ -822,7 +973,8 @@ async fn respond(
         context.bounds.with(id, |c| c.holding_since = Some(Instant::now()));
     }
     let status = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut response = Response::new(ReplyBody { body: reply.body, next: 0, _hold: Some(hold) });
+    hold.success = status.is_success();
+    let mut response = Response::new(ReplyBody { body: reply.body, next: 0, hold: Some(hold) });
     *response.status_mut() = status;
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static(reply.content_type));

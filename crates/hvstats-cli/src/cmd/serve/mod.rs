@@ -17,6 +17,7 @@
 //! asks for basic authentication or client certificates.
 
 pub(crate) mod answers;
+pub(crate) mod auth;
 pub(crate) mod collector_flags;
 pub(crate) mod compress;
 pub(crate) mod http;
@@ -112,7 +113,8 @@ pub(crate) struct Args {
     #[arg(long, value_name = "GROUP")]
     socket_group: Option<String>,
     /// The Prometheus exporter toolkit's web configuration file (TLS, basic authentication with
-    /// bcrypt hashes, headers, rate limit), as node_exporter reads it.
+    /// bcrypt hashes, headers), as node_exporter reads it; what `promtool check web-config`
+    /// refuses (`rate_limit`, inline certificates) is refused.
     #[arg(long = "web.config.file", value_name = "FILE")]
     web_config_file: Option<PathBuf>,
     /// The runtime directory the instances are published under (default: $HVSTATS_RUNTIME_DIR,
@@ -131,7 +133,9 @@ pub(crate) struct Args {
     #[arg(long, value_name = "BYTES", default_value_t = Limits::default().max_reply_bytes,
           value_parser = parse_max_reply_bytes)]
     max_reply_bytes: usize,
-    /// Connections served at once; at the cap the idlest is closed to admit a new one.
+    /// Connections served at once; at the cap the one that holds the most and has done the
+    /// least (of the address holding the most connections, never one that got a reply in the
+    /// last minute while another is left) is closed to admit a new one.
     #[arg(long, value_name = "N", default_value_t = Limits::default().max_connections,
           value_parser = parse_max_connections)]
     max_connections: usize,
@@ -158,6 +162,12 @@ pub(crate) struct Args {
     /// The collectors exported (see the collector table in the README).
     #[command(flatten)]
     collectors: CollectorFlags,
+    /// An observer (`hvstats observe --all`, another service) is expected to publish under the
+    /// runtime directory: while none does, export `hvstats_observer_up 0`. Without it, an
+    /// observer is reported down only once one has published here and is gone without a clean
+    /// stop.
+    #[arg(long)]
+    expect_observer: bool,
 }
 
 fn parse_max_connections(s: &str) -> Result<usize, String> {
@@ -275,9 +285,10 @@ impl Drop for BoundSocket {
     }
 }
 
-/// Runs `hvstats serve` until SIGINT or SIGTERM.
+/// Runs `hvstats serve` until SIGINT, SIGTERM or SIGHUP.
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let live = Live::new(Some(crate::cmd::runtime_dir(args.runtime_dir)?));
+    let live =
+        Live::new(Some(crate::cmd::runtime_dir(args.runtime_dir)?)).expecting_observer(args.expect_observer);
     let web = match &args.web_config_file {
         Some(path) => Some(Arc::new(web::Web::load(path)?)),
         None => None,
@@ -332,7 +343,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         filter: hvstats_kvm::observe::filter::VmFilter { include: args.vms, exclude: args.exclude_vms },
         no_qmp: args.no_qmp,
     });
-    // Once SIGINT and SIGTERM are watched: the observer, then the address (which tells a
+    // Once SIGINT, SIGTERM and SIGHUP are watched: the observer, then the address (which tells a
     // supervisor or a test that the exporter is up).
     let start = move || -> anyhow::Result<Option<observe::Running>> {
         let observer = match observing {

@@ -14,7 +14,7 @@ use hvstats_kvm::observe::filter::VmFilter;
 use hvstats_kvm::observe::qmp::{CANCEL_POLL, Cancel};
 use hvstats_kvm::observe::{ObserveOptions, Observer, Procfs, Targets, publication, raise_fd_limit};
 
-use crate::observer_run::{Ended, Runner};
+use crate::observer_run::{Ended, Mark, Runner};
 
 use super::http::log;
 
@@ -66,6 +66,7 @@ pub(crate) fn start(runtime_dir: &Path, how: Observing) -> anyhow::Result<Runnin
     if let Some(name) = hv.published_name() {
         log(&format!("observing every KVM VM on this host as instance {name}"));
     }
+    let mark = Mark::leave(runtime_dir, &hv, &log);
     let cancel = Cancel::new();
     let options = ObserveOptions {
         claims: Some(runtime_dir.to_owned()),
@@ -95,6 +96,7 @@ pub(crate) fn start(runtime_dir: &Path, how: Observing) -> anyhow::Result<Runnin
             // The observer and the instance go here: partitions, claims, then the files.
             drop(observer);
             drop::<Arc<Hypervisor>>(hv);
+            drop(mark);
         })
         .context("starting the observer thread")?;
     Ok(Running { cancel, thread })

@@ -1,36 +1,33 @@
 //! `serve --web.config.file`: who may ask the exporter, in the web configuration file every
 //! Prometheus exporter reads (the exporter toolkit's YAML: `tls_server_config`,
-//! `http_server_config`, `basic_auth_users`, `rate_limit`), so one file serves node_exporter and
+//! `http_server_config`, `basic_auth_users`), so one file serves node_exporter and
 //! hvstats alike and `promtool check web-config` checks it.
 //!
 //! The file is read once, at start. Fields are the toolkit's, unknown ones refused as it refuses
 //! them; what hvstats cannot do as the toolkit would is refused with the reason, never ignored:
 //! client certificates accepted without a CA (`RequestClientCert`, `RequireAnyClientCert`),
 //! `client_allowed_sans`, TLS 1.0 and 1.1, and the P-521 curve. HTTP/2 is not served
-//! (`http2` is accepted; clients speak HTTP/1.1).
+//! (`http2` is accepted; clients speak HTTP/1.1). What `promtool check web-config` refuses is
+//! refused too, with the reason: the newer toolkit's `rate_limit` (one bucket for every client, so
+//! one client's requests would use up everyone's; the server bounds each client instead) and
+//! certificates and keys given inline (`cert`, `key`, `client_ca`; name files instead).
 //!
-//! Basic authentication compares bcrypt hashes one at a time on a blocking thread, as the toolkit
-//! does; a user and password that matched are remembered (up to [`REMEMBERED`] of them), so a
-//! scraper costs one bcrypt, and a flood of wrong passwords costs the attacker's connections one
-//! comparison each, in turn, and no one else's. An unknown user is compared with a known user's
-//! hash all the same, so the time of a refusal does not tell which users exist.
+//! Basic authentication is [`super::auth`]'s: bcrypt comparisons that cost only the client who
+//! fails them.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use base64::Engine;
 use serde::Deserialize;
-use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-/// Users and passwords that matched, remembered so a scraper costs one bcrypt comparison.
-const REMEMBERED: usize = 64;
+use super::auth::{Auth, Verdict};
 
 /// The headers the toolkit lets a file add, with the values it accepts (empty: any).
 const HEADERS: [(&str, &[&str]); 5] = [
@@ -46,16 +43,19 @@ const HEADERS: [(&str, &[&str]); 5] = [
 struct WebFile {
     tls_server_config: TlsFile,
     http_server_config: HttpFile,
+    #[serde(deserialize_with = "unique_keys")]
     basic_auth_users: BTreeMap<String, String>,
-    rate_limit: RateFile,
+    /// Refused when present (see the module documentation).
+    rate_limit: Option<serde_norway::Value>,
 }
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 struct TlsFile {
-    cert: String,
-    key: String,
-    client_ca: String,
+    /// Refused when present (see the module documentation), as the three below.
+    cert: Option<serde_norway::Value>,
+    key: Option<serde_norway::Value>,
+    client_ca: Option<serde_norway::Value>,
     cert_file: String,
     key_file: String,
     client_auth_type: String,
@@ -73,14 +73,37 @@ struct TlsFile {
 struct HttpFile {
     #[allow(dead_code, reason = "accepted as the toolkit reads it; HTTP/2 is not served")]
     http2: Option<bool>,
+    #[serde(deserialize_with = "unique_keys")]
     headers: BTreeMap<String, String>,
 }
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields, default)]
-struct RateFile {
-    interval: Option<String>,
-    burst: Option<u64>,
+/// A map whose keys are given once each (the toolkit refuses a user or header given twice; a
+/// plain map would keep the last silently).
+fn unique_keys<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
+    struct Unique;
+    impl<'de> serde::de::Visitor<'de> for Unique {
+        type Value = BTreeMap<String, String>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a map of strings")
+        }
+
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(BTreeMap::new())
+        }
+
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut out = BTreeMap::new();
+            while let Some((key, value)) = map.next_entry::<String, String>()? {
+                if out.contains_key(&key) {
+                    return Err(serde::de::Error::custom(format!("duplicate key {key:?}")));
+                }
+                out.insert(key, value);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_any(Unique)
 }
 
 /// Who may ask, and how they are answered, as the web configuration file says.
@@ -88,7 +111,6 @@ pub(crate) struct Web {
     tls: Option<TlsAcceptor>,
     auth: Option<Auth>,
     headers: Vec<(String, String)>,
-    limiter: Option<Mutex<Bucket>>,
     client_certificates: bool,
     summary: String,
 }
@@ -108,13 +130,13 @@ impl Web {
             .with_context(|| format!("{} is not a web configuration file", path.display()))?;
         let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
         let problem = |e: anyhow::Error| e.context(format!("in {}", path.display()));
+        refused(&file).map_err(problem)?;
         let headers = headers(&file.http_server_config.headers).map_err(problem)?;
         let tls = tls(&file.tls_server_config, &dir).map_err(problem)?;
         let auth = match file.basic_auth_users.is_empty() {
             true => None,
             false => Some(Auth::new(&file.basic_auth_users).map_err(problem)?),
         };
-        let limiter = bucket(&file.rate_limit).map_err(problem)?.map(Mutex::new);
         let client_certificates = file.tls_server_config.client_auth_type == "RequireAndVerifyClientCert";
         let mut said = vec![match (&tls, client_certificates) {
             (Some(_), true) => "TLS with client certificates".to_owned(),
@@ -122,14 +144,11 @@ impl Web {
             (None, _) => "no TLS".to_owned(),
         }];
         said.push(match &auth {
-            Some(a) => format!("basic authentication of {} user(s)", a.users.len()),
+            Some(a) => format!("basic authentication of {} user(s)", a.users()),
             None => "no authentication".to_owned(),
         });
-        if limiter.is_some() {
-            said.push("a rate limit".to_owned());
-        }
         let tls = tls.map(|config| TlsAcceptor::from(Arc::new(config)));
-        Ok(Self { tls, auth, headers, limiter, client_certificates, summary: said.join(", ") })
+        Ok(Self { tls, auth, headers, client_certificates, summary: said.join(", ") })
     }
 
     /// What the file asks, for the log: "TLS, basic authentication of 2 user(s)".
@@ -152,20 +171,23 @@ impl Web {
         &self.headers
     }
 
-    /// Admits a request whose `Authorization` header is `authorization`, or says why not.
+    /// Admits a request from `source` whose `Authorization` header is `authorization`, or says
+    /// why not.
     ///
     /// # Errors
     /// Why the request is refused.
-    pub(crate) async fn admit(&self, authorization: Option<&str>) -> Result<(), Refusal> {
-        if let Some(limiter) = &self.limiter {
-            let allowed = limiter.lock().map(|mut b| b.take()).unwrap_or(false);
-            if !allowed {
-                return Err(Refusal::RateLimited);
-            }
-        }
+    pub(crate) async fn admit(
+        &self,
+        authorization: Option<&str>,
+        source: Option<IpAddr>,
+    ) -> Result<(), Refusal> {
         match &self.auth {
-            Some(auth) if !auth.check(authorization).await => Err(Refusal::Unauthorized),
-            _ => Ok(()),
+            Some(auth) => match auth.check(authorization, source).await {
+                Verdict::Admitted => Ok(()),
+                Verdict::Refused => Err(Refusal::Unauthorized),
+                Verdict::Busy => Err(Refusal::Busy),
+            },
+            None => Ok(()),
         }
     }
 }
@@ -173,8 +195,8 @@ impl Web {
 /// Why the web configuration refuses a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Refusal {
-    /// Past the rate limit (429).
-    RateLimited,
+    /// The client's address has as many password checks under way as it may (429).
+    Busy,
     /// Without valid credentials (401, with a challenge).
     Unauthorized,
 }
@@ -183,7 +205,7 @@ impl Refusal {
     /// The HTTP status of the refusal.
     pub(crate) fn status(self) -> u16 {
         match self {
-            Refusal::RateLimited => 429,
+            Refusal::Busy => 429,
             Refusal::Unauthorized => 401,
         }
     }
@@ -191,10 +213,31 @@ impl Refusal {
     /// The body of the refusal.
     pub(crate) fn text(self) -> &'static str {
         match self {
-            Refusal::RateLimited => "Too Many Requests\n",
+            Refusal::Busy => "Too Many Requests: this address has password checks under way\n",
             Refusal::Unauthorized => "Unauthorized\n",
         }
     }
+}
+
+/// Refuses what `promtool check web-config` refuses and the newer toolkit would take.
+fn refused(file: &WebFile) -> anyhow::Result<()> {
+    if file.rate_limit.is_some() {
+        bail!(
+            "rate_limit is not supported by hvstats: it is one limit for every client, so one client's \
+             requests would use up everyone's (promtool check web-config refuses it too); the server \
+             bounds each client's connections and password checks instead"
+        );
+    }
+    let t = &file.tls_server_config;
+    for (inline, file) in [(&t.cert, "cert_file"), (&t.key, "key_file"), (&t.client_ca, "client_ca_file")] {
+        if inline.is_some() {
+            let name = file.trim_end_matches("_file");
+            bail!(
+                "{name} given inline is not supported by hvstats (promtool check web-config refuses it too): use {file}"
+            );
+        }
+    }
+    Ok(())
 }
 
 fn headers(configured: &BTreeMap<String, String>) -> anyhow::Result<Vec<(String, String)>> {
@@ -221,10 +264,10 @@ fn file_in(dir: &Path, name: &str) -> PathBuf {
     }
 }
 
-/// PEM text given inline, or read from a file.
-fn pem(inline: &str, file: &str, dir: &Path, what: &str) -> anyhow::Result<Vec<u8>> {
+/// PEM text read from a file (none when no file is named).
+fn pem(file: &str, dir: &Path, what: &str) -> anyhow::Result<Vec<u8>> {
     match file.is_empty() {
-        true => Ok(inline.as_bytes().to_vec()),
+        true => Ok(Vec::new()),
         false => {
             let path = file_in(dir, file);
             std::fs::read(&path).with_context(|| format!("failed to read {what} ({})", path.display()))
@@ -234,20 +277,18 @@ fn pem(inline: &str, file: &str, dir: &Path, what: &str) -> anyhow::Result<Vec<u
 
 fn tls(t: &TlsFile, dir: &Path) -> anyhow::Result<Option<rustls::ServerConfig>> {
     let enabled =
-        [&t.cert, &t.key, &t.client_ca, &t.cert_file, &t.key_file, &t.client_ca_file, &t.client_auth_type]
-            .iter()
-            .any(|s| !s.is_empty());
+        [&t.cert_file, &t.key_file, &t.client_ca_file, &t.client_auth_type].iter().any(|s| !s.is_empty());
     if !enabled {
         if t.client_allowed_sans.is_some() || !t.cipher_suites.is_empty() || !t.curve_preferences.is_empty() {
             bail!("tls_server_config sets TLS options without a certificate");
         }
         return Ok(None);
     }
-    if t.cert.is_empty() && t.cert_file.is_empty() {
-        bail!("missing one of cert or cert_file");
+    if t.cert_file.is_empty() {
+        bail!("missing cert_file");
     }
-    if t.key.is_empty() && t.key_file.is_empty() {
-        bail!("missing one of key or key_file");
+    if t.key_file.is_empty() {
+        bail!("missing key_file");
     }
     if t.client_allowed_sans.is_some() {
         bail!(
@@ -255,13 +296,13 @@ fn tls(t: &TlsFile, dir: &Path) -> anyhow::Result<Option<rustls::ServerConfig>> 
         );
     }
     let certs: Vec<CertificateDer<'static>> =
-        CertificateDer::pem_slice_iter(&pem(&t.cert, &t.cert_file, dir, "cert_file")?)
+        CertificateDer::pem_slice_iter(&pem(&t.cert_file, dir, "cert_file")?)
             .collect::<Result<_, _>>()
             .context("the certificate is not PEM")?;
     if certs.is_empty() {
-        bail!("no certificate in cert or cert_file");
+        bail!("no certificate in cert_file");
     }
-    let key = PrivateKeyDer::from_pem_slice(&pem(&t.key, &t.key_file, dir, "key_file")?)
+    let key = PrivateKeyDer::from_pem_slice(&pem(&t.key_file, dir, "key_file")?)
         .context("the key is not a PEM private key")?;
     let mut provider = rustls::crypto::ring::default_provider();
     if !t.cipher_suites.is_empty() {
@@ -325,7 +366,7 @@ fn tls(t: &TlsFile, dir: &Path) -> anyhow::Result<Option<rustls::ServerConfig>> 
     let builder = rustls::ServerConfig::builder_with_provider(Arc::new(provider))
         .with_protocol_versions(&versions)
         .context("the TLS versions and cipher suites have nothing in common")?;
-    let client_ca = pem(&t.client_ca, &t.client_ca_file, dir, "client_ca_file")?;
+    let client_ca = pem(&t.client_ca_file, dir, "client_ca_file")?;
     let verifier = |optional: bool| -> anyhow::Result<Arc<dyn rustls::server::danger::ClientCertVerifier>> {
         let mut roots = rustls::RootCertStore::empty();
         for ca in CertificateDer::pem_slice_iter(&client_ca) {
@@ -334,7 +375,7 @@ fn tls(t: &TlsFile, dir: &Path) -> anyhow::Result<Option<rustls::ServerConfig>> 
                 .context("the client CA is not a CA certificate")?;
         }
         if roots.is_empty() {
-            bail!("no certificate in client_ca or client_ca_file");
+            bail!("no certificate in client_ca_file");
         }
         let builder = rustls::server::WebPkiClientVerifier::builder(Arc::new(roots));
         let builder = if optional { builder.allow_unauthenticated() } else { builder };
@@ -359,143 +400,4 @@ fn tls(t: &TlsFile, dir: &Path) -> anyhow::Result<Option<rustls::ServerConfig>> 
     config.ignore_client_order = t.prefer_server_cipher_suites.unwrap_or(true);
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Some(config))
-}
-
-/// Basic authentication against bcrypt hashes.
-struct Auth {
-    users: HashMap<String, String>,
-    /// A hash compared with for an unknown user (one of the real ones: the same cost).
-    decoy: String,
-    matched: Mutex<HashSet<(String, String)>>,
-    /// One bcrypt comparison at a time.
-    turn: Semaphore,
-}
-
-impl Auth {
-    fn new(users: &BTreeMap<String, String>) -> anyhow::Result<Self> {
-        for (user, hash) in users {
-            if hash.parse::<bcrypt::HashParts>().is_err() {
-                bail!("the password of user {user:?} is not a bcrypt hash");
-            }
-        }
-        let decoy = users.values().next().cloned().unwrap_or_default();
-        Ok(Self {
-            users: users.clone().into_iter().collect(),
-            decoy,
-            matched: Mutex::new(HashSet::new()),
-            turn: Semaphore::new(1),
-        })
-    }
-
-    async fn check(&self, authorization: Option<&str>) -> bool {
-        let Some((user, password)) = authorization.and_then(credentials) else { return false };
-        let known = self.users.get(&user);
-        let remembered = |m: &HashSet<(String, String)>| m.contains(&(user.clone(), password.clone()));
-        if known.is_some() && self.matched.lock().is_ok_and(|m| remembered(&m)) {
-            return true;
-        }
-        let Ok(_turn) = self.turn.acquire().await else { return false };
-        let hash = known.unwrap_or(&self.decoy).clone();
-        let given = password.clone();
-        let matches = tokio::task::spawn_blocking(move || bcrypt::verify(given, &hash).unwrap_or(false))
-            .await
-            .unwrap_or(false);
-        let ok = matches && known.is_some();
-        if ok && let Ok(mut m) = self.matched.lock() {
-            if m.len() >= REMEMBERED {
-                m.clear();
-            }
-            m.insert((user, password));
-        }
-        ok
-    }
-}
-
-/// The user and password of a `Basic` authorization.
-fn credentials(header: &str) -> Option<(String, String)> {
-    let (scheme, encoded) = header.trim().split_once(' ')?;
-    if !scheme.eq_ignore_ascii_case("basic") {
-        return None;
-    }
-    let decoded = base64::engine::general_purpose::STANDARD.decode(encoded.trim()).ok()?;
-    let text = String::from_utf8(decoded).ok()?;
-    let (user, password) = text.split_once(':')?;
-    Some((user.to_owned(), password.to_owned()))
-}
-
-/// A token bucket: `burst` requests at once, then one per `interval`.
-struct Bucket {
-    interval: Duration,
-    burst: f64,
-    tokens: f64,
-    at: Instant,
-}
-
-impl Bucket {
-    fn take(&mut self) -> bool {
-        let now = Instant::now();
-        let earned = now.duration_since(self.at).as_secs_f64() / self.interval.as_secs_f64();
-        self.tokens = (self.tokens + earned).min(self.burst);
-        self.at = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            return true;
-        }
-        false
-    }
-}
-
-fn bucket(r: &RateFile) -> anyhow::Result<Option<Bucket>> {
-    let interval = match r.interval.as_deref() {
-        None => return Ok(None),
-        Some(text) => go_duration(text)?,
-    };
-    if interval.is_zero() {
-        return Ok(None);
-    }
-    let burst = r.burst.unwrap_or(0) as f64;
-    Ok(Some(Bucket { interval, burst, tokens: burst, at: Instant::now() }))
-}
-
-/// A duration as Prometheus' configuration writes them: `1h30m`, `15s`, `100ms`, `0`.
-fn go_duration(text: &str) -> anyhow::Result<Duration> {
-    if text == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let mut total = Duration::ZERO;
-    let mut rest = text;
-    while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
-        let (number, tail) = rest.split_at(digits);
-        let n: u64 = number.parse().with_context(|| format!("not a duration: {text:?}"))?;
-        let unit = tail.find(|c: char| c.is_ascii_digit()).unwrap_or(tail.len());
-        let (unit, tail) = tail.split_at(unit);
-        let one = match unit {
-            "ms" => Duration::from_millis(1),
-            "s" => Duration::from_secs(1),
-            "m" => Duration::from_secs(60),
-            "h" => Duration::from_secs(3600),
-            "d" => Duration::from_secs(86_400),
-            "w" => Duration::from_secs(7 * 86_400),
-            "y" => Duration::from_secs(365 * 86_400),
-            _ => bail!("not a duration: {text:?}"),
-        };
-        total += one * u32::try_from(n).with_context(|| format!("not a duration: {text:?}"))?;
-        rest = tail;
-    }
-    Ok(total)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_and_credentials_read_as_the_toolkit_writes_them() {
-        assert_eq!(go_duration("1h30m").unwrap(), Duration::from_secs(5400));
-        assert_eq!(go_duration("100ms").unwrap(), Duration::from_millis(100));
-        assert!(go_duration("5 parsecs").is_err());
-        assert_eq!(credentials("Basic YWxpY2U6cGE6c3M="), Some(("alice".into(), "pa:ss".into())));
-        assert_eq!(credentials("Bearer x"), None);
-    }
 }
