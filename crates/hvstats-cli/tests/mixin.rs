@@ -766,8 +766,7 @@ fn prometheus_with_the_rules_answers_every_dashboard_query_over_two_hosts() {
 
     // Drilled down to the observed QEMU VM alone (its host, the VM, each of its VPs), every
     // panel has data: nothing is empty for a VM hvstats observes, the halt histograms' heatmaps
-    // included (serve exports every histogram a page holds; `--collector.histograms` once serve
-    // names its collectors).
+    // included (from the exporter with `--collector.histograms`, as the row's title says).
     if observed.is_some() {
         let mut obs = chosen.clone();
         obs.insert("vm".into(), "obs-vm".into());
@@ -780,7 +779,11 @@ fn prometheus_with_the_rules_answers_every_dashboard_query_over_two_hosts() {
         let mut empty = Vec::new();
         let observed_deadline = Instant::now() + Duration::from_secs(120);
         for (title, expr) in dashboard_queries(&d) {
-            let query = substituted(&expr, &obs);
+            let mut values = obs.clone();
+            if metric_names(&expr).iter().any(|n| n.ends_with("_bucket")) {
+                values.insert("instance".to_owned(), addr_h.to_string());
+            }
+            let query = substituted(&expr, &values);
             let got = until_or_last(observed_deadline, || {
                 let data = api(web, &format!("/api/v1/query?query={}", url_encoded(&query)))?;
                 let r = data["result"].as_array().cloned().unwrap_or_default();
