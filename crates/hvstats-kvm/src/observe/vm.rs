@@ -202,6 +202,11 @@ impl ObservedVm {
         std::mem::take(&mut self.refusals)
     }
 
+    /// What the VMM offered each source that refused it, and why (see [`VmSource::refused`]).
+    pub fn source_refusals(&self) -> Vec<(&'static str, String)> {
+        self.sources.sources().iter().filter_map(|s| Some((s.name(), s.refused()?.to_owned()))).collect()
+    }
+
     /// The VM's name.
     pub fn name(&self) -> &str {
         &self.name
