@@ -357,6 +357,65 @@ fn cpu_ticks(stat: &str) -> u64 {
     fields[14 - 3] + fields[15 - 3]
 }
 
+#[test]
+fn a_vmm_naming_another_qemus_qmp_socket_is_not_given_its_session() {
+    if !kvm_available("a_vmm_naming_another_qemus_qmp_socket_is_not_given_its_session") {
+        return;
+    }
+    let tmp = TempDir::new("hostile-qmp-theft");
+    let runtime = runtime_dir(&tmp);
+    let sock = tmp.path().join("victim.sock");
+    let qmp = format!("unix:{},server=on,wait=off", sock.display());
+    // The thief holds a VM and names the victim's socket on its command line. It starts first,
+    // so an observer attaches it first (oldest first) and would connect first.
+    let thief = FakeVmm::spawn(&["-name", "thief", "-qmp", &qmp], "CPU 0/KVM");
+    let victim = common::KilledOnDrop(
+        Command::new("qemu-system-x86_64")
+            .args(["-accel", "kvm", "-display", "none", "-nodefaults", "-m", "32"])
+            .args(["-name", "guest=victim,debug-threads=on", "-qmp", &qmp])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("qemu-system-x86_64 starts (.ci/run installs it)"),
+    );
+    let victim_pid = victim.0.id() as i32;
+    hvstats_testkit::wait_for_kvm_vcpus(victim_pid, 1, Duration::from_secs(30));
+    let t = Instant::now();
+    while !sock.exists() {
+        assert!(t.elapsed() < Duration::from_secs(30), "QEMU made no QMP socket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (mut serve, addr) = serve_observe_all(&runtime);
+    let refused = serve.wait_line(&[&format!("pid {} ", thief.pid()), "qmp refused"]);
+    assert!(refused.contains(&format!("is served by pid {victim_pid}, not by the VMM")), "{refused}");
+    // Each VM is published under its own name: the thief's is not the one the victim's QMP says.
+    assert_eq!(label(&vm_info(addr, thief.pid()), "vm"), "thief");
+    assert_eq!(label(&vm_info(addr, victim_pid), "vm"), "victim");
+    // The victim keeps its QMP source; the thief has none.
+    let up = |vm: &str| format!("hvstats_vm_source_up{{vm=\"{vm}\",source=\"qmp\"}}");
+    let t = Instant::now();
+    loop {
+        let metrics = common::http_get(addr, "/metrics");
+        let (victim_up, thief_up) =
+            (common::sample(&metrics, &up("victim")), common::sample(&metrics, &up("thief")));
+        if victim_up.as_deref() == Some("1") {
+            assert_eq!(thief_up.as_deref(), Some("0"), "{metrics}");
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "the victim's QMP is not up:\n{metrics}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Refused once, and never connected again: the victim's session is never lost.
+    std::thread::sleep(Duration::from_secs(2));
+    let said = serve.said();
+    assert_eq!(said.iter().filter(|l| l.contains("qmp refused")).count(), 0, "said once: {said:?}");
+    let lost = format!("pid {victim_pid} ");
+    assert!(!said.iter().any(|l| l.contains(&lost) && l.contains("qmp lost")), "{said:?}");
+    eprintln!("{refused}");
+    drop(thief);
+}
+
 /// `serve --observe-all` over `runtime` and the address it serves on.
 fn serve_observe_all(runtime: &Path) -> (Logged, std::net::SocketAddr) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_hvstats"))

@@ -273,7 +273,12 @@ impl ObservedVm {
 
     /// Why KVM's statistics through QMP are unavailable, when a socket was given and failed.
     pub fn qmp_error(&self) -> Option<&str> {
-        self.sources.sources().iter().find(|s| s.name() == "qmp").and_then(|s| s.error())
+        // A refused socket is said by its own line ([`Self::source_refusals`]).
+        self.sources
+            .sources()
+            .iter()
+            .find(|s| s.name() == "qmp" && s.refused().is_none())
+            .and_then(|s| s.error())
     }
 
     /// Puts this refresh's questions to the peers of the VM's sources (see [`VmSource::ask`]).
