@@ -61,8 +61,13 @@ impl Drop for Refreshing {
 fn snapshot_and_record_warn_below_a_publishers_refresh_period_and_not_at_it() {
     let tmp = TempDir::new("cadence");
     let publisher = Refreshing::start(tmp.path(), Duration::from_secs(1));
-    // Two refreshes make a period.
-    std::thread::sleep(Duration::from_millis(2300));
+    // Two refreshes make a period: wait until the instance says it.
+    let mut attach = hvstats::attach::Attach::new(tmp.path());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while attach.refresh().is_err() || attach.instances().all(|i| i.refresh_period().is_none()) {
+        assert!(Instant::now() < deadline, "the publisher never refreshed twice");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let warning = format!("between refreshes of instance {}", publisher.name);
 
     let out = hvstats(tmp.path(), &["snapshot", "--interval", "0.5"]);

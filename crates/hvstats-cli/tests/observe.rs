@@ -156,8 +156,21 @@ fn observe_publishes_what_snapshot_shows_and_leaves_when_the_process_exits() {
 
     go_tx.send(()).unwrap();
     let used_ns = used_rx.recv().unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    let v = snapshot(&runtime);
+    // Until a refresh (every 50 ms) has published the spin, however busy the host.
+    let total_run = |v: &Value| {
+        let of_observer = v["instances"].as_array().and_then(|i| i.iter().find(|i| i["pid"] == child.id()));
+        of_observer
+            .and_then(|i| i["partitions"][0]["vps"][0]["counters"][common::total("Total run time")].as_u64())
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let v = loop {
+        let v = snapshot(&runtime);
+        if total_run(&v).is_some_and(|t| t >= used_ns / 100 * 95 / 100) {
+            break v;
+        }
+        assert!(Instant::now() < deadline, "the {used_ns} ns spun never reached the VP's run time: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
     let observer = v["instances"]
         .as_array()
         .unwrap()

@@ -700,11 +700,19 @@ mod tests {
                 }
             });
             let mut out = [0u64; 64];
-            for _ in 0..30_000 {
+            // Copies go on until they have seen the writer's stores change a thousand times
+            // (a reader faster than the writer's start would otherwise copy only zeros).
+            let (mut copies, mut changes, mut last) = (0u32, 0u32, 0u64);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+            while copies < 30_000 || changes < 1000 {
+                assert!(std::time::Instant::now() < deadline, "{copies} copies saw {changes} stores");
                 copy_words(&page.0, &mut out, wide_loads_are_atomic());
                 for w in out {
                     assert_eq!(w >> 32, w & 0xFFFF_FFFF, "{w:#x} is torn");
                 }
+                changes += u32::from(out[0] != last);
+                last = out[0];
+                copies += 1;
             }
             stop.store(true, Ordering::Relaxed);
         });
