@@ -23,6 +23,15 @@ use common::{FakeVmm, TempDir, kvm_available};
 use serde_json::{Value, json};
 
 const UUID_A: &str = "aaaaaaaa-1111-4111-8111-aaaaaaaaaaaa";
+
+/// Held by each test whose observer watches every VM on the host (`--all`, `--observe-all`):
+/// one such observer at a time, so none connects to the QMP socket of another test's QEMU or
+/// counts another test's processes.
+static HOST_WIDE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn host_wide() -> std::sync::MutexGuard<'static, ()> {
+    HOST_WIDE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 const UUID_B: &str = "bbbbbbbb-2222-4222-8222-bbbbbbbbbbbb";
 
 /// Not a test: the body of the stand-in VMMs the tests below start (`FakeVmm`).
@@ -163,6 +172,7 @@ fn a_vmm_that_execs_in_place_is_its_old_vm_leaving_and_a_new_one_attaching() {
     if !kvm_available("a_vmm_that_execs_in_place_is_its_old_vm_leaving_and_a_new_one_attaching") {
         return;
     }
+    let _host = host_wide();
     let tmp = TempDir::new("hostile-exec");
     let runtime = runtime_dir(&tmp);
     let mut vmm = FakeVmm::spawn(&["-name", "before-exec", "-uuid", UUID_A], "CPU 0/KVM");
@@ -198,6 +208,7 @@ fn a_pid_reused_within_one_refresh_is_the_old_vm_leaving_and_the_new_vmm_attachi
     if !kvm_available("a_pid_reused_within_one_refresh_is_the_old_vm_leaving_and_the_new_vmm_attaching") {
         return;
     }
+    let _host = host_wide();
     let tmp = TempDir::new("hostile-reuse");
     let runtime = runtime_dir(&tmp);
     let mut old = FakeVmm::spawn(&["-name", "old-vmm", "-uuid", UUID_A], "CPU 0/KVM");
@@ -230,6 +241,7 @@ fn a_vmm_called_hvstats_is_observed_and_hvstats_run_is_left_to_its_own_instance(
     if !kvm_available("a_vmm_called_hvstats_is_observed_and_hvstats_run_is_left_to_its_own_instance") {
         return;
     }
+    let _host = host_wide();
     let tmp = TempDir::new("hostile-comm");
     let runtime = runtime_dir(&tmp);
     // A VMM naming itself `hvstats` holds a VM like any other: it is observed.
@@ -362,6 +374,7 @@ fn a_vmm_naming_another_qemus_qmp_socket_is_not_given_its_session() {
     if !kvm_available("a_vmm_naming_another_qemus_qmp_socket_is_not_given_its_session") {
         return;
     }
+    let _host = host_wide();
     let tmp = TempDir::new("hostile-qmp-theft");
     let runtime = runtime_dir(&tmp);
     let sock = tmp.path().join("victim.sock");
@@ -470,6 +483,7 @@ fn a_vmm_taking_a_running_vms_name_is_told_apart_and_lookalikes_and_uuids_are_sa
     if !kvm_available("a_vmm_taking_a_running_vms_name_is_told_apart_and_lookalikes_and_uuids_are_said") {
         return;
     }
+    let _host = host_wide();
     let tmp = TempDir::new("hostile-names");
     let runtime = runtime_dir(&tmp);
     let real = FakeVmm::spawn(&["-name", "prod-db", "-uuid", UUID_A], "CPU 0/KVM");
@@ -533,6 +547,7 @@ fn discovery_reads_no_descriptor_of_a_process_holding_400000_of_them() {
     if !kvm_available("discovery_reads_no_descriptor_of_a_process_holding_400000_of_them") {
         return;
     }
+    let _host = host_wide();
     // 400,000 descriptors held by `nobody`: in one process where the hard limit allows it, else
     // in as many processes as the limit (20,000 on some hosts) takes.
     const HELD: u64 = 400_000;
@@ -574,7 +589,12 @@ fn discovery_reads_no_descriptor_of_a_process_holding_400000_of_them() {
     for (how, extra) in [("debugfs", &[][..]), ("/proc alone", &["--proc-root", "/proc"][..])] {
         let observer = Logged::observe(&[&["--all"], extra].concat(), &runtime);
         let pid = observer.child.id();
-        std::thread::sleep(Duration::from_millis(200));
+        // Counted from once its first tick (which reads each process once) is published.
+        let t = Instant::now();
+        while !snapshot(&runtime)["instances"].as_array().unwrap().iter().any(|i| i["pid"] == pid) {
+            assert!(t.elapsed() < Duration::from_secs(60), "the observer published nothing");
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let readlinks = Readlinks::of(pid);
         let (cpu_then, t) = (cpu_ticks_of(pid), Instant::now());
         std::thread::sleep(Duration::from_secs(6));
