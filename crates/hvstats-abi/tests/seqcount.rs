@@ -2,11 +2,19 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use hvstats_abi::seqcount::{self, SeqRead, SeqWrite};
 
 /// Values one write sets together (the size of a large merge).
 const VALUES: usize = 64;
+/// Consistent copies the reader takes, at least.
+const COPIES: u64 = 5_000;
+/// Distinct writes the reader must have seen whole before it stops, so that it raced a writer
+/// that was writing rather than one that had not started yet.
+const WRITES_SEEN: usize = 200;
+/// How long the race may take on the slowest host before it is a failure.
+const DEADLINE: Duration = Duration::from_secs(120);
 
 #[test]
 fn readers_racing_a_writer_only_ever_see_whole_writes() {
@@ -28,13 +36,21 @@ fn readers_racing_a_writer_only_ever_see_whole_writes() {
                     }
                 }
                 // Writes come at a cadence, not back to back (a reader needs a quiet moment).
-                std::thread::sleep(std::time::Duration::from_micros(20));
+                std::thread::sleep(Duration::from_micros(20));
             }
             generation
         })
     };
     let (mut consistent, mut torn, mut last_seen) = (0u64, 0u64, 0u64);
-    while consistent < 5_000 {
+    // Generations seen whole, each counted once; the reader goes on until it has seen enough of
+    // them, however fast it is beside the writer.
+    let mut seen = 0usize;
+    let deadline = Instant::now() + DEADLINE;
+    while consistent < COPIES || seen < WRITES_SEEN {
+        assert!(
+            Instant::now() < deadline,
+            "after {DEADLINE:?}: {consistent} consistent copies, {seen} writes seen whole, {torn} torn"
+        );
         let copy = || -> [u64; VALUES] { std::array::from_fn(|i| shared.1[i].load(Ordering::Relaxed)) };
         match seqcount::read(&shared.0, 4, copy) {
             SeqRead::Consistent { value, sequence } => {
@@ -42,6 +58,9 @@ fn readers_racing_a_writer_only_ever_see_whole_writes() {
                 // Each finished write adds two to the sequence, so it names the generation.
                 assert_eq!(value[0], sequence / 2, "sequence {sequence}");
                 assert!(value[0] >= last_seen, "went back from {last_seen} to {}", value[0]);
+                if value[0] > last_seen {
+                    seen += 1;
+                }
                 last_seen = value[0];
                 consistent += 1;
             }
@@ -53,6 +72,8 @@ fn readers_racing_a_writer_only_ever_see_whole_writes() {
     }
     stop.store(true, Ordering::Relaxed);
     let writes = writer.join().unwrap();
-    assert!(writes > 0 && last_seen <= writes);
-    eprintln!("{consistent} consistent copies, {torn} torn after 4 tries, {writes} writes");
+    assert!(seen >= WRITES_SEEN && last_seen <= writes, "{seen} writes seen, last {last_seen} of {writes}");
+    eprintln!(
+        "{consistent} consistent copies ({seen} writes seen whole), {torn} torn after 4 tries, {writes} writes"
+    );
 }

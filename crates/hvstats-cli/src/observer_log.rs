@@ -114,6 +114,11 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
         ObserverEvent::DuplicateUuid { pid, uuid, other } => {
             format!("pid {pid}: UUID {uuid} is also pid {other}'s VM's: two VMs claim one identity")
         }
+        ObserverEvent::SourceRefused { pid, name, source, why } => format!(
+            "pid {pid} \"{}\": {source} refused: {}; its counters come from the VM's other sources",
+            Escaped(name),
+            Escaped(why)
+        ),
         ObserverEvent::ThreadRefused { pid, name, refusal } => format!(
             "pid {pid} \"{}\": thread {} named by {} for VP {} is not used: {}",
             LoggedName(name),

@@ -317,7 +317,23 @@ fn run_until_signalled(signal: libc::c_int, json: bool) -> (ExitStatus, String, 
         cmd.arg("--json");
     }
     let mut child = cmd.spawn().unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
+    // Once run has published its partition and both VPs have run (however slow the start).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let ran = |v: &serde_json::Value| {
+        let vps = v["instances"][0]["partitions"][0]["vps"].as_array().cloned().unwrap_or_default();
+        vps.len() == 2
+            && vps
+                .iter()
+                .all(|vp| vp["counters"][common::total("Total run time")].as_u64().is_some_and(|t| t > 0))
+    };
+    loop {
+        let out = hvstats().args(["snapshot", "--json", "--runtime-dir"]).arg(&rt).output().unwrap();
+        if serde_json::from_slice(&out.stdout).is_ok_and(|v| ran(&v)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "run published no running VPs: {}", stderr(&out));
+        std::thread::sleep(Duration::from_millis(50));
+    }
     // SAFETY: kill on our own child's pid.
     assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, signal) }, 0);
     let start = Instant::now();

@@ -156,8 +156,21 @@ fn observe_publishes_what_snapshot_shows_and_leaves_when_the_process_exits() {
 
     go_tx.send(()).unwrap();
     let used_ns = used_rx.recv().unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    let v = snapshot(&runtime);
+    // Until a refresh (every 50 ms) has published the spin, however busy the host.
+    let total_run = |v: &Value| {
+        let of_observer = v["instances"].as_array().and_then(|i| i.iter().find(|i| i["pid"] == child.id()));
+        of_observer
+            .and_then(|i| i["partitions"][0]["vps"][0]["counters"][common::total("Total run time")].as_u64())
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let v = loop {
+        let v = snapshot(&runtime);
+        if total_run(&v).is_some_and(|t| t >= used_ns / 100 * 95 / 100) {
+            break v;
+        }
+        assert!(Instant::now() < deadline, "the {used_ns} ns spun never reached the VP's run time: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
     let observer = v["instances"]
         .as_array()
         .unwrap()
@@ -306,6 +319,91 @@ fn sigterm_stops_the_observer_within_a_second_while_a_qmp_peer_drips() {
     let left: Vec<_> =
         std::fs::read_dir(runtime.join("instances")).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert!(left.is_empty(), "the instance's files are removed: {left:?}");
+}
+
+/// A process's peak resident memory (`VmHWM`), in KiB.
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// A memfd laid out as KVM's statistics of vCPU 0 whose one statistic lies 256 MiB into its
+/// data block, and which is that long (sparse): what a VMM can `dup2` into the number its `fd`
+/// directory just listed as `anon_inode:kvm-vcpu-stats:0`.
+fn crafted_stats_file() -> std::fs::File {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::fs::FileExt;
+    const DATA: u32 = 4096;
+    const CLAIMED: u32 = 256 << 20;
+    // SAFETY: a literal name and no flags; the result is checked before it is owned.
+    let fd = unsafe { libc::memfd_create(c"crafted-stats".as_ptr(), 0) };
+    assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+    // SAFETY: the kernel just gave us this descriptor; nothing else owns it.
+    let file = unsafe { std::fs::File::from_raw_fd(fd) };
+    file.set_len(u64::from(DATA + CLAIMED)).unwrap();
+    // flags, name_size, num_desc, id_offset, desc_offset, data_offset.
+    let header: Vec<u8> = [0u32, 48, 1, 24, 72, DATA].iter().flat_map(|w| w.to_le_bytes()).collect();
+    file.write_all_at(&header, 0).unwrap();
+    file.write_all_at(b"kvm-1/vcpu-0", 24).unwrap();
+    let mut desc = vec![0u8; 64];
+    desc[6..8].copy_from_slice(&1u16.to_le_bytes());
+    desc[8..12].copy_from_slice(&(CLAIMED - 8).to_le_bytes());
+    desc[16..26].copy_from_slice(b"halt_exits");
+    file.write_all_at(&desc, 72).unwrap();
+    file
+}
+
+#[test]
+fn a_file_dup2d_behind_a_stats_descriptor_is_refused_and_allocates_nothing() {
+    use std::os::fd::AsRawFd;
+    // SAFETY: geteuid has no memory effects.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipping: copying another process's descriptor needs root");
+        return;
+    }
+    let tmp = TempDir::new("observe-crafted-stats");
+    let runtime = tmp.path().join("run");
+    std::fs::create_dir_all(&runtime).unwrap();
+    let proc_root = tmp.path().join("proc");
+    let fake = fake_qemu(&proc_root, gettid());
+    // The VMM's `fd` directory as the observer read it, and what the number held by the time it
+    // was copied: the crafted file, not KVM's statistics.
+    let crafted = crafted_stats_file();
+    let fd = crafted.as_raw_fd();
+    symlink("anon_inode:kvm-vcpu-stats:0", fake.join(format!("fd/{fd}"))).unwrap();
+    let pid = std::process::id().to_string();
+    let (child, lines) = observe_fake(&["--pid", &pid], &runtime, &proc_root);
+    let child = common::KilledOnDrop(child);
+    // A VM is read once as it is attached: a block read then is in the peak by its attach line.
+    let attach = wait_line(&lines, "attach pid");
+    let peak = peak_rss_kib(child.0.id());
+    eprintln!("{attach}; the observer's peak resident memory: {peak} KiB");
+    assert!(peak < 64 << 10, "the observer's peak resident memory is {peak} KiB");
+    let refused = wait_line(&lines, "stats-fd refused");
+    assert!(
+        refused.contains(&format!(
+            "descriptor {fd}, listed as \"anon_inode:kvm-vcpu-stats:0\": it is a file, not KVM's"
+        )),
+        "{refused}"
+    );
+    let v = snapshot(&runtime);
+    let observer = v["instances"].as_array().unwrap().iter().find(|i| i["pid"] == child.0.id()).unwrap();
+    let sources = observer["partitions"][0]["sources"].as_array().unwrap();
+    let stats_fd = sources.iter().find(|s| s["name"] == "stats-fd").expect("the source is listed");
+    assert_eq!(stats_fd["up"], false, "{sources:?}");
+    let vp = &observer["partitions"][0]["vps"][0]["counters"];
+    assert!(vp[common::total("HLT instructions/sec")].is_null(), "{vp}");
+    // Said once, as the VM was attached, however many refreshes since.
+    let t = Instant::now();
+    let mut again = Vec::new();
+    while t.elapsed() < Duration::from_millis(500) {
+        again.extend(lines.try_iter().filter(|l| l.contains("stats-fd refused")));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(again.is_empty(), "{again:?}");
+    eprintln!("{refused}");
+    drop((child, crafted));
 }
 
 /// `count` threads of this process that park until `release` is dropped; their thread ids.

@@ -23,6 +23,15 @@ use common::{FakeVmm, TempDir, kvm_available};
 use serde_json::{Value, json};
 
 const UUID_A: &str = "aaaaaaaa-1111-4111-8111-aaaaaaaaaaaa";
+
+/// Held by each test whose observer watches every VM on the host (`--all`, `--observe-all`):
+/// one such observer at a time, so none connects to the QMP socket of another test's QEMU or
+/// counts another test's processes.
+static HOST_WIDE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn host_wide() -> std::sync::MutexGuard<'static, ()> {
+    HOST_WIDE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 const UUID_B: &str = "bbbbbbbb-2222-4222-8222-bbbbbbbbbbbb";
 
 /// Not a test: the body of the stand-in VMMs the tests below start (`FakeVmm`).
@@ -163,6 +172,7 @@ fn a_vmm_that_execs_in_place_is_its_old_vm_leaving_and_a_new_one_attaching() {
     if !kvm_available("a_vmm_that_execs_in_place_is_its_old_vm_leaving_and_a_new_one_attaching") {
         return;
     }
+    let _host = host_wide();
     let tmp = TempDir::new("hostile-exec");
     let runtime = runtime_dir(&tmp);
     let mut vmm = FakeVmm::spawn(&["-name", "before-exec", "-uuid", UUID_A], "CPU 0/KVM");
@@ -198,6 +208,7 @@ fn a_pid_reused_within_one_refresh_is_the_old_vm_leaving_and_the_new_vmm_attachi
     if !kvm_available("a_pid_reused_within_one_refresh_is_the_old_vm_leaving_and_the_new_vmm_attaching") {
         return;
     }
+    let _host = host_wide();
     let tmp = TempDir::new("hostile-reuse");
     let runtime = runtime_dir(&tmp);
     let mut old = FakeVmm::spawn(&["-name", "old-vmm", "-uuid", UUID_A], "CPU 0/KVM");
@@ -230,6 +241,7 @@ fn a_vmm_called_hvstats_is_observed_and_hvstats_run_is_left_to_its_own_instance(
     if !kvm_available("a_vmm_called_hvstats_is_observed_and_hvstats_run_is_left_to_its_own_instance") {
         return;
     }
+    let _host = host_wide();
     let tmp = TempDir::new("hostile-comm");
     let runtime = runtime_dir(&tmp);
     // A VMM naming itself `hvstats` holds a VM like any other: it is observed.
@@ -357,6 +369,66 @@ fn cpu_ticks(stat: &str) -> u64 {
     fields[14 - 3] + fields[15 - 3]
 }
 
+#[test]
+fn a_vmm_naming_another_qemus_qmp_socket_is_not_given_its_session() {
+    if !kvm_available("a_vmm_naming_another_qemus_qmp_socket_is_not_given_its_session") {
+        return;
+    }
+    let _host = host_wide();
+    let tmp = TempDir::new("hostile-qmp-theft");
+    let runtime = runtime_dir(&tmp);
+    let sock = tmp.path().join("victim.sock");
+    let qmp = format!("unix:{},server=on,wait=off", sock.display());
+    // The thief holds a VM and names the victim's socket on its command line. It starts first,
+    // so an observer attaches it first (oldest first) and would connect first.
+    let thief = FakeVmm::spawn(&["-name", "thief", "-qmp", &qmp], "CPU 0/KVM");
+    let victim = common::KilledOnDrop(
+        Command::new("qemu-system-x86_64")
+            .args(["-accel", "kvm", "-display", "none", "-nodefaults", "-m", "32"])
+            .args(["-name", "guest=victim,debug-threads=on", "-qmp", &qmp])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("qemu-system-x86_64 starts (.ci/run installs it)"),
+    );
+    let victim_pid = victim.0.id() as i32;
+    hvstats_testkit::wait_for_kvm_vcpus(victim_pid, 1, Duration::from_secs(30));
+    let t = Instant::now();
+    while !sock.exists() {
+        assert!(t.elapsed() < Duration::from_secs(30), "QEMU made no QMP socket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (mut serve, addr) = serve_observe_all(&runtime);
+    let refused = serve.wait_line(&[&format!("pid {} ", thief.pid()), "qmp refused"]);
+    assert!(refused.contains(&format!("is served by pid {victim_pid}, not by the VMM")), "{refused}");
+    // Each VM is published under its own name: the thief's is not the one the victim's QMP says.
+    assert_eq!(label(&vm_info(addr, thief.pid()), "vm"), "thief");
+    assert_eq!(label(&vm_info(addr, victim_pid), "vm"), "victim");
+    // The victim keeps its QMP source; the thief has none.
+    let up = |vm: &str| format!("hvstats_vm_source_up{{vm=\"{vm}\",source=\"qmp\"}}");
+    let t = Instant::now();
+    loop {
+        let metrics = common::http_get(addr, "/metrics");
+        let (victim_up, thief_up) =
+            (common::sample(&metrics, &up("victim")), common::sample(&metrics, &up("thief")));
+        if victim_up.as_deref() == Some("1") {
+            assert_eq!(thief_up.as_deref(), Some("0"), "{metrics}");
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "the victim's QMP is not up:\n{metrics}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Refused once, and never connected again: the victim's session is never lost.
+    std::thread::sleep(Duration::from_secs(2));
+    let said = serve.said();
+    assert_eq!(said.iter().filter(|l| l.contains("qmp refused")).count(), 0, "said once: {said:?}");
+    let lost = format!("pid {victim_pid} ");
+    assert!(!said.iter().any(|l| l.contains(&lost) && l.contains("qmp lost")), "{said:?}");
+    eprintln!("{refused}");
+    drop(thief);
+}
+
 /// `serve --observe-all` over `runtime` and the address it serves on.
 fn serve_observe_all(runtime: &Path) -> (Logged, std::net::SocketAddr) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
@@ -411,6 +483,7 @@ fn a_vmm_taking_a_running_vms_name_is_told_apart_and_lookalikes_and_uuids_are_sa
     if !kvm_available("a_vmm_taking_a_running_vms_name_is_told_apart_and_lookalikes_and_uuids_are_said") {
         return;
     }
+    let _host = host_wide();
     let tmp = TempDir::new("hostile-names");
     let runtime = runtime_dir(&tmp);
     let real = FakeVmm::spawn(&["-name", "prod-db", "-uuid", UUID_A], "CPU 0/KVM");
@@ -474,6 +547,7 @@ fn discovery_reads_no_descriptor_of_a_process_holding_400000_of_them() {
     if !kvm_available("discovery_reads_no_descriptor_of_a_process_holding_400000_of_them") {
         return;
     }
+    let _host = host_wide();
     // 400,000 descriptors held by `nobody`: in one process where the hard limit allows it, else
     // in as many processes as the limit (20,000 on some hosts) takes.
     const HELD: u64 = 400_000;
@@ -515,7 +589,12 @@ fn discovery_reads_no_descriptor_of_a_process_holding_400000_of_them() {
     for (how, extra) in [("debugfs", &[][..]), ("/proc alone", &["--proc-root", "/proc"][..])] {
         let observer = Logged::observe(&[&["--all"], extra].concat(), &runtime);
         let pid = observer.child.id();
-        std::thread::sleep(Duration::from_millis(200));
+        // Counted from once its first tick (which reads each process once) is published.
+        let t = Instant::now();
+        while !snapshot(&runtime)["instances"].as_array().unwrap().iter().any(|i| i["pid"] == pid) {
+            assert!(t.elapsed() < Duration::from_secs(60), "the observer published nothing");
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let readlinks = Readlinks::of(pid);
         let (cpu_then, t) = (cpu_ticks_of(pid), Instant::now());
         std::thread::sleep(Duration::from_secs(6));

@@ -18,6 +18,20 @@ use hvstats_abi::catalog::vp;
 use hvstats_testkit::{spawn_qemu, wait_for_kvm_vcpus};
 use serde_json::Value;
 
+/// Waits until `top --once` (process `pid`) has taken its first reading: its one thread then
+/// sleeps through the interval (`clock_nanosleep`), and what is written now falls in it.
+fn wait_for_first_reading(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let syscall = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
+        if syscall.split(' ').next().and_then(|n| n.parse::<i64>().ok()) == Some(libc::SYS_clock_nanosleep) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "top took no first reading: {syscall}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 fn name(id: hvstats_abi::CounterId) -> &'static str {
     id.counter().unwrap().name
 }
@@ -50,7 +64,7 @@ fn once_json_gives_exact_deltas_rates_and_costs_over_its_interval() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
+    wait_for_first_reading(child.id());
     page.add(vp::IO_INSTRUCTIONS, 1200);
     page.add(vp::IO_INSTRUCTIONS_COST, 1200 * 42); // 4.2 µs each
     part.vp_page(0).unwrap().add(vp::HYPERCALLS, 3);
@@ -124,7 +138,7 @@ fn once_text_lists_partitions_and_vps_or_says_there_is_nothing() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(1000));
+    wait_for_first_reading(child.id());
     // VP 2: 97 port accesses in [512, 1024) ns and 3 in [2, 4) ms (IO: 6.07 ms in all), 10 MSR
     // accesses of 100 µs (1 ms): IO dominates, p50 ≤ 1023 ns, p99 ≤ 4194303 ns.
     for ns in std::iter::repeat_n(700, 97).chain([3_000_000; 3]) {

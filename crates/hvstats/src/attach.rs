@@ -90,6 +90,15 @@ pub enum AttachError {
     /// The map rules refused the request.
     #[error("stats page request refused: {0}")]
     Refused(HvError),
+    /// An arena shrank while it was mapped (its owner truncated it): what was read past its new
+    /// end was thrown away, and the instance is read again from what the file holds now.
+    #[error("{} shrank to {size} bytes while it was read (truncated by its owner?): read again from what it holds", path.display())]
+    Shrunk {
+        /// The `.arena` or `.global` file.
+        path: PathBuf,
+        /// Its size now.
+        size: u64,
+    },
     /// The instance's files are not believed: they do not belong to the user whose process holds
     /// them (see [`crate::trust`]).
     #[error("not believing {}: {why}", path.display())]
@@ -311,6 +320,18 @@ impl Instance {
     /// True when its arena is mapped (not read with pread).
     pub fn is_mapped(&self) -> bool {
         self.arena.is_mapped()
+    }
+
+    /// The problem of an arena of this instance that shrank under its mapping, if one did.
+    fn shrunk(&self) -> Option<AttachError> {
+        let global = self.global.as_ref().ok().filter(|g| g.shrunk());
+        let (path, arena) = match (self.arena.shrunk(), global) {
+            (true, _) => (self.path.clone(), &self.arena),
+            (false, Some(global)) => (self.path.with_extension(&GLOBAL_SUFFIX[1..]), global),
+            (false, None) => return None,
+        };
+        let size = runtime_dir::fstat(arena.file().as_fd()).map(|st| st.st_size as u64).unwrap_or(0);
+        Some(AttachError::Shrunk { path, size })
     }
 
     /// Follows the publisher's changes: new chunks, and the index when its layout sequence moved
@@ -619,6 +640,19 @@ impl Attach {
             if let Some(name) = InstanceName::parse(stem) {
                 listed.insert(name);
             }
+        }
+        // An instance whose arena shrank under its mapping is said and opened again, from what
+        // its files hold now.
+        let shrunk: Vec<InstanceName> = self
+            .instances
+            .iter()
+            .filter_map(|(name, instance)| {
+                changes.problems.push(instance.shrunk()?);
+                Some(*name)
+            })
+            .collect();
+        for name in shrunk {
+            self.instances.remove(&name);
         }
         let gone: Vec<InstanceName> = self
             .instances

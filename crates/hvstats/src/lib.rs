@@ -27,6 +27,7 @@ pub mod publish;
 pub mod reader;
 pub mod rules;
 pub mod runtime_dir;
+mod shrink_guard;
 pub mod snapshot;
 pub mod trust;
 pub mod unmapped;

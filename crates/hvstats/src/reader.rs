@@ -3,7 +3,10 @@
 //!
 //! The file is mapped only when it belongs to the effective user or root: nobody else can then
 //! truncate it under the mapping, which would turn a read into SIGBUS. Any other file is read with
-//! `pread`, which reports a short read instead. How much is read comes from the file itself
+//! `pread`, which reports a short read instead. Its owner still can truncate it: each mapping is
+//! registered with [`ShrinkGuard`], so a read past the new end reads zeros instead of raising
+//! SIGBUS, every copy that met one is thrown away, and the file is read with `pread` from then
+//! on ([`ArenaReader::shrunk`] says so). How much is read comes from the file itself
 //! (`fstat`) bounded by what its header says, never from the header alone; every entry and page
 //! copy is checked against the entry's sequence word ([`crate::index`]).
 
@@ -22,6 +25,7 @@ use crate::index::{
     self, CHUNK_BYTES, CHUNK_SLOTS, ENTRY_BYTES, ENTRY_WORDS, FormatError, HEADER_BYTES, Header, ew, hw,
 };
 use crate::runtime_dir;
+use crate::shrink_guard::ShrinkGuard;
 
 /// Why an arena could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +64,10 @@ pub struct ArenaReader {
     /// Whether this processor reads an aligned 16-byte word whole ([`copy_words`]): asked once,
     /// when opened, not at every read.
     wide: bool,
+    /// The mapping's registration with the SIGBUS handler, while mapped.
+    guard: Option<ShrinkGuard>,
+    /// True once the file shrank under the mapping (it is read with `pread` since).
+    shrank: bool,
 }
 
 // SAFETY: the mapping is read-only and accessed through atomics; it lives as long as the value.
@@ -135,7 +143,15 @@ impl ArenaReader {
         let header = Header::decode(&bytes[..got]).map_err(ArenaError::Format)?;
         let access =
             if trusted { Access::Mapped { ptr: NonNull::dangling(), len: 0 } } else { Access::Pread };
-        let mut reader = Self { file, access, chunks: 0, header, wide: wide_loads_are_atomic() };
+        let mut reader = Self {
+            file,
+            access,
+            chunks: 0,
+            header,
+            wide: wide_loads_are_atomic(),
+            guard: None,
+            shrank: false,
+        };
         reader.grow().map_err(ArenaError::Io)?;
         Ok(reader)
     }
@@ -152,7 +168,28 @@ impl ArenaReader {
 
     /// True when the arena is mapped (not read with pread).
     pub fn is_mapped(&self) -> bool {
-        matches!(self.access, Access::Mapped { .. })
+        matches!(self.access, Access::Mapped { .. }) && !self.shrunk()
+    }
+
+    /// True once the file shrank under this reader's mapping (its owner truncated it): a read
+    /// past its new end met zeros, not the file, and was thrown away; it is read with `pread`
+    /// from then on, which sees the file's real end.
+    pub fn shrunk(&self) -> bool {
+        self.shrank || self.guard.as_ref().is_some_and(ShrinkGuard::shrunk)
+    }
+
+    /// Unmaps the file, to read it with `pread` from now on.
+    fn unmap(&mut self) {
+        // Unregistered first: nothing reads the mapping past this point.
+        self.guard = None;
+        if let Access::Mapped { ptr, len } = self.access
+            && len > 0
+        {
+            // SAFETY: our mapping; nothing borrows it past this call (borrows of the reader's
+            // memory end with each read).
+            unsafe { libc::munmap(ptr.as_ptr().cast(), len) };
+        }
+        self.access = Access::Pread;
     }
 
     /// Slots the reader can see now.
@@ -161,18 +198,17 @@ impl ArenaReader {
     }
 
     fn header_word(&self, word: usize) -> u64 {
-        match self.access {
-            Access::Mapped { ptr, len } if len >= HEADER_BYTES => {
-                // SAFETY: the header lies in the mapping, 8-aligned; the writer uses atomics.
-                unsafe { &*(ptr.as_ptr().add(word * 8) as *const AtomicU64) }.load(Ordering::Acquire)
+        if let Some(w) = self.atomics(word * 8, 1) {
+            let value = w[0].load(Ordering::Acquire);
+            // A load past a shrunk file's end read zeros: read the file instead.
+            if !self.shrunk() {
+                return value;
             }
-            _ => {
-                let mut b = [0u8; 8];
-                match read_at(&self.file, &mut b, (word * 8) as u64) {
-                    Ok(8) => u64::from_le_bytes(b),
-                    _ => 0,
-                }
-            }
+        }
+        let mut b = [0u8; 8];
+        match read_at(&self.file, &mut b, (word * 8) as u64) {
+            Ok(8) => u64::from_le_bytes(b),
+            _ => 0,
         }
     }
 
@@ -196,6 +232,10 @@ impl ArenaReader {
     /// # Errors
     /// When the file cannot be stat'ed or mapped.
     pub fn grow(&mut self) -> io::Result<bool> {
+        if self.shrunk() && !self.shrank {
+            self.shrank = true;
+            self.unmap();
+        }
         let announced = usize::try_from(self.header_word(hw::CHUNKS)).unwrap_or(usize::MAX);
         let unmapped = matches!(self.access, Access::Mapped { len: 0, .. });
         if announced <= self.chunks && !unmapped {
@@ -206,18 +246,12 @@ impl ArenaReader {
         if chunks <= self.chunks && !unmapped {
             return Ok(false);
         }
-        if let Access::Mapped { ptr, len } = self.access
-            && !backed(&st, index::file_bytes(chunks))
-        {
+        if matches!(self.access, Access::Mapped { .. }) && !backed(&st, index::file_bytes(chunks)) {
             // Holes where a publisher's chunks would be: read with pread rather than map address
             // space no storage backs (a sparse file claiming every chunk would map 1.3 GB).
-            if len > 0 {
-                // SAFETY: our previous mapping; nothing borrows it past this call.
-                unsafe { libc::munmap(ptr.as_ptr().cast(), len) };
-            }
-            self.access = Access::Pread;
+            self.unmap();
         }
-        if let Access::Mapped { ptr, len } = self.access {
+        if let Access::Mapped { .. } = self.access {
             let new_len = index::file_bytes(chunks);
             // SAFETY: a read-only shared mapping of bytes the file holds (checked by fstat just
             // now; the file belongs to us or root, so no one else can shrink it).
@@ -234,13 +268,19 @@ impl ArenaReader {
             if new == libc::MAP_FAILED {
                 return Err(io::Error::last_os_error());
             }
-            if len > 0 {
-                // SAFETY: our previous mapping; nothing borrows it past this call (borrows of
-                // the reader's memory end with each read).
-                unsafe { libc::munmap(ptr.as_ptr().cast(), len) };
-            }
+            self.unmap();
             let ptr = NonNull::new(new.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
-            self.access = Access::Mapped { ptr, len: new_len };
+            match ShrinkGuard::register(ptr.as_ptr(), new_len) {
+                Some(guard) => {
+                    self.guard = Some(guard);
+                    self.access = Access::Mapped { ptr, len: new_len };
+                }
+                // No place for it with the SIGBUS handler: a truncation could not be survived.
+                None => {
+                    // SAFETY: the mapping just made; nothing borrows it.
+                    unsafe { libc::munmap(ptr.as_ptr().cast(), new_len) };
+                }
+            }
         }
         let grew = chunks > self.chunks;
         self.chunks = chunks;
@@ -249,7 +289,7 @@ impl ArenaReader {
 
     fn atomics(&self, offset: usize, count: usize) -> Option<&[AtomicU64]> {
         match self.access {
-            Access::Mapped { ptr, len } if offset + count * 8 <= len => {
+            Access::Mapped { ptr, len } if offset + count * 8 <= len && !self.shrunk() => {
                 // SAFETY: inside the mapping, 8-aligned; the writer uses atomics, so do we.
                 Some(unsafe {
                     std::slice::from_raw_parts(ptr.as_ptr().add(offset).cast::<AtomicU64>(), count)
@@ -282,7 +322,11 @@ impl ArenaReader {
         }
         let offset = index::entry_offset(slot);
         match self.atomics(offset, ENTRY_WORDS) {
-            Some(a) => index::read_entry(a.try_into().map_err(|_| Changed)?).ok_or(Changed),
+            Some(a) => {
+                let entry = index::read_entry(a.try_into().map_err(|_| Changed)?).ok_or(Changed);
+                // Read past a shrunk file's end: read it again from the file.
+                if self.shrunk() { self.entry_words(slot) } else { entry }
+            }
             None => {
                 for _ in 0..1000 {
                     let mut words = [0u64; ENTRY_WORDS];
@@ -328,10 +372,14 @@ impl ArenaReader {
         }
         let page_offset = index::page_offset(slot);
         match self.atomics(page_offset, out.len()) {
-            Some(page) => self.under_entry(slot, generation, || {
-                copy_words(page, out, self.wide);
-                Ok(())
-            }),
+            Some(page) => {
+                let copied = self.under_entry(slot, generation, || {
+                    copy_words(page, out, self.wide);
+                    Ok(())
+                });
+                // Read past a shrunk file's end: read it again from the file.
+                if self.shrunk() { self.read_page_prefix(slot, generation, out) } else { copied }
+            }
             None => self.under_entry(slot, generation, || self.pread_words(page_offset, out)),
         }
     }
@@ -415,39 +463,46 @@ impl ArenaReader {
         let words = out.len().max(sequence + 1);
         match self.atomics(page_offset, words) {
             Some(page) => {
-                // One loop checks both sequences (the entry's and the page's) around the copy:
-                // what a consistent read costs over a plain one is two loads and a compare.
-                let Some(entry) = self.atomics(index::entry_offset(slot), ENTRY_WORDS) else {
-                    return Err(PageCopyError::Changed);
-                };
-                let seq = &page[sequence];
-                let mut torn = false;
-                for _ in 0..seqcount::DEFAULT_TRIES {
-                    let before = entry[ew::SEQ].load(Ordering::Acquire);
-                    let gen_ = entry[ew::GENERATION].load(Ordering::Relaxed);
-                    let state = entry[ew::STATE].load(Ordering::Relaxed);
-                    if before.is_multiple_of(2) {
-                        if gen_ != generation || state == index::state::FREE {
-                            return Err(PageCopyError::Changed);
-                        }
-                        let page_before = seq.load(Ordering::Acquire);
-                        torn = !page_before.is_multiple_of(2);
-                        if !torn {
-                            copy_words(page, out, self.wide);
-                            fence(Ordering::Acquire);
-                            let page_after = seq.load(Ordering::Relaxed);
-                            if entry[ew::SEQ].load(Ordering::Relaxed) == before {
-                                if page_after == page_before {
-                                    return Ok(());
+                let copied = 'copy: {
+                    // One loop checks both sequences (the entry's and the page's) around the copy:
+                    // what a consistent read costs over a plain one is two loads and a compare.
+                    let Some(entry) = self.atomics(index::entry_offset(slot), ENTRY_WORDS) else {
+                        break 'copy Err(PageCopyError::Changed);
+                    };
+                    let seq = &page[sequence];
+                    let mut torn = false;
+                    for _ in 0..seqcount::DEFAULT_TRIES {
+                        let before = entry[ew::SEQ].load(Ordering::Acquire);
+                        let gen_ = entry[ew::GENERATION].load(Ordering::Relaxed);
+                        let state = entry[ew::STATE].load(Ordering::Relaxed);
+                        if before.is_multiple_of(2) {
+                            if gen_ != generation || state == index::state::FREE {
+                                break 'copy Err(PageCopyError::Changed);
+                            }
+                            let page_before = seq.load(Ordering::Acquire);
+                            torn = !page_before.is_multiple_of(2);
+                            if !torn {
+                                copy_words(page, out, self.wide);
+                                fence(Ordering::Acquire);
+                                let page_after = seq.load(Ordering::Relaxed);
+                                if entry[ew::SEQ].load(Ordering::Relaxed) == before {
+                                    if page_after == page_before {
+                                        break 'copy Ok(());
+                                    }
+                                    torn = true;
                                 }
-                                torn = true;
                             }
                         }
+                        std::hint::spin_loop();
                     }
-                    std::hint::spin_loop();
+                    // Out of tries: torn when the last one overlapped a merge into the page.
+                    Err(if torn { PageCopyError::Torn } else { PageCopyError::Changed })
+                };
+                // Read past a shrunk file's end: read it again from the file.
+                match self.shrunk() {
+                    true => self.read_page_prefix_consistent(slot, generation, out, sequence),
+                    false => copied,
                 }
-                // Out of tries: torn when the last one overlapped a merge into the page.
-                Err(if torn { PageCopyError::Torn } else { PageCopyError::Changed })
             }
             None => {
                 let seq_offset = page_offset + sequence * 8;
@@ -472,12 +527,7 @@ impl ArenaReader {
 
 impl Drop for ArenaReader {
     fn drop(&mut self) {
-        if let Access::Mapped { ptr, len } = self.access
-            && len > 0
-        {
-            // SAFETY: our mapping; nothing borrows it past `self`.
-            unsafe { libc::munmap(ptr.as_ptr().cast(), len) };
-        }
+        self.unmap();
     }
 }
 
@@ -650,11 +700,19 @@ mod tests {
                 }
             });
             let mut out = [0u64; 64];
-            for _ in 0..30_000 {
+            // Copies go on until they have seen the writer's stores change a thousand times
+            // (a reader faster than the writer's start would otherwise copy only zeros).
+            let (mut copies, mut changes, mut last) = (0u32, 0u32, 0u64);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+            while copies < 30_000 || changes < 1000 {
+                assert!(std::time::Instant::now() < deadline, "{copies} copies saw {changes} stores");
                 copy_words(&page.0, &mut out, wide_loads_are_atomic());
                 for w in out {
                     assert_eq!(w >> 32, w & 0xFFFF_FFFF, "{w:#x} is torn");
                 }
+                changes += u32::from(out[0] != last);
+                last = out[0];
+                copies += 1;
             }
             stop.store(true, Ordering::Relaxed);
         });

@@ -358,3 +358,41 @@ fn a_full_filesystem_is_a_clear_error_at_creation_never_a_sigbus() {
     }
     assert!(!made.is_empty());
 }
+
+#[test]
+fn an_arena_its_owner_truncates_under_a_mapping_is_a_clear_error_not_a_sigbus() {
+    let tmp = TempDir::new("shrunk-mapped");
+    let hv = publish(&tmp.0).unwrap();
+    let p = hv.create_partition(64).unwrap();
+    p.vp_page(63).unwrap().set(vp::HYPERCALLS, 63);
+    let path = hv.published_path().unwrap();
+    let mut attach = Attach::new(&tmp.0);
+    assert!(attach.refresh().unwrap().problems.is_empty());
+    let name = attach.instances().next().unwrap().name();
+    let instance = attach.instance(name).unwrap();
+    assert!(instance.is_mapped(), "this user's arena is mapped");
+    let id = instance.partitions()[0].id;
+    let last = StatsObject::Vp(id, 63);
+    assert_eq!(instance.read(last).unwrap().data[vp::HYPERCALLS.slot()], 63);
+    // Its owner truncates it under the reader's mapping.
+    let before = std::fs::metadata(&path).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(8192).unwrap();
+    // The publisher would fault writing past the end it was cut to (as it leaves): it is left as
+    // it is.
+    std::mem::forget((p, hv));
+    assert!(before > 8192 * 4, "VP 63's page lay past the new end ({before} bytes before)");
+    // The read that meets the new end is an error of that read, and the reader lives.
+    assert!(matches!(instance.read(last), Err(AttachError::Changed(_))));
+    assert!(!instance.is_mapped(), "read with pread since");
+    // The next look says why, and reads the instance again from what its file holds now.
+    let changes = attach.refresh().unwrap();
+    let [AttachError::Shrunk { path: shrunk, size: 8192 }] = changes.problems.as_slice() else {
+        panic!("{:?}", changes.problems)
+    };
+    assert_eq!(shrunk, &path);
+    let message = error_chain(&changes.problems[0]);
+    assert!(message.contains("shrank to 8192 bytes while it was read"), "{message}");
+    let instance = attach.instance(name).expect("read again");
+    assert!(instance.partitions().is_empty(), "no page of it is left: {:?}", instance.partitions());
+    assert!(attach.refresh().unwrap().problems.is_empty(), "said once");
+}

@@ -152,6 +152,19 @@ pub enum ObserverEvent {
         /// The VMM process of the VM observed already.
         other: i32,
     },
+    /// A source refused what the VMM offered it (a descriptor or a socket that is not what it
+    /// was listed as); said once, when the VM is attached. The counters come from the VM's other
+    /// sources.
+    SourceRefused {
+        /// The VMM process.
+        pid: i32,
+        /// The VM's name.
+        name: String,
+        /// The source (`stats-fd`, `qmp`).
+        source: &'static str,
+        /// What was refused, and why.
+        why: String,
+    },
     /// A thread id a source named for one of a VM's vCPUs is not used (said once per thread).
     ThreadRefused {
         /// The VMM process.
@@ -425,6 +438,14 @@ impl Observer {
                         qmp: qmp.clone(),
                         qmp_error: vm.qmp_error().map(str::to_owned),
                     });
+                    for (source, why) in vm.source_refusals() {
+                        events.push(ObserverEvent::SourceRefused {
+                            pid,
+                            name: vm.name().to_owned(),
+                            source,
+                            why,
+                        });
+                    }
                     for refusal in vm.take_refusals() {
                         events.push(ObserverEvent::ThreadRefused {
                             pid,

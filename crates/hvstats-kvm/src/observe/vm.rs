@@ -202,6 +202,11 @@ impl ObservedVm {
         std::mem::take(&mut self.refusals)
     }
 
+    /// What the VMM offered each source that refused it, and why (see [`VmSource::refused`]).
+    pub fn source_refusals(&self) -> Vec<(&'static str, String)> {
+        self.sources.sources().iter().filter_map(|s| Some((s.name(), s.refused()?.to_owned()))).collect()
+    }
+
     /// The VM's name.
     pub fn name(&self) -> &str {
         &self.name
@@ -268,7 +273,12 @@ impl ObservedVm {
 
     /// Why KVM's statistics through QMP are unavailable, when a socket was given and failed.
     pub fn qmp_error(&self) -> Option<&str> {
-        self.sources.sources().iter().find(|s| s.name() == "qmp").and_then(|s| s.error())
+        // A refused socket is said by its own line ([`Self::source_refusals`]).
+        self.sources
+            .sources()
+            .iter()
+            .find(|s| s.name() == "qmp" && s.refused().is_none())
+            .and_then(|s| s.error())
     }
 
     /// Puts this refresh's questions to the peers of the VM's sources (see [`VmSource::ask`]).

@@ -24,6 +24,16 @@ const TYPE_MASK: u32 = 0xF;
 const UNIT_MASK: u32 = 0xF0;
 const UNIT_SECONDS: u32 = 0x20;
 const BASE_POW2: u32 = 0x100;
+/// The longest statistic name KVM gives (`KVM_STATS_NAME_SIZE` is 48), with room to grow.
+const MAX_NAME_SIZE: usize = 256;
+/// Statistics of one vCPU or VM: 47 and 16 in Linux 6.18, with room to grow.
+const MAX_DESCRIPTORS: usize = 1024;
+/// Values of one statistic: KVM's largest are its 32-bucket histograms; twice that.
+pub(crate) const MAX_STAT_WORDS: usize = 64;
+/// The data block, at most (1,120 bytes for a vCPU in Linux 6.18).
+pub(crate) const MAX_DATA_BYTES: usize = 64 << 10;
+/// Where the data block may start, at most: past the header, id and descriptors.
+const MAX_LAYOUT_BYTES: u64 = 1 << 20;
 
 /// One statistic's place and scale.
 #[derive(Clone, Copy, Debug)]
@@ -61,8 +71,12 @@ impl KvmStats {
         Self::parse(file)
     }
 
+    /// Parses the layout of the statistics `file` holds. Nothing is allocated from a size the
+    /// file gives before it is checked against what KVM can produce: the header's sizes and
+    /// offsets must be plausible, its regions apart, every statistic within
+    /// [`MAX_STAT_WORDS`] values and the data block within [`MAX_DATA_BYTES`].
     pub(crate) fn parse(file: File) -> io::Result<Self> {
-        let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, format!("KVM stats: {what}"));
+        let bad = |what: String| io::Error::new(io::ErrorKind::InvalidData, format!("KVM stats: {what}"));
         let mut header = [0u8; HEADER_SIZE];
         file.read_exact_at(&mut header, 0)?;
         let word = |i: usize| {
@@ -70,15 +84,38 @@ impl KvmStats {
         };
         let (name_size, num_desc, id_offset, desc_offset, data_offset) =
             (word(1) as usize, word(2) as usize, word(3) as u64, word(4) as u64, word(5) as u64);
-        if num_desc > 4096 || name_size > 4096 {
-            return Err(bad("implausible header"));
+        if !(1..=MAX_NAME_SIZE).contains(&name_size) || !(1..=MAX_DESCRIPTORS).contains(&num_desc) {
+            return Err(bad(format!(
+                "implausible header: {num_desc} statistics named in {name_size} bytes (KVM has at most \
+                 {MAX_DESCRIPTORS} in {MAX_NAME_SIZE})"
+            )));
+        }
+        let stride = DESC_FIXED + name_size;
+        // The header, the id string and the descriptors lie apart, before the data block.
+        let regions = [
+            (0, HEADER_SIZE as u64),
+            (id_offset, id_offset + name_size as u64),
+            (desc_offset, desc_offset + (stride * num_desc) as u64),
+        ];
+        let apart = regions
+            .iter()
+            .enumerate()
+            .all(|(i, a)| regions[i + 1..].iter().all(|b| a.1 <= b.0 || b.1 <= a.0) && a.1 <= data_offset);
+        if !apart || data_offset > MAX_LAYOUT_BYTES {
+            return Err(bad(format!(
+                "implausible header: id at {id_offset}, descriptors at {desc_offset}, data at {data_offset}"
+            )));
         }
         let mut id = vec![0u8; name_size];
         file.read_exact_at(&mut id, id_offset)?;
         let id = String::from_utf8_lossy(&id).trim_end_matches('\0').to_string();
-        let stride = DESC_FIXED + name_size;
+        if !id.starts_with("kvm-") {
+            return Err(bad(format!("an id {id:?} that is not KVM's")));
+        }
         let mut raw = vec![0u8; stride * num_desc];
         file.read_exact_at(&mut raw, desc_offset)?;
+        // What KVM can produce for these statistics: each at most MAX_STAT_WORDS values.
+        let bound = (num_desc * MAX_STAT_WORDS * 8).min(MAX_DATA_BYTES);
         let mut descs = HashMap::new();
         let mut data_len = 0usize;
         for d in raw.chunks_exact(stride) {
@@ -87,10 +124,16 @@ impl KvmStats {
             let size = u16::from_le_bytes([d[6], d[7]]) as usize;
             let offset = u32::from_le_bytes([d[8], d[9], d[10], d[11]]) as usize;
             if !offset.is_multiple_of(8) {
-                return Err(bad("unaligned statistic"));
+                return Err(bad("unaligned statistic".into()));
+            }
+            let end = offset.saturating_add(size * 8);
+            if size > MAX_STAT_WORDS || end > bound {
+                return Err(bad(format!(
+                    "a statistic of {size} values at {offset} in a data block KVM keeps within {bound} bytes"
+                )));
             }
             let name = String::from_utf8_lossy(&d[DESC_FIXED..]).trim_end_matches('\0').to_string();
-            data_len = data_len.max(offset + size * 8);
+            data_len = data_len.max(end);
             descs.insert(name, Desc { slot: offset / 8, size, flags, exponent });
         }
         Ok(Self { file, data_offset, data_len, descs, id })
@@ -293,6 +336,73 @@ impl IdleVcpu {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A memfd holding a header of `words` (name_size, num_desc, id_offset, desc_offset,
+    /// data_offset), the id `kvm-1/vcpu-0` and one descriptor per `(size, offset)`, sized
+    /// `file_size` (sparse).
+    fn crafted(words: [u32; 5], descs: &[(u16, u32)], file_size: u64) -> File {
+        use std::io::Write;
+        let [name_size, _, id_offset, desc_offset, _] = words.map(|w| w as usize);
+        // SAFETY: a literal name and no flags; the result is checked before it is owned.
+        let fd = unsafe { libc::memfd_create(c"crafted".as_ptr(), 0) };
+        assert!(fd >= 0);
+        // SAFETY: the kernel just gave us this descriptor; nothing else owns it.
+        let mut file = unsafe { File::from_raw_fd(fd) };
+        file.set_len(file_size).unwrap();
+        let header: Vec<u8> = [0].iter().chain(&words).flat_map(|w| w.to_le_bytes()).collect();
+        file.write_all(&header).unwrap();
+        let mut id = b"kvm-1/vcpu-0".to_vec();
+        id.resize(name_size.min(4096), 0);
+        file.write_all_at(&id, id_offset as u64).unwrap();
+        for (i, &(size, offset)) in descs.iter().enumerate() {
+            let mut d = vec![0u8; DESC_FIXED + name_size.min(4096)];
+            d[6..8].copy_from_slice(&size.to_le_bytes());
+            d[8..12].copy_from_slice(&offset.to_le_bytes());
+            let name = format!("s{i}");
+            let n = name.len().min(d.len() - DESC_FIXED);
+            d[DESC_FIXED..DESC_FIXED + n].copy_from_slice(&name.as_bytes()[..n]);
+            file.write_all_at(&d, (desc_offset + i * d.len()) as u64).unwrap();
+        }
+        file
+    }
+
+    fn refusal(file: File) -> String {
+        KvmStats::parse(file)
+            .map(|s| format!("accepted, {} words", s.data_words()))
+            .unwrap_or_else(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_header_claiming_more_than_kvm_makes_is_refused_before_anything_is_allocated() {
+        // As KVM lays it out: 48-byte names, two statistics, the second a 32-bucket histogram.
+        let good = crafted([48, 2, 24, 72, 200], &[(1, 0), (32, 8)], 4096);
+        assert_eq!(refusal(good), "accepted, 33 words");
+        // A statistic 4 GiB into the data block (what a crafted file behind a stats descriptor
+        // claimed), one of 65,535 values, a block past 64 KiB from many small statistics.
+        let far = crafted([48, 1, 24, 72, 136], &[(1, 0xFFFF_FFF8)], 4096);
+        assert!(refusal(far).contains("a statistic of 1 values at 4294967288"), "refused");
+        let wide = crafted([48, 1, 24, 72, 136], &[(0xFFFF, 0)], 4096);
+        assert!(refusal(wide).contains("a statistic of 65535 values"));
+        let descs: Vec<(u16, u32)> = (0..1024).map(|i| (64, i * 512)).collect();
+        let many = crafted([48, 1024, 24, 72, 72 + 64 * 1024], &descs, 1 << 20);
+        assert!(refusal(many).contains("within 65536 bytes"));
+        // Sizes in the header: names of 4 KiB, 100,000 descriptors, none at all.
+        for words in
+            [[4096, 1, 24, 72, 8192], [48, 100_000, 24, 72, 200], [48, 0, 24, 72, 200], [0, 1, 24, 72, 200]]
+        {
+            assert!(refusal(crafted(words, &[], 8192)).contains("implausible header"), "{words:?}");
+        }
+        // Regions that overlap the header or each other, or data placed past 1 MiB.
+        for words in
+            [[48, 1, 0, 72, 200], [48, 1, 24, 40, 200], [48, 1, 24, 72, 100], [48, 1, 24, 72, 1 << 30]]
+        {
+            assert!(refusal(crafted(words, &[(1, 0)], 8192)).contains("implausible header"), "{words:?}");
+        }
+        // An id that is not KVM's.
+        let other = crafted([48, 1, 24, 72, 136], &[(1, 0)], 4096);
+        other.write_all_at(b"not-kvm\0", 24).unwrap();
+        assert!(refusal(other).contains("that is not KVM's"));
+    }
 
     #[test]
     fn looked_up_statistics_agree_with_a_snapshot() {

@@ -14,6 +14,13 @@
 //! socket is shared politely: no connection is made while another client holds it, and the
 //! session is let go when another client waits for it (QEMU serves one client at a time).
 //!
+//! A socket the observer found (on the VMM's command line) is the VMM's only if the VMM listens
+//! on it: any process may name another QEMU's socket on its own command line. So the session's
+//! listener (the kernel's record, [`Qmp::listener_pid`]) must be the VMM itself; a socket
+//! another process serves is refused as soon as it is connected, before a word is exchanged,
+//! said once ([`VmSource::refused`]), and never connected again for that VM. A socket the
+//! operator gave (`--qmp`) is taken as given.
+//!
 //! What is asked is the least the counters need: the run state; the vCPU and VM statistics the
 //! catalog maps (`query-stats` with their names), only while no source before this one in the
 //! VM's list gives them (the VMM's own descriptors, libvirt); and the vCPU threads until they are
@@ -77,6 +84,10 @@ enum Question {
 #[derive(Debug)]
 pub struct QmpStats {
     path: PathBuf,
+    /// The VMM that must listen on the socket, when the observer found it (not given).
+    server: Option<i32>,
+    /// Why the socket was refused: another process serves it.
+    refused: Option<String>,
     cancel: Cancel,
     session: Session,
     backoff: Duration,
@@ -115,6 +126,7 @@ pub struct QmpStats {
 pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError> {
     let Some(path) = at.qmp else { return Ok(None) };
     let mut me = QmpStats::new(path, at.options.cancel.clone());
+    me.server = at.options.qmp.is_none().then_some(at.pid);
     let now = Instant::now();
     me.connect(&UnixSockets::read_of([path]).unwrap_or_default(), now);
     if me.greet(now)
@@ -138,6 +150,8 @@ impl QmpStats {
     fn new(path: &Path, cancel: Cancel) -> Self {
         Self {
             path: path.to_owned(),
+            server: None,
+            refused: None,
             cancel,
             session: Session::Closed { retry_at: Instant::now() },
             backoff: FIRST_BACKOFF,
@@ -159,14 +173,33 @@ impl QmpStats {
         }
     }
 
-    /// Begins a connection, unless another client holds the socket.
+    /// Begins a connection, unless another client holds the socket or it was refused; a socket
+    /// the VMM must serve is refused, for good, when another process listens on it.
     fn connect(&mut self, sockets: &UnixSockets, now: Instant) {
+        if self.refused.is_some() {
+            return;
+        }
         if sockets.of(&self.path).accepted > 0 {
             self.close(&QmpError::Taken { path: self.path.clone() }, now);
             return;
         }
         match Qmp::begin(&self.path, QMP_TIMEOUT, self.cancel.clone()) {
-            Ok(qmp) => self.session = Session::Greeting { qmp, deadline: now + QMP_TIMEOUT },
+            Ok(qmp) => match self.server {
+                Some(vmm) if qmp.listener_pid() != Some(vmm) => {
+                    let listener = match qmp.listener_pid() {
+                        Some(pid) => format!("pid {pid}"),
+                        None => "a process that has exited or is not visible here".to_owned(),
+                    };
+                    let why = format!(
+                        "the QMP socket {} its command line names is served by {listener}, not by the VMM",
+                        printable_path(&self.path)
+                    );
+                    self.down = Some(why.clone());
+                    self.refused = Some(why);
+                    self.session = Session::Closed { retry_at: now };
+                }
+                _ => self.session = Session::Greeting { qmp, deadline: now + QMP_TIMEOUT },
+            },
             Err(e) => self.close(&e, now),
         }
     }
@@ -505,6 +538,10 @@ impl VmSource for QmpStats {
         self.down.as_deref()
     }
 
+    fn refused(&self) -> Option<&str> {
+        self.refused.as_deref()
+    }
+
     fn fds(&self) -> usize {
         usize::from(!matches!(self.session, Session::Closed { .. }))
     }
@@ -512,6 +549,11 @@ impl VmSource for QmpStats {
     fn origin(&self) -> Origin {
         Origin::VcpuCreation
     }
+}
+
+/// A socket's path as one line of a log: its control characters escaped.
+fn printable_path(path: &Path) -> String {
+    path.to_string_lossy().escape_debug().to_string()
 }
 
 #[cfg(test)]

@@ -7,11 +7,18 @@
 //! `pidfd_getfd(2)` and `pread`s it as our own VPs read theirs ([`KvmStats`]). A VMM that holds
 //! none (QEMU before 8.1 opens one per query and closes it) has no such source; one whose
 //! descriptors cannot be copied (not root) has a source that gives nothing and says why.
+//!
+//! The VMM's `fd` directory only says what a descriptor number held when it was read: the VMM
+//! may `dup2` anything into that number before it is copied. So the copy itself is checked
+//! ([`check_copy`]): it must be an anonymous inode that the kernel names, in this process's own
+//! `/proc/self/fd`, as KVM's statistics of that vCPU (or the VM), and its header must describe
+//! no more than KVM makes ([`KvmStats::parse`]). Anything else refuses the whole source, said
+//! once ([`VmSource::refused`]); nothing is allocated from a size the VMM chose.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use hvstats::SharedPage;
 use hvstats_abi::ObjectKind;
@@ -29,6 +36,8 @@ use crate::sources::kvm_stats::KvmStats;
 const VCPU_STATS: &str = "anon_inode:kvm-vcpu-stats:";
 /// The descriptor link of a VM's statistics.
 const VM_STATS: &str = "anon_inode:kvm-vm-stats";
+/// The file system of anonymous inodes (`ANON_INODE_FS_MAGIC`), where KVM's descriptors live.
+const ANON_INODE_FS_MAGIC: i64 = 0x0904_1934;
 
 /// One copied descriptor and its last reading.
 #[derive(Debug)]
@@ -78,6 +87,8 @@ pub struct StatsFd {
     vp_count: usize,
     vm: Option<Copied>,
     error: Option<String>,
+    /// Why what the VMM held was refused, when it was.
+    refused: Option<String>,
 }
 
 /// The statistics descriptors `pid` holds, from its `fd` directory: by vCPU id, and the VM's.
@@ -98,13 +109,54 @@ fn held(fd_dir: &std::path::Path) -> io::Result<(BTreeMap<u32, RawFd>, Option<Ra
 
 /// A process's descriptor, copied into this one (`pidfd_getfd(2)`).
 fn copy_fd(pidfd: &OwnedFd, fd: RawFd) -> io::Result<File> {
-    use std::os::fd::AsRawFd;
     // SAFETY: pidfd_getfd takes a pidfd we hold, a descriptor number and flags 0; it returns a new
     // descriptor or -1 and touches no memory of ours.
     let r = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
     let r = sys::check(i32::try_from(r).unwrap_or(-1))?;
     // SAFETY: the kernel just gave us this descriptor; nothing else owns it.
     Ok(unsafe { File::from_raw_fd(r) })
+}
+
+/// Why a copied descriptor is not KVM's statistics named `link` (`VCPU_STATS` with the vCPU id,
+/// or `VM_STATS`), `None` when it is: an anonymous inode that this process's own
+/// `/proc/self/fd` names so. Only KVM makes anonymous inodes of those names, and nobody but
+/// this process can change what its own descriptor refers to.
+fn check_copy(file: &File, link: &str) -> Option<String> {
+    // SAFETY: an all-zero statfs is a valid value of the plain C struct the kernel fills.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatfs writes one statfs into `fs`, which we own, about a descriptor we hold.
+    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut fs) } != 0 {
+        return Some(format!("its file system cannot be read: {}", io::Error::last_os_error()));
+    }
+    if fs.f_type as i64 != ANON_INODE_FS_MAGIC {
+        return Some(format!("it is a file, not KVM's (file system {:#x})", fs.f_type));
+    }
+    match fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())) {
+        Ok(is) if is.as_os_str() == link => None,
+        Ok(is) => Some(format!("it is {:?}", is.to_string_lossy())),
+        Err(e) => Some(format!("its copy cannot be named: {e}")),
+    }
+}
+
+/// Why copying and reading the VMM's statistics descriptors did not work.
+enum Failure {
+    /// A descriptor could not be copied or read (this process is not root, or one is gone).
+    Copy(io::Error),
+    /// The VMM held something other than KVM's statistics there.
+    Refused(String),
+}
+
+/// Descriptor `fd` of the VMM, copied, checked to be KVM's statistics named `link`, and parsed.
+fn copy_checked(pidfd: &OwnedFd, fd: RawFd, link: &str) -> Result<Copied, Failure> {
+    let file = copy_fd(pidfd, fd).map_err(Failure::Copy)?;
+    if let Some(why) = check_copy(&file, link) {
+        return Err(Failure::Refused(format!("descriptor {fd}, listed as {link:?}: {why}")));
+    }
+    let stats = KvmStats::parse(file).map_err(|e| match e.kind() {
+        io::ErrorKind::InvalidData => Failure::Refused(format!("descriptor {fd} ({link}): {e}")),
+        _ => Failure::Copy(e),
+    })?;
+    Ok(Copied::new(stats))
 }
 
 /// A descriptor referring to process `pid` (`pidfd_open(2)`).
@@ -126,23 +178,38 @@ pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError
     if vcpu_fds.is_empty() && vm_fd.is_none() {
         return Ok(None);
     }
-    let mut me = StatsFd { vcpus: BTreeMap::new(), vp_count: at.fds.vcpus.len(), vm: None, error: None };
+    let mut me = StatsFd {
+        vcpus: BTreeMap::new(),
+        vp_count: at.fds.vcpus.len(),
+        vm: None,
+        error: None,
+        refused: None,
+    };
     // The VP index of a vCPU is its place among the VM's vCPU ids, as the observer numbers VPs.
     let index_of: BTreeMap<u32, u32> =
         at.fds.vcpus.keys().enumerate().map(|(i, &id)| (id, i as u32)).collect();
-    let copied = pidfd(at.pid).and_then(|pidfd| {
+    let copied = pidfd(at.pid).map_err(Failure::Copy).and_then(|pidfd| {
         for (id, fd) in &vcpu_fds {
             if let Some(&index) = index_of.get(id) {
-                me.vcpus.insert(index, Copied::new(KvmStats::parse(copy_fd(&pidfd, *fd)?)?));
+                me.vcpus.insert(index, copy_checked(&pidfd, *fd, &format!("{VCPU_STATS}{id}"))?);
             }
         }
         if let Some(fd) = vm_fd {
-            me.vm = Some(Copied::new(KvmStats::parse(copy_fd(&pidfd, fd)?)?));
+            me.vm = Some(copy_checked(&pidfd, fd, VM_STATS)?);
         }
         Ok(())
     });
-    if let Err(e) = copied {
-        me.error = Some(format!("cannot copy the VMM's KVM statistics descriptors: {e}"));
+    match copied {
+        Ok(()) => {}
+        Err(Failure::Copy(e)) => {
+            me.error = Some(format!("cannot copy the VMM's KVM statistics descriptors: {e}"));
+        }
+        Err(Failure::Refused(why)) => {
+            me.error = Some(format!("refused what the VMM holds as KVM's statistics: {why}"));
+            me.refused = Some(why);
+        }
+    }
+    if me.error.is_some() {
         me.vcpus.clear();
         me.vm = None;
     }
@@ -211,6 +278,10 @@ impl VmSource for StatsFd {
 
     fn error(&self) -> Option<&str> {
         self.error.as_deref()
+    }
+
+    fn refused(&self) -> Option<&str> {
+        self.refused.as_deref()
     }
 
     fn fds(&self) -> usize {

@@ -121,6 +121,12 @@ pub trait VmSource: CounterSource {
         None
     }
 
+    /// What the VMM offered this source that it refused, and why (a descriptor or a socket that
+    /// is not what it was listed as), said once when the VM is attached.
+    fn refused(&self) -> Option<&str> {
+        None
+    }
+
     /// Descriptors it holds.
     fn fds(&self) -> usize {
         0
