@@ -12,7 +12,7 @@ use hvstats_abi::ObjectKind;
 
 use hvstats_kvm::accounting::{ExitAccounting, ExitClass};
 use hvstats_kvm::cycles;
-use hvstats_kvm::sources::user_exits::UserExitCounts;
+use hvstats_sources::user_exits::UserExitCounts;
 
 /// The accounting work of one exit on its own (two clock reads and the page updates), averaged
 /// over `n` exits.

@@ -21,9 +21,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hvstats::Hypervisor;
-use hvstats_kvm::observe::filter::{VmFilter, VmPattern};
-use hvstats_kvm::observe::qmp::{Qmp, add_stats, stats_request};
-use hvstats_kvm::observe::{ObserveOptions, Observer, Procfs, Targets, raise_fd_limit};
+use hvstats_observe::filter::{VmFilter, VmPattern};
+use hvstats_observe::qmp::{Qmp, add_stats, stats_request};
+use hvstats_observe::{ObserveOptions, Observer, Procfs, Targets, raise_fd_limit};
 use hvstats_testkit::kvm_vcpus;
 
 use crate::row::{CpuClock, Pace, Plan, Rounds, Row};

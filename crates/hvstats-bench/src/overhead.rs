@@ -19,8 +19,8 @@ use hvstats::Hypervisor;
 
 use hvstats_guest::bios::{BiosEnd, BiosProgram};
 use hvstats_host::bpf::{Tally, TracepointColumn};
-use hvstats_kvm::observe::qmp::{Qmp, QmpError};
-use hvstats_kvm::observe::{ObserveOptions, Observer, Procfs, Targets};
+use hvstats_observe::qmp::{Qmp, QmpError};
+use hvstats_observe::{ObserveOptions, Observer, Procfs, Targets};
 
 use crate::row::{Pace, Plan};
 
@@ -262,8 +262,8 @@ pub const COUNTING_ROW: &str = "observe-counted-event-rate-on-vs-off";
 /// # Errors
 /// When the tracepoint is unavailable or the process's threads cannot be read.
 pub fn counted_event_rate_on_vs_off(plan: &Plan<'_>, calls: u32) -> Result<ExitRates, String> {
-    use hvstats_kvm::observe::counting::{EventList, EventSpec, ThreadCounters};
-    use hvstats_kvm::observe::sources::events::vm_events;
+    use hvstats_observe::counting::{EventList, EventSpec, ThreadCounters};
+    use hvstats_observe::sources::events::vm_events;
     let mut specs = vm_events(None);
     specs.push(EventSpec::tracepoint("syscalls", "sys_enter_getppid"));
     let probe = EventList::new(specs.clone());

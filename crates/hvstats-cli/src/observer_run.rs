@@ -11,9 +11,9 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::{Duration, Instant};
 
 use hvstats::Hypervisor;
-use hvstats_kvm::observe::qmp::{CANCEL_POLL, Cancel};
-use hvstats_kvm::observe::{Observer, ObserverEvent};
 use hvstats_mshv::observer::MshvObserver;
+use hvstats_observe::qmp::{CANCEL_POLL, Cancel};
+use hvstats_observe::{Observer, ObserverEvent};
 
 use crate::observer_log::{LogLimiter, describe_mshv};
 

@@ -14,9 +14,9 @@ use hvstats::whv::VpExtras;
 use hvstats_abi::CounterId;
 
 use crate::cycles;
-use crate::sources::counter_source::{Composition, Object, Part, VpSource, VpThread};
-use crate::sources::open_all;
-use crate::sources::user_exits::UserExitCounts;
+use hvstats_sources::counter_source::{Composition, Object, Part, VpSource, VpThread};
+use hvstats_sources::open_all;
+use hvstats_sources::user_exits::UserExitCounts;
 
 /// What kind of userspace exit the run loop handled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -141,7 +141,7 @@ fn account(page: &SharedPage, cost: CounterId, total: &mut u64, histogram: Count
 }
 
 /// The kernel sources of one VP, opened on (or for) its thread: the list
-/// [`open_all`](crate::sources::open_all) makes.
+/// [`open_all`](hvstats_sources::open_all) makes.
 ///
 /// A merge has two parts. The *exit* part ([`merge_exits`](Self::merge_exits)) reads what a guest
 /// can see change from one instruction to the next: the intercepts KVM handles in the kernel
@@ -213,9 +213,9 @@ impl VpSources {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sources::tracepoint::{Tracepoint, VpTracepoints};
     use hvstats_abi::ObjectKind;
     use hvstats_abi::catalog::vp;
+    use hvstats_sources::tracepoint::{Tracepoint, VpTracepoints};
 
     /// A vCPU (never run) whose sources are opened for the calling thread, as the VP thread does.
     fn vcpu() -> Option<(kvm_ioctls::VmFd, kvm_ioctls::VcpuFd)> {
@@ -238,7 +238,7 @@ mod tests {
         let Some((_vm, vcpu)) = vcpu() else { return };
         let user = std::sync::Arc::new(UserExitCounts::default());
         let thread = VpThread {
-            tid: crate::sources::thread_time::gettid(),
+            tid: hvstats_sources::thread_time::gettid(),
             vcpu_fd: vcpu.as_raw_fd(),
             user: user.clone(),
         };
@@ -246,8 +246,9 @@ mod tests {
         let page = SharedPage::anonymous(ObjectKind::Vp).unwrap();
         user.msr.store(3, std::sync::atomic::Ordering::Relaxed);
         sources.merge_exits(&page);
-        let msr_counted =
-            VpTracepoints::open(crate::sources::thread_time::gettid()).unavailable(Tracepoint::Msr).is_none();
+        let msr_counted = VpTracepoints::open(hvstats_sources::thread_time::gettid())
+            .unavailable(Tracepoint::Msr)
+            .is_none();
         if msr_counted {
             // The vCPU never ran: KVM handled no MSR access, the run loop three.
             assert_eq!(page.get(vp::MSR_ACCESSES), 3);
@@ -277,7 +278,7 @@ mod tests {
 
     #[test]
     fn the_whole_tracepoint_group_reads_as_each_counter_does() {
-        let mut tps = VpTracepoints::open(crate::sources::thread_time::gettid());
+        let mut tps = VpTracepoints::open(hvstats_sources::thread_time::gettid());
         if let Some(why) = tps.unavailable(Tracepoint::Cpuid) {
             eprintln!("skipping: {why}");
             return;

@@ -15,9 +15,9 @@ use zerocopy::IntoBytes;
 
 use crate::accounting::{ExitAccounting, ExitClass};
 use crate::cycles;
-use crate::sources::kvm_stats::KvmStats;
-use crate::sources::user_exits::UserExitCounts;
-use crate::sources::vcpu_stats::VcpuStats;
+use hvstats_sources::kvm_stats::KvmStats;
+use hvstats_sources::user_exits::UserExitCounts;
+use hvstats_sources::vcpu_stats::VcpuStats;
 
 /// KVM's descriptor flags: cumulative or log2 histogram, in seconds.
 const CUMULATIVE_SECONDS: u32 = 0x20;

@@ -23,10 +23,10 @@ use crate::accounting::{ExitAccounting, ExitClass, VpSources};
 use crate::cycles;
 use crate::guest_space::{GuestSpace, VpPresence};
 use crate::handlers::{HandlerError, Handlers, PortAction, VpContext};
-use crate::sources::counter_source::{VpThread, vp_counters_of};
-use crate::sources::thread_time::gettid;
-use crate::sources::user_exits::UserExitCounts;
 use hvstats_abi::counter_set::CounterSet;
+use hvstats_sources::counter_source::{VpThread, vp_counters_of};
+use hvstats_sources::thread_time::gettid;
+use hvstats_sources::user_exits::UserExitCounts;
 
 /// Why a VP stopped other than by writing the exit port, and where.
 #[derive(Clone, Debug)]

@@ -29,10 +29,10 @@ use hvstats_abi::{ObjectKind, catalog::counters_of};
 use hvstats_guest::program::LoopCount;
 use hvstats_guest::{GuestImage, Mode, Workload, layout};
 use hvstats_kvm::enlightenment::HyperV;
-use hvstats_kvm::observe::claim::Claim;
 use hvstats_kvm::{
     FaultCause, Handlers, HardwareCounters, Partition, PartitionConfig, RipSeen, RunReport, VpOutcome,
 };
+use hvstats_observe::claim::Claim;
 use hvstats_present::{json_keys, present};
 use serde_json::{Map, Value, json};
 
