@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use hvstats::Hypervisor;
 use hvstats_mshv::observer::MshvObserver;
-use hvstats_observe::qmp::{CANCEL_POLL, Cancel};
+use hvstats_observe::cancel::{CANCEL_POLL, Cancel};
 use hvstats_observe::{Observer, ObserverEvent};
 
 use crate::observer_log::{LogLimiter, describe_mshv};

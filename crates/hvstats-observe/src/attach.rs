@@ -4,8 +4,8 @@
 use std::io;
 use std::path::PathBuf;
 
+use super::cancel::Cancel;
 use super::filter::VmFilter;
-use super::qmp::Cancel;
 
 /// How to observe a VM.
 #[derive(Clone, Debug, Default)]

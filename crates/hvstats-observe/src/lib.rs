@@ -12,7 +12,8 @@
 //!   libvirt, QMP, its events, its threads' own files), composed on the seam our own VPs' sources share;
 //! - [`vm`]: one observed VM and its partition; [`observer`]: attach, refresh, detach;
 //! - [`publication`]: what an observed partition publishes beside its pages;
-//! - [`claim`]: one observer per VM per host.
+//! - [`claim`]: one observer per VM per host;
+//! - [`cancel`]: the flag a signal sets to end every wait.
 //!
 //! Descriptors per VM: while its vCPU threads are unknown, one counter group per thread of the
 //! process, for at most [`sources::events::EXTRA_THREADS`] threads beyond one per vCPU and within what the
@@ -26,6 +27,7 @@
 #![deny(missing_docs)]
 
 pub mod attach;
+pub mod cancel;
 pub mod claim;
 pub mod counting;
 pub mod discovery;

@@ -27,11 +27,12 @@ use hvstats::Hypervisor;
 use hvstats_abi::catalog::hypervisor;
 
 use super::attach::{ObserveError, ObserveOptions};
+use super::cancel::Cancel;
 use super::claim::{Claim, ClaimError};
 use super::discovery::{ProcessIdentity, Procfs, is_shortage};
 use super::filter::VmIdentity;
 use super::kvm_scan::KvmScan;
-use super::qmp::{Cancel, Qmp};
+use super::qmp::Qmp;
 use super::sources::{KvmExitState, PeerState};
 use super::unix_sockets::UnixSockets;
 use super::vm::{Departure, ObservedVm, ThreadRefusal};

@@ -24,11 +24,11 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+
+use crate::cancel::{CANCEL_POLL, Cancel};
 
 /// The longest QMP message accepted, newline included. A `query-stats` reply carries about
 /// 1.5 KiB per vCPU, so this holds VMs of several hundred vCPUs; a longer message is refused
@@ -43,35 +43,11 @@ pub const MAX_EVENTS: usize = 256;
 /// peer that streams them is dropped after this, not read for the whole deadline.
 pub const MAX_BLANK: usize = 64 << 10;
 
-/// How often a wait looks at its [`Cancel`].
-pub const CANCEL_POLL: Duration = Duration::from_millis(100);
-
 /// Bytes read from the socket at a time.
 const CHUNK: usize = 64 << 10;
 
 /// What a QMP socket held by another client looks like to us, said once.
 const TAKEN: &str = "the QMP socket is taken by another client (libvirt?): QEMU serves one at a time";
-
-/// A flag another thread sets to end every QMP wait now (a signal asked the observer to stop).
-#[derive(Clone, Debug, Default)]
-pub struct Cancel(Arc<AtomicBool>);
-
-impl Cancel {
-    /// A flag not set yet.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Sets the flag: waits in progress end within [`CANCEL_POLL`], later ones at once.
-    pub fn cancel(&self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
-
-    /// True once [`cancel`](Self::cancel) was called.
-    pub fn is_cancelled(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
-    }
-}
 
 /// A QMP failure.
 #[derive(Debug, thiserror::Error)]

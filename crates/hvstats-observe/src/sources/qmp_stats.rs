@@ -36,9 +36,8 @@ use serde_json::Value;
 use super::kvm_stat_map;
 use super::vm_source::{PeerState, VcpuThread, VmAttach, VmSource, VmView};
 use crate::attach::ObserveError;
-use crate::qmp::{
-    Cancel, KvmStatsReply, Qmp, QmpCpu, QmpError, add_stats, parse_cpus, parse_status, stats_request,
-};
+use crate::cancel::Cancel;
+use crate::qmp::{KvmStatsReply, Qmp, QmpCpu, QmpError, add_stats, parse_cpus, parse_status, stats_request};
 use crate::unix_sockets::UnixSockets;
 use hvstats_sources::counter_source::{CounterSource, Gives, Object};
 
