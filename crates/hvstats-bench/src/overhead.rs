@@ -229,14 +229,15 @@ enum Round {
 /// (`kvm_pio`, `kvm_userspace_exit`), counting no thread: each firing runs a program that finds
 /// its thread uncounted and returns — the least any tracepoint-attached counting costs an exit.
 fn attach_uncounted() -> Result<Tally, OverheadError> {
-    let root = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
-        .into_iter()
-        .map(std::path::Path::new)
-        .find(|p| p.join("events").is_dir())
-        .ok_or_else(|| OverheadError::Qemu("tracefs is not mounted".into()))?;
+    let root = hvstats_host::tracefs::root().map_err(|e| {
+        OverheadError::Qemu(format!("tracefs: {}", hvstats_host::error_chain::error_chain(e)))
+    })?;
     let column = |name: &str| TracepointColumn { system: "kvm".into(), name: name.into(), filter: None };
     Tally::new(root, &[column("kvm_pio"), column("kvm_userspace_exit")]).map_err(|e| {
-        OverheadError::Qemu(format!("cannot attach the programs: {}", hvstats::snapshot::error_chain(&e)))
+        OverheadError::Qemu(format!(
+            "cannot attach the programs: {}",
+            hvstats_host::error_chain::error_chain(&e)
+        ))
     })
 }
 

@@ -359,7 +359,7 @@ impl Observer {
                     if e.is_shortage()
                         || (matches!(e, ClaimError::Taken { .. }) && self.targets == Targets::All) =>
                 {
-                    let reason = format!("process {pid}: {}", hvstats::snapshot::error_chain(&e));
+                    let reason = format!("process {pid}: {}", hvstats_host::error_chain::error_chain(&e));
                     self.defer(&mut events, &mut deferred, pid, reason);
                     continue;
                 }
@@ -367,7 +367,7 @@ impl Observer {
                     self.fail(
                         &mut events,
                         pid,
-                        format!("process {pid}: {}", hvstats::snapshot::error_chain(&e)),
+                        format!("process {pid}: {}", hvstats_host::error_chain::error_chain(&e)),
                     );
                     continue;
                 }
@@ -412,13 +412,13 @@ impl Observer {
                     self.vms.insert(pid, vm);
                 }
                 Err(e @ ObserveError::Budget { .. }) => {
-                    self.defer(&mut events, &mut deferred, pid, hvstats::snapshot::error_chain(&e));
+                    self.defer(&mut events, &mut deferred, pid, hvstats_host::error_chain::error_chain(&e));
                 }
                 Err(ObserveError::Proc { source, .. }) if is_shortage(&source) => {
                     let reason = format!("cannot read process {pid}: {source}");
                     self.defer(&mut events, &mut deferred, pid, reason);
                 }
-                Err(e) => self.fail(&mut events, pid, hvstats::snapshot::error_chain(&e)),
+                Err(e) => self.fail(&mut events, pid, hvstats_host::error_chain::error_chain(&e)),
             }
         }
         self.deferred = deferred;

@@ -196,7 +196,7 @@ impl VmSource for LibvirtStats {
             Err(e) => {
                 // Its counters stop being available rather than going stale; the next refresh
                 // connects again.
-                self.error = Some(hvstats::snapshot::error_chain(&e));
+                self.error = Some(hvstats_host::error_chain::error_chain(&e));
                 self.conn = None;
                 self.vcpus.clear();
                 self.vm = Stats::default();

@@ -173,7 +173,7 @@ impl QmpStats {
     /// Notes why the session is down (the first reason of a spell is kept: it is what was said).
     fn failed(&mut self, e: &QmpError) {
         if self.down.is_none() || self.down.as_deref() == Some("not connected yet") {
-            self.down = Some(hvstats::snapshot::error_chain(e));
+            self.down = Some(hvstats_host::error_chain::error_chain(e));
         }
     }
 
