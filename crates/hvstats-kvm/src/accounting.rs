@@ -18,9 +18,12 @@ use hvstats_sources::counter_source::{Composition, Object, Part, VpSource, VpThr
 use hvstats_sources::open_all;
 use hvstats_sources::user_exits::UserExitCounts;
 
-/// What kind of userspace exit the run loop handled.
+/// A userspace exit the run loop handled, by the counters it is accounted under. Not an
+/// intercept class ([`hvstats_abi::exit_reason::InterceptClass`], what a VM exit was for): a
+/// hypercall trapped through a port is a class of its own here though its VM exit was port I/O,
+/// and the exits KVM handles itself never reach the run loop.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ExitClass {
+pub enum UserExit {
     /// Port I/O handled by a port handler.
     Io,
     /// A hypercall trapped through a port.
@@ -93,36 +96,36 @@ impl ExitAccounting {
     /// its class's cumulative time and a bucket of its class's histogram. Only the VP thread calls
     /// this for its page (single writer: plain loads and stores).
     #[inline]
-    pub fn record(&mut self, page: &SharedPage, user: &UserExitCounts, class: ExitClass, ticks: u64) {
+    pub fn record(&mut self, page: &SharedPage, user: &UserExitCounts, class: UserExit, ticks: u64) {
         if !self.enabled {
             return;
         }
         // Each arm names its counters as constants, so their places in the page are known when
         // this is compiled, not looked up in the layout at every exit.
         match class {
-            ExitClass::Io => {
+            UserExit::Io => {
                 page.add(counter::IO_MESSAGES, 1);
                 account(page, counter::IO_COST, &mut self.io_ticks, counter::IO_HISTOGRAM, ticks);
             }
             // Counted when it began (`begin_hypercall`); a hypercall is no I/O intercept message.
-            ExitClass::Hypercall => account(
+            UserExit::Hypercall => account(
                 page,
                 counter::HYPERCALLS_COST,
                 &mut self.hypercall_ticks,
                 counter::HYPERCALLS_HISTOGRAM,
                 ticks,
             ),
-            ExitClass::Msr => {
+            UserExit::Msr => {
                 UserExitCounts::bump(&user.msr);
                 page.add(counter::OTHER_MESSAGES, 1);
                 account(page, counter::MSR_COST, &mut self.msr_ticks, counter::MSR_HISTOGRAM, ticks);
             }
-            ExitClass::Mmio => {
+            UserExit::Mmio => {
                 page.add(counter::MEMORY_MESSAGES, 1);
                 page.add(counter::OTHER, 1);
                 account(page, counter::OTHER_COST, &mut self.other_ticks, counter::MMIO_HISTOGRAM, ticks);
             }
-            ExitClass::Other => {
+            UserExit::Other => {
                 page.add(counter::OTHER_MESSAGES, 1);
                 page.add(counter::OTHER, 1);
                 account(page, counter::OTHER_COST, &mut self.other_ticks, counter::OTHER_HISTOGRAM, ticks);
@@ -307,9 +310,9 @@ mod tests {
             let slots = page.histogram_slots(counter).each_ref().map(|s| s.load(Ordering::Relaxed));
             hvstats_abi::histogram::Log2Histogram::from_slots(&slots).map(|h| h.count())
         };
-        accounting.record(&page, &user, ExitClass::Other, 1_000);
-        accounting.record(&page, &user, ExitClass::Other, 2_000);
-        accounting.record(&page, &user, ExitClass::Mmio, 1_000);
+        accounting.record(&page, &user, UserExit::Other, 1_000);
+        accounting.record(&page, &user, UserExit::Other, 2_000);
+        accounting.record(&page, &user, UserExit::Mmio, 1_000);
         assert_eq!(count(vp::OTHER_TIME_HISTOGRAM), Some(2));
         assert_eq!(count(vp::MEMORY_TIME_HISTOGRAM), Some(1));
         assert_eq!(count(vp::IO_TIME_HISTOGRAM), Some(0));

@@ -17,7 +17,7 @@ use hvstats_abi::hypercall::HypercallClass;
 use hvstats_abi::source::{SourceKind, Tracepoint};
 use hvstats_abi::{CATALOG, ObjectKind};
 
-use crate::accounting::{ExitAccounting, ExitClass};
+use crate::accounting::{ExitAccounting, UserExit};
 use crate::enlightenment::count_hypercall_class;
 use hvstats_abi::counter_set::CounterSet;
 use hvstats_host::sched::SchedStat;
@@ -55,8 +55,7 @@ fn the_run_loop_writes_exactly_its_catalog_counters() {
     let written = written_by(|page| {
         let mut acct = ExitAccounting::new(true);
         acct.begin_hypercall(page, &user);
-        for class in [ExitClass::Io, ExitClass::Hypercall, ExitClass::Msr, ExitClass::Mmio, ExitClass::Other]
-        {
+        for class in [UserExit::Io, UserExit::Hypercall, UserExit::Msr, UserExit::Mmio, UserExit::Other] {
             // A billion ticks is far above 100 ns on any clock.
             acct.record(page, &user, class, 1 << 30);
         }
