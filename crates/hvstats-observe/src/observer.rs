@@ -263,7 +263,7 @@ impl Observer {
 
     /// Observed VMs whose QMP session answers now.
     pub fn qmp_sessions_up(&self) -> usize {
-        self.vms.values().filter(|vm| vm.peer("qmp") == Some(PeerState::Up)).count()
+        self.vms.values().filter(|vm| vm.monitor_up()).count()
     }
 
     /// Perf descriptors held for every VM.

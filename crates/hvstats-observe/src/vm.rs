@@ -266,9 +266,14 @@ impl ObservedVm {
         self.sources.sources().iter().find_map(|s| s.kvm_exit()).unwrap_or(KvmExitState::Undecided)
     }
 
+    /// The source that holds the VMM's monitor session (QMP), when the VM has one.
+    fn monitor(&self) -> Option<&dyn VmSource> {
+        self.sources.sources().iter().find(|s| s.holds_monitor()).map(|s| &**s)
+    }
+
     /// Why KVM's statistics through QMP are unavailable, when a socket was given and failed.
     pub fn qmp_error(&self) -> Option<&str> {
-        self.sources.sources().iter().find(|s| s.name() == "qmp").and_then(|s| s.error())
+        self.monitor().and_then(|s| s.error())
     }
 
     /// Puts this refresh's questions to the peers of the VM's sources (see [`VmSource::ask`]).
@@ -290,14 +295,14 @@ impl ObservedVm {
         self.sources.sources().iter().filter_map(|s| Some((s.name(), s.peer()?))).collect()
     }
 
-    /// Whether the peer of source `name` answers now, when the VM has that source.
-    pub fn peer(&self, name: &str) -> Option<PeerState> {
-        self.sources.sources().iter().find(|s| s.name() == name).and_then(|s| s.peer())
+    /// True while the VMM's monitor session (QMP) answers.
+    pub fn monitor_up(&self) -> bool {
+        self.monitor().and_then(|s| s.peer()) == Some(PeerState::Up)
     }
 
     /// True when KVM's statistics come through QMP.
     pub fn has_qmp_stats(&self) -> bool {
-        self.sources.sources().iter().any(|s| s.name() == "qmp" && !s.gives().vp.is_empty())
+        self.monitor().is_some_and(|s| !s.gives().vp.is_empty())
     }
 
     /// Finds vCPU threads, reads every source and writes the pages. Returns why the VM left once
@@ -390,15 +395,17 @@ impl ObservedVm {
         false
     }
 
-    /// Which thread runs each vCPU: a source that knows (QMP), then debugfs, then thread names.
+    /// Which thread runs each vCPU: a source that knows (QMP; a thread is said to be named by the
+    /// source that named it), then debugfs, then thread names.
     fn find_threads(&mut self, procfs: &Procfs) {
         if self.vcpus.iter().all(|v| v.tid.is_some()) {
             return;
         }
         let mut by_index = BTreeMap::new();
         for source in self.sources.sources_mut() {
+            let by = source.name();
             for (index, thread) in source.vcpu_threads() {
-                by_index.entry(index).or_insert(thread);
+                by_index.entry(index).or_insert((thread, by));
             }
         }
         let by_id = procfs.debugfs_vcpu_threads(self.pid, self.vm_fd);
@@ -410,7 +417,7 @@ impl ObservedVm {
             let vp = index as u32;
             let vcpu_id = self.vcpus[index].vcpu_id;
             let named = [
-                by_index.remove(&vp).map(|t| (t.tid, t.qom_path, "qmp")),
+                by_index.remove(&vp).map(|(t, by)| (t.tid, t.qom_path, by)),
                 by_id.get(&vcpu_id).map(|&tid| (tid, None, "debugfs")),
                 by_name.get(&vp).map(|&tid| (tid, None, "thread name")),
             ];

@@ -506,6 +506,10 @@ impl VmSource for QmpStats {
         self.down.as_deref()
     }
 
+    fn holds_monitor(&self) -> bool {
+        true
+    }
+
     fn fds(&self) -> usize {
         usize::from(!matches!(self.session, Session::Closed { .. }))
     }

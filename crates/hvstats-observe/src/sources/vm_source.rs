@@ -121,6 +121,12 @@ pub trait VmSource: CounterSource {
         None
     }
 
+    /// True for the source that holds the VMM's own monitor session (QEMU's QMP): the one whose
+    /// session the observer counts and whose failure it reports at attach.
+    fn holds_monitor(&self) -> bool {
+        false
+    }
+
     /// Descriptors it holds.
     fn fds(&self) -> usize {
         0
