@@ -16,11 +16,12 @@ use hvstats::{Hypervisor, SharedPage};
 use hvstats_abi::ObjectKind;
 use hvstats_bench::guest::{exit_round_trip, hypercall_round_trip};
 use hvstats_kvm::accounting::VpSources;
-use hvstats_kvm::sources::counter_source::VpThread;
-use hvstats_kvm::sources::kvm_stats::{IdleVcpu, KvmStats, Stat};
-use hvstats_kvm::sources::perf_sw::Migrations;
-use hvstats_kvm::sources::thread_time::{ThreadClock, gettid};
-use hvstats_kvm::sources::tracepoint::VpTracepoints;
+use hvstats_sources::counter_source::VpThread;
+use hvstats_sources::kvm_stats::{KvmStats, Stat};
+use hvstats_sources::perf_sw::Migrations;
+use hvstats_sources::thread_time::{ThreadClock, gettid};
+use hvstats_sources::tracepoint::VpTracepoints;
+use hvstats_testkit::IdleVcpu;
 
 fn refresh(c: &mut Criterion) {
     if std::fs::metadata("/dev/kvm").is_err() {

@@ -185,8 +185,7 @@ pub fn read_rows(plan: &Plan<'_>, kvm: &Result<(), String>) -> Result<Vec<Row>, 
     let mut rows = Vec::new();
     match kvm {
         Ok(()) => {
-            let vcpu =
-                hvstats_kvm::sources::kvm_stats::IdleVcpu::new().step("opening a vCPU's KVM stats fd")?;
+            let vcpu = hvstats_testkit::IdleVcpu::new().step("opening a vCPU's KVM stats fd")?;
             let stats = &vcpu.stats;
             let mut buf = vec![0u64; stats.data_words()];
             let rounds = side_by_side(plan, READ_ROWS[0], &mut kept, || {

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use hvstats::SharedPage;
 use hvstats_abi::ObjectKind;
 
-use hvstats_kvm::accounting::{ExitAccounting, ExitClass};
+use hvstats_kvm::accounting::{ExitAccounting, UserExit};
 use hvstats_kvm::cycles;
-use hvstats_kvm::sources::user_exits::UserExitCounts;
+use hvstats_sources::user_exits::UserExitCounts;
 
 /// The accounting work of one exit on its own (two clock reads and the page updates), averaged
 /// over `n` exits.
@@ -23,7 +23,7 @@ pub fn accounting_alone(n: u32) -> Duration {
     let start = Instant::now();
     for _ in 0..n {
         let t0 = cycles::now();
-        acct.record(&page, &user, std::hint::black_box(ExitClass::Io), cycles::now().wrapping_sub(t0));
+        acct.record(&page, &user, std::hint::black_box(UserExit::Io), cycles::now().wrapping_sub(t0));
     }
     start.elapsed() / n.max(1)
 }

@@ -26,7 +26,7 @@ pub fn observe_rows(plan: &Plan<'_>, kvm: &Result<(), String>, wanted: &dyn Fn(&
         let measured = match kvm {
             Ok(()) => {
                 overhead::guest_exit_rate_on_vs_off(plan, Duration::from_secs(2), Duration::from_secs(1))
-                    .map_err(|e| hvstats::snapshot::error_chain(&e))
+                    .map_err(|e| hvstats_host::error_chain::error_chain(&e))
             }
             Err(why) => Err(why.clone()),
         };

@@ -21,9 +21,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hvstats::Hypervisor;
-use hvstats_kvm::observe::filter::{VmFilter, VmPattern};
-use hvstats_kvm::observe::qmp::{Qmp, add_stats, stats_request};
-use hvstats_kvm::observe::{ObserveOptions, Observer, Procfs, Targets, raise_fd_limit};
+use hvstats_observe::filter::{VmFilter, VmPattern};
+use hvstats_observe::qmp::{Qmp, add_stats, stats_request};
+use hvstats_observe::{ObserveOptions, Observer, Procfs, Targets, raise_fd_limit};
 use hvstats_testkit::kvm_vcpus;
 
 use crate::row::{CpuClock, Pace, Plan, Rounds, Row};
@@ -203,7 +203,7 @@ fn fleet_cpu(plan: &Plan<'_>) -> Result<Rounds, String> {
 fn signal_exits(control: &mut Qmp) -> Result<(u64, usize), String> {
     let reply = control
         .execute("query-stats", Some(stats_request("vcpu", &["signal_exits"])))
-        .map_err(|e| hvstats::snapshot::error_chain(&e))?;
+        .map_err(|e| hvstats_host::error_chain::error_chain(&e))?;
     let mut stats = Default::default();
     add_stats(&mut stats, "vcpu", &reply);
     let per_vcpu: Vec<u64> = stats.vcpus.values().filter_map(|s| s.get("signal_exits").copied()).collect();

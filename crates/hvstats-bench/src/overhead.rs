@@ -19,8 +19,8 @@ use hvstats::Hypervisor;
 
 use hvstats_guest::bios::{BiosEnd, BiosProgram};
 use hvstats_host::bpf::{Tally, TracepointColumn};
-use hvstats_kvm::observe::qmp::{Qmp, QmpError};
-use hvstats_kvm::observe::{ObserveOptions, Observer, Procfs, Targets};
+use hvstats_observe::qmp::{Qmp, QmpError};
+use hvstats_observe::{ObserveOptions, Observer, Procfs, Targets};
 
 use crate::row::{Pace, Plan};
 
@@ -229,14 +229,15 @@ enum Round {
 /// (`kvm_pio`, `kvm_userspace_exit`), counting no thread: each firing runs a program that finds
 /// its thread uncounted and returns — the least any tracepoint-attached counting costs an exit.
 fn attach_uncounted() -> Result<Tally, OverheadError> {
-    let root = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
-        .into_iter()
-        .map(std::path::Path::new)
-        .find(|p| p.join("events").is_dir())
-        .ok_or_else(|| OverheadError::Qemu("tracefs is not mounted".into()))?;
+    let root = hvstats_host::tracefs::root().map_err(|e| {
+        OverheadError::Qemu(format!("tracefs: {}", hvstats_host::error_chain::error_chain(e)))
+    })?;
     let column = |name: &str| TracepointColumn { system: "kvm".into(), name: name.into(), filter: None };
     Tally::new(root, &[column("kvm_pio"), column("kvm_userspace_exit")]).map_err(|e| {
-        OverheadError::Qemu(format!("cannot attach the programs: {}", hvstats::snapshot::error_chain(&e)))
+        OverheadError::Qemu(format!(
+            "cannot attach the programs: {}",
+            hvstats_host::error_chain::error_chain(&e)
+        ))
     })
 }
 
@@ -262,8 +263,8 @@ pub const COUNTING_ROW: &str = "observe-counted-event-rate-on-vs-off";
 /// # Errors
 /// When the tracepoint is unavailable or the process's threads cannot be read.
 pub fn counted_event_rate_on_vs_off(plan: &Plan<'_>, calls: u32) -> Result<ExitRates, String> {
-    use hvstats_kvm::observe::counting::{EventList, EventSpec, ThreadCounters};
-    use hvstats_kvm::observe::sources::events::vm_events;
+    use hvstats_observe::counting::{EventList, EventSpec, ThreadCounters};
+    use hvstats_observe::sources::events::vm_events;
     let mut specs = vm_events(None);
     specs.push(EventSpec::tracepoint("syscalls", "sys_enter_getppid"));
     let probe = EventList::new(specs.clone());

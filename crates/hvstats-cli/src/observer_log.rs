@@ -5,9 +5,9 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use hvstats_kvm::observe::ObserverEvent;
-use hvstats_kvm::observe::vm::Departure;
 use hvstats_mshv::observer::MshvEvent;
+use hvstats_observe::ObserverEvent;
+use hvstats_observe::vm::Departure;
 use hvstats_present::text::{Escaped, LoggedName};
 
 /// The log line of an event of the mshv observer.
@@ -83,13 +83,13 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
         ObserverEvent::KvmExit { pid, state } => format!(
             "pid {pid}: kvm:kvm_exit {}",
             match state {
-                hvstats_kvm::observe::KvmExitState::Fires => "fires: intercepts are counted by exit reason",
-                hvstats_kvm::observe::KvmExitState::Silent => {
+                hvstats_observe::KvmExitState::Fires => "fires: intercepts are counted by exit reason",
+                hvstats_observe::KvmExitState::Silent => {
                     "does not fire on this host (no VMX/SVM exits): HLT, MWAIT, DR, other intercepts come only from QMP or are unavailable"
                 }
-                hvstats_kvm::observe::KvmExitState::NoHardwareVirtualization =>
+                hvstats_observe::KvmExitState::NoHardwareVirtualization =>
                     "is not counted: KVM here is not VMX/SVM",
-                hvstats_kvm::observe::KvmExitState::Undecided => "undecided",
+                hvstats_observe::KvmExitState::Undecided => "undecided",
             }
         ),
         // A VM's name is what its VMM's command line or QMP says: escaped, it cannot forge a line.

@@ -11,9 +11,9 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::{Duration, Instant};
 
 use hvstats::Hypervisor;
-use hvstats_kvm::observe::qmp::{CANCEL_POLL, Cancel};
-use hvstats_kvm::observe::{Observer, ObserverEvent};
 use hvstats_mshv::observer::MshvObserver;
+use hvstats_observe::cancel::{CANCEL_POLL, Cancel};
+use hvstats_observe::{Observer, ObserverEvent};
 
 use crate::observer_log::{LogLimiter, describe_mshv};
 
@@ -119,7 +119,10 @@ impl Mark {
         match hvstats::observer_mark::leave(dir, &name) {
             Ok(()) => Some(Self { dir: dir.to_owned(), name }),
             Err(e) => {
-                log(&format!("cannot leave the observer's mark: {}", hvstats::snapshot::error_chain(&e)));
+                log(&format!(
+                    "cannot leave the observer's mark: {}",
+                    hvstats_host::error_chain::error_chain(&e)
+                ));
                 None
             }
         }

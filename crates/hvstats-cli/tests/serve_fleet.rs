@@ -24,7 +24,7 @@ use hvstats_abi::catalog::{self, Counter};
 use hvstats_abi::source::KvmStat;
 use hvstats_abi::{ObjectKind, Presentation, Unit};
 use hvstats_guest::bios::{BiosEnd, BiosProgram};
-use hvstats_kvm::observe::qmp::{KvmStatsReply, Qmp, add_stats, stats_request};
+use hvstats_observe::qmp::{KvmStatsReply, Qmp, add_stats, stats_request};
 use hvstats_testkit::{Libvirtd, kvm_vcpus};
 use serde_json::Value;
 

@@ -1,5 +1,5 @@
 //! An error with its sources on one line, as every report of hvstats shows one: the host readers',
-//! the authority's (which re-exports it) and the surfaces'.
+//! the authority's and the surfaces'.
 
 /// An error and all its sources on one line (`outer: cause: root cause`), as reports show it.
 pub fn error_chain(e: &dyn std::error::Error) -> String {

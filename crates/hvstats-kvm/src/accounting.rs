@@ -14,13 +14,16 @@ use hvstats::whv::VpExtras;
 use hvstats_abi::CounterId;
 
 use crate::cycles;
-use crate::sources::counter_source::{Composition, Object, Part, VpSource, VpThread};
-use crate::sources::open_all;
-use crate::sources::user_exits::UserExitCounts;
+use hvstats_sources::counter_source::{Composition, Object, Part, VpSource, VpThread};
+use hvstats_sources::open_all;
+use hvstats_sources::user_exits::UserExitCounts;
 
-/// What kind of userspace exit the run loop handled.
+/// A userspace exit the run loop handled, by the counters it is accounted under. Not an
+/// intercept class ([`hvstats_abi::exit_reason::InterceptClass`], what a VM exit was for): a
+/// hypercall trapped through a port is a class of its own here though its VM exit was port I/O,
+/// and the exits KVM handles itself never reach the run loop.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ExitClass {
+pub enum UserExit {
     /// Port I/O handled by a port handler.
     Io,
     /// A hypercall trapped through a port.
@@ -93,36 +96,36 @@ impl ExitAccounting {
     /// its class's cumulative time and a bucket of its class's histogram. Only the VP thread calls
     /// this for its page (single writer: plain loads and stores).
     #[inline]
-    pub fn record(&mut self, page: &SharedPage, user: &UserExitCounts, class: ExitClass, ticks: u64) {
+    pub fn record(&mut self, page: &SharedPage, user: &UserExitCounts, class: UserExit, ticks: u64) {
         if !self.enabled {
             return;
         }
         // Each arm names its counters as constants, so their places in the page are known when
         // this is compiled, not looked up in the layout at every exit.
         match class {
-            ExitClass::Io => {
+            UserExit::Io => {
                 page.add(counter::IO_MESSAGES, 1);
                 account(page, counter::IO_COST, &mut self.io_ticks, counter::IO_HISTOGRAM, ticks);
             }
             // Counted when it began (`begin_hypercall`); a hypercall is no I/O intercept message.
-            ExitClass::Hypercall => account(
+            UserExit::Hypercall => account(
                 page,
                 counter::HYPERCALLS_COST,
                 &mut self.hypercall_ticks,
                 counter::HYPERCALLS_HISTOGRAM,
                 ticks,
             ),
-            ExitClass::Msr => {
+            UserExit::Msr => {
                 UserExitCounts::bump(&user.msr);
                 page.add(counter::OTHER_MESSAGES, 1);
                 account(page, counter::MSR_COST, &mut self.msr_ticks, counter::MSR_HISTOGRAM, ticks);
             }
-            ExitClass::Mmio => {
+            UserExit::Mmio => {
                 page.add(counter::MEMORY_MESSAGES, 1);
                 page.add(counter::OTHER, 1);
                 account(page, counter::OTHER_COST, &mut self.other_ticks, counter::MMIO_HISTOGRAM, ticks);
             }
-            ExitClass::Other => {
+            UserExit::Other => {
                 page.add(counter::OTHER_MESSAGES, 1);
                 page.add(counter::OTHER, 1);
                 account(page, counter::OTHER_COST, &mut self.other_ticks, counter::OTHER_HISTOGRAM, ticks);
@@ -141,7 +144,7 @@ fn account(page: &SharedPage, cost: CounterId, total: &mut u64, histogram: Count
 }
 
 /// The kernel sources of one VP, opened on (or for) its thread: the list
-/// [`open_all`](crate::sources::open_all) makes.
+/// [`open_all`](hvstats_sources::open_all) makes.
 ///
 /// A merge has two parts. The *exit* part ([`merge_exits`](Self::merge_exits)) reads what a guest
 /// can see change from one instruction to the next: the intercepts KVM handles in the kernel
@@ -213,9 +216,9 @@ impl VpSources {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sources::tracepoint::{Tracepoint, VpTracepoints};
     use hvstats_abi::ObjectKind;
     use hvstats_abi::catalog::vp;
+    use hvstats_sources::tracepoint::{Tracepoint, VpTracepoints};
 
     /// A vCPU (never run) whose sources are opened for the calling thread, as the VP thread does.
     fn vcpu() -> Option<(kvm_ioctls::VmFd, kvm_ioctls::VcpuFd)> {
@@ -238,7 +241,7 @@ mod tests {
         let Some((_vm, vcpu)) = vcpu() else { return };
         let user = std::sync::Arc::new(UserExitCounts::default());
         let thread = VpThread {
-            tid: crate::sources::thread_time::gettid(),
+            tid: hvstats_sources::thread_time::gettid(),
             vcpu_fd: vcpu.as_raw_fd(),
             user: user.clone(),
         };
@@ -246,8 +249,9 @@ mod tests {
         let page = SharedPage::anonymous(ObjectKind::Vp).unwrap();
         user.msr.store(3, std::sync::atomic::Ordering::Relaxed);
         sources.merge_exits(&page);
-        let msr_counted =
-            VpTracepoints::open(crate::sources::thread_time::gettid()).unavailable(Tracepoint::Msr).is_none();
+        let msr_counted = VpTracepoints::open(hvstats_sources::thread_time::gettid())
+            .unavailable(Tracepoint::Msr)
+            .is_none();
         if msr_counted {
             // The vCPU never ran: KVM handled no MSR access, the run loop three.
             assert_eq!(page.get(vp::MSR_ACCESSES), 3);
@@ -277,7 +281,7 @@ mod tests {
 
     #[test]
     fn the_whole_tracepoint_group_reads_as_each_counter_does() {
-        let mut tps = VpTracepoints::open(crate::sources::thread_time::gettid());
+        let mut tps = VpTracepoints::open(hvstats_sources::thread_time::gettid());
         if let Some(why) = tps.unavailable(Tracepoint::Cpuid) {
             eprintln!("skipping: {why}");
             return;
@@ -306,9 +310,9 @@ mod tests {
             let slots = page.histogram_slots(counter).each_ref().map(|s| s.load(Ordering::Relaxed));
             hvstats_abi::histogram::Log2Histogram::from_slots(&slots).map(|h| h.count())
         };
-        accounting.record(&page, &user, ExitClass::Other, 1_000);
-        accounting.record(&page, &user, ExitClass::Other, 2_000);
-        accounting.record(&page, &user, ExitClass::Mmio, 1_000);
+        accounting.record(&page, &user, UserExit::Other, 1_000);
+        accounting.record(&page, &user, UserExit::Other, 2_000);
+        accounting.record(&page, &user, UserExit::Mmio, 1_000);
         assert_eq!(count(vp::OTHER_TIME_HISTOGRAM), Some(2));
         assert_eq!(count(vp::MEMORY_TIME_HISTOGRAM), Some(1));
         assert_eq!(count(vp::IO_TIME_HISTOGRAM), Some(0));

@@ -13,11 +13,11 @@ use hvstats_abi::page::PageView;
 use hvstats_abi::{CounterId, ObjectKind};
 use zerocopy::IntoBytes;
 
-use crate::accounting::{ExitAccounting, ExitClass};
+use crate::accounting::{ExitAccounting, UserExit};
 use crate::cycles;
-use crate::sources::kvm_stats::KvmStats;
-use crate::sources::user_exits::UserExitCounts;
-use crate::sources::vcpu_stats::VcpuStats;
+use hvstats_sources::kvm_stats::KvmStats;
+use hvstats_sources::user_exits::UserExitCounts;
+use hvstats_sources::vcpu_stats::VcpuStats;
 
 /// KVM's descriptor flags: cumulative or log2 histogram, in seconds.
 const CUMULATIVE_SECONDS: u32 = 0x20;
@@ -104,11 +104,11 @@ fn exits_of_known_duration_land_in_their_class_histogram() {
         while start.elapsed() < HANDLER {
             std::hint::spin_loop();
         }
-        acct.record(&page, &user, ExitClass::Io, cycles::now().wrapping_sub(t0));
+        acct.record(&page, &user, UserExit::Io, cycles::now().wrapping_sub(t0));
     }
     // MSR exits that take no time at all.
     for _ in 0..3 {
-        acct.record(&page, &user, ExitClass::Msr, 0);
+        acct.record(&page, &user, UserExit::Msr, 0);
     }
     let io = read(&page, vp::IO_TIME_HISTOGRAM);
     assert_eq!(io.count(), N);

@@ -8,9 +8,8 @@
 //! - [`vp`]: the VP thread and its KVM_RUN loop, given only what a VP needs; [`handlers`]: who
 //!   handles which exit;
 //! - [`modes`]: real, protected and long mode set-up;
-//! - [`accounting`] and [`sources`]: userspace exits counted with their time, and what the kernel
-//!   counts (tracepoints, KVM stats, perf, procfs) merged into the pages;
-//! - [`observe`]: other processes' KVM VMs.
+//! - [`accounting`]: userspace exits counted with their time, and what the kernel counts
+//!   (tracepoints, KVM stats, perf, procfs: the sources of `hvstats_sources`) merged into the pages.
 
 #![deny(missing_docs)]
 
@@ -26,11 +25,9 @@ mod histogram_sources;
 pub mod hyperv;
 pub mod memory;
 pub mod modes;
-pub mod observe;
 pub mod partition;
 #[cfg(test)]
 mod source_tables;
-pub mod sources;
 pub mod vp;
 
 pub use error::Error;

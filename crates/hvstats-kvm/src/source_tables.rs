@@ -17,17 +17,17 @@ use hvstats_abi::hypercall::HypercallClass;
 use hvstats_abi::source::{SourceKind, Tracepoint};
 use hvstats_abi::{CATALOG, ObjectKind};
 
-use crate::accounting::{ExitAccounting, ExitClass};
+use crate::accounting::{ExitAccounting, UserExit};
 use crate::enlightenment::count_hypercall_class;
-use crate::sources::host_faults::{Faults, write_host_faults};
-use crate::sources::kvm_stats::KvmStats;
-use crate::sources::thread::write_thread_counts;
-use crate::sources::thread_time::ThreadTimes;
-use crate::sources::tracepoint::{Corrections, Keys, TracepointCounts, write_tracepoint_counts};
-use crate::sources::user_exits::UserExitCounts;
-use crate::sources::vcpu_stats::{VcpuStats, kvm_stat_names};
 use hvstats_abi::counter_set::CounterSet;
 use hvstats_host::sched::SchedStat;
+use hvstats_sources::host_faults::{Faults, write_host_faults};
+use hvstats_sources::kvm_stats::KvmStats;
+use hvstats_sources::thread::write_thread_counts;
+use hvstats_sources::thread_time::ThreadTimes;
+use hvstats_sources::tracepoint::{Corrections, Keys, TracepointCounts, write_tracepoint_counts};
+use hvstats_sources::user_exits::UserExitCounts;
+use hvstats_sources::vcpu_stats::{VcpuStats, kvm_stat_names};
 
 /// Every VP counter: a writer given it writes everything it can.
 fn all() -> CounterSet {
@@ -55,8 +55,7 @@ fn the_run_loop_writes_exactly_its_catalog_counters() {
     let written = written_by(|page| {
         let mut acct = ExitAccounting::new(true);
         acct.begin_hypercall(page, &user);
-        for class in [ExitClass::Io, ExitClass::Hypercall, ExitClass::Msr, ExitClass::Mmio, ExitClass::Other]
-        {
+        for class in [UserExit::Io, UserExit::Hypercall, UserExit::Msr, UserExit::Mmio, UserExit::Other] {
             // A billion ticks is far above 100 ns on any clock.
             acct.record(page, &user, class, 1 << 30);
         }

@@ -13,20 +13,20 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use hvstats::hwc::{GuestCounts, VpHardwareCounters};
-use hvstats::snapshot::error_chain;
 use hvstats::whv::VpExtras;
 use hvstats::{PartitionStats, SharedPage};
+use hvstats_host::error_chain::error_chain;
 use kvm_bindings::{KVM_SYNC_X86_REGS, KVM_SYNC_X86_SREGS};
 use kvm_ioctls::{SyncReg, VcpuExit, VcpuFd};
 
-use crate::accounting::{ExitAccounting, ExitClass, VpSources};
+use crate::accounting::{ExitAccounting, UserExit, VpSources};
 use crate::cycles;
 use crate::guest_space::{GuestSpace, VpPresence};
 use crate::handlers::{HandlerError, Handlers, PortAction, VpContext};
-use crate::sources::counter_source::{VpThread, vp_counters_of};
-use crate::sources::thread_time::gettid;
-use crate::sources::user_exits::UserExitCounts;
 use hvstats_abi::counter_set::CounterSet;
+use hvstats_sources::counter_source::{VpThread, vp_counters_of};
+use hvstats_sources::thread_time::gettid;
+use hvstats_sources::user_exits::UserExitCounts;
 
 /// Why a VP stopped other than by writing the exit port, and where.
 #[derive(Clone, Debug)]
@@ -347,7 +347,7 @@ impl<'a> VpCounters<'a> {
 
     /// Records one userspace exit (see [`ExitAccounting::record`]).
     #[inline]
-    fn record(self, acct: &mut ExitAccounting, class: ExitClass, ticks: u64) {
+    fn record(self, acct: &mut ExitAccounting, class: UserExit, ticks: u64) {
         acct.record(self.page, &self.shared.user, class, ticks);
     }
 
@@ -534,7 +534,7 @@ fn step(
     vcpu: &mut VcpuFd,
     serial: &mut Vec<u8>,
     acct: &mut ExitAccounting,
-) -> (Option<(ExitClass, u64)>, Step) {
+) -> (Option<(UserExit, u64)>, Step) {
     let handlers = env.handlers;
     // Memory slot changes wait until no VP is in the guest (a guest must never see a slot gap).
     if !presence.enter_guest(env.space.gate()) {
@@ -543,7 +543,7 @@ fn step(
     let exit = vcpu.run();
     presence.left_guest();
     let t0 = if acct.enabled() { Some(cycles::now()) } else { None };
-    let with = |class: ExitClass| t0.map(|t| (class, t));
+    let with = |class: UserExit| t0.map(|t| (class, t));
     match exit {
         Ok(VcpuExit::IoOut(port, data)) => {
             // Usually one access of at most 4 bytes; `rep outs` gives size * count bytes.
@@ -566,14 +566,14 @@ fn step(
                     Ok(()) => Step::Continue,
                     Err(e) => Step::Fault(handler_fault(HandlerSite::Hypercall, e)),
                 };
-                return (with(ExitClass::Hypercall), step);
+                return (with(UserExit::Hypercall), step);
             }
             let step = match handlers.ports.get(&port).map(|h| h.write(&mut ctx, port, bytes)) {
                 None | Some(Ok(PortAction::Continue)) => Step::Continue,
                 Some(Ok(PortAction::Stop(status))) => Step::Stop(status),
                 Some(Err(e)) => Step::Fault(handler_fault(HandlerSite::PortWrite(port), e)),
             };
-            (with(ExitClass::Io), step)
+            (with(UserExit::Io), step)
         }
         Ok(VcpuExit::IoIn(port, data)) => {
             let (ptr, len) = (data.as_mut_ptr(), data.len());
@@ -598,17 +598,17 @@ fn step(
                 Ok(()) => Step::Continue,
                 Err(e) => Step::Fault(handler_fault(HandlerSite::PortRead(port), e)),
             };
-            (with(ExitClass::Io), step)
+            (with(UserExit::Io), step)
         }
         Ok(VcpuExit::MmioRead(_, data)) => {
             data.fill(0xFF);
-            (with(ExitClass::Mmio), Step::Continue)
+            (with(UserExit::Mmio), Step::Continue)
         }
         Ok(VcpuExit::MmioWrite(gpa, _)) => {
             // A write to a read-only stats overlay lands here and changes nothing; the authority
             // keeps its own record of those.
             env.stats.record_overlay_write(gpa);
-            (with(ExitClass::Mmio), Step::Continue)
+            (with(UserExit::Mmio), Step::Continue)
         }
         Ok(VcpuExit::X86Rdmsr(e)) => {
             let (msr, data, error) = (e.index, e.data as *mut u64, e.error as *mut u8);
@@ -619,7 +619,7 @@ fn step(
                 *data = value.unwrap_or(0);
                 *error = u8::from(value.is_none());
             }
-            (with(ExitClass::Msr), Step::Continue)
+            (with(UserExit::Msr), Step::Continue)
         }
         Ok(VcpuExit::X86Wrmsr(e)) => {
             let (msr, value, error) = (e.index, e.data, e.error as *mut u8);
@@ -627,7 +627,7 @@ fn step(
             let ok = handlers.msrs.get(&msr).is_some_and(|h| h.write(&mut ctx, msr, value));
             // SAFETY: as for RDMSR.
             unsafe { *error = u8::from(!ok) };
-            (with(ExitClass::Msr), Step::Continue)
+            (with(UserExit::Msr), Step::Continue)
         }
         Ok(VcpuExit::Shutdown) => (None, Step::Fault(FaultCause::TripleFault)),
         Ok(VcpuExit::InternalError) => {
@@ -638,9 +638,9 @@ fn step(
         Ok(VcpuExit::FailEntry(reason, cpu)) => (None, Step::Fault(FaultCause::FailedEntry { reason, cpu })),
         Ok(VcpuExit::SystemEvent(kind, _)) => (None, Step::Fault(FaultCause::SystemEvent { kind })),
         Ok(VcpuExit::Intr) => (None, Step::Continue),
-        Ok(VcpuExit::IrqWindowOpen) | Ok(VcpuExit::Hlt) => (with(ExitClass::Other), Step::Continue),
+        Ok(VcpuExit::IrqWindowOpen) | Ok(VcpuExit::Hlt) => (with(UserExit::Other), Step::Continue),
         Ok(other) => {
-            (with(ExitClass::Other), Step::Fault(FaultCause::UnhandledExit { exit: format!("{other:?}") }))
+            (with(UserExit::Other), Step::Fault(FaultCause::UnhandledExit { exit: format!("{other:?}") }))
         }
         Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
             let run = vcpu.get_kvm_run();

@@ -14,7 +14,8 @@ use hvstats::index::OBSERVER_KIND;
 use hvstats::publish::InstanceName;
 use hvstats::rules::StatsObject;
 use hvstats::runtime_dir::RuntimeDirError;
-use hvstats::snapshot::{InstanceSnapshot, PartitionSnapshot, error_chain};
+use hvstats::snapshot::{InstanceSnapshot, PartitionSnapshot};
+use hvstats_host::error_chain::error_chain;
 
 /// Every live instance at one moment.
 #[derive(Clone, Debug)]

@@ -4,6 +4,7 @@
 //! - [`TempDir`]: a temporary runtime directory;
 //! - [`kvm_available`]: the check of tests that need a guest (skipped without /dev/kvm, a
 //!   failure under `HVSTATS_REQUIRE_KVM=1`);
+//! - [`IdleVcpu`]: a VM with one vCPU that never runs, and its KVM statistics;
 //! - [`Libvirtd`]: a libvirt daemon of the test's own, with a QEMU domain;
 //! - [`synthetic_instance`]: a reading of a large host, every counter set, built in memory;
 //! - [`synthetic_load`]: a published instance counting made-up traffic, for the surfaces.
@@ -14,12 +15,14 @@
 #![deny(missing_docs)]
 
 mod dir;
+mod idle_vcpu;
 mod kvm;
 mod libvirt;
 mod load;
 mod reading;
 
 pub use dir::TempDir;
+pub use idle_vcpu::IdleVcpu;
 pub use kvm::{kvm_available, kvm_vcpus, spawn_qemu, wait_for_kvm_vcpus};
 pub use libvirt::{LibvirtDomain, Libvirtd};
 pub use load::synthetic_load;

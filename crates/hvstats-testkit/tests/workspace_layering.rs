@@ -1,7 +1,8 @@
 //! Measurement and test support stay out of the product crates: no product crate (the command
 //! included) depends on the bench or the test kit except as a dev-dependency, so neither is in
 //! what the shipped `hvstats` binary links; hvstats-kvm links no assembler; and no test includes
-//! another crate's test files by path.
+//! another crate's test files by path; the crates depend on each other in the one direction
+//! docs/architecture.md draws.
 
 // Test set-up: a failed step is the test's failure, reported by the panic.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -13,12 +14,14 @@ use std::process::Command;
 use serde_json::Value;
 
 /// The product crates: what a user of the libraries or the command links.
-const PRODUCT: [&str; 8] = [
+const PRODUCT: [&str; 10] = [
     "hvstats-abi",
     "hvstats",
     "hvstats-host",
     "hvstats-present",
+    "hvstats-sources",
     "hvstats-kvm",
+    "hvstats-observe",
     "hvstats-mshv",
     "hvstats-guest",
     "hvstats-cli",
@@ -99,10 +102,49 @@ fn the_shipped_binary_links_neither_the_bench_nor_the_test_kit() {
             }
         }
     }
-    assert!(linked.contains("hvstats-present") && linked.contains("hvstats-kvm"), "{linked:?}");
+    for product in ["hvstats-present", "hvstats-kvm", "hvstats-observe", "hvstats-sources"] {
+        assert!(linked.contains(product), "the hvstats binary does not link {product}: {linked:?}");
+    }
     for development in DEVELOPMENT {
         assert!(!linked.contains(development), "the hvstats binary links {development}: {linked:?}");
     }
+}
+
+/// Every workspace crate `name` reaches through normal dependencies, itself left out.
+fn reached_from(packages: &[(String, Vec<(String, Value)>)], name: &str) -> BTreeSet<String> {
+    let mut reached = BTreeSet::new();
+    let mut next = vec![name.to_owned()];
+    while let Some(name) = next.pop() {
+        let Some((_, deps)) = packages.iter().find(|(n, _)| *n == name) else { continue };
+        for (dep, kind) in deps {
+            if kind.is_null() && dep.starts_with("hvstats") && reached.insert(dep.clone()) {
+                next.push(dep.clone());
+            }
+        }
+    }
+    reached
+}
+
+#[test]
+fn the_crates_depend_on_each_other_in_the_direction_the_architecture_draws() {
+    let packages = dependencies();
+    // Each crate and the crates it must never reach: those drawn beside it or above it.
+    let never: [(&str, &[&str]); 6] = [
+        ("hvstats-abi", &["hvstats-host", "hvstats", "hvstats-sources"]),
+        ("hvstats-host", &["hvstats-abi", "hvstats", "hvstats-sources"]),
+        ("hvstats", &["hvstats-sources", "hvstats-kvm", "hvstats-observe", "hvstats-present"]),
+        ("hvstats-sources", &["hvstats-kvm", "hvstats-observe", "hvstats-present", "hvstats-mshv"]),
+        ("hvstats-kvm", &["hvstats-observe", "hvstats-present", "hvstats-mshv", "hvstats-cli"]),
+        ("hvstats-observe", &["hvstats-kvm", "hvstats-present", "hvstats-mshv", "hvstats-cli"]),
+    ];
+    for (krate, above) in never {
+        let reached = reached_from(&packages, krate);
+        for other in above {
+            assert!(!reached.contains(*other), "{krate} reaches {other}: {reached:?}");
+        }
+    }
+    assert!(reached_from(&packages, "hvstats-observe").contains("hvstats-sources"));
+    assert!(reached_from(&packages, "hvstats-kvm").contains("hvstats-sources"));
 }
 
 /// Every `.rs` file under `dir`, recursively.

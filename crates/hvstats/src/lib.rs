@@ -14,7 +14,6 @@
 
 pub mod arena;
 pub mod attach;
-pub use hvstats_host::error_chain;
 pub mod gpa_space;
 pub mod hwc;
 pub mod hypercall;

@@ -291,7 +291,7 @@ fn read(
     reading
 }
 
-pub use crate::error_chain::error_chain;
+use hvstats_host::error_chain::error_chain;
 
 impl PartitionSnapshot {
     /// Which source of an observed VM gave each of its counters, as its partition page says

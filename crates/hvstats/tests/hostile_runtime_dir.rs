@@ -20,10 +20,10 @@ use hvstats::index;
 use hvstats::publish;
 use hvstats::rules::StatsObject;
 use hvstats::runtime_dir::RuntimeDirError;
-use hvstats::snapshot::error_chain;
 use hvstats::trust::Distrust;
 use hvstats::{Hypervisor, InstanceConfig};
 use hvstats_abi::catalog::vp;
+use hvstats_host::error_chain::error_chain;
 
 use hvstats_testkit::TempDir;
 

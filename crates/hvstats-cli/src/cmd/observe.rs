@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use hvstats::{Hypervisor, InstanceConfig};
-use hvstats_kvm::observe::filter::{VmFilter, VmPattern};
-use hvstats_kvm::observe::publication;
-use hvstats_kvm::observe::qmp::Cancel;
-use hvstats_kvm::observe::{ObserveOptions, Observer, Procfs, Targets, raise_fd_limit};
 use hvstats_mshv::observer::{self as mshv, MshvObserver};
+use hvstats_observe::cancel::Cancel;
+use hvstats_observe::filter::{VmFilter, VmPattern};
+use hvstats_observe::publication;
+use hvstats_observe::{ObserveOptions, Observer, Procfs, Targets, raise_fd_limit};
 
 use crate::observer_run::{Ended, Runner};
 use crate::signals;

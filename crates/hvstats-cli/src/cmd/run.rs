@@ -20,7 +20,6 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use hvstats::Hypervisor;
 use hvstats::hwc::{Allocator, Lifetime, PmuShape};
-use hvstats::snapshot::error_chain;
 use hvstats::whv;
 use hvstats_abi::catalog::Presentation;
 use hvstats_abi::hal::{PhysicalCounterResourceDescriptor, PhysicalCounterResourceList};
@@ -28,11 +27,12 @@ use hvstats_abi::whv::InterceptCounter;
 use hvstats_abi::{ObjectKind, catalog::counters_of};
 use hvstats_guest::program::LoopCount;
 use hvstats_guest::{GuestImage, Mode, Workload, layout};
+use hvstats_host::error_chain::error_chain;
 use hvstats_kvm::enlightenment::HyperV;
-use hvstats_kvm::observe::claim::Claim;
 use hvstats_kvm::{
     FaultCause, Handlers, HardwareCounters, Partition, PartitionConfig, RipSeen, RunReport, VpOutcome,
 };
+use hvstats_observe::claim::Claim;
 use hvstats_present::{json_keys, present};
 use serde_json::{Map, Value, json};
 

@@ -119,7 +119,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let mut failed = !changes.problems.is_empty();
     for problem in &changes.problems {
-        note!("{}", hvstats::snapshot::error_chain(problem));
+        note!("{}", hvstats_host::error_chain::error_chain(problem));
     }
     // Streaming keeps memory bounded for any number of VPs; a filtered document is built whole
     // (it holds only what the filters keep).

@@ -46,8 +46,8 @@ pub fn publish_partition(
 }
 
 /// A KVM VM with one vCPU held by this test process (what a VMM holds), closed on drop.
-pub fn hold_a_vm() -> hvstats_kvm::sources::kvm_stats::IdleVcpu {
-    hvstats_kvm::sources::kvm_stats::IdleVcpu::new().expect("a VM with one vCPU")
+pub fn hold_a_vm() -> hvstats_testkit::IdleVcpu {
+    hvstats_testkit::IdleVcpu::new().expect("a VM with one vCPU")
 }
 
 /// Overwrites VP `n`'s page in `hv`'s arena with the page an older hypervisor writes: both TLFS

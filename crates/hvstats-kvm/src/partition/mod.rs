@@ -33,10 +33,10 @@ use crate::guest_space::{self, GuestSpace};
 use crate::handlers::Handlers;
 use crate::memory::GuestRam;
 use crate::modes;
-use crate::sources::kvm_stats::KvmStats;
-use crate::sources::vcpu_stats::kvm_stat_names;
 pub use crate::vp::HardwareCounters;
 use crate::vp::{Refresh, VpCounters, VpOutcome, VpShared};
+use hvstats_sources::kvm_stats::KvmStats;
+use hvstats_sources::vcpu_stats::kvm_stat_names;
 
 /// The partition counters kept from the VM's KVM statistics: the catalog's `KvmStats(Vm(..))` rows.
 const FROM_VM_STATS: [&Counter; maintained_count(ObjectKind::Partition, SourceKind::KvmStats)] =

@@ -151,11 +151,11 @@ pub(crate) struct Args {
     /// expression on the VM's name; repeatable).
     #[arg(long = "vm", value_name = "PID|UUID|REGEX", requires = "observe_all",
           value_parser = crate::cmd::observe::parse_pattern)]
-    vms: Vec<hvstats_kvm::observe::filter::VmPattern>,
+    vms: Vec<hvstats_observe::filter::VmPattern>,
     /// With --observe-all: leave out the VMs this names (repeatable; wins over --vm).
     #[arg(long = "exclude-vm", value_name = "PID|UUID|REGEX", requires = "observe_all",
           value_parser = crate::cmd::observe::parse_pattern)]
-    exclude_vms: Vec<hvstats_kvm::observe::filter::VmPattern>,
+    exclude_vms: Vec<hvstats_observe::filter::VmPattern>,
     /// With --observe-all: use no QMP socket a QEMU's command line names.
     #[arg(long, requires = "observe_all")]
     no_qmp: bool,
@@ -340,7 +340,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         Arc::new(move |asked| Box::pin(answer(Arc::clone(&answers), snapshot_api, enabled, asked)));
     let observing = args.observe_all.then(|| observe::Observing {
         interval: std::time::Duration::from_secs_f64(args.observe_interval),
-        filter: hvstats_kvm::observe::filter::VmFilter { include: args.vms, exclude: args.exclude_vms },
+        filter: hvstats_observe::filter::VmFilter { include: args.vms, exclude: args.exclude_vms },
         no_qmp: args.no_qmp,
     });
     // Once SIGINT, SIGTERM and SIGHUP are watched: the observer, then the address (which tells a

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use hvstats::{Hypervisor, InstanceConfig};
-use hvstats_kvm::observe::filter::VmFilter;
-use hvstats_kvm::observe::qmp::{CANCEL_POLL, Cancel};
-use hvstats_kvm::observe::{ObserveOptions, Observer, Procfs, Targets, publication, raise_fd_limit};
+use hvstats_observe::cancel::{CANCEL_POLL, Cancel};
+use hvstats_observe::filter::VmFilter;
+use hvstats_observe::{ObserveOptions, Observer, Procfs, Targets, publication, raise_fd_limit};
 
 use crate::observer_run::{Ended, Mark, Runner};
 

@@ -1,0 +1,50 @@
+//! Observing the KVM VMs of other processes (QEMU, Firecracker, cloud-hypervisor, crosvm,
+//! kvmtool) and publishing each as a partition of the observer's own instance.
+//!
+//! - [`discovery`]: VM and vCPU descriptors in `/proc/PID/fd`, vCPU threads from debugfs and
+//!   thread names, the VM's name, who a process is ([`discovery::ProcessIdentity`]);
+//!   [`kvm_scan`]: every VM on the host at a cost other processes cannot inflate;
+//!   [`qemu_args`]: QEMU's own reading of its command line;
+//! - [`counting`]: per-thread event counters on every thread of a process from attach on;
+//! - [`qmp`]: QEMU's QMP for KVM's statistics and vCPU threads;
+//! - [`libvirt`]: a read-only client of libvirt's remote protocol, for its domain statistics;
+//! - [`sources`]: the sources of an observed VM's counters (the VMM's KVM statistics descriptors,
+//!   libvirt, QMP, its events, its threads' own files), composed on the seam our own VPs' sources share;
+//! - [`vm`]: one observed VM and its partition; [`observer`]: attach, refresh, detach;
+//! - [`publication`]: what an observed partition publishes beside its pages;
+//! - [`claim`]: one observer per VM per host;
+//! - [`cancel`]: the flag a signal sets to end every wait.
+//!
+//! Descriptors per VM: while its vCPU threads are unknown, one counter group per thread of the
+//! process, for at most [`sources::events::EXTRA_THREADS`] threads beyond one per vCPU and within what the
+//! open file limit leaves above [`observer::FD_RESERVE`]; once known, one group per vCPU thread.
+//! Where BPF is permitted the tracepoints are counted in the kernel ([`counting`]) and a group
+//! holds only the two software events (task clock, migrations); with perf counters it holds every
+//! event of [`sources::events::vm_events`] (18 on a host without VMX/SVM, 33 with). Plus one QMP socket when
+//! given, one libvirt connection for a libvirt domain, and a copy of each KVM statistics
+//! descriptor the VMM holds.
+
+#![deny(missing_docs)]
+
+pub mod attach;
+pub mod cancel;
+pub mod claim;
+pub mod counting;
+pub mod discovery;
+pub mod exit_watch;
+pub mod filter;
+pub mod kvm_scan;
+pub mod libvirt;
+pub mod observer;
+pub mod publication;
+pub mod qemu_args;
+pub mod qmp;
+pub mod sources;
+pub mod unix_sockets;
+pub mod vm;
+
+pub use attach::{ObserveError, ObserveOptions};
+pub use discovery::{Procfs, Vmm};
+pub use observer::{Observer, ObserverEvent, Targets, raise_fd_limit};
+pub use sources::KvmExitState;
+pub use vm::ObservedVm;

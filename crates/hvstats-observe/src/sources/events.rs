@@ -1,0 +1,237 @@
+//! The events source: KVM's tracepoints and the software events of a VMM's threads, counted on
+//! each thread from attach on ([`crate::counting`]), written by event writers.
+//!
+//! At attach every thread of the process is counted (the vCPU threads are not known yet, and a
+//! VM attached while paused must be counted from its first instruction); once every vCPU's
+//! thread is known the others are closed. An [`EventWriter`] is one file that names the events
+//! it needs and writes counters from their counts: [`WRITERS`] lists them, and the list of
+//! events counted on each thread is theirs put end to end ([`vm_events`]), so no index is written
+//! by hand.
+
+use std::collections::BTreeMap;
+
+use hvstats::SharedPage;
+use hvstats_abi::counter_set::CounterSet;
+use hvstats_abi::exit_reason;
+use hvstats_abi::source::Tracepoint;
+
+use super::event_writer::{EventWriter, KvmExitState, ThreadReading, tracepoint_event};
+use super::vm_source::{VmAttach, VmSource, VmView};
+use crate::attach::ObserveError;
+use crate::counting::{EventList, EventSpec, ThreadCounters};
+use hvstats_sources::counter_source::{CounterSource, Gives, Object};
+
+/// Threads of a VMM counted beyond one per vCPU while the vCPU threads are unknown: a VMM's
+/// other threads (main loop, I/O, RCU, a worker pool) rarely number more; the rest of a process
+/// with thousands of threads is left out, and said to be.
+pub const EXTRA_THREADS: usize = 256;
+
+/// The hardware virtualization of this host's KVM: `Some(ISA_VMX)`, `Some(ISA_SVM)`, or `None`
+/// (a software backend, where `kvm_exit` does not fire).
+pub fn host_isa() -> Option<u32> {
+    if std::path::Path::new("/sys/module/kvm_intel").is_dir() {
+        Some(exit_reason::ISA_VMX)
+    } else if std::path::Path::new("/sys/module/kvm_amd").is_dir() {
+        Some(exit_reason::ISA_SVM)
+    } else {
+        None
+    }
+}
+
+/// The event writers, in the order their events are counted.
+pub const WRITERS: &[&dyn EventWriter] = &[
+    &super::tracepoints::KvmTracepoints,
+    &super::exit_classes::ExitClasses,
+    &super::thread_clock::ThreadClock,
+];
+
+/// The events counted on a VMM's threads on a host of `isa`: every writer's, end to end.
+pub fn vm_events(isa: Option<u32>) -> Vec<EventSpec> {
+    WRITERS.iter().flat_map(|w| w.events(isa)).collect()
+}
+
+/// The events source of one VM.
+#[derive(Debug)]
+pub struct Events {
+    counters: ThreadCounters,
+    /// By writer, the index of its first event in the list.
+    offsets: Vec<usize>,
+    kvm_exit: KvmExitState,
+    /// Each counted thread's guest time (clock ticks) when its counters were opened.
+    guest_ticks_at_open: BTreeMap<i32, u64>,
+    /// By VP index, the last reading of its thread's events and guest time since open.
+    readings: BTreeMap<u32, (Vec<Option<u64>>, Option<u64>)>,
+    /// By event, whether it is counted on every vCPU thread known.
+    counted: Vec<bool>,
+}
+
+/// Opens the events source: counters on every thread of the VMM (the threads known to run a
+/// vCPU first), at most [`EXTRA_THREADS`] beyond one per vCPU and within the descriptors left.
+///
+/// # Errors
+/// When the descriptors left cannot hold a counter group per vCPU, or the threads cannot be
+/// listed.
+pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError> {
+    let (procfs, pid) = (at.procfs, at.pid);
+    let isa = host_isa();
+    let events = EventList::new(vm_events(isa));
+    let per_thread = events.len().max(1);
+    let vcpus = at.fds.vcpus.len();
+    let max_threads = (at.room / per_thread).min(vcpus + EXTRA_THREADS);
+    if max_threads < vcpus.max(1) {
+        return Err(ObserveError::Budget { pid, vcpus, needed: vcpus.max(1) * per_thread, room: at.room });
+    }
+    let mut first: Vec<i32> = at
+        .fds
+        .vms
+        .first()
+        .map(|&vm_fd| procfs.debugfs_vcpu_threads(pid, vm_fd).into_values().collect())
+        .unwrap_or_default();
+    first.extend(procfs.named_vcpu_threads(pid).unwrap_or_default().into_values());
+    let counters = ThreadCounters::attach_at_most(procfs, pid, events, max_threads, &first)
+        .map_err(|source| ObserveError::Proc { pid, source })?;
+    let mut offsets = Vec::with_capacity(WRITERS.len());
+    let mut at_event = 0;
+    for writer in WRITERS {
+        offsets.push(at_event);
+        at_event += writer.events(isa).len();
+    }
+    let kvm_exit =
+        if isa.is_some() { KvmExitState::Undecided } else { KvmExitState::NoHardwareVirtualization };
+    let mut me = Events {
+        counters,
+        offsets,
+        kvm_exit,
+        guest_ticks_at_open: BTreeMap::new(),
+        readings: BTreeMap::new(),
+        counted: Vec::new(),
+    };
+    me.note_guest_ticks(procfs, pid);
+    Ok(Some(Box::new(me)))
+}
+
+impl Events {
+    /// The events of writer `w`, as a range of the list.
+    fn range(&self, w: usize) -> std::ops::Range<usize> {
+        let end = self.offsets.get(w + 1).copied().unwrap_or(self.counters.events().len());
+        self.offsets[w]..end
+    }
+
+    /// Records the guest time of threads whose counters were just opened: guest time counts from
+    /// the same moment as the thread's counters.
+    fn note_guest_ticks(&mut self, procfs: &crate::discovery::Procfs, pid: i32) {
+        for tid in self.counters.tids() {
+            if let std::collections::btree_map::Entry::Vacant(v) = self.guest_ticks_at_open.entry(tid) {
+                v.insert(guest_ticks(procfs, pid, tid).unwrap_or(0));
+            }
+        }
+    }
+
+    /// Decides whether `kvm_exit` fires, from exits the guest is seen to make.
+    fn decide_kvm_exit(&mut self) {
+        if self.kvm_exit != KvmExitState::Undecided {
+            return;
+        }
+        let specs = self.counters.events().specs();
+        let at = |spec: &EventSpec| specs.iter().position(|s| s == spec);
+        let kvm_exit = at(&EventSpec::tracepoint("kvm", "kvm_exit"));
+        let exits: Vec<usize> = [Tracepoint::UserspaceIo, Tracepoint::UserspaceMmio, Tracepoint::Cpuid]
+            .into_iter()
+            .filter_map(|tp| at(&tracepoint_event(tp)))
+            .collect();
+        let sum = |indices: &[usize]| -> u64 {
+            self.readings
+                .values()
+                .map(|(c, _)| indices.iter().map(|&i| c.get(i).copied().flatten().unwrap_or(0)).sum::<u64>())
+                .sum()
+        };
+        if kvm_exit.is_some_and(|i| sum(&[i]) > 0) {
+            self.kvm_exit = KvmExitState::Fires;
+        } else if sum(&exits) > 0 {
+            self.kvm_exit = KvmExitState::Silent;
+        }
+    }
+}
+
+impl CounterSource for Events {
+    fn name(&self) -> &'static str {
+        "tracepoints"
+    }
+
+    fn gives(&self) -> Gives {
+        let mut gives = Gives::NOTHING;
+        for (w, writer) in WRITERS.iter().enumerate() {
+            let range = self.range(w);
+            let counted = |i: usize| self.counted.get(range.start + i).copied().unwrap_or(false);
+            gives = gives.union(&writer.gives(&counted, self.kvm_exit));
+        }
+        gives
+    }
+
+    fn write(&self, object: Object, page: &SharedPage, only: &CounterSet) {
+        let Object::Vp(index) = object else { return };
+        let Some((counts, guest_100ns)) = self.readings.get(&index) else { return };
+        for (w, writer) in WRITERS.iter().enumerate() {
+            let range = self.range(w);
+            let Some(counts) = counts.get(range) else { continue };
+            let reading = ThreadReading { counts, guest_100ns: *guest_100ns, kvm_exit: self.kvm_exit };
+            writer.write(&reading, page, only);
+        }
+    }
+
+    fn unavailable(&self) -> Vec<String> {
+        let events = self.counters.events();
+        (0..events.len()).filter_map(|i| events.unavailable(i).map(|e| e.to_string())).collect()
+    }
+}
+
+impl VmSource for Events {
+    fn read(&mut self, vm: &VmView<'_>) {
+        if self.counters.rescan(vm.procfs).is_ok_and(|added| added > 0) {
+            self.note_guest_ticks(vm.procfs, vm.pid);
+        }
+        // Once every vCPU's thread is known, only those are counted.
+        if vm.all_known() && !self.counters.is_narrowed() {
+            let tids: Vec<i32> = vm.threads().map(|(_, tid)| tid).collect();
+            self.counters.retain(&tids);
+            self.guest_ticks_at_open.retain(|tid, _| tids.contains(tid));
+        }
+        self.readings.clear();
+        for (index, tid) in vm.threads() {
+            let Some(counts) = self.counters.read(tid) else { continue };
+            let guest = guest_ticks(vm.procfs, vm.pid, tid)
+                .zip(self.guest_ticks_at_open.get(&tid).copied())
+                .map(|(now, then)| hvstats_host::task_stat::ticks_to_100ns(now.saturating_sub(then)));
+            self.readings.insert(index, (counts, guest));
+        }
+        // An event is counted when it can be at all and is open on every vCPU thread known.
+        let events = self.counters.events();
+        self.counted = (0..events.len())
+            .map(|i| {
+                events.unavailable(i).is_none() && vm.threads().all(|(_, tid)| self.counters.is_open(tid, i))
+            })
+            .collect();
+        self.decide_kvm_exit();
+    }
+
+    fn fds(&self) -> usize {
+        self.counters.fds()
+    }
+
+    fn kvm_exit(&self) -> Option<KvmExitState> {
+        Some(self.kvm_exit)
+    }
+
+    fn threads_counted(&self) -> Option<(usize, usize)> {
+        Some((self.counters.tids().len(), self.counters.left_out()))
+    }
+
+    fn method(&self) -> Option<String> {
+        Some(self.counters.events().method_description())
+    }
+}
+
+/// The guest time (clock ticks) of thread `tid` of `pid`.
+fn guest_ticks(procfs: &crate::discovery::Procfs, pid: i32, tid: i32) -> Option<u64> {
+    hvstats_sources::thread_time::guest_ticks_of(procfs.root(), pid, tid).ok()
+}

@@ -1,0 +1,123 @@
+//! Every KVM statistic to its catalog counter, for every source of an observed VM that carries
+//! KVM's statistics (the VMM's stats descriptors, libvirt's domain statistics, QMP).
+//!
+//! The catalog names the statistics each counter sums ([`catalog::observed_kvm_stat`]); this
+//! module turns a reading of them, however it was read, into those counters: a count is the sum
+//! of its statistics, a time their nanoseconds in its unit (HLT cost: `halt_wait_ns` plus both
+//! poll times), a histogram its `_ns` sum and its `_hist` buckets, KVM's log2 bucketing being the
+//! page's own. Values are KVM's own, whole-life: they count from the vCPU's (or VM's) creation.
+
+use hvstats::SharedPage;
+use hvstats_abi::catalog::{self, Counter};
+use hvstats_abi::counter_set::CounterSet;
+use hvstats_abi::source::KvmStat;
+use hvstats_abi::{ObjectKind, Presentation, Unit};
+
+use crate::qmp::StatValues;
+use hvstats_sources::vcpu_stats::copy_kvm_histogram;
+
+/// One reading of KVM statistics by the kernel's names.
+pub trait KvmStatReading {
+    /// The value of the single-valued statistic `name` (nanoseconds for a time: KVM's time
+    /// statistics are the `_ns` ones, exponent -9); `None` when the reading lacks it.
+    fn value(&self, name: &str) -> Option<u64>;
+
+    /// The buckets of the histogram statistic `name`; `None` when the reading lacks it.
+    fn buckets(&self, name: &str) -> Option<&[u64]>;
+}
+
+/// The statistics `counter` of `kind`'s object sums, when KVM's statistics give it.
+fn stat_names(counter: &Counter, kind: ObjectKind) -> Option<&'static [&'static str]> {
+    match (kind, catalog::observed_kvm_stat(counter)?) {
+        (ObjectKind::Vp, KvmStat::Vcpu(names)) | (ObjectKind::Partition, KvmStat::Vm(names)) => Some(names),
+        _ => None,
+    }
+}
+
+/// The counters of `kind`'s objects that KVM's statistics give, each with the statistics it
+/// sums, in catalog order.
+pub(crate) fn kvm_stat_counters(
+    kind: ObjectKind,
+) -> impl Iterator<Item = (&'static Counter, &'static [&'static str])> {
+    // Worked out once: every VP of every VM is written from it at every refresh.
+    type Table = Vec<(&'static Counter, &'static [&'static str])>;
+    static TABLES: std::sync::OnceLock<Vec<Table>> = std::sync::OnceLock::new();
+    let tables = TABLES.get_or_init(|| {
+        ObjectKind::ALL
+            .iter()
+            .map(|&k| catalog::counters_of(k).filter_map(|c| Some((c, stat_names(c, k)?))).collect())
+            .collect()
+    });
+    tables.get(kind as usize).into_iter().flatten().copied()
+}
+
+/// True when a reading that `has` the statistics it names gives `counter`: every statistic it
+/// sums (a partial sum would be a wrong value), and for a histogram its sum and its buckets.
+fn complete(counter: &Counter, names: &[&str], has: &dyn Fn(&str, bool) -> bool) -> bool {
+    match (counter.presentation, names) {
+        (Presentation::Histogram, [sum, buckets]) => has(sum, false) && has(buckets, true),
+        (Presentation::Histogram, _) => false,
+        _ => !names.is_empty() && names.iter().all(|n| has(n, false)),
+    }
+}
+
+/// The counters of `kind` a reading gives, from whether it `has` each statistic (the flag asks
+/// for a histogram's buckets rather than a single value).
+pub fn given(kind: ObjectKind, has: &dyn Fn(&str, bool) -> bool) -> CounterSet {
+    let mut set = CounterSet::EMPTY;
+    for (counter, names) in kvm_stat_counters(kind) {
+        if complete(counter, names, has) {
+            set.insert(counter.id);
+        }
+    }
+    set
+}
+
+/// The counters of `kind` that `reading` gives.
+pub(crate) fn given_by(kind: ObjectKind, reading: &dyn KvmStatReading) -> CounterSet {
+    given(kind, &|name, buckets| {
+        if buckets { reading.buckets(name).is_some() } else { reading.value(name).is_some() }
+    })
+}
+
+/// The counters of an object of `kind` that every one of `readings` gives (one reading per vCPU:
+/// a VP counter is given only when each vCPU's statistics give it); none without readings.
+pub(crate) fn given_by_all<'a, R: KvmStatReading + 'a>(
+    kind: ObjectKind,
+    readings: impl IntoIterator<Item = &'a R>,
+) -> CounterSet {
+    readings.into_iter().map(|r| given_by(kind, r)).reduce(|a, b| a.intersection(&b)).unwrap_or_default()
+}
+
+/// Writes the counters of `only` for an object of `kind` from `reading` into `page`; a counter
+/// whose statistics the reading lacks is left as it is.
+pub fn write(kind: ObjectKind, page: &SharedPage, only: &CounterSet, reading: &dyn KvmStatReading) {
+    for (counter, names) in kvm_stat_counters(kind).filter(|(c, _)| only.contains(c.id)) {
+        if counter.presentation == Presentation::Histogram {
+            let [sum, buckets] = names else { continue };
+            if let (Some(sum), Some(buckets)) = (reading.value(sum), reading.buckets(buckets)) {
+                copy_kvm_histogram(page, counter, sum, buckets);
+            }
+            continue;
+        }
+        let values: Option<Vec<u64>> = names.iter().map(|n| reading.value(n)).collect();
+        let Some(values) = values else { continue };
+        let sum = values.iter().fold(0u64, |a, &v| a.saturating_add(v));
+        let value = match counter.unit {
+            Unit::Time100ns => sum / 100,
+            _ => sum,
+        };
+        page.set(counter.id, value);
+    }
+}
+
+/// QMP's reading (`query-stats`): single values and histograms by name, raw as KVM keeps them.
+impl KvmStatReading for StatValues {
+    fn value(&self, name: &str) -> Option<u64> {
+        self.get(name).copied()
+    }
+
+    fn buckets(&self, name: &str) -> Option<&[u64]> {
+        self.histogram(name)
+    }
+}

@@ -1,0 +1,250 @@
+//! KVM's statistics of a libvirt domain from libvirt's bulk statistics
+//! (`virConnectGetAllDomainStats`, the vCPU, VM and state groups: what `virsh domstats --vcpu
+//! --vm --state` shows), and the domain's run state, over a read-only connection that cannot
+//! taint the domain.
+//!
+//! The QEMU process is matched to its domain by the UUID libvirt passes it (`-uuid`). libvirt
+//! reports each vCPU's KVM statistics as `vcpu.<N>.<statistic>.sum` (`.cur`, `.max` for instant
+//! and peak ones) and the VM's as `vm.<statistic>.sum`, KVM's whole-life values; libvirt 9 leaves
+//! the halt histograms out, so those counters are not given here. Where libvirt is absent (no
+//! socket) or the process is not one of its domains, the VM has no such source and nothing is
+//! said.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use hvstats::SharedPage;
+use hvstats_abi::ObjectKind;
+use hvstats_abi::catalog::partition;
+use hvstats_abi::counter_set::CounterSet;
+use hvstats_abi::vm_sources::Origin;
+use hvstats_abi::vm_state::VmState;
+
+use super::kvm_stat_map::{self, KvmStatReading};
+use super::vm_source::{PeerState, VmAttach, VmSource, VmView};
+use crate::attach::ObserveError;
+use crate::libvirt::{Domain, Libvirt, SOCKETS, STATS_STATE, STATS_VCPU, STATS_VM, TypedValue};
+use hvstats_sources::counter_source::{CounterSource, Gives, Object};
+
+/// The deadline of one exchange with libvirt.
+const TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Statistics by name, as one reading of libvirt gave them.
+#[derive(Clone, Debug, Default)]
+struct Stats(BTreeMap<String, u64>);
+
+impl KvmStatReading for Stats {
+    fn value(&self, name: &str) -> Option<u64> {
+        self.0.get(name).copied()
+    }
+
+    fn buckets(&self, _name: &str) -> Option<&[u64]> {
+        None
+    }
+}
+
+/// A libvirt domain's statistics.
+#[derive(Debug)]
+pub struct LibvirtStats {
+    socket: PathBuf,
+    conn: Option<Libvirt>,
+    domain: Domain,
+    vp_count: usize,
+    vcpus: BTreeMap<u32, Stats>,
+    vm: Stats,
+    /// The domain's run state, as the last reading said it.
+    state: Option<VmState>,
+    error: Option<String>,
+}
+
+/// The read-only socket to use: the one the options name, else the socket of libvirt's own
+/// `LIBVIRT_DEFAULT_URI` (`qemu:///system?socket=…`), else the first of the usual places that
+/// exists.
+fn socket(at: &VmAttach<'_>) -> Option<PathBuf> {
+    if let Some(path) = &at.options.libvirt {
+        return Some(path.clone());
+    }
+    let from_uri = std::env::var("LIBVIRT_DEFAULT_URI").ok().and_then(|uri| {
+        let (_, query) = uri.split_once('?')?;
+        let socket = query.split('&').find_map(|kv| kv.strip_prefix("socket="))?;
+        // The read-write socket's read-only sibling, as libvirt names them.
+        let ro = if socket.ends_with("-ro") { socket.to_owned() } else { format!("{socket}-ro") };
+        Some(PathBuf::from(ro))
+    });
+    from_uri.or_else(|| SOCKETS.iter().map(PathBuf::from).find(|p| p.exists()))
+}
+
+/// Finds the libvirt domain whose UUID the QEMU process was given; `None` when libvirt is absent
+/// or has no such domain.
+///
+/// # Errors
+/// Never: a libvirt that fails after it was found is the source's own state.
+pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError> {
+    let Some(uuid) = at.procfs.vm_uuid(at.pid) else { return Ok(None) };
+    let Some(socket) = socket(at) else { return Ok(None) };
+    let Ok(mut conn) = Libvirt::connect(&socket, TIMEOUT) else { return Ok(None) };
+    let Ok(domain) = conn.lookup_by_uuid(uuid.bytes()) else { return Ok(None) };
+    Ok(Some(Box::new(LibvirtStats {
+        socket,
+        conn: Some(conn),
+        domain,
+        vp_count: at.fds.vcpus.len(),
+        vcpus: BTreeMap::new(),
+        vm: Stats::default(),
+        state: None,
+        error: None,
+    })))
+}
+
+/// `vcpu.<N>.<name>.<sum|cur|max>` or `vm.<name>.<sum|cur|max>`: the object and the statistic.
+fn parse_field(field: &str) -> Option<(Option<u32>, &str)> {
+    let (object, rest) = if let Some(rest) = field.strip_prefix("vcpu.") {
+        let (n, rest) = rest.split_once('.')?;
+        (Some(n.parse().ok()?), rest)
+    } else {
+        (None, field.strip_prefix("vm.")?)
+    };
+    let name = rest
+        .strip_suffix(".sum")
+        .or_else(|| rest.strip_suffix(".cur"))
+        .or_else(|| rest.strip_suffix(".max"))?;
+    (!name.contains('.')).then_some((object, name))
+}
+
+impl LibvirtStats {
+    fn read_once(&mut self) -> Result<(), crate::libvirt::LibvirtError> {
+        if self.conn.is_none() {
+            self.conn = Some(Libvirt::connect(&self.socket, TIMEOUT)?);
+        }
+        let Some(conn) = self.conn.as_mut() else { return Ok(()) };
+        let fields = conn.domain_stats(&self.domain, STATS_VCPU | STATS_VM | STATS_STATE)?;
+        let (mut vcpus, mut vm) = (BTreeMap::<u32, Stats>::new(), Stats::default());
+        let (mut state, mut reason) = (None, 0);
+        for (field, value) in fields {
+            match (field.as_str(), &value) {
+                ("state.state", TypedValue::Int(v)) => state = i64::try_from(*v).ok(),
+                ("state.reason", TypedValue::Int(v)) => reason = i64::try_from(*v).unwrap_or(0),
+                _ => {}
+            }
+            let value = match value {
+                TypedValue::Int(v) => u64::try_from(v).unwrap_or(0),
+                TypedValue::Bool(b) => u64::from(b),
+                _ => continue,
+            };
+            match parse_field(&field) {
+                Some((Some(n), name)) => {
+                    vcpus.entry(n).or_default().0.insert(name.to_owned(), value);
+                }
+                Some((None, name)) => {
+                    vm.0.insert(name.to_owned(), value);
+                }
+                None => {}
+            }
+        }
+        self.state = state.map(|s| VmState::from_libvirt(s, reason));
+        self.vcpus = vcpus;
+        self.vm = vm;
+        Ok(())
+    }
+}
+
+impl CounterSource for LibvirtStats {
+    fn name(&self) -> &'static str {
+        "libvirt"
+    }
+
+    fn gives(&self) -> Gives {
+        // A VP counter is given only when libvirt reports it for every vCPU.
+        let vp = match self.vcpus.len() == self.vp_count {
+            true => kvm_stat_map::given_by_all(ObjectKind::Vp, self.vcpus.values()),
+            false => CounterSet::EMPTY,
+        };
+        let mut partition = kvm_stat_map::given_by(ObjectKind::Partition, &self.vm);
+        if self.state.is_some() {
+            partition = partition.union(&CounterSet::of(&[partition::VM_STATE]));
+        }
+        Gives { partition, vp }
+    }
+
+    fn write(&self, object: Object, page: &SharedPage, only: &CounterSet) {
+        match object {
+            // libvirt numbers vCPUs as QEMU does (cpu-index), the order of their KVM ids.
+            Object::Vp(index) => {
+                if let Some(s) = self.vcpus.get(&index) {
+                    kvm_stat_map::write(ObjectKind::Vp, page, only, s);
+                }
+            }
+            Object::Partition => {
+                kvm_stat_map::write(ObjectKind::Partition, page, only, &self.vm);
+                if let Some(state) = self.state.filter(|_| only.contains(partition::VM_STATE)) {
+                    page.set(partition::VM_STATE, state.code());
+                }
+            }
+        }
+    }
+
+    fn unavailable(&self) -> Vec<String> {
+        self.error.iter().cloned().collect()
+    }
+}
+
+impl VmSource for LibvirtStats {
+    fn read(&mut self, _vm: &VmView<'_>) {
+        match self.read_once() {
+            Ok(()) => self.error = None,
+            Err(e) => {
+                // Its counters stop being available rather than going stale; the next refresh
+                // connects again.
+                self.error = Some(hvstats_host::error_chain::error_chain(&e));
+                self.conn = None;
+                self.vcpus.clear();
+                self.vm = Stats::default();
+                self.state = None;
+            }
+        }
+    }
+
+    fn peer(&self) -> Option<PeerState> {
+        // libvirt answers for the domain (it asks QEMU itself: a stopped QEMU is a libvirt that
+        // does not answer within the deadline); each refresh asks again.
+        Some(match &self.error {
+            None => PeerState::Up,
+            Some(why) => PeerState::Down(why.clone()),
+        })
+    }
+
+    fn vm_name(&mut self) -> Option<String> {
+        Some(self.domain.name.clone())
+    }
+
+    fn error(&self) -> Option<&str> {
+        self.error.as_deref()
+    }
+
+    fn fds(&self) -> usize {
+        usize::from(self.conn.is_some())
+    }
+
+    fn origin(&self) -> Origin {
+        Origin::VcpuCreation
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_name_the_vcpu_or_the_vm_and_the_statistic() {
+        assert_eq!(parse_field("vcpu.0.halt_exits.sum"), Some((Some(0), "halt_exits")));
+        assert_eq!(parse_field("vcpu.12.blocking.cur"), Some((Some(12), "blocking")));
+        assert_eq!(parse_field("vm.max_mmu_rmap_size.max"), Some((None, "max_mmu_rmap_size")));
+        assert_eq!(parse_field("vm.remote_tlb_flush.sum"), Some((None, "remote_tlb_flush")));
+        for other in
+            ["vcpu.0.time", "vcpu.current", "vcpu.x.halt_exits.sum", "balloon.current", "vcpu.0.a.b.sum"]
+        {
+            assert_eq!(parse_field(other), None, "{other}");
+        }
+    }
+}

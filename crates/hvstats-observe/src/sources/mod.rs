@@ -1,0 +1,52 @@
+//! The sources of an observed VM's counters, composed by the observer on the one seam of
+//! [`hvstats_sources::counter_source`].
+//!
+//! A [`VmSource`] is a counter source read once per refresh for all of a VM's vCPUs: it says
+//! which counters it gives, and writes them into the VM's partition and VP pages. The observer
+//! composes the sources a VM has, in the order of [`VM_SOURCES`] (the first that gives a counter
+//! writes it), and declares unavailable what none gives. The sources:
+//!
+//! - [`stats_fd`]: KVM's statistics from the binary-stats descriptors the VMM holds, copied with
+//!   `pidfd_getfd` (every vCPU statistic, whole-life, no guest interruption);
+//! - [`libvirt_stats`]: KVM's statistics of a libvirt domain from libvirt's bulk statistics, over
+//!   a read-only connection (never tainting the domain);
+//! - [`events`]: KVM's tracepoints and the VP threads' software events, counted per thread from
+//!   attach on (in the kernel where BPF is permitted), written by the event writers of
+//!   [`tracepoints`], [`exit_classes`] and [`thread_clock`];
+//! - [`qmp_stats`]: KVM's statistics through QEMU's QMP `query-stats`, the VM's run state, and
+//!   QMP's knowledge of the vCPU threads and the VM's name; its session heals;
+//! - [`threads`]: the sources that read a vCPU thread from outside its process (schedstat, the
+//!   host's page faults on it), opened on each vCPU thread once it is known.
+//!
+//! Every source that carries KVM's statistics maps them to counters through [`kvm_stat_map`].
+//!
+//! A new source is one file implementing [`VmSource`] and one line in [`VM_SOURCES`].
+
+pub mod event_writer;
+pub mod events;
+pub mod exit_classes;
+pub mod kvm_stat_map;
+pub mod libvirt_stats;
+pub mod qmp_stats;
+pub mod stats_fd;
+pub mod thread_clock;
+pub mod threads;
+pub mod tracepoints;
+pub mod vm_source;
+
+pub use event_writer::KvmExitState;
+pub use vm_source::{PeerState, Vcpu, VcpuThread, VmAttach, VmSource, VmView};
+
+use crate::attach::ObserveError;
+
+/// How one source is opened for a VM being attached: `Ok(None)` where the VM or the host does
+/// not have it; an error ends the attach.
+type OpenVm = fn(&VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError>;
+
+/// Every source of an observed VM, in the order that decides which writes a counter several
+/// give: KVM's own statistics first, whole-life, by how little reading them costs the guest and
+/// the host (the VMM's open descriptors, then libvirt, then QMP), then what is counted from attach in the kernel
+/// (tracepoints, and on VMX/SVM hosts exits by reason, which give a class's count and time where
+/// no KVM statistic does), then the threads' own files.
+pub const VM_SOURCES: &[OpenVm] =
+    &[stats_fd::open, libvirt_stats::open, qmp_stats::open, events::open, threads::open];

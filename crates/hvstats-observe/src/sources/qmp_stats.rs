@@ -1,0 +1,637 @@
+//! KVM's statistics of a QEMU VM through its QMP socket (`query-stats`), and the VM's run state
+//! (`query-status`): every vCPU and VM statistic the catalog keys, mapped by [`kvm_stat_map`]:
+//! KVM's own whole-life values, counted from the vCPU's creation. QMP also says which thread runs
+//! each vCPU (`query-cpus-fast`) and the VM's name and UUID (`query-name`, `query-uuid`: what QEMU
+//! itself holds, whatever its command line seems to say), which the observer asks this source
+//! for.
+//!
+//! The session heals. Each refresh the questions go out for every VM at once
+//! ([`VmSource::ask`]) and the answers are taken within one deadline from then; a QEMU that does
+//! not answer in time (stopped, stalled) makes the source down (its counters unavailable, never
+//! stale) and is looked at again each refresh without waiting, so its counters resume at the
+//! first refresh after it answers. A session that fails (QEMU closed it, the peer is not QMP) is
+//! tried again after a backoff that doubles from [`FIRST_BACKOFF`] to [`MAX_BACKOFF`]. The
+//! socket is shared politely: no connection is made while another client holds it, and the
+//! session is let go when another client waits for it (QEMU serves one client at a time).
+//!
+//! A socket the observer found (on the VMM's command line) is the VMM's only if the VMM listens
+//! on it: any process may name another QEMU's socket on its own command line. So the session's
+//! listener (the kernel's record, [`Qmp::listener_pid`]) must be the VMM itself; a socket
+//! another process serves is refused as soon as it is connected, before a word is exchanged,
+//! said once ([`VmSource::refused`]), and never connected again for that VM. A socket the
+//! operator gave (`--qmp`) is taken as given.
+//!
+//! What is asked is the least the counters need: the run state; the vCPU and VM statistics the
+//! catalog maps (`query-stats` with their names), only while no source before this one in the
+//! VM's list gives them (the VMM's own descriptors, libvirt); and the vCPU threads until they are
+//! known. Before QEMU 8.1 every `query-stats` of the vCPUs interrupts each vCPU once (QEMU runs
+//! the read on the vCPU's thread): one per vCPU per refresh, measured by `hvstats bench`.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use hvstats::SharedPage;
+use hvstats_abi::ObjectKind;
+use hvstats_abi::catalog::partition;
+use hvstats_abi::counter_set::CounterSet;
+use hvstats_abi::vm_sources::Origin;
+use hvstats_abi::vm_state::VmState;
+use serde_json::Value;
+
+use super::kvm_stat_map;
+use super::vm_source::{PeerState, VcpuThread, VmAttach, VmSource, VmView};
+use crate::attach::ObserveError;
+use crate::cancel::Cancel;
+use crate::qmp::{KvmStatsReply, Qmp, QmpCpu, QmpError, add_stats, parse_cpus, parse_status, stats_request};
+use crate::unix_sockets::UnixSockets;
+use hvstats_sources::counter_source::{CounterSource, Gives, Object};
+
+/// The deadline of one QMP exchange (the connect and greeting, or one refresh's questions and
+/// their answers).
+pub const QMP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The wait before a failed QMP session is tried again, doubled after each failure.
+pub const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+
+/// The longest wait before a failed QMP session is tried again.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(32);
+
+/// The session with QEMU.
+#[derive(Debug)]
+enum Session {
+    /// No connection: the next one is tried at `retry_at`.
+    Closed { retry_at: Instant },
+    /// Connected, not greeted yet (QEMU is stopped, or busy): the greeting is waited for until
+    /// `deadline`, then looked for at each refresh without waiting.
+    Greeting { qmp: Qmp, deadline: Instant },
+    /// In command mode.
+    Ready(Qmp),
+}
+
+/// A question of one refresh, in the order the answers come.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Question {
+    Status,
+    VcpuStats,
+    VmStats,
+    Cpus,
+}
+
+/// A VM's QMP session and what it last said.
+#[derive(Debug)]
+pub struct QmpStats {
+    path: PathBuf,
+    /// The VMM that must listen on the socket, when the observer found it (not given).
+    server: Option<i32>,
+    /// Why the socket was refused: another process serves it.
+    refused: Option<String>,
+    cancel: Cancel,
+    session: Session,
+    backoff: Duration,
+    /// The questions out and not answered yet, and when they were put.
+    asked: VecDeque<Question>,
+    asked_at: Instant,
+    /// True once this refresh's questions were put (by the observer, or by the first reading).
+    round: bool,
+    /// True once this refresh's answers were taken (or found missing).
+    collected: bool,
+    /// Why the session is down now; `None` while it answers.
+    down: Option<String>,
+    name: Option<String>,
+    uuid: Option<hvstats::vmm::VmUuid>,
+    state: VmState,
+    /// False once QEMU showed it has no KVM statistics (TCG, no `query-stats`).
+    has_stats: bool,
+    /// True while a source before this one gives every statistic this one last gave: they are
+    /// not asked for.
+    shadowed: bool,
+    /// The last complete reading of the statistics, true when this refresh took it; and the one
+    /// being gathered.
+    now: Option<KvmStatsReply>,
+    current: bool,
+    fresh: KvmStatsReply,
+    cpus: Option<Vec<QmpCpu>>,
+    /// Each VP's QOM path, by VP index, as the observer knew it at the last reading.
+    qom_paths: BTreeMap<u32, String>,
+}
+
+/// Connects to the VM's QMP socket when it has one, and asks its name and UUID; a session that cannot
+/// be had now is a source that is down, says why, and is tried again.
+///
+/// # Errors
+/// Never: a failed QMP session is the source's own state.
+pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError> {
+    let Some(path) = at.qmp else { return Ok(None) };
+    let mut me = QmpStats::new(path, at.options.cancel.clone());
+    me.server = at.options.qmp.is_none().then_some(at.pid);
+    let now = Instant::now();
+    me.connect(&UnixSockets::read_of([path]).unwrap_or_default(), now);
+    if me.greet(now)
+        && let Session::Ready(qmp) = &mut me.session
+    {
+        // A command QEMU refuses leaves the session up; a session out of step does not.
+        let name = qmp.query_name();
+        let uuid = match &name {
+            Err(e) if !e.is_command_error() => Ok(None),
+            _ => qmp.query_uuid(),
+        };
+        let failed = [name.map(|n| me.name = n).err(), uuid.map(|u| me.uuid = u).err()];
+        if let Some(e) = failed.into_iter().flatten().find(|e| !e.is_command_error()) {
+            me.close(&e, now);
+        }
+    }
+    Ok(Some(Box::new(me)))
+}
+
+impl QmpStats {
+    fn new(path: &Path, cancel: Cancel) -> Self {
+        Self {
+            path: path.to_owned(),
+            server: None,
+            refused: None,
+            cancel,
+            session: Session::Closed { retry_at: Instant::now() },
+            backoff: FIRST_BACKOFF,
+            asked: VecDeque::new(),
+            asked_at: Instant::now(),
+            round: false,
+            collected: false,
+            down: Some("not connected yet".to_owned()),
+            name: None,
+            uuid: None,
+            state: VmState::Unknown,
+            has_stats: true,
+            shadowed: false,
+            now: None,
+            current: false,
+            fresh: KvmStatsReply::default(),
+            cpus: None,
+            qom_paths: BTreeMap::new(),
+        }
+    }
+
+    /// Begins a connection, unless another client holds the socket or it was refused; a socket
+    /// the VMM must serve is refused, for good, when another process listens on it.
+    fn connect(&mut self, sockets: &UnixSockets, now: Instant) {
+        if self.refused.is_some() {
+            return;
+        }
+        if sockets.of(&self.path).accepted > 0 {
+            self.close(&QmpError::Taken { path: self.path.clone() }, now);
+            return;
+        }
+        match Qmp::begin(&self.path, QMP_TIMEOUT, self.cancel.clone()) {
+            Ok(qmp) => match self.server {
+                Some(vmm) if qmp.listener_pid() != Some(vmm) => {
+                    let listener = match qmp.listener_pid() {
+                        Some(pid) => format!("pid {pid}"),
+                        None => "a process that has exited or is not visible here".to_owned(),
+                    };
+                    let why = format!(
+                        "the QMP socket {} its command line names is served by {listener}, not by the VMM",
+                        printable_path(&self.path)
+                    );
+                    self.down = Some(why.clone());
+                    self.refused = Some(why);
+                    self.session = Session::Closed { retry_at: now };
+                }
+                _ => self.session = Session::Greeting { qmp, deadline: now + QMP_TIMEOUT },
+            },
+            Err(e) => self.close(&e, now),
+        }
+    }
+
+    /// Notes why the session is down (the first reason of a spell is kept: it is what was said).
+    fn failed(&mut self, e: &QmpError) {
+        if self.down.is_none() || self.down.as_deref() == Some("not connected yet") {
+            self.down = Some(hvstats_host::error_chain::error_chain(e));
+        }
+    }
+
+    /// Drops the session after `e`; the next one is tried after the backoff, which doubles.
+    fn close(&mut self, e: &QmpError, now: Instant) {
+        self.failed(e);
+        self.session = Session::Closed { retry_at: now + self.backoff };
+        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+        self.asked.clear();
+    }
+
+    /// Puts this refresh's questions, in the order their answers will be taken.
+    fn put_questions(qmp: &mut Qmp, wanted: &[Question]) -> Result<(), QmpError> {
+        let requests: Vec<(&str, Option<Value>)> = wanted
+            .iter()
+            .map(|q| match q {
+                Question::Status => ("query-status", None),
+                Question::VcpuStats => ("query-stats", Some(stats_request("vcpu", vcpu_names()))),
+                Question::VmStats => ("query-stats", Some(stats_request("vm", vm_names()))),
+                Question::Cpus => ("query-cpus-fast", None),
+            })
+            .collect();
+        // One write for all: QEMU answers them in order.
+        qmp.send_all(&requests)
+    }
+
+    /// The questions of a refresh.
+    fn questions(&self) -> Vec<Question> {
+        let mut q = vec![Question::Status];
+        if self.has_stats && !self.shadowed {
+            q.push(Question::VcpuStats);
+            if !vm_names().is_empty() {
+                q.push(Question::VmStats);
+            }
+        }
+        if self.cpus.as_ref().is_none_or(Vec::is_empty) {
+            q.push(Question::Cpus);
+        }
+        q
+    }
+
+    /// Asks when the observer did not (the reading at attach).
+    fn ensure_asked(&mut self) {
+        if !self.round {
+            self.ask(&UnixSockets::read_of([self.path.as_path()]).unwrap_or_default(), &Gives::NOTHING);
+        }
+    }
+
+    /// Reads the greeting of a session that waits for it (until its deadline; a deadline passed
+    /// looks once): true once the session is in command mode.
+    fn greet(&mut self, now: Instant) -> bool {
+        match std::mem::replace(&mut self.session, Session::Closed { retry_at: now }) {
+            Session::Greeting { mut qmp, deadline } => match qmp.greet(deadline) {
+                Ok(()) => {
+                    self.session = Session::Ready(qmp);
+                    true
+                }
+                // Stopped or stalled: looked for again at each refresh, without waiting.
+                Err(e) if e.is_silence() && !matches!(e, QmpError::Taken { .. }) => {
+                    self.failed(&e);
+                    self.session = Session::Greeting { qmp, deadline: now };
+                    false
+                }
+                // Another client's (let it be, try again later), or not QMP, or gone.
+                Err(e) => {
+                    self.close(&e, now);
+                    false
+                }
+            },
+            other => {
+                let ready = matches!(other, Session::Ready(_));
+                self.session = other;
+                ready
+            }
+        }
+    }
+
+    /// Takes this refresh's answers (once per refresh).
+    fn collect(&mut self) {
+        self.ensure_asked();
+        if self.collected {
+            return;
+        }
+        self.collected = true;
+        let now = Instant::now();
+        let was_greeting = matches!(self.session, Session::Greeting { .. });
+        if !self.greet(now) {
+            return;
+        }
+        // Greeted just now: this refresh's questions were not put yet.
+        let wanted = self.questions();
+        if was_greeting && let Session::Ready(qmp) = &mut self.session {
+            let put = Self::put_questions(qmp, &wanted);
+            match put {
+                Ok(()) => {
+                    self.asked = wanted.into();
+                    self.asked_at = now;
+                    self.fresh = KvmStatsReply::default();
+                }
+                Err(e) => return self.close(&e, now),
+            }
+        }
+        self.take_answers(now);
+    }
+
+    /// Takes the answers of the questions out, within the deadline that began when they were
+    /// put (a deadline passed looks once, without waiting).
+    fn take_answers(&mut self, now: Instant) {
+        let deadline = self.asked_at + QMP_TIMEOUT;
+        let mut answers = Vec::new();
+        let mut failure = None;
+        let Session::Ready(qmp) = &mut self.session else { return };
+        while let Some(&question) = self.asked.front() {
+            match qmp.receive(deadline) {
+                Ok(answer) => {
+                    self.asked.pop_front();
+                    answers.push((question, Some(answer)));
+                }
+                // Refused: a QEMU without query-stats (before 7.1), or without a KVM provider.
+                Err(QmpError::Command { .. }) => {
+                    self.asked.pop_front();
+                    answers.push((question, None));
+                }
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        for (question, answer) in answers {
+            match answer {
+                Some(answer) => self.take(question, &answer),
+                None if matches!(question, Question::VcpuStats | Question::VmStats) => self.has_stats = false,
+                None => {}
+            }
+        }
+        match failure {
+            // Stopped or stalled: the answers are awaited at the next refreshes.
+            Some(e) if e.is_silence() => return self.failed(&e),
+            Some(e) => return self.close(&e, now),
+            None => {}
+        }
+        // Every answer came: the session answers.
+        self.down = None;
+        self.backoff = FIRST_BACKOFF;
+        let reading = std::mem::take(&mut self.fresh);
+        if self.has_stats && !self.shadowed {
+            if reading.vm.is_empty() && reading.vcpus.is_empty() {
+                self.has_stats = false;
+            } else {
+                self.now = Some(reading);
+                self.current = true;
+            }
+        }
+    }
+
+    /// Keeps one answer.
+    fn take(&mut self, question: Question, answer: &Value) {
+        match question {
+            Question::Status => {
+                self.state = parse_status(answer).map_or(VmState::Unknown, VmState::from_qemu)
+            }
+            Question::VcpuStats => add_stats(&mut self.fresh, "vcpu", answer),
+            Question::VmStats => add_stats(&mut self.fresh, "vm", answer),
+            Question::Cpus => self.cpus = parse_cpus(answer).ok(),
+        }
+    }
+
+    /// True while the session answers.
+    fn is_up(&self) -> bool {
+        self.down.is_none() && matches!(self.session, Session::Ready(_))
+    }
+}
+
+/// Every statistic the catalog's counters of `kind` read, once each: what `query-stats` is asked
+/// for (the halt histograms' buckets with their sums).
+fn names_of(kind: ObjectKind) -> Vec<&'static str> {
+    let mut names: Vec<&'static str> =
+        kvm_stat_map::kvm_stat_counters(kind).flat_map(|(_, names)| names.iter().copied()).collect();
+    names.sort_unstable();
+    names.dedup();
+    names
+}
+
+/// The vCPU statistics the catalog maps.
+fn vcpu_names() -> &'static [&'static str] {
+    static NAMES: OnceLock<Vec<&'static str>> = OnceLock::new();
+    NAMES.get_or_init(|| names_of(ObjectKind::Vp))
+}
+
+/// The VM statistics the catalog maps.
+fn vm_names() -> &'static [&'static str] {
+    static NAMES: OnceLock<Vec<&'static str>> = OnceLock::new();
+    NAMES.get_or_init(|| names_of(ObjectKind::Partition))
+}
+
+/// The counters a reading of KVM's statistics through QMP gives: the VM's, and those every
+/// vCPU's statistics give.
+fn given_by(reading: &KvmStatsReply) -> Gives {
+    Gives {
+        partition: kvm_stat_map::given_by(ObjectKind::Partition, &reading.vm),
+        vp: kvm_stat_map::given_by_all(ObjectKind::Vp, reading.vcpus.values()),
+    }
+}
+
+impl CounterSource for QmpStats {
+    fn name(&self) -> &'static str {
+        "qmp"
+    }
+
+    fn gives(&self) -> Gives {
+        // The session's own state is always given; KVM's statistics (whole-life values, mapped
+        // as every source of them maps them) while it answers, from a reading of this refresh.
+        let mut gives = Gives { partition: CounterSet::of(&[partition::VM_STATE]), vp: CounterSet::EMPTY };
+        if let Some(now) = self.now.as_ref().filter(|_| self.is_up() && self.current) {
+            gives = gives.union(&given_by(now));
+        }
+        gives
+    }
+
+    fn write(&self, object: Object, page: &SharedPage, only: &CounterSet) {
+        if object == Object::Partition && only.contains(partition::VM_STATE) {
+            let state = if self.is_up() { self.state } else { VmState::Unknown };
+            page.set(partition::VM_STATE, state.code());
+        }
+        let Some(now) = self.now.as_ref().filter(|_| self.current) else { return };
+        match object {
+            Object::Partition => kvm_stat_map::write(ObjectKind::Partition, page, only, &now.vm),
+            Object::Vp(index) => {
+                let Some(values) = self.qom_paths.get(&index).and_then(|q| now.vcpus.get(q)) else { return };
+                kvm_stat_map::write(ObjectKind::Vp, page, only, values);
+            }
+        }
+    }
+
+    fn unavailable(&self) -> Vec<String> {
+        self.down.iter().cloned().collect()
+    }
+}
+
+impl VmSource for QmpStats {
+    fn ask(&mut self, sockets: &UnixSockets, given_before: &Gives) {
+        self.round = true;
+        self.collected = false;
+        // KVM's statistics are asked for only while no source before this one gives all that
+        // this one's last reading gave.
+        self.current = false;
+        self.shadowed = self.now.as_ref().is_some_and(|now| {
+            let mine = given_by(now);
+            mine.partition.difference(&given_before.partition).is_empty()
+                && mine.vp.difference(&given_before.vp).is_empty()
+        });
+        let now = Instant::now();
+        let use_ = sockets.of(&self.path);
+        let wanted = self.questions();
+        match &mut self.session {
+            Session::Closed { retry_at } if now >= *retry_at => self.connect(sockets, now),
+            Session::Closed { .. } => {}
+            // Queued behind a client QEMU serves: let it be.
+            Session::Greeting { .. } if use_.accepted > 0 && use_.waiting > 0 => {
+                self.close(&QmpError::Taken { path: self.path.clone() }, now);
+            }
+            Session::Greeting { .. } => {}
+            // Another client waits for the socket this session holds: let go.
+            Session::Ready(_) if use_.waiting > 0 => {
+                let e = QmpError::Protocol(
+                    "another client waits for the QMP socket: let go, and tried again once nobody holds it"
+                        .into(),
+                );
+                self.down = None;
+                self.close(&e, now);
+            }
+            Session::Ready(qmp) => {
+                // Questions still out (QEMU stopped or stalled): their answers are awaited.
+                if self.asked.is_empty() {
+                    match Self::put_questions(qmp, &wanted) {
+                        Ok(()) => {
+                            self.asked = wanted.into();
+                            self.asked_at = now;
+                            self.fresh = KvmStatsReply::default();
+                        }
+                        Err(e) => self.close(&e, now),
+                    }
+                }
+            }
+        }
+    }
+
+    fn read(&mut self, vm: &VmView<'_>) {
+        self.qom_paths =
+            vm.vcpus.iter().enumerate().filter_map(|(i, v)| Some((i as u32, v.qom_path.clone()?))).collect();
+        self.collect();
+        // A vCPU whose thread the observer could not take (QEMU named one that is not its task,
+        // or that exited) is asked about again.
+        if !vm.all_known() {
+            self.cpus = None;
+        }
+        // The next refresh asks anew.
+        self.round = false;
+    }
+
+    fn peer(&self) -> Option<PeerState> {
+        Some(match &self.down {
+            None if self.is_up() => PeerState::Up,
+            None => PeerState::Down("not connected".to_owned()),
+            Some(why) => PeerState::Down(why.clone()),
+        })
+    }
+
+    fn vcpu_threads(&mut self) -> BTreeMap<u32, VcpuThread> {
+        self.collect();
+        self.cpus
+            .iter()
+            .flatten()
+            .map(|c| (c.index, VcpuThread { tid: c.thread_id, qom_path: Some(c.qom_path.clone()) }))
+            .collect()
+    }
+
+    fn vm_name(&mut self) -> Option<String> {
+        self.name.clone()
+    }
+
+    fn vm_uuid(&mut self) -> Option<hvstats::vmm::VmUuid> {
+        self.uuid
+    }
+
+    fn error(&self) -> Option<&str> {
+        self.down.as_deref()
+    }
+
+    fn refused(&self) -> Option<&str> {
+        self.refused.as_deref()
+    }
+
+    fn holds_monitor(&self) -> bool {
+        true
+    }
+
+    fn fds(&self) -> usize {
+        usize::from(!matches!(self.session, Session::Closed { .. }))
+    }
+
+    fn origin(&self) -> Origin {
+        Origin::VcpuCreation
+    }
+}
+
+/// A socket's path as one line of a log: its control characters escaped.
+fn printable_path(path: &Path) -> String {
+    path.to_string_lossy().escape_debug().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixListener;
+    use std::sync::mpsc;
+
+    use hvstats_abi::catalog::vp;
+
+    use super::*;
+
+    /// A QMP peer on `path` answering as a running QEMU with KVM would; each request's command
+    /// (with its target for `query-stats`) is sent on the channel.
+    fn peer(path: &Path) -> mpsc::Receiver<String> {
+        let listener = UnixListener::bind(path).unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let mut out = stream.try_clone().unwrap();
+            writeln!(out, r#"{{"QMP": {{"version": {{}}, "capabilities": []}}}}"#).unwrap();
+            for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                let req: Value = serde_json::from_str(&line).unwrap();
+                let command = req["execute"].as_str().unwrap_or_default().to_owned();
+                let target = req["arguments"]["target"].as_str().unwrap_or_default().to_owned();
+                let answer = match (command.as_str(), target.as_str()) {
+                    ("query-status", _) => serde_json::json!({"status": "running", "running": true}),
+                    ("query-stats", "vcpu") => serde_json::json!([{"provider": "kvm", "qom-path": "/cpu0",
+                        "stats": [{"name": "halt_exits", "value": 5}]}]),
+                    ("query-stats", _) => serde_json::json!([{"provider": "kvm",
+                        "stats": [{"name": "remote_tlb_flush", "value": 1}]}]),
+                    ("query-cpus-fast", _) => {
+                        serde_json::json!([{"cpu-index": 0, "thread-id": 1, "qom-path": "/cpu0"}])
+                    }
+                    _ => serde_json::json!({}),
+                };
+                let _ = tx.send(format!("{command} {target}").trim().to_owned());
+                writeln!(out, "{}", serde_json::json!({"return": answer, "id": req["id"]})).unwrap();
+            }
+        });
+        rx
+    }
+
+    #[test]
+    fn kvm_statistics_are_asked_only_while_no_source_before_gives_them() {
+        let dir = std::env::temp_dir().join(format!("hvstats-qmp-shadow-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("qmp.sock");
+        let asked = peer(&path);
+        let mut qmp = QmpStats::new(&path, Cancel::new());
+        qmp.connect(&UnixSockets::default(), Instant::now());
+        let round = |qmp: &mut QmpStats, before: &Gives| {
+            qmp.ask(&UnixSockets::default(), before);
+            qmp.collect();
+            qmp.round = false;
+            let mut said: Vec<String> = asked.try_iter().collect();
+            said.retain(|c| c != "qmp_capabilities");
+            said
+        };
+        // Nothing before it: the run state, both statistics, and the vCPUs.
+        let said = round(&mut qmp, &Gives::NOTHING);
+        assert_eq!(said, ["query-status", "query-stats vcpu", "query-stats vm", "query-cpus-fast"]);
+        let gives = qmp.gives();
+        assert!(gives.vp.contains(vp::HLT_INSTRUCTIONS) && gives.partition.contains(partition::VM_STATE));
+        // A source before it gives all it gave: the statistics are not asked, nor given.
+        let said = round(&mut qmp, &gives);
+        assert_eq!(said, ["query-status"]);
+        assert!(!qmp.gives().vp.contains(vp::HLT_INSTRUCTIONS));
+        assert!(qmp.gives().partition.contains(partition::VM_STATE));
+        assert_eq!(qmp.peer(), Some(PeerState::Up));
+        // That source stops giving them: asked again at once.
+        let said = round(&mut qmp, &Gives::NOTHING);
+        assert_eq!(said, ["query-status", "query-stats vcpu", "query-stats vm"]);
+        assert!(qmp.gives().vp.contains(vp::HLT_INSTRUCTIONS));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,294 @@
+//! KVM's statistics of an observed VM read from the binary-stats descriptors its VMM already
+//! holds: every KVM vCPU (and VM) statistic, whole-life, with no interruption of the guest.
+//!
+//! KVM refuses `KVM_GET_STATS_FD` to any process but the VM's own (`kvm->mm != current->mm`), but
+//! a descriptor the VMM opened (QEMU ≥ 8.1 keeps one per vCPU, `anon_inode:kvm-vcpu-stats:N` in
+//! `/proc/<pid>/fd`) reads the same from anywhere: root copies it with `pidfd_open(2)` and
+//! `pidfd_getfd(2)` and `pread`s it as our own VPs read theirs ([`KvmStats`]). A VMM that holds
+//! none (QEMU before 8.1 opens one per query and closes it) has no such source; one whose
+//! descriptors cannot be copied (not root) has a source that gives nothing and says why.
+//!
+//! The VMM's `fd` directory only says what a descriptor number held when it was read: the VMM
+//! may `dup2` anything into that number before it is copied. So the copy itself is checked
+//! ([`check_copy`]): it must be an anonymous inode that the kernel names, in this process's own
+//! `/proc/self/fd`, as KVM's statistics of that vCPU (or the VM), and its header must describe
+//! no more than KVM makes ([`KvmStats::parse`]). Anything else refuses the whole source, said
+//! once ([`VmSource::refused`]); nothing is allocated from a size the VMM chose.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use hvstats::SharedPage;
+use hvstats_abi::ObjectKind;
+use hvstats_abi::counter_set::CounterSet;
+use hvstats_abi::vm_sources::Origin;
+use hvstats_host::os as sys;
+
+use super::kvm_stat_map::{self, KvmStatReading};
+use super::vm_source::{VmAttach, VmSource, VmView};
+use crate::attach::ObserveError;
+use hvstats_sources::counter_source::{CounterSource, Gives, Object};
+use hvstats_sources::kvm_stats::KvmStats;
+
+/// The descriptor link of a vCPU's statistics (`anon_inode:kvm-vcpu-stats:<vcpu id>`).
+const VCPU_STATS: &str = "anon_inode:kvm-vcpu-stats:";
+/// The descriptor link of a VM's statistics.
+const VM_STATS: &str = "anon_inode:kvm-vm-stats";
+/// The file system of anonymous inodes (`ANON_INODE_FS_MAGIC`), where KVM's descriptors live.
+const ANON_INODE_FS_MAGIC: i64 = 0x0904_1934;
+
+/// One copied descriptor and its last reading.
+#[derive(Debug)]
+struct Copied {
+    stats: KvmStats,
+    data: Vec<u64>,
+    read_once: bool,
+}
+
+impl Copied {
+    fn new(stats: KvmStats) -> Self {
+        let data = vec![0; stats.data_words()];
+        Self { stats, data, read_once: false }
+    }
+
+    fn read(&mut self) -> io::Result<()> {
+        self.stats.read_into(&mut self.data)?;
+        self.read_once = true;
+        Ok(())
+    }
+}
+
+impl KvmStatReading for Copied {
+    fn value(&self, name: &str) -> Option<u64> {
+        if !self.read_once {
+            return None;
+        }
+        let stat = self.stats.stat(name)?;
+        Some(if stat.is_time() { stat.nanoseconds(&self.data) } else { stat.raw(&self.data) })
+    }
+
+    fn buckets(&self, name: &str) -> Option<&[u64]> {
+        if !self.read_once {
+            return None;
+        }
+        let stat = self.stats.stat(name)?;
+        stat.is_histogram().then(|| stat.values(&self.data))
+    }
+}
+
+/// The VMM's statistics descriptors, copied.
+#[derive(Debug)]
+pub struct StatsFd {
+    /// By VP index.
+    vcpus: BTreeMap<u32, Copied>,
+    /// VPs of the VM.
+    vp_count: usize,
+    vm: Option<Copied>,
+    error: Option<String>,
+    /// Why what the VMM held was refused, when it was.
+    refused: Option<String>,
+}
+
+/// The statistics descriptors `pid` holds, from its `fd` directory: by vCPU id, and the VM's.
+fn held(fd_dir: &std::path::Path) -> io::Result<(BTreeMap<u32, RawFd>, Option<RawFd>)> {
+    let (mut vcpus, mut vm) = (BTreeMap::new(), None);
+    for entry in fs::read_dir(fd_dir)?.flatten() {
+        let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse::<RawFd>().ok()) else { continue };
+        let Ok(link) = fs::read_link(entry.path()) else { continue };
+        let link = link.to_string_lossy();
+        if let Some(id) = link.strip_prefix(VCPU_STATS).and_then(|id| id.parse::<u32>().ok()) {
+            vcpus.insert(id, fd);
+        } else if link == VM_STATS {
+            vm = Some(fd);
+        }
+    }
+    Ok((vcpus, vm))
+}
+
+/// A process's descriptor, copied into this one (`pidfd_getfd(2)`).
+fn copy_fd(pidfd: &OwnedFd, fd: RawFd) -> io::Result<File> {
+    // SAFETY: pidfd_getfd takes a pidfd we hold, a descriptor number and flags 0; it returns a new
+    // descriptor or -1 and touches no memory of ours.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
+    let r = sys::check(i32::try_from(r).unwrap_or(-1))?;
+    // SAFETY: the kernel just gave us this descriptor; nothing else owns it.
+    Ok(unsafe { File::from_raw_fd(r) })
+}
+
+/// Why a copied descriptor is not KVM's statistics named `link` (`VCPU_STATS` with the vCPU id,
+/// or `VM_STATS`), `None` when it is: an anonymous inode that this process's own
+/// `/proc/self/fd` names so. Only KVM makes anonymous inodes of those names, and nobody but
+/// this process can change what its own descriptor refers to.
+fn check_copy(file: &File, link: &str) -> Option<String> {
+    // SAFETY: an all-zero statfs is a valid value of the plain C struct the kernel fills.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatfs writes one statfs into `fs`, which we own, about a descriptor we hold.
+    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut fs) } != 0 {
+        return Some(format!("its file system cannot be read: {}", io::Error::last_os_error()));
+    }
+    if fs.f_type as i64 != ANON_INODE_FS_MAGIC {
+        return Some(format!("it is a file, not KVM's (file system {:#x})", fs.f_type));
+    }
+    match fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())) {
+        Ok(is) if is.as_os_str() == link => None,
+        Ok(is) => Some(format!("it is {:?}", is.to_string_lossy())),
+        Err(e) => Some(format!("its copy cannot be named: {e}")),
+    }
+}
+
+/// Why copying and reading the VMM's statistics descriptors did not work.
+enum Failure {
+    /// A descriptor could not be copied or read (this process is not root, or one is gone).
+    Copy(io::Error),
+    /// The VMM held something other than KVM's statistics there.
+    Refused(String),
+}
+
+/// Descriptor `fd` of the VMM, copied, checked to be KVM's statistics named `link`, and parsed.
+fn copy_checked(pidfd: &OwnedFd, fd: RawFd, link: &str) -> Result<Copied, Failure> {
+    let file = copy_fd(pidfd, fd).map_err(Failure::Copy)?;
+    if let Some(why) = check_copy(&file, link) {
+        return Err(Failure::Refused(format!("descriptor {fd}, listed as {link:?}: {why}")));
+    }
+    let stats = KvmStats::parse(file).map_err(|e| match e.kind() {
+        io::ErrorKind::InvalidData => Failure::Refused(format!("descriptor {fd} ({link}): {e}")),
+        _ => Failure::Copy(e),
+    })?;
+    Ok(Copied::new(stats))
+}
+
+/// A descriptor referring to process `pid` (`pidfd_open(2)`).
+fn pidfd(pid: i32) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags 0; it returns a new descriptor or -1.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let r = sys::check(i32::try_from(r).unwrap_or(-1))?;
+    // SAFETY: the kernel just gave us this descriptor; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(r) })
+}
+
+/// Copies the statistics descriptors the VMM holds; `None` when it holds none.
+///
+/// # Errors
+/// Never: descriptors that cannot be copied are the source's own state.
+pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError> {
+    let fd_dir = at.procfs.root().join(at.pid.to_string()).join("fd");
+    let Ok((vcpu_fds, vm_fd)) = held(&fd_dir) else { return Ok(None) };
+    if vcpu_fds.is_empty() && vm_fd.is_none() {
+        return Ok(None);
+    }
+    let mut me = StatsFd {
+        vcpus: BTreeMap::new(),
+        vp_count: at.fds.vcpus.len(),
+        vm: None,
+        error: None,
+        refused: None,
+    };
+    // The VP index of a vCPU is its place among the VM's vCPU ids, as the observer numbers VPs.
+    let index_of: BTreeMap<u32, u32> =
+        at.fds.vcpus.keys().enumerate().map(|(i, &id)| (id, i as u32)).collect();
+    let copied = pidfd(at.pid).map_err(Failure::Copy).and_then(|pidfd| {
+        for (id, fd) in &vcpu_fds {
+            if let Some(&index) = index_of.get(id) {
+                me.vcpus.insert(index, copy_checked(&pidfd, *fd, &format!("{VCPU_STATS}{id}"))?);
+            }
+        }
+        if let Some(fd) = vm_fd {
+            me.vm = Some(copy_checked(&pidfd, fd, VM_STATS)?);
+        }
+        Ok(())
+    });
+    match copied {
+        Ok(()) => {}
+        Err(Failure::Copy(e)) => {
+            me.error = Some(format!("cannot copy the VMM's KVM statistics descriptors: {e}"));
+        }
+        Err(Failure::Refused(why)) => {
+            me.error = Some(format!("refused what the VMM holds as KVM's statistics: {why}"));
+            me.refused = Some(why);
+        }
+    }
+    if me.error.is_some() {
+        me.vcpus.clear();
+        me.vm = None;
+    }
+    Ok(Some(Box::new(me)))
+}
+
+impl CounterSource for StatsFd {
+    fn name(&self) -> &'static str {
+        "stats-fd"
+    }
+
+    fn gives(&self) -> Gives {
+        // A VP counter is given only when every vCPU's statistics give it.
+        let vp = match self.vcpus.len() == self.vp_count {
+            true => kvm_stat_map::given_by_all(ObjectKind::Vp, self.vcpus.values()),
+            false => CounterSet::EMPTY,
+        };
+        let partition =
+            self.vm.as_ref().map(|c| kvm_stat_map::given_by(ObjectKind::Partition, c)).unwrap_or_default();
+        Gives { partition, vp }
+    }
+
+    fn write(&self, object: Object, page: &SharedPage, only: &hvstats_abi::counter_set::CounterSet) {
+        match object {
+            Object::Vp(index) => {
+                if let Some(c) = self.vcpus.get(&index) {
+                    kvm_stat_map::write(ObjectKind::Vp, page, only, c);
+                }
+            }
+            Object::Partition => {
+                if let Some(c) = &self.vm {
+                    kvm_stat_map::write(ObjectKind::Partition, page, only, c);
+                }
+            }
+        }
+    }
+
+    fn unavailable(&self) -> Vec<String> {
+        let mut why: Vec<String> = self.error.iter().cloned().collect();
+        if self.error.is_none() && self.vcpus.len() < self.vp_count {
+            why.push(format!(
+                "the VMM holds statistics descriptors for {} of its {} vCPUs",
+                self.vcpus.len(),
+                self.vp_count
+            ));
+        }
+        why
+    }
+}
+
+impl VmSource for StatsFd {
+    fn read(&mut self, _vm: &VmView<'_>) {
+        let mut failed = None;
+        for c in self.vcpus.values_mut().chain(self.vm.as_mut()) {
+            if let Err(e) = c.read() {
+                failed = Some(e);
+            }
+        }
+        if let Some(e) = failed {
+            // KVM's statistics of a live vCPU do not fail to read: what did is no longer given.
+            self.error = Some(format!("cannot read a copied KVM statistics descriptor: {e}"));
+            self.vcpus.clear();
+            self.vm = None;
+        }
+    }
+
+    fn error(&self) -> Option<&str> {
+        self.error.as_deref()
+    }
+
+    fn refused(&self) -> Option<&str> {
+        self.refused.as_deref()
+    }
+
+    fn fds(&self) -> usize {
+        self.vcpus.len() + usize::from(self.vm.is_some())
+    }
+
+    fn origin(&self) -> Origin {
+        Origin::VcpuCreation
+    }
+}

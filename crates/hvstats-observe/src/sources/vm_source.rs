@@ -1,0 +1,163 @@
+//! The seam of an observed VM's sources: a [`VmSource`] is a counter source read once per
+//! refresh for all of a VM's vCPUs ([`VmView`]), opened when the VM is attached ([`VmAttach`]).
+//! A source that asks a peer (a VMM's socket) puts its questions out for every VM before any is
+//! read ([`VmSource::ask`]), so the observer waits for all peers within one deadline, and says
+//! whether its peer answers ([`VmSource::peer`]).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use hvstats_abi::vm_sources::Origin;
+
+use super::event_writer::KvmExitState;
+use hvstats_sources::counter_source::{CounterSource, Gives};
+
+use crate::attach::ObserveOptions;
+use crate::discovery::{KvmFds, Procfs};
+use crate::unix_sockets::UnixSockets;
+
+/// One vCPU of an observed VM as the observer knows it now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Vcpu {
+    /// KVM's vCPU id (from the descriptor's link).
+    pub vcpu_id: u32,
+    /// The thread that runs it, once known.
+    pub tid: Option<i32>,
+    /// QEMU's QOM path of the vCPU, where QMP said it.
+    pub qom_path: Option<String>,
+}
+
+/// What a source knows of a vCPU's thread.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VcpuThread {
+    /// The thread.
+    pub tid: i32,
+    /// QEMU's QOM path of the vCPU, if the source has one.
+    pub qom_path: Option<String>,
+}
+
+/// The VM a source reads, as the observer knows it at one refresh.
+#[derive(Clone, Copy, Debug)]
+pub struct VmView<'a> {
+    /// The procfs the VMM is seen under.
+    pub procfs: &'a Procfs,
+    /// The VMM process.
+    pub pid: i32,
+    /// Its vCPUs, by VP index.
+    pub vcpus: &'a [Vcpu],
+}
+
+impl VmView<'_> {
+    /// The vCPU threads known, by VP index.
+    pub fn threads(&self) -> impl Iterator<Item = (u32, i32)> + '_ {
+        self.vcpus.iter().enumerate().filter_map(|(i, v)| Some((i as u32, v.tid?)))
+    }
+
+    /// True once every vCPU's thread is known.
+    pub(crate) fn all_known(&self) -> bool {
+        self.vcpus.iter().all(|v| v.tid.is_some())
+    }
+}
+
+/// What a source is given when a VM is attached.
+#[derive(Debug)]
+pub struct VmAttach<'a> {
+    /// The procfs the VMM is seen under.
+    pub procfs: &'a Procfs,
+    /// The VMM process.
+    pub pid: i32,
+    /// Its KVM descriptors.
+    pub fds: &'a KvmFds,
+    /// How the VM is observed.
+    pub options: &'a ObserveOptions,
+    /// Descriptors the source may hold (what the open file limit leaves for this VM).
+    pub room: usize,
+    /// The VMM's QMP socket for this VM: given (`--qmp`), or named on its command line.
+    pub qmp: Option<&'a Path>,
+}
+
+/// Whether a source's peer answers now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PeerState {
+    /// It answers: the source gives what it can.
+    Up,
+    /// It does not, and why: the counters it gives are unavailable until it is back.
+    Down(String),
+}
+
+/// One source of an observed VM's counters.
+pub trait VmSource: CounterSource {
+    /// Puts this refresh's questions to the source's peer, without waiting for answers (called
+    /// for every observed VM before any is read); `sockets` is the host's table of Unix
+    /// sockets at this refresh, `given_before` what the sources before this one in the VM's list
+    /// gave at the last refresh (what this one need not ask for).
+    fn ask(&mut self, _sockets: &UnixSockets, _given_before: &Gives) {}
+
+    /// Reads the source for the VM as it is now (once per refresh, for every vCPU).
+    fn read(&mut self, vm: &VmView<'_>);
+
+    /// Whether the source's peer answers now, for a source that has one.
+    fn peer(&self) -> Option<PeerState> {
+        None
+    }
+
+    /// Which thread runs each vCPU, by VP index, as far as this source knows.
+    fn vcpu_threads(&mut self) -> BTreeMap<u32, VcpuThread> {
+        BTreeMap::new()
+    }
+
+    /// The VM's name, as far as this source knows it.
+    fn vm_name(&mut self) -> Option<String> {
+        None
+    }
+
+    /// The VM's UUID, as far as this source knows it.
+    fn vm_uuid(&mut self) -> Option<hvstats::vmm::VmUuid> {
+        None
+    }
+
+    /// Why the source gives nothing now, when it was meant to (a peer that failed).
+    fn error(&self) -> Option<&str> {
+        None
+    }
+
+    /// What the VMM offered this source that it refused, and why (a descriptor or a socket that
+    /// is not what it was listed as), said once when the VM is attached.
+    fn refused(&self) -> Option<&str> {
+        None
+    }
+
+    /// True for the source that holds the VMM's own monitor session (QEMU's QMP): the one whose
+    /// session the observer counts and whose failure it reports at attach.
+    fn holds_monitor(&self) -> bool {
+        false
+    }
+
+    /// Descriptors it holds.
+    fn fds(&self) -> usize {
+        0
+    }
+
+    /// What the source knows of `kvm:kvm_exit` on this host, if it counts it.
+    fn kvm_exit(&self) -> Option<KvmExitState> {
+        None
+    }
+
+    /// Threads of the VMM it counts, and threads it left out for want of descriptors, if it
+    /// counts on threads.
+    fn threads_counted(&self) -> Option<(usize, usize)> {
+        None
+    }
+
+    /// From when its counters count: what it counts itself from attach (the default), or KVM's
+    /// own statistics from the vCPU's creation.
+    fn origin(&self) -> Origin {
+        Origin::Attach
+    }
+
+    /// How it counts, said for a log (in the kernel, or by perf counters, and why), if that
+    /// varies by host.
+    fn method(&self) -> Option<String> {
+        None
+    }
+}

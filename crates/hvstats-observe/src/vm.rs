@@ -1,0 +1,497 @@
+//! One observed VM: the sources of its counters ([`super::sources`]), which thread runs each
+//! vCPU, and the partition (partition page + a VP page per vCPU) it is published as.
+//!
+//! At attach the VM's sources are opened (the events source counts on every thread of the
+//! process, since the vCPU threads are not known yet); each refresh finds which thread runs which
+//! vCPU (a source that knows, such as QMP `query-cpus-fast`, then KVM's debugfs, then thread
+//! names), reads every source, writes each VP page and the partition page from the source that
+//! gives each counter, and declares unavailable what no source gives.
+//!
+//! Nothing another process says is taken on its word. A VM is its process's for as long as that
+//! process is the one it was at attach ([`ProcessIdentity`]: the same pid, start time and
+//! program); a change is the VM leaving ([`Departure`]). A thread id is used for a vCPU only
+//! while it is a task of the VMM's process that started when it did when it was first accepted,
+//! and runs no other vCPU, checked at attach and at every refresh: a QMP peer naming another
+//! process's thread (or the init process) is refused, said once per thread
+//! ([`ObservedVm::take_refusals`]), and that VP stays unknown until a thread that passes is found.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use hvstats::{Hypervisor, PartitionStats};
+use hvstats_abi::ObjectKind;
+use hvstats_abi::catalog::{self, CounterId};
+use hvstats_abi::counter_set::CounterSet;
+use hvstats_abi::source::Source;
+use hvstats_abi::vm_sources::{SourceEntry, SourceTable};
+
+use super::attach::{ObserveError, ObserveOptions};
+use super::claim::Claim;
+use super::discovery::{KvmFds, ProcessIdentity, Procfs, Vmm, is_gone, is_shortage};
+use super::exit_watch::ExitWatch;
+use super::publication;
+use super::sources::KvmExitState;
+use super::sources::{PeerState, VM_SOURCES, Vcpu, VmAttach, VmSource, VmView};
+use super::unix_sockets::UnixSockets;
+use hvstats_sources::counter_source::{Composition, Gives, Object};
+
+/// The partition and VP counters an observed VM could have: every counter whose observed key
+/// is a source (the authority's own, like the VP count, are always there). What no source gives
+/// of these is declared unavailable.
+fn relevant() -> Gives {
+    static RELEVANT: std::sync::OnceLock<Gives> = std::sync::OnceLock::new();
+    *RELEVANT.get_or_init(|| {
+        // The partition page's own bookkeeping (which source gave what) is the observer's to
+        // write, not a counter a source gives: declared unavailable, no reader would see it.
+        let sourced = |c: &catalog::Counter| {
+            !c.is_bookkeeping() && catalog::observed(c).is_some_and(|m| m.source() != Some(Source::Authority))
+        };
+        Gives {
+            partition: CounterSet::of_kind(ObjectKind::Partition, sourced),
+            vp: CounterSet::of_kind(ObjectKind::Vp, sourced),
+        }
+    })
+}
+
+/// Why an observed VM is no longer observed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Departure {
+    /// Its process exited.
+    Exited,
+    /// Its process `exec()`ed a program (another, or its own anew): what it runs now is not the
+    /// VM that was attached.
+    Exec,
+    /// Its pid now names another process (the VMM exited and the pid was reused).
+    PidReused,
+}
+
+/// A thread id a source named for a vCPU and the observer refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ThreadRefusal {
+    /// The VP it was named for.
+    pub vp: u32,
+    /// The thread id.
+    pub tid: i32,
+    /// Who named it (`qmp`, `debugfs`, `thread name`).
+    pub by: &'static str,
+    /// Why it was refused.
+    pub why: String,
+}
+
+/// One observed VM published as a partition.
+#[derive(Debug)]
+pub struct ObservedVm {
+    pid: i32,
+    /// Who the VMM process was at attach.
+    identity: ProcessIdentity,
+    /// Each accepted vCPU thread's start time (clock ticks after boot), by thread id.
+    thread_starts: BTreeMap<i32, u64>,
+    /// Thread ids refused once (not said again), and refusals not yet taken.
+    refused: BTreeSet<i32>,
+    refusals: Vec<ThreadRefusal>,
+    vmm: Vmm,
+    name: String,
+    uuid: Option<hvstats::vmm::VmUuid>,
+    vm_fd: u32,
+    attached: SystemTime,
+    vcpus: Vec<Vcpu>,
+    sources: Composition<dyn VmSource>,
+    partition: Arc<PartitionStats>,
+    hv: Arc<Hypervisor>,
+    /// The counters last declared unavailable.
+    declared: Option<Vec<CounterId>>,
+    /// This observer's claim on the VMM, released after the partition is removed.
+    claim: Option<Claim>,
+    /// The QMP socket it was attached with.
+    qmp: Option<std::path::PathBuf>,
+    /// The VMM's exit, watched without reading `/proc` (on the host's procfs only).
+    exit: Option<ExitWatch>,
+}
+
+impl ObservedVm {
+    /// Attaches to the VM of `pid` (whose KVM descriptors are `fds`): opens its sources (no more
+    /// than `room` descriptors for its counters) and creates the partition in `hv`.
+    ///
+    /// # Errors
+    /// When the process has no VM, cannot be read, `room` cannot hold a counter group per vCPU,
+    /// or the partition cannot be created.
+    pub fn attach(
+        hv: &Arc<Hypervisor>,
+        procfs: &Procfs,
+        pid: i32,
+        fds: &KvmFds,
+        options: &ObserveOptions,
+        room: usize,
+        qmp: Option<&std::path::Path>,
+    ) -> Result<Self, ObserveError> {
+        let Some(&vm_fd) = fds.vms.first() else { return Err(ObserveError::NoVm(pid)) };
+        let identity = procfs.identity(pid).map_err(|source| ObserveError::Proc { pid, source })?;
+        let attached = SystemTime::now();
+        let at = VmAttach { procfs, pid, fds, options, room, qmp };
+        let mut opened = Vec::new();
+        for open in VM_SOURCES {
+            opened.extend(open(&at)?);
+        }
+        let (vmm, mut name) = procfs.identify(pid);
+        if let Some(n) = opened.iter_mut().find_map(|s| s.vm_name()) {
+            name = n;
+        }
+        let vcpus: Vec<Vcpu> =
+            fds.vcpus.keys().map(|&vcpu_id| Vcpu { vcpu_id, tid: None, qom_path: None }).collect();
+        // Nothing is read yet: every counter a source could give is declared unavailable until
+        // the first refresh declares what the sources give, so no reader sees a 0 that was never
+        // measured.
+        let nothing_yet = relevant();
+        let nothing_yet: Vec<CounterId> = nothing_yet.partition.ids().chain(nothing_yet.vp.ids()).collect();
+        let indices: Vec<u32> = (0..vcpus.len() as u32).collect();
+        let partition = hv
+            .create_partition_declared(None, &indices, &name, &nothing_yet)
+            .map_err(|source| ObserveError::Publish { pid, source })?;
+        partition.set_vmm(hvstats::vmm::VmmProcess { vmm, pid: pid as u32 });
+        // What the VMM itself says (QMP), else what its command line gives it.
+        let uuid = opened.iter_mut().find_map(|s| s.vm_uuid()).or_else(|| procfs.vm_uuid(pid));
+        if let Some(uuid) = uuid {
+            partition.set_uuid(uuid);
+        }
+        let mut me = Self {
+            pid,
+            identity,
+            thread_starts: BTreeMap::new(),
+            refused: BTreeSet::new(),
+            refusals: Vec::new(),
+            vmm,
+            name,
+            uuid,
+            vm_fd,
+            attached,
+            vcpus,
+            sources: Composition::new(opened),
+            partition,
+            hv: hv.clone(),
+            declared: None,
+            claim: None,
+            qmp: qmp.map(std::path::Path::to_owned),
+            exit: (procfs.root() == std::path::Path::new("/proc")).then(|| ExitWatch::new(pid)).flatten(),
+        };
+        match me.refresh(procfs) {
+            Ok(None) => Ok(me),
+            Ok(Some(_)) => Err(ObserveError::Proc { pid, source: io::ErrorKind::NotFound.into() }),
+            Err(source) => Err(ObserveError::Proc { pid, source }),
+        }
+    }
+
+    /// Holds `claim` on the VMM for as long as this VM is observed.
+    pub fn hold(&mut self, claim: Claim) {
+        self.claim = Some(claim);
+    }
+
+    /// The VMM process.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Who the VMM process was at attach.
+    pub fn identity(&self) -> ProcessIdentity {
+        self.identity
+    }
+
+    /// The thread ids refused since the last call, each said once.
+    pub fn take_refusals(&mut self) -> Vec<ThreadRefusal> {
+        std::mem::take(&mut self.refusals)
+    }
+
+    /// What the VMM offered each source that refused it, and why (see [`VmSource::refused`]).
+    pub fn source_refusals(&self) -> Vec<(&'static str, String)> {
+        self.sources.sources().iter().filter_map(|s| Some((s.name(), s.refused()?.to_owned()))).collect()
+    }
+
+    /// The VM's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The VM's UUID, as QMP or its command line gives it.
+    pub fn uuid(&self) -> Option<hvstats::vmm::VmUuid> {
+        self.uuid
+    }
+
+    /// The VMM.
+    pub fn vmm(&self) -> Vmm {
+        self.vmm
+    }
+
+    /// The partition it is published as.
+    pub fn partition(&self) -> &Arc<PartitionStats> {
+        &self.partition
+    }
+
+    /// When counting began.
+    pub fn attached(&self) -> SystemTime {
+        self.attached
+    }
+
+    /// The thread of each VP, by VP index (`None` while unknown).
+    pub fn vcpu_threads(&self) -> Vec<Option<i32>> {
+        self.vcpus.iter().map(|v| v.tid).collect()
+    }
+
+    /// The VM's sources, in the order that decides which writes a counter several give.
+    pub fn sources(&self) -> &[Box<dyn VmSource>] {
+        self.sources.sources()
+    }
+
+    /// The source that writes `counter` for this VM now, if any.
+    pub fn source_of(&self, counter: CounterId) -> Option<&'static str> {
+        let object = match counter.kind {
+            ObjectKind::Partition => Object::Partition,
+            _ => Object::Vp(0),
+        };
+        self.sources.writer_of(object, counter).map(|s| s.name())
+    }
+
+    /// Threads of the process counted now, and threads left out by the limit.
+    pub(crate) fn threads_counted(&self) -> (usize, usize) {
+        self.sources.sources().iter().find_map(|s| s.threads_counted()).unwrap_or((0, 0))
+    }
+
+    /// Descriptors held for this VM's sources.
+    pub fn fds(&self) -> usize {
+        self.sources.sources().iter().map(|s| s.fds()).sum()
+    }
+
+    /// How this VM's tracepoints are counted (in the kernel, or by perf counters, and why).
+    pub fn counting_method(&self) -> String {
+        self.sources.sources().iter().find_map(|s| s.method()).unwrap_or_default()
+    }
+
+    /// What is known about `kvm_exit`.
+    pub fn kvm_exit(&self) -> KvmExitState {
+        self.sources.sources().iter().find_map(|s| s.kvm_exit()).unwrap_or(KvmExitState::Undecided)
+    }
+
+    /// The source that holds the VMM's monitor session (QMP), when the VM has one.
+    fn monitor(&self) -> Option<&dyn VmSource> {
+        self.sources.sources().iter().find(|s| s.holds_monitor()).map(|s| &**s)
+    }
+
+    /// Why KVM's statistics through QMP are unavailable, when a socket was given and failed.
+    pub fn qmp_error(&self) -> Option<&str> {
+        // A refused socket is said by its own line ([`Self::source_refusals`]).
+        self.monitor().filter(|s| s.refused().is_none()).and_then(|s| s.error())
+    }
+
+    /// Puts this refresh's questions to the peers of the VM's sources (see [`VmSource::ask`]).
+    pub fn ask(&mut self, sockets: &UnixSockets) {
+        let mut given = Gives::NOTHING;
+        for source in self.sources.sources_mut() {
+            source.ask(sockets, &given);
+            given = given.union(&source.gives());
+        }
+    }
+
+    /// The QMP socket the VM's QMP source uses, when it has one.
+    pub(crate) fn qmp_path(&self) -> Option<&std::path::Path> {
+        self.qmp.as_deref()
+    }
+
+    /// Each source with a peer, and whether that peer answers now.
+    pub fn peers(&self) -> Vec<(&'static str, PeerState)> {
+        self.sources.sources().iter().filter_map(|s| Some((s.name(), s.peer()?))).collect()
+    }
+
+    /// True while the VMM's monitor session (QMP) answers.
+    pub fn monitor_up(&self) -> bool {
+        self.monitor().and_then(|s| s.peer()) == Some(PeerState::Up)
+    }
+
+    /// True when KVM's statistics come through QMP.
+    pub fn has_qmp_stats(&self) -> bool {
+        self.monitor().is_some_and(|s| !s.gives().vp.is_empty())
+    }
+
+    /// Finds vCPU threads, reads every source and writes the pages. Returns why the VM left once
+    /// its process is gone or no longer the one attached (nothing is written then), `None` while
+    /// it is observed.
+    ///
+    /// # Errors
+    /// When the process's status cannot be read for another reason than its exit (this process
+    /// is out of descriptors or memory): the VM is not refreshed, and stays observed.
+    pub fn refresh(&mut self, procfs: &Procfs) -> io::Result<Option<Departure>> {
+        let gone = match &self.exit {
+            Some(watch) => watch.has_exited(),
+            None => !procfs.is_alive(self.pid)?,
+        };
+        if gone {
+            return Ok(Some(Departure::Exited));
+        }
+        let now = match procfs.identity(self.pid) {
+            Ok(now) => now,
+            Err(e) if is_gone(&e) => return Ok(Some(Departure::Exited)),
+            Err(e) => return Err(e),
+        };
+        if now.start_time != self.identity.start_time {
+            return Ok(Some(Departure::PidReused));
+        }
+        if now.exec != self.identity.exec {
+            // A process whose memory is gone is exiting (its program's marks read 0 then, and
+            // its executable no longer shows), not running another program.
+            return Ok(Some(match now.is_exiting() {
+                true => Departure::Exited,
+                false => Departure::Exec,
+            }));
+        }
+        self.check_threads(procfs);
+        self.find_threads(procfs);
+        let view = VmView { procfs, pid: self.pid, vcpus: &self.vcpus };
+        for source in self.sources.sources_mut() {
+            source.read(&view);
+        }
+        self.sources.decide();
+        for index in 0..self.vcpus.len() as u32 {
+            if self.vcpus[index as usize].tid.is_none() {
+                continue;
+            }
+            let Some(page) = self.partition.vp_page(index) else { continue };
+            let _merge = page.begin_merge();
+            self.sources.write(Object::Vp(index), page, |_| true);
+        }
+        self.sources.write(Object::Partition, self.partition.page(), |_| true);
+        self.publish_facts();
+        Ok(None)
+    }
+
+    /// Forgets every vCPU thread that is no longer the task of the VMM it was when accepted (it
+    /// exited, or its id now names another thread): it is found again, or the VP stays unknown.
+    fn check_threads(&mut self, procfs: &Procfs) {
+        for vcpu in &mut self.vcpus {
+            let Some(tid) = vcpu.tid else { continue };
+            match procfs.task_start_time(self.pid, tid) {
+                Ok(start) if self.thread_starts.get(&tid) == Some(&start) => {}
+                // Out of descriptors: nothing is known of the thread, keep it.
+                Err(e) if is_shortage(&e) => {}
+                _ => {
+                    vcpu.tid = None;
+                    vcpu.qom_path = None;
+                    self.thread_starts.remove(&tid);
+                }
+            }
+        }
+    }
+
+    /// True when `tid` may run VP `index`: a task of the VMM now, running no other VP. A refusal
+    /// is recorded once per thread id.
+    fn accept(&mut self, procfs: &Procfs, index: u32, tid: i32, by: &'static str) -> bool {
+        let why = if let Some(other) = self.vcpus.iter().position(|v| v.tid == Some(tid)) {
+            format!("it already runs VP {other}")
+        } else {
+            match procfs.task_start_time(self.pid, tid) {
+                Ok(start) => {
+                    self.thread_starts.insert(tid, start);
+                    return true;
+                }
+                Err(e) if is_gone(&e) => format!("it is not a thread of process {}", self.pid),
+                Err(e) => format!("its stat cannot be read: {e}"),
+            }
+        };
+        if self.refused.insert(tid) {
+            self.refusals.push(ThreadRefusal { vp: index, tid, by, why });
+        }
+        false
+    }
+
+    /// Which thread runs each vCPU: a source that knows (QMP; a thread is said to be named by the
+    /// source that named it), then debugfs, then thread names.
+    fn find_threads(&mut self, procfs: &Procfs) {
+        if self.vcpus.iter().all(|v| v.tid.is_some()) {
+            return;
+        }
+        let mut by_index = BTreeMap::new();
+        for source in self.sources.sources_mut() {
+            let by = source.name();
+            for (index, thread) in source.vcpu_threads() {
+                by_index.entry(index).or_insert((thread, by));
+            }
+        }
+        let by_id = procfs.debugfs_vcpu_threads(self.pid, self.vm_fd);
+        let by_name = procfs.named_vcpu_threads(self.pid).unwrap_or_default();
+        for index in 0..self.vcpus.len() {
+            if self.vcpus[index].tid.is_some() {
+                continue;
+            }
+            let vp = index as u32;
+            let vcpu_id = self.vcpus[index].vcpu_id;
+            let named = [
+                by_index.remove(&vp).map(|(t, by)| (t.tid, t.qom_path, by)),
+                by_id.get(&vcpu_id).map(|&tid| (tid, None, "debugfs")),
+                by_name.get(&vp).map(|&tid| (tid, None, "thread name")),
+            ];
+            for (tid, qom_path, by) in named.into_iter().flatten() {
+                if self.accept(procfs, vp, tid, by) {
+                    self.vcpus[index].tid = Some(tid);
+                    self.vcpus[index].qom_path = qom_path;
+                    break;
+                }
+            }
+        }
+    }
+
+    /// The partition and VP counters no source gives this VM now.
+    pub fn unavailable(&self) -> Vec<CounterId> {
+        let missing = self.sources.missing(&relevant());
+        missing.partition.ids().chain(missing.vp.ids()).collect()
+    }
+
+    /// The VM's sources, whether each gives counters now and from when it counts, and which
+    /// writes each counter: what its partition page tells readers.
+    pub(crate) fn source_table(&self) -> SourceTable {
+        let mut table = SourceTable::default();
+        let numbers: Vec<Option<u8>> = self
+            .sources
+            .sources()
+            .iter()
+            .map(|s| {
+                // A source with a peer is up while its peer answers (the QMP source always says
+                // the VM's state); another, while it gives counters.
+                let up = match s.peer() {
+                    Some(peer) => peer == PeerState::Up,
+                    None => {
+                        let gives = s.gives();
+                        !(gives.partition.is_empty() && gives.vp.is_empty())
+                    }
+                };
+                table.push(SourceEntry::new(s.name(), up, s.origin()))
+            })
+            .collect();
+        let relevant = relevant();
+        let ids = relevant.partition.ids().map(|id| (Object::Partition, id));
+        for (object, id) in ids.chain(relevant.vp.ids().map(|id| (Object::Vp(0), id))) {
+            if let Some(number) =
+                self.sources.writer_index(object, id).and_then(|i| numbers.get(i).copied().flatten())
+            {
+                table.set_writer(id, number);
+            }
+        }
+        table
+    }
+
+    /// Declares the counters no source gives this VM now, when that changed.
+    fn publish_facts(&mut self) {
+        let page = self.partition.page();
+        for (row, value) in self.source_table().rows() {
+            page.set(row, value);
+        }
+        let unavailable = self.unavailable();
+        if self.declared.as_ref() != Some(&unavailable) {
+            publication::declare_unavailable(&self.partition, &unavailable);
+            self.declared = Some(unavailable);
+        }
+    }
+}
+
+impl Drop for ObservedVm {
+    fn drop(&mut self) {
+        self.hv.remove_partition(self.partition.id());
+    }
+}

@@ -1,0 +1,247 @@
+//! KVM's statistics of another process's VM read from the stats descriptor its VMM holds
+//! (copied with `pidfd_getfd`), against what that VMM reads from the same descriptor itself.
+//!
+//! The VMM is this test binary run again as `test_vmm` (an ignored test that only acts when
+//! `HVSTATS_TEST_VMM` is set): it creates a VM and a vCPU, opens the vCPU's binary statistics
+//! and keeps them open as QEMU ≥ 8.1 does, runs a small real-mode guest to its end on a thread
+//! named as QEMU names vCPU threads, prints every statistic it reads from its own descriptor,
+//! and waits for its standard input to close.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod observe_support;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+use hvstats::Hypervisor;
+use hvstats_abi::catalog::vp;
+use hvstats_abi::vm_sources::{Origin, SourceTable};
+use hvstats_observe::{ObserveOptions, Observer, Procfs, Targets};
+use observe_support::{TempDir, kvm_available};
+
+/// The guest: `out 0x80, al` and `hlt` 25 times, then `cli; hlt` once more (the end).
+const ROUNDS: usize = 25;
+
+fn guest_code() -> Vec<u8> {
+    let mut code = Vec::new();
+    for _ in 0..ROUNDS {
+        code.extend_from_slice(&[0xE6, 0x80, 0xF4]); // out 0x80, al; hlt
+    }
+    code.extend_from_slice(&[0xFA, 0xF4]); // cli; hlt
+    code
+}
+
+/// The VMM's side: runs the guest, prints `name=value` for every statistic read from its own
+/// descriptor (histograms as `name=v1,v2,…`), then `ready`, and waits for stdin to close.
+#[test]
+#[ignore = "the VMM process of observe_stats_fd's tests, run by them"]
+fn test_vmm() {
+    if std::env::var_os("HVSTATS_TEST_VMM").is_none() {
+        return;
+    }
+    use kvm_ioctls::{Kvm, VcpuExit};
+    let kvm = Kvm::new().unwrap();
+    let vm = kvm.create_vm().unwrap();
+    let size = 0x10000;
+    // SAFETY: an anonymous private mapping of `size` bytes, owned by this process until it exits.
+    let mem = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(mem, libc::MAP_FAILED);
+    let code = guest_code();
+    // SAFETY: the mapping is `size` bytes long and the code is shorter; nothing else uses it yet.
+    unsafe { std::ptr::copy_nonoverlapping(code.as_ptr(), (mem as *mut u8).add(0x1000), code.len()) };
+    let region = kvm_bindings::kvm_userspace_memory_region {
+        slot: 0,
+        flags: 0,
+        guest_phys_addr: 0,
+        memory_size: size as u64,
+        userspace_addr: mem as u64,
+    };
+    // SAFETY: the region is a live mapping of this process that outlives the VM.
+    unsafe { vm.set_user_memory_region(region).unwrap() };
+    let vcpu = vm.create_vcpu(0).unwrap();
+    let stats = hvstats_sources::kvm_stats::open_for(&vcpu).unwrap();
+    let mut sregs = vcpu.get_sregs().unwrap();
+    sregs.cs.base = 0;
+    sregs.cs.selector = 0;
+    vcpu.set_sregs(&sregs).unwrap();
+    let mut regs = vcpu.get_regs().unwrap();
+    regs.rip = 0x1000;
+    regs.rflags = 2;
+    vcpu.set_regs(&regs).unwrap();
+    // QEMU names its vCPU threads so (with debug-threads=on): the observer finds it by name. The
+    // thread stays, holding its vCPU, once the guest has ended, as a VMM's vCPU thread does.
+    let (done, ended) = std::sync::mpsc::channel();
+    let _runner = std::thread::Builder::new()
+        .name("CPU 0/KVM".into())
+        .spawn(move || {
+            let mut vcpu = vcpu;
+            let mut halts = 0;
+            loop {
+                match vcpu.run().unwrap() {
+                    VcpuExit::Hlt => {
+                        halts += 1;
+                        if halts > ROUNDS {
+                            break;
+                        }
+                    }
+                    VcpuExit::IoOut(..) => {}
+                    other => panic!("unexpected exit {other:?}"),
+                }
+            }
+            done.send(()).unwrap();
+            loop {
+                std::thread::park();
+            }
+        })
+        .unwrap();
+    ended.recv().unwrap();
+    let snap = stats.snapshot().unwrap();
+    let mut out = std::io::stdout().lock();
+    for name in stats.names() {
+        writeln!(
+            out,
+            "{name}={}",
+            snap.values(&name).iter().map(u64::to_string).collect::<Vec<_>>().join(",")
+        )
+        .unwrap();
+    }
+    writeln!(out, "ready").unwrap();
+    out.flush().unwrap();
+    drop(out);
+    let mut rest = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut rest);
+    drop((vm, stats));
+}
+
+/// The VMM, started; killed on drop.
+struct TestVmm {
+    child: std::process::Child,
+    stats: BTreeMap<String, Vec<u64>>,
+}
+
+impl TestVmm {
+    fn start() -> Self {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "test_vmm", "--ignored", "--nocapture", "--test-threads=1"])
+            .env("HVSTATS_TEST_VMM", "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut stats = BTreeMap::new();
+        for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+            let line = line.unwrap();
+            if line == "ready" {
+                break;
+            }
+            if let Some((name, values)) = line.split_once('=') {
+                let values = values.split(',').filter_map(|v| v.parse().ok()).collect();
+                stats.insert(name.to_owned(), values);
+            }
+        }
+        assert!(!stats.is_empty(), "the test VMM printed no statistics");
+        Self { child, stats }
+    }
+
+    fn stat(&self, name: &str) -> u64 {
+        self.stats[name][0]
+    }
+}
+
+impl Drop for TestVmm {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn a_vmms_own_stats_descriptor_gives_every_kvm_statistic_as_the_vmm_reads_it() {
+    if !kvm_available("a_vmms_own_stats_descriptor_gives_every_kvm_statistic_as_the_vmm_reads_it") {
+        return;
+    }
+    let vmm = TestVmm::start();
+    assert_eq!(vmm.stat("halt_exits"), ROUNDS as u64 + 1, "the guest ran to its end");
+    let tmp = TempDir::new("stats-fd");
+    let hv: Arc<Hypervisor> = Hypervisor::new_published(&tmp.path().join("run")).unwrap();
+    let pid = vmm.child.id() as i32;
+    let mut observer =
+        Observer::new(hv.clone(), Procfs::host(), Targets::Pids(vec![pid]), ObserveOptions::default());
+    for _ in 0..50 {
+        observer.tick();
+        if observer.vms().any(|v| v.vcpu_threads() == vec![vcpu_thread(pid)]) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    observer.tick();
+    let vm = observer.vms().next().expect("the test VMM is observed");
+    assert_eq!(vm.source_of(vp::HLT_INSTRUCTIONS), Some("stats-fd"));
+    let part = hv.partitions()[0].clone();
+    let page = part.vp_page(0).unwrap();
+    // Every counter KVM's statistics give is the VMM's own reading of the same descriptor.
+    let sum = |names: &[&str]| names.iter().map(|n| vmm.stat(n)).sum::<u64>();
+    assert_eq!(page.get(vp::HLT_INSTRUCTIONS), vmm.stat("halt_exits"));
+    assert_eq!(page.get(vp::EMULATED_INSTRUCTIONS), vmm.stat("insn_emulation"));
+    assert_eq!(page.get(vp::EXTERNAL_INTERRUPTS), vmm.stat("irq_exits"));
+    assert_eq!(page.get(vp::PENDING_INTERRUPTS), vmm.stat("irq_window_exits"));
+    assert_eq!(page.get(vp::PAGE_INVALIDATIONS), vmm.stat("invlpg"));
+    assert_eq!(page.get(vp::NESTED_PAGE_FAULT_INTERCEPTS), vmm.stat("pf_taken"));
+    assert_eq!(page.get(vp::REFLECTED_GUEST_PAGE_FAULTS), vmm.stat("pf_guest"));
+    assert_eq!(page.get(vp::VIRTUAL_INTERRUPTS), vmm.stat("irq_injections"));
+    assert_eq!(page.get(vp::HYPERCALLS), vmm.stat("hypercalls"));
+    assert_eq!(
+        page.get(vp::HLT_INSTRUCTIONS_COST),
+        sum(&["halt_wait_ns", "halt_poll_success_ns", "halt_poll_fail_ns"]) / 100
+    );
+    for (id, sum, buckets) in [
+        (vp::HALT_WAIT_HISTOGRAM, "halt_wait_ns", "halt_wait_hist"),
+        (vp::HALT_POLL_SUCCESS_HISTOGRAM, "halt_poll_success_ns", "halt_poll_success_hist"),
+        (vp::HALT_POLL_FAIL_HISTOGRAM, "halt_poll_fail_ns", "halt_poll_fail_hist"),
+    ] {
+        let slots: Vec<u64> =
+            page.histogram_slots(id).iter().map(|s| s.load(std::sync::atomic::Ordering::Relaxed)).collect();
+        assert_eq!(slots[0], vmm.stat(sum), "{sum}");
+        assert_eq!(slots[1..], vmm.stats[buckets][..slots.len() - 1], "{buckets}");
+    }
+    // Each catalog counter KVM's statistics give is given here: none is declared unavailable.
+    let unavailable = vm.unavailable();
+    for id in [
+        vp::HLT_INSTRUCTIONS,
+        vp::HLT_INSTRUCTIONS_COST,
+        vp::HALT_WAIT_HISTOGRAM,
+        vp::HALT_POLL_FAIL_HISTOGRAM,
+    ] {
+        assert!(!unavailable.contains(&id), "{id:?}");
+    }
+    // Readers of the partition page see which source writes what, and from when it counts.
+    let table = SourceTable::decode(|id| Some(part.page().get(id))).unwrap();
+    let writer = table.writer(vp::HLT_INSTRUCTIONS).unwrap();
+    assert_eq!((writer.name(), writer.up, writer.origin), ("stats-fd", true, Origin::VcpuCreation));
+    assert_eq!(
+        table.writer(vp::CPUID_INSTRUCTIONS).map(|s| (s.name(), s.origin)),
+        Some(("tracepoints", Origin::Attach))
+    );
+    assert_eq!(table.sources().next().map(|s| s.name()), Some("stats-fd"), "the first of the VM's sources");
+}
+
+/// The thread of `pid` named `CPU 0/KVM`.
+fn vcpu_thread(pid: i32) -> Option<i32> {
+    std::fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten().find_map(|t| {
+        let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
+        (comm.trim() == "CPU 0/KVM").then(|| t.file_name().to_str()?.parse().ok()).flatten()
+    })
+}

@@ -1,0 +1,199 @@
+//! The VP counters kept from the VP thread itself: its CPU and guest time, its CPU wait and
+//! dispatches (schedstat) and its migrations (a perf software event), written together so
+//! Hypervisor run time is total less guest time of the same reading. An observed VM's vCPU thread
+//! has the schedstat part ([`open_observed`]): its CPU wait and dispatches since it was found.
+
+use hvstats::SharedPage;
+use hvstats_abi::catalog::{maintained_by, maintained_count};
+use hvstats_abi::counter_set::CounterSet;
+use hvstats_abi::source::{PerfSoftwareEvent, Source, SourceKind, ThreadTime};
+use hvstats_abi::{Counter, ObjectKind};
+use hvstats_host::sched::{SchedStat, SchedStatFile};
+
+use super::counter_source::{CounterSource, Gives, Object, ObservedThread, Part, VpSource, VpThread};
+use super::perf_sw::Migrations;
+use super::thread_time::{ThreadClock, ThreadTimes};
+
+/// The VP counters kept from the thread's clocks and perf software events.
+const FROM_THREAD: [&Counter;
+    maintained_count(ObjectKind::Vp, SourceKind::ThreadTime)
+        + maintained_count(ObjectKind::Vp, SourceKind::PerfSoftware)] = {
+    const T: usize = maintained_count(ObjectKind::Vp, SourceKind::ThreadTime);
+    const P: usize = maintained_count(ObjectKind::Vp, SourceKind::PerfSoftware);
+    let times: [&Counter; T] = maintained_by(ObjectKind::Vp, SourceKind::ThreadTime);
+    let perf: [&Counter; P] = maintained_by(ObjectKind::Vp, SourceKind::PerfSoftware);
+    let mut out = [&hvstats_abi::CATALOG[0]; T + P];
+    let mut i = 0;
+    while i < T + P {
+        out[i] = if i < T { times[i] } else { perf[i - T] };
+        i += 1;
+    }
+    out
+};
+
+/// The value a thread reading gives `counter`, if it gives one.
+fn thread_value(
+    counter: &Counter,
+    times: Option<ThreadTimes>,
+    sched: Option<SchedStat>,
+    migrated: Option<u64>,
+) -> Option<u64> {
+    match counter.maintained.source()? {
+        Source::ThreadTime(ThreadTime::Total) => times.map(|t| t.total_100ns),
+        Source::ThreadTime(ThreadTime::Hypervisor) => times.map(ThreadTimes::hypervisor_100ns),
+        Source::ThreadTime(ThreadTime::CpuWait) => sched.map(|s| s.wait_ns),
+        Source::ThreadTime(ThreadTime::Dispatches) => sched.map(|s| s.dispatches),
+        Source::PerfSoftware(PerfSoftwareEvent::CpuMigrations) => migrated,
+        _ => None,
+    }
+}
+
+/// Writes the counters of `only` a thread reading gives; one it lacks is left as it is.
+pub fn write_thread_counts(
+    page: &SharedPage,
+    only: &CounterSet,
+    times: Option<ThreadTimes>,
+    sched: Option<SchedStat>,
+    migrated: Option<u64>,
+) {
+    for counter in FROM_THREAD.iter().filter(|c| only.contains(c.id)) {
+        if let Some(v) = thread_value(counter, times, sched, migrated) {
+            page.set(counter.id, v);
+        }
+    }
+}
+
+/// The counters of [`FROM_THREAD`] whose source `has` says is there.
+fn thread_gives(has: impl Fn(Source) -> bool) -> Gives {
+    let mut vp = CounterSet::EMPTY;
+    for counter in FROM_THREAD {
+        if counter.maintained.source().is_some_and(&has) {
+            vp.insert(counter.id);
+        }
+    }
+    Gives::vp(vp)
+}
+
+/// The thread's clocks, schedstat and migrations, and their last reading.
+#[derive(Debug)]
+pub struct ThreadSource {
+    clock: Option<ThreadClock>,
+    times: Option<ThreadTimes>,
+    sched: Option<SchedStatFile>,
+    sched_stat: Option<SchedStat>,
+    migrations: Option<Migrations>,
+    migrated: Option<u64>,
+    /// The thread ended: its last reading is kept (its tid may be reused).
+    gone: bool,
+}
+
+impl ThreadSource {
+    fn read(&mut self) {
+        if let Some(t) = self.clock.as_ref().and_then(|c| c.read().ok()) {
+            self.times = Some(t);
+        }
+        if let Some(m) = self.migrations.as_ref().and_then(|m| m.read().ok()) {
+            self.migrated = Some(m);
+        }
+        if let Some(s) = self.sched.as_ref().and_then(|s| s.read().ok()) {
+            self.sched_stat = Some(s);
+        }
+    }
+}
+
+impl CounterSource for ThreadSource {
+    fn name(&self) -> &'static str {
+        "thread"
+    }
+
+    fn gives(&self) -> Gives {
+        thread_gives(|source| match source {
+            Source::ThreadTime(ThreadTime::Total | ThreadTime::Hypervisor) => self.clock.is_some(),
+            Source::ThreadTime(ThreadTime::CpuWait | ThreadTime::Dispatches) => self.sched.is_some(),
+            Source::PerfSoftware(PerfSoftwareEvent::CpuMigrations) => self.migrations.is_some(),
+            _ => false,
+        })
+    }
+
+    fn write(&self, _object: Object, page: &SharedPage, only: &CounterSet) {
+        write_thread_counts(page, only, self.times, self.sched_stat, self.migrated);
+    }
+}
+
+impl VpSource for ThreadSource {
+    fn part(&self) -> Part {
+        Part::Times
+    }
+
+    fn read(&mut self) {
+        if !self.gone {
+            ThreadSource::read(self);
+        }
+    }
+
+    fn thread_exiting(&mut self) {
+        if !self.gone {
+            ThreadSource::read(self);
+        }
+        self.gone = true;
+    }
+}
+
+/// The thread's sources (each one the host lacks is left out of the reading, not zero).
+pub(super) fn open_source(vp: &VpThread) -> Option<Box<dyn VpSource>> {
+    Some(Box::new(ThreadSource {
+        clock: ThreadClock::open(vp.tid).ok(),
+        times: None,
+        sched: SchedStatFile::open(std::process::id() as libc::pid_t, vp.tid).ok(),
+        sched_stat: None,
+        migrations: Migrations::open(vp.tid).ok(),
+        migrated: None,
+        gone: false,
+    }))
+}
+
+/// An observed vCPU thread's CPU wait and dispatches since the observer found it (its CPU time
+/// comes from the observer's task clock: another process's thread clock cannot be read).
+#[derive(Debug)]
+pub struct ObservedSched {
+    /// The thread's `schedstat`, opened for each reading (no descriptor held per vCPU thread).
+    path: std::path::PathBuf,
+    at_open: SchedStat,
+    since: Option<SchedStat>,
+}
+
+impl CounterSource for ObservedSched {
+    fn name(&self) -> &'static str {
+        "thread"
+    }
+
+    fn gives(&self) -> Gives {
+        thread_gives(|source| {
+            matches!(source, Source::ThreadTime(ThreadTime::CpuWait | ThreadTime::Dispatches))
+        })
+    }
+
+    fn write(&self, _object: Object, page: &SharedPage, only: &CounterSet) {
+        write_thread_counts(page, only, None, self.since, None);
+    }
+}
+
+impl VpSource for ObservedSched {
+    fn part(&self) -> Part {
+        Part::Times
+    }
+
+    fn read(&mut self) {
+        let now = SchedStatFile::open_path(&self.path).and_then(|f| f.read());
+        if let Some(since) = now.ok().and_then(|now| now.since(&self.at_open)) {
+            self.since = Some(since);
+        }
+    }
+}
+
+/// The schedstat of an observed vCPU thread, from now on (`None` when it cannot be read).
+pub(super) fn open_observed(thread: ObservedThread<'_>) -> Option<Box<dyn VpSource>> {
+    let path = hvstats_host::sched::path_under(thread.procfs, thread.pid, thread.tid);
+    let at_open = SchedStatFile::open_path(&path).and_then(|f| f.read()).ok()?;
+    Some(Box::new(ObservedSched { path, at_open, since: None }))
+}
