@@ -269,60 +269,62 @@ macro_rules! hypercall_codes {
 use KernelRelease::{V5_15, V6_6};
 
 hypercall_codes! {
-    SWITCH_VIRTUAL_ADDRESS_SPACE = 0x0001, "HvCallSwitchVirtualAddressSpace", VirtualMmu, ClassOnly, None,
-        NOT_IN_KVM, "virtual-mmu.md";
-    FLUSH_VIRTUAL_ADDRESS_SPACE = 0x0002, "HvCallFlushVirtualAddressSpace", VirtualMmu, AddressSpaceFlush, Some("kvm_hv_flush_tlb"),
-        kvm(KvmPath::Kernel, V5_15), "virtual-mmu.md";
-    FLUSH_VIRTUAL_ADDRESS_LIST = 0x0003, "HvCallFlushVirtualAddressList", VirtualMmu, GvaRangeFlush, Some("kvm_hv_flush_tlb"),
-        kvm(KvmPath::Kernel, V5_15), "virtual-mmu.md";
-    GET_LOGICAL_PROCESSOR_RUN_TIME = 0x0004, "HvCallGetLogicalProcessorRunTime", LogicalProcessor, ClassOnly, None,
-        NOT_IN_KVM, "none (HvGuestHypercall.h: V1 Power Management and Run time metrics IDs)";
-    NOTIFY_LONG_SPIN_WAIT = 0x0008, "HvCallNotifyLongSpinWait", LongSpinWait, ClassOnly, None,
-        kvm(KvmPath::Kernel, V5_15), "vp-properties.md (Guest Spinlocks)";
-    SEND_SYNTHETIC_CLUSTER_IPI = 0x000B, "HvCallSendSyntheticClusterIpi", VirtualInterrupt, SyntheticIpi, Some("kvm_hv_send_ipi"),
-        kvm(KvmPath::Kernel, V5_15), "virtual-interrupts.md (Synthetic Cluster IPI)";
-    FLUSH_VIRTUAL_ADDRESS_SPACE_EX = 0x0013, "HvCallFlushVirtualAddressSpaceEx", VirtualMmu, AddressSpaceFlush, Some("kvm_hv_flush_tlb_ex"),
-        kvm(KvmPath::Kernel, V5_15), "virtual-mmu.md";
-    FLUSH_VIRTUAL_ADDRESS_LIST_EX = 0x0014, "HvCallFlushVirtualAddressListEx", VirtualMmu, GvaRangeFlush, Some("kvm_hv_flush_tlb_ex"),
-        kvm(KvmPath::Kernel, V5_15), "virtual-mmu.md";
-    SEND_SYNTHETIC_CLUSTER_IPI_EX = 0x0015, "HvCallSendSyntheticClusterIpiEx", VirtualInterrupt, SyntheticIpi, Some("kvm_hv_send_ipi_ex"),
-        kvm(KvmPath::Kernel, V5_15), "virtual-interrupts.md (Synthetic Cluster IPI)";
-    GET_PARTITION_ID = 0x0046, "HvCallGetPartitionId", Other, ClassOnly, None,
-        NOT_IN_KVM, "datatypes/hv_partition_privilege_mask.md (AccessPartitionId)";
-    MAP_GPA_PAGES = 0x004B, "HvCallMapGpaPages", GpaSpace, ClassOnly, None,
-        NOT_IN_KVM, "hypercalls/HvCallMapGpaPages.md";
-    UNMAP_GPA_PAGES = 0x004C, "HvCallUnmapGpaPages", GpaSpace, ClassOnly, None,
-        NOT_IN_KVM, "hypercalls/HvCallUnmapGpaPages.md";
-    GET_VP_REGISTERS = 0x0050, "HvCallGetVpRegisters", VirtualProcessor, ClassOnly, None,
-        NOT_IN_KVM, "hypercalls/HvCallGetVpRegisters.md";
-    SET_VP_REGISTERS = 0x0051, "HvCallSetVpRegisters", VirtualProcessor, ClassOnly, None,
-        NOT_IN_KVM, "hypercalls/HvCallSetVpRegisters.md";
-    POST_MESSAGE = 0x005C, "HvCallPostMessage", SyntheticInterrupt, ClassOnly, None,
-        kvm(KvmPath::Vmm, V5_15), "inter-partition-communication.md (SynIC Messages)";
-    SIGNAL_EVENT = 0x005D, "HvCallSignalEvent", SyntheticInterrupt, ClassOnly, None,
-        kvm(KvmPath::EventfdOrVmm, V5_15), "inter-partition-communication.md (SynIC Event Flags)";
-    POST_DEBUG_DATA = 0x0069, "HvCallPostDebugData", Other, ClassOnly, None,
-        kvm(KvmPath::SynDbgVmm, V5_15), "none (HvGuestHypercall.h: V1 Dbg Call IDs)";
-    RETRIEVE_DEBUG_DATA = 0x006A, "HvCallRetrieveDebugData", Other, ClassOnly, None,
-        kvm(KvmPath::SynDbgVmm, V5_15), "none (HvGuestHypercall.h: V1 Dbg Call IDs)";
-    RESET_DEBUG_SESSION = 0x006B, "HvCallResetDebugSession", Other, ClassOnly, None,
-        kvm(KvmPath::SynDbgVmm, V5_15), "none (HvGuestHypercall.h: V1 Dbg Call IDs)";
-    MAP_STATS_PAGE = 0x006C, "HvCallMapStatsPage", GpaSpace, ClassOnly, None,
-        NOT_IN_KVM, "hypercalls/HvCallMapStatsPage2.md";
-    UNMAP_STATS_PAGE = 0x006D, "HvCallUnmapStatsPage", GpaSpace, ClassOnly, None,
-        NOT_IN_KVM, "hypercalls/HvCallUnmapStatsPage.md";
-    MAP_STATS_PAGE2 = 0x0131, "HvCallMapStatsPage2", GpaSpace, ClassOnly, None,
-        NOT_IN_KVM, "hypercalls/HvCallMapStatsPage2.md";
-    EXT_QUERY_CAPABILITIES = 0x8001, "HvExtCallQueryCapabilities", Other, ClassOnly, None,
-        kvm(KvmPath::Vmm, V6_6), "hypercall-interface.md (Extended Hypercall Interface)";
-    EXT_GET_BOOT_ZEROED_MEMORY = 0x8002, "HvExtCallGetBootZeroedMemory", Other, ClassOnly, None,
-        kvm(KvmPath::Vmm, V6_6), "hypercall-interface.md (Extended Hypercall Interface)";
-    EXT_MEMORY_HEAT_HINT = 0x8003, "HvExtCallMemoryHeatHint", Other, ClassOnly, None,
-        kvm(KvmPath::Vmm, V6_6), "hypercall-interface.md (Extended Hypercall Interface)";
-    EXT_EPF_SETUP = 0x8004, "HvExtCallEpfSetup", Other, ClassOnly, None,
-        kvm(KvmPath::Vmm, V6_6), "hypercall-interface.md (Extended Hypercall Interface)";
-    EXT_MEMORY_HEAT_HINT_ASYNC = 0x8006, "HvExtCallMemoryHeatHintAsync", Other, ClassOnly, None,
-        kvm(KvmPath::Vmm, V6_6), "hypercall-interface.md (Extended Hypercall Interface)";
+    SWITCH_VIRTUAL_ADDRESS_SPACE = 0x0001, "HvCallSwitchVirtualAddressSpace", VirtualMmu, ClassOnly,
+        None, NOT_IN_KVM, "virtual-mmu.md";
+    FLUSH_VIRTUAL_ADDRESS_SPACE = 0x0002, "HvCallFlushVirtualAddressSpace", VirtualMmu, AddressSpaceFlush,
+        Some("kvm_hv_flush_tlb"), kvm(KvmPath::Kernel, V5_15), "virtual-mmu.md";
+    FLUSH_VIRTUAL_ADDRESS_LIST = 0x0003, "HvCallFlushVirtualAddressList", VirtualMmu, GvaRangeFlush,
+        Some("kvm_hv_flush_tlb"), kvm(KvmPath::Kernel, V5_15), "virtual-mmu.md";
+    GET_LOGICAL_PROCESSOR_RUN_TIME = 0x0004, "HvCallGetLogicalProcessorRunTime", LogicalProcessor, ClassOnly,
+        None, NOT_IN_KVM, "none (HvGuestHypercall.h: V1 Power Management and Run time metrics IDs)";
+    NOTIFY_LONG_SPIN_WAIT = 0x0008, "HvCallNotifyLongSpinWait", LongSpinWait, ClassOnly,
+        None, kvm(KvmPath::Kernel, V5_15), "vp-properties.md (Guest Spinlocks)";
+    SEND_SYNTHETIC_CLUSTER_IPI = 0x000B, "HvCallSendSyntheticClusterIpi", VirtualInterrupt, SyntheticIpi,
+        Some("kvm_hv_send_ipi"), kvm(KvmPath::Kernel, V5_15), "virtual-interrupts.md (Synthetic Cluster IPI)";
+    FLUSH_VIRTUAL_ADDRESS_SPACE_EX = 0x0013, "HvCallFlushVirtualAddressSpaceEx", VirtualMmu,
+        AddressSpaceFlush,
+        Some("kvm_hv_flush_tlb_ex"), kvm(KvmPath::Kernel, V5_15), "virtual-mmu.md";
+    FLUSH_VIRTUAL_ADDRESS_LIST_EX = 0x0014, "HvCallFlushVirtualAddressListEx", VirtualMmu, GvaRangeFlush,
+        Some("kvm_hv_flush_tlb_ex"), kvm(KvmPath::Kernel, V5_15), "virtual-mmu.md";
+    SEND_SYNTHETIC_CLUSTER_IPI_EX = 0x0015, "HvCallSendSyntheticClusterIpiEx", VirtualInterrupt, SyntheticIpi,
+        Some("kvm_hv_send_ipi_ex"), kvm(KvmPath::Kernel, V5_15),
+        "virtual-interrupts.md (Synthetic Cluster IPI)";
+    GET_PARTITION_ID = 0x0046, "HvCallGetPartitionId", Other, ClassOnly,
+        None, NOT_IN_KVM, "datatypes/hv_partition_privilege_mask.md (AccessPartitionId)";
+    MAP_GPA_PAGES = 0x004B, "HvCallMapGpaPages", GpaSpace, ClassOnly,
+        None, NOT_IN_KVM, "hypercalls/HvCallMapGpaPages.md";
+    UNMAP_GPA_PAGES = 0x004C, "HvCallUnmapGpaPages", GpaSpace, ClassOnly,
+        None, NOT_IN_KVM, "hypercalls/HvCallUnmapGpaPages.md";
+    GET_VP_REGISTERS = 0x0050, "HvCallGetVpRegisters", VirtualProcessor, ClassOnly,
+        None, NOT_IN_KVM, "hypercalls/HvCallGetVpRegisters.md";
+    SET_VP_REGISTERS = 0x0051, "HvCallSetVpRegisters", VirtualProcessor, ClassOnly,
+        None, NOT_IN_KVM, "hypercalls/HvCallSetVpRegisters.md";
+    POST_MESSAGE = 0x005C, "HvCallPostMessage", SyntheticInterrupt, ClassOnly,
+        None, kvm(KvmPath::Vmm, V5_15), "inter-partition-communication.md (SynIC Messages)";
+    SIGNAL_EVENT = 0x005D, "HvCallSignalEvent", SyntheticInterrupt, ClassOnly,
+        None, kvm(KvmPath::EventfdOrVmm, V5_15), "inter-partition-communication.md (SynIC Event Flags)";
+    POST_DEBUG_DATA = 0x0069, "HvCallPostDebugData", Other, ClassOnly,
+        None, kvm(KvmPath::SynDbgVmm, V5_15), "none (HvGuestHypercall.h: V1 Dbg Call IDs)";
+    RETRIEVE_DEBUG_DATA = 0x006A, "HvCallRetrieveDebugData", Other, ClassOnly,
+        None, kvm(KvmPath::SynDbgVmm, V5_15), "none (HvGuestHypercall.h: V1 Dbg Call IDs)";
+    RESET_DEBUG_SESSION = 0x006B, "HvCallResetDebugSession", Other, ClassOnly,
+        None, kvm(KvmPath::SynDbgVmm, V5_15), "none (HvGuestHypercall.h: V1 Dbg Call IDs)";
+    MAP_STATS_PAGE = 0x006C, "HvCallMapStatsPage", GpaSpace, ClassOnly,
+        None, NOT_IN_KVM, "hypercalls/HvCallMapStatsPage2.md";
+    UNMAP_STATS_PAGE = 0x006D, "HvCallUnmapStatsPage", GpaSpace, ClassOnly,
+        None, NOT_IN_KVM, "hypercalls/HvCallUnmapStatsPage.md";
+    MAP_STATS_PAGE2 = 0x0131, "HvCallMapStatsPage2", GpaSpace, ClassOnly,
+        None, NOT_IN_KVM, "hypercalls/HvCallMapStatsPage2.md";
+    EXT_QUERY_CAPABILITIES = 0x8001, "HvExtCallQueryCapabilities", Other, ClassOnly,
+        None, kvm(KvmPath::Vmm, V6_6), "hypercall-interface.md (Extended Hypercall Interface)";
+    EXT_GET_BOOT_ZEROED_MEMORY = 0x8002, "HvExtCallGetBootZeroedMemory", Other, ClassOnly,
+        None, kvm(KvmPath::Vmm, V6_6), "hypercall-interface.md (Extended Hypercall Interface)";
+    EXT_MEMORY_HEAT_HINT = 0x8003, "HvExtCallMemoryHeatHint", Other, ClassOnly,
+        None, kvm(KvmPath::Vmm, V6_6), "hypercall-interface.md (Extended Hypercall Interface)";
+    EXT_EPF_SETUP = 0x8004, "HvExtCallEpfSetup", Other, ClassOnly,
+        None, kvm(KvmPath::Vmm, V6_6), "hypercall-interface.md (Extended Hypercall Interface)";
+    EXT_MEMORY_HEAT_HINT_ASYNC = 0x8006, "HvExtCallMemoryHeatHintAsync", Other, ClassOnly,
+        None, kvm(KvmPath::Vmm, V6_6), "hypercall-interface.md (Extended Hypercall Interface)";
 }
 
 impl fmt::Debug for HypercallCode {
