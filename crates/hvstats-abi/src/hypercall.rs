@@ -1,11 +1,20 @@
-//! The hypercall ABI of the stats calls: codes, the input and result values, the input blocks.
+//! The hypercall ABI: the codes, and the stats calls' input and result values and input blocks.
+//!
+//! The codes are one table ([`HYPERCALLS`]): each code's TLFS name, the seed 001 class it is counted
+//! under, what else it feeds (the TLB flush counters), and how KVM's Hyper-V emulation handles it.
+//! Our own partitions' run loop classifies the hypercalls it serves with it, the observer of VMs
+//! on KVM classifies `kvm:kvm_hv_hypercall` records with it, and `docs/hyperv-hypercalls.md` is
+//! rendered from it ([`doc`]).
 
 use core::fmt;
 
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
+use crate::catalog::{CounterId, vp};
 use crate::object::{StatsObjectIdentity, StatsObjectType};
 use crate::status::HvStatus;
+
+pub mod doc;
 
 /// A hypercall code (open enum).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, IntoBytes, FromBytes, Immutable, KnownLayout)]
@@ -47,8 +56,158 @@ impl HypercallClass {
     ];
 }
 
+/// What a hypercall adds besides one to its class's counter, where KVM emulates it and traces the
+/// work in a tracepoint of its own (`arch/x86/kvm/hyperv.c`; `docs/hyperv-hypercalls.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HypercallEffect {
+    /// Its class's counter only.
+    ClassOnly,
+    /// A flush of one address space (`kvm:kvm_hv_flush_tlb`/`_ex` follows, with the call's
+    /// `flags`): one Address space flush, or one Address domain flush (the whole virtual TLB) when
+    /// the flags hold [`flush_flags::ALL_VIRTUAL_ADDRESS_SPACES`].
+    AddressSpaceFlush,
+    /// A flush of a list of GVA ranges, one range per rep element (the hypercall record's
+    /// `rep_cnt`; `kvm:kvm_hv_flush_tlb`/`_ex` follows with the call's `flags`): that many Local
+    /// flushed GVA ranges, or Global GVA range flushes when the flags hold
+    /// [`flush_flags::ALL_VIRTUAL_ADDRESS_SPACES`].
+    GvaRangeFlush,
+    /// A synthetic cluster IPI (`kvm:kvm_hv_send_ipi`/`_ex` follows). No seed 001 counter counts
+    /// the sends; the interrupts it delivers are Virtual interrupts of their targets.
+    SyntheticIpi,
+}
+
+impl HypercallEffect {
+    /// The VP counter a flush adds to, and how much, from the flush record's `flags` and the
+    /// hypercall record's `rep_cnt`; `None` for an effect that is no flush.
+    ///
+    /// ```
+    /// use hvstats_abi::catalog::vp;
+    /// use hvstats_abi::hypercall::{HypercallCode, flush_flags};
+    /// let list = HypercallCode::FLUSH_VIRTUAL_ADDRESS_LIST.effect();
+    /// assert_eq!(list.flush(0, 3), Some((vp::LOCAL_FLUSHED_GVA_RANGES, 3)));
+    /// let all = flush_flags::ALL_VIRTUAL_ADDRESS_SPACES;
+    /// assert_eq!(list.flush(all, 3), Some((vp::GLOBAL_GVA_RANGE_FLUSHES, 3)));
+    /// ```
+    pub const fn flush(self, flags: u64, rep_count: u16) -> Option<(CounterId, u64)> {
+        let all_spaces = flags & flush_flags::ALL_VIRTUAL_ADDRESS_SPACES != 0;
+        match (self, all_spaces) {
+            (HypercallEffect::AddressSpaceFlush, false) => Some((vp::ADDRESS_SPACE_FLUSHES, 1)),
+            (HypercallEffect::AddressSpaceFlush, true) => Some((vp::ADDRESS_DOMAIN_FLUSHES, 1)),
+            (HypercallEffect::GvaRangeFlush, false) => Some((vp::LOCAL_FLUSHED_GVA_RANGES, rep_count as u64)),
+            (HypercallEffect::GvaRangeFlush, true) => Some((vp::GLOBAL_GVA_RANGE_FLUSHES, rep_count as u64)),
+            (HypercallEffect::ClassOnly | HypercallEffect::SyntheticIpi, _) => None,
+        }
+    }
+}
+
+/// The `Flags` of the TLB flush hypercalls (TLFS `HvCallFlushVirtualAddressSpace`; Linux
+/// `HV_FLUSH_*`), as `kvm:kvm_hv_flush_tlb`/`_ex` record them.
+pub mod flush_flags {
+    /// Bit 0: flush on every VP (the processor mask is ignored).
+    pub const ALL_PROCESSORS: u64 = 1 << 0;
+    /// Bit 1: flush every address space, not only the one named.
+    pub const ALL_VIRTUAL_ADDRESS_SPACES: u64 = 1 << 1;
+    /// Bit 2: flush non-global mappings only.
+    pub const NON_GLOBAL_MAPPINGS_ONLY: u64 = 1 << 2;
+    /// Bit 3: the GVA ranges are in the extended range format.
+    pub const USE_EXTENDED_RANGE_FORMAT: u64 = 1 << 3;
+}
+
+/// A kernel release whose `arch/x86/kvm/hyperv.c` the table was checked against, oldest first
+/// (the trees: [`doc::CHECKED_KERNELS`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum KernelRelease {
+    /// Linux 5.15 (LTS).
+    V5_15,
+    /// Linux 6.1 (LTS).
+    V6_1,
+    /// Linux 6.6 (LTS).
+    V6_6,
+    /// Linux 6.12 (LTS).
+    V6_12,
+}
+
+impl KernelRelease {
+    /// Every checked release, oldest first.
+    pub const ALL: [KernelRelease; 4] =
+        [KernelRelease::V5_15, KernelRelease::V6_1, KernelRelease::V6_6, KernelRelease::V6_12];
+
+    /// `5.15`, `6.1`, `6.6`, `6.12`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            KernelRelease::V5_15 => "5.15",
+            KernelRelease::V6_1 => "6.1",
+            KernelRelease::V6_6 => "6.6",
+            KernelRelease::V6_12 => "6.12",
+        }
+    }
+}
+
+/// Where KVM's `kvm_hv_hypercall` completes a code it knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KvmPath {
+    /// In the kernel.
+    Kernel,
+    /// In the VMM: `KVM_EXIT_HYPERV` of type `KVM_EXIT_HYPERV_HCALL`, completed (and
+    /// `kvm_hv_hypercall_done` traced) when the VMM enters the vCPU again.
+    Vmm,
+    /// In the kernel when an eventfd is bound to the connection id, else (`INVALID_PORT_ID`) in
+    /// the VMM as [`KvmPath::Vmm`].
+    EventfdOrVmm,
+    /// In the VMM when SynDbg is enabled and uses hypercalls; else `INVALID_HYPERCALL_CODE`
+    /// (SynDbg off) or `OPERATION_DENIED`, in the kernel.
+    SynDbgVmm,
+}
+
+/// How KVM handles a code, and the oldest checked release that does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KvmEmulation {
+    /// Where the call completes.
+    pub path: KvmPath,
+    /// The oldest checked release that handles the code (every newer one does too).
+    pub since: KernelRelease,
+}
+
+const fn kvm(path: KvmPath, since: KernelRelease) -> Option<KvmEmulation> {
+    Some(KvmEmulation { path, since })
+}
+
+/// A code hvstats' own partitions serve or classify but KVM answers with
+/// `HV_STATUS_INVALID_HYPERCALL_CODE`.
+const NOT_IN_KVM: Option<KvmEmulation> = None;
+
+/// The extended hypercalls KVM hands to the VMM, whatever their name: `HV_EXT_CALL_QUERY_CAPABILITIES
+/// ..= HV_EXT_CALL_MAX` (0x8001 + 64) in `kvm_hv_hypercall`, since 6.6 among the checked releases.
+pub const KVM_EXTENDED_CALLS: (HypercallCode, HypercallCode, KvmEmulation) = (
+    HypercallCode(0x8001),
+    HypercallCode(0x8041),
+    KvmEmulation { path: KvmPath::Vmm, since: KernelRelease::V6_6 },
+);
+
+/// One row of the hypercall table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HypercallRow {
+    /// The call code.
+    pub code: HypercallCode,
+    /// The TLFS name.
+    pub name: &'static str,
+    /// The seed 001 class it is counted under.
+    pub class: HypercallClass,
+    /// What else it feeds.
+    pub effect: HypercallEffect,
+    /// The `kvm:` tracepoint that records the work of the call where KVM does it (fired after
+    /// `kvm_hv_hypercall`, once the input is read), if any.
+    pub record: Option<&'static str>,
+    /// How KVM handles it; `None` where KVM answers `HV_STATUS_INVALID_HYPERCALL_CODE`.
+    pub kvm: Option<KvmEmulation>,
+    /// Where the TLFS documents it (a page of the TLFS, `tlfs/` in
+    /// MicrosoftDocs/Virtualization-Documentation), which gives its class.
+    pub tlfs: &'static str,
+}
+
 macro_rules! hypercall_codes {
-    ($($name:ident = $value:literal, $tlfs:literal, $class:ident;)*) => {
+    ($($name:ident = $value:literal, $tlfs:literal, $class:ident, $effect:ident, $record:expr,
+        $kvm:expr, $section:literal;)*) => {
         impl HypercallCode {
             $(
                 #[doc = $tlfs]
@@ -70,27 +229,102 @@ macro_rules! hypercall_codes {
                     _ => HypercallClass::Other,
                 }
             }
+
+            /// What this code adds besides its class's counter.
+            pub const fn effect(self) -> HypercallEffect {
+                match self.0 {
+                    $($value => HypercallEffect::$effect,)*
+                    _ => HypercallEffect::ClassOnly,
+                }
+            }
+
+            /// How KVM handles this code (`None`: `HV_STATUS_INVALID_HYPERCALL_CODE`).
+            pub const fn kvm(self) -> Option<KvmEmulation> {
+                let (first, last, ext) = KVM_EXTENDED_CALLS;
+                match self.0 {
+                    $($value => $kvm,)*
+                    c if c >= first.0 && c <= last.0 => Some(ext),
+                    _ => None,
+                }
+            }
         }
+
+        /// Every named code, in code order: the one table of hypercall codes, their TLFS names,
+        /// seed 001 classes, further counters and KVM's handling (`docs/hyperv-hypercalls.md` is
+        /// rendered from it by [`doc::write_markdown`]).
+        pub const HYPERCALLS: &[HypercallRow] = &[
+            $(HypercallRow {
+                code: HypercallCode($value),
+                name: $tlfs,
+                class: HypercallClass::$class,
+                effect: HypercallEffect::$effect,
+                record: $record,
+                kvm: $kvm,
+                tlfs: $section,
+            },)*
+        ];
     };
 }
 
+use KernelRelease::{V5_15, V6_6};
+
 hypercall_codes! {
-    SWITCH_VIRTUAL_ADDRESS_SPACE = 0x0001, "HvCallSwitchVirtualAddressSpace", VirtualMmu;
-    FLUSH_VIRTUAL_ADDRESS_SPACE = 0x0002, "HvCallFlushVirtualAddressSpace", VirtualMmu;
-    FLUSH_VIRTUAL_ADDRESS_LIST = 0x0003, "HvCallFlushVirtualAddressList", VirtualMmu;
-    GET_LOGICAL_PROCESSOR_RUN_TIME = 0x0004, "HvCallGetLogicalProcessorRunTime", LogicalProcessor;
-    NOTIFY_LONG_SPIN_WAIT = 0x0008, "HvCallNotifyLongSpinWait", LongSpinWait;
-    SEND_SYNTHETIC_CLUSTER_IPI = 0x000B, "HvCallSendSyntheticClusterIpi", VirtualInterrupt;
-    GET_PARTITION_ID = 0x0046, "HvCallGetPartitionId", Other;
-    MAP_GPA_PAGES = 0x004B, "HvCallMapGpaPages", GpaSpace;
-    UNMAP_GPA_PAGES = 0x004C, "HvCallUnmapGpaPages", GpaSpace;
-    GET_VP_REGISTERS = 0x0050, "HvCallGetVpRegisters", VirtualProcessor;
-    SET_VP_REGISTERS = 0x0051, "HvCallSetVpRegisters", VirtualProcessor;
-    POST_MESSAGE = 0x005C, "HvCallPostMessage", SyntheticInterrupt;
-    SIGNAL_EVENT = 0x005D, "HvCallSignalEvent", SyntheticInterrupt;
-    MAP_STATS_PAGE = 0x006C, "HvCallMapStatsPage", GpaSpace;
-    UNMAP_STATS_PAGE = 0x006D, "HvCallUnmapStatsPage", GpaSpace;
-    MAP_STATS_PAGE2 = 0x0131, "HvCallMapStatsPage2", GpaSpace;
+    SWITCH_VIRTUAL_ADDRESS_SPACE = 0x0001, "HvCallSwitchVirtualAddressSpace", VirtualMmu, ClassOnly,
+        None, NOT_IN_KVM, "virtual-mmu.md";
+    FLUSH_VIRTUAL_ADDRESS_SPACE = 0x0002, "HvCallFlushVirtualAddressSpace", VirtualMmu, AddressSpaceFlush,
+        Some("kvm_hv_flush_tlb"), kvm(KvmPath::Kernel, V5_15), "virtual-mmu.md";
+    FLUSH_VIRTUAL_ADDRESS_LIST = 0x0003, "HvCallFlushVirtualAddressList", VirtualMmu, GvaRangeFlush,
+        Some("kvm_hv_flush_tlb"), kvm(KvmPath::Kernel, V5_15), "virtual-mmu.md";
+    GET_LOGICAL_PROCESSOR_RUN_TIME = 0x0004, "HvCallGetLogicalProcessorRunTime", LogicalProcessor, ClassOnly,
+        None, NOT_IN_KVM, "none (HvGuestHypercall.h: V1 Power Management and Run time metrics IDs)";
+    NOTIFY_LONG_SPIN_WAIT = 0x0008, "HvCallNotifyLongSpinWait", LongSpinWait, ClassOnly,
+        None, kvm(KvmPath::Kernel, V5_15), "vp-properties.md (Guest Spinlocks)";
+    SEND_SYNTHETIC_CLUSTER_IPI = 0x000B, "HvCallSendSyntheticClusterIpi", VirtualInterrupt, SyntheticIpi,
+        Some("kvm_hv_send_ipi"), kvm(KvmPath::Kernel, V5_15), "virtual-interrupts.md (Synthetic Cluster IPI)";
+    FLUSH_VIRTUAL_ADDRESS_SPACE_EX = 0x0013, "HvCallFlushVirtualAddressSpaceEx", VirtualMmu,
+        AddressSpaceFlush,
+        Some("kvm_hv_flush_tlb_ex"), kvm(KvmPath::Kernel, V5_15), "virtual-mmu.md";
+    FLUSH_VIRTUAL_ADDRESS_LIST_EX = 0x0014, "HvCallFlushVirtualAddressListEx", VirtualMmu, GvaRangeFlush,
+        Some("kvm_hv_flush_tlb_ex"), kvm(KvmPath::Kernel, V5_15), "virtual-mmu.md";
+    SEND_SYNTHETIC_CLUSTER_IPI_EX = 0x0015, "HvCallSendSyntheticClusterIpiEx", VirtualInterrupt, SyntheticIpi,
+        Some("kvm_hv_send_ipi_ex"), kvm(KvmPath::Kernel, V5_15),
+        "virtual-interrupts.md (Synthetic Cluster IPI)";
+    GET_PARTITION_ID = 0x0046, "HvCallGetPartitionId", Other, ClassOnly,
+        None, NOT_IN_KVM, "datatypes/hv_partition_privilege_mask.md (AccessPartitionId)";
+    MAP_GPA_PAGES = 0x004B, "HvCallMapGpaPages", GpaSpace, ClassOnly,
+        None, NOT_IN_KVM, "hypercalls/HvCallMapGpaPages.md";
+    UNMAP_GPA_PAGES = 0x004C, "HvCallUnmapGpaPages", GpaSpace, ClassOnly,
+        None, NOT_IN_KVM, "hypercalls/HvCallUnmapGpaPages.md";
+    GET_VP_REGISTERS = 0x0050, "HvCallGetVpRegisters", VirtualProcessor, ClassOnly,
+        None, NOT_IN_KVM, "hypercalls/HvCallGetVpRegisters.md";
+    SET_VP_REGISTERS = 0x0051, "HvCallSetVpRegisters", VirtualProcessor, ClassOnly,
+        None, NOT_IN_KVM, "hypercalls/HvCallSetVpRegisters.md";
+    POST_MESSAGE = 0x005C, "HvCallPostMessage", SyntheticInterrupt, ClassOnly,
+        None, kvm(KvmPath::Vmm, V5_15), "inter-partition-communication.md (SynIC Messages)";
+    SIGNAL_EVENT = 0x005D, "HvCallSignalEvent", SyntheticInterrupt, ClassOnly,
+        None, kvm(KvmPath::EventfdOrVmm, V5_15), "inter-partition-communication.md (SynIC Event Flags)";
+    POST_DEBUG_DATA = 0x0069, "HvCallPostDebugData", Other, ClassOnly,
+        None, kvm(KvmPath::SynDbgVmm, V5_15), "none (HvGuestHypercall.h: V1 Dbg Call IDs)";
+    RETRIEVE_DEBUG_DATA = 0x006A, "HvCallRetrieveDebugData", Other, ClassOnly,
+        None, kvm(KvmPath::SynDbgVmm, V5_15), "none (HvGuestHypercall.h: V1 Dbg Call IDs)";
+    RESET_DEBUG_SESSION = 0x006B, "HvCallResetDebugSession", Other, ClassOnly,
+        None, kvm(KvmPath::SynDbgVmm, V5_15), "none (HvGuestHypercall.h: V1 Dbg Call IDs)";
+    MAP_STATS_PAGE = 0x006C, "HvCallMapStatsPage", GpaSpace, ClassOnly,
+        None, NOT_IN_KVM, "hypercalls/HvCallMapStatsPage2.md";
+    UNMAP_STATS_PAGE = 0x006D, "HvCallUnmapStatsPage", GpaSpace, ClassOnly,
+        None, NOT_IN_KVM, "hypercalls/HvCallUnmapStatsPage.md";
+    MAP_STATS_PAGE2 = 0x0131, "HvCallMapStatsPage2", GpaSpace, ClassOnly,
+        None, NOT_IN_KVM, "hypercalls/HvCallMapStatsPage2.md";
+    EXT_QUERY_CAPABILITIES = 0x8001, "HvExtCallQueryCapabilities", Other, ClassOnly,
+        None, kvm(KvmPath::Vmm, V6_6), "hypercall-interface.md (Extended Hypercall Interface)";
+    EXT_GET_BOOT_ZEROED_MEMORY = 0x8002, "HvExtCallGetBootZeroedMemory", Other, ClassOnly,
+        None, kvm(KvmPath::Vmm, V6_6), "hypercall-interface.md (Extended Hypercall Interface)";
+    EXT_MEMORY_HEAT_HINT = 0x8003, "HvExtCallMemoryHeatHint", Other, ClassOnly,
+        None, kvm(KvmPath::Vmm, V6_6), "hypercall-interface.md (Extended Hypercall Interface)";
+    EXT_EPF_SETUP = 0x8004, "HvExtCallEpfSetup", Other, ClassOnly,
+        None, kvm(KvmPath::Vmm, V6_6), "hypercall-interface.md (Extended Hypercall Interface)";
+    EXT_MEMORY_HEAT_HINT_ASYNC = 0x8006, "HvExtCallMemoryHeatHintAsync", Other, ClassOnly,
+        None, kvm(KvmPath::Vmm, V6_6), "hypercall-interface.md (Extended Hypercall Interface)";
 }
 
 impl fmt::Debug for HypercallCode {
