@@ -10,7 +10,6 @@ use core::fmt;
 
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
-use crate::catalog::{CounterId, vp};
 use crate::object::{StatsObjectIdentity, StatsObjectType};
 use crate::status::HvStatus;
 
@@ -74,30 +73,6 @@ pub enum HypercallEffect {
     /// A synthetic cluster IPI (`kvm:kvm_hv_send_ipi`/`_ex` follows). No seed 001 counter counts
     /// the sends; the interrupts it delivers are Virtual interrupts of their targets.
     SyntheticIpi,
-}
-
-impl HypercallEffect {
-    /// The VP counter a flush adds to, and how much, from the flush record's `flags` and the
-    /// hypercall record's `rep_cnt`; `None` for an effect that is no flush.
-    ///
-    /// ```
-    /// use hvstats_abi::catalog::vp;
-    /// use hvstats_abi::hypercall::{HypercallCode, flush_flags};
-    /// let list = HypercallCode::FLUSH_VIRTUAL_ADDRESS_LIST.effect();
-    /// assert_eq!(list.flush(0, 3), Some((vp::LOCAL_FLUSHED_GVA_RANGES, 3)));
-    /// let all = flush_flags::ALL_VIRTUAL_ADDRESS_SPACES;
-    /// assert_eq!(list.flush(all, 3), Some((vp::GLOBAL_GVA_RANGE_FLUSHES, 3)));
-    /// ```
-    pub const fn flush(self, flags: u64, rep_count: u16) -> Option<(CounterId, u64)> {
-        let all_spaces = flags & flush_flags::ALL_VIRTUAL_ADDRESS_SPACES != 0;
-        match (self, all_spaces) {
-            (HypercallEffect::AddressSpaceFlush, false) => Some((vp::ADDRESS_SPACE_FLUSHES, 1)),
-            (HypercallEffect::AddressSpaceFlush, true) => Some((vp::ADDRESS_DOMAIN_FLUSHES, 1)),
-            (HypercallEffect::GvaRangeFlush, false) => Some((vp::LOCAL_FLUSHED_GVA_RANGES, rep_count as u64)),
-            (HypercallEffect::GvaRangeFlush, true) => Some((vp::GLOBAL_GVA_RANGE_FLUSHES, rep_count as u64)),
-            (HypercallEffect::ClassOnly | HypercallEffect::SyntheticIpi, _) => None,
-        }
-    }
 }
 
 /// The `Flags` of the TLB flush hypercalls (TLFS `HvCallFlushVirtualAddressSpace`; Linux

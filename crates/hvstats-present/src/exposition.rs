@@ -1075,9 +1075,14 @@ mod tests {
         for name in crate::collectors::ESSENTIAL_VP {
             assert!(default.contains(&format!("\n{name}{{")), "no {name}");
         }
-        // The intercept time is the VM's (its VPs summed), unless VP detail is asked for.
+        // The intercept time is the VM's (its VPs summed), unless VP detail is asked for; but for
+        // the time halted, which stays each VP's and is never in the VM's sum.
         let time: Vec<&str> = lines_of(&default, "hvstats_vp_intercept_seconds_total{");
-        assert!(!time.is_empty() && time.iter().all(|l| l.contains("vp=\"all\"")), "{time:?}");
+        let (halted, handling): (Vec<&str>, Vec<&str>) =
+            time.iter().partition(|l| l.contains("intercept=\"hlt\""));
+        assert!(!handling.is_empty() && handling.iter().all(|l| l.contains("vp=\"all\"")), "{time:?}");
+        assert_eq!(halted.len(), 4, "one time halted per VP: {time:?}");
+        assert!(halted.iter().all(|l| !l.contains("vp=\"all\"")), "{time:?}");
         let detail = Exposition::new(reading.clone(), 100)
             .collect(Selection::defaults().with(Collector::VpDetail))
             .encode()
