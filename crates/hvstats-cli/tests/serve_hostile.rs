@@ -555,8 +555,10 @@ fn published_as(observer: &Running) -> String {
 #[test]
 fn an_observer_killed_and_cleaned_away_is_still_reported_down_by_a_restarted_exporter() {
     let tmp = TempDir::new("serve-observer-gone");
-    // An observer waiting for a QEMU on a socket that has none: up, observing nothing.
+    // An observer waiting for a QEMU on a socket that has none: up, observing nothing (the
+    // socket file is there, its listener gone; a path with nothing there fails at once).
     let nowhere = tmp.path().join("nobody.sock");
+    drop(std::os::unix::net::UnixListener::bind(&nowhere).unwrap());
     let observer =
         || Running::start(&["observe", "--qmp", nowhere.to_str().unwrap(), "--interval", "0.1"], tmp.path());
     let up = |name: &str| format!("hvstats_observer_up{{publisher=\"{name}\"}}");
