@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use hvstats::Hypervisor;
@@ -31,6 +32,18 @@ pub fn run(workload: &Workload, mode: Mode, vps: u32) -> Run {
 
 /// As [`run`], with `adjust` applied to the configuration.
 pub fn run_with(workload: &Workload, mode: Mode, vps: u32, adjust: impl FnOnce(&mut PartitionConfig)) -> Run {
+    run_beside(workload, mode, vps, adjust, |_, _| {})
+}
+
+/// As [`run_with`], with `beside` running on another thread while the partition runs: it is given
+/// the partition and a flag that turns false once the run has returned.
+pub fn run_beside(
+    workload: &Workload,
+    mode: Mode,
+    vps: u32,
+    adjust: impl FnOnce(&mut PartitionConfig),
+    beside: impl FnOnce(&Partition, &AtomicBool) + Send,
+) -> Run {
     let image = workload.build(mode, layout::DEFAULT_LOAD_GPA).expect("build");
     let hv = Hypervisor::new().expect("hypervisor");
     let mut config =
@@ -42,7 +55,14 @@ pub fn run_with(workload: &Workload, mode: Mode, vps: u32, adjust: impl FnOnce(&
     HyperV::new(hv.clone(), true).install(&mut config, &mut handlers);
     let partition = Partition::new(&hv, config, handlers).expect("partition");
     partition.load(image.load_gpa, &image.bytes).expect("load");
-    let report = partition.run(image.entry).expect("run");
+    let running = AtomicBool::new(true);
+    let report = std::thread::scope(|s| {
+        let helper = s.spawn(|| beside(&partition, &running));
+        let report = partition.run(image.entry);
+        running.store(false, Ordering::SeqCst);
+        helper.join().expect("the thread beside the run");
+        report.expect("run")
+    });
     for vp in &report.vps {
         assert!(vp.fault.is_none(), "VP {} faulted: {:?}", vp.index, vp.fault);
         assert_eq!(vp.exit_status, Some(workload.exit_status), "VP {}", vp.index);
