@@ -222,7 +222,9 @@ pub enum Tracepoint {
     ApicIpi,
     /// `kvm_apic_ipi` filtered on the "self" destination shorthand.
     ApicSelfIpi,
-    /// `kvm_inj_exception`: exceptions injected (the WHv exception count; no page counter).
+    /// `kvm_inj_exception` filtered on `reinjected == 0`: exceptions the guest raised, each once
+    /// (the WHv exception count; no page counter). KVM injects an exception again, flagged
+    /// `reinjected`, when the entry it was injected for did not deliver it.
     InjException,
     /// `kvm_msr` filtered on x2APIC MSR 0x808, the TPR: TPR accesses by x2APIC, added to
     /// [`Tracepoint::ApicTpr`]'s. (Not `kvm_apic`: some KVM backends write EOI themselves when

@@ -8,7 +8,7 @@
 //! makes KVM_RUN return EINTR wherever the thread is.
 
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -289,6 +289,8 @@ pub(crate) struct VpShared {
     pub(crate) index: u32,
     pub(crate) user: Arc<UserExitCounts>,
     sources: Mutex<Option<VpSources>>,
+    /// The VP thread's id while it runs the vCPU, 0 before and after.
+    tid: AtomicI32,
 }
 
 /// Who merges a VP's sources into its page, which decides what is read.
@@ -304,7 +306,12 @@ pub(crate) enum Refresh {
 
 impl VpShared {
     pub(crate) fn new(index: u32) -> Self {
-        Self { index, user: Arc::default(), sources: Mutex::new(None) }
+        Self { index, user: Arc::default(), sources: Mutex::new(None), tid: AtomicI32::new(0) }
+    }
+
+    /// The VP thread's id while it runs the vCPU.
+    pub(crate) fn thread_id(&self) -> Option<libc::pid_t> {
+        Some(self.tid.load(Ordering::SeqCst)).filter(|&tid| tid != 0)
     }
 
     /// Merges the VP's sources into `page` as `mode` says; the exception count of the reading
@@ -444,6 +451,7 @@ pub(crate) fn run(env: &VpEnv<'_>, shared: &VpShared, mut vcpu: VcpuFd) -> VpOut
     declare_missing(env, &sources);
     *lock(&shared.sources) = Some(sources);
     presence.enter(vcpu.get_kvm_run());
+    shared.tid.store(thread.tid, Ordering::SeqCst);
     for (set, reg) in [(KVM_SYNC_X86_REGS, SyncReg::Register), (KVM_SYNC_X86_SREGS, SyncReg::SystemRegister)]
     {
         if env.sync_regs & u64::from(set) != 0 {
@@ -513,6 +521,7 @@ pub(crate) fn run(env: &VpEnv<'_>, shared: &VpShared, mut vcpu: VcpuFd) -> VpOut
     if let Some(s) = lock(&shared.sources).as_mut() {
         s.thread_exiting();
     }
+    shared.tid.store(0, Ordering::SeqCst);
     presence.leave();
     drop(vcpu);
     outcome.serial = serial;

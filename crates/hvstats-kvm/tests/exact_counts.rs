@@ -3,9 +3,14 @@
 
 mod common;
 
-use common::{assert_exact, counts, kvm_available, run, run_with};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use common::{assert_exact, counts, kvm_available, run, run_beside, run_with};
 use hvstats_guest::Mode;
 use hvstats_guest::workload::Workload;
+use hvstats_host::counting::{EventList, EventSpec, ThreadEvents};
+use hvstats_kvm::Partition;
 
 fn port_cpuid_msr() -> Workload {
     Workload {
@@ -198,5 +203,91 @@ fn hypercall_counts_are_exact_through_the_register_ioctls() {
         for vp in 0..2 {
             assert_exact(&r, vp, &w.expected(vp));
         }
+    }
+}
+
+/// A signal whose handler does nothing and which does not restart system calls: delivered to a VP
+/// thread, it only makes KVM_RUN return EINTR, as the partition's own kick does.
+fn install_interrupting_signal() -> libc::c_int {
+    extern "C" fn ignore(_: libc::c_int) {}
+    let sig = libc::SIGUSR2;
+    // SAFETY: a zeroed sigaction is "no flags, empty mask"; the handler does nothing, which is
+    // async-signal-safe; without SA_RESTART an interrupted KVM_RUN returns EINTR.
+    let ok = unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = ignore as *const () as usize;
+        libc::sigemptyset(&mut sa.sa_mask) == 0 && libc::sigaction(sig, &sa, std::ptr::null_mut()) == 0
+    };
+    assert!(ok, "sigaction: {}", std::io::Error::last_os_error());
+    sig
+}
+
+/// Sends `sig` to the VP thread of `partition` every 50 µs or so until the run returns, counting on
+/// that thread the exceptions KVM injects again (`kvm:kvm_inj_exception` with `reinjected` set).
+fn interrupt_vp_until_it_stops(partition: &Partition, running: &AtomicBool, sig: libc::c_int) -> u64 {
+    let pid = std::process::id() as libc::pid_t;
+    // From the VP's first exit on: a signal before its first KVM_RUN completed would only delay
+    // the vCPU's set-up on its thread, which KVM restarts.
+    let tid = loop {
+        let entered = partition.kvm_stat(0, "exits").is_some_and(|n| n > 0);
+        match partition.vp_thread_id(0) {
+            Some(tid) if entered => break tid,
+            _ if running.load(Ordering::SeqCst) => std::thread::sleep(Duration::from_micros(100)),
+            _ => return 0,
+        }
+    };
+    let events = EventList::new(vec![EventSpec::filtered("kvm", "kvm_inj_exception", "reinjected == 1")]);
+    let mut again = ThreadEvents::open(pid, tid, &events);
+    assert!(again.is_open(&events, 0), "kvm_inj_exception on the VP thread: {:?}", again.refused(&events, 0));
+    let mut counted = 0;
+    while running.load(Ordering::SeqCst) && partition.vp_thread_id(0) == Some(tid) {
+        // A pause after each signal lets the VP make progress between them.
+        // SAFETY: tgkill with this process's id and one of its thread ids; a thread that has just
+        // ended makes it fail with ESRCH, which ends the loop at the next check.
+        unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, sig) };
+        counted = again.read(&events)[0].unwrap_or(counted);
+        std::thread::sleep(Duration::from_micros(50));
+    }
+    again.read(&events)[0].unwrap_or(counted)
+}
+
+#[test]
+fn an_exception_kvm_injects_again_after_an_interrupted_entry_is_counted_once() {
+    if !kvm_available("an_exception_kvm_injects_again_after_an_interrupted_entry_is_counted_once") {
+        return;
+    }
+    // KVM injects a pending exception (kvm_check_and_inject_events, x86.c) before it looks for a
+    // pending signal; finding one, it cancels the entry (cancel_injection), returns EINTR, and the
+    // next KVM_RUN injects the same exception again, `reinjected` set. A preemption or a request
+    // in that window does the same. Signals sent to the VP thread every few tens of µs while the guest
+    // raises #UD after #UD make it happen; a counter of the re-injections on the VP thread shows
+    // that it did, and the guest's exceptions must still be counted once each.
+    let sig = install_interrupting_signal();
+    let w = Workload { ud2: counts(20_000, 0), ..Workload::default() };
+    for mode in [Mode::Protected, Mode::Long] {
+        let mut again_per_run = Vec::new();
+        while again_per_run.len() < 5 && !again_per_run.iter().any(|&n| n > 0) {
+            let mut again = 0;
+            let r = run_beside(
+                &w,
+                mode,
+                1,
+                |_| {},
+                |p, running| again = interrupt_vp_until_it_stops(p, running, sig),
+            );
+            let signals = r.partition.kvm_stat(0, "signal_exits").expect("signal_exits");
+            assert!(signals > 0, "{mode:?}: no signal reached KVM_RUN");
+            assert_eq!(
+                common::views(&r, 0).events.exception_count,
+                w.expected(0).exceptions,
+                "{mode:?}: exceptions (whv), with {again} injected again and {signals} signal exits"
+            );
+            again_per_run.push(again);
+        }
+        assert!(
+            again_per_run.iter().any(|&n| n > 0),
+            "{mode:?}: KVM injected no exception again in {} runs",
+            again_per_run.len()
+        );
     }
 }

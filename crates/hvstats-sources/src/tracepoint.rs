@@ -53,6 +53,11 @@ pub fn filter(tp: Tracepoint) -> Option<String> {
         Tracepoint::UserspaceMmio => Some("reason == 6 && errno == 0".into()),
         Tracepoint::UserspaceOther => Some("reason != 2 && reason != 6 && reason != 10 && errno == 0".into()),
         Tracepoint::UserspaceMsr => Some("(reason == 29 || reason == 30) && errno == 0".into()),
+        // KVM injects an exception again, with `reinjected` set, when the entry it was injected
+        // for did not deliver it: the entry was cancelled (a signal, a preemption or a request
+        // between the injection and the entry: `cancel_injection` in vcpu_enter_guest, x86.c) or
+        // the delivery itself exited. The guest raised it once: only first injections count.
+        Tracepoint::InjException => Some("reinjected == 0".into()),
         // ft: a trap-like access (a write KVM completes after AVIC made it), not a fault KVM
         // emulates (kvm_mmio sees those); the EOI register's are counted from kvm_exit.
         Tracepoint::AvicTrap => Some(format!("ft == 1 && offset != {:#x}", apic::APIC_EOI - apic::APIC_BASE)),
@@ -275,6 +280,7 @@ mod tests {
         assert_eq!(f(Tracepoint::X2apicTpr), "ecx == 0x808");
         assert_eq!(f(Tracepoint::X2apicEoi), "ecx == 0x80b && write == 1");
         assert_eq!(filter(Tracepoint::Cpuid), None);
+        assert_eq!(f(Tracepoint::InjException), "reinjected == 0");
         assert_eq!(f(Tracepoint::AvicTrap), "ft == 1 && offset != 0xb0");
         // The kvm_exit parts are the exit tables' added rows, on either architecture.
         for tp in Tracepoint::ALL.into_iter().filter(|tp| tp.exit_class().is_some()) {

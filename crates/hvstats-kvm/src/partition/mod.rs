@@ -363,6 +363,12 @@ impl Partition {
         shared.with_sources(|s| s.unavailable()).unwrap_or_default()
     }
 
+    /// The id of the thread running VP `index`, while it runs (for per-thread readers: schedstat,
+    /// perf counters, CPU affinity).
+    pub fn vp_thread_id(&self, index: u32) -> Option<libc::pid_t> {
+        self.vps.get(index as usize)?.thread_id()
+    }
+
     /// Reads VP `index`'s KVM stats by name (for cross-checks), if the vCPU has a stats fd.
     pub fn kvm_stat(&self, index: u32, name: &str) -> Option<u64> {
         let shared = self.vps.get(index as usize)?;
