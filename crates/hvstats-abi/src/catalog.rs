@@ -1163,6 +1163,44 @@ pub(crate) fn never_observed() -> impl Iterator<Item = CounterId> {
     CATALOG.iter().filter(|c| observed(c).is_some_and(|m| !m.is_maintained())).map(|c| c.id)
 }
 
+// The counters a flush feeds are the catalog's, so this table says which: the hypercall table
+// (`crate::hypercall`) knows nothing of counters.
+impl crate::hypercall::HypercallEffect {
+    /// The VP counter a flush adds to, and how much, from the flush record's `flags` and the
+    /// hypercall record's `rep_cnt`; `None` for an effect that is no flush.
+    ///
+    /// ```
+    /// use hvstats_abi::catalog::vp;
+    /// use hvstats_abi::hypercall::{HypercallCode, flush_flags};
+    /// let list = HypercallCode::FLUSH_VIRTUAL_ADDRESS_LIST.effect();
+    /// assert_eq!(list.flush(0, 3), Some((vp::LOCAL_FLUSHED_GVA_RANGES, 3)));
+    /// let all = flush_flags::ALL_VIRTUAL_ADDRESS_SPACES;
+    /// assert_eq!(list.flush(all, 3), Some((vp::GLOBAL_GVA_RANGE_FLUSHES, 3)));
+    /// ```
+    pub const fn flush(self, flags: u64, rep_count: u16) -> Option<(CounterId, u64)> {
+        let all_spaces = flags & crate::hypercall::flush_flags::ALL_VIRTUAL_ADDRESS_SPACES != 0;
+        match (self, all_spaces) {
+            (crate::hypercall::HypercallEffect::AddressSpaceFlush, false) => {
+                Some((vp::ADDRESS_SPACE_FLUSHES, 1))
+            }
+            (crate::hypercall::HypercallEffect::AddressSpaceFlush, true) => {
+                Some((vp::ADDRESS_DOMAIN_FLUSHES, 1))
+            }
+            (crate::hypercall::HypercallEffect::GvaRangeFlush, false) => {
+                Some((vp::LOCAL_FLUSHED_GVA_RANGES, rep_count as u64))
+            }
+            (crate::hypercall::HypercallEffect::GvaRangeFlush, true) => {
+                Some((vp::GLOBAL_GVA_RANGE_FLUSHES, rep_count as u64))
+            }
+            (
+                crate::hypercall::HypercallEffect::ClassOnly
+                | crate::hypercall::HypercallEffect::SyntheticIpi,
+                _,
+            ) => None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod observed_tests {
     use super::*;
@@ -1328,43 +1366,5 @@ mod observed_tests {
             assert!(observed[tp.index()], "{tp:?}");
         }
         assert!(!observed[Tracepoint::InjException.index()]);
-    }
-}
-
-// The counters a flush feeds are the catalog's, so this table says which: the hypercall table
-// (`crate::hypercall`) knows nothing of counters.
-impl crate::hypercall::HypercallEffect {
-    /// The VP counter a flush adds to, and how much, from the flush record's `flags` and the
-    /// hypercall record's `rep_cnt`; `None` for an effect that is no flush.
-    ///
-    /// ```
-    /// use hvstats_abi::catalog::vp;
-    /// use hvstats_abi::hypercall::{HypercallCode, flush_flags};
-    /// let list = HypercallCode::FLUSH_VIRTUAL_ADDRESS_LIST.effect();
-    /// assert_eq!(list.flush(0, 3), Some((vp::LOCAL_FLUSHED_GVA_RANGES, 3)));
-    /// let all = flush_flags::ALL_VIRTUAL_ADDRESS_SPACES;
-    /// assert_eq!(list.flush(all, 3), Some((vp::GLOBAL_GVA_RANGE_FLUSHES, 3)));
-    /// ```
-    pub const fn flush(self, flags: u64, rep_count: u16) -> Option<(CounterId, u64)> {
-        let all_spaces = flags & crate::hypercall::flush_flags::ALL_VIRTUAL_ADDRESS_SPACES != 0;
-        match (self, all_spaces) {
-            (crate::hypercall::HypercallEffect::AddressSpaceFlush, false) => {
-                Some((vp::ADDRESS_SPACE_FLUSHES, 1))
-            }
-            (crate::hypercall::HypercallEffect::AddressSpaceFlush, true) => {
-                Some((vp::ADDRESS_DOMAIN_FLUSHES, 1))
-            }
-            (crate::hypercall::HypercallEffect::GvaRangeFlush, false) => {
-                Some((vp::LOCAL_FLUSHED_GVA_RANGES, rep_count as u64))
-            }
-            (crate::hypercall::HypercallEffect::GvaRangeFlush, true) => {
-                Some((vp::GLOBAL_GVA_RANGE_FLUSHES, rep_count as u64))
-            }
-            (
-                crate::hypercall::HypercallEffect::ClassOnly
-                | crate::hypercall::HypercallEffect::SyntheticIpi,
-                _,
-            ) => None,
-        }
     }
 }
