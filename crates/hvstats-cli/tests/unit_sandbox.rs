@@ -97,13 +97,26 @@ fn default_args(var: &str) -> Vec<String> {
     line.trim_matches('"').split_whitespace().map(str::to_owned).collect()
 }
 
-/// A directory outside /tmp (which a private /tmp would hide), removed on drop.
+/// Whether `path` lies where the sandbox may hide things: a private /tmp or /var/tmp, a home.
+fn hidden_by_sandbox(path: &Path) -> bool {
+    ["/tmp", "/var/tmp", "/home", "/root", "/run/user"].iter().any(|h| path.starts_with(h))
+}
+
+/// A directory outside /tmp (which a private /tmp would hide), removed on drop: under the
+/// target directory, unless the checkout itself lies where the sandbox hides things (/tmp,
+/// /var/tmp, a home), then under /run.
 struct OutsideTmp(PathBuf);
 
 impl OutsideTmp {
     fn new(name: &str) -> Self {
         use std::os::unix::fs::PermissionsExt;
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
+        let target = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        let base = if hidden_by_sandbox(target) {
+            PathBuf::from("/run/hvstats-tests")
+        } else {
+            target.to_path_buf()
+        };
+        let dir = base.join(format!("{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -200,11 +213,21 @@ impl Sandbox {
         let bounding: String = caps.iter().map(|c| format!(",+{c}")).collect();
         let nnp = if one(unit, "NoNewPrivileges", "no") == "yes" { "--no-new-privs" } else { "" };
         let quoted: Vec<String> = args.iter().map(|a| format!("'{a}'")).collect();
+        // The unit runs /usr/bin/hvstats; a build whose checkout the sandbox would hide is run
+        // from a copy beside the trace.
+        let mut exe = PathBuf::from(env!("CARGO_BIN_EXE_hvstats"));
+        if hidden_by_sandbox(&exe) {
+            let copy = trace.parent().unwrap().join("hvstats");
+            if !copy.exists() {
+                std::fs::copy(&exe, &copy).unwrap();
+            }
+            exe = copy;
+        }
         s += &format!(
             "exec setpriv --bounding-set=-all{bounding} --inh-caps=-all --ambient-caps=-all {nnp} \
              strace -f -qq -o '{}' '{}' {}\n",
             trace.display(),
-            env!("CARGO_BIN_EXE_hvstats"),
+            exe.display(),
             quoted.join(" ")
         );
         s
