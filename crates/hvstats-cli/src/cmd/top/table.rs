@@ -563,9 +563,10 @@ mod tests {
         assert!(!is_cost_class(vp::HALT_WAIT_HISTOGRAM.counter().unwrap()));
     }
 
-    #[test]
-    fn a_partition_total_runs_the_sum_of_its_vps_percents_not_one_processors_cap() {
-        let dir = std::env::temp_dir().join(format!("hvstats-top-total-{}", std::process::id()));
+    /// A published instance of one LP in a runtime directory of its own under the system's
+    /// temporary directory (`hvstats-top-TAG-PID`), for a test to read back through [`Live`].
+    fn one_lp_instance(tag: &str) -> (std::path::PathBuf, std::sync::Arc<hvstats::Hypervisor>) {
+        let dir = std::env::temp_dir().join(format!("hvstats-top-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let hv = hvstats::Hypervisor::with_config(hvstats::InstanceConfig {
             runtime_dir: Some(dir.clone()),
@@ -573,6 +574,12 @@ mod tests {
             ..Default::default()
         })
         .unwrap();
+        (dir, hv)
+    }
+
+    #[test]
+    fn a_partition_total_runs_the_sum_of_its_vps_percents_not_one_processors_cap() {
+        let (dir, hv) = one_lp_instance("total");
         let part = hv.create_partition(4).unwrap();
         let live = Live::new(Some(dir.clone()));
         let before = live.read().unwrap();
@@ -594,14 +601,7 @@ mod tests {
 
     #[test]
     fn the_halted_time_of_one_vp_is_never_added_to_anothers() {
-        let dir = std::env::temp_dir().join(format!("hvstats-top-halted-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let hv = hvstats::Hypervisor::with_config(hvstats::InstanceConfig {
-            runtime_dir: Some(dir.clone()),
-            logical_processors: Some(vec![0]),
-            ..Default::default()
-        })
-        .unwrap();
+        let (dir, hv) = one_lp_instance("halted");
         let part = hv.create_partition(3).unwrap();
         let live = Live::new(Some(dir.clone()));
         let before = live.read().unwrap();
