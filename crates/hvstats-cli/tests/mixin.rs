@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{KilledOnDrop, TempDir, http_get, prometheus_tool, start_prometheus, url_encoded};
+use common::{KilledOnDrop, TempDir, http_get, prometheus_tool, serve, start_prometheus, url_encoded};
 use hvstats_testkit::{spawn_qemu, wait_for_kvm_vcpus};
 use serde_json::Value;
 
@@ -513,20 +513,6 @@ fn every_series_the_mixin_reads_comes_from_a_default_collector() {
             "{file} reads {name}, exported by {collectors:?}, none of them on by default"
         );
     }
-}
-
-/// `hvstats serve` over `dir` on a free loopback port./// `hvstats serve` over `dir` on a free loopback port.
-fn serve(dir: &Path, flags: &[&str]) -> (KilledOnDrop, SocketAddr) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--runtime-dir"])
-        .arg(dir)
-        .args(flags)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let addr = common::serving_addr(&mut child);
-    (KilledOnDrop(child), addr)
 }
 
 /// Prometheus' answer to `path` (an API call): its `data`, or the error it said.

@@ -15,27 +15,13 @@ use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{KilledOnDrop, TempDir};
+use common::{TempDir, serve};
 use hvstats_abi::catalog::vp;
 use hvstats_abi::histogram::Log2Histogram;
 use serde_json::Value;
-
-/// Starts `hvstats serve` on a free loopback port with `flags`; it and its address.
-fn serve(dir: &Path, flags: &[&str]) -> (KilledOnDrop, SocketAddr) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--runtime-dir"])
-        .arg(dir)
-        .args(flags)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let addr = common::serving_addr(&mut child);
-    (KilledOnDrop(child), addr)
-}
 
 /// A reply: status, headers (lower-case names), body bytes.
 struct Reply {

@@ -84,6 +84,20 @@ pub fn snapshot_json(runtime: &Path) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// Starts `hvstats serve` over `dir` on a free loopback port with `flags`; it and its address.
+pub fn serve(dir: &std::path::Path, flags: &[&str]) -> (KilledOnDrop, std::net::SocketAddr) {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--runtime-dir"])
+        .arg(dir)
+        .args(flags)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr = serving_addr(&mut child);
+    (KilledOnDrop(child), addr)
+}
+
 /// The address `hvstats serve` (started with its standard output piped) listens on: its first
 /// line, "serving http://ADDR/metrics".
 pub fn serving_addr(child: &mut std::process::Child) -> std::net::SocketAddr {
