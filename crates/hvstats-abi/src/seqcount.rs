@@ -6,8 +6,8 @@
 //! every merge makes odd before its first store and even after its last ([`SeqWrite`]); a reader
 //! copies what it needs between two loads of the counter and retries when they differ or are odd
 //! ([`read`]). Writers pay two plain stores per merge and nothing per exit; a reader never blocks
-//! a writer and gives up after a bounded number of tries, so a writer that died half-way cannot
-//! hang it.
+//! a writer and gives up after a bounded number of tries or a bounded wait ([`read_while`]), so a
+//! writer that died half-way cannot hang it.
 //!
 //! Writers of one page must be serialized (the VP page's merges already are, by a lock); the
 //! sequence counter orders them against readers, not against each other.
@@ -75,17 +75,31 @@ impl<T> SeqRead<T> {
     }
 }
 
-/// Tries a reader takes before it settles for a torn copy: far more than the writes that can
-/// overlap one copy of a page at any sane merge cadence.
-pub const DEFAULT_TRIES: u32 = 1000;
-
 /// Takes a copy with `copy` (relaxed loads of the values guarded by `seq`) between two loads of
 /// `seq`, retrying up to `tries` times (at least once) until no write overlapped it.
-pub fn read<T>(seq: &AtomicU64, tries: u32, mut copy: impl FnMut() -> T) -> SeqRead<T> {
-    let tries = tries.max(1);
-    let mut n = 0;
+pub fn read<T>(seq: &AtomicU64, tries: u32, copy: impl FnMut() -> T) -> SeqRead<T> {
+    let mut left = tries.max(1);
+    read_while(
+        seq,
+        || {
+            left -= 1;
+            core::hint::spin_loop();
+            left > 0
+        },
+        copy,
+    )
+}
+
+/// As [`read`], retrying for as long as `again` (called between tries, and free to wait) says
+/// so: a reader with a clock waits out a writer preempted half-way instead of counting spins.
+pub fn read_while<T>(
+    seq: &AtomicU64,
+    mut again: impl FnMut() -> bool,
+    mut copy: impl FnMut() -> T,
+) -> SeqRead<T> {
+    let mut n = 0u32;
     loop {
-        n += 1;
+        n = n.saturating_add(1);
         let before = seq.load(Ordering::Acquire);
         let value = copy();
         fence(Ordering::Acquire);
@@ -93,10 +107,9 @@ pub fn read<T>(seq: &AtomicU64, tries: u32, mut copy: impl FnMut() -> T) -> SeqR
         if before == after && before & 1 == 0 {
             return SeqRead::Consistent { value, sequence: before };
         }
-        if n >= tries {
+        if !again() {
             return SeqRead::Torn { value, tries: n };
         }
-        core::hint::spin_loop();
     }
 }
 

@@ -6,6 +6,7 @@ use std::io::{self, Write};
 
 use crate::json_keys::{Held, SCHEMA_KEY, SCHEMA_VERSION, key};
 use crate::present;
+use crate::text::Escaped;
 use hvstats::attach::Attach;
 use hvstats::snapshot::{self, InstanceSnapshot, ObjectReading, PartitionSnapshot, VpSnapshot};
 use hvstats::unmapped::ObjectRef;
@@ -23,13 +24,23 @@ pub struct Earlier<'a> {
     pub seconds: f64,
 }
 
-/// Writes `{"schema_version": N, "instances": [...]}` one partition at a time; true when something
-/// was unreadable.
+/// What [`stream_json`] could not read.
+#[derive(Debug, Default)]
+pub struct Unreadable {
+    /// True when something could not be read for a reason other than permissions (see
+    /// [`unreadable`]).
+    pub failed: bool,
+    /// A line for each object that could not be read ([`unreadable_lines`]).
+    pub lines: Vec<String>,
+}
+
+/// Writes `{"schema_version": N, "instances": [...]}` one partition at a time; returns what could
+/// not be read.
 ///
 /// # Errors
 /// When writing to `out` fails.
-pub fn stream_json(attach: &mut Attach, out: &mut impl Write) -> io::Result<bool> {
-    let mut failed = false;
+pub fn stream_json(attach: &mut Attach, out: &mut impl Write) -> io::Result<Unreadable> {
+    let mut report = Unreadable::default();
     write!(out, "{{\"{SCHEMA_KEY}\":{SCHEMA_VERSION},\"instances\":[")?;
     for (n, instance) in attach.instances_mut().enumerate() {
         instance.refresh();
@@ -37,12 +48,17 @@ pub fn stream_json(attach: &mut Attach, out: &mut impl Write) -> io::Result<bool
             out.write_all(b",")?;
         }
         let head = snapshot::take_instance_globals(instance);
-        failed |= has_unreadable(&head);
-        let partitions = instance.partitions().iter().map(|p| snapshot::take_partition(instance, p));
-        write_instance(out, &head, partitions.inspect(|snap| failed |= partition_unreadable(snap)))?;
+        report.failed |= has_unreadable(&head);
+        report.lines.extend(unreadable_lines(&head));
+        let partitions = instance.partitions().iter().filter_map(|p| snapshot::take_partition(instance, p));
+        let noted = partitions.inspect(|p| {
+            report.failed |= partition_unreadable(p);
+            report.lines.extend(partition_unreadable_lines(&head.name, p));
+        });
+        write_instance(out, &head, noted)?;
     }
     out.write_all(b"]}\n")?;
-    Ok(failed)
+    Ok(report)
 }
 
 /// Writes `{"schema_version": N, "instances": [...], "max_vps": N, "vps_left_out": M}` of `instances` one partition at
@@ -532,6 +548,37 @@ pub fn has_unreadable(s: &InstanceSnapshot) -> bool {
     unreadable(&s.hypervisor)
         || s.lps.iter().any(|lp| unreadable(&lp.reading))
         || s.partitions.iter().any(partition_unreadable)
+}
+
+/// A line for each object of `s` that could not be read, permissions included: "instance NAME
+/// partition P VP V: unreadable: REASON", names escaped.
+pub fn unreadable_lines(s: &InstanceSnapshot) -> Vec<String> {
+    let mut lines: Vec<String> = unreadable_line(&s.name, "hypervisor", &s.hypervisor).into_iter().collect();
+    for lp in &s.lps {
+        lines.extend(unreadable_line(&s.name, &format!("LP {}", lp.index), &lp.reading));
+    }
+    for p in &s.partitions {
+        lines.extend(partition_unreadable_lines(&s.name, p));
+    }
+    lines
+}
+
+fn partition_unreadable_lines(instance: &str, p: &PartitionSnapshot) -> Vec<String> {
+    let mut lines: Vec<String> =
+        unreadable_line(instance, &format!("partition {}", p.id), &p.reading).into_iter().collect();
+    for vp in &p.vps {
+        lines.extend(unreadable_line(instance, &format!("partition {} VP {}", p.id, vp.index), &vp.reading));
+    }
+    lines
+}
+
+fn unreadable_line(instance: &str, what: &str, r: &ObjectReading) -> Option<String> {
+    match r {
+        ObjectReading::Unreadable { reason, .. } => {
+            Some(format!("instance {} {what}: unreadable: {}", Escaped(instance), Escaped(reason)))
+        }
+        _ => None,
+    }
 }
 
 /// True when the partition or one of its VPs could not be read.

@@ -83,9 +83,10 @@ pub enum AttachError {
     /// The object was removed (or its slot reused) while being read, or its entry stayed busy.
     #[error("{0:?} changed while being read (removed?)")]
     Changed(StatsObject),
-    /// Every copy of the object's page overlapped a merge into it (or its writer stopped
-    /// half-way through one): no copy from one moment could be taken.
-    #[error("{0:?} was mid-update through every read (its writer stopped during a merge?)")]
+    /// Every copy of the object's page overlapped a merge into it for as long as a reader waits
+    /// ([`crate::patience::DEADLINE`]; its writer stopped half-way through one?): no copy from one
+    /// moment could be taken.
+    #[error("{0:?} stayed mid-update through every read for {deadline:?} (its writer stopped during a merge?)", deadline = crate::patience::DEADLINE)]
     Torn(StatsObject),
     /// The map rules refused the request.
     #[error("stats page request refused: {0}")]
@@ -438,6 +439,15 @@ impl Instance {
         let at = p.vps.get(i).ok_or(AttachError::NotFound(StatsObject::Partition(p.id)))?;
         let object = StatsObject::Vp(p.id, p.vp_indices.get(i).copied().unwrap_or(u32::MAX));
         copy_page(&self.arena, *at, object, out)
+    }
+
+    /// True when `object`, listed by the last refresh, has since been removed (its slot freed or
+    /// reused): a copy of it that failed failed because it is gone, not because it is unreadable.
+    pub fn removed_since_refresh(&self, object: StatsObject) -> bool {
+        match self.locate(object) {
+            Ok((arena, at)) => !arena.holds(at.slot, at.generation),
+            Err(_) => false,
+        }
     }
 
     /// A copy of `object`'s page.

@@ -26,6 +26,8 @@ use std::sync::atomic::{AtomicU64, Ordering, fence};
 use hvstats_abi::page::PAGE_SLOTS;
 use hvstats_abi::{ObjectKind, PAGE_SIZE};
 
+use crate::patience::Patience;
+
 /// `HVSTARN1`: the first word of every arena file.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"HVSTARN1");
 /// The format this build writes and reads. Format 2: an unavailable-counter bitmap has a bit per
@@ -404,9 +406,12 @@ pub(crate) fn encode_text(s: &str, words: usize) -> Vec<u64> {
 }
 
 /// Reads an entry's words as the writer left them, consistent (the sequence even and unchanged
-/// across the copy); `None` when the writer kept changing it for the whole of a bounded wait.
-pub(crate) fn read_entry(entry: &[AtomicU64; ENTRY_WORDS]) -> Option<[u64; ENTRY_WORDS]> {
-    for attempt in 0..10_000u32 {
+/// across the copy); `None` when the writer kept changing it for as long as `patience` waits.
+pub(crate) fn read_entry(
+    entry: &[AtomicU64; ENTRY_WORDS],
+    mut patience: Patience<'_>,
+) -> Option<[u64; ENTRY_WORDS]> {
+    loop {
         let before = entry[ew::SEQ].load(Ordering::Acquire);
         if before.is_multiple_of(2) {
             let mut words = [0u64; ENTRY_WORDS];
@@ -415,16 +420,14 @@ pub(crate) fn read_entry(entry: &[AtomicU64; ENTRY_WORDS]) -> Option<[u64; ENTRY
             }
             fence(Ordering::Acquire);
             if entry[ew::SEQ].load(Ordering::Relaxed) == before {
+                patience.succeeded();
                 return Some(words);
             }
         }
-        if attempt > 100 {
-            std::thread::yield_now();
-        } else {
-            std::hint::spin_loop();
+        if !patience.wait() {
+            return None;
         }
     }
-    None
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@ pub mod instance;
 pub mod lp;
 pub mod observer_mark;
 pub mod page;
+pub mod patience;
 pub mod publish;
 pub mod reader;
 pub mod rules;

@@ -21,6 +21,7 @@ use hvstats_abi::seqcount::{self, SeqRead, SeqWrite};
 use hvstats_abi::{CounterId, GroupKind, ObjectKind, PAGE_SIZE};
 
 use crate::arena::Arena;
+use crate::patience::Patience;
 
 /// One object's stats page, mapped shared and writable by its owner.
 pub struct SharedPage {
@@ -159,7 +160,7 @@ impl SharedPage {
     }
 
     /// A copy of the whole page from one moment: taken outside any merge
-    /// ([`begin_merge`](Self::begin_merge)), retried up to [`seqcount::DEFAULT_TRIES`] times. A
+    /// ([`begin_merge`](Self::begin_merge)), retried for up to [`crate::patience::DEADLINE`]. A
     /// page without a sequence counter gives a plain copy, reported as consistent.
     pub fn consistent_snapshot(&self) -> SeqRead<StatsPage> {
         consistent_copy(self.kind, self.slots())
@@ -300,7 +301,10 @@ fn consistent_copy(kind: ObjectKind, slots: &[AtomicU64; PAGE_SLOTS]) -> SeqRead
         page
     };
     match sequence_slot(kind) {
-        Some(slot) => seqcount::read(&slots[slot], seqcount::DEFAULT_TRIES, copy),
+        Some(slot) => {
+            let mut patience = Patience::alone();
+            seqcount::read_while(&slots[slot], || patience.wait(), copy)
+        }
         None => SeqRead::Consistent { value: copy(), sequence: 0 },
     }
 }

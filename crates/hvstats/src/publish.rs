@@ -214,7 +214,9 @@ pub fn sweep(instances: &Dir) -> Sweep {
             continue;
         }
         let Ok(file) = instances.open_file(name, false) else { continue };
-        if is_locked(file.as_fd()) || is_being_made(name, &file) {
+        // A file being made is left alone before its lock is tested: testing takes a shared lock
+        // for a moment, which would make its maker's own lock fail.
+        if is_being_made(name, &file) || is_locked(file.as_fd()) {
             continue;
         }
         let path = instances.path().join(name);
@@ -297,9 +299,22 @@ impl Publication {
     fn create(&self, file: &str, mode: u32, group: Option<u32>) -> Result<File, PublishError> {
         let tmp = format!(".{file}{TMP_SUFFIX}");
         let f = self.instances.create_file(&tmp, mode, group)?;
-        lock(f.as_fd())
-            .map_err(|source| PublishError::Lock { path: self.instances.path().join(&tmp), source })?;
-        Ok(f)
+        // A reader testing whether the new file is alive holds a shared lock on it for a moment:
+        // wait that out (the file is ours, made just now with O_EXCL).
+        let mut waits = 0;
+        loop {
+            match lock(f.as_fd()) {
+                Ok(()) => return Ok(f),
+                Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) && waits < 200 => {
+                    waits += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                Err(source) => {
+                    let _ = self.instances.remove_file(&tmp);
+                    return Err(PublishError::Lock { path: self.instances.path().join(&tmp), source });
+                }
+            }
+        }
     }
 
     /// The instance's name.

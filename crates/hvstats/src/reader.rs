@@ -15,15 +15,15 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::FileExt;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering, fence};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 
 use hvstats_abi::PAGE_SIZE;
 use hvstats_abi::page::PAGE_SLOTS;
-use hvstats_abi::seqcount;
 
 use crate::index::{
     self, CHUNK_BYTES, CHUNK_SLOTS, ENTRY_BYTES, ENTRY_WORDS, FormatError, HEADER_BYTES, Header, ew, hw,
 };
+use crate::patience::Patience;
 use crate::runtime_dir;
 use crate::shrink_guard::ShrinkGuard;
 
@@ -68,6 +68,8 @@ pub struct ArenaReader {
     guard: Option<ShrinkGuard>,
     /// True once the file shrank under the mapping (it is read with `pread` since).
     shrank: bool,
+    /// True once a wait for a write under way ran out ([`Patience`]).
+    stalled: AtomicBool,
 }
 
 // SAFETY: the mapping is read-only and accessed through atomics; it lives as long as the value.
@@ -151,6 +153,7 @@ impl ArenaReader {
             wide: wide_loads_are_atomic(),
             guard: None,
             shrank: false,
+            stalled: AtomicBool::new(false),
         };
         reader.grow().map_err(ArenaError::Io)?;
         Ok(reader)
@@ -287,6 +290,22 @@ impl ArenaReader {
         Ok(grew)
     }
 
+    /// True unless slot `slot` no longer holds the object of generation `generation` (freed or
+    /// reused): what a reader asks after a copy failed, to tell an object removed while it was
+    /// read from one whose entry stayed busy.
+    pub fn holds(&self, slot: usize, generation: u64) -> bool {
+        match self.entry_words(slot) {
+            Ok(words) => words[ew::GENERATION] == generation && words[ew::STATE] != index::state::FREE,
+            // Out of sight (the file shrank) is gone; busy all along is still there.
+            Err(Changed) => slot < self.slots(),
+        }
+    }
+
+    /// A wait for a write under way, remembering whether this file's last one ran out.
+    fn patience(&self) -> Patience<'_> {
+        Patience::of(&self.stalled)
+    }
+
     fn atomics(&self, offset: usize, count: usize) -> Option<&[AtomicU64]> {
         match self.access {
             Access::Mapped { ptr, len } if offset + count * 8 <= len && !self.shrunk() => {
@@ -323,22 +342,26 @@ impl ArenaReader {
         let offset = index::entry_offset(slot);
         match self.atomics(offset, ENTRY_WORDS) {
             Some(a) => {
-                let entry = index::read_entry(a.try_into().map_err(|_| Changed)?).ok_or(Changed);
+                let entry =
+                    index::read_entry(a.try_into().map_err(|_| Changed)?, self.patience()).ok_or(Changed);
                 // Read past a shrunk file's end: read it again from the file.
                 if self.shrunk() { self.entry_words(slot) } else { entry }
             }
             None => {
-                for _ in 0..1000 {
+                let mut patience = self.patience();
+                loop {
                     let mut words = [0u64; ENTRY_WORDS];
                     self.pread_words(offset, &mut words)?;
                     let mut seq = [0u64; 1];
                     self.pread_words(offset, &mut seq)?;
                     if words[ew::SEQ] % 2 == 0 && seq[0] == words[ew::SEQ] {
+                        patience.succeeded();
                         return Ok(words);
                     }
-                    std::thread::yield_now();
+                    if !patience.wait() {
+                        return Err(Changed);
+                    }
                 }
-                Err(Changed)
             }
         }
     }
@@ -386,8 +409,8 @@ impl ArenaReader {
 
     /// Runs `copy` while slot `slot` holds the object of generation `generation` (live), between
     /// two readings of its entry's sequence, and returns what `copy` gave when the entry did not
-    /// change meanwhile. Mapped, a busy or changed entry is retried (1000 times at most); read with
-    /// `pread`, the entry is read once before and once after.
+    /// change meanwhile. Mapped, a busy or changed entry is retried for as long as [`Patience`]
+    /// waits; read with `pread`, the entry is read once before and once after.
     ///
     /// # Errors
     /// [`Changed`] when the slot was freed or reused, its entry kept changing, or `copy` failed.
@@ -403,7 +426,8 @@ impl ArenaReader {
         };
         match self.atomics(entry_offset, ENTRY_WORDS) {
             Some(entry) => {
-                for _ in 0..1000 {
+                let mut patience = self.patience();
+                loop {
                     let before = entry[ew::SEQ].load(Ordering::Acquire);
                     let gen_ = entry[ew::GENERATION].load(Ordering::Relaxed);
                     let state = entry[ew::STATE].load(Ordering::Relaxed);
@@ -414,12 +438,14 @@ impl ArenaReader {
                         let value = copy()?;
                         fence(Ordering::Acquire);
                         if entry[ew::SEQ].load(Ordering::Relaxed) == before {
+                            patience.succeeded();
                             return Ok(value);
                         }
                     }
-                    std::hint::spin_loop();
+                    if !patience.wait() {
+                        return Err(Changed);
+                    }
                 }
-                Err(Changed)
             }
             None => {
                 let mut head = [0u64; 4];
@@ -439,8 +465,8 @@ impl ArenaReader {
 impl ArenaReader {
     /// As [`read_page_prefix`](Self::read_page_prefix), and from one moment of the page itself:
     /// the copy is taken between two loads of the page's sequence counter in slot `sequence`
-    /// ([`hvstats_abi::seqcount`]) and retried while a merge is under way, up to
-    /// [`seqcount::DEFAULT_TRIES`] times.
+    /// ([`hvstats_abi::seqcount`]) and retried while a merge is under way, for as long as
+    /// [`Patience`] waits (up to [`crate::patience::DEADLINE`]).
     ///
     /// # Errors
     /// [`PageCopyError::Changed`] as `read_page_prefix`; [`PageCopyError::Torn`] when every try
@@ -471,7 +497,8 @@ impl ArenaReader {
                     };
                     let seq = &page[sequence];
                     let mut torn = false;
-                    for _ in 0..seqcount::DEFAULT_TRIES {
+                    let mut patience = self.patience();
+                    loop {
                         let before = entry[ew::SEQ].load(Ordering::Acquire);
                         let gen_ = entry[ew::GENERATION].load(Ordering::Relaxed);
                         let state = entry[ew::STATE].load(Ordering::Relaxed);
@@ -487,16 +514,18 @@ impl ArenaReader {
                                 let page_after = seq.load(Ordering::Relaxed);
                                 if entry[ew::SEQ].load(Ordering::Relaxed) == before {
                                     if page_after == page_before {
+                                        patience.succeeded();
                                         break 'copy Ok(());
                                     }
                                     torn = true;
                                 }
                             }
                         }
-                        std::hint::spin_loop();
+                        if !patience.wait() {
+                            // Out of time: torn when the last try overlapped a merge into the page.
+                            break 'copy Err(if torn { PageCopyError::Torn } else { PageCopyError::Changed });
+                        }
                     }
-                    // Out of tries: torn when the last one overlapped a merge into the page.
-                    Err(if torn { PageCopyError::Torn } else { PageCopyError::Changed })
                 };
                 // Read past a shrunk file's end: read it again from the file.
                 match self.shrunk() {
@@ -506,7 +535,8 @@ impl ArenaReader {
             }
             None => {
                 let seq_offset = page_offset + sequence * 8;
-                for _ in 0..seqcount::DEFAULT_TRIES {
+                let mut patience = self.patience();
+                loop {
                     let stable = self.under_entry(slot, generation, || {
                         let (mut seq_before, mut seq_after) = ([0u64; 1], [0u64; 1]);
                         self.pread_words(seq_offset, &mut seq_before)?;
@@ -515,11 +545,13 @@ impl ArenaReader {
                         Ok(seq_before == seq_after && seq_before[0].is_multiple_of(2))
                     })?;
                     if stable {
+                        patience.succeeded();
                         return Ok(());
                     }
-                    std::hint::spin_loop();
+                    if !patience.wait() {
+                        return Err(PageCopyError::Torn);
+                    }
                 }
-                Err(PageCopyError::Torn)
             }
         }
     }

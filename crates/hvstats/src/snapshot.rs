@@ -351,8 +351,10 @@ impl Instance {
     }
 }
 
-/// Reads one partition of `instance` and its VPs, as its last refresh listed them.
-pub fn take_partition(instance: &Instance, p: &PartitionInfo) -> PartitionSnapshot {
+/// Reads one partition of `instance` and its VPs, as its last refresh listed them: `None` when
+/// the partition was removed while being read; a VP removed while being read is left out. (What
+/// was removed is gone, not unreadable: a reader racing a VM's teardown reports no failure.)
+pub fn take_partition(instance: &Instance, p: &PartitionInfo) -> Option<PartitionSnapshot> {
     let mut snapshot = PartitionSnapshot {
         id: p.id,
         active: false,
@@ -363,12 +365,12 @@ pub fn take_partition(instance: &Instance, p: &PartitionInfo) -> PartitionSnapsh
         reading: ObjectReading::Counters(Vec::new()),
         vps: Vec::with_capacity(p.vp_indices().len()),
     };
-    take_partition_into(instance, p, &mut snapshot);
-    snapshot
+    take_partition_into(instance, p, &mut snapshot).then_some(snapshot)
 }
 
-/// [`take_partition`] into `out`, reusing the memory of what it held.
-fn take_partition_into(instance: &Instance, p: &PartitionInfo, out: &mut PartitionSnapshot) {
+/// [`take_partition`] into `out`, reusing the memory of what it held; false when the partition
+/// was removed while being read.
+fn take_partition_into(instance: &Instance, p: &PartitionInfo, out: &mut PartitionSnapshot) -> bool {
     let mut buf = StatsPage::default();
     out.id = p.id;
     out.active = p.is_active();
@@ -386,6 +388,12 @@ fn take_partition_into(instance: &Instance, p: &PartitionInfo, out: &mut Partiti
         |words| instance.read_prefix(StatsObject::Partition(p.id), words),
         &mut out.reading,
     );
+    let gone = |reading: &ObjectReading, object| {
+        matches!(reading, ObjectReading::Unreadable { .. }) && instance.removed_since_refresh(object)
+    };
+    if gone(&out.reading, StatsObject::Partition(p.id)) {
+        return false;
+    }
     // Its VPs share one set of unavailable counters: chosen once for them all.
     let vp = Selection::of(ObjectKind::Vp, &|slot| p.is_unavailable(ObjectKind::Vp, slot));
     let indices = p.vp_indices();
@@ -406,6 +414,8 @@ fn take_partition_into(instance: &Instance, p: &PartitionInfo, out: &mut Partiti
             ObjectReading::Unreadable { .. } => snapshot.histograms.clear(),
         }
     }
+    out.vps.retain(|v| !gone(&v.reading, StatsObject::Vp(p.id, v.index)));
+    true
 }
 
 #[cfg(test)]
@@ -423,7 +433,7 @@ pub(crate) fn histograms_of(
 /// Reads every object of `instance`, as its last refresh listed them.
 pub fn take_instance(instance: &Instance) -> InstanceSnapshot {
     let mut snapshot = take_instance_globals(instance);
-    snapshot.partitions = instance.partitions().iter().map(|p| take_partition(instance, p)).collect();
+    snapshot.partitions = instance.partitions().iter().filter_map(|p| take_partition(instance, p)).collect();
     snapshot
 }
 
@@ -433,12 +443,15 @@ fn take_instance_into(instance: &Instance, out: &mut InstanceSnapshot) {
     *out = take_instance_globals(instance);
     let list = instance.partitions();
     partitions.truncate(list.len());
-    for (i, p) in list.iter().enumerate() {
-        match partitions.get_mut(i) {
+    let mut kept = 0;
+    for p in list {
+        let present = match partitions.get_mut(kept) {
             Some(reused) => take_partition_into(instance, p, reused),
-            None => partitions.push(take_partition(instance, p)),
-        }
+            None => take_partition(instance, p).map(|s| partitions.push(s)).is_some(),
+        };
+        kept += usize::from(present);
     }
+    partitions.truncate(kept);
     out.partitions = partitions;
 }
 

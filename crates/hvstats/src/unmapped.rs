@@ -175,19 +175,39 @@ pub fn read(instance: &Instance) -> Result<Option<Unmapped>, AttachError> {
     let Some(dir_path) = instance.path().parent() else { return Ok(None) };
     let dir = Dir::open(dir_path, Use::Read)?;
     let name = format!("{}{UNMAPPED_SUFFIX}", instance.name());
-    let file = match dir.open_file(&name, false) {
-        Ok(f) => f,
-        Err(e) if e.io_kind() == Some(std::io::ErrorKind::NotFound) => return Ok(None),
-        Err(e) => return Err(e.into()),
-    };
     let dir_owner = runtime_dir::fstat(dir.fd()).map(|st| st.st_uid).unwrap_or_else(|_| runtime_dir::euid());
-    crate::trust::verify(&file, instance.pid(), dir_owner)
-        .map_err(|why| AttachError::Untrusted { path: dir_path.join(&name), why })?;
+    // The publisher replaces the file each interval and then lets go of the old one's lock: a
+    // file opened just before a replacement is found unlocked. Such a file, no longer under the
+    // name, is opened again (a few times: the publisher replaces it every interval, not faster).
+    let mut tries = 0;
+    let file = loop {
+        let file = match dir.open_file(&name, false) {
+            Ok(f) => f,
+            Err(e) if e.io_kind() == Some(std::io::ErrorKind::NotFound) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        match crate::trust::verify(&file, instance.pid(), dir_owner) {
+            Ok(()) => break file,
+            Err(_) if tries < 3 && replaced(&dir, &name, &file) => tries += 1,
+            Err(why) => return Err(AttachError::Untrusted { path: dir_path.join(&name), why }),
+        }
+    };
     let mut bytes = Vec::new();
     file.take(MAX_BYTES as u64)
         .read_to_end(&mut bytes)
         .map_err(|source| AttachError::Page { path: dir_path.join(&name), source })?;
     Ok(decode(&bytes))
+}
+
+/// True when `name` in `dir` is no longer the file `file` (it was replaced or removed since).
+fn replaced(dir: &Dir, name: &str, file: &std::fs::File) -> bool {
+    use std::os::fd::AsFd;
+    let Ok(opened) = runtime_dir::fstat(file.as_fd()) else { return false };
+    match dir.open_file(name, false) {
+        Ok(now) => runtime_dir::fstat(now.as_fd())
+            .is_ok_and(|now| (now.st_dev, now.st_ino) != (opened.st_dev, opened.st_ino)),
+        Err(_) => true,
+    }
 }
 
 #[cfg(test)]

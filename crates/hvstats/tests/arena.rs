@@ -163,7 +163,7 @@ fn sixty_five_thousand_vps_publish_and_are_read_with_bounded_memory() {
     let before = rss_kib();
     let mut vps = 0;
     for p in instance.partitions() {
-        let snap = snapshot::take_partition(instance, p);
+        let snap = snapshot::take_partition(instance, p).unwrap();
         for v in &snap.vps {
             assert_eq!(v.reading.get("Hypercalls/sec"), Some(signature(p.id, v.index)));
             vps += 1;

@@ -24,6 +24,7 @@ use crate::output::{self, ExitStatus, note};
 use hvstats_present::present::human_ns;
 use hvstats_present::snapshot_json::{
     Earlier, cells, earlier_partition, earlier_vp, has_unreadable, instance_json, stream_json,
+    unreadable_lines,
 };
 
 /// Flags of `hvstats snapshot`.
@@ -126,7 +127,9 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.json && args.interval.is_none() && filter.is_empty() {
         output::with_stdout(|out| {
             let mut out = io::BufWriter::new(out);
-            failed |= stream_json(&mut attach, &mut out)?;
+            let unreadable = stream_json(&mut attach, &mut out)?;
+            failed |= unreadable.failed;
+            unreadable.lines.iter().for_each(|line| note!("{line}"));
             out.flush()
         })?;
         return Ok(if failed { ExitStatus::RuntimeError.into() } else { ExitStatus::Success.into() });
@@ -188,21 +191,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 /// Says on standard error why each object of `s` that could not be read could not.
 fn note_unreadable(s: &InstanceSnapshot) {
-    let note = |what: String, r: &ObjectReading| {
-        if let ObjectReading::Unreadable { reason, .. } = r {
-            note!("instance {} {what}: unreadable: {}", Escaped(&s.name), Escaped(reason));
-        }
-    };
-    note("hypervisor".into(), &s.hypervisor);
-    for lp in &s.lps {
-        note(format!("LP {}", lp.index), &lp.reading);
-    }
-    for p in &s.partitions {
-        note(format!("partition {}", p.id), &p.reading);
-        for vp in &p.vps {
-            note(format!("partition {} VP {}", p.id, vp.index), &vp.reading);
-        }
-    }
+    unreadable_lines(s).iter().for_each(|line| note!("{line}"));
 }
 
 /// A row's name: the catalog's, except that without an interval a "/sec" counter is its total

@@ -80,7 +80,7 @@ pub fn snapshot_json(runtime: &Path) -> serde_json::Value {
         .arg(runtime)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{}: {}", out.status, String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
