@@ -76,12 +76,16 @@ fn serve_as_the_unit(default_file: &str, port: u16, runtime: &Path) -> KilledOnD
         .arg(runtime)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let serve = KilledOnDrop(child);
+    let mut serve = KilledOnDrop(child);
     let t = Instant::now();
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Some(status) = serve.0.try_wait().unwrap() {
+            let stderr = std::io::read_to_string(serve.0.stderr.take().unwrap()).unwrap_or_default();
+            panic!("serve {args:?} ended ({status}) before listening on {port}: {stderr}");
+        }
         assert!(t.elapsed() < Duration::from_secs(30), "serve {args:?} is not listening on {port}");
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -214,8 +214,25 @@ pub fn start_prometheus_with(
 }
 
 /// A loopback port nobody listens on now.
+///
+/// The port is below the kernel's ephemeral range (32768 and up), where the outgoing connections
+/// of everything else on the host take their local ports: a port the kernel handed out as free
+/// could be some client's by the time a server binds it. It is free on every address when chosen.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let (low, span) = (10_000u16, 22_000u16);
+    let start = (std::process::id() % u32::from(span)) as u16;
+    for _ in 0..span {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = low + (start.wrapping_add(n.wrapping_mul(7919))) % span;
+        let free = |host: &str| std::net::TcpListener::bind((host, port)).is_ok();
+        let ipv6 = std::net::TcpListener::bind(("::1", 0)).is_ok();
+        if free("0.0.0.0") && (!ipv6 || free("::")) {
+            return port;
+        }
+    }
+    panic!("no free port below the ephemeral range")
 }
 
 /// `s` percent-encoded for a URL's query string.
