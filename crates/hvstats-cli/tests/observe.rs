@@ -387,8 +387,17 @@ fn a_file_dup2d_behind_a_stats_descriptor_is_refused_and_allocates_nothing() {
         )),
         "{refused}"
     );
-    let v = snapshot(&runtime);
-    let observer = v["instances"].as_array().unwrap().iter().find(|i| i["pid"] == child.0.id()).unwrap();
+    // The refusal is said while the VM is attached; its partition is published after.
+    let t = Instant::now();
+    let observer = loop {
+        let v = snapshot(&runtime);
+        let found = v["instances"].as_array().unwrap().iter().find(|i| i["pid"] == child.0.id()).cloned();
+        if let Some(o) = found.filter(|o| o["partitions"][0]["sources"].is_array()) {
+            break o;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "the observer never published the VM: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
     let sources = observer["partitions"][0]["sources"].as_array().unwrap();
     let stats_fd = sources.iter().find(|s| s["name"] == "stats-fd").expect("the source is listed");
     assert_eq!(stats_fd["up"], false, "{sources:?}");
