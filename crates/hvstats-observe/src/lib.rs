@@ -39,6 +39,7 @@ pub mod observer;
 pub mod publication;
 pub mod qemu_args;
 pub mod qmp;
+mod record;
 pub mod sources;
 pub mod unix_sockets;
 pub mod vm;
