@@ -35,7 +35,9 @@ pub mod tracepoints;
 pub mod vm_source;
 
 pub use event_writer::KvmExitState;
-pub use vm_source::{PeerState, Vcpu, VcpuThread, VmAttach, VmSource, VmView};
+pub use vm_source::{
+    Counting, Learned, Named, Peer, PeerKind, PeerState, Vcpu, VcpuThread, VmAttach, VmSource, VmView,
+};
 
 use crate::attach::ObserveError;
 
