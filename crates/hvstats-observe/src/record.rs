@@ -207,3 +207,38 @@ impl Record {
                 || self.refusal_said)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deferral_is_news_once_and_counts_as_refused_until_a_tick_passes_without_it() {
+        let mut r = Record::default();
+        assert!(r.is_blank() && !r.is_refused());
+        assert!(r.defer(), "deferred for the first time: said");
+        r.end_tick();
+        assert!(r.is_refused() && !r.is_blank());
+        assert!(!r.defer(), "deferred at the last tick too: not said again");
+        r.end_tick();
+        assert!(r.is_refused());
+        // A tick without it: no longer refused, and said again should it come back.
+        r.end_tick();
+        assert!(!r.is_refused() && r.is_blank());
+        assert!(r.defer());
+    }
+
+    #[test]
+    fn a_failed_process_is_done_and_refused_until_it_is_forgotten() {
+        let mut r = Record { stage: Stage::Failed, excluded: true, ..Record::default() };
+        assert!(r.is_done() && r.is_refused() && !r.waits() && !r.is_attached());
+        r.forget();
+        assert!(matches!(r.stage, Stage::Seen) && !r.excluded && !r.is_done() && !r.is_refused());
+        r.stage = Stage::Gone;
+        assert!(r.is_done() && !r.is_refused(), "an exited process is not a VM refused");
+        r.stage = Stage::Execed;
+        assert!(r.waits() && !r.is_done());
+        r.stage = Stage::Settling { vcpus: 2 };
+        assert!(r.waits() && !r.is_blank());
+    }
+}
