@@ -304,6 +304,90 @@ catalog! {
             By(RunState, "running while the partition runs, shutdown once it stopped"),
             observed By(RunState, "libvirt's domain state for a libvirt domain, else QEMU's run state (QMP query-status): unknown while neither answers"),
             "Whether the VM runs, is paused, shut down, stopped on an internal error KVM could not get past, or its state is unknown now.";
+        // hvstats 1.2 of the partition page: room for every source a 4-bit source number can
+        // name ([`crate::vm_sources::MAX_SOURCES`]), so a VM composing more sources needs no
+        // layout change.
+        Hvstats 31 SOURCE_7_NAME "Source 7 name", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "The first 8 bytes of the name of the observed VM's source 7, NUL-padded.";
+        Hvstats 32 SOURCE_7_NAME_2 "Source 7 name, continued", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Bytes 8 to 15 of the name of the observed VM's source 7, NUL-padded.";
+        Hvstats 33 SOURCE_7_STATE "Source 7 state", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Whether the observed VM's source 7 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation).";
+        Hvstats 34 SOURCE_8_NAME "Source 8 name", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "The first 8 bytes of the name of the observed VM's source 8, NUL-padded.";
+        Hvstats 35 SOURCE_8_NAME_2 "Source 8 name, continued", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Bytes 8 to 15 of the name of the observed VM's source 8, NUL-padded.";
+        Hvstats 36 SOURCE_8_STATE "Source 8 state", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Whether the observed VM's source 8 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation).";
+        Hvstats 37 SOURCE_9_NAME "Source 9 name", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "The first 8 bytes of the name of the observed VM's source 9, NUL-padded.";
+        Hvstats 38 SOURCE_9_NAME_2 "Source 9 name, continued", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Bytes 8 to 15 of the name of the observed VM's source 9, NUL-padded.";
+        Hvstats 39 SOURCE_9_STATE "Source 9 state", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Whether the observed VM's source 9 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation).";
+        Hvstats 40 SOURCE_10_NAME "Source 10 name", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "The first 8 bytes of the name of the observed VM's source 10, NUL-padded.";
+        Hvstats 41 SOURCE_10_NAME_2 "Source 10 name, continued", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Bytes 8 to 15 of the name of the observed VM's source 10, NUL-padded.";
+        Hvstats 42 SOURCE_10_STATE "Source 10 state", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Whether the observed VM's source 10 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation).";
+        Hvstats 43 SOURCE_11_NAME "Source 11 name", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "The first 8 bytes of the name of the observed VM's source 11, NUL-padded.";
+        Hvstats 44 SOURCE_11_NAME_2 "Source 11 name, continued", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Bytes 8 to 15 of the name of the observed VM's source 11, NUL-padded.";
+        Hvstats 45 SOURCE_11_STATE "Source 11 state", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Whether the observed VM's source 11 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation).";
+        Hvstats 46 SOURCE_12_NAME "Source 12 name", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "The first 8 bytes of the name of the observed VM's source 12, NUL-padded.";
+        Hvstats 47 SOURCE_12_NAME_2 "Source 12 name, continued", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Bytes 8 to 15 of the name of the observed VM's source 12, NUL-padded.";
+        Hvstats 48 SOURCE_12_STATE "Source 12 state", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Whether the observed VM's source 12 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation).";
+        Hvstats 49 SOURCE_13_NAME "Source 13 name", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "The first 8 bytes of the name of the observed VM's source 13, NUL-padded.";
+        Hvstats 50 SOURCE_13_NAME_2 "Source 13 name, continued", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Bytes 8 to 15 of the name of the observed VM's source 13, NUL-padded.";
+        Hvstats 51 SOURCE_13_STATE "Source 13 state", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Whether the observed VM's source 13 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation).";
+        Hvstats 52 SOURCE_14_NAME "Source 14 name", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "The first 8 bytes of the name of the observed VM's source 14, NUL-padded.";
+        Hvstats 53 SOURCE_14_NAME_2 "Source 14 name, continued", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Bytes 8 to 15 of the name of the observed VM's source 14, NUL-padded.";
+        Hvstats 54 SOURCE_14_STATE "Source 14 state", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Whether the observed VM's source 14 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation).";
+        Hvstats 55 SOURCE_15_NAME "Source 15 name", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "The first 8 bytes of the name of the observed VM's source 15, NUL-padded.";
+        Hvstats 56 SOURCE_15_NAME_2 "Source 15 name, continued", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Bytes 8 to 15 of the name of the observed VM's source 15, NUL-padded.";
+        Hvstats 57 SOURCE_15_STATE "Source 15 state", Count, Instant,
+            By(Authority, SOURCE_TABLE),
+            "Whether the observed VM's source 15 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation).";
     }
 
     /// Counters of a virtual processor object.
@@ -713,6 +797,8 @@ pub const APPENDED: &[Appended] = &[
     Appended { kind: ObjectKind::Vp, group: GroupKind::Hvstats, minor: 2, first_index: 268 },
     // hvstats 1.1 of the partition page: the VM's run state.
     Appended { kind: ObjectKind::Partition, group: GroupKind::Hvstats, minor: 1, first_index: 30 },
+    // hvstats 1.2 of the partition page: sources 7 to 15 of an observed VM.
+    Appended { kind: ObjectKind::Partition, group: GroupKind::Hvstats, minor: 2, first_index: 31 },
 ];
 
 impl CounterId {

@@ -11,19 +11,31 @@
 use crate::catalog::{self, CounterId, partition};
 use crate::object::ObjectKind;
 
-/// Sources one VM can name.
-pub const MAX_SOURCES: usize = 6;
+/// Sources one VM can name: one per row triple of the partition page, as many as a 4-bit source
+/// number names (the observer checks at build time that its list of sources fits).
+pub const MAX_SOURCES: usize = SOURCE_ROWS.len();
 /// Longest source name, in bytes.
 pub const NAME_BYTES: usize = 16;
 
-/// The three rows of each source: name, name continued, state.
-const SOURCE_ROWS: [[CounterId; 3]; MAX_SOURCES] = [
+/// The three rows of each source: name, name continued, state. Sources 1 to 6 are hvstats 1.0 of
+/// the partition page, 7 to 15 hvstats 1.2: a page of an older observer has no rows for them,
+/// and its table decodes with those sources absent.
+const SOURCE_ROWS: [[CounterId; 3]; 15] = [
     [partition::SOURCE_1_NAME, partition::SOURCE_1_NAME_2, partition::SOURCE_1_STATE],
     [partition::SOURCE_2_NAME, partition::SOURCE_2_NAME_2, partition::SOURCE_2_STATE],
     [partition::SOURCE_3_NAME, partition::SOURCE_3_NAME_2, partition::SOURCE_3_STATE],
     [partition::SOURCE_4_NAME, partition::SOURCE_4_NAME_2, partition::SOURCE_4_STATE],
     [partition::SOURCE_5_NAME, partition::SOURCE_5_NAME_2, partition::SOURCE_5_STATE],
     [partition::SOURCE_6_NAME, partition::SOURCE_6_NAME_2, partition::SOURCE_6_STATE],
+    [partition::SOURCE_7_NAME, partition::SOURCE_7_NAME_2, partition::SOURCE_7_STATE],
+    [partition::SOURCE_8_NAME, partition::SOURCE_8_NAME_2, partition::SOURCE_8_STATE],
+    [partition::SOURCE_9_NAME, partition::SOURCE_9_NAME_2, partition::SOURCE_9_STATE],
+    [partition::SOURCE_10_NAME, partition::SOURCE_10_NAME_2, partition::SOURCE_10_STATE],
+    [partition::SOURCE_11_NAME, partition::SOURCE_11_NAME_2, partition::SOURCE_11_STATE],
+    [partition::SOURCE_12_NAME, partition::SOURCE_12_NAME_2, partition::SOURCE_12_STATE],
+    [partition::SOURCE_13_NAME, partition::SOURCE_13_NAME_2, partition::SOURCE_13_STATE],
+    [partition::SOURCE_14_NAME, partition::SOURCE_14_NAME_2, partition::SOURCE_14_STATE],
+    [partition::SOURCE_15_NAME, partition::SOURCE_15_NAME_2, partition::SOURCE_15_STATE],
 ];
 /// The rows holding which source writes each partition counter.
 const PARTITION_WRITER_ROWS: [CounterId; 3] =
@@ -246,18 +258,25 @@ fn packed<const N: usize>(
 }
 
 const _: () = {
-    // Every partition and VP counter has a place in the writer rows.
+    // Every partition and VP counter a source can write has a place in the writer rows (the
+    // page's own bookkeeping, such as the source rows themselves, is written by no source).
     let (mut partitions, mut vps, mut i) = (0, 0, 0);
     while i < catalog::CATALOG.len() {
-        match catalog::CATALOG[i].id.kind {
-            ObjectKind::Partition => partitions += 1,
-            ObjectKind::Vp => vps += 1,
+        let counter = &catalog::CATALOG[i];
+        let bookkeeping = counter.is_bookkeeping();
+        match counter.id.kind {
+            ObjectKind::Partition => {
+                assert!(bookkeeping || partitions < PARTITION_WRITER_ROWS.len() * PER_ROW);
+                partitions += 1;
+            }
+            ObjectKind::Vp => {
+                assert!(bookkeeping || vps < VP_WRITER_ROWS.len() * PER_ROW);
+                vps += 1;
+            }
             _ => {}
         }
         i += 1;
     }
-    assert!(partitions <= PARTITION_WRITER_ROWS.len() * PER_ROW);
-    assert!(vps <= VP_WRITER_ROWS.len() * PER_ROW);
     assert!(MAX_SOURCES < 16, "a source's number must fit 4 bits");
 };
 
@@ -289,6 +308,66 @@ mod tests {
         let names: [&str; 2] = [back.sources().next().unwrap().name(), back.sources().nth(1).unwrap().name()];
         assert_eq!(names, ["tracepoints", "libvirt"]);
         assert!(SourceTable::decode(|_| Some(0)).is_none(), "a page naming no source has no table");
+    }
+
+    #[test]
+    fn a_page_without_the_rows_of_sources_7_to_15_decodes_with_the_sources_it_names() {
+        let mut table = SourceTable::default();
+        let names = ["stats-fd", "libvirt", "qmp", "tracepoints", "thread", "sixth"];
+        let mut number = 0;
+        for name in names {
+            number = table.push(SourceEntry::new(name, true, Origin::Attach)).unwrap();
+        }
+        table.set_writer(vp::HLT_INSTRUCTIONS, number);
+        let mut page = [0u64; 64];
+        for (id, w) in table.rows() {
+            page[id.index as usize] = w;
+        }
+        // An observer of hvstats 1.1 wrote rows up to the VM's state, and none after it.
+        let older = |id: CounterId| (id.index <= partition::VM_STATE.index).then(|| page[id.index as usize]);
+        let back = SourceTable::decode(older).unwrap();
+        assert!(back.sources().map(SourceEntry::name).eq(names));
+        assert_eq!(back.writer(vp::HLT_INSTRUCTIONS).map(|s| s.name()), Some("sixth"));
+        assert_eq!(back, table);
+    }
+
+    #[test]
+    fn the_fifteenth_source_round_trips_and_writes_counters() {
+        let mut table = SourceTable::default();
+        let names = [
+            "s1",
+            "s2",
+            "s3",
+            "s4",
+            "s5",
+            "s6",
+            "s7",
+            "s8",
+            "s9",
+            "s10",
+            "s11",
+            "s12",
+            "s13",
+            "s14",
+            "source-15",
+        ];
+        assert_eq!(names.len(), MAX_SOURCES);
+        let mut last = 0;
+        for (n, name) in names.iter().enumerate() {
+            last = table.push(SourceEntry::new(name, n % 2 == 1, Origin::Attach)).unwrap();
+        }
+        assert_eq!(usize::from(last), MAX_SOURCES);
+        table.set_writer(vp::CPUID_INSTRUCTIONS, last);
+        table.set_writer(partition::VM_STATE, last);
+        let mut page = [0u64; 64];
+        for (id, w) in table.rows() {
+            page[id.index as usize] = w;
+        }
+        let back = SourceTable::decode(|id| page.get(id.index as usize).copied()).unwrap();
+        assert_eq!(back, table);
+        let fifteenth = back.writer(vp::CPUID_INSTRUCTIONS).unwrap();
+        assert_eq!((fifteenth.name(), fifteenth.up), ("source-15", false));
+        assert_eq!(back.writer(partition::VM_STATE).map(|s| s.name()), Some("source-15"));
     }
 
     #[test]

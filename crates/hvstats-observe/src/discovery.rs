@@ -414,18 +414,7 @@ impl Procfs {
                         chardevs.insert(id, PathBuf::from(path));
                     }
                 }
-                _ => {
-                    let get = |key: &str| opts.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
-                    let chardev = get("chardev")
-                        .or_else(|| opts.first().filter(|(_, v)| v.is_empty()).map(|(k, _)| k.as_str()));
-                    let pretty = matches!(get("pretty"), Some("" | "on" | "yes" | "true"));
-                    if get("mode") == Some("control")
-                        && !pretty
-                        && let Some(id) = chardev
-                    {
-                        monitors.push((at, id.to_owned()));
-                    }
-                }
+                _ => monitors.extend(control_monitor(&opts).map(|id| (at, id))),
             }
         }
         found.extend(monitors.into_iter().filter_map(|(at, id)| Some((at, chardevs.get(&id)?.clone()))));
@@ -528,6 +517,15 @@ fn qemu_opts(value: &str) -> Vec<(String, String)> {
             None => (part, String::new()),
         })
         .collect()
+}
+
+/// The chardev a QEMU `-mon` option makes a control monitor of (`mode=control`, not pretty).
+fn control_monitor(opts: &[(String, String)]) -> Option<String> {
+    let get = |key: &str| opts.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
+    let chardev =
+        get("chardev").or_else(|| opts.first().filter(|(_, v)| v.is_empty()).map(|(k, _)| k.as_str()));
+    let pretty = matches!(get("pretty"), Some("" | "on" | "yes" | "true"));
+    (get("mode") == Some("control") && !pretty).then_some(chardev?.to_owned())
 }
 
 /// True when a failed `/proc/PID/…` access means the process is gone (no such file, or the

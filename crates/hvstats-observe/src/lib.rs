@@ -10,7 +10,8 @@
 //! - [`libvirt`]: a read-only client of libvirt's remote protocol, for its domain statistics;
 //! - [`sources`]: the sources of an observed VM's counters (the VMM's KVM statistics descriptors,
 //!   libvirt, QMP, its events, its threads' own files), composed on the seam our own VPs' sources share;
-//! - [`vm`]: one observed VM and its partition; [`observer`]: attach, refresh, detach;
+//! - [`vm`]: one observed VM and its partition; [`observer`]: attach, refresh, detach, over one
+//!   record per process (`record`: its identity, stage and what was said of it);
 //! - [`publication`]: what an observed partition publishes beside its pages;
 //! - [`claim`]: one observer per VM per host;
 //! - [`cancel`]: the flag a signal sets to end every wait.
@@ -39,6 +40,7 @@ pub mod observer;
 pub mod publication;
 pub mod qemu_args;
 pub mod qmp;
+mod record;
 pub mod sources;
 pub mod unix_sockets;
 pub mod vm;

@@ -9,7 +9,7 @@
 //! is up, when it last finished a refresh, the VMs it observes and those it found and does not,
 //! and the QMP sessions that answer.
 //!
-//! A process is who it was when it was first seen ([`ProcessIdentity`]): what the observer knows
+//! A process is who it was when it was first seen ([`ProcessIdentity`](super::discovery::ProcessIdentity)): what the observer knows
 //! of a pid (observed, failed, waited for) is forgotten once the pid names another process or
 //! the process runs another program, so a pid reused or a VMM that `exec()`s between two ticks
 //! is the old VM leaving and a new one attaching. With `--all`, VMs found in the same tick attach
@@ -29,13 +29,15 @@ use hvstats_abi::catalog::hypervisor;
 use super::attach::{ObserveError, ObserveOptions};
 use super::cancel::Cancel;
 use super::claim::{Claim, ClaimError};
-use super::discovery::{ProcessIdentity, Procfs, is_shortage, read_error};
+use super::discovery::{KvmFds, Procfs, is_shortage, read_error};
 use super::filter::VmIdentity;
 use super::kvm_scan::KvmScan;
 use super::qmp::Qmp;
-use super::sources::{KvmExitState, PeerState};
+use super::record::{Observed, Record, Stage};
+use super::sources::KvmExitState;
 use super::unix_sockets::UnixSockets;
 use super::vm::{Departure, ObservedVm, ThreadRefusal};
+use hvstats_host::error_chain::error_chain;
 
 /// Which processes are observed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -210,40 +212,12 @@ pub struct Observer {
     procfs: Procfs,
     targets: Targets,
     options: ObserveOptions,
-    vms: BTreeMap<i32, ObservedVm>,
-    /// Processes that failed or exited (never retried with `--pid`; retried with `--all` only
-    /// when they appear again with a new VM).
-    done: BTreeSet<i32>,
-    reported: BTreeMap<i32, (bool, KvmExitState)>,
-    /// With `--all`: processes seen with a VM but not attached yet, and their vCPU count then.
-    /// A VMM creates its vCPUs one by one after the VM; attaching waits until the count holds
-    /// still for one interval, so a partition gets every vCPU.
-    pending: BTreeMap<i32, usize>,
-    /// Processes deferred at the last tick (their reason was said once).
-    deferred: BTreeSet<i32>,
-    /// Processes that failed and may still hold a VM (refused, with those deferred).
-    failed: BTreeSet<i32>,
-    /// Processes the filter leaves out (said once).
-    excluded: BTreeSet<i32>,
-    /// Each VM's sources with a peer: whether it answered at the last tick, and since when it
-    /// has not.
-    peers: BTreeMap<(i32, &'static str), Option<Instant>>,
+    /// What is known of each process the observer keeps something about, by pid.
+    records: BTreeMap<i32, Record>,
     /// With a QMP socket as the target: when its server's pid is asked next.
     socket_retry: Instant,
-    /// Who each process the observer keeps something about was then: what is kept of a pid is
-    /// forgotten once it names another process or program.
-    known: BTreeMap<i32, ProcessIdentity>,
-    /// `--pid` processes whose VM left by an `exec()`: waited for until they hold a VM again.
-    execed: BTreeSet<i32>,
     /// Every process holding a KVM VM, found anew each tick from what changed.
     scan: KvmScan,
-    /// Processes refused (by the scan, or a QMP socket hidden from this mount namespace) whose
-    /// refusal was said.
-    refusals_said: BTreeSet<i32>,
-    /// Observed VMs whose QMP socket their VMM's mount namespace has and this one does not.
-    hidden_qmp: BTreeSet<i32>,
-    /// Processes the scan was refused that the filter takes: counted as refused.
-    refused_vms: BTreeSet<i32>,
 }
 
 /// Descriptors kept out of the counters' reach (for `/proc`, the runtime directory, QMP sockets
@@ -258,33 +232,21 @@ impl Observer {
             procfs,
             targets,
             options,
-            vms: BTreeMap::new(),
-            done: BTreeSet::new(),
-            reported: BTreeMap::new(),
-            pending: BTreeMap::new(),
-            deferred: BTreeSet::new(),
-            failed: BTreeSet::new(),
-            excluded: BTreeSet::new(),
-            peers: BTreeMap::new(),
+            records: BTreeMap::new(),
             socket_retry: Instant::now(),
-            known: BTreeMap::new(),
-            execed: BTreeSet::new(),
             scan: KvmScan::new(),
-            refusals_said: BTreeSet::new(),
-            hidden_qmp: BTreeSet::new(),
-            refused_vms: BTreeSet::new(),
         }
     }
 
     /// The VMs observed now, by pid.
     pub fn vms(&self) -> impl Iterator<Item = &ObservedVm> {
-        self.vms.values()
+        self.records.values().filter_map(Record::vm)
     }
 
     /// True when observing `--pid` processes and every one has exited or failed.
     pub fn finished(&self) -> bool {
         match &self.targets {
-            Targets::Pids(pids) => pids.iter().all(|p| self.done.contains(p)),
+            Targets::Pids(pids) => pids.iter().all(|p| self.records.get(p).is_some_and(Record::is_done)),
             Targets::All | Targets::QmpSocket(_) => false,
         }
     }
@@ -292,213 +254,207 @@ impl Observer {
     /// VMs found and not observed now: deferred (another observer holds them, descriptors ran
     /// out) or failed while their process lives.
     pub fn refused(&self) -> usize {
-        let mut refused: BTreeSet<i32> = self.deferred.union(&self.failed).copied().collect();
-        refused.extend(&self.refused_vms);
-        refused.extend(self.hidden_qmp.iter().filter(|p| self.vms.contains_key(p)));
-        refused.len()
+        self.records.values().filter(|r| r.is_refused()).count()
     }
 
     /// Observed VMs whose QMP session answers now.
     pub fn qmp_sessions_up(&self) -> usize {
-        self.vms.values().filter(|vm| vm.monitor_up()).count()
+        self.vms().filter(|vm| vm.monitor_up()).count()
     }
 
     /// Perf descriptors held for every VM.
     pub fn fds(&self) -> usize {
-        self.vms.values().map(ObservedVm::fds).sum()
+        self.vms().map(ObservedVm::fds).sum()
     }
 
-    /// Attaches to new VMs, refreshes every observed one, detaches from gone ones.
+    /// Attaches to new VMs, refreshes every observed one, detaches from gone ones: each record
+    /// takes its turn.
     pub fn tick(&mut self) -> Vec<ObserverEvent> {
         let mut events = Vec::new();
-        // Every VM's questions go out before any VM is read: its peers answer meanwhile.
-        let paths: Vec<PathBuf> = self.vms.values().filter_map(|vm| vm.qmp_path().map(Into::into)).collect();
+        self.ask_peers();
+        // Refresh first: a VM attached now was refreshed by its attach.
+        let attached: Vec<i32> =
+            self.records.iter().filter(|(_, r)| r.is_attached()).map(|(p, _)| *p).collect();
+        for pid in attached {
+            self.refresh(pid, &mut events);
+        }
+        for (pid, found) in self.candidates(&mut events) {
+            self.consider(pid, found, &mut events);
+        }
+        for record in self.records.values_mut() {
+            record.end_tick();
+        }
+        self.say_refusals(&mut events);
+        let now = Instant::now();
+        for (pid, record) in &mut self.records {
+            record.say_peers(*pid, now, &mut events);
+        }
+        for (pid, record) in &mut self.records {
+            record.say_progress(*pid, &mut events);
+        }
+        self.records.retain(|_, r| !r.is_blank());
+        self.write_health();
+        events
+    }
+
+    /// Puts every observed VM's questions out before any VM is read: its peers answer meanwhile.
+    fn ask_peers(&mut self) {
+        let paths: Vec<PathBuf> = self.vms().filter_map(|vm| vm.qmp_path().map(Into::into)).collect();
         let sockets = match paths.is_empty() {
             true => UnixSockets::default(),
             false => UnixSockets::read_of(paths.iter().map(PathBuf::as_path)).unwrap_or_default(),
         };
-        for vm in self.vms.values_mut() {
-            vm.ask(&sockets);
-        }
-        // Refresh first: a VM attached now was refreshed by its attach.
-        let pids: Vec<i32> = self.vms.keys().copied().collect();
-        let mut deferred = BTreeSet::new();
-        for pid in pids {
-            let Some(vm) = self.vms.get_mut(&pid) else { continue };
-            let refreshed = vm.refresh(&self.procfs);
-            for refusal in vm.take_refusals() {
-                events.push(ObserverEvent::ThreadRefused { pid, name: vm.name().to_owned(), refusal });
-            }
-            match refreshed {
-                Ok(None) => {}
-                Ok(Some(why)) => {
-                    if let Some(vm) = self.vms.remove(&pid) {
-                        // Who left: a process that takes the pid now is told from it.
-                        self.known.insert(pid, vm.identity());
-                        self.scan.recheck(pid);
-                        events.push(ObserverEvent::Detached { pid, name: vm.name().to_owned(), why });
-                    }
-                    self.reported.remove(&pid);
-                    self.peers.retain(|(p, _), _| *p != pid);
-                    match (why, &self.targets) {
-                        // The process lives on: a VM it makes now is a new one.
-                        (Departure::Exec, Targets::Pids(_)) => {
-                            self.execed.insert(pid);
-                        }
-                        (Departure::Exec | Departure::PidReused, Targets::All | Targets::QmpSocket(_)) => {}
-                        // `--pid` named the process that exited, not whichever reuses its pid.
-                        (Departure::Exited | Departure::PidReused, _) => {
-                            self.done.insert(pid);
-                        }
-                    }
-                }
-                // Not knowing whether it lives is not knowing it died: keep it, say why once.
-                Err(e) => {
-                    self.defer(&mut events, &mut deferred, pid, format!("cannot read process {pid}: {e}"))
-                }
+        for record in self.records.values_mut() {
+            if let Some(o) = record.observed_mut() {
+                o.vm.ask(&sockets);
             }
         }
-        for (pid, result) in self.candidates(&mut events) {
-            let waits = self.targets == Targets::All || self.execed.contains(&pid);
-            let fds = match result {
-                // A VM without vCPUs yet: wait for them (a partition's VPs are fixed at attach).
-                Ok(fds) if fds.has_vm() && fds.vcpus.is_empty() => continue,
-                // Kept while it is not attached: a VM deferred now is not waited for again (and
-                // said again) next tick.
-                Ok(fds) if fds.has_vm() && waits => {
-                    let seen = self.pending.insert(pid, fds.vcpus.len());
-                    if seen != Some(fds.vcpus.len()) {
-                        continue;
-                    }
-                    fds
+    }
+
+    /// Refreshes the VM of `pid`, detaching it once it left.
+    fn refresh(&mut self, pid: i32, events: &mut Vec<ObserverEvent>) {
+        let Some(o) = self.records.get_mut(&pid).and_then(Record::observed_mut) else { return };
+        let refreshed = o.vm.refresh(&self.procfs);
+        for refusal in o.vm.take_refusals() {
+            events.push(ObserverEvent::ThreadRefused { pid, name: o.vm.name().to_owned(), refusal });
+        }
+        match refreshed {
+            Ok(None) => {}
+            Ok(Some(why)) => self.detach(pid, why, events),
+            // Not knowing whether it lives is not knowing it died: keep it, say why once.
+            Err(e) => self.defer(events, pid, format!("cannot read process {pid}: {e}")),
+        }
+    }
+
+    /// The VM of `pid` left for `why`: its partition goes, and what comes next depends on who
+    /// was observed.
+    fn detach(&mut self, pid: i32, why: Departure, events: &mut Vec<ObserverEvent>) {
+        let Some(record) = self.records.get_mut(&pid) else { return };
+        let next = match (why, &self.targets) {
+            // The process lives on: a VM it makes now is a new one.
+            (Departure::Exec, Targets::Pids(_)) => Stage::Execed,
+            (Departure::Exec | Departure::PidReused, Targets::All | Targets::QmpSocket(_)) => Stage::Seen,
+            // `--pid` named the process that exited, not whichever reuses its pid.
+            (Departure::Exited | Departure::PidReused, _) => Stage::Gone,
+        };
+        let Stage::Attached(o) = std::mem::replace(&mut record.stage, next) else { return };
+        // Who left: a process that takes the pid now is told from it.
+        record.identity = Some(o.vm.identity());
+        self.scan.recheck(pid);
+        events.push(ObserverEvent::Detached { pid, name: o.vm.name().to_owned(), why });
+    }
+
+    /// Attaches to the VM `pid` holds, found with `found`, when it is ready and this observer
+    /// may have it.
+    fn consider(&mut self, pid: i32, found: io::Result<KvmFds>, events: &mut Vec<ObserverEvent>) {
+        let Some(fds) = self.ready(pid, found, events) else { return };
+        let claim = match self.claim(pid) {
+            Ok(claim) => claim,
+            // With --all, a VM another observer publishes is read from its instance; it is
+            // taken over should that observer stop.
+            Err(e)
+                if e.is_shortage()
+                    || (matches!(e, ClaimError::Taken { .. }) && self.targets == Targets::All) =>
+            {
+                return self.defer(events, pid, format!("process {pid}: {}", error_chain(&e)));
+            }
+            Err(e) => return self.fail(events, pid, format!("process {pid}: {}", error_chain(&e))),
+        };
+        let room = descriptor_room();
+        let qmp = self.qmp_for(pid);
+        match ObservedVm::attach(&self.hv, &self.procfs, pid, &fds, &self.options, room, qmp.as_deref()) {
+            Ok(mut vm) => {
+                if let Some(claim) = claim {
+                    vm.hold(claim);
                 }
-                Ok(fds) if fds.has_vm() => fds,
-                // A `--pid` process that `exec()`ed: its new program may make a VM later.
-                Ok(_) if waits => continue,
-                Ok(_) => {
-                    self.fail(&mut events, pid, format!("process {pid} holds no KVM VM"));
-                    continue;
-                }
-                Err(e) if is_shortage(&e) => {
-                    self.defer(&mut events, &mut deferred, pid, format!("cannot read process {pid}: {e}"));
-                    continue;
-                }
-                Err(e) => {
-                    let why = read_error(&self.procfs, pid, &e);
-                    self.fail(&mut events, pid, why);
-                    continue;
-                }
-            };
-            let claim = match self.claim(pid) {
-                Ok(claim) => claim,
-                // With --all, a VM another observer publishes is read from its instance; it is
-                // taken over should that observer stop.
-                Err(e)
-                    if e.is_shortage()
-                        || (matches!(e, ClaimError::Taken { .. }) && self.targets == Targets::All) =>
-                {
-                    let reason = format!("process {pid}: {}", hvstats_host::error_chain::error_chain(&e));
-                    self.defer(&mut events, &mut deferred, pid, reason);
-                    continue;
-                }
-                Err(e) => {
-                    self.fail(
-                        &mut events,
-                        pid,
-                        format!("process {pid}: {}", hvstats_host::error_chain::error_chain(&e)),
-                    );
-                    continue;
-                }
-            };
-            let room = descriptor_room();
-            let qmp = self.qmp_for(pid);
-            match ObservedVm::attach(&self.hv, &self.procfs, pid, &fds, &self.options, room, qmp.as_deref()) {
-                Ok(mut vm) => {
-                    if let Some(claim) = claim {
-                        vm.hold(claim);
-                    }
-                    self.pending.remove(&pid);
-                    self.failed.remove(&pid);
-                    let now = Instant::now();
-                    for (source, state) in vm.peers() {
-                        let down = (state != PeerState::Up).then_some(now);
-                        self.peers.insert((pid, source), down);
-                    }
-                    self.execed.remove(&pid);
-                    self.known.insert(pid, vm.identity());
-                    let (threads, left_out) = vm.threads_counted();
-                    events.push(ObserverEvent::Attached {
-                        pid,
-                        name: vm.name().to_owned(),
-                        vmm: vm.vmm().name(),
-                        vcpus: vm.partition().vp_count(),
-                        partition: vm.partition().id(),
-                        fds: vm.fds(),
-                        threads,
-                        left_out,
-                        qmp: qmp.clone(),
-                        qmp_error: vm.qmp_error().map(str::to_owned),
-                    });
-                    for (source, why) in vm.source_refusals() {
-                        events.push(ObserverEvent::SourceRefused {
-                            pid,
-                            name: vm.name().to_owned(),
-                            source,
-                            why,
-                        });
-                    }
-                    for refusal in vm.take_refusals() {
-                        events.push(ObserverEvent::ThreadRefused {
-                            pid,
-                            name: vm.name().to_owned(),
-                            refusal,
-                        });
-                    }
-                    if let Some(path) = qmp.as_deref().filter(|p| self.procfs.hidden_from_here(pid, p)) {
-                        self.hidden_qmp.insert(pid);
-                        self.refusals_said.insert(pid);
-                        events.push(ObserverEvent::Refused {
-                            pid,
-                            name: vm.name().to_owned(),
-                            why: format!(
-                                "its QMP socket {} is in its mount namespace and not in this one's: a \
-                                 private /tmp or a hidden /home stands between them (PrivateTmp=, \
-                                 ProtectHome=yes in hvstats-observe.service); observed without QMP",
-                                path.display()
-                            ),
-                        });
-                    }
-                    events.extend(self.resemblances(&vm));
-                    self.vms.insert(pid, vm);
-                }
-                Err(e @ ObserveError::Budget { .. }) => {
-                    self.defer(&mut events, &mut deferred, pid, hvstats_host::error_chain::error_chain(&e));
-                }
-                Err(ObserveError::Proc { source, .. }) if is_shortage(&source) => {
-                    let reason = format!("cannot read process {pid}: {source}");
-                    self.defer(&mut events, &mut deferred, pid, reason);
-                }
-                Err(e) => self.fail(&mut events, pid, hvstats_host::error_chain::error_chain(&e)),
+                self.attached(vm, qmp, events);
+            }
+            Err(e @ ObserveError::Budget { .. }) => self.defer(events, pid, error_chain(&e)),
+            Err(ObserveError::Proc { source, .. }) if is_shortage(&source) => {
+                self.defer(events, pid, format!("cannot read process {pid}: {source}"));
+            }
+            Err(e) => self.fail(events, pid, error_chain(&e)),
+        }
+    }
+
+    /// The KVM descriptors of `pid` when its VM is ready to attach: it has vCPUs, and (when it
+    /// is waited for) their count held still since the last tick.
+    fn ready(
+        &mut self,
+        pid: i32,
+        found: io::Result<KvmFds>,
+        events: &mut Vec<ObserverEvent>,
+    ) -> Option<KvmFds> {
+        let record = self.records.entry(pid).or_default();
+        let waits = self.targets == Targets::All || record.waits();
+        match found {
+            // A VM without vCPUs yet: wait for them (a partition's VPs are fixed at attach).
+            Ok(fds) if fds.has_vm() && fds.vcpus.is_empty() => None,
+            // Kept while it is not attached: a VM deferred now is not waited for again (and
+            // said again) next tick.
+            Ok(fds) if fds.has_vm() && waits => {
+                let vcpus = fds.vcpus.len();
+                let was = std::mem::replace(&mut record.stage, Stage::Settling { vcpus });
+                matches!(was, Stage::Settling { vcpus: v } if v == vcpus).then_some(fds)
+            }
+            Ok(fds) if fds.has_vm() => Some(fds),
+            // A `--pid` process that `exec()`ed: its new program may make a VM later.
+            Ok(_) if waits => None,
+            Ok(_) => {
+                self.fail(events, pid, format!("process {pid} holds no KVM VM"));
+                None
+            }
+            Err(e) if is_shortage(&e) => {
+                self.defer(events, pid, format!("cannot read process {pid}: {e}"));
+                None
+            }
+            Err(e) => {
+                let why = read_error(&self.procfs, pid, &e);
+                self.fail(events, pid, why);
+                None
             }
         }
-        self.deferred = deferred;
-        self.say_refusals(&mut events);
-        self.peer_changes(&mut events);
-        for (pid, vm) in &self.vms {
-            let known = vm.vcpu_threads().iter().all(Option::is_some);
-            let (was_known, was_state) =
-                self.reported.get(pid).copied().unwrap_or((false, KvmExitState::Undecided));
-            if known && !was_known {
-                let threads = vm.vcpu_threads().into_iter().flatten().collect();
-                events.push(ObserverEvent::VcpusKnown { pid: *pid, threads, fds: vm.fds() });
-            }
-            if vm.kvm_exit() != was_state && vm.kvm_exit() != KvmExitState::Undecided {
-                events.push(ObserverEvent::KvmExit { pid: *pid, state: vm.kvm_exit() });
-            }
-            self.reported.insert(*pid, (known, vm.kvm_exit()));
+    }
+
+    /// Says what a VM just attached is and what it refused, and keeps it observed.
+    fn attached(&mut self, vm: ObservedVm, qmp: Option<PathBuf>, events: &mut Vec<ObserverEvent>) {
+        let pid = vm.pid();
+        let name = vm.name().to_owned();
+        let (threads, left_out) = vm.threads_counted();
+        events.push(ObserverEvent::Attached {
+            pid,
+            name: name.clone(),
+            vmm: vm.vmm().name(),
+            vcpus: vm.partition().vp_count(),
+            partition: vm.partition().id(),
+            fds: vm.fds(),
+            threads,
+            left_out,
+            qmp: qmp.clone(),
+            qmp_error: vm.qmp_error().map(str::to_owned),
+        });
+        for (source, why) in vm.source_refusals() {
+            events.push(ObserverEvent::SourceRefused { pid, name: name.clone(), source, why });
         }
-        self.write_health();
-        events
+        let mut vm = vm;
+        for refusal in vm.take_refusals() {
+            events.push(ObserverEvent::ThreadRefused { pid, name: name.clone(), refusal });
+        }
+        let hidden = qmp.as_deref().filter(|p| self.procfs.hidden_from_here(pid, p));
+        if let Some(path) = hidden {
+            let why = format!(
+                "its QMP socket {} is in its mount namespace and not in this one's: a private /tmp or a \
+                 hidden /home stands between them (PrivateTmp=, ProtectHome=yes in \
+                 hvstats-observe.service); observed without QMP",
+                path.display()
+            );
+            events.push(ObserverEvent::Refused { pid, name, why });
+        }
+        events.extend(self.resemblances(&vm));
+        let record = self.records.entry(pid).or_default();
+        record.identity = Some(vm.identity());
+        record.refusal_said |= hidden.is_some();
+        record.stage = Stage::Attached(Box::new(Observed::new(vm, hidden.is_some())));
     }
 
     /// What a VM just attached shares with the VMs observed already: a name, one that looks
@@ -506,7 +462,7 @@ impl Observer {
     /// one readers must tell apart, and this says so.
     fn resemblances(&self, vm: &ObservedVm) -> Vec<ObserverEvent> {
         let mut said = Vec::new();
-        for other in self.vms.values() {
+        for other in self.vms() {
             if vm.name() == other.name() || hvstats::vm_name::looks_like(vm.name(), other.name()) {
                 said.push(ObserverEvent::NamedLike {
                     pid: vm.pid(),
@@ -546,41 +502,21 @@ impl Observer {
     /// counts it; forgets those gone. One the filter leaves out is said to be left out instead.
     fn say_refusals(&mut self, events: &mut Vec<ObserverEvent>) {
         let now: BTreeSet<i32> = self.scan.refused().keys().copied().collect();
-        self.refused_vms.retain(|p| now.contains(p));
-        self.hidden_qmp.retain(|p| self.vms.contains_key(p));
-        self.refusals_said.retain(|p| now.contains(p) || self.hidden_qmp.contains(p));
+        for (pid, record) in &mut self.records {
+            let hidden = matches!(&record.stage, Stage::Attached(o) if o.hidden_qmp);
+            record.scan_refused &= now.contains(pid);
+            record.refusal_said &= now.contains(pid) || hidden;
+        }
         for pid in now {
-            if !self.refusals_said.insert(pid) || self.filtered_out(events, pid) {
+            let record = self.records.entry(pid).or_default();
+            if std::mem::replace(&mut record.refusal_said, true) || self.filtered_out(events, pid) {
                 continue;
             }
-            self.refused_vms.insert(pid);
+            self.records.entry(pid).or_default().scan_refused = true;
             let Some(e) = self.scan.refused().get(&pid) else { continue };
             let why = read_error(&self.procfs, pid, e);
             let (_, name) = self.procfs.identify(pid);
             events.push(ObserverEvent::Refused { pid, name, why });
-        }
-    }
-
-    /// Says each source whose peer went down or came back since the last tick, once.
-    fn peer_changes(&mut self, events: &mut Vec<ObserverEvent>) {
-        let now = Instant::now();
-        for (pid, vm) in &self.vms {
-            for (source, state) in vm.peers() {
-                let Some(was) = self.peers.get_mut(&(*pid, source)) else { continue };
-                match (&state, *was) {
-                    (PeerState::Down(why), None) => {
-                        *was = Some(now);
-                        let name = vm.name().to_owned();
-                        events.push(ObserverEvent::SourceDown { pid: *pid, name, source, why: why.clone() });
-                    }
-                    (PeerState::Up, Some(since)) => {
-                        *was = None;
-                        let name = vm.name().to_owned();
-                        events.push(ObserverEvent::SourceUp { pid: *pid, name, source, after: now - since });
-                    }
-                    _ => {}
-                }
-            }
         }
     }
 
@@ -590,7 +526,7 @@ impl Observer {
         let since_epoch = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
         page.set(hypervisor::OBSERVER_UP, 1);
         page.set(hypervisor::OBSERVER_LAST_REFRESH, (since_epoch.as_nanos() / 100) as u64);
-        page.set(hypervisor::OBSERVER_VMS_ATTACHED, self.vms.len() as u64);
+        page.set(hypervisor::OBSERVER_VMS_ATTACHED, self.vms().count() as u64);
         page.set(hypervisor::OBSERVER_VMS_REFUSED, self.refused() as u64);
         page.set(hypervisor::OBSERVER_QMP_SESSIONS_UP, self.qmp_sessions_up() as u64);
     }
@@ -606,7 +542,7 @@ impl Observer {
         if self.options.filter.is_empty() {
             return false;
         }
-        if self.excluded.contains(&pid) {
+        if self.records.get(&pid).is_some_and(|r| r.excluded) {
             return true;
         }
         let (_, name) = self.procfs.identify(pid);
@@ -614,7 +550,7 @@ impl Observer {
         if self.options.filter.takes(&vm) {
             return false;
         }
-        self.excluded.insert(pid);
+        self.records.entry(pid).or_default().excluded = true;
         events.push(ObserverEvent::Excluded { pid, name });
         true
     }
@@ -628,18 +564,15 @@ impl Observer {
 
     /// Notes that `pid` could not be attached or refreshed this tick for a passing reason; says
     /// so unless it was already deferred at the last tick.
-    fn defer(&self, events: &mut Vec<ObserverEvent>, now: &mut BTreeSet<i32>, pid: i32, reason: String) {
-        if !self.deferred.contains(&pid) {
+    fn defer(&mut self, events: &mut Vec<ObserverEvent>, pid: i32, reason: String) {
+        if self.records.entry(pid).or_default().defer() {
             events.push(ObserverEvent::Deferred { pid, reason });
         }
-        now.insert(pid);
     }
 
+    /// Notes that `pid` cannot be observed: it is not tried again while it is the same process.
     fn fail(&mut self, events: &mut Vec<ObserverEvent>, pid: i32, error: String) {
-        self.done.insert(pid);
-        self.failed.insert(pid);
-        self.pending.remove(&pid);
-        self.execed.remove(&pid);
+        self.records.entry(pid).or_default().stage = Stage::Failed;
         events.push(ObserverEvent::Failed { pid, error });
     }
 
@@ -647,76 +580,79 @@ impl Observer {
     /// program, than when it was kept: a new process (or program) is a new candidate.
     fn forget_changed(&mut self, pids: &[i32]) {
         for &pid in pids {
-            if self.vms.contains_key(&pid) {
+            if self.records.get(&pid).is_some_and(Record::is_attached) {
                 continue;
             }
             let Ok(now) = self.procfs.identity(pid) else { continue };
-            if self.known.insert(pid, now).is_some_and(|was| was != now) {
-                self.done.remove(&pid);
-                self.pending.remove(&pid);
-                self.deferred.remove(&pid);
-                self.reported.remove(&pid);
-                self.failed.remove(&pid);
-                self.excluded.remove(&pid);
+            let record = self.records.entry(pid).or_default();
+            if record.identity.replace(now).is_some_and(|was| was != now) {
+                record.forget();
             }
         }
     }
 
-    /// Processes to attach to now, with their KVM descriptors. With `--all`, a process that
-    /// failed or exited is not retried while it is listed, and is forgotten once it is not (so
-    /// a reused pid is observed again).
-    fn candidates(
-        &mut self,
-        events: &mut Vec<ObserverEvent>,
-    ) -> Vec<(i32, io::Result<super::discovery::KvmFds>)> {
-        let found: Vec<(i32, io::Result<super::discovery::KvmFds>)> = match self.targets.clone() {
-            Targets::Pids(pids) => {
-                self.failed.retain(|p| self.procfs.is_alive(*p).unwrap_or(true));
-                pids.iter()
-                    .filter(|p| !self.vms.contains_key(p) && !self.done.contains(p))
-                    .map(|&p| (p, self.procfs.kvm_fds(p)))
-                    .collect()
-            }
+    /// Processes to attach to now, with their KVM descriptors, the filter's leaving out said.
+    fn candidates(&mut self, events: &mut Vec<ObserverEvent>) -> Vec<(i32, io::Result<KvmFds>)> {
+        let found = match self.targets.clone() {
+            Targets::Pids(pids) => self.named(&pids),
             Targets::QmpSocket(path) => match self.socket_server(&path) {
-                Some(p) if !self.vms.contains_key(&p) && !self.done.contains(&p) => {
-                    vec![(p, self.procfs.kvm_fds(p))]
-                }
-                _ => Vec::new(),
+                Some(p) => self.named(&[p]),
+                None => Vec::new(),
             },
-            Targets::All => {
-                let me = std::process::id() as i32;
-                // A listing that failed (out of descriptors) changes nothing: retried next tick.
-                // The VMs observed are not looked at again (their refresh says when they go).
-                let vms = &self.vms;
-                let Ok(listed) = self.scan.kvm_processes(&self.procfs, &|p| vms.contains_key(&p)) else {
-                    return Vec::new();
-                };
-                let pids: Vec<i32> = listed.iter().map(|(p, _)| *p).collect();
-                let still = |p: &i32| pids.contains(p);
-                self.done.retain(still);
-                self.failed.retain(still);
-                self.excluded.retain(still);
-                self.pending.retain(|p, _| still(p));
-                self.known.retain(|p, _| pids.contains(p) || self.vms.contains_key(p));
-                self.forget_changed(&pids);
-                // Only this process is left out: what a process holds, not what it is called,
-                // makes it a VMM. Oldest first, so partition ids follow the VMMs' ages.
-                let mut found: Vec<(i32, super::discovery::KvmFds)> = listed
-                    .into_iter()
-                    .filter(|(p, _)| *p != me && !self.vms.contains_key(p) && !self.done.contains(p))
-                    .collect();
-                found.sort_by_key(|(p, _)| (self.known.get(p).map(|k| k.start_time), *p));
-                found.into_iter().map(|(p, fds)| (p, Ok(fds))).collect()
-            }
+            Targets::All => self.listed(),
         };
         found.into_iter().filter(|(pid, _)| !self.filtered_out(events, *pid)).collect()
+    }
+
+    /// Those of `pids` neither observed nor done, with their KVM descriptors; a process that
+    /// failed and exited is gone.
+    fn named(&mut self, pids: &[i32]) -> Vec<(i32, io::Result<KvmFds>)> {
+        let failed: Vec<i32> =
+            self.records.iter().filter(|(_, r)| matches!(r.stage, Stage::Failed)).map(|(p, _)| *p).collect();
+        for pid in failed {
+            if !self.procfs.is_alive(pid).unwrap_or(true) {
+                self.records.entry(pid).or_default().stage = Stage::Gone;
+            }
+        }
+        pids.iter()
+            .filter(|p| self.records.get(p).is_none_or(|r| !r.is_attached() && !r.is_done()))
+            .map(|&p| (p, self.procfs.kvm_fds(p)))
+            .collect()
+    }
+
+    /// With `--all`: every process holding a KVM VM, oldest first, but this one and those
+    /// observed or done. A process that failed or exited is not retried while it is listed,
+    /// and is forgotten once it is not (so a reused pid is observed again).
+    fn listed(&mut self) -> Vec<(i32, io::Result<KvmFds>)> {
+        let me = std::process::id() as i32;
+        // A listing that failed (out of descriptors) changes nothing: retried next tick.
+        // The VMs observed are not looked at again (their refresh says when they go).
+        let records = &self.records;
+        let observed = |p: i32| records.get(&p).is_some_and(Record::is_attached);
+        let Ok(listed) = self.scan.kvm_processes(&self.procfs, &observed) else { return Vec::new() };
+        let pids: Vec<i32> = listed.iter().map(|(p, _)| *p).collect();
+        for (pid, record) in &mut self.records {
+            if !pids.contains(pid) && !record.is_attached() {
+                record.stage = Stage::Seen;
+                record.excluded = false;
+                record.identity = None;
+            }
+        }
+        self.forget_changed(&pids);
+        // Only this process is left out: what a process holds, not what it is called, makes
+        // it a VMM. Oldest first, so partition ids follow the VMMs' ages.
+        let takes =
+            |p: &i32| *p != me && self.records.get(p).is_none_or(|r| !r.is_attached() && !r.is_done());
+        let mut found: Vec<(i32, KvmFds)> = listed.into_iter().filter(|(p, _)| takes(p)).collect();
+        found.sort_by_key(|(p, _)| (self.records.get(p).and_then(|r| r.identity).map(|k| k.start_time), *p));
+        found.into_iter().map(|(p, fds)| (p, Ok(fds))).collect()
     }
 
     /// The process serving the QMP socket `path` (the one that bound it, as the kernel records),
     /// asked at most once a second while none is observed.
     fn socket_server(&mut self, path: &std::path::Path) -> Option<i32> {
-        if let Some(pid) = self.vms.keys().next() {
-            return Some(*pid);
+        if let Some(vm) = self.vms().next() {
+            return Some(vm.pid());
         }
         let now = Instant::now();
         if now < self.socket_retry {

@@ -33,8 +33,11 @@ use super::discovery::{KvmFds, ProcessIdentity, Procfs, Vmm, is_gone, is_shortag
 use super::exit_watch::ExitWatch;
 use super::publication;
 use super::sources::KvmExitState;
-use super::sources::{PeerState, VM_SOURCES, Vcpu, VmAttach, VmSource, VmView};
+use super::sources::{
+    Counting, Learned, Named, PeerKind, PeerState, VM_SOURCES, Vcpu, VmAttach, VmSource, VmView,
+};
 use super::unix_sockets::UnixSockets;
+use hvstats_abi::vm_state::VmState;
 use hvstats_sources::counter_source::{Composition, Gives, Object};
 
 /// The partition and VP counters an observed VM could have: every counter whose observed key
@@ -98,6 +101,8 @@ pub struct ObservedVm {
     attached: SystemTime,
     vcpus: Vec<Vcpu>,
     sources: Composition<dyn VmSource>,
+    /// What each source learned at the last refresh, in the sources' order.
+    learned: Vec<Learned>,
     partition: Arc<PartitionStats>,
     hv: Arc<Hypervisor>,
     /// The counters last declared unavailable.
@@ -134,27 +139,16 @@ impl ObservedVm {
         for open in VM_SOURCES {
             opened.extend(open(&at)?);
         }
+        let named: Vec<Named> = opened.iter_mut().map(|s| s.named()).collect();
         let (vmm, mut name) = procfs.identify(pid);
-        if let Some(n) = opened.iter_mut().find_map(|s| s.vm_name()) {
+        if let Some(n) = named.iter().find_map(|n| n.vm_name.clone()) {
             name = n;
         }
         let vcpus: Vec<Vcpu> =
             fds.vcpus.keys().map(|&vcpu_id| Vcpu { vcpu_id, tid: None, qom_path: None }).collect();
-        // Nothing is read yet: every counter a source could give is declared unavailable until
-        // the first refresh declares what the sources give, so no reader sees a 0 that was never
-        // measured.
-        let nothing_yet = relevant();
-        let nothing_yet: Vec<CounterId> = nothing_yet.partition.ids().chain(nothing_yet.vp.ids()).collect();
-        let indices: Vec<u32> = (0..vcpus.len() as u32).collect();
-        let partition = hv
-            .create_partition_declared(None, &indices, &name, &nothing_yet)
-            .map_err(|source| ObserveError::Publish { pid, source })?;
-        partition.set_vmm(hvstats::vmm::VmmProcess { vmm, pid: pid as u32 });
         // What the VMM itself says (QMP), else what its command line gives it.
-        let uuid = opened.iter_mut().find_map(|s| s.vm_uuid()).or_else(|| procfs.vm_uuid(pid));
-        if let Some(uuid) = uuid {
-            partition.set_uuid(uuid);
-        }
+        let uuid = named.iter().find_map(|n| n.vm_uuid).or_else(|| procfs.vm_uuid(pid));
+        let partition = publish(hv, pid, vmm, &name, vcpus.len(), uuid)?;
         let mut me = Self {
             pid,
             identity,
@@ -168,6 +162,7 @@ impl ObservedVm {
             attached,
             vcpus,
             sources: Composition::new(opened),
+            learned: Vec::new(),
             partition,
             hv: hv.clone(),
             declared: None,
@@ -202,9 +197,14 @@ impl ObservedVm {
         std::mem::take(&mut self.refusals)
     }
 
-    /// What the VMM offered each source that refused it, and why (see [`VmSource::refused`]).
+    /// Each source with what it learned at the last refresh.
+    fn learned(&self) -> impl Iterator<Item = (&dyn VmSource, &Learned)> {
+        self.sources.sources().iter().map(|s| &**s).zip(&self.learned)
+    }
+
+    /// What the VMM offered each source that refused it, and why (see [`Learned::refused`]).
     pub fn source_refusals(&self) -> Vec<(&'static str, String)> {
-        self.sources.sources().iter().filter_map(|s| Some((s.name(), s.refused()?.to_owned()))).collect()
+        self.learned().filter_map(|(s, l)| Some((s.name(), l.refused.clone()?))).collect()
     }
 
     /// The VM's name.
@@ -253,33 +253,44 @@ impl ObservedVm {
 
     /// Threads of the process counted now, and threads left out by the limit.
     pub(crate) fn threads_counted(&self) -> (usize, usize) {
-        self.sources.sources().iter().find_map(|s| s.threads_counted()).unwrap_or((0, 0))
+        self.counting().map_or((0, 0), |c| (c.threads, c.left_out))
+    }
+
+    /// How the source that counts on the VMM's threads counts, once read.
+    fn counting(&self) -> Option<&Counting> {
+        self.learned.iter().find_map(|l| l.counting.as_ref())
     }
 
     /// Descriptors held for this VM's sources.
     pub fn fds(&self) -> usize {
-        self.sources.sources().iter().map(|s| s.fds()).sum()
+        self.learned.iter().map(|l| l.fds).sum()
     }
 
     /// How this VM's tracepoints are counted (in the kernel, or by perf counters, and why).
     pub fn counting_method(&self) -> String {
-        self.sources.sources().iter().find_map(|s| s.method()).unwrap_or_default()
+        self.counting().map(|c| c.method.clone()).unwrap_or_default()
     }
 
     /// What is known about `kvm_exit`.
     pub fn kvm_exit(&self) -> KvmExitState {
-        self.sources.sources().iter().find_map(|s| s.kvm_exit()).unwrap_or(KvmExitState::Undecided)
+        self.counting().map_or(KvmExitState::Undecided, |c| c.kvm_exit)
     }
 
-    /// The source that holds the VMM's monitor session (QMP), when the VM has one.
-    fn monitor(&self) -> Option<&dyn VmSource> {
-        self.sources.sources().iter().find(|s| s.holds_monitor()).map(|s| &**s)
+    /// The VM's run state, as the first source that knows it says it.
+    pub fn vm_state(&self) -> Option<VmState> {
+        self.learned.iter().find_map(|l| l.vm_state)
+    }
+
+    /// The source that holds the VMM's monitor session (QMP), when the VM has one, and what it
+    /// learned.
+    fn monitor(&self) -> Option<(&dyn VmSource, &Learned)> {
+        self.learned().find(|(_, l)| l.peer.as_ref().is_some_and(|p| p.kind == PeerKind::Monitor))
     }
 
     /// Why KVM's statistics through QMP are unavailable, when a socket was given and failed.
     pub fn qmp_error(&self) -> Option<&str> {
         // A refused socket is said by its own line ([`Self::source_refusals`]).
-        self.monitor().filter(|s| s.refused().is_none()).and_then(|s| s.error())
+        self.monitor().filter(|(_, l)| l.refused.is_none()).and_then(|(_, l)| l.error.as_deref())
     }
 
     /// Puts this refresh's questions to the peers of the VM's sources (see [`VmSource::ask`]).
@@ -298,17 +309,17 @@ impl ObservedVm {
 
     /// Each source with a peer, and whether that peer answers now.
     pub fn peers(&self) -> Vec<(&'static str, PeerState)> {
-        self.sources.sources().iter().filter_map(|s| Some((s.name(), s.peer()?))).collect()
+        self.learned().filter_map(|(s, l)| Some((s.name(), l.peer.clone()?.state))).collect()
     }
 
     /// True while the VMM's monitor session (QMP) answers.
     pub fn monitor_up(&self) -> bool {
-        self.monitor().and_then(|s| s.peer()) == Some(PeerState::Up)
+        self.monitor().and_then(|(_, l)| l.peer.as_ref()).is_some_and(|p| p.state == PeerState::Up)
     }
 
     /// True when KVM's statistics come through QMP.
     pub fn has_qmp_stats(&self) -> bool {
-        self.monitor().is_some_and(|s| !s.gives().vp.is_empty())
+        self.monitor().is_some_and(|(s, _)| !s.gives().vp.is_empty())
     }
 
     /// Finds vCPU threads, reads every source and writes the pages. Returns why the VM left once
@@ -345,9 +356,7 @@ impl ObservedVm {
         self.check_threads(procfs);
         self.find_threads(procfs);
         let view = VmView { procfs, pid: self.pid, vcpus: &self.vcpus };
-        for source in self.sources.sources_mut() {
-            source.read(&view);
-        }
+        self.learned = self.sources.sources_mut().map(|s| s.read(&view)).collect();
         self.sources.decide();
         for index in 0..self.vcpus.len() as u32 {
             if self.vcpus[index as usize].tid.is_none() {
@@ -410,7 +419,7 @@ impl ObservedVm {
         let mut by_index = BTreeMap::new();
         for source in self.sources.sources_mut() {
             let by = source.name();
-            for (index, thread) in source.vcpu_threads() {
+            for (index, thread) in source.named().threads {
                 by_index.entry(index).or_insert((thread, by));
             }
         }
@@ -448,14 +457,12 @@ impl ObservedVm {
     pub(crate) fn source_table(&self) -> SourceTable {
         let mut table = SourceTable::default();
         let numbers: Vec<Option<u8>> = self
-            .sources
-            .sources()
-            .iter()
-            .map(|s| {
+            .learned()
+            .map(|(s, l)| {
                 // A source with a peer is up while its peer answers (the QMP source always says
                 // the VM's state); another, while it gives counters.
-                let up = match s.peer() {
-                    Some(peer) => peer == PeerState::Up,
+                let up = match &l.peer {
+                    Some(peer) => peer.state == PeerState::Up,
                     None => {
                         let gives = s.gives();
                         !(gives.partition.is_empty() && gives.vp.is_empty())
@@ -488,6 +495,30 @@ impl ObservedVm {
             self.declared = Some(unavailable);
         }
     }
+}
+
+/// Publishes the partition of the VM of `pid`, named `name`, with `vcpus` VPs.
+fn publish(
+    hv: &Hypervisor,
+    pid: i32,
+    vmm: Vmm,
+    name: &str,
+    vcpus: usize,
+    uuid: Option<hvstats::vmm::VmUuid>,
+) -> Result<Arc<PartitionStats>, ObserveError> {
+    // Nothing is read yet: every counter a source could give is declared unavailable until the
+    // first refresh declares what the sources give, so no reader sees a 0 that was never measured.
+    let nothing_yet = relevant();
+    let nothing_yet: Vec<CounterId> = nothing_yet.partition.ids().chain(nothing_yet.vp.ids()).collect();
+    let indices: Vec<u32> = (0..vcpus as u32).collect();
+    let partition = hv
+        .create_partition_declared(None, &indices, name, &nothing_yet)
+        .map_err(|source| ObserveError::Publish { pid, source })?;
+    partition.set_vmm(hvstats::vmm::VmmProcess { vmm, pid: pid as u32 });
+    if let Some(uuid) = uuid {
+        partition.set_uuid(uuid);
+    }
+    Ok(partition)
 }
 
 impl Drop for ObservedVm {

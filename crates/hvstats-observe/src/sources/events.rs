@@ -16,7 +16,7 @@ use hvstats_abi::exit_reason;
 use hvstats_abi::source::Tracepoint;
 
 use super::event_writer::{EventWriter, KvmExitState, ThreadReading, tracepoint_event};
-use super::vm_source::{VmAttach, VmSource, VmView};
+use super::vm_source::{Counting, Learned, VmAttach, VmSource, VmView};
 use crate::attach::ObserveError;
 use crate::counting::{EventList, EventSpec, ThreadCounters};
 use hvstats_sources::counter_source::{CounterSource, Gives, Object};
@@ -186,7 +186,7 @@ impl CounterSource for Events {
 }
 
 impl VmSource for Events {
-    fn read(&mut self, vm: &VmView<'_>) {
+    fn read(&mut self, vm: &VmView<'_>) -> Learned {
         if self.counters.rescan(vm.procfs).is_ok_and(|added| added > 0) {
             self.note_guest_ticks(vm.procfs, vm.pid);
         }
@@ -212,22 +212,13 @@ impl VmSource for Events {
             })
             .collect();
         self.decide_kvm_exit();
-    }
-
-    fn fds(&self) -> usize {
-        self.counters.fds()
-    }
-
-    fn kvm_exit(&self) -> Option<KvmExitState> {
-        Some(self.kvm_exit)
-    }
-
-    fn threads_counted(&self) -> Option<(usize, usize)> {
-        Some((self.counters.tids().len(), self.counters.left_out()))
-    }
-
-    fn method(&self) -> Option<String> {
-        Some(self.counters.events().method_description())
+        let counting = Counting {
+            kvm_exit: self.kvm_exit,
+            threads: self.counters.tids().len(),
+            left_out: self.counters.left_out(),
+            method: self.counters.events().method_description(),
+        };
+        Learned { counting: Some(counting), ..Learned::holding(self.counters.fds()) }
     }
 }
 

@@ -22,7 +22,7 @@ use hvstats_abi::vm_sources::Origin;
 use hvstats_abi::vm_state::VmState;
 
 use super::kvm_stat_map::{self, KvmStatReading};
-use super::vm_source::{PeerState, VmAttach, VmSource, VmView};
+use super::vm_source::{Learned, Named, Peer, PeerKind, PeerState, VmAttach, VmSource, VmView};
 use crate::attach::ObserveError;
 use crate::libvirt::{Domain, Libvirt, SOCKETS, STATS_STATE, STATS_VCPU, STATS_VM, TypedValue};
 use hvstats_sources::counter_source::{CounterSource, Gives, Object};
@@ -190,7 +190,11 @@ impl CounterSource for LibvirtStats {
 }
 
 impl VmSource for LibvirtStats {
-    fn read(&mut self, _vm: &VmView<'_>) {
+    fn named(&mut self) -> Named {
+        Named { vm_name: Some(self.domain.name.clone()), ..Named::default() }
+    }
+
+    fn read(&mut self, _vm: &VmView<'_>) -> Learned {
         match self.read_once() {
             Ok(()) => self.error = None,
             Err(e) => {
@@ -203,27 +207,18 @@ impl VmSource for LibvirtStats {
                 self.state = None;
             }
         }
-    }
-
-    fn peer(&self) -> Option<PeerState> {
         // libvirt answers for the domain (it asks QEMU itself: a stopped QEMU is a libvirt that
         // does not answer within the deadline); each refresh asks again.
-        Some(match &self.error {
+        let state = match &self.error {
             None => PeerState::Up,
             Some(why) => PeerState::Down(why.clone()),
-        })
-    }
-
-    fn vm_name(&mut self) -> Option<String> {
-        Some(self.domain.name.clone())
-    }
-
-    fn error(&self) -> Option<&str> {
-        self.error.as_deref()
-    }
-
-    fn fds(&self) -> usize {
-        usize::from(self.conn.is_some())
+        };
+        Learned {
+            peer: Some(Peer { kind: PeerKind::Service, state }),
+            error: self.error.clone(),
+            vm_state: self.state,
+            ..Learned::holding(usize::from(self.conn.is_some()))
+        }
     }
 
     fn origin(&self) -> Origin {

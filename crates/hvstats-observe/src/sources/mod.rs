@@ -35,7 +35,9 @@ pub mod tracepoints;
 pub mod vm_source;
 
 pub use event_writer::KvmExitState;
-pub use vm_source::{PeerState, Vcpu, VcpuThread, VmAttach, VmSource, VmView};
+pub use vm_source::{
+    Counting, Learned, Named, Peer, PeerKind, PeerState, Vcpu, VcpuThread, VmAttach, VmSource, VmView,
+};
 
 use crate::attach::ObserveError;
 
@@ -50,3 +52,9 @@ type OpenVm = fn(&VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveErro
 /// no KVM statistic does), then the threads' own files.
 pub const VM_SOURCES: &[OpenVm] =
     &[stats_fd::open, libvirt_stats::open, qmp_stats::open, events::open, threads::open];
+
+// Every source of the list has its rows on the VM's partition page.
+const _: () = assert!(
+    VM_SOURCES.len() <= hvstats_abi::vm_sources::MAX_SOURCES,
+    "a VM's partition page names at most MAX_SOURCES sources"
+);

@@ -41,7 +41,7 @@ use hvstats_abi::vm_state::VmState;
 use serde_json::Value;
 
 use super::kvm_stat_map;
-use super::vm_source::{PeerState, VcpuThread, VmAttach, VmSource, VmView};
+use super::vm_source::{Learned, Named, Peer, PeerKind, PeerState, VcpuThread, VmAttach, VmSource, VmView};
 use crate::attach::ObserveError;
 use crate::cancel::Cancel;
 use crate::qmp::{KvmStatsReply, Qmp, QmpCpu, QmpError, add_stats, parse_cpus, parse_status, stats_request};
@@ -379,6 +379,24 @@ impl QmpStats {
     fn is_up(&self) -> bool {
         self.down.is_none() && matches!(self.session, Session::Ready(_))
     }
+
+    /// What this refresh's reading learned: whether the session answers, why not, the VM's
+    /// run state, and the socket it holds.
+    fn learned(&self) -> Learned {
+        let state = match &self.down {
+            None if self.is_up() => PeerState::Up,
+            None => PeerState::Down("not connected".to_owned()),
+            Some(why) => PeerState::Down(why.clone()),
+        };
+        Learned {
+            peer: Some(Peer { kind: PeerKind::Monitor, state }),
+            error: self.down.clone(),
+            refused: self.refused.clone(),
+            fds: usize::from(!matches!(self.session, Session::Closed { .. })),
+            counting: None,
+            vm_state: Some(if self.is_up() { self.state } else { VmState::Unknown }),
+        }
+    }
 }
 
 /// Every statistic the catalog's counters of `kind` read, once each: what `query-stats` is asked
@@ -495,7 +513,18 @@ impl VmSource for QmpStats {
         }
     }
 
-    fn read(&mut self, vm: &VmView<'_>) {
+    fn named(&mut self) -> Named {
+        self.collect();
+        let threads = self
+            .cpus
+            .iter()
+            .flatten()
+            .map(|c| (c.index, VcpuThread { tid: c.thread_id, qom_path: Some(c.qom_path.clone()) }))
+            .collect();
+        Named { threads, vm_name: self.name.clone(), vm_uuid: self.uuid }
+    }
+
+    fn read(&mut self, vm: &VmView<'_>) -> Learned {
         self.qom_paths =
             vm.vcpus.iter().enumerate().filter_map(|(i, v)| Some((i as u32, v.qom_path.clone()?))).collect();
         self.collect();
@@ -506,47 +535,7 @@ impl VmSource for QmpStats {
         }
         // The next refresh asks anew.
         self.round = false;
-    }
-
-    fn peer(&self) -> Option<PeerState> {
-        Some(match &self.down {
-            None if self.is_up() => PeerState::Up,
-            None => PeerState::Down("not connected".to_owned()),
-            Some(why) => PeerState::Down(why.clone()),
-        })
-    }
-
-    fn vcpu_threads(&mut self) -> BTreeMap<u32, VcpuThread> {
-        self.collect();
-        self.cpus
-            .iter()
-            .flatten()
-            .map(|c| (c.index, VcpuThread { tid: c.thread_id, qom_path: Some(c.qom_path.clone()) }))
-            .collect()
-    }
-
-    fn vm_name(&mut self) -> Option<String> {
-        self.name.clone()
-    }
-
-    fn vm_uuid(&mut self) -> Option<hvstats::vmm::VmUuid> {
-        self.uuid
-    }
-
-    fn error(&self) -> Option<&str> {
-        self.down.as_deref()
-    }
-
-    fn refused(&self) -> Option<&str> {
-        self.refused.as_deref()
-    }
-
-    fn holds_monitor(&self) -> bool {
-        true
-    }
-
-    fn fds(&self) -> usize {
-        usize::from(!matches!(self.session, Session::Closed { .. }))
+        self.learned()
     }
 
     fn origin(&self) -> Origin {
@@ -627,7 +616,8 @@ mod tests {
         assert_eq!(said, ["query-status"]);
         assert!(!qmp.gives().vp.contains(vp::HLT_INSTRUCTIONS));
         assert!(qmp.gives().partition.contains(partition::VM_STATE));
-        assert_eq!(qmp.peer(), Some(PeerState::Up));
+        let peer = qmp.learned().peer.map(|p| (p.kind, p.state));
+        assert_eq!(peer, Some((PeerKind::Monitor, PeerState::Up)));
         // That source stops giving them: asked again at once.
         let said = round(&mut qmp, &Gives::NOTHING);
         assert_eq!(said, ["query-status", "query-stats vcpu", "query-stats vm"]);

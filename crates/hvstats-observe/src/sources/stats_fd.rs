@@ -27,7 +27,7 @@ use hvstats_abi::vm_sources::Origin;
 use hvstats_host::os as sys;
 
 use super::kvm_stat_map::{self, KvmStatReading};
-use super::vm_source::{VmAttach, VmSource, VmView};
+use super::vm_source::{Learned, VmAttach, VmSource, VmView};
 use crate::attach::ObserveError;
 use hvstats_sources::counter_source::{CounterSource, Gives, Object};
 use hvstats_sources::kvm_stats::KvmStats;
@@ -261,7 +261,7 @@ impl CounterSource for StatsFd {
 }
 
 impl VmSource for StatsFd {
-    fn read(&mut self, _vm: &VmView<'_>) {
+    fn read(&mut self, _vm: &VmView<'_>) -> Learned {
         let mut failed = None;
         for c in self.vcpus.values_mut().chain(self.vm.as_mut()) {
             if let Err(e) = c.read() {
@@ -274,18 +274,11 @@ impl VmSource for StatsFd {
             self.vcpus.clear();
             self.vm = None;
         }
-    }
-
-    fn error(&self) -> Option<&str> {
-        self.error.as_deref()
-    }
-
-    fn refused(&self) -> Option<&str> {
-        self.refused.as_deref()
-    }
-
-    fn fds(&self) -> usize {
-        self.vcpus.len() + usize::from(self.vm.is_some())
+        Learned {
+            error: self.error.clone(),
+            refused: self.refused.clone(),
+            ..Learned::holding(self.vcpus.len() + usize::from(self.vm.is_some()))
+        }
     }
 
     fn origin(&self) -> Origin {

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use hvstats::SharedPage;
 use hvstats_abi::counter_set::CounterSet;
 
-use super::vm_source::{VmAttach, VmSource, VmView};
+use super::vm_source::{Learned, VmAttach, VmSource, VmView};
 use crate::attach::ObserveError;
 use hvstats_sources::OBSERVED_THREAD_SOURCES;
 use hvstats_sources::counter_source::{CounterSource, Gives, Object, ObservedThread, VpSource};
@@ -59,7 +59,7 @@ impl CounterSource for Threads {
 }
 
 impl VmSource for Threads {
-    fn read(&mut self, vm: &VmView<'_>) {
+    fn read(&mut self, vm: &VmView<'_>) -> Learned {
         for (index, tid) in vm.threads() {
             let fresh = self.opened.get(&index).is_none_or(|(was, _)| *was != tid);
             if fresh {
@@ -71,5 +71,6 @@ impl VmSource for Threads {
         for (_, sources) in self.opened.values_mut() {
             sources.iter_mut().for_each(|s| s.read());
         }
+        Learned::holding(0)
     }
 }

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use hvstats_abi::vm_sources::Origin;
+use hvstats_abi::vm_state::VmState;
 
 use super::event_writer::KvmExitState;
 use hvstats_sources::counter_source::{CounterSource, Gives};
@@ -85,6 +86,76 @@ pub enum PeerState {
     Down(String),
 }
 
+/// Which peer a source talks to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeerKind {
+    /// The VMM's own monitor session (QEMU's QMP): the one whose sessions the observer counts
+    /// and whose failure it reports at attach.
+    Monitor,
+    /// Another service that answers for the VM (libvirt).
+    Service,
+}
+
+/// A source's peer and whether it answers now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    /// Which peer it is.
+    pub kind: PeerKind,
+    /// Whether it answers.
+    pub state: PeerState,
+}
+
+/// How a source counts on the VMM's threads, for a source that does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Counting {
+    /// What it knows of `kvm:kvm_exit` on this host.
+    pub kvm_exit: KvmExitState,
+    /// Threads of the VMM it counts on.
+    pub threads: usize,
+    /// Threads it left out for want of descriptors.
+    pub left_out: usize,
+    /// How it counts, said for a log (in the kernel, or by perf counters, and why).
+    pub method: String,
+}
+
+/// What a source's peer names of the VM: its vCPU threads, its name and UUID. Asked when the VM
+/// is attached (its name and UUID) and at each refresh before the sources are read (its vCPU
+/// threads, which the sources that count on threads then read).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Named {
+    /// Which thread runs each vCPU, by VP index.
+    pub threads: BTreeMap<u32, VcpuThread>,
+    /// The VM's name.
+    pub vm_name: Option<String>,
+    /// The VM's UUID.
+    pub vm_uuid: Option<hvstats::vmm::VmUuid>,
+}
+
+/// What a source learned at one refresh of its VM.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Learned {
+    /// Its peer and whether it answers, for a source that has one.
+    pub peer: Option<Peer>,
+    /// Why it gives nothing now, when it was meant to (a peer that failed).
+    pub error: Option<String>,
+    /// What the VMM offered it that it refused, and why (a descriptor or a socket that is not
+    /// what it was listed as); said once, when the VM is attached.
+    pub refused: Option<String>,
+    /// Descriptors it holds.
+    pub fds: usize,
+    /// How it counts on the VMM's threads, for a source that does.
+    pub counting: Option<Counting>,
+    /// The VM's run state, for a source that knows it.
+    pub vm_state: Option<VmState>,
+}
+
+impl Learned {
+    /// A source with no peer that holds `fds` descriptors and refused nothing.
+    pub fn holding(fds: usize) -> Self {
+        Self { peer: None, error: None, refused: None, fds, counting: None, vm_state: None }
+    }
+}
+
 /// One source of an observed VM's counters.
 pub trait VmSource: CounterSource {
     /// Puts this refresh's questions to the source's peer, without waiting for answers (called
@@ -93,71 +164,18 @@ pub trait VmSource: CounterSource {
     /// gave at the last refresh (what this one need not ask for).
     fn ask(&mut self, _sockets: &UnixSockets, _given_before: &Gives) {}
 
-    /// Reads the source for the VM as it is now (once per refresh, for every vCPU).
-    fn read(&mut self, vm: &VmView<'_>);
-
-    /// Whether the source's peer answers now, for a source that has one.
-    fn peer(&self) -> Option<PeerState> {
-        None
+    /// What its peer names of the VM now (nothing, for a source without one).
+    fn named(&mut self) -> Named {
+        Named::default()
     }
 
-    /// Which thread runs each vCPU, by VP index, as far as this source knows.
-    fn vcpu_threads(&mut self) -> BTreeMap<u32, VcpuThread> {
-        BTreeMap::new()
-    }
-
-    /// The VM's name, as far as this source knows it.
-    fn vm_name(&mut self) -> Option<String> {
-        None
-    }
-
-    /// The VM's UUID, as far as this source knows it.
-    fn vm_uuid(&mut self) -> Option<hvstats::vmm::VmUuid> {
-        None
-    }
-
-    /// Why the source gives nothing now, when it was meant to (a peer that failed).
-    fn error(&self) -> Option<&str> {
-        None
-    }
-
-    /// What the VMM offered this source that it refused, and why (a descriptor or a socket that
-    /// is not what it was listed as), said once when the VM is attached.
-    fn refused(&self) -> Option<&str> {
-        None
-    }
-
-    /// True for the source that holds the VMM's own monitor session (QEMU's QMP): the one whose
-    /// session the observer counts and whose failure it reports at attach.
-    fn holds_monitor(&self) -> bool {
-        false
-    }
-
-    /// Descriptors it holds.
-    fn fds(&self) -> usize {
-        0
-    }
-
-    /// What the source knows of `kvm:kvm_exit` on this host, if it counts it.
-    fn kvm_exit(&self) -> Option<KvmExitState> {
-        None
-    }
-
-    /// Threads of the VMM it counts, and threads it left out for want of descriptors, if it
-    /// counts on threads.
-    fn threads_counted(&self) -> Option<(usize, usize)> {
-        None
-    }
+    /// Reads the source for the VM as it is now (once per refresh, for every vCPU), and says
+    /// what it learned.
+    fn read(&mut self, vm: &VmView<'_>) -> Learned;
 
     /// From when its counters count: what it counts itself from attach (the default), or KVM's
     /// own statistics from the vCPU's creation.
     fn origin(&self) -> Origin {
         Origin::Attach
-    }
-
-    /// How it counts, said for a log (in the kernel, or by perf counters, and why), if that
-    /// varies by host.
-    fn method(&self) -> Option<String> {
-        None
     }
 }
