@@ -339,8 +339,13 @@ fn crafted_stats_file() -> std::fs::File {
     // SAFETY: a literal name and no flags; the result is checked before it is owned.
     let fd = unsafe { libc::memfd_create(c"crafted-stats".as_ptr(), 0) };
     assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
-    // SAFETY: the kernel just gave us this descriptor; nothing else owns it.
-    let file = unsafe { std::fs::File::from_raw_fd(fd) };
+    // Above the numbers the fake `fd` directory lists for the VM and its vCPU (4 and 5), which a
+    // test process with few descriptors open would otherwise be given.
+    // SAFETY: fcntl on the descriptor just made; the copy is checked before it is owned.
+    let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 100) };
+    assert!(high >= 100, "F_DUPFD: {}", std::io::Error::last_os_error());
+    // SAFETY: the descriptors the kernel just gave us; nothing else owns them.
+    let (file, _low) = unsafe { (std::fs::File::from_raw_fd(high), std::fs::File::from_raw_fd(fd)) };
     file.set_len(u64::from(DATA + CLAIMED)).unwrap();
     // flags, name_size, num_desc, id_offset, desc_offset, data_offset.
     let header: Vec<u8> = [0u32, 48, 1, 24, 72, DATA].iter().flat_map(|w| w.to_le_bytes()).collect();
