@@ -85,6 +85,8 @@ const NO_VTLB: &str = "KVM has no virtual TLB: it uses nested or shadow paging i
 const NO_TIME: &str = "handled inside KVM, which records no per-event time";
 const NO_SLOTS: &str = "the VMM's memory slots are not visible from outside";
 const SOURCE_TABLE: &str = "written by the observer from the sources it composes for the VM";
+const COUNT_ORIGINS: &str =
+    "written by the publisher when it creates the partition, and by the observer at attach";
 
 catalog! {
     /// Counters of the hypervisor object (root only).
@@ -304,6 +306,15 @@ catalog! {
             By(RunState, "running while the partition runs, shutdown once it stopped"),
             observed By(RunState, "libvirt's domain state for a libvirt domain, else QEMU's run state (QMP query-status): unknown while neither answers"),
             "Whether the VM runs, is paused, shut down, stopped on an internal error KVM could not get past, or its state is unknown now.";
+        // hvstats 1.2 of the partition page (see APPENDED): from when its counters count, so a
+        // reader tells a reset (a new publisher, a new attach) from a quiet VM. Bookkeeping:
+        // surfaces read it through `crate::vm_sources::CountOrigins`.
+        Hvstats 31 COUNTING_SINCE "Counting since", Count, Instant,
+            By(Authority, COUNT_ORIGINS),
+            "When the publisher created the partition's page (an observer: attached to the VM), in microseconds since the Unix epoch: the origin of every counter that counts from then, which a new publisher starts again from 0.";
+        Hvstats 32 VM_STARTED "VM started", Count, Instant,
+            By(Authority, COUNT_ORIGINS),
+            "When the observed VM's process started, in microseconds since the Unix epoch (0: unknown): the origin of the counters its sources count from the vCPU's creation, which survive a new observer.";
     }
 
     /// Counters of a virtual processor object.
@@ -713,6 +724,8 @@ pub const APPENDED: &[Appended] = &[
     Appended { kind: ObjectKind::Vp, group: GroupKind::Hvstats, minor: 2, first_index: 268 },
     // hvstats 1.1 of the partition page: the VM's run state.
     Appended { kind: ObjectKind::Partition, group: GroupKind::Hvstats, minor: 1, first_index: 30 },
+    // hvstats 1.2 of the partition page: from when its counters count.
+    Appended { kind: ObjectKind::Partition, group: GroupKind::Hvstats, minor: 2, first_index: 31 },
 ];
 
 impl CounterId {

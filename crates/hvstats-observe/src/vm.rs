@@ -150,6 +150,12 @@ impl ObservedVm {
             .create_partition_declared(None, &indices, &name, &nothing_yet)
             .map_err(|source| ObserveError::Publish { pid, source })?;
         partition.set_vmm(hvstats::vmm::VmmProcess { vmm, pid: pid as u32 });
+        if let Some(at) = (procfs.root() == std::path::Path::new("/proc"))
+            .then(|| hvstats_host::task_stat::started_at(identity.start_time))
+            .flatten()
+        {
+            partition.set_vm_started(at);
+        }
         // What the VMM itself says (QMP), else what its command line gives it.
         let uuid = opened.iter_mut().find_map(|s| s.vm_uuid()).or_else(|| procfs.vm_uuid(pid));
         if let Some(uuid) = uuid {
