@@ -101,7 +101,9 @@ def main():
         with open(os.path.join(ROOT, "BENCHMARKS.md")) as f:
             _, found, reliability = f.read().partition("\n## Reliability\n")
         if found:
-            lines += ["", "## Reliability", *reliability.rstrip("\n").split("\n")]
+            while lines and lines[-1] == "":
+                lines.pop()
+            lines += ["", "## Reliability", *reliability.rstrip("\n").split("\n"), ""]
     except OSError:
         pass
     with open(os.path.join(ROOT, "BENCHMARKS.md"), "w") as f:
