@@ -96,6 +96,16 @@ def main():
         if found:
             lines += ["", FACTS_HEAD, ""] + found
     lines += DESCRIPTIONS
+    # The reliability rows are scripts/reliability.py's: kept as they are.
+    try:
+        with open(os.path.join(ROOT, "BENCHMARKS.md")) as f:
+            _, found, reliability = f.read().partition("\n## Reliability\n")
+        if found:
+            while lines and lines[-1] == "":
+                lines.pop()
+            lines += ["", "## Reliability", *reliability.rstrip("\n").split("\n"), ""]
+    except OSError:
+        pass
     with open(os.path.join(ROOT, "BENCHMARKS.md"), "w") as f:
         f.write("\n".join(lines))
     print(f"wrote BENCHMARKS.md ({len(rows)} rows measured; {loads})")

@@ -85,6 +85,8 @@ const NO_VTLB: &str = "KVM has no virtual TLB: it uses nested or shadow paging i
 const NO_TIME: &str = "handled inside KVM, which records no per-event time";
 const NO_SLOTS: &str = "the VMM's memory slots are not visible from outside";
 const SOURCE_TABLE: &str = "written by the observer from the sources it composes for the VM";
+const COUNT_ORIGINS: &str =
+    "written by the publisher when it creates the partition, and by the observer at attach";
 
 catalog! {
     /// Counters of the hypervisor object (root only).
@@ -388,6 +390,15 @@ catalog! {
         Hvstats 57 SOURCE_15_STATE "Source 15 state", Count, Instant,
             By(Authority, SOURCE_TABLE),
             "Whether the observed VM's source 15 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation).";
+        // hvstats 1.3 of the partition page (see APPENDED): from when its counters count, so a
+        // reader tells a reset (a new publisher, a new attach) from a quiet VM. Bookkeeping:
+        // surfaces read it through `crate::vm_sources::CountOrigins`.
+        Hvstats 58 COUNTING_SINCE "Counting since", Count, Instant,
+            By(Authority, COUNT_ORIGINS),
+            "When the publisher created the partition's page (an observer: attached to the VM), in microseconds since the Unix epoch: the origin of every counter that counts from then, which a new publisher starts again from 0.";
+        Hvstats 59 VM_STARTED "VM started", Count, Instant,
+            By(Authority, COUNT_ORIGINS),
+            "When the observed VM's process started, in microseconds since the Unix epoch (0: unknown): the origin of the counters its sources count from the vCPU's creation, which survive a new observer.";
     }
 
     /// Counters of a virtual processor object.
@@ -799,6 +810,8 @@ pub const APPENDED: &[Appended] = &[
     Appended { kind: ObjectKind::Partition, group: GroupKind::Hvstats, minor: 1, first_index: 30 },
     // hvstats 1.2 of the partition page: sources 7 to 15 of an observed VM.
     Appended { kind: ObjectKind::Partition, group: GroupKind::Hvstats, minor: 2, first_index: 31 },
+    // hvstats 1.3 of the partition page: from when its counters count.
+    Appended { kind: ObjectKind::Partition, group: GroupKind::Hvstats, minor: 3, first_index: 58 },
 ];
 
 impl CounterId {

@@ -239,6 +239,51 @@ impl SourceTable {
     }
 }
 
+/// From when a partition's counters count, as its page says: when its publisher created the page
+/// (an observer: attached to the VM) and when the VM's process started, each in microseconds since
+/// the Unix epoch. A counter whose writer counts from the vCPU's creation counts from the VM's
+/// start, which outlives its observer; any other from the page's creation, which a new publisher
+/// (an observer restarted, a VM attached again) begins anew: that is how a reader tells a reset
+/// from a quiet VM.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CountOrigins {
+    /// When the page was created, in µs since the epoch (`None`: a page of an older publisher).
+    pub counting_since_us: Option<u64>,
+    /// When the VM's process started, in µs since the epoch (`None`: not an observed VM, or
+    /// unknown).
+    pub vm_started_us: Option<u64>,
+}
+
+impl CountOrigins {
+    /// Reads them from a partition page's rows (`value` as in [`SourceTable::decode`]); a 0 or a
+    /// row the page does not carry is unknown.
+    pub fn decode(value: impl Fn(CounterId) -> Option<u64>) -> Self {
+        let known = |id| value(id).filter(|&v| v != 0);
+        Self {
+            counting_since_us: known(partition::COUNTING_SINCE),
+            vm_started_us: known(partition::VM_STARTED),
+        }
+    }
+
+    /// When `counter` (a partition or VP counter) began counting, in µs since the epoch, given
+    /// the VM's source table: the VM's start for a counter a source counting from the vCPU's
+    /// creation writes, else the page's creation; `None` when the page does not say.
+    pub fn of(&self, counter: CounterId, table: Option<&SourceTable>) -> Option<u64> {
+        match table.and_then(|t| t.writer(counter)).map(|s| s.origin) {
+            Some(Origin::VcpuCreation) => self.vm_started_us,
+            _ => self.counting_since_us,
+        }
+    }
+
+    /// When the counters of `source` began counting, in µs since the epoch.
+    pub fn of_source(&self, source: &SourceEntry) -> Option<u64> {
+        match source.origin {
+            Origin::VcpuCreation => self.vm_started_us,
+            Origin::Attach => self.counting_since_us,
+        }
+    }
+}
+
 /// Eight bytes as a little-endian word.
 fn word(bytes: &[u8]) -> u64 {
     let mut w = [0u8; 8];
@@ -379,5 +424,28 @@ mod tests {
             assert!(table.push(long).is_some());
         }
         assert!(table.push(long).is_none());
+    }
+
+    #[test]
+    fn a_counter_counts_from_its_writers_origin() {
+        let mut table = SourceTable::default();
+        let events = table.push(SourceEntry::new("tracepoints", true, Origin::Attach)).unwrap();
+        let qmp = table.push(SourceEntry::new("qmp", true, Origin::VcpuCreation)).unwrap();
+        table.set_writer(vp::IO_INSTRUCTIONS, events);
+        table.set_writer(vp::HLT_INSTRUCTIONS, qmp);
+        let mut page = [0u64; 64];
+        page[partition::COUNTING_SINCE.index as usize] = 2_000;
+        page[partition::VM_STARTED.index as usize] = 1_000;
+        let origins = CountOrigins::decode(|id| page.get(id.index as usize).copied());
+        assert_eq!(origins.of(vp::IO_INSTRUCTIONS, Some(&table)), Some(2_000));
+        assert_eq!(origins.of(vp::HLT_INSTRUCTIONS, Some(&table)), Some(1_000));
+        assert_eq!(
+            origins.of(vp::CPUID_INSTRUCTIONS, Some(&table)),
+            Some(2_000),
+            "no writer: the page's creation"
+        );
+        assert_eq!(origins.of(vp::HLT_INSTRUCTIONS, None), Some(2_000));
+        let older = CountOrigins::decode(|id| (id.index < 31).then_some(5));
+        assert_eq!(older, CountOrigins::default(), "a page of an older minor says nothing");
     }
 }

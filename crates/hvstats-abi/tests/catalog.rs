@@ -19,13 +19,16 @@ fn catalog_has_the_96_counters_of_seed_001() {
     // Release 1.1 of the VP page appends 2, its 1.2 2 more; hvstats' group holds the sequence and
     // 8 histograms, its 1.1 the host's page faults (2), its 1.2 the VP's exits of every reason (1);
     // the partition page's hvstats group says which source of an observed VM gave what (6 sources
-    // of 3 rows, 3 + 8 rows of writers), in its 1.1 the VM's run state (1), and in its 1.2 sources
-    // 7 to 15 (9 sources of 3 rows); the hypervisor page's the observer's health (5).
-    assert_eq!(CATALOG.len(), 96 + 2 + 2 + 9 + 2 + 1 + 29 + 1 + 27 + 5);
-    assert_eq!(count(ObjectKind::Partition, GroupKind::Hvstats), 57);
+    // of 3 rows, 3 + 8 rows of writers), in its 1.1 the VM's run state (1), in its 1.2 sources
+    // 7 to 15 (9 sources of 3 rows), in its 1.3 from when its counters count (2); the hypervisor
+    // page's the observer's health (5).
+    assert_eq!(CATALOG.len(), 96 + 2 + 2 + 9 + 2 + 1 + 29 + 1 + 27 + 2 + 5);
+    assert_eq!(count(ObjectKind::Partition, GroupKind::Hvstats), 59);
     assert_eq!(catalog::counters_at(ObjectKind::Partition, GroupKind::Hvstats, 0), 29);
     assert_eq!(catalog::counters_at(ObjectKind::Partition, GroupKind::Hvstats, 1), 30);
     assert_eq!(catalog::counters_at(ObjectKind::Partition, GroupKind::Hvstats, 2), 57);
+    assert_eq!(catalog::counters_at(ObjectKind::Partition, GroupKind::Hvstats, 3), 59);
+    assert_eq!(catalog::partition::COUNTING_SINCE.introduced_in(), 3);
     assert_eq!(count(ObjectKind::Hypervisor, GroupKind::Hvstats), 5);
     assert_eq!(count(ObjectKind::Hypervisor, GroupKind::Architectural), 5);
     assert_eq!(count(ObjectKind::LogicalProcessor, GroupKind::Architectural), 18);

@@ -312,6 +312,11 @@ fn report_refuses_what_is_not_a_recording_and_tolerates_a_cut_last_line() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["samples"], samples);
+    // And it says where the recording ends.
+    assert_eq!(v["ended"]["cut_line"], samples + 2);
+    assert_eq!(v["ended"]["cut_bytes"], "{\"t\": 9.0, \"partitions\": [".len());
+    let text_report = String::from_utf8_lossy(&hvstats(&["report", path(&file)]).stdout).into_owned();
+    assert!(text_report.contains(&format!("its last whole line, sample {samples} at t = ")), "{text_report}");
     // The same damage in the middle is an error naming the line.
     text.push_str("\n{}\n");
     std::fs::write(&file, &text).unwrap();
@@ -753,4 +758,74 @@ fn a_hostile_100_mb_recording_is_reported_or_refused_within_10_s_of_cpu() {
         let out = within_cpu_seconds(args, 10);
         assert!(out.status.success(), "{args:?}: {out:?}");
     }
+}
+
+/// Mounts a tmpfs of `bytes` at `dir`, unmounted on drop; `None` where this process may not mount.
+struct SmallDisk(std::path::PathBuf);
+
+impl SmallDisk {
+    fn mount(dir: &Path, bytes: usize) -> Option<Self> {
+        std::fs::create_dir_all(dir).unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes},mode=0700"), "tmpfs"])
+            .arg(dir)
+            .output()
+            .ok()?;
+        out.status.success().then(|| Self(dir.to_owned()))
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_recording_into_a_full_disk_keeps_whole_samples_and_report_says_where_it_ended() {
+    let tmp = TempDir::new("record-full");
+    let Some(disk) = SmallDisk::mount(&tmp.path().join("disk"), 64 << 10) else {
+        // Mounting needs root (CI's tests run as root, as KVM's do).
+        assert!(std::env::var("HVSTATS_REQUIRE_KVM").as_deref() != Ok("1"), "cannot mount a tmpfs");
+        eprintln!("a_recording_into_a_full_disk_keeps_whole_samples: cannot mount a tmpfs: skipped");
+        return;
+    };
+    let run = tmp.path().join("run");
+    let (_hv, part) = common::publish_partition(&run, 4);
+    part.vp_page(0).unwrap().set(vp::HYPERCALLS, 5);
+    let file = disk.0.join("rec.ndjson");
+    // Far more samples than 64 KiB holds (each some 3 KB of 4 VPs).
+    let out = hvstats(&[
+        "record",
+        "-q",
+        "--interval",
+        "0.1",
+        "--duration",
+        "600",
+        "--runtime-dir",
+        path(&run),
+        "-o",
+        path(&file),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("No space left on device"), "{stderr}");
+    let text = std::fs::read_to_string(&file).unwrap();
+    // Whole lines only: every one ends, and every one parses.
+    assert!(text.ends_with('\n'), "the last line is cut");
+    let samples = text.lines().count() - 1;
+    assert!(samples >= 2, "{samples} samples");
+    for line in text.lines() {
+        serde_json::from_str::<Value>(line).unwrap();
+    }
+    assert!(
+        stderr.contains(&format!("the recording ends after {samples} whole samples ({} bytes)", text.len())),
+        "{stderr}"
+    );
+    let out = hvstats(&["report", "--json", path(&file)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["samples"], samples);
+    assert_eq!(v["ended"]["cut_line"], Value::Null);
+    assert!(v["ended"]["last_sample_seconds"].as_f64().unwrap() > 0.0, "{}", v["ended"]);
 }

@@ -131,9 +131,38 @@ pub fn ticks_to_100ns(ticks: u64) -> u64 {
     ticks.saturating_mul(10_000_000 / ticks_per_second())
 }
 
+/// The wall-clock time of a start time in clock ticks after boot (`stat` field 22, which the
+/// kernel counts on the boot-time clock): now, less the boot-time clock's advance since then;
+/// `None` when the clock cannot be read or the time lies in the future.
+pub fn started_at(start_ticks: u64) -> Option<std::time::SystemTime> {
+    let mut boot = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes only the timespec we pass, which lives across the call.
+    if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut boot) } != 0 {
+        return None;
+    }
+    let now = std::time::SystemTime::now();
+    let since_boot =
+        std::time::Duration::new(u64::try_from(boot.tv_sec).ok()?, u32::try_from(boot.tv_nsec).ok()?);
+    let hz = ticks_per_second();
+    let started = std::time::Duration::from_secs(start_ticks / hz)
+        + std::time::Duration::from_nanos((start_ticks % hz).saturating_mul(1_000_000_000) / hz);
+    now.checked_sub(since_boot.checked_sub(started)?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn this_process_started_before_now_and_after_boot() {
+        let text = std::fs::read_to_string("/proc/self/stat").unwrap();
+        let ticks = StatLine::parse(&text).and_then(|s| s.start_time()).unwrap();
+        let at = started_at(ticks).unwrap();
+        let age = std::time::SystemTime::now().duration_since(at).unwrap();
+        // A tick's rounding at most, and no test process lives a day.
+        assert!(age < std::time::Duration::from_secs(86_400), "{age:?}");
+        assert!(started_at(u64::MAX).is_none(), "a start in the future is no time");
+    }
 
     #[test]
     fn fields_are_counted_after_the_last_parenthesis_of_a_strange_command_name() {

@@ -149,6 +149,12 @@ impl ObservedVm {
         // What the VMM itself says (QMP), else what its command line gives it.
         let uuid = named.iter().find_map(|n| n.vm_uuid).or_else(|| procfs.vm_uuid(pid));
         let partition = publish(hv, pid, vmm, &name, vcpus.len(), uuid)?;
+        if let Some(at) = (procfs.root() == std::path::Path::new("/proc"))
+            .then(|| hvstats_host::task_stat::started_at(identity.start_time))
+            .flatten()
+        {
+            partition.set_vm_started(at);
+        }
         let mut me = Self {
             pid,
             identity,

@@ -41,6 +41,8 @@ pub enum Collector {
     Exporter,
     /// The Microsoft Hypervisor's values the catalog has no counter for (`observe --mshv`).
     Mshv,
+    /// Each counter and histogram series' `_created`: when it began counting.
+    Created,
 }
 
 /// One collector as the flags, the scrape parameters and the documentation show it.
@@ -57,7 +59,7 @@ pub struct CollectorInfo {
 }
 
 /// Every collector, in the order the documentation lists them.
-pub const COLLECTORS: [CollectorInfo; 11] = [
+pub const COLLECTORS: [CollectorInfo; 12] = [
     CollectorInfo {
         collector: Collector::Vp,
         name: "vp",
@@ -127,6 +129,14 @@ pub const COLLECTORS: [CollectorInfo; 11] = [
         default: false,
         help: "the Microsoft Hypervisor's values the catalog has no counter for (observe --mshv)",
     },
+    CollectorInfo {
+        collector: Collector::Created,
+        name: "created",
+        default: false,
+        help: "each VM counter's and histogram's _created (OpenMetrics; created_timestamp on \
+               protobuf): when it began counting, so a reset says itself. A Prometheus that does \
+               not read _created stores each as a series of its own",
+    },
 ];
 
 /// The VP families of [`Collector::Vp`], by exposed name: what the shipped rules, alerts and
@@ -154,7 +164,7 @@ pub const VM_FAMILIES: [&str; 2] = ["hvstats_vm_state", "hvstats_partition_virtu
 
 /// The families the exposition makes of its own rather than of a catalog row, by exposed name,
 /// and their collectors.
-pub const OWN_FAMILIES: [(&str, Collector); 10] = [
+pub const OWN_FAMILIES: [(&str, Collector); 11] = [
     ("hvstats_build_info", Collector::Exporter),
     ("hvstats_read_errors", Collector::Exporter),
     ("hvstats_scrape_duration_seconds", Collector::Exporter),
@@ -162,6 +172,7 @@ pub const OWN_FAMILIES: [(&str, Collector); 10] = [
     ("hvstats_vm_up", Collector::Vm),
     ("hvstats_vm_info", Collector::Vm),
     ("hvstats_vm_source_up", Collector::Vm),
+    ("hvstats_vm_counting_since_seconds", Collector::Vm),
     ("hvstats_mshv_instance_info", Collector::Mshv),
     ("hvstats_mshv_value", Collector::Mshv),
     ("hvstats_mshv_values_omitted", Collector::Mshv),
@@ -405,6 +416,7 @@ mod tests {
             Collector::Observer,
             Collector::Exporter,
             Collector::Mshv,
+            Collector::Created,
         ];
         for c in all {
             assert_eq!(COLLECTORS.iter().filter(|i| i.collector == c).count(), 1, "{c:?}");

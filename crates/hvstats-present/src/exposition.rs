@@ -29,6 +29,7 @@ use crate::sink::{Kind, Number, OpenMetrics, Sink};
 use hvstats::snapshot::{InstanceSnapshot, ObjectReading, PartitionSnapshot, VpSnapshot};
 use hvstats_abi::catalog::counters_of;
 use hvstats_abi::histogram::Log2Histogram;
+use hvstats_abi::vm_sources::{CountOrigins, SourceTable};
 use hvstats_abi::vm_state::VmState;
 use hvstats_abi::{Counter, ObjectKind, Presentation};
 
@@ -46,7 +47,8 @@ pub fn accepts_openmetrics(accept: &str) -> bool {
 }
 
 /// The OpenMetrics text in the classic Prometheus text format (0.0.4): a counter's HELP and TYPE
-/// name its samples (`…_total`), and there is no `# UNIT` or `# EOF`. Samples are unchanged.
+/// name its samples (`…_total`), and there is no `# UNIT`, `# EOF` or `_created` sample (which
+/// that format would take for a series of its own). Other samples are unchanged.
 pub fn to_classic(openmetrics: &str) -> String {
     let mut out = String::with_capacity(openmetrics.len());
     let mut classic = Classic::new(&mut out);
@@ -62,12 +64,14 @@ pub struct Classic<W> {
     /// The unfinished line, then a HELP line waiting for its family's TYPE.
     line: String,
     help: Option<String>,
+    /// The `_created` samples' name of the current counter or histogram family.
+    created: Option<String>,
 }
 
 impl<W: Write> Classic<W> {
     /// A converter writing to `out`.
     pub fn new(out: W) -> Self {
-        Self { out, line: String::new(), help: None }
+        Self { out, line: String::new(), help: None, created: None }
     }
 
     /// The writer it writes to.
@@ -105,6 +109,8 @@ impl<W: Write> Classic<W> {
         }
         if let Some(rest) = line.strip_prefix("# TYPE ") {
             let counter = rest.ends_with(" counter");
+            let (name, kind) = rest.split_once(' ').unwrap_or((rest, ""));
+            self.created = matches!(kind, "counter" | "histogram").then(|| format!("{name}_created"));
             if let Some(help) = self.help.take() {
                 let same = help.split(' ').next() == rest.split(' ').next();
                 self.meta("# HELP ", &help, same && counter)?;
@@ -115,6 +121,11 @@ impl<W: Write> Classic<W> {
             self.meta("# HELP ", &help, false)?;
         }
         if line.starts_with("# UNIT ") || line == "# EOF" {
+            return Ok(());
+        }
+        if let Some(created) = &self.created
+            && line.strip_prefix(created.as_str()).is_some_and(|rest| rest.starts_with(['{', ' ']))
+        {
             return Ok(());
         }
         self.out.write_str(line)?;
@@ -162,7 +173,13 @@ pub struct Exposition {
     vm_labels: Vec<String>,
     /// The `vp` label of VP index `i`, made once per scrape.
     vp_labels: Vec<String>,
+    /// From when each partition's counters count, in walk order, read once per scrape: their
+    /// series' `_created`.
+    origins: Vec<Origins>,
 }
+
+/// A partition's [`CountOrigins`] and the source table that says which origin each counter has.
+type Origins = (CountOrigins, Option<SourceTable>);
 
 /// A series' labels, made on the stack: at most [`LabelSet::CAP`] pairs.
 #[derive(Clone, Copy)]
@@ -209,7 +226,13 @@ impl Exposition {
         let most =
             reading.instances.iter().flat_map(|i| &i.partitions).flat_map(|p| &p.vps).map(|vp| vp.index);
         let vp_labels = (0..most.max().map_or(0, |m| m as usize + 1)).map(|i| i.to_string()).collect();
-        Self { reading, max_vps, read_time: None, selection: Selection::all(), vm_labels, vp_labels }
+        let origins = reading
+            .instances
+            .iter()
+            .flat_map(|i| &i.partitions)
+            .map(|p| (p.origins(), p.sources()))
+            .collect();
+        Self { reading, max_vps, read_time: None, selection: Selection::all(), vm_labels, vp_labels, origins }
     }
 
     /// The same, exporting only the collectors of `selection`.
@@ -309,16 +332,18 @@ impl Exposition {
         reading: &ObjectReading,
         sink: &mut dyn Sink,
     ) -> std::fmt::Result {
-        self.sample_where(family, labels, reading, sink, |_| true)
+        self.sample_where(family, labels, reading, sink, None, |_| true)
     }
 
-    /// [`Self::sample`] of the members `keep` chooses.
+    /// [`Self::sample`] of the members `keep` chooses, a counter's series with its `_created`
+    /// when `origins` (its partition's) says from when it counts.
     fn sample_where(
         &self,
         family: &Family,
         labels: LabelSet<'_>,
         reading: &ObjectReading,
         sink: &mut dyn Sink,
+        origins: Option<&Origins>,
         keep: impl Fn(&Member) -> bool,
     ) -> std::fmt::Result {
         for member in family.members.iter().filter(|m| keep(m)) {
@@ -337,6 +362,11 @@ impl Exposition {
                 continue;
             }
             sink.sample(labels.as_slice(), number(family, member, raw))?;
+            if family.kind == MetricKind::Counter
+                && let Some(at) = origins.and_then(|(o, table)| o.of(member.counter.id, table.as_ref()))
+            {
+                sink.created(labels.as_slice(), at)?;
+            }
         }
         Ok(())
     }
@@ -382,13 +412,16 @@ impl Exposition {
         let by_vm = family.object == ObjectKind::Vp
             && !self.selection.has(Collector::VpDetail)
             && family.exposed_name() == PER_VM_UNLESS_DETAIL;
-        for (((_, partition), vm), one_by_one) in self.partitions().zip(&self.vm_labels).zip(per_vp) {
+        let partitions = self.partitions().zip(&self.vm_labels).zip(per_vp).zip(&self.origins);
+        for ((((_, partition), vm), one_by_one), origins) in partitions {
             let labels = LabelSet::of(&[("vm", vm)]);
+            let at = self.selection.has(Collector::Created).then_some(origins);
             if family.object == ObjectKind::Partition {
-                self.sample(family, labels, &partition.reading, sink)?;
+                self.sample_where(family, labels, &partition.reading, sink, at, |_| true)?;
             } else if *one_by_one && !by_vm {
                 for vp in &partition.vps {
-                    self.sample(family, labels.with("vp", self.vp_label(vp.index)), &vp.reading, sink)?;
+                    let labels = labels.with("vp", self.vp_label(vp.index));
+                    self.sample_where(family, labels, &vp.reading, sink, at, |_| true)?;
                 }
             } else if *one_by_one {
                 // The time halted stays each VP's (a VP halted throughout is 1 s/s of its own,
@@ -396,13 +429,13 @@ impl Exposition {
                 let halted = |m: &Member| m.counter.is_time_halted();
                 for vp in &partition.vps {
                     let labels = labels.with("vp", self.vp_label(vp.index));
-                    self.sample_where(family, labels, &vp.reading, sink, halted)?;
+                    self.sample_where(family, labels, &vp.reading, sink, at, halted)?;
                 }
                 if let Some(sum) = partition.vps_summed() {
-                    self.sample_where(family, labels.with("vp", ALL_VPS), &sum, sink, |m| !halted(m))?;
+                    self.sample_where(family, labels.with("vp", ALL_VPS), &sum, sink, at, |m| !halted(m))?;
                 }
             } else if let Some(sum) = partition.vps_summed() {
-                self.sample(family, labels.with("vp", ALL_VPS), &sum, sink)?;
+                self.sample_where(family, labels.with("vp", ALL_VPS), &sum, sink, at, |_| true)?;
             }
         }
         Ok(())
@@ -415,12 +448,18 @@ impl Exposition {
         let id = member.counter.id;
         let by_vm = !self.selection.has(Collector::Histograms);
         let of = |vp: &VpSnapshot| vp.histograms.iter().find(|(c, _)| c.id == id).map(|(_, h)| *h);
-        for (((_, partition), vm), one_by_one) in self.partitions().zip(&self.vm_labels).zip(per_vp) {
+        let partitions = self.partitions().zip(&self.vm_labels).zip(per_vp).zip(&self.origins);
+        for ((((_, partition), vm), one_by_one), (origins, table)) in partitions {
             let labels = LabelSet::of(&[("vm", vm)]);
+            let created = origins.of(id, table.as_ref()).filter(|_| self.selection.has(Collector::Created));
             if *one_by_one && !by_vm {
                 for vp in &partition.vps {
                     let Some(h) = of(vp) else { continue };
-                    sink.histogram(labels.with("vp", self.vp_label(vp.index)).as_slice(), &h)?;
+                    let labels = labels.with("vp", self.vp_label(vp.index));
+                    sink.histogram(labels.as_slice(), &h)?;
+                    if let Some(at) = created {
+                        sink.created(labels.as_slice(), at)?;
+                    }
                 }
             } else {
                 let mut sum: Option<Log2Histogram> = None;
@@ -432,7 +471,11 @@ impl Exposition {
                     }
                 }
                 if let Some(h) = sum {
-                    sink.histogram(labels.with("vp", ALL_VPS).as_slice(), &h)?;
+                    let labels = labels.with("vp", ALL_VPS);
+                    sink.histogram(labels.as_slice(), &h)?;
+                    if let Some(at) = created {
+                        sink.created(labels.as_slice(), at)?;
+                    }
                 }
             }
         }
@@ -561,6 +604,20 @@ impl Exposition {
                 labels.push("uuid", uuid);
             }
             sink.sample(labels.as_slice(), Number::Signed(1))?;
+        }
+        sink.family(
+            "vm_counting_since",
+            "When the publisher began counting each VM's counters (an observer: attached to it), \
+             in seconds since the Unix epoch: a new value is a new origin, from which every \
+             counter not counted from the vCPU's creation (vm_source_up, snapshot --json's \
+             sources) starts again at 0. A reset said, not a count lost without a word.",
+            Some(BaseUnit::Seconds),
+            Kind::Gauge,
+        )?;
+        for ((origins, _), vm) in self.origins.iter().zip(&self.vm_labels) {
+            if let Some(us) = origins.counting_since_us {
+                sink.sample(&[("vm", vm)], Number::Real(us as f64 / 1e6))?;
+            }
         }
         let tables: Vec<_> = self.partitions().map(|(_, p)| p.sources()).collect();
         if tables.iter().any(Option::is_some) {
@@ -839,6 +896,63 @@ mod tests {
                 "hvstats_vm_source_up{vm=\"vm-a\",source=\"qmp\"} 0"
             ]
         );
+    }
+
+    #[test]
+    fn each_counter_says_from_when_it_counts_and_a_reset_is_a_new_origin() {
+        use hvstats::snapshot::ObjectReading;
+        use hvstats_abi::catalog::{partition, vp};
+        use hvstats_abi::vm_sources::{Origin, SourceEntry, SourceTable};
+        let mut instance = synthetic_instance(1, 1);
+        let mut table = SourceTable::default();
+        let events = table.push(SourceEntry::new("tracepoints", true, Origin::Attach)).unwrap();
+        let qmp = table.push(SourceEntry::new("qmp", true, Origin::VcpuCreation)).unwrap();
+        table.set_writer(vp::IO_INSTRUCTIONS, events);
+        table.set_writer(vp::HYPERCALLS, qmp);
+        let p = &mut instance.partitions[0];
+        p.name = "vm-a".into();
+        let mut rows: Vec<_> = table.rows().collect();
+        // Attached at 1764290000.25 s; the VM's process started 100 s before.
+        rows.push((partition::COUNTING_SINCE, 1_764_290_000_250_000));
+        rows.push((partition::VM_STARTED, 1_764_289_900_000_000));
+        let ObjectReading::Counters(values) = &mut p.reading else { panic!() };
+        for (c, v) in values.iter_mut() {
+            if let Some((_, w)) = rows.iter().find(|(id, _)| *id == c.id) {
+                *v = *w;
+            }
+        }
+        let reading = crate::live::Reading::of(vec![instance.clone()]);
+        let default = Exposition::new(reading.clone(), 4).collect(Selection::defaults()).encode().unwrap();
+        assert!(!default.contains("_created"), "_created only when asked: {default}");
+        assert_eq!(
+            lines_of(&default, "hvstats_vm_counting_since_seconds{"),
+            ["hvstats_vm_counting_since_seconds{vm=\"vm-a\"} 1764290000.25"]
+        );
+        let selection = Selection::defaults().with(Collector::Created);
+        let text = Exposition::new(reading, 4).collect(selection).encode().unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        let after = |total: &str| {
+            let at = lines.iter().position(|l| l.starts_with(total)).unwrap_or_else(|| panic!("no {total}"));
+            lines[at + 1]
+        };
+        // Counted since attach: a new observer starts it again, and says so.
+        assert_eq!(
+            after("hvstats_vp_intercepts_total{vm=\"vm-a\",vp=\"0\",intercept=\"io\"}"),
+            "hvstats_vp_intercepts_created{vm=\"vm-a\",vp=\"0\",intercept=\"io\"} 1764290000.250000"
+        );
+        // Counted by KVM since the vCPU's creation: it outlives the observer.
+        assert_eq!(
+            after("hvstats_vp_hypercalls_total{vm=\"vm-a\",vp=\"0\"}"),
+            "hvstats_vp_hypercalls_created{vm=\"vm-a\",vp=\"0\"} 1764289900.000000"
+        );
+        // Every counter series has its `_created`; no gauge has one.
+        let totals = text.lines().filter(|l| l.contains("_total{vm=")).count();
+        let created = text.lines().filter(|l| l.contains("_created{vm=")).count();
+        assert_eq!(totals, created, "{text}");
+        let json = crate::snapshot_json::partition_json(&instance.partitions[0], None, &instance);
+        assert_eq!(json["counting_since"], 1_764_290_000.25);
+        assert_eq!(json["sources"][0]["counts_since"], 1_764_290_000.25);
+        assert_eq!(json["sources"][1]["counts_since"], 1_764_289_900.0);
     }
 
     #[test]
@@ -1152,7 +1266,7 @@ mod tests {
     #[test]
     fn the_protobuf_exposition_has_the_texts_series_and_native_histograms() {
         let reading = four_vps_with_histograms();
-        let selection = Selection::defaults().with(Collector::Histograms);
+        let selection = Selection::defaults().with(Collector::Histograms).with(Collector::Created);
         let text = Exposition::new(reading.clone(), 100).collect(selection).encode().unwrap();
         let families =
             crate::protobuf::decode(&Exposition::new(reading, 100).collect(selection).encode_protobuf())
@@ -1164,12 +1278,20 @@ mod tests {
         let line = lines_of(&text, "hvstats_vp_hypercalls_total{vm=\"partition-1\",vp=\"0\"}")[0];
         let value: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
         assert_eq!(first.counter.as_ref().and_then(|c| c.value), Some(value));
+        // Its `_created` is the partition's creation, in both formats.
+        let created = lines_of(&text, "hvstats_vp_hypercalls_created{vm=\"partition-1\",vp=\"0\"}")[0];
+        let (secs, micros) = created.rsplit(' ').next().unwrap().split_once('.').unwrap();
+        let at = first.counter.as_ref().and_then(|c| c.created_timestamp.clone()).unwrap();
+        assert_eq!(
+            (at.seconds, at.nanos),
+            (secs.parse().ok(), micros.parse::<i32>().ok().map(|us| us * 1_000))
+        );
         let h = families.iter().find(|f| name(f) == "hvstats_vp_hypercall_duration_seconds").unwrap();
         assert_eq!(h.metric.len(), 4);
         let native = h.metric[0].histogram.as_ref().unwrap();
         assert_eq!((native.sample_count, native.zero_count, native.schema), (Some(4), Some(1), Some(0)));
         // Every sample line of the text is one metric of the protobuf, but for the buckets.
-        let samples = text.lines().filter(|l| !l.starts_with('#')).count();
+        let samples = text.lines().filter(|l| !l.starts_with('#') && !l.contains("_created")).count();
         let classic_parts = 4 * 8 * (hvstats_abi::histogram::BUCKETS + 2) - 4 * 8;
         let metrics: usize = families.iter().map(|f| f.metric.len()).sum();
         assert_eq!(metrics, samples - classic_parts);
@@ -1178,7 +1300,8 @@ mod tests {
     #[test]
     fn the_classic_format_names_counter_samples_and_drops_openmetrics_lines() {
         let om = "# HELP hvstats_vp_hypercalls Hypercalls.\n# TYPE hvstats_vp_hypercalls counter\n\
-                  hvstats_vp_hypercalls_total{vp=\"0\"} 3\n# HELP hvstats_partition_gpa_bytes GPA.\n\
+                  hvstats_vp_hypercalls_total{vp=\"0\"} 3\nhvstats_vp_hypercalls_created{vp=\"0\"} 1.5\n\
+                  # HELP hvstats_partition_gpa_bytes GPA.\n\
                   # TYPE hvstats_partition_gpa_bytes gauge\n# UNIT hvstats_partition_gpa_bytes bytes\n\
                   hvstats_partition_gpa_bytes 4096\n# EOF\n";
         assert_eq!(

@@ -3,9 +3,9 @@
 //!
 //! The messages mirror `metrics.proto` of prometheus/client_model (`syntax = "proto2"`, package
 //! `io.prometheus.client`), field for field and tag for tag, for the fields this exporter sets:
-//! `LabelPair` (name 1, value 2), `Gauge` (value 1), `Counter` (value 1), `Histogram`
+//! `LabelPair` (name 1, value 2), `Gauge` (value 1), `Counter` (value 1, created_timestamp 3), `Histogram`
 //! (sample_count 1, sample_sum 2, schema 5, zero_threshold 6, zero_count 7, positive_span 12,
-//! positive_delta 13), `BucketSpan` (offset 1, length 2), `Metric` (label 1, gauge 2, counter 3,
+//! positive_delta 13, created_timestamp 15), `Timestamp` (seconds 1, nanos 2), `BucketSpan` (offset 1, length 2), `Metric` (label 1, gauge 2, counter 3,
 //! histogram 7) and `MetricFamily` (name 1, help 2, type 3, metric 4), with `MetricType`'s values
 //! (COUNTER 0, GAUGE 1, HISTOGRAM 4). They are declared with `prost`'s derive, as no `protoc` is
 //! needed for so few.
@@ -63,12 +63,36 @@ pub struct Gauge {
     pub value: Option<f64>,
 }
 
-/// `io.prometheus.client.Counter` (without exemplar and created timestamp).
+/// `google.protobuf.Timestamp`.
+#[derive(Clone, PartialEq, Message)]
+pub struct Timestamp {
+    /// Seconds since the Unix epoch.
+    #[prost(int64, optional, tag = "1")]
+    pub seconds: Option<i64>,
+    /// Nanoseconds past them.
+    #[prost(int32, optional, tag = "2")]
+    pub nanos: Option<i32>,
+}
+
+impl Timestamp {
+    /// `us` microseconds after the epoch.
+    pub fn from_micros(us: u64) -> Self {
+        Self {
+            seconds: i64::try_from(us / 1_000_000).ok(),
+            nanos: i32::try_from(us % 1_000_000 * 1_000).ok(),
+        }
+    }
+}
+
+/// `io.prometheus.client.Counter` (without exemplar).
 #[derive(Clone, PartialEq, Message)]
 pub struct Counter {
     /// The value.
     #[prost(double, optional, tag = "1")]
     pub value: Option<f64>,
+    /// When it began counting.
+    #[prost(message, optional, tag = "3")]
+    pub created_timestamp: Option<Timestamp>,
 }
 
 /// `io.prometheus.client.BucketSpan`: `length` consecutive buckets, `offset` buckets after the
@@ -107,6 +131,9 @@ pub struct Histogram {
     /// Each positive bucket's count less the previous one's.
     #[prost(sint64, repeated, packed = "false", tag = "13")]
     pub positive_delta: Vec<i64>,
+    /// When it began counting.
+    #[prost(message, optional, tag = "15")]
+    pub created_timestamp: Option<Timestamp>,
 }
 
 /// `io.prometheus.client.Metric`: one series.
@@ -182,6 +209,7 @@ pub fn native(h: &Log2Histogram) -> Histogram {
         zero_count: Some(h.buckets[0]),
         positive_span: spans,
         positive_delta: deltas,
+        created_timestamp: None,
     }
 }
 
@@ -246,7 +274,7 @@ impl Sink for Protobuf {
     fn sample(&mut self, labels: &Labels<'_>, value: Number) -> std::fmt::Result {
         let counter = self.family.as_ref().is_some_and(|f| f.r#type == Some(MetricType::Counter as i32));
         self.push(labels, |m| match counter {
-            true => m.counter = Some(Counter { value: Some(value.as_f64()) }),
+            true => m.counter = Some(Counter { value: Some(value.as_f64()), created_timestamp: None }),
             false => m.gauge = Some(Gauge { value: Some(value.as_f64()) }),
         });
         Ok(())
@@ -254,6 +282,19 @@ impl Sink for Protobuf {
 
     fn histogram(&mut self, labels: &Labels<'_>, h: &Log2Histogram) -> std::fmt::Result {
         self.push(labels, |m| m.histogram = Some(native(h)));
+        Ok(())
+    }
+
+    fn created(&mut self, _labels: &Labels<'_>, at_us: u64) -> std::fmt::Result {
+        let last = self.family.as_mut().and_then(|f| f.metric.last_mut());
+        if let Some(m) = last {
+            let at = Some(Timestamp::from_micros(at_us));
+            if let Some(c) = m.counter.as_mut() {
+                c.created_timestamp = at;
+            } else if let Some(h) = m.histogram.as_mut() {
+                h.created_timestamp = at;
+            }
+        }
         Ok(())
     }
 

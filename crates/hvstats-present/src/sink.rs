@@ -56,6 +56,9 @@ pub(crate) trait Sink {
     fn sample(&mut self, labels: &Labels<'_>, value: Number) -> fmt::Result;
     /// One series of the current histogram family.
     fn histogram(&mut self, labels: &Labels<'_>, h: &Log2Histogram) -> fmt::Result;
+    /// When the series just written (of a counter or histogram family, labelled `labels`) began
+    /// counting, in microseconds since the Unix epoch: its OpenMetrics `_created`.
+    fn created(&mut self, labels: &Labels<'_>, at_us: u64) -> fmt::Result;
     /// Ends the exposition.
     fn finish(&mut self) -> fmt::Result;
 }
@@ -128,6 +131,13 @@ fn escape_label(out: &mut impl Write, value: &str) -> fmt::Result {
         }
     }
     Ok(())
+}
+
+/// `us` microseconds as seconds with six decimals, exactly (`1700000000.000001`).
+fn write_seconds(out: &mut impl Write, us: u64) -> fmt::Result {
+    out.write_str(itoa::Buffer::new().format(us / 1_000_000))?;
+    let frac = us % 1_000_000;
+    write!(out, ".{frac:06}")
 }
 
 /// The exposed family name: prefix, name, unit.
@@ -209,6 +219,15 @@ impl<W: Write> Sink for OpenMetrics<'_, W> {
         result
     }
 
+    fn created(&mut self, labels: &Labels<'_>, at_us: u64) -> fmt::Result {
+        self.out.write_str(&self.name)?;
+        self.out.write_str("_created")?;
+        self.labels(None, labels)?;
+        self.out.write_char(' ')?;
+        write_seconds(self.out, at_us)?;
+        self.out.write_char('\n')
+    }
+
     fn finish(&mut self) -> fmt::Result {
         self.out.write_str("# EOF\n")
     }
@@ -230,6 +249,7 @@ mod tests {
         h.record(3);
         sink.family("vp_x_duration", "X.", Some(BaseUnit::Seconds), Kind::Histogram).unwrap();
         sink.histogram(&[("vm", "a")], &h).unwrap();
+        sink.created(&[("vm", "a")], 1_700_000_000_000_042).unwrap();
         sink.family("vp_unmeasured", "Nothing measures it.", None, Kind::Counter).unwrap();
         sink.finish().unwrap();
         assert!(!out.contains("unmeasured"), "a family without series is left out: {out}");
@@ -251,6 +271,24 @@ mod tests {
         assert!(out.contains("hvstats_vp_x_duration_seconds_count{vm=\"a\"} 1\n"), "{out}");
         assert!(out.contains("hvstats_vp_x_duration_seconds_bucket{le=\"4e-9\",vm=\"a\"} 1\n"), "{out}");
         assert!(out.contains("hvstats_vp_x_duration_seconds_bucket{le=\"+Inf\",vm=\"a\"} 1\n"), "{out}");
+        assert!(out.contains("hvstats_vp_x_duration_seconds_created{vm=\"a\"} 1700000000.000042\n"), "{out}");
         assert!(out.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn a_counters_created_follows_its_total_with_the_same_labels() {
+        let mut out = String::new();
+        let mut sink = OpenMetrics::new(&mut out);
+        sink.family("vp_intercepts", "Intercepts.", None, Kind::Counter).unwrap();
+        sink.sample(&[("vm", "a"), ("intercept", "io")], Number::Whole(169)).unwrap();
+        sink.created(&[("vm", "a"), ("intercept", "io")], 1_764_290_000_500_000).unwrap();
+        sink.finish().unwrap();
+        assert_eq!(
+            out.lines().skip(2).take(2).collect::<Vec<_>>(),
+            [
+                "hvstats_vp_intercepts_total{vm=\"a\",intercept=\"io\"} 169",
+                "hvstats_vp_intercepts_created{vm=\"a\",intercept=\"io\"} 1764290000.500000",
+            ]
+        );
     }
 }

@@ -222,6 +222,7 @@ fn vmm_json(p: &PartitionSnapshot) -> Value {
 /// null for a partition that names none.
 fn sources_json(p: &PartitionSnapshot) -> Value {
     let Some(table) = p.sources() else { return Value::Null };
+    let origins = p.origins();
     let written = |kind: ObjectKind, source: &hvstats_abi::vm_sources::SourceEntry| -> Vec<&'static str> {
         counters_of(kind)
             .filter(|c| !c.is_bookkeeping() && table.writer(c.id).is_some_and(|w| std::ptr::eq(w, source)))
@@ -236,12 +237,27 @@ fn sources_json(p: &PartitionSnapshot) -> Value {
                     "name": s.name(),
                     "up": s.up,
                     "counts_from": s.origin.name(),
+                    "counts_since": seconds_json(origins.of_source(s)),
                     "partition": written(ObjectKind::Partition, s),
                     "vp": written(ObjectKind::Vp, s),
                 })
             })
             .collect(),
     )
+}
+
+/// From when the partition's counters count, in seconds since the Unix epoch (µs precision): the
+/// page's creation (an observer's attach), which a new publisher starts again, so a counter lower
+/// than before under a later `counting_since` was reset, not lost. The counters of an observed
+/// VM's sources that count from the vCPU's creation say their own in `sources[].counts_since`.
+/// Null for a page of an older publisher.
+fn counting_since_json(p: &PartitionSnapshot) -> Value {
+    seconds_json(p.origins().counting_since_us)
+}
+
+/// Microseconds since the epoch as seconds, null when unknown.
+fn seconds_json(us: Option<u64>) -> Value {
+    us.map_or(Value::Null, |us| json!(us as f64 / 1e6))
 }
 
 /// An observed VM's UUID (`"6b29fc40-ca47-1067-b31d-00dd010662da"`), else null.
@@ -254,8 +270,9 @@ fn write_partition(out: &mut impl Write, p: &PartitionSnapshot, s: &InstanceSnap
     let state = if p.active && p.stopped.is_none() { "active" } else { "stopped" };
     let unmapped = |at| unmapped_json(s, at).map_or(String::new(), |u| format!("\"unmapped\":{u},"));
     let head = format!(
-        "\"active\":{},\"id\":{},\"name\":{},\"sources\":{},\"state\":\"{state}\",\"stopped_reason\":{},{}\"uuid\":{},\"vmm\":{},\"vps\":[",
+        "\"active\":{},\"counting_since\":{},\"id\":{},\"name\":{},\"sources\":{},\"state\":\"{state}\",\"stopped_reason\":{},{}\"uuid\":{},\"vmm\":{},\"vps\":[",
         p.active,
+        counting_since_json(p),
         p.id,
         Value::String(p.name.clone()),
         sources_json(p),
@@ -486,7 +503,7 @@ pub(crate) fn partition_json(
         Some(_) => json!("stopped"),
     };
     let (vmm, uuid) = (vmm_json(p), uuid_json(p));
-    let fields = json!({"id": p.id, "name": p.name, "uuid": uuid, "vmm": vmm, "sources": sources_json(p), "active": p.active, "state": state, "stopped_reason": p.stopped, "vps": vps});
+    let fields = json!({"counting_since": counting_since_json(p), "id": p.id, "name": p.name, "uuid": uuid, "vmm": vmm, "sources": sources_json(p), "active": p.active, "state": state, "stopped_reason": p.stopped, "vps": vps});
     with(
         reading_json(&p.reading, ObjectKind::Partition, t),
         with_unmapped(fields, s, ObjectRef::Partition(p.id)),

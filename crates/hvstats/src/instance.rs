@@ -204,6 +204,12 @@ impl PartitionStats {
         self.write_entry(|w| w[ew::VMM] = vmm.to_word());
     }
 
+    /// Records when the observed VM's process started: the origin of the counters its sources
+    /// count from the vCPU's creation ([`hvstats_abi::vm_sources::CountOrigins`]).
+    pub fn set_vm_started(&self, at: std::time::SystemTime) {
+        self.page.set(partition::VM_STARTED, unix_micros(at));
+    }
+
     /// Records the VM's UUID (an observed VM whose VMM was given one), for readers.
     pub fn set_uuid(&self, uuid: crate::vmm::VmUuid) {
         self.write_entry(|w| w[ew::UUID..ew::UUID + 2].copy_from_slice(&uuid.to_words()));
@@ -605,6 +611,9 @@ impl Hypervisor {
             }
         };
         page.set(partition::VIRTUAL_PROCESSORS, vp_count as u64);
+        // Every counter of the page counts from now (but those an observer says count from the
+        // VM's start): a reader tells a partition published again from one that went quiet.
+        page.set(partition::COUNTING_SINCE, unix_micros(std::time::SystemTime::now()));
         if own {
             page.set(partition::VM_STATE, VmState::Running.code());
         }
@@ -745,6 +754,11 @@ fn write_unavailable(w: &mut [u64; index::ENTRY_WORDS], counters: &[CounterId]) 
     let part_words = index::PARTITION_BITMAP_WORDS;
     w[ew::UNAVAILABLE_PARTITION..ew::UNAVAILABLE_PARTITION + part_words].copy_from_slice(&part[..part_words]);
     w[ew::UNAVAILABLE_VP..ew::UNAVAILABLE_VP + 4].copy_from_slice(&vp);
+}
+
+/// `at` in microseconds since the Unix epoch (0 before it, which readers take as unknown).
+fn unix_micros(at: std::time::SystemTime) -> u64 {
+    at.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use std::sync::OnceLock;
 use hvstats_abi::catalog::{Counter, Presentation, counters_of};
 use hvstats_abi::histogram::{HISTOGRAM_SLOTS, Log2Histogram};
 use hvstats_abi::page::{PAGE_SLOTS, PageLayout};
-use hvstats_abi::vm_sources::SourceTable;
+use hvstats_abi::vm_sources::{CountOrigins, SourceTable};
 use hvstats_abi::{ObjectKind, PageView, StatsPage};
 use zerocopy::IntoBytes;
 
@@ -300,6 +300,13 @@ impl PartitionSnapshot {
     pub fn sources(&self) -> Option<SourceTable> {
         let ObjectReading::Counters(values) = &self.reading else { return None };
         SourceTable::decode(|id| values.iter().find(|(c, _)| c.id == id).map(|(_, v)| *v))
+    }
+
+    /// From when its counters count, as its page says ([`CountOrigins`]; all unknown for an
+    /// unreadable page or one of an older publisher).
+    pub fn origins(&self) -> CountOrigins {
+        let ObjectReading::Counters(values) = &self.reading else { return CountOrigins::default() };
+        CountOrigins::decode(|id| values.iter().find(|(c, _)| c.id == id).map(|(_, v)| *v))
     }
 
     /// The readable VPs summed counter by counter (`None` when none was readable): a partition's

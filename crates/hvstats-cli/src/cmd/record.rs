@@ -2,7 +2,7 @@
 //! interval, for a duration or until Ctrl-C (or SIGTERM), which ends the file after its last whole
 //! sample. A progress bar shows on a terminal only.
 
-use std::io::{BufWriter, Write};
+use std::io::{BufWriter, Seek, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -86,6 +86,9 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
 
     let start = Instant::now();
     let mut taken = 0u64;
+    // The bytes of whole lines written, and the last whole sample's time.
+    let mut whole = out.get_mut().stream_position().unwrap_or(0);
+    let mut last_t = 0.0;
     // What could not be read, each said once; any of it makes the exit status 1, as snapshot's.
     let mut problems: Vec<String> = Vec::new();
     let mut most_vps = 0usize;
@@ -114,7 +117,26 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
                 reader_gone = true;
                 break;
             }
-            result => result.map_err(write_error)?,
+            Err(e) => {
+                // A full disk (or any failed write) leaves whole records: the sample written in
+                // part is cut off, so the file ends at its last whole line.
+                bar.finish_and_clear();
+                let (file, _unwritten) = out.into_parts();
+                let kept = cut_to(&file, whole);
+                let e = write_error(e);
+                return Err(match kept {
+                    Ok(()) => e.context(format!(
+                        "the recording ends after {taken} whole samples ({whole} bytes), at t = {last_t:.2} s"
+                    )),
+                    Err(cut) => {
+                        e.context(format!("and cutting it back to its last whole line failed: {cut}"))
+                    }
+                });
+            }
+            Ok(()) => {
+                whole = out.get_mut().stream_position().unwrap_or(whole);
+                last_t = t;
+            }
         }
         taken += 1;
         bar.set_position(taken);
@@ -148,6 +170,18 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         return Ok(crate::output::ExitStatus::RuntimeError.into());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Cuts the recording `file` back to its first `len` bytes (its whole lines), and puts its offset
+/// there; nothing to do for standard output that is no regular file.
+fn cut_to(file: &std::fs::File, len: u64) -> std::io::Result<()> {
+    if !file.metadata()?.is_file() {
+        return Ok(());
+    }
+    file.set_len(len)?;
+    let mut file = file;
+    file.seek(std::io::SeekFrom::Start(len))?;
+    Ok(())
 }
 
 /// True when `e` is a write into a pipe nobody reads any more.

@@ -281,6 +281,8 @@ pub(crate) struct SampleReader<R> {
     header: Header,
     /// Lines read so far (the header is line 1).
     line: usize,
+    /// The last line, when it was cut short: its number and bytes.
+    cut: Option<(usize, usize)>,
 }
 
 impl<R: BufRead> SampleReader<R> {
@@ -319,7 +321,13 @@ impl<R: BufRead> SampleReader<R> {
                 h.bucketing
             );
         }
-        Ok(Self { input, header, line: 1 })
+        Ok(Self { input, header, line: 1, cut: None })
+    }
+
+    /// The number and length in bytes of the last line, when the writer stopped in its middle
+    /// (a full disk, a kill): the recording ends at the sample before it.
+    pub(crate) fn cut_short(&self) -> Option<(usize, usize)> {
+        self.cut
     }
 
     /// The header of line 1, already checked: format, version and histogram bucketing.
@@ -370,6 +378,7 @@ impl<R: BufRead> SampleReader<R> {
         let n = self.line;
         let Some(line) = read_line(&mut self.input, n, MAX_LINE)? else { return Ok(None) };
         if !line.ends_with(b"\n") {
+            self.cut = (!line.is_empty()).then_some((n, line.len()));
             return Ok(None);
         }
         Ok(Some((n, line)))

@@ -64,6 +64,10 @@ pub(crate) struct Digest {
     pub samples: usize,
     /// Seconds between its first and last sample.
     pub span: f64,
+    /// The `t` of its last whole sample (`None`: no sample).
+    pub last_t: Option<f64>,
+    /// Its last line's number and bytes when the writer stopped in its middle.
+    pub cut: Option<(usize, usize)>,
     vps: Vec<VpDigest>,
 }
 
@@ -219,7 +223,8 @@ impl Digest {
             last_t = t;
         }
         let span = first_t.map_or(0.0, |first| last_t - first);
-        Ok(Self { header: reader.header().clone(), samples, span, vps })
+        let last_t = first_t.map(|_| last_t);
+        Ok(Self { header: reader.header().clone(), samples, span, last_t, cut: reader.cut_short(), vps })
     }
 
     /// VPs in the recording with a readable sample.
@@ -379,11 +384,28 @@ fn share_of_runnable(wait_ns: u64, run_ns: u64) -> Option<f64> {
     (runnable > 0.0).then(|| wait_ns as f64 / runnable * 100.0)
 }
 
+/// Where a recording the writer stopped in the middle of a line ends: after its last whole
+/// sample, which the report reads up to.
+fn ended_note(digest: &Digest) -> Option<String> {
+    let (line, bytes) = digest.cut?;
+    let last = match digest.last_t {
+        Some(t) => format!("sample {} at t = {t:.2} s (line {})", digest.samples, line - 1),
+        None => "its header (line 1)".to_owned(),
+    };
+    Some(format!(
+        "the recording ends cut short: line {line} holds {bytes} bytes of a sample its writer never \
+         finished (a full disk, a kill); this report reads it up to its last whole line, {last}"
+    ))
+}
+
 /// The first lines of the text report.
 fn text_head(digest: &Digest) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
     let _ = writeln!(out, "{} samples over {:.2} s, {} VPs", digest.samples, digest.span, digest.vp_count());
+    if let Some(ended) = ended_note(digest) {
+        let _ = writeln!(out, "note: {ended}");
+    }
     if let Some(note) = no_histograms_note(&digest.header) {
         let _ = writeln!(out, "note: {note}");
     }
@@ -473,6 +495,8 @@ struct Document<'a> {
     bytes_per_sample: Option<u64>,
     samples: usize,
     interval_seconds: f64,
+    /// Where the recording ends: its last whole sample's `t`, and the line cut short after it.
+    ended: Value,
     catalog: Value,
     vps: EachVp<'a>,
 }
@@ -504,6 +528,12 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             bytes_per_sample,
             samples: digest.samples,
             interval_seconds: digest.header.interval_seconds,
+            ended: json!({
+                "last_sample_seconds": digest.last_t,
+                "cut_line": digest.cut.map(|(line, _)| line),
+                "cut_bytes": digest.cut.map(|(_, bytes)| bytes),
+                "note": ended_note(&digest),
+            }),
             catalog: json!({ "hvstats": digest.header.catalog.hvstats, "groups": digest.header.catalog.groups }),
             vps: EachVp(&digest),
         };

@@ -465,11 +465,49 @@ impl Running {
 
     /// The body `serve` answers for `path`.
     pub fn get(&self, path: &str) -> String {
+        let reply = http_get(self.serving(), path);
+        reply.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or(reply)
+    }
+
+    /// The address `serve` says it serves on.
+    pub fn serving(&self) -> std::net::SocketAddr {
         let line = self.wait_line("serving http://");
         let addr = line.split("http://").nth(1).unwrap().split('/').next().unwrap().parse().unwrap();
         self.seen.borrow_mut().push(line);
-        let reply = http_get(addr, path);
+        addr
+    }
+
+    /// `/metrics` in the OpenMetrics text, as Prometheus asks for it (with `_created`).
+    pub fn openmetrics(&self) -> String {
+        use std::io::{Read, Write};
+        let addr = self.serving();
+        let mut stream = std::net::TcpStream::connect(addr).unwrap();
+        stream.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
+        write!(
+            stream,
+            "GET /metrics HTTP/1.0\r\nHost: {addr}\r\nAccept: application/openmetrics-text;version=1.0.0\r\n\r\n"
+        )
+        .unwrap();
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).unwrap();
         reply.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or(reply)
+    }
+
+    /// [`Running::openmetrics`] every 100 ms until `done` holds (at most `limit`); the last.
+    pub fn openmetrics_until(
+        &self,
+        limit: std::time::Duration,
+        mut done: impl FnMut(&str) -> bool,
+    ) -> String {
+        let t = std::time::Instant::now();
+        loop {
+            let m = self.openmetrics();
+            if done(&m) {
+                return m;
+            }
+            assert!(t.elapsed() < limit, "not reached in {limit:?}:\n{m}");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
     }
 
     pub fn terminate(&mut self) -> std::process::ExitStatus {
@@ -506,4 +544,64 @@ impl Running {
         seen.extend(self.lines.try_iter());
         seen.iter().filter(|l| l.contains(needle)).cloned().collect()
     }
+}
+
+/// A QEMU guest under KVM (SeaBIOS with no disk: it halts on a timer and touches ports now and
+/// then) named `tag`, its QMP socket `<dir>/<tag>.sock` on its command line; killed on drop.
+pub struct QemuGuest {
+    pub child: std::process::Child,
+    pub qmp: std::path::PathBuf,
+}
+
+impl QemuGuest {
+    /// Starts it and waits (30 s at most) until its QMP socket and a vCPU are there.
+    pub fn start(dir: &Path, tag: &str) -> Self {
+        let qmp = dir.join(format!("{tag}.sock"));
+        let child = std::process::Command::new("qemu-system-x86_64")
+            .args(["-accel", "kvm", "-display", "none", "-nodefaults", "-m", "32"])
+            .args(["-name", &format!("guest={tag},debug-threads=on")])
+            .arg("-qmp")
+            .arg(format!("unix:{},server=on,wait=off", qmp.display()))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("qemu-system-x86_64 starts (.ci/run installs it)");
+        let me = Self { child, qmp };
+        let t = std::time::Instant::now();
+        while !me.qmp.exists() || hvstats_testkit::kvm_vcpus(me.pid()) < 1 {
+            assert!(t.elapsed() < std::time::Duration::from_secs(30), "QEMU made no vCPU in 30 s");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        me
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+}
+
+impl Drop for QemuGuest {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The counter series of an exposition whose labels hold `vm="<vm>"`, by name (without `_total`
+/// or `_created`) and labels: their `_total` value and their `_created`, when there is one.
+pub fn counter_series(text: &str, vm: &str) -> std::collections::BTreeMap<String, (f64, Option<f64>)> {
+    let label = format!("vm=\"{vm}\"");
+    let mut out: std::collections::BTreeMap<String, (f64, Option<f64>)> = Default::default();
+    for line in text.lines().filter(|l| !l.starts_with('#') && l.contains(&label)) {
+        let Some((series, value)) = line.rsplit_once(' ') else { continue };
+        let Ok(value) = value.parse::<f64>() else { continue };
+        let Some((name, labels)) = series.split_once('{') else { continue };
+        if let Some(base) = name.strip_suffix("_total") {
+            out.entry(format!("{base}{{{labels}")).or_insert((0.0, None)).0 = value;
+        } else if let Some(base) = name.strip_suffix("_created") {
+            out.entry(format!("{base}{{{labels}")).or_insert((f64::NAN, None)).1 = Some(value);
+        }
+    }
+    out
 }

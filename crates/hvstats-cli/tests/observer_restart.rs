@@ -1,0 +1,253 @@
+//! `serve --observe-all` killed with SIGKILL under a running QEMU, then a new one: the VM is back,
+//! and each of its counters either continues (KVM's own, counted from the vCPU's creation) or
+//! says its reset (counted from the new observer's attach, with a later `_created`, a later
+//! `hvstats_vm_counting_since_seconds` and a later `counting_since` in `snapshot --json`). A
+//! real Prometheus scraping through the restart sees the same.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test set-up: a failure there is the test failing"
+)]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::{QemuGuest, Running, TempDir, counter_series, kvm_available};
+use serde_json::Value;
+
+/// `serve --observe-all` of the VM of `pid` only (other tests' VMMs are theirs), refreshing
+/// twice a second, with each counter's `_created`.
+fn serve(run: &Path, pid: i32, listen: &str) -> Running {
+    let pid = pid.to_string();
+    Running::start(
+        &[
+            "serve",
+            "--listen",
+            listen,
+            "--observe-all",
+            "--observe-interval",
+            "0.5",
+            "--vm",
+            &pid,
+            "--collector.created",
+        ],
+        run,
+    )
+}
+
+fn sigkill(serve: &mut Running) {
+    serve.child.kill().unwrap();
+    serve.child.wait().unwrap();
+}
+
+/// The value of the VM's `hvstats_vm_counting_since_seconds`.
+fn counting_since(metrics: &str, vm: &str) -> Option<f64> {
+    common::sample(metrics, &format!("hvstats_vm_counting_since_seconds{{vm=\"{vm}\"}}"))?.parse().ok()
+}
+
+fn instance_files(run: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(run.join("instances"))
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+#[test]
+fn a_new_serve_after_a_sigkill_shows_the_vm_and_every_counter_continues_or_says_its_reset() {
+    if !kvm_available("a_new_serve_after_a_sigkill_shows_the_vm_and_every_counter_continues") {
+        return;
+    }
+    let tmp = TempDir::new("restart-said");
+    let tag = format!("restart-{}", std::process::id());
+    let qemu = QemuGuest::start(tmp.path(), &tag);
+    let run = tmp.path().join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    let io = format!("hvstats_vp_intercepts{{vm=\"{tag}\",vp=\"0\",intercept=\"io\"");
+    let counted = |m: &str| counter_series(m, &tag).get(&format!("{io}}}")).is_some_and(|(v, _)| *v > 0.0);
+
+    let mut first = serve(&run, qemu.pid(), "127.0.0.1:0");
+    first.wait_line(&format!("attach pid {}", qemu.pid()));
+    // SeaBIOS touches ports within seconds here, longer on a host busy emulating others.
+    let before = first.openmetrics_until(Duration::from_secs(120), counted);
+    let since_before = counting_since(&before, &tag).unwrap();
+    let old = instance_files(&run);
+    sigkill(&mut first);
+    assert_eq!(instance_files(&run), old, "a SIGKILL leaves its instance behind");
+
+    let started = Instant::now();
+    let second = serve(&run, qemu.pid(), "127.0.0.1:0");
+    let after = second.openmetrics_until(Duration::from_secs(60), |m| {
+        counting_since(m, &tag).is_some() && counter_series(m, &tag).contains_key(&format!("{io}}}"))
+    });
+    eprintln!("the VM was back in the new serve's /metrics {:?} after it started", started.elapsed());
+    let since_after = counting_since(&after, &tag).unwrap();
+    assert!(since_after > since_before, "a new origin: {since_before} then {since_after}");
+
+    let (was, now) = (counter_series(&before, &tag), counter_series(&after, &tag));
+    assert!(now.len() >= 10, "{after}");
+    let (mut continued, mut reset) = (0, 0);
+    for (series, &(value, created)) in &now {
+        // Every counter series of the VM says from when it counts.
+        let created = created.unwrap_or_else(|| panic!("{series} has no _created:\n{after}"));
+        assert!(!value.is_nan(), "{series}: a _created without its _total");
+        let Some(&(old_value, old_created)) = was.get(series) else { continue };
+        let old_created = old_created.unwrap();
+        if created == old_created {
+            // Counted by KVM since the vCPU's creation: it goes on, never back.
+            assert!(created < since_before, "{series} created {created}");
+            assert!(value >= old_value, "{series} went back from {old_value} to {value} unsaid");
+            continued += 1;
+        } else {
+            // Counted since the attach: the new observer's attach, said.
+            assert_eq!((old_created, created), (since_before, since_after), "{series}");
+            reset += 1;
+        }
+    }
+    assert!(reset > 0 && now.contains_key(&format!("{io}}}")), "the tracepoints' counts begin again");
+    let io_created = now[&format!("{io}}}")].1;
+    assert_eq!(io_created, Some(since_after), "io counts from the new attach");
+    eprintln!("{continued} counter series continued, {reset} said their reset");
+
+    // The snapshot says the same origins, and the dead observer's instance is gone.
+    let snapshot = common::snapshot_json(&run);
+    let partitions: Vec<&Value> = snapshot["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|i| i["partitions"].as_array().unwrap())
+        .filter(|p| p["name"] == tag.as_str())
+        .collect();
+    assert_eq!(partitions.len(), 1, "{snapshot}");
+    let p = partitions[0];
+    assert!((p["counting_since"].as_f64().unwrap() - since_after).abs() < 1e-5, "{p}");
+    let sources = p["sources"].as_array().unwrap();
+    let tracepoints = sources.iter().find(|s| s["name"] == "tracepoints").unwrap();
+    assert_eq!(
+        (tracepoints["counts_from"].as_str(), tracepoints["counts_since"].as_f64()),
+        (Some("attach"), Some(since_after))
+    );
+    for s in sources.iter().filter(|s| s["counts_from"] == "vcpu-creation") {
+        assert!(s["counts_since"].as_f64().unwrap() < since_before, "{s}");
+    }
+    let now_files = instance_files(&run);
+    assert!(old.iter().all(|f| !now_files.contains(f)), "stale {old:?} still in {now_files:?}");
+}
+
+/// Prometheus' answer to a `query` at `at` (Unix seconds): each series' labels and value.
+fn query(prometheus: SocketAddr, q: &str, at: f64) -> Result<Vec<(Value, f64)>, String> {
+    if std::net::TcpStream::connect(prometheus).is_err() {
+        return Err("not listening yet".into());
+    }
+    let path = format!("/api/v1/query?query={}&time={at}", common::url_encoded(q));
+    let reply = common::http_get(prometheus, &path);
+    let body = reply.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    let v: Value = serde_json::from_str(body).map_err(|e| format!("{e}: {reply}"))?;
+    let result = v["data"]["result"].as_array().ok_or(format!("{v}"))?;
+    Ok(result
+        .iter()
+        .filter_map(|r| Some((r["metric"].clone(), r["value"][1].as_str()?.parse().ok()?)))
+        .collect())
+}
+
+/// The one value of `q` at `at` (else now), waiting (2 minutes at most) for Prometheus to have it.
+fn one(prometheus: SocketAddr, q: &str, at: Option<f64>) -> f64 {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        match query(prometheus, q, at.unwrap_or_else(now)) {
+            Ok(r) if r.len() == 1 => return r[0].1,
+            Ok(r) if Instant::now() > deadline => panic!("{q}: {r:?}"),
+            Err(e) if Instant::now() > deadline => panic!("{q}: {e}"),
+            _ => std::thread::sleep(Duration::from_millis(300)),
+        }
+    }
+}
+
+fn now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64()
+}
+
+#[test]
+fn prometheus_sees_a_continuing_counter_continue_and_a_reset_one_say_its_reset_across_a_restart() {
+    let test = "prometheus_sees_a_continuing_counter_continue_and_a_reset_one_say_its_reset";
+    let Some(prometheus) = common::prometheus_tool("prometheus", test) else { return };
+    if !kvm_available(test) {
+        return;
+    }
+    let (tmp, work) = (TempDir::new("restart-prom"), TempDir::new("restart-prom-work"));
+    let tag = format!("prom-restart-{}", std::process::id());
+    let qemu = QemuGuest::start(tmp.path(), &tag);
+    let run = tmp.path().join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    // One address for both observers, as a Prometheus target is.
+    let listen = format!("127.0.0.1:{}", common::free_port());
+    let mut first = serve(&run, qemu.pid(), &listen);
+    first.wait_line(&format!("attach pid {}", qemu.pid()));
+    let config = format!(
+        "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: hvstats\n    static_configs:\n      - targets: ['{listen}']\n"
+    );
+    let (_prometheus, web) = common::start_prometheus(prometheus, &config, work.path());
+    let hlt = format!("hvstats_vp_intercepts_total{{vm=\"{tag}\",intercept=\"hlt\"}}");
+    let io = format!("hvstats_vp_intercepts_total{{vm=\"{tag}\",intercept=\"io\"}}");
+    let since = format!("hvstats_vm_counting_since_seconds{{vm=\"{tag}\"}}");
+    // Five scrapes of the first observer with halts and port accesses counted.
+    let t0 = now();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while one(web, &format!("count_over_time({hlt}[1h])"), None) < 5.0
+        || one(web, &format!("max_over_time({io}[1h])"), None) <= 0.0
+    {
+        assert!(Instant::now() < deadline, "Prometheus did not scrape the first observer's counts");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let since_before = one(web, &since, None);
+    sigkill(&mut first);
+    let killed = now();
+    let second = serve(&run, qemu.pid(), &listen);
+    second.wait_line(&format!("attach pid {}", qemu.pid()));
+    // Five scrapes of the second observer.
+    let scrapes_since_kill = || {
+        let q = format!("count_over_time({since}[{}ms])", ((now() - killed) * 1000.0) as u64);
+        query(web, &q, now()).ok().and_then(|r| r.first().map(|(_, v)| *v)).unwrap_or(0.0)
+    };
+    while scrapes_since_kill() < 5.0 {
+        assert!(Instant::now() < deadline, "Prometheus did not scrape the second observer");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let end = now();
+    let window = format!("{}s", (end - t0).ceil() as u64 + 1);
+    let since_after = one(web, &since, Some(end));
+    assert!(since_after > since_before, "{since_before} then {since_after}");
+    // The VM's origin changed once in Prometheus: the restart is visible.
+    assert_eq!(one(web, &format!("changes({since}[{window}])"), Some(end)), 1.0);
+    // KVM's halts (QMP, counted since the vCPU's creation) continue: no reset, so rate() sees
+    // neither a drop to 0 nor a spike.
+    assert_eq!(one(web, &format!("resets({hlt}[{window}])"), Some(end)), 0.0);
+    // The port accesses (tracepoints, counted since the attach) begin again from 0: at most one
+    // reset (none when the new observer's first count already passed the old one's last), which
+    // rate() takes as one; the origin the new observer says is when it began.
+    let io_resets = one(web, &format!("resets({io}[{window}])"), Some(end));
+    assert!(io_resets <= 1.0, "{io_resets}");
+    eprintln!("resets of io: {io_resets}");
+    // Prometheus 2.42 reads no `_created`: it keeps each as a series of its own, whose value
+    // moved to the new origin.
+    let created = format!("hvstats_vp_intercepts_created{{vm=\"{tag}\",intercept=\"io\"}}");
+    assert_eq!(one(web, &created, Some(end)), since_after);
+    assert_eq!(one(web, &format!("min_over_time({created}[{window}])"), Some(end)), since_before);
+    // The rates through the restart, for people reading the log.
+    for (name, series) in [("hlt", &hlt), ("io", &io)] {
+        let rates: Vec<String> = (0..=((end - t0) as u64))
+            .map(|s| t0 + s as f64)
+            .map(|at| {
+                let q = format!("rate({series}[3s])");
+                query(web, &q, at)
+                    .ok()
+                    .and_then(|r| r.first().map(|(_, v)| format!("{v:.1}")))
+                    .unwrap_or("-".into())
+            })
+            .collect();
+        eprintln!("rate({name}[3s]) each second, SIGKILL at +{:.1} s: {}", killed - t0, rates.join(" "));
+    }
+}
