@@ -42,6 +42,7 @@ pub fn host_isa() -> Option<u32> {
 pub const WRITERS: &[&dyn EventWriter] = &[
     &super::tracepoints::KvmTracepoints,
     &super::exit_classes::ExitClasses,
+    &super::hyperv::HypervEnlightenments,
     &super::thread_clock::ThreadClock,
 ];
 
