@@ -576,7 +576,7 @@ catalog! {
             "The total number of exits from guest code on the virtual processor to the hypervisor, of every reason: the total the intercept classes break down (an exit of a class no counter has is counted here too).";
         // hvstats 1.3 (see APPENDED): hypercalls that failed.
         Hvstats 269 FAILED_HYPERCALLS "Failed hypercalls/sec", Count, Rate,
-            No("the run loop counts the hypercalls it serves by class, not by result"),
+            By(RunLoop(Loop::FailedHypercalls), "hypercalls the handler answered with a status other than HV_STATUS_SUCCESS"),
             observed By(KvmHv(KvmHv::FailedHypercalls), "kvm:kvm_hv_hypercall_done records whose result's status (bits 15:0) is not HV_STATUS_SUCCESS"),
             "The total number of hypercalls made by guest code on the virtual processor that returned a status other than success.";
     }

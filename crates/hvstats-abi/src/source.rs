@@ -188,11 +188,13 @@ pub enum RunLoopCount {
     MmioHistogram,
     /// Log2 histogram of the time handling other userspace exits.
     OtherHistogram,
+    /// Hypercalls answered with a status other than success.
+    FailedHypercalls,
 }
 
 impl RunLoopCount {
     /// Every run-loop count.
-    pub const ALL: [RunLoopCount; 14] = [
+    pub const ALL: [RunLoopCount; 15] = [
         RunLoopCount::Hypercalls,
         RunLoopCount::HypercallsTime,
         RunLoopCount::IoExits,
@@ -207,6 +209,7 @@ impl RunLoopCount {
         RunLoopCount::MsrHistogram,
         RunLoopCount::MmioHistogram,
         RunLoopCount::OtherHistogram,
+        RunLoopCount::FailedHypercalls,
     ];
 }
 
