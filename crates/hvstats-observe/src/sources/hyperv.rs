@@ -218,6 +218,20 @@ impl EventWriter for HypervEnlightenments {
     }
 }
 
+/// Hypercalls/sec and their cost, which this writer gives where `kvm_exit` does not fire: the
+/// Hyper-V hypercalls are every hypercall only of a guest its VMM enlightened (one that is not
+/// makes KVM's own, which `kvm_hv_hypercall` does not see), so the events source gives them only
+/// for a VM whose enlightenments are known and not none ([`gives_totals`]).
+pub fn totals() -> CounterSet {
+    CounterSet::of_kind(ObjectKind::Vp, |c| c.id == vp::HYPERCALLS || c.id == vp::HYPERCALLS_COST)
+}
+
+/// True when the Hyper-V hypercalls are a VM's every hypercall: its enlightenments (a word of
+/// [`hvstats_abi::hyperv_features`]) are known and not none.
+pub fn gives_totals(enlightenments: Option<u64>) -> bool {
+    enlightenments.and_then(hvstats_abi::hyperv_features::names).is_some_and(|mut n| n.next().is_some())
+}
+
 /// Every VP counter this writer can give, with what it is written from (for tests and docs).
 pub fn counters() -> Vec<(CounterId, KvmHv)> {
     catalog::CATALOG
@@ -263,6 +277,16 @@ mod tests {
             flush_codes(HypercallEffect::GvaRangeFlush, "kvm_hv_flush_tlb").as_deref(),
             Some("code == 0x3")
         );
+    }
+
+    #[test]
+    fn the_hyper_v_hypercalls_are_the_total_only_of_an_enlightened_guest() {
+        use hvstats_abi::hyperv_features::{KNOWN, bit};
+        assert!(gives_totals(Some(KNOWN | bit("hv-relaxed").unwrap())));
+        assert!(!gives_totals(Some(KNOWN)), "known to have none");
+        assert!(!gives_totals(None), "not known");
+        assert!(totals().contains(vp::HYPERCALLS) && totals().contains(vp::HYPERCALLS_COST));
+        assert_eq!(totals().ids().count(), 2);
     }
 
     #[test]
