@@ -317,11 +317,11 @@ catalog! {
             "The total time (in 100ns) spent by the virtual processor in hypervisor code.";
         Release 1 HYPERCALLS "Hypercalls/sec", Count, Rate,
             By(RunLoop(Loop::Hypercalls), "writes to a registered hypercall port (the hypercall page traps through one)"),
-            observed By(KvmStats(KvmStat::Vcpu(&["hypercalls"])), "vCPU stat hypercalls (stats-fd, libvirt, qmp: every hypercall KVM sees, whole-life); else VMCALL/VMMCALL exits from kvm:kvm_exit on VMX/SVM hosts (every hypercall, from attach); else, where kvm_exit does not fire, kvm:kvm_hv_hypercall records (Hyper-V hypercalls only, from attach)"),
+            observed By(KvmStats(KvmStat::Vcpu(&["hypercalls"])), "vCPU stat hypercalls (stats-fd, libvirt, qmp: every hypercall KVM sees, whole-life); else VMCALL/VMMCALL exits from kvm:kvm_exit on VMX/SVM hosts (every hypercall, from attach); else, where kvm_exit does not fire, kvm:kvm_hv_hypercall records for a VM whose hv-* features are known and not none (its Hyper-V hypercalls are all its hypercalls; from attach)"),
             "The total number of hypercalls made by guest code on the virtual processor.";
         Release 2 HYPERCALLS_COST "Hypercalls cost", Time100ns, Cost,
             By(RunLoop(Loop::HypercallsTime), "time from the hypercall exit to the next entry into the guest"),
-            observed By(KvmExitTime(Ic::Hypercall), "time from a VMCALL/VMMCALL kvm:kvm_exit to the next kvm:kvm_entry, timed in the kernel, on VMX/SVM hosts; where kvm_exit does not fire, from kvm:kvm_hv_hypercall to kvm:kvm_hv_hypercall_done (Hyper-V hypercalls only; it includes the VMM's handling of the calls KVM hands to it)"),
+            observed By(KvmExitTime(Ic::Hypercall), "time from a VMCALL/VMMCALL kvm:kvm_exit to the next kvm:kvm_entry, timed in the kernel, on VMX/SVM hosts; where kvm_exit does not fire, from kvm:kvm_hv_hypercall to kvm:kvm_hv_hypercall_done for an enlightened VM (Hyper-V hypercalls; it includes the VMM's handling of the calls KVM hands to it)"),
             "The average time (in nanoseconds) spent processing a hypercall.";
         Release 3 PAGE_INVALIDATIONS "Page invalidations/sec", Count, Rate,
             By(KvmStats(KvmStat::Vcpu(&["invlpg"])), "vCPU stat invlpg"),
