@@ -17,7 +17,7 @@ use crate::group::GroupVersion;
 use crate::histogram::HISTOGRAM_SLOTS;
 use crate::hypercall::HypercallClass;
 use crate::object::ObjectKind;
-use crate::source::{SourceKind, Tracepoint};
+use crate::source::{KvmHv, SourceKind, Tracepoint};
 
 pub use crate::counter::{Counter, CounterId, GroupKind, Maintained, Presentation, Unit};
 pub use crate::source::Source;
@@ -73,6 +73,7 @@ macro_rules! catalog {
 }
 
 use crate::exit_reason::InterceptClass as Ic;
+use crate::hypercall::HypercallEffect;
 use crate::source::{
     HostFault, KvmStat, ObserverFact, PerfSoftwareEvent, RunLoopCount, RunLoopCount as Loop, ThreadTime,
     Tracepoint as Tp, VmsState,
@@ -411,10 +412,11 @@ catalog! {
             "The total time (in 100ns) spent by the virtual processor in hypervisor code.";
         Release 1 HYPERCALLS "Hypercalls/sec", Count, Rate,
             By(RunLoop(Loop::Hypercalls), "writes to a registered hypercall port (the hypercall page traps through one)"),
-            observed By(KvmStats(KvmStat::Vcpu(&["hypercalls"])), "VMCALL/VMMCALL exits on VMX/SVM hosts, else vCPU stat hypercalls through QMP"),
+            observed By(KvmStats(KvmStat::Vcpu(&["hypercalls"])), "vCPU stat hypercalls (stats-fd, libvirt, qmp: every hypercall KVM sees, whole-life); else VMCALL/VMMCALL exits from kvm:kvm_exit on VMX/SVM hosts (every hypercall, from attach); else, where kvm_exit does not fire, kvm:kvm_hv_hypercall records for a VM whose hv-* features are known and not none (its Hyper-V hypercalls are all its hypercalls; from attach)"),
             "The total number of hypercalls made by guest code on the virtual processor.";
         Release 2 HYPERCALLS_COST "Hypercalls cost", Time100ns, Cost,
             By(RunLoop(Loop::HypercallsTime), "time from the hypercall exit to the next entry into the guest"),
+            observed By(KvmExitTime(Ic::Hypercall), "time from a VMCALL/VMMCALL kvm:kvm_exit to the next kvm:kvm_entry, timed in the kernel, on VMX/SVM hosts; where kvm_exit does not fire, from kvm:kvm_hv_hypercall to kvm:kvm_hv_hypercall_done for an enlightened VM (Hyper-V hypercalls; it includes the VMM's handling of the calls KVM hands to it)"),
             "The average time (in nanoseconds) spent processing a hypercall.";
         Release 3 PAGE_INVALIDATIONS "Page invalidations/sec", Count, Rate,
             By(KvmStats(KvmStat::Vcpu(&["invlpg"])), "vCPU stat invlpg"),
@@ -542,15 +544,19 @@ catalog! {
             "The total number of address space switches by guest code on the virtual processor.";
         Release 42 ADDRESS_DOMAIN_FLUSHES "Address domain flushes/sec", Count, Rate,
             No("hvstats implements no virtual TLB flush hypercalls"),
+            observed By(KvmHv(KvmHv::Flushes(HypercallEffect::AddressSpaceFlush, true)), "kvm:kvm_hv_flush_tlb/_ex records of HvCallFlushVirtualAddressSpace(Ex) with HV_FLUSH_ALL_VIRTUAL_ADDRESS_SPACES: one per call, the code and rep count taken from the kvm:kvm_hv_hypercall record before it on the vCPU thread, counted in the kernel from attach (not counted by perf counters)"),
             "The total number of explicit flushes of the virtual TLB by guest code on the virtual processor.";
         Release 43 ADDRESS_SPACE_FLUSHES "Address space flushes/sec", Count, Rate,
             No("hvstats implements no virtual TLB flush hypercalls"),
+            observed By(KvmHv(KvmHv::Flushes(HypercallEffect::AddressSpaceFlush, false)), "kvm:kvm_hv_flush_tlb/_ex records of HvCallFlushVirtualAddressSpace(Ex) of one address space: one per call, the code and rep count taken from the kvm:kvm_hv_hypercall record before it on the vCPU thread, counted in the kernel from attach (not counted by perf counters)"),
             "The total number of explicit flushes of one address space by guest code on the virtual processor.";
         Release 44 GLOBAL_GVA_RANGE_FLUSHES "Global GVA range flushes/sec", Count, Rate,
             No("hvstats implements no virtual TLB flush hypercalls"),
+            observed By(KvmHv(KvmHv::Flushes(HypercallEffect::GvaRangeFlush, true)), "kvm:kvm_hv_flush_tlb/_ex records of HvCallFlushVirtualAddressList(Ex) with HV_FLUSH_ALL_VIRTUAL_ADDRESS_SPACES: the call's rep count (its GVA ranges), the code and rep count taken from the kvm:kvm_hv_hypercall record before it on the vCPU thread, counted in the kernel from attach (not counted by perf counters)"),
             "The total number of explicit flushes of a virtual address range in all address spaces by guest code on the virtual processor.";
         Release 45 LOCAL_FLUSHED_GVA_RANGES "Local flushed GVA ranges/sec", Count, Rate,
             No("hvstats implements no virtual TLB flush hypercalls"),
+            observed By(KvmHv(KvmHv::Flushes(HypercallEffect::GvaRangeFlush, false)), "kvm:kvm_hv_flush_tlb/_ex records of HvCallFlushVirtualAddressList(Ex) of one address space: the call's rep count (its GVA ranges), the code and rep count taken from the kvm:kvm_hv_hypercall record before it on the vCPU thread, counted in the kernel from attach (not counted by perf counters)"),
             "The total number of explicit flushes of a virtual address range in one address space by guest code on the virtual processor.";
         Release 46 PAGE_TABLE_EVICTIONS "Page table evictions/sec", Count, Rate,
             No(NO_VTLB),
@@ -572,6 +578,7 @@ catalog! {
             "The total number of write intercepts on guest page tables by guest code on the virtual processor.";
         Release 52 SYNTHETIC_INTERRUPTS "Synthetic interrupts/sec", Count, Rate,
             No("hvstats implements no synthetic interrupt controller"),
+            observed By(KvmHv(KvmHv::SyntheticInterrupts), "kvm:kvm_hv_synic_set_irq records: every SINT KVM's SynIC asserts on the vCPU (messages, event flags, synthetic timers not in direct mode), counted on the vCPU thread"),
             "The total number of synthetic interrupts delivered to the virtual processor.";
         Release 53 VIRTUAL_INTERRUPTS "Virtual interrupts/sec", Count, Rate,
             By(KvmStats(KvmStat::Vcpu(&["irq_injections"])), "vCPU stat irq_injections (an injection cancelled before VM entry counts again)"),
@@ -662,6 +669,11 @@ catalog! {
         Hvstats 268 EXITS "Exits/sec", Count, Rate,
             By(KvmStats(KvmStat::Vcpu(&["exits"])), "vCPU stat exits: every exit from the guest on VMX/SVM hosts (userspace exits and halts under KVM's instruction emulator)"),
             "The total number of exits from guest code on the virtual processor to the hypervisor, of every reason: the total the intercept classes break down (an exit of a class no counter has is counted here too).";
+        // hvstats 1.3 (see APPENDED): hypercalls that failed.
+        Hvstats 269 FAILED_HYPERCALLS "Failed hypercalls/sec", Count, Rate,
+            By(RunLoop(Loop::FailedHypercalls), "hypercalls the handler answered with a status other than HV_STATUS_SUCCESS"),
+            observed By(KvmHv(KvmHv::FailedHypercalls), "kvm:kvm_hv_hypercall_done records whose result's status (bits 15:0) is not HV_STATUS_SUCCESS"),
+            "The total number of hypercalls made by guest code on the virtual processor that returned a status other than success.";
     }
 }
 
@@ -806,6 +818,8 @@ pub const APPENDED: &[Appended] = &[
     Appended { kind: ObjectKind::Vp, group: GroupKind::Hvstats, minor: 1, first_index: 266 },
     // hvstats 1.2 of the VP page: every exit of the VP.
     Appended { kind: ObjectKind::Vp, group: GroupKind::Hvstats, minor: 2, first_index: 268 },
+    // hvstats 1.3 of the VP page: failed hypercalls.
+    Appended { kind: ObjectKind::Vp, group: GroupKind::Hvstats, minor: 3, first_index: 269 },
     // hvstats 1.1 of the partition page: the VM's run state.
     Appended { kind: ObjectKind::Partition, group: GroupKind::Hvstats, minor: 1, first_index: 30 },
     // hvstats 1.2 of the partition page: sources 7 to 15 of an observed VM.
@@ -1038,7 +1052,10 @@ impl Tracepoint {
 }
 
 const OBSERVED_NO_TIME: &str = "the VMM's exit handling is not visible from outside: no per-intercept time";
-const NO_HYPERCALL_CLASS: &str = "the observed VMM (or KVM) handles hypercalls; their codes are not visible";
+const OBSERVED_HYPERCALL_CLASS: &str = "kvm:kvm_hv_hypercall records whose code the hypercall table \
+     (docs/hyperv-hypercalls.md) puts in this class, counted on the vCPU thread from attach (in the kernel, or by \
+     perf counters filtered on the codes): the Hyper-V hypercalls of an enlightened guest (a VM's \
+     hyperv_enlightenments says whether it is one)";
 const OBSERVED_NO_VTLB: &str = "KVM has no virtual TLB";
 const NO_OUTSIDE: &str = "no source outside the VMM process gives it";
 const OBSERVED_KVM_STAT: &str = "the same KVM statistic, counted from the vCPU's creation, from the first of the VM's \
@@ -1214,7 +1231,9 @@ const fn observed_of(counter: &Counter) -> Option<Maintained> {
             same
         }
         Source::KvmStats(_) => Maintained::By(source, OBSERVED_KVM_STAT),
-        Source::Hypercall(_) => Maintained::No(NO_HYPERCALL_CLASS),
+        Source::Hypercall(class) => {
+            Maintained::By(Source::KvmHv(KvmHv::Hypercalls(class)), OBSERVED_HYPERCALL_CLASS)
+        }
         _ if is_tlb(counter.name) => Maintained::No(OBSERVED_NO_VTLB),
         _ => Maintained::No(NO_OUTSIDE),
     })
@@ -1342,7 +1361,7 @@ mod observed_tests {
     }
 
     #[test]
-    fn costs_hypercall_classes_and_slots_are_unavailable_for_observed_vms() {
+    fn costs_and_slots_are_unavailable_for_observed_vms_and_hypercall_classes_come_from_kvm_hv() {
         // A cost of an intercept class is timed in the kernel from kvm_exit to kvm_entry; a cost
         // of no class (emulated instructions) is the VMM's own, not visible.
         for (id, class) in [
@@ -1357,9 +1376,10 @@ mod observed_tests {
             vp::EMULATED_INSTRUCTIONS_COST.counter().and_then(observed),
             Some(Maintained::No(OBSERVED_NO_TIME))
         );
+        // A hypercall class is counted from kvm_hv_hypercall records, classified by the table.
         assert_eq!(
-            vp::GPA_SPACE_HYPERCALLS.counter().and_then(observed),
-            Some(Maintained::No(NO_HYPERCALL_CLASS))
+            observed_source(vp::GPA_SPACE_HYPERCALLS),
+            Some(Source::KvmHv(KvmHv::Hypercalls(HypercallClass::GpaSpace)))
         );
         assert!(observed_source(partition::GPA_PAGES).is_none());
         assert_eq!(

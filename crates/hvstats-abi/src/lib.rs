@@ -30,6 +30,7 @@ pub mod group;
 pub mod hal;
 pub mod histogram;
 pub mod hypercall;
+pub mod hyperv_features;
 pub mod object;
 pub mod page;
 pub mod seqcount;

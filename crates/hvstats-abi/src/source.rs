@@ -13,7 +13,7 @@
 //! nothing outside the VMM gives the counter.
 
 use crate::exit_reason::InterceptClass;
-use crate::hypercall::HypercallClass;
+use crate::hypercall::{HypercallClass, HypercallEffect};
 
 /// Where the KVM backend gets a counter's value from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -42,6 +42,9 @@ pub enum Source {
     /// The nanoseconds from each `kvm:kvm_exit` of an intercept class to the next `kvm:kvm_entry`
     /// of the same vCPU thread, timed in the kernel (VMX/SVM hosts only); observed VMs only.
     KvmExitTime(InterceptClass),
+    /// KVM's Hyper-V emulation, as its `kvm:kvm_hv_*` tracepoints record it on the vCPU thread
+    /// (guests with Hyper-V enlightenments); observed VMs only.
+    KvmHv(KvmHv),
     /// The observer of other processes' VMs, about itself (the hypervisor page of its instance;
     /// other instances declare these unavailable).
     Observer(ObserverFact),
@@ -76,6 +79,8 @@ pub enum SourceKind {
     KvmExit,
     /// [`Source::KvmExitTime`].
     KvmExitTime,
+    /// [`Source::KvmHv`].
+    KvmHv,
     /// [`Source::Observer`].
     Observer,
     /// [`Source::RunState`].
@@ -102,6 +107,7 @@ impl Source {
             SourceKind::HostFaults => "host-faults",
             SourceKind::KvmExit => "kvm-exit",
             SourceKind::KvmExitTime => "kvm-exit-time",
+            SourceKind::KvmHv => "kvm-hv",
             SourceKind::Observer => "observer",
             SourceKind::RunState => "run-state",
         }
@@ -121,10 +127,34 @@ impl Source {
             Source::HostFaults(_) => SourceKind::HostFaults,
             Source::KvmExit(_) => SourceKind::KvmExit,
             Source::KvmExitTime(_) => SourceKind::KvmExitTime,
+            Source::KvmHv(_) => SourceKind::KvmHv,
             Source::Observer(_) => SourceKind::Observer,
             Source::RunState => SourceKind::RunState,
         }
     }
+}
+
+/// What the observer counts from KVM's Hyper-V tracepoints (`kvm:kvm_hv_*`, see
+/// `docs/kvm-hv-tracepoints.md`), each hypercall classified by the one hypercall table
+/// ([`crate::hypercall::HYPERCALLS`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KvmHv {
+    /// `kvm_hv_hypercall` records whose code the table puts in the class (Other: every record no
+    /// other class takes).
+    Hypercalls(HypercallClass),
+    /// Every `kvm_hv_hypercall` record.
+    AllHypercalls,
+    /// The nanoseconds from `kvm_hv_hypercall` to the thread's next `kvm_hv_hypercall_done`.
+    HypercallTime,
+    /// `kvm_hv_hypercall_done` records whose status (`result` bits 15:0) is not success.
+    FailedHypercalls,
+    /// `kvm_hv_flush_tlb`/`_ex` records of the hypercalls with the effect (by the code of the
+    /// thread's `kvm_hv_hypercall` record before them), whose flags flush every address space
+    /// (`true`) or not: one each, or the hypercall's rep count for a GVA range list
+    /// ([`HypercallEffect::flush`](crate::hypercall::HypercallEffect)).
+    Flushes(HypercallEffect, bool),
+    /// `kvm_hv_synic_set_irq` records: a synthetic interrupt asserted to the vCPU.
+    SyntheticInterrupts,
 }
 
 /// A count the VP run loop keeps in the page itself (single writer: the VP thread).
@@ -158,11 +188,13 @@ pub enum RunLoopCount {
     MmioHistogram,
     /// Log2 histogram of the time handling other userspace exits.
     OtherHistogram,
+    /// Hypercalls answered with a status other than success.
+    FailedHypercalls,
 }
 
 impl RunLoopCount {
     /// Every run-loop count.
-    pub const ALL: [RunLoopCount; 14] = [
+    pub const ALL: [RunLoopCount; 15] = [
         RunLoopCount::Hypercalls,
         RunLoopCount::HypercallsTime,
         RunLoopCount::IoExits,
@@ -177,6 +209,7 @@ impl RunLoopCount {
         RunLoopCount::MsrHistogram,
         RunLoopCount::MmioHistogram,
         RunLoopCount::OtherHistogram,
+        RunLoopCount::FailedHypercalls,
     ];
 }
 

@@ -35,7 +35,9 @@ fn fake_qemu(root: &Path, vcpu_tid: i32) -> std::path::PathBuf {
     std::fs::create_dir_all(dir.join("fd")).unwrap();
     symlink("anon_inode:kvm-vm", dir.join("fd/4")).unwrap();
     symlink("anon_inode:kvm-vcpu:0", dir.join("fd/5")).unwrap();
-    std::fs::write(dir.join("cmdline"), format!("qemu-system-x86_64\0-name\0guest=cli-vm\0-uuid\0{UUID}\0"))
+    std::fs::write(dir.join("cmdline"), format!(
+            "qemu-system-x86_64\0-name\0guest=cli-vm\0-uuid\0{UUID}\0-cpu\0host,hv-relaxed=on,hv_vpindex,hv-synic=off\0"
+        ))
         .unwrap();
     std::fs::write(dir.join("comm"), "qemu-system-x86\n").unwrap();
     std::fs::write(dir.join("status"), "State:\tS (sleeping)\n").unwrap();
@@ -190,6 +192,9 @@ fn observe_publishes_what_snapshot_shows_and_leaves_when_the_process_exits() {
     let metrics = common::scrape(&runtime);
     let info = metrics.lines().find(|l| l.starts_with("hvstats_vm_info{") && l.contains("vm=\"cli-vm\""));
     assert!(info.is_some_and(|l| l.contains(&format!("uuid=\"{uuid}\""))), "{metrics}");
+    // Its Hyper-V enlightenments, as QEMU's -cpu gives them.
+    assert_eq!(partitions[0]["hyperv_enlightenments"], serde_json::json!(["hv-relaxed", "hv-vpindex"]));
+    assert!(info.is_some_and(|l| l.contains("hyperv_enlightenments=\"hv-relaxed,hv-vpindex\"")), "{metrics}");
     let vps = partitions[0]["vps"].as_array().unwrap();
     assert_eq!(vps.len(), 1);
     let total = vps[0]["counters"][common::total("Total run time")].as_u64().unwrap();
@@ -197,7 +202,11 @@ fn observe_publishes_what_snapshot_shows_and_leaves_when_the_process_exits() {
     assert_eq!(vps[0]["counters"][common::total("CPUID instructions/sec")], 0);
     // No QMP and no kvm_exit on this host: HLT is not available (null), not 0.
     assert!(vps[0]["counters"][common::total("HLT instructions/sec")].is_null(), "{}", vps[0]);
-    assert!(vps[0]["counters"][common::total("Hypercalls cost")].is_null());
+    // Without kvm_exit, Hypercalls cost is the Hyper-V hypercalls' time (kvm_hv_hypercall to its
+    // completion), counted where the kernel has the tracepoints: this thread made none.
+    let hv_traced = std::path::Path::new("/sys/kernel/tracing/events/kvm/kvm_hv_hypercall").exists();
+    let cost = &vps[0]["counters"][common::total("Hypercalls cost")];
+    assert!(if hv_traced { *cost == 0 } else { cost.is_null() }, "{cost}");
 
     // The process "exits": the observer detaches and, with only --pid, ends.
     std::fs::write(fake.join("status"), "State:\tZ (zombie)\n").unwrap();

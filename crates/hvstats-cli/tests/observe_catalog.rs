@@ -44,6 +44,11 @@ fn catalog_json_and_table_carry_the_observed_column() {
     assert_eq!(by_name("vp", "IO intercept messages/sec")["observed"], "userspace-exit");
     assert_eq!(by_name("vp", "CPUID instructions cost")["observed"], "kvm-exit-time");
     assert_eq!(by_name("vp", "Emulated instructions cost")["observed"], "no");
+    // A Windows guest's Hyper-V counters: KVM's Hyper-V emulation, from its kvm_hv tracepoints.
+    for name in ["Long spin wait hypercalls/sec", "Synthetic interrupts/sec", "Local flushed GVA ranges/sec"]
+    {
+        assert_eq!(by_name("vp", name)["observed"], "kvm-hv", "{name}");
+    }
     assert_eq!(by_name("hypervisor", "Partitions")["observed"], Value::Null);
 
     let o = Command::new(env!("CARGO_BIN_EXE_hvstats")).arg("catalog").output().unwrap();

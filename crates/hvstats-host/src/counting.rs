@@ -15,7 +15,9 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex, Weak};
 
-use crate::bpf::{Slot, SpanColumn, Tally, TallyError, ThreadTable, TracepointColumn};
+use crate::bpf::{
+    CarriedColumn, Slot, SpanColumn, Tally, TallyError, TallyLayout, ThreadTable, TracepointColumn,
+};
 use crate::perf_event::{TYPE_SOFTWARE, TYPE_TRACEPOINT};
 use crate::perf_group::{EventAttr, MemberError, PerfGroup};
 use crate::tracefs::{self, EventError, TracefsError};
@@ -47,6 +49,23 @@ pub enum EventSpec {
         /// The tracepoint that closes it (`kvm_entry`).
         end: String,
     },
+    /// The firings of tracepoint `name` that `filter` admits, each adding what the thread's last
+    /// firing of `from` left: the value of its field `weight` (one when `None`) when `from_filter`
+    /// admitted it, else nothing. Counted in the kernel only, as a span.
+    Carried {
+        /// The tracepoints' system (`kvm`).
+        system: String,
+        /// The tracepoint counted (`kvm_hv_flush_tlb`).
+        name: String,
+        /// An ftrace filter on it (`flags & 2`).
+        filter: Option<String>,
+        /// The tracepoint before it on the thread (`kvm_hv_hypercall`).
+        from: String,
+        /// An ftrace filter on `from` (`code == 3 || code == 20`).
+        from_filter: Option<String>,
+        /// The field of `from` added (`rep_cnt`).
+        weight: Option<String>,
+    },
 }
 
 impl EventSpec {
@@ -63,6 +82,29 @@ impl EventSpec {
             filter: filter.map(str::to_owned),
             end: end.to_owned(),
         }
+    }
+
+    /// The firings of `name` that `filter` admits, adding the `weight` field (or one) of the
+    /// thread's last firing of `from` when `from_filter` admitted it; tracepoints of `system`.
+    pub fn carried(
+        system: &str,
+        (name, filter): (&str, Option<&str>),
+        (from, from_filter): (&str, Option<&str>),
+        weight: Option<&str>,
+    ) -> Self {
+        EventSpec::Carried {
+            system: system.to_owned(),
+            name: name.to_owned(),
+            filter: filter.map(str::to_owned),
+            from: from.to_owned(),
+            from_filter: from_filter.map(str::to_owned),
+            weight: weight.map(str::to_owned),
+        }
+    }
+
+    /// True for the events only the kernel counts (spans and carried counts).
+    pub fn in_kernel_only(&self) -> bool {
+        matches!(self, EventSpec::Span { .. } | EventSpec::Carried { .. })
     }
 
     /// A tracepoint with a filter.
@@ -123,58 +165,64 @@ fn shared_tally(root: &Path, specs: &[EventSpec]) -> Result<Arc<Tally>, InKernel
     if let Some(t) = tallies.iter().find(|(s, _)| s == specs).and_then(|(_, t)| t.upgrade()) {
         return Ok(t);
     }
-    let (columns, spans) = tally_layout(specs);
-    if columns.is_empty() && spans.is_empty() {
+    let layout = tally_layout(specs);
+    if layout.counted.is_empty() && layout.spans.is_empty() && layout.carried.is_empty() {
         return Err(InKernelError::NoTracepoint);
     }
-    let tally = Tally::with_spans(root, &columns, &spans, ThreadTable::for_host())
+    let tally = Tally::of_layout(root, &layout, ThreadTable::for_host())
         .map_err(|e| InKernelError::Tally(Arc::new(e)))?;
     let tally = Arc::new(tally);
     tallies.push((specs.to_vec(), Arc::downgrade(&tally)));
     Ok(tally)
 }
 
-/// The tally columns of `specs`: their tracepoints, and their spans (software events have none).
-/// A list's tally is made of these, and so is a rehearsal of it ([`Tally::rehearsal`]).
-pub fn tally_layout(specs: &[EventSpec]) -> (Vec<TracepointColumn>, Vec<SpanColumn>) {
-    let columns = specs
-        .iter()
-        .filter_map(|spec| match spec {
+/// The tally columns of `specs`: their tracepoints, their spans and their carried counts
+/// (software events have none). A list's tally is made of these, and so is a rehearsal of it
+/// ([`Tally::rehearse`]).
+pub fn tally_layout(specs: &[EventSpec]) -> TallyLayout {
+    let column = |system: &str, name: &str, filter: &Option<String>| TracepointColumn {
+        system: system.to_owned(),
+        name: name.to_owned(),
+        filter: filter.clone(),
+    };
+    let mut layout = TallyLayout::default();
+    for spec in specs {
+        match spec {
             EventSpec::Tracepoint { system, name, filter } => {
-                Some(TracepointColumn { system: system.clone(), name: name.clone(), filter: filter.clone() })
+                layout.counted.push(column(system, name, filter))
             }
-            EventSpec::Software(_) | EventSpec::Span { .. } => None,
-        })
-        .collect();
-    let spans = specs
-        .iter()
-        .filter_map(|spec| match spec {
-            EventSpec::Span { system, start, filter, end } => Some(SpanColumn {
-                start: TracepointColumn {
-                    system: system.clone(),
-                    name: start.clone(),
-                    filter: filter.clone(),
-                },
+            EventSpec::Span { system, start, filter, end } => layout.spans.push(SpanColumn {
+                start: column(system, start, filter),
                 end_system: system.clone(),
                 end_name: end.clone(),
             }),
-            _ => None,
-        })
-        .collect();
-    (columns, spans)
+            EventSpec::Carried { system, name, filter, from, from_filter, weight } => {
+                layout.carried.push(CarriedColumn {
+                    counted: column(system, name, filter),
+                    from: column(system, from, from_filter),
+                    weight: weight.clone(),
+                });
+            }
+            EventSpec::Software(_) => {}
+        }
+    }
+    layout
 }
 
-/// Each spec's column in the tally: tracepoints in order, then spans after them (as
-/// [`Tally::with_spans`] lays out a row); `None` for software events.
+/// Each spec's column in the tally: tracepoints in order, then spans, then carried counts (as
+/// [`Tally::of_layout`] lays out a row); `None` for software events.
 pub fn tally_columns(specs: &[EventSpec]) -> Vec<Option<usize>> {
-    let tracepoints = specs.iter().filter(|s| matches!(s, EventSpec::Tracepoint { .. })).count();
-    let (mut next_tracepoint, mut next_span) = (0, tracepoints);
+    let count = |f: fn(&EventSpec) -> bool| specs.iter().filter(|s| f(s)).count();
+    let tracepoints = count(|s| matches!(s, EventSpec::Tracepoint { .. }));
+    let spans = count(|s| matches!(s, EventSpec::Span { .. }));
+    let (mut next_tracepoint, mut next_span, mut next_carried) = (0, tracepoints, tracepoints + spans);
     specs
         .iter()
         .map(|spec| {
             let next = match spec {
                 EventSpec::Tracepoint { .. } => &mut next_tracepoint,
                 EventSpec::Span { .. } => &mut next_span,
+                EventSpec::Carried { .. } => &mut next_carried,
                 EventSpec::Software(_) => return None,
             };
             *next += 1;
@@ -198,7 +246,9 @@ impl EventList {
             .iter()
             .map(|spec| match spec {
                 EventSpec::Software(config) => Ok((TYPE_SOFTWARE, *config)),
-                EventSpec::Tracepoint { system, name, .. } | EventSpec::Span { system, start: name, .. } => {
+                EventSpec::Tracepoint { system, name, .. }
+                | EventSpec::Span { system, start: name, .. }
+                | EventSpec::Carried { system, name, .. } => {
                     tracefs::event_id(system, name).map(|id| (TYPE_TRACEPOINT, id)).map_err(Arc::new)
                 }
             })
@@ -243,7 +293,7 @@ impl EventList {
                     .iter()
                     .enumerate()
                     .filter(|(i, spec)| {
-                        matches!(spec, EventSpec::Tracepoint { .. } | EventSpec::Span { .. })
+                        !matches!(spec, EventSpec::Software(_))
                             && self.resolved[*i].is_ok()
                             && self.columns[*i].is_none()
                     })
@@ -269,7 +319,7 @@ impl EventList {
     }
 
     /// Perf counters each counted thread holds: the events not counted in the kernel (spans
-    /// are counted there or not at all).
+    /// and carried counts are counted there or not at all).
     pub fn perf_events_per_thread(&self) -> usize {
         (0..self.len())
             .filter(|&i| self.resolved[i].is_ok() && !self.in_kernel(i) && !self.is_span(i))
@@ -277,7 +327,7 @@ impl EventList {
     }
 
     fn is_span(&self, i: usize) -> bool {
-        matches!(self.specs.get(i), Some(EventSpec::Span { .. }))
+        self.specs.get(i).is_some_and(EventSpec::in_kernel_only)
     }
 
     /// Number of events.
@@ -356,8 +406,9 @@ impl ThreadEvents {
             let filter = match spec {
                 EventSpec::Tracepoint { filter, .. } => filter.as_deref(),
                 EventSpec::Software(_) => None,
-                // A span has no perf counter: without the kernel's it is not counted.
-                EventSpec::Span { .. } => return None,
+                // A span or a carried count has no perf counter: without the kernel's it is
+                // not counted.
+                EventSpec::Span { .. } | EventSpec::Carried { .. } => return None,
             };
             Some(EventAttr { type_, config, filter })
         });

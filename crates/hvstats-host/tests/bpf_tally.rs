@@ -9,7 +9,9 @@
 
 use std::path::Path;
 
-use hvstats_host::bpf::{SpanColumn, Tally, TallyError, ThreadTable, TracepointColumn};
+use hvstats_host::bpf::{
+    CarriedColumn, SpanColumn, Tally, TallyError, TallyLayout, ThreadTable, TracepointColumn,
+};
 
 fn tracefs() -> &'static Path {
     Path::new("/sys/kernel/tracing")
@@ -347,4 +349,78 @@ fn a_rehearsal_counts_each_record_as_the_attached_program_counts_the_same_firing
     .unwrap();
     assert!(without.refused(0).is_some_and(|why| why.contains("no format")), "{:?}", without.refused(0));
     assert_eq!(without.refused(1), None);
+}
+
+fn syscall0(nr: libc::c_long) {
+    // SAFETY: the calls used here (getpid, gettid) have no arguments and no memory effects.
+    unsafe { libc::syscall(nr) };
+}
+
+#[test]
+fn a_carried_column_adds_what_the_threads_record_before_it_left_and_spans_of_two_ends_do_not_close_each_other()
+ {
+    // getpriority plays kvm_hv_hypercall (its `who` the rep count, `which == 7` the codes of a
+    // kind), getppid the flush record after it: each getppid adds the `who` of the thread's last
+    // getpriority when that one's `which` was 7, else nothing. And two spans of two ends, as
+    // kvm_exit → kvm_entry holds kvm_hv_hypercall → kvm_hv_hypercall_done: getpriority → getpid
+    // and getppid → gettid, the second opened inside the first.
+    let test = "a_carried_column_adds_what_the_threads_record_before_it_left";
+    let carried = |filter: Option<&str>, weight: Option<&str>| CarriedColumn {
+        counted: column("sys_enter_getppid", filter),
+        from: column("sys_enter_getpriority", Some("which == 7")),
+        weight: weight.map(Into::into),
+    };
+    let span = |start: &str, end: &str| SpanColumn {
+        start: column(start, None),
+        end_system: "syscalls".into(),
+        end_name: end.into(),
+    };
+    let layout = TallyLayout {
+        counted: vec![column("sys_enter_getppid", None)],
+        spans: vec![
+            span("sys_enter_getpriority", "sys_enter_getpid"),
+            span("sys_enter_getppid", "sys_enter_gettid"),
+        ],
+        carried: vec![carried(None, Some("who")), carried(None, None)],
+    };
+    let t = match Tally::of_layout(tracefs(), &layout, ThreadTable::for_host()) {
+        Ok(t) => t,
+        Err(e @ (TallyError::Map(_) | TallyError::Format { .. })) => {
+            let why = hvstats_host::error_chain::error_chain(&e);
+            assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "{test}: {why}");
+            eprintln!("{test}: skipped: {why}");
+            return;
+        }
+        Err(e) => panic!("{test}: {}", hvstats_host::error_chain::error_chain(&e)),
+    };
+    for i in 0..5 {
+        assert_eq!(t.refused(i), None, "column {i}");
+    }
+    let slot = t.add_thread(std::process::id() as i32, gettid()).unwrap();
+    let read = || t.read(slot).unwrap();
+    let before = read();
+    // Nothing carried yet: a getppid adds nothing to the carried columns.
+    getppid(1);
+    syscall0(libc::SYS_gettid);
+    getpriority(7, 5);
+    getppid(2); // 5 each, one each
+    getpriority(0, 9); // not of the kind: carries nothing
+    getppid(1);
+    getpriority(7, 3);
+    getppid(1); // 3, one
+    syscall0(libc::SYS_gettid);
+    syscall0(libc::SYS_getpid);
+    let after = read();
+    let added: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    assert_eq!(added[0], 5, "every getppid");
+    assert_eq!((added[3], added[4]), (5 + 5 + 3, 3), "carried: the weights, the firings");
+    // Both spans were timed, and each closed on its own end.
+    assert!(added[1] > 0 && added[2] > 0, "{added:?}");
+    assert_eq!(t.open_spans(slot).unwrap(), vec![None, None]);
+    // A span of one end left open is not closed by the other's end.
+    getpriority(0, 0);
+    syscall0(libc::SYS_gettid);
+    assert_eq!(t.open_spans(slot).unwrap(), vec![Some(1), None]);
+    syscall0(libc::SYS_getpid);
+    assert_eq!(t.open_spans(slot).unwrap(), vec![None, None]);
 }

@@ -15,6 +15,8 @@ use hvstats::hypercall::{self, CallerContext, GuestMemory, NotRam, OverlayError,
 use hvstats::{Hypervisor, MappedPage, SharedPage};
 use hvstats_abi::catalog::hypercall_class_counter;
 use hvstats_abi::hypercall::{HypercallClass, HypercallInput, PartitionPrivileges};
+use hvstats_abi::source::RunLoopCount;
+use hvstats_abi::status::HvStatus;
 use kvm_bindings::kvm_cpuid_entry2;
 
 use crate::guest_space::{GuestSpace, OverlayBacking};
@@ -128,6 +130,11 @@ impl HypercallHandler for HyperV {
             &mut RamAccess(vp.space.ram()),
             &mut KvmOverlays(vp.space),
         );
+        if output.status() != HvStatus::SUCCESS
+            && let Some(page) = vp.stats.vp_page(vp.index)
+        {
+            page.add(RunLoopCount::FailedHypercalls.counter(), 1);
+        }
         if long_mode {
             regs.rax = output.0;
         } else {

@@ -60,7 +60,10 @@ fn the_run_loop_writes_exactly_its_catalog_counters() {
             acct.record(page, &user, class, 1 << 30);
         }
     });
-    assert_eq!(written, catalog_says(SourceKind::RunLoop));
+    // Failed hypercalls are the Hyper-V handler's to count (hyperv_guest tests it), by status.
+    let mut expected = catalog_says(SourceKind::RunLoop);
+    expected.remove(hvstats_abi::source::RunLoopCount::FailedHypercalls.counter().counter().unwrap().name);
+    assert_eq!(written, expected);
 }
 
 #[test]

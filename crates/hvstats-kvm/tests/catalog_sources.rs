@@ -23,6 +23,10 @@ const MAY_STAY_ZERO: &[(hvstats_abi::CounterId, &str)] = &[
     (vp::PENDING_INTERRUPTS, "an interrupt window exit needs an interrupt the guest blocks"),
     (vp::EMULATED_INSTRUCTIONS, "nothing in the workload needs emulation on VMX/SVM"),
     (vp::LOGICAL_PROCESSOR_MIGRATIONS, "the VP thread may stay on one CPU"),
+    (
+        vp::FAILED_HYPERCALLS,
+        "the workload's hypercalls succeed; hyperv_guest's status probe counts each failure",
+    ),
     (vp::HYPERVISOR_RUN_TIME, "all of the thread's time may be guest time at tick granularity"),
     (
         vp::OTHER_TIME_HISTOGRAM,

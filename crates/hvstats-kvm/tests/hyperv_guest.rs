@@ -226,6 +226,10 @@ fn every_map_rule_status_comes_back_to_a_guest() {
     probe(&partition, &calls);
     let page = partition.stats().vp_page(0).unwrap();
     assert_eq!(page.get(vp::HYPERCALLS), calls.len() as u64);
+    // Each call answered with another status than success is a failed hypercall (none retried).
+    let failed = calls.iter().filter(|c| c.expect != HvStatus::SUCCESS.0).count() as u64;
+    assert!(failed > 0 && failed < calls.len() as u64);
+    assert_eq!(page.get(vp::FAILED_HYPERCALLS), failed);
 }
 
 #[test]

@@ -429,6 +429,17 @@ impl Procfs {
             .collect()
     }
 
+    /// The VM's Hyper-V enlightenments as its VMM was given them: the `hv-*` properties of QEMU's
+    /// last `-cpu` (a word of `hvstats_abi::hyperv_features`, its `KNOWN` bit set); `None` for
+    /// other VMMs and for a process that cannot be read.
+    pub fn hyperv_enlightenments(&self, pid: i32) -> Option<u64> {
+        let args = self.cmdline(pid).ok()?;
+        match args.first().map(|a| Vmm::from_program(a))? {
+            Vmm::Qemu => Some(qemu_args::hyperv_features(args.get(1..).unwrap_or_default())),
+            _ => None,
+        }
+    }
+
     /// The VM's UUID as its VMM was given it: QEMU's last `-uuid` (libvirt always passes one).
     /// `None` for other VMMs, for no or a malformed value, and for a process that cannot be read.
     pub fn vm_uuid(&self, pid: i32) -> Option<VmUuid> {

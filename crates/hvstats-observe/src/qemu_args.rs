@@ -122,6 +122,37 @@ pub fn uuid(args: &[String]) -> Option<&str> {
     options(args).into_iter().filter(|(o, _)| *o == "uuid").filter_map(|(_, v)| v).next_back()
 }
 
+/// The Hyper-V enlightenments QEMU gives the VM, from the last `-cpu` of `args` (QEMU takes the
+/// last): a word of [`hvstats_abi::hyperv_features`], [`KNOWN`](hvstats_abi::hyperv_features::KNOWN)
+/// set. A feature is on when named bare or `=on` (`yes`, `true`), off when `=off` (`no`,
+/// `false`) or named again so; `hv-spinlocks=N` is on unless N is 0xffffffff (never notify);
+/// unknown `hv-*` properties (`hv-vendor-id`) are not features.
+pub fn hyperv_features(args: &[String]) -> u64 {
+    use hvstats_abi::hyperv_features::{KNOWN, bit};
+    let Some(cpu) = options(args).into_iter().filter(|(o, _)| *o == "cpu").filter_map(|(_, v)| v).next_back()
+    else {
+        return KNOWN;
+    };
+    let mut word = KNOWN;
+    for part in parts(cpu).into_iter().skip(1) {
+        let (name, value) = part.split_once('=').unwrap_or((&part, "on"));
+        let Some(b) = bit(name) else { continue };
+        let on = match value {
+            "on" | "yes" | "true" => true,
+            "off" | "no" | "false" => false,
+            // hv-spinlocks takes the retry count: all ones is "never notify".
+            v => {
+                let n = v
+                    .strip_prefix("0x")
+                    .map_or_else(|| v.parse::<u64>().ok(), |h| u64::from_str_radix(h, 16).ok());
+                n != Some(0xffff_ffff)
+            }
+        };
+        if on { word |= b } else { word &= !b }
+    }
+    word
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,6 +185,32 @@ mod tests {
         // `-append`'s value is "-name": it sets nothing.
         assert_eq!(name(&args(&["-append", "-name", "x"])), None);
         assert_eq!(name(&args(&["-S", "-name", "x"])).as_deref(), Some("x"));
+    }
+
+    #[test]
+    fn hyperv_features_are_those_of_the_last_cpu_option() {
+        use hvstats_abi::hyperv_features::{KNOWN, names};
+        let list = |a: &[&str]| names(hyperv_features(&args(a))).unwrap().collect::<Vec<_>>();
+        // As libvirt writes them, and as Proxmox does (the old `_` spelling).
+        let libvirt = [
+            "-cpu",
+            "host,migratable=on,hv-time=on,hv-relaxed=on,hv-vapic=on,hv-spinlocks=0x1fff,hv-vendor-id=KVM Hv",
+        ];
+        assert_eq!(list(&libvirt), ["hv-relaxed", "hv-vapic", "hv-time", "hv-spinlocks"]);
+        let proxmox = [
+            "-cpu",
+            "kvm64,enforce,hv_ipi,hv_relaxed,hv_reset,hv_runtime,hv_spinlocks=0x1fff,hv_stimer,hv_synic,hv_time,hv_vapic,hv_vpindex,+kvm_pv_eoi",
+        ];
+        assert_eq!(list(&proxmox).len(), 10);
+        assert_eq!(
+            list(&["-cpu", "host,hv-relaxed,hv-relaxed=off,hv-spinlocks=0xffffffff"]),
+            Vec::<&str>::new()
+        );
+        // The last -cpu wins; no -cpu is QEMU's default CPU, which has none: known, empty.
+        assert_eq!(list(&["-cpu", "host,hv-synic", "-cpu", "host,hv-ipi"]), ["hv-ipi"]);
+        assert_eq!(hyperv_features(&args(&["-name", "x"])), KNOWN);
+        // The CPU model itself is no feature.
+        assert_eq!(list(&["-cpu", "hv-relaxed"]), Vec::<&str>::new());
     }
 
     #[test]

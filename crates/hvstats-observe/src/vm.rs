@@ -155,6 +155,7 @@ impl ObservedVm {
         {
             partition.set_vm_started(at);
         }
+        partition.set_hyperv_enlightenments(procfs.hyperv_enlightenments(pid).unwrap_or(0));
         let mut me = Self {
             pid,
             identity,

@@ -324,7 +324,8 @@ impl Layout {
     }
 
     fn spans(&self) -> impl Iterator<Item = usize> + '_ {
-        (0..self.specs.len()).filter(|&i| matches!(self.specs[i], EventSpec::Span { .. }))
+        (0..self.specs.len())
+            .filter(|&i| matches!(&self.specs[i], EventSpec::Span { start, .. } if start == "kvm_exit"))
     }
 }
 
@@ -340,7 +341,7 @@ impl Rehearsal {
     /// `None` (after saying why) where this host does not permit BPF.
     fn new(isa: u32, exit_format: &str, test: &str) -> Option<Self> {
         let layout = Layout::of(isa);
-        let (counted, spans) = tally_layout(&layout.specs);
+        let tally_layout = tally_layout(&layout.specs);
         let formats = |system: &str, name: &str| match (system, name) {
             ("kvm", "kvm_exit") => Some(exit_format.to_owned()),
             ("kvm", "kvm_entry") => Some(host_format("kvm_entry").unwrap_or_else(|| KVM_ENTRY.to_owned())),
@@ -351,7 +352,7 @@ impl Rehearsal {
             // Only these fire here: the other tracepoints' programs are left out.
             _ => None,
         };
-        let tally = match Tally::rehearsal(&formats, &counted, &spans, ThreadTable::for_host()) {
+        let tally = match Tally::rehearse(&formats, &tally_layout, ThreadTable::for_host()) {
             Ok(t) => t,
             Err(e @ TallyError::Map(_)) => {
                 let why = hvstats_host::error_chain::error_chain(&e);
@@ -459,7 +460,7 @@ fn every_exit_lands_in_its_class_through_the_evaluator_the_filters_compile_to() 
                         EventSpec::Tracepoint { filter, .. } | EventSpec::Span { filter, .. } => {
                             filter.as_deref()
                         }
-                        EventSpec::Software(_) => None,
+                        EventSpec::Software(_) | EventSpec::Carried { .. } => None,
                     };
                     (i, filter.map(|f| filter::parse_filter(f, &exit.fields).unwrap()))
                 })
@@ -593,8 +594,7 @@ fn the_programs_rehearsed_are_accepted_as_the_tracepoint_programs_the_observer_a
     }
     for isa in [ISA_VMX, ISA_SVM] {
         let layout = Layout::of(isa);
-        let (counted, spans) = tally_layout(&layout.specs);
-        let tally = match Tally::with_spans(tracefs, &counted, &spans, ThreadTable::for_host()) {
+        let tally = match Tally::of_layout(tracefs, &tally_layout(&layout.specs), ThreadTable::for_host()) {
             Ok(t) => t,
             Err(e @ TallyError::Map(_)) => {
                 let why = hvstats_host::error_chain::error_chain(&e);

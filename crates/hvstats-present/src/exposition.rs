@@ -580,8 +580,9 @@ impl Exposition {
             "vm_info",
             "Each VM (partition) this scrape read: its publishing instance (hvstats' own, or the \
              observer of other processes' VMs), the publisher's pid and kind, the partition id \
-             in it, and for an observed VM its VMM, the VMM's pid and the VM's UUID when the VMM \
-             has one.",
+             in it, and for an observed VM its VMM, the VMM's pid, the VM's UUID when the VMM \
+             has one, and for a QEMU VM its Hyper-V enlightenments (the hv-* features of its \
+             -cpu, none when it has none).",
             None,
             Kind::Gauge,
         )?;
@@ -602,6 +603,14 @@ impl Exposition {
             let uuid = partition.uuid.map(|u| u.to_string());
             if let Some(uuid) = &uuid {
                 labels.push("uuid", uuid);
+            }
+            // Known for a QEMU VM: its hv-* features, "none" when it has none.
+            let hyperv = hvstats_abi::hyperv_features::names(partition.hyperv_enlightenments).map(|n| {
+                let list = n.collect::<Vec<_>>().join(",");
+                if list.is_empty() { "none".to_owned() } else { list }
+            });
+            if let Some(hyperv) = &hyperv {
+                labels.push("hyperv_enlightenments", hyperv);
             }
             sink.sample(labels.as_slice(), Number::Signed(1))?;
         }

@@ -265,14 +265,22 @@ fn uuid_json(p: &PartitionSnapshot) -> Value {
     p.uuid.map_or(Value::Null, |u| Value::String(u.to_string()))
 }
 
+/// An observed VM's Hyper-V enlightenments (`["hv-relaxed","hv-synic"]`, `[]` for a VM its VMM
+/// gave none), else null (not known: another VMM, or our own partition).
+fn hyperv_json(p: &PartitionSnapshot) -> Value {
+    hvstats_abi::hyperv_features::names(p.hyperv_enlightenments)
+        .map_or(Value::Null, |n| json!(n.collect::<Vec<_>>()))
+}
+
 fn write_partition(out: &mut impl Write, p: &PartitionSnapshot, s: &InstanceSnapshot) -> io::Result<()> {
     // As `partition_json` says it: a partition with a reason to have stopped has stopped.
     let state = if p.active && p.stopped.is_none() { "active" } else { "stopped" };
     let unmapped = |at| unmapped_json(s, at).map_or(String::new(), |u| format!("\"unmapped\":{u},"));
     let head = format!(
-        "\"active\":{},\"counting_since\":{},\"id\":{},\"name\":{},\"sources\":{},\"state\":\"{state}\",\"stopped_reason\":{},{}\"uuid\":{},\"vmm\":{},\"vps\":[",
+        "\"active\":{},\"counting_since\":{},\"hyperv_enlightenments\":{},\"id\":{},\"name\":{},\"sources\":{},\"state\":\"{state}\",\"stopped_reason\":{},{}\"uuid\":{},\"vmm\":{},\"vps\":[",
         p.active,
         counting_since_json(p),
+        hyperv_json(p),
         p.id,
         Value::String(p.name.clone()),
         sources_json(p),
@@ -503,7 +511,7 @@ pub(crate) fn partition_json(
         Some(_) => json!("stopped"),
     };
     let (vmm, uuid) = (vmm_json(p), uuid_json(p));
-    let fields = json!({"counting_since": counting_since_json(p), "id": p.id, "name": p.name, "uuid": uuid, "vmm": vmm, "sources": sources_json(p), "active": p.active, "state": state, "stopped_reason": p.stopped, "vps": vps});
+    let fields = json!({"counting_since": counting_since_json(p), "id": p.id, "name": p.name, "uuid": uuid, "vmm": vmm, "hyperv_enlightenments": hyperv_json(p), "sources": sources_json(p), "active": p.active, "state": state, "stopped_reason": p.stopped, "vps": vps});
     with(
         reading_json(&p.reading, ObjectKind::Partition, t),
         with_unmapped(fields, s, ObjectRef::Partition(p.id)),

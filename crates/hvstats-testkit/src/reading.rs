@@ -22,6 +22,7 @@ pub fn synthetic_instance(partitions: u32, vps_each: u32) -> InstanceSnapshot {
             name: String::new(),
             vmm: None,
             uuid: None,
+            hyperv_enlightenments: 0,
             stopped: None,
             reading: counters(u64::from(p), ObjectKind::Partition),
             vps: (0..vps_each)

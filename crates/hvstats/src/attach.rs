@@ -143,6 +143,8 @@ pub struct PartitionInfo {
     pub vmm: Option<crate::vmm::VmmProcess>,
     /// The VM's UUID, for an observed VM whose VMM has one.
     pub uuid: Option<crate::vmm::VmUuid>,
+    /// The VM's Hyper-V enlightenments (`hvstats_abi::hyperv_features`; 0: not known).
+    pub hyperv_enlightenments: u64,
     unavailable_partition: [u64; 4],
     unavailable_vp: [u64; 4],
     slot: SlotRef,
@@ -547,6 +549,7 @@ fn scan_partitions(arena: &ArenaReader, seq: u64) -> PartitionLayout {
             name: entry.name,
             vmm: entry.vmm,
             uuid: entry.uuid,
+            hyperv_enlightenments: entry.hyperv_enlightenments,
             state: entry.state,
             unavailable_partition: entry.unavailable_partition,
             unavailable_vp: entry.unavailable_vp,

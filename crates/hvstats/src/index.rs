@@ -68,6 +68,20 @@ const _: () = {
     assert!(rows <= PARTITION_BITMAP_WORDS * 64, "a partition counter's bit would fall on the UUID");
 };
 
+/// The words of a partition entry's VP bitmap that hold bits: the VP page has fewer than 192
+/// counters, so the last word carries the VM's Hyper-V enlightenments instead.
+pub const VP_BITMAP_WORDS: usize = 3;
+const _: () = {
+    let (mut rows, mut i) = (0, 0);
+    while i < hvstats_abi::CATALOG.len() {
+        if hvstats_abi::CATALOG[i].id.kind as u8 == ObjectKind::Vp as u8 {
+            rows += 1;
+        }
+        i += 1;
+    }
+    assert!(rows <= VP_BITMAP_WORDS * 64, "a VP counter's bit would fall on the enlightenments");
+};
+
 /// Header words.
 pub(crate) mod hw {
     pub const MAGIC: usize = 0;
@@ -104,6 +118,9 @@ pub(crate) mod ew {
     /// 128..256, which no partition counter has: see [`super::PARTITION_BITMAP_WORDS`]).
     pub const UUID: usize = 10;
     pub const UNAVAILABLE_VP: usize = 12;
+    /// Partition entries: the VM's Hyper-V enlightenments (`hvstats_abi::hyperv_features`), the
+    /// VP bitmap's last word (see [`super::VP_BITMAP_WORDS`]).
+    pub const HYPERV: usize = 15;
     pub const NAME: usize = 16;
     pub const REASON: usize = 24;
 }
@@ -289,6 +306,8 @@ pub struct Entry {
     pub vmm: Option<crate::vmm::VmmProcess>,
     /// Partition entries of an observer: the VM's UUID, when its VMM has one.
     pub uuid: Option<crate::vmm::VmUuid>,
+    /// The VM's Hyper-V enlightenments (`hvstats_abi::hyperv_features`; 0: not known).
+    pub hyperv_enlightenments: u64,
 }
 
 /// Entry states.
@@ -338,7 +357,12 @@ impl Entry {
             } else {
                 four(ew::UNAVAILABLE_PARTITION)
             },
-            unavailable_vp: four(ew::UNAVAILABLE_VP),
+            unavailable_vp: {
+                let mut vp = four(ew::UNAVAILABLE_VP);
+                vp[VP_BITMAP_WORDS..].fill(0);
+                vp
+            },
+            hyperv_enlightenments: if kind == ObjectKind::Partition { words[ew::HYPERV] } else { 0 },
             name: if kind == ObjectKind::Partition { text(&bytes(ew::NAME)) } else { String::new() },
             vmm: if kind == ObjectKind::Partition {
                 crate::vmm::VmmProcess::from_word(words[ew::VMM])

@@ -215,6 +215,12 @@ impl PartitionStats {
         self.write_entry(|w| w[ew::UUID..ew::UUID + 2].copy_from_slice(&uuid.to_words()));
     }
 
+    /// Records the VM's Hyper-V enlightenments (an observed VM: a word of
+    /// `hvstats_abi::hyperv_features`, its `KNOWN` bit set), for readers.
+    pub fn set_hyperv_enlightenments(&self, word: u64) {
+        self.write_entry(|w| w[ew::HYPERV] = word);
+    }
+
     /// Declares counters of this partition and of its VPs that no source gives (an observed VM's
     /// hypercall counts, say): readers report them as unknown (`None`, JSON null), never as 0.
     /// Replaces any earlier declaration; ids of other object kinds are ignored.
@@ -753,7 +759,8 @@ fn write_unavailable(w: &mut [u64; index::ENTRY_WORDS], counters: &[CounterId]) 
     }
     let part_words = index::PARTITION_BITMAP_WORDS;
     w[ew::UNAVAILABLE_PARTITION..ew::UNAVAILABLE_PARTITION + part_words].copy_from_slice(&part[..part_words]);
-    w[ew::UNAVAILABLE_VP..ew::UNAVAILABLE_VP + 4].copy_from_slice(&vp);
+    let vp_words = index::VP_BITMAP_WORDS;
+    w[ew::UNAVAILABLE_VP..ew::UNAVAILABLE_VP + vp_words].copy_from_slice(&vp[..vp_words]);
 }
 
 /// `at` in microseconds since the Unix epoch (0 before it, which readers take as unknown).

@@ -79,6 +79,8 @@ pub struct PartitionSnapshot {
     pub vmm: Option<crate::vmm::VmmProcess>,
     /// The VM's UUID, for an observed VM whose VMM has one.
     pub uuid: Option<crate::vmm::VmUuid>,
+    /// The VM's Hyper-V enlightenments (`hvstats_abi::hyperv_features`; 0: not known).
+    pub hyperv_enlightenments: u64,
     /// Why it stopped, when it is not active.
     pub stopped: Option<String>,
     /// Its counters, or why its page could not be read.
@@ -368,6 +370,7 @@ pub fn take_partition(instance: &Instance, p: &PartitionInfo) -> Option<Partitio
         name: String::new(),
         vmm: None,
         uuid: None,
+        hyperv_enlightenments: 0,
         stopped: None,
         reading: ObjectReading::Counters(Vec::new()),
         vps: Vec::with_capacity(p.vp_indices().len()),
@@ -384,6 +387,7 @@ fn take_partition_into(instance: &Instance, p: &PartitionInfo, out: &mut Partiti
     out.name.clone_from(&p.name);
     out.vmm = p.vmm;
     out.uuid = p.uuid;
+    out.hyperv_enlightenments = p.hyperv_enlightenments;
     out.stopped = match &p.state {
         ObjectState::Active => None,
         ObjectState::Stopped { reason } => Some(reason.clone()),

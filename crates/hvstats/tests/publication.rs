@@ -250,6 +250,35 @@ fn a_vms_uuid_and_its_unavailable_counters_share_the_entry_without_touching_each
 }
 
 #[test]
+fn a_vms_hyperv_enlightenments_and_its_unavailable_vp_counters_share_the_entry_without_touching_each_other() {
+    let tmp = TempDir::new("hyperv");
+    let hv = published(&tmp.0);
+    let p = hv.create_partition_declared(None, &[0], "", &[]).unwrap();
+    let word = u64::MAX;
+    p.set_hyperv_enlightenments(word);
+    let every: Vec<_> = hvstats_abi::catalog::counters_of(ObjectKind::Vp).map(|c| c.id).collect();
+    for declared in [every.clone(), Vec::new()] {
+        p.set_unavailable(&declared);
+        let mut attach = Attach::new(&tmp.0);
+        attach.refresh().unwrap();
+        let info = attach.instances().next().unwrap().partitions()[0].clone();
+        assert_eq!(info.hyperv_enlightenments, word);
+        // The all-ones word reads as no VP counter's bit.
+        for c in hvstats_abi::catalog::counters_of(ObjectKind::Vp) {
+            assert_eq!(info.is_unavailable(ObjectKind::Vp, c.id.slot()), !declared.is_empty(), "{}", c.name);
+        }
+        let snap = attach.instances_mut().next().unwrap().snapshot();
+        assert_eq!(snap.partitions[0].hyperv_enlightenments, word);
+    }
+    // A partition given none has none known.
+    let q = hv.create_partition(1).unwrap();
+    let mut attach = Attach::new(&tmp.0);
+    attach.refresh().unwrap();
+    let infos = attach.instances().next().unwrap().partitions().to_vec();
+    assert_eq!(infos.iter().find(|i| i.id == q.id()).unwrap().hyperv_enlightenments, 0);
+}
+
+#[test]
 fn every_counter_can_be_declared_unavailable_the_last_histograms_of_the_vp_page_too() {
     // The halt-poll histograms start past page slot 256, where a bitmap of slots ran out: they
     // were published as available zeros.

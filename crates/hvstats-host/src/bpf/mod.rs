@@ -14,4 +14,6 @@ pub mod raw;
 pub mod sys;
 pub mod tally;
 
-pub use tally::{Context, Slot, SpanColumn, Tally, TallyError, ThreadTable, TracepointColumn};
+pub use tally::{
+    CarriedColumn, Context, Slot, SpanColumn, Tally, TallyError, TallyLayout, ThreadTable, TracepointColumn,
+};

@@ -47,21 +47,65 @@ pub struct Column {
 }
 
 /// The span part of a program: where open spans are kept, and what this tracepoint does to them.
+///
+/// Spans are kept in lanes, one per tracepoint that closes spans: a thread has one open span per
+/// lane at most (`kvm_exit` → `kvm_entry` in one, `kvm_hv_hypercall` → `kvm_hv_hypercall_done`
+/// in another, so that a hypercall inside an exit does not end the exit's span).
 #[derive(Clone, Debug)]
 pub struct Spans {
-    /// The fd of the pending array: per slot, the `u64` time a span opened and its column + 1.
+    /// The fd of the pending array: per slot and lane, the `u64` time a span opened and its
+    /// column + 1.
     pub pending: i32,
     /// The row's width in columns: a pending column at or past it is ignored.
     pub width: u16,
-    /// This tracepoint closes the thread's open span.
-    pub ends: bool,
-    /// The span columns this tracepoint opens, first match wins.
-    pub starts: Vec<Column>,
+    /// The lanes whose open span this tracepoint closes.
+    pub ends: Vec<u16>,
+    /// The span columns this tracepoint opens, each in its lane; per lane, first match wins.
+    pub starts: Vec<(Column, u16)>,
 }
 
 impl Spans {
     fn is_empty(&self) -> bool {
-        !self.ends && self.starts.is_empty()
+        self.ends.is_empty() && self.starts.is_empty()
+    }
+}
+
+/// The carried part of a program: values one tracepoint leaves on the thread (its *latches*) for
+/// the next firing of another to add to its columns.
+#[derive(Clone, Debug, Default)]
+pub struct Carry {
+    /// The fd of the latch array: per slot, one `u64` per latch.
+    pub latches: i32,
+    /// The latches this tracepoint sets: each to its weight (a field of the record, or 1) when
+    /// its predicate holds, else to 0.
+    pub sets: Vec<Latch>,
+    /// The columns this tracepoint adds a latch to, when their predicate holds.
+    pub adds: Vec<Carried>,
+}
+
+/// A latch a tracepoint sets.
+#[derive(Clone, Debug)]
+pub struct Latch {
+    /// The latch's index in the slot's latches.
+    pub index: u16,
+    /// What the record must satisfy (`None`: every firing).
+    pub pred: Option<Pred>,
+    /// The field whose value is carried (`None`: 1).
+    pub weight: Option<Field>,
+}
+
+/// A column that adds a latch's value.
+#[derive(Clone, Debug)]
+pub struct Carried {
+    /// The column (index of the `u64` in the row) and what the record must satisfy.
+    pub column: Column,
+    /// The latch added.
+    pub latch: u16,
+}
+
+impl Carry {
+    fn is_empty(&self) -> bool {
+        self.sets.is_empty() && self.adds.is_empty()
     }
 }
 
@@ -71,10 +115,11 @@ impl Spans {
 /// # Errors
 /// When a jump would be too far (a predicate of thousands of terms).
 pub fn assemble(threads: i32, rows: i32, columns: &[Column]) -> Result<Vec<u64>, AsmError> {
-    assemble_with_spans(threads, rows, columns, None)
+    assemble_with_spans(threads, rows, columns, None, None)
 }
 
-/// As [`assemble`], also closing and opening spans as `spans` says.
+/// As [`assemble`], also closing and opening spans as `spans` says, and adding and setting
+/// latches as `carry` says.
 ///
 /// # Errors
 /// As [`assemble`].
@@ -83,8 +128,10 @@ pub(crate) fn assemble_with_spans(
     rows: i32,
     columns: &[Column],
     spans: Option<&Spans>,
+    carry: Option<&Carry>,
 ) -> Result<Vec<u64>, AsmError> {
     let spans = spans.filter(|s| !s.is_empty());
+    let carry = carry.filter(|c| !c.is_empty());
     let mut a = Asm::default();
     let out = a.label();
     a.mov(R6, R1);
@@ -119,9 +166,18 @@ pub(crate) fn assemble_with_spans(
         a.call(HELPER_MAP_LOOKUP_ELEM);
         a.jump_imm(Cond::Eq, R0, 0, out);
         a.mov(R7, R0);
-        if spans.ends {
-            close_span(&mut a, spans.width);
+        for &lane in &spans.ends {
+            close_span(&mut a, spans.width, lane);
         }
+    }
+    if let Some(carry) = carry {
+        // r8: the thread's latches (the process id it held is no longer needed).
+        a.ld_map_fd(R1, carry.latches);
+        a.mov(R2, R10);
+        a.add_imm(R2, -8);
+        a.call(HELPER_MAP_LOOKUP_ELEM);
+        a.jump_imm(Cond::Eq, R0, 0, out);
+        a.mov(R8, R0);
     }
     for column in columns {
         let (hit, skip) = (a.label(), a.label());
@@ -135,22 +191,61 @@ pub(crate) fn assemble_with_spans(
         a.store(Size::Dw, R9, off, R1);
         a.bind(skip);
     }
-    if let Some(spans) = spans {
-        let opened = a.label();
-        for column in &spans.starts {
+    if let Some(carry) = carry {
+        for add in &carry.adds {
             let (hit, skip) = (a.label(), a.label());
-            if let Some(pred) = &column.pred {
+            if let Some(pred) = &add.column.pred {
                 predicate(&mut a, pred, hit, skip);
             }
             a.bind(hit);
-            a.call(HELPER_KTIME_GET_NS);
-            a.store(Size::Dw, R7, 0, R0);
-            a.mov_imm(R1, i32::from(column.index) + 1);
-            a.store(Size::Dw, R7, 8, R1);
-            a.ja(opened);
+            let off = 8 * add.column.index as i16;
+            a.load(Size::Dw, R1, R8, 8 * add.latch as i16);
+            a.load(Size::Dw, R2, R9, off);
+            a.add(R2, R1);
+            a.store(Size::Dw, R9, off, R2);
             a.bind(skip);
         }
-        a.bind(opened);
+        for latch in &carry.sets {
+            let (hit, skip, store) = (a.label(), a.label(), a.label());
+            if let Some(pred) = &latch.pred {
+                predicate(&mut a, pred, hit, skip);
+            }
+            a.bind(hit);
+            match latch.weight {
+                Some(field) => {
+                    let size = Size::of(usize::from(field.size)).unwrap_or(Size::Dw);
+                    a.load(size, R1, R6, field.offset as i16);
+                }
+                None => a.mov_imm(R1, 1),
+            }
+            a.ja(store);
+            a.bind(skip);
+            a.mov_imm(R1, 0);
+            a.bind(store);
+            a.store(Size::Dw, R8, 8 * latch.index as i16, R1);
+        }
+    }
+    if let Some(spans) = spans {
+        let mut lanes: Vec<u16> = spans.starts.iter().map(|&(_, lane)| lane).collect();
+        lanes.dedup();
+        for lane in lanes {
+            let opened = a.label();
+            let base = 16 * lane as i16;
+            for (column, _) in spans.starts.iter().filter(|(_, l)| *l == lane) {
+                let (hit, skip) = (a.label(), a.label());
+                if let Some(pred) = &column.pred {
+                    predicate(&mut a, pred, hit, skip);
+                }
+                a.bind(hit);
+                a.call(HELPER_KTIME_GET_NS);
+                a.store(Size::Dw, R7, base, R0);
+                a.mov_imm(R1, i32::from(column.index) + 1);
+                a.store(Size::Dw, R7, base + 8, R1);
+                a.ja(opened);
+                a.bind(skip);
+            }
+            a.bind(opened);
+        }
     }
     a.bind(out);
     a.mov_imm(R0, 1);
@@ -158,16 +253,17 @@ pub(crate) fn assemble_with_spans(
     a.finish()
 }
 
-/// Adds the time since the thread's open span began (r7: its pending entry) to the span's column
-/// of the row at r9, and closes it.
-fn close_span(a: &mut Asm, width: u16) {
+/// Adds the time since the thread's open span of `lane` began (r7: its pending entry) to the
+/// span's column of the row at r9, and closes it.
+fn close_span(a: &mut Asm, width: u16, lane: u16) {
     let done = a.label();
-    a.load(Size::Dw, R1, R7, 8);
+    let base = 16 * lane as i16;
+    a.load(Size::Dw, R1, R7, base + 8);
     a.jump_imm(Cond::Eq, R1, 0, done);
     a.call(HELPER_KTIME_GET_NS);
-    a.load(Size::Dw, R1, R7, 8);
-    a.load(Size::Dw, R2, R7, 0);
-    a.store_imm(Size::Dw, R7, 8, 0);
+    a.load(Size::Dw, R1, R7, base + 8);
+    a.load(Size::Dw, R2, R7, base);
+    a.store_imm(Size::Dw, R7, base + 8, 0);
     a.sub(R0, R2);
     a.add_imm(R1, -1);
     // Bounded for the verifier (and against a pending entry of another tally's width).

@@ -27,7 +27,7 @@ use std::sync::Mutex;
 
 use super::filter::Fields;
 use super::filter::{self, FilterError, Pred};
-use super::program::{self, Column, Spans};
+use super::program::{self, Carried, Carry, Column, Latch, Spans};
 use super::raw;
 use super::sys::{ArrayMap, Attachment, LoadError, Program};
 use crate::tracefs::{self, EventError};
@@ -55,6 +55,34 @@ pub struct SpanColumn {
     pub end_system: String,
     /// The tracepoint that closes it (`kvm_entry`).
     pub end_name: String,
+}
+
+/// A carried column: each firing of `counted` (that its filter admits) adds what the thread's
+/// last firing of `from` left: the value of its `weight` field (or 1) when `from`'s filter admitted
+/// it, else 0. So a record that does not say what its work was (`kvm_hv_flush_tlb` names no
+/// hypercall code nor rep count) is counted by the record before it on the same thread
+/// (`kvm_hv_hypercall`'s `code` and `rep_cnt`). Counted in the kernel only.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CarriedColumn {
+    /// The tracepoint whose firings add, narrowed by its filter (`kvm:kvm_hv_flush_tlb`,
+    /// `flags & 2`).
+    pub counted: TracepointColumn,
+    /// The tracepoint whose last firing on the thread says what is added, narrowed by its filter
+    /// (`kvm:kvm_hv_hypercall`, `code == 0x3 || code == 0x14`).
+    pub from: TracepointColumn,
+    /// The field of `from`'s record added (`rep_cnt`); `None`: one.
+    pub weight: Option<String>,
+}
+
+/// The columns of a tally's rows: counting columns, then spans, then carried columns.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TallyLayout {
+    /// Counting columns.
+    pub counted: Vec<TracepointColumn>,
+    /// Span columns.
+    pub spans: Vec<SpanColumn>,
+    /// Carried columns.
+    pub carried: Vec<CarriedColumn>,
 }
 
 /// Why a tally, or one of its tracepoints, cannot count in the kernel.
@@ -158,8 +186,14 @@ pub struct Tally {
     threads: ArrayMap,
     table: ThreadTable,
     rows: ArrayMap,
-    /// Per slot, the open span (time, column + 1), when the tally has span columns.
+    /// Per slot and lane, the open span (time, column + 1), when the tally has span columns.
     pending: Option<ArrayMap>,
+    /// Lanes of open spans (one per tracepoint that closes spans).
+    lanes: usize,
+    /// Per slot, one `u64` per carried column, when the tally has any.
+    latches: Option<ArrayMap>,
+    /// Carried columns.
+    carried: usize,
     free: Mutex<Slots>,
     programs: Programs,
 }
@@ -233,10 +267,19 @@ impl Tally {
         spans: &[SpanColumn],
         table: ThreadTable,
     ) -> Result<Self, TallyError> {
-        let (parts, attachments) =
-            Self::build(counted, spans, table, |system, name, roles, columns, maps| {
-                attach_one(tracefs, system, name, roles, columns, maps)
-            })?;
+        let layout = TallyLayout { counted: counted.to_vec(), spans: spans.to_vec(), carried: Vec::new() };
+        Self::of_layout(tracefs, &layout, table)
+    }
+
+    /// As [`with_spans`](Self::with_spans), with carried columns after the spans: column
+    /// `counted + spans + i` of a row is `layout.carried[i]`'s sum.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn of_layout(tracefs: &Path, layout: &TallyLayout, table: ThreadTable) -> Result<Self, TallyError> {
+        let (parts, attachments) = Self::build(layout, table, |system, name, roles, columns, maps| {
+            attach_one(tracefs, system, name, roles, columns, maps)
+        })?;
         Ok(parts.into_tally(Programs::Attached {
             _attachments: attachments.into_iter().map(|(_, a)| a).collect(),
         }))
@@ -256,30 +299,64 @@ impl Tally {
         spans: &[SpanColumn],
         table: ThreadTable,
     ) -> Result<Self, TallyError> {
-        let (parts, programs) = Self::build(counted, spans, table, |system, name, roles, columns, maps| {
+        let layout = TallyLayout { counted: counted.to_vec(), spans: spans.to_vec(), carried: Vec::new() };
+        Self::rehearse(format, &layout, table)
+    }
+
+    /// As [`rehearsal`](Self::rehearsal), for every column of `layout` (carried ones too).
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn rehearse(
+        format: &dyn Fn(&str, &str) -> Option<String>,
+        layout: &TallyLayout,
+        table: ThreadTable,
+    ) -> Result<Self, TallyError> {
+        let (parts, programs) = Self::build(layout, table, |system, name, roles, columns, maps| {
             rehearse_one(format, system, name, roles, columns, maps)
         })?;
         Ok(parts.into_tally(Programs::Rehearsal(programs.into_iter().collect())))
     }
 
-    /// The maps of `counted` then `spans`, and a program for each tracepoint, made by `place`.
+    /// The maps of `layout`'s columns, and a program for each tracepoint, made by `place`.
     fn build<P>(
-        counted: &[TracepointColumn],
-        spans: &[SpanColumn],
+        layout: &TallyLayout,
         table: ThreadTable,
         mut place: impl FnMut(&str, &str, &Roles, &[TracepointColumn], &Maps<'_>) -> Result<P, TallyError>,
     ) -> Result<(Parts, Vec<(Tracepoint, P)>), TallyError> {
-        let width = counted.len() + spans.len();
+        let TallyLayout { counted, spans, carried } = layout;
+        let width = counted.len() + spans.len() + carried.len();
         if width > MAX_COLUMNS {
             return Err(TallyError::Assemble(format!("{width} columns (at most {MAX_COLUMNS})")));
         }
+        // One lane of open spans per tracepoint that closes spans, in order of appearance.
+        let mut lanes: Vec<(&str, &str)> = Vec::new();
+        for s in spans {
+            let end = (s.end_system.as_str(), s.end_name.as_str());
+            if !lanes.contains(&end) {
+                lanes.push(end);
+            }
+        }
+        let lane_of = |s: &SpanColumn| {
+            let end = (s.end_system.as_str(), s.end_name.as_str());
+            lanes.iter().position(|l| *l == end).unwrap_or(0) as u16
+        };
         let pending = if spans.is_empty() {
             None
         } else {
-            Some(ArrayMap::create(16, SLOTS, false).map_err(TallyError::Map)?)
+            Some(ArrayMap::create(16 * lanes.len(), SLOTS, false).map_err(TallyError::Map)?)
         };
-        let columns: Vec<TracepointColumn> =
-            counted.iter().cloned().chain(spans.iter().map(|s| s.start.clone())).collect();
+        let latches = if carried.is_empty() {
+            None
+        } else {
+            Some(ArrayMap::create(8 * carried.len(), SLOTS, false).map_err(TallyError::Map)?)
+        };
+        let columns: Vec<TracepointColumn> = counted
+            .iter()
+            .cloned()
+            .chain(spans.iter().map(|s| s.start.clone()))
+            .chain(carried.iter().map(|c| c.counted.clone()))
+            .collect();
         let columns = &columns[..];
         let threads = match table {
             ThreadTable::Array => ArrayMap::create(8, pid_max(), false),
@@ -288,26 +365,55 @@ impl Tally {
         .map_err(TallyError::Map)?;
         let rows = ArrayMap::create(8 * width.max(1), SLOTS, true).map_err(TallyError::Map)?;
         let mut by_tracepoint: BTreeMap<(&str, &str), Roles> = BTreeMap::new();
+        let first_carried = counted.len() + spans.len();
         for (i, c) in columns.iter().enumerate() {
             let roles = by_tracepoint.entry((c.system.as_str(), c.name.as_str())).or_default();
-            if i < counted.len() { roles.counts.push(i) } else { roles.starts.push(i) }
+            if i < counted.len() {
+                roles.counts.push(i);
+            } else if i < first_carried {
+                roles.starts.push((i, lane_of(&spans[i - counted.len()])));
+            } else {
+                roles.adds.push(i - first_carried);
+            }
         }
         for s in spans {
-            by_tracepoint.entry((s.end_system.as_str(), s.end_name.as_str())).or_default().ends = true;
+            let lane = lane_of(s);
+            let ends =
+                &mut by_tracepoint.entry((s.end_system.as_str(), s.end_name.as_str())).or_default().ends;
+            if !ends.contains(&lane) {
+                ends.push(lane);
+            }
+        }
+        for (k, c) in carried.iter().enumerate() {
+            by_tracepoint.entry((c.from.system.as_str(), c.from.name.as_str())).or_default().sets.push(k);
         }
         let mut refused = vec![None; columns.len()];
         let mut placed = Vec::new();
         let mut first_error = None;
         for ((system, name), roles) in by_tracepoint {
-            let maps = Maps { threads: &threads, rows: &rows, pending: pending.as_ref(), width };
+            let maps = Maps {
+                threads: &threads,
+                rows: &rows,
+                pending: pending.as_ref(),
+                latches: latches.as_ref(),
+                carried,
+                first_carried,
+                width,
+            };
             match place(system, name, &roles, columns, &maps) {
                 Ok(p) => placed.push(((system.to_owned(), name.to_owned()), p)),
                 Err(e) => {
-                    for &i in roles.counts.iter().chain(&roles.starts) {
+                    let starts = roles.starts.iter().map(|&(i, _)| i);
+                    let adds = roles.adds.iter().map(|&k| first_carried + k);
+                    for i in roles.counts.iter().copied().chain(starts).chain(adds) {
                         refused[i] = Some(error_text(&e));
                     }
+                    // A carried column whose record before cannot be seen is not counted either.
+                    for &k in &roles.sets {
+                        refused[first_carried + k] = Some(error_text(&e));
+                    }
                     // A span whose end cannot be seen never closes: it is not counted either.
-                    if roles.ends {
+                    if !roles.ends.is_empty() {
                         for (i, s) in spans.iter().enumerate() {
                             if (s.end_system.as_str(), s.end_name.as_str()) == (system, name) {
                                 refused[counted.len() + i] = Some(error_text(&e));
@@ -324,7 +430,18 @@ impl Tally {
             return Err(e);
         }
         let free = Slots { free: (0..SLOTS).rev().collect(), used: BTreeMap::new() };
-        let parts = Parts { columns: columns.len(), refused, threads, table, rows, pending, free };
+        let parts = Parts {
+            columns: columns.len(),
+            refused,
+            threads,
+            table,
+            rows,
+            pending,
+            lanes: lanes.len(),
+            latches,
+            carried: carried.len(),
+            free,
+        };
         Ok((parts, placed))
     }
 
@@ -361,12 +478,25 @@ impl Tally {
     /// # Errors
     /// When the pending map cannot be read.
     pub fn open_span(&self, slot: Slot) -> io::Result<Option<usize>> {
-        let Some(pending) = &self.pending else { return Ok(None) };
+        Ok(self.open_spans(slot)?.into_iter().flatten().next())
+    }
+
+    /// By lane (one per tracepoint that closes spans, in the order the span columns name them),
+    /// the span column open on `slot`'s thread, if one is.
+    ///
+    /// # Errors
+    /// When the pending map cannot be read.
+    pub fn open_spans(&self, slot: Slot) -> io::Result<Vec<Option<usize>>> {
+        let Some(pending) = &self.pending else { return Ok(Vec::new()) };
         let entry = pending.read(slot.0)?;
-        let mut column = [0u8; 8];
-        column.copy_from_slice(&entry[8..16]);
-        let column = u64::from_ne_bytes(column);
-        Ok(usize::try_from(column).ok().and_then(|c| c.checked_sub(1)))
+        Ok((0..self.lanes)
+            .map(|lane| {
+                let mut column = [0u8; 8];
+                column.copy_from_slice(&entry[16 * lane + 8..16 * lane + 16]);
+                let column = u64::from_ne_bytes(column);
+                usize::try_from(column).ok().and_then(|c| c.checked_sub(1))
+            })
+            .collect())
     }
 
     /// Why column `i` is not counted in the kernel, if it is not.
@@ -389,12 +519,16 @@ impl Tally {
         let slot = slots.free.pop().ok_or(TallyError::Full(SLOTS))?;
         let zero = vec![0u8; 8 * self.columns.max(1)];
         let entry = (u64::from(pid as u32) << 32) | u64::from(slot + 1);
-        // No span left open by the slot's previous thread may close on this one.
+        // No span left open, nor value carried, by the slot's previous thread may count on this one.
         let closed = match &self.pending {
-            Some(pending) => pending.write(slot, &[0u8; 16]),
+            Some(pending) => pending.write(slot, &vec![0u8; 16 * self.lanes]),
             None => Ok(()),
         };
-        let written = closed
+        let cleared = closed.and_then(|()| match &self.latches {
+            Some(latches) => latches.write(slot, &vec![0u8; 8 * self.carried]),
+            None => Ok(()),
+        });
+        let written = cleared
             .and_then(|()| self.rows.write(slot, &zero))
             .and_then(|()| self.threads.write(tid as u32, &entry.to_ne_bytes()));
         if let Err(e) = written {
@@ -465,39 +599,116 @@ struct Parts {
     table: ThreadTable,
     rows: ArrayMap,
     pending: Option<ArrayMap>,
+    lanes: usize,
+    latches: Option<ArrayMap>,
+    carried: usize,
     free: Slots,
 }
 
 impl Parts {
     fn into_tally(self, programs: Programs) -> Tally {
-        let Parts { columns, refused, threads, table, rows, pending, free } = self;
-        Tally { columns, refused, threads, table, rows, pending, free: Mutex::new(free), programs }
+        let Parts { columns, refused, threads, table, rows, pending, lanes, latches, carried, free } = self;
+        Tally {
+            columns,
+            refused,
+            threads,
+            table,
+            rows,
+            pending,
+            lanes,
+            latches,
+            carried,
+            free: Mutex::new(free),
+            programs,
+        }
     }
 }
 
-/// What the program of one tracepoint does: the counting columns and span columns it classifies
-/// into, and whether it closes spans.
+/// What the program of one tracepoint does: the counting columns and span columns (with their
+/// lanes) it classifies into, the lanes whose spans it closes, the carried columns it adds to and
+/// those whose latch it sets (by index among the carried columns).
 #[derive(Debug, Default)]
 struct Roles {
     counts: Vec<usize>,
-    starts: Vec<usize>,
-    ends: bool,
+    starts: Vec<(usize, u16)>,
+    ends: Vec<u16>,
+    adds: Vec<usize>,
+    sets: Vec<usize>,
 }
 
-/// The maps every program of a tally uses.
+/// The maps every program of a tally uses, and the carried columns.
 struct Maps<'a> {
     threads: &'a ArrayMap,
     rows: &'a ArrayMap,
     pending: Option<&'a ArrayMap>,
+    latches: Option<&'a ArrayMap>,
+    carried: &'a [CarriedColumn],
+    first_carried: usize,
     width: usize,
 }
 
+/// A program's columns, compiled for its record (or arguments).
+struct ProgramColumns {
+    counts: Vec<Column>,
+    starts: Vec<(Column, u16)>,
+    adds: Vec<Carried>,
+    sets: Vec<Latch>,
+}
+
 impl Maps<'_> {
-    fn assemble(&self, counts: Vec<Column>, starts: Vec<Column>, ends: bool) -> Result<Vec<u64>, ()> {
-        let spans =
-            self.pending.map(|p| Spans { pending: p.raw_fd(), width: self.width as u16, ends, starts });
-        program::assemble_with_spans(self.threads.raw_fd(), self.rows.raw_fd(), &counts, spans.as_ref())
-            .map_err(drop)
+    fn assemble(&self, p: ProgramColumns, ends: &[u16]) -> Result<Vec<u64>, ()> {
+        let spans = self.pending.map(|pending| Spans {
+            pending: pending.raw_fd(),
+            width: self.width as u16,
+            ends: ends.to_vec(),
+            starts: p.starts,
+        });
+        let carry = self.latches.map(|l| Carry { latches: l.raw_fd(), sets: p.sets, adds: p.adds });
+        program::assemble_with_spans(
+            self.threads.raw_fd(),
+            self.rows.raw_fd(),
+            &p.counts,
+            spans.as_ref(),
+            carry.as_ref(),
+        )
+        .map_err(drop)
+    }
+
+    /// Compiles the columns of `roles` against `fields`.
+    fn compile(
+        &self,
+        tracepoint: &str,
+        fields: &Fields,
+        roles: &Roles,
+        columns: &[TracepointColumn],
+    ) -> Result<ProgramColumns, TallyError> {
+        let counts = program_columns(tracepoint, fields, &roles.counts, columns)?;
+        let start_columns: Vec<usize> = roles.starts.iter().map(|&(i, _)| i).collect();
+        let starts = program_columns(tracepoint, fields, &start_columns, columns)?
+            .into_iter()
+            .zip(roles.starts.iter().map(|&(_, lane)| lane))
+            .collect();
+        let add_columns: Vec<usize> = roles.adds.iter().map(|&k| self.first_carried + k).collect();
+        let adds = program_columns(tracepoint, fields, &add_columns, columns)?
+            .into_iter()
+            .zip(&roles.adds)
+            .map(|(column, &k)| Carried { column, latch: k as u16 })
+            .collect();
+        let mut sets = Vec::with_capacity(roles.sets.len());
+        for &k in &roles.sets {
+            let from = &self.carried[k].from;
+            let pred = parse(tracepoint, fields, from.filter.as_deref())?;
+            let weight = match &self.carried[k].weight {
+                Some(name) => Some(*fields.get(name).ok_or_else(|| TallyError::Filter {
+                    tracepoint: tracepoint.to_owned(),
+                    filter: name.clone(),
+                    source: FilterError::UnknownField(name.clone()),
+                })?),
+                None => None,
+            };
+            sets.push(Latch { index: k as u16, pred, weight });
+        }
+        Ok(ProgramColumns { counts, starts, adds, sets })
     }
 }
 
@@ -556,7 +767,7 @@ fn rehearse_one(
 }
 
 /// The raw tracepoint program of `system:name` (its context: the arguments), when the filters of
-/// its columns can be evaluated on its arguments.
+/// its columns can be evaluated on its arguments (a latch that carries a field needs the record).
 fn raw_program(
     system: &str,
     name: &str,
@@ -565,13 +776,21 @@ fn raw_program(
     columns: &[TracepointColumn],
     maps: &Maps<'_>,
 ) -> Option<Vec<u64>> {
-    let filters: Vec<Option<&str>> =
-        roles.counts.iter().chain(&roles.starts).map(|&i| columns[i].filter.as_deref()).collect();
+    if roles.sets.iter().any(|&k| maps.carried[k].weight.is_some()) {
+        return None;
+    }
+    let filters: Vec<Option<&str>> = roles
+        .counts
+        .iter()
+        .chain(roles.starts.iter().map(|(i, _)| i))
+        .map(|&i| columns[i].filter.as_deref())
+        .chain(roles.adds.iter().map(|&k| columns[maps.first_carried + k].filter.as_deref()))
+        .chain(roles.sets.iter().map(|&k| maps.carried[k].from.filter.as_deref()))
+        .collect();
     let tracepoint = format!("{system}:{name}");
     let fields = raw::fields(system, name, record, &filters)?;
-    let counts = program_columns(&tracepoint, &fields, &roles.counts, columns).ok()?;
-    let starts = program_columns(&tracepoint, &fields, &roles.starts, columns).ok()?;
-    maps.assemble(counts, starts, roles.ends).ok()
+    let compiled = maps.compile(&tracepoint, &fields, roles, columns).ok()?;
+    maps.assemble(compiled, &roles.ends).ok()
 }
 
 /// The tracepoint program of `tracepoint` (its context: the record, with `fields`).
@@ -582,9 +801,21 @@ fn record_program(
     columns: &[TracepointColumn],
     maps: &Maps<'_>,
 ) -> Result<Vec<u64>, TallyError> {
-    let counts = program_columns(tracepoint, fields, &roles.counts, columns)?;
-    let starts = program_columns(tracepoint, fields, &roles.starts, columns)?;
-    maps.assemble(counts, starts, roles.ends).map_err(|()| TallyError::Assemble(tracepoint.to_owned()))
+    let compiled = maps.compile(tracepoint, fields, roles, columns)?;
+    maps.assemble(compiled, &roles.ends).map_err(|()| TallyError::Assemble(tracepoint.to_owned()))
+}
+
+/// The predicate of `filter` on `fields` (`None`: every firing).
+fn parse(tracepoint: &str, fields: &Fields, filter: Option<&str>) -> Result<Option<Pred>, TallyError> {
+    filter
+        .map(|f| {
+            filter::parse_filter(f, fields).map_err(|source| TallyError::Filter {
+                tracepoint: tracepoint.to_owned(),
+                filter: f.to_owned(),
+                source,
+            })
+        })
+        .transpose()
 }
 
 fn program_columns(

@@ -16,6 +16,7 @@ use hvstats_abi::exit_reason;
 use hvstats_abi::source::Tracepoint;
 
 use super::event_writer::{EventWriter, KvmExitState, ThreadReading, tracepoint_event};
+use super::hyperv;
 use super::vm_source::{Counting, Learned, VmAttach, VmSource, VmView};
 use crate::attach::ObserveError;
 use crate::counting::{EventList, EventSpec, ThreadCounters};
@@ -42,6 +43,7 @@ pub fn host_isa() -> Option<u32> {
 pub const WRITERS: &[&dyn EventWriter] = &[
     &super::tracepoints::KvmTracepoints,
     &super::exit_classes::ExitClasses,
+    &super::hyperv::HypervEnlightenments,
     &super::thread_clock::ThreadClock,
 ];
 
@@ -63,6 +65,8 @@ pub struct Events {
     readings: BTreeMap<u32, (Vec<Option<u64>>, Option<u64>)>,
     /// By event, whether it is counted on every vCPU thread known.
     counted: Vec<bool>,
+    /// Whether the VM's Hyper-V hypercalls are all its hypercalls ([`hyperv::gives_totals`]).
+    hyperv_totals: bool,
 }
 
 /// Opens the events source: counters on every thread of the VMM (the threads known to run a
@@ -105,6 +109,7 @@ pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError
         guest_ticks_at_open: BTreeMap::new(),
         readings: BTreeMap::new(),
         counted: Vec::new(),
+        hyperv_totals: hyperv::gives_totals(procfs.hyperv_enlightenments(pid)),
     };
     me.note_guest_ticks(procfs, pid);
     Ok(Some(Box::new(me)))
@@ -164,6 +169,11 @@ impl CounterSource for Events {
             let range = self.range(w);
             let counted = |i: usize| self.counted.get(range.start + i).copied().unwrap_or(false);
             gives = gives.union(&writer.gives(&counted, self.kvm_exit));
+        }
+        // Where kvm_exit does not fire, a guest that is not enlightened makes no Hyper-V
+        // hypercall but may make KVM's: kvm_hv_hypercall is not its total.
+        if !self.hyperv_totals && self.kvm_exit != KvmExitState::Fires {
+            gives.vp = gives.vp.difference(&hyperv::totals());
         }
         gives
     }

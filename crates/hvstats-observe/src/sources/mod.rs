@@ -12,7 +12,7 @@
 //!   a read-only connection (never tainting the domain);
 //! - [`events`]: KVM's tracepoints and the VP threads' software events, counted per thread from
 //!   attach on (in the kernel where BPF is permitted), written by the event writers of
-//!   [`tracepoints`], [`exit_classes`] and [`thread_clock`];
+//!   [`tracepoints`], [`exit_classes`], [`hyperv`] and [`thread_clock`];
 //! - [`qmp_stats`]: KVM's statistics through QEMU's QMP `query-stats`, the VM's run state, and
 //!   QMP's knowledge of the vCPU threads and the VM's name; its session heals;
 //! - [`threads`]: the sources that read a vCPU thread from outside its process (schedstat, the
@@ -25,6 +25,7 @@
 pub mod event_writer;
 pub mod events;
 pub mod exit_classes;
+pub mod hyperv;
 pub mod kvm_stat_map;
 pub mod libvirt_stats;
 pub mod qmp_stats;
