@@ -311,13 +311,14 @@ mod tests {
         let users = BTreeMap::from([("u".to_owned(), bcrypt::hash("p", 6).unwrap())]);
         let auth = Auth::new(&users).unwrap();
         let basic = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode("u:p"));
-        // The first client gives up at once, its check queued.
+        // The first client gives up at once, its check queued (or, when a worker was quicker
+        // than this thread, already admitted by it).
         let gave_up = tokio::time::timeout(
             std::time::Duration::ZERO,
             auth.check(Some(&basic), Some(IpAddr::from([10, 0, 0, 2]))),
         )
         .await;
-        assert!(gave_up.is_err());
+        assert!(gave_up.is_err() || gave_up == Ok(Verdict::Admitted), "{gave_up:?}");
         // A client whose address may start no check of its own asks the same: it is admitted by
         // that check (still under way, or done and remembered), never refused as busy.
         let full = IpAddr::from([10, 0, 0, 1]);
