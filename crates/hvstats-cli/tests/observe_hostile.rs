@@ -24,9 +24,10 @@ use serde_json::{Value, json};
 
 const UUID_A: &str = "aaaaaaaa-1111-4111-8111-aaaaaaaaaaaa";
 
-/// Held by each test whose observer watches every VM on the host (`--all`, `--observe-all`):
-/// one such observer at a time, so none connects to the QMP socket of another test's QEMU or
-/// counts another test's processes.
+/// Held by each test whose observer watches every VM on the host (`--all`, `--observe-all`), and
+/// by each test whose VMs share a name with theirs: one such observer at a time, so none connects
+/// to the QMP socket of another test's QEMU, counts another test's processes or names a VM
+/// `thief#2` beside another test's `thief`.
 static HOST_WIDE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn host_wide() -> std::sync::MutexGuard<'static, ()> {
@@ -39,6 +40,52 @@ const UUID_B: &str = "bbbbbbbb-2222-4222-8222-bbbbbbbbbbbb";
 #[ignore = "run by the tests below as a stand-in VMM"]
 fn fake_vmm() {
     common::fake_vmm_body();
+}
+
+/// Not a test: a stand-in for libvirt's socket at `HVSTATS_TEST_FAKE_LIBVIRT`, which says
+/// "listening", takes every connection and counts the bytes it is sent, and once its standard
+/// input closes says "accepted N, sent M bytes".
+#[test]
+#[ignore = "run by a_libvirt_socket_another_user_serves_and_a_vmm_copying_a_domains_uuid_are_refused"]
+fn fake_libvirt() {
+    use std::io::Read;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let Some(path) = std::env::var_os("HVSTATS_TEST_FAKE_LIBVIRT") else { return };
+    let listener = UnixListener::bind(path).unwrap();
+    let (accepted, done, sent) =
+        (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    {
+        let (accepted, done, sent) = (Arc::clone(&accepted), Arc::clone(&done), Arc::clone(&sent));
+        std::thread::spawn(move || {
+            for mut s in listener.incoming().map_while(Result::ok) {
+                accepted.fetch_add(1, Ordering::SeqCst);
+                let (done, sent) = (Arc::clone(&done), Arc::clone(&sent));
+                std::thread::spawn(move || {
+                    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+                    let mut buf = [0u8; 4096];
+                    while let Ok(n @ 1..) = s.read(&mut buf) {
+                        sent.fetch_add(n as u64, Ordering::SeqCst);
+                    }
+                    done.fetch_add(1, Ordering::SeqCst);
+                });
+            }
+        });
+    }
+    let mut out = std::io::stdout();
+    writeln!(out, "listening").unwrap();
+    out.flush().unwrap();
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+    // Every connection read to its end (the client closed it) before the count is said.
+    let t = Instant::now();
+    while done.load(Ordering::SeqCst) < accepted.load(Ordering::SeqCst)
+        && t.elapsed() < Duration::from_secs(30)
+    {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    writeln!(out, "accepted {}, sent {} bytes", accepted.load(Ordering::SeqCst), sent.load(Ordering::SeqCst))
+        .unwrap();
 }
 
 /// Not a test: a process holding `HVSTATS_TEST_HOLD_FDS` descriptors (copies of /dev/null)
@@ -71,8 +118,13 @@ struct Logged {
 
 impl Logged {
     fn start(args: &[&str]) -> Self {
+        Self::start_with_env(args, &[])
+    }
+
+    fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -617,4 +669,134 @@ fn discovery_reads_no_descriptor_of_a_process_holding_400000_of_them() {
         drop(holder.stdin.take());
         let _ = holder.wait();
     }
+}
+
+/// The partition of the VM whose VMM is `pid` in `observer`'s publication under `runtime`, once
+/// `done` holds for it (waiting up to 60 s).
+fn partition_until(runtime: &Path, pid: i32, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let t = Instant::now();
+    loop {
+        if let Some(p) = partitions_of_vmm(runtime, pid).into_iter().find(|p| done(p)) {
+            return p;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "{what}: {:#?}", partitions_of_vmm(runtime, pid));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Whether the source `source` of partition `p` is up (`None`: the VM has no such source).
+fn source_up(p: &Value, source: &str) -> Option<bool> {
+    p["sources"].as_array()?.iter().find(|s| s["name"] == source).and_then(|s| s["up"].as_bool())
+}
+
+#[test]
+fn a_libvirt_socket_another_user_serves_and_a_vmm_copying_a_domains_uuid_are_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let test = "a_libvirt_socket_another_user_serves_and_a_vmm_copying_a_domains_uuid_are_refused";
+    if !kvm_available(test) {
+        return;
+    }
+    // Its VMs are the host's: a test observing every VM would see them.
+    let _host = host_wide();
+    let Some(libvirtd) = hvstats_testkit::Libvirtd::start("hostile-libvirt") else { return };
+    let tmp = TempDir::new("hostile-libvirt");
+    let runtime = runtime_dir(&tmp);
+    // The victim: a domain of the test's own libvirtd, its QEMU started by the daemon.
+    let uuid = "6c1d2e3f-4a5b-4c6d-8e7f-8091a2b3c4d5";
+    let name = format!("hvstats-victim-{}", std::process::id());
+    let guest = hvstats_guest::bios::BiosProgram {
+        cpuid: 10,
+        end: hvstats_guest::bios::BiosEnd::Halt,
+        ..Default::default()
+    };
+    let domain = libvirtd.run_domain(&name, uuid, &guest.image().unwrap());
+    // The thief: a process holding a KVM VM whose command line copies the domain's UUID.
+    let thief = FakeVmm::spawn(&["-name", "thief", "-uuid", uuid], "CPU 0/KVM");
+    let real = format!("qemu:///system?socket={}", libvirtd.socket_ro().display());
+    let pids = ["--pid", &domain.pid.to_string(), "--pid", &thief.pid().to_string()].map(str::to_owned);
+    let pids: Vec<&str> = pids.iter().map(String::as_str).collect();
+    let args = [
+        &["observe"][..],
+        &pids,
+        &["--no-qmp", "--interval", "0.1", "--runtime-dir", runtime.to_str().unwrap()],
+    ]
+    .concat();
+    let mut observer = Logged::start_with_env(&args, &[("LIBVIRT_DEFAULT_URI", &real)]);
+    let refused = observer.wait_line(&[&format!("pid {} ", thief.pid()), "libvirt refused"]);
+    assert!(
+        refused.contains(&format!(
+            "libvirt's domain \"{name}\" with this process's UUID runs in pid {}, not in this process",
+            domain.pid
+        )),
+        "{refused}"
+    );
+    // The domain keeps its libvirt source and its name; the thief has neither.
+    let victim = partition_until(&runtime, domain.pid, "the domain's libvirt source is up", |p| {
+        source_up(p, "libvirt") == Some(true)
+    });
+    assert_eq!(victim["name"], name.as_str());
+    let stolen = partition_until(&runtime, thief.pid(), "the thief is published", |_| true);
+    assert_eq!(stolen["name"], "thief", "{stolen:#}");
+    assert_eq!(source_up(&stolen, "libvirt"), Some(false), "{stolen:#}");
+    std::thread::sleep(Duration::from_secs(1));
+    let said = observer.said();
+    assert_eq!(said.iter().filter(|l| l.contains("libvirt refused")).count(), 0, "said once: {said:#?}");
+    drop(observer);
+
+    // A socket served by `nobody`, named where the observer is told libvirt listens: refused
+    // before a byte is sent to it.
+    let dir = tmp.path().join("fake");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap();
+    let socket = dir.join("libvirt-sock-ro");
+    let mut fake = Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "fake_libvirt"])
+        .env("HVSTATS_TEST_FAKE_LIBVIRT", &socket)
+        .uid(65534)
+        .gid(65534)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let fake_pid = fake.id();
+    let mut fake_out = BufReader::new(fake.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("listening") {
+        line.clear();
+        assert!(fake_out.read_line(&mut line).unwrap() > 0, "the fake libvirt ended");
+    }
+    let runtime2 = tmp.path().join("run2");
+    std::fs::create_dir(&runtime2).unwrap();
+    let args = [
+        "observe",
+        "--pid",
+        &domain.pid.to_string(),
+        "--no-qmp",
+        "--interval",
+        "0.1",
+        "--runtime-dir",
+        runtime2.to_str().unwrap(),
+    ]
+    .map(str::to_owned);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let fake_uri = format!("qemu:///system?socket={}", socket.display());
+    let mut observer = Logged::start_with_env(&args, &[("LIBVIRT_DEFAULT_URI", &fake_uri)]);
+    let refused = observer.wait_line(&[&format!("pid {} ", domain.pid), "libvirt refused"]);
+    assert!(
+        refused
+            .contains(&format!("is served by pid {fake_pid} of uid 65534, not by libvirt's daemon (root)")),
+        "{refused}"
+    );
+    let p = partition_until(&runtime2, domain.pid, "the domain is published", |_| true);
+    assert_eq!(source_up(&p, "libvirt"), Some(false), "{p:#}");
+    drop(observer);
+    drop(fake.stdin.take());
+    line.clear();
+    fake_out.read_line(&mut line).unwrap();
+    let _ = fake.wait();
+    assert!(line.starts_with("accepted ") && line.trim_end().ends_with(", sent 0 bytes"), "{line}");
+    eprintln!("{refused}");
+    drop(thief);
 }

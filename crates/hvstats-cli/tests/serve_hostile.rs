@@ -411,10 +411,11 @@ fn scrape(addr: SocketAddr, path: &str, cert_pem: Option<&str>) -> Result<String
     }
 }
 
-/// `attackers` clients from 127.0.0.2, each doing `attack` on a new connection again and again
+/// `attackers` clients from `source`, each doing `attack` on a new connection again and again
 /// (at most 2,000 times) until `stop`; returns their threads and the number of connections made.
 fn attack(
     attackers: usize,
+    source: [u8; 4],
     addr: SocketAddr,
     stop: &Arc<AtomicBool>,
     attack: impl Fn(usize, TcpStream) + Send + Sync + 'static,
@@ -431,7 +432,7 @@ fn attack(
                         if stop.load(Ordering::Relaxed) {
                             break;
                         }
-                        match connect_from([127, 0, 0, 2], addr) {
+                        match connect_from(source, addr) {
                             Ok(s) => {
                                 made.fetch_add(1, Ordering::Relaxed);
                                 attack(n, s);
@@ -478,13 +479,16 @@ fn scrapes_during(
     failed
 }
 
-/// Attackers from 127.0.0.2 hold the connection cap (64) and reconnect as soon as they are
+/// Attackers from `source` hold the connection cap (64) and reconnect as soon as they are
 /// closed, while a scraper from 127.0.0.1, 100 ms away, scrapes on fresh connections: over TLS
 /// against clients that send nothing or half a ClientHello, and over plain HTTP against clients
-/// churning connections.
-#[test]
-fn clients_that_reconnect_as_fast_as_the_cap_closes_them_push_no_scraper_out() {
-    let tmp = TempDir::new("serve-cap-churn");
+/// churning connections. The failed scrapes over TLS and plain HTTP, and the attacking
+/// connections made in each.
+fn churn_against_a_scraper(source: [u8; 4], tag: &str) -> (Vec<String>, u64, Vec<String>, u64) {
+    // One attack of 200 clients at a time: two would be an attack twice the size on this host.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let tmp = TempDir::new(tag);
     let (_hv, part) = publish_partition(tmp.path(), 1);
     part.vp_page(0).unwrap().set(hvstats_abi::catalog::vp::HYPERCALLS, 7);
 
@@ -499,7 +503,7 @@ fn clients_that_reconnect_as_fast_as_the_cap_closes_them_push_no_scraper_out() {
     std::fs::write(&web, "tls_server_config:\n  cert_file: cert.pem\n  key_file: key.pem\n").unwrap();
     let (_server, addr) = serve(tmp.path(), &["--web.config.file", web.to_str().unwrap()]);
     let stop = Arc::new(AtomicBool::new(false));
-    let (attackers, made) = attack(200, addr, &stop, |n, mut s| {
+    let (attackers, made) = attack(200, source, addr, &stop, |n, mut s| {
         if n % 2 == 0 {
             // A handshake record announcing 512 bytes, of which 6 come.
             let _ = s.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03]);
@@ -518,7 +522,7 @@ fn clients_that_reconnect_as_fast_as_the_cap_closes_them_push_no_scraper_out() {
     // and closing after a moment, again and again.
     let (_server, addr) = serve(tmp.path(), &[]);
     let stop = Arc::new(AtomicBool::new(false));
-    let (attackers, made) = attack(200, addr, &stop, |n, mut s| {
+    let (attackers, made) = attack(200, source, addr, &stop, |n, mut s| {
         if n % 2 == 0 {
             let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n");
         }
@@ -530,14 +534,73 @@ fn clients_that_reconnect_as_fast_as_the_cap_closes_them_push_no_scraper_out() {
     for a in attackers {
         a.join().unwrap();
     }
+    let plain_attack = made.load(Ordering::Relaxed);
     eprintln!(
-        "TLS: {} of 20 scrapes failed during {tls_attack} attacking connections; plain: {} of 40 failed during {} churning connections",
+        "attackers from {source:?}: TLS: {} of 20 scrapes failed during {tls_attack} attacking connections; \
+         plain: {} of 40 failed during {plain_attack} churning connections",
         tls_failed.len(),
         plain_failed.len(),
-        made.load(Ordering::Relaxed)
     );
+    (tls_failed, tls_attack, plain_failed, plain_attack)
+}
+
+#[test]
+fn clients_that_reconnect_as_fast_as_the_cap_closes_them_push_no_scraper_out() {
+    let (tls_failed, _, plain_failed, _) = churn_against_a_scraper([127, 0, 0, 2], "serve-cap-churn");
     assert_eq!(tls_failed, Vec::<String>::new(), "TLS scrapes pushed out");
     assert_eq!(plain_failed, Vec::<String>::new(), "plain scrapes pushed out");
+}
+
+/// As above, with the attackers on the scraper's own address (127.0.0.1): no address tells them
+/// apart, only what each connection holds and has done.
+#[test]
+fn clients_on_the_scrapers_own_address_that_reconnect_as_fast_as_the_cap_closes_them_push_no_scraper_out() {
+    let (tls_failed, _, plain_failed, _) = churn_against_a_scraper([127, 0, 0, 1], "serve-cap-churn-same");
+    assert_eq!(tls_failed, Vec::<String>::new(), "TLS scrapes pushed out");
+    // Plain scrapes on this host lose at most a few of 40 to a reset (before the grace: 18 of
+    // 40); why those few are reset is not pinned down yet (SECURITY.md says so).
+    assert!(plain_failed.len() <= 4, "plain scrapes pushed out: {plain_failed:?}");
+}
+
+/// A client that sends half a request head, then one more byte every 200 ms and never the end
+/// of it, is closed by the deadline on a new connection's first head (3 s, however it drips),
+/// with no reply; a full request on another connection meanwhile is answered.
+#[test]
+fn a_connection_dripping_half_a_request_head_is_closed_by_the_head_deadline_while_another_is_answered() {
+    let tmp = TempDir::new("serve-head-deadline");
+    let (_hv, part) = publish_partition(tmp.path(), 1);
+    part.vp_page(0).unwrap().set(hvstats_abi::catalog::vp::HYPERCALLS, 7);
+    let (_server, addr) = serve(tmp.path(), &[]);
+    let mut half = TcpStream::connect(addr).unwrap();
+    half.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nX-Drip: ").unwrap();
+    // Another connection meanwhile: answered in full.
+    let full = scrape(addr, "/metrics", None).unwrap();
+    assert!(full.contains("hvstats_vp_hypercalls_total"), "{full}");
+    // The half head drips until the server closes the connection, for 30 s at most.
+    half.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    let (mut reply, mut buf, mut dripped) = (Vec::new(), [0u8; 4096], 0u64);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let closed = loop {
+        assert!(Instant::now() < deadline, "still open after 30 s and {dripped} bytes dripped");
+        match half.read(&mut buf) {
+            Ok(0) => break "end of stream".to_owned(),
+            Ok(n) => reply.extend_from_slice(&buf[..n]),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e) => break format!("read: {e}"),
+        }
+        match half.write_all(b"a") {
+            Ok(()) => dripped += 1,
+            Err(e) => break format!("write: {e}"),
+        }
+    };
+    eprintln!("half a head, then {dripped} bytes dripped: closed ({closed})");
+    assert!(
+        closed == "end of stream" || closed.contains("reset") || closed.contains("Broken pipe"),
+        "{closed}"
+    );
+    assert_eq!(String::from_utf8_lossy(&reply), "", "no reply to half a head");
+    // The server goes on: a new connection is answered.
+    assert!(scrape(addr, "/healthz", None).is_ok());
 }
 
 /// The value of the sample of `name` without labels (`name 0`, or `name{} 0` as the encoder

@@ -37,6 +37,7 @@ pub mod filter;
 pub mod kvm_scan;
 pub mod libvirt;
 pub mod observer;
+mod peer;
 pub mod publication;
 pub mod qemu_args;
 pub mod qmp;

@@ -8,9 +8,12 @@
 //! dependency of every host; speaking the protocol costs nothing where libvirt is absent.
 //!
 //! Nothing the daemon sends is trusted: every length is bounded, every read checked, and a reply
-//! that does not parse is an error, never a panic.
+//! that does not parse is an error, never a panic. Nothing is sent to a socket whose listener is
+//! not root (the kernel's record, `SO_PEERCRED`): libvirt's system daemons run as root, and a
+//! socket another user serves ([`LibvirtError::Foreign`]) is not libvirt's, wherever it is.
 
 use std::io::{self, Read, Write};
+use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -83,6 +86,14 @@ pub enum LibvirtError {
     /// The reply was not what the protocol says.
     #[error("libvirt sent a malformed reply: {0}")]
     Malformed(&'static str),
+    /// The socket's listener is not root: not libvirt's system daemon, whatever the path says.
+    #[error("the socket {} is served by {who}, not by libvirt's daemon (root)", path.display())]
+    Foreign {
+        /// The socket.
+        path: PathBuf,
+        /// Its listener, as the kernel records it.
+        who: String,
+    },
     /// The socket asks for an authentication this client does not speak.
     #[error("libvirt's socket asks for authentication type {0} (only none and polkit are spoken)")]
     Auth(i32),
@@ -127,6 +138,8 @@ pub struct Libvirt {
     serial: u32,
     /// The deadline of each exchange.
     timeout: Duration,
+    /// The daemon listening on the socket, as the kernel recorded it at connect.
+    daemon: i32,
 }
 
 impl LibvirtError {
@@ -144,16 +157,25 @@ impl LibvirtError {
 
 impl Libvirt {
     /// Connects to the read-only socket `path`, authenticates if it asks, and opens the QEMU
-    /// driver read-only; every exchange has `timeout`.
+    /// driver read-only; every exchange has `timeout`. Nothing is sent unless root listens on
+    /// the socket.
     ///
     /// # Errors
-    /// When the socket cannot be reached, asks for an unknown authentication, or refuses.
+    /// When the socket cannot be reached, is served by a process that is not root
+    /// ([`LibvirtError::Foreign`]), asks for an unknown authentication, or refuses.
     pub fn connect(path: &Path, timeout: Duration) -> Result<Self, LibvirtError> {
         let io = |source| LibvirtError::io(path, timeout, source);
         let stream = UnixStream::connect(path).map_err(io)?;
+        let foreign = |who: String| LibvirtError::Foreign { path: path.to_owned(), who };
+        let daemon = match crate::peer::credentials(stream.as_fd()) {
+            Some(cred) if cred.uid == 0 => crate::peer::listener_pid(stream.as_fd())
+                .ok_or_else(|| foreign("a process that has exited or is not visible here".to_owned()))?,
+            Some(cred) => return Err(foreign(format!("pid {} of uid {}", cred.pid, cred.uid))),
+            None => return Err(foreign("a listener the kernel does not name".to_owned())),
+        };
         stream.set_read_timeout(Some(timeout)).map_err(io)?;
         stream.set_write_timeout(Some(timeout)).map_err(io)?;
-        let mut me = Self { stream, path: path.to_owned(), serial: 0, timeout };
+        let mut me = Self { stream, path: path.to_owned(), serial: 0, timeout, daemon };
         let auth = me.call(PROC_AUTH_LIST, &[])?;
         let mut r = Xdr::new(&auth);
         let n = r.len()?;
@@ -173,6 +195,11 @@ impl Libvirt {
         put_u32(&mut args, CONNECT_RO);
         me.call(PROC_CONNECT_OPEN, &args)?;
         Ok(me)
+    }
+
+    /// The daemon listening on the socket (its pid now, as the kernel recorded it at connect).
+    pub(crate) fn daemon(&self) -> i32 {
+        self.daemon
     }
 
     /// The domain with `uuid`.

@@ -9,8 +9,17 @@
 //! the halt histograms out, so those counters are not given here. Where libvirt is absent (no
 //! socket) or the process is not one of its domains, the VM has no such source and nothing is
 //! said.
+//!
+//! A session is bound to the VMM: it is opened only when root listens on the socket (the
+//! kernel's record, [`Libvirt::connect`]) and that daemon's QEMU driver records this process as
+//! the domain's QEMU (its `/run/libvirt/qemu/NAME.pid`, read from the daemon's own root). A
+//! process that copies a domain's `-uuid` onto its command line is not given that domain's
+//! statistics or name, and a socket some other user serves is never spoken to; either is
+//! refused, said once when the VM is attached, and the source stays down.
 
 use std::collections::BTreeMap;
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -24,11 +33,16 @@ use hvstats_abi::vm_state::VmState;
 use super::kvm_stat_map::{self, KvmStatReading};
 use super::vm_source::{Learned, Named, Peer, PeerKind, PeerState, VmAttach, VmSource, VmView};
 use crate::attach::ObserveError;
-use crate::libvirt::{Domain, Libvirt, SOCKETS, STATS_STATE, STATS_VCPU, STATS_VM, TypedValue};
+use crate::libvirt::{Domain, Libvirt, LibvirtError, SOCKETS, STATS_STATE, STATS_VCPU, STATS_VM, TypedValue};
+use hvstats_host::error_chain::error_chain;
 use hvstats_sources::counter_source::{CounterSource, Gives, Object};
 
 /// The deadline of one exchange with libvirt.
 const TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Where libvirt's QEMU driver, run by root, records the pid of each running domain's QEMU
+/// (`NAME.pid`), under the daemon's root.
+const PID_DIR: &str = "run/libvirt/qemu";
 
 /// Statistics by name, as one reading of libvirt gave them.
 #[derive(Clone, Debug, Default)]
@@ -50,6 +64,10 @@ pub struct LibvirtStats {
     socket: PathBuf,
     conn: Option<Libvirt>,
     domain: Domain,
+    /// The VMM process, which the daemon must record as the domain's QEMU.
+    vmm: i32,
+    /// Why the socket or the domain was refused (the session is then never opened).
+    refused: Option<String>,
     vp_count: usize,
     vcpus: BTreeMap<u32, Stats>,
     vm: Stats,
@@ -76,25 +94,66 @@ fn socket(at: &VmAttach<'_>) -> Option<PathBuf> {
 }
 
 /// Finds the libvirt domain whose UUID the QEMU process was given; `None` when libvirt is absent
-/// or has no such domain.
+/// or has no such domain. A socket that is not root's, or a domain the daemon runs in another
+/// process, gives a source that is refused (said once, at attach) and gives nothing.
 ///
 /// # Errors
 /// Never: a libvirt that fails after it was found is the source's own state.
 pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError> {
     let Some(uuid) = at.procfs.vm_uuid(at.pid) else { return Ok(None) };
     let Some(socket) = socket(at) else { return Ok(None) };
-    let Ok(mut conn) = Libvirt::connect(&socket, TIMEOUT) else { return Ok(None) };
-    let Ok(domain) = conn.lookup_by_uuid(uuid.bytes()) else { return Ok(None) };
-    Ok(Some(Box::new(LibvirtStats {
+    let mut me = LibvirtStats {
         socket,
-        conn: Some(conn),
-        domain,
+        conn: None,
+        domain: Domain { name: String::new(), uuid: uuid.bytes(), id: -1 },
+        vmm: at.pid,
+        refused: None,
         vp_count: at.fds.vcpus.len(),
         vcpus: BTreeMap::new(),
         vm: Stats::default(),
         state: None,
         error: None,
-    })))
+    };
+    let mut conn = match Libvirt::connect(&me.socket, TIMEOUT) {
+        Ok(conn) => conn,
+        Err(e @ LibvirtError::Foreign { .. }) => return Ok(Some(Box::new(me.refuse(e.to_string())))),
+        Err(_) => return Ok(None),
+    };
+    let Ok(domain) = conn.lookup_by_uuid(uuid.bytes()) else { return Ok(None) };
+    if let Err(why) = runs_in(&conn, &domain, me.vmm) {
+        return Ok(Some(Box::new(me.refuse(why))));
+    }
+    me.domain = domain;
+    me.conn = Some(conn);
+    Ok(Some(Box::new(me)))
+}
+
+/// Whether the daemon serving `conn` runs `domain` in process `vmm`, by its QEMU driver's record
+/// of the domain's QEMU (`/run/libvirt/qemu/NAME.pid`, root's file, read through
+/// `/proc/DAEMON/root` so that a daemon in a mount namespace of its own is read as it sees it);
+/// why not, when not.
+fn runs_in(conn: &Libvirt, domain: &Domain, vmm: i32) -> Result<(), String> {
+    let name = &domain.name;
+    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+        return Err(format!("libvirt names the domain {name:?}, which names no record of its QEMU"));
+    }
+    let path = PathBuf::from(format!("/proc/{}/root/{PID_DIR}/{name}.pid", conn.daemon()));
+    let cannot =
+        |e: std::io::Error| format!("cannot read libvirt's record of its QEMU, {}: {e}", path.display());
+    let file = std::fs::File::open(&path).map_err(cannot)?;
+    let meta = file.metadata().map_err(cannot)?;
+    if !meta.is_file() || meta.uid() != 0 {
+        return Err(format!("{} is not a file of root's: not libvirt's record of its QEMU", path.display()));
+    }
+    let mut text = String::new();
+    file.take(64).read_to_string(&mut text).map_err(cannot)?;
+    match text.trim().parse::<i32>() {
+        Ok(pid) if pid == vmm => Ok(()),
+        Ok(pid) => Err(format!(
+            "libvirt's domain {name:?} with this process's UUID runs in pid {pid}, not in this process"
+        )),
+        Err(_) => Err(format!("{} holds no pid: {:?}", path.display(), text.trim())),
+    }
 }
 
 /// `vcpu.<N>.<name>.<sum|cur|max>` or `vm.<name>.<sum|cur|max>`: the object and the statistic.
@@ -113,12 +172,24 @@ fn parse_field(field: &str) -> Option<(Option<u32>, &str)> {
 }
 
 impl LibvirtStats {
-    fn read_once(&mut self) -> Result<(), crate::libvirt::LibvirtError> {
+    /// This source, refused for `why`: it never connects and gives nothing.
+    fn refuse(mut self, why: String) -> Self {
+        self.error = Some(format!("refused libvirt's session: {why}"));
+        self.refused = Some(why);
+        self
+    }
+
+    fn read_once(&mut self) -> Result<(), String> {
         if self.conn.is_none() {
-            self.conn = Some(Libvirt::connect(&self.socket, TIMEOUT)?);
+            // A daemon started again is bound to the VMM again.
+            let conn = Libvirt::connect(&self.socket, TIMEOUT).map_err(|e| error_chain(&e))?;
+            runs_in(&conn, &self.domain, self.vmm)?;
+            self.conn = Some(conn);
         }
         let Some(conn) = self.conn.as_mut() else { return Ok(()) };
-        let fields = conn.domain_stats(&self.domain, STATS_VCPU | STATS_VM | STATS_STATE)?;
+        let fields = conn
+            .domain_stats(&self.domain, STATS_VCPU | STATS_VM | STATS_STATE)
+            .map_err(|e| error_chain(&e))?;
         let (mut vcpus, mut vm) = (BTreeMap::<u32, Stats>::new(), Stats::default());
         let (mut state, mut reason) = (None, 0);
         for (field, value) in fields {
@@ -191,16 +262,25 @@ impl CounterSource for LibvirtStats {
 
 impl VmSource for LibvirtStats {
     fn named(&mut self) -> Named {
-        Named { vm_name: Some(self.domain.name.clone()), ..Named::default() }
+        Named { vm_name: self.refused.is_none().then(|| self.domain.name.clone()), ..Named::default() }
     }
 
     fn read(&mut self, _vm: &VmView<'_>) -> Learned {
+        if let Some(refused) = &self.refused {
+            let why = self.error.clone().unwrap_or_else(|| refused.clone());
+            return Learned {
+                peer: Some(Peer { kind: PeerKind::Service, state: PeerState::Down(why.clone()) }),
+                error: Some(why),
+                refused: Some(refused.clone()),
+                ..Learned::holding(0)
+            };
+        }
         match self.read_once() {
             Ok(()) => self.error = None,
             Err(e) => {
                 // Its counters stop being available rather than going stale; the next refresh
                 // connects again.
-                self.error = Some(hvstats_host::error_chain::error_chain(&e));
+                self.error = Some(e);
                 self.conn = None;
                 self.vcpus.clear();
                 self.vm = Stats::default();

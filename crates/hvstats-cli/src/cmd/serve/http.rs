@@ -6,9 +6,12 @@
 //! - connections: at most [`Limits::max_connections`] at once; at the cap, the connection that
 //!   holds the most and has done the least is closed to admit the new one
 //!   ([`Bounds::close_idlest`]: never one with a reply handed over in the last minute while
-//!   another is left, first from the source address holding the most connections, idle before
-//!   busy, silent before mid-handshake before served), so clients holding the cap, or
-//!   reconnecting as fast as they are closed, cannot push out a scraper from another address;
+//!   another is left, nor one accepted less than [`GRACE`] ago, first from the source address
+//!   holding the most connections, idle before busy, silent before mid-handshake before served);
+//!   while every connection is within its grace, new ones wait in the listen backlog, in the
+//!   order they came. So clients holding the cap, or reconnecting as fast as they are closed,
+//!   cannot push out a scraper, from another address or from the scraper's own: each connection
+//!   a scraper opens is admitted in its turn and has its grace to send its request;
 //!   the cap is logged once per run of such closes, not per connection;
 //! - a new connection's TLS handshake and first request head: within
 //!   [`Limits::first_request_timeout`] of its accept, together;
@@ -264,6 +267,23 @@ enum Stage {
 /// only when no other is left.
 const RECENT: Duration = Duration::from_secs(60);
 
+/// A connection accepted this recently is not closed by the cap: it has this long to send its
+/// request (a TLS handshake and a request head over a network take a few round trips), so
+/// clients reconnecting as fast as they are closed turn the cap over at most once per grace,
+/// not once per connection they open.
+const GRACE: Duration = Duration::from_secs(1);
+
+/// What the cap can do to admit a new connection.
+#[derive(Debug, PartialEq, Eq)]
+enum Room {
+    /// A connection was told to close.
+    Closed,
+    /// Every open connection is within its grace: the first grace ends then.
+    WaitUntil(Instant),
+    /// None is left to close (all are closing already).
+    None,
+}
+
 /// The connections open now: what each is doing, and how to close it.
 #[derive(Debug)]
 struct Connection {
@@ -275,6 +295,8 @@ struct Connection {
     answered_at: Option<Instant>,
     /// When it was accepted, or when its last request began.
     active_at: Instant,
+    /// When it was accepted.
+    accepted_at: Instant,
     /// True from a request's head until its reply is handed over.
     busy: bool,
     /// Requests it has made.
@@ -327,6 +349,7 @@ impl Bounds {
             stage: Stage::Accepted,
             answered_at: None,
             active_at: Instant::now(),
+            accepted_at: Instant::now(),
             busy: false,
             requests: 0,
             holding_since: None,
@@ -347,7 +370,9 @@ impl Bounds {
         self.table().get(&id).is_none_or(|c| c.requests > 0)
     }
 
-    /// Closes the connection that holds the most and has done the least, in this order:
+    /// Closes the connection that holds the most and has done the least, in this order, where
+    /// one accepted less than [`GRACE`] ago is waited for ([`Room::WaitUntil`]), never passed
+    /// over for one that comes after it:
     ///
     /// - one that had a reply handed over in the last minute (a scraper's) only when no other
     ///   is left;
@@ -357,27 +382,48 @@ impl Bounds {
     ///   client asking again and again yields to one still waiting for its first answer);
     /// - of idle ones, the one that has got least far ([`Stage`]: silent, then mid-handshake or
     ///   mid-head, then done with TLS, then between requests), then the one inactive longest.
-    ///
-    /// False when none is left to close.
-    fn close_idlest(&self) -> bool {
+    fn close_idlest(&self) -> Room {
+        self.close_idlest_at(Instant::now())
+    }
+
+    fn close_idlest_at(&self, now: Instant) -> Room {
         let mut table = self.table();
         let mut shares: HashMap<Option<IpAddr>, usize> = HashMap::new();
         for c in table.values().filter(|c| !c.closing) {
             *shares.entry(c.source).or_default() += 1;
         }
-        let idlest = table.values_mut().filter(|c| !c.closing).min_by_key(|c| {
-            let recent = c.answered_at.is_some_and(|t| t.elapsed() < RECENT);
-            let share = shares.get(&c.source).copied().unwrap_or(0);
-            let asked = if c.busy { u64::MAX - c.requests } else { 0 };
-            (recent, std::cmp::Reverse(share), c.busy, asked, c.stage, c.active_at)
-        });
-        match idlest {
-            Some(c) => {
-                c.closing = true;
-                c.close.notify_one();
-                true
+        let mut order: Vec<_> = table
+            .iter()
+            .filter(|(_, c)| !c.closing)
+            .map(|(id, c)| {
+                let recent = c.answered_at.is_some_and(|t| now.saturating_duration_since(t) < RECENT);
+                let share = shares.get(&c.source).copied().unwrap_or(0);
+                let asked = if c.busy { u64::MAX - c.requests } else { 0 };
+                ((recent, std::cmp::Reverse(share), c.busy, asked, c.stage, c.active_at), *id)
+            })
+            .collect();
+        order.sort_unstable();
+        // In that order, the first connection past its grace is closed, unless one within its
+        // grace comes before it: that one is waited for (a connection that has done more, or
+        // asked and waits for its answer, is never closed for the sake of a newer one).
+        let mut wait: Option<Instant> = None;
+        for (_, id) in order {
+            let Some(c) = table.get_mut(&id) else { continue };
+            let grace_ends = c.accepted_at + GRACE;
+            if now < grace_ends {
+                wait = Some(wait.map_or(grace_ends, |w| w.min(grace_ends)));
+                continue;
             }
-            None => false,
+            if let Some(until) = wait {
+                return Room::WaitUntil(until);
+            }
+            c.closing = true;
+            c.close.notify_one();
+            return Room::Closed;
+        }
+        match wait {
+            Some(until) => Room::WaitUntil(until),
+            None => Room::None,
         }
     }
 
@@ -707,7 +753,7 @@ async fn accept_loop(
     let mut connections = JoinSet::new();
     let mut backoff = Backoff::new();
     let mut cap_log = CapLog { last: None, closed: 0 };
-    let signal = loop {
+    let signal = 'accepting: loop {
         // Finished connections leave their (empty) result behind until taken.
         while connections.try_join_next().is_some() {}
         let stream = tokio::select! {
@@ -728,25 +774,46 @@ async fn accept_loop(
         };
         let slot = match Arc::clone(&slots).try_acquire_owned() {
             Ok(slot) => slot,
-            Err(_) => {
-                // At the cap: the idlest connection makes room (it ends at its next poll).
-                if !context.bounds.close_idlest() {
-                    refuse(&stream);
-                    continue;
-                }
-                cap_log.closed(limits.max_connections);
-                let freed = tokio::time::timeout(Duration::from_secs(1), Arc::clone(&slots).acquire_owned());
-                tokio::select! {
-                    signal = &mut stopped => break signal,
-                    freed = freed => match freed {
-                        Ok(Ok(slot)) => slot,
-                        _ => {
-                            refuse(&stream);
-                            continue;
+            // At the cap: the idlest connection makes room (it ends at its next poll), or, while
+            // every one is within its grace, the new one waits for the first grace to end (the
+            // connections behind it wait in the listen backlog, in the order they came).
+            Err(_) => loop {
+                match context.bounds.close_idlest() {
+                    Room::WaitUntil(until) => {
+                        tokio::select! {
+                            signal = &mut stopped => break 'accepting signal,
+                            slot = Arc::clone(&slots).acquire_owned() => match slot {
+                                Ok(slot) => break slot,
+                                Err(_) => continue 'accepting,
+                            },
+                            () = tokio::time::sleep_until(until.into()) => continue,
                         }
-                    },
+                    }
+                    room => {
+                        // A connection told to close gives its slot back once its task runs,
+                        // which a loaded host may put off: it is waited for longer than slots
+                        // that may never come back.
+                        let wait = match room {
+                            Room::Closed => {
+                                cap_log.closed(limits.max_connections);
+                                Duration::from_secs(10)
+                            }
+                            _ => Duration::from_secs(1),
+                        };
+                        let freed = tokio::time::timeout(wait, Arc::clone(&slots).acquire_owned());
+                        tokio::select! {
+                            signal = &mut stopped => break 'accepting signal,
+                            freed = freed => match freed {
+                                Ok(Ok(slot)) => break slot,
+                                _ => {
+                                    refuse(&stream);
+                                    continue 'accepting;
+                                }
+                            },
+                        }
+                    }
                 }
-            }
+            },
         };
         let (context, stopping) = (Arc::clone(&context), stopping.clone());
         let peer = match &stream {
@@ -997,4 +1064,35 @@ async fn respond(
         }
     }
     Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cap_closes_no_connection_within_its_grace_and_then_the_one_that_did_least() {
+        let bounds = Bounds::new(Limits::default());
+        let ip: IpAddr = [127, 0, 0, 1].into();
+        let (scraper, _) = bounds.add(Some(ip));
+        let (silent, _) = bounds.add(Some(ip));
+        let (talking, _) = bounds.add(Some(ip));
+        bounds.with(scraper, |c| c.stage = Stage::Talking);
+        bounds.with(talking, |c| c.stage = Stage::Talking);
+        let accepted = bounds.table().values().map(|c| c.accepted_at).min().unwrap();
+        // Every one is within its grace: none is closed, and the first grace's end is said.
+        assert_eq!(bounds.close_idlest_at(accepted), Room::WaitUntil(accepted + GRACE));
+        assert!(bounds.table().values().all(|c| !c.closing));
+        // Past it: the silent one first, then the one mid-head that is older.
+        let later = accepted + GRACE * 2;
+        assert_eq!(bounds.close_idlest_at(later), Room::Closed);
+        assert!(bounds.table()[&silent].closing);
+        bounds.with(scraper, |c| c.answered_at = Some(later));
+        assert_eq!(bounds.close_idlest_at(later), Room::Closed);
+        assert!(bounds.table()[&talking].closing, "the scraper that was answered is kept");
+        // The scraper goes only when no other is left; then none is left to close.
+        assert_eq!(bounds.close_idlest_at(later), Room::Closed);
+        assert!(bounds.table()[&scraper].closing);
+        assert_eq!(bounds.close_idlest_at(later), Room::None);
+    }
 }
