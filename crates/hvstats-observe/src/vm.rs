@@ -149,13 +149,7 @@ impl ObservedVm {
         // What the VMM itself says (QMP), else what its command line gives it.
         let uuid = named.iter().find_map(|n| n.vm_uuid).or_else(|| procfs.vm_uuid(pid));
         let partition = publish(hv, pid, vmm, &name, vcpus.len(), uuid)?;
-        if let Some(at) = (procfs.root() == std::path::Path::new("/proc"))
-            .then(|| hvstats_host::task_stat::started_at(identity.start_time))
-            .flatten()
-        {
-            partition.set_vm_started(at);
-        }
-        partition.set_hyperv_enlightenments(procfs.hyperv_enlightenments(pid).unwrap_or(0));
+        describe(&partition, procfs, pid, identity.start_time);
         let mut me = Self {
             pid,
             identity,
@@ -526,6 +520,16 @@ fn publish(
         partition.set_uuid(uuid);
     }
     Ok(partition)
+}
+
+/// What the VMM's process says of its VM beside its counters: when it started (`start_time`, read
+/// from the host's own procfs only) and which Hyper-V enlightenments its command line gives.
+fn describe(partition: &PartitionStats, procfs: &Procfs, pid: i32, start_time: u64) {
+    let host = procfs.root() == std::path::Path::new("/proc");
+    if let Some(at) = host.then(|| hvstats_host::task_stat::started_at(start_time)).flatten() {
+        partition.set_vm_started(at);
+    }
+    partition.set_hyperv_enlightenments(procfs.hyperv_enlightenments(pid).unwrap_or(0));
 }
 
 impl Drop for ObservedVm {
