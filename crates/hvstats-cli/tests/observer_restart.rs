@@ -80,8 +80,10 @@ fn a_new_serve_after_a_sigkill_shows_the_vm_and_every_counter_continues_or_says_
 
     let started = Instant::now();
     let second = serve(&run, qemu.pid(), "127.0.0.1:0");
+    // Its sources attach one after another: wait for the port accesses and nine more series.
     let after = second.openmetrics_until(Duration::from_secs(60), |m| {
-        counting_since(m, &tag).is_some() && counter_series(m, &tag).contains_key(&format!("{io}}}"))
+        let series = counter_series(m, &tag);
+        counting_since(m, &tag).is_some() && series.contains_key(&format!("{io}}}")) && series.len() >= 10
     });
     eprintln!("the VM was back in the new serve's /metrics {:?} after it started", started.elapsed());
     let since_after = counting_since(&after, &tag).unwrap();
