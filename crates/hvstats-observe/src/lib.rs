@@ -32,6 +32,7 @@ pub mod cancel;
 pub mod claim;
 pub mod counting;
 pub mod discovery;
+pub mod event;
 pub mod exit_watch;
 pub mod filter;
 pub mod kvm_scan;
@@ -48,6 +49,7 @@ pub mod vm;
 
 pub use attach::{ObserveError, ObserveOptions};
 pub use discovery::{Procfs, Vmm};
-pub use observer::{Observer, ObserverEvent, Targets, raise_fd_limit};
+pub use event::ObserverEvent;
+pub use observer::{Observer, Targets, raise_fd_limit};
 pub use sources::KvmExitState;
 pub use vm::ObservedVm;

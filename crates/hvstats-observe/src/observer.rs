@@ -30,13 +30,13 @@ use super::attach::{ObserveError, ObserveOptions};
 use super::cancel::Cancel;
 use super::claim::{Claim, ClaimError};
 use super::discovery::{KvmFds, Procfs, is_shortage, read_error};
+use super::event::ObserverEvent;
 use super::filter::VmIdentity;
 use super::kvm_scan::KvmScan;
 use super::qmp::Qmp;
 use super::record::{Observed, Record, Stage};
-use super::sources::KvmExitState;
 use super::unix_sockets::UnixSockets;
-use super::vm::{Departure, ObservedVm, ThreadRefusal};
+use super::vm::{Departure, ObservedVm};
 use hvstats_host::error_chain::error_chain;
 
 /// Which processes are observed.
@@ -49,160 +49,6 @@ pub enum Targets {
     /// The QEMU serving this QMP socket, whichever process that is now: a QEMU restarted on
     /// the same socket is observed again.
     QmpSocket(PathBuf),
-}
-
-/// Something that happened in one [`Observer::tick`], for the attach/detach log.
-#[derive(Debug)]
-pub enum ObserverEvent {
-    /// A VM is now observed.
-    Attached {
-        /// The VMM process.
-        pid: i32,
-        /// The VM's name.
-        name: String,
-        /// The VMM.
-        vmm: &'static str,
-        /// Its vCPUs.
-        vcpus: u32,
-        /// The partition id it is published as.
-        partition: u64,
-        /// Perf descriptors held at attach (every thread; fewer once the vCPUs are known).
-        fds: usize,
-        /// Threads of the process counted at attach.
-        threads: usize,
-        /// Threads left out by the descriptor budget (counted should they turn out to run a vCPU).
-        left_out: usize,
-        /// The QMP socket used, when the VM has one.
-        qmp: Option<PathBuf>,
-        /// Why KVM's statistics through QMP are unavailable for now, when its session failed.
-        qmp_error: Option<String>,
-    },
-    /// A source's peer stopped answering: the counters it gives are unavailable until it is
-    /// back (it is retried).
-    SourceDown {
-        /// The VMM process.
-        pid: i32,
-        /// The VM's name.
-        name: String,
-        /// The source (`qmp`).
-        source: &'static str,
-        /// Why.
-        why: String,
-    },
-    /// A source's peer answers again (or for the first time since attach).
-    SourceUp {
-        /// The VMM process.
-        pid: i32,
-        /// The VM's name.
-        name: String,
-        /// The source (`qmp`).
-        source: &'static str,
-        /// How long it was down.
-        after: Duration,
-    },
-    /// A VM the filter (`--vm`, `--exclude-vm`) leaves out; said once per process.
-    Excluded {
-        /// The VMM process.
-        pid: i32,
-        /// The VM's name.
-        name: String,
-    },
-    /// The vCPU threads of a VM are all known; counters on other threads are closed.
-    VcpusKnown {
-        /// The VMM process.
-        pid: i32,
-        /// Thread of each VP.
-        threads: Vec<i32>,
-        /// Perf descriptors held now.
-        fds: usize,
-    },
-    /// Whether `kvm_exit` fires was decided for a VM.
-    KvmExit {
-        /// The VMM process.
-        pid: i32,
-        /// What was decided.
-        state: KvmExitState,
-    },
-    /// A VM is no longer observed: its process exited, `exec()`ed, or its pid names another
-    /// process now.
-    Detached {
-        /// The VMM process.
-        pid: i32,
-        /// The VM's name.
-        name: String,
-        /// Why.
-        why: Departure,
-    },
-    /// A VM just attached is named as, or like, a VM observed already (a lookalike differs only
-    /// by characters that show nothing or by confusable letters; see
-    /// [`hvstats::vm_name::looks_like`]).
-    NamedLike {
-        /// The VMM process of the VM just attached.
-        pid: i32,
-        /// Its name.
-        name: String,
-        /// The VMM process of the VM observed already.
-        other: i32,
-        /// That VM's name.
-        other_name: String,
-    },
-    /// A VM just attached has the UUID of a VM observed already.
-    DuplicateUuid {
-        /// The VMM process of the VM just attached.
-        pid: i32,
-        /// The UUID.
-        uuid: hvstats::vmm::VmUuid,
-        /// The VMM process of the VM observed already.
-        other: i32,
-    },
-    /// A source refused what the VMM offered it (a descriptor or a socket that is not what it
-    /// was listed as); said once, when the VM is attached. The counters come from the VM's other
-    /// sources.
-    SourceRefused {
-        /// The VMM process.
-        pid: i32,
-        /// The VM's name.
-        name: String,
-        /// The source (`stats-fd`, `qmp`).
-        source: &'static str,
-        /// What was refused, and why.
-        why: String,
-    },
-    /// A thread id a source named for one of a VM's vCPUs is not used (said once per thread).
-    ThreadRefused {
-        /// The VMM process.
-        pid: i32,
-        /// The VM's name.
-        name: String,
-        /// The thread, who named it and why it was refused.
-        refusal: ThreadRefusal,
-    },
-    /// A process cannot be attached or refreshed now for want of descriptors or memory of this
-    /// process; it is tried again at the next tick (said once until that changes).
-    Deferred {
-        /// The process.
-        pid: i32,
-        /// Why.
-        reason: String,
-    },
-    /// A process that may hold a VM is not observed because this process may not read it (its
-    /// `/proc/PID/fd`), or a VM's QMP socket is not seen from this process's mount namespace;
-    /// said once per process, with what would let it in. Counted as refused while it lasts.
-    Refused {
-        /// The process.
-        pid: i32,
-        /// Its VM's name (as its command line gives it).
-        name: String,
-        /// Why, and the fix.
-        why: String,
-    },
-    /// A process could not be observed.
-    Failed {
-        /// The process.
-        pid: i32,
-        /// Why.
-        error: String,
-    },
 }
 
 /// Observes VMs and publishes each as a partition of one instance.

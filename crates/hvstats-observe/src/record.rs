@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use super::discovery::ProcessIdentity;
-use super::observer::ObserverEvent;
+use super::event::ObserverEvent;
 use super::sources::{KvmExitState, PeerState};
 use super::vm::ObservedVm;
 
