@@ -553,7 +553,7 @@ pub fn cells<'a>(
             (_, Some(v)) if c.presentation == Presentation::State => Some(counter_json(c, v)),
             (None, Some(v)) => Some(json!(v)),
             // A counter no source maintains reads 0 on the page; it has no rate or average.
-            (Some(_), Some(_)) if !c.maintained.is_maintained() => None,
+            (Some(_), Some(_)) if !c.is_maintained_anywhere() => None,
             (Some(then), Some(after)) => then.get(c.name).and_then(|before| {
                 let paired = c.paired_count().and_then(|p| Some((then.get(p.name)?, now.get(p.name)?)));
                 present::over_interval(c, before, after, seconds, paired).map(|p| json!(p.value))
