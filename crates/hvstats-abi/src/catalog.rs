@@ -723,6 +723,24 @@ impl Counter {
             && matches!(self.maintained, Maintained::By(Source::Authority, _))
     }
 
+    /// True when some source maintains the counter: for our own partitions (`maintained`) or
+    /// for observed VMs ([`observed`]). Surfaces export and show exactly these; a partition
+    /// whose sources do not give one declares it unavailable, so it reads as absent there.
+    ///
+    /// ```
+    /// use hvstats_abi::catalog::vp;
+    ///
+    /// // Our own partitions count no synthetic interrupts; observed VMs' come from kvm_hv.
+    /// let synic = vp::SYNTHETIC_INTERRUPTS.counter().unwrap();
+    /// assert!(!synic.maintained.is_maintained());
+    /// assert!(synic.is_maintained_anywhere());
+    /// assert!(vp::CPUID_INSTRUCTIONS.counter().unwrap().is_maintained_anywhere());
+    /// assert!(!vp::EMULATED_INSTRUCTIONS_COST.counter().unwrap().is_maintained_anywhere());
+    /// ```
+    pub const fn is_maintained_anywhere(&self) -> bool {
+        self.maintained.is_maintained() || matches!(observed(self), Some(Maintained::By(..)))
+    }
+
     /// True for the time a VP spent halted: the seed's "HLT instructions cost", which KVM's
     /// statistics (`halt_wait_ns` and the halt poll times) fill with the time the vCPU was
     /// halted, waiting or polling for a wake-up, rather than time spent handling HLTs. Readers

@@ -981,6 +981,46 @@ mod tests {
         assert!(text.ends_with("# EOF\n"));
     }
 
+    #[test]
+    fn an_observed_vms_synthetic_interrupts_and_flushes_are_series_and_our_own_partitions_have_none() {
+        use hvstats_abi::catalog::vp;
+        // Partition 1 is an observed Windows guest whose kvm_hv sources give its synthetic
+        // interrupts and flushes; partition 2 is one of ours, whose page declares every counter
+        // the catalog does not maintain for it unavailable, so its reading leaves them out.
+        let mut instance = synthetic_instance(2, 1);
+        instance.partitions[0].name = "windows".into();
+        instance.partitions[1].name = "ours".into();
+        let observed = &mut instance.partitions[0].vps[0].reading;
+        with(observed, vp::SYNTHETIC_INTERRUPTS, 4_321);
+        with(observed, vp::LOCAL_FLUSHED_GVA_RANGES, 96);
+        with(observed, vp::ADDRESS_SPACE_FLUSHES, 17);
+        let ObjectReading::Counters(own) = &mut instance.partitions[1].vps[0].reading else { panic!() };
+        own.retain(|(c, _)| c.maintained.is_maintained());
+        let reading = crate::live::Reading::of(vec![instance]);
+        let text = Exposition::new(reading, 4).collect(Selection::all()).encode().unwrap();
+        assert_eq!(
+            lines_of(&text, "hvstats_vp_synthetic_interrupts_total{"),
+            ["hvstats_vp_synthetic_interrupts_total{vm=\"windows\",vp=\"0\"} 4321"],
+            "{text}"
+        );
+        assert_eq!(
+            lines_of(&text, "hvstats_vp_local_flushed_gva_ranges_total{"),
+            ["hvstats_vp_local_flushed_gva_ranges_total{vm=\"windows\",vp=\"0\"} 96"]
+        );
+        assert_eq!(
+            lines_of(&text, "hvstats_vp_address_space_flushes_total{"),
+            ["hvstats_vp_address_space_flushes_total{vm=\"windows\",vp=\"0\"} 17"]
+        );
+        // Our own partition still has its maintained counters, and none of the others.
+        assert_eq!(lines_of(&text, "hvstats_vp_hypercalls_total{vm=\"ours\"").len(), 1, "{text}");
+        for family in crate::metrics::families() {
+            if family.members.iter().all(|m| !m.counter.maintained.is_maintained()) {
+                let series = format!("{}{{vm=\"ours\"", family.exposed_name());
+                assert!(!text.contains(&series), "{series} for our own partition:\n{text}");
+            }
+        }
+    }
+
     /// `reading` with `counter` set to `value`.
     fn with(reading: &mut ObjectReading, counter: hvstats_abi::CounterId, value: u64) {
         let ObjectReading::Counters(values) = reading else { panic!("not read") };

@@ -301,7 +301,7 @@ fn family_of(counter: &'static Counter) -> Family {
 /// order of their first member.
 fn labelled_families(kind: ObjectKind) -> Vec<Family> {
     let mut out: Vec<Family> = Vec::new();
-    for counter in CATALOG.iter().filter(|c| c.id.kind == kind && c.maintained.is_maintained()) {
+    for counter in CATALOG.iter().filter(|c| c.id.kind == kind && c.is_maintained_anywhere()) {
         let Some((name, help, label, value)) = labelled(counter) else { continue };
         let member = Member { counter, label: Some((label, value)), multiplier: 1, divisor: 1 };
         match out.iter_mut().find(|f| f.name == name) {
@@ -323,7 +323,7 @@ fn intercept_families() -> [Family; 2] {
     let member = |id: CounterId, label, divisor| {
         let counter = id.counter()?;
         let member = Member { counter, label: Some(("intercept", label)), multiplier: 1, divisor };
-        counter.maintained.is_maintained().then_some(member)
+        counter.is_maintained_anywhere().then_some(member)
     };
     [
         Family {
@@ -355,7 +355,7 @@ fn intercept_families() -> [Family; 2] {
 
 /// Every family, in catalog order, the two intercept families first among the VP's.
 ///
-/// Counters not maintained on KVM are left out; so are the intercept classes' own counters, which
+/// Counters no source maintains (for our own partitions or for observed VMs) are left out; so are the intercept classes' own counters, which
 /// live in the intercept families.
 pub fn families() -> &'static [Family] {
     static FAMILIES: OnceLock<Vec<Family>> = OnceLock::new();
@@ -370,7 +370,7 @@ pub fn families() -> &'static [Family] {
                     .iter()
                     .filter(|c| {
                         c.id.kind == kind
-                            && c.maintained.is_maintained()
+                            && c.is_maintained_anywhere()
                             && !c.is_bookkeeping()
                             && !is_intercept_member(c.id)
                             && labelled(c).is_none()
@@ -392,7 +392,7 @@ pub(crate) fn histogram_families() -> &'static [Family] {
     FAMILIES.get_or_init(|| {
         CATALOG
             .iter()
-            .filter(|c| c.maintained.is_maintained() && c.presentation == Presentation::Histogram)
+            .filter(|c| c.is_maintained_anywhere() && c.presentation == Presentation::Histogram)
             .map(|c| {
                 let mut family = family_of(c);
                 let word = snake_name(c.name);
@@ -455,13 +455,29 @@ mod tests {
 
     #[test]
     fn unmaintained_counters_are_absent() {
-        for c in CATALOG.iter().filter(|c| !c.maintained.is_maintained()) {
+        for c in CATALOG.iter().filter(|c| !c.is_maintained_anywhere()) {
             assert!(family_of_counter(c.id).is_none(), "{} is exported", c.name);
         }
         // Emulated instructions are counted, their time is not: a count member, no time member.
         let (f, m) = family_of_counter(vp::EMULATED_INSTRUCTIONS).unwrap();
         assert_eq!((f.name.as_str(), m.label), ("vp_intercepts", Some(("intercept", "emulated"))));
         assert!(family_of_counter(vp::EMULATED_INSTRUCTIONS_COST).is_none());
+        // What only observed VMs have a source for is exported: KVM's kvm_hv tracepoints count
+        // a Windows guest's synthetic interrupts and flushes; our own partitions declare them
+        // unavailable, so they have no series.
+        let name = |id| family_of_counter(id).map(|(f, _)| f.exposed_name());
+        assert_eq!(name(vp::SYNTHETIC_INTERRUPTS).as_deref(), Some("hvstats_vp_synthetic_interrupts_total"));
+        for id in [
+            vp::SYNTHETIC_INTERRUPTS,
+            vp::ADDRESS_SPACE_FLUSHES,
+            vp::ADDRESS_DOMAIN_FLUSHES,
+            vp::LOCAL_FLUSHED_GVA_RANGES,
+            vp::GLOBAL_GVA_RANGE_FLUSHES,
+        ] {
+            let c = id.counter().unwrap();
+            assert!(!c.maintained.is_maintained(), "{} is maintained for our own partitions", c.name);
+            assert!(name(id).is_some(), "{} is not exported", c.name);
+        }
     }
 
     #[test]
@@ -470,9 +486,7 @@ mod tests {
         let maintained: Vec<_> = CATALOG
             .iter()
             .filter(|c| {
-                family_of_counter(c.id).is_some()
-                    && c.presentation != Presentation::Histogram
-                    && !c.is_bookkeeping()
+                c.is_maintained_anywhere() && c.presentation != Presentation::Histogram && !c.is_bookkeeping()
             })
             .collect();
         let members: usize = families().iter().map(|f| f.members.len()).sum();

@@ -156,7 +156,7 @@ impl Column {
     /// it, or [`over_interval`] has nothing (a cost without events, a counter that went back).
     pub fn value(&self, before: &ObjectReading, after: &ObjectReading, seconds: f64) -> Option<f64> {
         let counter = self.counter();
-        if !counter.maintained.is_maintained() {
+        if !counter.is_maintained_anywhere() {
             return None;
         }
         let paired = match counter.paired_count() {

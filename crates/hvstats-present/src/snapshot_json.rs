@@ -553,7 +553,7 @@ pub fn cells<'a>(
             (_, Some(v)) if c.presentation == Presentation::State => Some(counter_json(c, v)),
             (None, Some(v)) => Some(json!(v)),
             // A counter no source maintains reads 0 on the page; it has no rate or average.
-            (Some(_), Some(_)) if !c.maintained.is_maintained() => None,
+            (Some(_), Some(_)) if !c.is_maintained_anywhere() => None,
             (Some(then), Some(after)) => then.get(c.name).and_then(|before| {
                 let paired = c.paired_count().and_then(|p| Some((then.get(p.name)?, now.get(p.name)?)));
                 present::over_interval(c, before, after, seconds, paired).map(|p| json!(p.value))
@@ -655,5 +655,41 @@ mod tests {
         assert_eq!(first["vps"][1]["histograms"][io.name]["sum_ns"], 1500, "{first}");
         assert_eq!(parsed["instances"][0]["partitions"][2]["state"], "stopped");
         assert_eq!(parsed["instances"][0]["partitions"][0]["vps"][1]["unmapped"]["Weird count"], 7);
+    }
+
+    #[test]
+    fn an_interval_shows_an_observed_vms_synthetic_interrupts_and_null_for_our_own_partition() {
+        use crate::json_keys::{Held, key};
+        // Partition 1 is an observed guest whose kvm_hv sources count synthetic interrupts and
+        // flushes; partition 2 is ours, whose page declares what the catalog does not maintain
+        // for it unavailable (its reading leaves those out).
+        let mut before = hvstats_testkit::synthetic_instance(2, 1);
+        let ObjectReading::Counters(own) = &mut before.partitions[1].vps[0].reading else { panic!() };
+        own.retain(|(c, _)| c.maintained.is_maintained());
+        let mut after = before.clone();
+        let ObjectReading::Counters(observed) = &mut after.partitions[0].vps[0].reading else { panic!() };
+        for (c, v) in observed.iter_mut() {
+            match c.id {
+                id if id == vp::SYNTHETIC_INTERRUPTS => *v += 500,
+                id if id == vp::LOCAL_FLUSHED_GVA_RANGES => *v += 30,
+                _ => {}
+            }
+        }
+        let earlier = || Some(Earlier { snapshot: &before, seconds: 2.0 });
+        let synic = key(vp::SYNTHETIC_INTERRUPTS.counter().unwrap(), Held::Presented);
+        let ranges = key(vp::LOCAL_FLUSHED_GVA_RANGES.counter().unwrap(), Held::Presented);
+        let windows = partition_json(&after.partitions[0], earlier(), &after);
+        assert_eq!(windows["vps"][0]["interval"][&synic], 250.0, "{windows}");
+        assert_eq!(windows["vps"][0]["interval"][&ranges], 15.0, "{windows}");
+        let ours = partition_json(&after.partitions[1], earlier(), &after);
+        let interval = &ours["vps"][0]["interval"];
+        assert_eq!(interval[&synic], Value::Null, "{ours}");
+        assert_eq!(interval[&ranges], Value::Null, "{ours}");
+        assert_eq!(
+            ours["vps"][0]["counters"][key(vp::SYNTHETIC_INTERRUPTS.counter().unwrap(), Held::Total)],
+            Value::Null
+        );
+        // Our own partition's maintained counters are there all the same (unchanged: 0 per s).
+        assert_eq!(interval[key(vp::HYPERCALLS.counter().unwrap(), Held::Presented)], 0.0, "{ours}");
     }
 }

@@ -223,9 +223,11 @@ impl PartitionStats {
 
     /// Declares counters of this partition and of its VPs that no source gives (an observed VM's
     /// hypercall counts, say): readers report them as unknown (`None`, JSON null), never as 0.
-    /// Replaces any earlier declaration; ids of other object kinds are ignored.
+    /// Replaces any earlier declaration; ids of other object kinds are ignored. A partition this
+    /// process runs keeps the catalog's unmaintained rows declared besides `counters`.
     pub fn set_unavailable(&self, counters: &[CounterId]) {
-        self.write_entry(|w| write_unavailable(w, counters));
+        let own = self.own.then(own_unmaintained).unwrap_or_default();
+        self.write_entry(|w| write_unavailable(w, &[counters, &own].concat()));
     }
 
     fn write_entry(&self, f: impl FnOnce(&mut [u64; index::ENTRY_WORDS])) {
@@ -601,7 +603,10 @@ impl Hypervisor {
                         if let Some(text) = text {
                             w[ew::NAME..ew::NAME + 8].copy_from_slice(&text);
                         }
-                        write_unavailable(w, unavailable);
+                        match own {
+                            true => write_unavailable(w, &[unavailable, &own_unmaintained()].concat()),
+                            false => write_unavailable(w, unavailable),
+                        }
                     });
                 }
                 Ok::<_, io::Error>(page)
@@ -743,6 +748,20 @@ fn write_global_unavailable(
         }
     }
     w[ew::UNAVAILABLE_PARTITION..ew::UNAVAILABLE_PARTITION + 4].copy_from_slice(&bitmap);
+}
+
+/// The partition and VP rows the catalog says no source maintains for a partition this process
+/// runs (synthetic interrupts, the flush counters, …): declared unavailable from its creation on,
+/// so that readers show them absent, never as a 0 nothing measured (observed VMs, which have
+/// sources for some of them, declare their own).
+fn own_unmaintained() -> Vec<CounterId> {
+    hvstats_abi::CATALOG
+        .iter()
+        .filter(|c| {
+            matches!(c.id.kind, ObjectKind::Partition | ObjectKind::Vp) && !c.maintained.is_maintained()
+        })
+        .map(|c| c.id)
+        .collect()
 }
 
 fn write_unavailable(w: &mut [u64; index::ENTRY_WORDS], counters: &[CounterId]) {

@@ -512,6 +512,15 @@ fn our_partitions_keep_their_run_state_and_observed_ones_say_theirs() {
     let snap = read();
     let of = |id: u64| snap.partitions.iter().find(|p| p.id == id).unwrap().reading.clone();
     assert_eq!(of(own.id()).get("VM state"), Some(VmState::Running.code()));
+    // What the catalog maintains for no partition of ours stays declared through a later
+    // declaration: absent, never a 0; what it maintains is there.
+    let vp0 = |id: u64| snap.partitions.iter().find(|p| p.id == id).unwrap().vps[0].reading.clone();
+    assert_eq!(vp0(own.id()).get("Synthetic interrupts/sec"), None);
+    assert_eq!(vp0(own.id()).get("Local flushed GVA ranges/sec"), None);
+    assert_eq!(vp0(own.id()).get("Hypercalls/sec"), None);
+    assert_eq!(vp0(own.id()).get("CPUID instructions/sec"), Some(0));
+    // A partition published for another VMM declares its own.
+    assert_eq!(vp0(other.id()).get("Synthetic interrupts/sec"), Some(0));
     // A partition published for another VMM is what its publisher writes and declares.
     assert_eq!(of(other.id()).get("VM state"), Some(VmState::Unknown.code()));
     own.stop("done");

@@ -177,7 +177,7 @@ fn row(label: String, vp: Option<u32>, before: &ObjectReading, after: &ObjectRea
     let deltas = match after {
         ObjectReading::Counters(values) => values
             .iter()
-            .filter(|(c, _)| c.maintained.is_maintained())
+            .filter(|(c, _)| c.is_maintained_anywhere())
             .filter_map(|(c, v)| Some((c.name, v.checked_sub(before.get(c.name)?)?)))
             .collect(),
         ObjectReading::Unreadable { .. } => Vec::new(),
