@@ -69,7 +69,8 @@ fn serve_as_the_unit(default_file: &str, port: u16, runtime: &Path) -> KilledOnD
             w => args.push(w.to_owned()),
         }
     }
-    let args: Vec<String> = args.iter().map(|a| a.replace("9966", &port.to_string())).collect();
+    // The port only: a path of the test's (with its pid in it) may hold the digits too.
+    let args: Vec<String> = args.iter().map(|a| a.replace(":9966", &format!(":{port}"))).collect();
     let child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
         .args(&args)
         .arg("--runtime-dir")
