@@ -19,6 +19,10 @@
 // Test set-up: a failed step is the test's failure, reported by the panic.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod replay;
+
+use replay::{KVM_ENTRY, KVM_EXIT, RecordFormat, gettid, host_format};
+
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -31,30 +35,12 @@ use hvstats_abi::exit_reason::{
 };
 use hvstats_abi::source::{Source, Tracepoint};
 use hvstats_abi::{CounterId, ObjectKind};
-use hvstats_host::bpf::filter::{self, Fields, Pred};
+use hvstats_host::bpf::filter::{self, Pred};
 use hvstats_host::bpf::{Context, Slot, Tally, TallyError, ThreadTable};
 use hvstats_host::counting::{EventSpec, tally_columns, tally_layout};
 use hvstats_observe::sources::event_writer::{KvmExitState, ThreadReading, tracepoint_event};
 use hvstats_observe::sources::events::{WRITERS, vm_events};
 use hvstats_observe::sources::exit_classes::class_filter;
-
-/// `kvm:kvm_exit` as Linux prints its format (6.18, with `requests`; the `print fmt` line is left
-/// out: nothing reads it).
-const KVM_EXIT: &str = "name: kvm_exit\nID: 103\nformat:\n\
-\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\
-\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;\n\
-\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;\n\
-\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\
-\n\
-\tfield:unsigned int exit_reason;\toffset:8;\tsize:4;\tsigned:0;\n\
-\tfield:unsigned long guest_rip;\toffset:16;\tsize:8;\tsigned:0;\n\
-\tfield:u32 isa;\toffset:24;\tsize:4;\tsigned:0;\n\
-\tfield:u64 info1;\toffset:32;\tsize:8;\tsigned:0;\n\
-\tfield:u64 info2;\toffset:40;\tsize:8;\tsigned:0;\n\
-\tfield:u32 intr_info;\toffset:48;\tsize:4;\tsigned:0;\n\
-\tfield:u32 error_code;\toffset:52;\tsize:4;\tsigned:0;\n\
-\tfield:unsigned int vcpu_id;\toffset:56;\tsize:4;\tsigned:0;\n\
-\tfield:u64 requests;\toffset:64;\tsize:8;\tsigned:0;\n\n";
 
 /// The same before `TRACE_EVENT_KVM_EXIT` gained `requests`.
 const KVM_EXIT_BEFORE_REQUESTS: &str = "name: kvm_exit\nID: 97\nformat:\n\
@@ -72,19 +58,6 @@ const KVM_EXIT_BEFORE_REQUESTS: &str = "name: kvm_exit\nID: 97\nformat:\n\
 \tfield:u32 error_code;\toffset:52;\tsize:4;\tsigned:0;\n\
 \tfield:unsigned int vcpu_id;\toffset:56;\tsize:4;\tsigned:0;\n\n";
 
-/// `kvm:kvm_entry` (6.18).
-const KVM_ENTRY: &str = "name: kvm_entry\nID: 115\nformat:\n\
-\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\
-\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;\n\
-\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;\n\
-\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\
-\n\
-\tfield:unsigned int vcpu_id;\toffset:8;\tsize:4;\tsigned:0;\n\
-\tfield:unsigned long rip;\toffset:16;\tsize:8;\tsigned:0;\n\
-\tfield:bool immediate_exit;\toffset:24;\tsize:1;\tsigned:0;\n\
-\tfield:u32 intr_info;\toffset:28;\tsize:4;\tsigned:0;\n\
-\tfield:u32 error_code;\toffset:32;\tsize:4;\tsigned:0;\n\n";
-
 /// `kvm:kvm_avic_unaccelerated_access` (6.18).
 const KVM_AVIC_UNACCELERATED_ACCESS: &str = "name: kvm_avic_unaccelerated_access\nID: 60\nformat:\n\
 \tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\
@@ -98,10 +71,6 @@ const KVM_AVIC_UNACCELERATED_ACCESS: &str = "name: kvm_avic_unaccelerated_access
 \tfield:bool rw;\toffset:17;\tsize:1;\tsigned:0;\n\
 \tfield:u32 vec;\toffset:20;\tsize:4;\tsigned:0;\n\n";
 
-fn host_format(name: &str) -> Option<String> {
-    std::fs::read_to_string(Path::new("/sys/kernel/tracing/events/kvm").join(name).join("format")).ok()
-}
-
 /// The `kvm_exit` formats records are built from: this host's, and the kernel's two layouts.
 fn exit_formats() -> Vec<(&'static str, String)> {
     let mut formats =
@@ -112,44 +81,7 @@ fn exit_formats() -> Vec<(&'static str, String)> {
     formats
 }
 
-fn gettid() -> i32 {
-    // SAFETY: gettid has no arguments and no memory effects.
-    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
-}
-
-/// A record of a tracepoint, laid out as its format says.
-struct RecordFormat {
-    id: u64,
-    fields: Fields,
-    size: usize,
-}
-
 impl RecordFormat {
-    fn parse(text: &str) -> Self {
-        let id =
-            text.lines().find_map(|l| l.strip_prefix("ID: ")).and_then(|v| v.trim().parse().ok()).unwrap();
-        let fields = filter::parse_format(text);
-        let end = fields.values().map(|f| usize::from(f.offset) + usize::from(f.size)).max().unwrap();
-        Self { id, fields, size: end.div_ceil(8) * 8 }
-    }
-
-    /// The record with `values` (every other field 0), as the kernel writes it for a firing on
-    /// thread `tid`.
-    fn record(&self, tid: i32, values: &[(&str, u64)]) -> Vec<u8> {
-        let mut r = vec![0u8; self.size];
-        let mut put = |name: &str, v: u64| {
-            let f = self.fields[name];
-            let at = usize::from(f.offset);
-            r[at..at + usize::from(f.size)].copy_from_slice(&v.to_le_bytes()[..usize::from(f.size)]);
-        };
-        put("common_type", self.id);
-        put("common_pid", tid as u32 as u64);
-        for &(name, v) in values {
-            put(name, v);
-        }
-        r
-    }
-
     /// A `kvm_exit` record of `isa` with `fields`, and the other fields a real one carries.
     fn exit(&self, tid: i32, isa: u32, e: &ExitFields) -> Vec<u8> {
         let mut values = vec![

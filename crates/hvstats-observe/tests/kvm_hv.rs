@@ -17,15 +17,18 @@
 // Test set-up: a failed step is the test's failure, reported by the panic.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod replay;
+
+use replay::{KVM_ENTRY, KVM_EXIT, RecordFormat, gettid, host_format};
+
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use hvstats::SharedPage;
 use hvstats_abi::catalog::{self, vp};
 use hvstats_abi::counter_set::CounterSet;
 use hvstats_abi::exit_reason::{ISA_VMX, InterceptClass};
 use hvstats_abi::{CounterId, ObjectKind};
-use hvstats_host::bpf::filter::{self, Fields};
+use hvstats_host::bpf::filter;
 use hvstats_host::bpf::{Context, Slot, Tally, TallyError, ThreadTable};
 use hvstats_host::counting::{EventSpec, tally_columns, tally_layout};
 use hvstats_observe::sources::event_writer::{EventWriter, KvmExitState, ThreadReading};
@@ -119,40 +122,6 @@ fn release_format(release: &str, name: &str) -> Option<String> {
     Some(format_text(name, id, &fields))
 }
 
-/// `kvm:kvm_exit` (6.18), for the VMX list, whose spans share the programs.
-const KVM_EXIT: &str = "name: kvm_exit\nID: 103\nformat:\n\
-\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\
-\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;\n\
-\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;\n\
-\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\
-\n\
-\tfield:unsigned int exit_reason;\toffset:8;\tsize:4;\tsigned:0;\n\
-\tfield:unsigned long guest_rip;\toffset:16;\tsize:8;\tsigned:0;\n\
-\tfield:u32 isa;\toffset:24;\tsize:4;\tsigned:0;\n\
-\tfield:u64 info1;\toffset:32;\tsize:8;\tsigned:0;\n\
-\tfield:u64 info2;\toffset:40;\tsize:8;\tsigned:0;\n\
-\tfield:u32 intr_info;\toffset:48;\tsize:4;\tsigned:0;\n\
-\tfield:u32 error_code;\toffset:52;\tsize:4;\tsigned:0;\n\
-\tfield:unsigned int vcpu_id;\toffset:56;\tsize:4;\tsigned:0;\n\
-\tfield:u64 requests;\toffset:64;\tsize:8;\tsigned:0;\n\n";
-
-/// `kvm:kvm_entry` (6.18).
-const KVM_ENTRY: &str = "name: kvm_entry\nID: 115\nformat:\n\
-\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\
-\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;\n\
-\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;\n\
-\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\
-\n\
-\tfield:unsigned int vcpu_id;\toffset:8;\tsize:4;\tsigned:0;\n\
-\tfield:unsigned long rip;\toffset:16;\tsize:8;\tsigned:0;\n\
-\tfield:bool immediate_exit;\toffset:24;\tsize:1;\tsigned:0;\n\
-\tfield:u32 intr_info;\toffset:28;\tsize:4;\tsigned:0;\n\
-\tfield:u32 error_code;\toffset:32;\tsize:4;\tsigned:0;\n\n";
-
-fn host_format(name: &str) -> Option<String> {
-    std::fs::read_to_string(Path::new("/sys/kernel/tracing/events/kvm").join(name).join("format")).ok()
-}
-
 /// The format files of one kernel, by tracepoint.
 type Formats = Box<dyn Fn(&str) -> Option<String>>;
 
@@ -172,45 +141,6 @@ fn formats() -> Vec<(String, Formats)> {
         ));
     }
     out
-}
-
-fn gettid() -> i32 {
-    // SAFETY: gettid has no arguments and no memory effects.
-    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
-}
-
-/// A record of a tracepoint, laid out as its format says.
-struct RecordFormat {
-    id: u64,
-    fields: Fields,
-    size: usize,
-}
-
-impl RecordFormat {
-    fn parse(text: &str) -> Self {
-        let id =
-            text.lines().find_map(|l| l.strip_prefix("ID: ")).and_then(|v| v.trim().parse().ok()).unwrap();
-        let fields = filter::parse_format(text);
-        let end = fields.values().map(|f| usize::from(f.offset) + usize::from(f.size)).max().unwrap();
-        Self { id, fields, size: end.div_ceil(8) * 8 }
-    }
-
-    /// The record with `values` (every other field 0) for a firing on thread `tid`; a value of a
-    /// field the release does not have is left out (as the kernel has nowhere to write it).
-    fn record(&self, tid: i32, values: &[(&str, u64)]) -> Vec<u8> {
-        let mut r = vec![0u8; self.size];
-        let mut put = |name: &str, v: u64| {
-            let Some(f) = self.fields.get(name) else { return };
-            let at = usize::from(f.offset);
-            r[at..at + usize::from(f.size)].copy_from_slice(&v.to_le_bytes()[..usize::from(f.size)]);
-        };
-        put("common_type", self.id);
-        put("common_pid", tid as u32 as u64);
-        for &(name, v) in values {
-            put(name, v);
-        }
-        r
-    }
 }
 
 /// What a guest does, as the records KVM writes for it on the vCPU thread.
@@ -296,7 +226,7 @@ impl Rehearsal {
             return;
         };
         let record = match context {
-            Context::Record => self.formats[name].record(gettid(), values),
+            Context::Record => self.formats[name].record_present(gettid(), values),
             Context::Arguments => Vec::new(),
         };
         assert_eq!(self.tally.fire("kvm", name, &record).unwrap(), 1, "{name}: the firing goes on");
@@ -622,7 +552,7 @@ fn kvm_hv_records_through_the_perf_counters_filters_count_all_but_the_flushes() 
         let mut counts: Vec<Option<u64>> =
             specs.iter().map(|s| if s.in_kernel_only() { None } else { Some(0) }).collect();
         let mut fire = |name: &str, values: &[(&str, u64)]| {
-            let record = formats[name].record(gettid(), values);
+            let record = formats[name].record_present(gettid(), values);
             for (i, spec) in specs.iter().enumerate() {
                 if let EventSpec::Tracepoint { name: n, filter, .. } = spec
                     && n == name
