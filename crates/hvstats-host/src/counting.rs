@@ -12,7 +12,7 @@
 //! Software events (task clock, migrations) are always perf counters. [`ThreadEvents`] is one
 //! thread's counters of a list.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::bpf::{
@@ -159,6 +159,41 @@ pub struct EventList {
 /// observed) share one, so a firing runs one program per tracepoint whatever the number of VMs.
 static TALLIES: Mutex<Vec<(Vec<EventSpec>, Weak<Tally>)>> = Mutex::new(Vec::new());
 
+/// Where this process keeps its in-kernel counts beyond itself, if it does
+/// ([`keep_counts_in`]), and what adopting or dropping kept counts found, not said yet.
+static KEPT: Mutex<(Option<PathBuf>, Vec<String>)> = Mutex::new((None, Vec::new()));
+
+/// Keeps the in-kernel counts of this process's tallies made from now on in bpffs, for the
+/// runtime directory `runtime`, so that they outlive this process: a later process keeping its
+/// counts for the same runtime directory adopts them ([`crate::bpf::keep`]). Returns the
+/// directory. An observer calls it once at start, and [`leave_kept_counts`] when it ends.
+///
+/// # Errors
+/// When bpffs cannot be mounted or its directory is not this user's alone.
+pub fn keep_counts_in(runtime: &Path) -> std::io::Result<PathBuf> {
+    let dir = crate::bpf::keep::identity_dir(runtime)?;
+    KEPT.lock().unwrap_or_else(|e| e.into_inner()).0 = Some(dir.clone());
+    Ok(dir)
+}
+
+/// Leaves the kept counts of this process counting for the next one: called by a process that
+/// is ending while the threads it counts go on.
+pub fn leave_kept_counts() {
+    crate::bpf::keep::leave();
+}
+
+/// What adopting or dropping kept counts found since the last call, to be said once.
+pub fn kept_notes() -> Vec<String> {
+    std::mem::take(&mut KEPT.lock().unwrap_or_else(|e| e.into_inner()).1)
+}
+
+/// Drops the adopted rows of threads gone in every live tally (kept counts of VMs that ended
+/// before anyone claimed them); returns how many.
+pub fn drop_gone_kept() -> usize {
+    let tallies = TALLIES.lock().unwrap_or_else(|e| e.into_inner());
+    tallies.iter().filter_map(|(_, t)| t.upgrade()).map(|t| t.drop_gone()).sum()
+}
+
 fn shared_tally(root: &Path, specs: &[EventSpec]) -> Result<Arc<Tally>, InKernelError> {
     let mut tallies = TALLIES.lock().unwrap_or_else(|e| e.into_inner());
     tallies.retain(|(_, t)| t.strong_count() > 0);
@@ -169,8 +204,25 @@ fn shared_tally(root: &Path, specs: &[EventSpec]) -> Result<Arc<Tally>, InKernel
     if layout.counted.is_empty() && layout.spans.is_empty() && layout.carried.is_empty() {
         return Err(InKernelError::NoTracepoint);
     }
-    let tally = Tally::of_layout(root, &layout, ThreadTable::for_host())
-        .map_err(|e| InKernelError::Tally(Arc::new(e)))?;
+    let keep_in = KEPT.lock().unwrap_or_else(|e| e.into_inner()).0.clone();
+    let tally = match keep_in {
+        Some(identity) => {
+            let (tally, adoption) = Tally::kept(root, &layout, ThreadTable::for_host(), &identity)
+                .map_err(|e| InKernelError::Tally(Arc::new(e)))?;
+            let mut kept = KEPT.lock().unwrap_or_else(|e| e.into_inner());
+            if adoption.adopted > 0 {
+                kept.1.push(format!(
+                    "adopted the in-kernel counts of {} thread(s) kept in {} while no observer ran",
+                    adoption.adopted,
+                    identity.display()
+                ));
+            }
+            kept.1.extend(adoption.notes);
+            tally
+        }
+        None => Tally::of_layout(root, &layout, ThreadTable::for_host())
+            .map_err(|e| InKernelError::Tally(Arc::new(e)))?,
+    };
     let tally = Arc::new(tally);
     tallies.push((specs.to_vec(), Arc::downgrade(&tally)));
     Ok(tally)
@@ -299,10 +351,14 @@ impl EventList {
                     })
                     .filter_map(|(i, _)| self.column_refusal(t, i))
                     .collect();
+                let kept = t.kept_in().map(|d| format!(", kept in {}", d.display())).unwrap_or_default();
                 if refused.is_empty() {
-                    "in-kernel (one eBPF program per tracepoint)".into()
+                    format!("in-kernel (one eBPF program per tracepoint{kept})")
                 } else {
-                    format!("in-kernel (one eBPF program per tracepoint), except: {}", refused.join("; "))
+                    format!(
+                        "in-kernel (one eBPF program per tracepoint{kept}), except: {}",
+                        refused.join("; ")
+                    )
                 }
             }
         }
@@ -387,6 +443,10 @@ impl ThreadEvents {
     /// [`refused`](Self::refused) why).
     pub fn open(pid: i32, tid: i32, events: &EventList) -> Self {
         let slot = events.tally.as_ref().ok().filter(|_| events.method() == Method::InKernel).and_then(|t| {
+            // A row kept by an earlier observer for this very thread: its whole count is ours.
+            if let Some(slot) = t.claim(pid, tid) {
+                return Some((Arc::clone(t), slot, tid, Vec::new()));
+            }
             // A full tally (or a failed map write): this thread's tracepoints are perf counters.
             let slot = t.add_thread(pid, tid).ok()?;
             match t.read(slot) {
@@ -422,6 +482,12 @@ impl ThreadEvents {
         me
     }
 
+    /// Since when its in-kernel counts count (µs since the epoch), when they are kept beyond
+    /// this process (an adopted row: since an earlier observer began counting the thread).
+    pub fn kept_since(&self) -> Option<u64> {
+        self.slot.as_ref().and_then(|(tally, slot, _, _)| tally.kept_since(*slot))
+    }
+
     /// Perf descriptors it holds.
     pub fn fds(&self) -> usize {
         self.group.fds()
@@ -448,9 +514,10 @@ impl ThreadEvents {
         {
             for (i, last) in self.last.iter_mut().enumerate() {
                 if let Some(&Some(column)) = events.columns.get(i)
-                    && let (Some(now), Some(then)) = (self.row.get(column), start.get(column))
+                    && let Some(now) = self.row.get(column)
                 {
-                    *last = Some(now.wrapping_sub(*then));
+                    // An adopted row starts empty: its count is its whole count.
+                    *last = Some(now.wrapping_sub(start.get(column).copied().unwrap_or(0)));
                 }
             }
         }
