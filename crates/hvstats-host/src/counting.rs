@@ -369,6 +369,11 @@ impl EventList {
         tally.refused(column).map(str::to_owned)
     }
 
+    /// True when the in-kernel counts are kept beyond this process ([`keep_counts_in`]).
+    pub fn is_kept(&self) -> bool {
+        self.tally.as_ref().is_ok_and(|t| t.kept_in().is_some())
+    }
+
     /// True when event `i` is counted in the kernel.
     pub fn in_kernel(&self, i: usize) -> bool {
         self.columns.get(i).is_some_and(Option::is_some)

@@ -64,6 +64,21 @@ pub struct Observer {
     socket_retry: Instant,
     /// Every process holding a KVM VM, found anew each tick from what changed.
     scan: KvmScan,
+    /// The events every VM is counted with, made at start when counts are kept beyond this
+    /// observer: making them adopts the rows an earlier observer kept (and drops those of VMs
+    /// gone meanwhile) before any VM is attached, and holding them keeps the adopted rows until
+    /// their VMs are attached again or end.
+    kept: Option<crate::counting::EventList>,
+    /// What is to be said of the kept counts at the next tick.
+    kept_notes: Vec<String>,
+}
+
+impl Drop for Observer {
+    fn drop(&mut self) {
+        // Ending (a signal, serve stopping, or a panic): the VMs go on, and so do their kept
+        // counts, for the next observer to adopt.
+        hvstats_host::counting::leave_kept_counts();
+    }
 }
 
 /// Descriptors kept out of the counters' reach (for `/proc`, the runtime directory, QMP sockets
@@ -72,7 +87,14 @@ pub const FD_RESERVE: usize = 256;
 
 impl Observer {
     /// An observer publishing into `hv`.
+    ///
+    /// With a runtime directory to claim VMs in (`options.claims`), the in-kernel counts are kept
+    /// in bpffs beyond this observer, for the next observer of that runtime directory.
     pub fn new(hv: Arc<Hypervisor>, procfs: Procfs, targets: Targets, options: ObserveOptions) -> Self {
+        let (kept, kept_notes) = match &options.claims {
+            Some(runtime) => keep_counts(runtime),
+            None => (None, Vec::new()),
+        };
         Self {
             hv,
             procfs,
@@ -81,6 +103,8 @@ impl Observer {
             records: BTreeMap::new(),
             socket_retry: Instant::now(),
             scan: KvmScan::new(),
+            kept,
+            kept_notes,
         }
     }
 
@@ -95,6 +119,19 @@ impl Observer {
             Targets::Pids(pids) => pids.iter().all(|p| self.records.get(p).is_some_and(Record::is_done)),
             Targets::All | Targets::QmpSocket(_) => false,
         }
+    }
+
+    /// Says what keeping the in-kernel counts found since the last tick, after dropping the
+    /// adopted rows of VMs that ended before being attached again.
+    fn say_kept(&mut self, events: &mut Vec<ObserverEvent>) {
+        if self.kept.is_some() {
+            let gone = hvstats_host::counting::drop_gone_kept();
+            if gone > 0 {
+                self.kept_notes.push(format!("dropped the kept counts of {gone} thread(s) that ended"));
+            }
+        }
+        self.kept_notes.extend(hvstats_host::counting::kept_notes());
+        events.extend(self.kept_notes.drain(..).map(ObserverEvent::Kept));
     }
 
     /// VMs found and not observed now: deferred (another observer holds them, descriptors ran
@@ -117,6 +154,7 @@ impl Observer {
     /// takes its turn.
     pub fn tick(&mut self) -> Vec<ObserverEvent> {
         let mut events = Vec::new();
+        self.say_kept(&mut events);
         self.ask_peers();
         // Refresh first: a VM attached now was refreshed by its attach.
         let attached: Vec<i32> =
@@ -543,4 +581,22 @@ pub fn raise_fd_limit() -> io::Result<u64> {
         }
     }
     Ok(lim.rlim_cur)
+}
+
+/// Keeps the in-kernel counts of VMs observed for `runtime` beyond this observer, adopting what
+/// an earlier one kept: the events every VM is counted with (made now, so the adoption happens
+/// at start), and what to say of it.
+fn keep_counts(runtime: &std::path::Path) -> (Option<crate::counting::EventList>, Vec<String>) {
+    match hvstats_host::counting::keep_counts_in(runtime) {
+        Ok(dir) => {
+            use crate::sources::events::{host_isa, vm_events};
+            let events = crate::counting::EventList::new(vm_events(host_isa()));
+            let mut notes = hvstats_host::counting::kept_notes();
+            if events.is_kept() {
+                notes.push(format!("kept in {}, for the next observer to adopt", dir.display()));
+            }
+            (Some(events), notes)
+        }
+        Err(e) => (None, vec![format!("not kept beyond this observer: {e}")]),
+    }
 }
