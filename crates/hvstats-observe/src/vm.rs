@@ -1,8 +1,8 @@
 //! One observed VM: the sources of its counters ([`super::sources`]), which thread runs each
 //! vCPU, and the partition (partition page + a VP page per vCPU) it is published as.
 //!
-//! At attach the VM's sources are opened (the events source counts on every thread of the
-//! process, since the vCPU threads are not known yet); each refresh finds which thread runs which
+//! At attach the VM's sources are opened (the events source and the thread clocks count on every
+//! thread of the process, since the vCPU threads are not known yet); each refresh finds which thread runs which
 //! vCPU (a source that knows, such as QMP `query-cpus-fast`, then KVM's debugfs, then thread
 //! names), reads every source, writes each VP page and the partition page from the source that
 //! gives each counter, and declares unavailable what no source gives.

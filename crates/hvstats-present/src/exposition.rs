@@ -1029,6 +1029,13 @@ mod tests {
         assert_eq!(json["sources"][0]["counts_from"], "kept");
         assert_eq!(json["sources"][0]["counts_since"], 1_764_289_939.75);
         assert_eq!(json["sources"][1]["counts_since"], 1_764_290_000.25);
+        // The streamed document (snapshot --json of a whole host) says the same.
+        let mut out = Vec::new();
+        crate::snapshot_json::write_instances(std::slice::from_ref(&instance), &mut out).unwrap();
+        let streamed: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        let partition = &streamed["instances"][0]["partitions"][0];
+        assert_eq!(partition["kept_since"], 1_764_289_939.75, "{partition}");
+        assert_eq!(partition["sources"][0]["counts_since"], 1_764_289_939.75);
     }
 
     #[test]
