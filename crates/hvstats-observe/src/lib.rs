@@ -22,7 +22,8 @@
 //! each such thread the thread clock ([`sources::thread_clock`]) holds its two software events
 //! (task clock, migrations); where BPF is permitted the tracepoints are counted in the kernel
 //! ([`counting`]) and hold no descriptor per thread, with perf counters they hold every event of
-//! [`sources::events::vm_events`] (16 on a host without VMX/SVM, 31 with). Plus one QMP socket when
+//! [`sources::events::vm_events`] but the spans, which only the kernel counts (32 on a host
+//! without VMX/SVM, 48 with). Plus one QMP socket when
 //! given, one libvirt connection for a libvirt domain, and a copy of each KVM statistics
 //! descriptor the VMM holds.
 
