@@ -132,6 +132,14 @@ fn a_new_serve_after_a_sigkill_shows_the_vm_and_every_counter_continues_or_says_
         (tracepoints["counts_from"].as_str(), tracepoints["counts_since"].as_f64()),
         (Some("attach"), Some(since_after))
     );
+    // The threads' clocks are perf counters nothing keeps across observers: their own source,
+    // which says the new attach whatever the tracepoints' origin.
+    let clock = sources.iter().find(|s| s["name"] == "thread-clock").unwrap();
+    assert_eq!(
+        (clock["counts_from"].as_str(), clock["counts_since"].as_f64()),
+        (Some("attach"), Some(since_after))
+    );
+    assert!(clock["vp"].as_array().unwrap().iter().any(|c| c == "Total run time"), "{clock}");
     for s in sources.iter().filter(|s| s["counts_from"] == "vcpu-creation") {
         assert!(s["counts_since"].as_f64().unwrap() < since_before, "{s}");
     }
