@@ -15,6 +15,7 @@ use hvstats::SharedPage;
 use hvstats_abi::counter_set::CounterSet;
 use hvstats_abi::exit_reason;
 use hvstats_abi::source::Tracepoint;
+use hvstats_abi::vm_sources::Origin;
 
 use super::event_writer::{EventWriter, KvmExitState, ThreadReading, tracepoint_event};
 use super::hyperv;
@@ -90,6 +91,9 @@ pub struct Events {
     counted: Vec<bool>,
     /// Whether the VM's Hyper-V hypercalls are all its hypercalls ([`hyperv::gives_totals`]).
     hyperv_totals: bool,
+    /// Since when every count it writes counts (µs since the epoch), when all are kept beyond
+    /// this observer: every vCPU thread known and counted in a kept row, no event left to perf.
+    kept_since: Option<u64>,
 }
 
 /// Opens the events source: counters on every thread of the VMM (the threads known to run a
@@ -120,6 +124,7 @@ pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError
         readings: BTreeMap::new(),
         counted: Vec::new(),
         hyperv_totals: hyperv::gives_totals(procfs.hyperv_enlightenments(pid)),
+        kept_since: None,
     };
     Ok(Some(Box::new(me)))
 }
@@ -216,6 +221,10 @@ impl VmSource for Events {
             })
             .collect();
         self.decide_kvm_exit();
+        let all_in_kernel = self.counters.events().perf_events_per_thread() == 0;
+        self.kept_since = (vm.all_known() && all_in_kernel)
+            .then(|| self.counters.kept_since_of(vm.threads().map(|(_, tid)| tid)))
+            .flatten();
         let counting = Counting {
             kvm_exit: self.kvm_exit,
             threads: self.counters.tids().len(),
@@ -223,5 +232,15 @@ impl VmSource for Events {
             method: self.counters.events().method_description(),
         };
         Learned { counting: Some(counting), ..Learned::holding(self.counters.fds()) }
+    }
+
+    /// Kept when every count it writes is kept in the kernel beyond this observer (a restarted
+    /// observer continues them); else counted from this attach.
+    fn origin(&self) -> Origin {
+        if self.kept_since.is_some() { Origin::Kept } else { Origin::Attach }
+    }
+
+    fn kept_since(&self) -> Option<std::time::SystemTime> {
+        self.kept_since.map(|us| std::time::UNIX_EPOCH + std::time::Duration::from_micros(us))
     }
 }
