@@ -155,25 +155,25 @@ pub struct EventList {
     columns: Vec<Option<usize>>,
 }
 
-/// Tallies alive in this process, by the specs they count: lists of the same events (every VM
-/// observed) share one, so a firing runs one program per tracepoint whatever the number of VMs.
-static TALLIES: Mutex<Vec<(Vec<EventSpec>, Weak<Tally>)>> = Mutex::new(Vec::new());
+/// Tallies alive in this process, by the specs they count and where they are kept: lists of the
+/// same events (every VM observed) share one, so a firing runs one program per tracepoint
+/// whatever the number of VMs.
+type TallyKey = (Vec<EventSpec>, Option<PathBuf>);
+static TALLIES: Mutex<Vec<(TallyKey, Weak<Tally>)>> = Mutex::new(Vec::new());
 
-/// Where this process keeps its in-kernel counts beyond itself, if it does
-/// ([`keep_counts_in`]), and what adopting or dropping kept counts found, not said yet.
-static KEPT: Mutex<(Option<PathBuf>, Vec<String>)> = Mutex::new((None, Vec::new()));
+/// What adopting or dropping kept counts found, not said yet.
+static KEPT_NOTES: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
-/// Keeps the in-kernel counts of this process's tallies made from now on in bpffs, for the
-/// runtime directory `runtime`, so that they outlive this process: a later process keeping its
-/// counts for the same runtime directory adopts them ([`crate::bpf::keep`]). Returns the
-/// directory. An observer calls it once at start, and [`leave_kept_counts`] when it ends.
+/// The directory in bpffs where in-kernel counts are kept for the runtime directory `runtime`
+/// (made, and bpffs mounted, when needed): lists made with it ([`EventList::kept_in`]) keep
+/// their counts beyond this process, and a later process keeping its counts there adopts them
+/// ([`crate::bpf::keep`]). An observer asks for it once at start, and calls
+/// [`leave_kept_counts`] when it ends.
 ///
 /// # Errors
 /// When bpffs cannot be mounted or its directory is not this user's alone.
 pub fn keep_counts_in(runtime: &Path) -> std::io::Result<PathBuf> {
-    let dir = crate::bpf::keep::identity_dir(runtime)?;
-    KEPT.lock().unwrap_or_else(|e| e.into_inner()).0 = Some(dir.clone());
-    Ok(dir)
+    crate::bpf::keep::identity_dir(runtime)
 }
 
 /// Leaves the kept counts of this process counting for the next one: called by a process that
@@ -184,7 +184,7 @@ pub fn leave_kept_counts() {
 
 /// What adopting or dropping kept counts found since the last call, to be said once.
 pub fn kept_notes() -> Vec<String> {
-    std::mem::take(&mut KEPT.lock().unwrap_or_else(|e| e.into_inner()).1)
+    std::mem::take(&mut *KEPT_NOTES.lock().unwrap_or_else(|e| e.into_inner()))
 }
 
 /// Drops the adopted rows of threads gone in every live tally (kept counts of VMs that ended
@@ -194,37 +194,41 @@ pub fn drop_gone_kept() -> usize {
     tallies.iter().filter_map(|(_, t)| t.upgrade()).map(|t| t.drop_gone()).sum()
 }
 
-fn shared_tally(root: &Path, specs: &[EventSpec]) -> Result<Arc<Tally>, InKernelError> {
+fn shared_tally(
+    root: &Path,
+    specs: &[EventSpec],
+    keep_in: Option<&Path>,
+) -> Result<Arc<Tally>, InKernelError> {
     let mut tallies = TALLIES.lock().unwrap_or_else(|e| e.into_inner());
     tallies.retain(|(_, t)| t.strong_count() > 0);
-    if let Some(t) = tallies.iter().find(|(s, _)| s == specs).and_then(|(_, t)| t.upgrade()) {
+    let key = (specs.to_vec(), keep_in.map(Path::to_owned));
+    if let Some(t) = tallies.iter().find(|(k, _)| *k == key).and_then(|(_, t)| t.upgrade()) {
         return Ok(t);
     }
     let layout = tally_layout(specs);
     if layout.counted.is_empty() && layout.spans.is_empty() && layout.carried.is_empty() {
         return Err(InKernelError::NoTracepoint);
     }
-    let keep_in = KEPT.lock().unwrap_or_else(|e| e.into_inner()).0.clone();
     let tally = match keep_in {
         Some(identity) => {
-            let (tally, adoption) = Tally::kept(root, &layout, ThreadTable::for_host(), &identity)
+            let (tally, adoption) = Tally::kept(root, &layout, ThreadTable::for_host(), identity)
                 .map_err(|e| InKernelError::Tally(Arc::new(e)))?;
-            let mut kept = KEPT.lock().unwrap_or_else(|e| e.into_inner());
+            let mut notes = KEPT_NOTES.lock().unwrap_or_else(|e| e.into_inner());
             if adoption.adopted > 0 {
-                kept.1.push(format!(
+                notes.push(format!(
                     "adopted the in-kernel counts of {} thread(s) kept in {} while no observer ran",
                     adoption.adopted,
                     identity.display()
                 ));
             }
-            kept.1.extend(adoption.notes);
+            notes.extend(adoption.notes);
             tally
         }
         None => Tally::of_layout(root, &layout, ThreadTable::for_host())
             .map_err(|e| InKernelError::Tally(Arc::new(e)))?,
     };
     let tally = Arc::new(tally);
-    tallies.push((specs.to_vec(), Arc::downgrade(&tally)));
+    tallies.push((key, Arc::downgrade(&tally)));
     Ok(tally)
 }
 
@@ -293,6 +297,17 @@ impl EventList {
     /// As [`new`](Self::new), counting tracepoints by `method` where possible (perf counters are
     /// always possible where the events are).
     pub fn with_method(specs: Vec<EventSpec>, method: Method) -> Self {
+        Self::made(specs, method, None)
+    }
+
+    /// As [`new`](Self::new), with the in-kernel counts kept beyond this process in `identity`
+    /// ([`keep_counts_in`]): rows an earlier process kept there are adopted by the threads they
+    /// count ([`ThreadEvents::kept_since`] says since when).
+    pub fn kept_in(specs: Vec<EventSpec>, identity: &Path) -> Self {
+        Self::made(specs, Method::InKernel, Some(identity))
+    }
+
+    fn made(specs: Vec<EventSpec>, method: Method, keep_in: Option<&Path>) -> Self {
         let root = tracefs::root();
         let resolved = specs
             .iter()
@@ -308,7 +323,7 @@ impl EventList {
         let tally = match (method, root) {
             (Method::Perf, _) => Err(InKernelError::PerfAsked),
             (Method::InKernel, Err(e)) => Err(InKernelError::Tracefs(e)),
-            (Method::InKernel, Ok(root)) => shared_tally(root, &specs),
+            (Method::InKernel, Ok(root)) => shared_tally(root, &specs, keep_in),
         };
         let columns = tally_columns(&specs)
             .into_iter()

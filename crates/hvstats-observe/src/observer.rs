@@ -73,14 +73,6 @@ pub struct Observer {
     kept_notes: Vec<String>,
 }
 
-impl Drop for Observer {
-    fn drop(&mut self) {
-        // Ending (a signal, serve stopping, or a panic): the VMs go on, and so do their kept
-        // counts, for the next observer to adopt.
-        hvstats_host::counting::leave_kept_counts();
-    }
-}
-
 /// Descriptors kept out of the counters' reach (for `/proc`, the runtime directory, QMP sockets
 /// and, in `serve`, HTTP connections), or a quarter of the limit when that is smaller.
 pub const FD_RESERVE: usize = 256;
@@ -91,10 +83,13 @@ impl Observer {
     /// With a runtime directory to claim VMs in (`options.claims`), the in-kernel counts are kept
     /// in bpffs beyond this observer, for the next observer of that runtime directory.
     pub fn new(hv: Arc<Hypervisor>, procfs: Procfs, targets: Targets, options: ObserveOptions) -> Self {
+        let mut options = options;
         let (kept, kept_notes) = match &options.claims {
             Some(runtime) => keep_counts(runtime),
             None => (None, Vec::new()),
         };
+        options.kept_in = kept.as_ref().map(|(dir, _)| dir.clone());
+        let kept = kept.map(|(_, events)| events);
         Self {
             hv,
             procfs,
@@ -134,6 +129,15 @@ impl Observer {
         events.extend(self.kept_notes.drain(..).map(ObserverEvent::Kept));
     }
 
+    /// Leaves the in-kernel counts kept for this observer's VMs counting for the next observer
+    /// of its runtime directory, rather than releasing them as its VMs are dropped: called when
+    /// the observer ends (a signal, serve stopping) while its VMs go on.
+    pub fn leave_kept_counts(&self) {
+        if self.kept.is_some() {
+            hvstats_host::counting::leave_kept_counts();
+        }
+    }
+
     /// VMs found and not observed now: deferred (another observer holds them, descriptors ran
     /// out) or failed while their process lives.
     pub fn refused(&self) -> usize {
@@ -154,7 +158,6 @@ impl Observer {
     /// takes its turn.
     pub fn tick(&mut self) -> Vec<ObserverEvent> {
         let mut events = Vec::new();
-        self.say_kept(&mut events);
         self.ask_peers();
         // Refresh first: a VM attached now was refreshed by its attach.
         let attached: Vec<i32> =
@@ -177,6 +180,7 @@ impl Observer {
             record.say_progress(*pid, &mut events);
         }
         self.records.retain(|_, r| !r.is_blank());
+        self.say_kept(&mut events);
         self.write_health();
         events
     }
@@ -586,16 +590,18 @@ pub fn raise_fd_limit() -> io::Result<u64> {
 /// Keeps the in-kernel counts of VMs observed for `runtime` beyond this observer, adopting what
 /// an earlier one kept: the events every VM is counted with (made now, so the adoption happens
 /// at start), and what to say of it.
-fn keep_counts(runtime: &std::path::Path) -> (Option<crate::counting::EventList>, Vec<String>) {
+fn keep_counts(
+    runtime: &std::path::Path,
+) -> (Option<(std::path::PathBuf, crate::counting::EventList)>, Vec<String>) {
     match hvstats_host::counting::keep_counts_in(runtime) {
         Ok(dir) => {
             use crate::sources::events::{host_isa, vm_events};
-            let events = crate::counting::EventList::new(vm_events(host_isa()));
+            let events = crate::counting::EventList::kept_in(vm_events(host_isa()), &dir);
             let mut notes = hvstats_host::counting::kept_notes();
             if events.is_kept() {
                 notes.push(format!("kept in {}, for the next observer to adopt", dir.display()));
             }
-            (Some(events), notes)
+            (Some((dir, events)), notes)
         }
         Err(e) => (None, vec![format!("not kept beyond this observer: {e}")]),
     }

@@ -106,7 +106,10 @@ pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError
     let (procfs, pid) = (at.procfs, at.pid);
     let isa = host_isa();
     let (max_threads, first) = vmm_threads(at)?;
-    let events = EventList::new(vm_events(isa));
+    let events = match &at.options.kept_in {
+        Some(dir) => EventList::kept_in(vm_events(isa), dir),
+        None => EventList::new(vm_events(isa)),
+    };
     let counters = ThreadCounters::attach_at_most(procfs, pid, events, max_threads, &first)
         .map_err(|source| ObserveError::Proc { pid, source })?;
     let mut offsets = Vec::with_capacity(WRITERS.len());
