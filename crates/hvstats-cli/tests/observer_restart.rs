@@ -301,3 +301,72 @@ fn prometheus_sees_a_continuing_counter_continue_and_a_reset_one_say_its_reset_a
         eprintln!("rate({name}[3s]) each second, SIGKILL at +{:.1} s: {}", killed - t0, rates.join(" "));
     }
 }
+
+/// The layouts kept for `run` in bpffs, each with its pins.
+fn kept_layouts(run: &Path) -> Vec<(String, Vec<String>)> {
+    let identity = hvstats_host::bpf::keep::identity_dir(run).unwrap();
+    let names = |dir: &Path| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        names.sort();
+        names
+    };
+    names(&identity).into_iter().map(|layout| (layout.clone(), names(&identity.join(layout)))).collect()
+}
+
+fn sigterm(serve: &mut Running) -> std::process::ExitStatus {
+    // SAFETY: kill has no memory effects; the pid is our child's.
+    assert_eq!(unsafe { libc::kill(serve.child.id() as i32, libc::SIGTERM) }, 0);
+    let t = Instant::now();
+    loop {
+        if let Some(status) = serve.child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "serve did not end 10 s after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_serve_stopped_cleanly_leaves_its_counts_to_the_next_and_a_vm_gone_meanwhile_takes_them_along() {
+    if !kvm_available("a_serve_stopped_cleanly_leaves_its_counts_to_the_next") {
+        return;
+    }
+    let tmp = TempDir::new("restart-kept");
+    let tag = format!("kept-{}", std::process::id());
+    let qemu = QemuGuest::start(tmp.path(), &tag);
+    let run = tmp.path().join("run");
+    std::fs::create_dir_all(&run).unwrap();
+
+    // A clean stop (an upgrade, a restart by the service manager): the counts stay pinned.
+    let mut first = serve(&run, qemu.pid(), "127.0.0.1:0");
+    first.wait_line(&format!("attach pid {}", qemu.pid()));
+    let kept = tracepoints_kept(&run, &tag);
+    assert!(sigterm(&mut first).success());
+    let layouts = kept_layouts(&run);
+    assert_eq!(layouts.len(), 1, "{layouts:?}");
+    let pins = &layouts[0].1;
+    for pin in ["owners", "rows", "threads"] {
+        assert!(pins.iter().any(|p| p == pin), "{pin} not pinned: {pins:?}");
+    }
+    assert!(pins.iter().any(|p| p.starts_with("link:kvm:")), "no program pinned: {pins:?}");
+
+    // The next serve adopts them: the same origin.
+    let mut second = serve(&run, qemu.pid(), "127.0.0.1:0");
+    second.wait_line("in-kernel counts: adopted the in-kernel counts of");
+    second.wait_line(&format!("attach pid {}", qemu.pid()));
+    let adopted = tracepoints_kept(&run, &tag);
+    assert_eq!(adopted["counts_since"], kept["counts_since"], "{adopted} after {kept}");
+    assert!(sigterm(&mut second).success());
+
+    // The VM ends while no observer runs: the next start drops its rows and says so, and once
+    // that observer ends with nothing to count, nothing of it stays pinned.
+    drop(qemu);
+    let mut third = serve(&run, std::process::id() as i32, "127.0.0.1:0");
+    let line = third.wait_line("in-kernel counts: dropped the kept counts of");
+    assert!(line.contains("gone while no observer ran"), "{line}");
+    assert!(sigterm(&mut third).success());
+    assert_eq!(kept_layouts(&run), Vec::<(String, Vec<String>)>::new(), "pins outlived their VM");
+    hvstats_host::bpf::keep::remove_tree(&hvstats_host::bpf::keep::identity_dir(&run).unwrap());
+}
