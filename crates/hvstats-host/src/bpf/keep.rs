@@ -223,8 +223,11 @@ fn is_bpffs(path: &Path) -> bool {
     let mut st = std::mem::MaybeUninit::<libc::statfs>::zeroed();
     // SAFETY: `c` is NUL-terminated; `st` is a statfs the call fills.
     let r = unsafe { libc::statfs(c.as_ptr(), st.as_mut_ptr()) };
-    // SAFETY: statfs succeeded, so `st` is filled.
-    r == 0 && unsafe { st.assume_init() }.f_type as i64 == BPF_FS_MAGIC
+    #[allow(clippy::unnecessary_cast, reason = "f_type is i64 here, another width on other targets")]
+    // SAFETY: `st` was zeroed, and statfs filled it when it succeeded; either way it is a valid
+    // statfs.
+    let magic = unsafe { st.assume_init() }.f_type as i64;
+    r == 0 && magic == BPF_FS_MAGIC
 }
 
 /// A runtime directory's name in [`BASE`]: `/` as `-`, and every byte but ASCII letters, digits
