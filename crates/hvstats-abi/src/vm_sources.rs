@@ -61,14 +61,18 @@ pub enum Origin {
     Attach,
     /// Since KVM created the vCPU (or the VM): KVM's own statistics, whole-life values.
     VcpuCreation,
+    /// Since the first observer attached to the VM: counts the kernel keeps for the VM across
+    /// observers (pinned in-kernel counts), which a restarted observer continues.
+    Kept,
 }
 
 impl Origin {
-    /// The name surfaces show (`attach`, `vcpu-creation`).
+    /// The name surfaces show (`attach`, `vcpu-creation`, `kept`).
     pub const fn name(self) -> &'static str {
         match self {
             Origin::Attach => "attach",
             Origin::VcpuCreation => "vcpu-creation",
+            Origin::Kept => "kept",
         }
     }
 
@@ -76,6 +80,7 @@ impl Origin {
         match self {
             Origin::Attach => 1,
             Origin::VcpuCreation => 2,
+            Origin::Kept => 3,
         }
     }
 
@@ -83,6 +88,7 @@ impl Origin {
         match code {
             1 => Some(Origin::Attach),
             2 => Some(Origin::VcpuCreation),
+            3 => Some(Origin::Kept),
             _ => None,
         }
     }
@@ -240,11 +246,13 @@ impl SourceTable {
 }
 
 /// From when a partition's counters count, as its page says: when its publisher created the page
-/// (an observer: attached to the VM) and when the VM's process started, each in microseconds since
-/// the Unix epoch. A counter whose writer counts from the vCPU's creation counts from the VM's
-/// start, which outlives its observer; any other from the page's creation, which a new publisher
-/// (an observer restarted, a VM attached again) begins anew: that is how a reader tells a reset
-/// from a quiet VM.
+/// (an observer: attached to the VM), when the VM's process started, and when the counts the
+/// kernel keeps for the VM across observers began, each in microseconds since the Unix epoch. A
+/// counter whose writer counts from the vCPU's creation counts from the VM's start, and one whose
+/// writer's counts are kept from when they began (the first observer's attach), both outliving
+/// an observer; any other from the page's creation, which a new publisher (an observer
+/// restarted, a VM attached again) begins anew: that is how a reader tells a reset from a quiet
+/// VM.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CountOrigins {
     /// When the page was created, in µs since the epoch (`None`: a page of an older publisher).
@@ -252,6 +260,9 @@ pub struct CountOrigins {
     /// When the VM's process started, in µs since the epoch (`None`: not an observed VM, or
     /// unknown).
     pub vm_started_us: Option<u64>,
+    /// When the counts kept in the kernel across observers began, in µs since the epoch
+    /// (`None`: none are kept, or a page of an older publisher).
+    pub kept_since_us: Option<u64>,
 }
 
 impl CountOrigins {
@@ -262,23 +273,29 @@ impl CountOrigins {
         Self {
             counting_since_us: known(partition::COUNTING_SINCE),
             vm_started_us: known(partition::VM_STARTED),
+            kept_since_us: known(partition::KEPT_SINCE),
         }
     }
 
     /// When `counter` (a partition or VP counter) began counting, in µs since the epoch, given
     /// the VM's source table: the VM's start for a counter a source counting from the vCPU's
-    /// creation writes, else the page's creation; `None` when the page does not say.
+    /// creation writes, the kept counts' beginning for one a source keeping its counts writes
+    /// (the page's creation when the page does not say it), else the page's creation; `None`
+    /// when the page does not say.
     pub fn of(&self, counter: CounterId, table: Option<&SourceTable>) -> Option<u64> {
-        match table.and_then(|t| t.writer(counter)).map(|s| s.origin) {
-            Some(Origin::VcpuCreation) => self.vm_started_us,
-            _ => self.counting_since_us,
-        }
+        self.of_origin(table.and_then(|t| t.writer(counter)).map_or(Origin::Attach, |s| s.origin))
     }
 
     /// When the counters of `source` began counting, in µs since the epoch.
     pub fn of_source(&self, source: &SourceEntry) -> Option<u64> {
-        match source.origin {
+        self.of_origin(source.origin)
+    }
+
+    /// When counters of `origin` began counting, in µs since the epoch.
+    fn of_origin(&self, origin: Origin) -> Option<u64> {
+        match origin {
             Origin::VcpuCreation => self.vm_started_us,
+            Origin::Kept => self.kept_since_us.or(self.counting_since_us),
             Origin::Attach => self.counting_since_us,
         }
     }
@@ -447,5 +464,61 @@ mod tests {
         assert_eq!(origins.of(vp::HLT_INSTRUCTIONS, None), Some(2_000));
         let older = CountOrigins::decode(|id| (id.index < 31).then_some(5));
         assert_eq!(older, CountOrigins::default(), "a page of an older minor says nothing");
+    }
+
+    #[test]
+    fn a_kept_origin_round_trips_through_its_source_row() {
+        let mut table = SourceTable::default();
+        let kept = table.push(SourceEntry::new("tracepoints", true, Origin::Kept)).unwrap();
+        table.push(SourceEntry::new("thread-clock", true, Origin::Attach)).unwrap();
+        table.set_writer(vp::IO_INSTRUCTIONS, kept);
+        let mut page = [0u64; 64];
+        for (id, w) in table.rows() {
+            page[id.index as usize] = w;
+        }
+        assert_eq!(page[partition::SOURCE_1_STATE.index as usize] >> 8, 3, "kept is code 3");
+        let back = SourceTable::decode(|id| page.get(id.index as usize).copied()).unwrap();
+        assert_eq!(back, table);
+        assert_eq!(
+            back.writer(vp::IO_INSTRUCTIONS).map(|s| (s.name(), s.origin)),
+            Some(("tracepoints", Origin::Kept))
+        );
+        assert_eq!(Origin::Kept.name(), "kept");
+        // A code this build does not know reads as counting from attach, the origin that claims
+        // the least.
+        page[partition::SOURCE_1_STATE.index as usize] = 0x4_03;
+        let unknown = SourceTable::decode(|id| page.get(id.index as usize).copied()).unwrap();
+        assert_eq!(unknown.writer(vp::IO_INSTRUCTIONS).map(|s| s.origin), Some(Origin::Attach));
+    }
+
+    #[test]
+    fn a_kept_counter_counts_from_when_its_counts_began_else_from_the_page() {
+        let mut table = SourceTable::default();
+        let kept = table.push(SourceEntry::new("tracepoints", true, Origin::Kept)).unwrap();
+        let clock = table.push(SourceEntry::new("thread-clock", true, Origin::Attach)).unwrap();
+        let qmp = table.push(SourceEntry::new("qmp", true, Origin::VcpuCreation)).unwrap();
+        table.set_writer(vp::IO_INSTRUCTIONS, kept);
+        table.set_writer(vp::TOTAL_RUN_TIME, clock);
+        table.set_writer(vp::HLT_INSTRUCTIONS, qmp);
+        let mut page = [0u64; 64];
+        page[partition::COUNTING_SINCE.index as usize] = 3_000;
+        page[partition::VM_STARTED.index as usize] = 1_000;
+        page[partition::KEPT_SINCE.index as usize] = 2_000;
+        let origins = CountOrigins::decode(|id| page.get(id.index as usize).copied());
+        assert_eq!(origins.kept_since_us, Some(2_000));
+        assert_eq!(origins.of(vp::IO_INSTRUCTIONS, Some(&table)), Some(2_000));
+        assert_eq!(origins.of(vp::TOTAL_RUN_TIME, Some(&table)), Some(3_000));
+        assert_eq!(origins.of(vp::HLT_INSTRUCTIONS, Some(&table)), Some(1_000));
+        assert!(table.sources().map(|s| origins.of_source(s)).eq([Some(2_000), Some(3_000), Some(1_000)]));
+        // No time kept (0, or a page of hvstats 1.3 without the row): the page's creation, never
+        // an origin older than the counts can prove.
+        page[partition::KEPT_SINCE.index as usize] = 0;
+        let unknown = CountOrigins::decode(|id| page.get(id.index as usize).copied());
+        assert_eq!(unknown.kept_since_us, None);
+        assert_eq!(unknown.of(vp::IO_INSTRUCTIONS, Some(&table)), Some(3_000));
+        let older = CountOrigins::decode(|id| {
+            (id.index < partition::KEPT_SINCE.index).then(|| page[id.index as usize])
+        });
+        assert_eq!(older.of_source(table.sources().next().unwrap()), Some(3_000));
     }
 }

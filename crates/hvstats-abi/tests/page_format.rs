@@ -36,8 +36,9 @@ fn layouts_put_groups_back_to_back_and_end_the_list() {
         (ObjectKind::LogicalProcessor, Some(0), None, None, 152),
         // Partition: then hvstats' own group (which source of an observed VM gave what, 29 rows;
         // in its 1.1 the VM's run state; in its 1.2 the rows of sources 7 to 15, 27; in its 1.3
-        // from when its counters count, 2).
-        (ObjectKind::Partition, Some(0), Some(16), Some(80), 80 + 8 + 59 * 8),
+        // from when its counters count, 2; in its 1.4 from when the counts kept across observers
+        // count, 1).
+        (ObjectKind::Partition, Some(0), Some(16), Some(80), 80 + 8 + 60 * 8),
         // VP: release 1.2 (67 counters), then hvstats' own group (sequence, 8 histograms, 2
         // fault counts, the exits and the failed hypercalls).
         (ObjectKind::Vp, Some(0), Some(24), Some(568), 568 + 8 + 269 * 8),

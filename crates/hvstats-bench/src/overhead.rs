@@ -264,8 +264,11 @@ pub const COUNTING_ROW: &str = "observe-counted-event-rate-on-vs-off";
 /// When the tracepoint is unavailable or the process's threads cannot be read.
 pub fn counted_event_rate_on_vs_off(plan: &Plan<'_>, calls: u32) -> Result<ExitRates, String> {
     use hvstats_observe::counting::{EventList, EventSpec, ThreadCounters};
-    use hvstats_observe::sources::events::vm_events;
+    use hvstats_observe::sources::{events::vm_events, thread_clock};
+    // Every event the observer counts on a vCPU thread: the events source's and the thread
+    // clock's.
     let mut specs = vm_events(None);
+    specs.extend(thread_clock::events());
     specs.push(EventSpec::tracepoint("syscalls", "sys_enter_getppid"));
     let probe = EventList::new(specs.clone());
     if let Some(why) = probe.unavailable(specs.len() - 1) {

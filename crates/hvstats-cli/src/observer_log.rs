@@ -134,6 +134,7 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
             format!("refused pid {pid} \"{}\": {}", LoggedName(name), Escaped(why))
         }
         ObserverEvent::Failed { pid, error } => format!("cannot observe pid {pid}: {}", Escaped(error)),
+        ObserverEvent::Kept(note) => format!("in-kernel counts: {}", Escaped(note)),
     }
 }
 

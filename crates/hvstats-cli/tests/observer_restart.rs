@@ -1,8 +1,10 @@
 //! `serve --observe-all` killed with SIGKILL under a running QEMU, then a new one: the VM is back,
-//! and each of its counters either continues (KVM's own, counted from the vCPU's creation) or
-//! says its reset (counted from the new observer's attach, with a later `_created`, a later
-//! `hvstats_vm_counting_since_seconds` and a later `counting_since` in `snapshot --json`). A
-//! real Prometheus scraping through the restart sees the same.
+//! and each of its counters either continues (KVM's own, counted from the vCPU's creation, and
+//! the tracepoints' counts, kept in the kernel by bpffs pins while no observer ran and adopted by
+//! the new one) or says its reset (the threads' clocks, counted from the new observer's attach,
+//! with a later `_created`, a later `hvstats_vm_counting_since_seconds` and a later
+//! `counting_since` in `snapshot --json`). A real Prometheus scraping through the restart sees
+//! the same.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -48,6 +50,29 @@ fn counting_since(metrics: &str, vm: &str) -> Option<f64> {
     common::sample(metrics, &format!("hvstats_vm_counting_since_seconds{{vm=\"{vm}\"}}"))?.parse().ok()
 }
 
+/// The VM's `tracepoints` source in `snapshot --json` of `run`, once it says its counts are kept
+/// (every vCPU thread known and counted in a kept row).
+fn tracepoints_kept(run: &Path, vm: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let snapshot = common::snapshot_json(run);
+        let source = snapshot["instances"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|i| i["partitions"].as_array().into_iter().flatten())
+            .filter(|p| p["name"] == vm)
+            .flat_map(|p| p["sources"].as_array().into_iter().flatten())
+            .find(|s| s["name"] == "tracepoints")
+            .cloned();
+        if let Some(source) = source.filter(|s| s["counts_from"] == "kept") {
+            return source;
+        }
+        assert!(Instant::now() < deadline, "the tracepoints' counts are not kept: {snapshot:#}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 fn instance_files(run: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(run.join("instances"))
         .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
@@ -71,6 +96,7 @@ fn a_new_serve_after_a_sigkill_shows_the_vm_and_every_counter_continues_or_says_
 
     let mut first = serve(&run, qemu.pid(), "127.0.0.1:0");
     first.wait_line(&format!("attach pid {}", qemu.pid()));
+    let kept = tracepoints_kept(&run, &tag);
     // SeaBIOS touches ports within seconds here, longer on a host busy emulating others.
     let before = first.openmetrics_until(Duration::from_secs(120), counted);
     let since_before = counting_since(&before, &tag).unwrap();
@@ -80,6 +106,7 @@ fn a_new_serve_after_a_sigkill_shows_the_vm_and_every_counter_continues_or_says_
 
     let started = Instant::now();
     let second = serve(&run, qemu.pid(), "127.0.0.1:0");
+    second.wait_line("in-kernel counts: adopted the in-kernel counts of");
     // Its sources attach one after another: wait for the port accesses and nine more series.
     let after = second.openmetrics_until(Duration::from_secs(60), |m| {
         let series = counter_series(m, &tag);
@@ -99,8 +126,9 @@ fn a_new_serve_after_a_sigkill_shows_the_vm_and_every_counter_continues_or_says_
         let Some(&(old_value, old_created)) = was.get(series) else { continue };
         let old_created = old_created.unwrap();
         if created == old_created {
-            // Counted by KVM since the vCPU's creation: it goes on, never back.
-            assert!(created < since_before, "{series} created {created}");
+            // Counted by KVM since the vCPU's creation, or kept in the kernel since the first
+            // attach: it goes on, never back.
+            assert!(created < since_after, "{series} created {created}");
             assert!(value >= old_value, "{series} went back from {old_value} to {value} unsaid");
             continued += 1;
         } else {
@@ -109,9 +137,17 @@ fn a_new_serve_after_a_sigkill_shows_the_vm_and_every_counter_continues_or_says_
             reset += 1;
         }
     }
-    assert!(reset > 0 && now.contains_key(&format!("{io}}}")), "the tracepoints' counts begin again");
-    let io_created = now[&format!("{io}}}")].1;
-    assert_eq!(io_created, Some(since_after), "io counts from the new attach");
+    assert!(reset > 0, "the threads' clocks begin again");
+    // The port accesses were counted in the kernel all along: kept since the first attach, and
+    // more now than before the SIGKILL (the guest went on while no observer ran).
+    let (io_was, io_now) = (was[&format!("{io}}}")], now[&format!("{io}}}")]);
+    let kept_since = kept["counts_since"].as_f64().unwrap();
+    assert_eq!(
+        (io_was.1, io_now.1),
+        (Some(kept_since), Some(kept_since)),
+        "io counts kept since the first attach"
+    );
+    assert!(io_now.0 >= io_was.0, "io went from {} to {}", io_was.0, io_now.0);
     eprintln!("{continued} counter series continued, {reset} said their reset");
 
     // The snapshot says the same origins, and the dead observer's instance is gone.
@@ -130,8 +166,16 @@ fn a_new_serve_after_a_sigkill_shows_the_vm_and_every_counter_continues_or_says_
     let tracepoints = sources.iter().find(|s| s["name"] == "tracepoints").unwrap();
     assert_eq!(
         (tracepoints["counts_from"].as_str(), tracepoints["counts_since"].as_f64()),
+        (Some("kept"), Some(kept_since))
+    );
+    // The threads' clocks are perf counters nothing keeps across observers: their own source,
+    // which says the new attach whatever the tracepoints' origin.
+    let clock = sources.iter().find(|s| s["name"] == "thread-clock").unwrap();
+    assert_eq!(
+        (clock["counts_from"].as_str(), clock["counts_since"].as_f64()),
         (Some("attach"), Some(since_after))
     );
+    assert!(clock["vp"].as_array().unwrap().iter().any(|c| c == "Total run time"), "{clock}");
     for s in sources.iter().filter(|s| s["counts_from"] == "vcpu-creation") {
         assert!(s["counts_since"].as_f64().unwrap() < since_before, "{s}");
     }
@@ -188,6 +232,7 @@ fn prometheus_sees_a_continuing_counter_continue_and_a_reset_one_say_its_reset_a
     let listen = format!("127.0.0.1:{}", common::free_port());
     let mut first = serve(&run, qemu.pid(), &listen);
     first.wait_line(&format!("attach pid {}", qemu.pid()));
+    let kept_since = tracepoints_kept(&run, &tag)["counts_since"].as_f64().unwrap();
     let config = format!(
         "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: hvstats\n    static_configs:\n      - targets: ['{listen}']\n"
     );
@@ -227,17 +272,20 @@ fn prometheus_sees_a_continuing_counter_continue_and_a_reset_one_say_its_reset_a
     // KVM's halts (QMP, counted since the vCPU's creation) continue: no reset, so rate() sees
     // neither a drop to 0 nor a spike.
     assert_eq!(one(web, &format!("resets({hlt}[{window}])"), Some(end)), 0.0);
-    // The port accesses (tracepoints, counted since the attach) begin again from 0: at most one
-    // reset (none when the new observer's first count already passed the old one's last), which
-    // rate() takes as one; the origin the new observer says is when it began.
-    let io_resets = one(web, &format!("resets({io}[{window}])"), Some(end));
-    assert!(io_resets <= 1.0, "{io_resets}");
-    eprintln!("resets of io: {io_resets}");
-    // Prometheus 2.42 reads no `_created`: it keeps each as a series of its own, whose value
-    // moved to the new origin.
+    // The port accesses (tracepoints) were counted in the kernel while no observer ran, and the
+    // new observer adopted those counts: no reset either, and their origin stays the first
+    // attach.
+    assert_eq!(one(web, &format!("resets({io}[{window}])"), Some(end)), 0.0);
+    // Prometheus 2.42 reads no `_created`: it keeps each as a series of its own, which never
+    // moved.
     let created = format!("hvstats_vp_intercepts_created{{vm=\"{tag}\",intercept=\"io\"}}");
-    assert_eq!(one(web, &created, Some(end)), since_after);
-    assert_eq!(one(web, &format!("min_over_time({created}[{window}])"), Some(end)), since_before);
+    assert_eq!(one(web, &created, Some(end)), kept_since);
+    assert_eq!(one(web, &format!("changes({created}[{window}])"), Some(end)), 0.0);
+    // The threads' clocks are counted by perf on each thread from the attach: they begin again,
+    // and their origin moved to the new attach.
+    let clock = format!("hvstats_vp_total_run_seconds_created{{vm=\"{tag}\",vp=\"0\"}}");
+    assert_eq!(one(web, &clock, Some(end)), since_after);
+    assert_eq!(one(web, &format!("changes({clock}[{window}])"), Some(end)), 1.0);
     // The rates through the restart, for people reading the log.
     for (name, series) in [("hlt", &hlt), ("io", &io)] {
         let rates: Vec<String> = (0..=((end - t0) as u64))
@@ -252,4 +300,73 @@ fn prometheus_sees_a_continuing_counter_continue_and_a_reset_one_say_its_reset_a
             .collect();
         eprintln!("rate({name}[3s]) each second, SIGKILL at +{:.1} s: {}", killed - t0, rates.join(" "));
     }
+}
+
+/// The layouts kept for `run` in bpffs, each with its pins.
+fn kept_layouts(run: &Path) -> Vec<(String, Vec<String>)> {
+    let identity = hvstats_host::bpf::keep::identity_dir(run).unwrap();
+    let names = |dir: &Path| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        names.sort();
+        names
+    };
+    names(&identity).into_iter().map(|layout| (layout.clone(), names(&identity.join(layout)))).collect()
+}
+
+fn sigterm(serve: &mut Running) -> std::process::ExitStatus {
+    // SAFETY: kill has no memory effects; the pid is our child's.
+    assert_eq!(unsafe { libc::kill(serve.child.id() as i32, libc::SIGTERM) }, 0);
+    let t = Instant::now();
+    loop {
+        if let Some(status) = serve.child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "serve did not end 10 s after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_serve_stopped_cleanly_leaves_its_counts_to_the_next_and_a_vm_gone_meanwhile_takes_them_along() {
+    if !kvm_available("a_serve_stopped_cleanly_leaves_its_counts_to_the_next") {
+        return;
+    }
+    let tmp = TempDir::new("restart-kept");
+    let tag = format!("kept-{}", std::process::id());
+    let qemu = QemuGuest::start(tmp.path(), &tag);
+    let run = tmp.path().join("run");
+    std::fs::create_dir_all(&run).unwrap();
+
+    // A clean stop (an upgrade, a restart by the service manager): the counts stay pinned.
+    let mut first = serve(&run, qemu.pid(), "127.0.0.1:0");
+    first.wait_line(&format!("attach pid {}", qemu.pid()));
+    let kept = tracepoints_kept(&run, &tag);
+    assert!(sigterm(&mut first).success());
+    let layouts = kept_layouts(&run);
+    assert_eq!(layouts.len(), 1, "{layouts:?}");
+    let pins = &layouts[0].1;
+    for pin in ["owners", "rows", "threads"] {
+        assert!(pins.iter().any(|p| p == pin), "{pin} not pinned: {pins:?}");
+    }
+    assert!(pins.iter().any(|p| p.starts_with("link:kvm:")), "no program pinned: {pins:?}");
+
+    // The next serve adopts them: the same origin.
+    let mut second = serve(&run, qemu.pid(), "127.0.0.1:0");
+    second.wait_line("in-kernel counts: adopted the in-kernel counts of");
+    second.wait_line(&format!("attach pid {}", qemu.pid()));
+    let adopted = tracepoints_kept(&run, &tag);
+    assert_eq!(adopted["counts_since"], kept["counts_since"], "{adopted} after {kept}");
+    assert!(sigterm(&mut second).success());
+
+    // The VM ends while no observer runs: the next start drops its rows and says so, and once
+    // that observer ends with nothing to count, nothing of it stays pinned.
+    drop(qemu);
+    let mut third = serve(&run, std::process::id() as i32, "127.0.0.1:0");
+    let line = third.wait_line("in-kernel counts: dropped the kept counts of");
+    assert!(line.contains("gone while no observer ran"), "{line}");
+    assert!(sigterm(&mut third).success());
+    assert_eq!(kept_layouts(&run), Vec::<(String, Vec<String>)>::new(), "pins outlived their VM");
+    hvstats_host::bpf::keep::remove_tree(&hvstats_host::bpf::keep::identity_dir(&run).unwrap());
 }

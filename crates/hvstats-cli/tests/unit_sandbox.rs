@@ -162,8 +162,23 @@ impl Sandbox {
     fn script(&self, runtime: &Path, trace: &Path, args: &[String]) -> String {
         let unit = &self.unit;
         let mut s = String::from("set -eu\n");
-        // Writable as the unit leaves them: its runtime directory, and the trace beside it.
-        for rw in [runtime, trace.parent().unwrap()] {
+        // What systemd mounts at boot (sys-fs-bpf.mount), which the unit wants.
+        s += "mountpoint -q /sys/fs/bpf || mount -t bpf -o mode=0700 bpf /sys/fs/bpf\n";
+        // What ExecStartPre=+ runs with full privileges before the sandbox is made.
+        for pre in setting(unit, "ExecStartPre") {
+            let pre = pre.strip_prefix('+').expect("only full-privilege ExecStartPre= is reproduced");
+            s += &format!("{pre}\n");
+        }
+        // Writable as the unit leaves them: its runtime directory, the trace beside it, and
+        // ReadWritePaths= (a `-` one only where it exists).
+        let mut writable: Vec<PathBuf> = vec![runtime.to_owned(), trace.parent().unwrap().to_owned()];
+        for rw in setting(unit, "ReadWritePaths").iter().flat_map(|v| v.split_whitespace()) {
+            let (optional, path) = rw.strip_prefix('-').map_or((false, rw), |p| (true, p));
+            if !optional || Path::new(path).exists() {
+                writable.push(PathBuf::from(path));
+            }
+        }
+        for rw in &writable {
             s += &format!("mount --bind '{0}' '{0}'\n", rw.display());
         }
         let tunables = one(unit, "ProtectKernelTunables", "no") == "yes";
@@ -171,8 +186,7 @@ impl Sandbox {
         assert_eq!(system, "strict", "the test reproduces ProtectSystem=strict only");
         // ProtectSystem=strict: every mount read-only but /dev, /proc and /sys (which
         // ProtectKernelTunables= makes read-only too, with /proc/sys), and the writable ones.
-        let keep: Vec<String> =
-            [runtime, trace.parent().unwrap()].iter().map(|p| p.display().to_string()).collect();
+        let keep: Vec<String> = writable.iter().map(|p| p.display().to_string()).collect();
         s += &format!(
             "awk '{{print $5}}' /proc/self/mountinfo | while read -r mp; do\n\
                case \"$mp\" in {keep}) continue;; /dev|/dev/*|/proc|/proc/[0-9]*) continue;; esac\n\
@@ -470,6 +484,9 @@ fn the_observer_under_its_units_sandbox_observes_a_libvirt_domain_of_another_use
     assert_eq!(refused(&snapshot), Some(0), "{snapshot:#}");
     let log = observer.log().to_owned();
     assert!(!log.contains("refused pid"), "{log}");
+    // Its in-kernel counts are kept in the one path of /sys the unit lets it write (said at the
+    // end of its first refresh).
+    assert!(log.contains("in-kernel counts: kept in /sys/fs/bpf/hvstats/"), "{log}");
     drop(observer);
 
     // Every system call it made is one its unit's SystemCallFilter= allows.

@@ -12,7 +12,7 @@
 //! Software events (task clock, migrations) are always perf counters. [`ThreadEvents`] is one
 //! thread's counters of a list.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::bpf::{
@@ -155,24 +155,80 @@ pub struct EventList {
     columns: Vec<Option<usize>>,
 }
 
-/// Tallies alive in this process, by the specs they count: lists of the same events (every VM
-/// observed) share one, so a firing runs one program per tracepoint whatever the number of VMs.
-static TALLIES: Mutex<Vec<(Vec<EventSpec>, Weak<Tally>)>> = Mutex::new(Vec::new());
+/// Tallies alive in this process, by the specs they count and where they are kept: lists of the
+/// same events (every VM observed) share one, so a firing runs one program per tracepoint
+/// whatever the number of VMs.
+type TallyKey = (Vec<EventSpec>, Option<PathBuf>);
+static TALLIES: Mutex<Vec<(TallyKey, Weak<Tally>)>> = Mutex::new(Vec::new());
 
-fn shared_tally(root: &Path, specs: &[EventSpec]) -> Result<Arc<Tally>, InKernelError> {
+/// What adopting or dropping kept counts found, not said yet.
+static KEPT_NOTES: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// The directory in bpffs where in-kernel counts are kept for the runtime directory `runtime`
+/// (made, and bpffs mounted, when needed): lists made with it ([`EventList::kept_in`]) keep
+/// their counts beyond this process, and a later process keeping its counts there adopts them
+/// ([`crate::bpf::keep`]). An observer asks for it once at start, and calls
+/// [`leave_kept_counts`] when it ends.
+///
+/// # Errors
+/// When bpffs cannot be mounted or its directory is not this user's alone.
+pub fn keep_counts_in(runtime: &Path) -> std::io::Result<PathBuf> {
+    crate::bpf::keep::identity_dir(runtime)
+}
+
+/// Leaves the kept counts of this process counting for the next one: called by a process that
+/// is ending while the threads it counts go on.
+pub fn leave_kept_counts() {
+    crate::bpf::keep::leave();
+}
+
+/// What adopting or dropping kept counts found since the last call, to be said once.
+pub fn kept_notes() -> Vec<String> {
+    std::mem::take(&mut *KEPT_NOTES.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+/// Drops the adopted rows of threads gone in every live tally (kept counts of VMs that ended
+/// before anyone claimed them); returns how many.
+pub fn drop_gone_kept() -> usize {
+    let tallies = TALLIES.lock().unwrap_or_else(|e| e.into_inner());
+    tallies.iter().filter_map(|(_, t)| t.upgrade()).map(|t| t.drop_gone()).sum()
+}
+
+fn shared_tally(
+    root: &Path,
+    specs: &[EventSpec],
+    keep_in: Option<&Path>,
+) -> Result<Arc<Tally>, InKernelError> {
     let mut tallies = TALLIES.lock().unwrap_or_else(|e| e.into_inner());
     tallies.retain(|(_, t)| t.strong_count() > 0);
-    if let Some(t) = tallies.iter().find(|(s, _)| s == specs).and_then(|(_, t)| t.upgrade()) {
+    let key = (specs.to_vec(), keep_in.map(Path::to_owned));
+    if let Some(t) = tallies.iter().find(|(k, _)| *k == key).and_then(|(_, t)| t.upgrade()) {
         return Ok(t);
     }
     let layout = tally_layout(specs);
     if layout.counted.is_empty() && layout.spans.is_empty() && layout.carried.is_empty() {
         return Err(InKernelError::NoTracepoint);
     }
-    let tally = Tally::of_layout(root, &layout, ThreadTable::for_host())
-        .map_err(|e| InKernelError::Tally(Arc::new(e)))?;
+    let tally = match keep_in {
+        Some(identity) => {
+            let (tally, adoption) = Tally::kept(root, &layout, ThreadTable::for_host(), identity)
+                .map_err(|e| InKernelError::Tally(Arc::new(e)))?;
+            let mut notes = KEPT_NOTES.lock().unwrap_or_else(|e| e.into_inner());
+            if adoption.adopted > 0 {
+                notes.push(format!(
+                    "adopted the in-kernel counts of {} thread(s) kept in {} while no observer ran",
+                    adoption.adopted,
+                    identity.display()
+                ));
+            }
+            notes.extend(adoption.notes);
+            tally
+        }
+        None => Tally::of_layout(root, &layout, ThreadTable::for_host())
+            .map_err(|e| InKernelError::Tally(Arc::new(e)))?,
+    };
     let tally = Arc::new(tally);
-    tallies.push((specs.to_vec(), Arc::downgrade(&tally)));
+    tallies.push((key, Arc::downgrade(&tally)));
     Ok(tally)
 }
 
@@ -241,6 +297,17 @@ impl EventList {
     /// As [`new`](Self::new), counting tracepoints by `method` where possible (perf counters are
     /// always possible where the events are).
     pub fn with_method(specs: Vec<EventSpec>, method: Method) -> Self {
+        Self::made(specs, method, None)
+    }
+
+    /// As [`new`](Self::new), with the in-kernel counts kept beyond this process in `identity`
+    /// ([`keep_counts_in`]): rows an earlier process kept there are adopted by the threads they
+    /// count ([`ThreadEvents::kept_since`] says since when).
+    pub fn kept_in(specs: Vec<EventSpec>, identity: &Path) -> Self {
+        Self::made(specs, Method::InKernel, Some(identity))
+    }
+
+    fn made(specs: Vec<EventSpec>, method: Method, keep_in: Option<&Path>) -> Self {
         let root = tracefs::root();
         let resolved = specs
             .iter()
@@ -256,7 +323,7 @@ impl EventList {
         let tally = match (method, root) {
             (Method::Perf, _) => Err(InKernelError::PerfAsked),
             (Method::InKernel, Err(e)) => Err(InKernelError::Tracefs(e)),
-            (Method::InKernel, Ok(root)) => shared_tally(root, &specs),
+            (Method::InKernel, Ok(root)) => shared_tally(root, &specs, keep_in),
         };
         let columns = tally_columns(&specs)
             .into_iter()
@@ -299,10 +366,14 @@ impl EventList {
                     })
                     .filter_map(|(i, _)| self.column_refusal(t, i))
                     .collect();
+                let kept = t.kept_in().map(|d| format!(", kept in {}", d.display())).unwrap_or_default();
                 if refused.is_empty() {
-                    "in-kernel (one eBPF program per tracepoint)".into()
+                    format!("in-kernel (one eBPF program per tracepoint{kept})")
                 } else {
-                    format!("in-kernel (one eBPF program per tracepoint), except: {}", refused.join("; "))
+                    format!(
+                        "in-kernel (one eBPF program per tracepoint{kept}), except: {}",
+                        refused.join("; ")
+                    )
                 }
             }
         }
@@ -311,6 +382,11 @@ impl EventList {
     fn column_refusal(&self, tally: &Tally, event: usize) -> Option<String> {
         let column = tally_columns(&self.specs).get(event).copied().flatten()?;
         tally.refused(column).map(str::to_owned)
+    }
+
+    /// True when the in-kernel counts are kept beyond this process ([`keep_counts_in`]).
+    pub fn is_kept(&self) -> bool {
+        self.tally.as_ref().is_ok_and(|t| t.kept_in().is_some())
     }
 
     /// True when event `i` is counted in the kernel.
@@ -387,6 +463,10 @@ impl ThreadEvents {
     /// [`refused`](Self::refused) why).
     pub fn open(pid: i32, tid: i32, events: &EventList) -> Self {
         let slot = events.tally.as_ref().ok().filter(|_| events.method() == Method::InKernel).and_then(|t| {
+            // A row kept by an earlier observer for this very thread: its whole count is ours.
+            if let Some(slot) = t.claim(pid, tid) {
+                return Some((Arc::clone(t), slot, tid, Vec::new()));
+            }
             // A full tally (or a failed map write): this thread's tracepoints are perf counters.
             let slot = t.add_thread(pid, tid).ok()?;
             match t.read(slot) {
@@ -422,6 +502,12 @@ impl ThreadEvents {
         me
     }
 
+    /// Since when its in-kernel counts count (µs since the epoch), when they are kept beyond
+    /// this process (an adopted row: since an earlier observer began counting the thread).
+    pub fn kept_since(&self) -> Option<u64> {
+        self.slot.as_ref().and_then(|(tally, slot, _, _)| tally.kept_since(*slot))
+    }
+
     /// Perf descriptors it holds.
     pub fn fds(&self) -> usize {
         self.group.fds()
@@ -448,9 +534,10 @@ impl ThreadEvents {
         {
             for (i, last) in self.last.iter_mut().enumerate() {
                 if let Some(&Some(column)) = events.columns.get(i)
-                    && let (Some(now), Some(then)) = (self.row.get(column), start.get(column))
+                    && let Some(now) = self.row.get(column)
                 {
-                    *last = Some(now.wrapping_sub(*then));
+                    // An adopted row starts empty: its count is its whole count.
+                    *last = Some(now.wrapping_sub(start.get(column).copied().unwrap_or(0)));
                 }
             }
         }

@@ -26,6 +26,10 @@ pub struct ObserveOptions {
     /// The runtime directory in which each VMM is claimed before it is observed (see
     /// [`super::claim`]); `None` observes without claiming.
     pub claims: Option<PathBuf>,
+    /// Where in bpffs the in-kernel counts are kept beyond the observer, for the runtime
+    /// directory of `claims` ([`hvstats_host::counting::keep_counts_in`]): [`crate::Observer::new`]
+    /// sets it (what is given here is replaced); `None`: not kept.
+    pub kept_in: Option<PathBuf>,
 }
 
 /// An error observing a VM.

@@ -147,6 +147,18 @@ impl ThreadCounters {
         self.threads.values().map(ThreadEvents::fds).sum()
     }
 
+    /// Since when the in-kernel counts of `tids` count (µs since the epoch), when every one of
+    /// them is counted and kept beyond this observer: the latest, so that a thread counted anew
+    /// (its earlier counts lost) moves it.
+    pub fn kept_since_of(&self, tids: impl IntoIterator<Item = i32>) -> Option<u64> {
+        let mut since: Option<u64> = None;
+        for tid in tids {
+            let s = self.threads.get(&tid)?.kept_since()?;
+            since = Some(since.map_or(s, |x| x.max(s)));
+        }
+        since
+    }
+
     /// The events.
     pub fn events(&self) -> &EventList {
         &self.events

@@ -79,6 +79,9 @@ pub enum ObserverEvent {
         /// What was decided.
         state: KvmExitState,
     },
+    /// What keeping the in-kernel counts beyond this observer found: counts adopted from an
+    /// earlier observer, kept counts dropped and why, or why nothing is kept.
+    Kept(String),
     /// A VM is no longer observed: its process exited, `exec()`ed, or its pid names another
     /// process now.
     Detached {

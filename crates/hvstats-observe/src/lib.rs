@@ -16,12 +16,14 @@
 //! - [`claim`]: one observer per VM per host;
 //! - [`cancel`]: the flag a signal sets to end every wait.
 //!
-//! Descriptors per VM: while its vCPU threads are unknown, one counter group per thread of the
+//! Descriptors per VM: while its vCPU threads are unknown, counters on every thread of the
 //! process, for at most [`sources::events::EXTRA_THREADS`] threads beyond one per vCPU and within what the
-//! open file limit leaves above [`observer::FD_RESERVE`]; once known, one group per vCPU thread.
-//! Where BPF is permitted the tracepoints are counted in the kernel ([`counting`]) and a group
-//! holds only the two software events (task clock, migrations); with perf counters it holds every
-//! event of [`sources::events::vm_events`] (18 on a host without VMX/SVM, 33 with). Plus one QMP socket when
+//! open file limit leaves above [`observer::FD_RESERVE`]; once known, on each vCPU thread. On
+//! each such thread the thread clock ([`sources::thread_clock`]) holds its two software events
+//! (task clock, migrations); where BPF is permitted the tracepoints are counted in the kernel
+//! ([`counting`]) and hold no descriptor per thread, with perf counters they hold every event of
+//! [`sources::events::vm_events`] but the spans, which only the kernel counts (32 on a host
+//! without VMX/SVM, 48 with). Plus one QMP socket when
 //! given, one libvirt connection for a libvirt domain, and a copy of each KVM statistics
 //! descriptor the VMM holds.
 

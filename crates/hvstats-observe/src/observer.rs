@@ -64,6 +64,13 @@ pub struct Observer {
     socket_retry: Instant,
     /// Every process holding a KVM VM, found anew each tick from what changed.
     scan: KvmScan,
+    /// The events every VM is counted with, made at start when counts are kept beyond this
+    /// observer: making them adopts the rows an earlier observer kept (and drops those of VMs
+    /// gone meanwhile) before any VM is attached, and holding them keeps the adopted rows until
+    /// their VMs are attached again or end.
+    kept: Option<crate::counting::EventList>,
+    /// What is to be said of the kept counts at the next tick.
+    kept_notes: Vec<String>,
 }
 
 /// Descriptors kept out of the counters' reach (for `/proc`, the runtime directory, QMP sockets
@@ -72,7 +79,17 @@ pub const FD_RESERVE: usize = 256;
 
 impl Observer {
     /// An observer publishing into `hv`.
+    ///
+    /// With a runtime directory to claim VMs in (`options.claims`), the in-kernel counts are kept
+    /// in bpffs beyond this observer, for the next observer of that runtime directory.
     pub fn new(hv: Arc<Hypervisor>, procfs: Procfs, targets: Targets, options: ObserveOptions) -> Self {
+        let mut options = options;
+        let (kept, kept_notes) = match &options.claims {
+            Some(runtime) => keep_counts(runtime),
+            None => (None, Vec::new()),
+        };
+        options.kept_in = kept.as_ref().map(|(dir, _)| dir.clone());
+        let kept = kept.map(|(_, events)| events);
         Self {
             hv,
             procfs,
@@ -81,6 +98,8 @@ impl Observer {
             records: BTreeMap::new(),
             socket_retry: Instant::now(),
             scan: KvmScan::new(),
+            kept,
+            kept_notes,
         }
     }
 
@@ -94,6 +113,28 @@ impl Observer {
         match &self.targets {
             Targets::Pids(pids) => pids.iter().all(|p| self.records.get(p).is_some_and(Record::is_done)),
             Targets::All | Targets::QmpSocket(_) => false,
+        }
+    }
+
+    /// Says what keeping the in-kernel counts found since the last tick, after dropping the
+    /// adopted rows of VMs that ended before being attached again.
+    fn say_kept(&mut self, events: &mut Vec<ObserverEvent>) {
+        if self.kept.is_some() {
+            let gone = hvstats_host::counting::drop_gone_kept();
+            if gone > 0 {
+                self.kept_notes.push(format!("dropped the kept counts of {gone} thread(s) that ended"));
+            }
+        }
+        self.kept_notes.extend(hvstats_host::counting::kept_notes());
+        events.extend(self.kept_notes.drain(..).map(ObserverEvent::Kept));
+    }
+
+    /// Leaves the in-kernel counts kept for this observer's VMs counting for the next observer
+    /// of its runtime directory, rather than releasing them as its VMs are dropped: called when
+    /// the observer ends (a signal, serve stopping) while its VMs go on.
+    pub fn leave_kept_counts(&self) {
+        if self.kept.is_some() {
+            hvstats_host::counting::leave_kept_counts();
         }
     }
 
@@ -139,6 +180,7 @@ impl Observer {
             record.say_progress(*pid, &mut events);
         }
         self.records.retain(|_, r| !r.is_blank());
+        self.say_kept(&mut events);
         self.write_health();
         events
     }
@@ -543,4 +585,24 @@ pub fn raise_fd_limit() -> io::Result<u64> {
         }
     }
     Ok(lim.rlim_cur)
+}
+
+/// Keeps the in-kernel counts of VMs observed for `runtime` beyond this observer, adopting what
+/// an earlier one kept: the events every VM is counted with (made now, so the adoption happens
+/// at start), and what to say of it.
+fn keep_counts(
+    runtime: &std::path::Path,
+) -> (Option<(std::path::PathBuf, crate::counting::EventList)>, Vec<String>) {
+    match hvstats_host::counting::keep_counts_in(runtime) {
+        Ok(dir) => {
+            use crate::sources::events::{host_isa, vm_events};
+            let events = crate::counting::EventList::kept_in(vm_events(host_isa()), &dir);
+            let mut notes = hvstats_host::counting::kept_notes();
+            if events.is_kept() {
+                notes.push(format!("kept in {}, for the next observer to adopt", dir.display()));
+            }
+            (Some((dir, events)), notes)
+        }
+        Err(e) => (None, vec![format!("not kept beyond this observer: {e}")]),
+    }
 }

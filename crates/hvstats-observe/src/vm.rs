@@ -1,8 +1,8 @@
 //! One observed VM: the sources of its counters ([`super::sources`]), which thread runs each
 //! vCPU, and the partition (partition page + a VP page per vCPU) it is published as.
 //!
-//! At attach the VM's sources are opened (the events source counts on every thread of the
-//! process, since the vCPU threads are not known yet); each refresh finds which thread runs which
+//! At attach the VM's sources are opened (the events source and the thread clocks count on every
+//! thread of the process, since the vCPU threads are not known yet); each refresh finds which thread runs which
 //! vCPU (a source that knows, such as QMP `query-cpus-fast`, then KVM's debugfs, then thread
 //! names), reads every source, writes each VP page and the partition page from the source that
 //! gives each counter, and declares unavailable what no source gives.
@@ -25,7 +25,7 @@ use hvstats_abi::ObjectKind;
 use hvstats_abi::catalog::{self, CounterId};
 use hvstats_abi::counter_set::CounterSet;
 use hvstats_abi::source::Source;
-use hvstats_abi::vm_sources::{SourceEntry, SourceTable};
+use hvstats_abi::vm_sources::{Origin, SourceEntry, SourceTable};
 
 use super::attach::{ObserveError, ObserveOptions};
 use super::claim::Claim;
@@ -134,7 +134,8 @@ impl ObservedVm {
         let Some(&vm_fd) = fds.vms.first() else { return Err(ObserveError::NoVm(pid)) };
         let identity = procfs.identity(pid).map_err(|source| ObserveError::Proc { pid, source })?;
         let attached = SystemTime::now();
-        let at = VmAttach { procfs, pid, fds, options, room, qmp };
+        let per_thread = super::sources::events_per_thread();
+        let at = VmAttach { procfs, pid, fds, options, room, per_thread, qmp };
         let mut opened = Vec::new();
         for open in VM_SOURCES {
             opened.extend(open(&at)?);
@@ -490,12 +491,20 @@ impl ObservedVm {
         for (row, value) in self.source_table().rows() {
             page.set(row, value);
         }
+        let kept = kept_since(self.sources.sources().iter().map(|s| (s.origin(), s.kept_since())));
+        self.partition.set_kept_since(kept);
         let unavailable = self.unavailable();
         if self.declared.as_ref() != Some(&unavailable) {
             publication::declare_unavailable(&self.partition, &unavailable);
             self.declared = Some(unavailable);
         }
     }
+}
+
+/// From when the VM's counts kept across observers count: the earliest time its sources whose
+/// origin is [`Origin::Kept`] give (`None` when none does).
+fn kept_since(sources: impl Iterator<Item = (Origin, Option<SystemTime>)>) -> Option<SystemTime> {
+    sources.filter(|(origin, _)| *origin == Origin::Kept).filter_map(|(_, at)| at).min()
 }
 
 /// Publishes the partition of the VM of `pid`, named `name`, with `vcpus` VPs.
@@ -535,5 +544,27 @@ fn describe(partition: &PartitionStats, procfs: &Procfs, pid: i32, start_time: u
 impl Drop for ObservedVm {
     fn drop(&mut self) {
         self.hv.remove_partition(self.partition.id());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn the_counts_kept_count_from_the_earliest_kept_source() {
+        let at = |s: u64| Some(SystemTime::UNIX_EPOCH + Duration::from_secs(s));
+        let sources = [
+            (Origin::Attach, at(50)),
+            (Origin::Kept, at(300)),
+            (Origin::VcpuCreation, at(100)),
+            (Origin::Kept, None),
+            (Origin::Kept, at(200)),
+        ];
+        assert_eq!(kept_since(sources.into_iter()), at(200), "only kept sources, the earliest");
+        assert_eq!(kept_since(sources[..4].iter().copied()), at(300));
+        assert_eq!(kept_since(sources[..1].iter().copied()), None, "a time of a source not kept is not one");
+        assert_eq!(kept_since([(Origin::Kept, None)].into_iter()), None, "kept, not known yet");
     }
 }

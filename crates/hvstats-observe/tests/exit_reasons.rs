@@ -480,8 +480,7 @@ fn page_of(isa: u32, counts: &[Option<u64>]) -> SharedPage {
     let mut at = 0;
     for writer in WRITERS {
         let n = writer.events(Some(isa)).len();
-        let reading =
-            ThreadReading { counts: &counts[at..at + n], guest_100ns: None, kvm_exit: KvmExitState::Fires };
+        let reading = ThreadReading { counts: &counts[at..at + n], kvm_exit: KvmExitState::Fires };
         writer.write(&reading, &page, &all);
         at += n;
     }

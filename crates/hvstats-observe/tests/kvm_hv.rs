@@ -298,7 +298,7 @@ fn page_of(isa: Option<u32>, counts: &[Option<u64>], kvm_exit: KvmExitState) -> 
     let mut at = 0;
     for writer in WRITERS {
         let n = writer.events(isa).len();
-        let reading = ThreadReading { counts: &counts[at..at + n], guest_100ns: None, kvm_exit };
+        let reading = ThreadReading { counts: &counts[at..at + n], kvm_exit };
         writer.write(&reading, &page, &all);
         at += n;
     }

@@ -16,8 +16,10 @@ use std::time::Duration;
 
 use hvstats::Hypervisor;
 use hvstats_abi::catalog::vp;
+use hvstats_abi::vm_sources::{Origin, SourceTable};
 use hvstats_observe::counting::EventList;
 use hvstats_observe::sources::events::vm_events;
+use hvstats_observe::sources::thread_clock;
 use hvstats_observe::{KvmExitState, ObserveOptions, Observer, ObserverEvent, Procfs, Targets};
 use observe_support::{FakeProcess, TempDir};
 
@@ -101,10 +103,23 @@ fn an_observed_vm_becomes_a_partition_counted_from_attach_and_goes_when_its_proc
     let vm = observer.vms().next().unwrap();
     assert_eq!(vm.vcpu_threads(), vec![Some(tid0), Some(tid1)]);
     assert_eq!(vm.kvm_exit(), KvmExitState::NoHardwareVirtualization, "no VMX/SVM on this host");
-    // Counters only on the two vCPU threads now; every event of the list that is not counted in
-    // the kernel is a perf counter on each.
-    let events_per_thread = EventList::new(vm_events(None)).perf_events_per_thread();
+    // Counters only on the two vCPU threads now; every event of the events source's list that is
+    // not counted in the kernel is a perf counter on each, and so is each of the thread clock's.
+    let events_per_thread =
+        EventList::new(vm_events(None)).perf_events_per_thread() + thread_clock::events().len();
     assert_eq!(vm.fds(), 2 * events_per_thread, "the fd budget: {events_per_thread} per vCPU thread");
+    // One source, one origin: the threads' clocks (perf counters, which nothing keeps across
+    // observers) are a source of their own, counting from attach, apart from the tracepoints.
+    assert_eq!(vm.source_of(vp::TOTAL_RUN_TIME), Some("thread-clock"));
+    assert_eq!(vm.source_of(vp::LOGICAL_PROCESSOR_MIGRATIONS), Some("thread-clock"));
+    assert_eq!(vm.source_of(vp::CPUID_INSTRUCTIONS), Some("tracepoints"));
+    let table = SourceTable::decode(|id| Some(stats.page().get(id))).unwrap();
+    let clock = table.writer(vp::HYPERVISOR_RUN_TIME).unwrap();
+    assert_eq!((clock.name(), clock.origin), ("thread-clock", Origin::Attach));
+    let names: Vec<&str> = table.sources().map(|s| s.name()).collect();
+    let at = |name: &str| names.iter().position(|n| *n == name);
+    assert!(at("tracepoints") < at("thread-clock") && at("thread-clock") < at("thread"), "{names:?}");
+    assert_eq!(stats.page().get(hvstats_abi::catalog::partition::KEPT_SINCE), 0, "nothing kept here");
 
     // vCPU 0 runs for 100 ms of CPU; the tree says 3 more ticks of it were guest time.
     spin0.send(Duration::from_millis(100)).unwrap();
@@ -265,7 +280,7 @@ fn a_hundred_vms_with_all_hold_a_bounded_number_of_descriptors_and_come_and_go()
     let attached = events.iter().filter(|e| matches!(e, ObserverEvent::Attached { .. })).count();
     assert_eq!(attached, 100);
     assert_eq!(hv.partitions().len(), 100);
-    let per_vcpu = EventList::new(vm_events(None)).perf_events_per_thread();
+    let per_vcpu = EventList::new(vm_events(None)).perf_events_per_thread() + thread_clock::events().len();
     assert_eq!(observer.fds(), 100 * per_vcpu, "{per_vcpu} per one-vCPU VM");
     let mut names: Vec<String> = observer.vms().map(|v| v.name().to_owned()).collect();
     names.sort();

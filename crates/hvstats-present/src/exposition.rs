@@ -618,8 +618,9 @@ impl Exposition {
             "vm_counting_since",
             "When the publisher began counting each VM's counters (an observer: attached to it), \
              in seconds since the Unix epoch: a new value is a new origin, from which every \
-             counter not counted from the vCPU's creation (vm_source_up, snapshot --json's \
-             sources) starts again at 0. A reset said, not a count lost without a word.",
+             counter counted from attach (not from the vCPU's creation, nor kept in the kernel \
+             across observers: vm_source_up, snapshot --json's sources) starts again at 0. A \
+             reset said, not a count lost without a word.",
             Some(BaseUnit::Seconds),
             Kind::Gauge,
         )?;
@@ -962,6 +963,79 @@ mod tests {
         assert_eq!(json["counting_since"], 1_764_290_000.25);
         assert_eq!(json["sources"][0]["counts_since"], 1_764_290_000.25);
         assert_eq!(json["sources"][1]["counts_since"], 1_764_289_900.0);
+    }
+
+    #[test]
+    fn a_counter_whose_counts_are_kept_says_the_first_attach_in_every_format() {
+        use hvstats::snapshot::ObjectReading;
+        use hvstats_abi::catalog::{partition, vp};
+        use hvstats_abi::vm_sources::{Origin, SourceEntry, SourceTable};
+        let mut instance = synthetic_instance(1, 1);
+        let mut table = SourceTable::default();
+        let kept = table.push(SourceEntry::new("tracepoints", true, Origin::Kept)).unwrap();
+        let clock = table.push(SourceEntry::new("thread-clock", true, Origin::Attach)).unwrap();
+        table.set_writer(vp::IO_INSTRUCTIONS, kept);
+        table.set_writer(vp::HYPERCALLS, clock);
+        let p = &mut instance.partitions[0];
+        p.name = "vm-k".into();
+        let mut rows: Vec<_> = table.rows().collect();
+        // This observer attached at 1764290000.25 s; the counts it continues were begun by the
+        // first observer, 60.5 s before.
+        rows.push((partition::COUNTING_SINCE, 1_764_290_000_250_000));
+        rows.push((partition::VM_STARTED, 1_764_289_900_000_000));
+        rows.push((partition::KEPT_SINCE, 1_764_289_939_750_000));
+        let ObjectReading::Counters(values) = &mut p.reading else { panic!() };
+        for (c, v) in values.iter_mut() {
+            if let Some((_, w)) = rows.iter().find(|(id, _)| *id == c.id) {
+                *v = *w;
+            }
+        }
+        let reading = crate::live::Reading::of(vec![instance.clone()]);
+        let selection = Selection::defaults().with(Collector::Created);
+        let text = Exposition::new(reading.clone(), 4).collect(selection).encode().unwrap();
+        assert_eq!(
+            lines_of(&text, "hvstats_vp_intercepts_created{vm=\"vm-k\",vp=\"0\",intercept=\"io\"}"),
+            ["hvstats_vp_intercepts_created{vm=\"vm-k\",vp=\"0\",intercept=\"io\"} 1764289939.750000"]
+        );
+        assert_eq!(
+            lines_of(&text, "hvstats_vp_hypercalls_created{vm=\"vm-k\",vp=\"0\"}"),
+            ["hvstats_vp_hypercalls_created{vm=\"vm-k\",vp=\"0\"} 1764290000.250000"],
+            "a source counting from attach still says this observer's attach"
+        );
+        // The page's own origin stays this observer's attach.
+        assert_eq!(
+            lines_of(&text, "hvstats_vm_counting_since_seconds{"),
+            ["hvstats_vm_counting_since_seconds{vm=\"vm-k\"} 1764290000.25"]
+        );
+        let families =
+            crate::protobuf::decode(&Exposition::new(reading, 4).collect(selection).encode_protobuf())
+                .unwrap();
+        let intercepts =
+            families.iter().find(|f| f.name.as_deref() == Some("hvstats_vp_intercepts_total")).unwrap();
+        let io = intercepts
+            .metric
+            .iter()
+            .find(|m| {
+                m.label
+                    .iter()
+                    .any(|l| l.name.as_deref() == Some("intercept") && l.value.as_deref() == Some("io"))
+            })
+            .unwrap();
+        let at = io.counter.as_ref().and_then(|c| c.created_timestamp.clone()).unwrap();
+        assert_eq!((at.seconds, at.nanos), (Some(1_764_289_939), Some(750_000_000)));
+        let json = crate::snapshot_json::partition_json(&instance.partitions[0], None, &instance);
+        assert_eq!(json["counting_since"], 1_764_290_000.25);
+        assert_eq!(json["kept_since"], 1_764_289_939.75);
+        assert_eq!(json["sources"][0]["counts_from"], "kept");
+        assert_eq!(json["sources"][0]["counts_since"], 1_764_289_939.75);
+        assert_eq!(json["sources"][1]["counts_since"], 1_764_290_000.25);
+        // The streamed document (snapshot --json of a whole host) says the same.
+        let mut out = Vec::new();
+        crate::snapshot_json::write_instances(std::slice::from_ref(&instance), &mut out).unwrap();
+        let streamed: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        let partition = &streamed["instances"][0]["partitions"][0];
+        assert_eq!(partition["kept_since"], 1_764_289_939.75, "{partition}");
+        assert_eq!(partition["sources"][0]["counts_since"], 1_764_289_939.75);
     }
 
     #[test]

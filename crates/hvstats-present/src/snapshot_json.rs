@@ -249,10 +249,19 @@ fn sources_json(p: &PartitionSnapshot) -> Value {
 /// From when the partition's counters count, in seconds since the Unix epoch (µs precision): the
 /// page's creation (an observer's attach), which a new publisher starts again, so a counter lower
 /// than before under a later `counting_since` was reset, not lost. The counters of an observed
-/// VM's sources that count from the vCPU's creation say their own in `sources[].counts_since`.
+/// VM's sources that count from the vCPU's creation, or keep their counts across observers, say
+/// their own in `sources[].counts_since`.
 /// Null for a page of an older publisher.
 fn counting_since_json(p: &PartitionSnapshot) -> Value {
     seconds_json(p.origins().counting_since_us)
+}
+
+/// From when the counts the kernel keeps for an observed VM across observers count, in seconds
+/// since the Unix epoch (µs precision): the first observer's attach, which a restarted observer
+/// continues from; the counters of the sources that keep their counts (`counts_from` "kept") say
+/// it in `sources[].counts_since`. Null when none are kept.
+fn kept_since_json(p: &PartitionSnapshot) -> Value {
+    seconds_json(p.origins().kept_since_us)
 }
 
 /// Microseconds since the epoch as seconds, null when unknown.
@@ -277,11 +286,12 @@ fn write_partition(out: &mut impl Write, p: &PartitionSnapshot, s: &InstanceSnap
     let state = if p.active && p.stopped.is_none() { "active" } else { "stopped" };
     let unmapped = |at| unmapped_json(s, at).map_or(String::new(), |u| format!("\"unmapped\":{u},"));
     let head = format!(
-        "\"active\":{},\"counting_since\":{},\"hyperv_enlightenments\":{},\"id\":{},\"name\":{},\"sources\":{},\"state\":\"{state}\",\"stopped_reason\":{},{}\"uuid\":{},\"vmm\":{},\"vps\":[",
+        "\"active\":{},\"counting_since\":{},\"hyperv_enlightenments\":{},\"id\":{},\"kept_since\":{},\"name\":{},\"sources\":{},\"state\":\"{state}\",\"stopped_reason\":{},{}\"uuid\":{},\"vmm\":{},\"vps\":[",
         p.active,
         counting_since_json(p),
         hyperv_json(p),
         p.id,
+        kept_since_json(p),
         Value::String(p.name.clone()),
         sources_json(p),
         p.stopped.as_ref().map_or(Value::Null, |r| Value::String(r.clone())),
@@ -511,7 +521,7 @@ pub(crate) fn partition_json(
         Some(_) => json!("stopped"),
     };
     let (vmm, uuid) = (vmm_json(p), uuid_json(p));
-    let fields = json!({"counting_since": counting_since_json(p), "id": p.id, "name": p.name, "uuid": uuid, "vmm": vmm, "hyperv_enlightenments": hyperv_json(p), "sources": sources_json(p), "active": p.active, "state": state, "stopped_reason": p.stopped, "vps": vps});
+    let fields = json!({"counting_since": counting_since_json(p), "kept_since": kept_since_json(p), "id": p.id, "name": p.name, "uuid": uuid, "vmm": vmm, "hyperv_enlightenments": hyperv_json(p), "sources": sources_json(p), "active": p.active, "state": state, "stopped_reason": p.stopped, "vps": vps});
     with(
         reading_json(&p.reading, ObjectKind::Partition, t),
         with_unmapped(fields, s, ObjectRef::Partition(p.id)),

@@ -210,6 +210,13 @@ impl PartitionStats {
         self.page.set(partition::VM_STARTED, unix_micros(at));
     }
 
+    /// Records when the counts the kernel keeps for the observed VM across observers began (the
+    /// first observer's attach), `None` when none are kept: the origin of the counters its
+    /// sources keep ([`hvstats_abi::vm_sources::CountOrigins`]).
+    pub fn set_kept_since(&self, at: Option<std::time::SystemTime>) {
+        self.page.set(partition::KEPT_SINCE, at.map_or(0, unix_micros));
+    }
+
     /// Records the VM's UUID (an observed VM whose VMM was given one), for readers.
     pub fn set_uuid(&self, uuid: crate::vmm::VmUuid) {
         self.write_entry(|w| w[ew::UUID..ew::UUID + 2].copy_from_slice(&uuid.to_words()));

@@ -164,6 +164,11 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         move |_| stop.cancel(),
     )
     .context("cannot wait for signals")?;
+    // Whatever ended it, the VMs it observed may go on: their kept counts go on for the next
+    // observer rather than being released as the observer goes.
+    if let Some(observer) = &observer {
+        observer.leave_kept_counts();
+    }
     let failed = match ended {
         Ended::Finished { failed } => failed,
         Ended::Panicked => true,

@@ -9,11 +9,13 @@
 
 pub mod filter;
 pub mod insn;
+pub mod keep;
 pub mod program;
 pub mod raw;
 pub mod sys;
 pub mod tally;
 
 pub use tally::{
-    CarriedColumn, Context, Slot, SpanColumn, Tally, TallyError, TallyLayout, ThreadTable, TracepointColumn,
+    Adoption, CarriedColumn, Context, Slot, SpanColumn, Tally, TallyError, TallyLayout, ThreadTable,
+    TracepointColumn,
 };

@@ -26,6 +26,12 @@ const PROG_TRACEPOINT: u32 = 5;
 /// `BPF_PROG_TYPE_RAW_TRACEPOINT`.
 const PROG_RAW_TRACEPOINT: u32 = 17;
 const CMD_RAW_TRACEPOINT_OPEN: libc::c_int = 17;
+const CMD_OBJ_PIN: libc::c_int = 6;
+const CMD_OBJ_GET: libc::c_int = 7;
+const CMD_OBJ_GET_INFO_BY_FD: libc::c_int = 15;
+const CMD_LINK_CREATE: libc::c_int = 28;
+/// `BPF_PERF_EVENT`: a link from a program to a perf event (a tracepoint's).
+const ATTACH_PERF_EVENT: u32 = 41;
 /// `PERF_EVENT_IOC_SET_BPF` = `_IOW('$', 8, __u32)`.
 const PERF_EVENT_IOC_SET_BPF: libc::c_ulong = 0x4004_2408;
 const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 8;
@@ -62,6 +68,49 @@ impl Attr {
 fn owned(fd: libc::c_long) -> OwnedFd {
     // SAFETY: the kernel just returned this fd to us and nothing else owns it.
     unsafe { OwnedFd::from_raw_fd(fd as i32) }
+}
+
+/// Pins `fd` (a map, program or link) at `path` in a BPF filesystem: it then lives on, named
+/// there, after every descriptor of it is closed, until the name is removed.
+fn pin(fd: i32, path: &std::path::Path) -> io::Result<()> {
+    let path = path_cstring(path)?;
+    Attr::new().u64_at(0, path.as_ptr() as u64).u32_at(8, fd as u32).call(CMD_OBJ_PIN)?;
+    Ok(())
+}
+
+/// Opens what is pinned at `path`.
+fn pinned(path: &std::path::Path) -> io::Result<OwnedFd> {
+    let path = path_cstring(path)?;
+    let fd = Attr::new().u64_at(0, path.as_ptr() as u64).call(CMD_OBJ_GET)?;
+    Ok(owned(fd))
+}
+
+fn path_cstring(path: &std::path::Path) -> io::Result<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+}
+
+/// What the kernel says of a map: `struct bpf_map_info`'s type, key size, value size and
+/// entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct MapInfo {
+    kind: u32,
+    key_size: u32,
+    value_size: u32,
+    entries: u32,
+}
+
+fn map_info(fd: i32) -> io::Result<MapInfo> {
+    // struct bpf_map_info: type @0, id @4, key_size @8, value_size @12, max_entries @16, ...
+    let mut info = [0u8; 64];
+    Attr::new()
+        .u32_at(0, fd as u32)
+        .u32_at(4, info.len() as u32)
+        .u64_at(8, info.as_mut_ptr() as u64)
+        .call(CMD_OBJ_GET_INFO_BY_FD)?;
+    let at = |off: usize| u32::from_ne_bytes([info[off], info[off + 1], info[off + 2], info[off + 3]]);
+    Ok(MapInfo { kind: at(0), key_size: at(8), value_size: at(12), entries: at(16) })
 }
 
 /// A BPF map with `u32` keys: an array (per CPU or not), or a hash ([`ArrayMap::create_hash`]).
@@ -105,6 +154,31 @@ impl ArrayMap {
             .u32_at(12, entries)
             .call(CMD_MAP_CREATE)?;
         Ok(Self { fd: owned(fd), value_size, entries, copies: 1 })
+    }
+
+    /// Pins the map at `path` (see [`ArrayMap::open_pinned`]).
+    ///
+    /// # Errors
+    /// What `bpf(BPF_OBJ_PIN)` returns (EEXIST, ENOENT: not in a BPF filesystem).
+    pub(crate) fn pin(&self, path: &std::path::Path) -> io::Result<()> {
+        pin(self.raw_fd(), path)
+    }
+
+    /// Opens the map pinned at `path`, which must be the same kind of map as this one, of the same
+    /// sizes: anything else is refused (InvalidData).
+    ///
+    /// # Errors
+    /// What `bpf(BPF_OBJ_GET)` returns; InvalidData for another kind or size of map.
+    pub(crate) fn pinned_like(&self, path: &std::path::Path) -> io::Result<Self> {
+        let fd = pinned(path)?;
+        let (have, want) = (map_info(fd.as_raw_fd())?, map_info(self.raw_fd())?);
+        if have != want {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("another kind of map ({have:?}, not {want:?})"),
+            ));
+        }
+        Ok(Self { fd, value_size: self.value_size, entries: self.entries, copies: self.copies })
     }
 
     /// Removes key `key` (a hash map's; an array's keys cannot be removed).
@@ -340,11 +414,50 @@ impl Attachment {
         Ok(Self { _event: owned(fd) })
     }
 
+    /// Pins the attachment at `path`: the program then stays attached after this is dropped
+    /// (and after this process ends), until the name is removed. Only a link can be pinned: a
+    /// raw tracepoint's, or [`tracepoint_link`](Self::tracepoint_link)'s.
+    ///
+    /// # Errors
+    /// What `bpf(BPF_OBJ_PIN)` returns (EINVAL for an attachment that is not a link).
+    pub(crate) fn pin(&self, path: &std::path::Path) -> io::Result<()> {
+        pin(self._event.as_raw_fd(), path)
+    }
+
+    /// As [`tracepoint`](Self::tracepoint), through a BPF link (`BPF_LINK_CREATE` on the perf
+    /// event) that holds the event: one that can be pinned.
+    ///
+    /// # Errors
+    /// What `perf_event_open` or `BPF_LINK_CREATE` return (EINVAL before Linux 5.15).
+    pub(crate) fn tracepoint_link(tracepoint: u64, program: &Program) -> io::Result<Self> {
+        let event = Self::tracepoint_event(tracepoint)?;
+        // struct bpf_attr.link_create: prog_fd @0, target_fd @4, attach_type @8, flags @12.
+        let fd = Attr::new()
+            .u32_at(0, program.fd.as_raw_fd() as u32)
+            .u32_at(4, event.as_raw_fd() as u32)
+            .u32_at(8, ATTACH_PERF_EVENT)
+            .call(CMD_LINK_CREATE)?;
+        // The link holds the event; our descriptor of it closes here.
+        Ok(Self { _event: owned(fd) })
+    }
+
     /// Attaches `program` to tracepoint id `tracepoint` (from tracefs).
     ///
     /// # Errors
     /// What `perf_event_open` or `PERF_EVENT_IOC_SET_BPF` return.
     pub fn tracepoint(tracepoint: u64, program: &Program) -> io::Result<Self> {
+        let event = Self::tracepoint_event(tracepoint)?;
+        // SAFETY: our fd is a perf tracepoint event; the argument is a program fd by value.
+        let r = unsafe { libc::ioctl(event.as_raw_fd(), PERF_EVENT_IOC_SET_BPF, program.fd.as_raw_fd()) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Self { _event: event })
+    }
+
+    /// A disabled counting perf event on tracepoint id `tracepoint`, on every thread of CPU 0:
+    /// what a program is attached to.
+    fn tracepoint_event(tracepoint: u64) -> io::Result<OwnedFd> {
         // struct perf_event_attr, PERF_ATTR_SIZE_VER0 (64 bytes): type, size, config, …, flags.
         let mut attr = [0u64; 8];
         attr[0] = u64::from(crate::perf_event::TYPE_TRACEPOINT) | (64u64 << 32);
@@ -366,13 +479,7 @@ impl Attachment {
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
-        let event = owned(fd);
-        // SAFETY: our fd is a perf tracepoint event; the argument is a program fd by value.
-        let r = unsafe { libc::ioctl(event.as_raw_fd(), PERF_EVENT_IOC_SET_BPF, program.fd.as_raw_fd()) };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Self { _event: event })
+        Ok(owned(fd))
     }
 }
 

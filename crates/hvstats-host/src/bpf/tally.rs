@@ -27,6 +27,7 @@ use std::sync::Mutex;
 
 use super::filter::Fields;
 use super::filter::{self, FilterError, Pred};
+use super::keep::{self, Owner};
 use super::program::{self, Carried, Carry, Column, Latch, Spans};
 use super::raw;
 use super::sys::{ArrayMap, Attachment, LoadError, Program};
@@ -196,6 +197,24 @@ pub struct Tally {
     carried: usize,
     free: Mutex<Slots>,
     programs: Programs,
+    /// Where the maps and links are pinned, when they are kept beyond this process.
+    kept: Option<Kept>,
+}
+
+/// A tally's pins: its directory, and the owner of each row.
+#[derive(Debug)]
+struct Kept {
+    dir: std::path::PathBuf,
+    owners: ArrayMap,
+}
+
+/// What a kept tally's maker found: how many rows it adopted, how many it dropped, and why.
+#[derive(Debug, Default)]
+pub struct Adoption {
+    /// Rows adopted: threads still alive, counted by the programs while no observer ran.
+    pub adopted: usize,
+    /// What was dropped, and why (a process gone, another version of the programs).
+    pub notes: Vec<String>,
 }
 
 #[derive(Debug)]
@@ -204,6 +223,10 @@ struct Slots {
     /// Slot of each thread counted, and how many counted it ([`Tally::add_thread`] calls not yet
     /// matched by [`Tally::remove_thread`]).
     used: BTreeMap<u32, (u32, usize)>,
+    /// Rows a kept tally adopted and no one has claimed yet, by thread id: slot and owner.
+    adopted: BTreeMap<u32, (u32, Owner)>,
+    /// By slot in use, since when its row counts (µs since the epoch), when the tally is kept.
+    since: BTreeMap<u32, u64>,
 }
 
 /// Columns a tally counts at most (a row's offsets must fit the instructions' 16 bits).
@@ -278,11 +301,111 @@ impl Tally {
     /// As [`new`](Self::new).
     pub fn of_layout(tracefs: &Path, layout: &TallyLayout, table: ThreadTable) -> Result<Self, TallyError> {
         let (parts, attachments) = Self::build(layout, table, |system, name, roles, columns, maps| {
-            attach_one(tracefs, system, name, roles, columns, maps)
+            attach_one(tracefs, system, name, roles, columns, maps, false)
         })?;
         Ok(parts.into_tally(Programs::Attached {
             _attachments: attachments.into_iter().map(|(_, a)| a).collect(),
         }))
+    }
+
+    /// As [`of_layout`](Self::of_layout), with the maps and links kept in bpffs in `identity`
+    /// ([`keep::identity_dir`]): the kept tally of the same layout found there is adopted (its
+    /// programs went on counting; [`claim`](Self::claim) takes a thread's row back), kept tallies
+    /// of another layout or version are dropped, and a new one is pinned there otherwise. Where
+    /// pinning fails, the tally counts without keeping; the [`Adoption`]'s notes say what was
+    /// dropped and why.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn kept(
+        tracefs: &Path,
+        layout: &TallyLayout,
+        table: ThreadTable,
+        identity: &Path,
+    ) -> Result<(Self, Adoption), TallyError> {
+        let dir = keep::layout_dir(identity, layout, table);
+        let mut adoption = Adoption::default();
+        let dropped = keep::drop_other_layouts(identity, &dir);
+        if dropped > 0 {
+            adoption.notes.push(format!(
+                "dropped the counts kept in {} by {dropped} other version or layout of the programs",
+                identity.display()
+            ));
+        }
+        if dir.is_dir() {
+            match Self::adopt(layout, table, &dir) {
+                Ok(tally) => {
+                    let gone = tally.drop_gone();
+                    adoption.adopted = tally.unclaimed();
+                    if gone > 0 {
+                        adoption.notes.push(format!(
+                            "dropped the kept counts of {gone} thread(s) gone while no observer ran"
+                        ));
+                    }
+                    return Ok((tally, adoption));
+                }
+                Err(why) => {
+                    adoption.notes.push(format!("dropped the counts kept in {}: {why}", dir.display()));
+                    keep::remove_tree(&dir);
+                }
+            }
+        }
+        let (parts, attachments) = Self::build(layout, table, |system, name, roles, columns, maps| {
+            attach_one(tracefs, system, name, roles, columns, maps, true)
+        })?;
+        let kept = match pin(&parts, &attachments, &dir) {
+            Ok(owners) => Some(Kept { dir, owners }),
+            Err(e) => {
+                keep::remove_tree(&dir);
+                adoption.notes.push(format!(
+                    "counts are not kept beyond this process: pinning in {} failed: {e}",
+                    dir.display()
+                ));
+                None
+            }
+        };
+        let mut tally = parts.into_tally(Programs::Attached {
+            _attachments: attachments.into_iter().map(|(_, a)| a).collect(),
+        });
+        tally.kept = kept;
+        Ok((tally, adoption))
+    }
+
+    /// The kept tally pinned in `dir`: its maps, opened and checked against the layout's, and
+    /// its rows' owners; a tracepoint whose link is not there is not counted.
+    fn adopt(layout: &TallyLayout, table: ThreadTable, dir: &Path) -> Result<Self, String> {
+        let (mut parts, _) = Self::build(layout, table, |system, name, _, _, _| {
+            if dir.join(format!("link:{system}:{name}")).exists() {
+                Ok(())
+            } else {
+                Err(TallyError::Attach {
+                    tracepoint: format!("{system}:{name}"),
+                    source: io::Error::new(io::ErrorKind::NotFound, "no program of it is kept"),
+                })
+            }
+        })
+        .map_err(|e| error_text(&e))?;
+        let open =
+            |map: &ArrayMap, name: &str| map.pinned_like(&dir.join(name)).map_err(|e| format!("{name}: {e}"));
+        parts.threads = open(&parts.threads, "threads")?;
+        parts.rows = open(&parts.rows, "rows")?;
+        if let Some(pending) = &parts.pending {
+            parts.pending = Some(open(pending, "pending")?);
+        }
+        if let Some(latches) = &parts.latches {
+            parts.latches = Some(open(latches, "latches")?);
+        }
+        let owners = open(&keep::owners_map().map_err(|e| e.to_string())?, "owners")?;
+        for slot in 0..SLOTS {
+            if let Some(owner) = owners.read(slot).ok().and_then(|v| Owner::decode(&v)) {
+                parts.free.adopted.insert(owner.tid, (slot, owner));
+            }
+        }
+        let taken: std::collections::BTreeSet<u32> = parts.free.adopted.values().map(|&(s, _)| s).collect();
+        parts.free.free.retain(|s| !taken.contains(s));
+        let mut tally = parts.into_tally(Programs::Attached { _attachments: Vec::new() });
+        tally.kept = Some(Kept { dir: dir.to_owned(), owners });
+        Ok(tally)
     }
 
     /// A tally whose programs are attached nowhere: made as [`with_spans`](Self::with_spans)
@@ -429,7 +552,12 @@ impl Tally {
         {
             return Err(e);
         }
-        let free = Slots { free: (0..SLOTS).rev().collect(), used: BTreeMap::new() };
+        let free = Slots {
+            free: (0..SLOTS).rev().collect(),
+            used: BTreeMap::new(),
+            adopted: BTreeMap::new(),
+            since: BTreeMap::new(),
+        };
         let parts = Parts {
             columns: columns.len(),
             refused,
@@ -528,7 +656,13 @@ impl Tally {
             Some(latches) => latches.write(slot, &vec![0u8; 8 * self.carried]),
             None => Ok(()),
         });
-        let written = cleared
+        let owner =
+            self.kept.as_ref().map(|_| Owner::now(pid, tid).unwrap_or_else(|| Owner::unknown(pid, tid)));
+        let owned = cleared.and_then(|()| match (&self.kept, &owner) {
+            (Some(kept), Some(owner)) => kept.owners.write(slot, &owner.encode()),
+            _ => Ok(()),
+        });
+        let written = owned
             .and_then(|()| self.rows.write(slot, &zero))
             .and_then(|()| self.threads.write(tid as u32, &entry.to_ne_bytes()));
         if let Err(e) = written {
@@ -536,6 +670,9 @@ impl Tally {
             return Err(TallyError::Map(e));
         }
         slots.used.insert(tid as u32, (slot, 1));
+        if let Some(owner) = owner {
+            slots.since.insert(slot, owner.since_us);
+        }
         Ok(Slot(slot))
     }
 
@@ -548,17 +685,80 @@ impl Tally {
         if *refs > 0 {
             return;
         }
+        if self.kept.is_some() && keep::LEAVING.load(std::sync::atomic::Ordering::Relaxed) {
+            // The process is ending and its counts stay kept for the next observer.
+            return;
+        }
         let slot = *slot;
         slots.used.remove(&(tid as u32));
+        slots.since.remove(&slot);
+        self.release(&mut slots, tid, slot);
+    }
+
+    /// Stops counting `tid` in `slot` and frees the slot (its owner cleared, when kept).
+    fn release(&self, slots: &mut Slots, tid: i32, slot: u32) {
         // The thread's entry goes first, so no program adds to the row once it is reused; a
         // slot whose entry cannot be cleared is never reused.
         let cleared = match self.table {
             ThreadTable::Array => self.threads.write(tid as u32, &0u64.to_ne_bytes()),
-            ThreadTable::Hash => self.threads.delete(tid as u32),
+            ThreadTable::Hash => self
+                .threads
+                .delete(tid as u32)
+                .or_else(|e| if e.raw_os_error() == Some(libc::ENOENT) { Ok(()) } else { Err(e) }),
         };
+        if let Some(kept) = &self.kept {
+            let _ = kept.owners.write(slot, &[0u8; keep::OWNER_SIZE]);
+        }
         if cleared.is_ok() {
             slots.free.insert(0, slot);
         }
+    }
+
+    /// Takes the adopted row of thread `tid` of `pid` when it is that same thread still (the
+    /// caller then counts from the row's whole count, and [`kept_since`](Self::kept_since) says
+    /// since when); an adopted row of another thread or process under that id is dropped.
+    pub fn claim(&self, pid: i32, tid: i32) -> Option<Slot> {
+        let mut slots = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let (slot, owner) = slots.adopted.remove(&(tid as u32))?;
+        if owner.pid == pid as u32 && owner.is_alive() && !slots.used.contains_key(&(tid as u32)) {
+            slots.used.insert(tid as u32, (slot, 1));
+            slots.since.insert(slot, owner.since_us);
+            return Some(Slot(slot));
+        }
+        self.release(&mut slots, tid, slot);
+        None
+    }
+
+    /// Since when `slot`'s row counts (µs since the epoch), when the tally is kept.
+    pub fn kept_since(&self, slot: Slot) -> Option<u64> {
+        self.kept.as_ref()?;
+        self.free.lock().unwrap_or_else(|e| e.into_inner()).since.get(&slot.0).copied()
+    }
+
+    /// Drops the adopted rows no one claimed whose thread is gone; returns how many.
+    pub fn drop_gone(&self) -> usize {
+        let mut slots = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let gone: Vec<(u32, u32)> = slots
+            .adopted
+            .iter()
+            .filter(|(_, (_, owner))| !owner.is_alive())
+            .map(|(&tid, &(slot, _))| (tid, slot))
+            .collect();
+        for &(tid, slot) in &gone {
+            slots.adopted.remove(&tid);
+            self.release(&mut slots, tid as i32, slot);
+        }
+        gone.len()
+    }
+
+    /// Rows adopted and not claimed yet.
+    pub fn unclaimed(&self) -> usize {
+        self.free.lock().unwrap_or_else(|e| e.into_inner()).adopted.len()
+    }
+
+    /// Where the tally's maps and links are pinned, when they are kept.
+    pub fn kept_in(&self) -> Option<&Path> {
+        self.kept.as_ref().map(|k| k.dir.as_path())
     }
 
     /// The counts of `slot`, by column, summed over CPUs.
@@ -577,6 +777,43 @@ impl Tally {
     pub fn read_into(&self, slot: Slot, scratch: &mut Vec<u8>, row: &mut Vec<u64>) -> io::Result<()> {
         row.resize(self.columns, 0);
         self.rows.sum_u64_into(slot.0, scratch, row)
+    }
+}
+
+/// Pins a new tally's maps and links in `dir`, the owners map last (a directory without it is a
+/// pinning cut short, never adopted); returns the owners map.
+fn pin(parts: &Parts, attachments: &[(Tracepoint, Attachment)], dir: &Path) -> io::Result<ArrayMap> {
+    let at = |name: &str, r: io::Result<()>| {
+        r.map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.join(name).display())))
+    };
+    keep::private_dir(dir)?;
+    at("threads", parts.threads.pin(&dir.join("threads")))?;
+    at("rows", parts.rows.pin(&dir.join("rows")))?;
+    if let Some(pending) = &parts.pending {
+        at("pending", pending.pin(&dir.join("pending")))?;
+    }
+    if let Some(latches) = &parts.latches {
+        at("latches", latches.pin(&dir.join("latches")))?;
+    }
+    for ((system, name), attachment) in attachments {
+        let link = format!("link:{system}:{name}");
+        at(&link, attachment.pin(&dir.join(&link)))?;
+    }
+    let owners = keep::owners_map()?;
+    at("owners", owners.pin(&dir.join("owners")))?;
+    Ok(owners)
+}
+
+impl Drop for Tally {
+    fn drop(&mut self) {
+        // A kept tally that counts no one is not kept: its programs would run for nothing.
+        let slots = self.free.get_mut().unwrap_or_else(|e| e.into_inner());
+        if let Some(kept) = &self.kept
+            && slots.used.is_empty()
+            && slots.adopted.is_empty()
+        {
+            keep::remove_tree(&kept.dir);
+        }
     }
 }
 
@@ -620,6 +857,7 @@ impl Parts {
             carried,
             free: Mutex::new(free),
             programs,
+            kept: None,
         }
     }
 }
@@ -719,6 +957,7 @@ fn attach_one(
     roles: &Roles,
     columns: &[TracepointColumn],
     maps: &Maps<'_>,
+    link: bool,
 ) -> Result<Attachment, TallyError> {
     let tracepoint = format!("{system}:{name}");
     let format = tracefs::event_format_at(root, system, name)
@@ -737,7 +976,13 @@ fn attach_one(
     let insns = record_program(&tracepoint, &fields, roles, columns, maps)?;
     let prog = Program::load_tracepoint(&insns)
         .map_err(|source| TallyError::Load { tracepoint: tracepoint.clone(), source })?;
-    Attachment::tracepoint(id, &prog).map_err(|source| TallyError::Attach { tracepoint, source })
+    // A link where one is asked for (it can be pinned; Linux 5.15 on), else the event itself.
+    let attached = if link {
+        Attachment::tracepoint_link(id, &prog).or_else(|_| Attachment::tracepoint(id, &prog))
+    } else {
+        Attachment::tracepoint(id, &prog)
+    };
+    attached.map_err(|source| TallyError::Attach { tracepoint, source })
 }
 
 /// The program [`attach_one`] would attach to `system:name`, loaded to be run on a context of our

@@ -29,8 +29,6 @@ pub enum KvmExitState {
 pub struct ThreadReading<'a> {
     /// The counts of the writer's events, in the order it named them (`None`: not counted).
     pub counts: &'a [Option<u64>],
-    /// The thread's guest time since its counters were opened, in 100 ns.
-    pub guest_100ns: Option<u64>,
     /// What `kvm_exit` does on this host.
     pub kvm_exit: KvmExitState,
 }

@@ -1,9 +1,10 @@
-//! The events source: KVM's tracepoints and the software events of a VMM's threads, counted on
-//! each thread from attach on ([`crate::counting`]), written by event writers.
+//! The events source: KVM's tracepoints, counted on each thread of a VMM from attach on
+//! ([`crate::counting`]), written by event writers.
 //!
 //! At attach every thread of the process is counted (the vCPU threads are not known yet, and a
 //! VM attached while paused must be counted from its first instruction); once every vCPU's
-//! thread is known the others are closed. An [`EventWriter`] is one file that names the events
+//! thread is known the others are closed. The threads' own clocks are another source, counted
+//! on the same threads within the same budget ([`vmm_threads`]). An [`EventWriter`] is one file that names the events
 //! it needs and writes counters from their counts: [`WRITERS`] lists them, and the list of
 //! events counted on each thread is theirs put end to end ([`vm_events`]), so no index is written
 //! by hand.
@@ -14,6 +15,7 @@ use hvstats::SharedPage;
 use hvstats_abi::counter_set::CounterSet;
 use hvstats_abi::exit_reason;
 use hvstats_abi::source::Tracepoint;
+use hvstats_abi::vm_sources::Origin;
 
 use super::event_writer::{EventWriter, KvmExitState, ThreadReading, tracepoint_event};
 use super::hyperv;
@@ -26,6 +28,31 @@ use hvstats_sources::counter_source::{CounterSource, Gives, Object};
 /// other threads (main loop, I/O, RCU, a worker pool) rarely number more; the rest of a process
 /// with thousands of threads is left out, and said to be.
 pub const EXTRA_THREADS: usize = 256;
+
+/// How many of the VMM's threads a source counting on them may count at attach, and the threads
+/// to count first (those known to run a vCPU): at most [`EXTRA_THREADS`] beyond one per vCPU,
+/// and as many as the descriptors left hold [`VmAttach::per_thread`] events each, the same for
+/// every such source, so that together they stay within [`VmAttach::room`].
+///
+/// # Errors
+/// When the descriptors left cannot hold the events of every vCPU's thread.
+pub(crate) fn vmm_threads(at: &VmAttach<'_>) -> Result<(usize, Vec<i32>), ObserveError> {
+    let (procfs, pid) = (at.procfs, at.pid);
+    let per_thread = at.per_thread.max(1);
+    let vcpus = at.fds.vcpus.len();
+    let max_threads = (at.room / per_thread).min(vcpus + EXTRA_THREADS);
+    if max_threads < vcpus.max(1) {
+        return Err(ObserveError::Budget { pid, vcpus, needed: vcpus.max(1) * per_thread, room: at.room });
+    }
+    let mut first: Vec<i32> = at
+        .fds
+        .vms
+        .first()
+        .map(|&vm_fd| procfs.debugfs_vcpu_threads(pid, vm_fd).into_values().collect())
+        .unwrap_or_default();
+    first.extend(procfs.named_vcpu_threads(pid).unwrap_or_default().into_values());
+    Ok((max_threads, first))
+}
 
 /// The hardware virtualization of this host's KVM: `Some(ISA_VMX)`, `Some(ISA_SVM)`, or `None`
 /// (a software backend, where `kvm_exit` does not fire).
@@ -44,7 +71,6 @@ pub const WRITERS: &[&dyn EventWriter] = &[
     &super::tracepoints::KvmTracepoints,
     &super::exit_classes::ExitClasses,
     &super::hyperv::HypervEnlightenments,
-    &super::thread_clock::ThreadClock,
 ];
 
 /// The events counted on a VMM's threads on a host of `isa`: every writer's, end to end.
@@ -59,18 +85,19 @@ pub struct Events {
     /// By writer, the index of its first event in the list.
     offsets: Vec<usize>,
     kvm_exit: KvmExitState,
-    /// Each counted thread's guest time (clock ticks) when its counters were opened.
-    guest_ticks_at_open: BTreeMap<i32, u64>,
-    /// By VP index, the last reading of its thread's events and guest time since open.
-    readings: BTreeMap<u32, (Vec<Option<u64>>, Option<u64>)>,
+    /// By VP index, the last reading of its thread's events.
+    readings: BTreeMap<u32, Vec<Option<u64>>>,
     /// By event, whether it is counted on every vCPU thread known.
     counted: Vec<bool>,
     /// Whether the VM's Hyper-V hypercalls are all its hypercalls ([`hyperv::gives_totals`]).
     hyperv_totals: bool,
+    /// Since when every count it writes counts (µs since the epoch), when all are kept beyond
+    /// this observer: every vCPU thread known and counted in a kept row, no event left to perf.
+    kept_since: Option<u64>,
 }
 
 /// Opens the events source: counters on every thread of the VMM (the threads known to run a
-/// vCPU first), at most [`EXTRA_THREADS`] beyond one per vCPU and within the descriptors left.
+/// vCPU first), as many as [`vmm_threads`] says.
 ///
 /// # Errors
 /// When the descriptors left cannot hold a counter group per vCPU, or the threads cannot be
@@ -78,20 +105,11 @@ pub struct Events {
 pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError> {
     let (procfs, pid) = (at.procfs, at.pid);
     let isa = host_isa();
-    let events = EventList::new(vm_events(isa));
-    let per_thread = events.len().max(1);
-    let vcpus = at.fds.vcpus.len();
-    let max_threads = (at.room / per_thread).min(vcpus + EXTRA_THREADS);
-    if max_threads < vcpus.max(1) {
-        return Err(ObserveError::Budget { pid, vcpus, needed: vcpus.max(1) * per_thread, room: at.room });
-    }
-    let mut first: Vec<i32> = at
-        .fds
-        .vms
-        .first()
-        .map(|&vm_fd| procfs.debugfs_vcpu_threads(pid, vm_fd).into_values().collect())
-        .unwrap_or_default();
-    first.extend(procfs.named_vcpu_threads(pid).unwrap_or_default().into_values());
+    let (max_threads, first) = vmm_threads(at)?;
+    let events = match &at.options.kept_in {
+        Some(dir) => EventList::kept_in(vm_events(isa), dir),
+        None => EventList::new(vm_events(isa)),
+    };
     let counters = ThreadCounters::attach_at_most(procfs, pid, events, max_threads, &first)
         .map_err(|source| ObserveError::Proc { pid, source })?;
     let mut offsets = Vec::with_capacity(WRITERS.len());
@@ -102,16 +120,15 @@ pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError
     }
     let kvm_exit =
         if isa.is_some() { KvmExitState::Undecided } else { KvmExitState::NoHardwareVirtualization };
-    let mut me = Events {
+    let me = Events {
         counters,
         offsets,
         kvm_exit,
-        guest_ticks_at_open: BTreeMap::new(),
         readings: BTreeMap::new(),
         counted: Vec::new(),
         hyperv_totals: hyperv::gives_totals(procfs.hyperv_enlightenments(pid)),
+        kept_since: None,
     };
-    me.note_guest_ticks(procfs, pid);
     Ok(Some(Box::new(me)))
 }
 
@@ -120,16 +137,6 @@ impl Events {
     fn range(&self, w: usize) -> std::ops::Range<usize> {
         let end = self.offsets.get(w + 1).copied().unwrap_or(self.counters.events().len());
         self.offsets[w]..end
-    }
-
-    /// Records the guest time of threads whose counters were just opened: guest time counts from
-    /// the same moment as the thread's counters.
-    fn note_guest_ticks(&mut self, procfs: &crate::discovery::Procfs, pid: i32) {
-        for tid in self.counters.tids() {
-            if let std::collections::btree_map::Entry::Vacant(v) = self.guest_ticks_at_open.entry(tid) {
-                v.insert(guest_ticks(procfs, pid, tid).unwrap_or(0));
-            }
-        }
     }
 
     /// Decides whether `kvm_exit` fires, from exits the guest is seen to make.
@@ -147,7 +154,7 @@ impl Events {
         let sum = |indices: &[usize]| -> u64 {
             self.readings
                 .values()
-                .map(|(c, _)| indices.iter().map(|&i| c.get(i).copied().flatten().unwrap_or(0)).sum::<u64>())
+                .map(|c| indices.iter().map(|&i| c.get(i).copied().flatten().unwrap_or(0)).sum::<u64>())
                 .sum()
         };
         if kvm_exit.is_some_and(|i| sum(&[i]) > 0) {
@@ -180,11 +187,11 @@ impl CounterSource for Events {
 
     fn write(&self, object: Object, page: &SharedPage, only: &CounterSet) {
         let Object::Vp(index) = object else { return };
-        let Some((counts, guest_100ns)) = self.readings.get(&index) else { return };
+        let Some(counts) = self.readings.get(&index) else { return };
         for (w, writer) in WRITERS.iter().enumerate() {
             let range = self.range(w);
             let Some(counts) = counts.get(range) else { continue };
-            let reading = ThreadReading { counts, guest_100ns: *guest_100ns, kvm_exit: self.kvm_exit };
+            let reading = ThreadReading { counts, kvm_exit: self.kvm_exit };
             writer.write(&reading, page, only);
         }
     }
@@ -197,22 +204,17 @@ impl CounterSource for Events {
 
 impl VmSource for Events {
     fn read(&mut self, vm: &VmView<'_>) -> Learned {
-        if self.counters.rescan(vm.procfs).is_ok_and(|added| added > 0) {
-            self.note_guest_ticks(vm.procfs, vm.pid);
-        }
+        // A process that cannot be listed is gone: the refresh says so.
+        let _ = self.counters.rescan(vm.procfs);
         // Once every vCPU's thread is known, only those are counted.
         if vm.all_known() && !self.counters.is_narrowed() {
             let tids: Vec<i32> = vm.threads().map(|(_, tid)| tid).collect();
             self.counters.retain(&tids);
-            self.guest_ticks_at_open.retain(|tid, _| tids.contains(tid));
         }
         self.readings.clear();
         for (index, tid) in vm.threads() {
             let Some(counts) = self.counters.read(tid) else { continue };
-            let guest = guest_ticks(vm.procfs, vm.pid, tid)
-                .zip(self.guest_ticks_at_open.get(&tid).copied())
-                .map(|(now, then)| hvstats_host::task_stat::ticks_to_100ns(now.saturating_sub(then)));
-            self.readings.insert(index, (counts, guest));
+            self.readings.insert(index, counts);
         }
         // An event is counted when it can be at all and is open on every vCPU thread known.
         let events = self.counters.events();
@@ -222,6 +224,10 @@ impl VmSource for Events {
             })
             .collect();
         self.decide_kvm_exit();
+        let all_in_kernel = self.counters.events().perf_events_per_thread() == 0;
+        self.kept_since = (vm.all_known() && all_in_kernel)
+            .then(|| self.counters.kept_since_of(vm.threads().map(|(_, tid)| tid)))
+            .flatten();
         let counting = Counting {
             kvm_exit: self.kvm_exit,
             threads: self.counters.tids().len(),
@@ -230,9 +236,14 @@ impl VmSource for Events {
         };
         Learned { counting: Some(counting), ..Learned::holding(self.counters.fds()) }
     }
-}
 
-/// The guest time (clock ticks) of thread `tid` of `pid`.
-fn guest_ticks(procfs: &crate::discovery::Procfs, pid: i32, tid: i32) -> Option<u64> {
-    hvstats_sources::thread_time::guest_ticks_of(procfs.root(), pid, tid).ok()
+    /// Kept when every count it writes is kept in the kernel beyond this observer (a restarted
+    /// observer continues them); else counted from this attach.
+    fn origin(&self) -> Origin {
+        if self.kept_since.is_some() { Origin::Kept } else { Origin::Attach }
+    }
+
+    fn kept_since(&self) -> Option<std::time::SystemTime> {
+        self.kept_since.map(|us| std::time::UNIX_EPOCH + std::time::Duration::from_micros(us))
+    }
 }

@@ -181,7 +181,7 @@ mod tests {
         counts[span_of(InterceptClass::Cpuid).unwrap()] = Some(123_456);
         counts[span_of(InterceptClass::Halt).unwrap()] = Some(5_000_000_000);
         counts[span_of(InterceptClass::Other).unwrap()] = Some(900);
-        let reading = ThreadReading { counts: &counts, guest_100ns: None, kvm_exit: KvmExitState::Fires };
+        let reading = ThreadReading { counts: &counts, kvm_exit: KvmExitState::Fires };
         write_exit_times(&page, &all(), &reading);
         assert_eq!(page.get(vp::CPUID_INSTRUCTIONS_COST), 1_234);
         assert_eq!(page.get(vp::HLT_INSTRUCTIONS_COST), 50_000_000);
@@ -206,7 +206,7 @@ mod tests {
         counts[at(InterceptClass::Halt)] = Some(7);
         counts[at(InterceptClass::Cpuid)] = Some(50);
         counts[at(InterceptClass::ExternalInterrupt)] = Some(3);
-        let reading = ThreadReading { counts: &counts, guest_100ns: None, kvm_exit: KvmExitState::Fires };
+        let reading = ThreadReading { counts: &counts, kvm_exit: KvmExitState::Fires };
         write_exit_classes(&page, &all(), &reading);
         assert_eq!(page.get(vp::HLT_INSTRUCTIONS), 7);
         assert_eq!(page.get(vp::EXTERNAL_INTERRUPTS), 3);

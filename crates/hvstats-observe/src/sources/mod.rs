@@ -10,9 +10,10 @@
 //!   `pidfd_getfd` (every vCPU statistic, whole-life, no guest interruption);
 //! - [`libvirt_stats`]: KVM's statistics of a libvirt domain from libvirt's bulk statistics, over
 //!   a read-only connection (never tainting the domain);
-//! - [`events`]: KVM's tracepoints and the VP threads' software events, counted per thread from
-//!   attach on (in the kernel where BPF is permitted), written by the event writers of
-//!   [`tracepoints`], [`exit_classes`], [`hyperv`] and [`thread_clock`];
+//! - [`events`]: KVM's tracepoints, counted per thread from attach on (in the kernel where BPF is
+//!   permitted), written by the event writers of [`tracepoints`], [`exit_classes`] and [`hyperv`];
+//! - [`thread_clock`]: the vCPU threads' CPU time, hypervisor time and migrations, perf software
+//!   events on the same threads, which always count from attach;
 //! - [`qmp_stats`]: KVM's statistics through QEMU's QMP `query-stats`, the VM's run state, and
 //!   QMP's knowledge of the vCPU threads and the VM's name; its session heals;
 //! - [`threads`]: the sources that read a vCPU thread from outside its process (schedstat, the
@@ -50,9 +51,18 @@ type OpenVm = fn(&VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveErro
 /// give: KVM's own statistics first, whole-life, by how little reading them costs the guest and
 /// the host (the VMM's open descriptors, then libvirt, then QMP), then what is counted from attach in the kernel
 /// (tracepoints, and on VMX/SVM hosts exits by reason, which give a class's count and time where
-/// no KVM statistic does), then the threads' own files.
+/// no KVM statistic does), then the threads' clocks, then the threads' own files. One source has
+/// one origin: the thread clocks, which no kernel object keeps across observers, are not the
+/// events source's.
 pub const VM_SOURCES: &[OpenVm] =
-    &[stats_fd::open, libvirt_stats::open, qmp_stats::open, events::open, threads::open];
+    &[stats_fd::open, libvirt_stats::open, qmp_stats::open, events::open, thread_clock::open, threads::open];
+
+/// Events counted on each thread of a VMM by the sources that count on its threads (the events
+/// source and the thread clocks), all together: what the descriptors left must hold per thread
+/// ([`VmAttach::per_thread`]).
+pub(crate) fn events_per_thread() -> usize {
+    events::vm_events(events::host_isa()).len() + thread_clock::events().len()
+}
 
 // Every source of the list has its rows on the VM's partition page.
 const _: () = assert!(

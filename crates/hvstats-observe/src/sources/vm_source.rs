@@ -71,8 +71,12 @@ pub struct VmAttach<'a> {
     pub fds: &'a KvmFds,
     /// How the VM is observed.
     pub options: &'a ObserveOptions,
-    /// Descriptors the source may hold (what the open file limit leaves for this VM).
+    /// Descriptors the sources may hold (what the open file limit leaves for this VM).
     pub room: usize,
+    /// Events counted on each thread of the VMM by every source that counts on its threads, all
+    /// together: those sources count on as many threads as `room` holds this many descriptors
+    /// for.
+    pub per_thread: usize,
     /// The VMM's QMP socket for this VM: given (`--qmp`), or named on its command line.
     pub qmp: Option<&'a Path>,
 }
@@ -173,9 +177,17 @@ pub trait VmSource: CounterSource {
     /// what it learned.
     fn read(&mut self, vm: &VmView<'_>) -> Learned;
 
-    /// From when its counters count: what it counts itself from attach (the default), or KVM's
-    /// own statistics from the vCPU's creation.
+    /// From when its counters count: what it counts itself from attach (the default), KVM's
+    /// own statistics from the vCPU's creation, or counts the kernel keeps for the VM across
+    /// observers from when the first observer began them.
     fn origin(&self) -> Origin {
         Origin::Attach
+    }
+
+    /// For a source whose counts are kept across observers ([`Origin::Kept`]): when they began
+    /// (the first observer's attach), once known. The VM's partition page says the earliest of
+    /// its kept sources' (see [`hvstats_abi::vm_sources::CountOrigins`]).
+    fn kept_since(&self) -> Option<std::time::SystemTime> {
+        None
     }
 }

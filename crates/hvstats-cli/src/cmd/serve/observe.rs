@@ -93,7 +93,9 @@ pub(crate) fn start(runtime_dir: &Path, how: Observing) -> anyhow::Result<Runnin
             if ended == Ended::Panicked {
                 wait_for(&stop);
             }
-            // The observer and the instance go here: partitions, claims, then the files.
+            // The observer and the instance go here: partitions, claims, then the files. The
+            // VMs go on, and so do their kept counts, for the next observer.
+            observer.leave_kept_counts();
             drop(observer);
             drop::<Arc<Hypervisor>>(hv);
             drop(mark);

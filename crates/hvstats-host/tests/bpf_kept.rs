@@ -1,0 +1,171 @@
+//! In-kernel counts that outlive the process that counts them: a tally kept in bpffs by one
+//! process, which then ends without a word (as a killed observer does), goes on counting this
+//! test's thread, and the next process adopts its row with every firing made meanwhile.
+//!
+//! The counting processes are this test binary run again (`kept_counter`, ignored unless run by
+//! the test), so that the counted thread, this test's, lives on while its counters come and go.
+//! The tracepoint is `syscalls:sys_enter_getppid`, which fires here without KVM. Needs root
+//! (CAP_BPF, CAP_PERFMON, bpffs); without them it says "skipped", and fails under
+//! `HVSTATS_REQUIRE_KVM=1`.
+
+// Test set-up: a failed step is the test's failure, reported by the panic.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use hvstats_host::bpf::keep;
+use hvstats_host::bpf::{Tally, TallyLayout, ThreadTable, TracepointColumn};
+
+fn layout(names: &[&str]) -> TallyLayout {
+    TallyLayout {
+        counted: names
+            .iter()
+            .map(|n| TracepointColumn { system: "syscalls".into(), name: (*n).into(), filter: None })
+            .collect(),
+        ..TallyLayout::default()
+    }
+}
+
+fn gettid() -> i32 {
+    // SAFETY: gettid has no arguments and no memory effects.
+    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
+}
+
+fn getppid(n: usize) {
+    for _ in 0..n {
+        // SAFETY: getppid has no arguments and no memory effects.
+        unsafe { libc::syscall(libc::SYS_getppid) };
+    }
+}
+
+/// What one counting process said: adopted or added, the count, since when, and its notes.
+#[derive(Debug)]
+struct Said {
+    adopted: bool,
+    count: u64,
+    since: u64,
+    notes: String,
+}
+
+/// Runs a counting process for thread `tid` of `pid` with the columns `names`, keeping its
+/// counts for `runtime`; it ends without dropping anything.
+fn count_once(runtime: &Path, names: &str, pid: i32, tid: i32) -> Said {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "kept_counter", "--ignored", "--nocapture", "--test-threads=1"])
+        .env("HVSTATS_KEPT_RUNTIME", runtime)
+        .env("HVSTATS_KEPT_COLUMNS", names)
+        .env("HVSTATS_KEPT_THREAD", format!("{pid}:{tid}"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let line = stdout.lines().find_map(|l| l.find("kept: ").map(|at| &l[at..])).unwrap_or_else(|| {
+        panic!("the counting process said nothing: {stdout}\n{}", String::from_utf8_lossy(&out.stderr))
+    });
+    let field = |k: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .unwrap_or_else(|| panic!("{k} in {line}"))
+            .to_owned()
+    };
+    Said {
+        adopted: field("adopted=") == "true",
+        count: field("count=").parse().unwrap(),
+        since: field("since=").parse().unwrap(),
+        notes: stdout.lines().filter(|l| l.contains("note: ")).collect::<Vec<_>>().join("\n"),
+    }
+}
+
+/// The counting process: claims the thread's kept row or adds it, says its count, and ends
+/// with `exit`, dropping nothing (its pins stay, as a killed process's do).
+#[test]
+#[ignore = "a counting process run by kept_counts_outlive_their_counter"]
+fn kept_counter() {
+    let (Some(runtime), Some(names), Some(thread)) = (
+        std::env::var_os("HVSTATS_KEPT_RUNTIME"),
+        std::env::var("HVSTATS_KEPT_COLUMNS").ok(),
+        std::env::var("HVSTATS_KEPT_THREAD").ok(),
+    ) else {
+        return;
+    };
+    let (pid, tid) = thread.split_once(':').unwrap();
+    let (pid, tid): (i32, i32) = (pid.parse().unwrap(), tid.parse().unwrap());
+    let identity = keep::identity_dir(Path::new(&runtime)).unwrap();
+    let names: Vec<&str> = names.split(',').collect();
+    let (tally, adoption) =
+        Tally::kept(Path::new("/sys/kernel/tracing"), &layout(&names), ThreadTable::for_host(), &identity)
+            .unwrap();
+    for note in &adoption.notes {
+        println!("note: {note}");
+    }
+    let (slot, adopted) = match tally.claim(pid, tid) {
+        Some(slot) => (slot, true),
+        None => (tally.add_thread(pid, tid).unwrap(), false),
+    };
+    let count = tally.read(slot).unwrap()[0];
+    let since = tally.kept_since(slot).unwrap();
+    println!("kept: adopted={adopted} count={count} since={since} unclaimed={}", tally.unclaimed());
+    std::process::exit(0);
+}
+
+/// The kept layout directories of `runtime`'s identity.
+fn layouts(identity: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(identity).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default()
+}
+
+#[test]
+fn kept_counts_outlive_their_counter_and_are_adopted_only_by_the_same_thread_and_programs() {
+    let runtime = std::env::temp_dir().join(format!("hvstats-kept-{}", std::process::id()));
+    std::fs::create_dir_all(&runtime).unwrap();
+    let identity = match keep::identity_dir(&runtime) {
+        Ok(d) => d,
+        Err(e) => {
+            assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "bpffs: {e}");
+            eprintln!("kept_counts: skipped: bpffs: {e}");
+            return;
+        }
+    };
+    let (me, tid) = (std::process::id() as i32, gettid());
+
+    // The first counter adds this thread, then ends.
+    let first = count_once(&runtime, "sys_enter_getppid", me, tid);
+    assert!(!first.adopted, "{first:?}");
+    assert_eq!(layouts(&identity).len(), 1, "one layout kept");
+    // While no counter runs, the kernel goes on counting.
+    getppid(700);
+    let second = count_once(&runtime, "sys_enter_getppid", me, tid);
+    assert!(second.adopted, "{second:?}");
+    assert_eq!(second.count, first.count + 700, "{second:?}");
+    assert_eq!(second.since, first.since, "the row counts since the first counter added it");
+    getppid(300);
+    let third = count_once(&runtime, "sys_enter_getppid", me, tid);
+    assert_eq!((third.adopted, third.count, third.since), (true, first.count + 1000, first.since));
+
+    // Another thread under this thread's id is not this thread: a thread of a process gone is
+    // dropped at the next start, and another process's claim is refused.
+    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    let sleeper_pid = sleeper.id() as i32;
+    let counted = count_once(&runtime, "sys_enter_getppid", sleeper_pid, sleeper_pid);
+    assert!(!counted.adopted);
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+    let after = count_once(&runtime, "sys_enter_getppid", me, tid);
+    assert!(after.adopted, "{after:?}");
+    assert!(after.notes.contains("1 thread(s) gone while no observer ran"), "{}", after.notes);
+
+    // Another layout of the programs drops the kept counts, says so, and counts anew.
+    let other = count_once(&runtime, "sys_enter_getppid,sys_enter_getpid", me, tid);
+    assert!(!other.adopted, "{other:?}");
+    assert!(other.notes.contains("other version or layout"), "{}", other.notes);
+    assert!(other.since >= first.since);
+    assert_eq!(layouts(&identity).len(), 1, "only the new layout is kept");
+
+    // A runtime directory that is gone takes its kept counts with it at the next start.
+    std::fs::remove_dir(&runtime).unwrap();
+    let elsewhere = std::env::temp_dir().join(format!("hvstats-kept-other-{}", std::process::id()));
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let other_identity = keep::identity_dir(&elsewhere).unwrap();
+    assert!(!identity.exists(), "{} outlived its runtime directory", identity.display());
+    keep::remove_tree(&other_identity);
+    std::fs::remove_dir(&elsewhere).unwrap();
+}
