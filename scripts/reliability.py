@@ -108,9 +108,21 @@ def arena_bytes(run):
     return sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d) if f.endswith(".arena"))
 
 
-def bpffs_entries():
+def kept_dir(run):
+    """Where the observer of runtime directory `run` keeps its in-kernel counts in bpffs: `/` as
+    `-`, every byte but ASCII letters, digits and `_` as `%XX` (hvstats-host's bpf::keep)."""
+    name = "".join(
+        "-" if b == ord("/") else chr(b) if chr(b).isascii() and (chr(b).isalnum() or b == ord("_")) else f"%{b:02X}"
+        for b in os.fsencode(os.path.abspath(run))
+    )
+    return os.path.join("/sys/fs/bpf/hvstats", name)
+
+
+def bpffs_entries(run):
+    """The entries serve's observer keeps pinned in bpffs (its own directory: other processes'
+    pins come and go on a shared host)."""
     try:
-        return tree_entries("/sys/fs/bpf")
+        return tree_entries(kept_dir(run))
     except OSError:
         return 0
 
@@ -203,7 +215,7 @@ def churn(work, lifecycles, interval=1.0, at_once=4):
     def snapshot():
         s = proc_stats(serve.p.pid)
         s.update(
-            arena_bytes=arena_bytes(run), runtime_entries=tree_entries(run), bpffs_entries=bpffs_entries(),
+            arena_bytes=arena_bytes(run), runtime_entries=tree_entries(run), bpffs_entries=bpffs_entries(run),
             log_lines=sum(1 for _ in open(log)),
         )
         return s
