@@ -17,7 +17,6 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::sys::ArrayMap;
-use super::tally::{SLOTS, TallyLayout, ThreadTable};
 use crate::task_stat::StatLine;
 
 /// Where BPF filesystems are mounted.
@@ -145,9 +144,10 @@ pub fn identity_dir(runtime: &Path) -> io::Result<PathBuf> {
     Ok(dir)
 }
 
-/// The directory of one layout's kept counts in an identity directory.
-pub(crate) fn layout_dir(identity: &Path, layout: &TallyLayout, table: ThreadTable) -> PathBuf {
-    identity.join(format!("{:016x}", digest(layout, table)))
+/// The directory of one layout's kept counts in an identity directory: `layout` describes the
+/// columns, the thread table and the rows.
+pub(crate) fn layout_dir(identity: &Path, layout: &str) -> PathBuf {
+    identity.join(format!("{:016x}", digest(layout)))
 }
 
 /// Removes the layouts of `identity` other than `keep`, returning how many held counts.
@@ -265,14 +265,12 @@ fn unescape(name: &str) -> Option<PathBuf> {
     (out.first() == Some(&b'/')).then(|| PathBuf::from(std::ffi::OsString::from_vec(out)))
 }
 
-/// FNV-1a over what makes a layout's programs and maps: the kept format, the columns, the
-/// thread table, the slots and the sources of the assembler.
-fn digest(layout: &TallyLayout, table: ThreadTable) -> u64 {
-    let (columns, rows) = (format!("{layout:?}"), format!("{table:?} {SLOTS}"));
-    let parts: [&[u8]; 8] = [
+/// FNV-1a over what makes a layout's programs and maps: the kept format, the layout's
+/// description (columns, thread table, rows) and the sources of the assembler.
+fn digest(layout: &str) -> u64 {
+    let parts: [&[u8]; 7] = [
         KEPT_FORMAT.as_bytes(),
-        columns.as_bytes(),
-        rows.as_bytes(),
+        layout.as_bytes(),
         include_str!("program.rs").as_bytes(),
         include_str!("insn.rs").as_bytes(),
         include_str!("filter.rs").as_bytes(),
@@ -289,9 +287,9 @@ fn digest(layout: &TallyLayout, table: ThreadTable) -> u64 {
     h
 }
 
-/// The owners map of a kept tally: one [`Owner`] per slot.
-pub(crate) fn owners_map() -> io::Result<ArrayMap> {
-    ArrayMap::create(OWNER_SIZE, SLOTS, false)
+/// The owners map of a kept tally: one [`Owner`] per each of its `slots`.
+pub(crate) fn owners_map(slots: u32) -> io::Result<ArrayMap> {
+    ArrayMap::create(OWNER_SIZE, slots, false)
 }
 
 #[cfg(test)]
@@ -329,15 +327,8 @@ mod tests {
 
     #[test]
     fn layouts_of_other_columns_have_other_digests() {
-        let a = TallyLayout::default();
-        let mut b = TallyLayout::default();
-        b.counted.push(super::super::TracepointColumn {
-            system: "kvm".into(),
-            name: "kvm_pio".into(),
-            filter: None,
-        });
-        assert_ne!(digest(&a, ThreadTable::Array), digest(&b, ThreadTable::Array));
-        assert_ne!(digest(&a, ThreadTable::Array), digest(&a, ThreadTable::Hash));
-        assert_eq!(digest(&b, ThreadTable::Array), digest(&b, ThreadTable::Array));
+        assert_ne!(digest("kvm:kvm_pio Array 1024"), digest("kvm:kvm_mmio Array 1024"));
+        assert_ne!(digest("kvm:kvm_pio Array 1024"), digest("kvm:kvm_pio Hash 1024"));
+        assert_eq!(digest("kvm:kvm_pio Array 1024"), digest("kvm:kvm_pio Array 1024"));
     }
 }

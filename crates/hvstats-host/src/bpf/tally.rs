@@ -323,7 +323,7 @@ impl Tally {
         table: ThreadTable,
         identity: &Path,
     ) -> Result<(Self, Adoption), TallyError> {
-        let dir = keep::layout_dir(identity, layout, table);
+        let dir = keep::layout_dir(identity, &format!("{layout:?} {table:?} {SLOTS}"));
         let mut adoption = Adoption::default();
         let dropped = keep::drop_other_layouts(identity, &dir);
         if dropped > 0 {
@@ -395,7 +395,7 @@ impl Tally {
         if let Some(latches) = &parts.latches {
             parts.latches = Some(open(latches, "latches")?);
         }
-        let owners = open(&keep::owners_map().map_err(|e| e.to_string())?, "owners")?;
+        let owners = open(&keep::owners_map(SLOTS).map_err(|e| e.to_string())?, "owners")?;
         for slot in 0..SLOTS {
             if let Some(owner) = owners.read(slot).ok().and_then(|v| Owner::decode(&v)) {
                 parts.free.adopted.insert(owner.tid, (slot, owner));
@@ -799,7 +799,7 @@ fn pin(parts: &Parts, attachments: &[(Tracepoint, Attachment)], dir: &Path) -> i
         let link = format!("link:{system}:{name}");
         at(&link, attachment.pin(&dir.join(&link)))?;
     }
-    let owners = keep::owners_map()?;
+    let owners = keep::owners_map(SLOTS)?;
     at("owners", owners.pin(&dir.join("owners")))?;
     Ok(owners)
 }
