@@ -306,6 +306,8 @@ struct Connection {
     close: Arc<Notify>,
     /// The address it comes from, as budgets count it (`None`: a Unix socket).
     source: Option<IpAddr>,
+    /// Its socket, open while this entry is in the table (see [`Bounds::unread`]).
+    socket: Option<RawFd>,
     stage: Stage,
     /// When it last had a successful reply handed over in full.
     answered_at: Option<Instant>,
@@ -356,12 +358,15 @@ impl Bounds {
         self.connections.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn add(&self, source: Option<IpAddr>) -> (u64, Arc<Notify>) {
+    /// Registers a connection from `source` on `socket`, which must stay open until the entry
+    /// is removed ([`Registered`]).
+    fn add(&self, source: Option<IpAddr>, socket: Option<RawFd>) -> (u64, Arc<Notify>) {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let close = Arc::new(Notify::new());
         let connection = Connection {
             close: Arc::clone(&close),
             source: source.map(super::auth::budgeted),
+            socket,
             stage: Stage::Accepted,
             answered_at: None,
             active_at: Instant::now(),
@@ -386,6 +391,17 @@ impl Bounds {
         self.table().values().filter(|c| !c.closing).count() > self.limits.max_connections
     }
 
+    /// Whether `c` has bytes its client sent waiting unread in the kernel (a request head that
+    /// came while the server was busy elsewhere): it is not idle, whatever it has been seen to do.
+    fn unread(c: &Connection) -> bool {
+        let Some(fd) = c.socket else { return false };
+        // SAFETY: the entry's socket is open while the entry is in the table: a connection's
+        // task drops its stream and its entry ([`Registered`]) in one poll, on the one thread
+        // that also runs this (the accept loop), so no other code sees the entry in between.
+        let socket = unsafe { BorrowedFd::borrow_raw(fd) };
+        rustix::io::ioctl_fionread(socket).is_ok_and(|n| n > 0)
+    }
+
     /// Whether connection `id` has made a request (or is gone).
     fn asked(&self, id: u64) -> bool {
         self.table().get(&id).is_none_or(|c| c.requests > 0)
@@ -397,8 +413,8 @@ impl Bounds {
     ///
     /// - one that had a reply handed over in the last minute (a scraper's) only when no other
     ///   is left;
-    /// - one that has sent a whole request head only when none that has not is left (a
-    ///   connection silent, or mid-handshake or mid-head, always goes first);
+    /// - one that has sent a whole request head, or has bytes waiting unread, only when none that
+    ///   has not is left (a connection silent, or stuck mid-handshake or mid-head, goes first);
     /// - of the source address holding the most connections (a client opening many pays for
     ///   them, not one with a single connection);
     /// - idle before waiting for an answer, and of those waiting, the one that has asked most (a
@@ -422,7 +438,7 @@ impl Bounds {
                 let recent = c.answered_at.is_some_and(|t| now.saturating_duration_since(t) < RECENT);
                 let share = shares.get(&c.source).copied().unwrap_or(0);
                 let asked = if c.busy { u64::MAX - c.requests } else { 0 };
-                let headed = c.requests > 0;
+                let headed = c.requests > 0 || Self::unread(c);
                 ((recent, headed, std::cmp::Reverse(share), c.busy, asked, c.stage, c.active_at), *id)
             })
             .collect();
@@ -821,7 +837,11 @@ async fn accept_loop(
             Accepted::Tcp(_, peer) => Some(*peer),
             Accepted::Unix(_) => None,
         };
-        let (id, close) = context.bounds.add(peer);
+        let socket = match &stream {
+            Accepted::Tcp(s, _) => s.as_raw_fd(),
+            Accepted::Unix(s) => s.as_raw_fd(),
+        };
+        let (id, close) = context.bounds.add(peer, Some(socket));
         // The TLS handshake and the first request's head, together, have a deadline of their own.
         let first = Instant::now() + limits.first_request_timeout;
         connections.spawn(async move {
@@ -1076,9 +1096,9 @@ mod tests {
     fn the_cap_closes_no_connection_within_its_grace_and_then_the_one_that_did_least() {
         let bounds = Bounds::new(Limits::default());
         let ip: IpAddr = [127, 0, 0, 1].into();
-        let (scraper, _) = bounds.add(Some(ip));
-        let (silent, _) = bounds.add(Some(ip));
-        let (talking, _) = bounds.add(Some(ip));
+        let (scraper, _) = bounds.add(Some(ip), None);
+        let (silent, _) = bounds.add(Some(ip), None);
+        let (talking, _) = bounds.add(Some(ip), None);
         bounds.with(scraper, |c| c.stage = Stage::Talking);
         bounds.with(talking, |c| c.stage = Stage::Talking);
         let accepted = bounds.table().values().map(|c| c.accepted_at).min().unwrap();
@@ -1104,7 +1124,7 @@ mod tests {
         let (many, few): (IpAddr, IpAddr) = ([127, 0, 0, 1].into(), [127, 0, 0, 2].into());
         // Three scrapers' connections from one address: one waiting for its answer, two idle
         // between requests (no reply handed over yet); one silent connection from another.
-        let scrapers: Vec<u64> = (0..3).map(|_| bounds.add(Some(many)).0).collect();
+        let scrapers: Vec<u64> = (0..3).map(|_| bounds.add(Some(many), None).0).collect();
         for &id in &scrapers {
             bounds.with(id, |c| {
                 c.stage = Stage::Served;
@@ -1112,7 +1132,7 @@ mod tests {
             });
         }
         bounds.with(scrapers[0], |c| c.busy = true);
-        let (silent, _) = bounds.add(Some(few));
+        let (silent, _) = bounds.add(Some(few), None);
         assert!(bounds.over_cap());
         // The scrapers' graces are over when the silent one is accepted.
         let accepted = bounds.table()[&silent].accepted_at + GRACE * 2;
@@ -1136,7 +1156,7 @@ mod tests {
         assert_eq!(limits.hard_limit(), 15);
         let bounds = Bounds::new(limits);
         let ip: IpAddr = [127, 0, 0, 1].into();
-        let ids: Vec<u64> = (0..5).map(|_| bounds.add(Some(ip)).0).collect();
+        let ids: Vec<u64> = (0..5).map(|_| bounds.add(Some(ip), None).0).collect();
         // A client still sending its head, and one that has sent it whole.
         bounds.with(ids[3], |c| c.stage = Stage::Talking);
         bounds.with(ids[4], |c| {
@@ -1158,5 +1178,23 @@ mod tests {
             open
         };
         assert_eq!(open, vec![ids[2], ids[3], ids[4]], "the silent ones accepted first are closed");
+    }
+
+    #[test]
+    fn a_connection_with_a_request_waiting_unread_is_closed_after_a_silent_one() {
+        let bounds = Bounds::new(Limits::default());
+        let ip: IpAddr = [127, 0, 0, 1].into();
+        let (waiting_server, mut waiting_client) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (silent_server, _silent_client) = std::os::unix::net::UnixStream::pair().unwrap();
+        // Accepted first, and its request came while the server was busy elsewhere.
+        let (waiting, _) = bounds.add(Some(ip), Some(waiting_server.as_raw_fd()));
+        let (silent, _) = bounds.add(Some(ip), Some(silent_server.as_raw_fd()));
+        std::io::Write::write_all(&mut waiting_client, b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        let later = bounds.table().values().map(|c| c.accepted_at).max().unwrap() + GRACE * 2;
+        assert_eq!(bounds.close_idlest_at(later), Room::Closed);
+        assert!(bounds.table()[&silent].closing);
+        assert!(!bounds.table()[&waiting].closing);
+        assert_eq!(bounds.close_idlest_at(later), Room::Closed);
+        assert!(bounds.table()[&waiting].closing, "it goes when no other is left");
     }
 }
