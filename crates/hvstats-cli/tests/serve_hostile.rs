@@ -101,10 +101,28 @@ fn serve(dir: &Path, extra: &[&str]) -> (KilledOnDrop, SocketAddr) {
 }
 
 /// A TCP connection to `addr` from the loopback address `source` (all of 127.0.0.0/8 is this
-/// host: clients on other addresses are other sources to the server).
+/// host: clients on other addresses are other sources to the server). The local port is chosen
+/// at `connect`, as for a client that binds nothing: one of thousands of connections a minute
+/// shares its port with connections to other addresses, and takes over one of its own that
+/// waits out TIME_WAIT, instead of running out of ports.
 fn connect_from(source: [u8; 4], addr: SocketAddr) -> std::io::Result<TcpStream> {
     use rustix::net::{AddressFamily, SocketType};
+    use std::os::fd::AsRawFd;
     let fd = rustix::net::socket(AddressFamily::INET, SocketType::STREAM, None)?;
+    let on: libc::c_int = 1;
+    // SAFETY: `fd` is an open socket; the option's value is a c_int of the size given.
+    let set = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_BIND_ADDRESS_NO_PORT,
+            (&raw const on).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if set != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
     rustix::net::bind(&fd, &std::net::SocketAddrV4::new(source.into(), 0))?;
     rustix::net::connect(&fd, &addr)?;
     Ok(TcpStream::from(fd))
@@ -365,6 +383,7 @@ impl Write for Distant {
 /// Prometheus's default scrape timeout (10 s).
 fn scrape(addr: SocketAddr, path: &str, cert_pem: Option<&str>) -> Result<String, String> {
     let tcp = connect_from([127, 0, 0, 1], addr).map_err(|e| format!("connect: {e}"))?;
+    let dbg_port = tcp.local_addr().unwrap().port();
     tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let tcp = Distant(tcp);
     let request = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n");
@@ -403,7 +422,7 @@ fn scrape(addr: SocketAddr, path: &str, cert_pem: Option<&str>) -> Result<String
             }
         }
     };
-    read.map_err(|e| format!("read: {e} after {} bytes", reply.len()))?;
+    read.map_err(|e| format!("read: {e} after {} bytes (port {dbg_port})", reply.len()))?;
     let reply = String::from_utf8_lossy(&reply).into_owned();
     match reply.starts_with("HTTP/1.0 200") {
         true => Ok(reply),
@@ -553,18 +572,11 @@ fn clients_that_reconnect_as_fast_as_the_cap_closes_them_push_no_scraper_out() {
 
 /// As above, with the attackers on the scraper's own address (127.0.0.1): no address tells them
 /// apart, only what each connection holds and has done.
-///
-/// Not run by default: on a loaded host a scraper's connection can still time out in the listen
-/// backlog behind the churners, or be reset (SECURITY.md says this case is open). Run it with
-/// `cargo test --test serve_hostile -- --ignored`.
 #[test]
-#[ignore = "same-address churners can still delay a scraper on a loaded host (SECURITY.md: open)"]
 fn clients_on_the_scrapers_own_address_that_reconnect_as_fast_as_the_cap_closes_them_push_no_scraper_out() {
     let (tls_failed, _, plain_failed, _) = churn_against_a_scraper([127, 0, 0, 1], "serve-cap-churn-same");
     assert_eq!(tls_failed, Vec::<String>::new(), "TLS scrapes pushed out");
-    // Plain scrapes on this host lose at most a few of 40 to a reset (before the grace: 18 of
-    // 40); why those few are reset is not pinned down yet (SECURITY.md says so).
-    assert!(plain_failed.len() <= 4, "plain scrapes pushed out: {plain_failed:?}");
+    assert_eq!(plain_failed, Vec::<String>::new(), "plain scrapes pushed out");
 }
 
 /// A client that sends half a request head, then one more byte every 200 ms and never the end

@@ -3,16 +3,21 @@
 //! An exporter listens to peers it does not control (the README's fleet puts `--listen` off
 //! loopback), so every resource a client can make it hold is bounded here, and only here:
 //!
-//! - connections: at most [`Limits::max_connections`] at once; at the cap, the connection that
-//!   holds the most and has done the least is closed to admit the new one
-//!   ([`Bounds::close_idlest`]: never one with a reply handed over in the last minute while
-//!   another is left, nor one accepted less than [`GRACE`] ago, first from the source address
-//!   holding the most connections, idle before busy, silent before mid-handshake before served);
-//!   while every connection is within its grace, new ones wait in the listen backlog, in the
-//!   order they came. So clients holding the cap, or reconnecting as fast as they are closed,
-//!   cannot push out a scraper, from another address or from the scraper's own: each connection
-//!   a scraper opens is admitted in its turn and has its grace to send its request;
-//!   the cap is logged once per run of such closes, not per connection;
+//! - connections: at most [`Limits::max_connections`] kept at once; above the cap, new
+//!   connections are still taken in at once, up to [`Limits::hard_limit`] (five times the cap),
+//!   so the listen backlog never fills with clients that connect and close (a full backlog makes
+//!   the kernel drop handshakes, and reset a client whose handshake it dropped once it sends);
+//!   while the cap is passed, the connection that holds the most and has done the least is closed
+//!   as soon as its [`GRACE`] ends ([`Bounds::close_idlest`]: never one with a reply handed over
+//!   in the last minute while another is left, nor one that has sent a whole request head while
+//!   one that has not is left, first from the source address holding the most connections, idle
+//!   before busy, silent before mid-handshake before served), so a connection above the cap
+//!   that sends no whole request head within its grace is closed then. Only at the hard limit,
+//!   with every connection within its grace or past its head, do new ones wait in the listen
+//!   backlog. So clients holding the cap, or reconnecting as fast as they are closed, cannot
+//!   push out a scraper, from another address or from the scraper's own: each connection a
+//!   scraper opens is taken in at once and has its grace to send its request; the cap is logged
+//!   once per run of such closes, not per connection;
 //! - a new connection's TLS handshake and first request head: within
 //!   [`Limits::first_request_timeout`] of its accept, together;
 //! - the request head (request line and headers): at most [`Limits::max_head_bytes`], arriving in
@@ -72,7 +77,8 @@ use crate::signals::Signal;
 /// What the server lets one client hold.
 #[derive(Clone, Debug)]
 pub(crate) struct Limits {
-    /// Connections served at once; at the cap one is closed to admit a new one (see
+    /// Connections kept at once; above it (up to [`Limits::hard_limit`]) new ones are taken in,
+    /// and the one that has done least is closed as its grace ends (see
     /// [`Bounds::close_idlest`]).
     pub max_connections: usize,
     /// Bytes of a request's line and headers (hyper's read buffer; 8 KiB at least).
@@ -95,6 +101,15 @@ pub(crate) struct Limits {
     /// Bytes of large replies in flight (each counted once, however many connections send it);
     /// a reply larger than this alone is still made, once every other is gone.
     pub max_reply_bytes: usize,
+}
+
+impl Limits {
+    /// Connections open at once, the most: the cap and, above it, four times as many again,
+    /// taken in at once to show whether they send a request (those that have not sent a whole
+    /// request head are closed when their [`GRACE`] ends, while the cap is passed).
+    pub(crate) fn hard_limit(&self) -> usize {
+        self.max_connections.saturating_add(self.max_connections.saturating_mul(4))
+    }
 }
 
 impl Default for Limits {
@@ -269,8 +284,9 @@ const RECENT: Duration = Duration::from_secs(60);
 
 /// A connection accepted this recently is not closed by the cap: it has this long to send its
 /// request (a TLS handshake and a request head over a network take a few round trips), so
-/// clients reconnecting as fast as they are closed turn the cap over at most once per grace,
-/// not once per connection they open.
+/// clients reconnecting as fast as they are closed make the server close at most
+/// [`Limits::hard_limit`] connections per grace, not one per connection they open, and a
+/// scraper's connection among theirs gets its grace like every other.
 const GRACE: Duration = Duration::from_secs(1);
 
 /// What the cap can do to admit a new connection.
@@ -290,6 +306,8 @@ struct Connection {
     close: Arc<Notify>,
     /// The address it comes from, as budgets count it (`None`: a Unix socket).
     source: Option<IpAddr>,
+    /// Its socket, open while this entry is in the table (see [`Bounds::unread`]).
+    socket: Option<RawFd>,
     stage: Stage,
     /// When it last had a successful reply handed over in full.
     answered_at: Option<Instant>,
@@ -340,12 +358,15 @@ impl Bounds {
         self.connections.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn add(&self, source: Option<IpAddr>) -> (u64, Arc<Notify>) {
+    /// Registers a connection from `source` on `socket`, which must stay open until the entry
+    /// is removed ([`Registered`]).
+    fn add(&self, source: Option<IpAddr>, socket: Option<RawFd>) -> (u64, Arc<Notify>) {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let close = Arc::new(Notify::new());
         let connection = Connection {
             close: Arc::clone(&close),
             source: source.map(super::auth::budgeted),
+            socket,
             stage: Stage::Accepted,
             answered_at: None,
             active_at: Instant::now(),
@@ -365,6 +386,22 @@ impl Bounds {
         }
     }
 
+    /// Whether more connections are open, and not closing already, than the cap.
+    fn over_cap(&self) -> bool {
+        self.table().values().filter(|c| !c.closing).count() > self.limits.max_connections
+    }
+
+    /// Whether `c` has bytes its client sent waiting unread in the kernel (a request head that
+    /// came while the server was busy elsewhere): it is not idle, whatever it has been seen to do.
+    fn unread(c: &Connection) -> bool {
+        let Some(fd) = c.socket else { return false };
+        // SAFETY: the entry's socket is open while the entry is in the table: a connection's
+        // task drops its stream and its entry ([`Registered`]) in one poll, on the one thread
+        // that also runs this (the accept loop), so no other code sees the entry in between.
+        let socket = unsafe { BorrowedFd::borrow_raw(fd) };
+        rustix::io::ioctl_fionread(socket).is_ok_and(|n| n > 0)
+    }
+
     /// Whether connection `id` has made a request (or is gone).
     fn asked(&self, id: u64) -> bool {
         self.table().get(&id).is_none_or(|c| c.requests > 0)
@@ -376,6 +413,8 @@ impl Bounds {
     ///
     /// - one that had a reply handed over in the last minute (a scraper's) only when no other
     ///   is left;
+    /// - one that has sent a whole request head, or has bytes waiting unread, only when none that
+    ///   has not is left (a connection silent, or stuck mid-handshake or mid-head, goes first);
     /// - of the source address holding the most connections (a client opening many pays for
     ///   them, not one with a single connection);
     /// - idle before waiting for an answer, and of those waiting, the one that has asked most (a
@@ -399,7 +438,8 @@ impl Bounds {
                 let recent = c.answered_at.is_some_and(|t| now.saturating_duration_since(t) < RECENT);
                 let share = shares.get(&c.source).copied().unwrap_or(0);
                 let asked = if c.busy { u64::MAX - c.requests } else { 0 };
-                ((recent, std::cmp::Reverse(share), c.busy, asked, c.stage, c.active_at), *id)
+                let headed = c.requests > 0 || Self::unread(c);
+                ((recent, headed, std::cmp::Reverse(share), c.busy, asked, c.stage, c.active_at), *id)
             })
             .collect();
         order.sort_unstable();
@@ -602,15 +642,6 @@ impl Accepting {
     }
 }
 
-impl Accepted {
-    fn try_write(&self, bytes: &[u8]) {
-        let _ = match self {
-            Accepted::Tcp(s, _) => s.try_write(bytes),
-            Accepted::Unix(s) => s.try_write(bytes),
-        };
-    }
-}
-
 /// What every connection needs.
 struct Shared {
     bounds: Arc<Bounds>,
@@ -748,7 +779,9 @@ async fn accept_loop(
 ) -> io::Result<Signal> {
     let mut stopped = pin!(stopped);
     let limits = context.bounds.limits().clone();
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    // Descriptors held at once: the cap, and the room above it where new connections are taken
+    // in at once (the listen backlog never fills) to show whether they send a request.
+    let slots = Arc::new(Semaphore::new(limits.hard_limit()));
     let (stop, stopping) = watch::channel(false);
     let mut connections = JoinSet::new();
     let mut backoff = Backoff::new();
@@ -756,14 +789,40 @@ async fn accept_loop(
     let signal = 'accepting: loop {
         // Finished connections leave their (empty) result behind until taken.
         while connections.try_join_next().is_some() {}
-        let stream = tokio::select! {
+        // Above the cap, the connections that have done least are closed as soon as their grace
+        // ends (one that has sent a whole request head only when none that has not is left, see
+        // [`Bounds::close_idlest`]); `recheck` is when the next grace that holds this up ends.
+        let mut recheck = None;
+        while context.bounds.over_cap() {
+            match context.bounds.close_idlest() {
+                Room::Closed => cap_log.closed(limits.max_connections),
+                Room::WaitUntil(until) => {
+                    recheck = Some(until);
+                    break;
+                }
+                Room::None => break,
+            }
+        }
+        // A descriptor for the next connection: at the hard limit, new connections wait in the
+        // listen backlog until one closed (by the cap, a deadline or its client) gives its own
+        // back, or a grace ends.
+        let slot = tokio::select! {
             signal = &mut stopped => break signal,
+            slot = Arc::clone(&slots).acquire_owned() => match slot {
+                Ok(slot) => slot,
+                Err(_) => continue,
+            },
+            () = sleep_until_some(recheck) => continue,
+        };
+        let stream = tokio::select! {
+            signal = &mut stopped => break 'accepting signal,
             accepted = listener.accept() => match accepted {
                 Ok(stream) => {
                     backoff.succeeded();
                     stream
                 }
                 Err(e) => {
+                    drop(slot);
                     let wait = backoff.failed(&e);
                     tokio::select! {
                         signal = &mut stopped => break signal,
@@ -771,56 +830,18 @@ async fn accept_loop(
                     }
                 }
             },
-        };
-        let slot = match Arc::clone(&slots).try_acquire_owned() {
-            Ok(slot) => slot,
-            // At the cap: the idlest connection makes room (it ends at its next poll), or, while
-            // every one is within its grace, the new one waits for the first grace to end (the
-            // connections behind it wait in the listen backlog, in the order they came).
-            Err(_) => loop {
-                match context.bounds.close_idlest() {
-                    Room::WaitUntil(until) => {
-                        tokio::select! {
-                            signal = &mut stopped => break 'accepting signal,
-                            slot = Arc::clone(&slots).acquire_owned() => match slot {
-                                Ok(slot) => break slot,
-                                Err(_) => continue 'accepting,
-                            },
-                            () = tokio::time::sleep_until(until.into()) => continue,
-                        }
-                    }
-                    room => {
-                        // A connection told to close gives its slot back once its task runs,
-                        // which a loaded host may put off: it is waited for longer than slots
-                        // that may never come back.
-                        let wait = match room {
-                            Room::Closed => {
-                                cap_log.closed(limits.max_connections);
-                                Duration::from_secs(10)
-                            }
-                            _ => Duration::from_secs(1),
-                        };
-                        let freed = tokio::time::timeout(wait, Arc::clone(&slots).acquire_owned());
-                        tokio::select! {
-                            signal = &mut stopped => break 'accepting signal,
-                            freed = freed => match freed {
-                                Ok(Ok(slot)) => break slot,
-                                _ => {
-                                    refuse(&stream);
-                                    continue 'accepting;
-                                }
-                            },
-                        }
-                    }
-                }
-            },
+            () = sleep_until_some(recheck) => continue,
         };
         let (context, stopping) = (Arc::clone(&context), stopping.clone());
         let peer = match &stream {
             Accepted::Tcp(_, peer) => Some(*peer),
             Accepted::Unix(_) => None,
         };
-        let (id, close) = context.bounds.add(peer);
+        let socket = match &stream {
+            Accepted::Tcp(s, _) => s.as_raw_fd(),
+            Accepted::Unix(s) => s.as_raw_fd(),
+        };
+        let (id, close) = context.bounds.add(peer, Some(socket));
         // The TLS handshake and the first request's head, together, have a deadline of their own.
         let first = Instant::now() + limits.first_request_timeout;
         connections.spawn(async move {
@@ -859,6 +880,14 @@ async fn accept_loop(
     let drained = async { while connections.join_next().await.is_some() {} };
     let _ = tokio::time::timeout(limits.shutdown_grace, drained).await;
     Ok(signal)
+}
+
+/// Sleeps until `at`, or for ever without it.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// A client's stream that marks its connection [`Stage::Talking`] once the client has sent
@@ -917,13 +946,6 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Heard<S> {
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
     }
-}
-
-/// Tells a connection past the cap why it is closed, without waiting for it to read.
-fn refuse(stream: &Accepted) {
-    const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n\
-        Content-Length: 21\r\nConnection: close\r\n\r\ntoo many connections\n";
-    stream.try_write(BUSY);
 }
 
 /// Serves one connection within its limits; it is closed when this returns.
@@ -1074,9 +1096,9 @@ mod tests {
     fn the_cap_closes_no_connection_within_its_grace_and_then_the_one_that_did_least() {
         let bounds = Bounds::new(Limits::default());
         let ip: IpAddr = [127, 0, 0, 1].into();
-        let (scraper, _) = bounds.add(Some(ip));
-        let (silent, _) = bounds.add(Some(ip));
-        let (talking, _) = bounds.add(Some(ip));
+        let (scraper, _) = bounds.add(Some(ip), None);
+        let (silent, _) = bounds.add(Some(ip), None);
+        let (talking, _) = bounds.add(Some(ip), None);
         bounds.with(scraper, |c| c.stage = Stage::Talking);
         bounds.with(talking, |c| c.stage = Stage::Talking);
         let accepted = bounds.table().values().map(|c| c.accepted_at).min().unwrap();
@@ -1094,5 +1116,85 @@ mod tests {
         assert_eq!(bounds.close_idlest_at(later), Room::Closed);
         assert!(bounds.table()[&scraper].closing);
         assert_eq!(bounds.close_idlest_at(later), Room::None);
+    }
+
+    #[test]
+    fn a_connection_that_sent_a_whole_request_head_is_closed_only_when_no_silent_one_is_left() {
+        let bounds = Bounds::new(Limits { max_connections: 2, ..Limits::default() });
+        let (many, few): (IpAddr, IpAddr) = ([127, 0, 0, 1].into(), [127, 0, 0, 2].into());
+        // Three scrapers' connections from one address: one waiting for its answer, two idle
+        // between requests (no reply handed over yet); one silent connection from another.
+        let scrapers: Vec<u64> = (0..3).map(|_| bounds.add(Some(many), None).0).collect();
+        for &id in &scrapers {
+            bounds.with(id, |c| {
+                c.stage = Stage::Served;
+                c.requests = 1;
+            });
+        }
+        bounds.with(scrapers[0], |c| c.busy = true);
+        let (silent, _) = bounds.add(Some(few), None);
+        assert!(bounds.over_cap());
+        // The scrapers' graces are over when the silent one is accepted.
+        let accepted = bounds.table()[&silent].accepted_at + GRACE * 2;
+        bounds.with(silent, |c| c.accepted_at = accepted);
+        // The silent one is within its grace: it is waited for, no scraper is closed for it.
+        assert_eq!(bounds.close_idlest_at(accepted), Room::WaitUntil(accepted + GRACE));
+        assert!(bounds.table().values().all(|c| !c.closing));
+        // Past it: the silent one goes first, although its address holds fewer connections.
+        let later = accepted + GRACE * 2;
+        assert_eq!(bounds.close_idlest_at(later), Room::Closed);
+        assert!(bounds.table()[&silent].closing);
+        // Then scrapers: idle before the one waiting for its answer.
+        assert_eq!(bounds.close_idlest_at(later), Room::Closed);
+        assert!(!bounds.table()[&scrapers[0]].closing);
+        assert!(!bounds.over_cap(), "two are left, the cap");
+    }
+
+    #[test]
+    fn above_the_cap_new_connections_are_taken_in_up_to_the_hard_limit_and_closed_after_their_grace() {
+        let limits = Limits { max_connections: 3, ..Limits::default() };
+        assert_eq!(limits.hard_limit(), 15);
+        let bounds = Bounds::new(limits);
+        let ip: IpAddr = [127, 0, 0, 1].into();
+        let ids: Vec<u64> = (0..5).map(|_| bounds.add(Some(ip), None).0).collect();
+        // A client still sending its head, and one that has sent it whole.
+        bounds.with(ids[3], |c| c.stage = Stage::Talking);
+        bounds.with(ids[4], |c| {
+            c.stage = Stage::Served;
+            c.requests = 1;
+        });
+        let accepted = bounds.table().values().map(|c| c.accepted_at).min().unwrap();
+        assert_eq!(bounds.close_idlest_at(accepted), Room::WaitUntil(accepted + GRACE));
+        assert!(bounds.over_cap(), "none is closed within its grace");
+        // When the graces end, silent ones are closed until the cap is met again.
+        let later = accepted + GRACE * 2;
+        while bounds.over_cap() {
+            assert_eq!(bounds.close_idlest_at(later), Room::Closed);
+        }
+        let open: Vec<u64> = {
+            let table = bounds.table();
+            let mut open: Vec<u64> = table.iter().filter(|(_, c)| !c.closing).map(|(id, _)| *id).collect();
+            open.sort_unstable();
+            open
+        };
+        assert_eq!(open, vec![ids[2], ids[3], ids[4]], "the silent ones accepted first are closed");
+    }
+
+    #[test]
+    fn a_connection_with_a_request_waiting_unread_is_closed_after_a_silent_one() {
+        let bounds = Bounds::new(Limits::default());
+        let ip: IpAddr = [127, 0, 0, 1].into();
+        let (waiting_server, mut waiting_client) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (silent_server, _silent_client) = std::os::unix::net::UnixStream::pair().unwrap();
+        // Accepted first, and its request came while the server was busy elsewhere.
+        let (waiting, _) = bounds.add(Some(ip), Some(waiting_server.as_raw_fd()));
+        let (silent, _) = bounds.add(Some(ip), Some(silent_server.as_raw_fd()));
+        std::io::Write::write_all(&mut waiting_client, b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        let later = bounds.table().values().map(|c| c.accepted_at).max().unwrap() + GRACE * 2;
+        assert_eq!(bounds.close_idlest_at(later), Room::Closed);
+        assert!(bounds.table()[&silent].closing);
+        assert!(!bounds.table()[&waiting].closing);
+        assert_eq!(bounds.close_idlest_at(later), Room::Closed);
+        assert!(bounds.table()[&waiting].closing, "it goes when no other is left");
     }
 }

@@ -133,9 +133,10 @@ pub(crate) struct Args {
     #[arg(long, value_name = "BYTES", default_value_t = Limits::default().max_reply_bytes,
           value_parser = parse_max_reply_bytes)]
     max_reply_bytes: usize,
-    /// Connections served at once; at the cap the one that holds the most and has done the
-    /// least (of the address holding the most connections, never one that got a reply in the
-    /// last minute while another is left) is closed to admit a new one.
+    /// Connections kept at once; above the cap new ones are still taken in (up to five times
+    /// the cap), and the one that holds the most and has done the least (never one that got a
+    /// reply in the last minute, or sent a whole request, while another is left; of the address
+    /// holding the most connections) is closed once its first second is over.
     #[arg(long, value_name = "N", default_value_t = Limits::default().max_connections,
           value_parser = parse_max_connections)]
     max_connections: usize,
