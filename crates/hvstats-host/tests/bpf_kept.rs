@@ -160,12 +160,31 @@ fn kept_counts_outlive_their_counter_and_are_adopted_only_by_the_same_thread_and
     assert!(other.since >= first.since);
     assert_eq!(layouts(&identity).len(), 1, "only the new layout is kept");
 
-    // A runtime directory that is gone takes its kept counts with it at the next start.
+    keep::remove_tree(&identity);
     std::fs::remove_dir(&runtime).unwrap();
+
+    // A runtime directory gone takes its kept counts with it at the next start anywhere, once
+    // they count no live thread (one this process cannot see may be another namespace's).
+    let gone = std::env::temp_dir().join(format!("hvstats-kept-gone-{}", std::process::id()));
+    std::fs::create_dir_all(&gone).unwrap();
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    let (end_tx, end_rx) = std::sync::mpsc::channel::<()>();
+    let worker = std::thread::spawn(move || {
+        tid_tx.send(gettid()).unwrap();
+        let _ = end_rx.recv();
+    });
+    let worker_tid = tid_rx.recv().unwrap();
+    assert!(!count_once(&gone, "sys_enter_getppid", me, worker_tid).adopted);
+    let gone_identity = keep::identity_dir(&gone).unwrap();
+    std::fs::remove_dir(&gone).unwrap();
     let elsewhere = std::env::temp_dir().join(format!("hvstats-kept-other-{}", std::process::id()));
     std::fs::create_dir_all(&elsewhere).unwrap();
     let other_identity = keep::identity_dir(&elsewhere).unwrap();
-    assert!(!identity.exists(), "{} outlived its runtime directory", identity.display());
+    assert!(gone_identity.exists(), "the kept counts of a live thread were removed");
+    end_tx.send(()).unwrap();
+    worker.join().unwrap();
+    keep::identity_dir(&elsewhere).unwrap();
+    assert!(!gone_identity.exists(), "{} outlived its runtime directory and thread", gone_identity.display());
     keep::remove_tree(&other_identity);
     std::fs::remove_dir(&elsewhere).unwrap();
 }

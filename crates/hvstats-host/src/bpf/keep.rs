@@ -132,8 +132,12 @@ pub fn identity_dir(runtime: &Path) -> io::Result<PathBuf> {
     if let Ok(entries) = std::fs::read_dir(&base) {
         for entry in entries.flatten() {
             let name = entry.file_name();
+            // Kept counts of a runtime directory gone: removed once they count no live thread
+            // (a runtime directory this process cannot see, from another mount namespace, may
+            // still have an observer and VMs).
             if let Some(path) = name.to_str().and_then(unescape)
                 && !path.is_dir()
+                && !counts_a_live_thread(&entry.path())
             {
                 remove_tree(&entry.path());
             }
@@ -142,6 +146,20 @@ pub fn identity_dir(runtime: &Path) -> io::Result<PathBuf> {
     let dir = base.join(escape(runtime));
     private_dir(&dir)?;
     Ok(dir)
+}
+
+/// True when a layout of identity directory `identity` has an owner that is alive, or its
+/// owners cannot be read (left alone, then).
+fn counts_a_live_thread(identity: &Path) -> bool {
+    let Ok(layouts) = std::fs::read_dir(identity) else { return false };
+    layouts.flatten().any(|layout| match ArrayMap::open_pinned(&layout.path().join("owners")) {
+        Ok(owners) => (0..owners.entries())
+            .filter_map(|slot| owners.read(slot).ok().and_then(|v| Owner::decode(&v)))
+            .any(|owner| owner.is_alive()),
+        // A layout whose owners were never pinned is a pinning cut short: nothing to keep.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+        Err(_) => true,
+    })
 }
 
 /// The directory of one layout's kept counts in an identity directory: `layout` describes the

@@ -181,6 +181,21 @@ impl ArrayMap {
         Ok(Self { fd, value_size: self.value_size, entries: self.entries, copies: self.copies })
     }
 
+    /// Opens the array map pinned at `path` (one copy a key), whatever its sizes: for reading
+    /// a map whose maker's layout is not known here.
+    ///
+    /// # Errors
+    /// What `bpf(BPF_OBJ_GET)` returns; InvalidData for a map that is not a plain array of
+    /// `u32` keys.
+    pub(crate) fn open_pinned(path: &std::path::Path) -> io::Result<Self> {
+        let fd = pinned(path)?;
+        let info = map_info(fd.as_raw_fd())?;
+        if info.kind != MAP_ARRAY || info.key_size != 4 {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, format!("not an array map: {info:?}")));
+        }
+        Ok(Self { fd, value_size: info.value_size as usize, entries: info.entries, copies: 1 })
+    }
+
     /// Removes key `key` (a hash map's; an array's keys cannot be removed).
     ///
     /// # Errors
