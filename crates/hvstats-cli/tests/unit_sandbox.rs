@@ -24,6 +24,7 @@
 mod common;
 
 use std::collections::BTreeSet;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -262,7 +263,10 @@ impl Sandbox {
         args.extend(extra.iter().cloned());
         args.extend(["--runtime-dir".to_owned(), runtime.display().to_string()]);
         let network = if one(&self.unit, "PrivateNetwork", "no") == "yes" { "--net" } else { "--mount" };
+        // A process group of its own: strace forks the observer, which a kill of strace alone
+        // would leave running.
         let mut child = Command::new("unshare")
+            .process_group(0)
             .args(["--mount", network, "--propagation", "private", "sh", "-c"])
             .arg(self.script(runtime, trace, &args))
             .envs(env.iter().map(|(k, v)| (k, v)))
@@ -281,15 +285,26 @@ impl Sandbox {
                 }
             }
         });
-        Observer { _child: KilledOnDrop(child), lines, log: String::new() }
+        let group = child.id() as i32;
+        Observer { group, _child: KilledOnDrop(child), lines, log: String::new() }
     }
 }
 
 /// A running sandboxed observer and what it logged.
 struct Observer {
+    /// Its process group: unshare, setpriv and strace (one process, exec after exec) and the
+    /// observer strace forks.
+    group: i32,
     _child: KilledOnDrop,
     lines: std::sync::mpsc::Receiver<String>,
     log: String,
+}
+
+impl Drop for Observer {
+    fn drop(&mut self) {
+        // SAFETY: kill has no memory effects; the group is the one this test made.
+        unsafe { libc::kill(-self.group, libc::SIGKILL) };
+    }
 }
 
 impl Observer {
