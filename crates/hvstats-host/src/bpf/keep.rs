@@ -182,19 +182,10 @@ pub(crate) fn drop_other_layouts(identity: &Path, keep: &Path) -> usize {
     dropped
 }
 
-/// Removes a directory of kept objects (its pins, then itself).
+/// Removes a directory of kept objects, its pins with it; what cannot be removed stays (a
+/// later start tries again).
 pub fn remove_tree(dir: &Path) {
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                remove_tree(&path);
-            } else {
-                let _ = std::fs::remove_file(&path);
-            }
-        }
-    }
-    let _ = std::fs::remove_dir(dir);
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// Makes `dir` (0700) or checks the one there: a directory (not a link) of this user, that no
