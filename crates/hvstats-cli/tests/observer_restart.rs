@@ -315,19 +315,6 @@ fn kept_layouts(run: &Path) -> Vec<(String, Vec<String>)> {
     names(&identity).into_iter().map(|layout| (layout.clone(), names(&identity.join(layout)))).collect()
 }
 
-fn sigterm(serve: &mut Running) -> std::process::ExitStatus {
-    // SAFETY: kill has no memory effects; the pid is our child's.
-    assert_eq!(unsafe { libc::kill(serve.child.id() as i32, libc::SIGTERM) }, 0);
-    let t = Instant::now();
-    loop {
-        if let Some(status) = serve.child.try_wait().unwrap() {
-            return status;
-        }
-        assert!(t.elapsed() < Duration::from_secs(10), "serve did not end 10 s after SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn a_serve_stopped_cleanly_leaves_its_counts_to_the_next_and_a_vm_gone_meanwhile_takes_them_along() {
     if !kvm_available("a_serve_stopped_cleanly_leaves_its_counts_to_the_next") {
@@ -343,7 +330,7 @@ fn a_serve_stopped_cleanly_leaves_its_counts_to_the_next_and_a_vm_gone_meanwhile
     let mut first = serve(&run, qemu.pid(), "127.0.0.1:0");
     first.wait_line(&format!("attach pid {}", qemu.pid()));
     let kept = tracepoints_kept(&run, &tag);
-    assert!(sigterm(&mut first).success());
+    assert!(first.terminate().success());
     let layouts = kept_layouts(&run);
     assert_eq!(layouts.len(), 1, "{layouts:?}");
     let pins = &layouts[0].1;
@@ -358,7 +345,7 @@ fn a_serve_stopped_cleanly_leaves_its_counts_to_the_next_and_a_vm_gone_meanwhile
     second.wait_line(&format!("attach pid {}", qemu.pid()));
     let adopted = tracepoints_kept(&run, &tag);
     assert_eq!(adopted["counts_since"], kept["counts_since"], "{adopted} after {kept}");
-    assert!(sigterm(&mut second).success());
+    assert!(second.terminate().success());
 
     // The VM ends while no observer runs: the next start drops its rows and says so, and once
     // that observer ends with nothing to count, nothing of it stays pinned.
@@ -366,7 +353,7 @@ fn a_serve_stopped_cleanly_leaves_its_counts_to_the_next_and_a_vm_gone_meanwhile
     let mut third = serve(&run, std::process::id() as i32, "127.0.0.1:0");
     let line = third.wait_line("in-kernel counts: dropped the kept counts of");
     assert!(line.contains("gone while no observer ran"), "{line}");
-    assert!(sigterm(&mut third).success());
+    assert!(third.terminate().success());
     assert_eq!(kept_layouts(&run), Vec::<(String, Vec<String>)>::new(), "pins outlived their VM");
     hvstats_host::bpf::keep::remove_tree(&hvstats_host::bpf::keep::identity_dir(&run).unwrap());
 }

@@ -28,20 +28,6 @@ fn entries(dir: &Path) -> Vec<String> {
     }
 }
 
-/// Sends `signal` to `running` and waits (at most 5 s) for it to end.
-fn end_with(running: &mut Running, signal: libc::c_int) -> std::process::ExitStatus {
-    // SAFETY: kill has no memory effects; the pid is our child's.
-    assert_eq!(unsafe { libc::kill(running.child.id() as i32, signal) }, 0);
-    let t = Instant::now();
-    loop {
-        if let Some(s) = running.child.try_wait().unwrap() {
-            return s;
-        }
-        assert!(t.elapsed() < Duration::from_secs(5), "no exit 5 s after signal {signal}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn sighup_sigterm_and_sigint_end_serve_and_serve_observe_all_with_0_and_remove_what_they_made() {
     if !kvm_available(
@@ -58,7 +44,7 @@ fn sighup_sigterm_and_sigint_end_serve_and_serve_observe_all_with_0_and_remove_w
         let mut serve = Running::start(&["serve"], tmp.path());
         serve.wait_line("serving unix:");
         assert!(socket.exists());
-        let status = end_with(&mut serve, signal);
+        let status = serve.end_with(signal);
         assert_eq!(status.code(), Some(0), "serve, {name}: {status}");
         assert!(!socket.exists(), "serve, {name}: the socket is left behind");
         serve.wait_line(&format!("{name}: stopping"));
@@ -69,7 +55,7 @@ fn sighup_sigterm_and_sigint_end_serve_and_serve_observe_all_with_0_and_remove_w
         assert!(socket.exists());
         assert!(!entries(&tmp.path().join("instances")).is_empty());
         assert!(!entries(&tmp.path().join("observed")).is_empty(), "no claim made");
-        let status = end_with(&mut serve, signal);
+        let status = serve.end_with(signal);
         assert_eq!(status.code(), Some(0), "serve --observe-all, {name}: {status}");
         assert!(!socket.exists(), "serve --observe-all, {name}: the socket is left behind");
         assert_eq!(

@@ -510,15 +510,21 @@ impl Running {
         }
     }
 
+    /// Sends SIGTERM and waits (at most 5 s) for the process to end; its status.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
+        self.end_with(libc::SIGTERM)
+    }
+
+    /// Sends `signal` and waits (at most 5 s) for the process to end; its status.
+    pub fn end_with(&mut self, signal: libc::c_int) -> std::process::ExitStatus {
         // SAFETY: kill has no memory effects; the pid is our child's.
-        assert_eq!(unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) }, 0);
+        assert_eq!(unsafe { libc::kill(self.child.id() as i32, signal) }, 0);
         let t = std::time::Instant::now();
         loop {
             if let Some(s) = self.child.try_wait().unwrap() {
                 return s;
             }
-            assert!(t.elapsed() < std::time::Duration::from_secs(5), "no exit 5 s after SIGTERM");
+            assert!(t.elapsed() < std::time::Duration::from_secs(5), "no exit 5 s after signal {signal}");
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
     }
