@@ -908,29 +908,47 @@ mod tests {
         );
     }
 
-    #[test]
-    fn each_counter_says_from_when_it_counts_and_a_reset_is_a_new_origin() {
+    /// A VM `name` of one VP whose two sources, of `origins`, write the VP's I/O instructions and
+    /// hypercalls; its page says `rows` (origin times) beside the sources' rows.
+    fn vm_of_two_sources(
+        name: &str,
+        origins: [(&str, hvstats_abi::vm_sources::Origin); 2],
+        rows: &[(hvstats_abi::CounterId, u64)],
+    ) -> hvstats::snapshot::InstanceSnapshot {
         use hvstats::snapshot::ObjectReading;
-        use hvstats_abi::catalog::{partition, vp};
-        use hvstats_abi::vm_sources::{Origin, SourceEntry, SourceTable};
+        use hvstats_abi::catalog::vp;
+        use hvstats_abi::vm_sources::{SourceEntry, SourceTable};
         let mut instance = synthetic_instance(1, 1);
         let mut table = SourceTable::default();
-        let events = table.push(SourceEntry::new("tracepoints", true, Origin::Attach)).unwrap();
-        let qmp = table.push(SourceEntry::new("qmp", true, Origin::VcpuCreation)).unwrap();
-        table.set_writer(vp::IO_INSTRUCTIONS, events);
-        table.set_writer(vp::HYPERCALLS, qmp);
+        for ((source, origin), counter) in origins.into_iter().zip([vp::IO_INSTRUCTIONS, vp::HYPERCALLS]) {
+            let number = table.push(SourceEntry::new(source, true, origin)).unwrap();
+            table.set_writer(counter, number);
+        }
         let p = &mut instance.partitions[0];
-        p.name = "vm-a".into();
-        let mut rows: Vec<_> = table.rows().collect();
-        // Attached at 1764290000.25 s; the VM's process started 100 s before.
-        rows.push((partition::COUNTING_SINCE, 1_764_290_000_250_000));
-        rows.push((partition::VM_STARTED, 1_764_289_900_000_000));
+        p.name = name.into();
+        let rows: Vec<_> = table.rows().chain(rows.iter().copied()).collect();
         let ObjectReading::Counters(values) = &mut p.reading else { panic!() };
         for (c, v) in values.iter_mut() {
             if let Some((_, w)) = rows.iter().find(|(id, _)| *id == c.id) {
                 *v = *w;
             }
         }
+        instance
+    }
+
+    #[test]
+    fn each_counter_says_from_when_it_counts_and_a_reset_is_a_new_origin() {
+        use hvstats_abi::catalog::partition;
+        use hvstats_abi::vm_sources::Origin;
+        // Attached at 1764290000.25 s; the VM's process started 100 s before.
+        let instance = vm_of_two_sources(
+            "vm-a",
+            [("tracepoints", Origin::Attach), ("qmp", Origin::VcpuCreation)],
+            &[
+                (partition::COUNTING_SINCE, 1_764_290_000_250_000),
+                (partition::VM_STARTED, 1_764_289_900_000_000),
+            ],
+        );
         let reading = crate::live::Reading::of(vec![instance.clone()]);
         let default = Exposition::new(reading.clone(), 4).collect(Selection::defaults()).encode().unwrap();
         assert!(!default.contains("_created"), "_created only when asked: {default}");
@@ -967,29 +985,19 @@ mod tests {
 
     #[test]
     fn a_counter_whose_counts_are_kept_says_the_first_attach_in_every_format() {
-        use hvstats::snapshot::ObjectReading;
-        use hvstats_abi::catalog::{partition, vp};
-        use hvstats_abi::vm_sources::{Origin, SourceEntry, SourceTable};
-        let mut instance = synthetic_instance(1, 1);
-        let mut table = SourceTable::default();
-        let kept = table.push(SourceEntry::new("tracepoints", true, Origin::Kept)).unwrap();
-        let clock = table.push(SourceEntry::new("thread-clock", true, Origin::Attach)).unwrap();
-        table.set_writer(vp::IO_INSTRUCTIONS, kept);
-        table.set_writer(vp::HYPERCALLS, clock);
-        let p = &mut instance.partitions[0];
-        p.name = "vm-k".into();
-        let mut rows: Vec<_> = table.rows().collect();
+        use hvstats_abi::catalog::partition;
+        use hvstats_abi::vm_sources::Origin;
         // This observer attached at 1764290000.25 s; the counts it continues were begun by the
         // first observer, 60.5 s before.
-        rows.push((partition::COUNTING_SINCE, 1_764_290_000_250_000));
-        rows.push((partition::VM_STARTED, 1_764_289_900_000_000));
-        rows.push((partition::KEPT_SINCE, 1_764_289_939_750_000));
-        let ObjectReading::Counters(values) = &mut p.reading else { panic!() };
-        for (c, v) in values.iter_mut() {
-            if let Some((_, w)) = rows.iter().find(|(id, _)| *id == c.id) {
-                *v = *w;
-            }
-        }
+        let instance = vm_of_two_sources(
+            "vm-k",
+            [("tracepoints", Origin::Kept), ("thread-clock", Origin::Attach)],
+            &[
+                (partition::COUNTING_SINCE, 1_764_290_000_250_000),
+                (partition::VM_STARTED, 1_764_289_900_000_000),
+                (partition::KEPT_SINCE, 1_764_289_939_750_000),
+            ],
+        );
         let reading = crate::live::Reading::of(vec![instance.clone()]);
         let selection = Selection::defaults().with(Collector::Created);
         let text = Exposition::new(reading.clone(), 4).collect(selection).encode().unwrap();
