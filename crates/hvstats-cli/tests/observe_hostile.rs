@@ -88,6 +88,33 @@ fn fake_libvirt() {
         .unwrap();
 }
 
+/// Runs the helper test `name` of this binary as `nobody` (uid and gid 65534) with `env` set, its
+/// standard input and output piped, and waits for it to say a line beginning with `ready`; the
+/// process and the rest of what it says.
+fn helper_as_nobody(
+    name: &str,
+    (key, value): (&str, &str),
+    ready: &str,
+) -> (std::process::Child, BufReader<std::process::ChildStdout>) {
+    use std::os::unix::process::CommandExt;
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", name])
+        .env(key, value)
+        .uid(65534)
+        .gid(65534)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.starts_with(ready) {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "{name} ended");
+    }
+    (child, out)
+}
+
 /// Not a test: a process holding `HVSTATS_TEST_HOLD_FDS` descriptors (copies of /dev/null)
 /// until its standard input closes; it says "holding N" once it holds them.
 #[test]
@@ -595,7 +622,6 @@ fn cpu_ticks_of(pid: u32) -> u64 {
 
 #[test]
 fn discovery_reads_no_descriptor_of_a_process_holding_400000_of_them() {
-    use std::os::unix::process::CommandExt;
     if !kvm_available("discovery_reads_no_descriptor_of_a_process_holding_400000_of_them") {
         return;
     }
@@ -618,21 +644,11 @@ fn discovery_reads_no_descriptor_of_a_process_holding_400000_of_them() {
     let per_holder = (lim.rlim_cur - 64).min(HELD);
     let mut holders = Vec::new();
     for _ in 0..HELD.div_ceil(per_holder) {
-        let mut holder = Command::new(std::env::current_exe().unwrap())
-            .args(["--ignored", "--exact", "descriptor_holder"])
-            .env("HVSTATS_TEST_HOLD_FDS", per_holder.to_string())
-            .uid(65534)
-            .gid(65534)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut out = BufReader::new(holder.stdout.take().unwrap());
-        let mut line = String::new();
-        while !line.starts_with("holding") {
-            line.clear();
-            assert!(out.read_line(&mut line).unwrap() > 0, "the holder ended");
-        }
+        let (holder, out) = helper_as_nobody(
+            "descriptor_holder",
+            ("HVSTATS_TEST_HOLD_FDS", &per_holder.to_string()),
+            "holding",
+        );
         holders.push((holder, out));
     }
     let tmp = TempDir::new("hostile-fds");
@@ -692,7 +708,6 @@ fn source_up(p: &Value, source: &str) -> Option<bool> {
 #[test]
 fn a_libvirt_socket_another_user_serves_and_a_vmm_copying_a_domains_uuid_are_refused() {
     use std::os::unix::fs::PermissionsExt;
-    use std::os::unix::process::CommandExt;
     let test = "a_libvirt_socket_another_user_serves_and_a_vmm_copying_a_domains_uuid_are_refused";
     if !kvm_available(test) {
         return;
@@ -751,22 +766,12 @@ fn a_libvirt_socket_another_user_serves_and_a_vmm_copying_a_domains_uuid_are_ref
     std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap();
     let socket = dir.join("libvirt-sock-ro");
-    let mut fake = Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "fake_libvirt"])
-        .env("HVSTATS_TEST_FAKE_LIBVIRT", &socket)
-        .uid(65534)
-        .gid(65534)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let (mut fake, mut fake_out) = helper_as_nobody(
+        "fake_libvirt",
+        ("HVSTATS_TEST_FAKE_LIBVIRT", socket.to_str().unwrap()),
+        "listening",
+    );
     let fake_pid = fake.id();
-    let mut fake_out = BufReader::new(fake.stdout.take().unwrap());
-    let mut line = String::new();
-    while !line.starts_with("listening") {
-        line.clear();
-        assert!(fake_out.read_line(&mut line).unwrap() > 0, "the fake libvirt ended");
-    }
     let runtime2 = tmp.path().join("run2");
     std::fs::create_dir(&runtime2).unwrap();
     let args = [
@@ -793,7 +798,7 @@ fn a_libvirt_socket_another_user_serves_and_a_vmm_copying_a_domains_uuid_are_ref
     assert_eq!(source_up(&p, "libvirt"), Some(false), "{p:#}");
     drop(observer);
     drop(fake.stdin.take());
-    line.clear();
+    let mut line = String::new();
     fake_out.read_line(&mut line).unwrap();
     let _ = fake.wait();
     assert!(line.starts_with("accepted ") && line.trim_end().ends_with(", sent 0 bytes"), "{line}");
