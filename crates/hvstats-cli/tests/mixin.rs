@@ -20,7 +20,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{KilledOnDrop, TempDir, http_get, prometheus_tool, serve, start_prometheus, url_encoded};
+use common::{
+    KilledOnDrop, TempDir, http_get, prometheus_tool, serve, start_prometheus, start_prometheus_with,
+    url_encoded,
+};
 use hvstats_testkit::{spawn_qemu, wait_for_kvm_vcpus};
 use serde_json::Value;
 
@@ -273,16 +276,40 @@ fn alert_description(vm: &str) -> String {
 
 /// Every target expression of the dashboard, with its panel's title.
 fn dashboard_queries(dashboard: &Value) -> Vec<(String, String)> {
+    dashboard_targets(dashboard).into_iter().map(|(title, _, expr)| (title, expr)).collect()
+}
+
+/// Every target expression of the dashboard, with its panel's title and type.
+fn dashboard_targets(dashboard: &Value) -> Vec<(String, String, String)> {
     let mut out = Vec::new();
     for panel in dashboard["panels"].as_array().unwrap() {
         for target in panel["targets"].as_array().into_iter().flatten() {
             out.push((
                 panel["title"].as_str().unwrap().to_owned(),
+                panel["type"].as_str().unwrap().to_owned(),
                 target["expr"].as_str().unwrap().to_owned(),
             ));
         }
     }
     out
+}
+
+/// How a heatmap's query reads its histogram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Histograms {
+    /// Classic buckets: `_bucket` series and their `le` label (the text formats).
+    Classic,
+    /// Native histograms: the family's own name (protobuf, Prometheus' native histograms).
+    Native,
+}
+
+/// Which histograms a query of a panel of type `kind` reads; `None` for a query of no histogram.
+fn histogram_mode(kind: &str, expr: &str) -> Option<Histograms> {
+    match (kind, expr.contains("_bucket") && expr.contains("le")) {
+        (_, true) => Some(Histograms::Classic),
+        ("heatmap", false) => Some(Histograms::Native),
+        _ => None,
+    }
 }
 
 /// Units of Grafana's unit picker the dashboard may use (Grafana's `valueFormats` ids).
@@ -378,10 +405,16 @@ fn the_dashboard_has_what_grafana_reads() {
     // KVM's halt histograms.
     let histograms_at =
         panels.iter().find(|p| p["title"] == drill[4].as_str()).unwrap()["gridPos"]["y"].as_u64();
+    // Each has a query of classic buckets and one of the same native histogram.
     for p in panels.iter().filter(|p| p["type"] == "heatmap") {
         assert!(p["gridPos"]["y"].as_u64() > histograms_at, "{} above the histograms row", p["title"]);
-        let expr = p["targets"][0]["expr"].as_str().unwrap();
-        assert!(expr.contains("hvstats_vp_halt_"), "{}: {expr}", p["title"]);
+        let exprs: Vec<&str> =
+            p["targets"].as_array().unwrap().iter().map(|t| t["expr"].as_str().unwrap()).collect();
+        let [classic, native] = exprs[..] else { panic!("{}: {exprs:?}", p["title"]) };
+        assert!(classic.contains("hvstats_vp_halt_"), "{}: {classic}", p["title"]);
+        assert_eq!(histogram_mode("heatmap", classic), Some(Histograms::Classic), "{classic}");
+        assert_eq!(histogram_mode("heatmap", native), Some(Histograms::Native), "{native}");
+        assert_eq!(classic.replace("sum by (le) (", "sum(").replace("_bucket{", "{"), native);
     }
     // Stat panels have thresholds; where an alert watches the same number, its threshold is the
     // panel's red step.
@@ -401,25 +434,32 @@ fn the_dashboard_has_what_grafana_reads() {
     };
     assert_eq!(red("CPU wait"), 0.1, "HvstatsVMCPUWaitHigh's threshold");
     assert_eq!(red("Observer refresh age"), 60.0, "HvstatsObserverStale's threshold");
-    // A panel that stacks classes stacks only parts of the exits: the exit classes, never
-    // emulated instructions (not exits), which have panels of their own.
+    // The classes are not parts of the exits on every host (under KVM's instruction emulator an
+    // I/O instruction KVM handles in the kernel is no exit): no panel stacks them, each panel of
+    // classes draws all the exits beside them, and says on which hosts the classes are parts.
     let rules = std::fs::read_to_string(packaging("prometheus/hvstats.rules.yml")).unwrap();
     assert!(rules.contains(
         "vm_intercept:hvstats_intercepts:rate1m\n        expr: sum by (job, instance, vm, intercept) \
          (rate(hvstats_vp_intercepts_total{intercept!=\"emulated\"}[1m]))"
     ));
-    for p in panels.iter().filter(|p| p["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal")
-    {
-        for t in p["targets"].as_array().unwrap() {
-            let expr = t["expr"].as_str().unwrap();
-            if !expr.contains("intercept") {
-                continue;
-            }
-            let parts = expr.contains("intercept!=\"emulated\"")
-                || expr.contains("intercept:hvstats_intercepts:rate1m");
-            assert!(parts, "{} stacks what is not a part of the exits: {expr}", p["title"]);
+    let mut class_panels = 0;
+    for p in panels.iter().filter(|p| p["type"] == "timeseries") {
+        let targets = p["targets"].as_array().unwrap();
+        let exprs: Vec<&str> = targets.iter().map(|t| t["expr"].as_str().unwrap()).collect();
+        if !exprs.iter().any(|e| e.contains("intercepts")) {
+            continue;
         }
+        class_panels += 1;
+        let title = p["title"].as_str().unwrap();
+        assert_ne!(
+            p["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"], "normal",
+            "{title} stacks classes"
+        );
+        assert!(exprs.iter().any(|e| e.contains("exits")), "{title}: no line of all the exits");
+        let said = p["description"].as_str().unwrap();
+        assert!(said.contains("VMX/SVM") && said.contains("instruction emulator"), "{title}: {said}");
     }
+    assert_eq!(class_panels, 3, "the host's, the VM's and the VP's classes");
     let emulated: Vec<&Value> = panels
         .iter()
         .filter(|p| p["targets"][0]["expr"].as_str().is_some_and(|e| e.contains("emulated_instructions")))
@@ -499,8 +539,9 @@ fn every_series_the_mixin_reads_comes_from_a_default_collector() {
     for (name, file) in &series {
         let collectors = collectors_of_series(name);
         assert!(!collectors.is_empty(), "{file} reads {name}, which no collector exports");
-        if name.ends_with("_bucket") {
-            // Classic buckets are the histograms collectors' (native histograms need none).
+        if collectors.contains(&Collector::Histograms) {
+            // Histograms, classic buckets or native, are the histograms collectors' (only the
+            // dashboard's heatmaps read them).
             assert!(
                 file.ends_with(".json"),
                 "{file}: a rule or alert on {name} needs a non-default collector"
@@ -597,6 +638,42 @@ fn observed_qemu(dir: &Path, work: &Path) -> Option<(KilledOnDrop, KilledOnDrop)
     Some((qemu, KilledOnDrop(observer)))
 }
 
+/// Each heatmap of the dashboard, asked of the Prometheus at `web` with `values` for its
+/// variables: its query of `mode` returns series (within the deadline), and its other query none.
+fn heatmaps_have_data(
+    web: SocketAddr,
+    d: &Value,
+    values: &BTreeMap<String, String>,
+    mode: Histograms,
+    deadline: Instant,
+) {
+    let series = |query: &str| -> Result<usize, String> {
+        let data = api(web, &format!("/api/v1/query?query={}", url_encoded(query)))?;
+        Ok(data["result"].as_array().map_or(0, Vec::len))
+    };
+    let mut heatmaps = 0;
+    for (title, kind, expr) in dashboard_targets(d) {
+        let Some(reads) = histogram_mode(&kind, &expr) else { continue };
+        let query = substituted(&expr, values);
+        if reads == mode {
+            until(&format!("{mode:?} heatmap {title:?}: {query}"), deadline, || match series(&query)? {
+                0 => Err("no series".to_owned()),
+                _ => Ok(()),
+            });
+            heatmaps += 1;
+        }
+    }
+    // Asked once every heatmap of `mode` has data: the other kind's queries have none.
+    for (title, kind, expr) in dashboard_targets(d) {
+        if histogram_mode(&kind, &expr).is_some_and(|reads| reads != mode) {
+            let query = substituted(&expr, values);
+            assert_eq!(series(&query), Ok(0), "{mode:?} Prometheus, heatmap {title:?}: {query}");
+        }
+    }
+    assert_eq!(heatmaps, 3, "{mode:?}: the three halt heatmaps");
+    eprintln!("every heatmap has data with {mode:?} histograms");
+}
+
 /// Synthetic traffic published under `dir` by a thread of this process until the guard drops.
 struct Load {
     stop: Arc<AtomicBool>,
@@ -658,6 +735,18 @@ fn prometheus_with_the_rules_answers_every_dashboard_query_over_two_hosts() {
         packaging("prometheus/hvstats.alerts.yml").display(),
     );
     let (_prometheus, web) = start_prometheus(prometheus, &config, work.path());
+    // A second Prometheus, with native histograms on, scrapes the histograms exporter: it asks
+    // for protobuf and ingests each histogram as a native one, without classic buckets.
+    let native_work = TempDir::new("mixin-native");
+    let native_config = format!(
+        "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: hvstats\n    static_configs:\n      - targets: ['{addr_h}']\n"
+    );
+    let (_native, native_web) = start_prometheus_with(
+        prometheus,
+        &native_config,
+        native_work.path(),
+        &["--enable-feature=native-histograms"],
+    );
     let deadline = Instant::now() + Duration::from_secs(180);
 
     // Every rule loaded and evaluated without an error.
@@ -727,7 +816,10 @@ fn prometheus_with_the_rules_answers_every_dashboard_query_over_two_hosts() {
     // Every query of every panel returns series: none is empty, none is an error.
     let mut checked = 0;
     let mut left_out = Vec::new();
-    for (title, expr) in dashboard_queries(&d) {
+    for (title, kind, expr) in dashboard_targets(&d) {
+        if histogram_mode(&kind, &expr) == Some(Histograms::Native) {
+            continue; // the heatmaps are checked in each mode below
+        }
         if let Some(p) = pending.iter().find(|p| metric_names(&expr).iter().any(|n| n == *p)) {
             left_out.push(format!("{title} ({p})"));
             continue;
@@ -764,7 +856,10 @@ fn prometheus_with_the_rules_answers_every_dashboard_query_over_two_hosts() {
         obs.insert("vp".into(), vps);
         let mut empty = Vec::new();
         let observed_deadline = Instant::now() + Duration::from_secs(120);
-        for (title, expr) in dashboard_queries(&d) {
+        for (title, kind, expr) in dashboard_targets(&d) {
+            if histogram_mode(&kind, &expr) == Some(Histograms::Native) {
+                continue;
+            }
             let mut values = obs.clone();
             if metric_names(&expr).iter().any(|n| n.ends_with("_bucket")) {
                 values.insert("instance".to_owned(), addr_h.to_string());
@@ -787,10 +882,21 @@ fn prometheus_with_the_rules_answers_every_dashboard_query_over_two_hosts() {
         }
         assert!(empty.is_empty(), "panels without data for the observed VM: {empty:#?}");
         eprintln!(
-            "every one of the {} dashboard queries returns obs-vm's series",
+            "every one of the {} dashboard queries of classic series returns obs-vm's series",
             dashboard_queries(&d).len()
         );
     }
+
+    // Every heatmap has data with classic buckets (this Prometheus) and with native histograms
+    // (the second, which scrapes the histograms exporter over protobuf): in each, the query of
+    // the other kind is empty. Drilled down to the observed VM where there is one.
+    let mut heatmap_values = chosen.clone();
+    heatmap_values.insert("instance".to_owned(), addr_h.to_string());
+    if observed.is_some() {
+        heatmap_values.insert("vm".into(), "obs-vm".into());
+    }
+    heatmaps_have_data(web, &d, &heatmap_values, Histograms::Classic, deadline);
+    heatmaps_have_data(native_web, &d, &heatmap_values, Histograms::Native, deadline);
 
     // The numbers are the hosts': both hosts' VMs exit, and with KVM the partition `run` runs
     // counts real exits of its own.

@@ -103,8 +103,9 @@ pub struct Column {
 }
 
 /// The VP columns, most important first: a narrow view shows a prefix of them.
-pub const VP_COLUMNS: [Column; 22] = [
+pub const VP_COLUMNS: [Column; 23] = [
     Column { label: "Run", counter: vp::TOTAL_RUN_TIME },
+    Column { label: "Exits", counter: vp::EXITS },
     Column { label: "Hcall", counter: vp::HYPERCALLS },
     Column { label: "Hcall", counter: vp::HYPERCALLS_COST },
     Column { label: "IO", counter: vp::IO_INSTRUCTIONS },

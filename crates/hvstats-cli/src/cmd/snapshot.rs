@@ -229,7 +229,7 @@ fn utc_time(ns: f64) -> String {
 }
 
 /// A count scaled for reading: `950`, `12.3k`, `4.56M`, `7.89G`.
-fn scaled_count(v: f64) -> String {
+pub(crate) fn scaled_count(v: f64) -> String {
     let (value, unit) = match v.abs() {
         a if a < 1e4 => return format!("{v:.0}"),
         a if a < 1e6 => (v / 1e3, "k"),

@@ -259,20 +259,42 @@ fn tell_apart(groups: &mut [Group]) {
     }
 }
 
-/// True when some row of `groups` has something to show in `column`.
-fn has_data(column: Shown, groups: &[Group]) -> bool {
-    groups.iter().flat_map(|g| std::iter::once(&g.total).chain(&g.vps)).any(|r| column.cell(r) != "-")
+/// What a column holds over the rows of some groups, in the order [`columns`] shows them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Holds {
+    /// Some row has a number other than 0 (or a class name): the column moves.
+    Moving,
+    /// Every row that has a number has 0.
+    Zero,
+    /// No row has anything to show (`-` throughout).
+    Nothing,
+}
+
+/// What `column` holds over the rows of `groups`.
+fn holds(column: Shown, groups: &[Group]) -> Holds {
+    let mut holds = Holds::Nothing;
+    for r in groups.iter().flat_map(|g| std::iter::once(&g.total).chain(&g.vps)) {
+        match (column.cell(r).as_str(), column.sort_value(r)) {
+            ("-", _) => {}
+            (_, Some(v)) if v == 0.0 => holds = Holds::Zero,
+            _ => return Holds::Moving,
+        }
+    }
+    holds
 }
 
 /// The columns to show for `groups`, left to right: `fields` when the user chose them; otherwise
-/// every column of [`shown`], those with something to show in some row first (in their order),
-/// then the rest, so a narrow terminal shows the columns that have data.
+/// every column of [`shown`], those that move (a number other than 0 in some row) first, then
+/// those that stay at 0, then those with nothing to show, each in their order, so a narrow
+/// terminal shows the columns that move.
 pub(crate) fn columns(groups: &[Group], fields: Option<&[Shown]>) -> Vec<Shown> {
     if let Some(fields) = fields {
         return fields.to_vec();
     }
-    let (with, without): (Vec<Shown>, Vec<Shown>) = shown().partition(|c| has_data(*c, groups));
-    with.into_iter().chain(without).collect()
+    let mut columns: Vec<(Holds, Shown)> = shown().map(|c| (holds(c, groups), c)).collect();
+    // A stable sort: each kind keeps the columns' order.
+    columns.sort_by_key(|(holds, _)| *holds);
+    columns.into_iter().map(|(_, c)| c).collect()
 }
 
 /// The columns `--fields` names, in its order.
@@ -337,12 +359,14 @@ pub(crate) fn sortable() -> impl Iterator<Item = Shown> {
     shown().filter(|c| *c != Shown::Class)
 }
 
-/// A cell's text: `-` for nothing to show, one decimal below 100, none above.
+/// A cell's text: `-` for nothing to show, one decimal below 100, none below 10,000, and from
+/// there scaled as `snapshot` scales counts (`12.3k`, `1.18M`).
 pub(crate) fn cell(value: Option<f64>) -> String {
     match value {
         None => "-".into(),
         Some(v) if v.abs() < 100.0 => format!("{v:.1}"),
-        Some(v) => format!("{v:.0}"),
+        Some(v) if v.abs() < 1e4 => format!("{v:.0}"),
+        Some(v) => crate::cmd::snapshot::scaled_count(v),
     }
 }
 
@@ -370,13 +394,14 @@ pub(crate) enum Shown {
     WaitPercent,
 }
 
-/// Every column in the order shown (a narrow view shows a prefix): run time and the share of time
-/// spent waiting for a CPU (the two health figures, as `top`'s `%st` beside `%us`), the dominant
-/// class's handling time, then the other [`VP_COLUMNS`] (CPU wait per dispatch among them).
+/// Every column in the order shown (a narrow view shows a prefix): run time, the exits per second
+/// (the headline the dashboard and the exit-storm alert read) and the share of time spent waiting
+/// for a CPU (as `top`'s `%st` beside `%us`), the dominant class's handling time, then the other
+/// [`VP_COLUMNS`] (CPU wait per dispatch among them).
 pub(crate) fn shown() -> impl Iterator<Item = Shown> {
-    [Shown::Presented(0), Shown::WaitPercent, Shown::Class, Shown::P50, Shown::P99]
+    [Shown::Presented(0), Shown::Presented(1), Shown::WaitPercent, Shown::Class, Shown::P50, Shown::P99]
         .into_iter()
-        .chain((1..VP_COLUMNS.len()).map(Shown::Presented))
+        .chain((2..VP_COLUMNS.len()).map(Shown::Presented))
 }
 
 impl Shown {
