@@ -153,12 +153,14 @@ fn once_text_lists_partitions_and_vps_or_says_there_is_nothing() {
     let cells = |line: &str| {
         line.get(24..).unwrap().split_whitespace().take(5).map(str::to_owned).collect::<Vec<_>>()
     };
+    // Only the cost columns move: they come first, then the columns that stay at 0 (run time,
+    // exits and CPU wait first among them, in their order).
     let header = text.lines().nth(1).unwrap();
-    assert_eq!(cells(header), ["Run%", "Wait%", "Class", "p50", "p99"], "{text}");
+    assert_eq!(cells(header), ["Class", "p50", "p99", "Run%", "Exits/s"], "{text}");
     let row = |prefix: &str| text.lines().find(|l| l.starts_with(prefix)).unwrap();
-    assert_eq!(cells(row("  VP 2 "))[2..], ["IO", "1.0µs", "4.2ms"], "{text}");
-    assert_eq!(cells(row("  VP 0 "))[2..], ["-", "-", "-"], "{text}");
-    assert_eq!(cells(row(&vm))[2..], ["IO", "1.0µs", "4.2ms"], "{text}");
+    assert_eq!(cells(row("  VP 2 "))[..3], ["IO", "1.0µs", "4.2ms"], "{text}");
+    assert_eq!(cells(row("  VP 0 "))[..3], ["-", "-", "-"], "{text}");
+    assert_eq!(cells(row(&vm))[..3], ["IO", "1.0µs", "4.2ms"], "{text}");
 
     let missing = top(&tmp.path().join("missing"), &["--once"]);
     assert!(!missing.status.success());
@@ -257,24 +259,26 @@ fn top_in_tmux_shows_the_vps_of_a_live_partition_and_quits_on_q() {
             }
         })
     };
-    // Run%, Wait%, p50, p99, then hypercalls.
-    tmux.run(&["send-keys", "-t", "top", "o", "o", "o", "o", "o"]);
+    // Run%, Exits/s, Wait%, p50, p99, then hypercalls.
+    tmux.run(&["send-keys", "-t", "top", "o", "o", "o", "o", "o", "o"]);
     tmux.wait_for("sort Hcall/s↓");
-    // Columns: label, Run%, Wait%, Class, p50, p99, Hcall/s. VP 1 makes hypercalls and port accesses of
-    // 700 ns, VP 0 none: VP 1 comes first, its class IO with p50 and p99 ≤ 1023 ns.
+    // VP 1 makes hypercalls and port accesses of 700 ns, VP 0 none: VP 1 comes first, its class
+    // IO with p50 and p99 ≤ 1023 ns. The columns that move come first: Class, p50, p99, Hcall/s.
     let cells = |line: &str| line.split_whitespace().skip(2).map(str::to_owned).collect::<Vec<_>>();
-    let hcall_rate = |line: &str| cells(line).get(5).and_then(|v| v.parse::<f64>().ok());
+    let hcall_rate = |line: &str| cells(line).get(3).and_then(|v| v.parse::<f64>().ok());
     let screen = tmux.wait_until("VP 1 first with hypercalls", |screen| {
         let vps: Vec<&str> = screen.lines().filter(|l| l.trim_start().starts_with("VP ")).collect();
-        vps.len() == 2
+        let header = screen.lines().find(|l| l.starts_with("VM / VP")).unwrap_or_default();
+        header.split_whitespace().skip(3).take(4).eq(["Class", "p50", "p99", "Hcall/s"])
+            && vps.len() == 2
             && vps[0].trim_start().starts_with("VP 1")
             && hcall_rate(vps[0]).is_some_and(|r| r > 0.0)
     });
     let vp1 = screen.lines().find(|l| l.trim_start().starts_with("VP 1")).unwrap();
-    assert_eq!(cells(vp1)[2..5], ["IO", "1.0µs", "1.0µs"], "{screen}");
+    assert_eq!(cells(vp1)[..3], ["IO", "1.0µs", "1.0µs"], "{screen}");
     let vp0 = screen.lines().find(|l| l.trim_start().starts_with("VP 0")).unwrap();
     assert_eq!(hcall_rate(vp0), Some(0.0), "{screen}");
-    assert_eq!(cells(vp0)[2..5], ["-", "-", "-"], "{screen}");
+    assert_eq!(cells(vp0)[..3], ["-", "-", "-"], "{screen}");
 
     tmux.run(&["send-keys", "-t", "top", "h"]);
     let screen = tmux.wait_for(" keys ");
@@ -300,10 +304,11 @@ fn top_in_tmux_shows_the_vps_of_a_live_partition_and_quits_on_q() {
     tmux.run(&["send-keys", "-t", "top", "Enter"]);
     tmux.wait_for("VP 1");
 
-    // The terminal shrinks: fewer columns, still running.
+    // The terminal shrinks: fewer columns (those that move), still running.
     tmux.run(&["resize-window", "-t", "top", "-x", "60", "-y", "20"]);
-    let screen = tmux.wait_for("Run%");
-    assert!(!screen.contains("Migr/s"), "{screen}");
+    let screen =
+        tmux.wait_until("60 columns", |s| s.lines().all(|l| l.chars().count() <= 60) && s.contains("p99"));
+    assert!(!screen.contains("Migr/s") && !screen.contains("Run%"), "{screen}");
 
     // The instance goes away: the view says so and keeps running.
     writer_stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -380,9 +385,14 @@ fn top_at_80_columns_shows_the_columns_that_have_data_for_an_observed_qemu_vm() 
         eprintln!("tmux is missing (Debian package tmux): skipped");
         return;
     }
+    // With a QMP socket, as operators run QEMU: KVM's statistics (the exits among them) come
+    // through it.
+    let work = TempDir::new("top-qemu-qmp");
     let Some(qemu) = spawn_qemu(
         Command::new("qemu-system-x86_64")
             .args(["-accel", "kvm", "-display", "none", "-nodefaults", "-m", "16", "-name", "guest=top-vm"])
+            .arg("-qmp")
+            .arg(format!("unix:{},server=on,wait=off", work.path().join("qmp.sock").display()))
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null()),
@@ -420,6 +430,82 @@ fn top_at_80_columns_shows_the_columns_that_have_data_for_an_observed_qemu_vm() 
     let first_dash = cells.iter().position(|c| *c == "-").unwrap_or(cells.len());
     assert!(cells[first_dash..].iter().all(|c| *c == "-"), "a column of data after one without:\n{screen}");
     assert!(first_dash >= 3, "Run%, Wait% and the port I/O rate have data:\n{screen}");
+    // The exits move: at 80 columns their rate is shown, and no column at 0 comes before one
+    // that moves.
+    assert!(header.contains("Exits/s"), "the exit rate is cut off at 80 columns:\n{screen}");
+    let first_zero =
+        cells.iter().position(|c| c.parse::<f64>().is_ok_and(|v| v == 0.0)).unwrap_or(cells.len());
+    let moving_after =
+        cells[first_zero..].iter().any(|c| *c != "-" && !c.parse::<f64>().is_ok_and(|v| v == 0.0));
+    assert!(!moving_after, "a moving column after one at 0:\n{screen}");
+}
+
+/// Exits per second are a column (`--fields Exits/s`) and a JSON value; a large rate is scaled as
+/// `snapshot` scales counts, and the columns that move come before those that stay at 0 or have
+/// nothing to show.
+#[test]
+fn once_shows_exits_per_second_scaled_with_the_moving_columns_first() {
+    let tmp = TempDir::new("top-exits");
+    let (_hv, part) = publish(tmp.path(), 2);
+    let once = |args: &[&str], during: &dyn Fn()| {
+        let child = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+            .args(["top", "--once", "--interval", "2", "--runtime-dir"])
+            .arg(tmp.path())
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_for_first_reading(child.id());
+        during();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success());
+        String::from_utf8(out.stdout).unwrap()
+    };
+    // VP 0 exits 2.4 million times in the interval (about 1.2M a second), VP 1 not at all.
+    let exits = || part.vp_page(0).unwrap().add(vp::EXITS, 2_400_000);
+    let json: Value = serde_json::from_str(&once(&["--json"], &exits)).unwrap();
+    let seconds = json["interval_seconds"].as_f64().unwrap();
+    let key = common::presented(name(vp::EXITS));
+    let p = &json["partitions"][0];
+    let rate = p["vps"][0]["presented"][&key].as_f64().unwrap();
+    assert!((rate * seconds - 2_400_000.0).abs() < 1e-3, "{rate} × {seconds}");
+    assert_eq!(p["vps"][1]["presented"][&key], 0.0);
+    assert_eq!(p["total"]["deltas"][common::delta(name(vp::EXITS))], 2_400_000);
+    assert_eq!(json["units"][&key], "/s");
+
+    let text = once(&["--fields", "exits/s,Run%"], &exits);
+    let header = text.lines().find(|l| l.starts_with("VM / VP")).unwrap();
+    assert_eq!(header.split_whitespace().collect::<Vec<_>>(), ["VM", "/", "VP", "Exits/s", "Run%"], "{text}");
+    let cell =
+        text.lines().find(|l| l.starts_with("  VP 0 ")).unwrap()[24..].split_whitespace().next().unwrap();
+    let millions: f64 =
+        cell.strip_suffix('M').unwrap_or_else(|| panic!("{cell:?} is not in millions")).parse().unwrap();
+    assert!((1.0..=1.2).contains(&millions) && cell.len() == "1.18M".len(), "{cell}");
+    assert_eq!(
+        text.lines().find(|l| l.starts_with("  VP 1 ")).unwrap()[24..].split_whitespace().next(),
+        Some("0.0")
+    );
+
+    // Every column: Exits/s, the only one that moves, first; then those at 0; then those that
+    // have nothing to show (the run loop's costs without exits).
+    let text = once(&[], &exits);
+    let header = text.lines().find(|l| l.starts_with("VM / VP")).unwrap();
+    let row = text.lines().find(|l| l.starts_with("  VP 0 ")).unwrap();
+    let columns: Vec<&str> = header[24..].split_whitespace().filter(|h| *h != "µs").collect();
+    let cells: Vec<&str> = row[24..].split_whitespace().collect();
+    assert_eq!((columns[0], cells.len()), ("Exits/s", columns.len()), "{text}");
+    let kind = |c: &str| match c {
+        "-" => 2,
+        _ if c.parse::<f64>().is_ok_and(|v| v == 0.0) => 1,
+        _ => 0,
+    };
+    let kinds: Vec<u8> = cells.iter().map(|c| kind(c)).collect();
+    assert!(
+        kinds.windows(2).all(|w| w[0] <= w[1]),
+        "a moving column after one at 0, or one at 0 after a -:\n{text}"
+    );
+    assert_eq!(kinds[0], 0, "{text}");
+    assert!(kinds.contains(&1) && kinds.contains(&2), "{text}");
 }
 
 /// Two VMs with one name are two groups told apart by their instance; `--fields` picks the

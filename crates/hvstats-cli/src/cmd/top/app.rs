@@ -29,7 +29,7 @@ pub(crate) enum Action {
     Interval,
     /// Show values since now instead of over the last interval (again: restart).
     Reset,
-    /// Start typing the columns to show (empty: every column, those with data first).
+    /// Start typing the columns to show (empty: every column, those that move first).
     Fields,
     /// Scroll the columns left.
     ScrollLeft,
@@ -130,7 +130,7 @@ pub(crate) struct App {
     pub descending: bool,
     /// The VM filter.
     pub filter: Option<Regex>,
-    /// The columns chosen (`None`: every column, those with data first).
+    /// The columns chosen (`None`: every column, those that move first).
     pub fields: Option<Vec<Shown>>,
     /// Columns scrolled past on the left.
     pub offset: usize,
@@ -348,9 +348,13 @@ mod tests {
     #[test]
     fn sorting_cycles_through_every_column_as_shown_and_back_to_names() {
         let mut app = App::new(String::new(), Duration::from_secs(1));
-        // Run%, Wait%, p50, p99 (the class is a name, not sorted by), then every other column.
+        // Run%, Exits/s, Wait%, p50, p99 (the class is a name, not sorted by), then every other
+        // column.
         let order: Vec<Shown> = table::sortable().collect();
-        assert_eq!(order[..4], [Shown::Presented(0), Shown::WaitPercent, Shown::P50, Shown::P99]);
+        assert_eq!(
+            order[..5],
+            [Shown::Presented(0), Shown::Presented(1), Shown::WaitPercent, Shown::P50, Shown::P99]
+        );
         assert_eq!(order.len(), 3 + hvstats_present::present::VP_COLUMNS.len());
         for expected in order.iter().copied().map(Some).chain([None]) {
             app.update(Action::SortNext);

@@ -40,7 +40,7 @@ pub(crate) struct Args {
     #[arg(long, requires = "once")]
     json: bool,
     /// The columns to show, by their headers, e.g. `Run%,Wait%,IO/s,CPUID/s,Hcall us` (default:
-    /// every column, those with data first; `F` changes them in the live view).
+    /// every column, those that move first; `F` changes them in the live view).
     #[arg(long, value_name = "LIST", value_parser = table::parse_fields_flag)]
     fields: Option<table::Fields>,
     /// Only the VMs whose name matches this regex (as `f` does in the live view, where it can be

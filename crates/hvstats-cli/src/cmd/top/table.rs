@@ -264,20 +264,24 @@ fn tell_apart(groups: &mut [Group]) {
 enum Holds {
     /// Some row has a number other than 0 (or a class name): the column moves.
     Moving,
-    /// Every row that has a number has 0.
+    /// Every row that shows something shows 0 (`0.0`, or a value that rounds to it).
     Zero,
     /// No row has anything to show (`-` throughout).
     Nothing,
 }
 
-/// What `column` holds over the rows of `groups`.
+/// What `column` holds over the rows of `groups`, as its cells show it.
 fn holds(column: Shown, groups: &[Group]) -> Holds {
     let mut holds = Holds::Nothing;
     for r in groups.iter().flat_map(|g| std::iter::once(&g.total).chain(&g.vps)) {
-        match (column.cell(r).as_str(), column.sort_value(r)) {
-            ("-", _) => {}
-            (_, Some(v)) if v == 0.0 => holds = Holds::Zero,
-            _ => return Holds::Moving,
+        let text = column.cell(r);
+        if text == "-" {
+            continue;
+        }
+        if text.parse::<f64>().is_ok_and(|v| v == 0.0) {
+            holds = Holds::Zero;
+        } else {
+            return Holds::Moving;
         }
     }
     holds
@@ -451,7 +455,7 @@ impl Shown {
     }
 }
 
-/// The text table of `--once`: every column (those with data first) or the chosen `fields`, a
+/// The text table of `--once`: every column (those that move first) or the chosen `fields`, a
 /// group per partition.
 pub(crate) fn text(groups: &[Group], seconds: f64, dir: &str, fields: Option<&[Shown]>) -> String {
     let columns = columns(groups, fields);
