@@ -31,6 +31,9 @@ pub(crate) enum ExitStatus {
     Usage = 2,
     /// `run`: the partition ran, but a VP faulted or did not stop in time.
     GuestFault = 3,
+    /// `snapshot`, `top --once`: no observer or partition publishes under the runtime directory,
+    /// so there was nothing to read (told apart from 1, something that could not be read).
+    NothingPublished = 4,
     /// `run`: stopped by SIGHUP (its terminal went away) after printing what was counted
     /// (128 + 1).
     HungUp = 129,
@@ -42,11 +45,12 @@ pub(crate) enum ExitStatus {
 
 impl ExitStatus {
     /// Every status, in order.
-    pub(crate) const ALL: [ExitStatus; 7] = [
+    pub(crate) const ALL: [ExitStatus; 8] = [
         Self::Success,
         Self::RuntimeError,
         Self::Usage,
         Self::GuestFault,
+        Self::NothingPublished,
         Self::HungUp,
         Self::Interrupted,
         Self::Terminated,
@@ -63,6 +67,9 @@ impl ExitStatus {
                 "The command line is wrong (unknown flag, value out of range, no target); nothing was done."
             }
             Self::GuestFault => "run: the partition ran, but a VP faulted or did not stop in time.",
+            Self::NothingPublished => {
+                "snapshot, top --once: no observer or partition publishes under the runtime directory (nothing is observed or run yet): nothing was read, and the message says how to start one. A script tells this apart from 1, something that could not be read."
+            }
             Self::HungUp => "run: stopped by SIGHUP after printing what was counted.",
             Self::Interrupted => "run: stopped by SIGINT (Ctrl-C) after printing what was counted.",
             Self::Terminated => "run: stopped by SIGTERM after printing what was counted.",
@@ -74,6 +81,7 @@ impl ExitStatus {
     pub(crate) fn applies_to(self, page: &str) -> bool {
         match self {
             Self::Success | Self::RuntimeError | Self::Usage => true,
+            Self::NothingPublished => matches!(page, "hvstats" | "hvstats-snapshot" | "hvstats-top"),
             _ => matches!(page, "hvstats" | "hvstats-run"),
         }
     }

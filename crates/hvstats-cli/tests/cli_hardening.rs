@@ -51,8 +51,11 @@ fn sample_page(dir: &Path) -> String {
     page.to_str().unwrap().to_owned()
 }
 
-/// The commands that print something without KVM, each with the args it needs.
-fn printing_commands(dir: &Path) -> Vec<Vec<String>> {
+/// The commands that print something without KVM, each with the args it needs, and the instance
+/// they read under `dir` (with nothing published, `snapshot` and `top` end with status 4).
+fn printing_commands(dir: &Path) -> (Vec<Vec<String>>, std::sync::Arc<hvstats::Hypervisor>) {
+    let hv = common::publish(dir);
+    hv.create_partition(1).unwrap();
     let page = sample_page(dir);
     let rt = dir.to_str().unwrap().to_owned();
     let recording = dir.join("recording").to_str().unwrap().to_owned();
@@ -62,7 +65,7 @@ fn printing_commands(dir: &Path) -> Vec<Vec<String>> {
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
     let s = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
-    vec![
+    let commands = vec![
         s(&["catalog"]),
         s(&["catalog", "--json"]),
         s(&["dump", &page]),
@@ -75,7 +78,8 @@ fn printing_commands(dir: &Path) -> Vec<Vec<String>> {
         s(&["top", "--once", "--json", "--interval", "0.1", "--runtime-dir", &rt]),
         s(&["report", &recording]),
         s(&["report", "--json", &recording]),
-    ]
+    ];
+    (commands, hv)
 }
 
 fn status_and_stderr(o: &Output) -> (Option<i32>, String) {
@@ -85,7 +89,8 @@ fn status_and_stderr(o: &Output) -> (Option<i32>, String) {
 #[test]
 fn a_closed_pipe_ends_every_command_quietly_with_its_usual_status() {
     let dir = TempDir::new("closed-pipe");
-    for args in printing_commands(dir.path()) {
+    let (commands, _instance) = printing_commands(dir.path());
+    for args in commands {
         // The reader is gone before the command writes anything: every write gets EPIPE.
         let (reader, writer) = std::io::pipe().unwrap();
         drop(reader);
@@ -120,7 +125,8 @@ fn a_recording_into_a_closed_pipe_ends_quietly_and_into_a_full_device_is_an_erro
 #[test]
 fn a_full_device_is_an_error_message_and_status_1_for_every_command() {
     let dir = TempDir::new("dev-full");
-    for args in printing_commands(dir.path()) {
+    let (commands, _instance) = printing_commands(dir.path());
+    for args in commands {
         let full = File::options().write(true).open("/dev/full").unwrap();
         let o = hvstats().args(&args).stdout(full).output().unwrap();
         assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));

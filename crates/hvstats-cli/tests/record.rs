@@ -245,6 +245,24 @@ fn plot_draws_png_and_svg_with_axes_units_and_a_legend() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("is not a VP counter"));
 }
 
+/// `plot --counter` takes the names `report` and `snapshot` print (`HLT time halted`,
+/// `Hypercalls (total)`) as well as the catalog's, and answers a near miss with the closest.
+#[test]
+fn plot_takes_the_names_report_prints_and_suggests_the_closest() {
+    let tmp = TempDir::new("record-plot-labels");
+    let (file, _) = record_known_guest(&tmp, false);
+    let svg = tmp.path().join("chart.svg");
+    for label in ["HLT time halted", "hlt time halted", "Hypercalls (total)"] {
+        let out = hvstats(&["plot", path(&file), "-o", path(&svg), "--force", "--counter", label]);
+        assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
+    }
+    let near = hvstats(&["plot", path(&file), "-o", path(&svg), "--counter", "HLT time halt"]);
+    assert_eq!(near.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&near.stderr);
+    assert!(err.contains("is not a VP counter") && err.contains("did you mean \"HLT time halted\""), "{err}");
+}
+
 #[test]
 fn ctrl_c_ends_a_recording_with_a_valid_file() {
     let tmp = TempDir::new("record-ctrlc");

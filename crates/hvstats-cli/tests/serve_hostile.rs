@@ -641,7 +641,8 @@ fn an_observer_killed_and_cleaned_away_is_still_reported_down_by_a_restarted_exp
         .stdout(Stdio::null())
         .status()
         .unwrap();
-    assert!(snapshot.success());
+    // 0, or 4 once the dead instance was the only one: nothing publishes there any more.
+    assert!(matches!(snapshot.code(), Some(0 | 4)), "{snapshot}");
     let left = entries(&tmp.path().join("instances"));
     assert!(!left.iter().any(|f| f.starts_with(&name)), "the dead instance was not cleaned: {left:?}");
     drop(serve);

@@ -162,16 +162,80 @@ fn snapshot_json_carries_each_vps_full_histograms_and_wait() {
     assert_eq!(row.split_whitespace().rev().take(2).collect::<Vec<_>>(), ["-", "-"], "{row}");
 }
 
+/// With no instance, `snapshot` says that nothing publishes and how to start a publisher, with
+/// status 4 (not 0: nothing was read; not 1: nothing failed), and `--json` an empty document.
 #[test]
-fn snapshot_with_no_live_instance_says_so_and_succeeds() {
+fn snapshot_with_no_live_instance_says_how_to_start_one_with_a_status_of_its_own() {
     let tmp = TempDir::new("none");
-    let (ok, stdout) = snapshot(tmp.path(), true);
-    assert!(ok);
-    let v: Value = serde_json::from_str(&stdout).unwrap();
+    let run = |json: bool| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hvstats"));
+        cmd.args(["snapshot", "--runtime-dir"]).arg(tmp.path());
+        if json {
+            cmd.arg("--json");
+        }
+        cmd.output().unwrap()
+    };
+    let dir = tmp.path().display().to_string();
+    let said = format!(
+        "no observer or partition publishes under {dir}: start the observer (`hvstats observe --all \
+         --runtime-dir {dir}` as root) to count the VMs running here, or run a partition (`hvstats run \
+         --runtime-dir {dir}`)"
+    );
+    let out = run(true);
+    assert_eq!(out.status.code(), Some(4));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["instances"].as_array().unwrap().len(), 0);
-    let (ok, stdout) = snapshot(tmp.path(), false);
-    assert!(ok);
-    assert!(stdout.starts_with("no live hvstats instance"), "{stdout}");
+    assert_eq!(String::from_utf8_lossy(&out.stderr), format!("hvstats: {said}\n"));
+    let out = run(false);
+    assert_eq!(out.status.code(), Some(4));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{said}\n"));
+}
+
+/// On a host where nothing made the runtime directory yet (`/run/hvstats` missing), `snapshot`
+/// says the same, with the observer's unit first, and nothing about opening a directory.
+#[test]
+fn snapshot_with_no_runtime_directory_says_how_to_start_the_observer() {
+    let Some(out) = common::hvstats_without_runtime_dir(&["snapshot"]) else { return };
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(4), "{stdout}{stderr}");
+    assert!(
+        stdout.starts_with(
+            "no observer or partition publishes under /run/hvstats: start the observer (`systemctl start \
+             hvstats-observe`, or `hvstats observe --all` as root)"
+        ),
+        "{stdout}"
+    );
+    assert!(stderr.is_empty(), "{stderr}");
+}
+
+/// A user the arena refuses is told which file, whose instance's arena it is, who may read it and
+/// how to get access.
+#[test]
+fn snapshot_by_a_user_the_arena_refuses_says_whose_arena_and_how_to_read_it() {
+    let tmp = TempDir::new("refused");
+    let hv = publish(tmp.path());
+    hv.create_partition(1).unwrap();
+    if euid() != 0 || !Path::new("/usr/bin/setpriv").exists() {
+        println!("skipped: needs root and setpriv to read as another user");
+        return;
+    }
+    let out = Command::new("/usr/bin/setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", env!("CARGO_BIN_EXE_hvstats")])
+        .args(["snapshot", "--runtime-dir"])
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let instance = hv.published_name().unwrap().to_string();
+    let arena = tmp.path().join("instances").join(format!("{instance}.arena"));
+    let said = format!(
+        "hvstats: {} is the arena of instance {instance} (its partitions' and VPs' pages), which only its \
+         owner root may read (mode 0600): run this as root (sudo); without root, `hvstats serve \
+         --socket-group GROUP` lets that group's members read the same counters through its socket",
+        arena.display()
+    );
+    assert!(stderr.contains(&said), "{stderr}");
 }
 
 fn euid() -> u32 {

@@ -118,8 +118,12 @@ fn once_json_gives_exact_deltas_rates_and_costs_over_its_interval() {
 fn once_text_lists_partitions_and_vps_or_says_there_is_nothing() {
     let tmp = TempDir::new("top-text");
     let out = top(tmp.path(), &["--once", "--interval", "0.1"]);
-    assert!(out.status.success());
-    assert!(String::from_utf8_lossy(&out.stdout).starts_with("no live partition under"));
+    assert_eq!(out.status.code(), Some(4), "nothing publishes: snapshot's status");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.starts_with("no observer or partition publishes under") && said.contains("hvstats run"),
+        "{said}"
+    );
     let (hv, part) = publish(tmp.path(), 3);
     let out = top(tmp.path(), &["--once", "--interval", "0.1"]);
     let text = String::from_utf8(out.stdout).unwrap();
@@ -173,6 +177,31 @@ fn once_text_lists_partitions_and_vps_or_says_there_is_nothing() {
     let piped = top(tmp.path(), &[]);
     assert!(!piped.status.success());
     assert!(String::from_utf8_lossy(&piped.stderr).contains("needs a terminal"));
+}
+
+/// On a host where nothing made the runtime directory yet (`/run/hvstats` missing), `top --once`
+/// says that no observer or partition publishes and how to start one, with `snapshot`'s status,
+/// and nothing about opening a directory; `--json` gives an empty table.
+#[test]
+fn once_with_no_runtime_directory_says_how_to_start_the_observer() {
+    let Some(out) = common::hvstats_without_runtime_dir(&["top", "--once", "--interval", "0.1"]) else {
+        return;
+    };
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(4), "{stdout}{stderr}");
+    let said = "no observer or partition publishes under /run/hvstats: start the observer (`systemctl start \
+                hvstats-observe`, or `hvstats observe --all` as root) to count the VMs running here, or run \
+                a partition (`hvstats run`)";
+    assert_eq!(stdout, format!("{said}\n"));
+    assert!(stderr.is_empty(), "{stderr}");
+    let Some(out) = common::hvstats_without_runtime_dir(&["top", "--once", "--json", "--interval", "0.1"])
+    else {
+        return;
+    };
+    assert_eq!(out.status.code(), Some(4));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["partitions"].as_array().map(Vec::len), Some(0), "{v}");
+    assert_eq!(String::from_utf8_lossy(&out.stderr), format!("hvstats: {said}\n"));
 }
 
 /// tmux on a private socket, killed on drop.
@@ -314,7 +343,7 @@ fn top_in_tmux_shows_the_vps_of_a_live_partition_and_quits_on_q() {
     writer_stop.store(true, std::sync::atomic::Ordering::Relaxed);
     writer.join().unwrap();
     drop((part, hv));
-    tmux.wait_for("no live hvstats instance");
+    tmux.wait_for("no observer or partition publishes");
 
     tmux.run(&["send-keys", "-t", "top", "q"]);
     let pid = tmux.run(&["display-message", "-p", "-t", "top", "#{pane_pid}"]);

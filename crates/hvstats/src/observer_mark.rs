@@ -60,7 +60,12 @@ pub fn clear(runtime_dir: &Path, name: &InstanceName) {
 /// When the runtime directory fails its checks, or the mark is not one its owner left (a link,
 /// not a regular file, another user's, writable by others, too long, not an instance name).
 pub fn read(runtime_dir: &Path) -> Result<Option<InstanceName>, RuntimeDirError> {
-    let dir = Dir::open(runtime_dir, Use::Read)?;
+    let dir = match Dir::open(runtime_dir, Use::Read) {
+        Ok(dir) => dir,
+        // No runtime directory yet: no observer ever left its mark there.
+        Err(e) if e.io_kind() == Some(std::io::ErrorKind::NotFound) => return Ok(None),
+        Err(e) => return Err(e),
+    };
     let path = dir.path().join(MARK);
     let file = match dir.open_file(MARK, false) {
         Ok(file) => file,

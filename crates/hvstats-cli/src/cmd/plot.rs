@@ -38,7 +38,8 @@ pub(crate) struct Args {
     /// The chart to write: `.png` or `.svg`.
     #[arg(short = 'o', long, value_name = "CHART")]
     output: PathBuf,
-    /// A VP counter to chart, by catalog name (repeat for several; default: the three busiest
+    /// A VP counter to chart, by catalog name or the name report and snapshot print (`HLT time
+    /// halted`) (repeat for several; default: the three busiest
     /// rates).
     #[arg(long = "counter", value_name = "NAME")]
     counters: Vec<String>,
@@ -607,7 +608,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let mut named = Vec::new();
     for name in &args.counters {
-        match hvstats_abi::catalog::counter_by_name(hvstats_abi::ObjectKind::Vp, name) {
+        match crate::suggest::counter_by_label(hvstats_abi::ObjectKind::Vp, name) {
             Some(c) => named.push(c),
             None => {
                 return usage(format!(

@@ -121,6 +121,12 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut failed = !changes.problems.is_empty();
     for problem in &changes.problems {
         note!("{}", hvstats_host::error_chain::error_chain(problem));
+        if let Some(access) = crate::access::arena_access(problem) {
+            note!("{access}");
+        }
+    }
+    if !failed && attach.instances().next().is_none() {
+        return nothing_published(&dir, args.json);
     }
     // Streaming keeps memory bounded for any number of VPs; a filtered document is built whole
     // (it holds only what the filters keep).
@@ -176,7 +182,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else if snapshots.is_empty() && failed {
         note!("no instance under {} could be read", dir.display());
     } else if snapshots.is_empty() {
-        output::print(&format!("no live hvstats instance under {}\n", dir.display()))?;
+        output::print(&format!("{}\n", super::nothing_publishes(&dir)))?;
     } else {
         snapshots.iter().for_each(note_unreadable);
         output::with_stdout(|out| {
@@ -189,6 +195,19 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(if failed { ExitStatus::RuntimeError.into() } else { ExitStatus::Success.into() })
 }
 
+/// No instance under `dir`: says so and how to start one (on standard error beside an empty JSON
+/// document), with the status of its own a script tells apart from an unreadable directory.
+fn nothing_published(dir: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
+    let line = super::nothing_publishes(dir);
+    if json {
+        output::print_json(&hvstats_present::snapshot_json::document(Vec::new()), true)?;
+        note!("{line}");
+    } else {
+        output::print(&format!("{line}\n"))?;
+    }
+    Ok(ExitStatus::NothingPublished.into())
+}
+
 /// Says on standard error why each object of `s` that could not be read could not.
 fn note_unreadable(s: &InstanceSnapshot) {
     unreadable_lines(s).iter().for_each(|line| note!("{line}"));
@@ -196,7 +215,7 @@ fn note_unreadable(s: &InstanceSnapshot) {
 
 /// A row's name: the catalog's, except that without an interval a "/sec" counter is its total
 /// and a time counter its total time (the page holds cumulative values; rates need two readings).
-fn row_name(counter: &Counter, interval: bool) -> String {
+pub(crate) fn row_name(counter: &Counter, interval: bool) -> String {
     if counter.is_time_halted() {
         return present::TIME_HALTED_NAME.to_owned() + if interval { "" } else { " (total time)" };
     }

@@ -84,6 +84,9 @@ fn once(
     let before = live.read()?;
     std::thread::sleep(Duration::from_secs_f64(interval));
     let after = live.read()?;
+    if after.instances.is_empty() && after.problems.is_empty() {
+        return nothing_published(live.dir(), json);
+    }
     let seconds = after.at.saturating_duration_since(before.at).as_secs_f64();
     let mut groups = table::groups(&before, &after);
     let mut unmatched = None;
@@ -114,6 +117,19 @@ fn once(
     }
     let failed = !before.problems.is_empty() || !after.problems.is_empty();
     Ok(if failed { crate::output::ExitStatus::RuntimeError.into() } else { ExitCode::SUCCESS })
+}
+
+/// No instance under `dir`: says so and how to start one (on standard error beside an empty JSON
+/// table), with the status `snapshot` gives the same state.
+fn nothing_published(dir: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
+    let line = crate::cmd::nothing_publishes(dir);
+    if json {
+        crate::output::print_json(&table::json(&[], 0.0), true)?;
+        let _ = writeln!(std::io::stderr(), "hvstats: {line}");
+    } else {
+        crate::output::print(&format!("{line}\n"))?;
+    }
+    Ok(crate::output::ExitStatus::NothingPublished.into())
 }
 
 /// The VMs `--vm` names at most: the rest are counted.

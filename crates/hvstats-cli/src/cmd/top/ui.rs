@@ -64,7 +64,9 @@ impl App {
         let groups = self.groups();
         if groups.is_empty() {
             let text = match &self.latest {
-                Some(r) if r.instances.is_empty() => format!("no live hvstats instance under {}", self.dir),
+                Some(r) if r.instances.is_empty() => {
+                    crate::cmd::nothing_publishes(std::path::Path::new(&self.dir))
+                }
                 Some(_) if self.filter.is_some() => "no VM matches the filter".to_owned(),
                 Some(_) if self.base.is_some() => "no partition in the live instances".to_owned(),
                 _ => "reading…".to_owned(),
@@ -237,6 +239,9 @@ mod tests {
         empty.instances.clear();
         app.sample(empty);
         let lines = screen(&app, 80, 5);
-        assert_eq!(lines[1], "no live hvstats instance under /run/hvstats");
+        assert!(
+            lines[1].starts_with("no observer or partition publishes under /run/hvstats: start"),
+            "{lines:#?}"
+        );
     }
 }
