@@ -898,6 +898,29 @@ fn prometheus_with_the_rules_answers_every_dashboard_query_over_two_hosts() {
     heatmaps_have_data(web, &d, &heatmap_values, Histograms::Classic, deadline);
     heatmaps_have_data(native_web, &d, &heatmap_values, Histograms::Native, deadline);
 
+    // Every HLT of the observed VM is one of its exits, on this host too (KVM's exits count its
+    // halts); its I/O class is what the classes panels leave unstacked for (printed).
+    if observed.is_some() {
+        let value = |q: &str| {
+            let data = api(web, &format!("/api/v1/query?query={}", url_encoded(q))).unwrap();
+            data["result"][0]["value"][1].as_str().and_then(|v| v.parse::<f64>().ok())
+        };
+        let vm = "{vm=\"obs-vm\"}";
+        let (exits, hlt, io) = until("obs-vm's exits and halts", deadline, || {
+            let classes = |class: &str| {
+                value(&format!(
+                    "vm_intercept:hvstats_intercepts:rate1m{{vm=\"obs-vm\",intercept=\"{class}\"}}"
+                ))
+            };
+            match (value(&format!("vm:hvstats_exits:rate1m{vm}")), classes("hlt"), classes("io")) {
+                (Some(e), Some(h), Some(i)) if e > 0.0 => Ok((e, h, i)),
+                other => Err(format!("{other:?}")),
+            }
+        });
+        eprintln!("obs-vm per second: {exits:.2} exits, {hlt:.2} HLT, {io:.2} I/O");
+        assert!(hlt <= exits, "{hlt} HLT a second, more than the {exits} exits");
+    }
+
     // The numbers are the hosts': both hosts' VMs exit, and with KVM the partition `run` runs
     // counts real exits of its own.
     let exits = |vm: &str, host: SocketAddr| {
