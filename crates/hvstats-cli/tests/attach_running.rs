@@ -68,7 +68,8 @@ fn snapshot(dir: &Path) -> Value {
         .arg(dir)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // 4: nothing publishes any more, an empty reading.
+    assert!(out.status.success() || out.status.code() == Some(4), "{}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
