@@ -205,12 +205,42 @@ pub fn start_prometheus_with(
     work: &Path,
     flags: &[&str],
 ) -> (KilledOnDrop, std::net::SocketAddr) {
+    spawn_prometheus(
+        prometheus,
+        config,
+        &format!("--storage.tsdb.path={}", work.join("data").display()),
+        work,
+        flags,
+    )
+}
+
+/// Starts `prometheus` in agent mode (`--enable-feature=agent`: it scrapes and remote-writes,
+/// and neither stores nor queries) with the configuration `config`, its write-ahead log under
+/// `work`; it and the address it listens on.
+pub fn start_prometheus_agent(
+    prometheus: &str,
+    config: &str,
+    work: &Path,
+) -> (KilledOnDrop, std::net::SocketAddr) {
+    let storage = format!("--storage.agent.path={}", work.join("agent").display());
+    spawn_prometheus(prometheus, config, &storage, work, &["--enable-feature=agent"])
+}
+
+/// `prometheus` with `config` written under `work`, its storage flag `storage`, and `flags`, on a
+/// free loopback port.
+fn spawn_prometheus(
+    prometheus: &str,
+    config: &str,
+    storage: &str,
+    work: &Path,
+    flags: &[&str],
+) -> (KilledOnDrop, std::net::SocketAddr) {
     let file = work.join("prometheus.yml");
     std::fs::write(&file, config).unwrap();
     let web = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
     let child = std::process::Command::new(prometheus)
         .arg(format!("--config.file={}", file.display()))
-        .arg(format!("--storage.tsdb.path={}", work.join("data").display()))
+        .arg(storage)
         .arg(format!("--web.listen-address={web}"))
         .args(flags)
         .stdout(std::process::Stdio::null())
