@@ -53,6 +53,11 @@ impl Reading {
         }
     }
 
+    /// The instance named `name`, if present.
+    pub fn instance(&self, name: &str) -> Option<&InstanceSnapshot> {
+        self.instances.iter().find(|i| i.name == name)
+    }
+
     /// The partition `id` of instance `instance`, if present.
     pub fn partition(&self, instance: &str, id: u64) -> Option<&PartitionSnapshot> {
         self.instances.iter().find(|i| i.name == instance)?.partitions.iter().find(|p| p.id == id)
