@@ -108,11 +108,11 @@ fn top_samples(dir: &Path, interval: &str, n: usize) -> Vec<[Option<Shown>; 3]> 
                 doc["partitions"].as_array().unwrap().iter().find(|p| p["vm"] == "rates-vm").unwrap()["vps"]
                     [0]
                 .clone();
-            assert_eq!(vp["interval"]["dated_by"], "page", "{vp}");
+            assert_eq!(vp["publication"]["dated_by"], "page", "{vp}");
             // `top` has no column of every exit: that one is checked by the other surfaces.
             [
-                shown_in(&vp["presented"][presented(COUNTED[0])], &vp["interval"]),
-                shown_in(&vp["presented"][presented(COUNTED[1])], &vp["interval"]),
+                shown_in(&vp["presented"][presented(COUNTED[0])], &vp["publication"]),
+                shown_in(&vp["presented"][presented(COUNTED[1])], &vp["publication"]),
                 Some(Shown::SamePublication),
             ]
         })

@@ -672,6 +672,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 #[cfg(test)]
 mod tests {
+    use hvstats::snapshot::ObjectReading;
     use hvstats_abi::catalog::vp;
     use hvstats_abi::histogram::Log2Histogram;
 
@@ -741,6 +742,34 @@ mod tests {
         // Chosen by the VPs' identities, not by which chart lists them first or in what order.
         let reversed = [chart(vp::HLT_INSTRUCTIONS, &[11]), chart(vp::IO_INSTRUCTIONS, &all)];
         assert_eq!(colours_of(&reversed), colours);
+    }
+
+    #[test]
+    fn a_sample_of_the_same_publication_is_no_point_and_rates_follow_the_publications() {
+        let io = vp::IO_INSTRUCTIONS.counter().unwrap();
+        // Sampled every 0.5 s; the publisher refreshed at 0, 1 and 2 s with 54 exits a second.
+        // The reader's clock would chart 108, 0, 108, 0; the publications chart 54 twice.
+        let mut samples = Vec::new();
+        for (t, published_s, count) in
+            [(0.2, 0, 100), (0.7, 1, 154), (1.2, 1, 154), (1.7, 2, 208), (2.2, 2, 208)]
+        {
+            let mut reading = hvstats_present::live::Reading::of(vec![synthetic_instance(1, 1)]);
+            let ObjectReading::Counters(values) = &mut reading.instances[0].partitions[0].vps[0].reading
+            else {
+                unreachable!()
+            };
+            for (c, v) in values.iter_mut() {
+                match c.id {
+                    id if id == vp::IO_INSTRUCTIONS => *v = count,
+                    id if id == vp::PUBLISHED => *v = 5_000_000_000 + published_s * 1_000_000_000,
+                    _ => {}
+                }
+            }
+            samples.push(Sample::of(&reading, t));
+        }
+        let chart = charts_of(&Header::new(0.5, 0), &[io], pass(&samples)).unwrap().remove(0);
+        let (_, points) = &chart.series[0];
+        assert_eq!(points, &[(0.7, 54.0), (1.7, 54.0)]);
     }
 
     #[test]

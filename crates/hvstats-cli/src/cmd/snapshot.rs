@@ -231,16 +231,16 @@ fn scaled_count(v: f64) -> String {
 }
 
 /// A table cell: the value scaled (a count with k/M/G, a time in ns/µs/ms/s), or the presented
-/// value over the interval. JSON keeps the exact values.
+/// value over the interval. JSON keeps the exact values. Over an `interval` whose readings hold
+/// the same publication, a counter read in both without a value is [`SAME_PUBLICATION`] (the
+/// caller gives no interval for one the object lacks: that is a `-`).
 fn cell_text(counter: &Counter, value: Option<Value>, interval: Option<&Interval>) -> String {
     // A state is shown by its name.
     if let Some(Value::String(name)) = &value {
         return name.clone();
     }
     let Some(v) = value.and_then(|v| v.as_f64()) else {
-        let same = interval.is_some_and(|i| {
-            i.same_publication() && counter.is_maintained_anywhere() && i.seconds_for(counter).is_none()
-        });
+        let same = interval.is_some_and(|i| i.same_publication() && i.seconds_for(counter).is_none());
         return if same && !matches!(counter.presentation, Presentation::Instant | Presentation::State) {
             SAME_PUBLICATION.into()
         } else {
@@ -325,14 +325,16 @@ fn kind_table(
     // Bookkeeping (the sequence counter of consistent reads) is no measurement: JSON keeps it.
     for counter in counters_of(kind).filter(|c| !c.is_bookkeeping() && filter.keeps_counter(c.name)) {
         let _ = write!(out, "    {:name_width$}", row_name(counter, seconds.is_some()));
-        for (i, ((cells, w), (_, _, then))) in column_cells.iter().zip(&widths).zip(&columns).enumerate() {
+        for (i, ((cells, w), (_, now, then))) in column_cells.iter().zip(&widths).zip(&columns).enumerate() {
             let text = match histograms.get(i) {
                 Some(h) if counter.presentation == Presentation::Histogram => {
                     h.cell(counter, seconds.is_some())
                 }
                 _ => {
                     let value = cells.iter().find(|(c, _)| c.id == counter.id).and_then(|(_, v)| v.clone());
-                    let interval = then.as_ref().map(|(_, i)| i);
+                    // A counter the object lacks (unavailable, or not maintained) is a `-`.
+                    let held = counter.is_maintained_anywhere() && now.get(counter.name).is_some();
+                    let interval = then.as_ref().map(|(_, i)| i).filter(|_| held);
                     cell_text(counter, value, seconds.and(interval))
                 }
             };

@@ -17,6 +17,7 @@ use hvstats_abi::source::SourceKind;
 use hvstats_abi::vm_state::VmState;
 use hvstats_abi::{ObjectKind, Presentation};
 use hvstats_present::present::{Column, DatedBy, Interval, SAME_PUBLICATION, VP_COLUMNS, human_ns, shown_as};
+use hvstats_present::snapshot_json::publication_json;
 use hvstats_present::text::Escaped;
 use serde_json::{Map, Value, json};
 
@@ -62,6 +63,14 @@ impl Row {
         let seconds = vp::CPU_WAIT_TIME_PER_DISPATCH.counter().and_then(|c| self.interval.seconds_for(c));
         let percent = wait.zip(seconds).map(|(w, seconds)| w as f64 / (seconds * 1e9) * 100.0);
         (per_dispatch, percent)
+    }
+
+    /// True when `counter`, read in both readings, has no value because they hold the same
+    /// publication (not because no source gives it: that is a `-`).
+    fn holds_one_publication_of(&self, counter: &Counter) -> bool {
+        self.interval.same_publication()
+            && self.interval.seconds_for(counter).is_none()
+            && self.deltas.iter().any(|(name, _)| *name == counter.name)
     }
 
     /// The dominant intercept class between the readings: of the [`cost_classes`], the one with
@@ -442,9 +451,7 @@ impl Shown {
         let quantile = |q| row.dominant().and_then(|(_, d)| d.quantile_upper_ns(q)).map(human_ns);
         let text = match self {
             Shown::Presented(i) => match row.values.get(i).copied().flatten() {
-                None if row.interval.same_publication()
-                    && row.interval.seconds_for(VP_COLUMNS[i].counter()).is_none() =>
-                {
+                None if row.holds_one_publication_of(VP_COLUMNS[i].counter()) => {
                     return SAME_PUBLICATION.into();
                 }
                 value => return cell(value),
@@ -452,7 +459,12 @@ impl Shown {
             Shown::Class => row.dominant().map(|(c, _)| class_label(c).to_owned()),
             Shown::P50 => quantile(0.5),
             Shown::P99 => quantile(0.99),
-            Shown::WaitPercent if row.wait_percent.is_none() && row.interval.same_publication() => {
+            Shown::WaitPercent
+                if row.wait_percent.is_none()
+                    && vp::CPU_WAIT_TIME_PER_DISPATCH
+                        .counter()
+                        .is_some_and(|c| row.holds_one_publication_of(c)) =>
+            {
                 return SAME_PUBLICATION.into();
             }
             Shown::WaitPercent => return cell(row.wait_percent),
@@ -556,18 +568,7 @@ fn row_json(r: &Row) -> Value {
         "histograms": quantiles,
         "dominant": dominant,
         "cpu_wait": {"per_dispatch_ns": per_dispatch, "percent": percent},
-        "interval": interval_json(&r.interval),
-    })
-}
-
-/// What dated a row's rates, for JSON: the seconds between the refreshes its readings hold,
-/// whether they hold the same one (its rates are then null, not 0), and what dated them.
-pub(crate) fn interval_json(interval: &Interval) -> Value {
-    let same = interval.same_publication();
-    json!({
-        "published_seconds": (interval.published > 0.0).then_some(interval.published),
-        "same_publication": same,
-        "dated_by": interval.dated_by.name(),
+        "publication": publication_json(&r.interval),
     })
 }
 
