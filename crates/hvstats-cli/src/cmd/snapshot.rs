@@ -269,11 +269,15 @@ fn cell_text(counter: &Counter, value: Option<Value>, interval: Option<&Interval
     }
 }
 
+/// A column of a kind's table: its label, the object's reading, and over an interval its earlier
+/// reading with the interval from it.
+type TableColumn<'a> = (String, &'a ObjectReading, Option<(&'a ObjectReading, Interval)>);
+
 /// One table per object kind: a row per counter, a column per object (with its earlier reading
 /// over an interval).
 fn kind_table(
     kind: ObjectKind,
-    columns: &[(String, &ObjectReading, Option<(&ObjectReading, Interval)>)],
+    columns: &[TableColumn<'_>],
     histograms: &[Histograms<'_>],
     seconds: Option<f64>,
     filter: &Filter,
@@ -281,7 +285,7 @@ fn kind_table(
     use std::fmt::Write;
     let mut out = String::new();
     // The host-wide objects `--vm` left out read as nothing.
-    let columns: Vec<(String, &ObjectReading, Option<(&ObjectReading, Interval)>)> = columns
+    let columns: Vec<TableColumn<'_>> = columns
         .iter()
         .filter(|(_, r, _)| !matches!(r, ObjectReading::Counters(v) if v.is_empty()))
         .cloned()
