@@ -130,8 +130,8 @@ fn snapshot_samples(dir: &Path, interval: &str, n: usize) -> Vec<[Option<Shown>;
         .collect()
 }
 
-/// The rates between consecutive samples of a recording, as `report` and `plot` take them: over
-/// the VP's publication times; the same publication twice gives none.
+/// The rates between consecutive samples of a recording, as `plot` takes them: over the VP's
+/// publication times, the same publication twice giving none; then `report`'s rates over it.
 fn record_samples(dir: &Path, interval: &str, n: usize) -> Vec<[Option<Shown>; 3]> {
     let file = dir.join(format!("rates-{interval}.ndjson"));
     let duration = format!("{}", interval.parse::<f64>().unwrap() * (n as f64 - 0.5));
@@ -151,6 +151,13 @@ fn record_samples(dir: &Path, interval: &str, n: usize) -> Vec<[Option<Shown>; 3
         })
         .collect();
     assert!(samples.len() >= n - 1, "{} samples of the VM: {text}", samples.len());
+    // `report` over the whole recording, dated by the same times.
+    let out = Command::new(env!("CARGO_BIN_EXE_hvstats")).args(["report", "--json", path]).output().unwrap();
+    assert!(out.status.success(), "report: {}", String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let vp = report["vps"].as_array().unwrap().iter().find(|v| v["vm"] == "rates-vm").unwrap();
+    assert_eq!(vp["publication"]["dated_by"], "page", "{vp}");
+    let whole = COUNTED.map(|name| shown_in(&vp["rates_per_second"][presented(name)], &vp["publication"]));
     samples
         .windows(2)
         .map(|w| {
@@ -165,6 +172,7 @@ fn record_samples(dir: &Path, interval: &str, n: usize) -> Vec<[Option<Shown>; 3
                 })
             })
         })
+        .chain([whole])
         .collect()
 }
 
