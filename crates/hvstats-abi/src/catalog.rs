@@ -679,6 +679,10 @@ catalog! {
             By(RunLoop(Loop::FailedHypercalls), "hypercalls the handler answered with a status other than HV_STATUS_SUCCESS"),
             observed By(KvmHv(KvmHv::FailedHypercalls), "kvm:kvm_hv_hypercall_done records whose result's status (bits 15:0) is not HV_STATUS_SUCCESS"),
             "The total number of hypercalls made by guest code on the virtual processor that returned a status other than success.";
+        // hvstats 1.4 (see APPENDED): when the counts the page holds were taken.
+        Hvstats 270 PUBLISHED "Published", Nanoseconds, Instant,
+            By(Authority, "CLOCK_MONOTONIC (system-wide, immune to wall-clock steps) of each full refresh, written under the sequence counter with the counts it took; 0: never"),
+            "When the publisher took the counts the page holds, in nanoseconds of the host's monotonic clock (CLOCK_MONOTONIC): a reader divides the change of a count between two readings by the change of this time, so its rates are true at any interval, and two readings with the same time hold the same publication (no rate between them). 0 until the first refresh.";
     }
 }
 
@@ -843,6 +847,8 @@ pub const APPENDED: &[Appended] = &[
     Appended { kind: ObjectKind::Vp, group: GroupKind::Hvstats, minor: 2, first_index: 268 },
     // hvstats 1.3 of the VP page: failed hypercalls.
     Appended { kind: ObjectKind::Vp, group: GroupKind::Hvstats, minor: 3, first_index: 269 },
+    // hvstats 1.4 of the VP page: when the counts the page holds were taken.
+    Appended { kind: ObjectKind::Vp, group: GroupKind::Hvstats, minor: 4, first_index: 270 },
     // hvstats 1.1 of the partition page: the VM's run state.
     Appended { kind: ObjectKind::Partition, group: GroupKind::Hvstats, minor: 1, first_index: 30 },
     // hvstats 1.2 of the partition page: sources 7 to 15 of an observed VM.

@@ -40,8 +40,8 @@ fn layouts_put_groups_back_to_back_and_end_the_list() {
         // count, 1).
         (ObjectKind::Partition, Some(0), Some(16), Some(80), 80 + 8 + 60 * 8),
         // VP: release 1.2 (67 counters), then hvstats' own group (sequence, 8 histograms, 2
-        // fault counts, the exits and the failed hypercalls).
-        (ObjectKind::Vp, Some(0), Some(24), Some(568), 568 + 8 + 269 * 8),
+        // fault counts, the exits, the failed hypercalls and the time of the counts' publication).
+        (ObjectKind::Vp, Some(0), Some(24), Some(568), 568 + 8 + 270 * 8),
     ];
     for (kind, arch, release, own, end) in expect {
         let layout = PageLayout::of(kind);

@@ -365,7 +365,7 @@ impl ObservedVm {
                 continue;
             }
             let Some(page) = self.partition.vp_page(index) else { continue };
-            let _merge = page.begin_merge();
+            let _merge = page.begin_publication();
             self.sources.write(Object::Vp(index), page, |_| true);
         }
         self.sources.write(Object::Partition, self.partition.page(), |_| true);
