@@ -11,6 +11,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::{Duration, Instant};
 
 use hvstats::Hypervisor;
+use hvstats::observer_lock::{LockError, ObserverLock};
 use hvstats_mshv::observer::MshvObserver;
 use hvstats_observe::cancel::{CANCEL_POLL, Cancel};
 use hvstats_observe::{Observer, ObserverEvent};
@@ -132,5 +133,35 @@ impl Mark {
 impl Drop for Mark {
     fn drop(&mut self) {
         hvstats::observer_mark::clear(&self.dir, &self.name);
+    }
+}
+
+/// Takes the runtime directory `dir` for this process's observer ([`hvstats::observer_lock`]),
+/// before it adopts kept counts, claims a VM or leaves its mark there.
+///
+/// # Errors
+/// When another observer holds it (said with who: its pid, command and since when), or the lock
+/// cannot be taken.
+pub(crate) fn hold_runtime_dir(dir: &std::path::Path) -> anyhow::Result<ObserverLock> {
+    match hvstats::observer_lock::take(dir) {
+        Ok(lock) => Ok(lock),
+        Err(LockError::Held { holder, .. }) => {
+            let who = match holder {
+                Some(h) => {
+                    let ns = h.since.duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+                    let since = crate::cmd::snapshot::utc_time(ns as f64);
+                    format!("pid {} (`{}`), since {since}", h.pid, h.command)
+                }
+                None => "a process starting now".to_owned(),
+            };
+            anyhow::bail!(
+                "another observer already observes under {}: {who}; one observer per runtime \
+                 directory: stop it first (its counts and claims are its own)",
+                dir.display()
+            )
+        }
+        Err(e) => {
+            Err(anyhow::Error::new(e).context(format!("cannot take {} for the observer", dir.display())))
+        }
     }
 }

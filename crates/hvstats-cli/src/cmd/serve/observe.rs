@@ -21,6 +21,9 @@ use super::http::log;
 /// How serve observes: every VM the filter takes, using the QMP sockets their command lines
 /// name unless told not to.
 pub(crate) struct Observing {
+    /// The runtime directory, taken for this observer ([`crate::observer_run::hold_runtime_dir`])
+    /// and released once everything it left there is gone.
+    pub held: hvstats::observer_lock::ObserverLock,
     /// Seconds between refreshes.
     pub interval: Duration,
     /// `--vm`, `--exclude-vm`.
@@ -47,8 +50,8 @@ impl Running {
     }
 }
 
-/// Publishes an observer instance under `runtime_dir` and refreshes it as `how` says on its own
-/// thread, until [`Running::stop`].
+/// Publishes an observer instance under `runtime_dir` (held by `how.held`) and refreshes it as
+/// `how` says on its own thread, until [`Running::stop`].
 ///
 /// # Errors
 /// When the instance cannot be published or the thread cannot start.
@@ -99,6 +102,7 @@ pub(crate) fn start(runtime_dir: &Path, how: Observing) -> anyhow::Result<Runnin
             drop(observer);
             drop::<Arc<Hypervisor>>(hv);
             drop(mark);
+            drop(how.held);
         })
         .context("starting the observer thread")?;
     Ok(Running { cancel, thread })
