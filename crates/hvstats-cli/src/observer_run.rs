@@ -1,7 +1,7 @@
 //! The observer's loop, one for `hvstats observe` and `serve --observe-all`: each interval it
 //! refreshes the instance's LP pages, ticks the observer of KVM VMs (and the mshv reader, for
-//! `observe --mshv`), logs what happened through the [`LogLimiter`], and sleeps in slices a
-//! cancel ends within [`CANCEL_POLL`].
+//! `observe --mshv`), logs what happened through the [`LogLimiter`], and pauses until the next
+//! refresh or until a cancel, which ends the pause at once.
 //!
 //! A tick that panics ends the loop with the observer marked stopped on its instance
 //! (`hvstats_observer_up` 0), instead of taking the process down: `serve` keeps exporting
@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use hvstats::Hypervisor;
 use hvstats::observer_lock::{LockError, ObserverLock};
 use hvstats_mshv::observer::MshvObserver;
-use hvstats_observe::cancel::{CANCEL_POLL, Cancel};
+use hvstats_observe::cancel::Cancel;
 use hvstats_observe::{Observer, ObserverEvent};
 
 use crate::observer_log::{LogLimiter, describe_mshv};
@@ -90,16 +90,8 @@ impl Runner<'_> {
                     return Ended::Finished { failed };
                 }
             }
-            let until = Instant::now() + self.interval;
-            loop {
-                if self.cancel.is_cancelled() {
-                    return Ended::Cancelled;
-                }
-                let left = until.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                std::thread::sleep(CANCEL_POLL.min(left));
+            if self.cancel.pause(self.interval) {
+                return Ended::Cancelled;
             }
         }
     }

@@ -39,6 +39,75 @@ fn sigterm_ends_serve_observe_all_and_removes_the_observers_instance_files() {
     assert_eq!(instance_files(tmp.path()), Vec::<String>::new());
 }
 
+/// Every CPU of the host busy (one spinning thread each) until dropped.
+struct BusyHost {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl BusyHost {
+    fn new() -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let threads = (0..cpus)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        Self { stop, threads }
+    }
+}
+
+impl Drop for BusyHost {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.threads.drain(..).for_each(|t| t.join().unwrap());
+    }
+}
+
+#[test]
+fn sigterm_ends_serve_and_the_observer_promptly_on_a_host_busy_on_every_cpu() {
+    if !kvm_available("sigterm_ends_serve_and_the_observer_promptly_on_a_host_busy_on_every_cpu") {
+        return;
+    }
+    let tmp = TempDir::new("sigterm-busy");
+    let tag = format!("busy-{}", std::process::id());
+    let qemu = common::QemuGuest::start(tmp.path(), &tag);
+    let pid = qemu.pid().to_string();
+    let _busy = BusyHost::new();
+    let mut took = Vec::new();
+    // Each kind of observer, signalled as it starts and once it counts: [`Running::terminate`]
+    // fails past 5 s.
+    for (round, args) in [
+        &["observe", "--all", "--vm", &pid][..],
+        &["serve", "--listen", "127.0.0.1:0", "--observe-all", "--vm", &pid],
+    ]
+    .into_iter()
+    .cycle()
+    .take(6)
+    .enumerate()
+    {
+        let mut observer = Running::start(args, tmp.path());
+        // Its programs attached and nothing kept in them yet: stopping detaches every one.
+        observer.wait_line("for the next observer to adopt");
+        if round >= 2 {
+            observer.wait_line("vCPU threads");
+            std::thread::sleep(Duration::from_millis(300 * round as u64));
+        }
+        let t = Instant::now();
+        let status = observer.terminate();
+        took.push(t.elapsed());
+        assert_eq!(status.code(), Some(0), "{args:?}: {status}");
+    }
+    took.sort();
+    eprintln!("SIGTERM to exit on a busy host: median {:?}, all {took:?}", took[took.len() / 2]);
+}
+
 #[test]
 fn serve_observe_all_is_refused_a_runtime_directory_another_observer_holds() {
     if !kvm_available("serve_observe_all_is_refused_a_runtime_directory_another_observer_holds") {

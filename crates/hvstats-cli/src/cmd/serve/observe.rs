@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use hvstats::{Hypervisor, InstanceConfig};
-use hvstats_observe::cancel::{CANCEL_POLL, Cancel};
+use hvstats_observe::cancel::Cancel;
 use hvstats_observe::filter::VmFilter;
 use hvstats_observe::{ObserveOptions, Observer, Procfs, Targets, publication, raise_fd_limit};
 
@@ -40,7 +40,7 @@ pub(crate) struct Running {
 }
 
 impl Running {
-    /// Stops the observer (a QMP wait ends within [`CANCEL_POLL`]) and waits until its instance
+    /// Stops the observer (a QMP wait ends within [`CANCEL_POLL`](hvstats_observe::cancel::CANCEL_POLL)) and waits until its instance
     /// files are removed.
     pub(crate) fn stop(self) {
         self.cancel.cancel();
@@ -110,7 +110,5 @@ pub(crate) fn start(runtime_dir: &Path, how: Observing) -> anyhow::Result<Runnin
 
 /// Waits until `cancel` is set.
 fn wait_for(cancel: &Cancel) {
-    while !cancel.is_cancelled() {
-        std::thread::sleep(CANCEL_POLL);
-    }
+    while !cancel.pause(std::time::Duration::from_secs(3600)) {}
 }
