@@ -43,6 +43,9 @@ fn fake_qemu(root: &Path, vcpu_tid: i32) -> std::path::PathBuf {
     std::fs::write(dir.join("status"), "State:\tS (sleeping)\n").unwrap();
     std::fs::write(dir.join("stat"), fake_stat(pid as i32, "qemu-system-x86")).unwrap();
     fake_task(&dir, vcpu_tid, "CPU 0/KVM");
+    // Its scheduler accounting is the real thread's: run time, CPU wait, dispatches.
+    let real = format!("/proc/{pid}/task/{vcpu_tid}/schedstat");
+    symlink(real, dir.join("task").join(vcpu_tid.to_string()).join("schedstat")).unwrap();
     dir
 }
 
