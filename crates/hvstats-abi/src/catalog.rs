@@ -223,7 +223,7 @@ catalog! {
             "Bytes 8 to 15 of the name of the observed VM's source 1, NUL-padded.";
         Hvstats 3 SOURCE_1_STATE "Source 1 state", Count, Instant,
             By(Authority, SOURCE_TABLE),
-            "Whether the observed VM's source 1 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach).";
+            "Whether the observed VM's source 1 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach, 4 the vCPU thread's start).";
         Hvstats 4 SOURCE_2_NAME "Source 2 name", Count, Instant,
             By(Authority, SOURCE_TABLE),
             "The first 8 bytes of the name of the observed VM's source 2, NUL-padded.";
@@ -232,7 +232,7 @@ catalog! {
             "Bytes 8 to 15 of the name of the observed VM's source 2, NUL-padded.";
         Hvstats 6 SOURCE_2_STATE "Source 2 state", Count, Instant,
             By(Authority, SOURCE_TABLE),
-            "Whether the observed VM's source 2 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach).";
+            "Whether the observed VM's source 2 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach, 4 the vCPU thread's start).";
         Hvstats 7 SOURCE_3_NAME "Source 3 name", Count, Instant,
             By(Authority, SOURCE_TABLE),
             "The first 8 bytes of the name of the observed VM's source 3, NUL-padded.";
@@ -241,7 +241,7 @@ catalog! {
             "Bytes 8 to 15 of the name of the observed VM's source 3, NUL-padded.";
         Hvstats 9 SOURCE_3_STATE "Source 3 state", Count, Instant,
             By(Authority, SOURCE_TABLE),
-            "Whether the observed VM's source 3 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach).";
+            "Whether the observed VM's source 3 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach, 4 the vCPU thread's start).";
         Hvstats 10 SOURCE_4_NAME "Source 4 name", Count, Instant,
             By(Authority, SOURCE_TABLE),
             "The first 8 bytes of the name of the observed VM's source 4, NUL-padded.";
@@ -250,7 +250,7 @@ catalog! {
             "Bytes 8 to 15 of the name of the observed VM's source 4, NUL-padded.";
         Hvstats 12 SOURCE_4_STATE "Source 4 state", Count, Instant,
             By(Authority, SOURCE_TABLE),
-            "Whether the observed VM's source 4 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach).";
+            "Whether the observed VM's source 4 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach, 4 the vCPU thread's start).";
         Hvstats 13 SOURCE_5_NAME "Source 5 name", Count, Instant,
             By(Authority, SOURCE_TABLE),
             "The first 8 bytes of the name of the observed VM's source 5, NUL-padded.";
@@ -259,7 +259,7 @@ catalog! {
             "Bytes 8 to 15 of the name of the observed VM's source 5, NUL-padded.";
         Hvstats 15 SOURCE_5_STATE "Source 5 state", Count, Instant,
             By(Authority, SOURCE_TABLE),
-            "Whether the observed VM's source 5 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach).";
+            "Whether the observed VM's source 5 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach, 4 the vCPU thread's start).";
         Hvstats 16 SOURCE_6_NAME "Source 6 name", Count, Instant,
             By(Authority, SOURCE_TABLE),
             "The first 8 bytes of the name of the observed VM's source 6, NUL-padded.";
@@ -268,7 +268,7 @@ catalog! {
             "Bytes 8 to 15 of the name of the observed VM's source 6, NUL-padded.";
         Hvstats 18 SOURCE_6_STATE "Source 6 state", Count, Instant,
             By(Authority, SOURCE_TABLE),
-            "Whether the observed VM's source 6 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach).";
+            "Whether the observed VM's source 6 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach, 4 the vCPU thread's start).";
         Hvstats 19 PARTITION_WRITERS_1 "Partition counter sources 1", Count, Instant,
             By(Authority, SOURCE_TABLE),
             "Which source writes each partition counter of the observed VM, 4 bits per counter (the partition counters 0 to 15 in catalog order): 0 none, else the source's number.";
@@ -318,7 +318,7 @@ catalog! {
             "Bytes 8 to 15 of the name of the observed VM's source 7, NUL-padded.";
         Hvstats 33 SOURCE_7_STATE "Source 7 state", Count, Instant,
             By(Authority, SOURCE_TABLE),
-            "Whether the observed VM's source 7 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach).";
+            "Whether the observed VM's source 7 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach, 4 the vCPU thread's start).";
         Hvstats 34 SOURCE_8_NAME "Source 8 name", Count, Instant,
             By(Authority, SOURCE_TABLE),
             "The first 8 bytes of the name of the observed VM's source 8, NUL-padded.";
@@ -327,7 +327,7 @@ catalog! {
             "Bytes 8 to 15 of the name of the observed VM's source 8, NUL-padded.";
         Hvstats 36 SOURCE_8_STATE "Source 8 state", Count, Instant,
             By(Authority, SOURCE_TABLE),
-            "Whether the observed VM's source 8 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach).";
+            "Whether the observed VM's source 8 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach, 4 the vCPU thread's start).";
         Hvstats 37 SOURCE_9_NAME "Source 9 name", Count, Instant,
             By(Authority, SOURCE_TABLE),
             "The first 8 bytes of the name of the observed VM's source 9, NUL-padded.";
@@ -336,7 +336,7 @@ catalog! {
             "Bytes 8 to 15 of the name of the observed VM's source 9, NUL-padded.";
         Hvstats 39 SOURCE_9_STATE "Source 9 state", Count, Instant,
             By(Authority, SOURCE_TABLE),
-            "Whether the observed VM's source 9 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach).";
+            "Whether the observed VM's source 9 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach, 4 the vCPU thread's start).";
         Hvstats 40 SOURCE_10_NAME "Source 10 name", Count, Instant,
             By(Authority, SOURCE_TABLE),
             "The first 8 bytes of the name of the observed VM's source 10, NUL-padded.";
@@ -345,7 +345,7 @@ catalog! {
             "Bytes 8 to 15 of the name of the observed VM's source 10, NUL-padded.";
         Hvstats 42 SOURCE_10_STATE "Source 10 state", Count, Instant,
             By(Authority, SOURCE_TABLE),
-            "Whether the observed VM's source 10 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach).";
+            "Whether the observed VM's source 10 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach, 4 the vCPU thread's start).";
         Hvstats 43 SOURCE_11_NAME "Source 11 name", Count, Instant,
             By(Authority, SOURCE_TABLE),
             "The first 8 bytes of the name of the observed VM's source 11, NUL-padded.";
@@ -354,7 +354,7 @@ catalog! {
             "Bytes 8 to 15 of the name of the observed VM's source 11, NUL-padded.";
         Hvstats 45 SOURCE_11_STATE "Source 11 state", Count, Instant,
             By(Authority, SOURCE_TABLE),
-            "Whether the observed VM's source 11 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach).";
+            "Whether the observed VM's source 11 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach, 4 the vCPU thread's start).";
         Hvstats 46 SOURCE_12_NAME "Source 12 name", Count, Instant,
             By(Authority, SOURCE_TABLE),
             "The first 8 bytes of the name of the observed VM's source 12, NUL-padded.";
@@ -363,7 +363,7 @@ catalog! {
             "Bytes 8 to 15 of the name of the observed VM's source 12, NUL-padded.";
         Hvstats 48 SOURCE_12_STATE "Source 12 state", Count, Instant,
             By(Authority, SOURCE_TABLE),
-            "Whether the observed VM's source 12 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach).";
+            "Whether the observed VM's source 12 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach, 4 the vCPU thread's start).";
         Hvstats 49 SOURCE_13_NAME "Source 13 name", Count, Instant,
             By(Authority, SOURCE_TABLE),
             "The first 8 bytes of the name of the observed VM's source 13, NUL-padded.";
@@ -372,7 +372,7 @@ catalog! {
             "Bytes 8 to 15 of the name of the observed VM's source 13, NUL-padded.";
         Hvstats 51 SOURCE_13_STATE "Source 13 state", Count, Instant,
             By(Authority, SOURCE_TABLE),
-            "Whether the observed VM's source 13 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach).";
+            "Whether the observed VM's source 13 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach, 4 the vCPU thread's start).";
         Hvstats 52 SOURCE_14_NAME "Source 14 name", Count, Instant,
             By(Authority, SOURCE_TABLE),
             "The first 8 bytes of the name of the observed VM's source 14, NUL-padded.";
@@ -381,7 +381,7 @@ catalog! {
             "Bytes 8 to 15 of the name of the observed VM's source 14, NUL-padded.";
         Hvstats 54 SOURCE_14_STATE "Source 14 state", Count, Instant,
             By(Authority, SOURCE_TABLE),
-            "Whether the observed VM's source 14 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach).";
+            "Whether the observed VM's source 14 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach, 4 the vCPU thread's start).";
         Hvstats 55 SOURCE_15_NAME "Source 15 name", Count, Instant,
             By(Authority, SOURCE_TABLE),
             "The first 8 bytes of the name of the observed VM's source 15, NUL-padded.";
@@ -390,7 +390,7 @@ catalog! {
             "Bytes 8 to 15 of the name of the observed VM's source 15, NUL-padded.";
         Hvstats 57 SOURCE_15_STATE "Source 15 state", Count, Instant,
             By(Authority, SOURCE_TABLE),
-            "Whether the observed VM's source 15 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach).";
+            "Whether the observed VM's source 15 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach, 4 the vCPU thread's start).";
         // hvstats 1.3 of the partition page (see APPENDED): from when its counters count, so a
         // reader tells a reset (a new publisher, a new attach) from a quiet VM. Bookkeeping:
         // surfaces read it through `crate::vm_sources::CountOrigins`.

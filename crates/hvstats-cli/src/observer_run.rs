@@ -1,7 +1,7 @@
 //! The observer's loop, one for `hvstats observe` and `serve --observe-all`: each interval it
 //! refreshes the instance's LP pages, ticks the observer of KVM VMs (and the mshv reader, for
-//! `observe --mshv`), logs what happened through the [`LogLimiter`], and sleeps in slices a
-//! cancel ends within [`CANCEL_POLL`].
+//! `observe --mshv`), logs what happened through the [`LogLimiter`], and pauses until the next
+//! refresh or until a cancel, which ends the pause at once.
 //!
 //! A tick that panics ends the loop with the observer marked stopped on its instance
 //! (`hvstats_observer_up` 0), instead of taking the process down: `serve` keeps exporting
@@ -11,8 +11,9 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::{Duration, Instant};
 
 use hvstats::Hypervisor;
+use hvstats::observer_lock::{LockError, ObserverLock};
 use hvstats_mshv::observer::MshvObserver;
-use hvstats_observe::cancel::{CANCEL_POLL, Cancel};
+use hvstats_observe::cancel::Cancel;
 use hvstats_observe::{Observer, ObserverEvent};
 
 use crate::observer_log::{LogLimiter, describe_mshv};
@@ -89,16 +90,8 @@ impl Runner<'_> {
                     return Ended::Finished { failed };
                 }
             }
-            let until = Instant::now() + self.interval;
-            loop {
-                if self.cancel.is_cancelled() {
-                    return Ended::Cancelled;
-                }
-                let left = until.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                std::thread::sleep(CANCEL_POLL.min(left));
+            if self.cancel.pause(self.interval) {
+                return Ended::Cancelled;
             }
         }
     }
@@ -132,5 +125,35 @@ impl Mark {
 impl Drop for Mark {
     fn drop(&mut self) {
         hvstats::observer_mark::clear(&self.dir, &self.name);
+    }
+}
+
+/// Takes the runtime directory `dir` for this process's observer ([`hvstats::observer_lock`]),
+/// before it adopts kept counts, claims a VM or leaves its mark there.
+///
+/// # Errors
+/// When another observer holds it (said with who: its pid, command and since when), or the lock
+/// cannot be taken.
+pub(crate) fn hold_runtime_dir(dir: &std::path::Path) -> anyhow::Result<ObserverLock> {
+    match hvstats::observer_lock::take(dir) {
+        Ok(lock) => Ok(lock),
+        Err(LockError::Held { holder, .. }) => {
+            let who = match holder {
+                Some(h) => {
+                    let ns = h.since.duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+                    let since = crate::cmd::snapshot::utc_time(ns as f64);
+                    format!("pid {} (`{}`), since {since}", h.pid, h.command)
+                }
+                None => "a process starting now".to_owned(),
+            };
+            anyhow::bail!(
+                "another observer already observes under {}: {who}; one observer per runtime \
+                 directory: stop it first (its counts and claims are its own)",
+                dir.display()
+            )
+        }
+        Err(e) => {
+            Err(anyhow::Error::new(e).context(format!("cannot take {} for the observer", dir.display())))
+        }
     }
 }

@@ -166,6 +166,11 @@ impl Observer {
             self.refresh(pid, &mut events);
         }
         for (pid, found) in self.candidates(&mut events) {
+            // Stopping: no VM is attached only to be detached (each attach loads and attaches
+            // programs, a wait a signal should not add up); the rest are found again next time.
+            if self.options.cancel.is_cancelled() {
+                break;
+            }
             self.consider(pid, found, &mut events);
         }
         for record in self.records.values_mut() {

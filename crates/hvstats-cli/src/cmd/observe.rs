@@ -100,11 +100,17 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         Err(e) => log(&format!("cannot raise the open file limit: {e}")),
     }
     let dir = super::runtime_dir(args.runtime_dir)?;
+    let observing = args.all || !args.pids.is_empty() || args.qmp.is_some();
+    // Held until the end of `run`, after everything below is dropped: before the kept counts are
+    // adopted, a VM claimed or the mark left.
+    let _held = match observing {
+        true => Some(crate::observer_run::hold_runtime_dir(&dir)?),
+        false => None,
+    };
     let mut mshv = match &args.mshv {
         Some(root) => Some(start_mshv(root, &dir)?),
         None => None,
     };
-    let observing = args.all || !args.pids.is_empty() || args.qmp.is_some();
     if observing {
         log(&format!("counting {}", publication::counting_method().1));
     }

@@ -229,7 +229,7 @@ pub(crate) fn row_name(counter: &Counter, interval: bool) -> String {
 
 /// A Unix time in nanoseconds as RFC 3339 in UTC, to the millisecond (`2026-11-27T22:49:10.374Z`);
 /// the number itself when it is no representable time.
-fn utc_time(ns: f64) -> String {
+pub(crate) fn utc_time(ns: f64) -> String {
     let at = time::OffsetDateTime::from_unix_timestamp_nanos((ns / 1e6).round() as i128 * 1_000_000);
     match at.ok().and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok()) {
         Some(text) => text,

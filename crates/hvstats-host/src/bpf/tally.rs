@@ -30,7 +30,7 @@ use super::filter::{self, FilterError, Pred};
 use super::keep::{self, Owner};
 use super::program::{self, Carried, Carry, Column, Latch, Spans};
 use super::raw;
-use super::sys::{ArrayMap, Attachment, LoadError, Program};
+use super::sys::{ArrayMap, Attachment, Attachments, LoadError, Program};
 use crate::tracefs::{self, EventError};
 
 /// One column: a tracepoint, narrowed by an ftrace filter when given.
@@ -169,7 +169,7 @@ type Tracepoint = (String, String);
 #[derive(Debug)]
 enum Programs {
     /// Attached to the kernel's tracepoints, for the life of the tally (dropping them detaches).
-    Attached { _attachments: Vec<Attachment> },
+    Attached { _attachments: Attachments },
     /// Attached nowhere: run on records given to [`Tally::fire`].
     Rehearsal(BTreeMap<Tracepoint, (Program, Context)>),
 }
@@ -403,7 +403,7 @@ impl Tally {
         }
         let taken: std::collections::BTreeSet<u32> = parts.free.adopted.values().map(|&(s, _)| s).collect();
         parts.free.free.retain(|s| !taken.contains(s));
-        let mut tally = parts.into_tally(Programs::Attached { _attachments: Vec::new() });
+        let mut tally = parts.into_tally(Programs::Attached { _attachments: Attachments::default() });
         tally.kept = Some(Kept { dir: dir.to_owned(), owners });
         Ok(tally)
     }
