@@ -10,7 +10,8 @@
 //! - [`libvirt`]: a read-only client of libvirt's remote protocol, for its domain statistics;
 //! - [`sources`]: the sources of an observed VM's counters (the VMM's KVM statistics descriptors,
 //!   libvirt, QMP, its events, its threads' own files), composed on the seam our own VPs' sources share;
-//! - [`vm`]: one observed VM and its partition; [`observer`]: attach, refresh, detach, over one
+//! - [`vm`]: one observed VM and its partition; [`vm_identity`]: which KVM VM object a process
+//!   holds (a VM is its kernel object: a forked twin is not a second VM, a VM made anew is a new one); [`observer`]: attach, refresh, detach, over one
 //!   record per process (`record`: its identity, stage and what was said of it);
 //! - [`publication`]: what an observed partition publishes beside its pages;
 //! - [`claim`]: one observer per VM per host;
@@ -48,6 +49,7 @@ mod record;
 pub mod sources;
 pub mod unix_sockets;
 pub mod vm;
+pub mod vm_identity;
 
 pub use attach::{ObserveError, ObserveOptions};
 pub use discovery::{Procfs, Vmm};
