@@ -1,0 +1,433 @@
+//! A VM is its KVM VM object, not a process: a VMM that forks after making its VM leaves two
+//! processes holding one VM, published once; a VMM that makes a new VM and moves its vCPU thread
+//! to it (keeping the old VM's statistics descriptors open) has a new VM, attached anew with a new
+//! origin, never the old one's counters frozen.
+//!
+//! The VMMs are this test binary run again as `identity_vmm` (an ignored test that acts only when
+//! `HVSTATS_TEST_IDENTITY_VMM` is set), under a QEMU command line naming its VM: it opens
+//! `/dev/kvm` as root and then becomes `nobody` (as a VMM given `/dev/kvm` by its launcher), makes
+//! a VM with one vCPU and its statistics descriptor (as QEMU ≥ 8.1 keeps it), and runs a guest
+//! that makes a port write every few milliseconds on a thread named `CPU 0/KVM`. Its standard
+//! input says what it does next: `fork` (the child holds every descriptor and runs nothing),
+//! `replace` (a new VM and vCPU, the vCPU thread moved to it, the old VM's descriptor closed and
+//! its statistics descriptor kept open), `exit`. The timing that published a forked VMM twice is
+//! made deterministic by forking before the observer starts, or after it attached the parent.
+//! They need /dev/kvm and root (skipped without; `HVSTATS_REQUIRE_KVM=1` makes that a failure).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod observe_support;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hvstats::Hypervisor;
+use hvstats_abi::catalog::{hypervisor, vp};
+use hvstats_observe::filter::{VmFilter, VmPattern};
+use hvstats_observe::vm::Departure;
+use hvstats_observe::{ObserveOptions, Observer, ObserverEvent, Procfs, Targets};
+use observe_support::{TempDir, kvm_available};
+
+/// Held by each test here: one `--all` observer at a time in this binary.
+static HOST_WIDE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn host_wide() -> std::sync::MutexGuard<'static, ()> {
+    HOST_WIDE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The guest: `out 0x80, al; jmp` back to it, forever (real mode, at 0x1000).
+const GUEST: [u8; 4] = [0xE6, 0x80, 0xEB, 0xFC];
+
+/// Guest memory, one mapping for every VM the VMM makes.
+const MEM: usize = 0x10000;
+
+/// A VM with one vCPU ready to run the guest, and the vCPU's statistics descriptor.
+fn make_vm(
+    kvm: &kvm_ioctls::Kvm,
+    mem: *mut libc::c_void,
+) -> (kvm_ioctls::VmFd, kvm_ioctls::VcpuFd, hvstats_sources::kvm_stats::KvmStats) {
+    let vm = kvm.create_vm().unwrap();
+    let region = kvm_bindings::kvm_userspace_memory_region {
+        slot: 0,
+        flags: 0,
+        guest_phys_addr: 0,
+        memory_size: MEM as u64,
+        userspace_addr: mem as u64,
+    };
+    // SAFETY: the region is a live mapping of this process that outlives every VM it makes.
+    unsafe { vm.set_user_memory_region(region).unwrap() };
+    let vcpu = vm.create_vcpu(0).unwrap();
+    let stats = hvstats_sources::kvm_stats::open_for(&vcpu).unwrap();
+    let mut sregs = vcpu.get_sregs().unwrap();
+    sregs.cs.base = 0;
+    sregs.cs.selector = 0;
+    vcpu.set_sregs(&sregs).unwrap();
+    let mut regs = vcpu.get_regs().unwrap();
+    regs.rip = 0x1000;
+    regs.rflags = 2;
+    vcpu.set_regs(&regs).unwrap();
+    (vm, vcpu, stats)
+}
+
+/// Becomes `nobody` (uid and gid 65534, no groups), still traceable by root as any VMM is.
+fn become_nobody() {
+    // SAFETY: plain system calls on this process's credentials; no memory of ours is touched.
+    unsafe {
+        assert_eq!(libc::setgroups(0, std::ptr::null()), 0);
+        assert_eq!(libc::setgid(65534), 0);
+        assert_eq!(libc::setuid(65534), 0);
+        // Changing uid made the process undumpable (its /proc root's): a VMM started as nobody is not.
+        assert_eq!(libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0), 0);
+    }
+}
+
+/// The vCPU thread: runs its vCPU, a port write every 2 ms, and takes up a new vCPU (dropping,
+/// so closing, the old one) when one is sent, saying so on `moved`.
+fn run_vcpus(
+    vcpu: kvm_ioctls::VcpuFd,
+    next: std::sync::mpsc::Receiver<kvm_ioctls::VcpuFd>,
+    moved: std::sync::mpsc::Sender<()>,
+) {
+    let mut vcpu = vcpu;
+    loop {
+        match vcpu.run().unwrap() {
+            kvm_ioctls::VcpuExit::IoOut(..) => {}
+            other => panic!("unexpected exit {other:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(2));
+        if let Ok(new) = next.try_recv() {
+            vcpu = new;
+            moved.send(()).unwrap();
+        }
+    }
+}
+
+/// Not a test: the VMM the tests below start.
+#[test]
+#[ignore = "the VMM process of observe_vm_identity's tests, run by them"]
+fn identity_vmm() {
+    if std::env::var_os("HVSTATS_TEST_IDENTITY_VMM").is_none() {
+        return;
+    }
+    let kvm = kvm_ioctls::Kvm::new().unwrap();
+    become_nobody();
+    // SAFETY: an anonymous private mapping of MEM bytes, this process's until it exits.
+    let mem = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            MEM,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(mem, libc::MAP_FAILED);
+    // SAFETY: the mapping is MEM bytes long and the guest far shorter; no VM runs yet.
+    unsafe { std::ptr::copy_nonoverlapping(GUEST.as_ptr(), mem.cast::<u8>().add(0x1000), GUEST.len()) };
+    let (mut vm, vcpu, stats) = make_vm(&kvm, mem);
+    // Every statistics descriptor stays open, the replaced VM's too.
+    let mut kept = vec![stats];
+    let (send, next) = std::sync::mpsc::channel();
+    let (moved_tx, moved) = std::sync::mpsc::channel();
+    let (tid_tx, tid) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("CPU 0/KVM".into())
+        .spawn(move || {
+            // SAFETY: gettid has no arguments and no memory effects.
+            tid_tx.send(unsafe { libc::gettid() }).unwrap();
+            run_vcpus(vcpu, next, moved_tx);
+        })
+        .unwrap();
+    let mut out = std::io::stdout();
+    writeln!(out, "ready {}", tid.recv().unwrap()).unwrap();
+    out.flush().unwrap();
+    for line in std::io::stdin().lock().lines().map_while(Result::ok) {
+        match line.trim() {
+            "fork" => {
+                // SAFETY: the child only calls pause(2), async-signal-safe, holding what it inherited.
+                let child = unsafe { libc::fork() };
+                if child == 0 {
+                    loop {
+                        // SAFETY: pause has no arguments and no memory effects.
+                        unsafe { libc::pause() };
+                    }
+                }
+                writeln!(out, "forked {child}").unwrap();
+            }
+            "replace" => {
+                let (new_vm, new_vcpu, new_stats) = make_vm(&kvm, mem);
+                send.send(new_vcpu).unwrap();
+                moved.recv().unwrap();
+                // The old VM's descriptor closes; its statistics descriptor stays open.
+                vm = new_vm;
+                kept.push(new_stats);
+                writeln!(out, "replaced").unwrap();
+            }
+            _ => break,
+        }
+        out.flush().unwrap();
+    }
+    drop((vm, kept));
+    std::process::exit(0);
+}
+
+/// A VMM started as above, its children by pid; every one killed on drop.
+struct IdentityVmm {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    forked: Vec<i32>,
+}
+
+impl IdentityVmm {
+    /// Starts one whose VM is named `name`, and waits until it runs its vCPU.
+    fn start(name: &str) -> Self {
+        use std::os::unix::process::CommandExt;
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .arg0("qemu-system-x86_64")
+            // Read as QEMU reads a command line, each harness option takes the next word as its
+            // value: four words, so that `-name` is an option of its own.
+            .args(["--exact", "identity_vmm", "--ignored", "--"])
+            .args(["-name", &format!("guest={name}")])
+            .env("HVSTATS_TEST_IDENTITY_VMM", "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut me = Self { child, stdin, stdout, forked: Vec::new() };
+        me.said("ready ");
+        me
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// The rest of its first line beginning with `prefix`.
+    fn said(&mut self, prefix: &str) -> String {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(self.stdout.read_line(&mut line).unwrap() > 0, "the VMM ended");
+            if let Some(rest) = line.trim().strip_prefix(prefix) {
+                return rest.to_owned();
+            }
+        }
+    }
+
+    /// Tells it `command` and waits for its answer, which begins with `answer`.
+    fn tell(&mut self, command: &str, answer: &str) -> String {
+        writeln!(self.stdin, "{command}").unwrap();
+        self.said(answer)
+    }
+
+    /// Makes it fork; the child's pid.
+    fn fork(&mut self) -> i32 {
+        let child = self.tell("fork", "forked ").parse().unwrap();
+        self.forked.push(child);
+        child
+    }
+
+    /// Ends the VMM itself (not its children) and reaps it.
+    fn end(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for IdentityVmm {
+    fn drop(&mut self) {
+        for &pid in &self.forked {
+            // SAFETY: kill has no memory effects; the pid is a child this VMM forked.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        self.end();
+    }
+}
+
+/// An `--all` observer of the VMs named `^<prefix>`, publishing under `tmp`, on the host's
+/// `/proc` without KVM's debugfs, as the unit's sandbox may have it: every process holding a VM is
+/// then found by its descriptors, a forked child with its parent (where debugfs names only the
+/// parent), which is the timing that published both.
+fn observer(tmp: &TempDir, prefix: &str) -> (Arc<Hypervisor>, Observer) {
+    observer_on(tmp, prefix, Procfs::at("/proc", None))
+}
+
+/// As [`observer`], on `procfs`.
+fn observer_on(tmp: &TempDir, prefix: &str, procfs: Procfs) -> (Arc<Hypervisor>, Observer) {
+    let hv = Hypervisor::new_published(&tmp.path().join("run")).unwrap();
+    let filter =
+        VmFilter { include: vec![VmPattern::parse(&format!("^{prefix}")).unwrap()], exclude: vec![] };
+    let options = ObserveOptions { filter, ..ObserveOptions::default() };
+    let observer = Observer::new(hv.clone(), procfs, Targets::All, options);
+    (hv, observer)
+}
+
+/// Ticks `observer` every 50 ms until `done` holds (30 s at most); every event said meanwhile.
+fn tick_until(observer: &mut Observer, mut done: impl FnMut(&Observer) -> bool) -> Vec<ObserverEvent> {
+    let mut events = Vec::new();
+    let t = Instant::now();
+    loop {
+        events.extend(observer.tick());
+        if done(observer) {
+            return events;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "not reached in 30 s; events: {events:#?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Ticks `observer` `n` times, 50 ms apart; every event said.
+fn ticks(observer: &mut Observer, n: usize) -> Vec<ObserverEvent> {
+    let mut events = Vec::new();
+    for _ in 0..n {
+        events.extend(observer.tick());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    events
+}
+
+/// The pids of the VMs observed, ascending.
+fn observed(observer: &Observer) -> Vec<i32> {
+    let mut pids: Vec<i32> = observer.vms().map(|v| v.pid()).collect();
+    pids.sort_unstable();
+    pids
+}
+
+/// What the observer's instance publishes: partitions, and its own count of VMs attached and refused.
+fn published(hv: &Hypervisor) -> (usize, u64, u64) {
+    let page = hv.page();
+    (
+        hv.partitions().len(),
+        page.get(hypervisor::OBSERVER_VMS_ATTACHED),
+        page.get(hypervisor::OBSERVER_VMS_REFUSED),
+    )
+}
+
+/// The `SharesVm` events of `events`, as (pid, with).
+fn twins(events: &[ObserverEvent]) -> Vec<(i32, i32)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            ObserverEvent::SharesVm { pid, with } => Some((*pid, *with)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn unique(tag: &str) -> String {
+    format!("identity-{tag}-{}", std::process::id())
+}
+
+#[test]
+fn a_vmm_forked_before_the_observer_starts_is_one_vm_attached_to_the_parent() {
+    if !kvm_available("a_vmm_forked_before_the_observer_starts_is_one_vm_attached_to_the_parent") {
+        return;
+    }
+    let _host = host_wide();
+    let name = unique("early");
+    let mut vmm = IdentityVmm::start(&name);
+    let child = vmm.fork();
+    let tmp = TempDir::new("identity-early");
+    let (hv, mut observer) = observer(&tmp, &name);
+    // Both processes are there from the observer's first tick: the same VM, found twice at once.
+    let mut events = tick_until(&mut observer, |o| o.vms().count() > 0);
+    events.extend(ticks(&mut observer, 20));
+    assert_eq!(observed(&observer), [vmm.pid()], "the parent, which runs the vCPU; events: {events:#?}");
+    assert_eq!(twins(&events), [(child, vmm.pid())], "the child is said once to hold the parent's VM");
+    assert_eq!(published(&hv), (1, 1, 0), "one partition, one VM attached, none refused");
+    assert!(!events.iter().any(|e| matches!(e, ObserverEvent::Detached { .. })), "{events:#?}");
+}
+
+#[test]
+fn a_child_forked_after_its_parent_was_attached_is_no_second_vm_and_the_decision_holds() {
+    if !kvm_available("a_child_forked_after_its_parent_was_attached_is_no_second_vm_and_the_decision_holds") {
+        return;
+    }
+    let _host = host_wide();
+    let name = unique("late");
+    let mut vmm = IdentityVmm::start(&name);
+    let tmp = TempDir::new("identity-late");
+    let (hv, mut observer) = observer(&tmp, &name);
+    tick_until(&mut observer, |o| o.vms().count() == 1);
+    let partition = hv.partitions()[0].id();
+    let child = vmm.fork();
+    let events = ticks(&mut observer, 30);
+    assert_eq!(observed(&observer), [vmm.pid()]);
+    assert_eq!(twins(&events), [(child, vmm.pid())], "said once, not at every tick: {events:#?}");
+    assert_eq!(published(&hv), (1, 1, 0));
+    assert_eq!(hv.partitions()[0].id(), partition, "the parent's partition stays, never flips to the child");
+    // The parent's counters move: the one VM is counted where it runs.
+    let exits = |hv: &Hypervisor| hv.partitions()[0].vp_page(0).unwrap().get(vp::EXITS);
+    let before = exits(&hv);
+    tick_until(&mut observer, |_| exits(&hv) > before);
+}
+
+#[test]
+fn an_orphaned_child_of_an_earlier_pair_beside_a_new_pair_is_two_vms() {
+    if !kvm_available("an_orphaned_child_of_an_earlier_pair_beside_a_new_pair_is_two_vms") {
+        return;
+    }
+    let _host = host_wide();
+    let prefix = unique("pairs");
+    let mut first = IdentityVmm::start(&format!("{prefix}-a"));
+    let orphan = first.fork();
+    // The first VMM ends: its child, the orphan, holds the first VM alone now.
+    first.end();
+    let mut second = IdentityVmm::start(&format!("{prefix}-b"));
+    let twin = second.fork();
+    let tmp = TempDir::new("identity-pairs");
+    let (hv, mut observer) = observer(&tmp, &prefix);
+    let mut events = tick_until(&mut observer, |o| o.vms().count() >= 2);
+    events.extend(ticks(&mut observer, 20));
+    let mut want = vec![orphan, second.pid()];
+    want.sort_unstable();
+    assert_eq!(observed(&observer), want, "three processes, two VMs; events: {events:#?}");
+    assert_eq!(twins(&events), [(twin, second.pid())]);
+    assert_eq!(published(&hv), (2, 2, 0));
+}
+
+#[test]
+fn a_vm_replaced_in_place_is_a_new_vm_whose_counters_move_from_a_new_origin() {
+    if !kvm_available("a_vm_replaced_in_place_is_a_new_vm_whose_counters_move_from_a_new_origin") {
+        return;
+    }
+    let _host = host_wide();
+    let name = unique("replaced");
+    let mut vmm = IdentityVmm::start(&name);
+    let tmp = TempDir::new("identity-replaced");
+    let (hv, mut observer) = observer_on(&tmp, &name, Procfs::host());
+    let exits = |hv: &Hypervisor| hv.partitions().first().and_then(|p| Some(p.vp_page(0)?.get(vp::EXITS)));
+    tick_until(&mut observer, |o| o.vms().next().is_some_and(|v| v.vcpu_threads()[0].is_some()));
+    let before = exits(&hv).unwrap();
+    tick_until(&mut observer, |_| exits(&hv).unwrap() > before);
+    let (old_partition, old_since) = {
+        let vm = observer.vms().next().unwrap();
+        assert_eq!(vm.source_of(vp::EXITS), Some("stats-fd"));
+        (vm.partition().id(), vm.attached())
+    };
+    vmm.tell("replace", "replaced");
+    let events =
+        tick_until(&mut observer, |o| o.vms().next().is_some_and(|v| v.partition().id() != old_partition));
+    let detached: Vec<_> = events.iter().filter(|e| matches!(e, ObserverEvent::Detached { .. })).collect();
+    assert!(
+        matches!(detached[..], [ObserverEvent::Detached { pid, why: Departure::VmChanged, .. }] if *pid == vmm.pid()),
+        "the change is said once, as the VM changing: {events:#?}"
+    );
+    let vm = observer.vms().next().unwrap();
+    assert!(vm.attached() > old_since, "a new origin");
+    assert_eq!(published(&hv), (1, 1, 0), "the old VM's partition is gone");
+    // The new VM's own statistics: the old VM's descriptor, still open, is not read for it.
+    assert_eq!(vm.source_of(vp::EXITS), Some("stats-fd"));
+    let at = exits(&hv).unwrap();
+    let events = tick_until(&mut observer, |o| {
+        o.vms().next().is_some_and(|v| v.vcpu_threads()[0].is_some()) && exits(&hv).unwrap() > at + 5
+    });
+    assert!(!events.iter().any(|e| matches!(e, ObserverEvent::Detached { .. })), "{events:#?}");
+}
