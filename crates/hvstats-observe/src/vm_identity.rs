@@ -105,6 +105,30 @@ pub fn distinct_vms(pid: i32, vms: &[u32]) -> io::Result<Vec<u32>> {
     Ok(distinct)
 }
 
+/// What names the VM of descriptor `vm_fd` of `pid` beyond this process's life, for the
+/// in-kernel counts kept across observers ([`hvstats_host::bpf::VmToken`]): the inode of the VM's
+/// directory in KVM's debugfs, `kvm/<tid>-<fd>`, which KVM makes when thread `tid` makes the VM
+/// at descriptor `fd` and removes with the VM (an inode number is not reused while its directory
+/// is there). Taken where exactly one such directory names a thread of `pid` and `vm_fd`; 0 (not
+/// told: kept counts are then not adopted) without debugfs, for a VM whose descriptor was moved,
+/// or made by a thread of another process.
+pub fn vm_token(procfs: &Procfs, pid: i32, vm_fd: u32) -> hvstats_host::bpf::VmToken {
+    use std::os::unix::fs::MetadataExt;
+    let Some(debugfs) = procfs.debugfs() else { return 0 };
+    let Ok(entries) = std::fs::read_dir(debugfs.join("kvm")) else { return 0 };
+    let task = procfs.root().join(pid.to_string()).join("task");
+    let suffix = format!("-{vm_fd}");
+    let mut found = entries.flatten().filter(|e| {
+        let name = e.file_name();
+        let tid = name.to_str().and_then(|n| n.strip_suffix(&suffix));
+        tid.is_some_and(|t| t.parse::<i32>().is_ok() && task.join(t).is_dir())
+    });
+    match (found.next(), found.next()) {
+        (Some(dir), None) => dir.metadata().map_or(0, |m| m.ino()),
+        _ => 0,
+    }
+}
+
 /// The VM object an observed VM was attached with: a copy of the VMM's `kvm-vm` descriptor,
 /// held while the VM is observed (it keeps the kernel's VM object alive that long, not its
 /// memory, which is the VMM's).
