@@ -431,3 +431,142 @@ fn a_vm_replaced_in_place_is_a_new_vm_whose_counters_move_from_a_new_origin() {
     });
     assert!(!events.iter().any(|e| matches!(e, ObserverEvent::Detached { .. })), "{events:#?}");
 }
+
+/// Since when the VM's tracepoints count, once they are kept in the kernel for the next observer
+/// (every vCPU thread known and counted in a kept row), in µs since the epoch.
+fn kept_since(observer: &Observer) -> Option<u128> {
+    let vm = observer.vms().next()?;
+    let since = vm.sources().iter().find(|s| s.name() == "tracepoints")?.kept_since()?;
+    Some(since.duration_since(std::time::UNIX_EPOCH).ok()?.as_micros())
+}
+
+/// Not a test: an observer process of the VMM `HVSTATS_TEST_IDENTITY_PID` that keeps its
+/// in-kernel counts for the runtime directory `HVSTATS_TEST_IDENTITY_OBSERVER`. It says
+/// `observer: since=<µs> notes=<what it said of kept counts>` once its counts are kept (or
+/// `observer: skipped <why>` where the kernel does not count), then on a line `leave` leaves its
+/// counts to the next observer and ends as a stopped observer does; on `end`, ends releasing them.
+#[test]
+#[ignore = "an observer process run by kept_counts_are_adopted_across_a_restart_only_for_the_same_vm_object"]
+fn identity_observer() {
+    let (Some(runtime), Some(pid)) = (
+        std::env::var_os("HVSTATS_TEST_IDENTITY_OBSERVER"),
+        std::env::var("HVSTATS_TEST_IDENTITY_PID").ok().and_then(|p| p.parse().ok()),
+    ) else {
+        return;
+    };
+    let runtime = std::path::PathBuf::from(runtime);
+    let hv = Hypervisor::new_published(&runtime).unwrap();
+    let options = ObserveOptions { claims: Some(runtime), ..ObserveOptions::default() };
+    let mut observer = Observer::new(hv, Procfs::host(), Targets::Pids(vec![pid]), options);
+    let mut notes = Vec::new();
+    let t = Instant::now();
+    let since = loop {
+        for event in observer.tick() {
+            if let ObserverEvent::Kept(note) = event {
+                notes.push(note);
+            }
+        }
+        if let Some(since) = kept_since(&observer) {
+            break since;
+        }
+        let method = observer.vms().next().map(|v| v.counting_method()).unwrap_or_default();
+        if !method.is_empty() && !method.contains("kept in") || t.elapsed() > Duration::from_secs(30) {
+            println!("observer: skipped {method:?} {notes:?}");
+            std::process::exit(0);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    println!("observer: since={since} notes={}", notes.join("|"));
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+    if line.trim() == "leave" {
+        observer.leave_kept_counts();
+    } else {
+        drop(observer);
+    }
+    std::process::exit(0);
+}
+
+/// An observer process as above; killed on drop.
+struct ObserverProcess {
+    child: Child,
+    since: u128,
+    notes: String,
+}
+
+impl ObserverProcess {
+    /// Starts one for `vmm` and `runtime`, and waits until its counts are kept; `None` (said)
+    /// where the kernel does not count them here.
+    fn start(runtime: &std::path::Path, vmm: i32) -> Option<Self> {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "identity_observer", "--ignored", "--nocapture", "--test-threads=1"])
+            .env("HVSTATS_TEST_IDENTITY_OBSERVER", runtime)
+            .env("HVSTATS_TEST_IDENTITY_PID", vmm.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        // Killed and reaped on every way out.
+        let mut me = Self { child, since: 0, notes: String::new() };
+        let mut line = String::new();
+        while !line.contains("observer: ") {
+            line.clear();
+            assert!(out.read_line(&mut line).unwrap() > 0, "the observer process ended");
+        }
+        if let Some(why) = line.split("observer: skipped ").nth(1) {
+            assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "counts not kept: {why}");
+            eprintln!("kept counts across a restart: skipped: {why}");
+            return None;
+        }
+        let since = line.split("since=").nth(1).and_then(|v| v.split_whitespace().next());
+        me.since = since.unwrap().parse().unwrap();
+        me.notes = line.split("notes=").nth(1).unwrap_or("").trim().to_owned();
+        Some(me)
+    }
+
+    /// Tells it to end with `how` (`leave` or `end`) and waits for it.
+    fn stop(mut self, how: &str) {
+        writeln!(self.child.stdin.as_mut().unwrap(), "{how}").unwrap();
+        assert!(self.child.wait().unwrap().success());
+    }
+}
+
+impl Drop for ObserverProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn kept_counts_are_adopted_across_a_restart_only_for_the_same_vm_object() {
+    if !kvm_available("kept_counts_are_adopted_across_a_restart_only_for_the_same_vm_object") {
+        return;
+    }
+    let _host = host_wide();
+    let mut vmm = IdentityVmm::start(&unique("restart"));
+    let tmp = TempDir::new("identity-restart");
+    let runtime = tmp.path().join("run");
+    std::fs::create_dir_all(&runtime).unwrap();
+    let Some(first) = ObserverProcess::start(&runtime, vmm.pid()) else { return };
+    let since = first.since;
+    first.stop("leave");
+    // The same VM: its kept rows are adopted, counting since the first observer.
+    let second = ObserverProcess::start(&runtime, vmm.pid()).unwrap();
+    assert_eq!(second.since, since, "{}", second.notes);
+    assert!(second.notes.contains("adopted the in-kernel counts of"), "{}", second.notes);
+    second.stop("leave");
+    // The VMM replaces its VM while no observer runs: the same thread runs another VM object, and
+    // the rows kept of it are not that VM's.
+    vmm.tell("replace", "replaced");
+    let third = ObserverProcess::start(&runtime, vmm.pid()).unwrap();
+    assert!(third.since > since, "a new origin: {} after {since}; {}", third.since, third.notes);
+    assert!(
+        third.notes.contains(&format!("thread(s) of process {}: it runs another KVM VM object", vmm.pid())),
+        "said once: {}",
+        third.notes
+    );
+    third.stop("end");
+}
