@@ -101,8 +101,8 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
                 Departure::Exec => "the process exec'd a program: a VM it makes now is attached anew",
                 Departure::PidReused => "the pid names another process now: its VM, if any, is attached anew",
                 Departure::VmChanged => {
-                    "the VM it runs is another KVM VM object now (made anew, or another beside it): \
-                     a new VM, attached anew with a new origin"
+                    "the KVM VM object it was attached with is no longer its only VM (closed, made anew, \
+                     or another beside it): a VM it runs now is a new VM, attached anew with a new origin"
                 }
             }
         ),

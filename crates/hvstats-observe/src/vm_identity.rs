@@ -138,14 +138,22 @@ pub struct VmObject {
 }
 
 impl VmObject {
-    /// The VM of descriptor `fd` of `pid`, copied.
+    /// The VM of descriptor `fd` of `pid`, copied: checked to be a KVM VM by what this process's
+    /// own `/proc/self/fd` names the copy (the VMM may have put anything at that number since its
+    /// descriptors were listed).
     ///
     /// # Errors
-    /// When the descriptor cannot be copied (the process is gone, or this one may not).
+    /// When the descriptor cannot be copied (the process is gone, or this one may not), or is not
+    /// a KVM VM.
     pub fn of(pid: i32, fd: u32) -> io::Result<Self> {
         let pidfd = pidfd(pid)?;
-        let copy = copy_fd(&pidfd, fd as RawFd)?;
-        Ok(Self { copy: copy.into() })
+        let copy: OwnedFd = copy_fd(&pidfd, fd as RawFd)?.into();
+        let link = std::fs::read_link(format!("/proc/self/fd/{}", copy.as_raw_fd()))?;
+        if link.as_os_str() != "anon_inode:kvm-vm" {
+            let what = link.to_string_lossy();
+            return Err(io::Error::new(io::ErrorKind::InvalidData, format!("descriptor {fd} is {what:?}")));
+        }
+        Ok(Self { copy })
     }
 
     /// True when descriptor `fd` of `pid` is this VM; a descriptor or process gone is not.

@@ -601,7 +601,9 @@ fn the_cost_per_refresh_of_noticing_a_replaced_vm_is_printed() {
     }
     let vmm = IdentityVmm::start(&unique("cost"));
     let (per_refresh, rescan, fds) = watch_cost(vmm.pid(), 20_000);
-    println!("vm watch, stand-in VMM ({fds} descriptors): {per_refresh:?} a refresh, a full reading {rescan:?}");
+    println!(
+        "vm watch, stand-in VMM ({fds} descriptors): {per_refresh:?} a refresh, a full reading {rescan:?}"
+    );
     let tmp = TempDir::new("identity-cost");
     if let Some(qemu) = observe_support::Qemu::start(tmp.path(), "cost", "kvm", &[]) {
         hvstats_testkit::wait_for_kvm_vcpus(qemu.pid(), 1, Duration::from_secs(30));
