@@ -11,6 +11,11 @@
 //!    └─ cannot be observed ─► Failed ── exits (--pid) ─► Gone
 //! ```
 //!
+//! A process holding the very VM object of a VM attached already (a forked child) is a `Twin` of
+//! that VM's process, neither published nor refused, and back to `Seen` once that process
+//! detaches; an attached VM whose process no longer holds it as its only VM (replaced in place)
+//! detaches back to `Seen`, the old VM's statistics descriptors kept aside (`superseded`).
+//!
 //! With `--all`, a record of a process no longer listed, or that names another process or program
 //! than when it was kept, is forgotten (back to `Seen`): a new process is a new candidate.
 
