@@ -572,9 +572,10 @@ fn kept_counts_are_adopted_across_a_restart_only_for_the_same_vm_object() {
 }
 
 /// The time per refresh of watching the VM of `pid` for its replacement, and of one full reading
-/// of its descriptors (what a refresh costs when their number moved, or every so often), each
-/// averaged over `n`.
-fn watch_cost(pid: i32, n: u32) -> (Duration, Duration, u64) {
+/// of its descriptors (what a refresh costs when their number moved, or every so often), and of
+/// one comparison of a descriptor with an attached VM (what a new candidate costs per VM
+/// attached), each averaged over `n`; and its number of descriptors.
+fn watch_cost(pid: i32, n: u32) -> (Duration, Duration, Duration, u64) {
     use hvstats_observe::vm_identity::{VmObject, VmWatch};
     let procfs = Procfs::host();
     let fd = procfs.kvm_fds(pid).unwrap().vms[0];
@@ -588,8 +589,14 @@ fn watch_cost(pid: i32, n: u32) -> (Duration, Duration, u64) {
     for _ in 0..n / 10 {
         procfs.kvm_fds(pid).unwrap();
     }
+    let rescan = t.elapsed() / (n / 10);
+    let t = Instant::now();
+    for _ in 0..n {
+        assert!(watch.object().is_held_at(pid, fd).unwrap());
+    }
+    let compare = t.elapsed() / n;
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count() as u64;
-    (per_refresh, t.elapsed() / (n / 10), fds)
+    (per_refresh, rescan, compare, fds)
 }
 
 /// Not an assertion on speed: prints what noticing a replaced VM costs a refresh, for a stand-in
@@ -600,14 +607,17 @@ fn the_cost_per_refresh_of_noticing_a_replaced_vm_is_printed() {
         return;
     }
     let vmm = IdentityVmm::start(&unique("cost"));
-    let (per_refresh, rescan, fds) = watch_cost(vmm.pid(), 20_000);
+    let (per_refresh, rescan, compare, fds) = watch_cost(vmm.pid(), 20_000);
     println!(
-        "vm watch, stand-in VMM ({fds} descriptors): {per_refresh:?} a refresh, a full reading {rescan:?}"
+        "vm watch, stand-in VMM ({fds} descriptors): {per_refresh:?} a refresh, a full reading {rescan:?}, \
+         a comparison {compare:?}"
     );
     let tmp = TempDir::new("identity-cost");
     if let Some(qemu) = observe_support::Qemu::start(tmp.path(), "cost", "kvm", &[]) {
         hvstats_testkit::wait_for_kvm_vcpus(qemu.pid(), 1, Duration::from_secs(30));
-        let (per_refresh, rescan, fds) = watch_cost(qemu.pid(), 20_000);
-        println!("vm watch, QEMU ({fds} descriptors): {per_refresh:?} a refresh, a full reading {rescan:?}");
+        let (per_refresh, rescan, compare, fds) = watch_cost(qemu.pid(), 20_000);
+        println!(
+            "vm watch, QEMU ({fds} descriptors): {per_refresh:?} a refresh, a full reading {rescan:?}, a comparison {compare:?}"
+        );
     }
 }
