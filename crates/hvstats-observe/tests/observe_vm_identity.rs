@@ -10,7 +10,8 @@
 //! that makes a port write every few milliseconds on a thread named `CPU 0/KVM`. Its standard
 //! input says what it does next: `fork` (the child holds every descriptor and runs nothing),
 //! `replace` (a new VM and vCPU, the vCPU thread moved to it, the old VM's descriptor closed and
-//! its statistics descriptor kept open), `exit`. The timing that published a forked VMM twice is
+//! its statistics descriptor kept open), `add` (the same, the old VM's descriptor kept open too),
+//! `exit`. The timing that published a forked VMM twice is
 //! made deterministic by forking before the observer starts, or after it attached the parent.
 //! They need /dev/kvm and root (skipped without; `HVSTATS_REQUIRE_KVM=1` makes that a failure).
 
@@ -130,6 +131,8 @@ fn identity_vmm() {
     let (mut vm, vcpu, stats) = make_vm(&kvm, mem);
     // Every statistics descriptor stays open, the replaced VM's too.
     let mut kept = vec![stats];
+    // VMs kept open beside the one the vCPU thread runs.
+    let mut older = Vec::new();
     let (send, next) = std::sync::mpsc::channel();
     let (moved_tx, moved) = std::sync::mpsc::channel();
     let (tid_tx, tid) = std::sync::mpsc::channel();
@@ -157,12 +160,16 @@ fn identity_vmm() {
                 }
                 writeln!(out, "forked {child}").unwrap();
             }
-            "replace" => {
+            "replace" | "add" => {
                 let (new_vm, new_vcpu, new_stats) = make_vm(&kvm, mem);
                 send.send(new_vcpu).unwrap();
                 moved.recv().unwrap();
-                // The old VM's descriptor closes; its statistics descriptor stays open.
-                vm = new_vm;
+                // Replaced, the old VM's descriptor closes (its statistics descriptor stays open);
+                // added, it stays open beside the new one.
+                let old = std::mem::replace(&mut vm, new_vm);
+                if line.trim() == "add" {
+                    older.push(old);
+                }
                 kept.push(new_stats);
                 writeln!(out, "replaced").unwrap();
             }
@@ -170,7 +177,7 @@ fn identity_vmm() {
         }
         out.flush().unwrap();
     }
-    drop((vm, kept));
+    drop((vm, kept, older));
     std::process::exit(0);
 }
 
@@ -430,6 +437,41 @@ fn a_vm_replaced_in_place_is_a_new_vm_whose_counters_move_from_a_new_origin() {
         o.vms().next().is_some_and(|v| v.vcpu_threads()[0].is_some()) && exits(&hv).unwrap() > at + 5
     });
     assert!(!events.iter().any(|e| matches!(e, ObserverEvent::Detached { .. })), "{events:#?}");
+}
+
+#[test]
+fn a_vmm_that_runs_a_new_vm_beside_the_one_attached_is_detached_and_refused_while_it_holds_both() {
+    if !kvm_available(
+        "a_vmm_that_runs_a_new_vm_beside_the_one_attached_is_detached_and_refused_while_it_holds_both",
+    ) {
+        return;
+    }
+    let _host = host_wide();
+    let name = unique("added");
+    let mut vmm = IdentityVmm::start(&name);
+    let tmp = TempDir::new("identity-added");
+    let (hv, mut observer) = observer_on(&tmp, &name, Procfs::host());
+    tick_until(&mut observer, |o| o.vms().count() == 1);
+    vmm.tell("add", "replaced");
+    // The descriptors' number moved: the next refresh reads them and finds a second VM object.
+    let mut events = tick_until(&mut observer, |o| o.vms().count() == 0);
+    events.extend(ticks(&mut observer, 10));
+    assert!(
+        events.iter().any(|e| matches!(e, ObserverEvent::Detached { why: Departure::VmChanged, .. })),
+        "{events:#?}"
+    );
+    let deferred: Vec<&String> = events
+        .iter()
+        .filter_map(|e| match e {
+            ObserverEvent::Deferred { reason, .. } => Some(reason),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        deferred,
+        [&format!("process {} holds 2 KVM VMs: which one it runs cannot be told", vmm.pid())]
+    );
+    assert_eq!(published(&hv), (0, 0, 1), "no partition read frozen; the VMM counted refused");
 }
 
 /// Since when the VM's tracepoints count, once they are kept in the kernel for the next observer
