@@ -208,9 +208,10 @@ impl VmWatch {
     pub fn check(&mut self, procfs: &Procfs, pid: i32) -> io::Result<Option<VmChange>> {
         self.refreshes += 1;
         let same = self.object.is_held_at(pid, self.fd)?;
+        // Where procfs does not tell the number (before Linux 6.2), the periodic reading alone
+        // finds a VM made beside the one attached.
         let count = procfs.fd_count(pid).ok().flatten();
-        let counted = count.is_some() && count == self.count;
-        if same && counted && self.refreshes < self.rescan_at {
+        if same && count == self.count && self.refreshes < self.rescan_at {
             return Ok(None);
         }
         let fds = match procfs.kvm_fds(pid) {
