@@ -10,14 +10,23 @@
 //!
 //! - [`VmObject`]: the VM an observed VM was attached with, held as a copy of its descriptor
 //!   (`pidfd_getfd`), against which a descriptor of any process is compared;
-//! - [`distinct_vms`]: the VM objects among a process's `kvm-vm` descriptors (a process may
+//! - `distinct_vms`: the VM objects among a process's `kvm-vm` descriptors (a process may
 //!   `dup` one);
 //! - [`VmWatch`]: notices at each refresh that the VM a process runs is no longer the one
 //!   attached (closed and made anew, or another made beside it), at the cost of one `kcmp` and
-//!   one `stat` of its `fd` directory; a full reading of its descriptors only when their number
-//!   changed or at most every [`RESCAN_TICKS`] refreshes (fewer for a process with more
-//!   descriptors than that), so a VMM that keeps its count of descriptors steady is found within
-//!   that bound.
+//!   one `stat` of its `fd` directory; a full reading of its descriptors when their number
+//!   changed, and at least once every [`RESCAN_TICKS`] refreshes (every N refreshes for a
+//!   process holding N descriptors, more than that), so a VMM that keeps its count of
+//!   descriptors steady is found within that bound;
+//! - [`vm_token`]: what names a VM beyond this process's life (its KVM debugfs directory), for
+//!   the in-kernel counts kept across observers.
+//!
+//! The rule the observer keeps ([`crate::observer`]): a VM object is attached once, to the first
+//! of its holders to be attached, and a holder found later is its twin, not a second VM, for as
+//! long as that one stays attached (the decision does not flip). Holders found in the same tick
+//! are taken in this order: a process KVM's debugfs names as having made a VM, then the oldest.
+//! Only the process that made a VM can run its vCPUs (KVM refuses `KVM_RUN` from any other
+//! process's memory map), and a child forked from it is younger than it.
 
 use std::cmp::Ordering;
 use std::io;
@@ -40,7 +49,7 @@ pub const RESCAN_TICKS: u64 = 64;
 /// # Errors
 /// When a process or a descriptor is gone (`ESRCH`, `EBADF`), this process may not read the
 /// other (`EPERM`), or the kernel has no `kcmp` (`ENOSYS`).
-pub fn compare_files(pid_a: i32, fd_a: RawFd, pid_b: i32, fd_b: RawFd) -> io::Result<Ordering> {
+pub(crate) fn compare_files(pid_a: i32, fd_a: RawFd, pid_b: i32, fd_b: RawFd) -> io::Result<Ordering> {
     // SAFETY: kcmp takes two pids, a type and two descriptor numbers, and touches no memory of ours.
     let r = unsafe { libc::syscall(libc::SYS_kcmp, pid_a, pid_b, KCMP_FILE, fd_a, fd_b) };
     match r {
@@ -88,7 +97,7 @@ fn me() -> i32 {
 ///
 /// # Errors
 /// When they cannot be compared (see [`compare_files`]).
-pub fn distinct_vms(pid: i32, vms: &[u32]) -> io::Result<Vec<u32>> {
+pub(crate) fn distinct_vms(pid: i32, vms: &[u32]) -> io::Result<Vec<u32>> {
     let mut distinct: Vec<u32> = Vec::new();
     for &fd in vms {
         let mut seen = false;
@@ -159,7 +168,7 @@ impl VmObject {
     /// True when descriptor `fd` of `pid` is this VM; a descriptor or process gone is not.
     ///
     /// # Errors
-    /// When the two cannot be compared for another reason (see [`compare_files`]).
+    /// When the two cannot be compared for another reason (`kcmp` refused: `EPERM`, `ENOSYS`).
     pub fn is_held_at(&self, pid: i32, fd: u32) -> io::Result<bool> {
         same_file(pid, fd as RawFd, me(), self.copy.as_raw_fd())
     }
