@@ -37,6 +37,7 @@ use super::qmp::Qmp;
 use super::record::{Observed, Record, Stage};
 use super::unix_sockets::UnixSockets;
 use super::vm::{Departure, ObservedVm};
+use super::vm_identity;
 use hvstats_host::error_chain::error_chain;
 
 /// Which processes are observed.
@@ -263,6 +264,9 @@ impl Observer {
         };
         let room = descriptor_room();
         let qmp = self.qmp_for(pid);
+        if !self.superseded_within_bound(pid, events) {
+            return;
+        }
         let superseded = self.records.get(&pid).map(|r| &r.superseded[..]).unwrap_or_default();
         let options = &self.options;
         match ObservedVm::attach(&self.hv, &self.procfs, pid, &fds, options, room, qmp.as_deref(), superseded)
@@ -281,6 +285,27 @@ impl Observer {
             }
             Err(e) => self.fail(events, pid, error_chain(&e)),
         }
+    }
+
+    /// Keeps of the statistics descriptors of the VMs `pid` replaced those it still holds; false
+    /// (the process failed, said) when they are more than [`vm_identity::MAX_SUPERSEDED`].
+    fn superseded_within_bound(&mut self, pid: i32, events: &mut Vec<ObserverEvent>) -> bool {
+        let Some(record) = self.records.get_mut(&pid).filter(|r| !r.superseded.is_empty()) else {
+            return true;
+        };
+        vm_identity::still_held(&self.procfs, pid, &mut record.superseded);
+        let kept = record.superseded.len();
+        if kept <= vm_identity::MAX_SUPERSEDED {
+            return true;
+        }
+        record.superseded.clear();
+        let why = format!(
+            "process {pid} replaced its VM again and again, keeping {kept} statistics descriptors of the \
+             VMs it replaced open (at most {} are told apart)",
+            vm_identity::MAX_SUPERSEDED
+        );
+        self.fail(events, pid, why);
+        false
     }
 
     /// The process observed whose VM object `pid` holds too (by a descriptor it inherited or was

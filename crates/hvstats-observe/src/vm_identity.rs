@@ -87,6 +87,33 @@ pub(crate) fn is_one_of(pid: i32, fd: RawFd, copies: &[OwnedFd]) -> bool {
     copies.iter().any(|c| same_file(pid, fd, me(), c.as_raw_fd()).unwrap_or(false))
 }
 
+/// Copies of a VMM's descriptors of VMs it replaced kept aside at most, per VMM: a VMM that
+/// replaced its VM more often than this while keeping the old VMs' statistics open is not
+/// observed (the copies would cost this process a descriptor each).
+pub const MAX_SUPERSEDED: usize = 256;
+
+/// Keeps of `copies` (copies of `pid`'s KVM statistics descriptors of VMs it replaced) those it
+/// still holds: one it closed can no longer be taken for its VM's. Unchanged where its
+/// descriptors cannot be read.
+pub(crate) fn still_held(procfs: &Procfs, pid: i32, copies: &mut Vec<OwnedFd>) {
+    if copies.is_empty() {
+        return;
+    }
+    let dir = procfs.root().join(pid.to_string()).join("fd");
+    let Ok(entries) = std::fs::read_dir(&dir) else { return };
+    let stats: Vec<RawFd> = entries
+        .flatten()
+        .filter(|e| {
+            std::fs::read_link(e.path()).is_ok_and(|l| {
+                let l = l.to_string_lossy();
+                l.starts_with("anon_inode:kvm-vcpu-stats:") || l == "anon_inode:kvm-vm-stats"
+            })
+        })
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    copies.retain(|c| stats.iter().any(|&fd| same_files(pid, fd, me(), c.as_raw_fd())));
+}
+
 /// This process's id, as `kcmp` names it.
 fn me() -> i32 {
     std::process::id() as i32
