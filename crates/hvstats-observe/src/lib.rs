@@ -25,8 +25,9 @@
 //! ([`counting`]) and hold no descriptor per thread, with perf counters they hold every event of
 //! [`sources::events::vm_events`] but the spans, which only the kernel counts (32 on a host
 //! without VMX/SVM, 48 with). Plus one QMP socket when
-//! given, one libvirt connection for a libvirt domain, and a copy of each KVM statistics
-//! descriptor the VMM holds.
+//! given, one libvirt connection for a libvirt domain, a copy of each KVM statistics
+//! descriptor the VMM holds, and one of its VM descriptor (to tell its VM object from others,
+//! [`vm_identity`]).
 
 #![deny(missing_docs)]
 
