@@ -37,7 +37,7 @@ use super::sources::{
     Counting, Learned, Named, PeerKind, PeerState, VM_SOURCES, Vcpu, VmAttach, VmSource, VmView,
 };
 use super::unix_sockets::UnixSockets;
-use super::vm_identity::{VmObject, VmWatch, distinct_vms};
+use super::vm_identity::{VmObject, VmWatch, compare_files, distinct_vms};
 use hvstats_abi::vm_state::VmState;
 use hvstats_sources::counter_source::{Composition, Gives, Object};
 
@@ -192,10 +192,15 @@ impl ObservedVm {
         }
     }
 
-    /// True when descriptor `fd` of `pid` is this VM's very KVM VM object (`None` where that
-    /// cannot be told: the VM's descriptor could not be copied).
+    /// True when descriptor `fd` of `pid` is this VM's very KVM VM object: compared with the copy
+    /// held of it, else (where it could not be copied: an observer without `CAP_SYS_PTRACE` under
+    /// Yama) with the VMM's own descriptor, which `kcmp` reads with less; `None` where neither can
+    /// be told.
     pub fn is_held_at(&self, pid: i32, fd: u32) -> Option<bool> {
-        self.watch.as_ref().map(|w| w.object().is_held_at(pid, fd).unwrap_or(false))
+        match &self.watch {
+            Some(w) => w.object().is_held_at(pid, fd).ok(),
+            None => compare_files(pid, fd as i32, self.pid, self.vm_fd as i32).ok().map(|o| o.is_eq()),
+        }
     }
 
     /// Copies of the VMM's descriptors this VM's sources hold (its KVM statistics): once its
