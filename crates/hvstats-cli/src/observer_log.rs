@@ -100,6 +100,10 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
                 Departure::Exited => "the process exited",
                 Departure::Exec => "the process exec'd a program: a VM it makes now is attached anew",
                 Departure::PidReused => "the pid names another process now: its VM, if any, is attached anew",
+                Departure::VmChanged => {
+                    "the KVM VM object it was attached with is no longer its only VM (closed, made anew, \
+                     or another beside it): a VM it runs now is a new VM, attached anew with a new origin"
+                }
             }
         ),
         ObserverEvent::NamedLike { pid, name, other, other_name } if name == other_name => format!(
@@ -133,6 +137,10 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
         ObserverEvent::Refused { pid, name, why } => {
             format!("refused pid {pid} \"{}\": {}", LoggedName(name), Escaped(why))
         }
+        ObserverEvent::SharesVm { pid, with } => format!(
+            "pid {pid}: holds the KVM VM of pid {with} (the same VM object, by an inherited or passed \
+             descriptor): not a second VM, not published"
+        ),
         ObserverEvent::Failed { pid, error } => format!("cannot observe pid {pid}: {}", Escaped(error)),
         ObserverEvent::Kept(note) => format!("in-kernel counts: {}", Escaped(note)),
     }

@@ -403,8 +403,11 @@ fn every_system_call_the_stats_fd_path_needs_is_allowed_by_the_observers_filter(
     let allowed = allowed_syscalls(&setting(&unit, "SystemCallFilter"));
     // Copying a VMM's KVM statistics descriptors (QEMU 8.1 and later hold one per vCPU) and
     // reading them: list and read /proc/PID/fd, pidfd_open, pidfd_getfd, pread; counting: BPF
-    // and perf events; QMP and libvirt: Unix sockets.
+    // and perf events; QMP and libvirt: Unix sockets; telling VM objects apart (a forked twin, a
+    // VM replaced in place): kcmp, and the size of /proc/PID/fd.
     for call in [
+        "kcmp",
+        "statx",
         "openat",
         "getdents64",
         "readlinkat",

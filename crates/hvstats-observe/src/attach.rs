@@ -62,6 +62,16 @@ pub enum ObserveError {
         /// Descriptors left for counters.
         room: usize,
     },
+    /// The process holds several KVM VM objects: which one its vCPU threads run cannot be told,
+    /// and one process is observed as one VM (retried while it lives: once it holds one, that
+    /// one is attached).
+    #[error("process {pid} holds {vms} KVM VMs: which one it runs cannot be told")]
+    SeveralVms {
+        /// The process.
+        pid: i32,
+        /// The distinct VM objects it holds.
+        vms: usize,
+    },
     /// The partition could not be created.
     #[error("cannot publish a partition for process {pid}")]
     Publish {

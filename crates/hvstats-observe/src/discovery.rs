@@ -130,6 +130,11 @@ impl Procfs {
         &self.root
     }
 
+    /// The debugfs tree, when there is one.
+    pub(crate) fn debugfs(&self) -> Option<&Path> {
+        self.debugfs.as_deref()
+    }
+
     /// Every process id in the tree, ascending.
     ///
     /// # Errors

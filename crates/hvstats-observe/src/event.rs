@@ -155,6 +155,15 @@ pub enum ObserverEvent {
         /// Why, and the fix.
         why: String,
     },
+    /// A process holds the very KVM VM object of a VM observed already (a descriptor it inherited
+    /// by `fork()`, or was passed): not a second VM, and not published; said once. It is a
+    /// candidate again once that VM's process lets go of it.
+    SharesVm {
+        /// The process.
+        pid: i32,
+        /// The VMM process whose VM it holds.
+        with: i32,
+    },
     /// A process could not be observed.
     Failed {
         /// The process.

@@ -10,7 +10,8 @@
 //! - [`libvirt`]: a read-only client of libvirt's remote protocol, for its domain statistics;
 //! - [`sources`]: the sources of an observed VM's counters (the VMM's KVM statistics descriptors,
 //!   libvirt, QMP, its events, its threads' own files), composed on the seam our own VPs' sources share;
-//! - [`vm`]: one observed VM and its partition; [`observer`]: attach, refresh, detach, over one
+//! - [`vm`]: one observed VM and its partition; [`vm_identity`]: which KVM VM object a process
+//!   holds (a VM is its kernel object: a forked twin is not a second VM, a VM made anew is a new one); [`observer`]: attach, refresh, detach, over one
 //!   record per process (`record`: its identity, stage and what was said of it);
 //! - [`publication`]: what an observed partition publishes beside its pages;
 //! - [`claim`]: one observer per VM per host;
@@ -24,8 +25,9 @@
 //! ([`counting`]) and hold no descriptor per thread, with perf counters they hold every event of
 //! [`sources::events::vm_events`] but the spans, which only the kernel counts (32 on a host
 //! without VMX/SVM, 48 with). Plus one QMP socket when
-//! given, one libvirt connection for a libvirt domain, and a copy of each KVM statistics
-//! descriptor the VMM holds.
+//! given, one libvirt connection for a libvirt domain, a copy of each KVM statistics
+//! descriptor the VMM holds, and one of its VM descriptor (to tell its VM object from others,
+//! [`vm_identity`]).
 
 #![deny(missing_docs)]
 
@@ -48,6 +50,7 @@ mod record;
 pub mod sources;
 pub mod unix_sockets;
 pub mod vm;
+pub mod vm_identity;
 
 pub use attach::{ObserveError, ObserveOptions};
 pub use discovery::{Procfs, Vmm};

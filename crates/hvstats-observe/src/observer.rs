@@ -37,6 +37,7 @@ use super::qmp::Qmp;
 use super::record::{Observed, Record, Stage};
 use super::unix_sockets::UnixSockets;
 use super::vm::{Departure, ObservedVm};
+use super::vm_identity;
 use hvstats_host::error_chain::error_chain;
 
 /// Which processes are observed.
@@ -224,6 +225,8 @@ impl Observer {
     fn detach(&mut self, pid: i32, why: Departure, events: &mut Vec<ObserverEvent>) {
         let Some(record) = self.records.get_mut(&pid) else { return };
         let next = match (why, &self.targets) {
+            // The process lives on, with another VM: a new candidate.
+            (Departure::VmChanged, _) => Stage::Seen,
             // The process lives on: a VM it makes now is a new one.
             (Departure::Exec, Targets::Pids(_)) => Stage::Execed,
             (Departure::Exec | Departure::PidReused, Targets::All | Targets::QmpSocket(_)) => Stage::Seen,
@@ -233,6 +236,13 @@ impl Observer {
         let Stage::Attached(o) = std::mem::replace(&mut record.stage, next) else { return };
         // Who left: a process that takes the pid now is told from it.
         record.identity = Some(o.vm.identity());
+        if why == Departure::VmChanged {
+            record.superseded.extend(o.vm.vmm_copies());
+        }
+        // A process holding the same VM is a candidate now (the VM may live on in it).
+        for twin in self.records.values_mut().filter(|r| matches!(r.stage, Stage::Twin { of } if of == pid)) {
+            twin.stage = Stage::Seen;
+        }
         self.scan.recheck(pid);
         events.push(ObserverEvent::Detached { pid, name: o.vm.name().to_owned(), why });
     }
@@ -241,6 +251,10 @@ impl Observer {
     /// may have it.
     fn consider(&mut self, pid: i32, found: io::Result<KvmFds>, events: &mut Vec<ObserverEvent>) {
         let Some(fds) = self.ready(pid, found, events) else { return };
+        if let Some(with) = self.twin_of(pid, &fds) {
+            self.records.entry(pid).or_default().stage = Stage::Twin { of: with };
+            return events.push(ObserverEvent::SharesVm { pid, with });
+        }
         let claim = match self.claim(pid) {
             Ok(claim) => claim,
             // With --all, a VM another observer publishes is read from its instance; it is
@@ -255,19 +269,57 @@ impl Observer {
         };
         let room = descriptor_room();
         let qmp = self.qmp_for(pid);
-        match ObservedVm::attach(&self.hv, &self.procfs, pid, &fds, &self.options, room, qmp.as_deref()) {
+        if !self.superseded_within_bound(pid, events) {
+            return;
+        }
+        let superseded = self.records.get(&pid).map(|r| &r.superseded[..]).unwrap_or_default();
+        let options = &self.options;
+        match ObservedVm::attach(&self.hv, &self.procfs, pid, &fds, options, room, qmp.as_deref(), superseded)
+        {
             Ok(mut vm) => {
                 if let Some(claim) = claim {
                     vm.hold(claim);
                 }
                 self.attached(vm, qmp, events);
             }
-            Err(e @ ObserveError::Budget { .. }) => self.defer(events, pid, error_chain(&e)),
+            Err(e @ (ObserveError::Budget { .. } | ObserveError::SeveralVms { .. })) => {
+                self.defer(events, pid, error_chain(&e));
+            }
             Err(ObserveError::Proc { source, .. }) if is_shortage(&source) => {
                 self.defer(events, pid, format!("cannot read process {pid}: {source}"));
             }
             Err(e) => self.fail(events, pid, error_chain(&e)),
         }
+    }
+
+    /// Keeps of the statistics descriptors of the VMs `pid` replaced those it still holds; false
+    /// (the process failed, said) when they are more than [`vm_identity::MAX_SUPERSEDED`].
+    fn superseded_within_bound(&mut self, pid: i32, events: &mut Vec<ObserverEvent>) -> bool {
+        let Some(record) = self.records.get_mut(&pid).filter(|r| !r.superseded.is_empty()) else {
+            return true;
+        };
+        vm_identity::still_held(&self.procfs, pid, &mut record.superseded);
+        let kept = record.superseded.len();
+        if kept <= vm_identity::MAX_SUPERSEDED {
+            return true;
+        }
+        record.superseded.clear();
+        let why = format!(
+            "process {pid} replaced its VM again and again, keeping {kept} statistics descriptors of the \
+             VMs it replaced open (at most {} are told apart)",
+            vm_identity::MAX_SUPERSEDED
+        );
+        self.fail(events, pid, why);
+        false
+    }
+
+    /// The process observed whose VM object `pid` holds too (by a descriptor it inherited or was
+    /// passed), if any: that VM is attached once, to the process first attached (see
+    /// [`Self::listed`]), and this one is no second VM.
+    fn twin_of(&self, pid: i32, fds: &KvmFds) -> Option<i32> {
+        self.vms()
+            .find(|vm| fds.vms.iter().any(|&fd| vm.is_held_at(pid, fd) == Some(true)))
+            .map(ObservedVm::pid)
     }
 
     /// The KVM descriptors of `pid` when its VM is ready to attach: it has vCPUs, and (when it
@@ -508,7 +560,7 @@ impl Observer {
             }
         }
         pids.iter()
-            .filter(|p| self.records.get(p).is_none_or(|r| !r.is_attached() && !r.is_done()))
+            .filter(|p| self.records.get(p).is_none_or(|r| !r.is_attached() && !r.is_done() && !r.is_twin()))
             .map(|&p| (p, self.procfs.kvm_fds(p)))
             .collect()
     }
@@ -534,10 +586,18 @@ impl Observer {
         self.forget_changed(&pids);
         // Only this process is left out: what a process holds, not what it is called, makes
         // it a VMM. Oldest first, so partition ids follow the VMMs' ages.
-        let takes =
-            |p: &i32| *p != me && self.records.get(p).is_none_or(|r| !r.is_attached() && !r.is_done());
+        let takes = |p: &i32| {
+            *p != me && self.records.get(p).is_none_or(|r| !r.is_attached() && !r.is_done() && !r.is_twin())
+        };
         let mut found: Vec<(i32, KvmFds)> = listed.into_iter().filter(|(p, _)| takes(p)).collect();
-        found.sort_by_key(|(p, _)| (self.records.get(p).and_then(|r| r.identity).map(|k| k.start_time), *p));
+        // A VM two processes hold (a VMM that forked) is attached to the first: the one that made
+        // a VM (KVM's debugfs names it; only its threads can run the vCPUs, KVM refusing any other
+        // process's), else the oldest (a child is younger than the parent it was forked from).
+        let creators = self.scan.creators();
+        found.sort_by_key(|(p, _)| {
+            let start = self.records.get(p).and_then(|r| r.identity).map(|k| k.start_time);
+            (!creators.contains(p), start, *p)
+        });
         found.into_iter().map(|(p, fds)| (p, Ok(fds))).collect()
     }
 

@@ -11,6 +11,11 @@
 //!    └─ cannot be observed ─► Failed ── exits (--pid) ─► Gone
 //! ```
 //!
+//! A process holding the very VM object of a VM attached already (a forked child) is a `Twin` of
+//! that VM's process, neither published nor refused, and back to `Seen` once that process
+//! detaches; an attached VM whose process no longer holds it as its only VM (replaced in place)
+//! detaches back to `Seen`, the old VM's statistics descriptors kept aside (`superseded`).
+//!
 //! With `--all`, a record of a process no longer listed, or that names another process or program
 //! than when it was kept, is forgotten (back to `Seen`): a new process is a new candidate.
 
@@ -44,6 +49,12 @@ pub(crate) enum Stage {
     Failed,
     /// Exited, or (with `--pid`) its pid names another process now: not retried.
     Gone,
+    /// Holds the very VM object of the VM observed as process `of` (see
+    /// [`crate::vm_identity`]): not a VM of its own while `of` is attached.
+    Twin {
+        /// The process whose VM it is.
+        of: i32,
+    },
 }
 
 /// An observed VM and what the observer said of it.
@@ -123,6 +134,9 @@ pub(crate) struct Record {
     pub(crate) scan_refused: bool,
     /// Its refusal (by the scan, or a QMP socket hidden from here) was said.
     pub(crate) refusal_said: bool,
+    /// Copies of the descriptors of the VMs it ran before and replaced (their KVM statistics):
+    /// none is read for a VM it runs now.
+    pub(crate) superseded: Vec<std::os::fd::OwnedFd>,
 }
 
 impl Record {
@@ -145,6 +159,11 @@ impl Record {
     /// True while it is observed.
     pub(crate) fn is_attached(&self) -> bool {
         matches!(self.stage, Stage::Attached(_))
+    }
+
+    /// True while it holds the VM of another process observed (it is not a candidate then).
+    pub(crate) fn is_twin(&self) -> bool {
+        matches!(self.stage, Stage::Twin { .. })
     }
 
     /// True once it failed or is gone: not tried again while it is the same process.
@@ -173,6 +192,7 @@ impl Record {
     /// Forgets what was kept of the process it was: it names another process or program now.
     pub(crate) fn forget(&mut self) {
         self.stage = Stage::Seen;
+        self.superseded.clear();
         self.deferred = false;
         self.excluded = false;
     }

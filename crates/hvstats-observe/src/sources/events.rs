@@ -110,7 +110,9 @@ pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError
         Some(dir) => EventList::kept_in(vm_events(isa), dir),
         None => EventList::new(vm_events(isa)),
     };
-    let counters = ThreadCounters::attach_at_most(procfs, pid, events, max_threads, &first)
+    // Kept counts are adopted only for the VM object they counted (see `vm_identity::vm_token`).
+    let vm = at.fds.vms.first().map_or(0, |&fd| crate::vm_identity::vm_token(procfs, pid, fd));
+    let counters = ThreadCounters::attach_in_vm(procfs, pid, events, (max_threads, &first), vm)
         .map_err(|source| ObserveError::Proc { pid, source })?;
     let mut offsets = Vec::with_capacity(WRITERS.len());
     let mut at_event = 0;

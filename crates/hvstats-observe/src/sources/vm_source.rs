@@ -79,6 +79,9 @@ pub struct VmAttach<'a> {
     pub per_thread: usize,
     /// The VMM's QMP socket for this VM: given (`--qmp`), or named on its command line.
     pub qmp: Option<&'a Path>,
+    /// Copies of descriptors of a VM this VMM ran before and replaced (its statistics, kept open
+    /// by the VMM or not): never this VM's (see [`crate::vm_identity`]).
+    pub superseded: &'a [std::os::fd::OwnedFd],
 }
 
 /// Whether a source's peer answers now.
@@ -189,5 +192,11 @@ pub trait VmSource: CounterSource {
     /// its kept sources' (see [`hvstats_abi::vm_sources::CountOrigins`]).
     fn kept_since(&self) -> Option<std::time::SystemTime> {
         None
+    }
+
+    /// The VMM's descriptors this source holds copies of (its KVM statistics): once the VMM
+    /// replaces its VM, they are the old VM's, and the new one's sources refuse them.
+    fn vmm_copies(&self) -> Vec<std::os::fd::BorrowedFd<'_>> {
+        Vec::new()
     }
 }
