@@ -6,6 +6,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 
 mod cmd;
 mod input;
+mod log_budget;
 mod man_page;
 mod observer_log;
 mod observer_run;

@@ -31,6 +31,7 @@
 
 pub mod attach;
 pub mod cancel;
+pub mod capabilities;
 pub mod claim;
 pub mod counting;
 pub mod discovery;
@@ -45,6 +46,7 @@ pub mod publication;
 pub mod qemu_args;
 pub mod qmp;
 mod record;
+pub mod refusal;
 pub mod sources;
 pub mod unix_sockets;
 pub mod vm;

@@ -134,8 +134,9 @@ impl ObservedVm {
         let Some(&vm_fd) = fds.vms.first() else { return Err(ObserveError::NoVm(pid)) };
         let identity = procfs.identity(pid).map_err(|source| ObserveError::Proc { pid, source })?;
         let attached = SystemTime::now();
-        let per_thread = super::sources::events_per_thread();
-        let at = VmAttach { procfs, pid, fds, options, room, per_thread, qmp };
+        let events = super::sources::vm_event_list(options);
+        let per_thread = super::sources::descriptors_per_thread(&events);
+        let at = VmAttach { procfs, pid, fds, options, room, events, per_thread, qmp };
         let mut opened = Vec::new();
         for open in VM_SOURCES {
             opened.extend(open(&at)?);
