@@ -143,7 +143,10 @@ fn each_missing_capability_is_one_line_and_the_vms_it_hides_are_refused_for_it()
             Some(row) => {
                 let reason = format!("no_cap_{cap}");
                 let refused = observer.wait_line(&format!("refused pid {pid} "));
-                assert!(refused.contains(&format!("(reason {reason})")) && refused.contains(&upper), "{refused}");
+                assert!(
+                    refused.contains(&format!("(reason {reason})")) && refused.contains(&upper),
+                    "{refused}"
+                );
                 let s = snapshot_until(tmp.path(), "refused for its reason", |s| {
                     observer_counter(s, row) == Some(1)
                 });
@@ -172,4 +175,66 @@ fn each_missing_capability_is_one_line_and_the_vms_it_hides_are_refused_for_it()
         drop(observer);
         drop(vmm);
     }
+}
+
+#[test]
+fn sixty_short_vms_in_twenty_seconds_make_at_most_forty_log_lines_and_a_summary() {
+    let test = "sixty_short_vms_in_twenty_seconds_make_at_most_forty_log_lines_and_a_summary";
+    if !kvm_available(test) {
+        return;
+    }
+    let _host = host_wide();
+    let tmp = TempDir::new("observe-churn");
+    // Every VM of the host, as the unit observes them; a summary every 5 s rather than a minute.
+    let args = ["observe", "--all", "--interval", "0.1"];
+    let mut observer = Running::start_with(&args, tmp.path(), &[("HVSTATS_LOG_SUMMARY_SECONDS", "5")]);
+    observer.wait_line("publishing observed VMs");
+    let start = Instant::now();
+    for i in 0..60u32 {
+        let vmm = nobody_vmm(&format!("churn-{}-{i}", std::process::id()), 1);
+        let until = start + Duration::from_millis(333 * u64::from(i + 1));
+        std::thread::sleep(until.saturating_duration_since(Instant::now()));
+        drop(vmm);
+    }
+    let summary = observer.wait_line("VMs came and went");
+    assert!(summary.contains("attached") && summary.contains("log lines held back"), "{summary}");
+    observer.terminate();
+    std::thread::sleep(Duration::from_millis(200));
+    // Every line of the run: the two waited for, and the rest.
+    let lines = observer.lines_with("");
+    eprintln!("{} log lines for 60 VMs in {:.1} s", lines.len() + 2, start.elapsed().as_secs_f64());
+    assert!(lines.len() + 2 <= 40, "{} lines:\n{}", lines.len() + 2, lines.join("\n"));
+}
+
+#[test]
+fn a_vm_of_1024_vcpus_is_admitted_by_what_counting_in_the_kernel_costs() {
+    let test = "a_vm_of_1024_vcpus_is_admitted_by_what_counting_in_the_kernel_costs";
+    if !kvm_available(test) {
+        return;
+    }
+    let _host = host_wide();
+    let name = format!("big-{}", std::process::id());
+    let vmm = nobody_vmm(&name, 1024);
+    let pid = vmm.pid();
+    let tmp = TempDir::new("observe-1024");
+    let observer = Running::start(&["observe", "--all", "--vm", &name, "--interval", "0.5"], tmp.path());
+    let counting = observer.wait_line("counting");
+    if !counting.contains("in-kernel") {
+        assert!(std::env::var("HVSTATS_REQUIRE_KVM").is_err(), "BPF does not load here: {counting}");
+        eprintln!("{test}: tracepoints are not counted in the kernel here ({counting}): skipped");
+        return;
+    }
+    let attached = observer.wait_line(&format!("attach pid {pid} "));
+    assert!(attached.contains("1024 vCPUs"), "{attached}");
+    // Its thread list, said in ranges rather than 1,024 ids.
+    let threads = observer.wait_line(&format!("pid {pid}: vCPU threads"));
+    assert!(threads.contains("1024 threads: ") && threads.len() < 400, "{threads}");
+    eprintln!("{attached}\n{threads}");
+    let s = snapshot_until(tmp.path(), "the 1,024 VPs published", |s| {
+        partition_of(s, pid).is_some_and(|p| p["vps"].as_array().is_some_and(|v| v.len() == 1024))
+    });
+    let p = partition_of(&s, pid).unwrap();
+    assert_eq!(source_up(p, "tracepoints"), Some(true));
+    assert_eq!(observer_counter(&s, "Observer VMs refused"), Some(0));
+    assert!(observer.lines_with("descriptor_budget").is_empty());
 }
