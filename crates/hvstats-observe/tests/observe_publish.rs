@@ -18,6 +18,7 @@ use hvstats::Hypervisor;
 use hvstats_abi::catalog::vp;
 use hvstats_abi::vm_sources::{Origin, SourceTable};
 use hvstats_observe::counting::EventList;
+use hvstats_observe::refusal::Refusal;
 use hvstats_observe::sources::events::vm_events;
 use hvstats_observe::sources::thread_clock;
 use hvstats_observe::{KvmExitState, ObserveOptions, Observer, ObserverEvent, Procfs, Targets};
@@ -212,7 +213,7 @@ fn with_all_a_failing_process_is_reported_once_and_retried_when_it_comes_back() 
     assert!(observer.tick().is_empty(), "with --all, a VM is attached once its vCPU count held still");
     let events = observer.tick();
     assert!(
-        matches!(&events[..], [ObserverEvent::Failed { pid: 91, error }] if error.contains("cannot read process 91")),
+        matches!(&events[..], [ObserverEvent::Failed { pid: 91, error, reason: Refusal::Failed }] if error.contains("cannot read process 91")),
         "{events:?}"
     );
     assert!(observer.tick().is_empty(), "not retried while it is the same process");
@@ -358,7 +359,7 @@ fn vms_are_taken_by_pid_uuid_or_name_and_the_rest_said_once_to_be_left_out() {
         })
         .collect();
     assert_eq!(excluded, [301, 302], "each said once: {events:?}");
-    assert_eq!(observer.refused(), 0, "left out by choice is not refused");
+    assert_eq!(observer.refused().total(), 0, "left out by choice is not refused");
 }
 
 #[test]
