@@ -393,6 +393,18 @@ fn a_vm_another_observer_claims_is_said_once_and_counted_refused_on_the_observer
     assert_eq!(page.get(hypervisor::OBSERVER_UP), 1);
     assert_eq!(page.get(hypervisor::OBSERVER_VMS_ATTACHED), 0);
     assert_eq!(page.get(hypervisor::OBSERVER_VMS_REFUSED), 1);
+    // Counted for its reason, and for no other.
+    assert_eq!(page.get(hypervisor::OBSERVER_VMS_REFUSED_CLAIMED_ELSEWHERE), 1);
+    for reason in Refusal::ALL.iter().filter(|r| **r != Refusal::ClaimedElsewhere) {
+        assert_eq!(page.get(reason.row()), 0, "{reason:?}");
+    }
+    assert!(
+        matches!(
+            events.iter().find(|e| matches!(e, ObserverEvent::Deferred { .. })),
+            Some(ObserverEvent::Deferred { reason: Refusal::ClaimedElsewhere, .. })
+        ),
+        "{events:?}"
+    );
     assert!(page.get(hypervisor::OBSERVER_LAST_REFRESH) > 0);
     assert_eq!(first_hv.page().get(hypervisor::OBSERVER_VMS_ATTACHED), 1);
     // The first observer goes: the VM is taken over, and refused no more.
