@@ -13,6 +13,9 @@
 //! - [`vm`]: one observed VM and its partition; [`observer`]: attach, refresh, detach, over one
 //!   record per process (`record`: its identity, stage and what was said of it);
 //! - [`publication`]: what an observed partition publishes beside its pages;
+//! - [`refusal`]: why a VM found is not observed (one table of reasons, counted by reason on the
+//!   observer's page); [`capabilities`]: the capabilities the observer uses, each missing one
+//!   said once with what it costs;
 //! - [`claim`]: one observer per VM per host;
 //! - [`cancel`]: the flag a signal sets to end every wait.
 //!
