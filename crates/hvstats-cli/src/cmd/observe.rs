@@ -189,7 +189,8 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
 }
 
 /// How the VMs' tracepoints are counted on this host, said at start: a capability that is
-/// missing is said in a line of its own (by the observer), not as the errors it causes here.
+/// missing is said in a line of its own (by the observer), not as the errors it causes here; a
+/// tracefs that cannot be read is said as it is.
 fn counting_line() -> String {
     use hvstats_observe::capabilities::{BPF, Capabilities, PERFMON};
     let (method, why) = publication::counting_method();
@@ -198,7 +199,8 @@ fn counting_line() -> String {
         .filter(|n| n.bit == BPF || n.bit == PERFMON)
         .map(|n| n.name)
         .collect();
-    match (method, missing.is_empty()) {
+    let tracefs = hvstats_host::tracefs::root().is_ok();
+    match (method, missing.is_empty() || !tracefs) {
         (hvstats_observe::counting::Method::Perf, false) => format!(
             "counting with perf counters per thread, where permitted: counting in the kernel needs {} (see \
              the line that names it)",
