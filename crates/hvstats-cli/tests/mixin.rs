@@ -118,7 +118,7 @@ fn promtool_checks_the_rules_and_every_alert_has_a_firing_and_a_false_alarm_unit
     // with the false alarm it must not raise: an alert_rule_test that expects nothing at a time
     // later than its `for` and a minute (the series had time to fire it, and must not have).
     let alerts = alerts();
-    assert_eq!(alerts.len(), 11, "{alerts:?}");
+    assert_eq!(alerts.len(), 12, "{alerts:?}");
     let tests = yaml("hvstats.test.yml");
     let cases: Vec<(String, u64, bool)> = tests["tests"]
         .as_array()
