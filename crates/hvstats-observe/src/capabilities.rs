@@ -1,9 +1,9 @@
 //! The capabilities the observer uses, what each one's absence costs, and which it holds.
 //!
 //! Read once at start from the effective set in `/proc/self/status` (`CapEff`): each capability of
-//! [`NEEDED`] that is missing is said in one line naming it, the sources and VMs it costs and the
+//! `NEEDED` that is missing is said in one line naming it, the sources and VMs it costs and the
 //! unit line that gives it ([`Needed::line`]); the VMs it hides are counted as refused with its
-//! reason ([`Capabilities::refusal_of_unreadable`]). The list is the unit's
+//! reason (`Capabilities::refusal_of_unreadable`). The list is the unit's
 //! `CapabilityBoundingSet=` (packaging/systemd/hvstats-observe.service), and what the code does with
 //! each: nothing else is asked for (the open file limit is raised to the hard limit only, which
 //! takes no CAP_SYS_RESOURCE).
@@ -11,11 +11,11 @@
 use hvstats_abi::refusal::Refusal;
 
 /// `CAP_DAC_READ_SEARCH`.
-pub const DAC_READ_SEARCH: u32 = 2;
+pub(crate) const DAC_READ_SEARCH: u32 = 2;
 /// `CAP_SYS_PTRACE`.
-pub const SYS_PTRACE: u32 = 19;
+pub(crate) const SYS_PTRACE: u32 = 19;
 /// `CAP_SYS_ADMIN`, which the kernel takes for CAP_PERFMON and CAP_BPF too.
-pub const SYS_ADMIN: u32 = 21;
+pub(crate) const SYS_ADMIN: u32 = 21;
 /// `CAP_PERFMON`.
 pub const PERFMON: u32 = 38;
 /// `CAP_BPF`.
@@ -37,11 +37,11 @@ pub struct Needed {
 }
 
 /// The unit line that gives the observer its capabilities.
-pub const UNIT_LINE: &str = "CapabilityBoundingSet=CAP_DAC_READ_SEARCH CAP_SYS_PTRACE CAP_PERFMON CAP_BPF \
+pub(crate) const UNIT_LINE: &str = "CapabilityBoundingSet=CAP_DAC_READ_SEARCH CAP_SYS_PTRACE CAP_PERFMON CAP_BPF \
                              (hvstats-observe.service)";
 
 /// Every capability the observer uses.
-pub const NEEDED: &[Needed] = &[
+pub(crate) const NEEDED: &[Needed] = &[
     Needed {
         name: "CAP_DAC_READ_SEARCH",
         bit: DAC_READ_SEARCH,
@@ -102,17 +102,17 @@ impl Capabilities {
     }
 
     /// The effective set a `/proc/PID/status` text gives (`CapEff:`, hexadecimal).
-    pub fn from_status(status: &str) -> Option<Self> {
+    pub(crate) fn from_status(status: &str) -> Option<Self> {
         let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?.trim();
         u64::from_str_radix(hex, 16).ok().map(|effective| Self { effective })
     }
 
     /// True when `bit` is in the set.
-    pub fn has(&self, bit: u32) -> bool {
+    pub(crate) fn has(&self, bit: u32) -> bool {
         bit < 64 && self.effective & (1 << bit) != 0
     }
 
-    /// The capabilities of [`NEEDED`] this process lacks (neither it nor what the kernel takes in
+    /// The capabilities of `NEEDED` this process lacks (neither it nor what the kernel takes in
     /// its place).
     pub fn missing(&self) -> impl Iterator<Item = &'static Needed> + '_ {
         NEEDED.iter().filter(|n| !self.has(n.bit) && !n.or.is_some_and(|o| self.has(o)))
@@ -121,7 +121,7 @@ impl Capabilities {
     /// Why a VMM whose descriptors were refused is not observed: its `fd` directory could not be
     /// listed (`listing`) or its links not read, each for want of the capability that lets it,
     /// or despite both.
-    pub fn refusal_of_unreadable(&self, listing: bool) -> Refusal {
+    pub(crate) fn refusal_of_unreadable(&self, listing: bool) -> Refusal {
         match (listing, self.has(DAC_READ_SEARCH), self.has(SYS_PTRACE)) {
             (true, false, _) => Refusal::NoCapDacReadSearch,
             (_, _, false) => Refusal::NoCapSysPtrace,

@@ -557,7 +557,7 @@ pub fn is_gone(e: &io::Error) -> bool {
 }
 
 /// True when a `/proc/PID/…` access was refused for want of a permission (`EACCES`, `EPERM`): the
-/// process is there, this one may not look (see [`refusal_fix`]).
+/// process is there, this one may not look (the reason it is refused for names the fix: [`crate::refusal::Refusal::fix`]).
 pub fn is_refusal(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM))
 }

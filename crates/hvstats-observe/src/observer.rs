@@ -111,12 +111,6 @@ impl Observer {
         }
     }
 
-    /// Observes as if this process held `capabilities` (for tests of what a missing one does).
-    pub fn with_capabilities(mut self, capabilities: Capabilities) -> Self {
-        self.capabilities = capabilities;
-        self
-    }
-
     /// The VMs observed now, by pid.
     pub fn vms(&self) -> impl Iterator<Item = &ObservedVm> {
         self.records.values().filter_map(Record::vm)

@@ -1,6 +1,6 @@
 //! Why the observer does not observe a VM it found, in one place: the table of reasons
 //! ([`Refusal`], shared with the page's rows and the metrics' `reason` label), the reason each
-//! failure of an attach is refused for ([`of_attach_error`]), and the count by reason the observer
+//! failure of an attach is refused for (`of_attach_error`), and the count by reason the observer
 //! publishes ([`RefusedCounts`]).
 //!
 //! A new reason is a row of [`hvstats_abi::refusal`]'s table (and its catalog row); the place
@@ -47,7 +47,7 @@ impl RefusedCounts {
     }
 
     /// The VMs refused for `reason`.
-    pub fn get(&self, reason: Refusal) -> usize {
+    pub(crate) fn get(&self, reason: Refusal) -> usize {
         self.0.get(&reason).copied().unwrap_or(0)
     }
 
