@@ -74,6 +74,7 @@ macro_rules! catalog {
 
 use crate::exit_reason::InterceptClass as Ic;
 use crate::hypercall::HypercallEffect;
+use crate::refusal::Refusal;
 use crate::source::{
     HostFault, KvmStat, ObserverFact, PerfSoftwareEvent, RunLoopCount, RunLoopCount as Loop, ThreadTime,
     Tracepoint as Tp, VmsState,
@@ -86,6 +87,7 @@ const NO_VTLB: &str = "KVM has no virtual TLB: it uses nested or shadow paging i
 const NO_TIME: &str = "handled inside KVM, which records no per-event time";
 const NO_SLOTS: &str = "the VMM's memory slots are not visible from outside";
 const SOURCE_TABLE: &str = "written by the observer from the sources it composes for the VM";
+const REFUSED_BY_REASON: &str = "VMs found but not observed, for this reason of the refusal table";
 const COUNT_ORIGINS: &str =
     "written by the publisher when it creates the partition, and by the observer at attach";
 
@@ -119,11 +121,40 @@ catalog! {
             By(Observer(ObserverFact::Vms(VmsState::Attached)), "VMs published as partitions of the observer's instance"),
             "The number of VMs of other processes the observer observes (each a partition of its instance).";
         Hvstats 4 OBSERVER_VMS_REFUSED "Observer VMs refused", Count, Instant,
-            By(Observer(ObserverFact::Vms(VmsState::Refused)), "VMs found but not observed: claimed by another observer, out of descriptors, or unreadable"),
-            "The number of VMs the observer found and does not observe now (another observer holds them, descriptors ran out, or they could not be read): they have no counters.";
+            By(Observer(ObserverFact::Vms(VmsState::Refused)), "VMs found but not observed, for any reason: the sum of the rows by reason that follow"),
+            "The number of VMs the observer found and does not observe now for any reason (the rows that follow count them by reason): they have no counters.";
         Hvstats 5 OBSERVER_QMP_SESSIONS_UP "Observer QMP sessions up", Count, Instant,
             By(Observer(ObserverFact::QmpSessionsUp), "observed VMs whose QMP session answers now"),
             "The number of observed VMs whose QMP session answers now.";
+        // hvstats 1.1 of the hypervisor page (see APPENDED): the VMs refused, by reason
+        // ([`crate::refusal::Refusal`], whose `row` is each one's index).
+        Hvstats 6 OBSERVER_VMS_REFUSED_NO_CAP_DAC_READ_SEARCH "Observer VMs refused: no CAP_DAC_READ_SEARCH", Count, Instant,
+            By(Observer(ObserverFact::Refused(Refusal::NoCapDacReadSearch)), REFUSED_BY_REASON),
+            "The number of VMs the observer found and does not observe now because their /proc/PID/fd may not be listed without CAP_DAC_READ_SEARCH.";
+        Hvstats 7 OBSERVER_VMS_REFUSED_NO_CAP_SYS_PTRACE "Observer VMs refused: no CAP_SYS_PTRACE", Count, Instant,
+            By(Observer(ObserverFact::Refused(Refusal::NoCapSysPtrace)), REFUSED_BY_REASON),
+            "The number of VMs the observer found and does not observe now because their descriptors may not be read without CAP_SYS_PTRACE.";
+        Hvstats 8 OBSERVER_VMS_REFUSED_UNREADABLE "Observer VMs refused: unreadable", Count, Instant,
+            By(Observer(ObserverFact::Refused(Refusal::Unreadable)), REFUSED_BY_REASON),
+            "The number of VMs the observer found and does not observe now because their descriptors were refused though the observer holds CAP_DAC_READ_SEARCH and CAP_SYS_PTRACE.";
+        Hvstats 9 OBSERVER_VMS_REFUSED_QMP_SOCKET_HIDDEN "Observer VMs refused: QMP socket hidden", Count, Instant,
+            By(Observer(ObserverFact::Refused(Refusal::QmpSocketHidden)), REFUSED_BY_REASON),
+            "The number of VMs the observer found and does not observe now because their QMP socket is in their mount namespace and not in the observer's (observed without QMP).";
+        Hvstats 10 OBSERVER_VMS_REFUSED_DESCRIPTOR_BUDGET "Observer VMs refused: descriptor budget", Count, Instant,
+            By(Observer(ObserverFact::Refused(Refusal::DescriptorBudget)), REFUSED_BY_REASON),
+            "The number of VMs the observer found and does not observe now because the descriptors their vCPU threads need are more than the open file limit leaves.";
+        Hvstats 11 OBSERVER_VMS_REFUSED_SHORTAGE "Observer VMs refused: shortage", Count, Instant,
+            By(Observer(ObserverFact::Refused(Refusal::Shortage)), REFUSED_BY_REASON),
+            "The number of VMs the observer found and does not observe now because the observer ran out of descriptors or memory reading them.";
+        Hvstats 12 OBSERVER_VMS_REFUSED_CLAIMED_ELSEWHERE "Observer VMs refused: claimed elsewhere", Count, Instant,
+            By(Observer(ObserverFact::Refused(Refusal::ClaimedElsewhere)), REFUSED_BY_REASON),
+            "The number of VMs the observer found and does not observe now because another observer publishes them.";
+        Hvstats 13 OBSERVER_VMS_REFUSED_FAILED "Observer VMs refused: failed", Count, Instant,
+            By(Observer(ObserverFact::Refused(Refusal::Failed)), REFUSED_BY_REASON),
+            "The number of VMs the observer found and does not observe now because they could not be observed for another reason.";
+        Hvstats 14 OBSERVER_VMS_REFUSED_SEVERAL_VMS "Observer VMs refused: several VMs", Count, Instant,
+            By(Observer(ObserverFact::Refused(Refusal::SeveralVms)), REFUSED_BY_REASON),
+            "The number of processes the observer found holding several distinct KVM VMs, none observed while it cannot tell which one their vCPU threads run.";
     }
 
     /// Counters of a logical (host) processor object (root only).
@@ -837,6 +868,8 @@ pub struct Appended {
 
 /// Every minor version of a group past 1.0, oldest first per group.
 pub const APPENDED: &[Appended] = &[
+    // hvstats 1.1 of the hypervisor page: the VMs an observer refuses, by reason.
+    Appended { kind: ObjectKind::Hypervisor, group: GroupKind::Hvstats, minor: 1, first_index: 6 },
     // Release 1.1 of the VP page: dispatches and CPU wait time.
     Appended { kind: ObjectKind::Vp, group: GroupKind::Release, minor: 1, first_index: 64 },
     // Release 1.2 of the VP page: nested page fault intercepts and their time.

@@ -23,8 +23,9 @@ fn catalog_has_the_96_counters_of_seed_001() {
     // of 3 rows, 3 + 8 rows of writers), in its 1.1 the VM's run state (1), in its 1.2 sources
     // 7 to 15 (9 sources of 3 rows), in its 1.3 from when its counters count (2), in its 1.4 from
     // when the counts kept across observers count (1); the hypervisor page's the observer's
-    // health (5).
-    assert_eq!(CATALOG.len(), 96 + 2 + 2 + 9 + 2 + 1 + 1 + 1 + 29 + 1 + 27 + 2 + 1 + 5);
+    // health (5), in its 1.1 the VMs refused by reason (one row per reason of the refusal table).
+    let reasons = hvstats_abi::refusal::Refusal::ALL.len();
+    assert_eq!(CATALOG.len(), 96 + 2 + 2 + 9 + 2 + 1 + 1 + 1 + 29 + 1 + 27 + 2 + 1 + 5 + reasons);
     assert_eq!(count(ObjectKind::Partition, GroupKind::Hvstats), 60);
     assert_eq!(catalog::counters_at(ObjectKind::Partition, GroupKind::Hvstats, 0), 29);
     assert_eq!(catalog::counters_at(ObjectKind::Partition, GroupKind::Hvstats, 1), 30);
@@ -33,7 +34,8 @@ fn catalog_has_the_96_counters_of_seed_001() {
     assert_eq!(catalog::partition::COUNTING_SINCE.introduced_in(), 3);
     assert_eq!(catalog::counters_at(ObjectKind::Partition, GroupKind::Hvstats, 4), 60);
     assert_eq!(catalog::partition::KEPT_SINCE.introduced_in(), 4);
-    assert_eq!(count(ObjectKind::Hypervisor, GroupKind::Hvstats), 5);
+    assert_eq!(count(ObjectKind::Hypervisor, GroupKind::Hvstats), 5 + reasons);
+    assert_eq!(catalog::counters_at(ObjectKind::Hypervisor, GroupKind::Hvstats, 0), 5);
     assert_eq!(count(ObjectKind::Hypervisor, GroupKind::Architectural), 5);
     assert_eq!(count(ObjectKind::LogicalProcessor, GroupKind::Architectural), 18);
     assert_eq!(count(ObjectKind::Partition, GroupKind::Architectural), 1);

@@ -6,6 +6,7 @@ use hvstats_abi::group::{GroupHeader, GroupType, GroupVersion, MAX_COUNTERS_PER_
 use hvstats_abi::page::{
     GroupWalk, ListEnd, PageBuilder, PageError, PageLayout, PageView, StatsPage, infer_kind,
 };
+use hvstats_abi::refusal::Refusal;
 use hvstats_abi::{GroupKind, ObjectKind};
 use proptest::prelude::*;
 use zerocopy::IntoBytes;
@@ -31,8 +32,9 @@ fn put_header(bytes: &mut [u8], offset: usize, header: GroupHeader) {
 fn layouts_put_groups_back_to_back_and_end_the_list() {
     // (kind, architectural, release, hvstats' own group, END_OF_LIST)
     let expect = [
-        // Hypervisor: 5 counters, then hvstats' own group (the observer's health, 5).
-        (ObjectKind::Hypervisor, Some(0), None, Some(48), 48 + 8 + 5 * 8),
+        // Hypervisor: 5 counters, then hvstats' own group (the observer's health, 5; in its 1.1
+        // the VMs refused by reason, one row per reason).
+        (ObjectKind::Hypervisor, Some(0), None, Some(48), 48 + 8 + (5 + Refusal::ALL.len()) * 8),
         (ObjectKind::LogicalProcessor, Some(0), None, None, 152),
         // Partition: then hvstats' own group (which source of an observed VM gave what, 29 rows;
         // in its 1.1 the VM's run state; in its 1.2 the rows of sources 7 to 15, 27; in its 1.3

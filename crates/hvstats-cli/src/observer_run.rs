@@ -1,7 +1,8 @@
 //! The observer's loop, one for `hvstats observe` and `serve --observe-all`: each interval it
 //! refreshes the instance's LP pages, ticks the observer of KVM VMs (and the mshv reader, for
-//! `observe --mshv`), logs what happened through the [`LogLimiter`], and pauses until the next
-//! refresh or until a cancel, which ends the pause at once.
+//! `observe --mshv`), logs what happened through the [`LogLimiter`] and within the log's
+//! [`LogBudget`] (one for every line the loop says), and pauses until the next refresh or until
+//! a cancel, which ends the pause at once.
 //!
 //! A tick that panics ends the loop with the observer marked stopped on its instance
 //! (`hvstats_observer_up` 0), instead of taking the process down: `serve` keeps exporting
@@ -16,6 +17,7 @@ use hvstats_mshv::observer::MshvObserver;
 use hvstats_observe::cancel::Cancel;
 use hvstats_observe::{Observer, ObserverEvent};
 
+use crate::log_budget::LogBudget;
 use crate::observer_log::{LogLimiter, describe_mshv};
 
 /// How an observer's loop ended.
@@ -53,11 +55,11 @@ impl Runner<'_> {
     /// is read), or a tick panics.
     pub(crate) fn run(mut self) -> Ended {
         let mut failed = false;
-        let mut limiter = LogLimiter::default();
+        let mut voice = Voice { limiter: LogLimiter::default(), budget: LogBudget::new(Instant::now()) };
         loop {
             if let Some(m) = self.mshv.as_deref_mut() {
                 for event in m.tick() {
-                    (self.log)(&describe_mshv(&event));
+                    voice.say(&describe_mshv(&event), self.log);
                 }
             }
             // The instance's LP pages, as every instance keeps them; a host without procfs
@@ -79,19 +81,46 @@ impl Runner<'_> {
                         return Ended::Panicked;
                     }
                 };
-                let now = Instant::now();
-                for event in &events {
-                    failed |= matches!(event, ObserverEvent::Failed { .. });
-                    if let Some(line) = limiter.line(event, now) {
-                        (self.log)(&line);
-                    }
-                }
+                failed |= events.iter().any(|e| matches!(e, ObserverEvent::Failed { .. }));
+                voice.events(&events, self.log);
                 if observer.finished() && self.mshv.is_none() {
                     return Ended::Finished { failed };
                 }
             }
+            if let Some(line) = voice.budget.summary(Instant::now()) {
+                (self.log)(&line);
+            }
             if self.cancel.pause(self.interval) {
                 return Ended::Cancelled;
+            }
+        }
+    }
+}
+
+/// What an observer loop says, within its limits: a line of one kind about one VM at most once a
+/// window ([`LogLimiter`]), and every line within the log's budget ([`LogBudget`]).
+struct Voice {
+    limiter: LogLimiter,
+    budget: LogBudget,
+}
+
+impl Voice {
+    /// Says `line` when the budget has room for it.
+    fn say(&mut self, line: &str, log: &dyn Fn(&str)) {
+        if self.budget.admit(Instant::now()) {
+            log(line);
+        }
+    }
+
+    /// Says the lines of a tick's `events` that the limiter lets through, as the budget has room.
+    fn events(&mut self, events: &[ObserverEvent], log: &dyn Fn(&str)) {
+        let now = Instant::now();
+        for event in events {
+            self.budget.note(event);
+            if let Some(line) = self.limiter.line(event, now)
+                && self.budget.admit(now)
+            {
+                log(&line);
             }
         }
     }

@@ -654,7 +654,7 @@ fn a_pid_of_another_user_the_observer_may_not_read_is_refused_with_the_fix() {
     assert!(!out.status.success(), "{err}");
     assert!(
         err.contains(&format!("cannot observe pid {pid}: cannot read the descriptors of process {pid} (a process of uid 65534): Permission denied"))
-            && err.contains("needs CAP_DAC_READ_SEARCH and CAP_SYS_PTRACE"),
+            && err.contains("reason no_cap_dac_read_search; fix: give the observer CAP_DAC_READ_SEARCH"),
         "{err}"
     );
 }

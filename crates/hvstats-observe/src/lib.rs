@@ -14,6 +14,9 @@
 //!   holds (a VM is its kernel object: a forked twin is not a second VM, a VM made anew is a new one); [`observer`]: attach, refresh, detach, over one
 //!   record per process (`record`: its identity, stage and what was said of it);
 //! - [`publication`]: what an observed partition publishes beside its pages;
+//! - [`refusal`]: why a VM found is not observed (one table of reasons, counted by reason on the
+//!   observer's page); [`capabilities`]: the capabilities the observer uses, each missing one
+//!   said once with what it costs;
 //! - [`claim`]: one observer per VM per host;
 //! - [`cancel`]: the flag a signal sets to end every wait.
 //!
@@ -33,6 +36,7 @@
 
 pub mod attach;
 pub mod cancel;
+pub mod capabilities;
 pub mod claim;
 pub mod counting;
 pub mod discovery;
@@ -47,6 +51,7 @@ pub mod publication;
 pub mod qemu_args;
 pub mod qmp;
 mod record;
+pub mod refusal;
 pub mod sources;
 pub mod unix_sockets;
 pub mod vm;

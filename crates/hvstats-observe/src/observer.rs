@@ -28,13 +28,15 @@ use hvstats_abi::catalog::hypervisor;
 
 use super::attach::{ObserveError, ObserveOptions};
 use super::cancel::Cancel;
+use super::capabilities::Capabilities;
 use super::claim::{Claim, ClaimError};
-use super::discovery::{KvmFds, Procfs, is_shortage, read_error};
+use super::discovery::{KvmFds, Procfs, is_refusal, is_shortage, read_error};
 use super::event::ObserverEvent;
 use super::filter::VmIdentity;
 use super::kvm_scan::KvmScan;
 use super::qmp::Qmp;
 use super::record::{Observed, Record, Stage};
+use super::refusal::{self, Refusal, RefusedCounts};
 use super::unix_sockets::UnixSockets;
 use super::vm::{Departure, ObservedVm};
 use super::vm_identity;
@@ -72,6 +74,10 @@ pub struct Observer {
     kept: Option<crate::counting::EventList>,
     /// What is to be said of the kept counts at the next tick.
     kept_notes: Vec<String>,
+    /// The capabilities this process holds, read at start.
+    capabilities: Capabilities,
+    /// The missing capabilities are said (at the first tick).
+    capabilities_said: bool,
 }
 
 /// Descriptors kept out of the counters' reach (for `/proc`, the runtime directory, QMP sockets
@@ -101,6 +107,8 @@ impl Observer {
             scan: KvmScan::new(),
             kept,
             kept_notes,
+            capabilities: Capabilities::of_this_process(),
+            capabilities_said: false,
         }
     }
 
@@ -139,10 +147,11 @@ impl Observer {
         }
     }
 
-    /// VMs found and not observed now: deferred (another observer holds them, descriptors ran
-    /// out) or failed while their process lives.
-    pub fn refused(&self) -> usize {
-        self.records.values().filter(|r| r.is_refused()).count()
+    /// VMs found and not observed now, by reason: deferred (another observer holds them,
+    /// descriptors ran out), failed while their process lives, unreadable, or attached without
+    /// their hidden QMP socket.
+    pub fn refused(&self) -> RefusedCounts {
+        RefusedCounts::of(self.records.values().filter_map(Record::refusal))
     }
 
     /// Observed VMs whose QMP session answers now.
@@ -159,6 +168,9 @@ impl Observer {
     /// takes its turn.
     pub fn tick(&mut self) -> Vec<ObserverEvent> {
         let mut events = Vec::new();
+        if !std::mem::replace(&mut self.capabilities_said, true) {
+            events.extend(self.capabilities.missing().map(ObserverEvent::CapabilityMissing));
+        }
         self.ask_peers();
         // Refresh first: a VM attached now was refreshed by its attach.
         let attached: Vec<i32> =
@@ -216,7 +228,11 @@ impl Observer {
             Ok(None) => {}
             Ok(Some(why)) => self.detach(pid, why, events),
             // Not knowing whether it lives is not knowing it died: keep it, say why once.
-            Err(e) => self.defer(events, pid, format!("cannot read process {pid}: {e}")),
+            Err(e) => {
+                let why = format!("cannot read process {pid}: {e}");
+                let reason = if is_shortage(&e) { Refusal::Shortage } else { Refusal::Failed };
+                self.defer(events, pid, reason, why);
+            }
         }
     }
 
@@ -263,9 +279,13 @@ impl Observer {
                 if e.is_shortage()
                     || (matches!(e, ClaimError::Taken { .. }) && self.targets == Targets::All) =>
             {
-                return self.defer(events, pid, format!("process {pid}: {}", error_chain(&e)));
+                let reason = refusal::of_claim_error(&e);
+                return self.defer(events, pid, reason, format!("process {pid}: {}", error_chain(&e)));
             }
-            Err(e) => return self.fail(events, pid, format!("process {pid}: {}", error_chain(&e))),
+            Err(e) => {
+                let reason = refusal::of_claim_error(&e);
+                return self.fail(events, pid, reason, format!("process {pid}: {}", error_chain(&e)));
+            }
         };
         let room = descriptor_room();
         let qmp = self.qmp_for(pid);
@@ -283,12 +303,12 @@ impl Observer {
                 self.attached(vm, qmp, events);
             }
             Err(e @ (ObserveError::Budget { .. } | ObserveError::SeveralVms { .. })) => {
-                self.defer(events, pid, error_chain(&e));
+                self.defer(events, pid, refusal::of_attach_error(&e), error_chain(&e));
             }
             Err(ObserveError::Proc { source, .. }) if is_shortage(&source) => {
-                self.defer(events, pid, format!("cannot read process {pid}: {source}"));
+                self.defer(events, pid, Refusal::Shortage, format!("cannot read process {pid}: {source}"));
             }
-            Err(e) => self.fail(events, pid, error_chain(&e)),
+            Err(e) => self.fail(events, pid, refusal::of_attach_error(&e), error_chain(&e)),
         }
     }
 
@@ -309,7 +329,7 @@ impl Observer {
              VMs it replaced open (at most {} are told apart)",
             vm_identity::MAX_SUPERSEDED
         );
-        self.fail(events, pid, why);
+        self.fail(events, pid, Refusal::SeveralVms, why);
         false
     }
 
@@ -346,16 +366,17 @@ impl Observer {
             // A `--pid` process that `exec()`ed: its new program may make a VM later.
             Ok(_) if waits => None,
             Ok(_) => {
-                self.fail(events, pid, format!("process {pid} holds no KVM VM"));
+                self.fail(events, pid, Refusal::Failed, format!("process {pid} holds no KVM VM"));
                 None
             }
             Err(e) if is_shortage(&e) => {
-                self.defer(events, pid, format!("cannot read process {pid}: {e}"));
+                self.defer(events, pid, Refusal::Shortage, format!("cannot read process {pid}: {e}"));
                 None
             }
             Err(e) => {
                 let why = read_error(&self.procfs, pid, &e);
-                self.fail(events, pid, why);
+                let reason = self.unreadable(pid, &e);
+                self.fail(events, pid, reason, why);
                 None
             }
         }
@@ -387,13 +408,8 @@ impl Observer {
         }
         let hidden = qmp.as_deref().filter(|p| self.procfs.hidden_from_here(pid, p));
         if let Some(path) = hidden {
-            let why = format!(
-                "its QMP socket {} is in its mount namespace and not in this one's: a private /tmp or a \
-                 hidden /home stands between them (PrivateTmp=, ProtectHome=yes in \
-                 hvstats-observe.service); observed without QMP",
-                path.display()
-            );
-            events.push(ObserverEvent::Refused { pid, name, why });
+            let why = format!("{}: observed without QMP", path.display());
+            events.push(ObserverEvent::Refused { pid, name, reason: Refusal::QmpSocketHidden, why });
         }
         events.extend(self.resemblances(&vm));
         let record = self.records.entry(pid).or_default();
@@ -449,7 +465,7 @@ impl Observer {
         let now: BTreeSet<i32> = self.scan.refused().keys().copied().collect();
         for (pid, record) in &mut self.records {
             let hidden = matches!(&record.stage, Stage::Attached(o) if o.hidden_qmp);
-            record.scan_refused &= now.contains(pid);
+            record.scan_refused = record.scan_refused.filter(|_| now.contains(pid));
             record.refusal_said &= now.contains(pid) || hidden;
         }
         for pid in now {
@@ -457,11 +473,12 @@ impl Observer {
             if std::mem::replace(&mut record.refusal_said, true) || self.filtered_out(events, pid) {
                 continue;
             }
-            self.records.entry(pid).or_default().scan_refused = true;
             let Some(e) = self.scan.refused().get(&pid) else { continue };
+            let reason = self.unreadable(pid, e);
             let why = read_error(&self.procfs, pid, e);
+            self.records.entry(pid).or_default().scan_refused = Some(reason);
             let (_, name) = self.procfs.identify(pid);
-            events.push(ObserverEvent::Refused { pid, name, why });
+            events.push(ObserverEvent::Refused { pid, name, reason, why });
         }
     }
 
@@ -472,7 +489,11 @@ impl Observer {
         page.set(hypervisor::OBSERVER_UP, 1);
         page.set(hypervisor::OBSERVER_LAST_REFRESH, (since_epoch.as_nanos() / 100) as u64);
         page.set(hypervisor::OBSERVER_VMS_ATTACHED, self.vms().count() as u64);
-        page.set(hypervisor::OBSERVER_VMS_REFUSED, self.refused() as u64);
+        let refused = self.refused();
+        page.set(hypervisor::OBSERVER_VMS_REFUSED, refused.total() as u64);
+        for (reason, n) in refused.iter() {
+            page.set(reason.row(), n as u64);
+        }
         page.set(hypervisor::OBSERVER_QMP_SESSIONS_UP, self.qmp_sessions_up() as u64);
     }
 
@@ -509,16 +530,26 @@ impl Observer {
 
     /// Notes that `pid` could not be attached or refreshed this tick for a passing reason; says
     /// so unless it was already deferred at the last tick.
-    fn defer(&mut self, events: &mut Vec<ObserverEvent>, pid: i32, reason: String) {
-        if self.records.entry(pid).or_default().defer() {
-            events.push(ObserverEvent::Deferred { pid, reason });
+    fn defer(&mut self, events: &mut Vec<ObserverEvent>, pid: i32, reason: Refusal, why: String) {
+        if self.records.entry(pid).or_default().defer(reason) {
+            events.push(ObserverEvent::Deferred { pid, reason, why });
         }
     }
 
-    /// Notes that `pid` cannot be observed: it is not tried again while it is the same process.
-    fn fail(&mut self, events: &mut Vec<ObserverEvent>, pid: i32, error: String) {
-        self.records.entry(pid).or_default().stage = Stage::Failed;
-        events.push(ObserverEvent::Failed { pid, error });
+    /// Notes that `pid` cannot be observed, for `reason`: it is not tried again while it is the
+    /// same process.
+    fn fail(&mut self, events: &mut Vec<ObserverEvent>, pid: i32, reason: Refusal, error: String) {
+        self.records.entry(pid).or_default().stage = Stage::Failed(reason);
+        events.push(ObserverEvent::Failed { pid, reason, error });
+    }
+
+    /// Why `pid`, whose descriptors could not be read for `e`, is refused: the capability that
+    /// would have let its `fd` directory be listed or its links read, when this process lacks it.
+    fn unreadable(&self, pid: i32, e: &io::Error) -> Refusal {
+        if !is_refusal(e) {
+            return Refusal::Failed;
+        }
+        self.capabilities.refusal_of_unreadable(!self.procfs.fd_listable(pid))
     }
 
     /// Forgets what is kept of each of `pids` that names another process, or runs another
@@ -552,8 +583,12 @@ impl Observer {
     /// Those of `pids` neither observed nor done, with their KVM descriptors; a process that
     /// failed and exited is gone.
     fn named(&mut self, pids: &[i32]) -> Vec<(i32, io::Result<KvmFds>)> {
-        let failed: Vec<i32> =
-            self.records.iter().filter(|(_, r)| matches!(r.stage, Stage::Failed)).map(|(p, _)| *p).collect();
+        let failed: Vec<i32> = self
+            .records
+            .iter()
+            .filter(|(_, r)| matches!(r.stage, Stage::Failed(_)))
+            .map(|(p, _)| *p)
+            .collect();
         for pid in failed {
             if !self.procfs.is_alive(pid).unwrap_or(true) {
                 self.records.entry(pid).or_default().stage = Stage::Gone;
@@ -576,8 +611,11 @@ impl Observer {
         let observed = |p: i32| records.get(&p).is_some_and(Record::is_attached);
         let Ok(listed) = self.scan.kvm_processes(&self.procfs, &observed) else { return Vec::new() };
         let pids: Vec<i32> = listed.iter().map(|(p, _)| *p).collect();
+        // A process the scan is refused is not listed, and is still the process whose
+        // leaving out (or refusal) was said: forgotten only once the scan no longer has it.
+        let refused = self.scan.refused();
         for (pid, record) in &mut self.records {
-            if !pids.contains(pid) && !record.is_attached() {
+            if !pids.contains(pid) && !refused.contains_key(pid) && !record.is_attached() {
                 record.stage = Stage::Seen;
                 record.excluded = false;
                 record.identity = None;

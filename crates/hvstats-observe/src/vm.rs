@@ -146,8 +146,9 @@ impl ObservedVm {
         let identity = procfs.identity(pid).map_err(|source| ObserveError::Proc { pid, source })?;
         let attached = SystemTime::now();
         let watch = VmObject::of(pid, vm_fd).ok().map(|object| VmWatch::new(procfs, pid, vm_fd, object));
-        let per_thread = super::sources::events_per_thread();
-        let at = VmAttach { procfs, pid, fds, options, room, per_thread, qmp, superseded };
+        let events = super::sources::vm_event_list(options);
+        let per_thread = super::sources::descriptors_per_thread(&events);
+        let at = VmAttach { procfs, pid, fds, options, room, events, per_thread, qmp, superseded };
         let mut opened = Vec::new();
         for open in VM_SOURCES {
             opened.extend(open(&at)?);

@@ -18,6 +18,7 @@ use hvstats::Hypervisor;
 use hvstats_abi::catalog::vp;
 use hvstats_abi::vm_sources::{Origin, SourceTable};
 use hvstats_observe::counting::EventList;
+use hvstats_observe::refusal::Refusal;
 use hvstats_observe::sources::events::vm_events;
 use hvstats_observe::sources::thread_clock;
 use hvstats_observe::{KvmExitState, ObserveOptions, Observer, ObserverEvent, Procfs, Targets};
@@ -222,7 +223,7 @@ fn with_all_a_failing_process_is_reported_once_and_retried_when_it_comes_back() 
     assert!(observer.tick().is_empty(), "with --all, a VM is attached once its vCPU count held still");
     let events = observer.tick();
     assert!(
-        matches!(&events[..], [ObserverEvent::Failed { pid: 91, error }] if error.contains("cannot read process 91")),
+        matches!(&events[..], [ObserverEvent::Failed { pid: 91, error, reason: Refusal::Failed }] if error.contains("cannot read process 91")),
         "{events:?}"
     );
     assert!(observer.tick().is_empty(), "not retried while it is the same process");
@@ -368,7 +369,7 @@ fn vms_are_taken_by_pid_uuid_or_name_and_the_rest_said_once_to_be_left_out() {
         })
         .collect();
     assert_eq!(excluded, [301, 302], "each said once: {events:?}");
-    assert_eq!(observer.refused(), 0, "left out by choice is not refused");
+    assert_eq!(observer.refused().total(), 0, "left out by choice is not refused");
 }
 
 #[test]
@@ -402,6 +403,18 @@ fn a_vm_another_observer_claims_is_said_once_and_counted_refused_on_the_observer
     assert_eq!(page.get(hypervisor::OBSERVER_UP), 1);
     assert_eq!(page.get(hypervisor::OBSERVER_VMS_ATTACHED), 0);
     assert_eq!(page.get(hypervisor::OBSERVER_VMS_REFUSED), 1);
+    // Counted for its reason, and for no other.
+    assert_eq!(page.get(hypervisor::OBSERVER_VMS_REFUSED_CLAIMED_ELSEWHERE), 1);
+    for reason in Refusal::ALL.iter().filter(|r| **r != Refusal::ClaimedElsewhere) {
+        assert_eq!(page.get(reason.row()), 0, "{reason:?}");
+    }
+    assert!(
+        matches!(
+            events.iter().find(|e| matches!(e, ObserverEvent::Deferred { .. })),
+            Some(ObserverEvent::Deferred { reason: Refusal::ClaimedElsewhere, .. })
+        ),
+        "{events:?}"
+    );
     assert!(page.get(hypervisor::OBSERVER_LAST_REFRESH) > 0);
     assert_eq!(first_hv.page().get(hypervisor::OBSERVER_VMS_ATTACHED), 1);
     // The first observer goes: the VM is taken over, and refused no more.

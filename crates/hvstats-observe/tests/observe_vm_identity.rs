@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use hvstats::Hypervisor;
 use hvstats_abi::catalog::{hypervisor, vp};
+use hvstats_abi::refusal::Refusal;
 use hvstats_observe::filter::{VmFilter, VmPattern};
 use hvstats_observe::vm::Departure;
 use hvstats_observe::{ObserveOptions, Observer, ObserverEvent, Procfs, Targets};
@@ -460,16 +461,16 @@ fn a_vmm_that_runs_a_new_vm_beside_the_one_attached_is_detached_and_refused_whil
         events.iter().any(|e| matches!(e, ObserverEvent::Detached { why: Departure::VmChanged, .. })),
         "{events:#?}"
     );
-    let deferred: Vec<&String> = events
+    let deferred: Vec<(Refusal, &String)> = events
         .iter()
         .filter_map(|e| match e {
-            ObserverEvent::Deferred { reason, .. } => Some(reason),
+            ObserverEvent::Deferred { reason, why, .. } => Some((*reason, why)),
             _ => None,
         })
         .collect();
     assert_eq!(
         deferred,
-        [&format!("process {} holds 2 KVM VMs: which one it runs cannot be told", vmm.pid())]
+        [(Refusal::SeveralVms, &format!("process {} holds 2 KVM VMs: which one it runs cannot be told", vmm.pid()))]
     );
     assert_eq!(published(&hv), (0, 0, 1), "no partition read frozen; the VMM counted refused");
 }

@@ -59,11 +59,23 @@ type OpenVm = fn(&VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveErro
 pub const VM_SOURCES: &[OpenVm] =
     &[stats_fd::open, libvirt_stats::open, qmp_stats::open, events::open, thread_clock::open, threads::open];
 
-/// Events counted on each thread of a VMM by the sources that count on its threads (the events
-/// source and the thread clocks), all together: what the descriptors left must hold per thread
+/// The tracepoint events a VM attached with `options` is counted with: kept beyond the observer
+/// where the options say, counted in the kernel where that is permitted.
+pub(crate) fn vm_event_list(options: &crate::attach::ObserveOptions) -> crate::counting::EventList {
+    use crate::counting::EventList;
+    let specs = events::vm_events(events::host_isa());
+    match &options.kept_in {
+        Some(dir) => EventList::kept_in(specs, dir),
+        None => EventList::new(specs),
+    }
+}
+
+/// Descriptors each counted thread of a VMM holds, by the method `events` are counted with: a
+/// perf counter per event not counted in the kernel (none where the in-kernel tally counts them
+/// all), and the thread clock's (one: migrations). What admitting a VM costs per thread
 /// ([`VmAttach::per_thread`]).
-pub(crate) fn events_per_thread() -> usize {
-    events::vm_events(events::host_isa()).len() + thread_clock::events().len()
+pub(crate) fn descriptors_per_thread(events: &crate::counting::EventList) -> usize {
+    events.perf_events_per_thread() + thread_clock::events().len()
 }
 
 // Every source of the list has its rows on the VM's partition page.

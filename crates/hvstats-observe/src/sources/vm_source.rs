@@ -73,9 +73,12 @@ pub struct VmAttach<'a> {
     pub options: &'a ObserveOptions,
     /// Descriptors the sources may hold (what the open file limit leaves for this VM).
     pub room: usize,
-    /// Events counted on each thread of the VMM by every source that counts on its threads, all
-    /// together: those sources count on as many threads as `room` holds this many descriptors
-    /// for.
+    /// The tracepoint events the VM is counted with, made once for its attach (lists of the same
+    /// events share one in-kernel tally).
+    pub events: crate::counting::EventList,
+    /// Descriptors each counted thread of the VMM holds by the counting method in use, for every
+    /// source that counts on its threads together ([`super::descriptors_per_thread`]): those
+    /// sources count on as many threads as `room` holds this many descriptors for.
     pub per_thread: usize,
     /// The VMM's QMP socket for this VM: given (`--qmp`), or named on its command line.
     pub qmp: Option<&'a Path>,
