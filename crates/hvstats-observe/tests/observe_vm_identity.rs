@@ -470,7 +470,10 @@ fn a_vmm_that_runs_a_new_vm_beside_the_one_attached_is_detached_and_refused_whil
         .collect();
     assert_eq!(
         deferred,
-        [(Refusal::SeveralVms, &format!("process {} holds 2 KVM VMs: which one it runs cannot be told", vmm.pid()))]
+        [(
+            Refusal::SeveralVms,
+            &format!("process {} holds 2 KVM VMs: which one it runs cannot be told", vmm.pid())
+        )]
     );
     assert_eq!(published(&hv), (0, 0, 1), "no partition read frozen; the VMM counted refused");
 }
