@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use common::{KilledOnDrop, TempDir, kvm_available, total};
 use hvstats_guest::bios::{BiosEnd, BiosProgram};
+use hvstats_observe::unix_sockets::{PathUse, UnixSockets};
 use hvstats_testkit::{Libvirtd, spawn_qemu, wait_for_kvm_vcpus};
 use serde_json::Value;
 
@@ -542,4 +543,49 @@ fn the_observer_under_its_units_sandbox_observes_a_libvirt_domain_of_another_use
     snapshot_until(&run.0, "the hidden QMP socket refused", |s| {
         refused(s).is_some_and(|n| n >= 1) && partition(s, &plain).is_some()
     });
+}
+
+#[test]
+fn the_observer_under_its_units_sandbox_lets_a_waiting_qmp_client_in_and_takes_the_session_back() {
+    let test = "the_observer_under_its_units_sandbox_lets_a_waiting_qmp_client_in_and_takes_the_session_back";
+    if !kvm_available(test) || !tools_present(test) {
+        return;
+    }
+    let sandbox = Sandbox::shipped();
+    assert_eq!(one(&sandbox.unit, "PrivateNetwork", "no"), "yes", "the unit's own network namespace");
+    // A plain QEMU in the host's network namespace, its QMP socket under /tmp.
+    let tmp = TempDir::new("unit-sandbox-yield");
+    let tag = format!("sandbox-yield-{}", std::process::id());
+    let qemu = common::QemuGuest::start(tmp.path(), &tag);
+    let pid = qemu.pid().to_string();
+    let run = OutsideTmp::new("unit-sandbox-yield-run");
+    let traces = OutsideTmp::new("unit-sandbox-yield-trace");
+    let mut observer =
+        sandbox.start(&run.0, &traces.0.join("observe.trace"), &["--vm".to_owned(), pid.clone()], &[]);
+    observer.wait_line(&["attach pid", &tag]);
+    let qmp_up = |s: &Value| partition(s, &tag).and_then(|p| source_up(p, "qmp")) == Some(true);
+    snapshot_until(&run.0, "the QMP session up", qmp_up);
+    // The observer's connection, accepted by QEMU, lies in the observer's namespace.
+    let held = || UnixSockets::read().unwrap().of(&qemu.qmp);
+    assert_eq!(held(), PathUse { accepted: 1, waiting: 0 });
+
+    // An operator's tool connects from the host's namespace: QEMU greets it once the observer
+    // lets go (a generous bound: the observer refreshes every second).
+    let t = Instant::now();
+    let mut tool = hvstats_observe::qmp::Qmp::connect(&qemu.qmp, Duration::from_secs(60))
+        .expect("the observer let go of the socket for the waiting client");
+    let greeted = t.elapsed();
+    eprintln!("{test}: the waiting client was greeted after {greeted:?}");
+    assert!(tool.is_running().unwrap());
+    let lost = observer.wait_line(&[&format!("pid {pid} \"{tag}\": qmp lost")]);
+    assert!(lost.contains("another client waits for the QMP socket"), "{lost}");
+    // Once the tool is gone, the observer takes the session back.
+    drop(tool);
+    observer.wait_line(&[&format!("pid {pid} \"{tag}\": qmp back after")]);
+    snapshot_until(&run.0, "the QMP session up again", qmp_up);
+    let t = Instant::now();
+    while held() != (PathUse { accepted: 1, waiting: 0 }) {
+        assert!(t.elapsed() < Duration::from_secs(60), "{:?}\n{}", held(), observer.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

@@ -187,7 +187,8 @@ impl Observer {
 
     /// Puts every observed VM's questions out before any VM is read: its peers answer meanwhile.
     fn ask_peers(&mut self) {
-        let paths: Vec<PathBuf> = self.vms().filter_map(|vm| vm.qmp_path().map(Into::into)).collect();
+        let now = Instant::now();
+        let paths: Vec<PathBuf> = self.vms().flat_map(|vm| vm.sockets_in_use(now).map(Into::into)).collect();
         let sockets = match paths.is_empty() {
             true => UnixSockets::default(),
             false => UnixSockets::read_of(paths.iter().map(PathBuf::as_path)).unwrap_or_default(),

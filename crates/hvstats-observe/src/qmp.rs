@@ -47,7 +47,8 @@ pub const MAX_BLANK: usize = 64 << 10;
 const CHUNK: usize = 64 << 10;
 
 /// What a QMP socket held by another client looks like to us, said once.
-const TAKEN: &str = "the QMP socket is taken by another client (libvirt?): QEMU serves one at a time";
+const TAKEN: &str =
+    "the QMP socket is taken by another client: QEMU serves one at a time; tried again once it leaves";
 
 /// A QMP failure.
 #[derive(Debug, thiserror::Error)]

@@ -513,6 +513,14 @@ impl VmSource for QmpStats {
         }
     }
 
+    fn socket_in_use(&self, now: Instant) -> Option<&Path> {
+        let due = match &self.session {
+            Session::Closed { retry_at } => now >= *retry_at,
+            Session::Greeting { .. } | Session::Ready(_) => true,
+        };
+        (due && self.refused.is_none()).then_some(self.path.as_path())
+    }
+
     fn named(&mut self) -> Named {
         self.collect();
         let threads = self
