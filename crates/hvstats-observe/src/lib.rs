@@ -45,6 +45,7 @@ pub mod publication;
 pub mod qemu_args;
 pub mod qmp;
 mod record;
+mod socket_access;
 pub mod sources;
 pub mod unix_sockets;
 pub mod vm;

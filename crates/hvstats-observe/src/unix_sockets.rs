@@ -279,12 +279,12 @@ mod tests {
             if pid == 0 {
                 // SAFETY: system calls on values made before the fork; the child never returns.
                 unsafe {
-                    let ok = libc::unshare(libc::CLONE_NEWNET) == 0
-                        && (|| {
-                            let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
-                            let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
-                            fd >= 0 && libc::connect(fd, (&raw const addr).cast(), len) == 0
-                        })();
+                    // The socket is made in the new namespace: a connection's ends are its.
+                    let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+                    let ok = libc::unshare(libc::CLONE_NEWNET) == 0 && {
+                        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+                        fd >= 0 && libc::connect(fd, (&raw const addr).cast(), len) == 0
+                    };
                     libc::write(ready[1], [u8::from(ok)].as_ptr().cast(), 1);
                     loop {
                         libc::pause();
