@@ -13,7 +13,8 @@
 //! whose QMP socket is under /tmp are both attached with their libvirt and QMP sources up. Without
 //! CAP_DAC_READ_SEARCH the domain is counted as refused and the log says the fix; with a private
 //! /tmp (what the unit no longer sets) the QMP socket's VM is counted as refused and the log names
-//! the setting.
+//! the setting. In its own network namespace, it still lets a QMP client of the host's namespace
+//! in within one refresh, and takes the session back once that client leaves.
 
 #![allow(
     clippy::unwrap_used,

@@ -282,6 +282,10 @@ const FAKE_VMM: &str = "HVSTATS_TEST_FAKE_VMM";
 /// The environment variable naming the [`FakeVmm`]'s process (`comm`), when set.
 pub const FAKE_VMM_COMM: &str = "HVSTATS_TEST_FAKE_VMM_COMM";
 
+/// The environment variable that makes a [`FakeVmm`] run as `nobody` (uid and gid 65534, no
+/// supplementary group) once it holds its VM: /dev/kvm is root's here, so it is opened first.
+pub const FAKE_VMM_AS_NOBODY: &str = "HVSTATS_TEST_FAKE_VMM_AS_NOBODY";
+
 impl FakeVmm {
     /// Starts one with `args` as its QEMU arguments and waits until it holds its VM.
     pub fn spawn(args: &[&str], thread_name: &str) -> Self {
@@ -360,6 +364,18 @@ fn fake_vmm_prefix() -> [&'static str; 4] {
     ["--exact", "fake_vmm", "--ignored", "--"]
 }
 
+/// Makes this process (every thread: glibc applies the ids to all) `nobody`, every id and no supplementary group, and
+/// dumpable again so its /proc files stay its own, as a VMM started as `nobody` has them.
+fn become_nobody() {
+    // SAFETY: these calls take plain values (no group list) and change only this process's ids.
+    unsafe {
+        assert_eq!(libc::setgroups(0, std::ptr::null()), 0);
+        assert_eq!(libc::setresgid(65534, 65534, 65534), 0);
+        assert_eq!(libc::setresuid(65534, 65534, 65534), 0);
+        assert_eq!(libc::prctl(libc::PR_SET_DUMPABLE, 1), 0);
+    }
+}
+
 /// The body of a [`FakeVmm`]: nothing unless this process was started as one.
 pub fn fake_vmm_body() {
     use std::io::{BufRead, Write};
@@ -369,6 +385,9 @@ pub fn fake_vmm_body() {
         std::fs::write("/proc/self/comm", comm.as_encoded_bytes()).unwrap();
     }
     let _vm = hold_a_vm();
+    if std::env::var_os(FAKE_VMM_AS_NOBODY).is_some() {
+        become_nobody();
+    }
     let (tid_tx, tid_rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name(thread_name.to_string_lossy().into_owned())
