@@ -329,7 +329,8 @@ impl Observer {
         for refusal in vm.take_refusals() {
             events.push(ObserverEvent::ThreadRefused { pid, name: name.clone(), refusal });
         }
-        let hidden = qmp.as_deref().filter(|p| self.procfs.hidden_from_here(pid, p));
+        // A socket hidden here is still reached through the VMM's root where that may be opened.
+        let hidden = qmp.as_deref().filter(|p| self.procfs.hidden_from_here(pid, p) && !vm.monitor_up());
         if let Some(path) = hidden {
             let why = format!(
                 "its QMP socket {} is in its mount namespace and not in this one's: a private /tmp or a \
