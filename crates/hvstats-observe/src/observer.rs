@@ -89,6 +89,10 @@ impl Observer {
             None => (None, Vec::new()),
         };
         options.kept_in = kept.as_ref().map(|(dir, _)| dir.clone());
+        // A socket the operator names is taken as given, as `--qmp` with `--pid` is.
+        if let Targets::QmpSocket(path) = &targets {
+            options.qmp = Some(path.clone());
+        }
         let kept = kept.map(|(_, events)| events);
         Self {
             hv,
