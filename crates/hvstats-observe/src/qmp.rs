@@ -660,8 +660,9 @@ pub(crate) fn parse_status(r: &Value) -> Option<&str> {
     r.get("status").and_then(Value::as_str)
 }
 
-/// A non-blocking stream connected to `path` (through `via`) without waiting: a listener whose backlog is full
-/// (QEMU serving another client) is [`QmpError::Taken`], not a connect that blocks.
+/// A non-blocking stream connected to `path` (through `via`) without waiting: a listener whose
+/// backlog is full (QEMU serving another client) is [`QmpError::Taken`], not a connect that
+/// blocks.
 fn connect_nonblocking(path: &Path, via: &Path) -> Result<UnixStream, QmpError> {
     let failed = |source: io::Error| QmpError::Connect { path: path.to_owned(), source };
     let bytes = via.as_os_str().as_bytes();
