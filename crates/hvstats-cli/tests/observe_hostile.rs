@@ -861,6 +861,8 @@ fn a_nobody_vmm_naming_a_socket_in_a_root_only_directory_makes_the_observer_conn
     ) {
         return;
     }
+    // Another test's `--all` observer would look at this VMM's socket too.
+    let _host = host_wide();
     let tmp = TempDir::new("hostile-qmp-reach");
     dir_with_mode(tmp.path(), ".", 0o755);
     let runtime = runtime_dir(&tmp);
@@ -897,6 +899,8 @@ fn a_qmp_socket_a_nobody_qemu_can_reach_is_still_used() {
     if !kvm_available("a_qmp_socket_a_nobody_qemu_can_reach_is_still_used") {
         return;
     }
+    // Another test's `--all` observer would hold this QEMU's only QMP session.
+    let _host = host_wide();
     let tmp = TempDir::new("hostile-qmp-reachable");
     dir_with_mode(tmp.path(), ".", 0o755);
     let runtime = runtime_dir(&tmp);
