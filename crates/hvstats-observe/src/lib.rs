@@ -52,6 +52,7 @@ pub mod qemu_args;
 pub mod qmp;
 mod record;
 pub mod refusal;
+mod socket_access;
 pub mod sources;
 pub mod unix_sockets;
 pub mod vm;

@@ -96,6 +96,10 @@ impl Observer {
             None => (None, Vec::new()),
         };
         options.kept_in = kept.as_ref().map(|(dir, _)| dir.clone());
+        // A socket the operator names is taken as given, as `--qmp` with `--pid` is.
+        if let Targets::QmpSocket(path) = &targets {
+            options.qmp = Some(path.clone());
+        }
         let kept = kept.map(|(_, events)| events);
         Self {
             hv,
@@ -205,7 +209,8 @@ impl Observer {
 
     /// Puts every observed VM's questions out before any VM is read: its peers answer meanwhile.
     fn ask_peers(&mut self) {
-        let paths: Vec<PathBuf> = self.vms().filter_map(|vm| vm.qmp_path().map(Into::into)).collect();
+        let now = Instant::now();
+        let paths: Vec<PathBuf> = self.vms().flat_map(|vm| vm.sockets_in_use(now).map(Into::into)).collect();
         let sockets = match paths.is_empty() {
             true => UnixSockets::default(),
             false => UnixSockets::read_of(paths.iter().map(PathBuf::as_path)).unwrap_or_default(),
@@ -406,7 +411,8 @@ impl Observer {
         for refusal in vm.take_refusals() {
             events.push(ObserverEvent::ThreadRefused { pid, name: name.clone(), refusal });
         }
-        let hidden = qmp.as_deref().filter(|p| self.procfs.hidden_from_here(pid, p));
+        // A socket hidden here is still reached through the VMM's root where that may be opened.
+        let hidden = qmp.as_deref().filter(|p| self.procfs.hidden_from_here(pid, p) && !vm.monitor_up());
         if let Some(path) = hidden {
             let why = format!("{}: observed without QMP", path.display());
             events.push(ObserverEvent::Refused { pid, name, reason: Refusal::QmpSocketHidden, why });

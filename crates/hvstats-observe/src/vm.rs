@@ -114,8 +114,6 @@ pub struct ObservedVm {
     declared: Option<Vec<CounterId>>,
     /// This observer's claim on the VMM, released after the partition is removed.
     claim: Option<Claim>,
-    /// The QMP socket it was attached with.
-    qmp: Option<std::path::PathBuf>,
     /// The VMM's exit, watched without reading `/proc` (on the host's procfs only).
     exit: Option<ExitWatch>,
     /// The VM object attached, watched for its replacement (`None` where its descriptor cannot
@@ -182,7 +180,6 @@ impl ObservedVm {
             hv: hv.clone(),
             declared: None,
             claim: None,
-            qmp: qmp.map(std::path::Path::to_owned),
             exit: (procfs.root() == std::path::Path::new("/proc")).then(|| ExitWatch::new(pid)).flatten(),
             watch,
         };
@@ -336,9 +333,9 @@ impl ObservedVm {
         }
     }
 
-    /// The QMP socket the VM's QMP source uses, when it has one.
-    pub(crate) fn qmp_path(&self) -> Option<&std::path::Path> {
-        self.qmp.as_deref()
+    /// The Unix sockets the VM's sources' next questions need the kernel's tables of.
+    pub(crate) fn sockets_in_use(&self, now: std::time::Instant) -> impl Iterator<Item = &std::path::Path> {
+        self.sources.sources().iter().filter_map(move |s| s.socket_in_use(now))
     }
 
     /// Each source with a peer, and whether that peer answers now.

@@ -170,9 +170,17 @@ impl Learned {
 pub trait VmSource: CounterSource {
     /// Puts this refresh's questions to the source's peer, without waiting for answers (called
     /// for every observed VM before any is read); `sockets` is the host's table of Unix
-    /// sockets at this refresh, `given_before` what the sources before this one in the VM's list
+    /// sockets at this refresh (every network namespace's entries of the sockets
+    /// [`socket_in_use`](Self::socket_in_use) named), `given_before` what the sources before this one in the VM's list
     /// gave at the last refresh (what this one need not ask for).
     fn ask(&mut self, _sockets: &UnixSockets, _given_before: &Gives) {}
+
+    /// The Unix socket whose entries in the kernel's tables its next [`ask`](Self::ask) needs
+    /// (a session it holds, waits on or is due to begin), if any: the tables are read only
+    /// for those.
+    fn socket_in_use(&self, _now: std::time::Instant) -> Option<&std::path::Path> {
+        None
+    }
 
     /// What its peer names of the VM now (nothing, for a source without one).
     fn named(&mut self) -> Named {
