@@ -74,6 +74,7 @@ macro_rules! catalog {
 
 use crate::exit_reason::InterceptClass as Ic;
 use crate::hypercall::HypercallEffect;
+use crate::refusal::Refusal;
 use crate::source::{
     HostFault, KvmStat, ObserverFact, PerfSoftwareEvent, RunLoopCount, RunLoopCount as Loop, ThreadTime,
     Tracepoint as Tp, VmsState,
@@ -86,6 +87,7 @@ const NO_VTLB: &str = "KVM has no virtual TLB: it uses nested or shadow paging i
 const NO_TIME: &str = "handled inside KVM, which records no per-event time";
 const NO_SLOTS: &str = "the VMM's memory slots are not visible from outside";
 const SOURCE_TABLE: &str = "written by the observer from the sources it composes for the VM";
+const REFUSED_BY_REASON: &str = "VMs found but not observed, for this reason of the refusal table";
 const COUNT_ORIGINS: &str =
     "written by the publisher when it creates the partition, and by the observer at attach";
 
@@ -119,11 +121,40 @@ catalog! {
             By(Observer(ObserverFact::Vms(VmsState::Attached)), "VMs published as partitions of the observer's instance"),
             "The number of VMs of other processes the observer observes (each a partition of its instance).";
         Hvstats 4 OBSERVER_VMS_REFUSED "Observer VMs refused", Count, Instant,
-            By(Observer(ObserverFact::Vms(VmsState::Refused)), "VMs found but not observed: claimed by another observer, out of descriptors, or unreadable"),
-            "The number of VMs the observer found and does not observe now (another observer holds them, descriptors ran out, or they could not be read): they have no counters.";
+            By(Observer(ObserverFact::Vms(VmsState::Refused)), "VMs found but not observed, for any reason: the sum of the rows by reason that follow"),
+            "The number of VMs the observer found and does not observe now for any reason (the rows that follow count them by reason): they have no counters.";
         Hvstats 5 OBSERVER_QMP_SESSIONS_UP "Observer QMP sessions up", Count, Instant,
             By(Observer(ObserverFact::QmpSessionsUp), "observed VMs whose QMP session answers now"),
             "The number of observed VMs whose QMP session answers now.";
+        // hvstats 1.1 of the hypervisor page (see APPENDED): the VMs refused, by reason
+        // ([`crate::refusal::Refusal`], whose `row` is each one's index).
+        Hvstats 6 OBSERVER_VMS_REFUSED_NO_CAP_DAC_READ_SEARCH "Observer VMs refused: no CAP_DAC_READ_SEARCH", Count, Instant,
+            By(Observer(ObserverFact::Refused(Refusal::NoCapDacReadSearch)), REFUSED_BY_REASON),
+            "The number of VMs the observer found and does not observe now because their /proc/PID/fd may not be listed without CAP_DAC_READ_SEARCH.";
+        Hvstats 7 OBSERVER_VMS_REFUSED_NO_CAP_SYS_PTRACE "Observer VMs refused: no CAP_SYS_PTRACE", Count, Instant,
+            By(Observer(ObserverFact::Refused(Refusal::NoCapSysPtrace)), REFUSED_BY_REASON),
+            "The number of VMs the observer found and does not observe now because their descriptors may not be read without CAP_SYS_PTRACE.";
+        Hvstats 8 OBSERVER_VMS_REFUSED_UNREADABLE "Observer VMs refused: unreadable", Count, Instant,
+            By(Observer(ObserverFact::Refused(Refusal::Unreadable)), REFUSED_BY_REASON),
+            "The number of VMs the observer found and does not observe now because their descriptors were refused though the observer holds CAP_DAC_READ_SEARCH and CAP_SYS_PTRACE.";
+        Hvstats 9 OBSERVER_VMS_REFUSED_QMP_SOCKET_HIDDEN "Observer VMs refused: QMP socket hidden", Count, Instant,
+            By(Observer(ObserverFact::Refused(Refusal::QmpSocketHidden)), REFUSED_BY_REASON),
+            "The number of VMs the observer found and does not observe now because their QMP socket is in their mount namespace and not in the observer's (observed without QMP).";
+        Hvstats 10 OBSERVER_VMS_REFUSED_DESCRIPTOR_BUDGET "Observer VMs refused: descriptor budget", Count, Instant,
+            By(Observer(ObserverFact::Refused(Refusal::DescriptorBudget)), REFUSED_BY_REASON),
+            "The number of VMs the observer found and does not observe now because the descriptors their vCPU threads need are more than the open file limit leaves.";
+        Hvstats 11 OBSERVER_VMS_REFUSED_SHORTAGE "Observer VMs refused: shortage", Count, Instant,
+            By(Observer(ObserverFact::Refused(Refusal::Shortage)), REFUSED_BY_REASON),
+            "The number of VMs the observer found and does not observe now because the observer ran out of descriptors or memory reading them.";
+        Hvstats 12 OBSERVER_VMS_REFUSED_CLAIMED_ELSEWHERE "Observer VMs refused: claimed elsewhere", Count, Instant,
+            By(Observer(ObserverFact::Refused(Refusal::ClaimedElsewhere)), REFUSED_BY_REASON),
+            "The number of VMs the observer found and does not observe now because another observer publishes them.";
+        Hvstats 13 OBSERVER_VMS_REFUSED_FAILED "Observer VMs refused: failed", Count, Instant,
+            By(Observer(ObserverFact::Refused(Refusal::Failed)), REFUSED_BY_REASON),
+            "The number of VMs the observer found and does not observe now because they could not be observed for another reason.";
+        Hvstats 14 OBSERVER_VMS_REFUSED_SEVERAL_VMS "Observer VMs refused: several VMs", Count, Instant,
+            By(Observer(ObserverFact::Refused(Refusal::SeveralVms)), REFUSED_BY_REASON),
+            "The number of processes the observer found holding several distinct KVM VMs, none observed while it cannot tell which one their vCPU threads run.";
     }
 
     /// Counters of a logical (host) processor object (root only).
@@ -223,7 +254,7 @@ catalog! {
             "Bytes 8 to 15 of the name of the observed VM's source 1, NUL-padded.";
         Hvstats 3 SOURCE_1_STATE "Source 1 state", Count, Instant,
             By(Authority, SOURCE_TABLE),
-            "Whether the observed VM's source 1 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach).";
+            "Whether the observed VM's source 1 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach, 4 the vCPU thread's start).";
         Hvstats 4 SOURCE_2_NAME "Source 2 name", Count, Instant,
             By(Authority, SOURCE_TABLE),
             "The first 8 bytes of the name of the observed VM's source 2, NUL-padded.";
@@ -232,7 +263,7 @@ catalog! {
             "Bytes 8 to 15 of the name of the observed VM's source 2, NUL-padded.";
         Hvstats 6 SOURCE_2_STATE "Source 2 state", Count, Instant,
             By(Authority, SOURCE_TABLE),
-            "Whether the observed VM's source 2 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach).";
+            "Whether the observed VM's source 2 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach, 4 the vCPU thread's start).";
         Hvstats 7 SOURCE_3_NAME "Source 3 name", Count, Instant,
             By(Authority, SOURCE_TABLE),
             "The first 8 bytes of the name of the observed VM's source 3, NUL-padded.";
@@ -241,7 +272,7 @@ catalog! {
             "Bytes 8 to 15 of the name of the observed VM's source 3, NUL-padded.";
         Hvstats 9 SOURCE_3_STATE "Source 3 state", Count, Instant,
             By(Authority, SOURCE_TABLE),
-            "Whether the observed VM's source 3 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach).";
+            "Whether the observed VM's source 3 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach, 4 the vCPU thread's start).";
         Hvstats 10 SOURCE_4_NAME "Source 4 name", Count, Instant,
             By(Authority, SOURCE_TABLE),
             "The first 8 bytes of the name of the observed VM's source 4, NUL-padded.";
@@ -250,7 +281,7 @@ catalog! {
             "Bytes 8 to 15 of the name of the observed VM's source 4, NUL-padded.";
         Hvstats 12 SOURCE_4_STATE "Source 4 state", Count, Instant,
             By(Authority, SOURCE_TABLE),
-            "Whether the observed VM's source 4 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach).";
+            "Whether the observed VM's source 4 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach, 4 the vCPU thread's start).";
         Hvstats 13 SOURCE_5_NAME "Source 5 name", Count, Instant,
             By(Authority, SOURCE_TABLE),
             "The first 8 bytes of the name of the observed VM's source 5, NUL-padded.";
@@ -259,7 +290,7 @@ catalog! {
             "Bytes 8 to 15 of the name of the observed VM's source 5, NUL-padded.";
         Hvstats 15 SOURCE_5_STATE "Source 5 state", Count, Instant,
             By(Authority, SOURCE_TABLE),
-            "Whether the observed VM's source 5 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach).";
+            "Whether the observed VM's source 5 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach, 4 the vCPU thread's start).";
         Hvstats 16 SOURCE_6_NAME "Source 6 name", Count, Instant,
             By(Authority, SOURCE_TABLE),
             "The first 8 bytes of the name of the observed VM's source 6, NUL-padded.";
@@ -268,7 +299,7 @@ catalog! {
             "Bytes 8 to 15 of the name of the observed VM's source 6, NUL-padded.";
         Hvstats 18 SOURCE_6_STATE "Source 6 state", Count, Instant,
             By(Authority, SOURCE_TABLE),
-            "Whether the observed VM's source 6 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach).";
+            "Whether the observed VM's source 6 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach, 4 the vCPU thread's start).";
         Hvstats 19 PARTITION_WRITERS_1 "Partition counter sources 1", Count, Instant,
             By(Authority, SOURCE_TABLE),
             "Which source writes each partition counter of the observed VM, 4 bits per counter (the partition counters 0 to 15 in catalog order): 0 none, else the source's number.";
@@ -318,7 +349,7 @@ catalog! {
             "Bytes 8 to 15 of the name of the observed VM's source 7, NUL-padded.";
         Hvstats 33 SOURCE_7_STATE "Source 7 state", Count, Instant,
             By(Authority, SOURCE_TABLE),
-            "Whether the observed VM's source 7 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach).";
+            "Whether the observed VM's source 7 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach, 4 the vCPU thread's start).";
         Hvstats 34 SOURCE_8_NAME "Source 8 name", Count, Instant,
             By(Authority, SOURCE_TABLE),
             "The first 8 bytes of the name of the observed VM's source 8, NUL-padded.";
@@ -327,7 +358,7 @@ catalog! {
             "Bytes 8 to 15 of the name of the observed VM's source 8, NUL-padded.";
         Hvstats 36 SOURCE_8_STATE "Source 8 state", Count, Instant,
             By(Authority, SOURCE_TABLE),
-            "Whether the observed VM's source 8 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach).";
+            "Whether the observed VM's source 8 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach, 4 the vCPU thread's start).";
         Hvstats 37 SOURCE_9_NAME "Source 9 name", Count, Instant,
             By(Authority, SOURCE_TABLE),
             "The first 8 bytes of the name of the observed VM's source 9, NUL-padded.";
@@ -336,7 +367,7 @@ catalog! {
             "Bytes 8 to 15 of the name of the observed VM's source 9, NUL-padded.";
         Hvstats 39 SOURCE_9_STATE "Source 9 state", Count, Instant,
             By(Authority, SOURCE_TABLE),
-            "Whether the observed VM's source 9 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach).";
+            "Whether the observed VM's source 9 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach, 4 the vCPU thread's start).";
         Hvstats 40 SOURCE_10_NAME "Source 10 name", Count, Instant,
             By(Authority, SOURCE_TABLE),
             "The first 8 bytes of the name of the observed VM's source 10, NUL-padded.";
@@ -345,7 +376,7 @@ catalog! {
             "Bytes 8 to 15 of the name of the observed VM's source 10, NUL-padded.";
         Hvstats 42 SOURCE_10_STATE "Source 10 state", Count, Instant,
             By(Authority, SOURCE_TABLE),
-            "Whether the observed VM's source 10 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach).";
+            "Whether the observed VM's source 10 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach, 4 the vCPU thread's start).";
         Hvstats 43 SOURCE_11_NAME "Source 11 name", Count, Instant,
             By(Authority, SOURCE_TABLE),
             "The first 8 bytes of the name of the observed VM's source 11, NUL-padded.";
@@ -354,7 +385,7 @@ catalog! {
             "Bytes 8 to 15 of the name of the observed VM's source 11, NUL-padded.";
         Hvstats 45 SOURCE_11_STATE "Source 11 state", Count, Instant,
             By(Authority, SOURCE_TABLE),
-            "Whether the observed VM's source 11 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach).";
+            "Whether the observed VM's source 11 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach, 4 the vCPU thread's start).";
         Hvstats 46 SOURCE_12_NAME "Source 12 name", Count, Instant,
             By(Authority, SOURCE_TABLE),
             "The first 8 bytes of the name of the observed VM's source 12, NUL-padded.";
@@ -363,7 +394,7 @@ catalog! {
             "Bytes 8 to 15 of the name of the observed VM's source 12, NUL-padded.";
         Hvstats 48 SOURCE_12_STATE "Source 12 state", Count, Instant,
             By(Authority, SOURCE_TABLE),
-            "Whether the observed VM's source 12 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach).";
+            "Whether the observed VM's source 12 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach, 4 the vCPU thread's start).";
         Hvstats 49 SOURCE_13_NAME "Source 13 name", Count, Instant,
             By(Authority, SOURCE_TABLE),
             "The first 8 bytes of the name of the observed VM's source 13, NUL-padded.";
@@ -372,7 +403,7 @@ catalog! {
             "Bytes 8 to 15 of the name of the observed VM's source 13, NUL-padded.";
         Hvstats 51 SOURCE_13_STATE "Source 13 state", Count, Instant,
             By(Authority, SOURCE_TABLE),
-            "Whether the observed VM's source 13 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach).";
+            "Whether the observed VM's source 13 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach, 4 the vCPU thread's start).";
         Hvstats 52 SOURCE_14_NAME "Source 14 name", Count, Instant,
             By(Authority, SOURCE_TABLE),
             "The first 8 bytes of the name of the observed VM's source 14, NUL-padded.";
@@ -381,7 +412,7 @@ catalog! {
             "Bytes 8 to 15 of the name of the observed VM's source 14, NUL-padded.";
         Hvstats 54 SOURCE_14_STATE "Source 14 state", Count, Instant,
             By(Authority, SOURCE_TABLE),
-            "Whether the observed VM's source 14 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach).";
+            "Whether the observed VM's source 14 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach, 4 the vCPU thread's start).";
         Hvstats 55 SOURCE_15_NAME "Source 15 name", Count, Instant,
             By(Authority, SOURCE_TABLE),
             "The first 8 bytes of the name of the observed VM's source 15, NUL-padded.";
@@ -390,7 +421,7 @@ catalog! {
             "Bytes 8 to 15 of the name of the observed VM's source 15, NUL-padded.";
         Hvstats 57 SOURCE_15_STATE "Source 15 state", Count, Instant,
             By(Authority, SOURCE_TABLE),
-            "Whether the observed VM's source 15 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach).";
+            "Whether the observed VM's source 15 is there (bit 0) and gives counters now (bit 1), and from when it counts (bits 8-15: 1 attach, 2 the vCPU's creation, 3 kept in the kernel since the first attach, 4 the vCPU thread's start).";
         // hvstats 1.3 of the partition page (see APPENDED): from when its counters count, so a
         // reader tells a reset (a new publisher, a new attach) from a quiet VM. Bookkeeping:
         // surfaces read it through `crate::vm_sources::CountOrigins`.
@@ -679,6 +710,10 @@ catalog! {
             By(RunLoop(Loop::FailedHypercalls), "hypercalls the handler answered with a status other than HV_STATUS_SUCCESS"),
             observed By(KvmHv(KvmHv::FailedHypercalls), "kvm:kvm_hv_hypercall_done records whose result's status (bits 15:0) is not HV_STATUS_SUCCESS"),
             "The total number of hypercalls made by guest code on the virtual processor that returned a status other than success.";
+        // hvstats 1.4 (see APPENDED): when the counts the page holds were taken.
+        Hvstats 270 PUBLISHED "Published", Nanoseconds, Instant,
+            By(Authority, "CLOCK_MONOTONIC (system-wide, immune to wall-clock steps) of each full refresh, written under the sequence counter with the counts it took; 0: never"),
+            "When the publisher took the counts the page holds, in nanoseconds of the host's monotonic clock (CLOCK_MONOTONIC): a reader divides the change of a count between two readings by the change of this time, so its rates are true at any interval, and two readings with the same time hold the same publication (no rate between them). 0 until the first refresh.";
     }
 }
 
@@ -833,6 +868,8 @@ pub struct Appended {
 
 /// Every minor version of a group past 1.0, oldest first per group.
 pub const APPENDED: &[Appended] = &[
+    // hvstats 1.1 of the hypervisor page: the VMs an observer refuses, by reason.
+    Appended { kind: ObjectKind::Hypervisor, group: GroupKind::Hvstats, minor: 1, first_index: 6 },
     // Release 1.1 of the VP page: dispatches and CPU wait time.
     Appended { kind: ObjectKind::Vp, group: GroupKind::Release, minor: 1, first_index: 64 },
     // Release 1.2 of the VP page: nested page fault intercepts and their time.
@@ -843,6 +880,8 @@ pub const APPENDED: &[Appended] = &[
     Appended { kind: ObjectKind::Vp, group: GroupKind::Hvstats, minor: 2, first_index: 268 },
     // hvstats 1.3 of the VP page: failed hypercalls.
     Appended { kind: ObjectKind::Vp, group: GroupKind::Hvstats, minor: 3, first_index: 269 },
+    // hvstats 1.4 of the VP page: when the counts the page holds were taken.
+    Appended { kind: ObjectKind::Vp, group: GroupKind::Hvstats, minor: 4, first_index: 270 },
     // hvstats 1.1 of the partition page: the VM's run state.
     Appended { kind: ObjectKind::Partition, group: GroupKind::Hvstats, minor: 1, first_index: 30 },
     // hvstats 1.2 of the partition page: sources 7 to 15 of an observed VM.

@@ -33,6 +33,7 @@ pub mod hypercall;
 pub mod hyperv_features;
 pub mod object;
 pub mod page;
+pub mod refusal;
 pub mod seqcount;
 pub mod source;
 pub mod status;

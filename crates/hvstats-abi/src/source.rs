@@ -435,6 +435,8 @@ pub enum ObserverFact {
     LastRefresh,
     /// The VMs it found in a state.
     Vms(VmsState),
+    /// The VMs it found and refuses for one reason.
+    Refused(crate::refusal::Refusal),
     /// The observed VMs whose QMP session answers now.
     QmpSessionsUp,
 }
@@ -444,8 +446,8 @@ pub enum ObserverFact {
 pub enum VmsState {
     /// Observed: published as a partition.
     Attached,
-    /// Found but not observed now: another observer holds it, descriptors ran out, or it could
-    /// not be read.
+    /// Found but not observed now, for any reason (the sum of the [`ObserverFact::Refused`]
+    /// rows).
     Refused,
 }
 

@@ -64,15 +64,20 @@ pub enum Origin {
     /// Since the first observer attached to the VM: counts the kernel keeps for the VM across
     /// observers (pinned in-kernel counts), which a restarted observer continues.
     Kept,
+    /// Since the vCPU's thread started: what the kernel keeps for a thread its whole life (its
+    /// run time, CPU wait, dispatches, faults), which survive a new observer. Its time is the
+    /// VM's start: a vCPU thread starts after its process, and counted nothing before.
+    ThreadStart,
 }
 
 impl Origin {
-    /// The name surfaces show (`attach`, `vcpu-creation`, `kept`).
+    /// The name surfaces show (`attach`, `vcpu-creation`, `kept`, `thread-start`).
     pub const fn name(self) -> &'static str {
         match self {
             Origin::Attach => "attach",
             Origin::VcpuCreation => "vcpu-creation",
             Origin::Kept => "kept",
+            Origin::ThreadStart => "thread-start",
         }
     }
 
@@ -81,6 +86,7 @@ impl Origin {
             Origin::Attach => 1,
             Origin::VcpuCreation => 2,
             Origin::Kept => 3,
+            Origin::ThreadStart => 4,
         }
     }
 
@@ -89,6 +95,7 @@ impl Origin {
             1 => Some(Origin::Attach),
             2 => Some(Origin::VcpuCreation),
             3 => Some(Origin::Kept),
+            4 => Some(Origin::ThreadStart),
             _ => None,
         }
     }
@@ -294,7 +301,7 @@ impl CountOrigins {
     /// When counters of `origin` began counting, in µs since the epoch.
     fn of_origin(&self, origin: Origin) -> Option<u64> {
         match origin {
-            Origin::VcpuCreation => self.vm_started_us,
+            Origin::VcpuCreation | Origin::ThreadStart => self.vm_started_us,
             Origin::Kept => self.kept_since_us.or(self.counting_since_us),
             Origin::Attach => self.counting_since_us,
         }
@@ -448,14 +455,19 @@ mod tests {
         let mut table = SourceTable::default();
         let events = table.push(SourceEntry::new("tracepoints", true, Origin::Attach)).unwrap();
         let qmp = table.push(SourceEntry::new("qmp", true, Origin::VcpuCreation)).unwrap();
+        let thread = table.push(SourceEntry::new("thread", true, Origin::ThreadStart)).unwrap();
         table.set_writer(vp::IO_INSTRUCTIONS, events);
         table.set_writer(vp::HLT_INSTRUCTIONS, qmp);
+        table.set_writer(vp::DISPATCHES, thread);
         let mut page = [0u64; 64];
         page[partition::COUNTING_SINCE.index as usize] = 2_000;
         page[partition::VM_STARTED.index as usize] = 1_000;
         let origins = CountOrigins::decode(|id| page.get(id.index as usize).copied());
         assert_eq!(origins.of(vp::IO_INSTRUCTIONS, Some(&table)), Some(2_000));
         assert_eq!(origins.of(vp::HLT_INSTRUCTIONS, Some(&table)), Some(1_000));
+        assert_eq!(origins.of(vp::DISPATCHES, Some(&table)), Some(1_000), "a thread starts with its VM");
+        let back = SourceTable::decode(|id| Some(table.rows().find(|(r, _)| *r == id).map_or(0, |(_, v)| v)));
+        assert_eq!(back.and_then(|t| t.writer(vp::DISPATCHES).map(|s| s.origin)), Some(Origin::ThreadStart));
         assert_eq!(
             origins.of(vp::CPUID_INSTRUCTIONS, Some(&table)),
             Some(2_000),
@@ -486,7 +498,7 @@ mod tests {
         assert_eq!(Origin::Kept.name(), "kept");
         // A code this build does not know reads as counting from attach, the origin that claims
         // the least.
-        page[partition::SOURCE_1_STATE.index as usize] = 0x4_03;
+        page[partition::SOURCE_1_STATE.index as usize] = 0x5_03;
         let unknown = SourceTable::decode(|id| page.get(id.index as usize).copied()).unwrap();
         assert_eq!(unknown.writer(vp::IO_INSTRUCTIONS).map(|s| s.origin), Some(Origin::Attach));
     }

@@ -18,13 +18,14 @@ fn catalog_has_the_96_counters_of_seed_001() {
     assert_eq!(CATALOG.iter().filter(|c| of_seed_001(c)).count(), 96);
     // Release 1.1 of the VP page appends 2, its 1.2 2 more; hvstats' group holds the sequence and
     // 8 histograms, its 1.1 the host's page faults (2), its 1.2 the VP's exits of every reason (1),
-    // its 1.3 the failed hypercalls (1);
+    // its 1.3 the failed hypercalls (1), its 1.4 the time of the counts' publication (1);
     // the partition page's hvstats group says which source of an observed VM gave what (6 sources
     // of 3 rows, 3 + 8 rows of writers), in its 1.1 the VM's run state (1), in its 1.2 sources
     // 7 to 15 (9 sources of 3 rows), in its 1.3 from when its counters count (2), in its 1.4 from
     // when the counts kept across observers count (1); the hypervisor page's the observer's
-    // health (5).
-    assert_eq!(CATALOG.len(), 96 + 2 + 2 + 9 + 2 + 1 + 1 + 29 + 1 + 27 + 2 + 1 + 5);
+    // health (5), in its 1.1 the VMs refused by reason (one row per reason of the refusal table).
+    let reasons = hvstats_abi::refusal::Refusal::ALL.len();
+    assert_eq!(CATALOG.len(), 96 + 2 + 2 + 9 + 2 + 1 + 1 + 1 + 29 + 1 + 27 + 2 + 1 + 5 + reasons);
     assert_eq!(count(ObjectKind::Partition, GroupKind::Hvstats), 60);
     assert_eq!(catalog::counters_at(ObjectKind::Partition, GroupKind::Hvstats, 0), 29);
     assert_eq!(catalog::counters_at(ObjectKind::Partition, GroupKind::Hvstats, 1), 30);
@@ -33,7 +34,8 @@ fn catalog_has_the_96_counters_of_seed_001() {
     assert_eq!(catalog::partition::COUNTING_SINCE.introduced_in(), 3);
     assert_eq!(catalog::counters_at(ObjectKind::Partition, GroupKind::Hvstats, 4), 60);
     assert_eq!(catalog::partition::KEPT_SINCE.introduced_in(), 4);
-    assert_eq!(count(ObjectKind::Hypervisor, GroupKind::Hvstats), 5);
+    assert_eq!(count(ObjectKind::Hypervisor, GroupKind::Hvstats), 5 + reasons);
+    assert_eq!(catalog::counters_at(ObjectKind::Hypervisor, GroupKind::Hvstats, 0), 5);
     assert_eq!(count(ObjectKind::Hypervisor, GroupKind::Architectural), 5);
     assert_eq!(count(ObjectKind::LogicalProcessor, GroupKind::Architectural), 18);
     assert_eq!(count(ObjectKind::Partition, GroupKind::Architectural), 1);
@@ -44,13 +46,14 @@ fn catalog_has_the_96_counters_of_seed_001() {
     assert_eq!(catalog::counters_at(ObjectKind::Vp, GroupKind::Release, 1), 65);
     assert_eq!(catalog::counters_at(ObjectKind::Vp, GroupKind::Release, 2), 67);
     assert_eq!(vp::NESTED_PAGE_FAULT_INTERCEPTS.introduced_in(), 2);
-    assert_eq!(count(ObjectKind::Vp, GroupKind::Hvstats), 1 + 8 * 33 + 2 + 1 + 1);
+    assert_eq!(count(ObjectKind::Vp, GroupKind::Hvstats), 1 + 8 * 33 + 2 + 1 + 1 + 1);
     assert_eq!(catalog::counters_at(ObjectKind::Vp, GroupKind::Hvstats, 0), 1 + 8 * 33);
     assert_eq!(catalog::counters_at(ObjectKind::Vp, GroupKind::Hvstats, 1), 1 + 8 * 33 + 2);
     assert_eq!(vp::HOST_PAGE_FAULTS.introduced_in(), 1);
     assert_eq!(vp::EXITS.introduced_in(), 2);
     assert_eq!(catalog::counters_at(ObjectKind::Vp, GroupKind::Hvstats, 2), 1 + 8 * 33 + 2 + 1);
     assert_eq!(vp::FAILED_HYPERCALLS.introduced_in(), 3);
+    assert_eq!(catalog::counters_at(ObjectKind::Vp, GroupKind::Hvstats, 3), 1 + 8 * 33 + 2 + 1 + 1);
     for kind in ObjectKind::ALL {
         for group in GroupKind::ALL {
             let n = count(kind, group);
@@ -73,7 +76,7 @@ fn vp_page_layout_matches_the_counter_ids_of_the_tlfs() {
     assert_eq!(layout.group_offset(GroupKind::Architectural), Some(0));
     assert_eq!(layout.group_offset(GroupKind::Release), Some(24));
     assert_eq!(layout.group_offset(GroupKind::Hvstats), Some(24 + 8 + 67 * 8));
-    assert_eq!(layout.end_offset, 24 + 8 + 67 * 8 + 8 + 269 * 8);
+    assert_eq!(layout.end_offset, 24 + 8 + 67 * 8 + 8 + 270 * 8);
     // Seed 001 gives the architectural VP group 2 counters, so the release-specific header is
     // slot 3 and its first counter slot 4.
     assert_eq!(vp::TOTAL_RUN_TIME.slot(), 1);
@@ -87,6 +90,9 @@ fn vp_page_layout_matches_the_counter_ids_of_the_tlfs() {
     assert_eq!(vp::NESTED_PAGE_FAULT_INTERCEPTS.slot(), 69);
     assert_eq!(vp::NESTED_PAGE_FAULT_INTERCEPTS_COST.slot(), 70);
     assert_eq!(vp::SEQUENCE.slot(), 72);
+    // hvstats 1.4 appends the publication time after every histogram and count before it.
+    assert_eq!(vp::PUBLISHED.slot(), 72 + 269);
+    assert_eq!(vp::PUBLISHED.introduced_in(), 4);
 }
 
 #[test]

@@ -153,15 +153,18 @@ fn group_ids_and_versions_of_seed_004() {
         assert_eq!(GroupKind::from_group_type(g.group_type()), Some(g));
         for kind in ObjectKind::ALL {
             // Seed 004: the VP page's release group has had counters appended twice (1.1: CPU
-            // wait, 1.2: nested page faults), hvstats' own group of the VP page three times (1.1:
-            // the host's page faults; 1.2: every exit; 1.3: failed hypercalls), and that of the
+            // wait, 1.2: nested page faults), hvstats' own group of the VP page four times (1.1:
+            // the host's page faults; 1.2: every exit; 1.3: failed hypercalls; 1.4: the time of
+            // the counts' publication), and that of the
             // partition page four times (1.1: the VM's run state; 1.2: sources 7 to 15 of an
             // observed VM; 1.3: from when its counters count; 1.4: from when the counts kept
-            // across observers count).
+            // across observers count), and that of the hypervisor page once (1.1: the VMs an
+            // observer refuses, by reason).
             let expected = match (kind, g) {
                 (ObjectKind::Vp, GroupKind::Release) => 0x0001_0002,
-                (ObjectKind::Vp, GroupKind::Hvstats) => 0x0001_0003,
+                (ObjectKind::Vp, GroupKind::Hvstats) => 0x0001_0004,
                 (ObjectKind::Partition, GroupKind::Hvstats) => 0x0001_0004,
+                (ObjectKind::Hypervisor, GroupKind::Hvstats) => 0x0001_0001,
                 _ => 0x0001_0000,
             };
             assert_eq!(g.version(kind).as_u32(), expected, "{kind:?} {g:?}");

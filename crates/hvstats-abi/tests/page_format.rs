@@ -6,6 +6,7 @@ use hvstats_abi::group::{GroupHeader, GroupType, GroupVersion, MAX_COUNTERS_PER_
 use hvstats_abi::page::{
     GroupWalk, ListEnd, PageBuilder, PageError, PageLayout, PageView, StatsPage, infer_kind,
 };
+use hvstats_abi::refusal::Refusal;
 use hvstats_abi::{GroupKind, ObjectKind};
 use proptest::prelude::*;
 use zerocopy::IntoBytes;
@@ -31,8 +32,9 @@ fn put_header(bytes: &mut [u8], offset: usize, header: GroupHeader) {
 fn layouts_put_groups_back_to_back_and_end_the_list() {
     // (kind, architectural, release, hvstats' own group, END_OF_LIST)
     let expect = [
-        // Hypervisor: 5 counters, then hvstats' own group (the observer's health, 5).
-        (ObjectKind::Hypervisor, Some(0), None, Some(48), 48 + 8 + 5 * 8),
+        // Hypervisor: 5 counters, then hvstats' own group (the observer's health, 5; in its 1.1
+        // the VMs refused by reason, one row per reason).
+        (ObjectKind::Hypervisor, Some(0), None, Some(48), 48 + 8 + (5 + Refusal::ALL.len()) * 8),
         (ObjectKind::LogicalProcessor, Some(0), None, None, 152),
         // Partition: then hvstats' own group (which source of an observed VM gave what, 29 rows;
         // in its 1.1 the VM's run state; in its 1.2 the rows of sources 7 to 15, 27; in its 1.3
@@ -40,8 +42,8 @@ fn layouts_put_groups_back_to_back_and_end_the_list() {
         // count, 1).
         (ObjectKind::Partition, Some(0), Some(16), Some(80), 80 + 8 + 60 * 8),
         // VP: release 1.2 (67 counters), then hvstats' own group (sequence, 8 histograms, 2
-        // fault counts, the exits and the failed hypercalls).
-        (ObjectKind::Vp, Some(0), Some(24), Some(568), 568 + 8 + 269 * 8),
+        // fault counts, the exits, the failed hypercalls and the time of the counts' publication).
+        (ObjectKind::Vp, Some(0), Some(24), Some(568), 568 + 8 + 270 * 8),
     ];
     for (kind, arch, release, own, end) in expect {
         let layout = PageLayout::of(kind);

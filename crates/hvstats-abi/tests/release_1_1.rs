@@ -78,7 +78,7 @@ fn a_reader_compiled_for_1_0_reads_a_1_1_page_unchanged() {
     assert_eq!(old.get(vp::CPU_WAIT_TIME_PER_DISPATCH), 0);
     assert_eq!(old.histogram(vp::IO_TIME_HISTOGRAM), None);
     let skipped: Vec<_> = old.unknown_groups().map(|g| (g.header.group_type, g.len())).collect();
-    assert_eq!(skipped, [(GroupType::HVSTATS, 1 + 8 * HISTOGRAM_SLOTS + 2 + 1 + 1)]);
+    assert_eq!(skipped, [(GroupType::HVSTATS, 1 + 8 * HISTOGRAM_SLOTS + 2 + 1 + 1 + 1)]);
 }
 
 #[test]

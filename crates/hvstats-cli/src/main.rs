@@ -7,6 +7,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 mod access;
 mod cmd;
 mod input;
+mod log_budget;
 mod man_page;
 mod observer_log;
 mod observer_run;

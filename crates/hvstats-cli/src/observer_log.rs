@@ -77,11 +77,13 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
         ObserverEvent::Excluded { pid, name } => {
             format!("pid {pid} \"{}\": not observed: --vm/--exclude-vm leave it out", LoggedName(name))
         }
-        ObserverEvent::VcpusKnown { pid, threads, fds } => {
-            format!("pid {pid}: vCPU threads {threads:?}; {fds} perf counters open (on those threads only)")
-        }
-        ObserverEvent::KvmExit { pid, state } => format!(
-            "pid {pid}: kvm:kvm_exit {}",
+        ObserverEvent::VcpusKnown { pid, threads, fds } => format!(
+            "pid {pid}: vCPU threads {}; {fds} perf counters open (on those threads only)",
+            crate::log_budget::thread_ids(threads)
+        ),
+        // A fact of the host, said once per observer (see `LogLimiter`): no VM is named.
+        ObserverEvent::KvmExit { state, .. } => format!(
+            "kvm:kvm_exit {}",
             match state {
                 hvstats_observe::KvmExitState::Fires => "fires: intercepts are counted by exit reason",
                 hvstats_observe::KvmExitState::Silent => {
@@ -100,6 +102,10 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
                 Departure::Exited => "the process exited",
                 Departure::Exec => "the process exec'd a program: a VM it makes now is attached anew",
                 Departure::PidReused => "the pid names another process now: its VM, if any, is attached anew",
+                Departure::VmChanged => {
+                    "the KVM VM object it was attached with is no longer its only VM (closed, made anew, \
+                     or another beside it): a VM it runs now is a new VM, attached anew with a new origin"
+                }
             }
         ),
         ObserverEvent::NamedLike { pid, name, other, other_name } if name == other_name => format!(
@@ -127,13 +133,30 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
             refusal.vp,
             Escaped(&refusal.why)
         ),
-        ObserverEvent::Deferred { pid, reason } => {
-            format!("pid {pid} not observed for now (retried): {}", Escaped(reason))
-        }
-        ObserverEvent::Refused { pid, name, why } => {
-            format!("refused pid {pid} \"{}\": {}", LoggedName(name), Escaped(why))
-        }
-        ObserverEvent::Failed { pid, error } => format!("cannot observe pid {pid}: {}", Escaped(error)),
+        ObserverEvent::Deferred { pid, reason, why } => format!(
+            "pid {pid} not observed for now (retried; counted as refused, reason {}): {}",
+            reason.label(),
+            Escaped(why)
+        ),
+        ObserverEvent::Refused { pid, name, reason, why } => format!(
+            "refused pid {pid} \"{}\" (reason {}): {}: {}; fix: {}",
+            LoggedName(name),
+            reason.label(),
+            reason.sentence(),
+            Escaped(why),
+            reason.fix()
+        ),
+        ObserverEvent::Failed { pid, reason, error } => format!(
+            "cannot observe pid {pid}: {} (counted as refused, reason {}; fix: {})",
+            Escaped(error),
+            reason.label(),
+            reason.fix()
+        ),
+        ObserverEvent::SharesVm { pid, with } => format!(
+            "pid {pid}: holds the KVM VM of pid {with} (the same VM object, by an inherited or passed \
+             descriptor): not a second VM, not published"
+        ),
+        ObserverEvent::CapabilityMissing(needed) => needed.line(),
         ObserverEvent::Kept(note) => format!("in-kernel counts: {}", Escaped(note)),
     }
 }
@@ -143,12 +166,15 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
 pub(crate) const LOG_WINDOW: Duration = Duration::from_secs(60);
 
 /// Keeps the log of a fleet readable: a line of one kind about one VM (a deferral, a failure, a
-/// source lost or back) is said at most once per [`LOG_WINDOW`]. Attaching and detaching are
-/// said every time: each happens once per process.
+/// source lost or back) is said at most once per [`LOG_WINDOW`]; a fact of the host (whether
+/// `kvm:kvm_exit` fires), once per observer. Attaching and detaching are said every time: each
+/// happens once per process (the log's budget, [`crate::log_budget`], bounds them all).
 #[derive(Debug, Default)]
 pub(crate) struct LogLimiter {
     /// By (pid, kind): when its line was last said, and how many were held back since.
     said: HashMap<(i32, &'static str), (Instant, u32)>,
+    /// The facts of the host said already.
+    host_facts: std::collections::HashSet<String>,
 }
 
 impl LogLimiter {
@@ -160,8 +186,11 @@ impl LogLimiter {
             ObserverEvent::Failed { pid, .. } => Some((*pid, "failed")),
             ObserverEvent::SourceDown { pid, .. } => Some((*pid, "source down")),
             ObserverEvent::SourceUp { pid, .. } => Some((*pid, "source up")),
-            ObserverEvent::KvmExit { pid, .. } => Some((*pid, "kvm_exit")),
             ObserverEvent::Excluded { pid, .. } => Some((*pid, "excluded")),
+            ObserverEvent::KvmExit { .. } => {
+                let line = describe(event);
+                return self.host_facts.insert(line.clone()).then_some(line);
+            }
             _ => None,
         };
         let Some(key) = key else { return Some(describe(event)) };
@@ -207,10 +236,15 @@ mod tests {
         for event in [
             ObserverEvent::Excluded { pid: 7, name: name.clone() },
             ObserverEvent::Detached { pid: 7, name: name.clone(), why: Departure::Exited },
-            ObserverEvent::Refused { pid: 7, name: name.clone(), why: "denied".into() },
+            ObserverEvent::Refused {
+                pid: 7,
+                name: name.clone(),
+                reason: hvstats_observe::refusal::Refusal::Unreadable,
+                why: "denied".into(),
+            },
         ] {
             let line = describe(&event);
-            assert!(line.len() < 200, "{line}");
+            assert!(line.len() < 400, "{line}");
             assert!(line.contains(&format!("\"{}…(10075 bytes)\"", "n".repeat(64))), "{line}");
         }
     }
@@ -219,7 +253,11 @@ mod tests {
     fn a_deferral_repeated_every_two_seconds_is_said_once_a_minute_with_the_count() {
         let mut limiter = LogLimiter::default();
         let start = Instant::now();
-        let deferred = |pid| ObserverEvent::Deferred { pid, reason: "already observed by pid 9".into() };
+        let deferred = |pid| ObserverEvent::Deferred {
+            pid,
+            reason: hvstats_observe::refusal::Refusal::ClaimedElsewhere,
+            why: "already observed by pid 9".into(),
+        };
         let mut said = Vec::new();
         // 240 deferrals over nine minutes, as an observer left to another once logged them.
         for n in 0..240u64 {

@@ -1,7 +1,8 @@
 //! The observer's loop, one for `hvstats observe` and `serve --observe-all`: each interval it
 //! refreshes the instance's LP pages, ticks the observer of KVM VMs (and the mshv reader, for
-//! `observe --mshv`), logs what happened through the [`LogLimiter`], and sleeps in slices a
-//! cancel ends within [`CANCEL_POLL`].
+//! `observe --mshv`), logs what happened through the [`LogLimiter`] and within the log's
+//! [`LogBudget`] (one for every line the loop says), and pauses until the next refresh or until
+//! a cancel, which ends the pause at once.
 //!
 //! A tick that panics ends the loop with the observer marked stopped on its instance
 //! (`hvstats_observer_up` 0), instead of taking the process down: `serve` keeps exporting
@@ -11,10 +12,12 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::{Duration, Instant};
 
 use hvstats::Hypervisor;
+use hvstats::observer_lock::{LockError, ObserverLock};
 use hvstats_mshv::observer::MshvObserver;
-use hvstats_observe::cancel::{CANCEL_POLL, Cancel};
+use hvstats_observe::cancel::Cancel;
 use hvstats_observe::{Observer, ObserverEvent};
 
+use crate::log_budget::LogBudget;
 use crate::observer_log::{LogLimiter, describe_mshv};
 
 /// How an observer's loop ended.
@@ -52,11 +55,11 @@ impl Runner<'_> {
     /// is read), or a tick panics.
     pub(crate) fn run(mut self) -> Ended {
         let mut failed = false;
-        let mut limiter = LogLimiter::default();
+        let mut voice = Voice { limiter: LogLimiter::default(), budget: LogBudget::new(Instant::now()) };
         loop {
             if let Some(m) = self.mshv.as_deref_mut() {
                 for event in m.tick() {
-                    (self.log)(&describe_mshv(&event));
+                    voice.say(&describe_mshv(&event), self.log);
                 }
             }
             // The instance's LP pages, as every instance keeps them; a host without procfs
@@ -78,27 +81,46 @@ impl Runner<'_> {
                         return Ended::Panicked;
                     }
                 };
-                let now = Instant::now();
-                for event in &events {
-                    failed |= matches!(event, ObserverEvent::Failed { .. });
-                    if let Some(line) = limiter.line(event, now) {
-                        (self.log)(&line);
-                    }
-                }
+                failed |= events.iter().any(|e| matches!(e, ObserverEvent::Failed { .. }));
+                voice.events(&events, self.log);
                 if observer.finished() && self.mshv.is_none() {
                     return Ended::Finished { failed };
                 }
             }
-            let until = Instant::now() + self.interval;
-            loop {
-                if self.cancel.is_cancelled() {
-                    return Ended::Cancelled;
-                }
-                let left = until.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                std::thread::sleep(CANCEL_POLL.min(left));
+            if let Some(line) = voice.budget.summary(Instant::now()) {
+                (self.log)(&line);
+            }
+            if self.cancel.pause(self.interval) {
+                return Ended::Cancelled;
+            }
+        }
+    }
+}
+
+/// What an observer loop says, within its limits: a line of one kind about one VM at most once a
+/// window ([`LogLimiter`]), and every line within the log's budget ([`LogBudget`]).
+struct Voice {
+    limiter: LogLimiter,
+    budget: LogBudget,
+}
+
+impl Voice {
+    /// Says `line` when the budget has room for it.
+    fn say(&mut self, line: &str, log: &dyn Fn(&str)) {
+        if self.budget.admit(Instant::now()) {
+            log(line);
+        }
+    }
+
+    /// Says the lines of a tick's `events` that the limiter lets through, as the budget has room.
+    fn events(&mut self, events: &[ObserverEvent], log: &dyn Fn(&str)) {
+        let now = Instant::now();
+        for event in events {
+            self.budget.note(event);
+            if let Some(line) = self.limiter.line(event, now)
+                && self.budget.admit(now)
+            {
+                log(&line);
             }
         }
     }
@@ -132,5 +154,35 @@ impl Mark {
 impl Drop for Mark {
     fn drop(&mut self) {
         hvstats::observer_mark::clear(&self.dir, &self.name);
+    }
+}
+
+/// Takes the runtime directory `dir` for this process's observer ([`hvstats::observer_lock`]),
+/// before it adopts kept counts, claims a VM or leaves its mark there.
+///
+/// # Errors
+/// When another observer holds it (said with who: its pid, command and since when), or the lock
+/// cannot be taken.
+pub(crate) fn hold_runtime_dir(dir: &std::path::Path) -> anyhow::Result<ObserverLock> {
+    match hvstats::observer_lock::take(dir) {
+        Ok(lock) => Ok(lock),
+        Err(LockError::Held { holder, .. }) => {
+            let who = match holder {
+                Some(h) => {
+                    let ns = h.since.duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+                    let since = crate::cmd::snapshot::utc_time(ns as f64);
+                    format!("pid {} (`{}`), since {since}", h.pid, h.command)
+                }
+                None => "a process starting now".to_owned(),
+            };
+            anyhow::bail!(
+                "another observer already observes under {}: {who}; one observer per runtime \
+                 directory: stop it first (its counts and claims are its own)",
+                dir.display()
+            )
+        }
+        Err(e) => {
+            Err(anyhow::Error::new(e).context(format!("cannot take {} for the observer", dir.display())))
+        }
     }
 }

@@ -79,11 +79,12 @@ fn catalog_json_lists_every_counter_of_the_catalog() {
     assert_eq!(doc["schema_version"], 2);
     let rows = doc["counters"].as_array().unwrap();
     // The 96 of seed 001, 2 appended in VP release 1.1 and 2 in 1.2, 9 + 2 in hvstats' own group
-    // (1.1), 1 in its 1.2 and 1 in its 1.3 (failed hypercalls), the 29 rows of the partition
+    // (1.1), 1 in its 1.2, 1 in its 1.3 (failed hypercalls) and 1 in its 1.4 (the time of the
+    // counts' publication), the 29 rows of the partition
     // page's own group saying which source gave what, its 1.1's VM state, its 1.2's rows of
     // sources 7 to 15 (27), its 1.3's two origins of counting and its 1.4's origin of the counts
     // kept across observers, and the observer's health (5) on the hypervisor page.
-    assert_eq!(rows.len(), 96 + 2 + 2 + 9 + 2 + 1 + 1 + 29 + 1 + 27 + 2 + 1 + 5);
+    assert_eq!(rows.len(), 96 + 2 + 2 + 9 + 2 + 1 + 1 + 1 + 29 + 1 + 27 + 2 + 1 + 5);
     assert_eq!(rows.len(), CATALOG.len());
     for (row, c) in rows.iter().zip(CATALOG) {
         assert_eq!(row["object"], c.id.kind.short_name());
@@ -407,7 +408,7 @@ fn dump_names_the_release_1_1_counters_and_shows_histograms() {
 
     let text = stdout(&hvstats(&["dump", path.to_str().unwrap()]));
     assert!(text.contains("group release (type 3) version 1.2 at byte 24: 67 counters\n"), "{text}");
-    assert!(text.contains("group hvstats (type 18518) version 1.3 at byte 568"), "{text}");
+    assert!(text.contains("group hvstats (type 18518) version 1.4 at byte 568"), "{text}");
     let line = text.lines().find(|l| l.starts_with("CPU wait time per dispatch")).unwrap();
     assert!(line.ends_with("1234567  ns"), "{line}");
     let at = text.find("IO intercept time histogram").unwrap();

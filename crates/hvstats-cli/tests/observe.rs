@@ -43,6 +43,9 @@ fn fake_qemu(root: &Path, vcpu_tid: i32) -> std::path::PathBuf {
     std::fs::write(dir.join("status"), "State:\tS (sleeping)\n").unwrap();
     std::fs::write(dir.join("stat"), fake_stat(pid as i32, "qemu-system-x86")).unwrap();
     fake_task(&dir, vcpu_tid, "CPU 0/KVM");
+    // Its scheduler accounting is the real thread's: run time, CPU wait, dispatches.
+    let real = format!("/proc/{pid}/task/{vcpu_tid}/schedstat");
+    symlink(real, dir.join("task").join(vcpu_tid.to_string()).join("schedstat")).unwrap();
     dir
 }
 
@@ -517,7 +520,7 @@ fn a_vmm_with_more_threads_than_descriptors_is_observed_within_a_budget_and_neve
 }
 
 #[test]
-fn a_second_observer_of_the_same_vmm_says_who_observes_it_and_does_not_attach() {
+fn a_second_observer_of_the_same_runtime_directory_is_refused_and_leaves_the_first_alone() {
     let tmp = TempDir::new("observe-twice");
     let runtime = tmp.path().join("run");
     std::fs::create_dir_all(&runtime).unwrap();
@@ -526,31 +529,62 @@ fn a_second_observer_of_the_same_vmm_says_who_observes_it_and_does_not_attach() 
     let pid = std::process::id().to_string();
     let (mut first, first_lines) = observe_fake(&["--pid", &pid], &runtime, &proc_root);
     wait_line(&first_lines, "attach pid");
+    let mark = std::fs::read_to_string(runtime.join("observer")).unwrap();
+    let claims = || -> Vec<_> {
+        std::fs::read_dir(runtime.join("observed")).unwrap().map(|e| e.unwrap().file_name()).collect()
+    };
+    let claimed = claims();
+    assert_eq!(claimed.len(), 1, "{claimed:?}");
 
-    // A second --pid observer of the same process: refused, naming the first, nothing published.
-    let (mut second, second_lines) = observe_fake(&["--pid", &pid], &runtime, &proc_root);
-    let refused = wait_line(&second_lines, "cannot observe");
-    assert!(refused.contains(&format!("already observed by pid {}", first.id())), "{refused}");
-    assert!(!wait_exit(&mut second).success());
+    // A second observer of the same runtime directory, of any kind: refused at start, naming the
+    // first, before it adopts, claims, publishes or marks anything.
+    for target in [&["--pid", pid.as_str()][..], &["--all"]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+            .arg("observe")
+            .args(target)
+            .args(["--interval", "0.05", "--runtime-dir", runtime.to_str().unwrap(), "--proc-root"])
+            .arg(&proc_root)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{said}");
+        let refusal = said.lines().find(|l| l.contains("another observer already observes under")).unwrap();
+        assert!(refusal.contains(&format!("pid {} (`", first.id())), "{refusal}");
+        assert!(refusal.contains("observe --pid") && refusal.contains("since 20"), "{refusal}");
+        assert!(!said.contains("adopted") && !said.contains("publishing"), "{said}");
+    }
+    // The first's mark, claim and instance are as they were, and it goes on refreshing its VM.
+    assert_eq!(std::fs::read_to_string(runtime.join("observer")).unwrap(), mark);
+    assert_eq!(claims(), claimed);
     let v = snapshot(&runtime);
-    let partitions: usize =
-        v["instances"].as_array().unwrap().iter().map(|i| i["partitions"].as_array().unwrap().len()).sum();
-    assert_eq!(partitions, 1, "one partition for the VM, not two: {v}");
+    let observers: Vec<&Value> = v["instances"].as_array().unwrap().iter().collect();
+    assert_eq!(observers.len(), 1, "{v}");
+    assert_eq!(
+        (observers[0]["pid"].as_u64(), observers[0]["partitions"][0]["name"].as_str()),
+        (Some(first.id().into()), Some("cli-vm"))
+    );
+    let refreshed = || -> f64 {
+        let m = common::scrape(&runtime);
+        let line = m.lines().find(|l| l.starts_with("hvstats_observer_last_refresh_timestamp_seconds{"));
+        let up = format!("hvstats_observer_up{{publisher=\"{}\"}}", mark.trim_end());
+        assert_eq!(common::sample(&m, &up).as_deref(), Some("1"), "{m}");
+        line.and_then(|l| l.rsplit(' ').next()?.parse().ok()).unwrap_or_else(|| panic!("{m}"))
+    };
+    let before = refreshed();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while refreshed() <= before {
+        assert!(Instant::now() < deadline, "the first observer stopped refreshing");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 
-    // An --all observer waits, and takes the VM over once the first observer is gone.
-    let (mut all, all_lines) = observe_fake(&["--all"], &runtime, &proc_root);
-    let waiting = wait_line(&all_lines, "not observed for now");
-    assert!(waiting.contains(&format!("already observed by pid {}", first.id())), "{waiting}");
+    // Killed outright, the first holds nothing more: a new observer starts and takes the VM.
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let (mut next, next_lines) = observe_fake(&["--all"], &runtime, &proc_root);
+    wait_line(&next_lines, &format!("attach pid {pid}"));
     // SAFETY: kill has no memory effects; the pid is our child's.
-    assert_eq!(unsafe { libc::kill(first.id() as i32, libc::SIGTERM) }, 0);
-    assert!(wait_exit(&mut first).success());
-    wait_line(&all_lines, &format!("attach pid {pid}"));
-    // SAFETY: as above.
-    assert_eq!(unsafe { libc::kill(all.id() as i32, libc::SIGTERM) }, 0);
-    assert!(wait_exit(&mut all).success());
-    let left: Vec<_> =
-        std::fs::read_dir(runtime.join("observed")).unwrap().map(|e| e.unwrap().file_name()).collect();
-    assert!(left.is_empty(), "claims are removed by their holders: {left:?}");
+    assert_eq!(unsafe { libc::kill(next.id() as i32, libc::SIGTERM) }, 0);
+    assert!(wait_exit(&mut next).success());
 }
 
 #[test]
@@ -620,7 +654,7 @@ fn a_pid_of_another_user_the_observer_may_not_read_is_refused_with_the_fix() {
     assert!(!out.status.success(), "{err}");
     assert!(
         err.contains(&format!("cannot observe pid {pid}: cannot read the descriptors of process {pid} (a process of uid 65534): Permission denied"))
-            && err.contains("needs CAP_DAC_READ_SEARCH and CAP_SYS_PTRACE"),
+            && err.contains("reason no_cap_dac_read_search; fix: give the observer CAP_DAC_READ_SEARCH"),
         "{err}"
     );
 }

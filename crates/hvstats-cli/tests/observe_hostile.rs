@@ -806,3 +806,144 @@ fn a_libvirt_socket_another_user_serves_and_a_vmm_copying_a_domains_uuid_are_ref
     eprintln!("{refused}");
     drop(thief);
 }
+
+/// A listener on `path` that accepts every connection and counts them, until dropped.
+struct CountingListener {
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl CountingListener {
+    fn bind(path: &Path) -> Self {
+        use std::sync::atomic::Ordering;
+        let listener = UnixListener::bind(path).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let me = Self { accepted: Default::default(), stop: Default::default() };
+        let (accepted, stop) = (me.accepted.clone(), me.stop.clone());
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((s, _)) => {
+                        accepted.fetch_add(1, Ordering::SeqCst);
+                        held.push(s);
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        me
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for CountingListener {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A directory `name` under `parent` with `mode`, root's.
+fn dir_with_mode(parent: &Path, name: &str, mode: u32) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = parent.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)).unwrap();
+    dir
+}
+
+#[test]
+fn a_nobody_vmm_naming_a_socket_in_a_root_only_directory_makes_the_observer_connect_nowhere() {
+    if !kvm_available(
+        "a_nobody_vmm_naming_a_socket_in_a_root_only_directory_makes_the_observer_connect_nowhere",
+    ) {
+        return;
+    }
+    // Another test's `--all` observer would look at this VMM's socket too.
+    let _host = host_wide();
+    let tmp = TempDir::new("hostile-qmp-reach");
+    dir_with_mode(tmp.path(), ".", 0o755);
+    let runtime = runtime_dir(&tmp);
+    // A root daemon's socket in a directory only root may search.
+    let hidden = dir_with_mode(tmp.path(), "root-only", 0o700).join("s.sock");
+    let daemon = CountingListener::bind(&hidden);
+    // A nobody VMM holding a real KVM VM names it as its QMP socket.
+    let qmp = format!("unix:{},server=on,wait=off", hidden.display());
+    let vmm = FakeVmm::spawn_with(&["-name", "pointer", "-qmp", &qmp], "CPU 0/KVM", common::as_nobody);
+    let pid = vmm.pid();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(status.lines().any(|l| l.starts_with("Uid:") && l.contains("65534")), "{status}");
+    let mut observer = Logged::observe(&["--pid", &pid.to_string()], &runtime);
+    observer.wait_line(&[&format!("attach pid {pid} "), "\"pointer\""]);
+    let refused = observer.wait_line(&[&format!("pid {pid} "), "qmp refused"]);
+    assert!(refused.contains("is one the VMM could not connect to itself"), "{refused}");
+    assert!(refused.contains("root-only: uid 65534 gid 65534 may not search it (mode 700"), "{refused}");
+    // Many refreshes later (every 0.1 s): never connected, and said once.
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(3) {
+        assert_eq!(daemon.accepted(), 0, "the observer connected where nobody may not");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let said = observer.said();
+    assert_eq!(said.iter().filter(|l| l.contains("qmp refused")).count(), 0, "said once: {said:?}");
+    eprintln!("{refused}");
+}
+
+#[test]
+fn a_qmp_socket_a_nobody_qemu_can_reach_is_still_used() {
+    use std::os::unix::process::CommandExt;
+    if !kvm_available("a_qmp_socket_a_nobody_qemu_can_reach_is_still_used") {
+        return;
+    }
+    // Another test's `--all` observer would hold this QEMU's only QMP session.
+    let _host = host_wide();
+    let tmp = TempDir::new("hostile-qmp-reachable");
+    dir_with_mode(tmp.path(), ".", 0o755);
+    let runtime = runtime_dir(&tmp);
+    let sock = dir_with_mode(tmp.path(), "open", 0o755).join("q.sock");
+    // QEMU opens /dev/kvm and binds its socket as root, then runs as nobody (-runas); made with
+    // no umask, the socket is writable by all, so nobody could connect to it.
+    let mut command = Command::new("qemu-system-x86_64");
+    command
+        .args(["-accel", "kvm", "-display", "none", "-nodefaults", "-m", "32", "-runas", "nobody"])
+        .args(["-name", "guest=reachable,debug-threads=on"])
+        .args(["-qmp", &format!("unix:{},server=on,wait=off", sock.display())])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: umask is async-signal-safe and touches only the child's mask.
+    unsafe {
+        command.pre_exec(|| {
+            libc::umask(0);
+            Ok(())
+        })
+    };
+    let qemu =
+        common::KilledOnDrop(command.spawn().expect("qemu-system-x86_64 starts (.ci/run installs it)"));
+    let pid = qemu.0.id() as i32;
+    hvstats_testkit::wait_for_kvm_vcpus(pid, 1, Duration::from_secs(30));
+    // It runs as nobody once its set-up is done.
+    let t = Instant::now();
+    while !std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap().contains("Uid:\t65534\t") {
+        assert!(t.elapsed() < Duration::from_secs(30), "QEMU did not become nobody");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut observer = Logged::observe(&["--pid", &pid.to_string()], &runtime);
+    let attach = observer.wait_line(&[&format!("attach pid {pid} "), "\"reachable\""]);
+    assert!(attach.contains("; QMP ") && !attach.contains("unavailable"), "{attach}");
+    let t = Instant::now();
+    loop {
+        let up = partitions_of_vmm(&runtime, pid).iter().any(|p| {
+            p["sources"].as_array().is_some_and(|s| s.iter().any(|s| s["name"] == "qmp" && s["up"] == true))
+        });
+        if up {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "QMP not up: {:?}", observer.said());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(!observer.said().iter().any(|l| l.contains("qmp refused")), "{:?}", observer.said());
+}

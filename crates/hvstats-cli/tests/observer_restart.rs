@@ -1,10 +1,11 @@
-//! `serve --observe-all` killed with SIGKILL under a running QEMU, then a new one: the VM is back,
-//! and each of its counters either continues (KVM's own, counted from the vCPU's creation, and
-//! the tracepoints' counts, kept in the kernel by bpffs pins while no observer ran and adopted by
-//! the new one) or says its reset (the threads' clocks, counted from the new observer's attach,
-//! with a later `_created`, a later `hvstats_vm_counting_since_seconds` and a later
-//! `counting_since` in `snapshot --json`). A real Prometheus scraping through the restart sees
-//! the same.
+//! `serve --observe-all` killed with SIGKILL (or stopped with SIGTERM) under a running QEMU, then
+//! a new one: the VM is back, and each of its counters either continues (KVM's own, counted from
+//! the vCPU's creation; the tracepoints' counts, kept in the kernel by bpffs pins while no
+//! observer ran and adopted by the new one; the vCPU threads' run time, CPU wait and dispatches,
+//! which the kernel keeps from the thread's start) or says its reset (the migrations, counted by
+//! perf from the new observer's attach, with a later `_created`, a later
+//! `hvstats_vm_counting_since_seconds` and a later `counting_since` in `snapshot --json`). A real
+//! Prometheus scraping through the restart sees the same.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -137,7 +138,15 @@ fn a_new_serve_after_a_sigkill_shows_the_vm_and_every_counter_continues_or_says_
             reset += 1;
         }
     }
-    assert!(reset > 0, "the threads' clocks begin again");
+    // The threads' run time, CPU wait and dispatches, kept by the kernel since the thread
+    // started: they continue, from the VM's start.
+    for family in ["hvstats_vp_total_run_seconds", "hvstats_vp_cpu_wait_seconds", "hvstats_vp_dispatches"] {
+        let series = format!("{family}{{vm=\"{tag}\",vp=\"0\"}}");
+        let ((was_value, was_created), (now_value, now_created)) = (was[&series], now[&series]);
+        assert!(now_value >= was_value && was_value > 0.0, "{series}: {was_value} then {now_value}");
+        assert_eq!(was_created, now_created, "{series}");
+        assert!(now_created.unwrap() < since_before, "{series} counts from before the first attach");
+    }
     // The port accesses were counted in the kernel all along: kept since the first attach, and
     // more now than before the SIGKILL (the guest went on while no observer ran).
     let (io_was, io_now) = (was[&format!("{io}}}")], now[&format!("{io}}}")]);
@@ -168,14 +177,21 @@ fn a_new_serve_after_a_sigkill_shows_the_vm_and_every_counter_continues_or_says_
         (tracepoints["counts_from"].as_str(), tracepoints["counts_since"].as_f64()),
         (Some("kept"), Some(kept_since))
     );
-    // The threads' clocks are perf counters nothing keeps across observers: their own source,
-    // which says the new attach whatever the tracepoints' origin.
+    // The migrations are a perf counter nothing keeps across observers: their own source, which
+    // says the new attach whatever the tracepoints' origin.
     let clock = sources.iter().find(|s| s["name"] == "thread-clock").unwrap();
     assert_eq!(
         (clock["counts_from"].as_str(), clock["counts_since"].as_f64()),
         (Some("attach"), Some(since_after))
     );
-    assert!(clock["vp"].as_array().unwrap().iter().any(|c| c == "Total run time"), "{clock}");
+    assert_eq!(clock["vp"], serde_json::json!(["Logical processor migrations/sec"]), "{clock}");
+    // The threads' own files count from the thread's start, which came with the VM's.
+    let thread = sources.iter().find(|s| s["name"] == "thread").unwrap();
+    assert_eq!(thread["counts_from"], "thread-start", "{thread}");
+    assert!(thread["counts_since"].as_f64().unwrap() < since_before, "{thread}");
+    for counter in ["Total run time", "CPU wait time per dispatch", "Dispatches/sec"] {
+        assert!(thread["vp"].as_array().unwrap().iter().any(|c| c == counter), "{counter}: {thread}");
+    }
     for s in sources.iter().filter(|s| s["counts_from"] == "vcpu-creation") {
         assert!(s["counts_since"].as_f64().unwrap() < since_before, "{s}");
     }
@@ -281,11 +297,13 @@ fn prometheus_sees_a_continuing_counter_continue_and_a_reset_one_say_its_reset_a
     let created = format!("hvstats_vp_intercepts_created{{vm=\"{tag}\",intercept=\"io\"}}");
     assert_eq!(one(web, &created, Some(end)), kept_since);
     assert_eq!(one(web, &format!("changes({created}[{window}])"), Some(end)), 0.0);
-    // The threads' clocks are counted by perf on each thread from the attach: they begin again,
-    // and their origin moved to the new attach.
-    let clock = format!("hvstats_vp_total_run_seconds_created{{vm=\"{tag}\",vp=\"0\"}}");
-    assert_eq!(one(web, &clock, Some(end)), since_after);
-    assert_eq!(one(web, &format!("changes({clock}[{window}])"), Some(end)), 1.0);
+    // The threads' run time is the kernel's since the thread started: no reset, and its origin
+    // never moved.
+    let run = format!("hvstats_vp_total_run_seconds_total{{vm=\"{tag}\",vp=\"0\"}}");
+    assert_eq!(one(web, &format!("resets({run}[{window}])"), Some(end)), 0.0);
+    let run_created = format!("hvstats_vp_total_run_seconds_created{{vm=\"{tag}\",vp=\"0\"}}");
+    assert!(one(web, &run_created, Some(end)) < since_before);
+    assert_eq!(one(web, &format!("changes({run_created}[{window}])"), Some(end)), 0.0);
     // The rates through the restart, for people reading the log.
     for (name, series) in [("hlt", &hlt), ("io", &io)] {
         let rates: Vec<String> = (0..=((end - t0) as u64))
@@ -330,6 +348,18 @@ fn a_serve_stopped_cleanly_leaves_its_counts_to_the_next_and_a_vm_gone_meanwhile
     let mut first = serve(&run, qemu.pid(), "127.0.0.1:0");
     first.wait_line(&format!("attach pid {}", qemu.pid()));
     let kept = tracepoints_kept(&run, &tag);
+    let thread_counts = |m: &str| -> Option<[f64; 3]> {
+        let series = counter_series(m, &tag);
+        let value = |family: &str| series.get(&format!("{family}{{vm=\"{tag}\",vp=\"0\"}}")).map(|(v, _)| *v);
+        Some([
+            value("hvstats_vp_total_run_seconds")?,
+            value("hvstats_vp_cpu_wait_seconds")?,
+            value("hvstats_vp_dispatches")?,
+        ])
+    };
+    let m =
+        first.openmetrics_until(Duration::from_secs(60), |m| thread_counts(m).is_some_and(|c| c[2] > 0.0));
+    let before = thread_counts(&m).unwrap();
     assert!(first.terminate().success());
     let layouts = kept_layouts(&run);
     assert_eq!(layouts.len(), 1, "{layouts:?}");
@@ -345,6 +375,15 @@ fn a_serve_stopped_cleanly_leaves_its_counts_to_the_next_and_a_vm_gone_meanwhile
     second.wait_line(&format!("attach pid {}", qemu.pid()));
     let adopted = tracepoints_kept(&run, &tag);
     assert_eq!(adopted["counts_since"], kept["counts_since"], "{adopted} after {kept}");
+    // Run time, CPU wait and dispatches go on from where the first observer left them (the
+    // kernel kept them while no observer ran), never from 0.
+    let m = second.openmetrics_until(Duration::from_secs(60), |m| thread_counts(m).is_some());
+    let after = thread_counts(&m).unwrap();
+    assert!(
+        (0..3).all(|i| after[i] >= before[i]),
+        "run time, CPU wait, dispatches: {before:?} then {after:?}"
+    );
+    eprintln!("run time, CPU wait, dispatches across a SIGTERM: {before:?} then {after:?}");
     assert!(second.terminate().success());
 
     // The VM ends while no observer runs: the next start drops its rows and says so, and once

@@ -1,6 +1,6 @@
 //! `serve --observe-all` as a process: SIGTERM removes the observer's instance files, as
-//! `observe` does, and a VM another observer already publishes is left to it (one observer per
-//! VM per host) until that observer is gone.
+//! `observe` does, and a runtime directory another observer holds is refused (one observer per
+//! runtime directory) until that observer is gone.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -39,24 +39,104 @@ fn sigterm_ends_serve_observe_all_and_removes_the_observers_instance_files() {
     assert_eq!(instance_files(tmp.path()), Vec::<String>::new());
 }
 
+/// Every CPU of the host busy (one spinning thread each) until dropped.
+struct BusyHost {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl BusyHost {
+    fn new() -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let threads = (0..cpus)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        Self { stop, threads }
+    }
+}
+
+impl Drop for BusyHost {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.threads.drain(..).for_each(|t| t.join().unwrap());
+    }
+}
+
 #[test]
-fn serve_observe_all_leaves_a_vm_to_the_observer_that_claimed_it() {
-    if !kvm_available("serve_observe_all_leaves_a_vm_to_the_observer_that_claimed_it") {
+fn sigterm_ends_serve_and_the_observer_promptly_on_a_host_busy_on_every_cpu() {
+    if !kvm_available("sigterm_ends_serve_and_the_observer_promptly_on_a_host_busy_on_every_cpu") {
         return;
     }
-    let tmp = TempDir::new("serve-observe-claim");
+    let tmp = TempDir::new("sigterm-busy");
+    let tag = format!("busy-{}", std::process::id());
+    let qemu = common::QemuGuest::start(tmp.path(), &tag);
+    let pid = qemu.pid().to_string();
+    let _busy = BusyHost::new();
+    let mut took = Vec::new();
+    // Each kind of observer, signalled as it starts and once it counts: [`Running::terminate`]
+    // fails past 5 s.
+    for (round, args) in [
+        &["observe", "--all", "--vm", &pid][..],
+        &["serve", "--listen", "127.0.0.1:0", "--observe-all", "--vm", &pid],
+    ]
+    .into_iter()
+    .cycle()
+    .take(6)
+    .enumerate()
+    {
+        let mut observer = Running::start(args, tmp.path());
+        // Its programs attached and nothing kept in them yet: stopping detaches every one.
+        observer.wait_line("for the next observer to adopt");
+        if round >= 2 {
+            observer.wait_line("vCPU threads");
+            std::thread::sleep(Duration::from_millis(300 * round as u64));
+        }
+        let t = Instant::now();
+        let status = observer.terminate();
+        took.push(t.elapsed());
+        assert_eq!(status.code(), Some(0), "{args:?}: {status}");
+    }
+    took.sort();
+    eprintln!("SIGTERM to exit on a busy host: median {:?}, all {took:?}", took[took.len() / 2]);
+}
+
+#[test]
+fn serve_observe_all_is_refused_a_runtime_directory_another_observer_holds() {
+    if !kvm_available("serve_observe_all_is_refused_a_runtime_directory_another_observer_holds") {
+        return;
+    }
+    let tmp = TempDir::new("serve-observe-held");
     let _vm = hold_a_vm();
     let me = std::process::id().to_string();
     let mut observe = Running::start(&["observe", "--pid", &me, "--interval", "0.1"], tmp.path());
     observe.wait_line(&format!("attach pid {me}"));
-    let mut serve = Running::start(
-        &["serve", "--listen", "127.0.0.1:0", "--observe-all", "--observe-interval", "0.1", "--vm", &me],
-        tmp.path(),
-    );
-    let waiting = serve.wait_line(&format!("pid {me} not observed for now"));
-    assert!(waiting.contains(&format!("already observed by pid {}", observe.child.id())), "{waiting}");
-    // The observer goes: serve takes the VM over.
-    assert_eq!(observe.terminate().code(), Some(0));
+    let mark = std::fs::read_to_string(tmp.path().join("observer")).unwrap();
+    let serve_all = || {
+        Running::start(
+            &["serve", "--listen", "127.0.0.1:0", "--observe-all", "--observe-interval", "0.1", "--vm", &me],
+            tmp.path(),
+        )
+    };
+    // The exporter's own observer would share the runtime directory: serve does not start.
+    let mut refused = serve_all();
+    let said = refused.wait_line("another observer already observes under");
+    assert!(said.contains(&format!("pid {} (`", observe.child.id())), "{said}");
+    let status = refused.child.wait().unwrap();
+    assert!(!status.success(), "{status}");
+    assert!(refused.lines_with("adopted").is_empty() && refused.lines_with("serving").is_empty());
+    assert_eq!(std::fs::read_to_string(tmp.path().join("observer")).unwrap(), mark);
+    // The observer goes (killed outright): serve takes the directory, and the VM, over.
+    observe.child.kill().unwrap();
+    observe.child.wait().unwrap();
+    let mut serve = serve_all();
     serve.wait_line(&format!("attach pid {me}"));
     // Its VM's info names the VMM process (this test holds the VM: no VMM it knows).
     let metrics = serve.get("/metrics");
@@ -68,7 +148,9 @@ fn serve_observe_all_leaves_a_vm_to_the_observer_that_claimed_it() {
         "{metrics}"
     );
     assert_eq!(serve.terminate().code(), Some(0));
-    assert_eq!(instance_files(tmp.path()), Vec::<String>::new());
+    // The killed observer's instance files are cleaned by readers; serve's own are gone.
+    let left = instance_files(tmp.path());
+    assert!(left.iter().all(|f| !f.starts_with(&format!("{}-", serve.child.id()))), "{left:?}");
 }
 
 /// A QEMU with KVM (SeaBIOS with no disk: it halts on a timer, a few dozen times a second) and a

@@ -12,8 +12,8 @@
 //! `libvirt-qemu` (another user: its `/proc/PID/fd` needs CAP_DAC_READ_SEARCH) and a plain QEMU
 //! whose QMP socket is under /tmp are both attached with their libvirt and QMP sources up. Without
 //! CAP_DAC_READ_SEARCH the domain is counted as refused and the log says the fix; with a private
-//! /tmp (what the unit no longer sets) the QMP socket's VM is counted as refused and the log names
-//! the setting.
+//! /tmp (what the unit no longer sets) the QMP socket is still reached, through the QEMU's root. In its own network namespace, it still lets a QMP client of the host's namespace
+//! in within one refresh, and takes the session back once that client leaves.
 
 #![allow(
     clippy::unwrap_used,
@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use common::{KilledOnDrop, TempDir, kvm_available, total};
 use hvstats_guest::bios::{BiosEnd, BiosProgram};
+use hvstats_observe::unix_sockets::{PathUse, UnixSockets};
 use hvstats_testkit::{Libvirtd, spawn_qemu, wait_for_kvm_vcpus};
 use serde_json::Value;
 
@@ -403,8 +404,11 @@ fn every_system_call_the_stats_fd_path_needs_is_allowed_by_the_observers_filter(
     let allowed = allowed_syscalls(&setting(&unit, "SystemCallFilter"));
     // Copying a VMM's KVM statistics descriptors (QEMU 8.1 and later hold one per vCPU) and
     // reading them: list and read /proc/PID/fd, pidfd_open, pidfd_getfd, pread; counting: BPF
-    // and perf events; QMP and libvirt: Unix sockets.
+    // and perf events; QMP and libvirt: Unix sockets; telling VM objects apart (a forked twin, a
+    // VM replaced in place): kcmp, and the size of /proc/PID/fd.
     for call in [
+        "kcmp",
+        "statx",
         "openat",
         "getdents64",
         "readlinkat",
@@ -533,13 +537,61 @@ fn the_observer_under_its_units_sandbox_observes_a_libvirt_domain_of_another_use
     drop(observer);
 
     // With a private /tmp (PrivateTmp=yes, which the unit no longer sets): the QMP socket is not
-    // seen; the VM is observed without it, counted as refused, and the log names the setting.
+    // seen here, but is reached through the VMM's root (as the VMM sees it): QMP is up, nothing
+    // refused.
     let sandbox = Sandbox { private_tmp: true, ..Sandbox::shipped() };
     let run = OutsideTmp::new("unit-sandbox-run-privtmp");
     let mut observer = sandbox.start(&run.0, &trace, &filter, &env);
-    let line = observer.wait_line(&["refused pid", &plain]);
-    assert!(line.contains(&socket.display().to_string()) && line.contains("PrivateTmp="), "{line}");
-    snapshot_until(&run.0, "the hidden QMP socket refused", |s| {
-        refused(s).is_some_and(|n| n >= 1) && partition(s, &plain).is_some()
+    observer.wait_line(&["attach pid", &plain]);
+    let snapshot = snapshot_until(&run.0, "the QMP socket reached through the VMM's root", |s| {
+        partition(s, &plain).and_then(|p| source_up(p, "qmp")) == Some(true)
     });
+    assert_eq!(refused(&snapshot), Some(0), "{snapshot:#}");
+    let log = observer.log().to_owned();
+    assert!(!log.contains(&format!("refused pid {}", qemu.0.id())), "{log}");
+}
+
+#[test]
+fn the_observer_under_its_units_sandbox_lets_a_waiting_qmp_client_in_and_takes_the_session_back() {
+    let test = "the_observer_under_its_units_sandbox_lets_a_waiting_qmp_client_in_and_takes_the_session_back";
+    if !kvm_available(test) || !tools_present(test) {
+        return;
+    }
+    let sandbox = Sandbox::shipped();
+    assert_eq!(one(&sandbox.unit, "PrivateNetwork", "no"), "yes", "the unit's own network namespace");
+    // A plain QEMU in the host's network namespace, its QMP socket under /tmp.
+    let tmp = TempDir::new("unit-sandbox-yield");
+    let tag = format!("sandbox-yield-{}", std::process::id());
+    let qemu = common::QemuGuest::start(tmp.path(), &tag);
+    let pid = qemu.pid().to_string();
+    let run = OutsideTmp::new("unit-sandbox-yield-run");
+    let traces = OutsideTmp::new("unit-sandbox-yield-trace");
+    let mut observer =
+        sandbox.start(&run.0, &traces.0.join("observe.trace"), &["--vm".to_owned(), pid.clone()], &[]);
+    observer.wait_line(&["attach pid", &tag]);
+    let qmp_up = |s: &Value| partition(s, &tag).and_then(|p| source_up(p, "qmp")) == Some(true);
+    snapshot_until(&run.0, "the QMP session up", qmp_up);
+    // The observer's connection, accepted by QEMU, lies in the observer's namespace.
+    let held = || UnixSockets::read().unwrap().of(&qemu.qmp);
+    assert_eq!(held(), PathUse { accepted: 1, waiting: 0 });
+
+    // An operator's tool connects from the host's namespace: QEMU greets it once the observer
+    // lets go (a generous bound: the observer refreshes every second).
+    let t = Instant::now();
+    let mut tool = hvstats_observe::qmp::Qmp::connect(&qemu.qmp, Duration::from_secs(60))
+        .expect("the observer let go of the socket for the waiting client");
+    let greeted = t.elapsed();
+    eprintln!("{test}: the waiting client was greeted after {greeted:?}");
+    assert!(tool.is_running().unwrap());
+    let lost = observer.wait_line(&[&format!("pid {pid} \"{tag}\": qmp lost")]);
+    assert!(lost.contains("another client waits for the QMP socket"), "{lost}");
+    // Once the tool is gone, the observer takes the session back.
+    drop(tool);
+    observer.wait_line(&[&format!("pid {pid} \"{tag}\": qmp back after")]);
+    snapshot_until(&run.0, "the QMP session up again", qmp_up);
+    let t = Instant::now();
+    while held() != (PathUse { accepted: 1, waiting: 0 }) {
+        assert!(t.elapsed() < Duration::from_secs(60), "{:?}\n{}", held(), observer.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

@@ -16,7 +16,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::bpf::{
-    CarriedColumn, Slot, SpanColumn, Tally, TallyError, TallyLayout, ThreadTable, TracepointColumn,
+    CarriedColumn, Claim, Slot, SpanColumn, Tally, TallyError, TallyLayout, ThreadTable, TracepointColumn,
+    VmToken,
 };
 use crate::perf_event::{TYPE_SOFTWARE, TYPE_TRACEPOINT};
 use crate::perf_group::{EventAttr, MemberError, PerfGroup};
@@ -164,6 +165,10 @@ static TALLIES: Mutex<Vec<(TallyKey, Weak<Tally>)>> = Mutex::new(Vec::new());
 /// What adopting or dropping kept counts found, not said yet.
 static KEPT_NOTES: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
+/// Kept rows dropped because their thread runs another VM object now, by process: not said yet.
+static OTHER_VM: Mutex<std::collections::BTreeMap<i32, usize>> =
+    Mutex::new(std::collections::BTreeMap::new());
+
 /// The directory in bpffs where in-kernel counts are kept for the runtime directory `runtime`
 /// (made, and bpffs mounted, when needed): lists made with it ([`EventList::kept_in`]) keep
 /// their counts beyond this process, and a later process keeping its counts there adopts them
@@ -182,9 +187,18 @@ pub fn leave_kept_counts() {
     crate::bpf::keep::leave();
 }
 
-/// What adopting or dropping kept counts found since the last call, to be said once.
+/// What adopting or dropping kept counts found since the last call, to be said once (one line
+/// per process whose rows were dropped because it runs another VM now).
 pub fn kept_notes() -> Vec<String> {
-    std::mem::take(&mut *KEPT_NOTES.lock().unwrap_or_else(|e| e.into_inner()))
+    let mut notes = std::mem::take(&mut *KEPT_NOTES.lock().unwrap_or_else(|e| e.into_inner()));
+    let other_vm = std::mem::take(&mut *OTHER_VM.lock().unwrap_or_else(|e| e.into_inner()));
+    notes.extend(other_vm.into_iter().map(|(pid, rows)| {
+        format!(
+            "dropped the kept counts of {rows} thread(s) of process {pid}: it runs another KVM VM object \
+             than when they were kept (its counts begin anew)"
+        )
+    }));
+    notes
 }
 
 /// Drops the adopted rows of threads gone in every live tally (kept counts of VMs that ended
@@ -462,13 +476,23 @@ impl ThreadEvents {
     /// on this thread is not counted on it ([`is_open`](Self::is_open) says so, and
     /// [`refused`](Self::refused) why).
     pub fn open(pid: i32, tid: i32, events: &EventList) -> Self {
+        Self::open_in(pid, tid, 0, events)
+    }
+
+    /// As [`open`](Self::open), the thread running the VM object `vm`: a row kept by an earlier
+    /// observer is adopted only for the same thread running the same VM (see [`VmToken`]).
+    pub fn open_in(pid: i32, tid: i32, vm: VmToken, events: &EventList) -> Self {
         let slot = events.tally.as_ref().ok().filter(|_| events.method() == Method::InKernel).and_then(|t| {
-            // A row kept by an earlier observer for this very thread: its whole count is ours.
-            if let Some(slot) = t.claim(pid, tid) {
-                return Some((Arc::clone(t), slot, tid, Vec::new()));
+            // A row kept by an earlier observer for this very thread and VM: its whole count is ours.
+            match t.claim(pid, tid, vm) {
+                Claim::Adopted(slot) => return Some((Arc::clone(t), slot, tid, Vec::new())),
+                Claim::OtherVm => {
+                    *OTHER_VM.lock().unwrap_or_else(|e| e.into_inner()).entry(pid).or_default() += 1;
+                }
+                Claim::Nothing => {}
             }
             // A full tally (or a failed map write): this thread's tracepoints are perf counters.
-            let slot = t.add_thread(pid, tid).ok()?;
+            let slot = t.add_thread_in(pid, tid, vm).ok()?;
             match t.read(slot) {
                 Ok(start) => Some((Arc::clone(t), slot, tid, start)),
                 Err(_) => {

@@ -16,7 +16,7 @@ pub fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
 ///
 /// # Errors
 /// The OS error of a negative `ret`.
-pub(crate) fn check_long(ret: libc::c_long) -> io::Result<libc::c_long> {
+pub fn check_long(ret: libc::c_long) -> io::Result<libc::c_long> {
     if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(ret) }
 }
 

@@ -52,11 +52,16 @@ struct Said {
 /// counts for `runtime`; it ends without dropping anything. `None` where it could not count
 /// (no BPF), said.
 fn try_count_once(runtime: &Path, names: &str, pid: i32, tid: i32) -> Option<Said> {
+    try_count_in_vm(runtime, names, pid, tid, 1)
+}
+
+/// As [`try_count_once`], the thread running the VM object `vm` (a [`keep::VmToken`]).
+fn try_count_in_vm(runtime: &Path, names: &str, pid: i32, tid: i32, vm: u64) -> Option<Said> {
     let out = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "kept_counter", "--ignored", "--nocapture", "--test-threads=1"])
         .env("HVSTATS_KEPT_RUNTIME", runtime)
         .env("HVSTATS_KEPT_COLUMNS", names)
-        .env("HVSTATS_KEPT_THREAD", format!("{pid}:{tid}"))
+        .env("HVSTATS_KEPT_THREAD", format!("{pid}:{tid}:{vm}"))
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -98,8 +103,8 @@ fn kept_counter() {
     ) else {
         return;
     };
-    let (pid, tid) = thread.split_once(':').unwrap();
-    let (pid, tid): (i32, i32) = (pid.parse().unwrap(), tid.parse().unwrap());
+    let [pid, tid, vm] = thread.split(':').collect::<Vec<_>>()[..] else { panic!("{thread}") };
+    let (pid, tid, vm): (i32, i32, u64) = (pid.parse().unwrap(), tid.parse().unwrap(), vm.parse().unwrap());
     let identity = keep::identity_dir(Path::new(&runtime)).unwrap();
     let names: Vec<&str> = names.split(',').collect();
     let made =
@@ -115,9 +120,13 @@ fn kept_counter() {
     for note in &adoption.notes {
         println!("note: {note}");
     }
-    let (slot, adopted) = match tally.claim(pid, tid) {
-        Some(slot) => (slot, true),
-        None => (tally.add_thread(pid, tid).unwrap(), false),
+    let (slot, adopted) = match tally.claim(pid, tid, vm) {
+        hvstats_host::bpf::Claim::Adopted(slot) => (slot, true),
+        hvstats_host::bpf::Claim::OtherVm => {
+            println!("note: the thread ran another VM");
+            (tally.add_thread_in(pid, tid, vm).unwrap(), false)
+        }
+        hvstats_host::bpf::Claim::Nothing => (tally.add_thread_in(pid, tid, vm).unwrap(), false),
     };
     let count = tally.read(slot).unwrap()[0];
     let since = tally.kept_since(slot).unwrap();
@@ -131,7 +140,7 @@ fn layouts(identity: &Path) -> Vec<PathBuf> {
 }
 
 #[test]
-fn kept_counts_outlive_their_counter_and_are_adopted_only_by_the_same_thread_and_programs() {
+fn kept_counts_outlive_their_counter_and_are_adopted_only_by_the_same_thread_vm_and_programs() {
     let runtime = std::env::temp_dir().join(format!("hvstats-kept-{}", std::process::id()));
     std::fs::create_dir_all(&runtime).unwrap();
     let identity = match keep::identity_dir(&runtime) {
@@ -172,6 +181,19 @@ fn kept_counts_outlive_their_counter_and_are_adopted_only_by_the_same_thread_and
     let after = count_once(&runtime, "sys_enter_getppid", me, tid);
     assert!(after.adopted, "{after:?}");
     assert!(after.notes.contains("1 thread(s) gone while no observer ran"), "{}", after.notes);
+
+    // The same thread running another VM object is not adopted: its row is dropped and counts
+    // anew, from now; the next claim for that VM adopts the new row.
+    getppid(10);
+    let replaced = try_count_in_vm(&runtime, "sys_enter_getppid", me, tid, 2).unwrap();
+    assert!(!replaced.adopted && replaced.notes.contains("another VM"), "{replaced:?}");
+    assert!(replaced.since > first.since, "a new origin: {replaced:?}");
+    let again = try_count_in_vm(&runtime, "sys_enter_getppid", me, tid, 2).unwrap();
+    assert_eq!((again.adopted, again.since), (true, replaced.since), "{again:?}");
+    // A VM that could not be told (0) is never adopted, even by the same thread and token.
+    let unknown = try_count_in_vm(&runtime, "sys_enter_getppid", me, tid, 0).unwrap();
+    assert!(!unknown.adopted);
+    assert!(!try_count_in_vm(&runtime, "sys_enter_getppid", me, tid, 0).unwrap().adopted);
 
     // Another layout of the programs drops the kept counts, says so, and counts anew.
     let other = count_once(&runtime, "sys_enter_getppid,sys_enter_getpid", me, tid);

@@ -202,7 +202,12 @@ impl VpSources {
     }
 
     fn merge_parts(&mut self, page: &SharedPage, parts: &[Part]) -> VpExtras {
-        let _merge = page.begin_merge();
+        // Only a merge of every part is a publication: the intercepts merged alone at a
+        // hypercall would date the times of an earlier merge as taken now.
+        let _merge = match parts.contains(&Part::Times) {
+            true => page.begin_publication(),
+            false => page.begin_merge(),
+        };
         let mut extras = VpExtras::default();
         for source in self.sources.sources_mut().filter(|s| parts.contains(&s.part())) {
             source.read();

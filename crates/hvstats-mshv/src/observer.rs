@@ -31,7 +31,7 @@ const MAX_REMEMBERED: usize = 4096;
 /// The instance description of an mshv observer (`kind` "mshv").
 pub fn description(root: &Path) -> InstanceDescription {
     InstanceDescription {
-        kind: "mshv".to_owned(),
+        kind: hvstats::index::MSHV_KIND.to_owned(),
         name: format!("hvstats observe --mshv {}", root.display()),
     }
 }
@@ -226,7 +226,7 @@ impl MshvObserver {
             for (n, page) in stats.vp_pages() {
                 let Some(file) = ptree.vps.get(&n) else { continue };
                 let rest = {
-                    let _merge = page.begin_merge();
+                    let _merge = page.begin_publication();
                     write(ObjectKind::Vp, page, file)
                 };
                 self.side(&mut side, ObjectRef::Vp(id, n), rest, &mut events);

@@ -49,8 +49,9 @@ pub enum ObserveError {
     },
     /// Not enough descriptors are left to count on the VM's vCPU threads.
     #[error(
-        "process {pid}: its {vcpus} vCPUs need {needed} perf descriptors and {room} are left \
-         under the open file limit (less a reserve for /proc and the runtime directory)"
+        "process {pid}: the descriptor budget: its {vcpus} vCPUs need {needed} descriptors ({per_thread} \
+         per vCPU thread, {counting}) and {room} are left under the open file limit (less a reserve \
+         for /proc and the runtime directory)"
     )]
     Budget {
         /// The process.
@@ -59,8 +60,22 @@ pub enum ObserveError {
         vcpus: usize,
         /// Descriptors its vCPU threads need.
         needed: usize,
+        /// Descriptors each vCPU thread needs by the counting method in use.
+        per_thread: usize,
+        /// The counting method in use, said.
+        counting: &'static str,
         /// Descriptors left for counters.
         room: usize,
+    },
+    /// The process holds several KVM VM objects: which one its vCPU threads run cannot be told,
+    /// and one process is observed as one VM (retried while it lives: once it holds one, that
+    /// one is attached).
+    #[error("process {pid} holds {vms} KVM VMs: which one it runs cannot be told")]
+    SeveralVms {
+        /// The process.
+        pid: i32,
+        /// The distinct VM objects it holds.
+        vms: usize,
     },
     /// The partition could not be created.
     #[error("cannot publish a partition for process {pid}")]

@@ -14,6 +14,7 @@
 use std::collections::BTreeMap;
 use std::io;
 
+use hvstats_host::bpf::VmToken;
 use hvstats_host::counting::ThreadEvents;
 pub use hvstats_host::counting::{EventList, EventSpec, InKernelError, Method};
 pub use hvstats_host::perf_event::{SW_CPU_MIGRATIONS, SW_TASK_CLOCK};
@@ -34,6 +35,8 @@ pub struct ThreadCounters {
     first: Vec<i32>,
     /// Threads seen at the last scan and not counted (over `max_threads`).
     left_out: usize,
+    /// The VM object the process runs, as kept counts name it (0: not told).
+    vm: VmToken,
 }
 
 impl ThreadCounters {
@@ -57,6 +60,22 @@ impl ThreadCounters {
         max_threads: usize,
         first: &[i32],
     ) -> io::Result<Self> {
+        Self::attach_in_vm(procfs, pid, events, (max_threads, first), 0)
+    }
+
+    /// As [`attach_at_most`](Self::attach_at_most) (`max_threads` and `first` as a pair), the
+    /// process running the VM object `vm`: a kept row of one of its threads is adopted only for
+    /// that VM.
+    ///
+    /// # Errors
+    /// When the process's threads cannot be listed.
+    pub(crate) fn attach_in_vm(
+        procfs: &Procfs,
+        pid: i32,
+        events: EventList,
+        (max_threads, first): (usize, &[i32]),
+        vm: VmToken,
+    ) -> io::Result<Self> {
         let mut me = Self {
             pid,
             events,
@@ -65,6 +84,7 @@ impl ThreadCounters {
             max_threads,
             first: first.to_vec(),
             left_out: 0,
+            vm,
         };
         me.rescan(procfs)?;
         Ok(me)
@@ -92,7 +112,7 @@ impl ThreadCounters {
                 left_out += 1;
                 continue;
             }
-            self.threads.insert(tid, ThreadEvents::open(self.pid, tid, &self.events));
+            self.threads.insert(tid, ThreadEvents::open_in(self.pid, tid, self.vm, &self.events));
             added += 1;
         }
         self.left_out = left_out;
@@ -111,7 +131,7 @@ impl ThreadCounters {
         self.threads.retain(|tid, _| tids.contains(tid));
         for tid in tids {
             if !self.threads.contains_key(tid) {
-                self.threads.insert(*tid, ThreadEvents::open(self.pid, *tid, &self.events));
+                self.threads.insert(*tid, ThreadEvents::open_in(self.pid, *tid, self.vm, &self.events));
             }
         }
         self.only = Some(tids.to_vec());

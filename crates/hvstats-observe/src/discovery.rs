@@ -130,6 +130,11 @@ impl Procfs {
         &self.root
     }
 
+    /// The debugfs tree, when there is one.
+    pub(crate) fn debugfs(&self) -> Option<&Path> {
+        self.debugfs.as_deref()
+    }
+
     /// Every process id in the tree, ascending.
     ///
     /// # Errors
@@ -156,8 +161,13 @@ impl Procfs {
         let listed = numeric_entries(&dir)?;
         let read = listed.len() as u64;
         for fd in listed {
-            // A descriptor closed between the listing and the readlink is simply not there.
-            let Ok(target) = fs::read_link(dir.join(fd.to_string())) else { continue };
+            // A descriptor closed between the listing and the readlink is simply not there; a
+            // link this process may not read (the ptrace access check) hides them all.
+            let target = match fs::read_link(dir.join(fd.to_string())) {
+                Ok(target) => target,
+                Err(e) if is_refusal(&e) => return Err(e),
+                Err(_) => continue,
+            };
             let Some(target) = target.to_str() else { continue };
             let fd = fd as u32;
             if target == "anon_inode:kvm-vm" {
@@ -170,6 +180,12 @@ impl Procfs {
         }
         fds.vms.sort_unstable();
         Ok((fds, read))
+    }
+
+    /// True when the `fd` directory of `pid` can be listed by this process (its links may still
+    /// be refused it).
+    pub(crate) fn fd_listable(&self, pid: i32) -> bool {
+        fs::read_dir(self.root.join(pid.to_string()).join("fd")).is_ok()
     }
 
     /// The number of descriptors `pid` holds, from the size of its `fd` directory, without
@@ -546,26 +562,21 @@ pub fn is_gone(e: &io::Error) -> bool {
 }
 
 /// True when a `/proc/PID/…` access was refused for want of a permission (`EACCES`, `EPERM`): the
-/// process is there, this one may not look (see [`refusal_fix`]).
+/// process is there, this one may not look (the reason it is refused for names the fix: [`crate::refusal::Refusal::fix`]).
 pub fn is_refusal(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM))
 }
 
-/// What lets an observer read the descriptors of a process whose `/proc/PID/fd` it was refused:
-/// listing another user's `fd` directory (mode 0500) takes `CAP_DAC_READ_SEARCH`, reading each
-/// link there the ptrace access check `CAP_SYS_PTRACE` passes; the systemd unit grants both.
-pub const REFUSAL_FIX: &str = "reading the /proc/PID/fd of another user's process needs CAP_DAC_READ_SEARCH and \
-     CAP_SYS_PTRACE: run as root with both (hvstats-observe.service's CapabilityBoundingSet grants them)";
-
 /// The message of a failed read of `pid`'s descriptors: the process is gone, the read was refused
-/// (with who owns the process and [`REFUSAL_FIX`]), or another error.
+/// (with who owns the process: the fix is its refusal's, [`crate::refusal::Refusal::fix`]), or
+/// another error.
 pub fn read_error(procfs: &Procfs, pid: i32, e: &io::Error) -> String {
     if is_gone(e) {
         return format!("no process {pid}");
     }
     if is_refusal(e) {
         let owner = procfs.owner(pid).map(|uid| format!(" (a process of uid {uid})")).unwrap_or_default();
-        return format!("cannot read the descriptors of process {pid}{owner}: {e}; {REFUSAL_FIX}");
+        return format!("cannot read the descriptors of process {pid}{owner}: {e}");
     }
     format!("cannot read process {pid}: {e}")
 }

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::refusal::Refusal;
 use super::sources::KvmExitState;
 use super::vm::{Departure, ThreadRefusal};
 
@@ -136,13 +137,16 @@ pub enum ObserverEvent {
         /// The thread, who named it and why it was refused.
         refusal: ThreadRefusal,
     },
-    /// A process cannot be attached or refreshed now for want of descriptors or memory of this
-    /// process; it is tried again at the next tick (said once until that changes).
+    /// A process cannot be attached or refreshed now (another observer holds it, descriptors
+    /// or memory of this process ran out); it is tried again at the next tick (said once until
+    /// that changes). Counted as refused, for its reason, while it lasts.
     Deferred {
         /// The process.
         pid: i32,
-        /// Why.
-        reason: String,
+        /// The reason it is counted as refused for.
+        reason: Refusal,
+        /// Why, in full.
+        why: String,
     },
     /// A process that may hold a VM is not observed because this process may not read it (its
     /// `/proc/PID/fd`), or a VM's QMP socket is not seen from this process's mount namespace;
@@ -152,14 +156,30 @@ pub enum ObserverEvent {
         pid: i32,
         /// Its VM's name (as its command line gives it).
         name: String,
-        /// Why, and the fix.
+        /// The reason it is counted as refused for (its sentence and fix are the table's).
+        reason: Refusal,
+        /// What was refused (the error, the socket).
         why: String,
+    },
+    /// A process holds the very KVM VM object of a VM observed already (a descriptor it inherited
+    /// by `fork()`, or was passed): not a second VM, and not published; said once. It is a
+    /// candidate again once that VM's process lets go of it.
+    SharesVm {
+        /// The process.
+        pid: i32,
+        /// The VMM process whose VM it holds.
+        with: i32,
     },
     /// A process could not be observed.
     Failed {
         /// The process.
         pid: i32,
+        /// The reason it is counted as refused for while it lives.
+        reason: Refusal,
         /// Why.
         error: String,
     },
+    /// A capability the observer uses is missing (said once, at start): what that costs, and
+    /// the unit line that gives it.
+    CapabilityMissing(&'static crate::capabilities::Needed),
 }

@@ -92,6 +92,12 @@ impl KvmScan {
         self.recheck.insert(pid);
     }
 
+    /// The processes KVM's debugfs named, at the last tick, as having made a VM that lives (empty
+    /// without debugfs).
+    pub fn creators(&self) -> BTreeSet<i32> {
+        self.named.values().copied().collect()
+    }
+
     /// The processes that may hold a VM (KVM's debugfs names them, or they run a VMM) whose
     /// descriptors this process may not read, as of the last tick, with why.
     pub fn refused(&self) -> &BTreeMap<i32, io::Error> {

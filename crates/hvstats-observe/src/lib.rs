@@ -10,9 +10,13 @@
 //! - [`libvirt`]: a read-only client of libvirt's remote protocol, for its domain statistics;
 //! - [`sources`]: the sources of an observed VM's counters (the VMM's KVM statistics descriptors,
 //!   libvirt, QMP, its events, its threads' own files), composed on the seam our own VPs' sources share;
-//! - [`vm`]: one observed VM and its partition; [`observer`]: attach, refresh, detach, over one
+//! - [`vm`]: one observed VM and its partition; [`vm_identity`]: which KVM VM object a process
+//!   holds (a VM is its kernel object: a forked twin is not a second VM, a VM made anew is a new one); [`observer`]: attach, refresh, detach, over one
 //!   record per process (`record`: its identity, stage and what was said of it);
 //! - [`publication`]: what an observed partition publishes beside its pages;
+//! - [`refusal`]: why a VM found is not observed (one table of reasons, counted by reason on the
+//!   observer's page); [`capabilities`]: the capabilities the observer uses, each missing one
+//!   said once with what it costs;
 //! - [`claim`]: one observer per VM per host;
 //! - [`cancel`]: the flag a signal sets to end every wait.
 //!
@@ -24,13 +28,15 @@
 //! ([`counting`]) and hold no descriptor per thread, with perf counters they hold every event of
 //! [`sources::events::vm_events`] but the spans, which only the kernel counts (32 on a host
 //! without VMX/SVM, 48 with). Plus one QMP socket when
-//! given, one libvirt connection for a libvirt domain, and a copy of each KVM statistics
-//! descriptor the VMM holds.
+//! given, one libvirt connection for a libvirt domain, a copy of each KVM statistics
+//! descriptor the VMM holds, and one of its VM descriptor (to tell its VM object from others,
+//! [`vm_identity`]).
 
 #![deny(missing_docs)]
 
 pub mod attach;
 pub mod cancel;
+pub mod capabilities;
 pub mod claim;
 pub mod counting;
 pub mod discovery;
@@ -45,9 +51,12 @@ pub mod publication;
 pub mod qemu_args;
 pub mod qmp;
 mod record;
+pub mod refusal;
+mod socket_access;
 pub mod sources;
 pub mod unix_sockets;
 pub mod vm;
+pub mod vm_identity;
 
 pub use attach::{ObserveError, ObserveOptions};
 pub use discovery::{Procfs, Vmm};

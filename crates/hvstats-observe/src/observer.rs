@@ -28,15 +28,18 @@ use hvstats_abi::catalog::hypervisor;
 
 use super::attach::{ObserveError, ObserveOptions};
 use super::cancel::Cancel;
+use super::capabilities::Capabilities;
 use super::claim::{Claim, ClaimError};
-use super::discovery::{KvmFds, Procfs, is_shortage, read_error};
+use super::discovery::{KvmFds, Procfs, is_refusal, is_shortage, read_error};
 use super::event::ObserverEvent;
 use super::filter::VmIdentity;
 use super::kvm_scan::KvmScan;
 use super::qmp::Qmp;
 use super::record::{Observed, Record, Stage};
+use super::refusal::{self, Refusal, RefusedCounts};
 use super::unix_sockets::UnixSockets;
 use super::vm::{Departure, ObservedVm};
+use super::vm_identity;
 use hvstats_host::error_chain::error_chain;
 
 /// Which processes are observed.
@@ -71,6 +74,10 @@ pub struct Observer {
     kept: Option<crate::counting::EventList>,
     /// What is to be said of the kept counts at the next tick.
     kept_notes: Vec<String>,
+    /// The capabilities this process holds, read at start.
+    capabilities: Capabilities,
+    /// The missing capabilities are said (at the first tick).
+    capabilities_said: bool,
 }
 
 /// Descriptors kept out of the counters' reach (for `/proc`, the runtime directory, QMP sockets
@@ -89,6 +96,10 @@ impl Observer {
             None => (None, Vec::new()),
         };
         options.kept_in = kept.as_ref().map(|(dir, _)| dir.clone());
+        // A socket the operator names is taken as given, as `--qmp` with `--pid` is.
+        if let Targets::QmpSocket(path) = &targets {
+            options.qmp = Some(path.clone());
+        }
         let kept = kept.map(|(_, events)| events);
         Self {
             hv,
@@ -100,6 +111,8 @@ impl Observer {
             scan: KvmScan::new(),
             kept,
             kept_notes,
+            capabilities: Capabilities::of_this_process(),
+            capabilities_said: false,
         }
     }
 
@@ -138,10 +151,11 @@ impl Observer {
         }
     }
 
-    /// VMs found and not observed now: deferred (another observer holds them, descriptors ran
-    /// out) or failed while their process lives.
-    pub fn refused(&self) -> usize {
-        self.records.values().filter(|r| r.is_refused()).count()
+    /// VMs found and not observed now, by reason: deferred (another observer holds them,
+    /// descriptors ran out), failed while their process lives, unreadable, or attached without
+    /// their hidden QMP socket.
+    pub fn refused(&self) -> RefusedCounts {
+        RefusedCounts::of(self.records.values().filter_map(Record::refusal))
     }
 
     /// Observed VMs whose QMP session answers now.
@@ -158,6 +172,9 @@ impl Observer {
     /// takes its turn.
     pub fn tick(&mut self) -> Vec<ObserverEvent> {
         let mut events = Vec::new();
+        if !std::mem::replace(&mut self.capabilities_said, true) {
+            events.extend(self.capabilities.missing().map(ObserverEvent::CapabilityMissing));
+        }
         self.ask_peers();
         // Refresh first: a VM attached now was refreshed by its attach.
         let attached: Vec<i32> =
@@ -166,6 +183,11 @@ impl Observer {
             self.refresh(pid, &mut events);
         }
         for (pid, found) in self.candidates(&mut events) {
+            // Stopping: no VM is attached only to be detached (each attach loads and attaches
+            // programs, a wait a signal should not add up); the rest are found again next time.
+            if self.options.cancel.is_cancelled() {
+                break;
+            }
             self.consider(pid, found, &mut events);
         }
         for record in self.records.values_mut() {
@@ -187,7 +209,8 @@ impl Observer {
 
     /// Puts every observed VM's questions out before any VM is read: its peers answer meanwhile.
     fn ask_peers(&mut self) {
-        let paths: Vec<PathBuf> = self.vms().filter_map(|vm| vm.qmp_path().map(Into::into)).collect();
+        let now = Instant::now();
+        let paths: Vec<PathBuf> = self.vms().flat_map(|vm| vm.sockets_in_use(now).map(Into::into)).collect();
         let sockets = match paths.is_empty() {
             true => UnixSockets::default(),
             false => UnixSockets::read_of(paths.iter().map(PathBuf::as_path)).unwrap_or_default(),
@@ -210,7 +233,11 @@ impl Observer {
             Ok(None) => {}
             Ok(Some(why)) => self.detach(pid, why, events),
             // Not knowing whether it lives is not knowing it died: keep it, say why once.
-            Err(e) => self.defer(events, pid, format!("cannot read process {pid}: {e}")),
+            Err(e) => {
+                let why = format!("cannot read process {pid}: {e}");
+                let reason = if is_shortage(&e) { Refusal::Shortage } else { Refusal::Failed };
+                self.defer(events, pid, reason, why);
+            }
         }
     }
 
@@ -219,6 +246,8 @@ impl Observer {
     fn detach(&mut self, pid: i32, why: Departure, events: &mut Vec<ObserverEvent>) {
         let Some(record) = self.records.get_mut(&pid) else { return };
         let next = match (why, &self.targets) {
+            // The process lives on, with another VM: a new candidate.
+            (Departure::VmChanged, _) => Stage::Seen,
             // The process lives on: a VM it makes now is a new one.
             (Departure::Exec, Targets::Pids(_)) => Stage::Execed,
             (Departure::Exec | Departure::PidReused, Targets::All | Targets::QmpSocket(_)) => Stage::Seen,
@@ -228,6 +257,13 @@ impl Observer {
         let Stage::Attached(o) = std::mem::replace(&mut record.stage, next) else { return };
         // Who left: a process that takes the pid now is told from it.
         record.identity = Some(o.vm.identity());
+        if why == Departure::VmChanged {
+            record.superseded.extend(o.vm.vmm_copies());
+        }
+        // A process holding the same VM is a candidate now (the VM may live on in it).
+        for twin in self.records.values_mut().filter(|r| matches!(r.stage, Stage::Twin { of } if of == pid)) {
+            twin.stage = Stage::Seen;
+        }
         self.scan.recheck(pid);
         events.push(ObserverEvent::Detached { pid, name: o.vm.name().to_owned(), why });
     }
@@ -236,6 +272,10 @@ impl Observer {
     /// may have it.
     fn consider(&mut self, pid: i32, found: io::Result<KvmFds>, events: &mut Vec<ObserverEvent>) {
         let Some(fds) = self.ready(pid, found, events) else { return };
+        if let Some(with) = self.twin_of(pid, &fds) {
+            self.records.entry(pid).or_default().stage = Stage::Twin { of: with };
+            return events.push(ObserverEvent::SharesVm { pid, with });
+        }
         let claim = match self.claim(pid) {
             Ok(claim) => claim,
             // With --all, a VM another observer publishes is read from its instance; it is
@@ -244,25 +284,67 @@ impl Observer {
                 if e.is_shortage()
                     || (matches!(e, ClaimError::Taken { .. }) && self.targets == Targets::All) =>
             {
-                return self.defer(events, pid, format!("process {pid}: {}", error_chain(&e)));
+                let reason = refusal::of_claim_error(&e);
+                return self.defer(events, pid, reason, format!("process {pid}: {}", error_chain(&e)));
             }
-            Err(e) => return self.fail(events, pid, format!("process {pid}: {}", error_chain(&e))),
+            Err(e) => {
+                let reason = refusal::of_claim_error(&e);
+                return self.fail(events, pid, reason, format!("process {pid}: {}", error_chain(&e)));
+            }
         };
         let room = descriptor_room();
         let qmp = self.qmp_for(pid);
-        match ObservedVm::attach(&self.hv, &self.procfs, pid, &fds, &self.options, room, qmp.as_deref()) {
+        if !self.superseded_within_bound(pid, events) {
+            return;
+        }
+        let superseded = self.records.get(&pid).map(|r| &r.superseded[..]).unwrap_or_default();
+        let options = &self.options;
+        match ObservedVm::attach(&self.hv, &self.procfs, pid, &fds, options, room, qmp.as_deref(), superseded)
+        {
             Ok(mut vm) => {
                 if let Some(claim) = claim {
                     vm.hold(claim);
                 }
                 self.attached(vm, qmp, events);
             }
-            Err(e @ ObserveError::Budget { .. }) => self.defer(events, pid, error_chain(&e)),
-            Err(ObserveError::Proc { source, .. }) if is_shortage(&source) => {
-                self.defer(events, pid, format!("cannot read process {pid}: {source}"));
+            Err(e @ (ObserveError::Budget { .. } | ObserveError::SeveralVms { .. })) => {
+                self.defer(events, pid, refusal::of_attach_error(&e), error_chain(&e));
             }
-            Err(e) => self.fail(events, pid, error_chain(&e)),
+            Err(ObserveError::Proc { source, .. }) if is_shortage(&source) => {
+                self.defer(events, pid, Refusal::Shortage, format!("cannot read process {pid}: {source}"));
+            }
+            Err(e) => self.fail(events, pid, refusal::of_attach_error(&e), error_chain(&e)),
         }
+    }
+
+    /// Keeps of the statistics descriptors of the VMs `pid` replaced those it still holds; false
+    /// (the process failed, said) when they are more than [`vm_identity::MAX_SUPERSEDED`].
+    fn superseded_within_bound(&mut self, pid: i32, events: &mut Vec<ObserverEvent>) -> bool {
+        let Some(record) = self.records.get_mut(&pid).filter(|r| !r.superseded.is_empty()) else {
+            return true;
+        };
+        vm_identity::still_held(&self.procfs, pid, &mut record.superseded);
+        let kept = record.superseded.len();
+        if kept <= vm_identity::MAX_SUPERSEDED {
+            return true;
+        }
+        record.superseded.clear();
+        let why = format!(
+            "process {pid} replaced its VM again and again, keeping {kept} statistics descriptors of the \
+             VMs it replaced open (at most {} are told apart)",
+            vm_identity::MAX_SUPERSEDED
+        );
+        self.fail(events, pid, Refusal::SeveralVms, why);
+        false
+    }
+
+    /// The process observed whose VM object `pid` holds too (by a descriptor it inherited or was
+    /// passed), if any: that VM is attached once, to the process first attached (see
+    /// [`Self::listed`]), and this one is no second VM.
+    fn twin_of(&self, pid: i32, fds: &KvmFds) -> Option<i32> {
+        self.vms()
+            .find(|vm| fds.vms.iter().any(|&fd| vm.is_held_at(pid, fd) == Some(true)))
+            .map(ObservedVm::pid)
     }
 
     /// The KVM descriptors of `pid` when its VM is ready to attach: it has vCPUs, and (when it
@@ -289,16 +371,17 @@ impl Observer {
             // A `--pid` process that `exec()`ed: its new program may make a VM later.
             Ok(_) if waits => None,
             Ok(_) => {
-                self.fail(events, pid, format!("process {pid} holds no KVM VM"));
+                self.fail(events, pid, Refusal::Failed, format!("process {pid} holds no KVM VM"));
                 None
             }
             Err(e) if is_shortage(&e) => {
-                self.defer(events, pid, format!("cannot read process {pid}: {e}"));
+                self.defer(events, pid, Refusal::Shortage, format!("cannot read process {pid}: {e}"));
                 None
             }
             Err(e) => {
                 let why = read_error(&self.procfs, pid, &e);
-                self.fail(events, pid, why);
+                let reason = self.unreadable(pid, &e);
+                self.fail(events, pid, reason, why);
                 None
             }
         }
@@ -328,15 +411,11 @@ impl Observer {
         for refusal in vm.take_refusals() {
             events.push(ObserverEvent::ThreadRefused { pid, name: name.clone(), refusal });
         }
-        let hidden = qmp.as_deref().filter(|p| self.procfs.hidden_from_here(pid, p));
+        // A socket hidden here is still reached through the VMM's root where that may be opened.
+        let hidden = qmp.as_deref().filter(|p| self.procfs.hidden_from_here(pid, p) && !vm.monitor_up());
         if let Some(path) = hidden {
-            let why = format!(
-                "its QMP socket {} is in its mount namespace and not in this one's: a private /tmp or a \
-                 hidden /home stands between them (PrivateTmp=, ProtectHome=yes in \
-                 hvstats-observe.service); observed without QMP",
-                path.display()
-            );
-            events.push(ObserverEvent::Refused { pid, name, why });
+            let why = format!("{}: observed without QMP", path.display());
+            events.push(ObserverEvent::Refused { pid, name, reason: Refusal::QmpSocketHidden, why });
         }
         events.extend(self.resemblances(&vm));
         let record = self.records.entry(pid).or_default();
@@ -392,7 +471,7 @@ impl Observer {
         let now: BTreeSet<i32> = self.scan.refused().keys().copied().collect();
         for (pid, record) in &mut self.records {
             let hidden = matches!(&record.stage, Stage::Attached(o) if o.hidden_qmp);
-            record.scan_refused &= now.contains(pid);
+            record.scan_refused = record.scan_refused.filter(|_| now.contains(pid));
             record.refusal_said &= now.contains(pid) || hidden;
         }
         for pid in now {
@@ -400,11 +479,12 @@ impl Observer {
             if std::mem::replace(&mut record.refusal_said, true) || self.filtered_out(events, pid) {
                 continue;
             }
-            self.records.entry(pid).or_default().scan_refused = true;
             let Some(e) = self.scan.refused().get(&pid) else { continue };
+            let reason = self.unreadable(pid, e);
             let why = read_error(&self.procfs, pid, e);
+            self.records.entry(pid).or_default().scan_refused = Some(reason);
             let (_, name) = self.procfs.identify(pid);
-            events.push(ObserverEvent::Refused { pid, name, why });
+            events.push(ObserverEvent::Refused { pid, name, reason, why });
         }
     }
 
@@ -415,7 +495,11 @@ impl Observer {
         page.set(hypervisor::OBSERVER_UP, 1);
         page.set(hypervisor::OBSERVER_LAST_REFRESH, (since_epoch.as_nanos() / 100) as u64);
         page.set(hypervisor::OBSERVER_VMS_ATTACHED, self.vms().count() as u64);
-        page.set(hypervisor::OBSERVER_VMS_REFUSED, self.refused() as u64);
+        let refused = self.refused();
+        page.set(hypervisor::OBSERVER_VMS_REFUSED, refused.total() as u64);
+        for (reason, n) in refused.iter() {
+            page.set(reason.row(), n as u64);
+        }
         page.set(hypervisor::OBSERVER_QMP_SESSIONS_UP, self.qmp_sessions_up() as u64);
     }
 
@@ -452,16 +536,26 @@ impl Observer {
 
     /// Notes that `pid` could not be attached or refreshed this tick for a passing reason; says
     /// so unless it was already deferred at the last tick.
-    fn defer(&mut self, events: &mut Vec<ObserverEvent>, pid: i32, reason: String) {
-        if self.records.entry(pid).or_default().defer() {
-            events.push(ObserverEvent::Deferred { pid, reason });
+    fn defer(&mut self, events: &mut Vec<ObserverEvent>, pid: i32, reason: Refusal, why: String) {
+        if self.records.entry(pid).or_default().defer(reason) {
+            events.push(ObserverEvent::Deferred { pid, reason, why });
         }
     }
 
-    /// Notes that `pid` cannot be observed: it is not tried again while it is the same process.
-    fn fail(&mut self, events: &mut Vec<ObserverEvent>, pid: i32, error: String) {
-        self.records.entry(pid).or_default().stage = Stage::Failed;
-        events.push(ObserverEvent::Failed { pid, error });
+    /// Notes that `pid` cannot be observed, for `reason`: it is not tried again while it is the
+    /// same process.
+    fn fail(&mut self, events: &mut Vec<ObserverEvent>, pid: i32, reason: Refusal, error: String) {
+        self.records.entry(pid).or_default().stage = Stage::Failed(reason);
+        events.push(ObserverEvent::Failed { pid, reason, error });
+    }
+
+    /// Why `pid`, whose descriptors could not be read for `e`, is refused: the capability that
+    /// would have let its `fd` directory be listed or its links read, when this process lacks it.
+    fn unreadable(&self, pid: i32, e: &io::Error) -> Refusal {
+        if !is_refusal(e) {
+            return Refusal::Failed;
+        }
+        self.capabilities.refusal_of_unreadable(!self.procfs.fd_listable(pid))
     }
 
     /// Forgets what is kept of each of `pids` that names another process, or runs another
@@ -495,15 +589,19 @@ impl Observer {
     /// Those of `pids` neither observed nor done, with their KVM descriptors; a process that
     /// failed and exited is gone.
     fn named(&mut self, pids: &[i32]) -> Vec<(i32, io::Result<KvmFds>)> {
-        let failed: Vec<i32> =
-            self.records.iter().filter(|(_, r)| matches!(r.stage, Stage::Failed)).map(|(p, _)| *p).collect();
+        let failed: Vec<i32> = self
+            .records
+            .iter()
+            .filter(|(_, r)| matches!(r.stage, Stage::Failed(_)))
+            .map(|(p, _)| *p)
+            .collect();
         for pid in failed {
             if !self.procfs.is_alive(pid).unwrap_or(true) {
                 self.records.entry(pid).or_default().stage = Stage::Gone;
             }
         }
         pids.iter()
-            .filter(|p| self.records.get(p).is_none_or(|r| !r.is_attached() && !r.is_done()))
+            .filter(|p| self.records.get(p).is_none_or(|r| !r.is_attached() && !r.is_done() && !r.is_twin()))
             .map(|&p| (p, self.procfs.kvm_fds(p)))
             .collect()
     }
@@ -519,8 +617,11 @@ impl Observer {
         let observed = |p: i32| records.get(&p).is_some_and(Record::is_attached);
         let Ok(listed) = self.scan.kvm_processes(&self.procfs, &observed) else { return Vec::new() };
         let pids: Vec<i32> = listed.iter().map(|(p, _)| *p).collect();
+        // A process the scan is refused is not listed, and is still the process whose
+        // leaving out (or refusal) was said: forgotten only once the scan no longer has it.
+        let refused = self.scan.refused();
         for (pid, record) in &mut self.records {
-            if !pids.contains(pid) && !record.is_attached() {
+            if !pids.contains(pid) && !refused.contains_key(pid) && !record.is_attached() {
                 record.stage = Stage::Seen;
                 record.excluded = false;
                 record.identity = None;
@@ -529,10 +630,18 @@ impl Observer {
         self.forget_changed(&pids);
         // Only this process is left out: what a process holds, not what it is called, makes
         // it a VMM. Oldest first, so partition ids follow the VMMs' ages.
-        let takes =
-            |p: &i32| *p != me && self.records.get(p).is_none_or(|r| !r.is_attached() && !r.is_done());
+        let takes = |p: &i32| {
+            *p != me && self.records.get(p).is_none_or(|r| !r.is_attached() && !r.is_done() && !r.is_twin())
+        };
         let mut found: Vec<(i32, KvmFds)> = listed.into_iter().filter(|(p, _)| takes(p)).collect();
-        found.sort_by_key(|(p, _)| (self.records.get(p).and_then(|r| r.identity).map(|k| k.start_time), *p));
+        // A VM two processes hold (a VMM that forked) is attached to the first: the one that made
+        // a VM (KVM's debugfs names it; only its threads can run the vCPUs, KVM refusing any other
+        // process's), else the oldest (a child is younger than the parent it was forked from).
+        let creators = self.scan.creators();
+        found.sort_by_key(|(p, _)| {
+            let start = self.records.get(p).and_then(|r| r.identity).map(|k| k.start_time);
+            (!creators.contains(p), start, *p)
+        });
         found.into_iter().map(|(p, fds)| (p, Ok(fds))).collect()
     }
 

@@ -47,7 +47,8 @@ pub const MAX_BLANK: usize = 64 << 10;
 const CHUNK: usize = 64 << 10;
 
 /// What a QMP socket held by another client looks like to us, said once.
-const TAKEN: &str = "the QMP socket is taken by another client (libvirt?): QEMU serves one at a time";
+const TAKEN: &str =
+    "the QMP socket is taken by another client: QEMU serves one at a time; tried again once it leaves";
 
 /// A QMP failure.
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +61,15 @@ pub enum QmpError {
         /// The cause.
         #[source]
         source: io::Error,
+    },
+    /// The VMM whose command line names the socket could not connect to it itself (a directory
+    /// on the way it may not search, a socket it may not write): not connected.
+    #[error("the QMP socket {path} its command line names is one the VMM could not connect to itself: {why}")]
+    Unreachable {
+        /// The socket, as its command line names it.
+        path: String,
+        /// Where and why the VMM could not reach it.
+        why: String,
     },
     /// The socket accepts no more clients, or QEMU never greeted while another client holds a
     /// connection to it.
@@ -243,7 +253,21 @@ impl Qmp {
     /// # Errors
     /// When the socket cannot be connected, or its backlog is full ([`QmpError::Taken`]).
     pub fn begin(path: &Path, timeout: Duration, cancel: Cancel) -> Result<Self, QmpError> {
-        let stream = connect_nonblocking(path)?;
+        Self::begin_via(path, path, timeout, cancel)
+    }
+
+    /// As [`begin`](Self::begin), connecting through `via` (a `/proc/self/fd/N` of the socket
+    /// `path` names, opened and checked before) while the session is said to be `path`'s.
+    ///
+    /// # Errors
+    /// As [`begin`](Self::begin).
+    pub(crate) fn begin_via(
+        path: &Path,
+        via: &Path,
+        timeout: Duration,
+        cancel: Cancel,
+    ) -> Result<Self, QmpError> {
+        let stream = connect_nonblocking(path, via)?;
         Ok(Self {
             stream,
             path: path.to_owned(),
@@ -636,11 +660,12 @@ pub(crate) fn parse_status(r: &Value) -> Option<&str> {
     r.get("status").and_then(Value::as_str)
 }
 
-/// A non-blocking stream connected to `path` without waiting: a listener whose backlog is full
-/// (QEMU serving another client) is [`QmpError::Taken`], not a connect that blocks.
-fn connect_nonblocking(path: &Path) -> Result<UnixStream, QmpError> {
+/// A non-blocking stream connected to `path` (through `via`) without waiting: a listener whose
+/// backlog is full (QEMU serving another client) is [`QmpError::Taken`], not a connect that
+/// blocks.
+fn connect_nonblocking(path: &Path, via: &Path) -> Result<UnixStream, QmpError> {
     let failed = |source: io::Error| QmpError::Connect { path: path.to_owned(), source };
-    let bytes = path.as_os_str().as_bytes();
+    let bytes = via.as_os_str().as_bytes();
     // SAFETY: sockaddr_un is plain data; all zeroes is a valid (empty) value.
     let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     if bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {

@@ -11,6 +11,11 @@
 //!    └─ cannot be observed ─► Failed ── exits (--pid) ─► Gone
 //! ```
 //!
+//! A process holding the very VM object of a VM attached already (a forked child) is a `Twin` of
+//! that VM's process, neither published nor refused, and back to `Seen` once that process
+//! detaches; an attached VM whose process no longer holds it as its only VM (replaced in place)
+//! detaches back to `Seen`, the old VM's statistics descriptors kept aside (`superseded`).
+//!
 //! With `--all`, a record of a process no longer listed, or that names another process or program
 //! than when it was kept, is forgotten (back to `Seen`): a new process is a new candidate.
 
@@ -19,6 +24,7 @@ use std::time::Instant;
 
 use super::discovery::ProcessIdentity;
 use super::event::ObserverEvent;
+use super::refusal::Refusal;
 use super::sources::{KvmExitState, PeerState};
 use super::vm::ObservedVm;
 
@@ -40,10 +46,16 @@ pub(crate) enum Stage {
     /// Observed.
     Attached(Box<Observed>),
     /// Could not be observed: not retried while it is the same process (with `--pid`, never), and
-    /// counted as refused while it lives.
-    Failed,
+    /// counted as refused, for its reason, while it lives.
+    Failed(Refusal),
     /// Exited, or (with `--pid`) its pid names another process now: not retried.
     Gone,
+    /// Holds the very VM object of the VM observed as process `of` (see
+    /// [`crate::vm_identity`]): not a VM of its own while `of` is attached.
+    Twin {
+        /// The process whose VM it is.
+        of: i32,
+    },
 }
 
 /// An observed VM and what the observer said of it.
@@ -113,16 +125,19 @@ pub(crate) struct Record {
     pub(crate) identity: Option<ProcessIdentity>,
     /// Where it stands.
     pub(crate) stage: Stage,
-    /// It was deferred at the last tick (its reason was said).
-    deferred: bool,
-    /// It was deferred at this tick.
-    deferred_now: bool,
+    /// It was deferred at the last tick, and why (its reason was said).
+    deferred: Option<Refusal>,
+    /// It was deferred at this tick, and why.
+    deferred_now: Option<Refusal>,
     /// The filter leaves it out (said once).
     pub(crate) excluded: bool,
-    /// The scan was refused it and the filter takes it: counted as refused.
-    pub(crate) scan_refused: bool,
+    /// The scan was refused it and the filter takes it: counted as refused, for this reason.
+    pub(crate) scan_refused: Option<Refusal>,
     /// Its refusal (by the scan, or a QMP socket hidden from here) was said.
     pub(crate) refusal_said: bool,
+    /// Copies of the descriptors of the VMs it ran before and replaced (their KVM statistics):
+    /// none is read for a VM it runs now.
+    pub(crate) superseded: Vec<std::os::fd::OwnedFd>,
 }
 
 impl Record {
@@ -147,9 +162,14 @@ impl Record {
         matches!(self.stage, Stage::Attached(_))
     }
 
+    /// True while it holds the VM of another process observed (it is not a candidate then).
+    pub(crate) fn is_twin(&self) -> bool {
+        matches!(self.stage, Stage::Twin { .. })
+    }
+
     /// True once it failed or is gone: not tried again while it is the same process.
     pub(crate) fn is_done(&self) -> bool {
-        matches!(self.stage, Stage::Failed | Stage::Gone)
+        matches!(self.stage, Stage::Failed(_) | Stage::Gone)
     }
 
     /// True while a VM found in it is waited for (its vCPUs settling, or a new program's VM).
@@ -157,23 +177,28 @@ impl Record {
         matches!(self.stage, Stage::Settling { .. } | Stage::Execed)
     }
 
-    /// True when its VM is found and not observed now: deferred, failed while it lives, refused
-    /// by the scan, or attached without its hidden QMP socket.
-    pub(crate) fn is_refused(&self) -> bool {
-        let hidden = matches!(&self.stage, Stage::Attached(o) if o.hidden_qmp);
-        self.deferred || matches!(self.stage, Stage::Failed) || self.scan_refused || hidden
+    /// Why its VM is found and not observed now, when it is not: deferred, failed while it
+    /// lives, refused by the scan, or attached without its hidden QMP socket.
+    pub(crate) fn refusal(&self) -> Option<Refusal> {
+        match &self.stage {
+            Stage::Failed(why) => Some(*why),
+            Stage::Attached(o) if o.hidden_qmp => Some(Refusal::QmpSocketHidden),
+            _ => self.deferred.or(self.scan_refused),
+        }
     }
 
-    /// Notes it deferred at this tick; true when that is news (it was not deferred at the last).
-    pub(crate) fn defer(&mut self) -> bool {
-        self.deferred_now = true;
-        !self.deferred
+    /// Notes it deferred at this tick for `why`; true when that is news (it was not deferred at
+    /// the last).
+    pub(crate) fn defer(&mut self, why: Refusal) -> bool {
+        self.deferred_now = Some(why);
+        self.deferred.is_none()
     }
 
     /// Forgets what was kept of the process it was: it names another process or program now.
     pub(crate) fn forget(&mut self) {
         self.stage = Stage::Seen;
-        self.deferred = false;
+        self.superseded.clear();
+        self.deferred = None;
         self.excluded = false;
     }
 
@@ -200,10 +225,10 @@ impl Record {
     pub(crate) fn is_blank(&self) -> bool {
         self.identity.is_none()
             && matches!(self.stage, Stage::Seen)
-            && !(self.deferred
-                || self.deferred_now
+            && !(self.deferred.is_some()
+                || self.deferred_now.is_some()
                 || self.excluded
-                || self.scan_refused
+                || self.scan_refused.is_some()
                 || self.refusal_said)
     }
 }
@@ -215,27 +240,30 @@ mod tests {
     #[test]
     fn a_deferral_is_news_once_and_counts_as_refused_until_a_tick_passes_without_it() {
         let mut r = Record::default();
-        assert!(r.is_blank() && !r.is_refused());
-        assert!(r.defer(), "deferred for the first time: said");
+        let budget = Refusal::DescriptorBudget;
+        assert!(r.is_blank() && r.refusal().is_none());
+        assert!(r.defer(budget), "deferred for the first time: said");
         r.end_tick();
-        assert!(r.is_refused() && !r.is_blank());
-        assert!(!r.defer(), "deferred at the last tick too: not said again");
+        assert!(r.refusal() == Some(budget) && !r.is_blank());
+        assert!(!r.defer(budget), "deferred at the last tick too: not said again");
         r.end_tick();
-        assert!(r.is_refused());
+        assert_eq!(r.refusal(), Some(budget));
         // A tick without it: no longer refused, and said again should it come back.
         r.end_tick();
-        assert!(!r.is_refused() && r.is_blank());
-        assert!(r.defer());
+        assert!(r.refusal().is_none() && r.is_blank());
+        assert!(r.defer(budget));
     }
 
     #[test]
     fn a_failed_process_is_done_and_refused_until_it_is_forgotten() {
-        let mut r = Record { stage: Stage::Failed, excluded: true, ..Record::default() };
-        assert!(r.is_done() && r.is_refused() && !r.waits() && !r.is_attached());
+        let failed = Stage::Failed(Refusal::NoCapSysPtrace);
+        let mut r = Record { stage: failed, excluded: true, ..Record::default() };
+        assert!(r.is_done() && !r.waits() && !r.is_attached());
+        assert_eq!(r.refusal(), Some(Refusal::NoCapSysPtrace));
         r.forget();
-        assert!(matches!(r.stage, Stage::Seen) && !r.excluded && !r.is_done() && !r.is_refused());
+        assert!(matches!(r.stage, Stage::Seen) && !r.excluded && !r.is_done() && r.refusal().is_none());
         r.stage = Stage::Gone;
-        assert!(r.is_done() && !r.is_refused(), "an exited process is not a VM refused");
+        assert!(r.is_done() && r.refusal().is_none(), "an exited process is not a VM refused");
         r.stage = Stage::Execed;
         assert!(r.waits() && !r.is_done());
         r.stage = Stage::Settling { vcpus: 2 };

@@ -37,6 +37,7 @@ use super::sources::{
     Counting, Learned, Named, PeerKind, PeerState, VM_SOURCES, Vcpu, VmAttach, VmSource, VmView,
 };
 use super::unix_sockets::UnixSockets;
+use super::vm_identity::{VmObject, VmWatch, compare_files, distinct_vms};
 use hvstats_abi::vm_state::VmState;
 use hvstats_sources::counter_source::{Composition, Gives, Object};
 
@@ -68,6 +69,10 @@ pub enum Departure {
     Exec,
     /// Its pid now names another process (the VMM exited and the pid was reused).
     PidReused,
+    /// The VM its process runs is another KVM VM object now: it closed the one attached (and
+    /// made another), or holds another beside it ([`crate::vm_identity::VmWatch`]). A new VM is
+    /// attached anew, counting from a new origin: never the old one's counters, frozen.
+    VmChanged,
 }
 
 /// A thread id a source named for a vCPU and the observer refused.
@@ -109,19 +114,22 @@ pub struct ObservedVm {
     declared: Option<Vec<CounterId>>,
     /// This observer's claim on the VMM, released after the partition is removed.
     claim: Option<Claim>,
-    /// The QMP socket it was attached with.
-    qmp: Option<std::path::PathBuf>,
     /// The VMM's exit, watched without reading `/proc` (on the host's procfs only).
     exit: Option<ExitWatch>,
+    /// The VM object attached, watched for its replacement (`None` where its descriptor cannot
+    /// be copied or compared).
+    watch: Option<VmWatch>,
 }
 
 impl ObservedVm {
     /// Attaches to the VM of `pid` (whose KVM descriptors are `fds`): opens its sources (no more
-    /// than `room` descriptors for its counters) and creates the partition in `hv`.
+    /// than `room` descriptors for its counters, none of `superseded`: copies of descriptors of
+    /// a VM it ran before) and creates the partition in `hv`.
     ///
     /// # Errors
-    /// When the process has no VM, cannot be read, `room` cannot hold a counter group per vCPU,
-    /// or the partition cannot be created.
+    /// When the process has no VM, or holds several, cannot be read, `room` cannot hold a counter
+    /// group per vCPU, or the partition cannot be created.
+    #[allow(clippy::too_many_arguments, reason = "what attaching takes, each from another owner")]
     pub fn attach(
         hv: &Arc<Hypervisor>,
         procfs: &Procfs,
@@ -130,12 +138,15 @@ impl ObservedVm {
         options: &ObserveOptions,
         room: usize,
         qmp: Option<&std::path::Path>,
+        superseded: &[std::os::fd::OwnedFd],
     ) -> Result<Self, ObserveError> {
-        let Some(&vm_fd) = fds.vms.first() else { return Err(ObserveError::NoVm(pid)) };
+        let vm_fd = the_vm(pid, fds)?;
         let identity = procfs.identity(pid).map_err(|source| ObserveError::Proc { pid, source })?;
         let attached = SystemTime::now();
-        let per_thread = super::sources::events_per_thread();
-        let at = VmAttach { procfs, pid, fds, options, room, per_thread, qmp };
+        let watch = VmObject::of(pid, vm_fd).ok().map(|object| VmWatch::new(procfs, pid, vm_fd, object));
+        let events = super::sources::vm_event_list(options);
+        let per_thread = super::sources::descriptors_per_thread(&events);
+        let at = VmAttach { procfs, pid, fds, options, room, events, per_thread, qmp, superseded };
         let mut opened = Vec::new();
         for open in VM_SOURCES {
             opened.extend(open(&at)?);
@@ -169,14 +180,32 @@ impl ObservedVm {
             hv: hv.clone(),
             declared: None,
             claim: None,
-            qmp: qmp.map(std::path::Path::to_owned),
             exit: (procfs.root() == std::path::Path::new("/proc")).then(|| ExitWatch::new(pid)).flatten(),
+            watch,
         };
         match me.refresh(procfs) {
             Ok(None) => Ok(me),
             Ok(Some(_)) => Err(ObserveError::Proc { pid, source: io::ErrorKind::NotFound.into() }),
             Err(source) => Err(ObserveError::Proc { pid, source }),
         }
+    }
+
+    /// True when descriptor `fd` of `pid` is this VM's very KVM VM object: compared with the copy
+    /// held of it, else (where it could not be copied: an observer without `CAP_SYS_PTRACE` under
+    /// Yama) with the VMM's own descriptor, which `kcmp` reads with less; `None` where neither can
+    /// be told.
+    pub fn is_held_at(&self, pid: i32, fd: u32) -> Option<bool> {
+        match &self.watch {
+            Some(w) => w.object().is_held_at(pid, fd).ok(),
+            None => compare_files(pid, fd as i32, self.pid, self.vm_fd as i32).ok().map(|o| o.is_eq()),
+        }
+    }
+
+    /// Copies of the VMM's descriptors this VM's sources hold (its KVM statistics): once its
+    /// VMM replaced the VM, those of the old one, which the new one must not read.
+    pub fn vmm_copies(&self) -> Vec<std::os::fd::OwnedFd> {
+        let copies = self.sources.sources().iter().flat_map(|s| s.vmm_copies());
+        copies.filter_map(|fd| fd.try_clone_to_owned().ok()).collect()
     }
 
     /// Holds `claim` on the VMM for as long as this VM is observed.
@@ -304,9 +333,9 @@ impl ObservedVm {
         }
     }
 
-    /// The QMP socket the VM's QMP source uses, when it has one.
-    pub(crate) fn qmp_path(&self) -> Option<&std::path::Path> {
-        self.qmp.as_deref()
+    /// The Unix sockets the VM's sources' next questions need the kernel's tables of.
+    pub(crate) fn sockets_in_use(&self, now: std::time::Instant) -> impl Iterator<Item = &std::path::Path> {
+        self.sources.sources().iter().filter_map(move |s| s.socket_in_use(now))
     }
 
     /// Each source with a peer, and whether that peer answers now.
@@ -355,6 +384,9 @@ impl ObservedVm {
                 false => Departure::Exec,
             }));
         }
+        if self.vm_changed(procfs)? {
+            return Ok(Some(Departure::VmChanged));
+        }
         self.check_threads(procfs);
         self.find_threads(procfs);
         let view = VmView { procfs, pid: self.pid, vcpus: &self.vcpus };
@@ -365,12 +397,29 @@ impl ObservedVm {
                 continue;
             }
             let Some(page) = self.partition.vp_page(index) else { continue };
-            let _merge = page.begin_merge();
+            let _merge = page.begin_publication();
             self.sources.write(Object::Vp(index), page, |_| true);
         }
         self.sources.write(Object::Partition, self.partition.page(), |_| true);
         self.publish_facts();
         Ok(None)
+    }
+
+    /// True when the VM its process runs is no longer the VM object attached (see
+    /// [`VmWatch::check`]); a process whose descriptors cannot be compared is no longer watched.
+    ///
+    /// # Errors
+    /// When this process is out of descriptors or memory: nothing is known then.
+    fn vm_changed(&mut self, procfs: &Procfs) -> io::Result<bool> {
+        let Some(watch) = &mut self.watch else { return Ok(false) };
+        match watch.check(procfs, self.pid) {
+            Ok(change) => Ok(change.is_some()),
+            Err(e) if is_shortage(&e) => Err(e),
+            Err(_) => {
+                self.watch = None;
+                Ok(false)
+            }
+        }
     }
 
     /// Forgets every vCPU thread that is no longer the task of the VMM it was when accepted (it
@@ -505,6 +554,20 @@ impl ObservedVm {
 /// origin is [`Origin::Kept`] give (`None` when none does).
 fn kept_since(sources: impl Iterator<Item = (Origin, Option<SystemTime>)>) -> Option<SystemTime> {
     sources.filter(|(origin, _)| *origin == Origin::Kept).filter_map(|(_, at)| at).min()
+}
+
+/// The descriptor of the one VM object `pid` holds among `fds` (a `dup` of it is the same VM).
+///
+/// # Errors
+/// When it holds none, or several VM objects: which one its vCPU threads run cannot be told.
+fn the_vm(pid: i32, fds: &KvmFds) -> Result<u32, ObserveError> {
+    // Where descriptors cannot be compared (no kcmp), each is taken for a VM of its own.
+    let vms = distinct_vms(pid, &fds.vms).unwrap_or_else(|_| fds.vms.clone());
+    match vms[..] {
+        [] => Err(ObserveError::NoVm(pid)),
+        [vm] => Ok(vm),
+        _ => Err(ObserveError::SeveralVms { pid, vms: vms.len() }),
+    }
 }
 
 /// Publishes the partition of the VM of `pid`, named `name`, with `vcpus` VPs.

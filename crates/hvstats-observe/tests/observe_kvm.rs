@@ -354,3 +354,33 @@ fn a_qemu_given_two_names_and_two_uuids_is_named_as_qemu_itself_says() {
         assert_eq!(info.uuid.map(|u| u.to_string()).as_deref(), Some(second), "{run}");
     }
 }
+
+#[test]
+fn a_vm_the_filter_leaves_out_is_said_once_however_long_it_runs() {
+    if !kvm_available("a_vm_the_filter_leaves_out_is_said_once_however_long_it_runs") {
+        return;
+    }
+    let tmp = TempDir::new("kvm-left-out");
+    let program = BiosProgram { cpuid: 10, end: BiosEnd::Halt, ..BiosProgram::default() };
+    let dir = TempDir::new("kvm-left-out-vm");
+    let Some((vm, _)) = qemu_with_bios(&dir, program, &["-name", "guest=left-out"]) else { return };
+    wait_for_kvm_vcpus(vm.pid(), 1, STARTUP);
+    let hv = Hypervisor::new_published(&tmp.path().join("run")).unwrap();
+    let filter = hvstats_observe::filter::VmFilter {
+        include: Vec::new(),
+        exclude: vec![hvstats_observe::filter::VmPattern::parse("^left-out$").unwrap()],
+    };
+    let options = ObserveOptions { filter, ..ObserveOptions::default() };
+    let mut observer = Observer::new(hv, Procfs::host(), Targets::All, options);
+    let mut events = Vec::new();
+    // Sixty ticks: as many as a minute of a 1 s refresh.
+    for _ in 0..60 {
+        events.extend(observer.tick());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = vm.pid();
+    let said =
+        events.iter().filter(|e| matches!(e, ObserverEvent::Excluded { pid: p, .. } if *p == pid)).count();
+    assert_eq!(said, 1, "{events:?}");
+    assert!(observer.vms().all(|v| v.pid() != pid));
+}

@@ -349,7 +349,7 @@ impl Exposition {
         for member in family.members.iter().filter(|m| keep(m)) {
             let Some(raw) = value_of(reading, member.counter) else { continue };
             let mut labels = labels;
-            if let Some((label, value)) = member.label {
+            for (label, value) in member.label.into_iter().chain(member.detail) {
                 labels.push(label, value);
             }
             // A state is a state set: a series per state, 1 for the current one.
@@ -1118,7 +1118,12 @@ mod tests {
         with(hv, hypervisor::OBSERVER_UP, 1);
         with(hv, hypervisor::OBSERVER_LAST_REFRESH, 17_000_000_005_000_000);
         with(hv, hypervisor::OBSERVER_VMS_ATTACHED, 2);
-        with(hv, hypervisor::OBSERVER_VMS_REFUSED, 1);
+        with(hv, hypervisor::OBSERVER_VMS_REFUSED, 3);
+        for reason in hvstats_abi::refusal::Refusal::ALL {
+            with(hv, reason.row(), 0);
+        }
+        with(hv, hypervisor::OBSERVER_VMS_REFUSED_NO_CAP_SYS_PTRACE, 2);
+        with(hv, hypervisor::OBSERVER_VMS_REFUSED_DESCRIPTOR_BUDGET, 1);
         with(hv, hypervisor::OBSERVER_QMP_SESSIONS_UP, 1);
         instance.partitions[0].name = "stuck".into();
         with(&mut instance.partitions[0].reading, partition::VM_STATE, VmState::InternalError.code());
@@ -1133,7 +1138,11 @@ mod tests {
             "hvstats_observer_up{publisher=\"777-5-0\"} 0".to_owned(),
             format!("hvstats_observer_last_refresh_timestamp_seconds{{{p}}} 1700000000.5"),
             format!("hvstats_observer_vms{{{p},state=\"attached\"}} 2"),
-            format!("hvstats_observer_vms{{{p},state=\"refused\"}} 1"),
+            // One series per reason of the refusal table, 0 where none is refused for it; their
+            // sum is no series of its own.
+            format!("hvstats_observer_vms{{{p},state=\"refused\",reason=\"no_cap_sys_ptrace\"}} 2"),
+            format!("hvstats_observer_vms{{{p},state=\"refused\",reason=\"descriptor_budget\"}} 1"),
+            format!("hvstats_observer_vms{{{p},state=\"refused\",reason=\"claimed_elsewhere\"}} 0"),
             format!("hvstats_observer_qmp_sessions_up{{{p}}} 1"),
             "hvstats_vm_state{vm=\"stuck\",state=\"internal-error\"} 1".to_owned(),
             "hvstats_vm_state{vm=\"stuck\",state=\"running\"} 0".to_owned(),
@@ -1149,6 +1158,8 @@ mod tests {
         assert_eq!(stuck.len(), VmState::ALL.len(), "{stuck:?}");
         assert_eq!(stuck.iter().filter(|l| l.ends_with(" 1")).count(), 1);
         assert_eq!(text.matches("# TYPE hvstats_observer_up gauge").count(), 1, "one family");
+        let refused = lines_of(&text, &format!("hvstats_observer_vms{{{p},state=\"refused\""));
+        assert_eq!(refused.len(), hvstats_abi::refusal::Refusal::ALL.len(), "{refused:?}");
     }
 
     /// The label values of every sample of a counter or histogram family in `text`.

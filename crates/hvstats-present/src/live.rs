@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use hvstats::attach::{Attach, AttachError, Instance};
 use hvstats::index::OBSERVER_KIND;
@@ -35,9 +35,6 @@ pub struct Reading {
     /// ([`hvstats::observer_mark`]), or, when an observer is expected and none left a mark, an
     /// empty name (an observer down, name unknown).
     pub dead_observers: Vec<String>,
-    /// How often each instance's publisher refreshes its counters, by instance name (those that
-    /// have refreshed twice).
-    pub refresh_periods: Vec<(String, Duration)>,
 }
 
 impl Reading {
@@ -49,8 +46,12 @@ impl Reading {
             problems: Vec::new(),
             failed: Vec::new(),
             dead_observers: Vec::new(),
-            refresh_periods: Vec::new(),
         }
+    }
+
+    /// The instance named `name`, if present.
+    pub fn instance(&self, name: &str) -> Option<&InstanceSnapshot> {
+        self.instances.iter().find(|i| i.name == name)
     }
 
     /// The partition `id` of instance `instance`, if present.
@@ -159,9 +160,7 @@ impl Live {
         failed.sort();
         failed.dedup();
         let instances = attach.instances_mut().map(Instance::snapshot).collect();
-        let refresh_periods =
-            attach.instances().filter_map(|i| Some((i.name().to_string(), i.refresh_period()?))).collect();
-        Ok(Reading { at: Instant::now(), instances, problems, failed, refresh_periods, dead_observers })
+        Ok(Reading { at: Instant::now(), instances, problems, failed, dead_observers })
     }
 
     /// Whether something could be read now, and the text saying so ([`health_text`]), as
@@ -227,7 +226,6 @@ impl Live {
             problems: vec![problem],
             failed: Vec::new(),
             dead_observers: Vec::new(),
-            refresh_periods: Vec::new(),
         }
     }
 

@@ -23,7 +23,7 @@ use std::sync::OnceLock;
 
 use hvstats_abi::catalog::CATALOG;
 use hvstats_abi::exit_reason::InterceptClass;
-use hvstats_abi::source::{ObserverFact, Source};
+use hvstats_abi::source::{ObserverFact, Source, VmsState};
 use hvstats_abi::{Counter, CounterId, GroupKind, ObjectKind, Presentation, Unit};
 
 /// The prefix of every metric name.
@@ -77,6 +77,9 @@ pub struct Member {
     /// The label that tells it from the family's other members, and its value (`intercept` in
     /// the intercept families, `source` and `state` in [`labelled`] ones).
     pub label: Option<(&'static str, &'static str)>,
+    /// A second label that refines the first, and its value (`reason` of the refused VMs in
+    /// [`labelled`] ones).
+    pub detail: Option<(&'static str, &'static str)>,
     /// The raw page value times this, divided by [`divisor`](Self::divisor), is in the family's
     /// base unit (4096 for pages in bytes).
     pub multiplier: u64,
@@ -178,28 +181,47 @@ fn is_intercept_member(id: CounterId) -> bool {
     intercept_classes().any(|(_, count, time)| count == id || time == id)
 }
 
-/// The family of rows that say one thing of several subjects, and the label that tells them
-/// apart, for `counter`: (family name, help, label name, label value).
+/// The family of rows that say one thing of several subjects, and the labels that tell them
+/// apart, for `counter`: (family name, help, label, refining label).
+///
+/// The refused VMs are exported by reason, one series per row of the refusal table
+/// ([`hvstats_abi::refusal::Refusal`]); their sum, a row of its own on the page, is no series
+/// (a `sum` over the family would count it twice).
 ///
 /// ```
 /// use hvstats_abi::catalog::hypervisor;
 /// use hvstats_present::metrics::labelled;
-/// let of = |id: hvstats_abi::CounterId| labelled(id.counter().unwrap()).map(|(f, _, l, v)| (f, l, v));
-/// assert_eq!(of(hypervisor::OBSERVER_VMS_REFUSED), Some(("observer_vms", "state", "refused")));
+/// let of = |id: hvstats_abi::CounterId| labelled(id.counter().unwrap()).map(|(f, _, l, d)| (f, l, d));
+/// assert_eq!(
+///     of(hypervisor::OBSERVER_VMS_REFUSED_NO_CAP_SYS_PTRACE),
+///     Some(("observer_vms", ("state", "refused"), Some(("reason", "no_cap_sys_ptrace"))))
+/// );
+/// assert_eq!(of(hypervisor::OBSERVER_VMS_ATTACHED), Some(("observer_vms", ("state", "attached"), None)));
 /// assert_eq!(of(hypervisor::OBSERVER_UP), None);
 /// ```
-pub fn labelled(counter: &Counter) -> Option<(&'static str, &'static str, &'static str, &'static str)> {
+pub fn labelled(counter: &Counter) -> Option<(&'static str, &'static str, Label, Option<Label>)> {
+    const HELP: &str = "The VMs of other processes the observer found, by whether it observes them \
+                        (attached) or not now (refused), and why not (reason: a row of the refusal \
+                        table, one series each).";
     match counter.maintained.source()? {
-        Source::Observer(ObserverFact::Vms(state)) => Some((
-            "observer_vms",
-            "The VMs of other processes the observer found, by whether it observes them (attached) or \
-             not now (refused: another observer holds them, descriptors ran out, or they could not be \
-             read).",
-            "state",
-            state.label(),
-        )),
+        Source::Observer(ObserverFact::Vms(VmsState::Attached)) => {
+            Some(("observer_vms", HELP, ("state", VmsState::Attached.label()), None))
+        }
+        Source::Observer(ObserverFact::Refused(reason)) => {
+            let [state, reason] = reason.labels();
+            Some(("observer_vms", HELP, state, Some(reason)))
+        }
         _ => None,
     }
+}
+
+/// A label and its value.
+pub type Label = (&'static str, &'static str);
+
+/// True for a row that is the sum of a [`labelled`] family's members (the refused VMs of every
+/// reason): no series of its own.
+pub fn is_sum_of_members(counter: &Counter) -> bool {
+    counter.maintained.source() == Some(Source::Observer(ObserverFact::Vms(VmsState::Refused)))
 }
 
 /// The catalog's description said in the family's base unit: its values are exported in seconds
@@ -293,7 +315,7 @@ fn family_of(counter: &'static Counter) -> Family {
         kind,
         unit,
         object: counter.id.kind,
-        members: vec![Member { counter, label: None, multiplier, divisor }],
+        members: vec![Member { counter, label: None, detail: None, multiplier, divisor }],
     }
 }
 
@@ -302,8 +324,8 @@ fn family_of(counter: &'static Counter) -> Family {
 fn labelled_families(kind: ObjectKind) -> Vec<Family> {
     let mut out: Vec<Family> = Vec::new();
     for counter in CATALOG.iter().filter(|c| c.id.kind == kind && c.is_maintained_anywhere()) {
-        let Some((name, help, label, value)) = labelled(counter) else { continue };
-        let member = Member { counter, label: Some((label, value)), multiplier: 1, divisor: 1 };
+        let Some((name, help, label, detail)) = labelled(counter) else { continue };
+        let member = Member { counter, label: Some(label), detail, multiplier: 1, divisor: 1 };
         match out.iter_mut().find(|f| f.name == name) {
             Some(family) => family.members.push(member),
             None => out.push(Family {
@@ -322,7 +344,8 @@ fn labelled_families(kind: ObjectKind) -> Vec<Family> {
 fn intercept_families() -> [Family; 2] {
     let member = |id: CounterId, label, divisor| {
         let counter = id.counter()?;
-        let member = Member { counter, label: Some(("intercept", label)), multiplier: 1, divisor };
+        let member =
+            Member { counter, label: Some(("intercept", label)), detail: None, multiplier: 1, divisor };
         counter.is_maintained_anywhere().then_some(member)
     };
     [
@@ -374,6 +397,7 @@ pub fn families() -> &'static [Family] {
                             && !c.is_bookkeeping()
                             && !is_intercept_member(c.id)
                             && labelled(c).is_none()
+                            && !is_sum_of_members(c)
                             // A histogram spans many slots: a family of its own, not one value.
                             && c.presentation != Presentation::Histogram
                     })
@@ -486,7 +510,10 @@ mod tests {
         let maintained: Vec<_> = CATALOG
             .iter()
             .filter(|c| {
-                c.is_maintained_anywhere() && c.presentation != Presentation::Histogram && !c.is_bookkeeping()
+                c.is_maintained_anywhere()
+                    && c.presentation != Presentation::Histogram
+                    && !c.is_bookkeeping()
+                    && !is_sum_of_members(c)
             })
             .collect();
         let members: usize = families().iter().map(|f| f.members.len()).sum();
@@ -494,7 +521,7 @@ mod tests {
         let names: HashSet<String> = families().iter().map(Family::exposed_name).collect();
         assert_eq!(names.len(), families().len());
         for f in families() {
-            let labels: HashSet<_> = f.members.iter().map(|m| m.label).collect();
+            let labels: HashSet<_> = f.members.iter().map(|m| (m.label, m.detail)).collect();
             assert_eq!(labels.len(), f.members.len(), "{} has two members with one label set", f.name);
             assert!(f.exposed_name().chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
         }

@@ -7,7 +7,7 @@
 //! shows, each presented the same way.
 
 use hvstats_abi::catalog::vp;
-use hvstats_abi::{Counter, CounterId, Presentation, Unit};
+use hvstats_abi::{Counter, CounterId, Presentation, Source, Unit};
 
 use hvstats::snapshot::ObjectReading;
 
@@ -92,6 +92,133 @@ pub fn over_interval(
     }
 }
 
+/// What a table shows for a rate, share or cost whose two readings hold the same refresh of its
+/// publisher: no count moved between them, so there is no rate to show (not a 0, and not the
+/// `-` of a counter nothing maintains).
+pub const SAME_PUBLICATION: &str = "=";
+
+/// What dates the counts of two readings of one object, so a rate is taken over the time between
+/// the two refreshes that took them, never over the reader's clock (which a refresh is not in
+/// phase with: a reader at the publisher's own period would see a refresh, then none, then two).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DatedBy {
+    /// The page's own publication time ([`vp::PUBLISHED`]), read with its counts.
+    Page,
+    /// The instance's last refresh, from its arena's header: a page of an older publisher,
+    /// which carries no time of its own (or a kind of page that has none).
+    Instance,
+    /// The reader's clock: nothing says when the counts were taken.
+    Reader,
+}
+
+impl DatedBy {
+    /// Its name in JSON and recordings: `page`, `instance refresh`, `reader`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            DatedBy::Page => "page",
+            DatedBy::Instance => "instance refresh",
+            DatedBy::Reader => "reader",
+        }
+    }
+}
+
+/// How far apart two readings of one object are: the time between the refreshes whose counts
+/// they hold, and between the readings themselves.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Interval {
+    /// Seconds between the two refreshes the readings hold (0: the same one; negative: the
+    /// object was replaced in between).
+    pub published: f64,
+    /// What dated them.
+    pub dated_by: DatedBy,
+    /// Seconds between the two readings on the reader's clock.
+    pub read: f64,
+    /// True when the object's run-loop counts are written as they happen (a VP of our own
+    /// partitions, whose run loop counts each exit it handles): those are dated by the reader's
+    /// clock, every other count by its refresh.
+    pub live_run_loop: bool,
+}
+
+impl Interval {
+    /// The interval between `before` and `after`, read `read` seconds apart: dated by the pages'
+    /// publication times when both carry one, else by `refreshed_us`, the instance's last refresh
+    /// (µs) at each reading, when both are known, else by the reader's clock.
+    pub fn between(
+        before: &ObjectReading,
+        after: &ObjectReading,
+        read: f64,
+        refreshed_us: (Option<u64>, Option<u64>),
+        live_run_loop: bool,
+    ) -> Self {
+        let name = vp::PUBLISHED.counter().map_or("", |c| c.name);
+        let published = (before.get(name), after.get(name));
+        Self::dated(published, refreshed_us, read, live_run_loop)
+    }
+
+    /// As [`between`](Self::between), from the pages' publication times (ns, 0 or `None` for a
+    /// page without one) rather than from the readings.
+    pub fn dated(
+        published_ns: (Option<u64>, Option<u64>),
+        refreshed_us: (Option<u64>, Option<u64>),
+        read: f64,
+        live_run_loop: bool,
+    ) -> Self {
+        let stamped = |t: Option<u64>| t.filter(|&t| t != 0);
+        let (published, dated_by) = match (stamped(published_ns.0), stamped(published_ns.1), refreshed_us) {
+            (Some(b), Some(a), _) => (seconds_between(b, a, 1e9), DatedBy::Page),
+            (_, _, (Some(b), Some(a))) => (seconds_between(b, a, 1e6), DatedBy::Instance),
+            _ => (read, DatedBy::Reader),
+        };
+        Self { published, dated_by, read, live_run_loop }
+    }
+
+    /// An interval the reader's clock alone dates (counts of a source that says nothing of
+    /// when it took them).
+    pub const fn by_reader(seconds: f64) -> Self {
+        Self { published: seconds, dated_by: DatedBy::Reader, read: seconds, live_run_loop: false }
+    }
+
+    /// True when both readings hold the same refresh: no count moved between them, and they
+    /// give no rate (absent, never 0).
+    pub fn same_publication(&self) -> bool {
+        self.dated_by != DatedBy::Reader && self.published == 0.0
+    }
+
+    /// The seconds `counter`'s change is taken over: `None` when the readings hold the same
+    /// publication (or the object was replaced), for a count its refreshes write.
+    pub fn seconds_for(&self, counter: &Counter) -> Option<f64> {
+        let live = self.live_run_loop && matches!(counter.maintained.source(), Some(Source::RunLoop(_)));
+        let seconds = if live { self.read } else { self.published };
+        (seconds > 0.0 && seconds.is_finite()).then_some(seconds)
+    }
+}
+
+/// Seconds from `before` to `after`, both in units of which `per_second` make a second; negative
+/// when time went back (the object's publisher was replaced).
+fn seconds_between(before: u64, after: u64, per_second: f64) -> f64 {
+    match after.checked_sub(before) {
+        Some(d) => d as f64 / per_second,
+        None => -((before - after) as f64 / per_second),
+    }
+}
+
+/// `counter` between `before` and `after`, over `interval`, as [`over_interval`] presents it;
+/// `paired` is the readings of the count a cost is averaged over. An instantaneous value shows
+/// as it is; anything else is `None` where the interval gives it no time (the same publication).
+pub fn between(
+    counter: &Counter,
+    before: u64,
+    after: u64,
+    interval: &Interval,
+    paired: Option<(u64, u64)>,
+) -> Option<Presented> {
+    let seconds = match counter.presentation {
+        Presentation::Instant | Presentation::State => 0.0,
+        _ => interval.seconds_for(counter)?,
+    };
+    over_interval(counter, before, after, seconds, paired)
+}
+
 /// A column of a live per-VP view (`hvstats top`): a catalog counter under a short label, shown by
 /// its presentation — `%` of the interval, `/s`, or average cost in µs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,11 +278,12 @@ impl Column {
         }
     }
 
-    /// The value shown over `seconds` between `before` and `after`, in the header's unit.
+    /// The value shown over `interval` between `before` and `after`, in the header's unit.
     ///
     /// `None` when there is nothing to show: the counter is not maintained, either reading lacks
-    /// it, or [`over_interval`] has nothing (a cost without events, a counter that went back).
-    pub fn value(&self, before: &ObjectReading, after: &ObjectReading, seconds: f64) -> Option<f64> {
+    /// it, the readings hold the same publication, or [`over_interval`] has nothing (a cost
+    /// without events, a counter that went back).
+    pub fn value(&self, before: &ObjectReading, after: &ObjectReading, interval: &Interval) -> Option<f64> {
         let counter = self.counter();
         if !counter.is_maintained_anywhere() {
             return None;
@@ -164,8 +292,7 @@ impl Column {
             Some(p) => Some((before.get(p.name)?, after.get(p.name)?)),
             None => None,
         };
-        let shown =
-            over_interval(counter, before.get(counter.name)?, after.get(counter.name)?, seconds, paired)?;
+        let shown = between(counter, before.get(counter.name)?, after.get(counter.name)?, interval, paired)?;
         Some(if shown_as(counter) == Presentation::Cost { shown.value / 1000.0 } else { shown.value })
     }
 }
@@ -255,14 +382,17 @@ mod tests {
         ]);
         let col = |id| VP_COLUMNS.iter().find(|c| c.counter == id).unwrap();
         assert_eq!(col(vp::IO_INSTRUCTIONS).header(), "IO/s");
-        assert_eq!(col(vp::IO_INSTRUCTIONS).value(&before, &after, 2.0), Some(10.0));
+        assert_eq!(col(vp::IO_INSTRUCTIONS).value(&before, &after, &Interval::by_reader(2.0)), Some(10.0));
         // 20 exits took 700 × 100 ns: 3.5 µs each.
         assert_eq!(col(vp::IO_INSTRUCTIONS_COST).header(), "IO µs");
-        assert_eq!(col(vp::IO_INSTRUCTIONS_COST).value(&before, &after, 2.0), Some(3.5));
+        assert_eq!(
+            col(vp::IO_INSTRUCTIONS_COST).value(&before, &after, &Interval::by_reader(2.0)),
+            Some(3.5)
+        );
         assert_eq!(col(vp::TOTAL_RUN_TIME).header(), "Run%");
-        assert_eq!(col(vp::TOTAL_RUN_TIME).value(&before, &after, 2.0), Some(25.0));
+        assert_eq!(col(vp::TOTAL_RUN_TIME).value(&before, &after, &Interval::by_reader(2.0)), Some(25.0));
         // No CPUID exits: no average cost, not 0 µs.
-        assert_eq!(col(vp::CPUID_INSTRUCTIONS_COST).value(&before, &after, 2.0), None);
+        assert_eq!(col(vp::CPUID_INSTRUCTIONS_COST).value(&before, &after, &Interval::by_reader(2.0)), None);
     }
 
     #[test]
@@ -278,7 +408,7 @@ mod tests {
         assert_eq!(col.header(), "Halted%");
         let before = reading(&[(vp::HLT_INSTRUCTIONS, 10)]);
         let after = reading(&[(vp::HLT_INSTRUCTIONS, 12), (vp::HLT_INSTRUCTIONS_COST, 5_000_000)]);
-        assert_eq!(col.value(&before, &after, 2.0), Some(25.0));
+        assert_eq!(col.value(&before, &after, &Interval::by_reader(2.0)), Some(25.0));
         // Every other cost stays an average per event.
         assert_eq!(shown_as(row(vp::IO_INSTRUCTIONS_COST)), Presentation::Cost);
     }
@@ -300,6 +430,90 @@ mod tests {
         assert_eq!(human_ns(2_094 * s), "34m54s");
         assert_eq!(human_ns(19_620 * s), "5h27m");
         assert_eq!(human_ns(273_600 * s), "3d04h");
+    }
+
+    /// A VP reading whose page says it was published at `published_ns`.
+    fn published(published_ns: u64, values: &[(CounterId, u64)]) -> ObjectReading {
+        let mut all = values.to_vec();
+        all.push((vp::PUBLISHED, published_ns));
+        reading(&all)
+    }
+
+    #[test]
+    fn a_rate_is_taken_over_the_time_between_publications_not_the_readers_clock() {
+        let col = |id| VP_COLUMNS.iter().find(|c| c.counter == id).unwrap();
+        let exits = col(vp::CPUID_INSTRUCTIONS);
+        // Refreshed at 10 s and 11 s, with 54 exits in between; read 0.5 s apart (the reader
+        // caught the second refresh just after it): 54/s, not 108/s.
+        let t0 = 10_000_000_000;
+        let before = published(t0, &[(vp::CPUID_INSTRUCTIONS, 1_000)]);
+        let after = published(t0 + 1_000_000_000, &[(vp::CPUID_INSTRUCTIONS, 1_054)]);
+        let interval = Interval::between(&before, &after, 0.5, (None, None), false);
+        assert_eq!(interval.dated_by, DatedBy::Page);
+        assert!(!interval.same_publication());
+        assert_eq!(exits.value(&before, &after, &interval), Some(54.0));
+        // The next reading, 0.5 s later, holds the same refresh: no rate, not 0.
+        let again = Interval::between(&after, &after.clone(), 0.5, (None, None), false);
+        assert!(again.same_publication());
+        assert_eq!(exits.value(&after, &after, &again), None);
+        // Run time as a share of the time between publications: 0.25 s in 1 s, not in 0.5 s.
+        let before = published(t0, &[(vp::TOTAL_RUN_TIME, 0)]);
+        let after = published(t0 + 1_000_000_000, &[(vp::TOTAL_RUN_TIME, 2_500_000)]);
+        let interval = Interval::between(&before, &after, 0.5, (None, None), false);
+        assert_eq!(col(vp::TOTAL_RUN_TIME).value(&before, &after, &interval), Some(25.0));
+        assert_eq!(col(vp::TOTAL_RUN_TIME).value(&after, &after, &again), None);
+    }
+
+    #[test]
+    fn pages_without_their_own_time_fall_back_to_the_instances_refresh_then_the_reader() {
+        let before = reading(&[(vp::CPUID_INSTRUCTIONS, 100)]);
+        let after = reading(&[(vp::CPUID_INSTRUCTIONS, 300)]);
+        let by_instance = Interval::between(&before, &after, 0.5, (Some(5_000_000), Some(7_000_000)), false);
+        assert_eq!(by_instance.dated_by, DatedBy::Instance);
+        assert_eq!(by_instance.published, 2.0);
+        let same = Interval::between(&before, &before, 0.5, (Some(5_000_000), Some(5_000_000)), false);
+        assert!(same.same_publication());
+        assert_eq!(between(row(vp::CPUID_INSTRUCTIONS), 100, 100, &same, None), None);
+        let by_reader = Interval::between(&before, &after, 0.5, (None, Some(5_000_000)), false);
+        assert_eq!(by_reader.dated_by, DatedBy::Reader);
+        assert!(!by_reader.same_publication());
+        assert_eq!(
+            between(row(vp::CPUID_INSTRUCTIONS), 100, 300, &by_reader, None).map(|p| p.value),
+            Some(400.0)
+        );
+        // One page stamped, the other not (a publisher restarted older): the instance decides.
+        let mixed = Interval::between(&published(9, &[]), &after, 0.5, (Some(1), Some(1_000_001)), false);
+        assert_eq!((mixed.dated_by, mixed.published), (DatedBy::Instance, 1.0));
+    }
+
+    #[test]
+    fn counts_a_run_loop_writes_as_they_happen_are_dated_by_the_reader() {
+        let t0 = 1_000_000_000;
+        let before = published(t0, &[(vp::IO_INTERCEPT_MESSAGES, 0), (vp::TOTAL_RUN_TIME, 0)]);
+        let after = published(t0, &[(vp::IO_INTERCEPT_MESSAGES, 50), (vp::TOTAL_RUN_TIME, 0)]);
+        let interval = Interval::between(&before, &after, 0.5, (None, None), true);
+        assert!(interval.same_publication());
+        let io = row(vp::IO_INTERCEPT_MESSAGES);
+        assert!(matches!(io.maintained.source(), Some(Source::RunLoop(_))));
+        assert_eq!(between(io, 0, 50, &interval, None).map(|p| p.value), Some(100.0));
+        assert_eq!(between(row(vp::TOTAL_RUN_TIME), 0, 0, &interval, None), None);
+        // Of a publisher whose every count is refreshed (an observer), the refresh dates them.
+        let observed = Interval { live_run_loop: false, ..interval };
+        assert_eq!(between(io, 0, 50, &observed, None), None);
+    }
+
+    #[test]
+    fn a_publication_time_that_went_back_gives_no_rate() {
+        let before = published(5_000_000_000, &[(vp::CPUID_INSTRUCTIONS, 10)]);
+        let after = published(1_000_000_000, &[(vp::CPUID_INSTRUCTIONS, 20)]);
+        let interval = Interval::between(&before, &after, 1.0, (None, None), false);
+        assert!(interval.published < 0.0 && !interval.same_publication());
+        assert_eq!(between(row(vp::CPUID_INSTRUCTIONS), 10, 20, &interval, None), None);
+        // An instant value shows as it is, whatever the interval.
+        assert_eq!(
+            between(row(partition::VIRTUAL_PROCESSORS), 2, 4, &interval, None).map(|p| p.value),
+            Some(4.0)
+        );
     }
 
     #[test]

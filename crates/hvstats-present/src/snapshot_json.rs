@@ -5,7 +5,7 @@
 use std::io::{self, Write};
 
 use crate::json_keys::{Held, SCHEMA_KEY, SCHEMA_VERSION, key};
-use crate::present;
+use crate::present::{self, Interval};
 use crate::text::Escaped;
 use hvstats::attach::Attach;
 use hvstats::snapshot::{self, InstanceSnapshot, ObjectReading, PartitionSnapshot, VpSnapshot};
@@ -22,6 +22,29 @@ pub struct Earlier<'a> {
     pub snapshot: &'a InstanceSnapshot,
     /// Seconds between the two readings.
     pub seconds: f64,
+}
+
+impl Earlier<'_> {
+    /// The interval from `then`, an object of the earlier reading, to `now`, the same object of
+    /// instance `s`: dated by the page's publication times, else by the instance's refreshes.
+    pub fn interval(&self, then: &ObjectReading, now: &ObjectReading, s: &InstanceSnapshot) -> Interval {
+        let refreshed = (self.snapshot.refreshed_us, s.refreshed_us);
+        Interval::between(then, now, self.seconds, refreshed, s.description.runs_its_partitions())
+    }
+}
+
+/// An object's earlier reading and the interval from it, over an interval: `None` inside for an
+/// object that appeared during the interval.
+type Then<'a> = Option<Option<(&'a ObjectReading, Interval)>>;
+
+/// What dated an object's rates, for JSON: the seconds between the refreshes its readings hold,
+/// whether they hold the same one (its rates are then null, not 0), and what dated them.
+pub fn publication_json(interval: &Interval) -> Value {
+    json!({
+        "published_seconds": (interval.published > 0.0).then_some(interval.published),
+        "same_publication": interval.same_publication(),
+        "dated_by": interval.dated_by.name(),
+    })
 }
 
 /// What [`stream_json`] could not read.
@@ -378,11 +401,7 @@ pub fn histograms_json(vp: &VpSnapshot) -> Value {
 /// `{"counters": {key: total}}` (with `"interval": {key: rate, % or ns}` over an interval, keys
 /// as [`crate::json_keys`] makes them), or
 /// `{"unreadable": reason, "permission_denied": bool}`.
-fn reading_json(
-    reading: &ObjectReading,
-    kind: ObjectKind,
-    then: Option<(Option<&ObjectReading>, f64)>,
-) -> Map<String, Value> {
+fn reading_json(reading: &ObjectReading, kind: ObjectKind, then: Then<'_>) -> Map<String, Value> {
     let mut object = Map::new();
     match reading {
         ObjectReading::Counters(values) => {
@@ -396,10 +415,10 @@ fn reading_json(
                 counters.insert(key(c, Held::Total), counter_json(c, *v));
             }
             object.insert("counters".into(), Value::Object(counters));
-            if let Some((then, seconds)) = then {
+            if let Some(then) = then {
                 let presented = match then {
                     // A histogram is presented whole, under "histograms".
-                    Some(then) => cells(reading, Some(then), seconds)
+                    Some((then, interval)) => cells(reading, Some((then, &interval)))
                         .filter(|(c, _)| {
                             c.presentation != hvstats_abi::Presentation::Histogram && is_counter(c)
                         })
@@ -408,6 +427,9 @@ fn reading_json(
                     None => Map::new(),
                 };
                 object.insert("interval".into(), Value::Object(presented));
+                if let Some((_, interval)) = then {
+                    object.insert("publication".into(), publication_json(&interval));
+                }
             }
         }
         ObjectReading::Unreadable { permission_denied, reason } => {
@@ -438,14 +460,14 @@ pub fn instance_json(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>) -> Valu
 
 /// [`instance_json`] without its partitions.
 fn instance_fields(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>) -> Map<String, Value> {
-    let then = |find: &dyn Fn(&InstanceSnapshot) -> Option<&ObjectReading>| {
-        earlier.map(|e| (find(e.snapshot), e.seconds))
+    let then = |find: &dyn Fn(&InstanceSnapshot) -> Option<&ObjectReading>, now: &ObjectReading| {
+        earlier.map(|e| find(e.snapshot).map(|t| (t, e.interval(t, now, s))))
     };
     let lps: Vec<Value> = s
         .lps
         .iter()
         .map(|lp| {
-            let t = then(&|e| e.lps.iter().find(|l| l.index == lp.index).map(|l| &l.reading));
+            let t = then(&|e| e.lps.iter().find(|l| l.index == lp.index).map(|l| &l.reading), &lp.reading);
             let fields = json!({"index": lp.index, "cpu": lp.cpu});
             with(
                 reading_json(&lp.reading, ObjectKind::LogicalProcessor, t),
@@ -453,7 +475,8 @@ fn instance_fields(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>) -> Map<St
             )
         })
         .collect();
-    let mut hypervisor = reading_json(&s.hypervisor, ObjectKind::Hypervisor, then(&|e| Some(&e.hypervisor)));
+    let mut hypervisor =
+        reading_json(&s.hypervisor, ObjectKind::Hypervisor, then(&|e| Some(&e.hypervisor), &s.hypervisor));
     if let Some(u) = unmapped_json(s, ObjectRef::Hypervisor) {
         hypervisor.insert("unmapped".into(), u);
     }
@@ -499,14 +522,14 @@ pub(crate) fn partition_json(
     earlier: Option<Earlier<'_>>,
     s: &InstanceSnapshot,
 ) -> Value {
-    let then = |find: &dyn Fn(&InstanceSnapshot) -> Option<&ObjectReading>| {
-        earlier.map(|e| (find(e.snapshot), e.seconds))
+    let then = |find: &dyn Fn(&InstanceSnapshot) -> Option<&ObjectReading>, now: &ObjectReading| {
+        earlier.map(|e| find(e.snapshot).map(|t| (t, e.interval(t, now, s))))
     };
     let vps: Vec<Value> = p
         .vps
         .iter()
         .map(|vp| {
-            let t = then(&|e| earlier_vp(e, p.id, vp.index));
+            let t = then(&|e| earlier_vp(e, p.id, vp.index), &vp.reading);
             let fields = json!({"index": vp.index, "histograms": histograms_json(vp)});
             with(
                 reading_json(&vp.reading, ObjectKind::Vp, t),
@@ -514,7 +537,7 @@ pub(crate) fn partition_json(
             )
         })
         .collect();
-    let t = then(&|e| earlier_partition(e, p.id).map(|e| &e.reading));
+    let t = then(&|e| earlier_partition(e, p.id).map(|e| &e.reading), &p.reading);
     let state = match &p.stopped {
         None if p.active => json!("active"),
         None => json!("stopped"),
@@ -546,11 +569,12 @@ pub fn counter_json(counter: &Counter, raw: u64) -> Value {
     }
 }
 
-/// One object's counters now, and its reading at the start of the interval.
+/// One object's counters now, and its reading at the start of the interval with the interval
+/// from it (see [`Earlier::interval`]): over an interval whose readings hold the same
+/// publication, a rate, share or cost is null, never 0.
 pub fn cells<'a>(
     now: &'a ObjectReading,
-    then: Option<&'a ObjectReading>,
-    seconds: f64,
+    then: Option<(&'a ObjectReading, &'a Interval)>,
 ) -> impl Iterator<Item = (&'static Counter, Option<Value>)> + 'a {
     let kind_counters: Vec<&'static Counter> = match now {
         ObjectReading::Counters(values) => values.iter().map(|(c, _)| *c).collect(),
@@ -564,9 +588,9 @@ pub fn cells<'a>(
             (None, Some(v)) => Some(json!(v)),
             // A counter no source maintains reads 0 on the page; it has no rate or average.
             (Some(_), Some(_)) if !c.is_maintained_anywhere() => None,
-            (Some(then), Some(after)) => then.get(c.name).and_then(|before| {
+            (Some((then, interval)), Some(after)) => then.get(c.name).and_then(|before| {
                 let paired = c.paired_count().and_then(|p| Some((then.get(p.name)?, now.get(p.name)?)));
-                present::over_interval(c, before, after, seconds, paired).map(|p| json!(p.value))
+                present::between(c, before, after, interval, paired).map(|p| json!(p.value))
             }),
         };
         (c, value)

@@ -3,9 +3,10 @@
 //! for the first time, reclaimed or swapped out is a fault of that thread (a major one when it
 //! waited for the disk); the VMM's own faults on the thread count too.
 //!
-//! Counts start when the source is opened: as our VP thread begins running its guest, or as the
-//! observer finds an observed VM's vCPU thread. The same source serves both, opened on a thread
-//! of this process ([`open_source`]) or of another under a procfs root ([`open_observed`]).
+//! Our VP's counts start when the source is opened, as its thread begins running its guest; an
+//! observed VM's vCPU thread's count from the thread's start, as the kernel keeps them (so a new
+//! observer continues them). The same source serves both, opened on a thread of this process
+//! ([`open_source`]) or of another under a procfs root ([`open_observed`]).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -150,10 +151,14 @@ pub(super) fn open_source(vp: &VpThread) -> Option<Box<dyn VpSource>> {
     Some(Box::new(HostFaultSource::open(stat).ok()?))
 }
 
-/// The faults of an observed VM's vCPU thread, from now on.
+/// The faults of an observed VM's vCPU thread since the thread started, as the kernel keeps
+/// them: a new observer continues the last one's counts.
 pub(super) fn open_observed(thread: ObservedThread<'_>) -> Option<Box<dyn VpSource>> {
     let path = task_stat::thread_path(thread.procfs, thread.pid, thread.tid);
-    Some(Box::new(HostFaultSource::open(StatAt::Path(path)).ok()?))
+    let mut source = HostFaultSource::open(StatAt::Path(path)).ok()?;
+    source.at_open = Faults::default();
+    source.read();
+    Some(Box::new(source))
 }
 
 #[cfg(test)]

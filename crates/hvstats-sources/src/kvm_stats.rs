@@ -56,6 +56,13 @@ pub struct KvmStats {
     id: String,
 }
 
+impl std::os::fd::AsFd for KvmStats {
+    /// The statistics descriptor itself (to compare it with another, as `kcmp(2)` does).
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+}
+
 impl KvmStats {
     /// Opens the stats of the VM or vCPU behind `fd`.
     ///

@@ -1,7 +1,8 @@
 //! The VP counters kept from the VP thread itself: its CPU and guest time, its CPU wait and
 //! dispatches (schedstat) and its migrations (a perf software event), written together so
 //! Hypervisor run time is total less guest time of the same reading. An observed VM's vCPU thread
-//! has the schedstat part ([`open_observed`]): its CPU wait and dispatches since it was found.
+//! has the schedstat part ([`open_observed`]): its run time (and hypervisor time), CPU wait and
+//! dispatches since the thread started, as the kernel keeps them.
 
 use hvstats::SharedPage;
 use hvstats_abi::catalog::{maintained_by, maintained_count};
@@ -152,14 +153,31 @@ pub(super) fn open_source(vp: &VpThread) -> Option<Box<dyn VpSource>> {
     }))
 }
 
-/// An observed vCPU thread's CPU wait and dispatches since the observer found it (its CPU time
-/// comes from the observer's task clock: another process's thread clock cannot be read).
+/// An observed vCPU thread's run time, hypervisor time, CPU wait and dispatches, as the kernel
+/// keeps them from the thread's start (`schedstat`, and the guest time of its `stat`): nothing
+/// is taken off at attach, so a new observer continues where the last one left, and nothing is
+/// lost while none runs.
 #[derive(Debug)]
 pub struct ObservedSched {
     /// The thread's `schedstat`, opened for each reading (no descriptor held per vCPU thread).
     path: std::path::PathBuf,
-    at_open: SchedStat,
-    since: Option<SchedStat>,
+    /// The thread's `stat`, for its guest time.
+    stat: std::path::PathBuf,
+    sched: Option<SchedStat>,
+    times: Option<ThreadTimes>,
+}
+
+impl ObservedSched {
+    /// The thread's times from one `schedstat` reading: its run time, less its guest time so far.
+    fn times(&self, sched: &SchedStat) -> Option<ThreadTimes> {
+        let mut buf = [0u8; hvstats_host::task_stat::STAT_MAX];
+        let file = hvstats_host::task_stat::StatFile::open(&self.stat).ok()?;
+        let guest_ticks = file.read(&mut buf).ok()?.guest_ticks()?;
+        Some(ThreadTimes {
+            total_100ns: sched.run_ns / 100,
+            guest_100ns: hvstats_host::task_stat::ticks_to_100ns(guest_ticks),
+        })
+    }
 }
 
 impl CounterSource for ObservedSched {
@@ -168,13 +186,15 @@ impl CounterSource for ObservedSched {
     }
 
     fn gives(&self) -> Gives {
-        thread_gives(|source| {
-            matches!(source, Source::ThreadTime(ThreadTime::CpuWait | ThreadTime::Dispatches))
+        thread_gives(|source| match source {
+            Source::ThreadTime(ThreadTime::CpuWait | ThreadTime::Dispatches) => true,
+            Source::ThreadTime(ThreadTime::Total | ThreadTime::Hypervisor) => self.times.is_some(),
+            _ => false,
         })
     }
 
     fn write(&self, _object: Object, page: &SharedPage, only: &CounterSet) {
-        write_thread_counts(page, only, None, self.since, None);
+        write_thread_counts(page, only, self.times, self.sched, None);
     }
 }
 
@@ -184,16 +204,24 @@ impl VpSource for ObservedSched {
     }
 
     fn read(&mut self) {
-        let now = SchedStatFile::open_path(&self.path).and_then(|f| f.read());
-        if let Some(since) = now.ok().and_then(|now| now.since(&self.at_open)) {
-            self.since = Some(since);
+        let Ok(now) = SchedStatFile::open_path(&self.path).and_then(|f| f.read()) else { return };
+        // A reading that went back is not the same thread's: the last is kept.
+        if self.sched.is_some_and(|was| now.since(&was).is_none()) {
+            return;
+        }
+        self.sched = Some(now);
+        if let Some(times) = self.times(&now) {
+            self.times = Some(times);
         }
     }
 }
 
-/// The schedstat of an observed vCPU thread, from now on (`None` when it cannot be read).
+/// The schedstat of an observed vCPU thread, counted from the thread's start (`None` when it
+/// cannot be read).
 pub(super) fn open_observed(thread: ObservedThread<'_>) -> Option<Box<dyn VpSource>> {
     let path = hvstats_host::sched::path_under(thread.procfs, thread.pid, thread.tid);
-    let at_open = SchedStatFile::open_path(&path).and_then(|f| f.read()).ok()?;
-    Some(Box::new(ObservedSched { path, at_open, since: None }))
+    let stat = hvstats_host::task_stat::thread_path(thread.procfs, thread.pid, thread.tid);
+    let mut source = ObservedSched { path, stat, sched: None, times: None };
+    source.read();
+    source.sched.is_some().then(|| Box::new(source) as Box<dyn VpSource>)
 }

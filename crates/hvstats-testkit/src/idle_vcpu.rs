@@ -34,3 +34,30 @@ impl IdleVcpu {
         unsafe { BorrowedFd::borrow_raw(self.vcpu.as_raw_fd()) }
     }
 }
+
+/// A VM whose vCPUs never run, made on a `/dev/kvm` descriptor given (one a more privileged
+/// parent opened for a process that may not open `/dev/kvm` itself) or opened here: what a VMM
+/// holds, for tests that look for it. The VM and vCPUs stay open as long as this lives.
+pub struct IdleVm {
+    _vcpus: Vec<kvm_ioctls::VcpuFd>,
+    _vm: kvm_ioctls::VmFd,
+}
+
+impl IdleVm {
+    /// Creates a VM with `vcpus` vCPUs on `kvm` (else on `/dev/kvm`, opened now).
+    ///
+    /// # Errors
+    /// When `/dev/kvm`, the VM or a vCPU cannot be made.
+    pub fn new(kvm: Option<std::os::fd::OwnedFd>, vcpus: u64) -> io::Result<Self> {
+        use std::os::fd::{FromRawFd, IntoRawFd};
+        let kvm = match kvm {
+            // SAFETY: the descriptor is ours (owned) and is a /dev/kvm descriptor, as the caller
+            // says; the Kvm takes it over.
+            Some(fd) => unsafe { kvm_ioctls::Kvm::from_raw_fd(fd.into_raw_fd()) },
+            None => kvm_ioctls::Kvm::new()?,
+        };
+        let vm = kvm.create_vm()?;
+        let vcpus = (0..vcpus).map(|i| vm.create_vcpu(i)).collect::<Result<Vec<_>, _>>()?;
+        Ok(Self { _vcpus: vcpus, _vm: vm })
+    }
+}

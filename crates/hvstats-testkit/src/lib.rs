@@ -22,7 +22,7 @@ mod load;
 mod reading;
 
 pub use dir::TempDir;
-pub use idle_vcpu::IdleVcpu;
+pub use idle_vcpu::{IdleVcpu, IdleVm};
 pub use kvm::{kvm_available, kvm_vcpus, spawn_qemu, wait_for_kvm_vcpus};
 pub use libvirt::{LibvirtDomain, Libvirtd};
 pub use load::synthetic_load;

@@ -3,16 +3,20 @@
 
 use hvstats::snapshot::{InstanceSnapshot, ObjectReading, PartitionSnapshot, VpSnapshot};
 use hvstats_abi::ObjectKind;
-use hvstats_abi::catalog::counters_of;
+use hvstats_abi::catalog::{counters_of, vp};
 
 /// An instance `4242-1-0` (pid 4242) with `partitions` partitions (ids from 1) of `vps_each` VPs,
 /// every counter of every object set, to distinct values: counter `i` of the object numbered `n`
 /// (the hypervisor 0, partition `p` by `p`, VP `i` of partition `p` by `p × vps_each + i`)
-/// reads `n × 1000 + i`.
+/// reads `n × 1000 + i`, except the VPs' publication time, 0 (never published), so a reader
+/// dates two such readings by its own clock.
 pub fn synthetic_instance(partitions: u32, vps_each: u32) -> InstanceSnapshot {
     let counters = |seed: u64, kind| {
         ObjectReading::Counters(
-            counters_of(kind).enumerate().map(|(i, c)| (c, seed * 1000 + i as u64)).collect(),
+            counters_of(kind)
+                .enumerate()
+                .map(|(i, c)| (c, if c.id == vp::PUBLISHED { 0 } else { seed * 1000 + i as u64 }))
+                .collect(),
         )
     };
     let partitions = (0..partitions)
@@ -41,6 +45,7 @@ pub fn synthetic_instance(partitions: u32, vps_each: u32) -> InstanceSnapshot {
         hypervisor: counters(0, ObjectKind::Hypervisor),
         lps: Vec::new(),
         partitions,
+        refreshed_us: None,
         unmapped: None,
     }
 }

@@ -314,6 +314,12 @@ impl Instance {
         self.arena.refresh_period()
     }
 
+    /// When the publisher last refreshed its counters, in µs since the Unix epoch (`None`
+    /// before its first refresh): the whole instance's time, for pages without their own.
+    pub fn refreshed_us(&self) -> Option<u64> {
+        self.arena.refreshed_us()
+    }
+
     /// True while its publisher holds its lock (works whatever PID namespace it runs in).
     pub fn is_live(&self) -> bool {
         publish::is_locked(self.arena.file().as_fd())

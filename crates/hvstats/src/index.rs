@@ -163,6 +163,10 @@ impl Role {
 /// which every other instance declares unavailable.
 pub const OBSERVER_KIND: &str = "observer";
 
+/// The description kind of an importer of the Microsoft Hypervisor's own statistics (mshv):
+/// every count it publishes is taken at its refreshes.
+pub const MSHV_KIND: &str = "mshv";
+
 /// What a process says about itself when it publishes an instance.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct InstanceDescription {
@@ -170,6 +174,15 @@ pub struct InstanceDescription {
     pub kind: String,
     /// A free name (at most [`NAME_BYTES`] bytes).
     pub name: String,
+}
+
+impl InstanceDescription {
+    /// True for a publisher of partitions it runs itself (not an observer of other processes'
+    /// VMs, nor an importer): its VPs' run loops write the exits they handle into the pages as
+    /// they happen, so those counts are as of the moment they are read, not of a refresh.
+    pub fn runs_its_partitions(&self) -> bool {
+        self.kind != OBSERVER_KIND && self.kind != MSHV_KIND
+    }
 }
 
 /// An arena header as a reader found it.

@@ -20,6 +20,7 @@ pub mod hypercall;
 pub mod index;
 pub mod instance;
 pub mod lp;
+pub mod observer_lock;
 pub mod observer_mark;
 pub mod page;
 pub mod patience;

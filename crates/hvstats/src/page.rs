@@ -159,6 +159,22 @@ impl SharedPage {
         sequence_slot(self.kind).map(|slot| SeqWrite::begin(&self.slots()[slot]))
     }
 
+    /// Opens a merge that publishes a full refresh: as [`begin_merge`](Self::begin_merge), and
+    /// inside the same window stamps the page's publication time ([`vp::PUBLISHED`]: now, in
+    /// nanoseconds of `CLOCK_MONOTONIC`, the clock every process of the host shares and that no
+    /// wall-clock step moves). A reader that copies the page consistently gets the counts and the
+    /// time they were taken together, and takes rates over the time between two publications,
+    /// never over its own clock. Only a merge that writes every counter the page's refreshes
+    /// keep should publish: a partial one (a VP's intercepts at a hypercall) would date counts it
+    /// did not take. `None`, and no stamp, for a page without a sequence counter.
+    pub fn begin_publication(&self) -> Option<SeqWrite<'_>> {
+        let merge = self.begin_merge()?;
+        if PageLayout::of(self.kind).slot_of(vp::PUBLISHED).is_some() {
+            self.set(vp::PUBLISHED, monotonic_ns());
+        }
+        Some(merge)
+    }
+
     /// A copy of the whole page from one moment: taken outside any merge
     /// ([`begin_merge`](Self::begin_merge)), retried for up to [`crate::patience::DEADLINE`]. A
     /// page without a sequence counter gives a plain copy, reported as consistent.
@@ -286,6 +302,17 @@ impl MappedPage {
     }
 }
 
+/// Now on `CLOCK_MONOTONIC`, in nanoseconds (0 if the clock cannot be read, which Linux never
+/// refuses for this clock).
+pub(crate) fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid timespec for the call to fill.
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) } != 0 {
+        return 0;
+    }
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+}
+
 /// The slot of the sequence counter on `kind`'s page, if the page has hvstats' own group.
 pub(crate) fn sequence_slot(kind: ObjectKind) -> Option<usize> {
     (kind == ObjectKind::Vp && PageLayout::of(kind).group_offset(GroupKind::Hvstats).is_some())
@@ -335,6 +362,34 @@ mod tests {
     use hvstats_abi::catalog::vp;
     use hvstats_abi::page::PageView;
     use zerocopy::IntoBytes;
+
+    #[test]
+    fn a_publication_dates_its_counts_under_the_sequence_counter_and_a_partial_merge_does_not() {
+        let page = SharedPage::anonymous(ObjectKind::Vp).unwrap();
+        assert_eq!(page.get(vp::PUBLISHED), 0, "never published");
+        let before = monotonic_ns();
+        {
+            let _publication = page.begin_publication().unwrap();
+            assert_eq!(page.get(vp::SEQUENCE) % 2, 1, "stamped inside the window");
+            page.set(vp::CPUID_INSTRUCTIONS, 5);
+        }
+        let first = page.get(vp::PUBLISHED);
+        assert!(first >= before && first <= monotonic_ns(), "{before} {first}");
+        // A reader's consistent copy holds the counts and their time together.
+        let copy = MappedPage::map(page.fd()).unwrap().consistent_snapshot(ObjectKind::Vp);
+        let view_page = copy.into_value();
+        let view = PageView::read(view_page.as_bytes(), ObjectKind::Vp).unwrap();
+        assert_eq!((view.get(vp::CPUID_INSTRUCTIONS), view.get(vp::PUBLISHED)), (5, first));
+        // A merge of part of the counts leaves the time of the last full refresh.
+        drop(page.begin_merge());
+        assert_eq!(page.get(vp::PUBLISHED), first);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        drop(page.begin_publication());
+        assert!(page.get(vp::PUBLISHED) > first);
+        // A page without a sequence counter is neither merged nor dated.
+        let partition = SharedPage::anonymous(ObjectKind::Partition).unwrap();
+        assert!(partition.begin_publication().is_none());
+    }
 
     #[test]
     fn counters_written_are_read_back_through_a_second_mapping() {

@@ -215,6 +215,14 @@ impl ArenaReader {
         }
     }
 
+    /// When the publisher last refreshed its counters, in µs since the Unix epoch, as its header
+    /// says now (`None` before its first refresh). One time for the whole arena, outside every
+    /// page's sequence counter: readers of pages that carry their own publication time
+    /// (`vp::PUBLISHED`) use that instead.
+    pub fn refreshed_us(&self) -> Option<u64> {
+        Some(self.header_word(hw::REFRESHED_US)).filter(|&us| us != 0)
+    }
+
     /// The period between the publisher's last two refreshes, as its header says now (`None`
     /// before it refreshed twice).
     pub fn refresh_period(&self) -> Option<std::time::Duration> {

@@ -115,6 +115,11 @@ pub struct InstanceSnapshot {
     pub lps: Vec<LpSnapshot>,
     /// The partitions, by id (empty from [`take_instance_globals`]).
     pub partitions: Vec<PartitionSnapshot>,
+    /// When the publisher last refreshed its counters, by its arena's header, in µs since the
+    /// Unix epoch (`None` before its first refresh): read before its pages, outside their
+    /// sequence counters, so only the time of the pages that carry none of their own
+    /// (`vp::PUBLISHED`).
+    pub refreshed_us: Option<u64>,
     /// Values the publisher keeps by name beside its pages, for counters the catalog has no
     /// place for (an mshv observer's, see [`crate::unmapped`]); `None` when it keeps none,
     /// or they cannot be read.
@@ -338,7 +343,23 @@ impl PartitionSnapshot {
                 }
             }
         }
-        sum.map(ObjectReading::Counters)
+        let mut sum = sum?;
+        // A time is not a count: the VPs' publication time is their mean, whose change is the
+        // mean of theirs (the VPs of one refresh move together).
+        let published_id = hvstats_abi::catalog::vp::PUBLISHED;
+        let name = published_id.counter().map_or("", |c| c.name);
+        let published: Vec<u64> =
+            self.vps.iter().filter_map(|vp| vp.reading.get(name)).filter(|&t| t != 0).collect();
+        if let Some((_, total)) = sum.iter_mut().find(|(c, _)| c.id == published_id) {
+            *total = match published.len() {
+                n if n == self.vps.len() => {
+                    published.iter().map(|&t| u128::from(t)).sum::<u128>() as u64 / n as u64
+                }
+                // Some VP has not published yet: no time for the sum.
+                _ => 0,
+            };
+        }
+        Some(ObjectReading::Counters(sum))
     }
 }
 
@@ -494,6 +515,7 @@ pub fn take_instance_globals(instance: &Instance) -> InstanceSnapshot {
             })
             .collect(),
         partitions: Vec::new(),
+        refreshed_us: instance.refreshed_us(),
         unmapped: crate::unmapped::read(instance).ok().flatten(),
     }
 }

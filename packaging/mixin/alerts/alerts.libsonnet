@@ -114,13 +114,24 @@
             'hvstats observer {{ $labels.publisher }} on {{ $labels.instance }} last refreshed {{ $value | humanizeDuration }} ago',
             "The observer is alive but has not refreshed its VMs' counters for more than a minute: every rate of its VMs reads 0 although the guests run.",
           ),
+          // The refused VMs are counted by reason (one series per row of the observer's refusal
+          // table): a capability the observer lacks hides every VM of another user, and is the
+          // operator's to fix; a VM over a budget, or held by another observer, is the VM's.
+          alert(
+            'HvstatsObserverLacksCapability',
+            'hvstats_observer_vms{state="refused",reason=~"no_cap_.+"} > 0',
+            '5m',
+            'warning',
+            '{{ $value }} VMs on {{ $labels.instance }} are hidden: the observer lacks a capability ({{ $labels.reason }})',
+            'The observer {{ $labels.publisher }} runs without a capability its unit gives ({{ $labels.reason }}), so it cannot read the VMs of other users: they have no series. Restore CapabilityBoundingSet= of hvstats-observe.service (a drop-in that narrows it, or a container without it); its log names the capability once at start.',
+          ),
           alert(
             'HvstatsObserverRefusedVMs',
-            'hvstats_observer_vms{state="refused"} > 0',
+            'hvstats_observer_vms{state="refused",reason!~"no_cap_.+"} > 0',
             '15m',
             'info',
-            '{{ $value }} VMs on {{ $labels.instance }} are not observed',
-            'The observer {{ $labels.publisher }} found VMs it could not attach to for 15 minutes (another observer holds them, or descriptors ran out): they have no series.',
+            '{{ $value }} VMs on {{ $labels.instance }} are not observed ({{ $labels.reason }})',
+            "The observer {{ $labels.publisher }} found VMs it has not attached to for 15 minutes, for the reason {{ $labels.reason }} (descriptor_budget: over the open file limit; claimed_elsewhere: another observer publishes them; qmp_socket_hidden: observed without QMP; several_vms: a process holds several KVM VMs): they have no series, or fewer. Its log says each VM's reason and fix.",
           ),
         ],
       },

@@ -65,21 +65,6 @@ pub(crate) fn publisher_cadence() -> Duration {
     hvstats_kvm::PartitionConfig::default().collect_interval
 }
 
-/// What to tell a reader sampling every `interval` seconds an instance `name` whose publisher
-/// refreshes its counters every `period`, when the interval is shorter (by more than a tenth: a
-/// refresh takes time of its own): its counters move once a refresh, so its rates over the
-/// interval alternate between 0 and about twice the real rate. `None` when the interval is fine.
-pub(crate) fn cadence_warning(interval: f64, name: &str, period: Duration) -> Option<String> {
-    let period = period.as_secs_f64();
-    (interval < 0.9 * period).then(|| {
-        format!(
-            "--interval {interval} s is shorter than the {period:.1} s between refreshes of instance {}: its              rates will alternate between 0 and about twice the real rate; use --interval {:.1} or more",
-            hvstats_present::text::Escaped(name),
-            (period * 10.0).ceil() / 10.0
-        )
-    })
-}
-
 /// A year in seconds: the longest a recording or duration flag accepts.
 pub(crate) const YEAR_SECONDS: f64 = 86_400.0 * 365.0;
 
@@ -138,17 +123,6 @@ mod tests {
             let e = parse_interval(bad).unwrap_err();
             assert!(e.contains("at least 0.1 and at most 3600"), "{bad}: {e}");
         }
-    }
-
-    #[test]
-    fn an_interval_below_a_publishers_refresh_period_is_warned_about() {
-        let observer = Duration::from_millis(1003);
-        let w = cadence_warning(0.5, "1-2-0", observer).unwrap();
-        assert!(w.contains("shorter than the 1.0 s between refreshes of instance 1-2-0"), "{w}");
-        assert!(w.contains("use --interval 1.1 or more"), "{w}");
-        assert_eq!(cadence_warning(1.0, "1-2-0", observer), None);
-        assert_eq!(cadence_warning(0.1, "run", Duration::from_millis(100)), None);
-        assert!(cadence_warning(0.1, "run", Duration::from_millis(250)).is_some());
     }
 
     #[test]

@@ -100,13 +100,19 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         Err(e) => log(&format!("cannot raise the open file limit: {e}")),
     }
     let dir = super::runtime_dir(args.runtime_dir)?;
+    let observing = args.all || !args.pids.is_empty() || args.qmp.is_some();
+    // Held until the end of `run`, after everything below is dropped: before the kept counts are
+    // adopted, a VM claimed or the mark left.
+    let _held = match observing {
+        true => Some(crate::observer_run::hold_runtime_dir(&dir)?),
+        false => None,
+    };
     let mut mshv = match &args.mshv {
         Some(root) => Some(start_mshv(root, &dir)?),
         None => None,
     };
-    let observing = args.all || !args.pids.is_empty() || args.qmp.is_some();
     if observing {
-        log(&format!("counting {}", publication::counting_method().1));
+        log(&counting_line());
     }
     let config = InstanceConfig {
         runtime_dir: Some(dir.clone()),
@@ -185,6 +191,28 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             log("no observed process is left");
             Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
         }
+    }
+}
+
+/// How the VMs' tracepoints are counted on this host, said at start: a capability that is
+/// missing is said in a line of its own (by the observer), not as the errors it causes here; a
+/// tracefs that cannot be read is said as it is.
+fn counting_line() -> String {
+    use hvstats_observe::capabilities::{BPF, Capabilities, PERFMON};
+    let (method, why) = publication::counting_method();
+    let missing: Vec<&str> = Capabilities::of_this_process()
+        .missing()
+        .filter(|n| n.bit == BPF || n.bit == PERFMON)
+        .map(|n| n.name)
+        .collect();
+    let tracefs = hvstats_host::tracefs::root().is_ok();
+    match (method, missing.is_empty() || !tracefs) {
+        (hvstats_observe::counting::Method::Perf, false) => format!(
+            "counting with perf counters per thread, where permitted: counting in the kernel needs {} (see \
+             the line that names it)",
+            missing.join(" and ")
+        ),
+        _ => format!("counting {why}"),
     }
 }
 

@@ -13,7 +13,7 @@ use std::sync::Once;
 
 use anyhow::Context;
 use hvstats_abi::{Counter, Presentation};
-use hvstats_present::present;
+use hvstats_present::present::{self, Interval};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
@@ -151,15 +151,16 @@ impl Previous {
     }
 }
 
-/// A VP's value of `counter` (at `slots`) over the `seconds` from `then` to `now`: presented as
+/// A VP's value of `counter` (at `slots`) over `interval`, from `then` to `now`: presented as
 /// the catalog says (a cost in µs), or for a histogram the p99 of what the interval recorded, in
-/// µs. `None` when the interval has no value.
+/// µs. `None` when the interval has no value (two samples of the same publication among them: no
+/// point, rather than a dip to 0).
 fn interval_value(
     counter: &'static Counter,
     slots: Slots,
     then: &Previous,
     now: &VpSample,
-    seconds: f64,
+    interval: &Interval,
 ) -> Option<f64> {
     match (slots, then) {
         (Slots::Histogram(h), Previous::Histogram(then)) => {
@@ -172,7 +173,7 @@ fn interval_value(
                 Some(_) => Some((before_paired.as_ref().copied()?, after_paired?)),
                 None => None,
             };
-            let shown = present::over_interval(counter, (*before)?, after?, seconds, paired)?;
+            let shown = present::between(counter, (*before)?, after?, interval, paired)?;
             Some(if present::shown_as(counter) == Presentation::Cost {
                 shown.value / 1000.0
             } else {
@@ -195,6 +196,8 @@ struct Track {
     seen: usize,
     /// Per chart, what its value over the next interval needs.
     previous: Vec<Previous>,
+    /// Its publication time in the sample it was last seen in (`None`: not recorded).
+    published: Option<u64>,
 }
 
 /// What a pass calls for each VP of each sample: `f(sample number, VP)`.
@@ -209,6 +212,7 @@ type Pass<'a> = dyn FnMut(&mut VisitVp<'_>) -> anyhow::Result<()> + 'a;
 fn follow(
     counters: &[&'static Counter],
     slots: &[Slots],
+    published_at: Option<usize>,
     pass: &mut Pass<'_>,
     mut first: impl FnMut(usize, &VpAt<'_>),
     mut value: impl FnMut(usize, usize, f64, f64),
@@ -223,18 +227,30 @@ fn follow(
         let fresh = tracks.len();
         let track = tracks.entry(key).or_insert_with(|| {
             first(fresh, &at);
-            Track { id: fresh, seen: usize::MAX, previous: vec![Previous::Nothing; slots.len()] }
+            Track {
+                id: fresh,
+                seen: usize::MAX,
+                previous: vec![Previous::Nothing; slots.len()],
+                published: None,
+            }
         });
         let consecutive = n > 0 && track.seen == n - 1;
+        let published = published_at.and_then(|i| at.vp.values.as_ref()?.get(i).copied().flatten());
+        let interval = Interval::dated(
+            (track.published, published),
+            (None, None),
+            at.t - times[n.saturating_sub(1)],
+            at.vp.run_loop_live,
+        );
         for (chart, (&counter, &slot)) in counters.iter().zip(slots).enumerate() {
-            if consecutive {
-                let seconds = at.t - times[n - 1];
-                if let Some(v) = interval_value(counter, slot, &track.previous[chart], &at.vp, seconds) {
-                    value(chart, track.id, at.t, v);
-                }
+            if consecutive
+                && let Some(v) = interval_value(counter, slot, &track.previous[chart], &at.vp, &interval)
+            {
+                value(chart, track.id, at.t, v);
             }
             track.previous[chart] = Previous::of(slot, &at.vp);
         }
+        track.published = published;
         track.seen = n;
     })
 }
@@ -255,6 +271,7 @@ fn charts_of(
     follow(
         counters,
         &slots,
+        header.vp_published_at(),
         &mut pass,
         |id, at| {
             debug_assert_eq!(id, labels.len());
@@ -294,6 +311,7 @@ fn charts_of(
     follow(
         counters,
         &slots,
+        header.vp_published_at(),
         &mut pass,
         |_, _| {},
         |chart, id, t, v| {
@@ -655,6 +673,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 #[cfg(test)]
 mod tests {
+    use hvstats::snapshot::ObjectReading;
     use hvstats_abi::catalog::vp;
     use hvstats_abi::histogram::Log2Histogram;
 
@@ -724,6 +743,34 @@ mod tests {
         // Chosen by the VPs' identities, not by which chart lists them first or in what order.
         let reversed = [chart(vp::HLT_INSTRUCTIONS, &[11]), chart(vp::IO_INSTRUCTIONS, &all)];
         assert_eq!(colours_of(&reversed), colours);
+    }
+
+    #[test]
+    fn a_sample_of_the_same_publication_is_no_point_and_rates_follow_the_publications() {
+        let io = vp::IO_INSTRUCTIONS.counter().unwrap();
+        // Sampled every 0.5 s; the publisher refreshed at 0, 1 and 2 s with 54 exits a second.
+        // The reader's clock would chart 108, 0, 108, 0; the publications chart 54 twice.
+        let mut samples = Vec::new();
+        for (t, published_s, count) in
+            [(0.2, 0, 100), (0.7, 1, 154), (1.2, 1, 154), (1.7, 2, 208), (2.2, 2, 208)]
+        {
+            let mut reading = hvstats_present::live::Reading::of(vec![synthetic_instance(1, 1)]);
+            let ObjectReading::Counters(values) = &mut reading.instances[0].partitions[0].vps[0].reading
+            else {
+                unreachable!()
+            };
+            for (c, v) in values.iter_mut() {
+                match c.id {
+                    id if id == vp::IO_INSTRUCTIONS => *v = count,
+                    id if id == vp::PUBLISHED => *v = 5_000_000_000 + published_s * 1_000_000_000,
+                    _ => {}
+                }
+            }
+            samples.push(Sample::of(&reading, t));
+        }
+        let chart = charts_of(&Header::new(0.5, 0), &[io], pass(&samples)).unwrap().remove(0);
+        let (_, points) = &chart.series[0];
+        assert_eq!(points, &[(0.7, 54.0), (1.7, 54.0)]);
     }
 
     #[test]

@@ -92,18 +92,8 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     // What could not be read, each said once; any of it makes the exit status 1, as snapshot's.
     let mut problems: Vec<String> = Vec::new();
     let mut most_vps = 0usize;
-    let mut slow_publishers: Vec<String> = Vec::new();
     while !reader_gone && !stop.load(Ordering::SeqCst) && samples.is_none_or(|n| taken < n) {
         let reading = live.read()?;
-        // A publisher slower than the interval makes a sawtooth of its rates: said once each.
-        for (name, period) in &reading.refresh_periods {
-            if !slow_publishers.contains(name)
-                && let Some(warning) = crate::cmd::cadence_warning(args.interval, name, *period)
-            {
-                bar.suspend(|| note!("{warning}"));
-                slow_publishers.push(name.clone());
-            }
-        }
         for problem in &reading.problems {
             if !problems.contains(problem) && problems.len() < 64 {
                 bar.suspend(|| note!("{problem}"));

@@ -153,9 +153,33 @@ pub(crate) struct VpSample {
     /// when the page could not be read, and in version 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub histograms: Option<Vec<Option<Vec<u64>>>>,
+    /// True for a VP of a partition its publisher runs itself, whose run loop writes the exits it
+    /// handles as they happen: those counts are dated by the sample's `t`, every other by the
+    /// VP's publication time (the `Published` value). Absent (false) for other publishers.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub run_loop_live: bool,
 }
 
 impl VpSample {
+    /// The interval from `before`, this VP's earlier sample taken `seconds` before, to this one:
+    /// dated by the VP's publication time (at `published_at` in its values) when both samples
+    /// have it, else by the samples' `t`.
+    pub(crate) fn interval_since(
+        &self,
+        before: &VpSample,
+        seconds: f64,
+        published_at: Option<usize>,
+    ) -> hvstats_present::present::Interval {
+        let published =
+            |vp: &VpSample| published_at.and_then(|i| vp.values.as_ref()?.get(i).copied().flatten());
+        hvstats_present::present::Interval::dated(
+            (published(before), published(self)),
+            (None, None),
+            seconds,
+            self.run_loop_live,
+        )
+    }
+
     /// Histogram `i` of the header, when this sample has it.
     pub(crate) fn histogram(&self, i: usize) -> Option<Log2Histogram> {
         let slots = self.histograms.as_ref()?.get(i)?.as_ref()?;
@@ -225,7 +249,8 @@ impl Sample {
             .instances
             .iter()
             .flat_map(|i| i.partitions.iter().map(move |p| (i, p)))
-            .map(|(i, p)| PartitionSample {
+            .map(|(i, p)| (i, p, i.description.runs_its_partitions()))
+            .map(|(i, p, run_loop_live)| PartitionSample {
                 vm: Live::vm_name(&i.name, p),
                 instance: i.name.clone(),
                 partition: p.id,
@@ -236,7 +261,13 @@ impl Sample {
                     .iter()
                     .map(|vp| {
                         let (values, unreadable) = values(ObjectKind::Vp, &vp.reading);
-                        VpSample { vp: vp.index, values, unreadable, histograms: histograms(vp) }
+                        VpSample {
+                            vp: vp.index,
+                            values,
+                            unreadable,
+                            histograms: histograms(vp),
+                            run_loop_live,
+                        }
                     })
                     .collect(),
             })
@@ -655,6 +686,13 @@ impl Header {
         self.catalog.vp.iter().map(|c| (c, catalog.get(c.name.as_str()).copied())).collect()
     }
 
+    /// Where the VPs' publication time is in the header's VP order (`None` in a recording made
+    /// before pages carried one).
+    pub(crate) fn vp_published_at(&self) -> Option<usize> {
+        let name = hvstats_abi::catalog::vp::PUBLISHED.counter()?.name;
+        self.catalog.vp.iter().position(|c| c.name == name)
+    }
+
     /// Where each VP counter's paired count (a cost's count) is in the header's VP order,
     /// found through one table of names: linear in the header.
     pub(crate) fn vp_paired_at(&self) -> Vec<Option<usize>> {
@@ -711,8 +749,13 @@ mod tests {
         h.record(3_000_000);
         let slots = compact(&h);
         assert_eq!(slots.len(), 1 + hvstats_abi::histogram::bucket_of(3_000_000) + 1);
-        let vp =
-            VpSample { vp: 0, values: None, unreadable: None, histograms: Some(vec![None, Some(slots)]) };
+        let vp = VpSample {
+            vp: 0,
+            values: None,
+            unreadable: None,
+            histograms: Some(vec![None, Some(slots)]),
+            run_loop_live: false,
+        };
         assert_eq!(vp.histogram(1), Some(h));
         assert_eq!(vp.histogram(0), None);
         assert_eq!(vp.histogram(2), None);

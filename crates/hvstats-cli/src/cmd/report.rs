@@ -77,6 +77,8 @@ pub(crate) struct Digest {
 #[derive(Clone)]
 struct Reading {
     t: f64,
+    /// [`VpSample::run_loop_live`].
+    run_loop_live: bool,
     packed: Box<[u8]>,
 }
 
@@ -122,6 +124,7 @@ fn take_option(bytes: &[u8], at: &mut usize) -> Option<Option<u64>> {
 impl Reading {
     /// Packs `vp` (`None` when its page could not be read).
     fn of(t: f64, vp: VpSample) -> Option<Self> {
+        let run_loop_live = vp.run_loop_live;
         let values = vp.values?;
         let mut out = Vec::with_capacity(values.len() * 2 + 16);
         put(&mut out, values.len() as u128);
@@ -141,7 +144,7 @@ impl Reading {
                 }
             }
         }
-        Some(Self { t, packed: out.into_boxed_slice() })
+        Some(Self { t, run_loop_live, packed: out.into_boxed_slice() })
     }
 
     /// The reading as the recording had it.
@@ -172,7 +175,13 @@ impl Reading {
             }
             Some(())
         })();
-        VpSample { vp: 0, values: Some(values), unreadable: None, histograms }
+        VpSample {
+            vp: 0,
+            values: Some(values),
+            unreadable: None,
+            histograms,
+            run_loop_live: self.run_loop_live,
+        }
     }
 }
 
@@ -293,6 +302,7 @@ pub(crate) fn reports(digest: &Digest) -> impl Iterator<Item = VpReport> + '_ {
     let counters = header.vp_counters();
     // Where each counter's paired count is, found once.
     let paired_at = header.vp_paired_at();
+    let published_at = header.vp_published_at();
     digest.vps.iter().map(move |d| {
         let (vm, instance, partition, vp) =
             (d.vm.clone(), d.key.instance.to_string(), d.key.partition, d.key.vp);
@@ -300,6 +310,8 @@ pub(crate) fn reports(digest: &Digest) -> impl Iterator<Item = VpReport> + '_ {
         let (first_vp, last_vp) = (d.first.unpack(), d.last.unpack());
         let (first, last) = (Values(first_vp.values.as_deref()), Values(last_vp.values.as_deref()));
         let seconds = last_t - first_t;
+        // Rates over the time between the refreshes the first and last samples hold.
+        let interval = last_vp.interval_since(&first_vp, seconds, published_at);
         let mut cumulative = Map::new();
         let mut deltas = Map::new();
         let mut rates = Map::new();
@@ -321,7 +333,7 @@ pub(crate) fn reports(digest: &Digest) -> impl Iterator<Item = VpReport> + '_ {
             let Some(counter) = counter else { continue };
             let name = json_keys::key(counter, Held::Presented);
             let paired = paired_at[i].and_then(|j| Some((first.get(j)?, last.get(j)?)));
-            let shown = present::over_interval(counter, before, after, seconds, paired).map(|p| p.value);
+            let shown = present::between(counter, before, after, &interval, paired).map(|p| p.value);
             match present::shown_as(counter) {
                 Presentation::Rate => rates.insert(name, json!(shown)),
                 Presentation::PercentTime => percent.insert(name, json!(shown)),
@@ -352,8 +364,8 @@ pub(crate) fn reports(digest: &Digest) -> impl Iterator<Item = VpReport> + '_ {
             "dispatches": delta_of(hvstats_abi::catalog::vp::DISPATCHES),
             "per_dispatch_ns": wait.and_then(|c| costs.get(&json_keys::key(c, Held::Presented))).cloned().unwrap_or(Value::Null),
             "percent_of_time": wait_delta
-                .filter(|_| seconds > 0.0)
-                .map(|w| w as f64 / (seconds * 1e9) * 100.0),
+                .zip(wait.and_then(|c| interval.seconds_for(c)))
+                .map(|(w, seconds)| w as f64 / (seconds * 1e9) * 100.0),
             "percent_of_runnable": wait_delta.zip(run_ns).and_then(|(w, r)| share_of_runnable(w, r)),
         });
         let json = json!({
@@ -365,6 +377,7 @@ pub(crate) fn reports(digest: &Digest) -> impl Iterator<Item = VpReport> + '_ {
             "first_t": first_t,
             "last_t": last_t,
             "seconds": seconds,
+            "publication": hvstats_present::snapshot_json::publication_json(&interval),
             "cumulative": cumulative,
             "deltas": deltas,
             "rates_per_second": rates,

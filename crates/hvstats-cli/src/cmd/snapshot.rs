@@ -21,7 +21,7 @@ use hvstats_present::text::Escaped;
 use serde_json::{Value, json};
 
 use crate::output::{self, ExitStatus, note};
-use hvstats_present::present::human_ns;
+use hvstats_present::present::{Interval, SAME_PUBLICATION, human_ns};
 use hvstats_present::snapshot_json::{
     Earlier, cells, earlier_partition, earlier_vp, has_unreadable, instance_json, stream_json,
     unreadable_lines,
@@ -140,16 +140,6 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         })?;
         return Ok(if failed { ExitStatus::RuntimeError.into() } else { ExitStatus::Success.into() });
     }
-    if let Some(seconds) = args.interval {
-        for instance in attach.instances() {
-            let period = instance.refresh_period();
-            if let Some(w) =
-                period.and_then(|p| super::cadence_warning(seconds, &instance.name().to_string(), p))
-            {
-                note!("{w}");
-            }
-        }
-    }
     let started = Instant::now();
     let first: Vec<InstanceSnapshot> =
         attach.instances_mut().map(|i| filter.apply(Instance::snapshot(i))).collect();
@@ -239,7 +229,7 @@ pub(crate) fn row_name(counter: &Counter, interval: bool) -> String {
 
 /// A Unix time in nanoseconds as RFC 3339 in UTC, to the millisecond (`2026-11-27T22:49:10.374Z`);
 /// the number itself when it is no representable time.
-fn utc_time(ns: f64) -> String {
+pub(crate) fn utc_time(ns: f64) -> String {
     let at = time::OffsetDateTime::from_unix_timestamp_nanos((ns / 1e6).round() as i128 * 1_000_000);
     match at.ok().and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok()) {
         Some(text) => text,
@@ -260,13 +250,23 @@ pub(crate) fn scaled_count(v: f64) -> String {
 }
 
 /// A table cell: the value scaled (a count with k/M/G, a time in ns/µs/ms/s), or the presented
-/// value over the interval. JSON keeps the exact values.
-fn cell_text(counter: &Counter, value: Option<Value>, interval: bool) -> String {
+/// value over the interval. JSON keeps the exact values. Over an `interval` whose readings hold
+/// the same publication, a counter read in both without a value is [`SAME_PUBLICATION`] (the
+/// caller gives no interval for one the object lacks: that is a `-`).
+fn cell_text(counter: &Counter, value: Option<Value>, interval: Option<&Interval>) -> String {
     // A state is shown by its name.
     if let Some(Value::String(name)) = &value {
         return name.clone();
     }
-    let Some(v) = value.and_then(|v| v.as_f64()) else { return "-".into() };
+    let Some(v) = value.and_then(|v| v.as_f64()) else {
+        let same = interval.is_some_and(|i| i.same_publication() && i.seconds_for(counter).is_none());
+        return if same && !matches!(counter.presentation, Presentation::Instant | Presentation::State) {
+            SAME_PUBLICATION.into()
+        } else {
+            "-".into()
+        };
+    };
+    let interval = interval.is_some();
     let time_ns = |v: f64| match counter.unit {
         hvstats_abi::catalog::Unit::Time100ns => Some(v * 100.0),
         hvstats_abi::catalog::Unit::Nanoseconds => Some(v),
@@ -288,11 +288,15 @@ fn cell_text(counter: &Counter, value: Option<Value>, interval: bool) -> String 
     }
 }
 
+/// A column of a kind's table: its label, the object's reading, and over an interval its earlier
+/// reading with the interval from it.
+type TableColumn<'a> = (String, &'a ObjectReading, Option<(&'a ObjectReading, Interval)>);
+
 /// One table per object kind: a row per counter, a column per object (with its earlier reading
 /// over an interval).
 fn kind_table(
     kind: ObjectKind,
-    columns: &[(String, &ObjectReading, Option<&ObjectReading>)],
+    columns: &[TableColumn<'_>],
     histograms: &[Histograms<'_>],
     seconds: Option<f64>,
     filter: &Filter,
@@ -300,7 +304,7 @@ fn kind_table(
     use std::fmt::Write;
     let mut out = String::new();
     // The host-wide objects `--vm` left out read as nothing.
-    let columns: Vec<(String, &ObjectReading, Option<&ObjectReading>)> = columns
+    let columns: Vec<TableColumn<'_>> = columns
         .iter()
         .filter(|(_, r, _)| !matches!(r, ObjectReading::Counters(v) if v.is_empty()))
         .cloned()
@@ -334,24 +338,27 @@ fn kind_table(
         .iter()
         .map(|(_, now, then)| match seconds {
             // An object that appeared during the interval has no earlier reading: nothing to show.
-            Some(secs) => match then {
-                Some(then) => cells(now, Some(then), secs).collect(),
-                None => cells(now, None, secs).map(|(c, _)| (c, None)).collect(),
+            Some(_) => match then {
+                Some((then, interval)) => cells(now, Some((then, interval))).collect(),
+                None => cells(now, None).map(|(c, _)| (c, None)).collect(),
             },
-            None => cells(now, None, 0.0).collect(),
+            None => cells(now, None).collect(),
         })
         .collect();
     // Bookkeeping (the sequence counter of consistent reads) is no measurement: JSON keeps it.
     for counter in counters_of(kind).filter(|c| !c.is_bookkeeping() && filter.keeps_counter(c.name)) {
         let _ = write!(out, "    {:name_width$}", row_name(counter, seconds.is_some()));
-        for (i, (cells, w)) in column_cells.iter().zip(&widths).enumerate() {
+        for (i, ((cells, w), (_, now, then))) in column_cells.iter().zip(&widths).zip(&columns).enumerate() {
             let text = match histograms.get(i) {
                 Some(h) if counter.presentation == Presentation::Histogram => {
                     h.cell(counter, seconds.is_some())
                 }
                 _ => {
                     let value = cells.iter().find(|(c, _)| c.id == counter.id).and_then(|(_, v)| v.clone());
-                    cell_text(counter, value, seconds.is_some())
+                    // A counter the object lacks (unavailable, or not maintained) is a `-`.
+                    let held = counter.is_maintained_anywhere() && now.get(counter.name).is_some();
+                    let interval = then.as_ref().map(|(_, i)| i).filter(|_| held);
+                    cell_text(counter, value, seconds.and(interval))
                 }
             };
             let _ = write!(out, "  {text:>w$}");
@@ -386,6 +393,17 @@ impl Histograms<'_> {
     }
 }
 
+/// `then`, an object's earlier reading, with the interval from it to `now`, its reading in `s`.
+fn with_interval<'a>(
+    earlier: Option<Earlier<'_>>,
+    then: Option<&'a ObjectReading>,
+    now: &ObjectReading,
+    s: &InstanceSnapshot,
+) -> Option<(&'a ObjectReading, Interval)> {
+    let earlier = earlier?;
+    then.map(|t| (t, earlier.interval(t, now, s)))
+}
+
 fn instance_table(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>, filter: &Filter) -> String {
     let seconds = earlier.map(|e| e.seconds);
     let mut out = format!("instance {} (pid {}", Escaped(&s.name), s.pid);
@@ -394,13 +412,17 @@ fn instance_table(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>, filter: &F
     }
     out.push(')');
     if let Some(secs) = seconds {
-        out += &format!(" over {secs:.2} s: rates per second, % of the time, average cost");
+        out += &format!(
+            " over {secs:.2} s: rates per second, % of the time, average cost, over the time between \
+             the publisher's refreshes read"
+        );
     }
     out.push('\n');
     let e = earlier.map(|e| e.snapshot);
+    let interval = |then, now| with_interval(earlier, then, now, s);
     out += &kind_table(
         ObjectKind::Hypervisor,
-        &[("hypervisor".into(), &s.hypervisor, e.map(|e| &e.hypervisor))],
+        &[("hypervisor".into(), &s.hypervisor, interval(e.map(|e| &e.hypervisor), &s.hypervisor))],
         &[],
         seconds,
         filter,
@@ -410,7 +432,7 @@ fn instance_table(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>, filter: &F
         .iter()
         .map(|lp| {
             let then = e.and_then(|e| e.lps.iter().find(|l| l.index == lp.index)).map(|l| &l.reading);
-            (format!("LP {} (cpu {})", lp.index, lp.cpu), &lp.reading, then)
+            (format!("LP {} (cpu {})", lp.index, lp.cpu), &lp.reading, interval(then, &lp.reading))
         })
         .collect();
     out += &kind_table(ObjectKind::LogicalProcessor, &lps, &[], seconds, filter);
@@ -425,7 +447,7 @@ fn instance_table(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>, filter: &F
                 _ if !p.active => " (stopped)".to_owned(),
                 _ => String::new(),
             };
-            (format!("partition {}{name}{state}", p.id), &p.reading, then)
+            (format!("partition {}{name}{state}", p.id), &p.reading, interval(then, &p.reading))
         })
         .collect();
     out += &kind_table(ObjectKind::Partition, &parts, &[], seconds, filter);
@@ -435,10 +457,16 @@ fn instance_table(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>, filter: &F
         .flat_map(|p| {
             p.vps.iter().map(move |vp| {
                 let then = e.and_then(|e| earlier_vp(e, p.id, vp.index));
-                (format!("p{} VP {}", p.id, vp.index), &vp.reading, then)
+                (format!("p{} VP {}", p.id, vp.index), &vp.reading, interval(then, &vp.reading))
             })
         })
         .collect();
+    if vps.iter().any(|(_, _, then)| then.as_ref().is_some_and(|(_, i)| i.same_publication())) {
+        out += &format!(
+            "  {SAME_PUBLICATION}: both readings of the VP hold the same refresh of its publisher (no new \
+             counts), so no rate\n"
+        );
+    }
     let histograms: Vec<Histograms<'_>> = s
         .partitions
         .iter()

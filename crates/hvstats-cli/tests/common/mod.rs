@@ -319,6 +319,42 @@ const FAKE_VMM: &str = "HVSTATS_TEST_FAKE_VMM";
 /// The environment variable naming the [`FakeVmm`]'s process (`comm`), when set.
 pub const FAKE_VMM_COMM: &str = "HVSTATS_TEST_FAKE_VMM_COMM";
 
+/// The environment variable giving the [`FakeVmm`]'s number of vCPUs (1 when unset), each with a
+/// thread named `CPU N/KVM` when more than one.
+pub const FAKE_VMM_VCPUS: &str = "HVSTATS_TEST_FAKE_VMM_VCPUS";
+
+/// The environment variable naming the descriptor of `/dev/kvm` a [`FakeVmm`] run as `nobody`
+/// makes its VM on (opened for it before it became `nobody`).
+const FAKE_VMM_KVM_FD: &str = "HVSTATS_TEST_FAKE_VMM_KVM_FD";
+
+/// The descriptor number [`as_nobody`] gives `/dev/kvm` in the child.
+const KVM_FD_IN_CHILD: i32 = 200;
+
+/// Makes `command` (a [`FakeVmm`]'s) run as `nobody` (uid and gid 65534, no groups), with a
+/// descriptor of `/dev/kvm` opened for it first: `nobody` may not open `/dev/kvm` itself here.
+pub fn as_nobody(command: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    command.env(FAKE_VMM_KVM_FD, KVM_FD_IN_CHILD.to_string());
+    // SAFETY: between fork and exec only async-signal-safe calls are made (open, dup2, close,
+    // setgroups, setgid, setuid), on no memory but a static path.
+    unsafe {
+        command.pre_exec(|| {
+            let fd = libc::open(c"/dev/kvm".as_ptr(), libc::O_RDWR);
+            if fd < 0 || libc::dup2(fd, KVM_FD_IN_CHILD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::close(fd);
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setgid(65534) != 0
+                || libc::setuid(65534) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 impl FakeVmm {
     /// Starts one with `args` as its QEMU arguments and waits until it holds its VM.
     pub fn spawn(args: &[&str], thread_name: &str) -> Self {
@@ -405,19 +441,36 @@ pub fn fake_vmm_body() {
     if let Some(comm) = std::env::var_os(FAKE_VMM_COMM) {
         std::fs::write("/proc/self/comm", comm.as_encoded_bytes()).unwrap();
     }
-    let _vm = hold_a_vm();
+    let vcpus: u64 = std::env::var(FAKE_VMM_VCPUS).ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+    let kvm = std::env::var(FAKE_VMM_KVM_FD).ok().and_then(|v| v.parse::<i32>().ok()).map(|fd| {
+        use std::os::fd::FromRawFd;
+        // SAFETY: the descriptor was opened for this process (`as_nobody`) and nothing else owns it.
+        unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }
+    });
+    let _vm = hvstats_testkit::IdleVm::new(kvm, vcpus).expect("a VM");
     let (tid_tx, tid_rx) = std::sync::mpsc::channel();
-    std::thread::Builder::new()
-        .name(thread_name.to_string_lossy().into_owned())
-        .spawn(move || {
-            // SAFETY: gettid has no arguments and no memory effects.
-            tid_tx.send(unsafe { libc::syscall(libc::SYS_gettid) } as i32).unwrap();
-            loop {
-                std::thread::park();
-            }
-        })
-        .unwrap();
+    for i in 0..vcpus {
+        let name = match vcpus {
+            1 => thread_name.to_string_lossy().into_owned(),
+            _ => format!("CPU {i}/KVM"),
+        };
+        let tid_tx = tid_tx.clone();
+        std::thread::Builder::new()
+            .name(name)
+            .stack_size(64 * 1024)
+            .spawn(move || {
+                // SAFETY: gettid has no arguments and no memory effects.
+                let _ = tid_tx.send(unsafe { libc::syscall(libc::SYS_gettid) } as i32);
+                loop {
+                    std::thread::park();
+                }
+            })
+            .unwrap();
+    }
     let tid = tid_rx.recv().unwrap();
+    for _ in 1..vcpus {
+        tid_rx.recv().unwrap();
+    }
     let mut out = std::io::stdout();
     writeln!(out, "fake vmm ready: vcpu thread {tid}").unwrap();
     out.flush().unwrap();
@@ -457,11 +510,14 @@ impl Running {
 
     /// As [`Running::start`], with `env` added to its environment.
     pub fn start_with(args: &[&str], dir: &Path, env: &[(&str, &str)]) -> Self {
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hvstats"))
-            .args(args)
-            .envs(env.iter().copied())
-            .arg("--runtime-dir")
-            .arg(dir)
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_hvstats"));
+        command.args(args).envs(env.iter().copied()).arg("--runtime-dir").arg(dir);
+        Self::spawn(command)
+    }
+
+    /// Starts `command` (`hvstats`, or a program that runs it, as `setpriv`).
+    pub fn spawn(mut command: std::process::Command) -> Self {
+        let mut child = command
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())

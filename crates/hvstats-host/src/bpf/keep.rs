@@ -7,9 +7,11 @@
 //! the columns, the thread table and the program assembler's sources (so only the very programs
 //! that made the counts are adopted: any other version or layout is dropped, and said to be).
 //! Beside the maps the programs write, an `owners` map names each row's thread: its process and
-//! thread ids, their start times and the process's executable, and since when the row counts. A
-//! row is re-adopted only by the same thread of the same process; rows of processes gone while no
-//! observer ran are removed when the next one starts.
+//! thread ids, their start times and the process's executable, the VM object the thread ran
+//! ([`VmToken`]), and since when the row counts. A row is re-adopted only by the same thread of the
+//! same process running the same VM (a VMM that replaced its VM while no observer ran has its
+//! rows dropped, and counted anew); rows of processes gone while no observer ran are removed when
+//! the next one starts.
 
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
@@ -25,12 +27,13 @@ const BPFFS: &str = "/sys/fs/bpf";
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 /// The directory of everything hvstats keeps, in [`BPFFS`].
 const BASE: &str = "hvstats";
-/// Bumped when what is kept changes its meaning without a change of the files the digest reads.
-const KEPT_FORMAT: &str = "hvstats-kept-1";
+/// Bumped when what is kept changes its meaning without a change of the files the digest reads
+/// (2: an owner names the VM object its thread ran).
+const KEPT_FORMAT: &str = "hvstats-kept-2";
 
 /// Bytes of one owner: tid, pid (u32 each), process start, thread start (clock ticks since
-/// boot), executable (device and inode, folded), counting since (µs since the epoch).
-pub(crate) const OWNER_SIZE: usize = 40;
+/// boot), executable (device and inode, folded), counting since (µs since the epoch), VM.
+pub(crate) const OWNER_SIZE: usize = 48;
 
 /// The thread a kept row counts, and since when.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -47,14 +50,22 @@ pub struct Owner {
     pub exe: u64,
     /// When the row began counting, in µs since the epoch.
     pub since_us: u64,
+    /// The VM object the thread ran when the row began, as its counter named it (see
+    /// [`VmToken`]); 0 where it could not be told: such a row is never adopted.
+    pub vm: u64,
 }
+
+/// What names the KVM VM object a counted thread runs, the same for the life of that VM and
+/// another for any other VM (an observer takes the inode of the VM's directory in KVM's
+/// debugfs); 0: unknown. A kept row is adopted only by the same thread running the same VM.
+pub type VmToken = u64;
 
 impl Owner {
     /// The owner of thread `tid` of `pid` as it is now (starting to count now); `None` when the
     /// thread is gone.
-    pub(crate) fn now(pid: i32, tid: i32) -> Option<Self> {
+    pub(crate) fn now(pid: i32, tid: i32, vm: VmToken) -> Option<Self> {
         let (pid_start, tid_start, exe) = identity(pid, tid)?;
-        Some(Self { tid: tid as u32, pid: pid as u32, pid_start, tid_start, exe, since_us: now_us() })
+        Some(Self { tid: tid as u32, pid: pid as u32, pid_start, tid_start, exe, since_us: now_us(), vm })
     }
 
     /// The owner of a thread whose identity cannot be read: never adopted again.
@@ -76,6 +87,7 @@ impl Owner {
         b[16..24].copy_from_slice(&self.tid_start.to_ne_bytes());
         b[24..32].copy_from_slice(&self.exe.to_ne_bytes());
         b[32..40].copy_from_slice(&self.since_us.to_ne_bytes());
+        b[40..48].copy_from_slice(&self.vm.to_ne_bytes());
         b
     }
 
@@ -90,6 +102,7 @@ impl Owner {
             tid_start: u64_at(16)?,
             exe: u64_at(24)?,
             since_us: u64_at(32)?,
+            vm: u64_at(40)?,
         };
         (owner.tid != 0).then_some(owner)
     }
@@ -318,7 +331,8 @@ mod tests {
 
     #[test]
     fn an_owner_survives_its_encoding_and_a_free_row_is_none() {
-        let owner = Owner { tid: 7, pid: 5, pid_start: 100, tid_start: 101, exe: 9, since_us: 1_700_000 };
+        let owner =
+            Owner { tid: 7, pid: 5, pid_start: 100, tid_start: 101, exe: 9, since_us: 1_700_000, vm: 33 };
         assert_eq!(Owner::decode(&owner.encode()), Some(owner));
         assert_eq!(Owner::decode(&[0u8; OWNER_SIZE]), None);
         assert_eq!(Owner::decode(&[1u8; 8]), None);
@@ -328,7 +342,7 @@ mod tests {
     fn this_thread_is_alive_and_a_changed_start_is_another_thread() {
         // SAFETY: getpid and gettid have no preconditions.
         let (pid, tid) = unsafe { (libc::getpid(), libc::gettid()) };
-        let me = Owner::now(pid, tid).expect("this thread is in /proc");
+        let me = Owner::now(pid, tid, 0).expect("this thread is in /proc");
         assert!(me.is_alive());
         assert!(!Owner { tid_start: me.tid_start + 1, ..me }.is_alive());
         assert!(!Owner { exe: me.exe ^ 1, ..me }.is_alive());

@@ -15,7 +15,8 @@ pub mod raw;
 pub mod sys;
 pub mod tally;
 
+pub use keep::VmToken;
 pub use tally::{
-    Adoption, CarriedColumn, Context, Slot, SpanColumn, Tally, TallyError, TallyLayout, ThreadTable,
+    Adoption, CarriedColumn, Claim, Context, Slot, SpanColumn, Tally, TallyError, TallyLayout, ThreadTable,
     TracepointColumn,
 };

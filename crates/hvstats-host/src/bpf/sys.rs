@@ -498,6 +498,36 @@ impl Attachment {
     }
 }
 
+/// The attachments of a tally's programs, detached together when dropped: detaching one that
+/// is not pinned waits for the kernel's RCU grace period (the tracepoint's probe is removed, and
+/// a perf tracepoint event's last user waits for `tracepoint_synchronize_unregister`), tens of
+/// milliseconds each on a loaded host. One after another, a dozen tracepoints held a stopping
+/// observer for a second and more; dropped on threads of their own, the grace periods overlap.
+#[derive(Debug, Default)]
+pub(crate) struct Attachments(Vec<Attachment>);
+
+impl FromIterator<Attachment> for Attachments {
+    fn from_iter<I: IntoIterator<Item = Attachment>>(iter: I) -> Self {
+        Self(iter.into_iter().collect())
+    }
+}
+
+impl Drop for Attachments {
+    fn drop(&mut self) {
+        let all = std::mem::take(&mut self.0);
+        if all.len() < 2 {
+            return;
+        }
+        std::thread::scope(|s| {
+            for attachment in all {
+                // Where no thread can be had, the closure, and the attachment with it, is
+                // dropped here.
+                let _ = std::thread::Builder::new().spawn_scoped(s, move || drop(attachment));
+            }
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

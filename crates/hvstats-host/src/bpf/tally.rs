@@ -30,7 +30,7 @@ use super::filter::{self, FilterError, Pred};
 use super::keep::{self, Owner};
 use super::program::{self, Carried, Carry, Column, Latch, Spans};
 use super::raw;
-use super::sys::{ArrayMap, Attachment, LoadError, Program};
+use super::sys::{ArrayMap, Attachment, Attachments, LoadError, Program};
 use crate::tracefs::{self, EventError};
 
 /// One column: a tracepoint, narrowed by an ftrace filter when given.
@@ -169,9 +169,21 @@ type Tracepoint = (String, String);
 #[derive(Debug)]
 enum Programs {
     /// Attached to the kernel's tracepoints, for the life of the tally (dropping them detaches).
-    Attached { _attachments: Vec<Attachment> },
+    Attached { _attachments: Attachments },
     /// Attached nowhere: run on records given to [`Tally::fire`].
     Rehearsal(BTreeMap<Tracepoint, (Program, Context)>),
+}
+
+/// What [`Tally::claim`] found for a thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// Its kept row, adopted.
+    Adopted(Slot),
+    /// No kept row of it (or a row of another thread or process under its id, dropped).
+    Nothing,
+    /// A kept row of the same thread when it ran another VM object (or one not told): dropped,
+    /// its counts not this VM's.
+    OtherVm,
 }
 
 /// A counted thread's place in the rows.
@@ -403,7 +415,7 @@ impl Tally {
         }
         let taken: std::collections::BTreeSet<u32> = parts.free.adopted.values().map(|&(s, _)| s).collect();
         parts.free.free.retain(|s| !taken.contains(s));
-        let mut tally = parts.into_tally(Programs::Attached { _attachments: Vec::new() });
+        let mut tally = parts.into_tally(Programs::Attached { _attachments: Attachments::default() });
         tally.kept = Some(Kept { dir: dir.to_owned(), owners });
         Ok(tally)
     }
@@ -639,6 +651,15 @@ impl Tally {
     /// # Errors
     /// When every slot is in use or the maps cannot be written.
     pub fn add_thread(&self, pid: i32, tid: i32) -> Result<Slot, TallyError> {
+        self.add_thread_in(pid, tid, 0)
+    }
+
+    /// As [`add_thread`](Self::add_thread), the thread running the VM object `vm` (a kept row
+    /// says so, for [`claim`](Self::claim) to adopt it only for the same VM).
+    ///
+    /// # Errors
+    /// As [`add_thread`](Self::add_thread).
+    pub fn add_thread_in(&self, pid: i32, tid: i32, vm: keep::VmToken) -> Result<Slot, TallyError> {
         let mut slots = self.free.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((slot, refs)) = slots.used.get_mut(&(tid as u32)) {
             *refs += 1;
@@ -657,7 +678,7 @@ impl Tally {
             None => Ok(()),
         });
         let owner =
-            self.kept.as_ref().map(|_| Owner::now(pid, tid).unwrap_or_else(|| Owner::unknown(pid, tid)));
+            self.kept.as_ref().map(|_| Owner::now(pid, tid, vm).unwrap_or_else(|| Owner::unknown(pid, tid)));
         let owned = cleared.and_then(|()| match (&self.kept, &owner) {
             (Some(kept), Some(owner)) => kept.owners.write(slot, &owner.encode()),
             _ => Ok(()),
@@ -714,19 +735,23 @@ impl Tally {
         }
     }
 
-    /// Takes the adopted row of thread `tid` of `pid` when it is that same thread still (the
-    /// caller then counts from the row's whole count, and [`kept_since`](Self::kept_since) says
-    /// since when); an adopted row of another thread or process under that id is dropped.
-    pub fn claim(&self, pid: i32, tid: i32) -> Option<Slot> {
+    /// Takes the adopted row of thread `tid` of `pid` when it is that same thread still, running
+    /// the same VM object `vm` (the caller then counts from the row's whole count, and
+    /// [`kept_since`](Self::kept_since) says since when); an adopted row of another thread or
+    /// process under that id, or of the same thread when it ran another VM (or either VM is
+    /// unknown: 0), is dropped.
+    pub fn claim(&self, pid: i32, tid: i32, vm: keep::VmToken) -> Claim {
         let mut slots = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        let (slot, owner) = slots.adopted.remove(&(tid as u32))?;
-        if owner.pid == pid as u32 && owner.is_alive() && !slots.used.contains_key(&(tid as u32)) {
+        let Some((slot, owner)) = slots.adopted.remove(&(tid as u32)) else { return Claim::Nothing };
+        let same_thread =
+            owner.pid == pid as u32 && owner.is_alive() && !slots.used.contains_key(&(tid as u32));
+        if same_thread && vm != 0 && owner.vm == vm {
             slots.used.insert(tid as u32, (slot, 1));
             slots.since.insert(slot, owner.since_us);
-            return Some(Slot(slot));
+            return Claim::Adopted(Slot(slot));
         }
         self.release(&mut slots, tid, slot);
-        None
+        if same_thread { Claim::OtherVm } else { Claim::Nothing }
     }
 
     /// Since when `slot`'s row counts (µs since the epoch), when the tally is kept.

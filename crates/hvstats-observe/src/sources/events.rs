@@ -21,7 +21,7 @@ use super::event_writer::{EventWriter, KvmExitState, ThreadReading, tracepoint_e
 use super::hyperv;
 use super::vm_source::{Counting, Learned, VmAttach, VmSource, VmView};
 use crate::attach::ObserveError;
-use crate::counting::{EventList, EventSpec, ThreadCounters};
+use crate::counting::{EventSpec, ThreadCounters};
 use hvstats_sources::counter_source::{CounterSource, Gives, Object};
 
 /// Threads of a VMM counted beyond one per vCPU while the vCPU threads are unknown: a VMM's
@@ -42,7 +42,12 @@ pub(crate) fn vmm_threads(at: &VmAttach<'_>) -> Result<(usize, Vec<i32>), Observ
     let vcpus = at.fds.vcpus.len();
     let max_threads = (at.room / per_thread).min(vcpus + EXTRA_THREADS);
     if max_threads < vcpus.max(1) {
-        return Err(ObserveError::Budget { pid, vcpus, needed: vcpus.max(1) * per_thread, room: at.room });
+        let counting = match at.events.method() {
+            crate::counting::Method::InKernel => "tracepoints counted in the kernel: the thread clock's",
+            crate::counting::Method::Perf => "a perf counter per tracepoint and the thread clock's",
+        };
+        let needed = vcpus.max(1) * per_thread;
+        return Err(ObserveError::Budget { pid, vcpus, needed, per_thread, counting, room: at.room });
     }
     let mut first: Vec<i32> = at
         .fds
@@ -106,11 +111,9 @@ pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError
     let (procfs, pid) = (at.procfs, at.pid);
     let isa = host_isa();
     let (max_threads, first) = vmm_threads(at)?;
-    let events = match &at.options.kept_in {
-        Some(dir) => EventList::kept_in(vm_events(isa), dir),
-        None => EventList::new(vm_events(isa)),
-    };
-    let counters = ThreadCounters::attach_at_most(procfs, pid, events, max_threads, &first)
+    // Kept counts are adopted only for the VM object they counted (see `vm_identity::vm_token`).
+    let vm = at.fds.vms.first().map_or(0, |&fd| crate::vm_identity::vm_token(procfs, pid, fd));
+    let counters = ThreadCounters::attach_in_vm(procfs, pid, at.events.clone(), (max_threads, &first), vm)
         .map_err(|source| ObserveError::Proc { pid, source })?;
     let mut offsets = Vec::with_capacity(WRITERS.len());
     let mut at_event = 0;

@@ -12,12 +12,14 @@
 //!   a read-only connection (never tainting the domain);
 //! - [`events`]: KVM's tracepoints, counted per thread from attach on (in the kernel where BPF is
 //!   permitted), written by the event writers of [`tracepoints`], [`exit_classes`] and [`hyperv`];
-//! - [`thread_clock`]: the vCPU threads' CPU time, hypervisor time and migrations, perf software
-//!   events on the same threads, which always count from attach;
+//! - [`thread_clock`]: the vCPU threads' migrations, a perf software event on the same threads,
+//!   which always counts from attach;
 //! - [`qmp_stats`]: KVM's statistics through QEMU's QMP `query-stats`, the VM's run state, and
 //!   QMP's knowledge of the vCPU threads and the VM's name; its session heals;
-//! - [`threads`]: the sources that read a vCPU thread from outside its process (schedstat, the
-//!   host's page faults on it), opened on each vCPU thread once it is known.
+//! - [`threads`]: the sources that read a vCPU thread from outside its process (schedstat and
+//!   guest time: run time, hypervisor time, CPU wait and dispatches; the host's page faults on
+//!   it), opened on each vCPU thread once it is known, counting from the thread's start as the
+//!   kernel keeps them.
 //!
 //! Every source that carries KVM's statistics maps them to counters through [`kvm_stat_map`].
 //!
@@ -51,17 +53,29 @@ type OpenVm = fn(&VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveErro
 /// give: KVM's own statistics first, whole-life, by how little reading them costs the guest and
 /// the host (the VMM's open descriptors, then libvirt, then QMP), then what is counted from attach in the kernel
 /// (tracepoints, and on VMX/SVM hosts exits by reason, which give a class's count and time where
-/// no KVM statistic does), then the threads' clocks, then the threads' own files. One source has
-/// one origin: the thread clocks, which no kernel object keeps across observers, are not the
-/// events source's.
+/// no KVM statistic does), then the threads' migrations, then the threads' own files. One source
+/// has one origin: the migrations, which no kernel object keeps across observers, are not the
+/// events source's, and the threads' files count from the thread's start.
 pub const VM_SOURCES: &[OpenVm] =
     &[stats_fd::open, libvirt_stats::open, qmp_stats::open, events::open, thread_clock::open, threads::open];
 
-/// Events counted on each thread of a VMM by the sources that count on its threads (the events
-/// source and the thread clocks), all together: what the descriptors left must hold per thread
+/// The tracepoint events a VM attached with `options` is counted with: kept beyond the observer
+/// where the options say, counted in the kernel where that is permitted.
+pub(crate) fn vm_event_list(options: &crate::attach::ObserveOptions) -> crate::counting::EventList {
+    use crate::counting::EventList;
+    let specs = events::vm_events(events::host_isa());
+    match &options.kept_in {
+        Some(dir) => EventList::kept_in(specs, dir),
+        None => EventList::new(specs),
+    }
+}
+
+/// Descriptors each counted thread of a VMM holds, by the method `events` are counted with: a
+/// perf counter per event not counted in the kernel (none where the in-kernel tally counts them
+/// all), and the thread clock's (one: migrations). What admitting a VM costs per thread
 /// ([`VmAttach::per_thread`]).
-pub(crate) fn events_per_thread() -> usize {
-    events::vm_events(events::host_isa()).len() + thread_clock::events().len()
+pub(crate) fn descriptors_per_thread(events: &crate::counting::EventList) -> usize {
+    events.perf_events_per_thread() + thread_clock::events().len()
 }
 
 // Every source of the list has its rows on the VM's partition page.

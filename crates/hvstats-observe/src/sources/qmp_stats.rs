@@ -14,7 +14,10 @@
 //! socket is shared politely: no connection is made while another client holds it, and the
 //! session is let go when another client waits for it (QEMU serves one client at a time).
 //!
-//! A socket the observer found (on the VMM's command line) is the VMM's only if the VMM listens
+//! A socket the observer found (on the VMM's command line) is connected only if the VMM could
+//! connect to it itself ([`crate::socket_access`]: decided before the connect, which goes through
+//! the descriptor checked); one it could not reach is refused for good, said once. It is the
+//! VMM's only if the VMM listens
 //! on it: any process may name another QEMU's socket on its own command line. So the session's
 //! listener (the kernel's record, [`Qmp::listener_pid`]) must be the VMM itself; a socket
 //! another process serves is refused as soon as it is connected, before a word is exchanged,
@@ -182,7 +185,12 @@ impl QmpStats {
             self.close(&QmpError::Taken { path: self.path.clone() }, now);
             return;
         }
-        match Qmp::begin(&self.path, QMP_TIMEOUT, self.cancel.clone()) {
+        let begun = match self.server {
+            Some(vmm) => self.begin_as(vmm, now),
+            None => Some(Qmp::begin(&self.path, QMP_TIMEOUT, self.cancel.clone())),
+        };
+        let Some(begun) = begun else { return };
+        match begun {
             Ok(qmp) => match self.server {
                 Some(vmm) if qmp.listener_pid() != Some(vmm) => {
                     let listener = match qmp.listener_pid() {
@@ -200,6 +208,28 @@ impl QmpStats {
                 _ => self.session = Session::Greeting { qmp, deadline: now + QMP_TIMEOUT },
             },
             Err(e) => self.close(&e, now),
+        }
+    }
+
+    /// Begins a connection to the socket the command line of `vmm` names, only when `vmm` could
+    /// connect to it itself ([`crate::socket_access`]), through the descriptor checked; a socket
+    /// it could not reach is refused for good (`None`), before any connect.
+    fn begin_as(&mut self, vmm: i32, now: Instant) -> Option<Result<Qmp, QmpError>> {
+        match crate::socket_access::open_as(vmm, &self.path) {
+            Ok(socket) => {
+                let via = crate::socket_access::connect_path(&socket);
+                Some(Qmp::begin_via(&self.path, &via, QMP_TIMEOUT, self.cancel.clone()))
+            }
+            Err(crate::socket_access::AccessError::Denied(why)) => {
+                let e = QmpError::Unreachable { path: printable_path(&self.path), why };
+                self.down = Some(e.to_string());
+                self.refused = Some(e.to_string());
+                self.session = Session::Closed { retry_at: now };
+                None
+            }
+            Err(crate::socket_access::AccessError::Io(source)) => {
+                Some(Err(QmpError::Connect { path: self.path.clone(), source }))
+            }
         }
     }
 
@@ -511,6 +541,14 @@ impl VmSource for QmpStats {
                 }
             }
         }
+    }
+
+    fn socket_in_use(&self, now: Instant) -> Option<&Path> {
+        let due = match &self.session {
+            Session::Closed { retry_at } => now >= *retry_at,
+            Session::Greeting { .. } | Session::Ready(_) => true,
+        };
+        (due && self.refused.is_none()).then_some(self.path.as_path())
     }
 
     fn named(&mut self) -> Named {

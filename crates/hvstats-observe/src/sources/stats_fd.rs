@@ -29,6 +29,7 @@ use hvstats_host::os as sys;
 use super::kvm_stat_map::{self, KvmStatReading};
 use super::vm_source::{Learned, VmAttach, VmSource, VmView};
 use crate::attach::ObserveError;
+use crate::vm_identity;
 use hvstats_sources::counter_source::{CounterSource, Gives, Object};
 use hvstats_sources::kvm_stats::KvmStats;
 
@@ -91,24 +92,52 @@ pub struct StatsFd {
     refused: Option<String>,
 }
 
-/// The statistics descriptors `pid` holds, from its `fd` directory: by vCPU id, and the VM's.
-fn held(fd_dir: &std::path::Path) -> io::Result<(BTreeMap<u32, RawFd>, Option<RawFd>)> {
-    let (mut vcpus, mut vm) = (BTreeMap::new(), None);
+/// The statistics descriptors a VMM holds, from its `fd` directory: by vCPU id, and the VM's.
+#[derive(Debug, Default)]
+struct Held {
+    vcpus: BTreeMap<u32, RawFd>,
+    vm: Option<RawFd>,
+    /// A statistics descriptor held twice as distinct files (of two VMs, or two opens): which one
+    /// is its VM's cannot be told. Its link, and how many.
+    twice: Option<(String, usize)>,
+}
+
+/// The statistics descriptors `pid` holds, from its `fd` directory `fd_dir`, but those that are
+/// `superseded` (copies of the statistics of a VM it ran before, see [`VmAttach::superseded`]).
+fn held(fd_dir: &std::path::Path, pid: i32, superseded: &[OwnedFd]) -> io::Result<Held> {
+    let mut held = Held::default();
+    // Each link's first descriptor, and how many distinct files it names.
+    let mut seen: BTreeMap<String, (RawFd, usize)> = BTreeMap::new();
     for entry in fs::read_dir(fd_dir)?.flatten() {
         let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse::<RawFd>().ok()) else { continue };
         let Ok(link) = fs::read_link(entry.path()) else { continue };
         let link = link.to_string_lossy();
-        if let Some(id) = link.strip_prefix(VCPU_STATS).and_then(|id| id.parse::<u32>().ok()) {
-            vcpus.insert(id, fd);
-        } else if link == VM_STATS {
-            vm = Some(fd);
+        let id = link.strip_prefix(VCPU_STATS).and_then(|id| id.parse::<u32>().ok());
+        if (id.is_none() && link != VM_STATS) || vm_identity::is_one_of(pid, fd, superseded) {
+            continue;
+        }
+        let (first, files) = seen.entry(link.to_string()).or_insert((fd, 0));
+        // A duplicate of the same file (`dup`) is that file again, not another.
+        if *files > 0 && vm_identity::same_files(pid, *first, pid, fd) {
+            continue;
+        }
+        *files += 1;
+        if *files > 1 {
+            held.twice = Some((link.to_string(), *files));
+        }
+        match id {
+            Some(id) => _ = held.vcpus.insert(id, fd),
+            None => held.vm = Some(fd),
         }
     }
-    Ok((vcpus, vm))
+    Ok(held)
 }
 
 /// A process's descriptor, copied into this one (`pidfd_getfd(2)`).
-fn copy_fd(pidfd: &OwnedFd, fd: RawFd) -> io::Result<File> {
+///
+/// # Errors
+/// When the process is gone, the descriptor is not open, or this process may not copy it.
+pub(crate) fn copy_fd(pidfd: &OwnedFd, fd: RawFd) -> io::Result<File> {
     // SAFETY: pidfd_getfd takes a pidfd we hold, a descriptor number and flags 0; it returns a new
     // descriptor or -1 and touches no memory of ours.
     let r = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
@@ -160,7 +189,10 @@ fn copy_checked(pidfd: &OwnedFd, fd: RawFd, link: &str) -> Result<Copied, Failur
 }
 
 /// A descriptor referring to process `pid` (`pidfd_open(2)`).
-fn pidfd(pid: i32) -> io::Result<OwnedFd> {
+///
+/// # Errors
+/// When the process is gone.
+pub(crate) fn pidfd(pid: i32) -> io::Result<OwnedFd> {
     // SAFETY: pidfd_open takes a pid and flags 0; it returns a new descriptor or -1.
     let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
     let r = sys::check(i32::try_from(r).unwrap_or(-1))?;
@@ -174,7 +206,8 @@ fn pidfd(pid: i32) -> io::Result<OwnedFd> {
 /// Never: descriptors that cannot be copied are the source's own state.
 pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError> {
     let fd_dir = at.procfs.root().join(at.pid.to_string()).join("fd");
-    let Ok((vcpu_fds, vm_fd)) = held(&fd_dir) else { return Ok(None) };
+    let Ok(held) = held(&fd_dir, at.pid, at.superseded) else { return Ok(None) };
+    let Held { vcpus: vcpu_fds, vm: vm_fd, twice } = held;
     if vcpu_fds.is_empty() && vm_fd.is_none() {
         return Ok(None);
     }
@@ -188,7 +221,15 @@ pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError
     // The VP index of a vCPU is its place among the VM's vCPU ids, as the observer numbers VPs.
     let index_of: BTreeMap<u32, u32> =
         at.fds.vcpus.keys().enumerate().map(|(i, &id)| (id, i as u32)).collect();
-    let copied = pidfd(at.pid).map_err(Failure::Copy).and_then(|pidfd| {
+    // Two files under one name: one is another VM's (or a copy the VMM made), and which cannot be
+    // told from here; taking either could read a VM that no longer runs.
+    let unique = match twice {
+        Some((link, n)) => Err(Failure::Refused(format!(
+            "it holds {n} distinct descriptors listed as {link:?}: which is its VM's cannot be told"
+        ))),
+        None => Ok(()),
+    };
+    let copied = unique.and_then(|()| pidfd(at.pid).map_err(Failure::Copy)).and_then(|pidfd| {
         for (id, fd) in &vcpu_fds {
             if let Some(&index) = index_of.get(id) {
                 me.vcpus.insert(index, copy_checked(&pidfd, *fd, &format!("{VCPU_STATS}{id}"))?);
@@ -283,5 +324,10 @@ impl VmSource for StatsFd {
 
     fn origin(&self) -> Origin {
         Origin::VcpuCreation
+    }
+
+    fn vmm_copies(&self) -> Vec<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.vcpus.values().chain(self.vm.as_ref()).map(|c| c.stats.as_fd()).collect()
     }
 }

@@ -1,12 +1,15 @@
-//! The sources that read a vCPU thread from outside its process (its schedstat, the host's page
-//! faults on it: [`OBSERVED_THREAD_SOURCES`]), opened on each vCPU thread as the observer finds
-//! it and composed as one source of the VM. A counter is given only when every vCPU's thread has
-//! a source that gives it.
+//! The sources that read a vCPU thread from outside its process (its schedstat and guest time,
+//! the host's page faults on it: [`OBSERVED_THREAD_SOURCES`]), opened on each vCPU thread as the
+//! observer finds it and composed as one source of the VM. A counter is given only when every
+//! vCPU's thread has a source that gives it. They count what the kernel keeps for the thread from
+//! its start ([`Origin::ThreadStart`]): a new observer continues them, and a VP whose thread is
+//! replaced (a VMM that made a new thread for it) counts from the new thread's start.
 
 use std::collections::BTreeMap;
 
 use hvstats::SharedPage;
 use hvstats_abi::counter_set::CounterSet;
+use hvstats_abi::vm_sources::Origin;
 
 use super::vm_source::{Learned, VmAttach, VmSource, VmView};
 use crate::attach::ObserveError;
@@ -59,6 +62,10 @@ impl CounterSource for Threads {
 }
 
 impl VmSource for Threads {
+    fn origin(&self) -> Origin {
+        Origin::ThreadStart
+    }
+
     fn read(&mut self, vm: &VmView<'_>) -> Learned {
         for (index, tid) in vm.threads() {
             let fresh = self.opened.get(&index).is_none_or(|(was, _)| *was != tid);

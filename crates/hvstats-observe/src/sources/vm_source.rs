@@ -73,12 +73,18 @@ pub struct VmAttach<'a> {
     pub options: &'a ObserveOptions,
     /// Descriptors the sources may hold (what the open file limit leaves for this VM).
     pub room: usize,
-    /// Events counted on each thread of the VMM by every source that counts on its threads, all
-    /// together: those sources count on as many threads as `room` holds this many descriptors
-    /// for.
+    /// The tracepoint events the VM is counted with, made once for its attach (lists of the same
+    /// events share one in-kernel tally).
+    pub events: crate::counting::EventList,
+    /// Descriptors each counted thread of the VMM holds by the counting method in use, for every
+    /// source that counts on its threads together ([`super::descriptors_per_thread`]): those
+    /// sources count on as many threads as `room` holds this many descriptors for.
     pub per_thread: usize,
     /// The VMM's QMP socket for this VM: given (`--qmp`), or named on its command line.
     pub qmp: Option<&'a Path>,
+    /// Copies of descriptors of a VM this VMM ran before and replaced (its statistics, kept open
+    /// by the VMM or not): never this VM's (see [`crate::vm_identity`]).
+    pub superseded: &'a [std::os::fd::OwnedFd],
 }
 
 /// Whether a source's peer answers now.
@@ -164,9 +170,17 @@ impl Learned {
 pub trait VmSource: CounterSource {
     /// Puts this refresh's questions to the source's peer, without waiting for answers (called
     /// for every observed VM before any is read); `sockets` is the host's table of Unix
-    /// sockets at this refresh, `given_before` what the sources before this one in the VM's list
+    /// sockets at this refresh (every network namespace's entries of the sockets
+    /// [`socket_in_use`](Self::socket_in_use) named), `given_before` what the sources before this one in the VM's list
     /// gave at the last refresh (what this one need not ask for).
     fn ask(&mut self, _sockets: &UnixSockets, _given_before: &Gives) {}
+
+    /// The Unix socket whose entries in the kernel's tables its next [`ask`](Self::ask) needs
+    /// (a session it holds, waits on or is due to begin), if any: the tables are read only
+    /// for those.
+    fn socket_in_use(&self, _now: std::time::Instant) -> Option<&std::path::Path> {
+        None
+    }
 
     /// What its peer names of the VM now (nothing, for a source without one).
     fn named(&mut self) -> Named {
@@ -189,5 +203,11 @@ pub trait VmSource: CounterSource {
     /// its kept sources' (see [`hvstats_abi::vm_sources::CountOrigins`]).
     fn kept_since(&self) -> Option<std::time::SystemTime> {
         None
+    }
+
+    /// The VMM's descriptors this source holds copies of (its KVM statistics): once the VMM
+    /// replaces its VM, they are the old VM's, and the new one's sources refuse them.
+    fn vmm_copies(&self) -> Vec<std::os::fd::BorrowedFd<'_>> {
+        Vec::new()
     }
 }

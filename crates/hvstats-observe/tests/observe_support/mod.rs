@@ -62,6 +62,13 @@ impl FakeProcess {
         self
     }
 
+    /// `task/<tid>/schedstat`: the real one of this process's thread `tid` (a link to it).
+    pub fn real_schedstat(&self, tid: i32) -> &Self {
+        let real = format!("/proc/{}/task/{tid}/schedstat", std::process::id());
+        symlink(real, self.dir.join("task").join(tid.to_string()).join("schedstat")).unwrap();
+        self
+    }
+
     pub fn set_guest_ticks(&self, tid: i32, comm: &str, guest_ticks: u64) {
         // Fields 3..=52 after "(comm)"; field 43 is guest time.
         let mut fields: Vec<String> = (3..=52).map(|_| "0".to_owned()).collect();

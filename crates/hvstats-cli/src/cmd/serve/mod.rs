@@ -339,11 +339,15 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let enabled = args.collectors.selection;
     let handler: Handler =
         Arc::new(move |asked| Box::pin(answer(Arc::clone(&answers), snapshot_api, enabled, asked)));
-    let observing = args.observe_all.then(|| observe::Observing {
-        interval: std::time::Duration::from_secs_f64(args.observe_interval),
-        filter: hvstats_observe::filter::VmFilter { include: args.vms, exclude: args.exclude_vms },
-        no_qmp: args.no_qmp,
-    });
+    let observing = match args.observe_all {
+        true => Some(observe::Observing {
+            held: crate::observer_run::hold_runtime_dir(&dir)?,
+            interval: std::time::Duration::from_secs_f64(args.observe_interval),
+            filter: hvstats_observe::filter::VmFilter { include: args.vms, exclude: args.exclude_vms },
+            no_qmp: args.no_qmp,
+        }),
+        false => None,
+    };
     // Once SIGINT, SIGTERM and SIGHUP are watched: the observer, then the address (which tells a
     // supervisor or a test that the exporter is up).
     let start = move || -> anyhow::Result<Option<observe::Running>> {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use hvstats::{Hypervisor, InstanceConfig};
-use hvstats_observe::cancel::{CANCEL_POLL, Cancel};
+use hvstats_observe::cancel::Cancel;
 use hvstats_observe::filter::VmFilter;
 use hvstats_observe::{ObserveOptions, Observer, Procfs, Targets, publication, raise_fd_limit};
 
@@ -21,6 +21,9 @@ use super::http::log;
 /// How serve observes: every VM the filter takes, using the QMP sockets their command lines
 /// name unless told not to.
 pub(crate) struct Observing {
+    /// The runtime directory, taken for this observer ([`crate::observer_run::hold_runtime_dir`])
+    /// and released once everything it left there is gone.
+    pub held: hvstats::observer_lock::ObserverLock,
     /// Seconds between refreshes.
     pub interval: Duration,
     /// `--vm`, `--exclude-vm`.
@@ -37,7 +40,7 @@ pub(crate) struct Running {
 }
 
 impl Running {
-    /// Stops the observer (a QMP wait ends within [`CANCEL_POLL`]) and waits until its instance
+    /// Stops the observer (a QMP wait ends within [`CANCEL_POLL`](hvstats_observe::cancel::CANCEL_POLL)) and waits until its instance
     /// files are removed.
     pub(crate) fn stop(self) {
         self.cancel.cancel();
@@ -47,8 +50,8 @@ impl Running {
     }
 }
 
-/// Publishes an observer instance under `runtime_dir` and refreshes it as `how` says on its own
-/// thread, until [`Running::stop`].
+/// Publishes an observer instance under `runtime_dir` (held by `how.held`) and refreshes it as
+/// `how` says on its own thread, until [`Running::stop`].
 ///
 /// # Errors
 /// When the instance cannot be published or the thread cannot start.
@@ -99,6 +102,7 @@ pub(crate) fn start(runtime_dir: &Path, how: Observing) -> anyhow::Result<Runnin
             drop(observer);
             drop::<Arc<Hypervisor>>(hv);
             drop(mark);
+            drop(how.held);
         })
         .context("starting the observer thread")?;
     Ok(Running { cancel, thread })
@@ -106,7 +110,5 @@ pub(crate) fn start(runtime_dir: &Path, how: Observing) -> anyhow::Result<Runnin
 
 /// Waits until `cancel` is set.
 fn wait_for(cancel: &Cancel) {
-    while !cancel.is_cancelled() {
-        std::thread::sleep(CANCEL_POLL);
-    }
+    while !cancel.pause(std::time::Duration::from_secs(3600)) {}
 }

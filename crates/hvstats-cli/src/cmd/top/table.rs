@@ -16,7 +16,8 @@ use hvstats_abi::histogram::Log2Histogram;
 use hvstats_abi::source::SourceKind;
 use hvstats_abi::vm_state::VmState;
 use hvstats_abi::{ObjectKind, Presentation};
-use hvstats_present::present::{Column, VP_COLUMNS, human_ns, shown_as};
+use hvstats_present::present::{Column, DatedBy, Interval, SAME_PUBLICATION, VP_COLUMNS, human_ns, shown_as};
+use hvstats_present::snapshot_json::publication_json;
 use hvstats_present::text::Escaped;
 use serde_json::{Map, Value, json};
 
@@ -42,11 +43,14 @@ pub(crate) struct Row {
     /// The share of the interval the VP spent waiting for a CPU, in % (a total row: its VPs'
     /// shares summed); `None` when the source gives no CPU wait.
     pub wait_percent: Option<f64>,
+    /// The time between the refreshes the two readings hold, which the rates are taken over.
+    pub interval: Interval,
 }
 
 impl Row {
-    /// CPU wait between the readings: per dispatch in ns, and as a percentage of the interval.
-    pub(crate) fn wait(&self, seconds: f64) -> (Option<f64>, Option<f64>) {
+    /// CPU wait between the readings: per dispatch in ns, and as a percentage of the time between
+    /// the refreshes they hold (`None` when they hold the same one).
+    pub(crate) fn wait(&self) -> (Option<f64>, Option<f64>) {
         let delta = |id: hvstats_abi::CounterId| {
             let name = id.counter()?.name;
             self.deltas.iter().find(|(n, _)| *n == name).map(|(_, d)| *d)
@@ -56,8 +60,17 @@ impl Row {
             (Some(w), Some(d)) if d > 0 => Some(w as f64 / d as f64),
             _ => None,
         };
-        let percent = wait.filter(|_| seconds > 0.0).map(|w| w as f64 / (seconds * 1e9) * 100.0);
+        let seconds = vp::CPU_WAIT_TIME_PER_DISPATCH.counter().and_then(|c| self.interval.seconds_for(c));
+        let percent = wait.zip(seconds).map(|(w, seconds)| w as f64 / (seconds * 1e9) * 100.0);
         (per_dispatch, percent)
+    }
+
+    /// True when `counter`, read in both readings, has no value because they hold the same
+    /// publication (not because no source gives it: that is a `-`).
+    fn holds_one_publication_of(&self, counter: &Counter) -> bool {
+        self.interval.same_publication()
+            && self.interval.seconds_for(counter).is_none()
+            && self.deltas.iter().any(|(name, _)| *name == counter.name)
     }
 
     /// The dominant intercept class between the readings: of the [`cost_classes`], the one with
@@ -172,8 +185,14 @@ pub(crate) struct Group {
     pub vps: Vec<Row>,
 }
 
-fn row(label: String, vp: Option<u32>, before: &ObjectReading, after: &ObjectReading, seconds: f64) -> Row {
-    let values = VP_COLUMNS.iter().map(|c| c.value(before, after, seconds)).collect();
+fn row(
+    label: String,
+    vp: Option<u32>,
+    before: &ObjectReading,
+    after: &ObjectReading,
+    interval: Interval,
+) -> Row {
+    let values = VP_COLUMNS.iter().map(|c| c.value(before, after, &interval)).collect();
     let deltas = match after {
         ObjectReading::Counters(values) => values
             .iter()
@@ -182,9 +201,17 @@ fn row(label: String, vp: Option<u32>, before: &ObjectReading, after: &ObjectRea
             .collect(),
         ObjectReading::Unreadable { .. } => Vec::new(),
     };
-    let mut row =
-        Row { label, vp, values, deltas, quantiles: Vec::new(), costs: Vec::new(), wait_percent: None };
-    row.wait_percent = row.wait(seconds).1;
+    let mut row = Row {
+        label,
+        vp,
+        values,
+        deltas,
+        quantiles: Vec::new(),
+        costs: Vec::new(),
+        wait_percent: None,
+        interval,
+    };
+    row.wait_percent = row.wait().1;
     row
 }
 
@@ -194,6 +221,11 @@ pub(crate) fn groups(before: &Reading, after: &Reading) -> Vec<Group> {
     let seconds = after.at.saturating_duration_since(before.at).as_secs_f64();
     let mut out = Vec::new();
     for instance in &after.instances {
+        let refreshed = (before.instance(&instance.name).and_then(|i| i.refreshed_us), instance.refreshed_us);
+        let live = instance.description.runs_its_partitions();
+        let interval = |then: &ObjectReading, now: &ObjectReading| {
+            Interval::between(then, now, seconds, refreshed, live)
+        };
         for partition in &instance.partitions {
             let Some(earlier) = before.partition(&instance.name, partition.id) else { continue };
             let vps: Vec<Row> = partition
@@ -201,14 +233,15 @@ pub(crate) fn groups(before: &Reading, after: &Reading) -> Vec<Group> {
                 .iter()
                 .filter_map(|vp| {
                     let then = earlier.vps.iter().find(|v| v.index == vp.index)?;
+                    let between = interval(&then.reading, &vp.reading);
                     let r =
-                        row(format!("VP {}", vp.index), Some(vp.index), &then.reading, &vp.reading, seconds);
+                        row(format!("VP {}", vp.index), Some(vp.index), &then.reading, &vp.reading, between);
                     Some(r.with_costs(costs(then, vp)))
                 })
                 .collect();
             let vm = Live::vm_name(&instance.name, partition);
             let total = match (earlier.vps_summed(), partition.vps_summed()) {
-                (Some(then), Some(now)) => row(vm.clone(), None, &then, &now, seconds),
+                (Some(then), Some(now)) => row(vm.clone(), None, &then, &now, interval(&then, &now)),
                 _ => Row {
                     label: vm.clone(),
                     vp: None,
@@ -217,6 +250,7 @@ pub(crate) fn groups(before: &Reading, after: &Reading) -> Vec<Group> {
                     quantiles: Vec::new(),
                     costs: Vec::new(),
                     wait_percent: None,
+                    interval: Interval::by_reader(seconds),
                 },
             }
             .with_costs(summed_costs(&vps))
@@ -445,10 +479,23 @@ impl Shown {
     pub(crate) fn cell(self, row: &Row) -> String {
         let quantile = |q| row.dominant().and_then(|(_, d)| d.quantile_upper_ns(q)).map(human_ns);
         let text = match self {
-            Shown::Presented(i) => return cell(row.values.get(i).copied().flatten()),
+            Shown::Presented(i) => match row.values.get(i).copied().flatten() {
+                None if row.holds_one_publication_of(VP_COLUMNS[i].counter()) => {
+                    return SAME_PUBLICATION.into();
+                }
+                value => return cell(value),
+            },
             Shown::Class => row.dominant().map(|(c, _)| class_label(c).to_owned()),
             Shown::P50 => quantile(0.5),
             Shown::P99 => quantile(0.99),
+            Shown::WaitPercent
+                if row.wait_percent.is_none()
+                    && vp::CPU_WAIT_TIME_PER_DISPATCH
+                        .counter()
+                        .is_some_and(|c| row.holds_one_publication_of(c)) =>
+            {
+                return SAME_PUBLICATION.into();
+            }
             Shown::WaitPercent => return cell(row.wait_percent),
         };
         text.unwrap_or_else(|| "-".into())
@@ -466,9 +513,25 @@ pub(crate) fn text(groups: &[Group], seconds: f64, dir: &str, fields: Option<&[S
     }
     let _ = writeln!(
         out,
-        "over {seconds:.2} s: % of the time, rates per second, average cost in µs; p50/p99: upper bounds \
-         of the handling time of the class with the most"
+        "over {seconds:.2} s (rates over the time between the publisher's refreshes read): % of the time, \
+         rates per second, average cost in µs; p50/p99: upper bounds of the handling time of the class \
+         with the most"
     );
+    let rows = || groups.iter().flat_map(|g| std::iter::once(&g.total).chain(&g.vps));
+    if rows().any(|r| r.interval.same_publication()) {
+        let _ = writeln!(
+            out,
+            "{SAME_PUBLICATION}: both readings hold the same refresh of its publisher (no new counts), so no rate; \
+             read again, or at an interval of at least the publisher's period"
+        );
+    }
+    if let Some(r) = rows().find(|r| r.interval.dated_by == DatedBy::Instance) {
+        let _ = writeln!(
+            out,
+            "{}: rates over its instance's refreshes (its publisher does not date its pages)",
+            Escaped(&r.label)
+        );
+    }
     let _ = write!(out, "{:<LABEL_WIDTH$}", "VM / VP");
     for c in &columns {
         let _ = write!(out, " {:>w$}", c.header(), w = c.width());
@@ -491,7 +554,7 @@ pub(crate) fn text(groups: &[Group], seconds: f64, dir: &str, fields: Option<&[S
     out
 }
 
-fn row_json(r: &Row, seconds: f64) -> Value {
+fn row_json(r: &Row) -> Value {
     // The columns show costs in µs; the JSON keys say ns, as every document gives times.
     let presented: Map<String, Value> = VP_COLUMNS
         .iter()
@@ -518,7 +581,7 @@ fn row_json(r: &Row, seconds: f64) -> Value {
         .iter()
         .map(|&(n, count, p50, p99)| (n.to_owned(), json!({"count": count, "p50_ns": p50, "p99_ns": p99})))
         .collect();
-    let (per_dispatch, percent) = r.wait(seconds);
+    let (per_dispatch, percent) = r.wait();
     let dominant = r.dominant().map(|(c, d)| {
         json!({
             "histogram": c.name,
@@ -534,6 +597,7 @@ fn row_json(r: &Row, seconds: f64) -> Value {
         "histograms": quantiles,
         "dominant": dominant,
         "cpu_wait": {"per_dispatch_ns": per_dispatch, "percent": percent},
+        "publication": publication_json(&r.interval),
     })
 }
 
@@ -561,7 +625,7 @@ pub(crate) fn json(groups: &[Group], seconds: f64) -> Value {
                 .vps
                 .iter()
                 .map(|r| {
-                    let mut v = row_json(r, seconds);
+                    let mut v = row_json(r);
                     v["vp"] = json!(r.vp);
                     v
                 })
@@ -572,7 +636,7 @@ pub(crate) fn json(groups: &[Group], seconds: f64) -> Value {
                 "partition": g.partition,
                 "active": g.active,
                 "state": g.state.map(VmState::label),
-                "total": row_json(&g.total, seconds),
+                "total": row_json(&g.total),
                 "vps": vps,
             })
         })
