@@ -49,20 +49,21 @@ fn manifest_files() -> Vec<PathBuf> {
 fn check_manifests(test: &str, files: &[PathBuf]) -> Option<(bool, String, String)> {
     let out = Command::new("python3").arg(repo("packaging/kubernetes/check-manifests")).args(files).output();
     let Ok(out) = out else {
-        return skipped(test, "HVSTATS_REQUIRE_KUBERNETES", "python3 is missing");
+        skip(test, "HVSTATS_REQUIRE_KUBERNETES", "python3 is missing");
+        return None;
     };
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     if out.status.code() == Some(2) && stderr.contains("pip install kubernetes") {
-        return skipped(test, "HVSTATS_REQUIRE_KUBERNETES", &stderr);
+        skip(test, "HVSTATS_REQUIRE_KUBERNETES", &stderr);
+        return None;
     }
     Some((out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), stderr))
 }
 
 /// Says the test is skipped, and why; fails instead when `require` is set to 1.
-fn skipped<T>(test: &str, require: &str, why: &str) -> Option<T> {
+fn skip(test: &str, require: &str, why: &str) {
     assert!(std::env::var(require).as_deref() != Ok("1"), "{test}: {why} (failing because {require}=1)");
     eprintln!("{test}: {}: skipped", why.trim());
-    None
 }
 
 /// The shipped manifests as check-manifests read them, by kind.
@@ -191,8 +192,8 @@ fn the_daemonsets_mounts_are_the_units_paths(workload: &Value, observe_unit: &st
         m.sort();
         m
     };
-    let at = |p: &str| (p.to_owned(), p.to_owned());
-    let mount = |p: &str, read_only: bool| (at(p).0, at(p).1, read_only);
+    // A host path mounted where it is on the host.
+    let mount = |p: &str, read_only: bool| (p.to_owned(), p.to_owned(), read_only);
     // RuntimeDirectory=hvstats is /run/hvstats; the one path of /sys the observer writes is its
     // bpffs directory (ReadWritePaths=), the rest of bpffs and tracefs read-only as
     // ProtectSystem=strict leaves them; the kubelet's pod volumes are read, never written.
@@ -213,7 +214,7 @@ fn the_daemonsets_mounts_are_the_units_paths(workload: &Value, observe_unit: &st
 
 /// `podman` with the options that make it run here: the cgroupfs manager (no systemd manages
 /// cgroups for a test), and runc where installed (crun refuses hosts with both cgroup
-/// hierarchies mounted); `None`, and why, where it cannot run a container at all.
+/// hierarchies mounted); why not, where there is no podman.
 fn podman() -> Result<Vec<String>, String> {
     let mut base = vec!["podman".to_owned(), "--cgroup-manager=cgroupfs".to_owned()];
     if Command::new("runc").arg("--version").output().is_ok_and(|o| o.status.success()) {
@@ -225,9 +226,10 @@ fn podman() -> Result<Vec<String>, String> {
     }
 }
 
-/// The limits a container is given: this process's own. A root without CAP_SYS_RESOURCE (a host
-/// that is itself a container) cannot raise them to the engine's defaults; 4096 processes is
-/// what the observer unit's TasksMax=64 needs many times over.
+/// The limits a container is given: a root without CAP_SYS_RESOURCE (a host that is itself a
+/// container) cannot raise them to the engine's defaults, so descriptors are this process's own,
+/// and processes 4096 (the count is of uid 0's processes on the host, a few hundred on a test
+/// host; the observer unit's TasksMax=64 needs far fewer).
 fn ulimits() -> Vec<String> {
     let mut nofile = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit fills the rlimit it is given.
@@ -262,13 +264,12 @@ impl Drop for Container {
 fn daemonset_flags(workload: &Value, container: &str, host: impl Fn(&str) -> PathBuf) -> Vec<String> {
     let c = &workload["containers"][container];
     let sc = &c["security_context"];
-    let mut flags: Vec<String> = vec!["--pid=host".into(), "--security-opt=no-new-privileges".into()];
-    assert_eq!(
-        (&sc["allowPrivilegeEscalation"], &sc["readOnlyRootFilesystem"]),
-        (&false.into(), &true.into())
-    );
-    flags.push("--read-only".into());
-    flags.push("--cap-drop=all".into());
+    let mut flags: Vec<String> = Vec::new();
+    let mut when = |yes: bool, flag: &str| flags.extend(yes.then(|| flag.to_owned()));
+    when(workload["host_pid"] == true, "--pid=host");
+    when(sc["allowPrivilegeEscalation"] == false, "--security-opt=no-new-privileges");
+    when(sc["readOnlyRootFilesystem"] == true, "--read-only");
+    when(sc["capabilities"]["drop"] == serde_json::json!(["ALL"]), "--cap-drop=all");
     flags.extend(added(c).iter().map(|cap| format!("--cap-add={cap}")));
     if sc["seccompProfile"]["type"] == "Unconfined" {
         flags.push("--security-opt=seccomp=unconfined".into());
@@ -370,12 +371,12 @@ fn the_image_with_the_daemonsets_privileges_observes_a_qemu_of_the_host() {
     let Some(objects) = manifests(test) else { return };
     let podman = match podman() {
         Ok(p) => p,
-        Err(why) => return skipped(test, "HVSTATS_REQUIRE_PODMAN", &why).unwrap_or(()),
+        Err(why) => return skip(test, "HVSTATS_REQUIRE_PODMAN", &why),
     };
     let tmp = TempDir::new("k8s-image");
     let image = match build_image(&podman, &tmp.path().join("image")) {
         Ok(image) => image,
-        Err(why) => return skipped(test, "HVSTATS_REQUIRE_PODMAN", &why).unwrap_or(()),
+        Err(why) => return skip(test, "HVSTATS_REQUIRE_PODMAN", &why),
     };
     let workload = &objects["DaemonSet"]["workload"];
     // The node's paths, but the runtime directory (the test's own) and the kubelet's (none here).
