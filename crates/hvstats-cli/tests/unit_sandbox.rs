@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{KilledOnDrop, TempDir, kvm_available, total};
+use common::{KilledOnDrop, TempDir, kvm_available, total, unit_setting as setting};
 use hvstats_guest::bios::{BiosEnd, BiosProgram};
 use hvstats_observe::unix_sockets::{PathUse, UnixSockets};
 use hvstats_testkit::{Libvirtd, spawn_qemu, wait_for_kvm_vcpus};
@@ -37,22 +37,6 @@ use serde_json::Value;
 
 fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(path)
-}
-
-/// Every value the unit gives `key` in its `[Service]` section, in order: a key given again adds
-/// to it (SystemCallFilter=, CapabilityBoundingSet=), an empty value resets it, as systemd reads
-/// them.
-fn setting(unit: &str, key: &str) -> Vec<String> {
-    let mut values = Vec::new();
-    for line in unit.lines().map(str::trim).filter(|l| !l.starts_with('#')) {
-        if let Some(v) = line.strip_prefix(key).and_then(|r| r.strip_prefix('=')) {
-            match v.trim() {
-                "" => values.clear(),
-                v => values.push(v.to_owned()),
-            }
-        }
-    }
-    values
 }
 
 /// The one value of a yes/no or keyword setting (its last), `default` when not given.

@@ -729,3 +729,30 @@ pub fn hvstats_without_runtime_dir(args: &[&str]) -> Option<std::process::Output
         .unwrap();
     Some(out)
 }
+
+/// Every value a systemd unit's text gives `key`, in order: a key given again adds to it
+/// (SystemCallFilter=, CapabilityBoundingSet=), an empty value resets it, as systemd reads them.
+pub fn unit_setting(unit: &str, key: &str) -> Vec<String> {
+    let mut values = Vec::new();
+    for line in unit.lines().map(str::trim).filter(|l| !l.starts_with('#')) {
+        if let Some(v) = line.strip_prefix(key).and_then(|r| r.strip_prefix('=')) {
+            match v.trim() {
+                "" => values.clear(),
+                v => values.push(v.to_owned()),
+            }
+        }
+    }
+    values
+}
+
+/// The capabilities of the host's observer (`CAP_BPF`, …) as `packaging/capabilities` lists them:
+/// the one list its systemd unit and the Kubernetes DaemonSet grant.
+pub fn observer_capabilities() -> Vec<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packaging/capabilities");
+    let list = std::fs::read_to_string(&path).expect("packaging/capabilities is there");
+    list.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_owned)
+        .collect()
+}
