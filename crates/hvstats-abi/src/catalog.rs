@@ -87,6 +87,21 @@ const NO_VTLB: &str = "KVM has no virtual TLB: it uses nested or shadow paging i
 const NO_TIME: &str = "handled inside KVM, which records no per-event time";
 const NO_SLOTS: &str = "the VMM's memory slots are not visible from outside";
 const SOURCE_TABLE: &str = "written by the observer from the sources it composes for the VM";
+/// The index of the first refusal reason's row in the hypervisor page's hvstats group.
+pub const FIRST_REFUSAL_ROW: u16 = 6;
+
+impl Refusal {
+    /// Its row on the observer's hypervisor page: how many VMs are refused for it (a row of this
+    /// catalog, so the table of reasons needs nothing of the counters).
+    pub const fn row(self) -> CounterId {
+        CounterId {
+            kind: ObjectKind::Hypervisor,
+            group: GroupKind::Hvstats,
+            index: FIRST_REFUSAL_ROW + self.code(),
+        }
+    }
+}
+
 const REFUSED_BY_REASON: &str = "VMs found but not observed, for this reason of the refusal table";
 const COUNT_ORIGINS: &str =
     "written by the publisher when it creates the partition, and by the observer at attach";

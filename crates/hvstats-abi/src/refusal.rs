@@ -7,12 +7,6 @@
 //! tells "the unit lacks a capability" from "a VM over a budget". Adding a reason is a row here
 //! and its row in the catalog (at the index [`Refusal::row`] gives; a test holds the two together).
 
-use crate::counter::{CounterId, GroupKind};
-use crate::object::ObjectKind;
-
-/// The index of the first reason's row in the hypervisor page's hvstats group.
-pub const FIRST_ROW: u16 = 6;
-
 macro_rules! refusals {
     ($( $(#[$doc:meta])* $code:literal $variant:ident $label:literal, $sentence:literal, $fix:literal; )*) => {
         /// Why a VM the observer found is not observed now.
@@ -91,11 +85,6 @@ refusals! {
 }
 
 impl Refusal {
-    /// Its row on the observer's hypervisor page: how many VMs are refused for it.
-    pub const fn row(self) -> CounterId {
-        CounterId { kind: ObjectKind::Hypervisor, group: GroupKind::Hvstats, index: FIRST_ROW + self.code() }
-    }
-
     /// The labels of its series in `hvstats_observer_vms`.
     pub const fn labels(self) -> [(&'static str, &'static str); 2] {
         [("state", "refused"), ("reason", self.label())]

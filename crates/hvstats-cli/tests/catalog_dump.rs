@@ -83,8 +83,10 @@ fn catalog_json_lists_every_counter_of_the_catalog() {
     // counts' publication), the 29 rows of the partition
     // page's own group saying which source gave what, its 1.1's VM state, its 1.2's rows of
     // sources 7 to 15 (27), its 1.3's two origins of counting and its 1.4's origin of the counts
-    // kept across observers, and the observer's health (5) on the hypervisor page.
-    assert_eq!(rows.len(), 96 + 2 + 2 + 9 + 2 + 1 + 1 + 1 + 29 + 1 + 27 + 2 + 1 + 5);
+    // kept across observers, and the observer's health (5) on the hypervisor page, with its 1.1's
+    // VMs refused by reason (a row per reason of the refusal table).
+    let reasons = hvstats_abi::refusal::Refusal::ALL.len();
+    assert_eq!(rows.len(), 96 + 2 + 2 + 9 + 2 + 1 + 1 + 1 + 29 + 1 + 27 + 2 + 1 + 5 + reasons);
     assert_eq!(rows.len(), CATALOG.len());
     for (row, c) in rows.iter().zip(CATALOG) {
         assert_eq!(row["object"], c.id.kind.short_name());
@@ -324,11 +326,12 @@ fn dump_rejects_malformed_pages_with_the_offset_and_reason() {
     let hv = page_file("hv", &page_bytes(&sample_page(ObjectKind::Hypervisor)));
     let o = hvstats(&["dump", hv.to_str().unwrap(), "--type", "vp"]);
     assert_eq!(o.status.code(), Some(1));
-    // The hypervisor page's own group (the observer's 5 rows) is far shorter than the VP's.
+    // The hypervisor page's own group (the observer's 5 rows and the refused VMs by reason) is far
+    // shorter than the VP's.
     assert!(
         stderr(&o).contains(
-            "malformed vp page at byte 48: group hvstats(18518) at byte 48: length 40 is less than the \
-             2120 bytes its version defines"
+            "malformed vp page at byte 48: group hvstats(18518) at byte 48: length 112 is less than the \
+             2136 bytes its version defines"
         ),
         "{}",
         stderr(&o)

@@ -97,12 +97,13 @@ fn observe(args: &[&str]) -> (Child, mpsc::Receiver<String>) {
 
 fn wait_line(rx: &mpsc::Receiver<String>, needle: &str) -> String {
     let deadline = Instant::now() + Duration::from_secs(20);
+    let mut seen = Vec::new();
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
             Ok(line) if line.contains(needle) => return line,
-            Ok(_) => {}
-            Err(e) => panic!("no line containing {needle:?}: {e}"),
+            Ok(line) => seen.push(line),
+            Err(e) => panic!("no line containing {needle:?}: {e}; the lines before: {seen:#?}"),
         }
     }
 }

@@ -143,7 +143,13 @@ impl ObservedVm {
         let vm_fd = the_vm(pid, fds)?;
         let identity = procfs.identity(pid).map_err(|source| ObserveError::Proc { pid, source })?;
         let attached = SystemTime::now();
-        let watch = VmObject::of(pid, vm_fd).ok().map(|object| VmWatch::new(procfs, pid, vm_fd, object));
+        // The VM object is the live process's (its descriptors are copied and compared): a procfs
+        // other than the host's /proc (a fixture) names descriptors that are not its.
+        let live = procfs.root() == std::path::Path::new("/proc");
+        let watch = live
+            .then(|| VmObject::of(pid, vm_fd).ok())
+            .flatten()
+            .map(|object| VmWatch::new(procfs, pid, vm_fd, object));
         let events = super::sources::vm_event_list(options);
         let per_thread = super::sources::descriptors_per_thread(&events);
         let at = VmAttach { procfs, pid, fds, options, room, events, per_thread, qmp, superseded };

@@ -29,11 +29,13 @@
 //! process's memory map), and a child forked from it is younger than it.
 
 use std::cmp::Ordering;
+use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use hvstats_host::os as sys;
 
 use crate::discovery::{Procfs, is_gone};
-use crate::sources::stats_fd::{copy_fd, pidfd};
 
 /// `KCMP_FILE` of `<linux/kcmp.h>`.
 const KCMP_FILE: libc::c_int = 0;
@@ -277,6 +279,31 @@ impl VmWatch {
             }
         })
     }
+}
+
+/// A process's descriptor, copied into this one (`pidfd_getfd(2)`).
+///
+/// # Errors
+/// When the process is gone, the descriptor is not open, or this process may not copy it.
+pub(crate) fn copy_fd(pidfd: &OwnedFd, fd: RawFd) -> io::Result<File> {
+    // SAFETY: pidfd_getfd takes a pidfd we hold, a descriptor number and flags 0; it returns a new
+    // descriptor or -1 and touches no memory of ours.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
+    let r = sys::check(i32::try_from(r).unwrap_or(-1))?;
+    // SAFETY: the kernel just gave us this descriptor; nothing else owns it.
+    Ok(unsafe { File::from_raw_fd(r) })
+}
+
+/// A descriptor referring to process `pid` (`pidfd_open(2)`).
+///
+/// # Errors
+/// When the process is gone.
+pub(crate) fn pidfd(pid: i32) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags 0; it returns a new descriptor or -1.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let r = sys::check(i32::try_from(r).unwrap_or(-1))?;
+    // SAFETY: the kernel just gave us this descriptor; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(r) })
 }
 
 #[cfg(test)]

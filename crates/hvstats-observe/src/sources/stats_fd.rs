@@ -18,18 +18,17 @@
 use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 use hvstats::SharedPage;
 use hvstats_abi::ObjectKind;
 use hvstats_abi::counter_set::CounterSet;
 use hvstats_abi::vm_sources::Origin;
-use hvstats_host::os as sys;
 
 use super::kvm_stat_map::{self, KvmStatReading};
 use super::vm_source::{Learned, VmAttach, VmSource, VmView};
 use crate::attach::ObserveError;
-use crate::vm_identity;
+use crate::vm_identity::{self, copy_fd, pidfd};
 use hvstats_sources::counter_source::{CounterSource, Gives, Object};
 use hvstats_sources::kvm_stats::KvmStats;
 
@@ -133,19 +132,6 @@ fn held(fd_dir: &std::path::Path, pid: i32, superseded: &[OwnedFd]) -> io::Resul
     Ok(held)
 }
 
-/// A process's descriptor, copied into this one (`pidfd_getfd(2)`).
-///
-/// # Errors
-/// When the process is gone, the descriptor is not open, or this process may not copy it.
-pub(crate) fn copy_fd(pidfd: &OwnedFd, fd: RawFd) -> io::Result<File> {
-    // SAFETY: pidfd_getfd takes a pidfd we hold, a descriptor number and flags 0; it returns a new
-    // descriptor or -1 and touches no memory of ours.
-    let r = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
-    let r = sys::check(i32::try_from(r).unwrap_or(-1))?;
-    // SAFETY: the kernel just gave us this descriptor; nothing else owns it.
-    Ok(unsafe { File::from_raw_fd(r) })
-}
-
 /// Why a copied descriptor is not KVM's statistics named `link` (`VCPU_STATS` with the vCPU id,
 /// or `VM_STATS`), `None` when it is: an anonymous inode that this process's own
 /// `/proc/self/fd` names so. Only KVM makes anonymous inodes of those names, and nobody but
@@ -186,18 +172,6 @@ fn copy_checked(pidfd: &OwnedFd, fd: RawFd, link: &str) -> Result<Copied, Failur
         _ => Failure::Copy(e),
     })?;
     Ok(Copied::new(stats))
-}
-
-/// A descriptor referring to process `pid` (`pidfd_open(2)`).
-///
-/// # Errors
-/// When the process is gone.
-pub(crate) fn pidfd(pid: i32) -> io::Result<OwnedFd> {
-    // SAFETY: pidfd_open takes a pid and flags 0; it returns a new descriptor or -1.
-    let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    let r = sys::check(i32::try_from(r).unwrap_or(-1))?;
-    // SAFETY: the kernel just gave us this descriptor; nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(r) })
 }
 
 /// Copies the statistics descriptors the VMM holds; `None` when it holds none.
