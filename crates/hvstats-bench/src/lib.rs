@@ -21,7 +21,8 @@
 //! and gzipped bytes) against every collector's; what observing costs a guest and a counted thread, and
 //! counting a tracepoint by method; what observing 64 VMs costs a refresh, and the vCPU kicks QMP
 //! costs a guest ([`observe_fleet`]); the userspace exit with accounting on against off; a
-//! hypercall against a plain exit.
+//! hypercall against a plain exit; how long SIGTERM takes to end `observe --all` and `serve
+//! --observe-all` with a VM attached, against the same binary's `serve` alone ([`shutdown`]).
 //!
 //! The bench reaches KVM only through `hvstats-kvm`'s public API, the statistics through
 //! `hvstats`' readers, and the surfaces through `hvstats-present`, as any other user of the
@@ -42,6 +43,7 @@ pub mod observe_fleet;
 pub mod overhead;
 pub mod row;
 pub mod scrape;
+pub mod shutdown;
 
 use hvstats::Hypervisor;
 
@@ -131,6 +133,7 @@ pub fn run(options: &Options, progress: &dyn Progress) -> Result<Vec<Row>, Bench
     }
     rows.extend(observe::observe_rows(&plan, &kvm, &wanted));
     rows.extend(observe_fleet::observe_fleet_rows(&plan, &kvm, &wanted));
+    rows.extend(shutdown::shutdown_rows(&plan, &kvm, &wanted));
     match &kvm {
         Ok(()) if any(&guest::EXIT_ROWS) => {
             rows.extend(guest::exit_rows(&hv, &plan, options.exits, options.hypercalls, &wanted)?);

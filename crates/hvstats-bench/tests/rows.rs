@@ -6,7 +6,8 @@
 
 use std::sync::Mutex;
 
-use hvstats_bench::{Options, Plan, Progress, Row, fleet, scrape};
+use hvstats_bench::{Options, Plan, Progress, Row, Silent, fleet, scrape, shutdown};
+use hvstats_testkit::kvm_available;
 
 /// A progress display that writes down what it is told.
 #[derive(Default)]
@@ -108,4 +109,34 @@ fn the_fleet_rows_read_a_published_fleet_and_the_library_encodes_the_same_series
         assert_eq!((rounds.ours.len(), rounds.baseline.len()), (2, 2));
         assert!(rounds.ours.iter().chain(&rounds.baseline).all(|v| *v > 0.0), "{row:?}");
     }
+}
+
+#[test]
+fn the_sigterm_rows_time_both_observers_and_serve_alone_with_a_vm_attached_every_round() {
+    if !kvm_available("the_sigterm_rows_time_both_observers_and_serve_alone_with_a_vm_attached_every_round") {
+        return;
+    }
+    // The rows run the built `hvstats`: `cargo test --workspace` builds it, `-p hvstats-bench`
+    // alone may not.
+    if let Err(why) = shutdown::hvstats_binary() {
+        assert!(std::env::var("HVSTATS_REQUIRE_KVM").as_deref() != Ok("1"), "{why}");
+        eprintln!("the sigterm rows {why}: skipped");
+        return;
+    }
+    let options = Options { rounds: Some(2), only: vec!["sigterm-to-exit-".into()], ..Options::default() };
+    let rows = hvstats_bench::run(&options, &Silent).unwrap();
+    let names: Vec<&str> = rows.iter().map(Row::name).collect();
+    assert_eq!(names, shutdown::ROWS, "{rows:?}");
+    for row in &rows {
+        let Row::Measured { rounds, unit, goal, .. } = row else { panic!("{row:?}") };
+        assert_eq!((rounds.ours.len(), rounds.baseline.len()), (2, 2), "{row:?}");
+        assert!(rounds.ours.iter().chain(&rounds.baseline).all(|s| *s > 0.0), "{row:?}");
+        assert_eq!((*unit, *goal), ("s", None));
+        assert!(row.ratio().is_some_and(|r| r > 0.0), "{row:?}");
+        assert_eq!(row.interval().unwrap().blocks, 1);
+    }
+    // One baseline for both: serve alone, signalled once each round.
+    let Row::Measured { rounds: observe, .. } = &rows[0] else { unreachable!() };
+    let Row::Measured { rounds: serve, .. } = &rows[1] else { unreachable!() };
+    assert_eq!(observe.baseline, serve.baseline);
 }
