@@ -44,7 +44,6 @@ fn test_vmm() {
     }
     use kvm_ioctls::{Kvm, VcpuExit};
     let kvm = Kvm::new().unwrap();
-    let vm = kvm.create_vm().unwrap();
     let size = 0x10000;
     // SAFETY: an anonymous private mapping of `size` bytes, owned by this process until it exits.
     let mem = unsafe {
@@ -61,25 +60,7 @@ fn test_vmm() {
     let code = guest_code();
     // SAFETY: the mapping is `size` bytes long and the code is shorter; nothing else uses it yet.
     unsafe { std::ptr::copy_nonoverlapping(code.as_ptr(), (mem as *mut u8).add(0x1000), code.len()) };
-    let region = kvm_bindings::kvm_userspace_memory_region {
-        slot: 0,
-        flags: 0,
-        guest_phys_addr: 0,
-        memory_size: size as u64,
-        userspace_addr: mem as u64,
-    };
-    // SAFETY: the region is a live mapping of this process that outlives the VM.
-    unsafe { vm.set_user_memory_region(region).unwrap() };
-    let vcpu = vm.create_vcpu(0).unwrap();
-    let stats = hvstats_sources::kvm_stats::open_for(&vcpu).unwrap();
-    let mut sregs = vcpu.get_sregs().unwrap();
-    sregs.cs.base = 0;
-    sregs.cs.selector = 0;
-    vcpu.set_sregs(&sregs).unwrap();
-    let mut regs = vcpu.get_regs().unwrap();
-    regs.rip = 0x1000;
-    regs.rflags = 2;
-    vcpu.set_regs(&regs).unwrap();
+    let (vm, vcpu, stats) = observe_support::real_mode_vm(&kvm, mem, size);
     // QEMU names its vCPU threads so (with debug-threads=on): the observer finds it by name. The
     // thread stays, holding its vCPU, once the guest has ended, as a VMM's vCPU thread does.
     let (done, ended) = std::sync::mpsc::channel();

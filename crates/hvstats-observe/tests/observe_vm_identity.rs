@@ -50,27 +50,7 @@ fn make_vm(
     kvm: &kvm_ioctls::Kvm,
     mem: *mut libc::c_void,
 ) -> (kvm_ioctls::VmFd, kvm_ioctls::VcpuFd, hvstats_sources::kvm_stats::KvmStats) {
-    let vm = kvm.create_vm().unwrap();
-    let region = kvm_bindings::kvm_userspace_memory_region {
-        slot: 0,
-        flags: 0,
-        guest_phys_addr: 0,
-        memory_size: MEM as u64,
-        userspace_addr: mem as u64,
-    };
-    // SAFETY: the region is a live mapping of this process that outlives every VM it makes.
-    unsafe { vm.set_user_memory_region(region).unwrap() };
-    let vcpu = vm.create_vcpu(0).unwrap();
-    let stats = hvstats_sources::kvm_stats::open_for(&vcpu).unwrap();
-    let mut sregs = vcpu.get_sregs().unwrap();
-    sregs.cs.base = 0;
-    sregs.cs.selector = 0;
-    vcpu.set_sregs(&sregs).unwrap();
-    let mut regs = vcpu.get_regs().unwrap();
-    regs.rip = 0x1000;
-    regs.rflags = 2;
-    vcpu.set_regs(&regs).unwrap();
-    (vm, vcpu, stats)
+    observe_support::real_mode_vm(kvm, mem, MEM)
 }
 
 /// Becomes `nobody` (uid and gid 65534, no groups), still traceable by root as any VMM is.

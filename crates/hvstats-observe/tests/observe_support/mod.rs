@@ -149,3 +149,33 @@ impl Drop for Qemu {
         let _ = self.child.wait();
     }
 }
+
+/// A VM of `kvm` whose memory is the `size` bytes at `mem` (slot 0, at guest address 0), with
+/// one vCPU in real mode ready to run the code at 0x1000, and the vCPU's statistics descriptor.
+pub fn real_mode_vm(
+    kvm: &kvm_ioctls::Kvm,
+    mem: *mut libc::c_void,
+    size: usize,
+) -> (kvm_ioctls::VmFd, kvm_ioctls::VcpuFd, hvstats_sources::kvm_stats::KvmStats) {
+    let vm = kvm.create_vm().unwrap();
+    let region = kvm_bindings::kvm_userspace_memory_region {
+        slot: 0,
+        flags: 0,
+        guest_phys_addr: 0,
+        memory_size: size as u64,
+        userspace_addr: mem as u64,
+    };
+    // SAFETY: the caller's region is a live mapping of this process that outlives the VM.
+    unsafe { vm.set_user_memory_region(region).unwrap() };
+    let vcpu = vm.create_vcpu(0).unwrap();
+    let stats = hvstats_sources::kvm_stats::open_for(&vcpu).unwrap();
+    let mut sregs = vcpu.get_sregs().unwrap();
+    sregs.cs.base = 0;
+    sregs.cs.selector = 0;
+    vcpu.set_sregs(&sregs).unwrap();
+    let mut regs = vcpu.get_regs().unwrap();
+    regs.rip = 0x1000;
+    regs.rflags = 2;
+    vcpu.set_regs(&regs).unwrap();
+    (vm, vcpu, stats)
+}
