@@ -24,7 +24,6 @@ use common::{
     KilledOnDrop, TempDir, http_get, prometheus_tool, serve, start_prometheus, start_prometheus_agent,
     start_prometheus_with, url_encoded,
 };
-use hvstats_testkit::{spawn_qemu, wait_for_kvm_vcpus};
 use serde_json::Value;
 
 fn packaging(path: &str) -> PathBuf {
@@ -619,31 +618,10 @@ fn until_or_last(deadline: Instant, mut ready: impl FnMut() -> Result<(), String
 }
 
 /// A QEMU VM of two vCPUs (SeaBIOS on one, then idle; the other halted throughout) named `obs-vm`
-/// with a QMP socket, and `hvstats observe`
-/// publishing it under `dir`; `None` without KVM or QEMU (skipped, unless required).
+/// with a QMP socket, and `hvstats observe` publishing it under `dir`; `None` without KVM or QEMU
+/// (skipped, unless required).
 fn observed_qemu(dir: &Path, work: &Path) -> Option<(KilledOnDrop, KilledOnDrop)> {
-    let qmp = work.join("qmp.sock");
-    let qemu = KilledOnDrop(spawn_qemu(
-        Command::new("qemu-system-x86_64")
-            .args(["-accel", "kvm", "-display", "none", "-nodefaults", "-m", "16", "-smp", "2"])
-            .args(["-name", "guest=obs-vm"])
-            .args(["-uuid", "0f3c2a52-6a0e-4d0e-9a83-0c1d2e3f4a5b", "-qmp"])
-            .arg(format!("unix:{},server=on,wait=off", qmp.display()))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null()),
-        "observed_qemu",
-    )?);
-    wait_for_kvm_vcpus(qemu.0.id() as i32, 2, Duration::from_secs(30));
-    let observer = Command::new(env!("CARGO_BIN_EXE_hvstats"))
-        .args(["observe", "--pid", &qemu.0.id().to_string(), "--runtime-dir"])
-        .arg(dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    Some((qemu, KilledOnDrop(observer)))
+    common::observed_qemu(dir, work, ("obs-vm", "0f3c2a52-6a0e-4d0e-9a83-0c1d2e3f4a5b", 2), "observed_qemu")
 }
 
 /// Each heatmap of the dashboard, asked of the Prometheus at `web` with `values` for its

@@ -17,7 +17,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{KilledOnDrop, TempDir, http_get, serve};
-use hvstats_testkit::{spawn_qemu, wait_for_kvm_vcpus};
 
 /// One sample line of an exposition: its metric name and labels.
 struct Sample {
@@ -104,26 +103,8 @@ fn info_labels(surfaces: &str) -> (BTreeSet<String>, BTreeSet<String>) {
 /// A QEMU VM of 4 vCPUs named `obs-4` with a QMP socket under `work`, and `hvstats observe`
 /// publishing it under `dir`; `None` without QEMU (skipped, unless required).
 fn observed_qemu(dir: &Path, work: &Path) -> Option<(KilledOnDrop, KilledOnDrop)> {
-    let qemu = KilledOnDrop(spawn_qemu(
-        Command::new("qemu-system-x86_64")
-            .args(["-accel", "kvm", "-display", "none", "-nodefaults", "-m", "16", "-smp", "4"])
-            .args(["-name", "guest=obs-4", "-uuid", "6b29fc40-ca47-1067-b31d-00dd010662da", "-qmp"])
-            .arg(format!("unix:{},server=on,wait=off", work.join("qmp.sock").display()))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null()),
-        "the_documents_series_counts_are_a_scrapes",
-    )?);
-    wait_for_kvm_vcpus(qemu.0.id() as i32, 4, Duration::from_secs(30));
-    let observer = Command::new(env!("CARGO_BIN_EXE_hvstats"))
-        .args(["observe", "--pid", &qemu.0.id().to_string(), "--runtime-dir"])
-        .arg(dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    Some((qemu, KilledOnDrop(observer)))
+    let vm = ("obs-4", "6b29fc40-ca47-1067-b31d-00dd010662da", 4);
+    common::observed_qemu(dir, work, vm, "the_documents_series_counts_are_a_scrapes")
 }
 
 #[test]

@@ -756,3 +756,40 @@ pub fn observer_capabilities() -> Vec<String> {
         .map(str::to_owned)
         .collect()
 }
+
+/// A QEMU VM of `vcpus` vCPUs (SeaBIOS on one, then idle) named `name` with UUID `uuid` and a QMP
+/// socket under `work`, and `hvstats observe` publishing it under `dir`; `None` without KVM or
+/// QEMU (skipped, unless required: `test` names the test that says so).
+pub fn observed_qemu(
+    dir: &std::path::Path,
+    work: &std::path::Path,
+    (name, uuid, vcpus): (&str, &str, u32),
+    test: &str,
+) -> Option<(KilledOnDrop, KilledOnDrop)> {
+    use std::process::{Command, Stdio};
+    let qemu = KilledOnDrop(hvstats_testkit::spawn_qemu(
+        Command::new("qemu-system-x86_64")
+            .args(["-accel", "kvm", "-display", "none", "-nodefaults", "-m", "16", "-smp"])
+            .arg(vcpus.to_string())
+            .args(["-name", &format!("guest={name}"), "-uuid", uuid, "-qmp"])
+            .arg(format!("unix:{},server=on,wait=off", work.join("qmp.sock").display()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+        test,
+    )?);
+    hvstats_testkit::wait_for_kvm_vcpus(
+        qemu.0.id() as i32,
+        vcpus as usize,
+        std::time::Duration::from_secs(30),
+    );
+    let observer = Command::new(env!("CARGO_BIN_EXE_hvstats"))
+        .args(["observe", "--pid", &qemu.0.id().to_string(), "--runtime-dir"])
+        .arg(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    Some((qemu, KilledOnDrop(observer)))
+}
