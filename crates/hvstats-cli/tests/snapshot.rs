@@ -215,16 +215,7 @@ fn snapshot_by_a_user_the_arena_refuses_says_whose_arena_and_how_to_read_it() {
     let tmp = TempDir::new("refused");
     let hv = publish(tmp.path());
     hv.create_partition(1).unwrap();
-    if euid() != 0 || !Path::new("/usr/bin/setpriv").exists() {
-        println!("skipped: needs root and setpriv to read as another user");
-        return;
-    }
-    let out = Command::new("/usr/bin/setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", env!("CARGO_BIN_EXE_hvstats")])
-        .args(["snapshot", "--runtime-dir"])
-        .arg(tmp.path())
-        .output()
-        .unwrap();
+    let Some(out) = snapshot_as_nobody(tmp.path()) else { return };
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     let instance = hv.published_name().unwrap().to_string();
@@ -545,16 +536,7 @@ fn why_a_page_is_unreadable_goes_to_standard_error() {
         InstanceConfig { page_access: hvstats::PageAccess { group: Some(65534) }, ..Default::default() },
     );
     hv.create_partition(1).unwrap();
-    if euid() != 0 || !Path::new("/usr/bin/setpriv").exists() {
-        println!("skipped: needs root and setpriv to read as another user");
-        return;
-    }
-    let out = Command::new("/usr/bin/setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", env!("CARGO_BIN_EXE_hvstats")])
-        .args(["snapshot", "--runtime-dir"])
-        .arg(tmp.path())
-        .output()
-        .unwrap();
+    let Some(out) = snapshot_as_nobody(tmp.path()) else { return };
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("    hypervisor: unreadable\n"), "{stdout}");
     assert!(!stdout.contains("ermission denied"), "the reason is not table text: {stdout}");
@@ -600,4 +582,19 @@ fn snapshot_shows_what_nothing_collects_as_unknown_and_times_as_times() {
     let switches = common::total(name(hvstats_abi::catalog::lp::CONTEXT_SWITCHES));
     assert!(lp.as_object().unwrap().get(&switches).is_none_or(Value::is_null), "{lp}");
     assert!(!lp[common::total(name(hvstats_abi::catalog::lp::TIMER_INTERRUPTS))].is_null(), "{lp}");
+}
+
+/// `hvstats snapshot` of `dir` run as `nobody`; `None` (skipped, said) without root or setpriv.
+fn snapshot_as_nobody(dir: &Path) -> Option<std::process::Output> {
+    if euid() != 0 || !Path::new("/usr/bin/setpriv").exists() {
+        println!("skipped: needs root and setpriv to read as another user");
+        return None;
+    }
+    let out = Command::new("/usr/bin/setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", env!("CARGO_BIN_EXE_hvstats")])
+        .args(["snapshot", "--runtime-dir"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    Some(out)
 }
