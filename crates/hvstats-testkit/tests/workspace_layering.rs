@@ -125,26 +125,51 @@ fn reached_from(packages: &[(String, Vec<(String, Value)>)], name: &str) -> BTre
     reached
 }
 
+/// The rows of docs/architecture.md's drawing, bottom up: a crate may use only crates of lower
+/// rows. Two crates of one row are beside each other and never use each other.
+const ROWS: [&[&str]; 5] = [
+    &["hvstats-abi", "hvstats-host"],
+    &["hvstats"],
+    &["hvstats-sources", "hvstats-present", "hvstats-mshv", "hvstats-guest"],
+    &["hvstats-kvm", "hvstats-observe"],
+    &["hvstats-cli"],
+];
+
+fn row_of(krate: &str) -> usize {
+    ROWS.iter().position(|row| row.contains(&krate)).unwrap_or_else(|| panic!("{krate} is in no row of ROWS"))
+}
+
 #[test]
 fn the_crates_depend_on_each_other_in_the_direction_the_architecture_draws() {
     let packages = dependencies();
-    // Each crate and the crates it must never reach: those drawn beside it or above it.
-    let never: [(&str, &[&str]); 6] = [
-        ("hvstats-abi", &["hvstats-host", "hvstats", "hvstats-sources"]),
-        ("hvstats-host", &["hvstats-abi", "hvstats", "hvstats-sources"]),
-        ("hvstats", &["hvstats-sources", "hvstats-kvm", "hvstats-observe", "hvstats-present"]),
-        ("hvstats-sources", &["hvstats-kvm", "hvstats-observe", "hvstats-present", "hvstats-mshv"]),
-        ("hvstats-kvm", &["hvstats-observe", "hvstats-present", "hvstats-mshv", "hvstats-cli"]),
-        ("hvstats-observe", &["hvstats-kvm", "hvstats-present", "hvstats-mshv", "hvstats-cli"]),
-    ];
-    for (krate, above) in never {
-        let reached = reached_from(&packages, krate);
-        for other in above {
-            assert!(!reached.contains(*other), "{krate} reaches {other}: {reached:?}");
+    let (mut arrows, mut back) = (0, Vec::new());
+    for product in PRODUCT {
+        let (_, deps) = packages.iter().find(|(name, _)| name == product).expect(product);
+        for (dep, kind) in deps {
+            if !kind.is_null() || !PRODUCT.contains(&dep.as_str()) {
+                continue;
+            }
+            arrows += 1;
+            if row_of(dep) >= row_of(product) {
+                back.push(format!("{product} -> {dep}"));
+            }
         }
+        // No circle: nothing a crate reaches reaches it back.
+        assert!(!reached_from(&packages, product).contains(product), "{product} is in a circle");
     }
+    assert!(arrows > 20, "{arrows} arrows: not the workspace?");
+    assert!(back.is_empty(), "arrows sideways or back up the drawing: {back:#?}");
     assert!(reached_from(&packages, "hvstats-observe").contains("hvstats-sources"));
     assert!(reached_from(&packages, "hvstats-kvm").contains("hvstats-sources"));
+}
+
+#[test]
+fn every_product_crate_has_a_row_in_the_drawing() {
+    let rows: usize = ROWS.iter().map(|row| row.len()).sum();
+    assert_eq!(rows, PRODUCT.len(), "ROWS and PRODUCT list different crates");
+    for product in PRODUCT {
+        row_of(product);
+    }
 }
 
 /// Every `.rs` file under `dir`, recursively.
@@ -331,4 +356,57 @@ fn no_two_modules_of_a_crate_import_each_other_in_a_loop() {
     }
     assert!(checked > 100, "{checked} references: not the workspace?");
     assert!(loops.is_empty(), "modules in a loop: {loops:#?}");
+}
+
+/// Whether `from` reaches a module of `room` (the module `room` or one inside it) through the
+/// modules' references.
+fn reaches_into(
+    edges: &BTreeMap<&Vec<String>, BTreeSet<Vec<String>>>,
+    from: &[String],
+    room: &[String],
+) -> bool {
+    let (mut seen, mut todo) = (BTreeSet::new(), vec![from.to_vec()]);
+    while let Some(m) = todo.pop() {
+        if m.starts_with(room) {
+            return true;
+        }
+        if seen.insert(m.clone()) {
+            todo.extend(edges.get(&m).into_iter().flatten().cloned());
+        }
+    }
+    false
+}
+
+#[test]
+fn no_module_refers_to_a_module_that_reaches_back_into_its_parent() {
+    // `hypercall::doc` referring to `catalog`, which refers to `hypercall`: the room `hypercall`
+    // and the room `catalog` then use each other, through an arrow only the child draws.
+    let crates = workspace_root().join("crates");
+    let (mut checked, mut back) = (0, Vec::new());
+    for krate in std::fs::read_dir(&crates).unwrap() {
+        let src = krate.unwrap().path().join("src");
+        if !src.is_dir() {
+            continue;
+        }
+        let all = modules(&src);
+        let edges: BTreeMap<&Vec<String>, BTreeSet<Vec<String>>> =
+            all.iter().map(|(m, text)| (m, references(m, text, &all))).collect();
+        for (module, refs) in &edges {
+            for target in refs {
+                checked += 1;
+                let rooms = (1..module.len()).map(|k| &module[..k]).filter(|room| !target.starts_with(room));
+                for room in rooms.filter(|room| reaches_into(&edges, target, room)) {
+                    back.push(format!(
+                        "{}: {} refers to {}, which reaches back into {}",
+                        src.display(),
+                        module.join("::"),
+                        target.join("::"),
+                        room.join("::")
+                    ));
+                }
+            }
+        }
+    }
+    assert!(checked > 100, "{checked} references: not the workspace?");
+    assert!(back.is_empty(), "back arrows: {back:#?}");
 }
