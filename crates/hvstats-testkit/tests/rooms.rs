@@ -12,7 +12,6 @@
 // Test set-up: a failed step is the test's failure, reported by the panic.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
