@@ -12,10 +12,10 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
+use hvstats::error_chain;
 use hvstats::hwc::{GuestCounts, VpHardwareCounters};
 use hvstats::whv::VpExtras;
 use hvstats::{PartitionStats, SharedPage};
-use hvstats_host::error_chain::error_chain;
 use kvm_bindings::{KVM_SYNC_X86_REGS, KVM_SYNC_X86_SREGS};
 use kvm_ioctls::{SyncReg, VcpuExit, VcpuFd};
 

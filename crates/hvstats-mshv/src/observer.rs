@@ -144,7 +144,7 @@ impl MshvObserver {
         match tree::read(&self.root) {
             Ok(tree) => self.apply(&tree),
             Err(e) => {
-                let text = hvstats_host::error_chain::error_chain(&e);
+                let text = hvstats::error_chain(&e);
                 let mut events = Vec::new();
                 if self.remember(&text) {
                     events.push(MshvEvent::Unreadable(text));
@@ -254,8 +254,7 @@ impl MshvObserver {
             )));
         }
         if let Err(e) = self.hv.publish_unmapped(text.as_bytes()) {
-            let text =
-                format!("cannot publish the unmapped values: {}", hvstats_host::error_chain::error_chain(&e));
+            let text = format!("cannot publish the unmapped values: {}", hvstats::error_chain(&e));
             if self.remember(&text) {
                 events.push(MshvEvent::Failed(text));
             }

@@ -15,7 +15,7 @@
 //! let mut attach = Attach::new(&hvstats::runtime_dir::runtime_dir());
 //! let changes = attach.refresh()?;
 //! for problem in &changes.problems {
-//!     eprintln!("{}", hvstats_host::error_chain::error_chain(problem));
+//!     eprintln!("{}", hvstats::error_chain(problem));
 //! }
 //! for instance in attach.instances_mut() {
 //!     println!("{} ({}: {})", instance.name(), instance.description().kind, instance.description().name);
@@ -262,16 +262,15 @@ impl Instance {
         let mut global_denied = false;
         let global = match dir.open_file(&name.global_file(), false) {
             Ok(file) => match trust::verify(&file, claimed, dir_owner) {
-                Ok(()) => ArenaReader::open_with(file, read_path)
-                    .map_err(|e| hvstats_host::error_chain::error_chain(&e)),
-                Err(why) => Err(hvstats_host::error_chain::error_chain(&AttachError::Untrusted {
+                Ok(()) => ArenaReader::open_with(file, read_path).map_err(|e| crate::error_chain(&e)),
+                Err(why) => Err(crate::error_chain(&AttachError::Untrusted {
                     path: dir.path().join(name.global_file()),
                     why,
                 })),
             },
             Err(e) => {
                 global_denied = AttachError::from(e.clone_kind()).is_permission_denied();
-                Err(hvstats_host::error_chain::error_chain(&e))
+                Err(crate::error_chain(&e))
             }
         };
         let mut instance = Self {
