@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 
 use hvstats_abi::PAGE_SIZE;
 use hvstats_abi::page::PAGE_SLOTS;
+use hvstats_host::os;
 
 use crate::index::{
     self, CHUNK_BYTES, CHUNK_SLOTS, ENTRY_BYTES, ENTRY_WORDS, FormatError, HEADER_BYTES, Header, ew, hw,
@@ -276,11 +277,8 @@ impl ArenaReader {
                     0,
                 )
             };
-            if new == libc::MAP_FAILED {
-                return Err(io::Error::last_os_error());
-            }
+            let ptr = os::check_map(new)?;
             self.unmap();
-            let ptr = NonNull::new(new.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
             match ShrinkGuard::register(ptr.as_ptr(), new_len) {
                 Some(guard) => {
                     self.guard = Some(guard);
