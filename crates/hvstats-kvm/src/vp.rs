@@ -418,12 +418,10 @@ fn declare_missing(env: &VpEnv<'_>, sources: &VpSources) {
     }
 }
 
-/// The calling thread's CPU time.
+/// The calling thread's CPU time (0 when it cannot be read: CLOCK_THREAD_CPUTIME_ID always
+/// exists on Linux).
 fn thread_cpu_time() -> std::time::Duration {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid out-pointer; CLOCK_THREAD_CPUTIME_ID always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    std::time::Duration::new(u64::try_from(ts.tv_sec).unwrap_or(0), u32::try_from(ts.tv_nsec).unwrap_or(0))
+    hvstats_host::os::clock_time(libc::CLOCK_THREAD_CPUTIME_ID).unwrap_or_default()
 }
 
 /// Runs VP `shared.index` on the calling thread until it stops, faults or is stopped.

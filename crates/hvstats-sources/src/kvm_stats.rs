@@ -352,8 +352,7 @@ mod tests {
         use std::io::Write;
         let [name_size, _, id_offset, desc_offset, _] = words.map(|w| w as usize);
         // SAFETY: a literal name and no flags; the result is checked before it is owned.
-        let fd = unsafe { libc::memfd_create(c"crafted".as_ptr(), 0) };
-        assert!(fd >= 0);
+        let fd = sys::check(unsafe { libc::memfd_create(c"crafted".as_ptr(), 0) }).unwrap();
         // SAFETY: the kernel just gave us this descriptor; nothing else owns it.
         let mut file = unsafe { File::from_raw_fd(fd) };
         file.set_len(file_size).unwrap();
