@@ -430,13 +430,7 @@ pub(crate) fn run(env: &VpEnv<'_>, shared: &VpShared, mut vcpu: VcpuFd) -> VpOut
     let Some(presence) = env.space.vp(index) else {
         let rip = rip(&vcpu).unwrap_or(0);
         let fault = VpFault { cause: FaultCause::NoPresence(index), rip, rip_seen: RipSeen::AtEntry };
-        return VpOutcome {
-            index,
-            exit_status: None,
-            serial: Vec::new(),
-            fault: Some(fault),
-            ..Default::default()
-        };
+        return VpOutcome { index, fault: Some(fault), ..VpOutcome::default() };
     };
     enter(env, shared, presence, &mut vcpu);
     let hardware = env.hardware.map(|h| VpHardwareCounters::open(&h.allocator, h.handle, 0));
