@@ -4,7 +4,8 @@
 //! under, what else it feeds (the TLB flush counters), and how KVM's Hyper-V emulation handles it.
 //! Our own partitions' run loop classifies the hypercalls it serves with it, the observer of VMs
 //! on KVM classifies `kvm:kvm_hv_hypercall` records with it, and `docs/hyperv-hypercalls.md` is
-//! rendered from it ([`doc`]).
+//! rendered from it (by the `hypercall_page` module, which also reads the catalog's counter
+//! names, so the arrow goes from the page to the table and never back).
 
 use core::fmt;
 
@@ -12,8 +13,6 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use crate::object::{StatsObjectIdentity, StatsObjectType};
 use crate::status::HvStatus;
-
-pub mod doc;
 
 /// A hypercall code (open enum).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, IntoBytes, FromBytes, Immutable, KnownLayout)]
@@ -89,7 +88,7 @@ pub mod flush_flags {
 }
 
 /// A kernel release whose `arch/x86/kvm/hyperv.c` the table was checked against, oldest first
-/// (the trees: [`doc::CHECKED_KERNELS`]).
+/// (the trees: `hypercall_page`'s `CHECKED_KERNELS`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum KernelRelease {
     /// Linux 5.15 (LTS).
@@ -226,7 +225,7 @@ macro_rules! hypercall_codes {
 
         /// Every named code, in code order: the one table of hypercall codes, their TLFS names,
         /// seed 001 classes, further counters and KVM's handling (`docs/hyperv-hypercalls.md` is
-        /// rendered from it by [`doc::write_markdown`]).
+        /// rendered from it by `hypercall_page`'s `write_markdown`).
         pub const HYPERCALLS: &[HypercallRow] = &[
             $(HypercallRow {
                 code: HypercallCode($value),

@@ -30,6 +30,7 @@ pub mod group;
 pub mod hal;
 pub mod histogram;
 pub mod hypercall;
+pub mod hypercall_page;
 pub mod hyperv_features;
 pub mod object;
 pub mod page;

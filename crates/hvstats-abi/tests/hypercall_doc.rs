@@ -5,11 +5,11 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use hvstats_abi::catalog::{hypercall_class_counter, vp};
-use hvstats_abi::hypercall::doc::{CHECKED_KERNELS, write_markdown};
 use hvstats_abi::hypercall::{
     HYPERCALLS, HypercallClass, HypercallCode, HypercallEffect, KVM_EXTENDED_CALLS, KernelRelease, KvmPath,
     flush_flags,
 };
+use hvstats_abi::hypercall_page::{CHECKED_KERNELS, write_markdown};
 
 const BEGIN: &str = "<!-- hypercall table: begin -->\n";
 const END: &str = "<!-- hypercall table: end -->";

@@ -161,8 +161,8 @@ impl PerfCounter {
     pub(crate) fn set_filter(&self, filter: &str) -> io::Result<()> {
         let c = std::ffi::CString::new(filter).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
         // SAFETY: our fd is a perf event; the argument is a NUL-terminated string alive for the call.
-        let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), PERF_EVENT_IOC_SET_FILTER, c.as_ptr()) };
-        if r < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+        crate::os::check(unsafe { libc::ioctl(self.fd.as_raw_fd(), PERF_EVENT_IOC_SET_FILTER, c.as_ptr()) })
+            .map(drop)
     }
 
     /// The kernel's id of this event (it tags the event's value in a group read).
@@ -172,8 +172,10 @@ impl PerfCounter {
     pub fn id(&self) -> io::Result<u64> {
         let mut id = 0u64;
         // SAFETY: our fd is a perf event; the kernel writes one u64 into `id`, which we own.
-        let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), PERF_EVENT_IOC_ID, &mut id as *mut u64) };
-        if r < 0 { Err(io::Error::last_os_error()) } else { Ok(id) }
+        crate::os::check(unsafe {
+            libc::ioctl(self.fd.as_raw_fd(), PERF_EVENT_IOC_ID, &mut id as *mut u64)
+        })?;
+        Ok(id)
     }
 
     /// Reads every event of this event's group at once into `buf` as `{ nr, { value, id }[nr] }`
@@ -194,16 +196,11 @@ impl PerfCounter {
             let n = unsafe {
                 libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), std::mem::size_of_val(buf))
             };
-            if n >= 8 && n % 8 == 0 {
-                return Ok(n as usize / 8);
-            }
-            let e = if n < 0 {
-                io::Error::last_os_error()
-            } else {
-                io::Error::from(io::ErrorKind::UnexpectedEof)
-            };
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
+            match crate::os::check_long(n as libc::c_long) {
+                Ok(n) if n >= 8 && n % 8 == 0 => return Ok(n as usize / 8),
+                Ok(_) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
             }
         }
     }

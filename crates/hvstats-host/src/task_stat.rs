@@ -122,8 +122,8 @@ pub fn thread_path(procfs: &Path, pid: i32, tid: i32) -> PathBuf {
 /// Clock ticks per second (`_SC_CLK_TCK`; 100 when unknown).
 pub fn ticks_per_second() -> u64 {
     // SAFETY: sysconf has no memory effects.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 { t as u64 } else { 100 }
+    let t = crate::os::check_long(unsafe { libc::sysconf(libc::_SC_CLK_TCK) });
+    t.ok().and_then(|t| u64::try_from(t).ok()).filter(|&t| t > 0).unwrap_or(100)
 }
 
 /// `ticks` clock ticks in 100 ns units.
@@ -135,14 +135,8 @@ pub fn ticks_to_100ns(ticks: u64) -> u64 {
 /// kernel counts on the boot-time clock): now, less the boot-time clock's advance since then;
 /// `None` when the clock cannot be read or the time lies in the future.
 pub fn started_at(start_ticks: u64) -> Option<std::time::SystemTime> {
-    let mut boot = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes only the timespec we pass, which lives across the call.
-    if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut boot) } != 0 {
-        return None;
-    }
+    let since_boot = crate::os::clock_time(libc::CLOCK_BOOTTIME).ok()?;
     let now = std::time::SystemTime::now();
-    let since_boot =
-        std::time::Duration::new(u64::try_from(boot.tv_sec).ok()?, u32::try_from(boot.tv_nsec).ok()?);
     let hz = ticks_per_second();
     let started = std::time::Duration::from_secs(start_ticks / hz)
         + std::time::Duration::from_nanos((start_ticks % hz).saturating_mul(1_000_000_000) / hz);

@@ -46,13 +46,7 @@ impl GuestRam {
                 0,
             )
         };
-        if ptr == libc::MAP_FAILED {
-            return Err(Error::MapGuestRam { bytes: size, source: std::io::Error::last_os_error() });
-        }
-        let ptr = NonNull::new(ptr.cast()).ok_or_else(|| Error::MapGuestRam {
-            bytes: size,
-            source: std::io::Error::other("mmap returned a null mapping"),
-        })?;
+        let ptr = sys::check_map(ptr).map_err(|source| Error::MapGuestRam { bytes: size, source })?;
         Ok(Self { ptr, size })
     }
 

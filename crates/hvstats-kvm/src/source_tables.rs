@@ -123,8 +123,7 @@ fn fake_stats_file(names: &[&str], value: u64) -> std::fs::File {
         bytes.extend_from_slice(&value.to_le_bytes());
     }
     // SAFETY: a literal name and no flags; the result is checked before it is owned.
-    let fd = unsafe { libc::memfd_create(c"kvm-stats".as_ptr(), 0) };
-    assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+    let fd = hvstats_host::os::check(unsafe { libc::memfd_create(c"kvm-stats".as_ptr(), 0) }).unwrap();
     // SAFETY: the kernel just gave us this fd; nothing else owns it.
     let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
     file.write_all(&bytes).unwrap();

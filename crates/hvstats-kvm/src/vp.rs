@@ -12,10 +12,10 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
+use hvstats::error_chain;
 use hvstats::hwc::{GuestCounts, VpHardwareCounters};
 use hvstats::whv::VpExtras;
 use hvstats::{PartitionStats, SharedPage};
-use hvstats_host::error_chain::error_chain;
 use kvm_bindings::{KVM_SYNC_X86_REGS, KVM_SYNC_X86_SREGS};
 use kvm_ioctls::{SyncReg, VcpuExit, VcpuFd};
 
@@ -242,7 +242,7 @@ impl LastRip {
 }
 
 /// How one VP ended.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct VpOutcome {
     /// The VP index.
     pub index: u32,
@@ -418,34 +418,53 @@ fn declare_missing(env: &VpEnv<'_>, sources: &VpSources) {
     }
 }
 
-/// The calling thread's CPU time.
+/// The calling thread's CPU time (0 when it cannot be read: CLOCK_THREAD_CPUTIME_ID always
+/// exists on Linux).
 fn thread_cpu_time() -> std::time::Duration {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid out-pointer; CLOCK_THREAD_CPUTIME_ID always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    std::time::Duration::new(u64::try_from(ts.tv_sec).unwrap_or(0), u32::try_from(ts.tv_nsec).unwrap_or(0))
+    hvstats_host::os::clock_time(libc::CLOCK_THREAD_CPUTIME_ID).unwrap_or_default()
 }
 
 /// Runs VP `shared.index` on the calling thread until it stops, faults or is stopped.
 pub(crate) fn run(env: &VpEnv<'_>, shared: &VpShared, mut vcpu: VcpuFd) -> VpOutcome {
     let index = shared.index;
-    let mut outcome = VpOutcome {
-        index,
-        exit_status: None,
-        serial: Vec::new(),
-        fault: None,
-        run_time: Default::default(),
-        cpu_time: Default::default(),
-        hardware: None,
-    };
     let Some(presence) = env.space.vp(index) else {
-        outcome.fault = Some(VpFault {
-            cause: FaultCause::NoPresence(index),
-            rip: rip(&vcpu).unwrap_or(0),
-            rip_seen: RipSeen::AtEntry,
-        });
-        return outcome;
+        let rip = rip(&vcpu).unwrap_or(0);
+        let fault = VpFault { cause: FaultCause::NoPresence(index), rip, rip_seen: RipSeen::AtEntry };
+        return VpOutcome { index, fault: Some(fault), ..VpOutcome::default() };
     };
+    enter(env, shared, presence, &mut vcpu);
+    let hardware = env.hardware.map(|h| VpHardwareCounters::open(&h.allocator, h.handle, 0));
+    let mut service = ExitService {
+        env,
+        index,
+        counters: env.page.map(|page| VpCounters::new(page, shared)),
+        serial: Vec::new(),
+        acct: ExitAccounting::new(env.accounting && env.page.is_some()),
+    };
+    let started = Instant::now();
+    let started_cpu = thread_cpu_time();
+    let ended = service.until_stopped(presence, &mut vcpu);
+    let outcome = VpOutcome {
+        index,
+        exit_status: ended.as_ref().ok().copied(),
+        fault: ended.err(),
+        run_time: started.elapsed(),
+        cpu_time: thread_cpu_time().saturating_sub(started_cpu),
+        hardware: hardware.map(|h| match h {
+            Ok(mut counters) => counters.read().map_err(|e| HardwareCountError::Read(Arc::new(e))),
+            Err(why) => Err(HardwareCountError::Open(Arc::new(why))),
+        }),
+        serial: Vec::new(),
+    };
+    leave(env, shared, presence, service.counters, outcome.fault.as_ref());
+    drop(vcpu);
+    VpOutcome { serial: service.serial, ..outcome }
+}
+
+/// Makes the calling thread VP `shared.index`'s: opens its sources (declaring what they cannot
+/// give), enters the guest space, publishes the thread's id and asks KVM to sync the registers
+/// the partition syncs.
+fn enter(env: &VpEnv<'_>, shared: &VpShared, presence: &VpPresence, vcpu: &mut VcpuFd) {
     let thread = VpThread { tid: gettid(), vcpu_fd: vcpu.as_raw_fd(), user: shared.user.clone() };
     let sources = VpSources::open(&thread, shared.index);
     declare_missing(env, &sources);
@@ -458,62 +477,22 @@ pub(crate) fn run(env: &VpEnv<'_>, shared: &VpShared, mut vcpu: VcpuFd) -> VpOut
             vcpu.set_sync_valid_reg(reg);
         }
     }
-    let hardware = env.hardware.map(|h| VpHardwareCounters::open(&h.allocator, h.handle, 0));
-    let counters = env.page.map(|page| VpCounters::new(page, shared));
-    let mut acct = ExitAccounting::new(env.accounting && counters.is_some());
-    let mut serial = Vec::new();
-    let started = Instant::now();
-    let started_cpu = thread_cpu_time();
-    let mut last_rip = LastRip::entry(rip(&vcpu).unwrap_or(0));
-    let synced_regs = env.sync_regs & u64::from(KVM_SYNC_X86_REGS) != 0;
-    let mut entered = false;
-    loop {
-        if entered && synced_regs {
-            last_rip.exit_handled(Some(vcpu.sync_regs_mut().regs.rip));
-        }
-        if presence.stopping() {
-            let cause = if env.stop_requested.load(Ordering::SeqCst) {
-                FaultCause::StopRequested
-            } else {
-                FaultCause::TimedOut
-            };
-            let (rip, rip_seen) = last_rip.for_fault(rip(&vcpu), true);
-            outcome.fault = Some(VpFault { cause, rip, rip_seen });
-            break;
-        }
-        entered = true;
-        let (class, step) = step(env, shared.index, counters, presence, &mut vcpu, &mut serial, &mut acct);
-        if let (Some((class, t0)), Some(counters)) = (class, counters) {
-            counters.record(&mut acct, class, cycles::now().wrapping_sub(t0));
-        }
-        match step {
-            Step::Continue => {}
-            Step::Stop(status) => {
-                outcome.exit_status = Some(status);
-                break;
-            }
-            Step::Fault(cause) => {
-                let (rip, rip_seen) = if cause.leaves_registers_undefined() {
-                    last_rip.for_fault(None, false)
-                } else {
-                    last_rip.for_fault(rip(&vcpu), true)
-                };
-                outcome.fault = Some(VpFault { cause, rip, rip_seen });
-                break;
-            }
-        }
-    }
-    outcome.run_time = started.elapsed();
-    outcome.cpu_time = thread_cpu_time().saturating_sub(started_cpu);
-    outcome.hardware = hardware.map(|h| match h {
-        Ok(mut counters) => counters.read().map_err(|e| HardwareCountError::Read(Arc::new(e))),
-        Err(why) => Err(HardwareCountError::Open(Arc::new(why))),
-    });
-    if let Some(fault) = &outcome.fault {
+}
+
+/// Ends the VP's run on its thread: the partition's stats say why a VP stopped other than by its
+/// exit port, the page gets its last values, and the sources and the guest space let the thread go.
+fn leave(
+    env: &VpEnv<'_>,
+    shared: &VpShared,
+    presence: &VpPresence,
+    counters: Option<VpCounters<'_>>,
+    fault: Option<&VpFault>,
+) {
+    if let Some(fault) = fault {
         // A partition with a faulted VP is being torn down: no longer active for guests, while
         // root readers keep its final values and see why it stopped.
         let what = if fault.cause.is_fault() { "faulted" } else { "was stopped" };
-        env.stats.stop(&format!("VP {} {what}: {}", outcome.index, fault.reason()));
+        env.stats.stop(&format!("VP {} {what}: {}", shared.index, fault.reason()));
     }
     if let Some(counters) = counters {
         counters.refresh(Refresh::OwnThread);
@@ -523,9 +502,6 @@ pub(crate) fn run(env: &VpEnv<'_>, shared: &VpShared, mut vcpu: VcpuFd) -> VpOut
     }
     shared.tid.store(0, Ordering::SeqCst);
     presence.leave();
-    drop(vcpu);
-    outcome.serial = serial;
-    outcome
 }
 
 /// The RIP now (KVM_GET_REGS also when registers are synced: it is exact between runs).
@@ -533,133 +509,250 @@ fn rip(vcpu: &VcpuFd) -> Option<u64> {
     vcpu.get_regs().map(|r| r.rip).ok()
 }
 
-/// One KVM_RUN and the handling of its exit; returns the exit's class and the time its handling
-/// started (for accounting), and what to do next.
-fn step(
-    env: &VpEnv<'_>,
+/// What serves one VP's exits on its thread: the partition's handlers and stats, and the VP's
+/// counters, serial output and exit accounting.
+struct ExitService<'a> {
+    env: &'a VpEnv<'a>,
     index: u32,
-    counters: Option<VpCounters<'_>>,
-    presence: &VpPresence,
-    vcpu: &mut VcpuFd,
-    serial: &mut Vec<u8>,
-    acct: &mut ExitAccounting,
-) -> (Option<(UserExit, u64)>, Step) {
-    let handlers = env.handlers;
-    // Memory slot changes wait until no VP is in the guest (a guest must never see a slot gap).
-    if !presence.enter_guest(env.space.gate()) {
-        return (None, Step::Continue);
-    }
-    let exit = vcpu.run();
-    presence.left_guest();
-    let t0 = if acct.enabled() { Some(cycles::now()) } else { None };
-    let with = |class: UserExit| t0.map(|t| (class, t));
-    match exit {
-        Ok(VcpuExit::IoOut(port, data)) => {
-            // Usually one access of at most 4 bytes; `rep outs` gives size * count bytes.
-            let mut small = [0u8; 8];
-            let large;
-            let bytes: &[u8] = if data.len() <= small.len() {
-                small[..data.len()].copy_from_slice(data);
-                &small[..data.len()]
-            } else {
-                large = data.to_vec();
-                &large
-            };
-            let mut ctx = VpContext { index, vcpu, space: env.space, stats: env.stats, serial };
-            if let Some(h) = handlers.hypercall_ports.get(&port).filter(|h| h.accepts_hypercalls()) {
-                if let Some(counters) = counters {
-                    counters.begin_hypercall(acct);
-                    counters.refresh(Refresh::OwnThread);
-                }
-                let step = match h.hypercall(&mut ctx) {
-                    Ok(()) => Step::Continue,
-                    Err(e) => Step::Fault(handler_fault(HandlerSite::Hypercall, e)),
+    counters: Option<VpCounters<'a>>,
+    serial: Vec<u8>,
+    acct: ExitAccounting,
+}
+
+impl<'a> ExitService<'a> {
+    /// Enters the guest again and again until the guest stops its VP (its exit status), a fault
+    /// stops it, or the partition does (the fault, with the RIP it was last known at).
+    fn until_stopped(&mut self, presence: &VpPresence, vcpu: &mut VcpuFd) -> Result<u32, VpFault> {
+        let mut last_rip = LastRip::entry(rip(vcpu).unwrap_or(0));
+        let synced_regs = self.env.sync_regs & u64::from(KVM_SYNC_X86_REGS) != 0;
+        let mut entered = false;
+        loop {
+            if entered && synced_regs {
+                last_rip.exit_handled(Some(vcpu.sync_regs_mut().regs.rip));
+            }
+            if presence.stopping() {
+                let cause = match self.env.stop_requested.load(Ordering::SeqCst) {
+                    true => FaultCause::StopRequested,
+                    false => FaultCause::TimedOut,
                 };
-                return (with(UserExit::Hypercall), step);
+                let (rip, rip_seen) = last_rip.for_fault(rip(vcpu), true);
+                return Err(VpFault { cause, rip, rip_seen });
             }
-            let step = match handlers.ports.get(&port).map(|h| h.write(&mut ctx, port, bytes)) {
-                None | Some(Ok(PortAction::Continue)) => Step::Continue,
-                Some(Ok(PortAction::Stop(status))) => Step::Stop(status),
-                Some(Err(e)) => Step::Fault(handler_fault(HandlerSite::PortWrite(port), e)),
-            };
-            (with(UserExit::Io), step)
-        }
-        Ok(VcpuExit::IoIn(port, data)) => {
-            let (ptr, len) = (data.as_mut_ptr(), data.len());
-            // `rep ins` asks for size * count bytes at once.
-            let mut small = [0xFFu8; 8];
-            let mut large = Vec::new();
-            let buf: &mut [u8] = if len <= small.len() {
-                &mut small[..len]
-            } else {
-                large.resize(len, 0xFF);
-                &mut large
-            };
-            let mut ctx = VpContext { index, vcpu, space: env.space, stats: env.stats, serial };
-            let result = match handlers.ports.get(&port) {
-                Some(h) => h.read(&mut ctx, port, buf),
-                None => Ok(()),
-            };
-            // SAFETY: `ptr` points into this vCPU's kvm_run mapping (the I/O data area of `len`
-            // bytes KVM gave us); the mapping lives as long as `vcpu` and the vCPU is not running.
-            unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), ptr, len) };
-            let step = match result {
-                Ok(()) => Step::Continue,
-                Err(e) => Step::Fault(handler_fault(HandlerSite::PortRead(port), e)),
-            };
-            (with(UserExit::Io), step)
-        }
-        Ok(VcpuExit::MmioRead(_, data)) => {
-            data.fill(0xFF);
-            (with(UserExit::Mmio), Step::Continue)
-        }
-        Ok(VcpuExit::MmioWrite(gpa, _)) => {
-            // A write to a read-only stats overlay lands here and changes nothing; the authority
-            // keeps its own record of those.
-            env.stats.record_overlay_write(gpa);
-            (with(UserExit::Mmio), Step::Continue)
-        }
-        Ok(VcpuExit::X86Rdmsr(e)) => {
-            let (msr, data, error) = (e.index, e.data as *mut u64, e.error as *mut u8);
-            let mut ctx = VpContext { index, vcpu, space: env.space, stats: env.stats, serial };
-            let value = handlers.msrs.get(&msr).and_then(|h| h.read(&mut ctx, msr));
-            // SAFETY: both point into this vCPU's kvm_run mapping, alive with `vcpu`; not running.
-            unsafe {
-                *data = value.unwrap_or(0);
-                *error = u8::from(value.is_none());
+            entered = true;
+            match self.step(presence, vcpu) {
+                Step::Continue => {}
+                Step::Stop(status) => return Ok(status),
+                Step::Fault(cause) => {
+                    let (rip, rip_seen) = match cause.leaves_registers_undefined() {
+                        true => last_rip.for_fault(None, false),
+                        false => last_rip.for_fault(rip(vcpu), true),
+                    };
+                    return Err(VpFault { cause, rip, rip_seen });
+                }
             }
-            (with(UserExit::Msr), Step::Continue)
         }
-        Ok(VcpuExit::X86Wrmsr(e)) => {
-            let (msr, value, error) = (e.index, e.data, e.error as *mut u8);
-            let mut ctx = VpContext { index, vcpu, space: env.space, stats: env.stats, serial };
-            let ok = handlers.msrs.get(&msr).is_some_and(|h| h.write(&mut ctx, msr, value));
-            // SAFETY: as for RDMSR.
-            unsafe { *error = u8::from(!ok) };
-            (with(UserExit::Msr), Step::Continue)
-        }
-        Ok(VcpuExit::Shutdown) => (None, Step::Fault(FaultCause::TripleFault)),
-        Ok(VcpuExit::InternalError) => {
-            // SAFETY: the exit reason is KVM_EXIT_INTERNAL_ERROR, so `internal` is the active member.
-            let suberror = unsafe { vcpu.get_kvm_run().__bindgen_anon_1.internal.suberror };
-            (None, Step::Fault(FaultCause::InternalError { suberror }))
-        }
-        Ok(VcpuExit::FailEntry(reason, cpu)) => (None, Step::Fault(FaultCause::FailedEntry { reason, cpu })),
-        Ok(VcpuExit::SystemEvent(kind, _)) => (None, Step::Fault(FaultCause::SystemEvent { kind })),
-        Ok(VcpuExit::Intr) => (None, Step::Continue),
-        Ok(VcpuExit::IrqWindowOpen) | Ok(VcpuExit::Hlt) => (with(UserExit::Other), Step::Continue),
-        Ok(other) => {
-            (with(UserExit::Other), Step::Fault(FaultCause::UnhandledExit { exit: format!("{other:?}") }))
-        }
-        Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
-            let run = vcpu.get_kvm_run();
-            if !presence.stopping() {
-                run.immediate_exit = 0;
-            }
-            (None, Step::Continue)
-        }
-        Err(e) => (None, Step::Fault(FaultCause::KvmRun(e))),
     }
+
+    /// One KVM_RUN, the handling of its exit and its accounting (the exit's class and the time
+    /// its handling took); what to do next.
+    #[inline]
+    fn step(&mut self, presence: &VpPresence, vcpu: &mut VcpuFd) -> Step {
+        // Memory slot changes wait until no VP is in the guest (a guest must never see a slot gap).
+        if !presence.enter_guest(self.env.space.gate()) {
+            return Step::Continue;
+        }
+        let exit = vcpu.run();
+        presence.left_guest();
+        let t0 = if self.acct.enabled() { Some(cycles::now()) } else { None };
+        let (class, step) = match exit {
+            Ok(VcpuExit::IoOut(port, data)) => {
+                let (mut small, mut large) = ([0u8; 8], Vec::new());
+                let bytes = copied(data, &mut small, &mut large);
+                self.port_write(vcpu, port, bytes)
+            }
+            Ok(VcpuExit::IoIn(port, data)) => {
+                let (ptr, len) = (data.as_mut_ptr(), data.len());
+                // SAFETY: `ptr` points into this vCPU's kvm_run mapping (the I/O data area of
+                // `len` bytes KVM gave us); the mapping lives as long as `vcpu`, not running.
+                (Some(UserExit::Io), unsafe { self.port_read(vcpu, port, ptr, len) })
+            }
+            Ok(VcpuExit::MmioRead(_, data)) => {
+                data.fill(0xFF);
+                (Some(UserExit::Mmio), Step::Continue)
+            }
+            Ok(VcpuExit::MmioWrite(gpa, _)) => {
+                // A write to a read-only stats overlay: it changes nothing, the authority records it.
+                self.env.stats.record_overlay_write(gpa);
+                (Some(UserExit::Mmio), Step::Continue)
+            }
+            Ok(VcpuExit::X86Rdmsr(e)) => {
+                let (msr, data, error) = (e.index, e.data as *mut u64, e.error as *mut u8);
+                // SAFETY: both point into this vCPU's kvm_run mapping, alive with `vcpu`; not running.
+                unsafe { self.msr_read(vcpu, msr, data, error) }
+            }
+            Ok(VcpuExit::X86Wrmsr(e)) => {
+                let (msr, value, error) = (e.index, e.data, e.error as *mut u8);
+                // SAFETY: as for RDMSR.
+                unsafe { self.msr_write(vcpu, msr, value, error) }
+            }
+            Ok(VcpuExit::IrqWindowOpen | VcpuExit::Hlt) => (Some(UserExit::Other), Step::Continue),
+            Ok(VcpuExit::Intr) => (None, Step::Continue),
+            Ok(VcpuExit::Shutdown) => (None, Step::Fault(FaultCause::TripleFault)),
+            Ok(VcpuExit::InternalError) => (None, Step::Fault(internal_error(vcpu))),
+            Ok(VcpuExit::FailEntry(reason, cpu)) => {
+                (None, Step::Fault(FaultCause::FailedEntry { reason, cpu }))
+            }
+            Ok(VcpuExit::SystemEvent(kind, _)) => (None, Step::Fault(FaultCause::SystemEvent { kind })),
+            Ok(other) => {
+                (Some(UserExit::Other), Step::Fault(FaultCause::UnhandledExit { exit: format!("{other:?}") }))
+            }
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                (None, interrupted(presence, vcpu))
+            }
+            Err(e) => (None, Step::Fault(FaultCause::KvmRun(e))),
+        };
+        if let (Some(class), Some(t0), Some(counters)) = (class, t0, self.counters) {
+            counters.record(&mut self.acct, class, cycles::now().wrapping_sub(t0));
+        }
+        step
+    }
+
+    /// What the handlers see of the VP while it is out of the guest.
+    #[inline]
+    fn context<'v>(&'v mut self, vcpu: &'v mut VcpuFd) -> VpContext<'v> {
+        VpContext {
+            index: self.index,
+            vcpu,
+            space: self.env.space,
+            stats: self.env.stats,
+            serial: &mut self.serial,
+        }
+    }
+
+    /// A write of `bytes` to `port`: a hypercall when the port takes them (counted as it begins,
+    /// with the page refreshed for the guest to check), otherwise the port's handler.
+    #[inline]
+    fn port_write(&mut self, vcpu: &mut VcpuFd, port: u16, bytes: &[u8]) -> (Option<UserExit>, Step) {
+        let handlers = self.env.handlers;
+        if let Some(h) = handlers.hypercall_ports.get(&port).filter(|h| h.accepts_hypercalls()) {
+            if let Some(counters) = self.counters {
+                counters.begin_hypercall(&mut self.acct);
+                counters.refresh(Refresh::OwnThread);
+            }
+            let step = match h.hypercall(&mut self.context(vcpu)) {
+                Ok(()) => Step::Continue,
+                Err(e) => Step::Fault(handler_fault(HandlerSite::Hypercall, e)),
+            };
+            return (Some(UserExit::Hypercall), step);
+        }
+        let step = match handlers.ports.get(&port).map(|h| h.write(&mut self.context(vcpu), port, bytes)) {
+            None | Some(Ok(PortAction::Continue)) => Step::Continue,
+            Some(Ok(PortAction::Stop(status))) => Step::Stop(status),
+            Some(Err(e)) => Step::Fault(handler_fault(HandlerSite::PortWrite(port), e)),
+        };
+        (Some(UserExit::Io), step)
+    }
+
+    /// A read of `len` bytes from `port` (all ones where no handler answers), stored at `data`.
+    ///
+    /// # Safety
+    /// `data` points to `len` writable bytes of the vCPU's `kvm_run` area, which outlive the call.
+    #[inline]
+    unsafe fn port_read(&mut self, vcpu: &mut VcpuFd, port: u16, data: *mut u8, len: usize) -> Step {
+        // `rep ins` asks for size * count bytes at once.
+        let mut small = [0xFFu8; 8];
+        let mut large = Vec::new();
+        let buf: &mut [u8] = if len <= small.len() {
+            &mut small[..len]
+        } else {
+            large.resize(len, 0xFF);
+            &mut large
+        };
+        let result = match self.env.handlers.ports.get(&port) {
+            Some(h) => h.read(&mut self.context(vcpu), port, buf),
+            None => Ok(()),
+        };
+        // SAFETY: as the caller promises.
+        unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), data, len) };
+        match result {
+            Ok(()) => Step::Continue,
+            Err(e) => Step::Fault(handler_fault(HandlerSite::PortRead(port), e)),
+        }
+    }
+
+    /// RDMSR of `msr`: its handler's value at `data`, or a #GP (`error` set) when none answers.
+    ///
+    /// # Safety
+    /// `data` and `error` point into the vCPU's `kvm_run` area, which outlives the call.
+    #[inline]
+    unsafe fn msr_read(
+        &mut self,
+        vcpu: &mut VcpuFd,
+        msr: u32,
+        data: *mut u64,
+        error: *mut u8,
+    ) -> (Option<UserExit>, Step) {
+        let handlers = self.env.handlers;
+        let value = handlers.msrs.get(&msr).and_then(|h| h.read(&mut self.context(vcpu), msr));
+        // SAFETY: as the caller promises.
+        unsafe {
+            *data = value.unwrap_or(0);
+            *error = u8::from(value.is_none());
+        }
+        (Some(UserExit::Msr), Step::Continue)
+    }
+
+    /// WRMSR of `value` to `msr`: a #GP (`error` set) unless its handler takes it.
+    ///
+    /// # Safety
+    /// `error` points into the vCPU's `kvm_run` area, which outlives the call.
+    #[inline]
+    unsafe fn msr_write(
+        &mut self,
+        vcpu: &mut VcpuFd,
+        msr: u32,
+        value: u64,
+        error: *mut u8,
+    ) -> (Option<UserExit>, Step) {
+        let handlers = self.env.handlers;
+        let ok = handlers.msrs.get(&msr).is_some_and(|h| h.write(&mut self.context(vcpu), msr, value));
+        // SAFETY: as the caller promises.
+        unsafe { *error = u8::from(!ok) };
+        (Some(UserExit::Msr), Step::Continue)
+    }
+}
+
+/// `data` copied out of the vCPU's `kvm_run` area (so the handlers may use the vCPU): into
+/// `small` without allocating for the usual access of at most 4 bytes, into `large` for what
+/// `rep outs` gives (size * count bytes).
+#[inline]
+fn copied<'b>(data: &[u8], small: &'b mut [u8; 8], large: &'b mut Vec<u8>) -> &'b [u8] {
+    match small.get_mut(..data.len()) {
+        Some(small) => {
+            small.copy_from_slice(data);
+            small
+        }
+        None => {
+            large.extend_from_slice(data);
+            large
+        }
+    }
+}
+
+/// The fault of a `KVM_EXIT_INTERNAL_ERROR`, with KVM's suberror.
+fn internal_error(vcpu: &mut VcpuFd) -> FaultCause {
+    // SAFETY: the exit reason is KVM_EXIT_INTERNAL_ERROR, so `internal` is the active member.
+    let suberror = unsafe { vcpu.get_kvm_run().__bindgen_anon_1.internal.suberror };
+    FaultCause::InternalError { suberror }
+}
+
+/// KVM_RUN returned without entering (a signal, `immediate_exit`): the next entry goes into the
+/// guest again unless the VP is being stopped.
+fn interrupted(presence: &VpPresence, vcpu: &mut VcpuFd) -> Step {
+    if !presence.stopping() {
+        vcpu.get_kvm_run().immediate_exit = 0;
+    }
+    Step::Continue
 }
 
 fn handler_fault(site: HandlerSite, error: HandlerError) -> FaultCause {

@@ -22,7 +22,7 @@ use hvstats_abi::{CounterId, ObjectKind};
 use crate::dialect::Dialect;
 use crate::names::{self, MAPPINGS, mapping};
 use crate::stats_file::StatsFile;
-use crate::tree::{self, PartitionKey, SELF_PARTITION_ID, Tree, TreeError};
+use crate::tree::{self, PartitionKey, PartitionTree, SELF_PARTITION_ID, Tree, TreeError};
 
 /// The most distinct problems, and the most distinct unmapped names, remembered (each is logged
 /// once).
@@ -141,17 +141,12 @@ impl MshvObserver {
 
     /// Reads the tree once and publishes what it holds.
     pub fn tick(&mut self) -> Vec<MshvEvent> {
+        let mut events = Vec::new();
         match tree::read(&self.root) {
-            Ok(tree) => self.apply(&tree),
-            Err(e) => {
-                let text = hvstats_host::error_chain::error_chain(&e);
-                let mut events = Vec::new();
-                if self.remember(&text) {
-                    events.push(MshvEvent::Unreadable(text));
-                }
-                events
-            }
+            Ok(tree) => events = self.apply(&tree),
+            Err(e) => self.say(&mut events, hvstats::error_chain(&e), MshvEvent::Unreadable),
         }
+        events
     }
 
     /// Publishes `tree`: partitions added, changed and removed, every value written.
@@ -162,19 +157,9 @@ impl MshvObserver {
             events.push(MshvEvent::Format(dialect));
         }
         for p in &tree.problems {
-            let text = p.to_string();
-            if self.remember(&text) {
-                events.push(MshvEvent::Problem(text));
-            }
+            self.say(&mut events, p.to_string(), MshvEvent::Problem);
         }
-        let gone: Vec<PartitionKey> =
-            self.partitions.keys().filter(|k| !tree.partitions.contains_key(k)).copied().collect();
-        for key in gone {
-            if let Some(p) = self.partitions.remove(&key) {
-                self.hv.remove_partition(p.stats.id());
-                events.push(MshvEvent::Vanished { key });
-            }
-        }
+        self.remove_vanished(tree, &mut events);
         // What the hypervisor's and the LPs' files lack is declared before any partition of this
         // reading appears: a reader that finds the partition never finds those counters as 0.
         self.declare_global(None, ObjectKind::Hypervisor, tree.hypervisor.as_ref());
@@ -185,51 +170,8 @@ impl MshvObserver {
         }
         let mut side = unmapped::Encoder::new();
         for (key, ptree) in &tree.partitions {
-            let vps: Vec<u32> = ptree.vps.keys().copied().collect();
-            let changed = self.partitions.get(key).is_some_and(|p| p.vps != vps);
-            if changed && let Some(old) = self.partitions.remove(key) {
-                self.hv.remove_partition(old.stats.id());
-            }
-            let unavailable = unavailable(&ptree.stats, ptree.vps.values());
-            if !self.partitions.contains_key(key) {
-                let name = format!("mshv:{key}");
-                // Born with what its files lack declared: never shown as 0 in between.
-                match self.hv.create_partition_declared(Some(key.id()), &vps, &name, &unavailable) {
-                    Ok(stats) => {
-                        let published =
-                            Published { vps: vps.clone(), stats, unavailable: unavailable.clone() };
-                        self.partitions.insert(*key, published);
-                        events.push(if changed {
-                            MshvEvent::VpsChanged { key: *key, vps }
-                        } else {
-                            MshvEvent::Appeared { key: *key, vps }
-                        });
-                    }
-                    Err(e) => {
-                        let text = format!("cannot publish partition {key}: {e}");
-                        if self.remember(&text) {
-                            events.push(MshvEvent::Failed(text));
-                        }
-                        continue;
-                    }
-                }
-            }
-            let Some(published) = self.partitions.get_mut(key) else { continue };
-            let stats = Arc::clone(&published.stats);
-            if unavailable != published.unavailable {
-                stats.set_unavailable(&unavailable);
-                published.unavailable = unavailable;
-            }
-            let id = stats.id();
-            let rest = write(ObjectKind::Partition, stats.page(), &ptree.stats);
-            self.side(&mut side, ObjectRef::Partition(id), rest, &mut events);
-            for (n, page) in stats.vp_pages() {
-                let Some(file) = ptree.vps.get(&n) else { continue };
-                let rest = {
-                    let _merge = page.begin_publication();
-                    write(ObjectKind::Vp, page, file)
-                };
-                self.side(&mut side, ObjectRef::Vp(id, n), rest, &mut events);
+            if let Some(stats) = self.publish_partition(*key, ptree, &mut events) {
+                self.write_partition(&stats, ptree, &mut side, &mut events);
             }
         }
         // The instance keeps its own counts as partitions come and go: the hypervisor's file,
@@ -246,6 +188,85 @@ impl MshvObserver {
                 self.side(&mut side, ObjectRef::Lp(index), rest, &mut events);
             }
         }
+        self.publish_side(side, &mut events);
+        events
+    }
+
+    /// Removes the partitions whose directories are gone from `tree`.
+    fn remove_vanished(&mut self, tree: &Tree, events: &mut Vec<MshvEvent>) {
+        let gone: Vec<PartitionKey> =
+            self.partitions.keys().filter(|k| !tree.partitions.contains_key(k)).copied().collect();
+        for key in gone {
+            if let Some(p) = self.partitions.remove(&key) {
+                self.hv.remove_partition(p.stats.id());
+                events.push(MshvEvent::Vanished { key });
+            }
+        }
+    }
+
+    /// Partition `key` as published for `ptree`: created when new, created again when its VPs
+    /// changed, with what its files lack declared; `None` when it cannot be published.
+    fn publish_partition(
+        &mut self,
+        key: PartitionKey,
+        ptree: &PartitionTree,
+        events: &mut Vec<MshvEvent>,
+    ) -> Option<Arc<PartitionStats>> {
+        let vps: Vec<u32> = ptree.vps.keys().copied().collect();
+        let changed = self.partitions.get(&key).is_some_and(|p| p.vps != vps);
+        if changed && let Some(old) = self.partitions.remove(&key) {
+            self.hv.remove_partition(old.stats.id());
+        }
+        let unavailable = unavailable(&ptree.stats, ptree.vps.values());
+        if !self.partitions.contains_key(&key) {
+            let name = format!("mshv:{key}");
+            // Born with what its files lack declared: never shown as 0 in between.
+            match self.hv.create_partition_declared(Some(key.id()), &vps, &name, &unavailable) {
+                Ok(stats) => {
+                    let published = Published { vps: vps.clone(), stats, unavailable: unavailable.clone() };
+                    self.partitions.insert(key, published);
+                    events.push(match changed {
+                        true => MshvEvent::VpsChanged { key, vps },
+                        false => MshvEvent::Appeared { key, vps },
+                    });
+                }
+                Err(e) => {
+                    self.say(events, format!("cannot publish partition {key}: {e}"), MshvEvent::Failed);
+                    return None;
+                }
+            }
+        }
+        let published = self.partitions.get_mut(&key)?;
+        if unavailable != published.unavailable {
+            published.stats.set_unavailable(&unavailable);
+            published.unavailable = unavailable;
+        }
+        Some(Arc::clone(&published.stats))
+    }
+
+    /// Writes a published partition's values and its VPs', the names without a counter to `side`.
+    fn write_partition(
+        &mut self,
+        stats: &PartitionStats,
+        ptree: &PartitionTree,
+        side: &mut unmapped::Encoder,
+        events: &mut Vec<MshvEvent>,
+    ) {
+        let id = stats.id();
+        let rest = write(ObjectKind::Partition, stats.page(), &ptree.stats);
+        self.side(side, ObjectRef::Partition(id), rest, events);
+        for (n, page) in stats.vp_pages() {
+            let Some(file) = ptree.vps.get(&n) else { continue };
+            let rest = {
+                let _merge = page.begin_publication();
+                write(ObjectKind::Vp, page, file)
+            };
+            self.side(side, ObjectRef::Vp(id, n), rest, events);
+        }
+    }
+
+    /// Publishes the values no catalog counter names beside the pages, up to the file's cap.
+    fn publish_side(&mut self, side: unmapped::Encoder, events: &mut Vec<MshvEvent>) {
         let (text, complete) = side.finish();
         if !complete && self.remember("unmapped values past the cap") {
             events.push(MshvEvent::Failed(format!(
@@ -254,13 +275,16 @@ impl MshvObserver {
             )));
         }
         if let Err(e) = self.hv.publish_unmapped(text.as_bytes()) {
-            let text =
-                format!("cannot publish the unmapped values: {}", hvstats_host::error_chain::error_chain(&e));
-            if self.remember(&text) {
-                events.push(MshvEvent::Failed(text));
-            }
+            let text = format!("cannot publish the unmapped values: {}", hvstats::error_chain(&e));
+            self.say(events, text, MshvEvent::Failed);
         }
-        events
+    }
+
+    /// Says `text` as the event `event` makes of it, the first time it is seen.
+    fn say(&mut self, events: &mut Vec<MshvEvent>, text: String, event: fn(String) -> MshvEvent) {
+        if self.remember(&text) {
+            events.push(event(text));
+        }
     }
 
     /// Adds `at`'s unmapped values to the side file, and says which names are new.

@@ -154,68 +154,81 @@ pub fn parse(kind: ObjectKind, bytes: &[u8], unknown: &mut UnknownNames) -> Stat
         bytes
     };
     let mut names = HashSet::new();
-    let mut rest = bytes;
-    let mut number = 0;
-    while !rest.is_empty() {
-        number += 1;
-        let (line, complete) = match rest.iter().position(|&b| b == b'\n') {
-            Some(end) => {
-                let line = &rest[..end];
-                rest = &rest[end + 1..];
-                (line, true)
-            }
-            None => (std::mem::take(&mut rest), false),
-        };
+    for (number, line, complete) in numbered_lines(bytes) {
         let skip = |reason| Skipped { line: number, reason };
         if number > MAX_LINES {
             file.skipped.push(skip(SkipReason::TooManyLines));
             break;
         }
-        if line.len() > MAX_LINE_BYTES {
-            file.skipped.push(skip(SkipReason::TooLong(line.len())));
-            continue;
+        let added = parse_line(line, complete).and_then(|parsed| file.add(kind, parsed, &mut names, unknown));
+        if let Err(reason) = added {
+            file.skipped.push(skip(reason));
         }
-        // A capped file's last line is cut by us, not by the writer: the same reason holds.
-        if !complete {
-            file.skipped.push(skip(SkipReason::Truncated));
-            continue;
-        }
-        let (printed, value, padded_to) = match parse_line(line) {
-            Ok(parsed) => parsed,
-            Err(reason) => {
-                file.skipped.push(skip(reason));
-                continue;
-            }
-        };
+    }
+    file
+}
+
+impl StatsFile {
+    /// Adds the counter a line printed (name, value, padding) under its canonical name, noting
+    /// how a known name was printed; a name no known kernel prints takes from `unknown`'s budget
+    /// (past it, the line is dropped, not skipped).
+    fn add(
+        &mut self,
+        kind: ObjectKind,
+        (printed, value, padded_to): (&str, u64, Option<usize>),
+        names: &mut HashSet<Name>,
+        unknown: &mut UnknownNames,
+    ) -> Result<(), SkipReason> {
         let name: Name = match canonical(kind, printed) {
             Some(name) => {
                 if name == printed {
-                    file.seen.prefixed += 1;
+                    self.seen.prefixed += 1;
                 } else {
-                    file.seen.unprefixed += 1;
+                    self.seen.unprefixed += 1;
                 }
                 Cow::Borrowed(name)
             }
             None => Cow::Owned(printed.to_owned()),
         };
         if !names.insert(name.clone()) {
-            file.skipped.push(skip(SkipReason::Duplicate));
-            continue;
+            return Err(SkipReason::Duplicate);
         }
         if matches!(name, Cow::Owned(_)) && !unknown.admit(&name) {
-            continue;
+            return Ok(());
         }
         if let (ObjectKind::Vp, Some(width)) = (kind, padded_to) {
-            file.seen.vp_width = Some(file.seen.vp_width.map_or(width, |w| w.max(width)));
+            self.seen.vp_width = Some(self.seen.vp_width.map_or(width, |w| w.max(width)));
         }
-        file.counters.push((name, value));
+        self.counters.push((name, value));
+        Ok(())
     }
-    file
 }
 
-/// One complete line, without its newline: the name, the value, and the width the name was padded
-/// to (`None` when it was not padded).
-fn parse_line(line: &[u8]) -> Result<(&str, u64, Option<usize>), SkipReason> {
+/// The lines of `bytes`, numbered from 1, each without its newline and with whether one ended it.
+fn numbered_lines(bytes: &[u8]) -> impl Iterator<Item = (usize, &[u8], bool)> {
+    let mut rest = bytes;
+    let lines = std::iter::from_fn(move || match rest.iter().position(|&b| b == b'\n') {
+        _ if rest.is_empty() => None,
+        Some(end) => {
+            let line = &rest[..end];
+            rest = &rest[end + 1..];
+            Some((line, true))
+        }
+        None => Some((std::mem::take(&mut rest), false)),
+    });
+    (1..).zip(lines).map(|(number, (line, complete))| (number, line, complete))
+}
+
+/// One line, without its newline (`complete` when one ended it): the name, the value, and the
+/// width the name was padded to (`None` when it was not padded).
+fn parse_line(line: &[u8], complete: bool) -> Result<(&str, u64, Option<usize>), SkipReason> {
+    if line.len() > MAX_LINE_BYTES {
+        return Err(SkipReason::TooLong(line.len()));
+    }
+    // A capped file's last line is cut by us, not by the writer: the same reason holds.
+    if !complete {
+        return Err(SkipReason::Truncated);
+    }
     let line = std::str::from_utf8(line).map_err(|_| SkipReason::NotUtf8)?;
     let (field, value) = line.split_once(": ").ok_or(SkipReason::NoSeparator)?;
     let name = field.trim_end_matches(' ');

@@ -373,40 +373,49 @@ impl Exposition {
 
     fn encode_family(&self, family: &Family, sink: &mut dyn Sink, per_vp: &[bool]) -> std::fmt::Result {
         match family.object {
-            // Every publisher has a hypervisor page of its own (its partitions, its VPs): its
-            // name tells them apart.
-            ObjectKind::Hypervisor => {
-                for instance in &self.reading.instances {
-                    let labels = LabelSet::of(&[(PUBLISHER, &instance.name)]);
-                    self.sample(family, labels, &instance.hypervisor, sink)?;
-                }
-                // An observer that died is no instance any more: the reader says it is down.
-                let up = hvstats_abi::catalog::hypervisor::OBSERVER_UP.counter();
-                if let Some(up) = up.filter(|up| family.members.iter().any(|m| m.counter.id == up.id)) {
-                    let down = ObjectReading::Counters(vec![(up, 0)]);
-                    for name in &self.reading.dead_observers {
-                        // An observer expected and never seen has no name: no label.
-                        let labels = match name.is_empty() {
-                            true => LabelSet::of(&[]),
-                            false => LabelSet::of(&[(PUBLISHER, name)]),
-                        };
-                        self.sample(family, labels, &down, sink)?;
-                    }
-                }
-                return Ok(());
-            }
-            // The logical processors are the host's, whoever publishes them: once per host, from
-            // one publisher (see `lp_source`), so a sum over a host counts each CPU once.
-            ObjectKind::LogicalProcessor => {
-                for lp in self.lp_source().map(|i| i.lps.as_slice()).unwrap_or_default() {
-                    let (index, cpu) = (lp.index.to_string(), lp.cpu.to_string());
-                    let labels = LabelSet::of(&[("lp", &index), ("cpu", &cpu)]);
-                    self.sample(family, labels, &lp.reading, sink)?;
-                }
-                return Ok(());
-            }
-            ObjectKind::Partition | ObjectKind::Vp => {}
+            ObjectKind::Hypervisor => self.encode_hypervisors(family, sink),
+            ObjectKind::LogicalProcessor => self.encode_lps(family, sink),
+            ObjectKind::Partition | ObjectKind::Vp => self.encode_vm_objects(family, sink, per_vp),
         }
+    }
+
+    /// A hypervisor family: every publisher has a hypervisor page of its own (its partitions,
+    /// its VPs), and its name tells them apart; an observer that died is no instance any more,
+    /// and the reader says it is down.
+    fn encode_hypervisors(&self, family: &Family, sink: &mut dyn Sink) -> std::fmt::Result {
+        for instance in &self.reading.instances {
+            let labels = LabelSet::of(&[(PUBLISHER, &instance.name)]);
+            self.sample(family, labels, &instance.hypervisor, sink)?;
+        }
+        let up = hvstats_abi::catalog::hypervisor::OBSERVER_UP.counter();
+        if let Some(up) = up.filter(|up| family.members.iter().any(|m| m.counter.id == up.id)) {
+            let down = ObjectReading::Counters(vec![(up, 0)]);
+            for name in &self.reading.dead_observers {
+                // An observer expected and never seen has no name: no label.
+                let labels = match name.is_empty() {
+                    true => LabelSet::of(&[]),
+                    false => LabelSet::of(&[(PUBLISHER, name)]),
+                };
+                self.sample(family, labels, &down, sink)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A logical processor family: the logical processors are the host's, whoever publishes
+    /// them, so once per host, from one publisher (see `lp_source`): a sum over a host counts
+    /// each CPU once.
+    fn encode_lps(&self, family: &Family, sink: &mut dyn Sink) -> std::fmt::Result {
+        for lp in self.lp_source().map(|i| i.lps.as_slice()).unwrap_or_default() {
+            let (index, cpu) = (lp.index.to_string(), lp.cpu.to_string());
+            let labels = LabelSet::of(&[("lp", &index), ("cpu", &cpu)]);
+            self.sample(family, labels, &lp.reading, sink)?;
+        }
+        Ok(())
+    }
+
+    /// A partition or VP family: each VM's, its VPs one by one (`per_vp`) or summed.
+    fn encode_vm_objects(&self, family: &Family, sink: &mut dyn Sink, per_vp: &[bool]) -> std::fmt::Result {
         // The intercept time of the essential set is the VM's unless VP detail is asked for (but
         // for the time halted, which is each VP's).
         let by_vm = family.object == ObjectKind::Vp
@@ -776,17 +785,59 @@ const MSHV_VALUE_HELP: &str = "A counter of the Microsoft Hypervisor the catalog
 const MSHV_OMITTED_HELP: &str = "Values of hvstats_mshv_value this scrape left out: those of LPs, partitions and VPs \
      past --max-vps objects exported one by one, and of VPs summed under vp=\"all\"";
 
+/// Whether an object's unmapped values are exported.
+#[derive(Clone, Copy)]
+enum Shown {
+    /// Always (a hypervisor's).
+    Always,
+    /// While the budget of `--max-vps` objects has room (LPs, partitions, VPs exported one by one).
+    WithinBudget,
+    /// Never (VPs summed under `vp="all"`): counted as left out.
+    Never,
+}
+
+/// The unmapped values of one scrape as they are exported: the objects the budget has room for
+/// still, and per publisher the values left out.
+struct MshvValues {
+    budget: usize,
+    omitted: std::collections::BTreeMap<String, u64>,
+}
+
+impl MshvValues {
+    /// Exports `values` under `base` when `shown` lets it; else counts them as left out.
+    fn emit(
+        &mut self,
+        sink: &mut dyn Sink,
+        publisher: &str,
+        base: LabelSet<'_>,
+        values: Option<&Vec<(String, u64)>>,
+        shown: Shown,
+    ) -> std::fmt::Result {
+        let Some(values) = values.filter(|v| !v.is_empty()) else { return Ok(()) };
+        match shown {
+            Shown::Always => {}
+            Shown::WithinBudget if self.budget > 0 => self.budget -= 1,
+            Shown::WithinBudget | Shown::Never => {
+                *self.omitted.entry(publisher.to_owned()).or_default() += values.len() as u64;
+                return Ok(());
+            }
+        }
+        for (name, value) in values {
+            sink.sample(base.with("name", name).as_slice(), Number::Whole(*value))?;
+        }
+        Ok(())
+    }
+}
+
 impl Exposition {
     /// `mshv_instance_info`, `mshv_value` and `mshv_values_omitted` for the instances that keep
     /// unmapped values. Besides each hypervisor's, the values of at most `--max-vps` objects (LPs,
     /// partitions and VPs alike, in that order) are exported, and a partition's VPs only when they
     /// are exported one by one (under the VP cap); what is left out is counted, per instance.
     fn encode_mshv(&self, sink: &mut dyn Sink, per_vp: &[bool]) -> std::fmt::Result {
-        use hvstats::unmapped::ObjectRef;
-        let mshv = || self.reading.instances.iter().filter(|i| i.unmapped.is_some());
         let help = "An instance publishing the Microsoft Hypervisor's own counters (hvstats observe --mshv)";
         sink.family("mshv_instance_info", help, None, Kind::Gauge)?;
-        for instance in mshv() {
+        for instance in self.mshv_instances() {
             let labels = [
                 ("publisher", instance.name.as_str()),
                 ("source", "mshv"),
@@ -794,60 +845,79 @@ impl Exposition {
             ];
             sink.sample(&labels, Number::Whole(1))?;
         }
-        let mut omitted: std::collections::BTreeMap<String, u64> =
-            mshv().map(|i| (i.name.clone(), 0)).collect();
-        let mut budget = self.max_vps;
+        let omitted = self.mshv_instances().map(|i| (i.name.clone(), 0)).collect();
+        let mut values = MshvValues { budget: self.max_vps, omitted };
         sink.family("mshv_value", MSHV_VALUE_HELP, None, Kind::Gauge)?;
-        // Exports `values` under `base`, when `shown` and (for all but the hypervisor) the
-        // budget has room; else counts them as left out.
-        let mut emit = |sink: &mut dyn Sink,
-                        publisher: &str,
-                        base: LabelSet<'_>,
-                        values: Option<&Vec<(String, u64)>>,
-                        budgeted: bool,
-                        shown: bool|
-         -> std::fmt::Result {
-            let Some(values) = values.filter(|v| !v.is_empty()) else { return Ok(()) };
-            if !shown || (budgeted && budget == 0) {
-                *omitted.entry(publisher.to_owned()).or_default() += values.len() as u64;
-                return Ok(());
-            }
-            if budgeted {
-                budget -= 1;
-            }
-            for (name, value) in values {
-                sink.sample(base.with("name", name).as_slice(), Number::Whole(*value))?;
-            }
-            Ok(())
-        };
-        for instance in mshv() {
+        self.encode_mshv_globals(sink, &mut values)?;
+        self.encode_mshv_partitions(sink, per_vp, &mut values)?;
+        sink.family("mshv_values_omitted", MSHV_OMITTED_HELP, None, Kind::Gauge)?;
+        for (publisher, count) in values.omitted {
+            sink.sample(&[("publisher", &publisher)], Number::Whole(count))?;
+        }
+        Ok(())
+    }
+
+    /// The instances that keep unmapped values.
+    fn mshv_instances(&self) -> impl Iterator<Item = &InstanceSnapshot> {
+        self.reading.instances.iter().filter(|i| i.unmapped.is_some())
+    }
+
+    /// Each hypervisor's unmapped values, then its LPs'.
+    fn encode_mshv_globals(&self, sink: &mut dyn Sink, values: &mut MshvValues) -> std::fmt::Result {
+        use hvstats::unmapped::ObjectRef;
+        for instance in self.mshv_instances() {
             let Some(unmapped) = &instance.unmapped else { continue };
             let publisher = instance.name.as_str();
             let base = |object| LabelSet::of(&[("publisher", publisher), ("object", object)]);
-            emit(sink, publisher, base("hypervisor"), unmapped.get(&ObjectRef::Hypervisor), false, true)?;
+            values.emit(
+                sink,
+                publisher,
+                base("hypervisor"),
+                unmapped.get(&ObjectRef::Hypervisor),
+                Shown::Always,
+            )?;
             for lp in &instance.lps {
                 let index = lp.index.to_string();
                 let labels = base("lp").with("lp", &index);
-                emit(sink, publisher, labels, unmapped.get(&ObjectRef::Lp(lp.index)), true, true)?;
+                values.emit(
+                    sink,
+                    publisher,
+                    labels,
+                    unmapped.get(&ObjectRef::Lp(lp.index)),
+                    Shown::WithinBudget,
+                )?;
             }
         }
+        Ok(())
+    }
+
+    /// Each partition's unmapped values, and its VPs' when they are exported one by one.
+    fn encode_mshv_partitions(
+        &self,
+        sink: &mut dyn Sink,
+        per_vp: &[bool],
+        values: &mut MshvValues,
+    ) -> std::fmt::Result {
+        use hvstats::unmapped::ObjectRef;
         for ((instance, partition), one_by_one) in self.partitions().zip(per_vp) {
             let Some(unmapped) = &instance.unmapped else { continue };
             let publisher = instance.name.as_str();
             let id = partition.id.to_string();
             let base =
                 |object| LabelSet::of(&[("publisher", publisher), ("object", object), ("partition", &id)]);
-            let values = unmapped.get(&ObjectRef::Partition(partition.id));
-            emit(sink, publisher, base("partition"), values, true, true)?;
+            let own = unmapped.get(&ObjectRef::Partition(partition.id));
+            values.emit(sink, publisher, base("partition"), own, Shown::WithinBudget)?;
+            let shown = if *one_by_one { Shown::WithinBudget } else { Shown::Never };
             for vp in &partition.vps {
                 let labels = base("vp").with("vp", self.vp_label(vp.index));
-                let values = unmapped.get(&ObjectRef::Vp(partition.id, vp.index));
-                emit(sink, publisher, labels, values, true, *one_by_one)?;
+                values.emit(
+                    sink,
+                    publisher,
+                    labels,
+                    unmapped.get(&ObjectRef::Vp(partition.id, vp.index)),
+                    shown,
+                )?;
             }
-        }
-        sink.family("mshv_values_omitted", MSHV_OMITTED_HELP, None, Kind::Gauge)?;
-        for (publisher, count) in omitted {
-            sink.sample(&[("publisher", &publisher)], Number::Whole(count))?;
         }
         Ok(())
     }

@@ -10,12 +10,12 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use hvstats::attach::{Attach, AttachError, Instance};
+use hvstats::error_chain;
 use hvstats::index::OBSERVER_KIND;
 use hvstats::publish::InstanceName;
 use hvstats::rules::StatsObject;
 use hvstats::runtime_dir::RuntimeDirError;
 use hvstats::snapshot::{InstanceSnapshot, PartitionSnapshot};
-use hvstats_host::error_chain::error_chain;
 
 /// Every live instance at one moment.
 #[derive(Clone, Debug)]

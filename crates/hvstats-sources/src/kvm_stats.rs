@@ -63,30 +63,23 @@ impl std::os::fd::AsFd for KvmStats {
     }
 }
 
-impl KvmStats {
-    /// Opens the stats of the VM or vCPU behind `fd`.
-    ///
-    /// # Errors
-    /// When the ioctl fails (the kernel lacks KVM_CAP_BINARY_STATS_FD) or the layout is not the one
-    /// the kernel documents.
-    pub fn open(fd: RawFd) -> io::Result<Self> {
-        // SAFETY: `fd` is a VM or vCPU fd the caller holds; the ioctl takes no argument and returns
-        // a new fd or -1.
-        let r = sys::check(unsafe { libc::ioctl(fd, KVM_GET_STATS_FD, 0) })?;
-        // SAFETY: the kernel just gave us this fd; nothing else owns it.
-        let file = unsafe { File::from_raw_fd(r) };
-        Self::parse(file)
-    }
+/// An invalid statistics file, saying what is wrong with it.
+fn bad(what: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, format!("KVM stats: {what}"))
+}
 
-    /// Parses the layout of the statistics `file` holds. Nothing is allocated from a size the
-    /// file gives before it is checked against what KVM can produce: the header's sizes and
-    /// offsets must be plausible, its regions apart, every statistic within
-    /// [`MAX_STAT_WORDS`] values and the data block within [`MAX_DATA_BYTES`].
-    ///
-    /// # Errors
-    /// When the header, the descriptors or the id string do not parse, or claim more than KVM makes.
-    pub fn parse(file: File) -> io::Result<Self> {
-        let bad = |what: String| io::Error::new(io::ErrorKind::InvalidData, format!("KVM stats: {what}"));
+/// Where a statistics file's header says its parts are, checked against what KVM can produce.
+struct Layout {
+    name_size: usize,
+    num_desc: usize,
+    id_offset: u64,
+    desc_offset: u64,
+    data_offset: u64,
+}
+
+impl Layout {
+    /// The header of `file`, when its sizes and offsets are plausible and its regions apart.
+    fn read(file: &File) -> io::Result<Self> {
         let mut header = [0u8; HEADER_SIZE];
         file.read_exact_at(&mut header, 0)?;
         let word = |i: usize| {
@@ -116,16 +109,16 @@ impl KvmStats {
                 "implausible header: id at {id_offset}, descriptors at {desc_offset}, data at {data_offset}"
             )));
         }
-        let mut id = vec![0u8; name_size];
-        file.read_exact_at(&mut id, id_offset)?;
-        let id = String::from_utf8_lossy(&id).trim_end_matches('\0').to_string();
-        if !id.starts_with("kvm-") {
-            return Err(bad(format!("an id {id:?} that is not KVM's")));
-        }
-        let mut raw = vec![0u8; stride * num_desc];
-        file.read_exact_at(&mut raw, desc_offset)?;
-        // What KVM can produce for these statistics: each at most MAX_STAT_WORDS values.
-        let bound = (num_desc * MAX_STAT_WORDS * 8).min(MAX_DATA_BYTES);
+        Ok(Self { name_size, num_desc, id_offset, desc_offset, data_offset })
+    }
+
+    /// The statistics `file`'s descriptors name, and the length of the data block they use, each
+    /// statistic within what KVM can produce (at most [`MAX_STAT_WORDS`] values).
+    fn descriptors(&self, file: &File) -> io::Result<(HashMap<String, Desc>, usize)> {
+        let stride = DESC_FIXED + self.name_size;
+        let mut raw = vec![0u8; stride * self.num_desc];
+        file.read_exact_at(&mut raw, self.desc_offset)?;
+        let bound = (self.num_desc * MAX_STAT_WORDS * 8).min(MAX_DATA_BYTES);
         let mut descs = HashMap::new();
         let mut data_len = 0usize;
         for d in raw.chunks_exact(stride) {
@@ -146,7 +139,42 @@ impl KvmStats {
             data_len = data_len.max(end);
             descs.insert(name, Desc { slot: offset / 8, size, flags, exponent });
         }
-        Ok(Self { file, data_offset, data_len, descs, id })
+        Ok((descs, data_len))
+    }
+}
+
+impl KvmStats {
+    /// Opens the stats of the VM or vCPU behind `fd`.
+    ///
+    /// # Errors
+    /// When the ioctl fails (the kernel lacks KVM_CAP_BINARY_STATS_FD) or the layout is not the one
+    /// the kernel documents.
+    pub fn open(fd: RawFd) -> io::Result<Self> {
+        // SAFETY: `fd` is a VM or vCPU fd the caller holds; the ioctl takes no argument and returns
+        // a new fd or -1.
+        let r = sys::check(unsafe { libc::ioctl(fd, KVM_GET_STATS_FD, 0) })?;
+        // SAFETY: the kernel just gave us this fd; nothing else owns it.
+        let file = unsafe { File::from_raw_fd(r) };
+        Self::parse(file)
+    }
+
+    /// Parses the layout of the statistics `file` holds. Nothing is allocated from a size the
+    /// file gives before it is checked against what KVM can produce: the header's sizes and
+    /// offsets must be plausible, its regions apart, every statistic within
+    /// [`MAX_STAT_WORDS`] values and the data block within [`MAX_DATA_BYTES`].
+    ///
+    /// # Errors
+    /// When the header, the descriptors or the id string do not parse, or claim more than KVM makes.
+    pub fn parse(file: File) -> io::Result<Self> {
+        let layout = Layout::read(&file)?;
+        let mut id = vec![0u8; layout.name_size];
+        file.read_exact_at(&mut id, layout.id_offset)?;
+        let id = String::from_utf8_lossy(&id).trim_end_matches('\0').to_string();
+        if !id.starts_with("kvm-") {
+            return Err(bad(format!("an id {id:?} that is not KVM's")));
+        }
+        let (descs, data_len) = layout.descriptors(&file)?;
+        Ok(Self { file, data_offset: layout.data_offset, data_len, descs, id })
     }
 
     /// The id string (`kvm-<pid>` or `kvm-<pid>/vcpu-<n>`).
@@ -324,8 +352,7 @@ mod tests {
         use std::io::Write;
         let [name_size, _, id_offset, desc_offset, _] = words.map(|w| w as usize);
         // SAFETY: a literal name and no flags; the result is checked before it is owned.
-        let fd = unsafe { libc::memfd_create(c"crafted".as_ptr(), 0) };
-        assert!(fd >= 0);
+        let fd = sys::check(unsafe { libc::memfd_create(c"crafted".as_ptr(), 0) }).unwrap();
         // SAFETY: the kernel just gave us this descriptor; nothing else owns it.
         let mut file = unsafe { File::from_raw_fd(fd) };
         file.set_len(file_size).unwrap();

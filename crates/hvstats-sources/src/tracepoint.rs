@@ -119,12 +119,12 @@ impl VpTracepoints {
     pub fn unavailable(&self, tp: Tracepoint) -> Option<String> {
         let i = self.at[tp.index()]?;
         if let Some(e) = self.events.unavailable(i) {
-            return Some(hvstats_host::error_chain::error_chain(e));
+            return Some(hvstats::error_chain(e));
         }
         if self.thread.is_open(&self.events, i) {
             return None;
         }
-        let why = self.thread.refused(&self.events, i).map(|e| hvstats_host::error_chain::error_chain(e));
+        let why = self.thread.refused(&self.events, i).map(|e| hvstats::error_chain(e));
         Some(format!("perf counter of kvm:{}: {}", tp.event(), why.unwrap_or_else(|| "not opened".into())))
     }
 

@@ -22,6 +22,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use hvstats_abi::page::{PAGE_SLOTS, PageLayout};
 use hvstats_abi::{ObjectKind, PAGE_SIZE};
+use hvstats_host::os;
 
 use crate::index::{
     self, CHUNK_BYTES, CHUNK_SLOTS, ENTRY_WORDS, HEADER_BYTES, Header, InstanceDescription, Role, ew, hw,
@@ -70,15 +71,11 @@ impl std::fmt::Debug for Arena {
     }
 }
 
-fn errno<T>(ok: bool, value: T) -> io::Result<T> {
-    if ok { Ok(value) } else { Err(io::Error::last_os_error()) }
-}
-
 /// Allocates `len` bytes of `file` from `offset` (growing it), so later stores cannot fault.
 fn allocate(file: &File, offset: usize, len: usize) -> io::Result<()> {
     // SAFETY: plain syscall on an fd we own; no memory is passed.
     let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), offset as libc::off_t, len as libc::off_t) };
-    if rc == 0 { Ok(()) } else { Err(io::Error::from_raw_os_error(rc)) }
+    os::check_errno(rc)
 }
 
 impl Arena {
@@ -109,8 +106,7 @@ impl Arena {
                 0,
             )
         };
-        let base = errno(base != libc::MAP_FAILED, base)?;
-        let base = NonNull::new(base.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
+        let base = os::check_map(base)?;
         let arena = Self {
             file,
             base,
@@ -178,7 +174,7 @@ impl Arena {
                 offset as libc::off_t,
             )
         };
-        errno(ptr != libc::MAP_FAILED, ()).map(drop)
+        os::check_map(ptr).map(drop)
     }
 
     fn words(&self, offset: usize, count: usize) -> &[AtomicU64] {
@@ -325,7 +321,7 @@ pub(crate) fn anonymous_file() -> io::Result<File> {
     use std::os::fd::{FromRawFd, OwnedFd};
     // SAFETY: the name is a NUL-terminated literal; we check the result.
     let fd = unsafe { libc::memfd_create(c"hvstats-arena".as_ptr(), libc::MFD_CLOEXEC) };
-    let fd = errno(fd >= 0, fd)?;
+    let fd = os::check(fd)?;
     // SAFETY: `fd` was just returned by memfd_create and is owned by nobody else.
     Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
 }

@@ -15,7 +15,7 @@
 //! let mut attach = Attach::new(&hvstats::runtime_dir::runtime_dir());
 //! let changes = attach.refresh()?;
 //! for problem in &changes.problems {
-//!     eprintln!("{}", hvstats_host::error_chain::error_chain(problem));
+//!     eprintln!("{}", hvstats::error_chain(problem));
 //! }
 //! for instance in attach.instances_mut() {
 //!     println!("{} ({}: {})", instance.name(), instance.description().kind, instance.description().name);
@@ -34,7 +34,7 @@
 //! hypercall ([`crate::rules`]) to the pages it maps. File permissions add the host's own rule:
 //! global pages (hypervisor, LPs) are in a file only their owner (and root) may read.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
@@ -262,16 +262,15 @@ impl Instance {
         let mut global_denied = false;
         let global = match dir.open_file(&name.global_file(), false) {
             Ok(file) => match trust::verify(&file, claimed, dir_owner) {
-                Ok(()) => ArenaReader::open_with(file, read_path)
-                    .map_err(|e| hvstats_host::error_chain::error_chain(&e)),
-                Err(why) => Err(hvstats_host::error_chain::error_chain(&AttachError::Untrusted {
+                Ok(()) => ArenaReader::open_with(file, read_path).map_err(|e| crate::error_chain(&e)),
+                Err(why) => Err(crate::error_chain(&AttachError::Untrusted {
                     path: dir.path().join(name.global_file()),
                     why,
                 })),
             },
             Err(e) => {
                 global_denied = AttachError::from(e.clone_kind()).is_permission_denied();
-                Err(hvstats_host::error_chain::error_chain(&e))
+                Err(crate::error_chain(&e))
             }
         };
         let mut instance = Self {
@@ -596,6 +595,18 @@ impl RuntimeDirError {
     }
 }
 
+/// The instances whose arenas the instances directory lists.
+fn listed_instances(dir: &Dir) -> Result<HashSet<InstanceName>, AttachError> {
+    let mut listed = HashSet::new();
+    for name in &dir.names()? {
+        let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(ARENA_SUFFIX)) else { continue };
+        if let Some(name) = InstanceName::parse(stem) {
+            listed.insert(name);
+        }
+    }
+    Ok(listed)
+}
+
 /// What a [`refresh`](Attach::refresh) noticed.
 #[derive(Debug, Default)]
 pub struct Changes {
@@ -651,16 +662,29 @@ impl Attach {
                 }
                 Err(e) => return Err(e.into()),
             };
-        let names = dir.names()?;
-        let mut listed = std::collections::HashSet::new();
-        for name in &names {
-            let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(ARENA_SUFFIX)) else { continue };
-            if let Some(name) = InstanceName::parse(stem) {
-                listed.insert(name);
+        let listed = listed_instances(&dir)?;
+        self.drop_shrunk_and_gone(&listed, &mut changes);
+        let sweep = publish::sweep(&dir);
+        changes.removed_dead = sweep.removed;
+        for (path, source) in sweep.not_removed {
+            changes.problems.push(AttachError::Dir(RuntimeDirError::Io {
+                path,
+                what: "remove a dead instance",
+                source,
+            }));
+        }
+        self.open_new(&dir, listed, &mut changes);
+        for (name, instance) in &mut self.instances {
+            if instance.refresh() && !changes.added.contains(name) {
+                changes.layout_changed.push(*name);
             }
         }
-        // An instance whose arena shrank under its mapping is said and opened again, from what
-        // its files hold now.
+        Ok(changes)
+    }
+
+    /// Drops the instances whose arena shrank under its mapping (said, and opened again from
+    /// what its files hold now), and those no longer `listed` or no longer live.
+    fn drop_shrunk_and_gone(&mut self, listed: &HashSet<InstanceName>, changes: &mut Changes) {
         let shrunk: Vec<InstanceName> = self
             .instances
             .iter()
@@ -685,20 +709,15 @@ impl Attach {
             self.instances.remove(&name);
             changes.removed.push(name);
         }
-        let sweep = publish::sweep(&dir);
-        changes.removed_dead = sweep.removed;
-        for (path, source) in sweep.not_removed {
-            changes.problems.push(AttachError::Dir(RuntimeDirError::Io {
-                path,
-                what: "remove a dead instance",
-                source,
-            }));
-        }
+    }
+
+    /// Opens the `listed` instances not open yet, the live ones kept.
+    fn open_new(&mut self, dir: &Dir, listed: HashSet<InstanceName>, changes: &mut Changes) {
         for name in listed {
             if self.instances.contains_key(&name) {
                 continue;
             }
-            match Instance::open_with(&dir, name, self.read_path) {
+            match Instance::open_with(dir, name, self.read_path) {
                 Ok(instance) if instance.is_live() => {
                     changes.added.push(name);
                     self.instances.insert(name, instance);
@@ -710,12 +729,6 @@ impl Attach {
                 Err(e) => changes.problems.push(e),
             }
         }
-        for (name, instance) in &mut self.instances {
-            if instance.refresh() && !changes.added.contains(name) {
-                changes.layout_changed.push(*name);
-            }
-        }
-        Ok(changes)
     }
 
     /// The live instances (as of the last refresh), in name order.

@@ -303,6 +303,62 @@ impl PartitionStats {
     }
 }
 
+/// The hypervisor's page and one LP object per CPU of `cpus`, made in one change of the global
+/// arena, the hypervisor's page counting them.
+fn global_pages(
+    global: &Arc<Arena>,
+    cpus: Vec<u32>,
+) -> Result<(SharedPage, Vec<LogicalProcessorStats>), InstanceError> {
+    let mut change = global.change();
+    let mut create = |kind, id: u64, index: u32| {
+        let record = ObjectRecord { kind, id, index, vp_count: 0 };
+        SharedPage::in_arena(global, &mut change, record).map_err(InstanceError::Page)
+    };
+    let page = create(ObjectKind::Hypervisor, 0, 0)?;
+    let mut lps = Vec::with_capacity(cpus.len());
+    for (index, cpu) in cpus.into_iter().enumerate() {
+        let index = index as u32;
+        lps.push(LogicalProcessorStats {
+            index,
+            cpu,
+            page: create(ObjectKind::LogicalProcessor, u64::from(index), cpu)?,
+            unmeasured: Mutex::new(None),
+        });
+    }
+    drop(change);
+    page.set(hypervisor::LOGICAL_PROCESSORS, lps.len() as u64);
+    page.set(hypervisor::TOTAL_PAGES, 1 + lps.len() as u64);
+    Ok((page, lps))
+}
+
+/// Declares what no source gives from the start (an importer that gives more, as mshv's,
+/// declares again): the catalog's unmaintained rows, the observer's health on an instance that
+/// is not an observer, an LP's C-states its CPU does not have.
+fn declare_global_unavailable(
+    global: &Arena,
+    page: &SharedPage,
+    lps: &[LogicalProcessorStats],
+    observer: bool,
+) {
+    let unmaintained: Vec<CounterId> = hvstats_abi::catalog::counters_of(ObjectKind::Hypervisor)
+        .filter(|c| !c.maintained.is_maintained())
+        .map(|c| c.id)
+        .collect();
+    if let Some(slot) = page.arena_slot() {
+        global.change().write_entry(slot, |w| {
+            write_global_unavailable(w, ObjectKind::Hypervisor, &unmaintained, observer)
+        });
+    }
+    for lp in lps {
+        let missing = crate::lp::unavailable_on_host(lp.cpu);
+        if let Some(slot) = lp.page.arena_slot() {
+            global.change().write_entry(slot, |w| {
+                write_global_unavailable(w, ObjectKind::LogicalProcessor, &missing, observer)
+            });
+        }
+    }
+}
+
 /// The page of one object, holding its partition alive while borrowed.
 #[derive(Debug)]
 pub enum ObjectPage<'a> {
@@ -385,48 +441,9 @@ impl Hypervisor {
         };
         let global = layout(files.global, Role::Global, 1 + cpus.len())?;
         let arena = layout(files.partitions, Role::Partitions, config.max_objects)?;
-        let (page, lps) = {
-            let mut change = global.change();
-            let mut create = |kind, id: u64, index: u32| {
-                let record = ObjectRecord { kind, id, index, vp_count: 0 };
-                SharedPage::in_arena(&global, &mut change, record).map_err(InstanceError::Page)
-            };
-            let page = create(ObjectKind::Hypervisor, 0, 0)?;
-            let mut lps = Vec::with_capacity(cpus.len());
-            for (index, cpu) in cpus.into_iter().enumerate() {
-                let index = index as u32;
-                lps.push(LogicalProcessorStats {
-                    index,
-                    cpu,
-                    page: create(ObjectKind::LogicalProcessor, u64::from(index), cpu)?,
-                    unmeasured: Mutex::new(None),
-                });
-            }
-            (page, lps)
-        };
-        page.set(hypervisor::LOGICAL_PROCESSORS, lps.len() as u64);
-        page.set(hypervisor::TOTAL_PAGES, 1 + lps.len() as u64);
+        let (page, lps) = global_pages(&global, cpus)?;
         let observer = config.description.kind == index::OBSERVER_KIND;
-        // What no source gives is declared so from the start (an importer that gives more, as
-        // mshv's, declares again): the catalog's unmaintained rows, the observer's health on
-        // an instance that is not an observer, an LP's C-states its CPU does not have.
-        let unmaintained: Vec<CounterId> = hvstats_abi::catalog::counters_of(ObjectKind::Hypervisor)
-            .filter(|c| !c.maintained.is_maintained())
-            .map(|c| c.id)
-            .collect();
-        if let Some(slot) = page.arena_slot() {
-            global.change().write_entry(slot, |w| {
-                write_global_unavailable(w, ObjectKind::Hypervisor, &unmaintained, observer)
-            });
-        }
-        for lp in &lps {
-            let missing = crate::lp::unavailable_on_host(lp.cpu);
-            if let Some(slot) = lp.page.arena_slot() {
-                global.change().write_entry(slot, |w| {
-                    write_global_unavailable(w, ObjectKind::LogicalProcessor, &missing, observer)
-                });
-            }
-        }
+        declare_global_unavailable(&global, &page, &lps, observer);
         if let Some(p) = &mut publication {
             p.commit()?;
         }
@@ -591,43 +608,7 @@ impl Hypervisor {
         if partitions.contains_key(&id) {
             return Err(io::Error::new(io::ErrorKind::AlreadyExists, format!("partition {id} exists")));
         }
-        let mut vps = Vec::with_capacity(vp_count as usize);
-        let page = {
-            let mut change = self.arena.change();
-            // VPs first, their partition last, in one index change: a reader never finds a
-            // partition whose VPs are not there yet.
-            let made = (|| {
-                for &n in vp_indices {
-                    let record = ObjectRecord { kind: ObjectKind::Vp, id, index: n, vp_count: 0 };
-                    vps.push(SharedPage::in_arena(&self.arena, &mut change, record)?);
-                }
-                let record =
-                    ObjectRecord { kind: ObjectKind::Partition, id, index: 0, vp_count: u64::from(vp_count) };
-                let page = SharedPage::in_arena(&self.arena, &mut change, record)?;
-                if let Some(slot) = page.arena_slot() {
-                    let text = (!name.is_empty()).then(|| index::encode_text(name, index::TEXT_BYTES / 8));
-                    change.write_entry(slot, |w| {
-                        if let Some(text) = text {
-                            w[ew::NAME..ew::NAME + 8].copy_from_slice(&text);
-                        }
-                        match own {
-                            true => write_unavailable(w, &[unavailable, &own_unmaintained()].concat()),
-                            false => write_unavailable(w, unavailable),
-                        }
-                    });
-                }
-                Ok::<_, io::Error>(page)
-            })();
-            drop(change);
-            match made {
-                Ok(page) => page,
-                Err(e) => {
-                    // The pages made so far release their slots as they drop (the change is over).
-                    drop(vps);
-                    return Err(e);
-                }
-            }
-        };
+        let (page, vps) = self.partition_pages(id, vp_indices, name, unavailable, own)?;
         page.set(partition::VIRTUAL_PROCESSORS, vp_count as u64);
         // Every counter of the page counts from now (but those an observer says count from the
         // VM's start): a reader tells a partition published again from one that went quiet.
@@ -652,6 +633,46 @@ impl Hypervisor {
         self.page.fetch_add(hypervisor::VIRTUAL_PROCESSORS, vp_count as u64);
         self.page.fetch_add(hypervisor::TOTAL_PAGES, stats.stats_pages());
         Ok(stats)
+    }
+
+    /// A partition's page and its VPs' pages, made in one index change: VPs first, their
+    /// partition last, so a reader never finds a partition whose VPs are not there yet. The
+    /// partition's entry carries its name and the counters unavailable from the start.
+    fn partition_pages(
+        &self,
+        id: u64,
+        vp_indices: &[u32],
+        name: &str,
+        unavailable: &[CounterId],
+        own: bool,
+    ) -> io::Result<(SharedPage, Vec<SharedPage>)> {
+        let mut vps = Vec::with_capacity(vp_indices.len());
+        let mut change = self.arena.change();
+        let made = (|| {
+            for &n in vp_indices {
+                let record = ObjectRecord { kind: ObjectKind::Vp, id, index: n, vp_count: 0 };
+                vps.push(SharedPage::in_arena(&self.arena, &mut change, record)?);
+            }
+            let vp_count = vp_indices.len() as u64;
+            let record = ObjectRecord { kind: ObjectKind::Partition, id, index: 0, vp_count };
+            let page = SharedPage::in_arena(&self.arena, &mut change, record)?;
+            if let Some(slot) = page.arena_slot() {
+                let text = (!name.is_empty()).then(|| index::encode_text(name, index::TEXT_BYTES / 8));
+                change.write_entry(slot, |w| {
+                    if let Some(text) = text {
+                        w[ew::NAME..ew::NAME + 8].copy_from_slice(&text);
+                    }
+                    match own {
+                        true => write_unavailable(w, &[unavailable, &own_unmaintained()].concat()),
+                        false => write_unavailable(w, unavailable),
+                    }
+                });
+            }
+            Ok::<_, io::Error>(page)
+        })();
+        // On an error the pages made so far release their slots as they drop, after the change.
+        drop(change);
+        made.map(|page| (page, vps))
     }
 
     /// Removes partition `id`'s objects: it stops being active, its pages leave the counts and

@@ -36,6 +36,10 @@ pub mod vm_name;
 pub mod vmm;
 pub mod whv;
 
+/// An error and its sources on one line, as every report shows one. Defined with the host readers
+/// (whose own reports need it) and named here so the crates built on the authority (the
+/// presentation, mshv, the sources, the run loop) need not depend on the host readers for it.
+pub use hvstats_host::error_chain::error_chain;
 pub use index::InstanceDescription;
 pub use instance::{Hypervisor, InstanceConfig, PartitionStats};
 pub use page::{MappedPage, SharedPage};

@@ -305,19 +305,8 @@ pub fn unmeasured(sample: &LpSample) -> Vec<CounterId> {
 
 /// CLOCK_BOOTTIME in 100 ns units.
 pub(crate) fn boot_time_100ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid timespec for the kernel to fill; we check the result.
-    if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) } != 0 {
-        return 0;
-    }
-    (ts.tv_sec as u64).saturating_mul(10_000_000) + ts.tv_nsec as u64 / 100
-}
-
-/// Clock ticks per second of `/proc/stat` (USER_HZ).
-pub fn ticks_per_second() -> u64 {
-    // SAFETY: sysconf has no memory effects.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if hz > 0 { hz as u64 } else { 100 }
+    hvstats_host::os::clock_time(libc::CLOCK_BOOTTIME)
+        .map_or(0, |t| u64::try_from(t.as_nanos() / 100).unwrap_or(u64::MAX))
 }
 
 /// Samples every CPU in `cpus` from the host's procfs and sysfs.
@@ -328,7 +317,7 @@ pub(crate) fn sample_host(cpus: &[u32]) -> io::Result<Vec<LpSample>> {
     let stat = parse_proc_stat(&std::fs::read_to_string("/proc/stat")?);
     let interrupts = parse_proc_interrupts(&std::fs::read_to_string("/proc/interrupts")?);
     let now = boot_time_100ns();
-    let hz = ticks_per_second();
+    let hz = hvstats_host::task_stat::ticks_per_second();
     let sysfs = Path::new("/sys/devices/system/cpu");
     Ok(cpus
         .iter()

@@ -17,6 +17,8 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
+use hvstats_host::os;
+
 use crate::runtime_dir::{Dir, RuntimeDirError, Use};
 
 /// The lock's file name, at the top of the runtime directory.
@@ -82,8 +84,7 @@ pub fn take(runtime_dir: &Path) -> Result<ObserverLock, LockError> {
     let path = dir.path().join(LOCK);
     let mut file = open_or_create(&dir)?;
     // SAFETY: flock on a descriptor we own; no memory is passed.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let e = io::Error::last_os_error();
+    if let Err(e) = os::check(unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }) {
         if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
             return Err(LockError::Held { holder: read_holder(&mut file), path });
         }

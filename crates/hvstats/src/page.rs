@@ -19,6 +19,7 @@ use hvstats_abi::histogram::{self, HISTOGRAM_SLOTS};
 use hvstats_abi::page::{PAGE_SLOTS, PageLayout, StatsPage};
 use hvstats_abi::seqcount::{self, SeqRead, SeqWrite};
 use hvstats_abi::{CounterId, GroupKind, ObjectKind, PAGE_SIZE};
+use hvstats_host::os;
 
 use crate::arena::Arena;
 use crate::patience::Patience;
@@ -49,10 +50,7 @@ impl SharedPage {
     /// When the memfd cannot be created, sized or mapped.
     pub fn anonymous(kind: ObjectKind) -> io::Result<Self> {
         // SAFETY: the name is a NUL-terminated literal; we check the result.
-        let fd = unsafe { libc::memfd_create(c"hvstats-page".as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let fd = os::check(unsafe { libc::memfd_create(c"hvstats-page".as_ptr(), libc::MFD_CLOEXEC) })?;
         // SAFETY: `fd` was just returned by memfd_create and is owned by nobody else.
         let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
         Self::from_file(kind, file)
@@ -305,12 +303,7 @@ impl MappedPage {
 /// Now on `CLOCK_MONOTONIC`, in nanoseconds (0 if the clock cannot be read, which Linux never
 /// refuses for this clock).
 pub(crate) fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid timespec for the call to fill.
-    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) } != 0 {
-        return 0;
-    }
-    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+    os::clock_time(libc::CLOCK_MONOTONIC).map_or(0, |t| u64::try_from(t.as_nanos()).unwrap_or(u64::MAX))
 }
 
 /// The slot of the sequence counter on `kind`'s page, if the page has hvstats' own group.
@@ -350,10 +343,7 @@ fn map(fd: BorrowedFd<'_>, prot: libc::c_int, offset: u64) -> io::Result<NonNull
     let ptr = unsafe {
         libc::mmap(std::ptr::null_mut(), PAGE_SIZE, prot, libc::MAP_SHARED, fd.as_raw_fd(), offset)
     };
-    if ptr == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
-    }
-    NonNull::new(ptr.cast()).ok_or_else(|| io::Error::other("mmap returned null"))
+    os::check_map(ptr)
 }
 
 #[cfg(test)]

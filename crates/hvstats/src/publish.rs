@@ -25,6 +25,8 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use hvstats_host::os;
+
 use crate::runtime_dir::{Dir, RuntimeDirError, Use};
 
 /// The subdirectory of the runtime directory that holds instances.
@@ -164,23 +166,20 @@ pub fn instances_dir(runtime_dir: &Path) -> PathBuf {
 /// When it is held by someone else, or flock fails.
 pub fn lock(file: BorrowedFd<'_>) -> io::Result<()> {
     // SAFETY: plain flock on an fd we hold.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    os::check(unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }).map(drop)
 }
 
 /// True while some process holds the publisher's lock of the file `file` is open on (tested
 /// without waiting, through this separate open file; works across PID namespaces).
 pub(crate) fn is_locked(file: BorrowedFd<'_>) -> bool {
     // SAFETY: plain flock on an fd we hold.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0 {
-        // SAFETY: as above: drop the shared lock we just took.
-        unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
-        false
-    } else {
-        io::Error::last_os_error().raw_os_error() == Some(libc::EWOULDBLOCK)
+    match os::check(unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) }) {
+        Ok(_) => {
+            // SAFETY: as above: drop the shared lock we just took (it goes with the file anyway).
+            let _ = os::check(unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) });
+            false
+        }
+        Err(e) => e.raw_os_error() == Some(libc::EWOULDBLOCK),
     }
 }
 

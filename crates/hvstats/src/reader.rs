@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 
 use hvstats_abi::PAGE_SIZE;
 use hvstats_abi::page::PAGE_SLOTS;
+use hvstats_host::os;
 
 use crate::index::{
     self, CHUNK_BYTES, CHUNK_SLOTS, ENTRY_BYTES, ENTRY_WORDS, FormatError, HEADER_BYTES, Header, ew, hw,
@@ -276,11 +277,8 @@ impl ArenaReader {
                     0,
                 )
             };
-            if new == libc::MAP_FAILED {
-                return Err(io::Error::last_os_error());
-            }
+            let ptr = os::check_map(new)?;
             self.unmap();
-            let ptr = NonNull::new(new.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
             match ShrinkGuard::register(ptr.as_ptr(), new_len) {
                 Some(guard) => {
                     self.guard = Some(guard);
@@ -406,65 +404,93 @@ impl ArenaReader {
             Some(page) => {
                 let copied = self.under_entry(slot, generation, || {
                     copy_words(page, out, self.wide);
-                    Ok(())
+                    Ok(Some(()))
                 });
                 // Read past a shrunk file's end: read it again from the file.
-                if self.shrunk() { self.read_page_prefix(slot, generation, out) } else { copied }
+                if self.shrunk() {
+                    self.read_page_prefix(slot, generation, out)
+                } else {
+                    copied.map_err(|_| Changed)
+                }
             }
-            None => self.under_entry(slot, generation, || self.pread_words(page_offset, out)),
+            None => self
+                .under_entry(slot, generation, || self.pread_words(page_offset, out).map(Some))
+                .map_err(|_| Changed),
         }
     }
 
     /// Runs `copy` while slot `slot` holds the object of generation `generation` (live), between
     /// two readings of its entry's sequence, and returns what `copy` gave when the entry did not
-    /// change meanwhile. Mapped, a busy or changed entry is retried for as long as [`Patience`]
-    /// waits; read with `pread`, the entry is read once before and once after.
+    /// change meanwhile: the one seqlock retry loop of every page copy. `copy` gives `None` when
+    /// the page's own sequence showed a merge under way (a torn copy), and is tried again. Mapped,
+    /// a busy or changed entry is retried too, for as long as [`Patience`] waits; read with
+    /// `pread`, a busy or changed entry ends the copy.
     ///
     /// # Errors
-    /// [`Changed`] when the slot was freed or reused, its entry kept changing, or `copy` failed.
+    /// [`PageCopyError::Changed`] when the slot was freed or reused, its entry kept changing, or
+    /// `copy` failed; [`PageCopyError::Torn`] when the last try was torn.
     fn under_entry<T>(
         &self,
         slot: usize,
         generation: u64,
-        mut copy: impl FnMut() -> Result<T, Changed>,
-    ) -> Result<T, Changed> {
+        mut copy: impl FnMut() -> Result<Option<T>, Changed>,
+    ) -> Result<T, PageCopyError> {
         let entry_offset = index::entry_offset(slot);
-        let live = |seq: u64, gen_: u64, state: u64| {
-            seq.is_multiple_of(2) && gen_ == generation && state != index::state::FREE
-        };
-        match self.atomics(entry_offset, ENTRY_WORDS) {
-            Some(entry) => {
-                let mut patience = self.patience();
-                loop {
-                    let before = entry[ew::SEQ].load(Ordering::Acquire);
-                    let gen_ = entry[ew::GENERATION].load(Ordering::Relaxed);
-                    let state = entry[ew::STATE].load(Ordering::Relaxed);
-                    if before.is_multiple_of(2) {
-                        if !live(before, gen_, state) {
-                            return Err(Changed);
-                        }
-                        let value = copy()?;
-                        fence(Ordering::Acquire);
-                        if entry[ew::SEQ].load(Ordering::Relaxed) == before {
+        let mapped = self.atomics(entry_offset, ENTRY_WORDS);
+        let mut patience = self.patience();
+        let mut torn = false;
+        loop {
+            let head = self.entry_head(mapped, entry_offset)?;
+            if head[ew::SEQ].is_multiple_of(2) {
+                if head[ew::GENERATION] != generation || head[ew::STATE] == index::state::FREE {
+                    return Err(PageCopyError::Changed);
+                }
+                let value = copy()?;
+                fence(Ordering::Acquire);
+                if self.entry_seq(mapped, entry_offset)? == head[ew::SEQ] {
+                    match value {
+                        Some(value) => {
                             patience.succeeded();
                             return Ok(value);
                         }
+                        None => torn = true,
                     }
-                    if !patience.wait() {
-                        return Err(Changed);
-                    }
+                } else if mapped.is_none() {
+                    return Err(PageCopyError::Changed);
                 }
+            } else if mapped.is_none() {
+                return Err(PageCopyError::Changed);
             }
+            if !patience.wait() {
+                // Out of time: torn when the last try overlapped a merge into the page.
+                return Err(if torn { PageCopyError::Torn } else { PageCopyError::Changed });
+            }
+        }
+    }
+
+    /// The first words of the entry at `offset` (sequence, generation, state): loaded from
+    /// `mapped` when the entry is mapped, read with `pread` otherwise.
+    fn entry_head(&self, mapped: Option<&[AtomicU64]>, offset: usize) -> Result<[u64; 4], Changed> {
+        let mut head = [0u64; 4];
+        match mapped {
+            Some(entry) => {
+                head[ew::SEQ] = entry[ew::SEQ].load(Ordering::Acquire);
+                head[ew::GENERATION] = entry[ew::GENERATION].load(Ordering::Relaxed);
+                head[ew::STATE] = entry[ew::STATE].load(Ordering::Relaxed);
+            }
+            None => self.pread_words(offset, &mut head)?,
+        }
+        Ok(head)
+    }
+
+    /// The entry's sequence word again, after a copy (ordered by the caller's fence).
+    fn entry_seq(&self, mapped: Option<&[AtomicU64]>, offset: usize) -> Result<u64, Changed> {
+        match mapped {
+            Some(entry) => Ok(entry[ew::SEQ].load(Ordering::Relaxed)),
             None => {
-                let mut head = [0u64; 4];
-                self.pread_words(entry_offset, &mut head)?;
-                if !live(head[ew::SEQ], head[ew::GENERATION], head[ew::STATE]) {
-                    return Err(Changed);
-                }
-                let value = copy()?;
-                let mut after = [0u64; 1];
-                self.pread_words(entry_offset, &mut after)?;
-                if after[0] == head[ew::SEQ] { Ok(value) } else { Err(Changed) }
+                let mut seq = [0u64; 1];
+                self.pread_words(offset, &mut seq)?;
+                Ok(seq[0])
             }
         }
     }
@@ -474,7 +500,8 @@ impl ArenaReader {
     /// As [`read_page_prefix`](Self::read_page_prefix), and from one moment of the page itself:
     /// the copy is taken between two loads of the page's sequence counter in slot `sequence`
     /// ([`hvstats_abi::seqcount`]) and retried while a merge is under way, for as long as
-    /// [`Patience`] waits (up to [`crate::patience::DEADLINE`]).
+    /// [`Patience`] waits (up to [`crate::patience::DEADLINE`]). What a consistent read costs
+    /// over a plain one is two loads and a compare inside the same retry loop.
     ///
     /// # Errors
     /// [`PageCopyError::Changed`] as `read_page_prefix`; [`PageCopyError::Torn`] when every try
@@ -494,47 +521,18 @@ impl ArenaReader {
             return Err(PageCopyError::Changed);
         }
         let page_offset = index::page_offset(slot);
-        let words = out.len().max(sequence + 1);
-        match self.atomics(page_offset, words) {
+        match self.atomics(page_offset, out.len().max(sequence + 1)) {
             Some(page) => {
-                let copied = 'copy: {
-                    // One loop checks both sequences (the entry's and the page's) around the copy:
-                    // what a consistent read costs over a plain one is two loads and a compare.
-                    let Some(entry) = self.atomics(index::entry_offset(slot), ENTRY_WORDS) else {
-                        break 'copy Err(PageCopyError::Changed);
-                    };
-                    let seq = &page[sequence];
-                    let mut torn = false;
-                    let mut patience = self.patience();
-                    loop {
-                        let before = entry[ew::SEQ].load(Ordering::Acquire);
-                        let gen_ = entry[ew::GENERATION].load(Ordering::Relaxed);
-                        let state = entry[ew::STATE].load(Ordering::Relaxed);
-                        if before.is_multiple_of(2) {
-                            if gen_ != generation || state == index::state::FREE {
-                                break 'copy Err(PageCopyError::Changed);
-                            }
-                            let page_before = seq.load(Ordering::Acquire);
-                            torn = !page_before.is_multiple_of(2);
-                            if !torn {
-                                copy_words(page, out, self.wide);
-                                fence(Ordering::Acquire);
-                                let page_after = seq.load(Ordering::Relaxed);
-                                if entry[ew::SEQ].load(Ordering::Relaxed) == before {
-                                    if page_after == page_before {
-                                        patience.succeeded();
-                                        break 'copy Ok(());
-                                    }
-                                    torn = true;
-                                }
-                            }
-                        }
-                        if !patience.wait() {
-                            // Out of time: torn when the last try overlapped a merge into the page.
-                            break 'copy Err(if torn { PageCopyError::Torn } else { PageCopyError::Changed });
-                        }
+                let seq = &page[sequence];
+                let copied = self.under_entry(slot, generation, || {
+                    let before = seq.load(Ordering::Acquire);
+                    if !before.is_multiple_of(2) {
+                        return Ok(None);
                     }
-                };
+                    copy_words(page, out, self.wide);
+                    fence(Ordering::Acquire);
+                    Ok((seq.load(Ordering::Relaxed) == before).then_some(()))
+                });
                 // Read past a shrunk file's end: read it again from the file.
                 match self.shrunk() {
                     true => self.read_page_prefix_consistent(slot, generation, out, sequence),
@@ -543,23 +541,13 @@ impl ArenaReader {
             }
             None => {
                 let seq_offset = page_offset + sequence * 8;
-                let mut patience = self.patience();
-                loop {
-                    let stable = self.under_entry(slot, generation, || {
-                        let (mut seq_before, mut seq_after) = ([0u64; 1], [0u64; 1]);
-                        self.pread_words(seq_offset, &mut seq_before)?;
-                        self.pread_words(page_offset, out)?;
-                        self.pread_words(seq_offset, &mut seq_after)?;
-                        Ok(seq_before == seq_after && seq_before[0].is_multiple_of(2))
-                    })?;
-                    if stable {
-                        patience.succeeded();
-                        return Ok(());
-                    }
-                    if !patience.wait() {
-                        return Err(PageCopyError::Torn);
-                    }
-                }
+                self.under_entry(slot, generation, || {
+                    let (mut before, mut after) = ([0u64; 1], [0u64; 1]);
+                    self.pread_words(seq_offset, &mut before)?;
+                    self.pread_words(page_offset, out)?;
+                    self.pread_words(seq_offset, &mut after)?;
+                    Ok((before == after && before[0].is_multiple_of(2)).then_some(()))
+                })
             }
         }
     }

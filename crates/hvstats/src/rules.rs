@@ -158,61 +158,73 @@ pub fn authorize(
     if !access_stats {
         return Err(HvError::ACCESS_DENIED);
     }
+    let object = match requester {
+        Requester::Guest { partition_id, vp_index } => {
+            guest_object(partition_id, vp_index, request, directory)?
+        }
+        Requester::Root => root_object(request, directory)?,
+    };
+    Ok(ObjectKey { object, area: request.area })
+}
+
+/// Rules 6 to 9 for a guest of partition `own` calling from its VP `own_vp`.
+fn guest_object(
+    own: u64,
+    own_vp: u32,
+    request: &StatsRequest,
+    directory: &dyn ObjectDirectory,
+) -> HvResult<StatsObject> {
     let id = &request.identity;
-    let area = request.area;
-    if let Requester::Guest { partition_id: own, vp_index: own_vp } = requester {
-        // Rule 6.
-        if request.kind.is_global() {
-            return Err(HvError::ACCESS_DENIED);
-        }
-        // Rule 7: before any existence check.
-        let target = id.partition_id();
-        if (target != HV_PARTITION_ID_SELF && target != own) || area == StatsArea::Parent {
-            return Err(HvError::ACCESS_DENIED);
-        }
-        let facts = directory.partition_facts(own).ok_or(HvError::INVALID_PARTITION_ID)?;
-        let object = match request.kind {
-            ObjectKind::Partition => StatsObject::Partition(own),
-            _ => {
-                let vp = if id.vp_index() == HV_VP_INDEX_SELF { own_vp } else { id.vp_index() };
-                if vp >= facts.vp_count {
-                    return Err(HvError::INVALID_VP_INDEX);
-                }
-                StatsObject::Vp(own, vp)
-            }
-        };
-        if !facts.active {
-            return Err(HvError::INVALID_PARTITION_STATE);
-        }
-        return Ok(ObjectKey { object, area });
+    // Rule 6.
+    if request.kind.is_global() {
+        return Err(HvError::ACCESS_DENIED);
     }
-    let object = match request.kind {
-        ObjectKind::Hypervisor => StatsObject::Hypervisor,
+    // Rule 7: before any existence check.
+    let target = id.partition_id();
+    if (target != HV_PARTITION_ID_SELF && target != own) || request.area == StatsArea::Parent {
+        return Err(HvError::ACCESS_DENIED);
+    }
+    let facts = directory.partition_facts(own).ok_or(HvError::INVALID_PARTITION_ID)?;
+    let vp = if id.vp_index() == HV_VP_INDEX_SELF { own_vp } else { id.vp_index() };
+    partition_object(request.kind, own, vp, facts)
+}
+
+/// Rules 8 and 9 for the root, which may see every object.
+fn root_object(request: &StatsRequest, directory: &dyn ObjectDirectory) -> HvResult<StatsObject> {
+    let id = &request.identity;
+    match request.kind {
+        ObjectKind::Hypervisor => Ok(StatsObject::Hypervisor),
         ObjectKind::LogicalProcessor => {
             if id.lp_index() >= directory.logical_processors() {
                 return Err(HvError::INVALID_LP_INDEX);
             }
-            StatsObject::LogicalProcessor(id.lp_index())
+            Ok(StatsObject::LogicalProcessor(id.lp_index()))
         }
         kind @ (ObjectKind::Partition | ObjectKind::Vp) => {
             // The root has no partition or VP object of its own: SELF names nothing.
             let pid = id.partition_id();
             let facts = directory.partition_facts(pid).ok_or(HvError::INVALID_PARTITION_ID)?;
-            let object = if kind == ObjectKind::Partition {
-                StatsObject::Partition(pid)
-            } else {
-                if id.vp_index() >= facts.vp_count {
-                    return Err(HvError::INVALID_VP_INDEX);
-                }
-                StatsObject::Vp(pid, id.vp_index())
-            };
-            if !facts.active {
-                return Err(HvError::INVALID_PARTITION_STATE);
+            partition_object(kind, pid, id.vp_index(), facts)
+        }
+    }
+}
+
+/// Rules 8 and 9 for an existing partition `pid` with `facts`: the partition (`kind` Partition)
+/// or its VP `vp`, while it is active.
+fn partition_object(kind: ObjectKind, pid: u64, vp: u32, facts: PartitionFacts) -> HvResult<StatsObject> {
+    let object = match kind {
+        ObjectKind::Partition => StatsObject::Partition(pid),
+        _ => {
+            if vp >= facts.vp_count {
+                return Err(HvError::INVALID_VP_INDEX);
             }
-            object
+            StatsObject::Vp(pid, vp)
         }
     };
-    Ok(ObjectKey { object, area })
+    if !facts.active {
+        return Err(HvError::INVALID_PARTITION_STATE);
+    }
+    Ok(object)
 }
 
 /// The stats pages one caller has mapped (a guest partition's GPA space, or one root reader),

@@ -12,7 +12,7 @@
 //! (a link or FIFO planted in its place is refused, never followed or waited on); new files are
 //! created `O_EXCL` and renamed into place; removal never follows a link.
 
-use hvstats_host::os::check;
+use hvstats_host::os::{self, check};
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::File;
 use std::io;
@@ -202,8 +202,8 @@ impl Dir {
         let c = cstr(OsStr::new(name)).map_err(|source| io_error(&path, "open", source))?;
         if usage == Use::Publish {
             // SAFETY: a NUL-terminated name relative to our directory fd.
-            let rc = unsafe { libc::mkdirat(self.fd.as_raw_fd(), c.as_ptr(), DIR_MODE) };
-            if rc == 0 {
+            let made = check(unsafe { libc::mkdirat(self.fd.as_raw_fd(), c.as_ptr(), DIR_MODE) });
+            if made.is_ok() {
                 // The umask may have cut the mode: set it explicitly.
                 let fd = self.open_raw(&c, libc::O_RDONLY | libc::O_DIRECTORY, &path, "directory")?;
                 // SAFETY: plain fchmod on an fd we own.
@@ -332,10 +332,7 @@ impl Dir {
         let list = || -> io::Result<Vec<OsString>> {
             let fd = self.fd.try_clone()?;
             // SAFETY: fdopendir takes ownership of the duplicate on success.
-            let dir = unsafe { libc::fdopendir(fd.as_raw_fd()) };
-            if dir.is_null() {
-                return Err(io::Error::last_os_error());
-            }
+            let dir = os::check_ptr(unsafe { libc::fdopendir(fd.as_raw_fd()) })?.as_ptr();
             std::mem::forget(fd);
             // SAFETY: `dir` is a valid DIR*; rewind so a reused directory offset starts over.
             unsafe { libc::rewinddir(dir) };

@@ -91,8 +91,8 @@ fn install() -> bool {
     PREVIOUS
         .get_or_init(|| {
             // SAFETY: sysconf has no memory effects.
-            let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-            if let Ok(page) = usize::try_from(page)
+            let page = hvstats_host::os::check_long(unsafe { libc::sysconf(libc::_SC_PAGESIZE) });
+            if let Some(page) = page.ok().and_then(|page| usize::try_from(page).ok())
                 && page.is_power_of_two()
             {
                 PAGE.store(page, Ordering::Relaxed);
@@ -107,8 +107,9 @@ fn install() -> bool {
             // SAFETY: as above.
             let mut previous: libc::sigaction = unsafe { std::mem::zeroed() };
             // SAFETY: both structs are valid and ours; the handler is a plain extern "C" fn.
-            let rc = unsafe { libc::sigaction(libc::SIGBUS, &action, &mut previous) };
-            (rc == 0).then_some(previous)
+            let rc =
+                hvstats_host::os::check(unsafe { libc::sigaction(libc::SIGBUS, &action, &mut previous) });
+            rc.ok().map(|_| previous)
         })
         .is_some()
 }

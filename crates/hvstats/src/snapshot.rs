@@ -298,7 +298,7 @@ fn read(
     reading
 }
 
-use hvstats_host::error_chain::error_chain;
+use crate::error_chain;
 
 impl PartitionSnapshot {
     /// Which source of an observed VM gave each of its counters, as its partition page says

@@ -42,16 +42,7 @@ impl Partition {
         if self.config.mode == Mode::Real && entry >= 1 << 20 {
             return Err(Error::RealModeEntry { entry });
         }
-        for (i, vcpu) in vcpus.iter().enumerate() {
-            let mut sregs = vcpu.get_sregs().map_err(start_state(i, "KVM_GET_SREGS"))?;
-            let regs =
-                modes::initial_state(self.config.mode, &mut sregs, entry, i as u32, self.config.vp_count);
-            vcpu.set_sregs(&sregs).map_err(start_state(i, "KVM_SET_SREGS"))?;
-            vcpu.set_regs(&regs).map_err(start_state(i, "KVM_SET_REGS"))?;
-            // With the in-kernel irqchip, APs wait for INIT/SIPI; every VP starts running here.
-            let runnable = kvm_bindings::kvm_mp_state { mp_state: kvm_bindings::KVM_MP_STATE_RUNNABLE };
-            vcpu.set_mp_state(runnable).map_err(start_state(i, "KVM_SET_MP_STATE"))?;
-        }
+        self.set_start_state(&vcpus, entry)?;
         let start = Instant::now();
         let deadline = start + self.config.timeout;
         let outcomes = std::thread::scope(|s| {
@@ -62,17 +53,7 @@ impl Partition {
                 .enumerate()
                 .map(|(i, (vcpu, shared))| {
                     let tx = done_tx.clone();
-                    let env = VpEnv {
-                        page: self.stats.vp_page(shared.index),
-                        stats: &self.stats,
-                        handlers: &self.handlers,
-                        space: &self.space,
-                        sync_regs: self.sync_regs,
-                        accounting: self.config.accounting,
-                        hardware: self.config.hardware_counters.as_ref(),
-                        stop_requested: &self.stop_requested,
-                        missing: &self.missing,
-                    };
+                    let env = self.vp_env(shared.index);
                     s.spawn(move || {
                         let outcome = vp::run(&env, shared, vcpu);
                         let _ = tx.send(i);
@@ -85,21 +66,7 @@ impl Partition {
             handles
                 .into_iter()
                 .enumerate()
-                .map(|(i, h)| {
-                    h.join().unwrap_or_else(|_| VpOutcome {
-                        index: i as u32,
-                        exit_status: None,
-                        serial: Vec::new(),
-                        fault: Some(VpFault {
-                            cause: FaultCause::ThreadPanicked,
-                            rip: 0,
-                            rip_seen: RipSeen::Unknown,
-                        }),
-                        hardware: None,
-                        run_time: Duration::ZERO,
-                        cpu_time: Duration::ZERO,
-                    })
-                })
+                .map(|(i, h)| h.join().unwrap_or_else(|_| thread_panicked(i as u32)))
                 .collect::<Vec<_>>()
         });
         // The VPs' final readings (their threads took the last thread times as they ended).
@@ -108,6 +75,36 @@ impl Partition {
         }
         self.refresh_partition();
         Ok(RunReport { vps: outcomes, elapsed: start.elapsed() })
+    }
+
+    /// Puts every vCPU in the partition's mode at `entry`, runnable.
+    fn set_start_state(&self, vcpus: &[kvm_ioctls::VcpuFd], entry: u64) -> Result<(), Error> {
+        for (i, vcpu) in vcpus.iter().enumerate() {
+            let mut sregs = vcpu.get_sregs().map_err(start_state(i, "KVM_GET_SREGS"))?;
+            let regs =
+                modes::initial_state(self.config.mode, &mut sregs, entry, i as u32, self.config.vp_count);
+            vcpu.set_sregs(&sregs).map_err(start_state(i, "KVM_SET_SREGS"))?;
+            vcpu.set_regs(&regs).map_err(start_state(i, "KVM_SET_REGS"))?;
+            // With the in-kernel irqchip, APs wait for INIT/SIPI; every VP starts running here.
+            let runnable = kvm_bindings::kvm_mp_state { mp_state: kvm_bindings::KVM_MP_STATE_RUNNABLE };
+            vcpu.set_mp_state(runnable).map_err(start_state(i, "KVM_SET_MP_STATE"))?;
+        }
+        Ok(())
+    }
+
+    /// What VP `index`'s thread needs of the partition.
+    fn vp_env(&self, index: u32) -> VpEnv<'_> {
+        VpEnv {
+            page: self.stats.vp_page(index),
+            stats: &self.stats,
+            handlers: &self.handlers,
+            space: &self.space,
+            sync_regs: self.sync_regs,
+            accounting: self.config.accounting,
+            hardware: self.config.hardware_counters.as_ref(),
+            stop_requested: &self.stop_requested,
+            missing: &self.missing,
+        }
     }
 
     /// Waits for `running` VPs to report on `done`, merging every source into the pages each
@@ -148,4 +145,10 @@ impl Partition {
 /// The error of setting vCPU `vp`'s start state with `ioctl`.
 fn start_state(vp: usize, ioctl: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> Error {
     move |source| Error::StartState { vp: vp as u32, ioctl, source }
+}
+
+/// The outcome of VP `index` whose thread panicked: nothing it measured is known.
+fn thread_panicked(index: u32) -> VpOutcome {
+    let fault = VpFault { cause: FaultCause::ThreadPanicked, rip: 0, rip_seen: RipSeen::Unknown };
+    VpOutcome { index, fault: Some(fault), ..VpOutcome::default() }
 }

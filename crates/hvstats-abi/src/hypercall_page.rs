@@ -7,10 +7,10 @@
 
 use core::fmt::{self, Write};
 
-use super::{
+use crate::catalog::{CATALOG, CounterId, hypercall_class_counter};
+use crate::hypercall::{
     HYPERCALLS, HypercallEffect, HypercallRow, KVM_EXTENDED_CALLS, KernelRelease, KvmEmulation, KvmPath,
 };
-use crate::catalog::{CATALOG, CounterId, hypercall_class_counter};
 
 /// A kernel tree the table was checked against: the release, where it was read, and the git
 /// blob ids of the two files (`git rev-parse <tag>:arch/x86/kvm/hyperv.c` in any Linux clone
@@ -118,7 +118,7 @@ fn write_kvm(w: &mut impl Write, kvm: Option<KvmEmulation>) -> fmt::Result {
 }
 
 fn write_effect(w: &mut impl Write, row: &HypercallRow) -> fmt::Result {
-    let all = super::flush_flags::ALL_VIRTUAL_ADDRESS_SPACES;
+    let all = crate::hypercall::flush_flags::ALL_VIRTUAL_ADDRESS_SPACES;
     let flush = |flags| row.effect.flush(flags, 1).map_or("?", |(id, _)| counter_name(id));
     match row.effect {
         HypercallEffect::ClassOnly => return Ok(()),
@@ -163,7 +163,7 @@ pub fn write_markdown(w: &mut impl Write) -> fmt::Result {
         write_row(w, row)?;
     }
     let (first, last, ext) = KVM_EXTENDED_CALLS;
-    let other = hypercall_class_counter(super::HypercallClass::Other).map_or("?", counter_name);
+    let other = hypercall_class_counter(crate::hypercall::HypercallClass::Other).map_or("?", counter_name);
     write!(w, "| {:#06X}–{:#06X} | any other extended call | {other} | | ", first.0, last.0)?;
     write_kvm(w, Some(ext))?;
     w.write_str(" | hypercall-interface.md (Extended Hypercall Interface) |\n")?;
