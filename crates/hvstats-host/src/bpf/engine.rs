@@ -1,22 +1,22 @@
 //! In-kernel counting of tracepoints on chosen threads: one program per tracepoint, one row of
 //! per-CPU counters per thread.
 //!
-//! A [`Tally`] is made for a list of columns (a tracepoint, narrowed by a filter or not). It
-//! loads one program per distinct tracepoint, attached for the life of the tally, and two maps:
+//! A [`Engine`] is made for a list of columns (a tracepoint, narrowed by a filter or not). It
+//! loads one program per distinct tracepoint, attached for the life of the engine, and two maps:
 //! the thread table (thread id → process id and slot) and the rows (slot → one `u64` per column,
-//! per CPU). Counting a thread is one map write ([`Tally::add_thread`]); reading it is one map
+//! per CPU). Counting a thread is one map write ([`Engine::add_thread`]); reading it is one map
 //! read summed over CPUs. The cost a firing pays is one program, however many columns it
 //! classifies into and however many threads are counted — the reason this exists: a perf
 //! counter per (thread, column) is evaluated on every firing, so the cost grows with each one.
 //!
-//! A tally may also time spans ([`SpanColumn`], [`Tally::with_spans`]): from a firing of one
+//! An engine may also time spans ([`SpanColumn`], [`Engine::with_spans`]): from a firing of one
 //! tracepoint, classified by its filter, to the next firing of another on the same thread, each
 //! span's nanoseconds added to its column — `kvm_exit` by exit reason until `kvm_entry` is the
 //! time KVM spends in the kernel on each class of exit. The programs stay one per tracepoint.
 //!
-//! A tally may also be a rehearsal ([`Tally::rehearsal`]): the same programs, made from formats
+//! An engine may also be a rehearsal ([`Engine::rehearsal`]): the same programs, made from formats
 //! given as text and attached nowhere, each run by the kernel on a record of the caller's making
-//! ([`Tally::fire`], `BPF_PROG_TEST_RUN`) as a firing of its tracepoint on the calling thread
+//! ([`Engine::fire`], `BPF_PROG_TEST_RUN`) as a firing of its tracepoint on the calling thread
 //! would run it. A tracepoint that never fires on this host (`kvm_exit` without VMX or SVM) is
 //! tested so through the very program the observer attaches to it.
 
@@ -45,7 +45,7 @@ pub struct TracepointColumn {
 }
 
 /// A span column: the nanoseconds from each firing of `start` (that its filter admits) to the
-/// next firing of `end` on the same thread, summed. Spans of one tally are exclusive: a thread
+/// next firing of `end` on the same thread, summed. Spans of one engine are exclusive: a thread
 /// has one open span at most, and a start while one is open restarts it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SpanColumn {
@@ -75,9 +75,9 @@ pub struct CarriedColumn {
     pub weight: Option<String>,
 }
 
-/// The columns of a tally's rows: counting columns, then spans, then carried columns.
+/// The columns of an engine's rows: counting columns, then spans, then carried columns.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct TallyLayout {
+pub struct EngineLayout {
     /// Counting columns.
     pub counted: Vec<TracepointColumn>,
     /// Span columns.
@@ -86,9 +86,9 @@ pub struct TallyLayout {
     pub carried: Vec<CarriedColumn>,
 }
 
-/// Why a tally, or one of its tracepoints, cannot count in the kernel.
+/// Why an engine, or one of its tracepoints, cannot count in the kernel.
 #[derive(Debug, thiserror::Error)]
-pub enum TallyError {
+pub enum EngineError {
     /// A map could not be created (no CAP_BPF, a locked-down kernel, no memory).
     #[error("cannot create a BPF map")]
     Map(#[source] io::Error),
@@ -139,7 +139,7 @@ pub enum TallyError {
     /// A rehearsal was given no format for a tracepoint of its columns.
     #[error("no format for tracepoint {0}")]
     NoFormat(String),
-    /// A tracepoint has no program to fire: the tally is not a rehearsal, or does not count it.
+    /// A tracepoint has no program to fire: the engine is not a rehearsal, or does not count it.
     #[error("tracepoint {0} has no rehearsed program")]
     NotRehearsed(String),
     /// The kernel did not run the program.
@@ -165,16 +165,16 @@ pub enum Context {
 /// A tracepoint: (system, name).
 type Tracepoint = (String, String);
 
-/// Where a tally's programs run.
+/// Where an engine's programs run.
 #[derive(Debug)]
 enum Programs {
-    /// Attached to the kernel's tracepoints, for the life of the tally (dropping them detaches).
+    /// Attached to the kernel's tracepoints, for the life of the engine (dropping them detaches).
     Attached { _attachments: Attachments },
-    /// Attached nowhere: run on records given to [`Tally::fire`].
+    /// Attached nowhere: run on records given to [`Engine::fire`].
     Rehearsal(BTreeMap<Tracepoint, (Program, Context)>),
 }
 
-/// What [`Tally::claim`] found for a thread.
+/// What [`Engine::claim`] found for a thread.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Claim {
     /// Its kept row, adopted.
@@ -192,18 +192,18 @@ pub struct Slot(u32);
 
 /// The programs, maps and slots of one column list.
 #[derive(Debug)]
-pub struct Tally {
+pub struct Engine {
     columns: usize,
     /// Why each column is not counted in the kernel (its tracepoint could not be), if so.
     refused: Vec<Option<String>>,
     threads: ArrayMap,
     table: ThreadTable,
     rows: ArrayMap,
-    /// Per slot and lane, the open span (time, column + 1), when the tally has span columns.
+    /// Per slot and lane, the open span (time, column + 1), when the engine has span columns.
     pending: Option<ArrayMap>,
     /// Lanes of open spans (one per tracepoint that closes spans).
     lanes: usize,
-    /// Per slot, one `u64` per carried column, when the tally has any.
+    /// Per slot, one `u64` per carried column, when the engine has any.
     latches: Option<ArrayMap>,
     /// Carried columns.
     carried: usize,
@@ -213,14 +213,14 @@ pub struct Tally {
     kept: Option<Kept>,
 }
 
-/// A tally's pins: its directory, and the owner of each row.
+/// An engine's pins: its directory, and the owner of each row.
 #[derive(Debug)]
 struct Kept {
     dir: std::path::PathBuf,
     owners: ArrayMap,
 }
 
-/// What a kept tally's maker found: how many rows it adopted, how many it dropped, and why.
+/// What a kept engine's maker found: how many rows it adopted, how many it dropped, and why.
 #[derive(Debug, Default)]
 pub struct Adoption {
     /// Rows adopted: threads still alive, counted by the programs while no observer ran.
@@ -232,19 +232,19 @@ pub struct Adoption {
 #[derive(Debug)]
 struct Slots {
     free: Vec<u32>,
-    /// Slot of each thread counted, and how many counted it ([`Tally::add_thread`] calls not yet
-    /// matched by [`Tally::remove_thread`]).
+    /// Slot of each thread counted, and how many counted it ([`Engine::add_thread`] calls not yet
+    /// matched by [`Engine::remove_thread`]).
     used: BTreeMap<u32, (u32, usize)>,
-    /// Rows a kept tally adopted and no one has claimed yet, by thread id: slot and owner.
+    /// Rows a kept engine adopted and no one has claimed yet, by thread id: slot and owner.
     adopted: BTreeMap<u32, (u32, Owner)>,
-    /// By slot in use, since when its row counts (µs since the epoch), when the tally is kept.
+    /// By slot in use, since when its row counts (µs since the epoch), when the engine is kept.
     since: BTreeMap<u32, u64>,
 }
 
-/// Columns a tally counts at most (a row's offsets must fit the instructions' 16 bits).
+/// Columns an engine counts at most (a row's offsets must fit the instructions' 16 bits).
 pub const MAX_COLUMNS: usize = 1024;
 
-/// Rows (counted threads) a tally holds at most.
+/// Rows (counted threads) an engine holds at most.
 pub const SLOTS: u32 = 1024;
 
 /// The largest `pid_max` whose thread table is an array indexed by thread id (8 bytes a thread
@@ -268,14 +268,14 @@ impl ThreadTable {
     }
 }
 
-impl Tally {
+impl Engine {
     /// Loads and attaches the programs of `columns`, tracepoints read from tracefs at `tracefs`.
     /// A tracepoint whose program cannot be made is not counted here (see
     /// [`refused`](Self::refused)); the others are.
     ///
     /// # Errors
     /// When the maps cannot be created (BPF not permitted) or no tracepoint can be counted.
-    pub fn new(tracefs: &Path, columns: &[TracepointColumn]) -> Result<Self, TallyError> {
+    pub fn new(tracefs: &Path, columns: &[TracepointColumn]) -> Result<Self, EngineError> {
         Self::with_table(tracefs, columns, ThreadTable::for_host())
     }
 
@@ -287,7 +287,7 @@ impl Tally {
         tracefs: &Path,
         columns: &[TracepointColumn],
         table: ThreadTable,
-    ) -> Result<Self, TallyError> {
+    ) -> Result<Self, EngineError> {
         Self::with_spans(tracefs, columns, &[], table)
     }
 
@@ -301,8 +301,8 @@ impl Tally {
         counted: &[TracepointColumn],
         spans: &[SpanColumn],
         table: ThreadTable,
-    ) -> Result<Self, TallyError> {
-        let layout = TallyLayout { counted: counted.to_vec(), spans: spans.to_vec(), carried: Vec::new() };
+    ) -> Result<Self, EngineError> {
+        let layout = EngineLayout { counted: counted.to_vec(), spans: spans.to_vec(), carried: Vec::new() };
         Self::of_layout(tracefs, &layout, table)
     }
 
@@ -311,30 +311,30 @@ impl Tally {
     ///
     /// # Errors
     /// As [`new`](Self::new).
-    pub fn of_layout(tracefs: &Path, layout: &TallyLayout, table: ThreadTable) -> Result<Self, TallyError> {
+    pub fn of_layout(tracefs: &Path, layout: &EngineLayout, table: ThreadTable) -> Result<Self, EngineError> {
         let (parts, attachments) = Self::build(layout, table, |system, name, roles, columns, maps| {
             attach_one(tracefs, system, name, roles, columns, maps, false)
         })?;
-        Ok(parts.into_tally(Programs::Attached {
+        Ok(parts.into_engine(Programs::Attached {
             _attachments: attachments.into_iter().map(|(_, a)| a).collect(),
         }))
     }
 
     /// As [`of_layout`](Self::of_layout), with the maps and links kept in bpffs in `identity`
-    /// ([`keep::identity_dir`]): the kept tally of the same layout found there is adopted (its
-    /// programs went on counting; [`claim`](Self::claim) takes a thread's row back), kept tallies
+    /// ([`keep::identity_dir`]): the kept engine of the same layout found there is adopted (its
+    /// programs went on counting; [`claim`](Self::claim) takes a thread's row back), kept engines
     /// of another layout or version are dropped, and a new one is pinned there otherwise. Where
-    /// pinning fails, the tally counts without keeping; the [`Adoption`]'s notes say what was
+    /// pinning fails, the engine counts without keeping; the [`Adoption`]'s notes say what was
     /// dropped and why.
     ///
     /// # Errors
     /// As [`new`](Self::new).
     pub fn kept(
         tracefs: &Path,
-        layout: &TallyLayout,
+        layout: &EngineLayout,
         table: ThreadTable,
         identity: &Path,
-    ) -> Result<(Self, Adoption), TallyError> {
+    ) -> Result<(Self, Adoption), EngineError> {
         let dir = keep::layout_dir(identity, &format!("{layout:?} {table:?} {SLOTS}"));
         let mut adoption = Adoption::default();
         let dropped = keep::drop_other_layouts(identity, &dir);
@@ -346,15 +346,15 @@ impl Tally {
         }
         if dir.is_dir() {
             match Self::adopt(layout, table, &dir) {
-                Ok(tally) => {
-                    let gone = tally.drop_gone();
-                    adoption.adopted = tally.unclaimed();
+                Ok(engine) => {
+                    let gone = engine.drop_gone();
+                    adoption.adopted = engine.unclaimed();
                     if gone > 0 {
                         adoption.notes.push(format!(
                             "dropped the kept counts of {gone} thread(s) gone while no observer ran"
                         ));
                     }
-                    return Ok((tally, adoption));
+                    return Ok((engine, adoption));
                 }
                 Err(why) => {
                     adoption.notes.push(format!("dropped the counts kept in {}: {why}", dir.display()));
@@ -376,21 +376,21 @@ impl Tally {
                 None
             }
         };
-        let mut tally = parts.into_tally(Programs::Attached {
+        let mut engine = parts.into_engine(Programs::Attached {
             _attachments: attachments.into_iter().map(|(_, a)| a).collect(),
         });
-        tally.kept = kept;
-        Ok((tally, adoption))
+        engine.kept = kept;
+        Ok((engine, adoption))
     }
 
-    /// The kept tally pinned in `dir`: its maps, opened and checked against the layout's, and
+    /// The kept engine pinned in `dir`: its maps, opened and checked against the layout's, and
     /// its rows' owners; a tracepoint whose link is not there is not counted.
-    fn adopt(layout: &TallyLayout, table: ThreadTable, dir: &Path) -> Result<Self, String> {
+    fn adopt(layout: &EngineLayout, table: ThreadTable, dir: &Path) -> Result<Self, String> {
         let (mut parts, _) = Self::build(layout, table, |system, name, _, _, _| {
             if dir.join(format!("link:{system}:{name}")).exists() {
                 Ok(())
             } else {
-                Err(TallyError::Attach {
+                Err(EngineError::Attach {
                     tracepoint: format!("{system}:{name}"),
                     source: io::Error::new(io::ErrorKind::NotFound, "no program of it is kept"),
                 })
@@ -415,12 +415,12 @@ impl Tally {
         }
         let taken: std::collections::BTreeSet<u32> = parts.free.adopted.values().map(|&(s, _)| s).collect();
         parts.free.free.retain(|s| !taken.contains(s));
-        let mut tally = parts.into_tally(Programs::Attached { _attachments: Attachments::default() });
-        tally.kept = Some(Kept { dir: dir.to_owned(), owners });
-        Ok(tally)
+        let mut engine = parts.into_engine(Programs::Attached { _attachments: Attachments::default() });
+        engine.kept = Some(Kept { dir: dir.to_owned(), owners });
+        Ok(engine)
     }
 
-    /// A tally whose programs are attached nowhere: made as [`with_spans`](Self::with_spans)
+    /// An engine whose programs are attached nowhere: made as [`with_spans`](Self::with_spans)
     /// would make them, from the formats `format(system, name)` gives (as tracefs prints them),
     /// and run on records of the caller's making by [`fire`](Self::fire). A tracepoint without a
     /// format, or whose program the kernel refuses, is not counted (see
@@ -433,8 +433,8 @@ impl Tally {
         counted: &[TracepointColumn],
         spans: &[SpanColumn],
         table: ThreadTable,
-    ) -> Result<Self, TallyError> {
-        let layout = TallyLayout { counted: counted.to_vec(), spans: spans.to_vec(), carried: Vec::new() };
+    ) -> Result<Self, EngineError> {
+        let layout = EngineLayout { counted: counted.to_vec(), spans: spans.to_vec(), carried: Vec::new() };
         Self::rehearse(format, &layout, table)
     }
 
@@ -444,25 +444,25 @@ impl Tally {
     /// As [`new`](Self::new).
     pub fn rehearse(
         format: &dyn Fn(&str, &str) -> Option<String>,
-        layout: &TallyLayout,
+        layout: &EngineLayout,
         table: ThreadTable,
-    ) -> Result<Self, TallyError> {
+    ) -> Result<Self, EngineError> {
         let (parts, programs) = Self::build(layout, table, |system, name, roles, columns, maps| {
             rehearse_one(format, system, name, roles, columns, maps)
         })?;
-        Ok(parts.into_tally(Programs::Rehearsal(programs.into_iter().collect())))
+        Ok(parts.into_engine(Programs::Rehearsal(programs.into_iter().collect())))
     }
 
     /// The maps of `layout`'s columns, and a program for each tracepoint, made by `place`.
     fn build<P>(
-        layout: &TallyLayout,
+        layout: &EngineLayout,
         table: ThreadTable,
-        mut place: impl FnMut(&str, &str, &Roles, &[TracepointColumn], &Maps<'_>) -> Result<P, TallyError>,
-    ) -> Result<(Parts, Vec<(Tracepoint, P)>), TallyError> {
-        let TallyLayout { counted, spans, carried } = layout;
+        mut place: impl FnMut(&str, &str, &Roles, &[TracepointColumn], &Maps<'_>) -> Result<P, EngineError>,
+    ) -> Result<(Parts, Vec<(Tracepoint, P)>), EngineError> {
+        let EngineLayout { counted, spans, carried } = layout;
         let width = counted.len() + spans.len() + carried.len();
         if width > MAX_COLUMNS {
-            return Err(TallyError::Assemble(format!("{width} columns (at most {MAX_COLUMNS})")));
+            return Err(EngineError::Assemble(format!("{width} columns (at most {MAX_COLUMNS})")));
         }
         // One lane of open spans per tracepoint that closes spans, in order of appearance.
         let mut lanes: Vec<(&str, &str)> = Vec::new();
@@ -479,12 +479,12 @@ impl Tally {
         let pending = if spans.is_empty() {
             None
         } else {
-            Some(ArrayMap::create(16 * lanes.len(), SLOTS, false).map_err(TallyError::Map)?)
+            Some(ArrayMap::create(16 * lanes.len(), SLOTS, false).map_err(EngineError::Map)?)
         };
         let latches = if carried.is_empty() {
             None
         } else {
-            Some(ArrayMap::create(8 * carried.len(), SLOTS, false).map_err(TallyError::Map)?)
+            Some(ArrayMap::create(8 * carried.len(), SLOTS, false).map_err(EngineError::Map)?)
         };
         let columns: Vec<TracepointColumn> = counted
             .iter()
@@ -497,8 +497,8 @@ impl Tally {
             ThreadTable::Array => ArrayMap::create(8, pid_max(), false),
             ThreadTable::Hash => ArrayMap::create_hash(8, SLOTS),
         }
-        .map_err(TallyError::Map)?;
-        let rows = ArrayMap::create(8 * width.max(1), SLOTS, true).map_err(TallyError::Map)?;
+        .map_err(EngineError::Map)?;
+        let rows = ArrayMap::create(8 * width.max(1), SLOTS, true).map_err(EngineError::Map)?;
         let mut by_tracepoint: BTreeMap<(&str, &str), Roles> = BTreeMap::new();
         let first_carried = counted.len() + spans.len();
         for (i, c) in columns.iter().enumerate() {
@@ -590,20 +590,20 @@ impl Tally {
     /// as a firing of the tracepoint on this thread would; returns what the program returned.
     ///
     /// # Errors
-    /// When the tally is not a rehearsal or has no program for the tracepoint, or the kernel does
+    /// When the engine is not a rehearsal or has no program for the tracepoint, or the kernel does
     /// not run it (a context longer than 96 bytes, or shorter than what the program reads).
-    pub fn fire(&self, system: &str, name: &str, context: &[u8]) -> Result<u32, TallyError> {
+    pub fn fire(&self, system: &str, name: &str, context: &[u8]) -> Result<u32, EngineError> {
         let tracepoint = format!("{system}:{name}");
         let Programs::Rehearsal(programs) = &self.programs else {
-            return Err(TallyError::NotRehearsed(tracepoint));
+            return Err(EngineError::NotRehearsed(tracepoint));
         };
         let Some((program, _)) = programs.get(&(system.to_owned(), name.to_owned())) else {
-            return Err(TallyError::NotRehearsed(tracepoint));
+            return Err(EngineError::NotRehearsed(tracepoint));
         };
-        program.test_run(context).map_err(|source| TallyError::Run { tracepoint, source })
+        program.test_run(context).map_err(|source| EngineError::Run { tracepoint, source })
     }
 
-    /// What the rehearsed program of `system:name` reads, if the tally rehearses one.
+    /// What the rehearsed program of `system:name` reads, if the engine rehearses one.
     pub fn context(&self, system: &str, name: &str) -> Option<Context> {
         match &self.programs {
             Programs::Rehearsal(programs) => {
@@ -650,7 +650,7 @@ impl Tally {
     ///
     /// # Errors
     /// When every slot is in use or the maps cannot be written.
-    pub fn add_thread(&self, pid: i32, tid: i32) -> Result<Slot, TallyError> {
+    pub fn add_thread(&self, pid: i32, tid: i32) -> Result<Slot, EngineError> {
         self.add_thread_in(pid, tid, 0)
     }
 
@@ -659,13 +659,13 @@ impl Tally {
     ///
     /// # Errors
     /// As [`add_thread`](Self::add_thread).
-    pub fn add_thread_in(&self, pid: i32, tid: i32, vm: keep::VmToken) -> Result<Slot, TallyError> {
+    pub fn add_thread_in(&self, pid: i32, tid: i32, vm: keep::VmToken) -> Result<Slot, EngineError> {
         let mut slots = self.free.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((slot, refs)) = slots.used.get_mut(&(tid as u32)) {
             *refs += 1;
             return Ok(Slot(*slot));
         }
-        let slot = slots.free.pop().ok_or(TallyError::Full(SLOTS))?;
+        let slot = slots.free.pop().ok_or(EngineError::Full(SLOTS))?;
         let zero = vec![0u8; 8 * self.columns.max(1)];
         let entry = (u64::from(pid as u32) << 32) | u64::from(slot + 1);
         // No span left open, nor value carried, by the slot's previous thread may count on this one.
@@ -688,7 +688,7 @@ impl Tally {
             .and_then(|()| self.threads.write(tid as u32, &entry.to_ne_bytes()));
         if let Err(e) = written {
             slots.free.push(slot);
-            return Err(TallyError::Map(e));
+            return Err(EngineError::Map(e));
         }
         slots.used.insert(tid as u32, (slot, 1));
         if let Some(owner) = owner {
@@ -754,7 +754,7 @@ impl Tally {
         if same_thread { Claim::OtherVm } else { Claim::Nothing }
     }
 
-    /// Since when `slot`'s row counts (µs since the epoch), when the tally is kept.
+    /// Since when `slot`'s row counts (µs since the epoch), when the engine is kept.
     pub fn kept_since(&self, slot: Slot) -> Option<u64> {
         self.kept.as_ref()?;
         self.free.lock().unwrap_or_else(|e| e.into_inner()).since.get(&slot.0).copied()
@@ -781,7 +781,7 @@ impl Tally {
         self.free.lock().unwrap_or_else(|e| e.into_inner()).adopted.len()
     }
 
-    /// Where the tally's maps and links are pinned, when they are kept.
+    /// Where the engine's maps and links are pinned, when they are kept.
     pub fn kept_in(&self) -> Option<&Path> {
         self.kept.as_ref().map(|k| k.dir.as_path())
     }
@@ -805,7 +805,7 @@ impl Tally {
     }
 }
 
-/// Pins a new tally's maps and links in `dir`, the owners map last (a directory without it is a
+/// Pins a new engine's maps and links in `dir`, the owners map last (a directory without it is a
 /// pinning cut short, never adopted); returns the owners map.
 fn pin(parts: &Parts, attachments: &[(Tracepoint, Attachment)], dir: &Path) -> io::Result<ArrayMap> {
     let at = |name: &str, r: io::Result<()>| {
@@ -829,9 +829,9 @@ fn pin(parts: &Parts, attachments: &[(Tracepoint, Attachment)], dir: &Path) -> i
     Ok(owners)
 }
 
-impl Drop for Tally {
+impl Drop for Engine {
     fn drop(&mut self) {
-        // A kept tally that counts no one is not kept: its programs would run for nothing.
+        // A kept engine that counts no one is not kept: its programs would run for nothing.
         let slots = self.free.get_mut().unwrap_or_else(|e| e.into_inner());
         if let Some(kept) = &self.kept
             && slots.used.is_empty()
@@ -842,7 +842,7 @@ impl Drop for Tally {
     }
 }
 
-fn error_text(e: &TallyError) -> String {
+fn error_text(e: &EngineError) -> String {
     let mut text = e.to_string();
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {
@@ -853,7 +853,7 @@ fn error_text(e: &TallyError) -> String {
     text
 }
 
-/// A tally but its programs: the maps and slots [`Tally::build`] makes.
+/// An engine but its programs: the maps and slots [`Engine::build`] makes.
 struct Parts {
     columns: usize,
     refused: Vec<Option<String>>,
@@ -868,9 +868,9 @@ struct Parts {
 }
 
 impl Parts {
-    fn into_tally(self, programs: Programs) -> Tally {
+    fn into_engine(self, programs: Programs) -> Engine {
         let Parts { columns, refused, threads, table, rows, pending, lanes, latches, carried, free } = self;
-        Tally {
+        Engine {
             columns,
             refused,
             threads,
@@ -899,7 +899,7 @@ struct Roles {
     sets: Vec<usize>,
 }
 
-/// The maps every program of a tally uses, and the carried columns.
+/// The maps every program of an engine uses, and the carried columns.
 struct Maps<'a> {
     threads: &'a ArrayMap,
     rows: &'a ArrayMap,
@@ -944,7 +944,7 @@ impl Maps<'_> {
         fields: &Fields,
         roles: &Roles,
         columns: &[TracepointColumn],
-    ) -> Result<ProgramColumns, TallyError> {
+    ) -> Result<ProgramColumns, EngineError> {
         let counts = program_columns(tracepoint, fields, &roles.counts, columns)?;
         let start_columns: Vec<usize> = roles.starts.iter().map(|&(i, _)| i).collect();
         let starts = program_columns(tracepoint, fields, &start_columns, columns)?
@@ -962,7 +962,7 @@ impl Maps<'_> {
             let from = &self.carried[k].from;
             let pred = parse(tracepoint, fields, from.filter.as_deref())?;
             let weight = match &self.carried[k].weight {
-                Some(name) => Some(*fields.get(name).ok_or_else(|| TallyError::Filter {
+                Some(name) => Some(*fields.get(name).ok_or_else(|| EngineError::Filter {
                     tracepoint: tracepoint.to_owned(),
                     filter: name.clone(),
                     source: FilterError::UnknownField(name.clone()),
@@ -983,12 +983,12 @@ fn attach_one(
     columns: &[TracepointColumn],
     maps: &Maps<'_>,
     link: bool,
-) -> Result<Attachment, TallyError> {
+) -> Result<Attachment, EngineError> {
     let tracepoint = format!("{system}:{name}");
     let format = tracefs::event_format_at(root, system, name)
-        .map_err(|source| TallyError::Format { tracepoint: tracepoint.clone(), source })?;
+        .map_err(|source| EngineError::Format { tracepoint: tracepoint.clone(), source })?;
     let id = tracefs::event_id_at(root, system, name)
-        .map_err(|source| TallyError::Format { tracepoint: tracepoint.clone(), source })?;
+        .map_err(|source| EngineError::Format { tracepoint: tracepoint.clone(), source })?;
     let fields = filter::parse_format(&format);
     // A raw tracepoint first: it runs before the kernel makes the record, which is most of
     // what a classic tracepoint program costs a firing.
@@ -1000,14 +1000,14 @@ fn attach_one(
     }
     let insns = record_program(&tracepoint, &fields, roles, columns, maps)?;
     let prog = Program::load_tracepoint(&insns)
-        .map_err(|source| TallyError::Load { tracepoint: tracepoint.clone(), source })?;
+        .map_err(|source| EngineError::Load { tracepoint: tracepoint.clone(), source })?;
     // A link where one is asked for (it can be pinned; Linux 5.15 on), else the event itself.
     let attached = if link {
         Attachment::tracepoint_link(id, &prog).or_else(|_| Attachment::tracepoint(id, &prog))
     } else {
         Attachment::tracepoint(id, &prog)
     };
-    attached.map_err(|source| TallyError::Attach { tracepoint, source })
+    attached.map_err(|source| EngineError::Attach { tracepoint, source })
 }
 
 /// The program [`attach_one`] would attach to `system:name`, loaded to be run on a context of our
@@ -1021,9 +1021,9 @@ fn rehearse_one(
     roles: &Roles,
     columns: &[TracepointColumn],
     maps: &Maps<'_>,
-) -> Result<(Program, Context), TallyError> {
+) -> Result<(Program, Context), EngineError> {
     let tracepoint = format!("{system}:{name}");
-    let text = format(system, name).ok_or_else(|| TallyError::NoFormat(tracepoint.clone()))?;
+    let text = format(system, name).ok_or_else(|| EngineError::NoFormat(tracepoint.clone()))?;
     let fields = filter::parse_format(&text);
     if let Some(insns) = raw_program(system, name, &fields, roles, columns, maps)
         && let Ok(prog) = Program::load_raw_tracepoint(&insns)
@@ -1032,7 +1032,7 @@ fn rehearse_one(
     }
     let insns = record_program(&tracepoint, &fields, roles, columns, maps)?;
     let prog =
-        Program::load_raw_tracepoint(&insns).map_err(|source| TallyError::Load { tracepoint, source })?;
+        Program::load_raw_tracepoint(&insns).map_err(|source| EngineError::Load { tracepoint, source })?;
     Ok((prog, Context::Record))
 }
 
@@ -1070,16 +1070,16 @@ fn record_program(
     roles: &Roles,
     columns: &[TracepointColumn],
     maps: &Maps<'_>,
-) -> Result<Vec<u64>, TallyError> {
+) -> Result<Vec<u64>, EngineError> {
     let compiled = maps.compile(tracepoint, fields, roles, columns)?;
-    maps.assemble(compiled, &roles.ends).map_err(|()| TallyError::Assemble(tracepoint.to_owned()))
+    maps.assemble(compiled, &roles.ends).map_err(|()| EngineError::Assemble(tracepoint.to_owned()))
 }
 
 /// The predicate of `filter` on `fields` (`None`: every firing).
-fn parse(tracepoint: &str, fields: &Fields, filter: Option<&str>) -> Result<Option<Pred>, TallyError> {
+fn parse(tracepoint: &str, fields: &Fields, filter: Option<&str>) -> Result<Option<Pred>, EngineError> {
     filter
         .map(|f| {
-            filter::parse_filter(f, fields).map_err(|source| TallyError::Filter {
+            filter::parse_filter(f, fields).map_err(|source| EngineError::Filter {
                 tracepoint: tracepoint.to_owned(),
                 filter: f.to_owned(),
                 source,
@@ -1093,18 +1093,18 @@ fn program_columns(
     fields: &filter::Fields,
     indices: &[usize],
     columns: &[TracepointColumn],
-) -> Result<Vec<Column>, TallyError> {
+) -> Result<Vec<Column>, EngineError> {
     let mut program_columns = Vec::with_capacity(indices.len());
     for &i in indices {
         let pred: Option<Pred> = match &columns[i].filter {
-            Some(f) => Some(filter::parse_filter(f, fields).map_err(|source| TallyError::Filter {
+            Some(f) => Some(filter::parse_filter(f, fields).map_err(|source| EngineError::Filter {
                 tracepoint: tracepoint.to_owned(),
                 filter: f.clone(),
                 source,
             })?),
             None => None,
         };
-        let index = u16::try_from(i).map_err(|_| TallyError::Assemble(tracepoint.to_owned()))?;
+        let index = u16::try_from(i).map_err(|_| EngineError::Assemble(tracepoint.to_owned()))?;
         program_columns.push(Column { index, pred });
     }
     Ok(program_columns)
