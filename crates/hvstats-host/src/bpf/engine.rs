@@ -193,6 +193,16 @@ pub struct Slot(u32);
 /// The programs, maps and slots of one column list.
 #[derive(Debug)]
 pub struct Engine {
+    store: Store,
+    programs: Programs,
+    /// Where the maps and links are pinned, when they are kept beyond this process.
+    kept: Option<Kept>,
+}
+
+/// An engine but its programs: the maps its programs write and the slots they count in, made
+/// by [`Engine::build`].
+#[derive(Debug)]
+struct Store {
     columns: usize,
     /// Why each column is not counted in the kernel (its tracepoint could not be), if so.
     refused: Vec<Option<String>>,
@@ -208,9 +218,6 @@ pub struct Engine {
     /// Carried columns.
     carried: usize,
     free: Mutex<Slots>,
-    programs: Programs,
-    /// Where the maps and links are pinned, when they are kept beyond this process.
-    kept: Option<Kept>,
 }
 
 /// An engine's pins: its directory, and the owner of each row.
@@ -410,11 +417,17 @@ impl Engine {
         let owners = open(&keep::owners_map(SLOTS).map_err(|e| e.to_string())?, "owners")?;
         for slot in 0..SLOTS {
             if let Some(owner) = owners.read(slot).ok().and_then(|v| Owner::decode(&v)) {
-                parts.free.adopted.insert(owner.tid, (slot, owner));
+                parts
+                    .free
+                    .get_mut()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .adopted
+                    .insert(owner.tid, (slot, owner));
             }
         }
-        let taken: std::collections::BTreeSet<u32> = parts.free.adopted.values().map(|&(s, _)| s).collect();
-        parts.free.free.retain(|s| !taken.contains(s));
+        let slots = parts.free.get_mut().unwrap_or_else(|e| e.into_inner());
+        let taken: std::collections::BTreeSet<u32> = slots.adopted.values().map(|&(s, _)| s).collect();
+        slots.free.retain(|s| !taken.contains(s));
         let mut engine = parts.into_engine(Programs::Attached { _attachments: Attachments::default() });
         engine.kept = Some(Kept { dir: dir.to_owned(), owners });
         Ok(engine)
@@ -458,103 +471,33 @@ impl Engine {
         layout: &EngineLayout,
         table: ThreadTable,
         mut place: impl FnMut(&str, &str, &Roles, &[TracepointColumn], &Maps<'_>) -> Result<P, EngineError>,
-    ) -> Result<(Parts, Vec<(Tracepoint, P)>), EngineError> {
+    ) -> Result<(Store, Vec<(Tracepoint, P)>), EngineError> {
         let EngineLayout { counted, spans, carried } = layout;
         let width = counted.len() + spans.len() + carried.len();
         if width > MAX_COLUMNS {
             return Err(EngineError::Assemble(format!("{width} columns (at most {MAX_COLUMNS})")));
         }
-        // One lane of open spans per tracepoint that closes spans, in order of appearance.
-        let mut lanes: Vec<(&str, &str)> = Vec::new();
-        for s in spans {
-            let end = (s.end_system.as_str(), s.end_name.as_str());
-            if !lanes.contains(&end) {
-                lanes.push(end);
-            }
-        }
-        let lane_of = |s: &SpanColumn| {
-            let end = (s.end_system.as_str(), s.end_name.as_str());
-            lanes.iter().position(|l| *l == end).unwrap_or(0) as u16
-        };
-        let pending = if spans.is_empty() {
-            None
-        } else {
-            Some(ArrayMap::create(16 * lanes.len(), SLOTS, false).map_err(EngineError::Map)?)
-        };
-        let latches = if carried.is_empty() {
-            None
-        } else {
-            Some(ArrayMap::create(8 * carried.len(), SLOTS, false).map_err(EngineError::Map)?)
-        };
-        let columns: Vec<TracepointColumn> = counted
-            .iter()
-            .cloned()
-            .chain(spans.iter().map(|s| s.start.clone()))
-            .chain(carried.iter().map(|c| c.counted.clone()))
-            .collect();
-        let columns = &columns[..];
-        let threads = match table {
-            ThreadTable::Array => ArrayMap::create(8, pid_max(), false),
-            ThreadTable::Hash => ArrayMap::create_hash(8, SLOTS),
-        }
-        .map_err(EngineError::Map)?;
-        let rows = ArrayMap::create(8 * width.max(1), SLOTS, true).map_err(EngineError::Map)?;
-        let mut by_tracepoint: BTreeMap<(&str, &str), Roles> = BTreeMap::new();
+        let lanes = Lanes::of(spans);
+        let columns = layout.columns();
+        let store = Store::create(&columns, &lanes, carried.len(), table)?;
         let first_carried = counted.len() + spans.len();
-        for (i, c) in columns.iter().enumerate() {
-            let roles = by_tracepoint.entry((c.system.as_str(), c.name.as_str())).or_default();
-            if i < counted.len() {
-                roles.counts.push(i);
-            } else if i < first_carried {
-                roles.starts.push((i, lane_of(&spans[i - counted.len()])));
-            } else {
-                roles.adds.push(i - first_carried);
-            }
-        }
-        for s in spans {
-            let lane = lane_of(s);
-            let ends =
-                &mut by_tracepoint.entry((s.end_system.as_str(), s.end_name.as_str())).or_default().ends;
-            if !ends.contains(&lane) {
-                ends.push(lane);
-            }
-        }
-        for (k, c) in carried.iter().enumerate() {
-            by_tracepoint.entry((c.from.system.as_str(), c.from.name.as_str())).or_default().sets.push(k);
-        }
+        let maps = Maps {
+            threads: &store.threads,
+            rows: &store.rows,
+            pending: store.pending.as_ref(),
+            latches: store.latches.as_ref(),
+            carried,
+            first_carried,
+            width,
+        };
         let mut refused = vec![None; columns.len()];
         let mut placed = Vec::new();
         let mut first_error = None;
-        for ((system, name), roles) in by_tracepoint {
-            let maps = Maps {
-                threads: &threads,
-                rows: &rows,
-                pending: pending.as_ref(),
-                latches: latches.as_ref(),
-                carried,
-                first_carried,
-                width,
-            };
-            match place(system, name, &roles, columns, &maps) {
+        for ((system, name), roles) in layout.roles(&lanes) {
+            match place(system, name, &roles, &columns, &maps) {
                 Ok(p) => placed.push(((system.to_owned(), name.to_owned()), p)),
                 Err(e) => {
-                    let starts = roles.starts.iter().map(|&(i, _)| i);
-                    let adds = roles.adds.iter().map(|&k| first_carried + k);
-                    for i in roles.counts.iter().copied().chain(starts).chain(adds) {
-                        refused[i] = Some(error_text(&e));
-                    }
-                    // A carried column whose record before cannot be seen is not counted either.
-                    for &k in &roles.sets {
-                        refused[first_carried + k] = Some(error_text(&e));
-                    }
-                    // A span whose end cannot be seen never closes: it is not counted either.
-                    if !roles.ends.is_empty() {
-                        for (i, s) in spans.iter().enumerate() {
-                            if (s.end_system.as_str(), s.end_name.as_str()) == (system, name) {
-                                refused[counted.len() + i] = Some(error_text(&e));
-                            }
-                        }
-                    }
+                    layout.refuse(&mut refused, (system, name), &roles, &error_text(&e));
                     first_error.get_or_insert(e);
                 }
             }
@@ -564,25 +507,7 @@ impl Engine {
         {
             return Err(e);
         }
-        let free = Slots {
-            free: (0..SLOTS).rev().collect(),
-            used: BTreeMap::new(),
-            adopted: BTreeMap::new(),
-            since: BTreeMap::new(),
-        };
-        let parts = Parts {
-            columns: columns.len(),
-            refused,
-            threads,
-            table,
-            rows,
-            pending,
-            lanes: lanes.len(),
-            latches,
-            carried: carried.len(),
-            free,
-        };
-        Ok((parts, placed))
+        Ok((Store { refused, ..store }, placed))
     }
 
     /// Runs the program of `system:name` once on this thread, with `context` as what it reads
@@ -627,9 +552,9 @@ impl Engine {
     /// # Errors
     /// When the pending map cannot be read.
     pub fn open_spans(&self, slot: Slot) -> io::Result<Vec<Option<usize>>> {
-        let Some(pending) = &self.pending else { return Ok(Vec::new()) };
+        let Some(pending) = &self.store.pending else { return Ok(Vec::new()) };
         let entry = pending.read(slot.0)?;
-        Ok((0..self.lanes)
+        Ok((0..self.store.lanes)
             .map(|lane| {
                 let mut column = [0u8; 8];
                 column.copy_from_slice(&entry[16 * lane + 8..16 * lane + 16]);
@@ -641,7 +566,7 @@ impl Engine {
 
     /// Why column `i` is not counted in the kernel, if it is not.
     pub fn refused(&self, i: usize) -> Option<&str> {
-        self.refused.get(i).and_then(|r| r.as_deref())
+        self.store.refused.get(i).and_then(|r| r.as_deref())
     }
 
     /// Starts counting thread `tid` of process `pid`. A thread already counted keeps its row
@@ -660,21 +585,21 @@ impl Engine {
     /// # Errors
     /// As [`add_thread`](Self::add_thread).
     pub fn add_thread_in(&self, pid: i32, tid: i32, vm: keep::VmToken) -> Result<Slot, EngineError> {
-        let mut slots = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slots = self.store.free.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((slot, refs)) = slots.used.get_mut(&(tid as u32)) {
             *refs += 1;
             return Ok(Slot(*slot));
         }
         let slot = slots.free.pop().ok_or(EngineError::Full(SLOTS))?;
-        let zero = vec![0u8; 8 * self.columns.max(1)];
+        let zero = vec![0u8; 8 * self.store.columns.max(1)];
         let entry = (u64::from(pid as u32) << 32) | u64::from(slot + 1);
         // No span left open, nor value carried, by the slot's previous thread may count on this one.
-        let closed = match &self.pending {
-            Some(pending) => pending.write(slot, &vec![0u8; 16 * self.lanes]),
+        let closed = match &self.store.pending {
+            Some(pending) => pending.write(slot, &vec![0u8; 16 * self.store.lanes]),
             None => Ok(()),
         };
-        let cleared = closed.and_then(|()| match &self.latches {
-            Some(latches) => latches.write(slot, &vec![0u8; 8 * self.carried]),
+        let cleared = closed.and_then(|()| match &self.store.latches {
+            Some(latches) => latches.write(slot, &vec![0u8; 8 * self.store.carried]),
             None => Ok(()),
         });
         let owner =
@@ -684,8 +609,8 @@ impl Engine {
             _ => Ok(()),
         });
         let written = owned
-            .and_then(|()| self.rows.write(slot, &zero))
-            .and_then(|()| self.threads.write(tid as u32, &entry.to_ne_bytes()));
+            .and_then(|()| self.store.rows.write(slot, &zero))
+            .and_then(|()| self.store.threads.write(tid as u32, &entry.to_ne_bytes()));
         if let Err(e) = written {
             slots.free.push(slot);
             return Err(EngineError::Map(e));
@@ -700,7 +625,7 @@ impl Engine {
     /// Stops counting thread `tid` for one of those that added it; once none counts it, its
     /// slot is free for another.
     pub fn remove_thread(&self, tid: i32) {
-        let mut slots = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slots = self.store.free.lock().unwrap_or_else(|e| e.into_inner());
         let Some((slot, refs)) = slots.used.get_mut(&(tid as u32)) else { return };
         *refs -= 1;
         if *refs > 0 {
@@ -720,9 +645,10 @@ impl Engine {
     fn release(&self, slots: &mut Slots, tid: i32, slot: u32) {
         // The thread's entry goes first, so no program adds to the row once it is reused; a
         // slot whose entry cannot be cleared is never reused.
-        let cleared = match self.table {
-            ThreadTable::Array => self.threads.write(tid as u32, &0u64.to_ne_bytes()),
+        let cleared = match self.store.table {
+            ThreadTable::Array => self.store.threads.write(tid as u32, &0u64.to_ne_bytes()),
             ThreadTable::Hash => self
+                .store
                 .threads
                 .delete(tid as u32)
                 .or_else(|e| if e.raw_os_error() == Some(libc::ENOENT) { Ok(()) } else { Err(e) }),
@@ -741,7 +667,7 @@ impl Engine {
     /// process under that id, or of the same thread when it ran another VM (or either VM is
     /// unknown: 0), is dropped.
     pub fn claim(&self, pid: i32, tid: i32, vm: keep::VmToken) -> Claim {
-        let mut slots = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slots = self.store.free.lock().unwrap_or_else(|e| e.into_inner());
         let Some((slot, owner)) = slots.adopted.remove(&(tid as u32)) else { return Claim::Nothing };
         let same_thread =
             owner.pid == pid as u32 && owner.is_alive() && !slots.used.contains_key(&(tid as u32));
@@ -757,12 +683,12 @@ impl Engine {
     /// Since when `slot`'s row counts (µs since the epoch), when the engine is kept.
     pub fn kept_since(&self, slot: Slot) -> Option<u64> {
         self.kept.as_ref()?;
-        self.free.lock().unwrap_or_else(|e| e.into_inner()).since.get(&slot.0).copied()
+        self.store.free.lock().unwrap_or_else(|e| e.into_inner()).since.get(&slot.0).copied()
     }
 
     /// Drops the adopted rows no one claimed whose thread is gone; returns how many.
     pub fn drop_gone(&self) -> usize {
-        let mut slots = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slots = self.store.free.lock().unwrap_or_else(|e| e.into_inner());
         let gone: Vec<(u32, u32)> = slots
             .adopted
             .iter()
@@ -778,7 +704,7 @@ impl Engine {
 
     /// Rows adopted and not claimed yet.
     pub fn unclaimed(&self) -> usize {
-        self.free.lock().unwrap_or_else(|e| e.into_inner()).adopted.len()
+        self.store.free.lock().unwrap_or_else(|e| e.into_inner()).adopted.len()
     }
 
     /// Where the engine's maps and links are pinned, when they are kept.
@@ -791,7 +717,7 @@ impl Engine {
     /// # Errors
     /// When the map cannot be read.
     pub fn read(&self, slot: Slot) -> io::Result<Vec<u64>> {
-        self.rows.sum_u64(slot.0, self.columns)
+        self.store.rows.sum_u64(slot.0, self.store.columns)
     }
 
     /// As [`read`](Self::read) into `row` (one value per column), through `scratch`: buffers
@@ -800,14 +726,97 @@ impl Engine {
     /// # Errors
     /// As [`read`](Self::read).
     pub fn read_into(&self, slot: Slot, scratch: &mut Vec<u8>, row: &mut Vec<u64>) -> io::Result<()> {
-        row.resize(self.columns, 0);
-        self.rows.sum_u64_into(slot.0, scratch, row)
+        row.resize(self.store.columns, 0);
+        self.store.rows.sum_u64_into(slot.0, scratch, row)
+    }
+}
+
+/// One lane of open spans per tracepoint that closes spans, in order of appearance.
+struct Lanes<'a>(Vec<(&'a str, &'a str)>);
+
+impl<'a> Lanes<'a> {
+    fn of(spans: &'a [SpanColumn]) -> Self {
+        let mut lanes = Vec::new();
+        for s in spans {
+            let end = (s.end_system.as_str(), s.end_name.as_str());
+            if !lanes.contains(&end) {
+                lanes.push(end);
+            }
+        }
+        Lanes(lanes)
+    }
+
+    /// The lane of the tracepoint that closes `span`.
+    fn of_span(&self, span: &SpanColumn) -> u16 {
+        let end = (span.end_system.as_str(), span.end_name.as_str());
+        self.0.iter().position(|l| *l == end).unwrap_or(0) as u16
+    }
+}
+
+impl EngineLayout {
+    /// Every column's tracepoint in row order: counted, span starts, carried.
+    fn columns(&self) -> Vec<TracepointColumn> {
+        self.counted
+            .iter()
+            .cloned()
+            .chain(self.spans.iter().map(|s| s.start.clone()))
+            .chain(self.carried.iter().map(|c| c.counted.clone()))
+            .collect()
+    }
+
+    /// What the program of each tracepoint does.
+    fn roles<'a>(&'a self, lanes: &Lanes<'_>) -> BTreeMap<(&'a str, &'a str), Roles> {
+        let mut by_tracepoint: BTreeMap<(&str, &str), Roles> = BTreeMap::new();
+        let tracepoint = |c: &'a TracepointColumn| (c.system.as_str(), c.name.as_str());
+        for (i, c) in self.counted.iter().enumerate() {
+            by_tracepoint.entry(tracepoint(c)).or_default().counts.push(i);
+        }
+        for (i, s) in self.spans.iter().enumerate() {
+            let start = (self.counted.len() + i, lanes.of_span(s));
+            by_tracepoint.entry(tracepoint(&s.start)).or_default().starts.push(start);
+        }
+        for (k, c) in self.carried.iter().enumerate() {
+            by_tracepoint.entry(tracepoint(&c.counted)).or_default().adds.push(k);
+        }
+        for s in &self.spans {
+            let lane = lanes.of_span(s);
+            let ends =
+                &mut by_tracepoint.entry((s.end_system.as_str(), s.end_name.as_str())).or_default().ends;
+            if !ends.contains(&lane) {
+                ends.push(lane);
+            }
+        }
+        for (k, c) in self.carried.iter().enumerate() {
+            by_tracepoint.entry(tracepoint(&c.from)).or_default().sets.push(k);
+        }
+        by_tracepoint
+    }
+
+    /// Marks in `refused` every column the program of `tracepoint` (with `roles`) was needed for,
+    /// with `why` it could not be made.
+    fn refuse(&self, refused: &mut [Option<String>], tracepoint: (&str, &str), roles: &Roles, why: &str) {
+        let first_carried = self.counted.len() + self.spans.len();
+        let starts = roles.starts.iter().map(|&(i, _)| i);
+        let adds = roles.adds.iter().map(|&k| first_carried + k);
+        // A carried column whose record before cannot be seen is not counted either.
+        let sets = roles.sets.iter().map(|&k| first_carried + k);
+        for i in roles.counts.iter().copied().chain(starts).chain(adds).chain(sets) {
+            refused[i] = Some(why.to_owned());
+        }
+        // A span whose end cannot be seen never closes: it is not counted either.
+        if !roles.ends.is_empty() {
+            for (i, s) in self.spans.iter().enumerate() {
+                if (s.end_system.as_str(), s.end_name.as_str()) == tracepoint {
+                    refused[self.counted.len() + i] = Some(why.to_owned());
+                }
+            }
+        }
     }
 }
 
 /// Pins a new engine's maps and links in `dir`, the owners map last (a directory without it is a
 /// pinning cut short, never adopted); returns the owners map.
-fn pin(parts: &Parts, attachments: &[(Tracepoint, Attachment)], dir: &Path) -> io::Result<ArrayMap> {
+fn pin(parts: &Store, attachments: &[(Tracepoint, Attachment)], dir: &Path) -> io::Result<ArrayMap> {
     let at = |name: &str, r: io::Result<()>| {
         r.map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.join(name).display())))
     };
@@ -832,7 +841,7 @@ fn pin(parts: &Parts, attachments: &[(Tracepoint, Attachment)], dir: &Path) -> i
 impl Drop for Engine {
     fn drop(&mut self) {
         // A kept engine that counts no one is not kept: its programs would run for nothing.
-        let slots = self.free.get_mut().unwrap_or_else(|e| e.into_inner());
+        let slots = self.store.free.get_mut().unwrap_or_else(|e| e.into_inner());
         if let Some(kept) = &self.kept
             && slots.used.is_empty()
             && slots.adopted.is_empty()
@@ -853,37 +862,51 @@ fn error_text(e: &EngineError) -> String {
     text
 }
 
-/// An engine but its programs: the maps and slots [`Engine::build`] makes.
-struct Parts {
-    columns: usize,
-    refused: Vec<Option<String>>,
-    threads: ArrayMap,
-    table: ThreadTable,
-    rows: ArrayMap,
-    pending: Option<ArrayMap>,
-    lanes: usize,
-    latches: Option<ArrayMap>,
-    carried: usize,
-    free: Slots,
-}
-
-impl Parts {
-    fn into_engine(self, programs: Programs) -> Engine {
-        let Parts { columns, refused, threads, table, rows, pending, lanes, latches, carried, free } = self;
-        Engine {
-            columns,
-            refused,
+impl Store {
+    /// The maps of `columns` (`carried` of them carried, spans closed in `lanes`), every row free.
+    fn create(
+        columns: &[TracepointColumn],
+        lanes: &Lanes<'_>,
+        carried: usize,
+        table: ThreadTable,
+    ) -> Result<Self, EngineError> {
+        let spans = !lanes.0.is_empty();
+        let pending = spans
+            .then(|| ArrayMap::create(16 * lanes.0.len(), SLOTS, false))
+            .transpose()
+            .map_err(EngineError::Map)?;
+        let latches = (carried > 0)
+            .then(|| ArrayMap::create(8 * carried, SLOTS, false))
+            .transpose()
+            .map_err(EngineError::Map)?;
+        let threads = match table {
+            ThreadTable::Array => ArrayMap::create(8, pid_max(), false),
+            ThreadTable::Hash => ArrayMap::create_hash(8, SLOTS),
+        }
+        .map_err(EngineError::Map)?;
+        let rows = ArrayMap::create(8 * columns.len().max(1), SLOTS, true).map_err(EngineError::Map)?;
+        let free = Slots {
+            free: (0..SLOTS).rev().collect(),
+            used: BTreeMap::new(),
+            adopted: BTreeMap::new(),
+            since: BTreeMap::new(),
+        };
+        Ok(Store {
+            columns: columns.len(),
+            refused: vec![None; columns.len()],
             threads,
             table,
             rows,
             pending,
-            lanes,
+            lanes: lanes.0.len(),
             latches,
             carried,
             free: Mutex::new(free),
-            programs,
-            kept: None,
-        }
+        })
+    }
+
+    fn into_engine(self, programs: Programs) -> Engine {
+        Engine { store: self, programs, kept: None }
     }
 }
 
