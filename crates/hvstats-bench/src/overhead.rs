@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use hvstats::Hypervisor;
 
 use hvstats_guest::bios::{BiosEnd, BiosProgram};
-use hvstats_host::bpf::{Tally, TracepointColumn};
+use hvstats_host::bpf::{Engine, TracepointColumn};
 use hvstats_observe::qmp::{Qmp, QmpError};
 use hvstats_observe::{ObserveOptions, Observer, Procfs, Targets};
 
@@ -228,12 +228,12 @@ enum Round {
 /// In-kernel counting programs on the two tracepoints every `out` exit of the guest fires
 /// (`kvm_pio`, `kvm_userspace_exit`), counting no thread: each firing runs a program that finds
 /// its thread uncounted and returns — the least any tracepoint-attached counting costs an exit.
-fn attach_uncounted() -> Result<Tally, OverheadError> {
+fn attach_uncounted() -> Result<Engine, OverheadError> {
     let root = hvstats_host::tracefs::root().map_err(|e| {
         OverheadError::Qemu(format!("tracefs: {}", hvstats_host::error_chain::error_chain(e)))
     })?;
     let column = |name: &str| TracepointColumn { system: "kvm".into(), name: name.into(), filter: None };
-    Tally::new(root, &[column("kvm_pio"), column("kvm_userspace_exit")]).map_err(|e| {
+    Engine::new(root, &[column("kvm_pio"), column("kvm_userspace_exit")]).map_err(|e| {
         OverheadError::Qemu(format!(
             "cannot attach the programs: {}",
             hvstats_host::error_chain::error_chain(&e)

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::bpf::{
-    CarriedColumn, Claim, Slot, SpanColumn, Tally, TallyError, TallyLayout, ThreadTable, TracepointColumn,
+    CarriedColumn, Claim, Engine, EngineError, EngineLayout, Slot, SpanColumn, ThreadTable, TracepointColumn,
     VmToken,
 };
 use crate::perf_event::{TYPE_SOFTWARE, TYPE_TRACEPOINT};
@@ -141,7 +141,7 @@ pub enum InKernelError {
     NoTracepoint,
     /// The programs or maps could not be made.
     #[error(transparent)]
-    Tally(Arc<TallyError>),
+    Engine(Arc<EngineError>),
 }
 
 /// Event specs resolved to perf (type, config) once, with the reason for any that cannot be,
@@ -151,8 +151,8 @@ pub struct EventList {
     specs: Vec<EventSpec>,
     resolved: Vec<Result<(u32, u64), Arc<EventError>>>,
     /// The in-kernel counting, or why there is none.
-    tally: Result<Arc<Tally>, InKernelError>,
-    /// By event: its column in the tally, when the tally counts it.
+    tally: Result<Arc<Engine>, InKernelError>,
+    /// By event: its column in the engine, when the engine counts it.
     columns: Vec<Option<usize>>,
 }
 
@@ -160,7 +160,7 @@ pub struct EventList {
 /// same events (every VM observed) share one, so a firing runs one program per tracepoint
 /// whatever the number of VMs.
 type TallyKey = (Vec<EventSpec>, Option<PathBuf>);
-static TALLIES: Mutex<Vec<(TallyKey, Weak<Tally>)>> = Mutex::new(Vec::new());
+static ENGINES: Mutex<Vec<(TallyKey, Weak<Engine>)>> = Mutex::new(Vec::new());
 
 /// What adopting or dropping kept counts found, not said yet.
 static KEPT_NOTES: Mutex<Vec<String>> = Mutex::new(Vec::new());
@@ -201,32 +201,32 @@ pub fn kept_notes() -> Vec<String> {
     notes
 }
 
-/// Drops the adopted rows of threads gone in every live tally (kept counts of VMs that ended
+/// Drops the adopted rows of threads gone in every live engine (kept counts of VMs that ended
 /// before anyone claimed them); returns how many.
 pub fn drop_gone_kept() -> usize {
-    let tallies = TALLIES.lock().unwrap_or_else(|e| e.into_inner());
+    let tallies = ENGINES.lock().unwrap_or_else(|e| e.into_inner());
     tallies.iter().filter_map(|(_, t)| t.upgrade()).map(|t| t.drop_gone()).sum()
 }
 
-fn shared_tally(
+fn shared_engine(
     root: &Path,
     specs: &[EventSpec],
     keep_in: Option<&Path>,
-) -> Result<Arc<Tally>, InKernelError> {
-    let mut tallies = TALLIES.lock().unwrap_or_else(|e| e.into_inner());
+) -> Result<Arc<Engine>, InKernelError> {
+    let mut tallies = ENGINES.lock().unwrap_or_else(|e| e.into_inner());
     tallies.retain(|(_, t)| t.strong_count() > 0);
     let key = (specs.to_vec(), keep_in.map(Path::to_owned));
     if let Some(t) = tallies.iter().find(|(k, _)| *k == key).and_then(|(_, t)| t.upgrade()) {
         return Ok(t);
     }
-    let layout = tally_layout(specs);
+    let layout = engine_layout(specs);
     if layout.counted.is_empty() && layout.spans.is_empty() && layout.carried.is_empty() {
         return Err(InKernelError::NoTracepoint);
     }
     let tally = match keep_in {
         Some(identity) => {
-            let (tally, adoption) = Tally::kept(root, &layout, ThreadTable::for_host(), identity)
-                .map_err(|e| InKernelError::Tally(Arc::new(e)))?;
+            let (tally, adoption) = Engine::kept(root, &layout, ThreadTable::for_host(), identity)
+                .map_err(|e| InKernelError::Engine(Arc::new(e)))?;
             let mut notes = KEPT_NOTES.lock().unwrap_or_else(|e| e.into_inner());
             if adoption.adopted > 0 {
                 notes.push(format!(
@@ -238,24 +238,24 @@ fn shared_tally(
             notes.extend(adoption.notes);
             tally
         }
-        None => Tally::of_layout(root, &layout, ThreadTable::for_host())
-            .map_err(|e| InKernelError::Tally(Arc::new(e)))?,
+        None => Engine::of_layout(root, &layout, ThreadTable::for_host())
+            .map_err(|e| InKernelError::Engine(Arc::new(e)))?,
     };
     let tally = Arc::new(tally);
     tallies.push((key, Arc::downgrade(&tally)));
     Ok(tally)
 }
 
-/// The tally columns of `specs`: their tracepoints, their spans and their carried counts
-/// (software events have none). A list's tally is made of these, and so is a rehearsal of it
-/// ([`Tally::rehearse`]).
-pub fn tally_layout(specs: &[EventSpec]) -> TallyLayout {
+/// The engine columns of `specs`: their tracepoints, their spans and their carried counts
+/// (software events have none). A list's engine is made of these, and so is a rehearsal of it
+/// ([`Engine::rehearse`]).
+pub fn engine_layout(specs: &[EventSpec]) -> EngineLayout {
     let column = |system: &str, name: &str, filter: &Option<String>| TracepointColumn {
         system: system.to_owned(),
         name: name.to_owned(),
         filter: filter.clone(),
     };
-    let mut layout = TallyLayout::default();
+    let mut layout = EngineLayout::default();
     for spec in specs {
         match spec {
             EventSpec::Tracepoint { system, name, filter } => {
@@ -279,9 +279,9 @@ pub fn tally_layout(specs: &[EventSpec]) -> TallyLayout {
     layout
 }
 
-/// Each spec's column in the tally: tracepoints in order, then spans, then carried counts (as
-/// [`Tally::of_layout`] lays out a row); `None` for software events.
-pub fn tally_columns(specs: &[EventSpec]) -> Vec<Option<usize>> {
+/// Each spec's column in the engine: tracepoints in order, then spans, then carried counts (as
+/// [`Engine::of_layout`] lays out a row); `None` for software events.
+pub fn engine_columns(specs: &[EventSpec]) -> Vec<Option<usize>> {
     let count = |f: fn(&EventSpec) -> bool| specs.iter().filter(|s| f(s)).count();
     let tracepoints = count(|s| matches!(s, EventSpec::Tracepoint { .. }));
     let spans = count(|s| matches!(s, EventSpec::Span { .. }));
@@ -337,9 +337,9 @@ impl EventList {
         let tally = match (method, root) {
             (Method::Perf, _) => Err(InKernelError::PerfAsked),
             (Method::InKernel, Err(e)) => Err(InKernelError::Tracefs(e)),
-            (Method::InKernel, Ok(root)) => shared_tally(root, &specs, keep_in),
+            (Method::InKernel, Ok(root)) => shared_engine(root, &specs, keep_in),
         };
-        let columns = tally_columns(&specs)
+        let columns = engine_columns(&specs)
             .into_iter()
             .enumerate()
             .map(|(i, column)| {
@@ -393,8 +393,8 @@ impl EventList {
         }
     }
 
-    fn column_refusal(&self, tally: &Tally, event: usize) -> Option<String> {
-        let column = tally_columns(&self.specs).get(event).copied().flatten()?;
+    fn column_refusal(&self, tally: &Engine, event: usize) -> Option<String> {
+        let column = engine_columns(&self.specs).get(event).copied().flatten()?;
         tally.refused(column).map(str::to_owned)
     }
 
@@ -441,22 +441,22 @@ impl EventList {
     }
 }
 
-/// The counters of one thread: its row in the in-kernel tally, and perf counters (one group
-/// where possible) for the events the tally does not count.
+/// The counters of one thread: its row in the in-kernel engine, and perf counters (one group
+/// where possible) for the events the engine does not count.
 #[derive(Debug)]
 pub struct ThreadEvents {
-    /// The perf counters, by event index (empty where the tally counts the event).
+    /// The perf counters, by event index (empty where the engine counts the event).
     group: PerfGroup,
-    /// The thread's row in the tally, when it has one, and the row's value when this list
+    /// The thread's row in the engine, when it has one, and the row's value when this list
     /// began counting the thread (another list of the same events may count it too).
-    slot: Option<(Arc<Tally>, Slot, i32, Vec<u64>)>,
+    slot: Option<(Arc<Engine>, Slot, i32, Vec<u64>)>,
     /// The thread's counts at its last successful read (kept once it is gone).
     last: Vec<Option<u64>>,
     /// The perf counters' reading (scratch).
     read: Vec<Option<u64>>,
     /// By event, whether perf opened it (and why not).
     opened: Vec<Result<(), MemberError>>,
-    /// The tally row of the last read, and the buffer it is read through: kept, so a read
+    /// The engine row of the last read, and the buffer it is read through: kept, so a read
     /// allocates nothing.
     row: Vec<u64>,
     scratch: Vec<u8>,
@@ -472,7 +472,7 @@ impl Drop for ThreadEvents {
 
 impl ThreadEvents {
     /// Opens the counters of `events` on thread `tid` of process `pid`: its row in the list's
-    /// in-kernel tally where it counts, perf counters for the rest. An event that does not open
+    /// in-kernel engine where it counts, perf counters for the rest. An event that does not open
     /// on this thread is not counted on it ([`is_open`](Self::is_open) says so, and
     /// [`refused`](Self::refused) why).
     pub fn open(pid: i32, tid: i32, events: &EventList) -> Self {
@@ -491,7 +491,7 @@ impl ThreadEvents {
                 }
                 Claim::Nothing => {}
             }
-            // A full tally (or a failed map write): this thread's tracepoints are perf counters.
+            // A full engine (or a failed map write): this thread's tracepoints are perf counters.
             let slot = t.add_thread_in(pid, tid, vm).ok()?;
             match t.read(slot) {
                 Ok(start) => Some((Arc::clone(t), slot, tid, start)),
@@ -501,10 +501,10 @@ impl ThreadEvents {
                 }
             }
         });
-        let in_tally = slot.is_some();
+        let in_engine = slot.is_some();
         let attrs = events.specs.iter().enumerate().map(|(i, spec)| {
             let (type_, config) = *events.resolved[i].as_ref().ok()?;
-            if in_tally && events.in_kernel(i) {
+            if in_engine && events.in_kernel(i) {
                 return None;
             }
             let filter = match spec {

@@ -2,7 +2,7 @@
 //!
 //! The one place hvstats finds tracefs, for every user of tracepoints: the perf counters of our
 //! own VPs and the observer's per-thread counters (in hvstats-kvm) and the in-kernel programs
-//! ([`crate::bpf::Tally`]). tracefs is
+//! ([`crate::bpf::Engine`]). tracefs is
 //! looked for at `/sys/kernel/tracing`, then under debugfs; when it is absent it is mounted at
 //! `/sys/kernel/tracing` (that needs root). When that is impossible every tracepoint is
 //! unavailable, and the reason is kept, never guessed.

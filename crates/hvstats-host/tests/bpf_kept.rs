@@ -1,4 +1,4 @@
-//! In-kernel counts that outlive the process that counts them: a tally kept in bpffs by one
+//! In-kernel counts that outlive the process that counts them: an engine kept in bpffs by one
 //! process, which then ends without a word (as a killed observer does), goes on counting this
 //! test's thread, and the next process adopts its row with every firing made meanwhile.
 //!
@@ -15,15 +15,15 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use hvstats_host::bpf::keep;
-use hvstats_host::bpf::{Tally, TallyLayout, ThreadTable, TracepointColumn};
+use hvstats_host::bpf::{Engine, EngineLayout, ThreadTable, TracepointColumn};
 
-fn layout(names: &[&str]) -> TallyLayout {
-    TallyLayout {
+fn layout(names: &[&str]) -> EngineLayout {
+    EngineLayout {
         counted: names
             .iter()
             .map(|n| TracepointColumn { system: "syscalls".into(), name: (*n).into(), filter: None })
             .collect(),
-        ..TallyLayout::default()
+        ..EngineLayout::default()
     }
 }
 
@@ -108,7 +108,7 @@ fn kept_counter() {
     let identity = keep::identity_dir(Path::new(&runtime)).unwrap();
     let names: Vec<&str> = names.split(',').collect();
     let made =
-        Tally::kept(Path::new("/sys/kernel/tracing"), &layout(&names), ThreadTable::for_host(), &identity);
+        Engine::kept(Path::new("/sys/kernel/tracing"), &layout(&names), ThreadTable::for_host(), &identity);
     let (tally, adoption) = match made {
         Ok(made) => made,
         Err(e) => {

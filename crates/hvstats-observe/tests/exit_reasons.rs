@@ -36,8 +36,8 @@ use hvstats_abi::exit_reason::{
 use hvstats_abi::source::{Source, Tracepoint};
 use hvstats_abi::{CounterId, ObjectKind};
 use hvstats_host::bpf::filter::{self, Pred};
-use hvstats_host::bpf::{Context, Slot, Tally, TallyError, ThreadTable};
-use hvstats_host::counting::{EventSpec, tally_columns, tally_layout};
+use hvstats_host::bpf::{Context, Engine, EngineError, Slot, ThreadTable};
+use hvstats_host::counting::{EventSpec, engine_columns, engine_layout};
 use hvstats_observe::sources::event_writer::{KvmExitState, ThreadReading, tracepoint_event};
 use hvstats_observe::sources::events::{WRITERS, vm_events};
 use hvstats_observe::sources::exit_classes::class_filter;
@@ -230,7 +230,7 @@ impl Layout {
             .into_iter()
             .filter_map(|tp| Some((tp, tp.exit_class()?, at(&tracepoint_event(tp)))))
             .collect();
-        let columns = tally_columns(&specs);
+        let columns = engine_columns(&specs);
         Layout { isa, specs, columns, total, class_count, class_span, parts }
     }
 
@@ -264,7 +264,7 @@ impl Layout {
 /// The observer's programs for one architecture, rehearsed, counting this thread.
 struct Rehearsal {
     layout: Layout,
-    tally: Tally,
+    tally: Engine,
     slot: Slot,
     exit: RecordFormat,
 }
@@ -273,7 +273,7 @@ impl Rehearsal {
     /// `None` (after saying why) where this host does not permit BPF.
     fn new(isa: u32, exit_format: &str, test: &str) -> Option<Self> {
         let layout = Layout::of(isa);
-        let tally_layout = tally_layout(&layout.specs);
+        let engine_layout = engine_layout(&layout.specs);
         let formats = |system: &str, name: &str| match (system, name) {
             ("kvm", "kvm_exit") => Some(exit_format.to_owned()),
             ("kvm", "kvm_entry") => Some(host_format("kvm_entry").unwrap_or_else(|| KVM_ENTRY.to_owned())),
@@ -284,9 +284,9 @@ impl Rehearsal {
             // Only these fire here: the other tracepoints' programs are left out.
             _ => None,
         };
-        let tally = match Tally::rehearse(&formats, &tally_layout, ThreadTable::for_host()) {
+        let tally = match Engine::rehearse(&formats, &engine_layout, ThreadTable::for_host()) {
             Ok(t) => t,
-            Err(e @ TallyError::Map(_)) => {
+            Err(e @ EngineError::Map(_)) => {
                 let why = hvstats_host::error_chain::error_chain(&e);
                 assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "{test}: {why}");
                 eprintln!("{test}: skipped: {why}");
@@ -525,9 +525,9 @@ fn the_programs_rehearsed_are_accepted_as_the_tracepoint_programs_the_observer_a
     }
     for isa in [ISA_VMX, ISA_SVM] {
         let layout = Layout::of(isa);
-        let tally = match Tally::of_layout(tracefs, &tally_layout(&layout.specs), ThreadTable::for_host()) {
+        let tally = match Engine::of_layout(tracefs, &engine_layout(&layout.specs), ThreadTable::for_host()) {
             Ok(t) => t,
-            Err(e @ TallyError::Map(_)) => {
+            Err(e @ EngineError::Map(_)) => {
                 let why = hvstats_host::error_chain::error_chain(&e);
                 assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "{why}");
                 eprintln!("skipped: {why}");

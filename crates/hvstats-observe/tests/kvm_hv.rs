@@ -29,8 +29,8 @@ use hvstats_abi::counter_set::CounterSet;
 use hvstats_abi::exit_reason::{ISA_VMX, InterceptClass};
 use hvstats_abi::{CounterId, ObjectKind};
 use hvstats_host::bpf::filter;
-use hvstats_host::bpf::{Context, Slot, Tally, TallyError, ThreadTable};
-use hvstats_host::counting::{EventSpec, tally_columns, tally_layout};
+use hvstats_host::bpf::{Context, Engine, EngineError, Slot, ThreadTable};
+use hvstats_host::counting::{EventSpec, engine_columns, engine_layout};
 use hvstats_observe::sources::event_writer::{EventWriter, KvmExitState, ThreadReading};
 use hvstats_observe::sources::events::{WRITERS, vm_events};
 use hvstats_observe::sources::exit_classes::class_filter;
@@ -157,7 +157,7 @@ enum Act {
 struct Rehearsal {
     specs: Vec<EventSpec>,
     columns: Vec<Option<usize>>,
-    tally: Tally,
+    tally: Engine,
     slot: Slot,
     formats: BTreeMap<&'static str, RecordFormat>,
     isa: Option<u32>,
@@ -179,11 +179,11 @@ impl Rehearsal {
     /// `None` (after saying why) where this host does not permit BPF.
     fn new(isa: Option<u32>, format: &dyn Fn(&str) -> Option<String>, test: &str) -> Option<Self> {
         let specs = vm_events(isa);
-        let layout = tally_layout(&specs);
+        let layout = engine_layout(&specs);
         let formats = |system: &str, name: &str| if system == "kvm" { format(name) } else { None };
-        let tally = match Tally::rehearse(&formats, &layout, ThreadTable::for_host()) {
+        let tally = match Engine::rehearse(&formats, &layout, ThreadTable::for_host()) {
             Ok(t) => t,
-            Err(e @ TallyError::Map(_)) => {
+            Err(e @ EngineError::Map(_)) => {
                 let why = hvstats_host::error_chain::error_chain(&e);
                 assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "{test}: {why}");
                 eprintln!("{test}: skipped: {why}");
@@ -191,7 +191,7 @@ impl Rehearsal {
             }
             Err(e) => panic!("{test}: {}", hvstats_host::error_chain::error_chain(&e)),
         };
-        let columns = tally_columns(&specs);
+        let columns = engine_columns(&specs);
         // Every event on a Hyper-V tracepoint has its program: none is refused.
         for (i, spec) in specs.iter().enumerate() {
             let on_hv = match spec {

@@ -1,4 +1,4 @@
-//! Counts that outlive their counter: a tally's maps and links pinned in the BPF filesystem, so
+//! Counts that outlive their counter: an engine's maps and links pinned in the BPF filesystem, so
 //! the kernel keeps counting while no observer runs, and the next observer re-adopts them.
 //!
 //! Everything kept lives under `/sys/fs/bpf/hvstats/<identity>/<layout>/` (each directory 0700
@@ -115,7 +115,7 @@ fn now_us() -> u64 {
 /// Set when this process is ending: kept rows are then left for the next observer, not released.
 pub(crate) static LEAVING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Leaves every kept row of this process's tallies counting for the next observer: called by an
+/// Leaves every kept row of this process's engines counting for the next observer: called by an
 /// observer that is ending (and whose VMs may well go on).
 pub fn leave() {
     LEAVING.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -297,7 +297,7 @@ fn digest(layout: &str) -> u64 {
         include_str!("insn.rs").as_bytes(),
         include_str!("filter.rs").as_bytes(),
         include_str!("raw.rs").as_bytes(),
-        include_str!("tally.rs").as_bytes(),
+        include_str!("engine.rs").as_bytes(),
     ];
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for part in parts {
@@ -309,7 +309,7 @@ fn digest(layout: &str) -> u64 {
     h
 }
 
-/// The owners map of a kept tally: one [`Owner`] per each of its `slots`.
+/// The owners map of a kept engine: one [`Owner`] per each of its `slots`.
 pub(crate) fn owners_map(slots: u32) -> io::Result<ArrayMap> {
     ArrayMap::create(OWNER_SIZE, slots, false)
 }

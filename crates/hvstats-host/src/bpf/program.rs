@@ -266,7 +266,7 @@ fn close_span(a: &mut Asm, width: u16, lane: u16) {
     a.store_imm(Size::Dw, R7, base + 8, 0);
     a.sub(R0, R2);
     a.add_imm(R1, -1);
-    // Bounded for the verifier (and against a pending entry of another tally's width).
+    // Bounded for the verifier (and against a pending entry of another engine's width).
     a.jump_imm(Cond::Ge, R1, i32::from(width), done);
     a.lsh_imm(R1, 3);
     a.mov(R4, R9);

@@ -498,7 +498,7 @@ impl Attachment {
     }
 }
 
-/// The attachments of a tally's programs, detached together when dropped: detaching one that
+/// The attachments of an engine's programs, detached together when dropped: detaching one that
 /// is not pinned waits for the kernel's RCU grace period (the tracepoint's probe is removed, and
 /// a perf tracepoint event's last user waits for `tracepoint_synchronize_unregister`), tens of
 /// milliseconds each on a loaded host. One after another, a dozen tracepoints held a stopping

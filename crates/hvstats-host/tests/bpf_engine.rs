@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use hvstats_host::bpf::{
-    CarriedColumn, SpanColumn, Tally, TallyError, TallyLayout, ThreadTable, TracepointColumn,
+    CarriedColumn, Engine, EngineError, EngineLayout, SpanColumn, ThreadTable, TracepointColumn,
 };
 
 fn tracefs() -> &'static Path {
@@ -21,19 +21,19 @@ fn column(name: &str, filter: Option<&str>) -> TracepointColumn {
     TracepointColumn { system: "syscalls".into(), name: name.into(), filter: filter.map(Into::into) }
 }
 
-/// The tally, or `None` (after saying why) where this host does not allow BPF.
-fn tally(columns: &[TracepointColumn], test: &str) -> Option<Tally> {
-    tally_with(columns, test, None)
+/// The engine, or `None` (after saying why) where this host does not allow BPF.
+fn engine(columns: &[TracepointColumn], test: &str) -> Option<Engine> {
+    engine_with(columns, test, None)
 }
 
-fn tally_with(columns: &[TracepointColumn], test: &str, table: Option<ThreadTable>) -> Option<Tally> {
+fn engine_with(columns: &[TracepointColumn], test: &str, table: Option<ThreadTable>) -> Option<Engine> {
     let made = match table {
-        Some(table) => Tally::with_table(tracefs(), columns, table),
-        None => Tally::new(tracefs(), columns),
+        Some(table) => Engine::with_table(tracefs(), columns, table),
+        None => Engine::new(tracefs(), columns),
     };
     match made {
         Ok(t) => Some(t),
-        Err(e @ (TallyError::Map(_) | TallyError::Format { .. })) => {
+        Err(e @ (EngineError::Map(_) | EngineError::Format { .. })) => {
             let why = hvstats_host::error_chain::error_chain(&e);
             assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "{test}: {why}");
             eprintln!("{test}: skipped: {why}");
@@ -70,7 +70,7 @@ fn a_thread_is_counted_exactly_from_zero_and_other_threads_not_at_all() {
 
 fn a_thread_is_counted_exactly_with(table: ThreadTable) {
     let Some(t) =
-        tally_with(&[column("sys_enter_getppid", None)], "a_thread_is_counted_exactly", Some(table))
+        engine_with(&[column("sys_enter_getppid", None)], "a_thread_is_counted_exactly", Some(table))
     else {
         return;
     };
@@ -104,7 +104,7 @@ fn a_thread_is_counted_exactly_with(table: ThreadTable) {
 
 #[test]
 fn a_thread_id_of_another_process_is_not_counted() {
-    let Some(t) = tally(&[column("sys_enter_getppid", None)], "a_thread_id_of_another_process") else {
+    let Some(t) = engine(&[column("sys_enter_getppid", None)], "a_thread_id_of_another_process") else {
         return;
     };
     // Our thread id under a process id that is not ours: the program checks both.
@@ -128,7 +128,7 @@ fn columns_classify_each_firing_by_its_fields_as_the_filters_say() {
     ];
     let columns: Vec<TracepointColumn> =
         filters.iter().map(|f| column("sys_enter_getpriority", *f)).collect();
-    let Some(t) = tally(&columns, "columns_classify_each_firing") else { return };
+    let Some(t) = engine(&columns, "columns_classify_each_firing") else { return };
     let slot = t.add_thread(std::process::id() as i32, gettid()).unwrap();
     let calls: &[(i32, i32, u32)] = &[
         (10, 0, 7),
@@ -173,7 +173,7 @@ fn columns_classify_each_firing_by_its_fields_as_the_filters_say() {
 #[test]
 fn a_filter_the_program_cannot_evaluate_leaves_its_tracepoint_refused_and_others_counted() {
     let columns = [column("sys_enter_getppid", None), column("sys_enter_getpriority", Some("nope == 1"))];
-    let Some(t) = tally(&columns, "a_filter_the_program_cannot_evaluate") else { return };
+    let Some(t) = engine(&columns, "a_filter_the_program_cannot_evaluate") else { return };
     assert_eq!(t.refused(0), None);
     assert!(t.refused(1).is_some_and(|why| why.contains("nope")), "{:?}", t.refused(1));
     let slot = t.add_thread(std::process::id() as i32, gettid()).unwrap();
@@ -185,7 +185,8 @@ fn a_filter_the_program_cannot_evaluate_leaves_its_tracepoint_refused_and_others
 fn a_perf_counter_on_the_same_tracepoint_still_counts_every_firing() {
     // A classic tracepoint program returning 0 would hide every firing from every perf event on
     // the tracepoint: another tool's `perf stat` would read 0.
-    let Some(t) = tally(&[column("sys_enter_getppid", None)], "a_perf_counter_on_the_same_tracepoint") else {
+    let Some(t) = engine(&[column("sys_enter_getppid", None)], "a_perf_counter_on_the_same_tracepoint")
+    else {
         return;
     };
     let id: u64 = std::fs::read_to_string(tracefs().join("events/syscalls/sys_enter_getppid/id"))
@@ -220,10 +221,10 @@ fn spans_time_each_class_from_its_start_to_the_next_end_on_the_same_thread() {
     };
     let counted = [column("sys_enter_clock_nanosleep", None), column("sys_exit_clock_nanosleep", None)];
     let spans = [span("which_clock == 1"), span("which_clock == 0")];
-    let made = Tally::with_spans(tracefs(), &counted, &spans, ThreadTable::Array);
+    let made = Engine::with_spans(tracefs(), &counted, &spans, ThreadTable::Array);
     let t = match made {
         Ok(t) => t,
-        Err(e @ (TallyError::Map(_) | TallyError::Format { .. })) => {
+        Err(e @ (EngineError::Map(_) | EngineError::Format { .. })) => {
             let why = hvstats_host::error_chain::error_chain(&e);
             assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "{why}");
             eprintln!("spans_time_each_class: skipped: {why}");
@@ -271,11 +272,11 @@ fn a_rehearsal_counts_each_record_as_the_attached_program_counts_the_same_firing
     ];
     let columns: Vec<TracepointColumn> =
         filters.iter().map(|f| column("sys_enter_getpriority", *f)).collect();
-    let Some(attached) = tally(&columns, "a_rehearsal_counts_each_record") else { return };
+    let Some(attached) = engine(&columns, "a_rehearsal_counts_each_record") else { return };
     let format =
         std::fs::read_to_string(tracefs().join("events/syscalls/sys_enter_getpriority/format")).unwrap();
     let formats = |system: &str, name: &str| (system, name) == ("syscalls", "sys_enter_getpriority");
-    let rehearsal = Tally::rehearsal(
+    let rehearsal = Engine::rehearsal(
         &|s, n| formats(s, n).then(|| format.clone()),
         &columns,
         &[],
@@ -325,22 +326,22 @@ fn a_rehearsal_counts_each_record_as_the_attached_program_counts_the_same_firing
     let counts = attached.read(real).unwrap();
     assert_eq!(rehearsal.read(rehearsed).unwrap(), counts);
     assert_eq!(counts, vec![37, 7, 7, 3, 8, 5]);
-    // A rehearsal runs only what it rehearses; an attached tally runs nothing on demand; the
+    // A rehearsal runs only what it rehearses; an attached engine runs nothing on demand; the
     // kernel refuses a context longer than a raw tracepoint's.
     assert!(matches!(
         rehearsal.fire("syscalls", "sys_enter_getppid", &record),
-        Err(TallyError::NotRehearsed(_))
+        Err(EngineError::NotRehearsed(_))
     ));
     assert!(matches!(
         attached.fire("syscalls", "sys_enter_getpriority", &record),
-        Err(TallyError::NotRehearsed(_))
+        Err(EngineError::NotRehearsed(_))
     ));
     assert!(matches!(
         rehearsal.fire("syscalls", "sys_enter_getpriority", &[0u8; 104]),
-        Err(TallyError::Run { .. })
+        Err(EngineError::Run { .. })
     ));
     // A tracepoint without a format is not counted, and says so.
-    let without = Tally::rehearsal(
+    let without = Engine::rehearsal(
         &|s, n| formats(s, n).then(|| format.clone()),
         &[column("sys_enter_getppid", None), column("sys_enter_getpriority", None)],
         &[],
@@ -375,7 +376,7 @@ fn a_carried_column_adds_what_the_threads_record_before_it_left_and_spans_of_two
         end_system: "syscalls".into(),
         end_name: end.into(),
     };
-    let layout = TallyLayout {
+    let layout = EngineLayout {
         counted: vec![column("sys_enter_getppid", None)],
         spans: vec![
             span("sys_enter_getpriority", "sys_enter_getpid"),
@@ -383,9 +384,9 @@ fn a_carried_column_adds_what_the_threads_record_before_it_left_and_spans_of_two
         ],
         carried: vec![carried(None, Some("who")), carried(None, None)],
     };
-    let t = match Tally::of_layout(tracefs(), &layout, ThreadTable::for_host()) {
+    let t = match Engine::of_layout(tracefs(), &layout, ThreadTable::for_host()) {
         Ok(t) => t,
-        Err(e @ (TallyError::Map(_) | TallyError::Format { .. })) => {
+        Err(e @ (EngineError::Map(_) | EngineError::Format { .. })) => {
             let why = hvstats_host::error_chain::error_chain(&e);
             assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "{test}: {why}");
             eprintln!("{test}: skipped: {why}");

@@ -1,22 +1,22 @@
 //! In-kernel counting of tracepoints on chosen threads: one program per tracepoint, one row of
 //! per-CPU counters per thread.
 //!
-//! A [`Tally`] is made for a list of columns (a tracepoint, narrowed by a filter or not). It
-//! loads one program per distinct tracepoint, attached for the life of the tally, and two maps:
+//! A [`Engine`] is made for a list of columns (a tracepoint, narrowed by a filter or not). It
+//! loads one program per distinct tracepoint, attached for the life of the engine, and two maps:
 //! the thread table (thread id → process id and slot) and the rows (slot → one `u64` per column,
-//! per CPU). Counting a thread is one map write ([`Tally::add_thread`]); reading it is one map
+//! per CPU). Counting a thread is one map write ([`Engine::add_thread`]); reading it is one map
 //! read summed over CPUs. The cost a firing pays is one program, however many columns it
 //! classifies into and however many threads are counted — the reason this exists: a perf
 //! counter per (thread, column) is evaluated on every firing, so the cost grows with each one.
 //!
-//! A tally may also time spans ([`SpanColumn`], [`Tally::with_spans`]): from a firing of one
+//! An engine may also time spans ([`SpanColumn`], [`Engine::with_spans`]): from a firing of one
 //! tracepoint, classified by its filter, to the next firing of another on the same thread, each
 //! span's nanoseconds added to its column — `kvm_exit` by exit reason until `kvm_entry` is the
 //! time KVM spends in the kernel on each class of exit. The programs stay one per tracepoint.
 //!
-//! A tally may also be a rehearsal ([`Tally::rehearsal`]): the same programs, made from formats
+//! An engine may also be a rehearsal ([`Engine::rehearsal`]): the same programs, made from formats
 //! given as text and attached nowhere, each run by the kernel on a record of the caller's making
-//! ([`Tally::fire`], `BPF_PROG_TEST_RUN`) as a firing of its tracepoint on the calling thread
+//! ([`Engine::fire`], `BPF_PROG_TEST_RUN`) as a firing of its tracepoint on the calling thread
 //! would run it. A tracepoint that never fires on this host (`kvm_exit` without VMX or SVM) is
 //! tested so through the very program the observer attaches to it.
 
@@ -45,7 +45,7 @@ pub struct TracepointColumn {
 }
 
 /// A span column: the nanoseconds from each firing of `start` (that its filter admits) to the
-/// next firing of `end` on the same thread, summed. Spans of one tally are exclusive: a thread
+/// next firing of `end` on the same thread, summed. Spans of one engine are exclusive: a thread
 /// has one open span at most, and a start while one is open restarts it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SpanColumn {
@@ -75,9 +75,9 @@ pub struct CarriedColumn {
     pub weight: Option<String>,
 }
 
-/// The columns of a tally's rows: counting columns, then spans, then carried columns.
+/// The columns of an engine's rows: counting columns, then spans, then carried columns.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct TallyLayout {
+pub struct EngineLayout {
     /// Counting columns.
     pub counted: Vec<TracepointColumn>,
     /// Span columns.
@@ -86,9 +86,9 @@ pub struct TallyLayout {
     pub carried: Vec<CarriedColumn>,
 }
 
-/// Why a tally, or one of its tracepoints, cannot count in the kernel.
+/// Why an engine, or one of its tracepoints, cannot count in the kernel.
 #[derive(Debug, thiserror::Error)]
-pub enum TallyError {
+pub enum EngineError {
     /// A map could not be created (no CAP_BPF, a locked-down kernel, no memory).
     #[error("cannot create a BPF map")]
     Map(#[source] io::Error),
@@ -139,7 +139,7 @@ pub enum TallyError {
     /// A rehearsal was given no format for a tracepoint of its columns.
     #[error("no format for tracepoint {0}")]
     NoFormat(String),
-    /// A tracepoint has no program to fire: the tally is not a rehearsal, or does not count it.
+    /// A tracepoint has no program to fire: the engine is not a rehearsal, or does not count it.
     #[error("tracepoint {0} has no rehearsed program")]
     NotRehearsed(String),
     /// The kernel did not run the program.
@@ -165,16 +165,16 @@ pub enum Context {
 /// A tracepoint: (system, name).
 type Tracepoint = (String, String);
 
-/// Where a tally's programs run.
+/// Where an engine's programs run.
 #[derive(Debug)]
 enum Programs {
-    /// Attached to the kernel's tracepoints, for the life of the tally (dropping them detaches).
+    /// Attached to the kernel's tracepoints, for the life of the engine (dropping them detaches).
     Attached { _attachments: Attachments },
-    /// Attached nowhere: run on records given to [`Tally::fire`].
+    /// Attached nowhere: run on records given to [`Engine::fire`].
     Rehearsal(BTreeMap<Tracepoint, (Program, Context)>),
 }
 
-/// What [`Tally::claim`] found for a thread.
+/// What [`Engine::claim`] found for a thread.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Claim {
     /// Its kept row, adopted.
@@ -192,35 +192,42 @@ pub struct Slot(u32);
 
 /// The programs, maps and slots of one column list.
 #[derive(Debug)]
-pub struct Tally {
+pub struct Engine {
+    store: Store,
+    programs: Programs,
+    /// Where the maps and links are pinned, when they are kept beyond this process.
+    kept: Option<Kept>,
+}
+
+/// An engine but its programs: the maps its programs write and the slots they count in, made
+/// by [`Engine::build`].
+#[derive(Debug)]
+struct Store {
     columns: usize,
     /// Why each column is not counted in the kernel (its tracepoint could not be), if so.
     refused: Vec<Option<String>>,
     threads: ArrayMap,
     table: ThreadTable,
     rows: ArrayMap,
-    /// Per slot and lane, the open span (time, column + 1), when the tally has span columns.
+    /// Per slot and lane, the open span (time, column + 1), when the engine has span columns.
     pending: Option<ArrayMap>,
     /// Lanes of open spans (one per tracepoint that closes spans).
     lanes: usize,
-    /// Per slot, one `u64` per carried column, when the tally has any.
+    /// Per slot, one `u64` per carried column, when the engine has any.
     latches: Option<ArrayMap>,
     /// Carried columns.
     carried: usize,
     free: Mutex<Slots>,
-    programs: Programs,
-    /// Where the maps and links are pinned, when they are kept beyond this process.
-    kept: Option<Kept>,
 }
 
-/// A tally's pins: its directory, and the owner of each row.
+/// An engine's pins: its directory, and the owner of each row.
 #[derive(Debug)]
 struct Kept {
     dir: std::path::PathBuf,
     owners: ArrayMap,
 }
 
-/// What a kept tally's maker found: how many rows it adopted, how many it dropped, and why.
+/// What a kept engine's maker found: how many rows it adopted, how many it dropped, and why.
 #[derive(Debug, Default)]
 pub struct Adoption {
     /// Rows adopted: threads still alive, counted by the programs while no observer ran.
@@ -232,19 +239,19 @@ pub struct Adoption {
 #[derive(Debug)]
 struct Slots {
     free: Vec<u32>,
-    /// Slot of each thread counted, and how many counted it ([`Tally::add_thread`] calls not yet
-    /// matched by [`Tally::remove_thread`]).
+    /// Slot of each thread counted, and how many counted it ([`Engine::add_thread`] calls not yet
+    /// matched by [`Engine::remove_thread`]).
     used: BTreeMap<u32, (u32, usize)>,
-    /// Rows a kept tally adopted and no one has claimed yet, by thread id: slot and owner.
+    /// Rows a kept engine adopted and no one has claimed yet, by thread id: slot and owner.
     adopted: BTreeMap<u32, (u32, Owner)>,
-    /// By slot in use, since when its row counts (µs since the epoch), when the tally is kept.
+    /// By slot in use, since when its row counts (µs since the epoch), when the engine is kept.
     since: BTreeMap<u32, u64>,
 }
 
-/// Columns a tally counts at most (a row's offsets must fit the instructions' 16 bits).
+/// Columns an engine counts at most (a row's offsets must fit the instructions' 16 bits).
 pub const MAX_COLUMNS: usize = 1024;
 
-/// Rows (counted threads) a tally holds at most.
+/// Rows (counted threads) an engine holds at most.
 pub const SLOTS: u32 = 1024;
 
 /// The largest `pid_max` whose thread table is an array indexed by thread id (8 bytes a thread
@@ -268,14 +275,14 @@ impl ThreadTable {
     }
 }
 
-impl Tally {
+impl Engine {
     /// Loads and attaches the programs of `columns`, tracepoints read from tracefs at `tracefs`.
     /// A tracepoint whose program cannot be made is not counted here (see
     /// [`refused`](Self::refused)); the others are.
     ///
     /// # Errors
     /// When the maps cannot be created (BPF not permitted) or no tracepoint can be counted.
-    pub fn new(tracefs: &Path, columns: &[TracepointColumn]) -> Result<Self, TallyError> {
+    pub fn new(tracefs: &Path, columns: &[TracepointColumn]) -> Result<Self, EngineError> {
         Self::with_table(tracefs, columns, ThreadTable::for_host())
     }
 
@@ -287,7 +294,7 @@ impl Tally {
         tracefs: &Path,
         columns: &[TracepointColumn],
         table: ThreadTable,
-    ) -> Result<Self, TallyError> {
+    ) -> Result<Self, EngineError> {
         Self::with_spans(tracefs, columns, &[], table)
     }
 
@@ -301,8 +308,8 @@ impl Tally {
         counted: &[TracepointColumn],
         spans: &[SpanColumn],
         table: ThreadTable,
-    ) -> Result<Self, TallyError> {
-        let layout = TallyLayout { counted: counted.to_vec(), spans: spans.to_vec(), carried: Vec::new() };
+    ) -> Result<Self, EngineError> {
+        let layout = EngineLayout { counted: counted.to_vec(), spans: spans.to_vec(), carried: Vec::new() };
         Self::of_layout(tracefs, &layout, table)
     }
 
@@ -311,30 +318,30 @@ impl Tally {
     ///
     /// # Errors
     /// As [`new`](Self::new).
-    pub fn of_layout(tracefs: &Path, layout: &TallyLayout, table: ThreadTable) -> Result<Self, TallyError> {
+    pub fn of_layout(tracefs: &Path, layout: &EngineLayout, table: ThreadTable) -> Result<Self, EngineError> {
         let (parts, attachments) = Self::build(layout, table, |system, name, roles, columns, maps| {
             attach_one(tracefs, system, name, roles, columns, maps, false)
         })?;
-        Ok(parts.into_tally(Programs::Attached {
+        Ok(parts.into_engine(Programs::Attached {
             _attachments: attachments.into_iter().map(|(_, a)| a).collect(),
         }))
     }
 
     /// As [`of_layout`](Self::of_layout), with the maps and links kept in bpffs in `identity`
-    /// ([`keep::identity_dir`]): the kept tally of the same layout found there is adopted (its
-    /// programs went on counting; [`claim`](Self::claim) takes a thread's row back), kept tallies
+    /// ([`keep::identity_dir`]): the kept engine of the same layout found there is adopted (its
+    /// programs went on counting; [`claim`](Self::claim) takes a thread's row back), kept engines
     /// of another layout or version are dropped, and a new one is pinned there otherwise. Where
-    /// pinning fails, the tally counts without keeping; the [`Adoption`]'s notes say what was
+    /// pinning fails, the engine counts without keeping; the [`Adoption`]'s notes say what was
     /// dropped and why.
     ///
     /// # Errors
     /// As [`new`](Self::new).
     pub fn kept(
         tracefs: &Path,
-        layout: &TallyLayout,
+        layout: &EngineLayout,
         table: ThreadTable,
         identity: &Path,
-    ) -> Result<(Self, Adoption), TallyError> {
+    ) -> Result<(Self, Adoption), EngineError> {
         let dir = keep::layout_dir(identity, &format!("{layout:?} {table:?} {SLOTS}"));
         let mut adoption = Adoption::default();
         let dropped = keep::drop_other_layouts(identity, &dir);
@@ -346,15 +353,15 @@ impl Tally {
         }
         if dir.is_dir() {
             match Self::adopt(layout, table, &dir) {
-                Ok(tally) => {
-                    let gone = tally.drop_gone();
-                    adoption.adopted = tally.unclaimed();
+                Ok(engine) => {
+                    let gone = engine.drop_gone();
+                    adoption.adopted = engine.unclaimed();
                     if gone > 0 {
                         adoption.notes.push(format!(
                             "dropped the kept counts of {gone} thread(s) gone while no observer ran"
                         ));
                     }
-                    return Ok((tally, adoption));
+                    return Ok((engine, adoption));
                 }
                 Err(why) => {
                     adoption.notes.push(format!("dropped the counts kept in {}: {why}", dir.display()));
@@ -376,21 +383,21 @@ impl Tally {
                 None
             }
         };
-        let mut tally = parts.into_tally(Programs::Attached {
+        let mut engine = parts.into_engine(Programs::Attached {
             _attachments: attachments.into_iter().map(|(_, a)| a).collect(),
         });
-        tally.kept = kept;
-        Ok((tally, adoption))
+        engine.kept = kept;
+        Ok((engine, adoption))
     }
 
-    /// The kept tally pinned in `dir`: its maps, opened and checked against the layout's, and
+    /// The kept engine pinned in `dir`: its maps, opened and checked against the layout's, and
     /// its rows' owners; a tracepoint whose link is not there is not counted.
-    fn adopt(layout: &TallyLayout, table: ThreadTable, dir: &Path) -> Result<Self, String> {
+    fn adopt(layout: &EngineLayout, table: ThreadTable, dir: &Path) -> Result<Self, String> {
         let (mut parts, _) = Self::build(layout, table, |system, name, _, _, _| {
             if dir.join(format!("link:{system}:{name}")).exists() {
                 Ok(())
             } else {
-                Err(TallyError::Attach {
+                Err(EngineError::Attach {
                     tracepoint: format!("{system}:{name}"),
                     source: io::Error::new(io::ErrorKind::NotFound, "no program of it is kept"),
                 })
@@ -410,17 +417,23 @@ impl Tally {
         let owners = open(&keep::owners_map(SLOTS).map_err(|e| e.to_string())?, "owners")?;
         for slot in 0..SLOTS {
             if let Some(owner) = owners.read(slot).ok().and_then(|v| Owner::decode(&v)) {
-                parts.free.adopted.insert(owner.tid, (slot, owner));
+                parts
+                    .free
+                    .get_mut()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .adopted
+                    .insert(owner.tid, (slot, owner));
             }
         }
-        let taken: std::collections::BTreeSet<u32> = parts.free.adopted.values().map(|&(s, _)| s).collect();
-        parts.free.free.retain(|s| !taken.contains(s));
-        let mut tally = parts.into_tally(Programs::Attached { _attachments: Attachments::default() });
-        tally.kept = Some(Kept { dir: dir.to_owned(), owners });
-        Ok(tally)
+        let slots = parts.free.get_mut().unwrap_or_else(|e| e.into_inner());
+        let taken: std::collections::BTreeSet<u32> = slots.adopted.values().map(|&(s, _)| s).collect();
+        slots.free.retain(|s| !taken.contains(s));
+        let mut engine = parts.into_engine(Programs::Attached { _attachments: Attachments::default() });
+        engine.kept = Some(Kept { dir: dir.to_owned(), owners });
+        Ok(engine)
     }
 
-    /// A tally whose programs are attached nowhere: made as [`with_spans`](Self::with_spans)
+    /// An engine whose programs are attached nowhere: made as [`with_spans`](Self::with_spans)
     /// would make them, from the formats `format(system, name)` gives (as tracefs prints them),
     /// and run on records of the caller's making by [`fire`](Self::fire). A tracepoint without a
     /// format, or whose program the kernel refuses, is not counted (see
@@ -433,8 +446,8 @@ impl Tally {
         counted: &[TracepointColumn],
         spans: &[SpanColumn],
         table: ThreadTable,
-    ) -> Result<Self, TallyError> {
-        let layout = TallyLayout { counted: counted.to_vec(), spans: spans.to_vec(), carried: Vec::new() };
+    ) -> Result<Self, EngineError> {
+        let layout = EngineLayout { counted: counted.to_vec(), spans: spans.to_vec(), carried: Vec::new() };
         Self::rehearse(format, &layout, table)
     }
 
@@ -444,117 +457,47 @@ impl Tally {
     /// As [`new`](Self::new).
     pub fn rehearse(
         format: &dyn Fn(&str, &str) -> Option<String>,
-        layout: &TallyLayout,
+        layout: &EngineLayout,
         table: ThreadTable,
-    ) -> Result<Self, TallyError> {
+    ) -> Result<Self, EngineError> {
         let (parts, programs) = Self::build(layout, table, |system, name, roles, columns, maps| {
             rehearse_one(format, system, name, roles, columns, maps)
         })?;
-        Ok(parts.into_tally(Programs::Rehearsal(programs.into_iter().collect())))
+        Ok(parts.into_engine(Programs::Rehearsal(programs.into_iter().collect())))
     }
 
     /// The maps of `layout`'s columns, and a program for each tracepoint, made by `place`.
     fn build<P>(
-        layout: &TallyLayout,
+        layout: &EngineLayout,
         table: ThreadTable,
-        mut place: impl FnMut(&str, &str, &Roles, &[TracepointColumn], &Maps<'_>) -> Result<P, TallyError>,
-    ) -> Result<(Parts, Vec<(Tracepoint, P)>), TallyError> {
-        let TallyLayout { counted, spans, carried } = layout;
+        mut place: impl FnMut(&str, &str, &Roles, &[TracepointColumn], &Maps<'_>) -> Result<P, EngineError>,
+    ) -> Result<(Store, Vec<(Tracepoint, P)>), EngineError> {
+        let EngineLayout { counted, spans, carried } = layout;
         let width = counted.len() + spans.len() + carried.len();
         if width > MAX_COLUMNS {
-            return Err(TallyError::Assemble(format!("{width} columns (at most {MAX_COLUMNS})")));
+            return Err(EngineError::Assemble(format!("{width} columns (at most {MAX_COLUMNS})")));
         }
-        // One lane of open spans per tracepoint that closes spans, in order of appearance.
-        let mut lanes: Vec<(&str, &str)> = Vec::new();
-        for s in spans {
-            let end = (s.end_system.as_str(), s.end_name.as_str());
-            if !lanes.contains(&end) {
-                lanes.push(end);
-            }
-        }
-        let lane_of = |s: &SpanColumn| {
-            let end = (s.end_system.as_str(), s.end_name.as_str());
-            lanes.iter().position(|l| *l == end).unwrap_or(0) as u16
-        };
-        let pending = if spans.is_empty() {
-            None
-        } else {
-            Some(ArrayMap::create(16 * lanes.len(), SLOTS, false).map_err(TallyError::Map)?)
-        };
-        let latches = if carried.is_empty() {
-            None
-        } else {
-            Some(ArrayMap::create(8 * carried.len(), SLOTS, false).map_err(TallyError::Map)?)
-        };
-        let columns: Vec<TracepointColumn> = counted
-            .iter()
-            .cloned()
-            .chain(spans.iter().map(|s| s.start.clone()))
-            .chain(carried.iter().map(|c| c.counted.clone()))
-            .collect();
-        let columns = &columns[..];
-        let threads = match table {
-            ThreadTable::Array => ArrayMap::create(8, pid_max(), false),
-            ThreadTable::Hash => ArrayMap::create_hash(8, SLOTS),
-        }
-        .map_err(TallyError::Map)?;
-        let rows = ArrayMap::create(8 * width.max(1), SLOTS, true).map_err(TallyError::Map)?;
-        let mut by_tracepoint: BTreeMap<(&str, &str), Roles> = BTreeMap::new();
+        let lanes = Lanes::of(spans);
+        let columns = layout.columns();
+        let store = Store::create(&columns, &lanes, carried.len(), table)?;
         let first_carried = counted.len() + spans.len();
-        for (i, c) in columns.iter().enumerate() {
-            let roles = by_tracepoint.entry((c.system.as_str(), c.name.as_str())).or_default();
-            if i < counted.len() {
-                roles.counts.push(i);
-            } else if i < first_carried {
-                roles.starts.push((i, lane_of(&spans[i - counted.len()])));
-            } else {
-                roles.adds.push(i - first_carried);
-            }
-        }
-        for s in spans {
-            let lane = lane_of(s);
-            let ends =
-                &mut by_tracepoint.entry((s.end_system.as_str(), s.end_name.as_str())).or_default().ends;
-            if !ends.contains(&lane) {
-                ends.push(lane);
-            }
-        }
-        for (k, c) in carried.iter().enumerate() {
-            by_tracepoint.entry((c.from.system.as_str(), c.from.name.as_str())).or_default().sets.push(k);
-        }
+        let maps = Maps {
+            threads: &store.threads,
+            rows: &store.rows,
+            pending: store.pending.as_ref(),
+            latches: store.latches.as_ref(),
+            carried,
+            first_carried,
+            width,
+        };
         let mut refused = vec![None; columns.len()];
         let mut placed = Vec::new();
         let mut first_error = None;
-        for ((system, name), roles) in by_tracepoint {
-            let maps = Maps {
-                threads: &threads,
-                rows: &rows,
-                pending: pending.as_ref(),
-                latches: latches.as_ref(),
-                carried,
-                first_carried,
-                width,
-            };
-            match place(system, name, &roles, columns, &maps) {
+        for ((system, name), roles) in layout.roles(&lanes) {
+            match place(system, name, &roles, &columns, &maps) {
                 Ok(p) => placed.push(((system.to_owned(), name.to_owned()), p)),
                 Err(e) => {
-                    let starts = roles.starts.iter().map(|&(i, _)| i);
-                    let adds = roles.adds.iter().map(|&k| first_carried + k);
-                    for i in roles.counts.iter().copied().chain(starts).chain(adds) {
-                        refused[i] = Some(error_text(&e));
-                    }
-                    // A carried column whose record before cannot be seen is not counted either.
-                    for &k in &roles.sets {
-                        refused[first_carried + k] = Some(error_text(&e));
-                    }
-                    // A span whose end cannot be seen never closes: it is not counted either.
-                    if !roles.ends.is_empty() {
-                        for (i, s) in spans.iter().enumerate() {
-                            if (s.end_system.as_str(), s.end_name.as_str()) == (system, name) {
-                                refused[counted.len() + i] = Some(error_text(&e));
-                            }
-                        }
-                    }
+                    layout.refuse(&mut refused, (system, name), &roles, &error_text(&e));
                     first_error.get_or_insert(e);
                 }
             }
@@ -564,25 +507,7 @@ impl Tally {
         {
             return Err(e);
         }
-        let free = Slots {
-            free: (0..SLOTS).rev().collect(),
-            used: BTreeMap::new(),
-            adopted: BTreeMap::new(),
-            since: BTreeMap::new(),
-        };
-        let parts = Parts {
-            columns: columns.len(),
-            refused,
-            threads,
-            table,
-            rows,
-            pending,
-            lanes: lanes.len(),
-            latches,
-            carried: carried.len(),
-            free,
-        };
-        Ok((parts, placed))
+        Ok((Store { refused, ..store }, placed))
     }
 
     /// Runs the program of `system:name` once on this thread, with `context` as what it reads
@@ -590,20 +515,20 @@ impl Tally {
     /// as a firing of the tracepoint on this thread would; returns what the program returned.
     ///
     /// # Errors
-    /// When the tally is not a rehearsal or has no program for the tracepoint, or the kernel does
+    /// When the engine is not a rehearsal or has no program for the tracepoint, or the kernel does
     /// not run it (a context longer than 96 bytes, or shorter than what the program reads).
-    pub fn fire(&self, system: &str, name: &str, context: &[u8]) -> Result<u32, TallyError> {
+    pub fn fire(&self, system: &str, name: &str, context: &[u8]) -> Result<u32, EngineError> {
         let tracepoint = format!("{system}:{name}");
         let Programs::Rehearsal(programs) = &self.programs else {
-            return Err(TallyError::NotRehearsed(tracepoint));
+            return Err(EngineError::NotRehearsed(tracepoint));
         };
         let Some((program, _)) = programs.get(&(system.to_owned(), name.to_owned())) else {
-            return Err(TallyError::NotRehearsed(tracepoint));
+            return Err(EngineError::NotRehearsed(tracepoint));
         };
-        program.test_run(context).map_err(|source| TallyError::Run { tracepoint, source })
+        program.test_run(context).map_err(|source| EngineError::Run { tracepoint, source })
     }
 
-    /// What the rehearsed program of `system:name` reads, if the tally rehearses one.
+    /// What the rehearsed program of `system:name` reads, if the engine rehearses one.
     pub fn context(&self, system: &str, name: &str) -> Option<Context> {
         match &self.programs {
             Programs::Rehearsal(programs) => {
@@ -627,9 +552,9 @@ impl Tally {
     /// # Errors
     /// When the pending map cannot be read.
     pub fn open_spans(&self, slot: Slot) -> io::Result<Vec<Option<usize>>> {
-        let Some(pending) = &self.pending else { return Ok(Vec::new()) };
+        let Some(pending) = &self.store.pending else { return Ok(Vec::new()) };
         let entry = pending.read(slot.0)?;
-        Ok((0..self.lanes)
+        Ok((0..self.store.lanes)
             .map(|lane| {
                 let mut column = [0u8; 8];
                 column.copy_from_slice(&entry[16 * lane + 8..16 * lane + 16]);
@@ -641,7 +566,7 @@ impl Tally {
 
     /// Why column `i` is not counted in the kernel, if it is not.
     pub fn refused(&self, i: usize) -> Option<&str> {
-        self.refused.get(i).and_then(|r| r.as_deref())
+        self.store.refused.get(i).and_then(|r| r.as_deref())
     }
 
     /// Starts counting thread `tid` of process `pid`. A thread already counted keeps its row
@@ -650,7 +575,7 @@ impl Tally {
     ///
     /// # Errors
     /// When every slot is in use or the maps cannot be written.
-    pub fn add_thread(&self, pid: i32, tid: i32) -> Result<Slot, TallyError> {
+    pub fn add_thread(&self, pid: i32, tid: i32) -> Result<Slot, EngineError> {
         self.add_thread_in(pid, tid, 0)
     }
 
@@ -659,22 +584,22 @@ impl Tally {
     ///
     /// # Errors
     /// As [`add_thread`](Self::add_thread).
-    pub fn add_thread_in(&self, pid: i32, tid: i32, vm: keep::VmToken) -> Result<Slot, TallyError> {
-        let mut slots = self.free.lock().unwrap_or_else(|e| e.into_inner());
+    pub fn add_thread_in(&self, pid: i32, tid: i32, vm: keep::VmToken) -> Result<Slot, EngineError> {
+        let mut slots = self.store.free.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((slot, refs)) = slots.used.get_mut(&(tid as u32)) {
             *refs += 1;
             return Ok(Slot(*slot));
         }
-        let slot = slots.free.pop().ok_or(TallyError::Full(SLOTS))?;
-        let zero = vec![0u8; 8 * self.columns.max(1)];
+        let slot = slots.free.pop().ok_or(EngineError::Full(SLOTS))?;
+        let zero = vec![0u8; 8 * self.store.columns.max(1)];
         let entry = (u64::from(pid as u32) << 32) | u64::from(slot + 1);
         // No span left open, nor value carried, by the slot's previous thread may count on this one.
-        let closed = match &self.pending {
-            Some(pending) => pending.write(slot, &vec![0u8; 16 * self.lanes]),
+        let closed = match &self.store.pending {
+            Some(pending) => pending.write(slot, &vec![0u8; 16 * self.store.lanes]),
             None => Ok(()),
         };
-        let cleared = closed.and_then(|()| match &self.latches {
-            Some(latches) => latches.write(slot, &vec![0u8; 8 * self.carried]),
+        let cleared = closed.and_then(|()| match &self.store.latches {
+            Some(latches) => latches.write(slot, &vec![0u8; 8 * self.store.carried]),
             None => Ok(()),
         });
         let owner =
@@ -684,11 +609,11 @@ impl Tally {
             _ => Ok(()),
         });
         let written = owned
-            .and_then(|()| self.rows.write(slot, &zero))
-            .and_then(|()| self.threads.write(tid as u32, &entry.to_ne_bytes()));
+            .and_then(|()| self.store.rows.write(slot, &zero))
+            .and_then(|()| self.store.threads.write(tid as u32, &entry.to_ne_bytes()));
         if let Err(e) = written {
             slots.free.push(slot);
-            return Err(TallyError::Map(e));
+            return Err(EngineError::Map(e));
         }
         slots.used.insert(tid as u32, (slot, 1));
         if let Some(owner) = owner {
@@ -700,7 +625,7 @@ impl Tally {
     /// Stops counting thread `tid` for one of those that added it; once none counts it, its
     /// slot is free for another.
     pub fn remove_thread(&self, tid: i32) {
-        let mut slots = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slots = self.store.free.lock().unwrap_or_else(|e| e.into_inner());
         let Some((slot, refs)) = slots.used.get_mut(&(tid as u32)) else { return };
         *refs -= 1;
         if *refs > 0 {
@@ -720,9 +645,10 @@ impl Tally {
     fn release(&self, slots: &mut Slots, tid: i32, slot: u32) {
         // The thread's entry goes first, so no program adds to the row once it is reused; a
         // slot whose entry cannot be cleared is never reused.
-        let cleared = match self.table {
-            ThreadTable::Array => self.threads.write(tid as u32, &0u64.to_ne_bytes()),
+        let cleared = match self.store.table {
+            ThreadTable::Array => self.store.threads.write(tid as u32, &0u64.to_ne_bytes()),
             ThreadTable::Hash => self
+                .store
                 .threads
                 .delete(tid as u32)
                 .or_else(|e| if e.raw_os_error() == Some(libc::ENOENT) { Ok(()) } else { Err(e) }),
@@ -741,7 +667,7 @@ impl Tally {
     /// process under that id, or of the same thread when it ran another VM (or either VM is
     /// unknown: 0), is dropped.
     pub fn claim(&self, pid: i32, tid: i32, vm: keep::VmToken) -> Claim {
-        let mut slots = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slots = self.store.free.lock().unwrap_or_else(|e| e.into_inner());
         let Some((slot, owner)) = slots.adopted.remove(&(tid as u32)) else { return Claim::Nothing };
         let same_thread =
             owner.pid == pid as u32 && owner.is_alive() && !slots.used.contains_key(&(tid as u32));
@@ -754,15 +680,15 @@ impl Tally {
         if same_thread { Claim::OtherVm } else { Claim::Nothing }
     }
 
-    /// Since when `slot`'s row counts (µs since the epoch), when the tally is kept.
+    /// Since when `slot`'s row counts (µs since the epoch), when the engine is kept.
     pub fn kept_since(&self, slot: Slot) -> Option<u64> {
         self.kept.as_ref()?;
-        self.free.lock().unwrap_or_else(|e| e.into_inner()).since.get(&slot.0).copied()
+        self.store.free.lock().unwrap_or_else(|e| e.into_inner()).since.get(&slot.0).copied()
     }
 
     /// Drops the adopted rows no one claimed whose thread is gone; returns how many.
     pub fn drop_gone(&self) -> usize {
-        let mut slots = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slots = self.store.free.lock().unwrap_or_else(|e| e.into_inner());
         let gone: Vec<(u32, u32)> = slots
             .adopted
             .iter()
@@ -778,10 +704,10 @@ impl Tally {
 
     /// Rows adopted and not claimed yet.
     pub fn unclaimed(&self) -> usize {
-        self.free.lock().unwrap_or_else(|e| e.into_inner()).adopted.len()
+        self.store.free.lock().unwrap_or_else(|e| e.into_inner()).adopted.len()
     }
 
-    /// Where the tally's maps and links are pinned, when they are kept.
+    /// Where the engine's maps and links are pinned, when they are kept.
     pub fn kept_in(&self) -> Option<&Path> {
         self.kept.as_ref().map(|k| k.dir.as_path())
     }
@@ -791,7 +717,7 @@ impl Tally {
     /// # Errors
     /// When the map cannot be read.
     pub fn read(&self, slot: Slot) -> io::Result<Vec<u64>> {
-        self.rows.sum_u64(slot.0, self.columns)
+        self.store.rows.sum_u64(slot.0, self.store.columns)
     }
 
     /// As [`read`](Self::read) into `row` (one value per column), through `scratch`: buffers
@@ -800,14 +726,97 @@ impl Tally {
     /// # Errors
     /// As [`read`](Self::read).
     pub fn read_into(&self, slot: Slot, scratch: &mut Vec<u8>, row: &mut Vec<u64>) -> io::Result<()> {
-        row.resize(self.columns, 0);
-        self.rows.sum_u64_into(slot.0, scratch, row)
+        row.resize(self.store.columns, 0);
+        self.store.rows.sum_u64_into(slot.0, scratch, row)
     }
 }
 
-/// Pins a new tally's maps and links in `dir`, the owners map last (a directory without it is a
+/// One lane of open spans per tracepoint that closes spans, in order of appearance.
+struct Lanes<'a>(Vec<(&'a str, &'a str)>);
+
+impl<'a> Lanes<'a> {
+    fn of(spans: &'a [SpanColumn]) -> Self {
+        let mut lanes = Vec::new();
+        for s in spans {
+            let end = (s.end_system.as_str(), s.end_name.as_str());
+            if !lanes.contains(&end) {
+                lanes.push(end);
+            }
+        }
+        Lanes(lanes)
+    }
+
+    /// The lane of the tracepoint that closes `span`.
+    fn of_span(&self, span: &SpanColumn) -> u16 {
+        let end = (span.end_system.as_str(), span.end_name.as_str());
+        self.0.iter().position(|l| *l == end).unwrap_or(0) as u16
+    }
+}
+
+impl EngineLayout {
+    /// Every column's tracepoint in row order: counted, span starts, carried.
+    fn columns(&self) -> Vec<TracepointColumn> {
+        self.counted
+            .iter()
+            .cloned()
+            .chain(self.spans.iter().map(|s| s.start.clone()))
+            .chain(self.carried.iter().map(|c| c.counted.clone()))
+            .collect()
+    }
+
+    /// What the program of each tracepoint does.
+    fn roles<'a>(&'a self, lanes: &Lanes<'_>) -> BTreeMap<(&'a str, &'a str), Roles> {
+        let mut by_tracepoint: BTreeMap<(&str, &str), Roles> = BTreeMap::new();
+        let tracepoint = |c: &'a TracepointColumn| (c.system.as_str(), c.name.as_str());
+        for (i, c) in self.counted.iter().enumerate() {
+            by_tracepoint.entry(tracepoint(c)).or_default().counts.push(i);
+        }
+        for (i, s) in self.spans.iter().enumerate() {
+            let start = (self.counted.len() + i, lanes.of_span(s));
+            by_tracepoint.entry(tracepoint(&s.start)).or_default().starts.push(start);
+        }
+        for (k, c) in self.carried.iter().enumerate() {
+            by_tracepoint.entry(tracepoint(&c.counted)).or_default().adds.push(k);
+        }
+        for s in &self.spans {
+            let lane = lanes.of_span(s);
+            let ends =
+                &mut by_tracepoint.entry((s.end_system.as_str(), s.end_name.as_str())).or_default().ends;
+            if !ends.contains(&lane) {
+                ends.push(lane);
+            }
+        }
+        for (k, c) in self.carried.iter().enumerate() {
+            by_tracepoint.entry(tracepoint(&c.from)).or_default().sets.push(k);
+        }
+        by_tracepoint
+    }
+
+    /// Marks in `refused` every column the program of `tracepoint` (with `roles`) was needed for,
+    /// with `why` it could not be made.
+    fn refuse(&self, refused: &mut [Option<String>], tracepoint: (&str, &str), roles: &Roles, why: &str) {
+        let first_carried = self.counted.len() + self.spans.len();
+        let starts = roles.starts.iter().map(|&(i, _)| i);
+        let adds = roles.adds.iter().map(|&k| first_carried + k);
+        // A carried column whose record before cannot be seen is not counted either.
+        let sets = roles.sets.iter().map(|&k| first_carried + k);
+        for i in roles.counts.iter().copied().chain(starts).chain(adds).chain(sets) {
+            refused[i] = Some(why.to_owned());
+        }
+        // A span whose end cannot be seen never closes: it is not counted either.
+        if !roles.ends.is_empty() {
+            for (i, s) in self.spans.iter().enumerate() {
+                if (s.end_system.as_str(), s.end_name.as_str()) == tracepoint {
+                    refused[self.counted.len() + i] = Some(why.to_owned());
+                }
+            }
+        }
+    }
+}
+
+/// Pins a new engine's maps and links in `dir`, the owners map last (a directory without it is a
 /// pinning cut short, never adopted); returns the owners map.
-fn pin(parts: &Parts, attachments: &[(Tracepoint, Attachment)], dir: &Path) -> io::Result<ArrayMap> {
+fn pin(parts: &Store, attachments: &[(Tracepoint, Attachment)], dir: &Path) -> io::Result<ArrayMap> {
     let at = |name: &str, r: io::Result<()>| {
         r.map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.join(name).display())))
     };
@@ -829,10 +838,10 @@ fn pin(parts: &Parts, attachments: &[(Tracepoint, Attachment)], dir: &Path) -> i
     Ok(owners)
 }
 
-impl Drop for Tally {
+impl Drop for Engine {
     fn drop(&mut self) {
-        // A kept tally that counts no one is not kept: its programs would run for nothing.
-        let slots = self.free.get_mut().unwrap_or_else(|e| e.into_inner());
+        // A kept engine that counts no one is not kept: its programs would run for nothing.
+        let slots = self.store.free.get_mut().unwrap_or_else(|e| e.into_inner());
         if let Some(kept) = &self.kept
             && slots.used.is_empty()
             && slots.adopted.is_empty()
@@ -842,7 +851,7 @@ impl Drop for Tally {
     }
 }
 
-fn error_text(e: &TallyError) -> String {
+fn error_text(e: &EngineError) -> String {
     let mut text = e.to_string();
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {
@@ -853,37 +862,51 @@ fn error_text(e: &TallyError) -> String {
     text
 }
 
-/// A tally but its programs: the maps and slots [`Tally::build`] makes.
-struct Parts {
-    columns: usize,
-    refused: Vec<Option<String>>,
-    threads: ArrayMap,
-    table: ThreadTable,
-    rows: ArrayMap,
-    pending: Option<ArrayMap>,
-    lanes: usize,
-    latches: Option<ArrayMap>,
-    carried: usize,
-    free: Slots,
-}
-
-impl Parts {
-    fn into_tally(self, programs: Programs) -> Tally {
-        let Parts { columns, refused, threads, table, rows, pending, lanes, latches, carried, free } = self;
-        Tally {
-            columns,
-            refused,
+impl Store {
+    /// The maps of `columns` (`carried` of them carried, spans closed in `lanes`), every row free.
+    fn create(
+        columns: &[TracepointColumn],
+        lanes: &Lanes<'_>,
+        carried: usize,
+        table: ThreadTable,
+    ) -> Result<Self, EngineError> {
+        let spans = !lanes.0.is_empty();
+        let pending = spans
+            .then(|| ArrayMap::create(16 * lanes.0.len(), SLOTS, false))
+            .transpose()
+            .map_err(EngineError::Map)?;
+        let latches = (carried > 0)
+            .then(|| ArrayMap::create(8 * carried, SLOTS, false))
+            .transpose()
+            .map_err(EngineError::Map)?;
+        let threads = match table {
+            ThreadTable::Array => ArrayMap::create(8, pid_max(), false),
+            ThreadTable::Hash => ArrayMap::create_hash(8, SLOTS),
+        }
+        .map_err(EngineError::Map)?;
+        let rows = ArrayMap::create(8 * columns.len().max(1), SLOTS, true).map_err(EngineError::Map)?;
+        let free = Slots {
+            free: (0..SLOTS).rev().collect(),
+            used: BTreeMap::new(),
+            adopted: BTreeMap::new(),
+            since: BTreeMap::new(),
+        };
+        Ok(Store {
+            columns: columns.len(),
+            refused: vec![None; columns.len()],
             threads,
             table,
             rows,
             pending,
-            lanes,
+            lanes: lanes.0.len(),
             latches,
             carried,
             free: Mutex::new(free),
-            programs,
-            kept: None,
-        }
+        })
+    }
+
+    fn into_engine(self, programs: Programs) -> Engine {
+        Engine { store: self, programs, kept: None }
     }
 }
 
@@ -899,7 +922,7 @@ struct Roles {
     sets: Vec<usize>,
 }
 
-/// The maps every program of a tally uses, and the carried columns.
+/// The maps every program of an engine uses, and the carried columns.
 struct Maps<'a> {
     threads: &'a ArrayMap,
     rows: &'a ArrayMap,
@@ -944,7 +967,7 @@ impl Maps<'_> {
         fields: &Fields,
         roles: &Roles,
         columns: &[TracepointColumn],
-    ) -> Result<ProgramColumns, TallyError> {
+    ) -> Result<ProgramColumns, EngineError> {
         let counts = program_columns(tracepoint, fields, &roles.counts, columns)?;
         let start_columns: Vec<usize> = roles.starts.iter().map(|&(i, _)| i).collect();
         let starts = program_columns(tracepoint, fields, &start_columns, columns)?
@@ -962,7 +985,7 @@ impl Maps<'_> {
             let from = &self.carried[k].from;
             let pred = parse(tracepoint, fields, from.filter.as_deref())?;
             let weight = match &self.carried[k].weight {
-                Some(name) => Some(*fields.get(name).ok_or_else(|| TallyError::Filter {
+                Some(name) => Some(*fields.get(name).ok_or_else(|| EngineError::Filter {
                     tracepoint: tracepoint.to_owned(),
                     filter: name.clone(),
                     source: FilterError::UnknownField(name.clone()),
@@ -983,12 +1006,12 @@ fn attach_one(
     columns: &[TracepointColumn],
     maps: &Maps<'_>,
     link: bool,
-) -> Result<Attachment, TallyError> {
+) -> Result<Attachment, EngineError> {
     let tracepoint = format!("{system}:{name}");
     let format = tracefs::event_format_at(root, system, name)
-        .map_err(|source| TallyError::Format { tracepoint: tracepoint.clone(), source })?;
+        .map_err(|source| EngineError::Format { tracepoint: tracepoint.clone(), source })?;
     let id = tracefs::event_id_at(root, system, name)
-        .map_err(|source| TallyError::Format { tracepoint: tracepoint.clone(), source })?;
+        .map_err(|source| EngineError::Format { tracepoint: tracepoint.clone(), source })?;
     let fields = filter::parse_format(&format);
     // A raw tracepoint first: it runs before the kernel makes the record, which is most of
     // what a classic tracepoint program costs a firing.
@@ -1000,14 +1023,14 @@ fn attach_one(
     }
     let insns = record_program(&tracepoint, &fields, roles, columns, maps)?;
     let prog = Program::load_tracepoint(&insns)
-        .map_err(|source| TallyError::Load { tracepoint: tracepoint.clone(), source })?;
+        .map_err(|source| EngineError::Load { tracepoint: tracepoint.clone(), source })?;
     // A link where one is asked for (it can be pinned; Linux 5.15 on), else the event itself.
     let attached = if link {
         Attachment::tracepoint_link(id, &prog).or_else(|_| Attachment::tracepoint(id, &prog))
     } else {
         Attachment::tracepoint(id, &prog)
     };
-    attached.map_err(|source| TallyError::Attach { tracepoint, source })
+    attached.map_err(|source| EngineError::Attach { tracepoint, source })
 }
 
 /// The program [`attach_one`] would attach to `system:name`, loaded to be run on a context of our
@@ -1021,9 +1044,9 @@ fn rehearse_one(
     roles: &Roles,
     columns: &[TracepointColumn],
     maps: &Maps<'_>,
-) -> Result<(Program, Context), TallyError> {
+) -> Result<(Program, Context), EngineError> {
     let tracepoint = format!("{system}:{name}");
-    let text = format(system, name).ok_or_else(|| TallyError::NoFormat(tracepoint.clone()))?;
+    let text = format(system, name).ok_or_else(|| EngineError::NoFormat(tracepoint.clone()))?;
     let fields = filter::parse_format(&text);
     if let Some(insns) = raw_program(system, name, &fields, roles, columns, maps)
         && let Ok(prog) = Program::load_raw_tracepoint(&insns)
@@ -1032,7 +1055,7 @@ fn rehearse_one(
     }
     let insns = record_program(&tracepoint, &fields, roles, columns, maps)?;
     let prog =
-        Program::load_raw_tracepoint(&insns).map_err(|source| TallyError::Load { tracepoint, source })?;
+        Program::load_raw_tracepoint(&insns).map_err(|source| EngineError::Load { tracepoint, source })?;
     Ok((prog, Context::Record))
 }
 
@@ -1070,16 +1093,16 @@ fn record_program(
     roles: &Roles,
     columns: &[TracepointColumn],
     maps: &Maps<'_>,
-) -> Result<Vec<u64>, TallyError> {
+) -> Result<Vec<u64>, EngineError> {
     let compiled = maps.compile(tracepoint, fields, roles, columns)?;
-    maps.assemble(compiled, &roles.ends).map_err(|()| TallyError::Assemble(tracepoint.to_owned()))
+    maps.assemble(compiled, &roles.ends).map_err(|()| EngineError::Assemble(tracepoint.to_owned()))
 }
 
 /// The predicate of `filter` on `fields` (`None`: every firing).
-fn parse(tracepoint: &str, fields: &Fields, filter: Option<&str>) -> Result<Option<Pred>, TallyError> {
+fn parse(tracepoint: &str, fields: &Fields, filter: Option<&str>) -> Result<Option<Pred>, EngineError> {
     filter
         .map(|f| {
-            filter::parse_filter(f, fields).map_err(|source| TallyError::Filter {
+            filter::parse_filter(f, fields).map_err(|source| EngineError::Filter {
                 tracepoint: tracepoint.to_owned(),
                 filter: f.to_owned(),
                 source,
@@ -1093,18 +1116,18 @@ fn program_columns(
     fields: &filter::Fields,
     indices: &[usize],
     columns: &[TracepointColumn],
-) -> Result<Vec<Column>, TallyError> {
+) -> Result<Vec<Column>, EngineError> {
     let mut program_columns = Vec::with_capacity(indices.len());
     for &i in indices {
         let pred: Option<Pred> = match &columns[i].filter {
-            Some(f) => Some(filter::parse_filter(f, fields).map_err(|source| TallyError::Filter {
+            Some(f) => Some(filter::parse_filter(f, fields).map_err(|source| EngineError::Filter {
                 tracepoint: tracepoint.to_owned(),
                 filter: f.clone(),
                 source,
             })?),
             None => None,
         };
-        let index = u16::try_from(i).map_err(|_| TallyError::Assemble(tracepoint.to_owned()))?;
+        let index = u16::try_from(i).map_err(|_| EngineError::Assemble(tracepoint.to_owned()))?;
         program_columns.push(Column { index, pred });
     }
     Ok(program_columns)
