@@ -6,8 +6,8 @@
 //!   [`kvm_scan`]: every VM on the host at a cost other processes cannot inflate;
 //!   [`qemu_args`]: QEMU's own reading of its command line;
 //! - [`counting`]: per-thread event counters on every thread of a process from attach on;
-//! - [`qmp`]: QEMU's QMP for KVM's statistics and vCPU threads;
-//! - [`libvirt`]: a read-only client of libvirt's remote protocol, for its domain statistics;
+//! - `hvstats_vmm` (its own crate) talks to the VMMs: QEMU's QMP, libvirt's remote protocol, who
+//!   holds their sockets, and the [`cancel`] flag every wait looks at;
 //! - [`sources`]: the sources of an observed VM's counters (the VMM's KVM statistics descriptors,
 //!   libvirt, QMP, its events, its threads' own files), composed on the seam our own VPs' sources share;
 //! - [`vm`]: one observed VM and its partition; [`vm_identity`]: which KVM VM object a process
@@ -17,8 +17,7 @@
 //! - [`refusal`]: why a VM found is not observed (one table of reasons, counted by reason on the
 //!   observer's page); [`capabilities`]: the capabilities the observer uses, each missing one
 //!   said once with what it costs;
-//! - [`claim`]: one observer per VM per host;
-//! - [`cancel`]: the flag a signal sets to end every wait.
+//! - [`claim`]: one observer per VM per host.
 //!
 //! Descriptors per VM: while its vCPU threads are unknown, counters on every thread of the
 //! process, for at most [`sources::events::EXTRA_THREADS`] threads beyond one per vCPU and within what the
@@ -35,7 +34,6 @@
 #![deny(missing_docs)]
 
 pub mod attach;
-pub mod cancel;
 pub mod capabilities;
 pub mod claim;
 pub mod counting;
@@ -44,19 +42,18 @@ pub mod event;
 pub mod exit_watch;
 pub mod filter;
 pub mod kvm_scan;
-pub mod libvirt;
 pub mod observer;
-mod peer;
 pub mod publication;
 pub mod qemu_args;
-pub mod qmp;
 mod record;
 pub mod refusal;
 mod socket_access;
 pub mod sources;
-pub mod unix_sockets;
 pub mod vm;
 pub mod vm_identity;
+
+/// The flag a signal sets to end every wait, which an [`Observer`] is given.
+pub use hvstats_vmm::cancel;
 
 pub use attach::{ObserveError, ObserveOptions};
 pub use discovery::{Procfs, Vmm};

@@ -27,20 +27,20 @@ use hvstats::Hypervisor;
 use hvstats_abi::catalog::hypervisor;
 
 use super::attach::{ObserveError, ObserveOptions};
-use super::cancel::Cancel;
 use super::capabilities::Capabilities;
 use super::claim::{Claim, ClaimError};
 use super::discovery::{KvmFds, Procfs, is_refusal, is_shortage, read_error};
 use super::event::ObserverEvent;
 use super::filter::VmIdentity;
 use super::kvm_scan::KvmScan;
-use super::qmp::Qmp;
 use super::record::{Observed, Record, Stage};
 use super::refusal::{self, Refusal, RefusedCounts};
-use super::unix_sockets::UnixSockets;
 use super::vm::{Departure, ObservedVm};
 use super::vm_identity;
 use hvstats_host::error_chain::error_chain;
+use hvstats_vmm::cancel::Cancel;
+use hvstats_vmm::qmp::Qmp;
+use hvstats_vmm::unix_sockets::UnixSockets;
 
 /// Which processes are observed.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -36,10 +36,10 @@ use super::sources::KvmExitState;
 use super::sources::{
     Counting, Learned, Named, PeerKind, PeerState, VM_SOURCES, Vcpu, VmAttach, VmSource, VmView,
 };
-use super::unix_sockets::UnixSockets;
 use super::vm_identity::{VmObject, VmWatch, compare_files, distinct_vms};
 use hvstats_abi::vm_state::VmState;
 use hvstats_sources::counter_source::{Composition, Gives, Object};
+use hvstats_vmm::unix_sockets::UnixSockets;
 
 /// The partition and VP counters an observed VM could have: every counter whose observed key
 /// is a source (the authority's own, like the VP count, are always there). What no source gives

@@ -13,8 +13,8 @@ use hvstats_abi::counter_set::CounterSet;
 use hvstats_abi::source::KvmStat;
 use hvstats_abi::{ObjectKind, Presentation, Unit};
 
-use crate::qmp::StatValues;
 use hvstats_sources::vcpu_stats::copy_kvm_histogram;
+use hvstats_vmm::qmp::StatValues;
 
 /// One reading of KVM statistics by the kernel's names.
 pub trait KvmStatReading {

@@ -33,9 +33,11 @@ use hvstats_abi::vm_state::VmState;
 use super::kvm_stat_map::{self, KvmStatReading};
 use super::vm_source::{Learned, Named, Peer, PeerKind, PeerState, VmAttach, VmSource, VmView};
 use crate::attach::ObserveError;
-use crate::libvirt::{Domain, Libvirt, LibvirtError, SOCKETS, STATS_STATE, STATS_VCPU, STATS_VM, TypedValue};
 use hvstats_host::error_chain::error_chain;
 use hvstats_sources::counter_source::{CounterSource, Gives, Object};
+use hvstats_vmm::libvirt::{
+    Domain, Libvirt, LibvirtError, SOCKETS, STATS_STATE, STATS_VCPU, STATS_VM, TypedValue,
+};
 
 /// The deadline of one exchange with libvirt.
 const TIMEOUT: Duration = Duration::from_secs(2);

@@ -46,10 +46,12 @@ use serde_json::Value;
 use super::kvm_stat_map;
 use super::vm_source::{Learned, Named, Peer, PeerKind, PeerState, VcpuThread, VmAttach, VmSource, VmView};
 use crate::attach::ObserveError;
-use crate::cancel::Cancel;
-use crate::qmp::{KvmStatsReply, Qmp, QmpCpu, QmpError, add_stats, parse_cpus, parse_status, stats_request};
-use crate::unix_sockets::UnixSockets;
 use hvstats_sources::counter_source::{CounterSource, Gives, Object};
+use hvstats_vmm::cancel::Cancel;
+use hvstats_vmm::qmp::{
+    KvmStatsReply, Qmp, QmpCpu, QmpError, add_stats, parse_cpus, parse_status, stats_request,
+};
+use hvstats_vmm::unix_sockets::UnixSockets;
 
 /// The deadline of one QMP exchange (the connect and greeting, or one refresh's questions and
 /// their answers).

@@ -15,7 +15,7 @@ use hvstats_sources::counter_source::{CounterSource, Gives};
 
 use crate::attach::ObserveOptions;
 use crate::discovery::{KvmFds, Procfs};
-use crate::unix_sockets::UnixSockets;
+use hvstats_vmm::unix_sockets::UnixSockets;
 
 /// One vCPU of an observed VM as the observer knows it now.
 #[derive(Clone, Debug, PartialEq, Eq)]

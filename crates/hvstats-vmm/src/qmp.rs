@@ -124,13 +124,13 @@ pub enum QmpError {
 impl QmpError {
     /// True when the session can go on after this error (QEMU refused one command); after any
     /// other error the stream is out of step or gone, and the session must be dropped.
-    pub(crate) fn is_command_error(&self) -> bool {
+    pub fn is_command_error(&self) -> bool {
         matches!(self, QmpError::Command { .. })
     }
 
     /// True when the peer may still answer later: the exchange ran out of time with nothing
     /// wrong said (a stopped or stalled QEMU, a socket another client holds).
-    pub(crate) fn is_silence(&self) -> bool {
+    pub fn is_silence(&self) -> bool {
         matches!(self, QmpError::Stalled { .. } | QmpError::Taken { .. })
     }
 }
@@ -261,12 +261,7 @@ impl Qmp {
     ///
     /// # Errors
     /// As [`begin`](Self::begin).
-    pub(crate) fn begin_via(
-        path: &Path,
-        via: &Path,
-        timeout: Duration,
-        cancel: Cancel,
-    ) -> Result<Self, QmpError> {
+    pub fn begin_via(path: &Path, via: &Path, timeout: Duration, cancel: Cancel) -> Result<Self, QmpError> {
         let stream = connect_nonblocking(path, via)?;
         Ok(Self {
             stream,
@@ -472,7 +467,7 @@ impl Qmp {
     ///
     /// # Errors
     /// As [`send`](Self::send).
-    pub(crate) fn send_all(&mut self, requests: &[(&str, Option<Value>)]) -> Result<(), QmpError> {
+    pub fn send_all(&mut self, requests: &[(&str, Option<Value>)]) -> Result<(), QmpError> {
         let mut text = String::new();
         let mut ids = Vec::with_capacity(requests.len());
         for (command, arguments) in requests {
@@ -619,7 +614,7 @@ impl Qmp {
 ///
 /// # Errors
 /// A reply of the wrong shape.
-pub(crate) fn parse_cpus(r: &Value) -> Result<Vec<QmpCpu>, QmpError> {
+pub fn parse_cpus(r: &Value) -> Result<Vec<QmpCpu>, QmpError> {
     let list = r.as_array().ok_or_else(|| QmpError::Protocol("query-cpus-fast: not a list".into()))?;
     let mut cpus = Vec::with_capacity(list.len());
     for cpu in list {
@@ -656,7 +651,7 @@ pub fn add_stats(reply: &mut KvmStatsReply, target: &str, r: &Value) {
 }
 
 /// The run state of a `query-status` reply (QAPI `RunState`), as QEMU names it.
-pub(crate) fn parse_status(r: &Value) -> Option<&str> {
+pub fn parse_status(r: &Value) -> Option<&str> {
     r.get("status").and_then(Value::as_str)
 }
 
