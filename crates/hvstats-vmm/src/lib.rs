@@ -2,6 +2,7 @@
 //! through, and what they need to know about the sockets they speak on.
 //!
 //! - [`qmp`]: QEMU's QMP for KVM's statistics, vCPU threads and run state;
+//! - [`kvm_stats`]: KVM's statistics by name, as a VMM relays them;
 //! - [`libvirt`]: a read-only client of libvirt's remote protocol, for its domain statistics;
 //! - [`unix_sockets`]: who holds a Unix socket's connections and who waits on it, from the
 //!   kernel's tables;
@@ -14,6 +15,7 @@
 #![deny(missing_docs)]
 
 pub mod cancel;
+pub mod kvm_stats;
 pub mod libvirt;
 mod peer;
 pub mod qmp;

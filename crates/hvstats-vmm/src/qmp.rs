@@ -28,6 +28,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use crate::kvm_stats::StatValues;
+
 use crate::cancel::{CANCEL_POLL, Cancel};
 
 /// The longest QMP message accepted, newline included. A `query-stats` reply carries about
@@ -169,43 +171,8 @@ pub struct QmpCpu {
     pub qom_path: String,
 }
 
-/// KVM statistics by name, as `query-stats` gives them: single values, and the buckets of the
-/// histograms (KVM's log2 `halt_*_hist`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct StatValues {
-    values: BTreeMap<String, u64>,
-    histograms: BTreeMap<String, Vec<u64>>,
-}
-
 /// The most buckets a histogram of a reply keeps (KVM's log2 histograms have 32).
 const MAX_BUCKETS: usize = 64;
-
-impl StatValues {
-    /// The single value of statistic `name`.
-    pub fn get(&self, name: &str) -> Option<&u64> {
-        self.values.get(name)
-    }
-
-    /// The buckets of histogram statistic `name`.
-    pub fn histogram(&self, name: &str) -> Option<&[u64]> {
-        self.histograms.get(name).map(Vec::as_slice)
-    }
-
-    /// True when the reply held no statistic.
-    pub fn is_empty(&self) -> bool {
-        self.values.is_empty() && self.histograms.is_empty()
-    }
-
-    /// The statistics held, single values and histograms.
-    pub fn len(&self) -> usize {
-        self.values.len() + self.histograms.len()
-    }
-
-    fn extend(&mut self, other: StatValues) {
-        self.values.extend(other.values);
-        self.histograms.extend(other.histograms);
-    }
-}
 
 /// The KVM statistics of a VM: the VM's own and each vCPU's, by QOM path.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -730,12 +697,12 @@ fn scalar_stats(stats: Option<&Value>) -> StatValues {
             Some(Value::Array(buckets)) if !buckets.is_empty() && buckets.len() <= MAX_BUCKETS => {
                 let counts: Option<Vec<u64>> = buckets.iter().map(Value::as_u64).collect();
                 if let Some(counts) = counts {
-                    out.histograms.insert(name.to_owned(), counts);
+                    out.set_histogram(name, counts);
                 }
             }
             Some(v) => {
                 if let Some(value) = v.as_u64() {
-                    out.values.insert(name.to_owned(), value);
+                    out.set(name, value);
                 }
             }
             None => {}

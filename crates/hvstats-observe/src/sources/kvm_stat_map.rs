@@ -14,7 +14,7 @@ use hvstats_abi::source::KvmStat;
 use hvstats_abi::{ObjectKind, Presentation, Unit};
 
 use hvstats_sources::vcpu_stats::copy_kvm_histogram;
-use hvstats_vmm::qmp::StatValues;
+use hvstats_vmm::kvm_stats::StatValues;
 
 /// One reading of KVM statistics by the kernel's names.
 pub trait KvmStatReading {
