@@ -30,8 +30,8 @@ use super::attach::{ObserveError, ObserveOptions};
 use super::capabilities::Capabilities;
 use super::claim::{Claim, ClaimError};
 use super::discovery::{KvmFds, Procfs, is_refusal, is_shortage, read_error};
-use super::event::ObserverEvent;
 use super::filter::VmIdentity;
+use super::happenings::ObserverEvent;
 use super::kvm_scan::KvmScan;
 use super::record::Record;
 use super::refusal::{self, Refusal, RefusedCounts};
@@ -71,7 +71,7 @@ pub struct Observer {
     /// observer: making them adopts the rows an earlier observer kept (and drops those of VMs
     /// gone meanwhile) before any VM is attached, and holding them keeps the adopted rows until
     /// their VMs are attached again or end.
-    kept: Option<crate::counting::EventList>,
+    kept: Option<crate::thread_counters::EventList>,
     /// What is to be said of the kept counts at the next tick.
     kept_notes: Vec<String>,
     /// The capabilities this process holds, read at start.
@@ -659,11 +659,11 @@ pub fn raise_fd_limit() -> io::Result<u64> {
 /// at start), and what to say of it.
 fn keep_counts(
     runtime: &std::path::Path,
-) -> (Option<(std::path::PathBuf, crate::counting::EventList)>, Vec<String>) {
+) -> (Option<(std::path::PathBuf, crate::thread_counters::EventList)>, Vec<String>) {
     match hvstats_host::counting::keep_counts_in(runtime) {
         Ok(dir) => {
             use crate::sources::events::{host_isa, vm_events};
-            let events = crate::counting::EventList::kept_in(vm_events(host_isa()), &dir);
+            let events = crate::thread_counters::EventList::kept_in(vm_events(host_isa()), &dir);
             let mut notes = hvstats_host::counting::kept_notes();
             if events.is_kept() {
                 notes.push(format!("kept in {}, for the next observer to adopt", dir.display()));

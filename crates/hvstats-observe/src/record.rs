@@ -38,7 +38,7 @@ use std::time::Instant;
 
 use super::discovery::ProcessIdentity;
 use super::discovery::Procfs;
-use super::event::ObserverEvent;
+use super::happenings::ObserverEvent;
 use super::refusal::Refusal;
 use super::sources::{KvmExitState, PeerState};
 use super::vm::{Departure, ObservedVm};
