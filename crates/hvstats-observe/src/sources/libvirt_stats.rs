@@ -229,15 +229,11 @@ impl CounterSource for LibvirtStats {
 
     fn gives(&self) -> Gives {
         // A VP counter is given only when libvirt reports it for every vCPU.
-        let vp = match self.vcpus.len() == self.vp_count {
-            true => kvm_stat_map::given_by_all(ObjectKind::Vp, self.vcpus.values()),
-            false => CounterSet::EMPTY,
-        };
-        let mut partition = kvm_stat_map::given_by(ObjectKind::Partition, &self.vm);
+        let mut gives = kvm_stat_map::gives(Some(&self.vm), &self.vcpus, self.vp_count);
         if self.state.is_some() {
-            partition = partition.union(&CounterSet::of(&[partition::VM_STATE]));
+            gives.partition = gives.partition.union(&CounterSet::of(&[partition::VM_STATE]));
         }
-        Gives { partition, vp }
+        gives
     }
 
     fn write(&self, object: Object, page: &SharedPage, only: &CounterSet) {

@@ -22,7 +22,6 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 use hvstats::SharedPage;
 use hvstats_abi::ObjectKind;
-use hvstats_abi::counter_set::CounterSet;
 use hvstats_abi::vm_sources::Origin;
 
 use super::kvm_stat_map::{self, KvmStatReading};
@@ -237,14 +236,7 @@ impl CounterSource for StatsFd {
     }
 
     fn gives(&self) -> Gives {
-        // A VP counter is given only when every vCPU's statistics give it.
-        let vp = match self.vcpus.len() == self.vp_count {
-            true => kvm_stat_map::given_by_all(ObjectKind::Vp, self.vcpus.values()),
-            false => CounterSet::EMPTY,
-        };
-        let partition =
-            self.vm.as_ref().map(|c| kvm_stat_map::given_by(ObjectKind::Partition, c)).unwrap_or_default();
-        Gives { partition, vp }
+        kvm_stat_map::gives(self.vm.as_ref(), &self.vcpus, self.vp_count)
     }
 
     fn write(&self, object: Object, page: &SharedPage, only: &hvstats_abi::counter_set::CounterSet) {
