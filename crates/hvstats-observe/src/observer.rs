@@ -38,6 +38,7 @@ use super::refusal::{self, Refusal, RefusedCounts};
 use super::vm::{Departure, ObservedVm};
 use super::vm_identity;
 use hvstats_host::error_chain::error_chain;
+use hvstats_host::os::check;
 use hvstats_vmm::cancel::Cancel;
 use hvstats_vmm::qmp::Qmp;
 use hvstats_vmm::unix_sockets::UnixSockets;
@@ -625,7 +626,7 @@ impl Observer {
 pub(crate) fn descriptor_room() -> usize {
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: `lim` is a valid rlimit the kernel writes into.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+    if check(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }).is_err() {
         return 0;
     }
     let limit = usize::try_from(lim.rlim_cur).unwrap_or(usize::MAX);
@@ -641,15 +642,11 @@ pub(crate) fn descriptor_room() -> usize {
 pub fn raise_fd_limit() -> io::Result<u64> {
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: `lim` is a valid rlimit the kernel writes into.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    check(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) })?;
     if lim.rlim_cur < lim.rlim_max {
         lim.rlim_cur = lim.rlim_max;
         // SAFETY: `lim` is a valid rlimit the kernel reads.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        check(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) })?;
     }
     Ok(lim.rlim_cur)
 }

@@ -28,6 +28,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use hvstats_host::os::check;
+
 use crate::kvm_stats::StatValues;
 
 use crate::cancel::{CANCEL_POLL, Cancel};
@@ -315,16 +317,12 @@ impl Qmp {
                 false => libc::c_int::try_from(slice.as_millis().max(1)).unwrap_or(libc::c_int::MAX),
             };
             // SAFETY: `fd` is one valid pollfd we own; the kernel writes only its `revents`.
-            let rc = unsafe { libc::poll(&mut fd, 1, ms) };
+            let polled = check(unsafe { libc::poll(&mut fd, 1, ms) });
             looked = true;
-            if rc > 0 {
-                return Ok(());
-            }
-            if rc < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() != io::ErrorKind::Interrupted {
-                    return Err(QmpError::Io(e));
-                }
+            match polled {
+                Ok(ready) if ready > 0 => return Ok(()),
+                Err(e) if e.kind() != io::ErrorKind::Interrupted => return Err(QmpError::Io(e)),
+                Ok(_) | Err(_) => {}
             }
         }
     }
@@ -641,16 +639,13 @@ fn connect_nonblocking(path: &Path, via: &Path) -> Result<UnixStream, QmpError> 
     let raw = unsafe {
         libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0)
     };
-    if raw < 0 {
-        return Err(failed(io::Error::last_os_error()));
-    }
+    let raw = check(raw).map_err(failed)?;
     // SAFETY: `raw` is a descriptor socket just returned and nothing else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
     let len = (std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1) as libc::socklen_t;
     // SAFETY: `addr` is a valid sockaddr_un of at least `len` bytes; `fd` is our socket.
     let rc = unsafe { libc::connect(fd.as_raw_fd(), (&raw const addr).cast::<libc::sockaddr>(), len) };
-    if rc != 0 {
-        let e = io::Error::last_os_error();
+    if let Err(e) = check(rc) {
         return Err(match e.raw_os_error() {
             Some(libc::EAGAIN) => QmpError::Taken { path: path.to_owned() },
             _ => failed(e),
