@@ -121,6 +121,17 @@ pub struct ObservedVm {
     watch: Option<VmWatch>,
 }
 
+/// Opens every source of the VM `at` attaches to, in [`VM_SOURCES`]' order, with what each names
+/// of the VM (its vCPU threads, name, UUID).
+fn open_sources(at: &VmAttach<'_>) -> Result<(Vec<Box<dyn VmSource>>, Vec<Named>), ObserveError> {
+    let mut opened = Vec::new();
+    for open in VM_SOURCES {
+        opened.extend(open(at)?);
+    }
+    let named = opened.iter_mut().map(|s| s.named()).collect();
+    Ok((opened, named))
+}
+
 impl ObservedVm {
     /// Attaches to the VM of `pid` (whose KVM descriptors are `fds`): opens its sources (no more
     /// than `room` descriptors for its counters, none of `superseded`: copies of descriptors of
@@ -153,15 +164,9 @@ impl ObservedVm {
         let events = super::sources::vm_event_list(options);
         let per_thread = super::sources::descriptors_per_thread(&events);
         let at = VmAttach { procfs, pid, fds, options, room, events, per_thread, qmp, superseded };
-        let mut opened = Vec::new();
-        for open in VM_SOURCES {
-            opened.extend(open(&at)?);
-        }
-        let named: Vec<Named> = opened.iter_mut().map(|s| s.named()).collect();
-        let (vmm, mut name) = procfs.identify(pid);
-        if let Some(n) = named.iter().find_map(|n| n.vm_name.clone()) {
-            name = n;
-        }
+        let (opened, named) = open_sources(&at)?;
+        let (vmm, name) = procfs.identify(pid);
+        let name = named.iter().find_map(|n| n.vm_name.clone()).unwrap_or(name);
         let vcpus: Vec<Vcpu> =
             fds.vcpus.keys().map(|&vcpu_id| Vcpu { vcpu_id, tid: None, qom_path: None }).collect();
         // What the VMM itself says (QMP), else what its command line gives it.
@@ -186,7 +191,7 @@ impl ObservedVm {
             hv: hv.clone(),
             declared: None,
             claim: None,
-            exit: (procfs.root() == std::path::Path::new("/proc")).then(|| ExitWatch::new(pid)).flatten(),
+            exit: live.then(|| ExitWatch::new(pid)).flatten(),
             watch,
         };
         match me.refresh(procfs) {
