@@ -121,9 +121,11 @@ pub struct ObservedVm {
     watch: Option<VmWatch>,
 }
 
-/// Opens every source of the VM `at` attaches to, in [`VM_SOURCES`]' order, with what each names
-/// of the VM (its vCPU threads, name, UUID).
-fn open_sources(at: &VmAttach<'_>) -> Result<(Vec<Box<dyn VmSource>>, Vec<Named>), ObserveError> {
+/// The sources a VM is attached with, and what each names of it (its vCPU threads, name, UUID).
+type Opened = (Vec<Box<dyn VmSource>>, Vec<Named>);
+
+/// Opens every source of the VM `at` attaches to, in [`VM_SOURCES`]' order.
+fn open_sources(at: &VmAttach<'_>) -> Result<Opened, ObserveError> {
     let mut opened = Vec::new();
     for open in VM_SOURCES {
         opened.extend(open(at)?);
