@@ -30,7 +30,7 @@
 //! known. Before QEMU 8.1 every `query-stats` of the vCPUs interrupts each vCPU once (QEMU runs
 //! the read on the vCPU's thread): one per vCPU per refresh, measured by `hvstats bench`.
 //!
-//! The session ([`Session`]) and each refresh's round ([`Round`]) are two small machines:
+//! The session (`Session`) and each refresh's round (`Round`) are two small machines:
 //!
 //! ```text
 //!   Closed ──retry time, socket free──► Greeting ──greeted──► Ready ──questions──► Ready (asked)
