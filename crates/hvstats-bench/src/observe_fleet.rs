@@ -22,9 +22,9 @@ use std::time::{Duration, Instant};
 
 use hvstats::Hypervisor;
 use hvstats_observe::filter::{VmFilter, VmPattern};
-use hvstats_observe::qmp::{Qmp, add_stats, stats_request};
 use hvstats_observe::{ObserveOptions, Observer, Procfs, Targets, raise_fd_limit};
 use hvstats_testkit::kvm_vcpus;
+use hvstats_vmm::qmp::{Qmp, add_stats, stats_request};
 
 use crate::row::{CpuClock, Pace, Plan, Rounds, Row};
 

@@ -19,8 +19,8 @@ use hvstats::Hypervisor;
 
 use hvstats_guest::bios::{BiosEnd, BiosProgram};
 use hvstats_host::bpf::{Engine, TracepointColumn};
-use hvstats_observe::qmp::{Qmp, QmpError};
 use hvstats_observe::{ObserveOptions, Observer, Procfs, Targets};
+use hvstats_vmm::qmp::{Qmp, QmpError};
 
 use crate::row::{Pace, Plan};
 

@@ -24,8 +24,8 @@ use hvstats_abi::catalog::{self, Counter};
 use hvstats_abi::source::KvmStat;
 use hvstats_abi::{ObjectKind, Presentation, Unit};
 use hvstats_guest::bios::{BiosEnd, BiosProgram};
-use hvstats_observe::qmp::{KvmStatsReply, Qmp, add_stats, stats_request};
 use hvstats_testkit::{Libvirtd, kvm_vcpus};
+use hvstats_vmm::qmp::{KvmStatsReply, Qmp, add_stats, stats_request};
 use serde_json::Value;
 
 /// The guest all three run: known work, then `cli; hlt` (its counts hold still afterwards).

@@ -233,7 +233,7 @@ fn a_qemu_stopped_for_ten_seconds_loses_its_qmp_counters_and_gets_them_back_with
     let ctl = tmp.path().join("ctl.sock");
     let ctl_arg = format!("unix:{},server=on,wait=off", ctl.display());
     let qemu = Qemu::start(tmp.path(), &tag, &["-qmp", &ctl_arg]);
-    let mut control = hvstats_observe::qmp::Qmp::connect(&ctl, Duration::from_secs(10)).unwrap();
+    let mut control = hvstats_vmm::qmp::Qmp::connect(&ctl, Duration::from_secs(10)).unwrap();
     let pid = qemu.pid().to_string();
     let run = tmp.path().join("run");
     std::fs::create_dir_all(&run).unwrap();
@@ -402,7 +402,7 @@ fn the_observer_lets_go_of_a_qemus_qmp_socket_when_another_client_waits_for_it()
     let attach = observe.wait_line(&format!("attach pid {pid}"));
     assert!(attach.contains("; QMP ") && !attach.contains("unavailable"), "{attach}");
     // An operator's tool connects: it is served (QEMU serves one client), not left waiting.
-    let mut tool = hvstats_observe::qmp::Qmp::connect(&qemu.qmp, Duration::from_secs(10))
+    let mut tool = hvstats_vmm::qmp::Qmp::connect(&qemu.qmp, Duration::from_secs(10))
         .expect("the observer let go of the socket");
     assert!(!tool.is_running().unwrap(), "started with -S");
     let lost = observe.wait_line(&format!("pid {pid} \"{tag}\": qmp lost"));

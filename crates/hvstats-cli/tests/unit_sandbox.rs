@@ -31,8 +31,8 @@ use std::time::{Duration, Instant};
 
 use common::{KilledOnDrop, TempDir, kvm_available, total, unit_setting as setting};
 use hvstats_guest::bios::{BiosEnd, BiosProgram};
-use hvstats_observe::unix_sockets::{PathUse, UnixSockets};
 use hvstats_testkit::{Libvirtd, spawn_qemu, wait_for_kvm_vcpus};
+use hvstats_vmm::unix_sockets::{PathUse, UnixSockets};
 use serde_json::Value;
 
 fn repo(path: &str) -> PathBuf {
@@ -562,7 +562,7 @@ fn the_observer_under_its_units_sandbox_lets_a_waiting_qmp_client_in_and_takes_t
     // An operator's tool connects from the host's namespace: QEMU greets it once the observer
     // lets go (a generous bound: the observer refreshes every second).
     let t = Instant::now();
-    let mut tool = hvstats_observe::qmp::Qmp::connect(&qemu.qmp, Duration::from_secs(60))
+    let mut tool = hvstats_vmm::qmp::Qmp::connect(&qemu.qmp, Duration::from_secs(60))
         .expect("the observer let go of the socket for the waiting client");
     let greeted = t.elapsed();
     eprintln!("{test}: the waiting client was greeted after {greeted:?}");

@@ -4,8 +4,8 @@
 use std::io;
 use std::path::PathBuf;
 
-use super::cancel::Cancel;
 use super::filter::VmFilter;
+use hvstats_vmm::cancel::Cancel;
 
 /// How to observe a VM.
 #[derive(Clone, Debug, Default)]
@@ -19,7 +19,7 @@ pub struct ObserveOptions {
     pub filter: VmFilter,
     /// libvirt's read-only socket, for the statistics of libvirt's domains; `None` takes the
     /// socket of libvirt's `LIBVIRT_DEFAULT_URI`, else the usual places
-    /// ([`super::libvirt::SOCKETS`]).
+    /// ([`hvstats_vmm::libvirt::SOCKETS`]).
     pub libvirt: Option<PathBuf>,
     /// Ends every QMP wait at once when set (the observer is stopping).
     pub cancel: Cancel,

@@ -21,6 +21,7 @@ use std::os::unix::fs::MetadataExt;
 
 use hvstats::vmm::VmUuid;
 pub use hvstats::vmm::Vmm;
+use hvstats_host::os::check;
 use hvstats_host::task_stat::{StatLine, thread_path};
 
 use super::qemu_args;
@@ -601,11 +602,10 @@ fn numeric_entries(dir: &Path) -> io::Result<Vec<i32>> {
 fn is_procfs(root: &Path) -> bool {
     use std::os::unix::ffi::OsStrExt;
     let Ok(path) = std::ffi::CString::new(root.as_os_str().as_bytes()) else { return false };
+    // SAFETY: an all-zero statfs is a valid value of the plain C struct the kernel fills.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: `path` is NUL-terminated and `fs` a valid statfs the kernel writes into.
-    unsafe {
-        let mut fs: libc::statfs = std::mem::zeroed();
-        libc::statfs(path.as_ptr(), &mut fs) == 0 && fs.f_type == libc::PROC_SUPER_MAGIC
-    }
+    check(unsafe { libc::statfs(path.as_ptr(), &mut fs) }).is_ok() && fs.f_type == libc::PROC_SUPER_MAGIC
 }
 
 /// A 32-bit FNV-1a digest of a command line, its arguments each ended by a NUL as the kernel
@@ -629,8 +629,10 @@ fn host_debugfs() -> Option<PathBuf> {
             if mounts.lines().any(|l| l.split_whitespace().nth(1) == Some("/sys/kernel/debug")) {
                 return;
             }
+            // A mount refused (no CAP_SYS_ADMIN, a read-only /sys) leaves no debugfs: told below
+            // by its absence, as on a host without one.
             // SAFETY: all arguments are NUL-terminated literals; a null data pointer is allowed.
-            unsafe {
+            let _refused = check(unsafe {
                 libc::mount(
                     c"debugfs".as_ptr(),
                     c"/sys/kernel/debug".as_ptr(),
@@ -638,7 +640,7 @@ fn host_debugfs() -> Option<PathBuf> {
                     0,
                     std::ptr::null(),
                 )
-            };
+            });
         });
     }
     root.join("kvm").is_dir().then(|| root.to_owned())

@@ -8,6 +8,8 @@
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
+use hvstats_host::os::{check, check_long};
+
 /// The exit of one process, watched through its pidfd.
 #[derive(Debug)]
 pub struct ExitWatch(OwnedFd);
@@ -18,7 +20,7 @@ impl ExitWatch {
         // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1; it has
         // no memory arguments.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        let fd = libc::c_int::try_from(fd).ok().filter(|fd| *fd >= 0)?;
+        let fd = libc::c_int::try_from(check_long(fd).ok()?).ok()?;
         // SAFETY: `fd` is a descriptor pidfd_open just returned and nothing else owns.
         Some(Self(unsafe { OwnedFd::from_raw_fd(fd) }))
     }
@@ -27,8 +29,8 @@ impl ExitWatch {
     pub(crate) fn has_exited(&self) -> bool {
         let mut fd = libc::pollfd { fd: self.0.as_raw_fd(), events: libc::POLLIN, revents: 0 };
         // SAFETY: `fd` is one valid pollfd we own; the kernel writes only its `revents`.
-        let rc = unsafe { libc::poll(&mut fd, 1, 0) };
-        rc > 0 && fd.revents & (libc::POLLIN | libc::POLLHUP) != 0
+        let ready = check(unsafe { libc::poll(&mut fd, 1, 0) }).is_ok_and(|n| n > 0);
+        ready && fd.revents & (libc::POLLIN | libc::POLLHUP) != 0
     }
 }
 

@@ -27,20 +27,21 @@ use hvstats::Hypervisor;
 use hvstats_abi::catalog::hypervisor;
 
 use super::attach::{ObserveError, ObserveOptions};
-use super::cancel::Cancel;
 use super::capabilities::Capabilities;
 use super::claim::{Claim, ClaimError};
 use super::discovery::{KvmFds, Procfs, is_refusal, is_shortage, read_error};
-use super::event::ObserverEvent;
 use super::filter::VmIdentity;
+use super::happenings::ObserverEvent;
 use super::kvm_scan::KvmScan;
-use super::qmp::Qmp;
-use super::record::{Observed, Record, Stage};
+use super::record::Record;
 use super::refusal::{self, Refusal, RefusedCounts};
-use super::unix_sockets::UnixSockets;
 use super::vm::{Departure, ObservedVm};
 use super::vm_identity;
 use hvstats_host::error_chain::error_chain;
+use hvstats_host::os::check;
+use hvstats_vmm::cancel::Cancel;
+use hvstats_vmm::qmp::Qmp;
+use hvstats_vmm::unix_sockets::UnixSockets;
 
 /// Which processes are observed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,7 +72,7 @@ pub struct Observer {
     /// observer: making them adopts the rows an earlier observer kept (and drops those of VMs
     /// gone meanwhile) before any VM is attached, and holding them keeps the adopted rows until
     /// their VMs are attached again or end.
-    kept: Option<crate::counting::EventList>,
+    kept: Option<crate::thread_counters::EventList>,
     /// What is to be said of the kept counts at the next tick.
     kept_notes: Vec<String>,
     /// The capabilities this process holds, read at start.
@@ -216,18 +217,18 @@ impl Observer {
             false => UnixSockets::read_of(paths.iter().map(PathBuf::as_path)).unwrap_or_default(),
         };
         for record in self.records.values_mut() {
-            if let Some(o) = record.observed_mut() {
-                o.vm.ask(&sockets);
+            if let Some(vm) = record.vm_mut() {
+                vm.ask(&sockets);
             }
         }
     }
 
     /// Refreshes the VM of `pid`, detaching it once it left.
     fn refresh(&mut self, pid: i32, events: &mut Vec<ObserverEvent>) {
-        let Some(o) = self.records.get_mut(&pid).and_then(Record::observed_mut) else { return };
-        let refreshed = o.vm.refresh(&self.procfs);
-        for refusal in o.vm.take_refusals() {
-            events.push(ObserverEvent::ThreadRefused { pid, name: o.vm.name().to_owned(), refusal });
+        let Some(vm) = self.records.get_mut(&pid).and_then(Record::vm_mut) else { return };
+        let refreshed = vm.refresh(&self.procfs);
+        for refusal in vm.take_refusals() {
+            events.push(ObserverEvent::ThreadRefused { pid, name: vm.name().to_owned(), refusal });
         }
         match refreshed {
             Ok(None) => {}
@@ -244,28 +245,14 @@ impl Observer {
     /// The VM of `pid` left for `why`: its partition goes, and what comes next depends on who
     /// was observed.
     fn detach(&mut self, pid: i32, why: Departure, events: &mut Vec<ObserverEvent>) {
-        let Some(record) = self.records.get_mut(&pid) else { return };
-        let next = match (why, &self.targets) {
-            // The process lives on, with another VM: a new candidate.
-            (Departure::VmChanged, _) => Stage::Seen,
-            // The process lives on: a VM it makes now is a new one.
-            (Departure::Exec, Targets::Pids(_)) => Stage::Execed,
-            (Departure::Exec | Departure::PidReused, Targets::All | Targets::QmpSocket(_)) => Stage::Seen,
-            // `--pid` named the process that exited, not whichever reuses its pid.
-            (Departure::Exited | Departure::PidReused, _) => Stage::Gone,
-        };
-        let Stage::Attached(o) = std::mem::replace(&mut record.stage, next) else { return };
-        // Who left: a process that takes the pid now is told from it.
-        record.identity = Some(o.vm.identity());
-        if why == Departure::VmChanged {
-            record.superseded.extend(o.vm.vmm_copies());
-        }
+        let named = matches!(self.targets, Targets::Pids(_));
+        let Some(vm) = self.records.get_mut(&pid).and_then(|r| r.detach(why, named)) else { return };
         // A process holding the same VM is a candidate now (the VM may live on in it).
-        for twin in self.records.values_mut().filter(|r| matches!(r.stage, Stage::Twin { of } if of == pid)) {
-            twin.stage = Stage::Seen;
+        for record in self.records.values_mut() {
+            record.release_twin_of(pid);
         }
         self.scan.recheck(pid);
-        events.push(ObserverEvent::Detached { pid, name: o.vm.name().to_owned(), why });
+        events.push(ObserverEvent::Detached { pid, name: vm.name().to_owned(), why });
     }
 
     /// Attaches to the VM `pid` holds, found with `found`, when it is ready and this observer
@@ -273,7 +260,7 @@ impl Observer {
     fn consider(&mut self, pid: i32, found: io::Result<KvmFds>, events: &mut Vec<ObserverEvent>) {
         let Some(fds) = self.ready(pid, found, events) else { return };
         if let Some(with) = self.twin_of(pid, &fds) {
-            self.records.entry(pid).or_default().stage = Stage::Twin { of: with };
+            self.records.entry(pid).or_default().twin(with);
             return events.push(ObserverEvent::SharesVm { pid, with });
         }
         let claim = match self.claim(pid) {
@@ -297,7 +284,7 @@ impl Observer {
         if !self.superseded_within_bound(pid, events) {
             return;
         }
-        let superseded = self.records.get(&pid).map(|r| &r.superseded[..]).unwrap_or_default();
+        let superseded = self.records.get(&pid).map(Record::superseded).unwrap_or_default();
         let options = &self.options;
         match ObservedVm::attach(&self.hv, &self.procfs, pid, &fds, options, room, qmp.as_deref(), superseded)
         {
@@ -320,15 +307,8 @@ impl Observer {
     /// Keeps of the statistics descriptors of the VMs `pid` replaced those it still holds; false
     /// (the process failed, said) when they are more than [`vm_identity::MAX_SUPERSEDED`].
     fn superseded_within_bound(&mut self, pid: i32, events: &mut Vec<ObserverEvent>) -> bool {
-        let Some(record) = self.records.get_mut(&pid).filter(|r| !r.superseded.is_empty()) else {
-            return true;
-        };
-        vm_identity::still_held(&self.procfs, pid, &mut record.superseded);
-        let kept = record.superseded.len();
-        if kept <= vm_identity::MAX_SUPERSEDED {
-            return true;
-        }
-        record.superseded.clear();
+        let Some(record) = self.records.get_mut(&pid) else { return true };
+        let Err(kept) = record.prune_superseded(&self.procfs, pid) else { return true };
         let why = format!(
             "process {pid} replaced its VM again and again, keeping {kept} statistics descriptors of the \
              VMs it replaced open (at most {} are told apart)",
@@ -362,11 +342,7 @@ impl Observer {
             Ok(fds) if fds.has_vm() && fds.vcpus.is_empty() => None,
             // Kept while it is not attached: a VM deferred now is not waited for again (and
             // said again) next tick.
-            Ok(fds) if fds.has_vm() && waits => {
-                let vcpus = fds.vcpus.len();
-                let was = std::mem::replace(&mut record.stage, Stage::Settling { vcpus });
-                matches!(was, Stage::Settling { vcpus: v } if v == vcpus).then_some(fds)
-            }
+            Ok(fds) if fds.has_vm() && waits => record.settle(fds.vcpus.len()).then_some(fds),
             Ok(fds) if fds.has_vm() => Some(fds),
             // A `--pid` process that `exec()`ed: its new program may make a VM later.
             Ok(_) if waits => None,
@@ -418,10 +394,7 @@ impl Observer {
             events.push(ObserverEvent::Refused { pid, name, reason: Refusal::QmpSocketHidden, why });
         }
         events.extend(self.resemblances(&vm));
-        let record = self.records.entry(pid).or_default();
-        record.identity = Some(vm.identity());
-        record.refusal_said |= hidden.is_some();
-        record.stage = Stage::Attached(Box::new(Observed::new(vm, hidden.is_some())));
+        self.records.entry(pid).or_default().attach(vm, hidden.is_some());
     }
 
     /// What a VM just attached shares with the VMs observed already: a name, one that looks
@@ -470,19 +443,16 @@ impl Observer {
     fn say_refusals(&mut self, events: &mut Vec<ObserverEvent>) {
         let now: BTreeSet<i32> = self.scan.refused().keys().copied().collect();
         for (pid, record) in &mut self.records {
-            let hidden = matches!(&record.stage, Stage::Attached(o) if o.hidden_qmp);
-            record.scan_refused = record.scan_refused.filter(|_| now.contains(pid));
-            record.refusal_said &= now.contains(pid) || hidden;
+            record.unsay_refusal(now.contains(pid));
         }
         for pid in now {
-            let record = self.records.entry(pid).or_default();
-            if std::mem::replace(&mut record.refusal_said, true) || self.filtered_out(events, pid) {
+            if self.records.entry(pid).or_default().refusal_said() || self.filtered_out(events, pid) {
                 continue;
             }
             let Some(e) = self.scan.refused().get(&pid) else { continue };
             let reason = self.unreadable(pid, e);
             let why = read_error(&self.procfs, pid, e);
-            self.records.entry(pid).or_default().scan_refused = Some(reason);
+            self.records.entry(pid).or_default().scan_refused(reason);
             let (_, name) = self.procfs.identify(pid);
             events.push(ObserverEvent::Refused { pid, name, reason, why });
         }
@@ -514,7 +484,7 @@ impl Observer {
         if self.options.filter.is_empty() {
             return false;
         }
-        if self.records.get(&pid).is_some_and(|r| r.excluded) {
+        if self.records.get(&pid).is_some_and(Record::is_excluded) {
             return true;
         }
         let (_, name) = self.procfs.identify(pid);
@@ -522,7 +492,7 @@ impl Observer {
         if self.options.filter.takes(&vm) {
             return false;
         }
-        self.records.entry(pid).or_default().excluded = true;
+        self.records.entry(pid).or_default().exclude();
         events.push(ObserverEvent::Excluded { pid, name });
         true
     }
@@ -545,7 +515,7 @@ impl Observer {
     /// Notes that `pid` cannot be observed, for `reason`: it is not tried again while it is the
     /// same process.
     fn fail(&mut self, events: &mut Vec<ObserverEvent>, pid: i32, reason: Refusal, error: String) {
-        self.records.entry(pid).or_default().stage = Stage::Failed(reason);
+        self.records.entry(pid).or_default().fail(reason);
         events.push(ObserverEvent::Failed { pid, reason, error });
     }
 
@@ -566,10 +536,7 @@ impl Observer {
                 continue;
             }
             let Ok(now) = self.procfs.identity(pid) else { continue };
-            let record = self.records.entry(pid).or_default();
-            if record.identity.replace(now).is_some_and(|was| was != now) {
-                record.forget();
-            }
+            self.records.entry(pid).or_default().recognize(now);
         }
     }
 
@@ -589,15 +556,9 @@ impl Observer {
     /// Those of `pids` neither observed nor done, with their KVM descriptors; a process that
     /// failed and exited is gone.
     fn named(&mut self, pids: &[i32]) -> Vec<(i32, io::Result<KvmFds>)> {
-        let failed: Vec<i32> = self
-            .records
-            .iter()
-            .filter(|(_, r)| matches!(r.stage, Stage::Failed(_)))
-            .map(|(p, _)| *p)
-            .collect();
-        for pid in failed {
+        for (&pid, record) in self.records.iter_mut().filter(|(_, r)| r.is_failed()) {
             if !self.procfs.is_alive(pid).unwrap_or(true) {
-                self.records.entry(pid).or_default().stage = Stage::Gone;
+                record.exited();
             }
         }
         pids.iter()
@@ -622,9 +583,7 @@ impl Observer {
         let refused = self.scan.refused();
         for (pid, record) in &mut self.records {
             if !pids.contains(pid) && !refused.contains_key(pid) && !record.is_attached() {
-                record.stage = Stage::Seen;
-                record.excluded = false;
-                record.identity = None;
+                record.forget();
             }
         }
         self.forget_changed(&pids);
@@ -639,7 +598,7 @@ impl Observer {
         // process's), else the oldest (a child is younger than the parent it was forked from).
         let creators = self.scan.creators();
         found.sort_by_key(|(p, _)| {
-            let start = self.records.get(p).and_then(|r| r.identity).map(|k| k.start_time);
+            let start = self.records.get(p).and_then(Record::identity).map(|k| k.start_time);
             (!creators.contains(p), start, *p)
         });
         found.into_iter().map(|(p, fds)| (p, Ok(fds))).collect()
@@ -667,7 +626,7 @@ impl Observer {
 pub(crate) fn descriptor_room() -> usize {
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: `lim` is a valid rlimit the kernel writes into.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+    if check(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }).is_err() {
         return 0;
     }
     let limit = usize::try_from(lim.rlim_cur).unwrap_or(usize::MAX);
@@ -683,15 +642,11 @@ pub(crate) fn descriptor_room() -> usize {
 pub fn raise_fd_limit() -> io::Result<u64> {
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: `lim` is a valid rlimit the kernel writes into.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    check(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) })?;
     if lim.rlim_cur < lim.rlim_max {
         lim.rlim_cur = lim.rlim_max;
         // SAFETY: `lim` is a valid rlimit the kernel reads.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        check(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) })?;
     }
     Ok(lim.rlim_cur)
 }
@@ -701,11 +656,11 @@ pub fn raise_fd_limit() -> io::Result<u64> {
 /// at start), and what to say of it.
 fn keep_counts(
     runtime: &std::path::Path,
-) -> (Option<(std::path::PathBuf, crate::counting::EventList)>, Vec<String>) {
+) -> (Option<(std::path::PathBuf, crate::thread_counters::EventList)>, Vec<String>) {
     match hvstats_host::counting::keep_counts_in(runtime) {
         Ok(dir) => {
             use crate::sources::events::{host_isa, vm_events};
-            let events = crate::counting::EventList::kept_in(vm_events(host_isa()), &dir);
+            let events = crate::thread_counters::EventList::kept_in(vm_events(host_isa()), &dir);
             let mut notes = hvstats_host::counting::kept_notes();
             if events.is_kept() {
                 notes.push(format!("kept in {}, for the next observer to adopt", dir.display()));

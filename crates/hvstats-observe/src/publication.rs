@@ -10,8 +10,8 @@ use hvstats::PartitionStats;
 use hvstats::index::InstanceDescription;
 use hvstats_abi::CounterId;
 
-use super::counting::{EventList, Method};
 use super::sources::events::{host_isa, vm_events};
+use super::thread_counters::{EventList, Method};
 
 /// The instance description of an observer (`kind` "observer"); its name says how the VMs'
 /// tracepoints are counted on this host (in the kernel, or by perf counters), which is what

@@ -18,19 +18,35 @@
 //!
 //! With `--all`, a record of a process no longer listed, or that names another process or program
 //! than when it was kept, is forgotten (back to `Seen`): a new process is a new candidate.
+//!
+//! What was said of it ([`Said`]) is a second machine beside the stage, so that each thing is
+//! said once:
+//!
+//! ```text
+//!   Nothing ──filter leaves it out──► Excluded ──forgotten──► Nothing
+//!    │  ▲  ▲
+//!    │  │  └── scan no longer refuses it (and no hidden socket) ◄── Refused(reason), QmpHidden
+//!    │  └──────────────────────── forgotten ◄────────────────────────┘
+//!    ├─ the scan refuses it, the filter takes it ─► Refused(reason)   (counted as refused)
+//!    └─ attached without its QMP socket, hidden from here ─► QmpHidden   (counted as refused)
+//! ```
+//!
+//! The stage and what was said change only through the record's methods (its transitions).
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
 use super::discovery::ProcessIdentity;
-use super::event::ObserverEvent;
+use super::discovery::Procfs;
+use super::happenings::ObserverEvent;
 use super::refusal::Refusal;
 use super::sources::{KvmExitState, PeerState};
-use super::vm::ObservedVm;
+use super::vm::{Departure, ObservedVm};
+use super::vm_identity;
 
 /// Where a process stands for the observer.
 #[derive(Debug, Default)]
-pub(crate) enum Stage {
+enum Stage {
     /// Known (or not yet), nothing under way: a candidate when it holds a VM.
     #[default]
     Seen,
@@ -60,9 +76,9 @@ pub(crate) enum Stage {
 
 /// An observed VM and what the observer said of it.
 #[derive(Debug)]
-pub(crate) struct Observed {
+struct Observed {
     /// The VM.
-    pub(crate) vm: ObservedVm,
+    vm: ObservedVm,
     /// Each source with a peer: since when it has not answered (`None` while it answers).
     peers: BTreeMap<&'static str, Option<Instant>>,
     /// Whether its vCPU threads were all known when last said.
@@ -70,12 +86,12 @@ pub(crate) struct Observed {
     /// What was last said of `kvm_exit`.
     kvm_exit: KvmExitState,
     /// Its QMP socket is in its VMM's mount namespace and not in this one's (counted as refused).
-    pub(crate) hidden_qmp: bool,
+    hidden_qmp: bool,
 }
 
 impl Observed {
     /// A VM just attached: its peers as they are now (one down is said when it comes back).
-    pub(crate) fn new(vm: ObservedVm, hidden_qmp: bool) -> Self {
+    fn new(vm: ObservedVm, hidden_qmp: bool) -> Self {
         let now = Instant::now();
         let peers =
             vm.peers().into_iter().map(|(s, state)| (s, (state != PeerState::Up).then_some(now))).collect();
@@ -117,27 +133,37 @@ impl Observed {
     }
 }
 
+/// What was said of a process beyond its stage, each said once.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Said {
+    /// Nothing.
+    #[default]
+    Nothing,
+    /// The filter leaves it out (said).
+    Excluded,
+    /// The scan was refused it and the filter takes it (said): counted as refused, for this reason.
+    Refused(Refusal),
+    /// It is attached without its QMP socket, hidden from here (said; counted through its stage).
+    QmpHidden,
+}
+
 /// What the observer knows of one process.
 #[derive(Debug, Default)]
 pub(crate) struct Record {
     /// Who the process was when this was kept: what is kept is forgotten once its pid names
     /// another process or it runs another program.
-    pub(crate) identity: Option<ProcessIdentity>,
+    identity: Option<ProcessIdentity>,
     /// Where it stands.
-    pub(crate) stage: Stage,
+    stage: Stage,
     /// It was deferred at the last tick, and why (its reason was said).
     deferred: Option<Refusal>,
     /// It was deferred at this tick, and why.
     deferred_now: Option<Refusal>,
-    /// The filter leaves it out (said once).
-    pub(crate) excluded: bool,
-    /// The scan was refused it and the filter takes it: counted as refused, for this reason.
-    pub(crate) scan_refused: Option<Refusal>,
-    /// Its refusal (by the scan, or a QMP socket hidden from here) was said.
-    pub(crate) refusal_said: bool,
+    /// What was said of it beyond its stage.
+    said: Said,
     /// Copies of the descriptors of the VMs it ran before and replaced (their KVM statistics):
     /// none is read for a VM it runs now.
-    pub(crate) superseded: Vec<std::os::fd::OwnedFd>,
+    superseded: Vec<std::os::fd::OwnedFd>,
 }
 
 impl Record {
@@ -149,12 +175,22 @@ impl Record {
         }
     }
 
-    /// The VM observed and what was said of it, when it is attached.
-    pub(crate) fn observed_mut(&mut self) -> Option<&mut Observed> {
+    /// The VM observed, to ask and refresh, when it is attached.
+    pub(crate) fn vm_mut(&mut self) -> Option<&mut ObservedVm> {
         match &mut self.stage {
-            Stage::Attached(o) => Some(o),
+            Stage::Attached(o) => Some(&mut o.vm),
             _ => None,
         }
+    }
+
+    /// Who the process was when this was kept.
+    pub(crate) fn identity(&self) -> Option<ProcessIdentity> {
+        self.identity
+    }
+
+    /// Copies of the statistics descriptors of the VMs it replaced.
+    pub(crate) fn superseded(&self) -> &[std::os::fd::OwnedFd] {
+        &self.superseded
     }
 
     /// True while it is observed.
@@ -172,18 +208,32 @@ impl Record {
         matches!(self.stage, Stage::Failed(_) | Stage::Gone)
     }
 
+    /// True once it failed (and may have exited since).
+    pub(crate) fn is_failed(&self) -> bool {
+        matches!(self.stage, Stage::Failed(_))
+    }
+
     /// True while a VM found in it is waited for (its vCPUs settling, or a new program's VM).
     pub(crate) fn waits(&self) -> bool {
         matches!(self.stage, Stage::Settling { .. } | Stage::Execed)
     }
 
+    /// True while the filter leaves it out (said).
+    pub(crate) fn is_excluded(&self) -> bool {
+        self.said == Said::Excluded
+    }
+
     /// Why its VM is found and not observed now, when it is not: deferred, failed while it
     /// lives, refused by the scan, or attached without its hidden QMP socket.
     pub(crate) fn refusal(&self) -> Option<Refusal> {
+        let scan_refused = match self.said {
+            Said::Refused(why) => Some(why),
+            _ => None,
+        };
         match &self.stage {
             Stage::Failed(why) => Some(*why),
             Stage::Attached(o) if o.hidden_qmp => Some(Refusal::QmpSocketHidden),
-            _ => self.deferred.or(self.scan_refused),
+            _ => self.deferred.or(scan_refused),
         }
     }
 
@@ -194,24 +244,142 @@ impl Record {
         self.deferred.is_none()
     }
 
-    /// Forgets what was kept of the process it was: it names another process or program now.
-    pub(crate) fn forget(&mut self) {
-        self.stage = Stage::Seen;
+    /// `Seen`, `Settling` → `Settling { vcpus }`: its VM has `vcpus` vCPUs at this tick; true
+    /// when the count held still since the last (it is ready to attach).
+    pub(crate) fn settle(&mut self, vcpus: usize) -> bool {
+        let was = std::mem::replace(&mut self.stage, Stage::Settling { vcpus });
+        matches!(was, Stage::Settling { vcpus: v } if v == vcpus)
+    }
+
+    /// → `Attached`: `vm` is observed, `qmp_hidden` when its QMP socket is hidden from here (which
+    /// was said).
+    pub(crate) fn attach(&mut self, vm: ObservedVm, qmp_hidden: bool) {
+        self.identity = Some(vm.identity());
+        if qmp_hidden {
+            self.said = Said::QmpHidden;
+        }
+        self.stage = Stage::Attached(Box::new(Observed::new(vm, qmp_hidden)));
+    }
+
+    /// `Attached` → `Seen`, `Execed` or `Gone`: its VM left for `why`, its process named by
+    /// `--pid` (`named`) or found. Returns the VM that left (`None` when none was attached).
+    pub(crate) fn detach(&mut self, why: Departure, named: bool) -> Option<ObservedVm> {
+        let next = match why {
+            // The process lives on, with another VM: a new candidate.
+            Departure::VmChanged => Stage::Seen,
+            // The process lives on: a VM it makes now is a new one.
+            Departure::Exec if named => Stage::Execed,
+            Departure::Exec | Departure::PidReused if !named => Stage::Seen,
+            // `--pid` named the process that exited, not whichever reuses its pid.
+            Departure::Exec | Departure::Exited | Departure::PidReused => Stage::Gone,
+        };
+        if !self.is_attached() {
+            return None;
+        }
+        let Stage::Attached(o) = std::mem::replace(&mut self.stage, next) else { return None };
+        // Who left: a process that takes the pid now is told from it.
+        self.identity = Some(o.vm.identity());
+        if why == Departure::VmChanged {
+            self.superseded.extend(o.vm.vmm_copies());
+        }
+        Some(o.vm)
+    }
+
+    /// → `Twin { of }`: it holds the very VM object of the VM observed as process `of`.
+    pub(crate) fn twin(&mut self, of: i32) {
+        self.stage = Stage::Twin { of };
+    }
+
+    /// `Twin { of }` → `Seen` when `of` is `pid`, which detached: the VM may live on in it.
+    pub(crate) fn release_twin_of(&mut self, pid: i32) {
+        if matches!(self.stage, Stage::Twin { of } if of == pid) {
+            self.stage = Stage::Seen;
+        }
+    }
+
+    /// → `Failed`: it cannot be observed, for `why`.
+    pub(crate) fn fail(&mut self, why: Refusal) {
+        self.stage = Stage::Failed(why);
+    }
+
+    /// `Failed` → `Gone`: it exited after failing.
+    pub(crate) fn exited(&mut self) {
+        if self.is_failed() {
+            self.stage = Stage::Gone;
+        }
+    }
+
+    /// Keeps of the statistics descriptors of the VMs it replaced those process `pid` still
+    /// holds; when they are more than [`vm_identity::MAX_SUPERSEDED`], drops them all and
+    /// returns how many there were.
+    pub(crate) fn prune_superseded(&mut self, procfs: &Procfs, pid: i32) -> Result<(), usize> {
+        if self.superseded.is_empty() {
+            return Ok(());
+        }
+        vm_identity::still_held(procfs, pid, &mut self.superseded);
+        let kept = self.superseded.len();
+        if kept <= vm_identity::MAX_SUPERSEDED {
+            return Ok(());
+        }
         self.superseded.clear();
-        self.deferred = None;
-        self.excluded = false;
+        Err(kept)
+    }
+
+    /// Nothing → `Excluded`: the filter leaves it out (said now).
+    pub(crate) fn exclude(&mut self) {
+        self.said = Said::Excluded;
+    }
+
+    /// Nothing → `Refused(why)`: the scan was refused it, and that was said now.
+    pub(crate) fn scan_refused(&mut self, why: Refusal) {
+        self.said = Said::Refused(why);
+    }
+
+    /// True when what was said of it leaves nothing to say of the scan refusing it (it was
+    /// said, or the filter leaves it out, or its hidden QMP socket was said).
+    pub(crate) fn refusal_said(&self) -> bool {
+        self.said != Said::Nothing
+    }
+
+    /// `Refused`, `QmpHidden` → `Nothing` unless the scan still refuses it (`refused_now`) or it
+    /// is attached without its hidden QMP socket: what is said again should it come back.
+    pub(crate) fn unsay_refusal(&mut self, refused_now: bool) {
+        let hidden = matches!(&self.stage, Stage::Attached(o) if o.hidden_qmp);
+        let stands = match self.said {
+            Said::Nothing | Said::Excluded => true,
+            Said::Refused(_) => refused_now,
+            Said::QmpHidden => refused_now || hidden,
+        };
+        if !stands {
+            self.said = Said::Nothing;
+        }
+    }
+
+    /// Keeps who the process is `now`; forgets what was kept when that names another process or
+    /// program than when it was kept.
+    pub(crate) fn recognize(&mut self, now: ProcessIdentity) {
+        if self.identity.is_some_and(|was| was != now) {
+            self.forget();
+        }
+        self.identity = Some(now);
+    }
+
+    /// Forgets what was kept of the process it was (back to `Seen`, nothing said): it names
+    /// another process or program now, or is no longer listed.
+    pub(crate) fn forget(&mut self) {
+        *self = Self::default();
     }
 
     /// Says what changed of its peers since the last tick.
     pub(crate) fn say_peers(&mut self, pid: i32, now: Instant, events: &mut Vec<ObserverEvent>) {
-        if let Some(o) = self.observed_mut() {
+        if let Stage::Attached(o) = &mut self.stage {
             o.say_peers(pid, now, events);
         }
     }
 
     /// Says what became known of its VM since the last tick.
     pub(crate) fn say_progress(&mut self, pid: i32, events: &mut Vec<ObserverEvent>) {
-        if let Some(o) = self.observed_mut() {
+        if let Stage::Attached(o) = &mut self.stage {
             o.say_progress(pid, events);
         }
     }
@@ -225,11 +393,9 @@ impl Record {
     pub(crate) fn is_blank(&self) -> bool {
         self.identity.is_none()
             && matches!(self.stage, Stage::Seen)
-            && !(self.deferred.is_some()
-                || self.deferred_now.is_some()
-                || self.excluded
-                || self.scan_refused.is_some()
-                || self.refusal_said)
+            && self.deferred.is_none()
+            && self.deferred_now.is_none()
+            && self.said == Said::Nothing
     }
 }
 
@@ -256,17 +422,34 @@ mod tests {
 
     #[test]
     fn a_failed_process_is_done_and_refused_until_it_is_forgotten() {
-        let failed = Stage::Failed(Refusal::NoCapSysPtrace);
-        let mut r = Record { stage: failed, excluded: true, ..Record::default() };
+        let mut r = Record::default();
+        r.fail(Refusal::NoCapSysPtrace);
+        r.exclude();
         assert!(r.is_done() && !r.waits() && !r.is_attached());
         assert_eq!(r.refusal(), Some(Refusal::NoCapSysPtrace));
         r.forget();
-        assert!(matches!(r.stage, Stage::Seen) && !r.excluded && !r.is_done() && r.refusal().is_none());
-        r.stage = Stage::Gone;
+        assert!(matches!(r.stage, Stage::Seen) && !r.is_excluded() && !r.is_done() && r.refusal().is_none());
+        r.fail(Refusal::Failed);
+        r.exited();
         assert!(r.is_done() && r.refusal().is_none(), "an exited process is not a VM refused");
-        r.stage = Stage::Execed;
-        assert!(r.waits() && !r.is_done());
-        r.stage = Stage::Settling { vcpus: 2 };
-        assert!(r.waits() && !r.is_blank());
+        r.forget();
+        assert!(!r.settle(2) && r.waits() && !r.is_done() && !r.is_blank());
+        assert!(r.settle(2), "the count held still: ready");
+        assert!(!r.settle(3), "one more vCPU: settling again");
+    }
+
+    #[test]
+    fn a_scan_refusal_is_said_once_and_unsaid_when_the_scan_no_longer_refuses() {
+        let mut r = Record::default();
+        assert!(!r.refusal_said());
+        r.scan_refused(Refusal::NoCapSysPtrace);
+        assert!(r.refusal_said() && r.refusal() == Some(Refusal::NoCapSysPtrace));
+        r.unsay_refusal(true);
+        assert_eq!(r.refusal(), Some(Refusal::NoCapSysPtrace), "still refused: still counted");
+        r.unsay_refusal(false);
+        assert!(!r.refusal_said() && r.refusal().is_none() && r.is_blank());
+        r.exclude();
+        r.unsay_refusal(false);
+        assert!(r.is_excluded() && r.refusal_said(), "left out stands until forgotten");
     }
 }

@@ -36,10 +36,10 @@ use super::sources::KvmExitState;
 use super::sources::{
     Counting, Learned, Named, PeerKind, PeerState, VM_SOURCES, Vcpu, VmAttach, VmSource, VmView,
 };
-use super::unix_sockets::UnixSockets;
 use super::vm_identity::{VmObject, VmWatch, compare_files, distinct_vms};
 use hvstats_abi::vm_state::VmState;
 use hvstats_sources::counter_source::{Composition, Gives, Object};
+use hvstats_vmm::unix_sockets::UnixSockets;
 
 /// The partition and VP counters an observed VM could have: every counter whose observed key
 /// is a source (the authority's own, like the VP count, are always there). What no source gives
@@ -121,6 +121,19 @@ pub struct ObservedVm {
     watch: Option<VmWatch>,
 }
 
+/// The sources a VM is attached with, and what each names of it (its vCPU threads, name, UUID).
+type Opened = (Vec<Box<dyn VmSource>>, Vec<Named>);
+
+/// Opens every source of the VM `at` attaches to, in [`VM_SOURCES`]' order.
+fn open_sources(at: &VmAttach<'_>) -> Result<Opened, ObserveError> {
+    let mut opened = Vec::new();
+    for open in VM_SOURCES {
+        opened.extend(open(at)?);
+    }
+    let named = opened.iter_mut().map(|s| s.named()).collect();
+    Ok((opened, named))
+}
+
 impl ObservedVm {
     /// Attaches to the VM of `pid` (whose KVM descriptors are `fds`): opens its sources (no more
     /// than `room` descriptors for its counters, none of `superseded`: copies of descriptors of
@@ -153,15 +166,9 @@ impl ObservedVm {
         let events = super::sources::vm_event_list(options);
         let per_thread = super::sources::descriptors_per_thread(&events);
         let at = VmAttach { procfs, pid, fds, options, room, events, per_thread, qmp, superseded };
-        let mut opened = Vec::new();
-        for open in VM_SOURCES {
-            opened.extend(open(&at)?);
-        }
-        let named: Vec<Named> = opened.iter_mut().map(|s| s.named()).collect();
-        let (vmm, mut name) = procfs.identify(pid);
-        if let Some(n) = named.iter().find_map(|n| n.vm_name.clone()) {
-            name = n;
-        }
+        let (opened, named) = open_sources(&at)?;
+        let (vmm, name) = procfs.identify(pid);
+        let name = named.iter().find_map(|n| n.vm_name.clone()).unwrap_or(name);
         let vcpus: Vec<Vcpu> =
             fds.vcpus.keys().map(|&vcpu_id| Vcpu { vcpu_id, tid: None, qom_path: None }).collect();
         // What the VMM itself says (QMP), else what its command line gives it.
@@ -186,7 +193,7 @@ impl ObservedVm {
             hv: hv.clone(),
             declared: None,
             claim: None,
-            exit: (procfs.root() == std::path::Path::new("/proc")).then(|| ExitWatch::new(pid)).flatten(),
+            exit: live.then(|| ExitWatch::new(pid)).flatten(),
             watch,
         };
         match me.refresh(procfs) {

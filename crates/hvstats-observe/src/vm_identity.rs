@@ -54,13 +54,11 @@ pub const RESCAN_TICKS: u64 = 64;
 pub(crate) fn compare_files(pid_a: i32, fd_a: RawFd, pid_b: i32, fd_b: RawFd) -> io::Result<Ordering> {
     // SAFETY: kcmp takes two pids, a type and two descriptor numbers, and touches no memory of ours.
     let r = unsafe { libc::syscall(libc::SYS_kcmp, pid_a, pid_b, KCMP_FILE, fd_a, fd_b) };
-    match r {
+    match sys::check_long(r)? {
         0 => Ok(Ordering::Equal),
-        1 => Ok(Ordering::Less),
         2 => Ok(Ordering::Greater),
-        // 3: not equal, and not ordered (the kernel may withhold the order).
-        3 => Ok(Ordering::Less),
-        _ => Err(io::Error::last_os_error()),
+        // 1: less; 3: not equal, and not ordered (the kernel may withhold the order).
+        _ => Ok(Ordering::Less),
     }
 }
 

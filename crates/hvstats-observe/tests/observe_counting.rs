@@ -9,7 +9,7 @@ use std::sync::mpsc;
 use std::thread;
 
 use hvstats_observe::Procfs;
-use hvstats_observe::counting::{EventList, EventSpec, Method, SW_TASK_CLOCK, ThreadCounters};
+use hvstats_observe::thread_counters::{EventList, EventSpec, Method, SW_TASK_CLOCK, ThreadCounters};
 
 fn getppid_events() -> Option<EventList> {
     getppid_events_by(Method::InKernel)

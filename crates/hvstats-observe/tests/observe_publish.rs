@@ -17,10 +17,10 @@ use std::time::Duration;
 use hvstats::Hypervisor;
 use hvstats_abi::catalog::vp;
 use hvstats_abi::vm_sources::{Origin, SourceTable};
-use hvstats_observe::counting::EventList;
 use hvstats_observe::refusal::Refusal;
 use hvstats_observe::sources::events::vm_events;
 use hvstats_observe::sources::thread_clock;
+use hvstats_observe::thread_counters::EventList;
 use hvstats_observe::{KvmExitState, ObserveOptions, Observer, ObserverEvent, Procfs, Targets};
 use observe_support::{FakeProcess, TempDir};
 

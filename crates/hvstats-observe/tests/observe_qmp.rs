@@ -6,7 +6,7 @@ mod observe_support;
 use std::time::{Duration, Instant};
 
 use hvstats_observe::Procfs;
-use hvstats_observe::qmp::{Qmp, QmpError};
+use hvstats_vmm::qmp::{Qmp, QmpError};
 use observe_support::{Qemu, TempDir};
 
 #[test]

@@ -15,8 +15,8 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use hvstats_observe::cancel::Cancel;
-use hvstats_observe::qmp::{MAX_LINE, Qmp, QmpError};
+use hvstats_vmm::cancel::Cancel;
+use hvstats_vmm::qmp::{MAX_LINE, Qmp, QmpError};
 use observe_support::{Qemu, TempDir};
 
 const GREETING: &str =

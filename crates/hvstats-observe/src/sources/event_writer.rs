@@ -8,7 +8,7 @@ use hvstats::SharedPage;
 use hvstats_abi::counter_set::CounterSet;
 use hvstats_abi::source::Tracepoint;
 
-use crate::counting::EventSpec;
+use crate::thread_counters::EventSpec;
 use hvstats_sources::counter_source::Gives;
 
 /// What is known about `kvm:kvm_exit` on this host.

@@ -1,5 +1,5 @@
 //! The events source: KVM's tracepoints, counted on each thread of a VMM from attach on
-//! ([`crate::counting`]), written by event writers.
+//! ([`crate::thread_counters`]), written by event writers.
 //!
 //! At attach every thread of the process is counted (the vCPU threads are not known yet, and a
 //! VM attached while paused must be counted from its first instruction); once every vCPU's
@@ -21,7 +21,7 @@ use super::event_writer::{EventWriter, KvmExitState, ThreadReading, tracepoint_e
 use super::hyperv;
 use super::vm_source::{Counting, Learned, VmAttach, VmSource, VmView};
 use crate::attach::ObserveError;
-use crate::counting::{EventSpec, ThreadCounters};
+use crate::thread_counters::{EventSpec, ThreadCounters};
 use hvstats_sources::counter_source::{CounterSource, Gives, Object};
 
 /// Threads of a VMM counted beyond one per vCPU while the vCPU threads are unknown: a VMM's
@@ -43,8 +43,10 @@ pub(crate) fn vmm_threads(at: &VmAttach<'_>) -> Result<(usize, Vec<i32>), Observ
     let max_threads = (at.room / per_thread).min(vcpus + EXTRA_THREADS);
     if max_threads < vcpus.max(1) {
         let counting = match at.events.method() {
-            crate::counting::Method::InKernel => "tracepoints counted in the kernel: the thread clock's",
-            crate::counting::Method::Perf => "a perf counter per tracepoint and the thread clock's",
+            crate::thread_counters::Method::InKernel => {
+                "tracepoints counted in the kernel: the thread clock's"
+            }
+            crate::thread_counters::Method::Perf => "a perf counter per tracepoint and the thread clock's",
         };
         let needed = vcpus.max(1) * per_thread;
         return Err(ObserveError::Budget { pid, vcpus, needed, per_thread, counting, room: at.room });

@@ -18,7 +18,7 @@ use hvstats_abi::exit_reason::{self, InterceptClass};
 use hvstats_abi::source::Source;
 
 use super::event_writer::{EventWriter, KvmExitState, ThreadReading};
-use crate::counting::EventSpec;
+use crate::thread_counters::EventSpec;
 use hvstats_sources::counter_source::Gives;
 
 /// The ftrace filter on `kvm_exit` that matches the exits of `class` on a host of `isa`, or one

@@ -30,7 +30,7 @@ use hvstats_abi::source::{KvmHv, Source};
 use hvstats_abi::{CounterId, catalog};
 
 use super::event_writer::{EventWriter, KvmExitState, ThreadReading};
-use crate::counting::EventSpec;
+use crate::thread_counters::EventSpec;
 use hvstats_sources::counter_source::Gives;
 
 /// The hypercall tracepoint.

@@ -7,14 +7,17 @@
 //! poll times), a histogram its `_ns` sum and its `_hist` buckets, KVM's log2 bucketing being the
 //! page's own. Values are KVM's own, whole-life: they count from the vCPU's (or VM's) creation.
 
+use std::collections::BTreeMap;
+
 use hvstats::SharedPage;
 use hvstats_abi::catalog::{self, Counter};
 use hvstats_abi::counter_set::CounterSet;
 use hvstats_abi::source::KvmStat;
 use hvstats_abi::{ObjectKind, Presentation, Unit};
 
-use crate::qmp::StatValues;
+use hvstats_sources::counter_source::Gives;
 use hvstats_sources::vcpu_stats::copy_kvm_histogram;
+use hvstats_vmm::kvm_stats::StatValues;
 
 /// One reading of KVM statistics by the kernel's names.
 pub trait KvmStatReading {
@@ -87,6 +90,18 @@ pub(crate) fn given_by_all<'a, R: KvmStatReading + 'a>(
     readings: impl IntoIterator<Item = &'a R>,
 ) -> CounterSet {
     readings.into_iter().map(|r| given_by(kind, r)).reduce(|a, b| a.intersection(&b)).unwrap_or_default()
+}
+
+/// The counters a source reading KVM's statistics per object gives: the VM's from `vm` (when
+/// read), and each VP counter that every vCPU's reading gives, none unless all `vp_count` vCPUs'
+/// statistics were read (a VP without its reading would keep a stale value).
+pub(crate) fn gives<R: KvmStatReading>(vm: Option<&R>, vcpus: &BTreeMap<u32, R>, vp_count: usize) -> Gives {
+    let vp = match vcpus.len() == vp_count {
+        true => given_by_all(ObjectKind::Vp, vcpus.values()),
+        false => CounterSet::EMPTY,
+    };
+    let partition = vm.map(|r| given_by(ObjectKind::Partition, r)).unwrap_or_default();
+    Gives { partition, vp }
 }
 
 /// Writes the counters of `only` for an object of `kind` from `reading` into `page`; a counter

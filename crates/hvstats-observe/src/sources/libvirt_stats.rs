@@ -33,9 +33,11 @@ use hvstats_abi::vm_state::VmState;
 use super::kvm_stat_map::{self, KvmStatReading};
 use super::vm_source::{Learned, Named, Peer, PeerKind, PeerState, VmAttach, VmSource, VmView};
 use crate::attach::ObserveError;
-use crate::libvirt::{Domain, Libvirt, LibvirtError, SOCKETS, STATS_STATE, STATS_VCPU, STATS_VM, TypedValue};
 use hvstats_host::error_chain::error_chain;
 use hvstats_sources::counter_source::{CounterSource, Gives, Object};
+use hvstats_vmm::libvirt::{
+    Domain, Libvirt, LibvirtError, SOCKETS, STATS_STATE, STATS_VCPU, STATS_VM, TypedValue,
+};
 
 /// The deadline of one exchange with libvirt.
 const TIMEOUT: Duration = Duration::from_secs(2);
@@ -227,15 +229,11 @@ impl CounterSource for LibvirtStats {
 
     fn gives(&self) -> Gives {
         // A VP counter is given only when libvirt reports it for every vCPU.
-        let vp = match self.vcpus.len() == self.vp_count {
-            true => kvm_stat_map::given_by_all(ObjectKind::Vp, self.vcpus.values()),
-            false => CounterSet::EMPTY,
-        };
-        let mut partition = kvm_stat_map::given_by(ObjectKind::Partition, &self.vm);
+        let mut gives = kvm_stat_map::gives(Some(&self.vm), &self.vcpus, self.vp_count);
         if self.state.is_some() {
-            partition = partition.union(&CounterSet::of(&[partition::VM_STATE]));
+            gives.partition = gives.partition.union(&CounterSet::of(&[partition::VM_STATE]));
         }
-        Gives { partition, vp }
+        gives
     }
 
     fn write(&self, object: Object, page: &SharedPage, only: &CounterSet) {

@@ -61,8 +61,8 @@ pub const VM_SOURCES: &[OpenVm] =
 
 /// The tracepoint events a VM attached with `options` is counted with: kept beyond the observer
 /// where the options say, counted in the kernel where that is permitted.
-pub(crate) fn vm_event_list(options: &crate::attach::ObserveOptions) -> crate::counting::EventList {
-    use crate::counting::EventList;
+pub(crate) fn vm_event_list(options: &crate::attach::ObserveOptions) -> crate::thread_counters::EventList {
+    use crate::thread_counters::EventList;
     let specs = events::vm_events(events::host_isa());
     match &options.kept_in {
         Some(dir) => EventList::kept_in(specs, dir),
@@ -74,7 +74,7 @@ pub(crate) fn vm_event_list(options: &crate::attach::ObserveOptions) -> crate::c
 /// perf counter per event not counted in the kernel (none where the in-kernel tally counts them
 /// all), and the thread clock's (one: migrations). What admitting a VM costs per thread
 /// ([`VmAttach::per_thread`]).
-pub(crate) fn descriptors_per_thread(events: &crate::counting::EventList) -> usize {
+pub(crate) fn descriptors_per_thread(events: &crate::thread_counters::EventList) -> usize {
     events.perf_events_per_thread() + thread_clock::events().len()
 }
 

@@ -29,6 +29,22 @@
 //! VM's list gives them (the VMM's own descriptors, libvirt); and the vCPU threads until they are
 //! known. Before QEMU 8.1 every `query-stats` of the vCPUs interrupts each vCPU once (QEMU runs
 //! the read on the vCPU's thread): one per vCPU per refresh, measured by `hvstats bench`.
+//!
+//! The session (`Session`) and each refresh's round (`Round`) are two small machines:
+//!
+//! ```text
+//!   Closed ──retry time, socket free──► Greeting ──greeted──► Ready ──questions──► Ready (asked)
+//!    ▲  │                                 │   ▲ silent: looked      │ ▲                │
+//!    │  └─ VMM may not reach it, or ─► Refused (for good)   └───┘ for each refresh │ └─answers─┘
+//!    │     another process serves it                                                │
+//!    └───────── failed, another client holds or waits for it (backoff doubles) ◄────┘
+//!
+//!   Between { current } ──ask──► Asked { shadowed } ──collect──► Collected { current } ──read──► Between
+//! ```
+//!
+//! `current` says that the reading of KVM's statistics was taken at this refresh (only such a
+//! reading is given); `shadowed` that a source before this one gives every statistic this one
+//! last gave, so they are not asked for.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -46,10 +62,12 @@ use serde_json::Value;
 use super::kvm_stat_map;
 use super::vm_source::{Learned, Named, Peer, PeerKind, PeerState, VcpuThread, VmAttach, VmSource, VmView};
 use crate::attach::ObserveError;
-use crate::cancel::Cancel;
-use crate::qmp::{KvmStatsReply, Qmp, QmpCpu, QmpError, add_stats, parse_cpus, parse_status, stats_request};
-use crate::unix_sockets::UnixSockets;
 use hvstats_sources::counter_source::{CounterSource, Gives, Object};
+use hvstats_vmm::cancel::Cancel;
+use hvstats_vmm::qmp::{
+    KvmStatsReply, Qmp, QmpCpu, QmpError, add_stats, parse_cpus, parse_status, stats_request,
+};
+use hvstats_vmm::unix_sockets::UnixSockets;
 
 /// The deadline of one QMP exchange (the connect and greeting, or one refresh's questions and
 /// their answers).
@@ -66,11 +84,103 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(32);
 enum Session {
     /// No connection: the next one is tried at `retry_at`.
     Closed { retry_at: Instant },
+    /// The socket is refused for good, for this reason (said once): the VMM could not reach it,
+    /// or another process serves it.
+    Refused(String),
     /// Connected, not greeted yet (QEMU is stopped, or busy): the greeting is waited for until
     /// `deadline`, then looked for at each refresh without waiting.
     Greeting { qmp: Qmp, deadline: Instant },
     /// In command mode.
-    Ready(Qmp),
+    Ready(Live),
+}
+
+/// A session in command mode and the questions it has out.
+#[derive(Debug)]
+struct Live {
+    qmp: Qmp,
+    /// The questions out and not answered yet, in the order the answers come.
+    asked: VecDeque<Question>,
+    /// When they were put.
+    asked_at: Instant,
+    /// The reading their answers gather.
+    fresh: KvmStatsReply,
+}
+
+impl Live {
+    /// Greeted: no question out.
+    fn new(qmp: Qmp) -> Self {
+        Self { qmp, asked: VecDeque::new(), asked_at: Instant::now(), fresh: KvmStatsReply::default() }
+    }
+
+    /// Puts `wanted`, in the order their answers will be taken, at `now`, in one write (QEMU
+    /// answers them in order).
+    fn put(&mut self, wanted: Vec<Question>, now: Instant) -> Result<(), QmpError> {
+        let requests: Vec<(&str, Option<Value>)> = wanted
+            .iter()
+            .map(|q| match q {
+                Question::Status => ("query-status", None),
+                Question::VcpuStats => ("query-stats", Some(stats_request("vcpu", vcpu_names()))),
+                Question::VmStats => ("query-stats", Some(stats_request("vm", vm_names()))),
+                Question::Cpus => ("query-cpus-fast", None),
+            })
+            .collect();
+        self.qmp.send_all(&requests)?;
+        self.asked = wanted.into();
+        self.asked_at = now;
+        self.fresh = KvmStatsReply::default();
+        Ok(())
+    }
+}
+
+/// Where one refresh of the session stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Round {
+    /// This refresh's questions are not put yet; `current` while the last refresh's reading was
+    /// taken at that refresh (it stands until the questions go out).
+    Between { current: bool },
+    /// This refresh's questions are put; `shadowed` when a source before this one gives every
+    /// statistic this one last gave (they are not asked for).
+    Asked { shadowed: bool },
+    /// This refresh's answers were taken (or found missing); `current` once they made a
+    /// complete reading.
+    Collected { current: bool },
+}
+
+impl Round {
+    /// `Between`, `Asked`, `Collected` → `Asked`: the questions of a refresh go out.
+    fn ask(&mut self, shadowed: bool) {
+        *self = Round::Asked { shadowed };
+    }
+
+    /// `Asked` → `Collected`: the answers are taken now; whether the statistics were shadowed.
+    /// `None` when they were taken already (or nothing was asked).
+    fn collect(&mut self) -> Option<bool> {
+        let Round::Asked { shadowed } = *self else { return None };
+        *self = Round::Collected { current: false };
+        Some(shadowed)
+    }
+
+    /// `Collected` → `Collected { current }`: the answers made a complete reading.
+    fn took_reading(&mut self) {
+        if matches!(self, Round::Collected { .. }) {
+            *self = Round::Collected { current: true };
+        }
+    }
+
+    /// → `Between`: the refresh was read; the next one asks anew.
+    fn end(&mut self) {
+        *self = Round::Between { current: self.is_current() };
+    }
+
+    /// True while the questions of this refresh were put.
+    fn is_open(self) -> bool {
+        !matches!(self, Round::Between { .. })
+    }
+
+    /// True while the reading was taken at this refresh.
+    fn is_current(self) -> bool {
+        matches!(self, Round::Between { current: true } | Round::Collected { current: true })
+    }
 }
 
 /// A question of one refresh, in the order the answers come.
@@ -88,18 +198,11 @@ pub struct QmpStats {
     path: PathBuf,
     /// The VMM that must listen on the socket, when the observer found it (not given).
     server: Option<i32>,
-    /// Why the socket was refused: another process serves it.
-    refused: Option<String>,
     cancel: Cancel,
     session: Session,
+    /// Where this refresh stands (its questions put by the observer, or by the first reading).
+    round: Round,
     backoff: Duration,
-    /// The questions out and not answered yet, and when they were put.
-    asked: VecDeque<Question>,
-    asked_at: Instant,
-    /// True once this refresh's questions were put (by the observer, or by the first reading).
-    round: bool,
-    /// True once this refresh's answers were taken (or found missing).
-    collected: bool,
     /// Why the session is down now; `None` while it answers.
     down: Option<String>,
     name: Option<String>,
@@ -107,14 +210,8 @@ pub struct QmpStats {
     state: VmState,
     /// False once QEMU showed it has no KVM statistics (TCG, no `query-stats`).
     has_stats: bool,
-    /// True while a source before this one gives every statistic this one last gave: they are
-    /// not asked for.
-    shadowed: bool,
-    /// The last complete reading of the statistics, true when this refresh took it; and the one
-    /// being gathered.
+    /// The last complete reading of the statistics (given while the round says it is current).
     now: Option<KvmStatsReply>,
-    current: bool,
-    fresh: KvmStatsReply,
     cpus: Option<Vec<QmpCpu>>,
     /// Each VP's QOM path, by VP index, as the observer knew it at the last reading.
     qom_paths: BTreeMap<u32, String>,
@@ -132,7 +229,7 @@ pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError
     let now = Instant::now();
     me.connect(&UnixSockets::read_of([path]).unwrap_or_default(), now);
     if me.greet(now)
-        && let Session::Ready(qmp) = &mut me.session
+        && let Session::Ready(Live { qmp, .. }) = &mut me.session
     {
         // A command QEMU refuses leaves the session up; a session out of step does not.
         let name = qmp.query_name();
@@ -153,23 +250,16 @@ impl QmpStats {
         Self {
             path: path.to_owned(),
             server: None,
-            refused: None,
             cancel,
             session: Session::Closed { retry_at: Instant::now() },
+            round: Round::Between { current: false },
             backoff: FIRST_BACKOFF,
-            asked: VecDeque::new(),
-            asked_at: Instant::now(),
-            round: false,
-            collected: false,
             down: Some("not connected yet".to_owned()),
             name: None,
             uuid: None,
             state: VmState::Unknown,
             has_stats: true,
-            shadowed: false,
             now: None,
-            current: false,
-            fresh: KvmStatsReply::default(),
             cpus: None,
             qom_paths: BTreeMap::new(),
         }
@@ -178,7 +268,7 @@ impl QmpStats {
     /// Begins a connection, unless another client holds the socket or it was refused; a socket
     /// the VMM must serve is refused, for good, when another process listens on it.
     fn connect(&mut self, sockets: &UnixSockets, now: Instant) {
-        if self.refused.is_some() {
+        if matches!(self.session, Session::Refused(_)) {
             return;
         }
         if sockets.of(&self.path).accepted > 0 {
@@ -186,7 +276,7 @@ impl QmpStats {
             return;
         }
         let begun = match self.server {
-            Some(vmm) => self.begin_as(vmm, now),
+            Some(vmm) => self.begin_as(vmm),
             None => Some(Qmp::begin(&self.path, QMP_TIMEOUT, self.cancel.clone())),
         };
         let Some(begun) = begun else { return };
@@ -201,9 +291,7 @@ impl QmpStats {
                         "the QMP socket {} its command line names is served by {listener}, not by the VMM",
                         printable_path(&self.path)
                     );
-                    self.down = Some(why.clone());
-                    self.refused = Some(why);
-                    self.session = Session::Closed { retry_at: now };
+                    self.refuse(why);
                 }
                 _ => self.session = Session::Greeting { qmp, deadline: now + QMP_TIMEOUT },
             },
@@ -214,23 +302,26 @@ impl QmpStats {
     /// Begins a connection to the socket the command line of `vmm` names, only when `vmm` could
     /// connect to it itself ([`crate::socket_access`]), through the descriptor checked; a socket
     /// it could not reach is refused for good (`None`), before any connect.
-    fn begin_as(&mut self, vmm: i32, now: Instant) -> Option<Result<Qmp, QmpError>> {
+    fn begin_as(&mut self, vmm: i32) -> Option<Result<Qmp, QmpError>> {
         match crate::socket_access::open_as(vmm, &self.path) {
             Ok(socket) => {
                 let via = crate::socket_access::connect_path(&socket);
                 Some(Qmp::begin_via(&self.path, &via, QMP_TIMEOUT, self.cancel.clone()))
             }
             Err(crate::socket_access::AccessError::Denied(why)) => {
-                let e = QmpError::Unreachable { path: printable_path(&self.path), why };
-                self.down = Some(e.to_string());
-                self.refused = Some(e.to_string());
-                self.session = Session::Closed { retry_at: now };
+                self.refuse(QmpError::Unreachable { path: printable_path(&self.path), why }.to_string());
                 None
             }
             Err(crate::socket_access::AccessError::Io(source)) => {
                 Some(Err(QmpError::Connect { path: self.path.clone(), source }))
             }
         }
+    }
+
+    /// Any state → `Refused`: the socket is refused for good, for `why`.
+    fn refuse(&mut self, why: String) {
+        self.down = Some(why.clone());
+        self.session = Session::Refused(why);
     }
 
     /// Notes why the session is down (the first reason of a spell is kept: it is what was said).
@@ -245,28 +336,12 @@ impl QmpStats {
         self.failed(e);
         self.session = Session::Closed { retry_at: now + self.backoff };
         self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
-        self.asked.clear();
     }
 
-    /// Puts this refresh's questions, in the order their answers will be taken.
-    fn put_questions(qmp: &mut Qmp, wanted: &[Question]) -> Result<(), QmpError> {
-        let requests: Vec<(&str, Option<Value>)> = wanted
-            .iter()
-            .map(|q| match q {
-                Question::Status => ("query-status", None),
-                Question::VcpuStats => ("query-stats", Some(stats_request("vcpu", vcpu_names()))),
-                Question::VmStats => ("query-stats", Some(stats_request("vm", vm_names()))),
-                Question::Cpus => ("query-cpus-fast", None),
-            })
-            .collect();
-        // One write for all: QEMU answers them in order.
-        qmp.send_all(&requests)
-    }
-
-    /// The questions of a refresh.
-    fn questions(&self) -> Vec<Question> {
+    /// The questions of a refresh, the statistics left out when `shadowed`.
+    fn questions(&self, shadowed: bool) -> Vec<Question> {
         let mut q = vec![Question::Status];
-        if self.has_stats && !self.shadowed {
+        if self.has_stats && !shadowed {
             q.push(Question::VcpuStats);
             if !vm_names().is_empty() {
                 q.push(Question::VmStats);
@@ -280,7 +355,7 @@ impl QmpStats {
 
     /// Asks when the observer did not (the reading at attach).
     fn ensure_asked(&mut self) {
-        if !self.round {
+        if !self.round.is_open() {
             self.ask(&UnixSockets::read_of([self.path.as_path()]).unwrap_or_default(), &Gives::NOTHING);
         }
     }
@@ -291,7 +366,7 @@ impl QmpStats {
         match std::mem::replace(&mut self.session, Session::Closed { retry_at: now }) {
             Session::Greeting { mut qmp, deadline } => match qmp.greet(deadline) {
                 Ok(()) => {
-                    self.session = Session::Ready(qmp);
+                    self.session = Session::Ready(Live::new(qmp));
                     true
                 }
                 // Stopped or stalled: looked for again at each refresh, without waiting.
@@ -317,47 +392,39 @@ impl QmpStats {
     /// Takes this refresh's answers (once per refresh).
     fn collect(&mut self) {
         self.ensure_asked();
-        if self.collected {
-            return;
-        }
-        self.collected = true;
+        let Some(shadowed) = self.round.collect() else { return };
         let now = Instant::now();
         let was_greeting = matches!(self.session, Session::Greeting { .. });
         if !self.greet(now) {
             return;
         }
         // Greeted just now: this refresh's questions were not put yet.
-        let wanted = self.questions();
-        if was_greeting && let Session::Ready(qmp) = &mut self.session {
-            let put = Self::put_questions(qmp, &wanted);
-            match put {
-                Ok(()) => {
-                    self.asked = wanted.into();
-                    self.asked_at = now;
-                    self.fresh = KvmStatsReply::default();
-                }
-                Err(e) => return self.close(&e, now),
-            }
+        let wanted = self.questions(shadowed);
+        if was_greeting
+            && let Session::Ready(live) = &mut self.session
+            && let Err(e) = live.put(wanted, now)
+        {
+            return self.close(&e, now);
         }
-        self.take_answers(now);
+        self.take_answers(now, shadowed);
     }
 
     /// Takes the answers of the questions out, within the deadline that began when they were
     /// put (a deadline passed looks once, without waiting).
-    fn take_answers(&mut self, now: Instant) {
-        let deadline = self.asked_at + QMP_TIMEOUT;
+    fn take_answers(&mut self, now: Instant, shadowed: bool) {
         let mut answers = Vec::new();
         let mut failure = None;
-        let Session::Ready(qmp) = &mut self.session else { return };
-        while let Some(&question) = self.asked.front() {
-            match qmp.receive(deadline) {
+        let Session::Ready(live) = &mut self.session else { return };
+        let deadline = live.asked_at + QMP_TIMEOUT;
+        while let Some(&question) = live.asked.front() {
+            match live.qmp.receive(deadline) {
                 Ok(answer) => {
-                    self.asked.pop_front();
+                    live.asked.pop_front();
                     answers.push((question, Some(answer)));
                 }
                 // Refused: a QEMU without query-stats (before 7.1), or without a KVM provider.
                 Err(QmpError::Command { .. }) => {
-                    self.asked.pop_front();
+                    live.asked.pop_front();
                     answers.push((question, None));
                 }
                 Err(e) => {
@@ -382,13 +449,16 @@ impl QmpStats {
         // Every answer came: the session answers.
         self.down = None;
         self.backoff = FIRST_BACKOFF;
-        let reading = std::mem::take(&mut self.fresh);
-        if self.has_stats && !self.shadowed {
+        let reading = match &mut self.session {
+            Session::Ready(live) => std::mem::take(&mut live.fresh),
+            _ => KvmStatsReply::default(),
+        };
+        if self.has_stats && !shadowed {
             if reading.vm.is_empty() && reading.vcpus.is_empty() {
                 self.has_stats = false;
             } else {
                 self.now = Some(reading);
-                self.current = true;
+                self.round.took_reading();
             }
         }
     }
@@ -399,8 +469,11 @@ impl QmpStats {
             Question::Status => {
                 self.state = parse_status(answer).map_or(VmState::Unknown, VmState::from_qemu)
             }
-            Question::VcpuStats => add_stats(&mut self.fresh, "vcpu", answer),
-            Question::VmStats => add_stats(&mut self.fresh, "vm", answer),
+            Question::VcpuStats | Question::VmStats => {
+                let Session::Ready(live) = &mut self.session else { return };
+                let target = if question == Question::VcpuStats { "vcpu" } else { "vm" };
+                add_stats(&mut live.fresh, target, answer);
+            }
             Question::Cpus => self.cpus = parse_cpus(answer).ok(),
         }
     }
@@ -418,11 +491,15 @@ impl QmpStats {
             None => PeerState::Down("not connected".to_owned()),
             Some(why) => PeerState::Down(why.clone()),
         };
+        let refused = match &self.session {
+            Session::Refused(why) => Some(why.clone()),
+            _ => None,
+        };
         Learned {
             peer: Some(Peer { kind: PeerKind::Monitor, state }),
             error: self.down.clone(),
-            refused: self.refused.clone(),
-            fds: usize::from(!matches!(self.session, Session::Closed { .. })),
+            refused,
+            fds: usize::from(!matches!(self.session, Session::Closed { .. } | Session::Refused(_))),
             counting: None,
             vm_state: Some(if self.is_up() { self.state } else { VmState::Unknown }),
         }
@@ -469,7 +546,7 @@ impl CounterSource for QmpStats {
         // The session's own state is always given; KVM's statistics (whole-life values, mapped
         // as every source of them maps them) while it answers, from a reading of this refresh.
         let mut gives = Gives { partition: CounterSet::of(&[partition::VM_STATE]), vp: CounterSet::EMPTY };
-        if let Some(now) = self.now.as_ref().filter(|_| self.is_up() && self.current) {
+        if let Some(now) = self.now.as_ref().filter(|_| self.is_up() && self.round.is_current()) {
             gives = gives.union(&given_by(now));
         }
         gives
@@ -480,7 +557,7 @@ impl CounterSource for QmpStats {
             let state = if self.is_up() { self.state } else { VmState::Unknown };
             page.set(partition::VM_STATE, state.code());
         }
-        let Some(now) = self.now.as_ref().filter(|_| self.current) else { return };
+        let Some(now) = self.now.as_ref().filter(|_| self.round.is_current()) else { return };
         match object {
             Object::Partition => kvm_stat_map::write(ObjectKind::Partition, page, only, &now.vm),
             Object::Vp(index) => {
@@ -497,22 +574,20 @@ impl CounterSource for QmpStats {
 
 impl VmSource for QmpStats {
     fn ask(&mut self, sockets: &UnixSockets, given_before: &Gives) {
-        self.round = true;
-        self.collected = false;
         // KVM's statistics are asked for only while no source before this one gives all that
         // this one's last reading gave.
-        self.current = false;
-        self.shadowed = self.now.as_ref().is_some_and(|now| {
+        let shadowed = self.now.as_ref().is_some_and(|now| {
             let mine = given_by(now);
             mine.partition.difference(&given_before.partition).is_empty()
                 && mine.vp.difference(&given_before.vp).is_empty()
         });
+        self.round.ask(shadowed);
         let now = Instant::now();
         let use_ = sockets.of(&self.path);
-        let wanted = self.questions();
+        let wanted = self.questions(shadowed);
         match &mut self.session {
             Session::Closed { retry_at } if now >= *retry_at => self.connect(sockets, now),
-            Session::Closed { .. } => {}
+            Session::Closed { .. } | Session::Refused(_) => {}
             // Queued behind a client QEMU serves: let it be.
             Session::Greeting { .. } if use_.accepted > 0 && use_.waiting > 0 => {
                 self.close(&QmpError::Taken { path: self.path.clone() }, now);
@@ -527,17 +602,11 @@ impl VmSource for QmpStats {
                 self.down = None;
                 self.close(&e, now);
             }
-            Session::Ready(qmp) => {
-                // Questions still out (QEMU stopped or stalled): their answers are awaited.
-                if self.asked.is_empty() {
-                    match Self::put_questions(qmp, &wanted) {
-                        Ok(()) => {
-                            self.asked = wanted.into();
-                            self.asked_at = now;
-                            self.fresh = KvmStatsReply::default();
-                        }
-                        Err(e) => self.close(&e, now),
-                    }
+            // Questions still out (QEMU stopped or stalled): their answers are awaited.
+            Session::Ready(live) if !live.asked.is_empty() => {}
+            Session::Ready(live) => {
+                if let Err(e) = live.put(wanted, now) {
+                    self.close(&e, now);
                 }
             }
         }
@@ -546,9 +615,10 @@ impl VmSource for QmpStats {
     fn socket_in_use(&self, now: Instant) -> Option<&Path> {
         let due = match &self.session {
             Session::Closed { retry_at } => now >= *retry_at,
+            Session::Refused(_) => false,
             Session::Greeting { .. } | Session::Ready(_) => true,
         };
-        (due && self.refused.is_none()).then_some(self.path.as_path())
+        due.then_some(self.path.as_path())
     }
 
     fn named(&mut self) -> Named {
@@ -572,7 +642,7 @@ impl VmSource for QmpStats {
             self.cpus = None;
         }
         // The next refresh asks anew.
-        self.round = false;
+        self.round.end();
         self.learned()
     }
 
@@ -639,7 +709,7 @@ mod tests {
         let round = |qmp: &mut QmpStats, before: &Gives| {
             qmp.ask(&UnixSockets::default(), before);
             qmp.collect();
-            qmp.round = false;
+            qmp.round.end();
             let mut said: Vec<String> = asked.try_iter().collect();
             said.retain(|c| c != "qmp_capabilities");
             said

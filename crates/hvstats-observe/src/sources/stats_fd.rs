@@ -22,13 +22,13 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 use hvstats::SharedPage;
 use hvstats_abi::ObjectKind;
-use hvstats_abi::counter_set::CounterSet;
 use hvstats_abi::vm_sources::Origin;
 
 use super::kvm_stat_map::{self, KvmStatReading};
 use super::vm_source::{Learned, VmAttach, VmSource, VmView};
 use crate::attach::ObserveError;
 use crate::vm_identity::{self, copy_fd, pidfd};
+use hvstats_host::os::check;
 use hvstats_sources::counter_source::{CounterSource, Gives, Object};
 use hvstats_sources::kvm_stats::KvmStats;
 
@@ -140,8 +140,8 @@ fn check_copy(file: &File, link: &str) -> Option<String> {
     // SAFETY: an all-zero statfs is a valid value of the plain C struct the kernel fills.
     let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: fstatfs writes one statfs into `fs`, which we own, about a descriptor we hold.
-    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut fs) } != 0 {
-        return Some(format!("its file system cannot be read: {}", io::Error::last_os_error()));
+    if let Err(e) = check(unsafe { libc::fstatfs(file.as_raw_fd(), &mut fs) }) {
+        return Some(format!("its file system cannot be read: {e}"));
     }
     if fs.f_type as i64 != ANON_INODE_FS_MAGIC {
         return Some(format!("it is a file, not KVM's (file system {:#x})", fs.f_type));
@@ -237,14 +237,7 @@ impl CounterSource for StatsFd {
     }
 
     fn gives(&self) -> Gives {
-        // A VP counter is given only when every vCPU's statistics give it.
-        let vp = match self.vcpus.len() == self.vp_count {
-            true => kvm_stat_map::given_by_all(ObjectKind::Vp, self.vcpus.values()),
-            false => CounterSet::EMPTY,
-        };
-        let partition =
-            self.vm.as_ref().map(|c| kvm_stat_map::given_by(ObjectKind::Partition, c)).unwrap_or_default();
-        Gives { partition, vp }
+        kvm_stat_map::gives(self.vm.as_ref(), &self.vcpus, self.vp_count)
     }
 
     fn write(&self, object: Object, page: &SharedPage, only: &hvstats_abi::counter_set::CounterSet) {

@@ -8,7 +8,7 @@ use hvstats_abi::counter_set::CounterSet;
 use hvstats_abi::source::Tracepoint;
 
 use super::event_writer::{EventWriter, KvmExitState, ThreadReading, tracepoint_event};
-use crate::counting::EventSpec;
+use crate::thread_counters::EventSpec;
 use hvstats_sources::counter_source::Gives;
 use hvstats_sources::tracepoint::{Corrections, Keys, write_tracepoint_counts};
 

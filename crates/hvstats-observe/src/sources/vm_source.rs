@@ -15,7 +15,7 @@ use hvstats_sources::counter_source::{CounterSource, Gives};
 
 use crate::attach::ObserveOptions;
 use crate::discovery::{KvmFds, Procfs};
-use crate::unix_sockets::UnixSockets;
+use hvstats_vmm::unix_sockets::UnixSockets;
 
 /// One vCPU of an observed VM as the observer knows it now.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,7 +75,7 @@ pub struct VmAttach<'a> {
     pub room: usize,
     /// The tracepoint events the VM is counted with, made once for its attach (lists of the same
     /// events share one in-kernel tally).
-    pub events: crate::counting::EventList,
+    pub events: crate::thread_counters::EventList,
     /// Descriptors each counted thread of the VMM holds by the counting method in use, for every
     /// source that counts on its threads together ([`super::descriptors_per_thread`]): those
     /// sources count on as many threads as `room` holds this many descriptors for.

@@ -128,11 +128,11 @@ impl Qemu {
 
     /// A QMP session on the control socket. QEMU creates the socket file before it listens on
     /// it: a refused connection is tried again for up to 10 s.
-    pub fn connect(&self) -> hvstats_observe::qmp::Qmp {
+    pub fn connect(&self) -> hvstats_vmm::qmp::Qmp {
         use std::time::{Duration, Instant};
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            match hvstats_observe::qmp::Qmp::connect(&self.qmp, Duration::from_secs(5)) {
+            match hvstats_vmm::qmp::Qmp::connect(&self.qmp, Duration::from_secs(5)) {
                 Ok(q) => return q,
                 Err(e) if Instant::now() < deadline && format!("{e:?}").contains("ConnectionRefused") => {
                     std::thread::sleep(Duration::from_millis(20));

@@ -73,7 +73,7 @@ impl UnixSockets {
     ///
     /// # Errors
     /// When this process's own table cannot be read.
-    pub(crate) fn read_of<'a>(paths: impl IntoIterator<Item = &'a Path>) -> io::Result<Self> {
+    pub fn read_of<'a>(paths: impl IntoIterator<Item = &'a Path>) -> io::Result<Self> {
         let wanted: Vec<&str> = paths.into_iter().filter_map(Path::to_str).collect();
         Self::read_merged(Some(&wanted))
     }

@@ -198,7 +198,7 @@ impl Libvirt {
     }
 
     /// The daemon listening on the socket (its pid now, as the kernel recorded it at connect).
-    pub(crate) fn daemon(&self) -> i32 {
+    pub fn daemon(&self) -> i32 {
         self.daemon
     }
 
@@ -206,7 +206,7 @@ impl Libvirt {
     ///
     /// # Errors
     /// When libvirt has no such domain ([`LibvirtError::is_no_domain`]) or the exchange fails.
-    pub(crate) fn lookup_by_uuid(&mut self, uuid: [u8; 16]) -> Result<Domain, LibvirtError> {
+    pub fn lookup_by_uuid(&mut self, uuid: [u8; 16]) -> Result<Domain, LibvirtError> {
         let reply = self.call(PROC_DOMAIN_LOOKUP_BY_UUID, &uuid)?;
         Xdr::new(&reply).domain()
     }
@@ -216,7 +216,7 @@ impl Libvirt {
     ///
     /// # Errors
     /// When the exchange fails or the reply does not parse.
-    pub(crate) fn domain_stats(
+    pub fn domain_stats(
         &mut self,
         domain: &Domain,
         stats: u32,

@@ -28,6 +28,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use hvstats_host::os::check;
+
+use crate::kvm_stats::StatValues;
+
 use crate::cancel::{CANCEL_POLL, Cancel};
 
 /// The longest QMP message accepted, newline included. A `query-stats` reply carries about
@@ -124,13 +128,13 @@ pub enum QmpError {
 impl QmpError {
     /// True when the session can go on after this error (QEMU refused one command); after any
     /// other error the stream is out of step or gone, and the session must be dropped.
-    pub(crate) fn is_command_error(&self) -> bool {
+    pub fn is_command_error(&self) -> bool {
         matches!(self, QmpError::Command { .. })
     }
 
     /// True when the peer may still answer later: the exchange ran out of time with nothing
     /// wrong said (a stopped or stalled QEMU, a socket another client holds).
-    pub(crate) fn is_silence(&self) -> bool {
+    pub fn is_silence(&self) -> bool {
         matches!(self, QmpError::Stalled { .. } | QmpError::Taken { .. })
     }
 }
@@ -169,43 +173,8 @@ pub struct QmpCpu {
     pub qom_path: String,
 }
 
-/// KVM statistics by name, as `query-stats` gives them: single values, and the buckets of the
-/// histograms (KVM's log2 `halt_*_hist`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct StatValues {
-    values: BTreeMap<String, u64>,
-    histograms: BTreeMap<String, Vec<u64>>,
-}
-
 /// The most buckets a histogram of a reply keeps (KVM's log2 histograms have 32).
 const MAX_BUCKETS: usize = 64;
-
-impl StatValues {
-    /// The single value of statistic `name`.
-    pub fn get(&self, name: &str) -> Option<&u64> {
-        self.values.get(name)
-    }
-
-    /// The buckets of histogram statistic `name`.
-    pub fn histogram(&self, name: &str) -> Option<&[u64]> {
-        self.histograms.get(name).map(Vec::as_slice)
-    }
-
-    /// True when the reply held no statistic.
-    pub fn is_empty(&self) -> bool {
-        self.values.is_empty() && self.histograms.is_empty()
-    }
-
-    /// The statistics held, single values and histograms.
-    pub fn len(&self) -> usize {
-        self.values.len() + self.histograms.len()
-    }
-
-    fn extend(&mut self, other: StatValues) {
-        self.values.extend(other.values);
-        self.histograms.extend(other.histograms);
-    }
-}
 
 /// The KVM statistics of a VM: the VM's own and each vCPU's, by QOM path.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -261,12 +230,7 @@ impl Qmp {
     ///
     /// # Errors
     /// As [`begin`](Self::begin).
-    pub(crate) fn begin_via(
-        path: &Path,
-        via: &Path,
-        timeout: Duration,
-        cancel: Cancel,
-    ) -> Result<Self, QmpError> {
+    pub fn begin_via(path: &Path, via: &Path, timeout: Duration, cancel: Cancel) -> Result<Self, QmpError> {
         let stream = connect_nonblocking(path, via)?;
         Ok(Self {
             stream,
@@ -353,16 +317,12 @@ impl Qmp {
                 false => libc::c_int::try_from(slice.as_millis().max(1)).unwrap_or(libc::c_int::MAX),
             };
             // SAFETY: `fd` is one valid pollfd we own; the kernel writes only its `revents`.
-            let rc = unsafe { libc::poll(&mut fd, 1, ms) };
+            let polled = check(unsafe { libc::poll(&mut fd, 1, ms) });
             looked = true;
-            if rc > 0 {
-                return Ok(());
-            }
-            if rc < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() != io::ErrorKind::Interrupted {
-                    return Err(QmpError::Io(e));
-                }
+            match polled {
+                Ok(ready) if ready > 0 => return Ok(()),
+                Err(e) if e.kind() != io::ErrorKind::Interrupted => return Err(QmpError::Io(e)),
+                Ok(_) | Err(_) => {}
             }
         }
     }
@@ -472,7 +432,7 @@ impl Qmp {
     ///
     /// # Errors
     /// As [`send`](Self::send).
-    pub(crate) fn send_all(&mut self, requests: &[(&str, Option<Value>)]) -> Result<(), QmpError> {
+    pub fn send_all(&mut self, requests: &[(&str, Option<Value>)]) -> Result<(), QmpError> {
         let mut text = String::new();
         let mut ids = Vec::with_capacity(requests.len());
         for (command, arguments) in requests {
@@ -619,7 +579,7 @@ impl Qmp {
 ///
 /// # Errors
 /// A reply of the wrong shape.
-pub(crate) fn parse_cpus(r: &Value) -> Result<Vec<QmpCpu>, QmpError> {
+pub fn parse_cpus(r: &Value) -> Result<Vec<QmpCpu>, QmpError> {
     let list = r.as_array().ok_or_else(|| QmpError::Protocol("query-cpus-fast: not a list".into()))?;
     let mut cpus = Vec::with_capacity(list.len());
     for cpu in list {
@@ -656,7 +616,7 @@ pub fn add_stats(reply: &mut KvmStatsReply, target: &str, r: &Value) {
 }
 
 /// The run state of a `query-status` reply (QAPI `RunState`), as QEMU names it.
-pub(crate) fn parse_status(r: &Value) -> Option<&str> {
+pub fn parse_status(r: &Value) -> Option<&str> {
     r.get("status").and_then(Value::as_str)
 }
 
@@ -679,16 +639,13 @@ fn connect_nonblocking(path: &Path, via: &Path) -> Result<UnixStream, QmpError> 
     let raw = unsafe {
         libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0)
     };
-    if raw < 0 {
-        return Err(failed(io::Error::last_os_error()));
-    }
+    let raw = check(raw).map_err(failed)?;
     // SAFETY: `raw` is a descriptor socket just returned and nothing else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
     let len = (std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1) as libc::socklen_t;
     // SAFETY: `addr` is a valid sockaddr_un of at least `len` bytes; `fd` is our socket.
     let rc = unsafe { libc::connect(fd.as_raw_fd(), (&raw const addr).cast::<libc::sockaddr>(), len) };
-    if rc != 0 {
-        let e = io::Error::last_os_error();
+    if let Err(e) = check(rc) {
         return Err(match e.raw_os_error() {
             Some(libc::EAGAIN) => QmpError::Taken { path: path.to_owned() },
             _ => failed(e),
@@ -735,12 +692,12 @@ fn scalar_stats(stats: Option<&Value>) -> StatValues {
             Some(Value::Array(buckets)) if !buckets.is_empty() && buckets.len() <= MAX_BUCKETS => {
                 let counts: Option<Vec<u64>> = buckets.iter().map(Value::as_u64).collect();
                 if let Some(counts) = counts {
-                    out.histograms.insert(name.to_owned(), counts);
+                    out.set_histogram(name, counts);
                 }
             }
             Some(v) => {
                 if let Some(value) = v.as_u64() {
-                    out.values.insert(name.to_owned(), value);
+                    out.set(name, value);
                 }
             }
             None => {}

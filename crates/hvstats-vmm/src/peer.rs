@@ -1,8 +1,9 @@
 //! Who serves a Unix socket this process connected to: the kernel's record of the listener
 //! (`SO_PEERCRED`, `SO_PEERPIDFD`), which no peer can forge.
 
-use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+use hvstats_host::os::check;
 
 /// The credentials the listener had when it called `listen` (`SO_PEERCRED`): its pid then, and
 /// its user and group; `None` when the kernel does not say.
@@ -20,7 +21,7 @@ pub(crate) fn credentials(socket: BorrowedFd<'_>) -> Option<libc::ucred> {
             &mut len,
         )
     };
-    (rc == 0 && cred.pid > 0).then_some(cred)
+    (check(rc).is_ok() && cred.pid > 0).then_some(cred)
 }
 
 /// The process listening on the socket now: the listener's pidfd (`SO_PEERPIDFD`, Linux 6.5)
@@ -43,11 +44,14 @@ pub(crate) fn listener_pid(socket: BorrowedFd<'_>) -> Option<i32> {
             &mut len,
         )
     };
-    if rc != 0 || fd < 0 {
-        return match io::Error::last_os_error().raw_os_error() {
+    if let Err(e) = check(rc) {
+        return match e.raw_os_error() {
             Some(libc::ENOPROTOOPT) => credentials(socket).map(|c| c.pid),
             _ => None,
         };
+    }
+    if fd < 0 {
+        return None;
     }
     // SAFETY: the kernel just gave us this descriptor; nothing else owns it.
     let pidfd = unsafe { OwnedFd::from_raw_fd(fd) };
