@@ -37,11 +37,11 @@
 //!   connection is one task, and its descriptor is closed when the task ends;
 //! - `accept` failing (EMFILE, ENFILE) is logged and retried with a backoff, never the end.
 //!
-//! Who may ask ([`crate::cmd::serve::web`]): TLS and basic authentication are checked here,
-//! before any answer is made.
+//! Who may ask ([`crate::web`]): TLS and basic authentication are checked here, before any
+//! answer is made.
 //!
-//! SIGINT, SIGTERM and SIGHUP stop the server: it stops accepting, lets replies in flight finish within
-//! [`Limits::shutdown_grace`], and returns the signal without waiting for readings under way.
+//! A [`crate::Stop`] stops the server: it stops accepting, lets replies in flight finish within
+//! [`Limits::shutdown_grace`], and returns without waiting for readings under way.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -66,17 +66,16 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
-use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::{Notify, Semaphore, watch};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio_io_timeout::TimeoutStream;
 
-use super::web::{Refusal, Web};
-use crate::signals::Signal;
+use crate::log;
+use crate::web::{Refusal, Web};
 
 /// What the server lets one client hold.
 #[derive(Clone, Debug)]
-pub(crate) struct Limits {
+pub struct Limits {
     /// Connections kept at once; above it (up to [`Limits::hard_limit`]) new ones are taken in,
     /// and the one that has done least is closed as its grace ends (see
     /// [`Bounds::close_idlest`]).
@@ -259,11 +258,6 @@ impl std::fmt::Write for ChunkWriter {
     }
 }
 
-/// A line of `serve`'s log on standard error (see [`crate::output::log`]).
-pub(crate) fn log(line: &str) {
-    crate::output::log("serve", line);
-}
-
 /// How far a connection has got, the least first: at the cap, of connections otherwise alike,
 /// the one that has done the least is closed first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -365,7 +359,7 @@ impl Bounds {
         let close = Arc::new(Notify::new());
         let connection = Connection {
             close: Arc::clone(&close),
-            source: source.map(super::auth::budgeted),
+            source: source.map(crate::auth::budgeted),
             socket,
             stage: Stage::Accepted,
             answered_at: None,
@@ -423,6 +417,21 @@ impl Bounds {
     ///   mid-head, then done with TLS, then between requests), then the one inactive longest.
     fn close_idlest(&self) -> Room {
         self.close_idlest_at(Instant::now())
+    }
+
+    /// Above the cap, closes the connections that have done least as soon as their grace ends
+    /// (one that has sent a whole request head only when none that has not is left, see
+    /// [`Bounds::close_idlest`]), saying so in `log`; returns when the next grace that holds this
+    /// up ends.
+    fn enforce_cap(&self, log: &mut CapLog) -> Option<Instant> {
+        while self.over_cap() {
+            match self.close_idlest() {
+                Room::Closed => log.closed(self.limits.max_connections),
+                Room::WaitUntil(until) => return Some(until),
+                Room::None => break,
+            }
+        }
+        None
     }
 
     fn close_idlest_at(&self, now: Instant) -> Room {
@@ -616,14 +625,15 @@ pub(crate) type Answer = Pin<Box<dyn Future<Output = Reply> + Send>>;
 pub(crate) type Handler = Arc<dyn Fn(Asked) -> Answer + Send + Sync>;
 
 /// A bound listening socket.
-pub(crate) enum Listener {
+pub enum Listener {
     /// TCP (plain, or TLS per the web configuration).
     Tcp(std::net::TcpListener),
     /// A Unix socket.
     Unix(std::os::unix::net::UnixListener),
 }
 
-enum Accepting {
+/// A listener handed to the runtime.
+pub(crate) enum Accepting {
     Tcp(TcpListener),
     Unix(UnixListener),
 }
@@ -634,54 +644,9 @@ enum Accepted {
 }
 
 impl Accepting {
-    async fn accept(&self) -> io::Result<Accepted> {
-        match self {
-            Accepting::Tcp(l) => l.accept().await.map(|(s, peer)| Accepted::Tcp(s, peer.ip())),
-            Accepting::Unix(l) => l.accept().await.map(|(s, _)| Accepted::Unix(s)),
-        }
-    }
-}
-
-/// What every connection needs.
-struct Shared {
-    bounds: Arc<Bounds>,
-    handler: Handler,
-    web: Option<Arc<Web>>,
-}
-
-/// Serves `listener` with `handler` until SIGINT, SIGTERM or SIGHUP; returns the signal.
-///
-/// `start` runs once the signals are watched and before the first connection is accepted; what it
-/// returns comes back with the signal, for the caller to stop.
-///
-/// # Errors
-/// When the runtime cannot start, the listener cannot be handed to it, the signals cannot be
-/// watched, or `start` fails. A failing `accept` is not an error: it is logged and retried.
-pub(crate) fn serve<R>(
-    listener: Listener,
-    bounds: Arc<Bounds>,
-    web: Option<Arc<Web>>,
-    start: impl FnOnce() -> anyhow::Result<R>,
-    handler: Handler,
-) -> anyhow::Result<(Signal, R)> {
-    // One thread accepts and drives every connection; readings and encodings run on at most
-    // four more (password checks on two of their own), so a burst of requests cannot multiply
-    // threads.
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .max_blocking_threads(4)
-        .thread_name("hvstats-serve")
-        .build()?;
-    // SIGINT, SIGTERM and SIGHUP are caught from here on, before `start` begins anything that must be
-    // stopped cleanly (the observer and its instance files).
-    let stopped = {
-        let _entered = runtime.enter();
-        stop_signal()?
-    };
-    let started = start()?;
-    let context = Arc::new(Shared { bounds, handler, web });
-    let result = runtime.block_on(async move {
-        let accepting = match listener {
+    /// `listener`, made non-blocking and handed to the runtime entered.
+    pub(crate) fn from_std(listener: Listener) -> io::Result<Self> {
+        Ok(match listener {
             Listener::Tcp(l) => {
                 l.set_nonblocking(true)?;
                 Accepting::Tcp(TcpListener::from_std(l)?)
@@ -690,29 +655,42 @@ pub(crate) fn serve<R>(
                 l.set_nonblocking(true)?;
                 Accepting::Unix(UnixListener::from_std(l)?)
             }
-        };
-        accept_loop(accepting, context, stopped).await
-    });
-    // Readings and answers still under way are abandoned with the process: the promise is to
-    // stop within a second, and the grace for replies in flight is already spent.
-    runtime.shutdown_background();
-    Ok((result?, started))
+        })
+    }
+
+    async fn accept(&self) -> io::Result<Accepted> {
+        match self {
+            Accepting::Tcp(l) => l.accept().await.map(|(s, peer)| Accepted::Tcp(s, peer.ip())),
+            Accepting::Unix(l) => l.accept().await.map(|(s, _)| Accepted::Unix(s)),
+        }
+    }
 }
 
-/// The first SIGINT, SIGTERM or SIGHUP: each ends the exporter as `observe` ends (a terminal
-/// that goes away, or a supervisor's hangup, is a request to finish, not sudden death). The web
-/// configuration is read at start only, so a hangup does not reload it.
-fn stop_signal() -> io::Result<impl Future<Output = Signal>> {
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let mut terminate = signal(SignalKind::terminate())?;
-    let mut hangup = signal(SignalKind::hangup())?;
-    Ok(async move {
-        tokio::select! {
-            _ = interrupt.recv() => Signal::Interrupt,
-            _ = terminate.recv() => Signal::Terminate,
-            _ = hangup.recv() => Signal::Hangup,
+impl Accepted {
+    /// The address the connection comes from (none on a Unix socket).
+    fn peer(&self) -> Option<IpAddr> {
+        match self {
+            Accepted::Tcp(_, peer) => Some(*peer),
+            Accepted::Unix(_) => None,
         }
-    })
+    }
+
+    fn socket(&self) -> RawFd {
+        match self {
+            Accepted::Tcp(s, _) => s.as_raw_fd(),
+            Accepted::Unix(s) => s.as_raw_fd(),
+        }
+    }
+}
+
+/// What every connection needs.
+pub(crate) struct Shared {
+    /// Who is connected, and the bytes of the replies in flight.
+    pub(crate) bounds: Arc<Bounds>,
+    /// What the server answers with.
+    pub(crate) handler: Handler,
+    /// TLS and basic authentication, when configured.
+    pub(crate) web: Option<Arc<Web>>,
 }
 
 /// Waits between failed `accept`s: 10 ms doubling to 1 s, reset by a success.
@@ -772,11 +750,13 @@ impl CapLog {
     }
 }
 
-async fn accept_loop(
+/// Accepts connections on `listener` and serves each on a task of its own until `stopped`; then
+/// lets the replies in flight finish within [`Limits::shutdown_grace`].
+pub(crate) async fn accept_loop(
     listener: Accepting,
     context: Arc<Shared>,
-    stopped: impl Future<Output = Signal>,
-) -> io::Result<Signal> {
+    stopped: impl Future<Output = ()>,
+) {
     let mut stopped = pin!(stopped);
     let limits = context.bounds.limits().clone();
     // Descriptors held at once: the cap, and the room above it where new connections are taken
@@ -786,100 +766,109 @@ async fn accept_loop(
     let mut connections = JoinSet::new();
     let mut backoff = Backoff::new();
     let mut cap_log = CapLog { last: None, closed: 0 };
-    let signal = 'accepting: loop {
+    loop {
         // Finished connections leave their (empty) result behind until taken.
         while connections.try_join_next().is_some() {}
-        // Above the cap, the connections that have done least are closed as soon as their grace
-        // ends (one that has sent a whole request head only when none that has not is left, see
-        // [`Bounds::close_idlest`]); `recheck` is when the next grace that holds this up ends.
-        let mut recheck = None;
-        while context.bounds.over_cap() {
-            match context.bounds.close_idlest() {
-                Room::Closed => cap_log.closed(limits.max_connections),
-                Room::WaitUntil(until) => {
-                    recheck = Some(until);
-                    break;
-                }
-                Room::None => break,
-            }
-        }
-        // A descriptor for the next connection: at the hard limit, new connections wait in the
-        // listen backlog until one closed (by the cap, a deadline or its client) gives its own
-        // back, or a grace ends.
-        let slot = tokio::select! {
-            signal = &mut stopped => break signal,
-            slot = Arc::clone(&slots).acquire_owned() => match slot {
-                Ok(slot) => slot,
-                Err(_) => continue,
-            },
-            () = sleep_until_some(recheck) => continue,
+        let recheck = context.bounds.enforce_cap(&mut cap_log);
+        let next = tokio::select! {
+            () = &mut stopped => break,
+            next = next_connection(&listener, &slots, &mut backoff, recheck) => next,
         };
-        let stream = tokio::select! {
-            signal = &mut stopped => break 'accepting signal,
-            accepted = listener.accept() => match accepted {
-                Ok(stream) => {
-                    backoff.succeeded();
-                    stream
-                }
-                Err(e) => {
-                    drop(slot);
-                    let wait = backoff.failed(&e);
-                    tokio::select! {
-                        signal = &mut stopped => break signal,
-                        () = tokio::time::sleep(wait) => continue,
-                    }
-                }
-            },
-            () = sleep_until_some(recheck) => continue,
+        let Some((stream, slot)) = next else { continue };
+        let (id, close) = context.bounds.add(stream.peer(), Some(stream.socket()));
+        let task = Task {
+            context: Arc::clone(&context),
+            id,
+            close,
+            // The TLS handshake and the first request's head, together, have a deadline of
+            // their own.
+            first: Instant::now() + limits.first_request_timeout,
+            stopping: stopping.clone(),
         };
-        let (context, stopping) = (Arc::clone(&context), stopping.clone());
-        let peer = match &stream {
-            Accepted::Tcp(_, peer) => Some(*peer),
-            Accepted::Unix(_) => None,
-        };
-        let socket = match &stream {
-            Accepted::Tcp(s, _) => s.as_raw_fd(),
-            Accepted::Unix(s) => s.as_raw_fd(),
-        };
-        let (id, close) = context.bounds.add(peer, Some(socket));
-        // The TLS handshake and the first request's head, together, have a deadline of their own.
-        let first = Instant::now() + limits.first_request_timeout;
-        connections.spawn(async move {
-            let registered = Registered { bounds: Arc::clone(&context.bounds), id };
-            let bounds = Arc::clone(&context.bounds);
-            match stream {
-                Accepted::Tcp(s, _) => {
-                    let _ = s.set_nodelay(true);
-                    let fd = s.as_raw_fd();
-                    let s = Heard::new(s, bounds, id);
-                    match context.web.as_ref().and_then(|w| w.tls()) {
-                        Some(tls) => {
-                            let handshake = tokio::time::timeout_at(first.into(), tls.accept(s));
-                            tokio::select! {
-                                done = handshake => if let Ok(Ok(s)) = done {
-                                    context.bounds.with(id, |c| c.stage = c.stage.max(Stage::Secured));
-                                    connection(s, fd, peer, first, id, close, context, stopping).await;
-                                },
-                                () = close.notified() => {}
-                            }
-                        }
-                        None => connection(s, fd, peer, first, id, close, context, stopping).await,
-                    }
-                }
-                Accepted::Unix(s) => {
-                    let fd = s.as_raw_fd();
-                    let s = Heard::new(s, bounds, id);
-                    connection(s, fd, None, first, id, close, context, stopping).await;
-                }
-            }
-            drop(registered);
-            drop(slot);
-        });
-    };
+        connections.spawn(task.run(stream, slot));
+    }
     let _ = stop.send(true);
     let drained = async { while connections.join_next().await.is_some() {} };
     let _ = tokio::time::timeout(limits.shutdown_grace, drained).await;
-    Ok(signal)
+}
+
+/// The next connection, with the descriptor slot it holds; `None` when the next grace ended
+/// first (`recheck`: the cap looks again) or `accept` failed (then after its backoff). At the hard
+/// limit, new connections wait in the listen backlog until one closed (by the cap, a deadline or
+/// its client) gives its slot back, or a grace ends.
+async fn next_connection(
+    listener: &Accepting,
+    slots: &Arc<Semaphore>,
+    backoff: &mut Backoff,
+    recheck: Option<Instant>,
+) -> Option<(Accepted, OwnedSemaphorePermit)> {
+    let slot = tokio::select! {
+        slot = Arc::clone(slots).acquire_owned() => slot.ok()?,
+        () = sleep_until_some(recheck) => return None,
+    };
+    let accepted = tokio::select! {
+        accepted = listener.accept() => accepted,
+        () = sleep_until_some(recheck) => return None,
+    };
+    match accepted {
+        Ok(stream) => {
+            backoff.succeeded();
+            Some((stream, slot))
+        }
+        Err(e) => {
+            drop(slot);
+            tokio::time::sleep(backoff.failed(&e)).await;
+            None
+        }
+    }
+}
+
+/// One accepted connection: what its task needs beside its stream.
+struct Task {
+    context: Arc<Shared>,
+    id: u64,
+    /// Told when the cap or the reply budget closes the connection.
+    close: Arc<Notify>,
+    /// When its TLS handshake and first request head must be done.
+    first: Instant,
+    stopping: watch::Receiver<bool>,
+}
+
+impl Task {
+    /// Serves the connection; its entry in the table and its slot go when it ends.
+    async fn run(self, stream: Accepted, slot: OwnedSemaphorePermit) {
+        let registered = Registered { bounds: Arc::clone(&self.context.bounds), id: self.id };
+        match stream {
+            Accepted::Tcp(s, peer) => self.tcp(s, peer).await,
+            Accepted::Unix(s) => {
+                let fd = s.as_raw_fd();
+                let s = Heard::new(s, Arc::clone(&self.context.bounds), self.id);
+                connection(s, fd, None, self).await;
+            }
+        }
+        drop(registered);
+        drop(slot);
+    }
+
+    /// A TCP connection: its TLS handshake first when the web configuration asks for TLS (within
+    /// the first request's deadline, and ended at once when the cap closes it).
+    async fn tcp(self, s: TcpStream, peer: IpAddr) {
+        let _ = s.set_nodelay(true);
+        let fd = s.as_raw_fd();
+        let s = Heard::new(s, Arc::clone(&self.context.bounds), self.id);
+        let Some(tls) = self.context.web.as_ref().and_then(|w| w.tls()).cloned() else {
+            return connection(s, fd, Some(peer), self).await;
+        };
+        let close = Arc::clone(&self.close);
+        let handshake = tokio::time::timeout_at(self.first.into(), tls.accept(s));
+        tokio::select! {
+            done = handshake => if let Ok(Ok(s)) = done {
+                self.context.bounds.with(self.id, |c| c.stage = c.stage.max(Stage::Secured));
+                connection(s, fd, Some(peer), self).await;
+            },
+            () = close.notified() => {}
+        }
+    }
 }
 
 /// Sleeps until `at`, or for ever without it.
@@ -948,20 +937,13 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Heard<S> {
     }
 }
 
-/// Serves one connection within its limits; it is closed when this returns.
-#[allow(clippy::too_many_arguments, reason = "one connection's parts, each used once")]
-async fn connection<I>(
-    stream: I,
-    fd: RawFd,
-    peer: Option<IpAddr>,
-    first: Instant,
-    id: u64,
-    close: Arc<Notify>,
-    context: Arc<Shared>,
-    mut stopping: watch::Receiver<bool>,
-) where
+/// Serves one connection (`stream`, its socket `fd`, from `peer`) within its limits; it is
+/// closed when this returns.
+async fn connection<I>(stream: I, fd: RawFd, peer: Option<IpAddr>, task: Task)
+where
     I: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
+    let Task { context, id, close, first, mut stopping } = task;
     let limits = context.bounds.limits().clone();
     let mut io = TimeoutStream::new(stream);
     // A read or write pending this long without progress ends the connection: a client that
@@ -1025,44 +1007,55 @@ async fn respond(
         c.active_at = Instant::now();
     });
     let mut hold = Hold { bounds: Arc::clone(&context.bounds), id, success: false };
-    let header =
-        |name| request.headers().get_all(name).iter().filter_map(|v| v.to_str().ok()).collect::<Vec<_>>();
-    let accept = header(ACCEPT).join(",");
-    let accept_encoding = header(ACCEPT_ENCODING).join(",");
-    let authorization = header(AUTHORIZATION).first().map(|s| (*s).to_owned());
-    let asked = Asked {
-        method: request.method().clone(),
-        path: request.uri().path().to_owned(),
-        accept,
-        accept_encoding,
-        query: request.uri().query().unwrap_or_default().to_owned(),
+    let (asked, authorization) = asked_of(request);
+    let admitted = match &context.web {
+        Some(web) => web.admit(authorization.as_deref(), peer).await,
+        None => Ok(()),
     };
-    drop(request);
-    let mut challenge = false;
-    let reply = match context.web.as_ref().map(|w| w.admit(authorization.as_deref(), peer)) {
-        Some(admit) => match admit.await {
-            Ok(()) => None,
-            Err(refusal) => {
-                challenge = refusal == Refusal::Unauthorized;
-                Some(Reply::text(refusal.status(), refusal.text()))
-            }
-        },
-        None => None,
-    };
-    let reply = match reply {
-        Some(reply) => reply,
-        None => match tokio::time::timeout(context.bounds.limits().answer_timeout, (context.handler)(asked))
-            .await
-        {
-            Ok(reply) => reply,
-            Err(_) => Reply::text(503, "reading the instances took too long\n"),
-        },
+    let (reply, challenge) = match admitted {
+        Ok(()) => (answered(&context, asked).await, false),
+        Err(refusal) => (Reply::text(refusal.status(), refusal.text()), refusal == Refusal::Unauthorized),
     };
     if matches!(reply.body, Body::Shared(_)) {
         context.bounds.with(id, |c| c.holding_since = Some(Instant::now()));
     }
     let status = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     hold.success = status.is_success();
+    Ok(response(status, reply, hold, challenge, context.web.as_deref()))
+}
+
+/// What `request` asks, and its `Authorization` header; the request (its body unread) goes here.
+fn asked_of(request: Request<Incoming>) -> (Asked, Option<String>) {
+    let header =
+        |name| request.headers().get_all(name).iter().filter_map(|v| v.to_str().ok()).collect::<Vec<_>>();
+    let asked = Asked {
+        method: request.method().clone(),
+        path: request.uri().path().to_owned(),
+        accept: header(ACCEPT).join(","),
+        accept_encoding: header(ACCEPT_ENCODING).join(","),
+        query: request.uri().query().unwrap_or_default().to_owned(),
+    };
+    let authorization = header(AUTHORIZATION).first().map(|s| (*s).to_owned());
+    (asked, authorization)
+}
+
+/// The handler's reply to `asked`, or 503 when it takes longer than [`Limits::answer_timeout`].
+async fn answered(context: &Shared, asked: Asked) -> Reply {
+    match tokio::time::timeout(context.bounds.limits().answer_timeout, (context.handler)(asked)).await {
+        Ok(reply) => reply,
+        Err(_) => Reply::text(503, "reading the instances took too long\n"),
+    }
+}
+
+/// The response that sends `reply` with `status`: its headers, a basic-authentication challenge
+/// when `challenge`, the web configuration's headers; `hold` goes when its body is handed over.
+fn response(
+    status: StatusCode,
+    reply: Reply,
+    hold: Hold,
+    challenge: bool,
+    web: Option<&Web>,
+) -> Response<ReplyBody> {
     let mut response = Response::new(ReplyBody { body: reply.body, next: 0, hold: Some(hold) });
     *response.status_mut() = status;
     let headers = response.headers_mut();
@@ -1076,16 +1069,14 @@ async fn respond(
     if challenge {
         headers.insert(WWW_AUTHENTICATE, HeaderValue::from_static("Basic"));
     }
-    if let Some(web) = &context.web {
-        for (name, value) in web.headers() {
-            if let (Ok(name), Ok(value)) =
-                (HeaderName::try_from(name.as_str()), HeaderValue::try_from(value.as_str()))
-            {
-                headers.insert(name, value);
-            }
+    for (name, value) in web.map(Web::headers).unwrap_or_default() {
+        if let (Ok(name), Ok(value)) =
+            (HeaderName::try_from(name.as_str()), HeaderValue::try_from(value.as_str()))
+        {
+            headers.insert(name, value);
         }
     }
-    Ok(response)
+    response
 }
 
 #[cfg(test)]

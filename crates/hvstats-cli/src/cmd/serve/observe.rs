@@ -16,7 +16,7 @@ use hvstats_observe::{ObserveOptions, Observer, Procfs, Targets, publication, ra
 
 use crate::observer_run::{Ended, Mark, Runner};
 
-use super::http::log;
+use super::log;
 
 /// How serve observes: every VM the filter takes, using the QMP sockets their command lines
 /// name unless told not to.
