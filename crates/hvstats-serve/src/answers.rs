@@ -6,7 +6,7 @@
 //! one reader of bodies, on a blocking thread: a request registers what it wants for the next
 //! reading and waits for it; the reader takes the next reading when anyone waits, then encodes
 //! each body wanted of it, once, into chunks every waiting connection sends
-//! ([`crate::http::SharedBody`]). `/healthz` has a reader of its own that only checks what it can
+//! ([`crate::body::SharedBody`]). `/healthz` has a reader of its own that only checks what it can
 //! read (the global pages, not every VP's: [`hvstats_present::live::Live::health`]), so it never
 //! waits behind an encoding. A request is answered from a reading begun after it arrived (so
 //! nothing is stale), whatever the number of requests waits for at most two readings (and their
@@ -21,8 +21,10 @@ use hvstats_present::collectors::Selection;
 use hvstats_present::exposition::{self, Exposition};
 use hvstats_present::live::{Live, Reading};
 
+use crate::body::{Body, ChunkWriter, SharedBody};
+use crate::bounds::Bounds;
 use crate::compress::Encoded;
-use crate::http::{Body, Bounds, ChunkWriter, Reply, SharedBody};
+use crate::http::Reply;
 use crate::negotiate::Format;
 
 /// What a request can ask of a reading.

@@ -3,14 +3,14 @@
 //!
 //! `GET /metrics` reads every instance once and answers with the families of the collectors
 //! enabled (a scrape's `collect[]=` and `exclude[]=` narrow them), in the format the scraper
-//! negotiates ([`negotiate`]): Prometheus' protobuf with native histograms, the OpenMetrics
+//! negotiates (`negotiate`): Prometheus' protobuf with native histograms, the OpenMetrics
 //! text, or the classic Prometheus text for the others (curl, `promtool check metrics`), gzipped
-//! when the scraper accepts it ([`compress`]); `GET /healthz` says what it could read and what
+//! when the scraper accepts it (`compress`); `GET /healthz` says what it could read and what
 //! not, with 503 when nothing could be read; with the snapshot API on, `GET /api/v1/snapshot`
-//! answers the JSON of `hvstats snapshot --json` for at most `max_vps` VPs ([`routes`]).
-//! Readings are shared by the requests that wait for them ([`answers`]); the HTTP side ([`http`])
+//! answers the JSON of `hvstats snapshot --json` for at most `max_vps` VPs (`routes`).
+//! Readings are shared by the requests that wait for them (`answers`); the HTTP side (`http`)
 //! bounds what any client can make the server hold; who may ask is the web configuration's
-//! ([`web`], [`auth`]).
+//! (`web`, `auth`).
 //!
 //! One entry point: a [`Server`] made of a bound [`Listener`], a [`Config`] (limits, the web
 //! configuration) and an [`Exporter`] (what is read and how it is exported), run until its
@@ -19,6 +19,8 @@
 
 mod answers;
 mod auth;
+mod body;
+mod bounds;
 mod compress;
 mod http;
 mod negotiate;
@@ -32,7 +34,8 @@ use hvstats_present::collectors::Selection;
 use hvstats_present::live::Live;
 use tokio::sync::watch;
 
-pub use http::{Limits, Listener};
+pub use bounds::Limits;
+pub use http::Listener;
 pub use web::{Web, WebConfigError};
 
 /// What the server exports: the instances under a runtime directory, and how.
@@ -116,7 +119,7 @@ impl Server {
             let _entered = runtime.enter();
             http::Accepting::from_std(listener).map_err(Error::Listener)?
         };
-        let bounds = http::Bounds::new(config.limits);
+        let bounds = bounds::Bounds::new(config.limits);
         let handler = routes::handler(exporter, Arc::clone(&bounds));
         let shared = Arc::new(http::Shared { bounds, handler, web: config.web.map(Arc::new) });
         Ok(Self { runtime, listening, shared, stop: Stop(Arc::new(watch::channel(false).0)) })

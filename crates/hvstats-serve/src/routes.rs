@@ -9,7 +9,8 @@ use hyper::Method;
 
 use crate::Exporter;
 use crate::answers::{Answers, Scrape, Want};
-use crate::http::{Asked, Bounds, Handler, Reply};
+use crate::bounds::Bounds;
+use crate::http::{Asked, Handler, Reply};
 use crate::negotiate;
 
 /// The handler of a server exporting `exporter`, its bodies counted against `bounds`.
