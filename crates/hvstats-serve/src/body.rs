@@ -21,7 +21,7 @@ pub(crate) enum Body {
     Shared(SharedBody),
 }
 
-/// A large reply in chunks, counted against [`Limits::max_reply_bytes`] until the last
+/// A large reply in chunks, counted against [`crate::Limits::max_reply_bytes`] until the last
 /// connection sending it lets go.
 #[derive(Clone, Debug)]
 pub(crate) struct SharedBody(Arc<Chunks>);

@@ -1,20 +1,21 @@
 //! The HTTP side of `serve`: an HTTP/1.1 server that no client can stall, exhaust or kill.
 //!
 //! An exporter listens to peers it does not control (the README's fleet puts `--listen` off
-//! loopback), so every resource a client can make it hold is bounded here, and only here:
+//! loopback), so every resource a client can make it hold is bounded here and in the table of
+//! connections (`crate::bounds`), and only there:
 //!
 //! - connections: at most [`Limits::max_connections`] kept at once; above the cap, new
 //!   connections are still taken in at once, up to [`Limits::hard_limit`] (five times the cap),
 //!   so the listen backlog never fills with clients that connect and close (a full backlog makes
 //!   the kernel drop handshakes, and reset a client whose handshake it dropped once it sends);
 //!   while the cap is passed, the connection that holds the most and has done the least is closed
-//!   as soon as its [`GRACE`](crate::bounds) ends ([`crate::bounds::Bounds::close_idlest`]: never one with a reply handed over
-//!   in the last minute while another is left, nor one that has sent a whole request head while
-//!   one that has not is left, first from the source address holding the most connections, idle
-//!   before busy, silent before mid-handshake before served), so a connection above the cap
-//!   that sends no whole request head within its grace is closed then. Only at the hard limit,
-//!   with every connection within its grace or past its head, do new ones wait in the listen
-//!   backlog. So clients holding the cap, or reconnecting as fast as they are closed, cannot
+//!   as soon as its grace (a second) ends ([`Bounds::close_idlest`]: never one with a reply
+//!   handed over in the last minute while another is left, nor one that has sent a whole request
+//!   head while one that has not is left, first from the source address holding the most
+//!   connections, idle before busy, silent before mid-handshake before served), so a connection
+//!   above the cap that sends no whole request head within its grace is closed then. Only at the
+//!   hard limit, with every connection within its grace or past its head, do new ones wait in the
+//!   listen backlog. So clients holding the cap, or reconnecting as fast as they are closed, cannot
 //!   push out a scraper, from another address or from the scraper's own: each connection a
 //!   scraper opens is taken in at once and has its grace to send its request; the cap is logged
 //!   once per run of such closes, not per connection;
@@ -28,7 +29,8 @@
 //!   bounded read buffer), each answered from a reading begun after it arrived, so a connection
 //!   gets at most one answer per reading however fast it asks;
 //! - the bytes of replies in flight: a large reply is made once per reading and shared by every
-//!   connection sending it ([`crate::body::Body::Shared`], counted once against [`Limits::max_reply_bytes`]);
+//!   connection sending it ([`crate::body::Body::Shared`], counted once against
+//!   [`Limits::max_reply_bytes`]);
 //!   past that budget, the connections that have held their reply longest are closed before a
 //!   new one is made;
 //! - writes: a reply that makes no progress for [`Limits::write_timeout`] (a client that does not
@@ -69,7 +71,7 @@ use tokio::task::JoinSet;
 use tokio_io_timeout::TimeoutStream;
 
 use crate::body::{Body, ReplyBody};
-use crate::bounds::{Bounds, CapLog, Hold, Registered};
+use crate::bounds::{Bounds, CapLog, Hold, Limits, Registered};
 use crate::log;
 use crate::web::{Refusal, Web};
 
@@ -234,7 +236,7 @@ pub(crate) async fn accept_loop(
     stopped: impl Future<Output = ()>,
 ) {
     let mut stopped = pin!(stopped);
-    let limits = context.bounds.limits().clone();
+    let limits: Limits = context.bounds.limits().clone();
     // Descriptors held at once: the cap, and the room above it where new connections are taken
     // in at once (the listen backlog never fills) to show whether they send a request.
     let slots = Arc::new(Semaphore::new(limits.hard_limit()));
@@ -355,8 +357,8 @@ async fn sleep_until_some(at: Option<Instant>) {
     }
 }
 
-/// A client's stream that marks its connection as talking ([`Bounds::heard`]) once the client has sent
-/// something.
+/// A client's stream that marks its connection as talking ([`Bounds::heard`]) once the client
+/// has sent something.
 struct Heard<S> {
     inner: S,
     bounds: Option<Arc<Bounds>>,
@@ -420,7 +422,7 @@ where
     I: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
     let Task { context, id, close, first, mut stopping } = task;
-    let limits = context.bounds.limits().clone();
+    let limits: Limits = context.bounds.limits().clone();
     let mut io = TimeoutStream::new(stream);
     // A read or write pending this long without progress ends the connection: a client that
     // stopped reading a large reply, or stopped sending a body nobody reads.
