@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::IpAddr;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use crate::web::{Because, Problem, refuse};
+use crate::problem::{Because, Problem, refuse};
 use base64::Engine;
 use ring::hmac;
 use subtle::ConstantTimeEq;

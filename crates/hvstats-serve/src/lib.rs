@@ -24,6 +24,7 @@ mod bounds;
 mod compress;
 mod http;
 mod negotiate;
+mod problem;
 mod routes;
 mod web;
 

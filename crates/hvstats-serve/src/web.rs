@@ -27,6 +27,7 @@ use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::auth::{Auth, Verdict};
+use crate::problem::{Because, Problem, refuse};
 
 /// The headers the toolkit lets a file add, with the values it accepts (empty: any).
 const HEADERS: [(&str, &[&str]); 5] = [
@@ -136,43 +137,6 @@ pub enum WebConfigError {
         #[source]
         problem: Box<dyn std::error::Error + Send + Sync>,
     },
-}
-
-/// What a web configuration asks that cannot be done, and why (with the error behind it, when
-/// there is one).
-#[derive(Debug, thiserror::Error)]
-#[error("{what}")]
-pub(crate) struct Problem {
-    what: String,
-    #[source]
-    cause: Option<Box<dyn std::error::Error + Send + Sync>>,
-}
-
-impl Problem {
-    /// A problem said by `what` alone.
-    pub(crate) fn new(what: impl Into<String>) -> Self {
-        Self { what: what.into(), cause: None }
-    }
-}
-
-/// Returns a [`Problem`] said by a format string.
-macro_rules! refuse {
-    ($($arg:tt)*) => {
-        return Err(crate::web::Problem::new(format!($($arg)*)))
-    };
-}
-pub(crate) use refuse;
-
-/// An error of a library, as a [`Problem`] saying what it stopped.
-pub(crate) trait Because<T> {
-    /// The error as the cause of `what`.
-    fn because(self, what: impl Into<String>) -> Result<T, Problem>;
-}
-
-impl<T, E: std::error::Error + Send + Sync + 'static> Because<T> for Result<T, E> {
-    fn because(self, what: impl Into<String>) -> Result<T, Problem> {
-        self.map_err(|e| Problem { what: what.into(), cause: Some(Box::new(e)) })
-    }
 }
 
 /// Who may ask, and how they are answered, as the web configuration file says.

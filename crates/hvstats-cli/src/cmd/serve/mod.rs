@@ -23,6 +23,7 @@ use hvstats_present::live::Live;
 use hvstats_serve::{Config, Exporter, Limits, Listener, Server, Web};
 
 use self::collector_flags::CollectorFlags;
+use self::observe::log;
 use crate::signals;
 
 /// The socket served when `--listen` is not given: this name in the runtime directory.
@@ -233,11 +234,6 @@ impl Drop for BoundSocket {
             let _ = std::fs::remove_file(&self.path);
         }
     }
-}
-
-/// A line of `serve`'s log on standard error (see [`crate::output::log`]).
-pub(crate) fn log(line: &str) {
-    crate::output::log("serve", line);
 }
 
 /// Runs `hvstats serve` until SIGINT, SIGTERM or SIGHUP.
