@@ -1,29 +1,15 @@
-//! `hvstats serve`: an HTTP exporter of every live instance for Prometheus.
-//!
-//! `GET /metrics` reads every instance once and answers with the families of the collectors
-//! enabled ([`collector_flags`]; a scrape's `collect[]=` and `exclude[]=` narrow them), in the
-//! format the scraper negotiates ([`negotiate`]): Prometheus' protobuf with native histograms,
-//! the OpenMetrics text, or the classic Prometheus text for the others (curl, `promtool check
-//! metrics`), gzipped when the scraper accepts it ([`compress`]); `GET /healthz` says what it could read
-//! and what not, with 503 when nothing could be read; with `--snapshot-api`, `GET
-//! /api/v1/snapshot` answers the JSON of `hvstats snapshot --json` for at most `--max-vps` VPs.
-//! Where one host is not enough, each host runs `serve` and Prometheus aggregates: the exporter
-//! keeps no state between scrapes. Readings are shared by the requests that wait for them
-//! ([`answers`]); the HTTP server ([`http`]) bounds what any client can make it hold.
+//! `hvstats serve`: an HTTP exporter of every live instance for Prometheus, as glue: the flags,
+//! the listening socket, the observer of `--observe-all` and the signals are here; the server
+//! (HTTP, TLS, authentication, negotiation, compression, the answers) is
+//! [`hvstats_serve`]'s.
 //!
 //! Who may read: by default `serve` listens on a Unix socket in the runtime directory that only
 //! its owner (or `--socket-group`) may connect to, as only they may read the instances' pages;
-//! on TCP, whoever reaches the address reads every counter unless `--web.config.file` ([`web`])
-//! asks for basic authentication or client certificates.
+//! on TCP, whoever reaches the address reads every counter unless `--web.config.file` asks for
+//! basic authentication or client certificates.
 
-pub(crate) mod answers;
-pub(crate) mod auth;
 pub(crate) mod collector_flags;
-pub(crate) mod compress;
-pub(crate) mod http;
-pub(crate) mod negotiate;
 pub(crate) mod observe;
-pub(crate) mod web;
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
@@ -31,17 +17,14 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use hyper::Method;
-
-use self::answers::{Answers, Scrape, Want};
-use self::collector_flags::CollectorFlags;
-use self::http::{Asked, Bounds, Handler, Limits, Listener, Reply};
-
-use hvstats_present::collectors::{self, Selection};
 use hvstats_present::live::Live;
+use hvstats_serve::{Config, Exporter, Limits, Listener, Server, Web};
+
+use self::collector_flags::CollectorFlags;
+use self::observe::log;
+use crate::signals;
 
 /// The socket served when `--listen` is not given: this name in the runtime directory.
 pub(crate) const DEFAULT_SOCKET: &str = "serve.sock";
@@ -189,39 +172,6 @@ fn parse_observe_interval(s: &str) -> Result<f64, String> {
     crate::cmd::seconds_in(s, 0.01, 3600.0)
 }
 
-/// The answer to `asked`: the cheap ones at once, the others from the next reading. `/metrics`
-/// exports the collectors of `enabled` that the query's `collect[]`/`exclude[]` keep, in the
-/// format and encoding the headers negotiate.
-async fn answer(answers: Arc<Answers>, snapshot_api: bool, enabled: Selection, asked: Asked) -> Reply {
-    if !matches!(asked.method, Method::GET | Method::HEAD) {
-        return Reply::text(405, "only GET and HEAD\n");
-    }
-    let want = match asked.path.as_str() {
-        "/metrics" => match collectors::selection_of(&asked.query, enabled) {
-            Ok(selection) => Want::Metrics(Scrape {
-                format: negotiate::format(&asked.accept),
-                selection,
-                gzip: negotiate::gzip(&asked.accept_encoding),
-            }),
-            Err(e) => return Reply::text(400, format!("{e}\n")),
-        },
-        "/healthz" => Want::Health,
-        "/api/v1/snapshot" if snapshot_api => Want::Snapshot,
-        "/api/v1/snapshot" => {
-            return Reply::text(404, "the snapshot API is off (hvstats serve --snapshot-api turns it on)\n");
-        }
-        "/" => {
-            let snapshot = if snapshot_api { " /api/v1/snapshot" } else { "" };
-            return Reply::text(
-                200,
-                format!("hvstats exporter: /metrics /healthz{snapshot}\ncollectors: {enabled}\n"),
-            );
-        }
-        _ => return Reply::text(404, "not found: try /metrics\n"),
-    };
-    answers.answer(want).await
-}
-
 /// The group `name` (a name in /etc/group, or a number).
 fn group_id(name: &str) -> anyhow::Result<u32> {
     if let Ok(gid) = name.parse() {
@@ -288,83 +238,126 @@ impl Drop for BoundSocket {
 
 /// Runs `hvstats serve` until SIGINT, SIGTERM or SIGHUP.
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let live =
-        Live::new(Some(crate::cmd::runtime_dir(args.runtime_dir)?)).expecting_observer(args.expect_observer);
-    let web = match &args.web_config_file {
-        Some(path) => Some(Arc::new(web::Web::load(path)?)),
-        None => None,
-    };
-    let listen = args.listen.clone().unwrap_or_else(|| Listen::Unix(live.dir().join(DEFAULT_SOCKET)));
-    let (listener, shown, _socket) = match &listen {
-        Listen::Tcp(addr) => {
-            let l = bind_tcp(*addr).with_context(|| format!("cannot listen on {addr}"))?;
-            let addr = l.local_addr().context("the listening socket has no address")?;
-            let scheme = if web.as_ref().is_some_and(|w| w.tls().is_some()) { "https" } else { "http" };
-            (Listener::Tcp(l), format!("{scheme}://{addr}/metrics"), None)
-        }
-        Listen::Unix(path) => {
-            if args.web_config_file.is_some() {
-                bail!("--web.config.file is for TCP: a Unix socket is guarded by its mode");
-            }
-            let group = args.socket_group.as_deref().map(group_id).transpose()?;
-            let l = bind_unix(path, group)?;
-            let ino = std::fs::symlink_metadata(path).map(|m| m.ino()).unwrap_or(0);
-            (
-                Listener::Unix(l),
-                format!("unix:{} /metrics", path.display()),
-                Some(BoundSocket { path: path.clone(), ino }),
-            )
-        }
-    };
-    if args.socket_group.is_some() && matches!(listen, Listen::Tcp(_)) {
-        bail!("--socket-group is for a Unix socket (--listen unix:PATH)");
-    }
-    if matches!(listen, Listen::Tcp(_)) && !web.as_ref().is_some_and(|w| w.authenticates()) {
-        http::log(&format!(
+    // Before any thread starts (the password checks', the server's, the observer's): the signals
+    // wait, pending, for the watcher of `signals::during`, and the stop it asks.
+    signals::block().context("cannot block SIGINT, SIGTERM and SIGHUP")?;
+    let live = Live::new(Some(crate::cmd::runtime_dir(args.runtime_dir.clone())?))
+        .expecting_observer(args.expect_observer);
+    let web = args.web_config_file.as_deref().map(Web::load).transpose()?;
+    let Bound { listener, shown, tcp, socket: _socket } = listen(&args, &live, web.as_ref())?;
+    if tcp && !web.as_ref().is_some_and(Web::authenticates) {
+        log(&format!(
             "{shown}: no authentication (--web.config.file): every local user, and any peer that \
              reaches this address, can read every counter"
         ));
     }
     if let Some(web) = &web {
-        http::log(&format!("web configuration: {}", web.summary()));
+        log(&format!("web configuration: {}", web.summary()));
     }
-    let bounds = Bounds::new(Limits {
+    let dir = live.dir().to_owned();
+    let limits = Limits {
         max_connections: args.max_connections,
         max_reply_bytes: args.max_reply_bytes,
         ..Limits::default()
-    });
-    let dir = live.dir().to_owned();
-    let answers = Answers::new(live, args.max_vps, Arc::clone(&bounds));
-    let snapshot_api = args.snapshot_api;
-    let enabled = args.collectors.selection;
-    let handler: Handler =
-        Arc::new(move |asked| Box::pin(answer(Arc::clone(&answers), snapshot_api, enabled, asked)));
-    let observing = match args.observe_all {
-        true => Some(observe::Observing {
-            held: crate::observer_run::hold_runtime_dir(&dir)?,
-            interval: std::time::Duration::from_secs_f64(args.observe_interval),
-            filter: hvstats_observe::filter::VmFilter { include: args.vms, exclude: args.exclude_vms },
-            no_qmp: args.no_qmp,
-        }),
-        false => None,
     };
-    // Once SIGINT, SIGTERM and SIGHUP are watched: the observer, then the address (which tells a
-    // supervisor or a test that the exporter is up).
-    let start = move || -> anyhow::Result<Option<observe::Running>> {
-        let observer = match observing {
-            Some(how) => Some(observe::start(&dir, how)?),
-            None => None,
-        };
-        let mut stdout = std::io::stdout().lock();
-        writeln!(stdout, "serving {shown}")?;
-        stdout.flush()?;
-        Ok(observer)
+    let exporter = Exporter {
+        live,
+        max_vps: args.max_vps,
+        snapshot_api: args.snapshot_api,
+        collectors: args.collectors.selection,
     };
-    let (signal, observer) =
-        http::serve(listener, bounds, web, start, handler).context("the HTTP server failed")?;
-    http::log(&format!("{}: stopping", signal.name()));
+    let observing = observing(args, &dir)?;
+    let server = Server::new(listener, Config { limits, web }, exporter).context("the HTTP server failed")?;
+    let stop = server.stop_handle();
+    let (served, signal) = signals::during(|_| serve(server, &dir, observing, &shown), |_| stop.stop())
+        .context("cannot watch SIGINT, SIGTERM and SIGHUP")?;
+    let observer = served?;
+    if let Some(signal) = signal {
+        log(&format!("{}: stopping", signal.name()));
+    }
     if let Some(observer) = observer {
         observer.stop();
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The socket `serve` listens on, as `--listen` (or its default) names it.
+struct Bound {
+    listener: Listener,
+    /// The address, for the log and for whoever waits for `serving ADDRESS`.
+    shown: String,
+    /// True on TCP.
+    tcp: bool,
+    /// The Unix socket, removed when `serve` ends.
+    socket: Option<BoundSocket>,
+}
+
+/// Binds the socket `args` names (the runtime directory's `serve.sock` by default).
+fn listen(args: &Args, live: &Live, web: Option<&Web>) -> anyhow::Result<Bound> {
+    let listen = args.listen.clone().unwrap_or_else(|| Listen::Unix(live.dir().join(DEFAULT_SOCKET)));
+    match &listen {
+        Listen::Tcp(addr) => {
+            if args.socket_group.is_some() {
+                bail!("--socket-group is for a Unix socket (--listen unix:PATH)");
+            }
+            let l = bind_tcp(*addr).with_context(|| format!("cannot listen on {addr}"))?;
+            let addr = l.local_addr().context("the listening socket has no address")?;
+            let scheme = if web.is_some_and(Web::serves_tls) { "https" } else { "http" };
+            Ok(Bound {
+                listener: Listener::Tcp(l),
+                shown: format!("{scheme}://{addr}/metrics"),
+                tcp: true,
+                socket: None,
+            })
+        }
+        Listen::Unix(path) => {
+            if web.is_some() {
+                bail!("--web.config.file is for TCP: a Unix socket is guarded by its mode");
+            }
+            let group = args.socket_group.as_deref().map(group_id).transpose()?;
+            let l = bind_unix(path, group)?;
+            let ino = std::fs::symlink_metadata(path).map(|m| m.ino()).unwrap_or(0);
+            Ok(Bound {
+                listener: Listener::Unix(l),
+                shown: format!("unix:{} /metrics", path.display()),
+                tcp: false,
+                socket: Some(BoundSocket { path: path.clone(), ino }),
+            })
+        }
+    }
+}
+
+/// How `--observe-all` observes, the runtime directory `dir` held for its observer; none without
+/// it.
+fn observing(args: Args, dir: &Path) -> anyhow::Result<Option<observe::Observing>> {
+    if !args.observe_all {
+        return Ok(None);
+    }
+    Ok(Some(observe::Observing {
+        held: crate::observer_run::hold_runtime_dir(dir)?,
+        interval: std::time::Duration::from_secs_f64(args.observe_interval),
+        filter: hvstats_observe::filter::VmFilter { include: args.vms, exclude: args.exclude_vms },
+        no_qmp: args.no_qmp,
+    }))
+}
+
+/// Starts the observer (when `observing`), says the address (which tells a supervisor or a test
+/// that the exporter is up), and serves until stopped; returns the observer, for the caller to
+/// stop.
+fn serve(
+    server: Server,
+    dir: &Path,
+    observing: Option<observe::Observing>,
+    shown: &str,
+) -> anyhow::Result<Option<observe::Running>> {
+    let observer = match observing {
+        Some(how) => Some(observe::start(dir, how)?),
+        None => None,
+    };
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "serving {shown}")?;
+    stdout.flush()?;
+    drop(stdout);
+    server.run();
+    Ok(observer)
 }

@@ -16,7 +16,11 @@ use hvstats_observe::{ObserveOptions, Observer, Procfs, Targets, publication, ra
 
 use crate::observer_run::{Ended, Mark, Runner};
 
-use super::http::log;
+/// A line of `serve`'s log on standard error (see [`crate::output::log`]): the observer's, and
+/// the exporter's own.
+pub(crate) fn log(line: &str) {
+    crate::output::log("serve", line);
+}
 
 /// How serve observes: every VM the filter takes, using the QMP sockets their command lines
 /// name unless told not to.

@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::IpAddr;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use anyhow::{Context, bail};
+use crate::problem::{Because, Problem, refuse};
 use base64::Engine;
 use ring::hmac;
 use subtle::ConstantTimeEq;
@@ -159,15 +159,15 @@ impl Auth {
     ///
     /// # Errors
     /// When a hash is not a bcrypt hash, no key can be drawn, or a thread cannot start.
-    pub(crate) fn new(users: &BTreeMap<String, String>) -> anyhow::Result<Self> {
+    pub(crate) fn new(users: &BTreeMap<String, String>) -> Result<Self, Problem> {
         for (user, hash) in users {
             if hash.parse::<bcrypt::HashParts>().is_err() {
-                bail!("the password of user {user:?} is not a bcrypt hash");
+                refuse!("the password of user {user:?} is not a bcrypt hash");
             }
         }
         let decoy = users.values().next().cloned().unwrap_or_default();
         let key = hmac::Key::generate(hmac::HMAC_SHA256, &ring::rand::SystemRandom::new())
-            .map_err(|_| anyhow::anyhow!("cannot draw a key to remember credentials by"))?;
+            .map_err(|_| Problem::new("cannot draw a key to remember credentials by"))?;
         let inner = Arc::new(Inner {
             key,
             users: users.clone().into_iter().collect(),
@@ -180,7 +180,7 @@ impl Auth {
             std::thread::Builder::new()
                 .name(format!("hvstats-bcrypt-{n}"))
                 .spawn(move || inner.work())
-                .context("cannot start a password-checking thread")?;
+                .because("cannot start a password-checking thread")?;
         }
         Ok(Self { inner })
     }

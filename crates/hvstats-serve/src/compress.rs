@@ -1,6 +1,6 @@
 //! A `/metrics` body as it is made: plain, or gzipped on the way into its chunks when the
 //! scraper accepts gzip (Prometheus always does), so an uncompressed copy of a gzipped reply is
-//! never held whole. What the reply budget ([`super::http::Limits::max_reply_bytes`]) counts is
+//! never held whole. What the reply budget ([`crate::Limits::max_reply_bytes`]) counts is
 //! what is held: the compressed bytes.
 
 use std::io::{self, Write};
@@ -9,7 +9,8 @@ use std::sync::Arc;
 use flate2::Compression;
 use flate2::write::GzEncoder;
 
-use super::http::{Bounds, ChunkWriter, SharedBody};
+use crate::body::{ChunkWriter, SharedBody};
+use crate::bounds::Bounds;
 
 /// A body being written.
 pub(crate) enum Encoded {

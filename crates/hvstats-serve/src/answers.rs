@@ -6,7 +6,7 @@
 //! one reader of bodies, on a blocking thread: a request registers what it wants for the next
 //! reading and waits for it; the reader takes the next reading when anyone waits, then encodes
 //! each body wanted of it, once, into chunks every waiting connection sends
-//! ([`super::http::SharedBody`]). `/healthz` has a reader of its own that only checks what it can
+//! ([`crate::body::SharedBody`]). `/healthz` has a reader of its own that only checks what it can
 //! read (the global pages, not every VP's: [`hvstats_present::live::Live::health`]), so it never
 //! waits behind an encoding. A request is answered from a reading begun after it arrived (so
 //! nothing is stale), whatever the number of requests waits for at most two readings (and their
@@ -21,9 +21,11 @@ use hvstats_present::collectors::Selection;
 use hvstats_present::exposition::{self, Exposition};
 use hvstats_present::live::{Live, Reading};
 
-use super::compress::Encoded;
-use super::http::{Body, Bounds, ChunkWriter, Reply, SharedBody};
-use super::negotiate::Format;
+use crate::body::{Body, ChunkWriter, SharedBody};
+use crate::bounds::Bounds;
+use crate::compress::Encoded;
+use crate::http::Reply;
+use crate::negotiate::Format;
 
 /// What a request can ask of a reading.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,6 +113,19 @@ struct Lane {
 impl Lane {
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The number of the next reading and what it is wanted for, taken from the requests
+    /// waiting; none when nobody waits, and then the reader is said to be gone (under the lock: a
+    /// request registering from then on starts another).
+    fn next_reading(&self) -> Option<(u64, Wanted)> {
+        let mut state = self.state();
+        if !state.wanted.any() {
+            state.running = false;
+            return None;
+        }
+        state.started += 1;
+        Some((state.started, std::mem::take(&mut state.wanted)))
     }
 }
 
@@ -213,68 +228,60 @@ impl Answers {
             }
         }
         let _panicked = Panicked(lane);
-        loop {
-            let (number, wanted) = {
-                let mut state = lane.state();
-                if !state.wanted.any() {
-                    // Said under the lock: a request registering from now on starts a reader.
-                    state.running = false;
-                    return;
-                }
-                state.started += 1;
-                (state.started, std::mem::take(&mut state.wanted))
-            };
-            if health {
+        while let Some((number, wanted)) = lane.next_reading() {
+            let generation = match health {
                 // The health lane checks what it can read without reading every page.
-                let health = self.live.health();
-                let generation =
-                    Generation { number, complete: true, health: Some(health), ..Default::default() };
-                lane.published.send_replace(Arc::new(generation));
-                continue;
-            }
-            let started = Instant::now();
-            let mut reading = self.live.read().unwrap_or_else(|e| self.live.unreadable(&e));
-            let took = started.elapsed();
-            let health = exposition::health(&reading);
-            // Health at once (and the last reading's bodies let go of, but by the connections
-            // still sending them), then room for the new bodies.
-            lane.published.send_replace(Arc::new(Generation {
-                number,
-                health: Some(health.clone()),
-                ..Default::default()
-            }));
-            let mut generation =
-                Generation { number, complete: true, health: Some(health), ..Default::default() };
-            if wanted.snapshot || !wanted.scrapes.is_empty() {
-                self.bounds.make_room();
-            }
-            if !wanted.scrapes.is_empty() {
-                let shared = Arc::new(reading);
-                generation.scrapes = self.metrics(&shared, took, &wanted.scrapes);
-                // The expositions are gone with their encodings: the reading is ours alone again.
-                reading = match Arc::try_unwrap(shared) {
-                    Ok(reading) => reading,
-                    Err(shared) => (*shared).clone(),
-                };
-            }
-            if wanted.snapshot {
-                generation.snapshot = Some(match exposition::nothing_read(&reading) {
-                    true => Err(exposition::health(&reading).1),
-                    false => {
-                        let mut out = ChunkWriter::default();
-                        hvstats_present::snapshot_json::write_capped(
-                            &mut out,
-                            &mut reading.instances,
-                            self.max_vps,
-                        )
-                        .map(|_| out.finish(&self.bounds))
-                        .map_err(|e| format!("encoding failed: {e}\n"))
-                    }
-                });
-            }
-            drop(reading);
+                true => Generation {
+                    number,
+                    complete: true,
+                    health: Some(self.live.health()),
+                    ..Default::default()
+                },
+                false => self.read(lane, number, &wanted),
+            };
             lane.published.send_replace(Arc::new(generation));
         }
+    }
+
+    /// Reading `number` of the bodies' lane and the bodies `wanted` of it. Its health is
+    /// published at once (and the last reading's bodies let go of, but by the connections still
+    /// sending them), then room is made for the new bodies.
+    fn read(&self, lane: &Lane, number: u64, wanted: &Wanted) -> Generation {
+        let started = Instant::now();
+        let mut reading = self.live.read().unwrap_or_else(|e| self.live.unreadable(&e));
+        let took = started.elapsed();
+        let health = exposition::health(&reading);
+        lane.published.send_replace(Arc::new(Generation {
+            number,
+            health: Some(health.clone()),
+            ..Default::default()
+        }));
+        let mut generation =
+            Generation { number, complete: true, health: Some(health), ..Default::default() };
+        if wanted.snapshot || !wanted.scrapes.is_empty() {
+            self.bounds.make_room();
+        }
+        if !wanted.scrapes.is_empty() {
+            let shared = Arc::new(reading);
+            generation.scrapes = self.metrics(&shared, took, &wanted.scrapes);
+            // The expositions are gone with their encodings: the reading is ours alone again.
+            reading = Arc::try_unwrap(shared).unwrap_or_else(|shared| (*shared).clone());
+        }
+        if wanted.snapshot {
+            generation.snapshot = Some(self.snapshot(&mut reading));
+        }
+        generation
+    }
+
+    /// The snapshot of `reading`, or why there is none (nothing could be read: the health text).
+    fn snapshot(&self, reading: &mut Reading) -> Result<SharedBody, String> {
+        if exposition::nothing_read(reading) {
+            return Err(exposition::health(reading).1);
+        }
+        let mut out = ChunkWriter::default();
+        hvstats_present::snapshot_json::write_capped(&mut out, &mut reading.instances, self.max_vps)
+            .map(|_| out.finish(&self.bounds))
+            .map_err(|e| format!("encoding failed: {e}\n"))
     }
 
     /// The `/metrics` bodies `scrapes` ask of `reading`: one encoding of each selection's text

@@ -12,7 +12,7 @@
 //! one client's requests would use up everyone's; the server bounds each client instead) and
 //! certificates and keys given inline (`cert`, `key`, `client_ca`; name files instead).
 //!
-//! Basic authentication is [`super::auth`]'s: bcrypt comparisons that cost only the client who
+//! Basic authentication is [`crate::auth`]'s: bcrypt comparisons that cost only the client who
 //! fails them.
 
 use std::collections::BTreeMap;
@@ -20,14 +20,14 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{Context, bail};
 use serde::Deserialize;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use super::auth::{Auth, Verdict};
+use crate::auth::{Auth, Verdict};
+use crate::problem::{Because, Problem, refuse};
 
 /// The headers the toolkit lets a file add, with the values it accepts (empty: any).
 const HEADERS: [(&str, &[&str]); 5] = [
@@ -106,8 +106,41 @@ fn unique_keys<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<String
     d.deserialize_any(Unique)
 }
 
+/// Why a web configuration file is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum WebConfigError {
+    /// The file cannot be read.
+    #[error("cannot read {}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not the toolkit's schema.
+    #[error("{} is not a web configuration file", path.display())]
+    Schema {
+        /// The file.
+        path: PathBuf,
+        /// Where and why.
+        #[source]
+        source: serde_norway::Error,
+    },
+    /// The file asks what hvstats cannot do, or names what cannot be used (see the module
+    /// documentation).
+    #[error("in {}", path.display())]
+    Refused {
+        /// The file.
+        path: PathBuf,
+        /// What it asks, and why not.
+        #[source]
+        problem: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
 /// Who may ask, and how they are answered, as the web configuration file says.
-pub(crate) struct Web {
+pub struct Web {
     tls: Option<TlsAcceptor>,
     auth: Option<Auth>,
     headers: Vec<(String, String)>,
@@ -123,13 +156,13 @@ impl Web {
     /// When it cannot be read, is not the toolkit's schema, names files that cannot be read or a
     /// key that does not match its certificate, or asks what hvstats cannot do (see the module
     /// documentation).
-    pub(crate) fn load(path: &Path) -> anyhow::Result<Self> {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    pub fn load(path: &Path) -> Result<Self, WebConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| WebConfigError::Read { path: path.to_owned(), source })?;
         let file: WebFile = serde_norway::from_str(&text)
-            .with_context(|| format!("{} is not a web configuration file", path.display()))?;
+            .map_err(|source| WebConfigError::Schema { path: path.to_owned(), source })?;
         let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        let problem = |e: anyhow::Error| e.context(format!("in {}", path.display()));
+        let problem = |e: Problem| WebConfigError::Refused { path: path.to_owned(), problem: Box::new(e) };
         refused(&file).map_err(problem)?;
         let headers = headers(&file.http_server_config.headers).map_err(problem)?;
         let tls = tls(&file.tls_server_config, &dir).map_err(problem)?;
@@ -152,13 +185,18 @@ impl Web {
     }
 
     /// What the file asks, for the log: "TLS, basic authentication of 2 user(s)".
-    pub(crate) fn summary(&self) -> &str {
+    pub fn summary(&self) -> &str {
         &self.summary
     }
 
     /// True when a client must authenticate (basic authentication, or a client certificate).
-    pub(crate) fn authenticates(&self) -> bool {
+    pub fn authenticates(&self) -> bool {
         self.auth.is_some() || self.client_certificates
+    }
+
+    /// True when the file configures TLS.
+    pub fn serves_tls(&self) -> bool {
+        self.tls.is_some()
     }
 
     /// The TLS acceptor, when the file configures TLS.
@@ -220,9 +258,9 @@ impl Refusal {
 }
 
 /// Refuses what `promtool check web-config` refuses and the newer toolkit would take.
-fn refused(file: &WebFile) -> anyhow::Result<()> {
+fn refused(file: &WebFile) -> Result<(), Problem> {
     if file.rate_limit.is_some() {
-        bail!(
+        refuse!(
             "rate_limit is not supported by hvstats: it is one limit for every client, so one client's \
              requests would use up everyone's (promtool check web-config refuses it too); the server \
              bounds each client's connections and password checks instead"
@@ -232,7 +270,7 @@ fn refused(file: &WebFile) -> anyhow::Result<()> {
     for (inline, file) in [(&t.cert, "cert_file"), (&t.key, "key_file"), (&t.client_ca, "client_ca_file")] {
         if inline.is_some() {
             let name = file.trim_end_matches("_file");
-            bail!(
+            refuse!(
                 "{name} given inline is not supported by hvstats (promtool check web-config refuses it too): use {file}"
             );
         }
@@ -240,14 +278,14 @@ fn refused(file: &WebFile) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn headers(configured: &BTreeMap<String, String>) -> anyhow::Result<Vec<(String, String)>> {
+fn headers(configured: &BTreeMap<String, String>) -> Result<Vec<(String, String)>, Problem> {
     let mut out = Vec::new();
     for (name, value) in configured {
         let Some((_, allowed)) = HEADERS.iter().find(|(n, _)| n == name) else {
-            bail!("HTTP header {name:?} can not be configured");
+            refuse!("HTTP header {name:?} can not be configured");
         };
         if !allowed.is_empty() && !allowed.contains(&value.as_str()) {
-            bail!("invalid value for {name}. Expected one of: {allowed:?}, but got: {value:?}");
+            refuse!("invalid value for {name}. Expected one of: {allowed:?}, but got: {value:?}");
         }
         if !value.is_empty() {
             out.push((name.clone(), value.clone()));
@@ -265,67 +303,85 @@ fn file_in(dir: &Path, name: &str) -> PathBuf {
 }
 
 /// PEM text read from a file (none when no file is named).
-fn pem(file: &str, dir: &Path, what: &str) -> anyhow::Result<Vec<u8>> {
+fn pem(file: &str, dir: &Path, what: &str) -> Result<Vec<u8>, Problem> {
     match file.is_empty() {
         true => Ok(Vec::new()),
         false => {
             let path = file_in(dir, file);
-            std::fs::read(&path).with_context(|| format!("failed to read {what} ({})", path.display()))
+            std::fs::read(&path).because(format!("failed to read {what} ({})", path.display()))
         }
     }
 }
 
-fn tls(t: &TlsFile, dir: &Path) -> anyhow::Result<Option<rustls::ServerConfig>> {
-    let enabled =
-        [&t.cert_file, &t.key_file, &t.client_ca_file, &t.client_auth_type].iter().any(|s| !s.is_empty());
-    if !enabled {
-        if t.client_allowed_sans.is_some() || !t.cipher_suites.is_empty() || !t.curve_preferences.is_empty() {
-            bail!("tls_server_config sets TLS options without a certificate");
-        }
+/// The TLS server configuration the file asks for, none when it asks for no TLS.
+fn tls(t: &TlsFile, dir: &Path) -> Result<Option<rustls::ServerConfig>, Problem> {
+    if !tls_asked(t)? {
         return Ok(None);
     }
+    let (certs, key) = certificate(t, dir)?;
+    let provider = crypto_provider(t)?;
+    let versions = versions(t)?;
+    let builder = rustls::ServerConfig::builder_with_provider(Arc::new(provider))
+        .with_protocol_versions(&versions)
+        .because("the TLS versions and cipher suites have nothing in common")?;
+    let client_ca = pem(&t.client_ca_file, dir, "client_ca_file")?;
+    let builder = match client_verifier(&t.client_auth_type, &client_ca)? {
+        Some(verifier) => builder.with_client_cert_verifier(verifier),
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_single_cert(certs, key).because("failed to load X509KeyPair")?;
+    config.ignore_client_order = t.prefer_server_cipher_suites.unwrap_or(true);
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Some(config))
+}
+
+/// Whether the file asks for TLS (a certificate, a key, a client CA or a client policy); what
+/// TLS needs, when it does: a certificate and its key.
+fn tls_asked(t: &TlsFile) -> Result<bool, Problem> {
+    let asked =
+        [&t.cert_file, &t.key_file, &t.client_ca_file, &t.client_auth_type].iter().any(|s| !s.is_empty());
+    if !asked {
+        if t.client_allowed_sans.is_some() || !t.cipher_suites.is_empty() || !t.curve_preferences.is_empty() {
+            refuse!("tls_server_config sets TLS options without a certificate");
+        }
+        return Ok(false);
+    }
     if t.cert_file.is_empty() {
-        bail!("missing cert_file");
+        refuse!("missing cert_file");
     }
     if t.key_file.is_empty() {
-        bail!("missing key_file");
+        refuse!("missing key_file");
     }
     if t.client_allowed_sans.is_some() {
-        bail!(
+        refuse!(
             "client_allowed_sans is not supported by hvstats: issue client certificates from a CA of their own"
         );
     }
+    Ok(true)
+}
+
+/// The certificate chain of `cert_file` and the key of `key_file`.
+fn certificate(
+    t: &TlsFile,
+    dir: &Path,
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), Problem> {
     let certs: Vec<CertificateDer<'static>> =
         CertificateDer::pem_slice_iter(&pem(&t.cert_file, dir, "cert_file")?)
             .collect::<Result<_, _>>()
-            .context("the certificate is not PEM")?;
+            .because("the certificate is not PEM")?;
     if certs.is_empty() {
-        bail!("no certificate in cert_file");
+        refuse!("no certificate in cert_file");
     }
     let key = PrivateKeyDer::from_pem_slice(&pem(&t.key_file, dir, "key_file")?)
-        .context("the key is not a PEM private key")?;
+        .because("the key is not a PEM private key")?;
+    Ok((certs, key))
+}
+
+/// ring's cryptography, narrowed to the file's `cipher_suites` and `curve_preferences`.
+fn crypto_provider(t: &TlsFile) -> Result<rustls::crypto::CryptoProvider, Problem> {
     let mut provider = rustls::crypto::ring::default_provider();
     if !t.cipher_suites.is_empty() {
-        // The toolkit's list applies to TLS 1.2; TLS 1.3 keeps its own suites.
-        let mut suites: Vec<rustls::SupportedCipherSuite> =
-            provider.cipher_suites.iter().filter(|s| s.tls13().is_some()).copied().collect();
-        for name in &t.cipher_suites {
-            let found = provider.cipher_suites.iter().find(|s| format!("{:?}", s.suite()) == *name);
-            match found {
-                Some(s) => suites.push(*s),
-                None => bail!(
-                    "cipher suite {name:?} is not one hvstats offers (it offers {})",
-                    provider
-                        .cipher_suites
-                        .iter()
-                        .filter(|s| s.tls13().is_none())
-                        .map(|s| format!("{:?}", s.suite()))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            }
-        }
-        provider.cipher_suites = suites;
+        provider.cipher_suites = cipher_suites(&provider.cipher_suites, &t.cipher_suites)?;
     }
     if !t.curve_preferences.is_empty() {
         let all = provider.kx_groups.clone();
@@ -335,69 +391,96 @@ fn tls(t: &TlsFile, dir: &Path) -> anyhow::Result<Option<rustls::ServerConfig>> 
                 "CurveP256" => rustls::NamedGroup::secp256r1,
                 "CurveP384" => rustls::NamedGroup::secp384r1,
                 "X25519" => rustls::NamedGroup::X25519,
-                "CurveP521" => bail!("curve CurveP521 is not supported by hvstats"),
-                other => bail!("unknown curve: {other}"),
+                "CurveP521" => refuse!("curve CurveP521 is not supported by hvstats"),
+                other => refuse!("unknown curve: {other}"),
             };
             groups.extend(all.iter().filter(|g| g.name() == named).copied());
         }
         provider.kx_groups = groups;
     }
-    let version = |v: &Option<String>, default: u8| -> anyhow::Result<u8> {
+    Ok(provider)
+}
+
+/// The suites of `offered` the toolkit's list `named` keeps. The list applies to TLS 1.2; TLS 1.3
+/// keeps its own suites.
+fn cipher_suites(
+    offered: &[rustls::SupportedCipherSuite],
+    named: &[String],
+) -> Result<Vec<rustls::SupportedCipherSuite>, Problem> {
+    let mut suites: Vec<rustls::SupportedCipherSuite> =
+        offered.iter().filter(|s| s.tls13().is_some()).copied().collect();
+    for name in named {
+        match offered.iter().find(|s| format!("{:?}", s.suite()) == *name) {
+            Some(s) => suites.push(*s),
+            None => refuse!(
+                "cipher suite {name:?} is not one hvstats offers (it offers {})",
+                offered
+                    .iter()
+                    .filter(|s| s.tls13().is_none())
+                    .map(|s| format!("{:?}", s.suite()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+    }
+    Ok(suites)
+}
+
+/// The TLS versions from `min_version` (TLS 1.2 by default) to `max_version` (TLS 1.3).
+fn versions(t: &TlsFile) -> Result<Vec<&'static rustls::SupportedProtocolVersion>, Problem> {
+    let version = |v: &Option<String>, default: u8| -> Result<u8, Problem> {
         match v.as_deref() {
             None => Ok(default),
             Some("TLS13") => Ok(13),
             Some("TLS12") => Ok(12),
             Some(old @ ("TLS10" | "TLS11")) => {
-                bail!("{old} is not supported by hvstats (TLS12 and TLS13 are)")
+                refuse!("{old} is not supported by hvstats (TLS12 and TLS13 are)")
             }
-            Some(other) => bail!("unknown TLS version: {other}"),
+            Some(other) => refuse!("unknown TLS version: {other}"),
         }
     };
     let (min, max) = (version(&t.min_version, 12)?, version(&t.max_version, 13)?);
     if min > max {
-        bail!("min_version is above max_version");
+        refuse!("min_version is above max_version");
     }
-    let versions: Vec<&'static rustls::SupportedProtocolVersion> =
-        [(12, &rustls::version::TLS12), (13, &rustls::version::TLS13)]
-            .into_iter()
-            .filter(|(v, _)| (min..=max).contains(v))
-            .map(|(_, p)| p)
-            .collect();
-    let builder = rustls::ServerConfig::builder_with_provider(Arc::new(provider))
-        .with_protocol_versions(&versions)
-        .context("the TLS versions and cipher suites have nothing in common")?;
-    let client_ca = pem(&t.client_ca_file, dir, "client_ca_file")?;
-    let verifier = |optional: bool| -> anyhow::Result<Arc<dyn rustls::server::danger::ClientCertVerifier>> {
-        let mut roots = rustls::RootCertStore::empty();
-        for ca in CertificateDer::pem_slice_iter(&client_ca) {
-            roots
-                .add(ca.context("the client CA is not PEM")?)
-                .context("the client CA is not a CA certificate")?;
-        }
-        if roots.is_empty() {
-            bail!("no certificate in client_ca_file");
-        }
-        let builder = rustls::server::WebPkiClientVerifier::builder(Arc::new(roots));
-        let builder = if optional { builder.allow_unauthenticated() } else { builder };
-        Ok(builder.build()?)
-    };
-    let builder = match t.client_auth_type.as_str() {
+    Ok([(12, &rustls::version::TLS12), (13, &rustls::version::TLS13)]
+        .into_iter()
+        .filter(|(v, _)| (min..=max).contains(v))
+        .map(|(_, p)| p)
+        .collect())
+}
+
+/// The verifier of client certificates `client_auth_type` asks for, against the CA certificates
+/// of `client_ca` (PEM); none when no client certificate is asked for.
+fn client_verifier(
+    client_auth_type: &str,
+    client_ca: &[u8],
+) -> Result<Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>, Problem> {
+    let optional = match client_auth_type {
         "" | "NoClientCert" => {
             if !client_ca.is_empty() {
-                bail!("client CA's have been configured without a Client Auth Policy");
+                refuse!("client CA's have been configured without a Client Auth Policy");
             }
-            builder.with_no_client_auth()
+            return Ok(None);
         }
-        "VerifyClientCertIfGiven" => builder.with_client_cert_verifier(verifier(true)?),
-        "RequireAndVerifyClientCert" => builder.with_client_cert_verifier(verifier(false)?),
-        unverified @ ("RequestClientCert" | "RequireAnyClientCert" | "RequireClientCert") => bail!(
+        "VerifyClientCertIfGiven" => true,
+        "RequireAndVerifyClientCert" => false,
+        unverified @ ("RequestClientCert" | "RequireAnyClientCert" | "RequireClientCert") => refuse!(
             "client_auth_type {unverified} accepts certificates no CA signed: not supported by hvstats \
              (RequireAndVerifyClientCert is)"
         ),
-        other => bail!("invalid ClientAuth: {other}"),
+        other => refuse!("invalid ClientAuth: {other}"),
     };
-    let mut config = builder.with_single_cert(certs, key).context("failed to load X509KeyPair")?;
-    config.ignore_client_order = t.prefer_server_cipher_suites.unwrap_or(true);
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Some(config))
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in CertificateDer::pem_slice_iter(client_ca) {
+        roots
+            .add(ca.because("the client CA is not PEM")?)
+            .because("the client CA is not a CA certificate")?;
+    }
+    if roots.is_empty() {
+        refuse!("no certificate in client_ca_file");
+    }
+    let builder = rustls::server::WebPkiClientVerifier::builder(Arc::new(roots));
+    let builder = if optional { builder.allow_unauthenticated() } else { builder };
+    Ok(Some(builder.build().map_err(|e| Problem::new(e.to_string()))?))
 }
