@@ -1,7 +1,7 @@
 //! `hvstats hwc`: the host's hardware counter table for operators — the PMU, who holds what,
 //! allocate and free.
 //!
-//! The decisions are `hvstats::hwc`'s; this module reads flags into seed 002's arguments and
+//! The decisions are `hvstats_hwc`'s; this module reads flags into seed 002's arguments and
 //! prints the answers. Statuses are printed by name and value, and any status other than
 //! `STATUS_SUCCESS` exits with status 1.
 
@@ -9,11 +9,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
-use hvstats::hwc::pmu::MAX_PROCESSORS;
-use hvstats::hwc::{Allocation, Allocator, CounterSetHandle, CpuSet, HwcError, Lifetime, PMU_ENV, PmuShape};
 use hvstats_abi::hal::{
     GroupAffinity, NtStatus, PhysicalCounterResourceDescriptor as Descriptor, PhysicalCounterResourceList,
 };
+use hvstats_hwc::pmu::MAX_PROCESSORS;
+use hvstats_hwc::{Allocation, Allocator, CounterSetHandle, CpuSet, HwcError, Lifetime, PMU_ENV, PmuShape};
 use hvstats_present::json_keys;
 use hvstats_present::text::Escaped;
 use serde_json::{Value, json};
@@ -193,8 +193,8 @@ fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
     }
     let mut s = String::new();
     let source = match pmu.source() {
-        hvstats::hwc::pmu::ShapeSource::Discovered => "discovered".to_owned(),
-        hvstats::hwc::pmu::ShapeSource::Configured => format!("configured by {PMU_ENV}"),
+        hvstats_hwc::pmu::ShapeSource::Discovered => "discovered".to_owned(),
+        hvstats_hwc::pmu::ShapeSource::Configured => format!("configured by {PMU_ENV}"),
     };
     let groups = pmu.processors().div_ceil(64);
     s +=

@@ -19,7 +19,6 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use hvstats::Hypervisor;
-use hvstats::hwc::{Allocator, Lifetime, PmuShape};
 use hvstats::whv;
 use hvstats_abi::catalog::Presentation;
 use hvstats_abi::hal::{PhysicalCounterResourceDescriptor, PhysicalCounterResourceList};
@@ -28,6 +27,7 @@ use hvstats_abi::{ObjectKind, catalog::counters_of};
 use hvstats_guest::program::LoopCount;
 use hvstats_guest::{GuestImage, Mode, Workload, layout};
 use hvstats_host::error_chain::error_chain;
+use hvstats_hwc::{Allocator, Lifetime, PmuShape};
 use hvstats_kvm::enlightenment::HyperV;
 use hvstats_kvm::{
     FaultCause, Handlers, HardwareCounters, Partition, PartitionConfig, RipSeen, RunReport, VpOutcome,
