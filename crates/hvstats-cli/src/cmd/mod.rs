@@ -8,7 +8,6 @@ pub(crate) mod install;
 pub(crate) mod observe;
 pub(crate) mod plot;
 pub(crate) mod record;
-pub(crate) mod recording;
 pub(crate) mod report;
 pub(crate) mod run;
 pub(crate) mod serve;

@@ -237,18 +237,6 @@ pub(crate) fn utc_time(ns: f64) -> String {
     }
 }
 
-/// A count scaled for reading: `950`, `12.3k`, `4.56M`, `7.89G`.
-pub(crate) fn scaled_count(v: f64) -> String {
-    let (value, unit) = match v.abs() {
-        a if a < 1e4 => return format!("{v:.0}"),
-        a if a < 1e6 => (v / 1e3, "k"),
-        a if a < 1e9 => (v / 1e6, "M"),
-        a if a < 1e12 => (v / 1e9, "G"),
-        _ => (v / 1e12, "T"),
-    };
-    if value.abs() < 99.95 { format!("{value:.2}{unit}") } else { format!("{value:.1}{unit}") }
-}
-
 /// A table cell: the value scaled (a count with k/M/G, a time in ns/µs/ms/s), or the presented
 /// value over the interval. JSON keeps the exact values. Over an `interval` whose readings hold
 /// the same publication, a counter read in both without a value is [`SAME_PUBLICATION`] (the
@@ -277,13 +265,13 @@ fn cell_text(counter: &Counter, value: Option<Value>, interval: Option<&Interval
             // A moment is a time of day; a time at a moment (the time since boot) a duration.
             Some(ns) if counter.is_timestamp() => utc_time(ns),
             Some(ns) => human_ns(ns as u64),
-            None => scaled_count(v),
+            None => hvstats_surfaces::top::table::scaled_count(v),
         };
     }
     match present::shown_as(counter) {
         Presentation::PercentTime => format!("{v:.1}%"),
         Presentation::Cost => human_ns(v as u64),
-        _ if v.abs() >= 1e4 => scaled_count(v),
+        _ if v.abs() >= 1e4 => hvstats_surfaces::top::table::scaled_count(v),
         _ => format!("{v:.1}"),
     }
 }

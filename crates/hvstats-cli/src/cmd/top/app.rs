@@ -6,11 +6,11 @@
 
 use std::time::Duration;
 
-use crate::cmd::top::table::Shown;
+use hvstats_surfaces::top::table::Shown;
 use regex::Regex;
 
-use super::table::{self, Group};
 use hvstats_present::live::Reading;
+use hvstats_surfaces::top::table::{self, Group};
 
 /// What a key asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

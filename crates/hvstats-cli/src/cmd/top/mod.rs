@@ -6,7 +6,6 @@
 //! and terminals that are not one.
 
 pub(crate) mod app;
-pub(crate) mod table;
 pub(crate) mod ui;
 
 use std::io::{IsTerminal, Write};
@@ -22,6 +21,7 @@ use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers
 
 use app::App;
 use hvstats_present::live::{Live, Reading};
+use hvstats_surfaces::top::table;
 
 /// Flags of `hvstats top`.
 #[derive(clap::Args, Debug)]

@@ -10,7 +10,7 @@ use ratatui::text::Line;
 use ratatui::widgets::{Block, Borders, Clear, Paragraph, Row, Table, Widget};
 
 use super::app::{App, Prompt};
-use super::table::{self, LABEL_WIDTH, Shown};
+use hvstats_surfaces::top::table::{self, LABEL_WIDTH, Shown};
 
 /// How many of `columns` fit in `width` cells, at least one.
 pub(crate) fn columns_that_fit(columns: &[Shown], width: u16) -> usize {
