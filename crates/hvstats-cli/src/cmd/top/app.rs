@@ -10,6 +10,7 @@ use hvstats_surfaces::top::table::Shown;
 use regex::Regex;
 
 use hvstats_present::live::Reading;
+use hvstats_surfaces::top::baseline::Baseline;
 use hvstats_surfaces::top::table::{self, Group};
 
 /// What a key asks for.
@@ -138,12 +139,8 @@ pub(crate) struct App {
     pub prompt: Option<Prompt>,
     /// The last message (an invalid regex, a read error).
     pub message: Option<String>,
-    /// The reading values are shown since (the previous one, or the one at a reset).
-    pub base: Option<Reading>,
-    /// True after a reset: `base` stays until the next reset.
-    pub since_reset: bool,
-    /// The latest reading.
-    pub latest: Option<Reading>,
+    /// The readings values are shown between.
+    pub baseline: Baseline,
     /// Set by [`Action::Quit`].
     pub quit: bool,
 }
@@ -163,14 +160,12 @@ impl App {
             offset: 0,
             prompt: None,
             message: None,
-            base: None,
-            since_reset: false,
-            latest: None,
+            baseline: Baseline::default(),
             quit: false,
         }
     }
 
-    /// Takes a new reading: the latest becomes the base unless a reset pinned it.
+    /// Takes a new reading ([`Baseline::sample`]).
     pub(crate) fn sample(&mut self, reading: Reading) {
         // What could not be read shows in the status line; the rest is shown as usual.
         if let Some(problem) = reading.problems.first() {
@@ -178,22 +173,12 @@ impl App {
             self.message =
                 Some(if more > 0 { format!("{problem} (and {more} more)") } else { problem.clone() });
         }
-        if let Some(previous) = self.latest.take()
-            && (!self.since_reset || self.base.is_none())
-        {
-            self.base = Some(previous);
-        }
-        self.latest = Some(reading);
-    }
-
-    /// Seconds between the base and the latest reading.
-    pub(crate) fn seconds(&self) -> Option<f64> {
-        Some(self.latest.as_ref()?.at.saturating_duration_since(self.base.as_ref()?.at).as_secs_f64())
+        self.baseline.sample(reading);
     }
 
     /// The groups to show: filtered and sorted.
     pub(crate) fn groups(&self) -> Vec<Group> {
-        let (Some(base), Some(latest)) = (&self.base, &self.latest) else { return Vec::new() };
+        let Some((base, latest)) = self.baseline.pair() else { return Vec::new() };
         let mut groups = table::groups(base, latest);
         if let Some(filter) = &self.filter {
             groups.retain(|g| filter.is_match(&g.vm));
@@ -247,10 +232,7 @@ impl App {
             }
             Action::Pause => self.paused = !self.paused,
             Action::Interval => self.prompt = Some(Prompt::Interval(String::new())),
-            Action::Reset => {
-                self.base = self.latest.clone();
-                self.since_reset = true;
-            }
+            Action::Reset => self.baseline.reset(),
             Action::Help => self.help = !self.help,
             Action::Quit => self.quit = true,
         }
