@@ -237,6 +237,29 @@ fn follow<E>(
     })
 }
 
+/// The VPs' labels, those of two VMs that share a name told apart by their instance and partition.
+fn told_apart(labels: &[(String, VpKey)]) -> Vec<String> {
+    let mut count: HashMap<&str, usize> = HashMap::new();
+    for (label, _) in labels {
+        *count.entry(label).or_default() += 1;
+    }
+    labels
+        .iter()
+        .map(|(label, key)| match count.get(label.as_str()) {
+            Some(&n) if n > 1 => format!("{label} [{}:{}]", Escaped(&key.instance), key.partition),
+            _ => label.clone(),
+        })
+        .collect()
+}
+
+/// The VPs a chart draws: at most [`MAX_SERIES`], the largest `sums` first (by label on a tie).
+fn busiest_vps(sums: &[Option<f64>], shown: &[String]) -> Vec<usize> {
+    let mut by_sum: Vec<(usize, f64)> =
+        sums.iter().enumerate().filter_map(|(id, s)| Some((id, (*s)?))).collect();
+    by_sum.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| shown[a.0].cmp(&shown[b.0])));
+    by_sum.into_iter().take(MAX_SERIES).map(|(id, _)| id).collect()
+}
+
 /// The charts of `counters`, from two passes over the recording (each one VP at a time): one to
 /// find each chart's busiest VPs (the largest sum of values), one to collect their points. So a
 /// recording of any length and width is charted in the memory of one line, a few numbers per VP
@@ -270,27 +293,8 @@ pub fn charts_of<E>(
             *sums[id].get_or_insert(0.0) += v;
         },
     )?;
-    // Two VMs that share a name are told apart by their instance and partition.
-    let mut count: HashMap<&str, usize> = HashMap::new();
-    for (label, _) in &labels {
-        *count.entry(label).or_default() += 1;
-    }
-    let shown: Vec<String> = labels
-        .iter()
-        .map(|(label, key)| match count.get(label.as_str()) {
-            Some(&n) if n > 1 => format!("{label} [{}:{}]", Escaped(&key.instance), key.partition),
-            _ => label.clone(),
-        })
-        .collect();
-    let drawn: Vec<Vec<usize>> = sums
-        .iter()
-        .map(|sums| {
-            let mut by_sum: Vec<(usize, f64)> =
-                sums.iter().enumerate().filter_map(|(id, s)| Some((id, (*s)?))).collect();
-            by_sum.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| shown[a.0].cmp(&shown[b.0])));
-            by_sum.into_iter().take(MAX_SERIES).map(|(id, _)| id).collect()
-        })
-        .collect();
+    let shown = told_apart(&labels);
+    let drawn: Vec<Vec<usize>> = sums.iter().map(|sums| busiest_vps(sums, &shown)).collect();
     let mut points: Vec<HashMap<usize, Vec<(f64, f64)>>> =
         drawn.iter().map(|ids| ids.iter().map(|&id| (id, Vec::new())).collect()).collect();
     follow(

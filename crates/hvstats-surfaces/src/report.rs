@@ -14,7 +14,7 @@ use std::io::BufRead;
 
 use hvstats_abi::{Counter, Presentation, Unit};
 use hvstats_present::json_keys::{self, Held};
-use hvstats_present::present::{self, human_ns};
+use hvstats_present::present::{self, Interval, human_ns};
 use serde_json::{Map, Value, json};
 
 use hvstats_present::text::Escaped;
@@ -288,41 +288,89 @@ fn reports(digest: &Digest) -> impl Iterator<Item = VpReport> + '_ {
     // Where each counter's paired count is, found once.
     let paired_at = header.vp_paired_at();
     let published_at = header.vp_published_at();
-    digest.vps.iter().map(move |d| {
-        let (vm, instance, partition, vp) =
-            (d.vm.clone(), d.key.instance.to_string(), d.key.partition, d.key.vp);
-        let (first_t, last_t) = (d.first.t, d.last.t);
-        let (first_vp, last_vp) = (d.first.unpack(), d.last.unpack());
-        let (first, last) = (Values(first_vp.values.as_deref()), Values(last_vp.values.as_deref()));
-        let seconds = last_t - first_t;
-        // Rates over the time between the refreshes the first and last samples hold.
-        let interval = last_vp.interval_since(&first_vp, seconds, published_at);
-        let mut cumulative = Map::new();
-        let mut deltas = Map::new();
-        let mut rates = Map::new();
-        let mut percent = Map::new();
-        let mut costs = Map::new();
+    digest.vps.iter().map(move |d| vp_report(header, &counters, &paired_at, published_at, d))
+}
+
+/// One VP's report: its counters between its first and last readable samples.
+fn vp_report(
+    header: &Header,
+    counters: &[(&CounterInfo, Option<&'static Counter>)],
+    paired_at: &[Option<usize>],
+    published_at: Option<usize>,
+    d: &VpDigest,
+) -> VpReport {
+    let (vm, instance, partition, vp) = (d.vm.clone(), d.key.instance.to_string(), d.key.partition, d.key.vp);
+    let (first_t, last_t) = (d.first.t, d.last.t);
+    let (first_vp, last_vp) = (d.first.unpack(), d.last.unpack());
+    let (first, last) = (Values(first_vp.values.as_deref()), Values(last_vp.values.as_deref()));
+    let seconds = last_t - first_t;
+    // Rates over the time between the refreshes the first and last samples hold.
+    let interval = last_vp.interval_since(&first_vp, seconds, published_at);
+    let maps = CounterMaps::between(counters, paired_at, (&first, &last), &interval);
+    let cpu_wait = maps.cpu_wait(&interval);
+    let json = json!({
+        "vm": vm,
+        "instance": instance,
+        "partition": partition,
+        "vp": vp,
+        "samples": d.samples,
+        "first_t": first_t,
+        "last_t": last_t,
+        "seconds": seconds,
+        "publication": hvstats_present::snapshot_json::publication_json(&interval),
+        "cumulative": maps.cumulative,
+        "deltas": maps.deltas,
+        "rates_per_second": maps.rates,
+        "percent_of_time": maps.percent,
+        "average_cost_ns": maps.costs,
+        "cpu_wait": cpu_wait,
+        "histograms": histograms(header, &first_vp, &last_vp),
+    });
+    VpReport { vm, instance, partition, vp, seconds, samples: d.samples, json }
+}
+
+/// A VP's counters over the recording, by JSON key: each map one object of its report.
+struct CounterMaps {
+    cumulative: Map<String, Value>,
+    deltas: Map<String, Value>,
+    rates: Map<String, Value>,
+    percent: Map<String, Value>,
+    costs: Map<String, Value>,
+}
+
+impl CounterMaps {
+    /// The values of `counters` (with their paired counts at `paired_at`) between the `first`
+    /// and `last` samples, `interval` apart.
+    fn between(
+        counters: &[(&CounterInfo, Option<&'static Counter>)],
+        paired_at: &[Option<usize>],
+        (first, last): (&Values<'_>, &Values<'_>),
+        interval: &Interval,
+    ) -> Self {
+        let mut maps = Self {
+            cumulative: Map::new(),
+            deltas: Map::new(),
+            rates: Map::new(),
+            percent: Map::new(),
+            costs: Map::new(),
+        };
         for (i, (info, counter)) in counters.iter().enumerate() {
             let total = json_key(info, *counter, Held::Total);
             // Not maintained on KVM, or declared unavailable by the publisher: unknown.
-            let (Some(before), Some(after)) = (first.get(i), last.get(i)) else {
-                cumulative.insert(total, Value::Null);
+            let (Some(before), Some(after), true) = (first.get(i), last.get(i), info.maintained) else {
+                maps.cumulative.insert(total, Value::Null);
                 continue;
             };
-            if !info.maintained {
-                cumulative.insert(total, Value::Null);
-                continue;
-            }
-            cumulative.insert(total, json!(after));
-            deltas.insert(json_key(info, *counter, Held::Delta), json!(after.checked_sub(before)));
+            maps.cumulative.insert(total, json!(after));
+            maps.deltas.insert(json_key(info, *counter, Held::Delta), json!(after.checked_sub(before)));
             let Some(counter) = counter else { continue };
             let name = json_keys::key(counter, Held::Presented);
             let paired = paired_at[i].and_then(|j| Some((first.get(j)?, last.get(j)?)));
-            let shown = present::between(counter, before, after, &interval, paired).map(|p| p.value);
+            let shown = present::between(counter, before, after, interval, paired).map(|p| p.value);
             match present::shown_as(counter) {
-                Presentation::Rate => rates.insert(name, json!(shown)),
-                Presentation::PercentTime => percent.insert(name, json!(shown)),
-                Presentation::Cost => costs.insert(name, json!(shown)),
+                Presentation::Rate => maps.rates.insert(name, json!(shown)),
+                Presentation::PercentTime => maps.percent.insert(name, json!(shown)),
+                Presentation::Cost => maps.costs.insert(name, json!(shown)),
                 Presentation::CumulativeTime
                 | Presentation::Instant
                 | Presentation::Histogram
@@ -332,47 +380,36 @@ fn reports(digest: &Digest) -> impl Iterator<Item = VpReport> + '_ {
         // A counter this build knows that the recording does not list (one made by an older
         // hvstats, before the counter was appended) is unknown too.
         for c in hvstats_abi::catalog::counters_of(hvstats_abi::ObjectKind::Vp) {
-            cumulative.entry(json_keys::key(c, Held::Total)).or_insert(Value::Null);
+            maps.cumulative.entry(json_keys::key(c, Held::Total)).or_insert(Value::Null);
         }
-        // CPU wait: per dispatch (the catalog's cost), as a share of the recording's time, and as
-        // a share of the VP's runnable time (run + wait), the share the mixin's CPU-wait rule
-        // and alert read (packaging/prometheus/hvstats.rules.yml, vm:hvstats_cpu_wait:ratio1m).
+        maps
+    }
+
+    /// CPU wait: per dispatch (the catalog's cost), as a share of the recording's time, and as a
+    /// share of the VP's runnable time (run + wait), the share the mixin's CPU-wait rule and alert
+    /// read (packaging/prometheus/hvstats.rules.yml, vm:hvstats_cpu_wait:ratio1m).
+    fn cpu_wait(&self, interval: &Interval) -> Value {
+        use hvstats_abi::catalog::vp;
         let delta_of = |id: hvstats_abi::CounterId| {
-            id.counter().and_then(|c| deltas.get(&json_keys::key(c, Held::Delta))).and_then(Value::as_u64)
+            id.counter()
+                .and_then(|c| self.deltas.get(&json_keys::key(c, Held::Delta)))
+                .and_then(Value::as_u64)
         };
-        let wait = hvstats_abi::catalog::vp::CPU_WAIT_TIME_PER_DISPATCH.counter();
-        let wait_delta = delta_of(hvstats_abi::catalog::vp::CPU_WAIT_TIME_PER_DISPATCH);
-        let run_ns = delta_of(hvstats_abi::catalog::vp::TOTAL_RUN_TIME).map(|d| d.saturating_mul(100));
-        let cpu_wait = json!({
+        let wait = vp::CPU_WAIT_TIME_PER_DISPATCH.counter();
+        let wait_delta = delta_of(vp::CPU_WAIT_TIME_PER_DISPATCH);
+        let run_ns = delta_of(vp::TOTAL_RUN_TIME).map(|d| d.saturating_mul(100));
+        let per_dispatch = wait.and_then(|c| self.costs.get(&json_keys::key(c, Held::Presented)));
+        json!({
             "wait_ns": wait_delta,
             "run_ns": run_ns,
-            "dispatches": delta_of(hvstats_abi::catalog::vp::DISPATCHES),
-            "per_dispatch_ns": wait.and_then(|c| costs.get(&json_keys::key(c, Held::Presented))).cloned().unwrap_or(Value::Null),
+            "dispatches": delta_of(vp::DISPATCHES),
+            "per_dispatch_ns": per_dispatch.cloned().unwrap_or(Value::Null),
             "percent_of_time": wait_delta
                 .zip(wait.and_then(|c| interval.seconds_for(c)))
                 .map(|(w, seconds)| w as f64 / (seconds * 1e9) * 100.0),
             "percent_of_runnable": wait_delta.zip(run_ns).and_then(|(w, r)| share_of_runnable(w, r)),
-        });
-        let json = json!({
-            "vm": vm,
-            "instance": instance,
-            "partition": partition,
-            "vp": vp,
-            "samples": d.samples,
-            "first_t": first_t,
-            "last_t": last_t,
-            "seconds": seconds,
-            "publication": hvstats_present::snapshot_json::publication_json(&interval),
-            "cumulative": cumulative,
-            "deltas": deltas,
-            "rates_per_second": rates,
-            "percent_of_time": percent,
-            "average_cost_ns": costs,
-            "cpu_wait": cpu_wait,
-            "histograms": histograms(header, &first_vp, &last_vp),
-        });
-        VpReport { vm, instance, partition, vp, seconds, samples: d.samples, json }
-    })
+        })
+    }
 }
 
 /// CPU wait as a share of runnable time, in %: of the time a VP wanted a host CPU (it ran, or
@@ -435,30 +472,41 @@ fn text_vp(digest: &Digest, histogram_names: &HashSet<&str>, r: &VpReport) -> St
         if histogram_names.contains(info.name.as_str()) || counter.is_some_and(|c| c.is_bookkeeping()) {
             continue;
         }
-        let name = counter.map_or_else(|| info.name.clone(), |c| present::shown_name(c).to_owned());
-        let Some(v) = r.json["cumulative"][json_key(info, counter, Held::Total)].as_u64() else { continue };
-        if v == 0 {
-            continue;
+        if let Some(line) = text_counter(r, info, counter) {
+            out += &line;
         }
-        let delta = r.json["deltas"][json_key(info, counter, Held::Delta)].as_u64();
-        let presented = json_key(info, counter, Held::Presented);
-        let shown = [("rates_per_second", "/s"), ("percent_of_time", "%")]
-            .iter()
-            .find_map(|(k, unit)| Some(format!("{:.1}{unit}", r.json[k][&presented].as_f64()?)))
-            .or_else(|| Some(human_ns(r.json["average_cost_ns"][&presented].as_f64()?.round() as u64)))
-            .unwrap_or_default();
-        // Times in their unit: a total time read as a count of 100 ns says nothing.
-        let (v, delta) = match counter.map(|c| c.unit) {
-            Some(Unit::Time100ns) => {
-                (human_ns(v.saturating_mul(100)), delta.map(|d| human_ns(d.saturating_mul(100))))
-            }
-            Some(Unit::Nanoseconds) => (human_ns(v), delta.map(human_ns)),
-            _ => (v.to_string(), delta.map(|d| d.to_string())),
-        };
-        let delta = delta.unwrap_or_else(|| "-".into());
-        let _ = writeln!(out, "  {name:<40} {v:>20} {delta:>16} {shown:>16}");
     }
-    let wait = &r.json["cpu_wait"];
+    text_cpu_wait(&mut out, &r.json["cpu_wait"]);
+    text_histograms(&mut out, &r.json["histograms"]);
+    out
+}
+
+/// A counter's line of a VP's text report; `None` when it is unknown or 0.
+fn text_counter(r: &VpReport, info: &CounterInfo, counter: Option<&'static Counter>) -> Option<String> {
+    let name = counter.map_or_else(|| info.name.clone(), |c| present::shown_name(c).to_owned());
+    let v = r.json["cumulative"][json_key(info, counter, Held::Total)].as_u64().filter(|&v| v != 0)?;
+    let delta = r.json["deltas"][json_key(info, counter, Held::Delta)].as_u64();
+    let presented = json_key(info, counter, Held::Presented);
+    let shown = [("rates_per_second", "/s"), ("percent_of_time", "%")]
+        .iter()
+        .find_map(|(k, unit)| Some(format!("{:.1}{unit}", r.json[k][&presented].as_f64()?)))
+        .or_else(|| Some(human_ns(r.json["average_cost_ns"][&presented].as_f64()?.round() as u64)))
+        .unwrap_or_default();
+    // Times in their unit: a total time read as a count of 100 ns says nothing.
+    let (v, delta) = match counter.map(|c| c.unit) {
+        Some(Unit::Time100ns) => {
+            (human_ns(v.saturating_mul(100)), delta.map(|d| human_ns(d.saturating_mul(100))))
+        }
+        Some(Unit::Nanoseconds) => (human_ns(v), delta.map(human_ns)),
+        _ => (v.to_string(), delta.map(|d| d.to_string())),
+    };
+    let delta = delta.unwrap_or_else(|| "-".into());
+    Some(format!("  {name:<40} {v:>20} {delta:>16} {shown:>16}\n"))
+}
+
+/// The CPU wait line of a VP's text report, when its wait is known.
+fn text_cpu_wait(out: &mut String, wait: &Value) {
+    use std::fmt::Write as _;
     if let (Some(per), Some(percent)) = (wait["per_dispatch_ns"].as_f64(), wait["percent_of_time"].as_f64()) {
         let runnable = wait["percent_of_runnable"]
             .as_f64()
@@ -469,11 +517,16 @@ fn text_vp(digest: &Digest, histogram_names: &HashSet<&str>, r: &VpReport) -> St
             human_ns(per.round() as u64)
         );
     }
-    let Some(histograms) = r.json["histograms"].as_object() else { return out };
+}
+
+/// The histogram lines of a VP's text report: those that recorded something.
+fn text_histograms(out: &mut String, histograms: &Value) {
+    use std::fmt::Write as _;
+    let Some(histograms) = histograms.as_object() else { return };
     let busy: Vec<_> =
         histograms.iter().filter(|(_, h)| h["count"].as_u64().is_some_and(|c| c > 0)).collect();
     if busy.is_empty() {
-        return out;
+        return;
     }
     let _ = writeln!(out, "  {:<40} {:>20} {:>16} {:>16}", "histogram", "count", "p50 ≤", "p99 ≤");
     for (name, h) in busy {
@@ -481,7 +534,6 @@ fn text_vp(digest: &Digest, histogram_names: &HashSet<&str>, r: &VpReport) -> St
         let q = |k: &str| h[k].as_u64().map_or("-".into(), human_ns);
         let _ = writeln!(out, "  {name:<40} {count:>20} {:>16} {:>16}", q("p50_ns"), q("p99_ns"));
     }
-    out
 }
 
 /// The `--json` document; its VPs are made and written one at a time.
