@@ -60,14 +60,15 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst))
             .context("installing the Ctrl-C handler")?;
     }
-    let mut recorder = Recorder::create(&args)?;
+    let recorder = Recorder::create(&args)?;
     let samples = args.duration.map(|d| (d / args.interval).floor() as u64 + 1);
     let bar = progress_bar(samples, args.quiet)?;
-    let seen = recorder.sample(&live, &bar, &stop, samples, Duration::from_secs_f64(args.interval))?;
+    let seen = recorder.sample(&live, &bar, &stop, samples, Duration::from_secs_f64(args.interval));
     bar.finish_and_clear();
-    if !recorder.reader_gone {
+    let seen = seen?;
+    if !seen.reader_gone {
         let shown = args.output.display();
-        let _ = writeln!(std::io::stderr(), "hvstats: recorded {} samples to {shown}", recorder.taken);
+        let _ = writeln!(std::io::stderr(), "hvstats: recorded {} samples to {shown}", seen.taken);
         if seen.most_vps == 0 {
             note!("no VP was live under {} while recording", live.dir().display());
         }
@@ -91,9 +92,13 @@ fn progress_bar(samples: Option<u64>, quiet: bool) -> anyhow::Result<ProgressBar
     Ok(bar)
 }
 
-/// What the readings of a recording met.
+/// How a recording went.
 #[derive(Default)]
 struct Seen {
+    /// Samples written.
+    taken: u64,
+    /// The reader of the pipe written into went away.
+    reader_gone: bool,
     /// What could not be read, each said once; any of it makes the exit status 1, as snapshot's.
     problems: Vec<String>,
     /// The most VPs live in one reading.
@@ -148,7 +153,7 @@ impl Recorder {
 
     /// Samples `live` every `interval` until Ctrl-C, the reader goes away, or `samples` are taken.
     fn sample(
-        &mut self,
+        mut self,
         live: &Live,
         bar: &ProgressBar,
         stop: &AtomicBool,
@@ -167,9 +172,10 @@ impl Recorder {
             }
             seen.most_vps = seen.most_vps.max(reading.vp_count());
             let t = reading.at.saturating_duration_since(start).as_secs_f64();
-            if let Err(e) = self.write(&Sample::of(&reading, t), t) {
-                bar.finish_and_clear();
-                return Err(e);
+            match recording::write_line(&mut self.out, &Sample::of(&reading, t)) {
+                Err(e) if is_closed_pipe(&e) => self.reader_gone = true,
+                Err(e) => return Err(self.cut_back(e)),
+                Ok(()) => self.written(t),
             }
             if self.reader_gone {
                 break;
@@ -185,33 +191,29 @@ impl Recorder {
             }
             sleep_until(start + interval.mul_f64(self.taken as f64), stop);
         }
-        Ok(seen)
+        Ok(Seen { taken: self.taken, reader_gone: self.reader_gone, ..seen })
     }
 
-    /// Writes the sample of time `t`. A full disk (or any failed write) leaves whole records: the
-    /// sample written in part is cut off, so the file ends at its last whole line.
-    fn write(&mut self, sample: &Sample, t: f64) -> anyhow::Result<()> {
-        match recording::write_line(&mut self.out, sample) {
-            Err(e) if is_closed_pipe(&e) => self.reader_gone = true,
-            Err(e) => {
-                let e = self.write_error(e);
-                let (taken, whole, last_t) = (self.taken, self.whole, self.last_t);
-                return Err(match cut_to(self.out.get_ref(), whole) {
-                    Ok(()) => e.context(format!(
-                        "the recording ends after {taken} whole samples ({whole} bytes), at t = {last_t:.2} s"
-                    )),
-                    Err(cut) => {
-                        e.context(format!("and cutting it back to its last whole line failed: {cut}"))
-                    }
-                });
-            }
-            Ok(()) => {
-                self.whole = self.out.get_mut().stream_position().unwrap_or(self.whole);
-                self.last_t = t;
-                self.taken += 1;
-            }
+    /// Counts the sample of time `t` just written whole.
+    fn written(&mut self, t: f64) {
+        self.whole = self.out.get_mut().stream_position().unwrap_or(self.whole);
+        self.last_t = t;
+        self.taken += 1;
+    }
+
+    /// The error of a failed write. A full disk (or any failed write) leaves whole records: the
+    /// sample written in part is cut off (and what is still buffered of it dropped), so the file
+    /// ends at its last whole line.
+    fn cut_back(self, e: RecordingError) -> anyhow::Error {
+        let e = self.write_error(e);
+        let (taken, whole, last_t) = (self.taken, self.whole, self.last_t);
+        let (file, _unwritten) = self.out.into_parts();
+        match cut_to(&file, whole) {
+            Ok(()) => e.context(format!(
+                "the recording ends after {taken} whole samples ({whole} bytes), at t = {last_t:.2} s"
+            )),
+            Err(cut) => e.context(format!("and cutting it back to its last whole line failed: {cut}")),
         }
-        Ok(())
     }
 }
 
