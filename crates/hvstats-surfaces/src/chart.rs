@@ -23,7 +23,7 @@ use crate::recording::{Header, RecordingError, SampleReader, VpAt, VpKey, VpSamp
 const FONT: &[u8] = include_bytes!("../assets/fonts/DejaVuSansMono.ttf");
 
 /// Lines drawn per chart at most (the busiest VPs).
-pub const MAX_SERIES: usize = 12;
+const MAX_SERIES: usize = 12;
 
 /// Why a chart could not be made.
 #[derive(Debug, thiserror::Error)]

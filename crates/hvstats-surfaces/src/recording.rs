@@ -26,17 +26,17 @@ use serde::{Deserialize, Serialize};
 use hvstats_present::live::{Live, Reading};
 
 /// The `format` of the header.
-pub const FORMAT: &str = "hvstats-recording";
+const FORMAT: &str = "hvstats-recording";
 
 /// The version of the format this build writes (and the newest it reads).
-pub const VERSION: u32 = 2;
+const VERSION: u32 = 2;
 
 /// The oldest version this build reads (version 1: no histograms).
-pub const OLDEST_VERSION: u32 = 1;
+const OLDEST_VERSION: u32 = 1;
 
 /// The `bucketing` of a histogram in the header: [`hvstats_abi::histogram`]'s log2 buckets of
 /// nanoseconds.
-pub const LOG2_NS: &str = "log2-ns";
+const LOG2_NS: &str = "log2-ns";
 
 /// A catalog counter as the header describes it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -287,7 +287,7 @@ pub enum RecordingError {
     /// A value could not be encoded as JSON.
     #[error(transparent)]
     Encode(serde_json::Error),
-    /// A sample longer than [`MAX_LINE`] (its length in bytes).
+    /// A sample longer than a line may be, 128 MiB (its length in bytes).
     #[error(
         "a sample of {0} bytes is longer than a recording line may be ({MAX_LINE} bytes): too many VPs \
          for one recording"
@@ -314,13 +314,13 @@ pub enum RecordingError {
         .0.name, .0.buckets, .0.bucketing
     )]
     Bucketing(HistogramInfo),
-    /// Line 1 is longer than [`MAX_HEADER`] (the limit).
+    /// Line 1 is longer than a header may be, 1 MiB (the limit).
     #[error(
         "line 1 is longer than {0} bytes: not a recording header (a header lists the catalog's \
          counters, tens of KiB)"
     )]
     HeaderTooLong(usize),
-    /// A sample line is longer than [`MAX_LINE`].
+    /// A sample line is longer than a line may be, 128 MiB.
     #[error("line {line} is longer than {max} bytes")]
     LineTooLong {
         /// Its number.
@@ -357,12 +357,12 @@ pub fn write_line(out: &mut impl Write, value: &impl Serialize) -> Result<(), Re
 /// the billions, or of 16,384 VPs with every value and histogram slot at its largest (a test checks
 /// both). A reader holds one line at a time, and one VP of it parsed, so this bounds what a line
 /// costs it.
-pub const MAX_LINE: usize = 128 << 20;
+const MAX_LINE: usize = 128 << 20;
 
 /// The longest header accepted: 1 MiB, dozens of times what this build writes (its catalog's
 /// counters and histograms, about 20 KiB), so a newer catalog still reads while a header of
 /// millions of made-up counters is refused before anything is parsed.
-pub const MAX_HEADER: usize = 1 << 20;
+const MAX_HEADER: usize = 1 << 20;
 
 /// A recording read one sample at a time, so what reads it holds no more than it keeps: the
 /// header is read and checked first, then each [`next_with`](Self::next_with) parses and checks one line.

@@ -45,15 +45,15 @@ struct VpReport {
 /// header, how many samples over what span, and each VP's first and last readable values.
 pub struct Digest {
     /// The recording's header (line 1), as read and checked.
-    pub header: Header,
+    header: Header,
     /// Samples in the recording.
     pub samples: usize,
     /// Seconds between its first and last sample.
-    pub span: f64,
+    span: f64,
     /// The `t` of its last whole sample (`None`: no sample).
-    pub last_t: Option<f64>,
+    last_t: Option<f64>,
     /// Its last line's number and bytes when the writer stopped in its middle.
-    pub cut: Option<(usize, usize)>,
+    cut: Option<(usize, usize)>,
     vps: Vec<VpDigest>,
 }
 

@@ -120,13 +120,13 @@ fn is_cost_class(c: &Counter) -> bool {
 }
 
 /// The intercept classes whose handling time `top` shows, from the catalog's histogram rows.
-pub fn cost_classes() -> impl Iterator<Item = &'static Counter> {
+fn cost_classes() -> impl Iterator<Item = &'static Counter> {
     counters_of(ObjectKind::Vp).filter(|c| is_cost_class(c))
 }
 
 /// The short label of a cost class: its catalog name less the words every such name shares
 /// (`IO intercept time histogram` → `IO`).
-pub fn class_label(c: &Counter) -> &'static str {
+fn class_label(c: &Counter) -> &'static str {
     let name = c.name;
     [" intercept time histogram", " time histogram", " histogram"]
         .iter()
@@ -399,7 +399,7 @@ pub fn sortable() -> impl Iterator<Item = Shown> {
 
 /// A cell's text: `-` for nothing to show, one decimal below 100, none below 10,000, and from
 /// there scaled as `snapshot` scales counts (`12.3k`, `1.18M`).
-pub fn cell(value: Option<f64>) -> String {
+fn cell(value: Option<f64>) -> String {
     match value {
         None => "-".into(),
         Some(v) if v.abs() < 100.0 => format!("{v:.1}"),
@@ -412,7 +412,7 @@ pub fn cell(value: Option<f64>) -> String {
 pub const LABEL_WIDTH: usize = 24;
 
 /// Width of each value column.
-pub fn column_width(column: &Column) -> usize {
+fn column_width(column: &Column) -> usize {
     column.header().chars().count().max(8)
 }
 
