@@ -147,6 +147,7 @@ impl Recorder {
         Ok(recorder)
     }
 
+    /// `e`, said as a failure to write this recording.
     fn write_error(&self, e: RecordingError) -> anyhow::Error {
         anyhow::Error::new(e).context(format!("writing {}", self.path.display()))
     }
