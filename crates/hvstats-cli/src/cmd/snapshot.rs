@@ -148,7 +148,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else if snapshots.is_empty() && failed {
         note!("no instance under {} could be read", dir.display());
     } else if snapshots.is_empty() {
-        output::print(&format!("{}\n", super::nothing_publishes(&dir)))?;
+        output::print(&format!("{}\n", hvstats_surfaces::nothing_publishes(&dir)))?;
     } else {
         snapshots.iter().for_each(note_unreadable);
         output::with_stdout(|out| shown.write_tables(out))?;
@@ -215,7 +215,7 @@ impl Shown<'_> {
 /// No instance under `dir`: says so and how to start one (on standard error beside an empty JSON
 /// document), with the status of its own a script tells apart from an unreadable directory.
 fn nothing_published(dir: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
-    let line = super::nothing_publishes(dir);
+    let line = hvstats_surfaces::nothing_publishes(dir);
     if json {
         output::print_json(&hvstats_present::snapshot_json::document(Vec::new()), true)?;
         note!("{line}");

@@ -6,16 +6,16 @@
 
 use std::time::Duration;
 
-use hvstats_surfaces::top::table::Shown;
+use crate::top::table::Shown;
 use regex::Regex;
 
+use crate::top::baseline::Baseline;
+use crate::top::table::{self, Group};
 use hvstats_present::live::Reading;
-use hvstats_surfaces::top::baseline::Baseline;
-use hvstats_surfaces::top::table::{self, Group};
 
 /// What a key asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Action {
+pub enum Action {
     /// Sort by the next column (after the last: by name again).
     SortNext,
     /// Sort by the previous column.
@@ -100,13 +100,13 @@ pub(crate) fn key_bar(width: usize) -> String {
 }
 
 /// The action of key `c`, if any.
-pub(crate) fn action_of(c: char) -> Option<Action> {
+pub fn action_of(c: char) -> Option<Action> {
     KEYS.iter().find(|k| k.key == c).map(|k| k.action)
 }
 
 /// A line being typed at the bottom of the screen.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Prompt {
+pub enum Prompt {
     /// A regex for [`Action::Filter`].
     Filter(String),
     /// Seconds for [`Action::Interval`].
@@ -116,9 +116,9 @@ pub(crate) enum Prompt {
 }
 
 /// The whole state of the view.
-pub(crate) struct App {
+pub struct App {
     /// The runtime directory, for the empty-screen message.
-    pub dir: String,
+    pub(crate) dir: String,
     /// Time between readings.
     pub interval: Duration,
     /// Sampling stopped.
@@ -126,28 +126,28 @@ pub(crate) struct App {
     /// Help shown.
     pub help: bool,
     /// The column sorted by (`None`: by name).
-    pub sort: Option<Shown>,
+    pub(crate) sort: Option<Shown>,
     /// Largest first.
-    pub descending: bool,
+    pub(crate) descending: bool,
     /// The VM filter.
     pub filter: Option<Regex>,
     /// The columns chosen (`None`: every column, those that move first).
     pub fields: Option<Vec<Shown>>,
     /// Columns scrolled past on the left.
-    pub offset: usize,
+    pub(crate) offset: usize,
     /// A line being typed.
     pub prompt: Option<Prompt>,
     /// The last message (an invalid regex, a read error).
     pub message: Option<String>,
     /// The readings values are shown between.
-    pub baseline: Baseline,
+    pub(crate) baseline: Baseline,
     /// Set by [`Action::Quit`].
     pub quit: bool,
 }
 
 impl App {
     /// A view of `dir` sampling every `interval`.
-    pub(crate) fn new(dir: String, interval: Duration) -> Self {
+    pub fn new(dir: String, interval: Duration) -> Self {
         Self {
             dir,
             interval,
@@ -166,7 +166,7 @@ impl App {
     }
 
     /// Takes a new reading ([`Baseline::sample`]).
-    pub(crate) fn sample(&mut self, reading: Reading) {
+    pub fn sample(&mut self, reading: Reading) {
         // What could not be read shows in the status line; the rest is shown as usual.
         if let Some(problem) = reading.problems.first() {
             let more = reading.problems.len() - 1;
@@ -191,7 +191,7 @@ impl App {
     }
 
     /// Applies `action`.
-    pub(crate) fn update(&mut self, action: Action) {
+    pub fn update(&mut self, action: Action) {
         match action {
             // Left to right through the columns as shown, then back to names.
             Action::SortNext => {
@@ -239,7 +239,7 @@ impl App {
     }
 
     /// A character typed while a prompt is open (`\n` ends it, `\x1b` cancels it, `\x08` erases).
-    pub(crate) fn type_char(&mut self, c: char) {
+    pub fn type_char(&mut self, c: char) {
         let Some(prompt) = &mut self.prompt else { return };
         let text = match prompt {
             Prompt::Filter(t) | Prompt::Interval(t) | Prompt::Fields(t) => t,

@@ -10,10 +10,10 @@ use ratatui::text::Line;
 use ratatui::widgets::{Block, Borders, Clear, Paragraph, Row, Table, Widget};
 
 use super::app::{App, Prompt};
-use hvstats_surfaces::top::table::{self, LABEL_WIDTH, Shown};
+use crate::top::table::{self, LABEL_WIDTH, Shown};
 
 /// How many of `columns` fit in `width` cells, at least one.
-pub(crate) fn columns_that_fit(columns: &[Shown], width: u16) -> usize {
+fn columns_that_fit(columns: &[Shown], width: u16) -> usize {
     let mut used = LABEL_WIDTH;
     let mut n = 0;
     for c in columns {
@@ -65,7 +65,7 @@ impl App {
         if groups.is_empty() {
             let text = match self.baseline.latest() {
                 Some(r) if r.instances.is_empty() => {
-                    crate::cmd::nothing_publishes(std::path::Path::new(&self.dir))
+                    crate::nothing_publishes(std::path::Path::new(&self.dir))
                 }
                 Some(_) if self.filter.is_some() => "no VM matches the filter".to_owned(),
                 Some(_) if self.baseline.pair().is_some() => "no partition in the live instances".to_owned(),
@@ -143,7 +143,7 @@ mod tests {
     use ratatui::backend::TestBackend;
 
     use super::*;
-    use crate::cmd::top::app::Action;
+    use crate::top::app::Action;
     use hvstats_testkit::synthetic_instance;
 
     fn screen(app: &App, width: u16, height: u16) -> Vec<String> {
