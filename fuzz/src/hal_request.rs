@@ -13,11 +13,11 @@
 
 use std::path::Path;
 
-use hvstats::hwc::{Allocator, CpuSet, HwcError, Lifetime, PmuShape, Refusal, Request};
 use hvstats_abi::hal::{
     GroupAffinity, NtStatus, PhysicalCounterResourceDescriptor as Descriptor, PhysicalCounterResourceList,
     ResourceType,
 };
+use hvstats_hwc::{Allocator, CpuSet, HwcError, Lifetime, PmuShape, Refusal, Request};
 
 use crate::bytes::Bytes;
 

@@ -6,4 +6,5 @@ pub mod hal_request;
 pub mod hypercall_dispatch;
 pub mod index;
 pub mod page_reader;
+pub mod random;
 pub mod runtime_tree;

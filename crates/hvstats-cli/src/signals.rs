@@ -10,6 +10,8 @@ use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use hvstats_host::os::{check, check_errno};
+
 use crate::output::ExitStatus;
 
 /// A signal that asks the command to finish.
@@ -73,11 +75,7 @@ fn set() -> libc::sigset_t {
 pub(crate) fn block() -> io::Result<()> {
     let set = set();
     // SAFETY: set is a valid signal set; the old mask is not wanted (null).
-    let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
-    if rc != 0 {
-        return Err(io::Error::from_raw_os_error(rc));
-    }
-    Ok(())
+    check_errno(unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) })
 }
 
 /// Takes a pending SIGINT or SIGTERM (blocked by [`block`]), waiting at most `timeout`; `None`
@@ -93,15 +91,11 @@ pub(crate) fn take(timeout: Duration) -> io::Result<Option<Signal>> {
     };
     loop {
         // SAFETY: set and ts are valid values we own; the siginfo is not wanted (null).
-        let rc = unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &ts) };
-        if rc >= 0 {
-            return Ok(Signal::from_raw(rc));
-        }
-        let e = io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::EAGAIN) => return Ok(None),
-            Some(libc::EINTR) => continue,
-            _ => return Err(e),
+        match check(unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &ts) }) {
+            Ok(raw) => return Ok(Signal::from_raw(raw)),
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return Ok(None),
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+            Err(e) => return Err(e),
         }
     }
 }
@@ -144,11 +138,7 @@ impl Watching {
         };
         // SAFETY: the watcher thread runs until `during` has joined it, after the work returned,
         // so the pthread_t names a live thread while the work can call this.
-        let rc = unsafe { libc::pthread_kill(self.thread, raw) };
-        if rc != 0 {
-            return Err(io::Error::from_raw_os_error(rc));
-        }
-        Ok(())
+        check_errno(unsafe { libc::pthread_kill(self.thread, raw) })
     }
 }
 

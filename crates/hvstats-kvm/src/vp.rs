@@ -13,9 +13,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use hvstats::error_chain;
-use hvstats::hwc::{GuestCounts, VpHardwareCounters};
 use hvstats::whv::VpExtras;
 use hvstats::{PartitionStats, SharedPage};
+use hvstats_hwc::{GuestCounts, VpHardwareCounters};
 use kvm_bindings::{KVM_SYNC_X86_REGS, KVM_SYNC_X86_SREGS};
 use kvm_ioctls::{SyncReg, VcpuExit, VcpuFd};
 
@@ -267,7 +267,7 @@ pub struct VpOutcome {
 pub enum HardwareCountError {
     /// The VP thread could not count under the allocation.
     #[error("cannot count under the hardware counter allocation")]
-    Open(#[source] Arc<hvstats::hwc::Unavailable>),
+    Open(#[source] Arc<hvstats_hwc::Unavailable>),
     /// The counters could not be read when the VP stopped.
     #[error("reading the hardware counters")]
     Read(#[source] Arc<std::io::Error>),
@@ -277,9 +277,9 @@ pub enum HardwareCountError {
 #[derive(Clone, Debug)]
 pub struct HardwareCounters {
     /// The host's shared allocation table.
-    pub allocator: Arc<hvstats::hwc::Allocator>,
+    pub allocator: Arc<hvstats_hwc::Allocator>,
     /// The allocation (it must cover every processor the VP threads may run on).
-    pub handle: hvstats::hwc::CounterSetHandle,
+    pub handle: hvstats_hwc::CounterSetHandle,
 }
 
 /// The state of a VP its thread and the partition share: the run loop's own counts and the

@@ -6,16 +6,16 @@
 //! of live instances to the runtime directory ([`publish`], [`runtime_dir`]) and attach for root
 //! readers in other processes ([`attach`], [`reader`], [`trust`]), the LP objects ([`lp`]), the
 //! values an instance keeps by name beside its pages ([`unmapped`]), snapshots of attached
-//! instances ([`snapshot`]), and — built on those — the typed VP counter API and the hardware
-//! counter allocator. What it reads of the host (thread stat lines, perf counters) comes
-//! from the host readers of `hvstats_host`.
+//! instances ([`snapshot`]), and — built on those — the typed VP counter API. What it reads of the
+//! host (thread stat lines) comes from the host readers of `hvstats_host`. The hardware counter
+//! allocator, which needs only the runtime directory and the host's perf readers, is its own
+//! crate, `hvstats_hwc`.
 
 #![deny(missing_docs)]
 
 pub mod arena;
 pub mod attach;
 pub mod gpa_space;
-pub mod hwc;
 pub mod hypercall;
 pub mod index;
 pub mod instance;

@@ -1,7 +1,7 @@
 //! `hvstats hwc`: the host's hardware counter table for operators — the PMU, who holds what,
 //! allocate and free.
 //!
-//! The decisions are `hvstats::hwc`'s; this module reads flags into seed 002's arguments and
+//! The decisions are `hvstats_hwc`'s; this module reads flags into seed 002's arguments and
 //! prints the answers. Statuses are printed by name and value, and any status other than
 //! `STATUS_SUCCESS` exits with status 1.
 
@@ -9,11 +9,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
-use hvstats::hwc::pmu::MAX_PROCESSORS;
-use hvstats::hwc::{Allocation, Allocator, CounterSetHandle, CpuSet, HwcError, Lifetime, PMU_ENV, PmuShape};
 use hvstats_abi::hal::{
     GroupAffinity, NtStatus, PhysicalCounterResourceDescriptor as Descriptor, PhysicalCounterResourceList,
 };
+use hvstats_hwc::pmu::MAX_PROCESSORS;
+use hvstats_hwc::{Allocation, Allocator, CounterSetHandle, CpuSet, HwcError, Lifetime, PMU_ENV, PmuShape};
 use hvstats_present::json_keys;
 use hvstats_present::text::Escaped;
 use serde_json::{Value, json};
@@ -191,10 +191,18 @@ fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
         print(&format!("{}\n", serde_json::to_string_pretty(&versioned(v))?))?;
         return Ok(ExitCode::SUCCESS);
     }
+    print(&pmu_text(pmu))?;
+    print(&format!("table: {}\n", allocator.table_path().display()))?;
+    print(&holders_text(&holders))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The processors and the PMU's counters on each, as `list` prints them.
+fn pmu_text(pmu: &PmuShape) -> String {
     let mut s = String::new();
     let source = match pmu.source() {
-        hvstats::hwc::pmu::ShapeSource::Discovered => "discovered".to_owned(),
-        hvstats::hwc::pmu::ShapeSource::Configured => format!("configured by {PMU_ENV}"),
+        hvstats_hwc::pmu::ShapeSource::Discovered => "discovered".to_owned(),
+        hvstats_hwc::pmu::ShapeSource::Configured => format!("configured by {PMU_ENV}"),
     };
     let groups = pmu.processors().div_ceil(64);
     s +=
@@ -215,7 +223,12 @@ fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    s += &format!("table: {}\n", allocator.table_path().display());
+    s
+}
+
+/// Who holds which counters, as `list` prints them.
+fn holders_text(holders: &[Allocation]) -> String {
+    let mut s = String::new();
     if holders.is_empty() {
         s += "holders: none\n";
     } else {
@@ -224,7 +237,7 @@ fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
             "  {:<8} {:<8} {:<16} {:<28} {:<12} RESOURCES\n",
             "HANDLE", "PID", "PROCESS", "HELD", "CPUS"
         );
-        for a in &holders {
+        for a in holders {
             s += &format!(
                 "  {:<8} {:<8} {:<16} {:<28} {:<12} {}\n",
                 a.handle.raw(),
@@ -236,8 +249,7 @@ fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
             );
         }
     }
-    print(&s)?;
-    Ok(ExitCode::SUCCESS)
+    s
 }
 
 fn parse_u32_range(text: &str) -> anyhow::Result<(u32, u32)> {
@@ -307,23 +319,7 @@ fn alloc(args: AllocArgs) -> anyhow::Result<ExitCode> {
     let handle = match allocator.try_allocate(affinity.as_deref(), list.as_ref(), lifetime) {
         Ok(h) => h,
         Err(HwcError::Table(e)) => return Err(e.into()),
-        Err(e) => {
-            let s = e.status();
-            let why = match &e {
-                HwcError::Refused(why) => Some(why.to_string()),
-                _ => None,
-            };
-            if args.common.json {
-                let mut v = status_json(s);
-                v["handle"] = Value::Null;
-                v["reason"] = json!(why);
-                print(&format!("{}\n", versioned(v)))?;
-            } else {
-                let why = why.map(|w| format!(": {w}")).unwrap_or_default();
-                print(&format!("allocation refused: {s}{why}\n"))?;
-            }
-            return Ok(exit_for(s));
-        }
+        Err(e) => return refused(&e, args.common.json),
     };
     let held = allocator.allocation(handle)?.context("the allocation just made is not in the table")?;
     if args.common.json {
@@ -347,9 +343,33 @@ fn alloc(args: AllocArgs) -> anyhow::Result<ExitCode> {
     if !args.hold {
         return Ok(ExitCode::SUCCESS);
     }
+    free_at_signal(&allocator, handle, args.common.json)
+}
+
+/// Says why an allocation was refused, with its status.
+fn refused(e: &HwcError, json: bool) -> anyhow::Result<ExitCode> {
+    let s = e.status();
+    let why = match e {
+        HwcError::Refused(why) => Some(why.to_string()),
+        _ => None,
+    };
+    if json {
+        let mut v = status_json(s);
+        v["handle"] = Value::Null;
+        v["reason"] = json!(why);
+        print(&format!("{}\n", versioned(v)))?;
+    } else {
+        let why = why.map(|w| format!(": {w}")).unwrap_or_default();
+        print(&format!("allocation refused: {s}{why}\n"))?;
+    }
+    Ok(exit_for(s))
+}
+
+/// Holds `handle` until SIGINT or SIGTERM, then frees it and says so.
+fn free_at_signal(allocator: &Allocator, handle: CounterSetHandle, json: bool) -> anyhow::Result<ExitCode> {
     let signal = signals::wait()?.name();
     let s = allocator.free(handle);
-    if args.common.json {
+    if json {
         let mut v = status_json(s);
         v["freed"] = json!(handle.raw());
         v["signal"] = json!(signal);

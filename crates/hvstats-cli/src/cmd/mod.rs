@@ -8,7 +8,6 @@ pub(crate) mod install;
 pub(crate) mod observe;
 pub(crate) mod plot;
 pub(crate) mod record;
-pub(crate) mod recording;
 pub(crate) mod report;
 pub(crate) mod run;
 pub(crate) mod serve;
@@ -42,21 +41,6 @@ pub(crate) fn runtime_dir(flag: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     } else {
         bail!("{named_by}{sep}{} does not exist (create it, or {fix})", dir.display())
     }
-}
-
-/// What `snapshot` and `top` say when no instance publishes under `dir`: that no observer or
-/// partition publishes there, and how to start one (the observer's unit publishes under the
-/// default directory only; elsewhere the commands name `dir`).
-pub(crate) fn nothing_publishes(dir: &std::path::Path) -> String {
-    let shown = hvstats_present::text::Escaped(&dir.display().to_string()).to_string();
-    let (unit, flag) = match dir == std::path::Path::new(hvstats::runtime_dir::DEFAULT_RUNTIME_DIR) {
-        true => ("`systemctl start hvstats-observe`, or ", String::new()),
-        false => ("", format!(" --runtime-dir {shown}")),
-    };
-    format!(
-        "no observer or partition publishes under {shown}: start the observer ({unit}`hvstats observe \
-         --all{flag}` as root) to count the VMs running here, or run a partition (`hvstats run{flag}`)"
-    )
 }
 
 /// How often a publisher merges its sources into the pages (`run`'s collector): counters move no

@@ -4,8 +4,9 @@
 //! Microsoft Hypervisor's own counters where Linux is its root partition, as an instance of their
 //! own (see `docs/mshv.md`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -76,21 +77,7 @@ pub(crate) fn parse_pattern(s: &str) -> Result<VmPattern, String> {
 
 /// Runs the observer until SIGINT/SIGTERM, or until every `--pid` process has exited.
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
-    if args.qmp.is_some() && args.pids.len() > 1 {
-        bail!("--qmp names the socket of one QEMU: give one --pid with it, or none");
-    }
-    if let Some(p) = args.pids.iter().find(|p| **p <= 0) {
-        bail!("--pid {p}: not a process id");
-    }
-    // A socket that is not there is a mistyped path, not a QEMU yet to start: said at once.
-    if let Some(path) = &args.qmp
-        && let Err(e) = std::fs::symlink_metadata(path)
-    {
-        bail!(
-            "--qmp {}: {e}: no QMP socket there (a QEMU serves one with -qmp unix:PATH,server=on,wait=off)",
-            path.display()
-        );
-    }
+    check(&args)?;
     if let (Some(root), true) = (&args.mshv, args.list_unknown) {
         return list_unknown(root);
     }
@@ -99,7 +86,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         Ok(n) => log(&format!("open file limit {n}")),
         Err(e) => log(&format!("cannot raise the open file limit: {e}")),
     }
-    let dir = super::runtime_dir(args.runtime_dir)?;
+    let dir = super::runtime_dir(args.runtime_dir.clone())?;
     let observing = args.all || !args.pids.is_empty() || args.qmp.is_some();
     // Held until the end of `run`, after everything below is dropped: before the kept counts are
     // adopted, a VM claimed or the mark left.
@@ -111,47 +98,14 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         Some(root) => Some(start_mshv(root, &dir)?),
         None => None,
     };
-    if observing {
-        log(&counting_line());
-    }
-    let config = InstanceConfig {
-        runtime_dir: Some(dir.clone()),
-        description: publication::description(),
-        ..Default::default()
-    };
     let hv = match observing {
-        true => Some(
-            Hypervisor::with_config(config)
-                .with_context(|| format!("cannot publish an instance under {}", dir.display()))?,
-        ),
+        true => Some(publish(&dir)?),
         false => None,
     };
-    if let Some(name) = hv.as_ref().and_then(|hv| hv.published_name()) {
-        log(&format!("publishing observed VMs as instance {name} in {}", dir.display()));
-    }
     let _mark = hv.as_ref().and_then(|hv| crate::observer_run::Mark::leave(&dir, hv, &log));
-    let procfs = match args.proc_root {
-        Some(root) => Procfs::at(root, None),
-        None => Procfs::host(),
-    };
-    let (targets, qmp) = match (args.all, args.pids.is_empty(), args.qmp) {
-        (true, _, _) => (Targets::All, None),
-        (false, true, Some(socket)) => (Targets::QmpSocket(socket), None),
-        (false, _, qmp) => (Targets::Pids(args.pids), qmp),
-    };
-    let cancel = Cancel::new();
-    let mut observer = hv.clone().map(|hv| {
-        let options = ObserveOptions {
-            qmp,
-            qmp_auto: !args.no_qmp,
-            filter: VmFilter { include: args.vms, exclude: args.exclude_vms },
-            cancel: cancel.clone(),
-            claims: Some(dir.clone()),
-            ..Default::default()
-        };
-        Observer::new(hv, procfs, targets, options)
-    });
     let interval = Duration::from_secs_f64(args.interval);
+    let cancel = Cancel::new();
+    let mut observer = hv.clone().map(|hv| observer_of(args, hv, &dir, &cancel));
     // The observer runs on this thread while a watcher takes SIGINT/SIGTERM: a signal cancels
     // whatever the observer waits on (a QMP peer that drips, streams or hangs) within 0.1 s.
     let stop = cancel.clone();
@@ -175,6 +129,69 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(observer) = &observer {
         observer.leave_kept_counts();
     }
+    Ok(exit_status(ended, signal, observer.as_ref()))
+}
+
+/// The flags' combinations clap cannot check, and a `--qmp` socket that is not there (a mistyped
+/// path, not a QEMU yet to start): said at once.
+fn check(args: &Args) -> anyhow::Result<()> {
+    if args.qmp.is_some() && args.pids.len() > 1 {
+        bail!("--qmp names the socket of one QEMU: give one --pid with it, or none");
+    }
+    if let Some(p) = args.pids.iter().find(|p| **p <= 0) {
+        bail!("--pid {p}: not a process id");
+    }
+    if let Some(path) = &args.qmp
+        && let Err(e) = std::fs::symlink_metadata(path)
+    {
+        bail!(
+            "--qmp {}: {e}: no QMP socket there (a QEMU serves one with -qmp unix:PATH,server=on,wait=off)",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// The instance the observed VMs are published in, under `dir`.
+fn publish(dir: &Path) -> anyhow::Result<Arc<Hypervisor>> {
+    log(&counting_line());
+    let config = InstanceConfig {
+        runtime_dir: Some(dir.to_path_buf()),
+        description: publication::description(),
+        ..Default::default()
+    };
+    let hv = Hypervisor::with_config(config)
+        .with_context(|| format!("cannot publish an instance under {}", dir.display()))?;
+    if let Some(name) = hv.published_name() {
+        log(&format!("publishing observed VMs as instance {name} in {}", dir.display()));
+    }
+    Ok(hv)
+}
+
+/// The observer of what the flags name, publishing in `hv` and claiming its VMs under `dir`.
+fn observer_of(args: Args, hv: Arc<Hypervisor>, dir: &Path, cancel: &Cancel) -> Observer {
+    let procfs = match args.proc_root {
+        Some(root) => Procfs::at(root, None),
+        None => Procfs::host(),
+    };
+    let (targets, qmp) = match (args.all, args.pids.is_empty(), args.qmp) {
+        (true, _, _) => (Targets::All, None),
+        (false, true, Some(socket)) => (Targets::QmpSocket(socket), None),
+        (false, _, qmp) => (Targets::Pids(args.pids), qmp),
+    };
+    let options = ObserveOptions {
+        qmp,
+        qmp_auto: !args.no_qmp,
+        filter: VmFilter { include: args.vms, exclude: args.exclude_vms },
+        cancel: cancel.clone(),
+        claims: Some(dir.to_path_buf()),
+        ..Default::default()
+    };
+    Observer::new(hv, procfs, targets, options)
+}
+
+/// The exit status of an observer that ended so, on `signal` or not, and what it says of it.
+fn exit_status(ended: Ended, signal: Option<signals::Signal>, observer: Option<&Observer>) -> ExitCode {
     let failed = match ended {
         Ended::Finished { failed } => failed,
         Ended::Panicked => true,
@@ -182,14 +199,14 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     match signal {
         Some(signal) => {
-            let vms = observer.as_ref().map_or(0, |o| o.vms().count());
+            let vms = observer.map_or(0, |o| o.vms().count());
             log(&format!("{}: detaching from {vms} VMs", signal.name()));
-            Ok(ExitCode::SUCCESS)
+            ExitCode::SUCCESS
         }
-        None if ended == Ended::Panicked => Ok(ExitCode::FAILURE),
+        None if ended == Ended::Panicked => ExitCode::FAILURE,
         None => {
             log("no observed process is left");
-            Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+            if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS }
         }
     }
 }

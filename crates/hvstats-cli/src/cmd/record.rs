@@ -1,4 +1,4 @@
-//! `hvstats record`: samples every live instance to a recording file ([`recording`]) every
+//! `hvstats record`: samples every live instance to a recording file ([`hvstats_surfaces::recording`]) every
 //! interval, for a duration or until Ctrl-C (or SIGTERM), which ends the file after its last whole
 //! sample. A progress bar shows on a terminal only.
 
@@ -12,10 +12,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::cmd::recording::{self, Header, Sample};
 use crate::output::note;
 use crate::output_file::OutputFile;
 use hvstats_present::live::Live;
+use hvstats_surfaces::recording::{self, Header, RecordingError, Sample};
 
 /// Flags of `hvstats record`.
 #[derive(clap::Args, Debug)]
@@ -53,113 +53,180 @@ fn parse_seconds(s: &str) -> Result<f64, String> {
 
 /// Runs `hvstats record`.
 pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let live = Live::new(Some(crate::cmd::runtime_dir(args.runtime_dir)?));
+    let live = Live::new(Some(crate::cmd::runtime_dir(args.runtime_dir.clone())?));
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = stop.clone();
         ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst))
             .context("installing the Ctrl-C handler")?;
     }
-    let mut output = OutputFile::create(&args.output, args.force)?;
-    let mut out = BufWriter::new(output.file().try_clone().context("cannot duplicate the output")?);
-    let started_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-    let write_error = |e: anyhow::Error| e.context(format!("writing {}", args.output.display()));
-    // A recording written into a pipe whose reader went away (`record -o /dev/stdout | head`)
-    // ends there, quietly, as every command's output does.
-    let mut reader_gone = false;
-    match recording::write_line(&mut out, &Header::new(args.interval, started_ms)) {
-        Err(e) if is_closed_pipe(&e) => reader_gone = true,
-        result => result.map_err(write_error)?,
-    }
-    // In place once it has its header: readable while it grows.
-    output.put_in_place()?;
-
-    let interval = Duration::from_secs_f64(args.interval);
+    let recorder = Recorder::create(&args)?;
     let samples = args.duration.map(|d| (d / args.interval).floor() as u64 + 1);
-    let target = if args.quiet { ProgressDrawTarget::hidden() } else { ProgressDrawTarget::stderr() };
+    let bar = progress_bar(samples, args.quiet)?;
+    let seen = recorder.sample(&live, &bar, &stop, samples, Duration::from_secs_f64(args.interval));
+    bar.finish_and_clear();
+    let seen = seen?;
+    if !seen.reader_gone {
+        let shown = args.output.display();
+        let _ = writeln!(std::io::stderr(), "hvstats: recorded {} samples to {shown}", seen.taken);
+        if seen.most_vps == 0 {
+            note!("no VP was live under {} while recording", live.dir().display());
+        }
+    }
+    if !seen.problems.is_empty() {
+        note!("{} thing(s) could not be read while recording (see above)", seen.problems.len());
+        return Ok(crate::output::ExitStatus::RuntimeError.into());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The progress bar: `samples` of them, or counted up until Ctrl-C; hidden with `--quiet`.
+fn progress_bar(samples: Option<u64>, quiet: bool) -> anyhow::Result<ProgressBar> {
+    let target = if quiet { ProgressDrawTarget::hidden() } else { ProgressDrawTarget::stderr() };
     let bar = ProgressBar::with_draw_target(samples, target);
     let template = match samples {
         Some(_) => "{spinner} recording {elapsed} {wide_bar} {pos}/{len} samples  {msg}",
         None => "{spinner} recording {elapsed}, {pos} samples  {msg} (Ctrl-C ends)",
     };
     bar.set_style(ProgressStyle::with_template(template).context("the progress bar template")?);
+    Ok(bar)
+}
 
-    let start = Instant::now();
-    let mut taken = 0u64;
-    // The bytes of whole lines written, and the last whole sample's time.
-    let mut whole = out.get_mut().stream_position().unwrap_or(0);
-    let mut last_t = 0.0;
-    // What could not be read, each said once; any of it makes the exit status 1, as snapshot's.
-    let mut problems: Vec<String> = Vec::new();
-    let mut most_vps = 0usize;
-    while !reader_gone && !stop.load(Ordering::SeqCst) && samples.is_none_or(|n| taken < n) {
-        let reading = live.read()?;
-        for problem in &reading.problems {
-            if !problems.contains(problem) && problems.len() < 64 {
-                bar.suspend(|| note!("{problem}"));
-                problems.push(problem.clone());
-            }
+/// How a recording went.
+#[derive(Default)]
+struct Seen {
+    /// Samples written.
+    taken: u64,
+    /// The reader of the pipe written into went away.
+    reader_gone: bool,
+    /// What could not be read, each said once; any of it makes the exit status 1, as snapshot's.
+    problems: Vec<String>,
+    /// The most VPs live in one reading.
+    most_vps: usize,
+}
+
+/// The recording being written, and how far it is whole.
+struct Recorder {
+    /// The file, in place once it has its header: readable while it grows.
+    output: OutputFile,
+    out: BufWriter<std::fs::File>,
+    /// The path given, for messages.
+    path: PathBuf,
+    /// Samples written.
+    taken: u64,
+    /// The bytes of whole lines written.
+    whole: u64,
+    /// The last whole sample's time.
+    last_t: f64,
+    /// A recording written into a pipe whose reader went away (`record -o /dev/stdout | head`)
+    /// ends there, quietly, as every command's output does.
+    reader_gone: bool,
+}
+
+impl Recorder {
+    /// Creates the output and writes its header.
+    fn create(args: &Args) -> anyhow::Result<Self> {
+        let mut output = OutputFile::create(&args.output, args.force)?;
+        let out = BufWriter::new(output.file().try_clone().context("cannot duplicate the output")?);
+        let mut recorder = Self {
+            output,
+            out,
+            path: args.output.clone(),
+            taken: 0,
+            whole: 0,
+            last_t: 0.0,
+            reader_gone: false,
+        };
+        let started_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        match recording::write_line(&mut recorder.out, &Header::new(args.interval, started_ms)) {
+            Err(e) if is_closed_pipe(&e) => recorder.reader_gone = true,
+            result => result.map_err(|e| recorder.write_error(e))?,
         }
-        most_vps = most_vps.max(reading.vp_count());
-        let t = reading.at.saturating_duration_since(start).as_secs_f64();
-        match recording::write_line(&mut out, &Sample::of(&reading, t)) {
-            Err(e) if is_closed_pipe(&e) => {
-                reader_gone = true;
+        recorder.output.put_in_place()?;
+        recorder.whole = recorder.out.get_mut().stream_position().unwrap_or(0);
+        Ok(recorder)
+    }
+
+    /// `e`, said as a failure to write this recording.
+    fn write_error(&self, e: RecordingError) -> anyhow::Error {
+        anyhow::Error::new(e).context(format!("writing {}", self.path.display()))
+    }
+
+    /// Samples `live` every `interval` until Ctrl-C, the reader goes away, or `samples` are taken.
+    fn sample(
+        mut self,
+        live: &Live,
+        bar: &ProgressBar,
+        stop: &AtomicBool,
+        samples: Option<u64>,
+        interval: Duration,
+    ) -> anyhow::Result<Seen> {
+        let start = Instant::now();
+        let mut seen = Seen::default();
+        while !self.reader_gone && !stop.load(Ordering::SeqCst) && samples.is_none_or(|n| self.taken < n) {
+            let reading = live.read()?;
+            for problem in &reading.problems {
+                if !seen.problems.contains(problem) && seen.problems.len() < 64 {
+                    bar.suspend(|| note!("{problem}"));
+                    seen.problems.push(problem.clone());
+                }
+            }
+            seen.most_vps = seen.most_vps.max(reading.vp_count());
+            let t = reading.at.saturating_duration_since(start).as_secs_f64();
+            match recording::write_line(&mut self.out, &Sample::of(&reading, t)) {
+                Err(e) if is_closed_pipe(&e) => self.reader_gone = true,
+                Err(e) => return Err(self.cut_back(e)),
+                Ok(()) => self.written(t),
+            }
+            if self.reader_gone {
                 break;
             }
-            Err(e) => {
-                // A full disk (or any failed write) leaves whole records: the sample written in
-                // part is cut off, so the file ends at its last whole line.
-                bar.finish_and_clear();
-                let (file, _unwritten) = out.into_parts();
-                let kept = cut_to(&file, whole);
-                let e = write_error(e);
-                return Err(match kept {
-                    Ok(()) => e.context(format!(
-                        "the recording ends after {taken} whole samples ({whole} bytes), at t = {last_t:.2} s"
-                    )),
-                    Err(cut) => {
-                        e.context(format!("and cutting it back to its last whole line failed: {cut}"))
-                    }
-                });
+            bar.set_position(self.taken);
+            bar.set_message(format!(
+                "{} VMs, {} VPs",
+                reading.instances.iter().map(|i| i.partitions.len()).sum::<usize>(),
+                reading.vp_count()
+            ));
+            if samples.is_some_and(|n| self.taken >= n) {
+                break;
             }
-            Ok(()) => {
-                whole = out.get_mut().stream_position().unwrap_or(whole);
-                last_t = t;
-            }
+            sleep_until(start + interval.mul_f64(self.taken as f64), stop);
         }
-        taken += 1;
-        bar.set_position(taken);
-        bar.set_message(format!(
-            "{} VMs, {} VPs",
-            reading.instances.iter().map(|i| i.partitions.len()).sum::<usize>(),
-            reading.vp_count()
-        ));
-        if samples.is_some_and(|n| taken >= n) {
+        Ok(Seen { taken: self.taken, reader_gone: self.reader_gone, ..seen })
+    }
+
+    /// Counts the sample of time `t` just written whole.
+    fn written(&mut self, t: f64) {
+        self.whole = self.out.get_mut().stream_position().unwrap_or(self.whole);
+        self.last_t = t;
+        self.taken += 1;
+    }
+
+    /// The error of a failed write. A full disk (or any failed write) leaves whole records: the
+    /// sample written in part is cut off (and what is still buffered of it dropped), so the file
+    /// ends at its last whole line.
+    fn cut_back(self, e: RecordingError) -> anyhow::Error {
+        let e = self.write_error(e);
+        let (taken, whole, last_t) = (self.taken, self.whole, self.last_t);
+        let (file, _unwritten) = self.out.into_parts();
+        match cut_to(&file, whole) {
+            Ok(()) => e.context(format!(
+                "the recording ends after {taken} whole samples ({whole} bytes), at t = {last_t:.2} s"
+            )),
+            Err(cut) => e.context(format!("and cutting it back to its last whole line failed: {cut}")),
+        }
+    }
+}
+
+/// Sleeps to `next` in small steps, so Ctrl-C ends the recording at once.
+fn sleep_until(next: Instant, stop: &AtomicBool) {
+    while !stop.load(Ordering::SeqCst) {
+        let left = next.saturating_duration_since(Instant::now());
+        if left.is_zero() {
             break;
         }
-        // Sleep to the next tick in small steps, so Ctrl-C ends the recording at once.
-        let next = start + interval.mul_f64(taken as f64);
-        while !stop.load(Ordering::SeqCst) {
-            let left = next.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            std::thread::sleep(left.min(Duration::from_millis(50)));
-        }
+        std::thread::sleep(left.min(Duration::from_millis(50)));
     }
-    bar.finish_and_clear();
-    if !reader_gone {
-        let _ = writeln!(std::io::stderr(), "hvstats: recorded {taken} samples to {}", args.output.display());
-        if most_vps == 0 {
-            note!("no VP was live under {} while recording", live.dir().display());
-        }
-    }
-    if !problems.is_empty() {
-        note!("{} thing(s) could not be read while recording (see above)", problems.len());
-        return Ok(crate::output::ExitStatus::RuntimeError.into());
-    }
-    Ok(ExitCode::SUCCESS)
 }
 
 /// Cuts the recording `file` back to its first `len` bytes (its whole lines), and puts its offset
@@ -175,8 +242,6 @@ fn cut_to(file: &std::fs::File, len: u64) -> std::io::Result<()> {
 }
 
 /// True when `e` is a write into a pipe nobody reads any more.
-fn is_closed_pipe(e: &anyhow::Error) -> bool {
-    e.chain()
-        .filter_map(|c| c.downcast_ref::<std::io::Error>())
-        .any(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+fn is_closed_pipe(e: &RecordingError) -> bool {
+    matches!(e, RecordingError::Write(io) if io.kind() == std::io::ErrorKind::BrokenPipe)
 }

@@ -19,7 +19,6 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use hvstats::Hypervisor;
-use hvstats::hwc::{Allocator, Lifetime, PmuShape};
 use hvstats::whv;
 use hvstats_abi::catalog::Presentation;
 use hvstats_abi::hal::{PhysicalCounterResourceDescriptor, PhysicalCounterResourceList};
@@ -28,6 +27,7 @@ use hvstats_abi::{ObjectKind, catalog::counters_of};
 use hvstats_guest::program::LoopCount;
 use hvstats_guest::{GuestImage, Mode, Workload, layout};
 use hvstats_host::error_chain::error_chain;
+use hvstats_hwc::{Allocator, Lifetime, PmuShape};
 use hvstats_kvm::enlightenment::HyperV;
 use hvstats_kvm::{
     FaultCause, Handlers, HardwareCounters, Partition, PartitionConfig, RipSeen, RunReport, VpOutcome,
@@ -198,23 +198,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     // Before any thread exists, so that none of them dies of these signals (see `signals`).
     signals::block().context("blocking SIGINT and SIGTERM")?;
     let runtime_dir = super::runtime_dir(args.runtime_dir.clone())?;
-    let (image, vps) = match &args.image {
-        Some(path) => {
-            let bytes = input::read_regular(path, args.memory, "an image for this guest RAM")?;
-            if bytes.is_empty() {
-                bail!("{} is empty", path.display());
-            }
-            let entry = args.entry.unwrap_or(args.load_gpa);
-            (GuestImage { mode: args.mode, load_gpa: args.load_gpa, entry, bytes }, args.vps.unwrap_or(1))
-        }
-        None => {
-            let mut workload = demo_workload(args.mode);
-            workload.repeat = args.duration.is_some() || args.forever;
-            let image =
-                workload.build(args.mode, layout::DEFAULT_LOAD_GPA).context("building the demo guest")?;
-            (image, args.vps.unwrap_or(4))
-        }
-    };
+    let (image, vps) = guest(&args)?;
     let hv = match Hypervisor::new_published(&runtime_dir) {
         Ok(hv) => hv,
         Err(e) => {
@@ -222,15 +206,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
             Hypervisor::new().context("creating the hypervisor instance")?
         }
     };
-    // This process publishes its own partitions: it claims itself, so an observer of every VM
-    // on the host (`observe --all`, `serve --observe-all`) leaves its VM to this instance
-    // instead of publishing it twice.
-    let _claim = hv.published_name().and_then(|name| {
-        let me = std::process::id() as i32;
-        Claim::take(&runtime_dir, me, &name.to_string())
-            .map_err(|e| note!("not claiming this VM for its own instance: {}", error_chain(&e)))
-            .ok()
-    });
+    let _claim = claim_own_vm(&runtime_dir, &hv);
     let hardware = hardware_counters(&runtime_dir);
     let mut config = PartitionConfig {
         vp_count: vps,
@@ -265,11 +241,54 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let unavailable = hardware.as_ref().err().map(String::as_str);
     if args.json {
-        let value = json_report(&partition, &report, unavailable)?;
-        output::print_json(&value, true)?;
+        output::print_json(&json_report(&partition, &report, unavailable)?, true)?;
     } else {
         print_tables(&partition, &report, args.all, unavailable, ending)?;
     }
+    note_what_went_unseen(&partition, &report, ending, args.timeout);
+    // A signal that came while printing still ends the command as that signal asks.
+    let signal = match signal {
+        Some(s) => Some(s),
+        None => signals::take_pending().unwrap_or(None),
+    };
+    Ok(exit_status(&report, signal, ending).into())
+}
+
+/// The guest to run and its VPs: `--image`, or the demo workload built for `--mode`.
+fn guest(args: &Args) -> anyhow::Result<(GuestImage, u32)> {
+    match &args.image {
+        Some(path) => {
+            let bytes = input::read_regular(path, args.memory, "an image for this guest RAM")?;
+            if bytes.is_empty() {
+                bail!("{} is empty", path.display());
+            }
+            let entry = args.entry.unwrap_or(args.load_gpa);
+            Ok((GuestImage { mode: args.mode, load_gpa: args.load_gpa, entry, bytes }, args.vps.unwrap_or(1)))
+        }
+        None => {
+            let mut workload = demo_workload(args.mode);
+            workload.repeat = args.duration.is_some() || args.forever;
+            let image =
+                workload.build(args.mode, layout::DEFAULT_LOAD_GPA).context("building the demo guest")?;
+            Ok((image, args.vps.unwrap_or(4)))
+        }
+    }
+}
+
+/// This process publishes its own partitions: it claims itself, so an observer of every VM on the
+/// host (`observe --all`, `serve --observe-all`) leaves its VM to this instance instead of
+/// publishing it twice. `None` (said) when it cannot.
+fn claim_own_vm(runtime_dir: &Path, hv: &Hypervisor) -> Option<Claim> {
+    let name = hv.published_name()?;
+    let me = std::process::id() as i32;
+    Claim::take(runtime_dir, me, &name.to_string())
+        .map_err(|e| note!("not claiming this VM for its own instance: {}", error_chain(&e)))
+        .ok()
+}
+
+/// Says what the run could not count (tracepoints unavailable) and which VPs faulted or did not
+/// stop within `--timeout` (`timeout` seconds).
+fn note_what_went_unseen(partition: &Partition, report: &RunReport, ending: Ending, timeout: f64) {
     let missing = partition.unavailable_sources(0);
     if let Some(first) = missing.first() {
         note!("{} tracepoint counters are unavailable and read 0: {first}", missing.len());
@@ -280,22 +299,11 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
                 note!("VP {} faulted at {}: {}", vp.index, f.location(), f.reason())
             }
             Some(f) if ending == Ending::Guests && matches!(f.cause, FaultCause::TimedOut) => {
-                note!(
-                    "VP {} did not stop within --timeout {} s (at {})",
-                    vp.index,
-                    args.timeout,
-                    f.location()
-                )
+                note!("VP {} did not stop within --timeout {timeout} s (at {})", vp.index, f.location())
             }
             _ => {}
         }
     }
-    // A signal that came while printing still ends the command as that signal asks.
-    let signal = match signal {
-        Some(s) => Some(s),
-        None => signals::take_pending().unwrap_or(None),
-    };
-    Ok(exit_status(&report, signal, ending).into())
 }
 
 /// How long the VPs may run: `--duration`, practically unbounded with `--forever` (a century,
@@ -387,62 +395,11 @@ fn json_report(
     unavailable: Option<&str>,
 ) -> anyhow::Result<Value> {
     let stats = partition.stats();
-    let mut vps = Vec::new();
-    for vp in &report.vps {
-        let i = vp.index;
-        let rt = whv::runtime_counters(partition, i)?;
-        let ic = whv::intercept_counters(partition, i)?;
-        let ev = whv::event_counters(partition, i)?;
-        let ap = whv::apic_counters(partition, i)?;
-        let page = stats.vp_page(i).context("VP page")?;
-        let mut obj = json!({
-            "index": i,
-            "exit_status": vp.exit_status,
-            "serial": String::from_utf8_lossy(&vp.serial),
-            "runtime": {
-                "TotalRuntime100ns": rt.total_runtime_100ns,
-                "HypervisorRuntime100ns": rt.hypervisor_runtime_100ns,
-            },
-            "intercepts": {
-                "PageInvalidations": pair(ic.page_invalidations),
-                "ControlRegisterAccesses": pair(ic.control_register_accesses),
-                "IoInstructions": pair(ic.io_instructions),
-                "HaltInstructions": pair(ic.halt_instructions),
-                "CpuidInstructions": pair(ic.cpuid_instructions),
-                "MsrAccesses": pair(ic.msr_accesses),
-                "OtherIntercepts": pair(ic.other_intercepts),
-                "PendingInterrupts": pair(ic.pending_interrupts),
-                "EmulatedInstructions": pair(ic.emulated_instructions),
-                "DebugRegisterAccesses": pair(ic.debug_register_accesses),
-                "PageFaultIntercepts": pair(ic.page_fault_intercepts),
-            },
-            "events": {
-                "PageFaultCount": ev.page_fault_count,
-                "ExceptionCount": ev.exception_count,
-                "InterruptCount": ev.interrupt_count,
-            },
-            "apic": {
-                "MmioAccessCount": ap.mmio_access_count,
-                "EoiAccessCount": ap.eoi_access_count,
-                "TprAccessCount": ap.tpr_access_count,
-                "SentIpiCount": ap.sent_ipi_count,
-                "SelfIpiCount": ap.self_ipi_count,
-            },
-            "counters": counters_json(ObjectKind::Vp, page),
-            "hardware": hardware_json(vp, unavailable),
-        });
-        if let Some(f) = &vp.fault {
-            let rip = (f.rip_seen != RipSeen::Unknown).then_some(f.rip);
-            let (key, what) = if f.cause.is_fault() { ("fault", "reason") } else { ("stopped", "why") };
-            obj[key] = json!({
-                "kind": f.cause.kind(),
-                what: f.reason(),
-                "rip": rip,
-                "rip_seen": f.rip_seen.as_str(),
-            });
-        }
-        vps.push(obj);
-    }
+    let vps = report
+        .vps
+        .iter()
+        .map(|vp| vp_json(partition, vp, unavailable))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     Ok(json!({
         json_keys::SCHEMA_KEY: json_keys::SCHEMA_VERSION,
         "elapsed_seconds": report.elapsed.as_secs_f64(),
@@ -451,6 +408,60 @@ fn json_report(
     }))
 }
 
+/// One VP's object of the `--json` report.
+fn vp_json(partition: &Partition, vp: &VpOutcome, unavailable: Option<&str>) -> anyhow::Result<Value> {
+    let i = vp.index;
+    let rt = whv::runtime_counters(partition, i)?;
+    let ic = whv::intercept_counters(partition, i)?;
+    let ev = whv::event_counters(partition, i)?;
+    let ap = whv::apic_counters(partition, i)?;
+    let page = partition.stats().vp_page(i).context("VP page")?;
+    let mut obj = json!({
+        "index": i,
+        "exit_status": vp.exit_status,
+        "serial": String::from_utf8_lossy(&vp.serial),
+        "runtime": {
+            "TotalRuntime100ns": rt.total_runtime_100ns,
+            "HypervisorRuntime100ns": rt.hypervisor_runtime_100ns,
+        },
+        "intercepts": {
+            "PageInvalidations": pair(ic.page_invalidations),
+            "ControlRegisterAccesses": pair(ic.control_register_accesses),
+            "IoInstructions": pair(ic.io_instructions),
+            "HaltInstructions": pair(ic.halt_instructions),
+            "CpuidInstructions": pair(ic.cpuid_instructions),
+            "MsrAccesses": pair(ic.msr_accesses),
+            "OtherIntercepts": pair(ic.other_intercepts),
+            "PendingInterrupts": pair(ic.pending_interrupts),
+            "EmulatedInstructions": pair(ic.emulated_instructions),
+            "DebugRegisterAccesses": pair(ic.debug_register_accesses),
+            "PageFaultIntercepts": pair(ic.page_fault_intercepts),
+        },
+        "events": {
+            "PageFaultCount": ev.page_fault_count,
+            "ExceptionCount": ev.exception_count,
+            "InterruptCount": ev.interrupt_count,
+        },
+        "apic": {
+            "MmioAccessCount": ap.mmio_access_count,
+            "EoiAccessCount": ap.eoi_access_count,
+            "TprAccessCount": ap.tpr_access_count,
+            "SentIpiCount": ap.sent_ipi_count,
+            "SelfIpiCount": ap.self_ipi_count,
+        },
+        "counters": counters_json(ObjectKind::Vp, page),
+        "hardware": hardware_json(vp, unavailable),
+    });
+    if let Some(f) = &vp.fault {
+        let rip = (f.rip_seen != RipSeen::Unknown).then_some(f.rip);
+        let (key, what) = if f.cause.is_fault() { ("fault", "reason") } else { ("stopped", "why") };
+        obj[key] =
+            json!({ "kind": f.cause.kind(), what: f.reason(), "rip": rip, "rip_seen": f.rip_seen.as_str() });
+    }
+    Ok(obj)
+}
+
+/// The text report: the partition's counters, then each VP's.
 fn print_tables(
     partition: &Partition,
     report: &RunReport,
@@ -477,20 +488,8 @@ fn print_tables(
         // Bring the page up to date before reading it.
         whv::runtime_counters(partition, vp.index)?;
         let page = partition.stats().vp_page(vp.index).context("VP page")?;
-        let status = match (&vp.fault, vp.exit_status) {
-            (Some(f), _) if f.cause.is_fault() => format!("FAULT at {}: {}", f.location(), f.reason()),
-            (Some(f), _) if ending == Ending::Duration && matches!(f.cause, FaultCause::TimedOut) => {
-                format!("ran for --duration, stopped at {}", f.location())
-            }
-            (Some(f), _) if matches!(f.cause, FaultCause::TimedOut) => {
-                format!("TIMED OUT at {}: still running after --timeout", f.location())
-            }
-            (Some(f), _) => format!("{} at {}", f.reason(), f.location()),
-            (None, Some(s)) => format!("exit status {s}"),
-            (None, None) => "no exit status".into(),
-        };
         out!()?;
-        out!("VP {} — {status}", vp.index)?;
+        out!("VP {} — {}", vp.index, vp_status(vp, ending))?;
         if !vp.serial.is_empty() {
             out!("  serial: {:?}", String::from_utf8_lossy(&vp.serial))?;
         }
@@ -503,32 +502,54 @@ fn print_tables(
                 v["unavailable"].as_str().unwrap_or("")
             )?,
         }
-        out!("  {:<40} {:>14} {:>14} {:>14}", "counter", "total", "per second", "avg cost (ns)")?;
-        for c in counters_of(ObjectKind::Vp) {
-            let maintained = c.maintained.is_maintained();
-            if !(maintained || all) || c.presentation == Presentation::Cost {
-                continue;
-            }
-            // Over the whole run: the counters started at 0.
-            let total = page.get(c.id);
-            let rate = match present::over_interval(c, 0, total, secs, None) {
-                Some(p) if c.presentation == Presentation::Rate => format!("{:.0}", p.value),
-                Some(p) if c.presentation == Presentation::PercentTime => format!("{:.1}%", p.value),
-                _ => String::new(),
-            };
-            let cost = c.cost().filter(|cost| cost.maintained.is_maintained()).map(|cost| {
-                present::over_interval(cost, 0, page.get(cost.id), secs, Some((0, total)))
-                    .map_or_else(|| "-".to_string(), |p| format!("{:.0}", p.value))
-            });
-            let marker = if maintained { "" } else { " (not maintained)" };
-            out!("  {:<40} {:>14} {:>14} {:>14}{marker}", c.name, total, rate, cost.unwrap_or_default())?;
-        }
+        print_vp_counters(page, secs, all)?;
     }
     out!()?;
     if !all {
         out!(
             "{hidden} VP counters KVM cannot maintain are not shown (--all lists them; `hvstats catalog` says why)."
         )?;
+    }
+    Ok(())
+}
+
+/// How a VP ended, as its heading says it.
+fn vp_status(vp: &VpOutcome, ending: Ending) -> String {
+    match (&vp.fault, vp.exit_status) {
+        (Some(f), _) if f.cause.is_fault() => format!("FAULT at {}: {}", f.location(), f.reason()),
+        (Some(f), _) if ending == Ending::Duration && matches!(f.cause, FaultCause::TimedOut) => {
+            format!("ran for --duration, stopped at {}", f.location())
+        }
+        (Some(f), _) if matches!(f.cause, FaultCause::TimedOut) => {
+            format!("TIMED OUT at {}: still running after --timeout", f.location())
+        }
+        (Some(f), _) => format!("{} at {}", f.reason(), f.location()),
+        (None, Some(s)) => format!("exit status {s}"),
+        (None, None) => "no exit status".into(),
+    }
+}
+
+/// A VP's counters over the whole run of `secs` seconds (they started at 0): total, rate or share
+/// of the time, and average cost; those KVM cannot maintain only with `all`.
+fn print_vp_counters(page: &hvstats::SharedPage, secs: f64, all: bool) -> anyhow::Result<()> {
+    out!("  {:<40} {:>14} {:>14} {:>14}", "counter", "total", "per second", "avg cost (ns)")?;
+    for c in counters_of(ObjectKind::Vp) {
+        let maintained = c.maintained.is_maintained();
+        if !(maintained || all) || c.presentation == Presentation::Cost {
+            continue;
+        }
+        let total = page.get(c.id);
+        let rate = match present::over_interval(c, 0, total, secs, None) {
+            Some(p) if c.presentation == Presentation::Rate => format!("{:.0}", p.value),
+            Some(p) if c.presentation == Presentation::PercentTime => format!("{:.1}%", p.value),
+            _ => String::new(),
+        };
+        let cost = c.cost().filter(|cost| cost.maintained.is_maintained()).map(|cost| {
+            present::over_interval(cost, 0, page.get(cost.id), secs, Some((0, total)))
+                .map_or_else(|| "-".to_string(), |p| format!("{:.0}", p.value))
+        });
+        let marker = if maintained { "" } else { " (not maintained)" };
+        out!("  {:<40} {:>14} {:>14} {:>14}{marker}", c.name, total, rate, cost.unwrap_or_default())?;
     }
     Ok(())
 }

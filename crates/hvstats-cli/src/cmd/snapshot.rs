@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use hvstats::attach::{Attach, Instance};
-use hvstats::snapshot::{InstanceSnapshot, ObjectReading, VpSnapshot};
+use hvstats::snapshot::{InstanceSnapshot, ObjectReading, PartitionSnapshot, VpSnapshot};
 use hvstats_abi::catalog::counters_of;
 use hvstats_abi::{Counter, ObjectKind, Presentation};
 use hvstats_present::present;
@@ -140,55 +140,82 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
         })?;
         return Ok(if failed { ExitStatus::RuntimeError.into() } else { ExitStatus::Success.into() });
     }
-    let started = Instant::now();
-    let first: Vec<InstanceSnapshot> =
-        attach.instances_mut().map(|i| filter.apply(Instance::snapshot(i))).collect();
-    let (snapshots, earlier) = match args.interval {
-        None => (first, None),
-        Some(seconds) => {
-            std::thread::sleep(Duration::from_secs_f64(seconds));
-            attach.refresh()?;
-            let elapsed = started.elapsed().as_secs_f64();
-            (
-                attach.instances_mut().map(|i| filter.apply(Instance::snapshot(i))).collect(),
-                Some((first, elapsed)),
-            )
-        }
-    };
+    let (snapshots, earlier) = take(&mut attach, &filter, args.interval)?;
     failed |= snapshots.iter().any(has_unreadable);
-    let earlier_of = |s: &InstanceSnapshot| {
-        earlier.as_ref().and_then(|(first, seconds)| {
-            first.iter().find(|f| f.name == s.name).map(|snapshot| Earlier { snapshot, seconds: *seconds })
-        })
-    };
+    let shown = Shown { snapshots: &snapshots, earlier: earlier.as_ref(), filter: &filter };
     if args.json {
-        let instances: Vec<Value> = snapshots.iter().map(|s| instance_json(s, earlier_of(s))).collect();
-        let mut doc = hvstats_present::snapshot_json::document(instances);
-        if let Some((_, seconds)) = &earlier {
-            doc["interval_seconds"] = json!(seconds);
-        }
-        filter.apply_json(&mut doc);
-        output::print_json(&doc, true)?;
+        output::print_json(&shown.json(), true)?;
     } else if snapshots.is_empty() && failed {
         note!("no instance under {} could be read", dir.display());
     } else if snapshots.is_empty() {
-        output::print(&format!("{}\n", super::nothing_publishes(&dir)))?;
+        output::print(&format!("{}\n", hvstats_surfaces::nothing_publishes(&dir)))?;
     } else {
         snapshots.iter().for_each(note_unreadable);
-        output::with_stdout(|out| {
-            for s in &snapshots {
-                write!(out, "{}", instance_table(s, earlier_of(s), &filter))?;
-            }
-            Ok(())
-        })?;
+        output::with_stdout(|out| shown.write_tables(out))?;
     }
     Ok(if failed { ExitStatus::RuntimeError.into() } else { ExitStatus::Success.into() })
+}
+
+/// The snapshots taken an interval before, and the seconds between them and the later ones.
+type EarlierSnapshots = (Vec<InstanceSnapshot>, f64);
+
+/// The snapshots of every instance `filter` keeps, and with `interval` (seconds) the earlier ones
+/// taken that long before, with the time between them.
+fn take(
+    attach: &mut Attach,
+    filter: &Filter,
+    interval: Option<f64>,
+) -> anyhow::Result<(Vec<InstanceSnapshot>, Option<EarlierSnapshots>)> {
+    let started = Instant::now();
+    let first: Vec<InstanceSnapshot> =
+        attach.instances_mut().map(|i| filter.apply(Instance::snapshot(i))).collect();
+    let Some(seconds) = interval else { return Ok((first, None)) };
+    std::thread::sleep(Duration::from_secs_f64(seconds));
+    attach.refresh()?;
+    let elapsed = started.elapsed().as_secs_f64();
+    let now = attach.instances_mut().map(|i| filter.apply(Instance::snapshot(i))).collect();
+    Ok((now, Some((first, elapsed))))
+}
+
+/// The snapshots printed, with their earlier readings over an interval.
+struct Shown<'a> {
+    snapshots: &'a [InstanceSnapshot],
+    earlier: Option<&'a EarlierSnapshots>,
+    filter: &'a Filter,
+}
+
+impl Shown<'_> {
+    /// The earlier reading of `s`, if any.
+    fn earlier_of(&self, s: &InstanceSnapshot) -> Option<Earlier<'_>> {
+        let (first, seconds) = self.earlier?;
+        first.iter().find(|f| f.name == s.name).map(|snapshot| Earlier { snapshot, seconds: *seconds })
+    }
+
+    /// The `--json` document.
+    fn json(&self) -> Value {
+        let instances: Vec<Value> =
+            self.snapshots.iter().map(|s| instance_json(s, self.earlier_of(s))).collect();
+        let mut doc = hvstats_present::snapshot_json::document(instances);
+        if let Some((_, seconds)) = self.earlier {
+            doc["interval_seconds"] = json!(seconds);
+        }
+        self.filter.apply_json(&mut doc);
+        doc
+    }
+
+    /// The tables, one instance after another.
+    fn write_tables(&self, out: &mut dyn Write) -> io::Result<()> {
+        for s in self.snapshots {
+            write!(out, "{}", instance_table(s, self.earlier_of(s), self.filter))?;
+        }
+        Ok(())
+    }
 }
 
 /// No instance under `dir`: says so and how to start one (on standard error beside an empty JSON
 /// document), with the status of its own a script tells apart from an unreadable directory.
 fn nothing_published(dir: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
-    let line = super::nothing_publishes(dir);
+    let line = hvstats_surfaces::nothing_publishes(dir);
     if json {
         output::print_json(&hvstats_present::snapshot_json::document(Vec::new()), true)?;
         note!("{line}");
@@ -237,18 +264,6 @@ pub(crate) fn utc_time(ns: f64) -> String {
     }
 }
 
-/// A count scaled for reading: `950`, `12.3k`, `4.56M`, `7.89G`.
-pub(crate) fn scaled_count(v: f64) -> String {
-    let (value, unit) = match v.abs() {
-        a if a < 1e4 => return format!("{v:.0}"),
-        a if a < 1e6 => (v / 1e3, "k"),
-        a if a < 1e9 => (v / 1e6, "M"),
-        a if a < 1e12 => (v / 1e9, "G"),
-        _ => (v / 1e12, "T"),
-    };
-    if value.abs() < 99.95 { format!("{value:.2}{unit}") } else { format!("{value:.1}{unit}") }
-}
-
 /// A table cell: the value scaled (a count with k/M/G, a time in ns/µs/ms/s), or the presented
 /// value over the interval. JSON keeps the exact values. Over an `interval` whose readings hold
 /// the same publication, a counter read in both without a value is [`SAME_PUBLICATION`] (the
@@ -277,13 +292,13 @@ fn cell_text(counter: &Counter, value: Option<Value>, interval: Option<&Interval
             // A moment is a time of day; a time at a moment (the time since boot) a duration.
             Some(ns) if counter.is_timestamp() => utc_time(ns),
             Some(ns) => human_ns(ns as u64),
-            None => scaled_count(v),
+            None => hvstats_surfaces::top::table::scaled_count(v),
         };
     }
     match present::shown_as(counter) {
         Presentation::PercentTime => format!("{v:.1}%"),
         Presentation::Cost => human_ns(v as u64),
-        _ if v.abs() >= 1e4 => scaled_count(v),
+        _ if v.abs() >= 1e4 => hvstats_surfaces::top::table::scaled_count(v),
         _ => format!("{v:.1}"),
     }
 }
@@ -320,31 +335,12 @@ fn kind_table(
     // A histogram's cell (`1023ns/4.2ms`) is wider than a number's.
     let least = if histograms.is_empty() { 12 } else { 15 };
     let widths: Vec<usize> = columns.iter().map(|(label, _, _)| label.len().max(least)).collect();
-    let _ = write!(out, "    {:name_width$}", "");
-    for ((label, _, _), w) in columns.iter().zip(&widths) {
-        let _ = write!(out, "  {label:>w$}");
-    }
-    out.push('\n');
-    for (label, reading, _) in &columns {
-        // Why is said on standard error ([`note_unreadable`]).
-        if let ObjectReading::Unreadable { .. } = reading {
-            let _ = writeln!(out, "    {label}: unreadable");
-        }
-    }
+    column_heads(&mut out, &columns, &widths, name_width);
     if columns.iter().all(|(_, r, _)| matches!(r, ObjectReading::Unreadable { .. })) {
         return out;
     }
-    let column_cells: Vec<Vec<(&'static Counter, Option<Value>)>> = columns
-        .iter()
-        .map(|(_, now, then)| match seconds {
-            // An object that appeared during the interval has no earlier reading: nothing to show.
-            Some(_) => match then {
-                Some((then, interval)) => cells(now, Some((then, interval))).collect(),
-                None => cells(now, None).map(|(c, _)| (c, None)).collect(),
-            },
-            None => cells(now, None).collect(),
-        })
-        .collect();
+    let column_cells: Vec<Vec<(&'static Counter, Option<Value>)>> =
+        columns.iter().map(|(_, now, then)| column_cells(now, then.as_ref(), seconds)).collect();
     // Bookkeeping (the sequence counter of consistent reads) is no measurement: JSON keeps it.
     for counter in counters_of(kind).filter(|c| !c.is_bookkeeping() && filter.keeps_counter(c.name)) {
         let _ = write!(out, "    {:name_width$}", row_name(counter, seconds.is_some()));
@@ -366,6 +362,36 @@ fn kind_table(
         out.push('\n');
     }
     out
+}
+
+/// The line of column labels, then a line per column whose object could not be read (why is said
+/// on standard error, by [`note_unreadable`]).
+fn column_heads(out: &mut String, columns: &[TableColumn<'_>], widths: &[usize], name_width: usize) {
+    use std::fmt::Write;
+    let _ = write!(out, "    {:name_width$}", "");
+    for ((label, _, _), w) in columns.iter().zip(widths) {
+        let _ = write!(out, "  {label:>w$}");
+    }
+    out.push('\n');
+    for (label, reading, _) in columns {
+        if let ObjectReading::Unreadable { .. } = reading {
+            let _ = writeln!(out, "    {label}: unreadable");
+        }
+    }
+}
+
+/// A column's values: its reading `now`, or over an interval (`seconds`) the change from `then`.
+/// An object that appeared during the interval has no earlier reading: nothing to show.
+fn column_cells(
+    now: &ObjectReading,
+    then: Option<&(&ObjectReading, Interval)>,
+    seconds: Option<f64>,
+) -> Vec<(&'static Counter, Option<Value>)> {
+    match (seconds, then) {
+        (Some(_), Some((then, interval))) => cells(now, Some((then, interval))).collect(),
+        (Some(_), None) => cells(now, None).map(|(c, _)| (c, None)).collect(),
+        (None, _) => cells(now, None).collect(),
+    }
 }
 
 /// A VP's histograms now and at the start of the interval, for its column of the table.
@@ -404,8 +430,8 @@ fn with_interval<'a>(
     then.map(|t| (t, earlier.interval(t, now, s)))
 }
 
-fn instance_table(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>, filter: &Filter) -> String {
-    let seconds = earlier.map(|e| e.seconds);
+/// An instance's heading line: its name, publisher and description, and the interval.
+fn instance_heading(s: &InstanceSnapshot, seconds: Option<f64>) -> String {
     let mut out = format!("instance {} (pid {}", Escaped(&s.name), s.pid);
     if !s.description.kind.is_empty() || !s.description.name.is_empty() {
         out += &format!(", {}: {}", Escaped(&s.description.kind), Escaped(&s.description.name));
@@ -418,6 +444,39 @@ fn instance_table(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>, filter: &F
         );
     }
     out.push('\n');
+    out
+}
+
+/// A partition's column label: its id, name and whether (and why) it stopped.
+fn partition_label(p: &PartitionSnapshot) -> String {
+    let name = if p.name.is_empty() { String::new() } else { format!(" \"{}\"", Escaped(&p.name)) };
+    let state = match &p.stopped {
+        Some(reason) if !reason.is_empty() => format!(" (stopped: {})", Escaped(reason)),
+        _ if !p.active => " (stopped)".to_owned(),
+        _ => String::new(),
+    };
+    format!("partition {}{name}{state}", p.id)
+}
+
+/// Every VP's histograms in `s`, with their earlier reading in `e`.
+fn vp_histograms<'a>(s: &'a InstanceSnapshot, e: Option<&'a InstanceSnapshot>) -> Vec<Histograms<'a>> {
+    s.partitions
+        .iter()
+        .flat_map(|p| {
+            p.vps.iter().map(move |vp| Histograms {
+                now: vp,
+                then: e
+                    .and_then(|e| earlier_partition(e, p.id))
+                    .and_then(|ep| ep.vps.iter().find(|v| v.index == vp.index)),
+            })
+        })
+        .collect()
+}
+
+/// An instance's tables, one per object kind, over the interval from `earlier` if any.
+fn instance_table(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>, filter: &Filter) -> String {
+    let seconds = earlier.map(|e| e.seconds);
+    let mut out = instance_heading(s, seconds);
     let e = earlier.map(|e| e.snapshot);
     let interval = |then, now| with_interval(earlier, then, now, s);
     out += &kind_table(
@@ -441,13 +500,7 @@ fn instance_table(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>, filter: &F
         .iter()
         .map(|p| {
             let then = e.and_then(|e| earlier_partition(e, p.id)).map(|p| &p.reading);
-            let name = if p.name.is_empty() { String::new() } else { format!(" \"{}\"", Escaped(&p.name)) };
-            let state = match &p.stopped {
-                Some(reason) if !reason.is_empty() => format!(" (stopped: {})", Escaped(reason)),
-                _ if !p.active => " (stopped)".to_owned(),
-                _ => String::new(),
-            };
-            (format!("partition {}{name}{state}", p.id), &p.reading, interval(then, &p.reading))
+            (partition_label(p), &p.reading, interval(then, &p.reading))
         })
         .collect();
     out += &kind_table(ObjectKind::Partition, &parts, &[], seconds, filter);
@@ -467,19 +520,7 @@ fn instance_table(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>, filter: &F
              counts), so no rate\n"
         );
     }
-    let histograms: Vec<Histograms<'_>> = s
-        .partitions
-        .iter()
-        .flat_map(|p| {
-            p.vps.iter().map(move |vp| Histograms {
-                now: vp,
-                then: e
-                    .and_then(|e| earlier_partition(e, p.id))
-                    .and_then(|ep| ep.vps.iter().find(|v| v.index == vp.index)),
-            })
-        })
-        .collect();
-    out += &kind_table(ObjectKind::Vp, &vps, &histograms, seconds, filter);
+    out += &kind_table(ObjectKind::Vp, &vps, &vp_histograms(s, e), seconds, filter);
     out.push('\n');
     out
 }

@@ -5,10 +5,6 @@
 //! `--once` prints one text table (or `--json`) from two readings one interval apart, for scripts
 //! and terminals that are not one.
 
-pub(crate) mod app;
-pub(crate) mod table;
-pub(crate) mod ui;
-
 use std::io::{IsTerminal, Write};
 
 use anyhow::Context;
@@ -20,8 +16,9 @@ use std::time::{Duration, Instant};
 
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
 
-use app::App;
 use hvstats_present::live::{Live, Reading};
+use hvstats_surfaces::top::app::{self, App};
+use hvstats_surfaces::top::table;
 
 /// Flags of `hvstats top`.
 #[derive(clap::Args, Debug)]
@@ -122,7 +119,7 @@ fn once(
 /// No instance under `dir`: says so and how to start one (on standard error beside an empty JSON
 /// table), with the status `snapshot` gives the same state.
 fn nothing_published(dir: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
-    let line = crate::cmd::nothing_publishes(dir);
+    let line = hvstats_surfaces::nothing_publishes(dir);
     if json {
         crate::output::print_json(&table::json(&[], 0.0), true)?;
         let _ = writeln!(std::io::stderr(), "hvstats: {line}");

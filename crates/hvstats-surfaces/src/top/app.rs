@@ -6,15 +6,16 @@
 
 use std::time::Duration;
 
-use crate::cmd::top::table::Shown;
+use crate::top::table::Shown;
 use regex::Regex;
 
-use super::table::{self, Group};
+use crate::top::baseline::Baseline;
+use crate::top::table::{self, Group};
 use hvstats_present::live::Reading;
 
 /// What a key asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Action {
+pub enum Action {
     /// Sort by the next column (after the last: by name again).
     SortNext,
     /// Sort by the previous column.
@@ -99,13 +100,13 @@ pub(crate) fn key_bar(width: usize) -> String {
 }
 
 /// The action of key `c`, if any.
-pub(crate) fn action_of(c: char) -> Option<Action> {
+pub fn action_of(c: char) -> Option<Action> {
     KEYS.iter().find(|k| k.key == c).map(|k| k.action)
 }
 
 /// A line being typed at the bottom of the screen.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Prompt {
+pub enum Prompt {
     /// A regex for [`Action::Filter`].
     Filter(String),
     /// Seconds for [`Action::Interval`].
@@ -115,9 +116,9 @@ pub(crate) enum Prompt {
 }
 
 /// The whole state of the view.
-pub(crate) struct App {
+pub struct App {
     /// The runtime directory, for the empty-screen message.
-    pub dir: String,
+    pub(crate) dir: String,
     /// Time between readings.
     pub interval: Duration,
     /// Sampling stopped.
@@ -125,32 +126,28 @@ pub(crate) struct App {
     /// Help shown.
     pub help: bool,
     /// The column sorted by (`None`: by name).
-    pub sort: Option<Shown>,
+    pub(crate) sort: Option<Shown>,
     /// Largest first.
-    pub descending: bool,
+    pub(crate) descending: bool,
     /// The VM filter.
     pub filter: Option<Regex>,
     /// The columns chosen (`None`: every column, those that move first).
     pub fields: Option<Vec<Shown>>,
     /// Columns scrolled past on the left.
-    pub offset: usize,
+    pub(crate) offset: usize,
     /// A line being typed.
     pub prompt: Option<Prompt>,
     /// The last message (an invalid regex, a read error).
     pub message: Option<String>,
-    /// The reading values are shown since (the previous one, or the one at a reset).
-    pub base: Option<Reading>,
-    /// True after a reset: `base` stays until the next reset.
-    pub since_reset: bool,
-    /// The latest reading.
-    pub latest: Option<Reading>,
+    /// The readings values are shown between.
+    pub(crate) baseline: Baseline,
     /// Set by [`Action::Quit`].
     pub quit: bool,
 }
 
 impl App {
     /// A view of `dir` sampling every `interval`.
-    pub(crate) fn new(dir: String, interval: Duration) -> Self {
+    pub fn new(dir: String, interval: Duration) -> Self {
         Self {
             dir,
             interval,
@@ -163,37 +160,25 @@ impl App {
             offset: 0,
             prompt: None,
             message: None,
-            base: None,
-            since_reset: false,
-            latest: None,
+            baseline: Baseline::default(),
             quit: false,
         }
     }
 
-    /// Takes a new reading: the latest becomes the base unless a reset pinned it.
-    pub(crate) fn sample(&mut self, reading: Reading) {
+    /// Takes a new reading ([`Baseline::sample`]).
+    pub fn sample(&mut self, reading: Reading) {
         // What could not be read shows in the status line; the rest is shown as usual.
         if let Some(problem) = reading.problems.first() {
             let more = reading.problems.len() - 1;
             self.message =
                 Some(if more > 0 { format!("{problem} (and {more} more)") } else { problem.clone() });
         }
-        if let Some(previous) = self.latest.take()
-            && (!self.since_reset || self.base.is_none())
-        {
-            self.base = Some(previous);
-        }
-        self.latest = Some(reading);
-    }
-
-    /// Seconds between the base and the latest reading.
-    pub(crate) fn seconds(&self) -> Option<f64> {
-        Some(self.latest.as_ref()?.at.saturating_duration_since(self.base.as_ref()?.at).as_secs_f64())
+        self.baseline.sample(reading);
     }
 
     /// The groups to show: filtered and sorted.
     pub(crate) fn groups(&self) -> Vec<Group> {
-        let (Some(base), Some(latest)) = (&self.base, &self.latest) else { return Vec::new() };
+        let Some((base, latest)) = self.baseline.pair() else { return Vec::new() };
         let mut groups = table::groups(base, latest);
         if let Some(filter) = &self.filter {
             groups.retain(|g| filter.is_match(&g.vm));
@@ -206,7 +191,7 @@ impl App {
     }
 
     /// Applies `action`.
-    pub(crate) fn update(&mut self, action: Action) {
+    pub fn update(&mut self, action: Action) {
         match action {
             // Left to right through the columns as shown, then back to names.
             Action::SortNext => {
@@ -247,17 +232,14 @@ impl App {
             }
             Action::Pause => self.paused = !self.paused,
             Action::Interval => self.prompt = Some(Prompt::Interval(String::new())),
-            Action::Reset => {
-                self.base = self.latest.clone();
-                self.since_reset = true;
-            }
+            Action::Reset => self.baseline.reset(),
             Action::Help => self.help = !self.help,
             Action::Quit => self.quit = true,
         }
     }
 
     /// A character typed while a prompt is open (`\n` ends it, `\x1b` cancels it, `\x08` erases).
-    pub(crate) fn type_char(&mut self, c: char) {
+    pub fn type_char(&mut self, c: char) {
         let Some(prompt) = &mut self.prompt else { return };
         let text = match prompt {
             Prompt::Filter(t) | Prompt::Interval(t) | Prompt::Fields(t) => t,

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use hvstats::hwc::{Allocator, PmuShape};
+use hvstats_hwc::{Allocator, PmuShape};
 
 /// A runtime directory removed when dropped.
 pub struct TempRuntime(PathBuf);
@@ -58,7 +58,7 @@ pub enum Key {
 }
 
 /// The keys a resource set holds on each of its processors.
-pub fn keys(r: &hvstats::hwc::ResourceSet) -> Vec<Key> {
+pub fn keys(r: &hvstats_hwc::ResourceSet) -> Vec<Key> {
     if r.exclusive {
         return vec![Key::Whole];
     }

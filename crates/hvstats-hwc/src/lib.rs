@@ -2,7 +2,7 @@
 //! the host.
 //!
 //! Tools that program the PMU must not use the same counters at once, or exact counts become
-//! multiplexed estimates. This module arbitrates them the way the Windows HAL does: a consumer
+//! multiplexed estimates. This crate arbitrates them the way the Windows HAL does: a consumer
 //! asks for counters, ranges, the overflow interrupt, the event buffer or identification tags on a
 //! set of processors, or for the whole PMU, and gets a handle or a clear status.
 //!
@@ -13,6 +13,11 @@
 //! - [`table`]: the lock-protected table file under `<runtime dir>/hwc/`;
 //! - [`allocator`]: allocate and free over that table;
 //! - [`perf`]: guest cycles and instructions of a VP, only under an allocation.
+//!
+//! It needs only the runtime directory's checks (`hvstats::runtime_dir`) and the host's readers
+//! (`hvstats_host`): the statistics authority does not depend on it.
+
+#![deny(missing_docs)]
 
 pub mod allocator;
 pub mod cpuset;

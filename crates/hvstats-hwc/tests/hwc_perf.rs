@@ -10,8 +10,8 @@ mod hwc_support;
 
 use std::path::Path;
 
-use hvstats::hwc::{Allocator, CounterSetHandle, PmuError, PmuShape, Unavailable, VpHardwareCounters};
 use hvstats_abi::hal::{GroupAffinity, PhysicalCounterResourceDescriptor as D, PhysicalCounterResourceList};
+use hvstats_hwc::{Allocator, CounterSetHandle, PmuError, PmuShape, Unavailable, VpHardwareCounters};
 use hwc_support::{TempRuntime, allocator};
 
 fn kernel_has_a_pmu() -> bool {

@@ -22,7 +22,9 @@
 
 use std::collections::BTreeSet;
 
-use hvstats_abi::hal::{GroupAffinity, NtStatus, PhysicalCounterResourceList, ResourceType};
+use hvstats_abi::hal::{
+    GroupAffinity, NtStatus, PhysicalCounterResourceDescriptor, PhysicalCounterResourceList, ResourceType,
+};
 use serde::{Deserialize, Serialize};
 
 use super::cpuset::{CpuSet, GROUP_SIZE};
@@ -199,67 +201,93 @@ fn resource_set(
     if list.count == 0 || list.count as usize != list.descriptors.len() {
         return Err(NtStatus::INVALID_PARAMETER);
     }
-    // The counters that exist on every requested processor (a request names the same indices on
-    // each); without a PMU indices are not checked, the request fails later for want of hardware.
-    let available =
-        pmu.is_present().then(|| cpus.iter().filter_map(|c| pmu.counters(c)).map(|c| c.total()).min());
-    let check_index = |i: u32| -> Result<(), NtStatus> {
-        match available {
-            Some(Some(n)) if i < n => Ok(()),
-            Some(_) => Err(NtStatus::INVALID_PARAMETER),
-            None => Ok(()),
-        }
-    };
-    let bits = |begin: u32, end: u32| -> u64 {
-        if pmu.is_present() { (begin..=end).fold(0u64, |m, i| m | 1 << i) } else { 0 }
-    };
+    let indices = CounterIndices::on(cpus, pmu);
     let mut set = ResourceSet::default();
     let mut counters_named = false;
     for d in list.descriptors {
-        if d.flags != 0 {
-            return Err(NtStatus::INVALID_PARAMETER);
-        }
-        let reserved_from = |i: usize| d.u[i..].iter().any(|&w| w != 0);
-        match d.resource_type {
-            ResourceType::SINGLE => {
-                if reserved_from(1) {
-                    return Err(NtStatus::INVALID_PARAMETER);
-                }
-                let i = d.counter_index();
-                check_index(i)?;
-                set.counters |= bits(i, i);
-                counters_named = true;
-            }
-            ResourceType::RANGE => {
-                let (begin, end) = d.range_bounds();
-                if reserved_from(2) || begin > end {
-                    return Err(NtStatus::INVALID_PARAMETER);
-                }
-                check_index(end)?;
-                set.counters |= bits(begin, end);
-                counters_named = true;
-            }
-            ResourceType::EXTENDED_COUNTER_CONFIGURATION => return Err(NtStatus::NOT_SUPPORTED),
-            ResourceType::OVERFLOW => {
-                if reserved_from(2) {
-                    return Err(NtStatus::INVALID_PARAMETER);
-                }
-                set.overflow = true;
-            }
-            ResourceType::EVENT_BUFFER => set.event_buffer = true,
-            ResourceType::IDENTIFICATION_TAG => {
-                if reserved_from(1) {
-                    return Err(NtStatus::INVALID_PARAMETER);
-                }
-                set.tags.insert(d.tag());
-            }
-            _ => return Err(NtStatus::INVALID_PARAMETER),
-        }
+        counters_named |= add_descriptor(&mut set, d, &indices)?;
     }
     if !pmu.is_present() && (counters_named || set.needs_hardware()) {
         return Err(NtStatus::INSUFFICIENT_RESOURCES);
     }
     Ok(set)
+}
+
+/// The counter indices a request may name on its processors.
+struct CounterIndices {
+    /// The counters that exist on every requested processor (a request names the same indices on
+    /// each); `None` without a PMU, where indices are not checked: the request fails later for
+    /// want of hardware.
+    available: Option<Option<u32>>,
+}
+
+impl CounterIndices {
+    fn on(cpus: &CpuSet, pmu: &PmuShape) -> Self {
+        let available =
+            pmu.is_present().then(|| cpus.iter().filter_map(|c| pmu.counters(c)).map(|c| c.total()).min());
+        Self { available }
+    }
+
+    fn check(&self, i: u32) -> Result<(), NtStatus> {
+        match self.available {
+            Some(Some(n)) if i < n => Ok(()),
+            Some(_) => Err(NtStatus::INVALID_PARAMETER),
+            None => Ok(()),
+        }
+    }
+
+    /// The mask of counters `begin..=end`; empty without a PMU.
+    fn bits(&self, begin: u32, end: u32) -> u64 {
+        if self.available.is_some() { (begin..=end).fold(0u64, |m, i| m | 1 << i) } else { 0 }
+    }
+}
+
+/// Adds what descriptor `d` asks for to `set`; true when it names counters.
+fn add_descriptor(
+    set: &mut ResourceSet,
+    d: &PhysicalCounterResourceDescriptor,
+    indices: &CounterIndices,
+) -> Result<bool, NtStatus> {
+    if d.flags != 0 {
+        return Err(NtStatus::INVALID_PARAMETER);
+    }
+    let reserved_from = |i: usize| d.u[i..].iter().any(|&w| w != 0);
+    match d.resource_type {
+        ResourceType::SINGLE => {
+            if reserved_from(1) {
+                return Err(NtStatus::INVALID_PARAMETER);
+            }
+            let i = d.counter_index();
+            indices.check(i)?;
+            set.counters |= indices.bits(i, i);
+            return Ok(true);
+        }
+        ResourceType::RANGE => {
+            let (begin, end) = d.range_bounds();
+            if reserved_from(2) || begin > end {
+                return Err(NtStatus::INVALID_PARAMETER);
+            }
+            indices.check(end)?;
+            set.counters |= indices.bits(begin, end);
+            return Ok(true);
+        }
+        ResourceType::EXTENDED_COUNTER_CONFIGURATION => return Err(NtStatus::NOT_SUPPORTED),
+        ResourceType::OVERFLOW => {
+            if reserved_from(2) {
+                return Err(NtStatus::INVALID_PARAMETER);
+            }
+            set.overflow = true;
+        }
+        ResourceType::EVENT_BUFFER => set.event_buffer = true,
+        ResourceType::IDENTIFICATION_TAG => {
+            if reserved_from(1) {
+                return Err(NtStatus::INVALID_PARAMETER);
+            }
+            set.tags.insert(d.tag());
+        }
+        _ => return Err(NtStatus::INVALID_PARAMETER),
+    }
+    Ok(false)
 }
 
 #[cfg(test)]

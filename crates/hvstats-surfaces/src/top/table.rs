@@ -25,7 +25,7 @@ use hvstats_present::live::{Live, Reading};
 
 /// One row: a VP, or a partition's total.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Row {
+pub struct Row {
     /// `VP 3`, or the partition's name for its total row.
     pub label: String,
     /// The VP index (`None` for a total row).
@@ -50,7 +50,7 @@ pub(crate) struct Row {
 impl Row {
     /// CPU wait between the readings: per dispatch in ns, and as a percentage of the time between
     /// the refreshes they hold (`None` when they hold the same one).
-    pub(crate) fn wait(&self) -> (Option<f64>, Option<f64>) {
+    pub fn wait(&self) -> (Option<f64>, Option<f64>) {
         let delta = |id: hvstats_abi::CounterId| {
             let name = id.counter()?.name;
             self.deltas.iter().find(|(n, _)| *n == name).map(|(_, d)| *d)
@@ -75,7 +75,7 @@ impl Row {
 
     /// The dominant intercept class between the readings: of the [`cost_classes`], the one with
     /// the most handling time recorded (then the most exits); `None` when none recorded any.
-    pub(crate) fn dominant(&self) -> Option<(&'static Counter, &Log2Histogram)> {
+    pub fn dominant(&self) -> Option<(&'static Counter, &Log2Histogram)> {
         self.costs
             .iter()
             .filter(|(c, d)| is_cost_class(c) && d.count() > 0)
@@ -120,13 +120,13 @@ fn is_cost_class(c: &Counter) -> bool {
 }
 
 /// The intercept classes whose handling time `top` shows, from the catalog's histogram rows.
-pub(crate) fn cost_classes() -> impl Iterator<Item = &'static Counter> {
+fn cost_classes() -> impl Iterator<Item = &'static Counter> {
     counters_of(ObjectKind::Vp).filter(|c| is_cost_class(c))
 }
 
 /// The short label of a cost class: its catalog name less the words every such name shares
 /// (`IO intercept time histogram` → `IO`).
-pub(crate) fn class_label(c: &Counter) -> &'static str {
+fn class_label(c: &Counter) -> &'static str {
     let name = c.name;
     [" intercept time histogram", " time histogram", " histogram"]
         .iter()
@@ -168,7 +168,7 @@ fn summed_costs(vps: &[Row]) -> Vec<(&'static Counter, Log2Histogram)> {
 
 /// One partition: its total row and its VPs.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Group {
+pub struct Group {
     /// The VM name (`instance:partition`).
     pub vm: String,
     /// The publishing instance's name (`<pid>-<start>-<n>`).
@@ -217,7 +217,7 @@ fn row(
 
 /// The groups of every partition present in both readings (a partition or VP that appeared in
 /// between has no earlier reading and waits for the next one).
-pub(crate) fn groups(before: &Reading, after: &Reading) -> Vec<Group> {
+pub fn groups(before: &Reading, after: &Reading) -> Vec<Group> {
     let seconds = after.at.saturating_duration_since(before.at).as_secs_f64();
     let mut out = Vec::new();
     for instance in &after.instances {
@@ -325,7 +325,7 @@ fn holds(column: Shown, groups: &[Group]) -> Holds {
 /// every column of [`shown`], those that move (a number other than 0 in some row) first, then
 /// those that stay at 0, then those with nothing to show, each in their order, so a narrow
 /// terminal shows the columns that move.
-pub(crate) fn columns(groups: &[Group], fields: Option<&[Shown]>) -> Vec<Shown> {
+pub fn columns(groups: &[Group], fields: Option<&[Shown]>) -> Vec<Shown> {
     if let Some(fields) = fields {
         return fields.to_vec();
     }
@@ -337,13 +337,13 @@ pub(crate) fn columns(groups: &[Group], fields: Option<&[Shown]>) -> Vec<Shown> 
 
 /// The columns `--fields` names, in its order.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Fields(pub Vec<Shown>);
+pub struct Fields(pub Vec<Shown>);
 
 /// Parses `--fields` (see [`parse_fields`]).
 ///
 /// # Errors
 /// As [`parse_fields`].
-pub(crate) fn parse_fields_flag(list: &str) -> Result<Fields, String> {
+pub fn parse_fields_flag(list: &str) -> Result<Fields, String> {
     parse_fields(list).map(Fields)
 }
 
@@ -357,7 +357,7 @@ fn typed(header: &str) -> String {
 ///
 /// # Errors
 /// A message naming the header that matches no column, and every header there is.
-pub(crate) fn parse_fields(list: &str) -> Result<Vec<Shown>, String> {
+pub fn parse_fields(list: &str) -> Result<Vec<Shown>, String> {
     let mut fields = Vec::new();
     for want in list.split(',').map(str::trim).filter(|w| !w.is_empty()) {
         match shown().find(|c| typed(&c.header()) == typed(want)) {
@@ -376,7 +376,7 @@ pub(crate) fn parse_fields(list: &str) -> Result<Vec<Shown>, String> {
 }
 
 /// Orders rows by column `column` (largest first, `-` last), or by name when `None`.
-pub(crate) fn compare(a: &Row, b: &Row, column: Option<Shown>, descending: bool) -> Ordering {
+pub fn compare(a: &Row, b: &Row, column: Option<Shown>, descending: bool) -> Ordering {
     let by_name = a.vp.cmp(&b.vp).then_with(|| a.label.cmp(&b.label));
     let Some(column) = column else { return by_name };
     let ordering = match (column.sort_value(a), column.sort_value(b)) {
@@ -393,33 +393,33 @@ pub(crate) fn compare(a: &Row, b: &Row, column: Option<Shown>, descending: bool)
 
 /// The columns rows can be sorted by, in the order shown: every column with a number (not
 /// [`Shown::Class`], a name).
-pub(crate) fn sortable() -> impl Iterator<Item = Shown> {
+pub fn sortable() -> impl Iterator<Item = Shown> {
     shown().filter(|c| *c != Shown::Class)
 }
 
 /// A cell's text: `-` for nothing to show, one decimal below 100, none below 10,000, and from
 /// there scaled as `snapshot` scales counts (`12.3k`, `1.18M`).
-pub(crate) fn cell(value: Option<f64>) -> String {
+fn cell(value: Option<f64>) -> String {
     match value {
         None => "-".into(),
         Some(v) if v.abs() < 100.0 => format!("{v:.1}"),
         Some(v) if v.abs() < 1e4 => format!("{v:.0}"),
-        Some(v) => crate::cmd::snapshot::scaled_count(v),
+        Some(v) => scaled_count(v),
     }
 }
 
 /// Width of the label column.
-pub(crate) const LABEL_WIDTH: usize = 24;
+pub const LABEL_WIDTH: usize = 24;
 
 /// Width of each value column.
-pub(crate) fn column_width(column: &Column) -> usize {
+fn column_width(column: &Column) -> usize {
     column.header().chars().count().max(8)
 }
 
 /// A column of the table, most important first: the run time, the dominant intercept class with
 /// the p50 and p99 of its handling time, then the rest of [`VP_COLUMNS`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Shown {
+pub enum Shown {
     /// [`VP_COLUMNS`]`[i]`, presented.
     Presented(usize),
     /// The label of the row's dominant intercept class ([`Row::dominant`]).
@@ -436,7 +436,7 @@ pub(crate) enum Shown {
 /// (the headline the dashboard and the exit-storm alert read) and the share of time spent waiting
 /// for a CPU (as `top`'s `%st` beside `%us`), the dominant class's handling time, then the other
 /// [`VP_COLUMNS`] (CPU wait per dispatch among them).
-pub(crate) fn shown() -> impl Iterator<Item = Shown> {
+pub fn shown() -> impl Iterator<Item = Shown> {
     [Shown::Presented(0), Shown::Presented(1), Shown::WaitPercent, Shown::Class, Shown::P50, Shown::P99]
         .into_iter()
         .chain((2..VP_COLUMNS.len()).map(Shown::Presented))
@@ -444,7 +444,7 @@ pub(crate) fn shown() -> impl Iterator<Item = Shown> {
 
 impl Shown {
     /// The column's header.
-    pub(crate) fn header(self) -> String {
+    pub fn header(self) -> String {
         match self {
             Shown::Presented(i) => VP_COLUMNS[i].header(),
             Shown::Class => "Class".into(),
@@ -455,7 +455,7 @@ impl Shown {
     }
 
     /// The column's width.
-    pub(crate) fn width(self) -> usize {
+    pub fn width(self) -> usize {
         match self {
             Shown::Presented(i) => column_width(&VP_COLUMNS[i]),
             Shown::Class => cost_classes().map(|c| class_label(c).chars().count()).max().unwrap_or(0).max(8),
@@ -464,7 +464,7 @@ impl Shown {
     }
 
     /// The number `row` is sorted by in this column (`None` sorts last; a class name has none).
-    pub(crate) fn sort_value(self, row: &Row) -> Option<f64> {
+    pub fn sort_value(self, row: &Row) -> Option<f64> {
         let quantile = |q| row.dominant().and_then(|(_, d)| d.quantile_upper_ns(q)).map(|ns| ns as f64);
         match self {
             Shown::Presented(i) => row.values.get(i).copied().flatten(),
@@ -476,7 +476,7 @@ impl Shown {
     }
 
     /// The text of `row`'s cell in this column (`-` for nothing to show).
-    pub(crate) fn cell(self, row: &Row) -> String {
+    pub fn cell(self, row: &Row) -> String {
         let quantile = |q| row.dominant().and_then(|(_, d)| d.quantile_upper_ns(q)).map(human_ns);
         let text = match self {
             Shown::Presented(i) => match row.values.get(i).copied().flatten() {
@@ -504,7 +504,7 @@ impl Shown {
 
 /// The text table of `--once`: every column (those that move first) or the chosen `fields`, a
 /// group per partition.
-pub(crate) fn text(groups: &[Group], seconds: f64, dir: &str, fields: Option<&[Shown]>) -> String {
+pub fn text(groups: &[Group], seconds: f64, dir: &str, fields: Option<&[Shown]>) -> String {
     let columns = columns(groups, fields);
     let mut out = String::new();
     if groups.is_empty() {
@@ -604,7 +604,7 @@ fn row_json(r: &Row) -> Value {
 /// The JSON of `--once --json`: the interval, the units of the presented values, and per partition
 /// its total and VPs, each with presented values and raw deltas keyed by what they hold
 /// ([`hvstats_present::json_keys`]).
-pub(crate) fn json(groups: &[Group], seconds: f64) -> Value {
+pub fn json(groups: &[Group], seconds: f64) -> Value {
     let units: Map<String, Value> = VP_COLUMNS
         .iter()
         .map(|c| {
@@ -642,6 +642,18 @@ pub(crate) fn json(groups: &[Group], seconds: f64) -> Value {
         })
         .collect();
     json!({ SCHEMA_KEY: SCHEMA_VERSION, "interval_seconds": seconds, "units": units, "partitions": partitions })
+}
+
+/// A count scaled for reading: `950`, `12.3k`, `4.56M`, `7.89G`.
+pub fn scaled_count(v: f64) -> String {
+    let (value, unit) = match v.abs() {
+        a if a < 1e4 => return format!("{v:.0}"),
+        a if a < 1e6 => (v / 1e3, "k"),
+        a if a < 1e9 => (v / 1e6, "M"),
+        a if a < 1e12 => (v / 1e9, "G"),
+        _ => (v / 1e12, "T"),
+    };
+    if value.abs() < 99.95 { format!("{value:.2}{unit}") } else { format!("{value:.1}{unit}") }
 }
 
 #[cfg(test)]

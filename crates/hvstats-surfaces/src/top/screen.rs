@@ -10,10 +10,10 @@ use ratatui::text::Line;
 use ratatui::widgets::{Block, Borders, Clear, Paragraph, Row, Table, Widget};
 
 use super::app::{App, Prompt};
-use super::table::{self, LABEL_WIDTH, Shown};
+use crate::top::table::{self, LABEL_WIDTH, Shown};
 
 /// How many of `columns` fit in `width` cells, at least one.
-pub(crate) fn columns_that_fit(columns: &[Shown], width: u16) -> usize {
+fn columns_that_fit(columns: &[Shown], width: u16) -> usize {
     let mut used = LABEL_WIDTH;
     let mut n = 0;
     for c in columns {
@@ -28,7 +28,7 @@ pub(crate) fn columns_that_fit(columns: &[Shown], width: u16) -> usize {
 
 impl App {
     fn title(&self) -> Line<'_> {
-        let window = match (self.seconds(), self.since_reset) {
+        let window = match (self.baseline.seconds(), self.baseline.since_reset()) {
             (Some(s), true) => format!("since reset {s:.1} s"),
             (Some(s), false) => format!("over {s:.1} s"),
             (None, _) => "first reading…".into(),
@@ -63,12 +63,12 @@ impl App {
     fn table(&self, area: Rect, buf: &mut Buffer) {
         let groups = self.groups();
         if groups.is_empty() {
-            let text = match &self.latest {
+            let text = match self.baseline.latest() {
                 Some(r) if r.instances.is_empty() => {
-                    crate::cmd::nothing_publishes(std::path::Path::new(&self.dir))
+                    crate::nothing_publishes(std::path::Path::new(&self.dir))
                 }
                 Some(_) if self.filter.is_some() => "no VM matches the filter".to_owned(),
-                Some(_) if self.base.is_some() => "no partition in the live instances".to_owned(),
+                Some(_) if self.baseline.pair().is_some() => "no partition in the live instances".to_owned(),
                 _ => "reading…".to_owned(),
             };
             Paragraph::new(text).render(area, buf);
@@ -143,7 +143,7 @@ mod tests {
     use ratatui::backend::TestBackend;
 
     use super::*;
-    use crate::cmd::top::app::Action;
+    use crate::top::app::Action;
     use hvstats_testkit::synthetic_instance;
 
     fn screen(app: &App, width: u16, height: u16) -> Vec<String> {
@@ -230,6 +230,26 @@ mod tests {
         assert_eq!(columns_that_fit(&table::shown().collect::<Vec<_>>(), 60), 3);
         let lines = screen(&app, 60, 8);
         assert!(lines[1].ends_with("p50") && !lines[1].contains("Hcall"), "{lines:#?}");
+    }
+
+    #[test]
+    fn a_reset_shows_values_since_the_reading_at_the_reset() {
+        let first = hvstats_present::live::Reading::of(vec![synthetic_instance(1, 1)]);
+        let later = |s| {
+            let mut r = first.clone();
+            r.at = first.at + Duration::from_secs(s);
+            r
+        };
+        let mut app = App::new("/run/hvstats".into(), Duration::from_secs(1));
+        app.sample(first.clone());
+        assert!(screen(&app, 80, 5)[0].starts_with("hvstats top — first reading…"));
+        app.sample(later(1));
+        app.update(Action::Reset);
+        app.sample(later(2));
+        app.sample(later(4));
+        let lines = screen(&app, 80, 5);
+        assert!(lines[0].starts_with("hvstats top — since reset 3.0 s"), "{lines:#?}");
+        assert!(lines[2].starts_with("4242-1-0:1"), "{lines:#?}");
     }
 
     #[test]

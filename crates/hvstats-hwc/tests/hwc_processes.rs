@@ -15,10 +15,10 @@ mod hwc_support;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
-use hvstats::hwc::{Allocator, CpuSet, Lifetime, PmuShape, ResourceSet};
 use hvstats_abi::hal::{
     GroupAffinity, NtStatus, PhysicalCounterResourceDescriptor as D, PhysicalCounterResourceList,
 };
+use hvstats_hwc::{Allocator, CpuSet, Lifetime, PmuShape, ResourceSet};
 use hwc_support::{Model, TempRuntime, allocator, keys};
 
 const ROLE: &str = "HWC_WORKER";
@@ -166,7 +166,7 @@ fn a_holder_killed_with_sigkill_releases_what_it_held() {
         .expect("the dead holder's counters are free");
     assert!(h.raw() > handle);
     assert_eq!(a.allocations().unwrap().len(), 1, "the dead holder's record is gone");
-    assert_eq!(a.free(hvstats::hwc::CounterSetHandle::from_raw(handle)), NtStatus::INVALID_PARAMETER);
+    assert_eq!(a.free(hvstats_hwc::CounterSetHandle::from_raw(handle)), NtStatus::INVALID_PARAMETER);
 }
 
 #[test]
@@ -180,7 +180,7 @@ fn an_allocation_until_freed_outlives_its_process() {
     assert_eq!(all.len(), 1);
     assert!(all[0].holder.persistent);
     assert_eq!(a.allocate(None, None), Err(NtStatus::INSUFFICIENT_RESOURCES));
-    assert_eq!(a.free(hvstats::hwc::CounterSetHandle::from_raw(handle)), NtStatus::SUCCESS);
+    assert_eq!(a.free(hvstats_hwc::CounterSetHandle::from_raw(handle)), NtStatus::SUCCESS);
     assert!(a.allocate(None, None).is_ok());
 }
 

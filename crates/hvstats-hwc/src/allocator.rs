@@ -214,14 +214,7 @@ impl Allocator {
         resources: Option<&PhysicalCounterResourceList<'_>>,
         lifetime: Lifetime,
     ) -> Result<CounterSetHandle, HwcError> {
-        let request = Request::validate(affinity, resources, &self.pmu).map_err(|s| {
-            match self.pmu.absent_reason() {
-                Some(reason) if s == NtStatus::INSUFFICIENT_RESOURCES => {
-                    HwcError::Refused(Refusal::NoPmu { reason: reason.clone() })
-                }
-                _ => HwcError::Status(s),
-            }
-        })?;
+        let request = self.validate(affinity, resources)?;
         let holder = Holder::current(lifetime == Lifetime::UntilFreed).map_err(TableError::Identity)?;
         let locked = self.table.lock()?;
         let mut data = locked.read()?;
@@ -235,41 +228,67 @@ impl Allocator {
             }
             return Err(e.into());
         }
-        let conflict = data
-            .records
-            .iter()
-            .find(|r| r.cpus.intersects(&request.cpus) && r.resources.conflicts_with(&request.resources));
-        let result = if let Some(r) = conflict {
-            Err(HwcError::Refused(Refusal::Held {
-                resources: request.resources.shared_with(&r.resources),
-                cpus: r.cpus.iter().filter(|&c| request.cpus.contains(c)).collect(),
-                handle: CounterSetHandle(r.handle),
-                holder: r.holder.clone(),
-            }))
-        } else if data.next_handle == u64::MAX {
-            // Handles are never reused while the table exists; the last one is never given out, so
-            // `next_handle` stays above every handle granted.
-            Err(HwcError::Table(TableError::HandlesExhausted { path: self.table.path() }))
-        } else {
-            let handle = data.next_handle;
-            data.next_handle += 1;
-            data.generation = data.generation.wrapping_add(1);
-            let entry = AuditEntry::Grant {
-                seq: data.generation,
-                handle,
-                pid: holder.pid,
-                cpus: &request.cpus,
-                resources: &request.resources,
-            };
-            audit.push(serde_json::to_string(&entry).unwrap_or_default());
-            data.records.push(Record { handle, holder, cpus: request.cpus, resources: request.resources });
-            data.pmu = Some(ours);
-            Ok(CounterSetHandle(handle))
-        };
+        let result = self.grant(&mut data, &mut audit, request, holder);
         if !audit.is_empty() {
             self.commit(&locked, &data, &audit)?;
         }
         result
+    }
+
+    /// Seed 002's argument checks, with "no hardware" told as the PMU's absence and its reason.
+    fn validate(
+        &self,
+        affinity: Option<&[GroupAffinity]>,
+        resources: Option<&PhysicalCounterResourceList<'_>>,
+    ) -> Result<Request, HwcError> {
+        Request::validate(affinity, resources, &self.pmu).map_err(|s| match self.pmu.absent_reason() {
+            Some(reason) if s == NtStatus::INSUFFICIENT_RESOURCES => {
+                HwcError::Refused(Refusal::NoPmu { reason: reason.clone() })
+            }
+            _ => HwcError::Status(s),
+        })
+    }
+
+    /// Grants `request` to `holder` in the locked table's `data` (with its audit line), or says
+    /// who holds what it conflicts with, or that the handles are exhausted.
+    fn grant(
+        &self,
+        data: &mut TableData,
+        audit: &mut Vec<String>,
+        request: Request,
+        holder: Holder,
+    ) -> Result<CounterSetHandle, HwcError> {
+        let conflict = data
+            .records
+            .iter()
+            .find(|r| r.cpus.intersects(&request.cpus) && r.resources.conflicts_with(&request.resources));
+        if let Some(r) = conflict {
+            return Err(HwcError::Refused(Refusal::Held {
+                resources: request.resources.shared_with(&r.resources),
+                cpus: r.cpus.iter().filter(|&c| request.cpus.contains(c)).collect(),
+                handle: CounterSetHandle(r.handle),
+                holder: r.holder.clone(),
+            }));
+        }
+        if data.next_handle == u64::MAX {
+            // Handles are never reused while the table exists; the last one is never given out, so
+            // `next_handle` stays above every handle granted.
+            return Err(HwcError::Table(TableError::HandlesExhausted { path: self.table.path() }));
+        }
+        let handle = data.next_handle;
+        data.next_handle += 1;
+        data.generation = data.generation.wrapping_add(1);
+        let entry = AuditEntry::Grant {
+            seq: data.generation,
+            handle,
+            pid: holder.pid,
+            cpus: &request.cpus,
+            resources: &request.resources,
+        };
+        audit.push(serde_json::to_string(&entry).unwrap_or_default());
+        data.records.push(Record { handle, holder, cpus: request.cpus, resources: request.resources });
+        data.pmu = Some(self.pmu.fingerprint());
+        Ok(CounterSetHandle(handle))
     }
 
     /// `HalFreeHardwareCounters`: `STATUS_SUCCESS`, or `STATUS_INVALID_PARAMETER` for a handle that

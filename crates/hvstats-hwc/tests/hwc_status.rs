@@ -8,11 +8,11 @@
 
 mod hwc_support;
 
-use hvstats::hwc::{Allocator, CounterSetHandle, HwcError, PmuShape, TableError};
 use hvstats_abi::hal::{
     GroupAffinity, NtStatus, PhysicalCounterResourceDescriptor as D, PhysicalCounterResourceList,
     ResourceType,
 };
+use hvstats_hwc::{Allocator, CounterSetHandle, HwcError, PmuShape, TableError};
 use hwc_support::{TempRuntime, allocator};
 
 const INVALID: NtStatus = NtStatus::INVALID_PARAMETER;
@@ -261,7 +261,7 @@ fn a_corrupt_or_truncated_table_is_a_clear_error_and_is_left_alone() {
     let good = std::fs::read(&path).unwrap();
     for bad in [&good[..good.len() / 2], b"", b"{\"version\":1}", b"\xff\xfe\x00garbage"] {
         std::fs::write(&path, bad).unwrap();
-        match a.try_allocate(None, None, hvstats::hwc::Lifetime::Process) {
+        match a.try_allocate(None, None, hvstats_hwc::Lifetime::Process) {
             Err(HwcError::Table(e @ TableError::Corrupt { .. })) => {
                 let msg = e.to_string();
                 assert!(msg.contains("corrupt") && msg.contains("table.json"), "{msg}");
@@ -303,7 +303,7 @@ fn a_lock_held_too_long_is_an_error_not_a_hang() {
     // SAFETY: flock on a descriptor this test owns.
     assert_eq!(unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_EX) }, 0);
     let start = std::time::Instant::now();
-    match a.try_allocate(None, None, hvstats::hwc::Lifetime::Process) {
+    match a.try_allocate(None, None, hvstats_hwc::Lifetime::Process) {
         Err(HwcError::Table(e @ TableError::Io { .. })) => {
             // The timeout is the cause, said once in the chain a command prints.
             let chain = hvstats_host::error_chain::error_chain(&e);
@@ -326,7 +326,7 @@ fn processes_that_disagree_about_the_pmu_do_not_share_a_table() {
     let a = allocator(&rt);
     let h = alloc(&a, Some(&on(1, 1)), Some(&[D::single(0)])).unwrap();
     let b = Allocator::open(rt.path(), PmuShape::absent(2, "another view").unwrap()).unwrap();
-    match b.try_allocate(None, None, hvstats::hwc::Lifetime::Process) {
+    match b.try_allocate(None, None, hvstats_hwc::Lifetime::Process) {
         Err(HwcError::Table(e @ TableError::ShapeMismatch { .. })) => {
             let msg = e.to_string();
             assert!(msg.contains("128 processors") && msg.contains("no PMU on 2 processors"), "{msg}");
@@ -339,7 +339,7 @@ fn processes_that_disagree_about_the_pmu_do_not_share_a_table() {
     assert_eq!(b.free(h), NtStatus::SUCCESS);
     let h = alloc(&b, None, None).unwrap();
     assert!(matches!(
-        a.try_allocate(None, None, hvstats::hwc::Lifetime::Process),
+        a.try_allocate(None, None, hvstats_hwc::Lifetime::Process),
         Err(HwcError::Table(TableError::ShapeMismatch { .. }))
     ));
     assert_eq!(a.free(h), NtStatus::SUCCESS);

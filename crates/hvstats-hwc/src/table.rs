@@ -15,7 +15,7 @@
 //! must be a regular file (a planted link or FIFO is refused, never followed or waited on); the
 //! temporary file is created afresh with `O_EXCL`; and a table larger than [`MAX_TABLE_BYTES`] is
 //! corrupt, not read to the end. The runtime directory itself passes the checks of every
-//! instance's ([`crate::runtime_dir`]) at every operation: who may write it could move `hwc/`
+//! instance's ([`hvstats::runtime_dir`]) at every operation: who may write it could move `hwc/`
 //! aside, and an empty table in its place would grant what is held a second time.
 
 use std::fs::{self, File, OpenOptions};
@@ -130,7 +130,7 @@ pub enum TableError {
     /// The runtime directory holding `hwc/` fails the checks every instance's directory passes
     /// (another user could move the table aside and have its counters granted twice).
     #[error("hardware counter table: {0}")]
-    RuntimeDir(#[from] crate::runtime_dir::RuntimeDirError),
+    RuntimeDir(#[from] hvstats::runtime_dir::RuntimeDirError),
     /// Every handle has been given out (handles are never reused while the table exists).
     #[error(
         "hardware counter table {}: no handle is left to give out; remove the table once no process \
@@ -171,11 +171,11 @@ fn check_dir(dir: &Path) -> Result<(), TableError> {
     Ok(())
 }
 
-/// Checks the runtime directory as publishers check theirs ([`crate::runtime_dir::Dir`]): this
+/// Checks the runtime directory as publishers check theirs ([`hvstats::runtime_dir::Dir`]): this
 /// user's, and writable by nobody else, so nobody else can rename `hwc/` away and make an empty
 /// table grant what is held a second time.
 fn check_runtime_dir(runtime_dir: &Path) -> Result<(), TableError> {
-    crate::runtime_dir::Dir::open(runtime_dir, crate::runtime_dir::Use::Publish)?;
+    hvstats::runtime_dir::Dir::open(runtime_dir, hvstats::runtime_dir::Use::Publish)?;
     Ok(())
 }
 

@@ -14,10 +14,10 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use hvstats::hwc::{Allocator, HwcError, Lifetime, PmuShape, Refusal, TableError};
 use hvstats_abi::hal::{
     GroupAffinity, NtStatus, PhysicalCounterResourceDescriptor as D, PhysicalCounterResourceList,
 };
+use hvstats_hwc::{Allocator, HwcError, Lifetime, PmuShape, Refusal, TableError};
 use hwc_support::{TempRuntime, allocator};
 
 /// Runs `f` on a thread and fails the test when it has not returned after 10 s (a hang).
@@ -33,7 +33,7 @@ fn counters(
     a: &Allocator,
     cpus: &[GroupAffinity],
     d: &[D],
-) -> Result<hvstats::hwc::CounterSetHandle, HwcError> {
+) -> Result<hvstats_hwc::CounterSetHandle, HwcError> {
     a.try_allocate(Some(cpus), Some(&PhysicalCounterResourceList::new(d)), Lifetime::Process)
 }
 

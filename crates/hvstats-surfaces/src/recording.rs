@@ -1,4 +1,4 @@
-//! The recording file of `record`, read by `report` and `plot`: newline-delimited JSON.
+//! The recording file of `hvstats record`, read by `report` and `plot`: newline-delimited JSON.
 //!
 //! The first line is a header naming the format, the hvstats and group versions, the sampling
 //! interval and, for partitions and VPs, every catalog counter in the order the samples list their
@@ -16,7 +16,6 @@
 
 use std::io::{BufRead, Write};
 
-use anyhow::Context;
 use hvstats::snapshot::ObjectReading;
 use hvstats::snapshot::VpSnapshot;
 use hvstats_abi::catalog::counters_of;
@@ -27,21 +26,21 @@ use serde::{Deserialize, Serialize};
 use hvstats_present::live::{Live, Reading};
 
 /// The `format` of the header.
-pub(crate) const FORMAT: &str = "hvstats-recording";
+const FORMAT: &str = "hvstats-recording";
 
 /// The version of the format this build writes (and the newest it reads).
-pub(crate) const VERSION: u32 = 2;
+const VERSION: u32 = 2;
 
 /// The oldest version this build reads (version 1: no histograms).
-pub(crate) const OLDEST_VERSION: u32 = 1;
+const OLDEST_VERSION: u32 = 1;
 
 /// The `bucketing` of a histogram in the header: [`hvstats_abi::histogram`]'s log2 buckets of
 /// nanoseconds.
-pub(crate) const LOG2_NS: &str = "log2-ns";
+const LOG2_NS: &str = "log2-ns";
 
 /// A catalog counter as the header describes it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct CounterInfo {
+pub struct CounterInfo {
     /// The catalog name (the key in reports).
     pub name: String,
     /// The raw unit (`count`, `100ns`, …).
@@ -65,7 +64,7 @@ impl CounterInfo {
 
 /// A VP histogram as the header describes it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct HistogramInfo {
+pub struct HistogramInfo {
     /// The catalog name of the histogram row (e.g. `IO intercept time histogram`); its key in reports.
     pub name: String,
     /// How its buckets divide times: [`LOG2_NS`].
@@ -81,7 +80,7 @@ fn vp_histograms() -> impl Iterator<Item = &'static Counter> {
 
 /// The catalog part of the header.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct CatalogInfo {
+pub struct CatalogInfo {
     /// The hvstats version that wrote the file.
     pub hvstats: String,
     /// The version of the architectural and release groups (`1.0`).
@@ -97,7 +96,7 @@ pub(crate) struct CatalogInfo {
 
 /// The first line.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub(crate) struct Header {
+pub struct Header {
     /// Always [`FORMAT`]; a reader refuses a file with another.
     pub format: String,
     /// The format version, [`OLDEST_VERSION`]`..=`[`VERSION`] for a file this build reads.
@@ -112,7 +111,7 @@ pub(crate) struct Header {
 
 impl Header {
     /// The header of a recording this build makes.
-    pub(crate) fn new(interval_seconds: f64, started_unix_ms: u64) -> Self {
+    pub fn new(interval_seconds: f64, started_unix_ms: u64) -> Self {
         let group = GroupKind::Architectural.version(ObjectKind::Vp);
         Self {
             format: FORMAT.into(),
@@ -138,7 +137,7 @@ impl Header {
 
 /// One VP in a sample.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub(crate) struct VpSample {
+pub struct VpSample {
     /// The VP index within its partition.
     pub vp: u32,
     /// Values in the header's VP order (`null` for a counter the publisher declares unavailable);
@@ -164,7 +163,7 @@ impl VpSample {
     /// The interval from `before`, this VP's earlier sample taken `seconds` before, to this one:
     /// dated by the VP's publication time (at `published_at` in its values) when both samples
     /// have it, else by the samples' `t`.
-    pub(crate) fn interval_since(
+    pub fn interval_since(
         &self,
         before: &VpSample,
         seconds: f64,
@@ -181,7 +180,7 @@ impl VpSample {
     }
 
     /// Histogram `i` of the header, when this sample has it.
-    pub(crate) fn histogram(&self, i: usize) -> Option<Log2Histogram> {
+    pub fn histogram(&self, i: usize) -> Option<Log2Histogram> {
         let slots = self.histograms.as_ref()?.get(i)?.as_ref()?;
         let mut full = [0u64; HISTOGRAM_SLOTS];
         full.get_mut(..slots.len())?.copy_from_slice(slots);
@@ -209,7 +208,7 @@ fn histograms(vp: &VpSnapshot) -> Option<Vec<Option<Vec<u64>>>> {
 
 /// One partition in a sample.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub(crate) struct PartitionSample {
+pub struct PartitionSample {
     /// The VM name (`instance:partition`).
     pub vm: String,
     /// The publishing instance's name (`<pid>-<start>-<n>`).
@@ -227,7 +226,7 @@ pub(crate) struct PartitionSample {
 
 /// One line after the header.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub(crate) struct Sample {
+pub struct Sample {
     /// Seconds since the first sample.
     pub t: f64,
     /// Every partition of every live instance.
@@ -244,7 +243,7 @@ fn values(kind: ObjectKind, reading: &ObjectReading) -> (Option<Vec<Option<u64>>
 
 impl Sample {
     /// The sample of `reading`, `t` seconds into the recording.
-    pub(crate) fn of(reading: &Reading, t: f64) -> Self {
+    pub fn of(reading: &Reading, t: f64) -> Self {
         let partitions = reading
             .instances
             .iter()
@@ -276,38 +275,98 @@ impl Sample {
     }
 }
 
+/// Why a recording could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordingError {
+    /// The input could not be read.
+    #[error(transparent)]
+    Read(std::io::Error),
+    /// A line could not be written or flushed.
+    #[error(transparent)]
+    Write(std::io::Error),
+    /// A value could not be encoded as JSON.
+    #[error(transparent)]
+    Encode(serde_json::Error),
+    /// A sample longer than a line may be, 128 MiB (its length in bytes).
+    #[error(
+        "a sample of {0} bytes is longer than a recording line may be ({MAX_LINE} bytes): too many VPs \
+         for one recording"
+    )]
+    SampleTooLong(usize),
+    /// Nothing to read.
+    #[error("the file is empty: not a recording")]
+    Empty,
+    /// Line 1 does not parse as a header.
+    #[error("line 1 is not a recording header")]
+    NotAHeader(#[source] serde_json::Error),
+    /// Line 1 names another format.
+    #[error("line 1: format {0:?}, not {FORMAT:?}")]
+    Format(String),
+    /// Line 1 names a version this build does not read.
+    #[error(
+        "line 1: recording format version {0} ({why}; this hvstats reads versions {OLDEST_VERSION} to {VERSION})",
+        why = if *.0 > VERSION { "written by a newer hvstats" } else { "no such version" }
+    )]
+    Version(u32),
+    /// A histogram of the header is bucketed otherwise than this build's.
+    #[error(
+        "line 1: histogram {:?} has {} buckets of {:?}; this hvstats reads {BUCKETS} of {LOG2_NS:?}",
+        .0.name, .0.buckets, .0.bucketing
+    )]
+    Bucketing(HistogramInfo),
+    /// Line 1 is longer than a header may be, 1 MiB (the limit).
+    #[error(
+        "line 1 is longer than {0} bytes: not a recording header (a header lists the catalog's \
+         counters, tens of KiB)"
+    )]
+    HeaderTooLong(usize),
+    /// A sample line is longer than a line may be, 128 MiB.
+    #[error("line {line} is longer than {max} bytes")]
+    LineTooLong {
+        /// Its number.
+        line: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A line does not parse as a sample that fits the header.
+    #[error("line {line} is not a sample")]
+    NotASample {
+        /// Its number.
+        line: usize,
+        /// What did not parse.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
 /// Writes one JSON line and flushes it.
 ///
 /// # Errors
 /// When writing fails (a full disk).
-pub(crate) fn write_line(out: &mut impl Write, value: &impl Serialize) -> anyhow::Result<()> {
-    let mut line = serde_json::to_vec(value)?;
+pub fn write_line(out: &mut impl Write, value: &impl Serialize) -> Result<(), RecordingError> {
+    let mut line = serde_json::to_vec(value).map_err(RecordingError::Encode)?;
     line.push(b'\n');
-    anyhow::ensure!(
-        line.len() <= MAX_LINE,
-        "a sample of {} bytes is longer than a recording line may be ({MAX_LINE} bytes): too many VPs \
-         for one recording",
-        line.len()
-    );
-    out.write_all(&line)?;
-    out.flush()?;
-    Ok(())
+    if line.len() > MAX_LINE {
+        return Err(RecordingError::SampleTooLong(line.len()));
+    }
+    out.write_all(&line).map_err(RecordingError::Write)?;
+    out.flush().map_err(RecordingError::Write)
 }
 
 /// The longest line accepted, and written: 128 MiB, a sample of 100,000 VPs with every counter in
 /// the billions, or of 16,384 VPs with every value and histogram slot at its largest (a test checks
 /// both). A reader holds one line at a time, and one VP of it parsed, so this bounds what a line
 /// costs it.
-pub(crate) const MAX_LINE: usize = 128 << 20;
+const MAX_LINE: usize = 128 << 20;
 
 /// The longest header accepted: 1 MiB, dozens of times what this build writes (its catalog's
 /// counters and histograms, about 20 KiB), so a newer catalog still reads while a header of
 /// millions of made-up counters is refused before anything is parsed.
-pub(crate) const MAX_HEADER: usize = 1 << 20;
+const MAX_HEADER: usize = 1 << 20;
 
 /// A recording read one sample at a time, so what reads it holds no more than it keeps: the
 /// header is read and checked first, then each [`next_with`](Self::next_with) parses and checks one line.
-pub(crate) struct SampleReader<R> {
+pub struct SampleReader<R> {
     input: R,
     header: Header,
     /// Lines read so far (the header is line 1).
@@ -322,47 +381,38 @@ impl<R: BufRead> SampleReader<R> {
     /// # Errors
     /// When the input cannot be read, is empty, or does not start with a header of a format and
     /// version this build reads.
-    pub(crate) fn new(mut input: R) -> anyhow::Result<Self> {
-        let Some(first) = read_line(&mut input, 1, MAX_HEADER)? else {
-            anyhow::bail!("the file is empty: not a recording")
-        };
+    pub fn new(mut input: R) -> Result<Self, RecordingError> {
+        let Some(first) = read_line(&mut input, 1, MAX_HEADER)? else { return Err(RecordingError::Empty) };
         // Format and version first: a newer version may have a header this build cannot parse.
         #[derive(Deserialize)]
         struct Version {
             format: String,
             version: u32,
         }
-        let v: Version = serde_json::from_slice(&first).context("line 1 is not a recording header")?;
-        anyhow::ensure!(v.format == FORMAT, "line 1: format {:?}, not {FORMAT:?}", v.format);
-        anyhow::ensure!(
-            (OLDEST_VERSION..=VERSION).contains(&v.version),
-            "line 1: recording format version {} ({}; this hvstats reads versions {OLDEST_VERSION} to \
-             {VERSION})",
-            v.version,
-            if v.version > VERSION { "written by a newer hvstats" } else { "no such version" }
-        );
-        let header: Header = serde_json::from_slice(&first).context("line 1 is not a recording header")?;
+        let v: Version = serde_json::from_slice(&first).map_err(RecordingError::NotAHeader)?;
+        if v.format != FORMAT {
+            return Err(RecordingError::Format(v.format));
+        }
+        if !(OLDEST_VERSION..=VERSION).contains(&v.version) {
+            return Err(RecordingError::Version(v.version));
+        }
+        let header: Header = serde_json::from_slice(&first).map_err(RecordingError::NotAHeader)?;
         if let Some(h) =
             header.catalog.vp_histograms.iter().find(|h| h.bucketing != LOG2_NS || h.buckets != BUCKETS)
         {
-            anyhow::bail!(
-                "line 1: histogram {:?} has {} buckets of {:?}; this hvstats reads {BUCKETS} of {LOG2_NS:?}",
-                h.name,
-                h.buckets,
-                h.bucketing
-            );
+            return Err(RecordingError::Bucketing(h.clone()));
         }
         Ok(Self { input, header, line: 1, cut: None })
     }
 
     /// The number and length in bytes of the last line, when the writer stopped in its middle
     /// (a full disk, a kill): the recording ends at the sample before it.
-    pub(crate) fn cut_short(&self) -> Option<(usize, usize)> {
+    pub fn cut_short(&self) -> Option<(usize, usize)> {
         self.cut
     }
 
     /// The header of line 1, already checked: format, version and histogram bucketing.
-    pub(crate) fn header(&self) -> &Header {
+    pub fn header(&self) -> &Header {
         &self.header
     }
 
@@ -373,12 +423,10 @@ impl<R: BufRead> SampleReader<R> {
     /// # Errors
     /// When the input cannot be read, or a line is too long, not a sample, or does not match the
     /// header's counters; and whatever `visit` returns.
-    pub(crate) fn next_with(
-        &mut self,
-        mut visit: impl FnMut(VpAt<'_>) -> anyhow::Result<()>,
-    ) -> anyhow::Result<Option<f64>> {
+    pub fn next_with(&mut self, mut visit: impl FnMut(VpAt<'_>)) -> Result<Option<f64>, RecordingError> {
         let Some((n, line)) = self.next_line()? else { return Ok(None) };
-        let parse = |t: Option<f64>, visit: &mut dyn FnMut(VpAt<'_>) -> anyhow::Result<()>| {
+        let not_a_sample = |source| RecordingError::NotASample { line: n, source };
+        let parse = |t: Option<f64>, visit: &mut dyn FnMut(VpAt<'_>)| {
             let mut de = serde_json::Deserializer::from_slice(&line);
             let mut t_late = false;
             let seed = stream::SampleSeed { header: &self.header, t, t_late: &mut t_late, visit };
@@ -394,17 +442,16 @@ impl<R: BufRead> SampleReader<R> {
             struct Time {
                 t: f64,
             }
-            let time: Time =
-                serde_json::from_slice(&line).with_context(|| format!("line {n} is not a sample"))?;
+            let time: Time = serde_json::from_slice(&line).map_err(not_a_sample)?;
             parse(Some(time.t), &mut visit).0
         } else {
             result
         };
-        Ok(Some(result.with_context(|| format!("line {n} is not a sample"))?))
+        Ok(Some(result.map_err(not_a_sample)?))
     }
 
     /// The next whole line and its number; `None` at the end or at a last line cut short.
-    fn next_line(&mut self) -> anyhow::Result<Option<(usize, Vec<u8>)>> {
+    fn next_line(&mut self) -> Result<Option<(usize, Vec<u8>)>, RecordingError> {
         self.line += 1;
         let n = self.line;
         let Some(line) = read_line(&mut self.input, n, MAX_LINE)? else { return Ok(None) };
@@ -426,7 +473,7 @@ fn fits(header: &Header, vp: &VpSample) -> bool {
 }
 
 /// One VP of a sample, as [`SampleReader::next_with`] hands it.
-pub(crate) struct VpAt<'a> {
+pub struct VpAt<'a> {
     /// The sample's `t`: seconds since the first sample.
     pub t: f64,
     /// The VM's name, as `instance:partition`.
@@ -442,14 +489,14 @@ pub(crate) struct VpAt<'a> {
 impl VpAt<'_> {
     /// Who the VP is: the publishing instance, the partition, the VP index. Two VMs that share a
     /// name are two VMs.
-    pub(crate) fn key(&self) -> VpKey {
+    pub fn key(&self) -> VpKey {
         VpKey { instance: self.instance.into(), partition: self.partition, vp: self.vp.vp }
     }
 }
 
 /// A VP's identity in a recording.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct VpKey {
+pub struct VpKey {
     /// The publishing instance's name (`<pid>-<start>-<n>`).
     pub instance: Box<str>,
     /// The partition id within that instance.
@@ -469,7 +516,7 @@ mod stream {
 
     use super::{Header, VpAt, VpSample, fits};
 
-    type Visit<'v> = dyn FnMut(VpAt<'_>) -> anyhow::Result<()> + 'v;
+    type Visit<'v> = dyn FnMut(VpAt<'_>) + 'v;
 
     pub(super) struct SampleSeed<'h, 'v, 'f> {
         pub header: &'h Header,
@@ -611,7 +658,7 @@ mod stream {
                         ));
                     }
                     let at = VpAt { t: self.t, vm, instance, partition, vp };
-                    (self.visit)(at).map_err(|e| de::Error::custom(format!("{e:#}")))?;
+                    (self.visit)(at);
                 }
             }
             Ok(())
@@ -646,7 +693,7 @@ mod stream {
                 }
                 let at =
                     VpAt { t: self.t, vm: self.vm, instance: self.instance, partition: self.partition, vp };
-                (self.visit)(at).map_err(|e| de::Error::custom(format!("{e:#}")))?;
+                (self.visit)(at);
             }
             Ok(())
         }
@@ -655,32 +702,30 @@ mod stream {
 
 /// Line `n` of `input` (with its newline, if it has one), at most `max` bytes; `None` at the
 /// end.
-fn read_line(input: &mut impl BufRead, n: usize, max: usize) -> anyhow::Result<Option<Vec<u8>>> {
+fn read_line(input: &mut impl BufRead, n: usize, max: usize) -> Result<Option<Vec<u8>>, RecordingError> {
     let mut line = Vec::new();
-    let read = std::io::Read::take(input, max as u64 + 1).read_until(b'\n', &mut line)?;
+    let read = std::io::Read::take(input, max as u64 + 1)
+        .read_until(b'\n', &mut line)
+        .map_err(RecordingError::Read)?;
     if read == 0 {
         return Ok(None);
     }
     match n {
-        1 => anyhow::ensure!(
-            line.len() <= max,
-            "line 1 is longer than {max} bytes: not a recording header (a header lists the catalog's \
-             counters, tens of KiB)"
-        ),
-        _ => anyhow::ensure!(line.len() <= max, "line {n} is longer than {max} bytes"),
+        _ if line.len() <= max => Ok(Some(line)),
+        1 => Err(RecordingError::HeaderTooLong(max)),
+        _ => Err(RecordingError::LineTooLong { line: n, max }),
     }
-    Ok(Some(line))
 }
 
 impl Header {
     /// True when the recording carries the VPs' histograms (format version 2 and later).
-    pub(crate) fn has_histograms(&self) -> bool {
+    pub fn has_histograms(&self) -> bool {
         self.version >= 2
     }
 
     /// The VP counters with this build's catalog rows (unknown names are `None`), looked up in
     /// one table of the catalog: linear in the header, however long a hostile one is.
-    pub(crate) fn vp_counters(&self) -> Vec<(&CounterInfo, Option<&'static Counter>)> {
+    pub fn vp_counters(&self) -> Vec<(&CounterInfo, Option<&'static Counter>)> {
         let catalog: std::collections::HashMap<&str, &'static Counter> =
             counters_of(ObjectKind::Vp).map(|c| (c.name, c)).collect();
         self.catalog.vp.iter().map(|c| (c, catalog.get(c.name.as_str()).copied())).collect()
@@ -688,14 +733,14 @@ impl Header {
 
     /// Where the VPs' publication time is in the header's VP order (`None` in a recording made
     /// before pages carried one).
-    pub(crate) fn vp_published_at(&self) -> Option<usize> {
+    pub fn vp_published_at(&self) -> Option<usize> {
         let name = hvstats_abi::catalog::vp::PUBLISHED.counter()?.name;
         self.catalog.vp.iter().position(|c| c.name == name)
     }
 
     /// Where each VP counter's paired count (a cost's count) is in the header's VP order,
     /// found through one table of names: linear in the header.
-    pub(crate) fn vp_paired_at(&self) -> Vec<Option<usize>> {
+    pub fn vp_paired_at(&self) -> Vec<Option<usize>> {
         let mut at: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
         for (i, c) in self.catalog.vp.iter().enumerate() {
             at.entry(c.name.as_str()).or_insert(i);

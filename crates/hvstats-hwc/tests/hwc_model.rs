@@ -7,8 +7,8 @@
 
 mod hwc_support;
 
-use hvstats::hwc::{CounterSetHandle, CpuSet};
 use hvstats_abi::hal::{NtStatus, PhysicalCounterResourceDescriptor as D, PhysicalCounterResourceList};
+use hvstats_hwc::{CounterSetHandle, CpuSet};
 use hwc_support::{Key, Model, TempRuntime, allocator};
 use proptest::prelude::*;
 
