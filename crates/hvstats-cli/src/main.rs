@@ -9,6 +9,7 @@ mod cmd;
 mod input;
 mod log_budget;
 mod man_page;
+mod names;
 mod observer_log;
 mod observer_run;
 mod output;

@@ -166,7 +166,7 @@ pub(crate) fn hold_runtime_dir(dir: &std::path::Path) -> anyhow::Result<Observer
             let who = match holder {
                 Some(h) => {
                     let ns = h.since.duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
-                    let since = crate::cmd::snapshot::utc_time(ns as f64);
+                    let since = crate::names::utc_time(ns as f64);
                     format!("pid {} (`{}`), since {since}", h.pid, h.command)
                 }
                 None => "a process starting now".to_owned(),

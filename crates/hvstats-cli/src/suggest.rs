@@ -8,7 +8,7 @@ use hvstats_present::present::shown_name;
 /// (`HLT time halted`), and `snapshot`'s row names with and without an interval
 /// (`Hypercalls (total)`).
 fn labels_of(c: &'static Counter) -> [String; 4] {
-    use crate::cmd::snapshot::row_name;
+    use crate::names::row_name;
     [c.name.to_owned(), shown_name(c).to_owned(), row_name(c, false), row_name(c, true)]
 }
 

@@ -14,7 +14,7 @@ use std::process::Command;
 use serde_json::Value;
 
 /// The product crates: what a user of the libraries or the command links.
-const PRODUCT: [&str; 10] = [
+const PRODUCT: [&str; 14] = [
     "hvstats-abi",
     "hvstats",
     "hvstats-host",
@@ -22,8 +22,12 @@ const PRODUCT: [&str; 10] = [
     "hvstats-sources",
     "hvstats-kvm",
     "hvstats-observe",
+    "hvstats-vmm",
+    "hvstats-hwc",
     "hvstats-mshv",
     "hvstats-guest",
+    "hvstats-surfaces",
+    "hvstats-serve",
     "hvstats-cli",
 ];
 
@@ -130,8 +134,8 @@ fn reached_from(packages: &[(String, Vec<(String, Value)>)], name: &str) -> BTre
 const ROWS: [&[&str]; 5] = [
     &["hvstats-abi", "hvstats-host"],
     &["hvstats"],
-    &["hvstats-sources", "hvstats-present", "hvstats-mshv", "hvstats-guest"],
-    &["hvstats-kvm", "hvstats-observe"],
+    &["hvstats-sources", "hvstats-vmm", "hvstats-hwc", "hvstats-present", "hvstats-mshv", "hvstats-guest"],
+    &["hvstats-kvm", "hvstats-observe", "hvstats-surfaces", "hvstats-serve"],
     &["hvstats-cli"],
 ];
 

@@ -20,6 +20,7 @@ use hvstats_present::present;
 use hvstats_present::text::Escaped;
 use serde_json::{Value, json};
 
+use crate::names::{row_name, utc_time};
 use crate::output::{self, ExitStatus, note};
 use hvstats_present::present::{Interval, SAME_PUBLICATION, human_ns};
 use hvstats_present::snapshot_json::{
@@ -228,40 +229,6 @@ fn nothing_published(dir: &std::path::Path, json: bool) -> anyhow::Result<ExitCo
 /// Says on standard error why each object of `s` that could not be read could not.
 fn note_unreadable(s: &InstanceSnapshot) {
     unreadable_lines(s).iter().for_each(|line| note!("{line}"));
-}
-
-/// A row's name: the catalog's, except that without an interval a "/sec" counter is its total
-/// and a time counter its total time (the page holds cumulative values; rates need two readings).
-pub(crate) fn row_name(counter: &Counter, interval: bool) -> String {
-    if counter.is_time_halted() {
-        return present::TIME_HALTED_NAME.to_owned() + if interval { "" } else { " (total time)" };
-    }
-    if interval {
-        return counter.name.to_owned();
-    }
-    match counter.presentation {
-        Presentation::Rate => match counter.name.strip_suffix("/sec") {
-            Some(base) => format!("{base} (total)"),
-            None => format!("{} (total)", counter.name),
-        },
-        // A cost's total is the time alone: "per dispatch" is what it is averaged over, which
-        // only an interval gives.
-        Presentation::Cost | Presentation::PercentTime | Presentation::CumulativeTime => {
-            let name = counter.name.trim_start_matches("% ");
-            format!("{} (total time)", name.split(" per ").next().unwrap_or(name))
-        }
-        _ => counter.name.to_owned(),
-    }
-}
-
-/// A Unix time in nanoseconds as RFC 3339 in UTC, to the millisecond (`2026-11-27T22:49:10.374Z`);
-/// the number itself when it is no representable time.
-pub(crate) fn utc_time(ns: f64) -> String {
-    let at = time::OffsetDateTime::from_unix_timestamp_nanos((ns / 1e6).round() as i128 * 1_000_000);
-    match at.ok().and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok()) {
-        Some(text) => text,
-        None => format!("{ns:.0} ns since 1970"),
-    }
 }
 
 /// A table cell: the value scaled (a count with k/M/G, a time in ns/µs/ms/s), or the presented
