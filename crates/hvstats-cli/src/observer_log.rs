@@ -158,6 +158,7 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
         ),
         ObserverEvent::CapabilityMissing(needed) => needed.line(),
         ObserverEvent::Kept(note) => format!("in-kernel counts: {}", Escaped(note)),
+        ObserverEvent::PastEngineRows(note) => format!("in-kernel counting: {}", Escaped(note)),
     }
 }
 

@@ -179,6 +179,15 @@ impl ThreadCounters {
         since
     }
 
+    /// Of `tids`, the threads counted by perf counters for want of a row in the in-kernel engine
+    /// (none unless the list counts in the kernel).
+    pub(crate) fn past_engine_rows(&self, tids: impl IntoIterator<Item = i32>) -> usize {
+        if self.events.method() != hvstats_host::counting::Method::InKernel {
+            return 0;
+        }
+        tids.into_iter().filter(|tid| self.threads.get(tid).is_some_and(|t| !t.in_engine())).count()
+    }
+
     /// The events.
     pub fn events(&self) -> &EventList {
         &self.events
