@@ -214,6 +214,14 @@ pub fn full_notes() -> Vec<String> {
     std::mem::take(&mut *FULL_NOTES.lock().unwrap_or_else(|e| e.into_inner()))
 }
 
+/// The rows `HVSTATS_ENGINE_ROWS` asks engines to hold instead of what the host is sized for
+/// (a smaller bound on the observer's kernel memory, or a test of what happens past them).
+pub const ROWS_VARIABLE: &str = "HVSTATS_ENGINE_ROWS";
+
+fn rows_asked() -> Option<u32> {
+    std::env::var(ROWS_VARIABLE).ok()?.trim().parse().ok().filter(|&rows| rows > 0)
+}
+
 /// Says once per engine that `tid` of `pid` found no row: its tracepoints are `perf` perf
 /// counters instead.
 fn note_full(engine: &Engine, pid: i32, tid: i32, perf: usize) {
@@ -244,6 +252,7 @@ fn shared_engine(
     keep_in: Option<&Path>,
     rows: Option<u32>,
 ) -> Result<Arc<Engine>, InKernelError> {
+    let rows = rows.or_else(rows_asked);
     let mut engines = ENGINES.lock().unwrap_or_else(|e| e.into_inner());
     engines.retain(|(_, t)| t.strong_count() > 0);
     let key = (specs.to_vec(), keep_in.map(Path::to_owned), rows);
