@@ -107,35 +107,6 @@ impl LogBudget {
     }
 }
 
-/// A list of thread ids for a log line: every id while there are at most `FEW`, else their
-/// number and their ranges (`400 threads: 1000-1399`), the first [`FEW`] ranges and how many
-/// more.
-pub(crate) fn thread_ids(ids: &[i32]) -> String {
-    const FEW: usize = 8;
-    let mut sorted = ids.to_vec();
-    sorted.sort_unstable();
-    if sorted.len() <= FEW {
-        return format!("{sorted:?}");
-    }
-    let mut ranges: Vec<(i32, i32)> = Vec::new();
-    for id in sorted.iter().copied() {
-        match ranges.last_mut() {
-            Some((_, end)) if id == *end + 1 => *end = id,
-            _ => ranges.push((id, id)),
-        }
-    }
-    let shown: Vec<String> = ranges
-        .iter()
-        .take(FEW)
-        .map(|&(a, b)| if a == b { a.to_string() } else { format!("{a}-{b}") })
-        .collect();
-    let more = match ranges.len().saturating_sub(FEW) {
-        0 => String::new(),
-        n => format!(" and {n} more ranges"),
-    };
-    format!("{} threads: {}{more}", sorted.len(), shown.join(", "))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -175,14 +146,5 @@ mod tests {
         let summary = budget.summary(start + Duration::from_secs(61)).unwrap();
         assert!(summary.contains("60 VMs came and went; 60 attached, 0 refused"), "{summary}");
         assert!(budget.summary(start + Duration::from_secs(122)).is_none(), "nothing held back since");
-    }
-
-    #[test]
-    fn many_thread_ids_are_said_as_their_number_and_ranges() {
-        assert_eq!(thread_ids(&[12, 10, 11]), "[10, 11, 12]");
-        let many: Vec<i32> = (1000..1400).collect();
-        assert_eq!(thread_ids(&many), "400 threads: 1000-1399");
-        let scattered: Vec<i32> = (0..20).map(|i| i * 10).collect();
-        assert_eq!(thread_ids(&scattered), "20 threads: 0, 10, 20, 30, 40, 50, 60, 70 and 12 more ranges");
     }
 }

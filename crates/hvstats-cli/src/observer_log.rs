@@ -12,11 +12,14 @@ use hvstats_present::text::{Escaped, LoggedName};
 
 /// The log line of an event of the mshv observer.
 pub(crate) fn describe_mshv(event: &MshvEvent) -> String {
-    let vps = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    let vps = |v: &[u32]| match v.len() {
+        0..=FEW_IDS => format!("VPs {}", id_list("VPs", v)),
+        _ => id_list("VPs", v),
+    };
     match event {
         MshvEvent::Format(dialect) => format!("mshv: the tree is printed in {}", dialect.label()),
-        MshvEvent::Appeared { key, vps: v } => format!("mshv partition {key}: VPs [{}]", vps(v)),
-        MshvEvent::VpsChanged { key, vps: v } => format!("mshv partition {key}: VPs now [{}]", vps(v)),
+        MshvEvent::Appeared { key, vps: v } => format!("mshv partition {key}: {}", vps(v)),
+        MshvEvent::VpsChanged { key, vps: v } => format!("mshv partition {key}: now {}", vps(v)),
         MshvEvent::Vanished { key } => format!("mshv partition {key}: gone"),
         MshvEvent::Unmapped { kind, name } => {
             format!("mshv: {} counter {name} has no catalog counter: published by name", kind.short_name())
@@ -28,86 +31,89 @@ pub(crate) fn describe_mshv(event: &MshvEvent) -> String {
 
 /// The log line of `event`, one line whatever it carries: a VM's name (which its VMM's command
 /// line or QMP peer chose) is quoted with its control characters escaped, so it cannot forge or
-/// break lines.
+/// break lines; a list of threads is said as its number and ranges beyond a few ([`id_list`]).
 pub(crate) fn describe(event: &ObserverEvent) -> String {
+    use ObserverEvent as E;
     match event {
-        ObserverEvent::Attached {
-            pid,
-            name,
-            vmm,
-            vcpus,
-            partition,
-            fds,
-            threads,
-            left_out,
-            qmp,
-            qmp_error,
-        } => {
-            let mut s = format!(
-                "attach pid {pid} ({}) \"{}\": {vcpus} vCPUs as partition {partition}, {fds} perf counters open",
-                Escaped(vmm),
-                LoggedName(name)
-            );
-            if *left_out > 0 {
-                s.push_str(&format!(
-                    " on {threads} of {} threads ({left_out} left out: descriptor budget; a vCPU thread \
-                     among them is counted once known)",
-                    threads + left_out
-                ));
-            }
-            if let Some(path) = qmp {
-                s.push_str(&format!("; QMP {}", Escaped(&path.display().to_string())));
-            }
-            if let Some(e) = qmp_error {
-                s.push_str(&format!(
-                    ": KVM statistics and run state through QMP unavailable for now ({}); retried",
-                    Escaped(&e.to_string())
-                ));
-            }
-            s
+        E::Attached { .. } => attached(event),
+        E::Detached { .. } | E::Excluded { .. } | E::VcpusKnown { .. } | E::SharesVm { .. } => vm_line(event),
+        E::NamedLike { .. } | E::DuplicateUuid { .. } => identity_line(event),
+        E::SourceDown { .. } | E::SourceUp { .. } | E::SourceRefused { .. } | E::ThreadRefused { .. } => {
+            source_line(event)
         }
-        ObserverEvent::SourceDown { pid, name, source, why } => format!(
-            "pid {pid} \"{}\": {source} lost: {}; its counters are unavailable until it answers again",
-            LoggedName(name),
-            Escaped(why)
-        ),
-        ObserverEvent::SourceUp { pid, name, source, after } => {
-            format!("pid {pid} \"{}\": {source} back after {:.1} s", LoggedName(name), after.as_secs_f64())
-        }
+        E::Deferred { .. } | E::Refused { .. } | E::Failed { .. } => refusal_line(event),
+        E::KvmExit { .. } | E::CapabilityMissing(_) | E::Kept(_) | E::PastEngineRows(_) => host_line(event),
+    }
+}
+
+/// A VM attached: its vCPUs, partition, counters, the threads left out and its QMP.
+fn attached(event: &ObserverEvent) -> String {
+    let ObserverEvent::Attached { pid, name, vmm, vcpus, partition, fds, threads, left_out, qmp, qmp_error } =
+        event
+    else {
+        return format!("{event:?}");
+    };
+    let mut s = format!(
+        "attach pid {pid} ({}) \"{}\": {vcpus} vCPUs as partition {partition}, {fds} perf counters open",
+        Escaped(vmm),
+        LoggedName(name)
+    );
+    if *left_out > 0 {
+        s.push_str(&format!(
+            " on {threads} of {} threads ({left_out} left out: descriptor budget; a vCPU thread \
+             among them is counted once known)",
+            threads + left_out
+        ));
+    }
+    if let Some(path) = qmp {
+        s.push_str(&format!("; QMP {}", Escaped(&path.display().to_string())));
+    }
+    if let Some(e) = qmp_error {
+        s.push_str(&format!(
+            ": KVM statistics and run state through QMP unavailable for now ({}); retried",
+            Escaped(&e.to_string())
+        ));
+    }
+    s
+}
+
+/// A VM's life after attach: left out, its vCPU threads known, gone, or another's.
+fn vm_line(event: &ObserverEvent) -> String {
+    match event {
         ObserverEvent::Excluded { pid, name } => {
             format!("pid {pid} \"{}\": not observed: --vm/--exclude-vm leave it out", LoggedName(name))
         }
         ObserverEvent::VcpusKnown { pid, threads, fds } => format!(
             "pid {pid}: vCPU threads {}; {fds} perf counters open (on those threads only)",
-            crate::log_budget::thread_ids(threads)
-        ),
-        // A fact of the host, said once per observer (see `LogLimiter`): no VM is named.
-        ObserverEvent::KvmExit { state, .. } => format!(
-            "kvm:kvm_exit {}",
-            match state {
-                hvstats_observe::KvmExitState::Fires => "fires: intercepts are counted by exit reason",
-                hvstats_observe::KvmExitState::Silent => {
-                    "does not fire on this host (no VMX/SVM exits): HLT, MWAIT, DR, other intercepts come only from QMP or are unavailable"
-                }
-                hvstats_observe::KvmExitState::NoHardwareVirtualization =>
-                    "is not counted: KVM here is not VMX/SVM",
-                hvstats_observe::KvmExitState::Undecided => "undecided",
-            }
+            id_list("threads", threads)
         ),
         // A VM's name is what its VMM's command line or QMP says: escaped, it cannot forge a line.
-        ObserverEvent::Detached { pid, name, why } => format!(
-            "detach pid {pid} \"{}\": {}",
-            LoggedName(name),
-            match why {
-                Departure::Exited => "the process exited",
-                Departure::Exec => "the process exec'd a program: a VM it makes now is attached anew",
-                Departure::PidReused => "the pid names another process now: its VM, if any, is attached anew",
-                Departure::VmChanged => {
-                    "the KVM VM object it was attached with is no longer its only VM (closed, made anew, \
-                     or another beside it): a VM it runs now is a new VM, attached anew with a new origin"
-                }
-            }
+        ObserverEvent::Detached { pid, name, why } => {
+            format!("detach pid {pid} \"{}\": {}", LoggedName(name), departure(*why))
+        }
+        ObserverEvent::SharesVm { pid, with } => format!(
+            "pid {pid}: holds the KVM VM of pid {with} (the same VM object, by an inherited or passed \
+             descriptor): not a second VM, not published"
         ),
+        other => format!("{other:?}"),
+    }
+}
+
+fn departure(why: Departure) -> &'static str {
+    match why {
+        Departure::Exited => "the process exited",
+        Departure::Exec => "the process exec'd a program: a VM it makes now is attached anew",
+        Departure::PidReused => "the pid names another process now: its VM, if any, is attached anew",
+        Departure::VmChanged => {
+            "the KVM VM object it was attached with is no longer its only VM (closed, made anew, \
+             or another beside it): a VM it runs now is a new VM, attached anew with a new origin"
+        }
+    }
+}
+
+/// A VM named, or identified, as another.
+fn identity_line(event: &ObserverEvent) -> String {
+    match event {
         ObserverEvent::NamedLike { pid, name, other, other_name } if name == other_name => format!(
             "pid {pid} \"{}\": the name of pid {other}'s VM, which keeps it; this one is told apart by a #N suffix on /metrics",
             LoggedName(name)
@@ -119,6 +125,21 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
         ),
         ObserverEvent::DuplicateUuid { pid, uuid, other } => {
             format!("pid {pid}: UUID {uuid} is also pid {other}'s VM's: two VMs claim one identity")
+        }
+        other => format!("{other:?}"),
+    }
+}
+
+/// A source of a VM lost, back, or refusing what the VMM offered.
+fn source_line(event: &ObserverEvent) -> String {
+    match event {
+        ObserverEvent::SourceDown { pid, name, source, why } => format!(
+            "pid {pid} \"{}\": {source} lost: {}; its counters are unavailable until it answers again",
+            LoggedName(name),
+            Escaped(why)
+        ),
+        ObserverEvent::SourceUp { pid, name, source, after } => {
+            format!("pid {pid} \"{}\": {source} back after {:.1} s", LoggedName(name), after.as_secs_f64())
         }
         ObserverEvent::SourceRefused { pid, name, source, why } => format!(
             "pid {pid} \"{}\": {source} refused: {}; its counters come from the VM's other sources",
@@ -133,6 +154,13 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
             refusal.vp,
             Escaped(&refusal.why)
         ),
+        other => format!("{other:?}"),
+    }
+}
+
+/// A VM not observed, with its reason (the table's label, sentence and fix).
+fn refusal_line(event: &ObserverEvent) -> String {
+    match event {
         ObserverEvent::Deferred { pid, reason, why } => format!(
             "pid {pid} not observed for now (retried; counted as refused, reason {}): {}",
             reason.label(),
@@ -152,14 +180,62 @@ pub(crate) fn describe(event: &ObserverEvent) -> String {
             reason.label(),
             reason.fix()
         ),
-        ObserverEvent::SharesVm { pid, with } => format!(
-            "pid {pid}: holds the KVM VM of pid {with} (the same VM object, by an inherited or passed \
-             descriptor): not a second VM, not published"
+        other => format!("{other:?}"),
+    }
+}
+
+/// A fact of the host (said once per observer, see [`LogLimiter`]): no VM is named.
+fn host_line(event: &ObserverEvent) -> String {
+    use hvstats_observe::KvmExitState;
+    match event {
+        ObserverEvent::KvmExit { state, .. } => format!(
+            "kvm:kvm_exit {}",
+            match state {
+                KvmExitState::Fires => "fires: intercepts are counted by exit reason",
+                KvmExitState::Silent => {
+                    "does not fire on this host (no VMX/SVM exits): HLT, MWAIT, DR, other intercepts come only from QMP or are unavailable"
+                }
+                KvmExitState::NoHardwareVirtualization => "is not counted: KVM here is not VMX/SVM",
+                KvmExitState::Undecided => "undecided",
+            }
         ),
         ObserverEvent::CapabilityMissing(needed) => needed.line(),
         ObserverEvent::Kept(note) => format!("in-kernel counts: {}", Escaped(note)),
+        ObserverEvent::PastEngineRows(note) => format!("in-kernel counting: {}", Escaped(note)),
+        other => format!("{other:?}"),
     }
 }
+
+/// Ids for a log line (threads, VPs), one line however many: every id while there are at most
+/// [`FEW_IDS`], else their number and ranges (`400 threads: 1000-1399`), the first [`FEW_IDS`]
+/// ranges and how many more.
+pub(crate) fn id_list<T: Copy + Ord + Into<i64>>(what: &str, ids: &[T]) -> String {
+    let mut sorted: Vec<i64> = ids.iter().map(|&id| id.into()).collect();
+    sorted.sort_unstable();
+    if sorted.len() <= FEW_IDS {
+        return format!("{sorted:?}");
+    }
+    let mut ranges: Vec<(i64, i64)> = Vec::new();
+    for id in sorted.iter().copied() {
+        match ranges.last_mut() {
+            Some((_, end)) if id == *end + 1 => *end = id,
+            _ => ranges.push((id, id)),
+        }
+    }
+    let shown: Vec<String> = ranges
+        .iter()
+        .take(FEW_IDS)
+        .map(|&(a, b)| if a == b { a.to_string() } else { format!("{a}-{b}") })
+        .collect();
+    let more = match ranges.len().saturating_sub(FEW_IDS) {
+        0 => String::new(),
+        n => format!(" and {n} more ranges"),
+    };
+    format!("{} {what}: {}{more}", sorted.len(), shown.join(", "))
+}
+
+/// Ids a log line lists one by one; beyond, it says their number and ranges.
+const FEW_IDS: usize = 8;
 
 /// How long a line of one kind about one VM is not said again: what is held back meanwhile is
 /// counted and said with the next one.
@@ -278,5 +354,46 @@ mod tests {
             after: Duration::from_secs(10),
         };
         assert_eq!(limiter.line(&back, start).as_deref(), Some("pid 7 \"vm\": qmp back after 10.0 s"));
+    }
+
+    #[test]
+    fn many_ids_are_said_as_their_number_and_ranges() {
+        assert_eq!(id_list("threads", &[12, 10, 11]), "[10, 11, 12]");
+        let many: Vec<i32> = (1000..1400).collect();
+        assert_eq!(id_list("threads", &many), "400 threads: 1000-1399");
+        let scattered: Vec<i32> = (0..20).map(|i| i * 10).collect();
+        assert_eq!(
+            id_list("threads", &scattered),
+            "20 threads: 0, 10, 20, 30, 40, 50, 60, 70 and 12 more ranges"
+        );
+        let vps: Vec<u32> = (0..1024).collect();
+        assert_eq!(
+            describe_mshv(&MshvEvent::Appeared { key: hvstats_mshv::tree::PartitionKey::Id(4), vps }),
+            "mshv partition 4: 1024 VPs: 0-1023"
+        );
+        let vps = vec![0, 1];
+        assert_eq!(
+            describe_mshv(&MshvEvent::VpsChanged { key: hvstats_mshv::tree::PartitionKey::Id(4), vps }),
+            "mshv partition 4: now VPs [0, 1]"
+        );
+    }
+
+    #[test]
+    fn a_vcpu_thread_list_of_a_1024_vcpu_vm_makes_a_short_line() {
+        let threads: Vec<i32> = (5000..6024).rev().chain([9000, 9002]).collect();
+        let line = describe(&ObserverEvent::VcpusKnown { pid: 7, threads, fds: 1026 });
+        assert_eq!(
+            line,
+            "pid 7: vCPU threads 1026 threads: 5000-6023, 9000, 9002; 1026 perf counters open (on those threads only)"
+        );
+    }
+
+    #[test]
+    fn past_the_engines_rows_is_one_line_of_its_own() {
+        let note = "the in-kernel counting engine's 4096 rows are all in use".to_owned();
+        assert_eq!(
+            describe(&ObserverEvent::PastEngineRows(note.clone())),
+            format!("in-kernel counting: {note}")
+        );
     }
 }

@@ -153,7 +153,7 @@ fn snapshot_shows_the_trees_values_under_the_catalogs_names_and_follows_its_part
 
     drop(observer);
     let log = log.join().unwrap();
-    assert!(log.iter().any(|l| l.contains("mshv partition 4: VPs [0,1]")), "{log:?}");
+    assert!(log.iter().any(|l| l.contains("mshv partition 4: VPs [0, 1]")), "{log:?}");
     assert!(log.iter().any(|l| l.contains("mshv partition 4: gone")), "{log:?}");
     assert!(log.iter().any(|l| l.contains("vp counter VpVtl2RunTime has no catalog counter")), "{log:?}");
 }

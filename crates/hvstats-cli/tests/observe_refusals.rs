@@ -238,3 +238,39 @@ fn a_vm_of_1024_vcpus_is_admitted_by_what_counting_in_the_kernel_costs() {
     assert_eq!(observer_counter(&s, "Observer VMs refused"), Some(0));
     assert!(observer.lines_with("descriptor_budget").is_empty());
 }
+
+#[test]
+fn past_the_engines_rows_the_fallback_is_said_once_and_the_vm_names_its_costlier_source() {
+    let test = "past_the_engines_rows_the_fallback_is_said_once_and_the_vm_names_its_costlier_source";
+    if !kvm_available(test) {
+        return;
+    }
+    let _host = host_wide();
+    let name = format!("rows-{}", std::process::id());
+    let vmm = nobody_vmm(&name, 4);
+    let pid = vmm.pid();
+    let tmp = TempDir::new("observe-rows");
+    // An engine of 2 rows: the VM's 4 vCPU threads (and its other threads, at attach) do not fit.
+    let args = ["observe", "--all", "--vm", &name, "--interval", "0.5"];
+    let observer = Running::start_with(&args, tmp.path(), &[("HVSTATS_ENGINE_ROWS", "2")]);
+    // The start's line (the fallback's line says "in-kernel counting:").
+    let counting = observer.wait_line("observe: counting ");
+    if !counting.contains("in-kernel") {
+        assert!(std::env::var("HVSTATS_REQUIRE_KVM").is_err(), "BPF does not load here: {counting}");
+        eprintln!("{test}: tracepoints are not counted in the kernel here ({counting}): skipped");
+        return;
+    }
+    let said = observer.wait_line("rows are all in use");
+    eprintln!("{said}");
+    assert!(said.contains("in-kernel counting: the in-kernel counting engine's 2 rows"), "{said}");
+    assert!(said.contains(&format!("of process {pid}")) && said.contains("perf counters a thread"), "{said}");
+    let s = snapshot_until(tmp.path(), "its source named by its method", |s| {
+        partition_of(s, pid).is_some_and(|p| source_up(p, "tracepoints-perf") == Some(true))
+    });
+    let p = partition_of(&s, pid).unwrap();
+    assert_eq!(source_up(p, "tracepoints"), None, "one name for the source: {p:#}");
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(observer.lines_with("rows are all in use").len(), 0, "said once");
+    drop(observer);
+    drop(vmm);
+}

@@ -11,6 +11,10 @@
 //! ([`Method::Perf`]), each thread's in one perf group so that one `read` gives them all.
 //! Software events (task clock, migrations) are always perf counters. [`ThreadEvents`] is one
 //! thread's counters of a list.
+//!
+//! The engine holds as many threads as it has rows ([`crate::bpf::rows_for_host`]); a thread past
+//! them has its tracepoints counted by perf counters, and that is said once per engine
+//! ([`full_notes`]) with the numbers.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
@@ -121,7 +125,7 @@ impl EventSpec {
 /// How tracepoint events are counted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Method {
-    /// One BPF program per tracepoint, counting per thread into per-CPU arrays.
+    /// One BPF program per tracepoint, counting per thread into one row each.
     InKernel,
     /// A perf counter per (thread, event).
     Perf,
@@ -151,7 +155,7 @@ pub struct EventList {
     specs: Vec<EventSpec>,
     resolved: Vec<Result<(u32, u64), Arc<EventError>>>,
     /// The in-kernel counting, or why there is none.
-    tally: Result<Arc<Engine>, InKernelError>,
+    engine: Result<Arc<Engine>, InKernelError>,
     /// By event: its column in the engine, when the engine counts it.
     columns: Vec<Option<usize>>,
 }
@@ -159,8 +163,11 @@ pub struct EventList {
 /// Tallies alive in this process, by the specs they count and where they are kept: lists of the
 /// same events (every VM observed) share one, so a firing runs one program per tracepoint
 /// whatever the number of VMs.
-type TallyKey = (Vec<EventSpec>, Option<PathBuf>);
-static ENGINES: Mutex<Vec<(TallyKey, Weak<Engine>)>> = Mutex::new(Vec::new());
+type EngineKey = (Vec<EventSpec>, Option<PathBuf>, Option<u32>);
+static ENGINES: Mutex<Vec<(EngineKey, Weak<Engine>)>> = Mutex::new(Vec::new());
+
+/// That an engine's rows were all in use when a thread came, not said yet.
+static FULL_NOTES: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
 /// What adopting or dropping kept counts found, not said yet.
 static KEPT_NOTES: Mutex<Vec<String>> = Mutex::new(Vec::new());
@@ -201,31 +208,64 @@ pub fn kept_notes() -> Vec<String> {
     notes
 }
 
+/// What the engines found past their rows since the last call, to be said once: the first thread
+/// of each engine counted by perf counters for want of a row, with the numbers.
+pub fn full_notes() -> Vec<String> {
+    std::mem::take(&mut *FULL_NOTES.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+/// The rows `HVSTATS_ENGINE_ROWS` asks engines to hold instead of what the host is sized for
+/// (a smaller bound on the observer's kernel memory, or a test of what happens past them).
+pub const ROWS_VARIABLE: &str = "HVSTATS_ENGINE_ROWS";
+
+fn rows_asked() -> Option<u32> {
+    std::env::var(ROWS_VARIABLE).ok()?.trim().parse().ok().filter(|&rows| rows > 0)
+}
+
+/// Says once per engine that `tid` of `pid` found no row: its tracepoints are `perf` perf
+/// counters instead.
+fn note_full(engine: &Engine, pid: i32, tid: i32, perf: usize) {
+    if engine.turned_away() != 1 {
+        return;
+    }
+    FULL_NOTES.lock().unwrap_or_else(|e| e.into_inner()).push(format!(
+        "the in-kernel counting engine's {} rows are all in use: thread {tid} of process {pid}, and \
+         every thread past them, is counted by {perf} perf counters a thread instead (rows are sized \
+         at start: {} per CPU, at least {}, at most {}, within an eighth of the memory limit)",
+        engine.capacity(),
+        crate::bpf::ROWS_PER_CPU,
+        crate::bpf::MIN_ROWS,
+        crate::bpf::MAX_ROWS,
+    ));
+}
+
 /// Drops the adopted rows of threads gone in every live engine (kept counts of VMs that ended
 /// before anyone claimed them); returns how many.
 pub fn drop_gone_kept() -> usize {
-    let tallies = ENGINES.lock().unwrap_or_else(|e| e.into_inner());
-    tallies.iter().filter_map(|(_, t)| t.upgrade()).map(|t| t.drop_gone()).sum()
+    let engines = ENGINES.lock().unwrap_or_else(|e| e.into_inner());
+    engines.iter().filter_map(|(_, t)| t.upgrade()).map(|t| t.drop_gone()).sum()
 }
 
 fn shared_engine(
     root: &Path,
     specs: &[EventSpec],
     keep_in: Option<&Path>,
+    rows: Option<u32>,
 ) -> Result<Arc<Engine>, InKernelError> {
-    let mut tallies = ENGINES.lock().unwrap_or_else(|e| e.into_inner());
-    tallies.retain(|(_, t)| t.strong_count() > 0);
-    let key = (specs.to_vec(), keep_in.map(Path::to_owned));
-    if let Some(t) = tallies.iter().find(|(k, _)| *k == key).and_then(|(_, t)| t.upgrade()) {
+    let rows = rows.or_else(rows_asked);
+    let mut engines = ENGINES.lock().unwrap_or_else(|e| e.into_inner());
+    engines.retain(|(_, t)| t.strong_count() > 0);
+    let key = (specs.to_vec(), keep_in.map(Path::to_owned), rows);
+    if let Some(t) = engines.iter().find(|(k, _)| *k == key).and_then(|(_, t)| t.upgrade()) {
         return Ok(t);
     }
-    let layout = engine_layout(specs);
+    let layout = EngineLayout { rows, ..engine_layout(specs) };
     if layout.counted.is_empty() && layout.spans.is_empty() && layout.carried.is_empty() {
         return Err(InKernelError::NoTracepoint);
     }
-    let tally = match keep_in {
+    let engine = match keep_in {
         Some(identity) => {
-            let (tally, adoption) = Engine::kept(root, &layout, ThreadTable::for_host(), identity)
+            let (engine, adoption) = Engine::kept(root, &layout, ThreadTable::for_host(), identity)
                 .map_err(|e| InKernelError::Engine(Arc::new(e)))?;
             let mut notes = KEPT_NOTES.lock().unwrap_or_else(|e| e.into_inner());
             if adoption.adopted > 0 {
@@ -236,14 +276,14 @@ fn shared_engine(
                 ));
             }
             notes.extend(adoption.notes);
-            tally
+            engine
         }
         None => Engine::of_layout(root, &layout, ThreadTable::for_host())
             .map_err(|e| InKernelError::Engine(Arc::new(e)))?,
     };
-    let tally = Arc::new(tally);
-    tallies.push((key, Arc::downgrade(&tally)));
-    Ok(tally)
+    let engine = Arc::new(engine);
+    engines.push((key, Arc::downgrade(&engine)));
+    Ok(engine)
 }
 
 /// The engine columns of `specs`: their tracepoints, their spans and their carried counts
@@ -311,17 +351,23 @@ impl EventList {
     /// As [`new`](Self::new), counting tracepoints by `method` where possible (perf counters are
     /// always possible where the events are).
     pub fn with_method(specs: Vec<EventSpec>, method: Method) -> Self {
-        Self::made(specs, method, None)
+        Self::made(specs, method, None, None)
+    }
+
+    /// As [`new`](Self::new), the engine holding `rows` threads at most (not as many as the host
+    /// is sized for): the threads past them are counted by perf counters.
+    pub fn with_rows(specs: Vec<EventSpec>, rows: u32) -> Self {
+        Self::made(specs, Method::InKernel, None, Some(rows))
     }
 
     /// As [`new`](Self::new), with the in-kernel counts kept beyond this process in `identity`
     /// ([`keep_counts_in`]): rows an earlier process kept there are adopted by the threads they
     /// count ([`ThreadEvents::kept_since`] says since when).
     pub fn kept_in(specs: Vec<EventSpec>, identity: &Path) -> Self {
-        Self::made(specs, Method::InKernel, Some(identity))
+        Self::made(specs, Method::InKernel, Some(identity), None)
     }
 
-    fn made(specs: Vec<EventSpec>, method: Method, keep_in: Option<&Path>) -> Self {
+    fn made(specs: Vec<EventSpec>, method: Method, keep_in: Option<&Path>, rows: Option<u32>) -> Self {
         let root = tracefs::root();
         let resolved = specs
             .iter()
@@ -334,10 +380,10 @@ impl EventList {
                 }
             })
             .collect::<Vec<_>>();
-        let tally = match (method, root) {
+        let engine = match (method, root) {
             (Method::Perf, _) => Err(InKernelError::PerfAsked),
             (Method::InKernel, Err(e)) => Err(InKernelError::Tracefs(e)),
-            (Method::InKernel, Ok(root)) => shared_engine(root, &specs, keep_in),
+            (Method::InKernel, Ok(root)) => shared_engine(root, &specs, keep_in, rows),
         };
         let columns = engine_columns(&specs)
             .into_iter()
@@ -345,11 +391,11 @@ impl EventList {
             .map(|(i, column)| {
                 let column = column?;
                 let counted =
-                    resolved[i].is_ok() && tally.as_ref().is_ok_and(|t| t.refused(column).is_none());
+                    resolved[i].is_ok() && engine.as_ref().is_ok_and(|t| t.refused(column).is_none());
                 counted.then_some(column)
             })
             .collect();
-        Self { specs, resolved, tally, columns }
+        Self { specs, resolved, engine, columns }
     }
 
     /// How tracepoint events are counted: in the kernel when at least one is.
@@ -360,7 +406,7 @@ impl EventList {
     /// The method, said for a log or a description: which, and why not in the kernel when not,
     /// or which tracepoints stay perf counters.
     pub fn method_description(&self) -> String {
-        match (&self.tally, self.method()) {
+        match (&self.engine, self.method()) {
             (Err(why), _) => format!(
                 "perf counters per thread (in-kernel counting unavailable: {})",
                 crate::error_chain::error_chain(why)
@@ -393,14 +439,14 @@ impl EventList {
         }
     }
 
-    fn column_refusal(&self, tally: &Engine, event: usize) -> Option<String> {
+    fn column_refusal(&self, engine: &Engine, event: usize) -> Option<String> {
         let column = engine_columns(&self.specs).get(event).copied().flatten()?;
-        tally.refused(column).map(str::to_owned)
+        engine.refused(column).map(str::to_owned)
     }
 
     /// True when the in-kernel counts are kept beyond this process ([`keep_counts_in`]).
     pub fn is_kept(&self) -> bool {
-        self.tally.as_ref().is_ok_and(|t| t.kept_in().is_some())
+        self.engine.as_ref().is_ok_and(|t| t.kept_in().is_some())
     }
 
     /// True when event `i` is counted in the kernel.
@@ -414,6 +460,18 @@ impl EventList {
         (0..self.len())
             .filter(|&i| self.resolved[i].is_ok() && !self.in_kernel(i) && !self.is_span(i))
             .count()
+    }
+
+    /// Perf counters a thread holds when the engine has no row for it: every event but the spans
+    /// and carried counts (counted in the kernel or not at all).
+    pub fn perf_events_without_row(&self) -> usize {
+        (0..self.len()).filter(|&i| self.resolved[i].is_ok() && !self.is_span(i)).count()
+    }
+
+    /// The engine's rows and how many are free now, when tracepoints are counted in the kernel.
+    pub fn engine_rows(&self) -> Option<(u32, usize)> {
+        let engine = self.engine.as_ref().ok().filter(|_| self.method() == Method::InKernel)?;
+        Some((engine.capacity(), engine.rows_free()))
     }
 
     fn is_span(&self, i: usize) -> bool {
@@ -464,8 +522,8 @@ pub struct ThreadEvents {
 
 impl Drop for ThreadEvents {
     fn drop(&mut self) {
-        if let Some((tally, _, tid, _)) = self.slot.take() {
-            tally.remove_thread(tid);
+        if let Some((engine, _, tid, _)) = self.slot.take() {
+            engine.remove_thread(tid);
         }
     }
 }
@@ -482,25 +540,33 @@ impl ThreadEvents {
     /// As [`open`](Self::open), the thread running the VM object `vm`: a row kept by an earlier
     /// observer is adopted only for the same thread running the same VM (see [`VmToken`]).
     pub fn open_in(pid: i32, tid: i32, vm: VmToken, events: &EventList) -> Self {
-        let slot = events.tally.as_ref().ok().filter(|_| events.method() == Method::InKernel).and_then(|t| {
-            // A row kept by an earlier observer for this very thread and VM: its whole count is ours.
-            match t.claim(pid, tid, vm) {
-                Claim::Adopted(slot) => return Some((Arc::clone(t), slot, tid, Vec::new())),
-                Claim::OtherVm => {
-                    *OTHER_VM.lock().unwrap_or_else(|e| e.into_inner()).entry(pid).or_default() += 1;
+        let slot =
+            events.engine.as_ref().ok().filter(|_| events.method() == Method::InKernel).and_then(|t| {
+                // A row kept by an earlier observer for this very thread and VM: its whole count is ours.
+                match t.claim(pid, tid, vm) {
+                    Claim::Adopted(slot) => return Some((Arc::clone(t), slot, tid, Vec::new())),
+                    Claim::OtherVm => {
+                        *OTHER_VM.lock().unwrap_or_else(|e| e.into_inner()).entry(pid).or_default() += 1;
+                    }
+                    Claim::Nothing => {}
                 }
-                Claim::Nothing => {}
-            }
-            // A full engine (or a failed map write): this thread's tracepoints are perf counters.
-            let slot = t.add_thread_in(pid, tid, vm).ok()?;
-            match t.read(slot) {
-                Ok(start) => Some((Arc::clone(t), slot, tid, start)),
-                Err(_) => {
-                    t.remove_thread(tid);
-                    None
+                // A full engine (or a failed map write): this thread's tracepoints are perf counters.
+                let slot = match t.add_thread_in(pid, tid, vm) {
+                    Ok(slot) => slot,
+                    Err(EngineError::Full(_)) => {
+                        note_full(t, pid, tid, events.perf_events_without_row());
+                        return None;
+                    }
+                    Err(_) => return None,
+                };
+                match t.read(slot) {
+                    Ok(start) => Some((Arc::clone(t), slot, tid, start)),
+                    Err(_) => {
+                        t.remove_thread(tid);
+                        None
+                    }
                 }
-            }
-        });
+            });
         let in_engine = slot.is_some();
         let attrs = events.specs.iter().enumerate().map(|(i, spec)| {
             let (type_, config) = *events.resolved[i].as_ref().ok()?;
@@ -529,7 +595,13 @@ impl ThreadEvents {
     /// Since when its in-kernel counts count (µs since the epoch), when they are kept beyond
     /// this process (an adopted row: since an earlier observer began counting the thread).
     pub fn kept_since(&self) -> Option<u64> {
-        self.slot.as_ref().and_then(|(tally, slot, _, _)| tally.kept_since(*slot))
+        self.slot.as_ref().and_then(|(engine, slot, _, _)| engine.kept_since(*slot))
+    }
+
+    /// True when its tracepoints are counted in the engine's row for it (false: by perf counters,
+    /// or not at all).
+    pub fn in_engine(&self) -> bool {
+        self.slot.is_some()
     }
 
     /// Perf descriptors it holds.
@@ -553,8 +625,8 @@ impl ThreadEvents {
     /// Reads every counter: by event, its count since the thread was opened (`None`: not
     /// counted). A counter that cannot be read now keeps its last count.
     pub fn read(&mut self, events: &EventList) -> &[Option<u64>] {
-        if let Some((tally, slot, _, start)) = &self.slot
-            && tally.read_into(*slot, &mut self.scratch, &mut self.row).is_ok()
+        if let Some((engine, slot, _, start)) = &self.slot
+            && engine.read_into(*slot, &mut self.scratch, &mut self.row).is_ok()
         {
             for (i, last) in self.last.iter_mut().enumerate() {
                 if let Some(&Some(column)) = events.columns.get(i)

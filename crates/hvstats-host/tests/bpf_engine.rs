@@ -383,6 +383,7 @@ fn a_carried_column_adds_what_the_threads_record_before_it_left_and_spans_of_two
             span("sys_enter_getppid", "sys_enter_gettid"),
         ],
         carried: vec![carried(None, Some("who")), carried(None, None)],
+        rows: None,
     };
     let t = match Engine::of_layout(tracefs(), &layout, ThreadTable::for_host()) {
         Ok(t) => t,
@@ -424,4 +425,147 @@ fn a_carried_column_adds_what_the_threads_record_before_it_left_and_spans_of_two
     assert_eq!(t.open_spans(slot).unwrap(), vec![Some(1), None]);
     syscall0(libc::SYS_getpid);
     assert_eq!(t.open_spans(slot).unwrap(), vec![None, None]);
+}
+
+/// Threads of this process, parked until [`Crowd::count`]: the `i`-th then calls getppid `i + 1`
+/// times, and all stay alive (their ids not reused) until [`Crowd::end`].
+struct Crowd {
+    tids: Vec<i32>,
+    go: std::sync::Arc<std::sync::Barrier>,
+    counted: std::sync::Arc<std::sync::Barrier>,
+    done: std::sync::Arc<std::sync::Barrier>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Crowd {
+    fn spawn(n: usize) -> Self {
+        use std::sync::{Arc, Barrier};
+        let [go, counted, done] = [(); 3].map(|()| Arc::new(Barrier::new(n + 1)));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let threads = (0..n)
+            .map(|i| {
+                let (tx, go, counted, done) = (tx.clone(), go.clone(), counted.clone(), done.clone());
+                std::thread::Builder::new()
+                    .stack_size(64 << 10)
+                    .spawn(move || {
+                        tx.send((i, gettid())).unwrap();
+                        go.wait();
+                        getppid(i + 1);
+                        counted.wait();
+                        done.wait();
+                    })
+                    .unwrap()
+            })
+            .collect();
+        let mut tids = vec![0; n];
+        for _ in 0..n {
+            let (i, tid) = rx.recv().unwrap();
+            tids[i] = tid;
+        }
+        Crowd { tids, go, counted, done, threads }
+    }
+
+    /// Lets every thread count, and returns once all have.
+    fn count(&self) {
+        self.go.wait();
+        self.counted.wait();
+    }
+
+    fn end(self) {
+        self.done.wait();
+        for t in self.threads {
+            t.join().unwrap();
+        }
+    }
+}
+
+#[test]
+fn the_1100th_thread_and_every_one_before_it_are_counted_in_the_kernel() {
+    let Some(t) = engine(&[column("sys_enter_getppid", None)], "the_1100th_thread") else { return };
+    let layout = EngineLayout { counted: vec![column("sys_enter_getppid", None)], ..EngineLayout::default() };
+    println!(
+        "rows: {} (this host: {}), {} bytes a row of one column, {} KiB of rows",
+        t.capacity(),
+        hvstats_host::bpf::rows_for_host(&layout),
+        layout.row_bytes(),
+        u64::from(t.capacity()) * layout.row_bytes() / 1024
+    );
+    assert!(t.capacity() >= hvstats_host::bpf::MIN_ROWS, "{}", t.capacity());
+    let me = std::process::id() as i32;
+    let crowd = Crowd::spawn(1100);
+    let slots: Vec<_> = crowd.tids.iter().map(|&tid| t.add_thread(me, tid).unwrap()).collect();
+    crowd.count();
+    for (i, &slot) in slots.iter().enumerate() {
+        assert_eq!(t.read(slot).unwrap(), vec![i as u64 + 1], "thread {} of 1100", i + 1);
+    }
+    assert_eq!(t.turned_away(), 0);
+    for &tid in &crowd.tids {
+        t.remove_thread(tid);
+    }
+    crowd.end();
+}
+
+#[test]
+fn past_its_rows_a_thread_is_turned_away_until_a_row_frees() {
+    let layout = EngineLayout {
+        counted: vec![column("sys_enter_getppid", None)],
+        rows: Some(8),
+        ..EngineLayout::default()
+    };
+    let t = match Engine::of_layout(tracefs(), &layout, ThreadTable::for_host()) {
+        Ok(t) => t,
+        Err(e) => {
+            let why = hvstats_host::error_chain::error_chain(&e);
+            assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "{why}");
+            return eprintln!("past_its_rows: skipped: {why}");
+        }
+    };
+    assert_eq!((t.capacity(), t.rows_free()), (8, 8));
+    let me = std::process::id() as i32;
+    let crowd = Crowd::spawn(9);
+    let slots: Vec<_> = crowd.tids[..8].iter().map(|&tid| t.add_thread(me, tid).unwrap()).collect();
+    assert!(matches!(t.add_thread(me, crowd.tids[8]), Err(EngineError::Full(8))));
+    assert_eq!((t.rows_free(), t.turned_away()), (0, 1));
+    t.remove_thread(crowd.tids[0]);
+    let ninth = t.add_thread(me, crowd.tids[8]).unwrap();
+    crowd.count();
+    assert_eq!(t.read(ninth).unwrap(), vec![9], "the ninth counts in the row the first left");
+    assert_eq!(t.read(slots[7]).unwrap(), vec![8]);
+    crowd.end();
+}
+
+#[test]
+fn past_the_engines_rows_threads_are_counted_by_perf_and_that_is_said_once() {
+    use hvstats_host::counting::{EventList, EventSpec, Method, ThreadEvents, full_notes};
+    let spec =
+        EventSpec::Tracepoint { system: "syscalls".into(), name: "sys_enter_getppid".into(), filter: None };
+    let events = EventList::with_rows(vec![spec], 4);
+    if events.method() != Method::InKernel {
+        let why = events.method_description();
+        assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "{why}");
+        return eprintln!("past_the_engines_rows: skipped: {why}");
+    }
+    assert_eq!(events.engine_rows(), Some((4, 4)));
+    let me = std::process::id() as i32;
+    let crowd = Crowd::spawn(6);
+    let mut threads: Vec<ThreadEvents> =
+        crowd.tids.iter().map(|&tid| ThreadEvents::open(me, tid, &events)).collect();
+    let in_engine: Vec<bool> = threads.iter().map(ThreadEvents::in_engine).collect();
+    assert_eq!(in_engine, [true, true, true, true, false, false]);
+    assert_eq!(threads.iter().map(ThreadEvents::fds).collect::<Vec<_>>(), [0, 0, 0, 0, 1, 1]);
+    let notes: Vec<String> =
+        full_notes().into_iter().filter(|n| n.contains(&format!("thread {} ", crowd.tids[4]))).collect();
+    assert_eq!(notes.len(), 1, "said once, for the first thread past the rows: {notes:?}");
+    assert!(
+        notes[0].contains("4 rows are all in use") && notes[0].contains("by 1 perf counters"),
+        "{}",
+        notes[0]
+    );
+    assert!(!full_notes().iter().any(|n| n.contains(&format!("process {me},"))), "not said again");
+    crowd.count();
+    for (i, thread) in threads.iter_mut().enumerate() {
+        assert_eq!(thread.read(&events), [Some(i as u64 + 1)], "thread {}, in the kernel: {}", i + 1, i < 4);
+    }
+    drop(threads);
+    crowd.end();
 }

@@ -45,6 +45,8 @@ struct Said {
     adopted: bool,
     count: u64,
     since: u64,
+    /// The engine's rows.
+    rows: u32,
     notes: String,
 }
 
@@ -57,11 +59,24 @@ fn try_count_once(runtime: &Path, names: &str, pid: i32, tid: i32) -> Option<Sai
 
 /// As [`try_count_once`], the thread running the VM object `vm` (a [`keep::VmToken`]).
 fn try_count_in_vm(runtime: &Path, names: &str, pid: i32, tid: i32, vm: u64) -> Option<Said> {
+    try_count_in_rows(runtime, names, (pid, tid, vm), None)
+}
+
+/// As [`try_count_in_vm`], a new engine holding `rows` threads (`None`: as many as this host is
+/// sized for).
+fn try_count_in_rows(
+    runtime: &Path,
+    names: &str,
+    thread: (i32, i32, u64),
+    rows: Option<u32>,
+) -> Option<Said> {
+    let (pid, tid, vm) = thread;
     let out = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "kept_counter", "--ignored", "--nocapture", "--test-threads=1"])
         .env("HVSTATS_KEPT_RUNTIME", runtime)
         .env("HVSTATS_KEPT_COLUMNS", names)
         .env("HVSTATS_KEPT_THREAD", format!("{pid}:{tid}:{vm}"))
+        .env("HVSTATS_KEPT_ROWS", rows.map(|r| r.to_string()).unwrap_or_default())
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -82,6 +97,7 @@ fn try_count_in_vm(runtime: &Path, names: &str, pid: i32, tid: i32, vm: u64) -> 
         adopted: field("adopted=") == "true",
         count: field("count=").parse().unwrap(),
         since: field("since=").parse().unwrap(),
+        rows: field("rows=").parse().unwrap(),
         notes: stdout.lines().filter(|l| l.contains("note: ")).collect::<Vec<_>>().join("\n"),
     })
 }
@@ -107,8 +123,9 @@ fn kept_counter() {
     let (pid, tid, vm): (i32, i32, u64) = (pid.parse().unwrap(), tid.parse().unwrap(), vm.parse().unwrap());
     let identity = keep::identity_dir(Path::new(&runtime)).unwrap();
     let names: Vec<&str> = names.split(',').collect();
-    let made =
-        Engine::kept(Path::new("/sys/kernel/tracing"), &layout(&names), ThreadTable::for_host(), &identity);
+    let rows = std::env::var("HVSTATS_KEPT_ROWS").ok().and_then(|r| r.parse().ok());
+    let layout = EngineLayout { rows, ..layout(&names) };
+    let made = Engine::kept(Path::new("/sys/kernel/tracing"), &layout, ThreadTable::for_host(), &identity);
     let (tally, adoption) = match made {
         Ok(made) => made,
         Err(e) => {
@@ -130,7 +147,8 @@ fn kept_counter() {
     };
     let count = tally.read(slot).unwrap()[0];
     let since = tally.kept_since(slot).unwrap();
-    println!("kept: adopted={adopted} count={count} since={since} unclaimed={}", tally.unclaimed());
+    let (rows, unclaimed) = (tally.capacity(), tally.unclaimed());
+    println!("kept: adopted={adopted} count={count} since={since} rows={rows} unclaimed={unclaimed}");
     std::process::exit(0);
 }
 
@@ -229,4 +247,35 @@ fn kept_counts_outlive_their_counter_and_are_adopted_only_by_the_same_thread_vm_
     assert!(!gone_identity.exists(), "{} outlived its runtime directory and thread", gone_identity.display());
     keep::remove_tree(&other_identity);
     std::fs::remove_dir(&elsewhere).unwrap();
+}
+
+#[test]
+fn kept_rows_survive_a_change_of_the_rows_a_new_engine_would_have() {
+    let runtime = std::env::temp_dir().join(format!("hvstats-kept-rows-{}", std::process::id()));
+    std::fs::create_dir_all(&runtime).unwrap();
+    let identity = match keep::identity_dir(&runtime) {
+        Ok(d) => d,
+        Err(e) => {
+            assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "bpffs: {e}");
+            return eprintln!("kept_rows: skipped: bpffs: {e}");
+        }
+    };
+    let me = (std::process::id() as i32, gettid(), 1);
+    // An engine of 8 rows keeps this thread's row; the next observer would size one for this
+    // host (4,096 rows or more), and one after that for 16.
+    let Some(small) = try_count_in_rows(&runtime, "sys_enter_getppid", me, Some(8)) else {
+        assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "no BPF to keep counts with");
+        return;
+    };
+    assert_eq!((small.adopted, small.rows), (false, 8), "{small:?}");
+    getppid(250);
+    let host = try_count_in_rows(&runtime, "sys_enter_getppid", me, None).unwrap();
+    assert_eq!((host.adopted, host.count, host.since), (true, small.count + 250, small.since), "{host:?}");
+    assert_eq!(host.rows, 8, "the kept engine is adopted with its rows: {host:?}");
+    assert!(!host.notes.contains("dropped"), "{}", host.notes);
+    getppid(50);
+    let other = try_count_in_rows(&runtime, "sys_enter_getppid", me, Some(16)).unwrap();
+    assert_eq!((other.adopted, other.count), (true, small.count + 300), "{other:?}");
+    keep::remove_tree(&identity);
+    std::fs::remove_dir_all(&runtime).unwrap();
 }

@@ -49,8 +49,8 @@ pub enum ObserveError {
     },
     /// Not enough descriptors are left to count on the VM's vCPU threads.
     #[error(
-        "process {pid}: the descriptor budget: its {vcpus} vCPUs need {needed} descriptors ({per_thread} \
-         per vCPU thread, {counting}) and {room} are left under the open file limit (less a reserve \
+        "process {pid}: the descriptor budget: its {vcpus} vCPUs need {needed} descriptors \
+         ({counting}) and {room} are left under the open file limit (less a reserve \
          for /proc and the runtime directory)"
     )]
     Budget {
@@ -60,10 +60,9 @@ pub enum ObserveError {
         vcpus: usize,
         /// Descriptors its vCPU threads need.
         needed: usize,
-        /// Descriptors each vCPU thread needs by the counting method in use.
-        per_thread: usize,
-        /// The counting method in use, said.
-        counting: &'static str,
+        /// How its vCPU threads would be counted (in the kernel, or past the engine's rows by
+        /// perf counters), and what each costs, said.
+        counting: String,
         /// Descriptors left for counters.
         room: usize,
     },

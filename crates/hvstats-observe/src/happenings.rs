@@ -83,6 +83,10 @@ pub enum ObserverEvent {
     /// What keeping the in-kernel counts beyond this observer found: counts adopted from an
     /// earlier observer, kept counts dropped and why, or why nothing is kept.
     Kept(String),
+    /// The in-kernel counting engine's rows are all in use: the threads past them are counted by
+    /// perf counters, at perf's cost (said once, with the numbers; each VM so counted names its
+    /// source `tracepoints-perf`).
+    PastEngineRows(String),
     /// A VM is no longer observed: its process exited, `exec()`ed, or its pid names another
     /// process now.
     Detached {

@@ -141,6 +141,7 @@ impl Observer {
         }
         self.kept_notes.extend(hvstats_host::counting::kept_notes());
         events.extend(self.kept_notes.drain(..).map(ObserverEvent::Kept));
+        events.extend(hvstats_host::counting::full_notes().into_iter().map(ObserverEvent::PastEngineRows));
     }
 
     /// Leaves the in-kernel counts kept for this observer's VMs counting for the next observer

@@ -179,8 +179,59 @@ impl ThreadCounters {
         since
     }
 
+    /// Of `tids`, the threads counted by perf counters for want of a row in the in-kernel engine
+    /// (none unless the list counts in the kernel).
+    pub(crate) fn past_engine_rows(&self, tids: impl IntoIterator<Item = i32>) -> usize {
+        if self.events.method() != hvstats_host::counting::Method::InKernel {
+            return 0;
+        }
+        tids.into_iter().filter(|tid| self.threads.get(tid).is_some_and(|t| !t.in_engine())).count()
+    }
+
     /// The events.
     pub fn events(&self) -> &EventList {
         &self.events
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn threads_past_the_engines_rows_are_told_from_those_counted_in_the_kernel() {
+        let spec = EventSpec::Tracepoint {
+            system: "syscalls".into(),
+            name: "sys_enter_getppid".into(),
+            filter: None,
+        };
+        let events = EventList::with_rows(vec![spec], 2);
+        if events.method() != Method::InKernel {
+            assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "{}", events.method_description());
+            return;
+        }
+        // This process's threads (the test harness's and three parked here): two get a row.
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let rx = std::sync::Arc::new(std::sync::Mutex::new(rx));
+        let parked: Vec<_> = (0..3)
+            .map(|_| {
+                let rx = rx.clone();
+                std::thread::spawn(move || {
+                    let _ = rx.lock().map(|r| r.recv());
+                })
+            })
+            .collect();
+        let pid = std::process::id() as i32;
+        let counters = ThreadCounters::attach(&Procfs::host(), pid, events).unwrap();
+        let tids = counters.tids();
+        assert!(tids.len() >= 4, "{tids:?}");
+        assert_eq!(counters.past_engine_rows(tids.iter().copied()), tids.len() - 2);
+        assert_eq!(counters.past_engine_rows(tids[..2].iter().copied()), 0, "the first two have rows");
+        assert!(counters.fds() <= tids.len() - 2, "one perf counter at most a thread past the rows");
+        drop(counters);
+        for _ in &parked {
+            tx.send(()).unwrap();
+        }
+        parked.into_iter().for_each(|t| t.join().unwrap());
     }
 }

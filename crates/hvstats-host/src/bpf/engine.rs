@@ -1,13 +1,19 @@
 //! In-kernel counting of tracepoints on chosen threads: one program per tracepoint, one row of
-//! per-CPU counters per thread.
+//! counters per thread.
 //!
-//! A [`Engine`] is made for a list of columns (a tracepoint, narrowed by a filter or not). It
+//! An [`Engine`] is made for a list of columns (a tracepoint, narrowed by a filter or not). It
 //! loads one program per distinct tracepoint, attached for the life of the engine, and two maps:
-//! the thread table (thread id → process id and slot) and the rows (slot → one `u64` per column,
-//! per CPU). Counting a thread is one map write ([`Engine::add_thread`]); reading it is one map
-//! read summed over CPUs. The cost a firing pays is one program, however many columns it
+//! the thread table (thread id → process id and slot) and the rows (slot → one `u64` per column).
+//! Counting a thread is one map write ([`Engine::add_thread`]); reading it is one map read. The
+//! cost a firing pays is one program, however many columns it
 //! classifies into and however many threads are counted — the reason this exists: a perf
 //! counter per (thread, column) is evaluated on every firing, so the cost grows with each one.
+//!
+//! An engine holds as many threads as its rows: [`rows_for_host`] sizes it for the host (at least
+//! [`MIN_ROWS`], at most [`MAX_ROWS`], within the process's memory limit). A row is one thread's,
+//! not one per CPU (only the thread's own programs add to it, one at a time), so a row costs the
+//! same on any number of CPUs. Past its rows, [`Engine::add_thread`] says [`EngineError::Full`],
+//! and the caller counts the thread otherwise.
 //!
 //! An engine may also time spans ([`SpanColumn`], [`Engine::with_spans`]): from a firing of one
 //! tracepoint, classified by its filter, to the next firing of another on the same thread, each
@@ -84,6 +90,9 @@ pub struct EngineLayout {
     pub spans: Vec<SpanColumn>,
     /// Carried columns.
     pub carried: Vec<CarriedColumn>,
+    /// Threads counted at most (rows); `None`: as many as this host is sized for
+    /// ([`rows_for_host`]).
+    pub rows: Option<u32>,
 }
 
 /// Why an engine, or one of its tracepoints, cannot count in the kernel.
@@ -203,6 +212,8 @@ pub struct Engine {
 /// by [`Engine::build`].
 #[derive(Debug)]
 struct Store {
+    /// Rows: threads counted at most.
+    capacity: u32,
     columns: usize,
     /// Why each column is not counted in the kernel (its tracepoint could not be), if so.
     refused: Vec<Option<String>>,
@@ -239,6 +250,8 @@ pub struct Adoption {
 #[derive(Debug)]
 struct Slots {
     free: Vec<u32>,
+    /// Threads [`Engine::add_thread`] found no free row for.
+    turned_away: usize,
     /// Slot of each thread counted, and how many counted it ([`Engine::add_thread`] calls not yet
     /// matched by [`Engine::remove_thread`]).
     used: BTreeMap<u32, (u32, usize)>,
@@ -251,8 +264,32 @@ struct Slots {
 /// Columns an engine counts at most (a row's offsets must fit the instructions' 16 bits).
 pub const MAX_COLUMNS: usize = 1024;
 
-/// Rows (counted threads) an engine holds at most.
-pub const SLOTS: u32 = 1024;
+/// Rows (counted threads) an engine sized for its host holds at least: a host of 1,000 VMs of
+/// 4 vCPUs each has every vCPU thread counted in the kernel.
+pub const MIN_ROWS: u32 = 4096;
+
+/// Rows an engine sized for its host holds per possible CPU, above [`MIN_ROWS`]: 16 vCPU
+/// threads per hardware thread is beyond the overcommit of any host that runs its vCPUs.
+pub const ROWS_PER_CPU: u32 = 16;
+
+/// Rows an engine sized for its host holds at most (the documented ceiling): 65,536 threads.
+pub const MAX_ROWS: u32 = 1 << 16;
+
+/// The share of the observer's memory limit (its cgroup's `memory.max`, or the host's memory)
+/// an engine sized for its host may take for its maps: one eighth.
+const MEMORY_SHARE: u64 = 8;
+
+/// Rows an engine of `layout` holds on this host: [`ROWS_PER_CPU`] per possible CPU, at least
+/// [`MIN_ROWS`] and at most [`MAX_ROWS`], and no more than an eighth of this process's memory
+/// limit holds (the rows are not per CPU, so a row costs the same on a host of 768 CPUs as on
+/// one of 2: its columns, open spans, carried values, owner and thread entry).
+pub fn rows_for_host(layout: &EngineLayout) -> u32 {
+    let cpus = super::sys::possible_cpus().unwrap_or(1) as u32;
+    let wanted = cpus.saturating_mul(ROWS_PER_CPU).clamp(MIN_ROWS, MAX_ROWS);
+    let afford =
+        super::limits::memory_bytes().map_or(u64::MAX, |limit| limit / MEMORY_SHARE) / layout.row_bytes();
+    wanted.min(u32::try_from(afford).unwrap_or(u32::MAX)).max(1)
+}
 
 /// The largest `pid_max` whose thread table is an array indexed by thread id (8 bytes a thread
 /// id: 512 KiB); above it, a hash of the counted threads (a lookup costs a hash, not an index).
@@ -263,7 +300,7 @@ pub const ARRAY_PID_MAX: u32 = 1 << 16;
 pub enum ThreadTable {
     /// An array indexed by thread id (`pid_max` entries).
     Array,
-    /// A hash keyed by thread id ([`SLOTS`] entries).
+    /// A hash keyed by thread id (one entry per row).
     Hash,
 }
 
@@ -309,7 +346,8 @@ impl Engine {
         spans: &[SpanColumn],
         table: ThreadTable,
     ) -> Result<Self, EngineError> {
-        let layout = EngineLayout { counted: counted.to_vec(), spans: spans.to_vec(), carried: Vec::new() };
+        let layout =
+            EngineLayout { counted: counted.to_vec(), spans: spans.to_vec(), ..EngineLayout::default() };
         Self::of_layout(tracefs, &layout, table)
     }
 
@@ -342,7 +380,9 @@ impl Engine {
         table: ThreadTable,
         identity: &Path,
     ) -> Result<(Self, Adoption), EngineError> {
-        let dir = keep::layout_dir(identity, &format!("{layout:?} {table:?} {SLOTS}"));
+        // The rows are not in the name: kept rows are adopted whatever this host's size now.
+        let name = format!("{:?} {:?} {:?} {table:?}", layout.counted, layout.spans, layout.carried);
+        let dir = keep::layout_dir(identity, &name);
         let mut adoption = Adoption::default();
         let dropped = keep::drop_other_layouts(identity, &dir);
         if dropped > 0 {
@@ -393,6 +433,10 @@ impl Engine {
     /// The kept engine pinned in `dir`: its maps, opened and checked against the layout's, and
     /// its rows' owners; a tracepoint whose link is not there is not counted.
     fn adopt(layout: &EngineLayout, table: ThreadTable, dir: &Path) -> Result<Self, String> {
+        // The kept engine's rows, whatever this host would size a new one at: its counts go on.
+        let kept_rows =
+            ArrayMap::open_pinned(&dir.join("owners")).map_err(|e| format!("owners: {e}"))?.entries();
+        let layout = &EngineLayout { rows: Some(kept_rows), ..layout.clone() };
         let (mut parts, _) = Self::build(layout, table, |system, name, _, _, _| {
             if dir.join(format!("link:{system}:{name}")).exists() {
                 Ok(())
@@ -414,8 +458,8 @@ impl Engine {
         if let Some(latches) = &parts.latches {
             parts.latches = Some(open(latches, "latches")?);
         }
-        let owners = open(&keep::owners_map(SLOTS).map_err(|e| e.to_string())?, "owners")?;
-        for slot in 0..SLOTS {
+        let owners = open(&keep::owners_map(kept_rows).map_err(|e| e.to_string())?, "owners")?;
+        for slot in 0..kept_rows {
             if let Some(owner) = owners.read(slot).ok().and_then(|v| Owner::decode(&v)) {
                 parts
                     .free
@@ -447,7 +491,8 @@ impl Engine {
         spans: &[SpanColumn],
         table: ThreadTable,
     ) -> Result<Self, EngineError> {
-        let layout = EngineLayout { counted: counted.to_vec(), spans: spans.to_vec(), carried: Vec::new() };
+        let layout =
+            EngineLayout { counted: counted.to_vec(), spans: spans.to_vec(), ..EngineLayout::default() };
         Self::rehearse(format, &layout, table)
     }
 
@@ -472,14 +517,15 @@ impl Engine {
         table: ThreadTable,
         mut place: impl FnMut(&str, &str, &Roles, &[TracepointColumn], &Maps<'_>) -> Result<P, EngineError>,
     ) -> Result<(Store, Vec<(Tracepoint, P)>), EngineError> {
-        let EngineLayout { counted, spans, carried } = layout;
+        let EngineLayout { counted, spans, carried, .. } = layout;
         let width = counted.len() + spans.len() + carried.len();
         if width > MAX_COLUMNS {
             return Err(EngineError::Assemble(format!("{width} columns (at most {MAX_COLUMNS})")));
         }
         let lanes = Lanes::of(spans);
         let columns = layout.columns();
-        let store = Store::create(&columns, &lanes, carried.len(), table)?;
+        let rows = layout.rows.unwrap_or_else(|| rows_for_host(layout));
+        let store = Store::create(&columns, &lanes, carried.len(), table, rows)?;
         let first_carried = counted.len() + spans.len();
         let maps = Maps {
             threads: &store.threads,
@@ -590,7 +636,10 @@ impl Engine {
             *refs += 1;
             return Ok(Slot(*slot));
         }
-        let slot = slots.free.pop().ok_or(EngineError::Full(SLOTS))?;
+        let Some(slot) = slots.free.pop() else {
+            slots.turned_away += 1;
+            return Err(EngineError::Full(self.store.capacity));
+        };
         let zero = vec![0u8; 8 * self.store.columns.max(1)];
         let entry = (u64::from(pid as u32) << 32) | u64::from(slot + 1);
         // No span left open, nor value carried, by the slot's previous thread may count on this one.
@@ -702,6 +751,22 @@ impl Engine {
         gone.len()
     }
 
+    /// Threads it counts at most (its rows).
+    pub fn capacity(&self) -> u32 {
+        self.store.capacity
+    }
+
+    /// Rows free now: threads it can count beyond those it counts.
+    pub fn rows_free(&self) -> usize {
+        self.store.free.lock().unwrap_or_else(|e| e.into_inner()).free.len()
+    }
+
+    /// Threads it found no free row for, since it was made (each said by
+    /// [`EngineError::Full`]).
+    pub fn turned_away(&self) -> usize {
+        self.store.free.lock().unwrap_or_else(|e| e.into_inner()).turned_away
+    }
+
     /// Rows adopted and not claimed yet.
     pub fn unclaimed(&self) -> usize {
         self.store.free.lock().unwrap_or_else(|e| e.into_inner()).adopted.len()
@@ -712,7 +777,7 @@ impl Engine {
         self.kept.as_ref().map(|k| k.dir.as_path())
     }
 
-    /// The counts of `slot`, by column, summed over CPUs.
+    /// The counts of `slot`, by column.
     ///
     /// # Errors
     /// When the map cannot be read.
@@ -754,6 +819,15 @@ impl<'a> Lanes<'a> {
 }
 
 impl EngineLayout {
+    /// Bytes of kernel memory one row of this layout takes: its columns, open spans (16 bytes a
+    /// lane) and carried values, its owner when kept, and its thread's hash entry (with the
+    /// hash's own overhead, taken as 64 bytes).
+    pub fn row_bytes(&self) -> u64 {
+        let lanes = Lanes::of(&self.spans).0.len();
+        let columns = self.counted.len() + self.spans.len() + self.carried.len();
+        (8 * columns.max(1) + 16 * lanes + 8 * self.carried.len() + keep::OWNER_SIZE + 8 + 64) as u64
+    }
+
     /// Every column's tracepoint in row order: counted, span starts, carried.
     fn columns(&self) -> Vec<TracepointColumn> {
         self.counted
@@ -833,7 +907,7 @@ fn pin(parts: &Store, attachments: &[(Tracepoint, Attachment)], dir: &Path) -> i
         let link = format!("link:{system}:{name}");
         at(&link, attachment.pin(&dir.join(&link)))?;
     }
-    let owners = keep::owners_map(SLOTS)?;
+    let owners = keep::owners_map(parts.capacity)?;
     at("owners", owners.pin(&dir.join("owners")))?;
     Ok(owners)
 }
@@ -869,29 +943,34 @@ impl Store {
         lanes: &Lanes<'_>,
         carried: usize,
         table: ThreadTable,
+        capacity: u32,
     ) -> Result<Self, EngineError> {
         let spans = !lanes.0.is_empty();
         let pending = spans
-            .then(|| ArrayMap::create(16 * lanes.0.len(), SLOTS, false))
+            .then(|| ArrayMap::create(16 * lanes.0.len(), capacity, false))
             .transpose()
             .map_err(EngineError::Map)?;
         let latches = (carried > 0)
-            .then(|| ArrayMap::create(8 * carried, SLOTS, false))
+            .then(|| ArrayMap::create(8 * carried, capacity, false))
             .transpose()
             .map_err(EngineError::Map)?;
         let threads = match table {
             ThreadTable::Array => ArrayMap::create(8, pid_max(), false),
-            ThreadTable::Hash => ArrayMap::create_hash(8, SLOTS),
+            ThreadTable::Hash => ArrayMap::create_hash(8, capacity),
         }
         .map_err(EngineError::Map)?;
-        let rows = ArrayMap::create(8 * columns.len().max(1), SLOTS, true).map_err(EngineError::Map)?;
+        // One row per thread, not per CPU: a thread runs on one CPU at a time, and a program runs
+        // to completion on its CPU, so only that thread's programs add to its row, one at a time.
+        let rows = ArrayMap::create(8 * columns.len().max(1), capacity, false).map_err(EngineError::Map)?;
         let free = Slots {
-            free: (0..SLOTS).rev().collect(),
+            free: (0..capacity).rev().collect(),
+            turned_away: 0,
             used: BTreeMap::new(),
             adopted: BTreeMap::new(),
             since: BTreeMap::new(),
         };
         Ok(Store {
+            capacity,
             columns: columns.len(),
             refused: vec![None; columns.len()],
             threads,

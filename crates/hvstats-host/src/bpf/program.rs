@@ -1,11 +1,11 @@
 //! The counting program of one tracepoint: find the firing thread's slot, then add one to each
-//! column whose predicate the record satisfies, in the slot's row of a per-CPU array.
+//! column whose predicate the record satisfies, in the slot's row of an array.
 //!
 //! ```text
 //! tid, tgid = bpf_get_current_pid_tgid()
 //! entry = threads[tid]                  // array map: (tgid << 32) | (slot + 1), or 0
 //! if !entry || entry >> 32 != tgid: return 0
-//! row = rows[slot]                      // per-CPU array: one u64 per column
+//! row = rows[slot]                      // array: one u64 per column
 //! for each column: if predicate(record): row[column] += 1
 //! return 1
 //! ```
@@ -28,7 +28,8 @@
 //!
 //! Every firing of the tracepoint runs the program once, whatever the number of columns and
 //! observed threads: two array lookups (which the verifier inlines), then a few compares per
-//! column. The per-CPU row needs no atomic add: a program runs to completion on its CPU.
+//! column. The row needs no atomic add: only the thread's own programs add to it, and a thread
+//! runs on one CPU at a time, where a program runs to completion.
 
 use super::filter::{Field, Op, Pred};
 use super::insn::{

@@ -38,18 +38,12 @@ pub const EXTRA_THREADS: usize = 256;
 /// When the descriptors left cannot hold the events of every vCPU's thread.
 pub(crate) fn vmm_threads(at: &VmAttach<'_>) -> Result<(usize, Vec<i32>), ObserveError> {
     let (procfs, pid) = (at.procfs, at.pid);
-    let per_thread = at.per_thread.max(1);
+    let cost = ThreadCost::of(at);
     let vcpus = at.fds.vcpus.len();
-    let max_threads = (at.room / per_thread).min(vcpus + EXTRA_THREADS);
+    let max_threads = cost.threads_within(at.room).min(vcpus + EXTRA_THREADS);
     if max_threads < vcpus.max(1) {
-        let counting = match at.events.method() {
-            crate::thread_counters::Method::InKernel => {
-                "tracepoints counted in the kernel: the thread clock's"
-            }
-            crate::thread_counters::Method::Perf => "a perf counter per tracepoint and the thread clock's",
-        };
-        let needed = vcpus.max(1) * per_thread;
-        return Err(ObserveError::Budget { pid, vcpus, needed, per_thread, counting, room: at.room });
+        let (needed, counting) = (cost.descriptors(vcpus.max(1)), cost.said(vcpus.max(1)));
+        return Err(ObserveError::Budget { pid, vcpus, needed, counting, room: at.room });
     }
     let mut first: Vec<i32> = at
         .fds
@@ -59,6 +53,67 @@ pub(crate) fn vmm_threads(at: &VmAttach<'_>) -> Result<(usize, Vec<i32>), Observ
         .unwrap_or_default();
     first.extend(procfs.named_vcpu_threads(pid).unwrap_or_default().into_values());
     Ok((max_threads, first))
+}
+
+/// What counting a VMM's threads costs in descriptors, by the method each thread gets: a thread
+/// with a row in the in-kernel engine holds the thread clock's (and a perf counter per event the
+/// engine does not count); one past the engine's rows, a perf counter per event besides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ThreadCost {
+    /// Descriptors of a thread counted by the list's method ([`VmAttach::per_thread`]).
+    per_thread: usize,
+    /// Descriptors of a thread past the engine's rows.
+    past_rows: usize,
+    /// The engine's rows and those free, when the list counts in the kernel.
+    rows: Option<(u32, usize)>,
+}
+
+impl ThreadCost {
+    fn of(at: &VmAttach<'_>) -> Self {
+        let clock = super::thread_clock::events().len();
+        let past_rows = at.events.perf_events_without_row() + clock;
+        Self { per_thread: at.per_thread.max(1), past_rows: past_rows.max(1), rows: at.events.engine_rows() }
+    }
+
+    /// Of `threads`, those the engine has a row for.
+    fn in_rows(&self, threads: usize) -> usize {
+        self.rows.map_or(threads, |(_, free)| threads.min(free))
+    }
+
+    /// Descriptors `threads` threads need.
+    fn descriptors(&self, threads: usize) -> usize {
+        let in_rows = self.in_rows(threads);
+        in_rows * self.per_thread + (threads - in_rows) * self.past_rows
+    }
+
+    /// The most threads `room` descriptors count.
+    fn threads_within(&self, room: usize) -> usize {
+        let by_method = room / self.per_thread;
+        let free = self.in_rows(by_method);
+        if free == by_method { by_method } else { free + (room - free * self.per_thread) / self.past_rows }
+    }
+
+    /// How `threads` threads are counted, and what each costs, said for a refusal.
+    fn said(&self, threads: usize) -> String {
+        let in_rows = self.in_rows(threads);
+        match self.rows {
+            None => format!(
+                "{} per vCPU thread: a perf counter per tracepoint and the thread clock's",
+                self.per_thread
+            ),
+            Some(_) if in_rows == threads => format!(
+                "{} per vCPU thread: tracepoints counted in the kernel, the thread clock's",
+                self.per_thread
+            ),
+            Some((rows, free)) => format!(
+                "{in_rows} vCPU threads in the kernel at {} each, and {} past the in-kernel engine's \
+                 rows ({free} of {rows} free) by perf counters at {} each",
+                self.per_thread,
+                threads - in_rows,
+                self.past_rows
+            ),
+        }
+    }
 }
 
 /// The hardware virtualization of this host's KVM: `Some(ISA_VMX)`, `Some(ISA_SVM)`, or `None`
@@ -101,6 +156,9 @@ pub struct Events {
     /// Since when every count it writes counts (µs since the epoch), when all are kept beyond
     /// this observer: every vCPU thread known and counted in a kept row, no event left to perf.
     kept_since: Option<u64>,
+    /// vCPU threads whose tracepoints are perf counters for want of a row in the in-kernel
+    /// engine: the VM is counted at perf's cost, and its source is named so.
+    past_rows: usize,
 }
 
 /// Opens the events source: counters on every thread of the VMM (the threads known to run a
@@ -133,11 +191,27 @@ pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError
         counted: Vec::new(),
         hyperv_totals: hyperv::gives_totals(procfs.hyperv_enlightenments(pid)),
         kept_since: None,
+        past_rows: 0,
     };
     Ok(Some(Box::new(me)))
 }
 
 impl Events {
+    /// How its tracepoints are counted, said: the list's method, and the vCPU threads (of
+    /// `vcpu_threads`) past the in-kernel engine's rows, counted by perf counters instead.
+    fn method(&self, vcpu_threads: usize) -> String {
+        let events = self.counters.events();
+        let method = events.method_description();
+        match (self.past_rows, events.engine_rows()) {
+            (0, _) | (_, None) => method,
+            (past, Some((rows, _))) => format!(
+                "{method}; {past} of {vcpu_threads} vCPU threads by perf counters ({} a thread): the \
+                 engine's {rows} rows are all in use",
+                events.perf_events_without_row()
+            ),
+        }
+    }
+
     /// The events of writer `w`, as a range of the list.
     fn range(&self, w: usize) -> std::ops::Range<usize> {
         let end = self.offsets.get(w + 1).copied().unwrap_or(self.counters.events().len());
@@ -172,7 +246,7 @@ impl Events {
 
 impl CounterSource for Events {
     fn name(&self) -> &'static str {
-        "tracepoints"
+        if self.past_rows > 0 { "tracepoints-perf" } else { "tracepoints" }
     }
 
     fn gives(&self) -> Gives {
@@ -233,11 +307,12 @@ impl VmSource for Events {
         self.kept_since = (vm.all_known() && all_in_kernel)
             .then(|| self.counters.kept_since_of(vm.threads().map(|(_, tid)| tid)))
             .flatten();
+        self.past_rows = self.counters.past_engine_rows(vm.threads().map(|(_, tid)| tid));
         let counting = Counting {
             kvm_exit: self.kvm_exit,
             threads: self.counters.tids().len(),
             left_out: self.counters.left_out(),
-            method: self.counters.events().method_description(),
+            method: self.method(vm.threads().count()),
         };
         Learned { counting: Some(counting), ..Learned::holding(self.counters.fds()) }
     }
@@ -250,5 +325,45 @@ impl VmSource for Events {
 
     fn kept_since(&self) -> Option<std::time::SystemTime> {
         self.kept_since.map(|us| std::time::UNIX_EPOCH + std::time::Duration::from_micros(us))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admission_counts_each_thread_by_the_method_it_gets_and_a_refusal_says_which() {
+        // Counting in the kernel: a 1,024-vCPU VM needs the thread clock's descriptor a thread.
+        let in_kernel = ThreadCost { per_thread: 1, past_rows: 44, rows: Some((4096, 4096)) };
+        assert_eq!(in_kernel.descriptors(1024), 1024);
+        assert_eq!(in_kernel.threads_within(19_673), 4096 + (19_673 - 4096) / 44);
+        assert!(in_kernel.said(1024).starts_with("1 per vCPU thread: tracepoints counted in the kernel"));
+        // Past the engine's rows, each thread beyond costs perf's descriptors, and is said so.
+        let full = ThreadCost { rows: Some((4096, 100)), ..in_kernel };
+        assert_eq!(full.descriptors(1024), 100 + 924 * 44);
+        assert_eq!(full.threads_within(1000), 100 + 900 / 44);
+        assert_eq!(
+            full.said(1024),
+            "100 vCPU threads in the kernel at 1 each, and 924 past the in-kernel engine's rows \
+             (100 of 4096 free) by perf counters at 44 each"
+        );
+        // Perf counters everywhere: every thread at perf's cost.
+        let perf = ThreadCost { per_thread: 44, past_rows: 44, rows: None };
+        assert_eq!((perf.descriptors(1024), perf.threads_within(19_673)), (45_056, 447));
+        let refusal = ObserveError::Budget {
+            pid: 7,
+            vcpus: 1024,
+            needed: full.descriptors(1024),
+            counting: full.said(1024),
+            room: 1000,
+        };
+        let said = refusal.to_string();
+        assert!(said.contains("the descriptor budget: its 1024 vCPUs need 40756 descriptors"), "{said}");
+        assert!(
+            said.contains("924 past the in-kernel engine's rows") && said.contains("1000 are left"),
+            "{said}"
+        );
+        assert_eq!(crate::refusal::of_attach_error(&refusal).label(), "descriptor_budget");
     }
 }
