@@ -727,6 +727,8 @@ mod tests {
     #[test]
     fn programs_tell_the_vmm() {
         assert_eq!(Vmm::from_program("/usr/bin/qemu-system-x86_64"), Vmm::Qemu);
+        // Proxmox VE's QEMU.
+        assert_eq!(Vmm::from_program("/usr/bin/kvm"), Vmm::Qemu);
         assert_eq!(Vmm::from_program("firecracker"), Vmm::Firecracker);
         assert_eq!(Vmm::from_program("/opt/cloud-hypervisor"), Vmm::CloudHypervisor);
         assert_eq!(Vmm::from_program("crosvm"), Vmm::Crosvm);
