@@ -19,6 +19,7 @@ pub mod kubevirt;
 pub mod microvm;
 pub mod nova;
 pub mod proxmox;
+pub mod shown;
 
 /// The longest label value kept, in bytes: values are others' text, and a label is on every
 /// scrape.
