@@ -59,6 +59,10 @@ fn relevant() -> Gives {
     })
 }
 
+/// How often a VM's platform identity is read again: a Nova resize, a Proxmox tag, are seen
+/// within it.
+pub const PLATFORM_PERIOD: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Why an observed VM is no longer observed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Departure {
@@ -103,6 +107,10 @@ pub struct ObservedVm {
     name: String,
     uuid: Option<hvstats::vmm::VmUuid>,
     vm_fd: u32,
+    /// The VM's identity on its platform, and when it was read (read again at most once a
+    /// [`PLATFORM_PERIOD`], so a change the platform makes is seen within it).
+    platform: Option<hvstats_platform::Identity>,
+    platform_read: std::time::Instant,
     attached: SystemTime,
     vcpus: Vec<Vcpu>,
     sources: Composition<dyn VmSource>,
@@ -178,6 +186,8 @@ impl ObservedVm {
             name,
             uuid,
             vm_fd,
+            platform: procfs.platform_identity(pid),
+            platform_read: std::time::Instant::now(),
             attached,
             vcpus,
             sources: Composition::new(opened),
@@ -252,6 +262,20 @@ impl ObservedVm {
     /// The VM's UUID, as QMP or its command line gives it.
     pub fn uuid(&self) -> Option<hvstats::vmm::VmUuid> {
         self.uuid
+    }
+
+    /// The VM's identity on the platform that runs it, when one is read (trusted or not: see
+    /// [`hvstats_platform::Identity::labels`]).
+    pub fn platform(&self) -> Option<&hvstats_platform::Identity> {
+        self.platform.as_ref()
+    }
+
+    /// Reads the VM's platform identity again once [`PLATFORM_PERIOD`] passed since the last.
+    fn reread_platform(&mut self, procfs: &Procfs) {
+        if self.platform_read.elapsed() >= PLATFORM_PERIOD {
+            self.platform = procfs.platform_identity(self.pid);
+            self.platform_read = std::time::Instant::now();
+        }
     }
 
     /// The VMM.
@@ -393,6 +417,7 @@ impl ObservedVm {
         if self.vm_changed(procfs)? {
             return Ok(Some(Departure::VmChanged));
         }
+        self.reread_platform(procfs);
         self.check_threads(procfs);
         self.find_threads(procfs);
         let view = VmView { procfs, pid: self.pid, vcpus: &self.vcpus };
