@@ -142,5 +142,19 @@ fn platform_vms_get_their_platforms_labels_and_forged_command_lines_do_not() {
         );
         assert!(line.contains("vm=\"prod_db") || line.contains(&format!("vm=\"{name}\"")), "{line}");
     }
+    // snapshot --json says the same of each partition.
+    let doc = common::snapshot_json(tmp.path());
+    let partitions: Vec<&serde_json::Value> = doc["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|i| i["partitions"].as_array().unwrap())
+        .collect();
+    let of = |pid: i32| *partitions.iter().find(|p| p["vmm"]["pid"] == pid).unwrap();
+    let platform = &of(pve.pid())["platform"];
+    assert_eq!(platform["platform"], "proxmox", "{platform}");
+    assert_eq!(platform["labels"]["id"], "qemu/100", "{platform}");
+    assert_eq!(of(launcher.pid())["platform"]["labels"]["pod_uid"], POD_UID);
+    assert!(of(forged_kubevirt.pid()).get("platform").is_none());
     drop(pod);
 }

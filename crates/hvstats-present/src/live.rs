@@ -254,7 +254,7 @@ impl Live {
 
 /// The platform identities each observer among `instances` wrote beside its instance in `dir`;
 /// a file that cannot be read or believed is a problem, and its VMs have none.
-fn read_platforms(
+pub fn read_platforms(
     dir: &Path,
     instances: &[InstanceSnapshot],
     problems: &mut Vec<String>,
@@ -262,15 +262,25 @@ fn read_platforms(
     let mut platforms = BTreeMap::new();
     for instance in instances.iter().filter(|i| i.description.kind == OBSERVER_KIND) {
         let Some(name) = InstanceName::parse(&instance.name) else { continue };
-        match hvstats::platform_file::read(dir, &name) {
-            Ok(Some(text)) => {
-                platforms.insert(instance.name.clone(), decode(&text));
+        match platforms_of(dir, &name) {
+            Ok(Some(vms)) => {
+                platforms.insert(instance.name.clone(), vms);
             }
             Ok(None) => {}
-            Err(e) => {
-                problems.push(format!("the platform identities of {}: {}", instance.name, error_chain(&e)))
-            }
+            Err(problem) => problems.push(problem),
         }
     }
     platforms
+}
+
+/// The platform identities observer `name` wrote beside its instance in `dir`, by partition id
+/// (`None` when it wrote none).
+///
+/// # Errors
+/// When its file cannot be read or believed: the problem, said for a person.
+pub fn platforms_of(dir: &Path, name: &InstanceName) -> Result<Option<BTreeMap<u64, Shown>>, String> {
+    match hvstats::platform_file::read(dir, name) {
+        Ok(text) => Ok(text.map(|t| decode(&t))),
+        Err(e) => Err(format!("the platform identities of {name}: {}", error_chain(&e))),
+    }
 }

@@ -164,6 +164,10 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.json {
         let instances: Vec<Value> = snapshots.iter().map(|s| instance_json(s, earlier_of(s))).collect();
         let mut doc = hvstats_present::snapshot_json::document(instances);
+        let mut problems = Vec::new();
+        let platforms = hvstats_present::live::read_platforms(&dir, &snapshots, &mut problems);
+        problems.iter().for_each(|p| note!("{p}"));
+        hvstats_present::snapshot_json::add_platforms(&mut doc, &platforms);
         if let Some((_, seconds)) = &earlier {
             doc["interval_seconds"] = json!(seconds);
         }
