@@ -64,10 +64,17 @@ pub fn identity(xml: &str, domain_uuid: Option<&str>, trusted: bool) -> Result<I
         return Err(NovaError::TooLong(xml.len()));
     }
     let document = Document::parse(xml)?;
-    let instance = document
-        .descendants()
-        .find(|n| n.tag_name().name() == "instance" && is_nova(n))
-        .ok_or(NovaError::NoInstance)?;
+    // `virDomainGetMetadata` gives the element it was asked for by namespace without its
+    // namespace: a root `<instance>` of none is Nova's then.
+    let root = document.root_element();
+    let bare = root.tag_name().name() == "instance" && root.tag_name().namespace().is_none();
+    let instance = match bare {
+        true => root,
+        false => document
+            .descendants()
+            .find(|n| n.tag_name().name() == "instance" && is_nova(n))
+            .ok_or(NovaError::NoInstance)?,
+    };
     let mut labels = Vec::new();
     let mut push = |name, value: Option<&str>| {
         if let Some(value) = value {
@@ -98,9 +105,10 @@ fn is_nova(node: &Node<'_, '_>) -> bool {
     node.tag_name().namespace().is_some_and(|ns| NAMESPACES.contains(&ns))
 }
 
-/// The first child element of `node` named `name` in Nova's namespace.
+/// The first child element of `node` named `name` in `node`'s namespace (Nova's, or none).
 fn child<'a, 'i>(node: Node<'a, 'i>, name: &str) -> Option<Node<'a, 'i>> {
-    node.children().find(|c| c.is_element() && c.tag_name().name() == name && is_nova(c))
+    let ns = node.tag_name().namespace();
+    node.children().find(|c| c.is_element() && c.tag_name().name() == name && c.tag_name().namespace() == ns)
 }
 
 #[cfg(test)]
@@ -189,8 +197,20 @@ mod tests {
     }
 
     #[test]
+    fn the_element_virdomaingetmetadata_gives_has_no_namespace_and_is_novas() {
+        // `virsh metadata DOMAIN --uri …/nova/1.0` prints it so.
+        let bare = "<instance>\n  <package version=\"27.1.0\"/>\n  <name>web-1</name>\n  \
+            <flavor name=\"m1.small\"><memory>2048</memory></flavor>\n  <owner>\n    \
+            <project uuid=\"p1\">shop</project>\n  </owner>\n</instance>\n";
+        let id = identity(bare, None, true).unwrap();
+        assert_eq!(id.label("instance_name"), Some("web-1"));
+        assert_eq!(id.label("flavor_name"), Some("m1.small"));
+        assert_eq!(id.label("project_name"), Some("shop"));
+    }
+
+    #[test]
     fn what_is_not_nova_metadata_is_an_error() {
-        assert!(matches!(identity("<instance/>", None, true), Err(NovaError::NoInstance)));
+        assert!(matches!(identity("<domain><instance/></domain>", None, true), Err(NovaError::NoInstance)));
         assert!(matches!(identity("<instance", None, true), Err(NovaError::Xml(_))));
         let huge = format!("<a>{}</a>", "x".repeat(MAX_XML_BYTES));
         assert!(matches!(identity(&huge, None, true), Err(NovaError::TooLong(_))));
