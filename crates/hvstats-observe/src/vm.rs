@@ -422,6 +422,10 @@ impl ObservedVm {
         self.find_threads(procfs);
         let view = VmView { procfs, pid: self.pid, vcpus: &self.vcpus };
         self.learned = self.sources.sources_mut().map(|s| s.read(&view)).collect();
+        // A peer's word on the platform (libvirt's Nova metadata) before the process's own.
+        if let Some(platform) = self.learned.iter().find_map(|l| l.platform.clone()) {
+            self.platform = Some(platform);
+        }
         self.sources.decide();
         for index in 0..self.vcpus.len() as u32 {
             if self.vcpus[index as usize].tid.is_none() {

@@ -425,6 +425,7 @@ impl QmpStats {
             fds: usize::from(!matches!(self.session, Session::Closed { .. })),
             counting: None,
             vm_state: Some(if self.is_up() { self.state } else { VmState::Unknown }),
+            platform: None,
         }
     }
 }
