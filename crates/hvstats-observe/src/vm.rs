@@ -107,10 +107,10 @@ pub struct ObservedVm {
     name: String,
     uuid: Option<hvstats::vmm::VmUuid>,
     vm_fd: u32,
-    /// The VM's identity on its platform, and when it was read (read again at most once a
-    /// [`PLATFORM_PERIOD`], so a change the platform makes is seen within it).
-    platform: Option<hvstats_platform::Identity>,
-    platform_read: std::time::Instant,
+    /// When the VM's identity on its platform was read, and what it is (`None` before its first
+    /// refresh; read again once a [`PLATFORM_PERIOD`], so a change the platform makes is seen
+    /// within it).
+    platform: Option<(std::time::Instant, Option<hvstats_platform::Identity>)>,
     attached: SystemTime,
     vcpus: Vec<Vcpu>,
     sources: Composition<dyn VmSource>,
@@ -186,8 +186,7 @@ impl ObservedVm {
             name,
             uuid,
             vm_fd,
-            platform: procfs.platform_identity(pid),
-            platform_read: std::time::Instant::now(),
+            platform: None,
             attached,
             vcpus,
             sources: Composition::new(opened),
@@ -196,7 +195,7 @@ impl ObservedVm {
             hv: hv.clone(),
             declared: None,
             claim: None,
-            exit: (procfs.root() == std::path::Path::new("/proc")).then(|| ExitWatch::new(pid)).flatten(),
+            exit: live.then(|| ExitWatch::new(pid)).flatten(),
             watch,
         };
         match me.refresh(procfs) {
@@ -267,14 +266,13 @@ impl ObservedVm {
     /// The VM's identity on the platform that runs it, when one is read (trusted or not: see
     /// [`hvstats_platform::Identity::labels`]).
     pub fn platform(&self) -> Option<&hvstats_platform::Identity> {
-        self.platform.as_ref()
+        self.platform.as_ref().and_then(|(_, identity)| identity.as_ref())
     }
 
     /// Reads the VM's platform identity again once [`PLATFORM_PERIOD`] passed since the last.
     fn reread_platform(&mut self, procfs: &Procfs) {
-        if self.platform_read.elapsed() >= PLATFORM_PERIOD {
-            self.platform = procfs.platform_identity(self.pid);
-            self.platform_read = std::time::Instant::now();
+        if self.platform.as_ref().is_none_or(|(at, _)| at.elapsed() >= PLATFORM_PERIOD) {
+            self.platform = Some((std::time::Instant::now(), procfs.platform_identity(self.pid)));
         }
     }
 
@@ -423,8 +421,10 @@ impl ObservedVm {
         let view = VmView { procfs, pid: self.pid, vcpus: &self.vcpus };
         self.learned = self.sources.sources_mut().map(|s| s.read(&view)).collect();
         // A peer's word on the platform (libvirt's Nova metadata) before the process's own.
-        if let Some(platform) = self.learned.iter().find_map(|l| l.platform.clone()) {
-            self.platform = Some(platform);
+        if let (Some((_, identity)), Some(platform)) =
+            (&mut self.platform, self.learned.iter().find_map(|l| l.platform.clone()))
+        {
+            *identity = Some(platform);
         }
         self.sources.decide();
         for index in 0..self.vcpus.len() as u32 {

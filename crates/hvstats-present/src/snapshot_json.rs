@@ -547,6 +547,18 @@ pub fn add_platforms(
     }
 }
 
+/// [`add_platforms`] of the identities the observers among `instances` wrote in the runtime
+/// directory `dir`; what could not be read, one line each.
+pub fn add_platforms_from(
+    doc: &mut Value,
+    dir: &std::path::Path,
+    instances: &[InstanceSnapshot],
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    add_platforms(doc, &crate::live::read_platforms(dir, instances, &mut problems));
+    problems
+}
+
 /// A VM's platform identity: `{"platform", "identity_source", "labels": {name: value}}`.
 fn platform_json(shown: &hvstats_platform::shown::Shown) -> Value {
     let labels: Map<String, Value> =

@@ -23,8 +23,8 @@ use serde_json::{Value, json};
 use crate::output::{self, ExitStatus, note};
 use hvstats_present::present::{Interval, SAME_PUBLICATION, human_ns};
 use hvstats_present::snapshot_json::{
-    Earlier, cells, earlier_partition, earlier_vp, has_unreadable, instance_json, stream_json,
-    unreadable_lines,
+    Earlier, add_platforms_from, cells, earlier_partition, earlier_vp, has_unreadable, instance_json,
+    stream_json, unreadable_lines,
 };
 
 /// Flags of `hvstats snapshot`.
@@ -164,10 +164,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.json {
         let instances: Vec<Value> = snapshots.iter().map(|s| instance_json(s, earlier_of(s))).collect();
         let mut doc = hvstats_present::snapshot_json::document(instances);
-        let mut problems = Vec::new();
-        let platforms = hvstats_present::live::read_platforms(&dir, &snapshots, &mut problems);
-        problems.iter().for_each(|p| note!("{p}"));
-        hvstats_present::snapshot_json::add_platforms(&mut doc, &platforms);
+        add_platforms_from(&mut doc, &dir, &snapshots).iter().for_each(|p| note!("{p}"));
         if let Some((_, seconds)) = &earlier {
             doc["interval_seconds"] = json!(seconds);
         }
