@@ -2,24 +2,33 @@
 //! KubeVirt's pod, Proxmox's vmid): text of variable length that no index entry can carry,
 //! written whole by the observer and read by every surface that shows a VM's identity.
 //!
-//! It lives in the runtime directory as `platform.<instance name>`, under the directory's
+//! It lives beside the instance's arena as `<instance name>.platform`, under the directory's
 //! discipline ([`crate::runtime_dir`]): written to a temporary file and renamed into place, read
 //! only when it is a regular file of the directory's owner (or root) that no other user may
-//! write, and never more than [`MAX_BYTES`]. What it says is parsed by its reader, which trusts
-//! none of it beyond its shape.
+//! write, and never more than [`MAX_BYTES`]. It goes with its instance: the publication removes
+//! it at its end, and a sweep removes one whose arena is gone ([`crate::publish::sweep`]). What
+//! it says is parsed by its reader, which trusts none of it beyond its shape.
 
 use std::io::{Read, Write};
 use std::path::Path;
 
-use crate::publish::InstanceName;
+use crate::publish::{INSTANCES_DIR, InstanceName};
 use crate::runtime_dir::{Dir, RuntimeDirError, Use, euid, fstat};
 
 /// The most of the file read: a few hundred bytes per VM.
 pub const MAX_BYTES: u64 = 4 << 20;
 
+/// The suffix of the file's name.
+pub const SUFFIX: &str = ".platform";
+
 /// The file's name for instance `name`.
-fn file_name(name: &InstanceName) -> String {
-    format!("platform.{name}")
+pub(crate) fn file_name(name: &InstanceName) -> String {
+    format!("{name}{SUFFIX}")
+}
+
+/// The instances directory of `runtime_dir`, opened for `usage`.
+fn instances(runtime_dir: &Path, usage: Use) -> Result<Dir, RuntimeDirError> {
+    Dir::open(runtime_dir, usage)?.subdir(INSTANCES_DIR, usage)
 }
 
 /// Replaces the file of instance `name` in `runtime_dir` with `text` (removes it when `text` is
@@ -28,7 +37,7 @@ fn file_name(name: &InstanceName) -> String {
 /// # Errors
 /// When the directory cannot be opened to publish, or the file cannot be written or renamed.
 pub fn write(runtime_dir: &Path, name: &InstanceName, text: &str) -> Result<(), RuntimeDirError> {
-    let dir = Dir::open(runtime_dir, Use::Publish)?;
+    let dir = instances(runtime_dir, Use::Publish)?;
     let target = file_name(name);
     if text.is_empty() {
         let _ = dir.remove_file(&target);
@@ -55,7 +64,7 @@ pub fn write(runtime_dir: &Path, name: &InstanceName, text: &str) -> Result<(), 
 /// root), writable by group or others, or longer than [`MAX_BYTES`].
 pub fn read(runtime_dir: &Path, name: &InstanceName) -> Result<Option<String>, RuntimeDirError> {
     let not_found = |e: &RuntimeDirError| e.io_kind() == Some(std::io::ErrorKind::NotFound);
-    let dir = match Dir::open(runtime_dir, Use::Read) {
+    let dir = match instances(runtime_dir, Use::Read) {
         Err(e) if not_found(&e) => return Ok(None),
         dir => dir?,
     };
@@ -98,12 +107,28 @@ mod tests {
         assert_eq!(read(tmp.path(), &name).unwrap().as_deref(), Some("1\tplatform\tproxmox\n"));
         write(tmp.path(), &name, "").unwrap();
         assert_eq!(read(tmp.path(), &name).unwrap(), None, "empty is no file");
-        let path = tmp.path().join(file_name(&name));
+        let path = tmp.path().join(INSTANCES_DIR).join(file_name(&name));
         std::fs::write(&path, "x").unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
         assert!(read(tmp.path(), &name).is_err(), "a file anyone may write is believed");
         std::fs::remove_file(&path).unwrap();
         std::os::unix::fs::symlink("/etc/hostname", &path).unwrap();
         assert!(read(tmp.path(), &name).is_err(), "a link is followed");
+    }
+
+    #[test]
+    fn a_file_whose_instance_is_gone_is_swept_and_one_whose_instance_lives_is_kept() {
+        let tmp = hvstats_testkit::TempDir::new("platform-sweep");
+        let hv = crate::Hypervisor::new_published(tmp.path()).unwrap();
+        let live = hv.published_name().unwrap();
+        let gone = InstanceName { pid: 42, start_time: 7, seq: 0 };
+        write(tmp.path(), &live, "1\tplatform\tkata\n").unwrap();
+        write(tmp.path(), &gone, "1\tplatform\tkata\n").unwrap();
+        let instances = instances(tmp.path(), Use::Publish).unwrap();
+        let swept = crate::publish::sweep(&instances);
+        assert_eq!(swept.removed, [instances.path().join(file_name(&gone))]);
+        assert!(read(tmp.path(), &live).unwrap().is_some());
+        drop(hv);
+        assert_eq!(read(tmp.path(), &live).unwrap(), None, "its publication's end removes it");
     }
 }

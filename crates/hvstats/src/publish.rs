@@ -210,6 +210,14 @@ pub fn sweep(instances: &Dir) -> Sweep {
     let Ok(names) = instances.names() else { return sweep };
     for name in names {
         let Some(name) = name.to_str() else { continue };
+        if let Some(stem) = name.strip_suffix(crate::platform_file::SUFFIX) {
+            // A platform file goes with its instance's arena (it holds no lock of its own).
+            let orphan = instances.open_file(&format!("{stem}{ARENA_SUFFIX}"), false).is_err();
+            if orphan && InstanceName::parse(stem).is_some() && instances.remove_file(name).is_ok() {
+                sweep.removed.push(instances.path().join(name));
+            }
+            continue;
+        }
         if !is_ours(name) {
             continue;
         }
@@ -370,6 +378,7 @@ impl Drop for Publication {
             let _ = self.instances.remove_file(&file);
             let _ = self.instances.remove_file(&format!(".{file}{TMP_SUFFIX}"));
         }
+        let _ = self.instances.remove_file(&crate::platform_file::file_name(&self.name));
     }
 }
 
