@@ -1,6 +1,7 @@
 //! Platform identities on `hvstats_vm_info`, from stand-in VMMs (this test binary run again,
 //! holding a real KVM VM under a platform's command line): Proxmox VE's `kvm -id`, a KubeVirt
-//! launcher's QEMU in a pod's cgroup, a Cloud Hypervisor named by its API socket; and the same
+//! launcher's QEMU in a pod's cgroup and a mount namespace of its own, a Cloud Hypervisor named
+//! by its API socket; and the same
 //! command lines forged by a `nobody` process, which get no platform's labels. They need
 //! /dev/kvm and root (a host without KVM prints "skipped"; `HVSTATS_REQUIRE_KVM=1` makes that a
 //! failure).
@@ -72,6 +73,20 @@ fn vmm(program: &'static str, args: &[&str], nobody: bool) -> FakeVmm {
     })
 }
 
+/// As [`vmm`] run by root, in a mount namespace of its own, as a pod's QEMU is.
+fn vmm_in_own_mounts(program: &'static str, args: &[&str]) -> FakeVmm {
+    FakeVmm::spawn_with(args, "CPU 0/KVM", |command| {
+        command.arg0(program);
+        // SAFETY: unshare is async-signal-safe and touches no memory of the parent's.
+        unsafe {
+            command.pre_exec(|| match libc::unshare(libc::CLONE_NEWNS) {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            });
+        }
+    })
+}
+
 /// The `hvstats_vm_info` line of the VM of VMM `pid`, once `until` holds of it (30 s at most).
 fn vm_info(runtime: &std::path::Path, pid: i32, until: impl Fn(&str) -> bool) -> String {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -104,7 +119,9 @@ fn platform_vms_get_their_platforms_labels_and_forged_command_lines_do_not() {
     ];
     let pve = vmm("/usr/bin/kvm", &proxmox, false);
     let forged_pve = vmm("/usr/bin/kvm", &["-id", "101", "-name", "prod_db"], true);
-    let launcher = vmm("/usr/libexec/qemu-kvm", &kubevirt, false);
+    let launcher = vmm_in_own_mounts("/usr/libexec/qemu-kvm", &kubevirt);
+    let mounts = |pid: i32| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).unwrap();
+    assert_ne!(mounts(launcher.pid()), mounts(std::process::id() as i32), "the launcher's own mounts");
     let pod = PodCgroup::with(launcher.pid()).expect("a pids cgroup hierarchy to place the pod in");
     let forged_kubevirt =
         vmm("qemu-system-x86_64", &["-name", "guest=prod_db", kubevirt[2], kubevirt[3]], true);
