@@ -289,6 +289,22 @@ impl Procfs {
         fs::metadata(self.root.join(pid.to_string())).ok().map(|m| m.uid())
     }
 
+    /// The VM's identity on the platform that runs it ([`hvstats_platform`]), from the VMM's
+    /// command line, its owner, its cgroup and, for Proxmox VE, the VM's configuration file:
+    /// `None` for a VMM no platform is read from, or a process that cannot be read.
+    pub fn platform_identity(&self, pid: i32) -> Option<hvstats_platform::Identity> {
+        use hvstats_platform::{Process, of_process, proxmox};
+        let args = self.cmdline(pid).ok()?;
+        let uid = self.owner(pid)?;
+        // At most a page of cgroup paths: one line per hierarchy.
+        let mut cgroup = String::new();
+        if let Ok(file) = fs::File::open(self.root.join(pid.to_string()).join("cgroup")) {
+            let _ = file.take(4096).read_to_string(&mut cgroup);
+        }
+        let process = Process { args: &args, uid, cgroup: &cgroup };
+        of_process(&process, |vmid| proxmox::read_config(Path::new(proxmox::CONFIG_DIR), vmid))
+    }
+
     /// True when `pid` runs a VMM hvstats knows by its program (its command line's first word):
     /// what tells a process that may hold a VM when its descriptors cannot be read.
     pub fn runs_vmm(&self, pid: i32) -> bool {
@@ -366,7 +382,7 @@ impl Procfs {
     }
 
     /// The VMM of `pid` and the VM's name: the VMM's own name for it (QEMU `-name guest=N`,
-    /// Firecracker `--id`, crosvm and kvmtool `--name`), else the command and a digest of its
+    /// Firecracker `--id`, crosvm and kvmtool `--name`, Cloud Hypervisor's `--api-socket`), else the command and a digest of its
     /// command line (`qemu-system-x86-1a2b3c4d`): the same for a VMM started again the same way,
     /// so series keep their labels across restarts, and never a pid.
     pub fn identify(&self, pid: i32) -> (Vmm, String) {
@@ -377,7 +393,13 @@ impl Procfs {
             Vmm::Qemu => qemu_args::name(args.get(1..).unwrap_or_default()),
             Vmm::Firecracker => option_value(&args, "--id"),
             Vmm::Crosvm | Vmm::Kvmtool => option_value(&args, "--name"),
-            Vmm::CloudHypervisor | Vmm::Other => None,
+            // Its API socket's name (Kata's sandbox id under Kata).
+            Vmm::CloudHypervisor => {
+                let process = hvstats_platform::Process { args: &args, uid: 0, cgroup: "" };
+                hvstats_platform::microvm::identity(&process)
+                    .and_then(|i| i.claimed_name().map(str::to_owned))
+            }
+            Vmm::Other => None,
         };
         (
             vmm,
@@ -729,6 +751,8 @@ mod tests {
     #[test]
     fn programs_tell_the_vmm() {
         assert_eq!(Vmm::from_program("/usr/bin/qemu-system-x86_64"), Vmm::Qemu);
+        // Proxmox VE's QEMU.
+        assert_eq!(Vmm::from_program("/usr/bin/kvm"), Vmm::Qemu);
         assert_eq!(Vmm::from_program("firecracker"), Vmm::Firecracker);
         assert_eq!(Vmm::from_program("/opt/cloud-hypervisor"), Vmm::CloudHypervisor);
         assert_eq!(Vmm::from_program("crosvm"), Vmm::Crosvm);

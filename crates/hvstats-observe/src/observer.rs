@@ -79,6 +79,8 @@ pub struct Observer {
     capabilities: Capabilities,
     /// The missing capabilities are said (at the first tick).
     capabilities_said: bool,
+    /// The VMs' platform identities last written beside the instance.
+    platforms_written: String,
 }
 
 /// Descriptors kept out of the counters' reach (for `/proc`, the runtime directory, QMP sockets
@@ -114,6 +116,7 @@ impl Observer {
             kept_notes,
             capabilities: Capabilities::of_this_process(),
             capabilities_said: false,
+            platforms_written: String::new(),
         }
     }
 
@@ -206,7 +209,20 @@ impl Observer {
         self.records.retain(|_, r| !r.is_blank());
         self.say_kept(&mut events);
         self.write_health();
+        self.write_platforms();
         events
+    }
+
+    /// Writes the observed VMs' trusted platform identities beside the instance
+    /// ([`hvstats::platform_file`]) when they changed; tried again next tick when that fails.
+    fn write_platforms(&mut self) {
+        let vms = self.vms().filter_map(|vm| Some((vm.partition().id(), vm.platform()?)));
+        let text = hvstats_platform::shown::encode(vms);
+        let (Some(path), Some(name)) = (self.hv.published_path(), self.hv.published_name()) else { return };
+        let Some(runtime) = path.parent().and_then(std::path::Path::parent) else { return };
+        if text != self.platforms_written && hvstats::platform_file::write(runtime, &name, &text).is_ok() {
+            self.platforms_written = text;
+        }
     }
 
     /// Puts every observed VM's questions out before any VM is read: its peers answer meanwhile.

@@ -103,6 +103,10 @@ pub struct ObservedVm {
     name: String,
     uuid: Option<hvstats::vmm::VmUuid>,
     vm_fd: u32,
+    /// When the VM's identity on its platform was read, and what it is (`None` before its first
+    /// refresh; read again once a [`hvstats_platform::REREAD_PERIOD`], so a change the platform makes is seen
+    /// within it).
+    platform: Option<(std::time::Instant, Option<hvstats_platform::Identity>)>,
     attached: SystemTime,
     vcpus: Vec<Vcpu>,
     sources: Composition<dyn VmSource>,
@@ -185,6 +189,7 @@ impl ObservedVm {
             name,
             uuid,
             vm_fd,
+            platform: None,
             attached,
             vcpus,
             sources: Composition::new(opened),
@@ -259,6 +264,19 @@ impl ObservedVm {
     /// The VM's UUID, as QMP or its command line gives it.
     pub fn uuid(&self) -> Option<hvstats::vmm::VmUuid> {
         self.uuid
+    }
+
+    /// The VM's identity on the platform that runs it, when one is read (trusted or not: see
+    /// [`hvstats_platform::Identity::labels`]).
+    pub fn platform(&self) -> Option<&hvstats_platform::Identity> {
+        self.platform.as_ref().and_then(|(_, identity)| identity.as_ref())
+    }
+
+    /// Reads the VM's platform identity again once [`hvstats_platform::REREAD_PERIOD`] passed since the last.
+    fn reread_platform(&mut self, procfs: &Procfs) {
+        if self.platform.as_ref().is_none_or(|(at, _)| at.elapsed() >= hvstats_platform::REREAD_PERIOD) {
+            self.platform = Some((std::time::Instant::now(), procfs.platform_identity(self.pid)));
+        }
     }
 
     /// The VMM.
@@ -400,10 +418,17 @@ impl ObservedVm {
         if self.vm_changed(procfs)? {
             return Ok(Some(Departure::VmChanged));
         }
+        self.reread_platform(procfs);
         self.check_threads(procfs);
         self.find_threads(procfs);
         let view = VmView { procfs, pid: self.pid, vcpus: &self.vcpus };
         self.learned = self.sources.sources_mut().map(|s| s.read(&view)).collect();
+        // A peer's word on the platform (libvirt's Nova metadata) before the process's own.
+        if let (Some((_, identity)), Some(platform)) =
+            (&mut self.platform, self.learned.iter().find_map(|l| l.platform.clone()))
+        {
+            *identity = Some(platform);
+        }
         self.sources.decide();
         for index in 0..self.vcpus.len() as u32 {
             if self.vcpus[index as usize].tid.is_none() {

@@ -572,6 +572,13 @@ impl Exposition {
         if !self.selection.has(Collector::Vm) || !self.has_objects(ObjectKind::Partition) {
             return Ok(());
         }
+        self.encode_vm_up(sink)?;
+        self.encode_vm_info(sink)?;
+        self.encode_counting_since(sink)?;
+        self.encode_source_up(sink)
+    }
+
+    fn encode_vm_up(&self, sink: &mut dyn Sink) -> std::fmt::Result {
         sink.family(
             "vm_up",
             "1 for each partition (VM) that runs or is paused and whose counters this scrape read; \
@@ -585,44 +592,57 @@ impl Exposition {
             let gone = matches!(state, Some(VmState::Shutdown | VmState::InternalError));
             sink.sample(&[("vm", vm)], Number::Signed(i64::from(partition.active && read && !gone)))?;
         }
+        Ok(())
+    }
+
+    fn encode_vm_info(&self, sink: &mut dyn Sink) -> std::fmt::Result {
         sink.family(
             "vm_info",
             "Each VM (partition) this scrape read: its publishing instance (hvstats' own, or the \
              observer of other processes' VMs), the publisher's pid and kind, the partition id \
              in it, and for an observed VM its VMM, the VMM's pid, the VM's UUID when the VMM \
-             has one, and for a QEMU VM its Hyper-V enlightenments (the hv-* features of its \
-             -cpu, none when it has none).",
+             has one, for a QEMU VM its Hyper-V enlightenments (the hv-* features of its -cpu, \
+             none when it has none), and, where the platform that runs it says who it is (not \
+             the VMM alone), the platform, what said it (identity_source) and the platform's \
+             labels (OpenStack: instance_name, project_name, flavor_name, ...; KubeVirt: \
+             namespace, name, pod_uid; Proxmox VE: vmid, id, name, tags).",
             None,
             Kind::Gauge,
         )?;
         for ((instance, partition), vm) in self.partitions().zip(&self.vm_labels) {
             let (pid, id) = (instance.pid.to_string(), partition.id.to_string());
-            let mut labels = LabelSet::of(&[
-                ("vm", vm),
-                (PUBLISHER, &instance.name),
-                ("publisher_pid", &pid),
-                ("publisher_kind", &instance.description.kind),
-                ("partition", &id),
-            ]);
             let vmm_pid = partition.vmm.map(|vmm| vmm.pid.to_string());
-            if let (Some(vmm), Some(vmm_pid)) = (partition.vmm, &vmm_pid) {
-                labels.push("vmm", vmm.vmm.name());
-                labels.push("vmm_pid", vmm_pid);
-            }
             let uuid = partition.uuid.map(|u| u.to_string());
-            if let Some(uuid) = &uuid {
-                labels.push("uuid", uuid);
-            }
             // Known for a QEMU VM: its hv-* features, "none" when it has none.
             let hyperv = hvstats_abi::hyperv_features::names(partition.hyperv_enlightenments).map(|n| {
                 let list = n.collect::<Vec<_>>().join(",");
                 if list.is_empty() { "none".to_owned() } else { list }
             });
-            if let Some(hyperv) = &hyperv {
-                labels.push("hyperv_enlightenments", hyperv);
+            let mut labels = vec![
+                ("vm", vm.as_str()),
+                (PUBLISHER, &instance.name),
+                ("publisher_pid", &pid),
+                ("publisher_kind", &instance.description.kind),
+                ("partition", &id),
+            ];
+            if let (Some(vmm), Some(vmm_pid)) = (partition.vmm, &vmm_pid) {
+                labels.extend([("vmm", vmm.vmm.name()), ("vmm_pid", vmm_pid)]);
             }
-            sink.sample(labels.as_slice(), Number::Signed(1))?;
+            labels.extend(uuid.as_deref().map(|u| ("uuid", u)));
+            labels.extend(hyperv.as_deref().map(|h| ("hyperv_enlightenments", h)));
+            if let Some(platform) = self.reading.platform(&instance.name, partition.id) {
+                labels.extend([
+                    ("platform", platform.platform.as_str()),
+                    ("identity_source", &platform.source),
+                ]);
+                labels.extend(platform.labels.iter().map(|(name, value)| (*name, value.as_str())));
+            }
+            sink.sample(&labels, Number::Signed(1))?;
         }
+        Ok(())
+    }
+
+    fn encode_counting_since(&self, sink: &mut dyn Sink) -> std::fmt::Result {
         sink.family(
             "vm_counting_since",
             "When the publisher began counting each VM's counters (an observer: attached to it), \
@@ -638,23 +658,25 @@ impl Exposition {
                 sink.sample(&[("vm", vm)], Number::Real(us as f64 / 1e6))?;
             }
         }
+        Ok(())
+    }
+
+    fn encode_source_up(&self, sink: &mut dyn Sink) -> std::fmt::Result {
         let tables: Vec<_> = self.partitions().map(|(_, p)| p.sources()).collect();
-        if tables.iter().any(Option::is_some) {
-            sink.family(
-                "vm_source_up",
-                "For each source of an observed VM's counters (the VMM's KVM statistics \
-                 descriptors, libvirt, QMP, tracepoints, its threads' files), 1 while it gives \
-                 counters, 0 while it is there but gives none (its peer failed or stalled).",
-                None,
-                Kind::Gauge,
-            )?;
-            for (table, vm) in tables.iter().zip(&self.vm_labels) {
-                for source in table.iter().flat_map(|t| t.sources()) {
-                    sink.sample(
-                        &[("vm", vm), ("source", source.name())],
-                        Number::Signed(i64::from(source.up)),
-                    )?;
-                }
+        if !tables.iter().any(Option::is_some) {
+            return Ok(());
+        }
+        sink.family(
+            "vm_source_up",
+            "For each source of an observed VM's counters (the VMM's KVM statistics \
+             descriptors, libvirt, QMP, tracepoints, its threads' files), 1 while it gives \
+             counters, 0 while it is there but gives none (its peer failed or stalled).",
+            None,
+            Kind::Gauge,
+        )?;
+        for (table, vm) in tables.iter().zip(&self.vm_labels) {
+            for source in table.iter().flat_map(|t| t.sources()) {
+                sink.sample(&[("vm", vm), ("source", source.name())], Number::Signed(i64::from(source.up)))?;
             }
         }
         Ok(())
@@ -941,6 +963,33 @@ mod tests {
 
     fn lines_of<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
         text.lines().filter(|l| l.starts_with(prefix)).collect()
+    }
+
+    #[test]
+    fn a_vm_its_platform_names_carries_the_platforms_labels_on_vm_info_only() {
+        let instance = synthetic_instance(2, 1);
+        let mut reading = crate::live::Reading::of(vec![instance]);
+        let written = "1\tplatform\topenstack\n1\tsource\tlibvirt-metadata\n\
+            1\tlabel.instance_name\tweb \"1\"\n1\tlabel.project_name\tshop\n";
+        let platforms = hvstats_platform::shown::decode(written);
+        reading.platforms.insert("4242-1-0".to_owned(), platforms);
+        let text = Exposition::new(reading, 4).encode().unwrap();
+        let info = lines_of(&text, "hvstats_vm_info{");
+        assert_eq!(info.len(), 2, "{text}");
+        let first = info.iter().find(|l| l.contains("partition=\"1\"")).unwrap();
+        for label in [
+            "platform=\"openstack\"",
+            "identity_source=\"libvirt-metadata\"",
+            "instance_name=\"web \\\"1\\\"\"",
+            "project_name=\"shop\"",
+        ] {
+            assert!(first.contains(label), "{label} not in {first}");
+        }
+        let second = info.iter().find(|l| l.contains("partition=\"2\"")).unwrap();
+        assert!(!second.contains("platform="), "{second}");
+        // Never on a counter's series: cardinality stays the VMs'.
+        let series = text.lines().filter(|l| !l.starts_with('#') && !l.starts_with("hvstats_vm_info{"));
+        assert!(!series.clone().any(|l| l.contains("project_name")), "{text}");
     }
 
     #[test]

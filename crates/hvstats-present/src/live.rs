@@ -4,7 +4,7 @@
 //! read stays here: one long-lived [`Attach`] that follows instances appearing and exiting and
 //! keeps each instance's arena mapped between readings.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Instant;
@@ -16,6 +16,7 @@ use hvstats::publish::InstanceName;
 use hvstats::rules::StatsObject;
 use hvstats::runtime_dir::RuntimeDirError;
 use hvstats::snapshot::{InstanceSnapshot, PartitionSnapshot};
+use hvstats_platform::shown::{Shown, decode};
 
 /// Every live instance at one moment.
 #[derive(Clone, Debug)]
@@ -35,6 +36,9 @@ pub struct Reading {
     /// ([`hvstats::observer_mark`]), or, when an observer is expected and none left a mark, an
     /// empty name (an observer down, name unknown).
     pub dead_observers: Vec<String>,
+    /// The platform identities observers wrote of their VMs ([`hvstats::platform_file`]), by
+    /// instance name, then partition id.
+    pub platforms: BTreeMap<String, BTreeMap<u64, Shown>>,
 }
 
 impl Reading {
@@ -46,7 +50,13 @@ impl Reading {
             problems: Vec::new(),
             failed: Vec::new(),
             dead_observers: Vec::new(),
+            platforms: BTreeMap::new(),
         }
+    }
+
+    /// The platform identity of partition `id` of instance `instance`, when its observer wrote one.
+    pub fn platform(&self, instance: &str, id: u64) -> Option<&Shown> {
+        self.platforms.get(instance)?.get(&id)
     }
 
     /// The instance named `name`, if present.
@@ -159,8 +169,9 @@ impl Live {
         let mut failed: Vec<String> = changes.problems.iter().filter_map(instance_of).collect();
         failed.sort();
         failed.dedup();
-        let instances = attach.instances_mut().map(Instance::snapshot).collect();
-        Ok(Reading { at: Instant::now(), instances, problems, failed, dead_observers })
+        let instances: Vec<InstanceSnapshot> = attach.instances_mut().map(Instance::snapshot).collect();
+        let platforms = read_platforms(&self.dir, &instances, &mut problems);
+        Ok(Reading { at: Instant::now(), instances, problems, failed, dead_observers, platforms })
     }
 
     /// Whether something could be read now, and the text saying so ([`health_text`]), as
@@ -226,6 +237,7 @@ impl Live {
             problems: vec![problem],
             failed: Vec::new(),
             dead_observers: Vec::new(),
+            platforms: BTreeMap::new(),
         }
     }
 
@@ -237,5 +249,38 @@ impl Live {
         } else {
             partition.name.clone()
         }
+    }
+}
+
+/// The platform identities each observer among `instances` wrote beside its instance in `dir`;
+/// a file that cannot be read or believed is a problem, and its VMs have none.
+pub fn read_platforms(
+    dir: &Path,
+    instances: &[InstanceSnapshot],
+    problems: &mut Vec<String>,
+) -> BTreeMap<String, BTreeMap<u64, Shown>> {
+    let mut platforms = BTreeMap::new();
+    for instance in instances.iter().filter(|i| i.description.kind == OBSERVER_KIND) {
+        let Some(name) = InstanceName::parse(&instance.name) else { continue };
+        match platforms_of(dir, &name) {
+            Ok(Some(vms)) => {
+                platforms.insert(instance.name.clone(), vms);
+            }
+            Ok(None) => {}
+            Err(problem) => problems.push(problem),
+        }
+    }
+    platforms
+}
+
+/// The platform identities observer `name` wrote beside its instance in `dir`, by partition id
+/// (`None` when it wrote none).
+///
+/// # Errors
+/// When its file cannot be read or believed: the problem, said for a person.
+pub fn platforms_of(dir: &Path, name: &InstanceName) -> Result<Option<BTreeMap<u64, Shown>>, String> {
+    match hvstats::platform_file::read(dir, name) {
+        Ok(text) => Ok(text.map(|t| decode(&t))),
+        Err(e) => Err(format!("the platform identities of {name}: {}", error_chain(&e))),
     }
 }

@@ -73,16 +73,36 @@ pub fn stream_json(attach: &mut Attach, out: &mut impl Write) -> io::Result<Unre
         let head = snapshot::take_instance_globals(instance);
         report.failed |= has_unreadable(&head);
         report.lines.extend(unreadable_lines(&head));
+        let platforms = match head.description.kind == hvstats::index::OBSERVER_KIND {
+            true => instance_platforms(instance).unwrap_or_else(|line| {
+                report.lines.push(line);
+                None
+            }),
+            false => None,
+        };
         let partitions = instance.partitions().iter().filter_map(|p| snapshot::take_partition(instance, p));
         let noted = partitions.inspect(|p| {
             report.failed |= partition_unreadable(p);
             report.lines.extend(partition_unreadable_lines(&head.name, p));
         });
-        write_instance(out, &head, noted)?;
+        write_instance(out, &head, noted, platforms.as_ref())?;
     }
     out.write_all(b"]}\n")?;
     Ok(report)
 }
+
+/// The platform identities the observer `instance` wrote beside it (its arena is
+/// `<runtime dir>/instances/<name>.arena`).
+///
+/// # Errors
+/// When they cannot be read or believed: the problem, said for a person.
+fn instance_platforms(instance: &hvstats::attach::Instance) -> Result<Option<Platforms>, String> {
+    let Some(runtime) = instance.path().parent().and_then(std::path::Path::parent) else { return Ok(None) };
+    crate::live::platforms_of(runtime, &instance.name())
+}
+
+/// An observer's VMs' platform identities, by partition id.
+type Platforms = std::collections::BTreeMap<u64, hvstats_platform::shown::Shown>;
 
 /// Writes `{"schema_version": N, "instances": [...], "max_vps": N, "vps_left_out": M}` of `instances` one partition at
 /// a time, as [`stream_json`] does, with at most `max_vps` VPs: the partitions whose VPs no longer
@@ -117,13 +137,13 @@ pub fn write_capped(
             }
             if p.vps.len() <= budget {
                 budget -= p.vps.len();
-                write_partition(out, &p, instance)?;
+                write_partition(out, &p, instance, None)?;
                 continue;
             }
             let dropped = std::mem::take(&mut p.vps).len();
             left_out += dropped;
             let mut text = Vec::new();
-            write_partition(&mut text, &p, instance)?;
+            write_partition(&mut text, &p, instance, None)?;
             text.pop();
             out.write_all(&text)?;
             write!(out, ",\"vps_left_out\":{dropped}}}")?;
@@ -152,7 +172,7 @@ pub fn write_instances(instances: &[InstanceSnapshot], out: &mut impl Write) -> 
         if n > 0 {
             out.write_all(b",")?;
         }
-        write_instance(out, instance, instance.partitions.iter())?;
+        write_instance(out, instance, instance.partitions.iter(), None)?;
     }
     out.write_all(b"]}\n")
 }
@@ -163,6 +183,7 @@ fn write_instance<P: std::borrow::Borrow<PartitionSnapshot>>(
     out: &mut impl Write,
     head: &InstanceSnapshot,
     partitions: impl Iterator<Item = P>,
+    platforms: Option<&Platforms>,
 ) -> io::Result<()> {
     let text = serde_json::to_string(&Value::Object(instance_fields(head, None))).map_err(io::Error::from)?;
     // The object without its closing brace, then the partitions streamed into it.
@@ -172,7 +193,8 @@ fn write_instance<P: std::borrow::Borrow<PartitionSnapshot>>(
         if i > 0 {
             out.write_all(b",")?;
         }
-        write_partition(out, p.borrow(), head)?;
+        let p = p.borrow();
+        write_partition(out, p, head, platforms.and_then(|vms| vms.get(&p.id)))?;
     }
     out.write_all(b"]}")
 }
@@ -304,18 +326,24 @@ fn hyperv_json(p: &PartitionSnapshot) -> Value {
         .map_or(Value::Null, |n| json!(n.collect::<Vec<_>>()))
 }
 
-fn write_partition(out: &mut impl Write, p: &PartitionSnapshot, s: &InstanceSnapshot) -> io::Result<()> {
+fn write_partition(
+    out: &mut impl Write,
+    p: &PartitionSnapshot,
+    s: &InstanceSnapshot,
+    platform: Option<&hvstats_platform::shown::Shown>,
+) -> io::Result<()> {
     // As `partition_json` says it: a partition with a reason to have stopped has stopped.
     let state = if p.active && p.stopped.is_none() { "active" } else { "stopped" };
     let unmapped = |at| unmapped_json(s, at).map_or(String::new(), |u| format!("\"unmapped\":{u},"));
     let head = format!(
-        "\"active\":{},\"counting_since\":{},\"hyperv_enlightenments\":{},\"id\":{},\"kept_since\":{},\"name\":{},\"sources\":{},\"state\":\"{state}\",\"stopped_reason\":{},{}\"uuid\":{},\"vmm\":{},\"vps\":[",
+        "\"active\":{},\"counting_since\":{},\"hyperv_enlightenments\":{},\"id\":{},\"kept_since\":{},\"name\":{},{}\"sources\":{},\"state\":\"{state}\",\"stopped_reason\":{},{}\"uuid\":{},\"vmm\":{},\"vps\":[",
         p.active,
         counting_since_json(p),
         hyperv_json(p),
         p.id,
         kept_since_json(p),
         Value::String(p.name.clone()),
+        platform.map_or(String::new(), |shown| format!("\"platform\":{},", platform_json(shown))),
         sources_json(p),
         p.stopped.as_ref().map_or(Value::Null, |r| Value::String(r.clone())),
         unmapped(ObjectRef::Partition(p.id)),
@@ -493,6 +521,49 @@ fn instance_fields(s: &InstanceSnapshot, earlier: Option<Earlier<'_>>) -> Map<St
 /// The document of `instances` (each an [`instance_json`]): `{"schema_version", "instances"}`.
 pub fn document(instances: Vec<Value>) -> Value {
     json!({ SCHEMA_KEY: SCHEMA_VERSION, "instances": instances })
+}
+
+/// Adds to each partition of `doc` (a [`document`]) whose observer wrote its platform identity
+/// ([`crate::live::read_platforms`]) a `platform` object: `{"platform", "identity_source",
+/// "labels": {name: value}}`, as `hvstats_vm_info` carries them.
+pub fn add_platforms(
+    doc: &mut Value,
+    platforms: &std::collections::BTreeMap<
+        String,
+        std::collections::BTreeMap<u64, hvstats_platform::shown::Shown>,
+    >,
+) {
+    let Some(instances) = doc.get_mut("instances").and_then(Value::as_array_mut) else { return };
+    for instance in instances {
+        let name = instance.get("name").and_then(Value::as_str).unwrap_or_default().to_owned();
+        let Some(vms) = platforms.get(&name) else { continue };
+        let Some(partitions) = instance.get_mut("partitions").and_then(Value::as_array_mut) else { continue };
+        for partition in partitions {
+            let Some(shown) = partition.get("id").and_then(Value::as_u64).and_then(|id| vms.get(&id)) else {
+                continue;
+            };
+            partition["platform"] = platform_json(shown);
+        }
+    }
+}
+
+/// [`add_platforms`] of the identities the observers among `instances` wrote in the runtime
+/// directory `dir`; what could not be read, one line each.
+pub fn add_platforms_from(
+    doc: &mut Value,
+    dir: &std::path::Path,
+    instances: &[InstanceSnapshot],
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    add_platforms(doc, &crate::live::read_platforms(dir, instances, &mut problems));
+    problems
+}
+
+/// A VM's platform identity: `{"platform", "identity_source", "labels": {name: value}}`.
+fn platform_json(shown: &hvstats_platform::shown::Shown) -> Value {
+    let labels: Map<String, Value> =
+        shown.labels.iter().map(|(n, v)| ((*n).to_owned(), Value::from(v.as_str()))).collect();
+    json!({"platform": shown.platform, "identity_source": shown.source, "labels": labels})
 }
 
 /// The JSON of one instance as `snapshot --json` prints it, for other commands.

@@ -14,8 +14,9 @@ use std::process::Command;
 use serde_json::Value;
 
 /// The product crates: what a user of the libraries or the command links.
-const PRODUCT: [&str; 14] = [
+const PRODUCT: [&str; 15] = [
     "hvstats-abi",
+    "hvstats-platform",
     "hvstats",
     "hvstats-host",
     "hvstats-present",
@@ -132,7 +133,7 @@ fn reached_from(packages: &[(String, Vec<(String, Value)>)], name: &str) -> BTre
 /// The rows of docs/architecture.md's drawing, bottom up: a crate may use only crates of lower
 /// rows. Two crates of one row are beside each other and never use each other.
 const ROWS: [&[&str]; 5] = [
-    &["hvstats-abi", "hvstats-host"],
+    &["hvstats-abi", "hvstats-host", "hvstats-platform"],
     &["hvstats"],
     &["hvstats-sources", "hvstats-vmm", "hvstats-hwc", "hvstats-present", "hvstats-mshv", "hvstats-guest"],
     &["hvstats-kvm", "hvstats-observe", "hvstats-surfaces", "hvstats-serve"],

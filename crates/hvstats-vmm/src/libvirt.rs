@@ -2,8 +2,9 @@
 //!
 //! libvirt's daemons (`libvirtd`, or `virtqemud`) answer its RPC protocol (XDR records over a unix
 //! socket) on a read-only socket. This client speaks just what statistics need: authentication
-//! when the socket asks for it (none, or polkit), `CONNECT_OPEN` read-only, `DOMAIN_LOOKUP_BY_UUID`
-//! and `CONNECT_GET_ALL_DOMAIN_STATS` (`virConnectGetAllDomainStats`, what `virsh domstats` calls).
+//! when the socket asks for it (none, or polkit), `CONNECT_OPEN` read-only, `DOMAIN_LOOKUP_BY_UUID`,
+//! `CONNECT_GET_ALL_DOMAIN_STATS` (`virConnectGetAllDomainStats`, what `virsh domstats` calls) and
+//! `DOMAIN_GET_METADATA` (`virDomainGetMetadata`, for OpenStack Nova's identity of the domain).
 //! A read-only connection cannot change or taint a domain. Linking libvirt itself would make it a
 //! dependency of every host; speaking the protocol costs nothing where libvirt is absent.
 //!
@@ -24,11 +25,16 @@ const VERSION: u32 = 1;
 /// Procedures used.
 const PROC_CONNECT_OPEN: i32 = 1;
 const PROC_DOMAIN_LOOKUP_BY_UUID: i32 = 24;
+const PROC_DOMAIN_GET_METADATA: i32 = 265;
 const PROC_AUTH_LIST: i32 = 66;
 const PROC_AUTH_POLKIT: i32 = 70;
 const PROC_CONNECT_GET_ALL_DOMAIN_STATS: i32 = 344;
 /// `virConnectFlags`: read-only.
 const CONNECT_RO: u32 = 1;
+/// `virDomainMetadataType`: an element of the application's namespace.
+const METADATA_ELEMENT: u32 = 2;
+/// `VIR_ERR_NO_DOMAIN_METADATA`: the domain has no such metadata.
+const ERR_NO_DOMAIN_METADATA: i32 = 80;
 /// Authentication types.
 const AUTH_NONE: i32 = 0;
 const AUTH_POLKIT: i32 = 2;
@@ -242,6 +248,24 @@ impl Libvirt {
             }
         }
         Ok(out)
+    }
+
+    /// The element of `domain`'s metadata in namespace `uri` (`virDomainGetMetadata`, of the
+    /// running domain), `None` when it has none.
+    ///
+    /// # Errors
+    /// When the exchange fails or the reply does not parse.
+    pub fn domain_metadata(&mut self, domain: &Domain, uri: &str) -> Result<Option<String>, LibvirtError> {
+        let mut args = Vec::new();
+        put_domain(&mut args, domain);
+        put_u32(&mut args, METADATA_ELEMENT);
+        put_optional_string(&mut args, Some(uri));
+        put_u32(&mut args, 0);
+        match self.call(PROC_DOMAIN_GET_METADATA, &args) {
+            Ok(reply) => Xdr::new(&reply).string().map(Some),
+            Err(LibvirtError::Refused { code: ERR_NO_DOMAIN_METADATA, .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// One call: sends `args` for `procedure`, returns the reply's payload.

@@ -24,6 +24,7 @@ pub mod observer_lock;
 pub mod observer_mark;
 pub mod page;
 pub mod patience;
+pub mod platform_file;
 pub mod publish;
 pub mod reader;
 pub mod rules;

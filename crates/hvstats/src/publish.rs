@@ -37,6 +37,9 @@ pub const ARENA_SUFFIX: &str = ".arena";
 pub const GLOBAL_SUFFIX: &str = ".global";
 /// The file suffix of an instance's side file of counters the catalog has no place for.
 pub const UNMAPPED_SUFFIX: &str = ".unmapped";
+/// The file suffix of an instance's side file of its VMs' platform identities
+/// ([`crate::platform_file`]); it goes with the instance's arena.
+pub const PLATFORM_SUFFIX: &str = ".platform";
 /// The file suffix of an arena being set up.
 pub const TMP_SUFFIX: &str = ".tmp";
 
@@ -130,6 +133,11 @@ impl InstanceName {
     pub fn global_file(&self) -> String {
         format!("{self}{GLOBAL_SUFFIX}")
     }
+
+    /// The name of its platform file.
+    pub fn platform_file(&self) -> String {
+        format!("{self}{PLATFORM_SUFFIX}")
+    }
 }
 
 impl std::fmt::Display for InstanceName {
@@ -209,6 +217,14 @@ pub fn sweep(instances: &Dir) -> Sweep {
     let Ok(names) = instances.names() else { return sweep };
     for name in names {
         let Some(name) = name.to_str() else { continue };
+        if let Some(stem) = name.strip_suffix(PLATFORM_SUFFIX) {
+            // A platform file goes with its instance's arena (it holds no lock of its own).
+            let orphan = instances.open_file(&format!("{stem}{ARENA_SUFFIX}"), false).is_err();
+            if orphan && InstanceName::parse(stem).is_some() && instances.remove_file(name).is_ok() {
+                sweep.removed.push(instances.path().join(name));
+            }
+            continue;
+        }
         if !is_ours(name) {
             continue;
         }
@@ -369,6 +385,7 @@ impl Drop for Publication {
             let _ = self.instances.remove_file(&file);
             let _ = self.instances.remove_file(&format!(".{file}{TMP_SUFFIX}"));
         }
+        let _ = self.instances.remove_file(&self.name.platform_file());
     }
 }
 

@@ -5,7 +5,7 @@
 /// The VMM a process runs, told from its command line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Vmm {
-    /// QEMU (`qemu-system-*`, `qemu-kvm`).
+    /// QEMU (`qemu-system-*`, `qemu-kvm`, and `kvm`: Proxmox VE starts its VMs as `/usr/bin/kvm`).
     Qemu,
     /// Firecracker.
     Firecracker,
@@ -23,7 +23,7 @@ impl Vmm {
     /// Tells the VMM from the program name (`argv[0]`, any directory stripped).
     pub fn from_program(program: &str) -> Self {
         let base = program.rsplit('/').next().unwrap_or(program);
-        if base.starts_with("qemu-system") || base == "qemu-kvm" {
+        if base.starts_with("qemu-system") || base == "qemu-kvm" || base == "kvm" {
             Vmm::Qemu
         } else if base.starts_with("firecracker") {
             Vmm::Firecracker

@@ -24,8 +24,8 @@ use crate::names::{row_name, utc_time};
 use crate::output::{self, ExitStatus, note};
 use hvstats_present::present::{Interval, SAME_PUBLICATION, human_ns};
 use hvstats_present::snapshot_json::{
-    Earlier, cells, earlier_partition, earlier_vp, has_unreadable, instance_json, stream_json,
-    unreadable_lines,
+    Earlier, add_platforms_from, cells, earlier_partition, earlier_vp, has_unreadable, instance_json,
+    stream_json, unreadable_lines,
 };
 
 /// Flags of `hvstats snapshot`.
@@ -145,7 +145,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     failed |= snapshots.iter().any(has_unreadable);
     let shown = Shown { snapshots: &snapshots, earlier: earlier.as_ref(), filter: &filter };
     if args.json {
-        output::print_json(&shown.json(), true)?;
+        output::print_json(&shown.json(&dir), true)?;
     } else if snapshots.is_empty() && failed {
         note!("no instance under {} could be read", dir.display());
     } else if snapshots.is_empty() {
@@ -192,11 +192,12 @@ impl Shown<'_> {
         first.iter().find(|f| f.name == s.name).map(|snapshot| Earlier { snapshot, seconds: *seconds })
     }
 
-    /// The `--json` document.
-    fn json(&self) -> Value {
+    /// The `--json` document, with the platform of each VM whose observer under `dir` names it.
+    fn json(&self, dir: &std::path::Path) -> Value {
         let instances: Vec<Value> =
             self.snapshots.iter().map(|s| instance_json(s, self.earlier_of(s))).collect();
         let mut doc = hvstats_present::snapshot_json::document(instances);
+        add_platforms_from(&mut doc, dir, self.snapshots).iter().for_each(|p| note!("{p}"));
         if let Some((_, seconds)) = self.earlier {
             doc["interval_seconds"] = json!(seconds);
         }

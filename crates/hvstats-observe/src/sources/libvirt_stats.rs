@@ -76,6 +76,11 @@ pub struct LibvirtStats {
     /// The domain's run state, as the last reading said it.
     state: Option<VmState>,
     error: Option<String>,
+    /// OpenStack Nova's identity of the domain, and when its metadata was last asked for.
+    nova: Option<hvstats_platform::Identity>,
+    nova_asked: Option<std::time::Instant>,
+    /// The domain's UUID, Nova's instance id.
+    uuid: hvstats::vmm::VmUuid,
 }
 
 /// The read-only socket to use: the one the options name, else the socket of libvirt's own
@@ -115,6 +120,9 @@ pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError
         vm: Stats::default(),
         state: None,
         error: None,
+        nova: None,
+        nova_asked: None,
+        uuid,
     };
     let mut conn = match Libvirt::connect(&me.socket, TIMEOUT) {
         Ok(conn) => conn,
@@ -218,6 +226,25 @@ impl LibvirtStats {
         self.state = state.map(|s| VmState::from_libvirt(s, reason));
         self.vcpus = vcpus;
         self.vm = vm;
+        self.read_nova()
+    }
+
+    /// Asks for the domain's Nova metadata (namespace 1.1, then 1.0) once a
+    /// [`hvstats_platform::REREAD_PERIOD`], so a resize is seen within it. The daemon is root's and
+    /// runs the domain in the VMM (checked at connect): its word is the platform's.
+    fn read_nova(&mut self) -> Result<(), String> {
+        let due = self.nova_asked.is_none_or(|at| at.elapsed() >= hvstats_platform::REREAD_PERIOD);
+        let Some(conn) = self.conn.as_mut().filter(|_| due) else { return Ok(()) };
+        self.nova_asked = Some(std::time::Instant::now());
+        let uuid = self.uuid.to_string();
+        self.nova = None;
+        for ns in hvstats_platform::nova::NAMESPACES {
+            let Some(xml) = conn.domain_metadata(&self.domain, ns).map_err(|e| error_chain(&e))? else {
+                continue;
+            };
+            self.nova = hvstats_platform::nova::identity(&xml, Some(&uuid), true).ok();
+            break;
+        }
         Ok(())
     }
 }
@@ -295,6 +322,7 @@ impl VmSource for LibvirtStats {
             peer: Some(Peer { kind: PeerKind::Service, state }),
             error: self.error.clone(),
             vm_state: self.state,
+            platform: self.nova.clone(),
             ..Learned::holding(usize::from(self.conn.is_some()))
         }
     }

@@ -502,6 +502,7 @@ impl QmpStats {
             fds: usize::from(!matches!(self.session, Session::Closed { .. } | Session::Refused(_))),
             counting: None,
             vm_state: Some(if self.is_up() { self.state } else { VmState::Unknown }),
+            platform: None,
         }
     }
 }

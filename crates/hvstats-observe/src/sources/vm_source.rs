@@ -157,12 +157,15 @@ pub struct Learned {
     pub counting: Option<Counting>,
     /// The VM's run state, for a source that knows it.
     pub vm_state: Option<VmState>,
+    /// The VM's identity on its platform, for a source whose peer says it (libvirt's Nova
+    /// metadata).
+    pub platform: Option<hvstats_platform::Identity>,
 }
 
 impl Learned {
     /// A source with no peer that holds `fds` descriptors and refused nothing.
     pub fn holding(fds: usize) -> Self {
-        Self { peer: None, error: None, refused: None, fds, counting: None, vm_state: None }
+        Self { peer: None, error: None, refused: None, fds, counting: None, vm_state: None, platform: None }
     }
 }
 

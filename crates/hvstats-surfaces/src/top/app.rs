@@ -181,7 +181,7 @@ impl App {
         let Some((base, latest)) = self.baseline.pair() else { return Vec::new() };
         let mut groups = table::groups(base, latest);
         if let Some(filter) = &self.filter {
-            groups.retain(|g| filter.is_match(&g.vm));
+            groups.retain(|g| vm_matches(filter, latest, g));
         }
         for g in &mut groups {
             g.vps.sort_by(|a, b| table::compare(a, b, self.sort, self.descending));
@@ -293,6 +293,20 @@ fn invalid_regex(pattern: &str, e: &regex::Error) -> String {
     format!("invalid regex {pattern:?}: {reason}")
 }
 
+/// True when `filter` matches the VM of `group`: its name, or its platform and the platform's
+/// labels in `reading` ([`platform_text`]).
+pub fn vm_matches(filter: &Regex, reading: &Reading, group: &Group) -> bool {
+    filter.is_match(&group.vm) || filter.is_match(&platform_text(reading, group))
+}
+
+/// What the VM filter matches besides the VM's name: its platform and the platform's labels,
+/// `platform=kubevirt namespace=default name=testvm …` (empty for a VM with none).
+fn platform_text(reading: &Reading, group: &Group) -> String {
+    let Some(shown) = reading.platform(&group.instance, group.partition) else { return String::new() };
+    let labels = shown.labels.iter().map(|(name, value)| format!(" {name}={value}"));
+    format!("platform={}", shown.platform) + &labels.collect::<String>()
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -349,6 +363,22 @@ mod tests {
         app.sort = Some(order[0]);
         app.update(Action::SortPrevious);
         assert_eq!(app.sort, None);
+    }
+
+    #[test]
+    fn the_vm_filter_matches_a_vms_platform_labels_too() {
+        let before = Reading::of(vec![hvstats_testkit::synthetic_instance(2, 1)]);
+        let mut after = before.clone();
+        let text = "2\tplatform\topenstack\n2\tsource\tlibvirt-metadata\n2\tlabel.project_name\tshop\n";
+        after.platforms.insert("4242-1-0".to_owned(), hvstats_platform::shown::decode(text));
+        let mut app = App::new(String::new(), Duration::from_secs(1));
+        app.sample(before);
+        app.sample(after);
+        app.filter = Some(Regex::new("project_name=shop").unwrap());
+        let shown: Vec<u64> = app.groups().iter().map(|g| g.partition).collect();
+        assert_eq!(shown, [2]);
+        app.filter = Some(Regex::new("^platform=openstack").unwrap());
+        assert_eq!(app.groups().len(), 1);
     }
 
     #[test]

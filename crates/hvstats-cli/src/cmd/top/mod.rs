@@ -40,8 +40,9 @@ pub(crate) struct Args {
     /// every column, those that move first; `F` changes them in the live view).
     #[arg(long, value_name = "LIST", value_parser = table::parse_fields_flag)]
     fields: Option<table::Fields>,
-    /// Only the VMs whose name matches this regex (as `f` does in the live view, where it can be
-    /// changed), e.g. `--vm web-1` or `--vm '^db-'`.
+    /// Only the VMs whose name, or whose platform's labels, match this regex (as `f` does in the
+    /// live view, where it can be changed), e.g. `--vm web-1`, `--vm '^db-'` or
+    /// `--vm project_name=shop` (docs/platforms/).
     #[arg(long, value_name = "REGEX")]
     vm: Option<regex::Regex>,
 }
@@ -89,7 +90,7 @@ fn once(
     let mut unmatched = None;
     if let Some(vm) = vm {
         let all: Vec<String> = groups.iter().map(|g| g.vm.clone()).collect();
-        groups.retain(|g| vm.is_match(&g.vm));
+        groups.retain(|g| app::vm_matches(vm, &after, g));
         if groups.is_empty() && !all.is_empty() {
             unmatched = Some(no_vm_matches(vm, &all));
         }

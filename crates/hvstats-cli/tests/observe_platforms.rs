@@ -1,0 +1,177 @@
+//! Platform identities on `hvstats_vm_info`, from stand-in VMMs (this test binary run again,
+//! holding a real KVM VM under a platform's command line): Proxmox VE's `kvm -id`, a KubeVirt
+//! launcher's QEMU in a pod's cgroup and a mount namespace of its own, a Cloud Hypervisor named
+//! by its API socket; and the same
+//! command lines forged by a `nobody` process, which get no platform's labels. They need
+//! /dev/kvm and root (a host without KVM prints "skipped"; `HVSTATS_REQUIRE_KVM=1` makes that a
+//! failure).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test set-up: a failure there is the test failing"
+)]
+
+mod common;
+
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use common::{FakeVmm, Running, TempDir, as_nobody, kvm_available, scrape};
+
+/// Not a test: the body of the stand-in VMMs the tests below start (`FakeVmm`).
+#[test]
+#[ignore = "run by the tests below as a stand-in VMM"]
+fn fake_vmm() {
+    common::fake_vmm_body();
+}
+
+/// The pod UID the KubeVirt stand-in's cgroup names.
+const POD_UID: &str = "6f2b1c3e-4d5a-4b6c-8d7e-9f0a1b2c3d4e";
+
+/// A cgroup of the v1 `pids` hierarchy shaped like the kubelet's (cgroupfs driver) for a pod,
+/// removed on drop (its processes moved back to the root first).
+struct PodCgroup(PathBuf);
+
+impl PodCgroup {
+    /// Makes it and moves `pid` into it; `None` where the host has no such hierarchy.
+    fn with(pid: i32) -> Option<Self> {
+        let root = PathBuf::from("/sys/fs/cgroup/pids");
+        if !root.join("cgroup.procs").exists() {
+            return None;
+        }
+        let dir = root.join("kubepods/besteffort").join(format!("pod{POD_UID}"));
+        std::fs::create_dir_all(&dir).ok()?;
+        std::fs::write(dir.join("cgroup.procs"), pid.to_string()).ok()?;
+        Some(Self(dir))
+    }
+}
+
+impl Drop for PodCgroup {
+    fn drop(&mut self) {
+        let procs = std::fs::read_to_string(self.0.join("cgroup.procs")).unwrap_or_default();
+        for pid in procs.lines() {
+            let _ = std::fs::write("/sys/fs/cgroup/pids/cgroup.procs", pid);
+        }
+        for dir in [
+            self.0.clone(),
+            self.0.parent().unwrap().to_owned(),
+            PathBuf::from("/sys/fs/cgroup/pids/kubepods"),
+        ] {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+/// A stand-in VMM whose program is `program` (its `argv[0]`), run as `nobody` when `nobody`.
+fn vmm(program: &'static str, args: &[&str], nobody: bool) -> FakeVmm {
+    FakeVmm::spawn_with(args, "CPU 0/KVM", |command| {
+        command.arg0(program);
+        if nobody {
+            as_nobody(command);
+        }
+    })
+}
+
+/// As [`vmm`] run by root, in a mount namespace of its own, as a pod's QEMU is.
+fn vmm_in_own_mounts(program: &'static str, args: &[&str]) -> FakeVmm {
+    FakeVmm::spawn_with(args, "CPU 0/KVM", |command| {
+        command.arg0(program);
+        // SAFETY: unshare is async-signal-safe and touches no memory of the parent's.
+        unsafe {
+            command.pre_exec(|| match libc::unshare(libc::CLONE_NEWNS) {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            });
+        }
+    })
+}
+
+/// The `hvstats_vm_info` line of the VM of VMM `pid`, once `until` holds of it (30 s at most).
+fn vm_info(runtime: &std::path::Path, pid: i32, until: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = scrape(runtime);
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("hvstats_vm_info{") && l.contains(&format!("vmm_pid=\"{pid}\"")))
+            .map(str::to_owned);
+        match line {
+            Some(line) if until(&line) => return line,
+            _ if Instant::now() > deadline => panic!("no vm_info of pid {pid} as awaited: {line:?}\n{text}"),
+            _ => std::thread::sleep(Duration::from_millis(200)),
+        }
+    }
+}
+
+#[test]
+fn platform_vms_get_their_platforms_labels_and_forged_command_lines_do_not() {
+    if !kvm_available("platform_vms_get_their_platforms_labels_and_forged_command_lines_do_not") {
+        return;
+    }
+    let tmp = TempDir::new("observe-platforms");
+    let proxmox = ["-id", "100", "-name", "web1,debug-threads=on", "-no-shutdown"];
+    let kubevirt = [
+        "-name",
+        "guest=default_testvm,debug-threads=on",
+        "-smbios",
+        "type=1,manufacturer=KubeVirt,product=None,family=KubeVirt",
+    ];
+    let pve = vmm("/usr/bin/kvm", &proxmox, false);
+    let forged_pve = vmm("/usr/bin/kvm", &["-id", "101", "-name", "prod_db"], true);
+    let launcher = vmm_in_own_mounts("/usr/libexec/qemu-kvm", &kubevirt);
+    let mounts = |pid: i32| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).unwrap();
+    assert_ne!(mounts(launcher.pid()), mounts(std::process::id() as i32), "the launcher's own mounts");
+    let pod = PodCgroup::with(launcher.pid()).expect("a pids cgroup hierarchy to place the pod in");
+    let forged_kubevirt =
+        vmm("qemu-system-x86_64", &["-name", "guest=prod_db", kubevirt[2], kubevirt[3]], true);
+    let ch = vmm("cloud-hypervisor", &["--api-socket", "path=/run/ch/web-ch.sock"], false);
+    let pids = [&pve, &forged_pve, &launcher, &forged_kubevirt, &ch].map(|v| v.pid().to_string());
+    let mut args = vec!["observe", "--interval", "0.2"];
+    for pid in &pids {
+        args.extend(["--pid", pid]);
+    }
+    let _observer = Running::start(&args, tmp.path());
+
+    let line = vm_info(tmp.path(), pve.pid(), |l| l.contains("platform="));
+    for label in ["vm=\"web1\"", "vmm=\"qemu\"", "platform=\"proxmox\"", "vmid=\"100\"", "id=\"qemu/100\""] {
+        assert!(line.contains(label), "{label} not in {line}");
+    }
+    assert!(line.contains("identity_source=\"command-line\""), "{line}");
+    let line = vm_info(tmp.path(), launcher.pid(), |l| l.contains("platform="));
+    for label in [
+        "platform=\"kubevirt\"",
+        "identity_source=\"cgroup+command-line\"",
+        "namespace=\"default\"",
+        "name=\"testvm\"",
+        &format!("pod_uid=\"{POD_UID}\""),
+    ] {
+        assert!(line.contains(label), "{label} not in {line}");
+    }
+    let line = vm_info(tmp.path(), ch.pid(), |_| true);
+    assert!(line.contains("vm=\"web-ch\"") && !line.contains("platform="), "{line}");
+    // The forged ones are observed, named as they name themselves, and get no platform.
+    for (forged, name) in [(&forged_pve, "prod_db"), (&forged_kubevirt, "prod_db#2")] {
+        let line = vm_info(tmp.path(), forged.pid(), |_| true);
+        assert!(
+            !line.contains("platform=") && !line.contains("vmid=") && !line.contains("namespace="),
+            "{line}"
+        );
+        assert!(line.contains("vm=\"prod_db") || line.contains(&format!("vm=\"{name}\"")), "{line}");
+    }
+    // snapshot --json says the same of each partition.
+    let doc = common::snapshot_json(tmp.path());
+    let partitions: Vec<&serde_json::Value> = doc["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|i| i["partitions"].as_array().unwrap())
+        .collect();
+    let of = |pid: i32| *partitions.iter().find(|p| p["vmm"]["pid"] == pid).unwrap();
+    let platform = &of(pve.pid())["platform"];
+    assert_eq!(platform["platform"], "proxmox", "{platform}");
+    assert_eq!(platform["labels"]["id"], "qemu/100", "{platform}");
+    assert_eq!(of(launcher.pid())["platform"]["labels"]["pod_uid"], POD_UID);
+    assert!(of(forged_kubevirt.pid()).get("platform").is_none());
+    drop(pod);
+}
