@@ -169,7 +169,19 @@ impl ObservedVm {
             .map(|object| VmWatch::new(procfs, pid, vm_fd, object));
         let events = super::sources::vm_event_list(options);
         let per_thread = super::sources::descriptors_per_thread(&events);
-        let at = VmAttach { procfs, pid, fds, options, room, events, per_thread, qmp, superseded };
+        let past_rows_per_thread = super::sources::descriptors_past_rows(&events);
+        let at = VmAttach {
+            procfs,
+            pid,
+            fds,
+            options,
+            room,
+            events,
+            per_thread,
+            past_rows_per_thread,
+            qmp,
+            superseded,
+        };
         let (opened, named) = open_sources(&at)?;
         let (vmm, name) = procfs.identify(pid);
         let name = named.iter().find_map(|n| n.vm_name.clone()).unwrap_or(name);

@@ -70,9 +70,8 @@ struct ThreadCost {
 
 impl ThreadCost {
     fn of(at: &VmAttach<'_>) -> Self {
-        let clock = super::thread_clock::events().len();
-        let past_rows = at.events.perf_events_without_row() + clock;
-        Self { per_thread: at.per_thread.max(1), past_rows: past_rows.max(1), rows: at.events.engine_rows() }
+        let (per_thread, past_rows) = (at.per_thread.max(1), at.past_rows_per_thread.max(1));
+        Self { per_thread, past_rows, rows: at.events.engine_rows() }
     }
 
     /// Of `threads`, those the engine has a row for.

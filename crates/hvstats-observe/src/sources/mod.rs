@@ -78,6 +78,12 @@ pub(crate) fn descriptors_per_thread(events: &crate::thread_counters::EventList)
     events.perf_events_per_thread() + thread_clock::events().len()
 }
 
+/// Descriptors a thread past the in-kernel engine's rows holds: a perf counter per event of
+/// `events` and the thread clock's ([`VmAttach::past_rows_per_thread`]).
+pub(crate) fn descriptors_past_rows(events: &crate::thread_counters::EventList) -> usize {
+    events.perf_events_without_row() + thread_clock::events().len()
+}
+
 // Every source of the list has its rows on the VM's partition page.
 const _: () = assert!(
     VM_SOURCES.len() <= hvstats_abi::vm_sources::MAX_SOURCES,

@@ -80,6 +80,9 @@ pub struct VmAttach<'a> {
     /// source that counts on its threads together ([`super::descriptors_per_thread`]): those
     /// sources count on as many threads as `room` holds this many descriptors for.
     pub per_thread: usize,
+    /// Descriptors each thread past the in-kernel engine's rows holds
+    /// ([`super::descriptors_past_rows`]).
+    pub past_rows_per_thread: usize,
     /// The VMM's QMP socket for this VM: given (`--qmp`), or named on its command line.
     pub qmp: Option<&'a Path>,
     /// Copies of descriptors of a VM this VMM ran before and replaced (its statistics, kept open
