@@ -18,7 +18,8 @@ use hvstats_abi::source::{HostFault, Source, SourceKind};
 use hvstats_abi::{Counter, ObjectKind};
 use hvstats_host::task_stat::{self, STAT_MAX, StatFile, StatLine};
 
-use super::counter_source::{CounterSource, Gives, Object, ObservedThread, Part, VpSource, VpThread};
+use super::counter_source::{CounterSource, Gives, Object, ObservedThread, VpSource, VpThread};
+use super::thread::ReadUntilExit;
 
 /// The VP counters the catalog keys to the thread's faults.
 const FROM_HOST_FAULTS: [&Counter; maintained_count(ObjectKind::Vp, SourceKind::HostFaults)] =
@@ -102,11 +103,17 @@ impl HostFaultSource {
         let at_open = stat.read()?;
         Ok(Self { stat, at_open, last: Faults::default(), gone: false })
     }
+}
 
-    fn read(&mut self) {
+impl ReadUntilExit for HostFaultSource {
+    fn read_thread(&mut self) {
         if let Ok(now) = self.stat.read() {
             self.last = now.since(self.at_open);
         }
+    }
+
+    fn gone(&mut self) -> &mut bool {
+        &mut self.gone
     }
 }
 
@@ -121,25 +128,6 @@ impl CounterSource for HostFaultSource {
 
     fn write(&self, _object: Object, page: &SharedPage, only: &CounterSet) {
         write_host_faults(page, only, self.last);
-    }
-}
-
-impl VpSource for HostFaultSource {
-    fn part(&self) -> Part {
-        Part::Times
-    }
-
-    fn read(&mut self) {
-        if !self.gone {
-            HostFaultSource::read(self);
-        }
-    }
-
-    fn thread_exiting(&mut self) {
-        if !self.gone {
-            HostFaultSource::read(self);
-        }
-        self.gone = true;
     }
 }
 

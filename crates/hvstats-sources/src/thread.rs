@@ -88,8 +88,36 @@ pub struct ThreadSource {
     gone: bool,
 }
 
-impl ThreadSource {
+/// A source of one of our VP threads, read at each merge and once more as the thread ends; from
+/// then on its last reading is kept (the thread's id may be reused): the [`VpSource`] of
+/// [`ThreadSource`] and of the host's faults on the thread.
+pub(super) trait ReadUntilExit: CounterSource {
+    /// Reads the thread now; a reading that fails keeps the last.
+    fn read_thread(&mut self);
+
+    /// Whether the thread ended (set once it did).
+    fn gone(&mut self) -> &mut bool;
+}
+
+impl<T: ReadUntilExit> VpSource for T {
+    fn part(&self) -> Part {
+        Part::Times
+    }
+
     fn read(&mut self) {
+        if !*self.gone() {
+            self.read_thread();
+        }
+    }
+
+    fn thread_exiting(&mut self) {
+        VpSource::read(self);
+        *self.gone() = true;
+    }
+}
+
+impl ReadUntilExit for ThreadSource {
+    fn read_thread(&mut self) {
         if let Some(t) = self.clock.as_ref().and_then(|c| c.read().ok()) {
             self.times = Some(t);
         }
@@ -99,6 +127,10 @@ impl ThreadSource {
         if let Some(s) = self.sched.as_ref().and_then(|s| s.read().ok()) {
             self.sched_stat = Some(s);
         }
+    }
+
+    fn gone(&mut self) -> &mut bool {
+        &mut self.gone
     }
 }
 
@@ -118,25 +150,6 @@ impl CounterSource for ThreadSource {
 
     fn write(&self, _object: Object, page: &SharedPage, only: &CounterSet) {
         write_thread_counts(page, only, self.times, self.sched_stat, self.migrated);
-    }
-}
-
-impl VpSource for ThreadSource {
-    fn part(&self) -> Part {
-        Part::Times
-    }
-
-    fn read(&mut self) {
-        if !self.gone {
-            ThreadSource::read(self);
-        }
-    }
-
-    fn thread_exiting(&mut self) {
-        if !self.gone {
-            ThreadSource::read(self);
-        }
-        self.gone = true;
     }
 }
 
