@@ -13,7 +13,7 @@
 //! Our side: the observer's CPU time per 1 s refresh (every thread of the process, from the
 //! kernel's schedstat, in seconds); the baseline: the refresh interval. The ratio is the share of
 //! one CPU the observer takes (goal: at most 1 %). The facts: the VMs and vCPU threads observed
-//! (published) and the VMs not, the CPU per VM and per vCPU thread a refresh (µs), the observer's RSS and
+//! (published) and the VMs not, the refusals it said, the CPU per VM and per vCPU thread a refresh (µs), the observer's RSS and
 //! descriptors (by kind) at the end, the descriptors that count (all but the KVM statistics
 //! copied from the VMMs) per vCPU thread, a VMM's RSS, and the per-VM cost over the smallest
 //! row's. A host without the memory for a fleet runs the largest it can (leaving
@@ -245,6 +245,16 @@ fn settle(dir: &Path, vms: usize) -> (usize, usize) {
     last
 }
 
+/// The refusals the observer said so far (its first said on standard error, for the reader of
+/// the row to see why).
+fn refusals(observer: &Hvstats) -> usize {
+    let said: Vec<String> = observer.lines.try_iter().filter(|l| l.contains("refused pid ")).collect();
+    if let Some(first) = said.first() {
+        eprintln!("hvstats-bench: the observer said {} refusals, the first: {first}", said.len());
+    }
+    said.len()
+}
+
 /// One row: a fresh observer of the fleet's first `vms` VMs, measured over the plan's rounds of
 /// [`WINDOW`] refreshes.
 fn measure(
@@ -277,6 +287,7 @@ fn measure(
         rounds.baseline.push(INTERVAL.as_secs_f64());
         plan.tick();
     }
+    let refusals = refusals(&observer);
     let [fds, perf, stats, bpf] = descriptors(pid);
     let rss_mib = status_kib(pid, "VmRSS:").unwrap_or(f64::NAN) / 1024.0;
     let cpu = Spread::of(&rounds.ours).median;
@@ -290,6 +301,7 @@ fn measure(
         ("vms", attached as f64),
         ("vms_asked", FLEETS[ROWS.iter().position(|n| *n == name).unwrap_or(0)] as f64),
         ("vms_not_observed", (pids.len() - attached) as f64),
+        ("refusals_said", refusals as f64),
         ("vcpu_threads", vcpus as f64),
         ("us_per_vm", cpu * 1e6 / attached as f64),
         ("us_per_vcpu_thread", cpu * 1e6 / threads),
