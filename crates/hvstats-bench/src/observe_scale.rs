@@ -245,10 +245,14 @@ fn settle(dir: &Path, vms: usize) -> (usize, usize) {
     last
 }
 
-/// The refusals the observer said so far (its first said on standard error, for the reader of
-/// the row to see why).
+/// The refusals the observer said so far, a VM waiting for descriptors ("not observed for now")
+/// included (its first said on standard error, for the reader of the row to see why). The
+/// observer's log budget may hold some back: the `vms_not_observed` fact is the count.
 fn refusals(observer: &Hvstats) -> usize {
-    let said: Vec<String> = observer.lines.try_iter().filter(|l| l.contains("refused pid ")).collect();
+    let refusal = |l: &String| {
+        ["refused pid ", "not observed for now", "cannot observe pid "].iter().any(|w| l.contains(w))
+    };
+    let said: Vec<String> = observer.lines.try_iter().filter(refusal).collect();
     if let Some(first) = said.first() {
         eprintln!("hvstats-bench: the observer said {} refusals, the first: {first}", said.len());
     }

@@ -26,6 +26,11 @@ impl Progress for Recorded {
     }
 }
 
+/// Taken by the tests that start a thousand threads in this process or a fleet of VMs, and by the
+/// one whose observers observe this process (they would count every one of those threads at
+/// attach, or wait behind the fleet's observer).
+static THIS_PROCESS: Mutex<()> = Mutex::new(());
+
 fn fact(row: &Row, name: &str) -> f64 {
     let Row::Measured { facts, .. } = row else { panic!("{row:?}") };
     facts.iter().find(|(n, _)| *n == name).map(|(_, v)| *v).unwrap_or_else(|| panic!("no {name} in {row:?}"))
@@ -126,6 +131,7 @@ fn the_sigterm_rows_time_both_observers_and_serve_alone_with_a_vm_attached_every
         eprintln!("the sigterm rows {why}: skipped");
         return;
     }
+    let _alone = THIS_PROCESS.lock().unwrap_or_else(|e| e.into_inner());
     let options = Options { rounds: Some(2), only: vec!["sigterm-to-exit-".into()], ..Options::default() };
     let rows = hvstats_bench::run(&options, &Silent).unwrap();
     let names: Vec<&str> = rows.iter().map(Row::name).collect();
@@ -161,6 +167,7 @@ fn the_scale_row_observes_every_vm_of_the_minimal_vmm_and_says_its_cost_per_vm_a
         eprintln!("the scale rows {why}: skipped");
         return;
     }
+    let _alone = THIS_PROCESS.lock().unwrap_or_else(|e| e.into_inner());
     let options = Options { rounds: Some(2), only: vec!["observe-scale-64".into()], ..Options::default() };
     let rows = hvstats_bench::run(&options, &Silent).unwrap();
     assert_eq!(rows.iter().map(Row::name).collect::<Vec<_>>(), ["observe-scale-64"], "{rows:?}");
@@ -197,6 +204,7 @@ fn the_big_default_scrape_row_gzips_and_says_both_sizes() {
 
 #[test]
 fn the_restart_row_adopts_and_claims_every_kept_row_each_round() {
+    let _alone = THIS_PROCESS.lock().unwrap_or_else(|e| e.into_inner());
     let name = restart::row_name();
     let row = restart::restart_row(&Plan::quiet(2), name.clone().leak());
     let rows = fact(&row, "rows");
@@ -209,6 +217,7 @@ fn the_restart_row_adopts_and_claims_every_kept_row_each_round() {
 
 #[test]
 fn the_thread_reads_row_reads_every_source_of_each_thread() {
+    let _alone = THIS_PROCESS.lock().unwrap_or_else(|e| e.into_inner());
     let row = thread_reads::thread_reads_row(&Plan::quiet(2));
     assert_eq!(row.name(), thread_reads::ROW);
     assert_eq!(fact(&row, "threads"), thread_reads::THREADS as f64);
