@@ -21,8 +21,8 @@ use crate::row::{Pace, Plan, Rounds};
 use hvstats_abi::exit_reason::{self, InterceptClass};
 
 use hvstats_observe::Procfs;
-use hvstats_observe::counting::{EventList, EventSpec, Method, ThreadCounters};
 use hvstats_observe::sources::exit_classes::class_filter;
+use hvstats_observe::thread_counters::{EventList, EventSpec, Method, ThreadCounters};
 
 /// One measured comparison: `ours` against `baseline`, in ns per call, round by round.
 #[derive(Clone, Debug)]

@@ -18,9 +18,13 @@
 //! exporter's scrape of 65,536 VPs against `snapshot --json`; a fleet host's scrape (1,000 VMs of
 //! 4 VPs) against the Prometheus client library encoding the same families alone, and its
 //! snapshot API against its scrape; the default scrape of 100 VMs of 4 VPs (its series, bytes
-//! and gzipped bytes) against every collector's; what observing costs a guest and a counted thread, and
+//! and gzipped bytes) against every collector's, and of 1,000 VMs of 4 VPs gzipped against plain;
+//! what observing costs a guest and a counted thread, and
 //! counting a tracepoint by method; what observing 64 VMs costs a refresh, and the vCPU kicks QMP
-//! costs a guest ([`observe_fleet`]); the userspace exit with accounting on against off; a
+//! costs a guest ([`observe_fleet`]); how the observer's CPU, memory and descriptors grow from 64
+//! to 1,024 VMs of 4 vCPU threads ([`observe_scale`]); how long a restarted observer takes to
+//! adopt 4,096 kept rows ([`restart`]); what the per-thread reads of a refresh cost a vCPU thread
+//! ([`thread_reads`]); the userspace exit with accounting on against off; a
 //! hypercall against a plain exit; how long SIGTERM takes to end `observe --all` and `serve
 //! --observe-all` with a VM attached, against the same binary's `serve` alone ([`shutdown`]).
 //!
@@ -31,6 +35,7 @@
 #![deny(missing_docs)]
 
 pub mod authority;
+pub mod chart;
 pub mod client;
 pub mod counting_cost;
 pub mod default_scrape;
@@ -40,10 +45,13 @@ pub mod fleet;
 pub mod guest;
 pub mod observe;
 pub mod observe_fleet;
+pub mod observe_scale;
 pub mod overhead;
+pub mod restart;
 pub mod row;
 pub mod scrape;
 pub mod shutdown;
+pub mod thread_reads;
 
 use hvstats::Hypervisor;
 
@@ -131,8 +139,19 @@ pub fn run(options: &Options, progress: &dyn Progress) -> Result<Vec<Row>, Bench
     if wanted(default_scrape::ROW) {
         rows.push(default_scrape::default_scrape_row(&plan, default_scrape::VMS, default_scrape::VPS_EACH)?);
     }
+    if wanted(default_scrape::FLEET_ROW) {
+        rows.push(default_scrape::gzip_row(&plan, default_scrape::FLEET_VMS, default_scrape::VPS_EACH)?);
+    }
     rows.extend(observe::observe_rows(&plan, &kvm, &wanted));
     rows.extend(observe_fleet::observe_fleet_rows(&plan, &kvm, &wanted));
+    if wanted(thread_reads::ROW) {
+        rows.push(thread_reads::thread_reads_row(&plan));
+    }
+    rows.extend(observe_scale::observe_scale_rows(&plan, &kvm, &wanted));
+    let restart = restart::row_name();
+    if wanted(&restart) {
+        rows.push(restart::restart_row(&plan, restart.leak()));
+    }
     rows.extend(shutdown::shutdown_rows(&plan, &kvm, &wanted));
     match &kvm {
         Ok(()) if any(&guest::EXIT_ROWS) => {

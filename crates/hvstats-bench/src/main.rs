@@ -40,6 +40,10 @@ struct Args {
     /// Partitions of 16 VPs of the snapshot row (4096: 65,536 VPs).
     #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=65_536))]
     partitions: u32,
+    /// Also draw the curve of the `observe-scale-*` rows measured (the observer's CPU per refresh
+    /// per VM and per vCPU thread, against the VMs) as an SVG into this file.
+    #[arg(long, value_name = "FILE")]
+    chart: Option<std::path::PathBuf>,
     /// No progress bar, even on a terminal.
     #[arg(long, short)]
     quiet: bool,
@@ -93,13 +97,21 @@ fn run(args: Args) -> anyhow::Result<()> {
         rounds: args.rounds,
         exits: args.exits,
         hypercalls: args.hypercalls,
-        only: args.only,
+        only: args.only.clone(),
         partitions: args.partitions,
     };
     let bar = Bar::new(args.quiet);
     let rows = hvstats_bench::run(&options, &bar);
     bar.0.finish_and_clear();
     let rows = rows.context("the bench could not run")?;
+    if let Some(path) = &args.chart {
+        match hvstats_bench::chart::scale_svg(&rows).map_err(anyhow::Error::msg)? {
+            Some(svg) => {
+                std::fs::write(path, svg).with_context(|| format!("cannot write {}", path.display()))?
+            }
+            None => eprintln!("hvstats-bench: no observe-scale row was measured: no chart drawn"),
+        }
+    }
     match print(&rows, args.json) {
         // A reader that went away (`| head`) ends the output quietly.
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),

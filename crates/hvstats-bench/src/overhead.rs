@@ -263,8 +263,8 @@ pub const COUNTING_ROW: &str = "observe-counted-event-rate-on-vs-off";
 /// # Errors
 /// When the tracepoint is unavailable or the process's threads cannot be read.
 pub fn counted_event_rate_on_vs_off(plan: &Plan<'_>, calls: u32) -> Result<ExitRates, String> {
-    use hvstats_observe::counting::{EventList, EventSpec, ThreadCounters};
     use hvstats_observe::sources::{events::vm_events, thread_clock};
+    use hvstats_observe::thread_counters::{EventList, EventSpec, ThreadCounters};
     // Every event the observer counts on a vCPU thread: the events source's and the thread
     // clock's.
     let mut specs = vm_events(None);

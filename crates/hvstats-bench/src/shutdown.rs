@@ -69,7 +69,8 @@ pub fn shutdown_rows(plan: &Plan<'_>, kvm: &Result<(), String>, wanted: &dyn Fn(
         .collect()
 }
 
-fn root() -> Result<(), String> {
+/// Whether this process runs as root, and if not why a row needs it.
+pub(crate) fn root() -> Result<(), String> {
     // SAFETY: geteuid has no arguments and cannot fail.
     match unsafe { libc::geteuid() } {
         0 => Ok(()),
@@ -83,6 +84,11 @@ fn root() -> Result<(), String> {
 /// # Errors
 /// Where none is found, saying where it was looked for.
 pub fn hvstats_binary() -> Result<PathBuf, String> {
+    binary("hvstats", "cargo build -p hvstats-cli --bin hvstats")
+}
+
+/// The binary `name`, found as [`hvstats_binary`] finds `hvstats`; `build` says how to build it.
+pub(crate) fn binary(name: &str, build: &str) -> Result<PathBuf, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the running executable: {e}"))?;
     let beside = exe.parent().into_iter().flat_map(|dir| [Some(dir), dir.parent()]).flatten();
     let on_path =
@@ -90,12 +96,9 @@ pub fn hvstats_binary() -> Result<PathBuf, String> {
     beside
         .map(Path::to_owned)
         .chain(on_path)
-        .map(|dir| dir.join("hvstats"))
+        .map(|dir| dir.join(name))
         .find(|candidate| candidate.is_file())
-        .ok_or_else(|| {
-            "needs the hvstats binary beside hvstats-bench or on PATH (cargo build -p hvstats-cli --bin hvstats)"
-                .into()
-        })
+        .ok_or_else(|| format!("needs the {name} binary beside hvstats-bench or on PATH ({build})"))
 }
 
 /// Each round's SIGTERM-to-exit of `observe --all` and `serve --observe-all` (ours) and of
@@ -137,15 +140,15 @@ fn measure(plan: &Plan<'_>, hvstats: &Path) -> Result<[Rounds; 2], String> {
 
 /// A running `hvstats`, its standard output and error read as lines of one stream to the end
 /// (so that it never blocks on a full pipe while it shuts down); killed on drop.
-struct Hvstats {
-    child: Child,
-    lines: Receiver<String>,
+pub(crate) struct Hvstats {
+    pub(crate) child: Child,
+    pub(crate) lines: Receiver<String>,
     args: String,
 }
 
 impl Hvstats {
     /// Starts `hvstats ARGS --runtime-dir DIR`.
-    fn start(hvstats: &Path, args: &[&str], dir: &Path) -> Result<Self, String> {
+    pub(crate) fn start(hvstats: &Path, args: &[&str], dir: &Path) -> Result<Self, String> {
         let mut child = Command::new(hvstats)
             .args(args)
             .arg("--runtime-dir")

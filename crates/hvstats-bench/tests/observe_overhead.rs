@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use hvstats_bench::{Plan, overhead};
-use hvstats_observe::counting::{EventList, EventSpec};
+use hvstats_observe::thread_counters::{EventList, EventSpec};
 use hvstats_testkit::kvm_available;
 
 #[test]

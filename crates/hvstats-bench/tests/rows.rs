@@ -6,7 +6,10 @@
 
 use std::sync::Mutex;
 
-use hvstats_bench::{Options, Plan, Progress, Row, Silent, fleet, scrape, shutdown};
+use hvstats_bench::{
+    Options, Plan, Progress, Row, Silent, chart, default_scrape, fleet, observe_scale, restart, scrape,
+    shutdown, thread_reads,
+};
 use hvstats_testkit::kvm_available;
 
 /// A progress display that writes down what it is told.
@@ -22,6 +25,11 @@ impl Progress for Recorded {
         self.0.lock().unwrap().push(".".into());
     }
 }
+
+/// Taken by the tests that start a thousand threads in this process or a fleet of VMs, and by the
+/// one whose observers observe this process (they would count every one of those threads at
+/// attach, or wait behind the fleet's observer).
+static THIS_PROCESS: Mutex<()> = Mutex::new(());
 
 fn fact(row: &Row, name: &str) -> f64 {
     let Row::Measured { facts, .. } = row else { panic!("{row:?}") };
@@ -123,6 +131,7 @@ fn the_sigterm_rows_time_both_observers_and_serve_alone_with_a_vm_attached_every
         eprintln!("the sigterm rows {why}: skipped");
         return;
     }
+    let _alone = THIS_PROCESS.lock().unwrap_or_else(|e| e.into_inner());
     let options = Options { rounds: Some(2), only: vec!["sigterm-to-exit-".into()], ..Options::default() };
     let rows = hvstats_bench::run(&options, &Silent).unwrap();
     let names: Vec<&str> = rows.iter().map(Row::name).collect();
@@ -139,4 +148,83 @@ fn the_sigterm_rows_time_both_observers_and_serve_alone_with_a_vm_attached_every
     let Row::Measured { rounds: observe, .. } = &rows[0] else { unreachable!() };
     let Row::Measured { rounds: serve, .. } = &rows[1] else { unreachable!() };
     assert_eq!(observe.baseline, serve.baseline);
+}
+
+fn rounds_of(row: &Row) -> &hvstats_bench::row::Rounds {
+    let Row::Measured { rounds, .. } = row else { panic!("{row:?}") };
+    rounds
+}
+
+#[test]
+fn the_scale_row_observes_every_vm_of_the_minimal_vmm_and_says_its_cost_per_vm_and_thread() {
+    if !kvm_available(
+        "the_scale_row_observes_every_vm_of_the_minimal_vmm_and_says_its_cost_per_vm_and_thread",
+    ) {
+        return;
+    }
+    if let Err(why) = shutdown::hvstats_binary() {
+        assert!(std::env::var("HVSTATS_REQUIRE_KVM").as_deref() != Ok("1"), "{why}");
+        eprintln!("the scale rows {why}: skipped");
+        return;
+    }
+    let _alone = THIS_PROCESS.lock().unwrap_or_else(|e| e.into_inner());
+    let options = Options { rounds: Some(2), only: vec!["observe-scale-64".into()], ..Options::default() };
+    let rows = hvstats_bench::run(&options, &Silent).unwrap();
+    assert_eq!(rows.iter().map(Row::name).collect::<Vec<_>>(), ["observe-scale-64"], "{rows:?}");
+    let row = &rows[0];
+    let rounds = rounds_of(row);
+    assert_eq!((rounds.ours.len(), rounds.baseline.len()), (2, 2), "{row:?}");
+    assert!(rounds.ours.iter().all(|s| *s > 0.0) && rounds.baseline == [1.0, 1.0], "{row:?}");
+    // Every VM of the fleet is observed, with its 4 vCPU threads, and its statistics descriptors
+    // (the VM's and each vCPU's) are copied into the observer, as from a QEMU 8.1.
+    assert_eq!((fact(row, "vms"), fact(row, "vms_asked"), fact(row, "vms_not_observed")), (64.0, 64.0, 0.0));
+    assert_eq!(fact(row, "vcpu_threads"), 64.0 * observe_scale::VCPUS_EACH as f64);
+    assert_eq!(fact(row, "kvm_stats_descriptors"), 64.0 * 5.0, "{row:?}");
+    assert!(fact(row, "descriptors") > fact(row, "kvm_stats_descriptors"));
+    let per_refresh_us = row.ours().unwrap().median * 1e6;
+    assert!((fact(row, "us_per_vm") * 64.0 - per_refresh_us).abs() < 1e-6 * per_refresh_us);
+    assert!((fact(row, "us_per_vcpu_thread") * 256.0 - per_refresh_us).abs() < 1e-6 * per_refresh_us);
+    assert!(fact(row, "rss_mib") > 1.0 && fact(row, "vmm_rss_kib") > 100.0, "{row:?}");
+    assert_eq!(fact(row, "us_per_vm_over_smallest_row"), 1.0);
+    // The chart draws the row's point.
+    let svg = chart::scale_svg(&rows).unwrap().unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("per vCPU thread"), "{svg}");
+}
+
+#[test]
+fn the_big_default_scrape_row_gzips_and_says_both_sizes() {
+    let row = default_scrape::gzip_row(&Plan::quiet(2), 3, 2).unwrap();
+    assert_eq!(row.name(), default_scrape::FLEET_ROW);
+    let rounds = rounds_of(&row);
+    assert!(rounds.ours.iter().chain(&rounds.baseline).all(|ms| *ms > 0.0), "{row:?}");
+    assert_eq!(fact(&row, "vps"), 6.0);
+    assert!(fact(&row, "bytes") > fact(&row, "gzip_bytes") && fact(&row, "gzip_bytes") > 0.0, "{row:?}");
+    assert!(fact(&row, "series") > 6.0, "{row:?}");
+}
+
+#[test]
+fn the_restart_row_adopts_and_claims_every_kept_row_each_round() {
+    let _alone = THIS_PROCESS.lock().unwrap_or_else(|e| e.into_inner());
+    let name = restart::row_name();
+    let row = restart::restart_row(&Plan::quiet(2), name.clone().leak());
+    let rows = fact(&row, "rows");
+    assert_eq!(name, format!("restart-adopt-{rows}-kept-rows-vs-1s"));
+    assert_eq!(rows, restart::KEPT_ROWS as f64);
+    let rounds = rounds_of(&row);
+    assert_eq!(rounds.ours.len(), 2);
+    assert!(rounds.ours.iter().all(|s| *s > 0.0) && fact(&row, "fresh_tally_s") > 0.0, "{row:?}");
+}
+
+#[test]
+fn the_thread_reads_row_reads_every_source_of_each_thread() {
+    let _alone = THIS_PROCESS.lock().unwrap_or_else(|e| e.into_inner());
+    let row = thread_reads::thread_reads_row(&Plan::quiet(2));
+    assert_eq!(row.name(), thread_reads::ROW);
+    assert_eq!(fact(&row, "threads"), thread_reads::THREADS as f64);
+    // One source reads its schedstat (run time, wait, dispatches) and its stat (guest time,
+    // faults), each once a refresh.
+    assert_eq!(fact(&row, "sources_per_thread"), 1.0);
+    let rounds = rounds_of(&row);
+    assert!(rounds.ours.iter().chain(&rounds.baseline).all(|ns| *ns > 0.0), "{row:?}");
+    assert!((fact(&row, "us_per_vm_of_4") - row.ours().unwrap().median * 4.0 / 1e3).abs() < 1e-9);
 }

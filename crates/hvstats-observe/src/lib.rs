@@ -57,10 +57,6 @@ pub mod vm_identity;
 /// The flag a signal sets to end every wait, which an [`Observer`] is given.
 pub use hvstats_vmm::cancel;
 
-/// The former name of [`thread_counters`], which the thread clock source still imports it by.
-#[doc(hidden)]
-pub use thread_counters as counting;
-
 pub use attach::{ObserveError, ObserveOptions};
 pub use discovery::{Procfs, Vmm};
 pub use happenings::ObserverEvent;

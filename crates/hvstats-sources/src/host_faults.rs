@@ -3,13 +3,13 @@
 //! for the first time, reclaimed or swapped out is a fault of that thread (a major one when it
 //! waited for the disk); the VMM's own faults on the thread count too.
 //!
-//! Our VP's counts start when the source is opened, as its thread begins running its guest; an
-//! observed VM's vCPU thread's count from the thread's start, as the kernel keeps them (so a new
-//! observer continues them). The same source serves both, opened on a thread of this process
-//! ([`open_source`]) or of another under a procfs root ([`open_observed`]).
+//! Our VP's counts start when the source is opened, as its thread begins running its guest
+//! ([`open_source`]). An observed VM's vCPU thread's count from the thread's start, as the kernel
+//! keeps them (so a new observer continues them): they come from the same `stat` line the
+//! observed thread's times are read from, once a refresh (`thread::ObservedSched`).
 
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use hvstats::SharedPage;
 use hvstats_abi::catalog::{maintained_by, maintained_count};
@@ -18,10 +18,11 @@ use hvstats_abi::source::{HostFault, Source, SourceKind};
 use hvstats_abi::{Counter, ObjectKind};
 use hvstats_host::task_stat::{self, STAT_MAX, StatFile, StatLine};
 
-use super::counter_source::{CounterSource, Gives, Object, ObservedThread, Part, VpSource, VpThread};
+use super::counter_source::{CounterSource, Gives, Object, VpSource, VpThread};
+use super::thread::ReadUntilExit;
 
 /// The VP counters the catalog keys to the thread's faults.
-const FROM_HOST_FAULTS: [&Counter; maintained_count(ObjectKind::Vp, SourceKind::HostFaults)] =
+pub(super) const FROM_HOST_FAULTS: [&Counter; maintained_count(ObjectKind::Vp, SourceKind::HostFaults)] =
     maintained_by(ObjectKind::Vp, SourceKind::HostFaults);
 
 /// A thread's fault counts.
@@ -60,32 +61,11 @@ pub fn write_host_faults(page: &SharedPage, only: &CounterSet, faults: Faults) {
     }
 }
 
-/// Where a thread's `stat` line is read.
-#[derive(Debug)]
-enum StatAt {
-    /// Kept open and re-read (a thread of this process: one `pread` per reading).
-    Held(StatFile),
-    /// Opened for each reading (an observed VMM's thread: the observer holds no descriptor per
-    /// vCPU thread beyond its counters).
-    Path(PathBuf),
-}
-
-impl StatAt {
-    fn read(&self) -> io::Result<Faults> {
-        let mut buf = [0u8; STAT_MAX];
-        let stat = match self {
-            StatAt::Held(file) => file.read(&mut buf)?,
-            StatAt::Path(path) => StatFile::open(path)?.read(&mut buf)?,
-        };
-        Faults::of(&stat)
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "stat without fault counts"))
-    }
-}
-
 /// A VP thread's `stat` line and the counts it had when opened.
 #[derive(Debug)]
 pub struct HostFaultSource {
-    stat: StatAt,
+    /// The thread's `stat`, kept open and re-read (one `pread` per reading).
+    stat: StatFile,
     at_open: Faults,
     /// The faults since open, as last read.
     last: Faults,
@@ -98,15 +78,21 @@ impl HostFaultSource {
     ///
     /// # Errors
     /// When the line cannot be read or holds no fault counts.
-    fn open(stat: StatAt) -> io::Result<Self> {
-        let at_open = stat.read()?;
+    fn open(stat: StatFile) -> io::Result<Self> {
+        let at_open = read_faults(&stat)?;
         Ok(Self { stat, at_open, last: Faults::default(), gone: false })
     }
+}
 
-    fn read(&mut self) {
-        if let Ok(now) = self.stat.read() {
+impl ReadUntilExit for HostFaultSource {
+    fn read_thread(&mut self) {
+        if let Ok(now) = read_faults(&self.stat) {
             self.last = now.since(self.at_open);
         }
+    }
+
+    fn gone(&mut self) -> &mut bool {
+        &mut self.gone
     }
 }
 
@@ -124,41 +110,18 @@ impl CounterSource for HostFaultSource {
     }
 }
 
-impl VpSource for HostFaultSource {
-    fn part(&self) -> Part {
-        Part::Times
-    }
-
-    fn read(&mut self) {
-        if !self.gone {
-            HostFaultSource::read(self);
-        }
-    }
-
-    fn thread_exiting(&mut self) {
-        if !self.gone {
-            HostFaultSource::read(self);
-        }
-        self.gone = true;
-    }
-}
-
 /// The faults of our VP thread `vp.tid`, from now on. A thread whose `stat` cannot be read has
 /// no such source.
 pub(super) fn open_source(vp: &VpThread) -> Option<Box<dyn VpSource>> {
     let path = task_stat::thread_path(Path::new("/proc"), std::process::id() as i32, vp.tid);
-    let stat = StatAt::Held(StatFile::open(&path).ok()?);
-    Some(Box::new(HostFaultSource::open(stat).ok()?))
+    Some(Box::new(HostFaultSource::open(StatFile::open(&path).ok()?).ok()?))
 }
 
-/// The faults of an observed VM's vCPU thread since the thread started, as the kernel keeps
-/// them: a new observer continues the last one's counts.
-pub(super) fn open_observed(thread: ObservedThread<'_>) -> Option<Box<dyn VpSource>> {
-    let path = task_stat::thread_path(thread.procfs, thread.pid, thread.tid);
-    let mut source = HostFaultSource::open(StatAt::Path(path)).ok()?;
-    source.at_open = Faults::default();
-    source.read();
-    Some(Box::new(source))
+/// The fault counts of the `stat` line `file` holds now.
+fn read_faults(file: &StatFile) -> io::Result<Faults> {
+    let mut buf = [0u8; STAT_MAX];
+    Faults::of(&file.read(&mut buf)?)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "stat without fault counts"))
 }
 
 #[cfg(test)]

@@ -43,4 +43,4 @@ type OpenObserved = for<'a> fn(ObservedThread<'a>) -> Option<Box<dyn VpSource>>;
 
 /// The sources that read a thread from outside its process, opened on each vCPU thread of an
 /// observed VM (the observer composes them with the VM's own sources).
-pub const OBSERVED_THREAD_SOURCES: &[OpenObserved] = &[thread::open_observed, host_faults::open_observed];
+pub const OBSERVED_THREAD_SOURCES: &[OpenObserved] = &[thread::open_observed];

@@ -12,6 +12,7 @@ use hvstats_abi::{Counter, ObjectKind};
 use hvstats_host::sched::{SchedStat, SchedStatFile};
 
 use super::counter_source::{CounterSource, Gives, Object, ObservedThread, Part, VpSource, VpThread};
+use super::host_faults::{FROM_HOST_FAULTS, Faults, write_host_faults};
 use super::perf_sw::Migrations;
 use super::thread_time::{ThreadClock, ThreadTimes};
 
@@ -88,8 +89,36 @@ pub struct ThreadSource {
     gone: bool,
 }
 
-impl ThreadSource {
+/// A source of one of our VP threads, read at each merge and once more as the thread ends; from
+/// then on its last reading is kept (the thread's id may be reused): the [`VpSource`] of
+/// [`ThreadSource`] and of the host's faults on the thread.
+pub(super) trait ReadUntilExit: CounterSource {
+    /// Reads the thread now; a reading that fails keeps the last.
+    fn read_thread(&mut self);
+
+    /// Whether the thread ended (set once it did).
+    fn gone(&mut self) -> &mut bool;
+}
+
+impl<T: ReadUntilExit> VpSource for T {
+    fn part(&self) -> Part {
+        Part::Times
+    }
+
     fn read(&mut self) {
+        if !*self.gone() {
+            self.read_thread();
+        }
+    }
+
+    fn thread_exiting(&mut self) {
+        VpSource::read(self);
+        *self.gone() = true;
+    }
+}
+
+impl ReadUntilExit for ThreadSource {
+    fn read_thread(&mut self) {
         if let Some(t) = self.clock.as_ref().and_then(|c| c.read().ok()) {
             self.times = Some(t);
         }
@@ -99,6 +128,10 @@ impl ThreadSource {
         if let Some(s) = self.sched.as_ref().and_then(|s| s.read().ok()) {
             self.sched_stat = Some(s);
         }
+    }
+
+    fn gone(&mut self) -> &mut bool {
+        &mut self.gone
     }
 }
 
@@ -121,25 +154,6 @@ impl CounterSource for ThreadSource {
     }
 }
 
-impl VpSource for ThreadSource {
-    fn part(&self) -> Part {
-        Part::Times
-    }
-
-    fn read(&mut self) {
-        if !self.gone {
-            ThreadSource::read(self);
-        }
-    }
-
-    fn thread_exiting(&mut self) {
-        if !self.gone {
-            ThreadSource::read(self);
-        }
-        self.gone = true;
-    }
-}
-
 /// The thread's sources (each one the host lacks is left out of the reading, not zero).
 pub(super) fn open_source(vp: &VpThread) -> Option<Box<dyn VpSource>> {
     Some(Box::new(ThreadSource {
@@ -153,30 +167,34 @@ pub(super) fn open_source(vp: &VpThread) -> Option<Box<dyn VpSource>> {
     }))
 }
 
-/// An observed vCPU thread's run time, hypervisor time, CPU wait and dispatches, as the kernel
-/// keeps them from the thread's start (`schedstat`, and the guest time of its `stat`): nothing
-/// is taken off at attach, so a new observer continues where the last one left, and nothing is
-/// lost while none runs.
+/// An observed vCPU thread's run time, hypervisor time, CPU wait and dispatches, and the host's
+/// page faults on it, as the kernel keeps them from the thread's start (`schedstat`, and the
+/// guest time and fault counts of its `stat`, each file read once a refresh): nothing is taken
+/// off at attach, so a new observer continues where the last one left, and nothing is lost
+/// while none runs.
 #[derive(Debug)]
 pub struct ObservedSched {
     /// The thread's `schedstat`, opened for each reading (no descriptor held per vCPU thread).
     path: std::path::PathBuf,
-    /// The thread's `stat`, for its guest time.
+    /// The thread's `stat`, for its guest time and faults.
     stat: std::path::PathBuf,
     sched: Option<SchedStat>,
     times: Option<ThreadTimes>,
+    faults: Option<Faults>,
 }
 
 impl ObservedSched {
-    /// The thread's times from one `schedstat` reading: its run time, less its guest time so far.
-    fn times(&self, sched: &SchedStat) -> Option<ThreadTimes> {
+    /// The thread's times from one `schedstat` reading (its run time, less its guest time so
+    /// far) and its faults, from one reading of its `stat`.
+    fn read_stat(&self, sched: &SchedStat) -> (Option<ThreadTimes>, Option<Faults>) {
         let mut buf = [0u8; hvstats_host::task_stat::STAT_MAX];
-        let file = hvstats_host::task_stat::StatFile::open(&self.stat).ok()?;
-        let guest_ticks = file.read(&mut buf).ok()?.guest_ticks()?;
-        Some(ThreadTimes {
+        let Ok(file) = hvstats_host::task_stat::StatFile::open(&self.stat) else { return (None, None) };
+        let Ok(line) = file.read(&mut buf) else { return (None, None) };
+        let times = line.guest_ticks().map(|guest_ticks| ThreadTimes {
             total_100ns: sched.run_ns / 100,
             guest_100ns: hvstats_host::task_stat::ticks_to_100ns(guest_ticks),
-        })
+        });
+        (times, Faults::of(&line))
     }
 }
 
@@ -186,15 +204,22 @@ impl CounterSource for ObservedSched {
     }
 
     fn gives(&self) -> Gives {
-        thread_gives(|source| match source {
+        let mut gives = thread_gives(|source| match source {
             Source::ThreadTime(ThreadTime::CpuWait | ThreadTime::Dispatches) => true,
             Source::ThreadTime(ThreadTime::Total | ThreadTime::Hypervisor) => self.times.is_some(),
             _ => false,
-        })
+        });
+        if self.faults.is_some() {
+            gives.vp = gives.vp.union(&CounterSet::of(&FROM_HOST_FAULTS.map(|c| c.id)));
+        }
+        gives
     }
 
     fn write(&self, _object: Object, page: &SharedPage, only: &CounterSet) {
         write_thread_counts(page, only, self.times, self.sched, None);
+        if let Some(faults) = self.faults {
+            write_host_faults(page, only, faults);
+        }
     }
 }
 
@@ -210,9 +235,9 @@ impl VpSource for ObservedSched {
             return;
         }
         self.sched = Some(now);
-        if let Some(times) = self.times(&now) {
-            self.times = Some(times);
-        }
+        let (times, faults) = self.read_stat(&now);
+        self.times = times.or(self.times);
+        self.faults = faults.or(self.faults);
     }
 }
 
@@ -221,7 +246,7 @@ impl VpSource for ObservedSched {
 pub(super) fn open_observed(thread: ObservedThread<'_>) -> Option<Box<dyn VpSource>> {
     let path = hvstats_host::sched::path_under(thread.procfs, thread.pid, thread.tid);
     let stat = hvstats_host::task_stat::thread_path(thread.procfs, thread.pid, thread.tid);
-    let mut source = ObservedSched { path, stat, sched: None, times: None };
+    let mut source = ObservedSched { path, stat, sched: None, times: None, faults: None };
     source.read();
     source.sched.is_some().then(|| Box::new(source) as Box<dyn VpSource>)
 }

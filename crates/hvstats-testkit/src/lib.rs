@@ -5,6 +5,8 @@
 //! - [`kvm_available`]: the check of tests that need a guest (skipped without /dev/kvm, a
 //!   failure under `HVSTATS_REQUIRE_KVM=1`);
 //! - [`IdleVcpu`]: a VM with one vCPU that never runs, and its KVM statistics;
+//! - [`PacedVm`]: a VM of vCPU threads leaving the guest at a pace, with its statistics open as
+//!   QEMU 8.1 keeps them: what the bench's minimal VMM runs;
 //! - [`Libvirtd`]: a libvirt daemon of the test's own, with a QEMU domain;
 //! - [`synthetic_instance`]: a reading of a large host, every counter set, built in memory;
 //! - [`synthetic_load`]: a published instance counting made-up traffic, for the surfaces.
@@ -19,6 +21,7 @@ mod idle_vcpu;
 mod kvm;
 mod libvirt;
 mod load;
+mod paced_vmm;
 mod reading;
 
 pub use dir::TempDir;
@@ -26,4 +29,5 @@ pub use idle_vcpu::{IdleVcpu, IdleVm};
 pub use kvm::{kvm_available, kvm_vcpus, spawn_qemu, wait_for_kvm_vcpus};
 pub use libvirt::{LibvirtDomain, Libvirtd};
 pub use load::synthetic_load;
+pub use paced_vmm::PacedVm;
 pub use reading::synthetic_instance;

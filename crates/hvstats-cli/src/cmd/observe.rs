@@ -224,7 +224,7 @@ fn counting_line() -> String {
         .collect();
     let tracefs = hvstats_host::tracefs::root().is_ok();
     match (method, missing.is_empty() || !tracefs) {
-        (hvstats_observe::counting::Method::Perf, false) => format!(
+        (hvstats_observe::thread_counters::Method::Perf, false) => format!(
             "counting with perf counters per thread, where permitted: counting in the kernel needs {} (see \
              the line that names it)",
             missing.join(" and ")

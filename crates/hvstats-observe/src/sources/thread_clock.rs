@@ -20,7 +20,7 @@ use hvstats_abi::source::{PerfSoftwareEvent, Source};
 use super::events::vmm_threads;
 use super::vm_source::{Learned, VmAttach, VmSource, VmView};
 use crate::attach::ObserveError;
-use crate::counting::{EventList, EventSpec, Method, SW_CPU_MIGRATIONS, ThreadCounters};
+use crate::thread_counters::{EventList, EventSpec, Method, SW_CPU_MIGRATIONS, ThreadCounters};
 use hvstats_sources::counter_source::{CounterSource, Gives, Object};
 
 /// Its one event: migrations.

@@ -1,0 +1,322 @@
+//! How the observer's cost grows with the VMs: `hvstats observe --all` over fleets of 64, 256
+//! and 1,024 VMs of 4 vCPU threads each.
+//!
+//! Each VM is a process of the bench's minimal VMM (`hvstats-bench-vmm`, a
+//! [`hvstats_testkit::PacedVm`]): one KVM VM, its 4 vCPU threads each leaving the guest once a
+//! second, and KVM's statistics descriptors open on the VM and each vCPU as QEMU 8.1 and later
+//! keeps them, so the observer reads them as it would a QEMU's. The fleet grows from one row to
+//! the next; each row runs a fresh `hvstats observe --all` (the real binary, its own process) told
+//! to observe the fleet alone (`--vm` each VMM's pid), waits until it publishes every VM (or
+//! publishes no more for a while: a VM it refused is not published), then measures windows of
+//! refreshes.
+//!
+//! Our side: the observer's CPU time per 1 s refresh (every thread of the process, from the
+//! kernel's schedstat, in seconds); the baseline: the refresh interval. The ratio is the share of
+//! one CPU the observer takes (goal: at most 1 %). The facts: the VMs and vCPU threads observed
+//! (published) and the VMs not, the refusals it said, the CPU per VM and per vCPU thread a refresh (µs), the observer's RSS and
+//! descriptors (by kind) at the end, the descriptors that count (all but the KVM statistics
+//! copied from the VMMs) per vCPU thread, a VMM's RSS, and the per-VM cost over the smallest
+//! row's. A host without the memory for a fleet runs the largest it can (leaving
+//! [`MEMORY_RESERVE`] free): the row's `vms` fact says how many, beside `vms_asked`.
+
+use std::io::BufRead;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hvstats_testkit::TempDir;
+
+use crate::row::{Pace, Plan, Rounds, Row, Spread};
+use crate::shutdown::{Hvstats, binary, hvstats_binary, root};
+
+/// The rows, by fleet size.
+pub const ROWS: [&str; 3] = ["observe-scale-64", "observe-scale-256", "observe-scale-1024"];
+
+/// The VMs of each row.
+pub const FLEETS: [usize; 3] = [64, 256, 1024];
+
+/// vCPU threads of each VM.
+pub const VCPUS_EACH: usize = 4;
+
+/// The memory a fleet leaves free on the host (other work shares it).
+pub const MEMORY_RESERVE: u64 = 4 << 30;
+
+/// The observer's refresh interval, and each vCPU's pace.
+const INTERVAL: Duration = Duration::from_secs(1);
+
+/// Refreshes per measured window.
+const WINDOW: u32 = 3;
+
+/// How long the observer may go without saying a word of a VM before the row measures what it
+/// has.
+const QUIET: Duration = Duration::from_secs(20);
+
+/// The rows `wanted` selects, over one fleet grown from row to row; `kvm` says whether this host
+/// can run a VM, and if not why. A row this host cannot measure is skipped, with why.
+pub fn observe_scale_rows(
+    plan: &Plan<'_>,
+    kvm: &Result<(), String>,
+    wanted: &dyn Fn(&str) -> bool,
+) -> Vec<Row> {
+    let asked: Vec<(&'static str, usize)> = ROWS.into_iter().zip(FLEETS).filter(|(n, _)| wanted(n)).collect();
+    if asked.is_empty() {
+        return Vec::new();
+    }
+    let tools = kvm.clone().and_then(|()| root()).and_then(|()| {
+        Ok((hvstats_binary()?, binary("hvstats-bench-vmm", "cargo build -p hvstats-bench --bins")?))
+    });
+    let (hvstats, vmm) = match tools {
+        Ok(tools) => tools,
+        Err(why) => {
+            return asked.into_iter().map(|(name, _)| Row::Skipped { name, why: why.clone() }).collect();
+        }
+    };
+    let _ = hvstats_observe::raise_fd_limit();
+    let mut fleet = Fleet::default();
+    let mut rows = Vec::new();
+    let mut smallest: Option<f64> = None;
+    for (name, vms) in asked {
+        let row = fleet.grow(&vmm, vms).and_then(|()| measure(plan, name, &hvstats, &fleet, vms));
+        rows.push(match row {
+            Ok(mut row) => {
+                let per_vm = fact(&row, "us_per_vm");
+                let base = *smallest.get_or_insert(per_vm);
+                if let Row::Measured { facts, .. } = &mut row {
+                    facts.push(("us_per_vm_over_smallest_row", per_vm / base));
+                }
+                row
+            }
+            Err(why) => Row::Skipped { name, why },
+        });
+    }
+    rows
+}
+
+fn fact(row: &Row, name: &str) -> f64 {
+    match row {
+        Row::Measured { facts, .. } => facts.iter().find(|(n, _)| *n == name).map_or(f64::NAN, |(_, v)| *v),
+        Row::Skipped { .. } => f64::NAN,
+    }
+}
+
+/// The VMM processes of the bench, ended (their standard input closed, then killed) on drop.
+#[derive(Default)]
+struct Fleet {
+    vmms: Vec<Child>,
+    /// Each VMM's RSS once its vCPUs ran, in KiB.
+    rss_kib: Vec<f64>,
+    /// Why the fleet stopped growing short of a row's size, if it did.
+    short: Option<String>,
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for vmm in &mut self.vmms {
+            drop(vmm.stdin.take());
+            let _ = vmm.kill();
+        }
+        for vmm in &mut self.vmms {
+            let _ = vmm.wait();
+        }
+    }
+}
+
+impl Fleet {
+    /// Starts VMMs until there are `vms`, or until the host's available memory would fall below
+    /// [`MEMORY_RESERVE`] (then the fleet is what ran, and `short` says why).
+    fn grow(&mut self, vmm: &Path, vms: usize) -> Result<(), String> {
+        while self.vmms.len() < vms && self.short.is_none() {
+            let available = mem_available()?;
+            if available < MEMORY_RESERVE {
+                self.short = Some(format!(
+                    "{} VMs ran: {} MiB of memory left, {} MiB kept free",
+                    self.vmms.len(),
+                    available >> 20,
+                    MEMORY_RESERVE >> 20
+                ));
+                break;
+            }
+            let child = start_vmm(vmm)?;
+            self.rss_kib.push(status_kib(child.id() as i32, "VmRSS:").unwrap_or(f64::NAN));
+            self.vmms.push(child);
+        }
+        match self.vmms.is_empty() {
+            true => Err(self.short.clone().unwrap_or_else(|| "no VM ran".into())),
+            false => Ok(()),
+        }
+    }
+
+    fn pids(&self, vms: usize) -> Vec<i32> {
+        self.vmms.iter().take(vms).map(|c| c.id() as i32).collect()
+    }
+}
+
+/// A VMM of [`VCPUS_EACH`] vCPUs paced at [`INTERVAL`], once it said it is ready.
+fn start_vmm(vmm: &Path) -> Result<Child, String> {
+    let pace = INTERVAL.as_millis().to_string();
+    let mut child = Command::new(vmm)
+        .args([VCPUS_EACH.to_string().as_str(), pace.as_str()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| format!("{}: {e}", vmm.display()))?;
+    let mut line = String::new();
+    if let Some(out) = child.stdout.take() {
+        let _ = std::io::BufReader::new(out).read_line(&mut line);
+    }
+    if line.trim() != "ready" {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(format!("{} did not start its VM", vmm.display()));
+    }
+    Ok(child)
+}
+
+/// The host's available memory, in bytes.
+fn mem_available() -> Result<u64, String> {
+    let text = std::fs::read_to_string("/proc/meminfo").map_err(|e| format!("/proc/meminfo: {e}"))?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kib| kib << 10)
+        .ok_or_else(|| "/proc/meminfo: no MemAvailable".into())
+}
+
+/// A `KEY: n kB` field of a process's status, in KiB.
+fn status_kib(pid: i32, key: &str) -> Option<f64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// The CPU time every thread of process `pid` has run, in seconds (the first field of each
+/// thread's schedstat: nanoseconds).
+fn process_cpu(pid: i32) -> Result<f64, String> {
+    let dir = format!("/proc/{pid}/task");
+    let tasks = std::fs::read_dir(&dir).map_err(|e| format!("{dir}: {e}"))?;
+    let mut ns = 0u64;
+    for task in tasks.flatten() {
+        let text = std::fs::read_to_string(task.path().join("schedstat")).unwrap_or_default();
+        ns += text.split_whitespace().next().and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    }
+    Ok(ns as f64 / 1e9)
+}
+
+/// The descriptors process `pid` holds: all, perf events, KVM statistics, BPF objects.
+fn descriptors(pid: i32) -> [f64; 4] {
+    let mut counts = [0f64; 4];
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fd")).into_iter().flatten().flatten() {
+        let target =
+            std::fs::read_link(fd.path()).map(|t| t.to_string_lossy().into_owned()).unwrap_or_default();
+        counts[0] += 1.0;
+        match () {
+            () if target.contains("perf_event") => counts[1] += 1.0,
+            () if target.contains("kvm-") && target.contains("-stats") => counts[2] += 1.0,
+            () if target.contains("bpf") => counts[3] += 1.0,
+            () => {}
+        }
+    }
+    counts
+}
+
+/// The VMs and vCPUs the observer publishes in runtime directory `dir`.
+fn published(dir: &Path) -> (usize, usize) {
+    match hvstats_present::live::Live::new(Some(dir.to_owned())).read() {
+        Ok(reading) => (reading.instances.iter().map(|i| i.partitions.len()).sum(), reading.vp_count()),
+        Err(_) => (0, 0),
+    }
+}
+
+/// Waits until the observer publishes `vms` VMs, or published no more for [`QUIET`]: the VMs
+/// and vCPUs it then publishes.
+fn settle(dir: &Path, vms: usize) -> (usize, usize) {
+    let mut last = (0, 0);
+    let mut since = Instant::now();
+    while last.0 < vms && since.elapsed() < QUIET {
+        std::thread::sleep(INTERVAL);
+        let now = published(dir);
+        if now.0 > last.0 {
+            since = Instant::now();
+        }
+        last = now;
+    }
+    last
+}
+
+/// The refusals the observer said so far, a VM waiting for descriptors ("not observed for now")
+/// included (its first said on standard error, for the reader of the row to see why). The
+/// observer's log budget may hold some back: the `vms_not_observed` fact is the count.
+fn refusals(observer: &Hvstats) -> usize {
+    let refusal = |l: &String| {
+        ["refused pid ", "not observed for now", "cannot observe pid "].iter().any(|w| l.contains(w))
+    };
+    let said: Vec<String> = observer.lines.try_iter().filter(refusal).collect();
+    if let Some(first) = said.first() {
+        eprintln!("hvstats-bench: the observer said {} refusals, the first: {first}", said.len());
+    }
+    said.len()
+}
+
+/// One row: a fresh observer of the fleet's first `vms` VMs, measured over the plan's rounds of
+/// [`WINDOW`] refreshes.
+fn measure(
+    plan: &Plan<'_>,
+    name: &'static str,
+    hvstats: &Path,
+    fleet: &Fleet,
+    vms: usize,
+) -> Result<Row, String> {
+    let pids = fleet.pids(vms);
+    let dir = TempDir::new("bench-scale");
+    let mut args = vec!["observe".to_owned(), "--all".into(), "--interval".into(), "1".into()];
+    args.extend(pids.iter().flat_map(|p| ["--vm".to_owned(), p.to_string()]));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let observer = Hvstats::start(hvstats, &args, dir.path())?;
+    let pid = observer.child.id() as i32;
+    let (attached, vcpus) = settle(dir.path(), pids.len());
+    if attached == 0 {
+        return Err(format!("the observer attached none of {} VMs in time", pids.len()));
+    }
+    // Its first refreshes after the last attach are behind it.
+    std::thread::sleep(2 * INTERVAL);
+    let mut rounds = Rounds::default();
+    for _ in 0..plan.start(&[name], Pace::Slow).max(2) {
+        let before = process_cpu(pid)?;
+        let start = Instant::now();
+        std::thread::sleep(INTERVAL * WINDOW);
+        let refreshes = start.elapsed().as_secs_f64() / INTERVAL.as_secs_f64();
+        rounds.ours.push((process_cpu(pid)? - before) / refreshes);
+        rounds.baseline.push(INTERVAL.as_secs_f64());
+        plan.tick();
+    }
+    let refusals = refusals(&observer);
+    let [fds, perf, stats, bpf] = descriptors(pid);
+    let rss_mib = status_kib(pid, "VmRSS:").unwrap_or(f64::NAN) / 1024.0;
+    let cpu = Spread::of(&rounds.ours).median;
+    let threads = vcpus.max(1) as f64;
+    if published(dir.path()) != (attached, vcpus) {
+        return Err(format!(
+            "the observer's VMs changed while measured (from {attached} VMs of {vcpus} vCPUs)"
+        ));
+    }
+    let facts = vec![
+        ("vms", attached as f64),
+        ("vms_asked", FLEETS[ROWS.iter().position(|n| *n == name).unwrap_or(0)] as f64),
+        ("vms_not_observed", (pids.len() - attached) as f64),
+        ("refusals_said", refusals as f64),
+        ("vcpu_threads", vcpus as f64),
+        ("us_per_vm", cpu * 1e6 / attached as f64),
+        ("us_per_vcpu_thread", cpu * 1e6 / threads),
+        ("rss_mib", rss_mib),
+        ("descriptors", fds),
+        ("perf_descriptors", perf),
+        ("kvm_stats_descriptors", stats),
+        ("bpf_descriptors", bpf),
+        ("counting_descriptors_per_vcpu_thread", (fds - stats) / threads),
+        ("vmm_rss_kib", Spread::of(&fleet.rss_kib).median),
+    ];
+    drop(observer);
+    Ok(Row::Measured { name, rounds, unit: "s/refresh", goal: Some(0.01), facts })
+}

@@ -1,0 +1,79 @@
+//! What the observer's per-thread reads cost each refresh: every source an observed vCPU thread
+//! has ([`hvstats_sources::OBSERVED_THREAD_SOURCES`]: its schedstat and `stat`, opened and read
+//! each refresh, so the observer holds no descriptor per thread), read on [`THREADS`] live
+//! threads, in CPU ns per thread, against one `pread` of a schedstat held open per thread (the
+//! least a read per thread costs). This is the part of a refresh that grows with the vCPU threads;
+//! the `us_per_vm_of_4` fact is what it costs a VM of 4 vCPUs.
+
+use std::os::unix::fs::FileExt;
+
+use hvstats_sources::OBSERVED_THREAD_SOURCES;
+use hvstats_sources::counter_source::{ObservedThread, VpSource};
+
+use crate::restart::Parked;
+use crate::row::{CpuClock, Plan, Row, ns_per, side_by_side};
+
+/// The row.
+pub const ROW: &str = "observe-thread-reads-per-vcpu-thread-vs-held-pread";
+
+/// Threads read each round.
+pub const THREADS: usize = 1024;
+
+/// The row, over the plan's rounds (skipped, with why, where the threads' files cannot be read).
+pub fn thread_reads_row(plan: &Plan<'_>) -> Row {
+    match measure(plan) {
+        Ok(row) => row,
+        Err(why) => Row::Skipped { name: ROW, why },
+    }
+}
+
+fn measure(plan: &Plan<'_>) -> Result<Row, String> {
+    let threads = Parked::spawn(THREADS)?;
+    let pid = std::process::id() as i32;
+    let procfs = std::path::Path::new("/proc");
+    let mut sources: Vec<Box<dyn VpSource>> = threads
+        .tids
+        .iter()
+        .flat_map(|&tid| {
+            OBSERVED_THREAD_SOURCES.iter().filter_map(move |open| open(ObservedThread { procfs, pid, tid }))
+        })
+        .collect();
+    if sources.len() < THREADS {
+        return Err(format!("{} sources opened on {THREADS} threads", sources.len()));
+    }
+    let held = threads
+        .tids
+        .iter()
+        .map(|tid| std::fs::File::open(format!("/proc/{pid}/task/{tid}/schedstat")))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("schedstat: {e}"))?;
+    let mut buf = [0u8; 128];
+    let rounds = side_by_side(
+        plan,
+        ROW,
+        || {
+            let start = CpuClock::now();
+            sources.iter_mut().for_each(|s| s.read());
+            ns_per(start, THREADS as u64)
+        },
+        || {
+            let start = CpuClock::now();
+            for file in &held {
+                std::hint::black_box(file.read_at(&mut buf, 0).ok());
+            }
+            ns_per(start, THREADS as u64)
+        },
+    );
+    let per_thread = crate::row::Spread::of(&rounds.ours).median;
+    Ok(Row::Measured {
+        name: ROW,
+        rounds,
+        unit: "ns/thread",
+        goal: None,
+        facts: vec![
+            ("threads", THREADS as f64),
+            ("sources_per_thread", sources.len() as f64 / THREADS as f64),
+            ("us_per_vm_of_4", per_thread * 4.0 / 1e3),
+        ],
+    })
+}
