@@ -138,6 +138,18 @@ fn open_sources(at: &VmAttach<'_>) -> Result<Opened, ObserveError> {
     Ok((opened, named))
 }
 
+/// Whether `procfs` is the host's own (a fixture names descriptors that are not its), and then
+/// the watch on which KVM VM object descriptor `vm_fd` of `pid` is (its descriptors copied and
+/// compared).
+fn watch_of(procfs: &Procfs, pid: i32, vm_fd: u32) -> (bool, Option<VmWatch>) {
+    let live = procfs.root() == std::path::Path::new("/proc");
+    let watch = live
+        .then(|| VmObject::of(pid, vm_fd).ok())
+        .flatten()
+        .map(|object| VmWatch::new(procfs, pid, vm_fd, object));
+    (live, watch)
+}
+
 impl ObservedVm {
     /// Attaches to the VM of `pid` (whose KVM descriptors are `fds`): opens its sources (no more
     /// than `room` descriptors for its counters, none of `superseded`: copies of descriptors of
@@ -160,28 +172,8 @@ impl ObservedVm {
         let vm_fd = the_vm(pid, fds)?;
         let identity = procfs.identity(pid).map_err(|source| ObserveError::Proc { pid, source })?;
         let attached = SystemTime::now();
-        // The VM object is the live process's (its descriptors are copied and compared): a procfs
-        // other than the host's /proc (a fixture) names descriptors that are not its.
-        let live = procfs.root() == std::path::Path::new("/proc");
-        let watch = live
-            .then(|| VmObject::of(pid, vm_fd).ok())
-            .flatten()
-            .map(|object| VmWatch::new(procfs, pid, vm_fd, object));
-        let events = super::sources::vm_event_list(options);
-        let per_thread = super::sources::descriptors_per_thread(&events);
-        let past_rows_per_thread = super::sources::descriptors_past_rows(&events);
-        let at = VmAttach {
-            procfs,
-            pid,
-            fds,
-            options,
-            room,
-            events,
-            per_thread,
-            past_rows_per_thread,
-            qmp,
-            superseded,
-        };
+        let (live, watch) = watch_of(procfs, pid, vm_fd);
+        let at = VmAttach::new(procfs, pid, fds, options, room, qmp, superseded);
         let (opened, named) = open_sources(&at)?;
         let (vmm, name) = procfs.identify(pid);
         let name = named.iter().find_map(|n| n.vm_name.clone()).unwrap_or(name);
@@ -191,7 +183,7 @@ impl ObservedVm {
         let uuid = named.iter().find_map(|n| n.vm_uuid).or_else(|| procfs.vm_uuid(pid));
         let partition = publish(hv, pid, vmm, &name, vcpus.len(), uuid)?;
         describe(&partition, procfs, pid, identity.start_time);
-        let mut me = Self {
+        let me = Self {
             pid,
             identity,
             thread_starts: BTreeMap::new(),
@@ -213,8 +205,14 @@ impl ObservedVm {
             exit: live.then(|| ExitWatch::new(pid)).flatten(),
             watch,
         };
-        match me.refresh(procfs) {
-            Ok(None) => Ok(me),
+        me.first_refresh(procfs)
+    }
+
+    /// The attached VM after its first refresh, which must find the process still there.
+    fn first_refresh(mut self, procfs: &Procfs) -> Result<Self, ObserveError> {
+        let pid = self.pid;
+        match self.refresh(procfs) {
+            Ok(None) => Ok(self),
             Ok(Some(_)) => Err(ObserveError::Proc { pid, source: io::ErrorKind::NotFound.into() }),
             Err(source) => Err(ObserveError::Proc { pid, source }),
         }

@@ -227,6 +227,34 @@ pub fn vp_counters_of(kinds: &[hvstats_abi::source::SourceKind]) -> CounterSet {
     CounterSet::of_kind(ObjectKind::Vp, |c| c.maintained.source().is_some_and(|s| kinds.contains(&s.kind())))
 }
 
+/// A source of one of our VP threads, read at each merge and once more as the thread ends; from
+/// then on its last reading is kept (the thread's id may be reused): the [`VpSource`] of
+/// [`crate::thread::ThreadSource`] and of the host's faults on the thread.
+pub(crate) trait ReadUntilExit: CounterSource {
+    /// Reads the thread now; a reading that fails keeps the last.
+    fn read_thread(&mut self);
+
+    /// Whether the thread ended (set once it did).
+    fn gone(&mut self) -> &mut bool;
+}
+
+impl<T: ReadUntilExit> VpSource for T {
+    fn part(&self) -> Part {
+        Part::Times
+    }
+
+    fn read(&mut self) {
+        if !*self.gone() {
+            self.read_thread();
+        }
+    }
+
+    fn thread_exiting(&mut self) {
+        VpSource::read(self);
+        *self.gone() = true;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

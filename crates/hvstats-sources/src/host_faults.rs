@@ -6,7 +6,7 @@
 //! Our VP's counts start when the source is opened, as its thread begins running its guest
 //! ([`open_source`]). An observed VM's vCPU thread's count from the thread's start, as the kernel
 //! keeps them (so a new observer continues them): they come from the same `stat` line the
-//! observed thread's times are read from, once a refresh (`thread::ObservedSched`).
+//! observed thread's times are read from, once a refresh (`ObservedSched` of the thread source).
 
 use std::io;
 use std::path::Path;
@@ -18,8 +18,8 @@ use hvstats_abi::source::{HostFault, Source, SourceKind};
 use hvstats_abi::{Counter, ObjectKind};
 use hvstats_host::task_stat::{self, STAT_MAX, StatFile, StatLine};
 
+use super::counter_source::ReadUntilExit;
 use super::counter_source::{CounterSource, Gives, Object, VpSource, VpThread};
-use super::thread::ReadUntilExit;
 
 /// The VP counters the catalog keys to the thread's faults.
 pub(super) const FROM_HOST_FAULTS: [&Counter; maintained_count(ObjectKind::Vp, SourceKind::HostFaults)] =

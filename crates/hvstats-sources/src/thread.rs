@@ -11,7 +11,9 @@ use hvstats_abi::source::{PerfSoftwareEvent, Source, SourceKind, ThreadTime};
 use hvstats_abi::{Counter, ObjectKind};
 use hvstats_host::sched::{SchedStat, SchedStatFile};
 
-use super::counter_source::{CounterSource, Gives, Object, ObservedThread, Part, VpSource, VpThread};
+use super::counter_source::{
+    CounterSource, Gives, Object, ObservedThread, Part, ReadUntilExit, VpSource, VpThread,
+};
 use super::host_faults::{FROM_HOST_FAULTS, Faults, write_host_faults};
 use super::perf_sw::Migrations;
 use super::thread_time::{ThreadClock, ThreadTimes};
@@ -87,34 +89,6 @@ pub struct ThreadSource {
     migrated: Option<u64>,
     /// The thread ended: its last reading is kept (its tid may be reused).
     gone: bool,
-}
-
-/// A source of one of our VP threads, read at each merge and once more as the thread ends; from
-/// then on its last reading is kept (the thread's id may be reused): the [`VpSource`] of
-/// [`ThreadSource`] and of the host's faults on the thread.
-pub(super) trait ReadUntilExit: CounterSource {
-    /// Reads the thread now; a reading that fails keeps the last.
-    fn read_thread(&mut self);
-
-    /// Whether the thread ended (set once it did).
-    fn gone(&mut self) -> &mut bool;
-}
-
-impl<T: ReadUntilExit> VpSource for T {
-    fn part(&self) -> Part {
-        Part::Times
-    }
-
-    fn read(&mut self) {
-        if !*self.gone() {
-            self.read_thread();
-        }
-    }
-
-    fn thread_exiting(&mut self) {
-        VpSource::read(self);
-        *self.gone() = true;
-    }
 }
 
 impl ReadUntilExit for ThreadSource {

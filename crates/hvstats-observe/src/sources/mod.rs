@@ -84,6 +84,26 @@ pub(crate) fn descriptors_past_rows(events: &crate::thread_counters::EventList) 
     events.perf_events_without_row() + thread_clock::events().len()
 }
 
+impl<'a> VmAttach<'a> {
+    /// What the sources of the VM of `pid` are given: its event list made once for `options`,
+    /// and what each of its counted threads costs in descriptors by the method it gets.
+    #[allow(clippy::too_many_arguments, reason = "what attaching takes, each from another owner")]
+    pub(crate) fn new(
+        procfs: &'a crate::discovery::Procfs,
+        pid: i32,
+        fds: &'a crate::discovery::KvmFds,
+        options: &'a crate::attach::ObserveOptions,
+        room: usize,
+        qmp: Option<&'a std::path::Path>,
+        superseded: &'a [std::os::fd::OwnedFd],
+    ) -> Self {
+        let events = vm_event_list(options);
+        let per_thread = descriptors_per_thread(&events);
+        let past_rows_per_thread = descriptors_past_rows(&events);
+        Self { procfs, pid, fds, options, room, events, per_thread, past_rows_per_thread, qmp, superseded }
+    }
+}
+
 // Every source of the list has its rows on the VM's partition page.
 const _: () = assert!(
     VM_SOURCES.len() <= hvstats_abi::vm_sources::MAX_SOURCES,
