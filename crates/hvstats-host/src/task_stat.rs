@@ -132,15 +132,23 @@ pub fn ticks_to_100ns(ticks: u64) -> u64 {
 }
 
 /// The wall-clock time of a start time in clock ticks after boot (`stat` field 22, which the
-/// kernel counts on the boot-time clock): now, less the boot-time clock's advance since then;
-/// `None` when the clock cannot be read or the time lies in the future.
+/// kernel counts on the boot-time clock): the boot's wall-clock time (now, less the boot-time
+/// clock), down to the clock tick, plus the start time; `None` when the clock cannot be read or the
+/// time lies in the future.
+///
+/// The boot's time is taken to the tick, the start time's own resolution, so two readings a
+/// process apart give the same instant: what a thread's counters are dated by stays the same
+/// across an observer's restart.
 pub fn started_at(start_ticks: u64) -> Option<std::time::SystemTime> {
     let since_boot = crate::os::clock_time(libc::CLOCK_BOOTTIME).ok()?;
-    let now = std::time::SystemTime::now();
-    let hz = ticks_per_second();
-    let started = std::time::Duration::from_secs(start_ticks / hz)
-        + std::time::Duration::from_nanos((start_ticks % hz).saturating_mul(1_000_000_000) / hz);
-    now.checked_sub(since_boot.checked_sub(started)?)
+    let booted =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok()?.checked_sub(since_boot)?;
+    let hz = u128::from(ticks_per_second());
+    let tick_ns = 1_000_000_000 / hz;
+    let booted = std::time::Duration::from_nanos(u64::try_from(booted.as_nanos() / tick_ns * tick_ns).ok()?);
+    let started =
+        std::time::Duration::from_nanos(u64::try_from(u128::from(start_ticks) * 1_000_000_000 / hz).ok()?);
+    (started <= since_boot).then(|| std::time::UNIX_EPOCH + booted + started)
 }
 
 #[cfg(test)]
@@ -156,6 +164,16 @@ mod tests {
         // A tick's rounding at most, and no test process lives a day.
         assert!(age < std::time::Duration::from_secs(86_400), "{age:?}");
         assert!(started_at(u64::MAX).is_none(), "a start in the future is no time");
+    }
+
+    #[test]
+    fn a_start_time_read_again_is_the_same_instant() {
+        let text = std::fs::read_to_string("/proc/self/stat").unwrap();
+        let ticks = StatLine::parse(&text).and_then(|s| s.start_time()).unwrap();
+        let first = started_at(ticks).unwrap();
+        for _ in 0..1_000 {
+            assert_eq!(started_at(ticks).unwrap(), first);
+        }
     }
 
     #[test]
