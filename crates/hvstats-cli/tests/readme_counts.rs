@@ -85,7 +85,7 @@ fn collector_row(readme: &str, collector: &str) -> Vec<String> {
 }
 
 /// The labels docs/surfaces.md's table of series gives `hvstats_vm_info`: (every VM's, a QEMU
-/// VM's with a `-uuid`).
+/// VM's with a `-uuid` and no platform that says who it is).
 fn info_labels(surfaces: &str) -> (BTreeSet<String>, BTreeSet<String>) {
     let row = surfaces.lines().find(|l| l.starts_with("| `hvstats_vm_info` |")).unwrap();
     let cell = row.split('|').nth(2).unwrap();
@@ -97,7 +97,9 @@ fn info_labels(surfaces: &str) -> (BTreeSet<String>, BTreeSet<String>) {
             .map(str::to_owned)
             .collect()
     };
-    (names(cell.split_once("for an observed VM").unwrap().0), names(cell))
+    // A platform's labels come only where a platform says who the VM is (docs/platforms/).
+    let unplatformed = cell.split_once("; where the platform").map_or(cell, |(before, _)| before);
+    (names(cell.split_once("for an observed VM").unwrap().0), names(unplatformed))
 }
 
 /// A QEMU VM of 4 vCPUs named `obs-4` with a QMP socket under `work`, and `hvstats observe`
