@@ -95,8 +95,8 @@ fn firecracker_cloud_hypervisor_crosvm_and_kvmtool_threads_are_matched() {
             "cloud-hyperviso",
             &["cloud-hyperviso", "vmm", "http-server", "vcpu0", "vcpu1"],
             Vmm::CloudHypervisor,
-            // No name on its command line: the command and the FNV-1a digest of the command line.
-            "cloud-hyperviso-b3de51c2",
+            // No name on its command line: named by its API socket's file.
+            "ch",
         ),
         (
             300,
