@@ -2,9 +2,16 @@
 //! holding a real KVM VM under a platform's command line): Proxmox VE's `kvm -id`, a KubeVirt
 //! launcher's QEMU in a pod's cgroup and a mount namespace of its own, a Cloud Hypervisor named
 //! by its API socket; and the same
-//! command lines forged by a `nobody` process, which get no platform's labels. They need
-//! /dev/kvm and root (a host without KVM prints "skipped"; `HVSTATS_REQUIRE_KVM=1` makes that a
-//! failure).
+//! command lines forged by a `nobody` process, which get no platform's labels.
+//!
+//! And Proxmox's QMP socket kept Proxmox's while observed: a real QEMU started as Proxmox starts
+//! it (`/usr/bin/kvm`, `-name`, and Proxmox's own QMP chardev at a `qemu-server/<vmid>.qmp`
+//! path; without `-id`, which only Proxmox's build of QEMU takes), and a client that connects
+//! for each command as `qm` does, answered within one refresh each time the observer held the
+//! session, which the observer then takes back.
+//!
+//! They need /dev/kvm and root (a host without KVM prints "skipped"; `HVSTATS_REQUIRE_KVM=1`
+//! makes that a failure).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -13,11 +20,18 @@
 
 mod common;
 
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{FakeVmm, Running, TempDir, as_nobody, kvm_available, scrape};
+use common::{
+    FakeVmm, KilledOnDrop, Running, TempDir, as_nobody, kvm_available, partition, scrape, snapshot_until,
+    source_up, total,
+};
+use hvstats_vmm::unix_sockets::{PathUse, UnixSockets};
 
 /// Not a test: the body of the stand-in VMMs the tests below start (`FakeVmm`).
 #[test]
@@ -174,4 +188,113 @@ fn platform_vms_get_their_platforms_labels_and_forged_command_lines_do_not() {
     assert_eq!(of(launcher.pid())["platform"]["labels"]["pod_uid"], POD_UID);
     assert!(of(forged_kubevirt.pid()).get("platform").is_none());
     drop(pod);
+}
+
+/// The VM id of the Proxmox-shaped QEMU below.
+const VMID: &str = "100";
+
+/// A real QEMU under KVM started as Proxmox VE starts one: the program `/usr/bin/kvm`, `-name
+/// <name>,debug-threads=on`, `-no-shutdown`, and Proxmox's own QMP socket
+/// (`-chardev socket,id=qmp,path=<dir>/qemu-server/<vmid>.qmp,server=on,wait=off -mon
+/// chardev=qmp,mode=control`); a tiny guest (no disk, SeaBIOS alone). Upstream QEMU refuses
+/// Proxmox's `-id <vmid>`, so it is left out. `None` where `/usr/bin/kvm` cannot be started.
+fn proxmox_kvm(dir: &Path, name: &str, test: &str) -> Option<(KilledOnDrop, PathBuf)> {
+    let qmp = dir.join("qemu-server").join(format!("{VMID}.qmp"));
+    std::fs::create_dir_all(qmp.parent().unwrap()).unwrap();
+    let qemu = hvstats_testkit::spawn_qemu(
+        Command::new("/usr/bin/kvm")
+            .args(["-accel", "kvm", "-display", "none", "-nodefaults", "-m", "32", "-no-shutdown"])
+            .args(["-name", &format!("{name},debug-threads=on"), "-chardev"])
+            .arg(format!("socket,id=qmp,path={},server=on,wait=off", qmp.display()))
+            .args(["-mon", "chardev=qmp,mode=control"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+        test,
+    )?;
+    let qemu = KilledOnDrop(qemu);
+    hvstats_testkit::wait_for_kvm_vcpus(qemu.0.id() as i32, 1, Duration::from_secs(30));
+    Some((qemu, qmp))
+}
+
+/// One command as `qm` sends it: a fresh connection to `qmp`, the greeting read,
+/// `qmp_capabilities`, then `query-status`, whose answer is returned (events skipped), closed.
+fn qm_query_status(qmp: &Path) -> serde_json::Value {
+    let stream = UnixStream::connect(qmp).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut writer = stream.try_clone().unwrap();
+    let mut lines = BufReader::new(stream).lines();
+    let mut next = move || -> serde_json::Value {
+        loop {
+            let line = lines.next().expect("QEMU closed the QMP connection").expect("a QMP line in 30 s");
+            let message: serde_json::Value = serde_json::from_str(&line).unwrap();
+            if message.get("event").is_none() {
+                return message;
+            }
+        }
+    };
+    assert!(next().get("QMP").is_some(), "the greeting");
+    writer.write_all(b"{\"execute\":\"qmp_capabilities\"}\n").unwrap();
+    assert_eq!(next()["return"], serde_json::json!({}));
+    writer.write_all(b"{\"execute\":\"query-status\"}\n").unwrap();
+    next()
+}
+
+/// Waits (a minute at most) until the observer, alone, holds the QMP session at `qmp` again
+/// and its snapshot says the VM's QMP source is up.
+fn until_observer_holds(run: &Path, qmp: &Path, name: &str) {
+    let t = Instant::now();
+    while UnixSockets::read().unwrap().of(qmp) != (PathUse { accepted: 1, waiting: 0 }) {
+        assert!(t.elapsed() < Duration::from_secs(60), "{:?}", UnixSockets::read().unwrap().of(qmp));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    snapshot_until(run, "the QMP source up", |s| {
+        partition(s, name).and_then(|p| source_up(p, "qmp")) == Some(true)
+    });
+}
+
+#[test]
+fn a_proxmox_vms_qmp_socket_answers_a_client_per_command_within_one_refresh_while_observed() {
+    let test = "a_proxmox_vms_qmp_socket_answers_a_client_per_command_within_one_refresh_while_observed";
+    if !kvm_available(test) {
+        return;
+    }
+    let tmp = TempDir::new("observe-pve-qm");
+    let name = format!("pve-qm-{}", std::process::id());
+    let Some((qemu, qmp)) = proxmox_kvm(tmp.path(), &name, test) else { return };
+    let pid = qemu.0.id().to_string();
+    let run = tmp.path().join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    let observer = Running::start(&["observe", "--interval", "1", "--pid", &pid], &run);
+    observer.wait_line(&format!("attach pid {pid}"));
+
+    // Each command comes while the observer holds the session: QEMU serves one client at a
+    // time, so each is answered only once the observer lets go (at its next refresh).
+    let mut took = Vec::new();
+    for _ in 0..10 {
+        until_observer_holds(&run, &qmp, &name);
+        let t = Instant::now();
+        let answer = qm_query_status(&qmp);
+        took.push(t.elapsed());
+        assert_eq!(answer["return"]["status"], "running", "{answer}");
+    }
+    let mut sorted = took.clone();
+    sorted.sort();
+    eprintln!(
+        "{test}: answered after {took:?}; median {:?}, max {:?}",
+        sorted[sorted.len() / 2],
+        sorted[sorted.len() - 1]
+    );
+    // One refresh (1 s) and QEMU's greeting; a generous bound for a loaded host.
+    assert!(took.iter().all(|t| *t < Duration::from_secs(3)), "{took:?}");
+
+    // The observer takes the session back, and its QMP readings go on: the vCPU's exits (which
+    // only QMP's `query-stats` gives on this host) still move.
+    until_observer_holds(&run, &qmp, &name);
+    let exits =
+        |s: &serde_json::Value| partition(s, &name)?["vps"][0]["counters"][total("Exits/sec")].as_u64();
+    let before = exits(&common::snapshot_json(&run)).expect("the vCPU's exits, from QMP");
+    snapshot_until(&run, "the vCPU's exits moving on", |s| exits(s) > Some(before));
+    let lost = observer.lines_with(&format!("pid {pid} \"{name}\": qmp lost"));
+    assert!(lost.iter().any(|l| l.contains("another client waits for the QMP socket")), "{lost:?}");
 }

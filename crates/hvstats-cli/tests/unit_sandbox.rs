@@ -29,7 +29,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{KilledOnDrop, TempDir, kvm_available, total, unit_setting as setting};
+use common::{
+    KilledOnDrop, TempDir, kvm_available, partition, snapshot_until, source_up, total,
+    unit_setting as setting,
+};
 use hvstats_guest::bios::{BiosEnd, BiosProgram};
 use hvstats_testkit::{Libvirtd, spawn_qemu, wait_for_kvm_vcpus};
 use hvstats_vmm::unix_sockets::{PathUse, UnixSockets};
@@ -318,36 +321,10 @@ impl Observer {
     }
 }
 
-/// The partition named `name` in a snapshot.
-fn partition<'a>(snapshot: &'a Value, name: &str) -> Option<&'a Value> {
-    snapshot["instances"]
-        .as_array()?
-        .iter()
-        .find_map(|i| i["partitions"].as_array()?.iter().find(|p| p["name"].as_str() == Some(name)))
-}
-
-/// Whether the source `source` of partition `p` is up.
-fn source_up(p: &Value, source: &str) -> Option<bool> {
-    p["sources"].as_array()?.iter().find(|s| s["name"] == source).and_then(|s| s["up"].as_bool())
-}
-
 /// The observer's count of refused VMs, from its instance's hypervisor counters.
 fn refused(snapshot: &Value) -> Option<u64> {
     let key = total("Observer VMs refused");
     snapshot["instances"].as_array()?.iter().find_map(|i| i["hypervisor"]["counters"][&key].as_u64())
-}
-
-/// Takes a snapshot until `done` holds (at most two minutes); the last one.
-fn snapshot_until(run: &Path, what: &str, mut done: impl FnMut(&Value) -> bool) -> Value {
-    let t = Instant::now();
-    loop {
-        let s = common::snapshot_json(run);
-        if done(&s) {
-            return s;
-        }
-        assert!(t.elapsed() < Duration::from_secs(120), "{what}: not reached in two minutes:\n{s:#}");
-        std::thread::sleep(Duration::from_millis(250));
-    }
 }
 
 /// The system calls of a `strace -f -qq -o` trace, by name.

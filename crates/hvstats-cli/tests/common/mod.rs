@@ -91,6 +91,39 @@ pub fn snapshot_json(runtime: &Path) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// The partition named `name` in a snapshot.
+pub fn partition<'a>(snapshot: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Value> {
+    snapshot["instances"]
+        .as_array()?
+        .iter()
+        .find_map(|i| i["partitions"].as_array()?.iter().find(|p| p["name"].as_str() == Some(name)))
+}
+
+/// Whether the source `source` of partition `p` is up (`None`: the VM has no such source).
+pub fn source_up(p: &serde_json::Value, source: &str) -> Option<bool> {
+    p["sources"].as_array()?.iter().find(|s| s["name"] == source).and_then(|s| s["up"].as_bool())
+}
+
+/// Takes a snapshot of `run` until `done` holds (at most two minutes); the last one.
+pub fn snapshot_until(
+    run: &Path,
+    what: &str,
+    mut done: impl FnMut(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let t = std::time::Instant::now();
+    loop {
+        let s = snapshot_json(run);
+        if done(&s) {
+            return s;
+        }
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(120),
+            "{what}: not reached in two minutes:\n{s:#}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+}
+
 /// Starts `hvstats serve` over `dir` on a free loopback port with `flags`; it and its address.
 pub fn serve(dir: &std::path::Path, flags: &[&str]) -> (KilledOnDrop, std::net::SocketAddr) {
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hvstats"))
