@@ -6,9 +6,9 @@
 //! engine of exactly as many rows, on the two tracepoints a guest's `out` fires): the row's name
 //! and its `rows` fact say how many. Once counted, the engine is dropped
 //! with every row in use, so its maps and programs stay pinned as an ending observer leaves
-//! them; each round then adopts and claims them all and drops the tally again. Against one second
-//! (the documented bound: the ratio is the share of it taken). The fact `fresh_tally_s` is what
-//! making the tally without anything kept took (programs loaded and attached, maps pinned).
+//! them; each round then adopts and claims them all and drops the engine again. Against one second
+//! (the documented bound: the ratio is the share of it taken). The fact `fresh_engine_s` is what
+//! making the engine without anything kept took (programs loaded and attached, maps pinned).
 
 use std::path::Path;
 use std::time::Instant;
@@ -88,7 +88,7 @@ pub fn restart_row(plan: &Plan<'_>, name: &'static str) -> Row {
             rounds,
             unit: "s",
             goal: Some(1.0),
-            facts: vec![("rows", rows() as f64), ("rows_asked", KEPT_ROWS as f64), ("fresh_tally_s", fresh)],
+            facts: vec![("rows", rows() as f64), ("rows_asked", KEPT_ROWS as f64), ("fresh_engine_s", fresh)],
         },
         Err(why) => Row::Skipped { name, why },
     }
@@ -110,21 +110,24 @@ fn measure(plan: &Plan<'_>, name: &str) -> Result<(Rounds, f64), String> {
     let threads = Parked::spawn(rows())?;
     let me = std::process::id() as i32;
     let start = Instant::now();
-    let (tally, _) = open()?;
+    let (engine, _) = open()?;
     let fresh = start.elapsed().as_secs_f64();
     for &tid in &threads.tids {
-        tally.add_thread_in(me, tid, VM).map_err(|e| error_chain(&e))?;
+        engine.add_thread_in(me, tid, VM).map_err(|e| error_chain(&e))?;
     }
-    if tally.kept_in().is_none() {
-        return Err("the tally's counts cannot be kept in bpffs here".into());
+    if engine.kept_in().is_none() {
+        return Err("the engine's counts cannot be kept in bpffs here".into());
     }
-    drop(tally);
+    drop(engine);
     let mut rounds = Rounds::default();
     for _ in 0..plan.start(&[name], Pace::Slow) {
         let start = Instant::now();
-        let (tally, adoption) = open()?;
-        let claimed =
-            threads.tids.iter().filter(|&&tid| matches!(tally.claim(me, tid, VM), Claim::Adopted(_))).count();
+        let (engine, adoption) = open()?;
+        let claimed = threads
+            .tids
+            .iter()
+            .filter(|&&tid| matches!(engine.claim(me, tid, VM), Claim::Adopted(_)))
+            .count();
         rounds.ours.push(start.elapsed().as_secs_f64());
         rounds.baseline.push(1.0);
         if adoption.adopted != threads.tids.len() || claimed != threads.tids.len() {
@@ -134,7 +137,7 @@ fn measure(plan: &Plan<'_>, name: &str) -> Result<(Rounds, f64), String> {
                 threads.tids.len()
             ));
         }
-        drop(tally);
+        drop(engine);
         plan.tick();
     }
     forget(open()?.0, &threads.tids, me);
@@ -142,11 +145,11 @@ fn measure(plan: &Plan<'_>, name: &str) -> Result<(Rounds, f64), String> {
     Ok((rounds, fresh))
 }
 
-/// Claims and stops counting every thread of `tids`, so the dropped tally keeps nothing.
-fn forget(tally: Engine, tids: &[i32], me: i32) {
+/// Claims and stops counting every thread of `tids`, so the dropped engine keeps nothing.
+fn forget(engine: Engine, tids: &[i32], me: i32) {
     for &tid in tids {
-        let _ = tally.claim(me, tid, VM);
-        tally.remove_thread(tid);
+        let _ = engine.claim(me, tid, VM);
+        engine.remove_thread(tid);
     }
 }
 

@@ -212,7 +212,7 @@ fn the_restart_row_adopts_and_claims_every_kept_row_each_round() {
     assert_eq!(rows, restart::KEPT_ROWS as f64);
     let rounds = rounds_of(&row);
     assert_eq!(rounds.ours.len(), 2);
-    assert!(rounds.ours.iter().all(|s| *s > 0.0) && fact(&row, "fresh_tally_s") > 0.0, "{row:?}");
+    assert!(rounds.ours.iter().all(|s| *s > 0.0) && fact(&row, "fresh_engine_s") > 0.0, "{row:?}");
 }
 
 #[test]
