@@ -127,7 +127,9 @@ fn identity(pid: i32, tid: i32) -> Option<(u64, u64, u64)> {
         let text = std::fs::read_to_string(path).ok()?;
         StatLine::parse(&text)?.start_time()
     };
-    let pid_start = start(format!("/proc/{pid}/stat"))?;
+    // The leader's own stat, not the process's: the same start time, without the kernel summing
+    // every thread's times, which made adopting N rows of one process cost N².
+    let pid_start = start(format!("/proc/{pid}/task/{pid}/stat"))?;
     let tid_start = start(format!("/proc/{pid}/task/{tid}/stat"))?;
     let exe = std::fs::metadata(format!("/proc/{pid}/exe")).map_or(0, |m| m.dev().rotate_left(32) ^ m.ino());
     Some((pid_start, tid_start, exe))
