@@ -13,9 +13,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use serde_json::Value;
+mod common;
+use common::{packages, workspace_root};
 use syn::spanned::Spanned;
 use syn::visit::Visit;
 
@@ -35,23 +35,9 @@ const ASSEMBLERS: &str = "hvstats-guest";
 /// The most functions docs/architecture.md may exempt besides the assemblers.
 const MOST_EXEMPT: usize = 5;
 
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
-}
-
 /// Each shipped crate's name and `src` directory.
 fn shipped_crates() -> Vec<(String, PathBuf)> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
-        .current_dir(workspace_root())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let metadata: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let mut crates: Vec<(String, PathBuf)> = metadata["packages"]
-        .as_array()
-        .unwrap()
+    let mut crates: Vec<(String, PathBuf)> = packages()
         .iter()
         .map(|p| {
             let manifest = PathBuf::from(p["manifest_path"].as_str().unwrap());

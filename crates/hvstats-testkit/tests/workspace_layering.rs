@@ -9,9 +9,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde_json::Value;
+
+mod common;
+use common::{packages, workspace_root};
 
 /// The product crates: what a user of the libraries or the command links.
 const PRODUCT: [&str; 15] = [
@@ -35,23 +37,9 @@ const PRODUCT: [&str; 15] = [
 /// The crates that only measure or test: never a normal dependency of a product crate.
 const DEVELOPMENT: [&str; 2] = ["hvstats-bench", "hvstats-testkit"];
 
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
-}
-
 /// Each workspace package's dependencies as (name, kind), kind `null` for a normal one.
 fn dependencies() -> Vec<(String, Vec<(String, Value)>)> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
-        .current_dir(workspace_root())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let metadata: Value = serde_json::from_slice(&out.stdout).unwrap();
-    metadata["packages"]
-        .as_array()
-        .unwrap()
+    packages()
         .iter()
         .map(|p| {
             let deps = p["dependencies"]
@@ -333,21 +321,9 @@ fn no_two_modules_of_a_crate_import_each_other_in_a_loop() {
         let edges: BTreeMap<&Vec<String>, BTreeSet<Vec<String>>> =
             all.iter().map(|(m, text)| (m, references(m, text, &all))).collect();
         // A module is in a loop when one of the modules it refers to reaches it back.
-        let reaches = |from: &Vec<String>, to: &Vec<String>| {
-            let (mut seen, mut todo) = (BTreeSet::new(), vec![from.clone()]);
-            while let Some(m) = todo.pop() {
-                if &m == to {
-                    return true;
-                }
-                if seen.insert(m.clone()) {
-                    todo.extend(edges.get(&m).into_iter().flatten().cloned());
-                }
-            }
-            false
-        };
         for (module, refs) in &edges {
             for target in refs {
-                if reaches(target, module) {
+                if reaches(&edges, target, |m| m == module.as_slice()) {
                     loops.push(format!(
                         "{}: {} refers to {}, which reaches it back",
                         src.display(),
@@ -363,16 +339,15 @@ fn no_two_modules_of_a_crate_import_each_other_in_a_loop() {
     assert!(loops.is_empty(), "modules in a loop: {loops:#?}");
 }
 
-/// Whether `from` reaches a module of `room` (the module `room` or one inside it) through the
-/// modules' references.
-fn reaches_into(
+/// Whether `from` reaches, through the modules' references, a module `arrived` takes.
+fn reaches(
     edges: &BTreeMap<&Vec<String>, BTreeSet<Vec<String>>>,
     from: &[String],
-    room: &[String],
+    arrived: impl Fn(&[String]) -> bool,
 ) -> bool {
     let (mut seen, mut todo) = (BTreeSet::new(), vec![from.to_vec()]);
     while let Some(m) = todo.pop() {
-        if m.starts_with(room) {
+        if arrived(&m) {
             return true;
         }
         if seen.insert(m.clone()) {
@@ -400,7 +375,7 @@ fn no_module_refers_to_a_module_that_reaches_back_into_its_parent() {
             for target in refs {
                 checked += 1;
                 let rooms = (1..module.len()).map(|k| &module[..k]).filter(|room| !target.starts_with(room));
-                for room in rooms.filter(|room| reaches_into(&edges, target, room)) {
+                for room in rooms.filter(|room| reaches(&edges, target, |m| m.starts_with(room))) {
                     back.push(format!(
                         "{}: {} refers to {}, which reaches back into {}",
                         src.display(),
