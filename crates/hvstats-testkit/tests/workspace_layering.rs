@@ -308,43 +308,50 @@ fn references(module: &[String], text: &str, all: &BTreeMap<Vec<String>, String>
     found
 }
 
-#[test]
-fn no_two_modules_of_a_crate_import_each_other_in_a_loop() {
-    let crates = workspace_root().join("crates");
-    let (mut checked, mut loops) = (0, Vec::new());
-    for krate in std::fs::read_dir(&crates).unwrap() {
+/// The modules' references of one crate: each module and the modules it refers to.
+type Edges<'a> = BTreeMap<&'a Vec<String>, BTreeSet<Vec<String>>>;
+
+/// Calls `visit` with every crate's `src`, its references, and each reference (module, target)
+/// of the crate; returns how many references there were.
+fn each_reference(mut visit: impl FnMut(&Path, &Edges<'_>, &[String], &[String])) -> usize {
+    let mut checked = 0;
+    for krate in std::fs::read_dir(workspace_root().join("crates")).unwrap() {
         let src = krate.unwrap().path().join("src");
         if !src.is_dir() {
             continue;
         }
         let all = modules(&src);
-        let edges: BTreeMap<&Vec<String>, BTreeSet<Vec<String>>> =
-            all.iter().map(|(m, text)| (m, references(m, text, &all))).collect();
-        // A module is in a loop when one of the modules it refers to reaches it back.
+        let edges: Edges<'_> = all.iter().map(|(m, text)| (m, references(m, text, &all))).collect();
         for (module, refs) in &edges {
             for target in refs {
-                if reaches(&edges, target, |m| m == module.as_slice()) {
-                    loops.push(format!(
-                        "{}: {} refers to {}, which reaches it back",
-                        src.display(),
-                        module.join("::"),
-                        target.join("::")
-                    ));
-                }
+                checked += 1;
+                visit(&src, &edges, module, target);
             }
-            checked += refs.len();
         }
     }
+    checked
+}
+
+#[test]
+fn no_two_modules_of_a_crate_import_each_other_in_a_loop() {
+    let mut loops = Vec::new();
+    // A module is in a loop when one of the modules it refers to reaches it back.
+    let checked = each_reference(|src, edges, module, target| {
+        if reaches(edges, target, |m| m == module) {
+            loops.push(format!(
+                "{}: {} refers to {}, which reaches it back",
+                src.display(),
+                module.join("::"),
+                target.join("::")
+            ));
+        }
+    });
     assert!(checked > 100, "{checked} references: not the workspace?");
     assert!(loops.is_empty(), "modules in a loop: {loops:#?}");
 }
 
 /// Whether `from` reaches, through the modules' references, a module `arrived` takes.
-fn reaches(
-    edges: &BTreeMap<&Vec<String>, BTreeSet<Vec<String>>>,
-    from: &[String],
-    arrived: impl Fn(&[String]) -> bool,
-) -> bool {
+fn reaches(edges: &Edges<'_>, from: &[String], arrived: impl Fn(&[String]) -> bool) -> bool {
     let (mut seen, mut todo) = (BTreeSet::new(), vec![from.to_vec()]);
     while let Some(m) = todo.pop() {
         if arrived(&m) {
@@ -361,32 +368,19 @@ fn reaches(
 fn no_module_refers_to_a_module_that_reaches_back_into_its_parent() {
     // `hypercall::doc` referring to `catalog`, which refers to `hypercall`: the room `hypercall`
     // and the room `catalog` then use each other, through an arrow only the child draws.
-    let crates = workspace_root().join("crates");
-    let (mut checked, mut back) = (0, Vec::new());
-    for krate in std::fs::read_dir(&crates).unwrap() {
-        let src = krate.unwrap().path().join("src");
-        if !src.is_dir() {
-            continue;
+    let mut back = Vec::new();
+    let checked = each_reference(|src, edges, module, target| {
+        let rooms = (1..module.len()).map(|k| &module[..k]).filter(|room| !target.starts_with(room));
+        for room in rooms.filter(|room| reaches(edges, target, |m| m.starts_with(room))) {
+            back.push(format!(
+                "{}: {} refers to {}, which reaches back into {}",
+                src.display(),
+                module.join("::"),
+                target.join("::"),
+                room.join("::")
+            ));
         }
-        let all = modules(&src);
-        let edges: BTreeMap<&Vec<String>, BTreeSet<Vec<String>>> =
-            all.iter().map(|(m, text)| (m, references(m, text, &all))).collect();
-        for (module, refs) in &edges {
-            for target in refs {
-                checked += 1;
-                let rooms = (1..module.len()).map(|k| &module[..k]).filter(|room| !target.starts_with(room));
-                for room in rooms.filter(|room| reaches(&edges, target, |m| m.starts_with(room))) {
-                    back.push(format!(
-                        "{}: {} refers to {}, which reaches back into {}",
-                        src.display(),
-                        module.join("::"),
-                        target.join("::"),
-                        room.join("::")
-                    ));
-                }
-            }
-        }
-    }
+    });
     assert!(checked > 100, "{checked} references: not the workspace?");
     assert!(back.is_empty(), "back arrows: {back:#?}");
 }
