@@ -4,6 +4,10 @@
 //! by its API socket; and the same
 //! command lines forged by a `nobody` process, which get no platform's labels.
 //!
+//! A Proxmox VM's configuration under `/etc/pve/qemu-server/` as the observer sees it (an overlay on
+//! its own `/etc`, in a mount namespace of its own): root's file names and tags the VM; one
+//! another user may write, or a link, does not.
+//!
 //! And Proxmox's QMP socket kept Proxmox's while observed: a real QEMU started as Proxmox starts
 //! it (`/usr/bin/kvm`, `-name`, and Proxmox's own QMP chardev at a `qemu-server/<vmid>.qmp`
 //! path; without `-id`, which only Proxmox's build of QEMU takes), and a client that connects
@@ -297,4 +301,101 @@ fn a_proxmox_vms_qmp_socket_answers_a_client_per_command_within_one_refresh_whil
     snapshot_until(&run, "the vCPU's exits moving on", |s| exits(s) > Some(before));
     let lost = observer.lines_with(&format!("pid {pid} \"{name}\": qmp lost"));
     assert!(lost.iter().any(|l| l.contains("another client waits for the QMP socket")), "{lost:?}");
+}
+
+/// Starts `hvstats ARGS --runtime-dir RUNTIME` in a mount namespace of its own whose `/etc` is
+/// the host's with `over` laid on it (overlayfs, `work` its work directory): to the observer
+/// alone, `over/pve/qemu-server/<vmid>.conf` is `/etc/pve/qemu-server/<vmid>.conf`, where a
+/// Proxmox VE node's cluster filesystem shows it. The host's `/etc` is not touched.
+fn observer_with_etc_over(args: &[&str], runtime: &Path, over: &Path, work: &Path) -> Running {
+    let options = std::ffi::CString::new(format!(
+        "lowerdir=/etc,upperdir={},workdir={}",
+        over.display(),
+        work.display()
+    ))
+    .unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_hvstats"));
+    command.args(args).arg("--runtime-dir").arg(runtime);
+    // SAFETY: unshare and mount are async-signal-safe; their arguments were made before the fork
+    // and outlive it (`options` is moved into the closure).
+    unsafe {
+        command.pre_exec(move || {
+            let private = libc::MS_REC | libc::MS_PRIVATE;
+            let done = libc::unshare(libc::CLONE_NEWNS) == 0
+                && libc::mount(c"none".as_ptr(), c"/".as_ptr(), std::ptr::null(), private, std::ptr::null())
+                    == 0
+                && libc::mount(
+                    c"overlay".as_ptr(),
+                    c"/etc".as_ptr(),
+                    c"overlay".as_ptr(),
+                    0,
+                    options.as_ptr().cast(),
+                ) == 0;
+            if done { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+        });
+    }
+    Running::spawn(command)
+}
+
+/// Writes `text` as `dir/<vmid>.conf`, root's, of `mode`.
+fn pve_config(dir: &Path, vmid: u32, text: &str, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(format!("{vmid}.conf"));
+    std::fs::write(&path, text).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+#[test]
+fn a_proxmox_vms_config_under_etc_pve_names_and_tags_it_and_one_another_user_may_write_does_not() {
+    if !kvm_available(
+        "a_proxmox_vms_config_under_etc_pve_names_and_tags_it_and_one_another_user_may_write_does_not",
+    ) {
+        return;
+    }
+    let tmp = TempDir::new("observe-pve-config");
+    let (over, work, runtime) = (tmp.path().join("etc"), tmp.path().join("work"), tmp.path().join("run"));
+    let configs = over.join("pve/qemu-server");
+    for dir in [&configs, &work, &runtime] {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    // As Proxmox VE 8 writes them (root's, mode 0640), a snapshot's section after the VM's own.
+    let text = |name: &str| {
+        format!(
+            "cores: 1\nmemory: 512\nname: {name}\ntags: db;prod\nvmgenid: 3b0e5a5c-6c39-4f1d-9a0d-0f2d5f1c8e11\n\n\
+             [before-upgrade]\nname: stale\ntags: old\n"
+        )
+    };
+    pve_config(&configs, 200, &text("db1"), 0o640);
+    // Another user may write it: not the cluster filesystem's word.
+    pve_config(&configs, 201, &text("db2"), 0o666);
+    // A link is not followed, whatever it points at.
+    pve_config(&over, 299, &text("db3"), 0o640);
+    std::os::unix::fs::symlink(over.join("299.conf"), configs.join("202.conf")).unwrap();
+    let kvm = |vmid: &str, name: &str| vmm("/usr/bin/kvm", &["-id", vmid, "-name", name], false);
+    let (trusted, writable, linked) = (kvm("200", "vm-200"), kvm("201", "vm-201"), kvm("202", "vm-202"));
+    let pids = [&trusted, &writable, &linked].map(|v| v.pid().to_string());
+    let mut args = vec!["observe", "--interval", "0.2"];
+    for pid in &pids {
+        args.extend(["--pid", pid]);
+    }
+    let _observer = observer_with_etc_over(&args, &runtime, &over, &work);
+    assert!(!Path::new("/etc/pve/qemu-server/200.conf").exists(), "the host's /etc is untouched");
+
+    let line = vm_info(&runtime, trusted.pid(), |l| l.contains("tags="));
+    for label in [
+        "platform=\"proxmox\"",
+        "vmid=\"200\"",
+        "id=\"qemu/200\"",
+        "name=\"db1\"",
+        "tags=\"db;prod\"",
+        "identity_source=\"pve-config+command-line\"",
+    ] {
+        assert!(line.contains(label), "{label} not in {line}");
+    }
+    for (vmm, vmid) in [(&writable, "201"), (&linked, "202")] {
+        let line = vm_info(&runtime, vmm.pid(), |l| l.contains("platform="));
+        assert!(line.contains(&format!("vmid=\"{vmid}\"")), "{line}");
+        assert!(line.contains("identity_source=\"command-line\""), "{line}");
+        assert!(!line.contains("tags=") && !line.contains("name=\"db"), "{line}");
+    }
 }
