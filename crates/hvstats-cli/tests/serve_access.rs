@@ -15,7 +15,6 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::Duration;
 
 /// Starts `hvstats serve` with `args`; returns it and what its first line says it serves.
@@ -120,31 +119,12 @@ fn by_default_serve_listens_on_a_socket_only_the_owner_or_a_named_group_may_conn
     assert_eq!(nobody_connects(&socket), Ok(()));
 }
 
-/// A certificate for `localhost` and 127.0.0.1, and its key, in PEM.
-fn certificate() -> (String, String) {
-    let key = rcgen::KeyPair::generate().unwrap();
-    let params = rcgen::CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()]).unwrap();
-    let cert = params.self_signed(&key).unwrap();
-    (cert.pem(), key.serialize_pem())
-}
-
 /// `GET /metrics` over TLS to `addr`, trusting `cert_pem`, with `authorization` if given: the
 /// whole reply, or the TLS error.
 fn get_tls(addr: &str, cert_pem: &str, authorization: Option<&str>) -> Result<String, std::io::Error> {
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(rustls::pki_types::CertificateDer::from_pem_slice(cert_pem.as_bytes()).unwrap()).unwrap();
-    let config =
-        rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-    let connection = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
     let tcp = std::net::TcpStream::connect(addr).unwrap();
     tcp.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let mut tls = rustls::StreamOwned::new(connection, tcp);
+    let mut tls = hvstats_testkit::tls_client(cert_pem, tcp);
     let auth = authorization.map(|a| format!("Authorization: {a}\r\n")).unwrap_or_default();
     write!(tls, "GET /metrics HTTP/1.0\r\nHost: localhost\r\n{auth}\r\n")?;
     let mut reply = Vec::new();
@@ -167,7 +147,7 @@ fn on_tcp_the_web_configuration_file_asks_for_tls_and_bcrypt_basic_authenticatio
     let tmp = TempDir::new("serve-web-config");
     let (_hv, part) = publish_partition(tmp.path(), 1);
     part.vp_page(0).unwrap().set(hvstats_abi::catalog::vp::HYPERCALLS, 7);
-    let (cert, key) = certificate();
+    let (cert, key) = hvstats_testkit::self_signed_localhost();
     std::fs::write(tmp.path().join("cert.pem"), &cert).unwrap();
     std::fs::write(tmp.path().join("key.pem"), &key).unwrap();
     let hash = bcrypt::hash("s3cret", 4).unwrap();

@@ -250,10 +250,7 @@ fn a_web_configuration_promtool_refuses_is_refused_and_rate_limit_with_it() {
     let test = "a_web_configuration_promtool_refuses_is_refused_and_rate_limit_with_it";
     let Some(promtool) = common::prometheus_tool("promtool", test) else { return };
     let tmp = TempDir::new("serve-web-promtool");
-    let key = rcgen::KeyPair::generate().unwrap();
-    let cert =
-        rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap().self_signed(&key).unwrap();
-    let (cert, key) = (cert.pem(), key.serialize_pem());
+    let (cert, key) = hvstats_testkit::self_signed_localhost();
     std::fs::write(tmp.path().join("cert.pem"), &cert).unwrap();
     std::fs::write(tmp.path().join("key.pem"), &key).unwrap();
     let other = rcgen::KeyPair::generate().unwrap();
@@ -385,21 +382,7 @@ fn scrape(addr: SocketAddr, path: &str, cert_pem: Option<&str>) -> Result<String
             tcp.read_to_end(&mut reply).map(|_| ())
         }
         Some(cert_pem) => {
-            use rustls::pki_types::pem::PemObject;
-            let mut roots = rustls::RootCertStore::empty();
-            roots
-                .add(rustls::pki_types::CertificateDer::from_pem_slice(cert_pem.as_bytes()).unwrap())
-                .unwrap();
-            let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-                rustls::crypto::ring::default_provider(),
-            ))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-            let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-            let connection = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
-            let mut tls = rustls::StreamOwned::new(connection, tcp);
+            let mut tls = hvstats_testkit::tls_client(cert_pem, tcp);
             tls.write_all(request.as_bytes()).map_err(|e| format!("TLS: {e}"))?;
             match tls.read_to_end(&mut reply) {
                 // A close without TLS's own goodbye, after the whole reply.
@@ -498,12 +481,9 @@ fn churn_against_a_scraper(source: [u8; 4], tag: &str) -> (Vec<String>, u64, Vec
     part.vp_page(0).unwrap().set(hvstats_abi::catalog::vp::HYPERCALLS, 7);
 
     // TLS: 200 clients that send nothing or half a ClientHello and reconnect once closed.
-    let key = rcgen::KeyPair::generate().unwrap();
-    let cert =
-        rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap().self_signed(&key).unwrap();
-    let cert = cert.pem();
+    let (cert, key) = hvstats_testkit::self_signed_localhost();
     std::fs::write(tmp.path().join("cert.pem"), &cert).unwrap();
-    std::fs::write(tmp.path().join("key.pem"), key.serialize_pem()).unwrap();
+    std::fs::write(tmp.path().join("key.pem"), key).unwrap();
     let web = tmp.path().join("web.yml");
     std::fs::write(&web, "tls_server_config:\n  cert_file: cert.pem\n  key_file: key.pem\n").unwrap();
     let (_server, addr) = serve(tmp.path(), &["--web.config.file", web.to_str().unwrap()]);

@@ -266,26 +266,12 @@ fn gzip_is_sent_when_accept_encoding_asks_for_it_and_only_then() {
 
 #[test]
 fn tls_with_a_generated_certificate_serves_https_and_no_plain_http() {
-    let key = rcgen::KeyPair::generate().unwrap();
-    let params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
-    let cert = params.self_signed(&key).unwrap().pem();
+    let (cert, key_pem) = hvstats_testkit::self_signed_localhost();
     let yml = "tls_server_config:\n  cert_file: cert.pem\n  key_file: key.pem\n";
-    let key_pem = key.serialize_pem();
     let files = [("cert.pem", cert.as_str()), ("key.pem", key_pem.as_str())];
     let server = Running::start("serve-lib-tls", patient(), Some(yml), &files);
     assert!(server.dir.path().join("cert.pem").exists());
-    let mut roots = rustls::RootCertStore::empty();
-    use rustls::pki_types::pem::PemObject;
-    roots.add(rustls::pki_types::CertificateDer::from_pem_slice(cert.as_bytes()).unwrap()).unwrap();
-    let config =
-        rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-    let connection = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
-    let mut tls = rustls::StreamOwned::new(connection, server.connect());
+    let mut tls = hvstats_testkit::tls_client(&cert, server.connect());
     tls.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
     let reply = read_until_closed(&mut tls);
     assert_eq!(status(&reply), "HTTP/1.0 200 OK");

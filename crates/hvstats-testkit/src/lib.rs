@@ -9,7 +9,9 @@
 //!   QEMU 8.1 keeps them: what the bench's minimal VMM runs;
 //! - [`Libvirtd`]: a libvirt daemon of the test's own, with a QEMU domain;
 //! - [`synthetic_instance`]: a reading of a large host, every counter set, built in memory;
-//! - [`synthetic_load`]: a published instance counting made-up traffic, for the surfaces.
+//! - [`synthetic_load`]: a published instance counting made-up traffic, for the surfaces;
+//! - [`tls_client`], [`self_signed_localhost`]: a TLS client of the exporter that trusts one
+//!   certificate.
 //!
 //! Test code only: the product crates take it as a dev-dependency (the bench, which measures
 //! with the synthetic reading, as a dependency).
@@ -23,6 +25,7 @@ mod libvirt;
 mod load;
 mod paced_vmm;
 mod reading;
+mod tls;
 
 pub use dir::TempDir;
 pub use idle_vcpu::{IdleVcpu, IdleVm};
@@ -31,3 +34,4 @@ pub use libvirt::{LibvirtDomain, Libvirtd};
 pub use load::synthetic_load;
 pub use paced_vmm::PacedVm;
 pub use reading::synthetic_instance;
+pub use tls::{self_signed_localhost, tls_client};
