@@ -4,6 +4,10 @@
 //! cgroup and whose socket is in that pod's libvirt volume under a kubelet root of the test's
 //! own, while the daemon itself is in no pod's cgroup, or in another pod's.
 //!
+//! And a pod's own daemon found through its QEMU's root (`/proc/<pid>/root/run/libvirt/`), where
+//! the kubelet's directory does not hold it: believed, its domain's name the VM's namespace and
+//! name.
+//!
 //! The daemon of the VMM's own pod, trusted, is observed through the observer's unit in
 //! `hvstats-cli/tests/unit_sandbox.rs`.
 
@@ -83,4 +87,48 @@ fn a_session_libvirt_outside_the_vmms_pod_is_refused_and_gives_no_identity() {
         assert_eq!(platform.source(), "cgroup+command-line", "{}", vm.name());
     }
     assert_eq!(observer.vms().count(), 2);
+}
+
+#[test]
+fn a_pods_own_libvirt_is_reached_through_the_vmms_root_where_the_kubelets_directory_is_not_seen() {
+    let test = "a_pods_own_libvirt_is_reached_through_the_vmms_root_where_the_kubelets_directory_is_not_seen";
+    if !kvm_available(test) {
+        return;
+    }
+    const POD: &str = "4e5f6071-8293-4dae-8fc0-3b4c5d6e7f81";
+    let pod = PodCgroup::new(CgroupDriver::Systemd, POD).expect("a cgroup hierarchy for pods");
+    // The pod's volume where the observer does not look: an empty kubelet root is given.
+    let elsewhere = TempDir::new("kv-volume-elsewhere");
+    let kubelet = TempDir::new("kv-empty-kubelet");
+    let Some(daemon) =
+        Libvirtd::start_session("kv-root", &libvirt_volume(elsewhere.path(), POD), Some(pod.path()))
+    else {
+        return;
+    };
+    let guest = BiosProgram { cpuid: 10, end: BiosEnd::Halt, ..BiosProgram::default() }.image().unwrap();
+    let vmi = daemon.run_kubevirt_domain("web_vm-1", "60718293-a4b5-4c6d-8e7f-8091a2b3c4d5", &guest);
+
+    let tmp = TempDir::new("kv-root-observer");
+    let hv = Hypervisor::new_published(&tmp.path().join("run")).unwrap();
+    let options = ObserveOptions { kubelet_root: Some(kubelet.path().to_owned()), ..Default::default() };
+    let mut observer = Observer::new(hv, Procfs::host(), Targets::Pids(vec![vmi.pid]), options);
+    let t = Instant::now();
+    let identity = loop {
+        let events = observer.tick();
+        assert!(
+            !events.iter().any(|e| matches!(e, ObserverEvent::SourceRefused { source: "libvirt", .. })),
+            "{events:?}"
+        );
+        let platform = observer.vms().next().and_then(|v| v.platform().cloned());
+        if let Some(platform) = platform.as_ref().filter(|p| p.source() == "pod-libvirt+cgroup") {
+            break platform.clone();
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "no identity from the pod's libvirt: {platform:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!((identity.label("namespace"), identity.label("name")), (Some("web"), Some("vm-1")));
+    assert_eq!(identity.label("pod_uid"), Some(POD));
+    let vm = observer.vms().next().unwrap();
+    let libvirt = vm.peers().into_iter().find(|(source, _)| *source == "libvirt");
+    assert_eq!(libvirt, Some(("libvirt", hvstats_observe::sources::PeerState::Up)), "{:?}", vm.peers());
 }
