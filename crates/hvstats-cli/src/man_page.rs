@@ -22,6 +22,10 @@ const LIBVIRT_ENV: (&str, &str) = (
     "LIBVIRT_DEFAULT_URI",
     "libvirt's URI; its socket= (or the usual /run/libvirt/libvirt-sock-ro) is where the statistics of libvirt's domains are read, read-only.",
 );
+const KUBELET_ENV: (&str, &str) = (
+    hvstats_observe::sources::pod_libvirt::KUBELET_ROOT_ENV,
+    "The kubelet's root directory (default /var/lib/kubelet), under whose pods/<UID>/volumes/kubernetes.io~empty-dir/libvirt-runtime/ a KubeVirt pod's own libvirt socket is looked for.",
+);
 const PMU_ENV: (&str, &str) = (
     "HVSTATS_PMU",
     "The PMU's shape, instead of what the host reports: none[,cpus=N] or gp=G,fixed=F,cpus=N[,gp_width=W][,fixed_width=W].",
@@ -35,7 +39,7 @@ const READER: &str = "None beyond reading the runtime directory: its owner (root
 const OBSERVE: Sections = Sections {
     privileges: "Observing another process's VM needs, for its /proc/PID/fd: CAP_DAC_READ_SEARCH when the VMM runs as another user (Debian's libvirt runs QEMU as libvirt-qemu) and CAP_SYS_PTRACE (a ptrace access check; it also copies the VMM's KVM statistics descriptors with pidfd_getfd); CAP_PERFMON for the kvm tracepoints of its vCPU threads; CAP_BPF to count them in the kernel (without it, perf counters per thread, at a higher cost to the guest). tracefs must be mounted. Root has them all; hvstats-observe.service grants exactly these. Each of these it lacks is said once at start, with what it costs and the unit line that gives it; a VM it may not read is counted as refused for that reason (hvstats_observer_vms{state=\"refused\",reason=\"no_cap_sys_ptrace\"}) and logged once with the fix. --mshv reads Linux's mshv debugfs tree, which needs root.",
     files: "/run/hvstats/: the observer's instance and its claims, observed/ (one claim per observed VMM, so two observers never count one VM twice). /etc/default/hvstats: HVSTATS_OBSERVE_ARGS, the flags hvstats-observe.service adds to observe --all. /sys/kernel/tracing, /sys/kernel/debug/kvm: read. The QMP sockets QEMU's command line names, wherever they are.",
-    environment: &[RUNTIME_ENV, LIBVIRT_ENV],
+    environment: &[RUNTIME_ENV, LIBVIRT_ENV, KUBELET_ENV],
     examples: &[
         ("hvstats observe --all", "every KVM VM on the host, and those that start later"),
         (

@@ -32,9 +32,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{
-    FakeVmm, KilledOnDrop, Running, TempDir, as_nobody, kvm_available, partition, scrape, snapshot_until,
-    source_up, total,
+    FakeVmm, KilledOnDrop, Running, TempDir, as_nobody, kvm_available, partition, snapshot_until, source_up,
+    total, vm_info,
 };
+use hvstats_testkit::{CgroupDriver, PodCgroup};
 use hvstats_vmm::unix_sockets::{PathUse, UnixSockets};
 
 /// Not a test: the body of the stand-in VMMs the tests below start (`FakeVmm`).
@@ -46,40 +47,6 @@ fn fake_vmm() {
 
 /// The pod UID the KubeVirt stand-in's cgroup names.
 const POD_UID: &str = "6f2b1c3e-4d5a-4b6c-8d7e-9f0a1b2c3d4e";
-
-/// A cgroup of the v1 `pids` hierarchy shaped like the kubelet's (cgroupfs driver) for a pod,
-/// removed on drop (its processes moved back to the root first).
-struct PodCgroup(PathBuf);
-
-impl PodCgroup {
-    /// Makes it and moves `pid` into it; `None` where the host has no such hierarchy.
-    fn with(pid: i32) -> Option<Self> {
-        let root = PathBuf::from("/sys/fs/cgroup/pids");
-        if !root.join("cgroup.procs").exists() {
-            return None;
-        }
-        let dir = root.join("kubepods/besteffort").join(format!("pod{POD_UID}"));
-        std::fs::create_dir_all(&dir).ok()?;
-        std::fs::write(dir.join("cgroup.procs"), pid.to_string()).ok()?;
-        Some(Self(dir))
-    }
-}
-
-impl Drop for PodCgroup {
-    fn drop(&mut self) {
-        let procs = std::fs::read_to_string(self.0.join("cgroup.procs")).unwrap_or_default();
-        for pid in procs.lines() {
-            let _ = std::fs::write("/sys/fs/cgroup/pids/cgroup.procs", pid);
-        }
-        for dir in [
-            self.0.clone(),
-            self.0.parent().unwrap().to_owned(),
-            PathBuf::from("/sys/fs/cgroup/pids/kubepods"),
-        ] {
-            let _ = std::fs::remove_dir(dir);
-        }
-    }
-}
 
 /// A stand-in VMM whose program is `program` (its `argv[0]`), run as `nobody` when `nobody`.
 fn vmm(program: &'static str, args: &[&str], nobody: bool) -> FakeVmm {
@@ -105,23 +72,6 @@ fn vmm_in_own_mounts(program: &'static str, args: &[&str]) -> FakeVmm {
     })
 }
 
-/// The `hvstats_vm_info` line of the VM of VMM `pid`, once `until` holds of it (30 s at most).
-fn vm_info(runtime: &std::path::Path, pid: i32, until: impl Fn(&str) -> bool) -> String {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let text = scrape(runtime);
-        let line = text
-            .lines()
-            .find(|l| l.starts_with("hvstats_vm_info{") && l.contains(&format!("vmm_pid=\"{pid}\"")))
-            .map(str::to_owned);
-        match line {
-            Some(line) if until(&line) => return line,
-            _ if Instant::now() > deadline => panic!("no vm_info of pid {pid} as awaited: {line:?}\n{text}"),
-            _ => std::thread::sleep(Duration::from_millis(200)),
-        }
-    }
-}
-
 #[test]
 fn platform_vms_get_their_platforms_labels_and_forged_command_lines_do_not() {
     if !kvm_available("platform_vms_get_their_platforms_labels_and_forged_command_lines_do_not") {
@@ -140,7 +90,9 @@ fn platform_vms_get_their_platforms_labels_and_forged_command_lines_do_not() {
     let launcher = vmm_in_own_mounts("/usr/libexec/qemu-kvm", &kubevirt);
     let mounts = |pid: i32| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).unwrap();
     assert_ne!(mounts(launcher.pid()), mounts(std::process::id() as i32), "the launcher's own mounts");
-    let pod = PodCgroup::with(launcher.pid()).expect("a pids cgroup hierarchy to place the pod in");
+    let pod =
+        PodCgroup::new(CgroupDriver::Cgroupfs, POD_UID).expect("a cgroup hierarchy to place the pod in");
+    pod.add(launcher.pid());
     let forged_kubevirt =
         vmm("qemu-system-x86_64", &["-name", "guest=prod_db", kubevirt[2], kubevirt[3]], true);
     let ch = vmm("cloud-hypervisor", &["--api-socket", "path=/run/ch/web-ch.sock"], false);

@@ -14,6 +14,11 @@
 //! CAP_DAC_READ_SEARCH the domain is counted as refused and the log says the fix; with a private
 //! /tmp (what the unit no longer sets) the QMP socket is still reached, through the QEMU's root. In its own network namespace, it still lets a QMP client of the host's namespace
 //! in within one refresh, and takes the session back once that client leaves.
+//!
+//! And on a KubeVirt node's terms: a VMI's QEMU in PID and mount namespaces of its own, run by
+//! its pod's `libvirtd` in session mode as `nobody`, is read through that daemon (its statistics
+//! and its namespace and name), and a daemon outside the pod is not believed for a VM placed in
+//! another pod.
 
 #![allow(
     clippy::unwrap_used,
@@ -30,11 +35,11 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{
-    KilledOnDrop, TempDir, kvm_available, partition, snapshot_until, source_up, total,
-    unit_setting as setting,
+    KilledOnDrop, TempDir, kvm_available, partition, snapshot_json, snapshot_until, source_up, total,
+    unit_setting as setting, vm_info,
 };
 use hvstats_guest::bios::{BiosEnd, BiosProgram};
-use hvstats_testkit::{Libvirtd, spawn_qemu, wait_for_kvm_vcpus};
+use hvstats_testkit::{CgroupDriver, Libvirtd, PodCgroup, libvirt_volume, spawn_qemu, wait_for_kvm_vcpus};
 use hvstats_vmm::unix_sockets::{PathUse, UnixSockets};
 use serde_json::Value;
 
@@ -555,4 +560,93 @@ fn the_observer_under_its_units_sandbox_lets_a_waiting_qmp_client_in_and_takes_t
         assert!(t.elapsed() < Duration::from_secs(60), "{:?}\n{}", held(), observer.log());
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// The pod of the KubeVirt VMI below, and the pod a VM run by a daemon outside any pod is
+/// placed in.
+const VMI_POD: &str = "6f2b1c3e-4d5a-4b6c-8d7e-9f0a1b2c3d4e";
+const OTHER_POD: &str = "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d";
+
+/// Whether `pid` is in another PID and mount namespace than this test.
+fn in_namespaces_of_its_own(pid: i32) -> bool {
+    let ns = |p: String, which: &str| std::fs::read_link(format!("/proc/{p}/ns/{which}")).unwrap();
+    ["pid", "mnt"].iter().all(|which| ns(pid.to_string(), which) != ns("self".to_owned(), which))
+}
+
+#[test]
+fn the_observer_under_its_units_sandbox_reads_a_kubevirt_vm_through_its_pods_own_libvirt_and_no_daemon_outside_the_pod()
+ {
+    let test = "the_observer_under_its_units_sandbox_reads_a_kubevirt_vm_through_its_pods_own_libvirt_and_no_daemon_outside_the_pod";
+    if !kvm_available(test) || !tools_present(test) {
+        return;
+    }
+    let kubelet = OutsideTmp::new("kubelet");
+    // The VMI's pod: its libvirtd in session mode as `nobody`, in the pod's cgroup (systemd's
+    // driver's names), its runtime directory the pod's volume; its QEMU in the daemon's PID and
+    // mount namespaces, passed its monitor as a descriptor.
+    let pod = PodCgroup::new(CgroupDriver::Systemd, VMI_POD).expect("a cgroup hierarchy to place the pod in");
+    let Some(launcher) =
+        Libvirtd::start_session("kubevirt-pod", &libvirt_volume(&kubelet.0, VMI_POD), Some(pod.path()))
+    else {
+        return;
+    };
+    let busy = BiosProgram { end: BiosEnd::OutForever, ..BiosProgram::default() }.image().unwrap();
+    let vmi = launcher.run_kubevirt_domain("default_testvm", "5a9fc181-957e-5c32-9e5a-2de5e9673531", &busy);
+    assert!(in_namespaces_of_its_own(vmi.pid), "the VMI's QEMU in PID and mount namespaces of its own");
+    let cmdline = std::fs::read_to_string(format!("/proc/{}/cmdline", vmi.pid)).unwrap();
+    assert!(cmdline.contains("socket,id=charmonitor,fd="), "its monitor is a descriptor: {cmdline:?}");
+    assert!(cmdline.contains("manufacturer=KubeVirt"), "{cmdline:?}");
+
+    // The same daemon outside any pod, its VM placed in another pod's cgroup (as root only
+    // can), its socket in that pod's volume: not that pod's libvirt.
+    let other = PodCgroup::new(CgroupDriver::Systemd, OTHER_POD).unwrap();
+    let Some(outsider) =
+        Libvirtd::start_session("kubevirt-outside", &libvirt_volume(&kubelet.0, OTHER_POD), None)
+    else {
+        return;
+    };
+    let idle = BiosProgram { cpuid: 10, end: BiosEnd::Halt, ..BiosProgram::default() }.image().unwrap();
+    let forged = outsider.run_kubevirt_domain("prod_db", "7d1e2f30-4152-4637-8899-aabbccddeeff", &idle);
+    other.add(forged.pid);
+
+    let filter: Vec<String> =
+        [vmi.pid, forged.pid].iter().flat_map(|p| ["--vm".to_owned(), p.to_string()]).collect();
+    let env = [("HVSTATS_KUBELET_ROOT", kubelet.0.display().to_string())];
+    let sandbox = Sandbox::shipped();
+    let run = OutsideTmp::new("unit-sandbox-run-kubevirt");
+    let traces = OutsideTmp::new("unit-sandbox-trace-kubevirt");
+    // Other VMs of this host fill the log (it says at most so many lines at once): what the
+    // observer did is read from what it publishes.
+    let observer = sandbox.start(&run.0, &traces.0.join("observe.trace"), &filter, &env);
+
+    // The VMI: counted through its pod's libvirt (its vCPU's exits move), named by it.
+    let exits =
+        |s: &Value| partition(s, "default_testvm")?["vps"][0]["counters"][total("Exits/sec")].as_u64();
+    let first = snapshot_until(&run.0, "the pod's libvirt up", |s| {
+        partition(s, "default_testvm").and_then(|p| source_up(p, "libvirt")) == Some(true)
+            && exits(s).is_some()
+    });
+    let before = exits(&first).unwrap();
+    let moved = snapshot_until(&run.0, "the VMI's exits moving", |s| exits(s) > Some(before));
+    let vm = partition(&moved, "default_testvm").unwrap();
+    assert_eq!(source_up(vm, "qmp"), None, "no QMP source for a monitor libvirt holds: {}", vm["sources"]);
+    let line = vm_info(&run.0, vmi.pid, |l| l.contains("identity_source=\"pod-libvirt+cgroup\""));
+    for label in [
+        "platform=\"kubevirt\"",
+        "namespace=\"default\"",
+        "name=\"testvm\"",
+        &format!("pod_uid=\"{VMI_POD}\""),
+    ] {
+        assert!(line.contains(label), "{label} not in {line}");
+    }
+    eprintln!("{test}: {line}\nexits {before} -> {:?}", exits(&moved));
+
+    // The VM of the daemon outside the pod: its libvirt refused, its identity the command
+    // line's in the pod's cgroup, never the daemon's.
+    let line = vm_info(&run.0, forged.pid, |l| l.contains("platform="));
+    assert!(line.contains("identity_source=\"cgroup+command-line\"") && line.contains(OTHER_POD), "{line}");
+    let snapshot = snapshot_json(&run.0);
+    let p = partition(&snapshot, "prod_db").expect("the VM of the daemon outside the pod is observed");
+    assert_eq!(source_up(p, "libvirt"), Some(false), "its libvirt refused: {}", p["sources"]);
+    drop(observer);
 }

@@ -21,6 +21,10 @@ pub struct ObserveOptions {
     /// socket of libvirt's `LIBVIRT_DEFAULT_URI`, else the usual places
     /// ([`hvstats_vmm::libvirt::SOCKETS`]).
     pub libvirt: Option<PathBuf>,
+    /// The kubelet's root, under which a KubeVirt pod's own libvirt socket is looked for
+    /// ([`crate::sources::pod_libvirt`]); `None` takes `HVSTATS_KUBELET_ROOT`, else
+    /// `/var/lib/kubelet`.
+    pub kubelet_root: Option<PathBuf>,
     /// Ends every QMP wait at once when set (the observer is stopping).
     pub cancel: Cancel,
     /// The runtime directory in which each VMM is claimed before it is observed (see

@@ -296,13 +296,19 @@ impl Procfs {
         use hvstats_platform::{Process, of_process, proxmox};
         let args = self.cmdline(pid).ok()?;
         let uid = self.owner(pid)?;
-        // At most a page of cgroup paths: one line per hierarchy.
+        let cgroup = self.cgroup(pid);
+        let process = Process { args: &args, uid, cgroup: &cgroup };
+        of_process(&process, |vmid| proxmox::read_config(Path::new(proxmox::CONFIG_DIR), vmid))
+    }
+
+    /// The text of `pid`'s `/proc/PID/cgroup` (a page at most: one line per hierarchy); empty
+    /// when it cannot be read.
+    pub fn cgroup(&self, pid: i32) -> String {
         let mut cgroup = String::new();
         if let Ok(file) = fs::File::open(self.root.join(pid.to_string()).join("cgroup")) {
             let _ = file.take(4096).read_to_string(&mut cgroup);
         }
-        let process = Process { args: &args, uid, cgroup: &cgroup };
-        of_process(&process, |vmid| proxmox::read_config(Path::new(proxmox::CONFIG_DIR), vmid))
+        cgroup
     }
 
     /// True when `pid` runs a VMM hvstats knows by its program (its command line's first word):

@@ -10,6 +10,11 @@
 //! identity is trusted only when the pod UID comes from a cgroup under the hierarchy's top-level
 //! `kubepods`, which only root can place a process in: anyone can write KubeVirt's command line,
 //! and a user with a delegated cgroup subtree can name a cgroup `kubepods…pod<uid>` below it.
+//!
+//! Where the observer reaches the pod's own libvirt daemon and binds it to the VMM (the
+//! daemon is in the VMM's pod and holds its monitor: the observer's rule), the namespace and
+//! name come from the domain that daemon runs in the VMM instead ([`from_pod_daemon`]), and
+//! `identity_source` says `pod-libvirt`.
 
 use crate::{Identity, Label, Platform, Process, Source};
 
@@ -90,6 +95,20 @@ pub fn identity(process: &Process<'_>) -> Option<Identity> {
     Some(Identity::new(Platform::KubeVirt, labels, trusted).with_claimed_name(guest))
 }
 
+/// KubeVirt's identity of the VM whose VMM's pod is `pod_uid` (its cgroup's), from `domain`,
+/// the name of the domain the pod's libvirt daemon runs in it (`<namespace>_<name>`, split on
+/// the first `_`; a name without one is the whole name, as KubeVirt reads it). Trusted: the
+/// caller has bound the daemon to the VMM's pod.
+pub fn from_pod_daemon(domain: &str, pod_uid: &str) -> Identity {
+    let from_daemon = |name, value: &str| Label { name, value: value.to_owned(), source: Source::PodLibvirt };
+    let mut labels = match domain.split_once('_') {
+        Some((namespace, name)) => vec![from_daemon("namespace", namespace), from_daemon("name", name)],
+        None => vec![from_daemon("name", domain)],
+    };
+    labels.push(Label { name: "pod_uid", value: pod_uid.to_owned(), source: Source::Cgroup });
+    Identity::new(Platform::KubeVirt, labels, true).with_claimed_name(Some(domain.to_owned()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,6 +166,18 @@ mod tests {
         odd[2] = "guest=ns_my_vm,debug-threads=on".to_owned();
         let id = identity(&Process { args: &odd, uid: 107, cgroup: CGROUPFS }).unwrap();
         assert_eq!((id.label("namespace"), id.label("name")), (Some("ns"), Some("my_vm")));
+    }
+
+    #[test]
+    fn the_pod_daemons_domain_names_namespace_and_name() {
+        let uid = "6f2b1c3e-4d5a-4b6c-8d7e-9f0a1b2c3d4e";
+        let id = from_pod_daemon("default_my_vm", uid);
+        assert!(id.trusted());
+        assert_eq!((id.label("namespace"), id.label("name")), (Some("default"), Some("my_vm")));
+        assert_eq!(id.label("pod_uid"), Some(uid));
+        assert_eq!(id.source(), "pod-libvirt+cgroup");
+        let bare = from_pod_daemon("testvm", uid);
+        assert_eq!((bare.label("namespace"), bare.label("name")), (None, Some("testvm")));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Who a VM is on the platform that runs it, read from what the platform writes: OpenStack
 //! Nova's libvirt metadata ([`nova`]), Proxmox VE's command line and `/etc/pve` ([`proxmox`]),
 //! KubeVirt's command line and its pod's cgroup ([`kubevirt`]), and the names Kata, Cloud
-//! Hypervisor and Firecracker put on their command lines ([`microvm`]).
+//! Hypervisor and Firecracker put on their command lines ([`microvm`]); and KubeVirt's identity
+//! from the domain its pod's own libvirt runs ([`kubevirt::from_pod_daemon`]).
 //!
 //! The readers are pure: they take text (a metadata element, a command line, a cgroup file, a
 //! configuration file) and the facts about where it came from (who runs the VMM, who owns the
@@ -65,6 +66,8 @@ impl Platform {
 pub enum Source {
     /// The libvirt daemon's domain metadata (Nova's element), or the domain's UUID it keeps.
     LibvirtMetadata,
+    /// The domain a KubeVirt pod's own libvirt daemon runs in the VMM (its name).
+    PodLibvirt,
     /// A Proxmox VE configuration file (`/etc/pve/qemu-server/<vmid>.conf`).
     PveConfig,
     /// The VMM process's cgroup path (`/proc/<pid>/cgroup`).
@@ -78,6 +81,7 @@ impl Source {
     pub const fn name(self) -> &'static str {
         match self {
             Source::LibvirtMetadata => "libvirt-metadata",
+            Source::PodLibvirt => "pod-libvirt",
             Source::PveConfig => "pve-config",
             Source::Cgroup => "cgroup",
             Source::CommandLine => "command-line",

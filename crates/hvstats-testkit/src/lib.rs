@@ -7,7 +7,10 @@
 //! - [`IdleVcpu`]: a VM with one vCPU that never runs, and its KVM statistics;
 //! - [`PacedVm`]: a VM of vCPU threads leaving the guest at a pace, with its statistics open as
 //!   QEMU 8.1 keeps them: what the bench's minimal VMM runs;
-//! - [`Libvirtd`]: a libvirt daemon of the test's own, with a QEMU domain;
+//! - [`Libvirtd`]: a libvirt daemon of the test's own (a system one, or a session one as a
+//!   KubeVirt pod runs), with a QEMU domain;
+//! - [`PodCgroup`]: a cgroup shaped like a pod's container's, as the kubelet makes it, and
+//!   [`libvirt_volume`], a pod's libvirt volume under a kubelet root;
 //! - [`synthetic_instance`]: a reading of a large host, every counter set, built in memory;
 //! - [`synthetic_load`]: a published instance counting made-up traffic, for the surfaces;
 //! - [`tls_client`], [`self_signed_localhost`]: a TLS client of the exporter that trusts one
@@ -24,6 +27,7 @@ mod kvm;
 mod libvirt;
 mod load;
 mod paced_vmm;
+mod pod;
 mod reading;
 mod tls;
 
@@ -33,5 +37,6 @@ pub use kvm::{kvm_available, kvm_vcpus, spawn_qemu, wait_for_kvm_vcpus};
 pub use libvirt::{LibvirtDomain, Libvirtd};
 pub use load::synthetic_load;
 pub use paced_vmm::PacedVm;
+pub use pod::{CgroupDriver, PodCgroup, libvirt_volume};
 pub use reading::synthetic_instance;
 pub use tls::{self_signed_localhost, tls_client};

@@ -6,7 +6,7 @@
 //! - [`libvirt`]: a read-only client of libvirt's remote protocol, for its domain statistics;
 //! - [`unix_sockets`]: who holds a Unix socket's connections and who waits on it, from the
 //!   kernel's tables;
-//! - `peer`: who serves a socket this process connected to, from the kernel's record;
+//! - [`peer`]: who is at the other end of a Unix socket, from the kernel's record;
 //! - [`cancel`]: the flag a signal sets to end every wait.
 //!
 //! Nothing here knows of observing: the clients are given a socket's path, a timeout and a
@@ -17,6 +17,6 @@
 pub mod cancel;
 pub mod kvm_stats;
 pub mod libvirt;
-mod peer;
+pub mod peer;
 pub mod qmp;
 pub mod unix_sockets;

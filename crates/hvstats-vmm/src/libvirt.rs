@@ -9,9 +9,12 @@
 //! dependency of every host; speaking the protocol costs nothing where libvirt is absent.
 //!
 //! Nothing the daemon sends is trusted: every length is bounded, every read checked, and a reply
-//! that does not parse is an error, never a panic. Nothing is sent to a socket whose listener is
-//! not root (the kernel's record, `SO_PEERCRED`): libvirt's system daemons run as root, and a
-//! socket another user serves ([`LibvirtError::Foreign`]) is not libvirt's, wherever it is.
+//! that does not parse is an error, never a panic. [`Libvirt::connect`] sends nothing to a socket
+//! whose listener is not root (the kernel's record, `SO_PEERCRED`): libvirt's system daemons run
+//! as root, and a socket another user serves ([`LibvirtError::Foreign`]) is not libvirt's system
+//! daemon, wherever it is. [`Libvirt::connect_any`] speaks to a daemon of any user (a session
+//! daemon, as a KubeVirt pod runs its own), and leaves binding that daemon to a VMM to its caller,
+//! which knows what the daemon must be ([`Libvirt::daemon`], [`Libvirt::daemon_uid`]).
 
 use std::io::{self, Read, Write};
 use std::os::fd::AsFd;
@@ -146,6 +149,8 @@ pub struct Libvirt {
     timeout: Duration,
     /// The daemon listening on the socket, as the kernel recorded it at connect.
     daemon: i32,
+    /// The user it runs as.
+    daemon_uid: u32,
 }
 
 impl LibvirtError {
@@ -170,19 +175,51 @@ impl Libvirt {
     /// When the socket cannot be reached, is served by a process that is not root
     /// ([`LibvirtError::Foreign`]), asks for an unknown authentication, or refuses.
     pub fn connect(path: &Path, timeout: Duration) -> Result<Self, LibvirtError> {
+        Self::open(path, timeout, true)
+    }
+
+    /// Connects to the socket `path` of a daemon of any user, and opens its QEMU driver
+    /// read-only: `qemu:///system` of a root daemon, `qemu:///session` of another user's (a
+    /// session daemon has one socket, read-write, on which the connection is opened read-only).
+    /// The caller decides whether that daemon is to be believed, by who it is
+    /// ([`Self::daemon`], [`Self::daemon_uid`]), before it uses anything it says.
+    ///
+    /// # Errors
+    /// As [`Self::connect`], but for a listener that is not root.
+    pub fn connect_any(path: &Path, timeout: Duration) -> Result<Self, LibvirtError> {
+        Self::open(path, timeout, false)
+    }
+
+    /// Connects to `path`; a listener that is not root is [`LibvirtError::Foreign`] when
+    /// `root_only`.
+    fn open(path: &Path, timeout: Duration, root_only: bool) -> Result<Self, LibvirtError> {
         let io = |source| LibvirtError::io(path, timeout, source);
-        let stream = UnixStream::connect(path).map_err(io)?;
+        let stream = connect_unix(path).map_err(io)?;
         let foreign = |who: String| LibvirtError::Foreign { path: path.to_owned(), who };
-        let daemon = match crate::peer::credentials(stream.as_fd()) {
-            Some(cred) if cred.uid == 0 => crate::peer::listener_pid(stream.as_fd())
-                .ok_or_else(|| foreign("a process that has exited or is not visible here".to_owned()))?,
+        let (daemon, daemon_uid) = match crate::peer::credentials(stream.as_fd()) {
+            Some(cred) if cred.uid == 0 || !root_only => {
+                let pid = crate::peer::listener_pid(stream.as_fd())
+                    .ok_or_else(|| foreign("a process that has exited or is not visible here".to_owned()))?;
+                (pid, cred.uid)
+            }
             Some(cred) => return Err(foreign(format!("pid {} of uid {}", cred.pid, cred.uid))),
             None => return Err(foreign("a listener the kernel does not name".to_owned())),
         };
         stream.set_read_timeout(Some(timeout)).map_err(io)?;
         stream.set_write_timeout(Some(timeout)).map_err(io)?;
-        let mut me = Self { stream, path: path.to_owned(), serial: 0, timeout, daemon };
-        let auth = me.call(PROC_AUTH_LIST, &[])?;
+        let mut me = Self { stream, path: path.to_owned(), serial: 0, timeout, daemon, daemon_uid };
+        me.authenticate()?;
+        let uri = if daemon_uid == 0 { "qemu:///system" } else { "qemu:///session" };
+        let mut args = Vec::new();
+        put_optional_string(&mut args, Some(uri));
+        put_u32(&mut args, CONNECT_RO);
+        me.call(PROC_CONNECT_OPEN, &args)?;
+        Ok(me)
+    }
+
+    /// Authenticates as the socket asks: with none, or polkit.
+    fn authenticate(&mut self) -> Result<(), LibvirtError> {
+        let auth = self.call(PROC_AUTH_LIST, &[])?;
         let mut r = Xdr::new(&auth);
         let n = r.len()?;
         let mut types = Vec::with_capacity(n);
@@ -191,16 +228,17 @@ impl Libvirt {
         }
         if !types.is_empty() && !types.contains(&AUTH_NONE) {
             if types.contains(&AUTH_POLKIT) {
-                me.call(PROC_AUTH_POLKIT, &[])?;
+                self.call(PROC_AUTH_POLKIT, &[])?;
             } else {
                 return Err(LibvirtError::Auth(types[0]));
             }
         }
-        let mut args = Vec::new();
-        put_optional_string(&mut args, Some("qemu:///system"));
-        put_u32(&mut args, CONNECT_RO);
-        me.call(PROC_CONNECT_OPEN, &args)?;
-        Ok(me)
+        Ok(())
+    }
+
+    /// The user the daemon listening on the socket runs as (root for a system daemon).
+    pub fn daemon_uid(&self) -> u32 {
+        self.daemon_uid
     }
 
     /// The daemon listening on the socket (its pid now, as the kernel recorded it at connect).
@@ -306,6 +344,24 @@ impl Libvirt {
             return Ok(payload);
         }
     }
+}
+
+/// The longest path a Unix socket address holds (`sun_path`, less its terminating NUL).
+const MAX_SOCKET_PATH: usize = 107;
+
+/// Connects to the Unix socket at `path`, however long: one longer than a socket address holds
+/// (a kubelet's pod volume is deeper than that) is reached through its directory, opened first
+/// (`O_PATH`), as `/proc/self/fd/N/NAME`.
+fn connect_unix(path: &Path) -> io::Result<UnixStream> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else { return UnixStream::connect(path) };
+    if path.as_os_str().len() <= MAX_SOCKET_PATH {
+        return UnixStream::connect(path);
+    }
+    let dir =
+        std::fs::OpenOptions::new().read(true).custom_flags(libc::O_PATH | libc::O_DIRECTORY).open(dir)?;
+    UnixStream::connect(Path::new(&format!("/proc/self/fd/{}", dir.as_raw_fd())).join(name))
 }
 
 fn put_u32(out: &mut Vec<u8>, v: u32) {

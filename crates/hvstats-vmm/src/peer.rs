@@ -1,13 +1,15 @@
-//! Who serves a Unix socket this process connected to: the kernel's record of the listener
-//! (`SO_PEERCRED`, `SO_PEERPIDFD`), which no peer can forge.
+//! Who is at the other end of a Unix socket: the kernel's record of the peer (`SO_PEERCRED`,
+//! `SO_PEERPIDFD`), which no peer can forge. Of a socket this process connected to, the
+//! listener; of a connection a server accepted, the process that connected.
 
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use hvstats_host::os::check;
 
-/// The credentials the listener had when it called `listen` (`SO_PEERCRED`): its pid then, and
-/// its user and group; `None` when the kernel does not say.
-pub(crate) fn credentials(socket: BorrowedFd<'_>) -> Option<libc::ucred> {
+/// The credentials the peer had when it called `listen` or `connect` (`SO_PEERCRED`): its pid
+/// then (in this process's PID namespace), its user and group; `None` when the kernel does not
+/// say (not a connected Unix socket).
+pub fn credentials(socket: BorrowedFd<'_>) -> Option<libc::ucred> {
     let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: `cred` is a valid ucred of `len` bytes the kernel writes into; the socket is

@@ -187,6 +187,25 @@ pub fn scrape(runtime: &Path) -> String {
     http_get(addr, "/metrics")
 }
 
+/// The `hvstats_vm_info` line of the VM of VMM `pid`, once `until` holds of it (30 s at most).
+pub fn vm_info(runtime: &std::path::Path, pid: i32, until: impl Fn(&str) -> bool) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let text = scrape(runtime);
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("hvstats_vm_info{") && l.contains(&format!("vmm_pid=\"{pid}\"")))
+            .map(str::to_owned);
+        match line {
+            Some(line) if until(&line) => return line,
+            _ if std::time::Instant::now() > deadline => {
+                panic!("no vm_info of pid {pid} as awaited: {line:?}\n{text}")
+            }
+            _ => std::thread::sleep(std::time::Duration::from_millis(200)),
+        }
+    }
+}
+
 /// A child process killed and reaped when dropped (a failed assertion included).
 pub struct KilledOnDrop(pub std::process::Child);
 

@@ -16,6 +16,11 @@
 //! process that copies a domain's `-uuid` onto its command line is not given that domain's
 //! statistics or name, and a socket some other user serves is never spoken to; either is
 //! refused, said once when the VM is attached, and the source stays down.
+//!
+//! A VMM in a KubeVirt pod's cgroup is read through its pod's own libvirt daemon instead, where
+//! one is found ([`super::pod_libvirt`]): a daemon of the pod's unprivileged user, believed for
+//! the VMM only by that module's rule, which also gives the VM KubeVirt's identity from the
+//! domain it runs (`identity_source="pod-libvirt+cgroup"`).
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -31,8 +36,10 @@ use hvstats_abi::vm_sources::Origin;
 use hvstats_abi::vm_state::VmState;
 
 use super::kvm_stat_map::{self, KvmStatReading};
+use super::pod_libvirt::{self, PodSocket};
 use super::vm_source::{Learned, Named, Peer, PeerKind, PeerState, VmAttach, VmSource, VmView};
 use crate::attach::ObserveError;
+use crate::discovery::Procfs;
 use hvstats_host::error_chain::error_chain;
 use hvstats_sources::counter_source::{CounterSource, Gives, Object};
 use hvstats_vmm::libvirt::{
@@ -81,6 +88,18 @@ pub struct LibvirtStats {
     nova_asked: Option<std::time::Instant>,
     /// The domain's UUID, Nova's instance id.
     uuid: hvstats::vmm::VmUuid,
+    /// The VMM's pod's own libvirt socket, where the session is with that daemon.
+    pod: Option<PodSocket>,
+    /// KubeVirt's identity of the VM, from the domain the pod's daemon runs.
+    kubevirt: Option<hvstats_platform::Identity>,
+}
+
+/// Why no session with libvirt was opened for the VMM.
+enum Unbound {
+    /// No daemon answers, or it has no domain of the VMM's UUID: the VM has no libvirt source.
+    Absent(String),
+    /// A daemon that is not to be believed for this VMM, and why.
+    Refused(String),
 }
 
 /// The read-only socket to use: the one the options name, else the socket of libvirt's own
@@ -101,14 +120,16 @@ fn socket(at: &VmAttach<'_>) -> Option<PathBuf> {
 }
 
 /// Finds the libvirt domain whose UUID the QEMU process was given; `None` when libvirt is absent
-/// or has no such domain. A socket that is not root's, or a domain the daemon runs in another
-/// process, gives a source that is refused (said once, at attach) and gives nothing.
+/// or has no such domain. For a VMM in a pod's cgroup, the pod's own daemon where one is found,
+/// else the system's. A daemon that is not to be believed for the VMM gives a source that is
+/// refused (said once, at attach) and gives nothing.
 ///
 /// # Errors
 /// Never: a libvirt that fails after it was found is the source's own state.
 pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError> {
     let Some(uuid) = at.procfs.vm_uuid(at.pid) else { return Ok(None) };
-    let Some(socket) = socket(at) else { return Ok(None) };
+    let pod = pod_libvirt::find(at.procfs, at.pid, at.options.kubelet_root.as_deref());
+    let Some(socket) = pod.as_ref().map(|p| p.path.clone()).or_else(|| socket(at)) else { return Ok(None) };
     let mut me = LibvirtStats {
         socket,
         conn: None,
@@ -123,19 +144,14 @@ pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError
         nova: None,
         nova_asked: None,
         uuid,
+        pod,
+        kubevirt: None,
     };
-    let mut conn = match Libvirt::connect(&me.socket, TIMEOUT) {
-        Ok(conn) => conn,
-        Err(e @ LibvirtError::Foreign { .. }) => return Ok(Some(Box::new(me.refuse(e.to_string())))),
-        Err(_) => return Ok(None),
-    };
-    let Ok(domain) = conn.lookup_by_uuid(uuid.bytes()) else { return Ok(None) };
-    if let Err(why) = runs_in(&conn, &domain, me.vmm) {
-        return Ok(Some(Box::new(me.refuse(why))));
+    match me.bind(at.procfs) {
+        Ok(()) => Ok(Some(Box::new(me))),
+        Err(Unbound::Refused(why)) => Ok(Some(Box::new(me.refuse(why)))),
+        Err(Unbound::Absent(_)) => Ok(None),
     }
-    me.domain = domain;
-    me.conn = Some(conn);
-    Ok(Some(Box::new(me)))
 }
 
 /// Whether the daemon serving `conn` runs `domain` in process `vmm`, by its QEMU driver's record
@@ -189,12 +205,49 @@ impl LibvirtStats {
         self
     }
 
-    fn read_once(&mut self) -> Result<(), String> {
+    /// Opens a session with the daemon at the socket and binds it to the VMM: the domain of the
+    /// VMM's UUID, which a root daemon records as run by the VMM ([`runs_in`]), or which the
+    /// VMM's pod's own daemon runs by [`pod_libvirt::bind`]'s rule.
+    fn bind(&mut self, procfs: &Procfs) -> Result<(), Unbound> {
+        self.kubevirt = None;
+        let absent = |e: LibvirtError| Unbound::Absent(error_chain(&e));
+        let connected = match &self.pod {
+            Some(_) => Libvirt::connect_any(&self.socket, TIMEOUT),
+            None => Libvirt::connect(&self.socket, TIMEOUT),
+        };
+        let mut conn = match connected {
+            Ok(conn) => conn,
+            Err(e @ LibvirtError::Foreign { .. }) => return Err(Unbound::Refused(e.to_string())),
+            Err(e) => return Err(absent(e)),
+        };
+        let domain = match (conn.lookup_by_uuid(self.uuid.bytes()), &self.pod) {
+            (Ok(domain), _) => domain,
+            (Err(e), Some(_)) if e.is_no_domain() => {
+                return Err(Unbound::Refused(format!(
+                    "the pod's libvirt has no domain of the VMM's UUID {}",
+                    self.uuid
+                )));
+            }
+            (Err(e), _) => return Err(absent(e)),
+        };
+        match (&self.pod, conn.daemon_uid()) {
+            (Some(pod), uid) if uid != 0 => pod_libvirt::bind(procfs, self.vmm, pod, &conn, &domain),
+            _ => runs_in(&conn, &domain, self.vmm),
+        }
+        .map_err(Unbound::Refused)?;
+        self.kubevirt = self
+            .pod
+            .as_ref()
+            .map(|pod| hvstats_platform::kubevirt::from_pod_daemon(&domain.name, &pod.pod_uid));
+        self.domain = domain;
+        self.conn = Some(conn);
+        Ok(())
+    }
+
+    fn read_once(&mut self, procfs: &Procfs) -> Result<(), String> {
         if self.conn.is_none() {
             // A daemon started again is bound to the VMM again.
-            let conn = Libvirt::connect(&self.socket, TIMEOUT).map_err(|e| error_chain(&e))?;
-            runs_in(&conn, &self.domain, self.vmm)?;
-            self.conn = Some(conn);
+            self.bind(procfs).map_err(|(Unbound::Absent(why) | Unbound::Refused(why))| why)?;
         }
         let Some(conn) = self.conn.as_mut() else { return Ok(()) };
         let fields = conn
@@ -290,7 +343,7 @@ impl VmSource for LibvirtStats {
         Named { vm_name: self.refused.is_none().then(|| self.domain.name.clone()), ..Named::default() }
     }
 
-    fn read(&mut self, _vm: &VmView<'_>) -> Learned {
+    fn read(&mut self, vm: &VmView<'_>) -> Learned {
         if let Some(refused) = &self.refused {
             let why = self.error.clone().unwrap_or_else(|| refused.clone());
             return Learned {
@@ -300,7 +353,7 @@ impl VmSource for LibvirtStats {
                 ..Learned::holding(0)
             };
         }
-        match self.read_once() {
+        match self.read_once(vm.procfs) {
             Ok(()) => self.error = None,
             Err(e) => {
                 // Its counters stop being available rather than going stale; the next refresh
@@ -322,7 +375,7 @@ impl VmSource for LibvirtStats {
             peer: Some(Peer { kind: PeerKind::Service, state }),
             error: self.error.clone(),
             vm_state: self.state,
-            platform: self.nova.clone(),
+            platform: self.nova.clone().or_else(|| self.kubevirt.clone()),
             ..Learned::holding(usize::from(self.conn.is_some()))
         }
     }

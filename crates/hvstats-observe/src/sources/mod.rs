@@ -9,7 +9,8 @@
 //! - [`stats_fd`]: KVM's statistics from the binary-stats descriptors the VMM holds, copied with
 //!   `pidfd_getfd` (every vCPU statistic, whole-life, no guest interruption);
 //! - [`libvirt_stats`]: KVM's statistics of a libvirt domain from libvirt's bulk statistics, over
-//!   a read-only connection (never tainting the domain);
+//!   a read-only connection (never tainting the domain), through a KubeVirt pod's own daemon
+//!   where [`pod_libvirt`]'s rule binds it to the VMM;
 //! - [`events`]: KVM's tracepoints, counted per thread from attach on (in the kernel where BPF is
 //!   permitted), written by the event writers of [`tracepoints`], [`exit_classes`] and [`hyperv`];
 //! - [`thread_clock`]: the vCPU threads' migrations, a perf software event on the same threads,
@@ -31,6 +32,7 @@ pub mod exit_classes;
 pub mod hyperv;
 pub mod kvm_stat_map;
 pub mod libvirt_stats;
+pub mod pod_libvirt;
 pub mod qmp_stats;
 pub mod stats_fd;
 pub mod thread_clock;
