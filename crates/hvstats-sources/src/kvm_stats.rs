@@ -39,6 +39,9 @@ const MAX_LAYOUT_BYTES: u64 = 1 << 20;
 /// The statistics of one file, by name.
 type Descs = HashMap<String, Desc>;
 
+/// Descriptors as read, the table parsed from them, and the length of the data block they use.
+type Parsed = (Vec<u8>, Arc<Descs>, usize);
+
 /// One statistic's place and scale.
 #[derive(Clone, Copy, Debug)]
 struct Desc {
@@ -127,7 +130,7 @@ impl Layout {
         file.read_exact_at(&mut raw, self.desc_offset)?;
         // A table is kept for the next file of the same descriptors; a few are enough (a vCPU's
         // and a VM's, of each kernel module loaded meanwhile).
-        static PARSED: Mutex<Vec<(Vec<u8>, Arc<Descs>, usize)>> = Mutex::new(Vec::new());
+        static PARSED: Mutex<Vec<Parsed>> = Mutex::new(Vec::new());
         let mut parsed = PARSED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some((_, descs, data_len)) = parsed.iter().find(|(r, ..)| *r == raw) {
             return Ok((descs.clone(), *data_len));
@@ -212,6 +215,12 @@ impl KvmStats {
         let mut names: Vec<String> = self.descs.keys().cloned().collect();
         names.sort();
         names
+    }
+
+    /// True when `other` has the same descriptors (a statistic of one name is at the same place,
+    /// of the same scale, in both): what is looked up in one holds for the other.
+    pub fn same_layout(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.descs, &other.descs)
     }
 
     /// True when the kernel has a statistic called `name`.
@@ -462,7 +471,7 @@ mod tests {
         // Another vCPU's statistics share the first's table of descriptors, and read its own.
         let other_vcpu = vm.create_vcpu(1).unwrap();
         let other = open_for(&other_vcpu).unwrap();
-        assert!(Arc::ptr_eq(&stats.descs, &other.descs), "one table for the same descriptors");
+        assert!(stats.same_layout(&other), "one table for the same descriptors");
         assert_eq!(other.id(), format!("{}/vcpu-1", stats.id().split('/').next().unwrap()));
         let mut theirs = vec![0u64; other.data_words()];
         other.read_into(&mut theirs).unwrap();
@@ -477,8 +486,8 @@ mod tests {
         let one = KvmStats::parse(crafted([48, 2, 24, 72, 200], &[(1, 0), (32, 8)], 4096)).unwrap();
         let same = KvmStats::parse(crafted([48, 2, 24, 72, 200], &[(1, 0), (32, 8)], 4096)).unwrap();
         let other = KvmStats::parse(crafted([48, 2, 24, 72, 200], &[(1, 0), (16, 8)], 4096)).unwrap();
-        assert!(Arc::ptr_eq(&one.descs, &same.descs));
-        assert!(!Arc::ptr_eq(&one.descs, &other.descs));
+        assert!(one.same_layout(&same));
+        assert!(!one.same_layout(&other));
         assert_eq!((one.data_words(), other.data_words()), (33, 17));
     }
 }

@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
 
 use hvstats::SharedPage;
 use hvstats_abi::ObjectKind;
@@ -45,18 +46,24 @@ const ANON_INODE_FS_MAGIC: i64 = 0x0904_1934;
 #[derive(Debug)]
 struct Copied {
     stats: KvmStats,
-    /// Its counters, located in its data block once (its statistics are fixed while it is open).
-    resolved: Resolved<Stat>,
+    /// Its counters, located in its data block once (its statistics are fixed while it is open),
+    /// shared with the VM's other vCPUs of the same layout.
+    resolved: Arc<Resolved<Stat>>,
     data: Vec<u64>,
     read_once: bool,
 }
 
 impl Copied {
-    fn new(stats: KvmStats, kind: ObjectKind) -> Self {
+    /// `stats`, of an object of `kind`, its counters located anew or taken from `like` (a copy
+    /// of the same kind) when that has the same layout.
+    fn new(stats: KvmStats, kind: ObjectKind, like: Option<&Copied>) -> Self {
         let data = vec![0; stats.data_words()];
-        let resolved = Resolved::of(kind, &|name, buckets| {
-            stats.stat(name).filter(|stat| !buckets || stat.is_histogram())
-        });
+        let resolved = match like.filter(|c| c.stats.same_layout(&stats)) {
+            Some(like) => like.resolved.clone(),
+            None => Arc::new(Resolved::of(kind, &|name, buckets| {
+                stats.stat(name).filter(|stat| !buckets || stat.is_histogram())
+            })),
+        };
         Self { stats, resolved, data, read_once: false }
     }
 
@@ -167,8 +174,15 @@ enum Failure {
     Refused(String),
 }
 
-/// Descriptor `fd` of the VMM, copied, checked to be KVM's statistics named `link`, and parsed.
-fn copy_checked(pidfd: &OwnedFd, fd: RawFd, link: &str, kind: ObjectKind) -> Result<Copied, Failure> {
+/// Descriptor `fd` of the VMM, copied, checked to be KVM's statistics named `link`, and parsed
+/// (its counters located as in `like` when it has the same layout).
+fn copy_checked(
+    pidfd: &OwnedFd,
+    fd: RawFd,
+    link: &str,
+    kind: ObjectKind,
+    like: Option<&Copied>,
+) -> Result<Copied, Failure> {
     let file = copy_fd(pidfd, fd).map_err(Failure::Copy)?;
     if let Some(why) = check_copy(&file, link) {
         return Err(Failure::Refused(format!("descriptor {fd}, listed as {link:?}: {why}")));
@@ -177,7 +191,7 @@ fn copy_checked(pidfd: &OwnedFd, fd: RawFd, link: &str, kind: ObjectKind) -> Res
         io::ErrorKind::InvalidData => Failure::Refused(format!("descriptor {fd} ({link}): {e}")),
         _ => Failure::Copy(e),
     })?;
-    Ok(Copied::new(stats, kind))
+    Ok(Copied::new(stats, kind, like))
 }
 
 /// Copies the statistics descriptors the VMM holds; `None` when it holds none.
@@ -213,12 +227,13 @@ pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError
     let copied = unique.and_then(|()| pidfd(at.pid).map_err(Failure::Copy)).and_then(|pidfd| {
         for (id, fd) in &vcpu_fds {
             if let Some(&index) = index_of.get(id) {
-                me.vcpus
-                    .insert(index, copy_checked(&pidfd, *fd, &format!("{VCPU_STATS}{id}"), ObjectKind::Vp)?);
+                let link = format!("{VCPU_STATS}{id}");
+                let copied = copy_checked(&pidfd, *fd, &link, ObjectKind::Vp, me.vcpus.values().next())?;
+                me.vcpus.insert(index, copied);
             }
         }
         if let Some(fd) = vm_fd {
-            me.vm = Some(copy_checked(&pidfd, fd, VM_STATS, ObjectKind::Partition)?);
+            me.vm = Some(copy_checked(&pidfd, fd, VM_STATS, ObjectKind::Partition, None)?);
         }
         Ok(())
     });
