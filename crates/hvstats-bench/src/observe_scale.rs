@@ -15,8 +15,9 @@
 //! one CPU the observer takes (goal: at most 1 %). The facts: the VMs and vCPU threads observed
 //! (published) and the VMs not, the refusals it said, the CPU per VM and per vCPU thread a refresh (µs), the observer's RSS and
 //! descriptors (by kind) at the end, the descriptors that count (all but the KVM statistics
-//! copied from the VMMs) per vCPU thread, a VMM's RSS, and the per-VM cost over the smallest
-//! row's. A host without the memory for a fleet runs the largest it can (leaving
+//! copied from the VMMs) per vCPU thread, a VMM's RSS, the per-VM cost over the smallest
+//! row's, and the time from the observer's start until it published every VM, per VM (what
+//! attaching costs, which the refreshes measured after it do not show; polled once a second). A host without the memory for a fleet runs the largest it can (leaving
 //! [`MEMORY_RESERVE`] free): the row's `vms` fact says how many, beside `vms_asked`.
 
 use std::io::BufRead;
@@ -273,9 +274,11 @@ fn measure(
     let mut args = vec!["observe".to_owned(), "--all".into(), "--interval".into(), "1".into()];
     args.extend(pids.iter().flat_map(|p| ["--vm".to_owned(), p.to_string()]));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let started = Instant::now();
     let observer = Hvstats::start(hvstats, &args, dir.path())?;
     let pid = observer.child.id() as i32;
     let (attached, vcpus) = settle(dir.path(), pids.len());
+    let to_publish = started.elapsed().as_secs_f64();
     if attached == 0 {
         return Err(format!("the observer attached none of {} VMs in time", pids.len()));
     }
@@ -316,6 +319,7 @@ fn measure(
         ("bpf_descriptors", bpf),
         ("counting_descriptors_per_vcpu_thread", (fds - stats) / threads),
         ("vmm_rss_kib", Spread::of(&fleet.rss_kib).median),
+        ("ms_to_publish_per_vm", to_publish * 1e3 / attached as f64),
     ];
     drop(observer);
     Ok(Row::Measured { name, rounds, unit: "s/refresh", goal: Some(0.01), facts })

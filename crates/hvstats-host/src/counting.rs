@@ -148,16 +148,21 @@ pub enum InKernelError {
     Engine(Arc<EngineError>),
 }
 
+/// One event spec resolved to perf's (type, config), or why it cannot be.
+type Resolution = Result<(u32, u64), Arc<EventError>>;
+
 /// Event specs resolved to perf (type, config) once, with the reason for any that cannot be,
 /// and the in-kernel counting of their tracepoints where it is possible.
 #[derive(Clone, Debug)]
 pub struct EventList {
-    specs: Vec<EventSpec>,
-    resolved: Vec<Result<(u32, u64), Arc<EventError>>>,
+    /// Shared by the list's clones (each VM's sources hold one), as are `resolved` and
+    /// `columns`: a list is made once and never changed.
+    specs: Arc<[EventSpec]>,
+    resolved: Arc<[Resolution]>,
     /// The in-kernel counting, or why there is none.
     engine: Result<Arc<Engine>, InKernelError>,
     /// By event: its column in the engine, when the engine counts it.
-    columns: Vec<Option<usize>>,
+    columns: Arc<[Option<usize>]>,
 }
 
 /// Tallies alive in this process, by the specs they count and where they are kept: lists of the
@@ -394,8 +399,9 @@ impl EventList {
                     resolved[i].is_ok() && engine.as_ref().is_ok_and(|t| t.refused(column).is_none());
                 counted.then_some(column)
             })
-            .collect();
-        Self { specs, resolved, engine, columns }
+            .collect::<Vec<_>>()
+            .into();
+        Self { specs: specs.into(), resolved: resolved.into(), engine, columns }
     }
 
     /// How tracepoint events are counted: in the kernel when at least one is.

@@ -77,6 +77,8 @@ pub struct ThreadInfo {
 /// arguments and environment were placed (26–28 and 45–51; randomized on every exec, and
 /// different for another program).
 const EXEC_MARKS: [usize; 10] = [26, 27, 28, 45, 46, 47, 48, 49, 50, 51];
+/// The field of `stat` giving the process's number of threads.
+const NUM_THREADS: usize = 20;
 
 /// What tells a process, and the program it runs, from every other for the life of the host: a
 /// pid reused by another process has another start time; a process that `exec()`s another
@@ -513,6 +515,15 @@ impl Procfs {
     /// # Errors
     /// When its `stat` cannot be read or parsed (the process is gone: see [`is_gone`]).
     pub fn identity(&self, pid: i32) -> io::Result<ProcessIdentity> {
+        self.identity_and_threads(pid).map(|(identity, _)| identity)
+    }
+
+    /// Who `pid` is now ([`identity`](Self::identity)) and its number of threads (`stat`'s
+    /// `num_threads`, `None` where it cannot be told), from one reading.
+    ///
+    /// # Errors
+    /// As [`identity`](Self::identity).
+    pub(crate) fn identity_and_threads(&self, pid: i32) -> io::Result<(ProcessIdentity, Option<u64>)> {
         let dir = self.root.join(pid.to_string());
         let text = fs::read_to_string(dir.join("stat"))?;
         let malformed =
@@ -528,7 +539,7 @@ impl Procfs {
             exec[EXEC_MARKS.len()] = exe.dev();
             exec[EXEC_MARKS.len() + 1] = exe.ino();
         }
-        Ok(ProcessIdentity { start_time, exec })
+        Ok((ProcessIdentity { start_time, exec }, stat.number(NUM_THREADS)))
     }
 
     /// The start time of thread `tid` while it is a task of process `pid`: `/proc/<pid>/task/<tid>`

@@ -416,21 +416,31 @@ impl Observer {
 
     /// What a VM just attached shares with the VMs observed already: a name, one that looks
     /// alike, a UUID. The VM observed first keeps its name on every surface; the newcomer is the
-    /// one readers must tell apart, and this says so.
+    /// one readers must tell apart, and this says so, naming the first VM observed of each
+    /// likeness (at most three lines however many VMs share it: a fleet of one name attaching
+    /// would otherwise say, and hold, a line for every pair).
     fn resemblances(&self, vm: &ObservedVm) -> Vec<ObserverEvent> {
-        let mut said = Vec::new();
-        for other in self.vms() {
-            if vm.name() == other.name() || hvstats::vm_name::looks_like(vm.name(), other.name()) {
-                said.push(ObserverEvent::NamedLike {
-                    pid: vm.pid(),
-                    name: vm.name().to_owned(),
-                    other: other.pid(),
-                    other_name: other.name().to_owned(),
-                });
-            }
-            if let Some(uuid) = vm.uuid().filter(|u| other.uuid() == Some(*u)) {
-                said.push(ObserverEvent::DuplicateUuid { pid: vm.pid(), uuid, other: other.pid() });
-            }
+        let first = |like: &dyn Fn(&ObservedVm) -> bool| {
+            self.vms().filter(|other| like(other)).min_by_key(|other| other.partition().id())
+        };
+        let named = first(&|other| vm.name() == other.name());
+        let alike = first(&|other| {
+            vm.name() != other.name() && hvstats::vm_name::looks_like(vm.name(), other.name())
+        });
+        let mut said: Vec<ObserverEvent> = [named, alike]
+            .into_iter()
+            .flatten()
+            .map(|other| ObserverEvent::NamedLike {
+                pid: vm.pid(),
+                name: vm.name().to_owned(),
+                other: other.pid(),
+                other_name: other.name().to_owned(),
+            })
+            .collect();
+        if let Some(uuid) = vm.uuid()
+            && let Some(other) = first(&|other| other.uuid() == Some(uuid))
+        {
+            said.push(ObserverEvent::DuplicateUuid { pid: vm.pid(), uuid, other: other.pid() });
         }
         said
     }

@@ -96,6 +96,8 @@ pub struct ObservedVm {
     identity: ProcessIdentity,
     /// Each accepted vCPU thread's start time (clock ticks after boot), by thread id.
     thread_starts: BTreeMap<i32, u64>,
+    /// When the vCPU threads are checked to be who they were.
+    thread_check: ThreadCheck,
     /// Thread ids refused once (not said again), and refusals not yet taken.
     refused: BTreeSet<i32>,
     refusals: Vec<ThreadRefusal>,
@@ -187,6 +189,7 @@ impl ObservedVm {
             pid,
             identity,
             thread_starts: BTreeMap::new(),
+            thread_check: ThreadCheck::default(),
             refused: BTreeSet::new(),
             refusals: Vec::new(),
             vmm,
@@ -409,7 +412,7 @@ impl ObservedVm {
         if gone {
             return Ok(Some(Departure::Exited));
         }
-        let now = match procfs.identity(self.pid) {
+        let (now, threads) = match procfs.identity_and_threads(self.pid) {
             Ok(now) => now,
             Err(e) if is_gone(&e) => return Ok(Some(Departure::Exited)),
             Err(e) => return Err(e),
@@ -429,7 +432,9 @@ impl ObservedVm {
             return Ok(Some(Departure::VmChanged));
         }
         self.reread_platform(procfs);
-        self.check_threads(procfs);
+        if self.thread_check.due(threads) {
+            self.check_threads(procfs);
+        }
         self.find_threads(procfs);
         let view = VmView { procfs, pid: self.pid, vcpus: &self.vcpus };
         self.learned = self.sources.sources_mut().map(|s| s.read(&view)).collect();
@@ -598,6 +603,36 @@ impl ObservedVm {
     }
 }
 
+/// Refreshes between two checks of the vCPU threads' identities while the VMM's number of
+/// threads stays the same.
+const THREAD_RECHECK: u32 = 10;
+
+/// When the vCPU threads are checked to be the threads accepted (each a `stat` read): at every
+/// refresh where the VMM's number of threads changed (a thread that exits changes it, unless
+/// another starts in the same interval), and at least every [`THREAD_RECHECK`] refreshes. A
+/// thread that exited meanwhile keeps its last reading until then; its id names no other thread
+/// sooner than the kernel's ids wrap around.
+#[derive(Debug, Default)]
+struct ThreadCheck {
+    /// The VMM's number of threads at the last check.
+    threads: Option<u64>,
+    /// Refreshes since the last check.
+    since: u32,
+}
+
+impl ThreadCheck {
+    /// True when the threads are to be checked now, the VMM having `threads` threads (`None`
+    /// where that cannot be told: then at every refresh).
+    fn due(&mut self, threads: Option<u64>) -> bool {
+        self.since += 1;
+        let due = threads.is_none() || threads != self.threads || self.since >= THREAD_RECHECK;
+        if due {
+            *self = Self { threads, since: 0 };
+        }
+        due
+    }
+}
+
 /// From when the VM's counts kept across observers count: the earliest time its sources whose
 /// origin is [`Origin::Kept`] give (`None` when none does).
 fn kept_since(sources: impl Iterator<Item = (Origin, Option<SystemTime>)>) -> Option<SystemTime> {
@@ -662,6 +697,21 @@ impl Drop for ObservedVm {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn the_vcpu_threads_are_checked_when_the_vmms_threads_change_and_at_least_every_few_refreshes() {
+        let mut check = ThreadCheck::default();
+        assert!(check.due(Some(5)), "the first refresh checks");
+        let quiet: Vec<bool> = (1..THREAD_RECHECK).map(|_| check.due(Some(5))).collect();
+        assert!(quiet.iter().all(|due| !due), "{quiet:?}");
+        assert!(check.due(Some(5)), "checked again after THREAD_RECHECK refreshes");
+        assert!(!check.due(Some(5)));
+        assert!(check.due(Some(4)), "a thread exited");
+        assert!(check.due(Some(6)), "threads started");
+        assert!(!check.due(Some(6)));
+        // Where the number cannot be told, at every refresh.
+        assert!(check.due(None) && check.due(None));
+    }
 
     #[test]
     fn the_counts_kept_count_from_the_earliest_kept_source() {

@@ -11,6 +11,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::fs::FileExt;
+use std::sync::{Arc, Mutex};
 
 use zerocopy::IntoBytes;
 
@@ -35,6 +36,12 @@ pub(crate) const MAX_DATA_BYTES: usize = 64 << 10;
 /// Where the data block may start, at most: past the header, id and descriptors.
 const MAX_LAYOUT_BYTES: u64 = 1 << 20;
 
+/// The statistics of one file, by name.
+type Descs = HashMap<String, Desc>;
+
+/// Descriptors as read, the table parsed from them, and the length of the data block they use.
+type Parsed = (Vec<u8>, Arc<Descs>, usize);
+
 /// One statistic's place and scale.
 #[derive(Clone, Copy, Debug)]
 struct Desc {
@@ -52,7 +59,9 @@ pub struct KvmStats {
     file: File,
     data_offset: u64,
     data_len: usize,
-    descs: HashMap<String, Desc>,
+    /// Shared by every open file of the same descriptors (every vCPU of a host's VMs has the
+    /// same): an observer of a thousand VMs keeps two tables, not five thousand.
+    descs: Arc<Descs>,
     id: String,
 }
 
@@ -113,12 +122,31 @@ impl Layout {
     }
 
     /// The statistics `file`'s descriptors name, and the length of the data block they use, each
-    /// statistic within what KVM can produce (at most [`MAX_STAT_WORDS`] values).
-    fn descriptors(&self, file: &File) -> io::Result<(HashMap<String, Desc>, usize)> {
+    /// statistic within what KVM can produce (at most [`MAX_STAT_WORDS`] values): the table
+    /// parsed from the same descriptors before, when there is one.
+    fn descriptors(&self, file: &File) -> io::Result<(Arc<Descs>, usize)> {
         let stride = DESC_FIXED + self.name_size;
         let mut raw = vec![0u8; stride * self.num_desc];
         file.read_exact_at(&mut raw, self.desc_offset)?;
-        let bound = (self.num_desc * MAX_STAT_WORDS * 8).min(MAX_DATA_BYTES);
+        // A table is kept for the next file of the same descriptors; a few are enough (a vCPU's
+        // and a VM's, of each kernel module loaded meanwhile).
+        static PARSED: Mutex<Vec<Parsed>> = Mutex::new(Vec::new());
+        let mut parsed = PARSED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((_, descs, data_len)) = parsed.iter().find(|(r, ..)| *r == raw) {
+            return Ok((descs.clone(), *data_len));
+        }
+        let (descs, data_len) = Self::parse_descriptors(&raw, stride, self.num_desc)?;
+        let descs = Arc::new(descs);
+        if parsed.len() < 8 {
+            parsed.push((raw, descs.clone(), data_len));
+        }
+        Ok((descs, data_len))
+    }
+
+    /// The statistics the `num_desc` descriptors in `raw` (each `stride` bytes) name, and the
+    /// length of the data block they use.
+    fn parse_descriptors(raw: &[u8], stride: usize, num_desc: usize) -> io::Result<(Descs, usize)> {
+        let bound = (num_desc * MAX_STAT_WORDS * 8).min(MAX_DATA_BYTES);
         let mut descs = HashMap::new();
         let mut data_len = 0usize;
         for d in raw.chunks_exact(stride) {
@@ -187,6 +215,12 @@ impl KvmStats {
         let mut names: Vec<String> = self.descs.keys().cloned().collect();
         names.sort();
         names
+    }
+
+    /// True when `other` has the same descriptors (a statistic of one name is at the same place,
+    /// of the same scale, in both): what is looked up in one holds for the other.
+    pub fn same_layout(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.descs, &other.descs)
     }
 
     /// True when the kernel has a statistic called `name`.
@@ -434,5 +468,26 @@ mod tests {
         }
         assert!(stats.stat("no_such_statistic").is_none());
         assert!(stats.read_into(&mut data[..stats.data_words() - 1]).is_err());
+        // Another vCPU's statistics share the first's table of descriptors, and read its own.
+        let other_vcpu = vm.create_vcpu(1).unwrap();
+        let other = open_for(&other_vcpu).unwrap();
+        assert!(stats.same_layout(&other), "one table for the same descriptors");
+        assert_eq!(other.id(), format!("{}/vcpu-1", stats.id().split('/').next().unwrap()));
+        let mut theirs = vec![0u64; other.data_words()];
+        other.read_into(&mut theirs).unwrap();
+        let snap = other.snapshot().unwrap();
+        for name in ["halt_exits", "halt_wait_ns", "irq_exits", "insn_emulation", "pf_taken"] {
+            assert_eq!(other.stat(name).unwrap().raw(&theirs), snap.raw(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn files_of_other_descriptors_get_tables_of_their_own() {
+        let one = KvmStats::parse(crafted([48, 2, 24, 72, 200], &[(1, 0), (32, 8)], 4096)).unwrap();
+        let same = KvmStats::parse(crafted([48, 2, 24, 72, 200], &[(1, 0), (32, 8)], 4096)).unwrap();
+        let other = KvmStats::parse(crafted([48, 2, 24, 72, 200], &[(1, 0), (16, 8)], 4096)).unwrap();
+        assert!(one.same_layout(&same));
+        assert!(!one.same_layout(&other));
+        assert_eq!((one.data_words(), other.data_words()), (33, 17));
     }
 }

@@ -158,6 +158,12 @@ pub struct Events {
     /// vCPU threads whose tracepoints are perf counters for want of a row in the in-kernel
     /// engine: the VM is counted at perf's cost, and its source is named so.
     past_rows: usize,
+    /// What it gives, and the events counted and `kvm_exit` state it was worked out from: asked
+    /// several times a refresh, worked out again only when those change.
+    gives: (Gives, Vec<bool>, KvmExitState),
+    /// The list's method, said ([`crate::thread_counters::EventList::method_description`]): fixed when the list is made,
+    /// said at every refresh.
+    method: String,
 }
 
 /// Opens the events source: counters on every thread of the VMM (the threads known to run a
@@ -182,7 +188,7 @@ pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError
     }
     let kvm_exit =
         if isa.is_some() { KvmExitState::Undecided } else { KvmExitState::NoHardwareVirtualization };
-    let me = Events {
+    let mut me = Events {
         counters,
         offsets,
         kvm_exit,
@@ -191,7 +197,10 @@ pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError
         hyperv_totals: hyperv::gives_totals(procfs.hyperv_enlightenments(pid)),
         kept_since: None,
         past_rows: 0,
+        gives: (Gives::NOTHING, Vec::new(), kvm_exit),
+        method: at.events.method_description(),
     };
+    me.gives.0 = me.work_out_gives();
     Ok(Some(Box::new(me)))
 }
 
@@ -200,15 +209,31 @@ impl Events {
     /// `vcpu_threads`) past the in-kernel engine's rows, counted by perf counters instead.
     fn method(&self, vcpu_threads: usize) -> String {
         let events = self.counters.events();
-        let method = events.method_description();
+        let method = &self.method;
         match (self.past_rows, events.engine_rows()) {
-            (0, _) | (_, None) => method,
+            (0, _) | (_, None) => method.clone(),
             (past, Some((rows, _))) => format!(
                 "{method}; {past} of {vcpu_threads} vCPU threads by perf counters ({} a thread): the \
                  engine's {rows} rows are all in use",
                 events.perf_events_without_row()
             ),
         }
+    }
+
+    /// What it gives from the events counted and the `kvm_exit` state now.
+    fn work_out_gives(&self) -> Gives {
+        let mut gives = Gives::NOTHING;
+        for (w, writer) in WRITERS.iter().enumerate() {
+            let range = self.range(w);
+            let counted = |i: usize| self.counted.get(range.start + i).copied().unwrap_or(false);
+            gives = gives.union(&writer.gives(&counted, self.kvm_exit));
+        }
+        // Where kvm_exit does not fire, a guest that is not enlightened makes no Hyper-V
+        // hypercall but may make KVM's: kvm_hv_hypercall is not its total.
+        if !self.hyperv_totals && self.kvm_exit != KvmExitState::Fires {
+            gives.vp = gives.vp.difference(&hyperv::totals());
+        }
+        gives
     }
 
     /// The events of writer `w`, as a range of the list.
@@ -249,18 +274,7 @@ impl CounterSource for Events {
     }
 
     fn gives(&self) -> Gives {
-        let mut gives = Gives::NOTHING;
-        for (w, writer) in WRITERS.iter().enumerate() {
-            let range = self.range(w);
-            let counted = |i: usize| self.counted.get(range.start + i).copied().unwrap_or(false);
-            gives = gives.union(&writer.gives(&counted, self.kvm_exit));
-        }
-        // Where kvm_exit does not fire, a guest that is not enlightened makes no Hyper-V
-        // hypercall but may make KVM's: kvm_hv_hypercall is not its total.
-        if !self.hyperv_totals && self.kvm_exit != KvmExitState::Fires {
-            gives.vp = gives.vp.difference(&hyperv::totals());
-        }
-        gives
+        self.gives.0
     }
 
     fn write(&self, object: Object, page: &SharedPage, only: &CounterSet) {
@@ -302,6 +316,9 @@ impl VmSource for Events {
             })
             .collect();
         self.decide_kvm_exit();
+        if (&self.gives.1, self.gives.2) != (&self.counted, self.kvm_exit) {
+            self.gives = (self.work_out_gives(), self.counted.clone(), self.kvm_exit);
+        }
         let all_in_kernel = self.counters.events().perf_events_per_thread() == 0;
         self.kept_since = (vm.all_known() && all_in_kernel)
             .then(|| self.counters.kept_since_of(vm.threads().map(|(_, tid)| tid)))

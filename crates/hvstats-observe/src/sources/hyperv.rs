@@ -21,6 +21,8 @@
 //! it does (VMX/SVM hosts), its VMCALL/VMMCALL exits count every hypercall, KVM's own and Xen's
 //! too, not only Hyper-V's ([`super::exit_classes`]).
 
+use std::sync::OnceLock;
+
 use hvstats::SharedPage;
 use hvstats_abi::ObjectKind;
 use hvstats_abi::catalog::{Maintained, observed, vp};
@@ -55,9 +57,18 @@ pub fn class_filter(class: HypercallClass) -> Option<String> {
     code_filter(HYPERCALLS.iter().filter(|r| r.class == class).map(|r| r.code.0))
 }
 
-/// The classes counted by a filter of their own: every class but Other (the rest).
+/// The classes counted by a filter of their own: every class but Other (the rest). Worked out
+/// once: every event index of the writer follows from it, and each VP of every VM is written
+/// at every refresh.
 fn classified() -> impl Iterator<Item = HypercallClass> {
-    HypercallClass::ALL.into_iter().filter(|c| *c != HypercallClass::Other && class_filter(*c).is_some())
+    static CLASSIFIED: OnceLock<Vec<HypercallClass>> = OnceLock::new();
+    let classes = CLASSIFIED.get_or_init(|| {
+        HypercallClass::ALL
+            .into_iter()
+            .filter(|c| *c != HypercallClass::Other && class_filter(*c).is_some())
+            .collect()
+    });
+    classes.iter().copied()
 }
 
 /// The filter of the hypercalls whose flush is `effect` and recorded by `record`.
@@ -151,17 +162,30 @@ fn events_of(what: KvmHv) -> Vec<usize> {
     }
 }
 
-/// The value of `what` from a reading, if every event it needs is counted.
-fn value_of(what: KvmHv, reading: &ThreadReading<'_>) -> Option<u64> {
-    let sum = |events: &[usize]| events.iter().map(|&i| reading.count(i)).sum::<Option<u64>>();
+/// Every VP counter this writer may give, in catalog order, with what it is written from and
+/// the events that takes ([`events_of`]): worked out once, read for every VP at every refresh.
+fn written() -> &'static [(CounterId, KvmHv, Vec<usize>)] {
+    static WRITTEN: OnceLock<Vec<(CounterId, KvmHv, Vec<usize>)>> = OnceLock::new();
+    WRITTEN.get_or_init(|| {
+        catalog::CATALOG
+            .iter()
+            .filter(|c| c.id.kind == ObjectKind::Vp)
+            .filter_map(|c| kvm_hv_of(c).map(|what| (c.id, what, events_of(what))))
+            .collect()
+    })
+}
+
+/// The value of `what`, written from `events`, from a reading, if every event it needs is
+/// counted.
+fn value_of(what: KvmHv, events: &[usize], reading: &ThreadReading<'_>) -> Option<u64> {
+    let sum = |events: &mut dyn Iterator<Item = usize>| events.map(|i| reading.count(i)).sum::<Option<u64>>();
     match what {
         KvmHv::Hypercalls(HypercallClass::Other) => {
             let total = reading.count(ALL)?;
-            let classified: Vec<usize> = (CLASSES..CLASSES + classes()).collect();
-            Some(total.saturating_sub(sum(&classified)?))
+            Some(total.saturating_sub(sum(&mut (CLASSES..CLASSES + classes()))?))
         }
         KvmHv::HypercallTime => reading.count(span()).map(|ns| ns / 100),
-        _ => sum(&events_of(what)),
+        _ => sum(&mut events.iter().copied()),
     }
 }
 
@@ -203,16 +227,22 @@ impl EventWriter for HypervEnlightenments {
     }
 
     fn gives(&self, counted: &dyn Fn(usize) -> bool, kvm_exit: KvmExitState) -> Gives {
-        Gives::vp(CounterSet::of_kind(ObjectKind::Vp, |c| {
-            kvm_hv_of(c).is_some_and(|what| ours(what, kvm_exit) && events_of(what).into_iter().all(counted))
-        }))
+        let mut set = CounterSet::EMPTY;
+        for (id, what, events) in written() {
+            if ours(*what, kvm_exit) && events.iter().all(|&i| counted(i)) {
+                set.insert(*id);
+            }
+        }
+        Gives::vp(set)
     }
 
     fn write(&self, reading: &ThreadReading<'_>, page: &SharedPage, only: &CounterSet) {
-        for c in catalog::CATALOG.iter().filter(|c| c.id.kind == ObjectKind::Vp && only.contains(c.id)) {
-            let Some(what) = kvm_hv_of(c).filter(|w| ours(*w, reading.kvm_exit)) else { continue };
-            if let Some(value) = value_of(what, reading) {
-                page.set(c.id, value);
+        for (id, what, events) in written().iter().filter(|(id, ..)| only.contains(*id)) {
+            if !ours(*what, reading.kvm_exit) {
+                continue;
+            }
+            if let Some(value) = value_of(*what, events, reading) {
+                page.set(*id, value);
             }
         }
     }
@@ -234,11 +264,7 @@ pub fn gives_totals(enlightenments: Option<u64>) -> bool {
 
 /// Every VP counter this writer can give, with what it is written from (for tests and docs).
 pub fn counters() -> Vec<(CounterId, KvmHv)> {
-    catalog::CATALOG
-        .iter()
-        .filter(|c| c.id.kind == ObjectKind::Vp)
-        .filter_map(|c| kvm_hv_of(c).map(|w| (c.id, w)))
-        .collect()
+    written().iter().map(|(id, what, _)| (*id, *what)).collect()
 }
 
 /// The counter a flush column writes to (for tests): `None` when `event` is no flush column.

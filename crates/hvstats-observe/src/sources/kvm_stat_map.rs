@@ -117,12 +117,81 @@ pub fn write(kind: ObjectKind, page: &SharedPage, only: &CounterSet, reading: &d
         }
         let values: Option<Vec<u64>> = names.iter().map(|n| reading.value(n)).collect();
         let Some(values) = values else { continue };
-        let sum = values.iter().fold(0u64, |a, &v| a.saturating_add(v));
-        let value = match counter.unit {
-            Unit::Time100ns => sum / 100,
-            _ => sum,
-        };
-        page.set(counter.id, value);
+        set_sum(page, counter, values.into_iter());
+    }
+}
+
+/// Sets `counter` to the sum of its statistics' `values` (nanoseconds for a time), in its unit.
+fn set_sum(page: &SharedPage, counter: &Counter, values: impl Iterator<Item = u64>) {
+    let sum = values.fold(0u64, |a, v| a.saturating_add(v));
+    let value = match counter.unit {
+        Unit::Time100ns => sum / 100,
+        _ => sum,
+    };
+    page.set(counter.id, value);
+}
+
+/// Where one counter's statistics sit in a reading of fixed layout (`K` locates a statistic).
+#[derive(Debug)]
+enum Row<K> {
+    /// A count or a time: the sum of these.
+    Sum(Vec<K>),
+    /// A histogram: its `_ns` sum and its buckets.
+    Histogram(K, K),
+}
+
+/// The counters of one object's kind that a reading of fixed layout gives (a stats descriptor's,
+/// whose statistics are fixed while it is open), each with its statistics located once: a
+/// refresh then reads them by place, not by name. What it gives and writes is what
+/// [`given_by`] and [`write`] make of the same reading.
+#[derive(Debug)]
+pub(crate) struct Resolved<K> {
+    rows: Vec<(&'static Counter, Row<K>)>,
+    given: CounterSet,
+}
+
+impl<K: Copy> Resolved<K> {
+    /// The counters of `kind` whose every statistic `find` locates (the flag asks for a
+    /// histogram's buckets rather than a single value).
+    pub(crate) fn of(kind: ObjectKind, find: &dyn Fn(&str, bool) -> Option<K>) -> Self {
+        let rows: Vec<(&'static Counter, Row<K>)> = kvm_stat_counters(kind)
+            .filter_map(|(counter, names)| {
+                let row = match (counter.presentation, names) {
+                    (Presentation::Histogram, [sum, buckets]) => {
+                        Row::Histogram(find(sum, false)?, find(buckets, true)?)
+                    }
+                    (Presentation::Histogram, _) => return None,
+                    _ if names.is_empty() => return None,
+                    _ => Row::Sum(names.iter().map(|n| find(n, false)).collect::<Option<_>>()?),
+                };
+                Some((counter, row))
+            })
+            .collect();
+        let mut given = CounterSet::EMPTY;
+        rows.iter().for_each(|(c, _)| given.insert(c.id));
+        Self { rows, given }
+    }
+
+    /// The counters it gives.
+    pub(crate) fn given(&self) -> CounterSet {
+        self.given
+    }
+
+    /// Writes the counters of `only` into `page`, each statistic's single value (nanoseconds for
+    /// a time) from `value` and a histogram's buckets from `buckets`.
+    pub(crate) fn write<'d>(
+        &self,
+        page: &SharedPage,
+        only: &CounterSet,
+        value: impl Fn(K) -> u64,
+        buckets: impl Fn(K) -> &'d [u64],
+    ) {
+        for (counter, row) in self.rows.iter().filter(|(c, _)| only.contains(c.id)) {
+            match row {
+                Row::Histogram(sum, b) => copy_kvm_histogram(page, counter, value(*sum), buckets(*b)),
+                Row::Sum(stats) => set_sum(page, counter, stats.iter().map(|k| value(*k))),
+            }
+        }
     }
 }
 

@@ -19,18 +19,21 @@ use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
 
 use hvstats::SharedPage;
 use hvstats_abi::ObjectKind;
 use hvstats_abi::vm_sources::Origin;
 
-use super::kvm_stat_map::{self, KvmStatReading};
+use super::kvm_stat_map::Resolved;
 use super::vm_source::{Learned, VmAttach, VmSource, VmView};
 use crate::attach::ObserveError;
 use crate::vm_identity::{self, copy_fd, pidfd};
+use hvstats_abi::counter_set::CounterSet;
 use hvstats_host::os::check;
-use hvstats_sources::counter_source::{CounterSource, Gives, Object};
-use hvstats_sources::kvm_stats::KvmStats;
+use hvstats_sources::counter_source::Gives;
+use hvstats_sources::counter_source::{CounterSource, Object};
+use hvstats_sources::kvm_stats::{KvmStats, Stat};
 
 /// The descriptor link of a vCPU's statistics (`anon_inode:kvm-vcpu-stats:<vcpu id>`).
 const VCPU_STATS: &str = "anon_inode:kvm-vcpu-stats:";
@@ -43,14 +46,25 @@ const ANON_INODE_FS_MAGIC: i64 = 0x0904_1934;
 #[derive(Debug)]
 struct Copied {
     stats: KvmStats,
+    /// Its counters, located in its data block once (its statistics are fixed while it is open),
+    /// shared with the VM's other vCPUs of the same layout.
+    resolved: Arc<Resolved<Stat>>,
     data: Vec<u64>,
     read_once: bool,
 }
 
 impl Copied {
-    fn new(stats: KvmStats) -> Self {
+    /// `stats`, of an object of `kind`, its counters located anew or taken from `like` (a copy
+    /// of the same kind) when that has the same layout.
+    fn new(stats: KvmStats, kind: ObjectKind, like: Option<&Copied>) -> Self {
         let data = vec![0; stats.data_words()];
-        Self { stats, data, read_once: false }
+        let resolved = match like.filter(|c| c.stats.same_layout(&stats)) {
+            Some(like) => like.resolved.clone(),
+            None => Arc::new(Resolved::of(kind, &|name, buckets| {
+                stats.stat(name).filter(|stat| !buckets || stat.is_histogram())
+            })),
+        };
+        Self { stats, resolved, data, read_once: false }
     }
 
     fn read(&mut self) -> io::Result<()> {
@@ -58,23 +72,20 @@ impl Copied {
         self.read_once = true;
         Ok(())
     }
-}
 
-impl KvmStatReading for Copied {
-    fn value(&self, name: &str) -> Option<u64> {
-        if !self.read_once {
-            return None;
-        }
-        let stat = self.stats.stat(name)?;
-        Some(if stat.is_time() { stat.nanoseconds(&self.data) } else { stat.raw(&self.data) })
+    /// The counters its reading gives: none before it was read.
+    fn given(&self) -> CounterSet {
+        if self.read_once { self.resolved.given() } else { CounterSet::EMPTY }
     }
 
-    fn buckets(&self, name: &str) -> Option<&[u64]> {
+    /// Writes the counters of `only` from its last reading (nothing before the first).
+    fn write(&self, page: &SharedPage, only: &CounterSet) {
         if !self.read_once {
-            return None;
+            return;
         }
-        let stat = self.stats.stat(name)?;
-        stat.is_histogram().then(|| stat.values(&self.data))
+        let data = &self.data;
+        let value = |stat: Stat| if stat.is_time() { stat.nanoseconds(data) } else { stat.raw(data) };
+        self.resolved.write(page, only, value, |stat| stat.values(data));
     }
 }
 
@@ -89,6 +100,8 @@ pub struct StatsFd {
     error: Option<String>,
     /// Why what the VMM held was refused, when it was.
     refused: Option<String>,
+    /// What it gives, worked out at each read (asked several times a refresh).
+    gives: Gives,
 }
 
 /// The statistics descriptors a VMM holds, from its `fd` directory: by vCPU id, and the VM's.
@@ -161,8 +174,15 @@ enum Failure {
     Refused(String),
 }
 
-/// Descriptor `fd` of the VMM, copied, checked to be KVM's statistics named `link`, and parsed.
-fn copy_checked(pidfd: &OwnedFd, fd: RawFd, link: &str) -> Result<Copied, Failure> {
+/// Descriptor `fd` of the VMM, copied, checked to be KVM's statistics named `link`, and parsed
+/// (its counters located as in `like` when it has the same layout).
+fn copy_checked(
+    pidfd: &OwnedFd,
+    fd: RawFd,
+    link: &str,
+    kind: ObjectKind,
+    like: Option<&Copied>,
+) -> Result<Copied, Failure> {
     let file = copy_fd(pidfd, fd).map_err(Failure::Copy)?;
     if let Some(why) = check_copy(&file, link) {
         return Err(Failure::Refused(format!("descriptor {fd}, listed as {link:?}: {why}")));
@@ -171,7 +191,7 @@ fn copy_checked(pidfd: &OwnedFd, fd: RawFd, link: &str) -> Result<Copied, Failur
         io::ErrorKind::InvalidData => Failure::Refused(format!("descriptor {fd} ({link}): {e}")),
         _ => Failure::Copy(e),
     })?;
-    Ok(Copied::new(stats))
+    Ok(Copied::new(stats, kind, like))
 }
 
 /// Copies the statistics descriptors the VMM holds; `None` when it holds none.
@@ -191,6 +211,7 @@ pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError
         vm: None,
         error: None,
         refused: None,
+        gives: Gives::NOTHING,
     };
     // The VP index of a vCPU is its place among the VM's vCPU ids, as the observer numbers VPs.
     let index_of: BTreeMap<u32, u32> =
@@ -206,11 +227,13 @@ pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError
     let copied = unique.and_then(|()| pidfd(at.pid).map_err(Failure::Copy)).and_then(|pidfd| {
         for (id, fd) in &vcpu_fds {
             if let Some(&index) = index_of.get(id) {
-                me.vcpus.insert(index, copy_checked(&pidfd, *fd, &format!("{VCPU_STATS}{id}"))?);
+                let link = format!("{VCPU_STATS}{id}");
+                let copied = copy_checked(&pidfd, *fd, &link, ObjectKind::Vp, me.vcpus.values().next())?;
+                me.vcpus.insert(index, copied);
             }
         }
         if let Some(fd) = vm_fd {
-            me.vm = Some(copy_checked(&pidfd, fd, VM_STATS)?);
+            me.vm = Some(copy_checked(&pidfd, fd, VM_STATS, ObjectKind::Partition, None)?);
         }
         Ok(())
     });
@@ -231,27 +254,37 @@ pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError
     Ok(Some(Box::new(me)))
 }
 
+impl StatsFd {
+    /// The counters its last readings give: the VM's, and each VP counter every vCPU's reading
+    /// gives, none unless every vCPU's statistics were read (a VP without its reading would keep
+    /// a stale value), as [`super::kvm_stat_map::gives`] makes of them.
+    fn work_out_gives(&self) -> Gives {
+        let vp = match self.vcpus.len() == self.vp_count {
+            true => {
+                self.vcpus.values().map(Copied::given).reduce(|a, b| a.intersection(&b)).unwrap_or_default()
+            }
+            false => CounterSet::EMPTY,
+        };
+        Gives { partition: self.vm.as_ref().map(Copied::given).unwrap_or_default(), vp }
+    }
+}
+
 impl CounterSource for StatsFd {
     fn name(&self) -> &'static str {
         "stats-fd"
     }
 
     fn gives(&self) -> Gives {
-        kvm_stat_map::gives(self.vm.as_ref(), &self.vcpus, self.vp_count)
+        self.gives
     }
 
-    fn write(&self, object: Object, page: &SharedPage, only: &hvstats_abi::counter_set::CounterSet) {
-        match object {
-            Object::Vp(index) => {
-                if let Some(c) = self.vcpus.get(&index) {
-                    kvm_stat_map::write(ObjectKind::Vp, page, only, c);
-                }
-            }
-            Object::Partition => {
-                if let Some(c) = &self.vm {
-                    kvm_stat_map::write(ObjectKind::Partition, page, only, c);
-                }
-            }
+    fn write(&self, object: Object, page: &SharedPage, only: &CounterSet) {
+        let copied = match object {
+            Object::Vp(index) => self.vcpus.get(&index),
+            Object::Partition => self.vm.as_ref(),
+        };
+        if let Some(c) = copied {
+            c.write(page, only);
         }
     }
 
@@ -282,6 +315,7 @@ impl VmSource for StatsFd {
             self.vcpus.clear();
             self.vm = None;
         }
+        self.gives = self.work_out_gives();
         Learned {
             error: self.error.clone(),
             refused: self.refused.clone(),
