@@ -214,6 +214,12 @@ pub fn full_notes() -> Vec<String> {
     std::mem::take(&mut *FULL_NOTES.lock().unwrap_or_else(|e| e.into_inner()))
 }
 
+/// Says once that a thread's accounting is had by a costlier method than the kernel's own, for
+/// [`full_notes`] to give.
+pub(crate) fn note(text: String) {
+    FULL_NOTES.lock().unwrap_or_else(|e| e.into_inner()).push(text);
+}
+
 /// The rows `HVSTATS_ENGINE_ROWS` asks engines to hold instead of what the host is sized for
 /// (a smaller bound on the observer's kernel memory, or a test of what happens past them).
 pub const ROWS_VARIABLE: &str = "HVSTATS_ENGINE_ROWS";

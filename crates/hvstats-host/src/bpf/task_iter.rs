@@ -97,6 +97,9 @@ pub enum TaskIterError {
     /// The kernel refused it (no CAP_BPF and CAP_PERFMON, no task iterator, the verifier).
     #[error(transparent)]
     Load(#[from] LoadError),
+    /// The kernel refused to link it to a process (no process filter before Linux 6.1).
+    #[error("the task iterator cannot be linked to one process: {0}")]
+    Link(io::Error),
 }
 
 /// The loaded task iterator program, shared by every process's link.
@@ -124,6 +127,33 @@ impl TaskIterProgram {
         let insns = assemble(&fields)?;
         Ok(Self { program: Program::load_task_iter(&insns, iter_task)? })
     }
+}
+
+/// The task iterator program this process shares between its VMs, loaded at the first call:
+/// `None` where it cannot be (without CAP_BPF and CAP_PERFMON, a kernel before 6.1), said once
+/// with why and what is read instead ([`crate::counting::full_notes`]).
+pub fn shared() -> Option<&'static TaskIterProgram> {
+    static SHARED: std::sync::OnceLock<Option<TaskIterProgram>> = std::sync::OnceLock::new();
+    SHARED
+        .get_or_init(|| {
+            // A process filter is tried on this process: kernels before 6.1 load the program
+            // and refuse the filter.
+            let tried = TaskIterProgram::load().and_then(|program| {
+                ProcessTasks::open(&program, std::process::id() as i32).map_err(TaskIterError::Link)?;
+                Ok(program)
+            });
+            tried
+                .map_err(|e| {
+                    crate::counting::note(format!(
+                        "the kernel's task iterator cannot be loaded ({}): each vCPU thread's run time, \
+                         CPU wait, dispatches, guest time and faults are read from its /proc files \
+                         every refresh, and its migrations counted by a perf counter from attach",
+                        crate::error_chain::error_chain(&e)
+                    ))
+                })
+                .ok()
+        })
+        .as_ref()
 }
 
 /// The program for `fields` (their places in `struct task_struct`, in [`FIELDS`]' order).
