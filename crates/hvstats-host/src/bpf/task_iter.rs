@@ -142,18 +142,25 @@ pub fn shared() -> Option<&'static TaskIterProgram> {
                 ProcessTasks::open(&program, std::process::id() as i32).map_err(TaskIterError::Link)?;
                 Ok(program)
             });
-            tried
-                .map_err(|e| {
-                    crate::counting::note(format!(
-                        "the kernel's task iterator cannot be loaded ({}): each vCPU thread's run time, \
-                         CPU wait, dispatches, guest time and faults are read from its /proc files \
-                         every refresh, and its migrations counted by a perf counter from attach",
-                        crate::error_chain::error_chain(&e)
-                    ))
-                })
-                .ok()
+            tried.map_err(|e| crate::counting::note(fallback_said(&e))).ok()
         })
         .as_ref()
+}
+
+/// What the observer does without the task iterator, and why: a refusal for want of
+/// privilege names the capabilities (the missing one is said on a line of its own).
+fn fallback_said(e: &TaskIterError) -> String {
+    let why = match e {
+        TaskIterError::Load(LoadError { source, .. }) if source.raw_os_error() == Some(libc::EPERM) => {
+            "loading it needs CAP_BPF and CAP_PERFMON".to_string()
+        }
+        e => crate::error_chain::error_chain(e),
+    };
+    format!(
+        "the kernel's task iterator cannot be loaded ({why}): each vCPU thread's run time, CPU wait, \
+         dispatches, guest time and faults are read from its /proc files every refresh, and its \
+         migrations counted by a perf counter from attach"
+    )
 }
 
 /// The program for `fields` (their places in `struct task_struct`, in [`FIELDS`]' order).
