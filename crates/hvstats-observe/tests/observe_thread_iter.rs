@@ -5,6 +5,9 @@
 //! source). Needs root; without the iterator it says "skipped", and fails under
 //! `HVSTATS_REQUIRE_KVM=1`.
 
+// Test set-up: a failed step is the test's failure, reported by the panic.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod observe_support;
 
 use std::time::{Duration, Instant};

@@ -131,7 +131,7 @@ impl TaskIterProgram {
 
 /// The task iterator program this process shares between its VMs, loaded at the first call:
 /// `None` where it cannot be (without CAP_BPF and CAP_PERFMON, a kernel before 6.1), said once
-/// with why and what is read instead ([`crate::counting::full_notes`]).
+/// with why and what is read instead ([`take_fallback_note`]).
 pub fn shared() -> Option<&'static TaskIterProgram> {
     static SHARED: std::sync::OnceLock<Option<TaskIterProgram>> = std::sync::OnceLock::new();
     SHARED
@@ -142,9 +142,20 @@ pub fn shared() -> Option<&'static TaskIterProgram> {
                 ProcessTasks::open(&program, std::process::id() as i32).map_err(TaskIterError::Link)?;
                 Ok(program)
             });
-            tried.map_err(|e| crate::counting::note(fallback_said(&e))).ok()
+            tried
+                .map_err(|e| *FALLBACK.lock().unwrap_or_else(|e| e.into_inner()) = Some(fallback_said(&e)))
+                .ok()
         })
         .as_ref()
+}
+
+/// That the task iterator could not be loaded, not said yet.
+static FALLBACK: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+/// What [`shared`] found, to be said once: why the iterator could not be loaded, and what is
+/// read instead (given with [`crate::counting::full_notes`]).
+pub(crate) fn take_fallback_note() -> Option<String> {
+    FALLBACK.lock().unwrap_or_else(|e| e.into_inner()).take()
 }
 
 /// What the observer does without the task iterator, and why: a refusal for want of
