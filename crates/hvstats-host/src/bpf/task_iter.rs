@@ -100,6 +100,9 @@ pub enum TaskIterError {
     /// The kernel refused to link it to a process (no process filter before Linux 6.1).
     #[error("the task iterator cannot be linked to one process: {0}")]
     Link(io::Error),
+    /// This process is in a PID namespace of its own: the kernel's thread ids are not its.
+    #[error("this process's PID namespace is not the host's: the kernel's thread ids are not /proc's")]
+    Namespace,
 }
 
 /// The loaded task iterator program, shared by every process's link.
@@ -137,10 +140,13 @@ pub fn shared() -> Option<&'static TaskIterProgram> {
     SHARED
         .get_or_init(|| {
             // A process filter is tried on this process: kernels before 6.1 load the program
-            // and refuse the filter.
+            // and refuse the filter; and a record names a thread as the kernel's first PID
+            // namespace does, which must be this process's for its ids to be /proc's.
             let tried = TaskIterProgram::load().and_then(|program| {
-                ProcessTasks::open(&program, std::process::id() as i32).map_err(TaskIterError::Link)?;
-                Ok(program)
+                let me = std::process::id() as i32;
+                let mut tasks = ProcessTasks::open(&program, me).map_err(TaskIterError::Link)?;
+                let walked = tasks.read().map_err(TaskIterError::Link)?.any(|t| t.tid == me);
+                walked.then_some(program).ok_or(TaskIterError::Namespace)
             });
             tried
                 .map_err(|e| *FALLBACK.lock().unwrap_or_else(|e| e.into_inner()) = Some(fallback_said(&e)))
