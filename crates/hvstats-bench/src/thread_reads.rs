@@ -4,7 +4,9 @@
 //! iterator over the process's threads (`hvstats_host::bpf::task_iter`); the `proc_files_ns`
 //! fact is its fallback, every source an observed vCPU thread has
 //! ([`hvstats_sources::OBSERVED_THREAD_SOURCES`]: its schedstat and `stat`, opened and read each
-//! refresh). The `us_per_vm_of_4` fact is what ours costs a VM of 4 vCPUs.
+//! refresh). The `us_per_vm_of_4` fact is what ours costs a VM of 4 vCPUs by the thread;
+//! `small_walk_us` is a whole walk of this process while it has few threads
+//! (`small_walk_threads`): what a small VM's refresh costs, whatever its threads.
 
 use std::os::unix::fs::FileExt;
 
@@ -28,9 +30,25 @@ pub fn thread_reads_row(plan: &Plan<'_>) -> Row {
     }
 }
 
+/// CPU µs of one task-iterator walk of this process while it has few threads (what a refresh
+/// costs a small VM, whatever it reads per thread), and how many threads it walked.
+fn small_walk(pid: i32) -> Option<(f64, f64)> {
+    let program = hvstats_host::bpf::task_iter::shared()?;
+    let mut tasks = hvstats_host::bpf::task_iter::ProcessTasks::open(program, pid).ok()?;
+    let mut samples = Vec::new();
+    let mut walked = 0;
+    for _ in 0..50 {
+        let start = CpuClock::now();
+        walked = tasks.read().ok()?.count();
+        samples.push(ns_per(start, 1) / 1e3);
+    }
+    Some((crate::row::Spread::of(&samples).median, walked as f64))
+}
+
 fn measure(plan: &Plan<'_>) -> Result<Row, String> {
-    let threads = Parked::spawn(THREADS)?;
     let pid = std::process::id() as i32;
+    let (small_walk_us, small_walk_threads) = small_walk(pid).unwrap_or((f64::NAN, 0.0));
+    let threads = Parked::spawn(THREADS)?;
     let procfs = std::path::Path::new("/proc");
     let mut sources: Vec<Box<dyn VpSource>> = threads
         .tids
@@ -91,6 +109,8 @@ fn measure(plan: &Plan<'_>) -> Result<Row, String> {
             ("sources_per_thread", sources.len() as f64 / THREADS as f64),
             ("task_iterator", f64::from(u8::from(task_iterator))),
             ("proc_files_ns", proc_files_ns),
+            ("small_walk_us", small_walk_us),
+            ("small_walk_threads", small_walk_threads),
             ("us_per_vm_of_4", per_thread * 4.0 / 1e3),
         ],
     })
