@@ -586,6 +586,7 @@ catalog! {
             "The total number of page table allocations in the virtual TLB.";
         Release 39 LOGICAL_PROCESSOR_MIGRATIONS "Logical processor migrations/sec", Count, Rate,
             By(PerfSoftware(PerfSoftwareEvent::CpuMigrations), "cpu-migrations of the VP thread"),
+            observed By(PerfSoftware(PerfSoftwareEvent::CpuMigrations), "the vCPU thread's migrations from its start (the kernel's se.nr_migrations, read by the task iterator: source thread-iter); where the iterator cannot be loaded, a cpu-migrations perf counter on the thread, from attach (source thread-clock)"),
             "The total number of migrations by the virtual processor to a different logical processor.";
         Release 40 ADDRESS_SPACE_EVICTIONS "Address space evictions/sec", Count, Rate,
             No(NO_VTLB),

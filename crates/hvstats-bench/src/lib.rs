@@ -24,7 +24,8 @@
 //! costs a guest ([`observe_fleet`]); how the observer's CPU, memory and descriptors grow from 64
 //! to 1,024 VMs of 4 vCPU threads ([`observe_scale`]); how long a restarted observer takes to
 //! adopt 4,096 kept rows ([`restart`]); what the per-thread reads of a refresh cost a vCPU thread
-//! ([`thread_reads`]); the userspace exit with accounting on against off; a
+//! ([`thread_reads`]); a host's context switch with the observer running against without
+//! ([`context_switch`]); the userspace exit with accounting on against off; a
 //! hypercall against a plain exit; how long SIGTERM takes to end `observe --all` and `serve
 //! --observe-all` with a VM attached, against the same binary's `serve` alone ([`shutdown`]).
 //!
@@ -37,6 +38,7 @@
 pub mod authority;
 pub mod chart;
 pub mod client;
+pub mod context_switch;
 pub mod counting_cost;
 pub mod default_scrape;
 mod error;
@@ -148,6 +150,9 @@ pub fn run(options: &Options, progress: &dyn Progress) -> Result<Vec<Row>, Bench
         rows.push(thread_reads::thread_reads_row(&plan));
     }
     rows.extend(observe_scale::observe_scale_rows(&plan, &kvm, &wanted));
+    if wanted(context_switch::ROW) {
+        rows.push(context_switch::context_switch_row(&plan, &kvm));
+    }
     let restart = restart::row_name();
     if wanted(&restart) {
         rows.push(restart::restart_row(&plan, restart.leak()));

@@ -153,7 +153,7 @@ impl Fleet {
 }
 
 /// A VMM of [`VCPUS_EACH`] vCPUs paced at [`INTERVAL`], once it said it is ready.
-fn start_vmm(vmm: &Path) -> Result<Child, String> {
+pub(crate) fn start_vmm(vmm: &Path) -> Result<Child, String> {
     let pace = INTERVAL.as_millis().to_string();
     let mut child = Command::new(vmm)
         .args([VCPUS_EACH.to_string().as_str(), pace.as_str()])
@@ -223,7 +223,7 @@ fn descriptors(pid: i32) -> [f64; 4] {
 }
 
 /// The VMs and vCPUs the observer publishes in runtime directory `dir`.
-fn published(dir: &Path) -> (usize, usize) {
+pub(crate) fn published(dir: &Path) -> (usize, usize) {
     match hvstats_present::live::Live::new(Some(dir.to_owned())).read() {
         Ok(reading) => (reading.instances.iter().map(|i| i.partitions.len()).sum(), reading.vp_count()),
         Err(_) => (0, 0),

@@ -108,13 +108,17 @@ struct Voice {
 }
 
 impl Voice {
-    /// Says the lines of a tick's `events` that the limiter lets through, as the budget has room.
+    /// Says the lines of a tick's `events` that the limiter lets through, as the budget has room;
+    /// what the host lacks and the costlier method it falls back to (each said once by its
+    /// maker) are said whatever the budget, so that a flood of VMs never silences them.
     fn events(&mut self, events: &[ObserverEvent], log: &dyn Fn(&str)) {
         let now = Instant::now();
         for event in events {
             self.budget.note(event);
+            let once =
+                matches!(event, ObserverEvent::CapabilityMissing(_) | ObserverEvent::PastEngineRows(_));
             if let Some(line) = self.limiter.line(event, now)
-                && self.budget.admit(now)
+                && (once || self.budget.admit(now))
             {
                 log(&line);
             }

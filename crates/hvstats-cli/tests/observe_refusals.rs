@@ -274,3 +274,41 @@ fn past_the_engines_rows_the_fallback_is_said_once_and_the_vm_names_its_costlier
     drop(observer);
     drop(vmm);
 }
+
+#[test]
+fn the_vcpu_threads_are_read_by_the_task_iterator_and_without_it_the_fallback_is_said_once() {
+    let test = "the_vcpu_threads_are_read_by_the_task_iterator_and_without_it_the_fallback_is_said_once";
+    if !kvm_available(test) || !setpriv_present(test) {
+        return;
+    }
+    let _host = host_wide();
+    let name = format!("iter-{}", std::process::id());
+    let vmm = nobody_vmm(&name, 2);
+    let pid = vmm.pid();
+    // The unit's capabilities: the threads' accounting is one walk of the VMM's threads, the
+    // migrations with it; no thread clock.
+    let tmp = TempDir::new("observe-thread-iter");
+    let observer = observe_without("none", &["--vm", &name, "--interval", "0.2"], tmp.path());
+    let s = snapshot_until(tmp.path(), "the threads read by the task iterator", |s| {
+        partition_of(s, pid).is_some_and(|p| source_up(p, "thread-iter") == Some(true))
+    });
+    let p = partition_of(&s, pid).unwrap();
+    assert_eq!((source_up(p, "thread"), source_up(p, "thread-clock")), (None, None), "{p:#}");
+    assert!(observer.lines_with("task iterator").is_empty(), "nothing to say: {:?}", observer.lines_with(""));
+    drop(observer);
+    // Without CAP_BPF: the /proc files and the thread clock's perf counter, said once.
+    let tmp = TempDir::new("observe-thread-iter-fallback");
+    let observer = observe_without("bpf", &["--vm", &name, "--interval", "0.2"], tmp.path());
+    let said = observer.wait_line("task iterator cannot be loaded");
+    assert!(said.contains("in-kernel counting: ") && said.contains("CAP_BPF and CAP_PERFMON"), "{said}");
+    assert!(said.contains("/proc files") && said.contains("perf counter from attach"), "{said}");
+    let s = snapshot_until(tmp.path(), "the threads read from /proc", |s| {
+        partition_of(s, pid).is_some_and(|p| source_up(p, "thread") == Some(true))
+    });
+    let p = partition_of(&s, pid).unwrap();
+    assert_eq!((source_up(p, "thread-iter"), source_up(p, "thread-clock")), (None, Some(true)), "{p:#}");
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(observer.lines_with("task iterator").len(), 0, "said once");
+    drop(observer);
+    drop(vmm);
+}

@@ -214,9 +214,12 @@ pub fn kept_notes() -> Vec<String> {
 }
 
 /// What the engines found past their rows since the last call, to be said once: the first thread
-/// of each engine counted by perf counters for want of a row, with the numbers.
+/// of each engine counted by perf counters for want of a row, with the numbers; and that the
+/// threads' accounting is read from `/proc` because the task iterator could not be loaded.
 pub fn full_notes() -> Vec<String> {
-    std::mem::take(&mut *FULL_NOTES.lock().unwrap_or_else(|e| e.into_inner()))
+    let mut notes = std::mem::take(&mut *FULL_NOTES.lock().unwrap_or_else(|e| e.into_inner()));
+    notes.extend(crate::bpf::task_iter::take_fallback_note());
+    notes
 }
 
 /// The rows `HVSTATS_ENGINE_ROWS` asks engines to hold instead of what the host is sized for

@@ -74,7 +74,8 @@ pub(crate) const NEEDED: &[Needed] = &[
         or: Some(SYS_ADMIN),
         costs: "tracepoints cannot be counted in the kernel: each vCPU thread holds a perf counter per \
                 tracepoint instead (more descriptors, a higher cost to the guest, fewer VMs within the \
-                open file limit)",
+                open file limit), and the vCPU threads' accounting is read from two /proc files a thread \
+                each refresh, their migrations by a perf counter a thread",
         hides: None,
     },
 ];

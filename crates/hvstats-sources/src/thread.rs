@@ -215,6 +215,40 @@ impl VpSource for ObservedSched {
     }
 }
 
+/// An observed vCPU thread's accounting from one walk of the kernel's task iterator
+/// (`hvstats_host::bpf::task_iter`): what [`ObservedSched`] reads from its `schedstat` and
+/// `stat`, and its migrations, all from the thread's start, read for every thread of the VMM at
+/// once. Its guest time is the kernel's in nanoseconds (`stat` rounds it to clock ticks).
+#[derive(Clone, Copy, Debug)]
+pub struct IteratedThread(pub hvstats_host::bpf::task_iter::TaskSched);
+
+impl CounterSource for IteratedThread {
+    fn name(&self) -> &'static str {
+        "thread-iter"
+    }
+
+    fn gives(&self) -> Gives {
+        let mut gives = thread_gives(|source| {
+            matches!(
+                source,
+                Source::ThreadTime(
+                    ThreadTime::Total | ThreadTime::Hypervisor | ThreadTime::CpuWait | ThreadTime::Dispatches
+                ) | Source::PerfSoftware(PerfSoftwareEvent::CpuMigrations)
+            )
+        });
+        gives.vp = gives.vp.union(&CounterSet::of(&FROM_HOST_FAULTS.map(|c| c.id)));
+        gives
+    }
+
+    fn write(&self, _object: Object, page: &SharedPage, only: &CounterSet) {
+        let t = self.0;
+        let times = ThreadTimes { total_100ns: t.run_ns / 100, guest_100ns: t.guest_ns / 100 };
+        let sched = SchedStat { run_ns: t.run_ns, wait_ns: t.wait_ns, dispatches: t.dispatches };
+        write_thread_counts(page, only, Some(times), Some(sched), Some(t.migrations));
+        write_host_faults(page, only, Faults { minor: t.minor_faults, major: t.major_faults });
+    }
+}
+
 /// The schedstat of an observed vCPU thread, counted from the thread's start (`None` when it
 /// cannot be read).
 pub(super) fn open_observed(thread: ObservedThread<'_>) -> Option<Box<dyn VpSource>> {

@@ -38,6 +38,8 @@ pub const HELPER_MAP_LOOKUP_ELEM: i32 = 1;
 pub const HELPER_KTIME_GET_NS: i32 = 5;
 /// Helper `bpf_get_current_pid_tgid`.
 pub const HELPER_GET_CURRENT_PID_TGID: i32 = 14;
+/// Helper `bpf_seq_write` (an iterator program's output; GPL programs only).
+pub const HELPER_SEQ_WRITE: i32 = 127;
 
 /// Memory access sizes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

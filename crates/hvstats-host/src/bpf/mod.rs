@@ -8,6 +8,7 @@
 //! counter per class, each evaluated on every firing. Perf counters remain where BPF is not
 //! permitted.
 
+pub mod btf;
 pub mod engine;
 pub mod filter;
 pub mod insn;
@@ -16,6 +17,7 @@ mod limits;
 pub mod program;
 pub mod raw;
 pub mod sys;
+pub mod task_iter;
 
 pub use engine::{
     Adoption, CarriedColumn, Claim, Context, Engine, EngineError, EngineLayout, MAX_ROWS, MIN_ROWS,

@@ -25,6 +25,11 @@ pub const MAP_PERCPU_ARRAY: u32 = 6;
 const PROG_TRACEPOINT: u32 = 5;
 /// `BPF_PROG_TYPE_RAW_TRACEPOINT`.
 const PROG_RAW_TRACEPOINT: u32 = 17;
+/// `BPF_PROG_TYPE_TRACING`.
+const PROG_TRACING: u32 = 26;
+/// `BPF_TRACE_ITER`: a tracing program run by a BPF iterator.
+const ATTACH_TRACE_ITER: u32 = 28;
+const CMD_ITER_CREATE: libc::c_int = 33;
 const CMD_RAW_TRACEPOINT_OPEN: libc::c_int = 17;
 const CMD_OBJ_PIN: libc::c_int = 6;
 const CMD_OBJ_GET: libc::c_int = 7;
@@ -373,10 +378,31 @@ impl Program {
         Ok(attr.get_u32(4))
     }
 
+    /// Loads `insns` as a task iterator program (a tracing program of `BPF_TRACE_ITER` attached
+    /// to `bpf_iter_task`, whose type id in the kernel's BTF is `iter_task`): its context is
+    /// `struct bpf_iter__task` (the seq_file's meta, then the task or null).
+    ///
+    /// # Errors
+    /// As [`load_tracepoint`](Self::load_tracepoint).
+    pub(crate) fn load_task_iter(insns: &[u64], iter_task: u32) -> Result<Self, LoadError> {
+        Self::load_attached(PROG_TRACING, insns, Some((ATTACH_TRACE_ITER, iter_task)))
+    }
+
     fn load(kind: u32, insns: &[u64]) -> Result<Self, LoadError> {
+        Self::load_attached(kind, insns, None)
+    }
+
+    /// Loads a program of `kind`, attached where `attach` says (its expected attach type and the
+    /// BTF id of what it attaches to). The license is GPL: the helpers hvstats calls from a
+    /// tracing program (`bpf_seq_write`) are given to GPL programs only.
+    fn load_attached(kind: u32, insns: &[u64], attach: Option<(u32, u32)>) -> Result<Self, LoadError> {
         let license = c"GPL";
+        let (expected, btf_id) = attach.unwrap_or((0, 0));
         let attempt = |log: &mut [u8], level: u32| {
             Attr::new()
+                // struct bpf_attr's prog load: expected_attach_type @68, attach_btf_id @108.
+                .u32_at(68, expected)
+                .u32_at(108, btf_id)
                 .u32_at(0, kind)
                 .u32_at(4, insns.len() as u32)
                 .u64_at(8, insns.as_ptr() as u64)
@@ -495,6 +521,48 @@ impl Attachment {
             return Err(io::Error::last_os_error());
         }
         Ok(owned(fd))
+    }
+}
+
+/// A task iterator program linked to the threads of one process: each
+/// [`walk`](Self::walk) runs the program once for every thread of it, in the kernel, and gives
+/// what the program wrote, in one read of a few system calls whatever the number of threads.
+#[derive(Debug)]
+pub(crate) struct TaskIterLink {
+    link: OwnedFd,
+}
+
+impl TaskIterLink {
+    /// Links `program` (a task iterator's) to the threads of process `pid` (the task
+    /// iterator's `pid` filter, Linux 6.1 and later: `bpf_iter_link_info.task.pid`).
+    ///
+    /// # Errors
+    /// What `bpf(BPF_LINK_CREATE)` returns (EINVAL before 6.1, ESRCH: no such process).
+    pub(crate) fn of_process(program: &Program, pid: i32) -> io::Result<Self> {
+        // union bpf_iter_link_info: task { tid, pid, pid_fd }.
+        let info: [u32; 3] = [0, pid as u32, 0];
+        // struct bpf_attr.link_create: prog_fd @0, target_fd @4, attach_type @8, flags @12,
+        // iter_info @16, iter_info_len @24.
+        let fd = Attr::new()
+            .u32_at(0, program.fd.as_raw_fd() as u32)
+            .u32_at(8, ATTACH_TRACE_ITER)
+            .u64_at(16, info.as_ptr() as u64)
+            .u32_at(24, std::mem::size_of_val(&info) as u32)
+            .call(CMD_LINK_CREATE)?;
+        Ok(Self { link: owned(fd) })
+    }
+
+    /// Runs the iterator over the process's threads, appending what the program wrote to `out`
+    /// (cleared first).
+    ///
+    /// # Errors
+    /// What `bpf(BPF_ITER_CREATE)` or reading it returns.
+    pub(crate) fn walk(&self, out: &mut Vec<u8>) -> io::Result<()> {
+        out.clear();
+        let fd = Attr::new().u32_at(0, self.link.as_raw_fd() as u32).call(CMD_ITER_CREATE)?;
+        let iter = std::fs::File::from(owned(fd));
+        io::Read::read_to_end(&mut &iter, out)?;
+        Ok(())
     }
 }
 

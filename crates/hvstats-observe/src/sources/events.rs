@@ -97,11 +97,13 @@ impl ThreadCost {
         let in_rows = self.in_rows(threads);
         match self.rows {
             None => format!(
-                "{} per vCPU thread: a perf counter per tracepoint and the thread clock's",
+                "{} per vCPU thread: a perf counter per tracepoint, and for migrations the thread \
+                 clock's unless the task iterator counts them",
                 self.per_thread
             ),
             Some(_) if in_rows == threads => format!(
-                "{} per vCPU thread: tracepoints counted in the kernel, the thread clock's",
+                "{} per vCPU thread: tracepoints counted in the kernel, and for migrations the thread \
+                 clock's unless the task iterator counts them",
                 self.per_thread
             ),
             Some((rows, free)) => format!(
@@ -350,7 +352,8 @@ mod tests {
 
     #[test]
     fn admission_counts_each_thread_by_the_method_it_gets_and_a_refusal_says_which() {
-        // Counting in the kernel: a 1,024-vCPU VM needs the thread clock's descriptor a thread.
+        // Counting in the kernel: a 1,024-vCPU VM needs at most the thread clock's descriptor a
+        // thread (none where the task iterator counts the migrations: 1 still, at least).
         let in_kernel = ThreadCost { per_thread: 1, past_rows: 44, rows: Some((4096, 4096)) };
         assert_eq!(in_kernel.descriptors(1024), 1024);
         assert_eq!(in_kernel.threads_within(19_673), 4096 + (19_673 - 4096) / 44);

@@ -13,14 +13,14 @@
 //!   where [`pod_libvirt`]'s rule binds it to the VMM;
 //! - [`events`]: KVM's tracepoints, counted per thread from attach on (in the kernel where BPF is
 //!   permitted), written by the event writers of [`tracepoints`], [`exit_classes`] and [`hyperv`];
-//! - [`thread_clock`]: the vCPU threads' migrations, a perf software event on the same threads,
-//!   which always counts from attach;
+//! - [`thread_clock`]: where the kernel's task iterator cannot be loaded, the vCPU threads'
+//!   migrations, a perf software event on the same threads, which counts from attach;
 //! - [`qmp_stats`]: KVM's statistics through QEMU's QMP `query-stats`, the VM's run state, and
 //!   QMP's knowledge of the vCPU threads and the VM's name; its session heals;
-//! - [`threads`]: the sources that read a vCPU thread from outside its process (schedstat and
-//!   guest time: run time, hypervisor time, CPU wait and dispatches; the host's page faults on
-//!   it), opened on each vCPU thread once it is known, counting from the thread's start as the
-//!   kernel keeps them.
+//! - [`threads`]: what the kernel keeps of each vCPU thread from its start (run time, hypervisor
+//!   time, CPU wait, dispatches, the host's page faults on it, and the migrations too where it is
+//!   read by the kernel's task iterator, `thread-iter`: one walk of the VMM's threads a refresh),
+//!   or else read from each vCPU thread's `/proc` files (`thread`).
 //!
 //! Every source that carries KVM's statistics maps them to counters through [`kvm_stat_map`].
 //!
@@ -55,9 +55,10 @@ type OpenVm = fn(&VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveErro
 /// give: KVM's own statistics first, whole-life, by how little reading them costs the guest and
 /// the host (the VMM's open descriptors, then libvirt, then QMP), then what is counted from attach in the kernel
 /// (tracepoints, and on VMX/SVM hosts exits by reason, which give a class's count and time where
-/// no KVM statistic does), then the threads' migrations, then the threads' own files. One source
-/// has one origin: the migrations, which no kernel object keeps across observers, are not the
-/// events source's, and the threads' files count from the thread's start.
+/// no KVM statistic does), then the threads' migrations by perf counters (only where the task
+/// iterator cannot read the kernel's), then the threads' own accounting. One source
+/// has one origin: the migrations a perf counter counts, which nothing keeps across observers,
+/// are not the events source's, and the threads' accounting counts from the thread's start.
 pub const VM_SOURCES: &[OpenVm] =
     &[stats_fd::open, libvirt_stats::open, qmp_stats::open, events::open, thread_clock::open, threads::open];
 
@@ -72,18 +73,24 @@ pub(crate) fn vm_event_list(options: &crate::attach::ObserveOptions) -> crate::t
     }
 }
 
-/// Descriptors each counted thread of a VMM holds, by the method `events` are counted with: a
-/// perf counter per event not counted in the kernel (none where the in-kernel tally counts them
-/// all), and the thread clock's (one: migrations). What admitting a VM costs per thread
-/// ([`VmAttach::per_thread`]).
-pub(crate) fn descriptors_per_thread(events: &crate::thread_counters::EventList) -> usize {
-    events.perf_events_per_thread() + thread_clock::events().len()
+/// Descriptors each counted thread of a VMM seen through `procfs` holds, by the method `events`
+/// are counted with: a perf counter per event not counted in the kernel (none where the in-kernel
+/// tally counts them all), and the thread clock's (one: migrations; none where the task
+/// iterator reads them). What admitting a VM costs per thread ([`VmAttach::per_thread`]).
+pub(crate) fn descriptors_per_thread(
+    events: &crate::thread_counters::EventList,
+    procfs: &crate::discovery::Procfs,
+) -> usize {
+    events.perf_events_per_thread() + thread_clock::events_for(procfs).len()
 }
 
 /// Descriptors a thread past the in-kernel engine's rows holds: a perf counter per event of
 /// `events` and the thread clock's ([`VmAttach::past_rows_per_thread`]).
-pub(crate) fn descriptors_past_rows(events: &crate::thread_counters::EventList) -> usize {
-    events.perf_events_without_row() + thread_clock::events().len()
+pub(crate) fn descriptors_past_rows(
+    events: &crate::thread_counters::EventList,
+    procfs: &crate::discovery::Procfs,
+) -> usize {
+    events.perf_events_without_row() + thread_clock::events_for(procfs).len()
 }
 
 impl<'a> VmAttach<'a> {
@@ -100,8 +107,8 @@ impl<'a> VmAttach<'a> {
         superseded: &'a [std::os::fd::OwnedFd],
     ) -> Self {
         let events = vm_event_list(options);
-        let per_thread = descriptors_per_thread(&events);
-        let past_rows_per_thread = descriptors_past_rows(&events);
+        let per_thread = descriptors_per_thread(&events, procfs);
+        let past_rows_per_thread = descriptors_past_rows(&events, procfs);
         Self { procfs, pid, fds, options, room, events, per_thread, past_rows_per_thread, qmp, superseded }
     }
 }

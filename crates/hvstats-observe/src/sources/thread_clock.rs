@@ -1,8 +1,10 @@
-//! The thread clock source: each vCPU thread's migrations between host CPUs. The kernel keeps no
-//! count of them a reader may have (`/proc/<pid>/task/<tid>/sched` exists only with
+//! The thread clock source: each vCPU thread's migrations between host CPUs where the kernel's
+//! task iterator cannot read them. The kernel's own count (`se.nr_migrations`) is read by the
+//! [`super::threads`] source's task iterator, from the thread's start, where it loads; elsewhere
+//! no file gives it to a reader (`/proc/<pid>/task/<tid>/sched` exists only with
 //! `CONFIG_SCHED_DEBUG`), so they are a perf software event on the thread, which no kernel object
-//! keeps once the observer is gone: they count from attach. (The threads' run and hypervisor
-//! time, which the kernel keeps from the thread's start, are the [`super::threads`] source's.)
+//! keeps once the observer is gone: they count from attach, and this source is not opened
+//! where the task iterator counts ([`events_for`]).
 //!
 //! It counts on the VMM's threads as the events source does ([`super::events`]): every thread
 //! at attach (the vCPU threads are not known yet, and a VM attached while paused must be counted
@@ -39,6 +41,12 @@ fn event_of(source: Source) -> Option<usize> {
     }
 }
 
+/// The events it counts on each thread of a VM seen through `procfs`: none where the threads
+/// source reads the migrations with the kernel's task iterator.
+pub fn events_for(procfs: &crate::discovery::Procfs) -> Vec<EventSpec> {
+    if super::threads::iterated(procfs) { Vec::new() } else { events() }
+}
+
 /// The thread clocks of one VM.
 #[derive(Debug)]
 pub struct ThreadClock {
@@ -49,13 +57,16 @@ pub struct ThreadClock {
     counted: Vec<bool>,
 }
 
-/// Opens the thread clocks: counters on every thread of the VMM (the threads known to run a
+/// Opens the thread clocks (none where the task iterator counts): counters on every thread of the VMM (the threads known to run a
 /// vCPU first), as many as the events source counts on ([`vmm_threads`]).
 ///
 /// # Errors
 /// When the descriptors left cannot hold a counter group per vCPU, or the threads cannot be
 /// listed.
 pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError> {
+    if events_for(at.procfs).is_empty() {
+        return Ok(None);
+    }
     let (max_threads, first) = vmm_threads(at)?;
     // Software events are perf counters everywhere: asking for no in-kernel tally spares one.
     let events = EventList::with_method(events(), Method::Perf);

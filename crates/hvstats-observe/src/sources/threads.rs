@@ -1,9 +1,16 @@
-//! The sources that read a vCPU thread from outside its process (its schedstat and guest time,
-//! the host's page faults on it: [`OBSERVED_THREAD_SOURCES`]), opened on each vCPU thread as the
-//! observer finds it and composed as one source of the VM. A counter is given only when every
-//! vCPU's thread has a source that gives it. They count what the kernel keeps for the thread from
-//! its start ([`Origin::ThreadStart`]): a new observer continues them, and a VP whose thread is
-//! replaced (a VMM that made a new thread for it) counts from the new thread's start.
+//! What the kernel keeps of each vCPU thread from its start: run time, hypervisor time, CPU
+//! wait, dispatches, migrations and the host's page faults on it ([`Origin::ThreadStart`]): a new
+//! observer continues them, and a VP whose thread is replaced (a VMM that made a new thread for
+//! it) counts from the new thread's start. A counter is given only when every vCPU's thread
+//! gives it.
+//!
+//! Where the kernel's task iterator loads (`hvstats_host::bpf::task_iter`, CAP_BPF and
+//! CAP_PERFMON), the source is `thread-iter`: one walk of the VMM's threads in the kernel a
+//! refresh, one descriptor a VM, whatever its vCPUs, and the migrations too (from the thread's
+//! start, so the thread clock's perf counters are not opened). Elsewhere it is `thread`: the
+//! sources that read a vCPU thread's `/proc` files ([`OBSERVED_THREAD_SOURCES`]), opened on
+//! each vCPU thread as the observer finds it, each read every refresh, and the migrations are the
+//! thread clock's ([`super::thread_clock`]); the fallback is said once.
 
 use std::collections::BTreeMap;
 
@@ -13,30 +20,70 @@ use hvstats_abi::vm_sources::Origin;
 
 use super::vm_source::{Learned, VmAttach, VmSource, VmView};
 use crate::attach::ObserveError;
+use hvstats_host::bpf::task_iter::{self, ProcessTasks};
 use hvstats_sources::OBSERVED_THREAD_SOURCES;
 use hvstats_sources::counter_source::{CounterSource, Gives, Object, ObservedThread, VpSource};
+use hvstats_sources::thread::IteratedThread;
 
-/// The thread sources of each vCPU, by VP index, and the thread they were opened on.
+/// The thread sources of each vCPU, by VP index, and the thread they were opened on; or the
+/// VMM's task iterator and each vCPU thread's last record.
 #[derive(Debug)]
 pub struct Threads {
     vcpus: usize,
     opened: BTreeMap<u32, (i32, Vec<Box<dyn VpSource>>)>,
+    iterated: Option<(ProcessTasks, BTreeMap<u32, IteratedThread>)>,
 }
 
-/// The thread sources of a VM's vCPUs (opened as each thread is found).
+/// True when the vCPU threads of a VM seen through `procfs` are read by the kernel's task
+/// iterator: the host's own `/proc` (the iterator numbers threads as this process sees them) and
+/// an iterator loaded.
+pub fn iterated(procfs: &crate::discovery::Procfs) -> bool {
+    procfs.root() == std::path::Path::new("/proc") && task_iter::shared().is_some()
+}
+
+/// Descriptors the source holds for a VM seen through `procfs`: its task iterator's link, or
+/// none (the `/proc` files are opened for each reading).
+pub fn descriptors_per_vm(procfs: &crate::discovery::Procfs) -> usize {
+    usize::from(iterated(procfs))
+}
+
+/// The thread sources of a VM's vCPUs: the VMM's task iterator, or the `/proc` sources of each
+/// vCPU thread, opened as each thread is found.
 ///
 /// # Errors
 /// Never.
 pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError> {
-    Ok(Some(Box::new(Threads { vcpus: at.fds.vcpus.len(), opened: BTreeMap::new() })))
+    let iterated = task_iter::shared()
+        .filter(|_| iterated(at.procfs))
+        .and_then(|program| ProcessTasks::open(program, at.pid).ok())
+        .map(|tasks| (tasks, BTreeMap::new()));
+    Ok(Some(Box::new(Threads { vcpus: at.fds.vcpus.len(), opened: BTreeMap::new(), iterated })))
+}
+
+impl Threads {
+    /// One walk of the VMM's threads: each vCPU thread's record (a thread gone keeps its last).
+    fn walk(&mut self, vm: &VmView<'_>) {
+        let Some((tasks, records)) = self.iterated.as_mut() else { return };
+        let vcpus: BTreeMap<i32, u32> = vm.threads().map(|(index, tid)| (tid, index)).collect();
+        let Ok(walked) = tasks.read() else { return };
+        for task in walked {
+            if let Some(&index) = vcpus.get(&task.tid) {
+                records.insert(index, IteratedThread(task));
+            }
+        }
+    }
 }
 
 impl CounterSource for Threads {
     fn name(&self) -> &'static str {
-        "thread"
+        if self.iterated.is_some() { "thread-iter" } else { "thread" }
     }
 
     fn gives(&self) -> Gives {
+        if let Some((_, records)) = &self.iterated {
+            let all = records.len() >= self.vcpus && self.vcpus > 0;
+            return records.values().next().filter(|_| all).map_or(Gives::NOTHING, CounterSource::gives);
+        }
         if self.opened.len() < self.vcpus {
             return Gives::NOTHING;
         }
@@ -53,6 +100,12 @@ impl CounterSource for Threads {
 
     fn write(&self, object: Object, page: &SharedPage, only: &CounterSet) {
         let Object::Vp(index) = object else { return };
+        if let Some((_, records)) = &self.iterated {
+            if let Some(record) = records.get(&index) {
+                record.write(object, page, only);
+            }
+            return;
+        }
         let Some((_, sources)) = self.opened.get(&index) else { return };
         for source in sources {
             let mine = source.gives().vp;
@@ -67,6 +120,10 @@ impl VmSource for Threads {
     }
 
     fn read(&mut self, vm: &VmView<'_>) -> Learned {
+        if self.iterated.is_some() {
+            self.walk(vm);
+            return Learned::holding(1);
+        }
         for (index, tid) in vm.threads() {
             let fresh = self.opened.get(&index).is_none_or(|(was, _)| *was != tid);
             if fresh {
