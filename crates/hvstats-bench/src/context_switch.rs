@@ -9,6 +9,8 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use hvstats_host::bpf::keep;
+
 use crate::observe_scale::{published, start_vmm};
 use crate::row::{Pace, Plan, Rounds, Row};
 use crate::shutdown::{Hvstats, binary, hvstats_binary, root};
@@ -46,6 +48,10 @@ fn measure(plan: &Plan<'_>, hvstats: &Path, vmm: &Path) -> Result<Row, String> {
         }
         let ns = ping_pong()?;
         drop(observer);
+        // It kept its counts of the VM, still running, for a successor that never comes.
+        if let Ok(kept) = keep::identity_dir(dir.path()) {
+            keep::remove_tree(&kept);
+        }
         Ok(ns)
     };
     let mut rounds = Rounds::default();
