@@ -45,6 +45,9 @@ fn fake_vmm() {
     common::fake_vmm_body();
 }
 
+/// The sandbox id of the Kata stand-in.
+const KATA_SANDBOX: &str = "3f1c0a9e7b2d4c6e8a0b1c2d3e4f5a6b";
+
 /// The pod UID the KubeVirt stand-in's cgroup names.
 const POD_UID: &str = "6f2b1c3e-4d5a-4b6c-8d7e-9f0a1b2c3d4e";
 
@@ -55,6 +58,14 @@ fn vmm(program: &'static str, args: &[&str], nobody: bool) -> FakeVmm {
         if nobody {
             as_nobody(command);
         }
+    })
+}
+
+/// As [`vmm`] run by root, its vCPU thread named `thread` and running a guest that leaves it by
+/// an `out` every 10 ms (the KVM descriptors a microVM VMM holds, and exits to count).
+fn running_vmm(program: &'static str, args: &[&str], thread: &str) -> FakeVmm {
+    FakeVmm::spawn_with(args, thread, |command| {
+        command.arg0(program).env(common::FAKE_VMM_PACED, "1");
     })
 }
 
@@ -95,8 +106,13 @@ fn platform_vms_get_their_platforms_labels_and_forged_command_lines_do_not() {
     pod.add(launcher.pid());
     let forged_kubevirt =
         vmm("qemu-system-x86_64", &["-name", "guest=prod_db", kubevirt[2], kubevirt[3]], true);
-    let ch = vmm("cloud-hypervisor", &["--api-socket", "path=/run/ch/web-ch.sock"], false);
-    let pids = [&pve, &forged_pve, &launcher, &forged_kubevirt, &ch].map(|v| v.pid().to_string());
+    // The microVM VMMs as each names its vCPU threads: Cloud Hypervisor `vcpu0`, Firecracker
+    // `fc_vcpu 0`; and Kata's Cloud Hypervisor, its API socket in the sandbox's directory.
+    let ch = running_vmm("cloud-hypervisor", &["--api-socket", "path=/run/ch/web-ch.sock"], "vcpu0");
+    let fc = running_vmm("firecracker", &["--api-sock", "/run/fc/fc.sock", "--id", "fc-vm-1"], "fc_vcpu 0");
+    let kata_api = format!("path=/run/vc/vm/{KATA_SANDBOX}/clh-api.sock");
+    let kata = running_vmm("cloud-hypervisor", &["--api-socket", &kata_api], "vcpu0");
+    let pids = [&pve, &forged_pve, &launcher, &forged_kubevirt, &ch, &fc, &kata].map(|v| v.pid().to_string());
     let mut args = vec!["observe", "--interval", "0.2"];
     for pid in &pids {
         args.extend(["--pid", pid]);
@@ -120,6 +136,22 @@ fn platform_vms_get_their_platforms_labels_and_forged_command_lines_do_not() {
     }
     let line = vm_info(tmp.path(), ch.pid(), |_| true);
     assert!(line.contains("vm=\"web-ch\"") && !line.contains("platform="), "{line}");
+    let line = vm_info(tmp.path(), fc.pid(), |_| true);
+    assert!(line.contains("vm=\"fc-vm-1\"") && line.contains("vmm=\"firecracker\""), "{line}");
+    let line = vm_info(tmp.path(), kata.pid(), |l| l.contains("platform="));
+    for label in
+        [&format!("vm=\"{KATA_SANDBOX}\""), "platform=\"kata\"", &format!("sandbox_id=\"{KATA_SANDBOX}\"")]
+    {
+        assert!(line.contains(label), "{label} not in {line}");
+    }
+    // Each microVM's guest is counted as any KVM VM's: its port writes, by the tracepoints.
+    for name in ["web-ch", "fc-vm-1", KATA_SANDBOX] {
+        snapshot_until(tmp.path(), name, |s| {
+            partition(s, name)
+                .and_then(|p| p["vps"][0]["counters"][total("IO instructions/sec")].as_u64())
+                .is_some_and(|n| n > 0)
+        });
+    }
     // The forged ones are observed, named as they name themselves, and get no platform.
     for (forged, name) in [(&forged_pve, "prod_db"), (&forged_kubevirt, "prod_db#2")] {
         let line = vm_info(tmp.path(), forged.pid(), |_| true);

@@ -48,6 +48,15 @@ impl PacedVm {
     /// When `/dev/kvm`, the VM, its memory, a vCPU, a statistics descriptor or a thread cannot be
     /// made.
     pub fn start(vcpus: u64, pace: Duration) -> io::Result<Self> {
+        Self::start_named(vcpus, pace, |index| format!("CPU {index}/KVM"))
+    }
+
+    /// As [`start`](Self::start), its vCPU threads named by `name` (of the vCPU's index), as
+    /// another VMM names them (Firecracker's `fc_vcpu 0`, Cloud Hypervisor's `vcpu0`).
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    pub fn start_named(vcpus: u64, pace: Duration, name: impl Fn(u64) -> String) -> io::Result<Self> {
         let kvm = Kvm::new()?;
         let vm = kvm.create_vm()?;
         let memory = guest_memory(&vm)?;
@@ -57,7 +66,7 @@ impl PacedVm {
             stats.push(open_for(&vcpu)?);
             real_mode(&vcpu)?;
             std::thread::Builder::new()
-                .name(format!("CPU {index}/KVM"))
+                .name(name(index))
                 .stack_size(STACK)
                 .spawn(move || run_paced(vcpu, pace))?;
         }

@@ -375,6 +375,10 @@ pub const FAKE_VMM_COMM: &str = "HVSTATS_TEST_FAKE_VMM_COMM";
 /// thread named `CPU N/KVM` when more than one.
 pub const FAKE_VMM_VCPUS: &str = "HVSTATS_TEST_FAKE_VMM_VCPUS";
 
+/// The environment variable that makes a [`FakeVmm`] (run by root) run its vCPU, leaving the
+/// guest by an `out` every 10 ms, instead of holding an idle one: its exits then move.
+pub const FAKE_VMM_PACED: &str = "HVSTATS_TEST_FAKE_VMM_PACED";
+
 /// The environment variable naming the descriptor of `/dev/kvm` a [`FakeVmm`] run as `nobody`
 /// makes its VM on (opened for it before it became `nobody`).
 const FAKE_VMM_KVM_FD: &str = "HVSTATS_TEST_FAKE_VMM_KVM_FD";
@@ -485,6 +489,28 @@ fn fake_vmm_prefix() -> [&'static str; 4] {
     ["--exact", "fake_vmm", "--ignored", "--"]
 }
 
+/// The body of a paced [`FakeVmm`] ([`FAKE_VMM_PACED`]): its vCPU threads, named `thread_name`
+/// (`<thread_name> N` past one), run a guest that leaves it by an `out` every 10 ms; it says its
+/// first vCPU thread and then waits for its end.
+fn paced_vmm_body(thread_name: &str, vcpus: u64) -> ! {
+    use std::io::Write;
+    let name = |i: u64| if vcpus == 1 { thread_name.to_owned() } else { format!("{thread_name} {i}") };
+    let _vm = hvstats_testkit::PacedVm::start_named(vcpus, std::time::Duration::from_millis(10), name)
+        .expect("a running VM");
+    let first = name(0);
+    let tid = std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .flatten()
+        .find(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim_end() == first))
+        .map(|t| t.file_name().to_string_lossy().into_owned())
+        .expect("the first vCPU thread");
+    let mut out = std::io::stdout();
+    writeln!(out, "fake vmm ready: vcpu thread {tid}").unwrap();
+    out.flush().unwrap();
+    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
+    std::process::exit(0);
+}
+
 /// The body of a [`FakeVmm`]: nothing unless this process was started as one.
 pub fn fake_vmm_body() {
     use std::io::{BufRead, Write};
@@ -499,6 +525,9 @@ pub fn fake_vmm_body() {
         // SAFETY: the descriptor was opened for this process (`as_nobody`) and nothing else owns it.
         unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }
     });
+    if std::env::var_os(FAKE_VMM_PACED).is_some() {
+        paced_vmm_body(&thread_name.to_string_lossy(), vcpus);
+    }
     let _vm = hvstats_testkit::IdleVm::new(kvm, vcpus).expect("a VM");
     let (tid_tx, tid_rx) = std::sync::mpsc::channel();
     for i in 0..vcpus {
