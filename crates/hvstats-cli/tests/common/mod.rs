@@ -497,13 +497,23 @@ fn paced_vmm_body(thread_name: &str, vcpus: u64) -> ! {
     let name = |i: u64| if vcpus == 1 { thread_name.to_owned() } else { format!("{thread_name} {i}") };
     let _vm = hvstats_testkit::PacedVm::start_named(vcpus, std::time::Duration::from_millis(10), name)
         .expect("a running VM");
+    // Each thread names itself once it runs: wait for the first's name (a minute at most).
     let first = name(0);
-    let tid = std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .flatten()
-        .find(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim_end() == first))
-        .map(|t| t.file_name().to_string_lossy().into_owned())
-        .expect("the first vCPU thread");
+    let named = || {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .flatten()
+            .find(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim_end() == first))
+            .map(|t| t.file_name().to_string_lossy().into_owned())
+    };
+    let since = std::time::Instant::now();
+    let tid = loop {
+        match named() {
+            Some(tid) => break tid,
+            None if since.elapsed() > std::time::Duration::from_secs(60) => panic!("no vCPU thread {first}"),
+            None => std::thread::sleep(std::time::Duration::from_millis(10)),
+        }
+    };
     let mut out = std::io::stdout();
     writeln!(out, "fake vmm ready: vcpu thread {tid}").unwrap();
     out.flush().unwrap();
