@@ -54,7 +54,7 @@ fn attached(event: &ObserverEvent) -> String {
         return format!("{event:?}");
     };
     let mut s = format!(
-        "attach pid {pid} ({}) \"{}\": {vcpus} vCPUs as partition {partition}, {fds} perf counters open",
+        "attach pid {pid} ({}) \"{}\": {vcpus} vCPUs as partition {partition}, {fds} descriptors open for its counters",
         Escaped(vmm),
         LoggedName(name)
     );
@@ -84,7 +84,7 @@ fn vm_line(event: &ObserverEvent) -> String {
             format!("pid {pid} \"{}\": not observed: --vm/--exclude-vm leave it out", LoggedName(name))
         }
         ObserverEvent::VcpusKnown { pid, threads, fds } => format!(
-            "pid {pid}: vCPU threads {}; {fds} perf counters open (on those threads only)",
+            "pid {pid}: vCPU threads {}; {fds} descriptors open for its counters (counting on those threads only)",
             id_list("threads", threads)
         ),
         // A VM's name is what its VMM's command line or QMP says: escaped, it cannot forge a line.
@@ -384,7 +384,7 @@ mod tests {
         let line = describe(&ObserverEvent::VcpusKnown { pid: 7, threads, fds: 1026 });
         assert_eq!(
             line,
-            "pid 7: vCPU threads 1026 threads: 5000-6023, 9000, 9002; 1026 perf counters open (on those threads only)"
+            "pid 7: vCPU threads 1026 threads: 5000-6023, 9000, 9002; 1026 descriptors open for its counters (counting on those threads only)"
         );
     }
 

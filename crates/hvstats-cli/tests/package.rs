@@ -301,7 +301,8 @@ fn the_observer_unit_grants_exactly_the_capabilities_observing_needs() {
     let log = observe_with(&caps, pid, runtime.path());
     assert!(log.contains("counting in-kernel"), "{log}");
     assert!(
-        log.contains("\"caps-vm\": 1 vCPUs as partition") && !log.contains(" 0 perf counters open"),
+        log.contains("\"caps-vm\": 1 vCPUs as partition")
+            && !log.contains(" 0 descriptors open for its counters"),
         "{log}"
     );
     // CAP_DAC_READ_SEARCH is for VMMs of another user (this QEMU is root's own): what it takes
@@ -314,7 +315,10 @@ fn the_observer_unit_grants_exactly_the_capabilities_observing_needs() {
     // Without CAP_PERFMON no tracepoint can be counted, in the kernel or by perf: one line says
     // so, not the errors it causes.
     let log = observe_with(&without("perfmon"), pid, runtime.path());
-    assert!(log.contains("CAP_PERFMON is missing: ") && log.contains(" 0 perf counters open"), "{log}");
+    assert!(
+        log.contains("CAP_PERFMON is missing: ") && log.contains(" 0 descriptors open for its counters"),
+        "{log}"
+    );
     assert!(!log.contains("os error"), "{log}");
     // Without CAP_BPF it falls back to a perf counter per class and thread (what costs the
     // guest more, see README "Cost").
