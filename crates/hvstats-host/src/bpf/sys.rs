@@ -552,16 +552,17 @@ impl TaskIterLink {
         Ok(Self { link: owned(fd) })
     }
 
-    /// Runs the iterator over the process's threads, appending what the program wrote to `out`
-    /// (cleared first).
+    /// Runs the iterator over the process's threads, putting what the program wrote in `out`
+    /// (cleared first), `max` bytes at most: the walk stops there, however many threads the
+    /// process made.
     ///
     /// # Errors
     /// What `bpf(BPF_ITER_CREATE)` or reading it returns.
-    pub(crate) fn walk(&self, out: &mut Vec<u8>) -> io::Result<()> {
+    pub(crate) fn walk(&self, out: &mut Vec<u8>, max: u64) -> io::Result<()> {
         out.clear();
         let fd = Attr::new().u32_at(0, self.link.as_raw_fd() as u32).call(CMD_ITER_CREATE)?;
         let iter = std::fs::File::from(owned(fd));
-        io::Read::read_to_end(&mut &iter, out)?;
+        io::Read::read_to_end(&mut io::Read::take(&iter, max), out)?;
         Ok(())
     }
 }

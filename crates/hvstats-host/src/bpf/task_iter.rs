@@ -39,6 +39,11 @@ const FIELDS: [&str; 9] = [
 /// Bytes of a record: one `u64` per field.
 const RECORD: usize = 8 * FIELDS.len();
 
+/// The most threads of one process a walk reads (4.5 MiB of records): far past any VMM's vCPU
+/// threads (KVM's limit is 4,096 vCPUs), so a process that makes threads without end costs the
+/// reader no more. A VM with a vCPU thread past it is given none of these counters.
+const MAX_THREADS: usize = 65_536;
+
 /// One thread's accounting, as the kernel keeps it from the thread's start.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TaskSched {
@@ -229,7 +234,7 @@ impl ProcessTasks {
     /// # Errors
     /// What creating or reading the iterator returns.
     pub fn read(&mut self) -> io::Result<impl Iterator<Item = TaskSched> + '_> {
-        self.link.walk(&mut self.buf)?;
+        self.link.walk(&mut self.buf, (MAX_THREADS * RECORD) as u64)?;
         Ok(self.buf.chunks_exact(RECORD).filter_map(TaskSched::parse))
     }
 }
