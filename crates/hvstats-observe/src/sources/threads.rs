@@ -38,7 +38,13 @@ pub struct Threads {
 /// iterator: the host's own `/proc` (the iterator numbers threads as this process sees them) and
 /// an iterator loaded.
 pub fn iterated(procfs: &crate::discovery::Procfs) -> bool {
-    procfs.root() == std::path::Path::new("/proc") && task_iter::shared().is_some()
+    program(procfs).is_some()
+}
+
+/// The task iterator that reads the vCPU threads of a VM seen through `procfs`, when they are
+/// read so ([`iterated`]).
+fn program(procfs: &crate::discovery::Procfs) -> Option<&'static task_iter::TaskIterProgram> {
+    (procfs.root() == std::path::Path::new("/proc")).then(task_iter::shared).flatten()
 }
 
 /// Descriptors the source holds for a VM seen through `procfs`: its task iterator's link, or
@@ -53,8 +59,7 @@ pub fn descriptors_per_vm(procfs: &crate::discovery::Procfs) -> usize {
 /// # Errors
 /// Never.
 pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError> {
-    let iterated = task_iter::shared()
-        .filter(|_| iterated(at.procfs))
+    let iterated = program(at.procfs)
         .and_then(|program| ProcessTasks::open(program, at.pid).ok())
         .map(|tasks| (tasks, BTreeMap::new()));
     Ok(Some(Box::new(Threads { vcpus: at.fds.vcpus.len(), opened: BTreeMap::new(), iterated })))
