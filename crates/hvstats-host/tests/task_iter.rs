@@ -3,16 +3,21 @@
 //! in clock ticks, faults) and `sched` (`se.nr_migrations`). A sleeping thread's readings just
 //! before and just after the walk bracket it; when they are equal, the walk's must be too. Needs
 //! root (CAP_BPF and CAP_PERFMON); without them it says "skipped", and fails under
-//! `HVSTATS_REQUIRE_KVM=1`.
+//! `HVSTATS_REQUIRE_KVM=1`. The host's walk is compared with /proc the same way: each thread's start
+//! time, a process's exec and exit.
 
 // Test set-up: a failed step is the test's failure, reported by the panic.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::mpsc;
 
-use hvstats_host::bpf::task_iter::{ProcessTasks, TaskIterProgram, TaskSched};
+use std::io::Write;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hvstats_host::bpf::task_iter::{HostTasks, ProcessTasks, Task, TaskIterProgram, TaskSched};
 use hvstats_host::sched::{SchedStatFile, path_under};
-use hvstats_host::task_stat::{STAT_MAX, StatFile, thread_path, ticks_per_second};
+use hvstats_host::task_stat::{STAT_MAX, StatFile, StatLine, thread_path, ticks_per_second};
 
 fn program(test: &str) -> Option<TaskIterProgram> {
     match TaskIterProgram::load() {
@@ -138,4 +143,87 @@ fn a_thread_moved_between_cpus_counts_its_migrations() {
         (0..cpus).for_each(|c| libc::CPU_SET(c, &mut set));
         libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set);
     }
+}
+
+/// Thread `tid` of process `pid` as `/proc/PID/task/TID/stat` shows it.
+fn stat_of(pid: i32, tid: i32) -> (u64, char) {
+    let text = std::fs::read_to_string(thread_path(std::path::Path::new("/proc"), pid, tid)).unwrap();
+    let stat = StatLine::parse(&text).unwrap();
+    (stat.start_time().unwrap(), stat.state().unwrap())
+}
+
+/// A `sh` that waits for a line on its standard input, then `exec()`s `sleep`.
+fn shell_that_execs_on_a_line() -> Child {
+    let script = "read _ && exec sleep 30";
+    Command::new("sh").args(["-c", script]).stdin(Stdio::piped()).spawn().unwrap()
+}
+
+/// Waits (a generous bound) until `done`.
+fn wait_until(what: &str, done: impl Fn() -> bool) {
+    let t = Instant::now();
+    while !done() {
+        assert!(t.elapsed() < Duration::from_secs(20), "{what} within 20 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn one_walk_of_the_host_gives_every_processs_threads_with_procs_start_times_and_no_kernel_thread() {
+    let test =
+        "one_walk_of_the_host_gives_every_processs_threads_with_procs_start_times_and_no_kernel_thread";
+    let Some(program) = program(test) else { return };
+    let me = std::process::id() as i32;
+    let (tid, wake, handle) = sleeper();
+    let mut children: Vec<Child> = (0..3).map(|_| shell_that_execs_on_a_line()).collect();
+    let mut host = HostTasks::open(&program).unwrap();
+    let walked = host.walk().unwrap();
+    assert!(walked.complete(), "this host has fewer than 65,536 threads");
+    let tasks: Vec<Task> = walked.tasks().collect();
+    let find = |pid: i32, tid: i32| tasks.iter().find(|t| t.sched.tid == tid && t.sched.tgid == pid);
+    for (pid, tid) in children.iter().map(|c| (c.id() as i32, c.id() as i32)).chain([(me, me), (me, tid)]) {
+        let task = find(pid, tid).unwrap_or_else(|| panic!("thread {tid} of {pid} is walked"));
+        assert_eq!(task.start_ticks(), stat_of(pid, tid).0, "thread {tid}: /proc's field 22");
+        assert!(!task.exiting, "thread {tid} lives");
+    }
+    // kthreadd (pid 2) and every thread it made are the kernel's own.
+    let kernel = std::fs::read_to_string("/proc/2/comm").unwrap_or_default();
+    if kernel.trim() == "kthreadd" {
+        assert!(tasks.iter().all(|t| t.sched.tid != 2), "no kernel thread is walked");
+    }
+    wake.send(()).unwrap();
+    handle.join().unwrap();
+    for child in &mut children {
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+}
+
+#[test]
+fn a_process_that_execs_is_walked_with_its_next_exec_and_its_start_and_an_exited_one_as_exiting() {
+    let test = "a_process_that_execs_is_walked_with_its_next_exec_and_its_start_and_an_exited_one_as_exiting";
+    let Some(program) = program(test) else { return };
+    let mut child = shell_that_execs_on_a_line();
+    let pid = child.id() as i32;
+    let mut tasks = ProcessTasks::open(&program, pid).unwrap();
+    let leader =
+        |tasks: &mut ProcessTasks| tasks.tasks().unwrap().tasks().find(|t| t.sched.tid == pid).unwrap();
+    let comm = |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
+    // The child runs `sh` once its own exec is done (a forked child counts its parent's execs).
+    wait_until("sh", || comm(pid) == "sh\n");
+    let before = leader(&mut tasks);
+    writeln!(child.stdin.as_ref().unwrap()).unwrap();
+    wait_until("the exec", || comm(pid) == "sleep\n");
+    let after = leader(&mut tasks);
+    assert_eq!(after.exec_id, before.exec_id + 1, "one exec: {before:?} -> {after:?}");
+    assert_eq!(after.start_ns, before.start_ns, "the same process");
+    assert_eq!(after.start_ticks(), stat_of(pid, pid).0);
+    assert!(!after.exiting);
+    // Exited and not yet waited for: a zombie, walked as exiting, its exec unchanged.
+    child.kill().unwrap();
+    wait_until("the exit", || stat_of(pid, pid).1 == 'Z');
+    let mut host = HostTasks::open(&program).unwrap();
+    let zombie = host.walk().unwrap().tasks().find(|t| t.sched.tid == pid).expect("a zombie is walked");
+    assert!(zombie.exiting, "{zombie:?}");
+    assert_eq!((zombie.exec_id, zombie.start_ns), (after.exec_id, after.start_ns));
+    child.wait().unwrap();
 }

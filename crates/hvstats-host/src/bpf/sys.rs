@@ -524,8 +524,8 @@ impl Attachment {
     }
 }
 
-/// A task iterator program linked to the threads of one process: each
-/// [`walk`](Self::walk) runs the program once for every thread of it, in the kernel, and gives
+/// A task iterator program linked to the threads of one process, or of the host: each
+/// [`walk`](Self::walk) runs the program once for every thread of them, in the kernel, and gives
 /// what the program wrote, in one read of a few system calls whatever the number of threads.
 #[derive(Debug)]
 pub(crate) struct TaskIterLink {
@@ -540,14 +540,27 @@ impl TaskIterLink {
     /// What `bpf(BPF_LINK_CREATE)` returns (EINVAL before 6.1, ESRCH: no such process).
     pub(crate) fn of_process(program: &Program, pid: i32) -> io::Result<Self> {
         // union bpf_iter_link_info: task { tid, pid, pid_fd }.
-        let info: [u32; 3] = [0, pid as u32, 0];
+        Self::link(program, Some(&[0, pid as u32, 0]))
+    }
+
+    /// Links `program` (a task iterator's) to every task of the host: no filter, which every
+    /// kernel with the task iterator (5.8) takes.
+    ///
+    /// # Errors
+    /// What `bpf(BPF_LINK_CREATE)` returns.
+    pub(crate) fn of_host(program: &Program) -> io::Result<Self> {
+        Self::link(program, None)
+    }
+
+    fn link(program: &Program, info: Option<&[u32; 3]>) -> io::Result<Self> {
         // struct bpf_attr.link_create: prog_fd @0, target_fd @4, attach_type @8, flags @12,
         // iter_info @16, iter_info_len @24.
+        let (at, len) = info.map_or((0, 0), |i| (i.as_ptr() as u64, std::mem::size_of_val(i) as u32));
         let fd = Attr::new()
             .u32_at(0, program.fd.as_raw_fd() as u32)
             .u32_at(8, ATTACH_TRACE_ITER)
-            .u64_at(16, info.as_ptr() as u64)
-            .u32_at(24, std::mem::size_of_val(&info) as u32)
+            .u64_at(16, at)
+            .u32_at(24, len)
             .call(CMD_LINK_CREATE)?;
         Ok(Self { link: owned(fd) })
     }

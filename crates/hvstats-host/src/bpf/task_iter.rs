@@ -1,21 +1,28 @@
-//! Every thread of a process's scheduler and fault accounting, read from the kernel's own
+//! Every thread's scheduler and fault accounting, and who it is, read from the kernel's own
 //! `struct task_struct` in one walk: a BPF task iterator (a tracing program of `BPF_TRACE_ITER`
-//! on `bpf_iter_task`, linked to one process with the iterator's `pid` filter) writes one
-//! [`TaskSched`] record per thread of the process with `bpf_seq_write`, and reading the
-//! iterator gives them all. Where `/proc/PID/task/TID/{schedstat,stat}` cost two opens, reads
-//! and parses per thread, this costs a few system calls per process, whatever its threads.
+//! on `bpf_iter_task`) writes one [`Task`] record per thread with `bpf_seq_write`, and reading
+//! the iterator gives them all. Linked to one process (the iterator's `pid` filter,
+//! [`ProcessTasks`]) it walks that process's threads; linked to none ([`HostTasks`]) it walks
+//! every user thread of the host once, which is what an observer of many VMMs reads each refresh:
+//! one walk, a few system calls, for all of them. Where `/proc/PID/task/TID/{schedstat,stat}`
+//! cost two opens, reads and parses per thread, and `/proc/PID/stat` and `/proc/PID/exe` a few
+//! more per process, this costs a few system calls whatever the threads.
 //!
 //! ```text
 //! task = ctx->task; if !task: return 0          // the walk's last call
+//! if task->flags & PF_KTHREAD: return 0         // the kernel's own threads are no VMM's
 //! record = { task->pid, task->tgid, task->se.sum_exec_runtime, task->sched_info.run_delay,
 //!            task->sched_info.pcount, task->se.nr_migrations, task->gtime,
-//!            task->min_flt, task->maj_flt }
+//!            task->min_flt, task->maj_flt, task->start_boottime, task->self_exec_id,
+//!            task->flags, task->exit_state }
 //! bpf_seq_write(ctx->meta->seq, &record, sizeof record)
 //! ```
 //!
 //! The fields' offsets come from the running kernel's BTF ([`super::btf`]); the verifier checks
 //! each load against the same BTF. The values are those `schedstat` (run, wait, dispatches),
-//! `sched` (`se.nr_migrations`) and `stat` (guest time, faults) show, from the thread's start.
+//! `sched` (`se.nr_migrations`) and `stat` (guest time, faults, start time) show, from the
+//! thread's start; `self_exec_id` is what `exec()` counts up (a process that execs another
+//! program, or itself again, keeps its pid and start time and gets the next one).
 
 use std::io;
 
@@ -24,7 +31,7 @@ use super::insn::{Asm, AsmError, Cond, HELPER_SEQ_WRITE, R0, R1, R2, R3, R6, R7,
 use super::sys::{LoadError, Program, TaskIterLink};
 
 /// The fields of `struct task_struct` a record holds, in its order.
-const FIELDS: [&str; 9] = [
+const FIELDS: [&str; 13] = [
     "pid",
     "tgid",
     "se.sum_exec_runtime",
@@ -34,14 +41,27 @@ const FIELDS: [&str; 9] = [
     "gtime",
     "min_flt",
     "maj_flt",
+    "start_boottime",
+    "self_exec_id",
+    "flags",
+    "exit_state",
 ];
+
+/// Where `flags` is in [`FIELDS`].
+const FLAGS: usize = 11;
+/// `task_struct.flags`: a thread of the kernel's own.
+const PF_KTHREAD: u32 = 0x0020_0000;
+/// `task_struct.flags`: the thread is exiting.
+const PF_EXITING: u64 = 0x0000_0004;
 
 /// Bytes of a record: one `u64` per field.
 const RECORD: usize = 8 * FIELDS.len();
 
-/// The most threads of one process a walk reads (4.5 MiB of records): far past any VMM's vCPU
-/// threads (KVM's limit is 4,096 vCPUs), so a process that makes threads without end costs the
-/// reader no more. A VM with a vCPU thread past it is given none of these counters.
+/// The most threads a walk reads (6.5 MiB of records, of one process or of the whole host):
+/// far past any VMM's vCPU threads (KVM's limit is 4,096 vCPUs) and past the user threads of a
+/// host of 1,000 VMs, so a process that makes threads without end costs the reader no more. A
+/// walk cut there is said so ([`Walked::complete`]); its reader does not take a thread missing
+/// from it as gone.
 const MAX_THREADS: usize = 65_536;
 
 /// One thread's accounting, as the kernel keeps it from the thread's start.
@@ -67,13 +87,26 @@ pub struct TaskSched {
     pub major_faults: u64,
 }
 
-impl TaskSched {
+/// One thread as a walk gives it: its accounting, and who it is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Task {
+    /// Its scheduler and fault accounting.
+    pub sched: TaskSched,
+    /// When it started, ns on the boot-time clock (`task->start_boottime`).
+    pub start_ns: u64,
+    /// Its process's `exec()`s (`task->self_exec_id`): the next one after each.
+    pub exec_id: u64,
+    /// True once it is exiting (`PF_EXITING`) or exited (`exit_state`, a zombie).
+    pub exiting: bool,
+}
+
+impl Task {
     fn parse(record: &[u8]) -> Option<Self> {
         let at = |i: usize| -> Option<u64> {
             let w = record.get(8 * i..8 * i + 8)?;
             Some(u64::from_ne_bytes(w.try_into().ok()?))
         };
-        Some(Self {
+        let sched = TaskSched {
             tid: i32::try_from(at(0)?).ok()?,
             tgid: i32::try_from(at(1)?).ok()?,
             run_ns: at(2)?,
@@ -83,7 +116,15 @@ impl TaskSched {
             guest_ns: at(6)?,
             minor_faults: at(7)?,
             major_faults: at(8)?,
-        })
+        };
+        let exiting = at(FLAGS)? & PF_EXITING != 0 || at(12)? != 0;
+        Some(Self { sched, start_ns: at(9)?, exec_id: at(10)?, exiting })
+    }
+
+    /// Its start time as `/proc/PID/stat`'s field 22 gives it: clock ticks after boot (the
+    /// kernel's `nsec_to_clock_t`, an exact division).
+    pub fn start_ticks(&self) -> u64 {
+        self.start_ns / (1_000_000_000 / crate::task_stat::ticks_per_second())
     }
 }
 
@@ -147,11 +188,14 @@ pub fn shared() -> Option<&'static TaskIterProgram> {
             // A process filter is tried on this process: kernels before 6.1 load the program
             // and refuse the filter; and a record names a thread as the kernel's first PID
             // namespace does, which must be this process's for its ids to be /proc's.
+            // The host's walk must give this process as /proc numbers it too.
             let tried = TaskIterProgram::load().and_then(|program| {
                 let me = std::process::id() as i32;
                 let mut tasks = ProcessTasks::open(&program, me).map_err(TaskIterError::Link)?;
                 let walked = tasks.read().map_err(TaskIterError::Link)?.any(|t| t.tid == me);
-                walked.then_some(program).ok_or(TaskIterError::Namespace)
+                let mut host = HostTasks::open(&program).map_err(TaskIterError::Link)?;
+                let hosted = host.walk().map_err(TaskIterError::Link)?.tasks().any(|t| t.sched.tid == me);
+                (walked && hosted).then_some(program).ok_or(TaskIterError::Namespace)
             });
             tried
                 .map_err(|e| *FALLBACK.lock().unwrap_or_else(|e| e.into_inner()) = Some(fallback_said(&e)))
@@ -193,6 +237,17 @@ fn assemble(fields: &[Member; FIELDS.len()]) -> Result<Vec<u64>, AsmError> {
     a.mov(R6, R1);
     a.load(Size::Dw, R7, R6, 8); // ctx->task
     a.jump_imm(Cond::Eq, R7, 0, out);
+    // flags & PF_KTHREAD, without a bitwise and: its bit shifted to the top, then to the bottom.
+    let flags = fields[FLAGS];
+    a.load(
+        Size::of(flags.size as usize).unwrap_or(Size::W),
+        R1,
+        R7,
+        i16::try_from(flags.offset).map_err(|_| AsmError::TooFar)?,
+    );
+    a.lsh_imm(R1, 63 - PF_KTHREAD.trailing_zeros() as i32);
+    a.rsh_imm(R1, 63);
+    a.jump_imm(Cond::Ne, R1, 0, out);
     for (i, field) in fields.iter().enumerate() {
         let size = Size::of(field.size as usize).unwrap_or(Size::Dw);
         let offset = i16::try_from(field.offset).map_err(|_| AsmError::TooFar)?;
@@ -234,9 +289,69 @@ impl ProcessTasks {
     /// # Errors
     /// What creating or reading the iterator returns.
     pub fn read(&mut self) -> io::Result<impl Iterator<Item = TaskSched> + '_> {
-        self.link.walk(&mut self.buf, (MAX_THREADS * RECORD) as u64)?;
-        Ok(self.buf.chunks_exact(RECORD).filter_map(TaskSched::parse))
+        Ok(self.tasks()?.tasks().map(|t| t.sched))
     }
+
+    /// Every thread of the process now, and who each is, in one walk.
+    ///
+    /// # Errors
+    /// What creating or reading the iterator returns.
+    pub fn tasks(&mut self) -> io::Result<Walked<'_>> {
+        walk(&self.link, &mut self.buf)
+    }
+}
+
+/// The task iterator linked to every task of the host: each walk gives every user thread of every
+/// process (the kernel's own threads are passed over in the kernel). The kernel visits every
+/// task whichever filter a link has, and one of process would need one link and walk per
+/// process; this walks once for all, and a reader keeps the records of the processes it
+/// observes. One descriptor.
+#[derive(Debug)]
+pub struct HostTasks {
+    link: TaskIterLink,
+    buf: Vec<u8>,
+}
+
+impl HostTasks {
+    /// Links `program` to every task of the host.
+    ///
+    /// # Errors
+    /// What `bpf(BPF_LINK_CREATE)` returns.
+    pub fn open(program: &TaskIterProgram) -> io::Result<Self> {
+        Ok(Self { link: TaskIterLink::of_host(&program.program)?, buf: Vec::new() })
+    }
+
+    /// Every user thread of the host now, in one walk.
+    ///
+    /// # Errors
+    /// What creating or reading the iterator returns.
+    pub fn walk(&mut self) -> io::Result<Walked<'_>> {
+        walk(&self.link, &mut self.buf)
+    }
+}
+
+/// What one walk gave.
+#[derive(Clone, Copy, Debug)]
+pub struct Walked<'a> {
+    records: &'a [u8],
+}
+
+impl<'a> Walked<'a> {
+    /// The threads walked, in the kernel's order.
+    pub fn tasks(self) -> impl Iterator<Item = Task> + 'a {
+        self.records.chunks_exact(RECORD).filter_map(Task::parse)
+    }
+
+    /// False when the walk was cut at [`MAX_THREADS`]: a thread missing from it may live.
+    pub fn complete(self) -> bool {
+        self.records.len() < MAX_THREADS * RECORD
+    }
+}
+
+/// Runs `link`'s walk into `buf`, at most [`MAX_THREADS`] records.
+fn walk<'a>(link: &TaskIterLink, buf: &'a mut Vec<u8>) -> io::Result<Walked<'a>> {
+    link.walk(buf, (MAX_THREADS * RECORD) as u64)?;
+    Ok(Walked { records: buf })
 }
 
 #[cfg(test)]
@@ -245,9 +360,13 @@ mod tests {
 
     #[test]
     fn records_are_read_back_field_by_field() {
-        let words: Vec<u8> = (1..=9u64).flat_map(u64::to_ne_bytes).collect();
-        let t = TaskSched::parse(&words).unwrap();
-        assert_eq!((t.tid, t.tgid, t.run_ns, t.major_faults), (1, 2, 3, 9));
-        assert_eq!(TaskSched::parse(&words[..64]), None);
+        let mut words: Vec<u64> = (1..=13u64).collect();
+        let t = Task::parse(&words.iter().flat_map(|w| w.to_ne_bytes()).collect::<Vec<u8>>()).unwrap();
+        assert_eq!((t.sched.tid, t.sched.tgid, t.sched.run_ns, t.sched.major_faults), (1, 2, 3, 9));
+        assert_eq!((t.start_ns, t.exec_id, t.exiting), (10, 11, true), "exit_state 13");
+        (words[FLAGS], words[12]) = (PF_EXITING ^ 0xff, 0);
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        assert!(!Task::parse(&bytes).unwrap().exiting, "neither PF_EXITING nor exit_state");
+        assert_eq!(Task::parse(&bytes[..RECORD - 8]), None);
     }
 }
