@@ -50,6 +50,7 @@ mod record;
 pub mod refusal;
 mod socket_access;
 pub mod sources;
+mod task_walk;
 pub mod thread_counters;
 pub mod vm;
 pub mod vm_identity;

@@ -35,6 +35,7 @@ use super::happenings::ObserverEvent;
 use super::kvm_scan::KvmScan;
 use super::record::Record;
 use super::refusal::{self, Refusal, RefusedCounts};
+use super::task_walk::TaskWalk;
 use super::vm::{Departure, ObservedVm};
 use super::vm_identity;
 use hvstats_host::error_chain::error_chain;
@@ -81,6 +82,9 @@ pub struct Observer {
     capabilities_said: bool,
     /// The VMs' platform identities last written beside the instance.
     platforms_written: String,
+    /// The walk of the host's tasks that gives every observed VMM's threads once a tick (`None`
+    /// where the task iterator is not had: each VM reads `/proc`).
+    walk: Option<TaskWalk>,
 }
 
 /// Descriptors kept out of the counters' reach (for `/proc`, the runtime directory, QMP sockets
@@ -106,7 +110,6 @@ impl Observer {
         let kept = kept.map(|(_, events)| events);
         Self {
             hv,
-            procfs,
             targets,
             options,
             records: BTreeMap::new(),
@@ -117,6 +120,8 @@ impl Observer {
             capabilities: Capabilities::of_this_process(),
             capabilities_said: false,
             platforms_written: String::new(),
+            walk: TaskWalk::open(&procfs),
+            procfs,
         }
     }
 
@@ -182,11 +187,17 @@ impl Observer {
         }
         self.ask_peers();
         // Refresh first: a VM attached now was refreshed by its attach.
-        let attached: Vec<i32> =
+        let attached: BTreeSet<i32> =
             self.records.iter().filter(|(_, r)| r.is_attached()).map(|(p, _)| *p).collect();
-        for pid in attached {
-            self.refresh(pid, &mut events);
+        // One walk of the host's tasks for every VM refreshed.
+        let mut walk = self.walk.take();
+        if let Some(walk) = walk.as_mut().filter(|_| !attached.is_empty()) {
+            walk.walk(&attached);
         }
+        for pid in attached {
+            self.refresh(pid, walk.as_ref(), &mut events);
+        }
+        self.walk = walk;
         for (pid, found) in self.candidates(&mut events) {
             // Stopping: no VM is attached only to be detached (each attach loads and attaches
             // programs, a wait a signal should not add up); the rest are found again next time.
@@ -241,9 +252,9 @@ impl Observer {
     }
 
     /// Refreshes the VM of `pid`, detaching it once it left.
-    fn refresh(&mut self, pid: i32, events: &mut Vec<ObserverEvent>) {
+    fn refresh(&mut self, pid: i32, walk: Option<&TaskWalk>, events: &mut Vec<ObserverEvent>) {
         let Some(vm) = self.records.get_mut(&pid).and_then(Record::vm_mut) else { return };
-        let refreshed = vm.refresh(&self.procfs);
+        let refreshed = vm.refresh(&self.procfs, walk.and_then(|w| w.of(pid)));
         for refusal in vm.take_refusals() {
             events.push(ObserverEvent::ThreadRefused { pid, name: vm.name().to_owned(), refusal });
         }

@@ -36,6 +36,7 @@ use super::sources::KvmExitState;
 use super::sources::{
     Counting, Learned, Named, PeerKind, PeerState, VM_SOURCES, Vcpu, VmAttach, VmSource, VmView,
 };
+use super::task_walk::VmmTasks;
 use super::vm_identity::{VmObject, VmWatch, compare_files, distinct_vms};
 use hvstats_abi::vm_state::VmState;
 use hvstats_sources::counter_source::{Composition, Gives, Object};
@@ -94,6 +95,9 @@ pub struct ObservedVm {
     pid: i32,
     /// Who the VMM process was at attach.
     identity: ProcessIdentity,
+    /// Its `exec()`s at attach, as the walk of its threads counts them (`None` where it was
+    /// not walked: its identity is read from `/proc` at each refresh).
+    exec_id: Option<u64>,
     /// Each accepted vCPU thread's start time (clock ticks after boot), by thread id.
     thread_starts: BTreeMap<i32, u64>,
     /// When the vCPU threads are checked to be who they were.
@@ -172,7 +176,11 @@ impl ObservedVm {
         superseded: &[std::os::fd::OwnedFd],
     ) -> Result<Self, ObserveError> {
         let vm_fd = the_vm(pid, fds)?;
+        // Walked before `/proc` is read: an exec between the two is seen at the next refresh.
+        let walked = crate::task_walk::of_process(procfs, pid);
         let identity = procfs.identity(pid).map_err(|source| ObserveError::Proc { pid, source })?;
+        let tasks = walked.as_deref().and_then(|tasks| VmmTasks::of(pid, tasks));
+        let exec_id = tasks.map(|t| t.leader()).filter(|l| l.start_ticks() == identity.start_time);
         let attached = SystemTime::now();
         let (live, watch) = watch_of(procfs, pid, vm_fd);
         let at = VmAttach::new(procfs, pid, fds, options, room, qmp, superseded);
@@ -188,6 +196,7 @@ impl ObservedVm {
         let me = Self {
             pid,
             identity,
+            exec_id: exec_id.map(|l| l.exec_id),
             thread_starts: BTreeMap::new(),
             thread_check: ThreadCheck::default(),
             refused: BTreeSet::new(),
@@ -208,13 +217,13 @@ impl ObservedVm {
             exit: live.then(|| ExitWatch::new(pid)).flatten(),
             watch,
         };
-        me.first_refresh(procfs)
+        me.first_refresh(procfs, tasks)
     }
 
     /// The attached VM after its first refresh, which must find the process still there.
-    fn first_refresh(mut self, procfs: &Procfs) -> Result<Self, ObserveError> {
+    fn first_refresh(mut self, procfs: &Procfs, tasks: Option<VmmTasks<'_>>) -> Result<Self, ObserveError> {
         let pid = self.pid;
-        match self.refresh(procfs) {
+        match self.refresh(procfs, tasks) {
             Ok(None) => Ok(self),
             Ok(Some(_)) => Err(ObserveError::Proc { pid, source: io::ErrorKind::NotFound.into() }),
             Err(source) => Err(ObserveError::Proc { pid, source }),
@@ -397,14 +406,19 @@ impl ObservedVm {
         self.monitor().is_some_and(|(s, _)| !s.gives().vp.is_empty())
     }
 
-    /// Finds vCPU threads, reads every source and writes the pages. Returns why the VM left once
-    /// its process is gone or no longer the one attached (nothing is written then), `None` while
-    /// it is observed.
+    /// Finds vCPU threads, reads every source and writes the pages, the VMM's threads taken from
+    /// `tasks` (this tick's walk of the host's tasks) where they are had, else from `/proc`.
+    /// Returns why the VM left once its process is gone or no longer the one attached (nothing
+    /// is written then), `None` while it is observed.
     ///
     /// # Errors
     /// When the process's status cannot be read for another reason than its exit (this process
     /// is out of descriptors or memory): the VM is not refreshed, and stays observed.
-    pub fn refresh(&mut self, procfs: &Procfs) -> io::Result<Option<Departure>> {
+    pub(crate) fn refresh(
+        &mut self,
+        procfs: &Procfs,
+        tasks: Option<VmmTasks<'_>>,
+    ) -> io::Result<Option<Departure>> {
         let gone = match &self.exit {
             Some(watch) => watch.has_exited(),
             None => !procfs.is_alive(self.pid)?,
@@ -412,31 +426,21 @@ impl ObservedVm {
         if gone {
             return Ok(Some(Departure::Exited));
         }
-        let (now, threads) = match procfs.identity_and_threads(self.pid) {
-            Ok(now) => now,
-            Err(e) if is_gone(&e) => return Ok(Some(Departure::Exited)),
-            Err(e) => return Err(e),
+        // The walk tells the process only against what it gave at attach.
+        let tasks = tasks.filter(|_| self.exec_id.is_some());
+        let threads = match self.departure(procfs, tasks)? {
+            Ok(threads) => threads,
+            Err(why) => return Ok(Some(why)),
         };
-        if now.start_time != self.identity.start_time {
-            return Ok(Some(Departure::PidReused));
-        }
-        if now.exec != self.identity.exec {
-            // A process whose memory is gone is exiting (its program's marks read 0 then, and
-            // its executable no longer shows), not running another program.
-            return Ok(Some(match now.is_exiting() {
-                true => Departure::Exited,
-                false => Departure::Exec,
-            }));
-        }
         if self.vm_changed(procfs)? {
             return Ok(Some(Departure::VmChanged));
         }
         self.reread_platform(procfs);
         if self.thread_check.due(threads) {
-            self.check_threads(procfs);
+            self.check_threads(procfs, tasks);
         }
-        self.find_threads(procfs);
-        let view = VmView { procfs, pid: self.pid, vcpus: &self.vcpus };
+        self.find_threads(procfs, tasks);
+        let view = VmView { procfs, pid: self.pid, vcpus: &self.vcpus, tasks };
         self.learned = self.sources.sources_mut().map(|s| s.read(&view)).collect();
         // A peer's word on the platform (libvirt's Nova metadata) before the process's own.
         if let (Some((_, identity)), Some(platform)) =
@@ -458,6 +462,46 @@ impl ObservedVm {
         Ok(None)
     }
 
+    /// Why the VMM is no longer the process attached (it exited, its pid names another process,
+    /// it `exec()`ed), else its number of threads (`None` where that cannot be told): from its
+    /// main thread in `tasks`, else from its `/proc` files.
+    ///
+    /// # Errors
+    /// As [`refresh`](Self::refresh).
+    fn departure(
+        &self,
+        procfs: &Procfs,
+        tasks: Option<VmmTasks<'_>>,
+    ) -> io::Result<Result<Option<u64>, Departure>> {
+        if let (Some(tasks), Some(exec_id)) = (tasks, self.exec_id) {
+            let leader = tasks.leader();
+            return Ok(match () {
+                () if leader.start_ticks() != self.identity.start_time => Err(Departure::PidReused),
+                // An exiting process is leaving, whether or not it exec()ed on its way.
+                () if leader.exiting => Err(Departure::Exited),
+                () if leader.exec_id != exec_id => Err(Departure::Exec),
+                () => Ok(Some(tasks.threads().len() as u64)),
+            });
+        }
+        let (now, threads) = match procfs.identity_and_threads(self.pid) {
+            Ok(now) => now,
+            Err(e) if is_gone(&e) => return Ok(Err(Departure::Exited)),
+            Err(e) => return Err(e),
+        };
+        if now.start_time != self.identity.start_time {
+            return Ok(Err(Departure::PidReused));
+        }
+        if now.exec != self.identity.exec {
+            // A process whose memory is gone is exiting (its program's marks read 0 then, and
+            // its executable no longer shows), not running another program.
+            return Ok(Err(match now.is_exiting() {
+                true => Departure::Exited,
+                false => Departure::Exec,
+            }));
+        }
+        Ok(Ok(threads))
+    }
+
     /// True when the VM its process runs is no longer the VM object attached (see
     /// [`VmWatch::check`]); a process whose descriptors cannot be compared is no longer watched.
     ///
@@ -477,10 +521,17 @@ impl ObservedVm {
 
     /// Forgets every vCPU thread that is no longer the task of the VMM it was when accepted (it
     /// exited, or its id now names another thread): it is found again, or the VP stays unknown.
-    fn check_threads(&mut self, procfs: &Procfs) {
+    fn check_threads(&mut self, procfs: &Procfs, tasks: Option<VmmTasks<'_>>) {
         for vcpu in &mut self.vcpus {
             let Some(tid) = vcpu.tid else { continue };
-            match procfs.task_start_time(self.pid, tid) {
+            let start = match tasks {
+                // The walk holds every thread of the process: one missing from it is gone.
+                Some(tasks) => {
+                    tasks.thread(tid).map(|t| t.start_ticks()).ok_or_else(|| io::ErrorKind::NotFound.into())
+                }
+                None => procfs.task_start_time(self.pid, tid),
+            };
+            match start {
                 Ok(start) if self.thread_starts.get(&tid) == Some(&start) => {}
                 // Out of descriptors: nothing is known of the thread, keep it.
                 Err(e) if is_shortage(&e) => {}
@@ -495,11 +546,20 @@ impl ObservedVm {
 
     /// True when `tid` may run VP `index`: a task of the VMM now, running no other VP. A refusal
     /// is recorded once per thread id.
-    fn accept(&mut self, procfs: &Procfs, index: u32, tid: i32, by: &'static str) -> bool {
+    fn accept(
+        &mut self,
+        procfs: &Procfs,
+        tasks: Option<VmmTasks<'_>>,
+        index: u32,
+        tid: i32,
+        by: &'static str,
+    ) -> bool {
         let why = if let Some(other) = self.vcpus.iter().position(|v| v.tid == Some(tid)) {
             format!("it already runs VP {other}")
         } else {
-            match procfs.task_start_time(self.pid, tid) {
+            // A thread started since the walk is not in it: `/proc` tells.
+            let walked = tasks.and_then(|t| t.thread(tid)).map(|t| Ok(t.start_ticks()));
+            match walked.unwrap_or_else(|| procfs.task_start_time(self.pid, tid)) {
                 Ok(start) => {
                     self.thread_starts.insert(tid, start);
                     return true;
@@ -516,7 +576,7 @@ impl ObservedVm {
 
     /// Which thread runs each vCPU: a source that knows (QMP; a thread is said to be named by the
     /// source that named it), then debugfs, then thread names.
-    fn find_threads(&mut self, procfs: &Procfs) {
+    fn find_threads(&mut self, procfs: &Procfs, tasks: Option<VmmTasks<'_>>) {
         if self.vcpus.iter().all(|v| v.tid.is_some()) {
             return;
         }
@@ -541,7 +601,7 @@ impl ObservedVm {
                 by_name.get(&vp).map(|&tid| (tid, None, "thread name")),
             ];
             for (tid, qom_path, by) in named.into_iter().flatten() {
-                if self.accept(procfs, vp, tid, by) {
+                if self.accept(procfs, tasks, vp, tid, by) {
                     self.vcpus[index].tid = Some(tid);
                     self.vcpus[index].qom_path = qom_path;
                     break;

@@ -295,14 +295,12 @@ fn fifty_paused_qemus_are_observed_with_a_bounded_number_of_descriptors() {
     assert_eq!(hv.partitions().len(), 50);
     // debug-threads names give every vCPU thread at once: one counter group per VM remains.
     // (Counted in the kernel, a VM's tracepoints hold no descriptor per thread; its migrations
-    // are the thread clock's perf counter, or its task iterator's link reads them with the
-    // rest of the threads' accounting.)
-    use hvstats_observe::sources::{thread_clock, threads};
+    // are the thread clock's perf counter, or the observer's one walk of the host's tasks reads
+    // them with the rest of the threads' accounting, holding no descriptor of the VM's.)
+    use hvstats_observe::sources::thread_clock;
     let events = EventList::new(vm_events(hvstats_observe::sources::events::host_isa()));
     let procfs = Procfs::host();
-    let per_vm = events.perf_events_per_thread()
-        + thread_clock::events_for(&procfs).len()
-        + threads::descriptors_per_vm(&procfs);
+    let per_vm = events.perf_events_per_thread() + thread_clock::events_for(&procfs).len();
     assert_eq!(observer.fds(), 50 * per_vm, "{per_vm} descriptors per one-vCPU VM");
     // One reader pass over every observed VM.
     observer.tick();

@@ -5,9 +5,10 @@
 //! gives it.
 //!
 //! Where the kernel's task iterator loads (`hvstats_host::bpf::task_iter`, CAP_BPF and
-//! CAP_PERFMON), the source is `thread-iter`: one walk of the VMM's threads in the kernel a
-//! refresh, one descriptor a VM, whatever its vCPUs, and the migrations too (from the thread's
-//! start, so the thread clock's perf counters are not opened). Elsewhere it is `thread`: the
+//! CAP_PERFMON), the source is `thread-iter`: its records are those of the observer's one walk of
+//! the host's threads a tick ([`crate::task_walk`]), no descriptor and no read of its own,
+//! whatever its vCPUs, and the migrations too (from the thread's start, so the thread clock's
+//! perf counters are not opened). Elsewhere it is `thread`: the
 //! sources that read a vCPU thread's `/proc` files ([`OBSERVED_THREAD_SOURCES`]), opened on
 //! each vCPU thread as the observer finds it, each read every refresh, and the migrations are the
 //! thread clock's ([`super::thread_clock`]); the fallback is said once.
@@ -20,18 +21,18 @@ use hvstats_abi::vm_sources::Origin;
 
 use super::vm_source::{Learned, VmAttach, VmSource, VmView};
 use crate::attach::ObserveError;
-use hvstats_host::bpf::task_iter::{self, ProcessTasks};
+use hvstats_host::bpf::task_iter;
 use hvstats_sources::OBSERVED_THREAD_SOURCES;
 use hvstats_sources::counter_source::{CounterSource, Gives, Object, ObservedThread, VpSource};
 use hvstats_sources::thread::IteratedThread;
 
-/// The thread sources of each vCPU, by VP index, and the thread they were opened on; or the
-/// VMM's task iterator and each vCPU thread's last record.
+/// The thread sources of each vCPU, by VP index, and the thread they were opened on; or each
+/// vCPU thread's last record of the observer's walk.
 #[derive(Debug)]
 pub struct Threads {
     vcpus: usize,
     opened: BTreeMap<u32, (i32, Vec<Box<dyn VpSource>>)>,
-    iterated: Option<(ProcessTasks, BTreeMap<u32, IteratedThread>)>,
+    iterated: Option<BTreeMap<u32, IteratedThread>>,
 }
 
 /// True when the vCPU threads of a VM seen through `procfs` are read by the kernel's task
@@ -43,37 +44,28 @@ pub fn iterated(procfs: &crate::discovery::Procfs) -> bool {
 
 /// The task iterator that reads the vCPU threads of a VM seen through `procfs`, when they are
 /// read so ([`iterated`]).
-fn program(procfs: &crate::discovery::Procfs) -> Option<&'static task_iter::TaskIterProgram> {
+pub(crate) fn program(procfs: &crate::discovery::Procfs) -> Option<&'static task_iter::TaskIterProgram> {
     (procfs.root() == std::path::Path::new("/proc")).then(task_iter::shared).flatten()
 }
 
-/// Descriptors the source holds for a VM seen through `procfs`: its task iterator's link, or
-/// none (the `/proc` files are opened for each reading).
-pub fn descriptors_per_vm(procfs: &crate::discovery::Procfs) -> usize {
-    usize::from(iterated(procfs))
-}
-
-/// The thread sources of a VM's vCPUs: the VMM's task iterator, or the `/proc` sources of each
-/// vCPU thread, opened as each thread is found.
+/// The thread sources of a VM's vCPUs: the records of the observer's walk, or the `/proc`
+/// sources of each vCPU thread, opened as each thread is found.
 ///
 /// # Errors
 /// Never.
 pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError> {
-    let iterated = program(at.procfs)
-        .and_then(|program| ProcessTasks::open(program, at.pid).ok())
-        .map(|tasks| (tasks, BTreeMap::new()));
+    let iterated = iterated(at.procfs).then(BTreeMap::new);
     Ok(Some(Box::new(Threads { vcpus: at.fds.vcpus.len(), opened: BTreeMap::new(), iterated })))
 }
 
 impl Threads {
-    /// One walk of the VMM's threads: each vCPU thread's record (a thread gone keeps its last).
+    /// Each vCPU thread's record in this refresh's walk (a thread gone, or a refresh without a
+    /// walk, keeps its last).
     fn walk(&mut self, vm: &VmView<'_>) {
-        let Some((tasks, records)) = self.iterated.as_mut() else { return };
-        let vcpus: BTreeMap<i32, u32> = vm.threads().map(|(index, tid)| (tid, index)).collect();
-        let Ok(walked) = tasks.read() else { return };
-        for task in walked {
-            if let Some(&index) = vcpus.get(&task.tid) {
-                records.insert(index, IteratedThread(task));
+        let (Some(records), Some(tasks)) = (self.iterated.as_mut(), vm.tasks) else { return };
+        for (index, tid) in vm.threads() {
+            if let Some(task) = tasks.thread(tid) {
+                records.insert(index, IteratedThread(task.sched));
             }
         }
     }
@@ -85,7 +77,7 @@ impl CounterSource for Threads {
     }
 
     fn gives(&self) -> Gives {
-        if let Some((_, records)) = &self.iterated {
+        if let Some(records) = &self.iterated {
             let all = records.len() >= self.vcpus && self.vcpus > 0;
             return records.values().next().filter(|_| all).map_or(Gives::NOTHING, CounterSource::gives);
         }
@@ -105,7 +97,7 @@ impl CounterSource for Threads {
 
     fn write(&self, object: Object, page: &SharedPage, only: &CounterSet) {
         let Object::Vp(index) = object else { return };
-        if let Some((_, records)) = &self.iterated {
+        if let Some(records) = &self.iterated {
             if let Some(record) = records.get(&index) {
                 record.write(object, page, only);
             }
@@ -127,7 +119,7 @@ impl VmSource for Threads {
     fn read(&mut self, vm: &VmView<'_>) -> Learned {
         if self.iterated.is_some() {
             self.walk(vm);
-            return Learned::holding(1);
+            return Learned::holding(0);
         }
         for (index, tid) in vm.threads() {
             let fresh = self.opened.get(&index).is_none_or(|(was, _)| *was != tid);

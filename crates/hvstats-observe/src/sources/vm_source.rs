@@ -46,6 +46,8 @@ pub struct VmView<'a> {
     pub pid: i32,
     /// Its vCPUs, by VP index.
     pub vcpus: &'a [Vcpu],
+    /// Its threads in this refresh's walk of the host's tasks, where one is had.
+    pub(crate) tasks: Option<crate::task_walk::VmmTasks<'a>>,
 }
 
 impl VmView<'_> {

@@ -1,0 +1,107 @@
+//! The observed VMMs' threads, read once a tick for all of them: one walk of the host's tasks by
+//! the kernel's task iterator ([`hvstats_host::bpf::task_iter::HostTasks`]), of which the records
+//! of the observed processes are kept, sorted, and each VM is handed its own ([`VmmTasks`]): who
+//! its process is (start time, `exec()`s, exiting), its number of threads, each thread's start
+//! time and its scheduler and fault accounting. No `/proc` file of a VMM is read for these
+//! while the walk is had.
+//!
+//! The walk is had on the host's own `/proc` where the iterator loads
+//! ([`crate::sources::threads::iterated`]); elsewhere, and for a tick whose walk failed or was cut
+//! short, every VM reads `/proc` as it did before the walk (said once, by the iterator's
+//! fallback note).
+
+use std::collections::BTreeSet;
+
+use hvstats_host::bpf::task_iter::{HostTasks, ProcessTasks, Task};
+
+use crate::discovery::Procfs;
+
+/// The host's task walk and what the last one gave of the observed processes.
+#[derive(Debug)]
+pub(crate) struct TaskWalk {
+    host: HostTasks,
+    /// The observed processes' threads, by process and then thread id.
+    tasks: Vec<Task>,
+    /// False until a walk succeeded, and after one that failed or was cut.
+    usable: bool,
+}
+
+impl TaskWalk {
+    /// The walk of the host seen through `procfs`, where the task iterator is had for it.
+    pub(crate) fn open(procfs: &Procfs) -> Option<Self> {
+        let program = crate::sources::threads::program(procfs)?;
+        let host = HostTasks::open(program).ok()?;
+        Some(Self { host, tasks: Vec::new(), usable: false })
+    }
+
+    /// Walks the host's tasks once, keeping those of the processes in `observed`.
+    pub(crate) fn walk(&mut self, observed: &BTreeSet<i32>) {
+        self.tasks.clear();
+        self.usable = match self.host.walk() {
+            Ok(walked) => {
+                self.tasks.extend(walked.tasks().filter(|t| observed.contains(&t.sched.tgid)));
+                walked.complete()
+            }
+            Err(_) => false,
+        };
+        self.tasks.sort_unstable_by_key(|t| (t.sched.tgid, t.sched.tid));
+    }
+
+    /// Process `pid`'s threads in the last walk; `None` where the walk cannot tell them (it
+    /// failed or was cut, or does not hold the process: it left, which `/proc` says).
+    pub(crate) fn of(&self, pid: i32) -> Option<VmmTasks<'_>> {
+        if !self.usable {
+            return None;
+        }
+        let from = self.tasks.partition_point(|t| t.sched.tgid < pid);
+        let to = self.tasks.partition_point(|t| t.sched.tgid <= pid);
+        VmmTasks::of(pid, &self.tasks[from..to])
+    }
+}
+
+/// Process `pid`'s threads walked now on their own (the iterator linked to it alone), sorted by
+/// thread id: what attaching a VM starts from.
+pub(crate) fn of_process(procfs: &Procfs, pid: i32) -> Option<Vec<Task>> {
+    let program = crate::sources::threads::program(procfs)?;
+    let mut process = ProcessTasks::open(program, pid).ok()?;
+    let walked = process.tasks().ok()?;
+    if !walked.complete() {
+        return None;
+    }
+    let mut tasks: Vec<Task> = walked.tasks().filter(|t| t.sched.tgid == pid).collect();
+    tasks.sort_unstable_by_key(|t| t.sched.tid);
+    Some(tasks)
+}
+
+/// One VMM's threads in a walk, its main thread among them.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct VmmTasks<'a> {
+    /// Sorted by thread id.
+    tasks: &'a [Task],
+    leader: &'a Task,
+}
+
+impl<'a> VmmTasks<'a> {
+    /// Process `pid`'s threads among `tasks` (all of its, sorted by thread id), when its main
+    /// thread is one.
+    pub(crate) fn of(pid: i32, tasks: &'a [Task]) -> Option<Self> {
+        let leader = tasks.binary_search_by_key(&pid, |t| t.sched.tid).ok()?;
+        Some(Self { tasks, leader: &tasks[leader] })
+    }
+
+    /// The process's main thread: its start time and `exec()`s are the process's.
+    pub(crate) fn leader(&self) -> &'a Task {
+        self.leader
+    }
+
+    /// Thread `tid`, while it is one of the process's.
+    pub(crate) fn thread(&self, tid: i32) -> Option<&'a Task> {
+        let at = self.tasks.binary_search_by_key(&tid, |t| t.sched.tid).ok()?;
+        self.tasks.get(at)
+    }
+
+    /// The process's threads.
+    pub(crate) fn threads(&self) -> &'a [Task] {
+        self.tasks
+    }
+}
