@@ -426,8 +426,6 @@ impl ObservedVm {
         if gone {
             return Ok(Some(Departure::Exited));
         }
-        // The walk tells the process only against what it gave at attach.
-        let tasks = tasks.filter(|_| self.exec_id.is_some());
         let threads = match self.departure(procfs, tasks)? {
             Ok(threads) => threads,
             Err(why) => return Ok(Some(why)),
@@ -464,7 +462,8 @@ impl ObservedVm {
 
     /// Why the VMM is no longer the process attached (it exited, its pid names another process,
     /// it `exec()`ed), else its number of threads (`None` where that cannot be told): from its
-    /// main thread in `tasks`, else from its `/proc` files.
+    /// main thread in `tasks` (told against what the walk gave at attach), else from its `/proc`
+    /// files.
     ///
     /// # Errors
     /// As [`refresh`](Self::refresh).
