@@ -105,3 +105,47 @@ impl<'a> VmmTasks<'a> {
         self.tasks
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::{Child, Command, Stdio};
+
+    /// A process of one thread, asleep.
+    fn sleeper() -> Child {
+        Command::new("sleep").arg("30").stdin(Stdio::null()).spawn().unwrap()
+    }
+
+    #[test]
+    fn one_walk_gives_each_observed_process_its_own_threads_and_keeps_no_other() {
+        let Some(mut walk) = TaskWalk::open(&Procfs::host()) else {
+            let why = hvstats_host::counting::full_notes().join("; ");
+            assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "no task iterator: {why}");
+            return;
+        };
+        let me = std::process::id() as i32;
+        let (mut first, mut second, mut other) = (sleeper(), sleeper(), sleeper());
+        let observed: BTreeSet<i32> = [me, first.id() as i32, second.id() as i32].into();
+        walk.walk(&observed);
+        assert!(walk.tasks.iter().all(|t| observed.contains(&t.sched.tgid)), "only the observed are kept");
+        let mine = walk.of(me).unwrap();
+        let listed = std::fs::read_dir("/proc/self/task").unwrap().count();
+        assert!(mine.threads().len() >= 2 && mine.threads().iter().all(|t| t.sched.tgid == me));
+        assert!(
+            mine.threads().len().abs_diff(listed) <= 2,
+            "{} threads, /proc lists {listed}",
+            mine.threads().len()
+        );
+        for child in [&first, &second] {
+            let pid = child.id() as i32;
+            let tasks = walk.of(pid).unwrap();
+            assert_eq!((tasks.leader().sched.tid, tasks.threads().len()), (pid, 1));
+            assert_eq!(tasks.leader().start_ticks(), Procfs::host().start_time(pid).unwrap());
+        }
+        assert!(walk.of(other.id() as i32).is_none(), "a process not observed is not kept");
+        for child in [&mut first, &mut second, &mut other] {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+    }
+}

@@ -86,6 +86,9 @@ fn run_vcpus(
     }
 }
 
+/// Where a VMM run again by its own exec finds /dev/kvm open.
+const KVM_FD: &str = "HVSTATS_TEST_IDENTITY_KVM_FD";
+
 /// Not a test: the VMM the tests below start.
 #[test]
 #[ignore = "the VMM process of observe_vm_identity's tests, run by them"]
@@ -93,8 +96,16 @@ fn identity_vmm() {
     if std::env::var_os("HVSTATS_TEST_IDENTITY_VMM").is_none() {
         return;
     }
-    let kvm = kvm_ioctls::Kvm::new().unwrap();
-    become_nobody();
+    // Run again by its own exec ("exec"), it is nobody already and holds /dev/kvm open.
+    let kvm = match std::env::var(KVM_FD) {
+        // SAFETY: the descriptor its former program left open for it, /dev/kvm's.
+        Ok(fd) => unsafe { std::os::fd::FromRawFd::from_raw_fd(fd.parse().unwrap()) },
+        Err(_) => {
+            let kvm = kvm_ioctls::Kvm::new().unwrap();
+            become_nobody();
+            kvm
+        }
+    };
     // SAFETY: an anonymous private mapping of MEM bytes, this process's until it exits.
     let mem = unsafe {
         libc::mmap(
@@ -140,6 +151,18 @@ fn identity_vmm() {
                     }
                 }
                 writeln!(out, "forked {child}").unwrap();
+            }
+            "exec" => {
+                use std::os::unix::process::CommandExt;
+                // SAFETY: dup of a descriptor this process holds; the copy stays open over exec.
+                let fd = unsafe { libc::dup(std::os::fd::AsRawFd::as_raw_fd(&kvm)) };
+                let mut again = Command::new(std::env::current_exe().unwrap());
+                let e = again
+                    .arg0("qemu-system-x86_64")
+                    .args(std::env::args().skip(1))
+                    .env(KVM_FD, fd.to_string())
+                    .exec();
+                panic!("exec: {e}");
             }
             "replace" | "add" => {
                 let (new_vm, new_vcpu, new_stats) = make_vm(&kvm, mem);
@@ -646,4 +669,42 @@ fn the_cost_per_refresh_of_noticing_a_replaced_vm_is_printed() {
             "vm watch, QEMU ({fds} descriptors): {per_refresh:?} a refresh, a full reading {rescan:?}, a comparison {compare:?}"
         );
     }
+}
+
+#[test]
+fn a_vmm_that_execs_is_an_exec_departure_seen_by_the_walk_of_the_hosts_tasks() {
+    let test = "a_vmm_that_execs_is_an_exec_departure_seen_by_the_walk_of_the_hosts_tasks";
+    if !kvm_available(test) {
+        return;
+    }
+    if hvstats_host::bpf::task_iter::shared().is_none() {
+        let why = hvstats_host::counting::full_notes().join("; ");
+        assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "{test}: {why}");
+        eprintln!("{test}: skipped: {why}");
+        return;
+    }
+    let _host = host_wide();
+    let name = unique("exec");
+    let mut vmm = IdentityVmm::start(&name);
+    let tmp = TempDir::new("identity-exec");
+    let (hv, mut observer) = observer_on(&tmp, &name, Procfs::host());
+    tick_until(&mut observer, |o| o.vms().count() == 1);
+    let old_partition = observer.vms().next().unwrap().partition().id();
+    // The same process (pid, start time), a new program: its exec count moved, its memory did not go.
+    vmm.tell("exec", "ready ");
+    let events =
+        tick_until(&mut observer, |o| o.vms().next().is_some_and(|v| v.partition().id() != old_partition));
+    let detached: Vec<_> = events.iter().filter(|e| matches!(e, ObserverEvent::Detached { .. })).collect();
+    assert!(
+        matches!(detached[..], [ObserverEvent::Detached { pid, why: Departure::Exec, .. }] if *pid == vmm.pid()),
+        "an exec, said once: {events:#?}"
+    );
+    assert_eq!(published(&hv).0, 1, "the new program's VM alone");
+    // Its exit is an exit, not an exec.
+    vmm.end();
+    let events = tick_until(&mut observer, |o| o.vms().count() == 0);
+    assert!(
+        events.iter().any(|e| matches!(e, ObserverEvent::Detached { why: Departure::Exited, .. })),
+        "{events:#?}"
+    );
 }
