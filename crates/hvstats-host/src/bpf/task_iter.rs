@@ -223,9 +223,9 @@ fn fallback_said(e: &TaskIterError) -> String {
         e => crate::error_chain::error_chain(e),
     };
     format!(
-        "the kernel's task iterator cannot be loaded ({why}): each vCPU thread's run time, CPU wait, \
-         dispatches, guest time and faults are read from its /proc files every refresh, and its \
-         migrations counted by a perf counter from attach"
+        "the kernel's task iterator cannot be loaded ({why}): each VMM's identity and each vCPU \
+         thread's start, run time, CPU wait, dispatches, guest time and faults are read from their \
+         /proc files every refresh, and the threads' migrations counted by a perf counter from attach"
     )
 }
 
