@@ -5,16 +5,21 @@
 //! time and its scheduler and fault accounting. No `/proc` file of a VMM is read for these
 //! while the walk is had.
 //!
-//! The walk is had on the host's own `/proc` where the iterator loads
-//! ([`crate::sources::threads::iterated`]); elsewhere, and for a tick whose walk failed or was cut
-//! short, every VM reads `/proc` as it did before the walk (said once, by the iterator's
-//! fallback note).
+//! The walk is had on the host's own `/proc` where the iterator loads ([`program`]); elsewhere,
+//! and for a tick whose walk failed or was cut short, every VM reads `/proc` as it did before
+//! the walk (said once, by the iterator's fallback note).
 
 use std::collections::BTreeSet;
 
-use hvstats_host::bpf::task_iter::{HostTasks, ProcessTasks, Task};
+use hvstats_host::bpf::task_iter::{self, HostTasks, ProcessTasks, Task, TaskIterProgram};
 
 use crate::discovery::Procfs;
+
+/// The task iterator that walks the threads of the VMMs seen through `procfs`: on the host's own
+/// `/proc` (the iterator numbers threads as this process sees them), where it loads.
+pub(crate) fn program(procfs: &Procfs) -> Option<&'static TaskIterProgram> {
+    (procfs.root() == std::path::Path::new("/proc")).then(task_iter::shared).flatten()
+}
 
 /// The host's task walk and what the last one gave of the observed processes.
 #[derive(Debug)]
@@ -29,7 +34,7 @@ pub(crate) struct TaskWalk {
 impl TaskWalk {
     /// The walk of the host seen through `procfs`, where the task iterator is had for it.
     pub(crate) fn open(procfs: &Procfs) -> Option<Self> {
-        let program = crate::sources::threads::program(procfs)?;
+        let program = program(procfs)?;
         let host = HostTasks::open(program).ok()?;
         Some(Self { host, tasks: Vec::new(), usable: false })
     }
@@ -62,7 +67,7 @@ impl TaskWalk {
 /// Process `pid`'s threads walked now on their own (the iterator linked to it alone), sorted by
 /// thread id: what attaching a VM starts from.
 pub(crate) fn of_process(procfs: &Procfs, pid: i32) -> Option<Vec<Task>> {
-    let program = crate::sources::threads::program(procfs)?;
+    let program = program(procfs)?;
     let mut process = ProcessTasks::open(program, pid).ok()?;
     let walked = process.tasks().ok()?;
     if !walked.complete() {

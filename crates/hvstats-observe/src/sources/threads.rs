@@ -21,7 +21,6 @@ use hvstats_abi::vm_sources::Origin;
 
 use super::vm_source::{Learned, VmAttach, VmSource, VmView};
 use crate::attach::ObserveError;
-use hvstats_host::bpf::task_iter;
 use hvstats_sources::OBSERVED_THREAD_SOURCES;
 use hvstats_sources::counter_source::{CounterSource, Gives, Object, ObservedThread, VpSource};
 use hvstats_sources::thread::IteratedThread;
@@ -39,13 +38,7 @@ pub struct Threads {
 /// iterator: the host's own `/proc` (the iterator numbers threads as this process sees them) and
 /// an iterator loaded.
 pub fn iterated(procfs: &crate::discovery::Procfs) -> bool {
-    program(procfs).is_some()
-}
-
-/// The task iterator that reads the vCPU threads of a VM seen through `procfs`, when they are
-/// read so ([`iterated`]).
-pub(crate) fn program(procfs: &crate::discovery::Procfs) -> Option<&'static task_iter::TaskIterProgram> {
-    (procfs.root() == std::path::Path::new("/proc")).then(task_iter::shared).flatten()
+    crate::task_walk::program(procfs).is_some()
 }
 
 /// The thread sources of a VM's vCPUs: the records of the observer's walk, or the `/proc`
