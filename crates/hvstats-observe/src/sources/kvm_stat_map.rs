@@ -115,15 +115,15 @@ pub fn write(kind: ObjectKind, page: &SharedPage, only: &CounterSet, reading: &d
             }
             continue;
         }
-        let values: Option<Vec<u64>> = names.iter().map(|n| reading.value(n)).collect();
-        let Some(values) = values else { continue };
-        set_sum(page, counter, values.into_iter());
+        // Every statistic or none: a partial sum would be a wrong value.
+        let sum = names.iter().try_fold(0u64, |a, n| Some(a.saturating_add(reading.value(n)?)));
+        let Some(sum) = sum else { continue };
+        set_sum(page, counter, sum);
     }
 }
 
-/// Sets `counter` to the sum of its statistics' `values` (nanoseconds for a time), in its unit.
-fn set_sum(page: &SharedPage, counter: &Counter, values: impl Iterator<Item = u64>) {
-    let sum = values.fold(0u64, |a, v| a.saturating_add(v));
+/// Sets `counter` to `sum`, the sum of its statistics (nanoseconds for a time), in its unit.
+fn set_sum(page: &SharedPage, counter: &Counter, sum: u64) {
     let value = match counter.unit {
         Unit::Time100ns => sum / 100,
         _ => sum,
@@ -186,10 +186,16 @@ impl<K: Copy> Resolved<K> {
         value: impl Fn(K) -> u64,
         buckets: impl Fn(K) -> &'d [u64],
     ) {
-        for (counter, row) in self.rows.iter().filter(|(c, _)| only.contains(c.id)) {
+        // Most often it writes all it gives (no source before it gives any): then no row is
+        // looked up in `only`.
+        let all = self.given.difference(only).is_empty();
+        for (counter, row) in self.rows.iter().filter(|(c, _)| all || only.contains(c.id)) {
             match row {
                 Row::Histogram(sum, b) => copy_kvm_histogram(page, counter, value(*sum), buckets(*b)),
-                Row::Sum(stats) => set_sum(page, counter, stats.iter().map(|k| value(*k))),
+                Row::Sum(stats) => {
+                    let sum = stats.iter().fold(0u64, |a, k| a.saturating_add(value(*k)));
+                    set_sum(page, counter, sum);
+                }
             }
         }
     }
