@@ -316,6 +316,11 @@ impl ObservedVm {
         self.vcpus.iter().map(|v| v.tid).collect()
     }
 
+    /// True when the thread of every VP is known.
+    pub(crate) fn vcpu_threads_known(&self) -> bool {
+        self.vcpus.iter().all(|v| v.tid.is_some())
+    }
+
     /// The VM's sources, in the order that decides which writes a counter several give.
     pub fn sources(&self) -> &[Box<dyn VmSource>] {
         self.sources.sources()
