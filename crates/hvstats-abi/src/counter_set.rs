@@ -89,7 +89,22 @@ impl CounterSet {
 
     /// The counters of the set, in catalog order.
     pub fn ids(&self) -> impl Iterator<Item = CounterId> + '_ {
-        CATALOG.iter().enumerate().filter(|(r, _)| self.0[r / 64] & (1 << (r % 64)) != 0).map(|(_, c)| c.id)
+        self.counters().map(|c| c.id)
+    }
+
+    /// The catalog rows of the set's counters, in catalog order: one step per counter held, not
+    /// per row of the catalog.
+    pub fn counters(&self) -> impl Iterator<Item = &'static Counter> + '_ {
+        self.0.iter().enumerate().flat_map(|(w, &word)| {
+            let mut bits = word;
+            core::iter::from_fn(move || {
+                let bit = bits.trailing_zeros() as usize;
+                (bits != 0).then(|| {
+                    bits &= bits - 1;
+                    &CATALOG[w * 64 + bit]
+                })
+            })
+        })
     }
 }
 
@@ -112,6 +127,10 @@ mod tests {
             assert!(seen.contains(c.id));
         }
         assert_eq!(seen.ids().count(), CATALOG.len());
+        assert!(seen.ids().eq(CATALOG.iter().map(|c| c.id)), "every row, in catalog order");
+        let mut every_third = CounterSet::EMPTY;
+        CATALOG.iter().step_by(3).for_each(|c| every_third.insert(c.id));
+        assert!(every_third.counters().eq(CATALOG.iter().step_by(3)), "only the rows held, in order");
         let outside = CounterId { index: crate::catalog::INDICES as u16 + 7, ..CATALOG[0].id };
         seen.insert(outside);
         assert!(!seen.contains(outside));

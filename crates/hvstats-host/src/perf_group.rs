@@ -35,8 +35,8 @@ pub enum MemberError {
     /// The kernel rejected its filter.
     #[error("filter {filter:?}")]
     Filter {
-        /// The filter.
-        filter: String,
+        /// The filter (boxed: every place of every thread's list holds an outcome).
+        filter: Box<str>,
         /// The kernel's error.
         #[source]
         source: io::Error,
@@ -59,11 +59,16 @@ impl Member {
 }
 
 /// A list of events counted on one thread, grouped where possible.
+///
+/// Only the events opened are held (where the kernel counts most of a list, a thread holds one
+/// or two of its places), so a thread costs what it counts, not the length of the list.
 #[derive(Debug)]
 pub struct PerfGroup {
-    /// By place: the open event, or `None` where it is not counted.
-    members: Vec<Option<Member>>,
-    /// Index of the group leader, if any event opened in the group.
+    /// The open events with their places in the caller's list, in the list's order.
+    members: Vec<(usize, Member)>,
+    /// Places in the caller's list (asked for or not).
+    len: usize,
+    /// Index in `members` of the group leader, if any event opened in the group.
     leader: Option<usize>,
     /// `{ nr, { value, id }[nr] }` of a group read.
     scratch: Vec<u64>,
@@ -77,78 +82,71 @@ impl PerfGroup {
         tid: libc::pid_t,
         events: impl IntoIterator<Item = Option<EventAttr<'a>>>,
     ) -> (Self, Vec<Result<(), MemberError>>) {
-        let mut members: Vec<Option<Member>> = Vec::new();
-        let mut outcomes = Vec::new();
+        let events = events.into_iter();
+        let mut members: Vec<(usize, Member)> = Vec::new();
+        let mut outcomes = Vec::with_capacity(events.size_hint().0);
         let mut leader: Option<usize> = None;
-        for event in events {
+        for (place, event) in events.enumerate() {
             let opened = match event {
                 None => Err(MemberError::NotAsked),
-                Some(attr) => {
-                    let group = leader.and_then(|i| members[i].as_ref()).map(Member::counter);
-                    open_member(attr, tid, group)
-                }
+                Some(attr) => open_member(attr, tid, leader.map(|i| members[i].1.counter())),
             };
             if leader.is_none() && matches!(opened, Ok(Member::Grouped { .. })) {
                 leader = Some(members.len());
             }
-            match opened {
-                Ok(m) => {
-                    members.push(Some(m));
-                    outcomes.push(Ok(()));
-                }
-                Err(e) => {
-                    members.push(None);
-                    outcomes.push(Err(e));
-                }
-            }
+            outcomes.push(opened.map(|m| members.push((place, m))));
         }
-        let scratch = vec![0; 1 + 2 * members.len()];
-        (Self { members, leader, scratch }, outcomes)
+        members.shrink_to_fit();
+        outcomes.shrink_to_fit();
+        let grouped = members.iter().filter(|(_, m)| matches!(m, Member::Grouped { .. })).count();
+        let scratch = vec![0; 1 + 2 * grouped];
+        (Self { members, len: outcomes.len(), leader, scratch }, outcomes)
     }
 
     /// Number of places (asked for or not).
     pub fn len(&self) -> usize {
-        self.members.len()
+        self.len
     }
 
     /// True when the list was empty.
     pub fn is_empty(&self) -> bool {
-        self.members.is_empty()
+        self.len == 0
     }
 
     /// True when event `i` is counted.
     pub fn is_open(&self, i: usize) -> bool {
-        self.members.get(i).is_some_and(Option::is_some)
+        self.members.binary_search_by_key(&i, |(place, _)| *place).is_ok()
     }
 
     /// Perf descriptors held.
     pub fn fds(&self) -> usize {
-        self.members.iter().flatten().count()
+        self.members.len()
     }
 
     /// Reads every event now: the group with one `read`, plus each event counted alone. `out[i]`
     /// is set to event `i`'s value where it was read and to `None` where it was not (not
     /// counted, or the read failed); `out` shorter than the list reads only its part.
     pub fn read_into(&mut self, out: &mut [Option<u64>]) {
-        let words = match self.leader.and_then(|i| self.members[i].as_ref()) {
-            Some(leader) => leader.counter().read_group(&mut self.scratch).unwrap_or(0),
+        let words = match self.leader.and_then(|i| self.members.get(i)) {
+            Some((_, leader)) => leader.counter().read_group(&mut self.scratch).unwrap_or(0),
             None => 0,
         };
         // The pairs actually returned.
         let nr = (self.scratch.first().copied().unwrap_or(0) as usize).min(words.saturating_sub(1) / 2);
         let pairs = self.scratch.get(1..1 + 2 * nr).unwrap_or(&[]);
-        for (value, member) in out.iter_mut().zip(&self.members) {
+        out.iter_mut().take(self.len).for_each(|v| *v = None);
+        for (place, member) in &self.members {
+            let Some(value) = out.get_mut(*place) else { break };
             *value = match member {
-                Some(Member::Grouped { id, .. }) => pairs.chunks_exact(2).find(|p| p[1] == *id).map(|p| p[0]),
-                Some(Member::Alone(c)) => c.read().ok(),
-                None => None,
+                Member::Grouped { id, .. } => pairs.chunks_exact(2).find(|p| p[1] == *id).map(|p| p[0]),
+                Member::Alone(c) => c.read().ok(),
             };
         }
     }
 
     /// Every value now, as [`read_into`](Self::read_into).
     pub fn read(&mut self) -> Vec<Option<u64>> {
-        let mut out = vec![None; self.members.len()];
+        let mut out = vec![None; self.len];
         self.read_into(&mut out);
         out
     }
@@ -173,10 +171,13 @@ fn open_member(
     if let Some(filter) = attr.filter
         && let Err(source) = member.counter().set_filter(filter)
     {
-        return Err(MemberError::Filter { filter: filter.to_owned(), source });
+        return Err(MemberError::Filter { filter: filter.into(), source });
     }
     Ok(member)
 }
+
+// An outcome is kept for every place of every counted thread's list.
+const _: () = assert!(size_of::<Result<(), MemberError>>() <= 32);
 
 #[cfg(test)]
 mod tests {
@@ -211,6 +212,31 @@ mod tests {
         assert_eq!(first[1], None);
         assert!(second[0] > first[0], "{first:?} then {second:?}: the task clock moves");
         assert!(second[2].is_some());
+    }
+
+    #[test]
+    fn a_long_list_of_which_two_places_are_asked_reads_those_two_at_their_places() {
+        let clock = EventAttr { type_: TYPE_SOFTWARE, config: SW_TASK_CLOCK, filter: None };
+        let migrations = EventAttr { type_: TYPE_SOFTWARE, config: SW_CPU_MIGRATIONS, filter: None };
+        let places = (0..64).map(|i| match i {
+            10 => Some(clock),
+            50 => Some(migrations),
+            _ => None,
+        });
+        let (mut group, outcomes) = PerfGroup::open(gettid(), places);
+        if let Err(e) = &outcomes[10] {
+            eprintln!("skipped: perf refuses software events here: {e}");
+            return;
+        }
+        assert_eq!((group.len(), outcomes.len(), group.fds()), (64, 64, 2));
+        assert!(group.is_open(10) && group.is_open(50) && !group.is_open(11) && !group.is_open(64));
+        let values = group.read();
+        let read: Vec<usize> = (0..64).filter(|&i| values[i].is_some()).collect();
+        assert_eq!(read, [10, 50], "{values:?}");
+        // A shorter reading fills only its part, and sets the places it holds that are not read.
+        let mut short = [Some(7); 20];
+        group.read_into(&mut short);
+        assert!(short[10].is_some() && short.iter().enumerate().all(|(i, v)| i == 10 || v.is_none()));
     }
 
     #[test]

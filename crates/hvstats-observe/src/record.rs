@@ -102,15 +102,15 @@ impl Observed {
     fn say_peers(&mut self, pid: i32, now: Instant, events: &mut Vec<ObserverEvent>) {
         for (source, state) in self.vm.peers() {
             let Some(was) = self.peers.get_mut(source) else { continue };
-            let name = self.vm.name().to_owned();
+            let name = || self.vm.name().to_owned();
             match (state, *was) {
                 (PeerState::Down(why), None) => {
                     *was = Some(now);
-                    events.push(ObserverEvent::SourceDown { pid, name, source, why });
+                    events.push(ObserverEvent::SourceDown { pid, name: name(), source, why });
                 }
                 (PeerState::Up, Some(since)) => {
                     *was = None;
-                    events.push(ObserverEvent::SourceUp { pid, name, source, after: now - since });
+                    events.push(ObserverEvent::SourceUp { pid, name: name(), source, after: now - since });
                 }
                 _ => {}
             }
@@ -119,7 +119,7 @@ impl Observed {
 
     /// Says once that its vCPU threads are all known, and each decision on `kvm_exit`.
     fn say_progress(&mut self, pid: i32, events: &mut Vec<ObserverEvent>) {
-        let known = self.vm.vcpu_threads().iter().all(Option::is_some);
+        let known = self.vm.vcpu_threads_known();
         if known && !self.vcpus_known {
             let threads = self.vm.vcpu_threads().into_iter().flatten().collect();
             events.push(ObserverEvent::VcpusKnown { pid, threads, fds: self.vm.fds() });

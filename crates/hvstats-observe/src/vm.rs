@@ -120,8 +120,11 @@ pub struct ObservedVm {
     learned: Vec<Learned>,
     partition: Arc<PartitionStats>,
     hv: Arc<Hypervisor>,
+    /// The sources' state the partition page's facts were last published from (`None` before
+    /// the first publication).
+    published: Option<Vec<SourceState>>,
     /// The counters last declared unavailable.
-    declared: Option<Vec<CounterId>>,
+    declared: Option<Gives>,
     /// This observer's claim on the VMM, released after the partition is removed.
     claim: Option<Claim>,
     /// The VMM's exit, watched without reading `/proc` (on the host's procfs only).
@@ -212,6 +215,7 @@ impl ObservedVm {
             learned: Vec::new(),
             partition,
             hv: hv.clone(),
+            published: None,
             declared: None,
             claim: None,
             exit: live.then(|| ExitWatch::new(pid)).flatten(),
@@ -319,6 +323,11 @@ impl ObservedVm {
     /// The thread of each VP, by VP index (`None` while unknown).
     pub fn vcpu_threads(&self) -> Vec<Option<i32>> {
         self.vcpus.iter().map(|v| v.tid).collect()
+    }
+
+    /// True when the thread of every VP is known.
+    pub(crate) fn vcpu_threads_known(&self) -> bool {
+        self.vcpus.iter().all(|v| v.tid.is_some())
     }
 
     /// The VM's sources, in the order that decides which writes a counter several give.
@@ -611,55 +620,90 @@ impl ObservedVm {
 
     /// The partition and VP counters no source gives this VM now.
     pub fn unavailable(&self) -> Vec<CounterId> {
-        let missing = self.sources.missing(&relevant());
-        missing.partition.ids().chain(missing.vp.ids()).collect()
+        ids_of(&self.sources.missing(&relevant()))
     }
 
-    /// The VM's sources, whether each gives counters now and from when it counts, and which
-    /// writes each counter: what its partition page tells readers.
-    pub(crate) fn source_table(&self) -> SourceTable {
-        let mut table = SourceTable::default();
-        let numbers: Vec<Option<u8>> = self
-            .learned()
+    /// Each source's state now, in the sources' order: what the partition page's facts (the
+    /// source table, the time kept counts count from, the counters declared unavailable) are
+    /// made of.
+    fn source_states(&self) -> Vec<SourceState> {
+        self.learned()
             .map(|(s, l)| {
+                let gives = s.gives();
                 // A source with a peer is up while its peer answers (the QMP source always says
                 // the VM's state); another, while it gives counters.
                 let up = match &l.peer {
                     Some(peer) => peer.state == PeerState::Up,
-                    None => {
-                        let gives = s.gives();
-                        !(gives.partition.is_empty() && gives.vp.is_empty())
-                    }
+                    None => !(gives.partition.is_empty() && gives.vp.is_empty()),
                 };
-                table.push(SourceEntry::new(s.name(), up, s.origin()))
+                SourceState { up, gives, origin: s.origin(), kept_since: s.kept_since() }
             })
+            .collect()
+    }
+
+    /// The VM's sources, whether each gives counters now and from when it counts, and which
+    /// writes each counter: what its partition page tells readers.
+    fn source_table(&self, states: &[SourceState]) -> SourceTable {
+        let mut table = SourceTable::default();
+        let numbers: Vec<Option<u8>> = self
+            .sources
+            .sources()
+            .iter()
+            .zip(states)
+            .map(|(s, state)| table.push(SourceEntry::new(s.name(), state.up, state.origin)))
             .collect();
+        // Each source's own counters, as the composition decided: one pass per source over what
+        // it writes, not a search of the sources per counter.
         let relevant = relevant();
-        let ids = relevant.partition.ids().map(|id| (Object::Partition, id));
-        for (object, id) in ids.chain(relevant.vp.ids().map(|id| (Object::Vp(0), id))) {
-            if let Some(number) =
-                self.sources.writer_index(object, id).and_then(|i| numbers.get(i).copied().flatten())
-            {
-                table.set_writer(id, number);
+        for (i, number) in numbers.iter().enumerate() {
+            let Some(number) = *number else { continue };
+            for object in [Object::Partition, Object::Vp(0)] {
+                let writes = self.sources.writes(i).of(object).intersection(relevant.of(object));
+                writes.ids().for_each(|id| table.set_writer(id, number));
             }
         }
         table
     }
 
-    /// Declares the counters no source gives this VM now, when that changed.
+    /// Publishes what the partition page says of the VM's sources (the source table, the time
+    /// kept counts count from, the counters no source gives), when the sources' state changed
+    /// since it was last published.
     fn publish_facts(&mut self) {
+        let states = self.source_states();
+        if self.published.as_ref() == Some(&states) {
+            return;
+        }
         let page = self.partition.page();
-        for (row, value) in self.source_table().rows() {
+        for (row, value) in self.source_table(&states).rows() {
             page.set(row, value);
         }
-        let kept = kept_since(self.sources.sources().iter().map(|s| (s.origin(), s.kept_since())));
+        let kept = kept_since(states.iter().map(|s| (s.origin, s.kept_since)));
         self.partition.set_kept_since(kept);
-        let unavailable = self.unavailable();
-        if self.declared.as_ref() != Some(&unavailable) {
-            publication::declare_unavailable(&self.partition, &unavailable);
-            self.declared = Some(unavailable);
+        let missing = self.sources.missing(&relevant());
+        if self.declared != Some(missing) {
+            publication::declare_unavailable(&self.partition, &ids_of(&missing));
+            self.declared = Some(missing);
         }
+        self.published = Some(states);
     }
+}
+
+/// The partition and VP counters of `gives`, partition first.
+fn ids_of(gives: &Gives) -> Vec<CounterId> {
+    gives.partition.ids().chain(gives.vp.ids()).collect()
+}
+
+/// One source's state, as the partition page's facts say it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct SourceState {
+    /// Whether it is up (its peer answers, or it gives counters).
+    up: bool,
+    /// The counters it gives.
+    gives: Gives,
+    /// From when its counts count.
+    origin: Origin,
+    /// For a source whose counts are kept across observers, from when.
+    kept_since: Option<SystemTime>,
 }
 
 /// Refreshes between two checks of the vCPU threads' identities while the VMM's number of
@@ -723,8 +767,7 @@ fn publish(
 ) -> Result<Arc<PartitionStats>, ObserveError> {
     // Nothing is read yet: every counter a source could give is declared unavailable until the
     // first refresh declares what the sources give, so no reader sees a 0 that was never measured.
-    let nothing_yet = relevant();
-    let nothing_yet: Vec<CounterId> = nothing_yet.partition.ids().chain(nothing_yet.vp.ids()).collect();
+    let nothing_yet = ids_of(&relevant());
     let indices: Vec<u32> = (0..vcpus as u32).collect();
     let partition = hv
         .create_partition_declared(None, &indices, name, &nothing_yet)

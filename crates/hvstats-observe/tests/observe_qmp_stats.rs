@@ -13,9 +13,11 @@ use std::os::unix::net::UnixListener;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
+use std::time::{Duration, Instant};
 
 use hvstats::Hypervisor;
 use hvstats_abi::catalog::{partition, vp};
+use hvstats_abi::vm_sources::SourceTable;
 use hvstats_observe::{ObserveOptions, Observer, ObserverEvent, Procfs, Targets};
 use observe_support::{FakeProcess, TempDir};
 use serde_json::{Value, json};
@@ -83,9 +85,11 @@ fn kvm_statistics_through_qmp_are_whole_life_and_name_the_vcpu_thread() {
     let halts = Arc::new(AtomicU64::new(5)); // five before attach: KVM counts from the vCPU's creation
     let server = serve(UnixListener::bind(&sock).unwrap(), tid, halts.clone());
 
-    let hv = Hypervisor::new().unwrap();
+    let runtime = tmp.path().join("run");
+    std::fs::create_dir_all(&runtime).unwrap();
+    let hv = Hypervisor::new_published(&runtime).unwrap();
     let procfs = Procfs::at(&proc_root, None);
-    let options = ObserveOptions { qmp: Some(sock), ..Default::default() };
+    let options = ObserveOptions { qmp: Some(sock.clone()), ..Default::default() };
     let mut observer = Observer::new(hv.clone(), procfs, Targets::Pids(vec![pid]), options);
     let events = observer.tick();
     assert!(
@@ -125,6 +129,17 @@ fn kvm_statistics_through_qmp_are_whole_life_and_name_the_vcpu_thread() {
     assert_eq!(slots, [70_000_000 * 12, 0, 12, 0, 24]);
     assert!(unavailable.contains(&vp::HALT_POLL_SUCCESS_HISTOGRAM));
 
+    // Readers see QMP up, writing KVM's counters; refreshes that change nothing of the sources
+    // leave the table as it was.
+    let qmp_writes = |stats: &hvstats::PartitionStats| {
+        let table = SourceTable::decode(|id| Some(stats.page().get(id))).unwrap();
+        let qmp = table.sources().find(|s| s.name() == "qmp").map(|s| s.up);
+        (qmp, table.writer(vp::HLT_INSTRUCTIONS).map(|w| w.name().to_owned()))
+    };
+    assert_eq!(qmp_writes(&stats), (Some(true), Some("qmp".to_owned())));
+    observer.tick();
+    assert_eq!(qmp_writes(&stats), (Some(true), Some("qmp".to_owned())));
+
     // QMP goes away: its counters become unavailable instead of going stale; the rest stays.
     halts.store(u64::MAX, Ordering::SeqCst);
     observer.tick();
@@ -135,9 +150,36 @@ fn kvm_statistics_through_qmp_are_whole_life_and_name_the_vcpu_thread() {
     assert!(unavailable.contains(&vp::HLT_INSTRUCTIONS));
     assert!(!unavailable.contains(&vp::CPUID_INSTRUCTIONS));
     assert_eq!(page.get(vp::HLT_INSTRUCTIONS), 12);
-
-    drop(observer);
+    // The page says so: QMP down, and no source writes its counters.
+    assert_eq!(qmp_writes(&stats), (Some(false), None));
+    assert!(unavailable_on_page(&runtime, vp::HLT_INSTRUCTIONS));
     let commands = server.join().unwrap();
     assert_eq!(&commands[..2], ["qmp_capabilities", "query-name"]);
     assert!(commands.iter().filter(|c| *c == "query-stats").count() >= 4);
+
+    // QMP comes back (a QEMU whose monitor answers again): the page says it is up and writes
+    // KVM's counters again, with KVM's values now.
+    std::fs::remove_file(&sock).unwrap();
+    halts.store(20, Ordering::SeqCst);
+    let server = serve(UnixListener::bind(&sock).unwrap(), tid, halts.clone());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !observer.vms().next().unwrap().has_qmp_stats() && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(100));
+        observer.tick();
+    }
+    assert!(observer.vms().next().unwrap().has_qmp_stats(), "QMP is read again after its backoff");
+    assert_eq!(qmp_writes(&stats), (Some(true), Some("qmp".to_owned())));
+    assert!(!unavailable_on_page(&runtime, vp::HLT_INSTRUCTIONS));
+    assert_eq!(page.get(vp::HLT_INSTRUCTIONS), 20);
+    drop(observer);
+    server.join().unwrap();
+}
+
+/// True when the index published under `runtime` declares VP counter `counter` of its one
+/// partition unavailable, as a reader sees it.
+fn unavailable_on_page(runtime: &std::path::Path, counter: hvstats_abi::CounterId) -> bool {
+    let mut attach = hvstats::attach::Attach::new(runtime);
+    attach.refresh().unwrap();
+    let info = attach.instances().next().unwrap().partitions()[0].clone();
+    info.is_unavailable(hvstats_abi::ObjectKind::Vp, counter.slot())
 }

@@ -171,6 +171,11 @@ impl<S: CounterSource + ?Sized> Composition<S> {
         &self.given
     }
 
+    /// The counters the source at `index` in the list writes (nothing for a place past the list).
+    pub fn writes(&self, index: usize) -> &Gives {
+        self.writes.get(index).unwrap_or(&Gives::NOTHING)
+    }
+
     /// The source that writes `counter` of `object`'s kind, if any.
     pub fn writer_of(&self, object: Object, counter: hvstats_abi::CounterId) -> Option<&S> {
         Some(&self.sources[self.writer_index(object, counter)?])
@@ -307,5 +312,15 @@ mod tests {
         composition.write(Object::Vp(0), &page, |s| s.name() == "second");
         assert_eq!(page.get(vp::CPUID_INSTRUCTIONS), 0);
         assert_eq!(page.get(vp::HLT_INSTRUCTIONS), 2);
+        // What each source writes, as decided once, is what looking each counter's writer up
+        // finds: a table built from either says the same.
+        for (i, _) in composition.sources().iter().enumerate() {
+            let found: Vec<_> = CounterSet::of_kind(ObjectKind::Vp, |_| true)
+                .ids()
+                .filter(|&id| composition.writer_index(Object::Vp(0), id) == Some(i))
+                .collect();
+            assert_eq!(composition.writes(i).vp.ids().collect::<Vec<_>>(), found, "source {i}");
+        }
+        assert_eq!(composition.writes(2), &Gives::NOTHING, "past the list");
     }
 }

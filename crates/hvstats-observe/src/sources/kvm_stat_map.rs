@@ -115,15 +115,15 @@ pub fn write(kind: ObjectKind, page: &SharedPage, only: &CounterSet, reading: &d
             }
             continue;
         }
-        let values: Option<Vec<u64>> = names.iter().map(|n| reading.value(n)).collect();
-        let Some(values) = values else { continue };
-        set_sum(page, counter, values.into_iter());
+        // Every statistic or none: a partial sum would be a wrong value.
+        let sum = names.iter().try_fold(0u64, |a, n| Some(a.saturating_add(reading.value(n)?)));
+        let Some(sum) = sum else { continue };
+        set_sum(page, counter, sum);
     }
 }
 
-/// Sets `counter` to the sum of its statistics' `values` (nanoseconds for a time), in its unit.
-fn set_sum(page: &SharedPage, counter: &Counter, values: impl Iterator<Item = u64>) {
-    let sum = values.fold(0u64, |a, v| a.saturating_add(v));
+/// Sets `counter` to `sum`, the sum of its statistics (nanoseconds for a time), in its unit.
+fn set_sum(page: &SharedPage, counter: &Counter, sum: u64) {
     let value = match counter.unit {
         Unit::Time100ns => sum / 100,
         _ => sum,
@@ -134,8 +134,8 @@ fn set_sum(page: &SharedPage, counter: &Counter, values: impl Iterator<Item = u6
 /// Where one counter's statistics sit in a reading of fixed layout (`K` locates a statistic).
 #[derive(Debug)]
 enum Row<K> {
-    /// A count or a time: the sum of these.
-    Sum(Vec<K>),
+    /// A count or a time: the sum of these statistics of the list ([`Resolved::stats`]).
+    Sum(std::ops::Range<usize>),
     /// A histogram: its `_ns` sum and its buckets.
     Histogram(K, K),
 }
@@ -147,6 +147,8 @@ enum Row<K> {
 #[derive(Debug)]
 pub(crate) struct Resolved<K> {
     rows: Vec<(&'static Counter, Row<K>)>,
+    /// The statistics the sums add, every row's in one list (not a list per row).
+    stats: Vec<K>,
     given: CounterSet,
 }
 
@@ -154,7 +156,8 @@ impl<K: Copy> Resolved<K> {
     /// The counters of `kind` whose every statistic `find` locates (the flag asks for a
     /// histogram's buckets rather than a single value).
     pub(crate) fn of(kind: ObjectKind, find: &dyn Fn(&str, bool) -> Option<K>) -> Self {
-        let rows: Vec<(&'static Counter, Row<K>)> = kvm_stat_counters(kind)
+        let mut stats = Vec::new();
+        let mut rows: Vec<(&'static Counter, Row<K>)> = kvm_stat_counters(kind)
             .filter_map(|(counter, names)| {
                 let row = match (counter.presentation, names) {
                     (Presentation::Histogram, [sum, buckets]) => {
@@ -162,14 +165,21 @@ impl<K: Copy> Resolved<K> {
                     }
                     (Presentation::Histogram, _) => return None,
                     _ if names.is_empty() => return None,
-                    _ => Row::Sum(names.iter().map(|n| find(n, false)).collect::<Option<_>>()?),
+                    _ => {
+                        let found: Option<Vec<K>> = names.iter().map(|n| find(n, false)).collect();
+                        let start = stats.len();
+                        stats.extend(found?);
+                        Row::Sum(start..stats.len())
+                    }
                 };
                 Some((counter, row))
             })
             .collect();
+        rows.shrink_to_fit();
+        stats.shrink_to_fit();
         let mut given = CounterSet::EMPTY;
         rows.iter().for_each(|(c, _)| given.insert(c.id));
-        Self { rows, given }
+        Self { rows, stats, given }
     }
 
     /// The counters it gives.
@@ -186,10 +196,17 @@ impl<K: Copy> Resolved<K> {
         value: impl Fn(K) -> u64,
         buckets: impl Fn(K) -> &'d [u64],
     ) {
-        for (counter, row) in self.rows.iter().filter(|(c, _)| only.contains(c.id)) {
+        // Most often it writes all it gives (no source before it gives any): then no row is
+        // looked up in `only`.
+        let all = self.given.difference(only).is_empty();
+        for (counter, row) in self.rows.iter().filter(|(c, _)| all || only.contains(c.id)) {
             match row {
                 Row::Histogram(sum, b) => copy_kvm_histogram(page, counter, value(*sum), buckets(*b)),
-                Row::Sum(stats) => set_sum(page, counter, stats.iter().map(|k| value(*k))),
+                Row::Sum(at) => {
+                    let stats = self.stats.get(at.clone()).unwrap_or(&[]);
+                    let sum = stats.iter().fold(0u64, |a, k| a.saturating_add(value(*k)));
+                    set_sum(page, counter, sum);
+                }
             }
         }
     }
@@ -203,5 +220,63 @@ impl KvmStatReading for StatValues {
 
     fn buckets(&self, name: &str) -> Option<&[u64]> {
         self.histogram(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reading of every statistic the catalog names for `kind`, each a value of its own, less
+    /// `missing` (a counter summing it is then not given).
+    fn reading(kind: ObjectKind, missing: &str) -> StatValues {
+        let mut values = StatValues::default();
+        for (n, (counter, names)) in kvm_stat_counters(kind).enumerate() {
+            for (i, name) in names.iter().enumerate().filter(|(_, name)| **name != missing) {
+                let v = 1000 * n as u64 + 7 * i as u64 + 3;
+                match (counter.presentation, i) {
+                    (Presentation::Histogram, 1) => {
+                        values.set_histogram(name, (0..40).map(|b| v + b).collect())
+                    }
+                    _ => values.set(name, v),
+                }
+            }
+        }
+        values
+    }
+
+    #[test]
+    fn statistics_located_once_write_what_a_reading_by_name_writes() {
+        for kind in [ObjectKind::Vp, ObjectKind::Partition] {
+            let missing = kvm_stat_counters(kind).next().map(|(_, names)| names[0]).unwrap_or_default();
+            let values = reading(kind, missing);
+            // A statistic is located by its place among the catalog's names.
+            let names: Vec<&str> =
+                kvm_stat_counters(kind).flat_map(|(_, names)| names.iter().copied()).collect();
+            let resolved = Resolved::of(kind, &|name, buckets| {
+                let present =
+                    if buckets { values.histogram(name).is_some() } else { values.get(name).is_some() };
+                names.iter().position(|n| *n == name).filter(|_| present)
+            });
+            assert_eq!(resolved.given(), given_by(kind, &values));
+            assert!(kind != ObjectKind::Vp || resolved.given().ids().count() > 10, "{:?}", resolved.given());
+            // All it gives, and every other counter of it.
+            let mut some = CounterSet::EMPTY;
+            resolved.given().ids().step_by(2).for_each(|id| some.insert(id));
+            for only in [resolved.given(), some] {
+                let (by_name, by_place) =
+                    (SharedPage::anonymous(kind).unwrap(), SharedPage::anonymous(kind).unwrap());
+                write(kind, &by_name, &only, &values);
+                resolved.write(
+                    &by_place,
+                    &only,
+                    |i| values.value(names[i]).unwrap_or(0),
+                    |i| values.buckets(names[i]).unwrap_or(&[]),
+                );
+                assert_eq!(by_name.snapshot().data, by_place.snapshot().data, "{kind:?}");
+                let written = SharedPage::anonymous(kind).unwrap().snapshot().data != by_name.snapshot().data;
+                assert_eq!(written, !only.is_empty(), "{kind:?}");
+            }
+        }
     }
 }
