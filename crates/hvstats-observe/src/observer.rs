@@ -30,6 +30,7 @@ use super::attach::{ObserveError, ObserveOptions};
 use super::capabilities::Capabilities;
 use super::claim::{Claim, ClaimError};
 use super::discovery::{KvmFds, Procfs, is_refusal, is_shortage, read_error};
+use super::exit_watch;
 use super::filter::VmIdentity;
 use super::happenings::ObserverEvent;
 use super::kvm_scan::KvmScan;
@@ -189,6 +190,7 @@ impl Observer {
         // Refresh first: a VM attached now was refreshed by its attach.
         let attached: BTreeSet<i32> =
             self.records.iter().filter(|(_, r)| r.is_attached()).map(|(p, _)| *p).collect();
+        self.before_refreshes();
         // One walk of the host's tasks for every VM refreshed.
         let mut walk = self.walk.take();
         if let Some(walk) = walk.as_mut().filter(|_| !attached.is_empty()) {
@@ -249,6 +251,12 @@ impl Observer {
                 vm.ask(&sockets);
             }
         }
+    }
+
+    /// What every VM's refresh would ask the kernel one VM at a time, asked once for all: which
+    /// VMMs exited (one poll of every pidfd).
+    fn before_refreshes(&self) {
+        exit_watch::poll_all(self.vms().filter_map(ObservedVm::exit_watch));
     }
 
     /// Refreshes the VM of `pid`, detaching it once it left.

@@ -410,6 +410,11 @@ impl ObservedVm {
         self.monitor().and_then(|(_, l)| l.peer.as_ref()).is_some_and(|p| p.state == PeerState::Up)
     }
 
+    /// The watch on the VMM's exit, when it has one: polled with every VM's at once each tick.
+    pub(crate) fn exit_watch(&self) -> Option<&ExitWatch> {
+        self.exit.as_ref()
+    }
+
     /// True when KVM's statistics come through QMP.
     pub fn has_qmp_stats(&self) -> bool {
         self.monitor().is_some_and(|(s, _)| !s.gives().vp.is_empty())

@@ -17,7 +17,9 @@
 //!   one `stat` of its `fd` directory; a full reading of its descriptors when their number
 //!   changed, and at least once every [`RESCAN_TICKS`] refreshes (every N refreshes for a
 //!   process holding N descriptors, more than that), so a VMM that keeps its count of
-//!   descriptors steady is found within that bound;
+//!   descriptors steady is found within that bound. Watches made together (every VM found at
+//!   an observer's start) take turns for their first full reading, so the readings of many VMs
+//!   spread over the ticks instead of all falling in one tick every [`RESCAN_TICKS`];
 //! - [`vm_token`]: what names a VM beyond this process's life (its KVM debugfs directory), for
 //!   the in-kernel counts kept across observers.
 //!
@@ -114,9 +116,11 @@ pub(crate) fn still_held(procfs: &Procfs, pid: i32, copies: &mut Vec<OwnedFd>) {
     copies.retain(|c| stats.iter().any(|&fd| same_files(pid, fd, me(), c.as_raw_fd())));
 }
 
-/// This process's id, as `kcmp` names it.
+/// This process's id, as `kcmp` names it: asked of the kernel once (`getpid` is a system call,
+/// and every refresh of every VM compares a descriptor with one of this process's).
 fn me() -> i32 {
-    std::process::id() as i32
+    static ME: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    *ME.get_or_init(|| std::process::id() as i32)
 }
 
 /// The distinct VM objects among `vms`, descriptors of `pid` linked `anon_inode:kvm-vm`
@@ -227,7 +231,7 @@ impl VmWatch {
     /// Watches `object`, held by `pid` at descriptor `fd`.
     pub fn new(procfs: &Procfs, pid: i32, fd: u32, object: VmObject) -> Self {
         let count = procfs.fd_count(pid).ok().flatten();
-        Self { object, fd, count, refreshes: 0, rescan_at: RESCAN_TICKS }
+        Self { object, fd, count, refreshes: 0, rescan_at: first_rescan() }
     }
 
     /// The VM object watched.
@@ -279,6 +283,16 @@ impl VmWatch {
     }
 }
 
+/// The refresh at which a new watch first reads its VMM's descriptors in full: each watch made
+/// takes the next of [`RESCAN_TICKS`] turns, so VMs attached in the same tick (every VM an
+/// observer finds at its start) are read in full in different ticks, a few each tick, not all
+/// in one tick every [`RESCAN_TICKS`] ticks. Within the bound all the same (at most
+/// [`RESCAN_TICKS`] refreshes).
+fn first_rescan() -> u64 {
+    static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    1 + MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % RESCAN_TICKS
+}
+
 /// A process's descriptor, copied into this one (`pidfd_getfd(2)`).
 ///
 /// # Errors
@@ -327,5 +341,20 @@ mod tests {
         sorted.sort_unstable();
         let distinct = distinct_vms(me(), &sorted).unwrap();
         assert_eq!(distinct.len(), 2, "{distinct:?}");
+    }
+
+    #[test]
+    fn watches_made_together_first_read_their_descriptors_in_different_ticks_within_the_bound() {
+        let firsts: std::collections::BTreeSet<u64> = (0..RESCAN_TICKS).map(|_| first_rescan()).collect();
+        assert_eq!(firsts.len() as u64, RESCAN_TICKS, "{firsts:?}");
+        assert!(firsts.iter().all(|&t| (1..=RESCAN_TICKS).contains(&t)), "{firsts:?}");
+    }
+
+    #[test]
+    fn this_process_is_named_by_its_own_id() {
+        let null = dev_null();
+        assert_eq!(me(), std::process::id() as i32);
+        let fd = null.as_raw_fd();
+        assert_eq!(compare_files(me(), fd, std::process::id() as i32, fd).unwrap(), Ordering::Equal);
     }
 }

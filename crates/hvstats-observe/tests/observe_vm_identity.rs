@@ -29,6 +29,7 @@ use hvstats_abi::catalog::{hypervisor, vp};
 use hvstats_abi::refusal::Refusal;
 use hvstats_observe::filter::{VmFilter, VmPattern};
 use hvstats_observe::vm::Departure;
+use hvstats_observe::vm_identity::RESCAN_TICKS;
 use hvstats_observe::{ObserveOptions, Observer, ObserverEvent, Procfs, Targets};
 use observe_support::{TempDir, kvm_available};
 
@@ -125,6 +126,9 @@ fn identity_vmm() {
     let mut kept = vec![stats];
     // VMs kept open beside the one the vCPU thread runs.
     let mut older = Vec::new();
+    // Descriptors closed as a VM is added, so the VMM's number of descriptors holds still.
+    let mut spares: Vec<std::fs::File> = (0..16).map(|_| std::fs::File::open("/dev/null").unwrap()).collect();
+    let fd_count = || std::fs::read_dir("/proc/self/fd").unwrap().count();
     let (send, next) = std::sync::mpsc::channel();
     let (moved_tx, moved) = std::sync::mpsc::channel();
     let (tid_tx, tid) = std::sync::mpsc::channel();
@@ -164,17 +168,22 @@ fn identity_vmm() {
                     .exec();
                 panic!("exec: {e}");
             }
-            "replace" | "add" => {
+            "replace" | "add" | "add-steady" => {
+                let before = fd_count();
                 let (new_vm, new_vcpu, new_stats) = make_vm(&kvm, mem);
                 send.send(new_vcpu).unwrap();
                 moved.recv().unwrap();
                 // Replaced, the old VM's descriptor closes (its statistics descriptor stays open);
                 // added, it stays open beside the new one.
                 let old = std::mem::replace(&mut vm, new_vm);
-                if line.trim() == "add" {
+                if line.trim() != "replace" {
                     older.push(old);
                 }
                 kept.push(new_stats);
+                // The old vCPU's descriptor closed as the thread took the new one.
+                if line.trim() == "add-steady" {
+                    spares.truncate(spares.len().saturating_sub(fd_count().saturating_sub(before)));
+                }
                 writeln!(out, "replaced").unwrap();
             }
             _ => break,
@@ -479,6 +488,37 @@ fn a_vmm_that_runs_a_new_vm_beside_the_one_attached_is_detached_and_refused_whil
         )]
     );
     assert_eq!(published(&hv), (0, 0, 1), "no partition read frozen; the VMM counted refused");
+}
+
+#[test]
+fn a_vm_made_beside_the_one_attached_while_the_descriptors_number_holds_still_is_found_within_the_rescan_bound()
+ {
+    if !kvm_available("a_vm_made_beside_the_one_attached_while_the_descriptors_number_holds_still") {
+        return;
+    }
+    let _host = host_wide();
+    let name = unique("steady");
+    let mut vmm = IdentityVmm::start(&name);
+    let tmp = TempDir::new("identity-steady");
+    let (_hv, mut observer) = observer_on(&tmp, &name, Procfs::host());
+    tick_until(&mut observer, |o| o.vms().count() == 1);
+    let fd_dir = format!("/proc/{}/fd", vmm.pid());
+    let fds = || std::fs::read_dir(&fd_dir).unwrap().count();
+    let before = fds();
+    vmm.tell("add-steady", "replaced");
+    assert_eq!(fds(), before, "the VMM's number of descriptors held still");
+    // Only the periodic full reading finds it: within RESCAN_TICKS refreshes of the VM.
+    let mut events = Vec::new();
+    let mut refreshes = 0;
+    while observer.vms().count() == 1 {
+        assert!(refreshes <= RESCAN_TICKS, "not found in {refreshes} refreshes: {events:#?}");
+        events.extend(ticks(&mut observer, 1));
+        refreshes += 1;
+    }
+    assert!(
+        events.iter().any(|e| matches!(e, ObserverEvent::Detached { why: Departure::VmChanged, .. })),
+        "{events:#?}"
+    );
 }
 
 /// Since when the VM's tracepoints count, once they are kept in the kernel for the next observer

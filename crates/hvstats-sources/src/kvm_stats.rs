@@ -259,9 +259,25 @@ impl KvmStats {
     /// # Errors
     /// When the pread fails or `data` is too short.
     pub fn read_into(&self, data: &mut [u64]) -> io::Result<()> {
-        let data = data.get_mut(..self.data_words()).ok_or(io::ErrorKind::InvalidInput)?;
-        let bytes = data.as_mut_bytes();
-        self.file.read_exact_at(&mut bytes[..self.data_len], self.data_offset)?;
+        self.read_words_into(data, 0..self.data_words())
+    }
+
+    /// Reads words `words` of the data block (those of the statistics a reader uses, see
+    /// [`Stat::words`]) into the same places of `data` (at least [`data_words`](Self::data_words)
+    /// long) with one `pread` of just those bytes; the other words of `data` are left as they
+    /// are. An empty range reads nothing.
+    ///
+    /// # Errors
+    /// When the pread fails, or `data` is too short or `words` past the block.
+    pub fn read_words_into(&self, data: &mut [u64], words: std::ops::Range<usize>) -> io::Result<()> {
+        if data.len() < self.data_words() || words.end > self.data_words() {
+            return Err(io::ErrorKind::InvalidInput.into());
+        }
+        let Some(data) = data.get_mut(words.clone()).filter(|d| !d.is_empty()) else { return Ok(()) };
+        // The last word may be cut short: the block ends where its last statistic does.
+        let len = (words.end * 8).min(self.data_len) - words.start * 8;
+        let offset = self.data_offset + words.start as u64 * 8;
+        self.file.read_exact_at(&mut data.as_mut_bytes()[..len], offset)?;
         for v in data.iter_mut() {
             *v = u64::from_le(*v);
         }
@@ -312,6 +328,11 @@ impl Stat {
     /// converts it).
     pub fn is_time(self) -> bool {
         self.scale != Scale::NotTime
+    }
+
+    /// The words of the data block its values are in (for [`KvmStats::read_words_into`]).
+    pub fn words(self) -> std::ops::Range<usize> {
+        self.slot..self.slot.saturating_add(self.size)
     }
 
     /// True for a histogram (several values, its buckets), false for a single value.
@@ -467,6 +488,19 @@ mod tests {
             assert_eq!(stat.nanoseconds(&data), snap.nanoseconds(name), "{name}");
         }
         assert!(stats.stat("no_such_statistic").is_none());
+        // Reading only the words of some statistics gives each the value a full read gives.
+        let used = ["halt_exits", "irq_exits", "halt_wait_hist"].map(|n| stats.stat(n).unwrap());
+        let words =
+            used.iter().map(|s| s.words()).reduce(|a, b| a.start.min(b.start)..a.end.max(b.end)).unwrap();
+        assert!(words.len() < stats.data_words(), "{words:?} of {}", stats.data_words());
+        let mut part = vec![0u64; stats.data_words()];
+        stats.read_words_into(&mut part, words.clone()).unwrap();
+        stats.read_into(&mut data).unwrap();
+        for stat in used {
+            assert_eq!(stat.values(&part), stat.values(&data), "{:?}", stat.words());
+        }
+        assert!(part[..words.start].iter().chain(&part[words.end..]).all(|&w| w == 0), "nothing else read");
+        assert!(stats.read_words_into(&mut part, 0..stats.data_words() + 1).is_err());
         assert!(stats.read_into(&mut data[..stats.data_words() - 1]).is_err());
         // Another vCPU's statistics share the first's table of descriptors, and read its own.
         let other_vcpu = vm.create_vcpu(1).unwrap();

@@ -961,7 +961,8 @@ impl Store {
         .map_err(EngineError::Map)?;
         // One row per thread, not per CPU: a thread runs on one CPU at a time, and a program runs
         // to completion on its CPU, so only that thread's programs add to its row, one at a time.
-        let rows = ArrayMap::create(8 * columns.len().max(1), capacity, false).map_err(EngineError::Map)?;
+        // Mapped into this process: every row is read each refresh, as loads, not one bpf(2) each.
+        let rows = ArrayMap::create_mapped(8 * columns.len().max(1), capacity).map_err(EngineError::Map)?;
         let free = Slots {
             free: (0..capacity).rev().collect(),
             turned_away: 0,

@@ -21,6 +21,8 @@ pub const MAX_TEST_RUN_CONTEXT: usize = 12 * 8;
 pub const MAP_ARRAY: u32 = 2;
 /// `BPF_MAP_TYPE_PERCPU_ARRAY`.
 pub const MAP_PERCPU_ARRAY: u32 = 6;
+/// `BPF_F_MMAPABLE`: an array whose values a process may map and read as memory.
+const MAP_F_MMAPABLE: u32 = 1 << 10;
 /// `BPF_PROG_TYPE_TRACEPOINT`.
 const PROG_TRACEPOINT: u32 = 5;
 /// `BPF_PROG_TYPE_RAW_TRACEPOINT`.
@@ -126,6 +128,60 @@ pub struct ArrayMap {
     entries: u32,
     /// Copies per key: the possible CPUs of a per-CPU map, else 1.
     copies: usize,
+    /// The values mapped into this process, when the map is made mappable and the kernel let
+    /// it be mapped: a read is then a load from memory, not a `bpf(2)` call.
+    mapped: Option<Mapped>,
+}
+
+/// An array map's values mapped read-only into this process (`mmap` of a `BPF_F_MMAPABLE`
+/// array): the kernel's own memory, where the programs add, so a load reads what a
+/// `BPF_MAP_LOOKUP_ELEM` of the same key would copy out at that instant.
+#[derive(Debug)]
+struct Mapped {
+    base: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is shared memory of the kernel's, only ever read here through atomic
+// loads (`Mapped::word`), and unmapped once, by its owner's drop; any thread may do either.
+unsafe impl Send for Mapped {}
+// SAFETY: as for Send: shared references only load, atomically.
+unsafe impl Sync for Mapped {}
+
+impl Mapped {
+    /// Maps the `len` bytes of values of the mappable array `fd`, read-only.
+    fn of(fd: i32, len: usize) -> io::Result<Self> {
+        // SAFETY: a new shared read-only mapping chosen by the kernel, of `len` bytes of the map
+        // (the kernel refuses a length past the map's values, or a map not made mappable).
+        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, fd, 0) };
+        Ok(Self { base: crate::os::check_map(ptr)?, len })
+    }
+
+    /// The `u64` at byte `offset` (a multiple of 8 below `len`), loaded atomically: the
+    /// programs add to it on other CPUs while it is read.
+    fn word(&self, offset: usize) -> u64 {
+        debug_assert!(offset.is_multiple_of(8) && offset + 8 <= self.len);
+        // SAFETY: `offset + 8 <= len` (callers index within the map's values), the mapping is
+        // page-aligned so every multiple of 8 is aligned for a u64, and it lives as long as
+        // `self`; the kernel writes it concurrently, which an atomic load allows.
+        let word = unsafe { &*self.base.as_ptr().add(offset).cast::<std::sync::atomic::AtomicU64>() };
+        word.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        // SAFETY: `base` and `len` are the mapping `Mapped::of` made, unmapped only here.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
+    }
+}
+
+/// Bytes of `entries` values of `stride` bytes, rounded up to whole pages (what an array's
+/// mapping spans).
+fn mapped_len(stride: usize, entries: u32) -> usize {
+    // SAFETY: sysconf reads a constant of the system.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1);
+    (stride * entries as usize).div_ceil(page) * page
 }
 
 impl ArrayMap {
@@ -143,7 +199,42 @@ impl ArrayMap {
             .u32_at(8, size)
             .u32_at(12, entries)
             .call(CMD_MAP_CREATE)?;
-        Ok(Self { fd: owned(fd), value_size, entries, copies })
+        Ok(Self { fd: owned(fd), value_size, entries, copies, mapped: None })
+    }
+
+    /// Creates an array map (one copy a key) whose values this process reads from memory:
+    /// made `BPF_F_MMAPABLE` and mapped, so reading every row each refresh costs no system call.
+    /// Where the kernel refuses either, the map is made as [`create`](Self::create) makes it and
+    /// read by lookups: the same values, a `bpf(2)` call a read.
+    ///
+    /// # Errors
+    /// As [`create`](Self::create).
+    pub fn create_mapped(value_size: usize, entries: u32) -> io::Result<Self> {
+        let size = u32::try_from(value_size).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let made = Attr::new()
+            .u32_at(0, MAP_ARRAY)
+            .u32_at(4, 4)
+            .u32_at(8, size)
+            .u32_at(12, entries)
+            .u32_at(16, MAP_F_MMAPABLE)
+            .call(CMD_MAP_CREATE);
+        let Ok(fd) = made else { return Self::create(value_size, entries, false) };
+        let mut map = Self { fd: owned(fd), value_size, entries, copies: 1, mapped: None };
+        map.map_values();
+        Ok(map)
+    }
+
+    /// Maps the values when the map allows it (see [`create_mapped`](Self::create_mapped));
+    /// otherwise reads stay lookups.
+    fn map_values(&mut self) {
+        if self.copies == 1 {
+            self.mapped = Mapped::of(self.raw_fd(), mapped_len(self.stride(), self.entries)).ok();
+        }
+    }
+
+    /// True when reads are loads from memory rather than lookups.
+    pub(crate) fn is_mapped(&self) -> bool {
+        self.mapped.is_some()
     }
 
     /// Creates a hash map of at most `entries` values of `value_size` bytes, keyed by `u32`.
@@ -158,7 +249,7 @@ impl ArrayMap {
             .u32_at(8, size)
             .u32_at(12, entries)
             .call(CMD_MAP_CREATE)?;
-        Ok(Self { fd: owned(fd), value_size, entries, copies: 1 })
+        Ok(Self { fd: owned(fd), value_size, entries, copies: 1, mapped: None })
     }
 
     /// Pins the map at `path` (see [`ArrayMap::open_pinned`]).
@@ -183,7 +274,18 @@ impl ArrayMap {
                 format!("another kind of map ({have:?}, not {want:?})"),
             ));
         }
-        Ok(Self { fd, value_size: self.value_size, entries: self.entries, copies: self.copies })
+        let mut map = Self {
+            fd,
+            value_size: self.value_size,
+            entries: self.entries,
+            copies: self.copies,
+            mapped: None,
+        };
+        // A map pinned by a version that did not make it mappable is read by lookups.
+        if self.is_mapped() {
+            map.map_values();
+        }
+        Ok(map)
     }
 
     /// Opens the array map pinned at `path` (one copy a key), whatever its sizes: for reading
@@ -198,7 +300,7 @@ impl ArrayMap {
         if info.kind != MAP_ARRAY || info.key_size != 4 {
             return Err(io::Error::new(io::ErrorKind::InvalidData, format!("not an array map: {info:?}")));
         }
-        Ok(Self { fd, value_size: info.value_size as usize, entries: info.entries, copies: 1 })
+        Ok(Self { fd, value_size: info.value_size as usize, entries: info.entries, copies: 1, mapped: None })
     }
 
     /// Removes key `key` (a hash map's; an array's keys cannot be removed).
@@ -259,6 +361,33 @@ impl ArrayMap {
     /// # Errors
     /// As [`read`](Self::read).
     pub(crate) fn sum_u64_into(&self, key: u32, scratch: &mut Vec<u8>, sums: &mut [u64]) -> io::Result<()> {
+        if let Some(mapped) = &self.mapped {
+            return self.load_u64_into(mapped, key, sums);
+        }
+        self.look_up_u64_into(key, scratch, sums)
+    }
+
+    /// As [`sum_u64_into`](Self::sum_u64_into) from the mapped values (one copy a key).
+    fn load_u64_into(&self, mapped: &Mapped, key: u32, sums: &mut [u64]) -> io::Result<()> {
+        if key >= self.entries {
+            return Err(io::Error::from_raw_os_error(libc::ENOENT));
+        }
+        let n = sums.len().min(self.value_size / 8);
+        let row = key as usize * self.stride();
+        for (i, sum) in sums.iter_mut().enumerate() {
+            *sum = if i < n { mapped.word(row + 8 * i) } else { 0 };
+        }
+        Ok(())
+    }
+
+    /// As [`sum_u64_into`](Self::sum_u64_into) by `BPF_MAP_LOOKUP_ELEM`, whether or not the
+    /// values are mapped.
+    pub(crate) fn look_up_u64_into(
+        &self,
+        key: u32,
+        scratch: &mut Vec<u8>,
+        sums: &mut [u64],
+    ) -> io::Result<()> {
         scratch.resize(self.stride() * self.copies, 0);
         Attr::new()
             .u32_at(0, self.raw_fd() as u32)
@@ -620,5 +749,40 @@ mod tests {
         assert_eq!(parse_cpu_list("0\n"), Some(1));
         assert_eq!(parse_cpu_list("0-3,8-11"), Some(12));
         assert_eq!(parse_cpu_list("x"), None);
+    }
+
+    /// A mapped array's loads give, for every key, what a lookup of the key gives: across many
+    /// pages of values, words of a row past the first, and a value size not a multiple of 8.
+    #[test]
+    fn mapped_reads_equal_the_lookups_of_every_row() {
+        const ROWS: u32 = 3000;
+        let map = match ArrayMap::create_mapped(20, ROWS) {
+            Ok(map) => map,
+            Err(e) => {
+                assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "{e}");
+                return eprintln!("mapped_reads: skipped: {e}");
+            }
+        };
+        assert!(map.is_mapped(), "this kernel maps BPF_F_MMAPABLE arrays");
+        assert!(mapped_len(map.stride(), ROWS) > 4 * 4096, "the rows span many pages");
+        for key in (0..ROWS).filter(|k| k % 7 != 3) {
+            let words = [u64::from(key) << 32 | 1, u64::MAX - u64::from(key)];
+            let mut value = words.iter().flat_map(|w| w.to_ne_bytes()).collect::<Vec<_>>();
+            value.extend_from_slice(&key.to_ne_bytes());
+            map.write(key, &value).unwrap();
+        }
+        let (mut scratch, mut loaded, mut looked_up) = (Vec::new(), [0u64; 3], [0u64; 3]);
+        for key in 0..ROWS {
+            map.sum_u64_into(key, &mut scratch, &mut loaded).unwrap();
+            map.look_up_u64_into(key, &mut scratch, &mut looked_up).unwrap();
+            assert_eq!(loaded, looked_up, "row {key}");
+            let written =
+                if key % 7 == 3 { [0, 0] } else { [u64::from(key) << 32 | 1, u64::MAX - u64::from(key)] };
+            assert_eq!(loaded[..2], written, "row {key}");
+        }
+        assert_eq!(
+            map.sum_u64_into(ROWS, &mut scratch, &mut loaded).unwrap_err().raw_os_error(),
+            Some(libc::ENOENT)
+        );
     }
 }

@@ -18,6 +18,7 @@
 use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io;
+use std::ops::Range;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
@@ -49,6 +50,8 @@ struct Copied {
     /// Its counters, located in its data block once (its statistics are fixed while it is open),
     /// shared with the VM's other vCPUs of the same layout.
     resolved: Arc<Resolved<Stat>>,
+    /// The words of its data block the located counters are in: all a refresh reads.
+    words: Range<usize>,
     data: Vec<u64>,
     read_once: bool,
 }
@@ -58,17 +61,28 @@ impl Copied {
     /// of the same kind) when that has the same layout.
     fn new(stats: KvmStats, kind: ObjectKind, like: Option<&Copied>) -> Self {
         let data = vec![0; stats.data_words()];
-        let resolved = match like.filter(|c| c.stats.same_layout(&stats)) {
-            Some(like) => like.resolved.clone(),
-            None => Arc::new(Resolved::of(kind, &|name, buckets| {
-                stats.stat(name).filter(|stat| !buckets || stat.is_histogram())
-            })),
+        let (resolved, words) = match like.filter(|c| c.stats.same_layout(&stats)) {
+            Some(like) => (like.resolved.clone(), like.words.clone()),
+            None => {
+                // Every statistic located, whether or not its counter keeps it: a few words more
+                // at most, never one less.
+                let words = std::cell::RefCell::new(0..0);
+                let resolved = Resolved::of(kind, &|name, buckets| {
+                    let stat = stats.stat(name).filter(|stat| !buckets || stat.is_histogram())?;
+                    let mut all = words.borrow_mut();
+                    let at = stat.words();
+                    *all = if all.is_empty() { at } else { all.start.min(at.start)..all.end.max(at.end) };
+                    Some(stat)
+                });
+                (Arc::new(resolved), words.into_inner())
+            }
         };
-        Self { stats, resolved, data, read_once: false }
+        Self { stats, resolved, words, data, read_once: false }
     }
 
+    /// Reads the words of its located counters, in one `pread`.
     fn read(&mut self) -> io::Result<()> {
-        self.stats.read_into(&mut self.data)?;
+        self.stats.read_words_into(&mut self.data, self.words.clone())?;
         self.read_once = true;
         Ok(())
     }
