@@ -201,6 +201,30 @@ impl Procfs {
         Ok((self.counts_fds && size > 0).then_some(size))
     }
 
+    /// The `fd` directory of `pid`, held open (`O_PATH`): its number of descriptors is then read
+    /// with [`Procfs::fd_count_of`] without a walk of the path each time. The directory stays
+    /// the process's it was opened for (procfs ties it to that process, not to its pid).
+    ///
+    /// # Errors
+    /// When the directory cannot be opened (the process is gone, out of descriptors).
+    pub(crate) fn fd_dir(&self, pid: i32) -> io::Result<fs::File> {
+        use std::os::unix::fs::OpenOptionsExt;
+        fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+            .open(self.root.join(pid.to_string()).join("fd"))
+    }
+
+    /// The number of descriptors of the process whose `fd` directory `dir` is (see
+    /// [`Procfs::fd_dir`]), as [`Procfs::fd_count`] tells it.
+    ///
+    /// # Errors
+    /// When the directory cannot be looked at (the process is gone).
+    pub(crate) fn fd_count_of(&self, dir: &fs::File) -> io::Result<Option<u64>> {
+        let size = dir.metadata()?.len();
+        Ok((self.counts_fds && size > 0).then_some(size))
+    }
+
     /// The threads KVM's debugfs names as having made a VM: one directory per VM, `kvm/<id>-<vm
     /// fd>`, where `id` is the thread that made the VM; by directory name. `None` without a
     /// debugfs whose `kvm` directory can be listed.
@@ -688,6 +712,37 @@ fn host_debugfs() -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_held_fd_directory_counts_the_descriptors_as_its_path_does_and_follows_them() {
+        use std::io::Write;
+        use std::process::{Command, Stdio};
+        // A shell that opens three more descriptors once told to, then waits.
+        let mut child = Command::new("sh")
+            .args(["-c", "read x; exec 5</dev/null 6</dev/null 7</dev/null; echo opened; read y"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("sh");
+        let pid = child.id() as i32;
+        let procfs = Procfs::host();
+        let dir = procfs.fd_dir(pid).expect("the child's fd directory");
+        let before = procfs.fd_count(pid).unwrap();
+        assert_eq!(procfs.fd_count_of(&dir).unwrap(), before);
+        let mut stdin = child.stdin.take().unwrap();
+        writeln!(stdin, "go").unwrap();
+        let mut line = String::new();
+        io::BufRead::read_line(&mut io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
+        assert_eq!(line.trim(), "opened");
+        let after = procfs.fd_count_of(&dir).unwrap();
+        assert_eq!(after, procfs.fd_count(pid).unwrap());
+        // Where the kernel tells the number (6.2 on), it moved by the three opened.
+        if let Some(before) = before {
+            assert_eq!(after, Some(before + 3));
+        }
+        drop(stdin);
+        let _ = child.wait();
+    }
 
     #[test]
     fn thread_names_of_every_vmm_give_the_vcpu_index() {

@@ -14,7 +14,7 @@
 //!   `dup` one);
 //! - [`VmWatch`]: notices at each refresh that the VM a process runs is no longer the one
 //!   attached (closed and made anew, or another made beside it), at the cost of one `kcmp` and
-//!   one `stat` of its `fd` directory; a full reading of its descriptors when their number
+//!   one `stat` of its `fd` directory (held open: no path is walked); a full reading of its descriptors when their number
 //!   changed, and at least once every [`RESCAN_TICKS`] refreshes (every N refreshes for a
 //!   process holding N descriptors, more than that), so a VMM that keeps its count of
 //!   descriptors steady is found within that bound. Watches made together (every VM found at
@@ -222,6 +222,9 @@ pub struct VmWatch {
     fd: u32,
     /// The VMM's number of descriptors at the last full reading, where procfs tells it.
     count: Option<u64>,
+    /// The VMM's `fd` directory, held to read its number without a path walk each refresh
+    /// (`None` where it could not be opened: the number is then read by its path).
+    fd_dir: Option<File>,
     refreshes: u64,
     /// The refresh at which its descriptors are read in full next, whatever else holds.
     rescan_at: u64,
@@ -230,8 +233,20 @@ pub struct VmWatch {
 impl VmWatch {
     /// Watches `object`, held by `pid` at descriptor `fd`.
     pub fn new(procfs: &Procfs, pid: i32, fd: u32, object: VmObject) -> Self {
-        let count = procfs.fd_count(pid).ok().flatten();
-        Self { object, fd, count, refreshes: 0, rescan_at: first_rescan() }
+        let fd_dir = procfs.fd_dir(pid).ok();
+        let mut watch = Self { object, fd, count: None, fd_dir, refreshes: 0, rescan_at: first_rescan() };
+        watch.count = watch.fd_count(procfs, pid);
+        watch
+    }
+
+    /// The VMM's number of descriptors now, where procfs tells it.
+    fn fd_count(&self, procfs: &Procfs, pid: i32) -> Option<u64> {
+        match &self.fd_dir {
+            Some(dir) => procfs.fd_count_of(dir),
+            None => procfs.fd_count(pid),
+        }
+        .ok()
+        .flatten()
     }
 
     /// The VM object watched.
@@ -250,7 +265,7 @@ impl VmWatch {
         let same = self.object.is_held_at(pid, self.fd)?;
         // Where procfs does not tell the number (before Linux 6.2), the periodic reading alone
         // finds a VM made beside the one attached.
-        let count = procfs.fd_count(pid).ok().flatten();
+        let count = self.fd_count(procfs, pid);
         if same && count == self.count && self.refreshes < self.rescan_at {
             return Ok(None);
         }
