@@ -725,3 +725,22 @@ impl ThreadEvents {
 fn starting_row(row: Vec<u64>) -> Box<[u64]> {
     if row.iter().all(|&v| v == 0) { Box::default() } else { row.into() }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists_asked_alike_share_one_while_one_lives_and_none_outlives_its_last_holder() {
+        let specs = || vec![EventSpec::tracepoint("syscalls", "sys_enter_getppid")];
+        let (a, b) = (EventList::with_rows(specs(), 3), EventList::with_rows(specs(), 3));
+        assert!(Arc::ptr_eq(&a.inner, &b.inner), "one list for both");
+        let other = EventList::with_rows(specs(), 5);
+        assert!(!Arc::ptr_eq(&a.inner, &other.inner), "a list asked otherwise is its own");
+        let engine = a.inner.engine.as_ref().ok().map(Arc::downgrade);
+        let list = Arc::downgrade(&a.inner);
+        drop((a, b));
+        assert!(list.upgrade().is_none(), "the registry holds lists weakly");
+        assert!(engine.is_none_or(|e| e.upgrade().is_none()), "the engine goes with the last list");
+    }
+}
