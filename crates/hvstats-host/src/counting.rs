@@ -554,12 +554,15 @@ pub struct ThreadEvents {
     /// The thread's row in the engine, when it has one, and the row's value when this list
     /// began counting the thread (another list of the same events may count it too; empty for
     /// a row that was all zeros, as a new thread's is).
-    slot: Option<(Arc<Engine>, Slot, i32, Box<[u64]>)>,
+    slot: Option<EngineRow>,
     /// The thread's counts at its last successful read (kept once it is gone).
     last: Box<[Option<u64>]>,
     /// The events perf refused on this thread, and why (those asked for only): most often none.
     refused: Box<[(usize, MemberError)]>,
 }
+
+/// A thread's row in an engine: the engine, the row, the thread, and the row's starting value.
+type EngineRow = (Arc<Engine>, Slot, i32, Box<[u64]>);
 
 /// What reads go through, kept per calling thread so that a read allocates nothing and every
 /// counted thread shares them: the engine row of the last read and the buffer it is read

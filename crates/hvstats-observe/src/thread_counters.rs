@@ -157,7 +157,7 @@ impl ThreadCounters {
     pub fn retain(&mut self, tids: &[i32]) {
         self.threads.0.retain(|(tid, _)| tids.contains(tid));
         for tid in tids {
-            if !self.threads.get(*tid).is_some() {
+            if self.threads.get(*tid).is_none() {
                 self.threads.insert(*tid, ThreadEvents::open_in(self.pid, *tid, self.vm, &self.events));
             }
         }
