@@ -155,15 +155,29 @@ type Resolution = Result<(u32, u64), Arc<EventError>>;
 /// and the in-kernel counting of their tracepoints where it is possible.
 #[derive(Clone, Debug)]
 pub struct EventList {
-    /// Shared by the list's clones (each VM's sources hold one), as are `resolved` and
-    /// `columns`: a list is made once and never changed.
-    specs: Arc<[EventSpec]>,
-    resolved: Arc<[Resolution]>,
+    /// Shared by the list's clones and by every list made alike while one lives ([`LISTS`]): a
+    /// list is made once and never changed, so a thousand VMs hold one.
+    inner: Arc<ListInner>,
+}
+
+#[derive(Debug)]
+struct ListInner {
+    specs: Box<[EventSpec]>,
+    resolved: Box<[Resolution]>,
     /// The in-kernel counting, or why there is none.
     engine: Result<Arc<Engine>, InKernelError>,
     /// By event: its column in the engine, when the engine counts it.
-    columns: Arc<[Option<usize>]>,
+    columns: Box<[Option<usize>]>,
+    /// How it was asked for: the method, where it is kept, the engine's rows asked.
+    asked: ListAsked,
 }
+
+type ListAsked = (Method, Option<PathBuf>, Option<u32>);
+
+/// Lists alive in this process, by how they were asked for (and their specs): a list made alike
+/// while one lives is that one. Held weakly, so the last VM gone drops its list, and with it the
+/// engine (whose drop removes what it kept).
+static LISTS: Mutex<Vec<Weak<ListInner>>> = Mutex::new(Vec::new());
 
 /// Tallies alive in this process, by the specs they count and where they are kept: lists of the
 /// same events (every VM observed) share one, so a firing runs one program per tracepoint
@@ -376,46 +390,33 @@ impl EventList {
     }
 
     fn made(specs: Vec<EventSpec>, method: Method, keep_in: Option<&Path>, rows: Option<u32>) -> Self {
-        let root = tracefs::root();
-        let resolved = specs
+        let asked: ListAsked = (method, keep_in.map(Path::to_owned), rows.or_else(rows_asked));
+        let alike = |l: &ListInner| l.asked == asked && *l.specs == *specs;
+        let live = LISTS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
             .iter()
-            .map(|spec| match spec {
-                EventSpec::Software(config) => Ok((TYPE_SOFTWARE, *config)),
-                EventSpec::Tracepoint { system, name, .. }
-                | EventSpec::Span { system, start: name, .. }
-                | EventSpec::Carried { system, name, .. } => {
-                    tracefs::event_id(system, name).map(|id| (TYPE_TRACEPOINT, id)).map_err(Arc::new)
-                }
-            })
-            .collect::<Vec<_>>();
-        let engine = match (method, root) {
-            (Method::Perf, _) => Err(InKernelError::PerfAsked),
-            (Method::InKernel, Err(e)) => Err(InKernelError::Tracefs(e)),
-            (Method::InKernel, Ok(root)) => shared_engine(root, &specs, keep_in, rows),
-        };
-        let columns = engine_columns(&specs)
-            .into_iter()
-            .enumerate()
-            .map(|(i, column)| {
-                let column = column?;
-                let counted =
-                    resolved[i].is_ok() && engine.as_ref().is_ok_and(|t| t.refused(column).is_none());
-                counted.then_some(column)
-            })
-            .collect::<Vec<_>>()
-            .into();
-        Self { specs: specs.into(), resolved: resolved.into(), engine, columns }
+            .filter_map(Weak::upgrade)
+            .find(|l| alike(l));
+        if let Some(inner) = live {
+            return Self { inner };
+        }
+        let inner = Arc::new(ListInner::resolved(specs.into(), asked));
+        let mut lists = LISTS.lock().unwrap_or_else(|e| e.into_inner());
+        lists.retain(|l| l.strong_count() > 0);
+        lists.push(Arc::downgrade(&inner));
+        Self { inner }
     }
 
     /// How tracepoint events are counted: in the kernel when at least one is.
     pub fn method(&self) -> Method {
-        if self.columns.iter().any(Option::is_some) { Method::InKernel } else { Method::Perf }
+        if self.inner.columns.iter().any(Option::is_some) { Method::InKernel } else { Method::Perf }
     }
 
     /// The method, said for a log or a description: which, and why not in the kernel when not,
     /// or which tracepoints stay perf counters.
     pub fn method_description(&self) -> String {
-        match (&self.engine, self.method()) {
+        match (&self.inner.engine, self.method()) {
             (Err(why), _) => format!(
                 "perf counters per thread (in-kernel counting unavailable: {})",
                 crate::error_chain::error_chain(why)
@@ -425,13 +426,14 @@ impl EventList {
             }
             (Ok(t), Method::InKernel) => {
                 let refused: Vec<String> = self
+                    .inner
                     .specs
                     .iter()
                     .enumerate()
                     .filter(|(i, spec)| {
                         !matches!(spec, EventSpec::Software(_))
-                            && self.resolved[*i].is_ok()
-                            && self.columns[*i].is_none()
+                            && self.inner.resolved[*i].is_ok()
+                            && self.inner.columns[*i].is_none()
                     })
                     .filter_map(|(i, _)| self.column_refusal(t, i))
                     .collect();
@@ -449,84 +451,131 @@ impl EventList {
     }
 
     fn column_refusal(&self, engine: &Engine, event: usize) -> Option<String> {
-        let column = engine_columns(&self.specs).get(event).copied().flatten()?;
+        let column = engine_columns(&self.inner.specs).get(event).copied().flatten()?;
         engine.refused(column).map(str::to_owned)
     }
 
     /// True when the in-kernel counts are kept beyond this process ([`keep_counts_in`]).
     pub fn is_kept(&self) -> bool {
-        self.engine.as_ref().is_ok_and(|t| t.kept_in().is_some())
+        self.inner.engine.as_ref().is_ok_and(|t| t.kept_in().is_some())
     }
 
     /// True when event `i` is counted in the kernel.
     pub fn in_kernel(&self, i: usize) -> bool {
-        self.columns.get(i).is_some_and(Option::is_some)
+        self.inner.columns.get(i).is_some_and(Option::is_some)
     }
 
     /// Perf counters each counted thread holds: the events not counted in the kernel (spans
     /// and carried counts are counted there or not at all).
     pub fn perf_events_per_thread(&self) -> usize {
         (0..self.len())
-            .filter(|&i| self.resolved[i].is_ok() && !self.in_kernel(i) && !self.is_span(i))
+            .filter(|&i| self.inner.resolved[i].is_ok() && !self.in_kernel(i) && !self.is_span(i))
             .count()
     }
 
     /// Perf counters a thread holds when the engine has no row for it: every event but the spans
     /// and carried counts (counted in the kernel or not at all).
     pub fn perf_events_without_row(&self) -> usize {
-        (0..self.len()).filter(|&i| self.resolved[i].is_ok() && !self.is_span(i)).count()
+        (0..self.len()).filter(|&i| self.inner.resolved[i].is_ok() && !self.is_span(i)).count()
     }
 
     /// The engine's rows and how many are free now, when tracepoints are counted in the kernel.
     pub fn engine_rows(&self) -> Option<(u32, usize)> {
-        let engine = self.engine.as_ref().ok().filter(|_| self.method() == Method::InKernel)?;
+        let engine = self.inner.engine.as_ref().ok().filter(|_| self.method() == Method::InKernel)?;
         Some((engine.capacity(), engine.rows_free()))
     }
 
     fn is_span(&self, i: usize) -> bool {
-        self.specs.get(i).is_some_and(EventSpec::in_kernel_only)
+        self.inner.specs.get(i).is_some_and(EventSpec::in_kernel_only)
     }
 
     /// Number of events.
     pub fn len(&self) -> usize {
-        self.specs.len()
+        self.inner.specs.len()
     }
 
     /// True when there are no events.
     pub fn is_empty(&self) -> bool {
-        self.specs.is_empty()
+        self.inner.specs.is_empty()
     }
 
     /// Why event `i` cannot be counted at all (unknown tracepoint, no tracefs), if so.
     pub fn unavailable(&self, i: usize) -> Option<&EventError> {
-        self.resolved.get(i).and_then(|r| r.as_ref().err()).map(|e| &**e)
+        self.inner.resolved.get(i).and_then(|r| r.as_ref().err()).map(|e| &**e)
     }
 
     /// The specs.
     pub fn specs(&self) -> &[EventSpec] {
-        &self.specs
+        &self.inner.specs
+    }
+}
+
+impl ListInner {
+    /// Resolves `specs` against tracefs and finds (or makes) the engine counting them as `asked`.
+    fn resolved(specs: Box<[EventSpec]>, asked: ListAsked) -> Self {
+        let root = tracefs::root();
+        let resolved: Box<[Resolution]> = specs
+            .iter()
+            .map(|spec| match spec {
+                EventSpec::Software(config) => Ok((TYPE_SOFTWARE, *config)),
+                EventSpec::Tracepoint { system, name, .. }
+                | EventSpec::Span { system, start: name, .. }
+                | EventSpec::Carried { system, name, .. } => {
+                    tracefs::event_id(system, name).map(|id| (TYPE_TRACEPOINT, id)).map_err(Arc::new)
+                }
+            })
+            .collect();
+        let engine = match (asked.0, root) {
+            (Method::Perf, _) => Err(InKernelError::PerfAsked),
+            (Method::InKernel, Err(e)) => Err(InKernelError::Tracefs(e)),
+            (Method::InKernel, Ok(root)) => shared_engine(root, &specs, asked.1.as_deref(), asked.2),
+        };
+        let columns = engine_columns(&specs)
+            .into_iter()
+            .enumerate()
+            .map(|(i, column)| {
+                let column = column?;
+                let counted =
+                    resolved[i].is_ok() && engine.as_ref().is_ok_and(|t| t.refused(column).is_none());
+                counted.then_some(column)
+            })
+            .collect();
+        Self { specs, resolved, engine, columns, asked }
     }
 }
 
 /// The counters of one thread: its row in the in-kernel engine, and perf counters (one group
-/// where possible) for the events the engine does not count.
+/// where possible) for the events the engine does not count. It keeps only what differs from
+/// one thread to another; what a read goes through is this process's thread's ([`READ_BUFFERS`]).
 #[derive(Debug)]
 pub struct ThreadEvents {
     /// The perf counters, by event index (empty where the engine counts the event).
     group: PerfGroup,
     /// The thread's row in the engine, when it has one, and the row's value when this list
-    /// began counting the thread (another list of the same events may count it too).
-    slot: Option<(Arc<Engine>, Slot, i32, Vec<u64>)>,
+    /// began counting the thread (another list of the same events may count it too; empty for
+    /// a row that was all zeros, as a new thread's is).
+    slot: Option<EngineRow>,
     /// The thread's counts at its last successful read (kept once it is gone).
-    last: Vec<Option<u64>>,
-    /// The perf counters' reading (scratch).
-    read: Vec<Option<u64>>,
-    /// By event, whether perf opened it (and why not).
-    opened: Vec<Result<(), MemberError>>,
-    /// The engine row of the last read, and the buffer it is read through: kept, so a read
-    /// allocates nothing.
-    row: Vec<u64>,
+    last: Box<[Option<u64>]>,
+    /// The events perf refused on this thread, and why (those asked for only): most often none.
+    refused: Box<[(usize, MemberError)]>,
+}
+
+/// A thread's row in an engine: the engine, the row, the thread, and the row's starting value.
+type EngineRow = (Arc<Engine>, Slot, i32, Box<[u64]>);
+
+/// What reads go through, kept per calling thread so that a read allocates nothing and every
+/// counted thread shares them: the engine row of the last read and the buffer it is read
+/// through, and the perf counters' reading.
+struct ReadBuffers {
     scratch: Vec<u8>,
+    row: Vec<u64>,
+    perf: Vec<Option<u64>>,
+}
+
+thread_local! {
+    static READ_BUFFERS: std::cell::RefCell<ReadBuffers> =
+        const { std::cell::RefCell::new(ReadBuffers { scratch: Vec::new(), row: Vec::new(), perf: Vec::new() }) };
 }
 
 impl Drop for ThreadEvents {
@@ -550,10 +599,10 @@ impl ThreadEvents {
     /// observer is adopted only for the same thread running the same VM (see [`VmToken`]).
     pub fn open_in(pid: i32, tid: i32, vm: VmToken, events: &EventList) -> Self {
         let slot =
-            events.engine.as_ref().ok().filter(|_| events.method() == Method::InKernel).and_then(|t| {
+            events.inner.engine.as_ref().ok().filter(|_| events.method() == Method::InKernel).and_then(|t| {
                 // A row kept by an earlier observer for this very thread and VM: its whole count is ours.
                 match t.claim(pid, tid, vm) {
-                    Claim::Adopted(slot) => return Some((Arc::clone(t), slot, tid, Vec::new())),
+                    Claim::Adopted(slot) => return Some((Arc::clone(t), slot, tid, Box::default())),
                     Claim::OtherVm => {
                         *OTHER_VM.lock().unwrap_or_else(|e| e.into_inner()).entry(pid).or_default() += 1;
                     }
@@ -569,7 +618,7 @@ impl ThreadEvents {
                     Err(_) => return None,
                 };
                 match t.read(slot) {
-                    Ok(start) => Some((Arc::clone(t), slot, tid, start)),
+                    Ok(start) => Some((Arc::clone(t), slot, tid, starting_row(start))),
                     Err(_) => {
                         t.remove_thread(tid);
                         None
@@ -577,8 +626,8 @@ impl ThreadEvents {
                 }
             });
         let in_engine = slot.is_some();
-        let attrs = events.specs.iter().enumerate().map(|(i, spec)| {
-            let (type_, config) = *events.resolved[i].as_ref().ok()?;
+        let attrs = events.inner.specs.iter().enumerate().map(|(i, spec)| {
+            let (type_, config) = *events.inner.resolved[i].as_ref().ok()?;
             if in_engine && events.in_kernel(i) {
                 return None;
             }
@@ -593,9 +642,13 @@ impl ThreadEvents {
         });
         // An event that does not open on this thread is not counted on it (see `is_open`).
         let (group, opened) = PerfGroup::open(tid, attrs);
-        let last = vec![None; group.len()];
-        let read = vec![None; group.len()];
-        let mut me = Self { group, slot, last, read, opened, row: Vec::new(), scratch: Vec::new() };
+        let refused = opened
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, o)| o.err().filter(|e| !matches!(e, MemberError::NotAsked)).map(|e| (i, e)))
+            .collect();
+        let last = vec![None; group.len()].into();
+        let mut me = Self { group, slot, last, refused };
         // The first read sizes (and touches) the buffers every later read reuses.
         me.read(events);
         me
@@ -628,30 +681,69 @@ impl ThreadEvents {
         if self.is_open(events, i) {
             return None;
         }
-        self.opened.get(i).and_then(|o| o.as_ref().err()).filter(|e| !matches!(e, MemberError::NotAsked))
+        self.refused.iter().find(|(at, _)| *at == i).map(|(_, e)| e)
+    }
+
+    /// Its counts at its last read ([`read`](Self::read)), by event (`None`: not counted).
+    pub fn last(&self) -> &[Option<u64>] {
+        &self.last
     }
 
     /// Reads every counter: by event, its count since the thread was opened (`None`: not
     /// counted). A counter that cannot be read now keeps its last count.
     pub fn read(&mut self, events: &EventList) -> &[Option<u64>] {
-        if let Some((engine, slot, _, start)) = &self.slot
-            && engine.read_into(*slot, &mut self.scratch, &mut self.row).is_ok()
-        {
-            for (i, last) in self.last.iter_mut().enumerate() {
-                if let Some(&Some(column)) = events.columns.get(i)
-                    && let Some(now) = self.row.get(column)
-                {
-                    // An adopted row starts empty: its count is its whole count.
-                    *last = Some(now.wrapping_sub(start.get(column).copied().unwrap_or(0)));
+        READ_BUFFERS.with_borrow_mut(|buffers| {
+            self.read_engine(events, &mut buffers.scratch, &mut buffers.row);
+            if self.group.fds() > 0 {
+                buffers.perf.resize(self.last.len(), None);
+                self.group.read_into(&mut buffers.perf);
+                for (last, value) in self.last.iter_mut().zip(&buffers.perf) {
+                    if value.is_some() {
+                        *last = *value;
+                    }
                 }
             }
+        });
+        &self.last
+    }
+
+    /// Reads its row in the engine, when it has one, into `last` (through `scratch` and `row`).
+    fn read_engine(&mut self, events: &EventList, scratch: &mut Vec<u8>, row: &mut Vec<u64>) {
+        let Some((engine, slot, _, start)) = &self.slot else { return };
+        if engine.read_into(*slot, scratch, row).is_err() {
+            return;
         }
-        self.group.read_into(&mut self.read);
-        for (last, value) in self.last.iter_mut().zip(&self.read) {
-            if value.is_some() {
-                *last = *value;
+        for (i, last) in self.last.iter_mut().enumerate() {
+            if let Some(&Some(column)) = events.inner.columns.get(i)
+                && let Some(now) = row.get(column)
+            {
+                // An adopted row starts empty: its count is its whole count.
+                *last = Some(now.wrapping_sub(start.get(column).copied().unwrap_or(0)));
             }
         }
-        &self.last
+    }
+}
+
+/// The value of a row when a list began counting its thread, kept only when it is not all zeros.
+fn starting_row(row: Vec<u64>) -> Box<[u64]> {
+    if row.iter().all(|&v| v == 0) { Box::default() } else { row.into() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists_asked_alike_share_one_while_one_lives_and_none_outlives_its_last_holder() {
+        let specs = || vec![EventSpec::tracepoint("syscalls", "sys_enter_getppid")];
+        let (a, b) = (EventList::with_rows(specs(), 3), EventList::with_rows(specs(), 3));
+        assert!(Arc::ptr_eq(&a.inner, &b.inner), "one list for both");
+        let other = EventList::with_rows(specs(), 5);
+        assert!(!Arc::ptr_eq(&a.inner, &other.inner), "a list asked otherwise is its own");
+        let engine = a.inner.engine.as_ref().ok().map(Arc::downgrade);
+        let list = Arc::downgrade(&a.inner);
+        drop((a, b));
+        assert!(list.upgrade().is_none(), "the registry holds lists weakly");
+        assert!(engine.is_none_or(|e| e.upgrade().is_none()), "the engine goes with the last list");
     }
 }

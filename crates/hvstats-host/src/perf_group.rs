@@ -99,7 +99,8 @@ impl PerfGroup {
         members.shrink_to_fit();
         outcomes.shrink_to_fit();
         let grouped = members.iter().filter(|(_, m)| matches!(m, Member::Grouped { .. })).count();
-        let scratch = vec![0; 1 + 2 * grouped];
+        // Nothing to read through when nothing is grouped (a thread counted in the kernel).
+        let scratch = if grouped == 0 { Vec::new() } else { vec![0; 1 + 2 * grouped] };
         (Self { members, len: outcomes.len(), leader, scratch }, outcomes)
     }
 

@@ -26,7 +26,7 @@ use super::discovery::Procfs;
 pub struct ThreadCounters {
     pid: i32,
     events: EventList,
-    threads: BTreeMap<i32, ThreadEvents>,
+    threads: Threads,
     /// Once set, only these threads are counted (new threads are ignored).
     only: Option<Vec<i32>>,
     /// The most threads counted before [`retain`](Self::retain) narrows the set.
@@ -37,6 +37,33 @@ pub struct ThreadCounters {
     left_out: usize,
     /// The VM object the process runs, as kept counts name it (0: not told).
     vm: VmToken,
+}
+
+/// The counted threads' counters, by ascending thread id: a VMM's few vCPU threads in one small
+/// vector rather than a map's nodes.
+#[derive(Debug, Default)]
+struct Threads(Vec<(i32, ThreadEvents)>);
+
+impl Threads {
+    fn at(&self, tid: i32) -> Result<usize, usize> {
+        self.0.binary_search_by_key(&tid, |(t, _)| *t)
+    }
+
+    fn get(&self, tid: i32) -> Option<&ThreadEvents> {
+        self.at(tid).ok().map(|i| &self.0[i].1)
+    }
+
+    fn get_mut(&mut self, tid: i32) -> Option<&mut ThreadEvents> {
+        self.at(tid).ok().map(|i| &mut self.0[i].1)
+    }
+
+    /// Counts `tid` with `events` (replacing any counters it had).
+    fn insert(&mut self, tid: i32, events: ThreadEvents) {
+        match self.at(tid) {
+            Ok(i) => self.0[i].1 = events,
+            Err(i) => self.0.insert(i, (tid, events)),
+        }
+    }
 }
 
 impl ThreadCounters {
@@ -79,7 +106,7 @@ impl ThreadCounters {
         let mut me = Self {
             pid,
             events,
-            threads: BTreeMap::new(),
+            threads: Threads::default(),
             only: None,
             max_threads,
             first: first.to_vec(),
@@ -105,10 +132,10 @@ impl ThreadCounters {
         listed.sort_by_key(|tid| (!self.first.contains(tid), *tid));
         let (mut added, mut left_out) = (0, 0);
         for tid in listed {
-            if self.threads.contains_key(&tid) {
+            if self.threads.get(tid).is_some() {
                 continue;
             }
-            if self.threads.len() >= self.max_threads {
+            if self.threads.0.len() >= self.max_threads {
                 left_out += 1;
                 continue;
             }
@@ -128,12 +155,14 @@ impl ThreadCounters {
     /// not counted yet (left out by the limit) is counted from now on; threads that appear later
     /// are not counted.
     pub fn retain(&mut self, tids: &[i32]) {
-        self.threads.retain(|tid, _| tids.contains(tid));
+        self.threads.0.retain(|(tid, _)| tids.contains(tid));
         for tid in tids {
-            if !self.threads.contains_key(tid) {
+            if self.threads.get(*tid).is_none() {
                 self.threads.insert(*tid, ThreadEvents::open_in(self.pid, *tid, self.vm, &self.events));
             }
         }
+        // The threads counted from now on are all there will be.
+        self.threads.0.shrink_to_fit();
         self.only = Some(tids.to_vec());
         self.left_out = 0;
     }
@@ -145,26 +174,64 @@ impl ThreadCounters {
 
     /// The threads counted, ascending.
     pub fn tids(&self) -> Vec<i32> {
-        self.threads.keys().copied().collect()
+        self.threads.0.iter().map(|(tid, _)| *tid).collect()
     }
 
     /// The counts of thread `tid` since attach (or since it was first seen), by event index;
     /// `None` for an event that is unavailable. `None` when the thread is not counted.
-    pub fn read(&mut self, tid: i32) -> Option<Vec<Option<u64>>> {
+    pub fn read(&mut self, tid: i32) -> Option<&[Option<u64>]> {
         let events = &self.events;
-        self.threads.get_mut(&tid).map(|t| t.read(events).to_vec())
+        self.threads.get_mut(tid).map(|t| t.read(events))
+    }
+
+    /// Reads the counts of each `(index, tid)` of `threads`, keeping them in the thread's
+    /// counters ([`last`](Self::last)); `read` is left holding those that are counted, in order.
+    pub(crate) fn read_threads(
+        &mut self,
+        threads: impl IntoIterator<Item = (u32, i32)>,
+        read: &mut Vec<(u32, i32)>,
+    ) {
+        read.clear();
+        for (index, tid) in threads {
+            if self.read(tid).is_some() {
+                read.push((index, tid));
+            }
+        }
+    }
+
+    /// The counts of thread `tid` at its last read, by event; `None` when it is not counted.
+    pub(crate) fn last(&self, tid: i32) -> Option<&[Option<u64>]> {
+        self.threads.get(tid).map(ThreadEvents::last)
+    }
+
+    /// Reads the counts of each `(index, tid)` of `threads` into `readings` by index, reusing the
+    /// vectors already there (a refresh allocates none once the threads are known); an index
+    /// whose thread is not counted has none.
+    pub(crate) fn read_each(
+        &mut self,
+        threads: impl IntoIterator<Item = (u32, i32)>,
+        readings: &mut BTreeMap<u32, Vec<Option<u64>>>,
+    ) {
+        let mut before = std::mem::take(readings);
+        for (index, tid) in threads {
+            let Some(counts) = self.read(tid) else { continue };
+            let mut reading = before.remove(&index).unwrap_or_default();
+            reading.clear();
+            reading.extend_from_slice(counts);
+            readings.insert(index, reading);
+        }
     }
 
     /// True when event `i` is open on thread `tid` (it may fail to open on one thread and not
     /// another: a thread gone meanwhile, or not ours to count).
     pub fn is_open(&self, tid: i32, i: usize) -> bool {
-        self.threads.get(&tid).is_some_and(|t| t.is_open(&self.events, i))
+        self.threads.get(tid).is_some_and(|t| t.is_open(&self.events, i))
     }
 
     /// Perf file descriptors held for the threads (the in-kernel tally's few descriptors are
     /// shared by every list of the same events, and not counted here).
     pub fn fds(&self) -> usize {
-        self.threads.values().map(ThreadEvents::fds).sum()
+        self.threads.0.iter().map(|(_, t)| t.fds()).sum()
     }
 
     /// Since when the in-kernel counts of `tids` count (µs since the epoch), when every one of
@@ -173,7 +240,7 @@ impl ThreadCounters {
     pub fn kept_since_of(&self, tids: impl IntoIterator<Item = i32>) -> Option<u64> {
         let mut since: Option<u64> = None;
         for tid in tids {
-            let s = self.threads.get(&tid)?.kept_since()?;
+            let s = self.threads.get(tid)?.kept_since()?;
             since = Some(since.map_or(s, |x| x.max(s)));
         }
         since
@@ -185,7 +252,7 @@ impl ThreadCounters {
         if self.events.method() != hvstats_host::counting::Method::InKernel {
             return 0;
         }
-        tids.into_iter().filter(|tid| self.threads.get(tid).is_some_and(|t| !t.in_engine())).count()
+        tids.into_iter().filter(|tid| self.threads.get(*tid).is_some_and(|t| !t.in_engine())).count()
     }
 
     /// The events.

@@ -232,7 +232,7 @@ fn the_kernel_accepts_every_vm_event_and_filter_including_the_vmx_and_svm_exit_c
                 expected,
                 "{method:?}, isa {isa:?}: every event opened with its filter"
             );
-            let counts = counters.read(worker.tid).unwrap();
+            let counts = counters.read(worker.tid).unwrap().to_vec();
             for (i, count) in counts.iter().enumerate() {
                 let counted = in_kernel || !is_span(i);
                 assert_eq!(count.is_some(), counted, "{method:?}, isa {isa:?}, {:?}: {count:?}", specs[i]);

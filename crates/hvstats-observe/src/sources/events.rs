@@ -9,8 +9,6 @@
 //! events counted on each thread is theirs put end to end ([`vm_events`]), so no index is written
 //! by hand.
 
-use std::collections::BTreeMap;
-
 use hvstats::SharedPage;
 use hvstats_abi::counter_set::CounterSet;
 use hvstats_abi::exit_reason;
@@ -148,8 +146,9 @@ pub struct Events {
     /// By writer, the index of its first event in the list.
     offsets: Vec<usize>,
     kvm_exit: KvmExitState,
-    /// By VP index, the last reading of its thread's events.
-    readings: BTreeMap<u32, Vec<Option<u64>>>,
+    /// By VP index (ascending), the thread read at the last refresh: its counts are kept once,
+    /// in its counters ([`ThreadCounters::last`]).
+    read: Vec<(u32, i32)>,
     /// By event, whether it is counted on every vCPU thread known.
     counted: Vec<bool>,
     /// Whether the VM's Hyper-V hypercalls are all its hypercalls ([`hyperv::gives_totals`]).
@@ -194,7 +193,7 @@ pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError
         counters,
         offsets,
         kvm_exit,
-        readings: BTreeMap::new(),
+        read: Vec::new(),
         counted: Vec::new(),
         hyperv_totals: hyperv::gives_totals(procfs.hyperv_enlightenments(pid)),
         kept_since: None,
@@ -257,8 +256,9 @@ impl Events {
             .filter_map(|tp| at(&tracepoint_event(tp)))
             .collect();
         let sum = |indices: &[usize]| -> u64 {
-            self.readings
-                .values()
+            self.read
+                .iter()
+                .filter_map(|&(_, tid)| self.counters.last(tid))
                 .map(|c| indices.iter().map(|&i| c.get(i).copied().flatten().unwrap_or(0)).sum::<u64>())
                 .sum()
         };
@@ -281,7 +281,8 @@ impl CounterSource for Events {
 
     fn write(&self, object: Object, page: &SharedPage, only: &CounterSet) {
         let Object::Vp(index) = object else { return };
-        let Some(counts) = self.readings.get(&index) else { return };
+        let Ok(at) = self.read.binary_search_by_key(&index, |&(vp, _)| vp) else { return };
+        let Some(counts) = self.counters.last(self.read[at].1) else { return };
         for (w, writer) in WRITERS.iter().enumerate() {
             let range = self.range(w);
             let Some(counts) = counts.get(range) else { continue };
@@ -305,11 +306,7 @@ impl VmSource for Events {
             let tids: Vec<i32> = vm.threads().map(|(_, tid)| tid).collect();
             self.counters.retain(&tids);
         }
-        self.readings.clear();
-        for (index, tid) in vm.threads() {
-            let Some(counts) = self.counters.read(tid) else { continue };
-            self.readings.insert(index, counts);
-        }
+        self.counters.read_threads(vm.threads(), &mut self.read);
         // An event is counted when it can be at all and is open on every vCPU thread known.
         let events = self.counters.events();
         self.counted = (0..events.len())

@@ -116,12 +116,7 @@ impl VmSource for ThreadClock {
             let tids: Vec<i32> = vm.threads().map(|(_, tid)| tid).collect();
             self.counters.retain(&tids);
         }
-        self.readings.clear();
-        for (index, tid) in vm.threads() {
-            if let Some(counts) = self.counters.read(tid) {
-                self.readings.insert(index, counts);
-            }
-        }
+        self.counters.read_each(vm.threads(), &mut self.readings);
         // An event is counted when it can be at all and is open on every vCPU thread known.
         let events = self.counters.events();
         self.counted = (0..events.len())
