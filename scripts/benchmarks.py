@@ -144,8 +144,16 @@ def row_line(r):
     )
 
 
+def number(v):
+    """A fact as the table shows it: whole numbers with separators, a ratio or a small fraction
+    with two decimals (a ratio of 0.58 is not 1)."""
+    if v == int(v) or abs(v) >= 100:
+        return f"{v:,.0f}"
+    return f"{v:,.2f}"
+
+
 def fact_line(r):
-    facts = ", ".join(f"{k.replace('_', ' ')} {v:,.0f}" for k, v in r["facts"].items())
+    facts = ", ".join(f"{k.replace('_', ' ')} {number(v)}" for k, v in r["facts"].items())
     return f"- `{r['name']}`: {facts}"
 
 
