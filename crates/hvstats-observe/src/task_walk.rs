@@ -5,9 +5,11 @@
 //! time and its scheduler and fault accounting. No `/proc` file of a VMM is read for these
 //! while the walk is had.
 //!
-//! The walk is had on the host's own `/proc` where the iterator loads ([`program`]); elsewhere,
-//! and for a tick whose walk failed or was cut short, every VM reads `/proc` as it did before
-//! the walk (said once, by the iterator's fallback note).
+//! The walk is had on the host's own `/proc` where the iterator loads ([`program`]); elsewhere
+//! every VM reads `/proc` as it did before the walk (said once, by the iterator's fallback note).
+//! For a tick whose walk failed or was cut short (or an observer whose walk could not be opened),
+//! each VM reads its VMM's identity from `/proc` and walks its VMM's threads on their own
+//! ([`of_process`]), so its counters keep moving.
 
 use std::collections::BTreeSet;
 

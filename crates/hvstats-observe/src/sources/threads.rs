@@ -52,10 +52,22 @@ pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError
 }
 
 impl Threads {
-    /// Each vCPU thread's record in this refresh's walk (a thread gone, or a refresh without a
-    /// walk, keeps its last).
+    /// Each vCPU thread's record in this refresh's walk (a thread gone keeps its last). A refresh
+    /// without the tick's walk of the host (it failed, was cut short at its bound, or could not
+    /// be opened) walks this VMM's threads on their own, so the values never stand still.
     fn walk(&mut self, vm: &VmView<'_>) {
-        let (Some(records), Some(tasks)) = (self.iterated.as_mut(), vm.tasks) else { return };
+        let Some(records) = self.iterated.as_mut() else { return };
+        let own;
+        let tasks = match vm.tasks {
+            Some(tasks) => tasks,
+            None => {
+                own = crate::task_walk::of_process(vm.procfs, vm.pid);
+                match own.as_deref().and_then(|tasks| crate::task_walk::VmmTasks::of(vm.pid, tasks)) {
+                    Some(tasks) => tasks,
+                    None => return,
+                }
+            }
+        };
         for (index, tid) in vm.threads() {
             if let Some(task) = tasks.thread(tid) {
                 records.insert(index, IteratedThread(task.sched));
@@ -126,5 +138,47 @@ impl VmSource for Threads {
             sources.iter_mut().for_each(|s| s.read());
         }
         Learned::holding(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discovery::Procfs;
+    use crate::sources::vm_source::Vcpu;
+
+    #[test]
+    fn without_the_hosts_walk_a_refresh_walks_the_vmms_own_threads() {
+        let procfs = Procfs::host();
+        if !iterated(&procfs) {
+            let why = hvstats_host::counting::full_notes().join("; ");
+            assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "no task iterator: {why}");
+            return;
+        }
+        // SAFETY: gettid takes no arguments and touches no memory.
+        let tid = unsafe { libc::gettid() };
+        let vcpus = [Vcpu { vcpu_id: 0, tid: Some(tid), qom_path: None }];
+        let view = VmView { procfs: &procfs, pid: std::process::id() as i32, vcpus: &vcpus, tasks: None };
+        let mut threads = Threads { vcpus: 1, opened: BTreeMap::new(), iterated: Some(BTreeMap::new()) };
+        threads.read(&view);
+        let iterated = threads.iterated.as_ref().unwrap();
+        let record = iterated.get(&0).expect("the thread's record, from a walk of this process");
+        assert_eq!((record.0.tid, record.0.tgid), (tid, view.pid));
+        assert!(!threads.gives().vp.is_empty(), "its counters are given");
+        let ran = record.0.run_ns;
+        // Work, then read again until the run time moved (the kernel adds to it at its ticks):
+        // each refresh walked anew, none keeping the first record.
+        let start = std::time::Instant::now();
+        loop {
+            let spin = std::time::Instant::now();
+            while spin.elapsed() < std::time::Duration::from_millis(20) {
+                std::hint::black_box(spin.elapsed());
+            }
+            threads.read(&view);
+            if threads.iterated.as_ref().unwrap()[&0].0.run_ns > ran {
+                break;
+            }
+            assert!(start.elapsed() < std::time::Duration::from_secs(30), "the run time never moved");
+        }
     }
 }
