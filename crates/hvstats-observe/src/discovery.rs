@@ -717,9 +717,10 @@ mod tests {
     fn a_held_fd_directory_counts_the_descriptors_as_its_path_does_and_follows_them() {
         use std::io::Write;
         use std::process::{Command, Stdio};
-        // A shell that opens three more descriptors once told to, then waits.
-        let mut child = Command::new("sh")
-            .args(["-c", "read x; exec 5</dev/null 6</dev/null 7</dev/null; echo opened; read y"])
+        // A shell that opens three more descriptors once told to (at numbers it finds free: it
+        // may have inherited some of this test process's), then waits.
+        let mut child = Command::new("bash")
+            .args(["-c", "read x; exec {a}</dev/null {b}</dev/null {c}</dev/null; echo opened; read y"])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
