@@ -36,10 +36,7 @@ fn a_kvm_vms_vcpu_threads_are_read_by_the_task_iterator_from_their_start() {
     if !kvm_available(test) {
         return;
     }
-    if hvstats_host::bpf::task_iter::shared().is_none() {
-        let why = hvstats_host::counting::full_notes().join("; ");
-        assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "{test}: {why}");
-        eprintln!("{test}: skipped: {why}");
+    if !observe_support::task_iterator_available(test) {
         return;
     }
     let tmp = TempDir::new("kvm-thread-iter");

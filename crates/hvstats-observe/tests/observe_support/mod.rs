@@ -179,3 +179,16 @@ pub fn real_mode_vm(
     vcpu.set_regs(&regs).unwrap();
     (vm, vcpu, stats)
 }
+
+/// True when the kernel's task iterator loads here; else `test` is skipped, saying why (a
+/// failure where `HVSTATS_REQUIRE_KVM` is set: the iterator is then required).
+#[allow(dead_code)]
+pub fn task_iterator_available(test: &str) -> bool {
+    if hvstats_host::bpf::task_iter::shared().is_some() {
+        return true;
+    }
+    let why = hvstats_host::counting::full_notes().join("; ");
+    assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "{test}: {why}");
+    eprintln!("{test}: skipped: {why}");
+    false
+}
