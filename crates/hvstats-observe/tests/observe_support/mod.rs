@@ -182,7 +182,6 @@ pub fn real_mode_vm(
 
 /// True when the kernel's task iterator loads here; else `test` is skipped, saying why (a
 /// failure where `HVSTATS_REQUIRE_KVM` is set: the iterator is then required).
-#[allow(dead_code)]
 pub fn task_iterator_available(test: &str) -> bool {
     if hvstats_host::bpf::task_iter::shared().is_some() {
         return true;
