@@ -184,6 +184,20 @@ fn mapped_len(stride: usize, entries: u32) -> usize {
     (stride * entries as usize).div_ceil(page) * page
 }
 
+/// A map of `kind` keyed by `u32`, of `entries` values of `value_size` bytes, made with `flags`
+/// (`bpf(BPF_MAP_CREATE)`).
+fn create_map(kind: u32, value_size: usize, entries: u32, flags: u32) -> io::Result<OwnedFd> {
+    let size = u32::try_from(value_size).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let fd = Attr::new()
+        .u32_at(0, kind)
+        .u32_at(4, 4)
+        .u32_at(8, size)
+        .u32_at(12, entries)
+        .u32_at(16, flags)
+        .call(CMD_MAP_CREATE)?;
+    Ok(owned(fd))
+}
+
 impl ArrayMap {
     /// Creates a map of `entries` values of `value_size` bytes; `per_cpu` gives each CPU its own.
     ///
@@ -192,14 +206,8 @@ impl ArrayMap {
     pub fn create(value_size: usize, entries: u32, per_cpu: bool) -> io::Result<Self> {
         let copies = if per_cpu { possible_cpus()? } else { 1 };
         let kind = if per_cpu { MAP_PERCPU_ARRAY } else { MAP_ARRAY };
-        let size = u32::try_from(value_size).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-        let fd = Attr::new()
-            .u32_at(0, kind)
-            .u32_at(4, 4)
-            .u32_at(8, size)
-            .u32_at(12, entries)
-            .call(CMD_MAP_CREATE)?;
-        Ok(Self { fd: owned(fd), value_size, entries, copies, mapped: None })
+        let fd = create_map(kind, value_size, entries, 0)?;
+        Ok(Self { fd, value_size, entries, copies, mapped: None })
     }
 
     /// Creates an array map (one copy a key) whose values this process reads from memory:
@@ -210,16 +218,10 @@ impl ArrayMap {
     /// # Errors
     /// As [`create`](Self::create).
     pub fn create_mapped(value_size: usize, entries: u32) -> io::Result<Self> {
-        let size = u32::try_from(value_size).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-        let made = Attr::new()
-            .u32_at(0, MAP_ARRAY)
-            .u32_at(4, 4)
-            .u32_at(8, size)
-            .u32_at(12, entries)
-            .u32_at(16, MAP_F_MMAPABLE)
-            .call(CMD_MAP_CREATE);
-        let Ok(fd) = made else { return Self::create(value_size, entries, false) };
-        let mut map = Self { fd: owned(fd), value_size, entries, copies: 1, mapped: None };
+        let Ok(fd) = create_map(MAP_ARRAY, value_size, entries, MAP_F_MMAPABLE) else {
+            return Self::create(value_size, entries, false);
+        };
+        let mut map = Self { fd, value_size, entries, copies: 1, mapped: None };
         map.map_values();
         Ok(map)
     }
@@ -242,14 +244,8 @@ impl ArrayMap {
     /// # Errors
     /// What `bpf(BPF_MAP_CREATE)` returns.
     pub fn create_hash(value_size: usize, entries: u32) -> io::Result<Self> {
-        let size = u32::try_from(value_size).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-        let fd = Attr::new()
-            .u32_at(0, MAP_HASH)
-            .u32_at(4, 4)
-            .u32_at(8, size)
-            .u32_at(12, entries)
-            .call(CMD_MAP_CREATE)?;
-        Ok(Self { fd: owned(fd), value_size, entries, copies: 1, mapped: None })
+        let fd = create_map(MAP_HASH, value_size, entries, 0)?;
+        Ok(Self { fd, value_size, entries, copies: 1, mapped: None })
     }
 
     /// Pins the map at `path` (see [`ArrayMap::open_pinned`]).
