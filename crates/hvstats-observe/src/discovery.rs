@@ -717,23 +717,31 @@ mod tests {
     fn a_held_fd_directory_counts_the_descriptors_as_its_path_does_and_follows_them() {
         use std::io::Write;
         use std::process::{Command, Stdio};
-        // A shell that opens three more descriptors once told to (at numbers it finds free: it
-        // may have inherited some of this test process's), then waits.
+        // A shell that says it is ready (its start-up, which opens and closes files, done), opens
+        // three more descriptors once told to (at numbers it finds free: it may have inherited
+        // some of this test process's), then waits.
         let mut child = Command::new("bash")
-            .args(["-c", "read x; exec {a}</dev/null {b}</dev/null {c}</dev/null; echo opened; read y"])
+            .args([
+                "-c",
+                "echo ready; read x; exec {a}</dev/null {b}</dev/null {c}</dev/null; echo opened; read y",
+            ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
             .expect("sh");
         let pid = child.id() as i32;
+        let mut out = io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        io::BufRead::read_line(&mut out, &mut line).unwrap();
+        assert_eq!(line.trim(), "ready");
         let procfs = Procfs::host();
         let dir = procfs.fd_dir(pid).expect("the child's fd directory");
         let before = procfs.fd_count(pid).unwrap();
         assert_eq!(procfs.fd_count_of(&dir).unwrap(), before);
         let mut stdin = child.stdin.take().unwrap();
         writeln!(stdin, "go").unwrap();
-        let mut line = String::new();
-        io::BufRead::read_line(&mut io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
+        line.clear();
+        io::BufRead::read_line(&mut out, &mut line).unwrap();
         assert_eq!(line.trim(), "opened");
         let after = procfs.fd_count_of(&dir).unwrap();
         assert_eq!(after, procfs.fd_count(pid).unwrap());
