@@ -73,9 +73,13 @@ fn set() -> libc::sigset_t {
 /// # Errors
 /// When the signal mask cannot be changed.
 pub(crate) fn block() -> io::Result<()> {
-    let set = set();
+    block_of(&set())
+}
+
+/// Blocks the signals of `set` in the calling thread (and the threads it starts afterwards).
+fn block_of(set: &libc::sigset_t) -> io::Result<()> {
     // SAFETY: set is a valid signal set; the old mask is not wanted (null).
-    check_errno(unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) })
+    check_errno(unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, set, std::ptr::null_mut()) })
 }
 
 /// Takes a pending SIGINT or SIGTERM (blocked by [`block`]), waiting at most `timeout`; `None`
@@ -190,8 +194,7 @@ pub(crate) fn during<R>(
             // The watcher blocks the signals itself too, so `raise` never reaches a default
             // action, and its wake-up, before the work can send it.
             let watched = watched_set();
-            // SAFETY: watched is a valid signal set; the old mask is not wanted (null).
-            check_errno(unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &watched, std::ptr::null_mut()) })?;
+            block_of(&watched)?;
             // SAFETY: pthread_self has no preconditions.
             let _ = tx.send(unsafe { libc::pthread_self() });
             // `done` is looked at after each wait: the wake-up is sent once it is set, so the
