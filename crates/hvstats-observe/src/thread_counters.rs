@@ -228,6 +228,21 @@ impl ThreadCounters {
         self.threads.get(tid).is_some_and(|t| t.is_open(&self.events, i))
     }
 
+    /// Sets `counted` to say, by event, whether it is counted on every thread of `tids`: it can
+    /// be counted at all, and it is open on each of them (a thread not counted has none open).
+    /// Each thread is looked up once, and `counted` keeps its allocation.
+    pub(crate) fn open_on_all(&self, tids: impl IntoIterator<Item = i32>, counted: &mut Vec<bool>) {
+        let events = &self.events;
+        counted.clear();
+        counted.extend((0..events.len()).map(|i| events.unavailable(i).is_none()));
+        for tid in tids {
+            match self.threads.get(tid) {
+                Some(t) => counted.iter_mut().enumerate().for_each(|(i, c)| *c &= t.is_open(events, i)),
+                None => counted.iter_mut().for_each(|c| *c = false),
+            }
+        }
+    }
+
     /// Perf file descriptors held for the threads (the in-kernel tally's few descriptors are
     /// shared by every list of the same events, and not counted here).
     pub fn fds(&self) -> usize {

@@ -361,7 +361,7 @@ impl ObservedVm {
 
     /// How this VM's tracepoints are counted (in the kernel, or by perf counters, and why).
     pub fn counting_method(&self) -> String {
-        self.counting().map(|c| c.method.clone()).unwrap_or_default()
+        self.counting().map(|c| c.method.to_string()).unwrap_or_default()
     }
 
     /// What is known about `kvm_exit`.

@@ -164,7 +164,7 @@ pub struct Events {
     gives: (Gives, Vec<bool>, KvmExitState),
     /// The list's method, said ([`crate::thread_counters::EventList::method_description`]): fixed when the list is made,
     /// said at every refresh.
-    method: String,
+    method: std::sync::Arc<str>,
 }
 
 /// Opens the events source: counters on every thread of the VMM (the threads known to run a
@@ -199,7 +199,7 @@ pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError
         kept_since: None,
         past_rows: 0,
         gives: (Gives::NOTHING, Vec::new(), kvm_exit),
-        method: at.events.method_description(),
+        method: at.events.method_description().into(),
     };
     me.gives.0 = me.work_out_gives();
     Ok(Some(Box::new(me)))
@@ -208,7 +208,7 @@ pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError
 impl Events {
     /// How its tracepoints are counted, said: the list's method, and the vCPU threads (of
     /// `vcpu_threads`) past the in-kernel engine's rows, counted by perf counters instead.
-    fn method(&self, vcpu_threads: usize) -> String {
+    fn method(&self, vcpu_threads: usize) -> std::sync::Arc<str> {
         let events = self.counters.events();
         let method = &self.method;
         match (self.past_rows, events.engine_rows()) {
@@ -217,7 +217,8 @@ impl Events {
                 "{method}; {past} of {vcpu_threads} vCPU threads by perf counters ({} a thread): the \
                  engine's {rows} rows are all in use",
                 events.perf_events_without_row()
-            ),
+            )
+            .into(),
         }
     }
 
@@ -308,12 +309,7 @@ impl VmSource for Events {
         }
         self.counters.read_threads(vm.threads(), &mut self.read);
         // An event is counted when it can be at all and is open on every vCPU thread known.
-        let events = self.counters.events();
-        self.counted = (0..events.len())
-            .map(|i| {
-                events.unavailable(i).is_none() && vm.threads().all(|(_, tid)| self.counters.is_open(tid, i))
-            })
-            .collect();
+        self.counters.open_on_all(vm.threads().map(|(_, tid)| tid), &mut self.counted);
         self.decide_kvm_exit();
         if (&self.gives.1, self.gives.2) != (&self.counted, self.kvm_exit) {
             self.gives = (self.work_out_gives(), self.counted.clone(), self.kvm_exit);

@@ -118,12 +118,7 @@ impl VmSource for ThreadClock {
         }
         self.counters.read_each(vm.threads(), &mut self.readings);
         // An event is counted when it can be at all and is open on every vCPU thread known.
-        let events = self.counters.events();
-        self.counted = (0..events.len())
-            .map(|i| {
-                events.unavailable(i).is_none() && vm.threads().all(|(_, tid)| self.counters.is_open(tid, i))
-            })
-            .collect();
+        self.counters.open_on_all(vm.threads().map(|(_, tid)| tid), &mut self.counted);
         Learned::holding(self.counters.fds())
     }
 }

@@ -129,8 +129,9 @@ pub struct Counting {
     pub threads: usize,
     /// Threads it left out for want of descriptors.
     pub left_out: usize,
-    /// How it counts, said for a log (in the kernel, or by perf counters, and why).
-    pub method: String,
+    /// How it counts, said for a log (in the kernel, or by perf counters, and why): shared, as
+    /// it is said again at every refresh and seldom changes.
+    pub method: std::sync::Arc<str>,
 }
 
 /// What a source's peer names of the VM: its vCPU threads, its name and UUID. Asked when the VM
