@@ -159,6 +159,23 @@ pub enum Keys {
 }
 
 impl Keys {
+    /// Every VP counter a tracepoint feeds under these keys, with its tracepoint, in catalog
+    /// order: worked out once, as every VP of every VM is written through it at every refresh.
+    fn keyed(self) -> &'static [(&'static Counter, Tracepoint)] {
+        type Table = std::sync::OnceLock<Vec<(&'static Counter, Tracepoint)>>;
+        static OWN: Table = Table::new();
+        static OBSERVED: Table = Table::new();
+        let table = match self {
+            Keys::Own => &OWN,
+            Keys::Observed => &OBSERVED,
+        };
+        table.get_or_init(|| {
+            hvstats_abi::catalog::counters_of(ObjectKind::Vp)
+                .filter_map(|c| Some((c, self.tracepoint(c)?)))
+                .collect()
+        })
+    }
+
     /// The tracepoint that feeds `counter` under these keys, if one does.
     pub fn tracepoint(self, counter: &Counter) -> Option<Tracepoint> {
         let source = match self {
@@ -185,9 +202,8 @@ pub fn write_tracepoint_counts(
     count: impl Fn(Tracepoint) -> Option<u64>,
     corrections: Corrections,
 ) {
-    // Only the counters of `only`, found from its bits: no walk of the catalog per write.
-    for counter in only.counters().filter(|c| c.id.kind == ObjectKind::Vp) {
-        let Some(tp) = keys.tracepoint(counter) else { continue };
+    // The keyed counters of `only`, from a table made once: no walk of the catalog per write.
+    for &(counter, tp) in keys.keyed().iter().filter(|(c, _)| only.contains(c.id)) {
         let Some(n) = count(tp) else { continue };
         // By xAPIC MMIO, plus by x2APIC MSR.
         let n = n + tp.added().iter().map(|a| count(*a).unwrap_or(0)).sum::<u64>();
