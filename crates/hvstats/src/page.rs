@@ -167,8 +167,8 @@ impl SharedPage {
     /// did not take. `None`, and no stamp, for a page without a sequence counter.
     pub fn begin_publication(&self) -> Option<SeqWrite<'_>> {
         let merge = self.begin_merge()?;
-        if PageLayout::of(self.kind).slot_of(vp::PUBLISHED).is_some() {
-            self.set(vp::PUBLISHED, monotonic_ns());
+        if let Some(slot) = publication_slots(self.kind).1 {
+            self.slots()[slot].store(monotonic_ns(), Ordering::Relaxed);
         }
         Some(merge)
     }
@@ -308,8 +308,25 @@ pub(crate) fn monotonic_ns() -> u64 {
 
 /// The slot of the sequence counter on `kind`'s page, if the page has hvstats' own group.
 pub(crate) fn sequence_slot(kind: ObjectKind) -> Option<usize> {
-    (kind == ObjectKind::Vp && PageLayout::of(kind).group_offset(GroupKind::Hvstats).is_some())
-        .then(|| vp::SEQUENCE.slot())
+    publication_slots(kind).0
+}
+
+/// The slots of `kind`'s page sequence counter and publication time, where it has them: worked
+/// out once, as every page of every VM is published through them at every refresh.
+fn publication_slots(kind: ObjectKind) -> (Option<usize>, Option<usize>) {
+    type Slots = [(Option<usize>, Option<usize>); ObjectKind::ALL.len()];
+    static SLOTS: std::sync::OnceLock<Slots> = std::sync::OnceLock::new();
+    let slots = SLOTS.get_or_init(|| {
+        let mut slots: Slots = Default::default();
+        for kind in ObjectKind::ALL {
+            let layout = PageLayout::of(kind);
+            let sequence = (kind == ObjectKind::Vp && layout.group_offset(GroupKind::Hvstats).is_some())
+                .then(|| vp::SEQUENCE.slot());
+            slots[kind as usize] = (sequence, layout.slot_of(vp::PUBLISHED));
+        }
+        slots
+    });
+    slots[kind as usize]
 }
 
 fn consistent_copy(kind: ObjectKind, slots: &[AtomicU64; PAGE_SLOTS]) -> SeqRead<StatsPage> {
