@@ -15,7 +15,7 @@ use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use hvstats_abi::catalog::{hypervisor, partition};
 use hvstats_abi::vm_state::VmState;
@@ -394,6 +394,8 @@ pub struct Hypervisor {
     global: Arc<Arena>,
     /// True for an observer's instance (its hypervisor page carries the observer's health).
     observer: bool,
+    /// The host's files the LPs' refreshes read, held open.
+    host_files: Mutex<crate::lp::HostFiles>,
     // Dropped after the pages: their files are removed from the runtime directory.
     publication: Option<Publication>,
 }
@@ -458,6 +460,7 @@ impl Hypervisor {
             arena,
             global,
             observer,
+            host_files: Mutex::default(),
             publication,
         }))
     }
@@ -484,7 +487,8 @@ impl Hypervisor {
         self.arena.note_refresh();
         self.global.note_refresh();
         let cpus: Vec<u32> = self.lps.iter().map(|lp| lp.cpu).collect();
-        self.refresh_lps_with(&crate::lp::sample_host(&cpus)?);
+        let samples = self.host_files.lock().unwrap_or_else(PoisonError::into_inner).sample(&cpus)?;
+        self.refresh_lps_with(&samples);
         Ok(())
     }
 

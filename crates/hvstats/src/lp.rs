@@ -13,7 +13,9 @@
 //! CLOCK_BOOTTIME for global time. The parsers are pure functions over the files' text.
 
 use std::collections::BTreeMap;
+use std::fs::File;
 use std::io;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use hvstats_abi::CounterId;
@@ -309,26 +311,150 @@ pub(crate) fn boot_time_100ns() -> u64 {
         .map_or(0, |t| u64::try_from(t.as_nanos() / 100).unwrap_or(u64::MAX))
 }
 
-/// Samples every CPU in `cpus` from the host's procfs and sysfs.
+/// Samples every CPU in `cpus` from the host's procfs and sysfs, opening each file anew.
 ///
 /// # Errors
 /// When `/proc/stat` or `/proc/interrupts` cannot be read.
+#[cfg(test)]
 pub(crate) fn sample_host(cpus: &[u32]) -> io::Result<Vec<LpSample>> {
-    let stat = parse_proc_stat(&std::fs::read_to_string("/proc/stat")?);
-    let interrupts = parse_proc_interrupts(&std::fs::read_to_string("/proc/interrupts")?);
-    let now = boot_time_100ns();
-    let hz = hvstats_host::task_stat::ticks_per_second();
-    let sysfs = Path::new("/sys/devices/system/cpu");
-    Ok(cpus
-        .iter()
-        .map(|&cpu| LpSample {
-            global_time_100ns: now,
-            times: stat.iter().find(|t| t.cpu == cpu).copied(),
-            ticks_per_second: hz,
-            interrupts: interrupts.get(&cpu).copied(),
-            idle: read_idle_states(sysfs, cpu),
+    HostFiles::default().sample(cpus)
+}
+
+/// Samples taken between two listings of the CPUs' cpuidle states: a driver registered later
+/// (a module loaded) shows its states within this many samples; one that goes away shows at
+/// once (its files fail to read).
+const IDLE_RELIST: u32 = 64;
+
+/// The host's files an LP sample reads, held open between samples and read again from offset 0
+/// (procfs and sysfs make a file's text anew at each read from its start), with one buffer: a
+/// refresh opens no file and allocates no text, whatever the number of CPUs and idle states.
+#[derive(Debug, Default)]
+pub(crate) struct HostFiles {
+    stat: Option<File>,
+    interrupts: Option<File>,
+    /// By CPU, its cpuidle states as last listed (`None`: not listed yet, or a read failed).
+    idle: BTreeMap<u32, Option<Vec<HeldIdleState>>>,
+    samples: u32,
+    text: Vec<u8>,
+}
+
+/// One cpuidle state's name and its `usage` and `time` files, held.
+#[derive(Debug)]
+struct HeldIdleState {
+    name: String,
+    usage: File,
+    time: File,
+}
+
+impl HostFiles {
+    /// Samples every CPU in `cpus`.
+    ///
+    /// # Errors
+    /// When `/proc/stat` or `/proc/interrupts` cannot be read.
+    pub(crate) fn sample(&mut self, cpus: &[u32]) -> io::Result<Vec<LpSample>> {
+        let stat = parse_proc_stat(read_held(&mut self.stat, "/proc/stat", &mut self.text)?);
+        let interrupts =
+            parse_proc_interrupts(read_held(&mut self.interrupts, "/proc/interrupts", &mut self.text)?);
+        let now = boot_time_100ns();
+        let hz = hvstats_host::task_stat::ticks_per_second();
+        self.samples = self.samples.wrapping_add(1);
+        if self.samples % IDLE_RELIST == 0 {
+            self.idle.clear();
+        }
+        let sysfs = Path::new("/sys/devices/system/cpu");
+        let mut out = Vec::with_capacity(cpus.len());
+        for &cpu in cpus {
+            let held = self.idle.entry(cpu).or_default();
+            let states = held.get_or_insert_with(|| hold_idle_states(sysfs, cpu));
+            let idle = read_held_idle_states(states, &mut self.text);
+            if idle.is_none() {
+                // A state gone (its driver unregistered): listed again at the next sample.
+                *held = None;
+            }
+            out.push(LpSample {
+                global_time_100ns: now,
+                times: stat.iter().find(|t| t.cpu == cpu).copied(),
+                ticks_per_second: hz,
+                interrupts: interrupts.get(&cpu).copied(),
+                idle: idle.unwrap_or_else(|| read_idle_states(sysfs, cpu)),
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// The text of the file at `path`, read from offset 0 through `held` (opened on first use, and
+/// again after a failed read) into `buf`.
+fn read_held<'a>(held: &mut Option<File>, path: &str, buf: &'a mut Vec<u8>) -> io::Result<&'a str> {
+    let file = match held {
+        Some(file) => file,
+        None => held.insert(File::open(path)?),
+    };
+    if let Err(e) = read_from_start(file, buf) {
+        *held = None;
+        return Err(e);
+    }
+    std::str::from_utf8(buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{path}: {e}")))
+}
+
+/// Reads all of `file` from offset 0 into `buf` (its allocation kept).
+fn read_from_start(file: &File, buf: &mut Vec<u8>) -> io::Result<()> {
+    buf.clear();
+    loop {
+        if buf.capacity() - buf.len() < 4096 {
+            buf.reserve(buf.capacity().max(4096));
+        }
+        let len = buf.len();
+        let spare = buf.capacity() - len;
+        buf.resize(len + spare, 0);
+        match file.read_at(&mut buf[len..], len as u64) {
+            Ok(0) => {
+                buf.truncate(len);
+                return Ok(());
+            }
+            Ok(n) => buf.truncate(len + n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => buf.truncate(len),
+            Err(e) => {
+                buf.truncate(len);
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// The cpuidle states of `cpu`, in `stateN` order, with their counters' files held open; none
+/// when the CPU has no cpuidle driver.
+fn hold_idle_states(sysfs_cpu: &Path, cpu: u32) -> Vec<HeldIdleState> {
+    let dir = sysfs_cpu.join(format!("cpu{cpu}")).join("cpuidle");
+    let Ok(entries) = std::fs::read_dir(&dir) else { return Vec::new() };
+    let mut states: Vec<(String, HeldIdleState)> = entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("state"))
+        .filter_map(|e| {
+            let p = e.path();
+            let state = HeldIdleState {
+                name: std::fs::read_to_string(p.join("name")).ok()?.trim().to_owned(),
+                usage: File::open(p.join("usage")).ok()?,
+                time: File::open(p.join("time")).ok()?,
+            };
+            Some((e.file_name().to_string_lossy().into_owned(), state))
         })
-        .collect())
+        .collect();
+    states.sort_by(|a, b| a.0.cmp(&b.0));
+    states.into_iter().map(|(_, s)| s).collect()
+}
+
+/// The states of `held` read now; `None` when one cannot be read or parsed.
+fn read_held_idle_states(held: &[HeldIdleState], buf: &mut Vec<u8>) -> Option<Vec<IdleState>> {
+    let mut number = |file: &File| -> Option<u64> {
+        read_from_start(file, buf).ok()?;
+        std::str::from_utf8(buf).ok()?.trim().parse().ok()
+    };
+    held.iter()
+        .map(|s| {
+            Some(IdleState { name: s.name.clone(), usage: number(&s.usage)?, time_us: number(&s.time)? })
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -502,6 +628,41 @@ MIS:          0
         assert_eq!(samples.len(), cpus.len());
         assert!(samples[0].times.is_some_and(|t| t.busy() + t.idle > 0));
         assert!(samples[0].global_time_100ns > 0);
+    }
+
+    #[test]
+    fn held_files_are_read_anew_from_their_start_at_each_sample() {
+        let cpus = online_cpus();
+        let mut files = HostFiles::default();
+        let total = |samples: &[LpSample]| -> u64 {
+            samples.iter().filter_map(|s| s.times).map(|t| t.busy() + t.idle).sum()
+        };
+        let first = files.sample(&cpus).unwrap();
+        // Time every CPU is busy or idle for moves with the clock: 2 ticks of 100 a second.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while total(&files.sample(&cpus).unwrap()) < total(&first) + 2 {
+            assert!(std::time::Instant::now() < deadline, "the held /proc/stat never moved");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(files.stat.is_some() && files.interrupts.is_some(), "held between samples");
+        assert_eq!(files.sample(&cpus).unwrap().len(), cpus.len());
+    }
+
+    #[test]
+    fn a_file_read_from_its_start_is_read_whole_and_anew() {
+        let dir = std::env::temp_dir().join(format!("hvstats-lp-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("text");
+        let long: String = (0..3000).map(|i| format!("{i} ")).collect();
+        std::fs::write(&path, &long).unwrap();
+        let file = File::open(&path).unwrap();
+        let mut buf = Vec::new();
+        read_from_start(&file, &mut buf).unwrap();
+        assert_eq!(buf, long.as_bytes(), "more than one read's worth");
+        std::fs::write(&path, "3\n").unwrap();
+        read_from_start(&file, &mut buf).unwrap();
+        assert_eq!(buf, b"3\n", "the same descriptor sees the new, shorter text");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
