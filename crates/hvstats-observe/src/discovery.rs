@@ -235,8 +235,9 @@ impl Procfs {
             entries
                 .flatten()
                 .filter_map(|e| {
-                    let tid = e.file_name().to_str().and_then(thread)?;
-                    Some((e.file_name(), tid))
+                    let name = e.file_name();
+                    let tid = name.to_str().and_then(thread)?;
+                    Some((name, tid))
                 })
                 .collect(),
         )
