@@ -338,12 +338,17 @@ pub(crate) struct HostFiles {
     text: Vec<u8>,
 }
 
-/// One cpuidle state's name and its `usage` and `time` files, held.
+/// cpuidle files held open at most (two a state): a host of 768 CPUs with 6 states each has
+/// 9,216, which would take the descriptors VMs are counted with; the states past this are read by
+/// path at each sample.
+const IDLE_FILES_HELD: usize = 2048;
+
+/// One cpuidle state's name, its directory, and its `usage` and `time` files when held.
 #[derive(Debug)]
 struct HeldIdleState {
     name: String,
-    usage: File,
-    time: File,
+    dir: std::path::PathBuf,
+    files: Option<(File, File)>,
 }
 
 impl HostFiles {
@@ -358,14 +363,15 @@ impl HostFiles {
         let now = boot_time_100ns();
         let hz = hvstats_host::task_stat::ticks_per_second();
         self.samples = self.samples.wrapping_add(1);
-        if self.samples % IDLE_RELIST == 0 {
+        if self.samples.is_multiple_of(IDLE_RELIST) {
             self.idle.clear();
         }
         let sysfs = Path::new("/sys/devices/system/cpu");
         let mut out = Vec::with_capacity(cpus.len());
         for &cpu in cpus {
+            let mut room = IDLE_FILES_HELD.saturating_sub(self.idle_files_held());
             let held = self.idle.entry(cpu).or_default();
-            let states = held.get_or_insert_with(|| hold_idle_states(sysfs, cpu));
+            let states = held.get_or_insert_with(|| hold_idle_states(sysfs, cpu, &mut room));
             let idle = read_held_idle_states(states, &mut self.text);
             if idle.is_none() {
                 // A state gone (its driver unregistered): listed again at the next sample.
@@ -380,6 +386,14 @@ impl HostFiles {
             });
         }
         Ok(out)
+    }
+}
+
+impl HostFiles {
+    /// cpuidle files held open now.
+    fn idle_files_held(&self) -> usize {
+        let states = self.idle.values().flatten().flatten();
+        2 * states.filter(|s| s.files.is_some()).count()
     }
 }
 
@@ -422,37 +436,49 @@ fn read_from_start(file: &File, buf: &mut Vec<u8>) -> io::Result<()> {
     }
 }
 
-/// The cpuidle states of `cpu`, in `stateN` order, with their counters' files held open; none
-/// when the CPU has no cpuidle driver.
-fn hold_idle_states(sysfs_cpu: &Path, cpu: u32) -> Vec<HeldIdleState> {
+/// The cpuidle states of `cpu`, in `stateN` order, with their counters' files held open while
+/// `room` (files) allows; none when the CPU has no cpuidle driver.
+fn hold_idle_states(sysfs_cpu: &Path, cpu: u32, room: &mut usize) -> Vec<HeldIdleState> {
     let dir = sysfs_cpu.join(format!("cpu{cpu}")).join("cpuidle");
     let Ok(entries) = std::fs::read_dir(&dir) else { return Vec::new() };
-    let mut states: Vec<(String, HeldIdleState)> = entries
+    let mut names: Vec<String> = entries
         .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("state"))
-        .filter_map(|e| {
-            let p = e.path();
-            let state = HeldIdleState {
-                name: std::fs::read_to_string(p.join("name")).ok()?.trim().to_owned(),
-                usage: File::open(p.join("usage")).ok()?,
-                time: File::open(p.join("time")).ok()?,
-            };
-            Some((e.file_name().to_string_lossy().into_owned(), state))
-        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("state"))
         .collect();
-    states.sort_by(|a, b| a.0.cmp(&b.0));
-    states.into_iter().map(|(_, s)| s).collect()
+    names.sort();
+    names
+        .into_iter()
+        .filter_map(|state| {
+            let p = dir.join(state);
+            let name = std::fs::read_to_string(p.join("name")).ok()?.trim().to_owned();
+            let files = match *room >= 2 {
+                true => Some((File::open(p.join("usage")).ok()?, File::open(p.join("time")).ok()?)),
+                false => None,
+            };
+            *room -= if files.is_some() { 2 } else { 0 };
+            Some(HeldIdleState { name, dir: p, files })
+        })
+        .collect()
 }
 
 /// The states of `held` read now; `None` when one cannot be read or parsed.
 fn read_held_idle_states(held: &[HeldIdleState], buf: &mut Vec<u8>) -> Option<Vec<IdleState>> {
-    let mut number = |file: &File| -> Option<u64> {
-        read_from_start(file, buf).ok()?;
+    let mut number = |held: Option<&File>, dir: &Path, name: &str| -> Option<u64> {
+        match held {
+            Some(file) => read_from_start(file, buf).ok()?,
+            None => read_from_start(&File::open(dir.join(name)).ok()?, buf).ok()?,
+        }
         std::str::from_utf8(buf).ok()?.trim().parse().ok()
     };
     held.iter()
         .map(|s| {
-            Some(IdleState { name: s.name.clone(), usage: number(&s.usage)?, time_us: number(&s.time)? })
+            let (usage, time) = s.files.as_ref().map(|(u, t)| (u, t)).unzip();
+            Some(IdleState {
+                name: s.name.clone(),
+                usage: number(usage, &s.dir, "usage")?,
+                time_us: number(time, &s.dir, "time")?,
+            })
         })
         .collect()
 }
@@ -663,6 +689,41 @@ MIS:          0
         read_from_start(&file, &mut buf).unwrap();
         assert_eq!(buf, b"3\n", "the same descriptor sees the new, shorter text");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn idle_states_past_the_files_held_are_read_by_path_and_every_one_anew() {
+        let tree = std::env::temp_dir().join(format!("hvstats-lp-idle-{}", std::process::id()));
+        let write = |state: &str, usage: u64, time: u64| {
+            let dir = tree.join("cpu3/cpuidle").join(state);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("name"), format!("C{state}\n")).unwrap();
+            std::fs::write(dir.join("usage"), format!("{usage}\n")).unwrap();
+            std::fs::write(dir.join("time"), format!("{time}\n")).unwrap();
+        };
+        for (i, state) in ["state0", "state1", "state2"].into_iter().enumerate() {
+            write(state, 10 + i as u64, 100 + i as u64);
+        }
+        // Room for one state's two files: the other two are read by path.
+        let mut room = 2;
+        let held = hold_idle_states(&tree, 3, &mut room);
+        assert_eq!(room, 0);
+        assert_eq!(held.iter().map(|s| s.files.is_some()).collect::<Vec<_>>(), [true, false, false]);
+        let mut buf = Vec::new();
+        let read = read_held_idle_states(&held, &mut buf).unwrap();
+        assert_eq!(read, read_idle_states(&tree, 3), "as a reading of the tree by path");
+        assert_eq!((read[2].name.as_str(), read[2].usage, read[2].time_us), ("Cstate2", 12, 102));
+        write("state0", 5000, 7000);
+        write("state2", 6000, 8000);
+        let read = read_held_idle_states(&held, &mut buf).unwrap();
+        assert_eq!(
+            [(read[0].usage, read[0].time_us), (read[2].usage, read[2].time_us)],
+            [(5000, 7000), (6000, 8000)]
+        );
+        // A state gone fails the reading: the caller lists the states again.
+        std::fs::remove_dir_all(tree.join("cpu3/cpuidle/state2")).unwrap();
+        assert_eq!(read_held_idle_states(&held, &mut buf), None);
+        std::fs::remove_dir_all(&tree).unwrap();
     }
 
     #[test]
