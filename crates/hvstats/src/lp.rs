@@ -368,8 +368,8 @@ impl HostFiles {
         }
         let sysfs = Path::new("/sys/devices/system/cpu");
         let mut out = Vec::with_capacity(cpus.len());
+        let mut room = IDLE_FILES_HELD.saturating_sub(self.idle_files_held());
         for &cpu in cpus {
-            let mut room = IDLE_FILES_HELD.saturating_sub(self.idle_files_held());
             let held = self.idle.entry(cpu).or_default();
             let states = held.get_or_insert_with(|| hold_idle_states(sysfs, cpu, &mut room));
             let idle = read_held_idle_states(states, &mut self.text);
@@ -387,9 +387,7 @@ impl HostFiles {
         }
         Ok(out)
     }
-}
 
-impl HostFiles {
     /// cpuidle files held open now.
     fn idle_files_held(&self) -> usize {
         let states = self.idle.values().flatten().flatten();
@@ -452,9 +450,10 @@ fn hold_idle_states(sysfs_cpu: &Path, cpu: u32, room: &mut usize) -> Vec<HeldIdl
         .filter_map(|state| {
             let p = dir.join(state);
             let name = std::fs::read_to_string(p.join("name")).ok()?.trim().to_owned();
-            let files = match *room >= 2 {
-                true => Some((File::open(p.join("usage")).ok()?, File::open(p.join("time")).ok()?)),
-                false => None,
+            let files = if *room >= 2 {
+                Some((File::open(p.join("usage")).ok()?, File::open(p.join("time")).ok()?))
+            } else {
+                None
             };
             *room -= if files.is_some() { 2 } else { 0 };
             Some(HeldIdleState { name, dir: p, files })
