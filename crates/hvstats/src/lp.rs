@@ -170,24 +170,11 @@ pub struct IdleState {
 /// The cpuidle states of `cpu` under `sysfs_cpu` (`/sys/devices/system/cpu`); none when the
 /// CPU has no cpuidle driver.
 pub fn read_idle_states(sysfs_cpu: &Path, cpu: u32) -> Vec<IdleState> {
-    let dir = sysfs_cpu.join(format!("cpu{cpu}")).join("cpuidle");
-    let Ok(entries) = std::fs::read_dir(&dir) else { return Vec::new() };
-    let read = |p: &Path, f: &str| std::fs::read_to_string(p.join(f)).ok().map(|s| s.trim().to_owned());
-    let mut states: Vec<(String, IdleState)> = entries
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("state"))
-        .filter_map(|e| {
-            let p = e.path();
-            let state = IdleState {
-                name: read(&p, "name")?,
-                usage: read(&p, "usage")?.parse().ok()?,
-                time_us: read(&p, "time")?.parse().ok()?,
-            };
-            Some((e.file_name().to_string_lossy().into_owned(), state))
-        })
-        .collect();
-    states.sort_by(|a, b| a.0.cmp(&b.0));
-    states.into_iter().map(|(_, s)| s).collect()
+    let mut buf = Vec::new();
+    hold_idle_states(sysfs_cpu, cpu, &mut 0)
+        .iter()
+        .filter_map(|state| read_idle_state(state, &mut buf))
+        .collect()
 }
 
 /// What the collector knows of one CPU at one moment.
@@ -463,23 +450,25 @@ fn hold_idle_states(sysfs_cpu: &Path, cpu: u32, room: &mut usize) -> Vec<HeldIdl
 
 /// The states of `held` read now; `None` when one cannot be read or parsed.
 fn read_held_idle_states(held: &[HeldIdleState], buf: &mut Vec<u8>) -> Option<Vec<IdleState>> {
-    let mut number = |held: Option<&File>, dir: &Path, name: &str| -> Option<u64> {
+    held.iter().map(|state| read_idle_state(state, buf)).collect()
+}
+
+/// One state's counters read now, through its held files or else by path; `None` when one cannot
+/// be read or parsed.
+fn read_idle_state(state: &HeldIdleState, buf: &mut Vec<u8>) -> Option<IdleState> {
+    let mut number = |held: Option<&File>, name: &str| -> Option<u64> {
         match held {
             Some(file) => read_from_start(file, buf).ok()?,
-            None => read_from_start(&File::open(dir.join(name)).ok()?, buf).ok()?,
+            None => read_from_start(&File::open(state.dir.join(name)).ok()?, buf).ok()?,
         }
         std::str::from_utf8(buf).ok()?.trim().parse().ok()
     };
-    held.iter()
-        .map(|s| {
-            let (usage, time) = s.files.as_ref().map(|(u, t)| (u, t)).unzip();
-            Some(IdleState {
-                name: s.name.clone(),
-                usage: number(usage, &s.dir, "usage")?,
-                time_us: number(time, &s.dir, "time")?,
-            })
-        })
-        .collect()
+    let (usage, time) = state.files.as_ref().map(|(u, t)| (u, t)).unzip();
+    Some(IdleState {
+        name: state.name.clone(),
+        usage: number(usage, "usage")?,
+        time_us: number(time, "time")?,
+    })
 }
 
 #[cfg(test)]
