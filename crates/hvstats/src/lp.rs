@@ -389,34 +389,31 @@ fn read_held<'a>(held: &mut Option<File>, path: &str, buf: &'a mut Vec<u8>) -> i
         Some(file) => file,
         None => held.insert(File::open(path)?),
     };
-    if let Err(e) = read_from_start(file, buf) {
-        *held = None;
-        return Err(e);
-    }
-    std::str::from_utf8(buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{path}: {e}")))
+    let text = match read_from_start(file, buf) {
+        Ok(text) => text,
+        Err(e) => {
+            *held = None;
+            return Err(e);
+        }
+    };
+    std::str::from_utf8(text).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{path}: {e}")))
 }
 
-/// Reads all of `file` from offset 0 into `buf` (its allocation kept).
-fn read_from_start(file: &File, buf: &mut Vec<u8>) -> io::Result<()> {
-    buf.clear();
+/// Reads all of `file` from offset 0 into `buf`, and gives what was read: the front of `buf`.
+/// `buf` only grows, and only its growth is zeroed: one buffer serves `/proc/interrupts` (a
+/// megabyte on a host of hundreds of CPUs) and thousands of cpuidle files of a few bytes each,
+/// which must not clear the megabyte each time.
+fn read_from_start<'a>(file: &File, buf: &'a mut Vec<u8>) -> io::Result<&'a [u8]> {
+    let mut len = 0;
     loop {
-        if buf.capacity() - buf.len() < 4096 {
-            buf.reserve(buf.capacity().max(4096));
+        if buf.len() - len < 4096 {
+            buf.resize((2 * buf.len()).max(4096), 0);
         }
-        let len = buf.len();
-        let spare = buf.capacity() - len;
-        buf.resize(len + spare, 0);
         match file.read_at(&mut buf[len..], len as u64) {
-            Ok(0) => {
-                buf.truncate(len);
-                return Ok(());
-            }
-            Ok(n) => buf.truncate(len + n),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => buf.truncate(len),
-            Err(e) => {
-                buf.truncate(len);
-                return Err(e);
-            }
+            Ok(0) => return Ok(&buf[..len]),
+            Ok(n) => len += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
     }
 }
@@ -457,11 +454,11 @@ fn read_held_idle_states(held: &[HeldIdleState], buf: &mut Vec<u8>) -> Option<Ve
 /// be read or parsed.
 fn read_idle_state(state: &HeldIdleState, buf: &mut Vec<u8>) -> Option<IdleState> {
     let mut number = |held: Option<&File>, name: &str| -> Option<u64> {
-        match held {
+        let text = match held {
             Some(file) => read_from_start(file, buf).ok()?,
             None => read_from_start(&File::open(state.dir.join(name)).ok()?, buf).ok()?,
-        }
-        std::str::from_utf8(buf).ok()?.trim().parse().ok()
+        };
+        std::str::from_utf8(text).ok()?.trim().parse().ok()
     };
     let (usage, time) = state.files.as_ref().map(|(u, t)| (u, t)).unzip();
     Some(IdleState {
@@ -671,11 +668,13 @@ MIS:          0
         std::fs::write(&path, &long).unwrap();
         let file = File::open(&path).unwrap();
         let mut buf = Vec::new();
-        read_from_start(&file, &mut buf).unwrap();
-        assert_eq!(buf, long.as_bytes(), "more than one read's worth");
+        assert_eq!(read_from_start(&file, &mut buf).unwrap(), long.as_bytes(), "more than one read's worth");
         std::fs::write(&path, "3\n").unwrap();
-        read_from_start(&file, &mut buf).unwrap();
-        assert_eq!(buf, b"3\n", "the same descriptor sees the new, shorter text");
+        assert_eq!(
+            read_from_start(&file, &mut buf).unwrap(),
+            b"3\n",
+            "the same descriptor sees the new, shorter text"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
