@@ -1200,8 +1200,9 @@ pub const fn observed(counter: &Counter) -> Option<Maintained> {
     }
 }
 
-/// Every row's answer of [`observed`], in catalog order.
-const OBSERVED: [Option<Maintained>; CATALOG.len()] = {
+/// Every row's answer of [`observed`], in catalog order. Tables indexed at run time are `static`:
+/// a `const` array is built anew on the stack at each use.
+static OBSERVED: [Option<Maintained>; CATALOG.len()] = {
     let mut table = [None; CATALOG.len()];
     let mut i = 0;
     while i < CATALOG.len() {
@@ -1212,7 +1213,7 @@ const OBSERVED: [Option<Maintained>; CATALOG.len()] = {
 };
 
 /// Each tracepoint's answer of [`Tracepoint::counted_for_observed`], by index.
-const COUNTED_FOR_OBSERVED: [bool; Tracepoint::ALL.len()] = {
+static COUNTED_FOR_OBSERVED: [bool; Tracepoint::ALL.len()] = {
     let mut table = [false; Tracepoint::ALL.len()];
     table[Tracepoint::UserspaceMsr.index()] = true;
     let mut i = 0;
@@ -1245,7 +1246,7 @@ pub(crate) const INDICES: usize = {
 };
 
 /// The catalog row of each (kind, group, index), plus one (0: not in the catalog).
-const ROWS: [[[u8; INDICES]; 3]; 4] = {
+static ROWS: [[[u8; INDICES]; 3]; 4] = {
     assert!(CATALOG.len() < u8::MAX as usize, "row numbers fit a byte");
     let mut table = [[[0u8; INDICES]; 3]; 4];
     let mut i = 0;

@@ -96,8 +96,10 @@ pub struct PageLayout {
 /// Number of group kinds a page can hold ([`GroupKind::ALL`]).
 pub const GROUPS: usize = GroupKind::ALL.len();
 
-/// The layout of every kind's page, indexed by [`ObjectKind`], computed once at compile time.
-const LAYOUTS: [PageLayout; 4] = [
+/// The layout of every kind's page, indexed by [`ObjectKind`], computed once at compile time. A
+/// `static`, not a `const`: indexed at run time, a `const` array is built anew on the stack at
+/// each use, and a counter's offset is asked at every write of a page.
+static LAYOUTS: [PageLayout; 4] = [
     PageLayout::compute(ObjectKind::Hypervisor),
     PageLayout::compute(ObjectKind::LogicalProcessor),
     PageLayout::compute(ObjectKind::Partition),
@@ -108,7 +110,13 @@ impl PageLayout {
     /// The layout of `kind`'s page (a table lookup: layouts are computed at compile time).
     #[inline]
     pub const fn of(kind: ObjectKind) -> Self {
-        LAYOUTS[kind as usize]
+        *Self::of_ref(kind)
+    }
+
+    /// [`of`](Self::of) without the copy.
+    #[inline]
+    const fn of_ref(kind: ObjectKind) -> &'static Self {
+        &LAYOUTS[kind as usize]
     }
 
     /// The number of counters of `group` in `kind`'s page (0 when the page has no such group).
@@ -742,7 +750,7 @@ impl CounterId {
     /// ids made by hand can, never the catalog's constants (a test checks every one).
     #[inline]
     pub const fn offset(self) -> usize {
-        let base = match PageLayout::of(self.kind).group_offset(self.group) {
+        let base = match PageLayout::of_ref(self.kind).group_offset(self.group) {
             Some(base) => base,
             None => panic!("counter in a group its page does not have"),
         };
@@ -760,5 +768,5 @@ impl CounterId {
 
 /// The number of counters in `group` of `kind` (the highest index, since indices are dense).
 pub const fn group_counters(kind: ObjectKind, group: GroupKind) -> usize {
-    PageLayout::of(kind).counters(group)
+    PageLayout::of_ref(kind).counters(group)
 }
