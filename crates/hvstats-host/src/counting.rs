@@ -555,6 +555,9 @@ pub struct ThreadEvents {
     /// began counting the thread (another list of the same events may count it too; empty for
     /// a row that was all zeros, as a new thread's is).
     slot: Option<EngineRow>,
+    /// Since when the row counts, when the engine keeps it ([`Engine::kept_since`]), asked once:
+    /// a row's start does not change while a list holds it.
+    kept_since: Option<u64>,
     /// The thread's counts at its last successful read (kept once it is gone).
     last: Box<[Option<u64>]>,
     /// The events perf refused on this thread, and why (those asked for only): most often none.
@@ -648,7 +651,8 @@ impl ThreadEvents {
             .filter_map(|(i, o)| o.err().filter(|e| !matches!(e, MemberError::NotAsked)).map(|e| (i, e)))
             .collect();
         let last = vec![None; group.len()].into();
-        let mut me = Self { group, slot, last, refused };
+        let kept_since = slot.as_ref().and_then(|(engine, slot, _, _)| engine.kept_since(*slot));
+        let mut me = Self { group, slot, kept_since, last, refused };
         // The first read sizes (and touches) the buffers every later read reuses.
         me.read(events);
         me
@@ -657,7 +661,7 @@ impl ThreadEvents {
     /// Since when its in-kernel counts count (µs since the epoch), when they are kept beyond
     /// this process (an adopted row: since an earlier observer began counting the thread).
     pub fn kept_since(&self) -> Option<u64> {
-        self.slot.as_ref().and_then(|(engine, slot, _, _)| engine.kept_since(*slot))
+        self.kept_since
     }
 
     /// True when its tracepoints are counted in the engine's row for it (false: by perf counters,
