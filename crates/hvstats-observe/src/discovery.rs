@@ -225,11 +225,16 @@ impl Procfs {
         Ok((self.counts_fds && size > 0).then_some(size))
     }
 
+    /// KVM's directory in the debugfs tree, where there is a debugfs tree.
+    pub(crate) fn debugfs_kvm_dir(&self) -> Option<PathBuf> {
+        Some(self.debugfs.as_ref()?.join("kvm"))
+    }
+
     /// The threads KVM's debugfs names as having made a VM: one directory per VM, `kvm/<id>-<vm
     /// fd>`, where `id` is the thread that made the VM; by directory name. `None` without a
     /// debugfs whose `kvm` directory can be listed.
     pub(crate) fn debugfs_vm_threads(&self) -> Option<BTreeMap<std::ffi::OsString, i32>> {
-        let entries = fs::read_dir(self.debugfs.as_ref()?.join("kvm")).ok()?;
+        let entries = fs::read_dir(self.debugfs_kvm_dir()?).ok()?;
         let thread = |name: &str| name.split_once('-')?.0.parse::<i32>().ok().filter(|p| *p > 0);
         Some(
             entries

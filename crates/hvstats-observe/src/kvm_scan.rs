@@ -18,12 +18,16 @@
 //!   a thread that took the id of one whose VM lingers has no directory. So besides the processes
 //!   debugfs names, a process is looked at while it held a VM at its last reading, and a pid
 //!   whose VM left (see [`KvmScan::recheck`]) while a process has it: a VMM that takes the pid
-//!   of the one it replaced, as a restarted VMM may, is found with or without its directory.
+//!   of the one it replaced, as a restarted VMM may, is found with or without its directory;
+//! - KVM's debugfs directory is watched (`inotify(7)`), and listed again only when a name was
+//!   made or removed in it since the last listing, or the watch could not be had or ended: on a
+//!   host of a thousand VMs, its listing was the larger part of a quiet tick's scan.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
 use std::io;
 
+use super::dir_watch::{DirWatch, Seen as WatchSeen};
 use super::discovery::{KvmFds, Procfs, is_refusal};
 
 /// Descriptors of one process read per tick, averaged over the ticks between its readings.
@@ -54,6 +58,14 @@ pub struct KvmScan {
     /// The process of each VM directory of KVM's debugfs, as found when the directory was first
     /// listed (a directory lives as long as its VM: its name names the same thread meanwhile).
     named: BTreeMap<OsString, i32>,
+    /// The watch of KVM's debugfs directory, made before the listing it guards.
+    watch: Option<DirWatch>,
+    /// What the last listing gave, while the watch says nothing changed since.
+    listed: Option<BTreeSet<i32>>,
+    /// The processes the last listing named that the one before did not.
+    fresh: BTreeSet<i32>,
+    /// Listings of the directory taken.
+    listings: u64,
     tick: u64,
 }
 
@@ -68,6 +80,26 @@ impl KvmScan {
     /// can be listed, or when a new VM's thread has exited (its process can then only be found
     /// by its descriptors).
     fn debugfs_vm_pids(&mut self, procfs: &Procfs) -> Option<BTreeSet<i32>> {
+        let seen = self.watch.as_mut().map_or(WatchSeen::Ended, DirWatch::take);
+        if seen == WatchSeen::Quiet && self.listed.is_some() {
+            // What the last listing named anew was told to the refreshes since.
+            self.fresh.clear();
+            return self.listed.clone();
+        }
+        if seen == WatchSeen::Ended {
+            // Made before the listing it guards. A directory that cannot be watched (none yet, or
+            // no inotify instance left to this user) is listed at every tick.
+            self.watch = procfs.debugfs_kvm_dir().and_then(|dir| DirWatch::new(&dir).ok());
+        }
+        let listed = self.list_debugfs(procfs);
+        self.listed = if self.watch.is_some() { listed.clone() } else { None };
+        listed
+    }
+
+    /// [`debugfs_vm_pids`](Self::debugfs_vm_pids) from a listing of the directory.
+    fn list_debugfs(&mut self, procfs: &Procfs) -> Option<BTreeSet<i32>> {
+        self.listings += 1;
+        self.fresh.clear();
         let threads = procfs.debugfs_vm_threads()?;
         self.named.retain(|name, _| threads.contains_key(name));
         let mut pids = BTreeSet::new();
@@ -77,12 +109,23 @@ impl KvmScan {
                 None => {
                     let pid = procfs.thread_group(tid)?;
                     self.named.insert(name, pid);
+                    self.fresh.insert(pid);
                     pid
                 }
             };
             pids.insert(pid);
         }
         Some(pids)
+    }
+
+    /// Where KVM's debugfs is watched and no name was made or removed in it since the last
+    /// listing (its watch holds no event, read or not): the processes that listing named anew,
+    /// which made a VM since the listing before. `None` where that cannot be told (no watch, no
+    /// listing kept, or a change since): any process may have made a VM then.
+    pub fn made_vms_since_listing(&self) -> Option<&BTreeSet<i32>> {
+        let watch = self.watch.as_ref()?;
+        self.listed.as_ref()?;
+        (!watch.pending()).then_some(&self.fresh)
     }
 
     /// Looks at `pid` at every tick from now on while a process has it, whether or not KVM's
@@ -164,5 +207,78 @@ impl KvmScan {
             }
         }
         Ok(found)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use super::*;
+
+    /// A tree of this test's own, removed when dropped.
+    struct Scratch(PathBuf);
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// A VM directory in KVM's debugfs made by thread `tid` of process `pid`.
+    fn vm_made(root: &Path, tid: i32, pid: i32, fd: u32) {
+        std::fs::create_dir_all(root.join(format!("proc/{tid}"))).unwrap();
+        std::fs::write(root.join(format!("proc/{tid}/status")), format!("Name:\tx\nTgid:\t{pid}\n")).unwrap();
+        std::fs::create_dir_all(root.join(format!("debug/kvm/{tid}-{fd}"))).unwrap();
+    }
+
+    #[test]
+    fn kvms_debugfs_is_listed_again_only_when_a_name_was_made_or_removed_in_it() {
+        let root = Scratch(std::env::temp_dir().join(format!("hvstats-kvm-scan-{}", std::process::id())));
+        let _ = std::fs::remove_dir_all(&root.0);
+        std::fs::create_dir_all(root.0.join("debug/kvm")).unwrap();
+        let procfs = Procfs::at(root.0.join("proc"), Some(root.0.join("debug")));
+        let mut scan = KvmScan::new();
+        vm_made(&root.0, 101, 100, 11);
+        assert_eq!(scan.debugfs_vm_pids(&procfs), Some(BTreeSet::from([100])));
+        assert_eq!(scan.listings, 1);
+        assert_eq!(scan.made_vms_since_listing(), Some(&BTreeSet::from([100])), "named anew");
+        for _ in 0..3 {
+            assert_eq!(scan.debugfs_vm_pids(&procfs), Some(BTreeSet::from([100])));
+        }
+        assert_eq!(scan.listings, 1, "nothing changed: the last listing stands");
+        assert_eq!(scan.made_vms_since_listing(), Some(&BTreeSet::new()), "told once");
+        // A VM made since: listed again at the next tick, once.
+        vm_made(&root.0, 200, 200, 4);
+        assert_eq!(scan.made_vms_since_listing(), None, "a change not listed yet: anyone may have made a VM");
+        assert_eq!(scan.debugfs_vm_pids(&procfs), Some(BTreeSet::from([100, 200])));
+        assert_eq!(scan.made_vms_since_listing(), Some(&BTreeSet::from([200])));
+        assert_eq!(scan.debugfs_vm_pids(&procfs), Some(BTreeSet::from([100, 200])));
+        assert_eq!(scan.made_vms_since_listing(), Some(&BTreeSet::new()));
+        assert_eq!(scan.listings, 2);
+        // A VM gone.
+        std::fs::remove_dir(root.0.join("debug/kvm/101-11")).unwrap();
+        assert_eq!(scan.debugfs_vm_pids(&procfs), Some(BTreeSet::from([200])));
+        assert_eq!(scan.listings, 3);
+        // A VM whose thread has exited can only be found by its descriptors: `None`, and asked
+        // again at every tick, not kept.
+        std::fs::create_dir_all(root.0.join("debug/kvm/300-4")).unwrap();
+        assert_eq!(scan.debugfs_vm_pids(&procfs), None);
+        assert_eq!(scan.debugfs_vm_pids(&procfs), None);
+        assert_eq!(scan.made_vms_since_listing(), None, "no listing kept");
+        assert_eq!(scan.listings, 5);
+        std::fs::remove_dir(root.0.join("debug/kvm/300-4")).unwrap();
+        assert_eq!(scan.debugfs_vm_pids(&procfs), Some(BTreeSet::from([200])));
+        // The directory removed and made again (KVM's module unloaded and loaded): watched anew.
+        std::fs::remove_dir_all(root.0.join("debug/kvm")).unwrap();
+        assert_eq!(scan.debugfs_vm_pids(&procfs), None, "no directory");
+        std::fs::create_dir_all(root.0.join("debug/kvm")).unwrap();
+        vm_made(&root.0, 101, 100, 11);
+        assert_eq!(scan.debugfs_vm_pids(&procfs), Some(BTreeSet::from([100])));
+        let listings = scan.listings;
+        assert_eq!(scan.debugfs_vm_pids(&procfs), Some(BTreeSet::from([100])));
+        assert_eq!(scan.listings, listings, "watched again");
+        vm_made(&root.0, 200, 200, 4);
+        assert_eq!(scan.debugfs_vm_pids(&procfs), Some(BTreeSet::from([100, 200])));
     }
 }
