@@ -227,3 +227,83 @@ fn a_process_that_execs_is_walked_with_its_next_exec_and_its_start_and_an_exited
     assert_eq!((zombie.exec_id, zombie.start_ns), (after.exec_id, after.start_ns));
     child.wait().unwrap();
 }
+
+#[test]
+fn a_walk_says_whether_a_process_holds_the_file_watched_at_its_descriptor_as_kcmp_would() {
+    use std::io::{BufRead, BufReader};
+    use std::os::fd::{AsFd, AsRawFd};
+    use std::os::unix::process::CommandExt;
+
+    let test = "a_walk_says_whether_a_process_holds_the_file_watched_at_its_descriptor_as_kcmp_would";
+    let Some(program) = program(test) else { return };
+    let path = std::env::temp_dir().join(format!("hvstats-held-{}", std::process::id()));
+    let ours = std::fs::File::create(&path).unwrap();
+    let raw = ours.as_raw_fd();
+    let mut command = Command::new("sh");
+    command
+        .args([
+            "-c",
+            "echo ready; read a; exec 7</dev/null; echo replaced; read b; exec 7<&-; echo closed; read c",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
+    // SAFETY: between fork and exec the child only calls dup2, which is async-signal-safe.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::dup2(raw, 7) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = command.spawn().unwrap();
+    let pid = child.id() as i32;
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut step = |say: bool| {
+        if say {
+            writeln!(stdin).unwrap();
+        }
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        line.trim().to_owned()
+    };
+    assert_eq!(step(false), "ready");
+    let held = |program: &TaskIterProgram| -> Option<(u32, i32, bool)> {
+        let mut host = HostTasks::open(program).unwrap();
+        let from_host = host.walk().unwrap().tasks().find(|t| t.sched.tid == pid).unwrap().held;
+        let mut own = ProcessTasks::open(program, pid).unwrap();
+        let from_own = own.tasks().unwrap().tasks().find(|t| t.sched.tid == pid).unwrap().held;
+        assert_eq!(from_host, from_own, "the host's walk and the process's own agree");
+        from_host.map(|h| (h.fd, h.ours, h.held))
+    };
+    assert_eq!(held(&program), None, "not watched: not asked");
+    if !program.watch_file(pid, 7, ours.as_fd()) {
+        assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "{test}: no held-file check");
+        eprintln!("{test}: skipped: this kernel's walk has no held-file check");
+        let _ = child.kill();
+        let _ = child.wait();
+        return;
+    }
+    assert_eq!(held(&program), Some((7, raw, true)), "the child holds our file at 7 (dup'ed across fork)");
+    // Another opening of the same path is another file, as kcmp(KCMP_FILE) tells them apart.
+    let other = std::fs::File::open(&path).unwrap();
+    assert!(program.watch_file(pid, 7, other.as_fd()));
+    assert_eq!(held(&program), Some((7, other.as_raw_fd(), false)), "a later watch replaces the earlier");
+    assert!(program.watch_file(pid, 1 << 20, ours.as_fd()));
+    assert_eq!(held(&program), Some((1 << 20, raw, false)), "a descriptor past the child's table");
+    assert!(program.watch_file(pid, 7, ours.as_fd()));
+    assert_eq!(held(&program), Some((7, raw, true)));
+    // Not unwatched by a watch that is not the current one.
+    program.unwatch_file(pid, 7, other.as_fd());
+    assert_eq!(held(&program), Some((7, raw, true)));
+    assert_eq!(step(true), "replaced");
+    assert_eq!(held(&program), Some((7, raw, false)), "the child put /dev/null at 7");
+    assert_eq!(step(true), "closed");
+    assert_eq!(held(&program), Some((7, raw, false)), "the child closed 7");
+    program.unwatch_file(pid, 7, ours.as_fd());
+    assert_eq!(held(&program), None, "unwatched");
+    writeln!(stdin).unwrap();
+    assert!(child.wait().unwrap().success());
+    let _ = std::fs::remove_file(&path);
+}

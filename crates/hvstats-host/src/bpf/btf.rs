@@ -16,6 +16,7 @@ pub const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
 
 const MAGIC: u16 = 0xeb9f;
 const KIND_INT: u32 = 1;
+const KIND_PTR: u32 = 2;
 const KIND_STRUCT: u32 = 4;
 const KIND_UNION: u32 = 5;
 const KIND_TYPEDEF: u32 = 8;
@@ -208,6 +209,8 @@ impl Btf {
         let (_, info, size, _) = self.header(self.resolved(id)?)?;
         match kind(info) {
             KIND_INT | KIND_STRUCT | KIND_UNION | 6 | 19 => Ok(size),
+            // A pointer of the kernel's, which is of this process's width.
+            KIND_PTR => Ok(std::mem::size_of::<usize>() as u32),
             _ => Err(BtfError::Malformed("a member of no fixed size")),
         }
     }
@@ -243,6 +246,10 @@ mod tests {
         assert_eq!(runtime.offset, se.offset + inner.offset);
         assert_eq!(runtime.size, 8);
         assert!(btf.member("task_struct", "se.no_such_member").is_err());
+        // A pointer, `__rcu`-tagged or not, is of the kernel's width.
+        assert_eq!(btf.member("task_struct", "files").unwrap().size, 8);
+        assert_eq!(btf.member("files_struct", "fdt").unwrap().size, 8);
+        assert_eq!(btf.member("fdtable", "max_fds").unwrap().size, 4);
         assert!(btf.func("no_such_function_here").is_err());
     }
 

@@ -38,6 +38,10 @@ pub const HELPER_MAP_LOOKUP_ELEM: i32 = 1;
 pub const HELPER_KTIME_GET_NS: i32 = 5;
 /// Helper `bpf_get_current_pid_tgid`.
 pub const HELPER_GET_CURRENT_PID_TGID: i32 = 14;
+/// Helper `bpf_get_current_task` (the running task's address, as a number).
+pub const HELPER_GET_CURRENT_TASK: i32 = 35;
+/// Helper `bpf_probe_read_kernel` (copies kernel memory; a fault copies zeros and fails).
+pub const HELPER_PROBE_READ_KERNEL: i32 = 113;
 /// Helper `bpf_seq_write` (an iterator program's output; GPL programs only).
 pub const HELPER_SEQ_WRITE: i32 = 127;
 

@@ -15,8 +15,19 @@
 //!            task->sched_info.pcount, task->se.nr_migrations, task->gtime,
 //!            task->min_flt, task->maj_flt, task->start_boottime, task->self_exec_id,
 //!            task->flags, task->exit_state }
+//! record.held = 0
+//! if task->pid == task->tgid && (w = held_files[task->tgid]):     // a VMM whose VM is watched
+//!     mine = file_at(task, w.vmm_fd); ours = file_at(current, w.own_fd)
+//!     record.held = mine && mine == ours ? 1 : 2                   // kcmp(KCMP_FILE)'s answer
 //! bpf_seq_write(ctx->meta->seq, &record, sizeof record)
 //! ```
+//!
+//! `file_at(t, n)` is `t->files->fdt->fd[n]` for `n < fdt->max_fds`, read with
+//! `bpf_probe_read_kernel` under the RCU read lock the walk holds: so the walk answers, for every
+//! VMM an observer watches, whether it holds the VM the observer holds a copy of, where a
+//! `kcmp(2)` per VMM a refresh asked it before. A process whose entry cannot be put in the map
+//! (it is full) is asked by `kcmp` still; a kernel that refuses the check gets the program
+//! without it.
 //!
 //! The fields' offsets come from the running kernel's BTF ([`super::btf`]); the verifier checks
 //! each load against the same BTF. The values are those `schedstat` (run, wait, dispatches),
@@ -27,8 +38,15 @@
 use std::io;
 
 use super::btf::{Btf, BtfError, Member};
-use super::insn::{Asm, AsmError, Cond, HELPER_SEQ_WRITE, R0, R1, R2, R3, R6, R7, R10, Size};
-use super::sys::{LoadError, Program, TaskIterLink};
+use std::collections::BTreeMap;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::sync::Mutex;
+
+use super::insn::{
+    Asm, AsmError, Cond, HELPER_GET_CURRENT_TASK, HELPER_MAP_LOOKUP_ELEM, HELPER_PROBE_READ_KERNEL,
+    HELPER_SEQ_WRITE, Label, R0, R1, R2, R3, R6, R7, R8, R9, R10, Size,
+};
+use super::sys::{ArrayMap, LoadError, Program, TaskIterLink};
 
 /// The fields of `struct task_struct` a record holds, in its order.
 const FIELDS: [&str; 13] = [
@@ -54,8 +72,21 @@ const PF_KTHREAD: u32 = 0x0020_0000;
 /// `task_struct.flags`: the thread is exiting.
 const PF_EXITING: u64 = 0x0000_0004;
 
-/// Bytes of a record: one `u64` per field.
-const RECORD: usize = 8 * FIELDS.len();
+/// Where the answer of the held-file check is in a record, after [`FIELDS`]: 0 not asked, else
+/// the process's descriptor << 32 | ours << 2 | 1 when it holds the file watched at it, 2 when
+/// not (a descriptor is below 2^30, Linux's most).
+const HELD: usize = FIELDS.len();
+
+/// Bytes of a record: one `u64` per field, and the held-file answer.
+const RECORD: usize = 8 * (FIELDS.len() + 1);
+
+/// The members from a task to its descriptors' files: `task->files->fdt`, then the table's
+/// size and array (`fdt->max_fds`, `fdt->fd`).
+const FD_PATH: [(&str, &str); 4] =
+    [("task_struct", "files"), ("files_struct", "fdt"), ("fdtable", "max_fds"), ("fdtable", "fd")];
+
+/// Processes whose held file a walk checks at most (the map's keys): past them, `kcmp(2)`.
+const WATCHED: u32 = 16_384;
 
 /// The most threads a walk reads (6.5 MiB of records, of one process or of the whole host):
 /// far past any VMM's vCPU threads (KVM's limit is 4,096 vCPUs) and past the user threads of a
@@ -98,6 +129,21 @@ pub struct Task {
     pub exec_id: u64,
     /// True once it is exiting (`PF_EXITING`) or exited (`exit_state`, a zombie).
     pub exiting: bool,
+    /// For the main thread of a process whose file is watched ([`TaskIterProgram::watch_file`]):
+    /// whether the process held that file at its descriptor during the walk. `None` when not
+    /// asked.
+    pub held: Option<HeldFile>,
+}
+
+/// What a walk found of a process's file watched ([`TaskIterProgram::watch_file`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HeldFile {
+    /// The process's descriptor compared.
+    pub fd: u32,
+    /// This process's descriptor of the file watched.
+    pub ours: i32,
+    /// True when the process held, at `fd`, the very file `ours` is (`kcmp(KCMP_FILE)` says 0).
+    pub held: bool,
 }
 
 impl Task {
@@ -118,7 +164,15 @@ impl Task {
             major_faults: at(8)?,
         };
         let exiting = at(FLAGS)? & PF_EXITING != 0 || at(12)? != 0;
-        Some(Self { sched, start_ns: at(9)?, exec_id: at(10)?, exiting })
+        let held = match at(HELD)? {
+            0 => None,
+            word => Some(HeldFile {
+                fd: (word >> 32) as u32,
+                ours: (word as u32 >> 2) as i32,
+                held: word & 3 == 1,
+            }),
+        };
+        Some(Self { sched, start_ns: at(9)?, exec_id: at(10)?, exiting, held })
     }
 
     /// Its start time as `/proc/PID/stat`'s field 22 gives it: clock ticks after boot (the
@@ -155,6 +209,17 @@ pub enum TaskIterError {
 #[derive(Debug)]
 pub struct TaskIterProgram {
     program: Program,
+    /// The files watched, where the program checks them.
+    held: Option<HeldFiles>,
+}
+
+/// The files a walk checks its processes hold: by process, the descriptor it holds the file at
+/// and this process's own descriptor of the same file.
+#[derive(Debug)]
+struct HeldFiles {
+    map: ArrayMap,
+    /// What the map holds, by process: its descriptor, and ours.
+    watched: Mutex<BTreeMap<i32, (u32, i32)>>,
 }
 
 impl TaskIterProgram {
@@ -172,9 +237,55 @@ impl TaskIterProgram {
                 return Err(TaskIterError::Size(name, field.size));
             }
         }
+        let path: Option<[Member; 4]> = FD_PATH
+            .iter()
+            .map(|(ty, member)| btf.member(ty, member).ok())
+            .collect::<Option<Vec<_>>>()
+            .and_then(|m| m.try_into().ok())
+            .filter(|m: &[Member; 4]| [8, 8, 4, 8] == m.map(|m| m.size));
         drop(btf);
-        let insns = assemble(&fields)?;
-        Ok(Self { program: Program::load_task_iter(&insns, iter_task)? })
+        // With the held-file check where the kernel takes it, else without.
+        let held = path.zip(ArrayMap::create_hash(8, WATCHED).ok());
+        if let Some((path, map)) = held {
+            let checked = assemble(&fields, Some((map.raw_fd(), &path)))
+                .map_err(TaskIterError::from)
+                .and_then(|insns| Ok(Program::load_task_iter(&insns, iter_task)?));
+            if let Ok(program) = checked {
+                let held = HeldFiles { map, watched: Mutex::new(BTreeMap::new()) };
+                return Ok(Self { program, held: Some(held) });
+            }
+        }
+        let insns = assemble(&fields, None)?;
+        Ok(Self { program: Program::load_task_iter(&insns, iter_task)?, held: None })
+    }
+
+    /// Has each walk check whether process `pid` holds, at its descriptor `fd`, the file `ours`
+    /// is this process's descriptor of (what `kcmp(KCMP_FILE)` tells): its main thread's
+    /// [`Task::held`] says, naming the descriptors compared. False where it cannot (the program has no check, or the map is
+    /// full): ask `kcmp` then. One watch per process: a later one replaces it.
+    pub fn watch_file(&self, pid: i32, fd: u32, ours: BorrowedFd<'_>) -> bool {
+        let Some(held) = &self.held else { return false };
+        let own = ours.as_raw_fd();
+        let mut value = [0u8; 8];
+        value[..4].copy_from_slice(&fd.to_ne_bytes());
+        value[4..].copy_from_slice(&(own as u32).to_ne_bytes());
+        let mut watched = held.watched.lock().unwrap_or_else(|e| e.into_inner());
+        if held.map.write(pid as u32, &value).is_err() {
+            return false;
+        }
+        watched.insert(pid, (fd, own));
+        true
+    }
+
+    /// Stops the check of process `pid`'s file, when the watch is the one of `fd` and `ours`
+    /// (a later watch of the process stays).
+    pub fn unwatch_file(&self, pid: i32, fd: u32, ours: BorrowedFd<'_>) {
+        let Some(held) = &self.held else { return };
+        let mut watched = held.watched.lock().unwrap_or_else(|e| e.into_inner());
+        if watched.get(&pid) == Some(&(fd, ours.as_raw_fd())) {
+            watched.remove(&pid);
+            let _ = held.map.delete(pid as u32);
+        }
     }
 }
 
@@ -229,11 +340,16 @@ fn fallback_said(e: &TaskIterError) -> String {
     )
 }
 
-/// The program for `fields` (their places in `struct task_struct`, in [`FIELDS`]' order).
-fn assemble(fields: &[Member; FIELDS.len()]) -> Result<Vec<u64>, AsmError> {
+/// The program for `fields` (their places in `struct task_struct`, in [`FIELDS`]' order), and,
+/// with `held` (the map of files watched and [`FD_PATH`]'s members), the held-file check.
+fn assemble(
+    fields: &[Member; FIELDS.len()],
+    held: Option<(i32, &[Member; 4])>,
+) -> Result<Vec<u64>, AsmError> {
     let base = -(RECORD as i16);
     let mut a = Asm::default();
     let out = a.label();
+    let write = a.label();
     a.mov(R6, R1);
     a.load(Size::Dw, R7, R6, 8); // ctx->task
     a.jump_imm(Cond::Eq, R7, 0, out);
@@ -254,6 +370,11 @@ fn assemble(fields: &[Member; FIELDS.len()]) -> Result<Vec<u64>, AsmError> {
         a.load(size, R1, R7, offset);
         a.store(Size::Dw, R10, base + 8 * i as i16, R1);
     }
+    a.store_imm(Size::Dw, R10, base + 8 * HELD as i16, 0);
+    if let Some((map, path)) = held {
+        check_held(&mut a, base, map, path, write)?;
+    }
+    a.bind(write);
     a.load(Size::Dw, R1, R6, 0); // ctx->meta
     a.load(Size::Dw, R1, R1, 0); // meta->seq
     a.mov(R2, R10);
@@ -264,6 +385,91 @@ fn assemble(fields: &[Member; FIELDS.len()]) -> Result<Vec<u64>, AsmError> {
     a.mov_imm(R0, 0);
     a.exit();
     a.finish()
+}
+
+/// The held-file check of the record at `base` (its pid and tgid written), with the task in r7:
+/// jumps to `done` with the answer in the record's [`HELD`] slot.
+fn check_held(a: &mut Asm, base: i16, map: i32, path: &[Member; 4], done: Label) -> Result<(), AsmError> {
+    // Below the record: the map key, a read's landing slot, the two files.
+    let (key, tmp, mine, ours) = (base - 8, base - 16, base - 24, base - 32);
+    let held = base + 8 * HELD as i16;
+    // The main thread only, of a process in the map.
+    a.load(Size::Dw, R1, R10, base);
+    a.load(Size::Dw, R2, R10, base + 8);
+    a.jump_reg(Cond::Ne, R1, R2, done);
+    a.store(Size::W, R10, key, R2);
+    a.ld_map_fd(R1, map);
+    a.mov(R2, R10);
+    a.add_imm(R2, i32::from(key));
+    a.call(HELPER_MAP_LOOKUP_ELEM);
+    a.jump_imm(Cond::Eq, R0, 0, done);
+    a.load(Size::W, R8, R0, 0); // its descriptor
+    a.load(Size::W, R9, R0, 4); // ours
+    // The answer names what it compared: its descriptor << 32 | ours << 2 | 2 (not held).
+    a.mov(R1, R8);
+    a.lsh_imm(R1, 32);
+    a.mov(R2, R9);
+    a.lsh_imm(R2, 2);
+    a.add(R1, R2);
+    a.add_imm(R1, 2);
+    a.store(Size::Dw, R10, held, R1);
+    file_at(a, R7, R8, path, tmp, mine, done)?;
+    a.call(HELPER_GET_CURRENT_TASK);
+    a.mov(R7, R0);
+    file_at(a, R7, R9, path, tmp, ours, done)?;
+    a.load(Size::Dw, R1, R10, mine);
+    a.load(Size::Dw, R2, R10, ours);
+    a.jump_imm(Cond::Eq, R1, 0, done);
+    a.jump_reg(Cond::Ne, R1, R2, done);
+    a.load(Size::Dw, R1, R10, held);
+    a.add_imm(R1, -1); // 1: held
+    a.store(Size::Dw, R10, held, R1);
+    Ok(())
+}
+
+/// `task->files->fdt->fd[fd]` (`task` and `fd` in callee-saved registers) into the stack slot
+/// `into`, through the slot `tmp`; jumps to `fail` when a read fails, a pointer is null, or
+/// `fd` is past the table.
+fn file_at(
+    a: &mut Asm,
+    task: super::insn::Reg,
+    fd: super::insn::Reg,
+    path: &[Member; 4],
+    tmp: i16,
+    into: i16,
+    fail: Label,
+) -> Result<(), AsmError> {
+    let offset = |m: Member| i32::try_from(m.offset).map_err(|_| AsmError::TooFar);
+    let [files, fdt, max_fds, array] = *path;
+    // tmp = *(src + off), 8 bytes (or 4, zero-extended), failing on a fault or, with
+    // `nonnull`, a null pointer read.
+    let read = |a: &mut Asm, src: super::insn::Reg, off: i32, bytes: i32, nonnull: bool| {
+        a.store_imm(Size::Dw, R10, tmp, 0);
+        a.mov(R3, src);
+        a.add_imm(R3, off);
+        a.mov(R1, R10);
+        a.add_imm(R1, i32::from(tmp));
+        a.mov_imm(R2, bytes);
+        a.call(HELPER_PROBE_READ_KERNEL);
+        a.jump_imm(Cond::Ne, R0, 0, fail);
+        a.load(Size::Dw, R3, R10, tmp);
+        if nonnull {
+            a.jump_imm(Cond::Eq, R3, 0, fail);
+        }
+    };
+    read(a, task, offset(files)?, 8, true);
+    read(a, R3, offset(fdt)?, 8, true);
+    a.store(Size::Dw, R10, into, R3); // the table, for a moment
+    read(a, R3, offset(max_fds)?, 4, false);
+    a.jump_reg(Cond::Ge, fd, R3, fail);
+    a.load(Size::Dw, R3, R10, into);
+    read(a, R3, offset(array)?, 8, true);
+    a.mov(R1, fd);
+    a.lsh_imm(R1, 3);
+    a.add(R3, R1);
+    read(a, R3, 0, 8, false);
+    a.store(Size::Dw, R10, into, R3);
+    Ok(())
 }
 
 /// The task iterator linked to the threads of one process.
@@ -360,10 +566,19 @@ mod tests {
 
     #[test]
     fn records_are_read_back_field_by_field() {
-        let mut words: Vec<u64> = (1..=13u64).collect();
+        let mut words: Vec<u64> = (1..=13u64).chain([0]).collect();
         let t = Task::parse(&words.iter().flat_map(|w| w.to_ne_bytes()).collect::<Vec<u8>>()).unwrap();
         assert_eq!((t.sched.tid, t.sched.tgid, t.sched.run_ns, t.sched.major_faults), (1, 2, 3, 9));
-        assert_eq!((t.start_ns, t.exec_id, t.exiting), (10, 11, true), "exit_state 13");
+        assert_eq!((t.start_ns, t.exec_id, t.exiting, t.held), (10, 11, true, None), "exit_state 13");
+        for (answer, held) in [(1, true), (2, false)] {
+            words[HELD] = (7 << 32) | ((1 << 30) - 1) << 2 | answer;
+            let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
+            assert_eq!(
+                Task::parse(&bytes).unwrap().held,
+                Some(HeldFile { fd: 7, ours: (1 << 30) - 1, held })
+            );
+        }
+        words[HELD] = 0;
         (words[FLAGS], words[12]) = (PF_EXITING ^ 0xff, 0);
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
         assert!(!Task::parse(&bytes).unwrap().exiting, "neither PF_EXITING nor exit_state");
