@@ -196,8 +196,11 @@ impl Observer {
         if let Some(walk) = walk.as_mut().filter(|_| !attached.is_empty()) {
             walk.walk(&attached);
         }
+        // Which VMMs may have made a VM beside the one attached since their last refresh.
+        let made = self.scan.made_vms_since_listing().cloned();
         for pid in attached {
-            self.refresh(pid, walk.as_ref(), &mut events);
+            let count_fds = made.as_ref().is_none_or(|made| made.contains(&pid));
+            self.refresh(pid, walk.as_ref(), count_fds, &mut events);
         }
         self.walk = walk;
         for (pid, found) in self.candidates(&mut events) {
@@ -260,9 +263,15 @@ impl Observer {
     }
 
     /// Refreshes the VM of `pid`, detaching it once it left.
-    fn refresh(&mut self, pid: i32, walk: Option<&TaskWalk>, events: &mut Vec<ObserverEvent>) {
+    fn refresh(
+        &mut self,
+        pid: i32,
+        walk: Option<&TaskWalk>,
+        count_fds: bool,
+        events: &mut Vec<ObserverEvent>,
+    ) {
         let Some(vm) = self.records.get_mut(&pid).and_then(Record::vm_mut) else { return };
-        let refreshed = vm.refresh(&self.procfs, walk.and_then(|w| w.of(pid)));
+        let refreshed = vm.refresh(&self.procfs, walk.and_then(|w| w.of(pid)), count_fds);
         for refusal in vm.take_refusals() {
             events.push(ObserverEvent::ThreadRefused { pid, name: vm.name().to_owned(), refusal });
         }

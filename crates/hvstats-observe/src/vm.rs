@@ -26,6 +26,7 @@ use hvstats_abi::catalog::{self, CounterId};
 use hvstats_abi::counter_set::CounterSet;
 use hvstats_abi::source::Source;
 use hvstats_abi::vm_sources::{Origin, SourceEntry, SourceTable};
+use hvstats_host::bpf::task_iter::HeldFile;
 
 use super::attach::{ObserveError, ObserveOptions};
 use super::claim::Claim;
@@ -227,7 +228,7 @@ impl ObservedVm {
     /// The attached VM after its first refresh, which must find the process still there.
     fn first_refresh(mut self, procfs: &Procfs, tasks: Option<VmmTasks<'_>>) -> Result<Self, ObserveError> {
         let pid = self.pid;
-        match self.refresh(procfs, tasks) {
+        match self.refresh(procfs, tasks, true) {
             Ok(None) => Ok(self),
             Ok(Some(_)) => Err(ObserveError::Proc { pid, source: io::ErrorKind::NotFound.into() }),
             Err(source) => Err(ObserveError::Proc { pid, source }),
@@ -432,6 +433,7 @@ impl ObservedVm {
         &mut self,
         procfs: &Procfs,
         tasks: Option<VmmTasks<'_>>,
+        count_fds: bool,
     ) -> io::Result<Option<Departure>> {
         let gone = match &self.exit {
             Some(watch) => watch.has_exited(),
@@ -444,7 +446,7 @@ impl ObservedVm {
             Ok(threads) => threads,
             Err(why) => return Ok(Some(why)),
         };
-        if self.vm_changed(procfs)? {
+        if self.vm_changed(procfs, tasks.and_then(|t| t.leader().held), count_fds)? {
             return Ok(Some(Departure::VmChanged));
         }
         self.reread_platform(procfs);
@@ -453,7 +455,8 @@ impl ObservedVm {
         }
         self.find_threads(procfs, tasks);
         let view = VmView { procfs, pid: self.pid, vcpus: &self.vcpus, tasks };
-        self.learned = self.sources.sources_mut().map(|s| s.read(&view)).collect();
+        self.learned.clear();
+        self.learned.extend(self.sources.sources_mut().map(|s| s.read(&view)));
         // A peer's word on the platform (libvirt's Nova metadata) before the process's own.
         if let (Some((_, identity)), Some(platform)) =
             (&mut self.platform, self.learned.iter().find_map(|l| l.platform.clone()))
@@ -520,9 +523,9 @@ impl ObservedVm {
     ///
     /// # Errors
     /// When this process is out of descriptors or memory: nothing is known then.
-    fn vm_changed(&mut self, procfs: &Procfs) -> io::Result<bool> {
+    fn vm_changed(&mut self, procfs: &Procfs, walked: Option<HeldFile>, count_fds: bool) -> io::Result<bool> {
         let Some(watch) = &mut self.watch else { return Ok(false) };
-        match watch.check(procfs, self.pid) {
+        match watch.check(procfs, self.pid, walked, count_fds) {
             Ok(change) => Ok(change.is_some()),
             Err(e) if is_shortage(&e) => Err(e),
             Err(_) => {

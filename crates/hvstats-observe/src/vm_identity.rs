@@ -33,8 +33,9 @@
 use std::cmp::Ordering;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 
+use hvstats_host::bpf::task_iter::{self, HeldFile};
 use hvstats_host::os as sys;
 
 use crate::discovery::{Procfs, is_gone};
@@ -203,6 +204,25 @@ impl VmObject {
     pub fn is_held_at(&self, pid: i32, fd: u32) -> io::Result<bool> {
         same_file(pid, fd as RawFd, me(), self.copy.as_raw_fd())
     }
+
+    /// Has each walk of the host's tasks check that `pid` holds this VM at `fd`
+    /// ([`task_iter::TaskIterProgram::watch_file`]); false where the walk cannot.
+    fn watch_in_walks(&self, pid: i32, fd: u32) -> bool {
+        task_iter::shared().is_some_and(|p| p.watch_file(pid, fd, self.copy.as_fd()))
+    }
+
+    /// Ends what [`watch_in_walks`](Self::watch_in_walks) began.
+    fn unwatch_in_walks(&self, pid: i32, fd: u32) {
+        if let Some(program) = task_iter::shared() {
+            program.unwatch_file(pid, fd, self.copy.as_fd());
+        }
+    }
+
+    /// What `walked` (a walk's check of `pid`'s main thread) says of this VM held at `fd`, when
+    /// it is the check of this very VM at that descriptor.
+    fn walked_held(&self, fd: u32, walked: Option<HeldFile>) -> Option<bool> {
+        walked.filter(|w| w.fd == fd && w.ours == self.copy.as_raw_fd()).map(|w| w.held)
+    }
 }
 
 /// What became of the VM a process was attached with.
@@ -228,13 +248,26 @@ pub struct VmWatch {
     refreshes: u64,
     /// The refresh at which its descriptors are read in full next, whatever else holds.
     rescan_at: u64,
+    /// The VMM, while the walks of the host's tasks check that it holds the VM at `fd` (then
+    /// no `kcmp(2)` is needed at a refresh whose walk did).
+    walked: Option<i32>,
+}
+
+impl Drop for VmWatch {
+    fn drop(&mut self) {
+        if let Some(pid) = self.walked {
+            self.object.unwatch_in_walks(pid, self.fd);
+        }
+    }
 }
 
 impl VmWatch {
     /// Watches `object`, held by `pid` at descriptor `fd`.
     pub fn new(procfs: &Procfs, pid: i32, fd: u32, object: VmObject) -> Self {
         let fd_dir = procfs.fd_dir(pid).ok();
-        let mut watch = Self { object, fd, count: None, fd_dir, refreshes: 0, rescan_at: first_rescan() };
+        let walked = object.watch_in_walks(pid, fd).then_some(pid);
+        let mut watch =
+            Self { object, fd, count: None, fd_dir, refreshes: 0, rescan_at: first_rescan(), walked };
         watch.count = watch.fd_count(procfs, pid);
         watch
     }
@@ -255,20 +288,37 @@ impl VmWatch {
     }
 
     /// What became of the VM of `pid` since the last check (`None`: it holds it still, and no
-    /// other).
+    /// other). `walked` is what this tick's walk of the host's tasks found of `pid`'s watched
+    /// file, which answers in place of a `kcmp(2)` when it is of this VM at its descriptor.
+    /// Without `count_fds` (KVM's debugfs, watched, names no VM made by `pid` since the last
+    /// check), the number of its descriptors is not read: a VM made beside the one attached is
+    /// then found by the periodic full reading alone, as where procfs does not tell the number
+    /// (a VM KVM gave no directory, or one made by another process and passed to it).
     ///
     /// # Errors
     /// When the process's descriptors cannot be read or compared for another reason than its
     /// exit (out of descriptors): nothing is known then.
-    pub fn check(&mut self, procfs: &Procfs, pid: i32) -> io::Result<Option<VmChange>> {
+    pub fn check(
+        &mut self,
+        procfs: &Procfs,
+        pid: i32,
+        walked: Option<HeldFile>,
+        count_fds: bool,
+    ) -> io::Result<Option<VmChange>> {
         self.refreshes += 1;
-        let same = self.object.is_held_at(pid, self.fd)?;
+        // The walk of this tick answered for this VM at this descriptor: as `kcmp` would have.
+        let same = match self.object.walked_held(self.fd, walked.filter(|_| self.walked == Some(pid))) {
+            Some(held) => held,
+            None => self.object.is_held_at(pid, self.fd)?,
+        };
         // Where procfs does not tell the number (before Linux 6.2), the periodic reading alone
         // finds a VM made beside the one attached.
-        let count = self.fd_count(procfs, pid);
-        if same && count == self.count && self.refreshes < self.rescan_at {
+        let counted = count_fds.then(|| self.fd_count(procfs, pid));
+        let moved = counted.is_some_and(|count| count != self.count);
+        if same && !moved && self.refreshes < self.rescan_at {
             return Ok(None);
         }
+        let count = counted.unwrap_or_else(|| self.fd_count(procfs, pid));
         let fds = match procfs.kvm_fds(pid) {
             Ok(fds) => fds,
             // Gone: its refresh says so at the next turn.
@@ -291,6 +341,12 @@ impl VmWatch {
             (None, _) => Some(VmChange::Replaced),
             (Some(_), true) => Some(VmChange::Another),
             (Some(fd), false) => {
+                if fd != self.fd
+                    && let Some(pid) = self.walked.take()
+                {
+                    self.object.unwatch_in_walks(pid, self.fd);
+                    self.walked = self.object.watch_in_walks(pid, fd).then_some(pid);
+                }
                 self.fd = fd;
                 None
             }

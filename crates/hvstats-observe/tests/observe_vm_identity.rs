@@ -671,7 +671,7 @@ fn watch_cost(pid: i32, n: u32) -> (Duration, Duration, Duration, u64) {
     let mut watch = VmWatch::new(&procfs, pid, fd, VmObject::of(pid, fd).unwrap());
     let t = Instant::now();
     for _ in 0..n {
-        assert_eq!(watch.check(&procfs, pid).unwrap(), None, "the VM holds");
+        assert_eq!(watch.check(&procfs, pid, None, true).unwrap(), None, "the VM holds");
     }
     let per_refresh = t.elapsed() / n;
     let t = Instant::now();
