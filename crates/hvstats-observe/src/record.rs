@@ -100,6 +100,11 @@ impl Observed {
 
     /// Says each source whose peer went down or came back since the last tick, once.
     fn say_peers(&mut self, pid: i32, now: Instant, events: &mut Vec<ObserverEvent>) {
+        // A VM whose sources have no peer (a VMM without a monitor) has nothing to say, and its
+        // peers are not copied out to find so, at every tick.
+        if self.peers.is_empty() {
+            return;
+        }
         for (source, state) in self.vm.peers() {
             let Some(was) = self.peers.get_mut(source) else { continue };
             let name = || self.vm.name().to_owned();
