@@ -20,8 +20,9 @@
 //!   whose VM left (see [`KvmScan::recheck`]) while a process has it: a VMM that takes the pid
 //!   of the one it replaced, as a restarted VMM may, is found with or without its directory;
 //! - KVM's debugfs directory is watched (`inotify(7)`), and listed again only when a name was
-//!   made or removed in it since the last listing, or the watch could not be had or ended: on a
-//!   host of a thousand VMs, its listing was the larger part of a quiet tick's scan.
+//!   made or removed in it since the last listing, or the watch could not be had or ended, or
+//!   `RELIST_TICKS` (64) ticks passed: on a host of a thousand VMs, its listing was the larger part
+//!   of a quiet tick's scan.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
@@ -32,6 +33,10 @@ use super::discovery::{KvmFds, Procfs, is_refusal};
 
 /// Descriptors of one process read per tick, averaged over the ticks between its readings.
 pub const READS_PER_TICK: u64 = 4096;
+
+/// Ticks a listing of KVM's debugfs directory is kept at most while its watch says nothing
+/// changed: a bound on what a lost event could hide.
+const RELIST_TICKS: u64 = 64;
 
 /// What the last reading of one process found.
 #[derive(Debug)]
@@ -64,8 +69,9 @@ pub struct KvmScan {
     listed: Option<BTreeSet<i32>>,
     /// The processes the last listing named that the one before did not.
     fresh: BTreeSet<i32>,
-    /// Listings of the directory taken.
+    /// Listings of the directory taken, and the tick of the last.
     listings: u64,
+    listed_at: u64,
     tick: u64,
 }
 
@@ -81,7 +87,7 @@ impl KvmScan {
     /// by its descriptors).
     fn debugfs_vm_pids(&mut self, procfs: &Procfs) -> Option<BTreeSet<i32>> {
         let seen = self.watch.as_mut().map_or(WatchSeen::Ended, DirWatch::take);
-        if seen == WatchSeen::Quiet && self.listed.is_some() {
+        if seen == WatchSeen::Quiet && self.listed.is_some() && self.tick < self.listed_at + RELIST_TICKS {
             // What the last listing named anew was told to the refreshes since.
             self.fresh.clear();
             return self.listed.clone();
@@ -92,6 +98,7 @@ impl KvmScan {
             self.watch = procfs.debugfs_kvm_dir().and_then(|dir| DirWatch::new(&dir).ok());
         }
         let listed = self.list_debugfs(procfs);
+        self.listed_at = self.tick;
         self.listed = if self.watch.is_some() { listed.clone() } else { None };
         listed
     }
@@ -269,6 +276,13 @@ mod tests {
         assert_eq!(scan.listings, 5);
         std::fs::remove_dir(root.0.join("debug/kvm/300-4")).unwrap();
         assert_eq!(scan.debugfs_vm_pids(&procfs), Some(BTreeSet::from([200])));
+        // However quiet, listed again every RELIST_TICKS ticks.
+        let listings = scan.listings;
+        scan.tick += RELIST_TICKS;
+        assert_eq!(scan.debugfs_vm_pids(&procfs), Some(BTreeSet::from([200])));
+        assert_eq!(scan.listings, listings + 1);
+        assert_eq!(scan.debugfs_vm_pids(&procfs), Some(BTreeSet::from([200])));
+        assert_eq!(scan.listings, listings + 1);
         // The directory removed and made again (KVM's module unloaded and loaded): watched anew.
         std::fs::remove_dir_all(root.0.join("debug/kvm")).unwrap();
         assert_eq!(scan.debugfs_vm_pids(&procfs), None, "no directory");
