@@ -110,35 +110,13 @@ fn events(bytes: &[u8]) -> impl Iterator<Item = u32> + '_ {
 
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
+    use hvstats_testkit::TempDir;
 
     use super::*;
 
-    /// A directory of this test's own, removed when dropped.
-    struct Scratch(PathBuf);
-
-    impl Scratch {
-        fn new(name: &str) -> Self {
-            let dir = std::env::temp_dir().join(format!("hvstats-dir-watch-{}-{name}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(&dir).unwrap();
-            Self(dir)
-        }
-
-        fn path(&self) -> &Path {
-            &self.0
-        }
-    }
-
-    impl Drop for Scratch {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-
     #[test]
     fn names_made_and_removed_are_seen_once_and_the_directory_removed_ends_the_watch() {
-        let dir = Scratch::new("names");
+        let dir = TempDir::new("dir-watch-names");
         let kvm = dir.path().join("kvm");
         std::fs::create_dir(&kvm).unwrap();
         let mut watch = DirWatch::new(&kvm).unwrap();
@@ -170,7 +148,7 @@ mod tests {
 
     #[test]
     fn a_directory_that_is_not_there_or_not_one_cannot_be_watched() {
-        let dir = Scratch::new("absent");
+        let dir = TempDir::new("dir-watch-absent");
         assert!(DirWatch::new(&dir.path().join("absent")).is_err());
         std::fs::write(dir.path().join("file"), "").unwrap();
         assert!(DirWatch::new(&dir.path().join("file")).is_err(), "IN_ONLYDIR");

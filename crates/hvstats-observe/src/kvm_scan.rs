@@ -219,18 +219,11 @@ impl KvmScan {
 
 #[cfg(test)]
 mod tests {
-    use std::path::{Path, PathBuf};
+    use std::path::Path;
+
+    use hvstats_testkit::TempDir;
 
     use super::*;
-
-    /// A tree of this test's own, removed when dropped.
-    struct Scratch(PathBuf);
-
-    impl Drop for Scratch {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
 
     /// A VM directory in KVM's debugfs made by thread `tid` of process `pid`.
     fn vm_made(root: &Path, tid: i32, pid: i32, fd: u32) {
@@ -241,8 +234,7 @@ mod tests {
 
     #[test]
     fn kvms_debugfs_is_listed_again_only_when_a_name_was_made_or_removed_in_it() {
-        let root = Scratch(std::env::temp_dir().join(format!("hvstats-kvm-scan-{}", std::process::id())));
-        let _ = std::fs::remove_dir_all(&root.0);
+        let root = TempDir::new("kvm-scan-listings");
         std::fs::create_dir_all(root.0.join("debug/kvm")).unwrap();
         let procfs = Procfs::at(root.0.join("proc"), Some(root.0.join("debug")));
         let mut scan = KvmScan::new();
