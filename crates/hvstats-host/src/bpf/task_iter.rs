@@ -35,16 +35,15 @@
 //! thread's start; `self_exec_id` is what `exec()` counts up (a process that execs another
 //! program, or itself again, keeps its pid and start time and gets the next one).
 
-use std::io;
-
-use super::btf::{Btf, BtfError, Member};
 use std::collections::BTreeMap;
+use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::Mutex;
 
+use super::btf::{Btf, BtfError, Member};
 use super::insn::{
     Asm, AsmError, Cond, HELPER_GET_CURRENT_TASK, HELPER_MAP_LOOKUP_ELEM, HELPER_PROBE_READ_KERNEL,
-    HELPER_SEQ_WRITE, Label, R0, R1, R2, R3, R6, R7, R8, R9, R10, Size,
+    HELPER_SEQ_WRITE, Label, R0, R1, R2, R3, R6, R7, R8, R9, R10, Reg, Size,
 };
 use super::sys::{ArrayMap, LoadError, Program, TaskIterLink};
 
@@ -261,8 +260,9 @@ impl TaskIterProgram {
 
     /// Has each walk check whether process `pid` holds, at its descriptor `fd`, the file `ours`
     /// is this process's descriptor of (what `kcmp(KCMP_FILE)` tells): its main thread's
-    /// [`Task::held`] says, naming the descriptors compared. False where it cannot (the program has no check, or the map is
-    /// full): ask `kcmp` then. One watch per process: a later one replaces it.
+    /// [`Task::held`] says, naming the descriptors compared. False where it cannot (the program
+    /// has no check, or the map is full): ask `kcmp` then. One watch per process: a later one
+    /// replaces it.
     pub fn watch_file(&self, pid: i32, fd: u32, ours: BorrowedFd<'_>) -> bool {
         let Some(held) = &self.held else { return false };
         let own = ours.as_raw_fd();
@@ -432,8 +432,8 @@ fn check_held(a: &mut Asm, base: i16, map: i32, path: &[Member; 4], done: Label)
 /// `fd` is past the table.
 fn file_at(
     a: &mut Asm,
-    task: super::insn::Reg,
-    fd: super::insn::Reg,
+    task: Reg,
+    fd: Reg,
     path: &[Member; 4],
     tmp: i16,
     into: i16,
@@ -443,7 +443,7 @@ fn file_at(
     let [files, fdt, max_fds, array] = *path;
     // tmp = *(src + off), 8 bytes (or 4, zero-extended), failing on a fault or, with
     // `nonnull`, a null pointer read.
-    let read = |a: &mut Asm, src: super::insn::Reg, off: i32, bytes: i32, nonnull: bool| {
+    let read = |a: &mut Asm, src: Reg, off: i32, bytes: i32, nonnull: bool| {
         a.store_imm(Size::Dw, R10, tmp, 0);
         a.mov(R3, src);
         a.add_imm(R3, off);
