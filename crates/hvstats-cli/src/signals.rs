@@ -133,9 +133,18 @@ pub(crate) fn wait() -> io::Result<Signal> {
 pub(crate) struct Watching {
     #[cfg_attr(not(test), allow(dead_code, reason = "only tests raise signals at the watcher"))]
     thread: libc::pthread_t,
+    /// The watcher's thread id.
+    #[cfg_attr(not(test), allow(dead_code, reason = "only tests look at the watcher's table"))]
+    tid: libc::pid_t,
 }
 
 impl Watching {
+    /// The watcher's thread id.
+    #[cfg(test)]
+    pub(crate) fn tid(&self) -> libc::pid_t {
+        self.tid
+    }
+
     /// Sends `signal` to the watcher thread alone, as the terminal or `kill` would send it to the
     /// process (a test's way in: a process-wide signal would reach the test harness's threads).
     #[cfg(test)]
@@ -174,6 +183,21 @@ fn watched_set() -> libc::sigset_t {
     set
 }
 
+/// Whether the watcher of [`during`] shares the work's table of descriptors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Table {
+    /// Shared, as threads share it: `on_signal` may use the work's descriptors (a server's stop
+    /// wakes its runtime through one).
+    Shared,
+    /// The watcher leaves the work's table as it starts (`close_range(3, ~0,
+    /// CLOSE_RANGE_UNSHARE)`: a table of its own, with only stdin, stdout and stderr), so the
+    /// work's table has one user. The kernel then takes a descriptor for a system call of the
+    /// work's without counting a reference to its file (`fdget` of a table no other thread
+    /// shares): an observer makes thousands of such calls a refresh. `on_signal` must use no
+    /// descriptor. Where the kernel cannot (before Linux 5.9), the table stays shared.
+    Apart,
+}
+
 /// Runs `work` on the calling thread while a watcher thread takes SIGINT, SIGTERM and SIGHUP; the
 /// first one that comes calls `on_signal` (which should make `work` finish soon). Returns what `work`
 /// returned and the signal, if one came. Call [`block`] first, before any other thread exists, so
@@ -186,6 +210,18 @@ pub(crate) fn during<R>(
     work: impl FnOnce(&Watching) -> R,
     on_signal: impl FnOnce(Signal) + Send,
 ) -> io::Result<(R, Option<Signal>)> {
+    during_with(Table::Shared, work, on_signal)
+}
+
+/// As [`during`], the watcher's table of descriptors as `table` says.
+///
+/// # Errors
+/// As [`during`]'s.
+pub(crate) fn during_with<R>(
+    table: Table,
+    work: impl FnOnce(&Watching) -> R,
+    on_signal: impl FnOnce(Signal) + Send,
+) -> io::Result<(R, Option<Signal>)> {
     let done = AtomicBool::new(false);
     let done = &done;
     std::thread::scope(|s| {
@@ -195,8 +231,11 @@ pub(crate) fn during<R>(
             // action, and its wake-up, before the work can send it.
             let watched = watched_set();
             block_of(&watched)?;
-            // SAFETY: pthread_self has no preconditions.
-            let _ = tx.send(unsafe { libc::pthread_self() });
+            if table == Table::Apart {
+                leave_table();
+            }
+            // SAFETY: pthread_self and gettid have no preconditions.
+            let _ = tx.send(unsafe { (libc::pthread_self(), libc::gettid()) });
             // `done` is looked at after each wait: the wake-up is sent once it is set, so the
             // watcher ends by taking it (or, should it not come, by its timeout).
             loop {
@@ -215,7 +254,7 @@ pub(crate) fn during<R>(
                 }
             }
         });
-        let thread = match rx.recv() {
+        let (thread, tid) = match rx.recv() {
             Ok(t) => t,
             Err(_) => {
                 return Err(watcher
@@ -225,7 +264,7 @@ pub(crate) fn during<R>(
                     .unwrap_or_else(|| io::Error::other("the signal watcher failed")));
             }
         };
-        let result = work(&Watching { thread });
+        let result = work(&Watching { thread, tid });
         done.store(true, Ordering::SeqCst);
         // The watcher blocks its wake-up, and stays pending until it has taken it: a wake-up sent
         // before it waits is taken at once. Where it cannot be sent, the watcher sees `done`
@@ -236,6 +275,14 @@ pub(crate) fn during<R>(
         let signal = watcher.join().map_err(|_| io::Error::other("the signal watcher panicked"))??;
         Ok((result, signal))
     })
+}
+
+/// Gives the calling thread a table of descriptors of its own, holding only 0, 1 and 2 (see
+/// [`Table::Apart`]); where the kernel cannot, the thread keeps sharing its process's.
+fn leave_table() {
+    // SAFETY: close_range takes two descriptor numbers and flags and touches no memory of ours;
+    // the descriptors it closes are the calling thread's copies, made by the same call.
+    let _ = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_UNSHARE) };
 }
 
 #[cfg(test)]
@@ -269,6 +316,41 @@ mod tests {
             };
             assert_eq!(got.unwrap().exit_status() as u8, status);
         }
+    }
+
+    /// A watcher apart holds no copy of the work's descriptors: one the work closes is closed
+    /// (a pipe's reader sees its end), and one the work opens is not in the watcher's table; a
+    /// signal still stops the work.
+    #[test]
+    fn a_watcher_apart_keeps_no_descriptor_of_the_works_open() {
+        use std::io::Read;
+        use std::os::fd::AsRawFd;
+        let (mut reader, writer) = std::io::pipe().unwrap();
+        let (stop_tx, stop_rx) = mpsc::channel();
+        let (result, got) = during_with(
+            Table::Apart,
+            |w| {
+                // The watcher has left the table once it waits: its wake-up can be sent.
+                let watcher = w.tid();
+                let own = std::fs::File::open("/dev/null").unwrap();
+                let theirs = format!("/proc/self/task/{watcher}/fd/{}", own.as_raw_fd());
+                // SAFETY: gettid has no preconditions.
+                let me = unsafe { libc::gettid() };
+                let mine = format!("/proc/self/task/{me}/fd/{}", own.as_raw_fd());
+                let seen = (std::path::Path::new(&theirs).exists(), std::path::Path::new(&mine).exists());
+                drop(writer);
+                let mut rest = Vec::new();
+                // Blocks for good if the watcher still held the write end.
+                let read = reader.read_to_end(&mut rest).map(|n| n == 0);
+                w.raise(Signal::Terminate).unwrap();
+                let stopped = stop_rx.recv_timeout(Duration::from_secs(10)).is_ok();
+                (seen, read.ok(), stopped)
+            },
+            move |_| stop_tx.send(()).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(result, ((false, true), Some(true), true));
+        assert_eq!(got, Some(Signal::Terminate));
     }
 
     #[test]

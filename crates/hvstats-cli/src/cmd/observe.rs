@@ -107,9 +107,12 @@ pub(crate) fn run(args: Args) -> anyhow::Result<ExitCode> {
     let cancel = Cancel::new();
     let mut observer = hv.clone().map(|hv| observer_of(args, hv, &dir, &cancel));
     // The observer runs on this thread while a watcher takes SIGINT/SIGTERM: a signal cancels
-    // whatever the observer waits on (a QMP peer that drips, streams or hangs) within 0.1 s.
+    // whatever the observer waits on (a QMP peer that drips, streams or hangs) within 0.1 s. The
+    // watcher leaves the table of descriptors to the observer, whose reads of a refresh (a few
+    // for each vCPU) then take their descriptors without a reference count; cancelling needs none.
     let stop = cancel.clone();
-    let (ended, signal) = signals::during(
+    let (ended, signal) = signals::during_with(
+        signals::Table::Apart,
         |_| {
             Runner {
                 observer: observer.as_mut(),
