@@ -464,12 +464,14 @@ impl ObservedVm {
             *identity = Some(platform);
         }
         self.sources.decide();
+        // Every VP's counts were read above: one time dates them all.
+        let now = hvstats::page::publication_time();
         for index in 0..self.vcpus.len() as u32 {
             if self.vcpus[index as usize].tid.is_none() {
                 continue;
             }
             let Some(page) = self.partition.vp_page(index) else { continue };
-            let _merge = page.begin_publication();
+            let _merge = page.begin_publication_at(now);
             self.sources.write(Object::Vp(index), page, |_| true);
         }
         self.sources.write(Object::Partition, self.partition.page(), |_| true);

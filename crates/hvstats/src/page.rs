@@ -166,9 +166,16 @@ impl SharedPage {
     /// keep should publish: a partial one (a VP's intercepts at a hypercall) would date counts it
     /// did not take. `None`, and no stamp, for a page without a sequence counter.
     pub fn begin_publication(&self) -> Option<SeqWrite<'_>> {
+        self.begin_publication_at(publication_time())
+    }
+
+    /// As [`begin_publication`](Self::begin_publication), stamping `now` (a
+    /// [`publication_time`] taken after the counts were read): a writer that publishes many
+    /// pages from one reading reads the clock once for all of them.
+    pub fn begin_publication_at(&self, now: u64) -> Option<SeqWrite<'_>> {
         let merge = self.begin_merge()?;
         if let Some(slot) = publication_slots(self.kind).1 {
-            self.slots()[slot].store(monotonic_ns(), Ordering::Relaxed);
+            self.slots()[slot].store(now, Ordering::Relaxed);
         }
         Some(merge)
     }
@@ -298,6 +305,11 @@ impl MappedPage {
         let slots = unsafe { &*(self.ptr.as_ptr() as *const [AtomicU64; PAGE_SLOTS]) };
         consistent_copy(kind, slots)
     }
+}
+
+/// Now as a page's publication time stamps it ([`SharedPage::begin_publication_at`]).
+pub fn publication_time() -> u64 {
+    monotonic_ns()
 }
 
 /// Now on `CLOCK_MONOTONIC`, in nanoseconds (0 if the clock cannot be read, which Linux never
