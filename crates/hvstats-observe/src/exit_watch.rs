@@ -1,8 +1,9 @@
 //! Knowing that an observed VMM exited without reading `/proc` at every refresh: a pidfd
 //! (`pidfd_open(2)`) polls readable once its process has exited, zombie or reaped. The observer
-//! polls every VM's pidfd at once each tick ([`poll_all`]), and each VM's refresh then takes the
-//! answer its watch holds: one `poll` a tick for all VMs, not one a VM. A watch not polled so
-//! (a VM refreshed outside a tick) polls on its own.
+//! polls at once each tick ([`poll_all`]) the pidfd of every VM whose VMM the tick's walk of the
+//! host's tasks did not find (a walked VMM's main thread says whether it exits), and each VM's
+//! refresh then takes the answer its watch holds: one `poll` a tick for all VMs, not one a VM. A
+//! watch not polled so (a VM refreshed outside a tick) polls on its own.
 //!
 //! A pidfd names the process it was opened on, never a later process given the same pid. Where
 //! one cannot be had (a kernel before 5.3, a fixture procfs, a process already gone), the caller
@@ -85,8 +86,8 @@ impl ExitWatch {
         exited
     }
 
-    /// True when an exit was seen already.
-    fn exited(&self) -> bool {
+    /// True when an exit was seen already (asking nothing of the kernel).
+    pub(crate) fn exited(&self) -> bool {
         self.polled.load(Ordering::Relaxed) == EXITED
     }
 }

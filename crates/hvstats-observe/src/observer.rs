@@ -190,12 +190,12 @@ impl Observer {
         // Refresh first: a VM attached now was refreshed by its attach.
         let attached: BTreeSet<i32> =
             self.records.iter().filter(|(_, r)| r.is_attached()).map(|(p, _)| *p).collect();
-        self.before_refreshes();
         // One walk of the host's tasks for every VM refreshed.
         let mut walk = self.walk.take();
         if let Some(walk) = walk.as_mut().filter(|_| !attached.is_empty()) {
             walk.walk(&attached);
         }
+        self.before_refreshes(walk.as_ref());
         // Which VMMs may have made a VM beside the one attached since their last refresh.
         let made = self.scan.made_vms_since_listing().cloned();
         for pid in attached {
@@ -257,9 +257,11 @@ impl Observer {
     }
 
     /// What every VM's refresh would ask the kernel one VM at a time, asked once for all: which
-    /// VMMs exited (one poll of every pidfd).
-    fn before_refreshes(&self) {
-        exit_watch::poll_all(self.vms().filter_map(ObservedVm::exit_watch));
+    /// VMMs exited (one poll of the pidfds), of those `walk` did not find (a walked VMM's refresh
+    /// tells its exit from its main thread in the walk).
+    fn before_refreshes(&self, walk: Option<&TaskWalk>) {
+        let unwalked = self.vms().filter(|vm| walk.and_then(|w| w.of(vm.pid())).is_none());
+        exit_watch::poll_all(unwalked.filter_map(ObservedVm::exit_watch));
     }
 
     /// Refreshes the VM of `pid`, detaching it once it left.

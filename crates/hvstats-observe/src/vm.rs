@@ -435,9 +435,12 @@ impl ObservedVm {
         tasks: Option<VmmTasks<'_>>,
         count_fds: bool,
     ) -> io::Result<Option<Departure>> {
-        let gone = match &self.exit {
-            Some(watch) => watch.has_exited(),
-            None => !procfs.is_alive(self.pid)?,
+        let gone = match (&self.exit, tasks) {
+            // Walked: its main thread says whether it exits (in `departure`); an exit the watch
+            // saw already stays.
+            (Some(watch), Some(_)) => watch.exited(),
+            (Some(watch), None) => watch.has_exited(),
+            (None, _) => !procfs.is_alive(self.pid)?,
         };
         if gone {
             return Ok(Some(Departure::Exited));
