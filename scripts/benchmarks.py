@@ -53,7 +53,11 @@ def machine():
 
 
 def main():
-    subprocess.run(["cargo", "build", "--release", "-q", "-p", "hvstats-bench"], cwd=ROOT, check=True)
+    # The bench runs the observer and the CLI as the `hvstats` binary beside it: built here too,
+    # so a row never measures a binary older than the tree.
+    subprocess.run(
+        ["cargo", "build", "--release", "-q", "-p", "hvstats-bench", "-p", "hvstats-cli"], cwd=ROOT, check=True
+    )
     binary = os.path.join(ROOT, "target", "release", "hvstats-bench")
     command = ["hvstats-bench", "--json", *sys.argv[1:]]
     # The scale rows' curve is drawn by the bench beside the table.
