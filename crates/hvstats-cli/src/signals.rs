@@ -330,7 +330,7 @@ mod tests {
         let (result, got) = during_with(
             Table::Apart,
             |w| {
-                // The watcher has left the table once it waits: its wake-up can be sent.
+                // The watcher left the table before it said who it is: by now its table is its own.
                 let watcher = w.tid();
                 let own = std::fs::File::open("/dev/null").unwrap();
                 let theirs = format!("/proc/self/task/{watcher}/fd/{}", own.as_raw_fd());
