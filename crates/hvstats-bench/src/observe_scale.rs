@@ -21,13 +21,15 @@
 //! [`MEMORY_RESERVE`] free): the row's `vms` fact says how many, beside `vms_asked`.
 
 use std::io::BufRead;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use hvstats_sources::kvm_stats::KvmStats;
 use hvstats_testkit::TempDir;
 
-use crate::row::{Pace, Plan, Rounds, Row, Spread};
+use crate::row::{CpuClock, Pace, Plan, Rounds, Row, Spread};
 use crate::shutdown::{Hvstats, binary, hvstats_binary, root};
 
 /// The rows, by fleet size.
@@ -322,5 +324,90 @@ fn measure(
         ("ms_to_publish_per_vm", to_publish * 1e3 / attached as f64),
     ];
     drop(observer);
+    let mut facts = facts;
+    // What the kernel's part of a refresh costs at least: the observer's cost over it says how
+    // much of the rest is ours.
+    match Floor::measure(&pids) {
+        Ok(floor) => {
+            let per_vm = |s: f64| s * 1e6 / attached as f64;
+            facts.push(("floor_walk_us_per_vm", per_vm(floor.walk)));
+            facts.push(("floor_kvm_stats_us_per_vm", per_vm(floor.stats)));
+            facts.push(("floor_us_per_vm", per_vm(floor.walk + floor.stats)));
+            facts.push(("us_per_vm_over_floor", cpu / (floor.walk + floor.stats)));
+        }
+        Err(why) => eprintln!("hvstats-bench: {name}: no floor measured: {why}"),
+    }
     Ok(Row::Measured { name, rounds, unit: "s/refresh", goal: Some(0.01), facts })
+}
+
+/// The least CPU a refresh of the fleet costs in the kernel, measured in this process over
+/// [`WINDOW`] rounds a refresh interval apart (the caches as cold as an observer finds them): one
+/// walk of the host's tasks with the kernel's task iterator (the observer's walk, without its
+/// check of each VMM's descriptor), and one `pread` of the data block of every KVM statistics
+/// descriptor of the VMs (copied from the VMMs as the observer copies them), in seconds a round.
+/// What any observer that gives every vCPU thread's run time and every KVM statistic each
+/// refresh pays here, whatever it does with them.
+struct Floor {
+    walk: f64,
+    stats: f64,
+}
+
+impl Floor {
+    fn measure(pids: &[i32]) -> Result<Self, String> {
+        use hvstats_host::bpf::task_iter::{HostTasks, TaskIterProgram};
+        let program = TaskIterProgram::load().map_err(|e| format!("the task iterator: {e}"))?;
+        let mut host = HostTasks::open(&program).map_err(|e| format!("the task iterator: {e}"))?;
+        let mut stats = Vec::new();
+        for &pid in pids {
+            stats.extend(kvm_stats_of(pid)?);
+        }
+        let mut data: Vec<Vec<u64>> = stats.iter().map(|s| vec![0; s.data_words()]).collect();
+        let (mut walk, mut read) = (0.0, 0.0);
+        for _ in 0..WINDOW {
+            std::thread::sleep(INTERVAL);
+            let start = CpuClock::now();
+            let walked = host.walk().map_err(|e| format!("the task iterator: {e}"))?.tasks().count();
+            walk += start.elapsed().as_secs_f64();
+            if walked == 0 {
+                return Err("the task iterator walked no thread".into());
+            }
+            let start = CpuClock::now();
+            for (stats, data) in stats.iter().zip(&mut data) {
+                stats.read_into(data).map_err(|e| format!("a KVM statistics descriptor: {e}"))?;
+            }
+            read += start.elapsed().as_secs_f64();
+        }
+        Ok(Self { walk: walk / f64::from(WINDOW), stats: read / f64::from(WINDOW) })
+    }
+}
+
+/// Copies of the KVM statistics descriptors (the VM's and each vCPU's) VMM `pid` holds.
+fn kvm_stats_of(pid: i32) -> Result<Vec<KvmStats>, String> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if pidfd < 0 {
+        return Err(format!("pidfd_open({pid}): {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: the descriptor was just made and is owned here alone.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as i32) };
+    let dir = format!("/proc/{pid}/fd");
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(&dir).map_err(|e| format!("{dir}: {e}"))?.flatten() {
+        let target = std::fs::read_link(entry.path()).unwrap_or_default();
+        let target = target.to_string_lossy();
+        if !(target.starts_with("anon_inode:kvm-vcpu-stats:") || target == "anon_inode:kvm-vm-stats") {
+            continue;
+        }
+        let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        // SAFETY: pidfd_getfd takes a pidfd, a descriptor number and flags and returns a new
+        // descriptor or -1.
+        let copy = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
+        if copy < 0 {
+            return Err(format!("pidfd_getfd({pid}, {fd}): {}", std::io::Error::last_os_error()));
+        }
+        // SAFETY: the descriptor was just made and is owned here alone.
+        let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(copy as i32) });
+        out.push(KvmStats::parse(file).map_err(|e| format!("{target} of {pid}: {e}"))?);
+    }
+    Ok(out)
 }
