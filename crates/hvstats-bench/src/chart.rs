@@ -14,6 +14,9 @@ const FONT: &[u8] = include_bytes!("../../hvstats-surfaces/assets/fonts/DejaVuSa
 /// The chart's size in pixels.
 const SIZE: (u32, u32) = (720, 420);
 
+/// The goal of the `observe-scale-*` rows, per VM: 1 % of a CPU at 1,000 VMs and a 1 s refresh.
+const GOAL_US_PER_VM: f64 = 10.0;
+
 /// The points of fact `fact` of the measured `observe-scale-*` rows: (VMs observed, value).
 pub fn scale_points(rows: &[Row], fact: &str) -> Vec<(f64, f64)> {
     rows.iter()
@@ -35,6 +38,7 @@ pub fn scale_points(rows: &[Row], fact: &str) -> Vec<(f64, f64)> {
 pub fn scale_svg(rows: &[Row]) -> Result<Option<String>, String> {
     let per_vm = scale_points(rows, "us_per_vm");
     let per_thread = scale_points(rows, "us_per_vcpu_thread");
+    let floor = scale_points(rows, "floor_us_per_vm");
     if per_vm.is_empty() {
         return Ok(None);
     }
@@ -50,7 +54,8 @@ pub fn scale_svg(rows: &[Row]) -> Result<Option<String>, String> {
         let fail = |e: DrawingAreaErrorKind<std::io::Error>| format!("drawing the chart failed: {e}");
         root.fill(&WHITE).map_err(fail)?;
         let x_max = per_vm.iter().map(|p| p.0).fold(64.0, f64::max) * 1.1;
-        let y_max = per_vm.iter().chain(&per_thread).map(|p| p.1).fold(1.0, f64::max) * 1.2;
+        let y_max = per_vm.iter().chain(&per_thread).map(|p| p.1).fold(GOAL_US_PER_VM, f64::max) * 1.2;
+        let goal = [(0.0, GOAL_US_PER_VM), (x_max, GOAL_US_PER_VM)];
         let mut chart = ChartBuilder::on(&root)
             .caption("observe --all: CPU per 1 s refresh", ("sans-serif", 20))
             .margin(14)
@@ -68,8 +73,15 @@ pub fn scale_svg(rows: &[Row]) -> Result<Option<String>, String> {
         let lines = [
             ("per VM", &per_vm, RGBColor(31, 119, 180)),
             ("per vCPU thread", &per_thread, RGBColor(214, 39, 40)),
+            ("per VM, the kernel's reads alone", &floor, RGBColor(44, 160, 44)),
         ];
-        for (label, points, colour) in lines {
+        let goal_style = RGBColor(127, 127, 127).stroke_width(1);
+        chart
+            .draw_series(LineSeries::new(goal, goal_style))
+            .map_err(fail)?
+            .label("goal per VM")
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], goal_style));
+        for (label, points, colour) in lines.into_iter().filter(|(_, points, _)| !points.is_empty()) {
             let style = colour.stroke_width(2);
             chart
                 .draw_series(LineSeries::new(points.iter().copied(), style))
@@ -113,6 +125,24 @@ mod tests {
         assert_eq!(scale_points(&rows, "us_per_vcpu_thread"), [(64.0, 100.0), (256.0, 105.0)]);
         let svg = scale_svg(&rows).unwrap().unwrap();
         assert!(svg.starts_with("<svg") && svg.contains("per VM") && svg.contains("VMs observed"), "{svg}");
+        assert!(svg.contains("goal per VM") && !svg.contains("reads alone"), "{svg}");
         assert_eq!(scale_svg(&rows[2..]).unwrap(), None);
+    }
+
+    #[test]
+    fn the_chart_draws_the_floor_where_the_rows_measured_it() {
+        let mut rows =
+            [scale_row("observe-scale-64", 64.0, 30.0), scale_row("observe-scale-256", 256.0, 25.0)];
+        for (row, floor) in rows.iter_mut().zip([11.0, 9.0]) {
+            if let Row::Measured { facts, .. } = row {
+                facts.push(("floor_us_per_vm", floor));
+            }
+        }
+        assert_eq!(scale_points(&rows, "floor_us_per_vm"), [(64.0, 11.0), (256.0, 9.0)]);
+        let svg = scale_svg(&rows).unwrap().unwrap();
+        assert!(
+            svg.contains("the kernel&apos;s reads alone") || svg.contains("the kernel's reads alone"),
+            "{svg}"
+        );
     }
 }

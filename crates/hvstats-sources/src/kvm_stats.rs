@@ -253,6 +253,12 @@ impl KvmStats {
         self.data_len.div_ceil(8)
     }
 
+    /// Where the data block is in the file, and its length, in bytes: what
+    /// [`read_into`](Self::read_into) reads, for a reader that reads it otherwise.
+    pub fn data_block(&self) -> (u64, usize) {
+        (self.data_offset, self.data_len)
+    }
+
     /// Reads the data block into `data` (at least [`data_words`](Self::data_words) long) with
     /// one `pread`.
     ///
