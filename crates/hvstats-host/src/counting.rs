@@ -253,7 +253,8 @@ fn note_full(engine: &Engine, pid: i32, tid: i32, perf: usize) {
     FULL_NOTES.lock().unwrap_or_else(|e| e.into_inner()).push(format!(
         "the in-kernel counting engine's {} rows are all in use: thread {tid} of process {pid}, and \
          every thread past them, is counted by {perf} perf counters a thread instead (rows are sized \
-         at start: {} per CPU, at least {}, at most {}, within an eighth of the memory limit)",
+         at start: {} per CPU or twice the host's threads then, at least {}, at most {}, within an \
+         eighth of the memory limit)",
         engine.capacity(),
         crate::bpf::ROWS_PER_CPU,
         crate::bpf::MIN_ROWS,

@@ -279,16 +279,31 @@ pub const MAX_ROWS: u32 = 1 << 16;
 /// an engine sized for its host may take for its maps: one eighth.
 const MEMORY_SHARE: u64 = 8;
 
-/// Rows an engine of `layout` holds on this host: [`ROWS_PER_CPU`] per possible CPU, at least
+/// Rows an engine of `layout` holds on this host: [`ROWS_PER_CPU`] per possible CPU, or twice
+/// the threads the host runs now where that is more (a host already running more vCPU threads
+/// than its CPUs' share has each of them counted, and room for as many again), at least
 /// [`MIN_ROWS`] and at most [`MAX_ROWS`], and no more than an eighth of this process's memory
 /// limit holds (the rows are not per CPU, so a row costs the same on a host of 768 CPUs as on
 /// one of 2: its columns, open spans, carried values, owner and thread entry).
 pub fn rows_for_host(layout: &EngineLayout) -> u32 {
     let cpus = super::sys::possible_cpus().unwrap_or(1) as u32;
-    let wanted = cpus.saturating_mul(ROWS_PER_CPU).clamp(MIN_ROWS, MAX_ROWS);
     let afford =
         super::limits::memory_bytes().map_or(u64::MAX, |limit| limit / MEMORY_SHARE) / layout.row_bytes();
+    rows_wanted(cpus, host_threads().unwrap_or(0), afford)
+}
+
+/// Rows for a host of `cpus` possible CPUs running `threads` threads, where `afford` rows fit
+/// the memory allowed (see [`rows_for_host`]).
+fn rows_wanted(cpus: u32, threads: u32, afford: u64) -> u32 {
+    let wanted = cpus.saturating_mul(ROWS_PER_CPU).max(threads.saturating_mul(2)).clamp(MIN_ROWS, MAX_ROWS);
     wanted.min(u32::try_from(afford).unwrap_or(u32::MAX)).max(1)
+}
+
+/// The threads the host runs now (every task, the kernel's own too): the number after the
+/// slash in the fourth field of `/proc/loadavg`.
+fn host_threads() -> Option<u32> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    text.split_whitespace().nth(3)?.split_once('/')?.1.parse().ok()
 }
 
 /// The largest `pid_max` whose thread table is an array indexed by thread id (8 bytes a thread
@@ -1220,4 +1235,31 @@ fn pid_max() -> u32 {
         .and_then(|t| t.trim().parse::<u32>().ok())
         .unwrap_or(1 << 22)
         .clamp(1024, 1 << 22)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_follow_the_cpus_or_the_threads_the_host_runs_whichever_asks_more_within_the_bounds() {
+        let any = u64::MAX;
+        // A small host running little: the least.
+        assert_eq!(rows_wanted(2, 700, any), MIN_ROWS);
+        // Many CPUs: their share.
+        assert_eq!(rows_wanted(768, 700, any), 768 * ROWS_PER_CPU);
+        // A small host already running 4,256 vCPU threads among its 7,586: each, and as many again.
+        assert_eq!(rows_wanted(2, 7_586, any), 15_172);
+        // Never past the ceiling, nor past what the memory allowed holds.
+        assert_eq!(rows_wanted(2, 1_000_000, any), MAX_ROWS);
+        assert_eq!(rows_wanted(2, 7_586, 5_000), 5_000);
+        assert_eq!(rows_wanted(2, 7_586, 0), 1);
+    }
+
+    #[test]
+    fn the_host_threads_are_read_from_loadavg() {
+        let ours = std::fs::read_dir("/proc/self/task").unwrap().count() as u32;
+        let threads = host_threads().expect("/proc/loadavg names the host's threads");
+        assert!(threads >= ours, "the host's {threads} threads, this process's {ours}");
+    }
 }
