@@ -506,6 +506,29 @@ fn the_1100th_thread_and_every_one_before_it_are_counted_in_the_kernel() {
 }
 
 #[test]
+fn an_engine_made_while_the_host_runs_more_threads_than_its_least_rows_holds_every_one_of_them() {
+    // Half the least rows and more, running before the engine is made: sized for twice the
+    // host's threads, it holds each (and MIN_ROWS alone would not hold twice them).
+    let crowd = Crowd::spawn(hvstats_host::bpf::MIN_ROWS as usize / 2 + 400);
+    let Some(t) = engine(&[column("sys_enter_getppid", None)], "an_engine_made_while") else {
+        crowd.count();
+        return crowd.end();
+    };
+    assert!(t.capacity() >= 2 * crowd.tids.len() as u32, "{} rows", t.capacity());
+    let me = std::process::id() as i32;
+    let slots: Vec<_> = crowd.tids.iter().map(|&tid| t.add_thread(me, tid).unwrap()).collect();
+    crowd.count();
+    for (i, &slot) in slots.iter().enumerate() {
+        assert_eq!(t.read(slot).unwrap(), vec![i as u64 + 1], "thread {} of {}", i + 1, slots.len());
+    }
+    assert_eq!(t.turned_away(), 0);
+    for &tid in &crowd.tids {
+        t.remove_thread(tid);
+    }
+    crowd.end();
+}
+
+#[test]
 fn past_its_rows_a_thread_is_turned_away_until_a_row_frees() {
     let layout = EngineLayout {
         counted: vec![column("sys_enter_getppid", None)],
