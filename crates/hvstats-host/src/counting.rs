@@ -165,7 +165,7 @@ struct ListInner {
     specs: Box<[EventSpec]>,
     resolved: Box<[Resolution]>,
     /// The in-kernel counting, or why there is none.
-    engine: Result<Arc<Engine>, InKernelError>,
+    engine: Result<Arc<Tally>, InKernelError>,
     /// By event: its column in the engine, when the engine counts it.
     columns: Box<[Option<usize>]>,
     /// How it was asked for: the method, where it is kept, the engine's rows asked.
@@ -183,7 +183,122 @@ static LISTS: Mutex<Vec<Weak<ListInner>>> = Mutex::new(Vec::new());
 /// same events (every VM observed) share one, so a firing runs one program per tracepoint
 /// whatever the number of VMs.
 type EngineKey = (Vec<EventSpec>, Option<PathBuf>, Option<u32>);
-static ENGINES: Mutex<Vec<(EngineKey, Weak<Engine>)>> = Mutex::new(Vec::new());
+static ENGINES: Mutex<Vec<(EngineKey, Weak<Tally>)>> = Mutex::new(Vec::new());
+
+/// A list's in-kernel counting: the engine made for its events, and the engines grown beside
+/// it once the rows of those before were all in use (the same programs and columns, as many
+/// rows again each, kept beside it where it is kept), while the rows allowed
+/// ([`crate::bpf::rows_allowed`]) hold them. A thread gets a row in the first with one free;
+/// a thread with a row is counted exactly whichever engine holds it. It is the first engine for
+/// all else (its columns, what it refused, where it is kept).
+#[derive(Debug)]
+struct Tally {
+    first: Arc<Engine>,
+    grown: Mutex<Vec<Arc<Engine>>>,
+    /// How another is made (tracefs, the layout, where it is kept); `None` where the rows were
+    /// asked for (`HVSTATS_ENGINE_ROWS`, [`EventList::with_rows`]): no engine grows then.
+    grow: Option<(PathBuf, EngineLayout, Option<PathBuf>)>,
+    /// The rows the engines may hold together.
+    allowed: u32,
+    /// That a thread found no row and no engine could grow, said already.
+    said_full: std::sync::atomic::AtomicBool,
+}
+
+impl std::ops::Deref for Tally {
+    type Target = Engine;
+
+    fn deref(&self) -> &Engine {
+        &self.first
+    }
+}
+
+impl Tally {
+    /// Every engine, the first first.
+    fn engines(&self) -> Vec<Arc<Engine>> {
+        let grown = self.grown.lock().unwrap_or_else(|e| e.into_inner());
+        std::iter::once(&self.first).chain(grown.iter()).cloned().collect()
+    }
+
+    /// The rows of every engine.
+    fn rows(&self) -> u32 {
+        self.engines().iter().map(|e| e.capacity()).sum()
+    }
+
+    /// Threads it can count beyond those it counts: rows free, and those engines grown would
+    /// hold.
+    fn rows_free(&self) -> usize {
+        let free: usize = self.engines().iter().map(|e| e.rows_free()).sum();
+        let growable = match self.grow {
+            Some(_) => self.allowed.saturating_sub(self.rows()) as usize,
+            None => 0,
+        };
+        free + growable
+    }
+
+    /// The row kept for thread `tid` of `pid` running `vm` in any engine.
+    fn claim(&self, pid: i32, tid: i32, vm: VmToken) -> (Option<(Arc<Engine>, Slot)>, bool) {
+        let mut other_vm = false;
+        for engine in self.engines() {
+            match engine.claim(pid, tid, vm) {
+                Claim::Adopted(slot) => return (Some((engine, slot)), other_vm),
+                Claim::OtherVm => other_vm = true,
+                Claim::Nothing => {}
+            }
+        }
+        (None, other_vm)
+    }
+
+    /// A row for thread `tid` of `pid`, in the first engine with one free, or in an engine grown
+    /// for it.
+    ///
+    /// # Errors
+    /// [`EngineError::Full`] when every engine is full and no other may grow (or it could not be
+    /// made); a map write's error.
+    fn add_thread_in(&self, pid: i32, tid: i32, vm: VmToken) -> Result<(Arc<Engine>, Slot), EngineError> {
+        let mut grown = self.grown.lock().unwrap_or_else(|e| e.into_inner());
+        for engine in std::iter::once(&self.first).chain(grown.iter()) {
+            match engine.add_thread_in(pid, tid, vm) {
+                Ok(slot) => return Ok((Arc::clone(engine), slot)),
+                Err(EngineError::Full(_)) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        let full = || EngineError::Full(self.first.capacity());
+        let Some((tracefs, layout, keep_in)) = &self.grow else { return Err(full()) };
+        let rows = std::iter::once(&self.first).chain(grown.iter()).map(|e| e.capacity()).sum::<u32>();
+        let more = self.first.capacity().min(self.allowed.saturating_sub(rows));
+        if more == 0 {
+            return Err(full());
+        }
+        let layout = EngineLayout { rows: Some(more), ..layout.clone() };
+        let n = grown.len() as u32 + 1;
+        let engine = match keep_in {
+            Some(identity) => Engine::kept_grown(tracefs, &layout, ThreadTable::for_host(), identity, n).map(
+                |(engine, adoption)| {
+                    KEPT_NOTES.lock().unwrap_or_else(|e| e.into_inner()).extend(adoption.notes);
+                    engine
+                },
+            ),
+            None => Engine::of_layout(tracefs, &layout, ThreadTable::for_host()),
+        };
+        let engine = Arc::new(engine.map_err(|_| full())?);
+        grown.push(Arc::clone(&engine));
+        FULL_NOTES.lock().unwrap_or_else(|e| e.into_inner()).push(format!(
+            "the in-kernel counting engine's {rows} rows are all in use: another of {more} rows counts \
+             thread {tid} of process {pid} and those after it in the kernel ({} rows in all, {} at most \
+             here)",
+            rows + more,
+            self.allowed
+        ));
+        let slot = engine.add_thread_in(pid, tid, vm)?;
+        Ok((engine, slot))
+    }
+
+    /// Drops the adopted rows of threads gone in every engine; returns how many.
+    fn drop_gone(&self) -> usize {
+        self.engines().iter().map(|e| e.drop_gone()).sum()
+    }
+}
 
 /// That an engine's rows were all in use when a thread came, not said yet.
 static FULL_NOTES: Mutex<Vec<String>> = Mutex::new(Vec::new());
@@ -244,21 +359,28 @@ fn rows_asked() -> Option<u32> {
     std::env::var(ROWS_VARIABLE).ok()?.trim().parse().ok().filter(|&rows| rows > 0)
 }
 
-/// Says once per engine that `tid` of `pid` found no row: its tracepoints are `perf` perf
+/// Says once per tally that `tid` of `pid` found no row: its tracepoints are `perf` perf
 /// counters instead.
-fn note_full(engine: &Engine, pid: i32, tid: i32, perf: usize) {
-    if engine.turned_away() != 1 {
+fn note_full(tally: &Tally, pid: i32, tid: i32, perf: usize) {
+    if tally.said_full.swap(true, std::sync::atomic::Ordering::Relaxed) {
         return;
     }
+    let why = match tally.grow {
+        Some(_) => format!(
+            "and no engine may grow beside them: engines hold {} rows together at most here ({} at \
+             most, within an eighth of the memory limit; the first sized at start: {} per CPU or \
+             twice the host's threads then, at least {})",
+            tally.allowed,
+            crate::bpf::MAX_ROWS,
+            crate::bpf::ROWS_PER_CPU,
+            crate::bpf::MIN_ROWS,
+        ),
+        None => format!("({ROWS_VARIABLE} or the list asked for that many, and no more)"),
+    };
     FULL_NOTES.lock().unwrap_or_else(|e| e.into_inner()).push(format!(
-        "the in-kernel counting engine's {} rows are all in use: thread {tid} of process {pid}, and \
-         every thread past them, is counted by {perf} perf counters a thread instead (rows are sized \
-         at start: {} per CPU or twice the host's threads then, at least {}, at most {}, within an \
-         eighth of the memory limit)",
-        engine.capacity(),
-        crate::bpf::ROWS_PER_CPU,
-        crate::bpf::MIN_ROWS,
-        crate::bpf::MAX_ROWS,
+        "the in-kernel counting engine's {} rows are all in use {why}: thread {tid} of process {pid}, \
+         and every thread past them, is counted by {perf} perf counters a thread instead",
+        tally.rows(),
     ));
 }
 
@@ -266,7 +388,7 @@ fn note_full(engine: &Engine, pid: i32, tid: i32, perf: usize) {
 /// before anyone claimed them); returns how many.
 pub fn drop_gone_kept() -> usize {
     let engines = ENGINES.lock().unwrap_or_else(|e| e.into_inner());
-    engines.iter().filter_map(|(_, t)| t.upgrade()).map(|t| t.drop_gone()).sum()
+    engines.iter().filter_map(|(_, t)| t.upgrade()).map(|t| Tally::drop_gone(&t)).sum()
 }
 
 fn shared_engine(
@@ -274,7 +396,7 @@ fn shared_engine(
     specs: &[EventSpec],
     keep_in: Option<&Path>,
     rows: Option<u32>,
-) -> Result<Arc<Engine>, InKernelError> {
+) -> Result<Arc<Tally>, InKernelError> {
     let rows = rows.or_else(rows_asked);
     let mut engines = ENGINES.lock().unwrap_or_else(|e| e.into_inner());
     engines.retain(|(_, t)| t.strong_count() > 0);
@@ -286,27 +408,53 @@ fn shared_engine(
     if layout.counted.is_empty() && layout.spans.is_empty() && layout.carried.is_empty() {
         return Err(InKernelError::NoTracepoint);
     }
+    let table = ThreadTable::for_host();
+    let mut grown = Vec::new();
     let engine = match keep_in {
         Some(identity) => {
-            let (engine, adoption) = Engine::kept(root, &layout, ThreadTable::for_host(), identity)
+            let (engine, adoption) = Engine::kept(root, &layout, table, identity)
                 .map_err(|e| InKernelError::Engine(Arc::new(e)))?;
-            let mut notes = KEPT_NOTES.lock().unwrap_or_else(|e| e.into_inner());
-            if adoption.adopted > 0 {
-                notes.push(format!(
-                    "adopted the in-kernel counts of {} thread(s) kept in {} while no observer ran",
-                    adoption.adopted,
+            let (mut adopted, mut notes) = (adoption.adopted, adoption.notes);
+            // The engines grown beside it that an earlier process kept: their rows go on too.
+            let mut n = 1;
+            while Engine::is_kept_grown(&layout, table, identity, n) {
+                match Engine::kept_grown(root, &layout, table, identity, n) {
+                    Ok((engine, adoption)) => {
+                        adopted += adoption.adopted;
+                        notes.extend(adoption.notes);
+                        grown.push(Arc::new(engine));
+                    }
+                    Err(e) => {
+                        notes.push(format!(
+                            "dropped the engine grown beside it: {}",
+                            crate::error_chain::error_chain(&e)
+                        ));
+                        break;
+                    }
+                }
+                n += 1;
+            }
+            let mut said = KEPT_NOTES.lock().unwrap_or_else(|e| e.into_inner());
+            if adopted > 0 {
+                said.push(format!(
+                    "adopted the in-kernel counts of {adopted} thread(s) kept in {} while no observer ran",
                     identity.display()
                 ));
             }
-            notes.extend(adoption.notes);
+            said.extend(notes);
             engine
         }
-        None => Engine::of_layout(root, &layout, ThreadTable::for_host())
-            .map_err(|e| InKernelError::Engine(Arc::new(e)))?,
+        None => Engine::of_layout(root, &layout, table).map_err(|e| InKernelError::Engine(Arc::new(e)))?,
     };
-    let engine = Arc::new(engine);
-    engines.push((key, Arc::downgrade(&engine)));
-    Ok(engine)
+    let tally = Arc::new(Tally {
+        allowed: crate::bpf::rows_allowed(&layout).max(engine.capacity()),
+        first: Arc::new(engine),
+        grown: Mutex::new(grown),
+        grow: rows.is_none().then(|| (root.to_owned(), layout.clone(), keep_in.map(Path::to_owned))),
+        said_full: std::sync::atomic::AtomicBool::new(false),
+    });
+    engines.push((key, Arc::downgrade(&tally)));
+    Ok(tally)
 }
 
 /// The engine columns of `specs`: their tracepoints, their spans and their carried counts
@@ -482,8 +630,8 @@ impl EventList {
 
     /// The engine's rows and how many are free now, when tracepoints are counted in the kernel.
     pub fn engine_rows(&self) -> Option<(u32, usize)> {
-        let engine = self.inner.engine.as_ref().ok().filter(|_| self.method() == Method::InKernel)?;
-        Some((engine.capacity(), engine.rows_free()))
+        let tally = self.inner.engine.as_ref().ok().filter(|_| self.method() == Method::InKernel)?;
+        Some((tally.rows(), tally.rows_free()))
     }
 
     fn is_span(&self, i: usize) -> bool {
@@ -605,26 +753,27 @@ impl ThreadEvents {
         let slot =
             events.inner.engine.as_ref().ok().filter(|_| events.method() == Method::InKernel).and_then(|t| {
                 // A row kept by an earlier observer for this very thread and VM: its whole count is ours.
-                match t.claim(pid, tid, vm) {
-                    Claim::Adopted(slot) => return Some((Arc::clone(t), slot, tid, Box::default())),
-                    Claim::OtherVm => {
-                        *OTHER_VM.lock().unwrap_or_else(|e| e.into_inner()).entry(pid).or_default() += 1;
-                    }
-                    Claim::Nothing => {}
+                let (adopted, other_vm) = t.claim(pid, tid, vm);
+                if let Some((engine, slot)) = adopted {
+                    return Some((engine, slot, tid, Box::default()));
                 }
-                // A full engine (or a failed map write): this thread's tracepoints are perf counters.
-                let slot = match t.add_thread_in(pid, tid, vm) {
-                    Ok(slot) => slot,
+                if other_vm {
+                    *OTHER_VM.lock().unwrap_or_else(|e| e.into_inner()).entry(pid).or_default() += 1;
+                }
+                // Every engine full and none may grow (or a failed map write): this thread's
+                // tracepoints are perf counters.
+                let (engine, slot) = match t.add_thread_in(pid, tid, vm) {
+                    Ok(row) => row,
                     Err(EngineError::Full(_)) => {
                         note_full(t, pid, tid, events.perf_events_without_row());
                         return None;
                     }
                     Err(_) => return None,
                 };
-                match t.read(slot) {
-                    Ok(start) => Some((Arc::clone(t), slot, tid, starting_row(start))),
+                match engine.read(slot) {
+                    Ok(start) => Some((engine, slot, tid, starting_row(start))),
                     Err(_) => {
-                        t.remove_thread(tid);
+                        engine.remove_thread(tid);
                         None
                     }
                 }

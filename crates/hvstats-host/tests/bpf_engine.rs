@@ -558,6 +558,36 @@ fn past_its_rows_a_thread_is_turned_away_until_a_row_frees() {
 }
 
 #[test]
+fn past_the_first_engines_rows_an_engine_grows_beside_it_and_every_thread_is_counted_in_the_kernel() {
+    use hvstats_host::counting::{EventList, EventSpec, Method, ThreadEvents, full_notes};
+    let spec =
+        EventSpec::Tracepoint { system: "syscalls".into(), name: "sys_enter_getppid".into(), filter: None };
+    let events = EventList::new(vec![spec]);
+    if events.method() != Method::InKernel {
+        let why = events.method_description();
+        assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "{why}");
+        return eprintln!("an_engine_grows: skipped: {why}");
+    }
+    let (first, free) = events.engine_rows().unwrap();
+    assert!(free > first as usize, "rows may grow past the first engine's {first}: {free} free");
+    let me = std::process::id() as i32;
+    let crowd = Crowd::spawn(first as usize + 2);
+    let mut threads: Vec<ThreadEvents> =
+        crowd.tids.iter().map(|&tid| ThreadEvents::open(me, tid, &events)).collect();
+    let past: Vec<usize> = (0..threads.len()).filter(|&i| !threads[i].in_engine()).collect();
+    assert_eq!(past, [0usize; 0], "threads not in the kernel, of {}", threads.len());
+    assert_eq!(threads.iter().map(ThreadEvents::fds).sum::<usize>(), 0, "no perf counter");
+    assert_eq!(events.engine_rows().map(|(rows, _)| rows), Some(2 * first), "one engine grown");
+    assert!(!full_notes().iter().any(|n| n.contains(&format!("process {me},"))), "no fallback said");
+    crowd.count();
+    for (i, thread) in threads.iter_mut().enumerate() {
+        assert_eq!(thread.read(&events), [Some(i as u64 + 1)], "thread {} of {}", i + 1, crowd.tids.len());
+    }
+    drop(threads);
+    crowd.end();
+}
+
+#[test]
 fn past_the_engines_rows_threads_are_counted_by_perf_and_that_is_said_once() {
     use hvstats_host::counting::{EventList, EventSpec, Method, ThreadEvents, full_notes};
     let spec =

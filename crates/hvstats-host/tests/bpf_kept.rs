@@ -279,3 +279,141 @@ fn kept_rows_survive_a_change_of_the_rows_a_new_engine_would_have() {
     keep::remove_tree(&identity);
     std::fs::remove_dir_all(&runtime).unwrap();
 }
+
+/// The threads `HVSTATS_KEPT_THREADS` names (`pid:tid:vm`, comma-separated).
+fn kept_threads() -> Vec<(i32, i32, u64)> {
+    let threads = std::env::var("HVSTATS_KEPT_THREADS").unwrap_or_default();
+    threads
+        .split(',')
+        .filter(|t| !t.is_empty())
+        .map(|t| {
+            let [pid, tid, vm] = t.split(':').collect::<Vec<_>>()[..] else { panic!("{t}") };
+            (pid.parse().unwrap(), tid.parse().unwrap(), vm.parse().unwrap())
+        })
+        .collect()
+}
+
+/// A counting process for the grown engines' test: with `HVSTATS_KEPT_GROW` set, it keeps the
+/// first of its threads in an engine of one row and the second in an engine grown beside it
+/// (as a list grows its engines when their rows are all in use); else it makes the list a
+/// restarted observer makes, keeping its counts in the same place, and opens each thread's
+/// counters. It says each thread's count and whether its row was adopted, and ends with `exit`,
+/// dropping nothing.
+#[test]
+#[ignore = "a counting process run by kept_rows_of_an_engine_grown_beside_the_first_are_adopted_with_it"]
+fn kept_tally() {
+    use hvstats_host::counting::{EventList, EventSpec, Method, ThreadEvents};
+    let Some(runtime) = std::env::var_os("HVSTATS_KEPT_RUNTIME") else { return };
+    let identity = keep::identity_dir(Path::new(&runtime)).unwrap();
+    let threads = kept_threads();
+    if std::env::var_os("HVSTATS_KEPT_GROW").is_some() {
+        let tracefs = Path::new("/sys/kernel/tracing");
+        let layout = EngineLayout { rows: Some(1), ..layout(&["sys_enter_getppid"]) };
+        let made =
+            Engine::kept(tracefs, &layout, ThreadTable::for_host(), &identity).and_then(|(first, _)| {
+                Engine::kept_grown(tracefs, &layout, ThreadTable::for_host(), &identity, 1)
+                    .map(|(grown, _)| (first, grown))
+            });
+        let (first, grown) = match made {
+            Ok(made) => made,
+            Err(e) => {
+                println!("kept: skipped {}", hvstats_host::error_chain::error_chain(&e));
+                std::process::exit(0);
+            }
+        };
+        for (engine, &(pid, tid, vm)) in [&first, &grown].into_iter().zip(&threads) {
+            let slot = engine.add_thread_in(pid, tid, vm).unwrap();
+            println!("kept: tid={tid} adopted=false count={}", engine.read(slot).unwrap()[0]);
+        }
+        std::process::exit(0);
+    }
+    let spec =
+        EventSpec::Tracepoint { system: "syscalls".into(), name: "sys_enter_getppid".into(), filter: None };
+    let events = EventList::kept_in(vec![spec], &identity);
+    assert_eq!(events.method(), Method::InKernel, "{}", events.method_description());
+    for note in hvstats_host::counting::kept_notes() {
+        println!("note: {note}");
+    }
+    for &(pid, tid, vm) in &threads {
+        let mut counters = ThreadEvents::open_in(pid, tid, keep::VmToken::from(vm), &events);
+        let count = counters.read(&events)[0].unwrap();
+        let adopted = counters.kept_since().is_some();
+        println!("kept: tid={tid} adopted={adopted} count={count} in_engine={}", counters.in_engine());
+    }
+    println!("kept: rows={:?}", events.engine_rows());
+    std::process::exit(0);
+}
+
+/// Runs [`kept_tally`] for `threads` (growing the engines when `grow`): its lines that say
+/// something, or `None` where it could not count (no BPF), said.
+fn run_kept_tally(runtime: &Path, threads: &[(i32, i32, u64)], grow: bool) -> Option<Vec<String>> {
+    let listed: Vec<String> = threads.iter().map(|(p, t, v)| format!("{p}:{t}:{v}")).collect();
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
+        .args(["--exact", "kept_tally", "--ignored", "--nocapture", "--test-threads=1"])
+        .env("HVSTATS_KEPT_RUNTIME", runtime)
+        .env("HVSTATS_KEPT_THREADS", listed.join(","));
+    if grow {
+        command.env("HVSTATS_KEPT_GROW", "1");
+    }
+    let out = command.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let said: Vec<String> = stdout
+        .lines()
+        .filter_map(|l| l.find("kept: ").or_else(|| l.find("note: ")).map(|at| l[at..].to_owned()))
+        .collect();
+    assert!(
+        said.iter().any(|l| l.starts_with("kept: ")),
+        "the counting process said nothing: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if let Some(why) = said.iter().find_map(|l| l.strip_prefix("kept: skipped ")) {
+        assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "no BPF to keep counts with: {why}");
+        eprintln!("kept_grown: skipped: {why}");
+        return None;
+    }
+    Some(said)
+}
+
+#[test]
+fn kept_rows_of_an_engine_grown_beside_the_first_are_adopted_with_it() {
+    let runtime = std::env::temp_dir().join(format!("hvstats-kept-grown-{}", std::process::id()));
+    std::fs::create_dir_all(&runtime).unwrap();
+    let identity = match keep::identity_dir(&runtime) {
+        Ok(d) => d,
+        Err(e) => {
+            assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "bpffs: {e}");
+            return eprintln!("kept_grown: skipped: bpffs: {e}");
+        }
+    };
+    // This test's thread and one more, each counted by getppid on its own.
+    let (tx, rx) = std::sync::mpsc::channel::<usize>();
+    let (done_tx, done) = std::sync::mpsc::channel::<i32>();
+    let helper = std::thread::spawn(move || {
+        done_tx.send(gettid()).unwrap();
+        for n in rx {
+            getppid(n);
+            done_tx.send(0).unwrap();
+        }
+    });
+    let helper_tid = done.recv().unwrap();
+    let me = std::process::id() as i32;
+    let threads = [(me, gettid(), 7), (me, helper_tid, 7)];
+    let Some(made) = run_kept_tally(&runtime, &threads, true) else { return };
+    assert!(made.iter().filter(|l| l.contains("count=0")).count() == 2, "{made:?}");
+    // The engines count on with no process holding them.
+    getppid(100);
+    tx.send(200).unwrap();
+    done.recv().unwrap();
+    let restarted = run_kept_tally(&runtime, &threads, false).unwrap();
+    for ((_, tid, _), count) in threads.iter().zip([100, 200]) {
+        let line = format!("kept: tid={tid} adopted=true count={count} in_engine=true");
+        assert!(restarted.contains(&line), "{line} in {restarted:#?}");
+    }
+    assert!(restarted.iter().any(|l| l.starts_with("kept: rows=Some((2, ")), "{restarted:#?}");
+    assert!(!restarted.iter().any(|l| l.contains("dropped")), "{restarted:#?}");
+    drop(tx);
+    helper.join().unwrap();
+    keep::remove_tree(&identity);
+    std::fs::remove_dir_all(&runtime).unwrap();
+}

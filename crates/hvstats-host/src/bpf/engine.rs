@@ -28,7 +28,7 @@
 
 use std::collections::BTreeMap;
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use super::filter::Fields;
@@ -287,9 +287,18 @@ const MEMORY_SHARE: u64 = 8;
 /// one of 2: its columns, open spans, carried values, owner and thread entry).
 pub fn rows_for_host(layout: &EngineLayout) -> u32 {
     let cpus = super::sys::possible_cpus().unwrap_or(1) as u32;
-    let afford =
-        super::limits::memory_bytes().map_or(u64::MAX, |limit| limit / MEMORY_SHARE) / layout.row_bytes();
-    rows_wanted(cpus, host_threads().unwrap_or(0), afford)
+    rows_wanted(cpus, host_threads().unwrap_or(0), rows_affordable(layout))
+}
+
+/// The most rows engines of `layout` hold together on this host, those grown beside a full
+/// one included: [`MAX_ROWS`], and no more than an eighth of this process's memory limit holds.
+pub fn rows_allowed(layout: &EngineLayout) -> u32 {
+    MAX_ROWS.min(u32::try_from(rows_affordable(layout)).unwrap_or(u32::MAX))
+}
+
+/// Rows of `layout` an eighth of this process's memory limit holds.
+fn rows_affordable(layout: &EngineLayout) -> u64 {
+    super::limits::memory_bytes().map_or(u64::MAX, |limit| limit / MEMORY_SHARE) / layout.row_bytes().max(1)
 }
 
 /// Rows for a host of `cpus` possible CPUs running `threads` threads, where `afford` rows fit
@@ -395,9 +404,7 @@ impl Engine {
         table: ThreadTable,
         identity: &Path,
     ) -> Result<(Self, Adoption), EngineError> {
-        // The rows are not in the name: kept rows are adopted whatever this host's size now.
-        let name = format!("{:?} {:?} {:?} {table:?}", layout.counted, layout.spans, layout.carried);
-        let dir = keep::layout_dir(identity, &name);
+        let dir = Self::kept_dir(layout, table, identity, 0);
         let mut adoption = Adoption::default();
         let dropped = keep::drop_other_layouts(identity, &dir);
         if dropped > 0 {
@@ -406,6 +413,52 @@ impl Engine {
                 identity.display()
             ));
         }
+        Self::kept_at(tracefs, layout, table, dir, adoption)
+    }
+
+    /// The `n`th engine grown beside the kept engine of `layout` in `identity` (from 1: an engine
+    /// of the same programs and columns, made when the rows of those before it were all in use),
+    /// kept beside it: the one an earlier process kept there is adopted, else a new one is
+    /// pinned. [`kept`](Self::kept) keeps the engines grown beside the one it makes or adopts.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn kept_grown(
+        tracefs: &Path,
+        layout: &EngineLayout,
+        table: ThreadTable,
+        identity: &Path,
+        n: u32,
+    ) -> Result<(Self, Adoption), EngineError> {
+        Self::kept_at(tracefs, layout, table, Self::kept_dir(layout, table, identity, n), Adoption::default())
+    }
+
+    /// True when an earlier process kept an `n`th engine grown beside the kept engine of
+    /// `layout` in `identity` (see [`kept_grown`](Self::kept_grown)).
+    pub fn is_kept_grown(layout: &EngineLayout, table: ThreadTable, identity: &Path, n: u32) -> bool {
+        Self::kept_dir(layout, table, identity, n).is_dir()
+    }
+
+    /// Where the kept engine of `layout` is kept in `identity` (`n` 0), or the `n`th grown
+    /// beside it.
+    fn kept_dir(layout: &EngineLayout, table: ThreadTable, identity: &Path, n: u32) -> PathBuf {
+        // The rows are not in the name: kept rows are adopted whatever this host's size now.
+        let name = format!("{:?} {:?} {:?} {table:?}", layout.counted, layout.spans, layout.carried);
+        let dir = keep::layout_dir(identity, &name);
+        match n {
+            0 => dir,
+            n => keep::grown_dir(&dir, n),
+        }
+    }
+
+    /// The engine kept in `dir`, adopted, or a new one pinned there.
+    fn kept_at(
+        tracefs: &Path,
+        layout: &EngineLayout,
+        table: ThreadTable,
+        dir: PathBuf,
+        mut adoption: Adoption,
+    ) -> Result<(Self, Adoption), EngineError> {
         if dir.is_dir() {
             match Self::adopt(layout, table, &dir) {
                 Ok(engine) => {

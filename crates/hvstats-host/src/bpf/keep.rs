@@ -183,12 +183,28 @@ pub(crate) fn layout_dir(identity: &Path, layout: &str) -> PathBuf {
     identity.join(format!("{:016x}", digest(layout)))
 }
 
-/// Removes the layouts of `identity` other than `keep`, returning how many held counts.
+/// Where the `n`th engine grown beside the kept engine of `dir` is kept: beside it, its name
+/// and `+n`.
+pub(crate) fn grown_dir(dir: &Path, n: u32) -> PathBuf {
+    let mut name = dir.as_os_str().to_owned();
+    name.push(format!("+{n}"));
+    PathBuf::from(name)
+}
+
+/// Removes the layouts of `identity` other than `keep` and the engines grown beside it
+/// ([`grown_dir`]), returning how many held counts.
 pub(crate) fn drop_other_layouts(identity: &Path, keep: &Path) -> usize {
     let mut dropped = 0;
+    let grown = |path: &Path| {
+        use std::os::unix::ffi::OsStrExt;
+        let (path, keep) = (path.as_os_str().as_bytes(), keep.as_os_str().as_bytes());
+        path.strip_prefix(keep)
+            .and_then(|rest| rest.strip_prefix(b"+"))
+            .is_some_and(|n| !n.is_empty() && n.iter().all(u8::is_ascii_digit))
+    };
     if let Ok(entries) = std::fs::read_dir(identity) {
         for entry in entries.flatten() {
-            if entry.path() != keep {
+            if entry.path() != keep && !grown(&entry.path()) {
                 remove_tree(&entry.path());
                 dropped += 1;
             }

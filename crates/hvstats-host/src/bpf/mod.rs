@@ -21,6 +21,6 @@ pub mod task_iter;
 
 pub use engine::{
     Adoption, CarriedColumn, Claim, Context, Engine, EngineError, EngineLayout, MAX_ROWS, MIN_ROWS,
-    ROWS_PER_CPU, Slot, SpanColumn, ThreadTable, TracepointColumn, rows_for_host,
+    ROWS_PER_CPU, Slot, SpanColumn, ThreadTable, TracepointColumn, rows_allowed, rows_for_host,
 };
 pub use keep::VmToken;
