@@ -409,42 +409,12 @@ fn shared_engine(
         return Err(InKernelError::NoTracepoint);
     }
     let table = ThreadTable::for_host();
-    let mut grown = Vec::new();
-    let engine = match keep_in {
-        Some(identity) => {
-            let (engine, adoption) = Engine::kept(root, &layout, table, identity)
-                .map_err(|e| InKernelError::Engine(Arc::new(e)))?;
-            let (mut adopted, mut notes) = (adoption.adopted, adoption.notes);
-            // The engines grown beside it that an earlier process kept: their rows go on too.
-            let mut n = 1;
-            while Engine::is_kept_grown(&layout, table, identity, n) {
-                match Engine::kept_grown(root, &layout, table, identity, n) {
-                    Ok((engine, adoption)) => {
-                        adopted += adoption.adopted;
-                        notes.extend(adoption.notes);
-                        grown.push(Arc::new(engine));
-                    }
-                    Err(e) => {
-                        notes.push(format!(
-                            "dropped the engine grown beside it: {}",
-                            crate::error_chain::error_chain(&e)
-                        ));
-                        break;
-                    }
-                }
-                n += 1;
-            }
-            let mut said = KEPT_NOTES.lock().unwrap_or_else(|e| e.into_inner());
-            if adopted > 0 {
-                said.push(format!(
-                    "adopted the in-kernel counts of {adopted} thread(s) kept in {} while no observer ran",
-                    identity.display()
-                ));
-            }
-            said.extend(notes);
-            engine
-        }
-        None => Engine::of_layout(root, &layout, table).map_err(|e| InKernelError::Engine(Arc::new(e)))?,
+    let (engine, grown) = match keep_in {
+        Some(identity) => kept_engines(root, &layout, table, identity)?,
+        None => (
+            Engine::of_layout(root, &layout, table).map_err(|e| InKernelError::Engine(Arc::new(e)))?,
+            Vec::new(),
+        ),
     };
     let tally = Arc::new(Tally {
         allowed: crate::bpf::rows_allowed(&layout).max(engine.capacity()),
@@ -455,6 +425,48 @@ fn shared_engine(
     });
     engines.push((key, Arc::downgrade(&tally)));
     Ok(tally)
+}
+
+/// The kept engine of `layout` in `identity`, adopted or made, and the engines an earlier
+/// process grew beside it, adopted: what they adopted and dropped is said once.
+fn kept_engines(
+    root: &Path,
+    layout: &EngineLayout,
+    table: ThreadTable,
+    identity: &Path,
+) -> Result<(Engine, Vec<Arc<Engine>>), InKernelError> {
+    let (engine, adoption) =
+        Engine::kept(root, layout, table, identity).map_err(|e| InKernelError::Engine(Arc::new(e)))?;
+    let (mut adopted, mut notes) = (adoption.adopted, adoption.notes);
+    // The engines grown beside it that an earlier process kept: their rows go on too.
+    let mut grown = Vec::new();
+    let mut n = 1;
+    while Engine::is_kept_grown(layout, table, identity, n) {
+        match Engine::kept_grown(root, layout, table, identity, n) {
+            Ok((engine, adoption)) => {
+                adopted += adoption.adopted;
+                notes.extend(adoption.notes);
+                grown.push(Arc::new(engine));
+            }
+            Err(e) => {
+                notes.push(format!(
+                    "dropped the engine grown beside it: {}",
+                    crate::error_chain::error_chain(&e)
+                ));
+                break;
+            }
+        }
+        n += 1;
+    }
+    let mut said = KEPT_NOTES.lock().unwrap_or_else(|e| e.into_inner());
+    if adopted > 0 {
+        said.push(format!(
+            "adopted the in-kernel counts of {adopted} thread(s) kept in {} while no observer ran",
+            identity.display()
+        ));
+    }
+    said.extend(notes);
+    Ok((engine, grown))
 }
 
 /// The engine columns of `specs`: their tracepoints, their spans and their carried counts
