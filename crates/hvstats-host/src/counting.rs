@@ -12,9 +12,11 @@
 //! Software events (task clock, migrations) are always perf counters. [`ThreadEvents`] is one
 //! thread's counters of a list.
 //!
-//! The engine holds as many threads as it has rows ([`crate::bpf::rows_for_host`]); a thread past
-//! them has its tracepoints counted by perf counters, and that is said once per engine
-//! ([`full_notes`]) with the numbers.
+//! The engine holds as many threads as it has rows ([`crate::bpf::rows_for_host`]); past them,
+//! another engine of as many rows grows beside it (kept beside it where it is kept), while the
+//! engines hold the rows allowed ([`crate::bpf::rows_allowed`]), and each growth is said
+//! ([`full_notes`]). A thread past what may grow has its tracepoints counted by perf counters,
+//! and that is said once, with the numbers.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
