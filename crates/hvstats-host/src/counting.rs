@@ -202,6 +202,8 @@ struct Tally {
     grow: Option<(PathBuf, EngineLayout, Option<PathBuf>)>,
     /// The rows the engines may hold together.
     allowed: u32,
+    /// Why an engine could not grow, once one could not: none is tried again.
+    grow_failed: Mutex<Option<String>>,
     /// That a thread found no row and no engine could grow, said already.
     said_full: std::sync::atomic::AtomicBool,
 }
@@ -267,6 +269,10 @@ impl Tally {
         }
         let full = || EngineError::Full(self.first.capacity());
         let Some((tracefs, layout, keep_in)) = &self.grow else { return Err(full()) };
+        let mut failed = self.grow_failed.lock().unwrap_or_else(|e| e.into_inner());
+        if failed.is_some() {
+            return Err(full());
+        }
         let rows = std::iter::once(&self.first).chain(grown.iter()).map(|e| e.capacity()).sum::<u32>();
         let more = self.first.capacity().min(self.allowed.saturating_sub(rows));
         if more == 0 {
@@ -283,7 +289,13 @@ impl Tally {
             ),
             None => Engine::of_layout(tracefs, &layout, ThreadTable::for_host()),
         };
-        let engine = Arc::new(engine.map_err(|_| full())?);
+        let engine = match engine {
+            Ok(engine) => Arc::new(engine),
+            Err(e) => {
+                *failed = Some(crate::error_chain::error_chain(&e));
+                return Err(full());
+            }
+        };
         grown.push(Arc::clone(&engine));
         FULL_NOTES.lock().unwrap_or_else(|e| e.into_inner()).push(format!(
             "the in-kernel counting engine's {rows} rows are all in use: another of {more} rows counts \
@@ -367,8 +379,10 @@ fn note_full(tally: &Tally, pid: i32, tid: i32, perf: usize) {
     if tally.said_full.swap(true, std::sync::atomic::Ordering::Relaxed) {
         return;
     }
-    let why = match tally.grow {
-        Some(_) => format!(
+    let failed = tally.grow_failed.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let why = match (&tally.grow, failed) {
+        (Some(_), Some(failed)) => format!("and no engine could grow beside them ({failed})"),
+        (Some(_), None) => format!(
             "and no engine may grow beside them: engines hold {} rows together at most here ({} at \
              most, within an eighth of the memory limit; the first sized at start: {} per CPU or \
              twice the host's threads then, at least {})",
@@ -377,7 +391,7 @@ fn note_full(tally: &Tally, pid: i32, tid: i32, perf: usize) {
             crate::bpf::ROWS_PER_CPU,
             crate::bpf::MIN_ROWS,
         ),
-        None => format!("({ROWS_VARIABLE} or the list asked for that many, and no more)"),
+        (None, _) => format!("({ROWS_VARIABLE} or the list asked for that many, and no more)"),
     };
     FULL_NOTES.lock().unwrap_or_else(|e| e.into_inner()).push(format!(
         "the in-kernel counting engine's {} rows are all in use {why}: thread {tid} of process {pid}, \
@@ -424,6 +438,7 @@ fn shared_engine(
         grown: Mutex::new(grown),
         grow: rows.is_none().then(|| (root.to_owned(), layout.clone(), keep_in.map(Path::to_owned))),
         said_full: std::sync::atomic::AtomicBool::new(false),
+        grow_failed: Mutex::new(None),
     });
     engines.push((key, Arc::downgrade(&tally)));
     Ok(tally)
