@@ -247,10 +247,17 @@ fn a_walk_says_whether_a_process_holds_the_file_watched_at_its_descriptor_as_kcm
         ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped());
-    // SAFETY: between fork and exec the child only calls dup2, which is async-signal-safe.
+    // SAFETY: between fork and exec the child only calls dup2 or fcntl, which are
+    // async-signal-safe.
     unsafe {
         command.pre_exec(move || {
-            if libc::dup2(raw, 7) < 0 {
+            // Our file may be 7 already (as other tests' descriptors come and go): dup2 onto
+            // itself leaves its close-on-exec flag set, so the flag is cleared instead.
+            let done = match raw {
+                7 => libc::fcntl(7, libc::F_SETFD, 0),
+                _ => libc::dup2(raw, 7),
+            };
+            if done < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
