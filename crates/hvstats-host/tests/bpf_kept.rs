@@ -152,6 +152,21 @@ fn kept_counter() {
     std::process::exit(0);
 }
 
+/// A runtime directory of its own for the test `name` (`hvstats-<name>-<pid>`) and its identity
+/// directory in bpffs; `None`, said, where bpffs cannot be had.
+fn kept_place(name: &str) -> Option<(PathBuf, PathBuf)> {
+    let runtime = std::env::temp_dir().join(format!("hvstats-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&runtime).unwrap();
+    match keep::identity_dir(&runtime) {
+        Ok(identity) => Some((runtime, identity)),
+        Err(e) => {
+            assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "bpffs: {e}");
+            eprintln!("{name}: skipped: bpffs: {e}");
+            None
+        }
+    }
+}
+
 /// The kept layout directories of `runtime`'s identity.
 fn layouts(identity: &Path) -> Vec<PathBuf> {
     std::fs::read_dir(identity).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default()
@@ -159,16 +174,7 @@ fn layouts(identity: &Path) -> Vec<PathBuf> {
 
 #[test]
 fn kept_counts_outlive_their_counter_and_are_adopted_only_by_the_same_thread_vm_and_programs() {
-    let runtime = std::env::temp_dir().join(format!("hvstats-kept-{}", std::process::id()));
-    std::fs::create_dir_all(&runtime).unwrap();
-    let identity = match keep::identity_dir(&runtime) {
-        Ok(d) => d,
-        Err(e) => {
-            assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "bpffs: {e}");
-            eprintln!("kept_counts: skipped: bpffs: {e}");
-            return;
-        }
-    };
+    let Some((runtime, identity)) = kept_place("kept") else { return };
     let (me, tid) = (std::process::id() as i32, gettid());
 
     // The first counter adds this thread, then ends.
@@ -251,15 +257,7 @@ fn kept_counts_outlive_their_counter_and_are_adopted_only_by_the_same_thread_vm_
 
 #[test]
 fn kept_rows_survive_a_change_of_the_rows_a_new_engine_would_have() {
-    let runtime = std::env::temp_dir().join(format!("hvstats-kept-rows-{}", std::process::id()));
-    std::fs::create_dir_all(&runtime).unwrap();
-    let identity = match keep::identity_dir(&runtime) {
-        Ok(d) => d,
-        Err(e) => {
-            assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "bpffs: {e}");
-            return eprintln!("kept_rows: skipped: bpffs: {e}");
-        }
-    };
+    let Some((runtime, identity)) = kept_place("kept-rows") else { return };
     let me = (std::process::id() as i32, gettid(), 1);
     // An engine of 8 rows keeps this thread's row; the next observer would size one for this
     // host (4,096 rows or more), and one after that for 16.
@@ -377,15 +375,7 @@ fn run_kept_tally(runtime: &Path, threads: &[(i32, i32, u64)], grow: bool) -> Op
 
 #[test]
 fn kept_rows_of_an_engine_grown_beside_the_first_are_adopted_with_it() {
-    let runtime = std::env::temp_dir().join(format!("hvstats-kept-grown-{}", std::process::id()));
-    std::fs::create_dir_all(&runtime).unwrap();
-    let identity = match keep::identity_dir(&runtime) {
-        Ok(d) => d,
-        Err(e) => {
-            assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "bpffs: {e}");
-            return eprintln!("kept_grown: skipped: bpffs: {e}");
-        }
-    };
+    let Some((runtime, identity)) = kept_place("kept-grown") else { return };
     // This test's thread and one more, each counted by getppid on its own.
     let (tx, rx) = std::sync::mpsc::channel::<usize>();
     let (done_tx, done) = std::sync::mpsc::channel::<i32>();
