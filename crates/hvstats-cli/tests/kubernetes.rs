@@ -239,6 +239,27 @@ fn ulimits() -> Vec<String> {
         .into()
 }
 
+/// The in-kernel counts an observer in a container keeps in the host's bpffs (keyed by its
+/// runtime directory's path in the container), removed when dropped: its container is removed
+/// at once, so it ends as a killed observer does, leaving them to a next observer of that path.
+/// Counts that were there before the test (an observer of this host's) are left alone.
+struct KeptByTheContainer(Option<PathBuf>);
+
+impl KeptByTheContainer {
+    fn at(runtime: &str) -> Self {
+        let dir = hvstats_host::bpf::keep::identity_path(Path::new(runtime));
+        Self((!dir.exists()).then_some(dir))
+    }
+}
+
+impl Drop for KeptByTheContainer {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.0 {
+            hvstats_host::bpf::keep::remove_tree(dir);
+        }
+    }
+}
+
 /// A container, removed (stopped at once) when dropped; its podman client killed.
 struct Container {
     podman: Vec<String>,
@@ -401,6 +422,8 @@ fn the_image_with_the_daemonsets_privileges_observes_a_qemu_of_the_host() {
     let observer_args = strings(&workload["containers"]["observer"]["args"]);
     let observer_flags =
         [daemonset_flags(workload, "observer", host), vec!["--network=none".into()]].concat();
+    // Dropped after the observer's container (declared before it): what its observer kept.
+    let _kept = KeptByTheContainer::at("/run/hvstats");
     let _observer = start(
         &podman,
         &image.name,

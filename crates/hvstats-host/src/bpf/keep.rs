@@ -135,6 +135,12 @@ fn identity(pid: i32, tid: i32) -> Option<(u64, u64, u64)> {
     Some((pid_start, tid_start, exe))
 }
 
+/// Where the kept counts of the runtime directory `runtime` are, whether or not there are any
+/// ([`identity_dir`] makes it).
+pub fn identity_path(runtime: &Path) -> PathBuf {
+    Path::new(BPFFS).join(BASE).join(escape(runtime))
+}
+
 /// The directory of the kept counts of a runtime directory, made (and bpffs mounted) when
 /// needed; directories of runtime directories that no longer exist are removed on the way.
 ///
@@ -158,7 +164,7 @@ pub fn identity_dir(runtime: &Path) -> io::Result<PathBuf> {
             }
         }
     }
-    let dir = base.join(escape(runtime));
+    let dir = identity_path(runtime);
     private_dir(&dir)?;
     Ok(dir)
 }
