@@ -21,7 +21,7 @@
 //! [`MEMORY_RESERVE`] free): the row's `vms` fact says how many, beside `vms_asked`.
 
 use std::io::BufRead;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -443,13 +443,8 @@ fn process_cpu_now() -> f64 {
 
 /// Copies of the KVM statistics descriptors (the VM's and each vCPU's) VMM `pid` holds.
 fn kvm_stats_of(pid: i32) -> Result<Vec<KvmStats>, String> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
-    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if pidfd < 0 {
-        return Err(format!("pidfd_open({pid}): {}", std::io::Error::last_os_error()));
-    }
-    // SAFETY: the descriptor was just made and is owned here alone.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as i32) };
+    use hvstats_observe::vm_identity::{copy_fd, pidfd};
+    let pidfd = pidfd(pid).map_err(|e| format!("pidfd_open({pid}): {e}"))?;
     let dir = format!("/proc/{pid}/fd");
     let mut out = Vec::new();
     for entry in std::fs::read_dir(&dir).map_err(|e| format!("{dir}: {e}"))?.flatten() {
@@ -459,14 +454,7 @@ fn kvm_stats_of(pid: i32) -> Result<Vec<KvmStats>, String> {
             continue;
         }
         let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
-        // SAFETY: pidfd_getfd takes a pidfd, a descriptor number and flags and returns a new
-        // descriptor or -1.
-        let copy = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
-        if copy < 0 {
-            return Err(format!("pidfd_getfd({pid}, {fd}): {}", std::io::Error::last_os_error()));
-        }
-        // SAFETY: the descriptor was just made and is owned here alone.
-        let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(copy as i32) });
+        let file = copy_fd(&pidfd, fd).map_err(|e| format!("pidfd_getfd({pid}, {fd}): {e}"))?;
         out.push(KvmStats::parse(file).map_err(|e| format!("{target} of {pid}: {e}"))?);
     }
     Ok(out)

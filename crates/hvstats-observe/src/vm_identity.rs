@@ -368,7 +368,7 @@ fn first_rescan() -> u64 {
 ///
 /// # Errors
 /// When the process is gone, the descriptor is not open, or this process may not copy it.
-pub(crate) fn copy_fd(pidfd: &OwnedFd, fd: RawFd) -> io::Result<File> {
+pub fn copy_fd(pidfd: &OwnedFd, fd: RawFd) -> io::Result<File> {
     // SAFETY: pidfd_getfd takes a pidfd we hold, a descriptor number and flags 0; it returns a new
     // descriptor or -1 and touches no memory of ours.
     let r = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
@@ -381,7 +381,7 @@ pub(crate) fn copy_fd(pidfd: &OwnedFd, fd: RawFd) -> io::Result<File> {
 ///
 /// # Errors
 /// When the process is gone.
-pub(crate) fn pidfd(pid: i32) -> io::Result<OwnedFd> {
+pub fn pidfd(pid: i32) -> io::Result<OwnedFd> {
     // SAFETY: pidfd_open takes a pid and flags 0; it returns a new descriptor or -1.
     let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
     let r = sys::check(i32::try_from(r).unwrap_or(-1))?;
