@@ -231,9 +231,11 @@ impl Tally {
     /// Threads it can count beyond those it counts: rows free, and those engines grown would
     /// hold.
     fn rows_free(&self) -> usize {
-        let free: usize = self.engines().iter().map(|e| e.rows_free()).sum();
+        let engines = self.engines();
+        let free: usize = engines.iter().map(|e| e.rows_free()).sum();
+        let rows: u32 = engines.iter().map(|e| e.capacity()).sum();
         let growable = match self.grow {
-            Some(_) => self.allowed.saturating_sub(self.rows()) as usize,
+            Some(_) => self.allowed.saturating_sub(rows) as usize,
             None => 0,
         };
         free + growable
