@@ -29,6 +29,9 @@ pub(crate) struct TaskWalk {
     host: HostTasks,
     /// The observed processes' threads, by process and then thread id.
     tasks: Vec<Task>,
+    /// By process, where its threads are in `tasks`: a thousand processes' thousands of
+    /// threads are searched through this small table, not the records.
+    processes: Vec<(i32, std::ops::Range<u32>)>,
     /// False until a walk succeeded, and after one that failed or was cut.
     usable: bool,
 }
@@ -38,7 +41,7 @@ impl TaskWalk {
     pub(crate) fn open(procfs: &Procfs) -> Option<Self> {
         let program = program(procfs)?;
         let host = HostTasks::open(program).ok()?;
-        Some(Self { host, tasks: Vec::new(), usable: false })
+        Some(Self { host, tasks: Vec::new(), processes: Vec::new(), usable: false })
     }
 
     /// Walks the host's tasks once, keeping those of the processes in `observed`.
@@ -52,6 +55,13 @@ impl TaskWalk {
             Err(_) => false,
         };
         self.tasks.sort_unstable_by_key(|t| (t.sched.tgid, t.sched.tid));
+        self.processes.clear();
+        for (i, t) in self.tasks.iter().enumerate() {
+            match self.processes.last_mut() {
+                Some((tgid, range)) if *tgid == t.sched.tgid => range.end = i as u32 + 1,
+                _ => self.processes.push((t.sched.tgid, i as u32..i as u32 + 1)),
+            }
+        }
     }
 
     /// Process `pid`'s threads in the last walk; `None` where the walk cannot tell them (it
@@ -60,9 +70,9 @@ impl TaskWalk {
         if !self.usable {
             return None;
         }
-        let from = self.tasks.partition_point(|t| t.sched.tgid < pid);
-        let to = self.tasks.partition_point(|t| t.sched.tgid <= pid);
-        VmmTasks::of(pid, &self.tasks[from..to])
+        let at = self.processes.binary_search_by_key(&pid, |(tgid, _)| *tgid).ok()?;
+        let range = self.processes[at].1.clone();
+        VmmTasks::of(pid, &self.tasks[range.start as usize..range.end as usize])
     }
 }
 
