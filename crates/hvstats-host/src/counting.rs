@@ -216,6 +216,11 @@ impl std::ops::Deref for Tally {
     }
 }
 
+/// The rows of `engines` together.
+fn rows_of(engines: &[Arc<Engine>]) -> u32 {
+    engines.iter().map(|e| e.capacity()).sum()
+}
+
 impl Tally {
     /// Every engine, the first first.
     fn engines(&self) -> Vec<Arc<Engine>> {
@@ -225,7 +230,7 @@ impl Tally {
 
     /// The rows of every engine.
     fn rows(&self) -> u32 {
-        self.engines().iter().map(|e| e.capacity()).sum()
+        rows_of(&self.engines())
     }
 
     /// Threads it can count beyond those it counts: rows free, and those engines grown would
@@ -233,9 +238,8 @@ impl Tally {
     fn rows_free(&self) -> usize {
         let engines = self.engines();
         let free: usize = engines.iter().map(|e| e.rows_free()).sum();
-        let rows: u32 = engines.iter().map(|e| e.capacity()).sum();
         let growable = match self.grow {
-            Some(_) => self.allowed.saturating_sub(rows) as usize,
+            Some(_) => self.allowed.saturating_sub(rows_of(&engines)) as usize,
             None => 0,
         };
         free + growable
@@ -275,7 +279,7 @@ impl Tally {
         if failed.is_some() {
             return Err(full());
         }
-        let rows = std::iter::once(&self.first).chain(grown.iter()).map(|e| e.capacity()).sum::<u32>();
+        let rows = self.first.capacity() + rows_of(&grown);
         let more = self.first.capacity().min(self.allowed.saturating_sub(rows));
         if more == 0 {
             return Err(full());
