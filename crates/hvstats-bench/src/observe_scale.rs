@@ -345,8 +345,9 @@ fn measure(
 
 /// The least CPU a refresh of the fleet costs in the kernel, measured in this process over
 /// [`WINDOW`] rounds a refresh interval apart (the caches as cold as an observer finds them): one
-/// walk of the host's tasks with the kernel's task iterator (the observer's walk, without its
-/// check of each VMM's descriptor), and one `pread` of the data block of every KVM statistics
+/// walk of the VMMs' threads as the observer walks them (the listed processes' threads, or where
+/// the kernel lacks that, the host's every task; without its check of each VMM's descriptor),
+/// and one `pread` of the data block of every KVM statistics
 /// descriptor of the VMs (copied from the VMMs as the observer copies them), in seconds a round.
 /// What any observer that gives every vCPU thread's run time and every KVM statistic each
 /// refresh pays here, whatever it does with them.
@@ -359,9 +360,7 @@ struct Floor {
 
 impl Floor {
     fn measure(pids: &[i32]) -> Result<Self, String> {
-        use hvstats_host::bpf::task_iter::{HostTasks, TaskIterProgram};
-        let program = TaskIterProgram::load().map_err(|e| format!("the task iterator: {e}"))?;
-        let mut host = HostTasks::open(&program).map_err(|e| format!("the task iterator: {e}"))?;
+        let mut walker = FloorWalk::open(pids)?;
         let mut stats = Vec::new();
         for &pid in pids {
             stats.extend(kvm_stats_of(pid)?);
@@ -371,7 +370,7 @@ impl Floor {
         for _ in 0..WINDOW {
             std::thread::sleep(INTERVAL);
             let start = CpuClock::now();
-            let walked = host.walk().map_err(|e| format!("the task iterator: {e}"))?.tasks().count();
+            let walked = walker.walk()?;
             walk += start.elapsed().as_secs_f64();
             if walked == 0 {
                 return Err("the task iterator walked no thread".into());
@@ -386,6 +385,39 @@ impl Floor {
             .map_err(|e| eprintln!("hvstats-bench: no io_uring reads measured: {e}"))
             .ok();
         Ok(Self { walk: walk / f64::from(WINDOW), stats: read / f64::from(WINDOW), batched })
+    }
+}
+
+/// The walk a [`Floor`] measures: the observer's.
+enum FloorWalk {
+    /// The listed VMMs' threads alone.
+    Listed(hvstats_host::bpf::listed_tasks::ListedTasks, std::collections::BTreeSet<i32>),
+    /// The host's every task.
+    Host(hvstats_host::bpf::task_iter::HostTasks),
+}
+
+impl FloorWalk {
+    /// The walk of `pids`' threads, walked once (a listed walk makes its room at its first).
+    fn open(pids: &[i32]) -> Result<Self, String> {
+        use hvstats_host::bpf::{listed_tasks::ListedTasks, task_iter};
+        let program = task_iter::shared().ok_or("no task iterator")?;
+        let mut walk = match ListedTasks::open(program) {
+            Ok(listed) => Self::Listed(listed, pids.iter().copied().collect()),
+            Err(_) => Self::Host(
+                task_iter::HostTasks::open(program).map_err(|e| format!("the task iterator: {e}"))?,
+            ),
+        };
+        walk.walk()?;
+        Ok(walk)
+    }
+
+    /// Walks once; the threads walked.
+    fn walk(&mut self) -> Result<usize, String> {
+        let walked = match self {
+            Self::Listed(listed, pids) => listed.walk(pids).map(|w| w.tasks().count()),
+            Self::Host(host) => host.walk().map(|w| w.tasks().count()),
+        };
+        walked.map_err(|e| format!("the task iterator: {e}"))
     }
 }
 

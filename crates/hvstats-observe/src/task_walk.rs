@@ -1,6 +1,8 @@
-//! The observed VMMs' threads, read once a tick for all of them: one walk of the host's tasks by
-//! the kernel's task iterator ([`hvstats_host::bpf::task_iter::HostTasks`]), of which the records
-//! of the observed processes are kept, sorted, and each VM is handed its own ([`VmmTasks`]): who
+//! The observed VMMs' threads, read once a tick for all of them: one walk of the observed
+//! processes' threads in the kernel ([`hvstats_host::bpf::listed_tasks::ListedTasks`]), or where
+//! the kernel lacks what that needs (before Linux 6.7), of the host's every task by the kernel's
+//! task iterator ([`hvstats_host::bpf::task_iter::HostTasks`]), of which the records of the
+//! observed processes are kept. They are sorted, and each VM is handed its own ([`VmmTasks`]): who
 //! its process is (start time, `exec()`s, exiting), its number of threads, each thread's start
 //! time and its scheduler and fault accounting. No `/proc` file of a VMM is read for these
 //! while the walk is had.
@@ -13,6 +15,7 @@
 
 use std::collections::BTreeSet;
 
+use hvstats_host::bpf::listed_tasks::ListedTasks;
 use hvstats_host::bpf::task_iter::{self, HostTasks, ProcessTasks, Task, TaskIterProgram};
 
 use crate::discovery::Procfs;
@@ -23,10 +26,19 @@ pub(crate) fn program(procfs: &Procfs) -> Option<&'static TaskIterProgram> {
     (procfs.root() == std::path::Path::new("/proc")).then(task_iter::shared).flatten()
 }
 
+/// How the observed processes' threads are walked.
+#[derive(Debug)]
+enum Walker {
+    /// Their own threads, and no other task.
+    Listed(ListedTasks),
+    /// Every task of the host, of which theirs are kept.
+    Host(HostTasks),
+}
+
 /// The host's task walk and what the last one gave of the observed processes.
 #[derive(Debug)]
 pub(crate) struct TaskWalk {
-    host: HostTasks,
+    walker: Walker,
     /// The observed processes' threads, by process and then thread id.
     tasks: Vec<Task>,
     /// By process, where its threads are in `tasks`: a thousand processes' thousands of
@@ -40,16 +52,24 @@ impl TaskWalk {
     /// The walk of the host seen through `procfs`, where the task iterator is had for it.
     pub(crate) fn open(procfs: &Procfs) -> Option<Self> {
         let program = program(procfs)?;
-        let host = HostTasks::open(program).ok()?;
-        Some(Self { host, tasks: Vec::new(), processes: Vec::new(), usable: false })
+        let walker = match ListedTasks::open(program) {
+            Ok(listed) => Walker::Listed(listed),
+            Err(_) => Walker::Host(HostTasks::open(program).ok()?),
+        };
+        Some(Self { walker, tasks: Vec::new(), processes: Vec::new(), usable: false })
     }
 
     /// Walks the host's tasks once, keeping those of the processes in `observed`.
     pub(crate) fn walk(&mut self, observed: &BTreeSet<i32>) {
         self.tasks.clear();
-        self.usable = match self.host.walk() {
-            Ok(walked) => {
-                self.tasks.extend(walked.tasks().filter(|t| observed.contains(&t.sched.tgid)));
+        let walked = match &mut self.walker {
+            Walker::Listed(listed) => listed.walk(observed).map(|w| (w, false)),
+            Walker::Host(host) => host.walk().map(|w| (w, true)),
+        };
+        self.usable = match walked {
+            Ok((walked, filter)) => {
+                let observed = |t: &Task| !filter || observed.contains(&t.sched.tgid);
+                self.tasks.extend(walked.tasks().filter(observed));
                 walked.complete()
             }
             Err(_) => false,
@@ -135,11 +155,24 @@ mod tests {
 
     #[test]
     fn one_walk_gives_each_observed_process_its_own_threads_and_keeps_no_other() {
-        let Some(mut walk) = TaskWalk::open(&Procfs::host()) else {
+        let Some(walk) = TaskWalk::open(&Procfs::host()) else {
             let why = hvstats_host::counting::full_notes().join("; ");
             assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "no task iterator: {why}");
             return;
         };
+        if std::env::var_os("HVSTATS_REQUIRE_KVM").is_some() {
+            assert!(matches!(walk.walker, Walker::Listed(_)), "this kernel walks the listed processes alone");
+        }
+        // The host's walk too, which kernels before 6.7 have.
+        let host = HostTasks::open(program(&Procfs::host()).unwrap()).unwrap();
+        for walk in
+            [walk, TaskWalk { walker: Walker::Host(host), ..TaskWalk::open(&Procfs::host()).unwrap() }]
+        {
+            walks_each_observed_process_alone(walk);
+        }
+    }
+
+    fn walks_each_observed_process_alone(mut walk: TaskWalk) {
         let me = std::process::id() as i32;
         let (mut first, mut second, mut other) = (sleeper(), sleeper(), sleeper());
         let observed: BTreeSet<i32> = [me, first.id() as i32, second.id() as i32].into();

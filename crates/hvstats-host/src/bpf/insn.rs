@@ -141,6 +141,8 @@ const ALU_MOV: u8 = 0xb0;
 const ALU_ARSH: u8 = 0xc0;
 /// `BPF_PSEUDO_MAP_FD`: the 64-bit immediate of `ld_imm64` is a map's fd.
 const PSEUDO_MAP_FD: u8 = 1;
+/// `BPF_PSEUDO_KFUNC_CALL`: a call's immediate is a kernel function's BTF id.
+const PSEUDO_KFUNC_CALL: u8 = 2;
 
 /// One encoded instruction (`struct bpf_insn`).
 pub fn encode(code: u8, dst: Reg, src: Reg, off: i16, imm: i32) -> u64 {
@@ -285,6 +287,12 @@ impl Asm {
     /// Calls helper `id` (arguments in r1..r5, result in r0; r1..r5 are clobbered).
     pub fn call(&mut self, id: i32) {
         self.push(encode(CLASS_JMP | 0x80, Reg(0), Reg(0), 0, id));
+    }
+
+    /// Calls the kernel's function `btf_id` (a kfunc: its `FUNC` id in the kernel's BTF, whose
+    /// prototype the verifier checks the arguments against), as [`call`](Self::call) does.
+    pub(crate) fn call_kfunc(&mut self, btf_id: u32) {
+        self.push(encode(CLASS_JMP | 0x80, Reg(0), Reg(PSEUDO_KFUNC_CALL), 0, btf_id as i32));
     }
 
     /// Returns r0.

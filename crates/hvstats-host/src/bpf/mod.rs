@@ -14,6 +14,7 @@ pub mod filter;
 pub mod insn;
 pub mod keep;
 mod limits;
+pub mod listed_tasks;
 pub mod program;
 pub mod raw;
 pub mod sys;

@@ -142,8 +142,9 @@ struct Mapped {
     len: usize,
 }
 
-// SAFETY: the mapping is shared memory of the kernel's, only ever read here through atomic
-// loads (`Mapped::word`), and unmapped once, by its owner's drop; any thread may do either.
+// SAFETY: the mapping is shared memory of the kernel's, only ever read here, through atomic
+// loads (`Mapped::word`) or copied whole while no program writes it (`ArrayMap::copy_mapped`),
+// and unmapped once, by its owner's drop; any thread may do any of these.
 unsafe impl Send for Mapped {}
 // SAFETY: as for Send: shared references only load, atomically.
 unsafe impl Sync for Mapped {}
@@ -237,6 +238,32 @@ impl ArrayMap {
     /// True when reads are loads from memory rather than lookups.
     pub(crate) fn is_mapped(&self) -> bool {
         self.mapped.is_some()
+    }
+
+    /// Word `word` of key `key`'s value, loaded from the mapped values; `None` where the values
+    /// are not mapped, or past them.
+    pub(crate) fn mapped_word(&self, key: u32, word: usize) -> Option<u64> {
+        let mapped = self.mapped.as_ref().filter(|_| key < self.entries && 8 * word < self.value_size)?;
+        Some(mapped.word(key as usize * self.stride() + 8 * word))
+    }
+
+    /// Copies the values of the first `count` keys (`stride` bytes each) from the mapped values
+    /// into `out` (cleared first), when they are mapped and there are that many. Only for a map
+    /// no program writes meanwhile: the copy is not atomic word by word.
+    pub(crate) fn copy_mapped(&self, count: u32, out: &mut Vec<u8>) -> bool {
+        out.clear();
+        let Some(mapped) = self.mapped.as_ref().filter(|_| count <= self.entries) else { return false };
+        let len = count as usize * self.stride();
+        debug_assert!(len <= mapped.len);
+        // SAFETY: `len` bytes from the start of the mapping, which spans every key's value
+        // (`count <= entries`); the caller holds that no program writes them during the copy,
+        // and `out` has the room reserved before the copy, its length set after.
+        unsafe {
+            out.reserve(len);
+            std::ptr::copy_nonoverlapping(mapped.base.as_ptr(), out.as_mut_ptr(), len);
+            out.set_len(len);
+        }
+        true
     }
 
     /// Creates a hash map of at most `entries` values of `value_size` bytes, keyed by `u32`.

@@ -48,7 +48,7 @@ use super::insn::{
 use super::sys::{ArrayMap, LoadError, Program, TaskIterLink};
 
 /// The fields of `struct task_struct` a record holds, in its order.
-const FIELDS: [&str; 13] = [
+pub(super) const FIELDS: [&str; 13] = [
     "pid",
     "tgid",
     "se.sum_exec_runtime",
@@ -74,10 +74,10 @@ const PF_EXITING: u64 = 0x0000_0004;
 /// Where the answer of the held-file check is in a record, after [`FIELDS`]: 0 not asked, else
 /// the process's descriptor << 32 | ours << 2 | 1 when it holds the file watched at it, 2 when
 /// not (a descriptor is below 2^30, Linux's most).
-const HELD: usize = FIELDS.len();
+pub(super) const HELD: usize = FIELDS.len();
 
 /// Bytes of a record: one `u64` per field, and the held-file answer.
-const RECORD: usize = 8 * (FIELDS.len() + 1);
+pub(super) const RECORD: usize = 8 * (FIELDS.len() + 1);
 
 /// The members from a task to its descriptors' files: `task->files->fdt`, then the table's
 /// size and array (`fdt->max_fds`, `fdt->fd`).
@@ -92,7 +92,7 @@ const WATCHED: u32 = 16_384;
 /// host of 1,000 VMs, so a process that makes threads without end costs the reader no more. A
 /// walk cut there is said so ([`Walked::complete`]); its reader does not take a thread missing
 /// from it as gone.
-const MAX_THREADS: usize = 65_536;
+pub(super) const MAX_THREADS: usize = 65_536;
 
 /// One thread's accounting, as the kernel keeps it from the thread's start.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -199,6 +199,9 @@ pub enum TaskIterError {
     /// The kernel refused to link it to a process (no process filter before Linux 6.1).
     #[error("the task iterator cannot be linked to one process: {0}")]
     Link(io::Error),
+    /// The kernel lacks what a walk needs (the function or flag named).
+    #[error("the kernel has no {0}")]
+    Unsupported(&'static str),
     /// This process is in a PID namespace of its own: the kernel's thread ids are not its.
     #[error("this process's PID namespace is not the host's: the kernel's thread ids are not /proc's")]
     Namespace,
@@ -210,6 +213,21 @@ pub struct TaskIterProgram {
     program: Program,
     /// The files watched, where the program checks them.
     held: Option<HeldFiles>,
+    /// Where the record's fields are in `struct task_struct`, and the path to a task's files:
+    /// what a walk of listed processes ([`super::listed_tasks`]) assembles its program from.
+    pub(super) layout: TaskLayout,
+}
+
+/// Where a record's fields are in the running kernel's `struct task_struct` ([`FIELDS`]), the
+/// members from a task to its files ([`FD_PATH`], where the kernel has them as expected), and
+/// the kernel functions a walk of listed processes calls, where the kernel has them.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct TaskLayout {
+    /// The BTF id of `bpf_iter_task`, what a task iterator program attaches to.
+    pub(super) iter_task: u32,
+    pub(super) fields: [Member; FIELDS.len()],
+    pub(super) path: Option<[Member; 4]>,
+    pub(super) kfuncs: Option<super::listed_tasks::Kfuncs>,
 }
 
 /// The files a walk checks its processes hold: by process, the descriptor it holds the file at
@@ -242,6 +260,8 @@ impl TaskIterProgram {
             .collect::<Option<Vec<_>>>()
             .and_then(|m| m.try_into().ok())
             .filter(|m: &[Member; 4]| [8, 8, 4, 8] == m.map(|m| m.size));
+        let kfuncs = super::listed_tasks::Kfuncs::find(&btf);
+        let layout = TaskLayout { iter_task, fields, path, kfuncs };
         drop(btf);
         // With the held-file check where the kernel takes it, else without.
         let held = path.zip(ArrayMap::create_hash(8, WATCHED).ok());
@@ -251,11 +271,18 @@ impl TaskIterProgram {
                 .and_then(|insns| Ok(Program::load_task_iter(&insns, iter_task)?));
             if let Ok(program) = checked {
                 let held = HeldFiles { map, watched: Mutex::new(BTreeMap::new()) };
-                return Ok(Self { program, held: Some(held) });
+                return Ok(Self { program, held: Some(held), layout });
             }
         }
         let insns = assemble(&fields, None)?;
-        Ok(Self { program: Program::load_task_iter(&insns, iter_task)?, held: None })
+        let layout = TaskLayout { path: None, ..layout };
+        Ok(Self { program: Program::load_task_iter(&insns, iter_task)?, held: None, layout })
+    }
+
+    /// The map of the files watched, where the walks check them: by process, its descriptor
+    /// and ours.
+    pub(super) fn held_map(&self) -> Option<i32> {
+        self.held.as_ref().map(|h| h.map.raw_fd())
     }
 
     /// Has each walk check whether process `pid` holds, at its descriptor `fd`, the file `ours`
@@ -364,13 +391,7 @@ fn assemble(
     a.lsh_imm(R1, 63 - PF_KTHREAD.trailing_zeros() as i32);
     a.rsh_imm(R1, 63);
     a.jump_imm(Cond::Ne, R1, 0, out);
-    for (i, field) in fields.iter().enumerate() {
-        let size = Size::of(field.size as usize).unwrap_or(Size::Dw);
-        let offset = i16::try_from(field.offset).map_err(|_| AsmError::TooFar)?;
-        a.load(size, R1, R7, offset);
-        a.store(Size::Dw, R10, base + 8 * i as i16, R1);
-    }
-    a.store_imm(Size::Dw, R10, base + 8 * HELD as i16, 0);
+    load_record(&mut a, fields, base)?;
     if let Some((map, path)) = held {
         check_held(&mut a, base, map, path, write)?;
     }
@@ -387,9 +408,28 @@ fn assemble(
     a.finish()
 }
 
+/// Loads the fields of the task in r7 into the record at `base` on the stack, its held-file
+/// answer 0 (not asked).
+pub(super) fn load_record(a: &mut Asm, fields: &[Member; FIELDS.len()], base: i16) -> Result<(), AsmError> {
+    for (i, field) in fields.iter().enumerate() {
+        let size = Size::of(field.size as usize).unwrap_or(Size::Dw);
+        let offset = i16::try_from(field.offset).map_err(|_| AsmError::TooFar)?;
+        a.load(size, R1, R7, offset);
+        a.store(Size::Dw, R10, base + 8 * i as i16, R1);
+    }
+    a.store_imm(Size::Dw, R10, base + 8 * HELD as i16, 0);
+    Ok(())
+}
+
 /// The held-file check of the record at `base` (its pid and tgid written), with the task in r7:
 /// jumps to `done` with the answer in the record's [`HELD`] slot.
-fn check_held(a: &mut Asm, base: i16, map: i32, path: &[Member; 4], done: Label) -> Result<(), AsmError> {
+pub(super) fn check_held(
+    a: &mut Asm,
+    base: i16,
+    map: i32,
+    path: &[Member; 4],
+    done: Label,
+) -> Result<(), AsmError> {
     // Below the record: the map key, a read's landing slot, the two files.
     let (key, tmp, mine, ours) = (base - 8, base - 16, base - 24, base - 32);
     let held = base + 8 * HELD as i16;
@@ -540,6 +580,8 @@ impl HostTasks {
 #[derive(Clone, Copy, Debug)]
 pub struct Walked<'a> {
     records: &'a [u8],
+    /// True when the walk was cut short (its room for records was full).
+    cut: bool,
 }
 
 impl<'a> Walked<'a> {
@@ -548,16 +590,23 @@ impl<'a> Walked<'a> {
         self.records.chunks_exact(RECORD).filter_map(Task::parse)
     }
 
-    /// False when the walk was cut at [`MAX_THREADS`]: a thread missing from it may live.
+    /// False when the walk was cut (at [`MAX_THREADS`], or where its room was full): a thread
+    /// missing from it may live.
     pub fn complete(self) -> bool {
-        self.records.len() < MAX_THREADS * RECORD
+        !self.cut && self.records.len() < MAX_THREADS * RECORD
+    }
+
+    /// The records `records` hold (whole ones; [`RECORD`] bytes each), `cut` when the walk that
+    /// wrote them was cut short.
+    pub(super) fn of(records: &'a [u8], cut: bool) -> Self {
+        Self { records, cut }
     }
 }
 
 /// Runs `link`'s walk into `buf`, at most [`MAX_THREADS`] records.
 fn walk<'a>(link: &TaskIterLink, buf: &'a mut Vec<u8>) -> io::Result<Walked<'a>> {
     link.walk(buf, (MAX_THREADS * RECORD) as u64)?;
-    Ok(Walked { records: buf })
+    Ok(Walked { records: buf, cut: false })
 }
 
 #[cfg(test)]
