@@ -159,30 +159,7 @@ impl Procfs {
     /// # Errors
     /// As [`kvm_fds`](Self::kvm_fds).
     pub(crate) fn kvm_fds_read(&self, pid: i32) -> io::Result<(KvmFds, u64)> {
-        let dir = self.root.join(pid.to_string()).join("fd");
-        let mut fds = KvmFds::default();
-        let listed = numeric_entries(&dir)?;
-        let read = listed.len() as u64;
-        for fd in listed {
-            // A descriptor closed between the listing and the readlink is simply not there; a
-            // link this process may not read (the ptrace access check) hides them all.
-            let target = match fs::read_link(dir.join(fd.to_string())) {
-                Ok(target) => target,
-                Err(e) if is_refusal(&e) => return Err(e),
-                Err(_) => continue,
-            };
-            let Some(target) = target.to_str() else { continue };
-            let fd = fd as u32;
-            if target == "anon_inode:kvm-vm" {
-                fds.vms.push(fd);
-            } else if let Some(id) = target.strip_prefix("anon_inode:kvm-vcpu:")
-                && let Ok(id) = id.parse()
-            {
-                fds.vcpus.insert(id, fd);
-            }
-        }
-        fds.vms.sort_unstable();
-        Ok((fds, read))
+        kvm_fds_in(&self.fd_dir(pid)?)
     }
 
     /// True when the `fd` directory of `pid` can be listed by this process (its links may still
@@ -665,6 +642,48 @@ fn numeric_entries(dir: &Path) -> io::Result<Vec<i32>> {
         .collect();
     out.sort_unstable();
     Ok(out)
+}
+
+/// The KVM file descriptors of the process whose `fd` directory `dir` is ([`Procfs::fd_dir`]),
+/// and how many descriptors were read to find them: its entries listed and their links read
+/// relative to it, no path walked from the root for each.
+///
+/// # Errors
+/// When the directory cannot be listed (the process is gone, or not ours to see), or a link
+/// is refused.
+pub(crate) fn kvm_fds_in(dir: &fs::File) -> io::Result<(KvmFds, u64)> {
+    use rustix::fs::{Dir, Mode, OFlags, openat, readlinkat};
+    let listing = openat(dir, c".", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
+    let mut listed: Vec<(u32, std::ffi::CString)> = Vec::new();
+    for entry in Dir::read_from(&listing)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        if let Some(fd) = name.to_str().ok().and_then(|n| n.parse::<u32>().ok()) {
+            listed.push((fd, name.to_owned()));
+        }
+    }
+    let mut fds = KvmFds::default();
+    let read = listed.len() as u64;
+    let mut target = Vec::new();
+    for (fd, name) in listed {
+        // A descriptor closed between the listing and the readlink is simply not there; a
+        // link this process may not read (the ptrace access check) hides them all.
+        target = match readlinkat(dir, name.as_c_str(), std::mem::take(&mut target)) {
+            Ok(target) => target.into_bytes(),
+            Err(e) if is_refusal(&e.into()) => return Err(e.into()),
+            Err(_) => continue,
+        };
+        if target == b"anon_inode:kvm-vm" {
+            fds.vms.push(fd);
+        } else if let Some(id) = target.strip_prefix(b"anon_inode:kvm-vcpu:")
+            && let Some(id) = std::str::from_utf8(id).ok().and_then(|id| id.parse().ok())
+        {
+            fds.vcpus.insert(id, fd);
+        }
+        target.clear();
+    }
+    fds.vms.sort_unstable();
+    Ok((fds, read))
 }
 
 /// True when `root` is a procfs mount.

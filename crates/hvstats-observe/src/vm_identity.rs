@@ -319,7 +319,11 @@ impl VmWatch {
             return Ok(None);
         }
         let count = counted.unwrap_or_else(|| self.fd_count(procfs, pid));
-        let fds = match procfs.kvm_fds(pid) {
+        let fds = match &self.fd_dir {
+            Some(dir) => crate::discovery::kvm_fds_in(dir).map(|(fds, _)| fds),
+            None => procfs.kvm_fds(pid),
+        };
+        let fds = match fds {
             Ok(fds) => fds,
             // Gone: its refresh says so at the next turn.
             Err(e) if is_gone(&e) => return Ok(None),
