@@ -363,11 +363,13 @@ pub fn kept_notes() -> Vec<String> {
 }
 
 /// What the engines found past their rows since the last call, to be said once: the first thread
-/// of each engine counted by perf counters for want of a row, with the numbers; and that the
-/// threads' accounting is read from `/proc` because the task iterator could not be loaded.
+/// of each engine counted by perf counters for want of a row, with the numbers; that the
+/// threads' accounting is read from `/proc` because the task iterator could not be loaded; and
+/// that they are walked among the host's every task, where their own walk cannot be had.
 pub fn full_notes() -> Vec<String> {
     let mut notes = std::mem::take(&mut *FULL_NOTES.lock().unwrap_or_else(|e| e.into_inner()));
     notes.extend(crate::bpf::task_iter::take_fallback_note());
+    notes.extend(crate::bpf::listed_tasks::take_note());
     notes
 }
 

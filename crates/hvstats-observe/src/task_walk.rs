@@ -54,7 +54,10 @@ impl TaskWalk {
         let program = program(procfs)?;
         let walker = match ListedTasks::open(program) {
             Ok(listed) => Walker::Listed(listed),
-            Err(_) => Walker::Host(HostTasks::open(program).ok()?),
+            Err(why) => {
+                hvstats_host::bpf::listed_tasks::say_host_walk(&why);
+                Walker::Host(HostTasks::open(program).ok()?)
+            }
         };
         Some(Self { walker, tasks: Vec::new(), processes: Vec::new(), usable: false })
     }

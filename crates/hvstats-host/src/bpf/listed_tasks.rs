@@ -155,7 +155,9 @@ impl ListedTasks {
     /// What writing the list, or running the walk, returns.
     pub fn walk(&mut self, processes: &BTreeSet<i32>) -> io::Result<Walked<'_>> {
         self.make_room(processes.len())?;
-        self.list(processes)?;
+        // Those past the room are not walked: the walk is cut.
+        let unlisted = processes.len().saturating_sub(self.pids.entries() as usize);
+        self.list(processes.iter().take(self.pids.entries() as usize))?;
         self.link.walk(&mut self.buf, 1)?;
         self.found = self.state.mapped_word(0, WALKED).unwrap_or(u64::MAX);
         let cut = self.found > u64::from(self.records.entries());
@@ -163,7 +165,7 @@ impl ListedTasks {
         if !self.records.copy_mapped(written, &mut self.buf) {
             return Err(io::ErrorKind::Unsupported.into());
         }
-        Ok(Walked::of(&self.buf, cut))
+        Ok(Walked::of(&self.buf, cut || unlisted > 0))
     }
 
     /// Makes the walk anew with room for `processes` processes, and for their threads: a
@@ -171,8 +173,9 @@ impl ListedTasks {
     /// [`THREADS_PER_PROCESS`] each (up to [`MAX_THREADS`]).
     fn make_room(&mut self, processes: usize) -> io::Result<()> {
         let (mut p, mut r) = (self.pids.entries(), self.records.entries());
-        while (p as usize) < processes {
-            p = p.saturating_mul(2);
+        // Each process has a thread: past MAX_THREADS processes, the walk is cut anyway.
+        while (p as usize) < processes.min(MAX_THREADS) {
+            p = p.saturating_mul(2).min(MAX_THREADS as u32);
         }
         // Made anew for more processes: room for their threads too, before a walk tells them.
         let guess = match p == self.pids.entries() {
@@ -190,8 +193,10 @@ impl ListedTasks {
     }
 
     /// Writes `processes` into the list, where it changed.
-    fn list(&mut self, processes: &BTreeSet<i32>) -> io::Result<()> {
-        for (i, &pid) in processes.iter().enumerate() {
+    fn list<'p>(&mut self, processes: impl Iterator<Item = &'p i32>) -> io::Result<()> {
+        let mut count = 0;
+        for (i, &pid) in processes.enumerate() {
+            count += 1;
             if self.listed.get(i) != Some(&pid) {
                 self.pids.write(i as u32, &pid.to_ne_bytes())?;
                 match self.listed.get_mut(i) {
@@ -200,7 +205,7 @@ impl ListedTasks {
                 }
             }
         }
-        self.listed.truncate(processes.len());
+        self.listed.truncate(count);
         let listed = self.listed.len() as u64;
         if self.state.mapped_word(0, LISTED) != Some(listed) {
             let mut state = [0u8; STATE_BYTES];
@@ -209,6 +214,31 @@ impl ListedTasks {
         }
         Ok(())
     }
+}
+
+/// That the observer walks the host's every task, the walk of the listed processes not being had,
+/// not said yet.
+static HOST_WALK: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+/// Has it said once ([`take_note`]) that a reader walks the host's every task for its processes'
+/// threads, because [`ListedTasks::open`] failed with `why`: the same records, at a cost that
+/// follows the host's tasks, not the observed threads.
+pub fn say_host_walk(why: &TaskIterError) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    *HOST_WALK.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!(
+        "the observed VMMs' threads are walked among every task of the host, at a cost that \
+         follows the host's tasks, not the observed threads: the walk of the observed processes' \
+         own threads cannot be had ({})",
+        crate::error_chain::error_chain(why)
+    ));
+}
+
+/// What [`say_host_walk`] has to say, once (given with [`crate::counting::full_notes`]).
+pub(crate) fn take_note() -> Option<String> {
+    HOST_WALK.lock().unwrap_or_else(|e| e.into_inner()).take()
 }
 
 /// The maps the program names.
@@ -397,6 +427,17 @@ mod tests {
             child.kill().unwrap();
             child.wait().unwrap();
         }
+    }
+
+    #[test]
+    fn walking_the_hosts_every_task_instead_is_said_once_with_why() {
+        say_host_walk(&TaskIterError::Unsupported("bpf_iter_task_new"));
+        say_host_walk(&TaskIterError::Unsupported("BPF_F_MMAPABLE"));
+        let note = crate::counting::full_notes().join("\n");
+        assert!(note.contains("walked among every task of the host"), "{note}");
+        assert!(note.contains("(the kernel has no bpf_iter_task_new)"), "{note}");
+        assert!(!note.contains("BPF_F_MMAPABLE"), "said once: {note}");
+        assert!(crate::counting::full_notes().iter().all(|n| !n.contains("every task of the host")));
     }
 
     #[test]
