@@ -262,10 +262,8 @@ fn assemble(
     maps: Maps,
     held: Option<(i32, [super::btf::Member; 4])>,
 ) -> Result<Vec<u64>, TaskIterError> {
-    let base = -(RECORD as i16);
     let mut a = Asm::default();
-    let (out, outer, outer_done, inner, inner_done, write, counted) =
-        (a.label(), a.label(), a.label(), a.label(), a.label(), a.label(), a.label());
+    let (out, outer, outer_done) = (a.label(), a.label(), a.label());
     let field = |name: &str| -> Result<i16, TaskIterError> {
         let at = FIELDS.iter().position(|f| *f == name).unwrap_or(0);
         Ok(i16::try_from(layout.fields[at].offset).map_err(|_| AsmError::TooFar)?)
@@ -299,29 +297,7 @@ fn assemble(
     a.mov(R2, R0);
     a.mov_imm(R3, PROC_THREADS);
     a.call_kfunc(kfuncs.task_new);
-    a.bind(inner);
-    stack_ptr(&mut a, R1, ITER);
-    a.call_kfunc(kfuncs.task_next);
-    a.jump_imm(Cond::Eq, R0, 0, inner_done);
-    a.mov(R7, R0);
-    load_record(&mut a, &layout.fields, base)?;
-    if let Some((map, path)) = &held {
-        check_held(&mut a, base, *map, path, write)?;
-    }
-    a.bind(write);
-    a.load(Size::Dw, R1, R6, at(WALKED));
-    lookup(&mut a, maps.records, KEY, Some(R1));
-    a.jump_imm(Cond::Eq, R0, 0, counted);
-    for i in 0..=HELD as i16 {
-        a.load(Size::Dw, R1, R10, base + 8 * i);
-        a.store(Size::Dw, R0, 8 * i, R1);
-    }
-    a.bind(counted);
-    a.load(Size::Dw, R1, R6, at(WALKED));
-    a.add_imm(R1, 1);
-    a.store(Size::Dw, R6, at(WALKED), R1);
-    a.ja(inner);
-    a.bind(inner_done);
+    threads(&mut a, layout, kfuncs, maps.records, held.as_ref())?;
     stack_ptr(&mut a, R1, ITER);
     a.call_kfunc(kfuncs.task_destroy);
     a.load(Size::Dw, R1, R10, PROCESS);
@@ -334,6 +310,44 @@ fn assemble(
     a.mov_imm(R0, 0);
     a.exit();
     Ok(a.finish()?)
+}
+
+/// The walk of one process's threads, its task iterator at [`ITER`] and the state in r6: each
+/// thread's record written at the state's count of threads walked, while the records have room
+/// for it, and counted.
+fn threads(
+    a: &mut Asm,
+    layout: &TaskLayout,
+    kfuncs: &Kfuncs,
+    records: i32,
+    held: Option<&(i32, [super::btf::Member; 4])>,
+) -> Result<(), TaskIterError> {
+    let base = -(RECORD as i16);
+    let (next, done, write, counted) = (a.label(), a.label(), a.label(), a.label());
+    a.bind(next);
+    stack_ptr(a, R1, ITER);
+    a.call_kfunc(kfuncs.task_next);
+    a.jump_imm(Cond::Eq, R0, 0, done);
+    a.mov(R7, R0);
+    load_record(a, &layout.fields, base)?;
+    if let Some((map, path)) = held {
+        check_held(a, base, *map, path, write)?;
+    }
+    a.bind(write);
+    a.load(Size::Dw, R1, R6, at(WALKED));
+    lookup(a, records, KEY, Some(R1));
+    a.jump_imm(Cond::Eq, R0, 0, counted);
+    for i in 0..=HELD as i16 {
+        a.load(Size::Dw, R1, R10, base + 8 * i);
+        a.store(Size::Dw, R0, 8 * i, R1);
+    }
+    a.bind(counted);
+    a.load(Size::Dw, R1, R6, at(WALKED));
+    a.add_imm(R1, 1);
+    a.store(Size::Dw, R6, at(WALKED), R1);
+    a.ja(next);
+    a.bind(done);
+    Ok(())
 }
 
 /// `dst = r10 + at`.
