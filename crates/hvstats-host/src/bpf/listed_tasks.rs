@@ -59,7 +59,7 @@ const THREADS_PER_PROCESS: u64 = 8;
 /// The kernel functions the walk calls, by their ids in the kernel's BTF (Linux 6.7 and later
 /// have them all).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Kfuncs {
+struct Kfuncs {
     num_new: u32,
     num_next: u32,
     num_destroy: u32,
@@ -71,8 +71,14 @@ pub(crate) struct Kfuncs {
 }
 
 impl Kfuncs {
-    /// The functions, where the kernel has every one.
-    pub(crate) fn find(btf: &Btf) -> Option<Self> {
+    /// The functions, where the running kernel has every one (its BTF read once a process).
+    fn of_kernel() -> Option<Self> {
+        static FOUND: std::sync::OnceLock<Option<Kfuncs>> = std::sync::OnceLock::new();
+        *FOUND.get_or_init(|| Self::find(&Btf::vmlinux().ok()?))
+    }
+
+    /// The functions, where `btf` has every one.
+    fn find(btf: &Btf) -> Option<Self> {
         let f = |name: &str| btf.func(name).ok();
         Some(Self {
             num_new: f("bpf_iter_num_new")?,
@@ -122,7 +128,7 @@ impl ListedTasks {
         records: u32,
     ) -> Result<Self, TaskIterError> {
         let layout = source.layout;
-        let kfuncs = layout.kfuncs.ok_or(TaskIterError::Unsupported("bpf_iter_task_new"))?;
+        let kfuncs = Kfuncs::of_kernel().ok_or(TaskIterError::Unsupported("bpf_iter_task_new"))?;
         let state = ArrayMap::create_mapped(STATE_BYTES, 1).map_err(TaskIterError::Link)?;
         let pids = ArrayMap::create(4, processes, false).map_err(TaskIterError::Link)?;
         let out = ArrayMap::create_mapped(RECORD, records).map_err(TaskIterError::Link)?;

@@ -214,20 +214,18 @@ pub struct TaskIterProgram {
     /// The files watched, where the program checks them.
     held: Option<HeldFiles>,
     /// Where the record's fields are in `struct task_struct`, and the path to a task's files:
-    /// what a walk of listed processes ([`super::listed_tasks`]) assembles its program from.
+    /// what a walk of listed processes assembles its program from.
     pub(super) layout: TaskLayout,
 }
 
-/// Where a record's fields are in the running kernel's `struct task_struct` ([`FIELDS`]), the
-/// members from a task to its files ([`FD_PATH`], where the kernel has them as expected), and
-/// the kernel functions a walk of listed processes calls, where the kernel has them.
+/// Where a record's fields are in the running kernel's `struct task_struct` ([`FIELDS`]), and
+/// the members from a task to its files ([`FD_PATH`], where the kernel has them as expected).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct TaskLayout {
     /// The BTF id of `bpf_iter_task`, what a task iterator program attaches to.
     pub(super) iter_task: u32,
     pub(super) fields: [Member; FIELDS.len()],
     pub(super) path: Option<[Member; 4]>,
-    pub(super) kfuncs: Option<super::listed_tasks::Kfuncs>,
 }
 
 /// The files a walk checks its processes hold: by process, the descriptor it holds the file at
@@ -260,8 +258,7 @@ impl TaskIterProgram {
             .collect::<Option<Vec<_>>>()
             .and_then(|m| m.try_into().ok())
             .filter(|m: &[Member; 4]| [8, 8, 4, 8] == m.map(|m| m.size));
-        let kfuncs = super::listed_tasks::Kfuncs::find(&btf);
-        let layout = TaskLayout { iter_task, fields, path, kfuncs };
+        let layout = TaskLayout { iter_task, fields, path };
         drop(btf);
         // With the held-file check where the kernel takes it, else without.
         let held = path.zip(ArrayMap::create_hash(8, WATCHED).ok());
