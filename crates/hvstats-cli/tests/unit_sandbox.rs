@@ -472,6 +472,8 @@ fn the_observer_under_its_units_sandbox_observes_a_libvirt_domain_of_another_use
     // Its in-kernel counts are kept in the one path of /sys the unit lets it write (said at the
     // end of its first refresh).
     assert!(log.contains("in-kernel counts: kept in /sys/fs/bpf/hvstats/"), "{log}");
+    // The VMMs' threads are walked alone under the unit's capabilities, not among the host's.
+    assert!(!log.contains("walked among every task of the host"), "{log}");
     drop(observer);
 
     // Every system call it made is one its unit's SystemCallFilter= allows.
