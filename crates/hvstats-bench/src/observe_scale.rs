@@ -388,35 +388,23 @@ impl Floor {
     }
 }
 
-/// The walk a [`Floor`] measures: the observer's.
-enum FloorWalk {
-    /// The listed VMMs' threads alone.
-    Listed(hvstats_host::bpf::listed_tasks::ListedTasks, std::collections::BTreeSet<i32>),
-    /// The host's every task.
-    Host(hvstats_host::bpf::task_iter::HostTasks),
-}
+/// The walk a [`Floor`] measures, the observer's, of these VMMs' threads.
+struct FloorWalk(hvstats_host::bpf::listed_tasks::ObservedTasks, std::collections::BTreeSet<i32>);
 
 impl FloorWalk {
     /// The walk of `pids`' threads, walked once (a listed walk makes its room at its first).
     fn open(pids: &[i32]) -> Result<Self, String> {
-        use hvstats_host::bpf::{listed_tasks::ListedTasks, task_iter};
+        use hvstats_host::bpf::{listed_tasks::ObservedTasks, task_iter};
         let program = task_iter::shared().ok_or("no task iterator")?;
-        let mut walk = match ListedTasks::open(program) {
-            Ok(listed) => Self::Listed(listed, pids.iter().copied().collect()),
-            Err(_) => Self::Host(
-                task_iter::HostTasks::open(program).map_err(|e| format!("the task iterator: {e}"))?,
-            ),
-        };
+        let walk = ObservedTasks::open(program).map_err(|e| format!("the task iterator: {e}"))?;
+        let mut walk = Self(walk, pids.iter().copied().collect());
         walk.walk()?;
         Ok(walk)
     }
 
     /// Walks once; the threads walked.
     fn walk(&mut self) -> Result<usize, String> {
-        let walked = match self {
-            Self::Listed(listed, pids) => listed.walk(pids).map(|w| w.tasks().count()),
-            Self::Host(host) => host.walk().map(|w| w.tasks().count()),
-        };
+        let walked = self.0.walk(&self.1).map(|w| w.tasks().count());
         walked.map_err(|e| format!("the task iterator: {e}"))
     }
 }

@@ -15,8 +15,8 @@
 
 use std::collections::BTreeSet;
 
-use hvstats_host::bpf::listed_tasks::ListedTasks;
-use hvstats_host::bpf::task_iter::{self, HostTasks, ProcessTasks, Task, TaskIterProgram};
+use hvstats_host::bpf::listed_tasks::ObservedTasks;
+use hvstats_host::bpf::task_iter::{self, ProcessTasks, Task, TaskIterProgram};
 
 use crate::discovery::Procfs;
 
@@ -26,19 +26,10 @@ pub(crate) fn program(procfs: &Procfs) -> Option<&'static TaskIterProgram> {
     (procfs.root() == std::path::Path::new("/proc")).then(task_iter::shared).flatten()
 }
 
-/// How the observed processes' threads are walked.
-#[derive(Debug)]
-enum Walker {
-    /// Their own threads, and no other task.
-    Listed(ListedTasks),
-    /// Every task of the host, of which theirs are kept.
-    Host(HostTasks),
-}
-
-/// The host's task walk and what the last one gave of the observed processes.
+/// The walk of the observed processes' threads and what the last one gave of them.
 #[derive(Debug)]
 pub(crate) struct TaskWalk {
-    walker: Walker,
+    walker: ObservedTasks,
     /// The observed processes' threads, by process and then thread id.
     tasks: Vec<Task>,
     /// By process, where its threads are in `tasks`: a thousand processes' thousands of
@@ -52,25 +43,16 @@ impl TaskWalk {
     /// The walk of the host seen through `procfs`, where the task iterator is had for it.
     pub(crate) fn open(procfs: &Procfs) -> Option<Self> {
         let program = program(procfs)?;
-        let walker = match ListedTasks::open(program) {
-            Ok(listed) => Walker::Listed(listed),
-            Err(why) => {
-                hvstats_host::bpf::listed_tasks::say_host_walk(&why);
-                Walker::Host(HostTasks::open(program).ok()?)
-            }
-        };
+        let walker = ObservedTasks::open(program).ok()?;
         Some(Self { walker, tasks: Vec::new(), processes: Vec::new(), usable: false })
     }
 
     /// Walks the host's tasks once, keeping those of the processes in `observed`.
     pub(crate) fn walk(&mut self, observed: &BTreeSet<i32>) {
         self.tasks.clear();
-        let walked = match &mut self.walker {
-            Walker::Listed(listed) => listed.walk(observed).map(|w| (w, false)),
-            Walker::Host(host) => host.walk().map(|w| (w, true)),
-        };
-        self.usable = match walked {
-            Ok((walked, filter)) => {
+        let filter = self.walker.gives_others();
+        self.usable = match self.walker.walk(observed) {
+            Ok(walked) => {
                 let observed = |t: &Task| !filter || observed.contains(&t.sched.tgid);
                 self.tasks.extend(walked.tasks().filter(observed));
                 walked.complete()
@@ -164,12 +146,15 @@ mod tests {
             return;
         };
         if std::env::var_os("HVSTATS_REQUIRE_KVM").is_some() {
-            assert!(matches!(walk.walker, Walker::Listed(_)), "this kernel walks the listed processes alone");
+            assert!(
+                matches!(walk.walker, ObservedTasks::Listed(_)),
+                "this kernel walks the listed processes alone"
+            );
         }
         // The host's walk too, which kernels before 6.7 have.
-        let host = HostTasks::open(program(&Procfs::host()).unwrap()).unwrap();
+        let host = task_iter::HostTasks::open(program(&Procfs::host()).unwrap()).unwrap();
         for walk in
-            [walk, TaskWalk { walker: Walker::Host(host), ..TaskWalk::open(&Procfs::host()).unwrap() }]
+            [walk, TaskWalk { walker: ObservedTasks::Host(host), ..TaskWalk::open(&Procfs::host()).unwrap() }]
         {
             walks_each_observed_process_alone(walk);
         }

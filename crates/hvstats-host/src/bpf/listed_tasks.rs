@@ -30,8 +30,8 @@ use super::btf::Btf;
 use super::insn::{Asm, AsmError, Cond, HELPER_MAP_LOOKUP_ELEM, R0, R1, R2, R3, R6, R7, R10, Size};
 use super::sys::{ArrayMap, Program, TaskIterLink};
 use super::task_iter::{
-    FIELDS, HELD, MAX_THREADS, RECORD, TaskIterError, TaskIterProgram, TaskLayout, Walked, check_held,
-    load_record,
+    FIELDS, HELD, HostTasks, MAX_THREADS, RECORD, TaskIterError, TaskIterProgram, TaskLayout, Walked,
+    check_held, load_record,
 };
 
 /// `BPF_TASK_ITER_PROC_THREADS`: the open-coded task iterator walks one process's threads.
@@ -219,6 +219,49 @@ impl ListedTasks {
             self.state.write(0, &state)?;
         }
         Ok(())
+    }
+}
+
+/// The walk of the threads of the processes a reader observes: theirs alone where the kernel
+/// has what [`ListedTasks`] needs, else the host's every task (said once, [`say_host_walk`]).
+#[derive(Debug)]
+pub enum ObservedTasks {
+    /// Their own threads, and no other task.
+    Listed(ListedTasks),
+    /// Every task of the host: the reader keeps the records of its processes.
+    Host(HostTasks),
+}
+
+impl ObservedTasks {
+    /// The walk of the listed processes' threads on `program`'s layout, or of the host's every
+    /// task where that cannot be had.
+    ///
+    /// # Errors
+    /// What linking the host's walk returns, where it is the one had.
+    pub fn open(program: &'static TaskIterProgram) -> io::Result<Self> {
+        Ok(match ListedTasks::open(program) {
+            Ok(listed) => Self::Listed(listed),
+            Err(why) => {
+                say_host_walk(&why);
+                Self::Host(HostTasks::open(program)?)
+            }
+        })
+    }
+
+    /// True when a walk gives the records of other processes than those listed too.
+    pub fn gives_others(&self) -> bool {
+        matches!(self, Self::Host(_))
+    }
+
+    /// Walks the threads of `processes` once (see [`gives_others`](Self::gives_others)).
+    ///
+    /// # Errors
+    /// What running the walk returns.
+    pub fn walk(&mut self, processes: &BTreeSet<i32>) -> io::Result<Walked<'_>> {
+        match self {
+            Self::Listed(listed) => listed.walk(processes),
+            Self::Host(host) => host.walk(),
+        }
     }
 }
 
