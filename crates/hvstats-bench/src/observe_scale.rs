@@ -334,6 +334,7 @@ fn measure(
             facts.push(("floor_kvm_stats_us_per_vm", per_vm(floor.stats)));
             facts.push(("floor_us_per_vm", per_vm(floor.walk + floor.stats)));
             facts.push(("us_per_vm_over_floor", cpu / (floor.walk + floor.stats)));
+            facts.push(("floor_kvm_stats_pread_us_per_vm", per_vm(floor.preads)));
             if let Some(batched) = floor.batched {
                 facts.push(("floor_kvm_stats_io_uring_us_per_vm", per_vm(batched)));
             }
@@ -347,13 +348,16 @@ fn measure(
 /// [`WINDOW`] rounds a refresh interval apart (the caches as cold as an observer finds them): one
 /// walk of the VMMs' threads as the observer walks them (the listed processes' threads, or where
 /// the kernel lacks that, the host's every task; without its check of each VMM's descriptor),
-/// and one `pread` of the data block of every KVM statistics
-/// descriptor of the VMs (copied from the VMMs as the observer copies them), in seconds a round.
-/// What any observer that gives every vCPU thread's run time and every KVM statistic each
-/// refresh pays here, whatever it does with them.
+/// and one reading of the data block of every KVM statistics descriptor of the VMs (copied from
+/// the VMMs as the observer copies them) as the observer reads them: copied in the kernel in one
+/// pass ([`hvstats_host::bpf::stats_copy`]) and out of its array, where the kernel has what that
+/// needs, else one `pread` each; in seconds a round. What any observer that gives every vCPU
+/// thread's run time and every KVM statistic each refresh pays here, whatever it does with them.
 struct Floor {
     walk: f64,
     stats: f64,
+    /// The statistics read by one `pread` each.
+    preads: f64,
     /// The statistics read through `io_uring` instead ([`batched_reads`]), where it could.
     batched: Option<f64>,
 }
@@ -366,7 +370,8 @@ impl Floor {
             stats.extend(kvm_stats_of(pid)?);
         }
         let mut data: Vec<Vec<u64>> = stats.iter().map(|s| vec![0; s.data_words()]).collect();
-        let (mut walk, mut read) = (0.0, 0.0);
+        let mut copy = KernelCopy::of(&stats);
+        let (mut walk, mut read, mut preads) = (0.0, 0.0, 0.0);
         for _ in 0..WINDOW {
             std::thread::sleep(INTERVAL);
             let start = CpuClock::now();
@@ -379,12 +384,48 @@ impl Floor {
             for (stats, data) in stats.iter().zip(&mut data) {
                 stats.read_into(data).map_err(|e| format!("a KVM statistics descriptor: {e}"))?;
             }
+            preads += start.elapsed().as_secs_f64();
+            let start = CpuClock::now();
+            if let Some(copy) = copy.as_mut() {
+                copy.read(&stats, &mut data)?;
+            }
             read += start.elapsed().as_secs_f64();
         }
+        let rounds = f64::from(WINDOW);
         let batched = batched_reads(&stats, &mut data)
             .map_err(|e| eprintln!("hvstats-bench: no io_uring reads measured: {e}"))
             .ok();
-        Ok(Self { walk: walk / f64::from(WINDOW), stats: read / f64::from(WINDOW), batched })
+        let stats = if copy.is_some() { read } else { preads } / rounds;
+        Ok(Self { walk: walk / rounds, stats, preads: preads / rounds, batched })
+    }
+}
+
+/// Every statistics descriptor of a floor listed in the kernel's copy of them, each in its slot.
+struct KernelCopy(hvstats_host::bpf::stats_copy::StatsCopy, Vec<u32>);
+
+impl KernelCopy {
+    /// The copy of every one of `stats`; `None` where the kernel has no such copy, or it does not
+    /// take one of them (it is read by `pread` then, as the observer reads it).
+    fn of(stats: &[KvmStats]) -> Option<Self> {
+        use hvstats_host::bpf::stats_copy::{StatsCopy, StatsOf};
+        let mut copy = StatsCopy::open().ok()?;
+        let mut slots = Vec::with_capacity(stats.len());
+        for s in stats {
+            let of = if s.id().contains("vcpu") { StatsOf::Vcpu } else { StatsOf::Vm };
+            slots.push(copy.add(s.as_fd(), of, s.data_block().1).ok()??);
+        }
+        Some(Self(copy, slots))
+    }
+
+    /// One run, and every descriptor's data block copied out of it into `data`.
+    fn read(&mut self, stats: &[KvmStats], data: &mut [Vec<u64>]) -> Result<(), String> {
+        self.0.run().map_err(|e| format!("the kernel's copy of KVM's statistics: {e}"))?;
+        for ((slot, stats), data) in self.1.iter().zip(stats).zip(data) {
+            if !self.0.copy(*slot, 0..stats.data_words(), data) {
+                return Err(format!("the kernel's copy did not copy {}", stats.id()));
+            }
+        }
+        Ok(())
     }
 }
 

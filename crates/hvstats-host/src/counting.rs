@@ -370,6 +370,7 @@ pub fn full_notes() -> Vec<String> {
     let mut notes = std::mem::take(&mut *FULL_NOTES.lock().unwrap_or_else(|e| e.into_inner()));
     notes.extend(crate::bpf::task_iter::take_fallback_note());
     notes.extend(crate::bpf::listed_tasks::take_note());
+    notes.extend(crate::bpf::stats_copy::take_note());
     notes
 }
 

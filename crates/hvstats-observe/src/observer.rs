@@ -196,6 +196,8 @@ impl Observer {
             walk.walk(&attached);
         }
         self.before_refreshes(walk.as_ref());
+        // Every VM's KVM statistics copied in one pass; where it fails, each is read by itself.
+        let _ = hvstats_host::bpf::stats_copy::run_shared();
         // Which VMMs may have made a VM beside the one attached since their last refresh.
         let made = self.scan.made_vms_since_listing().cloned();
         for pid in attached {

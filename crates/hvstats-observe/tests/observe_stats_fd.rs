@@ -304,8 +304,14 @@ fn each_refresh_holds_the_statistics_of_its_moment_whether_they_moved_or_not() {
         assert_eq!(vmm.stat("halt_exits"), (ROUNDS * phase + usize::from(ended)) as u64);
         let moved = vmm.stats.iter().filter(|(name, values)| before.get(*name) != Some(values)).count();
         assert!(moved > 0 && moved < vmm.stats.len(), "{moved} of {} statistics moved", vmm.stats.len());
+        let taken = hvstats_host::bpf::stats_copy::taken();
         observer.tick();
         assert_page_holds(&vmm, page);
+        // Read from the kernel's copy of every descriptor where this host has it.
+        let copied = hvstats_host::bpf::stats_copy::taken() - taken;
+        if std::env::var_os("HVSTATS_REQUIRE_KVM").is_some() {
+            assert!(copied >= 1, "the vCPU's statistics were read by pread");
+        }
     }
 }
 

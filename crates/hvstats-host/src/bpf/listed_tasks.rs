@@ -59,10 +59,10 @@ const THREADS_PER_PROCESS: u64 = 8;
 /// The kernel functions the walk calls, by their ids in the kernel's BTF (Linux 6.7 and later
 /// have them all).
 #[derive(Clone, Copy, Debug)]
-struct Kfuncs {
-    num_new: u32,
-    num_next: u32,
-    num_destroy: u32,
+pub(super) struct Kfuncs {
+    pub(super) num_new: u32,
+    pub(super) num_next: u32,
+    pub(super) num_destroy: u32,
     task_new: u32,
     task_next: u32,
     task_destroy: u32,
@@ -72,7 +72,7 @@ struct Kfuncs {
 
 impl Kfuncs {
     /// The functions, where the running kernel has every one (its BTF read once a process).
-    fn of_kernel() -> Option<Self> {
+    pub(super) fn of_kernel() -> Option<Self> {
         static FOUND: std::sync::OnceLock<Option<Kfuncs>> = std::sync::OnceLock::new();
         *FOUND.get_or_init(|| Self::find(&Btf::vmlinux().ok()?))
     }

@@ -17,6 +17,7 @@ mod limits;
 pub mod listed_tasks;
 pub mod program;
 pub mod raw;
+pub mod stats_copy;
 pub mod sys;
 pub mod task_iter;
 

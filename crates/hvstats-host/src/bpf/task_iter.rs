@@ -467,7 +467,7 @@ pub(super) fn check_held(
 /// `task->files->fdt->fd[fd]` (`task` and `fd` in callee-saved registers) into the stack slot
 /// `into`, through the slot `tmp`; jumps to `fail` when a read fails, a pointer is null, or
 /// `fd` is past the table.
-fn file_at(
+pub(super) fn file_at(
     a: &mut Asm,
     task: Reg,
     fd: Reg,

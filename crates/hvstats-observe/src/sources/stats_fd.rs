@@ -19,12 +19,13 @@ use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io;
 use std::ops::Range;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
 use hvstats::SharedPage;
 use hvstats_abi::ObjectKind;
 use hvstats_abi::vm_sources::Origin;
+use hvstats_host::bpf::stats_copy::{CopySlot, StatsOf};
 
 use super::kvm_stat_map::Resolved;
 use super::vm_source::{Learned, VmAttach, VmSource, VmView};
@@ -46,6 +47,9 @@ const ANON_INODE_FS_MAGIC: i64 = 0x0904_1934;
 /// One copied descriptor and its last reading.
 #[derive(Debug)]
 struct Copied {
+    /// Its slot in the kernel's copy of every listed descriptor's statistics, where it has one:
+    /// dropped before `stats`, the descriptor it lists.
+    slot: Option<CopySlot>,
     stats: KvmStats,
     /// Its counters, located in its data block once (its statistics are fixed while it is open),
     /// shared with the VM's other vCPUs of the same layout.
@@ -77,12 +81,25 @@ impl Copied {
                 (Arc::new(resolved), words.into_inner())
             }
         };
-        Self { stats, resolved, words, data, read_once: false }
+        let of = match kind {
+            ObjectKind::Partition => StatsOf::Vm,
+            _ => StatsOf::Vcpu,
+        };
+        let slot = CopySlot::add(stats.as_fd(), of, stats.data_block().1);
+        Self { slot, stats, resolved, words, data, read_once: false }
     }
 
-    /// Reads the words of its located counters, in one `pread`.
+    /// Reads the words of its located counters: as this tick's copy in the kernel read them,
+    /// else in one `pread`.
     fn read(&mut self) -> io::Result<()> {
-        self.stats.read_words_into(&mut self.data, self.words.clone())?;
+        let words = self.words.clone();
+        let copied = self.slot.as_ref().is_some_and(|slot| match self.data.get_mut(words.clone()) {
+            Some(into) => slot.copy(words.clone(), into),
+            None => false,
+        });
+        if !copied {
+            self.stats.read_words_into(&mut self.data, words)?;
+        }
         self.read_once = true;
         Ok(())
     }
@@ -342,7 +359,6 @@ impl VmSource for StatsFd {
     }
 
     fn vmm_copies(&self) -> Vec<std::os::fd::BorrowedFd<'_>> {
-        use std::os::fd::AsFd;
         self.vcpus.values().chain(self.vm.as_ref()).map(|c| c.stats.as_fd()).collect()
     }
 }

@@ -1,0 +1,624 @@
+//! KVM's binary statistics of every descriptor a reader holds, copied in the kernel in one pass
+//! a refresh, into an array the reader maps: where a `pread` of each descriptor costs a system
+//! call, a descriptor lookup and a checked copy to user memory (5,000 and more a refresh on a
+//! host of 1,000 VMs), one run of this program copies them all.
+//!
+//! A statistics descriptor's data block is its object's statistics structure, byte for byte:
+//! `kvm_stats_read` copies from `&vcpu->stat` (`struct kvm_vcpu_stat`) or `&kvm->stat`
+//! (`struct kvm_vm_stat`), and the file's `private_data` is that vCPU or VM. So the program
+//! follows the reader's own descriptor to its file, the file to its object, and copies the
+//! structure, as large as the running kernel's BTF says it is. A descriptor whose data block is
+//! not that size (a kernel that lays the two apart) is not taken: it is `pread` as before.
+//!
+//! A task iterator program, linked to this process alone, runs once for its main thread:
+//!
+//! ```text
+//! state.run += 1
+//! for i in 0..state.slots:                                    // bpf_iter_num
+//!     (fd, kind) = slots[i]; if kind == 0: continue
+//!     file = current->files->fdt->fd[fd]; object = file->private_data
+//!     blocks[i].words = copy of *(object + offset of kind's stat), its size
+//!     blocks[i].run = state.run                               // only when the copy worked
+//! ```
+//!
+//! A block is taken only when it is of the last run ([`StatsCopy::copy`]): a slot whose copy
+//! failed, or that was made after the run, is read by `pread` instead. The reader's descriptor
+//! must stay open while its slot lists it: a slot is cleared before its descriptor is closed
+//! ([`CopySlot`] is dropped first), and a cleared slot is not given again before the next run.
+
+use std::io;
+use std::ops::Range;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use super::btf::{Btf, Member};
+use super::insn::{
+    Asm, AsmError, Cond, HELPER_GET_CURRENT_TASK, HELPER_MAP_LOOKUP_ELEM, HELPER_PROBE_READ_KERNEL, R0, R1,
+    R2, R3, R6, R7, R8, R9, R10, Reg, Size,
+};
+use super::listed_tasks::Kfuncs;
+use super::sys::{ArrayMap, Program, TaskIterLink};
+use super::task_iter::{FIELDS, TaskIterError, TaskLayout, file_at};
+
+/// Whose statistics a descriptor gives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatsOf {
+    /// A vCPU's (`anon_inode:kvm-vcpu-stats:N`).
+    Vcpu,
+    /// A VM's (`anon_inode:kvm-vm-stats`).
+    Vm,
+}
+
+impl StatsOf {
+    /// The slot's kind word (0 is an empty slot).
+    fn word(self) -> u32 {
+        match self {
+            Self::Vcpu => 1,
+            Self::Vm => 2,
+        }
+    }
+}
+
+/// Where the statistics are, in the running kernel's structures.
+#[derive(Clone, Copy, Debug)]
+struct StatsLayout {
+    /// `file.private_data`.
+    private_data: Member,
+    /// `kvm_vcpu.stat`, its offset and the size of `struct kvm_vcpu_stat`.
+    vcpu: Member,
+    /// `kvm.stat`, its offset and the size of `struct kvm_vm_stat`.
+    vm: Member,
+}
+
+impl StatsLayout {
+    fn of(btf: &Btf) -> Result<Self, TaskIterError> {
+        Ok(Self {
+            private_data: btf.member("file", "private_data")?,
+            vcpu: btf.member("kvm_vcpu", "stat")?,
+            vm: btf.member("kvm", "stat")?,
+        })
+    }
+
+    fn of_kind(&self, of: StatsOf) -> Member {
+        match of {
+            StatsOf::Vcpu => self.vcpu,
+            StatsOf::Vm => self.vm,
+        }
+    }
+
+    /// The bytes of a block: the run it is of, and the larger structure.
+    fn block(&self) -> usize {
+        8 + (self.vcpu.size.max(self.vm.size) as usize).next_multiple_of(8)
+    }
+}
+
+/// The state's words: runs made (the program's), and slots to walk (the reader's).
+const RUN: usize = 0;
+const SLOTS: usize = 1;
+const STATE_BYTES: usize = 16;
+
+/// The first room for descriptors: 200 VMs of 4 vCPUs. Doubled as needed.
+const FIRST_SLOTS: u32 = 1024;
+/// The most descriptors copied: past them, the rest are `pread`.
+pub const MAX_SLOTS: u32 = 1 << 17;
+
+/// The copy of the statistics of the descriptors listed in its slots.
+#[derive(Debug)]
+pub struct StatsCopy {
+    layout: StatsLayout,
+    task: TaskLayout,
+    link: TaskIterLink,
+    state: ArrayMap,
+    slots: ArrayMap,
+    blocks: ArrayMap,
+    /// What each slot lists: a descriptor of this process, and whose statistics it gives.
+    listed: Vec<Option<(i32, StatsOf)>>,
+    /// Slots free to give, and slots cleared since the last run (given after it).
+    free: Vec<u32>,
+    cleared: Vec<u32>,
+    /// The last run, as the program numbered it (0: none yet).
+    run: u64,
+    buf: Vec<u8>,
+    _program: Program,
+}
+
+impl StatsCopy {
+    /// The copy assembled for the running kernel, with room for [`FIRST_SLOTS`] descriptors.
+    ///
+    /// # Errors
+    /// Where the kernel's BTF lacks KVM's structures (KVM built as a module), or the kernel
+    /// lacks the functions or mapped arrays it needs, or refuses it.
+    pub fn open() -> Result<Self, TaskIterError> {
+        let task = super::task_iter::shared().ok_or(TaskIterError::Unsupported("task iterator"))?.layout;
+        let layout = StatsLayout::of(&Btf::vmlinux()?)?;
+        Self::with_room(task, layout, FIRST_SLOTS)
+    }
+
+    fn with_room(task: TaskLayout, layout: StatsLayout, room: u32) -> Result<Self, TaskIterError> {
+        let kfuncs = Kfuncs::of_kernel().ok_or(TaskIterError::Unsupported("bpf_iter_num_new"))?;
+        let path = task.path.ok_or(TaskIterError::Unsupported("a path from a task to its files"))?;
+        let state = ArrayMap::create_mapped(STATE_BYTES, 1).map_err(TaskIterError::Link)?;
+        let slots = ArrayMap::create(8, room, false).map_err(TaskIterError::Link)?;
+        let blocks = ArrayMap::create_mapped(layout.block(), room).map_err(TaskIterError::Link)?;
+        if !state.is_mapped() || !blocks.is_mapped() {
+            return Err(TaskIterError::Unsupported("BPF_F_MMAPABLE"));
+        }
+        let maps = Maps { state: state.raw_fd(), slots: slots.raw_fd(), blocks: blocks.raw_fd() };
+        let insns = assemble(&task, &layout, &path, &kfuncs, maps)?;
+        let program = Program::load_task_iter(&insns, task.iter_task)?;
+        let link =
+            TaskIterLink::of_process(&program, std::process::id() as i32).map_err(TaskIterError::Link)?;
+        Ok(Self {
+            layout,
+            task,
+            link,
+            state,
+            slots,
+            blocks,
+            listed: Vec::new(),
+            free: Vec::new(),
+            cleared: Vec::new(),
+            run: 0,
+            buf: Vec::new(),
+            _program: program,
+        })
+    }
+
+    /// Lists descriptor `fd` (this process's, KVM's statistics of `of`, a data block of
+    /// `data_bytes`) for the runs to copy; `None` where its block is not the kernel's structure
+    /// (it is then read as before) or there is no more room.
+    ///
+    /// # Errors
+    /// What writing the slot, or making room for it, returns.
+    pub fn add(&mut self, fd: BorrowedFd<'_>, of: StatsOf, data_bytes: usize) -> io::Result<Option<u32>> {
+        if data_bytes != self.layout.of_kind(of).size as usize {
+            return Ok(None);
+        }
+        let slot = match self.free.pop() {
+            Some(slot) => slot,
+            None if self.listed.len() < MAX_SLOTS as usize => {
+                self.listed.push(None);
+                self.listed.len() as u32 - 1
+            }
+            None => return Ok(None),
+        };
+        if slot >= self.slots.entries() {
+            self.grow(slot + 1)?;
+        }
+        let listed = (fd.as_raw_fd(), of);
+        if let Err(e) = self.write_slot(slot, Some(listed)) {
+            self.free.push(slot);
+            return Err(e);
+        }
+        self.listed[slot as usize] = Some(listed);
+        self.write_count()?;
+        Ok(Some(slot))
+    }
+
+    /// Clears `slot`: its descriptor may be closed once this returns.
+    pub fn remove(&mut self, slot: u32) {
+        let Some(listed) = self.listed.get_mut(slot as usize) else { return };
+        // Where the kernel's slot cannot be cleared, the slot is never given again: the program
+        // copies whatever its number names into a block nobody takes.
+        if listed.take().is_some() && self.write_slot(slot, None).is_ok() {
+            self.cleared.push(slot);
+        }
+    }
+
+    /// Copies every listed descriptor's statistics, once.
+    ///
+    /// # Errors
+    /// What running the program returns: no block is of this run then.
+    pub fn run(&mut self) -> io::Result<()> {
+        self.free.append(&mut self.cleared);
+        self.link.walk(&mut self.buf, 1)?;
+        self.run = self.state.mapped_word(0, RUN).unwrap_or(0);
+        Ok(())
+    }
+
+    /// Copies words `words` of `slot`'s statistics, as the last run read them, into `out` (as
+    /// long as `words`); false where the last run did not copy them (`pread` them then).
+    pub fn copy(&self, slot: u32, words: Range<usize>, out: &mut [u64]) -> bool {
+        let fresh = self.run != 0 && self.blocks.mapped_word(slot, 0) == Some(self.run);
+        fresh && self.blocks.copy_mapped_words(slot, words.start + 1..words.end + 1, out)
+    }
+
+    /// Slots listed now.
+    pub fn listed(&self) -> usize {
+        self.listed.iter().flatten().count()
+    }
+
+    fn write_slot(&self, slot: u32, listed: Option<(i32, StatsOf)>) -> io::Result<()> {
+        let (fd, kind) = listed.map_or((0, 0), |(fd, of)| (fd as u32, of.word()));
+        let mut value = [0u8; 8];
+        value[..4].copy_from_slice(&fd.to_ne_bytes());
+        value[4..].copy_from_slice(&kind.to_ne_bytes());
+        self.slots.write(slot, &value)
+    }
+
+    /// Writes the number of slots to walk, keeping the program's count of runs.
+    fn write_count(&self) -> io::Result<()> {
+        let count = self.listed.len() as u64;
+        if self.state.mapped_word(0, SLOTS) == Some(count) {
+            return Ok(());
+        }
+        let mut state = [0u8; STATE_BYTES];
+        let run = self.state.mapped_word(0, RUN).unwrap_or(0);
+        state[8 * RUN..8 * RUN + 8].copy_from_slice(&run.to_ne_bytes());
+        state[8 * SLOTS..8 * SLOTS + 8].copy_from_slice(&count.to_ne_bytes());
+        self.state.write(0, &state)
+    }
+
+    /// Makes the copy anew with room for `needed` slots (doubled), listing what it lists now.
+    fn grow(&mut self, needed: u32) -> io::Result<()> {
+        let mut room = self.slots.entries().max(1);
+        while room < needed {
+            room = room.saturating_mul(2).min(MAX_SLOTS);
+        }
+        let mut grown = Self::with_room(self.task, self.layout, room).map_err(io::Error::other)?;
+        for (slot, listed) in self.listed.iter().enumerate() {
+            if let Some(listed) = listed {
+                grown.write_slot(slot as u32, Some(*listed))?;
+            }
+        }
+        grown.listed = std::mem::take(&mut self.listed);
+        grown.free = std::mem::take(&mut self.free);
+        grown.cleared = std::mem::take(&mut self.cleared);
+        *self = grown;
+        Ok(())
+    }
+}
+
+/// The copy this process shares between its VMs, made at the first call: `None` where it
+/// cannot be, said once with why ([`take_note`]).
+pub fn shared() -> Option<&'static Mutex<StatsCopy>> {
+    static SHARED: OnceLock<Option<Mutex<StatsCopy>>> = OnceLock::new();
+    SHARED
+        .get_or_init(|| match StatsCopy::open() {
+            Ok(copy) => Some(Mutex::new(copy)),
+            Err(why) => {
+                *NOTE.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!(
+                    "KVM's statistics descriptors are read one system call each, not copied in \
+                     the kernel in one pass: {}",
+                    crate::error_chain::error_chain(&why)
+                ));
+                None
+            }
+        })
+        .as_ref()
+}
+
+fn lock(copy: &Mutex<StatsCopy>) -> MutexGuard<'_, StatsCopy> {
+    copy.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs the shared copy, where there is one and it lists a descriptor.
+///
+/// # Errors
+/// What [`StatsCopy::run`] returns.
+pub fn run_shared() -> io::Result<()> {
+    let Some(copy) = SHARED_MADE.get().and_then(|_| shared()) else { return Ok(()) };
+    let mut copy = lock(copy);
+    if copy.listed.is_empty() { Ok(()) } else { copy.run() }
+}
+
+/// Set once a slot was first asked for: no copy is made before a descriptor needs it.
+static SHARED_MADE: OnceLock<()> = OnceLock::new();
+
+/// Why the copy is not had, not said yet.
+static NOTE: Mutex<Option<String>> = Mutex::new(None);
+
+/// What [`shared`] has to say, once (given with [`crate::counting::full_notes`]).
+pub(crate) fn take_note() -> Option<String> {
+    NOTE.lock().unwrap_or_else(|e| e.into_inner()).take()
+}
+
+/// A descriptor listed in the shared copy, cleared when dropped: drop it before the descriptor.
+#[derive(Debug)]
+pub struct CopySlot(u32);
+
+impl CopySlot {
+    /// Lists `fd` in the shared copy (see [`StatsCopy::add`]); `None` where it is not.
+    pub fn add(fd: BorrowedFd<'_>, of: StatsOf, data_bytes: usize) -> Option<Self> {
+        SHARED_MADE.get_or_init(|| ());
+        let copy = shared()?;
+        lock(copy).add(fd, of, data_bytes).ok().flatten().map(Self)
+    }
+
+    /// Copies words `words` of the last run into `out`; false where that run did not copy them.
+    pub fn copy(&self, words: Range<usize>, out: &mut [u64]) -> bool {
+        let copied = shared().is_some_and(|copy| lock(copy).copy(self.0, words, out));
+        if copied {
+            TAKEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        copied
+    }
+}
+
+/// Readings taken from the shared copy, this process's life long.
+static TAKEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many readings were taken from the shared copy (not `pread`), this process's life long.
+pub fn taken() -> u64 {
+    TAKEN.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+impl Drop for CopySlot {
+    fn drop(&mut self) {
+        if let Some(copy) = shared() {
+            lock(copy).remove(self.0);
+        }
+    }
+}
+
+/// The maps the program names.
+#[derive(Clone, Copy)]
+struct Maps {
+    state: i32,
+    slots: i32,
+    blocks: i32,
+}
+
+/// Stack slots: the loop's iterator, the key, a read's landing slot, the file, the object.
+const NUM: i16 = -8;
+const KEY: i16 = -16;
+const TMP: i16 = -24;
+const FILE: i16 = -32;
+const OBJECT: i16 = -40;
+
+/// The program (see the module's text).
+fn assemble(
+    task: &TaskLayout,
+    layout: &StatsLayout,
+    path: &[Member; 4],
+    kfuncs: &Kfuncs,
+    maps: Maps,
+) -> Result<Vec<u64>, TaskIterError> {
+    let mut a = Asm::default();
+    let (out, next, done) = (a.label(), a.label(), a.label());
+    let field = |name: &str| -> Result<i16, TaskIterError> {
+        let at = FIELDS.iter().position(|f| *f == name).unwrap_or(0);
+        Ok(i16::try_from(task.fields[at].offset).map_err(|_| AsmError::TooFar)?)
+    };
+    // Once a run: for this process's main thread.
+    a.load(Size::Dw, R7, R1, 8); // ctx->task
+    a.jump_imm(Cond::Eq, R7, 0, out);
+    a.load(Size::W, R1, R7, field("pid")?);
+    a.load(Size::W, R2, R7, field("tgid")?);
+    a.jump_reg(Cond::Ne, R1, R2, out);
+    a.store_imm(Size::W, R10, KEY, 0);
+    lookup(&mut a, maps.state);
+    a.jump_imm(Cond::Eq, R0, 0, out);
+    a.mov(R6, R0);
+    a.load(Size::Dw, R1, R6, 8 * RUN as i16);
+    a.add_imm(R1, 1);
+    a.store(Size::Dw, R6, 8 * RUN as i16, R1);
+    stack_ptr(&mut a, R1, NUM);
+    a.mov_imm(R2, 0);
+    a.load(Size::W, R3, R6, 8 * SLOTS as i16);
+    a.call_kfunc(kfuncs.num_new);
+    a.bind(next);
+    stack_ptr(&mut a, R1, NUM);
+    a.call_kfunc(kfuncs.num_next);
+    a.jump_imm(Cond::Eq, R0, 0, done);
+    a.load(Size::W, R1, R0, 0);
+    a.store(Size::W, R10, KEY, R1);
+    copy_slot(&mut a, layout, path, maps, next)?;
+    a.ja(next);
+    a.bind(done);
+    stack_ptr(&mut a, R1, NUM);
+    a.call_kfunc(kfuncs.num_destroy);
+    a.bind(out);
+    a.mov_imm(R0, 0);
+    a.exit();
+    Ok(a.finish()?)
+}
+
+/// The copy of the slot whose number is at [`KEY`], the state in r6: its descriptor's file,
+/// the file's object, and the object's statistics into its block, marked with the state's run;
+/// jumps to `next` where any of these is not had.
+fn copy_slot(
+    a: &mut Asm,
+    layout: &StatsLayout,
+    path: &[Member; 4],
+    maps: Maps,
+    next: super::insn::Label,
+) -> Result<(), TaskIterError> {
+    lookup(a, maps.slots);
+    a.jump_imm(Cond::Eq, R0, 0, next);
+    a.load(Size::W, R8, R0, 0); // the descriptor
+    a.load(Size::W, R9, R0, 4); // whose
+    a.jump_imm(Cond::Eq, R9, 0, next);
+    a.call(HELPER_GET_CURRENT_TASK);
+    a.mov(R7, R0);
+    file_at(a, R7, R8, path, TMP, FILE, next)?;
+    // The file's object.
+    a.load(Size::Dw, R3, R10, FILE);
+    a.jump_imm(Cond::Eq, R3, 0, next);
+    probe_read(a, TMP, 8, R3, offset(layout.private_data)?);
+    a.jump_imm(Cond::Ne, R0, 0, next);
+    a.load(Size::Dw, R3, R10, TMP);
+    a.jump_imm(Cond::Eq, R3, 0, next);
+    a.store(Size::Dw, R10, OBJECT, R3);
+    lookup(a, maps.blocks);
+    a.jump_imm(Cond::Eq, R0, 0, next);
+    a.mov(R8, R0);
+    copy_block(a, layout, next)?;
+    a.load(Size::Dw, R1, R6, 8 * RUN as i16);
+    a.store(Size::Dw, R8, 0, R1);
+    Ok(())
+}
+
+/// Copies the statistics of the object at [`OBJECT`] (of the kind in r9) into the block in r8,
+/// after its run word; jumps to `failed` when the read fails.
+fn copy_block(a: &mut Asm, layout: &StatsLayout, failed: super::insn::Label) -> Result<(), TaskIterError> {
+    let (vm, read) = (a.label(), a.label());
+    let size = |m: Member| i32::try_from(m.size).map_err(|_| AsmError::TooFar);
+    a.load(Size::Dw, R3, R10, OBJECT);
+    a.jump_imm(Cond::Ne, R9, StatsOf::Vcpu.word() as i32, vm);
+    a.add_imm(R3, offset(layout.vcpu)?);
+    a.mov_imm(R2, size(layout.vcpu)?);
+    a.ja(read);
+    a.bind(vm);
+    a.add_imm(R3, offset(layout.vm)?);
+    a.mov_imm(R2, size(layout.vm)?);
+    a.bind(read);
+    a.mov(R1, R8);
+    a.add_imm(R1, 8);
+    a.call(HELPER_PROBE_READ_KERNEL);
+    a.jump_imm(Cond::Ne, R0, 0, failed);
+    Ok(())
+}
+
+fn offset(m: Member) -> Result<i32, AsmError> {
+    i32::try_from(m.offset).map_err(|_| AsmError::TooFar)
+}
+
+/// `r0 = bpf_probe_read_kernel(r10 + into, bytes, src + off)`.
+fn probe_read(a: &mut Asm, into: i16, bytes: i32, src: Reg, off: i32) {
+    a.mov(R3, src);
+    a.add_imm(R3, off);
+    stack_ptr(a, R1, into);
+    a.mov_imm(R2, bytes);
+    a.call(HELPER_PROBE_READ_KERNEL);
+}
+
+/// `dst = r10 + at`.
+fn stack_ptr(a: &mut Asm, dst: Reg, at: i16) {
+    a.mov(dst, R10);
+    a.add_imm(dst, i32::from(at));
+}
+
+/// `r0 = bpf_map_lookup_elem(map, r10 + KEY)`.
+fn lookup(a: &mut Asm, map: i32) {
+    a.ld_map_fd(R1, map);
+    stack_ptr(a, R2, KEY);
+    a.call(HELPER_MAP_LOOKUP_ELEM);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs::File;
+    use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+    use std::os::unix::fs::FileExt;
+
+    /// `KVM_CREATE_VM`, `KVM_CREATE_VCPU`, `KVM_GET_STATS_FD`.
+    const CREATE_VM: libc::c_ulong = 0xAE01;
+    const CREATE_VCPU: libc::c_ulong = 0xAE41;
+    const GET_STATS_FD: libc::c_ulong = 0xAECE;
+
+    fn ioctl(fd: &impl AsRawFd, request: libc::c_ulong, arg: libc::c_ulong) -> OwnedFd {
+        // SAFETY: KVM's ioctls that take an integer (or nothing) and return a new descriptor.
+        let r = unsafe { libc::ioctl(fd.as_raw_fd(), request, arg) };
+        assert!(r >= 0, "ioctl {request:#x}: {}", io::Error::last_os_error());
+        // SAFETY: the kernel just gave us this descriptor; nothing else owns it.
+        unsafe { OwnedFd::from_raw_fd(r) }
+    }
+
+    /// A VM and its vCPU 0, where `/dev/kvm` can be opened.
+    fn vm() -> Option<(OwnedFd, OwnedFd)> {
+        let kvm = match File::options().read(true).write(true).open("/dev/kvm") {
+            Ok(kvm) => kvm,
+            Err(e) => {
+                assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "/dev/kvm: {e}");
+                return None;
+            }
+        };
+        let vm = ioctl(&kvm, CREATE_VM, 0);
+        let vcpu = ioctl(&vm, CREATE_VCPU, 0);
+        Some((vm, vcpu))
+    }
+
+    /// A statistics descriptor's data block, read with one `pread`: where it is, and its words
+    /// (from its header and descriptors, `struct kvm_stats_header` and `kvm_stats_desc`).
+    fn pread(stats: &File) -> Vec<u64> {
+        let word = |b: &[u8], at: usize| u32::from_ne_bytes(b[at..at + 4].try_into().unwrap()) as usize;
+        let mut header = [0u8; 24];
+        stats.read_exact_at(&mut header, 0).unwrap();
+        let (name_size, descs, desc_at, data_at) =
+            (word(&header, 4), word(&header, 8), word(&header, 16), word(&header, 20));
+        let desc_size = 16 + name_size;
+        let mut table = vec![0u8; descs * desc_size];
+        stats.read_exact_at(&mut table, desc_at as u64).unwrap();
+        let bytes = table
+            .chunks_exact(desc_size)
+            .map(|d| word(d, 8) + 8 * usize::from(u16::from_ne_bytes([d[6], d[7]])))
+            .max()
+            .unwrap();
+        let mut data = vec![0u8; bytes];
+        stats.read_exact_at(&mut data, data_at as u64).unwrap();
+        data.chunks_exact(8).map(|w| u64::from_ne_bytes(w.try_into().unwrap())).collect()
+    }
+
+    /// The copy, where this host has what it needs (`HVSTATS_REQUIRE_KVM` hosts must).
+    fn copy() -> Option<StatsCopy> {
+        match StatsCopy::open() {
+            Ok(copy) => Some(copy),
+            Err(why) => {
+                let why = crate::error_chain::error_chain(&why);
+                assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "no copy: {why}");
+                None
+            }
+        }
+    }
+
+    #[test]
+    fn every_listed_descriptor_is_copied_as_its_pread_reads_it_past_its_first_room() {
+        let Some((vm, vcpu)) = vm() else { return };
+        let Some(copy) = copy() else { return };
+        // Room for 2: the third descriptor listed makes the copy anew, with room for 4.
+        let mut copy = StatsCopy::with_room(copy.task, copy.layout, 2).unwrap();
+        let files: Vec<(File, StatsOf)> = (0..3)
+            .map(|_| (File::from(ioctl(&vm, GET_STATS_FD, 0)), StatsOf::Vm))
+            .chain([(File::from(ioctl(&vcpu, GET_STATS_FD, 0)), StatsOf::Vcpu)])
+            .collect();
+        let mut slots = Vec::new();
+        for (file, of) in &files {
+            let bytes = 8 * pread(file).len();
+            slots.push(copy.add(file.as_fd(), *of, bytes).unwrap().expect("the kernel's structure"));
+        }
+        assert_eq!(copy.slots.entries(), 4, "grown");
+        assert_eq!(copy.listed(), 4);
+        let mut out = Vec::new();
+        for ((file, _), slot) in files.iter().zip(&slots) {
+            let want = pread(file);
+            out.resize(want.len(), u64::MAX);
+            assert!(!copy.copy(*slot, 0..want.len(), &mut out), "no run yet");
+        }
+        copy.run().unwrap();
+        for ((file, of), slot) in files.iter().zip(&slots) {
+            let want = pread(file);
+            out.resize(want.len(), u64::MAX);
+            assert!(copy.copy(*slot, 0..want.len(), &mut out), "{of:?}");
+            assert_eq!(out, want, "{of:?}");
+            // A part of it is those words alone.
+            let mut part = vec![u64::MAX; 3];
+            assert!(copy.copy(*slot, 2..5, &mut part));
+            assert_eq!(part, want[2..5]);
+        }
+        // The vCPU's own layout: its block is a vCPU's statistics structure, not a VM's.
+        assert_ne!(pread(&files[3].0).len(), pread(&files[0].0).len());
+        // A slot cleared is not copied again, nor given again before the next run.
+        copy.remove(slots[0]);
+        let again = copy.add(files[0].0.as_fd(), StatsOf::Vm, 8 * pread(&files[0].0).len()).unwrap().unwrap();
+        assert_ne!(again, slots[0], "a slot cleared waits for the next run");
+        copy.remove(again);
+        copy.run().unwrap();
+        out.resize(pread(&files[0].0).len(), 0);
+        assert!(!copy.copy(slots[0], 0..out.len(), &mut out), "cleared");
+        assert!(copy.copy(slots[1], 0..out.len(), &mut out));
+        assert_eq!(copy.listed(), 3);
+    }
+
+    #[test]
+    fn a_block_not_of_the_kernels_structures_size_is_not_taken() {
+        let Some((vm, _vcpu)) = vm() else { return };
+        let Some(mut copy) = copy() else { return };
+        let stats = File::from(ioctl(&vm, GET_STATS_FD, 0));
+        let bytes = 8 * pread(&stats).len();
+        assert_eq!(copy.add(stats.as_fd(), StatsOf::Vm, bytes + 8).unwrap(), None);
+        assert_eq!(copy.add(stats.as_fd(), StatsOf::Vcpu, bytes).unwrap(), None, "a VM's is not a vCPU's");
+        assert_eq!(copy.listed(), 0);
+    }
+}
