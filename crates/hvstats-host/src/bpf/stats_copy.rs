@@ -14,17 +14,20 @@
 //!
 //! ```text
 //! state.run += 1
-//! for i in 0..state.slots:                                    // bpf_iter_num
+//! for i in state.first..state.end:                            // bpf_iter_num
+//!     blocks[i].run = 0
 //!     (fd, kind) = slots[i]; if kind == 0: continue
 //!     file = current->files->fdt->fd[fd]; object = file->private_data
 //!     blocks[i].words = copy of *(object + offset of kind's stat), its size
 //!     blocks[i].run = state.run                               // only when the copy worked
 //! ```
 //!
-//! A block is taken only when it is of the last run ([`StatsCopy::copy`]): a slot whose copy
-//! failed, or that was made after the run, is read by `pread` instead. The reader's descriptor
-//! must stay open while its slot lists it: a slot is cleared before its descriptor is closed
-//! ([`CopySlot`] is dropped first), and a cleared slot is not given again before the next run.
+//! Each refresh runs it over every slot; a slot listed is copied at once by a run of it alone,
+//! so a VM's first reading needs no `pread` either. A block is taken only when it is of the
+//! last run over every slot or a later one ([`StatsCopy::is_fresh`]): a slot whose copy failed
+//! is read by `pread` instead. The reader's descriptor must stay open while its slot lists it: a
+//! slot is cleared before its descriptor is closed ([`CopySlot`] is dropped first), and a
+//! cleared slot is not given again before the next run has cleared its block.
 
 use std::io;
 use std::ops::Range;
@@ -92,12 +95,15 @@ impl StatsLayout {
     }
 }
 
-/// The state's words: runs made (the program's), and slots to walk (the reader's).
+/// The state's words: runs made (the program's), and the slots to walk, from `FIRST` to before
+/// `END` (the reader's).
 const RUN: usize = 0;
-const SLOTS: usize = 1;
-const STATE_BYTES: usize = 16;
+const FIRST: usize = 1;
+const END: usize = 2;
+const STATE_BYTES: usize = 24;
 
-/// The first room for descriptors: 200 VMs of 4 vCPUs. Doubled as needed.
+/// The first room for descriptors: 200 VMs of 4 vCPUs. Grown by a quarter as needed (the
+/// blocks are mapped whole: the room is memory of this process).
 const FIRST_SLOTS: u32 = 1024;
 /// The most descriptors copied: past them, the rest are `pread`.
 pub const MAX_SLOTS: u32 = 1 << 17;
@@ -116,14 +122,16 @@ pub struct StatsCopy {
     /// Slots free to give, and slots cleared since the last run (given after it).
     free: Vec<u32>,
     cleared: Vec<u32>,
-    /// The last run, as the program numbered it (0: none yet).
+    /// The last run over every slot, as the program numbered it (0: none yet; `u64::MAX`: the
+    /// last failed). A block is of this run or a later one-slot run when fresh.
     run: u64,
     buf: Vec<u8>,
     _program: Program,
 }
 
 impl StatsCopy {
-    /// The copy assembled for the running kernel, with room for [`FIRST_SLOTS`] descriptors.
+    /// The copy assembled for the running kernel, with room for a thousand descriptors (grown
+    /// as needed).
     ///
     /// # Errors
     /// Where the kernel's BTF lacks KVM's structures (KVM built as a module), or the kernel
@@ -191,7 +199,12 @@ impl StatsCopy {
             return Err(e);
         }
         self.listed[slot as usize] = Some(listed);
-        self.write_count()?;
+        // Copied at once, so its first reading needs no `pread` (where this fails, it is read
+        // so until the next run).
+        if self.write_range(slot..slot + 1).is_ok() {
+            let _ = self.link.walk(&mut self.buf, 1);
+        }
+        self.write_range(0..self.listed.len() as u32)?;
         Ok(Some(slot))
     }
 
@@ -211,16 +224,35 @@ impl StatsCopy {
     /// What running the program returns: no block is of this run then.
     pub fn run(&mut self) -> io::Result<()> {
         self.free.append(&mut self.cleared);
+        // Until it is known to have run, no block is fresh.
+        self.run = u64::MAX;
         self.link.walk(&mut self.buf, 1)?;
-        self.run = self.state.mapped_word(0, RUN).unwrap_or(0);
+        self.run = self.state.mapped_word(0, RUN).unwrap_or(u64::MAX);
         Ok(())
     }
 
     /// Copies words `words` of `slot`'s statistics, as the last run read them, into `out` (as
     /// long as `words`); false where the last run did not copy them (`pread` them then).
     pub fn copy(&self, slot: u32, words: Range<usize>, out: &mut [u64]) -> bool {
-        let fresh = self.run != 0 && self.blocks.mapped_word(slot, 0) == Some(self.run);
-        fresh && self.blocks.copy_mapped_words(slot, words.start + 1..words.end + 1, out)
+        self.words(slot).and_then(|data| data.get(words)).is_some_and(|data| {
+            out.copy_from_slice(data);
+            true
+        })
+    }
+
+    /// True when the last run copied `slot`'s statistics (or a run of it alone since: the
+    /// program clears a block's run before it copies into it).
+    pub fn is_fresh(&self, slot: u32) -> bool {
+        let listed = self.listed.get(slot as usize).is_some_and(Option::is_some);
+        listed && self.blocks.mapped_word(slot, 0).is_some_and(|run| run != 0 && run >= self.run)
+    }
+
+    /// `slot`'s statistics as the last run copied them (its data block's words), where it did.
+    pub fn words(&self, slot: u32) -> Option<&[u64]> {
+        let (_, of) = self.listed.get(slot as usize).copied().flatten()?;
+        let words = self.layout.of_kind(of).size as usize / 8;
+        // While `self` is borrowed no run writes the blocks: a run takes `&mut self`.
+        self.is_fresh(slot).then(|| self.blocks.mapped_words(slot, 1..1 + words)).flatten()
     }
 
     /// Slots listed now.
@@ -236,24 +268,25 @@ impl StatsCopy {
         self.slots.write(slot, &value)
     }
 
-    /// Writes the number of slots to walk, keeping the program's count of runs.
-    fn write_count(&self) -> io::Result<()> {
-        let count = self.listed.len() as u64;
-        if self.state.mapped_word(0, SLOTS) == Some(count) {
+    /// Writes the slots a run walks, keeping the program's count of runs.
+    fn write_range(&self, slots: Range<u32>) -> io::Result<()> {
+        let words = [(FIRST, u64::from(slots.start)), (END, u64::from(slots.end))];
+        if words.iter().all(|&(word, v)| self.state.mapped_word(0, word) == Some(v)) {
             return Ok(());
         }
         let mut state = [0u8; STATE_BYTES];
         let run = self.state.mapped_word(0, RUN).unwrap_or(0);
-        state[8 * RUN..8 * RUN + 8].copy_from_slice(&run.to_ne_bytes());
-        state[8 * SLOTS..8 * SLOTS + 8].copy_from_slice(&count.to_ne_bytes());
+        for (word, v) in [(RUN, run)].into_iter().chain(words) {
+            state[8 * word..8 * word + 8].copy_from_slice(&v.to_ne_bytes());
+        }
         self.state.write(0, &state)
     }
 
     /// Makes the copy anew with room for `needed` slots (doubled), listing what it lists now.
     fn grow(&mut self, needed: u32) -> io::Result<()> {
-        let mut room = self.slots.entries().max(1);
+        let mut room = self.slots.entries().max(4);
         while room < needed {
-            room = room.saturating_mul(2).min(MAX_SLOTS);
+            room = room.saturating_add(room / 4).min(MAX_SLOTS);
         }
         let mut grown = Self::with_room(self.task, self.layout, room).map_err(io::Error::other)?;
         for (slot, listed) in self.listed.iter().enumerate() {
@@ -270,7 +303,7 @@ impl StatsCopy {
 }
 
 /// The copy this process shares between its VMs, made at the first call: `None` where it
-/// cannot be, said once with why ([`take_note`]).
+/// cannot be, said once with why (with the counting notes).
 pub fn shared() -> Option<&'static Mutex<StatsCopy>> {
     static SHARED: OnceLock<Option<Mutex<StatsCopy>>> = OnceLock::new();
     SHARED
@@ -325,13 +358,18 @@ impl CopySlot {
         lock(copy).add(fd, of, data_bytes).ok().flatten().map(Self)
     }
 
-    /// Copies words `words` of the last run into `out`; false where that run did not copy them.
-    pub fn copy(&self, words: Range<usize>, out: &mut [u64]) -> bool {
-        let copied = shared().is_some_and(|copy| lock(copy).copy(self.0, words, out));
-        if copied {
-            TAKEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-        copied
+    /// True when the last run copied this descriptor's statistics.
+    pub fn is_fresh(&self) -> bool {
+        shared().is_some_and(|copy| lock(copy).is_fresh(self.0))
+    }
+
+    /// What `read` makes of the data block's words as the last run copied them; `None` where
+    /// it did not copy them.
+    pub fn with_words<R>(&self, read: impl FnOnce(&[u64]) -> R) -> Option<R> {
+        let copy = lock(shared()?);
+        let words = copy.words(self.0)?;
+        TAKEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Some(read(words))
     }
 }
 
@@ -359,12 +397,14 @@ struct Maps {
     blocks: i32,
 }
 
-/// Stack slots: the loop's iterator, the key, a read's landing slot, the file, the object.
+/// Stack slots: the loop's iterator, the key, a read's landing slot, the file, the object, the
+/// block.
 const NUM: i16 = -8;
 const KEY: i16 = -16;
 const TMP: i16 = -24;
 const FILE: i16 = -32;
 const OBJECT: i16 = -40;
+const BLOCK: i16 = -48;
 
 /// The program (see the module's text).
 fn assemble(
@@ -394,8 +434,8 @@ fn assemble(
     a.add_imm(R1, 1);
     a.store(Size::Dw, R6, 8 * RUN as i16, R1);
     stack_ptr(&mut a, R1, NUM);
-    a.mov_imm(R2, 0);
-    a.load(Size::W, R3, R6, 8 * SLOTS as i16);
+    a.load(Size::W, R2, R6, 8 * FIRST as i16);
+    a.load(Size::W, R3, R6, 8 * END as i16);
     a.call_kfunc(kfuncs.num_new);
     a.bind(next);
     stack_ptr(&mut a, R1, NUM);
@@ -424,6 +464,11 @@ fn copy_slot(
     maps: Maps,
     next: super::insn::Label,
 ) -> Result<(), TaskIterError> {
+    // Its block is no run's until the copy into it is done.
+    lookup(a, maps.blocks);
+    a.jump_imm(Cond::Eq, R0, 0, next);
+    a.store_imm(Size::Dw, R0, 0, 0);
+    a.store(Size::Dw, R10, BLOCK, R0);
     lookup(a, maps.slots);
     a.jump_imm(Cond::Eq, R0, 0, next);
     a.load(Size::W, R8, R0, 0); // the descriptor
@@ -440,9 +485,7 @@ fn copy_slot(
     a.load(Size::Dw, R3, R10, TMP);
     a.jump_imm(Cond::Eq, R3, 0, next);
     a.store(Size::Dw, R10, OBJECT, R3);
-    lookup(a, maps.blocks);
-    a.jump_imm(Cond::Eq, R0, 0, next);
-    a.mov(R8, R0);
+    a.load(Size::Dw, R8, R10, BLOCK);
     copy_block(a, layout, next)?;
     a.load(Size::Dw, R1, R6, 8 * RUN as i16);
     a.store(Size::Dw, R8, 0, R1);
@@ -580,12 +623,18 @@ mod tests {
         }
         assert_eq!(copy.slots.entries(), 4, "grown");
         assert_eq!(copy.listed(), 4);
+        // Each is copied when listed (the copy made anew copies those it held at its next run),
+        // and by every run after.
         let mut out = Vec::new();
-        for ((file, _), slot) in files.iter().zip(&slots) {
+        let mut first = Vec::new();
+        for ((file, of), slot) in files.iter().zip(&slots) {
             let want = pread(file);
             out.resize(want.len(), u64::MAX);
-            assert!(!copy.copy(*slot, 0..want.len(), &mut out), "no run yet");
+            first.push(copy.copy(*slot, 0..want.len(), &mut out).then(|| out.clone()));
+            assert!(first.last().unwrap().as_ref().is_none_or(|got| *got == want), "{of:?}");
         }
+        assert!(first[2..].iter().all(Option::is_some), "listed after the copy was made anew");
+        assert!(first[..2].iter().all(Option::is_none), "copied into the old copy's blocks");
         copy.run().unwrap();
         for ((file, of), slot) in files.iter().zip(&slots) {
             let want = pread(file);

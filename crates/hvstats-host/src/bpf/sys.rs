@@ -266,28 +266,19 @@ impl ArrayMap {
         true
     }
 
-    /// Copies words `words` of key `key`'s value from the mapped values into `out` (as long as
-    /// `words`), when they are mapped and within the value. Only for a map no program writes
-    /// meanwhile: the copy is not atomic word by word.
-    pub(crate) fn copy_mapped_words(&self, key: u32, words: std::ops::Range<usize>, out: &mut [u64]) -> bool {
+    /// Words `words` of key `key`'s value, in the mapped values, where they are mapped and
+    /// within the value. Only for a map no program writes while the slice is held: the caller
+    /// holds that (no program of its runs meanwhile).
+    pub(crate) fn mapped_words(&self, key: u32, words: std::ops::Range<usize>) -> Option<&[u64]> {
         let within = key < self.entries && words.start <= words.end && 8 * words.end <= self.value_size;
-        let Some(mapped) = self.mapped.as_ref().filter(|_| within && out.len() == words.len()) else {
-            return false;
-        };
+        let mapped = self.mapped.as_ref().filter(|_| within)?;
         let at = key as usize * self.stride() + 8 * words.start;
         debug_assert!(at + 8 * words.len() <= mapped.len);
         // SAFETY: the words lie within key's value (checked above), within the mapping, which
-        // spans every key's value and is 8-byte aligned at every value (the stride is a multiple
-        // of 8); `out` holds exactly that many words; the caller holds that no program writes
-        // them during the copy.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                mapped.base.as_ptr().add(at).cast::<u64>(),
-                out.as_mut_ptr(),
-                out.len(),
-            );
-        }
-        true
+        // spans every key's value, lives as long as `self`, and is 8-byte aligned at every value
+        // (the stride is a multiple of 8); the caller holds that no program writes them while
+        // the slice is held, and this process never writes the read-only mapping.
+        Some(unsafe { std::slice::from_raw_parts(mapped.base.as_ptr().add(at).cast::<u64>(), words.len()) })
     }
 
     /// Creates a hash map of at most `entries` values of `value_size` bytes, keyed by `u32`.

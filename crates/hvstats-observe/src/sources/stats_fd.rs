@@ -56,15 +56,30 @@ struct Copied {
     resolved: Arc<Resolved<Stat>>,
     /// The words of its data block the located counters are in: all a refresh reads.
     words: Range<usize>,
-    data: Vec<u64>,
-    read_once: bool,
+    /// Where its last reading is.
+    reading: Reading,
+}
+
+std::thread_local! {
+    /// A block copied out of the kernel's copy, to write its counters from.
+    static SCRATCH: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Where a descriptor's last reading is.
+#[derive(Debug)]
+enum Reading {
+    /// Not read yet.
+    None,
+    /// In its slot of this tick's copy in the kernel, read from there.
+    Copied,
+    /// Read by `pread` into this buffer (a data block's words).
+    Read(Vec<u64>),
 }
 
 impl Copied {
     /// `stats`, of an object of `kind`, its counters located anew or taken from `like` (a copy
     /// of the same kind) when that has the same layout.
     fn new(stats: KvmStats, kind: ObjectKind, like: Option<&Copied>) -> Self {
-        let data = vec![0; stats.data_words()];
         let (resolved, words) = match like.filter(|c| c.stats.same_layout(&stats)) {
             Some(like) => (like.resolved.clone(), like.words.clone()),
             None => {
@@ -86,37 +101,55 @@ impl Copied {
             _ => StatsOf::Vcpu,
         };
         let slot = CopySlot::add(stats.as_fd(), of, stats.data_block().1);
-        Self { slot, stats, resolved, words, data, read_once: false }
+        Self { slot, stats, resolved, words, reading: Reading::None }
     }
 
-    /// Reads the words of its located counters: as this tick's copy in the kernel read them,
-    /// else in one `pread`.
+    /// Reads the words of its located counters: where this tick's copy in the kernel has them,
+    /// they are read from there when written; else in one `pread`.
     fn read(&mut self) -> io::Result<()> {
-        let words = self.words.clone();
-        let copied = self.slot.as_ref().is_some_and(|slot| match self.data.get_mut(words.clone()) {
-            Some(into) => slot.copy(words.clone(), into),
-            None => false,
-        });
-        if !copied {
-            self.stats.read_words_into(&mut self.data, words)?;
+        if self.slot.as_ref().is_some_and(CopySlot::is_fresh) {
+            self.reading = Reading::Copied;
+            return Ok(());
         }
-        self.read_once = true;
+        let mut data = match std::mem::replace(&mut self.reading, Reading::None) {
+            Reading::Read(data) => data,
+            _ => vec![0; self.stats.data_words()],
+        };
+        self.stats.read_words_into(&mut data, self.words.clone())?;
+        self.reading = Reading::Read(data);
         Ok(())
     }
 
     /// The counters its reading gives: none before it was read.
     fn given(&self) -> CounterSet {
-        if self.read_once { self.resolved.given() } else { CounterSet::EMPTY }
+        match self.reading {
+            Reading::None => CounterSet::EMPTY,
+            _ => self.resolved.given(),
+        }
     }
 
     /// Writes the counters of `only` from its last reading (nothing before the first).
     fn write(&self, page: &SharedPage, only: &CounterSet) {
-        if !self.read_once {
-            return;
+        let write = |data: &[u64]| {
+            let value = |stat: Stat| if stat.is_time() { stat.nanoseconds(data) } else { stat.raw(data) };
+            self.resolved.write(page, only, value, |stat| stat.values(data));
+        };
+        match (&self.reading, &self.slot) {
+            (Reading::Read(data), _) => write(data),
+            // Still this tick's: copied at its start, read now (a copy made since, by another
+            // observer in this process, is as fresh). Copied whole into a buffer first: one
+            // pass in order, where the counters' reads jump about the block.
+            (Reading::Copied, Some(slot)) => {
+                _ = slot.with_words(|words| {
+                    SCRATCH.with_borrow_mut(|scratch| {
+                        scratch.clear();
+                        scratch.extend_from_slice(words);
+                        write(scratch);
+                    });
+                });
+            }
+            _ => {}
         }
-        let data = &self.data;
-        let value = |stat: Stat| if stat.is_time() { stat.nanoseconds(data) } else { stat.raw(data) };
-        self.resolved.write(page, only, value, |stat| stat.values(data));
     }
 }
 
