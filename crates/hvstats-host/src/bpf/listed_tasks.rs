@@ -313,19 +313,8 @@ fn assemble(
 ) -> Result<Vec<u64>, TaskIterError> {
     let mut a = Asm::default();
     let (out, outer, outer_done) = (a.label(), a.label(), a.label());
-    let field = |name: &str| -> Result<i16, TaskIterError> {
-        let at = FIELDS.iter().position(|f| *f == name).unwrap_or(0);
-        Ok(i16::try_from(layout.fields[at].offset).map_err(|_| AsmError::TooFar)?)
-    };
     // Once a walk: for this process's main thread.
-    a.load(Size::Dw, R7, R1, 8); // ctx->task
-    a.jump_imm(Cond::Eq, R7, 0, out);
-    a.load(Size::W, R1, R7, field("pid")?);
-    a.load(Size::W, R2, R7, field("tgid")?);
-    a.jump_reg(Cond::Ne, R1, R2, out);
-    lookup(&mut a, maps.state, KEY, None);
-    a.jump_imm(Cond::Eq, R0, 0, out);
-    a.mov(R6, R0);
+    main_thread_state(&mut a, layout, maps.state, KEY, out)?;
     a.store_imm(Size::Dw, R6, at(WALKED), 0);
     stack_ptr(&mut a, R1, NUM);
     a.mov_imm(R2, 0);
@@ -399,15 +388,40 @@ fn threads(
     Ok(())
 }
 
+/// The start of a program that runs once a run of its task iterator linked to this process:
+/// for the process's main thread (`ctx->task` in r7) alone, with the state (key 0 of
+/// `state`, looked up through the stack slot `key`) in r6; anything else jumps to `out`.
+pub(super) fn main_thread_state(
+    a: &mut Asm,
+    layout: &TaskLayout,
+    state: i32,
+    key: i16,
+    out: super::insn::Label,
+) -> Result<(), TaskIterError> {
+    let field = |name: &str| -> Result<i16, TaskIterError> {
+        let at = FIELDS.iter().position(|f| *f == name).unwrap_or(0);
+        Ok(i16::try_from(layout.fields[at].offset).map_err(|_| AsmError::TooFar)?)
+    };
+    a.load(Size::Dw, R7, R1, 8); // ctx->task
+    a.jump_imm(Cond::Eq, R7, 0, out);
+    a.load(Size::W, R1, R7, field("pid")?);
+    a.load(Size::W, R2, R7, field("tgid")?);
+    a.jump_reg(Cond::Ne, R1, R2, out);
+    lookup(a, state, key, None);
+    a.jump_imm(Cond::Eq, R0, 0, out);
+    a.mov(R6, R0);
+    Ok(())
+}
+
 /// `dst = r10 + at`.
-fn stack_ptr(a: &mut Asm, dst: super::insn::Reg, at: i16) {
+pub(super) fn stack_ptr(a: &mut Asm, dst: super::insn::Reg, at: i16) {
     a.mov(dst, R10);
     a.add_imm(dst, i32::from(at));
 }
 
 /// `r0 = bpf_map_lookup_elem(map, &key)`, the key (a `u32`) from `key_reg`, or 0, stored at the
 /// stack slot `slot` first.
-fn lookup(a: &mut Asm, map: i32, slot: i16, key_reg: Option<super::insn::Reg>) {
+pub(super) fn lookup(a: &mut Asm, map: i32, slot: i16, key_reg: Option<super::insn::Reg>) {
     match key_reg {
         Some(reg) => a.store(Size::W, R10, slot, reg),
         None => a.store_imm(Size::W, R10, slot, 0),

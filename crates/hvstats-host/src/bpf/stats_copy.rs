@@ -36,12 +36,12 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use super::btf::{Btf, Member};
 use super::insn::{
-    Asm, AsmError, Cond, HELPER_GET_CURRENT_TASK, HELPER_MAP_LOOKUP_ELEM, HELPER_PROBE_READ_KERNEL, R0, R1,
-    R2, R3, R6, R7, R8, R9, R10, Reg, Size,
+    Asm, AsmError, Cond, HELPER_GET_CURRENT_TASK, HELPER_PROBE_READ_KERNEL, R0, R1, R2, R3, R6, R7, R8, R9,
+    R10, Reg, Size,
 };
-use super::listed_tasks::Kfuncs;
+use super::listed_tasks::{Kfuncs, lookup, main_thread_state, stack_ptr};
 use super::sys::{ArrayMap, Program, TaskIterLink};
-use super::task_iter::{FIELDS, TaskIterError, TaskLayout, file_at};
+use super::task_iter::{TaskIterError, TaskLayout, file_at};
 
 /// Whose statistics a descriptor gives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -416,20 +416,8 @@ fn assemble(
 ) -> Result<Vec<u64>, TaskIterError> {
     let mut a = Asm::default();
     let (out, next, done) = (a.label(), a.label(), a.label());
-    let field = |name: &str| -> Result<i16, TaskIterError> {
-        let at = FIELDS.iter().position(|f| *f == name).unwrap_or(0);
-        Ok(i16::try_from(task.fields[at].offset).map_err(|_| AsmError::TooFar)?)
-    };
     // Once a run: for this process's main thread.
-    a.load(Size::Dw, R7, R1, 8); // ctx->task
-    a.jump_imm(Cond::Eq, R7, 0, out);
-    a.load(Size::W, R1, R7, field("pid")?);
-    a.load(Size::W, R2, R7, field("tgid")?);
-    a.jump_reg(Cond::Ne, R1, R2, out);
-    a.store_imm(Size::W, R10, KEY, 0);
-    lookup(&mut a, maps.state);
-    a.jump_imm(Cond::Eq, R0, 0, out);
-    a.mov(R6, R0);
+    main_thread_state(&mut a, task, maps.state, KEY, out)?;
     a.load(Size::Dw, R1, R6, 8 * RUN as i16);
     a.add_imm(R1, 1);
     a.store(Size::Dw, R6, 8 * RUN as i16, R1);
@@ -442,7 +430,6 @@ fn assemble(
     a.call_kfunc(kfuncs.num_next);
     a.jump_imm(Cond::Eq, R0, 0, done);
     a.load(Size::W, R1, R0, 0);
-    a.store(Size::W, R10, KEY, R1);
     copy_slot(&mut a, layout, path, maps, next)?;
     a.ja(next);
     a.bind(done);
@@ -454,7 +441,7 @@ fn assemble(
     Ok(a.finish()?)
 }
 
-/// The copy of the slot whose number is at [`KEY`], the state in r6: its descriptor's file,
+/// The copy of the slot whose number is in r1, the state in r6: its descriptor's file,
 /// the file's object, and the object's statistics into its block, marked with the state's run;
 /// jumps to `next` where any of these is not had.
 fn copy_slot(
@@ -465,11 +452,12 @@ fn copy_slot(
     next: super::insn::Label,
 ) -> Result<(), TaskIterError> {
     // Its block is no run's until the copy into it is done.
-    lookup(a, maps.blocks);
+    lookup(a, maps.blocks, KEY, Some(R1));
     a.jump_imm(Cond::Eq, R0, 0, next);
     a.store_imm(Size::Dw, R0, 0, 0);
     a.store(Size::Dw, R10, BLOCK, R0);
-    lookup(a, maps.slots);
+    a.load(Size::W, R1, R10, KEY);
+    lookup(a, maps.slots, KEY, Some(R1));
     a.jump_imm(Cond::Eq, R0, 0, next);
     a.load(Size::W, R8, R0, 0); // the descriptor
     a.load(Size::W, R9, R0, 4); // whose
@@ -524,19 +512,6 @@ fn probe_read(a: &mut Asm, into: i16, bytes: i32, src: Reg, off: i32) {
     stack_ptr(a, R1, into);
     a.mov_imm(R2, bytes);
     a.call(HELPER_PROBE_READ_KERNEL);
-}
-
-/// `dst = r10 + at`.
-fn stack_ptr(a: &mut Asm, dst: Reg, at: i16) {
-    a.mov(dst, R10);
-    a.add_imm(dst, i32::from(at));
-}
-
-/// `r0 = bpf_map_lookup_elem(map, r10 + KEY)`.
-fn lookup(a: &mut Asm, map: i32) {
-    a.ld_map_fd(R1, map);
-    stack_ptr(a, R2, KEY);
-    a.call(HELPER_MAP_LOOKUP_ELEM);
 }
 
 #[cfg(test)]
