@@ -190,8 +190,11 @@ impl StatsCopy {
             }
             None => return Ok(None),
         };
-        if slot >= self.slots.entries() {
-            self.grow(slot + 1)?;
+        if slot >= self.slots.entries()
+            && let Err(e) = self.grow(slot + 1)
+        {
+            self.free.push(slot);
+            return Err(e);
         }
         let listed = (fd.as_raw_fd(), of);
         if let Err(e) = self.write_slot(slot, Some(listed)) {
@@ -282,7 +285,8 @@ impl StatsCopy {
         self.state.write(0, &state)
     }
 
-    /// Makes the copy anew with room for `needed` slots (doubled), listing what it lists now.
+    /// Makes the copy anew with room for `needed` slots (a quarter more at a time), listing what
+    /// it lists now.
     fn grow(&mut self, needed: u32) -> io::Result<()> {
         let mut room = self.slots.entries().max(4);
         while room < needed {
@@ -294,6 +298,7 @@ impl StatsCopy {
                 grown.write_slot(slot as u32, Some(*listed))?;
             }
         }
+        grown.write_range(0..self.listed.len() as u32)?;
         grown.listed = std::mem::take(&mut self.listed);
         grown.free = std::mem::take(&mut self.free);
         grown.cleared = std::mem::take(&mut self.cleared);
