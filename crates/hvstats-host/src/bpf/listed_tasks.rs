@@ -312,37 +312,54 @@ fn assemble(
     held: Option<(i32, [super::btf::Member; 4])>,
 ) -> Result<Vec<u64>, TaskIterError> {
     let mut a = Asm::default();
-    let (out, outer, outer_done) = (a.label(), a.label(), a.label());
+    let out = a.label();
     // Once a walk: for this process's main thread.
     main_thread_state(&mut a, layout, maps.state, KEY, out)?;
     a.store_imm(Size::Dw, R6, at(WALKED), 0);
-    stack_ptr(&mut a, R1, NUM);
     a.mov_imm(R2, 0);
     a.load(Size::W, R3, R6, at(LISTED));
+    for_each_number(a, kfuncs, NUM, out, |a, next| {
+        lookup(a, maps.pids, KEY, Some(R1));
+        a.jump_imm(Cond::Eq, R0, 0, next);
+        a.load(Size::W, R1, R0, 0);
+        a.call_kfunc(kfuncs.from_pid);
+        a.jump_imm(Cond::Eq, R0, 0, next);
+        a.store(Size::Dw, R10, PROCESS, R0);
+        stack_ptr(a, R1, ITER);
+        a.mov(R2, R0);
+        a.mov_imm(R3, PROC_THREADS);
+        a.call_kfunc(kfuncs.task_new);
+        threads(a, layout, kfuncs, maps.records, held.as_ref())?;
+        stack_ptr(a, R1, ITER);
+        a.call_kfunc(kfuncs.task_destroy);
+        a.load(Size::Dw, R1, R10, PROCESS);
+        a.call_kfunc(kfuncs.release);
+        Ok(())
+    })
+}
+
+/// The rest of a program that runs `body` for each number from r2 to before r3 (in r1 at
+/// its start; the kernel's open-coded number iterator, at the stack slot `num`), `body`
+/// jumping to the label it is given to go on to the next, then ends there and at `out`.
+pub(super) fn for_each_number(
+    mut a: Asm,
+    kfuncs: &Kfuncs,
+    num: i16,
+    out: super::insn::Label,
+    body: impl FnOnce(&mut Asm, super::insn::Label) -> Result<(), TaskIterError>,
+) -> Result<Vec<u64>, TaskIterError> {
+    let (next, done) = (a.label(), a.label());
+    stack_ptr(&mut a, R1, num);
     a.call_kfunc(kfuncs.num_new);
-    a.bind(outer);
-    stack_ptr(&mut a, R1, NUM);
+    a.bind(next);
+    stack_ptr(&mut a, R1, num);
     a.call_kfunc(kfuncs.num_next);
-    a.jump_imm(Cond::Eq, R0, 0, outer_done);
+    a.jump_imm(Cond::Eq, R0, 0, done);
     a.load(Size::W, R1, R0, 0);
-    lookup(&mut a, maps.pids, KEY, Some(R1));
-    a.jump_imm(Cond::Eq, R0, 0, outer);
-    a.load(Size::W, R1, R0, 0);
-    a.call_kfunc(kfuncs.from_pid);
-    a.jump_imm(Cond::Eq, R0, 0, outer);
-    a.store(Size::Dw, R10, PROCESS, R0);
-    stack_ptr(&mut a, R1, ITER);
-    a.mov(R2, R0);
-    a.mov_imm(R3, PROC_THREADS);
-    a.call_kfunc(kfuncs.task_new);
-    threads(&mut a, layout, kfuncs, maps.records, held.as_ref())?;
-    stack_ptr(&mut a, R1, ITER);
-    a.call_kfunc(kfuncs.task_destroy);
-    a.load(Size::Dw, R1, R10, PROCESS);
-    a.call_kfunc(kfuncs.release);
-    a.ja(outer);
-    a.bind(outer_done);
-    stack_ptr(&mut a, R1, NUM);
+    body(&mut a, next)?;
+    a.ja(next);
+    a.bind(done);
+    stack_ptr(&mut a, R1, num);
     a.call_kfunc(kfuncs.num_destroy);
     a.bind(out);
     a.mov_imm(R0, 0);

@@ -39,7 +39,7 @@ use super::insn::{
     Asm, AsmError, Cond, HELPER_GET_CURRENT_TASK, HELPER_PROBE_READ_KERNEL, R0, R1, R2, R3, R6, R7, R8, R9,
     R10, Reg, Size,
 };
-use super::listed_tasks::{Kfuncs, lookup, main_thread_state, stack_ptr};
+use super::listed_tasks::{Kfuncs, for_each_number, lookup, main_thread_state, stack_ptr};
 use super::sys::{ArrayMap, Program, TaskIterLink};
 use super::task_iter::{TaskIterError, TaskLayout, file_at};
 
@@ -420,30 +420,15 @@ fn assemble(
     maps: Maps,
 ) -> Result<Vec<u64>, TaskIterError> {
     let mut a = Asm::default();
-    let (out, next, done) = (a.label(), a.label(), a.label());
+    let out = a.label();
     // Once a run: for this process's main thread.
     main_thread_state(&mut a, task, maps.state, KEY, out)?;
     a.load(Size::Dw, R1, R6, 8 * RUN as i16);
     a.add_imm(R1, 1);
     a.store(Size::Dw, R6, 8 * RUN as i16, R1);
-    stack_ptr(&mut a, R1, NUM);
     a.load(Size::W, R2, R6, 8 * FIRST as i16);
     a.load(Size::W, R3, R6, 8 * END as i16);
-    a.call_kfunc(kfuncs.num_new);
-    a.bind(next);
-    stack_ptr(&mut a, R1, NUM);
-    a.call_kfunc(kfuncs.num_next);
-    a.jump_imm(Cond::Eq, R0, 0, done);
-    a.load(Size::W, R1, R0, 0);
-    copy_slot(&mut a, layout, path, maps, next)?;
-    a.ja(next);
-    a.bind(done);
-    stack_ptr(&mut a, R1, NUM);
-    a.call_kfunc(kfuncs.num_destroy);
-    a.bind(out);
-    a.mov_imm(R0, 0);
-    a.exit();
-    Ok(a.finish()?)
+    for_each_number(a, kfuncs, NUM, out, |a, next| copy_slot(a, layout, path, maps, next))
 }
 
 /// The copy of the slot whose number is in r1, the state in r6: its descriptor's file,
