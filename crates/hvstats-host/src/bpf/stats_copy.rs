@@ -16,11 +16,19 @@
 //! state.run += 1
 //! for i in state.first..state.end:                            // bpf_iter_num
 //!     blocks[i].run = 0
-//!     (fd, kind) = slots[i]; if kind == 0: continue
-//!     file = current->files->fdt->fd[fd]; object = file->private_data
-//!     blocks[i].words = copy of *(object + offset of kind's stat), its size
+//!     (fd, kind, stat) = slots[i]; if kind == 0: continue
+//!     if stat == 0:                                           // the slot's first run
+//!         file = current->files->fdt->fd[fd]; object = file->private_data
+//!         stat = slots[i].stat = object + offset of kind's stat
+//!     blocks[i].words = copy of *stat, its size
 //!     blocks[i].run = state.run                               // only when the copy worked
 //! ```
+//!
+//! A slot keeps where its object's statistics are once a run found them: the reader's
+//! descriptor holds its file, and the file its vCPU or VM (KVM frees a vCPU with its VM, and a
+//! VM once no file holds it), so the object stays where it is for as long as the slot lists the
+//! descriptor. Each later run copies from there, without following the descriptor again. The
+//! reader writes a slot whole, that address cleared, whenever it lists or clears it.
 //!
 //! Each refresh runs it over every slot; a slot listed is copied at once by a run of it alone,
 //! so a VM's first reading needs no `pread` either. A block is taken only when it is of the
@@ -101,6 +109,9 @@ const RUN: usize = 0;
 const FIRST: usize = 1;
 const END: usize = 2;
 const STATE_BYTES: usize = 24;
+/// A slot: the descriptor (u32), whose statistics it gives (u32, [`StatsOf::word`]), and where
+/// they are in the kernel (u64, 0 until a run found them).
+const SLOT_BYTES: usize = 16;
 
 /// The first room for descriptors: 200 VMs of 4 vCPUs. Grown by a quarter as needed (the
 /// blocks are mapped whole: the room is memory of this process).
@@ -146,7 +157,7 @@ impl StatsCopy {
         let kfuncs = Kfuncs::of_kernel().ok_or(TaskIterError::Unsupported("bpf_iter_num_new"))?;
         let path = task.path.ok_or(TaskIterError::Unsupported("a path from a task to its files"))?;
         let state = ArrayMap::create_mapped(STATE_BYTES, 1).map_err(TaskIterError::Link)?;
-        let slots = ArrayMap::create(8, room, false).map_err(TaskIterError::Link)?;
+        let slots = ArrayMap::create(SLOT_BYTES, room, false).map_err(TaskIterError::Link)?;
         let blocks = ArrayMap::create_mapped(layout.block(), room).map_err(TaskIterError::Link)?;
         if !state.is_mapped() || !blocks.is_mapped() {
             return Err(TaskIterError::Unsupported("BPF_F_MMAPABLE"));
@@ -265,9 +276,9 @@ impl StatsCopy {
 
     fn write_slot(&self, slot: u32, listed: Option<(i32, StatsOf)>) -> io::Result<()> {
         let (fd, kind) = listed.map_or((0, 0), |(fd, of)| (fd as u32, of.word()));
-        let mut value = [0u8; 8];
+        let mut value = [0u8; SLOT_BYTES];
         value[..4].copy_from_slice(&fd.to_ne_bytes());
-        value[4..].copy_from_slice(&kind.to_ne_bytes());
+        value[4..8].copy_from_slice(&kind.to_ne_bytes());
         self.slots.write(slot, &value)
     }
 
@@ -402,14 +413,15 @@ struct Maps {
     blocks: i32,
 }
 
-/// Stack slots: the loop's iterator, the key, a read's landing slot, the file, the object, the
-/// block.
+/// Stack slots: the loop's iterator, the key, a read's landing slot, the file, the statistics'
+/// address, the block, the slot.
 const NUM: i16 = -8;
 const KEY: i16 = -16;
 const TMP: i16 = -24;
 const FILE: i16 = -32;
-const OBJECT: i16 = -40;
+const STAT: i16 = -40;
 const BLOCK: i16 = -48;
+const SLOT: i16 = -56;
 
 /// The program (see the module's text).
 fn assemble(
@@ -431,9 +443,9 @@ fn assemble(
     for_each_number(a, kfuncs, NUM, out, |a, next| copy_slot(a, layout, path, maps, next))
 }
 
-/// The copy of the slot whose number is in r1, the state in r6: its descriptor's file,
-/// the file's object, and the object's statistics into its block, marked with the state's run;
-/// jumps to `next` where any of these is not had.
+/// The copy of the slot whose number is in r1, the state in r6: where its object's statistics
+/// are (found once, through its descriptor's file), copied into its block, marked with the
+/// state's run; jumps to `next` where any of these is not had.
 fn copy_slot(
     a: &mut Asm,
     layout: &StatsLayout,
@@ -441,6 +453,7 @@ fn copy_slot(
     maps: Maps,
     next: super::insn::Label,
 ) -> Result<(), TaskIterError> {
+    let found = a.label();
     // Its block is no run's until the copy into it is done.
     lookup(a, maps.blocks, KEY, Some(R1));
     a.jump_imm(Cond::Eq, R0, 0, next);
@@ -449,20 +462,18 @@ fn copy_slot(
     a.load(Size::W, R1, R10, KEY);
     lookup(a, maps.slots, KEY, Some(R1));
     a.jump_imm(Cond::Eq, R0, 0, next);
-    a.load(Size::W, R8, R0, 0); // the descriptor
     a.load(Size::W, R9, R0, 4); // whose
     a.jump_imm(Cond::Eq, R9, 0, next);
-    a.call(HELPER_GET_CURRENT_TASK);
-    a.mov(R7, R0);
-    file_at(a, R7, R8, path, TMP, FILE, next)?;
-    // The file's object.
-    a.load(Size::Dw, R3, R10, FILE);
-    a.jump_imm(Cond::Eq, R3, 0, next);
-    probe_read(a, TMP, 8, R3, offset(layout.private_data)?);
-    a.jump_imm(Cond::Ne, R0, 0, next);
-    a.load(Size::Dw, R3, R10, TMP);
-    a.jump_imm(Cond::Eq, R3, 0, next);
-    a.store(Size::Dw, R10, OBJECT, R3);
+    a.load(Size::Dw, R3, R0, 8); // where, once found
+    a.store(Size::Dw, R10, STAT, R3);
+    a.jump_imm(Cond::Ne, R3, 0, found);
+    a.store(Size::Dw, R10, SLOT, R0);
+    a.load(Size::W, R8, R0, 0); // the descriptor
+    find_stat(a, layout, path, next)?;
+    a.load(Size::Dw, R0, R10, SLOT);
+    a.load(Size::Dw, R3, R10, STAT);
+    a.store(Size::Dw, R0, 8, R3);
+    a.bind(found);
     a.load(Size::Dw, R8, R10, BLOCK);
     copy_block(a, layout, next)?;
     a.load(Size::Dw, R1, R6, 8 * RUN as i16);
@@ -470,18 +481,43 @@ fn copy_slot(
     Ok(())
 }
 
-/// Copies the statistics of the object at [`OBJECT`] (of the kind in r9) into the block in r8,
-/// after its run word; jumps to `failed` when the read fails.
+/// Finds where the statistics of the object of descriptor r8 (of the kind in r9) are, through
+/// this task's descriptor table and the file's object, into [`STAT`]; jumps to `next` where
+/// any of these is not had.
+fn find_stat(
+    a: &mut Asm,
+    layout: &StatsLayout,
+    path: &[Member; 4],
+    next: super::insn::Label,
+) -> Result<(), TaskIterError> {
+    let vm = a.label();
+    a.call(HELPER_GET_CURRENT_TASK);
+    a.mov(R7, R0);
+    file_at(a, R7, R8, path, TMP, FILE, next)?;
+    a.load(Size::Dw, R3, R10, FILE);
+    a.jump_imm(Cond::Eq, R3, 0, next);
+    probe_read(a, TMP, 8, R3, offset(layout.private_data)?);
+    a.jump_imm(Cond::Ne, R0, 0, next);
+    a.load(Size::Dw, R3, R10, TMP);
+    a.jump_imm(Cond::Eq, R3, 0, next);
+    a.add_imm(R3, offset(layout.vm)?);
+    a.jump_imm(Cond::Ne, R9, StatsOf::Vcpu.word() as i32, vm);
+    a.add_imm(R3, offset(layout.vcpu)? - offset(layout.vm)?);
+    a.bind(vm);
+    a.store(Size::Dw, R10, STAT, R3);
+    Ok(())
+}
+
+/// Copies the statistics at [`STAT`] (of the kind in r9) into the block in r8, after its run
+/// word; jumps to `failed` when the read fails.
 fn copy_block(a: &mut Asm, layout: &StatsLayout, failed: super::insn::Label) -> Result<(), TaskIterError> {
     let (vm, read) = (a.label(), a.label());
     let size = |m: Member| i32::try_from(m.size).map_err(|_| AsmError::TooFar);
-    a.load(Size::Dw, R3, R10, OBJECT);
+    a.load(Size::Dw, R3, R10, STAT);
     a.jump_imm(Cond::Ne, R9, StatsOf::Vcpu.word() as i32, vm);
-    a.add_imm(R3, offset(layout.vcpu)?);
     a.mov_imm(R2, size(layout.vcpu)?);
     a.ja(read);
     a.bind(vm);
-    a.add_imm(R3, offset(layout.vm)?);
     a.mov_imm(R2, size(layout.vm)?);
     a.bind(read);
     a.mov(R1, R8);
@@ -623,6 +659,18 @@ mod tests {
         assert!(!copy.copy(slots[0], 0..out.len(), &mut out), "cleared");
         assert!(copy.copy(slots[1], 0..out.len(), &mut out));
         assert_eq!(copy.listed(), 3);
+        // A slot given again copies its new descriptor's object, not the one whose statistics
+        // it found for the descriptor it listed before.
+        let vcpu_stats = File::from(ioctl(&vcpu, GET_STATS_FD, 0));
+        let want = pread(&vcpu_stats);
+        let reused = copy.add(vcpu_stats.as_fd(), StatsOf::Vcpu, 8 * want.len()).unwrap().unwrap();
+        assert!([slots[0], again].contains(&reused), "{reused}");
+        for _ in 0..2 {
+            out.resize(want.len(), u64::MAX);
+            assert!(copy.copy(reused, 0..want.len(), &mut out));
+            assert_eq!(out, want);
+            copy.run().unwrap();
+        }
     }
 
     #[test]
