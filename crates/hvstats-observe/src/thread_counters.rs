@@ -37,6 +37,10 @@ pub struct ThreadCounters {
     left_out: usize,
     /// The VM object the process runs, as kept counts name it (0: not told).
     vm: VmToken,
+    /// Moves whenever a thread's counters are opened or closed: what is worked out from the
+    /// counters open (which events each thread counts, since when, by which method) holds until
+    /// it moves.
+    generation: u64,
 }
 
 /// The counted threads' counters, by ascending thread id: a VMM's few vCPU threads in one small
@@ -112,6 +116,7 @@ impl ThreadCounters {
             first: first.to_vec(),
             left_out: 0,
             vm,
+            generation: 0,
         };
         me.rescan(procfs)?;
         Ok(me)
@@ -142,6 +147,7 @@ impl ThreadCounters {
             self.threads.insert(tid, ThreadEvents::open_in(self.pid, tid, self.vm, &self.events));
             added += 1;
         }
+        self.generation += (added > 0) as u64;
         self.left_out = left_out;
         Ok(added)
     }
@@ -163,6 +169,7 @@ impl ThreadCounters {
         }
         // The threads counted from now on are all there will be.
         self.threads.0.shrink_to_fit();
+        self.generation += 1;
         self.only = Some(tids.to_vec());
         self.left_out = 0;
     }
@@ -170,6 +177,13 @@ impl ThreadCounters {
     /// True once [`retain`](Self::retain) has narrowed the set.
     pub(crate) fn is_narrowed(&self) -> bool {
         self.only.is_some()
+    }
+
+    /// A number that moves whenever a thread's counters are opened or closed (see
+    /// [`open_on_all`](Self::open_on_all), [`kept_since_of`](Self::kept_since_of) and
+    /// [`past_engine_rows`](Self::past_engine_rows), which hold while it does not).
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// The threads counted, ascending.

@@ -165,6 +165,10 @@ pub struct Events {
     /// The list's method, said ([`crate::thread_counters::EventList::method_description`]): fixed when the list is made,
     /// said at every refresh.
     method: std::sync::Arc<str>,
+    /// The counters' generation, whether every vCPU's thread was known, and the vCPU threads,
+    /// that `counted`, `kept_since` and `past_rows` were worked out for: they hold until one of
+    /// these changes.
+    worked_out_for: Option<(u64, bool, Vec<i32>)>,
 }
 
 /// Opens the events source: counters on every thread of the VMM (the threads known to run a
@@ -200,6 +204,7 @@ pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError
         past_rows: 0,
         gives: (Gives::NOTHING, Vec::new(), kvm_exit),
         method: at.events.method_description().into(),
+        worked_out_for: None,
     };
     me.gives.0 = me.work_out_gives();
     Ok(Some(Box::new(me)))
@@ -242,6 +247,25 @@ impl Events {
     fn range(&self, w: usize) -> std::ops::Range<usize> {
         let end = self.offsets.get(w + 1).copied().unwrap_or(self.counters.events().len());
         self.offsets[w]..end
+    }
+
+    /// Works out, from the counters open on the vCPU threads known, which events are counted on
+    /// them all, since when their counts are kept, and how many are past the engine's rows;
+    /// only where the counters or the threads changed since it last did.
+    fn work_out_threads(&mut self, vm: &VmView<'_>) {
+        let tids = || vm.threads().map(|(_, tid)| tid);
+        let (generation, all_known) = (self.counters.generation(), vm.all_known());
+        if self.worked_out_for.as_ref().is_some_and(|(g, known, was)| {
+            (*g, *known) == (generation, all_known) && was.iter().copied().eq(tids())
+        }) {
+            return;
+        }
+        // An event is counted when it can be at all and is open on every vCPU thread known.
+        self.counters.open_on_all(tids(), &mut self.counted);
+        let all_in_kernel = self.counters.events().perf_events_per_thread() == 0;
+        self.kept_since = (all_known && all_in_kernel).then(|| self.counters.kept_since_of(tids())).flatten();
+        self.past_rows = self.counters.past_engine_rows(tids());
+        self.worked_out_for = Some((generation, all_known, tids().collect()));
     }
 
     /// Decides whether `kvm_exit` fires, from exits the guest is seen to make.
@@ -308,17 +332,11 @@ impl VmSource for Events {
             self.counters.retain(&tids);
         }
         self.counters.read_threads(vm.threads(), &mut self.read);
-        // An event is counted when it can be at all and is open on every vCPU thread known.
-        self.counters.open_on_all(vm.threads().map(|(_, tid)| tid), &mut self.counted);
+        self.work_out_threads(vm);
         self.decide_kvm_exit();
         if (&self.gives.1, self.gives.2) != (&self.counted, self.kvm_exit) {
             self.gives = (self.work_out_gives(), self.counted.clone(), self.kvm_exit);
         }
-        let all_in_kernel = self.counters.events().perf_events_per_thread() == 0;
-        self.kept_since = (vm.all_known() && all_in_kernel)
-            .then(|| self.counters.kept_since_of(vm.threads().map(|(_, tid)| tid)))
-            .flatten();
-        self.past_rows = self.counters.past_engine_rows(vm.threads().map(|(_, tid)| tid));
         let counting = Counting {
             kvm_exit: self.kvm_exit,
             threads: self.counters.tids().len(),
