@@ -445,6 +445,9 @@ impl ObservedVm {
         if gone {
             return Ok(Some(Departure::Exited));
         }
+        // Its pages are written last, after its sources are read: fetched meanwhile.
+        self.partition.vp_pages().for_each(|(_, page)| page.prefetch());
+        self.partition.page().prefetch();
         let threads = match self.departure(procfs, tasks)? {
             Ok(threads) => threads,
             Err(why) => return Ok(Some(why)),

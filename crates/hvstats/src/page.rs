@@ -102,6 +102,21 @@ impl SharedPage {
         unsafe { &*(self.ptr.as_ptr() as *const [AtomicU64; PAGE_SLOTS]) }
     }
 
+    /// Asks the processor to bring the page's first line (its sequence) into its cache, and the
+    /// page into its address translation, ahead of a write: a hint, which changes nothing of the
+    /// page and may be ignored.
+    #[inline]
+    pub fn prefetch(&self) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a prefetch only hints at memory to come: it reads nothing into the program and
+        // does not fault, and `slots` is this page's mapping besides.
+        unsafe {
+            core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
+                self.slots().as_ptr().cast::<i8>(),
+            );
+        }
+    }
+
     /// The value of `counter`.
     #[inline]
     pub fn get(&self, counter: CounterId) -> u64 {
