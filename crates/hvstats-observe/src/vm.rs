@@ -445,7 +445,7 @@ impl ObservedVm {
         if gone {
             return Ok(Some(Departure::Exited));
         }
-        // Its pages are written last, after its sources are read: fetched meanwhile.
+        // Its pages are written last, after its sources are read: asked for meanwhile.
         self.partition.vp_pages().for_each(|(_, page)| page.prefetch());
         self.partition.page().prefetch();
         let threads = match self.departure(procfs, tasks)? {

@@ -102,19 +102,23 @@ impl SharedPage {
         unsafe { &*(self.ptr.as_ptr() as *const [AtomicU64; PAGE_SLOTS]) }
     }
 
-    /// Asks the processor to bring the page's first line (its sequence) into its cache, and the
-    /// page into its address translation, ahead of a write: a hint, which changes nothing of the
-    /// page and may be ignored.
+    /// Asks the processor to bring the line a refresh writes first (the page's sequence counter,
+    /// or its first line for a page without one) into its cache, and the page into its address
+    /// translation, ahead of the write: a hint, which changes nothing of the page and may be
+    /// ignored.
     #[inline]
     pub fn prefetch(&self) {
+        let first = &self.slots()[sequence_slot(self.kind).unwrap_or(0)];
         #[cfg(target_arch = "x86_64")]
         // SAFETY: a prefetch only hints at memory to come: it reads nothing into the program and
-        // does not fault, and `slots` is this page's mapping besides.
+        // does not fault, and `first` is in this page's mapping besides.
         unsafe {
             core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
-                self.slots().as_ptr().cast::<i8>(),
+                std::ptr::from_ref(first).cast::<i8>(),
             );
         }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = first;
     }
 
     /// The value of `counter`.
