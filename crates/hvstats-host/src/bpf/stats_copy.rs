@@ -145,11 +145,12 @@ impl StatsCopy {
     /// as needed).
     ///
     /// # Errors
-    /// Where the kernel's BTF lacks KVM's structures (KVM built as a module), or the kernel
+    /// Where the kernel's BTF lacks KVM's structures (KVM a module without its own BTF, in
+    /// `/sys/kernel/btf/kvm`), or the kernel
     /// lacks the functions or mapped arrays it needs, or refuses it.
     pub fn open() -> Result<Self, TaskIterError> {
         let task = super::task_iter::shared().ok_or(TaskIterError::Unsupported("task iterator"))?.layout;
-        let layout = StatsLayout::of(&Btf::vmlinux()?)?;
+        let layout = StatsLayout::of(&Btf::with_module("kvm")?)?;
         Self::with_room(task, layout, FIRST_SLOTS)
     }
 
@@ -546,6 +547,38 @@ mod tests {
     use std::fs::File;
     use std::os::fd::{AsFd, FromRawFd, OwnedFd};
     use std::os::unix::fs::FileExt;
+
+    #[test]
+    fn kvms_statistics_are_found_in_its_modules_type_information_where_kvm_is_a_module() {
+        // KVM's structures as a module declares them, in its split type information on top of
+        // the kernel's: the module's own come first (this kernel, built with KVM, has its own of
+        // the same names), and `file` is the kernel's.
+        let source = r#"
+            #include <stdio.h>
+            #include <stddef.h>
+            struct kvm_vcpu_stat { unsigned long long halt_wait_hist[32]; unsigned long long exits; };
+            struct kvm_vm_stat { unsigned long long remote_tlb_flush; unsigned long long pages_4k; };
+            struct kvm_vcpu { struct kvm *kvm; int cpu; char pad[1500]; struct kvm_vcpu_stat stat; };
+            struct kvm { unsigned long long id; char pad[2500]; struct kvm_vm_stat stat; };
+            struct kvm_vcpu v; struct kvm k;
+            int main(void) {
+                printf("%zu %zu %zu %zu\n", offsetof(struct kvm_vcpu, stat), sizeof(struct kvm_vcpu_stat),
+                       offsetof(struct kvm, stat), sizeof(struct kvm_vm_stat));
+                return 0;
+            }
+        "#;
+        let test = "kvms_statistics_are_found_in_its_modules_type_information_where_kvm_is_a_module";
+        let Some((split, printed)) = super::super::btf::split_of_c(test, source) else { return };
+        let want: Vec<u32> = printed.split_whitespace().map(|n| n.parse().unwrap()).collect();
+        let layout = StatsLayout::of(&split).unwrap();
+        assert_eq!(layout.vcpu, Member { offset: want[0], size: want[1] });
+        assert_eq!(layout.vm, Member { offset: want[2], size: want[3] });
+        let kernel = Btf::vmlinux().unwrap();
+        assert_eq!(layout.private_data, kernel.member("file", "private_data").unwrap());
+        if let Ok(built_in) = StatsLayout::of(&kernel) {
+            assert_ne!(built_in.vcpu, layout.vcpu, "the module's, not the kernel's of the same name");
+        }
+    }
 
     /// `KVM_CREATE_VM`, `KVM_CREATE_VCPU`, `KVM_GET_STATS_FD`.
     const CREATE_VM: libc::c_ulong = 0xAE01;
