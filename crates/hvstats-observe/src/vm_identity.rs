@@ -14,8 +14,10 @@
 //!   `dup` one);
 //! - [`VmWatch`]: notices at each refresh that the VM a process runs is no longer the one
 //!   attached (closed and made anew, or another made beside it), at the cost of one `kcmp` and
-//!   one `stat` of its `fd` directory (held open: no path is walked); a full reading of its descriptors when their number
-//!   changed, and at least once every [`RESCAN_TICKS`] refreshes (every N refreshes for a
+//!   one `stat` of its `fd` directory (held open: no path is walked); a full reading of its
+//!   descriptors (in the kernel, one run of a task-file iterator over its files,
+//!   [`hvstats_host::bpf::vm_files`], where it can be had; else `/proc/PID/fd`, a `readlink`
+//!   each) when their number changed, and at least once every [`RESCAN_TICKS`] refreshes (every N refreshes for a
 //!   process holding N descriptors, more than that), so a VMM that keeps its count of
 //!   descriptors steady is found within that bound. Watches made together (every VM found at
 //!   an observer's start) take turns for their first full reading, so the readings of many VMs
@@ -205,6 +207,14 @@ impl VmObject {
         same_file(pid, fd as RawFd, me(), self.copy.as_raw_fd())
     }
 
+    /// The descriptors of `pid` that are KVM VMs, found in the kernel
+    /// ([`hvstats_host::bpf::vm_files`]: one run over its files, where `/proc` costs a
+    /// `readlink` a descriptor); `None` where the kernel cannot tell, or tells of none: whether
+    /// the process is gone, or holds no VM, is then read from `/proc`.
+    fn vms_held_by(&self, pid: i32) -> Option<Vec<u32>> {
+        hvstats_host::bpf::vm_files::vm_fds(pid, self.copy.as_fd())?.ok().filter(|vms| !vms.is_empty())
+    }
+
     /// Has each walk of the host's tasks check that `pid` holds this VM at `fd`
     /// ([`task_iter::TaskIterProgram::watch_file`]); false where the walk cannot.
     fn watch_in_walks(&self, pid: i32, fd: u32) -> bool {
@@ -319,12 +329,15 @@ impl VmWatch {
             return Ok(None);
         }
         let count = counted.unwrap_or_else(|| self.fd_count(procfs, pid));
-        let fds = match &self.fd_dir {
-            Some(dir) => crate::discovery::kvm_fds_in(dir).map(|(fds, _)| fds),
-            None => procfs.kvm_fds(pid),
+        let vms = match self.object.vms_held_by(pid) {
+            Some(vms) => Ok(vms),
+            None => match &self.fd_dir {
+                Some(dir) => crate::discovery::kvm_fds_in(dir).map(|(fds, _)| fds.vms),
+                None => procfs.kvm_fds(pid).map(|fds| fds.vms),
+            },
         };
-        let fds = match fds {
-            Ok(fds) => fds,
+        let vms = match vms {
+            Ok(vms) => vms,
             // Gone: its refresh says so at the next turn.
             Err(e) if is_gone(&e) => return Ok(None),
             Err(e) => return Err(e),
@@ -334,7 +347,7 @@ impl VmWatch {
         self.rescan_at = self.refreshes + every;
         let mut held_at = None;
         let mut others = false;
-        for &fd in &fds.vms {
+        for &fd in &vms {
             if self.object.is_held_at(pid, fd)? {
                 held_at.get_or_insert(fd);
             } else {

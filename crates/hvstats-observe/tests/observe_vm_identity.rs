@@ -508,6 +508,7 @@ fn a_vm_made_beside_the_one_attached_while_the_descriptors_number_holds_still_is
     vmm.tell("add-steady", "replaced");
     assert_eq!(fds(), before, "the VMM's number of descriptors held still");
     // Only the periodic full reading finds it: within RESCAN_TICKS refreshes of the VM.
+    let found = hvstats_host::bpf::vm_files::found();
     let mut events = Vec::new();
     let mut refreshes = 0;
     while observer.vms().count() == 1 {
@@ -519,6 +520,10 @@ fn a_vm_made_beside_the_one_attached_while_the_descriptors_number_holds_still_is
         events.iter().any(|e| matches!(e, ObserverEvent::Detached { why: Departure::VmChanged, .. })),
         "{events:#?}"
     );
+    // Where the kernel gives it, that reading is the task-file iterator's, not /proc's.
+    if hvstats_host::bpf::vm_files::shared().is_some() {
+        assert!(hvstats_host::bpf::vm_files::found() > found, "read from /proc, not in the kernel");
+    }
 }
 
 /// Since when the VM's tracepoints count, once they are kept in the kernel for the next observer

@@ -20,6 +20,7 @@ pub mod raw;
 pub mod stats_copy;
 pub mod sys;
 pub mod task_iter;
+pub mod vm_files;
 
 pub use engine::{
     Adoption, CarriedColumn, Claim, Context, Engine, EngineError, EngineLayout, MAX_ROWS, MIN_ROWS,
