@@ -24,7 +24,8 @@
 //! costs a guest ([`observe_fleet`]); how the observer's CPU, memory and descriptors grow from 64
 //! to 1,024 VMs of 4 vCPU threads ([`observe_scale`]); how long a restarted observer takes to
 //! adopt 4,096 kept rows ([`restart`]); what the per-thread reads of a refresh cost a vCPU thread
-//! ([`thread_reads`]); a host's context switch with the observer running against without
+//! ([`thread_reads`]); a full reading of a VMM's descriptors in the kernel against `/proc`
+//! ([`vm_fds`]); a host's context switch with the observer running against without
 //! ([`context_switch`]); the userspace exit with accounting on against off; a
 //! hypercall against a plain exit; how long SIGTERM takes to end `observe --all` and `serve
 //! --observe-all` with a VM attached, against the same binary's `serve` alone ([`shutdown`]).
@@ -54,6 +55,7 @@ pub mod row;
 pub mod scrape;
 pub mod shutdown;
 pub mod thread_reads;
+pub mod vm_fds;
 
 use hvstats::Hypervisor;
 
@@ -148,6 +150,9 @@ pub fn run(options: &Options, progress: &dyn Progress) -> Result<Vec<Row>, Bench
     rows.extend(observe_fleet::observe_fleet_rows(&plan, &kvm, &wanted));
     if wanted(thread_reads::ROW) {
         rows.push(thread_reads::thread_reads_row(&plan));
+    }
+    if wanted(vm_fds::ROW) {
+        rows.push(vm_fds::vm_fds_row(&plan));
     }
     rows.extend(observe_scale::observe_scale_rows(&plan, &kvm, &wanted));
     if wanted(context_switch::ROW) {

@@ -184,7 +184,7 @@ impl Procfs {
     ///
     /// # Errors
     /// When the directory cannot be opened (the process is gone, out of descriptors).
-    pub(crate) fn fd_dir(&self, pid: i32) -> io::Result<fs::File> {
+    pub fn fd_dir(&self, pid: i32) -> io::Result<fs::File> {
         use std::os::unix::fs::OpenOptionsExt;
         fs::OpenOptions::new()
             .read(true)
@@ -651,7 +651,7 @@ fn numeric_entries(dir: &Path) -> io::Result<Vec<i32>> {
 /// # Errors
 /// When the directory cannot be listed (the process is gone, or not ours to see), or a link
 /// is refused.
-pub(crate) fn kvm_fds_in(dir: &fs::File) -> io::Result<(KvmFds, u64)> {
+pub fn kvm_fds_in(dir: &fs::File) -> io::Result<(KvmFds, u64)> {
     use rustix::fs::{Dir, Mode, OFlags, openat, readlinkat};
     let listing = openat(dir, c".", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
     let mut listed: Vec<(u32, std::ffi::CString)> = Vec::new();

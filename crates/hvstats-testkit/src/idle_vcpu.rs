@@ -60,4 +60,10 @@ impl IdleVm {
         let vcpus = (0..vcpus).map(|i| vm.create_vcpu(i)).collect::<Result<Vec<_>, _>>()?;
         Ok(Self { _vcpus: vcpus, _vm: vm })
     }
+
+    /// The VM's file descriptor (`anon_inode:kvm-vm`), as a VMM holds it.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the VM fd is open as long as `self` lives, which the borrow ties the result to.
+        unsafe { BorrowedFd::borrow_raw(self._vm.as_raw_fd()) }
+    }
 }
