@@ -329,14 +329,7 @@ impl VmWatch {
             return Ok(None);
         }
         let count = counted.unwrap_or_else(|| self.fd_count(procfs, pid));
-        let vms = match self.object.vms_held_by(pid) {
-            Some(vms) => Ok(vms),
-            None => match &self.fd_dir {
-                Some(dir) => crate::discovery::kvm_fds_in(dir).map(|(fds, _)| fds.vms),
-                None => procfs.kvm_fds(pid).map(|fds| fds.vms),
-            },
-        };
-        let vms = match vms {
+        let vms = match self.vm_descriptors(procfs, pid) {
             Ok(vms) => vms,
             // Gone: its refresh says so at the next turn.
             Err(e) if is_gone(&e) => return Ok(None),
@@ -368,6 +361,18 @@ impl VmWatch {
                 None
             }
         })
+    }
+
+    /// The descriptors of `pid` that are KVM VMs, read in full: in the kernel where it tells
+    /// ([`VmObject::vms_held_by`]), else from `/proc`.
+    fn vm_descriptors(&self, procfs: &Procfs, pid: i32) -> io::Result<Vec<u32>> {
+        match self.object.vms_held_by(pid) {
+            Some(vms) => Ok(vms),
+            None => match &self.fd_dir {
+                Some(dir) => crate::discovery::kvm_fds_in(dir).map(|(fds, _)| fds.vms),
+                None => procfs.kvm_fds(pid).map(|fds| fds.vms),
+            },
+        }
     }
 }
 
