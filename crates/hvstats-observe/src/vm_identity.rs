@@ -17,11 +17,12 @@
 //!   one `stat` of its `fd` directory (held open: no path is walked); a full reading of its
 //!   descriptors (in the kernel, one run of a task-file iterator over its files,
 //!   [`hvstats_host::bpf::vm_files`], where it can be had; else `/proc/PID/fd`, a `readlink`
-//!   each) when their number changed, and at least once every [`RESCAN_TICKS`] refreshes (every N refreshes for a
-//!   process holding N descriptors, more than that), so a VMM that keeps its count of
-//!   descriptors steady is found within that bound. Watches made together (every VM found at
-//!   an observer's start) take turns for their first full reading, so the readings of many VMs
-//!   spread over the ticks instead of all falling in one tick every [`RESCAN_TICKS`];
+//!   each) when their number changed, and at least once every [`RESCAN_TICKS`] refreshes
+//!   (every N refreshes for a process holding N descriptors, more than that), so a VMM that
+//!   keeps its count of descriptors steady is found within that bound. Watches made together
+//!   (every VM found at an observer's start) take turns for their first full reading, so the
+//!   readings of many VMs spread over the ticks instead of all falling in one tick every
+//!   [`RESCAN_TICKS`];
 //! - [`vm_token`]: what names a VM beyond this process's life (its KVM debugfs directory), for
 //!   the in-kernel counts kept across observers.
 //!

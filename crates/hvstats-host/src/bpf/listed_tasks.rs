@@ -27,7 +27,9 @@ use std::collections::BTreeSet;
 use std::io;
 
 use super::btf::Btf;
-use super::insn::{Asm, AsmError, Cond, HELPER_MAP_LOOKUP_ELEM, R0, R1, R2, R3, R6, R7, R10, Size};
+use super::insn::{
+    Asm, AsmError, Cond, HELPER_MAP_LOOKUP_ELEM, HELPER_PROBE_READ_KERNEL, R0, R1, R2, R3, R6, R7, R10, Size,
+};
 use super::sys::{ArrayMap, Program, TaskIterLink};
 use super::task_iter::{
     FIELDS, HELD, HostTasks, MAX_THREADS, RECORD, TaskIterError, TaskIterProgram, TaskLayout, Walked,
@@ -434,6 +436,15 @@ pub(super) fn main_thread_state(
 pub(super) fn stack_ptr(a: &mut Asm, dst: super::insn::Reg, at: i16) {
     a.mov(dst, R10);
     a.add_imm(dst, i32::from(at));
+}
+
+/// `r0 = bpf_probe_read_kernel(r10 + into, bytes, src + off)`.
+pub(super) fn probe_read(a: &mut Asm, into: i16, bytes: i32, src: super::insn::Reg, off: i32) {
+    a.mov(R3, src);
+    a.add_imm(R3, off);
+    stack_ptr(a, R1, into);
+    a.mov_imm(R2, bytes);
+    a.call(HELPER_PROBE_READ_KERNEL);
 }
 
 /// `r0 = bpf_map_lookup_elem(map, &key)`, the key (a `u32`) from `key_reg`, or 0, stored at the

@@ -45,9 +45,9 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use super::btf::{Btf, Member};
 use super::insn::{
     Asm, AsmError, Cond, HELPER_GET_CURRENT_TASK, HELPER_PROBE_READ_KERNEL, R0, R1, R2, R3, R6, R7, R8, R9,
-    R10, Reg, Size,
+    R10, Size,
 };
-use super::listed_tasks::{Kfuncs, for_each_number, lookup, main_thread_state, stack_ptr};
+use super::listed_tasks::{Kfuncs, for_each_number, lookup, main_thread_state, probe_read};
 use super::sys::{ArrayMap, Program, TaskIterLink};
 use super::task_iter::{TaskIterError, TaskLayout, file_at};
 
@@ -530,15 +530,6 @@ fn copy_block(a: &mut Asm, layout: &StatsLayout, failed: super::insn::Label) -> 
 
 fn offset(m: Member) -> Result<i32, AsmError> {
     i32::try_from(m.offset).map_err(|_| AsmError::TooFar)
-}
-
-/// `r0 = bpf_probe_read_kernel(r10 + into, bytes, src + off)`.
-fn probe_read(a: &mut Asm, into: i16, bytes: i32, src: Reg, off: i32) {
-    a.mov(R3, src);
-    a.add_imm(R3, off);
-    stack_ptr(a, R1, into);
-    a.mov_imm(R2, bytes);
-    a.call(HELPER_PROBE_READ_KERNEL);
 }
 
 #[cfg(test)]

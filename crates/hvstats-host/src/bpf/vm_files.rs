@@ -27,10 +27,9 @@ use std::sync::{Mutex, OnceLock};
 
 use super::btf::{Btf, Member};
 use super::insn::{
-    Asm, AsmError, Cond, HELPER_GET_CURRENT_TASK, HELPER_PROBE_READ_KERNEL, HELPER_SEQ_WRITE, R0, R1, R2, R3,
-    R6, R7, R9, R10, Size,
+    Asm, AsmError, Cond, HELPER_GET_CURRENT_TASK, HELPER_SEQ_WRITE, R0, R1, R2, R3, R6, R7, R9, R10, Size,
 };
-use super::listed_tasks::{lookup, stack_ptr};
+use super::listed_tasks::{lookup, probe_read, stack_ptr};
 use super::sys::{ArrayMap, Program, TaskIterLink};
 use super::task_iter::{TaskIterError, file_at};
 
@@ -80,8 +79,8 @@ impl VmFiles {
     /// descriptor of a VM) is, ascending.
     ///
     /// # Errors
-    /// What linking, running or reading the iterator returns (ESRCH: the process is gone), and
-    /// `InvalidData` where it gives more than [`MAX_VMS`].
+    /// What linking, running or reading the iterator returns, and `InvalidData` where it gives
+    /// more than [`MAX_VMS`]. A process gone gives none, or an error (`ESRCH`).
     pub fn of_process(&mut self, pid: i32, ours: BorrowedFd<'_>) -> io::Result<Vec<u32>> {
         let own = u32::try_from(ours.as_raw_fd()).map_err(|_| io::ErrorKind::InvalidInput)?;
         let mut state = [0u8; 8];
@@ -141,7 +140,7 @@ fn assemble(path: &[Member; 4], f_op: Member, state: i32) -> Result<Vec<u64>, As
     a.load(Size::Dw, R1, R6, CTX_FILE);
     a.jump_imm(Cond::Eq, R1, 0, out);
     // Their file's operations, read as the iterator holds it.
-    probe_read(&mut a, THEIRS, R1, f_op);
+    probe_read(&mut a, THEIRS, 8, R1, f_op);
     a.jump_imm(Cond::Ne, R0, 0, out);
     a.load(Size::W, R1, R6, CTX_FD);
     a.store(Size::Dw, R10, FD, R1);
@@ -154,7 +153,7 @@ fn assemble(path: &[Member; 4], f_op: Member, state: i32) -> Result<Vec<u64>, As
     file_at(&mut a, R7, R9, path, TMP, OURS, out)?;
     a.load(Size::Dw, R1, R10, OURS);
     a.jump_imm(Cond::Eq, R1, 0, out);
-    probe_read(&mut a, OURS, R1, f_op);
+    probe_read(&mut a, OURS, 8, R1, f_op);
     a.jump_imm(Cond::Ne, R0, 0, out);
     a.load(Size::Dw, R1, R10, THEIRS);
     a.load(Size::Dw, R2, R10, OURS);
@@ -169,15 +168,6 @@ fn assemble(path: &[Member; 4], f_op: Member, state: i32) -> Result<Vec<u64>, As
     a.mov_imm(R0, 0);
     a.exit();
     a.finish()
-}
-
-/// `r0 = bpf_probe_read_kernel(r10 + into, 8, src + off)`.
-fn probe_read(a: &mut Asm, into: i16, src: super::insn::Reg, off: i32) {
-    a.mov(R3, src);
-    a.add_imm(R3, off);
-    stack_ptr(a, R1, into);
-    a.mov_imm(R2, 8);
-    a.call(HELPER_PROBE_READ_KERNEL);
 }
 
 #[cfg(test)]
