@@ -226,6 +226,9 @@ pub(super) struct TaskLayout {
     pub(super) iter_task: u32,
     pub(super) fields: [Member; FIELDS.len()],
     pub(super) path: Option<[Member; 4]>,
+    /// The BTF id of `bpf_iter_task_file`, and `file.f_op`: what a task-file iterator program
+    /// attaches to and reads ([`super::vm_files`]), where the kernel has them.
+    pub(super) task_files: Option<(u32, Member)>,
 }
 
 /// The files a walk checks its processes hold: by process, the descriptor it holds the file at
@@ -258,7 +261,8 @@ impl TaskIterProgram {
             .collect::<Option<Vec<_>>>()
             .and_then(|m| m.try_into().ok())
             .filter(|m: &[Member; 4]| [8, 8, 4, 8] == m.map(|m| m.size));
-        let layout = TaskLayout { iter_task, fields, path };
+        let task_files = btf.func("bpf_iter_task_file").ok().zip(btf.member("file", "f_op").ok());
+        let layout = TaskLayout { iter_task, fields, path, task_files };
         drop(btf);
         // With the held-file check where the kernel takes it, else without.
         let held = path.zip(ArrayMap::create_hash(8, WATCHED).ok());

@@ -11,8 +11,10 @@
 //!
 //! ```text
 //! file = ctx->file; if !file: return 0                        // the walk's last call
-//! ours = current->files->fdt->fd[state.own_fd]; if !ours: return 0
-//! if file->f_op == ours->f_op:
+//! if !state.ops:                                              // the run's first file
+//!     ours = current->files->fdt->fd[state.own_fd]; if !ours: return 0
+//!     state.ops = ours->f_op
+//! if file->f_op == state.ops:
 //!     bpf_seq_write(ctx->meta->seq, &(u64)ctx->fd, 8)
 //! ```
 //!
@@ -25,9 +27,9 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::{Mutex, OnceLock};
 
-use super::btf::{Btf, Member};
+use super::btf::Member;
 use super::insn::{
-    Asm, AsmError, Cond, HELPER_GET_CURRENT_TASK, HELPER_SEQ_WRITE, R0, R1, R2, R3, R6, R7, R9, R10, Size,
+    Asm, AsmError, Cond, HELPER_GET_CURRENT_TASK, HELPER_SEQ_WRITE, R0, R1, R2, R3, R6, R7, R8, R9, R10, Size,
 };
 use super::listed_tasks::{lookup, probe_read, stack_ptr};
 use super::sys::{ArrayMap, Program, TaskIterLink};
@@ -41,6 +43,11 @@ const MAX_VMS: u64 = 4096;
 const CTX_META: i16 = 0;
 const CTX_FD: i16 = 16;
 const CTX_FILE: i16 = 24;
+
+/// The state: this process's descriptor of its VM (u32, then 4 bytes unused), and the
+/// operations of its file (u64), 0 until the run's first file found them.
+const STATE_BYTES: usize = 16;
+const STATE_OPS: i16 = 8;
 
 /// The program's stack: the map key, a read's landing slot, the two files, the descriptor.
 const KEY: i16 = -8;
@@ -65,11 +72,8 @@ impl VmFiles {
     fn load() -> Result<Self, TaskIterError> {
         let task = super::task_iter::shared().ok_or(TaskIterError::Unsupported("task iterator"))?.layout;
         let path = task.path.ok_or(TaskIterError::Unsupported("a path from a task to its files"))?;
-        let btf = Btf::vmlinux()?;
-        let iter = btf.func("bpf_iter_task_file")?;
-        let f_op = btf.member("file", "f_op")?;
-        drop(btf);
-        let state = ArrayMap::create(8, 1, false).map_err(TaskIterError::Link)?;
+        let (iter, f_op) = task.task_files.ok_or(TaskIterError::Unsupported("task-file iterator"))?;
+        let state = ArrayMap::create(STATE_BYTES, 1, false).map_err(TaskIterError::Link)?;
         let insns = assemble(&path, f_op, state.raw_fd())?;
         let program = Program::load_task_iter(&insns, iter)?;
         Ok(Self { program, state, buf: Vec::new() })
@@ -83,7 +87,8 @@ impl VmFiles {
     /// more than [`MAX_VMS`]. A process gone gives none, or an error (`ESRCH`).
     pub fn of_process(&mut self, pid: i32, ours: BorrowedFd<'_>) -> io::Result<Vec<u32>> {
         let own = u32::try_from(ours.as_raw_fd()).map_err(|_| io::ErrorKind::InvalidInput)?;
-        let mut state = [0u8; 8];
+        // The operations are found anew by this run: none kept from the last.
+        let mut state = [0u8; STATE_BYTES];
         state[..4].copy_from_slice(&own.to_ne_bytes());
         self.state.write(0, &state)?;
         let link = TaskIterLink::of_process(&self.program, pid)?;
@@ -144,10 +149,16 @@ fn assemble(path: &[Member; 4], f_op: Member, state: i32) -> Result<Vec<u64>, As
     a.jump_imm(Cond::Ne, R0, 0, out);
     a.load(Size::W, R1, R6, CTX_FD);
     a.store(Size::Dw, R10, FD, R1);
-    // Ours: this process's VM, at the descriptor the state names.
+    // Ours: this process's VM's operations, found by the run's first file through the
+    // descriptor the state names, and kept in the state for the run's others.
+    let compare = a.label();
     lookup(&mut a, state, KEY, None);
     a.jump_imm(Cond::Eq, R0, 0, out);
-    a.load(Size::W, R9, R0, 0);
+    a.mov(R8, R0);
+    a.load(Size::Dw, R1, R8, STATE_OPS);
+    a.store(Size::Dw, R10, OURS, R1);
+    a.jump_imm(Cond::Ne, R1, 0, compare);
+    a.load(Size::W, R9, R8, 0);
     a.call(HELPER_GET_CURRENT_TASK);
     a.mov(R7, R0);
     file_at(&mut a, R7, R9, path, TMP, OURS, out)?;
@@ -155,6 +166,9 @@ fn assemble(path: &[Member; 4], f_op: Member, state: i32) -> Result<Vec<u64>, As
     a.jump_imm(Cond::Eq, R1, 0, out);
     probe_read(&mut a, OURS, 8, R1, f_op);
     a.jump_imm(Cond::Ne, R0, 0, out);
+    a.load(Size::Dw, R1, R10, OURS);
+    a.store(Size::Dw, R8, STATE_OPS, R1);
+    a.bind(compare);
     a.load(Size::Dw, R1, R10, THEIRS);
     a.load(Size::Dw, R2, R10, OURS);
     a.jump_imm(Cond::Eq, R1, 0, out);
