@@ -72,6 +72,17 @@ impl std::os::fd::AsFd for KvmStats {
     }
 }
 
+/// The descriptors of a statistics file: equal for two files whose every statistic is at the same
+/// place, of the same scale ([`KvmStats::same_layout`]), and kept alive while held.
+#[derive(Clone, Debug)]
+pub struct Descriptors(Arc<Descs>);
+
+impl PartialEq for Descriptors {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
 /// An invalid statistics file, saying what is wrong with it.
 fn bad(what: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, format!("KVM stats: {what}"))
@@ -221,6 +232,11 @@ impl KvmStats {
     /// of the same scale, in both): what is looked up in one holds for the other.
     pub fn same_layout(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.descs, &other.descs)
+    }
+
+    /// Its descriptors, to keep what is looked up in them for other files of the same.
+    pub fn descriptors(&self) -> Descriptors {
+        Descriptors(self.descs.clone())
     }
 
     /// True when the kernel has a statistic called `name`.

@@ -20,7 +20,7 @@ use std::fs::{self, File};
 use std::io;
 use std::ops::Range;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use hvstats::SharedPage;
 use hvstats_abi::ObjectKind;
@@ -35,7 +35,7 @@ use hvstats_abi::counter_set::CounterSet;
 use hvstats_host::os::check;
 use hvstats_sources::counter_source::Gives;
 use hvstats_sources::counter_source::{CounterSource, Object};
-use hvstats_sources::kvm_stats::{KvmStats, Stat};
+use hvstats_sources::kvm_stats::{Descriptors, KvmStats, Stat};
 
 /// The descriptor link of a vCPU's statistics (`anon_inode:kvm-vcpu-stats:<vcpu id>`).
 const VCPU_STATS: &str = "anon_inode:kvm-vcpu-stats:";
@@ -65,6 +65,37 @@ std::thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// The counters of `kind` located in `stats`, and the words of its data block they are in: taken
+/// from the copy of another descriptor of the same layout when one was made. Every vCPU of a
+/// host's VMs has the same layout, and every VM the same: an observer of a thousand VMs keeps
+/// two, which a refresh finds warm, where one a VM would be read cold at each.
+fn located(stats: &KvmStats, kind: ObjectKind) -> (Arc<Resolved<Stat>>, Range<usize>) {
+    type Kept = (Descriptors, ObjectKind, Arc<Resolved<Stat>>, Range<usize>);
+    /// A few are enough: a vCPU's and a VM's, of each KVM module loaded meanwhile.
+    const MAX_KEPT: usize = 8;
+    static KEPT: Mutex<Vec<Kept>> = Mutex::new(Vec::new());
+    let layout = stats.descriptors();
+    let mut kept = KEPT.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((.., resolved, words)) = kept.iter().find(|(l, k, ..)| *l == layout && *k == kind) {
+        return (resolved.clone(), words.clone());
+    }
+    // Every statistic located, whether or not its counter keeps it: a few words more at most,
+    // never one less.
+    let words = std::cell::RefCell::new(0..0);
+    let resolved = Resolved::of(kind, &|name, buckets| {
+        let stat = stats.stat(name).filter(|stat| !buckets || stat.is_histogram())?;
+        let mut all = words.borrow_mut();
+        let at = stat.words();
+        *all = if all.is_empty() { at } else { all.start.min(at.start)..all.end.max(at.end) };
+        Some(stat)
+    });
+    let (resolved, words) = (Arc::new(resolved), words.into_inner());
+    if kept.len() < MAX_KEPT {
+        kept.push((layout, kind, resolved.clone(), words.clone()));
+    }
+    (resolved, words)
+}
+
 /// Where a descriptor's last reading is.
 #[derive(Debug)]
 enum Reading {
@@ -77,25 +108,10 @@ enum Reading {
 }
 
 impl Copied {
-    /// `stats`, of an object of `kind`, its counters located anew or taken from `like` (a copy
-    /// of the same kind) when that has the same layout.
-    fn new(stats: KvmStats, kind: ObjectKind, like: Option<&Copied>) -> Self {
-        let (resolved, words) = match like.filter(|c| c.stats.same_layout(&stats)) {
-            Some(like) => (like.resolved.clone(), like.words.clone()),
-            None => {
-                // Every statistic located, whether or not its counter keeps it: a few words more
-                // at most, never one less.
-                let words = std::cell::RefCell::new(0..0);
-                let resolved = Resolved::of(kind, &|name, buckets| {
-                    let stat = stats.stat(name).filter(|stat| !buckets || stat.is_histogram())?;
-                    let mut all = words.borrow_mut();
-                    let at = stat.words();
-                    *all = if all.is_empty() { at } else { all.start.min(at.start)..all.end.max(at.end) };
-                    Some(stat)
-                });
-                (Arc::new(resolved), words.into_inner())
-            }
-        };
+    /// `stats`, of an object of `kind`, its counters located anew or taken from those of an
+    /// earlier copy of the same layout ([`located`]).
+    fn new(stats: KvmStats, kind: ObjectKind) -> Self {
+        let (resolved, words) = located(&stats, kind);
         let of = match kind {
             ObjectKind::Partition => StatsOf::Vm,
             _ => StatsOf::Vcpu,
@@ -239,14 +255,8 @@ enum Failure {
 }
 
 /// Descriptor `fd` of the VMM, copied, checked to be KVM's statistics named `link`, and parsed
-/// (its counters located as in `like` when it has the same layout).
-fn copy_checked(
-    pidfd: &OwnedFd,
-    fd: RawFd,
-    link: &str,
-    kind: ObjectKind,
-    like: Option<&Copied>,
-) -> Result<Copied, Failure> {
+/// (its counters located as in any other copy of the same layout).
+fn copy_checked(pidfd: &OwnedFd, fd: RawFd, link: &str, kind: ObjectKind) -> Result<Copied, Failure> {
     let file = copy_fd(pidfd, fd).map_err(Failure::Copy)?;
     if let Some(why) = check_copy(&file, link) {
         return Err(Failure::Refused(format!("descriptor {fd}, listed as {link:?}: {why}")));
@@ -255,7 +265,7 @@ fn copy_checked(
         io::ErrorKind::InvalidData => Failure::Refused(format!("descriptor {fd} ({link}): {e}")),
         _ => Failure::Copy(e),
     })?;
-    Ok(Copied::new(stats, kind, like))
+    Ok(Copied::new(stats, kind))
 }
 
 /// Copies the statistics descriptors the VMM holds; `None` when it holds none.
@@ -292,12 +302,12 @@ pub fn open(at: &VmAttach<'_>) -> Result<Option<Box<dyn VmSource>>, ObserveError
         for (id, fd) in &vcpu_fds {
             if let Some(&index) = index_of.get(id) {
                 let link = format!("{VCPU_STATS}{id}");
-                let copied = copy_checked(&pidfd, *fd, &link, ObjectKind::Vp, me.vcpus.values().next())?;
+                let copied = copy_checked(&pidfd, *fd, &link, ObjectKind::Vp)?;
                 me.vcpus.insert(index, copied);
             }
         }
         if let Some(fd) = vm_fd {
-            me.vm = Some(copy_checked(&pidfd, fd, VM_STATS, ObjectKind::Partition, None)?);
+            me.vm = Some(copy_checked(&pidfd, fd, VM_STATS, ObjectKind::Partition)?);
         }
         Ok(())
     });
