@@ -110,10 +110,10 @@ pub struct ObservedVm {
     name: String,
     uuid: Option<hvstats::vmm::VmUuid>,
     vm_fd: u32,
-    /// When the VM's identity on its platform was read, and what it is (`None` before its first
-    /// refresh; read again once a [`hvstats_platform::REREAD_PERIOD`], so a change the platform makes is seen
+    /// The VM's identity on its platform, as last read (`None` before its first refresh; read
+    /// again once a [`hvstats_platform::REREAD_PERIOD`], so a change the platform makes is seen
     /// within it).
-    platform: Option<(std::time::Instant, Option<hvstats_platform::Identity>)>,
+    platform: Option<PlatformRead>,
     attached: SystemTime,
     vcpus: Vec<Vcpu>,
     sources: Composition<dyn VmSource>,
@@ -158,6 +158,30 @@ fn watch_of(procfs: &Procfs, pid: i32, vm_fd: u32) -> (bool, Option<VmWatch>) {
         .flatten()
         .map(|object| VmWatch::new(procfs, pid, vm_fd, object));
     (live, watch)
+}
+
+/// A VM's identity on its platform, as last read.
+#[derive(Debug)]
+struct PlatformRead {
+    /// When it was read.
+    at: std::time::Instant,
+    /// The VMM's owner then.
+    owner: Option<u32>,
+    /// What the process tells: its command line, owner and cgroup, and for Proxmox VE its VM's
+    /// configuration ([`Procfs::platform_identity`]).
+    of_process: Option<hvstats_platform::Identity>,
+    /// What is shown: a peer's word where one is had (libvirt's Nova metadata), else the
+    /// process's.
+    shown: Option<hvstats_platform::Identity>,
+}
+
+impl PlatformRead {
+    /// Whether the process is read again, its owner now `owner`: where the owner changed, or
+    /// its identity draws on a file its platform may change (a Proxmox VE VM's configuration).
+    fn reads_process_again(&self, owner: Option<u32>) -> bool {
+        use hvstats_platform::Platform;
+        self.owner != owner || self.of_process.as_ref().is_some_and(|i| i.platform() == Platform::Proxmox)
+    }
 }
 
 impl ObservedVm {
@@ -296,14 +320,28 @@ impl ObservedVm {
     /// The VM's identity on the platform that runs it, when one is read (trusted or not: see
     /// [`hvstats_platform::Identity::labels`]).
     pub fn platform(&self) -> Option<&hvstats_platform::Identity> {
-        self.platform.as_ref().and_then(|(_, identity)| identity.as_ref())
+        self.platform.as_ref().and_then(|read| read.shown.as_ref())
     }
 
-    /// Reads the VM's platform identity again once [`hvstats_platform::REREAD_PERIOD`] passed since the last.
+    /// Reads the VM's platform identity again once [`hvstats_platform::REREAD_PERIOD`] passed
+    /// since the last. What the process tells is read once: its command line and cgroup are
+    /// fixed while it runs a VM, and read anew where its owner changed (a VMM that drops root
+    /// after making its VM); what its platform may change meanwhile (a Proxmox VE VM's
+    /// configuration) is read again each time. A thousand VMs' command lines are then not read
+    /// every minute.
     fn reread_platform(&mut self, procfs: &Procfs) {
-        if self.platform.as_ref().is_none_or(|(at, _)| at.elapsed() >= hvstats_platform::REREAD_PERIOD) {
-            self.platform = Some((std::time::Instant::now(), procfs.platform_identity(self.pid)));
-        }
+        use hvstats_platform::REREAD_PERIOD;
+        let read = match &self.platform {
+            Some(read) if read.at.elapsed() < REREAD_PERIOD => return,
+            read => read,
+        };
+        let owner = procfs.owner(self.pid);
+        let of_process = match read {
+            Some(read) if !read.reads_process_again(owner) => read.of_process.clone(),
+            _ => procfs.platform_identity(self.pid),
+        };
+        let at = std::time::Instant::now();
+        self.platform = Some(PlatformRead { at, owner, shown: of_process.clone(), of_process });
     }
 
     /// The VMM.
@@ -464,10 +502,10 @@ impl ObservedVm {
         self.learned.clear();
         self.learned.extend(self.sources.sources_mut().map(|s| s.read(&view)));
         // A peer's word on the platform (libvirt's Nova metadata) before the process's own.
-        if let (Some((_, identity)), Some(platform)) =
+        if let (Some(read), Some(platform)) =
             (&mut self.platform, self.learned.iter().find_map(|l| l.platform.clone()))
         {
-            *identity = Some(platform);
+            read.shown = Some(platform);
         }
         self.sources.decide();
         // Every VP's counts were read above: one time dates them all.
@@ -845,5 +883,22 @@ mod tests {
         assert_eq!(kept_since(sources[..4].iter().copied()), at(300));
         assert_eq!(kept_since(sources[..1].iter().copied()), None, "a time of a source not kept is not one");
         assert_eq!(kept_since([(Origin::Kept, None)].into_iter()), None, "kept, not known yet");
+    }
+
+    #[test]
+    fn a_processs_command_line_is_read_once_but_where_its_owner_changed_or_its_platform_keeps_a_file() {
+        use hvstats_platform::{Identity, Platform};
+        let read = |owner, platform: Option<Platform>| PlatformRead {
+            at: std::time::Instant::now(),
+            owner,
+            of_process: platform.map(|p| Identity::new(p, Vec::new(), true)),
+            shown: None,
+        };
+        for platform in [None, Some(Platform::KubeVirt)] {
+            assert!(!read(Some(0), platform).reads_process_again(Some(0)), "{platform:?}");
+            assert!(read(Some(0), platform).reads_process_again(Some(64055)), "{platform:?}: root dropped");
+            assert!(read(None, platform).reads_process_again(Some(0)), "{platform:?}: owner told now");
+        }
+        assert!(read(Some(0), Some(Platform::Proxmox)).reads_process_again(Some(0)), "its VM's file");
     }
 }
