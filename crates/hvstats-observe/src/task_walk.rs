@@ -59,7 +59,11 @@ impl TaskWalk {
             }
             Err(_) => false,
         };
-        self.tasks.sort_unstable_by_key(|t| (t.sched.tgid, t.sched.tid));
+        // The walk of listed processes gives them in order, each one's threads as it made them:
+        // sorted already, but where thread ids wrapped around.
+        if !self.tasks.is_sorted_by_key(|t| (t.sched.tgid, t.sched.tid)) {
+            self.tasks.sort_unstable_by_key(|t| (t.sched.tgid, t.sched.tid));
+        }
         self.processes.clear();
         for (i, t) in self.tasks.iter().enumerate() {
             match self.processes.last_mut() {
