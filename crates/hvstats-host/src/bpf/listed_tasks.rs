@@ -20,8 +20,9 @@
 //!
 //! `pids` is an array the reader writes where its list changed; `records` and `state` are arrays
 //! the reader maps. The room for processes and records starts small. A walk that found more
-//! threads than its room is cut, and says so ([`Walked::complete`]); the walk is then made anew
-//! (its program with it) with room for all it found, and more.
+//! threads than its room is cut; the walk is then made anew (its program with it) with room for
+//! all it found, and more, and walked again at once. Only one cut again (threads made between
+//! the two) says so ([`Walked::complete`]).
 
 use std::collections::BTreeSet;
 use std::io;
@@ -162,6 +163,19 @@ impl ListedTasks {
     /// # Errors
     /// What writing the list, or running the walk, returns.
     pub fn walk(&mut self, processes: &BTreeSet<i32>) -> io::Result<Walked<'_>> {
+        let mut complete = self.walk_once(processes)?;
+        // Cut for want of room for the threads it found: made again at once with room for them,
+        // so the walk that grows leaves no VM to `/proc` for a tick. (Threads made meanwhile may
+        // cut it again: the next walk grows further.)
+        let records = self.records.entries();
+        if !complete && self.found > u64::from(records) && records < MAX_THREADS as u32 {
+            complete = self.walk_once(processes)?;
+        }
+        Ok(Walked::of(&self.buf, !complete))
+    }
+
+    /// Walks the threads of `processes` once, into `buf`: whether it walked them all.
+    fn walk_once(&mut self, processes: &BTreeSet<i32>) -> io::Result<bool> {
         self.make_room(processes.len())?;
         // Those past the room are not walked: the walk is cut.
         let unlisted = processes.len().saturating_sub(self.pids.entries() as usize);
@@ -173,7 +187,7 @@ impl ListedTasks {
         if !self.records.copy_mapped(written, &mut self.buf) {
             return Err(io::ErrorKind::Unsupported.into());
         }
-        Ok(Walked::of(&self.buf, cut || unlisted > 0))
+        Ok(!cut && unlisted == 0)
     }
 
     /// Makes the walk anew with room for `processes` processes, and for their threads: a
@@ -546,22 +560,24 @@ mod tests {
     }
 
     #[test]
-    fn a_walk_past_its_room_is_cut_and_the_next_has_room_for_every_thread() {
+    fn a_walk_past_its_room_is_cut_and_made_again_at_once_with_room_for_every_thread() {
         let Some(mut walk) = listed() else { return };
         let mut children: Vec<Child> = (0..3).map(|_| sleeper()).collect();
         // Room for fewer records than threads: 3 sleepers' and this process's several.
         walk = ListedTasks::with_room(walk.source, 4, 2).unwrap();
         let listed: BTreeSet<i32> =
             children.iter().map(|c| c.id() as i32).chain([std::process::id() as i32]).collect();
-        let first = walk.walk(&listed).unwrap();
-        assert!(!first.complete(), "4 processes' threads in room for 2");
-        assert_eq!(first.tasks().count(), 2, "the records there was room for");
+        // Walked once, it is cut: 4 processes' threads in room for 2.
+        assert!(!walk.walk_once(&listed).unwrap(), "4 processes' threads in room for 2");
+        assert_eq!(Walked::of(&walk.buf, true).tasks().count(), 2, "the records there was room for");
         let found = walk.found;
         assert!(found >= 5, "3 sleepers and this process's threads: {found}");
-        // The next walk has room for all the last found.
-        let second = walk.walk(&listed).unwrap();
-        assert!(second.complete());
-        let walked: BTreeSet<i32> = second.tasks().map(|t| t.sched.tgid).collect();
+        // A walk that finds itself cut is made again with room for all it found, before it
+        // returns.
+        walk = ListedTasks::with_room(walk.source, 4, 2).unwrap();
+        let whole = walk.walk(&listed).unwrap();
+        assert!(whole.complete());
+        let walked: BTreeSet<i32> = whole.tasks().map(|t| t.sched.tgid).collect();
         assert_eq!(walked, listed);
         assert!(walk.pids.entries() >= 4 && u64::from(walk.records.entries()) >= found);
         for child in &mut children {
