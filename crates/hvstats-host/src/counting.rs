@@ -314,9 +314,10 @@ impl Tally {
         Ok((engine, slot))
     }
 
-    /// Drops the adopted rows of threads gone in every engine; returns how many.
-    fn drop_gone(&self) -> usize {
-        self.engines().iter().map(|e| e.drop_gone()).sum()
+    /// Drops adopted rows of threads gone in every engine, a few a call
+    /// ([`Engine::drop_some_gone`]); returns how many.
+    fn drop_some_gone(&self) -> usize {
+        self.engines().iter().map(|e| e.drop_some_gone()).sum()
     }
 }
 
@@ -409,11 +410,12 @@ fn note_full(tally: &Tally, pid: i32, tid: i32, perf: usize) {
     ));
 }
 
-/// Drops the adopted rows of threads gone in every live engine (kept counts of VMs that ended
-/// before anyone claimed them); returns how many.
+/// Drops adopted rows of threads gone in every live engine (kept counts of VMs that ended
+/// before anyone claimed them), a few each call: called each refresh, a row is asked of within a
+/// few; returns how many.
 pub fn drop_gone_kept() -> usize {
     let engines = ENGINES.lock().unwrap_or_else(|e| e.into_inner());
-    engines.iter().filter_map(|(_, t)| t.upgrade()).map(|t| Tally::drop_gone(&t)).sum()
+    engines.iter().filter_map(|(_, t)| t.upgrade()).map(|t| Tally::drop_some_gone(&t)).sum()
 }
 
 fn shared_engine(

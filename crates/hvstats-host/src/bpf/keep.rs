@@ -76,7 +76,15 @@ impl Owner {
     /// True when the thread it names is still the same thread of the same process, running the
     /// same executable.
     pub(crate) fn is_alive(&self) -> bool {
-        identity(self.pid as i32, self.tid as i32) == Some((self.pid_start, self.tid_start, self.exe))
+        self.is_alive_in(&mut Processes::default())
+    }
+
+    /// As [`is_alive`](Self::is_alive), its process's part read once for all the owners asked
+    /// about with `processes` (a VMM's threads are several owners of one process).
+    pub(crate) fn is_alive_in(&self, processes: &mut Processes) -> bool {
+        let (pid, tid) = (self.pid as i32, self.tid as i32);
+        let process = *processes.0.entry(pid).or_insert_with(|| process_identity(pid));
+        process == Some((self.pid_start, self.exe)) && start(pid, tid) == Some(self.tid_start)
     }
 
     pub(crate) fn encode(&self) -> [u8; OWNER_SIZE] {
@@ -123,17 +131,28 @@ pub fn leave() {
 
 /// The process's and the thread's start times and the process's executable, from /proc.
 fn identity(pid: i32, tid: i32) -> Option<(u64, u64, u64)> {
-    let start = |path: String| {
-        let text = std::fs::read_to_string(path).ok()?;
-        StatLine::parse(&text)?.start_time()
-    };
+    let (pid_start, exe) = process_identity(pid)?;
+    Some((pid_start, start(pid, tid)?, exe))
+}
+
+/// The start time of process `pid` and its executable, from /proc.
+fn process_identity(pid: i32) -> Option<(u64, u64)> {
     // The leader's own stat, not the process's: the same start time, without the kernel summing
     // every thread's times, which made adopting N rows of one process cost N².
-    let pid_start = start(format!("/proc/{pid}/task/{pid}/stat"))?;
-    let tid_start = start(format!("/proc/{pid}/task/{tid}/stat"))?;
+    let pid_start = start(pid, pid)?;
     let exe = std::fs::metadata(format!("/proc/{pid}/exe")).map_or(0, |m| m.dev().rotate_left(32) ^ m.ino());
-    Some((pid_start, tid_start, exe))
+    Some((pid_start, exe))
 }
+
+/// The start time of thread `tid` of process `pid`, from /proc.
+fn start(pid: i32, tid: i32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+    StatLine::parse(&text)?.start_time()
+}
+
+/// Processes' identities ([`process_identity`]), each read once while this is held.
+#[derive(Debug, Default)]
+pub(crate) struct Processes(std::collections::BTreeMap<i32, Option<(u64, u64)>>);
 
 /// Where the kept counts of the runtime directory `runtime` are, whether or not there are any
 /// ([`identity_dir`] makes it).
@@ -370,6 +389,20 @@ mod tests {
         assert!(me.is_alive());
         assert!(!Owner { tid_start: me.tid_start + 1, ..me }.is_alive());
         assert!(!Owner { exe: me.exe ^ 1, ..me }.is_alive());
+        // Asked with the process read once: the same answers, and another thread of the process
+        // is told from it.
+        let mut processes = Processes::default();
+        assert!(me.is_alive_in(&mut processes));
+        assert!(!Owner { tid_start: me.tid_start + 1, ..me }.is_alive_in(&mut processes));
+        let other = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            let tid = unsafe { libc::gettid() };
+            Owner::now(pid, tid, 0).expect("this thread is in /proc")
+        })
+        .join()
+        .unwrap();
+        assert!(!other.is_alive_in(&mut processes), "its thread ended");
+        assert_eq!(processes.0.len(), 1, "one process read");
     }
 
     #[test]
