@@ -636,12 +636,13 @@ impl Observer {
         let records = &self.records;
         let observed = |p: i32| records.get(&p).is_some_and(Record::is_attached);
         let Ok(listed) = self.scan.kvm_processes(&self.procfs, &observed) else { return Vec::new() };
-        let pids: Vec<i32> = listed.iter().map(|(p, _)| *p).collect();
+        let mut pids: Vec<i32> = listed.iter().map(|(p, _)| *p).collect();
+        pids.sort_unstable();
         // A process the scan is refused is not listed, and is still the process whose
         // leaving out (or refusal) was said: forgotten only once the scan no longer has it.
         let refused = self.scan.refused();
         for (pid, record) in &mut self.records {
-            if !pids.contains(pid) && !refused.contains_key(pid) && !record.is_attached() {
+            if !record.is_attached() && pids.binary_search(pid).is_err() && !refused.contains_key(pid) {
                 record.forget();
             }
         }
