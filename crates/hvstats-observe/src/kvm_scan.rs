@@ -148,6 +148,12 @@ impl KvmScan {
         self.named.values().copied().collect()
     }
 
+    /// The start time of `pid` where the last tick's listing found it as the one before did (the
+    /// same start, the same number of descriptors) and did not read its descriptors again.
+    pub fn found_as_before(&self, pid: i32) -> Option<u64> {
+        self.seen.get(&pid).filter(|s| s.read_at < self.tick).map(|s| s.start_time)
+    }
+
     /// The processes that may hold a VM (KVM's debugfs names them, or they run a VMM) whose
     /// descriptors this process may not read, as of the last tick, with why.
     pub fn refused(&self) -> &BTreeMap<i32, io::Error> {

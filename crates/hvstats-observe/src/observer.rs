@@ -591,7 +591,16 @@ impl Observer {
     /// program, than when it was kept: a new process (or program) is a new candidate.
     fn forget_changed(&mut self, pids: &[i32]) {
         for &pid in pids {
-            if self.records.get(&pid).is_some_and(Record::is_attached) {
+            let record = self.records.get(&pid);
+            if record.is_some_and(Record::is_attached) {
+                continue;
+            }
+            // One the listing found as it was (the same start, the same descriptors), recognized
+            // at that start, is not read again: a thousand VMs a filter leaves out would cost two
+            // reads of `/proc` each, every tick. A program it exec()s closes the VM's descriptors
+            // (KVM's are close-on-exec), which the listing sees.
+            let known = record.and_then(Record::identity).map(|i| i.start_time);
+            if known.is_some() && known == self.scan.found_as_before(pid) {
                 continue;
             }
             let Ok(now) = self.procfs.identity(pid) else { continue };
