@@ -52,7 +52,7 @@ struct Copied {
     slot: Option<CopySlot>,
     stats: KvmStats,
     /// Its counters, located in its data block once (its statistics are fixed while it is open),
-    /// shared with the VM's other vCPUs of the same layout.
+    /// shared with every copy of the same layout ([`located`]).
     resolved: Arc<Resolved<Stat>>,
     /// The words of its data block the located counters are in: all a refresh reads.
     words: Range<usize>,
@@ -403,5 +403,38 @@ impl VmSource for StatsFd {
 
     fn vmm_copies(&self) -> Vec<std::os::fd::BorrowedFd<'_>> {
         self.vcpus.values().chain(self.vm.as_ref()).map(|c| c.stats.as_fd()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_counters_of_one_layout_are_located_once_for_every_vm() {
+        let Ok(kvm) = kvm_ioctls::Kvm::new() else {
+            assert!(std::env::var_os("HVSTATS_REQUIRE_KVM").is_none(), "/dev/kvm is required");
+            return;
+        };
+        let open = |vcpus: u64| {
+            let vm = kvm.create_vm().unwrap();
+            let vcpus: Vec<_> = (0..vcpus).map(|i| vm.create_vcpu(i).unwrap()).collect();
+            let stats: Vec<KvmStats> =
+                vcpus.iter().map(|v| hvstats_sources::kvm_stats::open_for(v).unwrap()).collect();
+            let vm_stats = hvstats_sources::kvm_stats::open_for(&vm).unwrap();
+            (vm, vcpus, stats, vm_stats)
+        };
+        let (_a, _av, a, a_vm) = open(2);
+        let (_b, _bv, b, b_vm) = open(1);
+        let (first, words) = located(&a[0], ObjectKind::Vp);
+        for other in [&a[1], &b[0]] {
+            let (same, same_words) = located(other, ObjectKind::Vp);
+            assert!(Arc::ptr_eq(&first, &same), "one location for every vCPU, of either VM");
+            assert_eq!(same_words, words);
+        }
+        let (vm, _) = located(&a_vm, ObjectKind::Partition);
+        assert!(Arc::ptr_eq(&vm, &located(&b_vm, ObjectKind::Partition).0), "one for every VM");
+        assert!(!Arc::ptr_eq(&vm, &first), "a VM's and a vCPU's are located apart");
+        assert!(!first.given().is_empty() && !vm.given().is_empty());
     }
 }
