@@ -300,24 +300,29 @@ impl Procfs {
 
     /// The VM's identity on the platform that runs it ([`hvstats_platform`]), from the VMM's
     /// command line, its owner, its cgroup and, for Proxmox VE, the VM's configuration file:
-    /// `None` for a VMM no platform is read from, or a process that cannot be read.
-    pub fn platform_identity(&self, pid: i32) -> Option<hvstats_platform::Identity> {
+    /// `Some(None)` for a VMM no platform is read from, `None` for a process that cannot be read
+    /// (all of those but the configuration file).
+    pub fn platform_identity(&self, pid: i32) -> Option<Option<hvstats_platform::Identity>> {
         use hvstats_platform::{Process, of_process, proxmox};
         let args = self.cmdline(pid).ok()?;
         let uid = self.owner(pid)?;
-        let cgroup = self.cgroup(pid);
+        let cgroup = self.read_cgroup(pid).ok()?;
         let process = Process { args: &args, uid, cgroup: &cgroup };
-        of_process(&process, |vmid| proxmox::read_config(Path::new(proxmox::CONFIG_DIR), vmid))
+        Some(of_process(&process, |vmid| proxmox::read_config(Path::new(proxmox::CONFIG_DIR), vmid)))
     }
 
     /// The text of `pid`'s `/proc/PID/cgroup` (a page at most: one line per hierarchy); empty
     /// when it cannot be read.
     pub fn cgroup(&self, pid: i32) -> String {
+        self.read_cgroup(pid).unwrap_or_default()
+    }
+
+    /// The text of `pid`'s `/proc/PID/cgroup`, a page at most.
+    fn read_cgroup(&self, pid: i32) -> io::Result<String> {
         let mut cgroup = String::new();
-        if let Ok(file) = fs::File::open(self.root.join(pid.to_string()).join("cgroup")) {
-            let _ = file.take(4096).read_to_string(&mut cgroup);
-        }
-        cgroup
+        let file = fs::File::open(self.root.join(pid.to_string()).join("cgroup"))?;
+        file.take(4096).read_to_string(&mut cgroup)?;
+        Ok(cgroup)
     }
 
     /// True when `pid` runs a VMM hvstats knows by its program (its command line's first word):

@@ -167,6 +167,9 @@ struct PlatformRead {
     at: std::time::Instant,
     /// The VMM's owner then.
     owner: Option<u32>,
+    /// Whether the process could be read (its command line, owner and cgroup): one that could
+    /// not is read again at the next reading.
+    read_whole: bool,
     /// What the process tells: its command line, owner and cgroup, and for Proxmox VE its VM's
     /// configuration ([`Procfs::platform_identity`]).
     of_process: Option<hvstats_platform::Identity>,
@@ -176,11 +179,13 @@ struct PlatformRead {
 }
 
 impl PlatformRead {
-    /// Whether the process is read again, its owner now `owner`: where the owner changed, or
-    /// its identity draws on a file its platform may change (a Proxmox VE VM's configuration).
+    /// Whether the process is read again, its owner now `owner`: where it could not be read
+    /// last time, its owner changed, or its identity draws on a file its platform may change (a
+    /// Proxmox VE VM's configuration).
     fn reads_process_again(&self, owner: Option<u32>) -> bool {
         use hvstats_platform::Platform;
-        self.owner != owner || self.of_process.as_ref().is_some_and(|i| i.platform() == Platform::Proxmox)
+        let keeps_a_file = self.of_process.as_ref().is_some_and(|i| i.platform() == Platform::Proxmox);
+        !self.read_whole || self.owner != owner || keeps_a_file
     }
 }
 
@@ -337,11 +342,12 @@ impl ObservedVm {
         };
         let owner = procfs.owner(self.pid);
         let of_process = match read {
-            Some(read) if !read.reads_process_again(owner) => read.of_process.clone(),
+            Some(read) if !read.reads_process_again(owner) => Some(read.of_process.clone()),
             _ => procfs.platform_identity(self.pid),
         };
+        let (read_whole, of_process) = (of_process.is_some(), of_process.flatten());
         let at = std::time::Instant::now();
-        self.platform = Some(PlatformRead { at, owner, shown: of_process.clone(), of_process });
+        self.platform = Some(PlatformRead { at, owner, read_whole, shown: of_process.clone(), of_process });
     }
 
     /// The VMM.
@@ -891,6 +897,7 @@ mod tests {
         let read = |owner, platform: Option<Platform>| PlatformRead {
             at: std::time::Instant::now(),
             owner,
+            read_whole: true,
             of_process: platform.map(|p| Identity::new(p, Vec::new(), true)),
             shown: None,
         };
@@ -898,6 +905,8 @@ mod tests {
             assert!(!read(Some(0), platform).reads_process_again(Some(0)), "{platform:?}");
             assert!(read(Some(0), platform).reads_process_again(Some(64055)), "{platform:?}: root dropped");
             assert!(read(None, platform).reads_process_again(Some(0)), "{platform:?}: owner told now");
+            let unread = PlatformRead { read_whole: false, ..read(Some(0), platform) };
+            assert!(unread.reads_process_again(Some(0)), "{platform:?}: not read last time");
         }
         assert!(read(Some(0), Some(Platform::Proxmox)).reads_process_again(Some(0)), "its VM's file");
     }
