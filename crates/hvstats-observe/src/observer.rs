@@ -34,7 +34,7 @@ use super::exit_watch;
 use super::filter::VmIdentity;
 use super::happenings::ObserverEvent;
 use super::kvm_scan::KvmScan;
-use super::record::Record;
+use super::record::{Record, Told};
 use super::refusal::{self, Refusal, RefusedCounts};
 use super::task_walk::TaskWalk;
 use super::vm::{Departure, ObservedVm};
@@ -186,10 +186,16 @@ impl Observer {
         if !std::mem::replace(&mut self.capabilities_said, true) {
             events.extend(self.capabilities.missing().map(ObserverEvent::CapabilityMissing));
         }
-        self.ask_peers();
-        // Refresh first: a VM attached now was refreshed by its attach.
-        let attached: BTreeSet<i32> =
-            self.records.iter().filter(|(_, r)| r.is_attached()).map(|(p, _)| *p).collect();
+        // Refresh first: a VM attached now was refreshed by its attach. Those with a peer to ask
+        // are found in the same pass.
+        let (mut attached, mut asking) = (BTreeSet::new(), Vec::new());
+        for (&pid, record) in self.records.iter().filter(|(_, r)| r.is_attached()) {
+            attached.insert(pid);
+            if record.asks() {
+                asking.push(pid);
+            }
+        }
+        self.ask_peers(&asking);
         // One walk of the host's tasks for every VM refreshed.
         let mut walk = self.walk.take();
         if let Some(walk) = walk.as_mut().filter(|_| !attached.is_empty()) {
@@ -200,9 +206,20 @@ impl Observer {
         let _ = hvstats_host::bpf::stats_copy::run_shared();
         // Which VMMs may have made a VM beside the one attached since their last refresh.
         let made = self.scan.made_vms_since_listing().cloned();
-        for pid in attached {
+        let attached: Vec<i32> = attached.into_iter().collect();
+        let mut told = Told::default();
+        let now = Instant::now();
+        for (i, &pid) in attached.iter().enumerate() {
+            // The next VM's pages are asked for now: they come while this one is refreshed.
+            if let Some(next) = attached.get(i + 1).and_then(|p| self.records.get(p)).and_then(Record::vm) {
+                next.prefetch_pages();
+            }
             let count_fds = made.as_ref().is_none_or(|made| made.contains(&pid));
             self.refresh(pid, walk.as_ref(), count_fds, &mut events);
+            // What it made known is told while it is at hand, not in a pass over every VM.
+            if let Some(record) = self.records.get_mut(&pid) {
+                record.tell_refreshed(pid, now, &mut told);
+            }
         }
         self.walk = walk;
         for (pid, found) in self.candidates(&mut events) {
@@ -213,20 +230,24 @@ impl Observer {
             }
             self.consider(pid, found, &mut events);
         }
-        for record in self.records.values_mut() {
-            record.end_tick();
+        // Each record's tick ends in one pass, after the scan's new refusals are said (a record
+        // the scan refuses keeps what was said of it, whichever comes first).
+        let refused_now: BTreeSet<i32> = self.scan.refused().keys().copied().collect();
+        self.say_refusals(&refused_now, &mut events);
+        let mut blank = Vec::new();
+        for (&pid, record) in &mut self.records {
+            record.close_tick(pid, refused_now.contains(&pid), now, &mut told);
+            if record.is_blank() {
+                blank.push(pid);
+            }
         }
-        self.say_refusals(&mut events);
-        let now = Instant::now();
-        for (pid, record) in &mut self.records {
-            record.say_peers(*pid, now, &mut events);
+        for pid in blank {
+            self.records.remove(&pid);
         }
-        for (pid, record) in &mut self.records {
-            record.say_progress(*pid, &mut events);
-        }
-        self.records.retain(|_, r| !r.is_blank());
+        events.append(&mut told.peers);
+        events.append(&mut told.progress);
         self.say_kept(&mut events);
-        self.write_health();
+        self.write_health(&told);
         self.write_platforms();
         events
     }
@@ -234,7 +255,10 @@ impl Observer {
     /// Writes the observed VMs' trusted platform identities beside the instance
     /// ([`hvstats::platform_file`]) when they changed; tried again next tick when that fails.
     fn write_platforms(&mut self) {
-        let vms = self.vms().filter_map(|vm| Some((vm.partition().id(), vm.platform()?)));
+        // Those with a platform, as each VM's telling at this tick found: a VM without one (most,
+        // off a platform) is not gone to.
+        let vms = self.records.values().filter(|r| r.has_platform()).filter_map(Record::vm);
+        let vms = vms.filter_map(|vm| vm.platform().map(|p| (vm.partition().id(), p)));
         let text = hvstats_platform::shown::encode(vms);
         let (Some(path), Some(name)) = (self.hv.published_path(), self.hv.published_name()) else { return };
         let Some(runtime) = path.parent().and_then(std::path::Path::parent) else { return };
@@ -243,16 +267,21 @@ impl Observer {
         }
     }
 
-    /// Puts every observed VM's questions out before any VM is read: its peers answer meanwhile.
-    fn ask_peers(&mut self) {
+    /// Puts the questions of every observed VM that has a peer to ask (`asking`, by pid) out
+    /// before any VM is read: its peers answer meanwhile.
+    fn ask_peers(&mut self, asking: &[i32]) {
+        if asking.is_empty() {
+            return;
+        }
         let now = Instant::now();
-        let paths: Vec<PathBuf> = self.vms().flat_map(|vm| vm.sockets_in_use(now).map(Into::into)).collect();
+        let vms = asking.iter().filter_map(|pid| self.records.get(pid)?.vm());
+        let paths: Vec<PathBuf> = vms.flat_map(|vm| vm.sockets_in_use(now).map(Into::into)).collect();
         let sockets = match paths.is_empty() {
             true => UnixSockets::default(),
             false => UnixSockets::read_of(paths.iter().map(PathBuf::as_path)).unwrap_or_default(),
         };
-        for record in self.records.values_mut() {
-            if let Some(vm) = record.vm_mut() {
+        for pid in asking {
+            if let Some(vm) = self.records.get_mut(pid).and_then(Record::vm_mut) {
                 vm.ask(&sockets);
             }
         }
@@ -262,7 +291,12 @@ impl Observer {
     /// VMMs exited (one poll of the pidfds), of those `walk` did not find (a walked VMM's refresh
     /// tells its exit from its main thread in the walk).
     fn before_refreshes(&self, walk: Option<&TaskWalk>) {
-        let unwalked = self.vms().filter(|vm| walk.and_then(|w| w.of(vm.pid())).is_none());
+        // Told by their pids, without going to each VM walked.
+        let unwalked = self
+            .records
+            .iter()
+            .filter(|(pid, _)| walk.and_then(|w| w.of(**pid)).is_none())
+            .filter_map(|(_, r)| r.vm());
         exit_watch::poll_all(unwalked.filter_map(ObservedVm::exit_watch));
     }
 
@@ -497,14 +531,12 @@ impl Observer {
         named.iter().find(|p| sockets.of(p).accepted == 0).or(named.first()).cloned()
     }
 
-    /// Says once each process the scan was refused that the filter takes, with the fix, and
-    /// counts it; forgets those gone. One the filter leaves out is said to be left out instead.
-    fn say_refusals(&mut self, events: &mut Vec<ObserverEvent>) {
-        let now: BTreeSet<i32> = self.scan.refused().keys().copied().collect();
-        for (pid, record) in &mut self.records {
-            record.unsay_refusal(now.contains(pid));
-        }
-        for pid in now {
+    /// Says once each process the scan is refused now (`now`) that the filter takes, with the
+    /// fix, and counts it; one the filter leaves out is said to be left out instead. What was
+    /// said of those it no longer refuses is unsaid as each record's tick closes
+    /// ([`Record::close_tick`]).
+    fn say_refusals(&mut self, now: &BTreeSet<i32>, events: &mut Vec<ObserverEvent>) {
+        for &pid in now {
             if self.records.entry(pid).or_default().refusal_said() || self.filtered_out(events, pid) {
                 continue;
             }
@@ -518,18 +550,18 @@ impl Observer {
     }
 
     /// Writes the observer's health on its instance's hypervisor page.
-    fn write_health(&self) {
+    fn write_health(&self, told: &Told) {
         let page = self.hv.page();
         let since_epoch = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
         page.set(hypervisor::OBSERVER_UP, 1);
         page.set(hypervisor::OBSERVER_LAST_REFRESH, (since_epoch.as_nanos() / 100) as u64);
-        page.set(hypervisor::OBSERVER_VMS_ATTACHED, self.vms().count() as u64);
-        let refused = self.refused();
+        page.set(hypervisor::OBSERVER_VMS_ATTACHED, told.attached as u64);
+        let refused = RefusedCounts::of(told.refused.iter().copied());
         page.set(hypervisor::OBSERVER_VMS_REFUSED, refused.total() as u64);
         for (reason, n) in refused.iter() {
             page.set(reason.row(), n as u64);
         }
-        page.set(hypervisor::OBSERVER_QMP_SESSIONS_UP, self.qmp_sessions_up() as u64);
+        page.set(hypervisor::OBSERVER_QMP_SESSIONS_UP, told.monitors_up as u64);
     }
 
     /// Says on its instance that the observer stopped refreshing (its loop ended, the instance

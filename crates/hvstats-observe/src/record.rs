@@ -60,7 +60,7 @@ enum Stage {
     /// A `--pid` process whose VM left by an `exec()`: waited for until it holds a VM again.
     Execed,
     /// Observed.
-    Attached(Box<Observed>),
+    Attached(Box<Observed>, AtHand),
     /// Could not be observed: not retried while it is the same process (with `--pid`, never), and
     /// counted as refused, for its reason, while it lives.
     Failed(Refusal),
@@ -85,17 +85,41 @@ struct Observed {
     vcpus_known: bool,
     /// What was last said of `kvm_exit`.
     kvm_exit: KvmExitState,
+}
+
+/// What a pass over every record asks of an attached VM at each tick, kept in the record beside
+/// its stage: such a pass does not go to each VM (a cold line of memory each, on a host of a
+/// thousand VMs). It is what the VM's last telling found ([`Observed::tell`]).
+#[derive(Debug, Clone, Copy, Default)]
+struct AtHand {
+    /// A source of the VM puts questions to a peer ([`ObservedVm::asks`]).
+    asks: bool,
     /// Its QMP socket is in its VMM's mount namespace and not in this one's (counted as refused).
     hidden_qmp: bool,
+    /// Its monitor session (QMP) answered.
+    monitor_up: bool,
+    /// It has an identity on a platform.
+    platform: bool,
+    /// What its refresh made known was told at this tick ([`Record::tell_refreshed`]).
+    told: bool,
 }
 
 impl Observed {
     /// A VM just attached: its peers as they are now (one down is said when it comes back).
-    fn new(vm: ObservedVm, hidden_qmp: bool) -> Self {
+    fn new(vm: ObservedVm) -> Self {
         let now = Instant::now();
         let peers =
             vm.peers().into_iter().map(|(s, state)| (s, (state != PeerState::Up).then_some(now))).collect();
-        Self { vm, peers, vcpus_known: false, kvm_exit: KvmExitState::Undecided, hidden_qmp }
+        Self { vm, peers, vcpus_known: false, kvm_exit: KvmExitState::Undecided }
+    }
+
+    /// Tells what its VM's last refresh made known: its peers and progress; and keeps in
+    /// `at_hand` what the tick's passes ask of it.
+    fn tell(&mut self, pid: i32, now: Instant, told: &mut Told, at_hand: &mut AtHand) {
+        self.say_peers(pid, now, &mut told.peers);
+        self.say_progress(pid, &mut told.progress);
+        at_hand.monitor_up = self.vm.monitor_up();
+        at_hand.platform = self.vm.platform().is_some();
     }
 
     /// Says each source whose peer went down or came back since the last tick, once.
@@ -138,6 +162,20 @@ impl Observed {
     }
 }
 
+/// What a tick tells of its records, gathered as each record is at hand (its VM right after its
+/// refresh, the rest in one pass at the tick's end): the events of the VMs' peers and progress,
+/// told after the tick's refusals, peers first; and what the observer's health counts.
+#[derive(Debug, Default)]
+pub(crate) struct Told {
+    pub(crate) peers: Vec<ObserverEvent>,
+    pub(crate) progress: Vec<ObserverEvent>,
+    /// VMs attached, and those whose monitor session answers.
+    pub(crate) attached: usize,
+    pub(crate) monitors_up: usize,
+    /// The reason of each record counted as refused.
+    pub(crate) refused: Vec<Refusal>,
+}
+
 /// What was said of a process beyond its stage, each said once.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 enum Said {
@@ -175,7 +213,7 @@ impl Record {
     /// The VM observed, when it is attached.
     pub(crate) fn vm(&self) -> Option<&ObservedVm> {
         match &self.stage {
-            Stage::Attached(o) => Some(&o.vm),
+            Stage::Attached(o, _) => Some(&o.vm),
             _ => None,
         }
     }
@@ -183,7 +221,7 @@ impl Record {
     /// The VM observed, to ask and refresh, when it is attached.
     pub(crate) fn vm_mut(&mut self) -> Option<&mut ObservedVm> {
         match &mut self.stage {
-            Stage::Attached(o) => Some(&mut o.vm),
+            Stage::Attached(o, _) => Some(&mut o.vm),
             _ => None,
         }
     }
@@ -200,7 +238,18 @@ impl Record {
 
     /// True while it is observed.
     pub(crate) fn is_attached(&self) -> bool {
-        matches!(self.stage, Stage::Attached(_))
+        matches!(self.stage, Stage::Attached(..))
+    }
+
+    /// True while it is observed and a source of its VM puts questions to a peer.
+    pub(crate) fn asks(&self) -> bool {
+        matches!(self.stage, Stage::Attached(_, AtHand { asks: true, .. }))
+    }
+
+    /// True while it is observed and its VM has an identity on a platform (as its last
+    /// refresh or attach found).
+    pub(crate) fn has_platform(&self) -> bool {
+        matches!(self.stage, Stage::Attached(_, AtHand { platform: true, .. }))
     }
 
     /// True while it holds the VM of another process observed (it is not a candidate then).
@@ -237,7 +286,7 @@ impl Record {
         };
         match &self.stage {
             Stage::Failed(why) => Some(*why),
-            Stage::Attached(o) if o.hidden_qmp => Some(Refusal::QmpSocketHidden),
+            Stage::Attached(_, AtHand { hidden_qmp: true, .. }) => Some(Refusal::QmpSocketHidden),
             _ => self.deferred.or(scan_refused),
         }
     }
@@ -263,7 +312,14 @@ impl Record {
         if qmp_hidden {
             self.said = Said::QmpHidden;
         }
-        self.stage = Stage::Attached(Box::new(Observed::new(vm, qmp_hidden)));
+        let at_hand = AtHand {
+            asks: vm.asks(),
+            hidden_qmp: qmp_hidden,
+            monitor_up: vm.monitor_up(),
+            platform: vm.platform().is_some(),
+            told: false,
+        };
+        self.stage = Stage::Attached(Box::new(Observed::new(vm)), at_hand);
     }
 
     /// `Attached` → `Seen`, `Execed` or `Gone`: its VM left for `why`, its process named by
@@ -281,7 +337,7 @@ impl Record {
         if !self.is_attached() {
             return None;
         }
-        let Stage::Attached(o) = std::mem::replace(&mut self.stage, next) else { return None };
+        let Stage::Attached(o, _) = std::mem::replace(&mut self.stage, next) else { return None };
         // Who left: a process that takes the pid now is told from it.
         self.identity = Some(o.vm.identity());
         if why == Departure::VmChanged {
@@ -349,11 +405,12 @@ impl Record {
     /// `Refused`, `QmpHidden` → `Nothing` unless the scan still refuses it (`refused_now`) or it
     /// is attached without its hidden QMP socket: what is said again should it come back.
     pub(crate) fn unsay_refusal(&mut self, refused_now: bool) {
-        let hidden = matches!(&self.stage, Stage::Attached(o) if o.hidden_qmp);
         let stands = match self.said {
             Said::Nothing | Said::Excluded => true,
             Said::Refused(_) => refused_now,
-            Said::QmpHidden => refused_now || hidden,
+            Said::QmpHidden => {
+                refused_now || matches!(self.stage, Stage::Attached(_, AtHand { hidden_qmp: true, .. }))
+            }
         };
         if !stands {
             self.said = Said::Nothing;
@@ -375,23 +432,35 @@ impl Record {
         *self = Self::default();
     }
 
-    /// Says what changed of its peers since the last tick.
-    pub(crate) fn say_peers(&mut self, pid: i32, now: Instant, events: &mut Vec<ObserverEvent>) {
-        if let Stage::Attached(o) = &mut self.stage {
-            o.say_peers(pid, now, events);
-        }
-    }
-
-    /// Says what became known of its VM since the last tick.
-    pub(crate) fn say_progress(&mut self, pid: i32, events: &mut Vec<ObserverEvent>) {
-        if let Stage::Attached(o) = &mut self.stage {
-            o.say_progress(pid, events);
-        }
-    }
-
     /// Ends a tick: what was deferred at it is what the next compares with.
     pub(crate) fn end_tick(&mut self) {
         self.deferred = std::mem::take(&mut self.deferred_now);
+    }
+
+    /// Tells what the refresh of its VM at this tick made known (see [`Told`]): called right
+    /// after the refresh, while the VM is at hand.
+    pub(crate) fn tell_refreshed(&mut self, pid: i32, now: Instant, told: &mut Told) {
+        if let Stage::Attached(o, at_hand) = &mut self.stage {
+            o.tell(pid, now, told, at_hand);
+            at_hand.told = true;
+        }
+    }
+
+    /// Ends a tick for the record in one pass: [`end_tick`](Self::end_tick), what was said of a
+    /// refusal the scan no longer makes unsaid ([`unsay_refusal`](Self::unsay_refusal)), what a
+    /// VM not refreshed at this tick (attached at it) made known told, and the record counted
+    /// for the observer's health.
+    pub(crate) fn close_tick(&mut self, pid: i32, refused_now: bool, now: Instant, told: &mut Told) {
+        self.end_tick();
+        self.unsay_refusal(refused_now);
+        if let Stage::Attached(o, at_hand) = &mut self.stage {
+            if !std::mem::take(&mut at_hand.told) {
+                o.tell(pid, now, told, at_hand);
+            }
+            told.attached += 1;
+            told.monitors_up += usize::from(at_hand.monitor_up);
+        }
+        told.refused.extend(self.refusal());
     }
 
     /// True when nothing is kept of the process (the record can go).
@@ -456,5 +525,29 @@ mod tests {
         r.exclude();
         r.unsay_refusal(false);
         assert!(r.is_excluded() && r.refusal_said(), "left out stands until forgotten");
+    }
+
+    #[test]
+    fn a_ticks_close_moves_the_deferral_unsays_the_scans_old_refusal_and_counts_the_record_once() {
+        let close = |r: &mut Record, refused_now: bool| {
+            let mut told = Told::default();
+            r.close_tick(7, refused_now, Instant::now(), &mut told);
+            told
+        };
+        let mut r = Record::default();
+        r.scan_refused(Refusal::NoCapSysPtrace);
+        let told = close(&mut r, true);
+        assert_eq!(told.refused, [Refusal::NoCapSysPtrace], "refused by the scan still: counted");
+        assert!(r.refusal_said());
+        let told = close(&mut r, false);
+        assert!(told.refused.is_empty() && !r.refusal_said() && r.is_blank(), "no longer refused: unsaid");
+        // A deferral counts from the close of the tick that deferred it, as `end_tick` has it.
+        assert!(r.defer(Refusal::DescriptorBudget));
+        let told = close(&mut r, false);
+        assert_eq!(told.refused, [Refusal::DescriptorBudget]);
+        assert_eq!((told.attached, told.monitors_up), (0, 0), "nothing attached");
+        assert!(told.peers.is_empty() && told.progress.is_empty());
+        let told = close(&mut r, false);
+        assert!(told.refused.is_empty() && r.is_blank(), "a tick without it: no longer refused");
     }
 }

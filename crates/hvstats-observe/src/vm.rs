@@ -117,6 +117,8 @@ pub struct ObservedVm {
     attached: SystemTime,
     vcpus: Vec<Vcpu>,
     sources: Composition<dyn VmSource>,
+    /// Whether any of its sources puts questions to a peer ([`VmSource::asks`]).
+    asks: bool,
     /// What each source learned at the last refresh, in the sources' order.
     learned: Vec<Learned>,
     partition: Arc<PartitionStats>,
@@ -241,6 +243,7 @@ impl ObservedVm {
             platform: None,
             attached,
             vcpus,
+            asks: opened.iter().any(|s| s.asks()),
             sources: Composition::new(opened),
             learned: Vec::new(),
             partition,
@@ -431,8 +434,17 @@ impl ObservedVm {
         self.monitor().filter(|(_, l)| l.refused.is_none()).and_then(|(_, l)| l.error.as_deref())
     }
 
+    /// Whether any of its sources puts questions to a peer ([`VmSource::asks`]): one that does
+    /// not is not asked anything.
+    pub(crate) fn asks(&self) -> bool {
+        self.asks
+    }
+
     /// Puts this refresh's questions to the peers of the VM's sources (see [`VmSource::ask`]).
     pub fn ask(&mut self, sockets: &UnixSockets) {
+        if !self.asks {
+            return;
+        }
         let mut given = Gives::NOTHING;
         for source in self.sources.sources_mut() {
             source.ask(sockets, &given);
@@ -442,7 +454,8 @@ impl ObservedVm {
 
     /// The Unix sockets the VM's sources' next questions need the kernel's tables of.
     pub(crate) fn sockets_in_use(&self, now: std::time::Instant) -> impl Iterator<Item = &std::path::Path> {
-        self.sources.sources().iter().filter_map(move |s| s.socket_in_use(now))
+        let sources = if self.asks { self.sources.sources() } else { &[] };
+        sources.iter().filter_map(move |s| s.socket_in_use(now))
     }
 
     /// Each source with a peer, and whether that peer answers now.
@@ -463,6 +476,12 @@ impl ObservedVm {
     /// True when KVM's statistics come through QMP.
     pub fn has_qmp_stats(&self) -> bool {
         self.monitor().is_some_and(|(s, _)| !s.gives().vp.is_empty())
+    }
+
+    /// Asks the processor for the lines of its pages a refresh writes first: a hint.
+    pub(crate) fn prefetch_pages(&self) {
+        self.partition.vp_pages().for_each(|(_, page)| page.prefetch());
+        self.partition.page().prefetch();
     }
 
     /// Finds vCPU threads, reads every source and writes the pages, the VMM's threads taken from
@@ -489,9 +508,9 @@ impl ObservedVm {
         if gone {
             return Ok(Some(Departure::Exited));
         }
-        // Its pages are written last, after its sources are read: asked for meanwhile.
-        self.partition.vp_pages().for_each(|(_, page)| page.prefetch());
-        self.partition.page().prefetch();
+        // Its pages are written last, after its sources are read: asked for meanwhile (and
+        // already while the VM before it was refreshed).
+        self.prefetch_pages();
         let threads = match self.departure(procfs, tasks)? {
             Ok(threads) => threads,
             Err(why) => return Ok(Some(why)),

@@ -574,6 +574,10 @@ impl CounterSource for QmpStats {
 }
 
 impl VmSource for QmpStats {
+    fn asks(&self) -> bool {
+        true
+    }
+
     fn ask(&mut self, sockets: &UnixSockets, given_before: &Gives) {
         // KVM's statistics are asked for only while no source before this one gives all that
         // this one's last reading gave.

@@ -184,6 +184,13 @@ pub trait VmSource: CounterSource {
     /// gave at the last refresh (what this one need not ask for).
     fn ask(&mut self, _sockets: &UnixSockets, _given_before: &Gives) {}
 
+    /// True for a source that puts questions to a peer ([`ask`](Self::ask),
+    /// [`socket_in_use`](Self::socket_in_use)): a VM none of whose sources does is not asked
+    /// anything at a refresh, and its sources are not gone through for it.
+    fn asks(&self) -> bool {
+        false
+    }
+
     /// The Unix socket whose entries in the kernel's tables its next [`ask`](Self::ask) needs
     /// (a session it holds, waits on or is due to begin), if any: the tables are read only
     /// for those.
