@@ -115,6 +115,9 @@ impl TempRuntime {
         let dir = base.join(format!("hvstats-bench-{what}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir(&dir).step(format!("creating {}", dir.display()))?;
+        // Whatever the umask: a runtime directory others may write is refused.
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .step(format!("setting the mode of {}", dir.display()))?;
         Ok(Self(dir))
     }
 

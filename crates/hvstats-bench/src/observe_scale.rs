@@ -27,7 +27,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use hvstats_sources::kvm_stats::KvmStats;
-use hvstats_testkit::TempDir;
 
 use crate::row::{CpuClock, Pace, Plan, Rounds, Row, Spread};
 use crate::shutdown::{Hvstats, binary, hvstats_binary, root};
@@ -272,7 +271,9 @@ fn measure(
     vms: usize,
 ) -> Result<Row, String> {
     let pids = fleet.pids(vms);
-    let dir = TempDir::new("bench-scale");
+    // On tmpfs, as the unit's runtime directory (/run/hvstats) is: the pages' writeback is not
+    // the observer's cost there.
+    let dir = crate::authority::TempRuntime::new("scale").map_err(|e| e.to_string())?;
     let mut args = vec!["observe".to_owned(), "--all".into(), "--interval".into(), "1".into()];
     args.extend(pids.iter().flat_map(|p| ["--vm".to_owned(), p.to_string()]));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
