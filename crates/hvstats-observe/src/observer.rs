@@ -204,23 +204,9 @@ impl Observer {
         self.before_refreshes(walk.as_ref());
         // Every VM's KVM statistics copied in one pass; where it fails, each is read by itself.
         let _ = hvstats_host::bpf::stats_copy::run_shared();
-        // Which VMMs may have made a VM beside the one attached since their last refresh.
-        let made = self.scan.made_vms_since_listing().cloned();
-        let attached: Vec<i32> = attached.into_iter().collect();
-        let mut told = Told::default();
         let now = Instant::now();
-        for (i, &pid) in attached.iter().enumerate() {
-            // The next VM's pages are asked for now: they come while this one is refreshed.
-            if let Some(next) = attached.get(i + 1).and_then(|p| self.records.get(p)).and_then(Record::vm) {
-                next.prefetch_pages();
-            }
-            let count_fds = made.as_ref().is_none_or(|made| made.contains(&pid));
-            self.refresh(pid, walk.as_ref(), count_fds, &mut events);
-            // What it made known is told while it is at hand, not in a pass over every VM.
-            if let Some(record) = self.records.get_mut(&pid) {
-                record.tell_refreshed(pid, now, &mut told);
-            }
-        }
+        let mut told = Told::default();
+        self.refresh_all(&attached, walk.as_ref(), now, &mut told, &mut events);
         self.walk = walk;
         for (pid, found) in self.candidates(&mut events) {
             // Stopping: no VM is attached only to be detached (each attach loads and attaches
@@ -230,13 +216,48 @@ impl Observer {
             }
             self.consider(pid, found, &mut events);
         }
-        // Each record's tick ends in one pass, after the scan's new refusals are said (a record
-        // the scan refuses keeps what was said of it, whichever comes first).
+        self.close_records(now, &mut told, &mut events);
+        self.say_kept(&mut events);
+        self.write_health(&told);
+        self.write_platforms();
+        events
+    }
+
+    /// Refreshes every VM of `attached` (with `walk`, this tick's walk of their tasks), and tells
+    /// what each made known right after its refresh, while it is at hand.
+    fn refresh_all(
+        &mut self,
+        attached: &BTreeSet<i32>,
+        walk: Option<&TaskWalk>,
+        now: Instant,
+        told: &mut Told,
+        events: &mut Vec<ObserverEvent>,
+    ) {
+        // Which VMMs may have made a VM beside the one attached since their last refresh.
+        let made = self.scan.made_vms_since_listing().cloned();
+        let mut pids = attached.iter().copied().peekable();
+        while let Some(pid) = pids.next() {
+            // The next VM's pages are asked for now: they come while this one is refreshed.
+            if let Some(next) = pids.peek().and_then(|p| self.records.get(p)).and_then(Record::vm) {
+                next.prefetch_pages();
+            }
+            let count_fds = made.as_ref().is_none_or(|made| made.contains(&pid));
+            self.refresh(pid, walk, count_fds, events);
+            if let Some(record) = self.records.get_mut(&pid) {
+                record.tell_refreshed(pid, now, told);
+            }
+        }
+    }
+
+    /// Ends every record's tick in one pass ([`Record::close_tick`]), after the scan's new
+    /// refusals are said (a record the scan refuses keeps what was said of it, whichever comes
+    /// first); forgets the records left blank; tells the VMs' peers' and progress news.
+    fn close_records(&mut self, now: Instant, told: &mut Told, events: &mut Vec<ObserverEvent>) {
         let refused_now: BTreeSet<i32> = self.scan.refused().keys().copied().collect();
-        self.say_refusals(&refused_now, &mut events);
+        self.say_refusals(&refused_now, events);
         let mut blank = Vec::new();
         for (&pid, record) in &mut self.records {
-            record.close_tick(pid, refused_now.contains(&pid), now, &mut told);
+            record.close_tick(pid, refused_now.contains(&pid), now, told);
             if record.is_blank() {
                 blank.push(pid);
             }
@@ -246,10 +267,6 @@ impl Observer {
         }
         events.append(&mut told.peers);
         events.append(&mut told.progress);
-        self.say_kept(&mut events);
-        self.write_health(&told);
-        self.write_platforms();
-        events
     }
 
     /// Writes the observed VMs' trusted platform identities beside the instance
