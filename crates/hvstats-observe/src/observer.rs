@@ -81,8 +81,9 @@ pub struct Observer {
     capabilities: Capabilities,
     /// The missing capabilities are said (at the first tick).
     capabilities_said: bool,
-    /// The VMs' platform identities last written beside the instance.
-    platforms_written: String,
+    /// The VMs whose platform identities were last written beside the instance, and which
+    /// identity each had ([`Told::platforms`]).
+    platforms_written: Vec<(i32, u64)>,
     /// The walk of the host's tasks that gives every observed VMM's threads once a tick (`None`
     /// where the task iterator is not had: each VM reads `/proc`).
     walk: Option<TaskWalk>,
@@ -120,7 +121,7 @@ impl Observer {
             kept_notes,
             capabilities: Capabilities::of_this_process(),
             capabilities_said: false,
-            platforms_written: String::new(),
+            platforms_written: Vec::new(),
             walk: TaskWalk::open(&procfs),
             procfs,
         }
@@ -219,7 +220,7 @@ impl Observer {
         self.close_records(now, &mut told, &mut events);
         self.say_kept(&mut events);
         self.write_health(&told);
-        self.write_platforms();
+        self.write_platforms(&told.platforms);
         events
     }
 
@@ -271,7 +272,12 @@ impl Observer {
 
     /// Writes the observed VMs' trusted platform identities beside the instance
     /// ([`hvstats::platform_file`]) when they changed; tried again next tick when that fails.
-    fn write_platforms(&mut self) {
+    fn write_platforms(&mut self, platforms: &[(i32, u64)]) {
+        // Made again only where a VM with a platform came, went or changed its identity since
+        // the file was written: not from a thousand VMs at every tick.
+        if platforms == self.platforms_written.as_slice() {
+            return;
+        }
         // Those with a platform, as each VM's telling at this tick found: a VM without one (most,
         // off a platform) is not gone to.
         let vms = self.records.values().filter(|r| r.has_platform()).filter_map(Record::vm);
@@ -279,8 +285,8 @@ impl Observer {
         let text = hvstats_platform::shown::encode(vms);
         let (Some(path), Some(name)) = (self.hv.published_path(), self.hv.published_name()) else { return };
         let Some(runtime) = path.parent().and_then(std::path::Path::parent) else { return };
-        if text != self.platforms_written && hvstats::platform_file::write(runtime, &name, &text).is_ok() {
-            self.platforms_written = text;
+        if hvstats::platform_file::write(runtime, &name, &text).is_ok() {
+            self.platforms_written = platforms.to_vec();
         }
     }
 

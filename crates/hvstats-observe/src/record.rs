@@ -90,7 +90,7 @@ struct Observed {
 /// What a pass over every record asks of an attached VM at each tick, kept in the record beside
 /// its stage: such a pass does not go to each VM (a cold line of memory each, on a host of a
 /// thousand VMs). It is what the VM's last telling found ([`Observed::tell`]).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 struct AtHand {
     /// A source of the VM puts questions to a peer ([`ObservedVm::asks`]).
     asks: bool,
@@ -98,8 +98,8 @@ struct AtHand {
     hidden_qmp: bool,
     /// Its monitor session (QMP) answered.
     monitor_up: bool,
-    /// It has an identity on a platform.
-    platform: bool,
+    /// Which identity on a platform it has, if any ([`ObservedVm::platform_version`]).
+    platform: Option<u64>,
     /// What its refresh made known was told at this tick ([`Record::tell_refreshed`]).
     told: bool,
 }
@@ -119,7 +119,7 @@ impl Observed {
         self.say_peers(pid, now, &mut told.peers);
         self.say_progress(pid, &mut told.progress);
         at_hand.monitor_up = self.vm.monitor_up();
-        at_hand.platform = self.vm.platform().is_some();
+        at_hand.platform = self.vm.platform_version();
     }
 
     /// Says each source whose peer went down or came back since the last tick, once.
@@ -174,6 +174,10 @@ pub(crate) struct Told {
     pub(crate) monitors_up: usize,
     /// The reason of each record counted as refused.
     pub(crate) refused: Vec<Refusal>,
+    /// Each VM with an identity on a platform, and which identity
+    /// ([`ObservedVm::platform_version`]), by pid: the platforms file is made again only where
+    /// this changed.
+    pub(crate) platforms: Vec<(i32, u64)>,
 }
 
 /// What was said of a process beyond its stage, each said once.
@@ -249,7 +253,7 @@ impl Record {
     /// True while it is observed and its VM has an identity on a platform (as its last
     /// refresh or attach found).
     pub(crate) fn has_platform(&self) -> bool {
-        matches!(self.stage, Stage::Attached(_, AtHand { platform: true, .. }))
+        matches!(self.stage, Stage::Attached(_, AtHand { platform: Some(_), .. }))
     }
 
     /// True while it holds the VM of another process observed (it is not a candidate then).
@@ -316,7 +320,7 @@ impl Record {
             asks: vm.asks(),
             hidden_qmp: qmp_hidden,
             monitor_up: vm.monitor_up(),
-            platform: vm.platform().is_some(),
+            platform: vm.platform_version(),
             told: false,
         };
         self.stage = Stage::Attached(Box::new(Observed::new(vm)), at_hand);
@@ -459,6 +463,7 @@ impl Record {
             }
             told.attached += 1;
             told.monitors_up += usize::from(at_hand.monitor_up);
+            told.platforms.extend(at_hand.platform.map(|version| (pid, version)));
         }
         told.refused.extend(self.refusal());
     }

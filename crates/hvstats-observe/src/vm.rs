@@ -178,6 +178,9 @@ struct PlatformRead {
     /// What is shown: a peer's word where one is had (libvirt's Nova metadata), else the
     /// process's.
     shown: Option<hvstats_platform::Identity>,
+    /// Which `shown` this is: another number, unique in the process, each time it changes, so
+    /// what shows the host's VMs (the platforms file) is made again only when one changed.
+    version: u64,
 }
 
 impl PlatformRead {
@@ -188,6 +191,22 @@ impl PlatformRead {
         use hvstats_platform::Platform;
         let keeps_a_file = self.of_process.as_ref().is_some_and(|i| i.platform() == Platform::Proxmox);
         !self.read_whole || self.owner != owner || keeps_a_file
+    }
+
+    /// Shows `peer`'s word where a peer gave one; else the process's where it was `reread` at
+    /// this refresh, else what was shown (a peer's word outlives a refresh its peer missed,
+    /// until the process is read again). Takes a new version when what is shown changed.
+    fn show(&mut self, peer: Option<&hvstats_platform::Identity>, reread: bool) {
+        static VERSIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let shown = match peer {
+            Some(peer) => Some(peer),
+            None if reread => self.of_process.as_ref(),
+            None => return,
+        };
+        if self.shown.as_ref() != shown {
+            self.shown = shown.cloned();
+            self.version = VERSIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 }
 
@@ -331,16 +350,23 @@ impl ObservedVm {
         self.platform.as_ref().and_then(|read| read.shown.as_ref())
     }
 
+    /// Which identity [`platform`](Self::platform) is: a number unique in the process, another
+    /// each time it changes (`None` while it has none).
+    pub(crate) fn platform_version(&self) -> Option<u64> {
+        self.platform.as_ref().filter(|read| read.shown.is_some()).map(|read| read.version)
+    }
+
     /// Reads the VM's platform identity again once [`hvstats_platform::REREAD_PERIOD`] passed
     /// since the last. What the process tells is read once: its command line and cgroup are
     /// fixed while it runs a VM, and read anew where its owner changed (a VMM that drops root
     /// after making its VM); what its platform may change meanwhile (a Proxmox VE VM's
     /// configuration) is read again each time. A thousand VMs' command lines are then not read
-    /// every minute.
-    fn reread_platform(&mut self, procfs: &Procfs) {
+    /// every minute. True when it was read again (what is shown is then decided anew, by
+    /// [`PlatformRead::show`]).
+    fn reread_platform(&mut self, procfs: &Procfs) -> bool {
         use hvstats_platform::REREAD_PERIOD;
         let read = match &self.platform {
-            Some(read) if read.at.elapsed() < REREAD_PERIOD => return,
+            Some(read) if read.at.elapsed() < REREAD_PERIOD => return false,
             read => read,
         };
         let owner = procfs.owner(self.pid);
@@ -350,7 +376,9 @@ impl ObservedVm {
         };
         let (read_whole, of_process) = (of_process.is_some(), of_process.flatten());
         let at = std::time::Instant::now();
-        self.platform = Some(PlatformRead { at, owner, read_whole, shown: of_process.clone(), of_process });
+        let (shown, version) = self.platform.take().map(|r| (r.shown, r.version)).unwrap_or_default();
+        self.platform = Some(PlatformRead { at, owner, read_whole, of_process, shown, version });
+        true
     }
 
     /// The VMM.
@@ -518,7 +546,7 @@ impl ObservedVm {
         if self.vm_changed(procfs, tasks.and_then(|t| t.leader().held), count_fds)? {
             return Ok(Some(Departure::VmChanged));
         }
-        self.reread_platform(procfs);
+        let reread = self.reread_platform(procfs);
         if self.thread_check.due(threads) {
             self.check_threads(procfs, tasks);
         }
@@ -527,10 +555,8 @@ impl ObservedVm {
         self.learned.clear();
         self.learned.extend(self.sources.sources_mut().map(|s| s.read(&view)));
         // A peer's word on the platform (libvirt's Nova metadata) before the process's own.
-        if let (Some(read), Some(platform)) =
-            (&mut self.platform, self.learned.iter().find_map(|l| l.platform.clone()))
-        {
-            read.shown = Some(platform);
+        if let Some(read) = &mut self.platform {
+            read.show(self.learned.iter().find_map(|l| l.platform.as_ref()), reread);
         }
         self.sources.decide();
         // Every VP's counts were read above: one time dates them all.
@@ -919,6 +945,7 @@ mod tests {
             read_whole: true,
             of_process: platform.map(|p| Identity::new(p, Vec::new(), true)),
             shown: None,
+            version: 0,
         };
         for platform in [None, Some(Platform::KubeVirt)] {
             assert!(!read(Some(0), platform).reads_process_again(Some(0)), "{platform:?}");
@@ -928,5 +955,46 @@ mod tests {
             assert!(unread.reads_process_again(Some(0)), "{platform:?}: not read last time");
         }
         assert!(read(Some(0), Some(Platform::Proxmox)).reads_process_again(Some(0)), "its VM's file");
+    }
+
+    #[test]
+    fn what_is_shown_takes_a_new_version_only_when_it_changes() {
+        use hvstats_platform::{Identity, Label, Platform, Source};
+        let nova = |flavor: &str| {
+            let label =
+                Label { name: "flavor_name", value: flavor.to_owned(), source: Source::LibvirtMetadata };
+            Identity::new(Platform::OpenStack, vec![label], true)
+        };
+        let process = Identity::new(Platform::KubeVirt, Vec::new(), true);
+        let mut read = PlatformRead {
+            at: std::time::Instant::now(),
+            owner: Some(0),
+            read_whole: true,
+            of_process: Some(process.clone()),
+            shown: None,
+            version: 0,
+        };
+        let mut versions = Vec::new();
+        let mut step = |read: &mut PlatformRead, peer: Option<&Identity>, reread: bool| {
+            read.show(peer, reread);
+            versions.push(read.version);
+            read.shown.clone()
+        };
+        // Read for the first time: the process's word, a version of its own.
+        assert_eq!(step(&mut read, None, true), Some(process.clone()));
+        // A peer's word (a small flavor), then the same word again: one new version.
+        assert_eq!(step(&mut read, Some(&nova("m1.small")), false), Some(nova("m1.small")));
+        assert_eq!(step(&mut read, Some(&nova("m1.small")), false), Some(nova("m1.small")));
+        // A refresh its peer missed keeps the peer's word.
+        assert_eq!(step(&mut read, None, false), Some(nova("m1.small")));
+        // Read again with the peer's word as it was: no change.
+        assert_eq!(step(&mut read, Some(&nova("m1.small")), true), Some(nova("m1.small")));
+        // A resize: a new version.
+        assert_eq!(step(&mut read, Some(&nova("m1.large")), false), Some(nova("m1.large")));
+        // Read again without the peer: the process's word once more.
+        assert_eq!(step(&mut read, None, true), Some(process));
+        let new: Vec<bool> = versions.windows(2).map(|w| w[0] != w[1]).collect();
+        assert_eq!(new, [true, false, false, false, true, true], "{versions:?}");
+        assert!(versions[0] != 0 && versions.windows(2).all(|w| w[0] <= w[1]), "{versions:?}");
     }
 }

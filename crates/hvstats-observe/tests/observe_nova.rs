@@ -97,6 +97,18 @@ fn nova_metadata_names_the_instance_and_a_resize_is_seen_within_a_minute() {
         assert_eq!(platform.label(label), Some(value), "{label}");
     }
     assert_eq!(platform.label("flavor_id"), None, "1.0 has no flavor id");
+    // The platforms file beside the instance says so, and is not made again while nothing
+    // changed.
+    let run = tmp.path().join("run");
+    let file = || platform_file(&run);
+    let (text, inode) = file();
+    assert!(text.contains("\tlabel.flavor_name\tm1.small\n"), "{text}");
+    // Checked after each tick: a file written anew is made while the old one is still there,
+    // so its inode is another.
+    for _ in 0..2 {
+        observer.tick();
+        assert_eq!(file(), (text.clone(), inode), "written again though nothing changed");
+    }
 
     // A resize by a Nova that writes 1.1: the new flavor, its id and the image, within a minute
     // (the observer asks again once a minute; the bound leaves room for a loaded host).
@@ -105,4 +117,19 @@ fn nova_metadata_names_the_instance_and_a_resize_is_seen_within_a_minute() {
     let platform = observer.vms().next().unwrap().platform().unwrap().clone();
     assert_eq!(platform.label("flavor_id"), Some("7"));
     assert_eq!(platform.label("image_id"), Some("3b4c5d6e-7f80-4912-a3b4-c5d6e7f80912"));
+    let (text, _) = file();
+    assert!(text.contains("\tlabel.flavor_name\tm1.large\n") && !text.contains("m1.small"), "{text}");
+}
+
+/// The text of the one platforms file under runtime directory `run`, and its inode (another
+/// each time it is written: it is renamed into place).
+fn platform_file(run: &std::path::Path) -> (String, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let files: Vec<_> = std::fs::read_dir(run.join("instances"))
+        .unwrap()
+        .filter_map(|e| Some(e.ok()?.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "platform"))
+        .collect();
+    let [file] = files.as_slice() else { panic!("not one platforms file: {files:?}") };
+    (std::fs::read_to_string(file).unwrap(), std::fs::metadata(file).unwrap().ino())
 }
