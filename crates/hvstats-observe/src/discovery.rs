@@ -24,6 +24,7 @@ pub use hvstats::vmm::Vmm;
 use hvstats_host::os::check;
 use hvstats_host::task_stat::{StatLine, thread_path};
 
+use super::exit_watch::ExitWatch;
 use super::qemu_args;
 
 /// The vCPU index a thread name stands for, for every VMM's naming (exact parse: `CPU 1/KVM` is
@@ -112,6 +113,9 @@ pub struct Procfs {
     /// True when `root` is a procfs, whose `fd` directories give their number of descriptors as
     /// their size (Linux 6.2 on); a fixture's do not.
     counts_fds: bool,
+    /// True when its pids are this process's own (the host's `/proc`, or a fixture made of this
+    /// host's processes): a pidfd opened on one of them names the process the tree shows.
+    own_pids: bool,
 }
 
 impl Procfs {
@@ -119,13 +123,31 @@ impl Procfs {
     /// this process may mount it).
     pub fn host() -> Self {
         let root = PathBuf::from("/proc");
-        Self { counts_fds: is_procfs(&root), root, debugfs: host_debugfs() }
+        Self { counts_fds: is_procfs(&root), root, debugfs: host_debugfs(), own_pids: true }
     }
 
     /// A procfs tree at `root` and a debugfs tree at `debugfs` (fixtures).
     pub fn at(root: impl Into<PathBuf>, debugfs: Option<PathBuf>) -> Self {
         let root = root.into();
-        Self { counts_fds: is_procfs(&root), root, debugfs }
+        let own_pids = root == Path::new("/proc");
+        Self { counts_fds: is_procfs(&root), root, debugfs, own_pids }
+    }
+
+    /// The same tree, taken to show this host's processes by their own pids (a fixture made of
+    /// processes it started): their exits are then watched by pidfd, as the host's are.
+    pub fn with_own_pids(self) -> Self {
+        Self { own_pids: true, ..self }
+    }
+
+    /// A watch of the exit of process `pid`, whose start time was read as `start_time`: where
+    /// this tree's pids are this process's own and a pidfd can be had, and the process still
+    /// starts then once it is opened (not another process given the pid meanwhile).
+    pub(crate) fn exit_watch(&self, pid: i32, start_time: u64) -> Option<ExitWatch> {
+        if !self.own_pids {
+            return None;
+        }
+        let watch = ExitWatch::new(pid)?;
+        (self.start_time(pid).ok()? == start_time).then_some(watch)
     }
 
     /// The procfs root.

@@ -699,7 +699,11 @@ impl Observer {
         // The VMs observed are not looked at again (their refresh says when they go).
         let records = &self.records;
         let observed = |p: i32| records.get(&p).is_some_and(Record::is_attached);
-        let Ok(listed) = self.scan.kvm_processes(&self.procfs, &observed) else { return Vec::new() };
+        // Left out by the filter: so while the process lives.
+        let settled = |p: i32| records.get(&p).is_some_and(Record::is_excluded);
+        let Ok(listed) = self.scan.kvm_processes(&self.procfs, &observed, &settled) else {
+            return Vec::new();
+        };
         let mut pids: Vec<i32> = listed.iter().map(|(p, _)| *p).collect();
         pids.sort_unstable();
         // A process the scan is refused is not listed, and is still the process whose

@@ -217,7 +217,7 @@ fn a_vm_kvm_gives_no_debugfs_directory_is_found_where_its_pid_held_or_left_a_vm(
         kvm_fds(&p, 1);
     };
     let found = |scan: &mut KvmScan| -> Vec<i32> {
-        scan.kvm_processes(&procfs, &|_| false).unwrap().into_iter().map(|(p, _)| p).collect()
+        scan.kvm_processes(&procfs, &|_| false, &|_| false).unwrap().into_iter().map(|(p, _)| p).collect()
     };
     // A VM debugfs names is found; one it does not name (KVM made no directory) is not looked for.
     vmm(100, 1000);
@@ -236,4 +236,52 @@ fn a_vm_kvm_gives_no_debugfs_directory_is_found_where_its_pid_held_or_left_a_vm(
     assert_eq!(found(&mut scan), [100, 200]);
     std::fs::remove_dir_all(root.join("200")).unwrap();
     assert_eq!(found(&mut scan), [100]);
+}
+
+#[test]
+fn a_process_whose_outcome_stands_is_watched_by_its_pidfd_and_read_again_only_once_it_exits() {
+    use hvstats_observe::kvm_scan::KvmScan;
+    let tmp = TempDir::new("scan-settled");
+    // Processes of this host, shown by their own pids in a tree of their own.
+    let mut children: Vec<_> =
+        (0..2).map(|_| std::process::Command::new("sleep").arg("60").spawn().unwrap()).collect();
+    let pids: Vec<i32> = children.iter().map(|c| c.id() as i32).collect();
+    let fakes: Vec<FakeProcess> = pids
+        .iter()
+        .map(|&pid| {
+            let p = FakeProcess::new(tmp.path(), pid, &["qemu-system-x86_64"], "qemu");
+            kvm_fds(&p, 1);
+            p
+        })
+        .collect();
+    let procfs = Procfs::at(tmp.path(), None).with_own_pids();
+    // One is left out (say): its outcome stands while it lives.
+    let (left_out, other) = (pids[0], pids[1]);
+    let settled = |p: i32| p == left_out;
+    let found = |scan: &mut KvmScan| -> Vec<i32> {
+        let found = scan.kvm_processes(&procfs, &|_| false, &settled).unwrap();
+        let mut pids: Vec<i32> = found.into_iter().map(|(p, _)| p).collect();
+        pids.sort_unstable();
+        pids
+    };
+    let mut both = pids.clone();
+    both.sort_unstable();
+    let mut scan = KvmScan::new();
+    assert_eq!(found(&mut scan), both);
+    assert!(scan.is_watched(left_out) && !scan.is_watched(other));
+    // Both starts change in the tree: a process read now is taken for another one.
+    fakes[0].set_start_time(left_out, "qemu", 2000);
+    fakes[1].set_start_time(other, "qemu", 2000);
+    assert_eq!(found(&mut scan), both, "the watched one is listed as it was found");
+    assert_eq!(scan.found_as_before(left_out), Some(1000), "not read while it lives");
+    assert_eq!(scan.found_as_before(other), None, "read, and taken for a new process");
+    // Once it exits it is read again, and the process the tree shows now is found.
+    children[0].kill().unwrap();
+    children[0].wait().unwrap();
+    assert_eq!(found(&mut scan), both);
+    assert_eq!(scan.found_as_before(left_out), None, "read again once it exited");
+    for mut child in children {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 }
