@@ -37,6 +37,10 @@ pub const ROWS: [&str; 3] = ["observe-scale-64", "observe-scale-256", "observe-s
 /// The VMs of each row.
 pub const FLEETS: [usize; 3] = [64, 256, 1024];
 
+/// The row of an observer that leaves every VM of the largest fleet out (`--vm` naming none of
+/// them): what a VM left out by a filter costs, beside what one observed costs.
+pub const LEFT_OUT_ROW: &str = "observe-scale-1024-left-out";
+
 /// vCPU threads of each VM.
 pub const VCPUS_EACH: usize = 4;
 
@@ -61,7 +65,8 @@ pub fn observe_scale_rows(
     wanted: &dyn Fn(&str) -> bool,
 ) -> Vec<Row> {
     let asked: Vec<(&'static str, usize)> = ROWS.into_iter().zip(FLEETS).filter(|(n, _)| wanted(n)).collect();
-    if asked.is_empty() {
+    let left_out = wanted(LEFT_OUT_ROW);
+    if asked.is_empty() && !left_out {
         return Vec::new();
     }
     let tools = kvm.clone().and_then(|()| root()).and_then(|()| {
@@ -70,7 +75,8 @@ pub fn observe_scale_rows(
     let (hvstats, vmm) = match tools {
         Ok(tools) => tools,
         Err(why) => {
-            return asked.into_iter().map(|(name, _)| Row::Skipped { name, why: why.clone() }).collect();
+            let names = asked.into_iter().map(|(name, _)| name).chain(left_out.then_some(LEFT_OUT_ROW));
+            return names.map(|name| Row::Skipped { name, why: why.clone() }).collect();
         }
     };
     let _ = hvstats_observe::raise_fd_limit();
@@ -91,7 +97,61 @@ pub fn observe_scale_rows(
             Err(why) => Row::Skipped { name, why },
         });
     }
+    if left_out {
+        let vms = FLEETS[FLEETS.len() - 1];
+        let observed = rows.iter().find(|r| r.name() == ROWS[ROWS.len() - 1]).map(|r| fact(r, "us_per_vm"));
+        let row =
+            fleet.grow(&vmm, vms).and_then(|()| measure_left_out(plan, &hvstats, &fleet, vms, observed));
+        rows.push(row.unwrap_or_else(|why| Row::Skipped { name: LEFT_OUT_ROW, why }));
+    }
     rows
+}
+
+/// [`LEFT_OUT_ROW`]: a fresh `hvstats observe --all` told to observe a VM of a UUID none of the
+/// fleet's `vms` VMs has, so it leaves every one out, measured over the plan's rounds of
+/// [`WINDOW`] refreshes once a few refreshes passed; `observed`, the CPU per VM of the row that
+/// observes them all, where it was measured.
+fn measure_left_out(
+    plan: &Plan<'_>,
+    hvstats: &Path,
+    fleet: &Fleet,
+    vms: usize,
+    observed: Option<f64>,
+) -> Result<Row, String> {
+    let name = LEFT_OUT_ROW;
+    let left_out = fleet.pids(vms).len();
+    let dir = crate::authority::TempRuntime::new("left-out").map_err(|e| e.to_string())?;
+    let none = "00000000-0000-0000-0000-000000000000";
+    let args = ["observe", "--all", "--interval", "1", "--vm", none];
+    let observer = Hvstats::start(hvstats, &args, dir.path())?;
+    let pid = observer.child.id() as i32;
+    // Its first refresh finds and leaves out every VM; those after it are what a refresh costs.
+    std::thread::sleep(4 * INTERVAL);
+    let mut rounds = Rounds::default();
+    for _ in 0..plan.start(&[name], Pace::Slow).max(2) {
+        let before = process_cpu(pid)?;
+        let start = Instant::now();
+        std::thread::sleep(INTERVAL * WINDOW);
+        let refreshes = start.elapsed().as_secs_f64() / INTERVAL.as_secs_f64();
+        rounds.ours.push((process_cpu(pid)? - before) / refreshes);
+        rounds.baseline.push(INTERVAL.as_secs_f64());
+        plan.tick();
+    }
+    if published(dir.path()).0 != 0 {
+        return Err("the observer observed a VM it was told to leave out".into());
+    }
+    let [fds, ..] = descriptors(pid);
+    let per_vm = Spread::of(&rounds.ours).median * 1e6 / left_out.max(1) as f64;
+    let mut facts = vec![
+        ("vms_left_out", left_out as f64),
+        ("us_per_left_out_vm", per_vm),
+        ("descriptors", fds),
+        ("rss_mib", status_kib(pid, "VmRSS:").unwrap_or(f64::NAN) / 1024.0),
+    ];
+    if let Some(observed) = observed {
+        facts.push(("us_per_left_out_vm_over_observed_vm", per_vm / observed));
+    }
+    Ok(Row::Measured { name, rounds, unit: "s/refresh", goal: None, facts })
 }
 
 fn fact(row: &Row, name: &str) -> f64 {
