@@ -236,10 +236,20 @@ impl Observer {
     ) {
         // Which VMMs may have made a VM beside the one attached since their last refresh.
         let made = self.scan.made_vms_since_listing().cloned();
-        let mut pids = attached.iter().copied().peekable();
-        while let Some(pid) = pids.next() {
-            // The next VM's pages are asked for now: they come while this one is refreshed.
-            if let Some(next) = pids.peek().and_then(|p| self.records.get(p)).and_then(Record::vm) {
+        let pids: Vec<i32> = attached.iter().copied().collect();
+        for (i, &pid) in pids.iter().enumerate() {
+            // What the next VMs' refreshes read first is asked for now, a VM ahead each step, as
+            // each step reads what the one before it brought: the state of the third VM from
+            // here, the parts of the second, the pages of the next. They come while this one is
+            // refreshed.
+            let ahead = |n: usize| pids.get(i + n).and_then(|p| self.records.get(p));
+            if let Some(third) = ahead(3) {
+                third.prefetch_vm();
+            }
+            if let Some(second) = ahead(2).and_then(Record::vm) {
+                second.prefetch_parts();
+            }
+            if let Some(next) = ahead(1).and_then(Record::vm) {
                 next.prefetch_pages();
             }
             let count_fds = made.as_ref().is_none_or(|made| made.contains(&pid));

@@ -222,6 +222,14 @@ impl Record {
         }
     }
 
+    /// Asks the processor for the state of its VM, when it is attached, without reading it: a
+    /// hint, for a VM refreshed soon.
+    pub(crate) fn prefetch_vm(&self) {
+        if let Stage::Attached(observed, _) = &self.stage {
+            crate::vm::prefetch_lines_of::<Observed>(&**observed);
+        }
+    }
+
     /// The VM observed, to ask and refresh, when it is attached.
     pub(crate) fn vm_mut(&mut self) -> Option<&mut ObservedVm> {
         match &mut self.stage {

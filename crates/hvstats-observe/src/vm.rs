@@ -506,6 +506,15 @@ impl ObservedVm {
         self.monitor().is_some_and(|(s, _)| !s.gives().vp.is_empty())
     }
 
+    /// Asks the processor for what a refresh reads first of its state behind its own struct:
+    /// its partition's and its sources' list: a hint, asked once the struct itself is at hand.
+    pub(crate) fn prefetch_parts(&self) {
+        prefetch_lines_of(Arc::as_ptr(&self.partition));
+        let sources = self.sources.sources();
+        prefetch_bytes(sources.as_ptr().cast(), std::mem::size_of_val(sources));
+        prefetch_bytes(self.vcpus.as_ptr().cast(), std::mem::size_of_val(self.vcpus.as_slice()));
+    }
+
     /// Asks the processor for the lines of its pages a refresh writes first: a hint.
     pub(crate) fn prefetch_pages(&self) {
         self.partition.vp_pages().for_each(|(_, page)| page.prefetch());
@@ -898,6 +907,27 @@ impl Drop for ObservedVm {
     fn drop(&mut self) {
         self.hv.remove_partition(self.partition.id());
     }
+}
+
+/// Asks the processor for every line of the `T` at `at`: a hint.
+pub(crate) fn prefetch_lines_of<T>(at: *const T) {
+    prefetch_bytes(at.cast(), std::mem::size_of::<T>());
+}
+
+/// Asks the processor for the lines of the `len` bytes at `at`: a hint.
+fn prefetch_bytes(at: *const u8, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for offset in (0..len).step_by(64) {
+        // SAFETY: a prefetch only hints at memory to come: it reads nothing into the program and
+        // does not fault, whatever the address.
+        unsafe {
+            core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
+                at.wrapping_add(offset).cast::<i8>(),
+            );
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (at, len);
 }
 
 #[cfg(test)]
