@@ -15,7 +15,9 @@
 
 pub mod bpf;
 pub mod counting;
+pub mod dir_watch;
 pub mod error_chain;
+pub mod exit_watch;
 pub mod os;
 pub mod perf_event;
 pub mod perf_group;

@@ -24,8 +24,8 @@ pub use hvstats::vmm::Vmm;
 use hvstats_host::os::check;
 use hvstats_host::task_stat::{StatLine, thread_path};
 
-use super::exit_watch::ExitWatch;
 use super::qemu_args;
+use hvstats_host::exit_watch::ExitWatch;
 
 /// The vCPU index a thread name stands for, for every VMM's naming (exact parse: `CPU 1/KVM` is
 /// vCPU 1, never 10). QEMU names vCPU threads `CPU N/<accelerator>` (`KVM`, `TCG`, …).

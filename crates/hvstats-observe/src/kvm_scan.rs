@@ -32,9 +32,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
 use std::io;
 
-use super::dir_watch::{DirWatch, Seen as WatchSeen};
 use super::discovery::{KvmFds, Procfs, is_refusal};
-use super::exit_watch::{self, ExitWatch};
+use hvstats_host::dir_watch::{DirWatch, Seen as WatchSeen};
+use hvstats_host::exit_watch::{self, ExitWatch};
 
 /// Descriptors of one process read per tick, averaged over the ticks between its readings.
 pub const READS_PER_TICK: u64 = 4096;
@@ -214,42 +214,11 @@ impl KvmScan {
         let mut found = Vec::new();
         for pid in pids.into_iter().filter(|p| !known(*p)) {
             // Watched, living, and still settled: as it was found.
-            if let Some(s) = self.seen.get(&pid)
-                && s.exit.as_ref().is_some_and(|w| !w.has_exited())
-                && settled(pid)
-            {
-                if s.fds.has_vm() {
-                    found.push((pid, s.fds.clone()));
-                }
+            let watched =
+                self.seen.get(&pid).is_some_and(|s| s.exit.as_ref().is_some_and(|w| !w.has_exited()));
+            let there = (watched && settled(pid)) || self.look_at(procfs, pid, named_vm(pid));
+            if !there {
                 continue;
-            }
-            // A process gone meanwhile, or not ours to look at, holds nothing we can observe.
-            let Ok(start_time) = procfs.start_time(pid) else {
-                self.seen.remove(&pid);
-                self.recheck.remove(&pid);
-                self.refused.remove(&pid);
-                continue;
-            };
-            let count = procfs.fd_count(pid).ok().flatten();
-            let fresh = self.seen.get(&pid).is_some_and(|s| {
-                s.start_time == start_time
-                    && ((count.is_some() && count == s.count)
-                        || self.tick < s.read_at + s.read / READS_PER_TICK)
-            });
-            if !fresh {
-                let (fds, read) = match procfs.kvm_fds_read(pid) {
-                    Ok(read) => {
-                        self.refused.remove(&pid);
-                        read
-                    }
-                    // Refused: counted when the process may hold a VM, else nothing of ours.
-                    Err(e) if is_refusal(&e) && (named_vm(pid) || procfs.runs_vmm(pid)) => {
-                        self.refused.insert(pid, e);
-                        Default::default()
-                    }
-                    Err(_) => Default::default(),
-                };
-                self.seen.insert(pid, Seen { start_time, count, read_at: self.tick, read, fds, exit: None });
             }
             if settled(pid) {
                 self.watch(procfs, pid);
@@ -265,6 +234,39 @@ impl KvmScan {
 }
 
 impl KvmScan {
+    /// Reads process `pid` where it is new or changed since it was last read (`named_vm`: KVM's
+    /// debugfs names it as having made a VM). False when it is gone, or not ours to look at:
+    /// it holds nothing we can observe then, and is forgotten.
+    fn look_at(&mut self, procfs: &Procfs, pid: i32, named_vm: bool) -> bool {
+        let Ok(start_time) = procfs.start_time(pid) else {
+            self.seen.remove(&pid);
+            self.recheck.remove(&pid);
+            self.refused.remove(&pid);
+            return false;
+        };
+        let count = procfs.fd_count(pid).ok().flatten();
+        let fresh = self.seen.get(&pid).is_some_and(|s| {
+            s.start_time == start_time
+                && ((count.is_some() && count == s.count) || self.tick < s.read_at + s.read / READS_PER_TICK)
+        });
+        if !fresh {
+            let (fds, read) = match procfs.kvm_fds_read(pid) {
+                Ok(read) => {
+                    self.refused.remove(&pid);
+                    read
+                }
+                // Refused: counted when the process may hold a VM, else nothing of ours.
+                Err(e) if is_refusal(&e) && (named_vm || procfs.runs_vmm(pid)) => {
+                    self.refused.insert(pid, e);
+                    Default::default()
+                }
+                Err(_) => Default::default(),
+            };
+            self.seen.insert(pid, Seen { start_time, count, read_at: self.tick, read, fds, exit: None });
+        }
+        true
+    }
+
     /// Watches the exit of `pid`, found as [`Seen`] at this tick, where it is not watched yet,
     /// room is left and a pidfd can be had ([`Procfs::exit_watch`]).
     fn watch(&mut self, procfs: &Procfs, pid: i32) {

@@ -38,9 +38,7 @@
 pub mod attach;
 pub mod capabilities;
 pub mod claim;
-mod dir_watch;
 pub mod discovery;
-pub mod exit_watch;
 pub mod filter;
 pub mod happenings;
 pub mod kvm_scan;

@@ -31,7 +31,6 @@ use hvstats_host::bpf::task_iter::HeldFile;
 use super::attach::{ObserveError, ObserveOptions};
 use super::claim::Claim;
 use super::discovery::{KvmFds, ProcessIdentity, Procfs, Vmm, is_gone, is_shortage};
-use super::exit_watch::ExitWatch;
 use super::publication;
 use super::sources::KvmExitState;
 use super::sources::{
@@ -40,6 +39,7 @@ use super::sources::{
 use super::task_walk::VmmTasks;
 use super::vm_identity::{VmObject, VmWatch, compare_files, distinct_vms};
 use hvstats_abi::vm_state::VmState;
+use hvstats_host::exit_watch::ExitWatch;
 use hvstats_sources::counter_source::{Composition, Gives, Object};
 use hvstats_vmm::unix_sockets::UnixSockets;
 

@@ -12,7 +12,7 @@
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use hvstats_host::os::{check, check_long};
+use crate::os::{check, check_long};
 
 /// The exit of one process, watched through its pidfd.
 #[derive(Debug)]
@@ -33,7 +33,7 @@ const EXITED: u8 = 2;
 /// Polls the pidfds of every watch in `watches` in one `poll(2)`, each watch then holding
 /// whether its process has exited for its next [`ExitWatch::has_exited`]. Where the poll
 /// fails, nothing is held and each watch polls on its own.
-pub(crate) fn poll_all<'a>(watches: impl IntoIterator<Item = &'a ExitWatch>) {
+pub fn poll_all<'a>(watches: impl IntoIterator<Item = &'a ExitWatch>) {
     let watches: Vec<&ExitWatch> = watches.into_iter().filter(|w| !w.exited()).collect();
     let mut fds: Vec<libc::pollfd> = watches
         .iter()
@@ -71,7 +71,7 @@ impl ExitWatch {
 
     /// True once the process has exited: the answer of the last [`poll_all`] when one is held
     /// (taken, so the next call asks again), else a poll of this watch alone.
-    pub(crate) fn has_exited(&self) -> bool {
+    pub fn has_exited(&self) -> bool {
         match self.polled.compare_exchange(RUNNING, UNPOLLED, Ordering::Relaxed, Ordering::Relaxed) {
             Ok(_) => return false,
             Err(EXITED) => return true,
@@ -87,7 +87,7 @@ impl ExitWatch {
     }
 
     /// True when an exit was seen already (asking nothing of the kernel).
-    pub(crate) fn exited(&self) -> bool {
+    pub fn exited(&self) -> bool {
         self.polled.load(Ordering::Relaxed) == EXITED
     }
 }

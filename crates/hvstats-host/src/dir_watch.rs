@@ -8,7 +8,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use hvstats_host::os as sys;
+use crate::os as sys;
 
 /// What a change of the directory's names raises: a name made, removed or moved in or out.
 const CHANGES: u32 = libc::IN_CREATE | libc::IN_DELETE | libc::IN_MOVED_FROM | libc::IN_MOVED_TO;
@@ -24,14 +24,14 @@ const READS: usize = 16;
 
 /// A watch of one directory's names.
 #[derive(Debug)]
-pub(crate) struct DirWatch {
+pub struct DirWatch {
     fd: OwnedFd,
     buf: Vec<u8>,
 }
 
 /// What a watch saw since it was last asked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Seen {
+pub enum Seen {
     /// No name was made, removed or moved.
     Quiet,
     /// A name was made, removed or moved.
@@ -46,7 +46,7 @@ impl DirWatch {
     /// # Errors
     /// What `inotify_init1(2)` or `inotify_add_watch(2)` returns (EMFILE: the user's instances
     /// are spent; EACCES: `dir` may not be read; ENOTDIR).
-    pub(crate) fn new(dir: &Path) -> io::Result<Self> {
+    pub fn new(dir: &Path) -> io::Result<Self> {
         let path = CString::new(dir.as_os_str().as_bytes())?;
         // SAFETY: inotify_init1 takes flags only and returns a new descriptor or -1.
         let raw = sys::check(unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) })?;
@@ -62,7 +62,7 @@ impl DirWatch {
 
     /// True when events wait to be read ([`take`](Self::take) would not say `Quiet`), or that
     /// cannot be told; without reading them.
-    pub(crate) fn pending(&self) -> bool {
+    pub fn pending(&self) -> bool {
         let mut bytes: libc::c_int = 0;
         // SAFETY: FIONREAD writes the bytes waiting into the int we pass, and nothing else.
         let asked = unsafe { libc::ioctl(self.fd.as_raw_fd(), libc::FIONREAD, &mut bytes) };
@@ -71,7 +71,7 @@ impl DirWatch {
 
     /// What happened to the directory's names since the last call (or since the watch was made),
     /// the events read off the queue.
-    pub(crate) fn take(&mut self) -> Seen {
+    pub fn take(&mut self) -> Seen {
         let mut seen = Seen::Quiet;
         for _ in 0..READS {
             // SAFETY: reads at most `buf.len()` bytes into `buf`, which we own for the call.
@@ -110,9 +110,29 @@ fn events(bytes: &[u8]) -> impl Iterator<Item = u32> + '_ {
 
 #[cfg(test)]
 mod tests {
-    use hvstats_testkit::TempDir;
-
     use super::*;
+
+    /// A directory of this test's own, removed at the end.
+    struct TempDir(std::path::PathBuf);
+
+    impl TempDir {
+        fn new(name: &str) -> Self {
+            let dir = std::env::temp_dir().join(format!("hvstats-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            Self(dir)
+        }
+
+        fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
 
     #[test]
     fn names_made_and_removed_are_seen_once_and_the_directory_removed_ends_the_watch() {
