@@ -107,6 +107,22 @@ pub fn observe_scale_rows(
     rows
 }
 
+/// The CPU per refresh of observer `pid` over the plan's rounds of [`WINDOW`] refreshes, beside
+/// the refresh interval: the rounds of row `name`.
+fn refreshes(plan: &Plan<'_>, name: &'static str, pid: i32) -> Result<Rounds, String> {
+    let mut rounds = Rounds::default();
+    for _ in 0..plan.start(&[name], Pace::Slow).max(2) {
+        let before = process_cpu(pid)?;
+        let start = Instant::now();
+        std::thread::sleep(INTERVAL * WINDOW);
+        let refreshes = start.elapsed().as_secs_f64() / INTERVAL.as_secs_f64();
+        rounds.ours.push((process_cpu(pid)? - before) / refreshes);
+        rounds.baseline.push(INTERVAL.as_secs_f64());
+        plan.tick();
+    }
+    Ok(rounds)
+}
+
 /// [`LEFT_OUT_ROW`]: a fresh `hvstats observe --all` told to observe a VM of a UUID none of the
 /// fleet's `vms` VMs has, so it leaves every one out, measured over the plan's rounds of
 /// [`WINDOW`] refreshes once a few refreshes passed; `observed`, the CPU per VM of the row that
@@ -127,16 +143,7 @@ fn measure_left_out(
     let pid = observer.child.id() as i32;
     // Its first refresh finds and leaves out every VM; those after it are what a refresh costs.
     std::thread::sleep(4 * INTERVAL);
-    let mut rounds = Rounds::default();
-    for _ in 0..plan.start(&[name], Pace::Slow).max(2) {
-        let before = process_cpu(pid)?;
-        let start = Instant::now();
-        std::thread::sleep(INTERVAL * WINDOW);
-        let refreshes = start.elapsed().as_secs_f64() / INTERVAL.as_secs_f64();
-        rounds.ours.push((process_cpu(pid)? - before) / refreshes);
-        rounds.baseline.push(INTERVAL.as_secs_f64());
-        plan.tick();
-    }
+    let rounds = refreshes(plan, name, pid)?;
     if published(dir.path()).0 != 0 {
         return Err("the observer observed a VM it was told to leave out".into());
     }
@@ -347,16 +354,7 @@ fn measure(
     }
     // Its first refreshes after the last attach are behind it.
     std::thread::sleep(2 * INTERVAL);
-    let mut rounds = Rounds::default();
-    for _ in 0..plan.start(&[name], Pace::Slow).max(2) {
-        let before = process_cpu(pid)?;
-        let start = Instant::now();
-        std::thread::sleep(INTERVAL * WINDOW);
-        let refreshes = start.elapsed().as_secs_f64() / INTERVAL.as_secs_f64();
-        rounds.ours.push((process_cpu(pid)? - before) / refreshes);
-        rounds.baseline.push(INTERVAL.as_secs_f64());
-        plan.tick();
-    }
+    let rounds = refreshes(plan, name, pid)?;
     let refusals = refusals(&observer);
     let [fds, perf, stats, bpf] = descriptors(pid);
     let rss_mib = status_kib(pid, "VmRSS:").unwrap_or(f64::NAN) / 1024.0;
