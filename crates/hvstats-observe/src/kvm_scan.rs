@@ -89,12 +89,7 @@ pub struct KvmScan {
 /// Exit watches a scan may hold: a quarter of the open file limit, so that the processes it
 /// leaves out never take the descriptors the VMs it observes count with.
 fn watch_room() -> usize {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: `lim` is a valid rlimit the kernel writes into.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return 0;
-    }
-    usize::try_from(lim.rlim_cur / 4).unwrap_or(usize::MAX)
+    super::observer::file_limits().map_or(0, |lim| usize::try_from(lim.rlim_cur / 4).unwrap_or(usize::MAX))
 }
 
 impl KvmScan {

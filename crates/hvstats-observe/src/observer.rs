@@ -762,15 +762,19 @@ impl Observer {
 /// Descriptors this process may still open for counters: the open file limit less those open
 /// now and less [`FD_RESERVE`] (or a quarter of the limit); 0 when that cannot be told.
 pub(crate) fn descriptor_room() -> usize {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: `lim` is a valid rlimit the kernel writes into.
-    if check(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }).is_err() {
-        return 0;
-    }
+    let Ok(lim) = file_limits() else { return 0 };
     let limit = usize::try_from(lim.rlim_cur).unwrap_or(usize::MAX);
     // Listing the directory takes a descriptor itself: at the limit it fails, and the room is 0.
     let Ok(open) = std::fs::read_dir("/proc/self/fd").map(Iterator::count) else { return 0 };
     limit.saturating_sub(open).saturating_sub(FD_RESERVE.min(limit / 4))
+}
+
+/// This process's limits on open files: the soft one (`rlim_cur`) and the hard one.
+pub(crate) fn file_limits() -> io::Result<libc::rlimit> {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `lim` is a valid rlimit the kernel writes into.
+    check(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) })?;
+    Ok(lim)
 }
 
 /// Raises the soft limit on open files to the hard limit; returns the new soft limit.
@@ -778,9 +782,7 @@ pub(crate) fn descriptor_room() -> usize {
 /// # Errors
 /// When the limit cannot be read or set.
 pub fn raise_fd_limit() -> io::Result<u64> {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: `lim` is a valid rlimit the kernel writes into.
-    check(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) })?;
+    let mut lim = file_limits()?;
     if lim.rlim_cur < lim.rlim_max {
         lim.rlim_cur = lim.rlim_max;
         // SAFETY: `lim` is a valid rlimit the kernel reads.

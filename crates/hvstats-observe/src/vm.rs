@@ -507,7 +507,8 @@ impl ObservedVm {
     }
 
     /// Asks the processor for what a refresh reads first of its state behind its own struct:
-    /// its partition's and its sources' list: a hint, asked once the struct itself is at hand.
+    /// its partition, its sources' list and its vCPUs: a hint, asked once the struct itself is
+    /// at hand.
     pub(crate) fn prefetch_parts(&self) {
         prefetch_lines_of(Arc::as_ptr(&self.partition));
         let sources = self.sources.sources();
