@@ -1,7 +1,7 @@
 //! The one place a libc return value becomes a `Result`, for every crate of the workspace: system
 //! calls that return -1 (or a negative value) and set `errno`, the pthread calls (and
 //! `posix_fallocate`) that return the error number itself, `mmap`'s `MAP_FAILED`, the calls that
-//! return a null pointer, and a clock read.
+//! return a null pointer, a clock read and the open file limits.
 
 use std::io;
 use std::ptr::NonNull;
@@ -63,6 +63,17 @@ pub fn clock_time(clock: libc::clockid_t) -> io::Result<Duration> {
     Ok(Duration::new(u64::try_from(ts.tv_sec).unwrap_or(0), u32::try_from(ts.tv_nsec).unwrap_or(0)))
 }
 
+/// This process's limits on open files: the soft one (`rlim_cur`) and the hard one.
+///
+/// # Errors
+/// When the limits cannot be read.
+pub fn file_limits() -> io::Result<libc::rlimit> {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `lim` is a valid rlimit the kernel writes into.
+    check(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) })?;
+    Ok(lim)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -88,5 +99,13 @@ mod tests {
         assert!(clock_time(libc::CLOCK_MONOTONIC).unwrap() >= before);
         assert!(clock_time(libc::CLOCK_BOOTTIME).unwrap() >= before);
         assert_eq!(clock_time(-1000).unwrap_err().raw_os_error(), Some(libc::EINVAL));
+    }
+
+    #[test]
+    fn the_open_file_limits_are_those_the_process_has() {
+        let lim = file_limits().unwrap();
+        assert!(lim.rlim_cur <= lim.rlim_max);
+        let open = std::fs::read_dir("/proc/self/fd").unwrap().count() as u64;
+        assert!(lim.rlim_cur >= open, "{open} open over a limit of {}", lim.rlim_cur);
     }
 }

@@ -89,7 +89,7 @@ pub struct KvmScan {
 /// Exit watches a scan may hold: a quarter of the open file limit, so that the processes it
 /// leaves out never take the descriptors the VMs it observes count with.
 fn watch_room() -> usize {
-    super::observer::file_limits().map_or(0, |lim| usize::try_from(lim.rlim_cur / 4).unwrap_or(usize::MAX))
+    hvstats_host::os::file_limits().map_or(0, |lim| usize::try_from(lim.rlim_cur / 4).unwrap_or(usize::MAX))
 }
 
 impl KvmScan {

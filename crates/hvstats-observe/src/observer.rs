@@ -40,7 +40,7 @@ use super::vm::{Departure, ObservedVm};
 use super::vm_identity;
 use hvstats_host::error_chain::error_chain;
 use hvstats_host::exit_watch;
-use hvstats_host::os::check;
+use hvstats_host::os::{check, file_limits};
 use hvstats_vmm::cancel::Cancel;
 use hvstats_vmm::qmp::Qmp;
 use hvstats_vmm::unix_sockets::UnixSockets;
@@ -767,14 +767,6 @@ pub(crate) fn descriptor_room() -> usize {
     // Listing the directory takes a descriptor itself: at the limit it fails, and the room is 0.
     let Ok(open) = std::fs::read_dir("/proc/self/fd").map(Iterator::count) else { return 0 };
     limit.saturating_sub(open).saturating_sub(FD_RESERVE.min(limit / 4))
-}
-
-/// This process's limits on open files: the soft one (`rlim_cur`) and the hard one.
-pub(crate) fn file_limits() -> io::Result<libc::rlimit> {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: `lim` is a valid rlimit the kernel writes into.
-    check(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) })?;
-    Ok(lim)
 }
 
 /// Raises the soft limit on open files to the hard limit; returns the new soft limit.
