@@ -396,10 +396,16 @@ pub fn as_nobody(command: &mut std::process::Command) {
     unsafe {
         command.pre_exec(|| {
             let fd = libc::open(c"/dev/kvm".as_ptr(), libc::O_RDWR);
-            if fd < 0 || libc::dup2(fd, KVM_FD_IN_CHILD) < 0 {
+            if fd < 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            libc::close(fd);
+            // Opened without close-on-exec: if it is at its number already it stays there.
+            if fd != KVM_FD_IN_CHILD {
+                if libc::dup2(fd, KVM_FD_IN_CHILD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                libc::close(fd);
+            }
             if libc::setgroups(0, std::ptr::null()) != 0
                 || libc::setgid(65534) != 0
                 || libc::setuid(65534) != 0

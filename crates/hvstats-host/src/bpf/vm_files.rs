@@ -233,10 +233,16 @@ mod tests {
         let mut holder = Command::new("sh");
         holder.args(["-c", "exec sleep 30"]).stdin(Stdio::null());
         let raw = vm.as_raw_fd();
-        // SAFETY: between fork and exec only dup2, which is async-signal-safe, is called.
+        // SAFETY: between fork and exec only dup2 or fcntl, which are async-signal-safe, are called.
         unsafe {
             std::os::unix::process::CommandExt::pre_exec(&mut holder, move || {
-                if libc::dup2(raw, 7) < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+                // The VM may be at 7 already (as other tests' descriptors come and go): dup2 onto
+                // itself leaves its close-on-exec flag set, so the flag is cleared instead.
+                let done = match raw {
+                    7 => libc::fcntl(7, libc::F_SETFD, 0),
+                    _ => libc::dup2(raw, 7),
+                };
+                if done < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
             });
         }
         let mut holder = holder.spawn().unwrap();
