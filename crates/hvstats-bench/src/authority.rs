@@ -128,7 +128,10 @@ impl TempRuntime {
 }
 
 impl Drop for TempRuntime {
+    /// Removes the directory, and the in-kernel counts an observer of it kept in bpffs: a row's
+    /// observer ends while its VMs run, which keeps them (programs attached) for a next one.
     fn drop(&mut self) {
+        hvstats_host::bpf::keep::remove_tree(&hvstats_host::bpf::keep::identity_path(&self.0));
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }

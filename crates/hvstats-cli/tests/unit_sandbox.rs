@@ -119,7 +119,10 @@ impl OutsideTmp {
 }
 
 impl Drop for OutsideTmp {
+    /// Removes the directory, and the in-kernel counts an observer whose runtime directory it
+    /// was kept in bpffs: the unit is stopped while its VMs may run, which keeps them.
     fn drop(&mut self) {
+        hvstats_host::bpf::keep::remove_tree(&hvstats_host::bpf::keep::identity_path(&self.0));
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
